@@ -1,0 +1,2813 @@
+/* dt_tensor.h - tensors, dtypes, devices, core ops (forward + backward), counter-based RNG,
+   parameter sets and safetensors I/O for the dt toolkit.              v0.1, public domain/MIT
+
+   Do this:
+       #define DT_TENSOR_IMPLEMENTATION      (or DT_IMPLEMENTATION for every dt header)
+   before you include this file in *one* C or C++ file to create the implementation.
+   Every other file includes it without the define.
+
+   Compile-time options (define before including):
+       DT_CBLAS        CPU GEMM through cblas_sgemm (link -lopenblas). Without it a portable
+                       blocked GEMM in this file is used.
+       DT_CUDA         CUDA tensors (cudaMalloc, cudaMemcpy). Without it asking for a CUDA
+                       tensor returns DT_ERR_DEVICE "built without DT_CUDA".
+       DT_STATIC       every function is `static` (two libraries can each vendor their own copy).
+       DT_ASSERT(c)    internal invariant checks (default: assert.h). Never used for user errors.
+
+   API in one breath:
+       dt_ctx_init / dt_ctx_shutdown / dt_ctx_error / dt_ctx_set_error
+       dt_tensor_create / dt_tensor_free / dt_tensor_view / dt_tensor_reshape / dt_tensor_copy /
+       dt_tensor_fill / dt_tensor_cast / dt_tensor_init (Philox RNG, sharding invariant)
+       ops: dt_matmul, dt_linear, dt_bias_add, dt_relu, dt_gelu, dt_layernorm, dt_softmax_xent,
+            dt_bce_logits, dt_add, dt_scale, dt_axpy, dt_sum, dt_sumsq, dt_embedding,
+            dt_attention, dt_dot_interaction, dt_concat, dt_split   (each _fwd / _bwd)
+       dt_params_*: named parameters with gradients; dt_safetensors_*: save / open / read
+       dt_json_*: the small JSON reader the safetensors header and checkpoint manifests use
+
+   Gradients ACCUMULATE. Every *_bwd adds (+=) into the gradient buffers it is given, as llm.c
+   does, so a tensor used twice simply gets both contributions and the caller zeroes grads once
+   per step (dt_params_zero_grad). Forward outputs are overwritten (=), never accumulated.
+
+   Memory: every byte comes from the allocator in dt_ctx_desc (malloc/free by default) and is
+   counted: ctx->bytes_in_use and ctx->bytes_peak. Tensors are plain structs owned by the
+   caller; a tensor made by dt_tensor_create owns its memory, a view does not (it must not
+   outlive the tensor it looks into, exactly like a pointer into an array).
+
+   Errors: every public function that can fail returns dt_status (0 = DT_OK). The message,
+   retrievable with dt_ctx_error(ctx), names the argument, the value and what was expected:
+       dt_matmul_fwd: b.shape[0] = 7 does not match a.shape[1] = 8 (inner dimension)
+   An optional log callback in dt_ctx_desc sees every error as it is set; silent by default.
+   The library never calls exit() or abort() on a user error.
+
+   Threads: a dt_ctx and the tensors made with it belong to one thread at a time. Different
+   contexts may be used from different threads. No function keeps hidden global state.
+
+   The licence (MIT) is at the end of this file.
+*/
+#ifndef DT_TENSOR_H
+#define DT_TENSOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifndef DT_API
+#ifdef DT_STATIC
+#define DT_API static
+#else
+#define DT_API extern
+#endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum dt_status {
+    DT_OK = 0,
+    DT_ERR_ARG,         /* an argument is NULL, negative, out of its range */
+    DT_ERR_SHAPE,       /* shapes do not fit together */
+    DT_ERR_DTYPE,       /* dtype not supported by this op or mismatched */
+    DT_ERR_DEVICE,      /* wrong device, or backend not compiled in */
+    DT_ERR_OOM,         /* the allocator returned NULL */
+    DT_ERR_IO,          /* open / read / write / rename failed */
+    DT_ERR_FORMAT,      /* a file is truncated, corrupt or foreign */
+    DT_ERR_RANGE,       /* an index (id, target) is out of range */
+    DT_ERR_UNSUPPORTED, /* valid request this build cannot do */
+    DT_ERR_COMM,        /* MPI / NCCL failure, mismatched collective */
+    DT_ERR_TIMEOUT,     /* a collective did not complete in time */
+    DT_ERR_CUDA,        /* CUDA / cuBLAS error */
+    DT_ERR_STATE,       /* object used in the wrong state (not initialised, already freed) */
+    DT_STATUS_COUNT
+} dt_status;
+
+DT_API const char *dt_status_name(dt_status s);
+
+/* ---------------------------------------------------------------- dtypes and devices */
+
+typedef enum dt_dtype {
+    DT_DTYPE_DEFAULT = 0, /* = DT_F32 */
+    DT_F32,
+    DT_BF16,
+    DT_F16,
+    DT_I32,
+    DT_I64,
+    DT_U8,
+    DT_DTYPE_COUNT
+} dt_dtype;
+
+typedef enum dt_device {
+    DT_DEVICE_DEFAULT = 0, /* = DT_CPU */
+    DT_CPU,
+    DT_CUDA_DEVICE,
+    DT_DEVICE_COUNT
+} dt_device;
+
+DT_API size_t dt_dtype_size(dt_dtype t);
+DT_API const char *dt_dtype_name(dt_dtype t);   /* "f32", "bf16", ... */
+DT_API const char *dt_device_name(dt_device d); /* "cpu", "cuda" */
+
+/* bf16 / f16 storage is uint16_t; conversions round to nearest even, keep NaN a NaN. */
+DT_API uint16_t dt_f32_to_bf16(float f);
+DT_API float dt_bf16_to_f32(uint16_t h);
+DT_API uint16_t dt_f32_to_f16(float f);
+DT_API float dt_f16_to_f32(uint16_t h);
+
+/* ---------------------------------------------------------------- context */
+
+typedef struct dt_allocator {
+    void *(*alloc_fn)(size_t bytes, void *user);
+    void (*release_fn)(void *ptr, void *user);
+    void *user;
+} dt_allocator;
+
+typedef void (*dt_log_fn)(dt_status status, const char *message, void *user);
+
+typedef struct dt_ctx_desc {
+    dt_device device;      /* default device for dt_tensor_desc.device == DEFAULT */
+    int cuda_device;       /* ordinal used with DT_CUDA */
+    dt_allocator allocator;/* host memory; zero = malloc/free */
+    dt_log_fn log;         /* sees every error message; NULL = silent */
+    void *log_user;
+} dt_ctx_desc;
+
+#define DT_ERROR_MAX 512
+
+typedef struct dt_ctx {
+    dt_device device;
+    int cuda_device;
+    void *cuda_stream;     /* cudaStream_t under DT_CUDA (NULL = default stream) */
+    void *cublas;          /* cublasHandle_t, created by the CUDA backend on first use */
+    dt_allocator allocator;
+    dt_log_fn log;
+    void *log_user;
+    size_t bytes_in_use;   /* host + device bytes currently held by tensors of this ctx */
+    size_t bytes_peak;     /* high-water mark of bytes_in_use */
+    dt_status last_status;
+    char last_error[DT_ERROR_MAX];
+    float *scratch;        /* packing buffer of the portable GEMM, grown on demand */
+    size_t scratch_floats;
+    int initialised;
+} dt_ctx;
+
+DT_API dt_status dt_ctx_init(dt_ctx *ctx, const dt_ctx_desc *desc); /* desc may be NULL */
+DT_API void dt_ctx_shutdown(dt_ctx *ctx);
+DT_API const char *dt_ctx_error(const dt_ctx *ctx); /* message of the last error, "" if none */
+/* Sets the ctx error (printf-style) and returns `status`; for use by the other dt headers
+   and by user code that wants its errors to travel the same way. */
+DT_API dt_status dt_ctx_set_error(dt_ctx *ctx, dt_status status, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+DT_API void dt_ctx_clear_error(dt_ctx *ctx);
+/* Raw counted host memory from the ctx allocator, 64-byte aligned. NULL on failure (with the
+   ctx error set). dt_release(ctx, NULL) is a no-op. */
+DT_API void *dt_alloc(dt_ctx *ctx, size_t bytes);
+DT_API void dt_release(dt_ctx *ctx, void *ptr);
+
+/* ---------------------------------------------------------------- tensors */
+
+#define DT_MAX_DIMS 8
+#define DT_NAME_MAX 96
+
+typedef struct dt_tensor {
+    void *data;                   /* first element of this tensor or view */
+    dt_dtype dtype;
+    dt_device device;
+    int ndim;
+    int64_t shape[DT_MAX_DIMS];
+    int64_t numel;
+    int owns;                     /* 1: created by dt_tensor_create, freed by dt_tensor_free */
+} dt_tensor;
+
+/* shape: ndim is the number of leading non-zero entries, so `{ .shape = {B, D} }` is 2-D. */
+typedef struct dt_tensor_desc {
+    dt_dtype dtype;
+    dt_device device;
+    int64_t shape[DT_MAX_DIMS];
+} dt_tensor_desc;
+
+/* Allocates and zero-fills. On error *t is left empty (data NULL). */
+DT_API dt_status dt_tensor_create(dt_ctx *ctx, dt_tensor *t, const dt_tensor_desc *desc);
+DT_API void dt_tensor_free(dt_ctx *ctx, dt_tensor *t);
+DT_API size_t dt_tensor_bytes(const dt_tensor *t);
+/* A view of `numel(shape)` elements starting at element `offset` of t (row-major, contiguous). */
+DT_API dt_status dt_tensor_view(dt_ctx *ctx, dt_tensor *view, const dt_tensor *t,
+                                int64_t offset, int ndim, const int64_t *shape);
+/* Same memory, new shape with the same numel. */
+DT_API dt_status dt_tensor_reshape(dt_ctx *ctx, dt_tensor *view, const dt_tensor *t,
+                                   int ndim, const int64_t *shape);
+/* dst = src; same dtype and numel, any device pair (CPU<->CUDA needs DT_CUDA). */
+DT_API dt_status dt_tensor_copy(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *src);
+DT_API dt_status dt_tensor_fill(dt_ctx *ctx, dt_tensor *t, double value);
+/* dst = (dst.dtype) src; f32 <-> bf16 / f16 (round to nearest even), and any pair of
+   f32/i32/i64/u8. Same numel, CPU. */
+DT_API dt_status dt_tensor_cast(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *src);
+DT_API int dt_tensor_same_shape(const dt_tensor *a, const dt_tensor *b);
+/* "[4, 8]" into buf; returns buf. */
+DT_API const char *dt_shape_str(const dt_tensor *t, char *buf, size_t n);
+/* Validate that t is a CPU tensor of dtype `dtype` (DEFAULT = any float dtype);
+   names `fn` and `arg` in the error. For the other dt headers and user ops. */
+DT_API dt_status dt_check_tensor(dt_ctx *ctx, const dt_tensor *t, dt_dtype dtype,
+                                 const char *fn, const char *arg);
+
+/* ---------------------------------------------------------------- RNG */
+
+/* Philox4x32-10 (Salmon et al., SC'11): 4 x u32 out of a 128-bit counter and 64-bit key. */
+DT_API void dt_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+DT_API uint64_t dt_hash_name(const char *name); /* FNV-1a 64 */
+
+typedef enum dt_init_kind {
+    DT_INIT_DEFAULT = 0,   /* = DT_INIT_ZEROS */
+    DT_INIT_ZEROS,
+    DT_INIT_CONST,         /* value */
+    DT_INIT_UNIFORM,       /* U[low, high) */
+    DT_INIT_NORMAL,        /* N(mean, std^2) */
+    DT_INIT_SCALED_NORMAL, /* N(0, (gain / sqrt(fan_in))^2), fan_in = prod(global_shape[1:]),
+                              PyTorch's fan_in of a [out, in] Linear weight; gain 0 = 1 */
+    DT_INIT_KIND_COUNT
+} dt_init_kind;
+
+/* Value k of a tensor is a pure function of (seed, name, global index k): a shard initialised
+   on its own equals the same slice of the whole tensor. For a shard, give the logical tensor's
+   global_shape and the shard's start per dim; the shard's extent is the tensor's own shape.
+   Zero global_shape = the tensor is whole. */
+typedef struct dt_init_desc {
+    dt_init_kind kind;
+    uint64_t seed;
+    const char *name;
+    double value, low, high, mean, std, gain;
+    int64_t global_shape[DT_MAX_DIMS];
+    int64_t start[DT_MAX_DIMS];
+} dt_init_desc;
+
+DT_API dt_status dt_tensor_init(dt_ctx *ctx, dt_tensor *t, const dt_init_desc *desc);
+/* The i-th uniform in [0,1) / standard normal of stream (seed, stream): the same numbers
+   dt_tensor_init uses, for data generators (sample i is a pure function of (seed, i)). */
+DT_API float dt_rng_uniform(uint64_t seed, uint64_t stream, uint64_t i);
+DT_API float dt_rng_normal(uint64_t seed, uint64_t stream, uint64_t i);
+
+/* ---------------------------------------------------------------- ops (CPU, f32)
+
+   Shapes are checked; a mismatch is DT_ERR_SHAPE naming both tensors. "rows" means every
+   leading dimension flattened: a [B, T, C] tensor is B*T rows of C. */
+
+/* out = alpha * op(a) @ op(b) + beta * out, op = transpose when trans_* is 1.
+   2-D: a [M,K] (or [K,M]), b [K,N] (or [N,K]), out [M,N].
+   Batched: a and out 3-D [B,...]; b 3-D with the same B, or 2-D (shared by every batch). */
+DT_API dt_status dt_matmul_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, const dt_tensor *b,
+                               int trans_a, int trans_b, float alpha, float beta);
+/* da += alpha * d(out)/d(a), db += ...; da or db may be NULL. */
+DT_API dt_status dt_matmul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, const dt_tensor *dout,
+                               const dt_tensor *a, const dt_tensor *b, int trans_a, int trans_b,
+                               float alpha);
+/* Raw row-major SGEMM, C = alpha op(A) op(B) + beta C, through the portable blocked kernel even
+   when DT_CBLAS is on (so tests and benchmarks can compare the two paths). */
+DT_API dt_status dt_gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                                  float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                                  float beta, float *C, int64_t ldc);
+/* Linear layer, PyTorch layout: out[N,O] = x[N,I] @ w[O,I]^T + bias[O] (bias may be NULL). */
+DT_API dt_status dt_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, const dt_tensor *w,
+                               const dt_tensor *bias);
+DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
+                               const dt_tensor *dout, const dt_tensor *x, const dt_tensor *w);
+/* out[rows, C] += bias[C] (in place); dbias[C] += sum over rows of dout. */
+DT_API dt_status dt_bias_add_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *bias);
+DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor *dout);
+/* out = max(x, 0) (out may be x); dx += dout * (x > 0). */
+DT_API dt_status dt_relu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x);
+DT_API dt_status dt_relu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x);
+/* GELU, tanh approximation (GPT-2); dx += dout * gelu'(x). */
+DT_API dt_status dt_gelu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x);
+DT_API dt_status dt_gelu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x);
+/* LayerNorm over the last dim C: out = (x - mean) * rstd * w + b; mean, rstd [rows] are saved
+   for the backward (may be NULL in the forward when not needed). */
+DT_API dt_status dt_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, dt_tensor *rstd,
+                                  const dt_tensor *x, const dt_tensor *w, const dt_tensor *b,
+                                  float eps);
+DT_API dt_status dt_layernorm_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_tensor *db,
+                                  const dt_tensor *dout, const dt_tensor *x, const dt_tensor *w,
+                                  const dt_tensor *mean, const dt_tensor *rstd);
+/* Fused softmax + cross entropy. logits [N,V], targets i32 [N]; a target == ignore_index is
+   skipped. *loss = mean over non-ignored targets (0 when none), *n_valid (may be NULL) their
+   count. probs [N,V] receives the softmax for the backward.
+   bwd: dlogits += dloss / n_valid * (probs - onehot(target)) on non-ignored rows. */
+DT_API dt_status dt_softmax_xent_fwd(dt_ctx *ctx, float *loss, int64_t *n_valid, dt_tensor *probs,
+                                     const dt_tensor *logits, const dt_tensor *targets,
+                                     int ignore_index);
+DT_API dt_status dt_softmax_xent_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_tensor *probs,
+                                     const dt_tensor *targets, int ignore_index, float dloss);
+/* Binary cross entropy with logits, mean over all N elements (stable form).
+   bwd: dlogits += dloss / N * (sigmoid(z) - y). */
+DT_API dt_status dt_bce_logits_fwd(dt_ctx *ctx, float *loss, const dt_tensor *logits,
+                                   const dt_tensor *labels);
+DT_API dt_status dt_bce_logits_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_tensor *logits,
+                                   const dt_tensor *labels, float dloss);
+/* Elementwise, same numel. out = a + b (out may alias a or b); x *= alpha; y += alpha * x.
+   The backward of add is dt_axpy(dA, 1, dout) for each input. */
+DT_API dt_status dt_add(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, const dt_tensor *b);
+DT_API dt_status dt_scale(dt_ctx *ctx, dt_tensor *x, float alpha);
+DT_API dt_status dt_axpy(dt_ctx *ctx, dt_tensor *y, float alpha, const dt_tensor *x);
+/* Reductions in double, fixed order (deterministic). */
+DT_API dt_status dt_sum(dt_ctx *ctx, double *out, const dt_tensor *x);
+DT_API dt_status dt_sumsq(dt_ctx *ctx, double *out, const dt_tensor *x);
+/* Dense embedding: out[N,D] = table[ids[n], :], ids i32 or i64 [N] (any shape, N = numel).
+   bwd: dtable[ids[n], :] += dout[n, :]. An id outside [0, V) is DT_ERR_RANGE naming it. */
+DT_API dt_status dt_embedding_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *table,
+                                  const dt_tensor *ids);
+DT_API dt_status dt_embedding_bwd(dt_ctx *ctx, dt_tensor *dtable, const dt_tensor *dout,
+                                  const dt_tensor *ids);
+/* Causal multi-head self-attention (GPT-2, as llm.c): qkv [B,T,3C] packed q|k|v, out [B,T,C],
+   att [B,H,T,T] receives the softmaxed scores for the backward. */
+DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv,
+                                  int n_head);
+DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor *dout,
+                                  const dt_tensor *qkv, const dt_tensor *att, int n_head);
+/* DLRM dot interaction: dense [B,D], emb [B,F,D]. With T = [dense; emb_1..emb_F] (F+1 vectors),
+   out [B, D + (F+1)F/2] = [dense, <T_i,T_j> for i = 1..F, j = 0..i-1] (the order of the
+   reference DLRM "dot" interaction without self terms). */
+DT_API dt_status dt_dot_interaction_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *dense,
+                                        const dt_tensor *emb);
+DT_API dt_status dt_dot_interaction_bwd(dt_ctx *ctx, dt_tensor *ddense, dt_tensor *demb,
+                                        const dt_tensor *dout, const dt_tensor *dense,
+                                        const dt_tensor *emb);
+/* Concatenate n tensors along the last dim (same rows). bwd: dins[i] += slice of dout.
+   split is the same pair read the other way round. */
+DT_API dt_status dt_concat_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *const *ins, int n);
+DT_API dt_status dt_concat_bwd(dt_ctx *ctx, dt_tensor *const *dins, int n, const dt_tensor *dout);
+DT_API dt_status dt_split_fwd(dt_ctx *ctx, dt_tensor *const *outs, int n, const dt_tensor *in);
+DT_API dt_status dt_split_bwd(dt_ctx *ctx, dt_tensor *din, const dt_tensor *const *douts, int n);
+
+/* ---------------------------------------------------------------- parameter sets */
+
+/* A parameter: its value, its gradient (same shape, f32) and where it sits in the logical
+   tensor when sharded (global_shape / start, as in dt_init_desc). */
+typedef struct dt_param {
+    char name[DT_NAME_MAX];
+    dt_tensor value;
+    dt_tensor grad;
+    int64_t global_shape[DT_MAX_DIMS]; /* equals value.shape when not sharded */
+    int64_t start[DT_MAX_DIMS];
+    int no_decay;                      /* optimizers skip weight decay (biases, norms) */
+    int sharded;                       /* 1 when this rank holds a slice of a larger tensor */
+    int group;                         /* optimizer parameter group (0 = default) */
+} dt_param;
+
+typedef struct dt_param_desc {
+    const char *name;
+    dt_dtype dtype;                     /* of the value; the grad is always f32 */
+    dt_device device;
+    int64_t shape[DT_MAX_DIMS];         /* this rank's shape */
+    int64_t global_shape[DT_MAX_DIMS];  /* zero = same as shape */
+    int64_t start[DT_MAX_DIMS];
+    dt_init_desc init;                  /* name and shard fields are filled in from above */
+    int no_decay;
+    int group;
+} dt_param_desc;
+
+typedef struct dt_params {
+    dt_param **items; /* stable pointers, in registration order */
+    int count, capacity;
+} dt_params;
+
+DT_API dt_status dt_params_add(dt_ctx *ctx, dt_params *ps, const dt_param_desc *desc,
+                               dt_param **out); /* out may be NULL */
+DT_API dt_param *dt_params_find(const dt_params *ps, const char *name);
+DT_API void dt_params_zero_grad(dt_ctx *ctx, dt_params *ps);
+DT_API int64_t dt_params_numel(const dt_params *ps);
+DT_API void dt_params_free(dt_ctx *ctx, dt_params *ps);
+
+/* ---------------------------------------------------------------- safetensors */
+
+/* Writes tensors (CPU) as a safetensors file: 8-byte little-endian header length, JSON header
+   {name: {dtype, shape, data_offsets}, "__metadata__": {k: v}}, then the data. Written to
+   path.tmp, flushed, fsync'd and renamed, so a crash never leaves a half file under `path`.
+   meta: n_meta (key, value) string pairs, may be NULL. */
+DT_API dt_status dt_safetensors_save(dt_ctx *ctx, const char *path, const dt_tensor *const *tensors,
+                                     const char *const *names, int n, const char *const *meta,
+                                     int n_meta);
+DT_API dt_status dt_params_save(dt_ctx *ctx, const dt_params *ps, const char *path);
+DT_API dt_status dt_params_load(dt_ctx *ctx, dt_params *ps, const char *path);
+
+typedef struct dt_st_entry {
+    char name[DT_NAME_MAX];
+    dt_dtype dtype;
+    int ndim;
+    int64_t shape[DT_MAX_DIMS];
+    uint64_t begin, end;      /* byte offsets into the data section */
+} dt_st_entry;
+
+typedef struct dt_st_file {
+    void *fp;                 /* FILE* */
+    uint64_t header_len;
+    uint64_t data_len;        /* bytes after the header */
+    dt_st_entry *entries;
+    int n_entries;
+    char **meta_keys, **meta_values;
+    int n_meta;
+} dt_st_file;
+
+/* Reads and validates the header: every entry's offsets must be in the file, sorted, non
+   overlapping, consistent with dtype x shape. A truncated or foreign file is DT_ERR_FORMAT. */
+DT_API dt_status dt_safetensors_open(dt_ctx *ctx, dt_st_file *f, const char *path);
+DT_API const dt_st_entry *dt_safetensors_find(const dt_st_file *f, const char *name);
+DT_API const char *dt_safetensors_meta(const dt_st_file *f, const char *key); /* NULL if absent */
+/* Reads entry `name` into dst (same dtype and shape; CPU or CUDA). */
+DT_API dt_status dt_safetensors_read(dt_ctx *ctx, dt_st_file *f, const char *name, dt_tensor *dst);
+DT_API void dt_safetensors_close(dt_ctx *ctx, dt_st_file *f);
+
+/* ---------------------------------------------------------------- JSON (reader + escaper) */
+
+typedef enum dt_json_type {
+    DT_JSON_NULL = 0, DT_JSON_BOOL, DT_JSON_NUMBER, DT_JSON_STRING, DT_JSON_ARRAY, DT_JSON_OBJECT
+} dt_json_type;
+
+typedef struct dt_json {
+    dt_json_type type;
+    double number;              /* NUMBER, BOOL (0/1) */
+    char *string;               /* STRING (NUL-terminated, unescaped) */
+    char *key;                  /* the key when this value is an object member */
+    struct dt_json *items;      /* ARRAY elements / OBJECT members */
+    int count;
+} dt_json;
+
+/* Parses text[0..len); nesting deeper than 64 or any syntax error is DT_ERR_FORMAT with the
+   byte offset. *out is freed with dt_json_free. */
+DT_API dt_status dt_json_parse(dt_ctx *ctx, const char *text, size_t len, dt_json **out);
+DT_API const dt_json *dt_json_get(const dt_json *obj, const char *key); /* NULL if absent */
+DT_API void dt_json_free(dt_ctx *ctx, dt_json *j);
+/* Appends s as a JSON string literal (quotes included) to buf; returns bytes needed. */
+DT_API size_t dt_json_escape(char *buf, size_t n, const char *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_TENSOR_H */
+
+/* ============================================================================================
+   Implementation
+   ============================================================================================ */
+#if defined(DT_IMPLEMENTATION) && !defined(DT_TENSOR_IMPLEMENTATION)
+#define DT_TENSOR_IMPLEMENTATION
+#endif
+#ifdef DT_TENSOR_IMPLEMENTATION
+#ifndef DT_TENSOR_IMPLEMENTATION_DONE
+#define DT_TENSOR_IMPLEMENTATION_DONE
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdarg.h>
+#include <math.h>
+#include <float.h>
+#ifndef DT_ASSERT
+#include <assert.h>
+#define DT_ASSERT(c) assert(c)
+#endif
+#ifdef DT_CBLAS
+#include <cblas.h>
+#endif
+#ifdef DT_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#if !defined(__cplusplus) && (defined(__unix__) || defined(__APPLE__))
+/* POSIX, declared here because strict -std=c99 hides them in the system headers. */
+extern int fsync(int fd);
+extern int fileno(FILE *stream);
+#elif defined(__cplusplus)
+#include <unistd.h>
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- status, dtypes */
+
+DT_API const char *dt_status_name(dt_status s) {
+    static const char *names[DT_STATUS_COUNT] = {
+        "ok", "bad argument", "shape mismatch", "dtype mismatch", "device mismatch",
+        "out of memory", "i/o error", "bad file format", "index out of range", "unsupported",
+        "communication error", "timeout", "cuda error", "bad state"};
+    return ((int)s >= 0 && s < DT_STATUS_COUNT) ? names[s] : "unknown status";
+}
+
+static dt_dtype dt__dtype(dt_dtype t) { return t == DT_DTYPE_DEFAULT ? DT_F32 : t; }
+
+DT_API size_t dt_dtype_size(dt_dtype t) {
+    switch (dt__dtype(t)) {
+    case DT_F32: case DT_I32: return 4;
+    case DT_BF16: case DT_F16: return 2;
+    case DT_I64: return 8;
+    case DT_U8: return 1;
+    default: return 0;
+    }
+}
+
+DT_API const char *dt_dtype_name(dt_dtype t) {
+    switch (dt__dtype(t)) {
+    case DT_F32: return "f32";
+    case DT_BF16: return "bf16";
+    case DT_F16: return "f16";
+    case DT_I32: return "i32";
+    case DT_I64: return "i64";
+    case DT_U8: return "u8";
+    default: return "invalid-dtype";
+    }
+}
+
+DT_API const char *dt_device_name(dt_device d) {
+    switch (d) {
+    case DT_DEVICE_DEFAULT: case DT_CPU: return "cpu";
+    case DT_CUDA_DEVICE: return "cuda";
+    default: return "invalid-device";
+    }
+}
+
+static uint32_t dt__f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float dt__bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+DT_API uint16_t dt_f32_to_bf16(float f) {
+    uint32_t u = dt__f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    /* round to nearest even: add 0x7fff plus the lowest kept bit, then truncate */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+DT_API float dt_bf16_to_f32(uint16_t h) { return dt__bits_f32((uint32_t)h << 16); }
+
+DT_API uint16_t dt_f32_to_f16(float f) {
+    uint32_t u = dt__f32_bits(f);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t absu = u & 0x7fffffffu;
+    if (absu > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);      /* NaN */
+    if (absu >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);     /* >= 65520 rounds to inf */
+    if (absu < 0x38800000u) {                                       /* subnormal half (< 2^-14) */
+        /* value = absf * 2^24 in units of the smallest subnormal; round to nearest even */
+        float absf = dt__bits_f32(absu);
+        float scaled = absf * 16777216.0f; /* exact: power of two */
+        uint32_t q = (uint32_t)scaled;
+        float rem = scaled - (float)q;
+        if (rem > 0.5f || (rem == 0.5f && (q & 1u))) q++;
+        return (uint16_t)(sign | q);
+    }
+    /* normal: rebias exponent 127 -> 15, keep 10 mantissa bits, round to nearest even */
+    {
+        uint32_t mant_round = absu + 0xfffu + ((absu >> 13) & 1u);
+        uint32_t h = (mant_round >> 13) - ((127u - 15u) << 10);
+        return (uint16_t)(sign | h);
+    }
+}
+
+DT_API float dt_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    if (exp == 0) { /* zero / subnormal: mant * 2^-24 */
+        float f = (float)mant * (1.0f / 16777216.0f);
+        return sign ? -f : f;
+    }
+    if (exp == 31) return dt__bits_f32(sign | 0x7f800000u | (mant << 13));
+    return dt__bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+/* ---------------------------------------------------------------- context, errors, memory */
+
+static void *dt__default_alloc(size_t bytes, void *user) { (void)user; return malloc(bytes); }
+static void dt__default_release(void *ptr, void *user) { (void)user; free(ptr); }
+
+DT_API dt_status dt_ctx_set_error(dt_ctx *ctx, dt_status status, const char *fmt, ...) {
+    va_list ap;
+    if (!ctx) return status;
+    va_start(ap, fmt);
+    vsnprintf(ctx->last_error, sizeof ctx->last_error, fmt, ap);
+    va_end(ap);
+    ctx->last_status = status;
+    if (ctx->log) ctx->log(status, ctx->last_error, ctx->log_user);
+    return status;
+}
+
+DT_API void dt_ctx_clear_error(dt_ctx *ctx) {
+    if (!ctx) return;
+    ctx->last_status = DT_OK;
+    ctx->last_error[0] = 0;
+}
+
+DT_API const char *dt_ctx_error(const dt_ctx *ctx) { return ctx ? ctx->last_error : "ctx is NULL"; }
+
+DT_API dt_status dt_ctx_init(dt_ctx *ctx, const dt_ctx_desc *desc) {
+    dt_ctx_desc d;
+    if (!ctx) return DT_ERR_ARG;
+    memset(ctx, 0, sizeof *ctx);
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    ctx->log = d.log;
+    ctx->log_user = d.log_user;
+    if ((d.allocator.alloc_fn == NULL) != (d.allocator.release_fn == NULL))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_ctx_init: desc.allocator has only one of "
+                                "alloc_fn / release_fn set; expected both or neither");
+    ctx->allocator = d.allocator;
+    if (!ctx->allocator.alloc_fn) {
+        ctx->allocator.alloc_fn = dt__default_alloc;
+        ctx->allocator.release_fn = dt__default_release;
+    }
+    if ((int)d.device < 0 || d.device >= DT_DEVICE_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_ctx_init: desc.device = %d is not a dt_device",
+                                (int)d.device);
+    ctx->device = d.device == DT_DEVICE_DEFAULT ? DT_CPU : d.device;
+    ctx->cuda_device = d.cuda_device;
+#ifdef DT_CUDA
+    if (ctx->device == DT_CUDA_DEVICE) {
+        cudaError_t e = cudaSetDevice(d.cuda_device);
+        if (e != cudaSuccess)
+            return dt_ctx_set_error(ctx, DT_ERR_CUDA, "dt_ctx_init: cudaSetDevice(%d): %s",
+                                    d.cuda_device, cudaGetErrorString(e));
+    }
+#else
+    if (ctx->device == DT_CUDA_DEVICE)
+        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "dt_ctx_init: desc.device = cuda, but dt was "
+                                "built without DT_CUDA; rebuild with -DDT_CUDA or use DT_CPU");
+#endif
+    ctx->initialised = 1;
+    return DT_OK;
+}
+
+/* Every host block carries a 64-byte header holding its size and the pointer the allocator
+   returned, so the counters stay exact and the data is 64-byte aligned (SIMD, cache lines). */
+#define DT__ALIGN 64
+DT_API void *dt_alloc(dt_ctx *ctx, size_t bytes) {
+    unsigned char *raw, *p;
+    if (!ctx || !ctx->allocator.alloc_fn) return NULL;
+    if (bytes > (size_t)-1 - 2 * DT__ALIGN) {
+        dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_alloc: %zu bytes is too large", bytes);
+        return NULL;
+    }
+    raw = (unsigned char *)ctx->allocator.alloc_fn(bytes + 2 * DT__ALIGN, ctx->allocator.user);
+    if (!raw) {
+        dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_alloc: the allocator returned NULL for %zu bytes "
+                         "(%zu bytes in use)", bytes, ctx->bytes_in_use);
+        return NULL;
+    }
+    p = raw + DT__ALIGN;
+    p += (DT__ALIGN - ((uintptr_t)p % DT__ALIGN)) % DT__ALIGN;
+    memcpy(p - sizeof(size_t), &bytes, sizeof(size_t));
+    memcpy(p - 2 * sizeof(size_t), &raw, sizeof(void *));
+    ctx->bytes_in_use += bytes;
+    if (ctx->bytes_in_use > ctx->bytes_peak) ctx->bytes_peak = ctx->bytes_in_use;
+    return p;
+}
+
+DT_API void dt_release(dt_ctx *ctx, void *ptr) {
+    unsigned char *p = (unsigned char *)ptr, *raw;
+    size_t bytes;
+    if (!ctx || !ptr) return;
+    memcpy(&bytes, p - sizeof(size_t), sizeof(size_t));
+    memcpy(&raw, p - 2 * sizeof(size_t), sizeof(void *));
+    ctx->bytes_in_use -= bytes;
+    ctx->allocator.release_fn(raw, ctx->allocator.user);
+}
+
+DT_API void dt_ctx_shutdown(dt_ctx *ctx) {
+    if (!ctx) return;
+    dt_release(ctx, ctx->scratch);
+    ctx->scratch = NULL;
+    ctx->scratch_floats = 0;
+    ctx->initialised = 0;
+}
+
+/* ---------------------------------------------------------------- tensors */
+
+static int64_t dt__numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    int i;
+    for (i = 0; i < ndim; i++) n *= shape[i];
+    return n;
+}
+
+DT_API size_t dt_tensor_bytes(const dt_tensor *t) {
+    return t ? (size_t)t->numel * dt_dtype_size(t->dtype) : 0;
+}
+
+DT_API const char *dt_shape_str(const dt_tensor *t, char *buf, size_t n) {
+    size_t used = 0;
+    int i;
+    if (!buf || n == 0) return "";
+    buf[0] = 0;
+    if (!t) { snprintf(buf, n, "(null)"); return buf; }
+    used += (size_t)snprintf(buf, n, "[");
+    for (i = 0; i < t->ndim && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+    if (used < n) snprintf(buf + used, n - used, "]");
+    return buf;
+}
+
+DT_API int dt_tensor_same_shape(const dt_tensor *a, const dt_tensor *b) {
+    int i;
+    if (!a || !b || a->ndim != b->ndim) return 0;
+    for (i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i]) return 0;
+    return 1;
+}
+
+static dt_status dt__shape_from(dt_ctx *ctx, const char *fn, const char *arg, const int64_t *shape,
+                                int max, int *ndim_out) {
+    int nd = 0, i;
+    while (nd < max && shape[nd] != 0) nd++;
+    for (i = nd; i < max; i++)
+        if (shape[i] != 0)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s[%d] = %lld follows a zero at %s[%d]; "
+                                    "a shape lists its dims first and pads with zeros",
+                                    fn, arg, i, (long long)shape[i], arg, nd);
+    for (i = 0; i < nd; i++)
+        if (shape[i] < 0)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s[%d] = %lld; expected > 0", fn, arg, i,
+                                    (long long)shape[i]);
+    *ndim_out = nd;
+    return DT_OK;
+}
+
+DT_API dt_status dt_tensor_create(dt_ctx *ctx, dt_tensor *t, const dt_tensor_desc *desc) {
+    dt_dtype dtype;
+    dt_device dev;
+    dt_status st;
+    int nd, i;
+    size_t bytes;
+    if (!ctx) return DT_ERR_ARG;
+    if (!t) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_create: t is NULL");
+    memset(t, 0, sizeof *t);
+    if (!desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_create: desc is NULL");
+    if ((int)desc->dtype < 0 || desc->dtype >= DT_DTYPE_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "dt_tensor_create: desc.dtype = %d is not a dt_dtype",
+                                (int)desc->dtype);
+    if ((int)desc->device < 0 || desc->device >= DT_DEVICE_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "dt_tensor_create: desc.device = %d is not a "
+                                "dt_device", (int)desc->device);
+    st = dt__shape_from(ctx, "dt_tensor_create", "desc.shape", desc->shape, DT_MAX_DIMS, &nd);
+    if (st) return st;
+    dtype = dt__dtype(desc->dtype);
+    dev = desc->device == DT_DEVICE_DEFAULT ? ctx->device : desc->device;
+    t->dtype = dtype;
+    t->device = dev;
+    t->ndim = nd;
+    for (i = 0; i < nd; i++) t->shape[i] = desc->shape[i];
+    t->numel = dt__numel(nd, t->shape);
+    if (nd > 0 && t->numel / t->shape[0] != dt__numel(nd - 1, t->shape + 1))
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "dt_tensor_create: shape overflows int64");
+    bytes = (size_t)t->numel * dt_dtype_size(dtype);
+    if (dev == DT_CUDA_DEVICE) {
+#ifdef DT_CUDA
+        void *p = NULL;
+        cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+        if (e != cudaSuccess) {
+            memset(t, 0, sizeof *t);
+            return dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_tensor_create: cudaMalloc(%zu bytes): %s",
+                                    bytes, cudaGetErrorString(e));
+        }
+        cudaMemsetAsync(p, 0, bytes, (cudaStream_t)ctx->cuda_stream);
+        t->data = p;
+        ctx->bytes_in_use += bytes;
+        if (ctx->bytes_in_use > ctx->bytes_peak) ctx->bytes_peak = ctx->bytes_in_use;
+#else
+        memset(t, 0, sizeof *t);
+        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "dt_tensor_create: desc.device = cuda, but dt "
+                                "was built without DT_CUDA; rebuild with -DDT_CUDA or use DT_CPU");
+#endif
+    } else {
+        t->data = dt_alloc(ctx, bytes ? bytes : 1);
+        if (!t->data) { memset(t, 0, sizeof *t); return DT_ERR_OOM; }
+        memset(t->data, 0, bytes);
+    }
+    t->owns = 1;
+    return DT_OK;
+}
+
+DT_API void dt_tensor_free(dt_ctx *ctx, dt_tensor *t) {
+    if (!ctx || !t) return;
+    if (t->owns && t->data) {
+        if (t->device == DT_CUDA_DEVICE) {
+#ifdef DT_CUDA
+            size_t bytes = dt_tensor_bytes(t);
+            cudaFree(t->data);
+            ctx->bytes_in_use -= bytes;
+#endif
+        } else {
+            dt_release(ctx, t->data);
+        }
+    }
+    memset(t, 0, sizeof *t);
+}
+
+DT_API dt_status dt_tensor_view(dt_ctx *ctx, dt_tensor *view, const dt_tensor *t, int64_t offset,
+                                int ndim, const int64_t *shape) {
+    dt_tensor v;
+    int i;
+    if (!ctx) return DT_ERR_ARG;
+    if (!view || !t || !shape)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_view: %s is NULL",
+                                !view ? "view" : !t ? "t" : "shape");
+    if (ndim < 0 || ndim > DT_MAX_DIMS)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_view: ndim = %d; expected 0..%d", ndim,
+                                DT_MAX_DIMS);
+    memset(&v, 0, sizeof v);
+    for (i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "dt_tensor_view: shape[%d] = %lld; expected >= 0",
+                                    i, (long long)shape[i]);
+        v.shape[i] = shape[i];
+    }
+    v.ndim = ndim;
+    v.numel = dt__numel(ndim, v.shape);
+    if (offset < 0 || offset > t->numel || v.numel > t->numel - offset)
+        return dt_ctx_set_error(ctx, DT_ERR_RANGE, "dt_tensor_view: offset %lld + %lld elements "
+                                "exceeds the %lld elements of t", (long long)offset,
+                                (long long)v.numel, (long long)t->numel);
+    v.dtype = t->dtype;
+    v.device = t->device;
+    v.data = (char *)t->data + (size_t)offset * dt_dtype_size(t->dtype);
+    v.owns = 0;
+    *view = v;
+    return DT_OK;
+}
+
+DT_API dt_status dt_tensor_reshape(dt_ctx *ctx, dt_tensor *view, const dt_tensor *t, int ndim,
+                                   const int64_t *shape) {
+    int64_t n;
+    int i;
+    if (!ctx) return DT_ERR_ARG;
+    if (!t || !shape || ndim < 0 || ndim > DT_MAX_DIMS)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_reshape: t or shape is NULL or ndim = %d "
+                                "is outside 0..%d", ndim, DT_MAX_DIMS);
+    for (n = 1, i = 0; i < ndim; i++) n *= shape[i];
+    if (n != t->numel)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "dt_tensor_reshape: new shape has %lld elements, "
+                                "t has %lld", (long long)n, (long long)t->numel);
+    return dt_tensor_view(ctx, view, t, 0, ndim, shape);
+}
+
+DT_API dt_status dt_check_tensor(dt_ctx *ctx, const dt_tensor *t, dt_dtype dtype, const char *fn,
+                                 const char *arg) {
+    if (!t) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, arg);
+    if (!t->data && t->numel > 0)
+        return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: %s has no data (freed or never created)", fn, arg);
+    if (t->device == DT_CUDA_DEVICE)
+        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: %s is on cuda; this op runs on cpu tensors "
+                                "(the cuda kernels live in kernels/)", fn, arg);
+    if (dtype != DT_DTYPE_DEFAULT && t->dtype != dtype)
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: %s has dtype %s; expected %s", fn, arg,
+                                dt_dtype_name(t->dtype), dt_dtype_name(dtype));
+    return DT_OK;
+}
+
+#ifdef DT_CUDA
+static enum cudaMemcpyKind dt__memcpy_kind(dt_device dst, dt_device src) {
+    if (dst == DT_CUDA_DEVICE) return src == DT_CUDA_DEVICE ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
+    return src == DT_CUDA_DEVICE ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost;
+}
+#endif
+
+DT_API dt_status dt_tensor_copy(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *src) {
+    size_t bytes;
+    if (!ctx) return DT_ERR_ARG;
+    if (!dst || !src) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_copy: %s is NULL", dst ? "src" : "dst");
+    if (dst->dtype != src->dtype)
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "dt_tensor_copy: dst dtype %s != src dtype %s; use "
+                                "dt_tensor_cast to convert", dt_dtype_name(dst->dtype), dt_dtype_name(src->dtype));
+    if (dst->numel != src->numel)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "dt_tensor_copy: dst has %lld elements, src %lld",
+                                (long long)dst->numel, (long long)src->numel);
+    bytes = dt_tensor_bytes(src);
+    if (bytes == 0 || dst->data == src->data) return DT_OK;
+    if (dst->device == DT_CUDA_DEVICE || src->device == DT_CUDA_DEVICE) {
+#ifdef DT_CUDA
+        cudaError_t e = cudaMemcpyAsync(dst->data, src->data, bytes,
+                                        dt__memcpy_kind(dst->device, src->device),
+                                        (cudaStream_t)ctx->cuda_stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize((cudaStream_t)ctx->cuda_stream);
+        if (e != cudaSuccess)
+            return dt_ctx_set_error(ctx, DT_ERR_CUDA, "dt_tensor_copy: cudaMemcpy of %zu bytes %s->%s: %s",
+                                    bytes, dt_device_name(src->device), dt_device_name(dst->device),
+                                    cudaGetErrorString(e));
+        return DT_OK;
+#else
+        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "dt_tensor_copy: a cuda tensor, but dt was built "
+                                "without DT_CUDA");
+#endif
+    }
+    memmove(dst->data, src->data, bytes);
+    return DT_OK;
+}
+
+/* Reads element i of a CPU tensor of any dtype as double, and writes one. */
+static double dt__get(const dt_tensor *t, int64_t i) {
+    switch (t->dtype) {
+    case DT_F32: return ((const float *)t->data)[i];
+    case DT_BF16: return dt_bf16_to_f32(((const uint16_t *)t->data)[i]);
+    case DT_F16: return dt_f16_to_f32(((const uint16_t *)t->data)[i]);
+    case DT_I32: return ((const int32_t *)t->data)[i];
+    case DT_I64: return (double)((const int64_t *)t->data)[i];
+    case DT_U8: return ((const uint8_t *)t->data)[i];
+    default: return 0;
+    }
+}
+
+static void dt__set(dt_tensor *t, int64_t i, double v) {
+    switch (t->dtype) {
+    case DT_F32: ((float *)t->data)[i] = (float)v; break;
+    case DT_BF16: ((uint16_t *)t->data)[i] = dt_f32_to_bf16((float)v); break;
+    case DT_F16: ((uint16_t *)t->data)[i] = dt_f32_to_f16((float)v); break;
+    case DT_I32: ((int32_t *)t->data)[i] = (int32_t)v; break;
+    case DT_I64: ((int64_t *)t->data)[i] = (int64_t)v; break;
+    case DT_U8: ((uint8_t *)t->data)[i] = (uint8_t)v; break;
+    default: break;
+    }
+}
+
+/* Runs `fill(t_host)` on t, through a host copy when t lives on the GPU. */
+typedef dt_status (*dt__host_fn)(dt_ctx *ctx, dt_tensor *t, const void *arg);
+static dt_status dt__on_host(dt_ctx *ctx, dt_tensor *t, dt__host_fn fn, const void *arg) {
+    dt_tensor h;
+    dt_tensor_desc d;
+    dt_status st;
+    int i;
+    if (t->device != DT_CUDA_DEVICE) return fn(ctx, t, arg);
+    memset(&d, 0, sizeof d);
+    d.dtype = t->dtype;
+    d.device = DT_CPU;
+    for (i = 0; i < t->ndim; i++) d.shape[i] = t->shape[i];
+    if (t->ndim == 0) d.shape[0] = 1;
+    st = dt_tensor_create(ctx, &h, &d);
+    if (st) return st;
+    st = fn(ctx, &h, arg);
+    if (!st) st = dt_tensor_copy(ctx, t, &h);
+    dt_tensor_free(ctx, &h);
+    return st;
+}
+
+static dt_status dt__fill_host(dt_ctx *ctx, dt_tensor *t, const void *arg) {
+    double v = *(const double *)arg;
+    int64_t i;
+    (void)ctx;
+    if (t->dtype == DT_F32) {
+        float f = (float)v, *p = (float *)t->data;
+        for (i = 0; i < t->numel; i++) p[i] = f;
+    } else {
+        for (i = 0; i < t->numel; i++) dt__set(t, i, v);
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_tensor_fill(dt_ctx *ctx, dt_tensor *t, double value) {
+    if (!ctx) return DT_ERR_ARG;
+    if (!t || (!t->data && t->numel))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_fill: t is NULL or has no data");
+    return dt__on_host(ctx, t, dt__fill_host, &value);
+}
+
+DT_API dt_status dt_tensor_cast(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *src) {
+    int64_t i;
+    dt_status st;
+    if (!ctx) return DT_ERR_ARG;
+    if ((st = dt_check_tensor(ctx, dst, DT_DTYPE_DEFAULT, "dt_tensor_cast", "dst"))) return st;
+    if ((st = dt_check_tensor(ctx, src, DT_DTYPE_DEFAULT, "dt_tensor_cast", "src"))) return st;
+    if (dst->numel != src->numel)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "dt_tensor_cast: dst has %lld elements, src %lld",
+                                (long long)dst->numel, (long long)src->numel);
+    if (dst->dtype == src->dtype) return dt_tensor_copy(ctx, dst, src);
+    if (src->dtype == DT_F32 && (dst->dtype == DT_BF16 || dst->dtype == DT_F16)) {
+        const float *s = (const float *)src->data;
+        uint16_t *d = (uint16_t *)dst->data;
+        if (dst->dtype == DT_BF16) for (i = 0; i < src->numel; i++) d[i] = dt_f32_to_bf16(s[i]);
+        else for (i = 0; i < src->numel; i++) d[i] = dt_f32_to_f16(s[i]);
+        return DT_OK;
+    }
+    if ((src->dtype == DT_BF16 || src->dtype == DT_F16) && dst->dtype != DT_F32 &&
+        dst->dtype != DT_BF16 && dst->dtype != DT_F16)
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "dt_tensor_cast: %s -> %s is not supported; cast "
+                                "through f32", dt_dtype_name(src->dtype), dt_dtype_name(dst->dtype));
+    for (i = 0; i < src->numel; i++) dt__set(dst, i, dt__get(src, i));
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- RNG (Philox4x32-10) */
+
+DT_API void dt_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
+    uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3], k0 = key[0], k1 = key[1];
+    int r;
+    for (r = 0; r < 10; r++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        c1 = (uint32_t)p1;
+        c3 = (uint32_t)p0;
+        c0 = n0;
+        c2 = n2;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+
+DT_API uint64_t dt_hash_name(const char *name) {
+    uint64_t h = 1469598103934665603ull;
+    if (!name) return h;
+    while (*name) { h ^= (unsigned char)*name++; h *= 1099511628211ull; }
+    return h;
+}
+
+/* One Philox block per element: counter = (index, stream), key = seed. Wasteful of the four
+   outputs, but it makes every element independent of how the tensor is split. */
+static void dt__rng_block(uint64_t seed, uint64_t stream, uint64_t i, uint32_t out[4]) {
+    uint32_t ctr[4], key[2];
+    ctr[0] = (uint32_t)i; ctr[1] = (uint32_t)(i >> 32);
+    ctr[2] = (uint32_t)stream; ctr[3] = (uint32_t)(stream >> 32);
+    key[0] = (uint32_t)seed; key[1] = (uint32_t)(seed >> 32);
+    dt_philox4x32(ctr, key, out);
+}
+
+DT_API float dt_rng_uniform(uint64_t seed, uint64_t stream, uint64_t i) {
+    uint32_t r[4];
+    dt__rng_block(seed, stream, i, r);
+    return (float)(r[0] >> 8) * (1.0f / 16777216.0f); /* 24 bits: exactly representable */
+}
+
+DT_API float dt_rng_normal(uint64_t seed, uint64_t stream, uint64_t i) {
+    uint32_t r[4];
+    double u1, u2;
+    dt__rng_block(seed, stream, i, r);
+    u1 = ((double)(r[0] >> 8) + 1.0) * (1.0 / 16777216.0); /* (0, 1]: log() stays finite */
+    u2 = (double)(r[1] >> 8) * (1.0 / 16777216.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+typedef struct dt__init_job {
+    const dt_init_desc *d;
+    const int64_t *gshape;
+    int gnd;
+} dt__init_job;
+
+static dt_status dt__init_host(dt_ctx *ctx, dt_tensor *t, const void *arg) {
+    const dt__init_job *job = (const dt__init_job *)arg;
+    const dt_init_desc *d = job->d;
+    uint64_t stream = dt_hash_name(d->name);
+    int64_t gstride[DT_MAX_DIMS], idx[DT_MAX_DIMS], k, fan_in = 1;
+    int nd = t->ndim, i;
+    double std = d->std;
+    dt_init_kind kind = d->kind == DT_INIT_DEFAULT ? DT_INIT_ZEROS : d->kind;
+    (void)ctx;
+    for (i = 1; i < job->gnd; i++) fan_in *= job->gshape[i];
+    if (kind == DT_INIT_SCALED_NORMAL) std = (d->gain != 0 ? d->gain : 1.0) / sqrt((double)fan_in);
+    for (i = nd - 1, k = 1; i >= 0; i--) { gstride[i] = k; k *= job->gshape[i]; idx[i] = 0; }
+    for (k = 0; k < t->numel; k++) {
+        int64_t g = 0;
+        double v = 0;
+        for (i = 0; i < nd; i++) g += (d->start[i] + idx[i]) * gstride[i];
+        switch (kind) {
+        case DT_INIT_ZEROS: v = 0; break;
+        case DT_INIT_CONST: v = d->value; break;
+        case DT_INIT_UNIFORM: v = d->low + (d->high - d->low) * dt_rng_uniform(d->seed, stream, (uint64_t)g); break;
+        case DT_INIT_NORMAL: v = d->mean + std * dt_rng_normal(d->seed, stream, (uint64_t)g); break;
+        case DT_INIT_SCALED_NORMAL: v = std * dt_rng_normal(d->seed, stream, (uint64_t)g); break;
+        default: break;
+        }
+        dt__set(t, k, v);
+        for (i = nd - 1; i >= 0; i--) { /* odometer over the local shape */
+            if (++idx[i] < t->shape[i]) break;
+            idx[i] = 0;
+        }
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_tensor_init(dt_ctx *ctx, dt_tensor *t, const dt_init_desc *desc) {
+    dt__init_job job;
+    int64_t gshape[DT_MAX_DIMS];
+    int gnd = 0, i;
+    dt_status st;
+    if (!ctx) return DT_ERR_ARG;
+    if (!t || !desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_init: %s is NULL", t ? "desc" : "t");
+    if (!t->data && t->numel) return dt_ctx_set_error(ctx, DT_ERR_STATE, "dt_tensor_init: t has no data");
+    if ((int)desc->kind < 0 || desc->kind >= DT_INIT_KIND_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_init: desc.kind = %d is not a dt_init_kind",
+                                (int)desc->kind);
+    if (desc->kind == DT_INIT_UNIFORM && !(desc->high >= desc->low))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_init: uniform low = %g > high = %g",
+                                desc->low, desc->high);
+    if ((desc->kind == DT_INIT_NORMAL) && !(desc->std >= 0))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_init: desc.std = %g; expected >= 0", desc->std);
+    if (desc->global_shape[0] != 0) {
+        st = dt__shape_from(ctx, "dt_tensor_init", "desc.global_shape", desc->global_shape, DT_MAX_DIMS, &gnd);
+        if (st) return st;
+        if (gnd != t->ndim)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "dt_tensor_init: desc.global_shape has %d dims, "
+                                    "t has %d", gnd, t->ndim);
+        for (i = 0; i < gnd; i++) {
+            gshape[i] = desc->global_shape[i];
+            if (desc->start[i] < 0 || desc->start[i] + t->shape[i] > gshape[i])
+                return dt_ctx_set_error(ctx, DT_ERR_RANGE, "dt_tensor_init: shard dim %d covers [%lld, %lld), "
+                                        "outside the global extent %lld", i, (long long)desc->start[i],
+                                        (long long)(desc->start[i] + t->shape[i]), (long long)gshape[i]);
+        }
+    } else {
+        gnd = t->ndim;
+        for (i = 0; i < gnd; i++) {
+            gshape[i] = t->shape[i];
+            if (desc->start[i] != 0)
+                return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_init: desc.start[%d] = %lld without "
+                                        "desc.global_shape", i, (long long)desc->start[i]);
+        }
+    }
+    if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16 && desc->kind != DT_INIT_ZEROS &&
+        desc->kind != DT_INIT_CONST && desc->kind != DT_INIT_DEFAULT)
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "dt_tensor_init: random init of a %s tensor; expected "
+                                "f32, bf16 or f16", dt_dtype_name(t->dtype));
+    job.d = desc;
+    job.gshape = gshape;
+    job.gnd = gnd;
+    return dt__on_host(ctx, t, dt__init_host, &job);
+}
+
+/* ---------------------------------------------------------------- GEMM
+   C[M,N] = alpha * op(A) op(B) + beta * C, row-major, lda/ldb/ldc as stored.
+   The portable path is the Goto/BLIS scheme: pack a KC x NC panel of B and an MC x KC block
+   of A into contiguous tiles, then a MR x NR register-tile kernel the compiler vectorises. */
+
+#define DT__MR 6
+#define DT__NR 16
+#define DT__KC 256
+#define DT__MC 96
+#define DT__NC 1024
+
+static float dt__at(const float *X, int64_t ld, int trans, int64_t r, int64_t c) {
+    return trans ? X[c * ld + r] : X[r * ld + c];
+}
+
+static void dt__pack_a(float *dst, const float *A, int64_t lda, int ta, int64_t i0, int64_t mc,
+                       int64_t k0, int64_t kc) {
+    int64_t i, k, r;
+    for (i = 0; i < mc; i += DT__MR)
+        for (k = 0; k < kc; k++)
+            for (r = 0; r < DT__MR; r++)
+                *dst++ = (i + r < mc) ? dt__at(A, lda, ta, i0 + i + r, k0 + k) : 0.0f;
+}
+
+static void dt__pack_b(float *dst, const float *B, int64_t ldb, int tb, int64_t k0, int64_t kc,
+                       int64_t j0, int64_t nc) {
+    int64_t j, k, c;
+    for (j = 0; j < nc; j += DT__NR)
+        for (k = 0; k < kc; k++) {
+            if (!tb && j + DT__NR <= nc) {
+                memcpy(dst, B + (k0 + k) * ldb + j0 + j, DT__NR * sizeof(float));
+                dst += DT__NR;
+            } else {
+                for (c = 0; c < DT__NR; c++)
+                    *dst++ = (j + c < nc) ? dt__at(B, ldb, tb, k0 + k, j0 + j + c) : 0.0f;
+            }
+        }
+}
+
+/* acc = a_panel (kc x MR) . b_panel (kc x NR); C tile += alpha * acc */
+static void dt__micro(int64_t kc, const float *a, const float *b, float alpha, float *C, int64_t ldc,
+                      int64_t mr, int64_t nr) {
+    float acc[DT__MR][DT__NR];
+    int64_t k;
+    int r, c;
+    memset(acc, 0, sizeof acc);
+    for (k = 0; k < kc; k++) {
+        const float *bk = b + k * DT__NR, *ak = a + k * DT__MR;
+        for (r = 0; r < DT__MR; r++) {
+            float ar = ak[r];
+            for (c = 0; c < DT__NR; c++) acc[r][c] += ar * bk[c];
+        }
+    }
+    for (r = 0; r < mr; r++)
+        for (c = 0; c < nr; c++) C[r * ldc + c] += alpha * acc[r][c];
+}
+
+static dt_status dt__gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                                   float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                                   float beta, float *C, int64_t ldc) {
+    size_t need = (size_t)(DT__MC * DT__KC + DT__KC * (DT__NC + DT__NR));
+    int64_t i, j, jc, pc, ic;
+    float *pa, *pb;
+    if (beta != 1.0f)
+        for (i = 0; i < M; i++)
+            for (j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    if (K == 0 || alpha == 0.0f) return DT_OK;
+    if (ctx->scratch_floats < need) {
+        dt_release(ctx, ctx->scratch);
+        ctx->scratch = (float *)dt_alloc(ctx, need * sizeof(float));
+        ctx->scratch_floats = ctx->scratch ? need : 0;
+        if (!ctx->scratch) return DT_ERR_OOM;
+    }
+    pa = ctx->scratch;
+    pb = ctx->scratch + DT__MC * DT__KC;
+    for (jc = 0; jc < N; jc += DT__NC) {
+        int64_t nc = N - jc < DT__NC ? N - jc : DT__NC;
+        for (pc = 0; pc < K; pc += DT__KC) {
+            int64_t kc = K - pc < DT__KC ? K - pc : DT__KC;
+            dt__pack_b(pb, B, ldb, tb, pc, kc, jc, nc);
+            for (ic = 0; ic < M; ic += DT__MC) {
+                int64_t mc = M - ic < DT__MC ? M - ic : DT__MC;
+                dt__pack_a(pa, A, lda, ta, ic, mc, pc, kc);
+                for (j = 0; j < nc; j += DT__NR)
+                    for (i = 0; i < mc; i += DT__MR)
+                        dt__micro(kc, pa + i * kc, pb + j * kc, alpha, C + (ic + i) * ldc + jc + j, ldc,
+                                  mc - i < DT__MR ? mc - i : DT__MR, nc - j < DT__NR ? nc - j : DT__NR);
+            }
+        }
+    }
+    return DT_OK;
+}
+
+static dt_status dt__gemm(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                          const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                          int64_t ldc) {
+    if (M == 0 || N == 0) return DT_OK;
+#ifdef DT_CBLAS
+    if (M <= 2147483647 && N <= 2147483647 && K <= 2147483647) {
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    (int)M, (int)N, (int)K, alpha, A, (int)(lda ? lda : 1), B, (int)(ldb ? ldb : 1),
+                    beta, C, (int)ldc);
+        return DT_OK;
+    }
+#endif
+    return dt__gemm_portable(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+DT_API dt_status dt_gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                                  float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                                  float beta, float *C, int64_t ldc) {
+    if (!ctx) return DT_ERR_ARG;
+    if (M < 0 || N < 0 || K < 0 || !A || !B || !C)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_gemm_portable: M=%lld N=%lld K=%lld must be >= 0 "
+                                "and A, B, C non-NULL", (long long)M, (long long)N, (long long)K);
+    if (M == 0 || N == 0) return DT_OK;
+    return dt__gemm_portable(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* ---------------------------------------------------------------- op helpers */
+
+#define DT__TRY(x) do { dt_status dt__s = (x); if (dt__s) return dt__s; } while (0)
+#define DT__F(t) ((float *)(t)->data)
+#define DT__CF(t) ((const float *)(t)->data)
+
+static int64_t dt__last(const dt_tensor *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
+static int64_t dt__rows(const dt_tensor *t) { int64_t c = dt__last(t); return c ? t->numel / c : 0; }
+
+static dt_status dt__f32(dt_ctx *ctx, const dt_tensor *t, const char *fn, const char *arg) {
+    return dt_check_tensor(ctx, t, DT_F32, fn, arg);
+}
+
+static dt_status dt__same(dt_ctx *ctx, const dt_tensor *a, const dt_tensor *b, const char *fn,
+                          const char *an, const char *bn) {
+    char sa[96], sb[96];
+    if (dt_tensor_same_shape(a, b)) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s does not match %s shape %s", fn, an,
+                            dt_shape_str(a, sa, sizeof sa), bn, dt_shape_str(b, sb, sizeof sb));
+}
+
+static dt_status dt__same_numel(dt_ctx *ctx, const dt_tensor *a, const dt_tensor *b, const char *fn,
+                                const char *an, const char *bn) {
+    if (a->numel == b->numel) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s has %lld elements, %s has %lld", fn, an,
+                            (long long)a->numel, bn, (long long)b->numel);
+}
+
+static dt_status dt__ndim(dt_ctx *ctx, const dt_tensor *t, int lo, int hi, const char *fn, const char *arg) {
+    if (t->ndim >= lo && t->ndim <= hi) return DT_OK;
+    if (lo == hi)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s has %d dims; expected %d", fn, arg, t->ndim, lo);
+    return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s has %d dims; expected %d..%d", fn, arg, t->ndim, lo, hi);
+}
+
+static dt_status dt__dim(dt_ctx *ctx, int64_t got, int64_t want, const char *fn, const char *what,
+                         const char *expect) {
+    if (got == want) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s = %lld does not match %s = %lld", fn, what,
+                            (long long)got, expect, (long long)want);
+}
+
+/* ---------------------------------------------------------------- matmul */
+
+typedef struct dt__mm {
+    int64_t batch, M, N, K, sa, sb, sc; /* batch count and per-batch element strides */
+    int64_t lda, ldb;
+} dt__mm;
+
+static dt_status dt__mm_shapes(dt_ctx *ctx, dt__mm *m, const dt_tensor *out, const dt_tensor *a,
+                               const dt_tensor *b, int ta, int tb, const char *fn) {
+    int ad, bd;
+    int64_t Ka, Kb;
+    DT__TRY(dt__f32(ctx, a, fn, "a"));
+    DT__TRY(dt__f32(ctx, b, fn, "b"));
+    DT__TRY(dt__f32(ctx, out, fn, "out"));
+    DT__TRY(dt__ndim(ctx, a, 2, 3, fn, "a"));
+    DT__TRY(dt__ndim(ctx, b, 2, 3, fn, "b"));
+    ad = a->ndim - 2;
+    bd = b->ndim - 2;
+    m->batch = ad ? a->shape[0] : 1;
+    if (bd && !ad)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: b is batched (3 dims) but a is not", fn);
+    if (bd && b->shape[0] != m->batch)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: b.shape[0] = %lld (batch) does not match a.shape[0] "
+                                "= %lld", fn, (long long)b->shape[0], (long long)m->batch);
+    m->M = ta ? a->shape[ad + 1] : a->shape[ad];
+    Ka = ta ? a->shape[ad] : a->shape[ad + 1];
+    Kb = tb ? b->shape[bd + 1] : b->shape[bd];
+    m->N = tb ? b->shape[bd] : b->shape[bd + 1];
+    m->K = Ka;
+    if (Ka != Kb)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: inner dims differ: op(a) is [%lld, %lld] (trans_a=%d), "
+                                "op(b) is [%lld, %lld] (trans_b=%d)", fn, (long long)m->M, (long long)Ka, ta,
+                                (long long)Kb, (long long)m->N, tb);
+    if (out->ndim != a->ndim || (ad && out->shape[0] != m->batch) || out->shape[ad] != m->M ||
+        out->shape[ad + 1] != m->N) {
+        char so[96];
+        if (ad)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: out shape %s; expected [%lld, %lld, %lld]", fn,
+                                    dt_shape_str(out, so, sizeof so), (long long)m->batch, (long long)m->M,
+                                    (long long)m->N);
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: out shape %s; expected [%lld, %lld]", fn,
+                                dt_shape_str(out, so, sizeof so), (long long)m->M, (long long)m->N);
+    }
+    m->lda = a->shape[ad + 1];
+    m->ldb = b->shape[bd + 1];
+    m->sa = a->shape[ad] * a->shape[ad + 1];
+    m->sb = bd ? b->shape[bd] * b->shape[bd + 1] : 0;
+    m->sc = m->M * m->N;
+    return DT_OK;
+}
+
+DT_API dt_status dt_matmul_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, const dt_tensor *b,
+                               int trans_a, int trans_b, float alpha, float beta) {
+    dt__mm m;
+    int64_t i;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__mm_shapes(ctx, &m, out, a, b, trans_a, trans_b, "dt_matmul_fwd"));
+    for (i = 0; i < m.batch; i++)
+        DT__TRY(dt__gemm(ctx, trans_a, trans_b, m.M, m.N, m.K, alpha, DT__CF(a) + i * m.sa, m.lda,
+                         DT__CF(b) + i * m.sb, m.ldb, beta, DT__F(out) + i * m.sc, m.N));
+    return DT_OK;
+}
+
+/* With Ao = op(A) [M,K], Bo = op(B) [K,N]: dAo = alpha dout Bo^T, dBo = alpha Ao^T dout; a
+   transposed operand receives the transpose, which is again one GEMM with flipped flags. */
+DT_API dt_status dt_matmul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, const dt_tensor *dout,
+                               const dt_tensor *a, const dt_tensor *b, int trans_a, int trans_b, float alpha) {
+    const char *fn = "dt_matmul_bwd";
+    dt__mm m;
+    int64_t i;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__mm_shapes(ctx, &m, (dt_tensor *)dout, a, b, trans_a, trans_b, fn));
+    if (da) { DT__TRY(dt__f32(ctx, da, fn, "da")); DT__TRY(dt__same(ctx, da, a, fn, "da", "a")); }
+    if (db) { DT__TRY(dt__f32(ctx, db, fn, "db")); DT__TRY(dt__same(ctx, db, b, fn, "db", "b")); }
+    for (i = 0; i < m.batch; i++) {
+        const float *A = DT__CF(a) + i * m.sa, *B = DT__CF(b) + i * m.sb, *D = DT__CF(dout) + i * m.sc;
+        if (da) {
+            float *dA = DT__F(da) + i * m.sa;
+            if (!trans_a) DT__TRY(dt__gemm(ctx, 0, !trans_b, m.M, m.K, m.N, alpha, D, m.N, B, m.ldb, 1.0f, dA, m.lda));
+            else DT__TRY(dt__gemm(ctx, trans_b, 1, m.K, m.M, m.N, alpha, B, m.ldb, D, m.N, 1.0f, dA, m.lda));
+        }
+        if (db) {
+            float *dB = DT__F(db) + i * m.sb;
+            if (!trans_b) DT__TRY(dt__gemm(ctx, !trans_a, 0, m.K, m.N, m.M, alpha, A, m.lda, D, m.N, 1.0f, dB, m.ldb));
+            else DT__TRY(dt__gemm(ctx, 1, trans_a, m.N, m.K, m.M, alpha, D, m.N, A, m.lda, 1.0f, dB, m.ldb));
+        }
+    }
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- linear, bias */
+
+static dt_status dt__linear_check(dt_ctx *ctx, const dt_tensor *y, const dt_tensor *x, const dt_tensor *w,
+                                  const dt_tensor *bias, const char *fn, const char *yname) {
+    DT__TRY(dt__f32(ctx, x, fn, "x"));
+    DT__TRY(dt__f32(ctx, w, fn, "w"));
+    DT__TRY(dt__f32(ctx, y, fn, yname));
+    DT__TRY(dt__ndim(ctx, w, 2, 2, fn, "w"));
+    DT__TRY(dt__ndim(ctx, x, 1, DT_MAX_DIMS, fn, "x"));
+    DT__TRY(dt__dim(ctx, dt__last(x), w->shape[1], fn, "x.shape[-1]", "w.shape[1] (in features)"));
+    DT__TRY(dt__dim(ctx, dt__last(y), w->shape[0], fn, "out.shape[-1]", "w.shape[0] (out features)"));
+    DT__TRY(dt__dim(ctx, dt__rows(y), dt__rows(x), fn, "out rows", "x rows"));
+    if (bias) {
+        DT__TRY(dt__f32(ctx, bias, fn, "bias"));
+        DT__TRY(dt__dim(ctx, bias->numel, w->shape[0], fn, "bias numel", "w.shape[0]"));
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, const dt_tensor *w,
+                               const dt_tensor *bias) {
+    int64_t N, In, Out;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__linear_check(ctx, out, x, w, bias, "dt_linear_fwd", "out"));
+    N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
+    DT__TRY(dt__gemm(ctx, 0, 1, N, Out, In, 1.0f, DT__CF(x), In, DT__CF(w), In, 0.0f, DT__F(out), Out));
+    return bias ? dt_bias_add_fwd(ctx, out, bias) : DT_OK;
+}
+
+DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
+                               const dt_tensor *dout, const dt_tensor *x, const dt_tensor *w) {
+    const char *fn = "dt_linear_bwd";
+    int64_t N, In, Out;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__linear_check(ctx, dout, x, w, NULL, fn, "dout"));
+    N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
+    if (dx) {
+        DT__TRY(dt__f32(ctx, dx, fn, "dx"));
+        DT__TRY(dt__same_numel(ctx, dx, x, fn, "dx", "x"));
+        DT__TRY(dt__gemm(ctx, 0, 0, N, In, Out, 1.0f, DT__CF(dout), Out, DT__CF(w), In, 1.0f, DT__F(dx), In));
+    }
+    if (dw) {
+        DT__TRY(dt__f32(ctx, dw, fn, "dw"));
+        DT__TRY(dt__same(ctx, dw, w, fn, "dw", "w"));
+        DT__TRY(dt__gemm(ctx, 1, 0, Out, In, N, 1.0f, DT__CF(dout), Out, DT__CF(x), In, 1.0f, DT__F(dw), In));
+    }
+    return dbias ? dt_bias_add_bwd(ctx, dbias, dout) : DT_OK;
+}
+
+DT_API dt_status dt_bias_add_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *bias) {
+    const char *fn = "dt_bias_add_fwd";
+    int64_t r, c, C, R;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__f32(ctx, out, fn, "out"));
+    DT__TRY(dt__f32(ctx, bias, fn, "bias"));
+    C = dt__last(out); R = dt__rows(out);
+    DT__TRY(dt__dim(ctx, bias->numel, C, fn, "bias numel", "out.shape[-1]"));
+    for (r = 0; r < R; r++) {
+        float *o = DT__F(out) + r * C;
+        for (c = 0; c < C; c++) o[c] += DT__CF(bias)[c];
+    }
+    return DT_OK;
+}
+
+/* Column sums in double, row by row: the same order whatever the shape of dout. */
+DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor *dout) {
+    const char *fn = "dt_bias_add_bwd";
+    int64_t r, c, C, R;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__f32(ctx, dout, fn, "dout"));
+    DT__TRY(dt__f32(ctx, dbias, fn, "dbias"));
+    C = dt__last(dout); R = dt__rows(dout);
+    DT__TRY(dt__dim(ctx, dbias->numel, C, fn, "dbias numel", "dout.shape[-1]"));
+    for (c = 0; c < C; c++) {
+        double s = 0;
+        for (r = 0; r < R; r++) s += DT__CF(dout)[r * C + c];
+        DT__F(dbias)[c] += (float)s;
+    }
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- activations */
+
+static dt_status dt__unary_check(dt_ctx *ctx, const dt_tensor *out, const dt_tensor *x, const char *fn,
+                                 const char *on) {
+    DT__TRY(dt__f32(ctx, out, fn, on));
+    DT__TRY(dt__f32(ctx, x, fn, "x"));
+    return dt__same_numel(ctx, out, x, fn, on, "x");
+}
+
+DT_API dt_status dt_relu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
+    int64_t i;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__unary_check(ctx, out, x, "dt_relu_fwd", "out"));
+    for (i = 0; i < x->numel; i++) { float v = DT__CF(x)[i]; DT__F(out)[i] = v > 0 ? v : 0.0f; }
+    return DT_OK;
+}
+
+DT_API dt_status dt_relu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x) {
+    int64_t i;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__unary_check(ctx, dx, x, "dt_relu_bwd", "dx"));
+    DT__TRY(dt__unary_check(ctx, dout, x, "dt_relu_bwd", "dout"));
+    for (i = 0; i < x->numel; i++) if (DT__CF(x)[i] > 0) DT__F(dx)[i] += DT__CF(dout)[i];
+    return DT_OK;
+}
+
+#define DT__GELU_S 0.7978845608028654f /* sqrt(2 / pi) */
+
+DT_API dt_status dt_gelu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
+    int64_t i;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__unary_check(ctx, out, x, "dt_gelu_fwd", "out"));
+    for (i = 0; i < x->numel; i++) {
+        float v = DT__CF(x)[i];
+        DT__F(out)[i] = 0.5f * v * (1.0f + tanhf(DT__GELU_S * (v + 0.044715f * v * v * v)));
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_gelu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x) {
+    int64_t i;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__unary_check(ctx, dx, x, "dt_gelu_bwd", "dx"));
+    DT__TRY(dt__unary_check(ctx, dout, x, "dt_gelu_bwd", "dout"));
+    for (i = 0; i < x->numel; i++) {
+        float v = DT__CF(x)[i];
+        float u = DT__GELU_S * (v + 0.044715f * v * v * v);
+        float th = tanhf(u), sech2 = 1.0f - th * th;
+        float g = 0.5f * (1.0f + th) + 0.5f * v * sech2 * DT__GELU_S * (1.0f + 3.0f * 0.044715f * v * v);
+        DT__F(dx)[i] += g * DT__CF(dout)[i];
+    }
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- layernorm */
+
+static dt_status dt__ln_check(dt_ctx *ctx, const dt_tensor *out, const dt_tensor *x, const dt_tensor *w,
+                              const dt_tensor *mean, const dt_tensor *rstd, const char *fn, const char *on) {
+    int64_t C;
+    DT__TRY(dt__f32(ctx, x, fn, "x"));
+    DT__TRY(dt__f32(ctx, out, fn, on));
+    DT__TRY(dt__f32(ctx, w, fn, "w"));
+    DT__TRY(dt__same(ctx, out, x, fn, on, "x"));
+    C = dt__last(x);
+    DT__TRY(dt__dim(ctx, w->numel, C, fn, "w numel", "x.shape[-1]"));
+    if (mean) { DT__TRY(dt__f32(ctx, mean, fn, "mean")); DT__TRY(dt__dim(ctx, mean->numel, dt__rows(x), fn, "mean numel", "x rows")); }
+    if (rstd) { DT__TRY(dt__f32(ctx, rstd, fn, "rstd")); DT__TRY(dt__dim(ctx, rstd->numel, dt__rows(x), fn, "rstd numel", "x rows")); }
+    return DT_OK;
+}
+
+DT_API dt_status dt_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, dt_tensor *rstd,
+                                  const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, float eps) {
+    const char *fn = "dt_layernorm_fwd";
+    int64_t r, c, C, R;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__ln_check(ctx, out, x, w, mean, rstd, fn, "out"));
+    C = dt__last(x); R = dt__rows(x);
+    if (b) { DT__TRY(dt__f32(ctx, b, fn, "b")); DT__TRY(dt__dim(ctx, b->numel, C, fn, "b numel", "x.shape[-1]")); }
+    if (!(eps > 0)) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: eps = %g; expected > 0", fn, (double)eps);
+    for (r = 0; r < R; r++) {
+        const float *xr = DT__CF(x) + r * C;
+        float *o = DT__F(out) + r * C;
+        double m = 0, v = 0;
+        float s;
+        for (c = 0; c < C; c++) m += xr[c];
+        m /= (double)C;
+        for (c = 0; c < C; c++) v += (xr[c] - m) * (xr[c] - m); /* two passes: no cancellation */
+        v /= (double)C;
+        s = (float)(1.0 / sqrt(v + eps));
+        for (c = 0; c < C; c++)
+            o[c] = (float)(xr[c] - m) * s * DT__CF(w)[c] + (b ? DT__CF(b)[c] : 0.0f);
+        if (mean) DT__F(mean)[r] = (float)m;
+        if (rstd) DT__F(rstd)[r] = s;
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_layernorm_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_tensor *db,
+                                  const dt_tensor *dout, const dt_tensor *x, const dt_tensor *w,
+                                  const dt_tensor *mean, const dt_tensor *rstd) {
+    const char *fn = "dt_layernorm_bwd";
+    int64_t r, c, C, R;
+    if (!ctx) return DT_ERR_ARG;
+    if (!mean || !rstd) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: mean and rstd from the forward are required", fn);
+    DT__TRY(dt__ln_check(ctx, dout, x, w, mean, rstd, fn, "dout"));
+    C = dt__last(x); R = dt__rows(x);
+    if (dx) { DT__TRY(dt__f32(ctx, dx, fn, "dx")); DT__TRY(dt__same(ctx, dx, x, fn, "dx", "x")); }
+    if (dw) { DT__TRY(dt__f32(ctx, dw, fn, "dw")); DT__TRY(dt__same_numel(ctx, dw, w, fn, "dw", "w")); }
+    if (db) { DT__TRY(dt__f32(ctx, db, fn, "db")); DT__TRY(dt__dim(ctx, db->numel, C, fn, "db numel", "x.shape[-1]")); }
+    for (r = 0; r < R; r++) {
+        const float *xr = DT__CF(x) + r * C, *g = DT__CF(dout) + r * C;
+        float m = DT__CF(mean)[r], s = DT__CF(rstd)[r];
+        double gm = 0, gnm = 0;
+        for (c = 0; c < C; c++) {
+            float nrm = (xr[c] - m) * s, gw = g[c] * DT__CF(w)[c];
+            gm += gw;
+            gnm += gw * nrm;
+        }
+        gm /= (double)C;
+        gnm /= (double)C;
+        for (c = 0; c < C; c++) {
+            float nrm = (xr[c] - m) * s, gw = g[c] * DT__CF(w)[c];
+            if (db) DT__F(db)[c] += g[c];
+            if (dw) DT__F(dw)[c] += nrm * g[c];
+            if (dx) DT__F(dx)[r * C + c] += (float)((gw - gm - nrm * gnm) * s);
+        }
+    }
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- losses */
+
+static dt_status dt__xent_check(dt_ctx *ctx, const dt_tensor *probs, const dt_tensor *targets,
+                                int ignore_index, const char *fn, const char *pn) {
+    int64_t r, V, R;
+    DT__TRY(dt__f32(ctx, probs, fn, pn));
+    DT__TRY(dt_check_tensor(ctx, targets, DT_I32, fn, "targets"));
+    V = dt__last(probs); R = dt__rows(probs);
+    DT__TRY(dt__dim(ctx, targets->numel, R, fn, "targets numel", "logits rows"));
+    for (r = 0; r < R; r++) {
+        int32_t t = ((const int32_t *)targets->data)[r];
+        if (t != ignore_index && (t < 0 || t >= V))
+            return dt_ctx_set_error(ctx, DT_ERR_RANGE, "%s: targets[%lld] = %d is outside [0, %lld) and is "
+                                    "not ignore_index = %d", fn, (long long)r, t, (long long)V, ignore_index);
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_softmax_xent_fwd(dt_ctx *ctx, float *loss, int64_t *n_valid, dt_tensor *probs,
+                                     const dt_tensor *logits, const dt_tensor *targets, int ignore_index) {
+    const char *fn = "dt_softmax_xent_fwd";
+    int64_t r, v, V, R, n = 0;
+    double total = 0;
+    if (!ctx) return DT_ERR_ARG;
+    if (!loss) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: loss is NULL", fn);
+    DT__TRY(dt__f32(ctx, logits, fn, "logits"));
+    DT__TRY(dt__xent_check(ctx, logits, targets, ignore_index, fn, "logits"));
+    DT__TRY(dt__f32(ctx, probs, fn, "probs"));
+    DT__TRY(dt__same(ctx, probs, logits, fn, "probs", "logits"));
+    V = dt__last(logits); R = dt__rows(logits);
+    for (r = 0; r < R; r++) {
+        const float *z = DT__CF(logits) + r * V;
+        float *p = DT__F(probs) + r * V, mx = -FLT_MAX;
+        double sum = 0;
+        int32_t t = ((const int32_t *)targets->data)[r];
+        for (v = 0; v < V; v++) if (z[v] > mx) mx = z[v];
+        for (v = 0; v < V; v++) { p[v] = expf(z[v] - mx); sum += p[v]; }
+        for (v = 0; v < V; v++) p[v] = (float)(p[v] / sum);
+        if (t != ignore_index) { total += log(sum) + mx - z[t]; n++; } /* = -log softmax, no underflow */
+    }
+    *loss = n ? (float)(total / (double)n) : 0.0f;
+    if (n_valid) *n_valid = n;
+    return DT_OK;
+}
+
+DT_API dt_status dt_softmax_xent_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_tensor *probs,
+                                     const dt_tensor *targets, int ignore_index, float dloss) {
+    const char *fn = "dt_softmax_xent_bwd";
+    int64_t r, v, V, R, n = 0;
+    float s;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__xent_check(ctx, probs, targets, ignore_index, fn, "probs"));
+    DT__TRY(dt__f32(ctx, dlogits, fn, "dlogits"));
+    DT__TRY(dt__same(ctx, dlogits, probs, fn, "dlogits", "probs"));
+    V = dt__last(probs); R = dt__rows(probs);
+    for (r = 0; r < R; r++) n += ((const int32_t *)targets->data)[r] != ignore_index;
+    if (n == 0) return DT_OK;
+    s = dloss / (float)n;
+    for (r = 0; r < R; r++) {
+        int32_t t = ((const int32_t *)targets->data)[r];
+        const float *p = DT__CF(probs) + r * V;
+        float *g = DT__F(dlogits) + r * V;
+        if (t == ignore_index) continue;
+        for (v = 0; v < V; v++) g[v] += s * (p[v] - (v == t ? 1.0f : 0.0f));
+    }
+    return DT_OK;
+}
+
+static dt_status dt__bce_check(dt_ctx *ctx, const dt_tensor *logits, const dt_tensor *labels, const char *fn) {
+    DT__TRY(dt__f32(ctx, logits, fn, "logits"));
+    DT__TRY(dt__f32(ctx, labels, fn, "labels"));
+    return dt__same_numel(ctx, logits, labels, fn, "logits", "labels");
+}
+
+DT_API dt_status dt_bce_logits_fwd(dt_ctx *ctx, float *loss, const dt_tensor *logits, const dt_tensor *labels) {
+    const char *fn = "dt_bce_logits_fwd";
+    int64_t i;
+    double total = 0;
+    if (!ctx) return DT_ERR_ARG;
+    if (!loss) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: loss is NULL", fn);
+    DT__TRY(dt__bce_check(ctx, logits, labels, fn));
+    for (i = 0; i < logits->numel; i++) {
+        double z = DT__CF(logits)[i], y = DT__CF(labels)[i];
+        total += (z > 0 ? z : 0) - z * y + log1p(exp(-fabs(z))); /* never exp of a large positive */
+    }
+    *loss = logits->numel ? (float)(total / (double)logits->numel) : 0.0f;
+    return DT_OK;
+}
+
+DT_API dt_status dt_bce_logits_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_tensor *logits,
+                                   const dt_tensor *labels, float dloss) {
+    const char *fn = "dt_bce_logits_bwd";
+    int64_t i;
+    float s;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__bce_check(ctx, logits, labels, fn));
+    DT__TRY(dt__f32(ctx, dlogits, fn, "dlogits"));
+    DT__TRY(dt__same_numel(ctx, dlogits, logits, fn, "dlogits", "logits"));
+    if (logits->numel == 0) return DT_OK;
+    s = dloss / (float)logits->numel;
+    for (i = 0; i < logits->numel; i++) {
+        float z = DT__CF(logits)[i];
+        float sig = z >= 0 ? 1.0f / (1.0f + expf(-z)) : expf(z) / (1.0f + expf(z));
+        DT__F(dlogits)[i] += s * (sig - DT__CF(labels)[i]);
+    }
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- elementwise, reductions */
+
+DT_API dt_status dt_add(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, const dt_tensor *b) {
+    int64_t i;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__f32(ctx, out, "dt_add", "out"));
+    DT__TRY(dt__f32(ctx, a, "dt_add", "a"));
+    DT__TRY(dt__f32(ctx, b, "dt_add", "b"));
+    DT__TRY(dt__same_numel(ctx, a, b, "dt_add", "a", "b"));
+    DT__TRY(dt__same_numel(ctx, out, a, "dt_add", "out", "a"));
+    for (i = 0; i < a->numel; i++) DT__F(out)[i] = DT__CF(a)[i] + DT__CF(b)[i];
+    return DT_OK;
+}
+
+DT_API dt_status dt_scale(dt_ctx *ctx, dt_tensor *x, float alpha) {
+    int64_t i;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__f32(ctx, x, "dt_scale", "x"));
+    for (i = 0; i < x->numel; i++) DT__F(x)[i] *= alpha;
+    return DT_OK;
+}
+
+DT_API dt_status dt_axpy(dt_ctx *ctx, dt_tensor *y, float alpha, const dt_tensor *x) {
+    int64_t i;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__f32(ctx, y, "dt_axpy", "y"));
+    DT__TRY(dt__f32(ctx, x, "dt_axpy", "x"));
+    DT__TRY(dt__same_numel(ctx, y, x, "dt_axpy", "y", "x"));
+    for (i = 0; i < x->numel; i++) DT__F(y)[i] += alpha * DT__CF(x)[i];
+    return DT_OK;
+}
+
+DT_API dt_status dt_sum(dt_ctx *ctx, double *out, const dt_tensor *x) {
+    int64_t i;
+    double s = 0;
+    if (!ctx) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_sum: out is NULL");
+    DT__TRY(dt__f32(ctx, x, "dt_sum", "x"));
+    for (i = 0; i < x->numel; i++) s += DT__CF(x)[i];
+    *out = s;
+    return DT_OK;
+}
+
+DT_API dt_status dt_sumsq(dt_ctx *ctx, double *out, const dt_tensor *x) {
+    int64_t i;
+    double s = 0;
+    if (!ctx) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_sumsq: out is NULL");
+    DT__TRY(dt__f32(ctx, x, "dt_sumsq", "x"));
+    for (i = 0; i < x->numel; i++) { double v = DT__CF(x)[i]; s += v * v; }
+    *out = s;
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- embedding */
+
+static dt_status dt__ids_check(dt_ctx *ctx, const dt_tensor *ids, int64_t V, const char *fn) {
+    int64_t i;
+    if (!ids) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ids is NULL", fn);
+    if (ids->dtype != DT_I32 && ids->dtype != DT_I64)
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: ids has dtype %s; expected i32 or i64", fn,
+                                dt_dtype_name(ids->dtype));
+    DT__TRY(dt_check_tensor(ctx, ids, ids->dtype, fn, "ids"));
+    for (i = 0; i < ids->numel; i++) {
+        int64_t id = ids->dtype == DT_I32 ? ((const int32_t *)ids->data)[i] : ((const int64_t *)ids->data)[i];
+        if (id < 0 || id >= V)
+            return dt_ctx_set_error(ctx, DT_ERR_RANGE, "%s: ids[%lld] = %lld is outside the table's rows "
+                                    "[0, %lld)", fn, (long long)i, (long long)id, (long long)V);
+    }
+    return DT_OK;
+}
+
+static int64_t dt__id(const dt_tensor *ids, int64_t i) {
+    return ids->dtype == DT_I32 ? ((const int32_t *)ids->data)[i] : ((const int64_t *)ids->data)[i];
+}
+
+static dt_status dt__emb_check(dt_ctx *ctx, const dt_tensor *rows, const dt_tensor *table,
+                               const dt_tensor *ids, const char *fn, const char *rn, const char *tn) {
+    DT__TRY(dt__f32(ctx, table, fn, tn));
+    DT__TRY(dt__f32(ctx, rows, fn, rn));
+    DT__TRY(dt__ndim(ctx, table, 2, 2, fn, tn));
+    DT__TRY(dt__ids_check(ctx, ids, table->shape[0], fn));
+    DT__TRY(dt__dim(ctx, dt__last(rows), table->shape[1], fn, "out.shape[-1]", "table.shape[1]"));
+    return dt__dim(ctx, dt__rows(rows), ids->numel, fn, "out rows", "ids numel");
+}
+
+DT_API dt_status dt_embedding_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *table, const dt_tensor *ids) {
+    int64_t n, D;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__emb_check(ctx, out, table, ids, "dt_embedding_fwd", "out", "table"));
+    D = table->shape[1];
+    for (n = 0; n < ids->numel; n++)
+        memcpy(DT__F(out) + n * D, DT__CF(table) + dt__id(ids, n) * D, (size_t)D * sizeof(float));
+    return DT_OK;
+}
+
+DT_API dt_status dt_embedding_bwd(dt_ctx *ctx, dt_tensor *dtable, const dt_tensor *dout, const dt_tensor *ids) {
+    int64_t n, d, D;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__emb_check(ctx, dout, dtable, ids, "dt_embedding_bwd", "dout", "dtable"));
+    D = dtable->shape[1];
+    for (n = 0; n < ids->numel; n++) { /* in id order: deterministic even with repeated ids */
+        float *row = DT__F(dtable) + dt__id(ids, n) * D;
+        const float *g = DT__CF(dout) + n * D;
+        for (d = 0; d < D; d++) row[d] += g[d];
+    }
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- attention */
+
+static dt_status dt__attn_check(dt_ctx *ctx, const dt_tensor *o, const dt_tensor *att, const dt_tensor *qkv,
+                                int n_head, const char *fn, const char *on) {
+    int64_t B, T, C;
+    DT__TRY(dt__f32(ctx, qkv, fn, "qkv"));
+    DT__TRY(dt__f32(ctx, o, fn, on));
+    DT__TRY(dt__f32(ctx, att, fn, "att"));
+    DT__TRY(dt__ndim(ctx, qkv, 3, 3, fn, "qkv"));
+    B = qkv->shape[0]; T = qkv->shape[1]; C = qkv->shape[2] / 3;
+    if (qkv->shape[2] % 3)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: qkv.shape[2] = %lld is not 3*C", fn, (long long)qkv->shape[2]);
+    if (n_head <= 0 || C % n_head)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n_head = %d must be > 0 and divide C = %lld", fn, n_head,
+                                (long long)C);
+    DT__TRY(dt__ndim(ctx, o, 3, 3, fn, on));
+    if (o->shape[0] != B || o->shape[1] != T || o->shape[2] != C) {
+        char s[96];
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s; expected [%lld, %lld, %lld]", fn, on,
+                                dt_shape_str(o, s, sizeof s), (long long)B, (long long)T, (long long)C);
+    }
+    if (att->ndim != 4 || att->shape[0] != B || att->shape[1] != n_head || att->shape[2] != T || att->shape[3] != T) {
+        char s[96];
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: att shape %s; expected [%lld, %d, %lld, %lld]", fn,
+                                dt_shape_str(att, s, sizeof s), (long long)B, n_head, (long long)T, (long long)T);
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv, int n_head) {
+    int64_t B, T, C, hs, b, t, t2, i;
+    int h;
+    float scale;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__attn_check(ctx, out, att, qkv, n_head, "dt_attention_fwd", "out"));
+    B = qkv->shape[0]; T = qkv->shape[1]; C = qkv->shape[2] / 3; hs = C / n_head;
+    scale = 1.0f / sqrtf((float)hs);
+    for (b = 0; b < B; b++)
+        for (t = 0; t < T; t++)
+            for (h = 0; h < n_head; h++) {
+                const float *q = DT__CF(qkv) + (b * T + t) * 3 * C + h * hs;
+                float *a = DT__F(att) + ((b * n_head + h) * T + t) * T;
+                float *o = DT__F(out) + (b * T + t) * C + h * hs;
+                float mx = -FLT_MAX, sum = 0;
+                for (t2 = 0; t2 <= t; t2++) {
+                    const float *k = DT__CF(qkv) + (b * T + t2) * 3 * C + C + h * hs;
+                    float d = 0;
+                    for (i = 0; i < hs; i++) d += q[i] * k[i];
+                    a[t2] = d * scale;
+                    if (a[t2] > mx) mx = a[t2];
+                }
+                for (t2 = 0; t2 <= t; t2++) { a[t2] = expf(a[t2] - mx); sum += a[t2]; }
+                for (t2 = 0; t2 < T; t2++) a[t2] = t2 <= t ? a[t2] / sum : 0.0f; /* causal mask */
+                for (i = 0; i < hs; i++) o[i] = 0;
+                for (t2 = 0; t2 <= t; t2++) {
+                    const float *v = DT__CF(qkv) + (b * T + t2) * 3 * C + 2 * C + h * hs;
+                    for (i = 0; i < hs; i++) o[i] += a[t2] * v[i];
+                }
+            }
+    return DT_OK;
+}
+
+/* Per query row: datt = dout . v, then the softmax backward datt -> dpre, then q/k grads. */
+DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor *dout, const dt_tensor *qkv,
+                                  const dt_tensor *att, int n_head) {
+    const char *fn = "dt_attention_bwd";
+    int64_t B, T, C, hs, b, t, t2, i;
+    int h;
+    float scale, *datt;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__attn_check(ctx, dout, att, qkv, n_head, fn, "dout"));
+    DT__TRY(dt__f32(ctx, dqkv, fn, "dqkv"));
+    DT__TRY(dt__same(ctx, dqkv, qkv, fn, "dqkv", "qkv"));
+    B = qkv->shape[0]; T = qkv->shape[1]; C = qkv->shape[2] / 3; hs = C / n_head;
+    scale = 1.0f / sqrtf((float)hs);
+    datt = (float *)dt_alloc(ctx, (size_t)(T ? T : 1) * sizeof(float));
+    if (!datt) return DT_ERR_OOM;
+    for (b = 0; b < B; b++)
+        for (t = 0; t < T; t++)
+            for (h = 0; h < n_head; h++) {
+                const float *a = DT__CF(att) + ((b * n_head + h) * T + t) * T;
+                const float *g = DT__CF(dout) + (b * T + t) * C + h * hs;
+                const float *q = DT__CF(qkv) + (b * T + t) * 3 * C + h * hs;
+                float *dq = DT__F(dqkv) + (b * T + t) * 3 * C + h * hs;
+                float dot = 0;
+                for (t2 = 0; t2 <= t; t2++) {
+                    const float *v = DT__CF(qkv) + (b * T + t2) * 3 * C + 2 * C + h * hs;
+                    float *dv = DT__F(dqkv) + (b * T + t2) * 3 * C + 2 * C + h * hs;
+                    float d = 0;
+                    for (i = 0; i < hs; i++) { d += v[i] * g[i]; dv[i] += a[t2] * g[i]; }
+                    datt[t2] = d;
+                    dot += a[t2] * d;
+                }
+                for (t2 = 0; t2 <= t; t2++) {
+                    const float *k = DT__CF(qkv) + (b * T + t2) * 3 * C + C + h * hs;
+                    float *dk = DT__F(dqkv) + (b * T + t2) * 3 * C + C + h * hs;
+                    float dpre = a[t2] * (datt[t2] - dot) * scale;
+                    for (i = 0; i < hs; i++) { dq[i] += dpre * k[i]; dk[i] += dpre * q[i]; }
+                }
+            }
+    dt_release(ctx, datt);
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- DLRM dot interaction */
+
+static dt_status dt__dot_check(dt_ctx *ctx, const dt_tensor *out, const dt_tensor *dense, const dt_tensor *emb,
+                               const char *fn, const char *on) {
+    int64_t B, F, D;
+    DT__TRY(dt__f32(ctx, dense, fn, "dense"));
+    DT__TRY(dt__f32(ctx, emb, fn, "emb"));
+    DT__TRY(dt__f32(ctx, out, fn, on));
+    DT__TRY(dt__ndim(ctx, dense, 2, 2, fn, "dense"));
+    DT__TRY(dt__ndim(ctx, emb, 3, 3, fn, "emb"));
+    DT__TRY(dt__ndim(ctx, out, 2, 2, fn, on));
+    B = dense->shape[0]; D = dense->shape[1]; F = emb->shape[1];
+    DT__TRY(dt__dim(ctx, emb->shape[0], B, fn, "emb.shape[0]", "dense.shape[0]"));
+    DT__TRY(dt__dim(ctx, emb->shape[2], D, fn, "emb.shape[2]", "dense.shape[1]"));
+    DT__TRY(dt__dim(ctx, out->shape[0], B, fn, "out.shape[0]", "dense.shape[0]"));
+    return dt__dim(ctx, out->shape[1], D + (F + 1) * F / 2, fn, "out.shape[1]", "D + (F+1)F/2");
+}
+
+static const float *dt__dot_vec(const dt_tensor *dense, const dt_tensor *emb, int64_t b, int64_t i) {
+    int64_t D = dense->shape[1], F = emb->shape[1];
+    return i == 0 ? DT__CF(dense) + b * D : DT__CF(emb) + (b * F + i - 1) * D;
+}
+
+DT_API dt_status dt_dot_interaction_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *dense, const dt_tensor *emb) {
+    int64_t B, F, D, W, b, i, j, d;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__dot_check(ctx, out, dense, emb, "dt_dot_interaction_fwd", "out"));
+    B = dense->shape[0]; D = dense->shape[1]; F = emb->shape[1]; W = out->shape[1];
+    for (b = 0; b < B; b++) {
+        float *o = DT__F(out) + b * W;
+        memcpy(o, DT__CF(dense) + b * D, (size_t)D * sizeof(float));
+        o += D;
+        for (i = 1; i <= F; i++)
+            for (j = 0; j < i; j++) {
+                const float *x = dt__dot_vec(dense, emb, b, i), *y = dt__dot_vec(dense, emb, b, j);
+                float s = 0;
+                for (d = 0; d < D; d++) s += x[d] * y[d];
+                *o++ = s;
+            }
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_dot_interaction_bwd(dt_ctx *ctx, dt_tensor *ddense, dt_tensor *demb, const dt_tensor *dout,
+                                        const dt_tensor *dense, const dt_tensor *emb) {
+    const char *fn = "dt_dot_interaction_bwd";
+    int64_t B, F, D, W, b, i, j, d;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__dot_check(ctx, dout, dense, emb, fn, "dout"));
+    if (!ddense || !demb) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, ddense ? "demb" : "ddense");
+    DT__TRY(dt__f32(ctx, ddense, fn, "ddense"));
+    DT__TRY(dt__f32(ctx, demb, fn, "demb"));
+    DT__TRY(dt__same(ctx, ddense, dense, fn, "ddense", "dense"));
+    DT__TRY(dt__same(ctx, demb, emb, fn, "demb", "emb"));
+    B = dense->shape[0]; D = dense->shape[1]; F = emb->shape[1]; W = dout->shape[1];
+    for (b = 0; b < B; b++) {
+        const float *g = DT__CF(dout) + b * W;
+        float *gd = DT__F(ddense) + b * D;
+        for (d = 0; d < D; d++) gd[d] += g[d];
+        g += D;
+        for (i = 1; i <= F; i++)
+            for (j = 0; j < i; j++) {
+                const float *x = dt__dot_vec(dense, emb, b, i), *y = dt__dot_vec(dense, emb, b, j);
+                float *gx = DT__F(demb) + (b * F + i - 1) * D;
+                float *gy = j == 0 ? gd : DT__F(demb) + (b * F + j - 1) * D;
+                float s = *g++;
+                for (d = 0; d < D; d++) { gx[d] += s * y[d]; gy[d] += s * x[d]; }
+            }
+    }
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- concat / split */
+
+/* Copies (or accumulates) between the n parts [rows, C_i] and the whole [rows, sum C_i]. */
+static dt_status dt__concat(dt_ctx *ctx, dt_tensor *whole, dt_tensor *const *parts, int n, int to_whole,
+                            int accumulate, const char *fn) {
+    int64_t R, W, off = 0, r, c;
+    int i;
+    char name[32];
+    if (!ctx) return DT_ERR_ARG;
+    if (n <= 0 || !parts) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n = %d parts; expected >= 1", fn, n);
+    DT__TRY(dt__f32(ctx, whole, fn, "the concatenated tensor"));
+    R = dt__rows(whole); W = dt__last(whole);
+    for (i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "part %d", i);
+        DT__TRY(dt__f32(ctx, parts[i], fn, name));
+        DT__TRY(dt__dim(ctx, dt__rows(parts[i]), R, fn, "part rows", "concatenated rows"));
+        off += dt__last(parts[i]);
+    }
+    if (off != W)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: the parts' last dims sum to %lld, the concatenated "
+                                "tensor's is %lld", fn, (long long)off, (long long)W);
+    for (off = 0, i = 0; i < n; i++) {
+        int64_t C = dt__last(parts[i]);
+        for (r = 0; r < R; r++) {
+            float *w = DT__F(whole) + r * W + off, *p = DT__F(parts[i]) + r * C;
+            if (to_whole && accumulate) for (c = 0; c < C; c++) w[c] += p[c];
+            else if (to_whole) memcpy(w, p, (size_t)C * sizeof(float));
+            else if (accumulate) for (c = 0; c < C; c++) p[c] += w[c];
+            else memcpy(p, w, (size_t)C * sizeof(float));
+        }
+        off += C;
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_concat_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *const *ins, int n) {
+    return dt__concat(ctx, out, (dt_tensor *const *)ins, n, 1, 0, "dt_concat_fwd");
+}
+DT_API dt_status dt_concat_bwd(dt_ctx *ctx, dt_tensor *const *dins, int n, const dt_tensor *dout) {
+    return dt__concat(ctx, (dt_tensor *)dout, dins, n, 0, 1, "dt_concat_bwd");
+}
+DT_API dt_status dt_split_fwd(dt_ctx *ctx, dt_tensor *const *outs, int n, const dt_tensor *in) {
+    return dt__concat(ctx, (dt_tensor *)in, outs, n, 0, 0, "dt_split_fwd");
+}
+DT_API dt_status dt_split_bwd(dt_ctx *ctx, dt_tensor *din, const dt_tensor *const *douts, int n) {
+    return dt__concat(ctx, din, (dt_tensor *const *)douts, n, 1, 1, "dt_split_bwd");
+}
+
+/* ---------------------------------------------------------------- parameter sets */
+
+DT_API dt_status dt_params_add(dt_ctx *ctx, dt_params *ps, const dt_param_desc *desc, dt_param **out) {
+    const char *fn = "dt_params_add";
+    dt_param *p;
+    dt_tensor_desc td;
+    dt_init_desc init;
+    int nd, gnd, i;
+    dt_status st;
+    if (!ctx) return DT_ERR_ARG;
+    if (out) *out = NULL;
+    if (!ps || !desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, ps ? "desc" : "ps");
+    if (!desc->name || !desc->name[0] || strlen(desc->name) >= DT_NAME_MAX)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.name must be 1..%d characters", fn, DT_NAME_MAX - 1);
+    if (dt_params_find(ps, desc->name))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a parameter named \"%s\" is already in the set", fn, desc->name);
+    DT__TRY(dt__shape_from(ctx, fn, "desc.shape", desc->shape, DT_MAX_DIMS, &nd));
+    if (nd == 0) return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\" has an empty desc.shape", fn, desc->name);
+    if (desc->global_shape[0]) {
+        DT__TRY(dt__shape_from(ctx, fn, "desc.global_shape", desc->global_shape, DT_MAX_DIMS, &gnd));
+        if (gnd != nd)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\" global_shape has %d dims, shape %d", fn,
+                                    desc->name, gnd, nd);
+    }
+    for (i = 0; i < nd; i++) {
+        int64_t g = desc->global_shape[0] ? desc->global_shape[i] : desc->shape[i];
+        if (desc->start[i] < 0 || desc->start[i] + desc->shape[i] > g)
+            return dt_ctx_set_error(ctx, DT_ERR_RANGE, "%s: \"%s\" dim %d covers [%lld, %lld) outside the "
+                                    "global extent %lld", fn, desc->name, i, (long long)desc->start[i],
+                                    (long long)(desc->start[i] + desc->shape[i]), (long long)g);
+    }
+    if (ps->count == ps->capacity) {
+        int cap = ps->capacity ? 2 * ps->capacity : 16;
+        dt_param **items = (dt_param **)dt_alloc(ctx, (size_t)cap * sizeof(dt_param *));
+        if (!items) return DT_ERR_OOM;
+        if (ps->count) memcpy(items, ps->items, (size_t)ps->count * sizeof(dt_param *));
+        dt_release(ctx, ps->items);
+        ps->items = items;
+        ps->capacity = cap;
+    }
+    p = (dt_param *)dt_alloc(ctx, sizeof *p);
+    if (!p) return DT_ERR_OOM;
+    memset(p, 0, sizeof *p);
+    memcpy(p->name, desc->name, strlen(desc->name) + 1);
+    memset(&td, 0, sizeof td);
+    td.dtype = desc->dtype;
+    td.device = desc->device;
+    for (i = 0; i < nd; i++) {
+        td.shape[i] = desc->shape[i];
+        p->global_shape[i] = desc->global_shape[0] ? desc->global_shape[i] : desc->shape[i];
+        p->start[i] = desc->start[i];
+        if (p->global_shape[i] != desc->shape[i]) p->sharded = 1;
+    }
+    p->no_decay = desc->no_decay;
+    p->group = desc->group;
+    st = dt_tensor_create(ctx, &p->value, &td);
+    td.dtype = DT_F32;
+    if (!st) st = dt_tensor_create(ctx, &p->grad, &td);
+    if (!st) {
+        init = desc->init;
+        init.name = p->name;
+        for (i = 0; i < DT_MAX_DIMS; i++) { init.global_shape[i] = p->global_shape[i]; init.start[i] = p->start[i]; }
+        st = dt_tensor_init(ctx, &p->value, &init);
+    }
+    if (st) {
+        dt_tensor_free(ctx, &p->value);
+        dt_tensor_free(ctx, &p->grad);
+        dt_release(ctx, p);
+        return st;
+    }
+    ps->items[ps->count++] = p;
+    if (out) *out = p;
+    return DT_OK;
+}
+
+DT_API dt_param *dt_params_find(const dt_params *ps, const char *name) {
+    int i;
+    if (!ps || !name) return NULL;
+    for (i = 0; i < ps->count; i++)
+        if (strcmp(ps->items[i]->name, name) == 0) return ps->items[i];
+    return NULL;
+}
+
+DT_API void dt_params_zero_grad(dt_ctx *ctx, dt_params *ps) {
+    int i;
+    if (!ctx || !ps) return;
+    for (i = 0; i < ps->count; i++) dt_tensor_fill(ctx, &ps->items[i]->grad, 0.0);
+}
+
+DT_API int64_t dt_params_numel(const dt_params *ps) {
+    int64_t n = 0;
+    int i;
+    if (!ps) return 0;
+    for (i = 0; i < ps->count; i++) n += ps->items[i]->value.numel;
+    return n;
+}
+
+DT_API void dt_params_free(dt_ctx *ctx, dt_params *ps) {
+    int i;
+    if (!ctx || !ps) return;
+    for (i = 0; i < ps->count; i++) {
+        dt_tensor_free(ctx, &ps->items[i]->value);
+        dt_tensor_free(ctx, &ps->items[i]->grad);
+        dt_release(ctx, ps->items[i]);
+    }
+    dt_release(ctx, ps->items);
+    memset(ps, 0, sizeof *ps);
+}
+
+/* ---------------------------------------------------------------- JSON */
+
+typedef struct dt__jp {
+    dt_ctx *ctx;
+    const char *s;
+    size_t n, i;
+    int depth;
+} dt__jp;
+
+static dt_status dt__jp_err(dt__jp *p, const char *what) {
+    return dt_ctx_set_error(p->ctx, DT_ERR_FORMAT, "dt_json_parse: %s at byte %zu", what, p->i);
+}
+
+static void dt__jp_ws(dt__jp *p) {
+    while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' || p->s[p->i] == '\r'))
+        p->i++;
+}
+
+static int dt__hex4(const char *s, uint32_t *out) {
+    uint32_t v = 0;
+    int k;
+    for (k = 0; k < 4; k++) {
+        char c = s[k];
+        v <<= 4;
+        if (c >= '0' && c <= '9') v |= (uint32_t)(c - '0');
+        else if (c >= 'a' && c <= 'f') v |= (uint32_t)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F') v |= (uint32_t)(c - 'A' + 10);
+        else return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* Parses a string literal at p->i into freshly allocated UTF-8. The decoded text is never
+   longer than the literal, so one allocation of the literal's length suffices. */
+static dt_status dt__jp_string(dt__jp *p, char **out) {
+    size_t j = p->i + 1, k = 0;
+    char *o;
+    while (j < p->n && p->s[j] != '"') j += (p->s[j] == '\\') ? 2 : 1;
+    if (j >= p->n) return dt__jp_err(p, "unterminated string");
+    o = (char *)dt_alloc(p->ctx, j - p->i);
+    if (!o) return DT_ERR_OOM;
+    for (p->i++; p->s[p->i] != '"'; p->i++) {
+        char c = p->s[p->i];
+        if ((unsigned char)c < 0x20) { dt_release(p->ctx, o); return dt__jp_err(p, "control character in string"); }
+        if (c != '\\') { o[k++] = c; continue; }
+        c = p->s[++p->i];
+        switch (c) {
+        case '"': case '\\': case '/': o[k++] = c; break;
+        case 'b': o[k++] = '\b'; break;
+        case 'f': o[k++] = '\f'; break;
+        case 'n': o[k++] = '\n'; break;
+        case 'r': o[k++] = '\r'; break;
+        case 't': o[k++] = '\t'; break;
+        case 'u': {
+            uint32_t cp, lo;
+            if (p->i + 4 >= p->n || !dt__hex4(p->s + p->i + 1, &cp)) { dt_release(p->ctx, o); return dt__jp_err(p, "bad \\u escape"); }
+            p->i += 4;
+            if (cp >= 0xD800 && cp < 0xDC00 && p->i + 6 < p->n && p->s[p->i + 1] == '\\' && p->s[p->i + 2] == 'u' &&
+                dt__hex4(p->s + p->i + 3, &lo) && lo >= 0xDC00 && lo < 0xE000) {
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                p->i += 6;
+            }
+            /* \uXXXX is 6 bytes of input and at most 3 of output; a pair is 12 in, 4 out */
+            if (cp < 0x80) o[k++] = (char)cp;
+            else if (cp < 0x800) { o[k++] = (char)(0xC0 | (cp >> 6)); o[k++] = (char)(0x80 | (cp & 63)); }
+            else if (cp < 0x10000) {
+                o[k++] = (char)(0xE0 | (cp >> 12)); o[k++] = (char)(0x80 | ((cp >> 6) & 63)); o[k++] = (char)(0x80 | (cp & 63));
+            } else {
+                o[k++] = (char)(0xF0 | (cp >> 18)); o[k++] = (char)(0x80 | ((cp >> 12) & 63));
+                o[k++] = (char)(0x80 | ((cp >> 6) & 63)); o[k++] = (char)(0x80 | (cp & 63));
+            }
+            break;
+        }
+        default: dt_release(p->ctx, o); return dt__jp_err(p, "bad escape");
+        }
+    }
+    p->i++;
+    o[k] = 0;
+    *out = o;
+    return DT_OK;
+}
+
+static dt_status dt__jp_value(dt__jp *p, dt_json *v);
+
+static dt_status dt__jp_push(dt__jp *p, dt_json *v, int *cap, dt_json **slot) {
+    if (v->count == *cap) {
+        int nc = *cap ? 2 * *cap : 4;
+        dt_json *items = (dt_json *)dt_alloc(p->ctx, (size_t)nc * sizeof(dt_json));
+        if (!items) return DT_ERR_OOM;
+        if (v->count) memcpy(items, v->items, (size_t)v->count * sizeof(dt_json));
+        dt_release(p->ctx, v->items);
+        v->items = items;
+        *cap = nc;
+    }
+    *slot = &v->items[v->count++];
+    memset(*slot, 0, sizeof **slot);
+    return DT_OK;
+}
+
+static dt_status dt__jp_container(dt__jp *p, dt_json *v, char close) {
+    int cap = 0;
+    v->type = close == ']' ? DT_JSON_ARRAY : DT_JSON_OBJECT;
+    if (++p->depth > 64) return dt__jp_err(p, "nesting deeper than 64");
+    p->i++;
+    dt__jp_ws(p);
+    if (p->i < p->n && p->s[p->i] == close) { p->i++; p->depth--; return DT_OK; }
+    for (;;) {
+        dt_json *item;
+        dt__jp_ws(p);
+        DT__TRY(dt__jp_push(p, v, &cap, &item));
+        if (close == '}') {
+            if (p->i >= p->n || p->s[p->i] != '"') return dt__jp_err(p, "expected a key string");
+            DT__TRY(dt__jp_string(p, &item->key));
+            dt__jp_ws(p);
+            if (p->i >= p->n || p->s[p->i] != ':') return dt__jp_err(p, "expected ':'");
+            p->i++;
+        }
+        DT__TRY(dt__jp_value(p, item));
+        dt__jp_ws(p);
+        if (p->i < p->n && p->s[p->i] == ',') { p->i++; continue; }
+        if (p->i < p->n && p->s[p->i] == close) { p->i++; p->depth--; return DT_OK; }
+        return dt__jp_err(p, close == ']' ? "expected ',' or ']'" : "expected ',' or '}'");
+    }
+}
+
+static dt_status dt__jp_value(dt__jp *p, dt_json *v) {
+    char c;
+    dt__jp_ws(p);
+    if (p->i >= p->n) return dt__jp_err(p, "unexpected end of text");
+    c = p->s[p->i];
+    if (c == '{') return dt__jp_container(p, v, '}');
+    if (c == '[') return dt__jp_container(p, v, ']');
+    if (c == '"') { v->type = DT_JSON_STRING; return dt__jp_string(p, &v->string); }
+    if (p->n - p->i >= 4 && memcmp(p->s + p->i, "true", 4) == 0) { v->type = DT_JSON_BOOL; v->number = 1; p->i += 4; return DT_OK; }
+    if (p->n - p->i >= 5 && memcmp(p->s + p->i, "false", 5) == 0) { v->type = DT_JSON_BOOL; p->i += 5; return DT_OK; }
+    if (p->n - p->i >= 4 && memcmp(p->s + p->i, "null", 4) == 0) { v->type = DT_JSON_NULL; p->i += 4; return DT_OK; }
+    if (c == '-' || (c >= '0' && c <= '9')) {
+        char buf[64], *end;
+        size_t k = 0;
+        while (p->i + k < p->n && k < sizeof buf - 1 && strchr("+-0123456789.eE", p->s[p->i + k])) {
+            buf[k] = p->s[p->i + k];
+            k++;
+        }
+        buf[k] = 0;
+        v->type = DT_JSON_NUMBER;
+        v->number = strtod(buf, &end);
+        if (end == buf || (size_t)(end - buf) != k) return dt__jp_err(p, "bad number");
+        p->i += k;
+        return DT_OK;
+    }
+    return dt__jp_err(p, "unexpected character");
+}
+
+static void dt__json_free_items(dt_ctx *ctx, dt_json *j) {
+    int i;
+    for (i = 0; i < j->count; i++) dt__json_free_items(ctx, &j->items[i]);
+    dt_release(ctx, j->items);
+    dt_release(ctx, j->string);
+    dt_release(ctx, j->key);
+}
+
+DT_API void dt_json_free(dt_ctx *ctx, dt_json *j) {
+    if (!ctx || !j) return;
+    dt__json_free_items(ctx, j);
+    dt_release(ctx, j);
+}
+
+DT_API dt_status dt_json_parse(dt_ctx *ctx, const char *text, size_t len, dt_json **out) {
+    dt__jp p;
+    dt_json *root;
+    dt_status st;
+    if (!ctx) return DT_ERR_ARG;
+    if (!text || !out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_json_parse: %s is NULL", text ? "out" : "text");
+    *out = NULL;
+    root = (dt_json *)dt_alloc(ctx, sizeof *root);
+    if (!root) return DT_ERR_OOM;
+    memset(root, 0, sizeof *root);
+    p.ctx = ctx; p.s = text; p.n = len; p.i = 0; p.depth = 0;
+    st = dt__jp_value(&p, root);
+    if (!st) {
+        dt__jp_ws(&p);
+        if (p.i != p.n) st = dt__jp_err(&p, "trailing characters after the value");
+    }
+    if (st) { dt_json_free(ctx, root); return st; }
+    *out = root;
+    return DT_OK;
+}
+
+DT_API const dt_json *dt_json_get(const dt_json *obj, const char *key) {
+    int i;
+    if (!obj || !key || obj->type != DT_JSON_OBJECT) return NULL;
+    for (i = 0; i < obj->count; i++)
+        if (obj->items[i].key && strcmp(obj->items[i].key, key) == 0) return &obj->items[i];
+    return NULL;
+}
+
+DT_API size_t dt_json_escape(char *buf, size_t n, const char *s) {
+    size_t k = 0;
+#define DT__PUT(ch) do { if (k + 1 < n) buf[k] = (ch); k++; } while (0)
+    DT__PUT('"');
+    for (; s && *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') { DT__PUT('\\'); DT__PUT((char)c); }
+        else if (c == '\n') { DT__PUT('\\'); DT__PUT('n'); }
+        else if (c == '\t') { DT__PUT('\\'); DT__PUT('t'); }
+        else if (c == '\r') { DT__PUT('\\'); DT__PUT('r'); }
+        else if (c < 0x20) {
+            char hex[8];
+            int h;
+            snprintf(hex, sizeof hex, "\\u%04x", c);
+            for (h = 0; h < 6; h++) DT__PUT(hex[h]);
+        } else DT__PUT((char)c);
+    }
+    DT__PUT('"');
+#undef DT__PUT
+    if (n) buf[k < n ? k : n - 1] = 0;
+    return k;
+}
+
+/* ---------------------------------------------------------------- safetensors */
+
+typedef struct dt__sb { /* growable text buffer for headers and manifests */
+    dt_ctx *ctx;
+    char *p;
+    size_t len, cap;
+    int failed;
+} dt__sb;
+
+static void dt__sb_add(dt__sb *b, const char *s, size_t n) {
+    if (b->failed) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        char *q;
+        while (cap < b->len + n + 1) cap *= 2;
+        q = (char *)dt_alloc(b->ctx, cap);
+        if (!q) { b->failed = 1; return; }
+        if (b->len) memcpy(q, b->p, b->len);
+        dt_release(b->ctx, b->p);
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+static void dt__sb_str(dt__sb *b, const char *s) { dt__sb_add(b, s, strlen(s)); }
+
+static void dt__sb_json_str(dt__sb *b, const char *s) {
+    size_t need = dt_json_escape(NULL, 0, s);
+    char small[256];
+    char *tmp = need < sizeof small ? small : (char *)dt_alloc(b->ctx, need + 1);
+    if (!tmp) { b->failed = 1; return; }
+    dt_json_escape(tmp, need + 1, s);
+    dt__sb_add(b, tmp, need);
+    if (tmp != small) dt_release(b->ctx, tmp);
+}
+
+static const char *dt__st_dtype(dt_dtype t) {
+    switch (t) {
+    case DT_F32: return "F32"; case DT_BF16: return "BF16"; case DT_F16: return "F16";
+    case DT_I32: return "I32"; case DT_I64: return "I64"; case DT_U8: return "U8";
+    default: return NULL;
+    }
+}
+
+static dt_dtype dt__st_dtype_from(const char *s) {
+    int t;
+    for (t = DT_F32; t < DT_DTYPE_COUNT; t++)
+        if (strcmp(s, dt__st_dtype((dt_dtype)t)) == 0) return (dt_dtype)t;
+    return DT_DTYPE_COUNT;
+}
+
+/* Writes `bytes` of t to fp, through a host copy when t is on the GPU. */
+static dt_status dt__write_tensor(dt_ctx *ctx, FILE *fp, const dt_tensor *t, const char *path) {
+    size_t bytes = dt_tensor_bytes(t);
+    if (bytes == 0) return DT_OK;
+    if (t->device == DT_CUDA_DEVICE) {
+        dt_tensor h;
+        dt_tensor_desc d;
+        dt_status st;
+        memset(&d, 0, sizeof d);
+        d.dtype = t->dtype; d.device = DT_CPU; d.shape[0] = t->numel;
+        DT__TRY(dt_tensor_create(ctx, &h, &d));
+        st = dt_tensor_copy(ctx, &h, t);
+        if (!st && fwrite(h.data, 1, bytes, fp) != bytes)
+            st = dt_ctx_set_error(ctx, DT_ERR_IO, "dt_safetensors_save: writing %s failed", path);
+        dt_tensor_free(ctx, &h);
+        return st;
+    }
+    if (fwrite(t->data, 1, bytes, fp) != bytes)
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "dt_safetensors_save: writing %zu bytes to %s failed", bytes, path);
+    return DT_OK;
+}
+
+DT_API dt_status dt_safetensors_save(dt_ctx *ctx, const char *path, const dt_tensor *const *tensors,
+                                     const char *const *names, int n, const char *const *meta, int n_meta) {
+    const char *fn = "dt_safetensors_save";
+    dt__sb hb;
+    uint64_t off = 0, hlen;
+    unsigned char len8[8];
+    char num[64], *tmp;
+    FILE *fp;
+    dt_status st = DT_OK;
+    int i, j, k;
+    if (!ctx) return DT_ERR_ARG;
+    if (!path || n < 0 || (n > 0 && (!tensors || !names)) || n_meta < 0 || (n_meta > 0 && !meta))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: path, tensors, names must be non-NULL and n = %d, n_meta = %d "
+                                ">= 0", fn, n, n_meta);
+    for (i = 0; i < n; i++) {
+        if (!names[i] || !names[i][0] || strcmp(names[i], "__metadata__") == 0)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: names[%d] is empty or reserved", fn, i);
+        if (!tensors[i] || (!tensors[i]->data && tensors[i]->numel))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tensors[%d] (\"%s\") is NULL or has no data", fn, i, names[i]);
+        if (!dt__st_dtype(tensors[i]->dtype))
+            return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: tensors[%d] has dtype %d", fn, i, (int)tensors[i]->dtype);
+        for (j = 0; j < i; j++)
+            if (strcmp(names[i], names[j]) == 0)
+                return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: names[%d] = \"%s\" repeats names[%d]", fn, i, names[i], j);
+    }
+    memset(&hb, 0, sizeof hb);
+    hb.ctx = ctx;
+    dt__sb_str(&hb, "{");
+    if (n_meta > 0) {
+        dt__sb_str(&hb, "\"__metadata__\":{");
+        for (k = 0; k < n_meta; k++) {
+            if (k) dt__sb_str(&hb, ",");
+            dt__sb_json_str(&hb, meta[2 * k] ? meta[2 * k] : "");
+            dt__sb_str(&hb, ":");
+            dt__sb_json_str(&hb, meta[2 * k + 1] ? meta[2 * k + 1] : "");
+        }
+        dt__sb_str(&hb, "}");
+    }
+    for (i = 0; i < n; i++) {
+        const dt_tensor *t = tensors[i];
+        if (i || n_meta > 0) dt__sb_str(&hb, ",");
+        dt__sb_json_str(&hb, names[i]);
+        dt__sb_str(&hb, ":{\"dtype\":\"");
+        dt__sb_str(&hb, dt__st_dtype(t->dtype));
+        dt__sb_str(&hb, "\",\"shape\":[");
+        for (j = 0; j < t->ndim; j++) {
+            snprintf(num, sizeof num, j ? ",%lld" : "%lld", (long long)t->shape[j]);
+            dt__sb_str(&hb, num);
+        }
+        snprintf(num, sizeof num, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+                 (unsigned long long)(off + dt_tensor_bytes(t)));
+        dt__sb_str(&hb, num);
+        off += dt_tensor_bytes(t);
+    }
+    dt__sb_str(&hb, "}");
+    while (!hb.failed && hb.len % 8) dt__sb_str(&hb, " "); /* the spec pads the header to 8 bytes */
+    if (hb.failed) { dt_release(ctx, hb.p); return DT_ERR_OOM; }
+    hlen = hb.len;
+    for (k = 0; k < 8; k++) len8[k] = (unsigned char)(hlen >> (8 * k));
+    tmp = (char *)dt_alloc(ctx, strlen(path) + 5);
+    if (!tmp) { dt_release(ctx, hb.p); return DT_ERR_OOM; }
+    snprintf(tmp, strlen(path) + 5, "%s.tmp", path);
+    fp = fopen(tmp, "wb");
+    if (!fp) {
+        st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot open %s for writing", fn, tmp);
+    } else {
+        if (fwrite(len8, 1, 8, fp) != 8 || fwrite(hb.p, 1, hb.len, fp) != hb.len)
+            st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: writing the header of %s failed", fn, tmp);
+        for (i = 0; !st && i < n; i++) st = dt__write_tensor(ctx, fp, tensors[i], tmp);
+        /* flush + fsync before rename: the new name must never point at unwritten blocks */
+        if (!st && (fflush(fp) != 0 || fsync(fileno(fp)) != 0))
+            st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: flushing %s failed", fn, tmp);
+        if (fclose(fp) != 0 && !st) st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: closing %s failed", fn, tmp);
+        if (!st && rename(tmp, path) != 0)
+            st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: renaming %s to %s failed", fn, tmp, path);
+        if (st) remove(tmp);
+    }
+    dt_release(ctx, tmp);
+    dt_release(ctx, hb.p);
+    return st;
+}
+
+static void dt__st_free(dt_ctx *ctx, dt_st_file *f) {
+    int i;
+    if (f->fp) fclose((FILE *)f->fp);
+    dt_release(ctx, f->entries);
+    for (i = 0; i < f->n_meta; i++) { dt_release(ctx, f->meta_keys[i]); dt_release(ctx, f->meta_values[i]); }
+    dt_release(ctx, f->meta_keys);
+    dt_release(ctx, f->meta_values);
+    memset(f, 0, sizeof *f);
+}
+
+static char *dt__strdup(dt_ctx *ctx, const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = (char *)dt_alloc(ctx, n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+static int dt__is_count(const dt_json *j) {
+    return j && j->type == DT_JSON_NUMBER && j->number >= 0 && j->number <= 9007199254740992.0 &&
+           j->number == floor(j->number);
+}
+
+/* Fills entry e from the header value v; FORMAT errors name the file and the entry. */
+static dt_status dt__st_entry(dt_ctx *ctx, dt_st_file *f, dt_st_entry *e, const dt_json *v, const char *path) {
+    const char *fn = "dt_safetensors_open";
+    const dt_json *dt = dt_json_get(v, "dtype"), *sh = dt_json_get(v, "shape"), *off = dt_json_get(v, "data_offsets");
+    int64_t numel = 1;
+    int d;
+    if (strlen(v->key) >= DT_NAME_MAX)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: tensor name of %zu bytes; dt allows %d", fn, path,
+                                strlen(v->key), DT_NAME_MAX - 1);
+    memcpy(e->name, v->key, strlen(v->key) + 1);
+    if (v->type != DT_JSON_OBJECT || !dt || dt->type != DT_JSON_STRING || !sh || sh->type != DT_JSON_ARRAY ||
+        !off || off->type != DT_JSON_ARRAY || off->count != 2 || !dt__is_count(&off->items[0]) ||
+        !dt__is_count(&off->items[1]))
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" lacks a valid dtype, shape or "
+                                "data_offsets", fn, path, e->name);
+    e->dtype = dt__st_dtype_from(dt->string);
+    if (e->dtype == DT_DTYPE_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: %s: entry \"%s\" has dtype %s; dt reads F32, BF16, "
+                                "F16, I32, I64, U8", fn, path, e->name, dt->string);
+    if (sh->count > DT_MAX_DIMS)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" has %d dims; dt allows %d", fn, path,
+                                e->name, sh->count, DT_MAX_DIMS);
+    e->ndim = sh->count;
+    for (d = 0; d < sh->count; d++) {
+        if (!dt__is_count(&sh->items[d]) || sh->items[d].number > 4e15)
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" shape[%d] is not a count", fn, path,
+                                    e->name, d);
+        e->shape[d] = (int64_t)sh->items[d].number;
+        numel *= e->shape[d];
+        if (numel > ((int64_t)1 << 50))
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" is absurdly large", fn, path, e->name);
+    }
+    e->begin = (uint64_t)off->items[0].number;
+    e->end = (uint64_t)off->items[1].number;
+    if (e->end < e->begin || e->end - e->begin != (uint64_t)numel * dt_dtype_size(e->dtype))
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" data_offsets [%llu, %llu] do not hold "
+                                "%lld %s elements", fn, path, e->name, (unsigned long long)e->begin,
+                                (unsigned long long)e->end, (long long)numel, dt_dtype_name(e->dtype));
+    if (e->end > f->data_len)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" ends at byte %llu of the data, which has "
+                                "only %llu bytes (truncated file?)", fn, path, e->name,
+                                (unsigned long long)e->end, (unsigned long long)f->data_len);
+    return DT_OK;
+}
+
+static int dt__st_cmp(const void *a, const void *b) {
+    const dt_st_entry *x = (const dt_st_entry *)a, *y = (const dt_st_entry *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : 0;
+}
+
+#define DT__ST_MAX_HEADER (100u << 20) /* the limit the reference implementation enforces */
+
+DT_API dt_status dt_safetensors_open(dt_ctx *ctx, dt_st_file *f, const char *path) {
+    const char *fn = "dt_safetensors_open";
+    unsigned char len8[8];
+    char *text = NULL;
+    dt_json *root = NULL;
+    long size;
+    int i, k, ne = 0, nm = 0;
+    dt_status st = DT_OK;
+    FILE *fp;
+    if (!ctx) return DT_ERR_ARG;
+    if (!f || !path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, f ? "path" : "f");
+    memset(f, 0, sizeof *f);
+    fp = fopen(path, "rb");
+    if (!fp) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot open %s", fn, path);
+    f->fp = fp;
+    if (fseek(fp, 0, SEEK_END) != 0 || (size = ftell(fp)) < 0 || fseek(fp, 0, SEEK_SET) != 0) {
+        dt__st_free(ctx, f);
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot size %s", fn, path);
+    }
+    if (size < 8 || fread(len8, 1, 8, fp) != 8) {
+        dt__st_free(ctx, f);
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s is %ld bytes, shorter than the 8-byte header length "
+                                "(truncated or not a safetensors file)", fn, path, size);
+    }
+    for (k = 7; k >= 0; k--) f->header_len = (f->header_len << 8) | len8[k];
+    if (f->header_len > DT__ST_MAX_HEADER || f->header_len > (uint64_t)size - 8 || f->header_len < 2) {
+        dt__st_free(ctx, f);
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s declares a %llu-byte header, but the file has %ld bytes "
+                                "after the length and the limit is %u (truncated or not a safetensors file)", fn,
+                                path, (unsigned long long)f->header_len, size - 8, DT__ST_MAX_HEADER);
+    }
+    f->data_len = (uint64_t)size - 8 - f->header_len;
+    text = (char *)dt_alloc(ctx, (size_t)f->header_len);
+    if (!text) { dt__st_free(ctx, f); return DT_ERR_OOM; }
+    if (fread(text, 1, (size_t)f->header_len, fp) != f->header_len)
+        st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: reading the header of %s failed", fn, path);
+    if (!st && (text[0] != '{')) st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the header is not a JSON object "
+                                                       "(not a safetensors file)", fn, path);
+    if (!st && dt_json_parse(ctx, text, (size_t)f->header_len, &root))
+        st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: header is not valid JSON (%s)", fn, path, ctx->last_error);
+    if (!st) {
+        const dt_json *meta = dt_json_get(root, "__metadata__");
+        ne = root->count - (meta ? 1 : 0);
+        nm = meta && meta->type == DT_JSON_OBJECT ? meta->count : 0;
+        if (meta && meta->type != DT_JSON_OBJECT)
+            st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: __metadata__ is not an object", fn, path);
+        f->entries = (dt_st_entry *)dt_alloc(ctx, (size_t)(ne ? ne : 1) * sizeof(dt_st_entry));
+        f->meta_keys = (char **)dt_alloc(ctx, (size_t)(nm ? nm : 1) * sizeof(char *));
+        f->meta_values = (char **)dt_alloc(ctx, (size_t)(nm ? nm : 1) * sizeof(char *));
+        if (!st && (!f->entries || !f->meta_keys || !f->meta_values)) st = DT_ERR_OOM;
+        for (i = 0; !st && i < nm; i++) {
+            const dt_json *m = &meta->items[i];
+            if (m->type != DT_JSON_STRING) {
+                st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: __metadata__ value \"%s\" is not a string", fn, path, m->key);
+                break;
+            }
+            f->meta_keys[i] = dt__strdup(ctx, m->key);
+            f->meta_values[i] = dt__strdup(ctx, m->string);
+            f->n_meta = i + 1;
+            if (!f->meta_keys[i] || !f->meta_values[i]) st = DT_ERR_OOM;
+        }
+        for (i = 0; !st && i < root->count; i++) {
+            if (&root->items[i] == meta) continue;
+            memset(&f->entries[f->n_entries], 0, sizeof(dt_st_entry));
+            st = dt__st_entry(ctx, f, &f->entries[f->n_entries], &root->items[i], path);
+            if (!st) f->n_entries++;
+        }
+    }
+    if (!st && f->n_entries > 1) {
+        qsort(f->entries, (size_t)f->n_entries, sizeof(dt_st_entry), dt__st_cmp);
+        for (i = 1; i < f->n_entries && !st; i++)
+            if (f->entries[i].begin < f->entries[i - 1].end)
+                st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entries \"%s\" and \"%s\" overlap", fn, path,
+                                      f->entries[i - 1].name, f->entries[i].name);
+    }
+    dt_json_free(ctx, root);
+    dt_release(ctx, text);
+    if (st) dt__st_free(ctx, f);
+    return st;
+}
+
+DT_API const dt_st_entry *dt_safetensors_find(const dt_st_file *f, const char *name) {
+    int i;
+    if (!f || !name) return NULL;
+    for (i = 0; i < f->n_entries; i++)
+        if (strcmp(f->entries[i].name, name) == 0) return &f->entries[i];
+    return NULL;
+}
+
+DT_API const char *dt_safetensors_meta(const dt_st_file *f, const char *key) {
+    int i;
+    if (!f || !key) return NULL;
+    for (i = 0; i < f->n_meta; i++)
+        if (strcmp(f->meta_keys[i], key) == 0) return f->meta_values[i];
+    return NULL;
+}
+
+DT_API dt_status dt_safetensors_read(dt_ctx *ctx, dt_st_file *f, const char *name, dt_tensor *dst) {
+    const char *fn = "dt_safetensors_read";
+    const dt_st_entry *e;
+    size_t bytes;
+    int d;
+    dt_status st = DT_OK;
+    if (!ctx) return DT_ERR_ARG;
+    if (!f || !f->fp || !name || !dst)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: f (open), name and dst must be non-NULL", fn);
+    e = dt_safetensors_find(f, name);
+    if (!e) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: no tensor named \"%s\" in the file", fn, name);
+    if (e->dtype != dst->dtype)
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: \"%s\" is %s in the file, dst is %s", fn, name,
+                                dt_dtype_name(e->dtype), dt_dtype_name(dst->dtype));
+    for (d = 0; d < e->ndim; d++)
+        if (e->ndim != dst->ndim || e->shape[d] != dst->shape[d]) {
+            char s[96];
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\" has %d dims (dim %d = %lld) in the file, dst "
+                                    "shape is %s", fn, name, e->ndim, d, (long long)e->shape[d],
+                                    dt_shape_str(dst, s, sizeof s));
+        }
+    if (e->ndim != dst->ndim)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\" has %d dims in the file, dst %d", fn, name, e->ndim,
+                                dst->ndim);
+    bytes = (size_t)(e->end - e->begin);
+    if (fseek((FILE *)f->fp, (long)(8 + f->header_len + e->begin), SEEK_SET) != 0)
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: seek to \"%s\" failed", fn, name);
+    if (dst->device == DT_CUDA_DEVICE) {
+        dt_tensor h;
+        dt_tensor_desc hd;
+        memset(&hd, 0, sizeof hd);
+        hd.dtype = dst->dtype; hd.device = DT_CPU; hd.shape[0] = dst->numel ? dst->numel : 1;
+        DT__TRY(dt_tensor_create(ctx, &h, &hd));
+        if (fread(h.data, 1, bytes, (FILE *)f->fp) != bytes)
+            st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: \"%s\" is cut short (truncated file)", fn, name);
+        if (!st) { h.numel = dst->numel; st = dt_tensor_copy(ctx, dst, &h); }
+        dt_tensor_free(ctx, &h);
+        return st;
+    }
+    if (fread(dst->data, 1, bytes, (FILE *)f->fp) != bytes)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: \"%s\" is cut short (truncated file)", fn, name);
+    return DT_OK;
+}
+
+DT_API void dt_safetensors_close(dt_ctx *ctx, dt_st_file *f) {
+    if (ctx && f) dt__st_free(ctx, f);
+}
+
+DT_API dt_status dt_params_save(dt_ctx *ctx, const dt_params *ps, const char *path) {
+    const dt_tensor **ts;
+    const char **names;
+    const char *meta[2] = {"format", "dt-params"};
+    dt_status st;
+    int i;
+    if (!ctx) return DT_ERR_ARG;
+    if (!ps) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_params_save: ps is NULL");
+    ts = (const dt_tensor **)dt_alloc(ctx, (size_t)(ps->count + 1) * sizeof(void *));
+    names = (const char **)dt_alloc(ctx, (size_t)(ps->count + 1) * sizeof(void *));
+    if (!ts || !names) { dt_release(ctx, ts); dt_release(ctx, names); return DT_ERR_OOM; }
+    for (i = 0; i < ps->count; i++) { ts[i] = &ps->items[i]->value; names[i] = ps->items[i]->name; }
+    st = dt_safetensors_save(ctx, path, ts, names, ps->count, meta, 1);
+    dt_release(ctx, ts);
+    dt_release(ctx, names);
+    return st;
+}
+
+/* Checks every parameter against the file before reading any, so a mismatched file leaves the
+   parameters as they were. */
+DT_API dt_status dt_params_load(dt_ctx *ctx, dt_params *ps, const char *path) {
+    const char *fn = "dt_params_load";
+    dt_st_file f;
+    dt_status st = DT_OK;
+    int i, d;
+    if (!ctx) return DT_ERR_ARG;
+    if (!ps) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ps is NULL", fn);
+    DT__TRY(dt_safetensors_open(ctx, &f, path));
+    for (i = 0; i < ps->count && !st; i++) {
+        const dt_param *p = ps->items[i];
+        const dt_st_entry *e = dt_safetensors_find(&f, p->name);
+        if (!e) { st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s has no tensor \"%s\"", fn, path, p->name); break; }
+        if (e->dtype != p->value.dtype || e->ndim != p->value.ndim)
+            st = dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s: \"%s\" is %s with %d dims in the file; the parameter "
+                                  "is %s with %d dims", fn, path, p->name, dt_dtype_name(e->dtype), e->ndim,
+                                  dt_dtype_name(p->value.dtype), p->value.ndim);
+        for (d = 0; !st && d < e->ndim; d++)
+            if (e->shape[d] != p->value.shape[d])
+                st = dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s: \"%s\" dim %d is %lld in the file, %lld in the "
+                                      "parameter", fn, path, p->name, d, (long long)e->shape[d],
+                                      (long long)p->value.shape[d]);
+    }
+    for (i = 0; i < ps->count && !st; i++) st = dt_safetensors_read(ctx, &f, ps->items[i]->name, &ps->items[i]->value);
+    dt_safetensors_close(ctx, &f);
+    return st;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_TENSOR_IMPLEMENTATION_DONE */
+#endif /* DT_TENSOR_IMPLEMENTATION */
+
+/*
+MIT License
+
+Copyright (c) 2026 the dt authors
+
+Permission is hereby granted, free of charge, to any person obtaining a copy of this software and
+associated documentation files (the "Software"), to deal in the Software without restriction,
+including without limitation the rights to use, copy, modify, merge, publish, distribute,
+sublicense, and/or sell copies of the Software, and to permit persons to whom the Software is
+furnished to do so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all copies or
+substantial portions of the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING BUT
+NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND
+NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM,
+DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM, OUT
+OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+*/
