@@ -1390,8 +1390,12 @@ static dt_status dt__linear_check(dt_ctx *ctx, const dt_tensor *y, const dt_tens
     DT__TRY(dt__ndim(ctx, w, 2, 2, fn, "w"));
     DT__TRY(dt__ndim(ctx, x, 1, DT_MAX_DIMS, fn, "x"));
     DT__TRY(dt__dim(ctx, dt__last(x), w->shape[1], fn, "x.shape[-1]", "w.shape[1] (in features)"));
-    DT__TRY(dt__dim(ctx, dt__last(y), w->shape[0], fn, "out.shape[-1]", "w.shape[0] (out features)"));
-    DT__TRY(dt__dim(ctx, dt__rows(y), dt__rows(x), fn, "out rows", "x rows"));
+    if (dt__last(y) != w->shape[0] || dt__rows(y) != dt__rows(x)) {
+        char s[96];
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s; expected %lld rows (as x) of %lld (w.shape[0], out "
+                                "features)", fn, yname, dt_shape_str(y, s, sizeof s), (long long)dt__rows(x),
+                                (long long)w->shape[0]);
+    }
     if (bias) {
         DT__TRY(dt__f32(ctx, bias, fn, "bias"));
         DT__TRY(dt__dim(ctx, bias->numel, w->shape[0], fn, "bias numel", "w.shape[0]"));
@@ -1781,8 +1785,13 @@ static dt_status dt__emb_check(dt_ctx *ctx, const dt_tensor *rows, const dt_tens
     DT__TRY(dt__f32(ctx, rows, fn, rn));
     DT__TRY(dt__ndim(ctx, table, 2, 2, fn, tn));
     DT__TRY(dt__ids_check(ctx, ids, table->shape[0], fn));
-    DT__TRY(dt__dim(ctx, dt__last(rows), table->shape[1], fn, "out.shape[-1]", "table.shape[1]"));
-    return dt__dim(ctx, dt__rows(rows), ids->numel, fn, "out rows", "ids numel");
+    if (dt__last(rows) != table->shape[1] || dt__rows(rows) != ids->numel) {
+        char s[96];
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s; expected %lld rows (ids numel) of %lld (%s.shape[1])",
+                                fn, rn, dt_shape_str(rows, s, sizeof s), (long long)ids->numel,
+                                (long long)table->shape[1], tn);
+    }
+    return DT_OK;
 }
 
 DT_API dt_status dt_embedding_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *table, const dt_tensor *ids) {
