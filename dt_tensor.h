@@ -52,7 +52,11 @@
 
 #ifndef DT_API
 #ifdef DT_STATIC
+#if defined(__GNUC__) || defined(__clang__)
+#define DT_API static __attribute__((unused)) /* a program need not call every function */
+#else
 #define DT_API static
+#endif
 #else
 #define DT_API extern
 #endif
