@@ -1,0 +1,275 @@
+#!/usr/bin/env bash
+# build.sh - the one script of dt: dependencies, build, tests, demo, benchmarks.
+#
+#   ./build.sh          check dependencies, build examples/*/*.c and bench/*.c into build/
+#   ./build.sh test     the same, then run tests/run.sh (ends with "N passed, N failed, N skipped")
+#   ./build.sh demo     the same, then train examples/mlp: one process, then 2 ranks with mpirun
+#   ./build.sh bench    the same, then run every benchmark (build/bench/*, bench/*.py)
+#   ./build.sh clean    remove build/
+#   ./build.sh env      print the toolchain settings as shell exports (tests/run.sh reads them)
+#
+# Environment: CC (default gcc), DT_CUDA_ARCH (default sm_90, or native when a GPU is present),
+# DT_TEST_* (see tests/run.sh).
+# Flag variables (DT_CFLAGS...) are word lists, expanded unquoted on purpose.
+# shellcheck disable=SC2086,SC2046
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+ROOT=$PWD
+shopt -s nullglob
+
+die() { echo "build.sh: $*" >&2; exit 1; }
+
+# --- dependencies ------------------------------------------------------------------------------
+
+# A CBLAS that links: a test compile is the only check that tells a usable OpenBLAS from a
+# stray header or library.
+have_openblas() {
+    printf '#include <cblas.h>\nint main(void){cblas_sgemm(CblasRowMajor,CblasNoTrans,CblasNoTrans,0,0,0,1.f,0,1,0,1,0.f,0,1);return 0;}\n' |
+        ${CC:-gcc} $(blas_cflags) -x c - -o /dev/null $(blas_libs) >/dev/null 2>&1
+}
+
+# Debian ships several BLAS behind /usr/include/<triplet>/cblas.h alternatives; pkg-config names
+# OpenBLAS's own directory so we get its cblas.h whatever the alternative points at.
+blas_cflags() { local f; f=$(pkg-config --cflags openblas 2>/dev/null) || f=; echo $f; }
+blas_libs() { local f; f=$(pkg-config --libs openblas 2>/dev/null) || f=-lopenblas; echo $f; }
+
+check_deps() {
+    local missing=()
+    command -v mpicc >/dev/null && command -v mpirun >/dev/null || missing+=(libopenmpi-dev openmpi-bin)
+    [ -f /usr/include/stb/stb_ds.h ] || missing+=(libstb-dev)
+    have_openblas || missing+=(libopenblas-dev)
+    # tests/test_safetensors_py.c checks dt's files with an independent reader in numpy
+    [ -f /usr/lib/python3/dist-packages/numpy/__init__.py ] || missing+=(python3-numpy)
+    [ ${#missing[@]} -eq 0 ] && return 0
+
+    local cmd="apt-get install -y ${missing[*]}"
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+        echo "build.sh: installing ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $cmd
+    else
+        echo "build.sh: missing dependencies; install them with:" >&2
+        echo "  sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive $cmd" >&2
+        exit 1
+    fi
+}
+
+# --- toolchain ---------------------------------------------------------------------------------
+
+find_nvcc() {
+    if command -v nvcc >/dev/null; then command -v nvcc
+    elif [ -x /usr/local/cuda/bin/nvcc ]; then echo /usr/local/cuda/bin/nvcc
+    fi
+}
+
+have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }
+
+# CUDA 13 dropped the pre-Turing archs. With a GPU, build for it; without, sm_90 (H100) if this
+# nvcc knows it, else the oldest arch it lists.
+cuda_arch() {
+    local nvcc=$1
+    if [ -n "${DT_CUDA_ARCH:-}" ]; then echo "$DT_CUDA_ARCH"; return; fi
+    if have_gpu; then echo native; return; fi
+    local archs
+    archs=$("$nvcc" --list-gpu-arch 2>/dev/null | tr '\n' ' ')
+    case " $archs " in
+        *" compute_90 "*|"  ") echo sm_90 ;;
+        *) set -- $archs; echo "sm_${1#compute_}" ;;
+    esac
+}
+
+# Sets and exports every DT_* setting the build and tests/run.sh use.
+setup_toolchain() {
+    DT_CC=${CC:-gcc}
+    DT_CXX=${CXX:-g++}
+    DT_MPICC=$(command -v mpicc || true)
+    DT_CFLAGS="-std=c99 -O2 -g -Wall -Wextra -Werror"
+    DT_CPPFLAGS="-I$ROOT -DDT_CBLAS $(blas_cflags)"
+    DT_LIBS="$(blas_libs) -lm"
+    DT_NVCC=$(find_nvcc)
+    DT_CUDA_HOME=''
+    DT_CUDA_ARCH=''
+    if [ -n "$DT_NVCC" ]; then
+        DT_CUDA_HOME=$(dirname "$(dirname "$DT_NVCC")")
+        DT_CUDA_ARCH=$(cuda_arch "$DT_NVCC")
+    fi
+    DT_HAVE_GPU=0
+    if have_gpu; then DT_HAVE_GPU=1; fi
+    export DT_CC DT_CXX DT_MPICC DT_CFLAGS DT_CPPFLAGS DT_LIBS DT_NVCC DT_CUDA_HOME DT_CUDA_ARCH DT_HAVE_GPU
+
+    # mpirun in containers and CI: root needs explicit consent; 4 ranks on 2 cores need
+    # oversubscription; single-copy (CMA) needs ptrace rights containers often deny
+    # ("Read -1, expected ..., errno = 1"); without ssh/rsh, mpirun refuses to start even for
+    # local ranks unless told that everything is local (plm=isolated).
+    export DT_MPIRUN="mpirun --oversubscribe"
+    if [ "$(id -u)" -eq 0 ]; then
+        DT_MPIRUN+=" --allow-run-as-root"
+        export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    fi
+    export OMPI_MCA_rmaps_base_oversubscribe=${OMPI_MCA_rmaps_base_oversubscribe:-1}
+    export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
+    if ! command -v ssh >/dev/null && ! command -v rsh >/dev/null; then
+        export OMPI_MCA_plm=${OMPI_MCA_plm:-isolated}
+    fi
+}
+
+print_env() {
+    local v
+    for v in DT_CC DT_CXX DT_MPICC DT_CFLAGS DT_CPPFLAGS DT_LIBS DT_NVCC DT_CUDA_HOME DT_CUDA_ARCH \
+             DT_HAVE_GPU DT_MPIRUN $(compgen -e | grep -E '^OMPI_' || true); do
+        printf 'export %s=%q\n' "$v" "${!v}"
+    done
+}
+
+# --- building ----------------------------------------------------------------------------------
+
+# True when $1 exists and is newer than every other argument (that exists).
+up_to_date() {
+    local out=$1 dep; shift
+    [ -e "$out" ] || return 1
+    for dep in "$@"; do [ "$dep" -nt "$out" ] && return 1; done
+    return 0
+}
+
+# A program that talks MPI (through dt_comm.h or directly) is built with mpicc -DDT_MPI.
+uses_mpi() { grep -qE '#[[:space:]]*include[[:space:]]*[<"]([^">]*/)?(dt_comm\.h|mpi\.h)[">]' "$1"; }
+
+# build_program SRC OUT: one C file, which includes the dt implementations it needs, into a
+# program. Its log goes to build/logs/; on failure, prints the log and returns 1.
+build_program() {
+    local src=$1 out=$2 log
+    log=build/logs/$(echo "${out#build/}" | tr / _).log
+    up_to_date "$out" "$src" dt_*.h kernels/dt_kernels.h build.sh && return 0
+    local cc=$DT_CC defs=
+    if uses_mpi "$src"; then cc=$DT_MPICC defs=-DDT_MPI; fi
+    mkdir -p "$(dirname "$out")"
+    if ! $cc $DT_CFLAGS $DT_CPPFLAGS $defs -I"$(dirname "$src")" "$src" -o "$out" $DT_LIBS >"$log" 2>&1; then
+        echo "FAILED $src -> $out (log: $log)"
+        head -n 40 "$log"
+        rm -f "$out"
+        return 1
+    fi
+    echo "built $out"
+}
+
+# build/kernels/*.o and build/kernels/libdt_kernels.a from kernels/*.cu, when nvcc exists.
+build_kernels() {
+    local cu obj ok=0 objs=()
+    for cu in kernels/*.cu; do
+        obj=build/kernels/$(basename "${cu%.cu}").o
+        objs+=("$obj")
+        up_to_date "$obj" "$cu" kernels/*.h kernels/*.cuh dt_*.h build.sh && continue
+        mkdir -p build/kernels build/logs
+        if "$DT_NVCC" -c -O2 -arch="$DT_CUDA_ARCH" -I"$ROOT" -I"$ROOT/kernels" "$cu" -o "$obj" \
+            >"build/logs/kernel_$(basename "$cu").log" 2>&1; then
+            echo "built $obj"
+        else
+            echo "FAILED $cu (log: build/logs/kernel_$(basename "$cu").log)"
+            head -n 40 "build/logs/kernel_$(basename "$cu").log"
+            rm -f "$obj"
+            ok=1
+        fi
+    done
+    if [ $ok -eq 0 ] && [ ${#objs[@]} -gt 0 ]; then
+        rm -f build/kernels/libdt_kernels.a
+        ar rcs build/kernels/libdt_kernels.a "${objs[@]}"
+    fi
+    return $ok
+}
+
+# Builds everything, as many compilers at a time as there are cores. The programs that failed
+# to build are listed in BUILD_FAILED (tests/run.sh reports each as a failure).
+BUILD_FAILED=
+build_all() {
+    local max_jobs src name failed_list=build/logs/failed.list
+    max_jobs=$(nproc 2>/dev/null || echo 2)
+    mkdir -p build/logs
+    rm -f "$failed_list"
+    # examples/<dir>/<name>.c -> build/examples/<name> (examples/mlp/mlp.c -> build/examples/mlp)
+    for src in examples/*/*.c bench/*.c; do
+        name=$(basename "${src%.c}")
+        case "$src" in examples/*) name=examples/$name ;; bench/*) name=bench/$name ;; esac
+        while [ "$(jobs -rp | wc -l)" -ge "$max_jobs" ]; do wait -n || true; done
+        { build_program "$src" "build/$name" || echo "$name" >>"$failed_list"; } &
+    done
+    wait
+    [ -f "$failed_list" ] && BUILD_FAILED=$(sort "$failed_list" | tr '\n' ' ' | sed 's/ $//')
+
+    local kernels_ok=0
+    if [ -n "$DT_NVCC" ]; then
+        build_kernels || kernels_ok=1
+    else
+        echo "nvcc not found: CUDA parts skipped"
+    fi
+    [ -z "$BUILD_FAILED" ] && [ $kernels_ok -eq 0 ]
+}
+
+# --- commands ----------------------------------------------------------------------------------
+
+run_tests() {
+    # A failed build does not stop the tests: the runner counts each program that did not build
+    # (and each kernel that did not compile) as a failure, so the summary line stays the last.
+    build_all || true
+    DT_BUILD_FAILED=$BUILD_FAILED bash tests/run.sh
+}
+
+# A program that does not build is reported but does not stop the demo or the benchmarks that did.
+build_what_builds() {
+    build_all || echo "build.sh: build failed${BUILD_FAILED:+: $BUILD_FAILED}; going on with the rest" >&2
+}
+
+run_demo() {
+    build_what_builds
+    [ -x build/examples/mlp ] || die "build/examples/mlp does not exist yet (examples/mlp/mlp.c)"
+    echo "== build/examples/mlp"
+    build/examples/mlp
+    if [ -f dt_comm.h ]; then
+        echo "== $DT_MPIRUN -np 2 build/examples/mlp"
+        # one BLAS thread per rank: two ranks already fill the two cores of a small machine
+        OPENBLAS_NUM_THREADS=1 $DT_MPIRUN -np 2 build/examples/mlp </dev/null
+    fi
+}
+
+# First-line comment "// np: N ..." in a benchmark's source: run it under mpirun -np N.
+bench_ranks() { head -n 1 "$1" | sed -n 's|^//[[:space:]]*np:[[:space:]]*\([0-9]*\).*|\1|p'; }
+
+run_bench() {
+    build_what_builds
+    local exe np failed
+    read -r -a failed <<<"$BUILD_FAILED"
+    for exe in build/bench/*; do
+        # only programs whose source is still there (build/ may hold old ones)
+        [[ -f bench/$(basename "$exe").c && -x $exe ]] || continue
+        np=$(bench_ranks "bench/$(basename "$exe").c")
+        if [ -n "$np" ]; then
+            echo "== $DT_MPIRUN -np $np $exe"
+            OPENBLAS_NUM_THREADS=1 $DT_MPIRUN -np "$np" "$exe" </dev/null || failed+=("$exe")
+        else
+            echo "== $exe"
+            "$exe" || failed+=("$exe")
+        fi
+    done
+    for exe in bench/*.py; do
+        echo "== /usr/bin/python3 $exe"
+        /usr/bin/python3 "$exe" || failed+=("$exe")
+    done
+    [ ${#failed[@]} -eq 0 ] || die "did not build or did not finish: ${failed[*]}"
+}
+
+cmd=${1:-build}
+case "$cmd" in
+    clean) rm -rf build; exit 0 ;;
+    env) setup_toolchain; print_env; exit 0 ;;
+    build|test|demo|bench) ;;
+    -h|--help|help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown command '$cmd' (build, test, demo, bench, clean, env)" ;;
+esac
+
+check_deps
+setup_toolchain
+case "$cmd" in
+    build) build_all || die "build failed${BUILD_FAILED:+: $BUILD_FAILED}" ;;
+    test) run_tests ;;
+    demo) run_demo ;;
+    bench) run_bench ;;
+esac

@@ -1,0 +1,536 @@
+#!/usr/bin/env bash
+# tests/run.sh - builds and runs every dt test this machine can run. Each check is one line,
+# PASS/FAIL/SKIP <name>[: details]; the failures are listed again at the end, and the last line
+# is "N passed, N failed, N skipped". Exit status: non-zero iff something failed.
+#
+#   tests/run.sh [WORD...]   only the groups whose name contains a WORD (test_tensor, mpi_,
+#                            compile:dt_comm, kernel:, gpu_, build:)
+#
+# In order (whatever does not exist yet is skipped quietly):
+#   compile:<header>:<check>  each dt_*.h alone (after the headers it needs) as C99 and C++11,
+#                             declarations only and with its implementation, linked across units,
+#                             in DT_STATIC mode, with clang, mpicc -DDT_MPI and -DDT_CUDA
+#                             (tests/compile/tu.c)
+#   kernel:<file>.cu          nvcc -c of each kernels/*.cu into build/kernels/ (when nvcc exists)
+#   tests/test_*.c            one process, -DDT_CBLAS; run once as built and once built with
+#                             ASan+UBSan (its names prefixed "asan:"). A first line "// mpi"
+#                             builds it with mpicc -DDT_MPI and runs it as 1 rank under mpirun
+#   tests/mpi_*.c             mpicc -DDT_MPI, run under mpirun at each N of its first line
+#                             "// np: 1 2 4" (default 2); " [np=N]" is appended to its names
+#   tests/gpu_*.c, gpu_*.cu   -DDT_CUDA, linked with build/kernels; SKIP without a GPU
+#   build:<program>           examples and benchmarks that ./build.sh test could not build
+# A program that crashes, times out, exits non-zero without a FAIL line, or prints no check line
+# at all counts as one failure named after it, with the end of its output.
+#
+# Environment: DT_TEST_TIMEOUT (seconds per run, 300), DT_TEST_ASAN=0 (no sanitizer builds),
+# DT_TEST_JOBS (compilers at a time, default nproc). Logs: build/tests/logs/.
+# Flag variables (DT_CFLAGS...) are word lists, expanded unquoted on purpose.
+# shellcheck disable=SC2086,SC2153
+set -uo pipefail
+shopt -s nullglob
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+
+# The toolchain settings (flags, mpirun, nvcc) come from build.sh, the one place they are chosen.
+if [ -z "${DT_CFLAGS:-}" ]; then
+    settings=$(bash ./build.sh env) || { echo "tests/run.sh: ./build.sh env failed" >&2; exit 1; }
+    eval "$settings"
+fi
+
+T=build/tests      # test programs; T/asan: sanitizer builds
+L=$T/logs          # one log per build step and per run
+C=build/compile    # objects and stamps of the compile checks
+mkdir -p "$T/asan" "$L" "$C" "$T/tmp"
+TIMEOUT=${DT_TEST_TIMEOUT:-300}
+JOBS=${DT_TEST_JOBS:-$(nproc 2>/dev/null || echo 2)}
+ASAN=${DT_TEST_ASAN:-1}
+START=$EPOCHREALTIME
+FILTER=("$@")
+
+# Tests must not fight over 2 cores (4 ranks x BLAS threads), and one BLAS thread keeps their
+# sums in one order.
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+
+# Every build step is redone when one of these, or its own source, is newer than its output.
+INPUTS=(dt_*.h kernels/*.h kernels/*.cuh tests/dt_test.h tests/compile/tu.c tests/run.sh build.sh)
+
+# --- reporting ---------------------------------------------------------------------------------
+
+npass=0 nfail=0 nskip=0
+FAILURES=()
+
+# report "PASS|FAIL|SKIP name[: details]": print and count one check.
+report() {
+    echo "$1"
+    case $1 in
+        PASS*) npass=$((npass + 1)) ;;
+        FAIL*) nfail=$((nfail + 1)) FAILURES+=("$1") ;;
+        SKIP*) nskip=$((nskip + 1)) ;;
+    esac
+}
+
+section() { echo "== $*"; }
+
+# show_log LOG [head]: 20 lines of a log, indented so that none reads as a check: the end of a
+# program's output; the start of a compiler's (its first error); a sanitizer report from its
+# start (its last lines are only the shadow-memory map).
+show_log() {
+    local log=$1 at
+    at=$(grep -n -m1 -E 'ERROR: (Address|Leak)Sanitizer|runtime error:' "$log" | cut -d: -f1)
+    if [ -n "$at" ]; then sed -n "${at},$((at + 24))p" "$log"
+    elif [ "${2:-}" = head ]; then head -n 20 "$log"
+    else tail -n 20 "$log"
+    fi | sed 's/^/    | /'
+}
+
+selected() {
+    local w
+    [ ${#FILTER[@]} -eq 0 ] && return 0
+    for w in "${FILTER[@]}"; do [[ $1 == *"$w"* ]] && return 0; done
+    return 1
+}
+
+# --- build steps (run in the background, JOBS at a time) --------------------------------------
+
+# fresh OUT SRC...: OUT exists and is newer than each SRC and each shared input.
+fresh() {
+    local out=$1 f
+    shift
+    [ -e "$out" ] || return 1
+    for f in "$@" "${INPUTS[@]}"; do [ "$f" -nt "$out" ] && return 1; done
+    return 0
+}
+
+# step ID OUT SRC CMD...: unless OUT is fresh, run CMD (log: $L/ID.log) and touch OUT, or delete
+# OUT when CMD fails. Afterwards OUT exists iff the step succeeded.
+step() {
+    local id=$1 out=$2 src=$3
+    shift 3
+    fresh "$out" "$src" && return 0
+    mkdir -p "$(dirname "$out")"
+    if "$@" >"$L/$id.log" 2>&1; then touch "$out"; else rm -f "$out"; fi
+}
+
+spawn() {
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+    "$@" &
+}
+
+# step_result NAME ID OUT: PASS NAME, or FAIL NAME with the end of the step's log.
+step_result() {
+    if [ -e "$3" ]; then report "PASS $1"; return 0; fi
+    report "FAIL $1: see $L/$2.log"
+    show_log "$L/$2.log" head
+    return 1
+}
+
+# --- compile checks ----------------------------------------------------------------------------
+
+CW="-Wall -Wextra -Werror"
+C99="-std=c99 -pedantic $CW"
+CXX="-x c++ -std=c++11 $CW"
+TU=tests/compile/tu.c
+
+# The headers a header needs before it (DESIGN.md, "Include order"). A header not listed here
+# gets those of the three core ones that exist, which is harmless when it needs fewer.
+needs() {
+    local h
+    case $1 in
+        dt_tensor.h) ;;
+        dt_comm.h) echo dt_tensor.h ;;
+        dt_opt.h) echo dt_tensor.h dt_comm.h ;;
+        dt_parallel.h | dt_embed.h) echo dt_tensor.h dt_comm.h dt_opt.h ;;
+        *) for h in dt_tensor.h dt_comm.h dt_opt.h; do [ -f "$h" ] && echo "$h"; done ;;
+    esac
+}
+
+# The headers to check: the known ones in include order, then any other dt_*.h.
+headers() {
+    local h
+    for h in dt_tensor.h dt_comm.h dt_opt.h dt_parallel.h dt_embed.h; do [ -f "$h" ] && echo "$h"; done
+    for h in dt_*.h; do
+        case $h in dt_tensor.h | dt_comm.h | dt_opt.h | dt_parallel.h | dt_embed.h) ;; *) echo "$h" ;; esac
+    done
+}
+
+# -DDT_CT_Hn="..." flags that include the given headers in order.
+include_flags() {
+    local i=1 h
+    for h in "$@"; do printf -- '-DDT_CT_H%d="%s" ' $i "$h"; i=$((i + 1)); done
+}
+
+# Declarations only: compiles, and defines no symbol (else two units that include the header clash).
+ct_decl() { # OBJ COMPILER FLAGS...
+    local obj=$1
+    shift
+    "$@" -c $TU -o "$obj" || return 1
+    local defined
+    defined=$(nm -g --defined-only "$obj" | awk '{print $3}')
+    [ -z "$defined" ] || { echo "declarations alone define symbols: $defined"; return 1; }
+}
+
+# Implementation in a C unit, declarations used from a C++ unit that takes the address of every
+# public function: proves extern "C", one definition each, and the link flags.
+ct_link() { # DIR INCLUDE_FLAGS
+    local dir=$1 inc=$2
+    $DT_CC $C99 $DT_CPPFLAGS $inc -DDT_IMPLEMENTATION -c $TU -o "$dir/impl.o" || return 1
+    nm -g --defined-only "$dir/impl.o" | awk '$2 == "T" && $3 ~ /^dt_[a-z0-9]/ {print "DT_CT_USE(" $3 ")"}' >"$dir/uses.h"
+    $DT_CXX $CXX $DT_CPPFLAGS $inc -DDT_CT_MAIN -DDT_CT_USES="\"$ROOT/$dir/uses.h\"" -c $TU -o "$dir/main.o" || return 1
+    $DT_CXX "$dir/impl.o" "$dir/main.o" -o "$dir/link" $DT_LIBS || return 1
+    "$dir/link"
+}
+
+# DT_STATIC: a C unit and a C++ unit, each with its own static copy of the implementation, in one
+# program: nothing may be exported but main.
+ct_static() { # DIR INCLUDE_FLAGS
+    local dir=$1 inc=$2 exported
+    $DT_CC $C99 -I"$ROOT" $inc -DDT_STATIC -DDT_IMPLEMENTATION -DDT_CT_MAIN -c $TU -o "$dir/static_a.o" || return 1
+    $DT_CXX $CXX -I"$ROOT" $inc -DDT_STATIC -DDT_IMPLEMENTATION -c $TU -o "$dir/static_b.o" || return 1
+    exported=$(nm -g --defined-only "$dir/static_a.o" "$dir/static_b.o" | awk 'NF == 3 && $3 != "main" {print $3}')
+    [ -z "$exported" ] || { echo "DT_STATIC still exports: $exported"; return 1; }
+    $DT_CXX "$dir/static_a.o" "$dir/static_b.o" -o "$dir/static" -lm && "$dir/static"
+}
+
+# CHECKS rows: "name id stamp", or a "SKIP ..." line; reported in this order once all builds
+# are done.
+CHECKS=()
+compile_check() { # HEADER_STEM CHECK FUNCTION ARGS...
+    local name="compile:$1:$2" id="compile_$1_$2" stamp="$C/$1/$2.ok"
+    shift 2
+    CHECKS+=("$name $id $stamp")
+    spawn step "$id" "$stamp" "$TU" "$@"
+}
+
+spawn_compile_checks() {
+    local h p stem impl inc_all inc missing dir
+    for h in $(headers) kernels/dt_kernels.h; do
+        [ -f "$h" ] || continue
+        stem=$(basename "${h%.h}")
+        selected "compile:$stem" || continue
+        dir=$C/$stem
+        mkdir -p "$dir"
+        if [ "$h" = kernels/dt_kernels.h ]; then
+            # the C ABI of the CUDA kernels: declarations only, no implementation to include
+            compile_check "$stem" c99_decl ct_decl "$dir/c99_decl.o" $DT_CC $C99 -I"$ROOT" -I"$ROOT/kernels" "-DDT_CT_H1=\"dt_kernels.h\""
+            compile_check "$stem" cxx_decl ct_decl "$dir/cxx_decl.o" $DT_CXX $CXX -I"$ROOT" -I"$ROOT/kernels" "-DDT_CT_H1=\"dt_kernels.h\""
+            continue
+        fi
+        missing=() inc_all=()
+        for p in $(needs "$h"); do
+            if [ -f "$p" ]; then inc_all+=("$p"); else missing+=("$p"); fi
+        done
+        if [ ${#missing[@]} -gt 0 ]; then
+            CHECKS+=("SKIP compile:$stem: needs ${missing[*]}, which does not exist yet")
+            continue
+        fi
+        inc_all+=("$h")
+        inc=$(include_flags "${inc_all[@]}")
+        impl=-D$(echo "${stem}" | tr '[:lower:]' '[:upper:]')_IMPLEMENTATION
+        compile_check "$stem" c99_decl ct_decl "$dir/c99_decl.o" $DT_CC $C99 -I"$ROOT" $inc
+        compile_check "$stem" c99_impl $DT_CC $C99 -I"$ROOT" $inc $impl -c $TU -o "$dir/c99_impl.o"
+        compile_check "$stem" cxx_decl ct_decl "$dir/cxx_decl.o" $DT_CXX $CXX -I"$ROOT" $inc
+        compile_check "$stem" cxx_impl $DT_CXX $CXX $DT_CPPFLAGS $inc $impl -c $TU -o "$dir/cxx_impl.o"
+        compile_check "$stem" link ct_link "$dir" "$inc"
+        compile_check "$stem" static ct_static "$dir" "$inc"
+        if command -v clang >/dev/null; then
+            compile_check "$stem" clang_c99 clang $C99 -I"$ROOT" $inc $impl -c $TU -o "$dir/clang_c99.o"
+            compile_check "$stem" clang_cxx clang $CXX $DT_CPPFLAGS $inc $impl -c $TU -o "$dir/clang_cxx.o"
+        fi
+        if [ -n "$DT_MPICC" ]; then
+            compile_check "$stem" mpi $DT_MPICC $C99 -I"$ROOT" $inc -DDT_MPI -DDT_IMPLEMENTATION -c $TU -o "$dir/mpi.o"
+        fi
+        if [ -n "$DT_NVCC" ]; then
+            # CUDA's headers are not -pedantic C99 (unnamed unions), so this one goes without it
+            compile_check "$stem" cuda $DT_CC -std=c99 $CW -I"$ROOT" -I"$DT_CUDA_HOME/include" $inc \
+                -DDT_CUDA -DDT_NCCL -DDT_IMPLEMENTATION -c $TU -o "$dir/cuda.o"
+        fi
+    done
+}
+
+# --- CUDA kernels ------------------------------------------------------------------------------
+
+KERNELS=()
+spawn_kernels() {
+    local cu name
+    [ -n "$DT_NVCC" ] || return 0
+    for cu in kernels/*.cu; do
+        name=$(basename "$cu")
+        selected "kernel:$name" || continue
+        KERNELS+=("$cu")
+        spawn step "kernel_$name" "build/kernels/${name%.cu}.o" "$cu" \
+            "$DT_NVCC" -c -O2 -arch="$DT_CUDA_ARCH" -I"$ROOT" -I"$ROOT/kernels" "$cu" -o "build/kernels/${name%.cu}.o"
+    done
+}
+
+# --- test programs -----------------------------------------------------------------------------
+
+# np_list SRC: the rank counts of a first line "// np: 1 2 4" (empty without one).
+np_list() { sed -n '1s|^//[[:space:]]*np:||p' "$1" | tr -cs '0-9' ' ' | xargs; }
+# A first line "// mpi" (or "// np: ...") marks a program built with mpicc -DDT_MPI.
+wants_mpi() { head -n 1 "$1" | grep -qE '^//[[:space:]]*(mpi|np:)'; }
+
+SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+# The sanitizer build checks behaviour at run time: -O1 builds fast and keeps stack traces
+# exact; no -Werror, as sanitizer builds raise their own false warnings (the normal build has it).
+ASAN_CFLAGS="-std=c99 -O1 -g -Wall -Wextra $SAN"
+
+# build_test MPI SRC OUT CFLAGS: builds one test program; MPI=1: with mpicc -DDT_MPI.
+build_test() {
+    local mpi=$1 src=$2 out=$3 cflags=$4 cc=$DT_CC defs=
+    if [ "$mpi" = 1 ]; then cc=$DT_MPICC defs=-DDT_MPI; fi
+    $cc $cflags $DT_CPPFLAGS $defs -I"$ROOT/tests" "$src" -o "$out" $DT_LIBS
+}
+
+# build_gpu_test MPI SRC OUT: -DDT_CUDA, linked with the kernels, cuBLAS and the CUDA runtime;
+# MPI=1: with mpicc -DDT_MPI -DDT_NCCL and NCCL. A .cu test is one process, built by nvcc.
+build_gpu_test() {
+    local mpi=$1 src=$2 out=$3 cc=$DT_CC defs=-DDT_CUDA libs="-lcublas -lcudart" kernels_lib=
+    [ -f build/kernels/libdt_kernels.a ] && kernels_lib=build/kernels/libdt_kernels.a
+    if [[ $src == *.cu ]]; then
+        "$DT_NVCC" -O2 -arch="$DT_CUDA_ARCH" $DT_CPPFLAGS -I"$ROOT/kernels" -I"$ROOT/tests" $defs "$src" \
+            $kernels_lib -o "$out" -lcublas $DT_LIBS
+        return
+    fi
+    if [ "$mpi" = 1 ]; then cc=$DT_MPICC defs+=" -DDT_MPI -DDT_NCCL" libs+=" -lnccl"; fi
+    $cc $DT_CFLAGS $DT_CPPFLAGS $defs -I"$DT_CUDA_HOME/include" -I"$ROOT/kernels" -I"$ROOT/tests" "$src" \
+        $kernels_lib -o "$out" -L"$DT_CUDA_HOME/lib64" -Wl,-rpath,"$DT_CUDA_HOME/lib64" $libs -lstdc++ $DT_LIBS
+}
+
+# PROGRAMS rows: "kind name src mpi np-list", in the order they run. kind: test, mpi, gpu.
+# np-list "-" means: run the program directly, not under mpirun.
+PROGRAMS=()
+add_program() { # KIND SRC
+    local kind=$1 src=$2 name mpi=0 nps
+    name=$(basename "${src%.*}")
+    selected "$name" || return 0
+    nps=$(np_list "$src")
+    if [ "$kind" = mpi ] || wants_mpi "$src"; then
+        mpi=1
+        [ -n "$nps" ] || nps=$([ "$kind" = mpi ] && echo 2 || echo 1)
+        if [ -z "$DT_MPICC" ]; then report "SKIP $name: mpicc not found"; return 0; fi
+    fi
+    [ -n "$nps" ] || nps=-
+    PROGRAMS+=("$kind $name $src $mpi ${nps// /,}")
+}
+
+spawn_test_builds() {
+    local src row kind name mpi
+    for src in tests/test_*.c; do add_program test "$src"; done
+    for src in tests/mpi_*.c; do add_program mpi "$src"; done
+    for src in tests/gpu_*.c tests/gpu_*.cu; do add_program gpu "$src"; done
+    for row in "${PROGRAMS[@]}"; do
+        read -r kind name src mpi _ <<<"$row"
+        case $kind in
+            test)
+                spawn step "$name" "$T/$name" "$src" build_test "$mpi" "$src" "$T/$name" "$DT_CFLAGS"
+                if [ "$ASAN" = 1 ]; then
+                    spawn step "asan_$name" "$T/asan/$name" "$src" build_test "$mpi" "$src" "$T/asan/$name" "$ASAN_CFLAGS"
+                fi
+                ;;
+            mpi) spawn step "$name" "$T/$name" "$src" build_test 1 "$src" "$T/$name" "$DT_CFLAGS" ;;
+            gpu) ;; # built after the kernels, below
+        esac
+    done
+}
+
+spawn_gpu_builds() {
+    local row kind name src mpi
+    [ -n "$DT_NVCC" ] || return 0
+    for row in "${PROGRAMS[@]}"; do
+        read -r kind name src mpi _ <<<"$row"
+        [ "$kind" = gpu ] && spawn step "$name" "$T/$name" "$src" build_gpu_test "$mpi" "$src" "$T/$name"
+    done
+}
+
+# --- running -----------------------------------------------------------------------------------
+
+# ASan and LSan do not work everywhere (LSan needs ptrace; some kernels' ASLR breaks ASan): try
+# them once on an empty program. Sets ASAN_RUN (0: report the sanitizer runs as SKIP) and LEAKS.
+ASAN_RUN=0 LEAKS=0 ASAN_WHY=
+probe_sanitizers() {
+    local probe=$T/asan/sanitizer_probe
+    [ "$ASAN" = 1 ] || { ASAN_WHY="DT_TEST_ASAN=0"; return; }
+    printf '#include <stdlib.h>\nint main(void){free(malloc(16));return 0;}\n' >"$probe.c"
+    if ! $DT_CC $SAN "$probe.c" -o "$probe" >"$L/sanitizer_probe.log" 2>&1; then
+        ASAN_WHY="the compiler cannot build with $SAN (see $L/sanitizer_probe.log)"
+    elif ASAN_OPTIONS=detect_leaks=1 "$probe" >>"$L/sanitizer_probe.log" 2>&1; then
+        ASAN_RUN=1 LEAKS=1
+    elif ASAN_OPTIONS=detect_leaks=0 "$probe" >>"$L/sanitizer_probe.log" 2>&1; then
+        ASAN_RUN=1
+        echo "note: LeakSanitizer does not run here (no ptrace?); ASan runs without leak checks"
+    else
+        ASAN_WHY="ASan programs do not run on this machine (see $L/sanitizer_probe.log)"
+    fi
+}
+
+# run_prog LABEL PREFIX SUFFIX CMD...: runs CMD with a timeout in a fresh scratch directory,
+# prints its check lines with each name made PREFIX<name>SUFFIX, and counts one more failure,
+# named LABEL, when the program crashed, timed out, exited non-zero without a FAIL line, or
+# printed no check line at all.
+run_prog() {
+    local label=$1 prefix=$2 suffix=$3
+    shift 3
+    local safe=${label// \[np=/.np} # "mpi_x [np=2]" -> mpi_x.np2, "asan:test_x" -> asan_test_x
+    safe=${safe//]/}
+    safe=${safe//[^A-Za-z0-9_.-]/_}
+    local log=$L/run_$safe.log tmp=$ROOT/$T/tmp/$safe t0=$EPOCHREALTIME rc
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    # The subshell (kept from exec'ing timeout by the "exit") takes bash's own "Segmentation
+    # fault" notice to /dev/null: the crash is reported below, with the program's name.
+    (DT_TEST_TMPDIR=$tmp timeout -k 10 "$TIMEOUT" "$@" </dev/null >"$log" 2>&1; exit $?) 2>/dev/null
+    rc=$?
+    local secs
+    secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f", b - a}')
+    echo "-- $label (${secs}s)"
+
+    local line kind rest name details checks=0 fails=0
+    while IFS= read -r line; do
+        [[ $line =~ ^(PASS|FAIL|SKIP)\ (.+)$ ]] || continue
+        kind=${BASH_REMATCH[1]} rest=${BASH_REMATCH[2]}
+        name=${rest%%: *}
+        details=${rest:${#name}}
+        [[ $name == *"[np="* ]] || name+=$suffix
+        report "$kind $prefix$name$details"
+        checks=$((checks + 1))
+        [ "$kind" = FAIL ] && fails=$((fails + 1))
+    done <"$log"
+
+    local why=
+    if [ "$rc" -eq 124 ] || { [ "$rc" -eq 137 ] && [ "${secs%.*}" -ge "$TIMEOUT" ]; }; then
+        why="timed out after ${TIMEOUT}s"
+    elif [ "$rc" -gt 128 ]; then
+        why="killed by signal $((rc - 128)) (SIG$(kill -l $((rc - 128)) 2>/dev/null))"
+    elif [ "$rc" -ne 0 ] && [ $fails -eq 0 ]; then
+        why="exited with status $rc without a FAIL line"
+    elif [ "$rc" -eq 0 ] && [ $checks -eq 0 ]; then
+        why="printed no PASS/FAIL/SKIP line"
+    fi
+    if [ -n "$why" ]; then
+        report "FAIL $label: $why (log: $log)"
+        show_log "$log"
+    fi
+}
+
+# run_program ROW: builds succeeded? then every run of one program (its variants, its rank counts).
+run_program() {
+    local kind name src mpi nps np exe
+    read -r kind name src mpi nps <<<"$1"
+    exe=$T/$name
+    if [ "$kind" = gpu ]; then
+        if [ -z "$DT_NVCC" ]; then report "SKIP $name: nvcc not found"; return; fi
+        step_ok "$name" "$exe" || return
+        if [ "$DT_HAVE_GPU" != 1 ]; then report "SKIP $name: no GPU (nvidia-smi finds none); it builds"; return; fi
+    else
+        step_ok "$name" "$exe" || return
+    fi
+    for np in ${nps//,/ }; do
+        if [ "$np" = - ]; then
+            run_prog "$name" "" "" "$exe"
+        elif [ "$kind" = mpi ] || [ "$(np_list "$src")" ]; then
+            run_prog "$name [np=$np]" "" " [np=$np]" $DT_MPIRUN -np "$np" "$exe"
+        else
+            run_prog "$name" "" "" $DT_MPIRUN -np "$np" "$exe"
+        fi
+    done
+    [ "$kind" = test ] || return
+    if [ "$ASAN_RUN" != 1 ]; then
+        [ "$ASAN" = 1 ] && report "SKIP asan:$name: $ASAN_WHY"
+        return
+    fi
+    step_ok "asan:$name" "$T/asan/$name" "asan_$name" || return
+    # OpenMPI leaks by design at exit: no leak checks for programs that run it
+    local leaks=$LEAKS
+    [ "$mpi" = 1 ] && leaks=0
+    local opts="detect_leaks=$leaks:print_legend=0:halt_on_error=1"
+    if [ "$mpi" = 1 ]; then
+        run_prog "asan:$name" "asan:" "" env ASAN_OPTIONS="$opts" UBSAN_OPTIONS=print_stacktrace=1 $DT_MPIRUN -np 1 "$T/asan/$name"
+    else
+        run_prog "asan:$name" "asan:" "" env ASAN_OPTIONS="$opts" UBSAN_OPTIONS=print_stacktrace=1 "$T/asan/$name"
+    fi
+}
+
+# step_ok NAME OUT [ID]: the build step that made OUT succeeded; else one failure named NAME
+# with the compiler's output, or a SKIP when the program includes a dt header not written yet.
+step_ok() {
+    local name=$1 out=$2 id=${3:-$1} log missing
+    [ -e "$out" ] && return 0
+    log=$L/$id.log
+    missing=$(grep -oE "fatal error: [^:]*dt_[a-z_]+\.h: No such file" "$log" 2>/dev/null | head -n 1 | grep -oE 'dt_[a-z_]+\.h')
+    if [ -n "$missing" ]; then
+        report "SKIP $name: needs $missing, which does not exist yet"
+    else
+        report "FAIL $name: does not build (log: $log)"
+        show_log "$log" head
+    fi
+    return 1
+}
+
+# --- main --------------------------------------------------------------------------------------
+
+echo "dt tests: $($DT_CC --version | head -n 1)${DT_MPICC:+, $(mpirun --version 2>/dev/null | head -n 1)}${DT_NVCC:+, nvcc $("$DT_NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') ($DT_CUDA_ARCH)}, GPU: $([ "$DT_HAVE_GPU" = 1 ] && echo yes || echo none)"
+
+# Build everything first, JOBS compilers at a time; then report and run in a fixed order.
+spawn_compile_checks
+spawn_kernels
+spawn_test_builds
+wait
+if [ ${#KERNELS[@]} -gt 0 ]; then
+    objs=()
+    for cu in "${KERNELS[@]}"; do
+        o=build/kernels/$(basename "${cu%.cu}").o
+        [ -e "$o" ] && objs+=("$o")
+    done
+    rm -f build/kernels/libdt_kernels.a
+    [ ${#objs[@]} -gt 0 ] && ar rcs build/kernels/libdt_kernels.a "${objs[@]}"
+fi
+spawn_gpu_builds
+wait
+
+if [ ${#CHECKS[@]} -gt 0 ]; then
+    section "compile checks"
+    for row in "${CHECKS[@]}"; do
+        if [[ $row == SKIP* ]]; then report "$row"; continue; fi
+        read -r name id stamp <<<"$row"
+        step_result "$name" "$id" "$stamp"
+    done
+fi
+if [ ${#KERNELS[@]} -gt 0 ]; then
+    section "CUDA kernels (nvcc -arch=$DT_CUDA_ARCH)"
+    for cu in "${KERNELS[@]}"; do
+        name=$(basename "$cu")
+        step_result "kernel:$name" "kernel_$name" "build/kernels/${name%.cu}.o"
+    done
+fi
+
+probe_sanitizers
+last_kind=
+for row in "${PROGRAMS[@]}"; do
+    kind=${row%% *}
+    if [ "$kind" != "$last_kind" ]; then
+        case $kind in
+            test) section "unit tests (tests/test_*.c; asan: ASan+UBSan build)" ;;
+            mpi) section "multi-rank tests (tests/mpi_*.c, $DT_MPIRUN)" ;;
+            gpu) section "GPU tests (tests/gpu_*)" ;;
+        esac
+        last_kind=$kind
+    fi
+    run_program "$row"
+done
+
+# Programs ./build.sh could not build (it passes their names).
+if [ -n "${DT_BUILD_FAILED:-}" ]; then
+    section "examples and benchmarks"
+    for name in $DT_BUILD_FAILED; do
+        selected "build:$name" || continue
+        report "FAIL build:$name: does not build (log: build/logs/$(echo "$name" | tr / _).log)"
+        show_log "build/logs/$(echo "$name" | tr / _).log" head
+    done
+fi
+
+if [ ${#FAILURES[@]} -gt 0 ]; then
+    section "failures"
+    printf '%s\n' "${FAILURES[@]}"
+fi
+echo "tests took $(awk -v a="$START" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.0f", b - a}')s"
+echo "$npass passed, $nfail failed, $nskip skipped"
+[ $nfail -eq 0 ]
