@@ -1,0 +1,2654 @@
+/* dt_opt.h - optimizers, learning-rate schedules, mixed precision with loss scaling, gradient
+   accumulation, global gradient clipping and crash-safe training-state checkpoints for dt.
+                                                                        v0.1, public domain/MIT
+
+   Do this:
+       #define DT_OPT_IMPLEMENTATION         (or DT_IMPLEMENTATION for every dt header)
+   before you include this file in *one* C or C++ file to create the implementation.
+   Include order: dt_tensor.h, dt_comm.h, dt_opt.h.
+
+   Compile-time options (define before including):
+       DT_STATIC       every function is `static`
+       DT_MPI          (seen by dt_comm.h) multi-rank checkpoints, clipping and overflow agreement;
+                       without it every comm is a world of one and everything still runs
+
+   API in one breath:
+       update math    dt_sgd_update / dt_adam_update / dt_adagrad_update (float arrays; the CUDA
+                      kernels mirror them name for name)
+       schedules      dt_lr_at (a pure function of the step), dt_lr_schedule_check
+       optimizer      dt_opt_create / dt_opt_free / dt_opt_step / dt_opt_micro_begin / dt_opt_lr
+       loss scaling   dt_loss_scaler_init / _unscale / _update (GradScaler semantics)
+       clipping       dt_grad_norm / dt_clip_grad_norm (each parameter counted once across ranks)
+       checkpoints    dt_checkpoint_save / dt_checkpoint_load, dt_train_state_set / _get
+       memory         dt_peak_bytes / dt_reset_peak_bytes (the ctx allocator's high-water mark)
+
+   A training step:
+
+       dt_optimizer *opt;
+       dt_opt_desc od = {0};
+       od.kind = DT_OPT_ADAMW; od.lr = 3e-4; od.clip_norm = 1.0; od.accum_steps = 4;
+       od.schedule.kind = DT_LR_COSINE; od.schedule.warmup_steps = 100; od.schedule.total_steps = 5000;
+       od.comm = world;                            // ranks that step together; NULL alone
+       dt_opt_create(&ctx, &params, &od, &opt);
+       for (step = 0; step < 5000; step++) {
+           dt_params_zero_grad(&ctx, &params);
+           for (micro = 0; micro < 4; micro++) {
+               float dloss;
+               dt_opt_micro_begin(opt, bucketer, micro, &dloss); // sync on the last micro-step only
+               forward(...); backward(..., dloss);             // seed = loss scale / micro-steps
+           }
+           dt_bucketer_finish(bucketer);           // data-parallel average (with dt_comm)
+           dt_opt_step(opt, &info);                // unscale, agree on inf/nan, clip, update
+       }
+
+   ---------------------------------------------------------------- the formulas (PyTorch's docs)
+
+   g is the gradient (after unscaling and clipping), w the parameter, t = 1, 2, ... the update
+   number (opt->step + 1), lr the scheduled learning rate of the parameter's group, wd its weight
+   decay (0 for parameters with no_decay). Defaults are PyTorch's (torch.optim, 2.x).
+
+   SGD (lr 1e-3, momentum 0, dampening 0, weight_decay 0, nesterov off):
+       g = g + wd * w
+       if momentum != 0:  b = (t == 1) ? g : momentum * b + (1 - dampening) * g      [momentum_buffer]
+                          g = nesterov ? g + momentum * b : b
+       w = w - lr * g
+   Adam (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0; L2 decay added to the gradient):
+       g = g + wd * w
+       m = beta1 * m + (1 - beta1) * g                                                 [exp_avg]
+       v = beta2 * v + (1 - beta2) * g * g                                             [exp_avg_sq]
+       w = w - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+   AdamW (as Adam, but weight_decay 1e-2 and decoupled: applied to w, not to g):
+       w = w * (1 - lr * wd), then m, v and the update of Adam with g undecayed
+   Adagrad (lr 1e-2, lr_decay 0, weight_decay 0, initial_accumulator_value 0, eps 1e-10):
+       clr = lr / (1 + (t - 1) * lr_decay)
+       g = g + wd * w
+       s = s + g * g                                                                   [sum]
+       w = w - clr * g / (sqrt(s) + eps)
+   Per-step scalars (bias corrections, clr, 1 - lr*wd) are computed in double and rounded to
+   float once, as PyTorch computes them on the host; the element math is float. The results
+   equal PyTorch's to float rounding (not bit for bit: its kernels order some products
+   differently, e.g. lerp for m).
+
+   Zero means default in every desc. Where PyTorch's default is not zero (lr, betas, eps,
+   AdamW's weight_decay) write DT_OPT_ZERO for a real zero: `od.beta1 = DT_OPT_ZERO`.
+
+   ---------------------------------------------------------------- schedules
+
+   dt_lr_at(schedule, step) is the lr of update number `step` (0-based, = opt->step):
+       warmup (every kind):  lr * (step + 1) / warmup_steps for step < warmup_steps (llm.c's form:
+                             the first update does not get lr 0)
+       CONSTANT:             lr
+       COSINE:               min_lr + (lr - min_lr) * 0.5 * (1 + cos(pi * r)),
+       LINEAR:               min_lr + (lr - min_lr) * (1 - r),
+                             r = (step - warmup) / (total_steps - warmup), min_lr once r >= 1
+       WSD:                  lr until total_steps - decay_steps, then linear to min_lr at
+                             total_steps (warmup-stable-decay; decay_steps 0 = 10% of total)
+   Steps skipped by the loss scaler do not advance opt->step, so they do not move the schedule
+   (as Megatron). A parameter of group k gets lr * groups[k].lr_scale.
+
+   ---------------------------------------------------------------- mixed precision
+
+   Parameters whose value is bf16 or f16 get an f32 master copy inside the optimizer: the update
+   is applied to the master, and the value is re-cast from it (round to nearest even) after every
+   step. Gradients are always f32 (dt_param.grad). Loss scaling (torch.cuda.amp.GradScaler):
+   scale starts at 2^16; the backward is seeded with scale / accum_steps (dt_opt_micro_begin);
+   dt_opt_step multiplies the grads by 1/scale, and if any grad on any rank is inf or NaN (one
+   all-reduce of a flag over desc.comm) the update is skipped and scale *= 0.5; after 2000
+   consecutive clean steps scale *= 2. Mode DEFAULT turns dynamic scaling on when a parameter is
+   f16 and off otherwise (f32 and bf16 need none). STATIC keeps a fixed scale but still skips
+   steps with inf/NaN (Megatron's constant scaler). Gradients are unscaled before clipping.
+
+   ---------------------------------------------------------------- clipping across ranks
+
+   The global norm counts every parameter once:  norm^2 = sum over non-sharded params of
+   |g|^2 (computed locally: each rank holds the whole tensor, so nothing is summed across ranks)
+   + all-reduce-sum over shard_comm of sum over sharded params (p->sharded) of |g|^2; then, when
+   stage_comm is given, the total is summed over it (pipeline stages hold disjoint parameters).
+   param_comms, when given, names the comm of each sharded parameter (one entry per ps item,
+   NULL = shard_comm): for layouts where different tensors are split over different groups
+   (ZeRO over dp plus tensor parallel over tp). Every rank of a comm must see that comm in the
+   same order (true when the ranks of a group hold the same parameter names). Clipping scales
+   every grad by max_norm / (norm + 1e-6) when that is below 1 (torch.nn.utils.clip_grad_norm_).
+
+   ---------------------------------------------------------------- checkpoints
+
+   dt_checkpoint_save writes   dir/step_00000100/rank_00000.safetensors   one per rank
+                               dir/step_00000100/manifest.json
+                               dir/latest                                 "step_00000100\n"
+   Each logical tensor is written once: where several ranks hold the same slice (data-parallel
+   replicas) the lowest rank writes it. The rank files are plain safetensors (Python's
+   safetensors reads them) with entries "param/<name>", "master/<name>" (f32 master of a bf16
+   or f16 parameter) and "state/<name>/<slot>" (slot: momentum_buffer, exp_avg, exp_avg_sq,
+   sum, PyTorch's names). manifest.json holds the format ("dt-checkpoint", version 1), the
+   world size, the layout string, the step, the optimizer's step and loss scaler, the train
+   state (RNG seed/offset, data cursor, user key/values), each rank file's size and XXH64
+   (seed 0; Python: xxhash.xxh64(open(f, "rb").read()).hexdigest()), and for every logical
+   tensor its dtype, global shape and each shard's file, start and shape.
+   Crash safety: the files are written into step_00000100.tmp/ and fsync'd; rank 0 writes the
+   manifest, fsyncs the directory, renames it to step_00000100/, fsyncs dir/, then writes
+   latest.tmp, fsyncs and renames it over `latest`. A process killed anywhere in between leaves
+   `latest` naming the previous, complete checkpoint. The newest `keep` step directories stay.
+   dt_checkpoint_load reads latest (or desc.step_dir), validates everything, reads every slice
+   this rank needs from whichever rank files hold it (so any world size or layout can load any
+   checkpoint: resharding), checks each file it reads against the manifest's size and XXH64,
+   and only when everything is read on every rank does it copy into params and optimizer.
+   Truncated, corrupt, foreign or mismatched checkpoints are DT_ERR_FORMAT / DT_ERR_IO /
+   DT_ERR_SHAPE with the file, tensor and values named, and nothing is changed.
+   Memory while loading: a temporary copy of everything this rank loads, plus one shard when a
+   shard must be cut (resharding). Every file that holds a needed slice is read whole (its
+   checksum covers the whole file).
+
+   Memory: everything comes from the ctx allocator. The trainer's memory measurement (e.g.
+   activation recompute on/off) reads the allocator's high-water mark: dt_peak_bytes(ctx)
+   (= ctx->bytes_peak), and dt_reset_peak_bytes(ctx) starts a new measurement.
+
+   Errors: every function that can fail returns dt_status with a message in dt_ctx_error(ctx)
+   naming the argument, the value and what was expected:
+       dt_opt_create: desc.beta1 = 1.5; expected 0 <= beta1 < 1
+   Collective functions (dt_opt_step with a comm, dt_grad_norm, dt_checkpoint_*) return the same
+   status on every rank of their comm.
+
+   Threads: an optimizer belongs to one thread at a time, like its ctx. The update functions
+   are pure on their arrays and may run on disjoint arrays from several threads.
+
+   The licence (MIT) is at the end of this file.
+*/
+#ifndef DT_OPT_H
+#define DT_OPT_H
+
+#if !defined(DT_TENSOR_H) || !defined(DT_COMM_H)
+#error "dt_opt.h needs dt_tensor.h and dt_comm.h included before it"
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- update math (float arrays)
+
+   One function per optimizer, one loop over n elements: exactly the formulas above. t is the
+   1-based update number. These are what dt_opt_step calls per parameter, what ZeRO calls on its
+   shard, and what kernels/dt_opt.cu mirrors (same name, same arguments, plus the stream). */
+
+/* Hyperparameters are double (Python floats in PyTorch); the per-step scalars are computed
+   from them in double and rounded to float once, before the loop.
+   buf may be NULL when momentum == 0; first: 1 on the first update (b = g). */
+DT_API void dt_sgd_update(float *w, const float *g, float *buf, int64_t n, double lr, double momentum,
+                          double dampening, double weight_decay, int nesterov, int first);
+/* decoupled: 0 = Adam (L2 added to g), 1 = AdamW (w *= 1 - lr * weight_decay). */
+DT_API void dt_adam_update(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
+                           double beta2, double eps, double weight_decay, int decoupled, int64_t t);
+DT_API void dt_adagrad_update(float *w, const float *g, float *sum, int64_t n, double lr, double lr_decay,
+                              double weight_decay, double eps, int64_t t);
+
+/* ---------------------------------------------------------------- LR schedules */
+
+typedef enum dt_lr_kind {
+    DT_LR_DEFAULT = 0, /* = DT_LR_CONSTANT */
+    DT_LR_CONSTANT,
+    DT_LR_COSINE,      /* warmup, cosine decay to min_lr at total_steps */
+    DT_LR_LINEAR,      /* warmup, linear decay to min_lr at total_steps */
+    DT_LR_WSD,         /* warmup, stable, linear decay over the last decay_steps */
+    DT_LR_KIND_COUNT
+} dt_lr_kind;
+
+typedef struct dt_lr_schedule {
+    dt_lr_kind kind;
+    double lr;             /* peak lr; 0 = the optimizer's lr (inside dt_opt_desc) */
+    double min_lr;         /* the floor the decay ends at (absolute) */
+    int64_t warmup_steps;  /* linear warmup over the first warmup_steps updates; 0 = none */
+    int64_t total_steps;   /* COSINE, LINEAR, WSD: the decay ends here */
+    int64_t decay_steps;   /* WSD: length of the final decay; 0 = total_steps / 10 */
+} dt_lr_schedule;
+
+/* The learning rate of update `step` (0-based). Pure: no state, no allocation. An invalid
+   schedule gives NaN; dt_lr_schedule_check says why. */
+DT_API double dt_lr_at(const dt_lr_schedule *s, int64_t step);
+DT_API dt_status dt_lr_schedule_check(dt_ctx *ctx, const dt_lr_schedule *s);
+
+/* ---------------------------------------------------------------- loss scaling */
+
+typedef enum dt_loss_scale_mode {
+    DT_LOSS_SCALE_DEFAULT = 0, /* DYNAMIC when a parameter is f16, else NONE */
+    DT_LOSS_SCALE_NONE,        /* scale 1, no inf/nan check (f32, bf16) */
+    DT_LOSS_SCALE_DYNAMIC,     /* torch.cuda.amp.GradScaler */
+    DT_LOSS_SCALE_STATIC,      /* fixed scale; steps with inf/nan are still skipped */
+    DT_LOSS_SCALE_MODE_COUNT
+} dt_loss_scale_mode;
+
+typedef struct dt_loss_scale_desc {
+    dt_loss_scale_mode mode;
+    double init_scale;         /* 0 = 65536 (2^16); STATIC: the scale */
+    double growth_factor;      /* 0 = 2 */
+    double backoff_factor;     /* 0 = 0.5 */
+    int growth_interval;       /* clean steps before growing; 0 = 2000 */
+} dt_loss_scale_desc;
+
+typedef struct dt_loss_scaler {
+    dt_loss_scale_mode mode;   /* resolved: NONE, DYNAMIC or STATIC */
+    double scale;              /* the loss (backward seed) is multiplied by this; 1 when NONE */
+    double growth_factor, backoff_factor;
+    int growth_interval;
+    int growth_tracker;        /* clean steps since the last change (GradScaler's _growth_tracker) */
+    int64_t skipped;           /* steps skipped for inf/nan so far */
+} dt_loss_scaler;
+
+/* mode DEFAULT resolves to NONE here (dt_opt_create looks at the parameter dtypes). */
+DT_API dt_status dt_loss_scaler_init(dt_ctx *ctx, dt_loss_scaler *s, const dt_loss_scale_desc *desc);
+/* grads *= 1 / scale (skipped when the scale is 1) and *found_inf = 1 when any grad of ps is
+   inf or NaN on any rank of comm (one all-reduce; comm NULL = this process alone). */
+DT_API dt_status dt_loss_scaler_unscale(dt_ctx *ctx, dt_loss_scaler *s, dt_params *ps, dt_comm *comm,
+                                        int *found_inf);
+/* GradScaler.update: found_inf -> scale *= backoff, tracker = 0 (and skipped++); else tracker++
+   and after growth_interval clean steps scale *= growth (unless that overflows). */
+DT_API void dt_loss_scaler_update(dt_loss_scaler *s, int found_inf);
+
+/* ---------------------------------------------------------------- gradient norm and clipping */
+
+typedef struct dt_grad_norm_desc {
+    dt_comm *shard_comm;          /* the comm over which params with p->sharded are split; required
+                                     when one is (tensor parallel group, embedding group, ...) */
+    dt_comm *const *param_comms;  /* optional, ps->count entries: per-parameter comm of a sharded
+                                     parameter (NULL entry = shard_comm) */
+    dt_comm *stage_comm;          /* ranks holding disjoint parameter sets (pipeline stages); the
+                                     per-rank totals are summed over it; NULL = none */
+} dt_grad_norm_desc;
+
+/* The global L2 norm of the grads of ps (see "clipping across ranks"); desc may be NULL when no
+   parameter is sharded. Sums in double, in a fixed order. */
+DT_API dt_status dt_grad_norm(dt_ctx *ctx, const dt_params *ps, const dt_grad_norm_desc *desc, double *norm);
+/* Computes the norm (returned in *norm, may be NULL) and scales every grad by
+   max_norm / (norm + 1e-6) when that is < 1. A non-finite norm leaves the grads as they are. */
+DT_API dt_status dt_clip_grad_norm(dt_ctx *ctx, dt_params *ps, const dt_grad_norm_desc *desc, double max_norm,
+                                   double *norm);
+
+/* ---------------------------------------------------------------- optimizer */
+
+typedef enum dt_opt_kind {
+    DT_OPT_DEFAULT = 0, /* = DT_OPT_ADAMW */
+    DT_OPT_SGD,
+    DT_OPT_ADAM,
+    DT_OPT_ADAMW,
+    DT_OPT_ADAGRAD,
+    DT_OPT_KIND_COUNT
+} dt_opt_kind;
+
+/* An explicit zero for the fields where 0 means a non-zero default (lr, beta1, beta2, eps,
+   AdamW's weight_decay, a group's weight_decay). Any float computation sees it as 0. */
+#define DT_OPT_ZERO 1e-300
+#define DT_OPT_MAX_GROUPS 16
+
+typedef struct dt_opt_group {
+    double lr_scale;      /* lr of this group = scheduled lr * lr_scale; 0 = 1 */
+    double weight_decay;  /* 0 = dt_opt_desc.weight_decay; DT_OPT_ZERO = none */
+} dt_opt_group;
+
+typedef struct dt_opt_desc {
+    dt_opt_kind kind;
+    double lr;            /* 0 = 1e-3 (SGD, Adam, AdamW) or 1e-2 (Adagrad) */
+    double weight_decay;  /* 0 = 1e-2 for AdamW, 0 otherwise */
+    double beta1, beta2;  /* Adam, AdamW: 0 = 0.9, 0.999 */
+    double eps;           /* 0 = 1e-8 (Adam, AdamW), 1e-10 (Adagrad) */
+    double momentum;      /* SGD */
+    double dampening;     /* SGD */
+    int nesterov;         /* SGD: needs momentum > 0 and dampening 0 */
+    double lr_decay;      /* Adagrad */
+    double initial_accumulator_value; /* Adagrad */
+    dt_opt_group groups[DT_OPT_MAX_GROUPS]; /* indexed by dt_param.group */
+    dt_lr_schedule schedule;                /* zero = constant lr */
+    dt_loss_scale_desc loss_scale;
+    double clip_norm;     /* > 0: clip the global grad norm to this before the update */
+    int accum_steps;      /* micro-steps per update (dt_opt_micro_begin); 0 = 1 */
+    dt_comm *comm;        /* every rank that steps together (the world): the inf/nan decision is
+                             agreed over it; NULL = this process alone */
+    dt_grad_norm_desc norm; /* comms of the global grad norm */
+} dt_opt_desc;
+
+/* Per parameter: the f32 master (bf16 / f16 values only) and the optimizer state, f32, the
+   shape of the value. state[0]: momentum_buffer (SGD with momentum) / exp_avg (Adam, AdamW) /
+   sum (Adagrad); state[1]: exp_avg_sq (Adam, AdamW). Unused tensors have data == NULL. */
+typedef struct dt_opt_slot {
+    dt_param *param;
+    dt_tensor master;
+    dt_tensor state[2];
+} dt_opt_slot;
+
+/* Read the fields, change them through the functions. */
+typedef struct dt_optimizer {
+    dt_ctx *ctx;
+    dt_params *params;
+    dt_opt_desc desc;       /* every default resolved */
+    dt_loss_scaler scaler;
+    int64_t step;           /* updates applied (skipped steps not counted); t = step + 1 */
+    dt_opt_slot *slots;     /* one per params->items[i], same order */
+    int n_slots;
+} dt_optimizer;
+
+typedef struct dt_opt_step_info {
+    int skipped;            /* 1: inf/nan in the grads; no update, scale backed off */
+    double grad_norm;       /* global norm of the unscaled grads before clipping (inf if skipped) */
+    double lr;              /* scheduled lr of this update (group scale 1) */
+    double loss_scale;      /* the scale the grads of this step carried */
+} dt_opt_step_info;
+
+/* Creates the state for every parameter of ps (which must not change afterwards). CPU params. */
+DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_params *ps, const dt_opt_desc *desc, dt_optimizer **out);
+DT_API void dt_opt_free(dt_optimizer *opt);
+/* Start of micro-step `micro` (0 .. accum_steps - 1) of gradient accumulation: switches the
+   bucketer's sync on for the last micro-step only (b may be NULL) and returns the backward seed
+   in *dloss: loss_scale / accum_steps. Grads are summed over the micro-steps (they accumulate),
+   so the update sees the mean over the whole batch, as one big batch would. */
+DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, dt_bucketer *b, int micro, float *dloss);
+/* One update: unscale + inf/nan check (when scaling), global grad norm, clip, update every
+   parameter with its group's lr and weight decay, re-cast bf16/f16 values, advance the step and
+   the scaler. Collective over desc.comm and the norm comms. info may be NULL. */
+DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info);
+/* The scheduled lr of the next update. */
+DT_API double dt_opt_lr(const dt_optimizer *opt);
+
+/* ---------------------------------------------------------------- checkpoints */
+
+#define DT_CKPT_MAX_KV 32
+#define DT_CKPT_KEY_MAX 64
+#define DT_CKPT_VALUE_MAX 256
+
+/* What the trainer owns and a resume must restore besides parameters and optimizer. */
+typedef struct dt_train_state {
+    int64_t step;           /* trainer iterations done; the step directory is named after it */
+    uint64_t rng_seed;      /* counter-based RNG: seed and offset are its whole state */
+    uint64_t rng_offset;
+    int64_t data_cursor;    /* the data loader's position (next global sample / token) */
+    int n_kv;               /* user key/values (dt_train_state_set / _get) */
+    char keys[DT_CKPT_MAX_KV][DT_CKPT_KEY_MAX];
+    char values[DT_CKPT_MAX_KV][DT_CKPT_VALUE_MAX];
+} dt_train_state;
+
+DT_API dt_status dt_train_state_set(dt_ctx *ctx, dt_train_state *s, const char *key, const char *value);
+DT_API const char *dt_train_state_get(const dt_train_state *s, const char *key); /* NULL if absent */
+
+/* Called at each durable point of a save: "tensor" (index k: after the k-th tensor of this
+   rank's file is written), "rank_file" (index = rank: file written and fsync'd), and on rank 0
+   "manifest" (manifest written, directory fsync'd, before the rename), "renamed" (step
+   directory in place, before `latest`), "latest" (latest updated, before pruning). For
+   progress logs, and for tests that kill the process there. */
+typedef void (*dt_ckpt_hook_fn)(const char *point, int index, void *user);
+
+typedef struct dt_checkpoint_desc {
+    const char *dir;        /* root: holds step_NNNNNNNN/ and latest (created if missing) */
+    dt_comm *comm;          /* every rank that saves / loads together; NULL = this process alone */
+    const char *layout;     /* save: free text naming the parallel layout ("dp=2,tp=2"), stored */
+    int keep;               /* save: step directories to keep, newest first; 0 = 3, < 0 = all */
+    const char *step_dir;   /* load: a step directory name under dir ("step_00000100"); NULL = the
+                               one `latest` names */
+    dt_ckpt_hook_fn hook;
+    void *hook_user;
+} dt_checkpoint_desc;
+
+/* Collective over desc->comm. opt may be NULL (parameters only); state may be NULL (step =
+   opt->step, or 0). */
+DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, const dt_checkpoint_desc *desc, dt_params *ps, dt_optimizer *opt,
+                                    const dt_train_state *state);
+/* Collective over desc->comm. Loads into ps (each parameter's own slice, by name), opt (state,
+   master weights, step, loss scaler; NULL = parameters only) and *state (NULL = not needed).
+   A bf16 / f16 parameter saved with an f32 master gets master and value; an f32 parameter
+   loaded from a checkpoint of bf16 master mode takes the master. */
+DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, const dt_checkpoint_desc *desc, dt_params *ps, dt_optimizer *opt,
+                                    dt_train_state *state);
+
+/* XXH64 (seed 0) of n bytes: the checksum the manifest records for each file. Streaming form:
+   dt_xxh64_init, _update (any split of the bytes), _final. */
+typedef struct dt_xxh64_state {
+    uint64_t total, v[4];
+    unsigned char mem[32];
+    unsigned mem_size;
+} dt_xxh64_state;
+DT_API void dt_xxh64_init(dt_xxh64_state *s);
+DT_API void dt_xxh64_update(dt_xxh64_state *s, const void *data, size_t n);
+DT_API uint64_t dt_xxh64_final(const dt_xxh64_state *s);
+DT_API uint64_t dt_xxh64(const void *data, size_t n);
+
+/* ---------------------------------------------------------------- memory */
+
+/* High-water mark of the ctx allocator (host + device bytes of the ctx's tensors). */
+DT_API size_t dt_peak_bytes(const dt_ctx *ctx);
+/* Starts a new measurement: the peak becomes the bytes in use now. */
+DT_API void dt_reset_peak_bytes(dt_ctx *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_OPT_H */
+
+/* ============================================================================================
+   Implementation
+   ============================================================================================ */
+#if defined(DT_IMPLEMENTATION) && !defined(DT_OPT_IMPLEMENTATION)
+#define DT_OPT_IMPLEMENTATION
+#endif
+#ifdef DT_OPT_IMPLEMENTATION
+#ifndef DT_OPT_IMPLEMENTATION_DONE
+#define DT_OPT_IMPLEMENTATION_DONE
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__unix__) || defined(__APPLE__)
+/* POSIX file and directory calls for the checkpoints: raw fds (write/read/fsync without stdio
+   buffering), mkdir, opendir. These headers declare them even under strict -std=c99. */
+#define DT__OPT_POSIX 1
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DT__OTRY(x) do { dt_status dt__os = (x); if (dt__os) return dt__os; } while (0)
+#define DT__PI 3.14159265358979323846
+
+static int dt__ofinite(double x) { return x == x && x != HUGE_VAL && x != -HUGE_VAL; }
+
+/* ---------------------------------------------------------------- update math */
+
+DT_API void dt_sgd_update(float *w, const float *g, float *buf, int64_t n, double lr, double momentum,
+                          double dampening, double weight_decay, int nesterov, int first) {
+    const float lrf = (float)lr, mom = (float)momentum, damp = (float)(1.0 - dampening);
+    const float wd = (float)weight_decay;
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        float d = g[i];
+        if (wd != 0.0f) d += wd * w[i];
+        if (mom != 0.0f) {
+            float b = first ? d : mom * buf[i] + damp * d;
+            buf[i] = b;
+            d = nesterov ? d + mom * b : b;
+        }
+        w[i] -= lrf * d;
+    }
+}
+
+DT_API void dt_adam_update(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
+                           double beta2, double eps, double weight_decay, int decoupled, int64_t t) {
+    /* the per-step scalars in double, rounded once (PyTorch computes them in Python floats) */
+    const double bc1 = 1.0 - pow(beta1, (double)t), bc2 = 1.0 - pow(beta2, (double)t);
+    const float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    const float b1 = (float)beta1, omb1 = (float)(1.0 - beta1), b2 = (float)beta2, omb2 = (float)(1.0 - beta2);
+    const float epsf = (float)eps, l2 = decoupled ? 0.0f : (float)weight_decay;
+    const float decay = (float)(1.0 - lr * weight_decay);
+    const int decay_on = decoupled && weight_decay != 0.0;
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        float wi = w[i], gi = g[i], mi, vi, denom;
+        if (l2 != 0.0f) gi += l2 * wi;
+        if (decay_on) wi *= decay;
+        mi = b1 * m[i] + omb1 * gi;
+        vi = b2 * v[i] + omb2 * (gi * gi);
+        m[i] = mi;
+        v[i] = vi;
+        denom = sqrtf(vi) / bc2_sqrt + epsf;
+        w[i] = wi - step_size * (mi / denom);
+    }
+}
+
+DT_API void dt_adagrad_update(float *w, const float *g, float *sum, int64_t n, double lr, double lr_decay,
+                              double weight_decay, double eps, int64_t t) {
+    const float clr = (float)(lr / (1.0 + (double)(t - 1) * lr_decay));
+    const float wd = (float)weight_decay, epsf = (float)eps;
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        float gi = g[i], s;
+        if (wd != 0.0f) gi += wd * w[i];
+        s = sum[i] + gi * gi;
+        sum[i] = s;
+        w[i] -= clr * (gi / (sqrtf(s) + epsf));
+    }
+}
+
+/* ---------------------------------------------------------------- schedules */
+
+/* NULL when s is valid, else what is wrong (for the error message). */
+static const char *dt__lr_problem(const dt_lr_schedule *s, char *buf, size_t n) {
+    int64_t decay;
+    if ((int)s->kind < 0 || s->kind >= DT_LR_KIND_COUNT)
+        snprintf(buf, n, "kind = %d is not a dt_lr_kind", (int)s->kind);
+    else if (!(s->lr > 0) || !dt__ofinite(s->lr))
+        snprintf(buf, n, "lr = %g; expected a finite value > 0", s->lr);
+    else if (!(s->min_lr >= 0) || s->min_lr > s->lr)
+        snprintf(buf, n, "min_lr = %g; expected 0 <= min_lr <= lr (%g)", s->min_lr, s->lr);
+    else if (s->warmup_steps < 0)
+        snprintf(buf, n, "warmup_steps = %lld; expected >= 0", (long long)s->warmup_steps);
+    else if (s->kind > DT_LR_CONSTANT && s->total_steps <= s->warmup_steps)
+        snprintf(buf, n, "total_steps = %lld; expected > warmup_steps (%lld) for a decaying schedule",
+                 (long long)s->total_steps, (long long)s->warmup_steps);
+    else if (s->kind == DT_LR_WSD && s->decay_steps < 0)
+        snprintf(buf, n, "decay_steps = %lld; expected >= 0", (long long)s->decay_steps);
+    else if (s->kind == DT_LR_WSD &&
+             (decay = s->decay_steps ? s->decay_steps : (s->total_steps / 10 > 0 ? s->total_steps / 10 : 1)) >
+                 s->total_steps - s->warmup_steps)
+        snprintf(buf, n, "decay_steps = %lld; expected <= total_steps - warmup_steps (%lld)", (long long)decay,
+                 (long long)(s->total_steps - s->warmup_steps));
+    else
+        return NULL;
+    return buf;
+}
+
+DT_API double dt_lr_at(const dt_lr_schedule *s, int64_t step) {
+    char why[160];
+    double lr, lo, r;
+    int64_t warm, total, decay, start;
+    if (!s || step < 0 || dt__lr_problem(s, why, sizeof why)) return NAN;
+    lr = s->lr;
+    lo = s->min_lr;
+    warm = s->warmup_steps;
+    total = s->total_steps;
+    if (step < warm) return lr * (double)(step + 1) / (double)warm;
+    switch (s->kind) {
+    case DT_LR_COSINE:
+    case DT_LR_LINEAR:
+        r = (double)(step - warm) / (double)(total - warm);
+        if (r >= 1.0) return lo;
+        return s->kind == DT_LR_COSINE ? lo + (lr - lo) * 0.5 * (1.0 + cos(DT__PI * r)) : lo + (lr - lo) * (1.0 - r);
+    case DT_LR_WSD:
+        decay = s->decay_steps ? s->decay_steps : (total / 10 > 0 ? total / 10 : 1);
+        start = total - decay;
+        if (step < start) return lr;
+        r = (double)(step - start) / (double)decay;
+        return r >= 1.0 ? lo : lo + (lr - lo) * (1.0 - r);
+    default:
+        return lr;
+    }
+}
+
+DT_API dt_status dt_lr_schedule_check(dt_ctx *ctx, const dt_lr_schedule *s) {
+    char why[160];
+    if (!ctx) return DT_ERR_ARG;
+    if (!s) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_lr_schedule_check: s is NULL");
+    if (dt__lr_problem(s, why, sizeof why))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_lr_schedule_check: schedule.%s", why);
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- loss scaling */
+
+DT_API dt_status dt_loss_scaler_init(dt_ctx *ctx, dt_loss_scaler *s, const dt_loss_scale_desc *desc) {
+    const char *fn = "dt_loss_scaler_init";
+    dt_loss_scale_desc d;
+    if (!ctx) return DT_ERR_ARG;
+    if (!s) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: s is NULL", fn);
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if ((int)d.mode < 0 || d.mode >= DT_LOSS_SCALE_MODE_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.mode = %d is not a dt_loss_scale_mode", fn, (int)d.mode);
+    if (!(d.init_scale >= 0) || !dt__ofinite(d.init_scale))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.init_scale = %g; expected a finite value > 0 (0 = 65536)",
+                                fn, d.init_scale);
+    if (d.growth_factor != 0 && (!(d.growth_factor > 1) || !dt__ofinite(d.growth_factor)))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.growth_factor = %g; expected > 1 (0 = 2)", fn,
+                                d.growth_factor);
+    if (d.backoff_factor != 0 && !(d.backoff_factor > 0 && d.backoff_factor < 1))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.backoff_factor = %g; expected 0 < backoff < 1 (0 = 0.5)",
+                                fn, d.backoff_factor);
+    if (d.growth_interval < 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.growth_interval = %d; expected > 0 (0 = 2000)", fn,
+                                d.growth_interval);
+    memset(s, 0, sizeof *s);
+    s->mode = d.mode == DT_LOSS_SCALE_DEFAULT ? DT_LOSS_SCALE_NONE : d.mode;
+    s->scale = s->mode == DT_LOSS_SCALE_NONE ? 1.0 : d.init_scale > 0 ? d.init_scale : 65536.0;
+    s->growth_factor = d.growth_factor > 0 ? d.growth_factor : 2.0;
+    s->backoff_factor = d.backoff_factor > 0 ? d.backoff_factor : 0.5;
+    s->growth_interval = d.growth_interval > 0 ? d.growth_interval : 2000;
+    return DT_OK;
+}
+
+DT_API void dt_loss_scaler_update(dt_loss_scaler *s, int found_inf) {
+    if (!s || s->mode == DT_LOSS_SCALE_NONE) return;
+    if (found_inf) s->skipped++;
+    if (s->mode != DT_LOSS_SCALE_DYNAMIC) return;
+    if (found_inf) {
+        s->scale *= s->backoff_factor;
+        s->growth_tracker = 0;
+    } else if (++s->growth_tracker == s->growth_interval) {
+        double grown = s->scale * s->growth_factor;
+        if (dt__ofinite(grown)) s->scale = grown; /* as torch._amp_update_scale_: never grow to inf */
+        s->growth_tracker = 0;
+    }
+}
+
+/* One pass over a gradient: multiplies by mul when `scale` is set, ORs "saw inf or NaN" into
+   *bad (by the exponent bits, so -ffast-math cannot fold it away) and returns the sum of
+   squares in double, in index order. */
+static double dt__grad_pass(float *g, int64_t n, float mul, int scale, int *bad) {
+    double s = 0.0;
+    uint32_t nonfinite = 0;
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        float x = g[i];
+        uint32_t u;
+        if (scale) {
+            x *= mul;
+            g[i] = x;
+        }
+        memcpy(&u, &x, 4);
+        nonfinite |= (u & 0x7f800000u) == 0x7f800000u;
+        s += (double)x * (double)x;
+    }
+    if (nonfinite) *bad = 1;
+    return s;
+}
+
+static int dt__comm_size(dt_comm *c) { return c ? dt_comm_size(c) : 1; }
+
+/* found_inf agreed by every rank of comm: one all-reduce (MAX) of the flag. */
+static dt_status dt__agree_flag(dt_comm *comm, int *flag) {
+    double v = *flag ? 1.0 : 0.0;
+    if (dt__comm_size(comm) > 1) DT__OTRY(dt_comm_allreduce_f64(comm, &v, 1, DT_REDUCE_MAX));
+    *flag = v != 0.0;
+    return DT_OK;
+}
+
+static dt_status dt__check_grads(dt_ctx *ctx, const dt_params *ps, const char *fn) {
+    int i;
+    if (!ps) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ps is NULL", fn);
+    for (i = 0; i < ps->count; i++) {
+        const dt_param *p = ps->items[i];
+        if (p->grad.dtype != DT_F32 || p->grad.device == DT_CUDA_DEVICE || !p->grad.data)
+            return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: \"%s\" grad is %s on %s; expected an f32 CPU tensor", fn,
+                                    p->name, dt_dtype_name(p->grad.dtype), dt_device_name(p->grad.device));
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_loss_scaler_unscale(dt_ctx *ctx, dt_loss_scaler *s, dt_params *ps, dt_comm *comm,
+                                        int *found_inf) {
+    const char *fn = "dt_loss_scaler_unscale";
+    int i, bad = 0;
+    float mul;
+    if (!ctx) return DT_ERR_ARG;
+    if (!s || !found_inf) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, s ? "found_inf" : "s");
+    DT__OTRY(dt__check_grads(ctx, ps, fn));
+    *found_inf = 0;
+    if (s->mode == DT_LOSS_SCALE_NONE) return DT_OK;
+    mul = (float)(1.0 / s->scale); /* GradScaler: inv_scale = scale.double().reciprocal().float() */
+    for (i = 0; i < ps->count; i++)
+        dt__grad_pass((float *)ps->items[i]->grad.data, ps->items[i]->grad.numel, mul, s->scale != 1.0, &bad);
+    DT__OTRY(dt__agree_flag(comm, &bad));
+    *found_inf = bad;
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- gradient norm and clipping */
+
+static dt_comm *dt__param_comm(const dt_grad_norm_desc *d, int i) {
+    if (!d) return NULL;
+    if (d->param_comms && d->param_comms[i]) return d->param_comms[i];
+    return d->shard_comm;
+}
+
+static dt_status dt__norm_check(dt_ctx *ctx, const dt_params *ps, const dt_grad_norm_desc *d, const char *fn) {
+    int i;
+    for (i = 0; i < ps->count; i++) {
+        const dt_param *p = ps->items[i];
+        if (p->sharded && !dt__param_comm(d, i))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: \"%s\" is sharded (a slice of a larger tensor) but the norm's "
+                                    "shard_comm is NULL; give the comm it is split over (tensor-parallel group, "
+                                    "...) so its slices are summed once", fn, p->name);
+    }
+    return DT_OK;
+}
+
+/* norm^2 = sum over non-sharded of sq[i] + for each shard comm (in order of first use, shard_comm
+   first), all-reduce-sum of its sharded sq[i]; then summed over stage_comm. */
+static dt_status dt__norm_combine(dt_ctx *ctx, const dt_params *ps, const dt_grad_norm_desc *d, const double *sq,
+                                  double *norm, const char *fn) {
+    double total = 0.0, part;
+    dt_comm *c, *prev;
+    int i, j, seen;
+    DT__OTRY(dt__norm_check(ctx, ps, d, fn));
+    for (i = 0; i < ps->count; i++)
+        if (!ps->items[i]->sharded) total += sq[i];
+    /* each distinct comm once, in a fixed order every rank of it agrees on */
+    for (i = -1; i < ps->count; i++) {
+        if (i < 0) c = d ? d->shard_comm : NULL;
+        else c = ps->items[i]->sharded ? dt__param_comm(d, i) : NULL;
+        if (!c) continue;
+        seen = i >= 0 && d && c == d->shard_comm;
+        for (j = 0; j < i && !seen; j++) {
+            prev = ps->items[j]->sharded ? dt__param_comm(d, j) : NULL;
+            seen = prev == c;
+        }
+        if (seen) continue;
+        part = 0.0;
+        for (j = 0; j < ps->count; j++)
+            if (ps->items[j]->sharded && dt__param_comm(d, j) == c) part += sq[j];
+        if (dt_comm_size(c) > 1) DT__OTRY(dt_comm_allreduce_f64(c, &part, 1, DT_REDUCE_SUM));
+        total += part;
+    }
+    if (d && d->stage_comm && dt_comm_size(d->stage_comm) > 1)
+        DT__OTRY(dt_comm_allreduce_f64(d->stage_comm, &total, 1, DT_REDUCE_SUM));
+    *norm = sqrt(total);
+    return DT_OK;
+}
+
+static double *dt__sumsqs(dt_ctx *ctx, const dt_params *ps) {
+    double *sq = (double *)dt_alloc(ctx, (size_t)(ps->count + 1) * sizeof(double));
+    int i, bad = 0;
+    if (!sq) return NULL;
+    for (i = 0; i < ps->count; i++)
+        sq[i] = dt__grad_pass((float *)ps->items[i]->grad.data, ps->items[i]->grad.numel, 1.0f, 0, &bad);
+    return sq;
+}
+
+DT_API dt_status dt_grad_norm(dt_ctx *ctx, const dt_params *ps, const dt_grad_norm_desc *desc, double *norm) {
+    const char *fn = "dt_grad_norm";
+    double *sq;
+    dt_status st;
+    if (!ctx) return DT_ERR_ARG;
+    if (!norm) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: norm is NULL", fn);
+    DT__OTRY(dt__check_grads(ctx, ps, fn));
+    DT__OTRY(dt__norm_check(ctx, ps, desc, fn));
+    if (!(sq = dt__sumsqs(ctx, ps))) return DT_ERR_OOM;
+    st = dt__norm_combine(ctx, ps, desc, sq, norm, fn);
+    dt_release(ctx, sq);
+    return st;
+}
+
+static void dt__scale_grads(dt_params *ps, float coef) {
+    int i;
+    int64_t k;
+    for (i = 0; i < ps->count; i++) {
+        float *g = (float *)ps->items[i]->grad.data;
+        for (k = 0; k < ps->items[i]->grad.numel; k++) g[k] *= coef;
+    }
+}
+
+/* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1. */
+static void dt__clip(dt_params *ps, double max_norm, double norm) {
+    double coef = max_norm / (norm + 1e-6);
+    if (dt__ofinite(norm) && coef < 1.0) dt__scale_grads(ps, (float)coef);
+}
+
+DT_API dt_status dt_clip_grad_norm(dt_ctx *ctx, dt_params *ps, const dt_grad_norm_desc *desc, double max_norm,
+                                   double *norm) {
+    double n = 0.0;
+    if (!ctx) return DT_ERR_ARG;
+    if (!(max_norm > 0) || !dt__ofinite(max_norm))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_clip_grad_norm: max_norm = %g; expected a finite value > 0",
+                                max_norm);
+    DT__OTRY(dt_grad_norm(ctx, ps, desc, &n));
+    dt__clip(ps, max_norm, n);
+    if (norm) *norm = n;
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- optimizer */
+
+static const char *dt__opt_kind_name(dt_opt_kind k) {
+    switch (k) {
+    case DT_OPT_SGD: return "sgd";
+    case DT_OPT_ADAM: return "adam";
+    case DT_OPT_ADAMW: return "adamw";
+    case DT_OPT_ADAGRAD: return "adagrad";
+    default: return "invalid";
+    }
+}
+
+/* PyTorch's names of the per-parameter state, as state_dict()["state"][i] has them. */
+static const char *dt__opt_state_name(dt_opt_kind k, int i) {
+    switch (k) {
+    case DT_OPT_SGD: return i == 0 ? "momentum_buffer" : NULL;
+    case DT_OPT_ADAM: case DT_OPT_ADAMW: return i == 0 ? "exp_avg" : "exp_avg_sq";
+    case DT_OPT_ADAGRAD: return i == 0 ? "sum" : NULL;
+    default: return NULL;
+    }
+}
+
+/* 0 = default, DT_OPT_ZERO = 0, anything else as given. */
+static double dt__pick(double v, double dflt) { return v == DT_OPT_ZERO ? 0.0 : v == 0.0 ? dflt : v; }
+
+static dt_status dt__nonneg(dt_ctx *ctx, const char *fn, const char *field, double v) {
+    if (v >= 0 && dt__ofinite(v)) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.%s = %g; expected a finite value >= 0", fn, field, v);
+}
+
+static dt_status dt__opt_resolve(dt_ctx *ctx, dt_opt_desc *d, const char *fn) {
+    char why[160], field[48];
+    int k, adagrad, adamw;
+    if ((int)d->kind < 0 || d->kind >= DT_OPT_KIND_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.kind = %d is not a dt_opt_kind", fn, (int)d->kind);
+    if (d->kind == DT_OPT_DEFAULT) d->kind = DT_OPT_ADAMW;
+    adagrad = d->kind == DT_OPT_ADAGRAD;
+    adamw = d->kind == DT_OPT_ADAMW;
+    DT__OTRY(dt__nonneg(ctx, fn, "lr", d->lr));
+    DT__OTRY(dt__nonneg(ctx, fn, "weight_decay", d->weight_decay));
+    DT__OTRY(dt__nonneg(ctx, fn, "eps", d->eps));
+    DT__OTRY(dt__nonneg(ctx, fn, "momentum", d->momentum));
+    DT__OTRY(dt__nonneg(ctx, fn, "lr_decay", d->lr_decay));
+    DT__OTRY(dt__nonneg(ctx, fn, "initial_accumulator_value", d->initial_accumulator_value));
+    DT__OTRY(dt__nonneg(ctx, fn, "clip_norm", d->clip_norm));
+    if (!(d->beta1 >= 0 && d->beta1 < 1))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.beta1 = %g; expected 0 <= beta1 < 1", fn, d->beta1);
+    if (!(d->beta2 >= 0 && d->beta2 < 1))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.beta2 = %g; expected 0 <= beta2 < 1", fn, d->beta2);
+    if (!(d->dampening >= 0 && d->dampening <= 1))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.dampening = %g; expected 0 <= dampening <= 1", fn,
+                                d->dampening);
+    if (d->accum_steps < 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.accum_steps = %d; expected >= 1 (0 = 1)", fn,
+                                d->accum_steps);
+    d->lr = dt__pick(d->lr, adagrad ? 1e-2 : 1e-3);
+    d->weight_decay = dt__pick(d->weight_decay, adamw ? 1e-2 : 0.0);
+    d->beta1 = dt__pick(d->beta1, 0.9);
+    d->beta2 = dt__pick(d->beta2, 0.999);
+    d->eps = dt__pick(d->eps, adagrad ? 1e-10 : 1e-8);
+    d->momentum = dt__pick(d->momentum, 0.0);
+    d->dampening = dt__pick(d->dampening, 0.0);
+    d->lr_decay = dt__pick(d->lr_decay, 0.0);
+    d->initial_accumulator_value = dt__pick(d->initial_accumulator_value, 0.0);
+    if (d->accum_steps == 0) d->accum_steps = 1;
+    if (d->nesterov && (d->momentum <= 0 || d->dampening != 0))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.nesterov needs momentum > 0 and dampening 0 (momentum = %g, "
+                                "dampening = %g)", fn, d->momentum, d->dampening);
+    for (k = 0; k < DT_OPT_MAX_GROUPS; k++) {
+        snprintf(field, sizeof field, "groups[%d].lr_scale", k);
+        DT__OTRY(dt__nonneg(ctx, fn, field, d->groups[k].lr_scale));
+        snprintf(field, sizeof field, "groups[%d].weight_decay", k);
+        DT__OTRY(dt__nonneg(ctx, fn, field, d->groups[k].weight_decay));
+        d->groups[k].lr_scale = dt__pick(d->groups[k].lr_scale, 1.0);
+        d->groups[k].weight_decay = dt__pick(d->groups[k].weight_decay, d->weight_decay);
+    }
+    if (d->schedule.lr == 0) d->schedule.lr = d->lr;
+    if (dt__lr_problem(&d->schedule, why, sizeof why))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.schedule.%s", fn, why);
+    return DT_OK;
+}
+
+static dt_status dt__opt_check_params(dt_ctx *ctx, dt_params *ps, const dt_opt_desc *d, const char *fn) {
+    int i;
+    DT__OTRY(dt__check_grads(ctx, ps, fn));
+    for (i = 0; i < ps->count; i++) {
+        const dt_param *p = ps->items[i];
+        dt_dtype t = p->value.dtype;
+        if (p->value.device == DT_CUDA_DEVICE)
+            return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: \"%s\" is on cuda; this optimizer updates CPU tensors "
+                                    "(the CUDA kernels are not in this build)", fn, p->name);
+        if (t != DT_F32 && t != DT_BF16 && t != DT_F16)
+            return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: \"%s\" value is %s; expected f32, bf16 or f16", fn, p->name,
+                                    dt_dtype_name(t));
+        if (p->grad.numel != p->value.numel)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\" grad has %lld elements, value %lld", fn, p->name,
+                                    (long long)p->grad.numel, (long long)p->value.numel);
+        if (p->group < 0 || p->group >= DT_OPT_MAX_GROUPS)
+            return dt_ctx_set_error(ctx, DT_ERR_RANGE, "%s: \"%s\" has group %d; expected 0 <= group < %d "
+                                    "(DT_OPT_MAX_GROUPS)", fn, p->name, p->group, DT_OPT_MAX_GROUPS);
+    }
+    return dt__norm_check(ctx, ps, &d->norm, fn);
+}
+
+static dt_status dt__tensor_like(dt_ctx *ctx, dt_tensor *t, const dt_tensor *like, dt_dtype dtype) {
+    dt_tensor_desc td;
+    int i;
+    memset(&td, 0, sizeof td);
+    td.dtype = dtype;
+    td.device = DT_CPU;
+    for (i = 0; i < like->ndim; i++) td.shape[i] = like->shape[i];
+    return dt_tensor_create(ctx, t, &td);
+}
+
+DT_API void dt_opt_free(dt_optimizer *opt) {
+    int i, k;
+    dt_ctx *ctx;
+    if (!opt) return;
+    ctx = opt->ctx;
+    for (i = 0; i < opt->n_slots; i++) {
+        dt_tensor_free(ctx, &opt->slots[i].master);
+        for (k = 0; k < 2; k++) dt_tensor_free(ctx, &opt->slots[i].state[k]);
+    }
+    dt_release(ctx, opt->slots);
+    dt_release(ctx, opt);
+}
+
+DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_params *ps, const dt_opt_desc *desc, dt_optimizer **out) {
+    const char *fn = "dt_opt_create";
+    dt_optimizer *opt;
+    dt_opt_desc d;
+    dt_status st = DT_OK;
+    int i, k, n_state, any_f16 = 0;
+    if (!ctx) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!ps || !desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, ps ? "desc" : "ps");
+    d = *desc;
+    DT__OTRY(dt__opt_resolve(ctx, &d, fn));
+    DT__OTRY(dt__opt_check_params(ctx, ps, &d, fn));
+    for (i = 0; i < ps->count; i++) any_f16 |= ps->items[i]->value.dtype == DT_F16;
+    if (d.loss_scale.mode == DT_LOSS_SCALE_DEFAULT && any_f16) d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC;
+    opt = (dt_optimizer *)dt_alloc(ctx, sizeof *opt);
+    if (!opt) return DT_ERR_OOM;
+    memset(opt, 0, sizeof *opt);
+    opt->ctx = ctx;
+    opt->params = ps;
+    st = dt_loss_scaler_init(ctx, &opt->scaler, &d.loss_scale);
+    if (st) { dt_release(ctx, opt); return st; }
+    d.loss_scale.mode = opt->scaler.mode;
+    opt->desc = d;
+    opt->slots = (dt_opt_slot *)dt_alloc(ctx, (size_t)(ps->count + 1) * sizeof(dt_opt_slot));
+    if (!opt->slots) { dt_release(ctx, opt); return DT_ERR_OOM; }
+    memset(opt->slots, 0, (size_t)(ps->count + 1) * sizeof(dt_opt_slot));
+    n_state = d.kind == DT_OPT_SGD ? (d.momentum != 0 ? 1 : 0) : d.kind == DT_OPT_ADAGRAD ? 1 : 2;
+    for (i = 0; i < ps->count && !st; i++) {
+        dt_opt_slot *s = &opt->slots[i];
+        dt_param *p = ps->items[i];
+        s->param = p;
+        opt->n_slots = i + 1;
+        if (p->value.dtype != DT_F32) {
+            st = dt__tensor_like(ctx, &s->master, &p->value, DT_F32);
+            if (!st) st = dt_tensor_cast(ctx, &s->master, &p->value); /* exact: bf16/f16 -> f32 */
+        }
+        for (k = 0; k < n_state && !st; k++) st = dt__tensor_like(ctx, &s->state[k], &p->value, DT_F32);
+        if (!st && d.kind == DT_OPT_ADAGRAD && d.initial_accumulator_value != 0)
+            st = dt_tensor_fill(ctx, &s->state[0], d.initial_accumulator_value);
+    }
+    if (st) { dt_opt_free(opt); return st; }
+    *out = opt;
+    return DT_OK;
+}
+
+DT_API double dt_opt_lr(const dt_optimizer *opt) { return opt ? dt_lr_at(&opt->desc.schedule, opt->step) : NAN; }
+
+DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, dt_bucketer *b, int micro, float *dloss) {
+    int n;
+    if (!opt) return DT_ERR_ARG;
+    n = opt->desc.accum_steps;
+    if (micro < 0 || micro >= n)
+        return dt_ctx_set_error(opt->ctx, DT_ERR_RANGE, "dt_opt_micro_begin: micro = %d; expected 0 <= micro < "
+                                "accum_steps (%d)", micro, n);
+    if (b) dt_bucketer_set_sync(b, micro == n - 1);
+    if (dloss) *dloss = (float)(opt->scaler.scale / n);
+    return DT_OK;
+}
+
+static dt_status dt__opt_check_state(dt_optimizer *opt, const char *fn) {
+    int i;
+    if (opt->params->count != opt->n_slots)
+        return dt_ctx_set_error(opt->ctx, DT_ERR_STATE, "%s: the parameter set has %d parameters; the optimizer was "
+                                "created for %d", fn, opt->params->count, opt->n_slots);
+    for (i = 0; i < opt->n_slots; i++)
+        if (opt->params->items[i] != opt->slots[i].param)
+            return dt_ctx_set_error(opt->ctx, DT_ERR_STATE, "%s: parameter %d is not the one the optimizer was created "
+                                    "for (\"%s\")", fn, i, opt->slots[i].param->name);
+    return DT_OK;
+}
+
+/* One parameter: its group's lr and decay, the update on the f32 master (or the value itself),
+   then the working copy re-cast from the master. */
+static void dt__opt_update_slot(dt_optimizer *opt, dt_opt_slot *s, double lr_base) {
+    const dt_opt_desc *d = &opt->desc;
+    dt_param *p = s->param;
+    const dt_opt_group *g = &d->groups[p->group];
+    double lr = lr_base * g->lr_scale, wd = p->no_decay ? 0.0 : g->weight_decay;
+    float *w = (float *)(s->master.data ? s->master.data : p->value.data);
+    const float *gr = (const float *)p->grad.data;
+    float *s0 = (float *)s->state[0].data, *s1 = (float *)s->state[1].data;
+    int64_t n = p->value.numel, t = opt->step + 1, i;
+    switch (d->kind) {
+    case DT_OPT_SGD:
+        dt_sgd_update(w, gr, s0, n, lr, d->momentum, d->dampening, wd, d->nesterov, t == 1);
+        break;
+    case DT_OPT_ADAM: case DT_OPT_ADAMW:
+        dt_adam_update(w, gr, s0, s1, n, lr, d->beta1, d->beta2, d->eps, wd, d->kind == DT_OPT_ADAMW, t);
+        break;
+    default:
+        dt_adagrad_update(w, gr, s0, n, lr, d->lr_decay, wd, d->eps, t);
+        break;
+    }
+    if (p->value.dtype == DT_BF16) {
+        uint16_t *h = (uint16_t *)p->value.data;
+        for (i = 0; i < n; i++) h[i] = dt_f32_to_bf16(w[i]);
+    } else if (p->value.dtype == DT_F16) {
+        uint16_t *h = (uint16_t *)p->value.data;
+        for (i = 0; i < n; i++) h[i] = dt_f32_to_f16(w[i]);
+    }
+}
+
+DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
+    const char *fn = "dt_opt_step";
+    dt_opt_step_info inf;
+    dt_params *ps;
+    dt_ctx *ctx;
+    double *sq, lr;
+    int i, bad = 0, scaling;
+    float mul;
+    dt_status st = DT_OK;
+    if (!opt) return DT_ERR_ARG;
+    ctx = opt->ctx;
+    ps = opt->params;
+    DT__OTRY(dt__opt_check_state(opt, fn));
+    memset(&inf, 0, sizeof inf);
+    lr = dt_opt_lr(opt);
+    inf.lr = lr;
+    inf.loss_scale = opt->scaler.scale;
+    scaling = opt->scaler.mode != DT_LOSS_SCALE_NONE;
+    mul = (float)(1.0 / opt->scaler.scale);
+    if (!(sq = (double *)dt_alloc(ctx, (size_t)(ps->count + 1) * sizeof(double)))) return DT_ERR_OOM;
+    /* 1. one pass per grad: unscale, look for inf/nan, sum of squares */
+    for (i = 0; i < ps->count; i++)
+        sq[i] = dt__grad_pass((float *)ps->items[i]->grad.data, ps->items[i]->grad.numel, mul,
+                              scaling && opt->scaler.scale != 1.0, &bad);
+    if (scaling) {
+        st = dt__agree_flag(opt->desc.comm, &bad);
+        if (!st && bad) {
+            dt_loss_scaler_update(&opt->scaler, 1);
+            inf.skipped = 1;
+            inf.grad_norm = HUGE_VAL;
+        }
+    }
+    /* 2. global norm, 3. clip, 4. update */
+    if (!st && !inf.skipped) st = dt__norm_combine(ctx, ps, &opt->desc.norm, sq, &inf.grad_norm, fn);
+    if (!st && !inf.skipped) {
+        if (opt->desc.clip_norm > 0) dt__clip(ps, opt->desc.clip_norm, inf.grad_norm);
+        for (i = 0; i < opt->n_slots; i++) dt__opt_update_slot(opt, &opt->slots[i], lr);
+        opt->step++;
+        if (scaling) dt_loss_scaler_update(&opt->scaler, 0);
+    }
+    dt_release(ctx, sq);
+    if (info) *info = inf;
+    return st;
+}
+
+/* ---------------------------------------------------------------- XXH64 */
+
+#define DT__P1 0x9E3779B185EBCA87ULL
+#define DT__P2 0xC2B2AE3D27D4EB4FULL
+#define DT__P3 0x165667B19E3779F9ULL
+#define DT__P4 0x85EBCA77C2B2AE63ULL
+#define DT__P5 0x27D4EB2F165667C5ULL
+
+static uint64_t dt__rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+static uint64_t dt__rd64(const unsigned char *p) {
+    return (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24 |
+           (uint64_t)p[4] << 32 | (uint64_t)p[5] << 40 | (uint64_t)p[6] << 48 | (uint64_t)p[7] << 56;
+}
+static uint32_t dt__rd32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t dt__xxround(uint64_t acc, uint64_t in) { return dt__rotl64(acc + in * DT__P2, 31) * DT__P1; }
+static uint64_t dt__xxmerge(uint64_t h, uint64_t v) { return (h ^ dt__xxround(0, v)) * DT__P1 + DT__P4; }
+
+DT_API void dt_xxh64_init(dt_xxh64_state *s) {
+    memset(s, 0, sizeof *s);
+    s->v[0] = DT__P1 + DT__P2;
+    s->v[1] = DT__P2;
+    s->v[2] = 0;
+    s->v[3] = 0 - DT__P1;
+}
+
+DT_API void dt_xxh64_update(dt_xxh64_state *s, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data, *end = p + n;
+    uint64_t v0, v1, v2, v3;
+    if (!s || !n) return;
+    s->total += n;
+    if (s->mem_size + n < 32) {
+        memcpy(s->mem + s->mem_size, p, n);
+        s->mem_size += (unsigned)n;
+        return;
+    }
+    if (s->mem_size) { /* complete the buffered stripe */
+        size_t k = 32 - s->mem_size;
+        memcpy(s->mem + s->mem_size, p, k);
+        s->v[0] = dt__xxround(s->v[0], dt__rd64(s->mem));
+        s->v[1] = dt__xxround(s->v[1], dt__rd64(s->mem + 8));
+        s->v[2] = dt__xxround(s->v[2], dt__rd64(s->mem + 16));
+        s->v[3] = dt__xxround(s->v[3], dt__rd64(s->mem + 24));
+        p += k;
+        s->mem_size = 0;
+    }
+    /* four independent lanes: the loop runs at several bytes per cycle */
+    v0 = s->v[0]; v1 = s->v[1]; v2 = s->v[2]; v3 = s->v[3];
+    while (end - p >= 32) {
+        v0 = dt__xxround(v0, dt__rd64(p));
+        v1 = dt__xxround(v1, dt__rd64(p + 8));
+        v2 = dt__xxround(v2, dt__rd64(p + 16));
+        v3 = dt__xxround(v3, dt__rd64(p + 24));
+        p += 32;
+    }
+    s->v[0] = v0; s->v[1] = v1; s->v[2] = v2; s->v[3] = v3;
+    if (p < end) {
+        memcpy(s->mem, p, (size_t)(end - p));
+        s->mem_size = (unsigned)(end - p);
+    }
+}
+
+DT_API uint64_t dt_xxh64_final(const dt_xxh64_state *s) {
+    const unsigned char *p = s->mem, *end = s->mem + s->mem_size;
+    uint64_t h;
+    if (s->total >= 32) {
+        h = dt__rotl64(s->v[0], 1) + dt__rotl64(s->v[1], 7) + dt__rotl64(s->v[2], 12) + dt__rotl64(s->v[3], 18);
+        h = dt__xxmerge(h, s->v[0]);
+        h = dt__xxmerge(h, s->v[1]);
+        h = dt__xxmerge(h, s->v[2]);
+        h = dt__xxmerge(h, s->v[3]);
+    } else {
+        h = s->v[2] + DT__P5; /* v[2] holds the seed, 0 */
+    }
+    h += s->total;
+    for (; end - p >= 8; p += 8) h = dt__rotl64(h ^ dt__xxround(0, dt__rd64(p)), 27) * DT__P1 + DT__P4;
+    if (end - p >= 4) {
+        h = dt__rotl64(h ^ (uint64_t)dt__rd32(p) * DT__P1, 23) * DT__P2 + DT__P3;
+        p += 4;
+    }
+    for (; p < end; p++) h = dt__rotl64(h ^ (uint64_t)*p * DT__P5, 11) * DT__P1;
+    h ^= h >> 33;
+    h *= DT__P2;
+    h ^= h >> 29;
+    h *= DT__P3;
+    h ^= h >> 32;
+    return h;
+}
+
+DT_API uint64_t dt_xxh64(const void *data, size_t n) {
+    dt_xxh64_state s;
+    dt_xxh64_init(&s);
+    dt_xxh64_update(&s, data, n);
+    return dt_xxh64_final(&s);
+}
+
+/* ---------------------------------------------------------------- memory */
+
+DT_API size_t dt_peak_bytes(const dt_ctx *ctx) { return ctx ? ctx->bytes_peak : 0; }
+DT_API void dt_reset_peak_bytes(dt_ctx *ctx) {
+    if (ctx) ctx->bytes_peak = ctx->bytes_in_use;
+}
+
+/* ---------------------------------------------------------------- train state */
+
+DT_API dt_status dt_train_state_set(dt_ctx *ctx, dt_train_state *s, const char *key, const char *value) {
+    const char *fn = "dt_train_state_set";
+    int i;
+    if (!ctx) return DT_ERR_ARG;
+    if (!s || !key || !value)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, !s ? "s" : !key ? "key" : "value");
+    if (!key[0] || strlen(key) >= DT_CKPT_KEY_MAX)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: key \"%s\" has %zu bytes; expected 1..%d", fn, key, strlen(key),
+                                DT_CKPT_KEY_MAX - 1);
+    if (strlen(value) >= DT_CKPT_VALUE_MAX)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: the value of \"%s\" has %zu bytes; expected at most %d", fn, key,
+                                strlen(value), DT_CKPT_VALUE_MAX - 1);
+    for (i = 0; i < s->n_kv && strcmp(s->keys[i], key) != 0; i++) {}
+    if (i == DT_CKPT_MAX_KV)
+        return dt_ctx_set_error(ctx, DT_ERR_RANGE, "%s: \"%s\" would be key number %d; at most %d (DT_CKPT_MAX_KV)", fn,
+                                key, i + 1, DT_CKPT_MAX_KV);
+    memcpy(s->keys[i], key, strlen(key) + 1);
+    memcpy(s->values[i], value, strlen(value) + 1);
+    if (i == s->n_kv) s->n_kv++;
+    return DT_OK;
+}
+
+DT_API const char *dt_train_state_get(const dt_train_state *s, const char *key) {
+    int i;
+    if (!s || !key) return NULL;
+    for (i = 0; i < s->n_kv && i < DT_CKPT_MAX_KV; i++)
+        if (strcmp(s->keys[i], key) == 0) return s->values[i];
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- checkpoints: helpers */
+
+#ifdef DT__OPT_POSIX
+
+#define DT__CK_PATH 4096
+#define DT__CK_NAME (DT_NAME_MAX + 32)
+#define DT__CK_CHUNK ((size_t)1 << 20) /* hash a chunk while it is in cache, then write / after read */
+#define DT__CK_MAX_HEADER ((uint64_t)100 << 20)
+#define DT__CK_VERSION 1
+
+/* snprintf for paths and names: the lengths were checked up front (desc.dir), and a call
+   through va_list keeps -Wformat-truncation from second-guessing each one. */
+static void dt__ck_fmt(char *out, size_t n, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static void dt__ck_fmt(char *out, size_t n, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(out, n, fmt, ap);
+    va_end(ap);
+}
+
+typedef struct dt__ck_sb { /* growable text: headers, index, manifest */
+    dt_ctx *ctx;
+    char *p;
+    size_t len, cap;
+    int failed;
+} dt__ck_sb;
+
+static void dt__ck_add(dt__ck_sb *b, const char *s, size_t n) {
+    if (b->failed) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 1024;
+        char *q;
+        while (cap < b->len + n + 1) cap *= 2;
+        if (!(q = (char *)dt_alloc(b->ctx, cap))) { b->failed = 1; return; }
+        if (b->len) memcpy(q, b->p, b->len);
+        dt_release(b->ctx, b->p);
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+static void dt__ck_str(dt__ck_sb *b, const char *s) { dt__ck_add(b, s, strlen(s)); }
+
+static void dt__ck_json_str(dt__ck_sb *b, const char *s) {
+    size_t need = dt_json_escape(NULL, 0, s);
+    char small[256];
+    char *tmp = need < sizeof small ? small : (char *)dt_alloc(b->ctx, need + 1);
+    if (!tmp) { b->failed = 1; return; }
+    dt_json_escape(tmp, need + 1, s);
+    dt__ck_add(b, tmp, need);
+    if (tmp != small) dt_release(b->ctx, tmp);
+}
+
+static void dt__ck_i64(dt__ck_sb *b, int64_t v) {
+    char num[32];
+    snprintf(num, sizeof num, "%lld", (long long)v);
+    dt__ck_str(b, num);
+}
+
+static void dt__ck_dims(dt__ck_sb *b, int ndim, const int64_t *v) {
+    int d;
+    dt__ck_str(b, "[");
+    for (d = 0; d < ndim; d++) {
+        if (d) dt__ck_str(b, ",");
+        dt__ck_i64(b, v[d]);
+    }
+    dt__ck_str(b, "]");
+}
+
+static const char *dt__ck_dtype(dt_dtype t) { /* safetensors' names */
+    switch (t) {
+    case DT_F32: return "F32"; case DT_BF16: return "BF16"; case DT_F16: return "F16";
+    case DT_I32: return "I32"; case DT_I64: return "I64"; case DT_U8: return "U8";
+    default: return NULL;
+    }
+}
+
+static dt_dtype dt__ck_dtype_from(const char *s) {
+    int t;
+    for (t = DT_F32; t < DT_DTYPE_COUNT && s; t++)
+        if (strcmp(s, dt__ck_dtype((dt_dtype)t)) == 0) return (dt_dtype)t;
+    return DT_DTYPE_COUNT;
+}
+
+static int dt__ck_float(dt_dtype t) { return t == DT_F32 || t == DT_BF16 || t == DT_F16; }
+
+static int64_t dt__ck_numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    int d;
+    for (d = 0; d < ndim; d++) n *= shape[d];
+    return n;
+}
+
+static int dt__ck_count(const dt_json *j, int64_t *out) {
+    if (!j || j->type != DT_JSON_NUMBER || !(j->number >= 0) || j->number > 9007199254740992.0 ||
+        j->number != floor(j->number))
+        return 0;
+    *out = (int64_t)j->number;
+    return 1;
+}
+
+/* A JSON array of at most DT_MAX_DIMS counts. */
+static int dt__ck_dims_from(const dt_json *j, int *ndim, int64_t *dims) {
+    int d;
+    if (!j || j->type != DT_JSON_ARRAY || j->count > DT_MAX_DIMS) return 0;
+    for (d = 0; d < j->count; d++)
+        if (!dt__ck_count(&j->items[d], &dims[d])) return 0;
+    *ndim = j->count;
+    return 1;
+}
+
+static const char *dt__ck_jstr(const dt_json *obj, const char *key) {
+    const dt_json *v = dt_json_get(obj, key);
+    return v && v->type == DT_JSON_STRING ? v->string : NULL;
+}
+
+static int dt__ck_u64(const char *s, uint64_t *out) {
+    uint64_t v = 0;
+    if (!s || !*s) return 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9' || v > (UINT64_MAX - 9) / 10) return 0;
+        v = v * 10 + (uint64_t)(*s - '0');
+    }
+    *out = v;
+    return 1;
+}
+
+static const char *dt__ck_errno(void) { return strerror(errno); }
+
+/* write(2) all of buf, hashing each chunk just before it goes out (it is in cache then). */
+static dt_status dt__ck_write_all(dt_ctx *ctx, int fd, const void *buf, size_t n, dt_xxh64_state *h,
+                                  const char *path, const char *fn) {
+    const char *p = (const char *)buf;
+    while (n > 0) {
+        size_t k = n < DT__CK_CHUNK ? n : DT__CK_CHUNK, off = 0;
+        if (h) dt_xxh64_update(h, p, k);
+        while (off < k) {
+            ssize_t w = write(fd, p + off, k - off);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0)
+                return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: writing %s failed: %s", fn, path,
+                                        w < 0 ? dt__ck_errno() : "no progress");
+            off += (size_t)w;
+        }
+        p += k;
+        n -= k;
+    }
+    return DT_OK;
+}
+
+/* read(2) exactly n bytes (dst NULL: into `scratch`, only to hash them); hashes chunk by chunk. */
+static dt_status dt__ck_read_all(dt_ctx *ctx, int fd, void *dst, size_t n, char *scratch, dt_xxh64_state *h,
+                                 const char *path, const char *fn) {
+    char *p = (char *)dst;
+    while (n > 0) {
+        size_t k = n < DT__CK_CHUNK ? n : DT__CK_CHUNK, off = 0;
+        char *q = p ? p : scratch;
+        while (off < k) {
+            ssize_t r = read(fd, q + off, k - off);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: reading %s failed: %s", fn, path, dt__ck_errno());
+            if (r == 0)
+                return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s ends early (truncated file)", fn, path);
+            off += (size_t)r;
+        }
+        if (h) dt_xxh64_update(h, q, k);
+        if (p) p += k;
+        n -= k;
+    }
+    return DT_OK;
+}
+
+static int dt__ck_fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY), r;
+    if (fd < 0) return -1;
+    r = fsync(fd);
+    close(fd);
+    return r;
+}
+
+/* A small file written whole, fsync'd: the manifest, latest.tmp. */
+static dt_status dt__ck_write_small(dt_ctx *ctx, const char *path, const char *text, size_t n, const char *fn) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    dt_status st;
+    if (fd < 0) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot create %s: %s", fn, path, dt__ck_errno());
+    st = dt__ck_write_all(ctx, fd, text, n, NULL, path, fn);
+    if (!st && fsync(fd) != 0) st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: fsync of %s failed: %s", fn, path, dt__ck_errno());
+    if (close(fd) != 0 && !st) st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: closing %s failed: %s", fn, path, dt__ck_errno());
+    return st;
+}
+
+/* The whole of a small text file, NUL-terminated, from the ctx allocator. */
+static dt_status dt__ck_read_text(dt_ctx *ctx, const char *path, size_t max, char **text, size_t *len,
+                                  const char *what, const char *fn) {
+    int fd = open(path, O_RDONLY);
+    off_t size;
+    dt_status st;
+    *text = NULL;
+    if (fd < 0) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot open %s (%s): %s", fn, path, what, dt__ck_errno());
+    size = lseek(fd, 0, SEEK_END);
+    if (size < 0 || lseek(fd, 0, SEEK_SET) != 0) {
+        close(fd);
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot size %s: %s", fn, path, dt__ck_errno());
+    }
+    if ((uint64_t)size > max) {
+        close(fd);
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s is %lld bytes; a %s has at most %llu (foreign file?)", fn,
+                                path, (long long)size, what, (unsigned long long)max);
+    }
+    if (!(*text = (char *)dt_alloc(ctx, (size_t)size + 1))) { close(fd); return DT_ERR_OOM; }
+    st = dt__ck_read_all(ctx, fd, *text, (size_t)size, NULL, NULL, path, fn);
+    close(fd);
+    if (st) { dt_release(ctx, *text); *text = NULL; return st; }
+    (*text)[size] = 0;
+    *len = (size_t)size;
+    return DT_OK;
+}
+
+/* "step_" followed by digits only (not step_N.tmp). */
+static int dt__ck_step_name(const char *s, int64_t *step) {
+    int64_t v = 0;
+    const char *p;
+    if (strncmp(s, "step_", 5) != 0 || !s[5]) return 0;
+    for (p = s + 5; *p; p++) {
+        if (*p < '0' || *p > '9' || v > (INT64_MAX - 9) / 10) return 0;
+        v = v * 10 + (*p - '0');
+    }
+    if (step) *step = v;
+    return 1;
+}
+
+/* Removes a directory and the files in it (one level: checkpoint directories hold only files). */
+static int dt__ck_rmdir(const char *path) {
+    char sub[DT__CK_PATH];
+    DIR *dir = opendir(path);
+    struct dirent *e;
+    if (!dir) return errno == ENOENT ? 0 : -1;
+    while ((e = readdir(dir)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        dt__ck_fmt(sub, sizeof sub, "%s/%s", path, e->d_name);
+        remove(sub);
+    }
+    closedir(dir);
+    return remove(path);
+}
+
+static int dt__ck_is_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    closedir(d);
+    return 1;
+}
+
+/* The step directory `latest` names, trimmed; 0 if there is none. */
+static int dt__ck_latest(const char *root, char *out, size_t n) {
+    char path[DT__CK_PATH];
+    FILE *fp;
+    size_t k;
+    dt__ck_fmt(path, sizeof path, "%s/latest", root);
+    if (!(fp = fopen(path, "rb"))) return 0;
+    k = fread(out, 1, n - 1, fp);
+    fclose(fp);
+    out[k] = 0;
+    while (k > 0 && (out[k - 1] == '\n' || out[k - 1] == '\r' || out[k - 1] == ' ')) out[--k] = 0;
+    return k > 0;
+}
+
+/* ---------------------------------------------------------------- checkpoints: what a rank holds */
+
+enum { DT__CK_VALUE = 0, DT__CK_MASTER, DT__CK_STATE };
+
+typedef struct dt__ck_item {
+    char name[DT__CK_NAME]; /* "param/<p>", "master/<p>", "state/<p>/<slot>" */
+    int kind;
+    dt_param *p;            /* its box in the logical tensor: p->global_shape, p->start, t->shape */
+    dt_tensor *t;           /* the live tensor */
+    int write;              /* save: this rank holds the copy that gets written */
+    dt_tensor tmp;          /* load: the values read, committed at the end */
+    int64_t covered;        /* load: elements the checkpoint's shards cover */
+} dt__ck_item;
+
+static dt_status dt__ck_items(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt__ck_item **out, int *n_out,
+                              const char *fn) {
+    dt__ck_item *it;
+    int i, k, n = 0;
+    *out = NULL;
+    *n_out = 0;
+    if (opt) {
+        if (opt->params != ps)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: opt was created for another parameter set than ps", fn);
+        DT__OTRY(dt__opt_check_state(opt, fn));
+    }
+    for (i = 0; i < ps->count; i++) {
+        if (!ps->items[i]->value.data || !dt__ck_dtype(ps->items[i]->value.dtype))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: parameter \"%s\" has no data or an unknown dtype", fn,
+                                    ps->items[i]->name);
+        if (strchr(ps->items[i]->name, '"') || strchr(ps->items[i]->name, '\\'))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: parameter name \"%s\" has a quote or backslash; checkpoint "
+                                    "names must not", fn, ps->items[i]->name);
+    }
+    it = (dt__ck_item *)dt_alloc(ctx, (size_t)(4 * ps->count + 1) * sizeof(dt__ck_item));
+    if (!it) return DT_ERR_OOM;
+    memset(it, 0, (size_t)(4 * ps->count + 1) * sizeof(dt__ck_item));
+    for (i = 0; i < ps->count; i++) {
+        dt_param *p = ps->items[i];
+        dt__ck_fmt(it[n].name, DT__CK_NAME, "param/%s", p->name);
+        it[n].kind = DT__CK_VALUE; it[n].p = p; it[n].t = &p->value; n++;
+        if (!opt) continue;
+        if (opt->slots[i].master.data) {
+            dt__ck_fmt(it[n].name, DT__CK_NAME, "master/%s", p->name);
+            it[n].kind = DT__CK_MASTER; it[n].p = p; it[n].t = &opt->slots[i].master; n++;
+        }
+        for (k = 0; k < 2; k++) {
+            if (!opt->slots[i].state[k].data) continue;
+            dt__ck_fmt(it[n].name, DT__CK_NAME, "state/%s/%s", p->name, dt__opt_state_name(opt->desc.kind, k));
+            it[n].kind = DT__CK_STATE; it[n].p = p; it[n].t = &opt->slots[i].state[k]; n++;
+        }
+    }
+    *out = it;
+    *n_out = n;
+    return DT_OK;
+}
+
+static void dt__ck_items_free(dt_ctx *ctx, dt__ck_item *it, int n) {
+    int i;
+    if (!it) return;
+    for (i = 0; i < n; i++) dt_tensor_free(ctx, &it[i].tmp);
+    dt_release(ctx, it);
+}
+
+/* Every rank returns the status of the lowest failing rank: one all-reduce (MIN) of
+   rank * 64 + status. The failing rank keeps its own message; the others name it. */
+static dt_status dt__ck_agree(dt_ctx *ctx, dt_comm *c, dt_status st, const char *fn) {
+    int size = dt__comm_size(c), rank, fr;
+    double v;
+    dt_status cst, fs;
+    if (size == 1) return st;
+    rank = dt_comm_rank(c);
+    v = st ? (double)rank * 64 + (double)st : (double)size * 64;
+    cst = dt_comm_allreduce_f64(c, &v, 1, DT_REDUCE_MIN);
+    if (cst) return st ? st : cst;
+    if (v >= (double)size * 64) return DT_OK;
+    if (st) return st;
+    fr = (int)(v / 64);
+    fs = (dt_status)(int)(v - (double)fr * 64);
+    return dt_ctx_set_error(ctx, fs, "%s: rank %d failed (%s); its error message says why", fn, fr, dt_status_name(fs));
+}
+
+/* ---------------------------------------------------------------- checkpoints: the save plan
+
+   Every rank publishes the list of slices it holds (name, dtype, global shape, start, shape);
+   every rank then computes the same plan from the same lists: which copy of each slice gets
+   written (the lowest rank's), and that the written slices tile each logical tensor. */
+
+typedef struct dt__ck_shard {
+    const char *name;       /* points into the parsed index */
+    dt_dtype dtype;
+    int ndim, rank, index;  /* index: position in that rank's list */
+    int64_t gshape[DT_MAX_DIMS], start[DT_MAX_DIMS], shape[DT_MAX_DIMS];
+    int writer;
+} dt__ck_shard;
+
+static void dt__ck_index(dt__ck_sb *b, const dt__ck_item *it, int n) {
+    int i;
+    dt__ck_str(b, "[");
+    for (i = 0; i < n; i++) {
+        const dt__ck_item *x = &it[i];
+        dt__ck_str(b, i ? ",\n[" : "[");
+        dt__ck_json_str(b, x->name);
+        dt__ck_str(b, ",\"");
+        dt__ck_str(b, dt__ck_dtype(x->t->dtype));
+        dt__ck_str(b, "\",");
+        dt__ck_dims(b, x->t->ndim, x->p->global_shape);
+        dt__ck_str(b, ",");
+        dt__ck_dims(b, x->t->ndim, x->p->start);
+        dt__ck_str(b, ",");
+        dt__ck_dims(b, x->t->ndim, x->t->shape);
+        dt__ck_str(b, "]");
+    }
+    dt__ck_str(b, "]");
+}
+
+/* All ranks' index texts: text of rank r at *all + r * *stride (NUL-terminated). The first
+   all-reduce also agrees on failure (a length of -1). */
+static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt__ck_sb *mine, dt_status st_in, char **all,
+                               size_t *stride, const char *fn) {
+    int size = dt__comm_size(c), rank = c ? dt_comm_rank(c) : 0, r;
+    double *lens, maxlen = 0;
+    dt_tensor in, out;
+    dt_tensor_desc td;
+    dt_status st = DT_OK;
+    *all = NULL;
+    if (size == 1) {
+        if (st_in) return st_in;
+        if (!(*all = (char *)dt_alloc(ctx, mine->len + 1))) return DT_ERR_OOM;
+        memcpy(*all, mine->p, mine->len + 1);
+        *stride = mine->len + 1;
+        return DT_OK;
+    }
+    lens = (double *)dt_alloc(ctx, (size_t)size * sizeof(double));
+    if (!lens) return DT_ERR_OOM; /* the other ranks then fail on the all-reduce's mismatch */
+    memset(lens, 0, (size_t)size * sizeof(double));
+    lens[rank] = st_in ? -1.0 : (double)mine->len;
+    st = dt_comm_allreduce_f64(c, lens, size, DT_REDUCE_SUM);
+    for (r = 0; !st && r < size; r++) {
+        if (lens[r] < 0)
+            st = st_in ? st_in : dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: rank %d failed before writing; its error "
+                                                  "message says why", fn, r);
+        if (lens[r] > maxlen) maxlen = lens[r];
+    }
+    dt_release(ctx, lens);
+    if (st) return st;
+    memset(&in, 0, sizeof in);
+    memset(&out, 0, sizeof out);
+    memset(&td, 0, sizeof td);
+    td.dtype = DT_U8;
+    td.shape[0] = (int64_t)maxlen + 1;
+    st = dt_tensor_create(ctx, &in, &td);
+    td.shape[0] = ((int64_t)maxlen + 1) * size;
+    if (!st) st = dt_tensor_create(ctx, &out, &td);
+    if (!st) {
+        memcpy(in.data, mine->p, mine->len);
+        st = dt_comm_allgather(c, &out, &in);
+    }
+    dt_tensor_free(ctx, &in);
+    if (st) { dt_tensor_free(ctx, &out); return st; }
+    *stride = (size_t)maxlen + 1;
+    *all = (char *)dt_alloc(ctx, *stride * (size_t)size);
+    if (*all) memcpy(*all, out.data, *stride * (size_t)size);
+    dt_tensor_free(ctx, &out);
+    return *all ? DT_OK : DT_ERR_OOM;
+}
+
+static int dt__ck_shard_cmp(const void *a, const void *b) {
+    const dt__ck_shard *x = (const dt__ck_shard *)a, *y = (const dt__ck_shard *)b;
+    int c = strcmp(x->name, y->name), d;
+    if (c) return c;
+    for (d = 0; d < x->ndim && d < y->ndim; d++) {
+        if (x->start[d] != y->start[d]) return x->start[d] < y->start[d] ? -1 : 1;
+        if (x->shape[d] != y->shape[d]) return x->shape[d] < y->shape[d] ? -1 : 1;
+    }
+    return x->rank - y->rank;
+}
+
+static int dt__ck_same_box(const dt__ck_shard *a, const dt__ck_shard *b) {
+    int d;
+    for (d = 0; d < a->ndim; d++)
+        if (a->start[d] != b->start[d] || a->shape[d] != b->shape[d]) return 0;
+    return 1;
+}
+
+static int dt__ck_overlap(const dt__ck_shard *a, const dt__ck_shard *b) {
+    int d;
+    for (d = 0; d < a->ndim; d++)
+        if (a->start[d] >= b->start[d] + b->shape[d] || b->start[d] >= a->start[d] + a->shape[d]) return 0;
+    return 1;
+}
+
+/* Parses every rank's index into shards (sorted by name, box, rank) and marks the writers. */
+static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int size, dt_json **roots,
+                             dt__ck_shard **out, int *n_out, const char *fn) {
+    dt__ck_shard *sh;
+    int r, i, j, k, n = 0, total = 0;
+    char a[128], b[128];
+    *out = NULL;
+    for (r = 0; r < size; r++) {
+        const char *text = all + (size_t)r * stride;
+        DT__OTRY(dt_json_parse(ctx, text, strlen(text), &roots[r]));
+        if (roots[r]->type != DT_JSON_ARRAY)
+            return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: rank %d sent a malformed index", fn, r);
+        total += roots[r]->count;
+    }
+    if (!(sh = (dt__ck_shard *)dt_alloc(ctx, (size_t)(total + 1) * sizeof *sh))) return DT_ERR_OOM;
+    memset(sh, 0, (size_t)(total + 1) * sizeof *sh);
+    *out = sh;
+    for (r = 0; r < size; r++) {
+        for (i = 0; i < roots[r]->count; i++) {
+            const dt_json *e = &roots[r]->items[i];
+            int n1, n2, n3;
+            if (e->type != DT_JSON_ARRAY || e->count != 5 || e->items[0].type != DT_JSON_STRING ||
+                e->items[1].type != DT_JSON_STRING || !dt__ck_dims_from(&e->items[2], &n1, sh[n].gshape) ||
+                !dt__ck_dims_from(&e->items[3], &n2, sh[n].start) || !dt__ck_dims_from(&e->items[4], &n3, sh[n].shape) ||
+                n1 != n2 || n1 != n3)
+                return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: rank %d sent a malformed index entry %d", fn, r, i);
+            sh[n].name = e->items[0].string;
+            sh[n].dtype = dt__ck_dtype_from(e->items[1].string);
+            sh[n].ndim = n1;
+            sh[n].rank = r;
+            sh[n].index = i;
+            n++;
+        }
+    }
+    *n_out = n;
+    qsort(sh, (size_t)n, sizeof *sh, dt__ck_shard_cmp);
+    for (i = 0; i < n; i = j) {
+        int64_t covered = 0, numel = dt__ck_numel(sh[i].ndim, sh[i].gshape);
+        for (j = i; j < n && strcmp(sh[j].name, sh[i].name) == 0; j++) {
+            const dt__ck_shard *x = &sh[j];
+            if (x->dtype != sh[i].dtype || x->ndim != sh[i].ndim ||
+                memcmp(x->gshape, sh[i].gshape, sizeof(int64_t) * (size_t)x->ndim) != 0) {
+                dt_tensor ta, tb;
+                memset(&ta, 0, sizeof ta); memset(&tb, 0, sizeof tb);
+                ta.ndim = sh[i].ndim; tb.ndim = x->ndim;
+                memcpy(ta.shape, sh[i].gshape, sizeof ta.shape); memcpy(tb.shape, x->gshape, sizeof tb.shape);
+                return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\" is %s with global shape %s on rank %d but %s "
+                                        "with global shape %s on rank %d", fn, x->name, dt__ck_dtype(sh[i].dtype),
+                                        dt_shape_str(&ta, a, sizeof a), sh[i].rank, dt__ck_dtype(x->dtype),
+                                        dt_shape_str(&tb, b, sizeof b), x->rank);
+            }
+            sh[j].writer = j == i || !dt__ck_same_box(&sh[j], &sh[j - 1]) ? 1 : 0;
+            if (sh[j].writer) {
+                for (k = i; k < j; k++)
+                    if (sh[k].writer && dt__ck_overlap(&sh[k], &sh[j]))
+                        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\": the slices of rank %d and rank %d "
+                                                "overlap without being equal", fn, sh[j].name, sh[k].rank, sh[j].rank);
+                covered += dt__ck_numel(sh[j].ndim, sh[j].shape);
+            }
+        }
+        if (covered != numel)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: the ranks' slices of \"%s\" cover %lld of its %lld "
+                                    "elements (a shard is missing)", fn, sh[i].name, (long long)covered,
+                                    (long long)numel);
+    }
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- checkpoints: writing */
+
+static dt_status dt__ck_write_tensor(dt_ctx *ctx, int fd, const dt_tensor *t, dt_xxh64_state *h,
+                                     const char *path, const char *fn) {
+    dt_tensor host;
+    dt_status st;
+    if (t->device != DT_CUDA_DEVICE) return dt__ck_write_all(ctx, fd, t->data, dt_tensor_bytes(t), h, path, fn);
+    DT__OTRY(dt__tensor_like(ctx, &host, t, t->dtype)); /* through a host copy */
+    st = dt_tensor_copy(ctx, &host, t);
+    if (!st) st = dt__ck_write_all(ctx, fd, host.data, dt_tensor_bytes(&host), h, path, fn);
+    dt_tensor_free(ctx, &host);
+    return st;
+}
+
+/* This rank's safetensors file: the items it writes, in order, hashed as they go out. */
+static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, const char *path,
+                                   const dt__ck_item *it, int n, int rank, int64_t step, uint64_t *bytes,
+                                   uint64_t *hash, const char *fn) {
+    dt__ck_sb hb;
+    dt_xxh64_state h;
+    unsigned char len8[8];
+    uint64_t off = 0, hl;
+    int i, k, fd;
+    char num[64];
+    dt_status st = DT_OK;
+    memset(&hb, 0, sizeof hb);
+    hb.ctx = ctx;
+    dt__ck_str(&hb, "{\"__metadata__\":{\"format\":\"dt-checkpoint-rank\",\"rank\":\"");
+    snprintf(num, sizeof num, "%d\",\"step\":\"%lld\"}", rank, (long long)step);
+    dt__ck_str(&hb, num);
+    for (i = 0; i < n; i++) {
+        if (!it[i].write) continue;
+        dt__ck_str(&hb, ",\n");
+        dt__ck_json_str(&hb, it[i].name);
+        dt__ck_str(&hb, ":{\"dtype\":\"");
+        dt__ck_str(&hb, dt__ck_dtype(it[i].t->dtype));
+        dt__ck_str(&hb, "\",\"shape\":");
+        dt__ck_dims(&hb, it[i].t->ndim, it[i].t->shape);
+        snprintf(num, sizeof num, ",\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+                 (unsigned long long)(off + dt_tensor_bytes(it[i].t)));
+        dt__ck_str(&hb, num);
+        off += dt_tensor_bytes(it[i].t);
+    }
+    dt__ck_str(&hb, "}");
+    while (!hb.failed && hb.len % 8) dt__ck_str(&hb, " "); /* safetensors pads the header to 8 bytes */
+    if (hb.failed) { dt_release(ctx, hb.p); return DT_ERR_OOM; }
+    hl = hb.len;
+    for (k = 0; k < 8; k++) len8[k] = (unsigned char)(hl >> (8 * k));
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    if (fd < 0) {
+        dt_release(ctx, hb.p);
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot create %s: %s", fn, path, dt__ck_errno());
+    }
+    dt_xxh64_init(&h);
+    st = dt__ck_write_all(ctx, fd, len8, 8, &h, path, fn);
+    if (!st) st = dt__ck_write_all(ctx, fd, hb.p, hb.len, &h, path, fn);
+    for (i = 0, k = 0; !st && i < n; i++) {
+        if (!it[i].write) continue;
+        st = dt__ck_write_tensor(ctx, fd, it[i].t, &h, path, fn);
+        if (!st && desc->hook) desc->hook("tensor", k, desc->hook_user);
+        k++;
+    }
+    if (!st && fsync(fd) != 0) st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: fsync of %s failed: %s", fn, path, dt__ck_errno());
+    if (close(fd) != 0 && !st) st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: closing %s failed: %s", fn, path, dt__ck_errno());
+    dt_release(ctx, hb.p);
+    *bytes = 8 + hl + off;
+    *hash = dt_xxh64_final(&h);
+    return st;
+}
+
+static const char *dt__ck_mode_name(dt_loss_scale_mode m) {
+    return m == DT_LOSS_SCALE_DYNAMIC ? "dynamic" : m == DT_LOSS_SCALE_STATIC ? "static" : "none";
+}
+
+static void dt__ck_num(dt__ck_sb *b, const char *key, double v) {
+    char num[64];
+    dt__ck_json_str(b, key);
+    snprintf(num, sizeof num, ":%.17g", v);
+    dt__ck_str(b, num);
+}
+
+static void dt__ck_u64s(dt__ck_sb *b, const char *key, uint64_t v) {
+    char num[64];
+    dt__ck_json_str(b, key);
+    snprintf(num, sizeof num, ":\"%llu\"", (unsigned long long)v);
+    dt__ck_str(b, num);
+}
+
+/* manifest.json: everything a loader needs, the rank files' sizes and checksums last. */
+static void dt__ck_manifest(dt__ck_sb *m, const dt_checkpoint_desc *desc, int world, int64_t step,
+                            const dt_train_state *ts, const dt_optimizer *opt, const dt__ck_shard *sh, int n_sh,
+                            const double *files) {
+    int i, j, r, first;
+    char num[128];
+    dt__ck_str(m, "{\"format\":\"dt-checkpoint\",\"version\":1,\n");
+    dt__ck_num(m, "step", (double)step);
+    dt__ck_str(m, ",");
+    dt__ck_num(m, "world_size", (double)world);
+    dt__ck_str(m, ",\"layout\":");
+    dt__ck_json_str(m, desc->layout ? desc->layout : "");
+    dt__ck_str(m, ",\n\"train_state\":{");
+    dt__ck_u64s(m, "step", (uint64_t)(ts ? ts->step : step));
+    dt__ck_str(m, ",");
+    dt__ck_u64s(m, "rng_seed", ts ? ts->rng_seed : 0);
+    dt__ck_str(m, ",");
+    dt__ck_u64s(m, "rng_offset", ts ? ts->rng_offset : 0);
+    dt__ck_str(m, ",");
+    dt__ck_u64s(m, "data_cursor", (uint64_t)(ts ? ts->data_cursor : 0));
+    dt__ck_str(m, ",\"user\":{");
+    for (i = 0; ts && i < ts->n_kv && i < DT_CKPT_MAX_KV; i++) {
+        if (i) dt__ck_str(m, ",");
+        dt__ck_json_str(m, ts->keys[i]);
+        dt__ck_str(m, ":");
+        dt__ck_json_str(m, ts->values[i]);
+    }
+    dt__ck_str(m, "}},\n\"optimizer\":");
+    if (!opt) {
+        dt__ck_str(m, "null");
+    } else {
+        dt__ck_str(m, "{\"kind\":\"");
+        dt__ck_str(m, dt__opt_kind_name(opt->desc.kind));
+        dt__ck_str(m, "\",");
+        dt__ck_u64s(m, "step", (uint64_t)opt->step);
+        dt__ck_str(m, ",");
+        dt__ck_num(m, "lr", opt->desc.lr);
+        dt__ck_str(m, ",");
+        dt__ck_num(m, "weight_decay", opt->desc.weight_decay);
+        dt__ck_str(m, ",\"loss_scaler\":{\"mode\":\"");
+        dt__ck_str(m, dt__ck_mode_name(opt->scaler.mode));
+        dt__ck_str(m, "\",");
+        dt__ck_num(m, "scale", opt->scaler.scale);
+        dt__ck_str(m, ",");
+        dt__ck_num(m, "growth_tracker", (double)opt->scaler.growth_tracker);
+        dt__ck_str(m, ",");
+        dt__ck_u64s(m, "skipped", (uint64_t)opt->scaler.skipped);
+        dt__ck_str(m, "}}");
+    }
+    dt__ck_str(m, ",\n\"files\":[");
+    for (r = 0; r < world; r++) {
+        uint64_t h = ((uint64_t)files[3 * r + 1] << 32) | (uint64_t)files[3 * r + 2];
+        snprintf(num, sizeof num, "%s\n{\"rank\":%d,\"file\":\"rank_%05d.safetensors\",\"bytes\":%.0f,\"xxh64\":\"%016llx\"}",
+                 r ? "," : "", r, r, files[3 * r], (unsigned long long)h);
+        dt__ck_str(m, num);
+    }
+    dt__ck_str(m, "],\n\"tensors\":{");
+    for (i = 0, first = 1; i < n_sh; i = j) {
+        dt__ck_str(m, first ? "\n" : ",\n");
+        first = 0;
+        dt__ck_json_str(m, sh[i].name);
+        dt__ck_str(m, ":{\"dtype\":\"");
+        dt__ck_str(m, dt__ck_dtype(sh[i].dtype));
+        dt__ck_str(m, "\",\"global_shape\":");
+        dt__ck_dims(m, sh[i].ndim, sh[i].gshape);
+        dt__ck_str(m, ",\"shards\":[");
+        for (j = i, r = 0; j < n_sh && strcmp(sh[j].name, sh[i].name) == 0; j++) {
+            if (!sh[j].writer) continue;
+            snprintf(num, sizeof num, "%s{\"rank\":%d,\"start\":", r++ ? "," : "", sh[j].rank);
+            dt__ck_str(m, num);
+            dt__ck_dims(m, sh[j].ndim, sh[j].start);
+            dt__ck_str(m, ",\"shape\":");
+            dt__ck_dims(m, sh[j].ndim, sh[j].shape);
+            dt__ck_str(m, "}");
+        }
+        dt__ck_str(m, "]}");
+    }
+    dt__ck_str(m, "\n}}\n");
+}
+
+/* The newest complete step directory other than `skip`, into out; 0 if none. */
+static int dt__ck_newest_other(const char *root, const char *skip, char *out, size_t n) {
+    DIR *dir = opendir(root);
+    struct dirent *e;
+    int64_t best = -1, s;
+    if (!dir) return 0;
+    while ((e = readdir(dir)) != NULL)
+        if (dt__ck_step_name(e->d_name, &s) && strcmp(e->d_name, skip) != 0 && s > best) {
+            best = s;
+            dt__ck_fmt(out, n, "%s", e->d_name);
+        }
+    closedir(dir);
+    return best >= 0;
+}
+
+/* `latest` := name (tmp + fsync + rename + fsync of the directory). */
+static dt_status dt__ck_set_latest(dt_ctx *ctx, const char *root, const char *name, const char *fn) {
+    char tmp[DT__CK_PATH], path[DT__CK_PATH], text[DT__CK_NAME];
+    dt__ck_fmt(tmp, sizeof tmp, "%s/latest.tmp", root);
+    dt__ck_fmt(path, sizeof path, "%s/latest", root);
+    dt__ck_fmt(text, sizeof text, "%s\n", name);
+    DT__OTRY(dt__ck_write_small(ctx, tmp, text, strlen(text), fn));
+    if (rename(tmp, path) != 0)
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: renaming %s to %s failed: %s", fn, tmp, path, dt__ck_errno());
+    if (dt__ck_fsync_path(root) != 0)
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: fsync of directory %s failed: %s", fn, root, dt__ck_errno());
+    return DT_OK;
+}
+
+/* Keeps `name` and the keep-1 newest other step directories; removes the rest and stale
+   step_*.tmp directories. Best effort: the checkpoint is already safe. */
+static void dt__ck_prune(dt_ctx *ctx, const char *root, const char *name, int keep) {
+    DIR *dir;
+    struct dirent *e;
+    int64_t *steps = NULL, s;
+    int n = 0, cap = 0, i, kept;
+    char path[DT__CK_PATH], latest[DT__CK_NAME];
+    if (!(dir = opendir(root))) return;
+    while ((e = readdir(dir)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len > 4 && strncmp(e->d_name, "step_", 5) == 0 && strcmp(e->d_name + len - 4, ".tmp") == 0) {
+            dt__ck_fmt(path, sizeof path, "%s/%s", root, e->d_name);
+            dt__ck_rmdir(path);
+            continue;
+        }
+        if (keep < 0 || !dt__ck_step_name(e->d_name, &s) || strcmp(e->d_name, name) == 0) continue;
+        if (n == cap) {
+            int64_t *q = (int64_t *)dt_alloc(ctx, (size_t)(cap = cap ? 2 * cap : 64) * sizeof(int64_t));
+            if (!q) break;
+            if (n) memcpy(q, steps, (size_t)n * sizeof(int64_t));
+            dt_release(ctx, steps);
+            steps = q;
+        }
+        steps[n++] = s;
+    }
+    closedir(dir);
+    if (!dt__ck_latest(root, latest, sizeof latest)) latest[0] = 0;
+    /* newest first: a selection is enough, the lists are short */
+    for (kept = 1; kept < keep && n > 0; kept++) {
+        int best = 0;
+        for (i = 1; i < n; i++)
+            if (steps[i] > steps[best]) best = i;
+        steps[best] = steps[--n];
+    }
+    for (i = 0; i < n; i++) {
+        dt__ck_fmt(path, sizeof path, "%s/step_%08lld", root, (long long)steps[i]);
+        if (strcmp(path + strlen(root) + 1, latest) != 0) dt__ck_rmdir(path);
+    }
+    dt_release(ctx, steps);
+}
+
+/* Rank 0, once every rank file is durable: manifest, directory rename, latest, prune. */
+static dt_status dt__ck_publish(dt_ctx *ctx, const dt_checkpoint_desc *desc, const char *root, const char *name,
+                                const char *tmpdir, const dt__ck_sb *manifest, const char *fn) {
+    char path[DT__CK_PATH], latest[DT__CK_NAME], other[DT__CK_NAME];
+    dt__ck_fmt(path, sizeof path, "%s/manifest.json", tmpdir);
+    DT__OTRY(dt__ck_write_small(ctx, path, manifest->p, manifest->len, fn));
+    if (dt__ck_fsync_path(tmpdir) != 0)
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: fsync of directory %s failed: %s", fn, tmpdir, dt__ck_errno());
+    if (desc->hook) desc->hook("manifest", 0, desc->hook_user);
+    dt__ck_fmt(path, sizeof path, "%s/%s", root, name);
+    if (dt__ck_is_dir(path)) {
+        /* the same step saved again: `latest` must not name the directory while it is replaced */
+        if (dt__ck_latest(root, latest, sizeof latest) && strcmp(latest, name) == 0) {
+            if (dt__ck_newest_other(root, name, other, sizeof other)) {
+                DT__OTRY(dt__ck_set_latest(ctx, root, other, fn));
+            } else {
+                dt__ck_fmt(other, sizeof other, "%s/latest", root);
+                remove(other);
+            }
+        }
+        if (dt__ck_rmdir(path) != 0)
+            return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: %s exists and cannot be removed: %s", fn, path, dt__ck_errno());
+    }
+    if (rename(tmpdir, path) != 0)
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: renaming %s to %s failed: %s", fn, tmpdir, path, dt__ck_errno());
+    if (dt__ck_fsync_path(root) != 0)
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: fsync of directory %s failed: %s", fn, root, dt__ck_errno());
+    if (desc->hook) desc->hook("renamed", 0, desc->hook_user);
+    DT__OTRY(dt__ck_set_latest(ctx, root, name, fn));
+    if (desc->hook) desc->hook("latest", 0, desc->hook_user);
+    dt__ck_prune(ctx, root, name, desc->keep == 0 ? 3 : desc->keep);
+    return DT_OK;
+}
+
+/* Rank 0: root exists, step_N.tmp/ is empty and new. */
+static dt_status dt__ck_prepare(dt_ctx *ctx, const char *root, const char *tmpdir, const char *fn) {
+    if (mkdir(root, 0777) != 0 && errno != EEXIST)
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot create directory %s: %s", fn, root, dt__ck_errno());
+    if (!dt__ck_is_dir(root))
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: desc.dir = %s is not a directory", fn, root);
+    if (dt__ck_rmdir(tmpdir) != 0)
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot remove the stale %s: %s", fn, tmpdir, dt__ck_errno());
+    if (mkdir(tmpdir, 0777) != 0)
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot create directory %s: %s", fn, tmpdir, dt__ck_errno());
+    return DT_OK;
+}
+
+DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, const dt_checkpoint_desc *desc, dt_params *ps, dt_optimizer *opt,
+                                    const dt_train_state *state) {
+    const char *fn = "dt_checkpoint_save";
+    dt_comm *c;
+    dt__ck_item *it = NULL;
+    dt__ck_shard *sh = NULL;
+    dt_json **roots = NULL;
+    dt__ck_sb index, man;
+    char *all = NULL, name[DT__CK_NAME], tmpdir[DT__CK_PATH], path[DT__CK_PATH];
+    size_t stride = 0;
+    double *files = NULL;
+    uint64_t bytes = 0, hash = 0;
+    int64_t step;
+    int rank, size, n_it = 0, n_sh = 0, i;
+    dt_status st = DT_OK;
+    if (!ctx) return DT_ERR_ARG;
+    if (!desc || !desc->dir || !desc->dir[0] || !ps)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL or empty", fn, !desc ? "desc" : !ps ? "ps" : "desc.dir");
+    c = desc->comm;
+    rank = c ? dt_comm_rank(c) : 0;
+    size = dt__comm_size(c);
+    step = state ? state->step : opt ? opt->step : 0;
+    if (step < 0) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: state.step = %lld; expected >= 0", fn, (long long)step);
+    if (strlen(desc->dir) + 64 >= DT__CK_PATH)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.dir is %zu bytes long; at most %d", fn, strlen(desc->dir),
+                                DT__CK_PATH - 64);
+    dt__ck_fmt(name, sizeof name, "step_%08lld", (long long)step);
+    dt__ck_fmt(tmpdir, sizeof tmpdir, "%s/%s.tmp", desc->dir, name);
+    memset(&index, 0, sizeof index);
+    memset(&man, 0, sizeof man);
+    index.ctx = man.ctx = ctx;
+    /* 1. what each rank holds, and who writes what (every rank computes the same plan) */
+    st = dt__ck_items(ctx, ps, opt, &it, &n_it, fn);
+    if (!st) {
+        dt__ck_index(&index, it, n_it);
+        if (index.failed) st = DT_ERR_OOM;
+    }
+    st = dt__ck_gather(ctx, c, &index, st, &all, &stride, fn);
+    if (!st) {
+        roots = (dt_json **)dt_alloc(ctx, (size_t)size * sizeof(dt_json *));
+        if (!roots) st = DT_ERR_OOM;
+        else memset(roots, 0, (size_t)size * sizeof(dt_json *));
+    }
+    if (!st) st = dt__ck_plan(ctx, all, stride, size, roots, &sh, &n_sh, fn);
+    if (!st && !(files = (double *)dt_alloc(ctx, (size_t)size * 3 * sizeof(double)))) st = DT_ERR_OOM;
+    for (i = 0; !st && i < n_sh; i++)
+        if (sh[i].rank == rank) it[sh[i].index].write = sh[i].writer;
+    /* 2. rank 0 makes the temporary directory */
+    if (!st && rank == 0) st = dt__ck_prepare(ctx, desc->dir, tmpdir, fn);
+    st = dt__ck_agree(ctx, c, st, fn);
+    /* 3. every rank writes and fsyncs its file */
+    if (!st) {
+        dt__ck_fmt(path, sizeof path, "%s/rank_%05d.safetensors", tmpdir, rank);
+        st = dt__ck_write_file(ctx, desc, path, it, n_it, rank, step, &bytes, &hash, fn);
+        if (!st && desc->hook) desc->hook("rank_file", rank, desc->hook_user);
+    }
+    st = dt__ck_agree(ctx, c, st, fn);
+    if (!st) { /* sizes and checksums to rank 0: a 64-bit hash travels as two exact 32-bit halves */
+        memset(files, 0, (size_t)size * 3 * sizeof(double));
+        files[3 * rank] = (double)bytes;
+        files[3 * rank + 1] = (double)(hash >> 32);
+        files[3 * rank + 2] = (double)(hash & 0xffffffffu);
+        if (size > 1) st = dt_comm_allreduce_f64(c, files, 3 * size, DT_REDUCE_SUM);
+    }
+    /* 4. rank 0: manifest, rename, latest, prune */
+    if (!st && rank == 0) {
+        dt__ck_manifest(&man, desc, size, step, state, opt, sh, n_sh, files);
+        st = man.failed ? DT_ERR_OOM : dt__ck_publish(ctx, desc, desc->dir, name, tmpdir, &man, fn);
+    }
+    st = dt__ck_agree(ctx, c, st, fn);
+    for (i = 0; roots && i < size; i++) dt_json_free(ctx, roots[i]);
+    dt_release(ctx, roots);
+    dt_release(ctx, sh);
+    dt_release(ctx, all);
+    dt_release(ctx, files);
+    dt_release(ctx, index.p);
+    dt_release(ctx, man.p);
+    dt__ck_items_free(ctx, it, n_it);
+    return st;
+}
+
+/* ---------------------------------------------------------------- checkpoints: loading */
+
+typedef struct dt__ck_piece {     /* part of one item that one shard of one file provides */
+    int item, file;
+    const char *src;                                  /* the entry's name in the rank file */
+    dt_dtype sdtype;
+    int64_t sstart[DT_MAX_DIMS], sshape[DT_MAX_DIMS]; /* the shard's box in the logical tensor */
+    int64_t lo[DT_MAX_DIMS], hi[DT_MAX_DIMS];         /* the part the item needs (global coords) */
+    int done;
+} dt__ck_piece;
+
+typedef struct dt__ck_file {
+    char name[64];
+    uint64_t bytes, hash;
+    int needed;
+} dt__ck_file;
+
+typedef struct dt__ck_entry {     /* one tensor of a rank file's safetensors header */
+    const char *name;
+    dt_dtype dtype;
+    int ndim;
+    int64_t shape[DT_MAX_DIMS];
+    uint64_t begin, end;
+} dt__ck_entry;
+
+typedef struct dt__ck_load {
+    char dir[DT__CK_PATH];        /* the step directory */
+    char *text;                   /* manifest.json */
+    dt_json *man;
+    const dt_json *tensors;
+    int world;
+    dt__ck_file *files;
+    dt__ck_item *it;
+    int n_it;
+    dt__ck_piece *pc;
+    int n_pc, cap_pc;
+    int64_t opt_step;             /* the scalars, committed with the tensors */
+    dt_loss_scaler scaler;
+    dt_train_state ts;
+} dt__ck_load;
+
+static dt_status dt__ck_resolve(dt_ctx *ctx, const dt_checkpoint_desc *desc, char *out, const char *fn) {
+    char name[DT__CK_NAME], path[DT__CK_PATH];
+    if (!dt__ck_is_dir(desc->dir))
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: desc.dir = %s is not a directory (no checkpoint there)", fn,
+                                desc->dir);
+    if (desc->step_dir) {
+        if (!desc->step_dir[0] || strlen(desc->step_dir) >= DT__CK_NAME)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.step_dir = \"%s\"; expected a step directory name such "
+                                    "as step_00000100", fn, desc->step_dir);
+        dt__ck_fmt(name, sizeof name, "%s", desc->step_dir);
+    } else {
+        dt__ck_fmt(path, sizeof path, "%s/latest", desc->dir);
+        if (!dt__ck_latest(desc->dir, name, sizeof name)) {
+            FILE *fp = fopen(path, "rb");
+            if (fp) fclose(fp);
+            return dt_ctx_set_error(ctx, fp ? DT_ERR_FORMAT : DT_ERR_IO, "%s: %s %s (no checkpoint in %s)", fn, path,
+                                    fp ? "is empty" : "does not exist", desc->dir);
+        }
+        if (!dt__ck_step_name(name, NULL))
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s holds \"%.40s\", not a step directory name (a foreign "
+                                    "file?)", fn, path, name);
+    }
+    dt__ck_fmt(out, DT__CK_PATH, "%s/%s", desc->dir, name);
+    if (!dt__ck_is_dir(out))
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: checkpoint directory %s does not exist", fn, out);
+    return DT_OK;
+}
+
+static dt_status dt__ck_parse_manifest(dt_ctx *ctx, dt__ck_load *L, const char *fn) {
+    char path[DT__CK_PATH], why[DT_ERROR_MAX];
+    const dt_json *files, *f;
+    const char *fmt, *h;
+    int64_t v;
+    size_t len = 0;
+    int r, k;
+    dt__ck_fmt(path, sizeof path, "%s/manifest.json", L->dir);
+    DT__OTRY(dt__ck_read_text(ctx, path, (size_t)1 << 30, &L->text, &len, "checkpoint manifest", fn));
+    if (dt_json_parse(ctx, L->text, len, &L->man)) {
+        snprintf(why, sizeof why, "%s", dt_ctx_error(ctx));
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s is not JSON, so not a dt checkpoint manifest (%s)", fn, path,
+                                why);
+    }
+    fmt = dt__ck_jstr(L->man, "format");
+    if (!fmt || strcmp(fmt, "dt-checkpoint") != 0)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s has format \"%s\"; not a dt checkpoint (expected "
+                                "\"dt-checkpoint\")", fn, path, fmt ? fmt : "(none)");
+    if (!dt__ck_count(dt_json_get(L->man, "version"), &v) || v < 1)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s has no valid version", fn, path);
+    if (v > DT__CK_VERSION)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: %s is format version %lld; this dt reads up to %d", fn,
+                                path, (long long)v, DT__CK_VERSION);
+    if (!dt__ck_count(dt_json_get(L->man, "world_size"), &v) || v < 1 || v > (1 << 24))
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s has no valid world_size", fn, path);
+    L->world = (int)v;
+    files = dt_json_get(L->man, "files");
+    L->tensors = dt_json_get(L->man, "tensors");
+    if (!files || files->type != DT_JSON_ARRAY || files->count != L->world || !L->tensors ||
+        L->tensors->type != DT_JSON_OBJECT)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s lacks a files array of world_size (%d) entries or a "
+                                "tensors object", fn, path, L->world);
+    if (!(L->files = (dt__ck_file *)dt_alloc(ctx, (size_t)L->world * sizeof(dt__ck_file)))) return DT_ERR_OOM;
+    memset(L->files, 0, (size_t)L->world * sizeof(dt__ck_file));
+    for (r = 0; r < L->world; r++) {
+        const char *name;
+        f = &files->items[r];
+        name = dt__ck_jstr(f, "file");
+        h = dt__ck_jstr(f, "xxh64");
+        if (!dt__ck_count(dt_json_get(f, "rank"), &v) || v != r || !name || strlen(name) >= sizeof L->files[r].name ||
+            strchr(name, '/') || !dt__ck_count(dt_json_get(f, "bytes"), &v) || !h || strlen(h) != 16)
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: files[%d] needs rank %d, a file name, bytes and a "
+                                    "16-digit xxh64", fn, path, r, r);
+        memcpy(L->files[r].name, name, strlen(name) + 1);
+        L->files[r].bytes = (uint64_t)v;
+        for (k = 0; k < 16; k++) {
+            int c = h[k], d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+            if (d < 0) return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: files[%d].xxh64 is not hex", fn, path, r);
+            L->files[r].hash = (L->files[r].hash << 4) | (uint64_t)d;
+        }
+    }
+    return DT_OK;
+}
+
+static const dt_json *dt__ck_find(const dt__ck_load *L, const char *prefix, const char *pname) {
+    char key[DT__CK_NAME];
+    dt__ck_fmt(key, sizeof key, "%s%s", prefix, pname);
+    return dt_json_get(L->tensors, key);
+}
+
+static dt_status dt__ck_add_piece(dt_ctx *ctx, dt__ck_load *L, const dt__ck_piece *p) {
+    if (L->n_pc == L->cap_pc) {
+        int cap = L->cap_pc ? 2 * L->cap_pc : 64;
+        dt__ck_piece *q = (dt__ck_piece *)dt_alloc(ctx, (size_t)cap * sizeof *q);
+        if (!q) return DT_ERR_OOM;
+        if (L->n_pc) memcpy(q, L->pc, (size_t)L->n_pc * sizeof *q);
+        dt_release(ctx, L->pc);
+        L->pc = q;
+        L->cap_pc = cap;
+    }
+    L->pc[L->n_pc++] = *p;
+    return DT_OK;
+}
+
+static const char *dt__ck_shape_str(int ndim, const int64_t *dims, char *buf, size_t n) {
+    dt_tensor t;
+    memset(&t, 0, sizeof t);
+    t.ndim = ndim;
+    memcpy(t.shape, dims, sizeof(int64_t) * (size_t)ndim);
+    return dt_shape_str(&t, buf, n);
+}
+
+/* Where item i comes from: its source tensor in the manifest, checked against the item, and
+   the pieces of the shards that overlap the item's box. */
+static dt_status dt__ck_target(dt_ctx *ctx, dt__ck_load *L, int i, const char *fn) {
+    dt__ck_item *x = &L->it[i];
+    const dt_param *p = x->p;
+    const dt_json *src, *e, *m, *shards;
+    dt__ck_piece pc;
+    dt_dtype sd;
+    int64_t gshape[DT_MAX_DIMS], v;
+    char a[128], b[128];
+    int nd = x->t->ndim, gnd, k, d, n1, n2;
+    if (x->kind == DT__CK_STATE) {
+        src = dt_json_get(L->tensors, x->name);
+    } else {
+        e = dt__ck_find(L, "param/", p->name);
+        m = dt__ck_find(L, "master/", p->name);
+        if (x->kind == DT__CK_VALUE) src = e && dt__ck_dtype_from(dt__ck_jstr(e, "dtype")) == x->t->dtype ? e : m ? m : e;
+        else src = m ? m : e;
+    }
+    if (!src)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s has no tensor \"%s\" (the parameters or the optimizer do "
+                                "not match the checkpoint)", fn, L->dir, x->name);
+    sd = dt__ck_dtype_from(dt__ck_jstr(src, "dtype"));
+    shards = dt_json_get(src, "shards");
+    if (sd == DT_DTYPE_COUNT || !dt__ck_dims_from(dt_json_get(src, "global_shape"), &gnd, gshape) || !shards ||
+        shards->type != DT_JSON_ARRAY)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: tensor \"%s\" lacks a valid dtype, global_shape or shards",
+                                fn, L->dir, src->key);
+    if (sd != x->t->dtype && !(dt__ck_float(sd) && dt__ck_float(x->t->dtype)))
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: \"%s\" is %s in the checkpoint; the tensor here is %s", fn,
+                                src->key, dt_dtype_name(sd), dt_dtype_name(x->t->dtype));
+    if (gnd != nd || memcmp(gshape, p->global_shape, sizeof(int64_t) * (size_t)nd) != 0)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\" has global shape %s in the checkpoint; \"%s\" here has "
+                                "global shape %s", fn, src->key, dt__ck_shape_str(gnd, gshape, a, sizeof a), p->name,
+                                dt__ck_shape_str(nd, p->global_shape, b, sizeof b));
+    for (k = 0; k < shards->count; k++) {
+        const dt_json *s = &shards->items[k];
+        int64_t vol = 1;
+        memset(&pc, 0, sizeof pc);
+        if (!dt__ck_count(dt_json_get(s, "rank"), &v) || v >= L->world ||
+            !dt__ck_dims_from(dt_json_get(s, "start"), &n1, pc.sstart) ||
+            !dt__ck_dims_from(dt_json_get(s, "shape"), &n2, pc.sshape) || n1 != nd || n2 != nd)
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: shard %d of \"%s\" is malformed", fn, L->dir, k, src->key);
+        for (d = 0; d < nd; d++) {
+            if (pc.sstart[d] + pc.sshape[d] > gshape[d])
+                return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: shard %d of \"%s\" lies outside the global shape", fn,
+                                        L->dir, k, src->key);
+            pc.lo[d] = pc.sstart[d] > p->start[d] ? pc.sstart[d] : p->start[d];
+            pc.hi[d] = pc.sstart[d] + pc.sshape[d] < p->start[d] + x->t->shape[d] ? pc.sstart[d] + pc.sshape[d]
+                                                                                   : p->start[d] + x->t->shape[d];
+            vol *= pc.hi[d] > pc.lo[d] ? pc.hi[d] - pc.lo[d] : 0;
+        }
+        if (vol == 0) continue;
+        pc.item = i;
+        pc.file = (int)v;
+        pc.src = src->key;
+        pc.sdtype = sd;
+        x->covered += vol;
+        L->files[pc.file].needed = 1;
+        DT__OTRY(dt__ck_add_piece(ctx, L, &pc));
+    }
+    if (x->covered != x->t->numel)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the shards of \"%s\" cover %lld of the %lld elements this "
+                                "rank needs", fn, L->dir, src->key, (long long)x->covered, (long long)x->t->numel);
+    return DT_OK;
+}
+
+static dt_status dt__ck_parse_scalars(dt_ctx *ctx, dt__ck_load *L, const dt_optimizer *opt, const char *fn) {
+    const dt_json *ts = dt_json_get(L->man, "train_state"), *user, *o, *sc;
+    const char *kind, *mode;
+    uint64_t u;
+    int64_t v;
+    int i;
+    if (!ts || ts->type != DT_JSON_OBJECT || !dt__ck_u64(dt__ck_jstr(ts, "step"), &u) ||
+        !dt__ck_u64(dt__ck_jstr(ts, "rng_seed"), &L->ts.rng_seed) ||
+        !dt__ck_u64(dt__ck_jstr(ts, "rng_offset"), &L->ts.rng_offset) ||
+        !dt__ck_u64(dt__ck_jstr(ts, "data_cursor"), (uint64_t *)&L->ts.data_cursor))
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the manifest's train_state is malformed", fn, L->dir);
+    L->ts.step = (int64_t)u;
+    user = dt_json_get(ts, "user");
+    for (i = 0; user && user->type == DT_JSON_OBJECT && i < user->count; i++) {
+        const dt_json *kv = &user->items[i];
+        if (kv->type != DT_JSON_STRING || i >= DT_CKPT_MAX_KV || strlen(kv->key) >= DT_CKPT_KEY_MAX ||
+            strlen(kv->string) >= DT_CKPT_VALUE_MAX)
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: train_state.user entry %d is not a string that fits "
+                                    "dt_train_state", fn, L->dir, i);
+        memcpy(L->ts.keys[i], kv->key, strlen(kv->key) + 1);
+        memcpy(L->ts.values[i], kv->string, strlen(kv->string) + 1);
+        L->ts.n_kv = i + 1;
+    }
+    if (!opt) return DT_OK;
+    o = dt_json_get(L->man, "optimizer");
+    if (!o || o->type != DT_JSON_OBJECT)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s holds no optimizer state; pass opt = NULL to load the "
+                                "parameters only", fn, L->dir);
+    kind = dt__ck_jstr(o, "kind");
+    if (!kind || strcmp(kind, dt__opt_kind_name(opt->desc.kind)) != 0)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s holds the state of a %s optimizer; opt is %s", fn, L->dir,
+                                kind ? kind : "(unnamed)", dt__opt_kind_name(opt->desc.kind));
+    sc = dt_json_get(o, "loss_scaler");
+    mode = dt__ck_jstr(sc, "mode");
+    L->scaler = opt->scaler;
+    if (!dt__ck_u64(dt__ck_jstr(o, "step"), &u) || !mode || !dt_json_get(sc, "scale") ||
+        dt_json_get(sc, "scale")->type != DT_JSON_NUMBER || !(dt_json_get(sc, "scale")->number > 0) ||
+        !dt__ck_count(dt_json_get(sc, "growth_tracker"), &v) || !dt__ck_u64(dt__ck_jstr(sc, "skipped"), (uint64_t *)&L->scaler.skipped))
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the manifest's optimizer entry is malformed", fn, L->dir);
+    L->opt_step = (int64_t)u;
+    if (strcmp(mode, dt__ck_mode_name(opt->scaler.mode)) == 0) { /* else opt keeps its own, new, settings */
+        L->scaler.scale = dt_json_get(sc, "scale")->number;
+        L->scaler.growth_tracker = (int)v;
+    } else {
+        L->scaler.skipped = opt->scaler.skipped;
+    }
+    return DT_OK;
+}
+
+static int dt__ck_entry_cmp(const void *a, const void *b) {
+    const dt__ck_entry *x = (const dt__ck_entry *)a, *y = (const dt__ck_entry *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : 0;
+}
+
+/* Converts n elements (f32 / bf16 / f16 among themselves; other dtypes only to themselves). */
+static void dt__ck_convert(void *dst, dt_dtype dt, const void *src, dt_dtype sdt, int64_t n) {
+    int64_t i;
+    if (dt == sdt) { memcpy(dst, src, (size_t)n * dt_dtype_size(dt)); return; }
+    for (i = 0; i < n; i++) {
+        float x = sdt == DT_F32 ? ((const float *)src)[i]
+                  : sdt == DT_BF16 ? dt_bf16_to_f32(((const uint16_t *)src)[i])
+                                   : dt_f16_to_f32(((const uint16_t *)src)[i]);
+        if (dt == DT_F32) ((float *)dst)[i] = x;
+        else if (dt == DT_BF16) ((uint16_t *)dst)[i] = dt_f32_to_bf16(x);
+        else ((uint16_t *)dst)[i] = dt_f32_to_f16(x);
+    }
+}
+
+/* Copies the piece's box out of the shard's data (row-major, the shard's shape) into the
+   item's temporary (row-major, the item's shape), one innermost run at a time. */
+static void dt__ck_copy_piece(dt__ck_item *x, const dt__ck_piece *pc, const char *src) {
+    const int nd = x->t->ndim;
+    const size_t ss = dt_dtype_size(pc->sdtype), ds = dt_dtype_size(x->tmp.dtype);
+    int64_t idx[DT_MAX_DIMS], rows = 1, r, run = pc->hi[nd - 1] - pc->lo[nd - 1];
+    int d;
+    for (d = 0; d < nd; d++) idx[d] = pc->lo[d];
+    for (d = 0; d < nd - 1; d++) rows *= pc->hi[d] - pc->lo[d];
+    for (r = 0; r < rows; r++) {
+        int64_t so = 0, dof = 0;
+        for (d = 0; d < nd; d++) {
+            so = so * pc->sshape[d] + (idx[d] - pc->sstart[d]);
+            dof = dof * x->t->shape[d] + (idx[d] - x->p->start[d]);
+        }
+        dt__ck_convert((char *)x->tmp.data + (size_t)dof * ds, x->tmp.dtype, src + (size_t)so * ss, pc->sdtype, run);
+        for (d = nd - 2; d >= 0; d--) { /* next row of the box */
+            if (++idx[d] < pc->hi[d]) break;
+            idx[d] = pc->lo[d];
+        }
+    }
+}
+
+/* The safetensors header of a rank file, validated: entries sorted by offset, inside the data. */
+static dt_status dt__ck_header(dt_ctx *ctx, const dt_json *root, uint64_t data_len, dt__ck_entry **out, int *n_out,
+                               const char *path, const char *fn) {
+    dt__ck_entry *en;
+    int i, n = 0;
+    *out = NULL;
+    if (root->type != DT_JSON_OBJECT)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the header is not a JSON object (foreign file)", fn, path);
+    if (!(en = (dt__ck_entry *)dt_alloc(ctx, (size_t)(root->count + 1) * sizeof *en))) return DT_ERR_OOM;
+    *out = en;
+    for (i = 0; i < root->count; i++) {
+        const dt_json *v = &root->items[i];
+        const dt_json *off = dt_json_get(v, "data_offsets");
+        int64_t b0, b1;
+        if (strcmp(v->key, "__metadata__") == 0) continue;
+        en[n].name = v->key;
+        en[n].dtype = dt__ck_dtype_from(dt__ck_jstr(v, "dtype"));
+        if (en[n].dtype == DT_DTYPE_COUNT || !dt__ck_dims_from(dt_json_get(v, "shape"), &en[n].ndim, en[n].shape) ||
+            !off || off->type != DT_JSON_ARRAY || off->count != 2 || !dt__ck_count(&off->items[0], &b0) ||
+            !dt__ck_count(&off->items[1], &b1) || b1 < b0 ||
+            (uint64_t)(b1 - b0) != (uint64_t)dt__ck_numel(en[n].ndim, en[n].shape) * dt_dtype_size(en[n].dtype) ||
+            (uint64_t)b1 > data_len)
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: header entry \"%s\" has an invalid dtype, shape or "
+                                    "data_offsets", fn, path, v->key);
+        en[n].begin = (uint64_t)b0;
+        en[n].end = (uint64_t)b1;
+        n++;
+    }
+    qsort(en, (size_t)n, sizeof *en, dt__ck_entry_cmp);
+    for (i = 1; i < n; i++)
+        if (en[i].begin < en[i - 1].end)
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entries \"%s\" and \"%s\" overlap", fn, path,
+                                    en[i - 1].name, en[i].name);
+    *n_out = n;
+    return DT_OK;
+}
+
+/* Reads rank file f from start to end, checking its size and XXH64 against the manifest, and
+   copies the pieces this rank needs into the items' temporaries on the way. */
+static dt_status dt__ck_read_file(dt_ctx *ctx, dt__ck_load *L, int f, const char *fn) {
+    char path[DT__CK_PATH], *scratch = NULL, *buf = NULL, *htext = NULL;
+    unsigned char len8[8];
+    dt_json *root = NULL;
+    dt__ck_entry *en = NULL;
+    dt_xxh64_state h;
+    uint64_t hl = 0, data_len, pos = 0, got;
+    size_t buf_cap = 0;
+    off_t size;
+    int fd, i, k, n_en = 0;
+    dt_status st = DT_OK;
+    dt__ck_fmt(path, sizeof path, "%s/%s", L->dir, L->files[f].name);
+    if ((fd = open(path, O_RDONLY)) < 0)
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot open %s: %s", fn, path, dt__ck_errno());
+    size = lseek(fd, 0, SEEK_END);
+    if (size < 0 || lseek(fd, 0, SEEK_SET) != 0)
+        st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot size %s: %s", fn, path, dt__ck_errno());
+    else if ((uint64_t)size != L->files[f].bytes)
+        st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s is %lld bytes; the manifest says %llu (truncated or "
+                              "replaced file)", fn, path, (long long)size, (unsigned long long)L->files[f].bytes);
+    if (!st && !(scratch = (char *)dt_alloc(ctx, DT__CK_CHUNK))) st = DT_ERR_OOM;
+    dt_xxh64_init(&h);
+    if (!st) st = dt__ck_read_all(ctx, fd, len8, 8, scratch, &h, path, fn);
+    for (k = 7; !st && k >= 0; k--) hl = (hl << 8) | len8[k];
+    if (!st && (hl < 2 || hl > DT__CK_MAX_HEADER || hl > (uint64_t)size - 8))
+        st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s declares a %llu-byte header in a %lld-byte file (corrupt or "
+                              "foreign file)", fn, path, (unsigned long long)hl, (long long)size);
+    if (!st && !(htext = (char *)dt_alloc(ctx, (size_t)hl + 1))) st = DT_ERR_OOM;
+    if (!st) st = dt__ck_read_all(ctx, fd, htext, (size_t)hl, scratch, &h, path, fn);
+    if (!st) {
+        htext[hl] = 0;
+        if (dt_json_parse(ctx, htext, (size_t)hl, &root))
+            st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the safetensors header is not JSON (corrupt or foreign "
+                                  "file)", fn, path);
+    }
+    data_len = (uint64_t)size - 8 - hl;
+    if (!st) st = dt__ck_header(ctx, root, data_len, &en, &n_en, path, fn);
+    for (i = 0; !st && i < n_en; i++) {
+        const dt__ck_entry *e = &en[i];
+        dt__ck_piece *only = NULL;
+        int uses = 0, direct;
+        size_t bytes = (size_t)(e->end - e->begin);
+        if (e->begin > pos) st = dt__ck_read_all(ctx, fd, NULL, (size_t)(e->begin - pos), scratch, &h, path, fn);
+        for (k = 0; !st && k < L->n_pc; k++) {
+            dt__ck_piece *pc = &L->pc[k];
+            if (pc->file != f || strcmp(pc->src, e->name) != 0) continue;
+            if (e->dtype != pc->sdtype || e->ndim != L->it[pc->item].t->ndim ||
+                memcmp(e->shape, pc->sshape, sizeof(int64_t) * (size_t)e->ndim) != 0)
+                st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" is %s of %d dims; the manifest's shard "
+                                      "differs (corrupt checkpoint)", fn, path, e->name, dt__ck_dtype(e->dtype),
+                                      e->ndim);
+            uses++;
+            only = pc;
+        }
+        if (st) break;
+        /* the common case, same layout: the entry is exactly the item, read straight into it */
+        direct = uses == 1 && only->sdtype == L->it[only->item].tmp.dtype &&
+                 L->it[only->item].t->numel == dt__ck_numel(e->ndim, e->shape) &&
+                 memcmp(only->sstart, L->it[only->item].p->start, sizeof(int64_t) * (size_t)e->ndim) == 0;
+        if (uses == 0) {
+            st = dt__ck_read_all(ctx, fd, NULL, bytes, scratch, &h, path, fn);
+        } else if (direct) {
+            st = dt__ck_read_all(ctx, fd, L->it[only->item].tmp.data, bytes, scratch, &h, path, fn);
+            only->done = 1;
+        } else {
+            if (bytes > buf_cap) {
+                dt_release(ctx, buf);
+                buf_cap = bytes;
+                if (!(buf = (char *)dt_alloc(ctx, buf_cap ? buf_cap : 1))) { st = DT_ERR_OOM; break; }
+            }
+            st = dt__ck_read_all(ctx, fd, buf, bytes, scratch, &h, path, fn);
+            for (k = 0; !st && k < L->n_pc; k++) {
+                dt__ck_piece *pc = &L->pc[k];
+                if (pc->file != f || strcmp(pc->src, e->name) != 0) continue;
+                dt__ck_copy_piece(&L->it[pc->item], pc, buf);
+                pc->done = 1;
+            }
+        }
+        pos = e->end;
+    }
+    if (!st && data_len > pos) st = dt__ck_read_all(ctx, fd, NULL, (size_t)(data_len - pos), scratch, &h, path, fn);
+    if (!st && (got = dt_xxh64_final(&h)) != L->files[f].hash)
+        st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: checksum mismatch, xxh64 %016llx but the manifest says "
+                              "%016llx (corrupt file)", fn, path, (unsigned long long)got,
+                              (unsigned long long)L->files[f].hash);
+    for (k = 0; !st && k < L->n_pc; k++)
+        if (L->pc[k].file == f && !L->pc[k].done)
+            st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s has no entry \"%s\", which the manifest places there", fn,
+                                  path, L->pc[k].src);
+    close(fd);
+    dt_json_free(ctx, root);
+    dt_release(ctx, en);
+    dt_release(ctx, htext);
+    dt_release(ctx, buf);
+    dt_release(ctx, scratch);
+    return st;
+}
+
+/* Everything this rank needs, validated and read into temporaries; nothing live is touched. */
+static dt_status dt__ck_load_local(dt_ctx *ctx, const dt_checkpoint_desc *desc, dt_params *ps, dt_optimizer *opt,
+                                   dt__ck_load *L, const char *fn) {
+    int i, f;
+    DT__OTRY(dt__ck_resolve(ctx, desc, L->dir, fn));
+    DT__OTRY(dt__ck_parse_manifest(ctx, L, fn));
+    DT__OTRY(dt__ck_items(ctx, ps, opt, &L->it, &L->n_it, fn));
+    DT__OTRY(dt__ck_parse_scalars(ctx, L, opt, fn));
+    for (i = 0; i < L->n_it; i++) DT__OTRY(dt__ck_target(ctx, L, i, fn));
+    for (i = 0; i < L->n_it; i++) DT__OTRY(dt__tensor_like(ctx, &L->it[i].tmp, L->it[i].t, L->it[i].t->dtype));
+    for (f = 0; f < L->world; f++)
+        if (L->files[f].needed) DT__OTRY(dt__ck_read_file(ctx, L, f, fn));
+    return DT_OK;
+}
+
+/* The only part that changes anything, reached when every rank has read everything. The
+   optimizer's tensors take the temporaries' buffers; parameters are copied (views into them
+   stay valid). */
+static void dt__ck_commit(dt_ctx *ctx, dt__ck_load *L, dt_optimizer *opt, dt_train_state *state) {
+    int i;
+    for (i = 0; i < L->n_it; i++) {
+        dt__ck_item *x = &L->it[i];
+        if (x->kind != DT__CK_VALUE) {
+            void *d = x->t->data;
+            x->t->data = x->tmp.data;
+            x->tmp.data = d;
+        } else if (x->t->device == DT_CUDA_DEVICE) {
+            dt_tensor_copy(ctx, x->t, &x->tmp);
+        } else {
+            memcpy(x->t->data, x->tmp.data, dt_tensor_bytes(x->t));
+        }
+    }
+    if (opt) {
+        opt->step = L->opt_step;
+        opt->scaler = L->scaler;
+    }
+    if (state) *state = L->ts;
+}
+
+DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, const dt_checkpoint_desc *desc, dt_params *ps, dt_optimizer *opt,
+                                    dt_train_state *state) {
+    const char *fn = "dt_checkpoint_load";
+    dt__ck_load *L;
+    dt_status st;
+    if (!ctx) return DT_ERR_ARG;
+    if (!desc || !desc->dir || !desc->dir[0] || !ps)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL or empty", fn, !desc ? "desc" : !ps ? "ps" : "desc.dir");
+    if (strlen(desc->dir) + DT__CK_NAME + 64 >= DT__CK_PATH)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.dir is %zu bytes long; at most %d", fn, strlen(desc->dir),
+                                DT__CK_PATH - DT__CK_NAME - 64);
+    if (!(L = (dt__ck_load *)dt_alloc(ctx, sizeof *L))) return DT_ERR_OOM;
+    memset(L, 0, sizeof *L);
+    st = dt__ck_load_local(ctx, desc, ps, opt, L, fn);
+    st = dt__ck_agree(ctx, desc->comm, st, fn);
+    if (!st) dt__ck_commit(ctx, L, opt, state);
+    dt__ck_items_free(ctx, L->it, L->n_it);
+    dt_release(ctx, L->pc);
+    dt_release(ctx, L->files);
+    dt_json_free(ctx, L->man);
+    dt_release(ctx, L->text);
+    dt_release(ctx, L);
+    return st;
+}
+
+#else /* no POSIX file system calls: checkpoints are not available */
+
+DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, const dt_checkpoint_desc *desc, dt_params *ps, dt_optimizer *opt,
+                                    const dt_train_state *state) {
+    (void)desc; (void)ps; (void)opt; (void)state;
+    if (!ctx) return DT_ERR_ARG;
+    return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "dt_checkpoint_save: needs a POSIX system (open, fsync, rename)");
+}
+
+DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, const dt_checkpoint_desc *desc, dt_params *ps, dt_optimizer *opt,
+                                    dt_train_state *state) {
+    (void)desc; (void)ps; (void)opt; (void)state;
+    if (!ctx) return DT_ERR_ARG;
+    return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "dt_checkpoint_load: needs a POSIX system (open, rename)");
+}
+
+#endif /* DT__OPT_POSIX */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_OPT_IMPLEMENTATION_DONE */
+#endif /* DT_OPT_IMPLEMENTATION */
+
+/*
+MIT License
+
+Copyright (c) 2026 the dt authors
+
+Permission is hereby granted, free of charge, to any person obtaining a copy of this software and
+associated documentation files (the "Software"), to deal in the Software without restriction,
+including without limitation the rights to use, copy, modify, merge, publish, distribute,
+sublicense, and/or sell copies of the Software, and to permit persons to whom the Software is
+furnished to do so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all copies or
+substantial portions of the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING BUT
+NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND
+NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM,
+DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM, OUT
+OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+*/

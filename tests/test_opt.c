@@ -1,0 +1,1168 @@
+/* tests/test_opt.c - unit tests of dt_opt.h on one process: each optimizer against its
+   documented formula computed here in double, schedules at hand-derived points, loss-scaler
+   dynamics with injected inf/NaN, bf16 master weights, gradient accumulation equal to one big
+   batch, clipping, bitwise resume (fp32 and bf16 master), checkpoint crash safety (a child
+   killed by SIGKILL inside save), truncated / corrupt / foreign / mismatched checkpoints, and
+   the named errors of bad arguments. */
+#define _POSIX_C_SOURCE 200809L /* fork, waitpid: the crash test */
+#define DT_IMPLEMENTATION
+#include "dt_tensor.h"
+#include "dt_comm.h"
+#include "dt_opt.h"
+#include "dt_test.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static dt_ctx C;
+
+/* ---------------------------------------------------------------- helpers */
+
+static dt_param *add(dt_params *ps, const char *name, dt_dtype dt, int64_t d0, int64_t d1) {
+    dt_param_desc d;
+    dt_param *p = NULL;
+    memset(&d, 0, sizeof d);
+    d.name = name;
+    d.dtype = dt;
+    d.shape[0] = d0;
+    d.shape[1] = d1;
+    if (dt_params_add(&C, ps, &d, &p)) { fprintf(stderr, "params_add: %s\n", dt_ctx_error(&C)); exit(2); }
+    return p;
+}
+
+static float *F(dt_tensor *t) { return (float *)t->data; }
+
+static dt_optimizer *mkopt(dt_params *ps, const dt_opt_desc *d) {
+    dt_optimizer *o = NULL;
+    if (dt_opt_create(&C, ps, d, &o)) { fprintf(stderr, "opt_create: %s\n", dt_ctx_error(&C)); exit(2); }
+    return o;
+}
+
+static int ok(dt_status st, const char *what) {
+    if (st) fprintf(stderr, "%s: %s\n", what, dt_ctx_error(&C));
+    return st == DT_OK;
+}
+
+/* The gradient of element i at step t (1-based): varied signs and sizes, exact in float. */
+static float grad_at(int i, int t) { return (float)(0.25 * sin(1.3 * i + 0.7 * t) + 0.01 * (i - 2)); }
+
+static const float W0[5] = {0.5f, -1.0f, 2.0f, 0.0f, -0.25f};
+
+/* ---------------------------------------------------------------- optimizers vs formulas */
+
+typedef struct ref_cfg {
+    dt_opt_kind kind;
+    double lr, wd, mom, damp, b1, b2, eps, lr_decay, init_acc;
+    int nesterov;
+} ref_cfg;
+
+/* PyTorch's documented algorithms, in double, written out independently of dt_opt.h. */
+static void ref_step(const ref_cfg *c, double *w, double *s0, double *s1, const double *g_in, int n, int t) {
+    int i;
+    for (i = 0; i < n; i++) {
+        double g = g_in[i];
+        if (c->kind == DT_OPT_SGD) {
+            if (c->wd != 0) g += c->wd * w[i];
+            if (c->mom != 0) {
+                s0[i] = t > 1 ? c->mom * s0[i] + (1 - c->damp) * g : g;
+                g = c->nesterov ? g + c->mom * s0[i] : s0[i];
+            }
+            w[i] -= c->lr * g;
+        } else if (c->kind == DT_OPT_ADAM || c->kind == DT_OPT_ADAMW) {
+            double mh, vh;
+            if (c->kind == DT_OPT_ADAMW) w[i] -= c->lr * c->wd * w[i];
+            else if (c->wd != 0) g += c->wd * w[i];
+            s0[i] = c->b1 * s0[i] + (1 - c->b1) * g;
+            s1[i] = c->b2 * s1[i] + (1 - c->b2) * g * g;
+            mh = s0[i] / (1 - pow(c->b1, t));
+            vh = s1[i] / (1 - pow(c->b2, t));
+            w[i] -= c->lr * mh / (sqrt(vh) + c->eps);
+        } else { /* Adagrad */
+            double clr = c->lr / (1 + (t - 1) * c->lr_decay);
+            if (c->wd != 0) g += c->wd * w[i];
+            s0[i] += g * g;
+            w[i] -= clr * g / (sqrt(s0[i]) + c->eps);
+        }
+    }
+}
+
+/* 3 steps of dt_opt_step against ref_step; desc fields as given, ref_cfg with the resolved
+   PyTorch defaults written by hand. */
+static void check_opt(const char *name, const dt_opt_desc *d, const ref_cfg *c) {
+    dt_params ps;
+    dt_param *p;
+    dt_optimizer *o;
+    double w[5], s0[5], s1[5], g[5];
+    float want[5];
+    int i, t, bad_step = 0;
+    memset(&ps, 0, sizeof ps);
+    p = add(&ps, "w", DT_F32, 5, 0);
+    memcpy(p->value.data, W0, sizeof W0);
+    o = mkopt(&ps, d);
+    for (i = 0; i < 5; i++) { w[i] = W0[i]; s0[i] = c->init_acc; s1[i] = 0; }
+    for (t = 1; t <= 3; t++) {
+        for (i = 0; i < 5; i++) { F(&p->grad)[i] = grad_at(i, t); g[i] = F(&p->grad)[i]; }
+        if (dt_opt_step(o, NULL)) bad_step = 1;
+        ref_step(c, w, s0, s1, g, 5, t);
+    }
+    for (i = 0; i < 5; i++) want[i] = (float)w[i];
+    if (bad_step) dt_test_fail(name, "dt_opt_step failed: %s", dt_ctx_error(&C));
+    else dt_test_allclose(name, F(&p->value), want, 5, 2e-7, 2e-6);
+    dt_opt_free(o);
+    dt_params_free(&C, &ps);
+}
+
+static void test_optimizers(void) {
+    dt_opt_desc d;
+    ref_cfg c;
+    /* SGD, PyTorch defaults but lr; momentum 0 */
+    memset(&d, 0, sizeof d); memset(&c, 0, sizeof c);
+    d.kind = DT_OPT_SGD; d.lr = 0.1;
+    c.kind = DT_OPT_SGD; c.lr = 0.1;
+    check_opt("sgd_plain_matches_formula_3_steps", &d, &c);
+    /* SGD with momentum, dampening and L2 weight decay */
+    d.momentum = 0.9; d.dampening = 0.1; d.weight_decay = 0.01;
+    c.mom = 0.9; c.damp = 0.1; c.wd = 0.01;
+    check_opt("sgd_momentum_dampening_decay_matches_formula_3_steps", &d, &c);
+    /* Nesterov */
+    d.dampening = 0; d.nesterov = 1;
+    c.damp = 0; c.nesterov = 1;
+    check_opt("sgd_nesterov_matches_formula_3_steps", &d, &c);
+    /* Adam with its defaults (lr 1e-3, betas 0.9/0.999, eps 1e-8) and L2 decay */
+    memset(&d, 0, sizeof d); memset(&c, 0, sizeof c);
+    d.kind = DT_OPT_ADAM; d.lr = 0.05; d.weight_decay = 0.1;
+    c.kind = DT_OPT_ADAM; c.lr = 0.05; c.wd = 0.1; c.b1 = 0.9; c.b2 = 0.999; c.eps = 1e-8;
+    check_opt("adam_l2_matches_formula_3_steps", &d, &c);
+    /* AdamW with every default (lr 1e-3, weight_decay 1e-2) */
+    memset(&d, 0, sizeof d); memset(&c, 0, sizeof c);
+    d.kind = DT_OPT_ADAMW;
+    c.kind = DT_OPT_ADAMW; c.lr = 1e-3; c.wd = 1e-2; c.b1 = 0.9; c.b2 = 0.999; c.eps = 1e-8;
+    check_opt("adamw_defaults_match_formula_3_steps", &d, &c);
+    /* AdamW, other betas, large lr so decoupled decay shows */
+    d.lr = 0.1; d.weight_decay = 0.5; d.beta1 = 0.8; d.beta2 = 0.99; d.eps = 1e-6;
+    c.lr = 0.1; c.wd = 0.5; c.b1 = 0.8; c.b2 = 0.99; c.eps = 1e-6;
+    check_opt("adamw_decoupled_decay_matches_formula_3_steps", &d, &c);
+    /* DT_OPT_ZERO: beta1 = 0 and no decay for AdamW */
+    d.beta1 = DT_OPT_ZERO; d.weight_decay = DT_OPT_ZERO;
+    c.b1 = 0; c.wd = 0;
+    check_opt("adamw_explicit_zero_beta1_and_decay", &d, &c);
+    /* Adagrad with lr_decay, weight decay and an initial accumulator */
+    memset(&d, 0, sizeof d); memset(&c, 0, sizeof c);
+    d.kind = DT_OPT_ADAGRAD; d.lr = 0.2; d.lr_decay = 0.1; d.weight_decay = 0.05; d.initial_accumulator_value = 0.3;
+    c.kind = DT_OPT_ADAGRAD; c.lr = 0.2; c.lr_decay = 0.1; c.wd = 0.05; c.init_acc = 0.3; c.eps = 1e-10;
+    check_opt("adagrad_matches_formula_3_steps", &d, &c);
+
+    /* A literal derived by hand: Adam's first step moves each weight by lr * g / (|g| + eps),
+       i.e. lr against the sign of g: 1 - 0.1 * 0.5 / (0.5 + 1e-8) = 0.9 (to float). */
+    {
+        dt_params ps;
+        dt_param *p;
+        dt_optimizer *o;
+        memset(&ps, 0, sizeof ps);
+        p = add(&ps, "w", DT_F32, 2, 0);
+        F(&p->value)[0] = 1.0f; F(&p->value)[1] = 1.0f;
+        F(&p->grad)[0] = 0.5f; F(&p->grad)[1] = -2.0f;
+        memset(&d, 0, sizeof d);
+        d.kind = DT_OPT_ADAM; d.lr = 0.1;
+        o = mkopt(&ps, &d);
+        dt_opt_step(o, NULL);
+        dt_test_close("adam_first_step_is_lr_times_sign", F(&p->value)[0], 0.9, 1e-7);
+        dt_test_close("adam_first_step_negative_grad", F(&p->value)[1], 1.1, 1e-7);
+        dt_opt_free(o);
+        dt_params_free(&C, &ps);
+    }
+}
+
+/* Groups: group 1 at half the lr and its own decay; a no_decay parameter gets none. */
+static void test_groups(void) {
+    dt_params ps;
+    dt_param *a, *b, *nd;
+    dt_optimizer *o;
+    dt_opt_desc d;
+    ref_cfg ca, cb, cn;
+    double wa[5], wb[5], wn[5], ma[5] = {0}, va[5] = {0}, mb[5] = {0}, vb[5] = {0}, mn[5] = {0}, vn[5] = {0}, g[5];
+    float fa[5], fb[5], fn_[5];
+    int i, t;
+    memset(&ps, 0, sizeof ps);
+    a = add(&ps, "a", DT_F32, 5, 0);
+    b = add(&ps, "b", DT_F32, 5, 0);
+    nd = add(&ps, "bias", DT_F32, 5, 0);
+    b->group = 1;
+    nd->no_decay = 1;
+    memcpy(a->value.data, W0, sizeof W0); memcpy(b->value.data, W0, sizeof W0); memcpy(nd->value.data, W0, sizeof W0);
+    memset(&d, 0, sizeof d);
+    d.kind = DT_OPT_ADAMW; d.lr = 0.1; d.weight_decay = 0.2;
+    d.groups[1].lr_scale = 0.5; d.groups[1].weight_decay = 0.4;
+    o = mkopt(&ps, &d);
+    memset(&ca, 0, sizeof ca);
+    ca.kind = DT_OPT_ADAMW; ca.lr = 0.1; ca.wd = 0.2; ca.b1 = 0.9; ca.b2 = 0.999; ca.eps = 1e-8;
+    cb = ca; cb.lr = 0.05; cb.wd = 0.4;
+    cn = ca; cn.wd = 0;
+    for (i = 0; i < 5; i++) wa[i] = wb[i] = wn[i] = W0[i];
+    for (t = 1; t <= 3; t++) {
+        for (i = 0; i < 5; i++) {
+            F(&a->grad)[i] = F(&b->grad)[i] = F(&nd->grad)[i] = grad_at(i, t);
+            g[i] = grad_at(i, t);
+        }
+        dt_opt_step(o, NULL);
+        ref_step(&ca, wa, ma, va, g, 5, t);
+        ref_step(&cb, wb, mb, vb, g, 5, t);
+        ref_step(&cn, wn, mn, vn, g, 5, t);
+    }
+    for (i = 0; i < 5; i++) { fa[i] = (float)wa[i]; fb[i] = (float)wb[i]; fn_[i] = (float)wn[i]; }
+    dt_test_allclose("group0_uses_base_lr_and_decay", F(&a->value), fa, 5, 2e-7, 2e-6);
+    dt_test_allclose("group1_uses_lr_scale_and_own_decay", F(&b->value), fb, 5, 2e-7, 2e-6);
+    dt_test_allclose("no_decay_param_gets_no_weight_decay", F(&nd->value), fn_, 5, 2e-7, 2e-6);
+    dt_opt_free(o);
+    dt_params_free(&C, &ps);
+}
+
+/* ---------------------------------------------------------------- schedules */
+
+static void test_schedules(void) {
+    dt_lr_schedule s;
+    double got[6];
+    memset(&s, 0, sizeof s);
+    s.lr = 0.3;
+    dt_test_close("lr_constant", dt_lr_at(&s, 12345), 0.3, 0);
+    s.kind = DT_LR_COSINE; s.lr = 1.0; s.min_lr = 0.1; s.warmup_steps = 10; s.total_steps = 100;
+    /* warmup (s+1)/10; r = (s-10)/90; cos(pi/2) = 0 at s = 55 -> 0.1 + 0.9 * 0.5 */
+    got[0] = dt_lr_at(&s, 0); got[1] = dt_lr_at(&s, 9); got[2] = dt_lr_at(&s, 10);
+    got[3] = dt_lr_at(&s, 55); got[4] = dt_lr_at(&s, 100); got[5] = dt_lr_at(&s, 1000);
+    dt_test_close("lr_warmup_first_step", got[0], 0.1, 1e-15);
+    dt_test_close("lr_warmup_last_step_reaches_peak", got[1], 1.0, 1e-15);
+    dt_test_close("lr_cosine_starts_at_peak", got[2], 1.0, 1e-15);
+    dt_test_close("lr_cosine_halfway", got[3], 0.55, 1e-12);
+    dt_test_close("lr_cosine_ends_at_floor", got[4], 0.1, 1e-15);
+    dt_test_close("lr_cosine_stays_at_floor", got[5], 0.1, 1e-15);
+    /* cos(pi/4): r = 22.5/90 at s = 32.5 is not a step; s = 28 -> r = 0.2 */
+    dt_test_close("lr_cosine_at_r_0.2", dt_lr_at(&s, 28), 0.1 + 0.9 * 0.5 * (1 + cos(3.14159265358979323846 * 0.2)),
+                  1e-12);
+    s.kind = DT_LR_LINEAR;
+    dt_test_close("lr_linear_halfway", dt_lr_at(&s, 55), 0.55, 1e-12);
+    dt_test_close("lr_linear_end", dt_lr_at(&s, 100), 0.1, 1e-15);
+    s.kind = DT_LR_WSD; s.decay_steps = 20;
+    dt_test_close("lr_wsd_stable", dt_lr_at(&s, 50), 1.0, 0);
+    dt_test_close("lr_wsd_decay_start", dt_lr_at(&s, 80), 1.0, 0);
+    dt_test_close("lr_wsd_decay_halfway", dt_lr_at(&s, 90), 0.55, 1e-12);
+    dt_test_close("lr_wsd_end", dt_lr_at(&s, 100), 0.1, 1e-15);
+    s.decay_steps = 0; /* default 10% = 10 steps: decay from 90 */
+    dt_test_close("lr_wsd_default_decay_is_10_percent", dt_lr_at(&s, 95), 0.55, 1e-12);
+    s.kind = DT_LR_COSINE; s.total_steps = 10;
+    DT_TEST_CHECK("lr_invalid_schedule_is_nan", isnan(dt_lr_at(&s, 3)));
+    dt_test_error("lr_invalid_schedule_named", dt_lr_schedule_check(&C, &s), dt_ctx_error(&C), "total_steps = 10");
+    /* the optimizer follows its schedule, step by step */
+    {
+        dt_params ps;
+        dt_param *p;
+        dt_optimizer *o;
+        dt_opt_desc d;
+        dt_opt_step_info info;
+        memset(&ps, 0, sizeof ps);
+        p = add(&ps, "w", DT_F32, 1, 0);
+        memset(&d, 0, sizeof d);
+        d.kind = DT_OPT_SGD; d.lr = 2.0;
+        d.schedule.kind = DT_LR_LINEAR; d.schedule.warmup_steps = 2; d.schedule.total_steps = 6;
+        o = mkopt(&ps, &d);
+        F(&p->grad)[0] = 1.0f;
+        dt_opt_step(o, &info); /* lr 1 */
+        dt_opt_step(o, &info); /* lr 2 */
+        dt_opt_step(o, &info); /* lr 2 (r = 0) */
+        dt_test_close("opt_follows_schedule_lr", info.lr, 2.0, 0);
+        dt_test_close("opt_schedule_updates_sum", F(&p->value)[0], -5.0, 1e-6);
+        dt_test_close("opt_next_lr", dt_opt_lr(o), 1.5, 1e-12);
+        dt_opt_free(o);
+        dt_params_free(&C, &ps);
+    }
+}
+
+/* ---------------------------------------------------------------- loss scaling */
+
+static void test_loss_scaler(void) {
+    dt_params ps, ref_ps;
+    dt_param *p, *r;
+    dt_optimizer *o, *ro;
+    dt_opt_desc d;
+    dt_opt_step_info info;
+    float before[4];
+    int i, step, ok_unscaled = 1;
+    double scales[8];
+    int skipped[8];
+    memset(&ps, 0, sizeof ps);
+    memset(&ref_ps, 0, sizeof ref_ps);
+    p = add(&ps, "w", DT_F32, 4, 0);
+    r = add(&ref_ps, "w", DT_F32, 4, 0);
+    memcpy(p->value.data, W0, 16);
+    memcpy(r->value.data, W0, 16);
+    memset(&d, 0, sizeof d);
+    d.kind = DT_OPT_ADAMW; d.lr = 0.01;
+    d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC; d.loss_scale.init_scale = 1024; d.loss_scale.growth_interval = 3;
+    o = mkopt(&ps, &d);
+    d.loss_scale.mode = DT_LOSS_SCALE_NONE;
+    ro = mkopt(&ref_ps, &d);
+    /* step 0 clean, step 1 inf, step 2 NaN, steps 3..5 clean: the scale goes 1024 -> 512 -> 256,
+       stays for two clean steps and grows to 512 after the third */
+    for (step = 0; step < 6; step++) {
+        float seed = 0;
+        dt_opt_micro_begin(o, NULL, 0, &seed);
+        for (i = 0; i < 4; i++) F(&p->grad)[i] = grad_at(i, step) * seed; /* a backward seeded with the scale */
+        if (step == 1) F(&p->grad)[2] = INFINITY;
+        if (step == 2) F(&p->grad)[0] = NAN;
+        memcpy(before, p->value.data, 16);
+        dt_opt_step(o, &info);
+        scales[step] = o->scaler.scale;
+        skipped[step] = info.skipped;
+        if (step == 1) {
+            DT_TEST_CHECK("inf_step_is_skipped", info.skipped == 1);
+            dt_test_equal_bytes("inf_step_leaves_weights", p->value.data, before, 16);
+        }
+        if (!info.skipped) { /* the unscaled update equals an unscaled run's */
+            for (i = 0; i < 4; i++) F(&r->grad)[i] = grad_at(i, step);
+            dt_opt_step(ro, NULL);
+            if (memcmp(p->value.data, r->value.data, 16) != 0) ok_unscaled = 0;
+        }
+    }
+    DT_TEST_CHECK("nan_step_is_skipped", skipped[2] == 1 && skipped[0] == 0 && skipped[3] == 0);
+    dt_test_close("scale_backs_off_on_inf", scales[1], 512, 0);
+    dt_test_close("scale_backs_off_on_nan", scales[2], 256, 0);
+    dt_test_close("scale_holds_before_interval", scales[4], 256, 0);
+    dt_test_close("scale_grows_after_interval_clean_steps", scales[5], 512, 0);
+    DT_TEST_CHECK("skipped_steps_do_not_count", o->step == 4 && o->scaler.skipped == 2);
+    DT_TEST_CHECK("scaled_grads_give_the_unscaled_update_bitwise", ok_unscaled);
+    dt_opt_free(o);
+    dt_opt_free(ro);
+
+    /* static: the scale never moves, an overflow still skips */
+    memset(&d, 0, sizeof d);
+    d.kind = DT_OPT_SGD; d.lr = 0.1;
+    d.loss_scale.mode = DT_LOSS_SCALE_STATIC; d.loss_scale.init_scale = 128;
+    o = mkopt(&ps, &d);
+    F(&p->grad)[0] = INFINITY;
+    dt_opt_step(o, &info);
+    DT_TEST_CHECK("static_scale_skips_overflow", info.skipped == 1 && o->scaler.scale == 128);
+    dt_opt_free(o);
+    dt_params_free(&C, &ps);
+    dt_params_free(&C, &ref_ps);
+
+    /* DEFAULT: dynamic for f16 parameters, none for bf16 */
+    {
+        dt_params hp;
+        memset(&hp, 0, sizeof hp);
+        add(&hp, "h", DT_F16, 2, 0);
+        memset(&d, 0, sizeof d);
+        o = mkopt(&hp, &d);
+        DT_TEST_CHECK("f16_params_get_dynamic_scaling", o->scaler.mode == DT_LOSS_SCALE_DYNAMIC &&
+                                                            o->scaler.scale == 65536 && o->scaler.growth_interval == 2000);
+        dt_opt_free(o);
+        dt_params_free(&C, &hp);
+        add(&hp, "b", DT_BF16, 2, 0);
+        o = mkopt(&hp, &d);
+        DT_TEST_CHECK("bf16_params_need_no_scaling", o->scaler.mode == DT_LOSS_SCALE_NONE && o->scaler.scale == 1);
+        dt_opt_free(o);
+        dt_params_free(&C, &hp);
+    }
+}
+
+/* bf16 master weights: the master follows the f32 run bitwise; the value is its bf16 rounding. */
+static void test_master_weights(void) {
+    dt_params bp, fp;
+    dt_param *b, *f;
+    dt_optimizer *bo, *fo;
+    dt_opt_desc d;
+    uint16_t want[6];
+    int i, t;
+    memset(&bp, 0, sizeof bp);
+    memset(&fp, 0, sizeof fp);
+    b = add(&bp, "w", DT_BF16, 6, 0);
+    f = add(&fp, "w", DT_F32, 6, 0);
+    for (i = 0; i < 6; i++) {
+        ((uint16_t *)b->value.data)[i] = dt_f32_to_bf16(0.37f * (float)(i - 2));
+        F(&f->value)[i] = dt_bf16_to_f32(((uint16_t *)b->value.data)[i]);
+    }
+    memset(&d, 0, sizeof d);
+    d.kind = DT_OPT_ADAMW; d.lr = 1e-3;
+    bo = mkopt(&bp, &d);
+    fo = mkopt(&fp, &d);
+    for (t = 1; t <= 3; t++) {
+        for (i = 0; i < 6; i++) F(&b->grad)[i] = F(&f->grad)[i] = grad_at(i, t);
+        dt_opt_step(bo, NULL);
+        dt_opt_step(fo, NULL);
+    }
+    dt_test_equal_bytes("bf16_master_equals_f32_run", bo->slots[0].master.data, f->value.data, 24);
+    for (i = 0; i < 6; i++) want[i] = dt_f32_to_bf16(F(&f->value)[i]);
+    dt_test_equal_bytes("bf16_value_is_master_rounded_to_nearest_even", b->value.data, want, 12);
+    /* lr 1e-3 steps are below bf16's resolution at these magnitudes: without the master the
+       weights would not move at all */
+    DT_TEST_CHECK("master_accumulates_updates_below_bf16_resolution",
+                  F(&bo->slots[0].master)[1] != dt_bf16_to_f32(dt_f32_to_bf16(-0.37f)));
+    dt_opt_free(bo);
+    dt_opt_free(fo);
+    dt_params_free(&C, &bp);
+    dt_params_free(&C, &fp);
+}
+
+/* ---------------------------------------------------------------- a small model */
+
+typedef struct mlp {
+    dt_params ps;
+    dt_param *w1, *b1, *w2, *b2;
+} mlp;
+
+#define IN 6
+#define HID 8
+#define OUT 3
+
+static void mlp_init(mlp *m, dt_dtype dt, uint64_t seed) {
+    dt_param_desc d;
+    memset(m, 0, sizeof *m);
+    memset(&d, 0, sizeof d);
+    d.dtype = dt;
+    d.init.kind = DT_INIT_SCALED_NORMAL;
+    d.init.seed = seed;
+    d.name = "w1"; d.shape[0] = HID; d.shape[1] = IN;
+    dt_params_add(&C, &m->ps, &d, &m->w1);
+    d.name = "w2"; d.shape[0] = OUT; d.shape[1] = HID;
+    dt_params_add(&C, &m->ps, &d, &m->w2);
+    d.init.kind = DT_INIT_UNIFORM; d.init.low = -0.1; d.init.high = 0.1; d.no_decay = 1;
+    d.name = "b1"; d.shape[0] = HID; d.shape[1] = 0;
+    dt_params_add(&C, &m->ps, &d, &m->b1);
+    d.name = "b2"; d.shape[0] = OUT;
+    dt_params_add(&C, &m->ps, &d, &m->b2);
+}
+
+static dt_tensor tmp_f32(int64_t d0, int64_t d1) {
+    dt_tensor t;
+    dt_tensor_desc d;
+    memset(&d, 0, sizeof d);
+    d.shape[0] = d0;
+    d.shape[1] = d1;
+    dt_tensor_create(&C, &t, &d);
+    return t;
+}
+
+/* An f32 view of a parameter's value: itself, or a cast copy of a bf16 value. */
+static dt_tensor as_f32(dt_param *p, int *owned) {
+    dt_tensor t;
+    if (p->value.dtype == DT_F32) { *owned = 0; return p->value; }
+    t = tmp_f32(p->value.shape[0], p->value.ndim > 1 ? p->value.shape[1] : 0);
+    dt_tensor_cast(&C, &t, &p->value);
+    *owned = 1;
+    return t;
+}
+
+/* Samples [first, first + n) of a synthetic task: x ~ N(0,1), class from the RNG. */
+static void batch(uint64_t seed, int64_t first, int n, dt_tensor *x, dt_tensor *y) {
+    dt_tensor_desc d;
+    int i, k;
+    *x = tmp_f32(n, IN);
+    memset(&d, 0, sizeof d);
+    d.dtype = DT_I32;
+    d.shape[0] = n;
+    dt_tensor_create(&C, y, &d);
+    for (i = 0; i < n; i++) {
+        for (k = 0; k < IN; k++) F(x)[i * IN + k] = dt_rng_normal(seed, 1, (uint64_t)((first + i) * IN + k));
+        ((int32_t *)y->data)[i] = (int32_t)(dt_rng_uniform(seed, 2, (uint64_t)(first + i)) * OUT) % OUT;
+    }
+}
+
+/* Forward + backward of n samples; grads += d(dloss * loss). Returns the loss. */
+static float mlp_step(mlp *m, const dt_tensor *x, const dt_tensor *y, float dloss) {
+    int n = (int)x->shape[0], o1, o2, o3, o4;
+    dt_tensor w1 = as_f32(m->w1, &o1), b1 = as_f32(m->b1, &o2), w2 = as_f32(m->w2, &o3), b2 = as_f32(m->b2, &o4);
+    dt_tensor h = tmp_f32(n, HID), a = tmp_f32(n, HID), lg = tmp_f32(n, OUT), pr = tmp_f32(n, OUT);
+    dt_tensor dlg = tmp_f32(n, OUT), da = tmp_f32(n, HID), dh = tmp_f32(n, HID);
+    float loss = 0;
+    dt_status st = dt_linear_fwd(&C, &h, x, &w1, &b1);
+    if (!st) st = dt_relu_fwd(&C, &a, &h);
+    if (!st) st = dt_linear_fwd(&C, &lg, &a, &w2, &b2);
+    if (!st) st = dt_softmax_xent_fwd(&C, &loss, NULL, &pr, &lg, y, -1);
+    if (!st) st = dt_softmax_xent_bwd(&C, &dlg, &pr, y, -1, dloss);
+    if (!st) st = dt_linear_bwd(&C, &da, &m->w2->grad, &m->b2->grad, &dlg, &a, &w2);
+    if (!st) st = dt_relu_bwd(&C, &dh, &da, &h);
+    if (!st) st = dt_linear_bwd(&C, NULL, &m->w1->grad, &m->b1->grad, &dh, x, &w1);
+    if (st) { fprintf(stderr, "mlp_step: %s\n", dt_ctx_error(&C)); exit(2); }
+    if (o1) dt_tensor_free(&C, &w1);
+    if (o2) dt_tensor_free(&C, &b1);
+    if (o3) dt_tensor_free(&C, &w2);
+    if (o4) dt_tensor_free(&C, &b2);
+    dt_tensor_free(&C, &h); dt_tensor_free(&C, &a); dt_tensor_free(&C, &lg); dt_tensor_free(&C, &pr);
+    dt_tensor_free(&C, &dlg); dt_tensor_free(&C, &da); dt_tensor_free(&C, &dh);
+    return loss;
+}
+
+/* ---------------------------------------------------------------- gradient accumulation */
+
+static void grads_of(mlp *m, float *out) {
+    int i;
+    int64_t off = 0;
+    for (i = 0; i < m->ps.count; i++) {
+        memcpy(out + off, m->ps.items[i]->grad.data, dt_tensor_bytes(&m->ps.items[i]->grad));
+        off += m->ps.items[i]->grad.numel;
+    }
+}
+
+static void values_of(mlp *m, float *out) {
+    int i;
+    int64_t off = 0;
+    for (i = 0; i < m->ps.count; i++) {
+        memcpy(out + off, m->ps.items[i]->value.data, dt_tensor_bytes(&m->ps.items[i]->value));
+        off += m->ps.items[i]->value.numel;
+    }
+}
+
+#define NPARAM (HID * IN + HID + OUT * HID + OUT)
+
+static void test_accumulation(void) {
+    mlp big, acc;
+    dt_optimizer *ob, *oa;
+    dt_opt_desc d;
+    dt_tensor x, y;
+    float gb[NPARAM], ga[NPARAM], vb[NPARAM], va[NPARAM], maxg = 0, seed = 0;
+    int micro, i;
+    mlp_init(&big, DT_F32, 7);
+    mlp_init(&acc, DT_F32, 7);
+    memset(&d, 0, sizeof d);
+    d.kind = DT_OPT_SGD; d.lr = 0.5; d.momentum = 0.9;
+    ob = mkopt(&big.ps, &d);
+    d.accum_steps = 4;
+    oa = mkopt(&acc.ps, &d);
+    /* one batch of 32 */
+    batch(99, 0, 32, &x, &y);
+    mlp_step(&big, &x, &y, 1.0f);
+    dt_tensor_free(&C, &x); dt_tensor_free(&C, &y);
+    /* four micro-batches of 8, each seeded with 1/4 */
+    for (micro = 0; micro < 4; micro++) {
+        dt_opt_micro_begin(oa, NULL, micro, &seed);
+        batch(99, 8 * micro, 8, &x, &y);
+        mlp_step(&acc, &x, &y, seed);
+        dt_tensor_free(&C, &x); dt_tensor_free(&C, &y);
+    }
+    dt_test_close("accum_seed_is_one_over_micro_steps", seed, 0.25, 0);
+    grads_of(&big, gb);
+    grads_of(&acc, ga);
+    for (i = 0; i < NPARAM; i++) maxg = fabsf(gb[i]) > maxg ? fabsf(gb[i]) : maxg;
+    dt_test_allclose("accum_4x8_grads_equal_batch_32", ga, gb, NPARAM, 1e-6 * maxg, 1e-6);
+    dt_opt_step(ob, NULL);
+    dt_opt_step(oa, NULL);
+    values_of(&big, vb);
+    values_of(&acc, va);
+    dt_test_allclose("accum_4x8_step_equals_batch_32_step", va, vb, NPARAM, 1e-7, 1e-6);
+    dt_opt_free(ob);
+    dt_opt_free(oa);
+    dt_params_free(&C, &big.ps);
+    dt_params_free(&C, &acc.ps);
+}
+
+/* ---------------------------------------------------------------- clipping (one rank) */
+
+static void test_clipping(void) {
+    dt_params ps;
+    dt_param *a, *b;
+    dt_optimizer *o;
+    dt_opt_desc d;
+    dt_opt_step_info info;
+    dt_param_desc pd;
+    double norm = 0;
+    dt_status st;
+    memset(&ps, 0, sizeof ps);
+    a = add(&ps, "a", DT_F32, 2, 0);
+    b = add(&ps, "b", DT_F32, 2, 0);
+    /* |(3, 4, 12, 0)| = 13 */
+    F(&a->grad)[0] = 3; F(&a->grad)[1] = 4; F(&b->grad)[0] = 12; F(&b->grad)[1] = 0;
+    dt_grad_norm(&C, &ps, NULL, &norm);
+    dt_test_close("grad_norm_by_hand", norm, 13.0, 1e-12);
+    dt_clip_grad_norm(&C, &ps, NULL, 6.5, &norm);
+    /* coef = 6.5 / (13 + 1e-6) */
+    dt_test_close("clip_scales_grads", F(&a->grad)[1], 4 * 6.5 / (13 + 1e-6), 1e-6);
+    dt_clip_grad_norm(&C, &ps, NULL, 100, &norm);
+    dt_test_close("clip_below_max_leaves_grads", F(&a->grad)[1], 4 * 6.5 / (13 + 1e-6), 1e-6);
+    /* inside the step: SGD lr 1 moves a[0] by the clipped grad */
+    memset(&d, 0, sizeof d);
+    d.kind = DT_OPT_SGD; d.lr = 1; d.clip_norm = 1.3;
+    o = mkopt(&ps, &d);
+    F(&a->grad)[0] = 3; F(&a->grad)[1] = 4; F(&b->grad)[0] = 12; F(&b->grad)[1] = 0;
+    dt_opt_step(o, &info);
+    dt_test_close("step_reports_norm_before_clipping", info.grad_norm, 13.0, 1e-12);
+    dt_test_close("step_applies_clipped_grad", F(&a->value)[0], -3 * 1.3 / (13 + 1e-6), 1e-6);
+    dt_opt_free(o);
+    /* a sharded parameter without the comm it is split over */
+    memset(&pd, 0, sizeof pd);
+    pd.name = "shard"; pd.shape[0] = 2; pd.global_shape[0] = 4;
+    dt_params_add(&C, &ps, &pd, NULL);
+    st = dt_grad_norm(&C, &ps, NULL, &norm);
+    dt_test_error("sharded_norm_without_comm_is_named", st, dt_ctx_error(&C), "\"shard\" is sharded");
+    st = dt_opt_create(&C, &ps, &d, &o);
+    dt_test_error("opt_with_sharded_param_needs_shard_comm", st, dt_ctx_error(&C), "shard_comm");
+    dt_params_free(&C, &ps);
+}
+
+/* ---------------------------------------------------------------- checkpoints */
+
+static char ROOT[1024];
+
+static void rm_tree(const char *path) { /* the scratch checkpoint dirs: two levels of files */
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    if (system(cmd) != 0) fprintf(stderr, "rm -rf %s failed\n", path);
+}
+
+static void ck_dir(char *out, size_t n, const char *name) {
+    snprintf(out, n, "%s/%s", ROOT, name);
+    rm_tree(out);
+}
+
+typedef struct run {
+    mlp m;
+    dt_optimizer *o;
+    int64_t cursor;
+} run;
+
+static void run_init(run *r, dt_dtype dt, uint64_t init_seed) {
+    dt_opt_desc d;
+    mlp_init(&r->m, dt, init_seed);
+    memset(&d, 0, sizeof d);
+    d.kind = DT_OPT_ADAMW; d.lr = 0.02; d.clip_norm = 1.0;
+    d.schedule.kind = DT_LR_COSINE; d.schedule.warmup_steps = 3; d.schedule.total_steps = 10;
+    if (dt == DT_F32) { /* scaling on, with a short interval so the scale moves across the save */
+        d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC;
+        d.loss_scale.init_scale = 256;
+        d.loss_scale.growth_interval = 3;
+    }
+    r->o = mkopt(&r->m.ps, &d);
+    r->cursor = 0;
+}
+
+static void run_free(run *r) {
+    dt_opt_free(r->o);
+    dt_params_free(&C, &r->m.ps);
+}
+
+static void run_train(run *r, int steps, float *losses) {
+    int s;
+    for (s = 0; s < steps; s++) {
+        dt_tensor x, y;
+        float seed = 0;
+        dt_params_zero_grad(&C, &r->m.ps);
+        dt_opt_micro_begin(r->o, NULL, 0, &seed);
+        batch(5, r->cursor, 8, &x, &y);
+        losses[s] = mlp_step(&r->m, &x, &y, seed);
+        dt_tensor_free(&C, &x); dt_tensor_free(&C, &y);
+        dt_opt_step(r->o, NULL);
+        r->cursor += 8;
+    }
+}
+
+static void bytes_of(run *r, unsigned char *out, size_t *n) {
+    int i;
+    size_t off = 0;
+    for (i = 0; i < r->m.ps.count; i++) {
+        dt_opt_slot *s = &r->o->slots[i];
+        memcpy(out + off, r->m.ps.items[i]->value.data, dt_tensor_bytes(&r->m.ps.items[i]->value));
+        off += dt_tensor_bytes(&r->m.ps.items[i]->value);
+        if (s->master.data) { memcpy(out + off, s->master.data, dt_tensor_bytes(&s->master)); off += dt_tensor_bytes(&s->master); }
+        memcpy(out + off, s->state[0].data, dt_tensor_bytes(&s->state[0]));
+        off += dt_tensor_bytes(&s->state[0]);
+        memcpy(out + off, s->state[1].data, dt_tensor_bytes(&s->state[1]));
+        off += dt_tensor_bytes(&s->state[1]);
+    }
+    *n = off;
+}
+
+static void test_resume(dt_dtype dt, const char *tag) {
+    run a, b;
+    float la[10], lb[10];
+    unsigned char ba[4 * 4 * NPARAM], bb[4 * 4 * NPARAM];
+    size_t na, nb;
+    dt_checkpoint_desc cd;
+    dt_train_state ts, got;
+    char dir[1200], name[96];
+    dt_status st;
+    ck_dir(dir, sizeof dir, tag);
+    run_init(&a, dt, 11);
+    run_train(&a, 10, la);
+    bytes_of(&a, ba, &na);
+    run_init(&b, dt, 11);
+    run_train(&b, 5, lb);
+    memset(&cd, 0, sizeof cd);
+    cd.dir = dir;
+    cd.layout = "single";
+    memset(&ts, 0, sizeof ts);
+    ts.step = 5; ts.rng_seed = 0xFEEDFACECAFEBEEFull; ts.rng_offset = 12345678901234ull; ts.data_cursor = b.cursor;
+    dt_train_state_set(&C, &ts, "run", "resume \"test\"");
+    st = dt_checkpoint_save(&C, &cd, &b.m.ps, b.o, &ts);
+    snprintf(name, sizeof name, "%s_checkpoint_save", tag);
+    if (!ok(st, "save")) dt_test_fail(name, "%s", dt_ctx_error(&C));
+    run_free(&b);
+    run_init(&b, dt, 999); /* different initial weights: the load must overwrite everything */
+    memset(&got, 0, sizeof got);
+    st = dt_checkpoint_load(&C, &cd, &b.m.ps, b.o, &got);
+    snprintf(name, sizeof name, "%s_checkpoint_load", tag);
+    if (!ok(st, "load")) dt_test_fail(name, "%s", dt_ctx_error(&C));
+    else dt_test_pass(name);
+    snprintf(name, sizeof name, "%s_train_state_restored", tag);
+    DT_TEST_CHECK(name, got.step == 5 && got.rng_seed == ts.rng_seed && got.rng_offset == ts.rng_offset &&
+                            got.data_cursor == 40 && dt_train_state_get(&got, "run") &&
+                            strcmp(dt_train_state_get(&got, "run"), "resume \"test\"") == 0);
+    b.cursor = got.data_cursor;
+    run_train(&b, 5, lb + 5);
+    bytes_of(&b, bb, &nb);
+    snprintf(name, sizeof name, "%s_resume_losses_bitwise", tag);
+    dt_test_equal_bytes(name, lb + 5, la + 5, 5 * sizeof(float));
+    snprintf(name, sizeof name, "%s_resume_weights_and_state_bitwise", tag);
+    if (na != nb) dt_test_fail(name, "%zu bytes vs %zu", nb, na);
+    else dt_test_equal_bytes(name, bb, ba, na);
+    snprintf(name, sizeof name, "%s_resume_step_and_scaler", tag);
+    DT_TEST_CHECK(name, b.o->step == a.o->step && b.o->scaler.scale == a.o->scaler.scale &&
+                            b.o->scaler.growth_tracker == a.o->scaler.growth_tracker);
+    run_free(&a);
+    run_free(&b);
+}
+
+/* The rank file is plain safetensors (dt's own reader opens it) and the manifest says what it should. */
+static void test_format(void) {
+    dt_params ps;
+    dt_param *p;
+    dt_optimizer *o;
+    dt_opt_desc d;
+    dt_checkpoint_desc cd;
+    dt_st_file f;
+    dt_tensor t;
+    dt_tensor_desc td;
+    dt_json *man = NULL;
+    char dir[1200], path[1400], *text;
+    long n;
+    FILE *fp;
+    int i;
+    ck_dir(dir, sizeof dir, "format");
+    memset(&ps, 0, sizeof ps);
+    p = add(&ps, "layer.w", DT_BF16, 3, 2);
+    for (i = 0; i < 6; i++) ((uint16_t *)p->value.data)[i] = dt_f32_to_bf16((float)i);
+    memset(&d, 0, sizeof d);
+    o = mkopt(&ps, &d);
+    memset(&cd, 0, sizeof cd);
+    cd.dir = dir;
+    cd.layout = "dp=1";
+    dt_checkpoint_save(&C, &cd, &ps, o, NULL);
+    snprintf(path, sizeof path, "%s/step_00000000/rank_00000.safetensors", dir);
+    if (!ok(dt_safetensors_open(&C, &f, path), "open")) {
+        dt_test_fail("rank_file_is_safetensors", "%s", dt_ctx_error(&C));
+    } else {
+        DT_TEST_CHECK("rank_file_is_safetensors", dt_safetensors_find(&f, "param/layer.w") &&
+                                                      dt_safetensors_find(&f, "master/layer.w") &&
+                                                      dt_safetensors_find(&f, "state/layer.w/exp_avg") &&
+                                                      dt_safetensors_find(&f, "state/layer.w/exp_avg_sq"));
+        memset(&td, 0, sizeof td);
+        td.shape[0] = 3; td.shape[1] = 2;
+        dt_tensor_create(&C, &t, &td);
+        dt_safetensors_read(&C, &f, "master/layer.w", &t);
+        dt_test_close("rank_file_master_value", F(&t)[5], 5.0, 0);
+        dt_tensor_free(&C, &t);
+        dt_safetensors_close(&C, &f);
+    }
+    snprintf(path, sizeof path, "%s/step_00000000/manifest.json", dir);
+    fp = fopen(path, "rb");
+    fseek(fp, 0, SEEK_END);
+    n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    text = (char *)malloc((size_t)n);
+    if (fread(text, 1, (size_t)n, fp) != (size_t)n) n = 0;
+    fclose(fp);
+    if (dt_json_parse(&C, text, (size_t)n, &man)) {
+        dt_test_fail("manifest_is_json", "%s", dt_ctx_error(&C));
+    } else {
+        const dt_json *tw = dt_json_get(dt_json_get(man, "tensors"), "param/layer.w");
+        const dt_json *files = dt_json_get(man, "files");
+        DT_TEST_CHECK("manifest_names_format_version_world_layout",
+                      strcmp(dt_json_get(man, "format")->string, "dt-checkpoint") == 0 &&
+                          dt_json_get(man, "version")->number == 1 && dt_json_get(man, "world_size")->number == 1 &&
+                          strcmp(dt_json_get(man, "layout")->string, "dp=1") == 0);
+        DT_TEST_CHECK("manifest_has_global_shape_and_shards",
+                      tw && dt_json_get(tw, "global_shape")->count == 2 &&
+                          dt_json_get(tw, "global_shape")->items[0].number == 3 &&
+                          dt_json_get(tw, "shards")->count == 1 && strcmp(dt_json_get(tw, "dtype")->string, "BF16") == 0);
+        DT_TEST_CHECK("manifest_has_file_checksum", files && files->count == 1 &&
+                                                        strlen(dt_json_get(&files->items[0], "xxh64")->string) == 16);
+    }
+    dt_json_free(&C, man);
+    free(text);
+    snprintf(path, sizeof path, "%s/latest", dir);
+    fp = fopen(path, "rb");
+    {
+        char buf[64] = {0};
+        if (fp && fread(buf, 1, sizeof buf - 1, fp) > 0) {}
+        if (fp) fclose(fp);
+        DT_TEST_CHECK("latest_names_the_step_dir", strcmp(buf, "step_00000000\n") == 0);
+    }
+    dt_opt_free(o);
+    dt_params_free(&C, &ps);
+}
+
+/* A small state to save and load in the fault tests. */
+typedef struct small {
+    dt_params ps;
+    dt_param *p;
+    dt_optimizer *o;
+} small;
+
+static void small_init(small *s, float v) {
+    dt_opt_desc d;
+    int i;
+    memset(s, 0, sizeof *s);
+    s->p = add(&s->ps, "w", DT_F32, 64, 16);
+    for (i = 0; i < 64 * 16; i++) F(&s->p->value)[i] = v + 0.001f * (float)i;
+    add(&s->ps, "b", DT_F32, 16, 0);
+    memset(&d, 0, sizeof d);
+    d.kind = DT_OPT_ADAMW;
+    s->o = mkopt(&s->ps, &d);
+}
+
+static void small_free(small *s) {
+    dt_opt_free(s->o);
+    dt_params_free(&C, &s->ps);
+}
+
+static dt_status small_save(small *s, const char *dir, int64_t step, int keep, dt_ckpt_hook_fn hook, void *user) {
+    dt_checkpoint_desc cd;
+    dt_train_state ts;
+    memset(&cd, 0, sizeof cd);
+    memset(&ts, 0, sizeof ts);
+    cd.dir = dir;
+    cd.keep = keep;
+    cd.hook = hook;
+    cd.hook_user = user;
+    ts.step = step;
+    return dt_checkpoint_save(&C, &cd, &s->ps, s->o, &ts);
+}
+
+static dt_status small_load(small *s, const char *dir, dt_train_state *ts) {
+    dt_checkpoint_desc cd;
+    memset(&cd, 0, sizeof cd);
+    cd.dir = dir;
+    return dt_checkpoint_load(&C, &cd, &s->ps, s->o, ts);
+}
+
+typedef struct crash_at {
+    const char *point;
+    int index;
+} crash_at;
+
+static void crash_hook(const char *point, int index, void *user) {
+    const crash_at *c = (const crash_at *)user;
+    if (strcmp(point, c->point) == 0 && index == c->index) raise(SIGKILL);
+}
+
+static void read_latest(const char *dir, char *buf, size_t n) {
+    char path[1400];
+    FILE *fp;
+    size_t k = 0;
+    snprintf(path, sizeof path, "%s/latest", dir);
+    if ((fp = fopen(path, "rb")) != NULL) { k = fread(buf, 1, n - 1, fp); fclose(fp); }
+    buf[k] = 0;
+}
+
+/* A child saves step 10 over a directory whose latest is step 5 and is killed at `point`. */
+static void crash_case(const char *dir, const char *point, int index, int64_t want_step) {
+    small s;
+    crash_at at;
+    dt_train_state ts;
+    char name[128], latest[64], want[64];
+    pid_t pid;
+    int status = 0;
+    at.point = point;
+    at.index = index;
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        small_init(&s, 10.0f);
+        small_save(&s, dir, 10, 0, crash_hook, &at);
+        _exit(0); /* not reached when the hook fired */
+    }
+    waitpid(pid, &status, 0);
+    snprintf(name, sizeof name, "crash_at_%s_%d_killed_the_child", point, index);
+    DT_TEST_CHECK(name, WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    small_init(&s, 0.0f);
+    memset(&ts, 0, sizeof ts);
+    snprintf(name, sizeof name, "crash_at_%s_%d_leaves_a_loadable_checkpoint", point, index);
+    if (!ok(small_load(&s, dir, &ts), name)) dt_test_fail(name, "%s", dt_ctx_error(&C));
+    else DT_TEST_CHECK(name, ts.step == want_step && F(&s.p->value)[1] == (want_step == 5 ? 5.001f : 10.001f));
+    read_latest(dir, latest, sizeof latest);
+    snprintf(want, sizeof want, "step_%08lld\n", (long long)want_step);
+    snprintf(name, sizeof name, "crash_at_%s_%d_latest_names_step_%lld", point, index, (long long)want_step);
+    DT_TEST_CHECK(name, strcmp(latest, want) == 0);
+    small_free(&s);
+}
+
+static void test_crash_safety(void) {
+    small s;
+    dt_train_state ts;
+    char dir[1200];
+    ck_dir(dir, sizeof dir, "crash");
+    small_init(&s, 5.0f);
+    if (!ok(small_save(&s, dir, 5, 0, NULL, NULL), "save 5")) dt_test_fail("crash_baseline_save", "%s", dt_ctx_error(&C));
+    small_free(&s);
+    crash_case(dir, "tensor", 0, 5);    /* inside the rank file */
+    crash_case(dir, "tensor", 2, 5);
+    crash_case(dir, "rank_file", 0, 5); /* file complete, no manifest */
+    crash_case(dir, "manifest", 0, 5);  /* manifest written, directory not renamed */
+    crash_case(dir, "renamed", 0, 5);   /* step_10 in place, latest not updated */
+    /* after all that debris, a clean save of step 10 works and wins */
+    small_init(&s, 10.0f);
+    if (!ok(small_save(&s, dir, 10, 0, NULL, NULL), "save 10"))
+        dt_test_fail("save_after_crashes_succeeds", "%s", dt_ctx_error(&C));
+    else dt_test_pass("save_after_crashes_succeeds");
+    small_free(&s);
+    small_init(&s, 0.0f);
+    memset(&ts, 0, sizeof ts);
+    DT_TEST_CHECK("load_after_resave_gives_step_10", small_load(&s, dir, &ts) == DT_OK && ts.step == 10);
+    small_free(&s);
+    crash_case(dir, "latest", 0, 10); /* killed after latest: the new checkpoint is the one */
+}
+
+static void test_keep(void) {
+    small s;
+    char dir[1200], path[1400];
+    int64_t step;
+    int present = 0, absent = 0;
+    ck_dir(dir, sizeof dir, "keep");
+    small_init(&s, 1.0f);
+    for (step = 1; step <= 5; step++) small_save(&s, dir, step * 100, 2, NULL, NULL);
+    for (step = 1; step <= 5; step++) {
+        DIR *d;
+        snprintf(path, sizeof path, "%s/step_%08lld", dir, (long long)step * 100);
+        d = opendir(path);
+        if (d) closedir(d);
+        if (step >= 4) present += d != NULL;
+        else absent += d == NULL;
+    }
+    DT_TEST_CHECK("keep_2_keeps_the_newest_two", present == 2 && absent == 3);
+    small_free(&s);
+}
+
+/* Corrupt, truncated, foreign and mismatched checkpoints: named errors, nothing changed. */
+static void test_bad_checkpoints(void) {
+    small s, t;
+    dt_params other;
+    dt_param_desc pd;
+    dt_train_state ts;
+    dt_checkpoint_desc cd;
+    dt_optimizer *sgd;
+    dt_opt_desc od;
+    char dir[1200], path[1400], cmd[3000];
+    unsigned char before[64 * 16 * 4];
+    FILE *fp;
+    long size;
+    dt_status st;
+    ck_dir(dir, sizeof dir, "bad");
+    small_init(&s, 3.0f);
+    small_save(&s, dir, 7, 0, NULL, NULL);
+    small_init(&t, 0.0f);
+    memcpy(before, t.p->value.data, sizeof before);
+    memset(&cd, 0, sizeof cd);
+    cd.dir = dir;
+
+    /* mismatches first, while the files are good */
+    memset(&other, 0, sizeof other);
+    add(&other, "w", DT_F32, 64, 17);
+    st = dt_checkpoint_load(&C, &cd, &other, NULL, NULL);
+    dt_test_error("load_wrong_global_shape_is_named", st, dt_ctx_error(&C), "global shape [64, 16]");
+    add(&other, "extra", DT_F32, 3, 0);
+    dt_params_free(&C, &other);
+    memset(&other, 0, sizeof other);
+    add(&other, "extra", DT_F32, 3, 0);
+    st = dt_checkpoint_load(&C, &cd, &other, NULL, NULL);
+    dt_test_error("load_missing_tensor_is_named", st, dt_ctx_error(&C), "no tensor \"param/extra\"");
+    dt_params_free(&C, &other);
+    memset(&od, 0, sizeof od);
+    od.kind = DT_OPT_SGD; od.momentum = 0.9;
+    sgd = mkopt(&t.ps, &od);
+    st = dt_checkpoint_load(&C, &cd, &t.ps, sgd, NULL);
+    dt_test_error("load_other_optimizer_is_named", st, dt_ctx_error(&C), "adamw");
+    dt_opt_free(sgd);
+    memset(&pd, 0, sizeof pd);
+    st = dt_checkpoint_load(&C, &cd, &t.ps, NULL, NULL); /* parameters only: fine */
+    DT_TEST_CHECK("load_params_only_works", st == DT_OK && F(&t.p->value)[0] == 3.0f);
+    memcpy(t.p->value.data, before, sizeof before);
+
+    /* a flipped byte in the data */
+    snprintf(path, sizeof path, "%s/step_00000007/rank_00000.safetensors", dir);
+    fp = fopen(path, "r+b");
+    fseek(fp, 0, SEEK_END);
+    size = ftell(fp);
+    fseek(fp, size - 100, SEEK_SET);
+    {
+        int c = fgetc(fp);
+        fseek(fp, size - 100, SEEK_SET);
+        fputc(c ^ 0x10, fp);
+        fclose(fp);
+        st = small_load(&t, dir, &ts);
+        dt_test_error("flipped_byte_is_a_checksum_error", st, dt_ctx_error(&C), "checksum mismatch");
+        dt_test_equal_bytes("failed_load_changes_nothing", t.p->value.data, before, sizeof before);
+        fp = fopen(path, "r+b");
+        fseek(fp, size - 100, SEEK_SET);
+        fputc(c, fp);
+        fclose(fp);
+    }
+    DT_TEST_CHECK("restored_file_loads_again", small_load(&t, dir, &ts) == DT_OK && ts.step == 7);
+    memcpy(t.p->value.data, before, sizeof before);
+    /* truncated */
+    if (truncate(path, size - 10) != 0) perror("truncate");
+    st = small_load(&t, dir, &ts);
+    dt_test_error("truncated_file_is_named", st, dt_ctx_error(&C), "truncated");
+    dt_test_equal_bytes("truncated_load_changes_nothing", t.p->value.data, before, sizeof before);
+    /* foreign manifest, non-JSON manifest, foreign latest, missing dir */
+    snprintf(path, sizeof path, "%s/step_00000007/manifest.json", dir);
+    fp = fopen(path, "wb");
+    fputs("{\"format\": \"something-else\", \"version\": 1}", fp);
+    fclose(fp);
+    st = small_load(&t, dir, &ts);
+    dt_test_error("foreign_manifest_is_named", st, dt_ctx_error(&C), "not a dt checkpoint");
+    fp = fopen(path, "wb");
+    fputs("\x89PNG\r\n\x1a\n binary", fp);
+    fclose(fp);
+    st = small_load(&t, dir, &ts);
+    dt_test_error("non_json_manifest_is_named", st, dt_ctx_error(&C), "not JSON");
+    snprintf(path, sizeof path, "%s/latest", dir);
+    fp = fopen(path, "wb");
+    fputs("../../etc", fp);
+    fclose(fp);
+    st = small_load(&t, dir, &ts);
+    dt_test_error("foreign_latest_is_named", st, dt_ctx_error(&C), "not a step directory name");
+    snprintf(cmd, sizeof cmd, "%s/does_not_exist", dir);
+    st = small_load(&t, cmd, &ts);
+    dt_test_error("missing_checkpoint_dir_is_named", st, dt_ctx_error(&C), "does_not_exist");
+    DT_TEST_CHECK("missing_dir_is_io_error", st == DT_ERR_IO);
+    snprintf(cmd, sizeof cmd, "%s/empty", dir);
+    mkdir(cmd, 0777);
+    st = small_load(&t, cmd, &ts);
+    dt_test_error("dir_without_latest_is_named", st, dt_ctx_error(&C), "latest does not exist");
+    dt_test_equal_bytes("bad_loads_change_nothing", t.p->value.data, before, sizeof before);
+    small_free(&s);
+    small_free(&t);
+}
+
+/* ---------------------------------------------------------------- bad arguments, helpers */
+
+static void test_bad_args(void) {
+    dt_params ps;
+    dt_param *p;
+    dt_optimizer *o = NULL;
+    dt_opt_desc d;
+    dt_status st;
+    float seed;
+    memset(&ps, 0, sizeof ps);
+    p = add(&ps, "w", DT_F32, 2, 0);
+    memset(&d, 0, sizeof d);
+    d.lr = -0.1;
+    st = dt_opt_create(&C, &ps, &d, &o);
+    dt_test_error("negative_lr_is_named", st, dt_ctx_error(&C), "desc.lr = -0.1");
+    d.lr = NAN;
+    st = dt_opt_create(&C, &ps, &d, &o);
+    dt_test_error("nan_lr_is_named", st, dt_ctx_error(&C), "desc.lr = nan");
+    d.lr = 0;
+    d.beta1 = 1.5;
+    st = dt_opt_create(&C, &ps, &d, &o);
+    dt_test_error("beta1_out_of_range_is_named", st, dt_ctx_error(&C), "desc.beta1 = 1.5; expected 0 <= beta1 < 1");
+    d.beta1 = 0;
+    d.beta2 = 1.0;
+    st = dt_opt_create(&C, &ps, &d, &o);
+    dt_test_error("beta2_equal_one_is_named", st, dt_ctx_error(&C), "desc.beta2 = 1");
+    d.beta2 = 0;
+    d.eps = -1e-8;
+    st = dt_opt_create(&C, &ps, &d, &o);
+    dt_test_error("negative_eps_is_named", st, dt_ctx_error(&C), "desc.eps");
+    memset(&d, 0, sizeof d);
+    d.kind = DT_OPT_SGD; d.nesterov = 1;
+    st = dt_opt_create(&C, &ps, &d, &o);
+    dt_test_error("nesterov_without_momentum_is_named", st, dt_ctx_error(&C), "nesterov needs momentum > 0");
+    memset(&d, 0, sizeof d);
+    d.kind = (dt_opt_kind)42;
+    st = dt_opt_create(&C, &ps, &d, &o);
+    dt_test_error("unknown_kind_is_named", st, dt_ctx_error(&C), "desc.kind = 42");
+    memset(&d, 0, sizeof d);
+    d.schedule.kind = DT_LR_COSINE; d.schedule.warmup_steps = 5; d.schedule.total_steps = 5;
+    st = dt_opt_create(&C, &ps, &d, &o);
+    dt_test_error("bad_schedule_is_named", st, dt_ctx_error(&C), "desc.schedule.total_steps = 5");
+    memset(&d, 0, sizeof d);
+    d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC; d.loss_scale.backoff_factor = 2;
+    st = dt_opt_create(&C, &ps, &d, &o);
+    dt_test_error("bad_backoff_is_named", st, dt_ctx_error(&C), "backoff_factor = 2");
+    memset(&d, 0, sizeof d);
+    p->group = DT_OPT_MAX_GROUPS;
+    st = dt_opt_create(&C, &ps, &d, &o);
+    dt_test_error("group_out_of_range_is_named", st, dt_ctx_error(&C), "has group 16");
+    p->group = 0;
+    d.accum_steps = 2;
+    o = mkopt(&ps, &d);
+    st = dt_opt_micro_begin(o, NULL, 2, &seed);
+    dt_test_error("micro_out_of_range_is_named", st, dt_ctx_error(&C), "micro = 2");
+    add(&ps, "late", DT_F32, 1, 0);
+    st = dt_opt_step(o, NULL);
+    dt_test_error("params_added_after_create_is_named", st, dt_ctx_error(&C), "created for 1");
+    dt_opt_free(o);
+    st = dt_train_state_set(&C, &(dt_train_state){0}, "", "x");
+    dt_test_error("empty_train_state_key_is_named", st, dt_ctx_error(&C), "key");
+    dt_params_free(&C, &ps);
+}
+
+static void test_xxh64(void) {
+    static const char *fox = "Nobody inspects the spammish repetition";
+    unsigned char buf[1000];
+    dt_xxh64_state s;
+    int i, split, bad = 0;
+    DT_TEST_CHECK("xxh64_empty", dt_xxh64("", 0) == 0xEF46DB3751D8E999ull);
+    DT_TEST_CHECK("xxh64_a", dt_xxh64("a", 1) == 0xD24EC4F1A98C6E5Bull);
+    DT_TEST_CHECK("xxh64_abc", dt_xxh64("abc", 3) == 0x44BC2CF5AD770999ull);
+    DT_TEST_CHECK("xxh64_long", dt_xxh64(fox, strlen(fox)) == 0xFBCEA83C8A378BF1ull);
+    for (i = 0; i < 1000; i++) buf[i] = (unsigned char)(i * 131 + 7);
+    for (split = 0; split <= 997; split += 37) {
+        dt_xxh64_init(&s);
+        dt_xxh64_update(&s, buf, (size_t)split);
+        dt_xxh64_update(&s, buf + split, 3);
+        dt_xxh64_update(&s, buf + split + 3, (size_t)(997 - split));
+        if (dt_xxh64_final(&s) != dt_xxh64(buf, 1000)) bad++;
+    }
+    DT_TEST_CHECK("xxh64_streaming_equals_one_shot", bad == 0);
+}
+
+static void test_peak(void) {
+    dt_tensor t;
+    dt_tensor_desc d;
+    size_t base;
+    dt_reset_peak_bytes(&C);
+    base = dt_peak_bytes(&C);
+    DT_TEST_CHECK("reset_peak_is_in_use", base == C.bytes_in_use);
+    memset(&d, 0, sizeof d);
+    d.shape[0] = 1 << 16;
+    dt_tensor_create(&C, &t, &d);
+    dt_tensor_free(&C, &t);
+    DT_TEST_CHECK("peak_counts_a_freed_tensor", dt_peak_bytes(&C) >= base + (1 << 18) && C.bytes_in_use == base);
+}
+
+int main(void) {
+    dt_ctx_init(&C, NULL);
+    snprintf(ROOT, sizeof ROOT, "%s/test_opt", dt_test_tmpdir());
+    mkdir(ROOT, 0777);
+    test_optimizers();
+    test_groups();
+    test_schedules();
+    test_loss_scaler();
+    test_master_weights();
+    test_accumulation();
+    test_clipping();
+    test_resume(DT_F32, "resume_f32");
+    test_resume(DT_BF16, "resume_bf16_master");
+    test_format();
+    test_crash_safety();
+    test_keep();
+    test_bad_checkpoints();
+    test_bad_args();
+    test_xxh64();
+    test_peak();
+    DT_TEST_CHECK("no_bytes_leaked", C.bytes_in_use == 0);
+    dt_ctx_shutdown(&C);
+    return dt_test_finish();
+}
