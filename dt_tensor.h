@@ -1136,58 +1136,143 @@ DT_API dt_status dt_tensor_init(dt_ctx *ctx, dt_tensor *t, const dt_init_desc *d
 /* ---------------------------------------------------------------- GEMM
    C[M,N] = alpha * op(A) op(B) + beta * C, row-major, lda/ldb/ldc as stored.
    The portable path is the Goto/BLIS scheme: pack a KC x NC panel of B and an MC x KC block
-   of A into contiguous tiles, then a MR x NR register-tile kernel the compiler vectorises. */
+   of A into contiguous slivers, then an MR x NR register-tile kernel the compiler vectorises.
+   Sizes: a KC x MR sliver of A (6 KB) and a KC x NR sliver of B (16 KB) fit a 32 KB L1, the
+   MC x KC block of A (192 KB) an L2, the KC x NC panel of B (2 MB) an L3. */
 
 #define DT__MR 6
-#define DT__NR 16
+#define DT__NR 16   /* even: the GCC kernel takes two column groups NR/2 apart */
 #define DT__KC 256
-#define DT__MC 96
-#define DT__NC 1024
+#define DT__MC 192  /* a multiple of DT__MR */
+#define DT__NC 2048
+
+#if defined(__cplusplus) || !defined(__STDC_VERSION__) || __STDC_VERSION__ < 199901L
+#if defined(__GNUC__) || defined(_MSC_VER)
+#define DT__RESTRICT __restrict
+#else
+#define DT__RESTRICT
+#endif
+#else
+#define DT__RESTRICT restrict
+#endif
+
+/* GCC (at -O2 as at -O3) leaves the textbook kernel's acc[MR][NR] in memory, a load and a
+   store per multiply-add, but vectorises a column loop placed outside the k loop with the MR
+   rows unrolled inside it (it needs the unroll pragma at -O2). Clang is the other way round:
+   its SLP vectoriser keeps the textbook acc in registers and does not vectorise the column
+   form. Other compilers get the textbook form. */
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__INTEL_COMPILER)
+#define DT__GEMM_COLUMNS 1
+#if __GNUC__ >= 8
+#define DT__UNROLL _Pragma("GCC unroll 16")
+#endif
+#else
+#define DT__GEMM_COLUMNS 0
+#endif
+#ifndef DT__UNROLL
+#define DT__UNROLL
+#endif
 
 static float dt__at(const float *X, int64_t ld, int trans, int64_t r, int64_t c) {
     return trans ? X[c * ld + r] : X[r * ld + c];
 }
 
-static void dt__pack_a(float *dst, const float *A, int64_t lda, int ta, int64_t i0, int64_t mc,
-                       int64_t k0, int64_t kc) {
+/* Block [i0, i0+mc) x [k0, k0+kc) of op(A) as slivers of MR rows, each stored k-major
+   (kc x MR); the last sliver is zero-padded to MR rows so the kernel never branches. */
+static void dt__pack_a(float *DT__RESTRICT dst, const float *DT__RESTRICT A, int64_t lda, int ta,
+                       int64_t i0, int64_t mc, int64_t k0, int64_t kc) {
     int64_t i, k, r;
-    for (i = 0; i < mc; i += DT__MR)
-        for (k = 0; k < kc; k++)
-            for (r = 0; r < DT__MR; r++)
-                *dst++ = (i + r < mc) ? dt__at(A, lda, ta, i0 + i + r, k0 + k) : 0.0f;
-}
-
-static void dt__pack_b(float *dst, const float *B, int64_t ldb, int tb, int64_t k0, int64_t kc,
-                       int64_t j0, int64_t nc) {
-    int64_t j, k, c;
-    for (j = 0; j < nc; j += DT__NR)
-        for (k = 0; k < kc; k++) {
-            if (!tb && j + DT__NR <= nc) {
-                memcpy(dst, B + (k0 + k) * ldb + j0 + j, DT__NR * sizeof(float));
-                dst += DT__NR;
-            } else {
-                for (c = 0; c < DT__NR; c++)
-                    *dst++ = (j + c < nc) ? dt__at(B, ldb, tb, k0 + k, j0 + j + c) : 0.0f;
+    for (i = 0; i < mc; i += DT__MR) {
+        if (i + DT__MR > mc) {
+            for (k = 0; k < kc; k++)
+                for (r = 0; r < DT__MR; r++)
+                    *dst++ = (i + r < mc) ? dt__at(A, lda, ta, i0 + i + r, k0 + k) : 0.0f;
+        } else if (ta) {
+            for (k = 0; k < kc; k++, dst += DT__MR) {
+                const float *s = A + (k0 + k) * lda + i0 + i;
+                for (r = 0; r < DT__MR; r++) dst[r] = s[r];
             }
-        }
-}
-
-/* acc = a_panel (kc x MR) . b_panel (kc x NR); C tile += alpha * acc */
-static void dt__micro(int64_t kc, const float *a, const float *b, float alpha, float *C, int64_t ldc,
-                      int64_t mr, int64_t nr) {
-    float acc[DT__MR][DT__NR];
-    int64_t k;
-    int r, c;
-    memset(acc, 0, sizeof acc);
-    for (k = 0; k < kc; k++) {
-        const float *bk = b + k * DT__NR, *ak = a + k * DT__MR;
-        for (r = 0; r < DT__MR; r++) {
-            float ar = ak[r];
-            for (c = 0; c < DT__NR; c++) acc[r][c] += ar * bk[c];
+        } else {
+            const float *s = A + (i0 + i) * lda + k0;
+            for (k = 0; k < kc; k++, dst += DT__MR)
+                for (r = 0; r < DT__MR; r++) dst[r] = s[r * lda + k];
         }
     }
-    for (r = 0; r < mr; r++)
-        for (c = 0; c < nr; c++) C[r * ldc + c] += alpha * acc[r][c];
+}
+
+/* Panel [k0, k0+kc) x [j0, j0+nc) of op(B) as slivers of NR columns, each k-major (kc x NR),
+   the last one zero-padded. */
+static void dt__pack_b(float *DT__RESTRICT dst, const float *DT__RESTRICT B, int64_t ldb, int tb,
+                       int64_t k0, int64_t kc, int64_t j0, int64_t nc) {
+    int64_t j, k, c;
+    for (j = 0; j < nc; j += DT__NR) {
+        if (j + DT__NR > nc) {
+            for (k = 0; k < kc; k++)
+                for (c = 0; c < DT__NR; c++)
+                    *dst++ = (j + c < nc) ? dt__at(B, ldb, tb, k0 + k, j0 + j + c) : 0.0f;
+        } else if (!tb) {
+            for (k = 0; k < kc; k++, dst += DT__NR) {
+                const float *s = B + (k0 + k) * ldb + j0 + j;
+                for (c = 0; c < DT__NR; c++) dst[c] = s[c];
+            }
+        } else {
+            const float *s = B + (j0 + j) * ldb + k0;
+            for (k = 0; k < kc; k++, dst += DT__NR)
+                for (c = 0; c < DT__NR; c++) dst[c] = s[c * ldb + k];
+        }
+    }
+}
+
+/* t[MR][NR] = a_sliver^T b_sliver; every sum runs over k in order. The GCC form takes two
+   column groups NR/2 apart per pass, so one broadcast of a[k][r] feeds two multiplies (SSE2
+   has no broadcast from memory, and its shuffles compete with the arithmetic); 6 rows x 2
+   vectors = 12 accumulators, which fits the 16 SSE registers. */
+static void dt__micro(int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b,
+                      float *DT__RESTRICT t) {
+    int64_t k;
+    int r, c;
+#if DT__GEMM_COLUMNS
+    for (c = 0; c < DT__NR / 2; c++) {
+        float s0[DT__MR], s1[DT__MR];
+        DT__UNROLL for (r = 0; r < DT__MR; r++) s0[r] = s1[r] = 0.0f;
+        for (k = 0; k < kc; k++) {
+            float b0 = b[k * DT__NR + c], b1 = b[k * DT__NR + DT__NR / 2 + c];
+            DT__UNROLL for (r = 0; r < DT__MR; r++) {
+                float ar = a[k * DT__MR + r];
+                s0[r] += ar * b0;
+                s1[r] += ar * b1;
+            }
+        }
+        DT__UNROLL for (r = 0; r < DT__MR; r++) {
+            t[r * DT__NR + c] = s0[r];
+            t[r * DT__NR + DT__NR / 2 + c] = s1[r];
+        }
+    }
+#else
+    float acc[DT__MR][DT__NR];
+    memset(acc, 0, sizeof acc);
+    for (k = 0; k < kc; k++)
+        for (r = 0; r < DT__MR; r++) {
+            float ar = a[k * DT__MR + r];
+            for (c = 0; c < DT__NR; c++) acc[r][c] += ar * b[k * DT__NR + c];
+        }
+    for (r = 0; r < DT__MR; r++)
+        for (c = 0; c < DT__NR; c++) t[r * DT__NR + c] = acc[r][c];
+#endif
+}
+
+/* C tile (its first mr x nr) += alpha * t; outside the kernel so that alpha does not hold one
+   of the registers the accumulators need (with it inside, GCC spilled one to the stack). */
+static void dt__tile_add(float *DT__RESTRICT C, int64_t ldc, const float *DT__RESTRICT t, float alpha,
+                         int64_t mr, int64_t nr) {
+    int64_t r, c;
+    if (mr == DT__MR && nr == DT__NR) {
+        for (r = 0; r < DT__MR; r++)
+            for (c = 0; c < DT__NR; c++) C[r * ldc + c] += alpha * t[r * DT__NR + c];
+    } else {
+        for (r = 0; r < mr; r++)
+            for (c = 0; c < nr; c++) C[r * ldc + c] += alpha * t[r * DT__NR + c];
+    }
 }
 
 static dt_status dt__gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K,
@@ -1195,7 +1280,7 @@ static dt_status dt__gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64
                                    float beta, float *C, int64_t ldc) {
     size_t need = (size_t)(DT__MC * DT__KC + DT__KC * (DT__NC + DT__NR));
     int64_t i, j, jc, pc, ic;
-    float *pa, *pb;
+    float *pa, *pb, tile[DT__MR * DT__NR];
     if (beta != 1.0f)
         for (i = 0; i < M; i++)
             for (j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
@@ -1217,9 +1302,11 @@ static dt_status dt__gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64
                 int64_t mc = M - ic < DT__MC ? M - ic : DT__MC;
                 dt__pack_a(pa, A, lda, ta, ic, mc, pc, kc);
                 for (j = 0; j < nc; j += DT__NR)
-                    for (i = 0; i < mc; i += DT__MR)
-                        dt__micro(kc, pa + i * kc, pb + j * kc, alpha, C + (ic + i) * ldc + jc + j, ldc,
-                                  mc - i < DT__MR ? mc - i : DT__MR, nc - j < DT__NR ? nc - j : DT__NR);
+                    for (i = 0; i < mc; i += DT__MR) {
+                        dt__micro(kc, pa + i * kc, pb + j * kc, tile);
+                        dt__tile_add(C + (ic + i) * ldc + jc + j, ldc, tile, alpha,
+                                     mc - i < DT__MR ? mc - i : DT__MR, nc - j < DT__NR ? nc - j : DT__NR);
+                    }
             }
         }
     }
