@@ -10,6 +10,7 @@
 #include "dt_comm.h"
 #include "dt_opt.h"
 #include "dt_test.h"
+#include "opt/mlp.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -405,151 +406,37 @@ static void test_master_weights(void) {
     dt_params_free(&C, &fp);
 }
 
-/* ---------------------------------------------------------------- a small model */
-
-typedef struct mlp {
-    dt_params ps;
-    dt_param *w1, *b1, *w2, *b2;
-} mlp;
-
-#define IN 6
-#define HID 8
-#define OUT 3
-
-static void mlp_init(mlp *m, dt_dtype dt, uint64_t seed) {
-    dt_param_desc d;
-    memset(m, 0, sizeof *m);
-    memset(&d, 0, sizeof d);
-    d.dtype = dt;
-    d.init.kind = DT_INIT_SCALED_NORMAL;
-    d.init.seed = seed;
-    d.name = "w1"; d.shape[0] = HID; d.shape[1] = IN;
-    dt_params_add(&C, &m->ps, &d, &m->w1);
-    d.name = "w2"; d.shape[0] = OUT; d.shape[1] = HID;
-    dt_params_add(&C, &m->ps, &d, &m->w2);
-    d.init.kind = DT_INIT_UNIFORM; d.init.low = -0.1; d.init.high = 0.1; d.no_decay = 1;
-    d.name = "b1"; d.shape[0] = HID; d.shape[1] = 0;
-    dt_params_add(&C, &m->ps, &d, &m->b1);
-    d.name = "b2"; d.shape[0] = OUT;
-    dt_params_add(&C, &m->ps, &d, &m->b2);
-}
-
-static dt_tensor tmp_f32(int64_t d0, int64_t d1) {
-    dt_tensor t;
-    dt_tensor_desc d;
-    memset(&d, 0, sizeof d);
-    d.shape[0] = d0;
-    d.shape[1] = d1;
-    dt_tensor_create(&C, &t, &d);
-    return t;
-}
-
-/* An f32 view of a parameter's value: itself, or a cast copy of a bf16 value. */
-static dt_tensor as_f32(dt_param *p, int *owned) {
-    dt_tensor t;
-    if (p->value.dtype == DT_F32) { *owned = 0; return p->value; }
-    t = tmp_f32(p->value.shape[0], p->value.ndim > 1 ? p->value.shape[1] : 0);
-    dt_tensor_cast(&C, &t, &p->value);
-    *owned = 1;
-    return t;
-}
-
-/* Samples [first, first + n) of a synthetic task: x ~ N(0,1), class from the RNG. */
-static void batch(uint64_t seed, int64_t first, int n, dt_tensor *x, dt_tensor *y) {
-    dt_tensor_desc d;
-    int i, k;
-    *x = tmp_f32(n, IN);
-    memset(&d, 0, sizeof d);
-    d.dtype = DT_I32;
-    d.shape[0] = n;
-    dt_tensor_create(&C, y, &d);
-    for (i = 0; i < n; i++) {
-        for (k = 0; k < IN; k++) F(x)[i * IN + k] = dt_rng_normal(seed, 1, (uint64_t)((first + i) * IN + k));
-        ((int32_t *)y->data)[i] = (int32_t)(dt_rng_uniform(seed, 2, (uint64_t)(first + i)) * OUT) % OUT;
-    }
-}
-
-/* Forward + backward of n samples; grads += d(dloss * loss). Returns the loss. */
-static float mlp_step(mlp *m, const dt_tensor *x, const dt_tensor *y, float dloss) {
-    int n = (int)x->shape[0], o1, o2, o3, o4;
-    dt_tensor w1 = as_f32(m->w1, &o1), b1 = as_f32(m->b1, &o2), w2 = as_f32(m->w2, &o3), b2 = as_f32(m->b2, &o4);
-    dt_tensor h = tmp_f32(n, HID), a = tmp_f32(n, HID), lg = tmp_f32(n, OUT), pr = tmp_f32(n, OUT);
-    dt_tensor dlg = tmp_f32(n, OUT), da = tmp_f32(n, HID), dh = tmp_f32(n, HID);
-    float loss = 0;
-    dt_status st = dt_linear_fwd(&C, &h, x, &w1, &b1);
-    if (!st) st = dt_relu_fwd(&C, &a, &h);
-    if (!st) st = dt_linear_fwd(&C, &lg, &a, &w2, &b2);
-    if (!st) st = dt_softmax_xent_fwd(&C, &loss, NULL, &pr, &lg, y, -1);
-    if (!st) st = dt_softmax_xent_bwd(&C, &dlg, &pr, y, -1, dloss);
-    if (!st) st = dt_linear_bwd(&C, &da, &m->w2->grad, &m->b2->grad, &dlg, &a, &w2);
-    if (!st) st = dt_relu_bwd(&C, &dh, &da, &h);
-    if (!st) st = dt_linear_bwd(&C, NULL, &m->w1->grad, &m->b1->grad, &dh, x, &w1);
-    if (st) { fprintf(stderr, "mlp_step: %s\n", dt_ctx_error(&C)); exit(2); }
-    if (o1) dt_tensor_free(&C, &w1);
-    if (o2) dt_tensor_free(&C, &b1);
-    if (o3) dt_tensor_free(&C, &w2);
-    if (o4) dt_tensor_free(&C, &b2);
-    dt_tensor_free(&C, &h); dt_tensor_free(&C, &a); dt_tensor_free(&C, &lg); dt_tensor_free(&C, &pr);
-    dt_tensor_free(&C, &dlg); dt_tensor_free(&C, &da); dt_tensor_free(&C, &dh);
-    return loss;
-}
-
 /* ---------------------------------------------------------------- gradient accumulation */
 
-static void grads_of(mlp *m, float *out) {
-    int i;
-    int64_t off = 0;
-    for (i = 0; i < m->ps.count; i++) {
-        memcpy(out + off, m->ps.items[i]->grad.data, dt_tensor_bytes(&m->ps.items[i]->grad));
-        off += m->ps.items[i]->grad.numel;
-    }
-}
-
-static void values_of(mlp *m, float *out) {
-    int i;
-    int64_t off = 0;
-    for (i = 0; i < m->ps.count; i++) {
-        memcpy(out + off, m->ps.items[i]->value.data, dt_tensor_bytes(&m->ps.items[i]->value));
-        off += m->ps.items[i]->value.numel;
-    }
-}
-
-#define NPARAM (HID * IN + HID + OUT * HID + OUT)
+#define NPARAM MLP_NPARAM
 
 static void test_accumulation(void) {
     mlp big, acc;
     dt_optimizer *ob, *oa;
     dt_opt_desc d;
-    dt_tensor x, y;
     float gb[NPARAM], ga[NPARAM], vb[NPARAM], va[NPARAM], maxg = 0, seed = 0;
     int micro, i;
-    mlp_init(&big, DT_F32, 7);
-    mlp_init(&acc, DT_F32, 7);
+    mlp_init(&big, &C, DT_F32, 7);
+    mlp_init(&acc, &C, DT_F32, 7);
     memset(&d, 0, sizeof d);
     d.kind = DT_OPT_SGD; d.lr = 0.5; d.momentum = 0.9;
     ob = mkopt(&big.ps, &d);
     d.accum_steps = 4;
     oa = mkopt(&acc.ps, &d);
-    /* one batch of 32 */
-    batch(99, 0, 32, &x, &y);
-    mlp_step(&big, &x, &y, 1.0f);
-    dt_tensor_free(&C, &x); dt_tensor_free(&C, &y);
-    /* four micro-batches of 8, each seeded with 1/4 */
-    for (micro = 0; micro < 4; micro++) {
+    mlp_run(&big, 99, 0, 32, 1.0f); /* one batch of 32 */
+    for (micro = 0; micro < 4; micro++) { /* four micro-batches of 8, each seeded with 1/4 */
         dt_opt_micro_begin(oa, NULL, micro, &seed);
-        batch(99, 8 * micro, 8, &x, &y);
-        mlp_step(&acc, &x, &y, seed);
-        dt_tensor_free(&C, &x); dt_tensor_free(&C, &y);
+        mlp_run(&acc, 99, 8 * micro, 8, seed);
     }
     dt_test_close("accum_seed_is_one_over_micro_steps", seed, 0.25, 0);
-    grads_of(&big, gb);
-    grads_of(&acc, ga);
+    mlp_flat(&big, gb, 0);
+    mlp_flat(&acc, ga, 0);
     for (i = 0; i < NPARAM; i++) maxg = fabsf(gb[i]) > maxg ? fabsf(gb[i]) : maxg;
     dt_test_allclose("accum_4x8_grads_equal_batch_32", ga, gb, NPARAM, 1e-6 * maxg, 1e-6);
     dt_opt_step(ob, NULL);
     dt_opt_step(oa, NULL);
-    values_of(&big, vb);
-    values_of(&acc, va);
+    mlp_flat(&big, vb, 1);
+    mlp_flat(&acc, va, 1);
     dt_test_allclose("accum_4x8_step_equals_batch_32_step", va, vb, NPARAM, 1e-7, 1e-6);
     dt_opt_free(ob);
     dt_opt_free(oa);
@@ -623,7 +510,7 @@ typedef struct run {
 
 static void run_init(run *r, dt_dtype dt, uint64_t init_seed) {
     dt_opt_desc d;
-    mlp_init(&r->m, dt, init_seed);
+    mlp_init(&r->m, &C, dt, init_seed);
     memset(&d, 0, sizeof d);
     d.kind = DT_OPT_ADAMW; d.lr = 0.02; d.clip_norm = 1.0;
     d.schedule.kind = DT_LR_COSINE; d.schedule.warmup_steps = 3; d.schedule.total_steps = 10;
@@ -644,13 +531,10 @@ static void run_free(run *r) {
 static void run_train(run *r, int steps, float *losses) {
     int s;
     for (s = 0; s < steps; s++) {
-        dt_tensor x, y;
         float seed = 0;
         dt_params_zero_grad(&C, &r->m.ps);
         dt_opt_micro_begin(r->o, NULL, 0, &seed);
-        batch(5, r->cursor, 8, &x, &y);
-        losses[s] = mlp_step(&r->m, &x, &y, seed);
-        dt_tensor_free(&C, &x); dt_tensor_free(&C, &y);
+        losses[s] = mlp_run(&r->m, 5, r->cursor, 8, seed);
         dt_opt_step(r->o, NULL);
         r->cursor += 8;
     }

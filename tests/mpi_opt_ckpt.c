@@ -1,0 +1,257 @@
+// np: 1 2 4
+/* tests/mpi_opt_ckpt.c - checkpoints across ranks and layouts. The world trains 2 AdamW steps on
+   a parameter sharded on dim 0, one sharded on dim 1, a replicated one and a bf16 one (master
+   weights) sharded on dim 0, and saves. Then groups of 1, 2 and W ranks each load it with their
+   own layout (resharding) and must hold exactly (bitwise) the slices of a single-rank run of the
+   same steps: values, master weights, exp_avg, exp_avg_sq, step, train state. The replicated
+   tensor is written once (by rank 0). A load that fails on one rank fails on every rank and
+   changes nothing anywhere. */
+#define DT_IMPLEMENTATION
+#include "dt_tensor.h"
+#include "dt_comm.h"
+#include "dt_opt.h"
+#include "dt_test.h"
+
+static dt_ctx C;
+static int R, W;
+static char DIR_[1024];
+
+static const char *NAMES[4] = {"A", "B", "R", "D"};
+
+/* The gradient of element k of tensor `which` at step t: the same on every layout. */
+static float g_of(int which, int64_t k, int t) { return (float)(0.3 * sin(0.41 * (double)k + 0.9 * which + 0.5 * t)); }
+
+/* The model as `parts` ranks hold it, this rank being number idx: A [8,3] rows split, B [3,8]
+   columns split, R [5] whole, D [4,4] bf16 rows split. */
+static void make(dt_params *ps, int parts, int idx) {
+    int64_t gs[4][2] = {{8, 3}, {3, 8}, {5, 0}, {4, 4}};
+    int i, d;
+    memset(ps, 0, sizeof *ps);
+    for (i = 0; i < 4; i++) {
+        dt_param_desc pd;
+        memset(&pd, 0, sizeof pd);
+        pd.name = NAMES[i];
+        pd.dtype = i == 3 ? DT_BF16 : DT_F32;
+        for (d = 0; d < 2; d++) { pd.global_shape[d] = gs[i][d]; pd.shape[d] = gs[i][d]; }
+        if (i == 0 || i == 3) { pd.shape[0] = gs[i][0] / parts; pd.start[0] = idx * pd.shape[0]; }
+        if (i == 1) { pd.shape[1] = gs[i][1] / parts; pd.start[1] = idx * pd.shape[1]; }
+        pd.init.kind = DT_INIT_NORMAL;
+        pd.init.seed = 3;
+        pd.init.std = 1;
+        if (dt_params_add(&C, ps, &pd, NULL)) { fprintf(stderr, "make: %s\n", dt_ctx_error(&C)); exit(2); }
+    }
+}
+
+static int64_t global_index(const dt_param *p, int64_t local) {
+    if (p->value.ndim == 1) return p->start[0] + local;
+    return (p->start[0] + local / p->value.shape[1]) * p->global_shape[1] + p->start[1] + local % p->value.shape[1];
+}
+
+static void train(dt_params *ps, dt_optimizer *o, int steps) {
+    int t, i;
+    int64_t k;
+    for (t = 1; t <= steps; t++) {
+        for (i = 0; i < ps->count; i++) {
+            dt_param *p = ps->items[i];
+            for (k = 0; k < p->grad.numel; k++) ((float *)p->grad.data)[k] = g_of(i, global_index(p, k), t);
+        }
+        if (dt_opt_step(o, NULL)) fprintf(stderr, "step: %s\n", dt_ctx_error(&C));
+    }
+}
+
+static dt_optimizer *mkopt(dt_params *ps, dt_comm *c) {
+    dt_opt_desc d;
+    dt_optimizer *o = NULL;
+    memset(&d, 0, sizeof d);
+    d.kind = DT_OPT_ADAMW;
+    d.lr = 0.01;
+    d.comm = c;
+    d.norm.shard_comm = c;
+    if (dt_opt_create(&C, ps, &d, &o)) { fprintf(stderr, "opt: %s\n", dt_ctx_error(&C)); exit(2); }
+    return o;
+}
+
+/* Bitwise: every element of the slice t (of parameter p) equals the element of the same global
+   index in ref (the whole tensor). Returns the number of differing elements. */
+static int64_t diff_slice(const dt_param *p, const dt_tensor *t, const dt_tensor *ref) {
+    size_t es = dt_dtype_size(t->dtype);
+    int64_t k, bad = 0;
+    for (k = 0; k < t->numel; k++)
+        if (memcmp((const char *)t->data + k * es, (const char *)ref->data + global_index(p, k) * es, es) != 0) bad++;
+    return bad;
+}
+
+static int64_t diff_all(dt_params *ps, dt_optimizer *o, dt_params *rps, dt_optimizer *ro) {
+    int64_t bad = 0;
+    int i, k;
+    for (i = 0; i < ps->count; i++) {
+        bad += diff_slice(ps->items[i], &ps->items[i]->value, &rps->items[i]->value);
+        if (o->slots[i].master.data) bad += diff_slice(ps->items[i], &o->slots[i].master, &ro->slots[i].master);
+        for (k = 0; k < 2; k++) bad += diff_slice(ps->items[i], &o->slots[i].state[k], &ro->slots[i].state[k]);
+    }
+    return bad;
+}
+
+/* Rank 0 reads the manifest: the replicated tensor has one shard, A one per rank. */
+static int manifest_ok(char *why, size_t n) {
+    char path[1200];
+    FILE *fp;
+    char *text;
+    long len;
+    dt_json *m = NULL;
+    int ok = 0;
+    snprintf(path, sizeof path, "%s/step_00000002/manifest.json", DIR_);
+    if (!(fp = fopen(path, "rb"))) { snprintf(why, n, "no manifest.json"); return 0; }
+    fseek(fp, 0, SEEK_END);
+    len = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    text = (char *)malloc((size_t)len + 1);
+    if (fread(text, 1, (size_t)len, fp) != (size_t)len) len = 0;
+    fclose(fp);
+    if (!dt_json_parse(&C, text, (size_t)len, &m)) {
+        const dt_json *t = dt_json_get(m, "tensors");
+        int nr = dt_json_get(dt_json_get(t, "param/R"), "shards")->count;
+        int na = dt_json_get(dt_json_get(t, "state/A/exp_avg"), "shards")->count;
+        int nw = (int)dt_json_get(m, "world_size")->number;
+        ok = nr == 1 && na == W && nw == W;
+        snprintf(why, n, "R shards %d, A shards %d, world_size %d", nr, na, nw);
+    }
+    dt_json_free(&C, m);
+    free(text);
+    return ok;
+}
+
+int main(void) {
+    dt_comm *world;
+    dt_params ps, ref;
+    dt_optimizer *o, *ro;
+    dt_checkpoint_desc cd;
+    dt_train_state ts;
+    dt_status st;
+    char why[160] = "";
+    int sizes[3] = {1, 2, 0}, si, ok;
+    dt_ctx_init(&C, NULL);
+    if (dt_comm_init_world(&C, &world, NULL)) { fprintf(stderr, "%s\n", dt_ctx_error(&C)); return 2; }
+    R = dt_comm_rank(world);
+    W = dt_comm_size(world);
+    snprintf(DIR_, sizeof DIR_, "%s/mpi_opt_ckpt", dt_test_tmpdir());
+
+    /* the reference: one rank, whole tensors, the same two steps */
+    make(&ref, 1, 0);
+    ro = mkopt(&ref, NULL);
+    train(&ref, ro, 2);
+
+    /* the world: train, save */
+    make(&ps, W, R);
+    o = mkopt(&ps, world);
+    train(&ps, o, 2);
+    dt_test_check_all("sharded_training_equals_single_rank", diff_all(&ps, o, &ref, ro) == 0, "slices differ");
+    memset(&cd, 0, sizeof cd);
+    cd.dir = DIR_;
+    cd.comm = world;
+    cd.layout = "A,D:dim0 B:dim1 R:replicated";
+    memset(&ts, 0, sizeof ts);
+    ts.step = 2;
+    ts.data_cursor = 77;
+    ts.rng_seed = 42;
+    dt_train_state_set(&C, &ts, "note", "mpi");
+    st = dt_checkpoint_save(&C, &cd, &ps, o, &ts);
+    dt_test_check_all("save_on_every_rank", st == DT_OK, "%s", dt_ctx_error(&C));
+    ok = R != 0 || manifest_ok(why, sizeof why);
+    dt_test_check_all("manifest_writes_replicated_once_and_every_shard", ok, "%s", why);
+    dt_opt_free(o);
+    dt_params_free(&C, &ps);
+
+    /* groups of 1, 2 and W ranks load with their own layout */
+    sizes[2] = W;
+    for (si = 0; si < 3; si++) {
+        int s = sizes[si];
+        dt_comm *sub = NULL;
+        char name[64];
+        if (s > W || (si == 2 && (s == 1 || s == 2))) continue;
+        dt_comm_split(world, R < s ? 0 : -1, R, &sub);
+        ok = 1;
+        why[0] = 0;
+        if (sub) {
+            dt_train_state got;
+            make(&ps, s, dt_comm_rank(sub));
+            o = mkopt(&ps, sub);
+            memset(&got, 0, sizeof got);
+            cd.comm = sub;
+            st = dt_checkpoint_load(&C, &cd, &ps, o, &got);
+            if (st) {
+                ok = 0;
+                snprintf(why, sizeof why, "%.150s", dt_ctx_error(&C));
+            } else {
+                int64_t bad = diff_all(&ps, o, &ref, ro);
+                ok = bad == 0 && o->step == 2 && got.step == 2 && got.data_cursor == 77 && got.rng_seed == 42 &&
+                     dt_train_state_get(&got, "note") != NULL;
+                snprintf(why, sizeof why, "%lld elements differ, step %lld, cursor %lld", (long long)bad,
+                         (long long)o->step, (long long)got.data_cursor);
+            }
+            dt_opt_free(o);
+            dt_params_free(&C, &ps);
+            dt_comm_free(sub);
+        }
+        snprintf(name, sizeof name, "load_saved_at_np%d_on_np%d_reshards_bitwise", W, s);
+        dt_test_check_all(name, ok, "%s", why);
+    }
+
+    /* the other way: one process saves whole tensors, the world loads its slices */
+    {
+        char dir1[1100];
+        snprintf(dir1, sizeof dir1, "%s_np1", DIR_);
+        st = DT_OK;
+        if (R == 0) {
+            dt_checkpoint_desc c1 = cd;
+            c1.dir = dir1;
+            c1.comm = NULL;
+            st = dt_checkpoint_save(&C, &c1, &ref, ro, &ts);
+        }
+        dt_comm_barrier(world);
+        make(&ps, W, R);
+        o = mkopt(&ps, world);
+        cd.dir = dir1;
+        cd.comm = world;
+        if (!st) st = dt_checkpoint_load(&C, &cd, &ps, o, NULL);
+        ok = st == DT_OK && diff_all(&ps, o, &ref, ro) == 0;
+        snprintf(why, sizeof why, "%.150s", st ? dt_ctx_error(&C) : "slices differ");
+        snprintf(dir1, sizeof dir1, "load_whole_tensors_saved_by_one_process_on_np%d", W);
+        dt_test_check_all(dir1, ok, "%s", why);
+        cd.dir = DIR_;
+        dt_opt_free(o);
+        dt_params_free(&C, &ps);
+    }
+
+    /* one rank asks for a tensor the checkpoint lacks: every rank fails, nothing changes */
+    {
+        dt_param_desc pd;
+        float before;
+        make(&ps, W, R);
+        if (R == W - 1) {
+            memset(&pd, 0, sizeof pd);
+            pd.name = "ghost";
+            pd.shape[0] = 2;
+            dt_params_add(&C, &ps, &pd, NULL);
+        }
+        o = mkopt(&ps, world);
+        before = ((float *)ps.items[0]->value.data)[0];
+        cd.comm = world;
+        st = dt_checkpoint_load(&C, &cd, &ps, o, NULL);
+        ok = st != DT_OK && ((float *)ps.items[0]->value.data)[0] == before && o->step == 0 &&
+             strstr(dt_ctx_error(&C), R == W - 1 ? "ghost" : "failed") != NULL;
+        dt_test_check_all("failed_load_on_one_rank_fails_everywhere_and_changes_nothing", ok, "status %d: %.120s",
+                          (int)st, dt_ctx_error(&C));
+        dt_opt_free(o);
+        dt_params_free(&C, &ps);
+    }
+
+    dt_opt_free(ro);
+    dt_params_free(&C, &ref);
+    {
+        int rc = dt_test_finish();
+        dt_comm_free(world);
+        dt_ctx_shutdown(&C);
+        return rc;
+    }
+}
