@@ -1,0 +1,2770 @@
+/* dt_comm.h - communicators and collectives for the dt toolkit: MPI carries host memory, NCCL
+   carries device memory; groups, async forms, a DDP-style gradient bucketer, hang and mismatch
+   reports, statistics.                                                v0.1, public domain/MIT
+
+   Do this:
+       #define DT_COMM_IMPLEMENTATION        (or DT_IMPLEMENTATION for every dt header)
+   before you include this file in *one* C or C++ file to create the implementation. It needs
+   dt_tensor.h, which it includes itself when you have not included it before.
+
+   Compile-time options (define before including):
+       DT_MPI      processes talk through MPI (build with mpicc, run with mpirun). Without it the
+                   world has one rank and every call works: a collective of one rank copies or
+                   does nothing, a send to oneself is queued until the matching receive.
+       DT_NCCL     device tensors (DT_CUDA_DEVICE) go through NCCL on a communication stream
+                   (needs DT_CUDA; link -lnccl -lcudart). Without it they are staged through host
+                   memory and MPI.
+       DT_CUDA, DT_STATIC      as in dt_tensor.h.
+       DT_COMM_GATHER_MAX_BYTES  all-reduce path switch, see "Sum order" (default 64 KiB).
+
+   API in one breath:
+       dt_comm_init_world / dt_comm_split / dt_comm_free; rank, size, local_rank (the GPU to use)
+       dt_comm_allreduce (sum, avg, max, min; in place), dt_comm_allreduce_f64 (host scalars),
+       dt_comm_reduce_scatter, dt_comm_allgather, dt_comm_broadcast, dt_comm_alltoall,
+       dt_comm_alltoallv (counts exchanged for you), dt_comm_send / dt_comm_recv, dt_comm_barrier
+       async: dt_comm_iallreduce, _ireduce_scatter, _iallgather, _ibroadcast, _isend, _irecv
+              -> dt_comm_req; dt_comm_test, dt_comm_wait (every request ends with one wait)
+       dt_bucketer_*: gradient buckets in reverse registration order, each all-reduced as soon as
+              its last gradient is marked ready (PyTorch DDP), averaged and unpacked
+       dt_comm_stats / _format / _print: calls, bytes, seconds, algbw and busbw (nccl-tests)
+
+   Tensors: f32, bf16, f16, i32, i64 (and u8 for everything but avg). Sizes are element counts of
+   the tensors, any shape. A device tensor goes through NCCL when the communicator has it, else
+   through a host staging copy (dt_tensor_copy) and MPI.
+
+   Sum order (why results are bitwise reproducible). On the host/MPI path dt does not let MPI
+   reduce: it moves the data with MPI collectives and adds the contributions itself, element by
+   element in rank order, ((x0 + x1) + x2) + ... + x(n-1), then divides by n for avg. Messages
+   of up to DT_COMM_GATHER_MAX_BYTES (all contributions together), and every message on 2 ranks,
+   take one all-gather and sum locally; larger ones take an all-to-all (each rank receives its
+   slice from everyone, sums it) and an all-gather of the sums: the bandwidth of a ring
+   all-reduce, 2(n-1)/n of the message per rank. Both paths do the same arithmetic, so:
+     - the result does not depend on the message size, on where an element sits in a buffer or
+       on MPI's choice of algorithm: a bucket of gradients gives bitwise what one call per
+       tensor gives, and reduce_scatter followed by allgather gives bitwise what allreduce gives;
+     - every rank holds bitwise the same result.
+   bf16 and f16: MPI has no such types. They are moved as 16-bit words, summed in f32 and
+   rounded once at the end. (A user MPI_Op would round to 16 bits at every hop of MPI's tree or
+   ring, so the answer would depend on the number of ranks and the algorithm; converting to f32
+   before MPI would double the bytes on the wire.) Integers wrap on overflow (two's complement);
+   avg is defined for floating types only.
+   NCCL reduces in its own order (ring or tree, in its own precision): results agree with the MPI
+   path within floating-point reassociation, not bitwise.
+
+   Hangs and mismatches. Every communicator numbers its collectives (seq 1, 2, ...). A call that
+   does not complete within desc.timeout_s (default 300 s) returns DT_ERR_TIMEOUT with a message
+   naming the collective, the group, its size, the seq and the ranks that did not arrive:
+       dt_comm_allreduce: allreduce(sum) of 1024 x f32 at seq 42 on group world (size 4) did not
+       complete within 300 s; did not arrive: rank 3 (no answer: ...)
+   How: the rank that gives up sends a small "gave up at seq N" notice to every rank on a
+   separate control communicator. Ranks still waiting in dt see it within milliseconds, give up
+   too and answer with their own position; after a short grace period each rank names the ranks
+   it heard nothing from (a rank that skipped the collective is busy elsewhere and cannot answer)
+   and those that are behind, at an earlier seq. When every rank arrived but they called
+   different collectives, the message lists who called what. The default path costs one
+   MPI_Iprobe per call; nothing is exchanged unless something goes wrong.
+   Checking mode (desc.check_mismatch = 1, or dt_comm_set_check): before each collective the
+   ranks exchange (seq, collective, dtype, count, op or root) and, when they disagree, every rank
+   returns DT_ERR_COMM listing who called what; nothing was sent, so the communicator stays
+   usable. A rank whose own arguments were invalid returns its own error and the others
+   DT_ERR_COMM naming it, instead of waiting for it. It costs one small all-gather per call and
+   makes each async post wait until every rank has posted.
+   After a timeout the communicator is unusable: the abandoned collective still holds its
+   buffers (MPI cannot cancel a collective, a late rank could still complete it), so every later
+   call on it returns DT_ERR_STATE at once instead of hanging. Report, then end the run.
+   Send and recv time out too; their request is cancelled and the communicator stays usable.
+
+   Memory: requests, staging and scratch buffers come from the ctx allocator; each communicator
+   keeps a small pool of scratch buffers so repeated calls do not allocate. A communicator that
+   timed out keeps the buffers of the abandoned collective until the process ends.
+
+   Threads: a dt_comm (and its requests and bucketer) belongs to one thread at a time. MPI is
+   initialised with MPI_THREAD_FUNNELED when dt initialises it.
+
+   NCCL: the NCCL communicator is created on the first device collective, on the device that is
+   current then (create the ctx with cuda_device = dt_comm_local_rank(world), or call
+   cudaSetDevice, before it). Collectives run on a communication stream that first waits for
+   the ctx stream; blocking calls return when they are complete; send/recv pairs match in call
+   order (NCCL has no tags).
+
+   The licence (MIT) is at the end of this file.
+*/
+#ifndef DT_COMM_H
+#define DT_COMM_H
+
+#ifndef DT_TENSOR_H
+#include "dt_tensor.h"
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- types */
+
+typedef enum dt_reduce_op {
+    DT_REDUCE_DEFAULT = 0, /* = DT_REDUCE_SUM */
+    DT_REDUCE_SUM,
+    DT_REDUCE_AVG,         /* sum / size; floating dtypes only */
+    DT_REDUCE_MAX,
+    DT_REDUCE_MIN,
+    DT_REDUCE_OP_COUNT
+} dt_reduce_op;
+
+/* The kinds of communication, for statistics and messages. */
+typedef enum dt_coll {
+    DT_COLL_ALLREDUCE = 0,
+    DT_COLL_REDUCE_SCATTER,
+    DT_COLL_ALLGATHER,
+    DT_COLL_BROADCAST,
+    DT_COLL_ALLTOALL,
+    DT_COLL_ALLTOALLV,
+    DT_COLL_SEND,
+    DT_COLL_RECV,
+    DT_COLL_BARRIER,
+    DT_COLL_COUNT
+} dt_coll;
+
+typedef struct dt_comm dt_comm;         /* a group of ranks; opaque */
+typedef struct dt_comm_req dt_comm_req; /* an operation in flight; opaque */
+typedef struct dt_bucketer dt_bucketer; /* gradient buckets of a parameter set; opaque */
+
+typedef struct dt_comm_desc {
+    double timeout_s;   /* a collective not complete after this long fails; 0 = 300 s, < 0 = never */
+    int check_mismatch; /* 1: exchange (seq, collective, dtype, count) before each collective */
+    int use_nccl;       /* 0 = NCCL for device tensors when built with DT_NCCL; 1 = the same, and an
+                           error when built without it; -1 = never (stage through host memory) */
+    const char *name;   /* the group's name in messages; NULL = "world" */
+} dt_comm_desc;
+
+/* ---------------------------------------------------------------- communicators */
+
+/* The world: every process of the run. Initialises MPI (MPI_THREAD_FUNNELED) unless the caller
+   did; without DT_MPI a world of one rank. The comm keeps ctx for errors and memory. */
+DT_API dt_status dt_comm_init_world(dt_ctx *ctx, dt_comm **world, const dt_comm_desc *desc);
+/* Frees a communicator (free the groups split from the world before the world). The last world
+   freed finalizes MPI when dt initialised it. NULL is a no-op. Not collective for dt, but MPI
+   may synchronise: call it on every rank. */
+DT_API void dt_comm_free(dt_comm *c);
+DT_API int dt_comm_rank(const dt_comm *c);
+DT_API int dt_comm_size(const dt_comm *c);
+/* Rank among the group's processes on the same host (grouped by host name), and their number:
+   the GPU a rank should use is its local rank. */
+DT_API int dt_comm_local_rank(const dt_comm *c);
+DT_API int dt_comm_local_size(const dt_comm *c);
+/* World rank of the group's rank `rank` (-1 when out of range). */
+DT_API int dt_comm_world_rank(const dt_comm *c, int rank);
+DT_API const char *dt_comm_name(const dt_comm *c);
+DT_API dt_ctx *dt_comm_ctx(const dt_comm *c);
+/* Number of collectives this rank has entered on c (the seq of the last one). */
+DT_API int64_t dt_comm_seq(const dt_comm *c);
+/* Whether c still works (0 after a timeout). */
+DT_API int dt_comm_ok(const dt_comm *c);
+DT_API dt_status dt_comm_set_name(dt_comm *c, const char *name);
+/* Local: each rank may set its own timeout (seconds; 0 = 300 s, < 0 = never). */
+DT_API void dt_comm_set_timeout(dt_comm *c, double seconds);
+DT_API double dt_comm_timeout(const dt_comm *c);
+/* Checking mode on (1) or off (0). Every rank must switch it at the same point. */
+DT_API void dt_comm_set_check(dt_comm *c, int on);
+
+/* Collective over parent: ranks with the same color form a group, ordered by key (ties by
+   parent rank). color < 0: this rank joins no group and *out is NULL. The group inherits the
+   parent's timeout, checking mode and NCCL choice; its name is "<parent>.<color>". */
+DT_API dt_status dt_comm_split(dt_comm *parent, int color, int key, dt_comm **out);
+
+/* ---------------------------------------------------------------- collectives
+   Each is collective over c: every rank calls it, in the same order, with the same dtype and
+   the sizes described. Blocking forms return when this rank's part is complete. */
+
+/* t = op over ranks of t, in place. */
+DT_API dt_status dt_comm_allreduce(dt_comm *c, dt_tensor *t, dt_reduce_op op);
+/* The same on n host doubles (norms, overflow flags, counters), summed in rank order. */
+DT_API dt_status dt_comm_allreduce_f64(dt_comm *c, double *vals, int n, dt_reduce_op op);
+/* in holds size blocks of out->numel elements; out = op over ranks of block `rank`. out may lie
+   inside in. */
+DT_API dt_status dt_comm_reduce_scatter(dt_comm *c, dt_tensor *out, const dt_tensor *in, dt_reduce_op op);
+/* out = the in of every rank, in rank order: out->numel = size * in->numel. in may be out's own
+   block (in place). */
+DT_API dt_status dt_comm_allgather(dt_comm *c, dt_tensor *out, const dt_tensor *in);
+/* t = root's t. */
+DT_API dt_status dt_comm_broadcast(dt_comm *c, dt_tensor *t, int root);
+/* Equal blocks: in and out have size * b elements; block j of in goes to rank j, block i of out
+   came from rank i. in and out must not overlap. */
+DT_API dt_status dt_comm_alltoall(dt_comm *c, dt_tensor *out, const dt_tensor *in);
+/* Uneven blocks, counts in elements. send_counts[j] elements go to rank j, taken from in in rank
+   order (packed); what arrives is packed into out in rank order. recv_counts: what each rank
+   sends here; NULL = not known (the ranks exchange counts first in any case, and a recv_counts
+   that disagrees with the sender is DT_ERR_SHAPE naming both). out may be larger than needed; too
+   small is DT_ERR_SHAPE giving the size needed (this rank still takes part, the others succeed).
+   The counts that arrived are then in dt_comm_recv_counts(c). */
+DT_API dt_status dt_comm_alltoallv(dt_comm *c, dt_tensor *out, const int64_t *recv_counts,
+                                   const dt_tensor *in, const int64_t *send_counts);
+/* The counts of the last alltoallv on this rank (size entries), or NULL before one. */
+DT_API const int64_t *dt_comm_recv_counts(const dt_comm *c);
+DT_API dt_status dt_comm_barrier(dt_comm *c);
+
+/* Point to point, tag 0..32767. recv needs a message of exactly t->numel elements. */
+DT_API dt_status dt_comm_send(dt_comm *c, const dt_tensor *t, int dst, int tag);
+DT_API dt_status dt_comm_recv(dt_comm *c, dt_tensor *t, int src, int tag);
+
+/* ---------------------------------------------------------------- asynchronous forms
+   Each posts the operation and returns a request (on error *req is NULL and nothing was
+   posted). The tensors must stay alive and untouched until the request completes. Every
+   request is finished by exactly one dt_comm_wait, which frees it; dt_comm_test only asks. */
+
+DT_API dt_status dt_comm_iallreduce(dt_comm *c, dt_tensor *t, dt_reduce_op op, dt_comm_req **req);
+DT_API dt_status dt_comm_ireduce_scatter(dt_comm *c, dt_tensor *out, const dt_tensor *in, dt_reduce_op op,
+                                         dt_comm_req **req);
+DT_API dt_status dt_comm_iallgather(dt_comm *c, dt_tensor *out, const dt_tensor *in, dt_comm_req **req);
+DT_API dt_status dt_comm_ibroadcast(dt_comm *c, dt_tensor *t, int root, dt_comm_req **req);
+DT_API dt_status dt_comm_isend(dt_comm *c, const dt_tensor *t, int dst, int tag, dt_comm_req **req);
+DT_API dt_status dt_comm_irecv(dt_comm *c, dt_tensor *t, int src, int tag, dt_comm_req **req);
+/* Makes progress; *done = 1 when req is complete. Returns the request's error if it failed. */
+DT_API dt_status dt_comm_test(dt_comm_req *req, int *done);
+/* Waits (up to the comm's timeout, counted from this call), frees req, returns its status. */
+DT_API dt_status dt_comm_wait(dt_comm_req *req);
+
+/* ---------------------------------------------------------------- gradient bucketer */
+
+typedef struct dt_bucketer_desc {
+    int64_t bucket_bytes;       /* 0 = 25 MB (PyTorch DDP's bucket_cap_mb) */
+    int64_t first_bucket_bytes; /* 0 = 1 MB: the last layers' grads, ready first, go out early */
+    int average;                /* 0 = default = average over ranks; -1 = sum only */
+} dt_bucketer_desc;
+
+/* Packs the f32 grads of ps (all on one device) into flat buckets, parameters in reverse
+   registration order (the order backward produces them), a parameter never split. ps must not
+   gain parameters while the bucketer lives. */
+DT_API dt_status dt_bucketer_create(dt_comm *c, dt_params *ps, const dt_bucketer_desc *desc, dt_bucketer **out);
+/* p's grad is final for this step: copies it into its bucket; when a bucket is full, launches its
+   async all-reduce (buckets go out in order, so every rank launches the same sequence). */
+DT_API dt_status dt_bucketer_mark_ready(dt_bucketer *b, dt_param *p);
+/* Treats unmarked params as ready, launches what is left, waits for every bucket and writes the
+   averaged (or summed) grads back into each p->grad. Ends the step. */
+DT_API dt_status dt_bucketer_finish(dt_bucketer *b);
+/* sync = 0 for gradient-accumulation micro-steps: mark_ready and finish do nothing and the
+   grads keep accumulating locally; sync = 1 (the default) again for the last micro-step. */
+DT_API void dt_bucketer_set_sync(dt_bucketer *b, int sync);
+DT_API int dt_bucketer_count(const dt_bucketer *b); /* number of buckets */
+DT_API void dt_bucketer_free(dt_bucketer *b);
+
+/* ---------------------------------------------------------------- statistics */
+
+/* Per kind of collective on one communicator. bytes follow nccl-tests: the buffer for
+   all-reduce and broadcast, the whole (size x block) buffer for reduce-scatter, all-gather and
+   all-to-all, the bytes sent for all-to-allv, the message for send/recv. seconds run from post
+   to completion. algbw = bytes / seconds, busbw = algbw * dt_coll_bus_factor (GB/s, 1e9). */
+typedef struct dt_comm_stat {
+    int64_t calls;
+    double bytes;
+    double seconds;
+    double algbw;
+    double busbw;
+} dt_comm_stat;
+
+DT_API dt_status dt_comm_stats(const dt_comm *c, dt_coll kind, dt_comm_stat *out);
+DT_API void dt_comm_stats_reset(dt_comm *c);
+DT_API const char *dt_coll_name(dt_coll kind); /* "allreduce", ... */
+/* nccl-tests bus bandwidth factor: all-reduce 2(n-1)/n; reduce-scatter, all-gather, all-to-all(v)
+   (n-1)/n; broadcast, send, recv 1; barrier 0. */
+DT_API double dt_coll_bus_factor(dt_coll kind, int size);
+/* A table of every kind used, one line each, into buf; returns the length it needed. */
+DT_API size_t dt_comm_stats_format(const dt_comm *c, char *buf, size_t n);
+DT_API void dt_comm_stats_print(const dt_comm *c); /* the table on stdout */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_COMM_H */
+
+/* ============================================================================================
+   Implementation
+   ============================================================================================ */
+#if defined(DT_IMPLEMENTATION) && !defined(DT_COMM_IMPLEMENTATION)
+#define DT_COMM_IMPLEMENTATION
+#endif
+#ifdef DT_COMM_IMPLEMENTATION
+#ifndef DT_COMM_IMPLEMENTATION_DONE
+#define DT_COMM_IMPLEMENTATION_DONE
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdarg.h>
+#include <sys/time.h>
+#ifdef DT_MPI
+#if defined(__cplusplus) && !defined(OMPI_SKIP_MPICXX)
+#define OMPI_SKIP_MPICXX 1 /* the deprecated MPI C++ bindings: not used, and noisy under -Wextra */
+#endif
+#if defined(__cplusplus) && !defined(MPICH_SKIP_MPICXX)
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+#endif
+#ifdef DT_NCCL
+#ifndef DT_CUDA
+#error "dt_comm.h: DT_NCCL needs DT_CUDA"
+#endif
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
+
+#ifndef DT_COMM_GATHER_MAX_BYTES
+#define DT_COMM_GATHER_MAX_BYTES (64 * 1024)
+#endif
+
+/* Under DT_STATIC a program uses a few of these functions; the rest must not warn. */
+#if defined(DT_STATIC) && (defined(__GNUC__) || defined(__clang__))
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- internal types */
+
+#define DT__CM_F64 100               /* element type of dt_comm_allreduce_f64 (not a dt_dtype) */
+#define DT__CM_SPLIT (DT_COLL_COUNT + 1)
+#define DT__CM_POOL 16               /* scratch buffers kept per communicator */
+#define DT__CM_HIST 16               /* recent collectives remembered for hang reports */
+#define DT__CM_REC 6                 /* a collective record: seq, kind, et, count, arg, flags */
+#define DT__CM_NOTE 10               /* a notice: type, seq, entered, record[6], sender */
+#define DT__CM_TAG 0x7d7             /* tag of notices on the control communicator */
+#define DT__CM_GAVE_UP 1
+#define DT__CM_REPLY 2
+#define DT__CM_SERVE_S 0.002         /* how often a waiting rank looks for notices */
+#define DT__CM_BLOCK 1024            /* elements reduced per block (stack accumulators) */
+
+enum { DT__CM_LOCAL = 0, DT__CM_GATHER, DT__CM_A2A, DT__CM_MPI, DT__CM_NCCL };
+
+typedef struct dt__cm_buf {
+    void *p;
+    size_t cap;
+    int busy;                        /* 1 lent to an op; 2 lost to an abandoned op (never reused) */
+} dt__cm_buf;
+
+typedef struct dt__cm_msg {          /* a send to oneself without MPI, queued until its recv */
+    struct dt__cm_msg *next;
+    int tag, et;
+    int64_t count;
+    void *data;
+} dt__cm_msg;
+
+struct dt_comm {
+    dt_ctx *ctx;
+    char name[64];
+    int rank, size, local_rank, local_size;
+    int *world_ranks;                /* group rank -> world rank */
+    int is_world, inited_mpi;
+    int check, nccl_mode;
+    double timeout;
+    int broken;
+    char broken_msg[300];
+    int64_t seq;                     /* collectives entered */
+    int64_t hist[DT__CM_HIST][DT__CM_REC];
+    int64_t failed_seq;              /* lowest seq another rank gave up at (0 = none) */
+    int failed_rank;
+    int sent_gave_up;
+    int64_t *notes;                  /* size x DT__CM_NOTE: the last notice from each rank */
+    int64_t *recv_counts;            /* counts of the last alltoallv */
+    double stat_calls[DT_COLL_COUNT], stat_bytes[DT_COLL_COUNT], stat_secs[DT_COLL_COUNT];
+    dt__cm_buf pool[DT__CM_POOL];
+    dt_comm_req *fifo;               /* operations in flight, in posting order */
+    dt__cm_msg *selfq;
+#ifdef DT_MPI
+    MPI_Comm mc[2];                  /* data: stage s of every operation runs on mc[s] */
+    MPI_Comm ctl;                    /* checks, splits, notices */
+    int tag_ub;
+    int64_t *note_out;               /* size x DT__CM_NOTE send buffers, one per destination */
+    MPI_Request *note_req;
+#endif
+#ifdef DT_NCCL
+    ncclComm_t nccl;
+    cudaStream_t stream;
+#endif
+};
+
+struct dt_comm_req {
+    dt_comm *c;
+    int kind;                        /* dt_coll, or DT__CM_SPLIT */
+    const char *fn;                  /* public function, for messages */
+    int64_t seq;                     /* collective seq; 0 for send/recv */
+    int et;                          /* element type: dt_dtype or DT__CM_F64 */
+    dt_reduce_op op;
+    int arg;                         /* root, or the peer of send/recv */
+    int tag;
+    int64_t count;                   /* elements, as the messages describe the call */
+    double stat_bytes, t0;
+    int path, stage, last_stage;
+    int pending;                     /* an MPI request / NCCL event is in flight */
+    int done, heap, bad_here;
+    dt_status status;
+    dt_tensor tin, tout;             /* the caller's tensors (by value) */
+    void *hin, *hout;                /* host memory the MPI stages read and write */
+    int slot_in, slot_out, slot_scratch; /* pool slots (-1 plain allocation, -2 none) */
+    void *scratch;
+    int *cnt;                        /* 4 x size: send counts, send displs, recv counts, recv displs */
+    int64_t *c64;                    /* alltoallv: 2 x size: send counts, received counts */
+    const int64_t *want_recv;        /* alltoallv: the caller's recv_counts (may be NULL) */
+    int64_t out_cap;                 /* alltoallv: out->numel */
+    dt_tensor dscratch;              /* NCCL alltoallv into a too-small out: receives here instead */
+    dt_comm_req *next;
+#ifdef DT_MPI
+    MPI_Request mreq;
+#endif
+#ifdef DT_NCCL
+    cudaEvent_t ev;
+#endif
+};
+
+/* One world count and one flag for the whole process, as MPI itself is initialised once. */
+static int dt__cm_worlds_alive = 0;
+static int dt__cm_we_inited_mpi = 0;
+
+/* ---------------------------------------------------------------- small helpers */
+
+static double dt__cm_now(void) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (double)tv.tv_sec + 1e-6 * (double)tv.tv_usec;
+}
+
+/* Appends printf-style text to the NUL-terminated buf of n bytes (truncating). */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static void dt__cm_cat(char *buf, size_t n, const char *fmt, ...) {
+    size_t len = strlen(buf);
+    va_list ap;
+    if (len + 1 >= n) return;
+    va_start(ap, fmt);
+    vsnprintf(buf + len, n - len, fmt, ap);
+    va_end(ap);
+}
+
+static int dt__cm_et(dt_dtype d) { return d == DT_DTYPE_DEFAULT ? DT_F32 : (int)d; }
+static size_t dt__cm_esize(int et) { return et == DT__CM_F64 ? 8 : dt_dtype_size((dt_dtype)et); }
+static const char *dt__cm_ename(int et) { return et == DT__CM_F64 ? "f64" : dt_dtype_name((dt_dtype)et); }
+static int dt__cm_is_float(int et) { return et == DT_F32 || et == DT_BF16 || et == DT_F16 || et == DT__CM_F64; }
+
+static const char *dt__cm_op_name(dt_reduce_op op) {
+    switch (op) {
+    case DT_REDUCE_DEFAULT: case DT_REDUCE_SUM: return "sum";
+    case DT_REDUCE_AVG: return "avg";
+    case DT_REDUCE_MAX: return "max";
+    case DT_REDUCE_MIN: return "min";
+    default: return "invalid-op";
+    }
+}
+
+DT_API const char *dt_coll_name(dt_coll kind) {
+    static const char *names[DT_COLL_COUNT] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
+                                               "alltoall", "alltoallv", "send", "recv", "barrier"};
+    if ((int)kind == DT__CM_SPLIT) return "split";
+    return ((int)kind >= 0 && kind < DT_COLL_COUNT) ? names[kind] : "invalid-collective";
+}
+
+DT_API double dt_coll_bus_factor(dt_coll kind, int size) {
+    double n = size > 0 ? (double)size : 1.0;
+    switch (kind) {
+    case DT_COLL_ALLREDUCE: return 2.0 * (n - 1.0) / n;
+    case DT_COLL_REDUCE_SCATTER: case DT_COLL_ALLGATHER: case DT_COLL_ALLTOALL: case DT_COLL_ALLTOALLV:
+        return (n - 1.0) / n;
+    case DT_COLL_BROADCAST: case DT_COLL_SEND: case DT_COLL_RECV: return 1.0;
+    default: return 0.0;
+    }
+}
+
+/* "allreduce(sum) of 1024 x f32" from a record {seq, kind, et, count, arg, flags}. */
+static const char *dt__cm_describe(const int64_t *rec, char *buf, size_t n) {
+    int kind = (int)rec[1], et = (int)rec[2];
+    long long count = (long long)rec[3];
+    if (rec[5] & 1) {
+        snprintf(buf, n, "%s with invalid arguments", dt_coll_name((dt_coll)kind));
+        return buf;
+    }
+    switch (kind) {
+    case DT_COLL_ALLREDUCE: case DT_COLL_REDUCE_SCATTER:
+        snprintf(buf, n, "%s(%s) of %lld x %s", dt_coll_name((dt_coll)kind),
+                 dt__cm_op_name((dt_reduce_op)rec[4]), count, dt__cm_ename(et));
+        break;
+    case DT_COLL_BROADCAST:
+        snprintf(buf, n, "broadcast(root %d) of %lld x %s", (int)rec[4], count, dt__cm_ename(et));
+        break;
+    case DT_COLL_ALLTOALLV: snprintf(buf, n, "alltoallv of %s", dt__cm_ename(et)); break;
+    case DT_COLL_BARRIER: snprintf(buf, n, "barrier"); break;
+    case DT__CM_SPLIT: snprintf(buf, n, "split"); break;
+    default: snprintf(buf, n, "%s of %lld x %s", dt_coll_name((dt_coll)kind), count, dt__cm_ename(et)); break;
+    }
+    return buf;
+}
+
+#ifdef DT_MPI
+/* Appends "rank 3" / "ranks 1, 3" (with world ranks for a sub-group) for the ranks r with
+   sel[r] == want; returns how many. */
+static int dt__cm_ranks(const dt_comm *c, char *buf, size_t n, const int *sel, int want) {
+    int r, k = 0, total = 0;
+    size_t len = strlen(buf);
+    for (r = 0; r < c->size; r++) total += sel[r] == want;
+    for (r = 0; r < c->size && len < n; r++) {
+        if (sel[r] != want) continue;
+        if (k == 16) {
+            len += (size_t)snprintf(buf + len, n - len, ", ... (%d more)", total - k);
+            break;
+        }
+        len += (size_t)snprintf(buf + len, n - len, "%s%d", k ? ", " : (total > 1 ? "ranks " : "rank "), r);
+        if (len < n && !c->is_world && c->world_ranks[r] != r)
+            len += (size_t)snprintf(buf + len, n - len, " (world %d)", c->world_ranks[r]);
+        k++;
+    }
+    return total;
+}
+#endif
+
+static void dt__cm_host_view(dt_tensor *v, void *data, int et, int64_t numel) {
+    memset(v, 0, sizeof *v);
+    v->data = data;
+    v->dtype = (dt_dtype)et;
+    v->device = DT_CPU;
+    v->ndim = 1;
+    v->shape[0] = numel;
+    v->numel = numel;
+}
+
+static int dt__cm_on_device(const dt_tensor *t) { return t && t->device == DT_CUDA_DEVICE; }
+
+/* ---------------------------------------------------------------- scratch pool */
+
+static void *dt__cm_take(dt_comm *c, size_t bytes, int *slot) {
+    int i, best = -1, spare = -1;
+    void *p;
+    if (bytes == 0) bytes = 1;
+    for (i = 0; i < DT__CM_POOL; i++) {
+        dt__cm_buf *b = &c->pool[i];
+        if (b->busy) continue;
+        if (b->cap >= bytes && (best < 0 || b->cap < c->pool[best].cap)) best = i;
+        if (spare < 0 || b->cap > c->pool[spare].cap) spare = i;
+    }
+    if (best >= 0) {
+        c->pool[best].busy = 1;
+        *slot = best;
+        return c->pool[best].p;
+    }
+    if (spare >= 0) { /* grow the largest free buffer, with some room for the next call */
+        size_t cap = bytes + bytes / 8;
+        dt_release(c->ctx, c->pool[spare].p);
+        c->pool[spare].p = NULL;
+        c->pool[spare].cap = 0;
+        p = dt_alloc(c->ctx, cap);
+        if (!p) return NULL;
+        c->pool[spare].p = p;
+        c->pool[spare].cap = cap;
+        c->pool[spare].busy = 1;
+        *slot = spare;
+        return p;
+    }
+    *slot = -1;
+    return dt_alloc(c->ctx, bytes);
+}
+
+static void dt__cm_give(dt_comm *c, int slot, void *p, int lost) {
+    if (slot == -2 || !p) return;
+    if (slot >= 0) c->pool[slot].busy = lost ? 2 : 0;
+    else if (!lost) dt_release(c->ctx, p);
+}
+
+/* ---------------------------------------------------------------- reduction in rank order */
+
+static void dt__cm_load(float *dst, const void *src, int et, int64_t k) {
+    int64_t j;
+    const uint16_t *h = (const uint16_t *)src;
+    if (et == DT_F32) memcpy(dst, src, (size_t)k * sizeof(float));
+    else if (et == DT_BF16) for (j = 0; j < k; j++) dst[j] = dt_bf16_to_f32(h[j]);
+    else for (j = 0; j < k; j++) dst[j] = dt_f16_to_f32(h[j]);
+}
+
+static void dt__cm_store(void *dst, const float *src, int et, int64_t k) {
+    int64_t j;
+    uint16_t *h = (uint16_t *)dst;
+    if (et == DT_F32) memcpy(dst, src, (size_t)k * sizeof(float));
+    else if (et == DT_BF16) for (j = 0; j < k; j++) h[j] = dt_f32_to_bf16(src[j]);
+    else for (j = 0; j < k; j++) h[j] = dt_f32_to_f16(src[j]);
+}
+
+/* max/min that keep a NaN (the NaN of the lowest rank wins). */
+#define DT__CM_MAX(a, x) ((a) != (a) ? (a) : ((x) != (x) || (x) > (a)) ? (x) : (a))
+#define DT__CM_MIN(a, x) ((a) != (a) ? (a) : ((x) != (x) || (x) < (a)) ? (x) : (a))
+
+/* Integers: sums wrap (computed unsigned, so no undefined overflow). */
+#define DT__CM_REDUCE_INT(T, UT)                                                                   \
+    do {                                                                                           \
+        T *d_ = (T *)dst;                                                                          \
+        const T *s_ = (const T *)rows;                                                             \
+        for (i = 0; i < count; i++) {                                                              \
+            T a_ = s_[i];                                                                          \
+            for (r = 1; r < n; r++) {                                                              \
+                T v_ = s_[(int64_t)r * stride + i];                                                \
+                if (op == DT_REDUCE_MAX) a_ = v_ > a_ ? v_ : a_;                                   \
+                else if (op == DT_REDUCE_MIN) a_ = v_ < a_ ? v_ : a_;                              \
+                else a_ = (T)((UT)a_ + (UT)v_);                                                    \
+            }                                                                                      \
+            d_[i] = a_;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+/* dst[i] = rows[0][i] op rows[1][i] op ... op rows[n-1][i], left to right (rank order), rows
+   `stride` elements apart. f32/bf16/f16 accumulate in f32 and round once; avg divides the sum
+   by n. This one function is the whole arithmetic of every host all-reduce and reduce-scatter,
+   which is what makes their results independent of message size and layout. */
+static void dt__cm_reduce(void *dst, const void *rows, int64_t stride, int n, int64_t count, int et,
+                          dt_reduce_op op) {
+    int64_t i, j;
+    int r;
+    if (op == DT_REDUCE_DEFAULT) op = DT_REDUCE_SUM;
+    if (et == DT_F32 || et == DT_BF16 || et == DT_F16) {
+        size_t es = dt__cm_esize(et);
+        const char *base = (const char *)rows;
+        float acc[DT__CM_BLOCK], x[DT__CM_BLOCK];
+        float fn = (float)n;
+        for (i = 0; i < count; i += DT__CM_BLOCK) {
+            int64_t k = count - i < DT__CM_BLOCK ? count - i : DT__CM_BLOCK;
+            dt__cm_load(acc, base + (size_t)i * es, et, k);
+            for (r = 1; r < n; r++) {
+                const float *xs = x;
+                if (et == DT_F32) xs = (const float *)(base + ((size_t)r * (size_t)stride + (size_t)i) * es);
+                else dt__cm_load(x, base + ((size_t)r * (size_t)stride + (size_t)i) * es, et, k);
+                if (op == DT_REDUCE_MAX) for (j = 0; j < k; j++) acc[j] = DT__CM_MAX(acc[j], xs[j]);
+                else if (op == DT_REDUCE_MIN) for (j = 0; j < k; j++) acc[j] = DT__CM_MIN(acc[j], xs[j]);
+                else for (j = 0; j < k; j++) acc[j] = acc[j] + xs[j];
+            }
+            if (op == DT_REDUCE_AVG) for (j = 0; j < k; j++) acc[j] = acc[j] / fn;
+            dt__cm_store((char *)dst + (size_t)i * es, acc, et, k);
+        }
+    } else if (et == DT__CM_F64) {
+        double *d = (double *)dst;
+        const double *s = (const double *)rows;
+        for (i = 0; i < count; i++) {
+            double a = s[i];
+            for (r = 1; r < n; r++) {
+                double v = s[(int64_t)r * stride + i];
+                if (op == DT_REDUCE_MAX) a = DT__CM_MAX(a, v);
+                else if (op == DT_REDUCE_MIN) a = DT__CM_MIN(a, v);
+                else a = a + v;
+            }
+            d[i] = op == DT_REDUCE_AVG ? a / (double)n : a;
+        }
+    } else if (et == DT_I32) {
+        DT__CM_REDUCE_INT(int32_t, uint32_t);
+    } else if (et == DT_I64) {
+        DT__CM_REDUCE_INT(int64_t, uint64_t);
+    } else if (et == DT_U8) {
+        DT__CM_REDUCE_INT(uint8_t, uint8_t);
+    }
+}
+
+/* ---------------------------------------------------------------- MPI glue */
+
+#ifdef DT_MPI
+static MPI_Datatype dt__cm_mpi_type(int et) {
+    switch (et) {
+    case DT_F32: return MPI_FLOAT;
+    case DT_BF16: case DT_F16: return MPI_UINT16_T; /* moved as words, summed by dt in f32 */
+    case DT_I32: return MPI_INT32_T;
+    case DT_I64: return MPI_INT64_T;
+    case DT_U8: return MPI_UINT8_T;
+    default: return MPI_DOUBLE;
+    }
+}
+
+static dt_status dt__cm_mpi_error(dt_comm *c, int rc, const char *fn, const char *what) {
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    s[0] = 0;
+    MPI_Error_string(rc, s, &len);
+    return dt_ctx_set_error(c->ctx, DT_ERR_COMM, "%s: %s failed on group %s (size %d): %s", fn, what, c->name,
+                            c->size, s);
+}
+
+static int dt__cm_mpi_live(void) {
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    return init && !fin;
+}
+#endif
+
+/* ---------------------------------------------------------------- communicator lifetime */
+
+static dt_comm *dt__cm_new(dt_ctx *ctx) {
+    dt_comm *c = (dt_comm *)dt_alloc(ctx, sizeof(dt_comm));
+    if (!c) return NULL;
+    memset(c, 0, sizeof *c);
+    c->ctx = ctx;
+    c->timeout = 300.0;
+    return c;
+}
+
+static void dt__cm_set_name(dt_comm *c, const char *name) {
+    size_t n = strlen(name);
+    if (n >= sizeof c->name) n = sizeof c->name - 1;
+    memcpy(c->name, name, n);
+    c->name[n] = 0;
+}
+
+#ifdef DT_MPI
+/* Duplicates the data and control communicators of a new group from `base`, errors returned. */
+static dt_status dt__cm_mpi_setup(dt_comm *c, MPI_Comm base, const char *fn) {
+    int rc, s, flag = 0;
+    int *ub = NULL;
+    for (s = 0; s < 2; s++) c->mc[s] = MPI_COMM_NULL;
+    c->ctl = MPI_COMM_NULL;
+    for (s = 0; s < 2; s++) {
+        rc = MPI_Comm_dup(base, &c->mc[s]);
+        if (rc != MPI_SUCCESS) return dt__cm_mpi_error(c, rc, fn, "MPI_Comm_dup");
+        MPI_Comm_set_errhandler(c->mc[s], MPI_ERRORS_RETURN);
+    }
+    rc = MPI_Comm_dup(base, &c->ctl);
+    if (rc != MPI_SUCCESS) return dt__cm_mpi_error(c, rc, fn, "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(c->ctl, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(c->mc[0], &c->rank);
+    MPI_Comm_size(c->mc[0], &c->size);
+    MPI_Comm_get_attr(c->mc[0], MPI_TAG_UB, &ub, &flag);
+    c->tag_ub = flag && ub ? *ub : 32767;
+    return DT_OK;
+}
+
+/* Local rank: the ranks of this group on the same host, by host name. */
+static dt_status dt__cm_mpi_local(dt_comm *c, const char *fn) {
+    char me[MPI_MAX_PROCESSOR_NAME + 1];
+    char *all;
+    int len = 0, r, rc;
+    memset(me, 0, sizeof me);
+    MPI_Get_processor_name(me, &len);
+    all = (char *)dt_alloc(c->ctx, (size_t)c->size * sizeof me);
+    if (!all) return DT_ERR_OOM;
+    rc = MPI_Allgather(me, (int)sizeof me, MPI_CHAR, all, (int)sizeof me, MPI_CHAR, c->ctl);
+    if (rc != MPI_SUCCESS) {
+        dt_release(c->ctx, all);
+        return dt__cm_mpi_error(c, rc, fn, "MPI_Allgather of host names");
+    }
+    c->local_rank = 0;
+    c->local_size = 0;
+    for (r = 0; r < c->size; r++) {
+        if (strcmp(all + (size_t)r * sizeof me, me) != 0) continue;
+        c->local_size++;
+        if (r < c->rank) c->local_rank++;
+    }
+    dt_release(c->ctx, all);
+    return DT_OK;
+}
+#endif
+
+static void dt__cm_release_all(dt_comm *c) {
+    int i;
+    dt__cm_msg *m, *next;
+    dt_ctx *ctx = c->ctx;
+    int lost_notes = 0;
+#ifdef DT_MPI
+    if (dt__cm_mpi_live()) {
+        int s;
+        if (c->note_req) { /* notices are small and sent eagerly; one still pending keeps its buffer */
+            for (i = 0; i < c->size; i++) {
+                int done = 1;
+                if (c->note_req[i] == MPI_REQUEST_NULL) continue;
+                MPI_Test(&c->note_req[i], &done, MPI_STATUS_IGNORE);
+                if (!done) { MPI_Request_free(&c->note_req[i]); lost_notes = 1; }
+            }
+        }
+        for (s = 0; s < 2; s++)
+            if (c->mc[s] != MPI_COMM_NULL) MPI_Comm_free(&c->mc[s]);
+        if (c->ctl != MPI_COMM_NULL) MPI_Comm_free(&c->ctl);
+    }
+    if (!lost_notes) dt_release(ctx, c->note_out);
+    dt_release(ctx, c->note_req);
+#endif
+#ifdef DT_NCCL
+    if (c->nccl) {
+        if (c->broken) ncclCommAbort(c->nccl);
+        else ncclCommDestroy(c->nccl);
+    }
+    if (c->stream) cudaStreamDestroy(c->stream);
+#endif
+    (void)lost_notes;
+    for (i = 0; i < DT__CM_POOL; i++)
+        if (c->pool[i].busy != 2) dt_release(ctx, c->pool[i].p); /* busy 2: MPI may still write it */
+    for (m = c->selfq; m; m = next) {
+        next = m->next;
+        dt_release(ctx, m);
+    }
+    dt_release(ctx, c->world_ranks);
+    dt_release(ctx, c->notes);
+    dt_release(ctx, c->recv_counts);
+    dt_release(ctx, c);
+}
+
+DT_API dt_status dt_comm_init_world(dt_ctx *ctx, dt_comm **world, const dt_comm_desc *desc) {
+    const char *fn = "dt_comm_init_world";
+    dt_comm_desc d;
+    dt_comm *c;
+    int r;
+    if (!ctx) return DT_ERR_ARG;
+    if (!world) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: world is NULL", fn);
+    *world = NULL;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if (d.timeout_s != d.timeout_s)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.timeout_s is NaN; expected seconds (0 = 300 s, "
+                                "< 0 = never)", fn);
+    if (d.use_nccl < -1 || d.use_nccl > 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.use_nccl = %d; expected -1 (never), 0 (default) "
+                                "or 1 (required)", fn, d.use_nccl);
+#ifndef DT_NCCL
+    if (d.use_nccl == 1)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: desc.use_nccl = 1, but dt was built without "
+                                "DT_NCCL; rebuild with -DDT_CUDA -DDT_NCCL or leave use_nccl 0", fn);
+#endif
+    c = dt__cm_new(ctx);
+    if (!c) return DT_ERR_OOM;
+    c->is_world = 1;
+    c->timeout = d.timeout_s == 0 ? 300.0 : d.timeout_s;
+    c->check = d.check_mismatch != 0;
+    c->nccl_mode = d.use_nccl >= 0;
+    dt__cm_set_name(c, d.name && d.name[0] ? d.name : "world");
+    c->size = 1;
+    c->local_size = 1;
+#ifdef DT_MPI
+    {
+        int init = 0, fin = 0, provided = 0, rc;
+        dt_status st;
+        MPI_Initialized(&init);
+        MPI_Finalized(&fin);
+        if (fin) {
+            dt_release(ctx, c);
+            return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: MPI is already finalized; MPI can be "
+                                    "initialised only once per process", fn);
+        }
+        if (!init) {
+            rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+            if (rc != MPI_SUCCESS) {
+                dt_release(ctx, c);
+                return dt_ctx_set_error(ctx, DT_ERR_COMM, "%s: MPI_Init_thread failed (error %d)", fn, rc);
+            }
+            dt__cm_we_inited_mpi = 1;
+        }
+        st = dt__cm_mpi_setup(c, MPI_COMM_WORLD, fn);
+        if (!st) st = dt__cm_mpi_local(c, fn);
+        if (st) {
+            dt__cm_release_all(c);
+            return st;
+        }
+    }
+#endif
+    c->world_ranks = (int *)dt_alloc(ctx, (size_t)c->size * sizeof(int));
+    if (!c->world_ranks) {
+        dt__cm_release_all(c);
+        return DT_ERR_OOM;
+    }
+    for (r = 0; r < c->size; r++) c->world_ranks[r] = r;
+    dt__cm_worlds_alive++;
+    *world = c;
+    return DT_OK;
+}
+
+DT_API void dt_comm_free(dt_comm *c) {
+    int world;
+    if (!c) return;
+    world = c->is_world;
+    dt__cm_release_all(c);
+    if (world && --dt__cm_worlds_alive == 0 && dt__cm_we_inited_mpi) {
+#ifdef DT_MPI
+        if (dt__cm_mpi_live()) MPI_Finalize();
+#endif
+        dt__cm_we_inited_mpi = 0;
+    }
+}
+
+DT_API int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }
+DT_API int dt_comm_size(const dt_comm *c) { return c ? c->size : 0; }
+DT_API int dt_comm_local_rank(const dt_comm *c) { return c ? c->local_rank : 0; }
+DT_API int dt_comm_local_size(const dt_comm *c) { return c ? c->local_size : 0; }
+DT_API int dt_comm_world_rank(const dt_comm *c, int rank) {
+    return c && rank >= 0 && rank < c->size ? c->world_ranks[rank] : -1;
+}
+DT_API const char *dt_comm_name(const dt_comm *c) { return c ? c->name : "(null)"; }
+DT_API dt_ctx *dt_comm_ctx(const dt_comm *c) { return c ? c->ctx : NULL; }
+DT_API int64_t dt_comm_seq(const dt_comm *c) { return c ? c->seq : 0; }
+DT_API int dt_comm_ok(const dt_comm *c) { return c && !c->broken; }
+DT_API double dt_comm_timeout(const dt_comm *c) { return c ? c->timeout : 0.0; }
+DT_API void dt_comm_set_timeout(dt_comm *c, double seconds) {
+    if (c && seconds == seconds) c->timeout = seconds == 0 ? 300.0 : seconds;
+}
+DT_API void dt_comm_set_check(dt_comm *c, int on) {
+    if (c) c->check = on != 0;
+}
+DT_API dt_status dt_comm_set_name(dt_comm *c, const char *name) {
+    if (!c) return DT_ERR_ARG;
+    if (!name || !name[0])
+        return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_set_name: name is %s; expected a non-empty string",
+                                name ? "empty" : "NULL");
+    dt__cm_set_name(c, name);
+    return DT_OK;
+}
+
+DT_API const int64_t *dt_comm_recv_counts(const dt_comm *c) { return c ? c->recv_counts : NULL; }
+
+/* ---------------------------------------------------------------- notices: hang reports */
+
+static void dt__cm_record(const dt_comm_req *q, int64_t *rec) {
+    rec[0] = q->seq;
+    rec[1] = q->kind;
+    rec[2] = q->et;
+    rec[3] = q->count;
+    rec[4] = q->kind == DT_COLL_BROADCAST ? q->arg : (q->kind == DT_COLL_ALLREDUCE || q->kind == DT_COLL_REDUCE_SCATTER)
+                                                         ? (int64_t)(q->op == DT_REDUCE_DEFAULT ? DT_REDUCE_SUM : q->op)
+                                                         : 0;
+    rec[5] = q->bad_here ? 1 : 0;
+}
+
+#ifdef DT_MPI
+/* Sends one notice to rank `to` unless the previous one to it is still in flight. */
+static void dt__cm_notify(dt_comm *c, int to, const int64_t *note) {
+    int i, done = 1;
+    if (!c->note_out) {
+        c->note_out = (int64_t *)dt_alloc(c->ctx, (size_t)c->size * DT__CM_NOTE * sizeof(int64_t));
+        c->note_req = (MPI_Request *)dt_alloc(c->ctx, (size_t)c->size * sizeof(MPI_Request));
+        if (!c->note_out || !c->note_req) return;
+        for (i = 0; i < c->size; i++) c->note_req[i] = MPI_REQUEST_NULL;
+    }
+    if (c->note_req[to] != MPI_REQUEST_NULL) MPI_Test(&c->note_req[to], &done, MPI_STATUS_IGNORE);
+    if (!done) return;
+    memcpy(c->note_out + (size_t)to * DT__CM_NOTE, note, DT__CM_NOTE * sizeof(int64_t));
+    MPI_Isend(c->note_out + (size_t)to * DT__CM_NOTE, DT__CM_NOTE, MPI_INT64_T, to, DT__CM_TAG, c->ctl,
+              &c->note_req[to]);
+}
+
+/* This rank's answer about seq s: how many collectives it entered, and what it called at s (or
+   the last thing it called when it has not reached s). */
+static void dt__cm_position(const dt_comm *c, int64_t s, int64_t *note) {
+    int64_t at = s <= c->seq && s > c->seq - DT__CM_HIST && s > 0 ? s : c->seq;
+    note[2] = c->seq;
+    if (at > 0) memcpy(note + 3, c->hist[at % DT__CM_HIST], DT__CM_REC * sizeof(int64_t));
+    else memset(note + 3, 0, DT__CM_REC * sizeof(int64_t));
+    note[9] = c->rank;
+}
+#endif
+
+/* Reads the notices other ranks sent: a "gave up at seq s" makes every later collective of
+   this rank at seq >= s fail fast, and gets an answer with this rank's position. */
+static void dt__cm_serve(dt_comm *c) {
+#ifdef DT_MPI
+    int flag = 0;
+    MPI_Status st;
+    int64_t m[DT__CM_NOTE];
+    if (c->size == 1) return;
+    for (;;) {
+        if (MPI_Iprobe(MPI_ANY_SOURCE, DT__CM_TAG, c->ctl, &flag, &st) != MPI_SUCCESS || !flag) return;
+        if (MPI_Recv(m, DT__CM_NOTE, MPI_INT64_T, st.MPI_SOURCE, DT__CM_TAG, c->ctl, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            return;
+        if (!c->notes) {
+            c->notes = (int64_t *)dt_alloc(c->ctx, (size_t)c->size * DT__CM_NOTE * sizeof(int64_t));
+            if (!c->notes) return;
+            memset(c->notes, 0, (size_t)c->size * DT__CM_NOTE * sizeof(int64_t));
+        }
+        /* a "gave up" is news that a later reply must not hide */
+        if (m[0] == DT__CM_GAVE_UP || c->notes[(size_t)st.MPI_SOURCE * DT__CM_NOTE] != DT__CM_GAVE_UP)
+            memcpy(c->notes + (size_t)st.MPI_SOURCE * DT__CM_NOTE, m, sizeof m);
+        if (m[0] == DT__CM_GAVE_UP) {
+            if (c->failed_seq == 0 || m[1] < c->failed_seq) {
+                c->failed_seq = m[1];
+                c->failed_rank = st.MPI_SOURCE;
+            }
+            if (!c->sent_gave_up) {
+                int64_t note[DT__CM_NOTE];
+                note[0] = DT__CM_REPLY;
+                note[1] = m[1];
+                dt__cm_position(c, m[1], note);
+                dt__cm_notify(c, st.MPI_SOURCE, note);
+            }
+        }
+    }
+#else
+    (void)c;
+#endif
+}
+
+static void dt__cm_fifo_unlink(dt_comm *c, dt_comm_req *q) {
+    dt_comm_req **pp;
+    for (pp = &c->fifo; *pp; pp = &(*pp)->next)
+        if (*pp == q) {
+            *pp = q->next;
+            q->next = NULL;
+            return;
+        }
+}
+
+/* The buffers of an abandoned operation stay lent to MPI / NCCL for good. */
+static void dt__cm_lose_bufs(dt_comm_req *q) {
+    dt__cm_give(q->c, q->slot_scratch, q->scratch, 1);
+    dt__cm_give(q->c, q->slot_in, q->hin, 1);
+    dt__cm_give(q->c, q->slot_out, q->hout, 1);
+    q->slot_scratch = q->slot_in = q->slot_out = -2;
+    q->scratch = NULL;
+    memset(&q->dscratch, 0, sizeof q->dscratch);
+}
+
+#ifdef DT_MPI
+/* What rank j told us about seq s: 0 nothing, 1 it entered s (or passed it), 2 it is behind. */
+static int dt__cm_state_of(const dt_comm *c, int j, int64_t s) {
+    const int64_t *m = c->notes ? c->notes + (size_t)j * DT__CM_NOTE : NULL;
+    if (j == c->rank) return 1;
+    if (!m || m[0] == 0) return 0;
+    if (m[0] == DT__CM_GAVE_UP) return m[1] >= s ? 1 : 2;
+    if (m[1] != s) return 0; /* a reply about another seq */
+    return m[2] >= s ? 1 : 2;
+}
+
+/* Tells every rank that this one gives up at q's seq, listens for a grace period and appends
+   to msg who did not arrive, who is behind, and whether the ranks that arrived disagree. */
+static void dt__cm_report(dt_comm_req *q, const int64_t *rec, char *msg, size_t size) {
+    dt_comm *c = q->c;
+    int n = c->size, j, heard, missing = 0, arrived = 0, differ = 0, *state;
+    int64_t note[DT__CM_NOTE];
+    double grace = c->timeout / 4 < 0.2 ? 0.2 : c->timeout / 4 > 5.0 ? 5.0 : c->timeout / 4, end;
+    char d[96];
+    state = (int *)dt_alloc(c->ctx, (size_t)n * sizeof(int));
+    if (!state) return;
+    note[0] = DT__CM_GAVE_UP;
+    note[1] = q->seq;
+    dt__cm_position(c, q->seq, note);
+    memcpy(note + 3, rec, DT__CM_REC * sizeof(int64_t));
+    c->sent_gave_up = 1;
+    for (j = 0; j < n; j++)
+        if (j != c->rank) dt__cm_notify(c, j, note);
+    end = dt__cm_now() + grace;
+    do {
+        dt__cm_serve(c);
+        for (heard = 0, j = 0; j < n; j++) {
+            state[j] = dt__cm_state_of(c, j, q->seq);
+            if (j != c->rank && state[j]) heard++;
+        }
+    } while (heard < n - 1 && dt__cm_now() < end);
+    for (j = 0; j < n; j++) {
+        const int64_t *m = c->notes ? c->notes + (size_t)j * DT__CM_NOTE : NULL;
+        missing += state[j] == 0;
+        arrived += state[j] == 1;
+        if (j != c->rank && state[j] == 1 && m && m[3] == q->seq && memcmp(m + 3, rec, DT__CM_REC * sizeof(int64_t)))
+            differ++;
+    }
+    if (missing) {
+        dt__cm_cat(msg, size, "; did not arrive: ");
+        dt__cm_ranks(c, msg, size, state, 0);
+        dt__cm_cat(msg, size, " (no answer: busy outside dt, in another collective, or gone)");
+    }
+    for (j = 0; j < n; j++) {
+        const int64_t *m = c->notes + (size_t)j * DT__CM_NOTE;
+        if (state[j] == 2)
+            dt__cm_cat(msg, size, "; rank %d is behind: it has entered %lld collectives, the last %s", j,
+                       (long long)m[2], dt__cm_describe(m + 3, d, sizeof d));
+    }
+    if (differ) {
+        dt__cm_cat(msg, size, "; ranks disagree: rank %d called %s", c->rank, dt__cm_describe(rec, d, sizeof d));
+        for (j = 0; j < n; j++) {
+            const int64_t *m = c->notes ? c->notes + (size_t)j * DT__CM_NOTE : NULL;
+            if (j != c->rank && state[j] == 1 && m && m[3] == q->seq)
+                dt__cm_cat(msg, size, "; rank %d called %s", j, dt__cm_describe(m + 3, d, sizeof d));
+        }
+    } else if (arrived == n)
+        dt__cm_cat(msg, size, "; every rank arrived (a slow transfer, or a timeout too short for this size)");
+    dt_release(c->ctx, state);
+}
+#endif
+
+/* Abandons q (and everything else in flight on c) after a timeout, or because rank `because`
+   gave up on it first, and writes the report. */
+static dt_status dt__cm_abandon(dt_comm_req *q, int because) {
+    dt_comm *c = q->c;
+    char msg[DT_ERROR_MAX], what[96];
+    int64_t rec[DT__CM_REC];
+    dt_comm_req *p;
+    dt__cm_record(q, rec);
+    dt__cm_describe(rec, what, sizeof what);
+    msg[0] = 0;
+    if (because >= 0)
+        dt__cm_cat(msg, sizeof msg, "%s: %s at seq %lld on group %s (size %d) was abandoned: rank %d timed out on it",
+                   q->fn, what, (long long)q->seq, c->name, c->size, because);
+    else
+        dt__cm_cat(msg, sizeof msg, "%s: %s at seq %lld on group %s (size %d) did not complete within %.3g s", q->fn,
+                   what, (long long)q->seq, c->name, c->size, c->timeout);
+#ifdef DT_MPI
+    if (c->size > 1) dt__cm_report(q, rec, msg, sizeof msg);
+#endif
+    dt__cm_cat(msg, sizeof msg, "; the communicator is unusable now");
+#ifdef DT_NCCL
+    if (c->nccl) {
+        ncclCommAbort(c->nccl);
+        c->nccl = NULL;
+    }
+#endif
+    c->broken = 1;
+    snprintf(c->broken_msg, sizeof c->broken_msg, "%s at seq %lld timed out", what, (long long)q->seq);
+    /* Everything in flight is abandoned with it: its buffers stay lent to MPI. */
+    while (c->fifo) {
+        p = c->fifo;
+        dt__cm_fifo_unlink(c, p);
+        dt__cm_lose_bufs(p);
+        if (p != q && !p->done) {
+            p->done = 1;
+            p->status = DT_ERR_STATE;
+        }
+    }
+    dt__cm_lose_bufs(q);
+    q->done = 1;
+    q->status = DT_ERR_TIMEOUT;
+    return dt_ctx_set_error(c->ctx, DT_ERR_TIMEOUT, "%s", msg);
+}
+
+/* ---------------------------------------------------------------- operations: the engine
+
+   An operation runs in stages; stage s of every operation uses the data communicator mc[s]. A
+   stage after the first is posted only when every earlier operation in flight has posted all of
+   its stages, so each mc[s] sees the operations in the same order on every rank (MPI matches
+   collectives by order), whatever order the caller waits in. */
+
+static void dt__cm_req_init(dt_comm_req *q, dt_comm *c, int kind, const char *fn) {
+    memset(q, 0, sizeof *q);
+    q->c = c;
+    q->kind = kind;
+    q->fn = fn;
+    q->slot_in = q->slot_out = q->slot_scratch = -2;
+    q->et = DT_F32;
+}
+
+static void dt__cm_release_req_bufs(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    dt__cm_give(c, q->slot_scratch, q->scratch, 0);
+    dt__cm_give(c, q->slot_in, q->hin, 0);
+    dt__cm_give(c, q->slot_out, q->hout, 0);
+    q->slot_scratch = q->slot_in = q->slot_out = -2;
+    q->scratch = NULL;
+    if (q->dscratch.data) dt_tensor_free(c->ctx, &q->dscratch);
+    dt_release(c->ctx, q->cnt);
+    dt_release(c->ctx, q->c64);
+    q->cnt = NULL;
+    q->c64 = NULL;
+}
+
+static void dt__cm_fail(dt_comm_req *q, dt_status st) {
+    if (q->done) return;
+    q->status = st;
+    q->done = 1;
+    q->pending = 0;
+    dt__cm_fifo_unlink(q->c, q);
+    dt__cm_release_req_bufs(q);
+}
+
+/* The operation is complete: copy staged results back, return buffers, count it. */
+static void dt__cm_complete(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    dt_status st = DT_OK;
+    if (q->slot_out != -2 && q->tout.data && dt__cm_on_device(&q->tout) && q->path != DT__CM_NCCL) {
+        dt_tensor hv;
+        dt__cm_host_view(&hv, q->hout, q->et, q->tout.numel);
+        st = dt_tensor_copy(c->ctx, &q->tout, &hv);
+    }
+#ifdef DT_NCCL
+    if (q->ev) {
+        if (c->ctx->cuda_stream) cudaStreamWaitEvent((cudaStream_t)c->ctx->cuda_stream, q->ev, 0);
+        cudaEventDestroy(q->ev);
+        q->ev = NULL;
+    }
+#endif
+    if (q->kind >= 0 && q->kind < DT_COLL_COUNT) {
+        c->stat_calls[q->kind] += 1;
+        c->stat_bytes[q->kind] += q->stat_bytes;
+        c->stat_secs[q->kind] += dt__cm_now() - q->t0;
+    }
+    dt__cm_fifo_unlink(c, q);
+    dt__cm_release_req_bufs(q);
+    q->status = st;
+    q->done = 1;
+}
+
+#ifdef DT_MPI
+static dt_status dt__cm_mpi_post(dt_comm_req *q);
+#endif
+static dt_status dt__cm_stage(dt_comm_req *q, int need_in, int need_out);
+#ifdef DT_NCCL
+static dt_status dt__cm_nccl_post(dt_comm_req *q);
+static dt_status dt__cm_nccl_init(dt_comm_req *q);
+#endif
+
+/* Work between stages, and after the last one. */
+static dt_status dt__cm_after_stage(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    size_t es = dt__cm_esize(q->et);
+    int n = c->size;
+    if (q->kind == DT_COLL_ALLREDUCE && q->path == DT__CM_GATHER)
+        dt__cm_reduce(q->hout, q->scratch, q->count, n, q->count, q->et, q->op);
+    else if (q->kind == DT_COLL_ALLREDUCE && q->path == DT__CM_A2A && q->stage == 0) {
+        int mine = q->cnt[2 * n + c->rank]; /* my slice, received from everyone */
+        dt__cm_reduce((char *)q->hout + (size_t)q->cnt[n + c->rank] * es, q->scratch, mine, n, mine, q->et, q->op);
+    } else if (q->kind == DT_COLL_REDUCE_SCATTER && q->path != DT__CM_NCCL)
+        dt__cm_reduce(q->hout, q->scratch, q->tout.numel, n, q->tout.numel, q->et, q->op);
+    else if (q->kind == DT_COLL_ALLTOALLV && q->stage == 0) {
+        /* counts are in: check them against the caller's, size out, build the data exchange */
+        int64_t *sc = q->c64, *rc = q->c64 + n, total = 0, off = 0;
+        int r;
+        dt_status st = DT_OK;
+        for (r = 0; r < n; r++) {
+            if (q->want_recv && q->want_recv[r] != rc[r] && !st)
+                st = dt_ctx_set_error(c->ctx, DT_ERR_SHAPE, "%s: recv_counts[%d] = %lld, but rank %d sends %lld "
+                                      "elements here (group %s)", q->fn, r, (long long)q->want_recv[r], r,
+                                      (long long)rc[r], c->name);
+            total += rc[r];
+        }
+        if (!c->recv_counts) c->recv_counts = (int64_t *)dt_alloc(c->ctx, (size_t)n * sizeof(int64_t));
+        if (c->recv_counts) memcpy(c->recv_counts, rc, (size_t)n * sizeof(int64_t));
+        if (!st && total > q->out_cap)
+            st = dt_ctx_set_error(c->ctx, DT_ERR_SHAPE, "%s: out has %lld elements, but %lld arrive (group %s); "
+                                  "out needs at least %lld", q->fn, (long long)q->out_cap, (long long)total, c->name,
+                                  (long long)total);
+        if (!st && total > 2147483647)
+            st = dt_ctx_set_error(c->ctx, DT_ERR_UNSUPPORTED, "%s: %lld elements arrive; MPI counts are int, at "
+                                  "most 2147483647", q->fn, (long long)total);
+        if (st) { /* still take part, receiving into scratch, so that the other ranks complete */
+            if (!q->status) q->status = st;
+            if (total > 2147483647) total = 0; /* cannot receive it at all: MPI reports truncation */
+            q->tout.data = NULL;               /* nothing to copy back */
+#ifdef DT_NCCL
+            if (q->path == DT__CM_NCCL) {
+                dt_tensor_desc td;
+                memset(&td, 0, sizeof td);
+                td.dtype = (dt_dtype)q->et;
+                td.device = DT_CUDA_DEVICE;
+                td.shape[0] = total > 0 ? total : 1;
+                st = dt_tensor_create(c->ctx, &q->dscratch, &td);
+                if (st) return st;
+                q->tout.data = q->dscratch.data;
+            } else
+#endif
+            {
+                q->hout = dt__cm_take(c, (size_t)total * es, &q->slot_out);
+                if (!q->hout) return DT_ERR_OOM;
+            }
+        } else if (q->path == DT__CM_MPI) {
+            st = dt__cm_stage(q, 0, 1);
+            if (st) return st;
+        }
+        for (r = 0; r < n; r++) {
+            q->cnt[2 * n + r] = (int)rc[r];
+            q->cnt[3 * n + r] = (int)off;
+            off += rc[r];
+        }
+        (void)sc;
+    } else if (q->kind == DT_COLL_RECV && q->path == DT__CM_MPI) {
+        /* the count check happens where the status is known (dt__cm_advance) */
+    }
+    return DT_OK;
+}
+
+/* One step of q: test what is in flight; when it is done, do the local work and post the next
+   stage (only when may_post, see above) or complete. */
+static void dt__cm_advance(dt_comm_req *q, int may_post) {
+    dt_status st;
+    if (q->done) return;
+    if (q->pending) {
+#ifdef DT_NCCL
+        if (q->path == DT__CM_NCCL && q->ev && !(q->kind == DT_COLL_ALLTOALLV && q->stage == 0)) {
+            cudaError_t e = cudaEventQuery(q->ev);
+            if (e == cudaErrorNotReady) {
+                ncclResult_t ar = ncclSuccess;
+                if (q->c->nccl) ncclCommGetAsyncError(q->c->nccl, &ar);
+                if (ar == ncclSuccess || ar == ncclInProgress) return;
+                dt__cm_fail(q, dt_ctx_set_error(q->c->ctx, DT_ERR_COMM, "%s: NCCL failed on group %s (size %d): %s",
+                                                q->fn, q->c->name, q->c->size, ncclGetErrorString(ar)));
+                return;
+            }
+            if (e != cudaSuccess) {
+                dt__cm_fail(q, dt_ctx_set_error(q->c->ctx, DT_ERR_CUDA, "%s: waiting for NCCL on group %s: %s", q->fn,
+                                                q->c->name, cudaGetErrorString(e)));
+                return;
+            }
+            q->pending = 0;
+        }
+#endif
+#ifdef DT_MPI
+        if (q->pending) {
+            int flag = 0, rc;
+            MPI_Status ms;
+            rc = MPI_Test(&q->mreq, &flag, &ms);
+            if (rc != MPI_SUCCESS) {
+                int cls = 0;
+                if (q->kind == DT_COLL_RECV) {
+                    MPI_Error_class(rc == MPI_ERR_IN_STATUS ? ms.MPI_ERROR : rc, &cls);
+                    if (cls == MPI_ERR_TRUNCATE) {
+                        dt__cm_fail(q, dt_ctx_set_error(q->c->ctx, DT_ERR_SHAPE, "%s: the message from rank %d "
+                                                        "(tag %d) on group %s is longer than t (%lld x %s)", q->fn,
+                                                        q->arg, q->tag, q->c->name, (long long)q->count,
+                                                        dt__cm_ename(q->et)));
+                        return;
+                    }
+                }
+                dt__cm_fail(q, dt__cm_mpi_error(q->c, rc, q->fn, "MPI_Test"));
+                return;
+            }
+            if (!flag) return;
+            q->pending = 0;
+            if (q->kind == DT_COLL_RECV) {
+                int got = 0;
+                MPI_Get_count(&ms, dt__cm_mpi_type(q->et), &got);
+                if ((int64_t)got != q->count) {
+                    dt__cm_fail(q, dt_ctx_set_error(q->c->ctx, DT_ERR_SHAPE, "%s: the message from rank %d (tag %d) "
+                                                    "on group %s has %d elements; t has %lld (%s)", q->fn, q->arg,
+                                                    q->tag, q->c->name, got, (long long)q->count, dt__cm_ename(q->et)));
+                    return;
+                }
+            }
+        }
+#endif
+    }
+    if (q->stage < q->last_stage && !may_post) return;
+    st = dt__cm_after_stage(q);
+    if (st) {
+        dt__cm_fail(q, st);
+        return;
+    }
+    if (q->stage == q->last_stage) {
+        dt_status keep = q->status;
+        dt__cm_complete(q);
+        if (keep && !q->status) q->status = keep;
+        return;
+    }
+    q->stage++;
+#ifdef DT_NCCL
+    if (q->path == DT__CM_NCCL) st = dt__cm_nccl_post(q);
+    else
+#endif
+    {
+#ifdef DT_MPI
+        st = dt__cm_mpi_post(q);
+#else
+        st = DT_ERR_STATE;
+#endif
+    }
+    if (st) dt__cm_fail(q, st);
+}
+
+/* Advances everything in flight on c, in posting order. */
+static void dt__cm_progress(dt_comm *c) {
+    dt_comm_req *q = c->fifo, *next;
+    int may_post = 1;
+    while (q) {
+        next = q->next;
+        dt__cm_advance(q, may_post);
+        if (!q->done && q->stage < q->last_stage) may_post = 0;
+        q = next;
+    }
+}
+
+static dt_status dt__cm_p2p_timeout(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    const char *fn = q->fn;
+    int to = q->kind == DT_COLL_SEND;
+#ifdef DT_MPI
+    if (q->pending) { /* cancel: a cancelled request leaves the communicator clean */
+        int done = 0, cancelled = 0;
+        double end = dt__cm_now() + 0.5;
+        MPI_Status ms;
+        MPI_Cancel(&q->mreq);
+        while (!done && dt__cm_now() < end) MPI_Test(&q->mreq, &done, &ms);
+        if (done) MPI_Test_cancelled(&ms, &cancelled);
+        q->pending = 0;
+        if (!done) { /* MPI still owns the buffer: nothing can be trusted on this communicator */
+            c->broken = 1;
+            snprintf(c->broken_msg, sizeof c->broken_msg, "a %s that timed out could not be cancelled", dt_coll_name((dt_coll)q->kind));
+            dt__cm_give(c, q->slot_in, q->hin, 1);
+            dt__cm_give(c, q->slot_out, q->hout, 1);
+            q->slot_in = q->slot_out = -2;
+        }
+    }
+#endif
+    dt__cm_fail(q, DT_ERR_TIMEOUT);
+    return dt_ctx_set_error(c->ctx, DT_ERR_TIMEOUT, "%s: %s of %lld x %s %s rank %d (tag %d) on group %s (size %d) "
+                            "did not complete within %.3g s (no matching %s on rank %d)", fn,
+                            dt_coll_name((dt_coll)q->kind), (long long)q->count, dt__cm_ename(q->et),
+                            to ? "to" : "from", q->arg, q->tag, c->name, c->size, c->timeout,
+                            to ? "dt_comm_recv" : "dt_comm_send", q->arg);
+}
+
+/* Waits for q with the comm's timeout, reading notices every few milliseconds. */
+static dt_status dt__cm_wait(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    double start = dt__cm_now(), next_serve = start + DT__CM_SERVE_S;
+    for (;;) {
+        double t;
+        dt__cm_progress(c);
+        if (q->done) break;
+        t = dt__cm_now();
+        if (t >= next_serve) {
+            next_serve = t + DT__CM_SERVE_S;
+            dt__cm_serve(c);
+            if (q->seq > 0 && c->failed_seq > 0 && q->seq >= c->failed_seq) return dt__cm_abandon(q, c->failed_rank);
+        }
+        if (c->timeout > 0 && t - start > c->timeout)
+            return q->seq > 0 ? dt__cm_abandon(q, -1) : dt__cm_p2p_timeout(q);
+    }
+    return q->status;
+}
+
+#ifdef DT_MPI
+/* Waits for one MPI request outside the stage machine (checks, splits, NCCL ids), with the
+   same timeout and reports, blamed on q. */
+static dt_status dt__cm_wait_ctl(dt_comm_req *q, MPI_Request *r, const char *what) {
+    dt_comm *c = q->c;
+    double start = dt__cm_now(), next_serve = start + DT__CM_SERVE_S;
+    for (;;) {
+        int flag = 0, rc;
+        double t;
+        rc = MPI_Test(r, &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return dt__cm_mpi_error(c, rc, q->fn, what);
+        if (flag) return DT_OK;
+        dt__cm_progress(c);
+        t = dt__cm_now();
+        if (t >= next_serve) {
+            next_serve = t + DT__CM_SERVE_S;
+            dt__cm_serve(c);
+            if (c->failed_seq > 0 && q->seq >= c->failed_seq) return dt__cm_abandon(q, c->failed_rank);
+        }
+        if (c->timeout > 0 && t - start > c->timeout) return dt__cm_abandon(q, -1);
+    }
+}
+
+/* Checking mode: every rank shows its record; any difference fails every rank, nothing sent. */
+static dt_status dt__cm_check(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    int n = c->size, r, j, rc, *cls;
+    int64_t mine[DT__CM_REC], *all;
+    MPI_Request mr;
+    dt_status st;
+    char msg[DT_ERROR_MAX];
+    if (n == 1) return DT_OK;
+    dt__cm_record(q, mine);
+    all = (int64_t *)dt_alloc(c->ctx, (size_t)n * (DT__CM_REC * sizeof(int64_t) + sizeof(int)));
+    if (!all) return DT_ERR_OOM;
+    cls = (int *)(all + (size_t)n * DT__CM_REC);
+    rc = MPI_Iallgather(mine, DT__CM_REC, MPI_INT64_T, all, DT__CM_REC, MPI_INT64_T, c->ctl, &mr);
+    if (rc != MPI_SUCCESS) {
+        dt_release(c->ctx, all);
+        return dt__cm_mpi_error(c, rc, q->fn, "MPI_Iallgather (checking mode)");
+    }
+    st = dt__cm_wait_ctl(q, &mr, "MPI_Iallgather (checking mode)");
+    if (st) {
+        dt_release(c->ctx, all);
+        return st;
+    }
+    /* group equal records: cls[r] = first rank with r's record */
+    for (r = 0; r < n; r++) {
+        int64_t *a = all + (size_t)r * DT__CM_REC;
+        if (q->kind == DT_COLL_ALLTOALLV) a[3] = 0; /* per-rank counts legitimately differ */
+        cls[r] = r;
+        for (j = 0; j < r; j++)
+            if (memcmp(a, all + (size_t)j * DT__CM_REC, sizeof mine) == 0) {
+                cls[r] = j;
+                break;
+            }
+    }
+    for (r = 0; r < n && cls[r] == 0 && !(all[(size_t)r * DT__CM_REC + 5] & 1); r++) {}
+    if (r == n) {
+        dt_release(c->ctx, all);
+        return DT_OK;
+    }
+    msg[0] = 0;
+    dt__cm_cat(msg, sizeof msg, "%s: ranks disagree at seq %lld on group %s (size %d):", q->fn, (long long)q->seq,
+               c->name, c->size);
+    for (r = 0; r < n; r++) {
+        char d[96];
+        const int64_t *a = all + (size_t)r * DT__CM_REC;
+        if (cls[r] != r) continue;
+        dt__cm_cat(msg, sizeof msg, "%s", r ? "; " : " ");
+        dt__cm_ranks(c, msg, sizeof msg, cls, r);
+        dt__cm_cat(msg, sizeof msg, " called %s", dt__cm_describe(a, d, sizeof d));
+        if (a[0] != q->seq) dt__cm_cat(msg, sizeof msg, " as its seq %lld", (long long)a[0]);
+    }
+    dt_release(c->ctx, all);
+    return dt_ctx_set_error(c->ctx, DT_ERR_COMM, "%s (checking mode: nothing was sent)", msg);
+}
+#endif
+
+/* Enters a collective: serves notices, numbers it, runs the check. local_st is this rank's own
+   verdict on its arguments (in checking mode the rank still joins the check, so the others
+   learn of it instead of waiting). */
+static dt_status dt__cm_enter(dt_comm_req *q, dt_status local_st) {
+    dt_comm *c = q->c;
+    dt_status st;
+    char saved[DT_ERROR_MAX];
+    if (local_st && !c->check) return local_st;
+    dt__cm_serve(c);
+    if (c->failed_seq > 0 && c->seq + 1 >= c->failed_seq) {
+        c->broken = 1;
+        snprintf(c->broken_msg, sizeof c->broken_msg, "rank %d timed out at seq %lld", c->failed_rank,
+                 (long long)c->failed_seq);
+        return dt_ctx_set_error(c->ctx, DT_ERR_STATE, "%s: group %s (size %d) is unusable: rank %d timed out at seq "
+                                "%lld, so this collective (seq %lld) cannot complete", q->fn, c->name, c->size,
+                                c->failed_rank, (long long)c->failed_seq, (long long)(c->seq + 1));
+    }
+    q->seq = ++c->seq;
+    q->bad_here = local_st != 0;
+    dt__cm_record(q, c->hist[q->seq % DT__CM_HIST]);
+    if (!c->check) return DT_OK;
+    memcpy(saved, c->ctx->last_error, sizeof saved);
+#ifdef DT_MPI
+    st = dt__cm_check(q);
+#else
+    st = DT_OK;
+#endif
+    if (local_st) { /* this rank's own error is the one to report here */
+        memcpy(c->ctx->last_error, saved, sizeof saved);
+        c->ctx->last_status = local_st;
+        return local_st;
+    }
+    return st;
+}
+
+static dt_status dt__cm_usable(dt_comm *c, const char *fn) {
+    if (!c) return DT_ERR_ARG;
+    if (c->broken)
+        return dt_ctx_set_error(c->ctx, DT_ERR_STATE, "%s: group %s (size %d) is unusable: %s", fn, c->name, c->size,
+                                c->broken_msg);
+    return DT_OK;
+}
+
+static dt_status dt__cm_tensor_ok(dt_comm *c, const dt_tensor *t, const char *fn, const char *arg) {
+    int et;
+    if (!t) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: %s is NULL", fn, arg);
+    if (!t->data && t->numel > 0)
+        return dt_ctx_set_error(c->ctx, DT_ERR_STATE, "%s: %s has no data (freed or never created)", fn, arg);
+    if (t->numel < 0) return dt_ctx_set_error(c->ctx, DT_ERR_SHAPE, "%s: %s.numel = %lld; expected >= 0", fn, arg,
+                                              (long long)t->numel);
+    et = dt__cm_et(t->dtype);
+    if (et != DT_F32 && et != DT_BF16 && et != DT_F16 && et != DT_I32 && et != DT_I64 && et != DT_U8)
+        return dt_ctx_set_error(c->ctx, DT_ERR_DTYPE, "%s: %s has dtype %d; expected f32, bf16, f16, i32, i64 or u8", fn,
+                                arg, (int)t->dtype);
+    if (t->device == DT_CUDA_DEVICE) {
+#ifndef DT_CUDA
+        return dt_ctx_set_error(c->ctx, DT_ERR_DEVICE, "%s: %s is on cuda, but dt was built without DT_CUDA", fn, arg);
+#endif
+    } else if (t->device != DT_CPU && t->device != DT_DEVICE_DEFAULT)
+        return dt_ctx_set_error(c->ctx, DT_ERR_DEVICE, "%s: %s.device = %d is not a dt_device", fn, arg, (int)t->device);
+    if (t->numel > 2147483647)
+        return dt_ctx_set_error(c->ctx, DT_ERR_UNSUPPORTED, "%s: %s has %lld elements; MPI counts are int, at most "
+                                "2147483647 per call: split the tensor", fn, arg, (long long)t->numel);
+    return DT_OK;
+}
+
+static dt_status dt__cm_op_ok(dt_comm *c, dt_reduce_op op, int et, const char *fn) {
+    if ((int)op < 0 || op >= DT_REDUCE_OP_COUNT)
+        return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: op = %d is not a dt_reduce_op (sum, avg, max, min)", fn, (int)op);
+    if (op == DT_REDUCE_AVG && !dt__cm_is_float(et))
+        return dt_ctx_set_error(c->ctx, DT_ERR_DTYPE, "%s: op avg on %s; avg is defined for f32, bf16 and f16 (use sum "
+                                "and divide)", fn, dt__cm_ename(et));
+    return DT_OK;
+}
+
+static dt_status dt__cm_same_dtype(dt_comm *c, const dt_tensor *out, const dt_tensor *in, const char *fn) {
+    if (dt__cm_et(out->dtype) != dt__cm_et(in->dtype))
+        return dt_ctx_set_error(c->ctx, DT_ERR_DTYPE, "%s: out has dtype %s, in has %s; expected the same dtype", fn,
+                                dt_dtype_name(out->dtype), dt_dtype_name(in->dtype));
+    return DT_OK;
+}
+
+static int dt__cm_overlap(const dt_tensor *a, const dt_tensor *b) {
+    const char *pa = (const char *)a->data, *pb = (const char *)b->data;
+    size_t na = dt_tensor_bytes(a), nb = dt_tensor_bytes(b);
+    if (!pa || !pb || na == 0 || nb == 0 || a->device != b->device) return 0;
+    return pa < pb + nb && pb < pa + na;
+}
+
+/* Host memory the MPI path reads (in) and writes (out): the tensor's own, or a staging copy of a
+   device tensor. */
+static dt_status dt__cm_stage(dt_comm_req *q, int need_in, int need_out) {
+    dt_comm *c = q->c;
+    size_t es = dt__cm_esize(q->et);
+    if (need_in) {
+        if (dt__cm_on_device(&q->tin)) {
+            dt_tensor hv;
+            dt_status st;
+            q->hin = dt__cm_take(c, (size_t)q->tin.numel * es, &q->slot_in);
+            if (!q->hin) return DT_ERR_OOM;
+            dt__cm_host_view(&hv, q->hin, q->et, q->tin.numel);
+            st = dt_tensor_copy(c->ctx, &hv, &q->tin);
+            if (st) return st;
+        } else q->hin = q->tin.data;
+    }
+    if (need_out) {
+        if (dt__cm_on_device(&q->tout)) {
+            if (need_in && q->tout.data == q->tin.data) { /* in place: one staging buffer */
+                q->hout = q->hin;
+                q->slot_out = q->slot_in;
+                q->slot_in = -2;
+            } else {
+                q->hout = dt__cm_take(c, (size_t)q->tout.numel * es, &q->slot_out);
+                if (!q->hout) return DT_ERR_OOM;
+            }
+        } else q->hout = q->tout.data;
+    }
+    return DT_OK;
+}
+
+/* Local work of a one-rank group (any build): copies where the collective moves data. */
+static dt_status dt__cm_run_local(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    dt_status st = DT_OK;
+    switch (q->kind) {
+    case DT_COLL_REDUCE_SCATTER: case DT_COLL_ALLGATHER: case DT_COLL_ALLTOALL:
+        st = dt_tensor_copy(c->ctx, &q->tout, &q->tin);
+        break;
+    case DT_COLL_ALLTOALLV: {
+        dt_tensor a, b;
+        int64_t k = q->c64[0];
+        if (!c->recv_counts) c->recv_counts = (int64_t *)dt_alloc(c->ctx, sizeof(int64_t));
+        if (c->recv_counts) c->recv_counts[0] = k;
+        if (q->want_recv && q->want_recv[0] != k)
+            return dt_ctx_set_error(c->ctx, DT_ERR_SHAPE, "%s: recv_counts[0] = %lld, but rank 0 sends %lld elements "
+                                    "here (group %s)", q->fn, (long long)q->want_recv[0], (long long)k, c->name);
+        if (k > q->tout.numel)
+            return dt_ctx_set_error(c->ctx, DT_ERR_SHAPE, "%s: out has %lld elements, but %lld arrive (group %s); out "
+                                    "needs at least %lld", q->fn, (long long)q->tout.numel, (long long)k, c->name,
+                                    (long long)k);
+        if (k == 0) break;
+        st = dt_tensor_view(c->ctx, &a, &q->tout, 0, 1, &k);
+        if (!st) st = dt_tensor_view(c->ctx, &b, &q->tin, 0, 1, &k);
+        if (!st) st = dt_tensor_copy(c->ctx, &a, &b);
+        break;
+    }
+    default: break; /* allreduce, broadcast, barrier of one rank: nothing moves (x / 1 = x) */
+    }
+    return st;
+}
+
+/* Starts q after validation and dt__cm_enter: picks the path and posts stage 0. */
+static dt_status dt__cm_launch(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    dt_status st = DT_OK;
+    int n = c->size;
+    int devs = (q->tin.data || q->tin.numel ? dt__cm_on_device(&q->tin) : 1) &&
+               (q->tout.data || q->tout.numel ? dt__cm_on_device(&q->tout) : 1) &&
+               (dt__cm_on_device(&q->tin) || dt__cm_on_device(&q->tout));
+    q->t0 = dt__cm_now();
+    q->stage = 0;
+    q->last_stage = q->kind == DT_COLL_ALLTOALLV ? 1 : 0; /* counts, then data */
+#ifdef DT_NCCL
+    if (c->nccl_mode && devs && q->kind != DT_COLL_BARRIER && q->et != DT__CM_F64) {
+        q->path = n == 1 && q->kind == DT_COLL_ALLTOALLV ? DT__CM_LOCAL : DT__CM_NCCL;
+    } else
+#endif
+    {
+        (void)devs;
+        q->path = n == 1 ? DT__CM_LOCAL : DT__CM_MPI;
+    }
+    if (q->path == DT__CM_LOCAL && (q->kind == DT_COLL_SEND || q->kind == DT_COLL_RECV)) q->path = DT__CM_MPI;
+    if (q->path == DT__CM_LOCAL) {
+        st = dt__cm_run_local(q);
+        if (!st) dt__cm_complete(q);
+        else {
+            q->done = 1;
+            q->status = st;
+            dt__cm_release_req_bufs(q);
+        }
+        return st;
+    }
+#ifdef DT_NCCL
+    if (q->path == DT__CM_NCCL && (st = dt__cm_nccl_init(q)) != DT_OK) {
+        q->done = 1;
+        q->status = st;
+        dt__cm_release_req_bufs(q);
+        return st;
+    }
+#endif
+    q->next = NULL;
+    {   /* append to the FIFO before posting, so progress sees it in order */
+        dt_comm_req **pp = &c->fifo;
+        while (*pp) pp = &(*pp)->next;
+        *pp = q;
+    }
+#ifdef DT_NCCL
+    if (q->path == DT__CM_NCCL && q->kind != DT_COLL_ALLTOALLV) st = dt__cm_nccl_post(q);
+    else
+#endif
+    {
+#ifdef DT_MPI
+        st = dt__cm_mpi_post(q);
+#else
+        st = dt_ctx_set_error(c->ctx, DT_ERR_UNSUPPORTED, "%s: group %s has %d ranks but dt was built without DT_MPI",
+                              q->fn, c->name, n);
+#endif
+    }
+    if (st) dt__cm_fail(q, st);
+    return st;
+}
+
+#ifdef DT_MPI
+/* Posts stage q->stage of an MPI-path operation. */
+static dt_status dt__cm_mpi_post(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    int n = c->size, r, rc = MPI_SUCCESS;
+    size_t es = dt__cm_esize(q->et);
+    MPI_Datatype T = dt__cm_mpi_type(q->et);
+    MPI_Comm mc = c->mc[q->stage];
+    dt_status st;
+    const char *what = "MPI";
+    if (q->stage == 0) {
+        int need_in = q->kind == DT_COLL_REDUCE_SCATTER || q->kind == DT_COLL_ALLGATHER || q->kind == DT_COLL_ALLTOALL ||
+                      q->kind == DT_COLL_ALLTOALLV || q->kind == DT_COLL_SEND;
+        /* alltoallv stages its out once the counts are known (dt__cm_after_stage) */
+        int need_out = q->kind != DT_COLL_SEND && q->kind != DT_COLL_BARRIER && q->kind != DT_COLL_ALLTOALLV;
+        if (q->kind == DT_COLL_ALLREDUCE || q->kind == DT_COLL_BROADCAST) { /* in place */
+            q->tin = q->tout;
+            need_in = 1;
+        }
+        if (q->path == DT__CM_MPI) {
+            st = dt__cm_stage(q, need_in, need_out);
+            if (st) return st;
+        }
+    }
+    switch (q->kind) {
+    case DT_COLL_ALLREDUCE:
+        if (q->stage == 0) {
+            if (n == 2 || (double)q->count * (double)es * n <= (double)DT_COMM_GATHER_MAX_BYTES) {
+                q->path = DT__CM_GATHER;
+                q->scratch = dt__cm_take(c, (size_t)n * (size_t)q->count * es, &q->slot_scratch);
+                if (!q->scratch) return DT_ERR_OOM;
+                what = "MPI_Iallgather";
+                rc = MPI_Iallgather(q->hout, (int)q->count, T, q->scratch, (int)q->count, T, mc, &q->mreq);
+            } else {
+                int64_t off = 0, mine;
+                q->path = DT__CM_A2A;
+                q->last_stage = 1;
+                q->cnt = (int *)dt_alloc(c->ctx, (size_t)4 * n * sizeof(int));
+                if (!q->cnt) return DT_ERR_OOM;
+                for (r = 0; r < n; r++) { /* slice r: count/n elements, the first count%n one more */
+                    q->cnt[r] = (int)(q->count / n + (r < q->count % n));
+                    q->cnt[n + r] = (int)off;
+                    off += q->cnt[r];
+                }
+                mine = q->cnt[c->rank];
+                for (r = 0; r < n; r++) {
+                    q->cnt[2 * n + r] = (int)mine;
+                    q->cnt[3 * n + r] = (int)(r * mine);
+                }
+                q->scratch = dt__cm_take(c, (size_t)n * (size_t)mine * es, &q->slot_scratch);
+                if (!q->scratch) return DT_ERR_OOM;
+                what = "MPI_Ialltoallv";
+                rc = MPI_Ialltoallv(q->hout, q->cnt, q->cnt + n, T, q->scratch, q->cnt + 2 * n, q->cnt + 3 * n, T, mc,
+                                    &q->mreq);
+            }
+        } else {
+            what = "MPI_Iallgatherv";
+            rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, T, q->hout, q->cnt, q->cnt + n, T, mc, &q->mreq);
+        }
+        break;
+    case DT_COLL_REDUCE_SCATTER: {
+        int m = (int)q->tout.numel;
+        q->scratch = dt__cm_take(c, (size_t)n * (size_t)m * es, &q->slot_scratch);
+        if (!q->scratch) return DT_ERR_OOM;
+        what = "MPI_Ialltoall";
+        rc = MPI_Ialltoall(q->hin, m, T, q->scratch, m, T, mc, &q->mreq);
+        break;
+    }
+    case DT_COLL_ALLGATHER: {
+        int m = (int)q->tin.numel;
+        int in_place = !dt__cm_on_device(&q->tin) && !dt__cm_on_device(&q->tout) &&
+                       (char *)q->tin.data == (char *)q->tout.data + (size_t)c->rank * (size_t)m * es;
+        what = "MPI_Iallgather";
+        rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : q->hin, m, T, q->hout, m, T, mc, &q->mreq);
+        break;
+    }
+    case DT_COLL_BROADCAST:
+        what = "MPI_Ibcast";
+        rc = MPI_Ibcast(q->hout, (int)q->count, T, q->arg, mc, &q->mreq);
+        break;
+    case DT_COLL_ALLTOALL: {
+        int m = (int)(q->tin.numel / n);
+        what = "MPI_Ialltoall";
+        rc = MPI_Ialltoall(q->hin, m, T, q->hout, m, T, mc, &q->mreq);
+        break;
+    }
+    case DT_COLL_ALLTOALLV:
+        if (q->stage == 0) {
+            what = "MPI_Ialltoall of the counts";
+            rc = MPI_Ialltoall(q->c64, 1, MPI_INT64_T, q->c64 + n, 1, MPI_INT64_T, mc, &q->mreq);
+        } else {
+            what = "MPI_Ialltoallv";
+            rc = MPI_Ialltoallv(q->hin, q->cnt, q->cnt + n, T, q->hout, q->cnt + 2 * n, q->cnt + 3 * n, T, mc, &q->mreq);
+        }
+        break;
+    case DT_COLL_BARRIER:
+        what = "MPI_Ibarrier";
+        rc = MPI_Ibarrier(mc, &q->mreq);
+        break;
+    case DT_COLL_SEND:
+        what = "MPI_Isend";
+        rc = MPI_Isend(q->hin, (int)q->count, T, q->arg, q->tag, mc, &q->mreq);
+        break;
+    case DT_COLL_RECV:
+        what = "MPI_Irecv";
+        rc = MPI_Irecv(q->hout, (int)q->count, T, q->arg, q->tag, mc, &q->mreq);
+        break;
+    default: return dt_ctx_set_error(c->ctx, DT_ERR_STATE, "%s: internal: unknown operation %d", q->fn, q->kind);
+    }
+    if (rc != MPI_SUCCESS) return dt__cm_mpi_error(c, rc, q->fn, what);
+    q->pending = 1;
+    return DT_OK;
+}
+#endif
+
+/* ---------------------------------------------------------------- NCCL */
+
+#ifdef DT_NCCL
+static ncclDataType_t dt__cm_nccl_type(int et) {
+    switch (et) {
+    case DT_BF16: return ncclBfloat16;
+    case DT_F16: return ncclFloat16;
+    case DT_I32: return ncclInt32;
+    case DT_I64: return ncclInt64;
+    case DT_U8: return ncclUint8;
+    default: return ncclFloat32;
+    }
+}
+
+static ncclRedOp_t dt__cm_nccl_op(dt_reduce_op op) {
+    switch (op) {
+    case DT_REDUCE_AVG: return ncclAvg;
+    case DT_REDUCE_MAX: return ncclMax;
+    case DT_REDUCE_MIN: return ncclMin;
+    default: return ncclSum;
+    }
+}
+
+/* Creates the NCCL communicator on first use: rank 0 makes the id, MPI broadcasts it. */
+static dt_status dt__cm_nccl_init(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    struct { int ok; ncclUniqueId id; } blob;
+    ncclResult_t nr;
+    cudaError_t e;
+    if (c->nccl) return DT_OK;
+    memset(&blob, 0, sizeof blob);
+    blob.ok = 1;
+    if (c->rank == 0 && (nr = ncclGetUniqueId(&blob.id)) != ncclSuccess) blob.ok = 0;
+#ifdef DT_MPI
+    if (c->size > 1) {
+        MPI_Request r;
+        dt_status st;
+        int rc = MPI_Ibcast(&blob, (int)sizeof blob, MPI_BYTE, 0, c->ctl, &r);
+        if (rc != MPI_SUCCESS) return dt__cm_mpi_error(c, rc, q->fn, "MPI_Ibcast of the NCCL id");
+        st = dt__cm_wait_ctl(q, &r, "MPI_Ibcast of the NCCL id");
+        if (st) return st;
+    }
+#endif
+    if (!blob.ok)
+        return dt_ctx_set_error(c->ctx, DT_ERR_COMM, "%s: rank 0 of group %s could not create an NCCL id "
+                                "(ncclGetUniqueId)", q->fn, c->name);
+    if (!c->stream && (e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess)
+        return dt_ctx_set_error(c->ctx, DT_ERR_CUDA, "%s: cudaStreamCreateWithFlags: %s", q->fn, cudaGetErrorString(e));
+    nr = ncclCommInitRank(&c->nccl, c->size, blob.id, c->rank);
+    if (nr != ncclSuccess) {
+        c->nccl = NULL;
+        return dt_ctx_set_error(c->ctx, DT_ERR_COMM, "%s: ncclCommInitRank (rank %d of %d, group %s): %s", q->fn,
+                                c->rank, c->size, c->name, ncclGetErrorString(nr));
+    }
+    return DT_OK;
+}
+
+/* Posts q on the communication stream, after the work already queued on the ctx stream. */
+static dt_status dt__cm_nccl_post(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    cudaStream_t s, cs = (cudaStream_t)c->ctx->cuda_stream;
+    cudaEvent_t ready = NULL;
+    cudaError_t e;
+    ncclResult_t nr = ncclSuccess;
+    ncclDataType_t T = dt__cm_nccl_type(q->et);
+    size_t es = dt__cm_esize(q->et);
+    int n = c->size, r;
+    if (!c->nccl)
+        return dt_ctx_set_error(c->ctx, DT_ERR_STATE, "%s: group %s has no NCCL communicator", q->fn, c->name);
+    s = c->stream;
+    e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(ready, cs);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(s, ready, 0);
+    if (ready) cudaEventDestroy(ready);
+    if (e != cudaSuccess)
+        return dt_ctx_set_error(c->ctx, DT_ERR_CUDA, "%s: ordering the NCCL stream after the ctx stream: %s", q->fn,
+                                cudaGetErrorString(e));
+    switch (q->kind) {
+    case DT_COLL_ALLREDUCE:
+        nr = ncclAllReduce(q->tout.data, q->tout.data, (size_t)q->count, T, dt__cm_nccl_op(q->op), c->nccl, s);
+        break;
+    case DT_COLL_REDUCE_SCATTER:
+        nr = ncclReduceScatter(q->tin.data, q->tout.data, (size_t)q->tout.numel, T, dt__cm_nccl_op(q->op), c->nccl, s);
+        break;
+    case DT_COLL_ALLGATHER:
+        nr = ncclAllGather(q->tin.data, q->tout.data, (size_t)q->tin.numel, T, c->nccl, s);
+        break;
+    case DT_COLL_BROADCAST:
+        nr = ncclBroadcast(q->tout.data, q->tout.data, (size_t)q->count, T, q->arg, c->nccl, s);
+        break;
+    case DT_COLL_ALLTOALL: case DT_COLL_ALLTOALLV: {
+        int64_t m = q->tin.numel / n;
+        nr = ncclGroupStart();
+        for (r = 0; r < n && nr == ncclSuccess; r++) {
+            size_t so = q->kind == DT_COLL_ALLTOALL ? (size_t)(r * m) : (size_t)q->cnt[n + r];
+            size_t sn = q->kind == DT_COLL_ALLTOALL ? (size_t)m : (size_t)q->cnt[r];
+            size_t ro = q->kind == DT_COLL_ALLTOALL ? (size_t)(r * m) : (size_t)q->cnt[3 * n + r];
+            size_t rn = q->kind == DT_COLL_ALLTOALL ? (size_t)m : (size_t)q->cnt[2 * n + r];
+            if (sn) nr = ncclSend((const char *)q->tin.data + so * es, sn, T, r, c->nccl, s);
+            if (rn && nr == ncclSuccess) nr = ncclRecv((char *)q->tout.data + ro * es, rn, T, r, c->nccl, s);
+        }
+        {
+            ncclResult_t ge = ncclGroupEnd();
+            if (nr == ncclSuccess) nr = ge;
+        }
+        break;
+    }
+    case DT_COLL_SEND:
+        nr = ncclSend(q->tin.data, (size_t)q->count, T, q->arg, c->nccl, s);
+        break;
+    case DT_COLL_RECV:
+        nr = ncclRecv(q->tout.data, (size_t)q->count, T, q->arg, c->nccl, s);
+        break;
+    default: return dt_ctx_set_error(c->ctx, DT_ERR_STATE, "%s: internal: no NCCL form of %d", q->fn, q->kind);
+    }
+    if (nr != ncclSuccess)
+        return dt_ctx_set_error(c->ctx, DT_ERR_COMM, "%s: NCCL %s on group %s (size %d): %s", q->fn,
+                                dt_coll_name((dt_coll)q->kind), c->name, c->size, ncclGetErrorString(nr));
+    e = cudaEventCreateWithFlags(&q->ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(q->ev, s);
+    if (e != cudaSuccess)
+        return dt_ctx_set_error(c->ctx, DT_ERR_CUDA, "%s: cudaEventRecord after NCCL: %s", q->fn, cudaGetErrorString(e));
+    q->pending = 1;
+    return DT_OK;
+}
+#endif
+
+/* ---------------------------------------------------------------- public collectives */
+
+/* Runs a prepared request: blocking (out == NULL: waits on the stack request) or async. */
+static dt_status dt__cm_finish_call(dt_comm_req *q, dt_status st, dt_comm_req **out) {
+    if (out) {
+        if (st) {
+            dt__cm_release_req_bufs(q);
+            dt_release(q->c->ctx, q);
+            return st;
+        }
+        *out = q;
+        return DT_OK;
+    }
+    if (st) {
+        dt__cm_release_req_bufs(q);
+        return st;
+    }
+    if (q->done) return q->status;
+    return dt__cm_wait(q);
+}
+
+/* A request: on the caller's stack for blocking calls, from the ctx for async ones. */
+static dt_comm_req *dt__cm_req(dt_comm *c, dt_comm_req *stack_q, dt_comm_req **out, int kind, const char *fn) {
+    dt_comm_req *q = stack_q;
+    if (out) {
+        *out = NULL;
+        q = (dt_comm_req *)dt_alloc(c->ctx, sizeof(dt_comm_req));
+        if (!q) return NULL;
+    }
+    dt__cm_req_init(q, c, kind, fn);
+    q->heap = out != NULL;
+    return q;
+}
+
+static dt_status dt__cm_allreduce(dt_comm *c, dt_tensor *t, dt_reduce_op op, dt_comm_req **out, const char *fn) {
+    dt_comm_req sq, *q;
+    dt_status st;
+    if (!c) return DT_ERR_ARG;
+    if (out) *out = NULL;
+    if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
+    q = dt__cm_req(c, &sq, out, DT_COLL_ALLREDUCE, fn);
+    if (!q) return DT_ERR_OOM;
+    st = dt__cm_tensor_ok(c, t, fn, "t");
+    if (!st) {
+        q->et = dt__cm_et(t->dtype);
+        st = dt__cm_op_ok(c, op, q->et, fn);
+        q->tout = *t;
+        q->count = t->numel;
+        q->op = op == DT_REDUCE_DEFAULT ? DT_REDUCE_SUM : op;
+        q->stat_bytes = (double)dt_tensor_bytes(t);
+    }
+    st = dt__cm_enter(q, st);
+    if (!st) st = dt__cm_launch(q);
+    return dt__cm_finish_call(q, st, out);
+}
+
+DT_API dt_status dt_comm_allreduce(dt_comm *c, dt_tensor *t, dt_reduce_op op) {
+    return dt__cm_allreduce(c, t, op, NULL, "dt_comm_allreduce");
+}
+DT_API dt_status dt_comm_iallreduce(dt_comm *c, dt_tensor *t, dt_reduce_op op, dt_comm_req **req) {
+    if (c && !req) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_iallreduce: req is NULL");
+    return dt__cm_allreduce(c, t, op, req, "dt_comm_iallreduce");
+}
+
+DT_API dt_status dt_comm_allreduce_f64(dt_comm *c, double *vals, int n, dt_reduce_op op) {
+    const char *fn = "dt_comm_allreduce_f64";
+    dt_comm_req q;
+    dt_status st = DT_OK;
+    if (!c) return DT_ERR_ARG;
+    if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
+    dt__cm_req_init(&q, c, DT_COLL_ALLREDUCE, fn);
+    q.et = DT__CM_F64;
+    if (n < 0) st = dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: n = %d; expected >= 0", fn, n);
+    else if (!vals && n > 0) st = dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: vals is NULL with n = %d", fn, n);
+    else st = dt__cm_op_ok(c, op, DT__CM_F64, fn);
+    dt__cm_host_view(&q.tout, vals, DT_F32, n); /* described as host memory; et says f64 */
+    q.count = n;
+    q.op = op == DT_REDUCE_DEFAULT ? DT_REDUCE_SUM : op;
+    q.stat_bytes = 8.0 * n;
+    st = dt__cm_enter(&q, st);
+    if (!st) st = dt__cm_launch(&q);
+    return dt__cm_finish_call(&q, st, NULL);
+}
+
+static dt_status dt__cm_reduce_scatter(dt_comm *c, dt_tensor *outt, const dt_tensor *in, dt_reduce_op op,
+                                       dt_comm_req **out, const char *fn) {
+    dt_comm_req sq, *q;
+    dt_status st;
+    if (!c) return DT_ERR_ARG;
+    if (out) *out = NULL;
+    if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
+    q = dt__cm_req(c, &sq, out, DT_COLL_REDUCE_SCATTER, fn);
+    if (!q) return DT_ERR_OOM;
+    st = dt__cm_tensor_ok(c, outt, fn, "out");
+    if (!st) st = dt__cm_tensor_ok(c, in, fn, "in");
+    if (!st) st = dt__cm_same_dtype(c, outt, in, fn);
+    if (!st) st = dt__cm_op_ok(c, op, dt__cm_et(in->dtype), fn);
+    if (!st && in->numel != (int64_t)c->size * outt->numel)
+        st = dt_ctx_set_error(c->ctx, DT_ERR_SHAPE, "%s: in has %lld elements; expected size (%d) x out (%lld) = %lld "
+                              "on group %s", fn, (long long)in->numel, c->size, (long long)outt->numel,
+                              (long long)((int64_t)c->size * outt->numel), c->name);
+    if (!st) {
+        q->et = dt__cm_et(in->dtype);
+        q->tin = *in;
+        q->tout = *outt;
+        q->count = in->numel;
+        q->op = op == DT_REDUCE_DEFAULT ? DT_REDUCE_SUM : op;
+        q->stat_bytes = (double)dt_tensor_bytes(in);
+    }
+    st = dt__cm_enter(q, st);
+    if (!st) st = dt__cm_launch(q);
+    return dt__cm_finish_call(q, st, out);
+}
+
+DT_API dt_status dt_comm_reduce_scatter(dt_comm *c, dt_tensor *out, const dt_tensor *in, dt_reduce_op op) {
+    return dt__cm_reduce_scatter(c, out, in, op, NULL, "dt_comm_reduce_scatter");
+}
+DT_API dt_status dt_comm_ireduce_scatter(dt_comm *c, dt_tensor *out, const dt_tensor *in, dt_reduce_op op,
+                                         dt_comm_req **req) {
+    if (c && !req) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_ireduce_scatter: req is NULL");
+    return dt__cm_reduce_scatter(c, out, in, op, req, "dt_comm_ireduce_scatter");
+}
+
+static dt_status dt__cm_allgather(dt_comm *c, dt_tensor *outt, const dt_tensor *in, dt_comm_req **out,
+                                  const char *fn) {
+    dt_comm_req sq, *q;
+    dt_status st;
+    if (!c) return DT_ERR_ARG;
+    if (out) *out = NULL;
+    if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
+    q = dt__cm_req(c, &sq, out, DT_COLL_ALLGATHER, fn);
+    if (!q) return DT_ERR_OOM;
+    st = dt__cm_tensor_ok(c, outt, fn, "out");
+    if (!st) st = dt__cm_tensor_ok(c, in, fn, "in");
+    if (!st) st = dt__cm_same_dtype(c, outt, in, fn);
+    if (!st && outt->numel != (int64_t)c->size * in->numel)
+        st = dt_ctx_set_error(c->ctx, DT_ERR_SHAPE, "%s: out has %lld elements; expected size (%d) x in (%lld) = %lld "
+                              "on group %s", fn, (long long)outt->numel, c->size, (long long)in->numel,
+                              (long long)((int64_t)c->size * in->numel), c->name);
+    if (!st && dt__cm_overlap(outt, in) &&
+        (char *)in->data != (char *)outt->data + (size_t)c->rank * dt_tensor_bytes(in))
+        st = dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: in overlaps out but is not out's block %d (in place means in = "
+                              "block rank of out)", fn, c->rank);
+    if (!st) {
+        q->et = dt__cm_et(in->dtype);
+        q->tin = *in;
+        q->tout = *outt;
+        q->count = in->numel;
+        q->stat_bytes = (double)dt_tensor_bytes(outt);
+    }
+    st = dt__cm_enter(q, st);
+    if (!st) st = dt__cm_launch(q);
+    return dt__cm_finish_call(q, st, out);
+}
+
+DT_API dt_status dt_comm_allgather(dt_comm *c, dt_tensor *out, const dt_tensor *in) {
+    return dt__cm_allgather(c, out, in, NULL, "dt_comm_allgather");
+}
+DT_API dt_status dt_comm_iallgather(dt_comm *c, dt_tensor *out, const dt_tensor *in, dt_comm_req **req) {
+    if (c && !req) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_iallgather: req is NULL");
+    return dt__cm_allgather(c, out, in, req, "dt_comm_iallgather");
+}
+
+static dt_status dt__cm_root_ok(dt_comm *c, int r, const char *fn, const char *arg) {
+    if (r < 0 || r >= c->size)
+        return dt_ctx_set_error(c->ctx, DT_ERR_RANGE, "%s: %s = %d is outside group %s, which has ranks 0..%d", fn, arg,
+                                r, c->name, c->size - 1);
+    return DT_OK;
+}
+
+static dt_status dt__cm_broadcast(dt_comm *c, dt_tensor *t, int root, dt_comm_req **out, const char *fn) {
+    dt_comm_req sq, *q;
+    dt_status st;
+    if (!c) return DT_ERR_ARG;
+    if (out) *out = NULL;
+    if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
+    q = dt__cm_req(c, &sq, out, DT_COLL_BROADCAST, fn);
+    if (!q) return DT_ERR_OOM;
+    st = dt__cm_tensor_ok(c, t, fn, "t");
+    if (!st) st = dt__cm_root_ok(c, root, fn, "root");
+    q->arg = root;
+    if (!st) {
+        q->et = dt__cm_et(t->dtype);
+        q->tout = *t;
+        q->count = t->numel;
+        q->stat_bytes = (double)dt_tensor_bytes(t);
+    }
+    st = dt__cm_enter(q, st);
+    if (!st) st = dt__cm_launch(q);
+    return dt__cm_finish_call(q, st, out);
+}
+
+DT_API dt_status dt_comm_broadcast(dt_comm *c, dt_tensor *t, int root) {
+    return dt__cm_broadcast(c, t, root, NULL, "dt_comm_broadcast");
+}
+DT_API dt_status dt_comm_ibroadcast(dt_comm *c, dt_tensor *t, int root, dt_comm_req **req) {
+    if (c && !req) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_ibroadcast: req is NULL");
+    return dt__cm_broadcast(c, t, root, req, "dt_comm_ibroadcast");
+}
+
+DT_API dt_status dt_comm_alltoall(dt_comm *c, dt_tensor *outt, const dt_tensor *in) {
+    const char *fn = "dt_comm_alltoall";
+    dt_comm_req q;
+    dt_status st;
+    if (!c) return DT_ERR_ARG;
+    if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
+    dt__cm_req_init(&q, c, DT_COLL_ALLTOALL, fn);
+    st = dt__cm_tensor_ok(c, outt, fn, "out");
+    if (!st) st = dt__cm_tensor_ok(c, in, fn, "in");
+    if (!st) st = dt__cm_same_dtype(c, outt, in, fn);
+    if (!st && in->numel % c->size != 0)
+        st = dt_ctx_set_error(c->ctx, DT_ERR_SHAPE, "%s: in has %lld elements, not a multiple of the group size %d "
+                              "(group %s); use dt_comm_alltoallv for uneven blocks", fn, (long long)in->numel, c->size,
+                              c->name);
+    if (!st && outt->numel != in->numel)
+        st = dt_ctx_set_error(c->ctx, DT_ERR_SHAPE, "%s: out has %lld elements; expected in's %lld", fn,
+                              (long long)outt->numel, (long long)in->numel);
+    if (!st && dt__cm_overlap(outt, in))
+        st = dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: in and out overlap; all-to-all needs distinct buffers", fn);
+    if (!st) {
+        q.et = dt__cm_et(in->dtype);
+        q.tin = *in;
+        q.tout = *outt;
+        q.count = in->numel;
+        q.stat_bytes = (double)dt_tensor_bytes(in);
+    }
+    st = dt__cm_enter(&q, st);
+    if (!st) st = dt__cm_launch(&q);
+    return dt__cm_finish_call(&q, st, NULL);
+}
+
+DT_API dt_status dt_comm_alltoallv(dt_comm *c, dt_tensor *outt, const int64_t *recv_counts, const dt_tensor *in,
+                                   const int64_t *send_counts) {
+    const char *fn = "dt_comm_alltoallv";
+    dt_comm_req q;
+    dt_status st;
+    int n, r;
+    int64_t total = 0;
+    if (!c) return DT_ERR_ARG;
+    if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
+    n = c->size;
+    dt__cm_req_init(&q, c, DT_COLL_ALLTOALLV, fn);
+    st = dt__cm_tensor_ok(c, outt, fn, "out");
+    if (!st) st = dt__cm_tensor_ok(c, in, fn, "in");
+    if (!st) st = dt__cm_same_dtype(c, outt, in, fn);
+    if (!st && !send_counts) st = dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: send_counts is NULL", fn);
+    for (r = 0; !st && r < n; r++) {
+        if (send_counts[r] < 0 || (recv_counts && recv_counts[r] < 0))
+            st = dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: %s[%d] = %lld; expected >= 0", fn,
+                                  send_counts[r] < 0 ? "send_counts" : "recv_counts", r,
+                                  (long long)(send_counts[r] < 0 ? send_counts[r] : recv_counts[r]));
+        else total += send_counts[r];
+    }
+    if (!st && total > in->numel)
+        st = dt_ctx_set_error(c->ctx, DT_ERR_SHAPE, "%s: send_counts add up to %lld elements; in has only %lld", fn,
+                              (long long)total, (long long)in->numel);
+    if (!st && dt__cm_overlap(outt, in))
+        st = dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: in and out overlap; all-to-all needs distinct buffers", fn);
+    if (!st) {
+        int64_t off = 0;
+        q.et = dt__cm_et(in->dtype);
+        q.tin = *in;
+        q.tout = *outt;
+        q.count = total;
+        q.out_cap = outt->numel;
+        q.want_recv = recv_counts;
+        q.stat_bytes = (double)total * (double)dt__cm_esize(q.et);
+        q.cnt = (int *)dt_alloc(c->ctx, (size_t)4 * n * sizeof(int));
+        q.c64 = (int64_t *)dt_alloc(c->ctx, (size_t)2 * n * sizeof(int64_t));
+        if (!q.cnt || !q.c64) st = DT_ERR_OOM;
+        for (r = 0; !st && r < n; r++) {
+            q.c64[r] = send_counts[r];
+            q.cnt[r] = (int)send_counts[r];
+            q.cnt[n + r] = (int)off;
+            off += send_counts[r];
+        }
+    }
+    st = dt__cm_enter(&q, st);
+    if (!st) st = dt__cm_launch(&q);
+    return dt__cm_finish_call(&q, st, NULL);
+}
+
+DT_API dt_status dt_comm_barrier(dt_comm *c) {
+    const char *fn = "dt_comm_barrier";
+    dt_comm_req q;
+    dt_status st;
+    if (!c) return DT_ERR_ARG;
+    if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
+    dt__cm_req_init(&q, c, DT_COLL_BARRIER, fn);
+    st = dt__cm_enter(&q, DT_OK);
+    if (!st) st = dt__cm_launch(&q);
+    return dt__cm_finish_call(&q, st, NULL);
+}
+
+/* Send and recv are not collectives: no seq, no check; a timeout cancels only themselves. */
+static dt_status dt__cm_p2p(dt_comm *c, dt_tensor *t, int peer, int tag, int send, dt_comm_req **out,
+                            const char *fn) {
+    dt_comm_req sq, *q;
+    dt_status st;
+    if (!c) return DT_ERR_ARG;
+    if (out) *out = NULL;
+    if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
+    st = dt__cm_tensor_ok(c, t, fn, "t");
+    if (!st) st = dt__cm_root_ok(c, peer, fn, send ? "dst" : "src");
+#ifdef DT_MPI
+    if (!st && (tag < 0 || tag > c->tag_ub))
+        st = dt_ctx_set_error(c->ctx, DT_ERR_RANGE, "%s: tag = %d; expected 0..%d", fn, tag, c->tag_ub);
+#else
+    if (!st && (tag < 0 || tag > 32767))
+        st = dt_ctx_set_error(c->ctx, DT_ERR_RANGE, "%s: tag = %d; expected 0..32767", fn, tag);
+#endif
+    if (st) return st;
+    q = dt__cm_req(c, &sq, out, send ? DT_COLL_SEND : DT_COLL_RECV, fn);
+    if (!q) return DT_ERR_OOM;
+    q->et = dt__cm_et(t->dtype);
+    q->arg = peer;
+    q->tag = tag;
+    q->count = t->numel;
+    q->stat_bytes = (double)dt_tensor_bytes(t);
+    if (send) q->tin = *t;
+    else q->tout = *t;
+#ifndef DT_MPI
+    {   /* one rank: a send is queued, a recv takes the first queued message with its tag */
+        dt__cm_msg *m, **pp;
+        dt_tensor hv;
+        size_t bytes = dt_tensor_bytes(t);
+        q->t0 = dt__cm_now();
+        if (send) {
+            m = (dt__cm_msg *)dt_alloc(c->ctx, sizeof *m + (bytes ? bytes : 1));
+            if (!m) st = DT_ERR_OOM;
+            else {
+                memset(m, 0, sizeof *m);
+                m->tag = tag;
+                m->et = q->et;
+                m->count = t->numel;
+                m->data = (char *)(m + 1);
+                dt__cm_host_view(&hv, m->data, q->et, t->numel);
+                st = dt_tensor_copy(c->ctx, &hv, t);
+                if (st) dt_release(c->ctx, m);
+                else {
+                    for (pp = &c->selfq; *pp; pp = &(*pp)->next) {}
+                    *pp = m;
+                }
+            }
+        } else {
+            for (pp = &c->selfq; *pp && (*pp)->tag != tag; pp = &(*pp)->next) {}
+            m = *pp;
+            if (!m)
+                st = dt_ctx_set_error(c->ctx, DT_ERR_TIMEOUT, "%s: no message from rank 0 with tag %d on group %s (size "
+                                      "1): nothing was sent, and in a world of one rank nothing else can send it", fn,
+                                      tag, c->name);
+            else if (m->et != q->et || m->count != t->numel)
+                st = dt_ctx_set_error(c->ctx, DT_ERR_SHAPE, "%s: the message from rank 0 (tag %d) has %lld x %s; t has "
+                                      "%lld x %s", fn, tag, (long long)m->count, dt__cm_ename(m->et),
+                                      (long long)t->numel, dt__cm_ename(q->et));
+            else {
+                dt__cm_host_view(&hv, m->data, q->et, t->numel);
+                st = dt_tensor_copy(c->ctx, t, &hv);
+                *pp = m->next;
+                dt_release(c->ctx, m);
+            }
+        }
+        if (!st) dt__cm_complete(q);
+        else {
+            q->done = 1;
+            q->status = st;
+        }
+        return dt__cm_finish_call(q, st, out);
+    }
+#else
+    st = dt__cm_launch(q);
+    if (!st && q->path == DT__CM_MPI) {
+        /* dt__cm_launch staged nothing for p2p on a one-rank group: done in dt__cm_mpi_post */
+    }
+    return dt__cm_finish_call(q, st, out);
+#endif
+}
+
+DT_API dt_status dt_comm_send(dt_comm *c, const dt_tensor *t, int dst, int tag) {
+    return dt__cm_p2p(c, (dt_tensor *)t, dst, tag, 1, NULL, "dt_comm_send");
+}
+DT_API dt_status dt_comm_recv(dt_comm *c, dt_tensor *t, int src, int tag) {
+    return dt__cm_p2p(c, t, src, tag, 0, NULL, "dt_comm_recv");
+}
+DT_API dt_status dt_comm_isend(dt_comm *c, const dt_tensor *t, int dst, int tag, dt_comm_req **req) {
+    if (c && !req) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_isend: req is NULL");
+    return dt__cm_p2p(c, (dt_tensor *)t, dst, tag, 1, req, "dt_comm_isend");
+}
+DT_API dt_status dt_comm_irecv(dt_comm *c, dt_tensor *t, int src, int tag, dt_comm_req **req) {
+    if (c && !req) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_irecv: req is NULL");
+    return dt__cm_p2p(c, t, src, tag, 0, req, "dt_comm_irecv");
+}
+
+DT_API dt_status dt_comm_test(dt_comm_req *req, int *done) {
+    if (done) *done = 0;
+    if (!req) return DT_ERR_ARG;
+    if (!done) return dt_ctx_set_error(req->c->ctx, DT_ERR_ARG, "dt_comm_test: done is NULL");
+    if (!req->done) {
+        dt__cm_progress(req->c);
+        dt__cm_serve(req->c);
+        if (!req->done && req->seq > 0 && req->c->failed_seq > 0 && req->seq >= req->c->failed_seq) {
+            dt_comm *c = req->c;
+            dt_status st = dt__cm_abandon(req, c->failed_rank);
+            *done = 1;
+            return st;
+        }
+    }
+    *done = req->done;
+    return req->done ? req->status : DT_OK;
+}
+
+DT_API dt_status dt_comm_wait(dt_comm_req *req) {
+    dt_status st;
+    dt_ctx *ctx;
+    if (!req) return DT_ERR_ARG;
+    ctx = req->c->ctx;
+    st = req->done ? req->status : dt__cm_wait(req);
+    if (st == DT_ERR_STATE && req->c->broken && ctx->last_status != DT_ERR_STATE)
+        dt_ctx_set_error(ctx, DT_ERR_STATE, "dt_comm_wait: %s was abandoned: group %s is unusable: %s",
+                         dt_coll_name((dt_coll)req->kind), req->c->name, req->c->broken_msg);
+    dt__cm_fifo_unlink(req->c, req);
+    dt__cm_release_req_bufs(req);
+    dt_release(ctx, req);
+    return st;
+}
+
+/* ---------------------------------------------------------------- split */
+
+DT_API dt_status dt_comm_split(dt_comm *parent, int color, int key, dt_comm **out) {
+    const char *fn = "dt_comm_split";
+    dt_comm_req q;
+    dt_comm *c;
+    dt_status st;
+    char name[96];
+    if (!parent) return DT_ERR_ARG;
+    if ((st = dt__cm_usable(parent, fn)) != DT_OK) return st;
+    if (!out) return dt_ctx_set_error(parent->ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    *out = NULL;
+    dt__cm_req_init(&q, parent, DT__CM_SPLIT, fn);
+    q.count = 0;
+    st = dt__cm_enter(&q, DT_OK);
+    if (st) return st;
+    snprintf(name, sizeof name, "%s.%d", parent->name, color);
+#ifdef DT_MPI
+    {
+        MPI_Comm nc = MPI_COMM_NULL;
+        MPI_Group pg, cg;
+        int64_t mine[2], *all;
+        MPI_Request r;
+        int rc, i, *idx;
+        /* everyone arrives first (with a timeout): MPI_Comm_split itself cannot time out */
+        all = (int64_t *)dt_alloc(parent->ctx, (size_t)parent->size * 2 * sizeof(int64_t));
+        if (!all) return DT_ERR_OOM;
+        mine[0] = color;
+        mine[1] = key;
+        rc = MPI_Iallgather(mine, 2, MPI_INT64_T, all, 2, MPI_INT64_T, parent->ctl, &r);
+        st = rc != MPI_SUCCESS ? dt__cm_mpi_error(parent, rc, fn, "MPI_Iallgather") : dt__cm_wait_ctl(&q, &r, "MPI_Iallgather");
+        dt_release(parent->ctx, all);
+        if (st) return st;
+        rc = MPI_Comm_split(parent->ctl, color < 0 ? MPI_UNDEFINED : color, key, &nc);
+        if (rc != MPI_SUCCESS) return dt__cm_mpi_error(parent, rc, fn, "MPI_Comm_split");
+        if (nc == MPI_COMM_NULL) return DT_OK;
+        c = dt__cm_new(parent->ctx);
+        if (!c) {
+            MPI_Comm_free(&nc);
+            return DT_ERR_OOM;
+        }
+        st = dt__cm_mpi_setup(c, nc, fn);
+        if (!st) st = dt__cm_mpi_local(c, fn);
+        if (!st) {
+            c->world_ranks = (int *)dt_alloc(parent->ctx, (size_t)c->size * 2 * sizeof(int));
+            if (!c->world_ranks) st = DT_ERR_OOM;
+        }
+        if (!st) { /* group rank -> parent rank -> world rank */
+            idx = c->world_ranks + c->size;
+            for (i = 0; i < c->size; i++) idx[i] = i;
+            MPI_Comm_group(nc, &cg);
+            MPI_Comm_group(parent->ctl, &pg);
+            MPI_Group_translate_ranks(cg, c->size, idx, pg, c->world_ranks);
+            MPI_Group_free(&cg);
+            MPI_Group_free(&pg);
+            for (i = 0; i < c->size; i++) c->world_ranks[i] = parent->world_ranks[c->world_ranks[i]];
+        }
+        MPI_Comm_free(&nc);
+        if (st) {
+            dt__cm_release_all(c);
+            return st;
+        }
+    }
+#else
+    if (color < 0) return DT_OK;
+    (void)key;
+    c = dt__cm_new(parent->ctx);
+    if (!c) return DT_ERR_OOM;
+    c->size = 1;
+    c->local_size = 1;
+    c->world_ranks = (int *)dt_alloc(parent->ctx, sizeof(int));
+    if (!c->world_ranks) {
+        dt__cm_release_all(c);
+        return DT_ERR_OOM;
+    }
+    c->world_ranks[0] = parent->world_ranks[0];
+#endif
+    c->timeout = parent->timeout;
+    c->check = parent->check;
+    c->nccl_mode = parent->nccl_mode;
+    dt__cm_set_name(c, name);
+    *out = c;
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- statistics */
+
+DT_API dt_status dt_comm_stats(const dt_comm *c, dt_coll kind, dt_comm_stat *out) {
+    if (!c) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_stats: out is NULL");
+    memset(out, 0, sizeof *out);
+    if ((int)kind < 0 || kind >= DT_COLL_COUNT)
+        return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_stats: kind = %d is not a dt_coll", (int)kind);
+    out->calls = (int64_t)c->stat_calls[kind];
+    out->bytes = c->stat_bytes[kind];
+    out->seconds = c->stat_secs[kind];
+    out->algbw = out->seconds > 0 ? out->bytes / out->seconds / 1e9 : 0.0;
+    out->busbw = out->algbw * dt_coll_bus_factor(kind, c->size);
+    return DT_OK;
+}
+
+DT_API void dt_comm_stats_reset(dt_comm *c) {
+    if (!c) return;
+    memset(c->stat_calls, 0, sizeof c->stat_calls);
+    memset(c->stat_bytes, 0, sizeof c->stat_bytes);
+    memset(c->stat_secs, 0, sizeof c->stat_secs);
+}
+
+DT_API size_t dt_comm_stats_format(const dt_comm *c, char *buf, size_t n) {
+    size_t len = 0;
+    int k;
+    char tmp[160];
+    if (buf && n) buf[0] = 0;
+    if (!c) return 0;
+#define DT__CM_PUT(...)                                                                            \
+    do {                                                                                           \
+        int w_ = snprintf(tmp, sizeof tmp, __VA_ARGS__);                                           \
+        if (buf && len < n) snprintf(buf + len, n - len, "%s", tmp);                               \
+        len += (size_t)(w_ > 0 ? w_ : 0);                                                          \
+    } while (0)
+    DT__CM_PUT("communication on group %s (size %d, rank %d)\n", c->name, c->size, c->rank);
+    DT__CM_PUT("  %-15s %10s %14s %11s %11s %11s\n", "collective", "calls", "bytes", "seconds", "algbw GB/s",
+               "busbw GB/s");
+    for (k = 0; k < DT_COLL_COUNT; k++) {
+        dt_comm_stat s;
+        if (c->stat_calls[k] == 0) continue;
+        dt_comm_stats(c, (dt_coll)k, &s);
+        DT__CM_PUT("  %-15s %10lld %14.0f %11.4f %11.3f %11.3f\n", dt_coll_name((dt_coll)k), (long long)s.calls,
+                   s.bytes, s.seconds, s.algbw, s.busbw);
+    }
+#undef DT__CM_PUT
+    return len;
+}
+
+DT_API void dt_comm_stats_print(const dt_comm *c) {
+    char buf[2048];
+    dt_comm_stats_format(c, buf, sizeof buf);
+    fputs(buf, stdout);
+    fflush(stdout);
+}
+
+/* ---------------------------------------------------------------- gradient bucketer */
+
+typedef struct dt__cm_slot {
+    dt_param *p;
+    int bucket;
+    int64_t offset; /* in the bucket, elements */
+    int ready;
+} dt__cm_slot;
+
+typedef struct dt__cm_bucket {
+    dt_tensor flat;   /* f32, on the grads' device */
+    int first, count; /* its slots: slots[first .. first + count) */
+    int unready;
+    dt_comm_req *req;
+} dt__cm_bucket;
+
+struct dt_bucketer {
+    dt_comm *c;
+    dt_params *ps;
+    int n_params, n_buckets, next_launch, sync;
+    dt_reduce_op op;
+    dt__cm_slot *slots;    /* bucket order: reverse registration order */
+    dt__cm_bucket *buckets;
+    dt__cm_slot **by_ptr;  /* slots sorted by param address, for mark_ready */
+};
+
+static int dt__cm_slot_cmp(const void *a, const void *b) {
+    const dt_param *pa = (*(dt__cm_slot *const *)a)->p, *pb = (*(dt__cm_slot *const *)b)->p;
+    return pa < pb ? -1 : pa > pb ? 1 : 0;
+}
+
+DT_API void dt_bucketer_free(dt_bucketer *b) {
+    int i;
+    dt_ctx *ctx;
+    if (!b) return;
+    ctx = b->c->ctx;
+    for (i = 0; i < b->n_buckets; i++) {
+        if (b->buckets[i].req) dt_comm_wait(b->buckets[i].req);
+        dt_tensor_free(ctx, &b->buckets[i].flat);
+    }
+    dt_release(ctx, b->slots);
+    dt_release(ctx, b->buckets);
+    dt_release(ctx, b->by_ptr);
+    dt_release(ctx, b);
+}
+
+DT_API dt_status dt_bucketer_create(dt_comm *c, dt_params *ps, const dt_bucketer_desc *desc, dt_bucketer **out) {
+    const char *fn = "dt_bucketer_create";
+    dt_bucketer_desc d;
+    dt_bucketer *b;
+    int i, k, nb;
+    int64_t cap, used;
+    dt_device dev = DT_CPU;
+    if (!c) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!ps) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: ps is NULL", fn);
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if (d.bucket_bytes < 0 || d.first_bucket_bytes < 0)
+        return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: desc.%s = %lld; expected >= 0 (0 = default)", fn,
+                                d.bucket_bytes < 0 ? "bucket_bytes" : "first_bucket_bytes",
+                                (long long)(d.bucket_bytes < 0 ? d.bucket_bytes : d.first_bucket_bytes));
+    if (d.average < -1 || d.average > 1)
+        return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: desc.average = %d; expected 0 (default: average), 1 or -1 "
+                                "(sum)", fn, d.average);
+    if (d.bucket_bytes == 0) d.bucket_bytes = 25 * 1024 * 1024;
+    if (d.first_bucket_bytes == 0) d.first_bucket_bytes = 1024 * 1024;
+    for (i = 0; i < ps->count; i++) {
+        const dt_param *p = ps->items[i];
+        if (dt__cm_et(p->grad.dtype) != DT_F32 || !p->grad.data)
+            return dt_ctx_set_error(c->ctx, DT_ERR_DTYPE, "%s: param \"%s\" has a %s grad%s; expected f32 grads", fn,
+                                    p->name, dt_dtype_name(p->grad.dtype), p->grad.data ? "" : " without data");
+        if (i == 0) dev = p->grad.device;
+        else if (p->grad.device != dev)
+            return dt_ctx_set_error(c->ctx, DT_ERR_DEVICE, "%s: param \"%s\" has its grad on %s, param \"%s\" on %s; "
+                                    "expected every grad on one device", fn, p->name, dt_device_name(p->grad.device),
+                                    ps->items[0]->name, dt_device_name(dev));
+    }
+    b = (dt_bucketer *)dt_alloc(c->ctx, sizeof *b);
+    if (!b) return DT_ERR_OOM;
+    memset(b, 0, sizeof *b);
+    b->c = c;
+    b->ps = ps;
+    b->sync = 1;
+    b->op = d.average == -1 ? DT_REDUCE_SUM : DT_REDUCE_AVG;
+    b->n_params = ps->count;
+    b->slots = (dt__cm_slot *)dt_alloc(c->ctx, (size_t)(ps->count ? ps->count : 1) * sizeof(dt__cm_slot));
+    b->buckets = (dt__cm_bucket *)dt_alloc(c->ctx, (size_t)(ps->count ? ps->count : 1) * sizeof(dt__cm_bucket));
+    b->by_ptr = (dt__cm_slot **)dt_alloc(c->ctx, (size_t)(ps->count ? ps->count : 1) * sizeof(dt__cm_slot *));
+    if (!b->slots || !b->buckets || !b->by_ptr) {
+        dt_bucketer_free(b);
+        return DT_ERR_OOM;
+    }
+    memset(b->buckets, 0, (size_t)(ps->count ? ps->count : 1) * sizeof(dt__cm_bucket));
+    /* reverse registration order; a bucket closes when the next grad would pass its cap */
+    nb = 0;
+    cap = d.first_bucket_bytes;
+    used = 0;
+    for (k = 0, i = ps->count - 1; i >= 0; i--, k++) {
+        dt_param *p = ps->items[i];
+        int64_t bytes = p->grad.numel * 4;
+        if (nb == 0 || (used > 0 && used + bytes > cap)) {
+            if (nb > 0) cap = d.bucket_bytes;
+            b->buckets[nb].first = k;
+            nb++;
+            used = 0;
+        }
+        b->slots[k].p = p;
+        b->slots[k].bucket = nb - 1;
+        b->slots[k].offset = used / 4;
+        b->slots[k].ready = 0;
+        b->buckets[nb - 1].count++;
+        used += bytes;
+    }
+    b->n_buckets = nb;
+    for (i = 0; i < nb; i++) {
+        dt_tensor_desc td;
+        const dt__cm_slot *last = &b->slots[b->buckets[i].first + b->buckets[i].count - 1];
+        dt_status st;
+        memset(&td, 0, sizeof td);
+        td.dtype = DT_F32;
+        td.device = dev;
+        td.shape[0] = last->offset + last->p->grad.numel;
+        if (td.shape[0] == 0) td.shape[0] = 1; /* a bucket of empty grads still takes part */
+        st = dt_tensor_create(c->ctx, &b->buckets[i].flat, &td);
+        if (st) {
+            dt_bucketer_free(b);
+            return st;
+        }
+        b->buckets[i].unready = b->buckets[i].count;
+    }
+    for (k = 0; k < ps->count; k++) b->by_ptr[k] = &b->slots[k];
+    qsort(b->by_ptr, (size_t)ps->count, sizeof(dt__cm_slot *), dt__cm_slot_cmp);
+    *out = b;
+    return DT_OK;
+}
+
+DT_API int dt_bucketer_count(const dt_bucketer *b) { return b ? b->n_buckets : 0; }
+DT_API void dt_bucketer_set_sync(dt_bucketer *b, int sync) {
+    if (b) b->sync = sync != 0;
+}
+
+/* Copies p's grad into its place in the bucket. */
+static dt_status dt__cm_pack(dt_bucketer *b, dt__cm_slot *s) {
+    dt_tensor v;
+    int64_t n = s->p->grad.numel;
+    dt_status st;
+    s->ready = 1;
+    b->buckets[s->bucket].unready--;
+    if (n == 0) return DT_OK;
+    st = dt_tensor_view(b->c->ctx, &v, &b->buckets[s->bucket].flat, s->offset, 1, &n);
+    if (!st) st = dt_tensor_copy(b->c->ctx, &v, &s->p->grad);
+    return st;
+}
+
+/* Launches the full buckets at the front of the line, in order. */
+static dt_status dt__cm_launch_ready(dt_bucketer *b) {
+    while (b->next_launch < b->n_buckets && b->buckets[b->next_launch].unready == 0) {
+        dt__cm_bucket *bk = &b->buckets[b->next_launch];
+        dt_status st = dt_comm_iallreduce(b->c, &bk->flat, b->op, &bk->req);
+        if (st) return st;
+        b->next_launch++;
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_bucketer_mark_ready(dt_bucketer *b, dt_param *p) {
+    const char *fn = "dt_bucketer_mark_ready";
+    dt__cm_slot key, *kp = &key, **found;
+    dt_status st;
+    if (!b) return DT_ERR_ARG;
+    if (!b->sync) return DT_OK;
+    if (!p) return dt_ctx_set_error(b->c->ctx, DT_ERR_ARG, "%s: p is NULL", fn);
+    key.p = p;
+    found = (dt__cm_slot **)bsearch(&kp, b->by_ptr, (size_t)b->n_params, sizeof(dt__cm_slot *), dt__cm_slot_cmp);
+    if (!found)
+        return dt_ctx_set_error(b->c->ctx, DT_ERR_ARG, "%s: param \"%s\" is not in the bucketer's parameter set", fn,
+                                p->name);
+    if ((*found)->ready)
+        return dt_ctx_set_error(b->c->ctx, DT_ERR_STATE, "%s: param \"%s\" was marked ready twice in this step (call "
+                                "dt_bucketer_finish to end a step)", fn, p->name);
+    st = dt__cm_pack(b, *found);
+    if (!st) st = dt__cm_launch_ready(b);
+    if (!st) dt__cm_progress(b->c); /* keep the buckets in flight moving */
+    return st;
+}
+
+DT_API dt_status dt_bucketer_finish(dt_bucketer *b) {
+    const char *fn = "dt_bucketer_finish";
+    dt_status st = DT_OK, w;
+    int i, k;
+    if (!b) return DT_ERR_ARG;
+    if (!b->sync) return DT_OK;
+    if (b->ps->count != b->n_params)
+        return dt_ctx_set_error(b->c->ctx, DT_ERR_STATE, "%s: the parameter set has %d params, the bucketer was made "
+                                "for %d; make a new bucketer", fn, b->ps->count, b->n_params);
+    for (k = 0; k < b->n_params && !st; k++)
+        if (!b->slots[k].ready) st = dt__cm_pack(b, &b->slots[k]);
+    if (!st) st = dt__cm_launch_ready(b);
+    for (i = 0; i < b->n_buckets; i++) { /* wait for all, even after an error, so none is left in flight */
+        if (!b->buckets[i].req) continue;
+        w = dt_comm_wait(b->buckets[i].req);
+        b->buckets[i].req = NULL;
+        if (w && !st) st = w;
+    }
+    for (k = 0; k < b->n_params; k++) {
+        dt__cm_slot *s = &b->slots[k];
+        int64_t n = s->p->grad.numel;
+        dt_tensor v;
+        if (!st && n > 0) {
+            st = dt_tensor_view(b->c->ctx, &v, &b->buckets[s->bucket].flat, s->offset, 1, &n);
+            if (!st) st = dt_tensor_copy(b->c->ctx, &s->p->grad, &v);
+        }
+        s->ready = 0;
+    }
+    for (i = 0; i < b->n_buckets; i++) b->buckets[i].unready = b->buckets[i].count;
+    b->next_launch = 0;
+    return st;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#if defined(DT_STATIC) && (defined(__GNUC__) || defined(__clang__))
+#pragma GCC diagnostic pop
+#endif
+#endif /* DT_COMM_IMPLEMENTATION_DONE */
+#endif /* DT_COMM_IMPLEMENTATION */
+
+/*
+MIT License
+
+Copyright (c) 2026 the dt authors
+
+Permission is hereby granted, free of charge, to any person obtaining a copy of this software and
+associated documentation files (the "Software"), to deal in the Software without restriction,
+including without limitation the rights to use, copy, modify, merge, publish, distribute,
+sublicense, and/or sell copies of the Software, and to permit persons to whom the Software is
+furnished to do so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all copies or
+substantial portions of the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING BUT
+NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND
+NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM,
+DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM, OUT
+OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+*/
