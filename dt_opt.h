@@ -11,6 +11,10 @@
        DT_STATIC       every function is `static`
        DT_MPI          (seen by dt_comm.h) multi-rank checkpoints, clipping and overflow agreement;
                        without it every comm is a world of one and everything still runs
+       DT_OPT_NO_SIMD  plain C loops instead of SSE2 in the Adam / Adagrad updates and the
+                       gradient pass (same results, bit for bit: the lanes do the scalar ops)
+       DT_OPT_NO_THREADS  checkpoints compute their checksum in the calling thread instead of
+                       a helper thread (see Threads)
 
    API in one breath:
        update math    dt_sgd_update / dt_adam_update / dt_adagrad_update (float arrays; the CUDA
@@ -150,6 +154,10 @@
 
    Threads: an optimizer belongs to one thread at a time, like its ctx. The update functions
    are pure on their arrays and may run on disjoint arrays from several threads.
+   dt_checkpoint_save and _load start one helper thread (POSIX threads) that computes the XXH64
+   of the bytes beside the writes and reads, and join it before they return; it touches no dt
+   state and calls no MPI. glibc before 2.34 needs -pthread at link time; DT_OPT_NO_THREADS
+   keeps everything in the calling thread.
 
    The licence (MIT) is at the end of this file.
 */
@@ -341,7 +349,8 @@ DT_API void dt_opt_free(dt_optimizer *opt);
 DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, dt_bucketer *b, int micro, float *dloss);
 /* One update: unscale + inf/nan check (when scaling), global grad norm, clip, update every
    parameter with its group's lr and weight decay, re-cast bf16/f16 values, advance the step and
-   the scaler. Collective over desc.comm and the norm comms. info may be NULL. */
+   the scaler. Collective over desc.comm (when scaling) and over the norm comms (when the norm is
+   computed: clip_norm > 0 or info non-NULL; every rank must pass info alike). info may be NULL. */
 DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info);
 /* The scheduled lr of the next update. */
 DT_API double dt_opt_lr(const dt_optimizer *opt);
@@ -444,6 +453,16 @@ DT_API void dt_reset_peak_bytes(dt_ctx *ctx);
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
+#ifndef DT_OPT_NO_THREADS
+/* one helper thread hashes checkpoint bytes while the caller's thread reads or writes them */
+#define DT__OPT_THREADS 1
+#include <pthread.h>
+#endif
+#endif
+#if defined(__SSE2__) && !defined(DT_OPT_NO_SIMD)
+/* the Adam and Adagrad loops: sqrt and divide 4 lanes at a time (x86-64 always has SSE2) */
+#define DT__OPT_SSE2 1
+#include <emmintrin.h>
 #endif
 
 #ifdef __cplusplus
@@ -474,6 +493,24 @@ DT_API void dt_sgd_update(float *w, const float *g, float *buf, int64_t n, doubl
     }
 }
 
+#ifdef DT__OPT_SSE2
+typedef struct dt__adam_k { __m128 b1, omb1, b2, omb2, step, bc2, eps, l2, decay; int l2_on, decay_on; } dt__adam_k;
+
+/* Four elements of dt_adam_update: the scalar loop's operations in the scalar loop's order,
+   each IEEE-rounded, so the lanes give bitwise what the scalar code gives. */
+static void dt__adam4(float *w, const float *g, float *m, float *v, const dt__adam_k *k) {
+    __m128 wi = _mm_loadu_ps(w), gi = _mm_loadu_ps(g), mi, vi, denom;
+    if (k->l2_on) gi = _mm_add_ps(gi, _mm_mul_ps(k->l2, wi));
+    if (k->decay_on) wi = _mm_mul_ps(wi, k->decay);
+    mi = _mm_add_ps(_mm_mul_ps(k->b1, _mm_loadu_ps(m)), _mm_mul_ps(k->omb1, gi));
+    vi = _mm_add_ps(_mm_mul_ps(k->b2, _mm_loadu_ps(v)), _mm_mul_ps(k->omb2, _mm_mul_ps(gi, gi)));
+    _mm_storeu_ps(m, mi);
+    _mm_storeu_ps(v, vi);
+    denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(vi), k->bc2), k->eps);
+    _mm_storeu_ps(w, _mm_sub_ps(wi, _mm_mul_ps(k->step, _mm_div_ps(mi, denom))));
+}
+#endif
+
 DT_API void dt_adam_update(float *w, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
                            double beta2, double eps, double weight_decay, int decoupled, int64_t t) {
     /* the per-step scalars in double, rounded once (PyTorch computes them in Python floats) */
@@ -483,8 +520,24 @@ DT_API void dt_adam_update(float *w, const float *g, float *m, float *v, int64_t
     const float epsf = (float)eps, l2 = decoupled ? 0.0f : (float)weight_decay;
     const float decay = (float)(1.0 - lr * weight_decay);
     const int decay_on = decoupled && weight_decay != 0.0;
-    int64_t i;
-    for (i = 0; i < n; i++) {
+    int64_t i = 0;
+#ifdef DT__OPT_SSE2
+    dt__adam_k k;
+    k.b1 = _mm_set1_ps(b1); k.omb1 = _mm_set1_ps(omb1); k.b2 = _mm_set1_ps(b2); k.omb2 = _mm_set1_ps(omb2);
+    k.step = _mm_set1_ps(step_size); k.bc2 = _mm_set1_ps(bc2_sqrt); k.eps = _mm_set1_ps(epsf);
+    k.l2 = _mm_set1_ps(l2); k.decay = _mm_set1_ps(decay);
+    k.l2_on = l2 != 0.0f;
+    k.decay_on = decay_on;
+    for (; i + 4 <= n; i += 4) dt__adam4(w + i, g + i, m + i, v + i, &k);
+    if (i < n) { /* the tail through the same lanes, on a zero-padded copy */
+        float tw[4] = {0}, tg[4] = {0}, tm[4] = {0}, tv[4] = {0};
+        size_t r = (size_t)(n - i) * sizeof(float);
+        memcpy(tw, w + i, r); memcpy(tg, g + i, r); memcpy(tm, m + i, r); memcpy(tv, v + i, r);
+        dt__adam4(tw, tg, tm, tv, &k);
+        memcpy(w + i, tw, r); memcpy(m + i, tm, r); memcpy(v + i, tv, r);
+    }
+#else
+    for (; i < n; i++) {
         float wi = w[i], gi = g[i], mi, vi, denom;
         if (l2 != 0.0f) gi += l2 * wi;
         if (decay_on) wi *= decay;
@@ -495,20 +548,43 @@ DT_API void dt_adam_update(float *w, const float *g, float *m, float *v, int64_t
         denom = sqrtf(vi) / bc2_sqrt + epsf;
         w[i] = wi - step_size * (mi / denom);
     }
+#endif
 }
+
+#ifdef DT__OPT_SSE2
+static void dt__adagrad4(float *w, const float *g, float *sum, __m128 clr, __m128 wd, __m128 eps, int wd_on) {
+    __m128 wi = _mm_loadu_ps(w), gi = _mm_loadu_ps(g), s;
+    if (wd_on) gi = _mm_add_ps(gi, _mm_mul_ps(wd, wi));
+    s = _mm_add_ps(_mm_loadu_ps(sum), _mm_mul_ps(gi, gi));
+    _mm_storeu_ps(sum, s);
+    _mm_storeu_ps(w, _mm_sub_ps(wi, _mm_mul_ps(clr, _mm_div_ps(gi, _mm_add_ps(_mm_sqrt_ps(s), eps)))));
+}
+#endif
 
 DT_API void dt_adagrad_update(float *w, const float *g, float *sum, int64_t n, double lr, double lr_decay,
                               double weight_decay, double eps, int64_t t) {
     const float clr = (float)(lr / (1.0 + (double)(t - 1) * lr_decay));
     const float wd = (float)weight_decay, epsf = (float)eps;
-    int64_t i;
-    for (i = 0; i < n; i++) {
+    int64_t i = 0;
+#ifdef DT__OPT_SSE2
+    const __m128 C = _mm_set1_ps(clr), WD = _mm_set1_ps(wd), E = _mm_set1_ps(epsf);
+    for (; i + 4 <= n; i += 4) dt__adagrad4(w + i, g + i, sum + i, C, WD, E, wd != 0.0f);
+    if (i < n) {
+        float tw[4] = {0}, tg[4] = {0}, ts[4] = {0};
+        size_t r = (size_t)(n - i) * sizeof(float);
+        memcpy(tw, w + i, r); memcpy(tg, g + i, r); memcpy(ts, sum + i, r);
+        dt__adagrad4(tw, tg, ts, C, WD, E, wd != 0.0f);
+        memcpy(w + i, tw, r); memcpy(sum + i, ts, r);
+    }
+#else
+    for (; i < n; i++) {
         float gi = g[i], s;
         if (wd != 0.0f) gi += wd * w[i];
         s = sum[i] + gi * gi;
         sum[i] = s;
         w[i] -= clr * (gi / (sqrtf(s) + epsf));
     }
+#endif
 }
 
 /* ---------------------------------------------------------------- schedules */
@@ -623,24 +699,47 @@ DT_API void dt_loss_scaler_update(dt_loss_scaler *s, int found_inf) {
 
 /* One pass over a gradient: multiplies by mul when `scale` is set, ORs "saw inf or NaN" into
    *bad (by the exponent bits, so -ffast-math cannot fold it away) and returns the sum of
-   squares in double, in index order. */
+   squares in double. The sum has four lanes (element i goes to lane i % 4), combined as
+   (l0 + l1) + (l2 + l3): independent chains run at memory speed, and the SSE2 path and the
+   plain path add the same numbers in the same order. */
 static double dt__grad_pass(float *g, int64_t n, float mul, int scale, int *bad) {
-    double s = 0.0;
-    uint32_t nonfinite = 0;
-    int64_t i;
-    for (i = 0; i < n; i++) {
+    double lane[4] = {0, 0, 0, 0};
+    uint32_t nonfinite = 0, u;
+    int64_t i = 0;
+#ifdef DT__OPT_SSE2
+    const __m128 M = _mm_set1_ps(mul);
+    const __m128i EXP = _mm_set1_epi32(0x7f800000);
+    __m128d s01 = _mm_setzero_pd(), s23 = _mm_setzero_pd();
+    __m128i inf = _mm_setzero_si128();
+    for (; i + 4 <= n; i += 4) {
+        __m128 x = _mm_loadu_ps(g + i);
+        __m128d lo, hi;
+        if (scale) {
+            x = _mm_mul_ps(x, M);
+            _mm_storeu_ps(g + i, x);
+        }
+        inf = _mm_or_si128(inf, _mm_cmpeq_epi32(_mm_and_si128(_mm_castps_si128(x), EXP), EXP));
+        lo = _mm_cvtps_pd(x);
+        hi = _mm_cvtps_pd(_mm_movehl_ps(x, x));
+        s01 = _mm_add_pd(s01, _mm_mul_pd(lo, lo));
+        s23 = _mm_add_pd(s23, _mm_mul_pd(hi, hi));
+    }
+    nonfinite = _mm_movemask_epi8(inf) != 0;
+    _mm_storeu_pd(lane, s01);
+    _mm_storeu_pd(lane + 2, s23);
+#endif
+    for (; i < n; i++) {
         float x = g[i];
-        uint32_t u;
         if (scale) {
             x *= mul;
             g[i] = x;
         }
         memcpy(&u, &x, 4);
         nonfinite |= (u & 0x7f800000u) == 0x7f800000u;
-        s += (double)x * (double)x;
+        lane[i & 3] += (double)x * (double)x;
     }
     if (nonfinite) *bad = 1;
-    return s;
+    return (lane[0] + lane[1]) + (lane[2] + lane[3]);
 }
 
 static int dt__comm_size(dt_comm *c) { return c ? dt_comm_size(c) : 1; }
@@ -1023,7 +1122,7 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     dt_params *ps;
     dt_ctx *ctx;
     double *sq, lr;
-    int i, bad = 0, scaling;
+    int i, bad = 0, scaling, want_norm;
     float mul;
     dt_status st = DT_OK;
     if (!opt) return DT_ERR_ARG;
@@ -1036,9 +1135,11 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     inf.loss_scale = opt->scaler.scale;
     scaling = opt->scaler.mode != DT_LOSS_SCALE_NONE;
     mul = (float)(1.0 / opt->scaler.scale);
+    want_norm = info || opt->desc.clip_norm > 0;
     if (!(sq = (double *)dt_alloc(ctx, (size_t)(ps->count + 1) * sizeof(double)))) return DT_ERR_OOM;
-    /* 1. one pass per grad: unscale, look for inf/nan, sum of squares */
-    for (i = 0; i < ps->count; i++)
+    /* 1. one pass per grad: unscale, look for inf/nan, sum of squares (none is needed without
+       scaling, clipping or info: the update is then the only pass) */
+    for (i = 0; i < ps->count && (scaling || want_norm); i++)
         sq[i] = dt__grad_pass((float *)ps->items[i]->grad.data, ps->items[i]->grad.numel, mul,
                               scaling && opt->scaler.scale != 1.0, &bad);
     if (scaling) {
@@ -1050,7 +1151,7 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
         }
     }
     /* 2. global norm, 3. clip, 4. update */
-    if (!st && !inf.skipped) st = dt__norm_combine(ctx, ps, &opt->desc.norm, sq, &inf.grad_norm, fn);
+    if (!st && !inf.skipped && want_norm) st = dt__norm_combine(ctx, ps, &opt->desc.norm, sq, &inf.grad_norm, fn);
     if (!st && !inf.skipped) {
         if (opt->desc.clip_norm > 0) dt__clip(ps, opt->desc.clip_norm, inf.grad_norm);
         for (i = 0; i < opt->n_slots; i++) dt__opt_update_slot(opt, &opt->slots[i], lr);
@@ -1334,13 +1435,111 @@ static int dt__ck_u64(const char *s, uint64_t *out) {
 
 static const char *dt__ck_errno(void) { return strerror(errno); }
 
-/* write(2) all of buf, hashing each chunk just before it goes out (it is in cache then). */
-static dt_status dt__ck_write_all(dt_ctx *ctx, int fd, const void *buf, size_t n, dt_xxh64_state *h,
+/* XXH64 of a file's bytes, computed beside the I/O: the caller's thread pushes each chunk as it
+   is written or read, a helper thread hashes the chunks in order. Without threads
+   (DT_OPT_NO_THREADS, or pthread_create failing) push hashes in place. A pushed chunk must
+   stay unchanged until dt__hasher_drain (or _finish) returns. */
+#define DT__HQ 64
+typedef struct dt__hasher {
+    dt_xxh64_state st;
+#ifdef DT__OPT_THREADS
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    const char *qp[DT__HQ];
+    size_t qn[DT__HQ];
+    int head, tail, stop, threaded;
+#endif
+} dt__hasher;
+
+#ifdef DT__OPT_THREADS
+static void *dt__hasher_main(void *arg) {
+    dt__hasher *h = (dt__hasher *)arg;
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        const char *p;
+        size_t n;
+        while (h->head == h->tail && !h->stop) pthread_cond_wait(&h->cv, &h->mu);
+        if (h->head == h->tail) break; /* stopped and empty */
+        p = h->qp[h->head];
+        n = h->qn[h->head];
+        pthread_mutex_unlock(&h->mu);
+        dt_xxh64_update(&h->st, p, n);
+        pthread_mutex_lock(&h->mu);
+        h->head = (h->head + 1) % DT__HQ;
+        pthread_cond_broadcast(&h->cv);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+#endif
+
+static void dt__hasher_start(dt__hasher *h) {
+    dt_xxh64_init(&h->st);
+#ifdef DT__OPT_THREADS
+    h->head = h->tail = h->stop = h->threaded = 0;
+    if (pthread_mutex_init(&h->mu, NULL) != 0) return;
+    if (pthread_cond_init(&h->cv, NULL) != 0) { pthread_mutex_destroy(&h->mu); return; }
+    if (pthread_create(&h->thread, NULL, dt__hasher_main, h) != 0) {
+        pthread_cond_destroy(&h->cv);
+        pthread_mutex_destroy(&h->mu);
+        return;
+    }
+    h->threaded = 1;
+#endif
+}
+
+static void dt__hasher_push(dt__hasher *h, const void *p, size_t n) {
+#ifdef DT__OPT_THREADS
+    if (h->threaded) {
+        pthread_mutex_lock(&h->mu);
+        while ((h->tail + 1) % DT__HQ == h->head) pthread_cond_wait(&h->cv, &h->mu);
+        h->qp[h->tail] = (const char *)p;
+        h->qn[h->tail] = n;
+        h->tail = (h->tail + 1) % DT__HQ;
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+        return;
+    }
+#endif
+    dt_xxh64_update(&h->st, p, n);
+}
+
+/* Waits until every pushed chunk is hashed (before a buffer is reused). */
+static void dt__hasher_drain(dt__hasher *h) {
+#ifdef DT__OPT_THREADS
+    if (!h->threaded) return;
+    pthread_mutex_lock(&h->mu);
+    while (h->head != h->tail) pthread_cond_wait(&h->cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+#else
+    (void)h;
+#endif
+}
+
+static uint64_t dt__hasher_finish(dt__hasher *h) {
+#ifdef DT__OPT_THREADS
+    if (h->threaded) {
+        pthread_mutex_lock(&h->mu);
+        h->stop = 1;
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+        pthread_join(h->thread, NULL);
+        pthread_cond_destroy(&h->cv);
+        pthread_mutex_destroy(&h->mu);
+        h->threaded = 0;
+    }
+#endif
+    return dt_xxh64_final(&h->st);
+}
+
+/* write(2) all of buf, each chunk handed to the hasher as it goes out. */
+static dt_status dt__ck_write_all(dt_ctx *ctx, int fd, const void *buf, size_t n, dt__hasher *h,
                                   const char *path, const char *fn) {
     const char *p = (const char *)buf;
     while (n > 0) {
         size_t k = n < DT__CK_CHUNK ? n : DT__CK_CHUNK, off = 0;
-        if (h) dt_xxh64_update(h, p, k);
+        if (h) dt__hasher_push(h, p, k);
         while (off < k) {
             ssize_t w = write(fd, p + off, k - off);
             if (w < 0 && errno == EINTR) continue;
@@ -1355,13 +1554,15 @@ static dt_status dt__ck_write_all(dt_ctx *ctx, int fd, const void *buf, size_t n
     return DT_OK;
 }
 
-/* read(2) exactly n bytes (dst NULL: into `scratch`, only to hash them); hashes chunk by chunk. */
-static dt_status dt__ck_read_all(dt_ctx *ctx, int fd, void *dst, size_t n, char *scratch, dt_xxh64_state *h,
+/* read(2) exactly n bytes (dst NULL: into `scratch`, only to hash them), each chunk handed to
+   the hasher once it is in memory. */
+static dt_status dt__ck_read_all(dt_ctx *ctx, int fd, void *dst, size_t n, char *scratch, dt__hasher *h,
                                  const char *path, const char *fn) {
     char *p = (char *)dst;
     while (n > 0) {
         size_t k = n < DT__CK_CHUNK ? n : DT__CK_CHUNK, off = 0;
         char *q = p ? p : scratch;
+        if (!p && h) dt__hasher_drain(h); /* scratch is about to be overwritten */
         while (off < k) {
             ssize_t r = read(fd, q + off, k - off);
             if (r < 0 && errno == EINTR) continue;
@@ -1370,7 +1571,7 @@ static dt_status dt__ck_read_all(dt_ctx *ctx, int fd, void *dst, size_t n, char 
                 return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s ends early (truncated file)", fn, path);
             off += (size_t)r;
         }
-        if (h) dt_xxh64_update(h, q, k);
+        if (h) dt__hasher_push(h, q, k);
         if (p) p += k;
         n -= k;
     }
@@ -1733,14 +1934,15 @@ static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int si
 
 /* ---------------------------------------------------------------- checkpoints: writing */
 
-static dt_status dt__ck_write_tensor(dt_ctx *ctx, int fd, const dt_tensor *t, dt_xxh64_state *h,
-                                     const char *path, const char *fn) {
+static dt_status dt__ck_write_tensor(dt_ctx *ctx, int fd, const dt_tensor *t, dt__hasher *h, const char *path,
+                                     const char *fn) {
     dt_tensor host;
     dt_status st;
     if (t->device != DT_CUDA_DEVICE) return dt__ck_write_all(ctx, fd, t->data, dt_tensor_bytes(t), h, path, fn);
     DT__OTRY(dt__tensor_like(ctx, &host, t, t->dtype)); /* through a host copy */
     st = dt_tensor_copy(ctx, &host, t);
     if (!st) st = dt__ck_write_all(ctx, fd, host.data, dt_tensor_bytes(&host), h, path, fn);
+    dt__hasher_drain(h); /* the copy is about to go */
     dt_tensor_free(ctx, &host);
     return st;
 }
@@ -1750,7 +1952,7 @@ static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
                                    const dt__ck_item *it, int n, int rank, int64_t step, uint64_t *bytes,
                                    uint64_t *hash, const char *fn) {
     dt__ck_sb hb;
-    dt_xxh64_state h;
+    dt__hasher h;
     unsigned char len8[8];
     uint64_t off = 0, hl;
     int i, k, fd;
@@ -1784,7 +1986,7 @@ static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
         dt_release(ctx, hb.p);
         return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot create %s: %s", fn, path, dt__ck_errno());
     }
-    dt_xxh64_init(&h);
+    dt__hasher_start(&h); /* hashes beside the writes and the fsync */
     st = dt__ck_write_all(ctx, fd, len8, 8, &h, path, fn);
     if (!st) st = dt__ck_write_all(ctx, fd, hb.p, hb.len, &h, path, fn);
     for (i = 0, k = 0; !st && i < n; i++) {
@@ -1795,9 +1997,9 @@ static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
     }
     if (!st && fsync(fd) != 0) st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: fsync of %s failed: %s", fn, path, dt__ck_errno());
     if (close(fd) != 0 && !st) st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: closing %s failed: %s", fn, path, dt__ck_errno());
+    *hash = dt__hasher_finish(&h);
     dt_release(ctx, hb.p);
     *bytes = 8 + hl + off;
-    *hash = dt_xxh64_final(&h);
     return st;
 }
 
@@ -2451,7 +2653,7 @@ static dt_status dt__ck_read_file(dt_ctx *ctx, dt__ck_load *L, int f, const char
     unsigned char len8[8];
     dt_json *root = NULL;
     dt__ck_entry *en = NULL;
-    dt_xxh64_state h;
+    dt__hasher h;
     uint64_t hl = 0, data_len, pos = 0, got;
     size_t buf_cap = 0;
     off_t size;
@@ -2467,7 +2669,7 @@ static dt_status dt__ck_read_file(dt_ctx *ctx, dt__ck_load *L, int f, const char
         st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s is %lld bytes; the manifest says %llu (truncated or "
                               "replaced file)", fn, path, (long long)size, (unsigned long long)L->files[f].bytes);
     if (!st && !(scratch = (char *)dt_alloc(ctx, DT__CK_CHUNK))) st = DT_ERR_OOM;
-    dt_xxh64_init(&h);
+    dt__hasher_start(&h);
     if (!st) st = dt__ck_read_all(ctx, fd, len8, 8, scratch, &h, path, fn);
     for (k = 7; !st && k >= 0; k--) hl = (hl << 8) | len8[k];
     if (!st && (hl < 2 || hl > DT__CK_MAX_HEADER || hl > (uint64_t)size - 8))
@@ -2511,6 +2713,7 @@ static dt_status dt__ck_read_file(dt_ctx *ctx, dt__ck_load *L, int f, const char
             st = dt__ck_read_all(ctx, fd, L->it[only->item].tmp.data, bytes, scratch, &h, path, fn);
             only->done = 1;
         } else {
+            dt__hasher_drain(&h); /* buf may still be queued from the previous entry */
             if (bytes > buf_cap) {
                 dt_release(ctx, buf);
                 buf_cap = bytes;
@@ -2527,7 +2730,8 @@ static dt_status dt__ck_read_file(dt_ctx *ctx, dt__ck_load *L, int f, const char
         pos = e->end;
     }
     if (!st && data_len > pos) st = dt__ck_read_all(ctx, fd, NULL, (size_t)(data_len - pos), scratch, &h, path, fn);
-    if (!st && (got = dt_xxh64_final(&h)) != L->files[f].hash)
+    got = dt__hasher_finish(&h); /* before any buffer it may still read is released */
+    if (!st && got != L->files[f].hash)
         st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: checksum mismatch, xxh64 %016llx but the manifest says "
                               "%016llx (corrupt file)", fn, path, (unsigned long long)got,
                               (unsigned long long)L->files[f].hash);
@@ -2544,6 +2748,21 @@ static dt_status dt__ck_read_file(dt_ctx *ctx, dt__ck_load *L, int f, const char
     return st;
 }
 
+/* A CPU tensor like t, not zero-filled: the file's bytes overwrite every element (coverage was
+   checked), and skipping the fill saves a pass over memory that is faulted in anyway. */
+static dt_status dt__ck_tmp(dt_ctx *ctx, dt_tensor *tmp, const dt_tensor *t) {
+    int d;
+    memset(tmp, 0, sizeof *tmp);
+    tmp->dtype = t->dtype;
+    tmp->device = DT_CPU;
+    tmp->ndim = t->ndim;
+    for (d = 0; d < t->ndim; d++) tmp->shape[d] = t->shape[d];
+    tmp->numel = t->numel;
+    tmp->data = dt_alloc(ctx, dt_tensor_bytes(t) ? dt_tensor_bytes(t) : 1);
+    tmp->owns = 1;
+    return tmp->data ? DT_OK : DT_ERR_OOM;
+}
+
 /* Everything this rank needs, validated and read into temporaries; nothing live is touched. */
 static dt_status dt__ck_load_local(dt_ctx *ctx, const dt_checkpoint_desc *desc, dt_params *ps, dt_optimizer *opt,
                                    dt__ck_load *L, const char *fn) {
@@ -2553,7 +2772,7 @@ static dt_status dt__ck_load_local(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
     DT__OTRY(dt__ck_items(ctx, ps, opt, &L->it, &L->n_it, fn));
     DT__OTRY(dt__ck_parse_scalars(ctx, L, opt, fn));
     for (i = 0; i < L->n_it; i++) DT__OTRY(dt__ck_target(ctx, L, i, fn));
-    for (i = 0; i < L->n_it; i++) DT__OTRY(dt__tensor_like(ctx, &L->it[i].tmp, L->it[i].t, L->it[i].t->dtype));
+    for (i = 0; i < L->n_it; i++) DT__OTRY(dt__ck_tmp(ctx, &L->it[i].tmp, L->it[i].t));
     for (f = 0; f < L->world; f++)
         if (L->files[f].needed) DT__OTRY(dt__ck_read_file(ctx, L, f, fn));
     return DT_OK;

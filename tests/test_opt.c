@@ -178,6 +178,46 @@ static void test_optimizers(void) {
     }
 }
 
+/* The update functions give every element the same float operations wherever it sits (a
+   vector lane or the tail): 11 elements in one call equal 11 calls of one element, bitwise, and
+   equal the documented operations in float, in this order (what the CUDA kernels mirror). */
+static void test_update_lanes(void) {
+    float w[11], g[11], m[11], v[11], w1[11], m1[11], v1[11], wr[11], mr[11], vr[11];
+    const double lr = 0.03, b1 = 0.85, b2 = 0.995, eps = 1e-7, wd = 0.2;
+    const float step = (float)(lr / (1 - pow(b1, 3))), bc2 = (float)sqrt(1 - pow(b2, 3));
+    const float clr = (float)(lr / (1 + 2 * 0.1));
+    int i;
+    for (i = 0; i < 11; i++) {
+        w[i] = w1[i] = wr[i] = 0.1f * (float)(i - 5);
+        g[i] = grad_at(i, 1);
+        m[i] = m1[i] = mr[i] = 0.01f * (float)i;
+        v[i] = v1[i] = vr[i] = 0.001f * (float)(i + 1);
+    }
+    dt_adam_update(w, g, m, v, 11, lr, b1, b2, eps, wd, 1, 3);
+    for (i = 0; i < 11; i++) dt_adam_update(w1 + i, g + i, m1 + i, v1 + i, 1, lr, b1, b2, eps, wd, 1, 3);
+    for (i = 0; i < 11; i++) { /* AdamW in float, the documented order */
+        float wi = wr[i] * (float)(1 - lr * wd), gi = g[i];
+        mr[i] = (float)b1 * mr[i] + (float)(1 - b1) * gi;
+        vr[i] = (float)b2 * vr[i] + (float)(1 - b2) * (gi * gi);
+        wr[i] = wi - step * (mr[i] / (sqrtf(vr[i]) / bc2 + (float)eps));
+    }
+    dt_test_equal_bytes("adam_update_same_bits_in_any_lane", w, w1, sizeof w);
+    DT_TEST_CHECK("adam_state_same_bits_in_any_lane", memcmp(m, m1, sizeof m) == 0 && memcmp(v, v1, sizeof v) == 0);
+    dt_test_equal_bytes("adam_update_is_the_documented_float_ops", w, wr, sizeof w);
+    for (i = 0; i < 11; i++) { w1[i] = wr[i] = w[i]; m1[i] = mr[i] = 0.5f; }
+    memcpy(w, w1, sizeof w);
+    for (i = 0; i < 11; i++) m[i] = 0.5f;
+    dt_adagrad_update(w, g, m, 11, lr, 0.1, wd, 1e-10, 3);
+    for (i = 0; i < 11; i++) dt_adagrad_update(w1 + i, g + i, m1 + i, 1, lr, 0.1, wd, 1e-10, 3);
+    for (i = 0; i < 11; i++) {
+        float gi = g[i] + (float)wd * wr[i];
+        mr[i] = mr[i] + gi * gi;
+        wr[i] = wr[i] - clr * (gi / (sqrtf(mr[i]) + (float)1e-10));
+    }
+    dt_test_equal_bytes("adagrad_update_same_bits_in_any_lane", w, w1, sizeof w);
+    dt_test_equal_bytes("adagrad_update_is_the_documented_float_ops", w, wr, sizeof w);
+}
+
 /* Groups: group 1 at half the lr and its own decay; a no_decay parameter gets none. */
 static void test_groups(void) {
     dt_params ps;
@@ -1031,6 +1071,7 @@ int main(void) {
     snprintf(ROOT, sizeof ROOT, "%s/test_opt", dt_test_tmpdir());
     mkdir(ROOT, 0777);
     test_optimizers();
+    test_update_lanes();
     test_groups();
     test_schedules();
     test_loss_scaler();
