@@ -17,8 +17,8 @@
                        a helper thread (see Threads)
 
    API in one breath:
-       update math    dt_sgd_update / dt_adam_update / dt_adagrad_update (float arrays; the CUDA
-                      kernels mirror them name for name)
+       update math    dt_sgd_update / dt_adam_update / dt_adagrad_update (float arrays; a CUDA
+                      kernel of an optimizer takes the same name and arguments, plus the stream)
        schedules      dt_lr_at (a pure function of the step), dt_lr_schedule_check
        optimizer      dt_opt_create / dt_opt_free / dt_opt_step / dt_opt_micro_begin / dt_opt_lr
        loss scaling   dt_loss_scaler_init / _unscale / _update (GradScaler semantics)
@@ -29,6 +29,7 @@
    A training step:
 
        dt_optimizer *opt;
+       dt_opt_step_info info;
        dt_opt_desc od = {0};
        od.kind = DT_OPT_ADAMW; od.lr = 3e-4; od.clip_norm = 1.0; od.accum_steps = 4;
        od.schedule.kind = DT_LR_COSINE; od.schedule.warmup_steps = 100; od.schedule.total_steps = 5000;
@@ -39,8 +40,8 @@
            for (micro = 0; micro < 4; micro++) {
                float dloss;
                dt_opt_micro_begin(opt, bucketer, micro, &dloss); // sync on the last micro-step only
-               forward(...); backward(..., dloss);             // seed = loss scale / micro-steps
-           }
+               forward(...); backward(..., dloss);             // seed = loss scale / micro-steps;
+           }                                                   // backward marks params ready
            dt_bucketer_finish(bucketer);           // data-parallel average (with dt_comm)
            dt_opt_step(opt, &info);                // unscale, agree on inf/nan, clip, update
        }
@@ -68,6 +69,8 @@
        g = g + wd * w
        s = s + g * g                                                                   [sum]
        w = w - clr * g / (sqrt(s) + eps)
+   In float, Adam's last line runs as PyTorch's does: w - (lr / bc1) * (m / (sqrt(v) / sqrt(bc2) + eps)),
+   bc1 = 1 - beta1^t, bc2 = 1 - beta2^t; Adagrad's as w - clr * (g / (sqrt(s) + eps)).
    Per-step scalars (bias corrections, clr, 1 - lr*wd) are computed in double and rounded to
    float once, as PyTorch computes them on the host; the element math is float. The results
    equal PyTorch's to float rounding (not bit for bit: its kernels order some products
@@ -1702,9 +1705,6 @@ static dt_status dt__ck_items(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt_
         if (!ps->items[i]->value.data || !dt__ck_dtype(ps->items[i]->value.dtype))
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: parameter \"%s\" has no data or an unknown dtype", fn,
                                     ps->items[i]->name);
-        if (strchr(ps->items[i]->name, '"') || strchr(ps->items[i]->name, '\\'))
-            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: parameter name \"%s\" has a quote or backslash; checkpoint "
-                                    "names must not", fn, ps->items[i]->name);
     }
     it = (dt__ck_item *)dt_alloc(ctx, (size_t)(4 * ps->count + 1) * sizeof(dt__ck_item));
     if (!it) return DT_ERR_OOM;

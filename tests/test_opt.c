@@ -725,6 +725,49 @@ static void test_format(void) {
     dt_params_free(&C, &ps);
 }
 
+/* Across precision modes: an f32 checkpoint loads into bf16 parameters (master = the f32
+   values exactly, value = their bf16 rounding) and a bf16-master checkpoint into f32 parameters
+   (value = the master). */
+static void test_cross_precision(void) {
+    dt_params fp, bp;
+    dt_param *f, *b;
+    dt_optimizer *fo, *bo;
+    dt_opt_desc d;
+    dt_checkpoint_desc cd;
+    char dir[1200];
+    uint16_t want[8];
+    int i, ok_v = 1;
+    dt_status st;
+    memset(&fp, 0, sizeof fp);
+    memset(&bp, 0, sizeof bp);
+    f = add(&fp, "w", DT_F32, 8, 0);
+    b = add(&bp, "w", DT_BF16, 8, 0);
+    for (i = 0; i < 8; i++) { F(&f->value)[i] = 0.1234567f * (float)(i + 1); want[i] = dt_f32_to_bf16(F(&f->value)[i]); }
+    memset(&d, 0, sizeof d);
+    fo = mkopt(&fp, &d);
+    bo = mkopt(&bp, &d);
+    ck_dir(dir, sizeof dir, "cross");
+    memset(&cd, 0, sizeof cd);
+    cd.dir = dir;
+    dt_checkpoint_save(&C, &cd, &fp, fo, NULL);
+    st = dt_checkpoint_load(&C, &cd, &bp, bo, NULL);
+    DT_TEST_CHECK("f32_checkpoint_loads_into_bf16_params", st == DT_OK);
+    dt_test_equal_bytes("bf16_load_master_is_the_f32_value", bo->slots[0].master.data, f->value.data, 32);
+    dt_test_equal_bytes("bf16_load_value_is_its_rounding", b->value.data, want, 16);
+    /* a bf16 run moves its master; an f32 parameter loads the master, not the rounded value */
+    for (i = 0; i < 8; i++) F(&b->grad)[i] = grad_at(i, 1);
+    dt_opt_step(bo, NULL);
+    ck_dir(dir, sizeof dir, "cross2");
+    dt_checkpoint_save(&C, &cd, &bp, bo, NULL);
+    st = dt_checkpoint_load(&C, &cd, &fp, fo, NULL);
+    for (i = 0; i < 8; i++) ok_v &= F(&f->value)[i] == F(&bo->slots[0].master)[i];
+    DT_TEST_CHECK("bf16_master_checkpoint_loads_master_into_f32_params", st == DT_OK && ok_v && fo->step == 1);
+    dt_opt_free(fo);
+    dt_opt_free(bo);
+    dt_params_free(&C, &fp);
+    dt_params_free(&C, &bp);
+}
+
 /* A small state to save and load in the fault tests. */
 typedef struct small {
     dt_params ps;
@@ -1081,6 +1124,7 @@ int main(void) {
     test_resume(DT_F32, "resume_f32");
     test_resume(DT_BF16, "resume_bf16_master");
     test_format();
+    test_cross_precision();
     test_crash_safety();
     test_keep();
     test_bad_checkpoints();
