@@ -601,11 +601,10 @@ static void dt__cm_store(void *dst, const float *src, int et, int64_t k) {
 #define DT__CM_REDUCE_INT(T, UT)                                                                   \
     do {                                                                                           \
         T *d_ = (T *)dst;                                                                          \
-        const T *s_ = (const T *)rows;                                                             \
         for (i = 0; i < count; i++) {                                                              \
-            T a_ = s_[i];                                                                          \
+            T a_ = ((const T *)rows[0])[i];                                                        \
             for (r = 1; r < n; r++) {                                                              \
-                T v_ = s_[(int64_t)r * stride + i];                                                \
+                T v_ = ((const T *)rows[r])[i];                                                    \
                 if (op == DT_REDUCE_MAX) a_ = v_ > a_ ? v_ : a_;                                   \
                 else if (op == DT_REDUCE_MIN) a_ = v_ < a_ ? v_ : a_;                              \
                 else a_ = (T)((UT)a_ + (UT)v_);                                                    \
@@ -614,41 +613,56 @@ static void dt__cm_store(void *dst, const float *src, int et, int64_t k) {
         }                                                                                          \
     } while (0)
 
-/* dst[i] = rows[0][i] op rows[1][i] op ... op rows[n-1][i], left to right (rank order), rows
-   `stride` elements apart. f32/bf16/f16 accumulate in f32 and round once; avg divides the sum
-   by n. This one function is the whole arithmetic of every host all-reduce and reduce-scatter,
-   which is what makes their results independent of message size and layout. */
-static void dt__cm_reduce(void *dst, const void *rows, int64_t stride, int n, int64_t count, int et,
-                          dt_reduce_op op) {
+/* acc[j] = acc[j] op x[j] for one block. */
+static void dt__cm_combine(float *acc, const float *x, int64_t k, dt_reduce_op op) {
+    int64_t j;
+    if (op == DT_REDUCE_MAX) for (j = 0; j < k; j++) acc[j] = DT__CM_MAX(acc[j], x[j]);
+    else if (op == DT_REDUCE_MIN) for (j = 0; j < k; j++) acc[j] = DT__CM_MIN(acc[j], x[j]);
+    else for (j = 0; j < k; j++) acc[j] = acc[j] + x[j];
+}
+
+/* dst[i] = rows[0][i] op rows[1][i] op ... op rows[n-1][i], left to right (rank order).
+   f32/bf16/f16 accumulate in f32 and round once; avg divides the sum by n. dst may be one of
+   the rows (each block is read whole before it is written). This one function is the whole
+   arithmetic of every host all-reduce and reduce-scatter, which is what makes their results
+   independent of message size and layout. */
+static void dt__cm_reduce(void *dst, const void *const *rows, int n, int64_t count, int et, dt_reduce_op op) {
     int64_t i, j;
     int r;
     if (op == DT_REDUCE_DEFAULT) op = DT_REDUCE_SUM;
     if (et == DT_F32 || et == DT_BF16 || et == DT_F16) {
         size_t es = dt__cm_esize(et);
-        const char *base = (const char *)rows;
         float acc[DT__CM_BLOCK], x[DT__CM_BLOCK];
         float fn = (float)n;
         for (i = 0; i < count; i += DT__CM_BLOCK) {
             int64_t k = count - i < DT__CM_BLOCK ? count - i : DT__CM_BLOCK;
-            dt__cm_load(acc, base + (size_t)i * es, et, k);
-            for (r = 1; r < n; r++) {
-                const float *xs = x;
-                if (et == DT_F32) xs = (const float *)(base + ((size_t)r * (size_t)stride + (size_t)i) * es);
-                else dt__cm_load(x, base + ((size_t)r * (size_t)stride + (size_t)i) * es, et, k);
-                if (op == DT_REDUCE_MAX) for (j = 0; j < k; j++) acc[j] = DT__CM_MAX(acc[j], xs[j]);
-                else if (op == DT_REDUCE_MIN) for (j = 0; j < k; j++) acc[j] = DT__CM_MIN(acc[j], xs[j]);
-                else for (j = 0; j < k; j++) acc[j] = acc[j] + xs[j];
+            if (et == DT_F32) { /* straight from the rows: no conversion to do */
+                const float *r0 = (const float *)rows[0] + i;
+                if (n > 1 && op != DT_REDUCE_MAX && op != DT_REDUCE_MIN) {
+                    const float *r1 = (const float *)rows[1] + i;
+                    for (j = 0; j < k; j++) acc[j] = r0[j] + r1[j];
+                    r = 2;
+                } else {
+                    memcpy(acc, r0, (size_t)k * sizeof(float));
+                    r = 1;
+                }
+                for (; r < n; r++) dt__cm_combine(acc, (const float *)rows[r] + i, k, op);
+            } else {
+                dt__cm_load(acc, (const char *)rows[0] + (size_t)i * es, et, k);
+                for (r = 1; r < n; r++) {
+                    dt__cm_load(x, (const char *)rows[r] + (size_t)i * es, et, k);
+                    dt__cm_combine(acc, x, k, op);
+                }
             }
             if (op == DT_REDUCE_AVG) for (j = 0; j < k; j++) acc[j] = acc[j] / fn;
             dt__cm_store((char *)dst + (size_t)i * es, acc, et, k);
         }
     } else if (et == DT__CM_F64) {
         double *d = (double *)dst;
-        const double *s = (const double *)rows;
         for (i = 0; i < count; i++) {
-            double a = s[i];
+            double a = ((const double *)rows[0])[i];
             for (r = 1; r < n; r++) {
-                double v = s[(int64_t)r * stride + i];
+                double v = ((const double *)rows[r])[i];
                 if (op == DT_REDUCE_MAX) a = DT__CM_MAX(a, v);
                 else if (op == DT_REDUCE_MIN) a = DT__CM_MIN(a, v);
                 else a = a + v;
@@ -1205,13 +1219,35 @@ static dt_status dt__cm_after_stage(dt_comm_req *q) {
     dt_comm *c = q->c;
     size_t es = dt__cm_esize(q->et);
     int n = c->size;
-    if (q->kind == DT_COLL_ALLREDUCE && q->path == DT__CM_GATHER)
-        dt__cm_reduce(q->hout, q->scratch, q->count, n, q->count, q->et, q->op);
-    else if (q->kind == DT_COLL_ALLREDUCE && q->path == DT__CM_A2A && q->stage == 0) {
-        int mine = q->cnt[2 * n + c->rank]; /* my slice, received from everyone */
-        dt__cm_reduce((char *)q->hout + (size_t)q->cnt[n + c->rank] * es, q->scratch, mine, n, mine, q->et, q->op);
-    } else if (q->kind == DT_COLL_REDUCE_SCATTER && q->path != DT__CM_NCCL)
-        dt__cm_reduce(q->hout, q->scratch, q->tout.numel, n, q->tout.numel, q->et, q->op);
+    if ((q->kind == DT_COLL_ALLREDUCE && (q->path == DT__CM_GATHER || (q->path == DT__CM_A2A && q->stage == 0))) ||
+        (q->kind == DT_COLL_REDUCE_SCATTER && q->path != DT__CM_NCCL)) {
+        /* rank r's contribution: its row of scratch; this rank's own never left its buffer */
+        const void *stack_rows[64];
+        const void **rows = n <= 64 ? stack_rows : (const void **)dt_alloc(c->ctx, (size_t)n * sizeof(void *));
+        int r, *rc = q->cnt ? q->cnt + 2 * n : NULL, *rd = q->cnt ? q->cnt + 3 * n : NULL;
+        char *mine, *dst;
+        int64_t m;
+        if (!rows) return DT_ERR_OOM;
+        if (q->path == DT__CM_GATHER) {
+            m = q->count;
+            mine = (char *)q->hout;
+            dst = mine;
+        } else if (q->kind == DT_COLL_ALLREDUCE) {
+            m = q->count / n + (c->rank < q->count % n);
+            mine = (char *)q->hout + (size_t)q->cnt[n + c->rank] * es;
+            dst = mine;
+        } else {
+            m = q->tout.numel;
+            mine = (char *)q->hin + (size_t)c->rank * (size_t)m * es;
+            dst = (char *)q->hout;
+        }
+        for (r = 0; r < n; r++)
+            rows[r] = r == c->rank ? (const void *)mine
+                                   : (const void *)((const char *)q->scratch + (size_t)(rd ? rd[r] : (int64_t)r * m) * es);
+        (void)rc;
+        dt__cm_reduce(dst, rows, n, m, q->et, q->op);
+        if (rows != stack_rows) dt_release(c->ctx, (void *)rows);
+    }
     else if (q->kind == DT_COLL_ALLTOALLV && q->stage == 0) {
         /* counts are in: check them against the caller's, size out, build the data exchange */
         int64_t *sc = q->c64, *rc = q->c64 + n, total = 0, off = 0;
@@ -1736,7 +1772,7 @@ static dt_status dt__cm_mpi_post(dt_comm_req *q) {
     switch (q->kind) {
     case DT_COLL_ALLREDUCE:
         if (q->stage == 0) {
-            if (n == 2 || (double)q->count * (double)es * n <= (double)DT_COMM_GATHER_MAX_BYTES) {
+            if ((double)q->count * (double)es * n <= (double)DT_COMM_GATHER_MAX_BYTES) {
                 q->path = DT__CM_GATHER;
                 q->scratch = dt__cm_take(c, (size_t)n * (size_t)q->count * es, &q->slot_scratch);
                 if (!q->scratch) return DT_ERR_OOM;
@@ -1753,28 +1789,38 @@ static dt_status dt__cm_mpi_post(dt_comm_req *q) {
                     q->cnt[n + r] = (int)off;
                     off += q->cnt[r];
                 }
+                /* this rank's slice of every other rank; its own stays where it is */
                 mine = q->cnt[c->rank];
+                q->cnt[c->rank] = 0;
                 for (r = 0; r < n; r++) {
-                    q->cnt[2 * n + r] = (int)mine;
-                    q->cnt[3 * n + r] = (int)(r * mine);
+                    q->cnt[2 * n + r] = r == c->rank ? 0 : (int)mine;
+                    q->cnt[3 * n + r] = (int)((r < c->rank ? r : r - 1) * mine);
                 }
-                q->scratch = dt__cm_take(c, (size_t)n * (size_t)mine * es, &q->slot_scratch);
+                q->scratch = dt__cm_take(c, (size_t)(n - 1) * (size_t)mine * es, &q->slot_scratch);
                 if (!q->scratch) return DT_ERR_OOM;
                 what = "MPI_Ialltoallv";
                 rc = MPI_Ialltoallv(q->hout, q->cnt, q->cnt + n, T, q->scratch, q->cnt + 2 * n, q->cnt + 3 * n, T, mc,
                                     &q->mreq);
             }
         } else {
+            q->cnt[c->rank] = (int)(q->count / n + (c->rank < q->count % n)); /* zeroed for the all-to-all */
             what = "MPI_Iallgatherv";
             rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, T, q->hout, q->cnt, q->cnt + n, T, mc, &q->mreq);
         }
         break;
-    case DT_COLL_REDUCE_SCATTER: {
+    case DT_COLL_REDUCE_SCATTER: { /* block r of in to rank r; this rank's own block stays in in */
         int m = (int)q->tout.numel;
-        q->scratch = dt__cm_take(c, (size_t)n * (size_t)m * es, &q->slot_scratch);
+        q->cnt = (int *)dt_alloc(c->ctx, (size_t)4 * n * sizeof(int));
+        if (!q->cnt) return DT_ERR_OOM;
+        for (r = 0; r < n; r++) {
+            q->cnt[r] = q->cnt[2 * n + r] = r == c->rank ? 0 : m;
+            q->cnt[n + r] = r * m;
+            q->cnt[3 * n + r] = (r < c->rank ? r : r - 1) * m;
+        }
+        q->scratch = dt__cm_take(c, (size_t)(n - 1) * (size_t)m * es, &q->slot_scratch);
         if (!q->scratch) return DT_ERR_OOM;
-        what = "MPI_Ialltoall";
-        rc = MPI_Ialltoall(q->hin, m, T, q->scratch, m, T, mc, &q->mreq);
+        what = "MPI_Ialltoallv";
+        rc = MPI_Ialltoallv(q->hin, q->cnt, q->cnt + n, T, q->scratch, q->cnt + 2 * n, q->cnt + 3 * n, T, mc, &q->mreq);
         break;
     }
     case DT_COLL_ALLGATHER: {

@@ -1,24 +1,30 @@
 /* examples/mlp/mlp.c - first steps with dt: a 3-layer MLP classifier trained with SGD on
    built-in synthetic data (labels from a fixed random "teacher" network, so there is a real
-   non-linear function to learn and the accuracy says whether it was learnt).
+   non-linear function to learn and the accuracy says whether it was learnt), on one process
+   or data parallel on many.
 
    build:  ./build.sh            run:  build/examples/mlp --steps 1000 --batch 64
+                                       mpirun -np 4 build/examples/mlp --steps 1000 --batch 64
    flags:  --steps N --batch B --seed S --lr LR --hidden H --log metrics.jsonl
 
-   Sample i is a pure function of (seed, i): any process can make any part of any batch,
-   which is what lets the data-parallel version split a global batch exactly. */
+   Sample i is a pure function of (seed, i) and the initial weights of (seed, name, index), so
+   every rank starts from the same model and makes exactly its slice of each global batch.
+   Data parallel step: forward and backward on the slice; as backward finishes each layer its
+   grads are marked ready and the bucketer averages them over the ranks; every rank then takes
+   the same SGD step. The run matches the 1-rank run within fp32 rounding (tests/mpi_mlp_dp.c). */
 #define DT_IMPLEMENTATION
 #include "../../dt_tensor.h"
+#include "../../dt_comm.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-enum { IN = 16, CLASSES = 4, TEACHER_H = 8 };
+enum { IN = 16, CLASSES = 4, TEACHER_H = 8, EVAL_N = 1024 };
 #define EVAL_BASE ((uint64_t)1 << 40) /* eval samples never overlap training ones */
 
-typedef struct { int steps, batch, hidden; uint64_t seed; float lr; const char *log; } opts;
+typedef struct { int steps, batch, hidden; uint64_t seed; float lr; const char *log; int quiet; } opts;
 
 #define CHECK(call) do { dt_status s_ = (call); if (s_) { \
     fprintf(stderr, "mlp: %s failed: %s\n", #call, dt_ctx_error(ctx)); exit(1); } } while (0)
@@ -52,7 +58,7 @@ static dt_param *add(dt_ctx *ctx, dt_params *ps, const char *name, int64_t d0, i
     d.init.gain = 1.41421356; /* He init for ReLU: std = sqrt(2 / fan_in) */
     d.init.seed = seed;
     d.no_decay = d1 == 0;
-    if (dt_params_add(ctx, ps, &d, &p)) { fprintf(stderr, "mlp: %s\n", dt_ctx_error(ctx)); exit(1); }
+    CHECK(dt_params_add(ctx, ps, &d, &p));
     return p;
 }
 
@@ -60,7 +66,7 @@ static void make(dt_ctx *ctx, dt_tensor *t, int64_t d0, int64_t d1, dt_dtype dt)
     dt_tensor_desc d;
     memset(&d, 0, sizeof d);
     d.dtype = dt; d.shape[0] = d0; d.shape[1] = d1;
-    if (dt_tensor_create(ctx, t, &d)) { fprintf(stderr, "mlp: %s\n", dt_ctx_error(ctx)); exit(1); }
+    CHECK(dt_tensor_create(ctx, t, &d));
 }
 
 static void load_batch(acts *a, uint64_t seed, uint64_t first, int n) {
@@ -68,8 +74,8 @@ static void load_batch(acts *a, uint64_t seed, uint64_t first, int n) {
     for (r = 0; r < n; r++) sample(seed, first + (uint64_t)r, (float *)a->x.data + r * IN, (int32_t *)a->y.data + r);
 }
 
-/* forward to the loss; returns accuracy on the batch */
-static float forward(dt_ctx *ctx, model *m, acts *a, float *loss) {
+/* forward to the loss (mean over these rows); returns how many rows were classified right */
+static int64_t forward(dt_ctx *ctx, model *m, acts *a, float *loss) {
     int64_t r, k, n = a->x.shape[0], correct = 0;
     CHECK(dt_linear_fwd(ctx, &a->h1, &a->x, &m->w1->value, &m->b1->value));
     CHECK(dt_relu_fwd(ctx, &a->a1, &a->h1));
@@ -83,21 +89,25 @@ static float forward(dt_ctx *ctx, model *m, acts *a, float *loss) {
         for (k = 1; k < CLASSES; k++) if (p[k] > p[best]) best = (int)k;
         correct += best == ((int32_t *)a->y.data)[r];
     }
-    return (float)correct / (float)n;
+    return correct;
 }
 
-/* backward: every *_bwd accumulates, so the activation grads are zeroed first */
-static void backward(dt_ctx *ctx, model *m, acts *a) {
-    dt_tensor *g[4] = {&a->dh1, &a->da1, &a->dh2, &a->da2};
+/* backward: every *_bwd accumulates, so the activation grads are zeroed first. A layer's
+   grads are final as soon as its linear_bwd returns: marking them ready lets their bucket's
+   all-reduce start while the layers below are still computing. */
+static void backward(dt_ctx *ctx, model *m, acts *a, float dloss, dt_bucketer *bk) {
+    dt_tensor *g[5] = {&a->dh1, &a->da1, &a->dh2, &a->da2, &a->dlogits};
     int i;
-    for (i = 0; i < 4; i++) dt_tensor_fill(ctx, g[i], 0.0);
-    dt_tensor_fill(ctx, &a->dlogits, 0.0);
-    CHECK(dt_softmax_xent_bwd(ctx, &a->dlogits, &a->probs, &a->y, -1, 1.0f));
+    for (i = 0; i < 5; i++) dt_tensor_fill(ctx, g[i], 0.0);
+    CHECK(dt_softmax_xent_bwd(ctx, &a->dlogits, &a->probs, &a->y, -1, dloss));
     CHECK(dt_linear_bwd(ctx, &a->da2, &m->w3->grad, &m->b3->grad, &a->dlogits, &a->a2, &m->w3->value));
+    CHECK(dt_bucketer_mark_ready(bk, m->w3)); CHECK(dt_bucketer_mark_ready(bk, m->b3));
     CHECK(dt_relu_bwd(ctx, &a->dh2, &a->da2, &a->h2));
     CHECK(dt_linear_bwd(ctx, &a->da1, &m->w2->grad, &m->b2->grad, &a->dh2, &a->a1, &m->w2->value));
+    CHECK(dt_bucketer_mark_ready(bk, m->w2)); CHECK(dt_bucketer_mark_ready(bk, m->b2));
     CHECK(dt_relu_bwd(ctx, &a->dh1, &a->da1, &a->h1));
     CHECK(dt_linear_bwd(ctx, NULL, &m->w1->grad, &m->b1->grad, &a->dh1, &a->x, &m->w1->value));
+    CHECK(dt_bucketer_mark_ready(bk, m->w1)); CHECK(dt_bucketer_mark_ready(bk, m->b1));
 }
 
 static void alloc_acts(dt_ctx *ctx, acts *a, int n, int h) {
@@ -110,19 +120,82 @@ static void alloc_acts(dt_ctx *ctx, acts *a, int n, int h) {
     make(ctx, &a->dlogits, n, CLASSES, DT_F32);
 }
 
+static void free_acts(dt_ctx *ctx, acts *a) {
+    dt_tensor *t[13] = {&a->x, &a->h1, &a->a1, &a->h2, &a->a2, &a->logits, &a->probs, &a->y,
+                        &a->dh1, &a->da1, &a->dh2, &a->da2, &a->dlogits};
+    int i;
+    for (i = 0; i < 13; i++) dt_tensor_free(ctx, t[i]);
+}
+
 /* processor time: close to wall time for this single-threaded loop, and plain C99 */
 static double now(void) { return (double)clock() / CLOCKS_PER_SEC; }
 
+/* Trains the model (made here, into ps and m) on comm, one rank or many. Rank r of n takes
+   rows [off, off + nr) of each global batch. losses[s], when not NULL, receives the loss of
+   global batch s + 1. Returns the eval loss on held-out samples. */
+static float train(dt_ctx *ctx, dt_comm *comm, const opts *o, dt_params *ps, model *m, float *losses) {
+    int rank = dt_comm_rank(comm), n = dt_comm_size(comm), step;
+    int nr = o->batch / n + (rank < o->batch % n), off = rank * (o->batch / n) + (rank < o->batch % n ? rank : o->batch % n);
+    /* softmax_xent takes the mean over this rank's nr rows and the bucketer the mean over the
+       ranks; scaling by nr * n / batch makes that the mean over the global batch */
+    float dloss = (float)nr * (float)n / (float)o->batch, loss = 0;
+    double stats[2], t0;
+    dt_bucketer *bk = NULL;
+    FILE *log = NULL;
+    acts a, ev;
+    m->w1 = add(ctx, ps, "fc1.w", o->hidden, IN, o->seed); m->b1 = add(ctx, ps, "fc1.b", o->hidden, 0, o->seed);
+    m->w2 = add(ctx, ps, "fc2.w", o->hidden, o->hidden, o->seed); m->b2 = add(ctx, ps, "fc2.b", o->hidden, 0, o->seed);
+    m->w3 = add(ctx, ps, "fc3.w", CLASSES, o->hidden, o->seed); m->b3 = add(ctx, ps, "fc3.b", CLASSES, 0, o->seed);
+    CHECK(dt_bucketer_create(comm, ps, NULL, &bk));
+    alloc_acts(ctx, &a, nr, o->hidden);
+    if (rank == 0 && o->log && !(log = fopen(o->log, "w"))) { fprintf(stderr, "mlp: cannot write %s\n", o->log); exit(1); }
+    if (rank == 0 && !o->quiet)
+        printf("mlp: %lld params, %d steps of batch %d on %d rank%s (%d rows each%s), lr %g, seed %llu\n",
+               (long long)dt_params_numel(ps), o->steps, o->batch, n, n > 1 ? "s" : "", nr, o->batch % n ? " or so" : "",
+               (double)o->lr, (unsigned long long)o->seed);
+    t0 = now();
+    for (step = 1; step <= o->steps; step++) {
+        int i;
+        load_batch(&a, o->seed, (uint64_t)(step - 1) * (uint64_t)o->batch + (uint64_t)off, nr);
+        stats[1] = (double)forward(ctx, m, &a, &loss);
+        dt_params_zero_grad(ctx, ps);
+        backward(ctx, m, &a, dloss, bk);
+        CHECK(dt_bucketer_finish(bk)); /* every rank now holds the global-batch gradient */
+        for (i = 0; i < ps->count; i++) CHECK(dt_axpy(ctx, &ps->items[i]->value, -o->lr, &ps->items[i]->grad)); /* SGD */
+        stats[0] = (double)loss * nr; /* global loss and accuracy: sums over the ranks' rows */
+        CHECK(dt_comm_allreduce_f64(comm, stats, 2, DT_REDUCE_SUM));
+        if (losses) losses[step - 1] = (float)(stats[0] / o->batch);
+        if (rank == 0 && !o->quiet && (step % 50 == 0 || step == o->steps)) {
+            double el = now() - t0, sps = (double)step * o->batch / (el > 0 ? el : 1e-9);
+            printf("step %4d/%d  loss %.4f  acc %.3f  %.0f samples/s  eta %.1fs\n", step, o->steps,
+                   stats[0] / o->batch, stats[1] / o->batch, sps, (o->steps - step) * o->batch / sps);
+            if (log) fprintf(log, "{\"step\":%d,\"loss\":%.6f,\"acc\":%.4f,\"lr\":%g,\"samples_per_s\":%.1f}\n", step,
+                             stats[0] / o->batch, stats[1] / o->batch, (double)o->lr, sps);
+        }
+    }
+    if (log) fclose(log);
+    alloc_acts(ctx, &ev, EVAL_N, o->hidden); /* weights are the same on every rank: each evaluates */
+    load_batch(&ev, o->seed, EVAL_BASE, EVAL_N);
+    stats[1] = (double)forward(ctx, m, &ev, &loss);
+    if (rank == 0 && !o->quiet) {
+        printf("eval: loss %.4f  accuracy %.3f on %d held-out samples (chance %.3f)\n", (double)loss,
+               stats[1] / EVAL_N, EVAL_N, 1.0 / CLASSES);
+        printf("loss %.6f\n", (double)loss);
+    }
+    free_acts(ctx, &a);
+    free_acts(ctx, &ev);
+    dt_bucketer_free(bk);
+    return loss;
+}
+
+#ifndef MLP_NO_MAIN /* tests/mpi_mlp_dp.c includes this file for train() */
 int main(int argc, char **argv) {
-    opts o = {1000, 64, 64, 1, 0.2f, NULL};
+    opts o = {1000, 64, 64, 1, 0.2f, NULL, 0};
     dt_ctx ctx_storage, *ctx = &ctx_storage;
+    dt_comm *world = NULL;
     dt_params ps;
     model m;
-    acts a, ev;
-    FILE *log = NULL;
-    float loss = 0, acc = 0;
-    double t0;
-    int i, step;
+    int i;
     for (i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--steps")) o.steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--batch")) o.batch = atoi(argv[i + 1]);
@@ -132,42 +205,19 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--log")) o.log = argv[i + 1];
         else { fprintf(stderr, "mlp: unknown flag %s\n", argv[i]); return 2; }
     }
-    if (i != argc || o.steps < 1 || o.batch < 1 || o.hidden < 1 || !(o.lr > 0)) {
-        fprintf(stderr, "usage: mlp [--steps N>0] [--batch B>0] [--hidden H>0] [--seed S] [--lr LR>0] [--log F]\n");
+    dt_ctx_init(ctx, NULL);
+    CHECK(dt_comm_init_world(ctx, &world, NULL)); /* MPI_Init under mpirun; else a world of one */
+    if (i != argc || o.steps < 1 || o.batch < dt_comm_size(world) || o.hidden < 1 || !(o.lr > 0)) {
+        if (dt_comm_rank(world) == 0)
+            fprintf(stderr, "usage: mlp [--steps N>0] [--batch B>=ranks] [--hidden H>0] [--seed S] [--lr LR>0] [--log F]\n");
+        dt_comm_free(world);
         return 2;
     }
-    dt_ctx_init(ctx, NULL);
     memset(&ps, 0, sizeof ps);
-    m.w1 = add(ctx, &ps, "fc1.w", o.hidden, IN, o.seed); m.b1 = add(ctx, &ps, "fc1.b", o.hidden, 0, o.seed);
-    m.w2 = add(ctx, &ps, "fc2.w", o.hidden, o.hidden, o.seed); m.b2 = add(ctx, &ps, "fc2.b", o.hidden, 0, o.seed);
-    m.w3 = add(ctx, &ps, "fc3.w", CLASSES, o.hidden, o.seed); m.b3 = add(ctx, &ps, "fc3.b", CLASSES, 0, o.seed);
-    alloc_acts(ctx, &a, o.batch, o.hidden);
-    alloc_acts(ctx, &ev, 1024, o.hidden);
-    if (o.log && !(log = fopen(o.log, "w"))) { fprintf(stderr, "mlp: cannot write %s\n", o.log); return 1; }
-    printf("mlp: %lld params, %d steps of batch %d, lr %g, seed %llu\n", (long long)dt_params_numel(&ps), o.steps,
-           o.batch, (double)o.lr, (unsigned long long)o.seed);
-    t0 = now();
-    for (step = 1; step <= o.steps; step++) {
-        load_batch(&a, o.seed, (uint64_t)(step - 1) * (uint64_t)o.batch, o.batch);
-        acc = forward(ctx, &m, &a, &loss);
-        dt_params_zero_grad(ctx, &ps);
-        backward(ctx, &m, &a);
-        for (i = 0; i < ps.count; i++) CHECK(dt_axpy(ctx, &ps.items[i]->value, -o.lr, &ps.items[i]->grad)); /* SGD */
-        if (step % 50 == 0 || step == o.steps) {
-            double el = now() - t0, sps = (double)step * o.batch / (el > 0 ? el : 1e-9);
-            printf("step %4d/%d  loss %.4f  acc %.3f  %.0f samples/s  eta %.1fs\n", step, o.steps, (double)loss,
-                   (double)acc, sps, (o.steps - step) * o.batch / sps);
-            if (log) fprintf(log, "{\"step\":%d,\"loss\":%.6f,\"acc\":%.4f,\"lr\":%g,\"samples_per_s\":%.1f}\n", step,
-                             (double)loss, (double)acc, (double)o.lr, sps);
-        }
-    }
-    load_batch(&ev, o.seed, EVAL_BASE, 1024);
-    acc = forward(ctx, &m, &ev, &loss);
-    printf("eval: loss %.4f  accuracy %.3f on 1024 held-out samples (chance %.3f)\n", (double)loss, (double)acc,
-           1.0 / CLASSES);
-    printf("loss %.6f\n", (double)loss);
-    if (log) fclose(log);
+    train(ctx, world, &o, &ps, &m, NULL);
     dt_params_free(ctx, &ps);
+    dt_comm_free(world); /* finalizes MPI */
     dt_ctx_shutdown(ctx);
     return 0;
 }
+#endif
