@@ -263,7 +263,7 @@ typedef struct dt_grad_norm_desc {
                                      parameter (NULL entry = shard_comm) */
     dt_comm *stage_comm;          /* ranks holding disjoint parameter sets (pipeline stages); the
                                      per-rank totals are summed over it; NULL = none */
-} dt_grad_norm_desc;
+} dt_grad_norm_desc;              /* inside dt_opt_desc: the comms and the array must outlive the optimizer */
 
 /* The global L2 norm of the grads of ps (see "clipping across ranks"); desc may be NULL when no
    parameter is sharded. Sums in double, in a fixed order. */
