@@ -123,8 +123,9 @@
                                dir/step_00000100/manifest.json
                                dir/latest                                 "step_00000100\n"
    Each logical tensor is written once: where several ranks hold the same slice (data-parallel
-   replicas) the lowest rank writes it. The rank files are plain safetensors (Python's
-   safetensors reads them) with entries "param/<name>", "master/<name>" (f32 master of a bf16
+   replicas) the lowest rank writes it. The rank files are plain safetensors (the format
+   Python's safetensors package reads; tests/opt/ckpt_verify.py checks and reassembles a whole
+   checkpoint with numpy alone) with entries "param/<name>", "master/<name>" (f32 master of a bf16
    or f16 parameter) and "state/<name>/<slot>" (slot: momentum_buffer, exp_avg, exp_avg_sq,
    sum, PyTorch's names). manifest.json holds the format ("dt-checkpoint", version 1), the
    world size, the layout string, the step, the optimizer's step and loss scaler, the train
@@ -134,7 +135,10 @@
    Crash safety: the files are written into step_00000100.tmp/ and fsync'd; rank 0 writes the
    manifest, fsyncs the directory, renames it to step_00000100/, fsyncs dir/, then writes
    latest.tmp, fsyncs and renames it over `latest`. A process killed anywhere in between leaves
-   `latest` naming the previous, complete checkpoint. The newest `keep` step directories stay.
+   `latest` naming the previous, complete checkpoint (saving the step `latest` names once more
+   first points `latest` at the newest other step while the directory is replaced). The newest
+   `keep` step directories stay; step_*.tmp/ left by interrupted saves are removed. dir must be
+   on a file system every rank sees (rank 0 renames the directory the ranks wrote into).
    dt_checkpoint_load reads latest (or desc.step_dir), validates everything, reads every slice
    this rank needs from whichever rank files hold it (so any world size or layout can load any
    checkpoint: resharding), checks each file it reads against the manifest's size and XXH64,

@@ -889,6 +889,46 @@ static void test_crash_safety(void) {
     crash_case(dir, "latest", 0, 10); /* killed after latest: the new checkpoint is the one */
 }
 
+/* The step `latest` names saved again: replaced in place, and a crash in the middle of the
+   replacement still leaves `latest` naming a complete checkpoint. */
+static void test_resave_same_step(void) {
+    small s;
+    dt_train_state ts;
+    crash_at at;
+    char dir[1200], latest[64];
+    pid_t pid;
+    int status = 0;
+    ck_dir(dir, sizeof dir, "resave");
+    small_init(&s, 5.0f);
+    small_save(&s, dir, 5, 0, NULL, NULL);
+    small_free(&s);
+    small_init(&s, 7.0f);
+    small_save(&s, dir, 7, 0, NULL, NULL);
+    F(&s.p->value)[0] = 77.0f;
+    DT_TEST_CHECK("resave_of_latest_step_succeeds", small_save(&s, dir, 7, 0, NULL, NULL) == DT_OK);
+    small_free(&s);
+    small_init(&s, 0.0f);
+    DT_TEST_CHECK("resave_replaces_the_step", small_load(&s, dir, &ts) == DT_OK && ts.step == 7 &&
+                                                   F(&s.p->value)[0] == 77.0f);
+    small_free(&s);
+    at.point = "renamed"; /* killed after the old step_7 is gone and the new one is in place */
+    at.index = 0;
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        small_init(&s, 7.0f);
+        small_save(&s, dir, 7, 0, crash_hook, &at);
+        _exit(0);
+    }
+    waitpid(pid, &status, 0);
+    small_init(&s, 0.0f);
+    read_latest(dir, latest, sizeof latest);
+    DT_TEST_CHECK("crash_inside_resave_leaves_a_loadable_latest",
+                  WIFSIGNALED(status) && small_load(&s, dir, &ts) == DT_OK && (ts.step == 5 || ts.step == 7) &&
+                      strcmp(latest, "step_00000005\n") == 0);
+    small_free(&s);
+}
+
 static void test_keep(void) {
     small s;
     char dir[1200], path[1400];
@@ -1127,6 +1167,7 @@ int main(void) {
     test_cross_precision();
     test_crash_safety();
     test_keep();
+    test_resave_same_step();
     test_bad_checkpoints();
     test_bad_args();
     test_xxh64();
