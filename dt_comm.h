@@ -34,11 +34,12 @@
 
    Sum order (why results are bitwise reproducible). On the host/MPI path dt does not let MPI
    reduce: it moves the data with MPI collectives and adds the contributions itself, element by
-   element in rank order, ((x0 + x1) + x2) + ... + x(n-1), then divides by n for avg. Messages
-   of up to DT_COMM_GATHER_MAX_BYTES (all contributions together), and every message on 2 ranks,
-   take one all-gather and sum locally; larger ones take an all-to-all (each rank receives its
-   slice from everyone, sums it) and an all-gather of the sums: the bandwidth of a ring
-   all-reduce, 2(n-1)/n of the message per rank. Both paths do the same arithmetic, so:
+   element in rank order, ((x0 + x1) + x2) + ... + x(n-1), then divides by n for avg. Small
+   messages (all contributions together up to DT_COMM_GATHER_MAX_BYTES) take one all-gather and
+   a local sum; larger ones an all-to-all (each rank receives its slice from the others and sums
+   it with its own, which never leaves its buffer) and an all-gather of the sums: the traffic of
+   a ring all-reduce, 2(n-1)/n of the message per rank. The arithmetic is the same on both
+   paths, so:
      - the result does not depend on the message size, on where an element sits in a buffer or
        on MPI's choice of algorithm: a bucket of gradients gives bitwise what one call per
        tensor gives, and reduce_scatter followed by allgather gives bitwise what allreduce gives;
@@ -357,7 +358,7 @@ struct dt_comm {
     char name[64];
     int rank, size, local_rank, local_size;
     int *world_ranks;                /* group rank -> world rank */
-    int is_world, inited_mpi;
+    int is_world;
     int check, nccl_mode;
     double timeout;
     int broken;
@@ -399,7 +400,7 @@ struct dt_comm_req {
     double stat_bytes, t0;
     int path, stage, last_stage;
     int pending;                     /* an MPI request / NCCL event is in flight */
-    int done, heap, bad_here;
+    int done, bad_here;
     dt_status status;
     dt_tensor tin, tout;             /* the caller's tensors (by value) */
     void *hin, *hout;                /* host memory the MPI stages read and write */
@@ -1026,6 +1027,8 @@ static void dt__cm_lose_bufs(dt_comm_req *q) {
     q->slot_scratch = q->slot_in = q->slot_out = -2;
     q->scratch = NULL;
     memset(&q->dscratch, 0, sizeof q->dscratch);
+    q->cnt = NULL; /* MPI may still read the counts of an abandoned all-to-allv */
+    q->c64 = NULL;
 }
 
 #ifdef DT_MPI
@@ -1077,8 +1080,8 @@ static void dt__cm_report(dt_comm_req *q, const int64_t *rec, char *msg, size_t 
         dt__cm_cat(msg, size, " (no answer: busy outside dt, in another collective, or gone)");
     }
     for (j = 0; j < n; j++) {
-        const int64_t *m = c->notes + (size_t)j * DT__CM_NOTE;
-        if (state[j] == 2)
+        const int64_t *m = state[j] == 2 ? c->notes + (size_t)j * DT__CM_NOTE : NULL; /* 2: it sent a notice */
+        if (m)
             dt__cm_cat(msg, size, "; rank %d is behind: it has entered %lld collectives, the last %s", j,
                        (long long)m[2], dt__cm_describe(m + 3, d, sizeof d));
     }
@@ -1704,7 +1707,9 @@ static dt_status dt__cm_launch(dt_comm_req *q) {
         (void)devs;
         q->path = n == 1 ? DT__CM_LOCAL : DT__CM_MPI;
     }
-    if (q->path == DT__CM_LOCAL && (q->kind == DT_COLL_SEND || q->kind == DT_COLL_RECV)) q->path = DT__CM_MPI;
+    /* send/recv always go through MPI on one rank, and to oneself (NCCL would wait for the recv) */
+    if ((q->kind == DT_COLL_SEND || q->kind == DT_COLL_RECV) && (q->path == DT__CM_LOCAL || q->arg == c->rank))
+        q->path = DT__CM_MPI;
     if (q->path == DT__CM_LOCAL) {
         st = dt__cm_run_local(q);
         if (!st) dt__cm_complete(q);
@@ -2027,7 +2032,6 @@ static dt_comm_req *dt__cm_req(dt_comm *c, dt_comm_req *stack_q, dt_comm_req **o
         if (!q) return NULL;
     }
     dt__cm_req_init(q, c, kind, fn);
-    q->heap = out != NULL;
     return q;
 }
 
