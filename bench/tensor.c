@@ -63,6 +63,51 @@ static double median(double *t, int n) {
     return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
+/* How busy other processes kept the CPUs between two snapshots (Linux /proc; -1 elsewhere):
+   on a shared 2-core machine a build running beside the bench halves a 2-thread GEMM, and the
+   table should say so rather than pass it off as the library's speed. */
+typedef struct cpu_snap { double busy, total, self; int ok; } cpu_snap;
+
+static cpu_snap cpu_now(void) {
+    cpu_snap c = {0, 0, 0, 0};
+    double v[8] = {0};
+    unsigned long ut = 0, st = 0;
+    char buf[1024], *p;
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return c;
+    if (fscanf(f, "cpu %lf %lf %lf %lf %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+               &v[7]) == 8) {
+        c.total = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+        c.busy = c.total - v[3] - v[4]; /* idle, iowait */
+        c.ok = 1;
+    }
+    fclose(f);
+    f = fopen("/proc/self/stat", "r");
+    if (!f) { c.ok = 0; return c; }
+    /* utime and stime are fields 14 and 15; the command name (field 2) may hold spaces */
+    if (!fgets(buf, sizeof buf, f) || !(p = strrchr(buf, ')')) ||
+        sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        c.ok = 0;
+    fclose(f);
+    c.self = (double)ut + (double)st;
+    return c;
+}
+
+/* percent of all CPUs' time that other processes were busy between a and b */
+static double others_busy(cpu_snap a, cpu_snap b) {
+    double d = b.total - a.total, o;
+    if (!a.ok || !b.ok || d <= 0) return -1;
+    o = (b.busy - a.busy) - (b.self - a.self);
+    return o < 0 ? 0 : 100 * o / d;
+}
+
+static void print_others(const char *what, cpu_snap a, cpu_snap b) {
+    double o = others_busy(a, b);
+    if (o < 0) printf("  (%s: cannot tell how busy other processes kept the CPUs)\n", what);
+    else printf("  (%s: other processes kept the CPUs %.1f%% busy%s)\n", what, o,
+                o > 5 ? " - figures disturbed, run again on an idle machine" : "");
+}
+
 typedef void (*job_fn)(void *arg);
 
 /* Median seconds of `reps` runs of each of n jobs, after one warm-up run of each. The jobs
@@ -406,6 +451,18 @@ static void bench_ops(double *memcpy_gbs, stats *ratio) {
 
 /* ---------------------------------------------------------------- main */
 
+/* Half a second of 2-thread GEMM before the first timing: clocks ramp up and OpenBLAS's
+   sleeping worker threads wake, which a per-row warm-up run is too short to cover for the
+   first, smallest shape. */
+static void warm_machine(void) {
+    gemm_case c = {"warm", 1024, 1024, 1024, 0, 0};
+    gemm_job j;
+    double t0 = now_s();
+    gemm_setup(&j, &c);
+    while (now_s() - t0 < 0.5) run_cblas(&j);
+    gemm_free(&j);
+}
+
 #if defined(__clang__)
 #define COMPILER "clang " __clang_version__
 #elif defined(__GNUC__)
@@ -459,6 +516,7 @@ static void print_machine(void) {
 int main(int argc, char **argv) {
     stats dtb = {0}, p_all = {0}, p_one = {0}, ops = {0};
     double memcpy_gbs = 0, gf_1024 = 0, t0 = now_s();
+    cpu_snap c0, c1, c2;
     int portable_only = argc > 1 && !strcmp(argv[1], "--portable");
     if (argc > 1 && !portable_only) {
         fprintf(stderr, "usage: %s [--portable]\n", argv[0]);
@@ -467,9 +525,20 @@ int main(int argc, char **argv) {
     CHECK(dt_ctx_init(&g_ctx, NULL));
     printf("bench/tensor: dt_tensor.h on the CPU\n");
     print_machine();
-    if (!portable_only) bench_dt_vs_cblas(&dtb);
+    warm_machine();
+    c0 = c1 = cpu_now();
+    if (!portable_only) {
+        bench_dt_vs_cblas(&dtb);
+        print_others("section 1", c1, c2 = cpu_now());
+        c1 = c2;
+    }
     bench_portable(&p_all, &p_one, &gf_1024);
-    if (!portable_only) bench_ops(&memcpy_gbs, &ops);
+    print_others("section 2", c1, c2 = cpu_now());
+    c1 = c2;
+    if (!portable_only) {
+        bench_ops(&memcpy_gbs, &ops);
+        print_others("section 3", c1, c2 = cpu_now());
+    }
 
     printf("\nsummary\n");
     if (dtb.n)
@@ -485,6 +554,7 @@ int main(int argc, char **argv) {
                ops.max, ops.max_at);
     printf("  results agree with cblas_sgemm: %s\n", g_bad ? "NO" : "yes");
     printf("  total time %.1f s\n", now_s() - t0);
+    print_others("whole run", c0, cpu_now());
     dt_ctx_shutdown(&g_ctx);
     return g_bad;
 }
