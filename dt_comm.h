@@ -231,6 +231,10 @@ typedef struct dt_bucketer_desc {
     int64_t bucket_bytes;       /* 0 = 25 MB (PyTorch DDP's bucket_cap_mb) */
     int64_t first_bucket_bytes; /* 0 = 1 MB: the last layers' grads, ready first, go out early */
     int average;                /* 0 = default = average over ranks; -1 = sum only */
+    int grad_views;             /* 1: each p->grad becomes a view into its bucket (DDP's
+                                   gradient_as_bucket_view): no copies at sync time. The grads
+                                   get their own memory back in dt_bucketer_free, which must then
+                                   come before dt_params_free. 0 = grads are copied in and out. */
 } dt_bucketer_desc;
 
 /* Packs the f32 grads of ps (all on one device) into flat buckets, parameters in reverse
@@ -337,6 +341,8 @@ extern "C" {
 #define DT__CM_REPLY 2
 #define DT__CM_SERVE_S 0.002         /* how often a waiting rank looks for notices */
 #define DT__CM_BLOCK 1024            /* elements reduced per block (stack accumulators) */
+#define DT__CM_CHUNKS 4              /* a large host all-reduce runs as up to this many chunks... */
+#define DT__CM_CHUNK_MIN (256 << 10) /* ...of at least this many bytes, so that they pipeline */
 
 enum { DT__CM_LOCAL = 0, DT__CM_GATHER, DT__CM_A2A, DT__CM_MPI, DT__CM_NCCL };
 
@@ -411,6 +417,8 @@ struct dt_comm_req {
     const int64_t *want_recv;        /* alltoallv: the caller's recv_counts (may be NULL) */
     int64_t out_cap;                 /* alltoallv: out->numel */
     dt_tensor dscratch;              /* NCCL alltoallv into a too-small out: receives here instead */
+    dt_comm_req **kids;              /* a large all-reduce runs as chunks, each its own operation */
+    int nkids, internal;             /* internal: a chunk (counted in its parent's statistics) */
     dt_comm_req *next;
 #ifdef DT_MPI
     MPI_Request mreq;
@@ -614,12 +622,27 @@ static void dt__cm_store(void *dst, const float *src, int et, int64_t k) {
         }                                                                                          \
     } while (0)
 
-/* acc[j] = acc[j] op x[j] for one block. */
-static void dt__cm_combine(float *acc, const float *x, int64_t k, dt_reduce_op op) {
+/* A loop over one block of k elements. Full blocks get a constant trip count, which is what
+   lets gcc -O2 (its "very cheap" vectorizer cost model) use SIMD; the results are the same
+   IEEE operations element by element either way. */
+#define DT__CM_LOOP(k, body)                                                                       \
+    do {                                                                                           \
+        if ((k) == DT__CM_BLOCK) { for (j = 0; j < DT__CM_BLOCK; j++) { body; } }                  \
+        else { for (j = 0; j < (k); j++) { body; } }                                               \
+    } while (0)
+
+#if defined(__cplusplus) || !defined(__STDC_VERSION__) || __STDC_VERSION__ < 199901L
+#define DT__CM_RESTRICT __restrict
+#else
+#define DT__CM_RESTRICT restrict
+#endif
+
+/* acc[j] = acc[j] op x[j] for one block (acc and x never overlap: acc is a stack buffer). */
+static void dt__cm_combine(float *DT__CM_RESTRICT acc, const float *DT__CM_RESTRICT x, int64_t k, dt_reduce_op op) {
     int64_t j;
-    if (op == DT_REDUCE_MAX) for (j = 0; j < k; j++) acc[j] = DT__CM_MAX(acc[j], x[j]);
-    else if (op == DT_REDUCE_MIN) for (j = 0; j < k; j++) acc[j] = DT__CM_MIN(acc[j], x[j]);
-    else for (j = 0; j < k; j++) acc[j] = acc[j] + x[j];
+    if (op == DT_REDUCE_MAX) DT__CM_LOOP(k, acc[j] = DT__CM_MAX(acc[j], x[j]));
+    else if (op == DT_REDUCE_MIN) DT__CM_LOOP(k, acc[j] = DT__CM_MIN(acc[j], x[j]));
+    else DT__CM_LOOP(k, acc[j] = acc[j] + x[j]);
 }
 
 /* dst[i] = rows[0][i] op rows[1][i] op ... op rows[n-1][i], left to right (rank order).
@@ -641,7 +664,7 @@ static void dt__cm_reduce(void *dst, const void *const *rows, int n, int64_t cou
                 const float *r0 = (const float *)rows[0] + i;
                 if (n > 1 && op != DT_REDUCE_MAX && op != DT_REDUCE_MIN) {
                     const float *r1 = (const float *)rows[1] + i;
-                    for (j = 0; j < k; j++) acc[j] = r0[j] + r1[j];
+                    DT__CM_LOOP(k, acc[j] = r0[j] + r1[j]);
                     r = 2;
                 } else {
                     memcpy(acc, r0, (size_t)k * sizeof(float));
@@ -655,7 +678,7 @@ static void dt__cm_reduce(void *dst, const void *const *rows, int n, int64_t cou
                     dt__cm_combine(acc, x, k, op);
                 }
             }
-            if (op == DT_REDUCE_AVG) for (j = 0; j < k; j++) acc[j] = acc[j] / fn;
+            if (op == DT_REDUCE_AVG) DT__CM_LOOP(k, acc[j] = acc[j] / fn);
             dt__cm_store((char *)dst + (size_t)i * es, acc, et, k);
         }
     } else if (et == DT__CM_F64) {
@@ -1197,7 +1220,7 @@ static void dt__cm_complete(dt_comm_req *q) {
         q->ev = NULL;
     }
 #endif
-    if (q->kind >= 0 && q->kind < DT_COLL_COUNT) {
+    if (q->kind >= 0 && q->kind < DT_COLL_COUNT && !q->internal) {
         c->stat_calls[q->kind] += 1;
         c->stat_bytes[q->kind] += q->stat_bytes;
         c->stat_secs[q->kind] += dt__cm_now() - q->t0;
@@ -1437,6 +1460,35 @@ static dt_status dt__cm_p2p_timeout(dt_comm_req *q) {
                             to ? "dt_comm_recv" : "dt_comm_send", q->arg);
 }
 
+/* Whether q is complete; a chunked all-reduce is when all its chunks are (it then takes the
+   first error among them and counts itself in the statistics). */
+static int dt__cm_done(dt_comm_req *q) {
+    int k;
+    if (q->done || !q->nkids) return q->done;
+    for (k = 0; k < q->nkids; k++)
+        if (!q->kids[k]->done) return 0;
+    for (k = 0; k < q->nkids && !q->status; k++) q->status = q->kids[k]->status;
+    q->done = 1;
+    if (!q->status) {
+        q->c->stat_calls[q->kind] += 1;
+        q->c->stat_bytes[q->kind] += q->stat_bytes;
+        q->c->stat_secs[q->kind] += dt__cm_now() - q->t0;
+    }
+    return 1;
+}
+
+static void dt__cm_free_kids(dt_comm_req *q) {
+    int k;
+    for (k = 0; k < q->nkids; k++) {
+        dt__cm_fifo_unlink(q->c, q->kids[k]);
+        dt__cm_release_req_bufs(q->kids[k]);
+        dt_release(q->c->ctx, q->kids[k]);
+    }
+    dt_release(q->c->ctx, q->kids);
+    q->kids = NULL;
+    q->nkids = 0;
+}
+
 /* Waits for q with the comm's timeout, reading notices every few milliseconds. */
 static dt_status dt__cm_wait(dt_comm_req *q) {
     dt_comm *c = q->c;
@@ -1444,7 +1496,7 @@ static dt_status dt__cm_wait(dt_comm_req *q) {
     for (;;) {
         double t;
         dt__cm_progress(c);
-        if (q->done) break;
+        if (dt__cm_done(q)) break;
         t = dt__cm_now();
         if (t >= next_serve) {
             next_serve = t + DT__CM_SERVE_S;
@@ -2008,6 +2060,7 @@ static dt_status dt__cm_nccl_post(dt_comm_req *q) {
 static dt_status dt__cm_finish_call(dt_comm_req *q, dt_status st, dt_comm_req **out) {
     if (out) {
         if (st) {
+            dt__cm_free_kids(q);
             dt__cm_release_req_bufs(q);
             dt_release(q->c->ctx, q);
             return st;
@@ -2015,12 +2068,48 @@ static dt_status dt__cm_finish_call(dt_comm_req *q, dt_status st, dt_comm_req **
         *out = q;
         return DT_OK;
     }
-    if (st) {
-        dt__cm_release_req_bufs(q);
-        return st;
+    if (!st) st = dt__cm_done(q) ? q->status : dt__cm_wait(q);
+    dt__cm_free_kids(q);
+    dt__cm_release_req_bufs(q);
+    return st;
+}
+
+/* A large host all-reduce as chunks, each a whole all-reduce of a slice posted in order: the
+   all-to-all of one chunk overlaps the sums and the all-gather of the one before. The sum of
+   each element does not depend on the chunk it falls in, so the result is the same bitwise. */
+static dt_status dt__cm_launch_chunks(dt_comm_req *q, int k) {
+    dt_comm *c = q->c;
+    int64_t per = q->count / k, off = 0;
+    int i;
+    dt_status st = DT_OK;
+    q->t0 = dt__cm_now();
+    q->kids = (dt_comm_req **)dt_alloc(c->ctx, (size_t)k * sizeof(dt_comm_req *));
+    if (!q->kids) return DT_ERR_OOM;
+    for (i = 0; i < k && !st; i++) {
+        int64_t len = i == k - 1 ? q->count - off : per;
+        dt_comm_req *kid = (dt_comm_req *)dt_alloc(c->ctx, sizeof(dt_comm_req));
+        if (!kid) return DT_ERR_OOM;
+        dt__cm_req_init(kid, c, DT_COLL_ALLREDUCE, q->fn);
+        q->kids[q->nkids++] = kid;
+        kid->internal = 1;
+        kid->seq = q->seq;
+        kid->et = q->et;
+        kid->op = q->op;
+        kid->count = len;
+        st = dt_tensor_view(c->ctx, &kid->tout, &q->tout, off, 1, &len);
+        if (!st) st = dt__cm_launch(kid);
+        off += len;
     }
-    if (q->done) return q->status;
-    return dt__cm_wait(q);
+    if (st) { /* the chunks already posted still own their buffers: let them finish first */
+        dt_status keep = st;
+        char msg[DT_ERROR_MAX];
+        memcpy(msg, c->ctx->last_error, sizeof msg);
+        for (i = 0; i < q->nkids; i++)
+            if (!q->kids[i]->done) dt__cm_wait(q->kids[i]);
+        memcpy(c->ctx->last_error, msg, sizeof msg);
+        c->ctx->last_status = keep;
+    }
+    return st;
 }
 
 /* A request: on the caller's stack for blocking calls, from the ctx for async ones. */
@@ -2053,7 +2142,18 @@ static dt_status dt__cm_allreduce(dt_comm *c, dt_tensor *t, dt_reduce_op op, dt_
         q->stat_bytes = (double)dt_tensor_bytes(t);
     }
     st = dt__cm_enter(q, st);
-    if (!st) st = dt__cm_launch(q);
+    if (!st) {
+        int k = (int)(q->stat_bytes / DT__CM_CHUNK_MIN);
+        int nccl = 0;
+#ifdef DT_NCCL
+        nccl = c->nccl_mode && dt__cm_on_device(t);
+#endif
+        k = k > DT__CM_CHUNKS ? DT__CM_CHUNKS : k;
+        if (c->size > 1 && !nccl && k > 1 && q->stat_bytes * c->size > DT_COMM_GATHER_MAX_BYTES)
+            st = dt__cm_launch_chunks(q, k);
+        else
+            st = dt__cm_launch(q);
+    }
     return dt__cm_finish_call(q, st, out);
 }
 
@@ -2398,10 +2498,10 @@ DT_API dt_status dt_comm_test(dt_comm_req *req, int *done) {
     if (done) *done = 0;
     if (!req) return DT_ERR_ARG;
     if (!done) return dt_ctx_set_error(req->c->ctx, DT_ERR_ARG, "dt_comm_test: done is NULL");
-    if (!req->done) {
+    if (!dt__cm_done(req)) {
         dt__cm_progress(req->c);
         dt__cm_serve(req->c);
-        if (!req->done && req->seq > 0 && req->c->failed_seq > 0 && req->seq >= req->c->failed_seq) {
+        if (!dt__cm_done(req) && req->seq > 0 && req->c->failed_seq > 0 && req->seq >= req->c->failed_seq) {
             dt_comm *c = req->c;
             dt_status st = dt__cm_abandon(req, c->failed_rank);
             *done = 1;
@@ -2417,10 +2517,11 @@ DT_API dt_status dt_comm_wait(dt_comm_req *req) {
     dt_ctx *ctx;
     if (!req) return DT_ERR_ARG;
     ctx = req->c->ctx;
-    st = req->done ? req->status : dt__cm_wait(req);
+    st = dt__cm_done(req) ? req->status : dt__cm_wait(req);
     if (st == DT_ERR_STATE && req->c->broken && ctx->last_status != DT_ERR_STATE)
         dt_ctx_set_error(ctx, DT_ERR_STATE, "dt_comm_wait: %s was abandoned: group %s is unusable: %s",
                          dt_coll_name((dt_coll)req->kind), req->c->name, req->c->broken_msg);
+    dt__cm_free_kids(req);
     dt__cm_fifo_unlink(req->c, req);
     dt__cm_release_req_bufs(req);
     dt_release(ctx, req);
@@ -2587,7 +2688,7 @@ typedef struct dt__cm_bucket {
 struct dt_bucketer {
     dt_comm *c;
     dt_params *ps;
-    int n_params, n_buckets, next_launch, sync;
+    int n_params, n_buckets, next_launch, sync, views;
     dt_reduce_op op;
     dt__cm_slot *slots;    /* bucket order: reverse registration order */
     dt__cm_bucket *buckets;
@@ -2604,10 +2705,27 @@ DT_API void dt_bucketer_free(dt_bucketer *b) {
     dt_ctx *ctx;
     if (!b) return;
     ctx = b->c->ctx;
-    for (i = 0; i < b->n_buckets; i++) {
+    for (i = 0; i < b->n_buckets; i++)
         if (b->buckets[i].req) dt_comm_wait(b->buckets[i].req);
-        dt_tensor_free(ctx, &b->buckets[i].flat);
+    for (i = 0; b->views && i < b->n_params; i++) { /* each grad that is a view gets its own memory back */
+        dt_param *p = b->slots[i].p;
+        dt_tensor own, view = p->grad;
+        dt_tensor_desc td;
+        int d;
+        if (view.owns || view.numel == 0) continue;
+        memset(&td, 0, sizeof td);
+        td.dtype = DT_F32;
+        td.device = view.device;
+        for (d = 0; d < view.ndim; d++) td.shape[d] = view.shape[d];
+        if (dt_tensor_create(ctx, &own, &td) != DT_OK || dt_tensor_copy(ctx, &own, &view) != DT_OK) {
+            dt_tensor_free(ctx, &own);
+            b->buckets[b->slots[i].bucket].unready = -1; /* out of memory: the bucket stays, the view valid */
+            continue;
+        }
+        p->grad = own;
     }
+    for (i = 0; i < b->n_buckets; i++)
+        if (b->buckets[i].unready != -1) dt_tensor_free(ctx, &b->buckets[i].flat);
     dt_release(ctx, b->slots);
     dt_release(ctx, b->buckets);
     dt_release(ctx, b->by_ptr);
@@ -2654,6 +2772,7 @@ DT_API dt_status dt_bucketer_create(dt_comm *c, dt_params *ps, const dt_bucketer
     b->ps = ps;
     b->sync = 1;
     b->op = d.average == -1 ? DT_REDUCE_SUM : DT_REDUCE_AVG;
+    b->views = d.grad_views == 1;
     b->n_params = ps->count;
     b->slots = (dt__cm_slot *)dt_alloc(c->ctx, (size_t)(ps->count ? ps->count : 1) * sizeof(dt__cm_slot));
     b->buckets = (dt__cm_bucket *)dt_alloc(c->ctx, (size_t)(ps->count ? ps->count : 1) * sizeof(dt__cm_bucket));
@@ -2695,10 +2814,25 @@ DT_API dt_status dt_bucketer_create(dt_comm *c, dt_params *ps, const dt_bucketer
         if (td.shape[0] == 0) td.shape[0] = 1; /* a bucket of empty grads still takes part */
         st = dt_tensor_create(c->ctx, &b->buckets[i].flat, &td);
         if (st) {
+            b->views = 0;
             dt_bucketer_free(b);
             return st;
         }
         b->buckets[i].unready = b->buckets[i].count;
+    }
+    for (k = 0; b->views && k < ps->count; k++) { /* the grads move into their buckets */
+        dt__cm_slot *sl = &b->slots[k];
+        dt_tensor v, old = sl->p->grad;
+        dt_status st;
+        if (old.numel == 0) continue;
+        st = dt_tensor_view(c->ctx, &v, &b->buckets[sl->bucket].flat, sl->offset, old.ndim, old.shape);
+        if (!st) st = dt_tensor_copy(c->ctx, &v, &old);
+        if (st) {
+            dt_bucketer_free(b); /* gives the grads moved so far their own memory back */
+            return st;
+        }
+        dt_tensor_free(c->ctx, &sl->p->grad);
+        sl->p->grad = v;
     }
     for (k = 0; k < ps->count; k++) b->by_ptr[k] = &b->slots[k];
     qsort(b->by_ptr, (size_t)ps->count, sizeof(dt__cm_slot *), dt__cm_slot_cmp);
@@ -2718,7 +2852,7 @@ static dt_status dt__cm_pack(dt_bucketer *b, dt__cm_slot *s) {
     dt_status st;
     s->ready = 1;
     b->buckets[s->bucket].unready--;
-    if (n == 0) return DT_OK;
+    if (n == 0 || b->views) return DT_OK; /* a view is in its bucket already */
     st = dt_tensor_view(b->c->ctx, &v, &b->buckets[s->bucket].flat, s->offset, 1, &n);
     if (!st) st = dt_tensor_copy(b->c->ctx, &v, &s->p->grad);
     return st;
@@ -2778,7 +2912,7 @@ DT_API dt_status dt_bucketer_finish(dt_bucketer *b) {
         dt__cm_slot *s = &b->slots[k];
         int64_t n = s->p->grad.numel;
         dt_tensor v;
-        if (!st && n > 0) {
+        if (!st && n > 0 && !b->views) {
             st = dt_tensor_view(b->c->ctx, &v, &b->buckets[s->bucket].flat, s->offset, 1, &n);
             if (!st) st = dt_tensor_copy(b->c->ctx, &s->p->grad, &v);
         }

@@ -113,13 +113,13 @@ static void size_str(char *buf, size_t n, double bytes) {
 static void sweep(dt_comm *g, MPI_Comm rc, int n, int64_t max_bytes, double *worst) {
     dt_tensor a, b;
     dt_tensor_desc d;
-    int coll, i;
+    int coll;
     int64_t bytes;
     memset(&d, 0, sizeof d);
     d.shape[0] = max_bytes / 4;
     dt_tensor_create(&ctx, &a, &d);
     dt_tensor_create(&ctx, &b, &d);
-    for (i = 0; i < a.numel; i++) ((float *)a.data)[i] = (float)(i % 1000) * 1e-3f;
+    /* zeros: in-place sums repeated many times stay finite (the arithmetic costs the same) */
     if (R == 0) {
         printf("\n%d ranks: busbw GB/s, median of reps (time in ms)\n", n);
         printf("%-15s %9s %5s %12s %12s %10s %10s %7s\n", "collective", "size", "reps", "dt busbw", "raw busbw", "dt ms",
@@ -152,14 +152,38 @@ static void sweep(dt_comm *g, MPI_Comm rc, int n, int64_t max_bytes, double *wor
     dt_tensor_free(&ctx, &b);
 }
 
-/* 200 grads of 10k floats: the bucketer (default 25 MB buckets, 1 MB first) against one
-   dt all-reduce per tensor and one raw MPI_Allreduce per tensor. */
+/* Seconds (slowest rank) of one gradient sync of ps: through bucketer bk (grads marked ready in
+   backward order, then finish), or one dt all-reduce per tensor (bk NULL, raw 0), or one raw
+   MPI_Allreduce per tensor (raw 1). */
+static double sync_once(dt_bucketer *bk, dt_comm *g, MPI_Comm rc, dt_params *ps, int raw) {
+    double t0, t, tm;
+    int i;
+    MPI_Barrier(rc);
+    t0 = MPI_Wtime();
+    if (bk) {
+        for (i = ps->count - 1; i >= 0; i--) dt_bucketer_mark_ready(bk, ps->items[i]);
+        dt_bucketer_finish(bk);
+    } else if (!raw) {
+        for (i = ps->count - 1; i >= 0; i--) dt_comm_allreduce(g, &ps->items[i]->grad, DT_REDUCE_AVG);
+    } else {
+        for (i = ps->count - 1; i >= 0; i--)
+            MPI_Allreduce(MPI_IN_PLACE, ps->items[i]->grad.data, (int)ps->items[i]->grad.numel, MPI_FLOAT, MPI_SUM, rc);
+    }
+    t = MPI_Wtime() - t0;
+    MPI_Allreduce(&t, &tm, 1, MPI_DOUBLE, MPI_MAX, rc);
+    return tm;
+}
+
+/* 200 grads of 10k floats: the bucketer (default 25 MB buckets, 1 MB first; grads copied in and
+   out, or grads as views into the buckets) against one dt all-reduce per tensor and one raw
+   MPI_Allreduce per tensor. */
 static void bucketing(dt_comm *g, MPI_Comm rc, int n) {
-    enum { NT = 200, REPS = 9 };
+    enum { NT = 200, REPS = 15 };
     dt_params ps;
-    dt_bucketer *bk = NULL;
-    double tb[REPS], tp[REPS], tr[REPS], mb, mp, mr;
-    int i, k;
+    dt_bucketer *bk = NULL, *bv = NULL;
+    dt_bucketer_desc views;
+    double tb[REPS], tv[REPS], tp[REPS], tr[REPS], tf[REPS], tfr[REPS], mb, mv, mp, mr, mf, mfr;
+    int i, k, nb;
     memset(&ps, 0, sizeof ps);
     for (i = 0; i < NT; i++) {
         dt_param_desc d;
@@ -171,40 +195,65 @@ static void bucketing(dt_comm *g, MPI_Comm rc, int n) {
         dt_params_add(&ctx, &ps, &d, NULL);
     }
     dt_bucketer_create(g, &ps, NULL, &bk);
-    for (k = -1; k < REPS; k++) { /* k = -1: warm-up */
-        double t0, t, tm;
-        MPI_Barrier(rc);
-        t0 = MPI_Wtime();
-        for (i = NT - 1; i >= 0; i--) dt_bucketer_mark_ready(bk, ps.items[i]);
-        dt_bucketer_finish(bk);
-        t = MPI_Wtime() - t0;
-        MPI_Allreduce(&t, &tm, 1, MPI_DOUBLE, MPI_MAX, rc);
-        if (k >= 0) tb[k] = tm;
-        MPI_Barrier(rc);
-        t0 = MPI_Wtime();
-        for (i = NT - 1; i >= 0; i--) dt_comm_allreduce(g, &ps.items[i]->grad, DT_REDUCE_AVG);
-        t = MPI_Wtime() - t0;
-        MPI_Allreduce(&t, &tm, 1, MPI_DOUBLE, MPI_MAX, rc);
-        if (k >= 0) tp[k] = tm;
-        MPI_Barrier(rc);
-        t0 = MPI_Wtime();
-        for (i = NT - 1; i >= 0; i--)
-            MPI_Allreduce(MPI_IN_PLACE, ps.items[i]->grad.data, 10000, MPI_FLOAT, MPI_SUM, rc);
-        t = MPI_Wtime() - t0;
-        MPI_Allreduce(&t, &tm, 1, MPI_DOUBLE, MPI_MAX, rc);
-        if (k >= 0) tr[k] = tm;
-    }
-    mb = median(tb, REPS);
-    mp = median(tp, REPS);
-    mr = median(tr, REPS);
-    if (R == 0) {
-        printf("\n%d ranks: gradient sync of %d tensors x 10k f32 (%.1f MB), %d buckets, median of %d\n", n, NT,
-               NT * 40000.0 / (1 << 20), dt_bucketer_count(bk), REPS);
-        printf("  bucketer (mark_ready x %d + finish)   %8.3f ms\n", NT, mb * 1e3);
-        printf("  dt_comm_allreduce per tensor          %8.3f ms   bucketed speedup %.2fx\n", mp * 1e3, mp / mb);
-        printf("  raw MPI_Allreduce per tensor          %8.3f ms   bucketed speedup %.2fx\n", mr * 1e3, mr / mb);
+    nb = dt_bucketer_count(bk);
+    for (k = -1; k < REPS; k++) { /* k = -1: warm-up; the three ways interleaved */
+        double t = sync_once(bk, g, rc, &ps, 0);
+        if (k >= 0) tb[k] = t;
+        t = sync_once(NULL, g, rc, &ps, 0);
+        if (k >= 0) tp[k] = t;
+        t = sync_once(NULL, g, rc, &ps, 1);
+        if (k >= 0) tr[k] = t;
     }
     dt_bucketer_free(bk);
+    memset(&views, 0, sizeof views);
+    views.grad_views = 1;
+    dt_bucketer_create(g, &ps, &views, &bv);
+    for (k = -1; k < REPS; k++) {
+        double t = sync_once(bv, g, rc, &ps, 0);
+        if (k >= 0) tv[k] = t;
+    }
+    dt_bucketer_free(bv);
+    {   /* the floor for any bucketing: all the gradient bytes in one all-reduce */
+        dt_tensor flat;
+        dt_tensor_desc d;
+        memset(&d, 0, sizeof d);
+        d.shape[0] = (int64_t)NT * 10000;
+        dt_tensor_create(&ctx, &flat, &d);
+        for (k = -1; k < REPS; k++) {
+            double t0, t, tm;
+            MPI_Barrier(rc);
+            t0 = MPI_Wtime();
+            dt_comm_allreduce(g, &flat, DT_REDUCE_AVG);
+            t = MPI_Wtime() - t0;
+            MPI_Allreduce(&t, &tm, 1, MPI_DOUBLE, MPI_MAX, rc);
+            if (k >= 0) tf[k] = tm;
+            MPI_Barrier(rc);
+            t0 = MPI_Wtime();
+            MPI_Allreduce(MPI_IN_PLACE, flat.data, (int)flat.numel, MPI_FLOAT, MPI_SUM, rc);
+            t = MPI_Wtime() - t0;
+            MPI_Allreduce(&t, &tm, 1, MPI_DOUBLE, MPI_MAX, rc);
+            if (k >= 0) tfr[k] = tm;
+        }
+        dt_tensor_free(&ctx, &flat);
+    }
+    mb = median(tb, REPS);
+    mv = median(tv, REPS);
+    mp = median(tp, REPS);
+    mr = median(tr, REPS);
+    mf = median(tf, REPS);
+    mfr = median(tfr, REPS);
+    if (R == 0) {
+        printf("\n%d ranks: gradient sync of %d tensors x 10k f32 (%.1f MB), %d buckets, median of %d\n", n, NT,
+               NT * 40000.0 / (1 << 20), nb, REPS);
+        printf("  dt_comm_allreduce per tensor                 %8.3f ms\n", mp * 1e3);
+        printf("  raw MPI_Allreduce per tensor                 %8.3f ms\n", mr * 1e3);
+        printf("  bucketer, grads copied in and out            %8.3f ms   speedup %.2fx over dt per tensor, %.2fx over raw\n",
+               mb * 1e3, mp / mb, mr / mb);
+        printf("  bucketer, grads as bucket views (grad_views) %8.3f ms   speedup %.2fx over dt per tensor, %.2fx over raw\n",
+               mv * 1e3, mp / mv, mr / mv);
+        printf("  floor: one all-reduce of all %.1f MB         %8.3f ms dt, %.3f ms raw: no bucketing can beat %.2fx over dt per tensor\n",
+               NT * 40000.0 / (1 << 20), mf * 1e3, mfr * 1e3, mp / mf);
+    }
     dt_params_free(&ctx, &ps);
 }
 

@@ -144,6 +144,37 @@ static void allreduce_every_dtype_and_op(void) {
         }
 }
 
+/* Large messages run as pipelined chunks: still the rank-order result, bitwise. Cheap values
+   (hashes of (r, i)) keep the expectation quick to compute at a million elements. */
+static float cheap(int r, int64_t i) { return (float)((uint64_t)(i * 2654435761u + (uint64_t)r * 40503u) % 1999u) * 1e-3f - 1.0f; }
+
+static void allreduce_large_chunked(void) {
+    static const dt_dtype dts[2] = {DT_F32, DT_BF16};
+    static const dt_reduce_op ops[2] = {DT_REDUCE_SUM, DT_REDUCE_AVG};
+    const int64_t n = 1000003;
+    int c;
+    for (c = 0; c < 2; c++) {
+        dt_tensor t = make(dts[c], n), want = make(dts[c], n);
+        int64_t k;
+        int r, ok;
+        char name[96], why[300] = "";
+        dt_status st;
+        for (k = 0; k < n; k++) put(&t, k, cheap(R, k));
+        for (k = 0; k < n; k++) {
+            float a = dts[c] == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(cheap(0, k))) : cheap(0, k);
+            for (r = 1; r < N; r++) a = a + (dts[c] == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(cheap(r, k))) : cheap(r, k));
+            if (ops[c] == DT_REDUCE_AVG) a = a / (float)N;
+            put(&want, k, a);
+        }
+        st = dt_comm_allreduce(W, &t, ops[c]);
+        ok = st == 0 && same(&t, &want, why, sizeof why, "chunked allreduce");
+        snprintf(name, sizeof name, "allreduce_large_chunked_%s_%s_is_rank_order_result", dt_dtype_name(dts[c]), OPS[ops[c]]);
+        dt_test_check_all(name, ok, "status %d %s", st, why);
+        dt_tensor_free(&ctx, &t);
+        dt_tensor_free(&ctx, &want);
+    }
+}
+
 /* MPI has no bf16: a per-hop bf16 sum of 1 + 2^-8 + 2^-8 + ... stays 1; dt sums in f32. */
 static void bf16_sum_rounds_once(void) {
     dt_tensor t = make(DT_BF16, 3);
@@ -485,11 +516,12 @@ static void bucketer_equals_per_tensor_allreduce(void) {
         st = dt_params_add(&ctx, &ps, &d, NULL);
     }
     ref = (dt_tensor *)calloc((size_t)np, sizeof(dt_tensor));
-    for (mode = 0; mode < 2 && ok; mode++) { /* average, then sum */
+    for (mode = 0; mode < 3 && ok; mode++) { /* average, sum, average with grads as bucket views */
         memset(&bd, 0, sizeof bd);
         bd.bucket_bytes = 16 * 1024;
         bd.first_bucket_bytes = 4 * 1024;
-        bd.average = mode ? -1 : 0;
+        bd.average = mode == 1 ? -1 : 0;
+        bd.grad_views = mode == 2;
         if (!st) st = dt_bucketer_create(W, &ps, &bd, &b);
         for (i = 0; i < np && !st; i++) {
             int64_t k;
@@ -497,14 +529,15 @@ static void bucketer_equals_per_tensor_allreduce(void) {
             for (k = 0; k < p->grad.numel; k++) ((float *)p->grad.data)[k] = (float)val(DT_F32, R, k, 200 + i);
             ref[i] = make(DT_F32, p->grad.numel);
             dt_tensor_copy(&ctx, &ref[i], &p->grad);
-            st = dt_comm_allreduce(W, &ref[i], mode ? DT_REDUCE_SUM : DT_REDUCE_AVG);
+            st = dt_comm_allreduce(W, &ref[i], mode == 1 ? DT_REDUCE_SUM : DT_REDUCE_AVG);
         }
         /* backward order, with a few neighbours swapped as a real backward might */
         for (i = np - 1; i >= 0 && !st; i--) st = dt_bucketer_mark_ready(b, ps.items[i % 3 == 1 && i > 0 ? i - 1 : i % 3 == 0 && i + 1 < np ? i + 1 : i]);
         if (!st) st = dt_bucketer_finish(b);
         for (i = 0; i < np && ok && !st; i++) ok = same(&ps.items[i]->grad, &ref[i], why, sizeof why, ps.items[i]->name);
         for (i = 0; i < np; i++) dt_tensor_free(&ctx, &ref[i]);
-        dt_test_check_all(mode ? "bucketer_sum_equals_per_tensor_allreduce_bitwise" : "bucketer_avg_equals_per_tensor_allreduce_bitwise",
+        dt_test_check_all(mode == 2 ? "bucketer_grad_views_equal_per_tensor_allreduce_bitwise"
+                          : mode ? "bucketer_sum_equals_per_tensor_allreduce_bitwise" : "bucketer_avg_equals_per_tensor_allreduce_bitwise",
                           st == 0 && ok && dt_bucketer_count(b) > 5, "status %d, %d buckets: %.200s %s", st, dt_bucketer_count(b),
                           st ? dt_ctx_error(&ctx) : "", why);
         if (mode == 1) { /* accumulation micro-step: nothing moves */
@@ -519,7 +552,13 @@ static void bucketer_equals_per_tensor_allreduce(void) {
             st = dt_bucketer_finish(b); /* the next real step: plain finish syncs everything */
             dt_test_check_all("bucketer_finish_without_marks_syncs", st == 0, "status %d", st);
         }
-        dt_bucketer_free(b);
+        if (mode == 2) { /* the grads get their own memory back, values kept */
+            float v = ((float *)ps.items[5]->grad.data)[0];
+            dt_bucketer_free(b);
+            dt_test_check_all("bucketer_free_gives_grads_back", ps.items[5]->grad.owns && ((float *)ps.items[5]->grad.data)[0] == v,
+                              "owns %d, value %g want %g", ps.items[5]->grad.owns, (double)((float *)ps.items[5]->grad.data)[0], (double)v);
+        } else
+            dt_bucketer_free(b);
         b = NULL;
     }
     free(ref);
@@ -576,6 +615,7 @@ int main(void) {
                                                      dt_comm_local_size(W) <= N, "local %d of %d", dt_comm_local_rank(W), dt_comm_local_size(W));
     allreduce_every_dtype_and_op();
     bf16_sum_rounds_once();
+    allreduce_large_chunked();
     allreduce_f64_in_rank_order();
     reduce_scatter_and_allgather();
     reduce_scatter_then_allgather_equals_allreduce();

@@ -167,6 +167,21 @@ static void bucketer_of_one_rank(dt_comm *w) {
     dt_test_error("bucketer_mark_twice_is_named", st, dt_ctx_error(&ctx), "\"p2\" was marked ready twice");
     dt_bucketer_finish(b);
     dt_bucketer_free(b);
+    /* grads as views into the buckets: same values, no copies, own memory back at the end */
+    bd.grad_views = 1;
+    st = dt_bucketer_create(w, &ps, &bd, &b);
+    for (i = 0; i < ps.count && !st; i++) fill(&ps.items[i]->grad, (float)i + 0.5f);
+    for (i = ps.count - 1; i >= 0 && !st; i--) st = dt_bucketer_mark_ready(b, ps.items[i]);
+    if (!st) st = dt_bucketer_finish(b);
+    ok = st == 0 && !ps.items[0]->grad.owns;
+    dt_bucketer_free(b);
+    for (i = 0; i < ps.count && ok; i++) {
+        dt_tensor ref = make(DT_F32, ps.items[i]->grad.numel);
+        fill(&ref, (float)i + 0.5f);
+        ok = ps.items[i]->grad.owns && memcmp(ref.data, ps.items[i]->grad.data, dt_tensor_bytes(&ref)) == 0;
+        dt_tensor_free(&ctx, &ref);
+    }
+    DT_TEST_CHECK("bucketer_grad_views_keep_values_and_give_memory_back", ok);
     dt_params_free(&ctx, &ps);
 }
 
