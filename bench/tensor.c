@@ -11,7 +11,7 @@
    build (what ./build.sh does):
        gcc -std=c99 -O2 -Wall -Wextra -Werror -DDT_CBLAS -I. bench/tensor.c -o build/bench/tensor \
            -lopenblas -lm
-   run:  build/bench/tensor               everything (about 30 s on 2 cores)
+   run:  build/bench/tensor               everything (about 25 s on 2 idle cores)
          build/bench/tensor --portable    section 2 only
    The portable GEMM is plain C that the compiler vectorises, so its speed depends on the flags:
    -O2 alone targets SSE2. For the figure with the machine's full vector ISA build it again as
@@ -311,10 +311,10 @@ static void bench_portable(stats *vs_all, stats *vs_one, double *gf_1024) {
    rstd, w, b, dw, db, targets - are counted once too). What the model leaves out:
    - write-allocate: a store to a line that is not in cache reads the line first, so an op
      writing a separate output (add, relu, gelu, layernorm, softmax) moves one more read per
-     written element than it is credited with. memcpy pays that too at this size: glibc 2.36
-     on AMD leaves rep movsb above the L2 size and keeps ordinary stores up to its non-temporal
-     threshold (240 MiB here, ld.so --list-tunables). In-place ops (scale, axpy) do not pay it,
-     so their ratio to memcpy can exceed 1.
+     written element than it is credited with. memcpy most likely pays it too: glibc turns to
+     non-temporal stores only above x86_non_temporal_threshold, 240 MiB on this machine
+     (ld.so --list-tunables). In-place ops (scale, axpy) do not pay it, so their ratio to
+     memcpy can exceed 1.
    - re-reads that hit cache: layernorm and softmax pass over a row 2-3 times; a row (4 KiB,
      200 KiB) stays in L1/L2, so only the first pass reaches memory and only it is counted. */
 
@@ -330,7 +330,10 @@ typedef struct op_job {
     dt_tensor v1, v2, v3;                   /* reshaped views for layernorm / softmax */
 } op_job;
 
-static void run_memcpy(void *p) { op_job *j = (op_job *)p; memcpy(j->b->y.data, j->b->x.data, dt_tensor_bytes(&j->b->x)); }
+static void run_memcpy(void *p) {
+    op_job *j = (op_job *)p;
+    memcpy(j->b->y.data, j->b->x.data, dt_tensor_bytes(&j->b->x));
+}
 static void run_add(void *p) { op_job *j = (op_job *)p; CHECK(dt_add(&g_ctx, &j->b->z, &j->b->x, &j->b->y)); }
 static void run_axpy(void *p) { op_job *j = (op_job *)p; CHECK(dt_axpy(&g_ctx, &j->b->y, 1e-3f, &j->b->x)); }
 static void run_scale(void *p) { op_job *j = (op_job *)p; CHECK(dt_scale(&g_ctx, &j->b->y, 0.999f)); }
@@ -400,12 +403,14 @@ typedef struct op_row {
     double bytes;
 } op_row;
 
+/* Each op is timed in turns with memcpy of 64 MiB (x -> y), and its ratio is to that memcpy:
+   the memory bandwidth a VM gets drifts by tens of percent from minute to minute, and the
+   ratio should not. The memcpy column is that pairing's memcpy. */
 static void bench_ops(double *memcpy_gbs, stats *ratio) {
     ops_bufs b;
     op_job j, jl, js;
     const double E = (double)BIG_FLOATS, LR = LN_ROWS, SR = SM_ROWS, SE = (double)SM_ROWS * SM_V;
     const op_row rows[] = {
-        {"memcpy (reference)", "r4 w4", run_memcpy, 8 * E},
         {"dt_add  out=a+b", "r8 w4", run_add, 12 * E},
         {"dt_axpy y+=a*x", "r8 w4", run_axpy, 12 * E},
         {"dt_scale x*=a", "r4 w4", run_scale, 8 * E},
@@ -418,6 +423,8 @@ static void bench_ops(double *memcpy_gbs, stats *ratio) {
         /* logits, probs; targets per row */
         {"dt_softmax_xent_fwd", "r4 w4 +4/row", run_xent_fwd, 8 * SE + 4 * SR},
     };
+    const double memcpy_bytes = 8 * E; /* r4 w4 */
+    double mc[16];
     int i, n = (int)(sizeof rows / sizeof rows[0]);
     ops_setup(&b);
     j.b = &b;
@@ -427,25 +434,27 @@ static void bench_ops(double *memcpy_gbs, stats *ratio) {
     view2(&jl.v3, &b.w, LN_ROWS, LN_C); /* dout */
     view2(&js.v1, &b.x, SM_ROWS, SM_V); /* logits */
     view2(&js.v2, &b.z, SM_ROWS, SM_V); /* probs */
-    printf("\n== 3. memory-bound ops, 1 thread, 64 MiB per tensor; GB/s = bytes read + written (model in "
-           "bench/tensor.c)\n");
-    printf("%-22s %-15s %9s %9s %9s   shape\n", "op", "bytes/elem", "ms", "GB/s", "/memcpy");
+    printf("\n== 3. memory-bound ops vs memcpy (r4 w4), 1 thread, 64 MiB per tensor; GB/s = bytes read + "
+           "written\n");
+    printf("%-22s %-15s %9s %9s %11s %9s   shape\n", "op", "bytes/elem", "ms", "GB/s", "memcpy GB/s",
+           "/memcpy");
     for (i = 0; i < n; i++) {
-        job_fn fn[1];
-        void *arg[1];
-        double med, gbs;
+        job_fn fn[2];
+        void *arg[2];
+        double med[2], gbs;
         const char *shape = "16M";
-        fn[0] = rows[i].fn;
-        arg[0] = &j;
-        if (rows[i].fn == run_ln_fwd || rows[i].fn == run_ln_bwd) { arg[0] = &jl; shape = "16384 x 1024"; }
-        if (rows[i].fn == run_xent_fwd) { arg[0] = &js; shape = "333 x 50257"; }
-        time_jobs(1, fn, arg, REPS, &med);
-        gbs = rows[i].bytes / med / 1e9;
-        if (i == 0) *memcpy_gbs = gbs;
-        printf("%-22s %-15s %9.2f %9.2f %9.3f   %s\n", rows[i].name, rows[i].model, 1e3 * med, gbs,
-               gbs / *memcpy_gbs, shape);
-        if (i > 0) stats_add(ratio, gbs / *memcpy_gbs, rows[i].name);
+        fn[0] = run_memcpy; arg[0] = &j;
+        fn[1] = rows[i].fn; arg[1] = &j;
+        if (rows[i].fn == run_ln_fwd || rows[i].fn == run_ln_bwd) { arg[1] = &jl; shape = "16384 x 1024"; }
+        if (rows[i].fn == run_xent_fwd) { arg[1] = &js; shape = "333 x 50257"; }
+        time_jobs(2, fn, arg, REPS, med);
+        mc[i] = memcpy_bytes / med[0] / 1e9;
+        gbs = rows[i].bytes / med[1] / 1e9;
+        printf("%-22s %-15s %9.2f %9.2f %11.2f %9.3f   %s\n", rows[i].name, rows[i].model, 1e3 * med[1], gbs,
+               mc[i], gbs / mc[i], shape);
+        stats_add(ratio, gbs / mc[i], rows[i].name);
     }
+    *memcpy_gbs = median(mc, n);
     ops_free(&b);
 }
 
@@ -550,8 +559,8 @@ int main(int argc, char **argv) {
     printf("  portable/cblas %d threads: mean %.3f, min %.3f (%s)\n", openblas_get_num_threads(), p_all.sum / p_all.n,
            p_all.min, p_all.min_at);
     if (ops.n)
-        printf("  memcpy %.2f GB/s; ops/memcpy from %.3f (%s) to %.3f (%s)\n", memcpy_gbs, ops.min, ops.min_at,
-               ops.max, ops.max_at);
+        printf("  memcpy %.2f GB/s (median of its pairings); ops/memcpy from %.3f (%s) to %.3f (%s)\n", memcpy_gbs,
+               ops.min, ops.min_at, ops.max, ops.max_at);
     printf("  results agree with cblas_sgemm: %s\n", g_bad ? "NO" : "yes");
     printf("  total time %.1f s\n", now_s() - t0);
     print_others("whole run", c0, cpu_now());
