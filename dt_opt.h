@@ -1330,71 +1330,20 @@ static void dt__ck_fmt(char *out, size_t n, const char *fmt, ...) {
     va_end(ap);
 }
 
-typedef struct dt__ck_sb { /* growable text: headers, index, manifest */
-    dt_ctx *ctx;
-    char *p;
-    size_t len, cap;
-    int failed;
-} dt__ck_sb;
-
-static void dt__ck_add(dt__ck_sb *b, const char *s, size_t n) {
-    if (b->failed) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        char *q;
-        while (cap < b->len + n + 1) cap *= 2;
-        if (!(q = (char *)dt_alloc(b->ctx, cap))) { b->failed = 1; return; }
-        if (b->len) memcpy(q, b->p, b->len);
-        dt_release(b->ctx, b->p);
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void dt__ck_str(dt__ck_sb *b, const char *s) { dt__ck_add(b, s, strlen(s)); }
-
-static void dt__ck_json_str(dt__ck_sb *b, const char *s) {
-    size_t need = dt_json_escape(NULL, 0, s);
-    char small[256];
-    char *tmp = need < sizeof small ? small : (char *)dt_alloc(b->ctx, need + 1);
-    if (!tmp) { b->failed = 1; return; }
-    dt_json_escape(tmp, need + 1, s);
-    dt__ck_add(b, tmp, need);
-    if (tmp != small) dt_release(b->ctx, tmp);
-}
-
-static void dt__ck_i64(dt__ck_sb *b, int64_t v) {
+static void dt__ck_i64(dt_strbuf *b, int64_t v) {
     char num[32];
     snprintf(num, sizeof num, "%lld", (long long)v);
-    dt__ck_str(b, num);
+    dt_strbuf_str(b, num);
 }
 
-static void dt__ck_dims(dt__ck_sb *b, int ndim, const int64_t *v) {
+static void dt__ck_dims(dt_strbuf *b, int ndim, const int64_t *v) {
     int d;
-    dt__ck_str(b, "[");
+    dt_strbuf_str(b, "[");
     for (d = 0; d < ndim; d++) {
-        if (d) dt__ck_str(b, ",");
+        if (d) dt_strbuf_str(b, ",");
         dt__ck_i64(b, v[d]);
     }
-    dt__ck_str(b, "]");
-}
-
-static const char *dt__ck_dtype(dt_dtype t) { /* safetensors' names */
-    switch (t) {
-    case DT_F32: return "F32"; case DT_BF16: return "BF16"; case DT_F16: return "F16";
-    case DT_I32: return "I32"; case DT_I64: return "I64"; case DT_U8: return "U8";
-    default: return NULL;
-    }
-}
-
-static dt_dtype dt__ck_dtype_from(const char *s) {
-    int t;
-    for (t = DT_F32; t < DT_DTYPE_COUNT && s; t++)
-        if (strcmp(s, dt__ck_dtype((dt_dtype)t)) == 0) return (dt_dtype)t;
-    return DT_DTYPE_COUNT;
+    dt_strbuf_str(b, "]");
 }
 
 static int dt__ck_float(dt_dtype t) { return t == DT_F32 || t == DT_BF16 || t == DT_F16; }
@@ -1706,7 +1655,7 @@ static dt_status dt__ck_items(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt_
         DT__OTRY(dt__opt_check_state(opt, fn));
     }
     for (i = 0; i < ps->count; i++) {
-        if (!ps->items[i]->value.data || !dt__ck_dtype(ps->items[i]->value.dtype))
+        if (!ps->items[i]->value.data || !dt_safetensors_dtype_name(ps->items[i]->value.dtype))
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: parameter \"%s\" has no data or an unknown dtype", fn,
                                     ps->items[i]->name);
     }
@@ -1772,29 +1721,29 @@ typedef struct dt__ck_shard {
     int writer;
 } dt__ck_shard;
 
-static void dt__ck_index(dt__ck_sb *b, const dt__ck_item *it, int n) {
+static void dt__ck_index(dt_strbuf *b, const dt__ck_item *it, int n) {
     int i;
-    dt__ck_str(b, "[");
+    dt_strbuf_str(b, "[");
     for (i = 0; i < n; i++) {
         const dt__ck_item *x = &it[i];
-        dt__ck_str(b, i ? ",\n[" : "[");
-        dt__ck_json_str(b, x->name);
-        dt__ck_str(b, ",\"");
-        dt__ck_str(b, dt__ck_dtype(x->t->dtype));
-        dt__ck_str(b, "\",");
+        dt_strbuf_str(b, i ? ",\n[" : "[");
+        dt_strbuf_json(b, x->name);
+        dt_strbuf_str(b, ",\"");
+        dt_strbuf_str(b, dt_safetensors_dtype_name(x->t->dtype));
+        dt_strbuf_str(b, "\",");
         dt__ck_dims(b, x->t->ndim, x->p->global_shape);
-        dt__ck_str(b, ",");
+        dt_strbuf_str(b, ",");
         dt__ck_dims(b, x->t->ndim, x->p->start);
-        dt__ck_str(b, ",");
+        dt_strbuf_str(b, ",");
         dt__ck_dims(b, x->t->ndim, x->t->shape);
-        dt__ck_str(b, "]");
+        dt_strbuf_str(b, "]");
     }
-    dt__ck_str(b, "]");
+    dt_strbuf_str(b, "]");
 }
 
 /* All ranks' index texts: text of rank r at *all + r * *stride (NUL-terminated). The first
    all-reduce also agrees on failure (a length of -1). */
-static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt__ck_sb *mine, dt_status st_in, char **all,
+static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, dt_status st_in, char **all,
                                size_t *stride, const char *fn) {
     int size = dt__comm_size(c), rank = c ? dt_comm_rank(c) : 0, r;
     double *lens, maxlen = 0;
@@ -1805,7 +1754,7 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt__ck_sb *mine, d
     if (size == 1) {
         if (st_in) return st_in;
         if (!(*all = (char *)dt_alloc(ctx, mine->len + 1))) return DT_ERR_OOM;
-        memcpy(*all, mine->p, mine->len + 1);
+        memcpy(*all, mine->text, mine->len + 1);
         *stride = mine->len + 1;
         return DT_OK;
     }
@@ -1831,7 +1780,7 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt__ck_sb *mine, d
     td.shape[0] = ((int64_t)maxlen + 1) * size;
     if (!st) st = dt_tensor_create(ctx, &out, &td);
     if (!st) {
-        memcpy(in.data, mine->p, mine->len);
+        memcpy(in.data, mine->text, mine->len);
         st = dt_comm_allgather(c, &out, &in);
     }
     dt_tensor_free(ctx, &in);
@@ -1895,7 +1844,7 @@ static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int si
                 n1 != n2 || n1 != n3)
                 return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: rank %d sent a malformed index entry %d", fn, r, i);
             sh[n].name = e->items[0].string;
-            sh[n].dtype = dt__ck_dtype_from(e->items[1].string);
+            sh[n].dtype = dt_safetensors_dtype_from(e->items[1].string);
             sh[n].ndim = n1;
             sh[n].rank = r;
             sh[n].index = i;
@@ -1915,8 +1864,8 @@ static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int si
                 ta.ndim = sh[i].ndim; tb.ndim = x->ndim;
                 memcpy(ta.shape, sh[i].gshape, sizeof ta.shape); memcpy(tb.shape, x->gshape, sizeof tb.shape);
                 return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\" is %s with global shape %s on rank %d but %s "
-                                        "with global shape %s on rank %d", fn, x->name, dt__ck_dtype(sh[i].dtype),
-                                        dt_shape_str(&ta, a, sizeof a), sh[i].rank, dt__ck_dtype(x->dtype),
+                                        "with global shape %s on rank %d", fn, x->name, dt_safetensors_dtype_name(sh[i].dtype),
+                                        dt_shape_str(&ta, a, sizeof a), sh[i].rank, dt_safetensors_dtype_name(x->dtype),
                                         dt_shape_str(&tb, b, sizeof b), x->rank);
             }
             sh[j].writer = j == i || !dt__ck_same_box(&sh[j], &sh[j - 1]) ? 1 : 0;
@@ -1955,44 +1904,45 @@ static dt_status dt__ck_write_tensor(dt_ctx *ctx, int fd, const dt_tensor *t, dt
 static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, const char *path,
                                    const dt__ck_item *it, int n, int rank, int64_t step, uint64_t *bytes,
                                    uint64_t *hash, const char *fn) {
-    dt__ck_sb hb;
+    dt_strbuf hb;
     dt__hasher h;
     unsigned char len8[8];
     uint64_t off = 0, hl;
-    int i, k, fd;
-    char num[64];
+    int i, k, fd, nw = 0;
+    char rank_s[24], step_s[24];
+    const char *meta[6];
+    const dt_tensor **ts;
+    const char **names;
     dt_status st = DT_OK;
     memset(&hb, 0, sizeof hb);
     hb.ctx = ctx;
-    dt__ck_str(&hb, "{\"__metadata__\":{\"format\":\"dt-checkpoint-rank\",\"rank\":\"");
-    snprintf(num, sizeof num, "%d\",\"step\":\"%lld\"}", rank, (long long)step);
-    dt__ck_str(&hb, num);
-    for (i = 0; i < n; i++) {
+    ts = (const dt_tensor **)dt_alloc(ctx, (size_t)(n + 1) * sizeof *ts);
+    names = (const char **)dt_alloc(ctx, (size_t)(n + 1) * sizeof *names);
+    if (!ts || !names) st = DT_ERR_OOM;
+    for (i = 0; !st && i < n; i++) {
         if (!it[i].write) continue;
-        dt__ck_str(&hb, ",\n");
-        dt__ck_json_str(&hb, it[i].name);
-        dt__ck_str(&hb, ":{\"dtype\":\"");
-        dt__ck_str(&hb, dt__ck_dtype(it[i].t->dtype));
-        dt__ck_str(&hb, "\",\"shape\":");
-        dt__ck_dims(&hb, it[i].t->ndim, it[i].t->shape);
-        snprintf(num, sizeof num, ",\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
-                 (unsigned long long)(off + dt_tensor_bytes(it[i].t)));
-        dt__ck_str(&hb, num);
+        ts[nw] = it[i].t;
+        names[nw++] = it[i].name;
         off += dt_tensor_bytes(it[i].t);
     }
-    dt__ck_str(&hb, "}");
-    while (!hb.failed && hb.len % 8) dt__ck_str(&hb, " "); /* safetensors pads the header to 8 bytes */
-    if (hb.failed) { dt_release(ctx, hb.p); return DT_ERR_OOM; }
+    snprintf(rank_s, sizeof rank_s, "%d", rank);
+    snprintf(step_s, sizeof step_s, "%lld", (long long)step);
+    meta[0] = "format"; meta[1] = "dt-checkpoint-rank"; meta[2] = "rank"; meta[3] = rank_s;
+    meta[4] = "step"; meta[5] = step_s;
+    if (!st) st = dt_safetensors_header(ctx, &hb, ts, names, nw, meta, 3);
+    dt_release(ctx, ts);
+    dt_release(ctx, names);
+    if (st) { dt_strbuf_free(&hb); return st; }
     hl = hb.len;
     for (k = 0; k < 8; k++) len8[k] = (unsigned char)(hl >> (8 * k));
     fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0666);
     if (fd < 0) {
-        dt_release(ctx, hb.p);
+        dt_release(ctx, hb.text);
         return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot create %s: %s", fn, path, dt__ck_errno());
     }
     dt__hasher_start(&h); /* hashes beside the writes and the fsync */
     st = dt__ck_write_all(ctx, fd, len8, 8, &h, path, fn);
-    if (!st) st = dt__ck_write_all(ctx, fd, hb.p, hb.len, &h, path, fn);
+    if (!st) st = dt__ck_write_all(ctx, fd, hb.text, hb.len, &h, path, fn);
     for (i = 0, k = 0; !st && i < n; i++) {
         if (!it[i].write) continue;
         st = dt__ck_write_tensor(ctx, fd, it[i].t, &h, path, fn);
@@ -2002,7 +1952,7 @@ static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
     if (!st && fsync(fd) != 0) st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: fsync of %s failed: %s", fn, path, dt__ck_errno());
     if (close(fd) != 0 && !st) st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: closing %s failed: %s", fn, path, dt__ck_errno());
     *hash = dt__hasher_finish(&h);
-    dt_release(ctx, hb.p);
+    dt_release(ctx, hb.text);
     *bytes = 8 + hl + off;
     return st;
 }
@@ -2011,98 +1961,98 @@ static const char *dt__ck_mode_name(dt_loss_scale_mode m) {
     return m == DT_LOSS_SCALE_DYNAMIC ? "dynamic" : m == DT_LOSS_SCALE_STATIC ? "static" : "none";
 }
 
-static void dt__ck_num(dt__ck_sb *b, const char *key, double v) {
+static void dt__ck_num(dt_strbuf *b, const char *key, double v) {
     char num[64];
-    dt__ck_json_str(b, key);
+    dt_strbuf_json(b, key);
     snprintf(num, sizeof num, ":%.17g", v);
-    dt__ck_str(b, num);
+    dt_strbuf_str(b, num);
 }
 
-static void dt__ck_u64s(dt__ck_sb *b, const char *key, uint64_t v) {
+static void dt__ck_u64s(dt_strbuf *b, const char *key, uint64_t v) {
     char num[64];
-    dt__ck_json_str(b, key);
+    dt_strbuf_json(b, key);
     snprintf(num, sizeof num, ":\"%llu\"", (unsigned long long)v);
-    dt__ck_str(b, num);
+    dt_strbuf_str(b, num);
 }
 
 /* manifest.json: everything a loader needs, the rank files' sizes and checksums last. */
-static void dt__ck_manifest(dt__ck_sb *m, const dt_checkpoint_desc *desc, int world, int64_t step,
+static void dt__ck_manifest(dt_strbuf *m, const dt_checkpoint_desc *desc, int world, int64_t step,
                             const dt_train_state *ts, const dt_optimizer *opt, const dt__ck_shard *sh, int n_sh,
                             const double *files) {
     int i, j, r, first;
     char num[128];
-    dt__ck_str(m, "{\"format\":\"dt-checkpoint\",\"version\":1,\n");
+    dt_strbuf_str(m, "{\"format\":\"dt-checkpoint\",\"version\":1,\n");
     dt__ck_num(m, "step", (double)step);
-    dt__ck_str(m, ",");
+    dt_strbuf_str(m, ",");
     dt__ck_num(m, "world_size", (double)world);
-    dt__ck_str(m, ",\"layout\":");
-    dt__ck_json_str(m, desc->layout ? desc->layout : "");
-    dt__ck_str(m, ",\n\"train_state\":{");
+    dt_strbuf_str(m, ",\"layout\":");
+    dt_strbuf_json(m, desc->layout ? desc->layout : "");
+    dt_strbuf_str(m, ",\n\"train_state\":{");
     dt__ck_u64s(m, "step", (uint64_t)(ts ? ts->step : step));
-    dt__ck_str(m, ",");
+    dt_strbuf_str(m, ",");
     dt__ck_u64s(m, "rng_seed", ts ? ts->rng_seed : 0);
-    dt__ck_str(m, ",");
+    dt_strbuf_str(m, ",");
     dt__ck_u64s(m, "rng_offset", ts ? ts->rng_offset : 0);
-    dt__ck_str(m, ",");
+    dt_strbuf_str(m, ",");
     dt__ck_u64s(m, "data_cursor", (uint64_t)(ts ? ts->data_cursor : 0));
-    dt__ck_str(m, ",\"user\":{");
+    dt_strbuf_str(m, ",\"user\":{");
     for (i = 0; ts && i < ts->n_kv && i < DT_CKPT_MAX_KV; i++) {
-        if (i) dt__ck_str(m, ",");
-        dt__ck_json_str(m, ts->keys[i]);
-        dt__ck_str(m, ":");
-        dt__ck_json_str(m, ts->values[i]);
+        if (i) dt_strbuf_str(m, ",");
+        dt_strbuf_json(m, ts->keys[i]);
+        dt_strbuf_str(m, ":");
+        dt_strbuf_json(m, ts->values[i]);
     }
-    dt__ck_str(m, "}},\n\"optimizer\":");
+    dt_strbuf_str(m, "}},\n\"optimizer\":");
     if (!opt) {
-        dt__ck_str(m, "null");
+        dt_strbuf_str(m, "null");
     } else {
-        dt__ck_str(m, "{\"kind\":\"");
-        dt__ck_str(m, dt__opt_kind_name(opt->desc.kind));
-        dt__ck_str(m, "\",");
+        dt_strbuf_str(m, "{\"kind\":\"");
+        dt_strbuf_str(m, dt__opt_kind_name(opt->desc.kind));
+        dt_strbuf_str(m, "\",");
         dt__ck_u64s(m, "step", (uint64_t)opt->step);
-        dt__ck_str(m, ",");
+        dt_strbuf_str(m, ",");
         dt__ck_num(m, "lr", opt->desc.lr);
-        dt__ck_str(m, ",");
+        dt_strbuf_str(m, ",");
         dt__ck_num(m, "weight_decay", opt->desc.weight_decay);
-        dt__ck_str(m, ",\"loss_scaler\":{\"mode\":\"");
-        dt__ck_str(m, dt__ck_mode_name(opt->scaler.mode));
-        dt__ck_str(m, "\",");
+        dt_strbuf_str(m, ",\"loss_scaler\":{\"mode\":\"");
+        dt_strbuf_str(m, dt__ck_mode_name(opt->scaler.mode));
+        dt_strbuf_str(m, "\",");
         dt__ck_num(m, "scale", opt->scaler.scale);
-        dt__ck_str(m, ",");
+        dt_strbuf_str(m, ",");
         dt__ck_num(m, "growth_tracker", (double)opt->scaler.growth_tracker);
-        dt__ck_str(m, ",");
+        dt_strbuf_str(m, ",");
         dt__ck_u64s(m, "skipped", (uint64_t)opt->scaler.skipped);
-        dt__ck_str(m, "}}");
+        dt_strbuf_str(m, "}}");
     }
-    dt__ck_str(m, ",\n\"files\":[");
+    dt_strbuf_str(m, ",\n\"files\":[");
     for (r = 0; r < world; r++) {
         uint64_t h = ((uint64_t)files[3 * r + 1] << 32) | (uint64_t)files[3 * r + 2];
         snprintf(num, sizeof num, "%s\n{\"rank\":%d,\"file\":\"rank_%05d.safetensors\",\"bytes\":%.0f,\"xxh64\":\"%016llx\"}",
                  r ? "," : "", r, r, files[3 * r], (unsigned long long)h);
-        dt__ck_str(m, num);
+        dt_strbuf_str(m, num);
     }
-    dt__ck_str(m, "],\n\"tensors\":{");
+    dt_strbuf_str(m, "],\n\"tensors\":{");
     for (i = 0, first = 1; i < n_sh; i = j) {
-        dt__ck_str(m, first ? "\n" : ",\n");
+        dt_strbuf_str(m, first ? "\n" : ",\n");
         first = 0;
-        dt__ck_json_str(m, sh[i].name);
-        dt__ck_str(m, ":{\"dtype\":\"");
-        dt__ck_str(m, dt__ck_dtype(sh[i].dtype));
-        dt__ck_str(m, "\",\"global_shape\":");
+        dt_strbuf_json(m, sh[i].name);
+        dt_strbuf_str(m, ":{\"dtype\":\"");
+        dt_strbuf_str(m, dt_safetensors_dtype_name(sh[i].dtype));
+        dt_strbuf_str(m, "\",\"global_shape\":");
         dt__ck_dims(m, sh[i].ndim, sh[i].gshape);
-        dt__ck_str(m, ",\"shards\":[");
+        dt_strbuf_str(m, ",\"shards\":[");
         for (j = i, r = 0; j < n_sh && strcmp(sh[j].name, sh[i].name) == 0; j++) {
             if (!sh[j].writer) continue;
             snprintf(num, sizeof num, "%s{\"rank\":%d,\"start\":", r++ ? "," : "", sh[j].rank);
-            dt__ck_str(m, num);
+            dt_strbuf_str(m, num);
             dt__ck_dims(m, sh[j].ndim, sh[j].start);
-            dt__ck_str(m, ",\"shape\":");
+            dt_strbuf_str(m, ",\"shape\":");
             dt__ck_dims(m, sh[j].ndim, sh[j].shape);
-            dt__ck_str(m, "}");
+            dt_strbuf_str(m, "}");
         }
-        dt__ck_str(m, "]}");
+        dt_strbuf_str(m, "]}");
     }
-    dt__ck_str(m, "\n}}\n");
+    dt_strbuf_str(m, "\n}}\n");
 }
 
 /* The newest complete step directory other than `skip`, into out; 0 if none. */
@@ -2178,10 +2128,10 @@ static void dt__ck_prune(dt_ctx *ctx, const char *root, const char *name, int ke
 
 /* Rank 0, once every rank file is durable: manifest, directory rename, latest, prune. */
 static dt_status dt__ck_publish(dt_ctx *ctx, const dt_checkpoint_desc *desc, const char *root, const char *name,
-                                const char *tmpdir, const dt__ck_sb *manifest, const char *fn) {
+                                const char *tmpdir, const dt_strbuf *manifest, const char *fn) {
     char path[DT__CK_PATH], latest[DT__CK_NAME], other[DT__CK_NAME];
     dt__ck_fmt(path, sizeof path, "%s/manifest.json", tmpdir);
-    DT__OTRY(dt__ck_write_small(ctx, path, manifest->p, manifest->len, fn));
+    DT__OTRY(dt__ck_write_small(ctx, path, manifest->text, manifest->len, fn));
     if (dt__ck_fsync_path(tmpdir) != 0)
         return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: fsync of directory %s failed: %s", fn, tmpdir, dt__ck_errno());
     if (desc->hook) desc->hook("manifest", 0, desc->hook_user);
@@ -2230,7 +2180,7 @@ DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, const dt_checkpoint_desc *desc,
     dt__ck_item *it = NULL;
     dt__ck_shard *sh = NULL;
     dt_json **roots = NULL;
-    dt__ck_sb index, man;
+    dt_strbuf index, man;
     char *all = NULL, name[DT__CK_NAME], tmpdir[DT__CK_PATH], path[DT__CK_PATH];
     size_t stride = 0;
     double *files = NULL;
@@ -2298,8 +2248,8 @@ DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, const dt_checkpoint_desc *desc,
     dt_release(ctx, sh);
     dt_release(ctx, all);
     dt_release(ctx, files);
-    dt_release(ctx, index.p);
-    dt_release(ctx, man.p);
+    dt_release(ctx, index.text);
+    dt_release(ctx, man.text);
     dt__ck_items_free(ctx, it, n_it);
     return st;
 }
@@ -2320,14 +2270,6 @@ typedef struct dt__ck_file {
     uint64_t bytes, hash;
     int needed;
 } dt__ck_file;
-
-typedef struct dt__ck_entry {     /* one tensor of a rank file's safetensors header */
-    const char *name;
-    dt_dtype dtype;
-    int ndim;
-    int64_t shape[DT_MAX_DIMS];
-    uint64_t begin, end;
-} dt__ck_entry;
 
 typedef struct dt__ck_load {
     char dir[DT__CK_PATH];        /* the step directory */
@@ -2471,13 +2413,13 @@ static dt_status dt__ck_target(dt_ctx *ctx, dt__ck_load *L, int i, const char *f
     } else {
         e = dt__ck_find(L, "param/", p->name);
         m = dt__ck_find(L, "master/", p->name);
-        if (x->kind == DT__CK_VALUE) src = e && dt__ck_dtype_from(dt__ck_jstr(e, "dtype")) == x->t->dtype ? e : m ? m : e;
+        if (x->kind == DT__CK_VALUE) src = e && dt_safetensors_dtype_from(dt__ck_jstr(e, "dtype")) == x->t->dtype ? e : m ? m : e;
         else src = m ? m : e;
     }
     if (!src)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s has no tensor \"%s\" (the parameters or the optimizer do "
                                 "not match the checkpoint)", fn, L->dir, x->name);
-    sd = dt__ck_dtype_from(dt__ck_jstr(src, "dtype"));
+    sd = dt_safetensors_dtype_from(dt__ck_jstr(src, "dtype"));
     shards = dt_json_get(src, "shards");
     if (sd == DT_DTYPE_COUNT || !dt__ck_dims_from(dt_json_get(src, "global_shape"), &gnd, gshape) || !shards ||
         shards->type != DT_JSON_ARRAY)
@@ -2571,11 +2513,6 @@ static dt_status dt__ck_parse_scalars(dt_ctx *ctx, dt__ck_load *L, const dt_opti
     return DT_OK;
 }
 
-static int dt__ck_entry_cmp(const void *a, const void *b) {
-    const dt__ck_entry *x = (const dt__ck_entry *)a, *y = (const dt__ck_entry *)b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : 0;
-}
-
 /* Converts n elements (f32 / bf16 / f16 among themselves; other dtypes only to themselves). */
 static void dt__ck_convert(void *dst, dt_dtype dt, const void *src, dt_dtype sdt, int64_t n) {
     int64_t i;
@@ -2613,55 +2550,17 @@ static void dt__ck_copy_piece(dt__ck_item *x, const dt__ck_piece *pc, const char
     }
 }
 
-/* The safetensors header of a rank file, validated: entries sorted by offset, inside the data. */
-static dt_status dt__ck_header(dt_ctx *ctx, const dt_json *root, uint64_t data_len, dt__ck_entry **out, int *n_out,
-                               const char *path, const char *fn) {
-    dt__ck_entry *en;
-    int i, n = 0;
-    *out = NULL;
-    if (root->type != DT_JSON_OBJECT)
-        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the header is not a JSON object (foreign file)", fn, path);
-    if (!(en = (dt__ck_entry *)dt_alloc(ctx, (size_t)(root->count + 1) * sizeof *en))) return DT_ERR_OOM;
-    *out = en;
-    for (i = 0; i < root->count; i++) {
-        const dt_json *v = &root->items[i];
-        const dt_json *off = dt_json_get(v, "data_offsets");
-        int64_t b0, b1;
-        if (strcmp(v->key, "__metadata__") == 0) continue;
-        en[n].name = v->key;
-        en[n].dtype = dt__ck_dtype_from(dt__ck_jstr(v, "dtype"));
-        if (en[n].dtype == DT_DTYPE_COUNT || !dt__ck_dims_from(dt_json_get(v, "shape"), &en[n].ndim, en[n].shape) ||
-            !off || off->type != DT_JSON_ARRAY || off->count != 2 || !dt__ck_count(&off->items[0], &b0) ||
-            !dt__ck_count(&off->items[1], &b1) || b1 < b0 ||
-            (uint64_t)(b1 - b0) != (uint64_t)dt__ck_numel(en[n].ndim, en[n].shape) * dt_dtype_size(en[n].dtype) ||
-            (uint64_t)b1 > data_len)
-            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: header entry \"%s\" has an invalid dtype, shape or "
-                                    "data_offsets", fn, path, v->key);
-        en[n].begin = (uint64_t)b0;
-        en[n].end = (uint64_t)b1;
-        n++;
-    }
-    qsort(en, (size_t)n, sizeof *en, dt__ck_entry_cmp);
-    for (i = 1; i < n; i++)
-        if (en[i].begin < en[i - 1].end)
-            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entries \"%s\" and \"%s\" overlap", fn, path,
-                                    en[i - 1].name, en[i].name);
-    *n_out = n;
-    return DT_OK;
-}
-
 /* Reads rank file f from start to end, checking its size and XXH64 against the manifest, and
    copies the pieces this rank needs into the items' temporaries on the way. */
 static dt_status dt__ck_read_file(dt_ctx *ctx, dt__ck_load *L, int f, const char *fn) {
     char path[DT__CK_PATH], *scratch = NULL, *buf = NULL, *htext = NULL;
     unsigned char len8[8];
-    dt_json *root = NULL;
-    dt__ck_entry *en = NULL;
+    dt_st_file hdr;
     dt__hasher h;
     uint64_t hl = 0, data_len, pos = 0, got;
     size_t buf_cap = 0;
     off_t size;
-    int fd, i, k, n_en = 0;
+    int fd, i, k;
     dt_status st = DT_OK;
     dt__ck_fmt(path, sizeof path, "%s/%s", L->dir, L->files[f].name);
     if ((fd = open(path, O_RDONLY)) < 0)
@@ -2681,16 +2580,11 @@ static dt_status dt__ck_read_file(dt_ctx *ctx, dt__ck_load *L, int f, const char
                               "foreign file)", fn, path, (unsigned long long)hl, (long long)size);
     if (!st && !(htext = (char *)dt_alloc(ctx, (size_t)hl + 1))) st = DT_ERR_OOM;
     if (!st) st = dt__ck_read_all(ctx, fd, htext, (size_t)hl, scratch, &h, path, fn);
-    if (!st) {
-        htext[hl] = 0;
-        if (dt_json_parse(ctx, htext, (size_t)hl, &root))
-            st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the safetensors header is not JSON (corrupt or foreign "
-                                  "file)", fn, path);
-    }
     data_len = (uint64_t)size - 8 - hl;
-    if (!st) st = dt__ck_header(ctx, root, data_len, &en, &n_en, path, fn);
-    for (i = 0; !st && i < n_en; i++) {
-        const dt__ck_entry *e = &en[i];
+    memset(&hdr, 0, sizeof hdr);
+    if (!st) st = dt_safetensors_parse(ctx, &hdr, htext, (size_t)hl, data_len, path);
+    for (i = 0; !st && i < hdr.n_entries; i++) {
+        const dt_st_entry *e = &hdr.entries[i];
         dt__ck_piece *only = NULL;
         int uses = 0, direct;
         size_t bytes = (size_t)(e->end - e->begin);
@@ -2701,7 +2595,7 @@ static dt_status dt__ck_read_file(dt_ctx *ctx, dt__ck_load *L, int f, const char
             if (e->dtype != pc->sdtype || e->ndim != L->it[pc->item].t->ndim ||
                 memcmp(e->shape, pc->sshape, sizeof(int64_t) * (size_t)e->ndim) != 0)
                 st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" is %s of %d dims; the manifest's shard "
-                                      "differs (corrupt checkpoint)", fn, path, e->name, dt__ck_dtype(e->dtype),
+                                      "differs (corrupt checkpoint)", fn, path, e->name, dt_safetensors_dtype_name(e->dtype),
                                       e->ndim);
             uses++;
             only = pc;
@@ -2744,8 +2638,7 @@ static dt_status dt__ck_read_file(dt_ctx *ctx, dt__ck_load *L, int f, const char
             st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s has no entry \"%s\", which the manifest places there", fn,
                                   path, L->pc[k].src);
     close(fd);
-    dt_json_free(ctx, root);
-    dt_release(ctx, en);
+    dt_safetensors_close(ctx, &hdr);
     dt_release(ctx, htext);
     dt_release(ctx, buf);
     dt_release(ctx, scratch);

@@ -383,20 +383,53 @@ DT_API void dt_params_zero_grad(dt_ctx *ctx, dt_params *ps);
 DT_API int64_t dt_params_numel(const dt_params *ps);
 DT_API void dt_params_free(dt_ctx *ctx, dt_params *ps);
 
+/* ---------------------------------------------------------------- text builder */
+
+/* A growable NUL-terminated string from the ctx allocator (headers, manifests). Running out of
+   memory sets `failed` and turns later appends into no-ops, so a writer checks once at the end.
+   Start from `dt_strbuf b = {0}; b.ctx = ctx;`, end with dt_strbuf_free. */
+typedef struct dt_strbuf {
+    dt_ctx *ctx;
+    char *text;
+    size_t len, cap;
+    int failed;
+} dt_strbuf;
+
+DT_API void dt_strbuf_add(dt_strbuf *b, const char *s, size_t n);
+DT_API void dt_strbuf_str(dt_strbuf *b, const char *s);
+DT_API void dt_strbuf_printf(dt_strbuf *b, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+DT_API void dt_strbuf_json(dt_strbuf *b, const char *s); /* s as a JSON string literal */
+DT_API void dt_strbuf_free(dt_strbuf *b);
+
 /* ---------------------------------------------------------------- safetensors */
 
-/* Writes tensors (CPU) as a safetensors file: 8-byte little-endian header length, JSON header
-   {name: {dtype, shape, data_offsets}, "__metadata__": {k: v}}, then the data. Written to
-   path.tmp, flushed, fsync'd and renamed, so a crash never leaves a half file under `path`.
-   meta: n_meta (key, value) string pairs, may be NULL. */
+/* Writes tensors (CPU or CUDA) as a safetensors file: 8-byte little-endian header length,
+   JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {k: v}}, then the data.
+   Written to path.tmp, flushed, fsync'd and renamed, so a crash never leaves a half file under
+   `path`. meta: n_meta (key, value) string pairs, may be NULL. */
 DT_API dt_status dt_safetensors_save(dt_ctx *ctx, const char *path, const dt_tensor *const *tensors,
                                      const char *const *names, int n, const char *const *meta,
                                      int n_meta);
 DT_API dt_status dt_params_save(dt_ctx *ctx, const dt_params *ps, const char *path);
 DT_API dt_status dt_params_load(dt_ctx *ctx, dt_params *ps, const char *path);
 
+DT_API const char *dt_safetensors_dtype_name(dt_dtype t);   /* "F32", "BF16", ...; NULL if none */
+DT_API dt_dtype dt_safetensors_dtype_from(const char *name); /* DT_DTYPE_COUNT when unknown */
+
+/* Appends to *out the header of a file holding these tensors back to back in this order: the
+   JSON, padded with spaces to a multiple of 8 bytes (the 8-byte length is not included).
+   Checks names (non-empty, unique, not "__metadata__") and dtypes. For writers that stream the
+   data themselves, such as dt_opt.h's checkpoints, which hash it on the way out. */
+DT_API dt_status dt_safetensors_header(dt_ctx *ctx, dt_strbuf *out, const dt_tensor *const *tensors,
+                                       const char *const *names, int n, const char *const *meta,
+                                       int n_meta);
+
 typedef struct dt_st_entry {
-    char name[DT_NAME_MAX];
+    char *name;
     dt_dtype dtype;
     int ndim;
     int64_t shape[DT_MAX_DIMS];
@@ -404,10 +437,10 @@ typedef struct dt_st_entry {
 } dt_st_entry;
 
 typedef struct dt_st_file {
-    void *fp;                 /* FILE* */
+    void *fp;                 /* FILE*; NULL after dt_safetensors_parse */
     uint64_t header_len;
     uint64_t data_len;        /* bytes after the header */
-    dt_st_entry *entries;
+    dt_st_entry *entries;     /* sorted by offset */
     int n_entries;
     char **meta_keys, **meta_values;
     int n_meta;
@@ -416,6 +449,12 @@ typedef struct dt_st_file {
 /* Reads and validates the header: every entry's offsets must be in the file, sorted, non
    overlapping, consistent with dtype x shape. A truncated or foreign file is DT_ERR_FORMAT. */
 DT_API dt_status dt_safetensors_open(dt_ctx *ctx, dt_st_file *f, const char *path);
+/* The validation of dt_safetensors_open on header text already in memory, against `data_len`
+   bytes of data; fills f's entries and metadata (f->fp stays NULL; free with
+   dt_safetensors_close). `path` only names the file in messages. For readers that stream the
+   file themselves. */
+DT_API dt_status dt_safetensors_parse(dt_ctx *ctx, dt_st_file *f, const char *text, size_t len,
+                                      uint64_t data_len, const char *path);
 DT_API const dt_st_entry *dt_safetensors_find(const dt_st_file *f, const char *name);
 DT_API const char *dt_safetensors_meta(const dt_st_file *f, const char *key); /* NULL if absent */
 /* Reads entry `name` into dst (same dtype and shape; CPU or CUDA). */
@@ -2463,44 +2502,62 @@ DT_API size_t dt_json_escape(char *buf, size_t n, const char *s) {
 
 /* ---------------------------------------------------------------- safetensors */
 
-typedef struct dt__sb { /* growable text buffer for headers and manifests */
-    dt_ctx *ctx;
-    char *p;
-    size_t len, cap;
-    int failed;
-} dt__sb;
-
-static void dt__sb_add(dt__sb *b, const char *s, size_t n) {
-    if (b->failed) return;
+DT_API void dt_strbuf_add(dt_strbuf *b, const char *s, size_t n) {
+    if (!b || b->failed) return;
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         char *q;
         while (cap < b->len + n + 1) cap *= 2;
         q = (char *)dt_alloc(b->ctx, cap);
         if (!q) { b->failed = 1; return; }
-        if (b->len) memcpy(q, b->p, b->len);
-        dt_release(b->ctx, b->p);
-        b->p = q;
+        if (b->len) memcpy(q, b->text, b->len);
+        dt_release(b->ctx, b->text);
+        b->text = q;
         b->cap = cap;
     }
-    memcpy(b->p + b->len, s, n);
+    memcpy(b->text + b->len, s, n);
     b->len += n;
-    b->p[b->len] = 0;
+    b->text[b->len] = 0;
 }
 
-static void dt__sb_str(dt__sb *b, const char *s) { dt__sb_add(b, s, strlen(s)); }
+DT_API void dt_strbuf_str(dt_strbuf *b, const char *s) { dt_strbuf_add(b, s, strlen(s)); }
 
-static void dt__sb_json_str(dt__sb *b, const char *s) {
+DT_API void dt_strbuf_printf(dt_strbuf *b, const char *fmt, ...) {
+    char small[256], *tmp = small;
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) { if (b) b->failed = 1; return; }
+    if ((size_t)n >= sizeof small) { /* rare: format again into a buffer of the right size */
+        if (!b || !(tmp = (char *)dt_alloc(b->ctx, (size_t)n + 1))) { if (b) b->failed = 1; return; }
+        va_start(ap, fmt);
+        vsnprintf(tmp, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
+    dt_strbuf_add(b, tmp, (size_t)n);
+    if (tmp != small) dt_release(b->ctx, tmp);
+}
+
+DT_API void dt_strbuf_json(dt_strbuf *b, const char *s) {
     size_t need = dt_json_escape(NULL, 0, s);
     char small[256];
     char *tmp = need < sizeof small ? small : (char *)dt_alloc(b->ctx, need + 1);
     if (!tmp) { b->failed = 1; return; }
     dt_json_escape(tmp, need + 1, s);
-    dt__sb_add(b, tmp, need);
+    dt_strbuf_add(b, tmp, need);
     if (tmp != small) dt_release(b->ctx, tmp);
 }
 
-static const char *dt__st_dtype(dt_dtype t) {
+DT_API void dt_strbuf_free(dt_strbuf *b) {
+    if (!b) return;
+    dt_release(b->ctx, b->text);
+    b->text = NULL;
+    b->len = b->cap = 0;
+}
+
+DT_API const char *dt_safetensors_dtype_name(dt_dtype t) {
     switch (t) {
     case DT_F32: return "F32"; case DT_BF16: return "BF16"; case DT_F16: return "F16";
     case DT_I32: return "I32"; case DT_I64: return "I64"; case DT_U8: return "U8";
@@ -2508,11 +2565,57 @@ static const char *dt__st_dtype(dt_dtype t) {
     }
 }
 
-static dt_dtype dt__st_dtype_from(const char *s) {
+DT_API dt_dtype dt_safetensors_dtype_from(const char *name) {
     int t;
-    for (t = DT_F32; t < DT_DTYPE_COUNT; t++)
-        if (strcmp(s, dt__st_dtype((dt_dtype)t)) == 0) return (dt_dtype)t;
+    for (t = DT_F32; name && t < DT_DTYPE_COUNT; t++)
+        if (strcmp(name, dt_safetensors_dtype_name((dt_dtype)t)) == 0) return (dt_dtype)t;
     return DT_DTYPE_COUNT;
+}
+
+DT_API dt_status dt_safetensors_header(dt_ctx *ctx, dt_strbuf *out, const dt_tensor *const *tensors,
+                                       const char *const *names, int n, const char *const *meta, int n_meta) {
+    const char *fn = "dt_safetensors_header";
+    uint64_t off = 0;
+    int i, j, k;
+    if (!ctx) return DT_ERR_ARG;
+    if (!out || n < 0 || (n > 0 && (!tensors || !names)) || n_meta < 0 || (n_meta > 0 && !meta))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out, tensors and names must be non-NULL and n = %d, n_meta = %d "
+                                ">= 0", fn, n, n_meta);
+    for (i = 0; i < n; i++) {
+        if (!names[i] || !names[i][0] || strcmp(names[i], "__metadata__") == 0)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: names[%d] is empty or reserved", fn, i);
+        if (!tensors[i] || (!tensors[i]->data && tensors[i]->numel))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tensors[%d] (\"%s\") is NULL or has no data", fn, i, names[i]);
+        if (!dt_safetensors_dtype_name(tensors[i]->dtype))
+            return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: tensors[%d] has dtype %d", fn, i, (int)tensors[i]->dtype);
+        for (j = 0; j < i; j++)
+            if (strcmp(names[i], names[j]) == 0)
+                return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: names[%d] = \"%s\" repeats names[%d]", fn, i, names[i], j);
+    }
+    dt_strbuf_str(out, "{");
+    if (n_meta > 0) {
+        dt_strbuf_str(out, "\"__metadata__\":{");
+        for (k = 0; k < n_meta; k++) {
+            if (k) dt_strbuf_str(out, ",");
+            dt_strbuf_json(out, meta[2 * k] ? meta[2 * k] : "");
+            dt_strbuf_str(out, ":");
+            dt_strbuf_json(out, meta[2 * k + 1] ? meta[2 * k + 1] : "");
+        }
+        dt_strbuf_str(out, "}");
+    }
+    for (i = 0; i < n; i++) {
+        const dt_tensor *t = tensors[i];
+        if (i || n_meta > 0) dt_strbuf_str(out, ",");
+        dt_strbuf_json(out, names[i]);
+        dt_strbuf_printf(out, ":{\"dtype\":\"%s\",\"shape\":[", dt_safetensors_dtype_name(t->dtype));
+        for (j = 0; j < t->ndim; j++) dt_strbuf_printf(out, j ? ",%lld" : "%lld", (long long)t->shape[j]);
+        dt_strbuf_printf(out, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+                         (unsigned long long)(off + dt_tensor_bytes(t)));
+        off += dt_tensor_bytes(t);
+    }
+    dt_strbuf_str(out, "}");
+    while (!out->failed && out->len % 8) dt_strbuf_str(out, " "); /* the spec pads the header to 8 bytes */
+    return out->failed ? dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: out of memory building the header", fn) : DT_OK;
 }
 
 /* Writes `bytes` of t to fp, through a host copy when t is on the GPU. */
@@ -2540,70 +2643,27 @@ static dt_status dt__write_tensor(dt_ctx *ctx, FILE *fp, const dt_tensor *t, con
 DT_API dt_status dt_safetensors_save(dt_ctx *ctx, const char *path, const dt_tensor *const *tensors,
                                      const char *const *names, int n, const char *const *meta, int n_meta) {
     const char *fn = "dt_safetensors_save";
-    dt__sb hb;
-    uint64_t off = 0, hlen;
+    dt_strbuf hb;
     unsigned char len8[8];
-    char num[64], *tmp;
+    char *tmp;
     FILE *fp;
-    dt_status st = DT_OK;
-    int i, j, k;
+    dt_status st;
+    int i, k;
     if (!ctx) return DT_ERR_ARG;
-    if (!path || n < 0 || (n > 0 && (!tensors || !names)) || n_meta < 0 || (n_meta > 0 && !meta))
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: path, tensors, names must be non-NULL and n = %d, n_meta = %d "
-                                ">= 0", fn, n, n_meta);
-    for (i = 0; i < n; i++) {
-        if (!names[i] || !names[i][0] || strcmp(names[i], "__metadata__") == 0)
-            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: names[%d] is empty or reserved", fn, i);
-        if (!tensors[i] || (!tensors[i]->data && tensors[i]->numel))
-            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tensors[%d] (\"%s\") is NULL or has no data", fn, i, names[i]);
-        if (!dt__st_dtype(tensors[i]->dtype))
-            return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: tensors[%d] has dtype %d", fn, i, (int)tensors[i]->dtype);
-        for (j = 0; j < i; j++)
-            if (strcmp(names[i], names[j]) == 0)
-                return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: names[%d] = \"%s\" repeats names[%d]", fn, i, names[i], j);
-    }
+    if (!path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: path is NULL", fn);
     memset(&hb, 0, sizeof hb);
     hb.ctx = ctx;
-    dt__sb_str(&hb, "{");
-    if (n_meta > 0) {
-        dt__sb_str(&hb, "\"__metadata__\":{");
-        for (k = 0; k < n_meta; k++) {
-            if (k) dt__sb_str(&hb, ",");
-            dt__sb_json_str(&hb, meta[2 * k] ? meta[2 * k] : "");
-            dt__sb_str(&hb, ":");
-            dt__sb_json_str(&hb, meta[2 * k + 1] ? meta[2 * k + 1] : "");
-        }
-        dt__sb_str(&hb, "}");
-    }
-    for (i = 0; i < n; i++) {
-        const dt_tensor *t = tensors[i];
-        if (i || n_meta > 0) dt__sb_str(&hb, ",");
-        dt__sb_json_str(&hb, names[i]);
-        dt__sb_str(&hb, ":{\"dtype\":\"");
-        dt__sb_str(&hb, dt__st_dtype(t->dtype));
-        dt__sb_str(&hb, "\",\"shape\":[");
-        for (j = 0; j < t->ndim; j++) {
-            snprintf(num, sizeof num, j ? ",%lld" : "%lld", (long long)t->shape[j]);
-            dt__sb_str(&hb, num);
-        }
-        snprintf(num, sizeof num, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
-                 (unsigned long long)(off + dt_tensor_bytes(t)));
-        dt__sb_str(&hb, num);
-        off += dt_tensor_bytes(t);
-    }
-    dt__sb_str(&hb, "}");
-    while (!hb.failed && hb.len % 8) dt__sb_str(&hb, " "); /* the spec pads the header to 8 bytes */
-    if (hb.failed) { dt_release(ctx, hb.p); return DT_ERR_OOM; }
-    hlen = hb.len;
-    for (k = 0; k < 8; k++) len8[k] = (unsigned char)(hlen >> (8 * k));
+    st = dt_safetensors_header(ctx, &hb, tensors, names, n, meta, n_meta);
+    if (st) { dt_strbuf_free(&hb); return st; }
+    for (k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)hb.len >> (8 * k));
     tmp = (char *)dt_alloc(ctx, strlen(path) + 5);
-    if (!tmp) { dt_release(ctx, hb.p); return DT_ERR_OOM; }
+    if (!tmp) { dt_strbuf_free(&hb); return DT_ERR_OOM; }
     snprintf(tmp, strlen(path) + 5, "%s.tmp", path);
     fp = fopen(tmp, "wb");
     if (!fp) {
         st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot open %s for writing", fn, tmp);
     } else {
-        if (fwrite(len8, 1, 8, fp) != 8 || fwrite(hb.p, 1, hb.len, fp) != hb.len)
+        if (fwrite(len8, 1, 8, fp) != 8 || fwrite(hb.text, 1, hb.len, fp) != hb.len)
             st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: writing the header of %s failed", fn, tmp);
         for (i = 0; !st && i < n; i++) st = dt__write_tensor(ctx, fp, tensors[i], tmp);
         /* flush + fsync before rename: the new name must never point at unwritten blocks */
@@ -2615,13 +2675,14 @@ DT_API dt_status dt_safetensors_save(dt_ctx *ctx, const char *path, const dt_ten
         if (st) remove(tmp);
     }
     dt_release(ctx, tmp);
-    dt_release(ctx, hb.p);
+    dt_strbuf_free(&hb);
     return st;
 }
 
 static void dt__st_free(dt_ctx *ctx, dt_st_file *f) {
     int i;
     if (f->fp) fclose((FILE *)f->fp);
+    for (i = 0; i < f->n_entries; i++) dt_release(ctx, f->entries[i].name);
     dt_release(ctx, f->entries);
     for (i = 0; i < f->n_meta; i++) { dt_release(ctx, f->meta_keys[i]); dt_release(ctx, f->meta_values[i]); }
     dt_release(ctx, f->meta_keys);
@@ -2641,49 +2702,47 @@ static int dt__is_count(const dt_json *j) {
            j->number == floor(j->number);
 }
 
-/* Fills entry e from the header value v; FORMAT errors name the file and the entry. */
-static dt_status dt__st_entry(dt_ctx *ctx, dt_st_file *f, dt_st_entry *e, const dt_json *v, const char *path) {
-    const char *fn = "dt_safetensors_open";
+/* Fills entry e from the header value v (name last, so a failed entry holds nothing);
+   FORMAT errors name the file and the entry. */
+static dt_status dt__st_entry(dt_ctx *ctx, uint64_t data_len, dt_st_entry *e, const dt_json *v, const char *path,
+                              const char *fn) {
     const dt_json *dt = dt_json_get(v, "dtype"), *sh = dt_json_get(v, "shape"), *off = dt_json_get(v, "data_offsets");
     int64_t numel = 1;
     int d;
-    if (strlen(v->key) >= DT_NAME_MAX)
-        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: tensor name of %zu bytes; dt allows %d", fn, path,
-                                strlen(v->key), DT_NAME_MAX - 1);
-    memcpy(e->name, v->key, strlen(v->key) + 1);
     if (v->type != DT_JSON_OBJECT || !dt || dt->type != DT_JSON_STRING || !sh || sh->type != DT_JSON_ARRAY ||
         !off || off->type != DT_JSON_ARRAY || off->count != 2 || !dt__is_count(&off->items[0]) ||
         !dt__is_count(&off->items[1]))
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" lacks a valid dtype, shape or "
-                                "data_offsets", fn, path, e->name);
-    e->dtype = dt__st_dtype_from(dt->string);
+                                "data_offsets", fn, path, v->key);
+    e->dtype = dt_safetensors_dtype_from(dt->string);
     if (e->dtype == DT_DTYPE_COUNT)
         return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: %s: entry \"%s\" has dtype %s; dt reads F32, BF16, "
-                                "F16, I32, I64, U8", fn, path, e->name, dt->string);
+                                "F16, I32, I64, U8", fn, path, v->key, dt->string);
     if (sh->count > DT_MAX_DIMS)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" has %d dims; dt allows %d", fn, path,
-                                e->name, sh->count, DT_MAX_DIMS);
+                                v->key, sh->count, DT_MAX_DIMS);
     e->ndim = sh->count;
     for (d = 0; d < sh->count; d++) {
         if (!dt__is_count(&sh->items[d]) || sh->items[d].number > 4e15)
             return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" shape[%d] is not a count", fn, path,
-                                    e->name, d);
+                                    v->key, d);
         e->shape[d] = (int64_t)sh->items[d].number;
         numel *= e->shape[d];
         if (numel > ((int64_t)1 << 50))
-            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" is absurdly large", fn, path, e->name);
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" is absurdly large", fn, path, v->key);
     }
     e->begin = (uint64_t)off->items[0].number;
     e->end = (uint64_t)off->items[1].number;
     if (e->end < e->begin || e->end - e->begin != (uint64_t)numel * dt_dtype_size(e->dtype))
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" data_offsets [%llu, %llu] do not hold "
-                                "%lld %s elements", fn, path, e->name, (unsigned long long)e->begin,
+                                "%lld %s elements", fn, path, v->key, (unsigned long long)e->begin,
                                 (unsigned long long)e->end, (long long)numel, dt_dtype_name(e->dtype));
-    if (e->end > f->data_len)
+    if (e->end > data_len)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" ends at byte %llu of the data, which has "
-                                "only %llu bytes (truncated file?)", fn, path, e->name,
-                                (unsigned long long)e->end, (unsigned long long)f->data_len);
-    return DT_OK;
+                                "only %llu bytes (truncated file?)", fn, path, v->key,
+                                (unsigned long long)e->end, (unsigned long long)data_len);
+    e->name = dt__strdup(ctx, v->key);
+    return e->name ? DT_OK : DT_ERR_OOM;
 }
 
 static int dt__st_cmp(const void *a, const void *b) {
@@ -2693,73 +2752,37 @@ static int dt__st_cmp(const void *a, const void *b) {
 
 #define DT__ST_MAX_HEADER (100u << 20) /* the limit the reference implementation enforces */
 
-DT_API dt_status dt_safetensors_open(dt_ctx *ctx, dt_st_file *f, const char *path) {
-    const char *fn = "dt_safetensors_open";
-    unsigned char len8[8];
-    char *text = NULL;
-    dt_json *root = NULL;
-    long size;
-    int i, k, ne = 0, nm = 0;
+/* Fills the entries and metadata of f from a parsed header; f->fp is not touched. */
+static dt_status dt__st_fill(dt_ctx *ctx, dt_st_file *f, const dt_json *root, const char *path, const char *fn) {
+    const dt_json *meta = dt_json_get(root, "__metadata__");
+    int i, ne, nm;
     dt_status st = DT_OK;
-    FILE *fp;
-    if (!ctx) return DT_ERR_ARG;
-    if (!f || !path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, f ? "path" : "f");
-    memset(f, 0, sizeof *f);
-    fp = fopen(path, "rb");
-    if (!fp) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot open %s", fn, path);
-    f->fp = fp;
-    if (fseek(fp, 0, SEEK_END) != 0 || (size = ftell(fp)) < 0 || fseek(fp, 0, SEEK_SET) != 0) {
-        dt__st_free(ctx, f);
-        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot size %s", fn, path);
+    if (root->type != DT_JSON_OBJECT)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the header is not a JSON object (not a safetensors "
+                                "file)", fn, path);
+    if (meta && meta->type != DT_JSON_OBJECT)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: __metadata__ is not an object", fn, path);
+    ne = root->count - (meta ? 1 : 0);
+    nm = meta ? meta->count : 0;
+    f->entries = (dt_st_entry *)dt_alloc(ctx, (size_t)(ne ? ne : 1) * sizeof(dt_st_entry));
+    f->meta_keys = (char **)dt_alloc(ctx, (size_t)(nm ? nm : 1) * sizeof(char *));
+    f->meta_values = (char **)dt_alloc(ctx, (size_t)(nm ? nm : 1) * sizeof(char *));
+    if (!f->entries || !f->meta_keys || !f->meta_values) return DT_ERR_OOM;
+    for (i = 0; !st && i < nm; i++) {
+        const dt_json *m = &meta->items[i];
+        if (m->type != DT_JSON_STRING)
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: __metadata__ value \"%s\" is not a string", fn, path,
+                                    m->key);
+        f->meta_keys[i] = dt__strdup(ctx, m->key);
+        f->meta_values[i] = dt__strdup(ctx, m->string);
+        f->n_meta = i + 1;
+        if (!f->meta_keys[i] || !f->meta_values[i]) return DT_ERR_OOM;
     }
-    if (size < 8 || fread(len8, 1, 8, fp) != 8) {
-        dt__st_free(ctx, f);
-        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s is %ld bytes, shorter than the 8-byte header length "
-                                "(truncated or not a safetensors file)", fn, path, size);
-    }
-    for (k = 7; k >= 0; k--) f->header_len = (f->header_len << 8) | len8[k];
-    if (f->header_len > DT__ST_MAX_HEADER || f->header_len > (uint64_t)size - 8 || f->header_len < 2) {
-        dt__st_free(ctx, f);
-        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s declares a %llu-byte header, but the file has %ld bytes "
-                                "after the length and the limit is %u (truncated or not a safetensors file)", fn,
-                                path, (unsigned long long)f->header_len, size - 8, DT__ST_MAX_HEADER);
-    }
-    f->data_len = (uint64_t)size - 8 - f->header_len;
-    text = (char *)dt_alloc(ctx, (size_t)f->header_len);
-    if (!text) { dt__st_free(ctx, f); return DT_ERR_OOM; }
-    if (fread(text, 1, (size_t)f->header_len, fp) != f->header_len)
-        st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: reading the header of %s failed", fn, path);
-    if (!st && (text[0] != '{')) st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the header is not a JSON object "
-                                                       "(not a safetensors file)", fn, path);
-    if (!st && dt_json_parse(ctx, text, (size_t)f->header_len, &root))
-        st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: header is not valid JSON (%s)", fn, path, ctx->last_error);
-    if (!st) {
-        const dt_json *meta = dt_json_get(root, "__metadata__");
-        ne = root->count - (meta ? 1 : 0);
-        nm = meta && meta->type == DT_JSON_OBJECT ? meta->count : 0;
-        if (meta && meta->type != DT_JSON_OBJECT)
-            st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: __metadata__ is not an object", fn, path);
-        f->entries = (dt_st_entry *)dt_alloc(ctx, (size_t)(ne ? ne : 1) * sizeof(dt_st_entry));
-        f->meta_keys = (char **)dt_alloc(ctx, (size_t)(nm ? nm : 1) * sizeof(char *));
-        f->meta_values = (char **)dt_alloc(ctx, (size_t)(nm ? nm : 1) * sizeof(char *));
-        if (!st && (!f->entries || !f->meta_keys || !f->meta_values)) st = DT_ERR_OOM;
-        for (i = 0; !st && i < nm; i++) {
-            const dt_json *m = &meta->items[i];
-            if (m->type != DT_JSON_STRING) {
-                st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: __metadata__ value \"%s\" is not a string", fn, path, m->key);
-                break;
-            }
-            f->meta_keys[i] = dt__strdup(ctx, m->key);
-            f->meta_values[i] = dt__strdup(ctx, m->string);
-            f->n_meta = i + 1;
-            if (!f->meta_keys[i] || !f->meta_values[i]) st = DT_ERR_OOM;
-        }
-        for (i = 0; !st && i < root->count; i++) {
-            if (&root->items[i] == meta) continue;
-            memset(&f->entries[f->n_entries], 0, sizeof(dt_st_entry));
-            st = dt__st_entry(ctx, f, &f->entries[f->n_entries], &root->items[i], path);
-            if (!st) f->n_entries++;
-        }
+    for (i = 0; !st && i < root->count; i++) {
+        if (&root->items[i] == meta) continue;
+        memset(&f->entries[f->n_entries], 0, sizeof(dt_st_entry));
+        st = dt__st_entry(ctx, f->data_len, &f->entries[f->n_entries], &root->items[i], path, fn);
+        if (!st) f->n_entries++;
     }
     if (!st && f->n_entries > 1) {
         qsort(f->entries, (size_t)f->n_entries, sizeof(dt_st_entry), dt__st_cmp);
@@ -2768,10 +2791,76 @@ DT_API dt_status dt_safetensors_open(dt_ctx *ctx, dt_st_file *f, const char *pat
                 st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entries \"%s\" and \"%s\" overlap", fn, path,
                                       f->entries[i - 1].name, f->entries[i].name);
     }
+    return st;
+}
+
+static dt_status dt__st_parse(dt_ctx *ctx, dt_st_file *f, const char *text, size_t len, uint64_t data_len,
+                              const char *path, const char *fn) {
+    dt_json *root = NULL;
+    dt_status st;
+    memset(f, 0, sizeof *f);
+    f->header_len = len;
+    f->data_len = data_len;
+    if (len == 0 || text[0] != '{')
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the header is not a JSON object (not a safetensors "
+                                "file)", fn, path);
+    if (dt_json_parse(ctx, text, len, &root)) {
+        char why[DT_ERROR_MAX];
+        memcpy(why, ctx->last_error, sizeof why);
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: header is not valid JSON (%s)", fn, path, why);
+    }
+    st = dt__st_fill(ctx, f, root, path, fn);
     dt_json_free(ctx, root);
-    dt_release(ctx, text);
     if (st) dt__st_free(ctx, f);
     return st;
+}
+
+DT_API dt_status dt_safetensors_parse(dt_ctx *ctx, dt_st_file *f, const char *text, size_t len, uint64_t data_len,
+                                      const char *path) {
+    if (!ctx) return DT_ERR_ARG;
+    if (!f || !text) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_safetensors_parse: %s is NULL", f ? "text" : "f");
+    return dt__st_parse(ctx, f, text, len, data_len, path ? path : "(memory)", "dt_safetensors_parse");
+}
+
+DT_API dt_status dt_safetensors_open(dt_ctx *ctx, dt_st_file *f, const char *path) {
+    const char *fn = "dt_safetensors_open";
+    unsigned char len8[8];
+    char *text;
+    long size;
+    uint64_t hl = 0;
+    int k;
+    dt_status st = DT_OK;
+    FILE *fp;
+    if (!ctx) return DT_ERR_ARG;
+    if (!f || !path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, f ? "path" : "f");
+    memset(f, 0, sizeof *f);
+    fp = fopen(path, "rb");
+    if (!fp) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot open %s", fn, path);
+    if (fseek(fp, 0, SEEK_END) != 0 || (size = ftell(fp)) < 0 || fseek(fp, 0, SEEK_SET) != 0) {
+        fclose(fp);
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot size %s", fn, path);
+    }
+    if (size < 8 || fread(len8, 1, 8, fp) != 8) {
+        fclose(fp);
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s is %ld bytes, shorter than the 8-byte header length "
+                                "(truncated or not a safetensors file)", fn, path, size);
+    }
+    for (k = 7; k >= 0; k--) hl = (hl << 8) | len8[k];
+    if (hl > DT__ST_MAX_HEADER || hl > (uint64_t)size - 8 || hl < 2) {
+        fclose(fp);
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s declares a %llu-byte header, but the file has %ld bytes "
+                                "after the length and the limit is %u (truncated or not a safetensors file)", fn,
+                                path, (unsigned long long)hl, size - 8, DT__ST_MAX_HEADER);
+    }
+    text = (char *)dt_alloc(ctx, (size_t)hl);
+    if (!text) { fclose(fp); return DT_ERR_OOM; }
+    if (fread(text, 1, (size_t)hl, fp) != hl)
+        st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: reading the header of %s failed", fn, path);
+    if (!st) st = dt__st_parse(ctx, f, text, (size_t)hl, (uint64_t)size - 8 - hl, path, fn);
+    dt_release(ctx, text);
+    if (st) { fclose(fp); return st; }
+    f->fp = fp;
+    return DT_OK;
 }
 
 DT_API const dt_st_entry *dt_safetensors_find(const dt_st_file *f, const char *name) {
