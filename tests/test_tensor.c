@@ -805,6 +805,53 @@ static void test_params_and_safetensors(void) {
     dt_params_free(&C, &ps);
 }
 
+static void test_header_api(void) {
+    char longname[201], path[512];
+    const char *names[1];
+    const dt_tensor *ts[1];
+    dt_tensor t = f32(2, 3), back = f32(2, 3);
+    dt_strbuf b;
+    dt_st_file f;
+    dt_status st;
+    int i;
+    memset(longname, 'n', 200);
+    longname[200] = 0;
+    for (i = 0; i < 6; i++) F(&t)[i] = (float)i - 2.5f;
+    names[0] = longname; ts[0] = &t;
+    path_in_tmp(path, sizeof path, "long.safetensors");
+    st = dt_safetensors_save(&C, path, ts, names, 1, NULL, 0);
+    if (DT_TEST_CHECK("safetensors_long_entry_name_saves", st == 0)) {
+        st = dt_safetensors_open(&C, &f, path);
+        if (DT_TEST_CHECK("safetensors_long_entry_name_opens", st == 0 && f.n_entries == 1)) {
+            st = dt_safetensors_read(&C, &f, longname, &back);
+            DT_TEST_CHECK("safetensors_long_entry_name_round_trip", st == 0 && memcmp(back.data, t.data, 24) == 0);
+            dt_safetensors_close(&C, &f);
+        }
+    }
+    memset(&b, 0, sizeof b);
+    b.ctx = &C;
+    st = dt_safetensors_header(&C, &b, ts, names, 1, NULL, 0);
+    DT_TEST_CHECK("safetensors_header_is_padded", st == 0 && b.len % 8 == 0 && b.text[0] == '{');
+    st = dt_safetensors_parse(&C, &f, b.text, b.len, 24, "mem");
+    DT_TEST_CHECK("safetensors_parse_in_memory", st == 0 && f.fp == NULL && f.n_entries == 1 &&
+                                                     f.entries[0].end == 24 && f.entries[0].shape[1] == 3);
+    dt_safetensors_close(&C, &f);
+    dt_test_error("safetensors_parse_short_data_is_named", dt_safetensors_parse(&C, &f, b.text, b.len, 20, "mem"),
+                  dt_ctx_error(&C), "dt_safetensors_parse: mem");
+    names[0] = "__metadata__";
+    dt_test_error("safetensors_header_reserved_name_is_named", dt_safetensors_header(&C, &b, ts, names, 1, NULL, 0),
+                  dt_ctx_error(&C), "reserved");
+    dt_strbuf_free(&b);
+    memset(&b, 0, sizeof b);
+    b.ctx = &C;
+    dt_strbuf_printf(&b, "%s|%d", longname, 42); /* longer than the 256-byte stack buffer */
+    dt_strbuf_printf(&b, "%s", longname);
+    DT_TEST_CHECK("strbuf_printf_long", !b.failed && b.len == 203 + 200 && strncmp(b.text + 200, "|42n", 4) == 0);
+    dt_strbuf_free(&b);
+    dt_tensor_free(&C, &t);
+    dt_tensor_free(&C, &back);
+}
+
 static void test_json(void) {
     const char *text = "{\"a\": [1, 2.5e3, -0.125], \"s\": \"x\\\"y\\u00e9\\ud83d\\ude00\", \"t\": true, \"n\": null, \"o\": {}}";
     dt_json *j = NULL;
@@ -851,6 +898,7 @@ int main(void) {
     test_ops_by_hand();
     test_gradients();
     test_params_and_safetensors();
+    test_header_api();
     test_json();
     dt_ctx_shutdown(&C);
     DT_TEST_CHECK("no_bytes_leaked", C.bytes_in_use == 0);
