@@ -18,14 +18,16 @@
        DT_COMM_GATHER_MAX_BYTES  all-reduce path switch, see "Sum order" (default 64 KiB).
 
    API in one breath:
-       dt_comm_init_world / dt_comm_split / dt_comm_free; rank, size, local_rank (the GPU to use)
+       dt_comm_init_world / dt_comm_split / dt_comm_free; rank, size, local_rank (the GPU to use),
+       world_rank, seq, set_name, set_timeout, set_check (checking mode)
        dt_comm_allreduce (sum, avg, max, min; in place), dt_comm_allreduce_f64 (host scalars),
        dt_comm_reduce_scatter, dt_comm_allgather, dt_comm_broadcast, dt_comm_alltoall,
        dt_comm_alltoallv (counts exchanged for you), dt_comm_send / dt_comm_recv, dt_comm_barrier
        async: dt_comm_iallreduce, _ireduce_scatter, _iallgather, _ibroadcast, _isend, _irecv
               -> dt_comm_req; dt_comm_test, dt_comm_wait (every request ends with one wait)
        dt_bucketer_*: gradient buckets in reverse registration order, each all-reduced as soon as
-              its last gradient is marked ready (PyTorch DDP), averaged and unpacked
+              its last gradient is marked ready (PyTorch DDP), averaged and unpacked (or, with
+              grad_views, the grads live in the buckets); set_sync(0) for accumulation micro-steps
        dt_comm_stats / _format / _print: calls, bytes, seconds, algbw and busbw (nccl-tests)
 
    Tensors: f32, bf16, f16, i32, i64 (and u8 for everything but avg). Sizes are element counts of
@@ -76,8 +78,10 @@
    Send and recv time out too; their request is cancelled and the communicator stays usable.
 
    Memory: requests, staging and scratch buffers come from the ctx allocator; each communicator
-   keeps a small pool of scratch buffers so repeated calls do not allocate. A communicator that
-   timed out keeps the buffers of the abandoned collective until the process ends.
+   keeps a small pool of scratch buffers so repeated calls do not allocate (an all-reduce or
+   reduce-scatter borrows about (size-1)/size of its message). A communicator that timed out
+   keeps the buffers of the abandoned collective until the process ends. Wait for every request
+   of a communicator before freeing it.
 
    Threads: a dt_comm (and its requests and bucketer) belongs to one thread at a time. MPI is
    initialised with MPI_THREAD_FUNNELED when dt initialises it.
@@ -419,6 +423,7 @@ struct dt_comm_req {
     dt_tensor dscratch;              /* NCCL alltoallv into a too-small out: receives here instead */
     dt_comm_req **kids;              /* a large all-reduce runs as chunks, each its own operation */
     int nkids, internal;             /* internal: a chunk (counted in its parent's statistics) */
+    int64_t part_off, part_len;      /* a chunk of an all-to-all: this slice of every block */
     dt_comm_req *next;
 #ifdef DT_MPI
     MPI_Request mreq;
@@ -1894,8 +1899,19 @@ static dt_status dt__cm_mpi_post(dt_comm_req *q) {
         break;
     case DT_COLL_ALLTOALL: {
         int m = (int)(q->tin.numel / n);
-        what = "MPI_Ialltoall";
-        rc = MPI_Ialltoall(q->hin, m, T, q->hout, m, T, mc, &q->mreq);
+        if (q->part_len) { /* a chunk: the same slice of every block */
+            q->cnt = (int *)dt_alloc(c->ctx, (size_t)2 * n * sizeof(int));
+            if (!q->cnt) return DT_ERR_OOM;
+            for (r = 0; r < n; r++) {
+                q->cnt[r] = (int)q->part_len;
+                q->cnt[n + r] = (int)(r * (int64_t)m + q->part_off);
+            }
+            what = "MPI_Ialltoallv";
+            rc = MPI_Ialltoallv(q->hin, q->cnt, q->cnt + n, T, q->hout, q->cnt, q->cnt + n, T, mc, &q->mreq);
+        } else {
+            what = "MPI_Ialltoall";
+            rc = MPI_Ialltoall(q->hin, m, T, q->hout, m, T, mc, &q->mreq);
+        }
         break;
     }
     case DT_COLL_ALLTOALLV:
@@ -2074,29 +2090,38 @@ static dt_status dt__cm_finish_call(dt_comm_req *q, dt_status st, dt_comm_req **
     return st;
 }
 
-/* A large host all-reduce as chunks, each a whole all-reduce of a slice posted in order: the
-   all-to-all of one chunk overlaps the sums and the all-gather of the one before. The sum of
-   each element does not depend on the chunk it falls in, so the result is the same bitwise. */
+/* A large host all-reduce or broadcast as chunks, each a whole operation on a slice, posted in
+   order: the all-to-all of one chunk overlaps the sums and the all-gather of the one before, and
+   the chunks of a broadcast follow each other down MPI's tree. The sum of each element does not
+   depend on the chunk it falls in, so the result is the same bitwise. */
 static dt_status dt__cm_launch_chunks(dt_comm_req *q, int k) {
     dt_comm *c = q->c;
-    int64_t per = q->count / k, off = 0;
+    int a2a = q->kind == DT_COLL_ALLTOALL;
+    int64_t whole = a2a ? q->tin.numel / c->size : q->count, per = whole / k, off = 0;
     int i;
     dt_status st = DT_OK;
     q->t0 = dt__cm_now();
     q->kids = (dt_comm_req **)dt_alloc(c->ctx, (size_t)k * sizeof(dt_comm_req *));
     if (!q->kids) return DT_ERR_OOM;
     for (i = 0; i < k && !st; i++) {
-        int64_t len = i == k - 1 ? q->count - off : per;
+        int64_t len = i == k - 1 ? whole - off : per;
         dt_comm_req *kid = (dt_comm_req *)dt_alloc(c->ctx, sizeof(dt_comm_req));
         if (!kid) return DT_ERR_OOM;
-        dt__cm_req_init(kid, c, DT_COLL_ALLREDUCE, q->fn);
+        dt__cm_req_init(kid, c, q->kind, q->fn);
         q->kids[q->nkids++] = kid;
         kid->internal = 1;
         kid->seq = q->seq;
         kid->et = q->et;
         kid->op = q->op;
+        kid->arg = q->arg;
         kid->count = len;
-        st = dt_tensor_view(c->ctx, &kid->tout, &q->tout, off, 1, &len);
+        if (a2a) { /* elements [off, off + len) of every block */
+            kid->tin = q->tin;
+            kid->tout = q->tout;
+            kid->part_off = off;
+            kid->part_len = len;
+        } else
+            st = dt_tensor_view(c->ctx, &kid->tout, &q->tout, off, 1, &len);
         if (!st) st = dt__cm_launch(kid);
         off += len;
     }
@@ -2124,6 +2149,21 @@ static dt_comm_req *dt__cm_req(dt_comm *c, dt_comm_req *stack_q, dt_comm_req **o
     return q;
 }
 
+/* Host (or staged) messages of 512 KB and more go as 2..4 chunks of 256 KB or more (an
+   all-to-all only from host memory: its chunks are strided). */
+static dt_status dt__cm_launch_maybe_chunked(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    int k = (int)(q->stat_bytes / DT__CM_CHUNK_MIN), nccl = 0;
+#ifdef DT_NCCL
+    nccl = c->nccl_mode && dt__cm_on_device(&q->tout);
+#endif
+    k = k > DT__CM_CHUNKS ? DT__CM_CHUNKS : k;
+    if (q->kind == DT_COLL_ALLTOALL && (dt__cm_on_device(&q->tin) || dt__cm_on_device(&q->tout))) k = 1;
+    if (c->size > 1 && !nccl && k > 1 && q->stat_bytes * c->size > DT_COMM_GATHER_MAX_BYTES)
+        return dt__cm_launch_chunks(q, k);
+    return dt__cm_launch(q);
+}
+
 static dt_status dt__cm_allreduce(dt_comm *c, dt_tensor *t, dt_reduce_op op, dt_comm_req **out, const char *fn) {
     dt_comm_req sq, *q;
     dt_status st;
@@ -2142,18 +2182,7 @@ static dt_status dt__cm_allreduce(dt_comm *c, dt_tensor *t, dt_reduce_op op, dt_
         q->stat_bytes = (double)dt_tensor_bytes(t);
     }
     st = dt__cm_enter(q, st);
-    if (!st) {
-        int k = (int)(q->stat_bytes / DT__CM_CHUNK_MIN);
-        int nccl = 0;
-#ifdef DT_NCCL
-        nccl = c->nccl_mode && dt__cm_on_device(t);
-#endif
-        k = k > DT__CM_CHUNKS ? DT__CM_CHUNKS : k;
-        if (c->size > 1 && !nccl && k > 1 && q->stat_bytes * c->size > DT_COMM_GATHER_MAX_BYTES)
-            st = dt__cm_launch_chunks(q, k);
-        else
-            st = dt__cm_launch(q);
-    }
+    if (!st) st = dt__cm_launch_maybe_chunked(q);
     return dt__cm_finish_call(q, st, out);
 }
 
@@ -2289,7 +2318,7 @@ static dt_status dt__cm_broadcast(dt_comm *c, dt_tensor *t, int root, dt_comm_re
         q->stat_bytes = (double)dt_tensor_bytes(t);
     }
     st = dt__cm_enter(q, st);
-    if (!st) st = dt__cm_launch(q);
+    if (!st) st = dt__cm_launch_maybe_chunked(q);
     return dt__cm_finish_call(q, st, out);
 }
 
@@ -2328,7 +2357,7 @@ DT_API dt_status dt_comm_alltoall(dt_comm *c, dt_tensor *outt, const dt_tensor *
         q.stat_bytes = (double)dt_tensor_bytes(in);
     }
     st = dt__cm_enter(&q, st);
-    if (!st) st = dt__cm_launch(&q);
+    if (!st) st = dt__cm_launch_maybe_chunked(&q);
     return dt__cm_finish_call(&q, st, NULL);
 }
 

@@ -170,6 +170,26 @@ static void allreduce_large_chunked(void) {
         ok = st == 0 && same(&t, &want, why, sizeof why, "chunked allreduce");
         snprintf(name, sizeof name, "allreduce_large_chunked_%s_%s_is_rank_order_result", dt_dtype_name(dts[c]), OPS[ops[c]]);
         dt_test_check_all(name, ok, "status %d %s", st, why);
+        /* and a large broadcast (chunked too) from the last rank */
+        for (k = 0; k < n; k++) {
+            put(&t, k, cheap(R + 7, k));
+            put(&want, k, cheap(N - 1 + 7, k));
+        }
+        st = dt_comm_broadcast(W, &t, N - 1);
+        ok = st == 0 && same(&t, &want, why, sizeof why, "chunked broadcast");
+        snprintf(name, sizeof name, "broadcast_large_chunked_%s", dt_dtype_name(dts[c]));
+        dt_test_check_all(name, ok, "status %d %s", st, why);
+        if (c == 0) { /* a large all-to-all (strided chunks): block i of out is block R of rank i */
+            int64_t m = 250007, i;
+            dt_tensor in = make(DT_F32, N * m), out = make(DT_F32, N * m), w2 = make(DT_F32, N * m);
+            for (k = 0; k < N * m; k++) put(&in, k, cheap(R + 20, k));
+            for (i = 0; i < N; i++)
+                for (k = 0; k < m; k++) put(&w2, i * m + k, cheap((int)i + 20, R * m + k));
+            st = dt_comm_alltoall(W, &out, &in);
+            ok = st == 0 && same(&out, &w2, why, sizeof why, "chunked alltoall");
+            dt_test_check_all("alltoall_large_chunked_f32", ok, "status %d %s", st, why);
+            dt_tensor_free(&ctx, &in); dt_tensor_free(&ctx, &out); dt_tensor_free(&ctx, &w2);
+        }
         dt_tensor_free(&ctx, &t);
         dt_tensor_free(&ctx, &want);
     }
