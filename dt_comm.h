@@ -1255,7 +1255,7 @@ static dt_status dt__cm_after_stage(dt_comm_req *q) {
         /* rank r's contribution: its row of scratch; this rank's own never left its buffer */
         const void *stack_rows[64];
         const void **rows = n <= 64 ? stack_rows : (const void **)dt_alloc(c->ctx, (size_t)n * sizeof(void *));
-        int r, *rc = q->cnt ? q->cnt + 2 * n : NULL, *rd = q->cnt ? q->cnt + 3 * n : NULL;
+        int r, *rd = q->cnt ? q->cnt + 3 * n : NULL;
         char *mine, *dst;
         int64_t m;
         if (!rows) return DT_ERR_OOM;
@@ -1275,13 +1275,11 @@ static dt_status dt__cm_after_stage(dt_comm_req *q) {
         for (r = 0; r < n; r++)
             rows[r] = r == c->rank ? (const void *)mine
                                    : (const void *)((const char *)q->scratch + (size_t)(rd ? rd[r] : (int64_t)r * m) * es);
-        (void)rc;
         dt__cm_reduce(dst, rows, n, m, q->et, q->op);
         if (rows != stack_rows) dt_release(c->ctx, (void *)rows);
-    }
-    else if (q->kind == DT_COLL_ALLTOALLV && q->stage == 0) {
+    } else if (q->kind == DT_COLL_ALLTOALLV && q->stage == 0) {
         /* counts are in: check them against the caller's, size out, build the data exchange */
-        int64_t *sc = q->c64, *rc = q->c64 + n, total = 0, off = 0;
+        int64_t *rc = q->c64 + n, total = 0, off = 0;
         int r;
         dt_status st = DT_OK;
         for (r = 0; r < n; r++) {
@@ -1329,7 +1327,6 @@ static dt_status dt__cm_after_stage(dt_comm_req *q) {
             q->cnt[3 * n + r] = (int)off;
             off += rc[r];
         }
-        (void)sc;
     } else if (q->kind == DT_COLL_RECV && q->path == DT__CM_MPI) {
         /* the count check happens where the status is known (dt__cm_advance) */
     }
