@@ -169,8 +169,13 @@ static float train(dt_ctx *ctx, dt_comm *comm, const opts *o, dt_params *ps, mod
             double el = now() - t0, sps = (double)step * o->batch / (el > 0 ? el : 1e-9);
             printf("step %4d/%d  loss %.4f  acc %.3f  %.0f samples/s  eta %.1fs\n", step, o->steps,
                    stats[0] / o->batch, stats[1] / o->batch, sps, (o->steps - step) * o->batch / sps);
-            if (log) fprintf(log, "{\"step\":%d,\"loss\":%.6f,\"acc\":%.4f,\"lr\":%g,\"samples_per_s\":%.1f}\n", step,
-                             stats[0] / o->batch, stats[1] / o->batch, (double)o->lr, sps);
+            if (log) {
+                dt_comm_stat cs; /* seconds spent in all-reduces (bucketed grads + logged scalars) */
+                dt_comm_stats(comm, DT_COLL_ALLREDUCE, &cs);
+                fprintf(log, "{\"step\":%d,\"loss\":%.6f,\"acc\":%.4f,\"lr\":%g,\"samples_per_s\":%.1f,"
+                        "\"comm_s\":%.6f}\n", step, stats[0] / o->batch, stats[1] / o->batch, (double)o->lr, sps,
+                        cs.seconds);
+            }
         }
     }
     if (log) fclose(log);
