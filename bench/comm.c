@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "bench.h"
 
 enum { ALLREDUCE, REDUCE_SCATTER, ALLGATHER, BROADCAST, ALLTOALL, NCOLL };
 static const char *const NAMES[NCOLL] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "alltoall"};
@@ -33,15 +34,6 @@ static const dt_coll KINDS[NCOLL] = {DT_COLL_ALLREDUCE, DT_COLL_REDUCE_SCATTER, 
 
 static dt_ctx ctx;
 static int R, NW;
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* Ranks outside the measured group wait here without spinning on a core. */
 static void sleepy_barrier(void) {

@@ -36,6 +36,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "bench.h"
 
 enum { REPS = 11, CK_REPS = 5 };
 #define N_ADAM ((int64_t)16 * 1024 * 1024)    /* 64 MiB per f32 array, well above the caches */
@@ -45,22 +46,6 @@ enum { REPS = 11, CK_REPS = 5 };
     fprintf(stderr, "bench/opt: %s failed: %s\n", #call, dt_ctx_error(&g_ctx)); exit(1); } } while (0)
 
 static dt_ctx g_ctx;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
 
 static float *falloc(int64_t n, float v) {
     float *p = (float *)malloc((size_t)n * sizeof(float));

@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "bench.h"
 
 /* OpenBLAS extensions; declared here too in case cblas.h is another vendor's. */
 void openblas_set_num_threads(int num_threads);
@@ -46,22 +47,6 @@ enum { REPS = 7, MAXREPS = 16 };
     fprintf(stderr, "bench/tensor: %s failed: %s\n", #call, dt_ctx_error(&g_ctx)); exit(1); } } while (0)
 
 static dt_ctx g_ctx;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
 
 /* How busy other processes kept the CPUs between two snapshots (Linux /proc; -1 elsewhere):
    on a shared 2-core machine a build running beside the bench halves a 2-thread GEMM, and the
