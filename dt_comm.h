@@ -2807,6 +2807,7 @@ DT_API dt_status dt_bucketer_create(dt_comm *c, dt_params *ps, const dt_bucketer
     b->buckets = (dt__cm_bucket *)dt_alloc(c->ctx, (size_t)(ps->count ? ps->count : 1) * sizeof(dt__cm_bucket));
     b->by_ptr = (dt__cm_slot **)dt_alloc(c->ctx, (size_t)(ps->count ? ps->count : 1) * sizeof(dt__cm_slot *));
     if (!b->slots || !b->buckets || !b->by_ptr) {
+        b->views = 0; /* no grad was moved into a bucket yet: nothing for free to move back */
         dt_bucketer_free(b);
         return DT_ERR_OOM;
     }
@@ -2905,6 +2906,9 @@ DT_API dt_status dt_bucketer_mark_ready(dt_bucketer *b, dt_param *p) {
     if (!b) return DT_ERR_ARG;
     if (!b->sync) return DT_OK;
     if (!p) return dt_ctx_set_error(b->c->ctx, DT_ERR_ARG, "%s: p is NULL", fn);
+    if (b->ps->count != b->n_params)
+        return dt_ctx_set_error(b->c->ctx, DT_ERR_STATE, "%s: the parameter set has %d params, the bucketer was made "
+                                "for %d; make a new bucketer", fn, b->ps->count, b->n_params);
     key.p = p;
     found = (dt__cm_slot **)bsearch(&kp, b->by_ptr, (size_t)b->n_params, sizeof(dt__cm_slot *), dt__cm_slot_cmp);
     if (!found)
@@ -2925,9 +2929,9 @@ DT_API dt_status dt_bucketer_finish(dt_bucketer *b) {
     int i, k;
     if (!b) return DT_ERR_ARG;
     if (!b->sync) return DT_OK;
-    if (b->ps->count != b->n_params)
-        return dt_ctx_set_error(b->c->ctx, DT_ERR_STATE, "%s: the parameter set has %d params, the bucketer was made "
-                                "for %d; make a new bucketer", fn, b->ps->count, b->n_params);
+    if (b->ps->count != b->n_params) /* still wait for the buckets in flight and reset below */
+        st = dt_ctx_set_error(b->c->ctx, DT_ERR_STATE, "%s: the parameter set has %d params, the bucketer was made "
+                              "for %d; make a new bucketer", fn, b->ps->count, b->n_params);
     for (k = 0; k < b->n_params && !st; k++)
         if (!b->slots[k].ready) st = dt__cm_pack(b, &b->slots[k]);
     if (!st) st = dt__cm_launch_ready(b);

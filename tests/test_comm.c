@@ -202,6 +202,77 @@ static void stats_count_calls(dt_comm *w) {
     dt_tensor_free(&ctx, &a);
 }
 
+typedef struct { int left; } failing;
+static void *fail_alloc(size_t n, void *u) { failing *f = (failing *)u; return f->left-- > 0 ? malloc(n) : NULL; }
+static void fail_release(void *p, void *u) { (void)u; free(p); }
+
+static void add_params(dt_ctx *c, dt_params *ps, int n, int first) {
+    int i;
+    for (i = first; i < first + n; i++) {
+        dt_param_desc d;
+        char name[16];
+        memset(&d, 0, sizeof d);
+        snprintf(name, sizeof name, "q%d", i);
+        d.name = name;
+        d.shape[0] = 50 + i;
+        dt_params_add(c, ps, &d, NULL);
+    }
+}
+
+/* Every allocation of dt_bucketer_create failing in turn (grad_views on, the path that moves
+   grads into buckets) gives DT_ERR_OOM and leaves nothing allocated, never a crash. */
+static void bucketer_create_out_of_memory(void) {
+    int k, bad = 0;
+    for (k = 0; k < 12; k++) {
+        failing f = {1 << 20};
+        dt_ctx c2;
+        dt_ctx_desc cd;
+        dt_comm *w2 = NULL;
+        dt_params ps;
+        dt_bucketer *b = NULL;
+        dt_bucketer_desc bd;
+        size_t before;
+        dt_status st;
+        memset(&cd, 0, sizeof cd);
+        cd.allocator.alloc_fn = fail_alloc; cd.allocator.release_fn = fail_release; cd.allocator.user = &f;
+        dt_ctx_init(&c2, &cd);
+        memset(&ps, 0, sizeof ps);
+        dt_comm_init_world(&c2, &w2, NULL);
+        add_params(&c2, &ps, 3, 0);
+        memset(&bd, 0, sizeof bd);
+        bd.grad_views = 1;
+        before = c2.bytes_in_use;
+        f.left = k;
+        st = dt_bucketer_create(w2, &ps, &bd, &b);
+        f.left = 1 << 20;
+        if (st == DT_OK) dt_bucketer_free(b);
+        else if (st != DT_ERR_OOM || c2.bytes_in_use != before) bad++;
+        dt_params_free(&c2, &ps);
+        dt_comm_free(w2);
+        dt_ctx_shutdown(&c2);
+    }
+    DT_TEST_CHECK("bucketer_create_out_of_memory_is_clean", bad == 0);
+}
+
+/* A parameter added after the bucketer was made: mark_ready and finish say so, and finish still
+   waits for the buckets already in flight, so the bucketer can be freed without a hang. */
+static void bucketer_grown_parameter_set(dt_comm *w) {
+    dt_params ps;
+    dt_bucketer *b = NULL;
+    dt_status st;
+    memset(&ps, 0, sizeof ps);
+    add_params(&ctx, &ps, 2, 0);
+    st = dt_bucketer_create(w, &ps, NULL, &b);
+    if (!DT_TEST_CHECK("bucketer_for_grown_set_created", st == 0)) return;
+    dt_bucketer_mark_ready(b, ps.items[1]);
+    add_params(&ctx, &ps, 1, 2);
+    dt_test_error("bucketer_finish_grown_set_is_named", dt_bucketer_finish(b), dt_ctx_error(&ctx), "make a new bucketer");
+    dt_test_error("bucketer_mark_ready_grown_set_is_named", dt_bucketer_mark_ready(b, ps.items[0]), dt_ctx_error(&ctx),
+                  "the bucketer was made for 2");
+    dt_bucketer_free(b);
+    dt_params_free(&ctx, &ps);
+}
+
 int main(void) {
     dt_comm *w = NULL, *sub = NULL, *none = (dt_comm *)1;
     dt_comm_desc d;
@@ -217,6 +288,8 @@ int main(void) {
     world_of_one_f64_and_p2p(w);
     bad_inputs_are_named(w);
     bucketer_of_one_rank(w);
+    bucketer_create_out_of_memory();
+    bucketer_grown_parameter_set(w);
     stats_count_calls(w);
     st = dt_comm_split(w, 3, 0, &sub);
     DT_TEST_CHECK("split_of_one_rank", st == 0 && sub && dt_comm_size(sub) == 1 && strcmp(dt_comm_name(sub), "world.3") == 0);
