@@ -337,6 +337,7 @@ typedef struct dt_optimizer {
     int64_t step;           /* updates applied (skipped steps not counted); t = step + 1 */
     dt_opt_slot *slots;     /* one per params->items[i], same order */
     int n_slots;
+    double *sumsq;          /* per-parameter sums of squares of one step, kept: no allocation per step */
 } dt_optimizer;
 
 typedef struct dt_opt_step_info {
@@ -357,7 +358,9 @@ DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, dt_bucketer *b, int micro
 /* One update: unscale + inf/nan check (when scaling), global grad norm, clip, update every
    parameter with its group's lr and weight decay, re-cast bf16/f16 values, advance the step and
    the scaler. Collective over desc.comm (when scaling) and over the norm comms (when the norm is
-   computed: clip_norm > 0 or info non-NULL; every rank must pass info alike). info may be NULL. */
+   computed: clip_norm > 0 or info non-NULL; every rank must pass info alike). info may be NULL.
+   On an error (a failed collective) the grads may already be unscaled: do not call it again
+   on the same grads; end the run or redo the step from the forward. */
 DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info);
 /* The scheduled lr of the next update. */
 DT_API double dt_opt_lr(const dt_optimizer *opt);
@@ -1017,6 +1020,7 @@ DT_API void dt_opt_free(dt_optimizer *opt) {
         for (k = 0; k < 2; k++) dt_tensor_free(ctx, &opt->slots[i].state[k]);
     }
     dt_release(ctx, opt->slots);
+    dt_release(ctx, opt->sumsq);
     dt_release(ctx, opt);
 }
 
@@ -1045,7 +1049,13 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_params *ps, const dt_opt_desc *de
     d.loss_scale.mode = opt->scaler.mode;
     opt->desc = d;
     opt->slots = (dt_opt_slot *)dt_alloc(ctx, (size_t)(ps->count + 1) * sizeof(dt_opt_slot));
-    if (!opt->slots) { dt_release(ctx, opt); return DT_ERR_OOM; }
+    opt->sumsq = (double *)dt_alloc(ctx, (size_t)(ps->count + 1) * sizeof(double));
+    if (!opt->slots || !opt->sumsq) {
+        dt_release(ctx, opt->slots);
+        dt_release(ctx, opt->sumsq);
+        dt_release(ctx, opt);
+        return DT_ERR_OOM;
+    }
     memset(opt->slots, 0, (size_t)(ps->count + 1) * sizeof(dt_opt_slot));
     n_state = d.kind == DT_OPT_SGD ? (d.momentum != 0 ? 1 : 0) : d.kind == DT_OPT_ADAGRAD ? 1 : 2;
     for (i = 0; i < ps->count && !st; i++) {
@@ -1143,7 +1153,7 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     scaling = opt->scaler.mode != DT_LOSS_SCALE_NONE;
     mul = (float)(1.0 / opt->scaler.scale);
     want_norm = info || opt->desc.clip_norm > 0;
-    if (!(sq = (double *)dt_alloc(ctx, (size_t)(ps->count + 1) * sizeof(double)))) return DT_ERR_OOM;
+    sq = opt->sumsq;
     /* 1. one pass per grad: unscale, look for inf/nan, sum of squares (none is needed without
        scaling, clipping or info: the update is then the only pass) */
     for (i = 0; i < ps->count && (scaling || want_norm); i++)
@@ -1165,7 +1175,6 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
         opt->step++;
         if (scaling) dt_loss_scaler_update(&opt->scaler, 0);
     }
-    dt_release(ctx, sq);
     if (info) *info = inf;
     return st;
 }
@@ -1759,7 +1768,7 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
         return DT_OK;
     }
     lens = (double *)dt_alloc(ctx, (size_t)size * sizeof(double));
-    if (!lens) return DT_ERR_OOM; /* the other ranks then fail on the all-reduce's mismatch */
+    if (!lens) return DT_ERR_OOM; /* the other ranks then time out in the all-reduce, naming this rank */
     memset(lens, 0, (size_t)size * sizeof(double));
     lens[rank] = st_in ? -1.0 : (double)mine->len;
     st = dt_comm_allreduce_f64(c, lens, size, DT_REDUCE_SUM);
@@ -2407,7 +2416,7 @@ static dt_status dt__ck_target(dt_ctx *ctx, dt__ck_load *L, int i, const char *f
     dt_dtype sd;
     int64_t gshape[DT_MAX_DIMS], v;
     char a[128], b[128];
-    int nd = x->t->ndim, gnd, k, d, n1, n2;
+    int nd = x->t->ndim, gnd, k, d, n1, n2, first, j;
     if (x->kind == DT__CK_STATE) {
         src = dt_json_get(L->tensors, x->name);
     } else {
@@ -2432,6 +2441,7 @@ static dt_status dt__ck_target(dt_ctx *ctx, dt__ck_load *L, int i, const char *f
         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\" has global shape %s in the checkpoint; \"%s\" here has "
                                 "global shape %s", fn, src->key, dt__ck_shape_str(gnd, gshape, a, sizeof a), p->name,
                                 dt__ck_shape_str(nd, p->global_shape, b, sizeof b));
+    first = L->n_pc;
     for (k = 0; k < shards->count; k++) {
         const dt_json *s = &shards->items[k];
         int64_t vol = 1;
@@ -2458,6 +2468,17 @@ static dt_status dt__ck_target(dt_ctx *ctx, dt__ck_load *L, int i, const char *f
         L->files[pc.file].needed = 1;
         DT__OTRY(dt__ck_add_piece(ctx, L, &pc));
     }
+    /* covered == numel means complete only if no two pieces overlap (a corrupt manifest could
+       list a slice twice and another not at all; the temporaries are not zero-filled) */
+    for (k = first; k < L->n_pc; k++)
+        for (j = k + 1; j < L->n_pc; j++) {
+            int apart = 0;
+            for (d = 0; d < nd; d++)
+                apart |= L->pc[k].hi[d] <= L->pc[j].lo[d] || L->pc[j].hi[d] <= L->pc[k].lo[d];
+            if (!apart)
+                return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: two shards of \"%s\" overlap (corrupt manifest)", fn,
+                                        L->dir, src->key);
+        }
     if (x->covered != x->t->numel)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the shards of \"%s\" cover %lld of the %lld elements this "
                                 "rank needs", fn, L->dir, src->key, (long long)x->covered, (long long)x->t->numel);
@@ -2467,15 +2488,16 @@ static dt_status dt__ck_target(dt_ctx *ctx, dt__ck_load *L, int i, const char *f
 static dt_status dt__ck_parse_scalars(dt_ctx *ctx, dt__ck_load *L, const dt_optimizer *opt, const char *fn) {
     const dt_json *ts = dt_json_get(L->man, "train_state"), *user, *o, *sc;
     const char *kind, *mode;
-    uint64_t u;
+    uint64_t u, cursor;
     int64_t v;
     int i;
     if (!ts || ts->type != DT_JSON_OBJECT || !dt__ck_u64(dt__ck_jstr(ts, "step"), &u) ||
         !dt__ck_u64(dt__ck_jstr(ts, "rng_seed"), &L->ts.rng_seed) ||
         !dt__ck_u64(dt__ck_jstr(ts, "rng_offset"), &L->ts.rng_offset) ||
-        !dt__ck_u64(dt__ck_jstr(ts, "data_cursor"), (uint64_t *)&L->ts.data_cursor))
+        !dt__ck_u64(dt__ck_jstr(ts, "data_cursor"), &cursor) || u > (uint64_t)INT64_MAX || cursor > (uint64_t)INT64_MAX)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the manifest's train_state is malformed", fn, L->dir);
     L->ts.step = (int64_t)u;
+    L->ts.data_cursor = (int64_t)cursor;
     user = dt_json_get(ts, "user");
     for (i = 0; user && user->type == DT_JSON_OBJECT && i < user->count; i++) {
         const dt_json *kv = &user->items[i];
@@ -2532,7 +2554,7 @@ static void dt__ck_convert(void *dst, dt_dtype dt, const void *src, dt_dtype sdt
 static void dt__ck_copy_piece(dt__ck_item *x, const dt__ck_piece *pc, const char *src) {
     const int nd = x->t->ndim;
     const size_t ss = dt_dtype_size(pc->sdtype), ds = dt_dtype_size(x->tmp.dtype);
-    int64_t idx[DT_MAX_DIMS], rows = 1, r, run = pc->hi[nd - 1] - pc->lo[nd - 1];
+    int64_t idx[DT_MAX_DIMS], rows = 1, r, run = nd ? pc->hi[nd - 1] - pc->lo[nd - 1] : 1; /* a scalar: one */
     int d;
     for (d = 0; d < nd; d++) idx[d] = pc->lo[d];
     for (d = 0; d < nd - 1; d++) rows *= pc->hi[d] - pc->lo[d];
