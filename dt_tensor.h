@@ -150,7 +150,7 @@ typedef struct dt_ctx {
     size_t bytes_peak;     /* high-water mark of bytes_in_use */
     dt_status last_status;
     char last_error[DT_ERROR_MAX];
-    float *scratch;        /* packing buffer of the portable GEMM, grown on demand */
+    float *scratch;        /* scratch of per-step ops (GEMM packing, attention bwd), grown on demand */
     size_t scratch_floats;
     int initialised;
 } dt_ctx;
@@ -1314,6 +1314,17 @@ static void dt__tile_add(float *DT__RESTRICT C, int64_t ldc, const float *DT__RE
     }
 }
 
+/* The ctx's scratch floats, grown on demand and kept until dt_ctx_shutdown, so per-step ops
+   (GEMM packing, the attention backward's row buffer) allocate only the first time. */
+static float *dt__scratch(dt_ctx *ctx, size_t floats) {
+    if (ctx->scratch_floats < floats) {
+        dt_release(ctx, ctx->scratch);
+        ctx->scratch = (float *)dt_alloc(ctx, floats * sizeof(float));
+        ctx->scratch_floats = ctx->scratch ? floats : 0;
+    }
+    return ctx->scratch;
+}
+
 static dt_status dt__gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K,
                                    float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                                    float beta, float *C, int64_t ldc) {
@@ -1324,12 +1335,7 @@ static dt_status dt__gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64
         for (i = 0; i < M; i++)
             for (j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
     if (K == 0 || alpha == 0.0f) return DT_OK;
-    if (ctx->scratch_floats < need) {
-        dt_release(ctx, ctx->scratch);
-        ctx->scratch = (float *)dt_alloc(ctx, need * sizeof(float));
-        ctx->scratch_floats = ctx->scratch ? need : 0;
-        if (!ctx->scratch) return DT_ERR_OOM;
-    }
+    if (!dt__scratch(ctx, need)) return DT_ERR_OOM;
     pa = ctx->scratch;
     pb = ctx->scratch + DT__MC * DT__KC;
     for (jc = 0; jc < N; jc += DT__NC) {
@@ -2044,7 +2050,7 @@ DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor 
     DT__TRY(dt__same(ctx, dqkv, qkv, fn, "dqkv", "qkv"));
     B = qkv->shape[0]; T = qkv->shape[1]; C = qkv->shape[2] / 3; hs = C / n_head;
     scale = 1.0f / sqrtf((float)hs);
-    datt = (float *)dt_alloc(ctx, (size_t)(T ? T : 1) * sizeof(float));
+    datt = dt__scratch(ctx, (size_t)(T ? T : 1)); /* no GEMM runs below, so the buffer is free */
     if (!datt) return DT_ERR_OOM;
     for (b = 0; b < B; b++)
         for (t = 0; t < T; t++)
@@ -2069,7 +2075,6 @@ DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor 
                     for (i = 0; i < hs; i++) { dq[i] += dpre * k[i]; dk[i] += dpre * q[i]; }
                 }
             }
-    dt_release(ctx, datt);
     return DT_OK;
 }
 
