@@ -1149,6 +1149,63 @@ static void test_peak(void) {
     DT_TEST_CHECK("peak_counts_a_freed_tensor", dt_peak_bytes(&C) >= base + (1 << 18) && C.bytes_in_use == base);
 }
 
+/* Rewrites a saved manifest: replaces `from` by `to` (which must be found). */
+static int edit_manifest(const char *dir, const char *from, const char *to) {
+    char path[1200], text[4096], out[4096], *at;
+    FILE *fp;
+    size_t n;
+    snprintf(path, sizeof path, "%s/step_00000000/manifest.json", dir);
+    if (!(fp = fopen(path, "rb"))) return 0;
+    n = fread(text, 1, sizeof text - 1, fp);
+    fclose(fp);
+    text[n] = 0;
+    if (!(at = strstr(text, from))) return 0;
+    snprintf(out, sizeof out, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    if (!(fp = fopen(path, "wb"))) return 0;
+    fputs(out, fp);
+    fclose(fp);
+    return 1;
+}
+
+/* Manifests that pass every other count but are still wrong: two shards covering the same half
+   of a tensor (their volumes add up to its size), and a data cursor beyond int64. Both are
+   named errors and the parameter keeps its value. */
+static void test_corrupt_manifest_fields(void) {
+    char dir[1100];
+    dt_params ps;
+    dt_param_desc d;
+    dt_param *x;
+    dt_checkpoint_desc cd;
+    dt_train_state ts;
+    dt_status st;
+    int ok;
+    memset(&ps, 0, sizeof ps);
+    memset(&d, 0, sizeof d);
+    d.name = "x"; d.shape[0] = 4;
+    d.init.kind = DT_INIT_CONST; d.init.value = 7;
+    dt_params_add(&C, &ps, &d, &x);
+    snprintf(dir, sizeof dir, "%s/corrupt_fields", ROOT);
+    memset(&cd, 0, sizeof cd);
+    cd.dir = dir;
+    memset(&ts, 0, sizeof ts);
+    st = dt_checkpoint_save(&C, &cd, &ps, NULL, &ts);
+    ok = st == DT_OK && edit_manifest(dir, "\"shards\":[{\"rank\":0,\"start\":[0],\"shape\":[4]}]",
+                                      "\"shards\":[{\"rank\":0,\"start\":[0],\"shape\":[2]},{\"rank\":0,\"start\":[0],\"shape\":[2]}]");
+    if (DT_TEST_CHECK("manifest_edit_for_overlap", ok)) {
+        dt_tensor_fill(&C, &x->value, 1.0);
+        st = dt_checkpoint_load(&C, &cd, &ps, NULL, NULL);
+        dt_test_error("overlapping_shards_are_named", st, dt_ctx_error(&C), "overlap");
+        dt_test_close("overlapping_shards_change_nothing", ((float *)x->value.data)[3], 1.0, 0);
+    }
+    st = dt_checkpoint_save(&C, &cd, &ps, NULL, &ts);
+    ok = st == DT_OK && edit_manifest(dir, "\"data_cursor\":\"0\"", "\"data_cursor\":\"9300000000000000000\"");
+    if (DT_TEST_CHECK("manifest_edit_for_cursor", ok)) {
+        st = dt_checkpoint_load(&C, &cd, &ps, NULL, &ts);
+        dt_test_error("data_cursor_beyond_int64_is_named", st, dt_ctx_error(&C), "train_state is malformed");
+    }
+    dt_params_free(&C, &ps);
+}
+
 int main(void) {
     dt_ctx_init(&C, NULL);
     snprintf(ROOT, sizeof ROOT, "%s/test_opt", dt_test_tmpdir());
@@ -1169,6 +1226,7 @@ int main(void) {
     test_keep();
     test_resave_same_step();
     test_bad_checkpoints();
+    test_corrupt_manifest_fields();
     test_bad_args();
     test_xxh64();
     test_peak();
