@@ -62,6 +62,24 @@ find_nvcc() {
     fi
 }
 
+# The CUDA prefix (include/cuda_runtime.h, lib64/libcudart.so). The nvcc on PATH can be a wrapper
+# script (/usr/local/bin/nvcc), so its directory says nothing: CUDA_HOME or CUDA_PATH when they
+# hold the headers, else the TOP that nvcc itself reports, else /usr/local/cuda.
+cuda_home() {
+    local nvcc=$1 d top
+    for d in "${CUDA_HOME:-}" "${CUDA_PATH:-}"; do
+        if [ -n "$d" ] && [ -f "$d/include/cuda_runtime.h" ]; then echo "$d"; return; fi
+    done
+    top=$("$nvcc" --dryrun -c -x cu /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n 1)
+    if [ -n "$top" ] && [ -f "$top/include/cuda_runtime.h" ]; then
+        (cd "$top" && pwd -P); return
+    fi
+    for d in /usr/local/cuda /usr/lib/cuda /usr; do
+        if [ -f "$d/include/cuda_runtime.h" ]; then echo "$d"; return; fi
+    done
+    dirname "$(dirname "$nvcc")"
+}
+
 have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }
 
 # CUDA 13 dropped the pre-Turing archs. With a GPU, build for it; without, sm_90 (H100) if this
@@ -90,7 +108,7 @@ setup_toolchain() {
     DT_CUDA_HOME=''
     DT_CUDA_ARCH=''
     if [ -n "$DT_NVCC" ]; then
-        DT_CUDA_HOME=$(dirname "$(dirname "$DT_NVCC")")
+        DT_CUDA_HOME=$(cuda_home "$DT_NVCC")
         DT_CUDA_ARCH=$(cuda_arch "$DT_NVCC")
     fi
     DT_HAVE_GPU=0
