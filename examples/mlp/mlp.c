@@ -1,21 +1,18 @@
 /* examples/mlp/mlp.c - first steps with dt: a 3-layer MLP classifier trained with SGD on
-   built-in synthetic data (labels from a fixed random "teacher" network, so there is a real
-   non-linear function to learn and the accuracy says whether it was learnt), on one process
-   or data parallel on many.
+   built-in synthetic data whose labels come from a fixed random "teacher" network (a real
+   non-linear function, so the accuracy says whether it was learnt), on one rank or many.
 
-   build:  ./build.sh            run:  build/examples/mlp --steps 1000 --batch 64
-                                       mpirun -np 4 build/examples/mlp --steps 1000 --batch 64
-   flags:  --steps N --batch B --seed S --lr LR --hidden H --log metrics.jsonl
+   run:   build/examples/mlp --steps 1000 --batch 64          (built by ./build.sh)
+          mpirun -np 4 build/examples/mlp --steps 1000 --batch 64
+   flags: --steps N --batch B --seed S --lr LR --hidden H --log metrics.jsonl
 
-   Sample i is a pure function of (seed, i) and the initial weights of (seed, name, index), so
-   every rank starts from the same model and makes exactly its slice of each global batch.
-   Data parallel step: forward and backward on the slice; as backward finishes each layer its
-   grads are marked ready and the bucketer averages them over the ranks; every rank then takes
-   the same SGD step. The run matches the 1-rank run within fp32 rounding (tests/mpi_mlp_dp.c). */
+   Samples and initial weights are pure functions of the seed, so every rank starts from the
+   same model and makes exactly its slice of each global batch. The bucketer averages each
+   layer's grads over the ranks as soon as backward is done with it; every rank then takes the
+   same SGD step, matching the 1-rank run within fp32 rounding (tests/mpi_mlp_dp.c). */
 #define DT_IMPLEMENTATION
 #include "../../dt_tensor.h"
 #include "../../dt_comm.h"
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,55 +20,44 @@
 
 enum { IN = 16, CLASSES = 4, TEACHER_H = 8, EVAL_N = 1024 };
 #define EVAL_BASE ((uint64_t)1 << 40) /* eval samples never overlap training ones */
-
 typedef struct { int steps, batch, hidden; uint64_t seed; float lr; const char *log; int quiet; } opts;
-
 #define CHECK(call) do { dt_status s_ = (call); if (s_) { \
     fprintf(stderr, "mlp: %s failed: %s\n", #call, dt_ctx_error(ctx)); exit(1); } } while (0)
 
-/* x ~ U[-1,1)^IN; y = argmax of a random 2-layer teacher, with weights fixed by the seed */
-static void sample(uint64_t seed, uint64_t i, float *x, int32_t *y) {
-    float h[TEACHER_H], best = -1e30f;
-    int j, k;
-    for (j = 0; j < IN; j++) x[j] = 2.0f * dt_rng_uniform(seed, 1, i * IN + j) - 1.0f;
-    for (k = 0; k < TEACHER_H; k++) {
-        float s = 0;
-        for (j = 0; j < IN; j++) s += dt_rng_normal(seed, 2, (uint64_t)(k * IN + j)) * x[j];
-        h[k] = s > 0 ? s : 0;
-    }
-    for (*y = 0, k = 0; k < CLASSES; k++) {
-        float s = 0;
-        for (j = 0; j < TEACHER_H; j++) s += dt_rng_normal(seed, 3, (uint64_t)(k * TEACHER_H + j)) * h[j];
-        if (s > best) { best = s; *y = k; }
-    }
-}
-
-typedef struct { dt_param *w1, *b1, *w2, *b2, *w3, *b3; } model;
+typedef struct { dt_param *w1, *b1, *w2, *b2, *w3, *b3; } model; /* fc1 -> relu -> fc2 -> relu -> fc3 */
 typedef struct { dt_tensor x, h1, a1, h2, a2, logits, probs, y, dh1, da1, dh2, da2, dlogits; } acts;
 
 static dt_param *add(dt_ctx *ctx, dt_params *ps, const char *name, int64_t d0, int64_t d1, uint64_t seed) {
-    dt_param_desc d;
+    dt_param_desc d = {0};
     dt_param *p;
-    memset(&d, 0, sizeof d);
     d.name = name; d.shape[0] = d0; d.shape[1] = d1;
     d.init.kind = d1 ? DT_INIT_SCALED_NORMAL : DT_INIT_ZEROS; /* biases start at zero */
     d.init.gain = 1.41421356; /* He init for ReLU: std = sqrt(2 / fan_in) */
-    d.init.seed = seed;
-    d.no_decay = d1 == 0;
+    d.init.seed = seed; d.no_decay = d1 == 0;
     CHECK(dt_params_add(ctx, ps, &d, &p));
     return p;
 }
 
-static void make(dt_ctx *ctx, dt_tensor *t, int64_t d0, int64_t d1, dt_dtype dt) {
-    dt_tensor_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = dt; d.shape[0] = d0; d.shape[1] = d1;
-    CHECK(dt_tensor_create(ctx, t, &d));
-}
-
+/* samples first .. first + n - 1 into x and y: x ~ U[-1,1)^IN, y = the argmax of a random
+   2-layer ReLU "teacher" whose weights are fixed by the seed */
 static void load_batch(acts *a, uint64_t seed, uint64_t first, int n) {
-    int r;
-    for (r = 0; r < n; r++) sample(seed, first + (uint64_t)r, (float *)a->x.data + r * IN, (int32_t *)a->y.data + r);
+    int r, j, k;
+    for (r = 0; r < n; r++) {
+        uint64_t i = first + (uint64_t)r;
+        float *x = (float *)a->x.data + r * IN, h[TEACHER_H], best = -1e30f;
+        int32_t *y = (int32_t *)a->y.data + r;
+        for (j = 0; j < IN; j++) x[j] = 2.0f * dt_rng_uniform(seed, 1, i * IN + j) - 1.0f;
+        for (k = 0; k < TEACHER_H; k++) {
+            float s = 0;
+            for (j = 0; j < IN; j++) s += dt_rng_normal(seed, 2, (uint64_t)(k * IN + j)) * x[j];
+            h[k] = s > 0 ? s : 0;
+        }
+        for (*y = 0, k = 0; k < CLASSES; k++) {
+            float s = 0;
+            for (j = 0; j < TEACHER_H; j++) s += dt_rng_normal(seed, 3, (uint64_t)(k * TEACHER_H + j)) * h[j];
+            if (s > best) { best = s; *y = k; }
+        }
+    }
 }
 
 /* forward to the loss (mean over these rows); returns how many rows were classified right */
@@ -93,8 +79,7 @@ static int64_t forward(dt_ctx *ctx, model *m, acts *a, float *loss) {
 }
 
 /* backward: every *_bwd accumulates, so the activation grads are zeroed first. A layer's
-   grads are final as soon as its linear_bwd returns: marking them ready lets their bucket's
-   all-reduce start while the layers below are still computing. */
+   grads are final, and marked ready for the bucketer, as soon as its linear_bwd returns. */
 static void backward(dt_ctx *ctx, model *m, acts *a, float dloss, dt_bucketer *bk) {
     dt_tensor *g[5] = {&a->dh1, &a->da1, &a->dh2, &a->da2, &a->dlogits};
     int i;
@@ -110,52 +95,46 @@ static void backward(dt_ctx *ctx, model *m, acts *a, float dloss, dt_bucketer *b
     CHECK(dt_bucketer_mark_ready(bk, m->w1)); CHECK(dt_bucketer_mark_ready(bk, m->b1));
 }
 
-static void alloc_acts(dt_ctx *ctx, acts *a, int n, int h) {
-    make(ctx, &a->x, n, IN, DT_F32); make(ctx, &a->y, n, 0, DT_I32);
-    make(ctx, &a->h1, n, h, DT_F32); make(ctx, &a->a1, n, h, DT_F32);
-    make(ctx, &a->h2, n, h, DT_F32); make(ctx, &a->a2, n, h, DT_F32);
-    make(ctx, &a->logits, n, CLASSES, DT_F32); make(ctx, &a->probs, n, CLASSES, DT_F32);
-    make(ctx, &a->dh1, n, h, DT_F32); make(ctx, &a->da1, n, h, DT_F32);
-    make(ctx, &a->dh2, n, h, DT_F32); make(ctx, &a->da2, n, h, DT_F32);
-    make(ctx, &a->dlogits, n, CLASSES, DT_F32);
-}
-
-static void free_acts(dt_ctx *ctx, acts *a) {
+/* n > 0: creates n rows of each ([n, cols] f32 activations and grads, [n] i32 labels); 0 frees */
+static void acts_make(dt_ctx *ctx, acts *a, int n, int h) {
     dt_tensor *t[13] = {&a->x, &a->h1, &a->a1, &a->h2, &a->a2, &a->logits, &a->probs, &a->y,
                         &a->dh1, &a->da1, &a->dh2, &a->da2, &a->dlogits};
+    int64_t cols[13] = {IN, h, h, h, h, CLASSES, CLASSES, 0, h, h, h, h, CLASSES};
     int i;
-    for (i = 0; i < 13; i++) dt_tensor_free(ctx, t[i]);
+    for (i = 0; i < 13; i++) {
+        dt_tensor_desc d = {0};
+        d.dtype = t[i] == &a->y ? DT_I32 : DT_F32; d.shape[0] = n; d.shape[1] = cols[i];
+        if (n) CHECK(dt_tensor_create(ctx, t[i], &d)); else dt_tensor_free(ctx, t[i]);
+    }
 }
 
-/* processor time: close to wall time for this single-threaded loop, and plain C99 */
-static double now(void) { return (double)clock() / CLOCKS_PER_SEC; }
+#define NOW() ((double)clock() / CLOCKS_PER_SEC) /* CPU time: the wall time of this 1-thread loop */
 
 /* Trains the model (made here, into ps and m) on comm, one rank or many. Rank r of n takes
    rows [off, off + nr) of each global batch. losses[s], when not NULL, receives the loss of
    global batch s + 1. Returns the eval loss on held-out samples. */
 static float train(dt_ctx *ctx, dt_comm *comm, const opts *o, dt_params *ps, model *m, float *losses) {
-    int rank = dt_comm_rank(comm), n = dt_comm_size(comm), step;
+    int rank = dt_comm_rank(comm), n = dt_comm_size(comm), step, i;
     int nr = o->batch / n + (rank < o->batch % n), off = rank * (o->batch / n) + (rank < o->batch % n ? rank : o->batch % n);
     /* softmax_xent takes the mean over this rank's nr rows and the bucketer the mean over the
        ranks; scaling by nr * n / batch makes that the mean over the global batch */
     float dloss = (float)nr * (float)n / (float)o->batch, loss = 0;
     double stats[2], t0;
-    dt_bucketer *bk = NULL;
+    dt_bucketer *bk = NULL; dt_comm_stat cs;
     FILE *log = NULL;
     acts a, ev;
     m->w1 = add(ctx, ps, "fc1.w", o->hidden, IN, o->seed); m->b1 = add(ctx, ps, "fc1.b", o->hidden, 0, o->seed);
     m->w2 = add(ctx, ps, "fc2.w", o->hidden, o->hidden, o->seed); m->b2 = add(ctx, ps, "fc2.b", o->hidden, 0, o->seed);
     m->w3 = add(ctx, ps, "fc3.w", CLASSES, o->hidden, o->seed); m->b3 = add(ctx, ps, "fc3.b", CLASSES, 0, o->seed);
     CHECK(dt_bucketer_create(comm, ps, NULL, &bk));
-    alloc_acts(ctx, &a, nr, o->hidden);
+    acts_make(ctx, &a, nr, o->hidden);
     if (rank == 0 && o->log && !(log = fopen(o->log, "w"))) { fprintf(stderr, "mlp: cannot write %s\n", o->log); exit(1); }
     if (rank == 0 && !o->quiet)
         printf("mlp: %lld params, %d steps of batch %d on %d rank%s (%d rows each%s), lr %g, seed %llu\n",
                (long long)dt_params_numel(ps), o->steps, o->batch, n, n > 1 ? "s" : "", nr, o->batch % n ? " or so" : "",
                (double)o->lr, (unsigned long long)o->seed);
-    t0 = now();
+    t0 = NOW();
     for (step = 1; step <= o->steps; step++) {
-        int i;
         load_batch(&a, o->seed, (uint64_t)(step - 1) * (uint64_t)o->batch + (uint64_t)off, nr);
         stats[1] = (double)forward(ctx, m, &a, &loss);
         dt_params_zero_grad(ctx, ps);
@@ -166,29 +145,23 @@ static float train(dt_ctx *ctx, dt_comm *comm, const opts *o, dt_params *ps, mod
         CHECK(dt_comm_allreduce_f64(comm, stats, 2, DT_REDUCE_SUM));
         if (losses) losses[step - 1] = (float)(stats[0] / o->batch);
         if (rank == 0 && !o->quiet && (step % 50 == 0 || step == o->steps)) {
-            double el = now() - t0, sps = (double)step * o->batch / (el > 0 ? el : 1e-9);
+            double el = NOW() - t0, sps = (double)step * o->batch / (el > 0 ? el : 1e-9);
             printf("step %4d/%d  loss %.4f  acc %.3f  %.0f samples/s  eta %.1fs\n", step, o->steps,
                    stats[0] / o->batch, stats[1] / o->batch, sps, (o->steps - step) * o->batch / sps);
-            if (log) {
-                dt_comm_stat cs; /* seconds spent in all-reduces (bucketed grads + logged scalars) */
-                dt_comm_stats(comm, DT_COLL_ALLREDUCE, &cs);
+            if (log && dt_comm_stats(comm, DT_COLL_ALLREDUCE, &cs) == DT_OK) /* cs.seconds: in all-reduces */
                 fprintf(log, "{\"step\":%d,\"loss\":%.6f,\"acc\":%.4f,\"lr\":%g,\"samples_per_s\":%.1f,"
                         "\"comm_s\":%.6f}\n", step, stats[0] / o->batch, stats[1] / o->batch, (double)o->lr, sps,
                         cs.seconds);
-            }
         }
     }
     if (log) fclose(log);
-    alloc_acts(ctx, &ev, EVAL_N, o->hidden); /* weights are the same on every rank: each evaluates */
+    acts_make(ctx, &ev, EVAL_N, o->hidden); /* weights are the same on every rank: each evaluates */
     load_batch(&ev, o->seed, EVAL_BASE, EVAL_N);
     stats[1] = (double)forward(ctx, m, &ev, &loss);
-    if (rank == 0 && !o->quiet) {
-        printf("eval: loss %.4f  accuracy %.3f on %d held-out samples (chance %.3f)\n", (double)loss,
-               stats[1] / EVAL_N, EVAL_N, 1.0 / CLASSES);
-        printf("loss %.6f\n", (double)loss);
-    }
-    free_acts(ctx, &a);
-    free_acts(ctx, &ev);
+    if (rank == 0 && !o->quiet)
+        printf("eval: loss %.4f  accuracy %.3f on %d held-out samples (chance %.3f)\nloss %.6f\n",
+               (double)loss, stats[1] / EVAL_N, EVAL_N, 1.0 / CLASSES, (double)loss);
+    acts_make(ctx, &a, 0, 0); acts_make(ctx, &ev, 0, 0);
     dt_bucketer_free(bk);
     return loss;
 }
@@ -198,7 +171,7 @@ int main(int argc, char **argv) {
     opts o = {1000, 64, 64, 1, 0.2f, NULL, 0};
     dt_ctx ctx_storage, *ctx = &ctx_storage;
     dt_comm *world = NULL;
-    dt_params ps;
+    dt_params ps = {0};
     model m;
     int i;
     for (i = 1; i + 1 < argc; i += 2) {
@@ -215,10 +188,8 @@ int main(int argc, char **argv) {
     if (i != argc || o.steps < 1 || o.batch < dt_comm_size(world) || o.hidden < 1 || !(o.lr > 0)) {
         if (dt_comm_rank(world) == 0)
             fprintf(stderr, "usage: mlp [--steps N>0] [--batch B>=ranks] [--hidden H>0] [--seed S] [--lr LR>0] [--log F]\n");
-        dt_comm_free(world);
-        return 2;
+        dt_comm_free(world); return 2;
     }
-    memset(&ps, 0, sizeof ps);
     train(ctx, world, &o, &ps, &m, NULL);
     dt_params_free(ctx, &ps);
     dt_comm_free(world); /* finalizes MPI */
