@@ -139,15 +139,16 @@
    first points `latest` at the newest other step while the directory is replaced). The newest
    `keep` step directories stay; step_*.tmp/ left by interrupted saves are removed. dir must be
    on a file system every rank sees (rank 0 renames the directory the ranks wrote into).
-   dt_checkpoint_load reads latest (or desc.step_dir), validates everything, reads every slice
-   this rank needs from whichever rank files hold it (so any world size or layout can load any
-   checkpoint: resharding), checks each file it reads against the manifest's size and XXH64,
-   and only when everything is read on every rank does it copy into params and optimizer.
-   Truncated, corrupt, foreign or mismatched checkpoints are DT_ERR_FORMAT / DT_ERR_IO /
-   DT_ERR_SHAPE with the file, tensor and values named, and nothing is changed.
-   Memory while loading: a temporary copy of everything this rank loads, plus one shard when a
-   shard must be cut (resharding). Every file that holds a needed slice is read whole (its
-   checksum covers the whole file).
+   dt_checkpoint_load reads latest (or desc.step_dir), validates everything, finds every slice
+   this rank needs in whichever rank files hold it (so any world size or layout can load any
+   checkpoint: resharding), maps each such file read-only (mmap) and checks it against the
+   manifest's size and XXH64, and only when everything checks out on every rank does it copy
+   the slices from the mappings into params and optimizer state (one copy, converting dtype
+   where the checkpoint's differs). Truncated, corrupt, foreign or mismatched checkpoints are
+   DT_ERR_FORMAT / DT_ERR_IO / DT_ERR_SHAPE with the file, tensor and values named, and nothing
+   is changed. Memory while loading: no second copy of the state (the mappings are the page
+   cache's); a host staging buffer only for CUDA tensors. Every file that holds a needed slice
+   is read whole (its checksum covers the whole file).
 
    Memory: everything comes from the ctx allocator. The trainer's memory measurement (e.g.
    activation recompute on/off) reads the allocator's high-water mark: dt_peak_bytes(ctx)
@@ -460,11 +461,12 @@ DT_API void dt_reset_peak_bytes(dt_ctx *ctx);
 #define DT__OPT_POSIX 1
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 #ifndef DT_OPT_NO_THREADS
-/* one helper thread hashes checkpoint bytes while the caller's thread reads or writes them */
+/* one helper thread hashes checkpoint bytes while the caller's thread writes them */
 #define DT__OPT_THREADS 1
 #include <pthread.h>
 #endif
@@ -1408,8 +1410,8 @@ static int dt__ck_u64(const char *s, uint64_t *out) {
 
 static const char *dt__ck_errno(void) { return strerror(errno); }
 
-/* XXH64 of a file's bytes, computed beside the I/O: the caller's thread pushes each chunk as it
-   is written or read, a helper thread hashes the chunks in order. Without threads
+/* XXH64 of a file's bytes, computed beside the writes: the caller's thread pushes each chunk as
+   it is written, a helper thread hashes the chunks in order. Without threads
    (DT_OPT_NO_THREADS, or pthread_create failing) push hashes in place. A pushed chunk must
    stay unchanged until dt__hasher_drain (or _finish) returns. */
 #define DT__HQ 64
@@ -1527,26 +1529,16 @@ static dt_status dt__ck_write_all(dt_ctx *ctx, int fd, const void *buf, size_t n
     return DT_OK;
 }
 
-/* read(2) exactly n bytes (dst NULL: into `scratch`, only to hash them), each chunk handed to
-   the hasher once it is in memory. */
-static dt_status dt__ck_read_all(dt_ctx *ctx, int fd, void *dst, size_t n, char *scratch, dt__hasher *h,
-                                 const char *path, const char *fn) {
+/* read(2) exactly n bytes into dst. */
+static dt_status dt__ck_read_all(dt_ctx *ctx, int fd, void *dst, size_t n, const char *path, const char *fn) {
     char *p = (char *)dst;
     while (n > 0) {
-        size_t k = n < DT__CK_CHUNK ? n : DT__CK_CHUNK, off = 0;
-        char *q = p ? p : scratch;
-        if (!p && h) dt__hasher_drain(h); /* scratch is about to be overwritten */
-        while (off < k) {
-            ssize_t r = read(fd, q + off, k - off);
-            if (r < 0 && errno == EINTR) continue;
-            if (r < 0) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: reading %s failed: %s", fn, path, dt__ck_errno());
-            if (r == 0)
-                return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s ends early (truncated file)", fn, path);
-            off += (size_t)r;
-        }
-        if (h) dt__hasher_push(h, q, k);
-        if (p) p += k;
-        n -= k;
+        ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: reading %s failed: %s", fn, path, dt__ck_errno());
+        if (r == 0) return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s ends early (truncated file)", fn, path);
+        p += r;
+        n -= (size_t)r;
     }
     return DT_OK;
 }
@@ -1589,7 +1581,7 @@ static dt_status dt__ck_read_text(dt_ctx *ctx, const char *path, size_t max, cha
                                 path, (long long)size, what, (unsigned long long)max);
     }
     if (!(*text = (char *)dt_alloc(ctx, (size_t)size + 1))) { close(fd); return DT_ERR_OOM; }
-    st = dt__ck_read_all(ctx, fd, *text, (size_t)size, NULL, NULL, path, fn);
+    st = dt__ck_read_all(ctx, fd, *text, (size_t)size, path, fn);
     close(fd);
     if (st) { dt_release(ctx, *text); *text = NULL; return st; }
     (*text)[size] = 0;
@@ -1656,7 +1648,7 @@ typedef struct dt__ck_item {
     dt_param *p;            /* its box in the logical tensor: p->global_shape, p->start, t->shape */
     dt_tensor *t;           /* the live tensor */
     int write;              /* save: this rank holds the copy that gets written */
-    dt_tensor tmp;          /* load: the values read, committed at the end */
+    dt_tensor tmp;          /* load, CUDA tensors only: host staging for the commit */
     int64_t covered;        /* load: elements the checkpoint's shards cover */
 } dt__ck_item;
 
@@ -2279,13 +2271,14 @@ typedef struct dt__ck_piece {     /* part of one item that one shard of one file
     dt_dtype sdtype;
     int64_t sstart[DT_MAX_DIMS], sshape[DT_MAX_DIMS]; /* the shard's box in the logical tensor */
     int64_t lo[DT_MAX_DIMS], hi[DT_MAX_DIMS];         /* the part the item needs (global coords) */
-    int done;
+    const char *data;                                 /* the shard's bytes, in the file's mapping */
 } dt__ck_piece;
 
 typedef struct dt__ck_file {
     char name[64];
     uint64_t bytes, hash;
     int needed;
+    void *map;                    /* the whole file, mapped read-only once it is opened */
 } dt__ck_file;
 
 typedef struct dt__ck_load {
@@ -2477,7 +2470,7 @@ static dt_status dt__ck_target(dt_ctx *ctx, dt__ck_load *L, int i, const char *f
         DT__OTRY(dt__ck_add_piece(ctx, L, &pc));
     }
     /* covered == numel means complete only if no two pieces overlap (a corrupt manifest could
-       list a slice twice and another not at all; the temporaries are not zero-filled) */
+       list a slice twice and another not at all, and nothing else writes the tensor) */
     for (k = first; k < L->n_pc; k++)
         for (j = k + 1; j < L->n_pc; j++) {
             int apart = 0;
@@ -2557,13 +2550,20 @@ static void dt__ck_convert(void *dst, dt_dtype dt, const void *src, dt_dtype sdt
     }
 }
 
-/* Copies the piece's box out of the shard's data (row-major, the shard's shape) into the
-   item's temporary (row-major, the item's shape), one innermost run at a time. */
-static void dt__ck_copy_piece(dt__ck_item *x, const dt__ck_piece *pc, const char *src) {
+/* Copies the piece's box out of the shard's bytes (row-major, the shard's shape) into dst
+   (row-major, the item's shape, the item's dtype), one innermost run at a time; the whole
+   shard in one go when it is exactly the item. */
+static void dt__ck_copy_piece(const dt__ck_item *x, const dt__ck_piece *pc, void *dst) {
     const int nd = x->t->ndim;
-    const size_t ss = dt_dtype_size(pc->sdtype), ds = dt_dtype_size(x->tmp.dtype);
+    const size_t ss = dt_dtype_size(pc->sdtype), ds = dt_dtype_size(x->t->dtype);
+    const char *src = pc->data;
     int64_t idx[DT_MAX_DIMS], rows = 1, r, run = nd ? pc->hi[nd - 1] - pc->lo[nd - 1] : 1; /* a scalar: one */
-    int d;
+    int d, same = 1;
+    for (d = 0; d < nd; d++) same &= pc->sstart[d] == x->p->start[d] && pc->sshape[d] == x->t->shape[d];
+    if (same) {
+        dt__ck_convert(dst, x->t->dtype, src, pc->sdtype, x->t->numel);
+        return;
+    }
     for (d = 0; d < nd; d++) idx[d] = pc->lo[d];
     for (d = 0; d < nd - 1; d++) rows *= pc->hi[d] - pc->lo[d];
     for (r = 0; r < rows; r++) {
@@ -2572,7 +2572,7 @@ static void dt__ck_copy_piece(dt__ck_item *x, const dt__ck_piece *pc, const char
             so = so * pc->sshape[d] + (idx[d] - pc->sstart[d]);
             dof = dof * x->t->shape[d] + (idx[d] - x->p->start[d]);
         }
-        dt__ck_convert((char *)x->tmp.data + (size_t)dof * ds, x->tmp.dtype, src + (size_t)so * ss, pc->sdtype, run);
+        dt__ck_convert((char *)dst + (size_t)dof * ds, x->t->dtype, src + (size_t)so * ss, pc->sdtype, run);
         for (d = nd - 2; d >= 0; d--) { /* next row of the box */
             if (++idx[d] < pc->hi[d]) break;
             idx[d] = pc->lo[d];
@@ -2580,103 +2580,83 @@ static void dt__ck_copy_piece(dt__ck_item *x, const dt__ck_piece *pc, const char
     }
 }
 
-/* Reads rank file f from start to end, checking its size and XXH64 against the manifest, and
-   copies the pieces this rank needs into the items' temporaries on the way. */
-static dt_status dt__ck_read_file(dt_ctx *ctx, dt__ck_load *L, int f, const char *fn) {
-    char path[DT__CK_PATH], *scratch = NULL, *buf = NULL, *htext = NULL;
-    unsigned char len8[8];
+/* Maps rank file f and checks it before anything is copied out of it: its size and XXH64
+   against the manifest, its safetensors header, and that every piece this rank needs from it
+   is there with the manifest's dtype and shape (pc->data then points at its bytes).
+   Mapping instead of reading: the bytes go from the page cache to the live tensors in one copy
+   (at the commit), with no temporaries to allocate and fault in; the hash reads the mapping at
+   memory speed. The mapping stays until the load ends (dt__ck_unmap). A file truncated by
+   someone else after the size check would fault on access; the size check guards the rest. */
+static dt_status dt__ck_map_file(dt_ctx *ctx, dt__ck_load *L, int f, const char *fn) {
+    char path[DT__CK_PATH];
+    const unsigned char *m;
     dt_st_file hdr;
-    dt__hasher h;
-    uint64_t hl = 0, data_len, pos = 0, got;
-    size_t buf_cap = 0;
-    off_t size;
+    uint64_t hl = 0, got;
+    struct stat sb;
     int fd, i, k;
     dt_status st = DT_OK;
     dt__ck_fmt(path, sizeof path, "%s/%s", L->dir, L->files[f].name);
     if ((fd = open(path, O_RDONLY)) < 0)
         return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot open %s: %s", fn, path, dt__ck_errno());
-    size = lseek(fd, 0, SEEK_END);
-    if (size < 0 || lseek(fd, 0, SEEK_SET) != 0)
+    if (fstat(fd, &sb) != 0)
         st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot size %s: %s", fn, path, dt__ck_errno());
-    else if ((uint64_t)size != L->files[f].bytes)
+    else if ((uint64_t)sb.st_size != L->files[f].bytes)
         st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s is %lld bytes; the manifest says %llu (truncated or "
-                              "replaced file)", fn, path, (long long)size, (unsigned long long)L->files[f].bytes);
-    if (!st && !(scratch = (char *)dt_alloc(ctx, DT__CK_CHUNK))) st = DT_ERR_OOM;
-    dt__hasher_start(&h);
-    if (!st) st = dt__ck_read_all(ctx, fd, len8, 8, scratch, &h, path, fn);
-    for (k = 7; !st && k >= 0; k--) hl = (hl << 8) | len8[k];
-    if (!st && (hl < 2 || hl > DT__CK_MAX_HEADER || hl > (uint64_t)size - 8))
-        st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s declares a %llu-byte header in a %lld-byte file (corrupt or "
-                              "foreign file)", fn, path, (unsigned long long)hl, (long long)size);
-    if (!st && !(htext = (char *)dt_alloc(ctx, (size_t)hl + 1))) st = DT_ERR_OOM;
-    if (!st) st = dt__ck_read_all(ctx, fd, htext, (size_t)hl, scratch, &h, path, fn);
-    data_len = (uint64_t)size - 8 - hl;
-    memset(&hdr, 0, sizeof hdr);
-    if (!st) st = dt_safetensors_parse(ctx, &hdr, htext, (size_t)hl, data_len, path);
-    for (i = 0; !st && i < hdr.n_entries; i++) {
-        const dt_st_entry *e = &hdr.entries[i];
-        dt__ck_piece *only = NULL;
-        int uses = 0, direct;
-        size_t bytes = (size_t)(e->end - e->begin);
-        if (e->begin > pos) st = dt__ck_read_all(ctx, fd, NULL, (size_t)(e->begin - pos), scratch, &h, path, fn);
-        for (k = 0; !st && k < L->n_pc; k++) {
-            dt__ck_piece *pc = &L->pc[k];
-            if (pc->file != f || strcmp(pc->src, e->name) != 0) continue;
-            if (e->dtype != pc->sdtype || e->ndim != L->it[pc->item].t->ndim ||
-                memcmp(e->shape, pc->sshape, sizeof(int64_t) * (size_t)e->ndim) != 0)
-                st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" is %s of %d dims; the manifest's shard "
-                                      "differs (corrupt checkpoint)", fn, path, e->name, dt_safetensors_dtype_name(e->dtype),
-                                      e->ndim);
-            uses++;
-            only = pc;
-        }
-        if (st) break;
-        /* the common case, same layout: the entry is exactly the item, read straight into it */
-        direct = uses == 1 && only->sdtype == L->it[only->item].tmp.dtype &&
-                 L->it[only->item].t->numel == dt__ck_numel(e->ndim, e->shape) &&
-                 memcmp(only->sstart, L->it[only->item].p->start, sizeof(int64_t) * (size_t)e->ndim) == 0;
-        if (uses == 0) {
-            st = dt__ck_read_all(ctx, fd, NULL, bytes, scratch, &h, path, fn);
-        } else if (direct) {
-            st = dt__ck_read_all(ctx, fd, L->it[only->item].tmp.data, bytes, scratch, &h, path, fn);
-            only->done = 1;
-        } else {
-            dt__hasher_drain(&h); /* buf may still be queued from the previous entry */
-            if (bytes > buf_cap) {
-                dt_release(ctx, buf);
-                buf_cap = bytes;
-                if (!(buf = (char *)dt_alloc(ctx, buf_cap ? buf_cap : 1))) { st = DT_ERR_OOM; break; }
-            }
-            st = dt__ck_read_all(ctx, fd, buf, bytes, scratch, &h, path, fn);
-            for (k = 0; !st && k < L->n_pc; k++) {
-                dt__ck_piece *pc = &L->pc[k];
-                if (pc->file != f || strcmp(pc->src, e->name) != 0) continue;
-                dt__ck_copy_piece(&L->it[pc->item], pc, buf);
-                pc->done = 1;
-            }
-        }
-        pos = e->end;
+                              "replaced file)", fn, path, (long long)sb.st_size, (unsigned long long)L->files[f].bytes);
+    else if (sb.st_size < 10 || (uint64_t)sb.st_size != (uint64_t)(size_t)sb.st_size)
+        st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s is %lld bytes; a rank file has an 8-byte length and a "
+                              "header (corrupt or foreign file)", fn, path, (long long)sb.st_size);
+    if (!st) {
+        void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (map == MAP_FAILED)
+            st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot map %s (%lld bytes): %s", fn, path,
+                                  (long long)sb.st_size, dt__ck_errno());
+        else
+            L->files[f].map = map;
     }
-    if (!st && data_len > pos) st = dt__ck_read_all(ctx, fd, NULL, (size_t)(data_len - pos), scratch, &h, path, fn);
-    got = dt__hasher_finish(&h); /* before any buffer it may still read is released */
-    if (!st && got != L->files[f].hash)
-        st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: checksum mismatch, xxh64 %016llx but the manifest says "
-                              "%016llx (corrupt file)", fn, path, (unsigned long long)got,
-                              (unsigned long long)L->files[f].hash);
-    for (k = 0; !st && k < L->n_pc; k++)
-        if (L->pc[k].file == f && !L->pc[k].done)
+    close(fd); /* the mapping keeps the file */
+    if (st) return st;
+    m = (const unsigned char *)L->files[f].map;
+    got = dt_xxh64(m, (size_t)sb.st_size);
+    if (got != L->files[f].hash)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: checksum mismatch, xxh64 %016llx but the manifest says "
+                                "%016llx (corrupt file)", fn, path, (unsigned long long)got,
+                                (unsigned long long)L->files[f].hash);
+    for (k = 7; k >= 0; k--) hl = (hl << 8) | m[k];
+    if (hl < 2 || hl > DT__CK_MAX_HEADER || hl > (uint64_t)sb.st_size - 8)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s declares a %llu-byte header in a %lld-byte file (corrupt "
+                                "or foreign file)", fn, path, (unsigned long long)hl, (long long)sb.st_size);
+    memset(&hdr, 0, sizeof hdr);
+    DT__OTRY(dt_safetensors_parse(ctx, &hdr, (const char *)m + 8, (size_t)hl, (uint64_t)sb.st_size - 8 - hl, path));
+    for (k = 0; !st && k < L->n_pc; k++) {
+        dt__ck_piece *pc = &L->pc[k];
+        const dt_st_entry *e = NULL;
+        if (pc->file != f) continue;
+        for (i = 0; i < hdr.n_entries && !e; i++)
+            if (strcmp(hdr.entries[i].name, pc->src) == 0) e = &hdr.entries[i];
+        if (!e)
             st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s has no entry \"%s\", which the manifest places there", fn,
-                                  path, L->pc[k].src);
-    close(fd);
+                                  path, pc->src);
+        else if (e->dtype != pc->sdtype || e->ndim != L->it[pc->item].t->ndim ||
+                 memcmp(e->shape, pc->sshape, sizeof(int64_t) * (size_t)e->ndim) != 0)
+            st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" is %s of %d dims; the manifest's shard "
+                                  "differs (corrupt checkpoint)", fn, path, e->name, dt_safetensors_dtype_name(e->dtype),
+                                  e->ndim);
+        else
+            pc->data = (const char *)m + 8 + hl + e->begin;
+    }
     dt_safetensors_close(ctx, &hdr);
-    dt_release(ctx, htext);
-    dt_release(ctx, buf);
-    dt_release(ctx, scratch);
     return st;
 }
 
-/* A CPU tensor like t, not zero-filled: the file's bytes overwrite every element (coverage was
-   checked), and skipping the fill saves a pass over memory that is faulted in anyway. */
+static void dt__ck_unmap(dt__ck_load *L) {
+    int f;
+    for (f = 0; L->files && f < L->world; f++)
+        if (L->files[f].map) munmap(L->files[f].map, (size_t)L->files[f].bytes);
+}
+
+/* A host tensor like t, not zero-filled: the file's bytes overwrite every element (coverage
+   was checked). */
 static dt_status dt__ck_tmp(dt_ctx *ctx, dt_tensor *tmp, const dt_tensor *t) {
     int d;
     memset(tmp, 0, sizeof *tmp);
@@ -2690,7 +2670,7 @@ static dt_status dt__ck_tmp(dt_ctx *ctx, dt_tensor *tmp, const dt_tensor *t) {
     return tmp->data ? DT_OK : DT_ERR_OOM;
 }
 
-/* Everything this rank needs, validated and read into temporaries; nothing live is touched. */
+/* Everything this rank needs, mapped and validated; nothing live is touched. */
 static dt_status dt__ck_load_local(dt_ctx *ctx, const dt_checkpoint_desc *desc, dt_params *ps, dt_optimizer *opt,
                                    dt__ck_load *L, const char *fn) {
     int i, f;
@@ -2699,29 +2679,23 @@ static dt_status dt__ck_load_local(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
     DT__OTRY(dt__ck_items(ctx, ps, opt, &L->it, &L->n_it, fn));
     DT__OTRY(dt__ck_parse_scalars(ctx, L, opt, fn));
     for (i = 0; i < L->n_it; i++) DT__OTRY(dt__ck_target(ctx, L, i, fn));
-    for (i = 0; i < L->n_it; i++) DT__OTRY(dt__ck_tmp(ctx, &L->it[i].tmp, L->it[i].t));
+    for (i = 0; i < L->n_it; i++)
+        if (L->it[i].t->device == DT_CUDA_DEVICE) DT__OTRY(dt__ck_tmp(ctx, &L->it[i].tmp, L->it[i].t));
     for (f = 0; f < L->world; f++)
-        if (L->files[f].needed) DT__OTRY(dt__ck_read_file(ctx, L, f, fn));
+        if (L->files[f].needed) DT__OTRY(dt__ck_map_file(ctx, L, f, fn));
     return DT_OK;
 }
 
-/* The only part that changes anything, reached when every rank has read everything. The
-   optimizer's tensors take the temporaries' buffers; parameters are copied (views into them
-   stay valid). */
+/* The only part that changes anything, reached when every rank has checked everything: each
+   piece is copied from its file's mapping into the live tensor (views into it stay valid). */
 static void dt__ck_commit(dt_ctx *ctx, dt__ck_load *L, dt_optimizer *opt, dt_train_state *state) {
-    int i;
-    for (i = 0; i < L->n_it; i++) {
-        dt__ck_item *x = &L->it[i];
-        if (x->kind != DT__CK_VALUE) {
-            void *d = x->t->data;
-            x->t->data = x->tmp.data;
-            x->tmp.data = d;
-        } else if (x->t->device == DT_CUDA_DEVICE) {
-            dt_tensor_copy(ctx, x->t, &x->tmp);
-        } else {
-            memcpy(x->t->data, x->tmp.data, dt_tensor_bytes(x->t));
-        }
+    int i, k;
+    for (k = 0; k < L->n_pc; k++) {
+        const dt__ck_item *x = &L->it[L->pc[k].item];
+        dt__ck_copy_piece(x, &L->pc[k], x->tmp.data ? x->tmp.data : x->t->data);
     }
+    for (i = 0; i < L->n_it; i++)
+        if (L->it[i].tmp.data) dt_tensor_copy(ctx, L->it[i].t, &L->it[i].tmp);
     if (opt) {
         opt->step = L->opt_step;
         opt->scaler = L->scaler;
@@ -2745,6 +2719,7 @@ DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, const dt_checkpoint_desc *desc,
     st = dt__ck_load_local(ctx, desc, ps, opt, L, fn);
     st = dt__ck_agree(ctx, desc->comm, st, fn);
     if (!st) dt__ck_commit(ctx, L, opt, state);
+    dt__ck_unmap(L);
     dt__ck_items_free(ctx, L->it, L->n_it);
     dt_release(ctx, L->pc);
     dt_release(ctx, L->files);

@@ -11,8 +11,8 @@
         save vs fwrite + fflush + fsync of one file (dt fsyncs too; fairness),
         load vs fread of that file into a buffer, both from the page cache (the file was just
         written) and, when the kernel honours posix_fadvise(POSIX_FADV_DONTNEED), from the disk.
-        Target: dt / stdio >= 0.8. dt's load also verifies the XXH64 of every byte and copies
-        the parameters from temporaries (nothing is half-loaded); its save hashes every byte,
+        Target: dt / stdio >= 0.8. dt's load maps the file, verifies the XXH64 of every byte and
+        only then copies into the live tensors (nothing is half-loaded); its save hashes every byte,
         writes the manifest and `latest` with fsyncs and removes the previous step directory.
    Every figure is the median of REPS timed runs after one warm-up run; CLOCK_MONOTONIC.
 
