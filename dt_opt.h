@@ -2536,14 +2536,22 @@ static dt_status dt__ck_parse_scalars(dt_ctx *ctx, dt__ck_load *L, const dt_opti
     return DT_OK;
 }
 
-/* Converts n elements (f32 / bf16 / f16 among themselves; other dtypes only to themselves). */
+/* Converts n elements (f32 / bf16 / f16 among themselves; other dtypes only to themselves).
+   src is in a file's mapping, where entries are packed (an f32 entry after an odd-length bf16
+   one is 2 bytes off alignment): its elements are loaded with memcpy. dst is a tensor. */
 static void dt__ck_convert(void *dst, dt_dtype dt, const void *src, dt_dtype sdt, int64_t n) {
+    const char *s = (const char *)src;
     int64_t i;
     if (dt == sdt) { memcpy(dst, src, (size_t)n * dt_dtype_size(dt)); return; }
     for (i = 0; i < n; i++) {
-        float x = sdt == DT_F32 ? ((const float *)src)[i]
-                  : sdt == DT_BF16 ? dt_bf16_to_f32(((const uint16_t *)src)[i])
-                                   : dt_f16_to_f32(((const uint16_t *)src)[i]);
+        float x;
+        uint16_t h;
+        if (sdt == DT_F32) {
+            memcpy(&x, s + 4 * i, 4);
+        } else {
+            memcpy(&h, s + 2 * i, 2);
+            x = sdt == DT_BF16 ? dt_bf16_to_f32(h) : dt_f16_to_f32(h);
+        }
         if (dt == DT_F32) ((float *)dst)[i] = x;
         else if (dt == DT_BF16) ((uint16_t *)dst)[i] = dt_f32_to_bf16(x);
         else ((uint16_t *)dst)[i] = dt_f32_to_f16(x);

@@ -768,6 +768,54 @@ static void test_cross_precision(void) {
     dt_params_free(&C, &bp);
 }
 
+/* The load converts straight out of the file's mapping, where entries are packed: a 7-element
+   bf16 value (14 bytes) puts the f32 master after it at an offset of 2 mod 4. Loading that into
+   an f16 model converts the master from the misaligned address (the sanitizer build traps a
+   misaligned float load); the values must be the f16 rounding of the master. */
+static void test_misaligned_convert(void) {
+    dt_params bp, hp;
+    dt_param *b, *h;
+    dt_optimizer *bo, *ho;
+    dt_opt_desc d;
+    dt_checkpoint_desc cd;
+    dt_st_file sf;
+    const dt_st_entry *m;
+    char dir[1200], path[1300];
+    uint16_t want[7];
+    int i;
+    dt_status st;
+    memset(&bp, 0, sizeof bp);
+    memset(&hp, 0, sizeof hp);
+    b = add(&bp, "w", DT_BF16, 7, 0);
+    h = add(&hp, "w", DT_F16, 7, 0);
+    memset(&d, 0, sizeof d);
+    bo = mkopt(&bp, &d);
+    ho = mkopt(&hp, &d);
+    for (i = 0; i < 7; i++) F(&bo->slots[0].master)[i] = 0.3183099f * (float)(i + 1);
+    for (i = 0; i < 7; i++) want[i] = dt_f32_to_f16(F(&bo->slots[0].master)[i]);
+    ck_dir(dir, sizeof dir, "misaligned");
+    memset(&cd, 0, sizeof cd);
+    cd.dir = dir;
+    st = dt_checkpoint_save(&C, &cd, &bp, bo, NULL);
+    snprintf(path, sizeof path, "%s/step_00000000/rank_00000.safetensors", dir);
+    memset(&sf, 0, sizeof sf);
+    if (st || dt_safetensors_open(&C, &sf, path) || !(m = dt_safetensors_find(&sf, "master/w"))) {
+        dt_test_fail("misaligned_master_setup", "%s", dt_ctx_error(&C));
+    } else {
+        DT_TEST_CHECK("misaligned_master_is_misaligned", (8 + sf.header_len + m->begin) % 4 != 0);
+        dt_safetensors_close(&C, &sf);
+        st = dt_checkpoint_load(&C, &cd, &hp, ho, NULL);
+        DT_TEST_CHECK("misaligned_master_loads", st == DT_OK);
+        dt_test_equal_bytes("misaligned_master_converts_to_f16", h->value.data, want, sizeof want);
+        dt_test_equal_bytes("misaligned_master_loads_bitwise", ho->slots[0].master.data, bo->slots[0].master.data, 28);
+    }
+    (void)b;
+    dt_opt_free(bo);
+    dt_opt_free(ho);
+    dt_params_free(&C, &bp);
+    dt_params_free(&C, &hp);
+}
+
 /* A small state to save and load in the fault tests. */
 typedef struct small {
     dt_params ps;
@@ -1277,6 +1325,7 @@ int main(void) {
     test_resume(DT_BF16, "resume_bf16_master");
     test_format();
     test_cross_precision();
+    test_misaligned_convert();
     test_crash_safety();
     test_keep();
     test_resave_same_step();
