@@ -16,7 +16,9 @@
 #                             ASan+UBSan (its names prefixed "asan:"). A first line "// mpi"
 #                             builds it with mpicc -DDT_MPI and runs it as 1 rank under mpirun
 #   tests/mpi_*.c             mpicc -DDT_MPI, run under mpirun at each N of its first line
-#                             "// np: 1 2 4" (default 2); " [np=N]" is appended to its names
+#                             "// np: 1 2 4" (default 2); " [np=N]" is appended to its names.
+#                             First line "// mpi-driver": run directly, once; it starts
+#                             $DT_MPIRUN itself (jobs it kills on purpose, say)
 #   tests/gpu_*.c, gpu_*.cu   -DDT_CUDA, linked with build/kernels; SKIP without a GPU
 #   build:<program>           examples and benchmarks that ./build.sh test could not build
 # A program that crashes, times out, exits non-zero without a FAIL line, or prints no check line
@@ -268,6 +270,8 @@ spawn_kernels() {
 np_list() { sed -n '1s|^//[[:space:]]*np:||p' "$1" | tr -cs '0-9' ' ' | xargs; }
 # A first line "// mpi" (or "// np: ...") marks a program built with mpicc -DDT_MPI.
 wants_mpi() { head -n 1 "$1" | grep -qE '^//[[:space:]]*(mpi|np:)'; }
+# "// mpi-driver": built with mpicc, run directly (it launches mpirun itself).
+is_driver() { head -n 1 "$1" | grep -qE '^//[[:space:]]*mpi-driver'; }
 
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 # The sanitizer build checks behaviour at run time: -O1 builds fast and keeps stack traces
@@ -307,6 +311,7 @@ add_program() { # KIND SRC
     if [ "$kind" = mpi ] || wants_mpi "$src"; then
         mpi=1
         [ -n "$nps" ] || nps=$([ "$kind" = mpi ] && echo 2 || echo 1)
+        if is_driver "$src"; then nps=-; fi
         if [ -z "$DT_MPICC" ]; then report "SKIP $name: mpicc not found"; return 0; fi
     fi
     [ -n "$nps" ] || nps=-
