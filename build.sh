@@ -170,6 +170,28 @@ build_program() {
     echo "built $out"
 }
 
+# build_cuda_program SRC OUT: the same program built with -DDT_CUDA (and -DDT_NCCL when it talks
+# MPI), linked with the kernels, the CUDA runtime, cuBLAS and NCCL: proves the CUDA build of
+# every example links, on machines without a GPU too. Log and failure as build_program.
+build_cuda_program() {
+    local src=$1 out=$2 log
+    log=build/logs/$(echo "${out#build/}" | tr / _).log
+    up_to_date "$out" "$src" dt_*.h kernels/*.h build/kernels/libdt_kernels.a build.sh && return 0
+    local cc=$DT_CC defs=-DDT_CUDA libs="-lcublas -lcudart" kernels_lib=
+    [ -f build/kernels/libdt_kernels.a ] && kernels_lib=build/kernels/libdt_kernels.a
+    if uses_mpi "$src"; then cc=$DT_MPICC defs+=" -DDT_MPI -DDT_NCCL" libs+=" -lnccl"; fi
+    mkdir -p "$(dirname "$out")"
+    if ! $cc $DT_CFLAGS $DT_CPPFLAGS $defs -I"$DT_CUDA_HOME/include" -I"$ROOT/kernels" -I"$(dirname "$src")" \
+        "$src" $kernels_lib -o "$out" -L"$DT_CUDA_HOME/lib64" -L"$DT_CUDA_HOME/lib" \
+        -Wl,-rpath,"$DT_CUDA_HOME/lib64" -Wl,-rpath,"$DT_CUDA_HOME/lib" $libs -lstdc++ $DT_LIBS >"$log" 2>&1; then
+        echo "FAILED $src -> $out (CUDA build; log: $log)"
+        head -n 40 "$log"
+        rm -f "$out"
+        return 1
+    fi
+    echo "built $out"
+}
+
 # build/kernels/*.o and build/kernels/libdt_kernels.a from kernels/*.cu, when nvcc exists.
 build_kernels() {
     local cu obj ok=0 objs=()
@@ -216,6 +238,15 @@ build_all() {
     local kernels_ok=0
     if [ -n "$DT_NVCC" ]; then
         build_kernels || kernels_ok=1
+        # examples/<dir>/<name>.c -> build/examples/cuda/<name>, -DDT_CUDA (they run on a GPU
+        # when one is present and their code asks for it; the CPU path is the same program)
+        for src in examples/*/*.c; do
+            name=$(basename "${src%.c}")
+            while [ "$(jobs -rp | wc -l)" -ge "$max_jobs" ]; do wait -n || true; done
+            { build_cuda_program "$src" "build/examples/cuda/$name" || echo "examples/cuda/$name" >>"$failed_list"; } &
+        done
+        wait
+        [ -f "$failed_list" ] && BUILD_FAILED=$(sort "$failed_list" | tr '\n' ' ' | sed 's/ $//')
     else
         echo "nvcc not found: CUDA parts skipped"
     fi
