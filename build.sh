@@ -107,13 +107,17 @@ setup_toolchain() {
     DT_NVCC=$(find_nvcc)
     DT_CUDA_HOME=''
     DT_CUDA_ARCH=''
+    DT_CUDA_LDFLAGS=''
     if [ -n "$DT_NVCC" ]; then
         DT_CUDA_HOME=$(cuda_home "$DT_NVCC")
         DT_CUDA_ARCH=$(cuda_arch "$DT_NVCC")
+        # the runtime and cuBLAS live in lib64/, NCCL (in the CUDA 13 images) in lib/
+        DT_CUDA_LDFLAGS="-L$DT_CUDA_HOME/lib64 -L$DT_CUDA_HOME/lib -Wl,-rpath,$DT_CUDA_HOME/lib64 -Wl,-rpath,$DT_CUDA_HOME/lib"
     fi
     DT_HAVE_GPU=0
     if have_gpu; then DT_HAVE_GPU=1; fi
-    export DT_CC DT_CXX DT_MPICC DT_CFLAGS DT_CPPFLAGS DT_LIBS DT_NVCC DT_CUDA_HOME DT_CUDA_ARCH DT_HAVE_GPU
+    export DT_CC DT_CXX DT_MPICC DT_CFLAGS DT_CPPFLAGS DT_LIBS DT_NVCC DT_CUDA_HOME DT_CUDA_ARCH DT_CUDA_LDFLAGS \
+        DT_HAVE_GPU
 
     # mpirun in containers and CI: root needs explicit consent; 4 ranks on 2 cores need
     # oversubscription; single-copy (CMA) needs ptrace rights containers often deny
@@ -134,7 +138,7 @@ setup_toolchain() {
 print_env() {
     local v
     for v in DT_CC DT_CXX DT_MPICC DT_CFLAGS DT_CPPFLAGS DT_LIBS DT_NVCC DT_CUDA_HOME DT_CUDA_ARCH \
-             DT_HAVE_GPU DT_MPIRUN $(compgen -e | grep -E '^OMPI_' || true); do
+             DT_CUDA_LDFLAGS DT_HAVE_GPU DT_MPIRUN $(compgen -e | grep -E '^OMPI_' || true); do
         printf 'export %s=%q\n' "$v" "${!v}"
     done
 }
@@ -182,8 +186,7 @@ build_cuda_program() {
     if uses_mpi "$src"; then cc=$DT_MPICC defs+=" -DDT_MPI -DDT_NCCL" libs+=" -lnccl"; fi
     mkdir -p "$(dirname "$out")"
     if ! $cc $DT_CFLAGS $DT_CPPFLAGS $defs -I"$DT_CUDA_HOME/include" -I"$ROOT/kernels" -I"$(dirname "$src")" \
-        "$src" $kernels_lib -o "$out" -L"$DT_CUDA_HOME/lib64" -L"$DT_CUDA_HOME/lib" \
-        -Wl,-rpath,"$DT_CUDA_HOME/lib64" -Wl,-rpath,"$DT_CUDA_HOME/lib" $libs -lstdc++ $DT_LIBS >"$log" 2>&1; then
+        "$src" $kernels_lib -o "$out" $DT_CUDA_LDFLAGS $libs -lstdc++ $DT_LIBS >"$log" 2>&1; then
         echo "FAILED $src -> $out (CUDA build; log: $log)"
         head -n 40 "$log"
         rm -f "$out"

@@ -297,7 +297,7 @@ build_gpu_test() {
     fi
     if [ "$mpi" = 1 ]; then cc=$DT_MPICC defs+=" -DDT_MPI -DDT_NCCL" libs+=" -lnccl"; fi
     $cc $DT_CFLAGS $DT_CPPFLAGS $defs -I"$DT_CUDA_HOME/include" -I"$ROOT/kernels" -I"$ROOT/tests" "$src" \
-        $kernels_lib -o "$out" -L"$DT_CUDA_HOME/lib64" -L"$DT_CUDA_HOME/lib" -Wl,-rpath,"$DT_CUDA_HOME/lib64" -Wl,-rpath,"$DT_CUDA_HOME/lib" $libs -lstdc++ $DT_LIBS
+        $kernels_lib -o "$out" $DT_CUDA_LDFLAGS $libs -lstdc++ $DT_LIBS
 }
 
 # PROGRAMS rows: "kind name src mpi np-list", in the order they run. kind: test, mpi, gpu.
