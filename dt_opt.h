@@ -15,6 +15,10 @@
                        gradient pass (same results, bit for bit: the lanes do the scalar ops)
        DT_OPT_NO_THREADS  checkpoints compute their checksum in the calling thread instead of
                        a helper thread (see Threads)
+       DT_OPT_NO_MMAP  dt_checkpoint_load reads each rank file into memory instead of mapping
+                       it (what it also does when mmap fails, as on some FUSE file systems):
+                       one more copy of the state while loading, and an I/O error while the
+                       bytes are copied is a status rather than SIGBUS (see checkpoints)
 
    API in one breath:
        update math    dt_sgd_update / dt_adam_update / dt_adagrad_update (float arrays; a CUDA
@@ -148,7 +152,12 @@
    DT_ERR_FORMAT / DT_ERR_IO / DT_ERR_SHAPE with the file, tensor and values named, and nothing
    is changed. Memory while loading: no second copy of the state (the mappings are the page
    cache's); a host staging buffer only for CUDA tensors. Every file that holds a needed slice
-   is read whole (its checksum covers the whole file).
+   is read whole (its checksum covers the whole file). Mapped files are read twice, to verify
+   and to copy: if the file is truncated by someone else in between, or the disk fails to
+   re-read a page the kernel dropped, the process gets SIGBUS instead of a status
+   (DT_OPT_NO_MMAP reads the files into memory instead). On CUDA tensors the last step, the
+   host-to-device copies, can still fail (a broken CUDA context): the load then returns that
+   error on every rank, naming the tensor, and the tensors before it hold the new values.
 
    Memory: everything comes from the ctx allocator. The trainer's memory measurement (e.g.
    activation recompute on/off) reads the allocator's high-water mark: dt_peak_bytes(ctx)
@@ -2278,7 +2287,8 @@ typedef struct dt__ck_file {
     char name[64];
     uint64_t bytes, hash;
     int needed;
-    void *map;                    /* the whole file, mapped read-only once it is opened */
+    void *map;                    /* the whole file: mapped read-only, or read into memory */
+    int owned;                    /* 1: map is a dt_alloc buffer (DT_OPT_NO_MMAP, mmap failed) */
 } dt__ck_file;
 
 typedef struct dt__ck_load {
@@ -2594,7 +2604,8 @@ static void dt__ck_copy_piece(const dt__ck_item *x, const dt__ck_piece *pc, void
    Mapping instead of reading: the bytes go from the page cache to the live tensors in one copy
    (at the commit), with no temporaries to allocate and fault in; the hash reads the mapping at
    memory speed. The mapping stays until the load ends (dt__ck_unmap). A file truncated by
-   someone else after the size check would fault on access; the size check guards the rest. */
+   someone else after the size check would fault on access (SIGBUS); the size check guards the
+   rest. Under DT_OPT_NO_MMAP, or when mmap fails, the file is read into a buffer instead. */
 static dt_status dt__ck_map_file(dt_ctx *ctx, dt__ck_load *L, int f, const char *fn) {
     char path[DT__CK_PATH];
     const unsigned char *m;
@@ -2615,14 +2626,17 @@ static dt_status dt__ck_map_file(dt_ctx *ctx, dt__ck_load *L, int f, const char 
         st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s is %lld bytes; a rank file has an 8-byte length and a "
                               "header (corrupt or foreign file)", fn, path, (long long)sb.st_size);
     if (!st) {
+#ifndef DT_OPT_NO_MMAP
         void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (map == MAP_FAILED)
-            st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot map %s (%lld bytes): %s", fn, path,
-                                  (long long)sb.st_size, dt__ck_errno());
-        else
-            L->files[f].map = map;
+        if (map != MAP_FAILED) L->files[f].map = map;
+#endif
+        if (!L->files[f].map) { /* read it whole instead */
+            if (!(L->files[f].map = dt_alloc(ctx, (size_t)sb.st_size))) st = DT_ERR_OOM;
+            else L->files[f].owned = 1;
+            if (!st) st = dt__ck_read_all(ctx, fd, L->files[f].map, (size_t)sb.st_size, path, fn);
+        }
     }
-    close(fd); /* the mapping keeps the file */
+    close(fd); /* a mapping keeps the file */
     if (st) return st;
     m = (const unsigned char *)L->files[f].map;
     got = dt_xxh64(m, (size_t)sb.st_size);
@@ -2657,10 +2671,12 @@ static dt_status dt__ck_map_file(dt_ctx *ctx, dt__ck_load *L, int f, const char 
     return st;
 }
 
-static void dt__ck_unmap(dt__ck_load *L) {
+static void dt__ck_unmap(dt_ctx *ctx, dt__ck_load *L) {
     int f;
-    for (f = 0; L->files && f < L->world; f++)
-        if (L->files[f].map) munmap(L->files[f].map, (size_t)L->files[f].bytes);
+    for (f = 0; L->files && f < L->world; f++) {
+        if (L->files[f].owned) dt_release(ctx, L->files[f].map);
+        else if (L->files[f].map) munmap(L->files[f].map, (size_t)L->files[f].bytes);
+    }
 }
 
 /* A host tensor like t, not zero-filled: the file's bytes overwrite every element (coverage
@@ -2695,20 +2711,32 @@ static dt_status dt__ck_load_local(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
 }
 
 /* The only part that changes anything, reached when every rank has checked everything: each
-   piece is copied from its file's mapping into the live tensor (views into it stay valid). */
-static void dt__ck_commit(dt_ctx *ctx, dt__ck_load *L, dt_optimizer *opt, dt_train_state *state) {
-    int i, k;
+   piece is copied from its file's mapping into the live tensor (views into it stay valid).
+   Only a CUDA tensor's host-to-device copy can fail; then the load stops there. */
+static dt_status dt__ck_commit(dt_ctx *ctx, dt__ck_load *L, dt_optimizer *opt, dt_train_state *state,
+                               const char *fn) {
+    char why[DT_ERROR_MAX];
+    int i, k, done = 0;
     for (k = 0; k < L->n_pc; k++) {
         const dt__ck_item *x = &L->it[L->pc[k].item];
         dt__ck_copy_piece(x, &L->pc[k], x->tmp.data ? x->tmp.data : x->t->data);
     }
-    for (i = 0; i < L->n_it; i++)
-        if (L->it[i].tmp.data) dt_tensor_copy(ctx, L->it[i].t, &L->it[i].tmp);
+    for (i = 0; i < L->n_it; i++) {
+        if (!L->it[i].tmp.data) continue;
+        if (dt_tensor_copy(ctx, L->it[i].t, &L->it[i].tmp) != DT_OK) {
+            dt__ck_fmt(why, sizeof why, "%s", dt_ctx_error(ctx));
+            return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: copying \"%s\" to the device failed (%s); the load is "
+                                    "incomplete: %d device tensors before it hold the checkpoint's values, it and the "
+                                    "rest do not", fn, L->it[i].name, why, done);
+        }
+        done++;
+    }
     if (opt) {
         opt->step = L->opt_step;
         opt->scaler = L->scaler;
     }
     if (state) *state = L->ts;
+    return DT_OK;
 }
 
 DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, const dt_checkpoint_desc *desc, dt_params *ps, dt_optimizer *opt,
@@ -2726,8 +2754,11 @@ DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, const dt_checkpoint_desc *desc,
     memset(L, 0, sizeof *L);
     st = dt__ck_load_local(ctx, desc, ps, opt, L, fn);
     st = dt__ck_agree(ctx, desc->comm, st, fn);
-    if (!st) dt__ck_commit(ctx, L, opt, state);
-    dt__ck_unmap(L);
+    if (!st) {
+        st = dt__ck_commit(ctx, L, opt, state, fn);
+        st = dt__ck_agree(ctx, desc->comm, st, fn); /* a failed device copy anywhere fails everywhere */
+    }
+    dt__ck_unmap(ctx, L);
     dt__ck_items_free(ctx, L->it, L->n_it);
     dt_release(ctx, L->pc);
     dt_release(ctx, L->files);

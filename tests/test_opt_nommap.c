@@ -1,0 +1,6 @@
+/* tests/test_opt_nommap.c - tests/test_opt.c again with DT_OPT_NO_MMAP: dt_checkpoint_load
+   reads each rank file into memory instead of mapping it, the path it also takes when mmap
+   fails (some FUSE file systems). Every checkpoint test (resume bitwise, crash safety, corrupt
+   and foreign files, resharding of pieces, misaligned conversion) runs on that path too. */
+#define DT_OPT_NO_MMAP
+#include "test_opt.c"
