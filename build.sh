@@ -62,19 +62,18 @@ find_nvcc() {
     fi
 }
 
-# The CUDA prefix (include/cuda_runtime.h, lib64/libcudart.so). The nvcc on PATH can be a wrapper
-# script (/usr/local/bin/nvcc), so its directory says nothing: CUDA_HOME or CUDA_PATH when they
-# hold the headers, else the TOP that nvcc itself reports, else /usr/local/cuda.
+# The CUDA prefix (include/cuda_runtime.h, lib64/libcudart.so) of the nvcc that builds the
+# kernels. That nvcc can be a wrapper script (/usr/local/bin/nvcc), so its directory says
+# nothing: the TOP that nvcc itself reports, else CUDA_HOME or CUDA_PATH when they hold the
+# headers (a stale CUDA_HOME must not pair one toolkit's nvcc with another's headers), else
+# the usual places.
 cuda_home() {
     local nvcc=$1 d top
-    for d in "${CUDA_HOME:-}" "${CUDA_PATH:-}"; do
-        if [ -n "$d" ] && [ -f "$d/include/cuda_runtime.h" ]; then echo "$d"; return; fi
-    done
     top=$("$nvcc" --dryrun -c -x cu /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n 1)
     if [ -n "$top" ] && [ -f "$top/include/cuda_runtime.h" ]; then
         (cd "$top" && pwd -P); return
     fi
-    for d in /usr/local/cuda /usr/lib/cuda /usr; do
+    for d in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda /usr/lib/cuda /usr; do
         if [ -f "$d/include/cuda_runtime.h" ]; then echo "$d"; return; fi
     done
     dirname "$(dirname "$nvcc")"
@@ -108,16 +107,23 @@ setup_toolchain() {
     DT_CUDA_HOME=''
     DT_CUDA_ARCH=''
     DT_CUDA_LDFLAGS=''
+    DT_NCCL_DEFS=''
+    DT_NCCL_LIBS=''
     if [ -n "$DT_NVCC" ]; then
         DT_CUDA_HOME=$(cuda_home "$DT_NVCC")
         DT_CUDA_ARCH=$(cuda_arch "$DT_NVCC")
         # the runtime and cuBLAS live in lib64/, NCCL (in the CUDA 13 images) in lib/
         DT_CUDA_LDFLAGS="-L$DT_CUDA_HOME/lib64 -L$DT_CUDA_HOME/lib -Wl,-rpath,$DT_CUDA_HOME/lib64 -Wl,-rpath,$DT_CUDA_HOME/lib"
+        # NCCL is optional: without it dt_comm.h stages device buffers through host memory
+        if [ -f "$DT_CUDA_HOME/include/nccl.h" ] || [ -f /usr/include/nccl.h ]; then
+            DT_NCCL_DEFS=-DDT_NCCL
+            DT_NCCL_LIBS=-lnccl
+        fi
     fi
     DT_HAVE_GPU=0
     if have_gpu; then DT_HAVE_GPU=1; fi
     export DT_CC DT_CXX DT_MPICC DT_CFLAGS DT_CPPFLAGS DT_LIBS DT_NVCC DT_CUDA_HOME DT_CUDA_ARCH DT_CUDA_LDFLAGS \
-        DT_HAVE_GPU
+        DT_NCCL_DEFS DT_NCCL_LIBS DT_HAVE_GPU
 
     # mpirun in containers and CI: root needs explicit consent; 4 ranks on 2 cores need
     # oversubscription; single-copy (CMA) needs ptrace rights containers often deny
@@ -138,7 +144,7 @@ setup_toolchain() {
 print_env() {
     local v
     for v in DT_CC DT_CXX DT_MPICC DT_CFLAGS DT_CPPFLAGS DT_LIBS DT_NVCC DT_CUDA_HOME DT_CUDA_ARCH \
-             DT_CUDA_LDFLAGS DT_HAVE_GPU DT_MPIRUN $(compgen -e | grep -E '^OMPI_' || true); do
+             DT_CUDA_LDFLAGS DT_NCCL_DEFS DT_NCCL_LIBS DT_HAVE_GPU DT_MPIRUN $(compgen -e | grep -E '^OMPI_' || true); do
         printf 'export %s=%q\n' "$v" "${!v}"
     done
 }
@@ -175,7 +181,7 @@ build_program() {
 }
 
 # build_cuda_program SRC OUT: the same program built with -DDT_CUDA (and -DDT_NCCL when it talks
-# MPI), linked with the kernels, the CUDA runtime, cuBLAS and NCCL: proves the CUDA build of
+# MPI and NCCL is installed), linked with the kernels, the CUDA runtime, cuBLAS and NCCL: proves the CUDA build of
 # every example links, on machines without a GPU too. Log and failure as build_program.
 build_cuda_program() {
     local src=$1 out=$2 log
@@ -183,7 +189,7 @@ build_cuda_program() {
     up_to_date "$out" "$src" dt_*.h kernels/*.h build/kernels/libdt_kernels.a build.sh && return 0
     local cc=$DT_CC defs=-DDT_CUDA libs="-lcublas -lcudart" kernels_lib=
     [ -f build/kernels/libdt_kernels.a ] && kernels_lib=build/kernels/libdt_kernels.a
-    if uses_mpi "$src"; then cc=$DT_MPICC defs+=" -DDT_MPI -DDT_NCCL" libs+=" -lnccl"; fi
+    if uses_mpi "$src"; then cc=$DT_MPICC defs+=" -DDT_MPI $DT_NCCL_DEFS" libs+=" $DT_NCCL_LIBS"; fi
     mkdir -p "$(dirname "$out")"
     if ! $cc $DT_CFLAGS $DT_CPPFLAGS $defs -I"$DT_CUDA_HOME/include" -I"$ROOT/kernels" -I"$(dirname "$src")" \
         "$src" $kernels_lib -o "$out" $DT_CUDA_LDFLAGS $libs -lstdc++ $DT_LIBS >"$log" 2>&1; then

@@ -244,7 +244,7 @@ spawn_compile_checks() {
         if [ -n "$DT_NVCC" ]; then
             # CUDA's headers are not -pedantic C99 (unnamed unions), so this one goes without it
             compile_check "$stem" cuda $DT_CC -std=c99 $CW -I"$ROOT" -I"$DT_CUDA_HOME/include" $inc \
-                -DDT_CUDA -DDT_NCCL -DDT_IMPLEMENTATION -c $TU -o "$dir/cuda.o"
+                -DDT_CUDA $DT_NCCL_DEFS -DDT_IMPLEMENTATION -c $TU -o "$dir/cuda.o"
         fi
     done
 }
@@ -286,7 +286,8 @@ build_test() {
 }
 
 # build_gpu_test MPI SRC OUT: -DDT_CUDA, linked with the kernels, cuBLAS and the CUDA runtime;
-# MPI=1: with mpicc -DDT_MPI -DDT_NCCL and NCCL. A .cu test is one process, built by nvcc.
+# MPI=1: with mpicc -DDT_MPI, and -DDT_NCCL with NCCL when it is installed. A .cu test is one
+# process, built by nvcc.
 build_gpu_test() {
     local mpi=$1 src=$2 out=$3 cc=$DT_CC defs=-DDT_CUDA libs="-lcublas -lcudart" kernels_lib=
     [ -f build/kernels/libdt_kernels.a ] && kernels_lib=build/kernels/libdt_kernels.a
@@ -295,7 +296,7 @@ build_gpu_test() {
             $kernels_lib -o "$out" -lcublas $DT_LIBS
         return
     fi
-    if [ "$mpi" = 1 ]; then cc=$DT_MPICC defs+=" -DDT_MPI -DDT_NCCL" libs+=" -lnccl"; fi
+    if [ "$mpi" = 1 ]; then cc=$DT_MPICC defs+=" -DDT_MPI $DT_NCCL_DEFS" libs+=" $DT_NCCL_LIBS"; fi
     $cc $DT_CFLAGS $DT_CPPFLAGS $defs -I"$DT_CUDA_HOME/include" -I"$ROOT/kernels" -I"$ROOT/tests" "$src" \
         $kernels_lib -o "$out" $DT_CUDA_LDFLAGS $libs -lstdc++ $DT_LIBS
 }
