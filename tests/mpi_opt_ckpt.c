@@ -12,6 +12,7 @@
 #include "dt_comm.h"
 #include "dt_opt.h"
 #include "dt_test.h"
+#include "opt/sharded.h"
 
 #ifndef __cplusplus
 extern FILE *popen(const char *command, const char *type); /* POSIX; hidden by strict -std=c99 */
@@ -23,9 +24,6 @@ static int R, W;
 static char DIR_[1024];
 
 static const char *NAMES[4] = {"A", "B", "R", "D"};
-
-/* The gradient of element k of tensor `which` at step t: the same on every layout. */
-static float g_of(int which, int64_t k, int t) { return (float)(0.3 * sin(0.41 * (double)k + 0.9 * which + 0.5 * t)); }
 
 /* The model as `parts` ranks hold it, this rank being number idx: A [8,3] rows split, B [3,8]
    columns split, R [5] whole, D [4,4] bf16 rows split. */
@@ -48,42 +46,13 @@ static void make(dt_params *ps, int parts, int idx) {
     }
 }
 
-static int64_t global_index(const dt_param *p, int64_t local) {
-    if (p->value.ndim == 1) return p->start[0] + local;
-    return (p->start[0] + local / p->value.shape[1]) * p->global_shape[1] + p->start[1] + local % p->value.shape[1];
-}
-
-static void train(dt_params *ps, dt_optimizer *o, int steps) {
-    int t, i;
-    int64_t k;
-    for (t = 1; t <= steps; t++) {
-        for (i = 0; i < ps->count; i++) {
-            dt_param *p = ps->items[i];
-            for (k = 0; k < p->grad.numel; k++) ((float *)p->grad.data)[k] = g_of(i, global_index(p, k), t);
-        }
-        if (dt_opt_step(o, NULL)) fprintf(stderr, "step: %s\n", dt_ctx_error(&C));
-    }
-}
-
-static dt_optimizer *mkopt(dt_params *ps, dt_comm *c) {
-    dt_opt_desc d;
-    dt_optimizer *o = NULL;
-    memset(&d, 0, sizeof d);
-    d.kind = DT_OPT_ADAMW;
-    d.lr = 0.01;
-    d.comm = c;
-    d.norm.shard_comm = c;
-    if (dt_opt_create(&C, ps, &d, &o)) { fprintf(stderr, "opt: %s\n", dt_ctx_error(&C)); exit(2); }
-    return o;
-}
-
 /* Bitwise: every element of the slice t (of parameter p) equals the element of the same global
    index in ref (the whole tensor). Returns the number of differing elements. */
 static int64_t diff_slice(const dt_param *p, const dt_tensor *t, const dt_tensor *ref) {
     size_t es = dt_dtype_size(t->dtype);
     int64_t k, bad = 0;
     for (k = 0; k < t->numel; k++)
-        if (memcmp((const char *)t->data + k * es, (const char *)ref->data + global_index(p, k) * es, es) != 0) bad++;
+        if (memcmp((const char *)t->data + k * es, (const char *)ref->data + sh_global_index(p, k) * es, es) != 0) bad++;
     return bad;
 }
 
@@ -194,13 +163,13 @@ int main(void) {
 
     /* the reference: one rank, whole tensors, the same two steps */
     make(&ref, 1, 0);
-    ro = mkopt(&ref, NULL);
-    train(&ref, ro, 2);
+    ro = sh_adamw(&C, &ref, NULL);
+    sh_train(&C, &ref, ro, 1, 2);
 
     /* the world: train, save */
     make(&ps, W, R);
-    o = mkopt(&ps, world);
-    train(&ps, o, 2);
+    o = sh_adamw(&C, &ps, world);
+    sh_train(&C, &ps, o, 1, 2);
     dt_test_check_all("sharded_training_equals_single_rank", diff_all(&ps, o, &ref, ro) == 0, "slices differ");
     memset(&cd, 0, sizeof cd);
     cd.dir = DIR_;
@@ -232,7 +201,7 @@ int main(void) {
         if (sub) {
             dt_train_state got;
             make(&ps, s, dt_comm_rank(sub));
-            o = mkopt(&ps, sub);
+            o = sh_adamw(&C, &ps, sub);
             memset(&got, 0, sizeof got);
             cd.comm = sub;
             st = dt_checkpoint_load(&C, &cd, &ps, o, &got);
@@ -267,7 +236,7 @@ int main(void) {
         }
         dt_comm_barrier(world);
         make(&ps, W, R);
-        o = mkopt(&ps, world);
+        o = sh_adamw(&C, &ps, world);
         cd.dir = dir1;
         cd.comm = world;
         if (!st) st = dt_checkpoint_load(&C, &cd, &ps, o, NULL);
@@ -291,7 +260,7 @@ int main(void) {
             pd.shape[0] = 2;
             dt_params_add(&C, &ps, &pd, NULL);
         }
-        o = mkopt(&ps, world);
+        o = sh_adamw(&C, &ps, world);
         before = ((float *)ps.items[0]->value.data)[0];
         cd.comm = world;
         st = dt_checkpoint_load(&C, &cd, &ps, o, NULL);

@@ -17,6 +17,7 @@
 #include "dt_comm.h"
 #include "dt_opt.h"
 #include "dt_test.h"
+#include "opt/sharded.h"
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -24,9 +25,6 @@
 #include <unistd.h>
 
 static dt_ctx C;
-
-/* The gradient of element k of tensor `which` at step t: the same on every layout. */
-static float g_of(int which, int64_t k, int t) { return (float)(0.3 * sin(0.37 * (double)k + 0.8 * which + 0.6 * t)); }
 
 /* The model as `parts` ranks hold it, this rank being number idx: A [6,4] rows split, R [5]
    whole on every rank, D [4,2] bf16 rows split. */
@@ -47,33 +45,6 @@ static void make(dt_params *ps, int parts, int idx) {
         pd.init.std = 1;
         if (dt_params_add(&C, ps, &pd, NULL)) { fprintf(stderr, "make: %s\n", dt_ctx_error(&C)); exit(2); }
     }
-}
-
-static int64_t global_index(const dt_param *p, int64_t local) {
-    if (p->value.ndim == 1) return p->start[0] + local;
-    return (p->start[0] + local / p->value.shape[1]) * p->global_shape[1] + local % p->value.shape[1];
-}
-
-static void train_step(dt_params *ps, dt_optimizer *o, int t) {
-    int i;
-    int64_t k;
-    for (i = 0; i < ps->count; i++) {
-        dt_param *p = ps->items[i];
-        for (k = 0; k < p->grad.numel; k++) ((float *)p->grad.data)[k] = g_of(i, global_index(p, k), t);
-    }
-    if (dt_opt_step(o, NULL)) { fprintf(stderr, "step: %s\n", dt_ctx_error(&C)); exit(2); }
-}
-
-static dt_optimizer *mkopt(dt_params *ps, dt_comm *c) {
-    dt_opt_desc d;
-    dt_optimizer *o = NULL;
-    memset(&d, 0, sizeof d);
-    d.kind = DT_OPT_ADAMW;
-    d.lr = 0.01;
-    d.comm = c;
-    d.norm.shard_comm = c;
-    if (dt_opt_create(&C, ps, &d, &o)) { fprintf(stderr, "opt: %s\n", dt_ctx_error(&C)); exit(2); }
-    return o;
 }
 
 /* ---------------------------------------------------------------- worker (under mpirun) */
@@ -109,9 +80,9 @@ static int worker(char **argv) {
     k.me = dt_comm_rank(world);
     k.marker = marker;
     make(&ps, dt_comm_size(world), dt_comm_rank(world));
-    o = mkopt(&ps, world);
+    o = sh_adamw(&C, &ps, world);
     for (t = 1; t <= 2; t++) {
-        train_step(&ps, o, t);
+        sh_train(&C, &ps, o, t, t);
         memset(&cd, 0, sizeof cd);
         cd.dir = argv[2];
         cd.comm = world;
@@ -158,7 +129,7 @@ static void kill_case(int rank, const char *point, int index, int want_step) {
     dt_status st;
     FILE *fp;
     size_t n = 0;
-    int status, t, i, s, passed = 0;
+    int status, i, s, passed = 0;
     int64_t bad = 0;
     if (rank < 0) snprintf(name, sizeof name, "two_rank_save_unkilled");
     else snprintf(name, sizeof name, "two_rank_save_killed_on_rank_%d_at_%s_%d", rank, point, index);
@@ -190,10 +161,10 @@ static void kill_case(int rank, const char *point, int index, int want_step) {
         dt_test_fail(name, "latest holds \"%s\"; expected \"%s\" (%s kept)", latest, want, dir);
     /* a 1-process load (resharding the 2 rank files) equals a 1-process run of want_step steps */
     make(&ps, 1, 0);
-    o = mkopt(&ps, NULL);
+    o = sh_adamw(&C, &ps, NULL);
     make(&rps, 1, 0);
-    ro = mkopt(&rps, NULL);
-    for (t = 1; t <= want_step; t++) train_step(&rps, ro, t);
+    ro = sh_adamw(&C, &rps, NULL);
+    sh_train(&C, &rps, ro, 1, want_step);
     memset(&cd, 0, sizeof cd);
     cd.dir = dir;
     memset(&ts, 0, sizeof ts);
