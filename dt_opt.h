@@ -13,8 +13,8 @@
                        without it every comm is a world of one and everything still runs
        DT_OPT_NO_SIMD  plain C loops instead of SSE2 in the Adam / Adagrad updates and the
                        gradient pass (same results, bit for bit: the lanes do the scalar ops)
-       DT_OPT_NO_THREADS  checkpoints compute their checksum in the calling thread instead of
-                       a helper thread (see Threads)
+       DT_OPT_NO_THREADS  dt_checkpoint_save computes its checksum in the calling thread
+                       instead of a helper thread (see Threads)
        DT_OPT_NO_MMAP  dt_checkpoint_load reads each rank file into memory instead of mapping
                        it (what it also does when mmap fails, as on some FUSE file systems):
                        one more copy of the state while loading, and an I/O error while the
@@ -171,10 +171,11 @@
 
    Threads: an optimizer belongs to one thread at a time, like its ctx. The update functions
    are pure on their arrays and may run on disjoint arrays from several threads.
-   dt_checkpoint_save and _load start one helper thread (POSIX threads) that computes the XXH64
-   of the bytes beside the writes and reads, and join it before they return; it touches no dt
-   state and calls no MPI. glibc before 2.34 needs -pthread at link time; DT_OPT_NO_THREADS
-   keeps everything in the calling thread.
+   dt_checkpoint_save starts one helper thread (POSIX threads) that computes the XXH64 of the
+   bytes beside the writes, and joins it before it returns; it touches no dt state and calls
+   no MPI. glibc before 2.34 needs -pthread at link time; DT_OPT_NO_THREADS keeps everything in
+   the calling thread. dt_checkpoint_load hashes in the calling thread (from the mapping, at
+   memory speed, before anything is copied).
 
    The licence (MIT) is at the end of this file.
 */

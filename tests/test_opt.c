@@ -998,6 +998,13 @@ static void test_keep(void) {
 }
 
 /* Corrupt, truncated, foreign and mismatched checkpoints: named errors, nothing changed. */
+/* Replaces the file at path by text (a test's forged manifest or latest). */
+static void write_text(const char *path, const char *text) {
+    FILE *fp = fopen(path, "wb");
+    if (!fp || fputs(text, fp) < 0) dt_test_fail("write_text", "cannot write %s", path);
+    if (fp) fclose(fp);
+}
+
 static void test_bad_checkpoints(void) {
     small s, t;
     dt_params other;
@@ -1070,20 +1077,14 @@ static void test_bad_checkpoints(void) {
     dt_test_equal_bytes("truncated_load_changes_nothing", t.p->value.data, before, sizeof before);
     /* foreign manifest, non-JSON manifest, foreign latest, missing dir */
     snprintf(path, sizeof path, "%s/step_00000007/manifest.json", dir);
-    fp = fopen(path, "wb");
-    fputs("{\"format\": \"something-else\", \"version\": 1}", fp);
-    fclose(fp);
+    write_text(path, "{\"format\": \"something-else\", \"version\": 1}");
     st = small_load(&t, dir, &ts);
     dt_test_error("foreign_manifest_is_named", st, dt_ctx_error(&C), "not a dt checkpoint");
-    fp = fopen(path, "wb");
-    fputs("\x89PNG\r\n\x1a\n binary", fp);
-    fclose(fp);
+    write_text(path, "\x89PNG\r\n\x1a\n binary");
     st = small_load(&t, dir, &ts);
     dt_test_error("non_json_manifest_is_named", st, dt_ctx_error(&C), "not JSON");
     snprintf(path, sizeof path, "%s/latest", dir);
-    fp = fopen(path, "wb");
-    fputs("../../etc", fp);
-    fclose(fp);
+    write_text(path, "../../etc");
     st = small_load(&t, dir, &ts);
     dt_test_error("foreign_latest_is_named", st, dt_ctx_error(&C), "not a step directory name");
     snprintf(cmd, sizeof cmd, "%s/does_not_exist", dir);
