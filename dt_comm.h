@@ -18,7 +18,7 @@
        DT_COMM_GATHER_MAX_BYTES  all-reduce path switch, see "Sum order" (default 64 KiB).
 
    API in one breath:
-       dt_comm_init_world / dt_comm_split / dt_comm_free; rank, size, local_rank (the GPU to use),
+       dt_comm_create_world / dt_comm_split / dt_comm_free; rank, size, local_rank (the GPU to use),
        world_rank, seq, set_name, set_timeout, set_check (checking mode)
        dt_comm_allreduce (sum, avg, max, min; in place), dt_comm_allreduce_f64 (host scalars),
        dt_comm_reduce_scatter, dt_comm_allgather, dt_comm_broadcast, dt_comm_alltoall,
@@ -146,7 +146,7 @@ typedef struct dt_comm_desc {
 
 /* The world: every process of the run. Initialises MPI (MPI_THREAD_FUNNELED) unless the caller
    did; without DT_MPI a world of one rank. The comm keeps ctx for errors and memory. */
-DT_API dt_status dt_comm_init_world(dt_ctx *ctx, dt_comm **world, const dt_comm_desc *desc);
+DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_comm_desc *desc);
 /* Frees a communicator (free the groups split from the world before the world). The last world
    freed finalizes MPI when dt initialised it. NULL is a no-op. Not collective for dt, but MPI
    may synchronise: call it on every rank. */
@@ -175,7 +175,7 @@ DT_API void dt_comm_set_check(dt_comm *c, int on);
 /* Collective over parent: ranks with the same color form a group, ordered by key (ties by
    parent rank). color < 0: this rank joins no group and *out is NULL. The group inherits the
    parent's timeout, checking mode and NCCL choice; its name is "<parent>.<color>". */
-DT_API dt_status dt_comm_split(dt_comm *parent, int color, int key, dt_comm **out);
+DT_API dt_status dt_comm_split(dt_comm *parent, dt_comm **out, int color, int key);
 
 /* ---------------------------------------------------------------- collectives
    Each is collective over c: every rank calls it, in the same order, with the same dtype and
@@ -244,7 +244,7 @@ typedef struct dt_bucketer_desc {
 /* Packs the f32 grads of ps (all on one device) into flat buckets, parameters in reverse
    registration order (the order backward produces them), a parameter never split. ps must not
    gain parameters while the bucketer lives. */
-DT_API dt_status dt_bucketer_create(dt_comm *c, dt_params *ps, const dt_bucketer_desc *desc, dt_bucketer **out);
+DT_API dt_status dt_bucketer_create(dt_comm *c, dt_bucketer **out, dt_params *ps, const dt_bucketer_desc *desc);
 /* p's grad is final for this step: copies it into its bucket; when a bucket is full, launches its
    async all-reduce (buckets go out in order, so every rank launches the same sequence). */
 DT_API dt_status dt_bucketer_mark_ready(dt_bucketer *b, dt_param *p);
@@ -271,7 +271,7 @@ typedef struct dt_comm_stat {
     double busbw;
 } dt_comm_stat;
 
-DT_API dt_status dt_comm_stats(const dt_comm *c, dt_coll kind, dt_comm_stat *out);
+DT_API dt_status dt_comm_stats(const dt_comm *c, dt_comm_stat *out, dt_coll kind);
 DT_API void dt_comm_stats_reset(dt_comm *c);
 DT_API const char *dt_coll_name(dt_coll kind); /* "allreduce", ... */
 /* nccl-tests bus bandwidth factor: all-reduce 2(n-1)/n; reduce-scatter, all-gather, all-to-all(v)
@@ -847,8 +847,8 @@ static void dt__cm_release_all(dt_comm *c) {
     dt_release(ctx, c);
 }
 
-DT_API dt_status dt_comm_init_world(dt_ctx *ctx, dt_comm **world, const dt_comm_desc *desc) {
-    const char *fn = "dt_comm_init_world";
+DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_comm_desc *desc) {
+    const char *fn = "dt_comm_create_world";
     dt_comm_desc d;
     dt_comm *c;
     int r;
@@ -2559,7 +2559,7 @@ DT_API dt_status dt_comm_wait(dt_comm_req *req) {
 
 /* ---------------------------------------------------------------- split */
 
-DT_API dt_status dt_comm_split(dt_comm *parent, int color, int key, dt_comm **out) {
+DT_API dt_status dt_comm_split(dt_comm *parent, dt_comm **out, int color, int key) {
     const char *fn = "dt_comm_split";
     dt_comm_req q;
     dt_comm *c;
@@ -2644,7 +2644,7 @@ DT_API dt_status dt_comm_split(dt_comm *parent, int color, int key, dt_comm **ou
 
 /* ---------------------------------------------------------------- statistics */
 
-DT_API dt_status dt_comm_stats(const dt_comm *c, dt_coll kind, dt_comm_stat *out) {
+DT_API dt_status dt_comm_stats(const dt_comm *c, dt_comm_stat *out, dt_coll kind) {
     if (!c) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_stats: out is NULL");
     memset(out, 0, sizeof *out);
@@ -2683,7 +2683,7 @@ DT_API size_t dt_comm_stats_format(const dt_comm *c, char *buf, size_t n) {
     for (k = 0; k < DT_COLL_COUNT; k++) {
         dt_comm_stat s;
         if (c->stat_calls[k] == 0) continue;
-        dt_comm_stats(c, (dt_coll)k, &s);
+        dt_comm_stats(c, &s, (dt_coll)k);
         DT__CM_PUT("  %-15s %10lld %14.0f %11.4f %11.3f %11.3f\n", dt_coll_name((dt_coll)k), (long long)s.calls,
                    s.bytes, s.seconds, s.algbw, s.busbw);
     }
@@ -2761,7 +2761,7 @@ DT_API void dt_bucketer_free(dt_bucketer *b) {
     dt_release(ctx, b);
 }
 
-DT_API dt_status dt_bucketer_create(dt_comm *c, dt_params *ps, const dt_bucketer_desc *desc, dt_bucketer **out) {
+DT_API dt_status dt_bucketer_create(dt_comm *c, dt_bucketer **out, dt_params *ps, const dt_bucketer_desc *desc) {
     const char *fn = "dt_bucketer_create";
     dt_bucketer_desc d;
     dt_bucketer *b;

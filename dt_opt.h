@@ -38,12 +38,12 @@
        od.kind = DT_OPT_ADAMW; od.lr = 3e-4; od.clip_norm = 1.0; od.accum_steps = 4;
        od.schedule.kind = DT_LR_COSINE; od.schedule.warmup_steps = 100; od.schedule.total_steps = 5000;
        od.comm = world;                            // ranks that step together; NULL alone
-       dt_opt_create(&ctx, &params, &od, &opt);
+       dt_opt_create(&ctx, &opt, &params, &od);
        for (step = 0; step < 5000; step++) {
            dt_params_zero_grad(&ctx, &params);
            for (micro = 0; micro < 4; micro++) {
                float dloss;
-               dt_opt_micro_begin(opt, bucketer, micro, &dloss); // sync on the last micro-step only
+               dt_opt_micro_begin(opt, &dloss, bucketer, micro); // sync on the last micro-step only
                forward(...); backward(..., dloss);             // seed = loss scale / micro-steps;
            }                                                   // backward marks params ready
            dt_bucketer_finish(bucketer);           // data-parallel average (with dt_comm)
@@ -263,8 +263,8 @@ typedef struct dt_loss_scaler {
 DT_API dt_status dt_loss_scaler_init(dt_ctx *ctx, dt_loss_scaler *s, const dt_loss_scale_desc *desc);
 /* grads *= 1 / scale (skipped when the scale is 1) and *found_inf = 1 when any grad of ps is
    inf or NaN on any rank of comm (one all-reduce; comm NULL = this process alone). */
-DT_API dt_status dt_loss_scaler_unscale(dt_ctx *ctx, dt_loss_scaler *s, dt_params *ps, dt_comm *comm,
-                                        int *found_inf);
+DT_API dt_status dt_loss_scaler_unscale(dt_ctx *ctx, dt_loss_scaler *s, dt_params *ps, int *found_inf,
+                                        dt_comm *comm);
 /* GradScaler.update: found_inf -> scale *= backoff, tracker = 0 (and skipped++); else tracker++
    and after growth_interval clean steps scale *= growth (unless that overflows). */
 DT_API void dt_loss_scaler_update(dt_loss_scaler *s, int found_inf);
@@ -282,11 +282,11 @@ typedef struct dt_grad_norm_desc {
 
 /* The global L2 norm of the grads of ps (see "clipping across ranks"); desc may be NULL when no
    parameter is sharded. Sums in double, in a fixed order. */
-DT_API dt_status dt_grad_norm(dt_ctx *ctx, const dt_params *ps, const dt_grad_norm_desc *desc, double *norm);
+DT_API dt_status dt_grad_norm(dt_ctx *ctx, double *norm, const dt_params *ps, const dt_grad_norm_desc *desc);
 /* Computes the norm (returned in *norm, may be NULL) and scales every grad by
    max_norm / (norm + 1e-6) when that is < 1. A non-finite norm leaves the grads as they are. */
-DT_API dt_status dt_clip_grad_norm(dt_ctx *ctx, dt_params *ps, const dt_grad_norm_desc *desc, double max_norm,
-                                   double *norm);
+DT_API dt_status dt_clip_grad_norm(dt_ctx *ctx, dt_params *ps, double *norm, double max_norm,
+                                   const dt_grad_norm_desc *desc);
 
 /* ---------------------------------------------------------------- optimizer */
 
@@ -359,13 +359,13 @@ typedef struct dt_opt_step_info {
 } dt_opt_step_info;
 
 /* Creates the state for every parameter of ps (which must not change afterwards). CPU params. */
-DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_params *ps, const dt_opt_desc *desc, dt_optimizer **out);
+DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, const dt_opt_desc *desc);
 DT_API void dt_opt_free(dt_optimizer *opt);
 /* Start of micro-step `micro` (0 .. accum_steps - 1) of gradient accumulation: switches the
    bucketer's sync on for the last micro-step only (b may be NULL) and returns the backward seed
    in *dloss: loss_scale / accum_steps. Grads are summed over the micro-steps (they accumulate),
    so the update sees the mean over the whole batch, as one big batch would. */
-DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, dt_bucketer *b, int micro, float *dloss);
+DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, float *dloss, dt_bucketer *b, int micro);
 /* One update: unscale + inf/nan check (when scaling), global grad norm, clip, update every
    parameter with its group's lr and weight decay, re-cast bf16/f16 values, advance the step and
    the scaler. Collective over desc.comm (when scaling) and over the norm comms (when the norm is
@@ -416,14 +416,14 @@ typedef struct dt_checkpoint_desc {
 
 /* Collective over desc->comm. opt may be NULL (parameters only); state may be NULL (step =
    opt->step, or 0). */
-DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, const dt_checkpoint_desc *desc, dt_params *ps, dt_optimizer *opt,
-                                    const dt_train_state *state);
+DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, const dt_train_state *state,
+                                    const dt_checkpoint_desc *desc);
 /* Collective over desc->comm. Loads into ps (each parameter's own slice, by name), opt (state,
    master weights, step, loss scaler; NULL = parameters only) and *state (NULL = not needed).
    A bf16 / f16 parameter saved with an f32 master gets master and value; an f32 parameter
    loaded from a checkpoint of bf16 master mode takes the master. */
-DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, const dt_checkpoint_desc *desc, dt_params *ps, dt_optimizer *opt,
-                                    dt_train_state *state);
+DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt_train_state *state,
+                                    const dt_checkpoint_desc *desc);
 
 /* XXH64 (seed 0) of n bytes: the checksum the manifest records for each file. Streaming form:
    dt_xxh64_init, _update (any split of the bytes), _final. */
@@ -786,8 +786,8 @@ static dt_status dt__check_grads(dt_ctx *ctx, const dt_params *ps, const char *f
     return DT_OK;
 }
 
-DT_API dt_status dt_loss_scaler_unscale(dt_ctx *ctx, dt_loss_scaler *s, dt_params *ps, dt_comm *comm,
-                                        int *found_inf) {
+DT_API dt_status dt_loss_scaler_unscale(dt_ctx *ctx, dt_loss_scaler *s, dt_params *ps, int *found_inf,
+                                        dt_comm *comm) {
     const char *fn = "dt_loss_scaler_unscale";
     int i, bad = 0;
     float mul;
@@ -866,7 +866,7 @@ static double *dt__sumsqs(dt_ctx *ctx, const dt_params *ps) {
     return sq;
 }
 
-DT_API dt_status dt_grad_norm(dt_ctx *ctx, const dt_params *ps, const dt_grad_norm_desc *desc, double *norm) {
+DT_API dt_status dt_grad_norm(dt_ctx *ctx, double *norm, const dt_params *ps, const dt_grad_norm_desc *desc) {
     const char *fn = "dt_grad_norm";
     double *sq;
     dt_status st;
@@ -895,14 +895,14 @@ static void dt__clip(dt_params *ps, double max_norm, double norm) {
     if (dt__ofinite(norm) && coef < 1.0) dt__scale_grads(ps, (float)coef);
 }
 
-DT_API dt_status dt_clip_grad_norm(dt_ctx *ctx, dt_params *ps, const dt_grad_norm_desc *desc, double max_norm,
-                                   double *norm) {
+DT_API dt_status dt_clip_grad_norm(dt_ctx *ctx, dt_params *ps, double *norm, double max_norm,
+                                   const dt_grad_norm_desc *desc) {
     double n = 0.0;
     if (!ctx) return DT_ERR_ARG;
     if (!(max_norm > 0) || !dt__ofinite(max_norm))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_clip_grad_norm: max_norm = %g; expected a finite value > 0",
                                 max_norm);
-    DT__OTRY(dt_grad_norm(ctx, ps, desc, &n));
+    DT__OTRY(dt_grad_norm(ctx, &n, ps, desc));
     dt__clip(ps, max_norm, n);
     if (norm) *norm = n;
     return DT_OK;
@@ -1036,7 +1036,7 @@ DT_API void dt_opt_free(dt_optimizer *opt) {
     dt_release(ctx, opt);
 }
 
-DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_params *ps, const dt_opt_desc *desc, dt_optimizer **out) {
+DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, const dt_opt_desc *desc) {
     const char *fn = "dt_opt_create";
     dt_optimizer *opt;
     dt_opt_desc d;
@@ -1090,7 +1090,7 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_params *ps, const dt_opt_desc *de
 
 DT_API double dt_opt_lr(const dt_optimizer *opt) { return opt ? dt_lr_at(&opt->desc.schedule, opt->step) : NAN; }
 
-DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, dt_bucketer *b, int micro, float *dloss) {
+DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, float *dloss, dt_bucketer *b, int micro) {
     int n;
     if (!opt) return DT_ERR_ARG;
     n = opt->desc.accum_steps;
@@ -1845,7 +1845,7 @@ static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int si
     *out = NULL;
     for (r = 0; r < size; r++) {
         const char *text = all + (size_t)r * stride;
-        DT__OTRY(dt_json_parse(ctx, text, strlen(text), &roots[r]));
+        DT__OTRY(dt_json_parse(ctx, &roots[r], text, strlen(text)));
         if (roots[r]->type != DT_JSON_ARRAY)
             return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: rank %d sent a malformed index", fn, r);
         total += roots[r]->count;
@@ -2192,8 +2192,8 @@ static dt_status dt__ck_prepare(dt_ctx *ctx, const char *root, const char *tmpdi
     return DT_OK;
 }
 
-DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, const dt_checkpoint_desc *desc, dt_params *ps, dt_optimizer *opt,
-                                    const dt_train_state *state) {
+DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, const dt_train_state *state,
+                                    const dt_checkpoint_desc *desc) {
     const char *fn = "dt_checkpoint_save";
     dt_comm *c;
     dt__ck_item *it = NULL;
@@ -2345,7 +2345,7 @@ static dt_status dt__ck_parse_manifest(dt_ctx *ctx, dt__ck_load *L, const char *
     int r, k;
     dt__ck_fmt(path, sizeof path, "%s/manifest.json", L->dir);
     DT__OTRY(dt__ck_read_text(ctx, path, (size_t)1 << 30, &L->text, &len, "checkpoint manifest", fn));
-    if (dt_json_parse(ctx, L->text, len, &L->man)) {
+    if (dt_json_parse(ctx, &L->man, L->text, len)) {
         snprintf(why, sizeof why, "%s", dt_ctx_error(ctx));
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s is not JSON, so not a dt checkpoint manifest (%s)", fn, path,
                                 why);
@@ -2740,8 +2740,8 @@ static dt_status dt__ck_commit(dt_ctx *ctx, dt__ck_load *L, dt_optimizer *opt, d
     return DT_OK;
 }
 
-DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, const dt_checkpoint_desc *desc, dt_params *ps, dt_optimizer *opt,
-                                    dt_train_state *state) {
+DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt_train_state *state,
+                                    const dt_checkpoint_desc *desc) {
     const char *fn = "dt_checkpoint_load";
     dt__ck_load *L;
     dt_status st;
@@ -2771,15 +2771,15 @@ DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, const dt_checkpoint_desc *desc,
 
 #else /* no POSIX file system calls: checkpoints are not available */
 
-DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, const dt_checkpoint_desc *desc, dt_params *ps, dt_optimizer *opt,
-                                    const dt_train_state *state) {
+DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, const dt_train_state *state,
+                                    const dt_checkpoint_desc *desc) {
     (void)desc; (void)ps; (void)opt; (void)state;
     if (!ctx) return DT_ERR_ARG;
     return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "dt_checkpoint_save: needs a POSIX system (open, fsync, rename)");
 }
 
-DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, const dt_checkpoint_desc *desc, dt_params *ps, dt_optimizer *opt,
-                                    dt_train_state *state) {
+DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt_train_state *state,
+                                    const dt_checkpoint_desc *desc) {
     (void)desc; (void)ps; (void)opt; (void)state;
     if (!ctx) return DT_ERR_ARG;
     return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "dt_checkpoint_load: needs a POSIX system (open, rename)");

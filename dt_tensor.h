@@ -376,8 +376,8 @@ typedef struct dt_params {
     int count, capacity;
 } dt_params;
 
-DT_API dt_status dt_params_add(dt_ctx *ctx, dt_params *ps, const dt_param_desc *desc,
-                               dt_param **out); /* out may be NULL */
+DT_API dt_status dt_params_add(dt_ctx *ctx, dt_params *ps, dt_param **out,
+                               const dt_param_desc *desc); /* out may be NULL */
 DT_API dt_param *dt_params_find(const dt_params *ps, const char *name);
 DT_API void dt_params_zero_grad(dt_ctx *ctx, dt_params *ps);
 DT_API int64_t dt_params_numel(const dt_params *ps);
@@ -458,7 +458,7 @@ DT_API dt_status dt_safetensors_parse(dt_ctx *ctx, dt_st_file *f, const char *te
 DT_API const dt_st_entry *dt_safetensors_find(const dt_st_file *f, const char *name);
 DT_API const char *dt_safetensors_meta(const dt_st_file *f, const char *key); /* NULL if absent */
 /* Reads entry `name` into dst (same dtype and shape; CPU or CUDA). */
-DT_API dt_status dt_safetensors_read(dt_ctx *ctx, dt_st_file *f, const char *name, dt_tensor *dst);
+DT_API dt_status dt_safetensors_read(dt_ctx *ctx, dt_st_file *f, dt_tensor *dst, const char *name);
 DT_API void dt_safetensors_close(dt_ctx *ctx, dt_st_file *f);
 
 /* ---------------------------------------------------------------- JSON (reader + escaper) */
@@ -478,7 +478,7 @@ typedef struct dt_json {
 
 /* Parses text[0..len); nesting deeper than 64 or any syntax error is DT_ERR_FORMAT with the
    byte offset. *out is freed with dt_json_free. */
-DT_API dt_status dt_json_parse(dt_ctx *ctx, const char *text, size_t len, dt_json **out);
+DT_API dt_status dt_json_parse(dt_ctx *ctx, dt_json **out, const char *text, size_t len);
 DT_API const dt_json *dt_json_get(const dt_json *obj, const char *key); /* NULL if absent */
 DT_API void dt_json_free(dt_ctx *ctx, dt_json *j);
 /* Appends s as a JSON string literal (quotes included) to buf; returns bytes needed. */
@@ -2200,7 +2200,7 @@ DT_API dt_status dt_split_bwd(dt_ctx *ctx, dt_tensor *din, const dt_tensor *cons
 
 /* ---------------------------------------------------------------- parameter sets */
 
-DT_API dt_status dt_params_add(dt_ctx *ctx, dt_params *ps, const dt_param_desc *desc, dt_param **out) {
+DT_API dt_status dt_params_add(dt_ctx *ctx, dt_params *ps, dt_param **out, const dt_param_desc *desc) {
     const char *fn = "dt_params_add";
     dt_param *p;
     dt_tensor_desc td;
@@ -2475,7 +2475,7 @@ DT_API void dt_json_free(dt_ctx *ctx, dt_json *j) {
     dt_release(ctx, j);
 }
 
-DT_API dt_status dt_json_parse(dt_ctx *ctx, const char *text, size_t len, dt_json **out) {
+DT_API dt_status dt_json_parse(dt_ctx *ctx, dt_json **out, const char *text, size_t len) {
     dt__jp p;
     dt_json *root;
     dt_status st;
@@ -2831,7 +2831,7 @@ static dt_status dt__st_parse(dt_ctx *ctx, dt_st_file *f, const char *text, size
     if (len == 0 || text[0] != '{')
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the header is not a JSON object (not a safetensors "
                                 "file)", fn, path);
-    if (dt_json_parse(ctx, text, len, &root)) {
+    if (dt_json_parse(ctx, &root, text, len)) {
         char why[DT_ERROR_MAX];
         memcpy(why, ctx->last_error, sizeof why);
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: header is not valid JSON (%s)", fn, path, why);
@@ -2906,7 +2906,7 @@ DT_API const char *dt_safetensors_meta(const dt_st_file *f, const char *key) {
     return NULL;
 }
 
-DT_API dt_status dt_safetensors_read(dt_ctx *ctx, dt_st_file *f, const char *name, dt_tensor *dst) {
+DT_API dt_status dt_safetensors_read(dt_ctx *ctx, dt_st_file *f, dt_tensor *dst, const char *name) {
     const char *fn = "dt_safetensors_read";
     const dt_st_entry *e;
     size_t bytes;
@@ -2996,7 +2996,7 @@ DT_API dt_status dt_params_load(dt_ctx *ctx, dt_params *ps, const char *path) {
                                       "parameter", fn, path, p->name, d, (long long)e->shape[d],
                                       (long long)p->value.shape[d]);
     }
-    for (i = 0; i < ps->count && !st; i++) st = dt_safetensors_read(ctx, &f, ps->items[i]->name, &ps->items[i]->value);
+    for (i = 0; i < ps->count && !st; i++) st = dt_safetensors_read(ctx, &f, &ps->items[i]->value, ps->items[i]->name);
     dt_safetensors_close(ctx, &f);
     return st;
 }

@@ -184,9 +184,9 @@ static void bucketing(dt_comm *g, MPI_Comm rc, int n) {
         snprintf(name, sizeof name, "g%d", i);
         d.name = name;
         d.shape[0] = 10000;
-        dt_params_add(&ctx, &ps, &d, NULL);
+        dt_params_add(&ctx, &ps, NULL, &d);
     }
-    dt_bucketer_create(g, &ps, NULL, &bk);
+    dt_bucketer_create(g, &bk, &ps, NULL);
     nb = dt_bucketer_count(bk);
     for (k = -1; k < REPS; k++) { /* k = -1: warm-up; the three ways interleaved */
         double t = sync_once(bk, g, rc, &ps, 0);
@@ -199,7 +199,7 @@ static void bucketing(dt_comm *g, MPI_Comm rc, int n) {
     dt_bucketer_free(bk);
     memset(&views, 0, sizeof views);
     views.grad_views = 1;
-    dt_bucketer_create(g, &ps, &views, &bv);
+    dt_bucketer_create(g, &bv, &ps, &views);
     for (k = -1; k < REPS; k++) {
         double t = sync_once(bv, g, rc, &ps, 0);
         if (k >= 0) tv[k] = t;
@@ -256,7 +256,7 @@ int main(void) {
     int sizes[2] = {2, 4}, s;
     double worst[2][NCOLL];
     dt_ctx_init(&ctx, NULL);
-    if (dt_comm_init_world(&ctx, &w, NULL)) {
+    if (dt_comm_create_world(&ctx, &w, NULL)) {
         fprintf(stderr, "bench/comm: %s\n", dt_ctx_error(&ctx));
         return 1;
     }
@@ -276,7 +276,7 @@ int main(void) {
         dt_comm *g = NULL;
         MPI_Comm rc = MPI_COMM_NULL;
         if (n > NW) break;
-        dt_comm_split(w, R < n ? 0 : -1, R, &g);
+        dt_comm_split(w, &g, R < n ? 0 : -1, R);
         MPI_Comm_split(MPI_COMM_WORLD, R < n ? 0 : MPI_UNDEFINED, R, &rc);
         if (g) {
             sweep(g, rc, n, max_bytes, worst[s]);

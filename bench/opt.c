@@ -101,12 +101,12 @@ static void bench_update(void) {
     memset(&pd, 0, sizeof pd);
     pd.name = "w";
     pd.shape[0] = N_ADAM;
-    CHECK(dt_params_add(&g_ctx, &ps, &pd, &p));
+    CHECK(dt_params_add(&g_ctx, &ps, &p, &pd));
     memcpy(p->value.data, w, (size_t)N_ADAM * 4);
     memcpy(p->grad.data, g, (size_t)N_ADAM * 4);
     memset(&od, 0, sizeof od);
     od.kind = DT_OPT_ADAMW;
-    CHECK(dt_opt_create(&g_ctx, &ps, &od, &opt));
+    CHECK(dt_opt_create(&g_ctx, &opt, &ps, &od));
     for (r = -1; r < REPS; r++) {
         t0 = now_s();
         CHECK(dt_opt_step(opt, NULL));
@@ -115,7 +115,7 @@ static void bench_update(void) {
     step_gbs = adam_bytes / median(t, REPS) / 1e9;
     dt_opt_free(opt);
     od.clip_norm = 1e9; /* the norm pass runs, nothing is clipped: the same update */
-    CHECK(dt_opt_create(&g_ctx, &ps, &od, &opt));
+    CHECK(dt_opt_create(&g_ctx, &opt, &ps, &od));
     for (r = -1; r < REPS; r++) {
         t0 = now_s();
         CHECK(dt_opt_step(opt, NULL));
@@ -192,11 +192,11 @@ static void bench_checkpoint(const char *root) {
         pd.shape[1] = 1024;
         pd.init.kind = DT_INIT_NORMAL;
         pd.init.std = 0.02;
-        CHECK(dt_params_add(&g_ctx, &ps, &pd, NULL));
+        CHECK(dt_params_add(&g_ctx, &ps, NULL, &pd));
     }
     memset(&od, 0, sizeof od);
     od.kind = DT_OPT_ADAMW;
-    CHECK(dt_opt_create(&g_ctx, &ps, &od, &opt));
+    CHECK(dt_opt_create(&g_ctx, &opt, &ps, &od));
     for (i = 0; i < ps.count; i++) { /* non-trivial state */
         dt_tensor_fill(&g_ctx, &opt->slots[i].state[0], 1e-3);
         dt_tensor_fill(&g_ctx, &opt->slots[i].state[1], 1e-6);
@@ -211,13 +211,13 @@ static void bench_checkpoint(const char *root) {
     for (r = -1; r < CK_REPS; r++) {
         ts.step = r + 2;
         t0 = now_s();
-        CHECK(dt_checkpoint_save(&g_ctx, &cd, &ps, opt, &ts));
+        CHECK(dt_checkpoint_save(&g_ctx, &ps, opt, &ts, &cd));
         if (r >= 0) ts_save[r] = now_s() - t0;
         t0 = now_s();
         stdio_write(file, &ps, opt);
         if (r >= 0) ts_fw[r] = now_s() - t0;
         t0 = now_s();
-        CHECK(dt_checkpoint_load(&g_ctx, &cd, &ps, opt, &ts));
+        CHECK(dt_checkpoint_load(&g_ctx, &ps, opt, &ts, &cd));
         if (r >= 0) ts_load[r] = now_s() - t0;
         t0 = now_s();
         stdio_read(file, buf, bytes);
@@ -226,7 +226,7 @@ static void bench_checkpoint(const char *root) {
         snprintf(rank_file, sizeof rank_file, "%s/step_%08lld/rank_00000.safetensors", dir, (long long)ts.step);
         if (drop_cache(rank_file) != 0 || drop_cache(file) != 0) cold = 0;
         t0 = now_s();
-        CHECK(dt_checkpoint_load(&g_ctx, &cd, &ps, opt, &ts));
+        CHECK(dt_checkpoint_load(&g_ctx, &ps, opt, &ts, &cd));
         if (r >= 0) ts_loadc[r] = now_s() - t0;
         t0 = now_s();
         stdio_read(file, buf, bytes);

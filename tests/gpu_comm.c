@@ -159,7 +159,7 @@ int main(void) {
     dt_ctx tmp;
     /* the world first (to learn the local rank), then a ctx on this rank's GPU */
     dt_ctx_init(&tmp, NULL);
-    if (dt_comm_init_world(&tmp, &world, NULL)) {
+    if (dt_comm_create_world(&tmp, &world, NULL)) {
         fprintf(stderr, "gpu_comm: %s\n", dt_ctx_error(&tmp));
         return 1;
     }
@@ -178,14 +178,14 @@ int main(void) {
     memset(&d, 0, sizeof d);
     d.use_nccl = -1;
     d.name = "staged";
-    dt_comm_init_world(&ctx, &staged, &d); /* a second world over the same processes, without NCCL */
+    dt_comm_create_world(&ctx, &staged, &d); /* a second world over the same processes, without NCCL */
     collectives(staged, "staged");
     if (dt_comm_local_size(world) <= devices) {
         dt_comm *nccl = NULL;
         memset(&d, 0, sizeof d);
         d.use_nccl = 1;
         d.name = "nccl";
-        dt_comm_init_world(&ctx, &nccl, &d);
+        dt_comm_create_world(&ctx, &nccl, &d);
         collectives(nccl, "nccl");
         dt_comm_free(nccl);
     } else

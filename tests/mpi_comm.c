@@ -423,7 +423,7 @@ static void sub_communicators(void) {
     char why[300] = "";
     int64_t k;
     /* parity groups, ranks in reverse order of world rank */
-    st = dt_comm_split(W, R % 2, -R, &g);
+    st = dt_comm_split(W, &g, R % 2, -R);
     for (r = N - 1; r >= 0; r--)
         if (r % 2 == R % 2) members[n++] = r;
     ok = st == 0 && g && dt_comm_size(g) == n && dt_comm_world_rank(g, dt_comm_rank(g)) == R &&
@@ -441,9 +441,9 @@ static void sub_communicators(void) {
         dt_test_check_all("sub_group_name", g && strcmp(dt_comm_name(g), want_name) == 0, "name %s", g ? dt_comm_name(g) : "-");
     }
     /* split of a split, and a color that leaves ranks out */
-    st = g ? dt_comm_split(g, 0, 0, &gg) : DT_ERR_STATE;
+    st = g ? dt_comm_split(g, &gg, 0, 0) : DT_ERR_STATE;
     dt_test_check_all("split_of_a_split", st == 0 && gg && dt_comm_size(gg) == n && dt_comm_barrier(gg) == 0, "status %d", st);
-    st = dt_comm_split(W, R % 2 ? -1 : 5, R, &e);
+    st = dt_comm_split(W, &e, R % 2 ? -1 : 5, R);
     ok = st == 0 && (R % 2 ? e == NULL : e != NULL && dt_comm_size(e) == (N + 1) / 2);
     if (ok && e) ok = dt_comm_barrier(e) == 0;
     dt_test_check_all("split_negative_color_joins_no_group", ok, "status %d", st);
@@ -533,7 +533,7 @@ static void bucketer_equals_per_tensor_allreduce(void) {
         snprintf(name, sizeof name, "w%d", i);
         d.name = name;
         d.shape[0] = 1 + (int64_t)(dt_rng_uniform(5, 0, (uint64_t)i) * 9000);
-        st = dt_params_add(&ctx, &ps, &d, NULL);
+        st = dt_params_add(&ctx, &ps, NULL, &d);
     }
     ref = (dt_tensor *)calloc((size_t)np, sizeof(dt_tensor));
     for (mode = 0; mode < 3 && ok; mode++) { /* average, sum, average with grads as bucket views */
@@ -542,7 +542,7 @@ static void bucketer_equals_per_tensor_allreduce(void) {
         bd.first_bucket_bytes = 4 * 1024;
         bd.average = mode == 1 ? -1 : 0;
         bd.grad_views = mode == 2;
-        if (!st) st = dt_bucketer_create(W, &ps, &bd, &b);
+        if (!st) st = dt_bucketer_create(W, &b, &ps, &bd);
         for (i = 0; i < np && !st; i++) {
             int64_t k;
             dt_param *p = ps.items[i];
@@ -593,7 +593,7 @@ static void stats_and_named_errors(void) {
     int j, ok;
     dt_comm_stats_reset(W);
     for (j = 0; j < 3; j++) dt_comm_allreduce(W, &a, DT_REDUCE_SUM);
-    dt_comm_stats(W, DT_COLL_ALLREDUCE, &s);
+    dt_comm_stats(W, &s, DT_COLL_ALLREDUCE);
     dt_test_check_all("stats_count_allreduce", s.calls == 3 && s.bytes == 12000.0 && s.seconds >= 0 &&
                                                     fabs(s.busbw - s.algbw * dt_coll_bus_factor(DT_COLL_ALLREDUCE, N)) < 1e-9,
                       "calls %lld bytes %g seconds %g", (long long)s.calls, s.bytes, s.seconds);
@@ -624,9 +624,9 @@ static void stats_and_named_errors(void) {
 int main(void) {
     dt_status st;
     dt_ctx_init(&ctx, NULL);
-    st = dt_comm_init_world(&ctx, &W, NULL);
+    st = dt_comm_create_world(&ctx, &W, NULL);
     if (st) {
-        fprintf(stderr, "dt_comm_init_world: %s\n", dt_ctx_error(&ctx));
+        fprintf(stderr, "dt_comm_create_world: %s\n", dt_ctx_error(&ctx));
         return 1;
     }
     R = dt_comm_rank(W);

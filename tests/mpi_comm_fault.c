@@ -34,7 +34,7 @@ static void skipped_collective_is_named(void) {
     char want[64], msg[DT_ERROR_MAX];
     double t0, took = 0, took2;
     int skipper = N - 1, ok;
-    dt_comm_split(W, 0, R, &tc);
+    dt_comm_split(W, &tc, 0, R);
     dt_comm_set_timeout(tc, 1.0);
     dt_comm_barrier(tc);
     snprintf(want, sizeof want, "did not arrive: rank %d (", skipper);
@@ -75,7 +75,7 @@ static void checking_mode_names_the_odd_rank(void) {
     dt_status st;
     char want[96];
     int odd = N - 1, ok, r;
-    dt_comm_split(W, 0, R, &tk);
+    dt_comm_split(W, &tk, 0, R);
     dt_comm_set_timeout(tk, 5.0);
     dt_comm_set_check(tk, 1);
     /* a different size */
@@ -109,7 +109,7 @@ static void recv_without_sender_times_out(void) {
     dt_tensor t = make(10, 0.0f);
     dt_status st = DT_OK;
     int ok = 1;
-    dt_comm_split(W, 0, R, &tp);
+    dt_comm_split(W, &tp, 0, R);
     dt_comm_set_timeout(tp, 1.0);
     if (R == 0) {
         st = dt_comm_recv(tp, &t, N - 1, 9);
@@ -126,9 +126,9 @@ int main(void) {
     dt_status st;
     int failed;
     dt_ctx_init(&ctx, NULL);
-    st = dt_comm_init_world(&ctx, &W, NULL);
+    st = dt_comm_create_world(&ctx, &W, NULL);
     if (st) {
-        fprintf(stderr, "dt_comm_init_world: %s\n", dt_ctx_error(&ctx));
+        fprintf(stderr, "dt_comm_create_world: %s\n", dt_ctx_error(&ctx));
         return 1;
     }
     R = dt_comm_rank(W);

@@ -20,9 +20,9 @@ int main(void) {
     double worst = 0;
     int i, at = 0, ok, rank;
     dt_ctx_init(ctx, NULL);
-    CHECK(dt_comm_init_world(ctx, &world, NULL));
+    CHECK(dt_comm_create_world(ctx, &world, NULL));
     rank = dt_comm_rank(world);
-    CHECK(dt_comm_split(world, rank, 0, &alone)); /* a group of one: the single-process run */
+    CHECK(dt_comm_split(world, &alone, rank, 0)); /* a group of one: the single-process run */
     memset(&dp, 0, sizeof dp);
     memset(&dp2, 0, sizeof dp2);
     memset(&one, 0, sizeof one);

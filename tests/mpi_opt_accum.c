@@ -22,7 +22,7 @@ int main(void) {
     int R, W, M, micro, i, k, ok;
     dt_status st = DT_OK;
     dt_ctx_init(&C, NULL);
-    if (dt_comm_init_world(&C, &world, NULL)) { fprintf(stderr, "%s\n", dt_ctx_error(&C)); return 2; }
+    if (dt_comm_create_world(&C, &world, NULL)) { fprintf(stderr, "%s\n", dt_ctx_error(&C)); return 2; }
     R = dt_comm_rank(world);
     W = dt_comm_size(world);
     M = 4 / W; /* micro-steps per rank: 4 x 8 samples over the world */
@@ -31,16 +31,16 @@ int main(void) {
     mlp_init(&dp, &C, DT_F32, 21);
     memset(&d, 0, sizeof d);
     d.kind = DT_OPT_ADAMW; d.lr = 0.01;
-    dt_opt_create(&C, &big.ps, &d, &ob);
+    dt_opt_create(&C, &ob, &big.ps, &d);
     d.accum_steps = M;
     d.comm = world;
-    dt_opt_create(&C, &dp.ps, &d, &od);
-    dt_bucketer_create(world, &dp.ps, NULL, &b);
+    dt_opt_create(&C, &od, &dp.ps, &d);
+    dt_bucketer_create(world, &b, &dp.ps, NULL);
 
     mlp_run(&big, 7, 0, 32, 1.0f); /* the reference: one batch of 32 on this process */
     for (micro = 0; micro < M && !st; micro++) {
         int64_t first = 8 * (R * M + micro); /* rank R's samples: [8RM, 8RM + 8M) */
-        st = dt_opt_micro_begin(od, b, micro, &seed);
+        st = dt_opt_micro_begin(od, &seed, b, micro);
         mlp_run(&dp, 7, first, 8, seed);
         for (k = dp.ps.count - 1; k >= 0 && !st; k--) st = dt_bucketer_mark_ready(b, dp.ps.items[k]);
     }

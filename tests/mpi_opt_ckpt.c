@@ -42,7 +42,7 @@ static void make(dt_params *ps, int parts, int idx) {
         pd.init.kind = DT_INIT_NORMAL;
         pd.init.seed = 3;
         pd.init.std = 1;
-        if (dt_params_add(&C, ps, &pd, NULL)) { fprintf(stderr, "make: %s\n", dt_ctx_error(&C)); exit(2); }
+        if (dt_params_add(&C, ps, NULL, &pd)) { fprintf(stderr, "make: %s\n", dt_ctx_error(&C)); exit(2); }
     }
 }
 
@@ -83,7 +83,7 @@ static int manifest_ok(char *why, size_t n) {
     text = (char *)malloc((size_t)len + 1);
     if (fread(text, 1, (size_t)len, fp) != (size_t)len) len = 0;
     fclose(fp);
-    if (!dt_json_parse(&C, text, (size_t)len, &m)) {
+    if (!dt_json_parse(&C, &m, text, (size_t)len)) {
         const dt_json *t = dt_json_get(m, "tensors");
         int nr = dt_json_get(dt_json_get(t, "param/R"), "shards")->count;
         int na = dt_json_get(dt_json_get(t, "state/A/exp_avg"), "shards")->count;
@@ -156,7 +156,7 @@ int main(void) {
     char why[160] = "";
     int sizes[3] = {1, 2, 0}, si, ok;
     dt_ctx_init(&C, NULL);
-    if (dt_comm_init_world(&C, &world, NULL)) { fprintf(stderr, "%s\n", dt_ctx_error(&C)); return 2; }
+    if (dt_comm_create_world(&C, &world, NULL)) { fprintf(stderr, "%s\n", dt_ctx_error(&C)); return 2; }
     R = dt_comm_rank(world);
     W = dt_comm_size(world);
     snprintf(DIR_, sizeof DIR_, "%s/mpi_opt_ckpt", dt_test_tmpdir());
@@ -180,7 +180,7 @@ int main(void) {
     ts.data_cursor = 77;
     ts.rng_seed = 42;
     dt_train_state_set(&C, &ts, "note", "mpi");
-    st = dt_checkpoint_save(&C, &cd, &ps, o, &ts);
+    st = dt_checkpoint_save(&C, &ps, o, &ts, &cd);
     dt_test_check_all("save_on_every_rank", st == DT_OK, "%s", dt_ctx_error(&C));
     ok = R != 0 || manifest_ok(why, sizeof why);
     dt_test_check_all("manifest_writes_replicated_once_and_every_shard", ok, "%s", why);
@@ -195,7 +195,7 @@ int main(void) {
         dt_comm *sub = NULL;
         char name[64];
         if (s > W || (si == 2 && (s == 1 || s == 2))) continue;
-        dt_comm_split(world, R < s ? 0 : -1, R, &sub);
+        dt_comm_split(world, &sub, R < s ? 0 : -1, R);
         ok = 1;
         why[0] = 0;
         if (sub) {
@@ -204,7 +204,7 @@ int main(void) {
             o = sh_adamw(&C, &ps, sub);
             memset(&got, 0, sizeof got);
             cd.comm = sub;
-            st = dt_checkpoint_load(&C, &cd, &ps, o, &got);
+            st = dt_checkpoint_load(&C, &ps, o, &got, &cd);
             if (st) {
                 ok = 0;
                 snprintf(why, sizeof why, "%.150s", dt_ctx_error(&C));
@@ -232,14 +232,14 @@ int main(void) {
             dt_checkpoint_desc c1 = cd;
             c1.dir = dir1;
             c1.comm = NULL;
-            st = dt_checkpoint_save(&C, &c1, &ref, ro, &ts);
+            st = dt_checkpoint_save(&C, &ref, ro, &ts, &c1);
         }
         dt_comm_barrier(world);
         make(&ps, W, R);
         o = sh_adamw(&C, &ps, world);
         cd.dir = dir1;
         cd.comm = world;
-        if (!st) st = dt_checkpoint_load(&C, &cd, &ps, o, NULL);
+        if (!st) st = dt_checkpoint_load(&C, &ps, o, NULL, &cd);
         ok = st == DT_OK && diff_all(&ps, o, &ref, ro) == 0;
         snprintf(why, sizeof why, "%.150s", st ? dt_ctx_error(&C) : "slices differ");
         snprintf(dir1, sizeof dir1, "load_whole_tensors_saved_by_one_process_on_np%d", W);
@@ -258,12 +258,12 @@ int main(void) {
             memset(&pd, 0, sizeof pd);
             pd.name = "ghost";
             pd.shape[0] = 2;
-            dt_params_add(&C, &ps, &pd, NULL);
+            dt_params_add(&C, &ps, NULL, &pd);
         }
         o = sh_adamw(&C, &ps, world);
         before = ((float *)ps.items[0]->value.data)[0];
         cd.comm = world;
-        st = dt_checkpoint_load(&C, &cd, &ps, o, NULL);
+        st = dt_checkpoint_load(&C, &ps, o, NULL, &cd);
         ok = st != DT_OK && ((float *)ps.items[0]->value.data)[0] == before && o->step == 0 &&
              strstr(dt_ctx_error(&C), R == W - 1 ? "ghost" : "failed") != NULL;
         dt_test_check_all("failed_load_on_one_rank_fails_everywhere_and_changes_nothing", ok, "status %d: %.120s",

@@ -26,7 +26,7 @@ static dt_param *add(dt_params *ps, const char *name, int which, int nd, const i
     memset(&d, 0, sizeof d);
     d.name = name;
     for (i = 0; i < nd; i++) { d.global_shape[i] = global[i]; d.start[i] = start[i]; d.shape[i] = shape[i]; }
-    if (dt_params_add(&C, ps, &d, &p)) { fprintf(stderr, "add: %s\n", dt_ctx_error(&C)); exit(2); }
+    if (dt_params_add(&C, ps, &p, &d)) { fprintf(stderr, "add: %s\n", dt_ctx_error(&C)); exit(2); }
     if (nd == 1) {
         for (i = 0; i < shape[0]; i++) ((float *)p->grad.data)[i] = g_of(which, start[0] + i);
     } else {
@@ -58,11 +58,11 @@ int main(void) {
     char name[32];
     float want_g;
     dt_ctx_init(&C, NULL);
-    if (dt_comm_init_world(&C, &world, NULL)) { fprintf(stderr, "%s\n", dt_ctx_error(&C)); return 2; }
+    if (dt_comm_create_world(&C, &world, NULL)) { fprintf(stderr, "%s\n", dt_ctx_error(&C)); return 2; }
     R = dt_comm_rank(world);
     W = dt_comm_size(world);
     /* tensor-parallel pairs: ranks {0,1}, {2,3} (size 1 when W = 1) */
-    dt_comm_split(world, R / 2, R, &tp);
+    dt_comm_split(world, &tp, R / 2, R);
     tp_size = dt_comm_size(tp);
     tp_rank = dt_comm_rank(tp);
 
@@ -82,16 +82,16 @@ int main(void) {
     comms[0] = comms[1] = comms[2] = NULL;
     comms[3] = tp;
     nd.param_comms = comms;
-    dt_grad_norm(&C, &ps, &nd, &norm);
+    dt_grad_norm(&C, &norm, &ps, &nd);
     okc = fabs(norm - want) <= 1e-12 * want;
     dt_test_check_all("norm_counts_replicated_once_and_sums_shards", okc, "got %.17g want %.17g", norm, want);
 
     /* clipping to a quarter of the norm scales every slice by the same coefficient */
-    dt_clip_grad_norm(&C, &ps, &nd, want / 4, &norm);
+    dt_clip_grad_norm(&C, &ps, &norm, want / 4, &nd);
     want_g = g_of(1, sA[0] * 3 + 2) * (float)((want / 4) / (want + 1e-6));
     okc = fabsf(((float *)pa->grad.data)[2] - want_g) <= 1e-6f * fabsf(want_g) + 1e-7f;
     dt_test_check_all("clip_scales_every_shard_alike", okc, "got %.9g want %.9g", ((float *)pa->grad.data)[2], want_g);
-    dt_grad_norm(&C, &ps, &nd, &norm);
+    dt_grad_norm(&C, &norm, &ps, &nd);
     dt_test_check_all("clipped_norm_is_max_norm", fabs(norm - want / 4) <= 1e-6 * want, "got %.9g want %.9g", norm,
                       want / 4);
 
@@ -110,7 +110,7 @@ int main(void) {
         d.kind = DT_OPT_SGD; d.lr = 0.1; d.clip_norm = 1e9;
         d.comm = world;
         d.norm = nd;
-        if (dt_opt_create(&C, &ps, &d, &o)) fprintf(stderr, "%s\n", dt_ctx_error(&C));
+        if (dt_opt_create(&C, &o, &ps, &d)) fprintf(stderr, "%s\n", dt_ctx_error(&C));
         dt_opt_step(o, &info);
         dt_test_check_all("opt_step_norm_equals_single_rank_norm", fabs(info.grad_norm - want) <= 1e-12 * want,
                           "got %.17g want %.17g", info.grad_norm, want);
@@ -127,7 +127,7 @@ int main(void) {
     want_stage = sqrt(want_stage);
     memset(&nd, 0, sizeof nd);
     nd.stage_comm = world;
-    dt_grad_norm(&C, &stage, &nd, &norm);
+    dt_grad_norm(&C, &norm, &stage, &nd);
     dt_test_check_all("stage_norm_sums_disjoint_params", fabs(norm - want_stage) <= 1e-12 * want_stage,
                       "got %.17g want %.17g", norm, want_stage);
     dt_params_free(&C, &stage);
@@ -146,7 +146,7 @@ int main(void) {
         d.kind = DT_OPT_ADAMW;
         d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC;
         d.comm = world;
-        dt_opt_create(&C, &sp, &d, &o);
+        dt_opt_create(&C, &o, &sp, &d);
         if (R == W - 1) ((float *)p->grad.data)[1] = INFINITY;
         before = ((float *)p->value.data)[0];
         dt_opt_step(o, &info);

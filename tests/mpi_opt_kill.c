@@ -43,7 +43,7 @@ static void make(dt_params *ps, int parts, int idx) {
         pd.init.kind = DT_INIT_NORMAL;
         pd.init.seed = 9;
         pd.init.std = 1;
-        if (dt_params_add(&C, ps, &pd, NULL)) { fprintf(stderr, "make: %s\n", dt_ctx_error(&C)); exit(2); }
+        if (dt_params_add(&C, ps, NULL, &pd)) { fprintf(stderr, "make: %s\n", dt_ctx_error(&C)); exit(2); }
     }
 }
 
@@ -72,7 +72,7 @@ static int worker(char **argv) {
     char marker[1200];
     int t;
     dt_ctx_init(&C, NULL);
-    if (dt_comm_init_world(&C, &world, NULL)) { fprintf(stderr, "world: %s\n", dt_ctx_error(&C)); return 2; }
+    if (dt_comm_create_world(&C, &world, NULL)) { fprintf(stderr, "world: %s\n", dt_ctx_error(&C)); return 2; }
     snprintf(marker, sizeof marker, "%s/killed", argv[2]);
     k.rank = atoi(argv[3]);
     k.point = argv[4];
@@ -90,7 +90,7 @@ static int worker(char **argv) {
         if (t == 2) { cd.hook = kill_hook; cd.hook_user = &k; }
         memset(&ts, 0, sizeof ts);
         ts.step = t;
-        if (dt_checkpoint_save(&C, &cd, &ps, o, &ts)) { fprintf(stderr, "save: %s\n", dt_ctx_error(&C)); return 2; }
+        if (dt_checkpoint_save(&C, &ps, o, &ts, &cd)) { fprintf(stderr, "save: %s\n", dt_ctx_error(&C)); return 2; }
     }
     dt_opt_free(o);
     dt_params_free(&C, &ps);
@@ -168,7 +168,7 @@ static void kill_case(int rank, const char *point, int index, int want_step) {
     memset(&cd, 0, sizeof cd);
     cd.dir = dir;
     memset(&ts, 0, sizeof ts);
-    st = dt_checkpoint_load(&C, &cd, &ps, o, &ts);
+    st = dt_checkpoint_load(&C, &ps, o, &ts, &cd);
     if (st) {
         dt_test_fail(name, "load after the kill: %s (%s kept)", dt_ctx_error(&C), dir);
     } else {

@@ -145,12 +145,12 @@ static void bucketer_of_one_rank(dt_comm *w) {
         snprintf(name, sizeof name, "p%d", i);
         d.name = name;
         d.shape[0] = 100 + 37 * i;
-        st = dt_params_add(&ctx, &ps, &d, NULL);
+        st = dt_params_add(&ctx, &ps, NULL, &d);
     }
     memset(&bd, 0, sizeof bd);
     bd.bucket_bytes = 2000;
     bd.first_bucket_bytes = 500;
-    if (!st) st = dt_bucketer_create(w, &ps, &bd, &b);
+    if (!st) st = dt_bucketer_create(w, &b, &ps, &bd);
     DT_TEST_CHECK("bucketer_makes_several_buckets", st == 0 && dt_bucketer_count(b) > 3);
     for (i = 0; i < ps.count; i++) fill(&ps.items[i]->grad, (float)i);
     for (i = ps.count - 1; i >= 0 && !st; i--) st = dt_bucketer_mark_ready(b, ps.items[i]);
@@ -169,7 +169,7 @@ static void bucketer_of_one_rank(dt_comm *w) {
     dt_bucketer_free(b);
     /* grads as views into the buckets: same values, no copies, own memory back at the end */
     bd.grad_views = 1;
-    st = dt_bucketer_create(w, &ps, &bd, &b);
+    st = dt_bucketer_create(w, &b, &ps, &bd);
     for (i = 0; i < ps.count && !st; i++) fill(&ps.items[i]->grad, (float)i + 0.5f);
     for (i = ps.count - 1; i >= 0 && !st; i--) st = dt_bucketer_mark_ready(b, ps.items[i]);
     if (!st) st = dt_bucketer_finish(b);
@@ -192,7 +192,7 @@ static void stats_count_calls(dt_comm *w) {
     dt_comm_stats_reset(w);
     dt_comm_allreduce(w, &a, DT_REDUCE_SUM);
     dt_comm_allreduce(w, &a, DT_REDUCE_SUM);
-    dt_comm_stats(w, DT_COLL_ALLREDUCE, &s);
+    dt_comm_stats(w, &s, DT_COLL_ALLREDUCE);
     DT_TEST_CHECK("stats_count_calls_and_bytes", s.calls == 2 && s.bytes == 2048.0);
     dt_comm_stats_format(w, buf, sizeof buf);
     DT_TEST_CHECK("stats_table_lists_allreduce", strstr(buf, "allreduce") != NULL);
@@ -215,7 +215,7 @@ static void add_params(dt_ctx *c, dt_params *ps, int n, int first) {
         snprintf(name, sizeof name, "q%d", i);
         d.name = name;
         d.shape[0] = 50 + i;
-        dt_params_add(c, ps, &d, NULL);
+        dt_params_add(c, ps, NULL, &d);
     }
 }
 
@@ -237,13 +237,13 @@ static void bucketer_create_out_of_memory(void) {
         cd.allocator.alloc_fn = fail_alloc; cd.allocator.release_fn = fail_release; cd.allocator.user = &f;
         dt_ctx_init(&c2, &cd);
         memset(&ps, 0, sizeof ps);
-        dt_comm_init_world(&c2, &w2, NULL);
+        dt_comm_create_world(&c2, &w2, NULL);
         add_params(&c2, &ps, 3, 0);
         memset(&bd, 0, sizeof bd);
         bd.grad_views = 1;
         before = c2.bytes_in_use;
         f.left = k;
-        st = dt_bucketer_create(w2, &ps, &bd, &b);
+        st = dt_bucketer_create(w2, &b, &ps, &bd);
         f.left = 1 << 20;
         if (st == DT_OK) dt_bucketer_free(b);
         else if (st != DT_ERR_OOM || c2.bytes_in_use != before) bad++;
@@ -262,7 +262,7 @@ static void bucketer_grown_parameter_set(dt_comm *w) {
     dt_status st;
     memset(&ps, 0, sizeof ps);
     add_params(&ctx, &ps, 2, 0);
-    st = dt_bucketer_create(w, &ps, NULL, &b);
+    st = dt_bucketer_create(w, &b, &ps, NULL);
     if (!DT_TEST_CHECK("bucketer_for_grown_set_created", st == 0)) return;
     dt_bucketer_mark_ready(b, ps.items[1]);
     add_params(&ctx, &ps, 1, 2);
@@ -280,7 +280,7 @@ int main(void) {
     dt_ctx_init(&ctx, NULL);
     memset(&d, 0, sizeof d);
     d.check_mismatch = 1;
-    st = dt_comm_init_world(&ctx, &w, &d);
+    st = dt_comm_create_world(&ctx, &w, &d);
     if (!DT_TEST_CHECK("init_world_without_mpi", st == 0 && dt_comm_size(w) == 1 && dt_comm_rank(w) == 0 &&
                                                      dt_comm_local_rank(w) == 0))
         return dt_test_finish();
@@ -291,9 +291,9 @@ int main(void) {
     bucketer_create_out_of_memory();
     bucketer_grown_parameter_set(w);
     stats_count_calls(w);
-    st = dt_comm_split(w, 3, 0, &sub);
+    st = dt_comm_split(w, &sub, 3, 0);
     DT_TEST_CHECK("split_of_one_rank", st == 0 && sub && dt_comm_size(sub) == 1 && strcmp(dt_comm_name(sub), "world.3") == 0);
-    st = dt_comm_split(w, -1, 0, &none);
+    st = dt_comm_split(w, &none, -1, 0);
     DT_TEST_CHECK("split_negative_color_gives_null", st == 0 && none == NULL);
     dt_comm_free(sub);
     dt_comm_free(w);

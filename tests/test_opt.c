@@ -31,7 +31,7 @@ static dt_param *add(dt_params *ps, const char *name, dt_dtype dt, int64_t d0, i
     d.dtype = dt;
     d.shape[0] = d0;
     d.shape[1] = d1;
-    if (dt_params_add(&C, ps, &d, &p)) { fprintf(stderr, "params_add: %s\n", dt_ctx_error(&C)); exit(2); }
+    if (dt_params_add(&C, ps, &p, &d)) { fprintf(stderr, "params_add: %s\n", dt_ctx_error(&C)); exit(2); }
     return p;
 }
 
@@ -39,7 +39,7 @@ static float *F(dt_tensor *t) { return (float *)t->data; }
 
 static dt_optimizer *mkopt(dt_params *ps, const dt_opt_desc *d) {
     dt_optimizer *o = NULL;
-    if (dt_opt_create(&C, ps, d, &o)) { fprintf(stderr, "opt_create: %s\n", dt_ctx_error(&C)); exit(2); }
+    if (dt_opt_create(&C, &o, ps, d)) { fprintf(stderr, "opt_create: %s\n", dt_ctx_error(&C)); exit(2); }
     return o;
 }
 
@@ -349,7 +349,7 @@ static void test_loss_scaler(void) {
        stays for two clean steps and grows to 512 after the third */
     for (step = 0; step < 6; step++) {
         float seed = 0;
-        dt_opt_micro_begin(o, NULL, 0, &seed);
+        dt_opt_micro_begin(o, &seed, NULL, 0);
         for (i = 0; i < 4; i++) F(&p->grad)[i] = grad_at(i, step) * seed; /* a backward seeded with the scale */
         if (step == 1) F(&p->grad)[2] = INFINITY;
         if (step == 2) F(&p->grad)[0] = NAN;
@@ -465,7 +465,7 @@ static void test_accumulation(void) {
     oa = mkopt(&acc.ps, &d);
     mlp_run(&big, 99, 0, 32, 1.0f); /* one batch of 32 */
     for (micro = 0; micro < 4; micro++) { /* four micro-batches of 8, each seeded with 1/4 */
-        dt_opt_micro_begin(oa, NULL, micro, &seed);
+        dt_opt_micro_begin(oa, &seed, NULL, micro);
         mlp_run(&acc, 99, 8 * micro, 8, seed);
     }
     dt_test_close("accum_seed_is_one_over_micro_steps", seed, 0.25, 0);
@@ -500,12 +500,12 @@ static void test_clipping(void) {
     b = add(&ps, "b", DT_F32, 2, 0);
     /* |(3, 4, 12, 0)| = 13 */
     F(&a->grad)[0] = 3; F(&a->grad)[1] = 4; F(&b->grad)[0] = 12; F(&b->grad)[1] = 0;
-    dt_grad_norm(&C, &ps, NULL, &norm);
+    dt_grad_norm(&C, &norm, &ps, NULL);
     dt_test_close("grad_norm_by_hand", norm, 13.0, 1e-12);
-    dt_clip_grad_norm(&C, &ps, NULL, 6.5, &norm);
+    dt_clip_grad_norm(&C, &ps, &norm, 6.5, NULL);
     /* coef = 6.5 / (13 + 1e-6) */
     dt_test_close("clip_scales_grads", F(&a->grad)[1], 4 * 6.5 / (13 + 1e-6), 1e-6);
-    dt_clip_grad_norm(&C, &ps, NULL, 100, &norm);
+    dt_clip_grad_norm(&C, &ps, &norm, 100, NULL);
     dt_test_close("clip_below_max_leaves_grads", F(&a->grad)[1], 4 * 6.5 / (13 + 1e-6), 1e-6);
     /* inside the step: SGD lr 1 moves a[0] by the clipped grad */
     memset(&d, 0, sizeof d);
@@ -519,10 +519,10 @@ static void test_clipping(void) {
     /* a sharded parameter without the comm it is split over */
     memset(&pd, 0, sizeof pd);
     pd.name = "shard"; pd.shape[0] = 2; pd.global_shape[0] = 4;
-    dt_params_add(&C, &ps, &pd, NULL);
-    st = dt_grad_norm(&C, &ps, NULL, &norm);
+    dt_params_add(&C, &ps, NULL, &pd);
+    st = dt_grad_norm(&C, &norm, &ps, NULL);
     dt_test_error("sharded_norm_without_comm_is_named", st, dt_ctx_error(&C), "\"shard\" is sharded");
-    st = dt_opt_create(&C, &ps, &d, &o);
+    st = dt_opt_create(&C, &o, &ps, &d);
     dt_test_error("opt_with_sharded_param_needs_shard_comm", st, dt_ctx_error(&C), "shard_comm");
     dt_params_free(&C, &ps);
 }
@@ -573,7 +573,7 @@ static void run_train(run *r, int steps, float *losses) {
     for (s = 0; s < steps; s++) {
         float seed = 0;
         dt_params_zero_grad(&C, &r->m.ps);
-        dt_opt_micro_begin(r->o, NULL, 0, &seed);
+        dt_opt_micro_begin(r->o, &seed, NULL, 0);
         losses[s] = mlp_run(&r->m, 5, r->cursor, 8, seed);
         dt_opt_step(r->o, NULL);
         r->cursor += 8;
@@ -617,13 +617,13 @@ static void test_resume(dt_dtype dt, const char *tag) {
     memset(&ts, 0, sizeof ts);
     ts.step = 5; ts.rng_seed = 0xFEEDFACECAFEBEEFull; ts.rng_offset = 12345678901234ull; ts.data_cursor = b.cursor;
     dt_train_state_set(&C, &ts, "run", "resume \"test\"");
-    st = dt_checkpoint_save(&C, &cd, &b.m.ps, b.o, &ts);
+    st = dt_checkpoint_save(&C, &b.m.ps, b.o, &ts, &cd);
     snprintf(name, sizeof name, "%s_checkpoint_save", tag);
     if (!ok(st, "save")) dt_test_fail(name, "%s", dt_ctx_error(&C));
     run_free(&b);
     run_init(&b, dt, 999); /* different initial weights: the load must overwrite everything */
     memset(&got, 0, sizeof got);
-    st = dt_checkpoint_load(&C, &cd, &b.m.ps, b.o, &got);
+    st = dt_checkpoint_load(&C, &b.m.ps, b.o, &got, &cd);
     snprintf(name, sizeof name, "%s_checkpoint_load", tag);
     if (!ok(st, "load")) dt_test_fail(name, "%s", dt_ctx_error(&C));
     else dt_test_pass(name);
@@ -670,7 +670,7 @@ static void test_format(void) {
     memset(&cd, 0, sizeof cd);
     cd.dir = dir;
     cd.layout = "dp=1";
-    dt_checkpoint_save(&C, &cd, &ps, o, NULL);
+    dt_checkpoint_save(&C, &ps, o, NULL, &cd);
     snprintf(path, sizeof path, "%s/step_00000000/rank_00000.safetensors", dir);
     if (!ok(dt_safetensors_open(&C, &f, path), "open")) {
         dt_test_fail("rank_file_is_safetensors", "%s", dt_ctx_error(&C));
@@ -682,7 +682,7 @@ static void test_format(void) {
         memset(&td, 0, sizeof td);
         td.shape[0] = 3; td.shape[1] = 2;
         dt_tensor_create(&C, &t, &td);
-        dt_safetensors_read(&C, &f, "master/layer.w", &t);
+        dt_safetensors_read(&C, &f, &t, "master/layer.w");
         dt_test_close("rank_file_master_value", F(&t)[5], 5.0, 0);
         dt_tensor_free(&C, &t);
         dt_safetensors_close(&C, &f);
@@ -695,7 +695,7 @@ static void test_format(void) {
     text = (char *)malloc((size_t)n);
     if (fread(text, 1, (size_t)n, fp) != (size_t)n) n = 0;
     fclose(fp);
-    if (dt_json_parse(&C, text, (size_t)n, &man)) {
+    if (dt_json_parse(&C, &man, text, (size_t)n)) {
         dt_test_fail("manifest_is_json", "%s", dt_ctx_error(&C));
     } else {
         const dt_json *tw = dt_json_get(dt_json_get(man, "tensors"), "param/layer.w");
@@ -749,8 +749,8 @@ static void test_cross_precision(void) {
     ck_dir(dir, sizeof dir, "cross");
     memset(&cd, 0, sizeof cd);
     cd.dir = dir;
-    dt_checkpoint_save(&C, &cd, &fp, fo, NULL);
-    st = dt_checkpoint_load(&C, &cd, &bp, bo, NULL);
+    dt_checkpoint_save(&C, &fp, fo, NULL, &cd);
+    st = dt_checkpoint_load(&C, &bp, bo, NULL, &cd);
     DT_TEST_CHECK("f32_checkpoint_loads_into_bf16_params", st == DT_OK);
     dt_test_equal_bytes("bf16_load_master_is_the_f32_value", bo->slots[0].master.data, f->value.data, 32);
     dt_test_equal_bytes("bf16_load_value_is_its_rounding", b->value.data, want, 16);
@@ -758,8 +758,8 @@ static void test_cross_precision(void) {
     for (i = 0; i < 8; i++) F(&b->grad)[i] = grad_at(i, 1);
     dt_opt_step(bo, NULL);
     ck_dir(dir, sizeof dir, "cross2");
-    dt_checkpoint_save(&C, &cd, &bp, bo, NULL);
-    st = dt_checkpoint_load(&C, &cd, &fp, fo, NULL);
+    dt_checkpoint_save(&C, &bp, bo, NULL, &cd);
+    st = dt_checkpoint_load(&C, &fp, fo, NULL, &cd);
     for (i = 0; i < 8; i++) ok_v &= F(&f->value)[i] == F(&bo->slots[0].master)[i];
     DT_TEST_CHECK("bf16_master_checkpoint_loads_master_into_f32_params", st == DT_OK && ok_v && fo->step == 1);
     dt_opt_free(fo);
@@ -796,7 +796,7 @@ static void test_misaligned_convert(void) {
     ck_dir(dir, sizeof dir, "misaligned");
     memset(&cd, 0, sizeof cd);
     cd.dir = dir;
-    st = dt_checkpoint_save(&C, &cd, &bp, bo, NULL);
+    st = dt_checkpoint_save(&C, &bp, bo, NULL, &cd);
     snprintf(path, sizeof path, "%s/step_00000000/rank_00000.safetensors", dir);
     memset(&sf, 0, sizeof sf);
     if (st || dt_safetensors_open(&C, &sf, path) || !(m = dt_safetensors_find(&sf, "master/w"))) {
@@ -804,7 +804,7 @@ static void test_misaligned_convert(void) {
     } else {
         DT_TEST_CHECK("misaligned_master_is_misaligned", (8 + sf.header_len + m->begin) % 4 != 0);
         dt_safetensors_close(&C, &sf);
-        st = dt_checkpoint_load(&C, &cd, &hp, ho, NULL);
+        st = dt_checkpoint_load(&C, &hp, ho, NULL, &cd);
         DT_TEST_CHECK("misaligned_master_loads", st == DT_OK);
         dt_test_equal_bytes("misaligned_master_converts_to_f16", h->value.data, want, sizeof want);
         dt_test_equal_bytes("misaligned_master_loads_bitwise", ho->slots[0].master.data, bo->slots[0].master.data, 28);
@@ -850,14 +850,14 @@ static dt_status small_save(small *s, const char *dir, int64_t step, int keep, d
     cd.hook = hook;
     cd.hook_user = user;
     ts.step = step;
-    return dt_checkpoint_save(&C, &cd, &s->ps, s->o, &ts);
+    return dt_checkpoint_save(&C, &s->ps, s->o, &ts, &cd);
 }
 
 static dt_status small_load(small *s, const char *dir, dt_train_state *ts) {
     dt_checkpoint_desc cd;
     memset(&cd, 0, sizeof cd);
     cd.dir = dir;
-    return dt_checkpoint_load(&C, &cd, &s->ps, s->o, ts);
+    return dt_checkpoint_load(&C, &s->ps, s->o, ts, &cd);
 }
 
 typedef struct crash_at {
@@ -1029,23 +1029,23 @@ static void test_bad_checkpoints(void) {
     /* mismatches first, while the files are good */
     memset(&other, 0, sizeof other);
     add(&other, "w", DT_F32, 64, 17);
-    st = dt_checkpoint_load(&C, &cd, &other, NULL, NULL);
+    st = dt_checkpoint_load(&C, &other, NULL, NULL, &cd);
     dt_test_error("load_wrong_global_shape_is_named", st, dt_ctx_error(&C), "global shape [64, 16]");
     add(&other, "extra", DT_F32, 3, 0);
     dt_params_free(&C, &other);
     memset(&other, 0, sizeof other);
     add(&other, "extra", DT_F32, 3, 0);
-    st = dt_checkpoint_load(&C, &cd, &other, NULL, NULL);
+    st = dt_checkpoint_load(&C, &other, NULL, NULL, &cd);
     dt_test_error("load_missing_tensor_is_named", st, dt_ctx_error(&C), "no tensor \"param/extra\"");
     dt_params_free(&C, &other);
     memset(&od, 0, sizeof od);
     od.kind = DT_OPT_SGD; od.momentum = 0.9;
     sgd = mkopt(&t.ps, &od);
-    st = dt_checkpoint_load(&C, &cd, &t.ps, sgd, NULL);
+    st = dt_checkpoint_load(&C, &t.ps, sgd, NULL, &cd);
     dt_test_error("load_other_optimizer_is_named", st, dt_ctx_error(&C), "adamw");
     dt_opt_free(sgd);
     memset(&pd, 0, sizeof pd);
-    st = dt_checkpoint_load(&C, &cd, &t.ps, NULL, NULL); /* parameters only: fine */
+    st = dt_checkpoint_load(&C, &t.ps, NULL, NULL, &cd); /* parameters only: fine */
     DT_TEST_CHECK("load_params_only_works", st == DT_OK && F(&t.p->value)[0] == 3.0f);
     memcpy(t.p->value.data, before, sizeof before);
 
@@ -1113,47 +1113,47 @@ static void test_bad_args(void) {
     p = add(&ps, "w", DT_F32, 2, 0);
     memset(&d, 0, sizeof d);
     d.lr = -0.1;
-    st = dt_opt_create(&C, &ps, &d, &o);
+    st = dt_opt_create(&C, &o, &ps, &d);
     dt_test_error("negative_lr_is_named", st, dt_ctx_error(&C), "desc.lr = -0.1");
     d.lr = NAN;
-    st = dt_opt_create(&C, &ps, &d, &o);
+    st = dt_opt_create(&C, &o, &ps, &d);
     dt_test_error("nan_lr_is_named", st, dt_ctx_error(&C), "desc.lr = nan");
     d.lr = 0;
     d.beta1 = 1.5;
-    st = dt_opt_create(&C, &ps, &d, &o);
+    st = dt_opt_create(&C, &o, &ps, &d);
     dt_test_error("beta1_out_of_range_is_named", st, dt_ctx_error(&C), "desc.beta1 = 1.5; expected 0 <= beta1 < 1");
     d.beta1 = 0;
     d.beta2 = 1.0;
-    st = dt_opt_create(&C, &ps, &d, &o);
+    st = dt_opt_create(&C, &o, &ps, &d);
     dt_test_error("beta2_equal_one_is_named", st, dt_ctx_error(&C), "desc.beta2 = 1");
     d.beta2 = 0;
     d.eps = -1e-8;
-    st = dt_opt_create(&C, &ps, &d, &o);
+    st = dt_opt_create(&C, &o, &ps, &d);
     dt_test_error("negative_eps_is_named", st, dt_ctx_error(&C), "desc.eps");
     memset(&d, 0, sizeof d);
     d.kind = DT_OPT_SGD; d.nesterov = 1;
-    st = dt_opt_create(&C, &ps, &d, &o);
+    st = dt_opt_create(&C, &o, &ps, &d);
     dt_test_error("nesterov_without_momentum_is_named", st, dt_ctx_error(&C), "nesterov needs momentum > 0");
     memset(&d, 0, sizeof d);
     d.kind = (dt_opt_kind)42;
-    st = dt_opt_create(&C, &ps, &d, &o);
+    st = dt_opt_create(&C, &o, &ps, &d);
     dt_test_error("unknown_kind_is_named", st, dt_ctx_error(&C), "desc.kind = 42");
     memset(&d, 0, sizeof d);
     d.schedule.kind = DT_LR_COSINE; d.schedule.warmup_steps = 5; d.schedule.total_steps = 5;
-    st = dt_opt_create(&C, &ps, &d, &o);
+    st = dt_opt_create(&C, &o, &ps, &d);
     dt_test_error("bad_schedule_is_named", st, dt_ctx_error(&C), "desc.schedule.total_steps = 5");
     memset(&d, 0, sizeof d);
     d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC; d.loss_scale.backoff_factor = 2;
-    st = dt_opt_create(&C, &ps, &d, &o);
+    st = dt_opt_create(&C, &o, &ps, &d);
     dt_test_error("bad_backoff_is_named", st, dt_ctx_error(&C), "backoff_factor = 2");
     memset(&d, 0, sizeof d);
     p->group = DT_OPT_MAX_GROUPS;
-    st = dt_opt_create(&C, &ps, &d, &o);
+    st = dt_opt_create(&C, &o, &ps, &d);
     dt_test_error("group_out_of_range_is_named", st, dt_ctx_error(&C), "has group 16");
     p->group = 0;
     d.accum_steps = 2;
     o = mkopt(&ps, &d);
-    st = dt_opt_micro_begin(o, NULL, 2, &seed);
+    st = dt_opt_micro_begin(o, &seed, NULL, 2);
     dt_test_error("micro_out_of_range_is_named", st, dt_ctx_error(&C), "micro = 2");
     add(&ps, "late", DT_F32, 1, 0);
     st = dt_opt_step(o, NULL);
@@ -1217,7 +1217,7 @@ static void test_load_memory(void) {
     memset(&pd, 0, sizeof pd);
     pd.name = "big"; pd.shape[0] = n;
     pd.init.kind = DT_INIT_NORMAL; pd.init.std = 1.0; pd.init.seed = 5;
-    if (!ok(dt_params_add(&C, &ps, &pd, NULL), "params_add")) { dt_test_fail("load_memory_setup", "params_add"); return; }
+    if (!ok(dt_params_add(&C, &ps, NULL, &pd), "params_add")) { dt_test_fail("load_memory_setup", "params_add"); return; }
     memset(&od, 0, sizeof od);
     od.kind = DT_OPT_ADAMW; od.lr = 1e-3f;
     o = mkopt(&ps, &od);
@@ -1235,7 +1235,7 @@ static void test_load_memory(void) {
     ck_dir(dir, sizeof dir, "load_memory");
     memset(&cd, 0, sizeof cd);
     cd.dir = dir;
-    st = dt_checkpoint_save(&C, &cd, &ps, o, NULL);
+    st = dt_checkpoint_save(&C, &ps, o, NULL, &cd);
     if (!ok(st, "save")) { dt_test_fail("load_memory_save", "%s", dt_ctx_error(&C)); goto done; }
     dt_tensor_fill(&C, &ps.items[0]->value, 0.0);
     dt_tensor_fill(&C, &o->slots[0].state[0], 0.0);
@@ -1243,7 +1243,7 @@ static void test_load_memory(void) {
     state_bytes = (size_t)(3 * n) * 4;
     dt_reset_peak_bytes(&C);
     base = C.bytes_in_use;
-    st = dt_checkpoint_load(&C, &cd, &ps, o, NULL);
+    st = dt_checkpoint_load(&C, &ps, o, NULL, &cd);
     extra = dt_peak_bytes(&C) - base;
     if (!ok(st, "load")) { dt_test_fail("load_memory_load", "%s", dt_ctx_error(&C)); goto done; }
 #ifdef DT_OPT_NO_MMAP /* the files are read into memory: one more copy, and only that */
@@ -1298,24 +1298,24 @@ static void test_corrupt_manifest_fields(void) {
     memset(&d, 0, sizeof d);
     d.name = "x"; d.shape[0] = 4;
     d.init.kind = DT_INIT_CONST; d.init.value = 7;
-    dt_params_add(&C, &ps, &d, &x);
+    dt_params_add(&C, &ps, &x, &d);
     snprintf(dir, sizeof dir, "%s/corrupt_fields", ROOT);
     memset(&cd, 0, sizeof cd);
     cd.dir = dir;
     memset(&ts, 0, sizeof ts);
-    st = dt_checkpoint_save(&C, &cd, &ps, NULL, &ts);
+    st = dt_checkpoint_save(&C, &ps, NULL, &ts, &cd);
     ok = st == DT_OK && edit_manifest(dir, "\"shards\":[{\"rank\":0,\"start\":[0],\"shape\":[4]}]",
                                       "\"shards\":[{\"rank\":0,\"start\":[0],\"shape\":[2]},{\"rank\":0,\"start\":[0],\"shape\":[2]}]");
     if (DT_TEST_CHECK("manifest_edit_for_overlap", ok)) {
         dt_tensor_fill(&C, &x->value, 1.0);
-        st = dt_checkpoint_load(&C, &cd, &ps, NULL, NULL);
+        st = dt_checkpoint_load(&C, &ps, NULL, NULL, &cd);
         dt_test_error("overlapping_shards_are_named", st, dt_ctx_error(&C), "overlap");
         dt_test_close("overlapping_shards_change_nothing", ((float *)x->value.data)[3], 1.0, 0);
     }
-    st = dt_checkpoint_save(&C, &cd, &ps, NULL, &ts);
+    st = dt_checkpoint_save(&C, &ps, NULL, &ts, &cd);
     ok = st == DT_OK && edit_manifest(dir, "\"data_cursor\":\"0\"", "\"data_cursor\":\"9300000000000000000\"");
     if (DT_TEST_CHECK("manifest_edit_for_cursor", ok)) {
-        st = dt_checkpoint_load(&C, &cd, &ps, NULL, &ts);
+        st = dt_checkpoint_load(&C, &ps, NULL, &ts, &cd);
         dt_test_error("data_cursor_beyond_int64_is_named", st, dt_ctx_error(&C), "train_state is malformed");
     }
     dt_params_free(&C, &ps);

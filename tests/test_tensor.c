@@ -675,14 +675,14 @@ static void test_params_and_safetensors(void) {
     memset(&pd, 0, sizeof pd);
     pd.name = "fc.w"; pd.shape[0] = 8; pd.shape[1] = 6;
     pd.init.kind = DT_INIT_SCALED_NORMAL; pd.init.seed = 5;
-    dt_params_add(&C, &ps, &pd, &w);
+    dt_params_add(&C, &ps, &w, &pd);
     memset(&pd, 0, sizeof pd);
     pd.name = "fc.b"; pd.shape[0] = 8; pd.no_decay = 1;
     pd.init.kind = DT_INIT_CONST; pd.init.value = 0.5;
-    dt_params_add(&C, &ps, &pd, &b);
+    dt_params_add(&C, &ps, &b, &pd);
     memset(&pd, 0, sizeof pd);
     pd.name = "fc.w"; pd.shape[0] = 8;
-    dt_test_error("params_duplicate_name_is_named", dt_params_add(&C, &ps, &pd, NULL), dt_ctx_error(&C), "\"fc.w\"");
+    dt_test_error("params_duplicate_name_is_named", dt_params_add(&C, &ps, NULL, &pd), dt_ctx_error(&C), "\"fc.w\"");
     DT_TEST_CHECK("params_count_and_numel", ps.count == 2 && dt_params_numel(&ps) == 56 && dt_params_find(&ps, "fc.b") == b);
     DT_TEST_CHECK("params_grad_is_zero_f32", w->grad.dtype == DT_F32 && F(&w->grad)[47] == 0 && F(&b->value)[7] == 0.5f);
 
@@ -691,7 +691,7 @@ static void test_params_and_safetensors(void) {
     memset(&pd, 0, sizeof pd);
     pd.name = "fc.w"; pd.shape[0] = 8; pd.shape[1] = 3; pd.global_shape[0] = 8; pd.global_shape[1] = 6; pd.start[1] = 3;
     pd.init.kind = DT_INIT_SCALED_NORMAL; pd.init.seed = 5;
-    dt_params_add(&C, &ps2, &pd, &shard);
+    dt_params_add(&C, &ps2, &shard, &pd);
     {
         int bad_n = 0, r, c;
         for (r = 0; r < 8; r++) for (c = 0; c < 3; c++) bad_n += F(&shard->value)[r * 3 + c] != F(&w->value)[r * 6 + 3 + c];
@@ -712,9 +712,9 @@ static void test_params_and_safetensors(void) {
     memset(&ps2, 0, sizeof ps2);
     memset(&pd, 0, sizeof pd);
     pd.name = "fc.w"; pd.shape[0] = 8; pd.shape[1] = 6;
-    dt_params_add(&C, &ps2, &pd, NULL);
+    dt_params_add(&C, &ps2, NULL, &pd);
     pd.name = "fc.b"; pd.shape[0] = 8; pd.shape[1] = 0;
-    dt_params_add(&C, &ps2, &pd, NULL);
+    dt_params_add(&C, &ps2, NULL, &pd);
     st = dt_params_load(&C, &ps2, path);
     DT_TEST_CHECK("params_round_trip_bitwise", st == 0 &&
                   memcmp(ps2.items[0]->value.data, w->value.data, 192) == 0 &&
@@ -722,7 +722,7 @@ static void test_params_and_safetensors(void) {
     dt_params_free(&C, &ps2);
     memset(&pd, 0, sizeof pd);
     pd.name = "fc.w"; pd.shape[0] = 6; pd.shape[1] = 8;
-    dt_params_add(&C, &ps2, &pd, NULL);
+    dt_params_add(&C, &ps2, NULL, &pd);
     dt_test_error("params_load_wrong_shape_is_named", dt_params_load(&C, &ps2, path), dt_ctx_error(&C), "\"fc.w\" dim 0 is 8");
     DT_TEST_CHECK("params_load_mismatch_leaves_values", F(&ps2.items[0]->value)[0] == 0.0f);
     dt_params_free(&C, &ps2);
@@ -750,14 +750,14 @@ static void test_params_and_safetensors(void) {
         tc.ndim = 0;
         dt_tensor_create(&C, &tc, &d); /* scalar: ndim 0, one element */
         if (DT_TEST_CHECK("safetensors_reads_reference_layout", st == 0 && f.n_entries == 3)) {
-            dt_safetensors_read(&C, &f, "a", &ta);
-            dt_safetensors_read(&C, &f, "b", &tb);
-            st = dt_safetensors_read(&C, &f, "c", &tc);
+            dt_safetensors_read(&C, &f, &ta, "a");
+            dt_safetensors_read(&C, &f, &tb, "b");
+            st = dt_safetensors_read(&C, &f, &tc, "c");
             DT_TEST_CHECK("safetensors_values_all_dtypes", dt_bf16_to_f32(((uint16_t *)ta.data)[1]) == -2.0f &&
                                                                ((int64_t *)tb.data)[0] == -7 && st == 0 &&
                                                                ((uint8_t *)tc.data)[0] == 200);
             DT_TEST_CHECK("safetensors_metadata", dt_safetensors_meta(&f, "who") && strcmp(dt_safetensors_meta(&f, "who"), "hand") == 0);
-            dt_test_error("safetensors_read_wrong_dtype_is_named", dt_safetensors_read(&C, &f, "b", &ta), dt_ctx_error(&C), "i64");
+            dt_test_error("safetensors_read_wrong_dtype_is_named", dt_safetensors_read(&C, &f, &ta, "b"), dt_ctx_error(&C), "i64");
             dt_safetensors_close(&C, &f);
         }
         /* every truncation of this file is an error, never a crash */
@@ -823,7 +823,7 @@ static void test_header_api(void) {
     if (DT_TEST_CHECK("safetensors_long_entry_name_saves", st == 0)) {
         st = dt_safetensors_open(&C, &f, path);
         if (DT_TEST_CHECK("safetensors_long_entry_name_opens", st == 0 && f.n_entries == 1)) {
-            st = dt_safetensors_read(&C, &f, longname, &back);
+            st = dt_safetensors_read(&C, &f, &back, longname);
             DT_TEST_CHECK("safetensors_long_entry_name_round_trip", st == 0 && memcmp(back.data, t.data, 24) == 0);
             dt_safetensors_close(&C, &f);
         }
@@ -855,7 +855,7 @@ static void test_header_api(void) {
 static void test_json(void) {
     const char *text = "{\"a\": [1, 2.5e3, -0.125], \"s\": \"x\\\"y\\u00e9\\ud83d\\ude00\", \"t\": true, \"n\": null, \"o\": {}}";
     dt_json *j = NULL;
-    dt_status st = dt_json_parse(&C, text, strlen(text), &j);
+    dt_status st = dt_json_parse(&C, &j, text, strlen(text));
     if (DT_TEST_CHECK("json_parses", st == 0 && j && j->type == DT_JSON_OBJECT && j->count == 5)) {
         const dt_json *a = dt_json_get(j, "a"), *s = dt_json_get(j, "s");
         DT_TEST_CHECK("json_numbers", a && a->count == 3 && a->items[1].number == 2500.0 && a->items[2].number == -0.125);
@@ -869,21 +869,21 @@ static void test_json(void) {
         int k, ok = 1;
         for (k = 0; k < 8; k++) {
             j = NULL;
-            if (dt_json_parse(&C, bad[k], strlen(bad[k]), &j) == 0 || j) { ok = 0; dt_test_fail("json_rejects_bad_text", "accepted %s", bad[k]); }
+            if (dt_json_parse(&C, &j, bad[k], strlen(bad[k])) == 0 || j) { ok = 0; dt_test_fail("json_rejects_bad_text", "accepted %s", bad[k]); }
         }
         if (ok) dt_test_pass("json_rejects_bad_text");
-        dt_test_error("json_error_names_offset", dt_json_parse(&C, "[1 2]", 5, &j), dt_ctx_error(&C), "at byte 3");
+        dt_test_error("json_error_names_offset", dt_json_parse(&C, &j, "[1 2]", 5), dt_ctx_error(&C), "at byte 3");
     }
     {
         char deep[200];
         memset(deep, '[', 100); memset(deep + 100, ']', 100);
-        dt_test_error("json_depth_limit", dt_json_parse(&C, deep, 200, &j), dt_ctx_error(&C), "deeper than 64");
+        dt_test_error("json_depth_limit", dt_json_parse(&C, &j, deep, 200), dt_ctx_error(&C), "deeper than 64");
     }
     {
         char buf[64];
         dt_json *back = NULL;
         size_t n = dt_json_escape(buf, sizeof buf, "q\"\\\n\x01");
-        st = dt_json_parse(&C, buf, n, &back);
+        st = dt_json_parse(&C, &back, buf, n);
         DT_TEST_CHECK("json_escape_round_trip", st == 0 && strcmp(back->string, "q\"\\\n\x01") == 0);
         dt_json_free(&C, back);
     }

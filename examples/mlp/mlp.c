@@ -34,7 +34,7 @@ static dt_param *add(dt_ctx *ctx, dt_params *ps, const char *name, int64_t d0, i
     d.init.kind = d1 ? DT_INIT_SCALED_NORMAL : DT_INIT_ZEROS; /* biases start at zero */
     d.init.gain = 1.41421356; /* He init for ReLU: std = sqrt(2 / fan_in) */
     d.init.seed = seed; d.no_decay = d1 == 0;
-    CHECK(dt_params_add(ctx, ps, &d, &p));
+    CHECK(dt_params_add(ctx, ps, &p, &d));
     return p;
 }
 
@@ -126,7 +126,7 @@ static float train(dt_ctx *ctx, dt_comm *comm, const opts *o, dt_params *ps, mod
     m->w1 = add(ctx, ps, "fc1.w", o->hidden, IN, o->seed); m->b1 = add(ctx, ps, "fc1.b", o->hidden, 0, o->seed);
     m->w2 = add(ctx, ps, "fc2.w", o->hidden, o->hidden, o->seed); m->b2 = add(ctx, ps, "fc2.b", o->hidden, 0, o->seed);
     m->w3 = add(ctx, ps, "fc3.w", CLASSES, o->hidden, o->seed); m->b3 = add(ctx, ps, "fc3.b", CLASSES, 0, o->seed);
-    CHECK(dt_bucketer_create(comm, ps, NULL, &bk));
+    CHECK(dt_bucketer_create(comm, &bk, ps, NULL));
     acts_make(ctx, &a, nr, o->hidden);
     if (rank == 0 && o->log && !(log = fopen(o->log, "w"))) { fprintf(stderr, "mlp: cannot write %s\n", o->log); exit(1); }
     if (rank == 0 && !o->quiet)
@@ -148,7 +148,7 @@ static float train(dt_ctx *ctx, dt_comm *comm, const opts *o, dt_params *ps, mod
             double el = NOW() - t0, sps = (double)step * o->batch / (el > 0 ? el : 1e-9);
             printf("step %4d/%d  loss %.4f  acc %.3f  %.0f samples/s  eta %.1fs\n", step, o->steps,
                    stats[0] / o->batch, stats[1] / o->batch, sps, (o->steps - step) * o->batch / sps);
-            if (log && dt_comm_stats(comm, DT_COLL_ALLREDUCE, &cs) == DT_OK) /* cs.seconds: in all-reduces */
+            if (log && dt_comm_stats(comm, &cs, DT_COLL_ALLREDUCE) == DT_OK) /* cs.seconds: in all-reduces */
                 fprintf(log, "{\"step\":%d,\"loss\":%.6f,\"acc\":%.4f,\"lr\":%g,\"samples_per_s\":%.1f,"
                         "\"comm_s\":%.6f}\n", step, stats[0] / o->batch, stats[1] / o->batch, (double)o->lr, sps,
                         cs.seconds);
@@ -184,7 +184,7 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "mlp: unknown flag %s\n", argv[i]); return 2; }
     }
     dt_ctx_init(ctx, NULL);
-    CHECK(dt_comm_init_world(ctx, &world, NULL)); /* MPI_Init under mpirun; else a world of one */
+    CHECK(dt_comm_create_world(ctx, &world, NULL)); /* MPI_Init under mpirun; else a world of one */
     if (i != argc || o.steps < 1 || o.batch < dt_comm_size(world) || o.hidden < 1 || !(o.lr > 0)) {
         if (dt_comm_rank(world) == 0)
             fprintf(stderr, "usage: mlp [--steps N>0] [--batch B>=ranks] [--hidden H>0] [--seed S] [--lr LR>0] [--log F]\n");

@@ -37,14 +37,14 @@ MLP_FN void mlp_init(mlp *m, dt_ctx *ctx, dt_dtype dt, uint64_t seed) {
     d.init.kind = DT_INIT_SCALED_NORMAL;
     d.init.seed = seed;
     d.name = "w1"; d.shape[0] = MLP_HID; d.shape[1] = MLP_IN;
-    if (dt_params_add(ctx, &m->ps, &d, &m->w1)) mlp_die(ctx, "mlp_init");
+    if (dt_params_add(ctx, &m->ps, &m->w1, &d)) mlp_die(ctx, "mlp_init");
     d.name = "w2"; d.shape[0] = MLP_OUT; d.shape[1] = MLP_HID;
-    if (dt_params_add(ctx, &m->ps, &d, &m->w2)) mlp_die(ctx, "mlp_init");
+    if (dt_params_add(ctx, &m->ps, &m->w2, &d)) mlp_die(ctx, "mlp_init");
     d.init.kind = DT_INIT_UNIFORM; d.init.low = -0.1; d.init.high = 0.1; d.no_decay = 1;
     d.name = "b1"; d.shape[0] = MLP_HID; d.shape[1] = 0;
-    if (dt_params_add(ctx, &m->ps, &d, &m->b1)) mlp_die(ctx, "mlp_init");
+    if (dt_params_add(ctx, &m->ps, &m->b1, &d)) mlp_die(ctx, "mlp_init");
     d.name = "b2"; d.shape[0] = MLP_OUT;
-    if (dt_params_add(ctx, &m->ps, &d, &m->b2)) mlp_die(ctx, "mlp_init");
+    if (dt_params_add(ctx, &m->ps, &m->b2, &d)) mlp_die(ctx, "mlp_init");
 }
 
 MLP_FN dt_tensor mlp_tensor(dt_ctx *ctx, dt_dtype dt, int64_t d0, int64_t d1) {

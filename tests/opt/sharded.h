@@ -31,7 +31,7 @@ SH_FN dt_optimizer *sh_adamw(dt_ctx *ctx, dt_params *ps, dt_comm *c) {
     d.lr = 0.01;
     d.comm = c;
     d.norm.shard_comm = c;
-    if (dt_opt_create(ctx, ps, &d, &o)) { fprintf(stderr, "dt_opt_create: %s\n", dt_ctx_error(ctx)); exit(2); }
+    if (dt_opt_create(ctx, &o, ps, &d)) { fprintf(stderr, "dt_opt_create: %s\n", dt_ctx_error(ctx)); exit(2); }
     return o;
 }
 
