@@ -1,17 +1,23 @@
 /* dt_tensor.h - tensors, dtypes, devices, core ops (forward + backward), counter-based RNG,
-   parameter sets and safetensors I/O for the dt toolkit.              v0.1, public domain/MIT
+   parameter sets and safetensors I/O for the dt toolkit.              v0.2, MIT licence
 
    Do this:
        #define DT_TENSOR_IMPLEMENTATION      (or DT_IMPLEMENTATION for every dt header)
    before you include this file in *one* C or C++ file to create the implementation.
    Every other file includes it without the define.
 
-   Compile-time options (define before including):
+   Compile-time options. The first group changes declarations, so define it the same way in
+   EVERY file that includes dt (or in the compiler flags); the second only matters in the file
+   with the implementation (as stb_ds's STBDS_* options do):
+     in every file:
+       DT_STATIC       every function is `static` (two libraries can each vendor their own copy).
+       DT_API          the decoration of every external symbol (default: extern, or static under
+                       DT_STATIC).
+     in the implementation file only:
        DT_CBLAS        CPU GEMM through cblas_sgemm (link -lopenblas). Without it a portable
                        blocked GEMM in this file is used.
        DT_CUDA         CUDA tensors (cudaMalloc, cudaMemcpy). Without it asking for a CUDA
                        tensor returns DT_ERR_DEVICE "built without DT_CUDA".
-       DT_STATIC       every function is `static` (two libraries can each vendor their own copy).
        DT_ASSERT(c)    internal invariant checks (default: assert.h). Never used for user errors.
 
    API in one breath:
@@ -23,6 +29,32 @@
             dt_attention, dt_dot_interaction, dt_concat, dt_split   (each _fwd / _bwd)
        dt_params_*: named parameters with gradients; dt_safetensors_*: save / open / read
        dt_json_*: the small JSON reader the safetensors header and checkpoint manifests use
+
+   Conventions (every dt header follows them, and so should code that extends dt):
+     - Argument order: the ctx, or the handle that carries one (dt_comm, dt_optimizer,
+       dt_bucketer), first; then the object the function is named after when that is not the
+       handle (dt_params_add's set, dt_safetensors_read's file); then what the call writes (output
+       tensors, the out-pointer of a constructor, result scalars); then what it reads; the desc
+       last. An asynchronous call's request comes at the very end, so an i-form is its blocking
+       form plus one argument. dt_gemm_portable keeps BLAS's order.
+     - Lifetimes: dt_X_create makes something that owns memory, dt_X_free gives it back. A handle
+       comes back through `dt_X **out`; a value the caller holds (dt_tensor) is filled in place.
+       dt_X_init fills storage the caller owns (dt_ctx_init pairs with dt_ctx_shutdown, which
+       releases its scratch; dt_tensor_init fills values). dt_X_open pairs with dt_X_close.
+     - Frees take the ctx only when the object does not keep one: handles (dt_comm, dt_optimizer,
+       dt_bucketer) and dt_strbuf keep theirs, dt_tensor, dt_params, dt_st_file and dt_json do
+       not. Every free accepts NULL, and a value already freed (frees zero what they free).
+     - Statuses: DT_ERR_CUDA for a failing CUDA or cuBLAS call, DT_ERR_COMM for MPI and NCCL and
+       for ranks that disagree, DT_ERR_DEVICE for a tensor on the wrong device or a backend that
+       is not compiled in, DT_ERR_OOM when an allocator (malloc, cudaMalloc) returns nothing.
+     - Backward functions take NULL for a gradient the caller does not want; it is skipped.
+       (dt_concat_bwd needs every part: their widths say where each slice starts.)
+     - Flags (int fields and arguments that mean on/off) are 0 or 1; anything else is DT_ERR_ARG.
+     - Sizes: element counts are int64_t, bytes size_t; every product of sizes is checked
+       (dt_mul_ok) and one that does not fit is DT_ERR_ARG naming the operands, never a wrap.
+       Float-to-integer conversions saturate (NaN becomes 0) or are named errors, never UB.
+     - Empty tensors are tensors: a dim may be 0 (give dt_tensor_desc.ndim), and every op
+       accepts numel 0.
 
    Gradients ACCUMULATE. Every *_bwd adds (+=) into the gradient buffers it is given, as llm.c
    does, so a tensor used twice simply gets both contributions and the caller zeroes grads once
@@ -186,17 +218,40 @@ typedef struct dt_tensor {
     int owns;                     /* 1: created by dt_tensor_create, freed by dt_tensor_free */
 } dt_tensor;
 
-/* shape: ndim is the number of leading non-zero entries, so `{ .shape = {B, D} }` is 2-D. */
+/* shape: with ndim 0 (the default) the dims are the leading non-zero entries, so
+   `{ .shape = {B, D} }` is 2-D and an all-zero shape is a scalar. To have a zero dim, say how
+   many dims there are: `{ .shape = {0, 64}, .ndim = 2 }` is an empty [0, 64] tensor. */
 typedef struct dt_tensor_desc {
     dt_dtype dtype;
     dt_device device;
     int64_t shape[DT_MAX_DIMS];
+    int ndim;                     /* 0 = count the leading non-zero dims; 1..DT_MAX_DIMS = exactly */
 } dt_tensor_desc;
 
-/* Allocates and zero-fills. On error *t is left empty (data NULL). */
+/* Allocates and zero-fills. On error *t is left empty (data NULL). The bytes (numel x dtype
+   size) must fit in a ptrdiff_t: a larger shape is DT_ERR_ARG, checked before allocating. */
 DT_API dt_status dt_tensor_create(dt_ctx *ctx, dt_tensor *t, const dt_tensor_desc *desc);
+/* A new tensor with t's shape; dtype / device DEFAULT = t's. */
+DT_API dt_status dt_tensor_create_like(dt_ctx *ctx, dt_tensor *out, const dt_tensor *t, dt_dtype dtype,
+                                       dt_device device);
 DT_API void dt_tensor_free(dt_ctx *ctx, dt_tensor *t);
 DT_API size_t dt_tensor_bytes(const dt_tensor *t);
+/* *out = a * b for a, b >= 0; returns 0 (and leaves *out alone) when a or b is negative or the
+   product does not fit in int64_t. The one checked multiply every size in dt goes through. */
+DT_API int dt_mul_ok(int64_t a, int64_t b, int64_t *out);
+/* The product of shape[0..ndim), or -1 when a dim is negative or the product overflows. */
+DT_API int64_t dt_shape_numel(int ndim, const int64_t *shape);
+/* Grows *items (elem bytes each, *cap of them, from the ctx allocator) to hold at least `need`,
+   doubling; the contents are kept. DT_ERR_OOM / DT_ERR_ARG (need too large) with the ctx error
+   naming `what`. The one growable array of the dt headers. */
+DT_API dt_status dt_grow(dt_ctx *ctx, void **items, int64_t *cap, int64_t need, size_t elem,
+                         const char *what);
+/* n values from src (src_dtype) into dst (dst_dtype): any pair of f32 / bf16 / f16 (round to
+   nearest even) and f32 <-> i32 / i64 / u8 (float to integer saturates, NaN -> 0). Plain host
+   arrays; the loop every f32 <-> bf16 / f16 conversion of dt runs. DT_ERR_DTYPE for a pair it
+   does not convert (it then writes nothing). */
+DT_API dt_status dt_convert(dt_ctx *ctx, void *dst, dt_dtype dst_dtype, const void *src, dt_dtype src_dtype,
+                            int64_t n);
 /* A view of `numel(shape)` elements starting at element `offset` of t (row-major, contiguous). */
 DT_API dt_status dt_tensor_view(dt_ctx *ctx, dt_tensor *view, const dt_tensor *t,
                                 int64_t offset, int ndim, const int64_t *shape);
@@ -369,6 +424,7 @@ typedef struct dt_param_desc {
     dt_init_desc init;                  /* name and shard fields are filled in from above */
     int no_decay;
     int group;
+    int ndim;                           /* as dt_tensor_desc.ndim: needed when a dim of shape is 0 */
 } dt_param_desc;
 
 typedef struct dt_params {
@@ -386,7 +442,8 @@ DT_API void dt_params_free(dt_ctx *ctx, dt_params *ps);
 /* ---------------------------------------------------------------- text builder */
 
 /* A growable NUL-terminated string from the ctx allocator (headers, manifests). Running out of
-   memory sets `failed` and turns later appends into no-ops, so a writer checks once at the end.
+   memory, a NULL string or a NULL b->ctx sets `failed` and turns later appends into no-ops, so a
+   writer checks once at the end. Every function takes b == NULL as a no-op.
    Start from `dt_strbuf b = {0}; b.ctx = ctx;`, end with dt_strbuf_free. */
 typedef struct dt_strbuf {
     dt_ctx *ctx;
@@ -446,6 +503,12 @@ typedef struct dt_st_file {
     int n_meta;
 } dt_st_file;
 
+/* The header-length limit of the reference implementation (100 MiB). */
+#define DT_SAFETENSORS_MAX_HEADER ((uint64_t)100 << 20)
+/* The header length from a file's first 8 bytes (little endian), checked against the file's size
+   and DT_SAFETENSORS_MAX_HEADER: DT_ERR_FORMAT naming `path` (may be NULL) when it cannot be. */
+DT_API dt_status dt_safetensors_header_len(dt_ctx *ctx, uint64_t *len, const unsigned char first8[8],
+                                           uint64_t file_size, const char *path);
 /* Reads and validates the header: every entry's offsets must be in the file, sorted, non
    overlapping, consistent with dtype x shape. A truncated or foreign file is DT_ERR_FORMAT. */
 DT_API dt_status dt_safetensors_open(dt_ctx *ctx, dt_st_file *f, const char *path);
@@ -527,6 +590,8 @@ extern int fileno(FILE *stream);
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#define DT__TRY(x) do { dt_status dt__s = (x); if (dt__s) return dt__s; } while (0)
 
 /* ---------------------------------------------------------------- status, dtypes */
 
@@ -722,17 +787,61 @@ DT_API void dt_ctx_shutdown(dt_ctx *ctx) {
     ctx->initialised = 0;
 }
 
-/* ---------------------------------------------------------------- tensors */
+/* ---------------------------------------------------------------- sizes */
 
-static int64_t dt__numel(int ndim, const int64_t *shape) {
+DT_API int dt_mul_ok(int64_t a, int64_t b, int64_t *out) {
+    if (a < 0 || b < 0) return 0;
+    if (a != 0 && b > INT64_MAX / a) return 0;
+    *out = a * b;
+    return 1;
+}
+
+DT_API int64_t dt_shape_numel(int ndim, const int64_t *shape) {
     int64_t n = 1;
     int i;
-    for (i = 0; i < ndim; i++) n *= shape[i];
+    if (ndim < 0 || ndim > DT_MAX_DIMS || (ndim > 0 && !shape)) return -1;
+    for (i = 0; i < ndim; i++)
+        if (!dt_mul_ok(n, shape[i], &n)) return -1;
     return n;
 }
 
+/* numel elements of `dtype` as bytes, when they fit in a ptrdiff_t (so that every pointer
+   difference and int64 byte offset inside the block is defined). */
+static int dt__bytes_ok(int64_t numel, dt_dtype dtype, size_t *bytes) {
+    int64_t b;
+    if (!dt_mul_ok(numel, (int64_t)dt_dtype_size(dtype), &b) || (uint64_t)b > (uint64_t)PTRDIFF_MAX) return 0;
+    *bytes = (size_t)b;
+    return 1;
+}
+
+DT_API dt_status dt_grow(dt_ctx *ctx, void **items, int64_t *cap, int64_t need, size_t elem, const char *what) {
+    int64_t nc, bytes;
+    void *p;
+    if (!ctx) return DT_ERR_ARG;
+    if (!items || !cap || elem == 0 || need < 0 || *cap < 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_grow: %s: items/cap NULL, elem 0 or need = %lld < 0",
+                                what ? what : "array", (long long)need);
+    if (need <= *cap) return DT_OK;
+    nc = *cap ? *cap : 8;
+    while (nc < need) nc = nc > INT64_MAX / 2 ? need : 2 * nc;
+    if (!dt_mul_ok(nc, (int64_t)elem, &bytes) || (uint64_t)bytes > (uint64_t)PTRDIFF_MAX)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_grow: %s: %lld items of %zu bytes do not fit in memory",
+                                what ? what : "array", (long long)need, elem);
+    p = dt_alloc(ctx, (size_t)bytes);
+    if (!p) return dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_grow: %s: out of memory for %lld items of %zu bytes",
+                                    what ? what : "array", (long long)nc, elem);
+    if (*items && *cap) memcpy(p, *items, (size_t)*cap * elem);
+    dt_release(ctx, *items);
+    *items = p;
+    *cap = nc;
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- tensors */
+
 DT_API size_t dt_tensor_bytes(const dt_tensor *t) {
-    return t ? (size_t)t->numel * dt_dtype_size(t->dtype) : 0;
+    size_t b = 0;
+    return t && t->numel > 0 && dt__bytes_ok(t->numel, t->dtype, &b) ? b : 0;
 }
 
 DT_API const char *dt_shape_str(const dt_tensor *t, char *buf, size_t n) {
@@ -742,7 +851,7 @@ DT_API const char *dt_shape_str(const dt_tensor *t, char *buf, size_t n) {
     buf[0] = 0;
     if (!t) { snprintf(buf, n, "(null)"); return buf; }
     used += (size_t)snprintf(buf, n, "[");
-    for (i = 0; i < t->ndim && used < n; i++)
+    for (i = 0; i < t->ndim && i < DT_MAX_DIMS && used < n; i++)
         used += (size_t)snprintf(buf + used, n - used, i ? ", %lld" : "%lld", (long long)t->shape[i]);
     if (used < n) snprintf(buf + used, n - used, "]");
     return buf;
@@ -750,82 +859,111 @@ DT_API const char *dt_shape_str(const dt_tensor *t, char *buf, size_t n) {
 
 DT_API int dt_tensor_same_shape(const dt_tensor *a, const dt_tensor *b) {
     int i;
-    if (!a || !b || a->ndim != b->ndim) return 0;
+    if (!a || !b || a->ndim != b->ndim || a->ndim < 0 || a->ndim > DT_MAX_DIMS) return 0;
     for (i = 0; i < a->ndim; i++)
         if (a->shape[i] != b->shape[i]) return 0;
     return 1;
 }
 
+/* The dims of a desc's shape: `nd_given` of them (zeros allowed), or with nd_given 0 the leading
+   non-zero entries; the entries after the dims must be 0 either way. */
 static dt_status dt__shape_from(dt_ctx *ctx, const char *fn, const char *arg, const int64_t *shape,
-                                int max, int *ndim_out) {
+                                int nd_given, int *ndim_out) {
     int nd = 0, i;
-    while (nd < max && shape[nd] != 0) nd++;
-    for (i = nd; i < max; i++)
+    if (nd_given < 0 || nd_given > DT_MAX_DIMS)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ndim = %d; expected 0 (count %s) or 1..%d", fn,
+                                nd_given, arg, DT_MAX_DIMS);
+    if (nd_given) nd = nd_given;
+    else while (nd < DT_MAX_DIMS && shape[nd] != 0) nd++;
+    for (i = nd; i < DT_MAX_DIMS; i++)
         if (shape[i] != 0)
-            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s[%d] = %lld follows a zero at %s[%d]; "
-                                    "a shape lists its dims first and pads with zeros",
-                                    fn, arg, i, (long long)shape[i], arg, nd);
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s[%d] = %lld comes after the %d dims; a shape "
+                                    "lists its dims first and pads with zeros (give ndim for a zero dim)",
+                                    fn, arg, i, (long long)shape[i], nd);
     for (i = 0; i < nd; i++)
         if (shape[i] < 0)
-            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s[%d] = %lld; expected > 0", fn, arg, i,
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s[%d] = %lld; expected >= 0", fn, arg, i,
                                     (long long)shape[i]);
     *ndim_out = nd;
     return DT_OK;
 }
 
-DT_API dt_status dt_tensor_create(dt_ctx *ctx, dt_tensor *t, const dt_tensor_desc *desc) {
-    dt_dtype dtype;
-    dt_device dev;
-    dt_status st;
-    int nd = 0, i;
+/* numel and bytes of a shape, or DT_ERR_ARG naming the shape that does not fit. */
+static dt_status dt__size_of(dt_ctx *ctx, const char *fn, int nd, const int64_t *shape, dt_dtype dtype,
+                             int64_t *numel, size_t *bytes) {
+    char s[DT_MAX_DIMS * 22 + 4];
+    size_t used = 0;
+    int i;
+    *numel = dt_shape_numel(nd, shape);
+    if (*numel >= 0 && dt__bytes_ok(*numel, dtype, bytes)) return DT_OK;
+    s[0] = 0;
+    for (i = 0; i < nd && used < sizeof s; i++)
+        used += (size_t)snprintf(s + used, sizeof s - used, i ? " x %lld" : "%lld", (long long)shape[i]);
+    return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: shape %s of %s is too large: %s", fn, nd ? s : "[]",
+                            dt_dtype_name(dtype), *numel < 0 ? "the element count overflows int64"
+                            : "its bytes overflow the address space");
+}
+
+static dt_status dt__alloc_data(dt_ctx *ctx, dt_tensor *t, size_t bytes, const char *fn) {
+    if (t->device == DT_CUDA_DEVICE) {
+#ifdef DT_CUDA
+        void *p = NULL;
+        cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+        if (e != cudaSuccess)
+            return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: cudaMalloc(%zu bytes): %s", fn, bytes,
+                                    cudaGetErrorString(e));
+        e = cudaMemsetAsync(p, 0, bytes, (cudaStream_t)ctx->cuda_stream);
+        if (e != cudaSuccess) {
+            cudaFree(p);
+            return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemsetAsync(%zu bytes): %s", fn, bytes,
+                                    cudaGetErrorString(e));
+        }
+        t->data = p;
+        ctx->bytes_in_use += bytes;
+        if (ctx->bytes_in_use > ctx->bytes_peak) ctx->bytes_peak = ctx->bytes_in_use;
+        return DT_OK;
+#else
+        (void)bytes;
+        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: device = cuda, but dt was built without DT_CUDA; "
+                                "rebuild with -DDT_CUDA or use DT_CPU", fn);
+#endif
+    }
+    t->data = dt_alloc(ctx, bytes ? bytes : 1); /* never NULL for a live tensor, even an empty one */
+    if (!t->data) return DT_ERR_OOM;
+    memset(t->data, 0, bytes);
+    return DT_OK;
+}
+
+static dt_status dt__create(dt_ctx *ctx, dt_tensor *t, dt_dtype dtype, dt_device dev, int nd,
+                            const int64_t *shape, const char *fn, const char *arg) {
     size_t bytes;
+    dt_status st;
+    int i;
+    if ((int)dtype < 0 || dtype >= DT_DTYPE_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: %s = %d is not a dt_dtype", fn, arg ? "desc.dtype" : "dtype",
+                                (int)dtype);
+    if ((int)dev < 0 || dev >= DT_DEVICE_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: %s = %d is not a dt_device", fn,
+                                arg ? "desc.device" : "device", (int)dev);
+    t->dtype = dtype == DT_DTYPE_DEFAULT ? DT_F32 : dtype;
+    t->device = dev == DT_DEVICE_DEFAULT ? (ctx->device == DT_DEVICE_DEFAULT ? DT_CPU : ctx->device) : dev;
+    t->ndim = nd;
+    for (i = 0; i < nd; i++) t->shape[i] = shape[i];
+    st = dt__size_of(ctx, fn, nd, t->shape, t->dtype, &t->numel, &bytes);
+    if (!st) st = dt__alloc_data(ctx, t, bytes, fn);
+    if (st) { memset(t, 0, sizeof *t); return st; }
+    t->owns = 1;
+    return DT_OK;
+}
+
+DT_API dt_status dt_tensor_create(dt_ctx *ctx, dt_tensor *t, const dt_tensor_desc *desc) {
+    int nd = 0;
     if (!ctx) return DT_ERR_ARG;
     if (!t) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_create: t is NULL");
     memset(t, 0, sizeof *t);
     if (!desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_create: desc is NULL");
-    if ((int)desc->dtype < 0 || desc->dtype >= DT_DTYPE_COUNT)
-        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "dt_tensor_create: desc.dtype = %d is not a dt_dtype",
-                                (int)desc->dtype);
-    if ((int)desc->device < 0 || desc->device >= DT_DEVICE_COUNT)
-        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "dt_tensor_create: desc.device = %d is not a "
-                                "dt_device", (int)desc->device);
-    st = dt__shape_from(ctx, "dt_tensor_create", "desc.shape", desc->shape, DT_MAX_DIMS, &nd);
-    if (st) return st;
-    dtype = dt__dtype(desc->dtype);
-    dev = desc->device == DT_DEVICE_DEFAULT ? ctx->device : desc->device;
-    t->dtype = dtype;
-    t->device = dev;
-    t->ndim = nd;
-    for (i = 0; i < nd; i++) t->shape[i] = desc->shape[i];
-    t->numel = dt__numel(nd, t->shape);
-    if (nd > 0 && t->numel / t->shape[0] != dt__numel(nd - 1, t->shape + 1))
-        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "dt_tensor_create: shape overflows int64");
-    bytes = (size_t)t->numel * dt_dtype_size(dtype);
-    if (dev == DT_CUDA_DEVICE) {
-#ifdef DT_CUDA
-        void *p = NULL;
-        cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
-        if (e != cudaSuccess) {
-            memset(t, 0, sizeof *t);
-            return dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_tensor_create: cudaMalloc(%zu bytes): %s",
-                                    bytes, cudaGetErrorString(e));
-        }
-        cudaMemsetAsync(p, 0, bytes, (cudaStream_t)ctx->cuda_stream);
-        t->data = p;
-        ctx->bytes_in_use += bytes;
-        if (ctx->bytes_in_use > ctx->bytes_peak) ctx->bytes_peak = ctx->bytes_in_use;
-#else
-        memset(t, 0, sizeof *t);
-        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "dt_tensor_create: desc.device = cuda, but dt "
-                                "was built without DT_CUDA; rebuild with -DDT_CUDA or use DT_CPU");
-#endif
-    } else {
-        t->data = dt_alloc(ctx, bytes ? bytes : 1);
-        if (!t->data) { memset(t, 0, sizeof *t); return DT_ERR_OOM; }
-        memset(t->data, 0, bytes);
-    }
-    t->owns = 1;
-    return DT_OK;
+    DT__TRY(dt__shape_from(ctx, "dt_tensor_create", "desc.shape", desc->shape, desc->ndim, &nd));
+    return dt__create(ctx, t, desc->dtype, desc->device, nd, desc->shape, "dt_tensor_create", "desc");
 }
 
 DT_API void dt_tensor_free(dt_ctx *ctx, dt_tensor *t) {
@@ -844,33 +982,71 @@ DT_API void dt_tensor_free(dt_ctx *ctx, dt_tensor *t) {
     memset(t, 0, sizeof *t);
 }
 
+/* The prelude of every function that takes a tensor: a struct that is not a live tensor
+   (freed, never created, or with fields no dt function makes) is named here, before any
+   pointer in it is followed. A freed tensor is all zeros, so its dtype is 0 (DEFAULT), which
+   no live tensor has. */
+static dt_status dt__valid(dt_ctx *ctx, const dt_tensor *t, const char *fn, const char *arg) {
+    if (!t) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, arg);
+    if (t->dtype == DT_DTYPE_DEFAULT && !t->data)
+        return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: %s is not a live tensor (freed, or never created)",
+                                fn, arg);
+    if ((int)t->dtype <= 0 || t->dtype >= DT_DTYPE_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: %s.dtype = %d is not a dt_dtype", fn, arg, (int)t->dtype);
+    if ((int)t->device < 0 || t->device >= DT_DEVICE_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: %s.device = %d is not a dt_device", fn, arg,
+                                (int)t->device);
+    if (t->ndim < 0 || t->ndim > DT_MAX_DIMS)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s.ndim = %d; expected 0..%d", fn, arg, t->ndim,
+                                DT_MAX_DIMS);
+    if (t->numel < 0 || dt_shape_numel(t->ndim, t->shape) != t->numel)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s.numel = %lld does not match its shape", fn, arg,
+                                (long long)t->numel);
+    if (!t->data)
+        return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: %s has no data (freed or never created)", fn, arg);
+    return DT_OK;
+}
+
+DT_API dt_status dt_tensor_create_like(dt_ctx *ctx, dt_tensor *out, const dt_tensor *t, dt_dtype dtype,
+                                       dt_device device) {
+    const char *fn = "dt_tensor_create_like";
+    if (!ctx) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    DT__TRY(dt__valid(ctx, t, fn, "t"));
+    if (out == t) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is t", fn);
+    memset(out, 0, sizeof *out);
+    return dt__create(ctx, out, dtype == DT_DTYPE_DEFAULT ? t->dtype : dtype,
+                      device == DT_DEVICE_DEFAULT ? t->device : device, t->ndim, t->shape, fn, NULL);
+}
+
 DT_API dt_status dt_tensor_view(dt_ctx *ctx, dt_tensor *view, const dt_tensor *t, int64_t offset,
                                 int ndim, const int64_t *shape) {
+    const char *fn = "dt_tensor_view";
     dt_tensor v;
     int i;
     if (!ctx) return DT_ERR_ARG;
-    if (!view || !t || !shape)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_view: %s is NULL",
-                                !view ? "view" : !t ? "t" : "shape");
+    if (!view || (!shape && ndim > 0))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, !view ? "view" : "shape");
+    DT__TRY(dt__valid(ctx, t, fn, "t"));
     if (ndim < 0 || ndim > DT_MAX_DIMS)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_view: ndim = %d; expected 0..%d", ndim,
-                                DT_MAX_DIMS);
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ndim = %d; expected 0..%d", fn, ndim, DT_MAX_DIMS);
     memset(&v, 0, sizeof v);
     for (i = 0; i < ndim; i++) {
         if (shape[i] < 0)
-            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "dt_tensor_view: shape[%d] = %lld; expected >= 0",
-                                    i, (long long)shape[i]);
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: shape[%d] = %lld; expected >= 0", fn, i,
+                                    (long long)shape[i]);
         v.shape[i] = shape[i];
     }
     v.ndim = ndim;
-    v.numel = dt__numel(ndim, v.shape);
+    v.numel = dt_shape_numel(ndim, v.shape);
+    if (v.numel < 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: the shape's element count overflows int64", fn);
     if (offset < 0 || offset > t->numel || v.numel > t->numel - offset)
-        return dt_ctx_set_error(ctx, DT_ERR_RANGE, "dt_tensor_view: offset %lld + %lld elements "
-                                "exceeds the %lld elements of t", (long long)offset,
-                                (long long)v.numel, (long long)t->numel);
+        return dt_ctx_set_error(ctx, DT_ERR_RANGE, "%s: offset %lld + %lld elements exceeds the %lld elements "
+                                "of t", fn, (long long)offset, (long long)v.numel, (long long)t->numel);
     v.dtype = t->dtype;
     v.device = t->device;
-    v.data = (char *)t->data + (size_t)offset * dt_dtype_size(t->dtype);
+    v.data = (char *)t->data + (size_t)offset * dt_dtype_size(t->dtype); /* <= the bytes of t */
     v.owns = 0;
     *view = v;
     return DT_OK;
@@ -878,24 +1054,24 @@ DT_API dt_status dt_tensor_view(dt_ctx *ctx, dt_tensor *view, const dt_tensor *t
 
 DT_API dt_status dt_tensor_reshape(dt_ctx *ctx, dt_tensor *view, const dt_tensor *t, int ndim,
                                    const int64_t *shape) {
+    const char *fn = "dt_tensor_reshape";
     int64_t n;
-    int i;
     if (!ctx) return DT_ERR_ARG;
-    if (!t || !shape || ndim < 0 || ndim > DT_MAX_DIMS)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_reshape: t or shape is NULL or ndim = %d "
-                                "is outside 0..%d", ndim, DT_MAX_DIMS);
-    for (n = 1, i = 0; i < ndim; i++) n *= shape[i];
+    DT__TRY(dt__valid(ctx, t, fn, "t"));
+    if ((!shape && ndim > 0) || ndim < 0 || ndim > DT_MAX_DIMS)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: shape is NULL or ndim = %d is outside 0..%d", fn, ndim,
+                                DT_MAX_DIMS);
+    n = dt_shape_numel(ndim, shape);
     if (n != t->numel)
-        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "dt_tensor_reshape: new shape has %lld elements, "
-                                "t has %lld", (long long)n, (long long)t->numel);
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: the new shape has %s%lld elements, t has %lld", fn,
+                                n < 0 ? "a negative dim or an overflowing count, not " : "",
+                                (long long)(n < 0 ? t->numel : n), (long long)t->numel);
     return dt_tensor_view(ctx, view, t, 0, ndim, shape);
 }
 
 DT_API dt_status dt_check_tensor(dt_ctx *ctx, const dt_tensor *t, dt_dtype dtype, const char *fn,
                                  const char *arg) {
-    if (!t) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, arg);
-    if (!t->data && t->numel > 0)
-        return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: %s has no data (freed or never created)", fn, arg);
+    DT__TRY(dt__valid(ctx, t, fn, arg));
     if (t->device == DT_CUDA_DEVICE)
         return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: %s is on cuda; this op runs on cpu tensors "
                                 "(the cuda kernels live in kernels/)", fn, arg);
@@ -915,7 +1091,8 @@ static enum cudaMemcpyKind dt__memcpy_kind(dt_device dst, dt_device src) {
 DT_API dt_status dt_tensor_copy(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *src) {
     size_t bytes;
     if (!ctx) return DT_ERR_ARG;
-    if (!dst || !src) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_copy: %s is NULL", dst ? "src" : "dst");
+    DT__TRY(dt__valid(ctx, dst, "dt_tensor_copy", "dst"));
+    DT__TRY(dt__valid(ctx, src, "dt_tensor_copy", "src"));
     if (dst->dtype != src->dtype)
         return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "dt_tensor_copy: dst dtype %s != src dtype %s; use "
                                 "dt_tensor_cast to convert", dt_dtype_name(dst->dtype), dt_dtype_name(src->dtype));
@@ -944,45 +1121,95 @@ DT_API dt_status dt_tensor_copy(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *sr
     return DT_OK;
 }
 
-/* Reads element i of a CPU tensor of any dtype as double, and writes one. */
-static double dt__get(const dt_tensor *t, int64_t i) {
-    switch (t->dtype) {
-    case DT_F32: return ((const float *)t->data)[i];
-    case DT_BF16: return dt_bf16_to_f32(((const uint16_t *)t->data)[i]);
-    case DT_F16: return dt_f16_to_f32(((const uint16_t *)t->data)[i]);
-    case DT_I32: return ((const int32_t *)t->data)[i];
-    case DT_I64: return (double)((const int64_t *)t->data)[i];
-    case DT_U8: return ((const uint8_t *)t->data)[i];
+/* Conversions out of double that C leaves undefined outside the target's range are defined
+   here: to an integer, saturate at the type's limits and NaN -> 0 (the comparisons are with
+   doubles that are exact: 2^31, 2^63, 255). To float, C follows IEEE 754 (Annex F, which gcc
+   and clang implement): rounded, and +-inf beyond the largest float. */
+static int64_t dt__to_i64(double v) {
+    if (v != v) return 0;
+    if (v >= 9223372036854775808.0) return INT64_MAX;
+    if (v < -9223372036854775808.0) return INT64_MIN;
+    return (int64_t)v;
+}
+static int32_t dt__to_i32(double v) {
+    if (v != v) return 0;
+    if (v >= 2147483648.0) return INT32_MAX;
+    if (v < -2147483648.0) return INT32_MIN;
+    return (int32_t)v;
+}
+static uint8_t dt__to_u8(double v) {
+    if (v != v || v <= 0) return 0;
+    if (v >= 255.0) return 255;
+    return (uint8_t)v;
+}
+
+/* Reads element i of a CPU array of any dtype as double, and writes one. */
+static double dt__get(const void *p, dt_dtype dtype, int64_t i) {
+    switch (dtype) {
+    case DT_F32: return ((const float *)p)[i];
+    case DT_BF16: return dt_bf16_to_f32(((const uint16_t *)p)[i]);
+    case DT_F16: return dt_f16_to_f32(((const uint16_t *)p)[i]);
+    case DT_I32: return ((const int32_t *)p)[i];
+    case DT_I64: return (double)((const int64_t *)p)[i];
+    case DT_U8: return ((const uint8_t *)p)[i];
     default: return 0;
     }
 }
 
-static void dt__set(dt_tensor *t, int64_t i, double v) {
-    switch (t->dtype) {
-    case DT_F32: ((float *)t->data)[i] = (float)v; break;
-    case DT_BF16: ((uint16_t *)t->data)[i] = dt_f32_to_bf16((float)v); break;
-    case DT_F16: ((uint16_t *)t->data)[i] = dt_f32_to_f16((float)v); break;
-    case DT_I32: ((int32_t *)t->data)[i] = (int32_t)v; break;
-    case DT_I64: ((int64_t *)t->data)[i] = (int64_t)v; break;
-    case DT_U8: ((uint8_t *)t->data)[i] = (uint8_t)v; break;
+static void dt__set(void *p, dt_dtype dtype, int64_t i, double v) {
+    switch (dtype) {
+    case DT_F32: ((float *)p)[i] = (float)v; break;
+    case DT_BF16: ((uint16_t *)p)[i] = dt_f32_to_bf16((float)v); break;
+    case DT_F16: ((uint16_t *)p)[i] = dt_f32_to_f16((float)v); break;
+    case DT_I32: ((int32_t *)p)[i] = dt__to_i32(v); break;
+    case DT_I64: ((int64_t *)p)[i] = dt__to_i64(v); break;
+    case DT_U8: ((uint8_t *)p)[i] = dt__to_u8(v); break;
     default: break;
     }
+}
+
+static int dt__is_float(dt_dtype t) { return t == DT_F32 || t == DT_BF16 || t == DT_F16; }
+
+DT_API dt_status dt_convert(dt_ctx *ctx, void *dst, dt_dtype dst_dtype, const void *src, dt_dtype src_dtype,
+                            int64_t n) {
+    int64_t i;
+    if (!ctx) return DT_ERR_ARG;
+    if (n < 0 || (n > 0 && (!dst || !src)))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_convert: n = %lld, dst %s, src %s; expected n >= 0 and "
+                                "non-NULL arrays", (long long)n, dst ? "set" : "NULL", src ? "set" : "NULL");
+    if ((int)dst_dtype <= 0 || dst_dtype >= DT_DTYPE_COUNT || (int)src_dtype <= 0 || src_dtype >= DT_DTYPE_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "dt_convert: dtypes %d -> %d; expected dt_dtype values",
+                                (int)src_dtype, (int)dst_dtype);
+    if (!(dt__is_float(src_dtype) && dt__is_float(dst_dtype)) && src_dtype != DT_F32 && dst_dtype != DT_F32 &&
+        !(!dt__is_float(src_dtype) && !dt__is_float(dst_dtype)))
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "dt_convert: %s -> %s is not supported; convert through f32",
+                                dt_dtype_name(src_dtype), dt_dtype_name(dst_dtype));
+    if (src_dtype == dst_dtype) {
+        if (n && dst != src) memmove(dst, src, (size_t)n * dt_dtype_size(src_dtype));
+        return DT_OK;
+    }
+    /* the hot pairs (master weights <-> bf16 / f16 values) as plain loops */
+    if (src_dtype == DT_F32 && dst_dtype == DT_BF16) {
+        for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = dt_f32_to_bf16(((const float *)src)[i]);
+    } else if (src_dtype == DT_F32 && dst_dtype == DT_F16) {
+        for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = dt_f32_to_f16(((const float *)src)[i]);
+    } else if (src_dtype == DT_BF16 && dst_dtype == DT_F32) {
+        for (i = 0; i < n; i++) ((float *)dst)[i] = dt_bf16_to_f32(((const uint16_t *)src)[i]);
+    } else if (src_dtype == DT_F16 && dst_dtype == DT_F32) {
+        for (i = 0; i < n; i++) ((float *)dst)[i] = dt_f16_to_f32(((const uint16_t *)src)[i]);
+    } else {
+        for (i = 0; i < n; i++) dt__set(dst, dst_dtype, i, dt__get(src, src_dtype, i));
+    }
+    return DT_OK;
 }
 
 /* Runs `fill(t_host)` on t, through a host copy when t lives on the GPU. */
 typedef dt_status (*dt__host_fn)(dt_ctx *ctx, dt_tensor *t, const void *arg);
 static dt_status dt__on_host(dt_ctx *ctx, dt_tensor *t, dt__host_fn fn, const void *arg) {
     dt_tensor h;
-    dt_tensor_desc d;
     dt_status st;
-    int i;
     if (t->device != DT_CUDA_DEVICE) return fn(ctx, t, arg);
-    memset(&d, 0, sizeof d);
-    d.dtype = t->dtype;
-    d.device = DT_CPU;
-    for (i = 0; i < t->ndim; i++) d.shape[i] = t->shape[i];
-    if (t->ndim == 0) d.shape[0] = 1;
-    st = dt_tensor_create(ctx, &h, &d);
+    st = dt_tensor_create_like(ctx, &h, t, DT_DTYPE_DEFAULT, DT_CPU);
     if (st) return st;
     st = fn(ctx, &h, arg);
     if (!st) st = dt_tensor_copy(ctx, t, &h);
@@ -998,20 +1225,34 @@ static dt_status dt__fill_host(dt_ctx *ctx, dt_tensor *t, const void *arg) {
         float f = (float)v, *p = (float *)t->data;
         for (i = 0; i < t->numel; i++) p[i] = f;
     } else {
-        for (i = 0; i < t->numel; i++) dt__set(t, i, v);
+        for (i = 0; i < t->numel; i++) dt__set(t->data, t->dtype, i, v);
     }
     return DT_OK;
 }
 
+/* The range of an integer dtype as doubles (exact), for the fill check. */
+static int dt__int_range(dt_dtype t, double *lo, double *hi) {
+    switch (t) {
+    case DT_I32: *lo = -2147483648.0; *hi = 2147483647.0; return 1;
+    case DT_I64: *lo = -9223372036854775808.0; *hi = 9223372036854775807.0; return 1;
+    case DT_U8: *lo = 0; *hi = 255; return 1;
+    default: return 0;
+    }
+}
+
 DT_API dt_status dt_tensor_fill(dt_ctx *ctx, dt_tensor *t, double value) {
+    double lo, hi;
     if (!ctx) return DT_ERR_ARG;
-    if (!t || (!t->data && t->numel))
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_fill: t is NULL or has no data");
+    DT__TRY(dt__valid(ctx, t, "dt_tensor_fill", "t"));
+    /* an integer tensor cannot hold NaN or a value outside its range: say so, do not clamp */
+    if (dt__int_range(t->dtype, &lo, &hi) && !(value >= lo && value <= hi))
+        return dt_ctx_set_error(ctx, DT_ERR_RANGE, "dt_tensor_fill: value %g does not fit a %s tensor "
+                                "(range [%.0f, %.0f])", value, dt_dtype_name(t->dtype), lo, hi);
     return dt__on_host(ctx, t, dt__fill_host, &value);
 }
 
+/* dst = (dst.dtype) src. Integer targets saturate (NaN -> 0), as dt_convert does. */
 DT_API dt_status dt_tensor_cast(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *src) {
-    int64_t i;
     dt_status st;
     if (!ctx) return DT_ERR_ARG;
     if ((st = dt_check_tensor(ctx, dst, DT_DTYPE_DEFAULT, "dt_tensor_cast", "dst"))) return st;
@@ -1019,20 +1260,15 @@ DT_API dt_status dt_tensor_cast(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *sr
     if (dst->numel != src->numel)
         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "dt_tensor_cast: dst has %lld elements, src %lld",
                                 (long long)dst->numel, (long long)src->numel);
-    if (dst->dtype == src->dtype) return dt_tensor_copy(ctx, dst, src);
-    if (src->dtype == DT_F32 && (dst->dtype == DT_BF16 || dst->dtype == DT_F16)) {
-        const float *s = (const float *)src->data;
-        uint16_t *d = (uint16_t *)dst->data;
-        if (dst->dtype == DT_BF16) for (i = 0; i < src->numel; i++) d[i] = dt_f32_to_bf16(s[i]);
-        else for (i = 0; i < src->numel; i++) d[i] = dt_f32_to_f16(s[i]);
-        return DT_OK;
-    }
-    if ((src->dtype == DT_BF16 || src->dtype == DT_F16) && dst->dtype != DT_F32 &&
-        dst->dtype != DT_BF16 && dst->dtype != DT_F16)
+    if ((src->dtype == DT_BF16 || src->dtype == DT_F16) && !dt__is_float(dst->dtype))
         return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "dt_tensor_cast: %s -> %s is not supported; cast "
                                 "through f32", dt_dtype_name(src->dtype), dt_dtype_name(dst->dtype));
-    for (i = 0; i < src->numel; i++) dt__set(dst, i, dt__get(src, i));
-    return DT_OK;
+    if ((dst->dtype == DT_BF16 || dst->dtype == DT_F16) && !dt__is_float(src->dtype))
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "dt_tensor_cast: %s -> %s is not supported; cast "
+                                "through f32", dt_dtype_name(src->dtype), dt_dtype_name(dst->dtype));
+    if (src->data == dst->data && src->dtype != dst->dtype && src->numel > 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_cast: dst and src share memory but differ in dtype");
+    return dt_convert(ctx, dst->data, dst->dtype, src->data, src->dtype, src->numel);
 }
 
 /* ---------------------------------------------------------------- RNG (Philox4x32-10) */
@@ -1115,7 +1351,7 @@ static dt_status dt__init_host(dt_ctx *ctx, dt_tensor *t, const void *arg) {
         case DT_INIT_SCALED_NORMAL: v = std * dt_rng_normal(d->seed, stream, (uint64_t)g); break;
         default: break;
         }
-        dt__set(t, k, v);
+        dt__set(t->data, t->dtype, k, v);
         for (i = nd - 1; i >= 0; i--) { /* odometer over the local shape */
             if (++idx[i] < t->shape[i]) break;
             idx[i] = 0;
@@ -1130,8 +1366,8 @@ DT_API dt_status dt_tensor_init(dt_ctx *ctx, dt_tensor *t, const dt_init_desc *d
     int gnd = 0, i;
     dt_status st;
     if (!ctx) return DT_ERR_ARG;
-    if (!t || !desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_init: %s is NULL", t ? "desc" : "t");
-    if (!t->data && t->numel) return dt_ctx_set_error(ctx, DT_ERR_STATE, "dt_tensor_init: t has no data");
+    DT__TRY(dt__valid(ctx, t, "dt_tensor_init", "t"));
+    if (!desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_init: desc is NULL");
     if ((int)desc->kind < 0 || desc->kind >= DT_INIT_KIND_COUNT)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_init: desc.kind = %d is not a dt_init_kind",
                                 (int)desc->kind);
@@ -1141,7 +1377,7 @@ DT_API dt_status dt_tensor_init(dt_ctx *ctx, dt_tensor *t, const dt_init_desc *d
     if ((desc->kind == DT_INIT_NORMAL) && !(desc->std >= 0))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_init: desc.std = %g; expected >= 0", desc->std);
     if (desc->global_shape[0] != 0) {
-        st = dt__shape_from(ctx, "dt_tensor_init", "desc.global_shape", desc->global_shape, DT_MAX_DIMS, &gnd);
+        st = dt__shape_from(ctx, "dt_tensor_init", "desc.global_shape", desc->global_shape, t->ndim ? t->ndim : 1, &gnd);
         if (st) return st;
         if (gnd != t->ndim)
             return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "dt_tensor_init: desc.global_shape has %d dims, "
@@ -1162,6 +1398,8 @@ DT_API dt_status dt_tensor_init(dt_ctx *ctx, dt_tensor *t, const dt_init_desc *d
                                         "desc.global_shape", i, (long long)desc->start[i]);
         }
     }
+    if (dt_shape_numel(gnd, gshape) < 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_init: desc.global_shape's element count overflows int64");
     if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16 && desc->kind != DT_INIT_ZEROS &&
         desc->kind != DT_INIT_CONST && desc->kind != DT_INIT_DEFAULT)
         return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "dt_tensor_init: random init of a %s tensor; expected "
@@ -1386,12 +1624,17 @@ DT_API dt_status dt_gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_
 
 /* ---------------------------------------------------------------- op helpers */
 
-#define DT__TRY(x) do { dt_status dt__s = (x); if (dt__s) return dt__s; } while (0)
 #define DT__F(t) ((float *)(t)->data)
 #define DT__CF(t) ((const float *)(t)->data)
 
 static int64_t dt__last(const dt_tensor *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
-static int64_t dt__rows(const dt_tensor *t) { int64_t c = dt__last(t); return c ? t->numel / c : 0; }
+/* The leading dims flattened (not numel / last: a [4, 0] tensor still has 4 rows). */
+static int64_t dt__rows(const dt_tensor *t) {
+    int64_t r = 1;
+    int i;
+    for (i = 0; i + 1 < t->ndim; i++) r *= t->shape[i]; /* fits: the tensor passed dt__valid */
+    return r;
+}
 
 static dt_status dt__f32(dt_ctx *ctx, const dt_tensor *t, const char *fn, const char *arg) {
     return dt_check_tensor(ctx, t, DT_F32, fn, arg);
@@ -1590,6 +1833,7 @@ DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor 
     int64_t r, c, C, R;
     if (!ctx) return DT_ERR_ARG;
     DT__TRY(dt__f32(ctx, dout, fn, "dout"));
+    if (!dbias) return DT_OK;
     DT__TRY(dt__f32(ctx, dbias, fn, "dbias"));
     C = dt__last(dout); R = dt__rows(dout);
     DT__TRY(dt__dim(ctx, dbias->numel, C, fn, "dbias numel", "dout.shape[-1]"));
@@ -1640,15 +1884,19 @@ static dt_status dt__unary_check(dt_ctx *ctx, const dt_tensor *out, const dt_ten
 DT_API dt_status dt_relu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
     if (!ctx) return DT_ERR_ARG;
     DT__TRY(dt__unary_check(ctx, out, x, "dt_relu_fwd", "out"));
-    DT__BLOCKS(x->numel, DT__CF(x), NULL, DT__F(out), o[j] = a[j] > 0.0f ? a[j] : 0.0f);
+    /* NaN stays NaN (as in PyTorch), so a NaN activation reaches the loss and the loss scaler */
+    DT__BLOCKS(x->numel, DT__CF(x), NULL, DT__F(out), o[j] = a[j] > 0.0f || a[j] != a[j] ? a[j] : 0.0f);
     return DT_OK;
 }
 
 DT_API dt_status dt_relu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x) {
     if (!ctx) return DT_ERR_ARG;
-    DT__TRY(dt__unary_check(ctx, dx, x, "dt_relu_bwd", "dx"));
     DT__TRY(dt__unary_check(ctx, dout, x, "dt_relu_bwd", "dout"));
-    DT__BLOCKS(x->numel, DT__CF(x), DT__CF(dout), DT__F(dx), o[j] += a[j] > 0.0f ? b[j] : 0.0f);
+    if (!dx) return DT_OK;
+    DT__TRY(dt__unary_check(ctx, dx, x, "dt_relu_bwd", "dx"));
+    /* the gradient passes where the forward passed x through: x > 0, and NaN (PyTorch's
+       threshold_backward masks only x <= 0) */
+    DT__BLOCKS(x->numel, DT__CF(x), DT__CF(dout), DT__F(dx), o[j] += a[j] > 0.0f || a[j] != a[j] ? b[j] : 0.0f);
     return DT_OK;
 }
 
@@ -1668,8 +1916,9 @@ DT_API dt_status dt_gelu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
 DT_API dt_status dt_gelu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x) {
     int64_t i;
     if (!ctx) return DT_ERR_ARG;
-    DT__TRY(dt__unary_check(ctx, dx, x, "dt_gelu_bwd", "dx"));
     DT__TRY(dt__unary_check(ctx, dout, x, "dt_gelu_bwd", "dout"));
+    if (!dx) return DT_OK;
+    DT__TRY(dt__unary_check(ctx, dx, x, "dt_gelu_bwd", "dx"));
     for (i = 0; i < x->numel; i++) {
         float v = DT__CF(x)[i];
         float u = DT__GELU_S * (v + 0.044715f * v * v * v);
@@ -1711,9 +1960,9 @@ DT_API dt_status dt_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, 
         double m = 0, v = 0;
         float s;
         for (c = 0; c < C; c++) m += xr[c];
-        m /= (double)C;
+        m /= (double)(C ? C : 1); /* an empty row has mean 0 and variance 0 */
         for (c = 0; c < C; c++) v += (xr[c] - m) * (xr[c] - m); /* two passes: no cancellation */
-        v /= (double)C;
+        v /= (double)(C ? C : 1);
         s = (float)(1.0 / sqrt(v + eps));
         for (c = 0; c < C; c++)
             o[c] = (float)(xr[c] - m) * s * DT__CF(w)[c] + (b ? DT__CF(b)[c] : 0.0f);
@@ -1744,8 +1993,8 @@ DT_API dt_status dt_layernorm_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_
             gm += gw;
             gnm += gw * nrm;
         }
-        gm /= (double)C;
-        gnm /= (double)C;
+        gm /= (double)(C ? C : 1);
+        gnm /= (double)(C ? C : 1);
         for (c = 0; c < C; c++) {
             float nrm = (xr[c] - m) * s, gw = g[c] * DT__CF(w)[c];
             if (db) DT__F(db)[c] += g[c];
@@ -1808,6 +2057,7 @@ DT_API dt_status dt_softmax_xent_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_t
     float s;
     if (!ctx) return DT_ERR_ARG;
     DT__TRY(dt__xent_check(ctx, probs, targets, ignore_index, fn, "probs"));
+    if (!dlogits) return DT_OK;
     DT__TRY(dt__f32(ctx, dlogits, fn, "dlogits"));
     DT__TRY(dt__same(ctx, dlogits, probs, fn, "dlogits", "probs"));
     V = dt__last(probs); R = dt__rows(probs);
@@ -1852,6 +2102,7 @@ DT_API dt_status dt_bce_logits_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_ten
     float s;
     if (!ctx) return DT_ERR_ARG;
     DT__TRY(dt__bce_check(ctx, logits, labels, fn));
+    if (!dlogits) return DT_OK;
     DT__TRY(dt__f32(ctx, dlogits, fn, "dlogits"));
     DT__TRY(dt__same_numel(ctx, dlogits, logits, fn, "dlogits", "logits"));
     if (logits->numel == 0) return DT_OK;
@@ -1919,7 +2170,7 @@ DT_API dt_status dt_sumsq(dt_ctx *ctx, double *out, const dt_tensor *x) {
 
 static dt_status dt__ids_check(dt_ctx *ctx, const dt_tensor *ids, int64_t V, const char *fn) {
     int64_t i;
-    if (!ids) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ids is NULL", fn);
+    DT__TRY(dt__valid(ctx, ids, fn, "ids"));
     if (ids->dtype != DT_I32 && ids->dtype != DT_I64)
         return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: ids has dtype %s; expected i32 or i64", fn,
                                 dt_dtype_name(ids->dtype));
@@ -1965,6 +2216,7 @@ DT_API dt_status dt_embedding_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *
 DT_API dt_status dt_embedding_bwd(dt_ctx *ctx, dt_tensor *dtable, const dt_tensor *dout, const dt_tensor *ids) {
     int64_t n, d, D;
     if (!ctx) return DT_ERR_ARG;
+    if (!dtable) return dt__f32(ctx, dout, "dt_embedding_bwd", "dout");
     DT__TRY(dt__emb_check(ctx, dout, dtable, ids, "dt_embedding_bwd", "dout", "dtable"));
     D = dtable->shape[1];
     for (n = 0; n < ids->numel; n++) { /* in id order: deterministic even with repeated ids */
@@ -2011,7 +2263,7 @@ DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, c
     if (!ctx) return DT_ERR_ARG;
     DT__TRY(dt__attn_check(ctx, out, att, qkv, n_head, "dt_attention_fwd", "out"));
     B = qkv->shape[0]; T = qkv->shape[1]; C = qkv->shape[2] / 3; hs = C / n_head;
-    scale = 1.0f / sqrtf((float)hs);
+    scale = hs ? 1.0f / sqrtf((float)hs) : 0.0f; /* C = 0: no features, uniform attention */
     for (b = 0; b < B; b++)
         for (t = 0; t < T; t++)
             for (h = 0; h < n_head; h++) {
@@ -2046,10 +2298,11 @@ DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor 
     float scale, *datt;
     if (!ctx) return DT_ERR_ARG;
     DT__TRY(dt__attn_check(ctx, dout, att, qkv, n_head, fn, "dout"));
+    if (!dqkv) return DT_OK;
     DT__TRY(dt__f32(ctx, dqkv, fn, "dqkv"));
     DT__TRY(dt__same(ctx, dqkv, qkv, fn, "dqkv", "qkv"));
     B = qkv->shape[0]; T = qkv->shape[1]; C = qkv->shape[2] / 3; hs = C / n_head;
-    scale = 1.0f / sqrtf((float)hs);
+    scale = hs ? 1.0f / sqrtf((float)hs) : 0.0f; /* C = 0: no features, uniform attention */
     datt = dt__scratch(ctx, (size_t)(T ? T : 1)); /* no GEMM runs below, so the buffer is free */
     if (!datt) return DT_ERR_OOM;
     for (b = 0; b < B; b++)
@@ -2127,24 +2380,22 @@ DT_API dt_status dt_dot_interaction_bwd(dt_ctx *ctx, dt_tensor *ddense, dt_tenso
     int64_t B, F, D, W, b, i, j, d;
     if (!ctx) return DT_ERR_ARG;
     DT__TRY(dt__dot_check(ctx, dout, dense, emb, fn, "dout"));
-    if (!ddense || !demb) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, ddense ? "demb" : "ddense");
-    DT__TRY(dt__f32(ctx, ddense, fn, "ddense"));
-    DT__TRY(dt__f32(ctx, demb, fn, "demb"));
-    DT__TRY(dt__same(ctx, ddense, dense, fn, "ddense", "dense"));
-    DT__TRY(dt__same(ctx, demb, emb, fn, "demb", "emb"));
+    if (ddense) { DT__TRY(dt__f32(ctx, ddense, fn, "ddense")); DT__TRY(dt__same(ctx, ddense, dense, fn, "ddense", "dense")); }
+    if (demb) { DT__TRY(dt__f32(ctx, demb, fn, "demb")); DT__TRY(dt__same(ctx, demb, emb, fn, "demb", "emb")); }
     B = dense->shape[0]; D = dense->shape[1]; F = emb->shape[1]; W = dout->shape[1];
     for (b = 0; b < B; b++) {
         const float *g = DT__CF(dout) + b * W;
-        float *gd = DT__F(ddense) + b * D;
-        for (d = 0; d < D; d++) gd[d] += g[d];
+        float *gd = ddense ? DT__F(ddense) + b * D : NULL;
+        if (gd) for (d = 0; d < D; d++) gd[d] += g[d];
         g += D;
         for (i = 1; i <= F; i++)
             for (j = 0; j < i; j++) {
                 const float *x = dt__dot_vec(dense, emb, b, i), *y = dt__dot_vec(dense, emb, b, j);
-                float *gx = DT__F(demb) + (b * F + i - 1) * D;
-                float *gy = j == 0 ? gd : DT__F(demb) + (b * F + j - 1) * D;
+                float *gx = demb ? DT__F(demb) + (b * F + i - 1) * D : NULL;
+                float *gy = j == 0 ? gd : demb ? DT__F(demb) + (b * F + j - 1) * D : NULL;
                 float s = *g++;
-                for (d = 0; d < D; d++) { gx[d] += s * y[d]; gy[d] += s * x[d]; }
+                if (gx) for (d = 0; d < D; d++) gx[d] += s * y[d];
+                if (gy) for (d = 0; d < D; d++) gy[d] += s * x[d];
             }
     }
     return DT_OK;
@@ -2195,6 +2446,7 @@ DT_API dt_status dt_split_fwd(dt_ctx *ctx, dt_tensor *const *outs, int n, const 
     return dt__concat(ctx, (dt_tensor *)in, outs, n, 0, 0, "dt_split_fwd");
 }
 DT_API dt_status dt_split_bwd(dt_ctx *ctx, dt_tensor *din, const dt_tensor *const *douts, int n) {
+    if (ctx && !din) return DT_OK;
     return dt__concat(ctx, din, (dt_tensor *const *)douts, n, 1, 1, "dt_split_bwd");
 }
 
@@ -2214,10 +2466,10 @@ DT_API dt_status dt_params_add(dt_ctx *ctx, dt_params *ps, dt_param **out, const
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.name must be 1..%d characters", fn, DT_NAME_MAX - 1);
     if (dt_params_find(ps, desc->name))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a parameter named \"%s\" is already in the set", fn, desc->name);
-    DT__TRY(dt__shape_from(ctx, fn, "desc.shape", desc->shape, DT_MAX_DIMS, &nd));
+    DT__TRY(dt__shape_from(ctx, fn, "desc.shape", desc->shape, desc->ndim, &nd));
     if (nd == 0) return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\" has an empty desc.shape", fn, desc->name);
     if (desc->global_shape[0]) {
-        DT__TRY(dt__shape_from(ctx, fn, "desc.global_shape", desc->global_shape, DT_MAX_DIMS, &gnd));
+        DT__TRY(dt__shape_from(ctx, fn, "desc.global_shape", desc->global_shape, desc->ndim, &gnd));
         if (gnd != nd)
             return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\" global_shape has %d dims, shape %d", fn,
                                     desc->name, gnd, nd);
@@ -2230,13 +2482,11 @@ DT_API dt_status dt_params_add(dt_ctx *ctx, dt_params *ps, dt_param **out, const
                                     (long long)(desc->start[i] + desc->shape[i]), (long long)g);
     }
     if (ps->count == ps->capacity) {
-        int cap = ps->capacity ? 2 * ps->capacity : 16;
-        dt_param **items = (dt_param **)dt_alloc(ctx, (size_t)cap * sizeof(dt_param *));
-        if (!items) return DT_ERR_OOM;
-        if (ps->count) memcpy(items, ps->items, (size_t)ps->count * sizeof(dt_param *));
-        dt_release(ctx, ps->items);
-        ps->items = items;
-        ps->capacity = cap;
+        int64_t cap = ps->capacity;
+        if (ps->count == 2147483647)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: the set already holds INT_MAX parameters", fn);
+        DT__TRY(dt_grow(ctx, (void **)&ps->items, &cap, (int64_t)ps->count + 1, sizeof(dt_param *), "dt_params"));
+        ps->capacity = cap > 2147483647 ? 2147483647 : (int)cap;
     }
     p = (dt_param *)dt_alloc(ctx, sizeof *p);
     if (!p) return DT_ERR_OOM;
@@ -2245,6 +2495,7 @@ DT_API dt_status dt_params_add(dt_ctx *ctx, dt_params *ps, dt_param **out, const
     memset(&td, 0, sizeof td);
     td.dtype = desc->dtype;
     td.device = desc->device;
+    td.ndim = nd;
     for (i = 0; i < nd; i++) {
         td.shape[i] = desc->shape[i];
         p->global_shape[i] = desc->global_shape[0] ? desc->global_shape[i] : desc->shape[i];
@@ -2259,7 +2510,12 @@ DT_API dt_status dt_params_add(dt_ctx *ctx, dt_params *ps, dt_param **out, const
     if (!st) {
         init = desc->init;
         init.name = p->name;
-        for (i = 0; i < DT_MAX_DIMS; i++) { init.global_shape[i] = p->global_shape[i]; init.start[i] = p->start[i]; }
+        /* a whole parameter is initialised as whole (its shape may have a zero dim, which a
+           zero-padded global_shape cannot say); a shard with its place in the whole */
+        for (i = 0; i < DT_MAX_DIMS; i++) {
+            init.global_shape[i] = p->sharded ? p->global_shape[i] : 0;
+            init.start[i] = p->sharded ? p->start[i] : 0;
+        }
         st = dt_tensor_init(ctx, &p->value, &init);
     }
     if (st) {
@@ -2392,30 +2648,23 @@ static dt_status dt__jp_string(dt__jp *p, char **out) {
 
 static dt_status dt__jp_value(dt__jp *p, dt_json *v);
 
-static dt_status dt__jp_push(dt__jp *p, dt_json *v, int *cap, dt_json **slot) {
-    if (v->count == *cap) {
-        int nc = *cap ? 2 * *cap : 4;
-        dt_json *items = (dt_json *)dt_alloc(p->ctx, (size_t)nc * sizeof(dt_json));
-        if (!items) return DT_ERR_OOM;
-        if (v->count) memcpy(items, v->items, (size_t)v->count * sizeof(dt_json));
-        dt_release(p->ctx, v->items);
-        v->items = items;
-        *cap = nc;
-    }
+static dt_status dt__jp_push(dt__jp *p, dt_json *v, int64_t *cap, dt_json **slot) {
+    if (v->count == 2147483647) return dt__jp_err(p, "more than INT_MAX items in one array or object");
+    DT__TRY(dt_grow(p->ctx, (void **)&v->items, cap, (int64_t)v->count + 1, sizeof(dt_json), "dt_json_parse"));
     *slot = &v->items[v->count++];
     memset(*slot, 0, sizeof **slot);
     return DT_OK;
 }
 
 static dt_status dt__jp_container(dt__jp *p, dt_json *v, char close) {
-    int cap = 0;
+    int64_t cap = 0;
     v->type = close == ']' ? DT_JSON_ARRAY : DT_JSON_OBJECT;
     if (++p->depth > 64) return dt__jp_err(p, "nesting deeper than 64");
     p->i++;
     dt__jp_ws(p);
     if (p->i < p->n && p->s[p->i] == close) { p->i++; p->depth--; return DT_OK; }
     for (;;) {
-        dt_json *item;
+        dt_json *item = NULL;
         dt__jp_ws(p);
         DT__TRY(dt__jp_push(p, v, &cap, &item));
         if (close == '}') {
@@ -2531,10 +2780,12 @@ DT_API size_t dt_json_escape(char *buf, size_t n, const char *s) {
 
 DT_API void dt_strbuf_add(dt_strbuf *b, const char *s, size_t n) {
     if (!b || b->failed) return;
+    if ((!s && n) || !b->ctx) { b->failed = 1; return; } /* a NULL string is a failed write, not a crash */
+    if (n >= (size_t)PTRDIFF_MAX - b->len) { b->failed = 1; return; }
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         char *q;
-        while (cap < b->len + n + 1) cap *= 2;
+        while (cap < b->len + n + 1) cap = cap > (size_t)PTRDIFF_MAX / 2 ? b->len + n + 1 : 2 * cap;
         q = (char *)dt_alloc(b->ctx, cap);
         if (!q) { b->failed = 1; return; }
         if (b->len) memcpy(q, b->text, b->len);
@@ -2542,12 +2793,12 @@ DT_API void dt_strbuf_add(dt_strbuf *b, const char *s, size_t n) {
         b->text = q;
         b->cap = cap;
     }
-    memcpy(b->text + b->len, s, n);
+    if (n) memcpy(b->text + b->len, s, n);
     b->len += n;
     b->text[b->len] = 0;
 }
 
-DT_API void dt_strbuf_str(dt_strbuf *b, const char *s) { dt_strbuf_add(b, s, strlen(s)); }
+DT_API void dt_strbuf_str(dt_strbuf *b, const char *s) { dt_strbuf_add(b, s, s ? strlen(s) : 1); }
 
 DT_API void dt_strbuf_printf(dt_strbuf *b, const char *fmt, ...) {
     char small[256], *tmp = small;
@@ -2556,9 +2807,10 @@ DT_API void dt_strbuf_printf(dt_strbuf *b, const char *fmt, ...) {
     va_start(ap, fmt);
     n = vsnprintf(small, sizeof small, fmt, ap);
     va_end(ap);
-    if (n < 0) { if (b) b->failed = 1; return; }
+    if (!b || b->failed) return;
+    if (n < 0 || !b->ctx) { b->failed = 1; return; }
     if ((size_t)n >= sizeof small) { /* rare: format again into a buffer of the right size */
-        if (!b || !(tmp = (char *)dt_alloc(b->ctx, (size_t)n + 1))) { if (b) b->failed = 1; return; }
+        if (!(tmp = (char *)dt_alloc(b->ctx, (size_t)n + 1))) { b->failed = 1; return; }
         va_start(ap, fmt);
         vsnprintf(tmp, (size_t)n + 1, fmt, ap);
         va_end(ap);
@@ -2568,9 +2820,12 @@ DT_API void dt_strbuf_printf(dt_strbuf *b, const char *fmt, ...) {
 }
 
 DT_API void dt_strbuf_json(dt_strbuf *b, const char *s) {
-    size_t need = dt_json_escape(NULL, 0, s);
-    char small[256];
-    char *tmp = need < sizeof small ? small : (char *)dt_alloc(b->ctx, need + 1);
+    size_t need;
+    char small[256], *tmp;
+    if (!b || b->failed) return;
+    if (!s || !b->ctx) { b->failed = 1; return; }
+    need = dt_json_escape(NULL, 0, s);
+    tmp = need < sizeof small ? small : (char *)dt_alloc(b->ctx, need + 1);
     if (!tmp) { b->failed = 1; return; }
     dt_json_escape(tmp, need + 1, s);
     dt_strbuf_add(b, tmp, need);
@@ -2611,10 +2866,7 @@ DT_API dt_status dt_safetensors_header(dt_ctx *ctx, dt_strbuf *out, const dt_ten
     for (i = 0; i < n; i++) {
         if (!names[i] || !names[i][0] || strcmp(names[i], "__metadata__") == 0)
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: names[%d] is empty or reserved", fn, i);
-        if (!tensors[i] || (!tensors[i]->data && tensors[i]->numel))
-            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tensors[%d] (\"%s\") is NULL or has no data", fn, i, names[i]);
-        if (!dt_safetensors_dtype_name(tensors[i]->dtype))
-            return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: tensors[%d] has dtype %d", fn, i, (int)tensors[i]->dtype);
+        DT__TRY(dt__valid(ctx, tensors[i], fn, names[i]));
         for (j = 0; j < i; j++)
             if (strcmp(names[i], names[j]) == 0)
                 return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: names[%d] = \"%s\" repeats names[%d]", fn, i, names[i], j);
@@ -2651,11 +2903,8 @@ static dt_status dt__write_tensor(dt_ctx *ctx, FILE *fp, const dt_tensor *t, con
     if (bytes == 0) return DT_OK;
     if (t->device == DT_CUDA_DEVICE) {
         dt_tensor h;
-        dt_tensor_desc d;
         dt_status st;
-        memset(&d, 0, sizeof d);
-        d.dtype = t->dtype; d.device = DT_CPU; d.shape[0] = t->numel;
-        DT__TRY(dt_tensor_create(ctx, &h, &d));
+        DT__TRY(dt_tensor_create_like(ctx, &h, t, DT_DTYPE_DEFAULT, DT_CPU));
         st = dt_tensor_copy(ctx, &h, t);
         if (!st && fwrite(h.data, 1, bytes, fp) != bytes)
             st = dt_ctx_set_error(ctx, DT_ERR_IO, "dt_safetensors_save: writing %s failed", path);
@@ -2735,6 +2984,7 @@ static dt_status dt__st_entry(dt_ctx *ctx, uint64_t data_len, dt_st_entry *e, co
                               const char *fn) {
     const dt_json *dt = dt_json_get(v, "dtype"), *sh = dt_json_get(v, "shape"), *off = dt_json_get(v, "data_offsets");
     int64_t numel = 1;
+    size_t bytes = 0;
     int d;
     if (v->type != DT_JSON_OBJECT || !dt || dt->type != DT_JSON_STRING || !sh || sh->type != DT_JSON_ARRAY ||
         !off || off->type != DT_JSON_ARRAY || off->count != 2 || !dt__is_count(&off->items[0]) ||
@@ -2754,13 +3004,14 @@ static dt_status dt__st_entry(dt_ctx *ctx, uint64_t data_len, dt_st_entry *e, co
             return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" shape[%d] is not a count", fn, path,
                                     v->key, d);
         e->shape[d] = (int64_t)sh->items[d].number;
-        numel *= e->shape[d];
-        if (numel > ((int64_t)1 << 50))
-            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" is absurdly large", fn, path, v->key);
+        if (!dt_mul_ok(numel, e->shape[d], &numel) || !dt__bytes_ok(numel, e->dtype, &bytes))
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\": the product of its dims up to "
+                                    "shape[%d] overflows", fn, path, v->key, d);
     }
+    if (!dt__bytes_ok(numel, e->dtype, &bytes)) bytes = 0; /* 0 dims: one element, always fits */
     e->begin = (uint64_t)off->items[0].number;
     e->end = (uint64_t)off->items[1].number;
-    if (e->end < e->begin || e->end - e->begin != (uint64_t)numel * dt_dtype_size(e->dtype))
+    if (e->end < e->begin || e->end - e->begin != (uint64_t)bytes)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: entry \"%s\" data_offsets [%llu, %llu] do not hold "
                                 "%lld %s elements", fn, path, v->key, (unsigned long long)e->begin,
                                 (unsigned long long)e->end, (long long)numel, dt_dtype_name(e->dtype));
@@ -2777,7 +3028,27 @@ static int dt__st_cmp(const void *a, const void *b) {
     return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : 0;
 }
 
-#define DT__ST_MAX_HEADER (100u << 20) /* the limit the reference implementation enforces */
+
+DT_API dt_status dt_safetensors_header_len(dt_ctx *ctx, uint64_t *len, const unsigned char first8[8],
+                                           uint64_t file_size, const char *path) {
+    uint64_t hl = 0;
+    int k;
+    if (!ctx) return DT_ERR_ARG;
+    if (!len || !first8) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_safetensors_header_len: %s is NULL",
+                                                 len ? "first8" : "len");
+    if (!path) path = "(memory)";
+    if (file_size < 8)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s is %llu bytes, shorter than the 8-byte header length "
+                                "(truncated or not a safetensors file)", path, (unsigned long long)file_size);
+    for (k = 7; k >= 0; k--) hl = (hl << 8) | first8[k];
+    if (hl > DT_SAFETENSORS_MAX_HEADER || hl > file_size - 8 || hl < 2)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s declares a %llu-byte header, but the file has %llu bytes "
+                                "after the length and the limit is %llu (truncated or not a safetensors file)",
+                                path, (unsigned long long)hl, (unsigned long long)(file_size - 8),
+                                (unsigned long long)DT_SAFETENSORS_MAX_HEADER);
+    *len = hl;
+    return DT_OK;
+}
 
 /* Fills the entries and metadata of f from a parsed header; f->fp is not touched. */
 static dt_status dt__st_fill(dt_ctx *ctx, dt_st_file *f, const dt_json *root, const char *path, const char *fn) {
@@ -2855,7 +3126,6 @@ DT_API dt_status dt_safetensors_open(dt_ctx *ctx, dt_st_file *f, const char *pat
     char *text;
     long size;
     uint64_t hl = 0;
-    int k;
     dt_status st = DT_OK;
     FILE *fp;
     if (!ctx) return DT_ERR_ARG;
@@ -2872,13 +3142,7 @@ DT_API dt_status dt_safetensors_open(dt_ctx *ctx, dt_st_file *f, const char *pat
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s is %ld bytes, shorter than the 8-byte header length "
                                 "(truncated or not a safetensors file)", fn, path, size);
     }
-    for (k = 7; k >= 0; k--) hl = (hl << 8) | len8[k];
-    if (hl > DT__ST_MAX_HEADER || hl > (uint64_t)size - 8 || hl < 2) {
-        fclose(fp);
-        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s declares a %llu-byte header, but the file has %ld bytes "
-                                "after the length and the limit is %u (truncated or not a safetensors file)", fn,
-                                path, (unsigned long long)hl, size - 8, DT__ST_MAX_HEADER);
-    }
+    if ((st = dt_safetensors_header_len(ctx, &hl, len8, (uint64_t)size, path))) { fclose(fp); return st; }
     text = (char *)dt_alloc(ctx, (size_t)hl);
     if (!text) { fclose(fp); return DT_ERR_OOM; }
     if (fread(text, 1, (size_t)hl, fp) != hl)
@@ -2913,8 +3177,9 @@ DT_API dt_status dt_safetensors_read(dt_ctx *ctx, dt_st_file *f, dt_tensor *dst,
     int d;
     dt_status st = DT_OK;
     if (!ctx) return DT_ERR_ARG;
-    if (!f || !f->fp || !name || !dst)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: f (open), name and dst must be non-NULL", fn);
+    if (!f || !f->fp || !name)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: f (open) and name must be non-NULL", fn);
+    DT__TRY(dt__valid(ctx, dst, fn, "dst"));
     e = dt_safetensors_find(f, name);
     if (!e) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: no tensor named \"%s\" in the file", fn, name);
     if (e->dtype != dst->dtype)
@@ -2935,13 +3200,10 @@ DT_API dt_status dt_safetensors_read(dt_ctx *ctx, dt_st_file *f, dt_tensor *dst,
         return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: seek to \"%s\" failed", fn, name);
     if (dst->device == DT_CUDA_DEVICE) {
         dt_tensor h;
-        dt_tensor_desc hd;
-        memset(&hd, 0, sizeof hd);
-        hd.dtype = dst->dtype; hd.device = DT_CPU; hd.shape[0] = dst->numel ? dst->numel : 1;
-        DT__TRY(dt_tensor_create(ctx, &h, &hd));
+        DT__TRY(dt_tensor_create_like(ctx, &h, dst, DT_DTYPE_DEFAULT, DT_CPU));
         if (fread(h.data, 1, bytes, (FILE *)f->fp) != bytes)
             st = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: \"%s\" is cut short (truncated file)", fn, name);
-        if (!st) { h.numel = dst->numel; st = dt_tensor_copy(ctx, dst, &h); }
+        if (!st) st = dt_tensor_copy(ctx, dst, &h);
         dt_tensor_free(ctx, &h);
         return st;
     }

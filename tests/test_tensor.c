@@ -138,7 +138,7 @@ static void test_tensors(void) {
     d.shape[0] = 4; d.shape[1] = -2;
     dt_test_error("negative_dim_is_named", dt_tensor_create(&C, &v, &d), dt_ctx_error(&C), "desc.shape[1] = -2");
     d.shape[1] = 0; d.shape[2] = 3;
-    dt_test_error("dim_after_zero_is_named", dt_tensor_create(&C, &v, &d), dt_ctx_error(&C), "follows a zero");
+    dt_test_error("dim_after_zero_is_named", dt_tensor_create(&C, &v, &d), dt_ctx_error(&C), "comes after the 1 dims");
     memset(&d, 0, sizeof d);
     d.dtype = (dt_dtype)42; d.shape[0] = 1;
     dt_test_error("bad_dtype_is_named", dt_tensor_create(&C, &v, &d), dt_ctx_error(&C), "desc.dtype = 42");
