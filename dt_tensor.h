@@ -544,6 +544,9 @@ typedef struct dt_json {
 DT_API dt_status dt_json_parse(dt_ctx *ctx, dt_json **out, const char *text, size_t len);
 DT_API const dt_json *dt_json_get(const dt_json *obj, const char *key); /* NULL if absent */
 DT_API void dt_json_free(dt_ctx *ctx, dt_json *j);
+/* 1 and *out = the value when j is a JSON number that is a whole count in [0, 2^53] (exact in a
+   double); 0 otherwise (NULL, another type, negative, fractional, too large). out may be NULL. */
+DT_API int dt_json_count(const dt_json *j, int64_t *out);
 /* Appends s as a JSON string literal (quotes included) to buf; returns bytes needed. */
 DT_API size_t dt_json_escape(char *buf, size_t n, const char *s);
 
@@ -2973,10 +2976,16 @@ static char *dt__strdup(dt_ctx *ctx, const char *s) {
     return d;
 }
 
-static int dt__is_count(const dt_json *j) {
-    return j && j->type == DT_JSON_NUMBER && j->number >= 0 && j->number <= 9007199254740992.0 &&
-           j->number == floor(j->number);
+DT_API int dt_json_count(const dt_json *j, int64_t *out) {
+    /* 2^53: every integer up to it is exact in a double, so the cast below is defined and exact */
+    if (!j || j->type != DT_JSON_NUMBER || !(j->number >= 0) || j->number > 9007199254740992.0 ||
+        j->number != floor(j->number))
+        return 0;
+    if (out) *out = (int64_t)j->number;
+    return 1;
 }
+
+static int dt__is_count(const dt_json *j) { return dt_json_count(j, NULL); }
 
 /* Fills entry e from the header value v (name last, so a failed entry holds nothing);
    FORMAT errors name the file and the entry. */
