@@ -25,7 +25,7 @@
        dt_tensor_create / dt_tensor_free / dt_tensor_view / dt_tensor_reshape / dt_tensor_copy /
        dt_tensor_fill / dt_tensor_cast / dt_tensor_init (Philox RNG, sharding invariant)
        ops: dt_matmul, dt_linear, dt_bias_add, dt_relu, dt_gelu, dt_layernorm, dt_softmax_xent,
-            dt_bce_logits, dt_add, dt_scale, dt_axpy, dt_sum, dt_sumsq, dt_embedding,
+            dt_bce_logits, dt_add, dt_mul, dt_scale, dt_axpy, dt_sum, dt_sumsq, dt_embedding,
             dt_attention, dt_dot_interaction, dt_concat, dt_split   (each _fwd / _bwd)
        dt_params_*: named parameters with gradients; dt_safetensors_*: save / open / read
        dt_json_*: the small JSON reader the safetensors header and checkpoint manifests use
@@ -368,6 +368,11 @@ DT_API dt_status dt_bce_logits_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_ten
    The backward of add is dt_axpy(dA, 1, dout) for each input. */
 DT_API dt_status dt_add(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, const dt_tensor *b);
 DT_API dt_status dt_scale(dt_ctx *ctx, dt_tensor *x, float alpha);
+/* Elementwise product, same numel: out = a * b (out may alias a or b), as DCNv2's cross layer
+   x0 * (W x + b) needs. bwd: da += dout * b, db += dout * a (either may be NULL). */
+DT_API dt_status dt_mul_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, const dt_tensor *b);
+DT_API dt_status dt_mul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, const dt_tensor *dout,
+                            const dt_tensor *a, const dt_tensor *b);
 DT_API dt_status dt_axpy(dt_ctx *ctx, dt_tensor *y, float alpha, const dt_tensor *x);
 /* Reductions in double, fixed order (deterministic). */
 DT_API dt_status dt_sum(dt_ctx *ctx, double *out, const dt_tensor *x);
@@ -2128,6 +2133,35 @@ DT_API dt_status dt_add(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, const d
     DT__TRY(dt__same_numel(ctx, a, b, "dt_add", "a", "b"));
     DT__TRY(dt__same_numel(ctx, out, a, "dt_add", "out", "a"));
     DT__BLOCKS(a->numel, DT__CF(a), DT__CF(b), DT__F(out), o[j] = a[j] + b[j]);
+    return DT_OK;
+}
+
+static dt_status dt__binary_check(dt_ctx *ctx, const dt_tensor *out, const dt_tensor *a, const dt_tensor *b,
+                                  const char *fn, const char *on) {
+    DT__TRY(dt__f32(ctx, out, fn, on));
+    DT__TRY(dt__f32(ctx, a, fn, "a"));
+    DT__TRY(dt__f32(ctx, b, fn, "b"));
+    DT__TRY(dt__same_numel(ctx, a, b, fn, "a", "b"));
+    return dt__same_numel(ctx, out, a, fn, on, "a");
+}
+
+DT_API dt_status dt_mul_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, const dt_tensor *b) {
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__binary_check(ctx, out, a, b, "dt_mul_fwd", "out"));
+    DT__BLOCKS(a->numel, DT__CF(a), DT__CF(b), DT__F(out), o[j] = a[j] * b[j]);
+    return DT_OK;
+}
+
+DT_API dt_status dt_mul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, const dt_tensor *dout,
+                            const dt_tensor *a, const dt_tensor *b) {
+    const char *fn = "dt_mul_bwd";
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__binary_check(ctx, dout, a, b, fn, "dout"));
+    if (da) DT__TRY(dt__binary_check(ctx, da, a, b, fn, "da"));
+    if (db) DT__TRY(dt__binary_check(ctx, db, a, b, fn, "db"));
+    /* da first, then db: with da == db (a == b, x * x) both terms land, in a fixed order */
+    if (da) DT__BLOCKS(a->numel, DT__CF(dout), DT__CF(b), DT__F(da), o[j] += a[j] * b[j]);
+    if (db) DT__BLOCKS(a->numel, DT__CF(dout), DT__CF(a), DT__F(db), o[j] += a[j] * b[j]);
     return DT_OK;
 }
 

@@ -479,6 +479,8 @@ static dt_status bias_f(gc *g) { DT__TRY(dt_tensor_copy(&C, g->out, g->in[0])); 
 static dt_status bias_b(gc *g) { DT__TRY(dt_axpy(&C, g->gin[0], 1, g->R)); return dt_bias_add_bwd(&C, g->gin[1], g->R); }
 static dt_status relu_f(gc *g) { return dt_relu_fwd(&C, g->out, g->in[0]); }
 static dt_status relu_b(gc *g) { return dt_relu_bwd(&C, g->gin[0], g->R, g->in[0]); }
+static dt_status mul_f(gc *g) { return dt_mul_fwd(&C, g->out, g->in[0], g->in[1]); }
+static dt_status mul_b(gc *g) { return dt_mul_bwd(&C, g->gin[0], g->gin[1], g->R, g->in[0], g->in[1]); }
 static dt_status gelu_f(gc *g) { return dt_gelu_fwd(&C, g->out, g->in[0]); }
 static dt_status gelu_b(gc *g) { return dt_gelu_bwd(&C, g->gin[0], g->R, g->in[0]); }
 static dt_status ln_f(gc *g) { return dt_layernorm_fwd(&C, g->out, g->aux[0], g->aux[1], g->in[0], g->in[1], g->in[2], 1e-5f); }
@@ -578,6 +580,10 @@ static void test_gradients(void) {
     randn(&in[0], "x", 2);
     out = f32(6, 7);
     run_gc("gelu", 1, in, x1, &out, gelu_f, gelu_b, 0, 0, NULL);
+    in[0] = f32(4, 5); in[1] = f32(4, 5);
+    randn(&in[0], "a", 1); randn(&in[1], "b", 1);
+    out = f32(4, 5);
+    run_gc("mul", 2, in, ab, &out, mul_f, mul_b, 0, 0, NULL);
 
     in[0] = mk(DT_F32, 2, 3, 8, 0); in[1] = f32(8, 0); in[2] = f32(8, 0);
     randn(&in[0], "x", 1); randn(&in[1], "w", 1); randn(&in[2], "b", 1);
