@@ -239,7 +239,8 @@ DT_API size_t dt_tensor_bytes(const dt_tensor *t);
 /* *out = a * b for a, b >= 0; returns 0 (and leaves *out alone) when a or b is negative or the
    product does not fit in int64_t. The one checked multiply every size in dt goes through. */
 DT_API int dt_mul_ok(int64_t a, int64_t b, int64_t *out);
-/* The product of shape[0..ndim), or -1 when a dim is negative or the product overflows. */
+/* The product of shape[0..ndim), or -1 when a dim is negative or the product of the non-zero
+   dims overflows (so no product of some of the dims of a valid shape overflows either). */
 DT_API int64_t dt_shape_numel(int ndim, const int64_t *shape);
 /* Grows *items (elem bytes each, *cap of them, from the ctx allocator) to hold at least `need`,
    doubling; the contents are kept. DT_ERR_OOM / DT_ERR_ARG (need too large) with the ctx error
@@ -804,13 +805,17 @@ DT_API int dt_mul_ok(int64_t a, int64_t b, int64_t *out) {
     return 1;
 }
 
+/* The product of the non-zero dims must fit too, whatever the order: [0, 2^40, 2^40] is refused
+   like [2^40, 2^40, 0], so that an op on an empty tensor may still multiply its other dims. */
 DT_API int64_t dt_shape_numel(int ndim, const int64_t *shape) {
     int64_t n = 1;
-    int i;
+    int i, empty = 0;
     if (ndim < 0 || ndim > DT_MAX_DIMS || (ndim > 0 && !shape)) return -1;
-    for (i = 0; i < ndim; i++)
-        if (!dt_mul_ok(n, shape[i], &n)) return -1;
-    return n;
+    for (i = 0; i < ndim; i++) {
+        if (shape[i] == 0) empty = 1;
+        else if (!dt_mul_ok(n, shape[i], &n)) return -1;
+    }
+    return empty ? 0 : n;
 }
 
 /* numel elements of `dtype` as bytes, when they fit in a ptrdiff_t (so that every pointer
@@ -1392,10 +1397,10 @@ DT_API dt_status dt_tensor_init(dt_ctx *ctx, dt_tensor *t, const dt_init_desc *d
                                     "t has %d", gnd, t->ndim);
         for (i = 0; i < gnd; i++) {
             gshape[i] = desc->global_shape[i];
-            if (desc->start[i] < 0 || desc->start[i] + t->shape[i] > gshape[i])
-                return dt_ctx_set_error(ctx, DT_ERR_RANGE, "dt_tensor_init: shard dim %d covers [%lld, %lld), "
-                                        "outside the global extent %lld", i, (long long)desc->start[i],
-                                        (long long)(desc->start[i] + t->shape[i]), (long long)gshape[i]);
+            if (desc->start[i] < 0 || desc->start[i] > gshape[i] - t->shape[i]) /* no overflowing sum */
+                return dt_ctx_set_error(ctx, DT_ERR_RANGE, "dt_tensor_init: shard dim %d starts at %lld with %lld "
+                                        "elements, outside the global extent %lld", i, (long long)desc->start[i],
+                                        (long long)t->shape[i], (long long)gshape[i]);
         }
     } else {
         gnd = t->ndim;
@@ -1563,6 +1568,10 @@ static void dt__tile_add(float *DT__RESTRICT C, int64_t ldc, const float *DT__RE
 /* The ctx's scratch floats, grown on demand and kept until dt_ctx_shutdown, so per-step ops
    (GEMM packing, the attention backward's row buffer) allocate only the first time. */
 static float *dt__scratch(dt_ctx *ctx, size_t floats) {
+    if (floats > (size_t)PTRDIFF_MAX / sizeof(float)) {
+        dt_ctx_set_error(ctx, DT_ERR_OOM, "dt scratch: %zu floats do not fit in memory", floats);
+        return NULL;
+    }
     if (ctx->scratch_floats < floats) {
         dt_release(ctx, ctx->scratch);
         ctx->scratch = (float *)dt_alloc(ctx, floats * sizeof(float));
@@ -2383,6 +2392,10 @@ static dt_status dt__dot_check(dt_ctx *ctx, const dt_tensor *out, const dt_tenso
     DT__TRY(dt__dim(ctx, emb->shape[0], B, fn, "emb.shape[0]", "dense.shape[0]"));
     DT__TRY(dt__dim(ctx, emb->shape[2], D, fn, "emb.shape[2]", "dense.shape[1]"));
     DT__TRY(dt__dim(ctx, out->shape[0], B, fn, "out.shape[0]", "dense.shape[0]"));
+    if (F >= 4294967296LL) /* (F+1)F/2 must fit in int64 */
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: emb.shape[1] = %lld features; expected < 2^32", fn, (long long)F);
+    if ((F + 1) * F / 2 > INT64_MAX - D)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: D + (F+1)F/2 overflows int64", fn);
     return dt__dim(ctx, out->shape[1], D + (F + 1) * F / 2, fn, "out.shape[1]", "D + (F+1)F/2");
 }
 
@@ -2454,6 +2467,8 @@ static dt_status dt__concat(dt_ctx *ctx, dt_tensor *whole, dt_tensor *const *par
         snprintf(name, sizeof name, "part %d", i);
         DT__TRY(dt__f32(ctx, parts[i], fn, name));
         DT__TRY(dt__dim(ctx, dt__rows(parts[i]), R, fn, "part rows", "concatenated rows"));
+        if (dt__last(parts[i]) > INT64_MAX - off)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: the parts' last dims sum past int64", fn);
         off += dt__last(parts[i]);
     }
     if (off != W)
@@ -2513,10 +2528,10 @@ DT_API dt_status dt_params_add(dt_ctx *ctx, dt_params *ps, dt_param **out, const
     }
     for (i = 0; i < nd; i++) {
         int64_t g = desc->global_shape[0] ? desc->global_shape[i] : desc->shape[i];
-        if (desc->start[i] < 0 || desc->start[i] + desc->shape[i] > g)
-            return dt_ctx_set_error(ctx, DT_ERR_RANGE, "%s: \"%s\" dim %d covers [%lld, %lld) outside the "
-                                    "global extent %lld", fn, desc->name, i, (long long)desc->start[i],
-                                    (long long)(desc->start[i] + desc->shape[i]), (long long)g);
+        if (desc->start[i] < 0 || desc->start[i] > g - desc->shape[i]) /* no overflowing sum */
+            return dt_ctx_set_error(ctx, DT_ERR_RANGE, "%s: \"%s\" dim %d starts at %lld with %lld elements, "
+                                    "outside the global extent %lld", fn, desc->name, i, (long long)desc->start[i],
+                                    (long long)desc->shape[i], (long long)g);
     }
     if (ps->count == ps->capacity) {
         int64_t cap = ps->capacity;
@@ -3068,7 +3083,10 @@ static dt_status dt__st_entry(dt_ctx *ctx, uint64_t data_len, dt_st_entry *e, co
 
 static int dt__st_cmp(const void *a, const void *b) {
     const dt_st_entry *x = (const dt_st_entry *)a, *y = (const dt_st_entry *)b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : 0;
+    /* by (begin, end), as the reference implementation: an empty entry at the start of a full
+       one sorts first and does not overlap it */
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end ? 1 : 0;
 }
 
 
