@@ -460,6 +460,8 @@ DT_API void dt_reset_peak_bytes(dt_ctx *ctx);
 #define DT_OPT_IMPLEMENTATION_DONE
 
 #include <errno.h>
+#include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -496,12 +498,38 @@ extern "C" {
 
 static int dt__ofinite(double x) { return x == x && x != HUGE_VAL && x != -HUGE_VAL; }
 
+/* double -> float of a per-step scalar. C leaves the conversion of a value beyond the float
+   range undefined (IEEE hardware gives +-inf); here it is +-inf explicitly, NaN stays NaN.
+   dt_opt_create rejects hyperparameters a float cannot hold, but the update functions take
+   any double. */
+static float dt__of32(double x) {
+    if (x != x) return (float)NAN;
+    if (x > FLT_MAX) return HUGE_VALF;
+    if (x < -FLT_MAX) return -HUGE_VALF;
+    return (float)x;
+}
+
+/* *out = a * b, or 0 when the product overflows size_t (an allocation size). */
+static int dt__omul(size_t *out, size_t a, size_t b) {
+    if (b && a > (size_t)-1 / b) return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* dt_alloc of n elements of `size` bytes (at least one, so an empty set is not NULL); NULL
+   also when n * size overflows. */
+static void *dt__oalloc(dt_ctx *ctx, size_t n, size_t size) {
+    size_t bytes;
+    if (!dt__omul(&bytes, n ? n : 1, size)) return NULL;
+    return dt_alloc(ctx, bytes);
+}
+
 /* ---------------------------------------------------------------- update math */
 
 DT_API void dt_sgd_update(float *w, const float *g, float *buf, int64_t n, double lr, double momentum,
                           double dampening, double weight_decay, int nesterov, int first) {
-    const float lrf = (float)lr, mom = (float)momentum, damp = (float)(1.0 - dampening);
-    const float wd = (float)weight_decay;
+    const float lrf = dt__of32(lr), mom = dt__of32(momentum), damp = dt__of32(1.0 - dampening);
+    const float wd = dt__of32(weight_decay);
     int64_t i;
     for (i = 0; i < n; i++) {
         float d = g[i];
@@ -537,10 +565,10 @@ DT_API void dt_adam_update(float *w, const float *g, float *m, float *v, int64_t
                            double beta2, double eps, double weight_decay, int decoupled, int64_t t) {
     /* the per-step scalars in double, rounded once (PyTorch computes them in Python floats) */
     const double bc1 = 1.0 - pow(beta1, (double)t), bc2 = 1.0 - pow(beta2, (double)t);
-    const float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-    const float b1 = (float)beta1, omb1 = (float)(1.0 - beta1), b2 = (float)beta2, omb2 = (float)(1.0 - beta2);
-    const float epsf = (float)eps, l2 = decoupled ? 0.0f : (float)weight_decay;
-    const float decay = (float)(1.0 - lr * weight_decay);
+    const float step_size = dt__of32(lr / bc1), bc2_sqrt = dt__of32(sqrt(bc2));
+    const float b1 = dt__of32(beta1), omb1 = dt__of32(1.0 - beta1), b2 = dt__of32(beta2), omb2 = dt__of32(1.0 - beta2);
+    const float epsf = dt__of32(eps), l2 = decoupled ? 0.0f : dt__of32(weight_decay);
+    const float decay = dt__of32(1.0 - lr * weight_decay);
     const int decay_on = decoupled && weight_decay != 0.0;
     int64_t i = 0;
 #ifdef DT__OPT_SSE2
@@ -585,8 +613,8 @@ static void dt__adagrad4(float *w, const float *g, float *sum, __m128 clr, __m12
 
 DT_API void dt_adagrad_update(float *w, const float *g, float *sum, int64_t n, double lr, double lr_decay,
                               double weight_decay, double eps, int64_t t) {
-    const float clr = (float)(lr / (1.0 + (double)(t - 1) * lr_decay));
-    const float wd = (float)weight_decay, epsf = (float)eps;
+    const float clr = dt__of32(lr / (1.0 + (double)(t - 1) * lr_decay));
+    const float wd = dt__of32(weight_decay), epsf = dt__of32(eps);
     int64_t i = 0;
 #ifdef DT__OPT_SSE2
     const __m128 C = _mm_set1_ps(clr), WD = _mm_set1_ps(wd), E = _mm_set1_ps(epsf);
@@ -892,7 +920,7 @@ static void dt__scale_grads(dt_params *ps, float coef) {
 /* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1. */
 static void dt__clip(dt_params *ps, double max_norm, double norm) {
     double coef = max_norm / (norm + 1e-6);
-    if (dt__ofinite(norm) && coef < 1.0) dt__scale_grads(ps, (float)coef);
+    if (dt__ofinite(norm) && coef < 1.0) dt__scale_grads(ps, dt__of32(coef));
 }
 
 DT_API dt_status dt_clip_grad_norm(dt_ctx *ctx, dt_params *ps, double *norm, double max_norm,
@@ -933,9 +961,17 @@ static const char *dt__opt_state_name(dt_opt_kind k, int i) {
 /* 0 = default, DT_OPT_ZERO = 0, anything else as given. */
 static double dt__pick(double v, double dflt) { return v == DT_OPT_ZERO ? 0.0 : v == 0.0 ? dflt : v; }
 
+/* A hyperparameter: >= 0 and small enough for the float the update math rounds it to. */
 static dt_status dt__nonneg(dt_ctx *ctx, const char *fn, const char *field, double v) {
-    if (v >= 0 && dt__ofinite(v)) return DT_OK;
-    return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.%s = %g; expected a finite value >= 0", fn, field, v);
+    if (v >= 0 && v <= FLT_MAX) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.%s = %g; expected a value >= 0 that a float can hold "
+                            "(<= %g)", fn, field, v, (double)FLT_MAX);
+}
+
+/* An int flag: 0 or 1, anything else is a mistake worth naming (not a silent "on"). */
+static dt_status dt__flag(dt_ctx *ctx, const char *fn, const char *field, int v) {
+    if (v == 0 || v == 1) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s = %d; expected 0 or 1", fn, field, v);
 }
 
 static dt_status dt__opt_resolve(dt_ctx *ctx, dt_opt_desc *d, const char *fn) {
@@ -963,6 +999,7 @@ static dt_status dt__opt_resolve(dt_ctx *ctx, dt_opt_desc *d, const char *fn) {
     if (d->accum_steps < 0)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.accum_steps = %d; expected >= 1 (0 = 1)", fn,
                                 d->accum_steps);
+    DT__OTRY(dt__flag(ctx, fn, "desc.nesterov", d->nesterov));
     d->lr = dt__pick(d->lr, adagrad ? 1e-2 : 1e-3);
     d->weight_decay = dt__pick(d->weight_decay, adamw ? 1e-2 : 0.0);
     d->beta1 = dt__pick(d->beta1, 0.9);
@@ -1008,6 +1045,9 @@ static dt_status dt__opt_check_params(dt_ctx *ctx, dt_params *ps, const dt_opt_d
         if (p->group < 0 || p->group >= DT_OPT_MAX_GROUPS)
             return dt_ctx_set_error(ctx, DT_ERR_RANGE, "%s: \"%s\" has group %d; expected 0 <= group < %d "
                                     "(DT_OPT_MAX_GROUPS)", fn, p->name, p->group, DT_OPT_MAX_GROUPS);
+        if (p->no_decay != 0 && p->no_decay != 1)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: \"%s\" has no_decay = %d; expected 0 or 1", fn, p->name,
+                                    p->no_decay);
     }
     return dt__norm_check(ctx, ps, &d->norm, fn);
 }
@@ -1060,15 +1100,15 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, c
     if (st) { dt_release(ctx, opt); return st; }
     d.loss_scale.mode = opt->scaler.mode;
     opt->desc = d;
-    opt->slots = (dt_opt_slot *)dt_alloc(ctx, (size_t)(ps->count + 1) * sizeof(dt_opt_slot));
-    opt->sumsq = (double *)dt_alloc(ctx, (size_t)(ps->count + 1) * sizeof(double));
+    opt->slots = (dt_opt_slot *)dt__oalloc(ctx, (size_t)ps->count, sizeof(dt_opt_slot));
+    opt->sumsq = (double *)dt__oalloc(ctx, (size_t)ps->count, sizeof(double));
     if (!opt->slots || !opt->sumsq) {
         dt_release(ctx, opt->slots);
         dt_release(ctx, opt->sumsq);
         dt_release(ctx, opt);
         return DT_ERR_OOM;
     }
-    memset(opt->slots, 0, (size_t)(ps->count + 1) * sizeof(dt_opt_slot));
+    memset(opt->slots, 0, (size_t)(ps->count ? ps->count : 1) * sizeof(dt_opt_slot));
     n_state = d.kind == DT_OPT_SGD ? (d.momentum != 0 ? 1 : 0) : d.kind == DT_OPT_ADAGRAD ? 1 : 2;
     for (i = 0; i < ps->count && !st; i++) {
         dt_opt_slot *s = &opt->slots[i];
@@ -1098,7 +1138,7 @@ DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, float *dloss, dt_bucketer
         return dt_ctx_set_error(opt->ctx, DT_ERR_RANGE, "dt_opt_micro_begin: micro = %d; expected 0 <= micro < "
                                 "accum_steps (%d)", micro, n);
     if (b) dt_bucketer_set_sync(b, micro == n - 1);
-    if (dloss) *dloss = (float)(opt->scaler.scale / n);
+    if (dloss) *dloss = dt__of32(opt->scaler.scale / n);
     return DT_OK;
 }
 

@@ -1135,6 +1135,36 @@ static void test_bad_args(void) {
     st = dt_opt_create(&C, &o, &ps, &d);
     dt_test_error("nesterov_without_momentum_is_named", st, dt_ctx_error(&C), "nesterov needs momentum > 0");
     memset(&d, 0, sizeof d);
+    d.kind = DT_OPT_SGD; d.momentum = 0.9; d.nesterov = 2; /* a flag is 0 or 1, never a silent "on" */
+    st = dt_opt_create(&C, &o, &ps, &d);
+    dt_test_error("nesterov_not_0_or_1_is_named", st, dt_ctx_error(&C), "desc.nesterov = 2; expected 0 or 1");
+    if (!st) dt_opt_free(o); /* only when the check failed */
+    memset(&d, 0, sizeof d);
+    p->no_decay = -1;
+    st = dt_opt_create(&C, &o, &ps, &d);
+    dt_test_error("no_decay_not_0_or_1_is_named", st, dt_ctx_error(&C), "\"w\" has no_decay = -1; expected 0 or 1");
+    if (!st) dt_opt_free(o); /* only when the check failed */
+    p->no_decay = 0;
+    d.lr = 1e39; /* (float)lr would be undefined */
+    st = dt_opt_create(&C, &o, &ps, &d);
+    dt_test_error("lr_beyond_float_is_named", st, dt_ctx_error(&C), "desc.lr = 1e+39");
+    if (!st) dt_opt_free(o); /* only when the check failed */
+    d.lr = 0;
+    d.groups[3].weight_decay = 1e300;
+    st = dt_opt_create(&C, &o, &ps, &d);
+    dt_test_error("group_decay_beyond_float_is_named", st, dt_ctx_error(&C), "desc.groups[3].weight_decay = 1e+300");
+    if (!st) dt_opt_free(o); /* only when the check failed */
+    memset(&d, 0, sizeof d);
+    d.loss_scale.mode = (dt_loss_scale_mode)9;
+    st = dt_opt_create(&C, &o, &ps, &d);
+    dt_test_error("unknown_loss_scale_mode_is_named", st, dt_ctx_error(&C), "desc.mode = 9 is not a dt_loss_scale_mode");
+    if (!st) dt_opt_free(o); /* only when the check failed */
+    memset(&d, 0, sizeof d);
+    d.schedule.kind = (dt_lr_kind)9;
+    st = dt_opt_create(&C, &o, &ps, &d);
+    dt_test_error("unknown_schedule_kind_is_named", st, dt_ctx_error(&C), "desc.schedule.kind = 9 is not a dt_lr_kind");
+    if (!st) dt_opt_free(o); /* only when the check failed */
+    memset(&d, 0, sizeof d);
     d.kind = (dt_opt_kind)42;
     st = dt_opt_create(&C, &o, &ps, &d);
     dt_test_error("unknown_kind_is_named", st, dt_ctx_error(&C), "desc.kind = 42");
