@@ -105,9 +105,14 @@
    scale starts at 2^16; the backward is seeded with scale / accum_steps (dt_opt_micro_begin);
    dt_opt_step multiplies the grads by 1/scale, and if any grad on any rank is inf or NaN (one
    all-reduce of a flag over desc.comm) the update is skipped and scale *= 0.5; after 2000
-   consecutive clean steps scale *= 2. Mode DEFAULT turns dynamic scaling on when a parameter is
-   f16 and off otherwise (f32 and bf16 need none). STATIC keeps a fixed scale but still skips
-   steps with inf/NaN (Megatron's constant scaler). Gradients are unscaled before clipping.
+   consecutive clean steps scale *= 2, unless the product is not a finite float (the scale stops
+   at 2^127, as GradScaler's float32 scale does: the seed (float)scale must not be inf); a
+   back-off never goes below FLT_MIN (2^-126), so that 1/scale stays a float too. Mode DEFAULT
+   turns dynamic scaling on when a parameter is f16 and off otherwise (f32 and bf16 need none).
+   STATIC keeps a fixed scale but still skips steps with inf/NaN (Megatron's constant scaler).
+   Gradients are unscaled before clipping. With scaling, desc.comm must hold every rank that
+   steps together whenever the norm is summed over other ranks (dt_opt_create checks that it
+   is not NULL then): a step skipped on one rank only would stall the others in the norm.
 
    ---------------------------------------------------------------- clipping across ranks
 
@@ -703,6 +708,10 @@ DT_API dt_status dt_lr_schedule_check(dt_ctx *ctx, const dt_lr_schedule *s) {
 
 /* ---------------------------------------------------------------- loss scaling */
 
+/* A loss scale the float math can use: the backward seed (float)scale and the unscale
+   multiplier (float)(1 / scale) are both finite: FLT_MIN (2^-126) <= scale <= FLT_MAX. */
+static int dt__scale_ok(double scale) { return scale >= FLT_MIN && scale <= FLT_MAX; }
+
 DT_API dt_status dt_loss_scaler_init(dt_ctx *ctx, dt_loss_scaler *s, const dt_loss_scale_desc *desc) {
     const char *fn = "dt_loss_scaler_init";
     dt_loss_scale_desc d;
@@ -712,9 +721,10 @@ DT_API dt_status dt_loss_scaler_init(dt_ctx *ctx, dt_loss_scaler *s, const dt_lo
     if (desc) d = *desc;
     if ((int)d.mode < 0 || d.mode >= DT_LOSS_SCALE_MODE_COUNT)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.mode = %d is not a dt_loss_scale_mode", fn, (int)d.mode);
-    if (!(d.init_scale >= 0) || !dt__ofinite(d.init_scale))
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.init_scale = %g; expected a finite value > 0 (0 = 65536)",
-                                fn, d.init_scale);
+    if (d.init_scale != 0 && !dt__scale_ok(d.init_scale))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.init_scale = %g; expected %g <= init_scale <= %g (a float "
+                                "whose reciprocal is a float too; 0 = 65536)", fn, d.init_scale, (double)FLT_MIN,
+                                (double)FLT_MAX);
     if (d.growth_factor != 0 && (!(d.growth_factor > 1) || !dt__ofinite(d.growth_factor)))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.growth_factor = %g; expected > 1 (0 = 2)", fn,
                                 d.growth_factor);
@@ -735,15 +745,22 @@ DT_API dt_status dt_loss_scaler_init(dt_ctx *ctx, dt_loss_scaler *s, const dt_lo
 
 DT_API void dt_loss_scaler_update(dt_loss_scaler *s, int found_inf) {
     if (!s || s->mode == DT_LOSS_SCALE_NONE) return;
-    if (found_inf) s->skipped++;
+    if (found_inf && s->skipped < INT64_MAX) s->skipped++;
     if (s->mode != DT_LOSS_SCALE_DYNAMIC) return;
     if (found_inf) {
-        s->scale *= s->backoff_factor;
+        /* no lower than FLT_MIN: the unscale multiplier 1 / scale must stay a finite float */
+        double backed = s->scale * s->backoff_factor;
+        if (backed >= FLT_MIN) s->scale = backed;
         s->growth_tracker = 0;
-    } else if (++s->growth_tracker == s->growth_interval) {
+    } else if ((int64_t)s->growth_tracker + 1 >= s->growth_interval) { /* >=: a loaded tracker may be past it */
+        /* torch._amp_update_scale_ grows the float32 scale only when the product is finite: in
+           float, so a double scale past FLT_MAX would seed the backward with (float)scale = inf
+           and waste a step every growth interval */
         double grown = s->scale * s->growth_factor;
-        if (dt__ofinite(grown)) s->scale = grown; /* as torch._amp_update_scale_: never grow to inf */
+        if (grown <= FLT_MAX) s->scale = grown;
         s->growth_tracker = 0;
+    } else {
+        s->growth_tracker++;
     }
 }
 
@@ -814,22 +831,43 @@ static dt_status dt__check_grads(dt_ctx *ctx, const dt_params *ps, const char *f
     return DT_OK;
 }
 
+/* The one pass over the grads that dt_loss_scaler_unscale, dt_opt_step and dt_grad_norm share
+   (dt__grad_pass on each grad). With a scaler s that scales (mode not NONE): grads *= 1 / scale
+   (not when the scale is 1) and *found_inf = an inf or NaN in a grad on any rank of comm (one
+   all-reduce). s NULL or NONE: the grads are only read, *found_inf = 0, no collective. sq[i]
+   (sq may be NULL) = the sum of squares of grad i after the multiply. */
+static dt_status dt__unscale(const dt_loss_scaler *s, const dt_params *ps, double *sq, int *found_inf,
+                             dt_comm *comm) {
+    const int scaling = s && s->mode != DT_LOSS_SCALE_NONE;
+    /* GradScaler: inv_scale = scale.double().reciprocal().float() */
+    const float mul = scaling ? dt__of32(1.0 / s->scale) : 1.0f;
+    int i, bad = 0;
+    *found_inf = 0;
+    for (i = 0; i < ps->count; i++) {
+        double q = dt__grad_pass((float *)ps->items[i]->grad.data, ps->items[i]->grad.numel, mul,
+                                 scaling && s->scale != 1.0, &bad);
+        if (sq) sq[i] = q;
+    }
+    if (!scaling) return DT_OK;
+    DT__OTRY(dt__agree_flag(comm, &bad));
+    *found_inf = bad;
+    return DT_OK;
+}
+
 DT_API dt_status dt_loss_scaler_unscale(dt_ctx *ctx, dt_loss_scaler *s, dt_params *ps, int *found_inf,
                                         dt_comm *comm) {
     const char *fn = "dt_loss_scaler_unscale";
-    int i, bad = 0;
-    float mul;
     if (!ctx) return DT_ERR_ARG;
     if (!s || !found_inf) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, s ? "found_inf" : "s");
     DT__OTRY(dt__check_grads(ctx, ps, fn));
     *found_inf = 0;
+    if ((int)s->mode < 0 || s->mode >= DT_LOSS_SCALE_MODE_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: s->mode = %d is not a dt_loss_scale_mode", fn, (int)s->mode);
     if (s->mode == DT_LOSS_SCALE_NONE) return DT_OK;
-    mul = (float)(1.0 / s->scale); /* GradScaler: inv_scale = scale.double().reciprocal().float() */
-    for (i = 0; i < ps->count; i++)
-        dt__grad_pass((float *)ps->items[i]->grad.data, ps->items[i]->grad.numel, mul, s->scale != 1.0, &bad);
-    DT__OTRY(dt__agree_flag(comm, &bad));
-    *found_inf = bad;
-    return DT_OK;
+    if (!dt__scale_ok(s->scale))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: s->scale = %g; expected %g <= scale <= %g (set by "
+                                "dt_loss_scaler_init)", fn, s->scale, (double)FLT_MIN, (double)FLT_MAX);
+    return dt__unscale(s, ps, NULL, found_inf, comm);
 }
 
 /* ---------------------------------------------------------------- gradient norm and clipping */
@@ -886,11 +924,9 @@ static dt_status dt__norm_combine(dt_ctx *ctx, const dt_params *ps, const dt_gra
 }
 
 static double *dt__sumsqs(dt_ctx *ctx, const dt_params *ps) {
-    double *sq = (double *)dt_alloc(ctx, (size_t)(ps->count + 1) * sizeof(double));
-    int i, bad = 0;
-    if (!sq) return NULL;
-    for (i = 0; i < ps->count; i++)
-        sq[i] = dt__grad_pass((float *)ps->items[i]->grad.data, ps->items[i]->grad.numel, 1.0f, 0, &bad);
+    double *sq = (double *)dt__oalloc(ctx, (size_t)ps->count, sizeof(double));
+    int bad;
+    if (sq) dt__unscale(NULL, ps, sq, &bad, NULL); /* no scaler: reads only, no collective */
     return sq;
 }
 
@@ -2538,9 +2574,9 @@ static dt_status dt__ck_target(dt_ctx *ctx, dt__ck_load *L, int i, const char *f
 }
 
 static dt_status dt__ck_parse_scalars(dt_ctx *ctx, dt__ck_load *L, const dt_optimizer *opt, const char *fn) {
-    const dt_json *ts = dt_json_get(L->man, "train_state"), *user, *o, *sc;
+    const dt_json *ts = dt_json_get(L->man, "train_state"), *user, *o, *sc, *scale;
     const char *kind, *mode;
-    uint64_t u, cursor;
+    uint64_t u, cursor, skipped;
     int64_t v;
     int i;
     if (!ts || ts->type != DT_JSON_OBJECT || !dt__ck_u64(dt__ck_jstr(ts, "step"), &u) ||
@@ -2572,14 +2608,20 @@ static dt_status dt__ck_parse_scalars(dt_ctx *ctx, dt__ck_load *L, const dt_opti
                                 kind ? kind : "(unnamed)", dt__opt_kind_name(opt->desc.kind));
     sc = dt_json_get(o, "loss_scaler");
     mode = dt__ck_jstr(sc, "mode");
+    scale = dt_json_get(sc, "scale");
     L->scaler = opt->scaler;
-    if (!dt__ck_u64(dt__ck_jstr(o, "step"), &u) || !mode || !dt_json_get(sc, "scale") ||
-        dt_json_get(sc, "scale")->type != DT_JSON_NUMBER || !(dt_json_get(sc, "scale")->number > 0) ||
-        !dt__ck_count(dt_json_get(sc, "growth_tracker"), &v) || !dt__ck_u64(dt__ck_jstr(sc, "skipped"), (uint64_t *)&L->scaler.skipped))
-        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the manifest's optimizer entry is malformed", fn, L->dir);
+    /* every number lands in a typed field: out of its range is a corrupt manifest, not a cast */
+    if (!dt__ck_u64(dt__ck_jstr(o, "step"), &u) || u > (uint64_t)INT64_MAX || !mode || !scale ||
+        scale->type != DT_JSON_NUMBER || !dt__scale_ok(scale->number) ||
+        !dt__ck_count(dt_json_get(sc, "growth_tracker"), &v) || v > INT_MAX ||
+        !dt__ck_u64(dt__ck_jstr(sc, "skipped"), &skipped) || skipped > (uint64_t)INT64_MAX)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the manifest's optimizer entry is malformed (step and "
+                                "skipped <= 2^63 - 1, loss scale in [%g, %g], growth_tracker <= %d)", fn, L->dir,
+                                (double)FLT_MIN, (double)FLT_MAX, INT_MAX);
     L->opt_step = (int64_t)u;
+    L->scaler.skipped = (int64_t)skipped;
     if (strcmp(mode, dt__ck_mode_name(opt->scaler.mode)) == 0) { /* else opt keeps its own, new, settings */
-        L->scaler.scale = dt_json_get(sc, "scale")->number;
+        L->scaler.scale = scale->number;
         L->scaler.growth_tracker = (int)v;
     } else {
         L->scaler.skipped = opt->scaler.skipped;

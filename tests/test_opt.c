@@ -408,6 +408,84 @@ static void test_loss_scaler(void) {
     }
 }
 
+/* The scale at the ends of the float range. Growing every step from 2^126 stops at 2^127 (the
+   next product, 2^128, is not a float: seeding the backward with it gives inf grads and a
+   wasted step every growth interval); every step is taken and equals an unscaled run's bitwise
+   (the scales are powers of two, so scale and unscale are exact). Backing off stops at FLT_MIN,
+   where 1 / scale is still a float. Scales a float cannot hold are named errors. */
+static void test_loss_scale_limits(void) {
+    dt_params ps, rps;
+    dt_param *p, *r;
+    dt_optimizer *o, *ro;
+    dt_opt_desc d;
+    dt_loss_scaler sc;
+    dt_loss_scale_desc sd;
+    float seed = 0;
+    int i, t, seeds_finite = 1, same = 1, found = -1;
+    dt_status st;
+    memset(&ps, 0, sizeof ps);
+    memset(&rps, 0, sizeof rps);
+    p = add(&ps, "w", DT_F32, 4, 0);
+    r = add(&rps, "w", DT_F32, 4, 0);
+    memcpy(p->value.data, W0, 16);
+    memcpy(r->value.data, W0, 16);
+    memset(&d, 0, sizeof d);
+    d.kind = DT_OPT_ADAMW; d.lr = 0.01;
+    d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC; d.loss_scale.init_scale = ldexp(1, 126); d.loss_scale.growth_interval = 1;
+    o = mkopt(&ps, &d);
+    d.loss_scale.mode = DT_LOSS_SCALE_NONE;
+    ro = mkopt(&rps, &d);
+    for (t = 1; t <= 6; t++) {
+        dt_opt_micro_begin(o, &seed, NULL, 0);
+        if (!isfinite(seed)) seeds_finite = 0;
+        for (i = 0; i < 4; i++) {
+            F(&p->grad)[i] = grad_at(i, t) * seed; /* a backward seeded with the scale */
+            F(&r->grad)[i] = grad_at(i, t);
+        }
+        dt_opt_step(o, NULL);
+        dt_opt_step(ro, NULL);
+        if (memcmp(p->value.data, r->value.data, 16) != 0) same = 0;
+    }
+    dt_test_close("scale_growth_stops_at_2_to_127", o->scaler.scale, ldexp(1, 127), 0);
+    DT_TEST_CHECK("scale_at_float_max_seeds_finite", seeds_finite);
+    if (o->scaler.skipped != 0 || o->step != 6)
+        dt_test_fail("scale_at_float_max_wastes_no_step", "skipped %lld, step %lld; want 0 and 6",
+                     (long long)o->scaler.skipped, (long long)o->step);
+    else dt_test_pass("scale_at_float_max_wastes_no_step");
+    DT_TEST_CHECK("scale_at_float_max_updates_as_unscaled_bitwise", same);
+    dt_opt_free(o);
+    dt_opt_free(ro);
+    dt_params_free(&C, &ps);
+    dt_params_free(&C, &rps);
+
+    /* back-off floor: the unscale multiplier 1 / scale = 2^126 stays finite */
+    memset(&sd, 0, sizeof sd);
+    sd.mode = DT_LOSS_SCALE_DYNAMIC;
+    sd.init_scale = FLT_MIN;
+    st = dt_loss_scaler_init(&C, &sc, &sd);
+    dt_loss_scaler_update(&sc, 1);
+    dt_loss_scaler_update(&sc, 1);
+    dt_test_close("scale_backoff_stops_at_flt_min", st == DT_OK ? sc.scale : -1, FLT_MIN, 0);
+    memset(&ps, 0, sizeof ps);
+    p = add(&ps, "g", DT_F32, 1, 0);
+    F(&p->grad)[0] = 3.0f * FLT_MIN;
+    st = dt_loss_scaler_unscale(&C, &sc, &ps, &found, NULL);
+    dt_test_close("unscale_at_flt_min_is_finite", st == DT_OK && found == 0 ? F(&p->grad)[0] : -1, 3.0, 0);
+    sd.init_scale = 1e39;
+    st = dt_loss_scaler_init(&C, &sc, &sd);
+    dt_test_error("init_scale_beyond_float_max_is_named", st, dt_ctx_error(&C), "desc.init_scale = 1e+39");
+    sd.init_scale = 1e-300;
+    st = dt_loss_scaler_init(&C, &sc, &sd);
+    dt_test_error("init_scale_below_flt_min_is_named", st, dt_ctx_error(&C), "desc.init_scale = 1e-300");
+    memset(&sc, 0, sizeof sc); /* never initialised: mode DEFAULT, scale 0 */
+    st = dt_loss_scaler_unscale(&C, &sc, &ps, &found, NULL);
+    dt_test_error("uninitialised_scaler_is_named", st, dt_ctx_error(&C), "s->scale = 0");
+    sc.mode = (dt_loss_scale_mode)7;
+    st = dt_loss_scaler_unscale(&C, &sc, &ps, &found, NULL);
+    dt_test_error("scaler_mode_out_of_range_is_named", st, dt_ctx_error(&C), "s->mode = 7");
+    dt_params_free(&C, &ps);
+}
+
 /* bf16 master weights: the master follows the f32 run bitwise; the value is its bf16 rounding. */
 static void test_master_weights(void) {
     dt_params bp, fp;
@@ -1351,6 +1429,53 @@ static void test_corrupt_manifest_fields(void) {
     dt_params_free(&C, &ps);
 }
 
+/* Numbers in the optimizer entry of a manifest that do not fit the fields they land in (an int
+   growth tracker, a float loss scale, int64 step and skip counts): named errors, not casts with
+   undefined results, and the optimizer keeps its state. */
+static void test_corrupt_scaler_fields(void) {
+    static const char *const edits[4][3] = {
+        {"\"growth_tracker\":0", "\"growth_tracker\":1e15", "manifest_growth_tracker_beyond_int_is_named"},
+        {"\"scale\":65536", "\"scale\":1e300", "manifest_loss_scale_beyond_float_is_named"},
+        {"\"kind\":\"adamw\",\"step\":\"0\"", "\"kind\":\"adamw\",\"step\":\"9300000000000000000\"",
+         "manifest_optimizer_step_beyond_int64_is_named"},
+        {"\"skipped\":\"0\"", "\"skipped\":\"9300000000000000000\"", "manifest_skipped_beyond_int64_is_named"}};
+    char dir[1100];
+    dt_params ps;
+    dt_param_desc d;
+    dt_opt_desc od;
+    dt_optimizer *o;
+    dt_checkpoint_desc cd;
+    dt_status st;
+    int e;
+    memset(&ps, 0, sizeof ps);
+    memset(&d, 0, sizeof d);
+    d.name = "x"; d.shape[0] = 4;
+    dt_params_add(&C, &ps, NULL, &d);
+    memset(&od, 0, sizeof od);
+    od.kind = DT_OPT_ADAMW;
+    od.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC;
+    snprintf(dir, sizeof dir, "%s/corrupt_scaler", ROOT);
+    memset(&cd, 0, sizeof cd);
+    cd.dir = dir;
+    for (e = 0; e < 4; e++) {
+        o = mkopt(&ps, &od); /* a fresh state per edit: each case stands alone */
+        st = dt_checkpoint_save(&C, &ps, o, NULL, &cd);
+        if (st != DT_OK || !edit_manifest(dir, edits[e][0], edits[e][1])) {
+            dt_test_fail(edits[e][2], "setup: save status %d, or no %s in the manifest", (int)st, edits[e][0]);
+        } else {
+            st = dt_checkpoint_load(&C, &ps, o, NULL, &cd);
+            if (o->scaler.scale != 65536 || o->scaler.growth_tracker != 0 || o->step != 0 || o->scaler.skipped != 0)
+                dt_test_fail(edits[e][2], "the load changed the scaler: scale %g, tracker %d, step %lld, skipped %lld "
+                             "(status %d)", o->scaler.scale, o->scaler.growth_tracker, (long long)o->step,
+                             (long long)o->scaler.skipped, (int)st);
+            else
+                dt_test_error(edits[e][2], st, dt_ctx_error(&C), "optimizer entry is malformed");
+        }
+        dt_opt_free(o);
+    }
+    dt_params_free(&C, &ps);
+}
+
 int main(void) {
     dt_ctx_init(&C, NULL);
     snprintf(ROOT, sizeof ROOT, "%s/test_opt", dt_test_tmpdir());
@@ -1360,6 +1485,7 @@ int main(void) {
     test_groups();
     test_schedules();
     test_loss_scaler();
+    test_loss_scale_limits();
     test_master_weights();
     test_accumulation();
     test_clipping();
@@ -1373,6 +1499,7 @@ int main(void) {
     test_resave_same_step();
     test_bad_checkpoints();
     test_corrupt_manifest_fields();
+    test_corrupt_scaler_fields();
     test_bad_args();
     test_xxh64();
     test_peak();
