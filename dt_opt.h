@@ -82,6 +82,10 @@
 
    Zero means default in every desc. Where PyTorch's default is not zero (lr, betas, eps,
    AdamW's weight_decay) write DT_OPT_ZERO for a real zero: `od.beta1 = DT_OPT_ZERO`.
+   `od.lr = DT_OPT_ZERO` is lr 0 (as torch.optim accepts it): the weights stay, the state
+   (momentum, exp_avg, ...) and the step still advance; schedule.lr DT_OPT_ZERO is a 0 peak.
+   Hyperparameters are >= 0 and at most FLT_MAX (the update math rounds them to float); int
+   flags (nesterov, a parameter's no_decay) are 0 or 1; anything else is a named DT_ERR_ARG.
 
    ---------------------------------------------------------------- schedules
 
@@ -225,7 +229,7 @@ typedef enum dt_lr_kind {
 
 typedef struct dt_lr_schedule {
     dt_lr_kind kind;
-    double lr;             /* peak lr; 0 = the optimizer's lr (inside dt_opt_desc) */
+    double lr;             /* peak lr, >= 0; 0 = the optimizer's lr (inside dt_opt_desc) */
     double min_lr;         /* the floor the decay ends at (absolute) */
     int64_t warmup_steps;  /* linear warmup over the first warmup_steps updates; 0 = none */
     int64_t total_steps;   /* COSINE, LINEAR, WSD: the decay ends here */
@@ -649,8 +653,8 @@ static const char *dt__lr_problem(const dt_lr_schedule *s, char *buf, size_t n) 
     int64_t decay;
     if ((int)s->kind < 0 || s->kind >= DT_LR_KIND_COUNT)
         snprintf(buf, n, "kind = %d is not a dt_lr_kind", (int)s->kind);
-    else if (!(s->lr > 0) || !dt__ofinite(s->lr))
-        snprintf(buf, n, "lr = %g; expected a finite value > 0", s->lr);
+    else if (!(s->lr >= 0) || s->lr > FLT_MAX)
+        snprintf(buf, n, "lr = %g; expected a value >= 0 that a float can hold (<= %g)", s->lr, (double)FLT_MAX);
     else if (!(s->min_lr >= 0) || s->min_lr > s->lr)
         snprintf(buf, n, "min_lr = %g; expected 0 <= min_lr <= lr (%g)", s->min_lr, s->lr);
     else if (s->warmup_steps < 0)
@@ -1057,7 +1061,8 @@ static dt_status dt__opt_resolve(dt_ctx *ctx, dt_opt_desc *d, const char *fn) {
         d->groups[k].lr_scale = dt__pick(d->groups[k].lr_scale, 1.0);
         d->groups[k].weight_decay = dt__pick(d->groups[k].weight_decay, d->weight_decay);
     }
-    if (d->schedule.lr == 0) d->schedule.lr = d->lr;
+    /* schedule.lr 0 = the optimizer's lr (which may be a real 0: DT_OPT_ZERO, a frozen run) */
+    d->schedule.lr = dt__pick(d->schedule.lr, d->lr);
     if (dt__lr_problem(&d->schedule, why, sizeof why))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.schedule.%s", fn, why);
     return DT_OK;

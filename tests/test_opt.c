@@ -486,6 +486,59 @@ static void test_loss_scale_limits(void) {
     dt_params_free(&C, &ps);
 }
 
+/* lr DT_OPT_ZERO (as the header documents) is lr 0, not an error: the weights stay bitwise,
+   the optimizer state moves exactly as with any lr (AdamW's exp_avg does not depend on the
+   weights; SGD's momentum buffer does not without weight decay), the step advances. */
+static void test_lr_zero(void) {
+    static const dt_opt_kind kinds[2] = {DT_OPT_ADAMW, DT_OPT_SGD};
+    int k, i, t;
+    for (k = 0; k < 2; k++) {
+        dt_params ps, rps;
+        dt_param *p, *r;
+        dt_optimizer *o = NULL, *ro;
+        dt_opt_desc d;
+        dt_opt_step_info info;
+        char name[96];
+        const char *tag = k == 0 ? "adamw" : "sgd_momentum";
+        dt_status st;
+        memset(&ps, 0, sizeof ps);
+        memset(&rps, 0, sizeof rps);
+        p = add(&ps, "w", DT_F32, 5, 0);
+        r = add(&rps, "w", DT_F32, 5, 0);
+        memcpy(p->value.data, W0, sizeof W0);
+        memcpy(r->value.data, W0, sizeof W0);
+        memset(&d, 0, sizeof d);
+        d.kind = kinds[k];
+        d.momentum = k == 1 ? 0.9 : 0;
+        d.lr = DT_OPT_ZERO;
+        st = dt_opt_create(&C, &o, &ps, &d);
+        snprintf(name, sizeof name, "lr_zero_is_accepted_%s", tag);
+        if (!DT_TEST_CHECK(name, st == DT_OK)) {
+            fprintf(stderr, "%s\n", dt_ctx_error(&C));
+            dt_params_free(&C, &ps);
+            dt_params_free(&C, &rps);
+            continue;
+        }
+        d.lr = 0.01;
+        ro = mkopt(&rps, &d);
+        for (t = 1; t <= 3; t++) {
+            for (i = 0; i < 5; i++) F(&p->grad)[i] = F(&r->grad)[i] = grad_at(i, t);
+            dt_opt_step(o, &info);
+            dt_opt_step(ro, NULL);
+        }
+        snprintf(name, sizeof name, "lr_zero_leaves_weights_bitwise_%s", tag);
+        dt_test_equal_bytes(name, p->value.data, W0, sizeof W0);
+        snprintf(name, sizeof name, "lr_zero_moves_the_state_as_lr_0.01_does_%s", tag);
+        dt_test_equal_bytes(name, o->slots[0].state[0].data, ro->slots[0].state[0].data, sizeof W0);
+        snprintf(name, sizeof name, "lr_zero_reports_lr_0_and_counts_steps_%s", tag);
+        DT_TEST_CHECK(name, info.lr == 0 && dt_opt_lr(o) == 0 && o->step == 3);
+        dt_opt_free(o);
+        dt_opt_free(ro);
+        dt_params_free(&C, &ps);
+        dt_params_free(&C, &rps);
+    }
+}
+
 /* bf16 master weights: the master follows the f32 run bitwise; the value is its bf16 rounding. */
 static void test_master_weights(void) {
     dt_params bp, fp;
@@ -1486,6 +1539,7 @@ int main(void) {
     test_schedules();
     test_loss_scaler();
     test_loss_scale_limits();
+    test_lr_zero();
     test_master_weights();
     test_accumulation();
     test_clipping();
