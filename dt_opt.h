@@ -1458,10 +1458,15 @@ static void dt__ck_dims(dt_strbuf *b, int ndim, const int64_t *v) {
 
 static int dt__ck_float(dt_dtype t) { return t == DT_F32 || t == DT_BF16 || t == DT_F16; }
 
+/* The product of the dims, or -1 when a dim is negative or the product overflows int64 (shapes
+   come from other ranks and from manifests on disk). */
 static int64_t dt__ck_numel(int ndim, const int64_t *shape) {
     int64_t n = 1;
     int d;
-    for (d = 0; d < ndim; d++) n *= shape[d];
+    for (d = 0; d < ndim; d++) {
+        if (shape[d] < 0 || (shape[d] > 0 && n > INT64_MAX / shape[d])) return -1;
+        n *= shape[d];
+    }
     return n;
 }
 
@@ -1746,6 +1751,7 @@ typedef struct dt__ck_item {
 static dt_status dt__ck_items(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt__ck_item **out, int *n_out,
                               const char *fn) {
     dt__ck_item *it;
+    size_t bytes;
     int i, k, n = 0;
     *out = NULL;
     *n_out = 0;
@@ -1759,9 +1765,11 @@ static dt_status dt__ck_items(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt_
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: parameter \"%s\" has no data or an unknown dtype", fn,
                                     ps->items[i]->name);
     }
-    it = (dt__ck_item *)dt_alloc(ctx, (size_t)(4 * ps->count + 1) * sizeof(dt__ck_item));
-    if (!it) return DT_ERR_OOM;
-    memset(it, 0, (size_t)(4 * ps->count + 1) * sizeof(dt__ck_item));
+    /* at most 4 items per parameter: value, master, two state slots */
+    if (!dt__omul(&bytes, (size_t)ps->count + 1, 4) || !dt__omul(&bytes, bytes, sizeof(dt__ck_item)) ||
+        !(it = (dt__ck_item *)dt_alloc(ctx, bytes)))
+        return DT_ERR_OOM;
+    memset(it, 0, bytes);
     for (i = 0; i < ps->count; i++) {
         dt_param *p = ps->items[i];
         dt__ck_fmt(it[n].name, DT__CK_NAME, "param/%s", p->name);
@@ -1849,6 +1857,7 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
     double *lens, maxlen = 0;
     dt_tensor in, out;
     dt_tensor_desc td;
+    size_t total;
     dt_status st = DT_OK;
     *all = NULL;
     if (size == 1) {
@@ -1858,7 +1867,7 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
         *stride = mine->len + 1;
         return DT_OK;
     }
-    lens = (double *)dt_alloc(ctx, (size_t)size * sizeof(double));
+    lens = (double *)dt__oalloc(ctx, (size_t)size, sizeof(double));
     if (!lens) return DT_ERR_OOM; /* the other ranks then time out in the all-reduce, naming this rank */
     memset(lens, 0, (size_t)size * sizeof(double));
     lens[rank] = st_in ? -1.0 : (double)mine->len;
@@ -1871,13 +1880,17 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
     }
     dt_release(ctx, lens);
     if (st) return st;
+    *stride = (size_t)maxlen + 1;
+    if (!dt__omul(&total, *stride, (size_t)size) || total > (uint64_t)INT64_MAX)
+        return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: %d index texts of up to %.0f bytes do not fit in memory", fn,
+                                size, maxlen);
     memset(&in, 0, sizeof in);
     memset(&out, 0, sizeof out);
     memset(&td, 0, sizeof td);
     td.dtype = DT_U8;
-    td.shape[0] = (int64_t)maxlen + 1;
+    td.shape[0] = (int64_t)*stride;
     st = dt_tensor_create(ctx, &in, &td);
-    td.shape[0] = ((int64_t)maxlen + 1) * size;
+    td.shape[0] = (int64_t)total;
     if (!st) st = dt_tensor_create(ctx, &out, &td);
     if (!st) {
         memcpy(in.data, mine->text, mine->len);
@@ -1885,9 +1898,8 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
     }
     dt_tensor_free(ctx, &in);
     if (st) { dt_tensor_free(ctx, &out); return st; }
-    *stride = (size_t)maxlen + 1;
-    *all = (char *)dt_alloc(ctx, *stride * (size_t)size);
-    if (*all) memcpy(*all, out.data, *stride * (size_t)size);
+    *all = (char *)dt_alloc(ctx, total);
+    if (*all) memcpy(*all, out.data, total);
     dt_tensor_free(ctx, &out);
     return *all ? DT_OK : DT_ERR_OOM;
 }
@@ -1921,7 +1933,8 @@ static int dt__ck_overlap(const dt__ck_shard *a, const dt__ck_shard *b) {
 static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int size, dt_json **roots,
                              dt__ck_shard **out, int *n_out, const char *fn) {
     dt__ck_shard *sh;
-    int r, i, j, k, n = 0, total = 0;
+    size_t total = 0;
+    int r, i, j, k, n = 0;
     char a[128], b[128];
     *out = NULL;
     for (r = 0; r < size; r++) {
@@ -1929,10 +1942,12 @@ static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int si
         DT__OTRY(dt_json_parse(ctx, &roots[r], text, strlen(text)));
         if (roots[r]->type != DT_JSON_ARRAY)
             return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: rank %d sent a malformed index", fn, r);
-        total += roots[r]->count;
+        total += (size_t)roots[r]->count;
+        if (total > (size_t)INT_MAX)
+            return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: the ranks hold more than %d slices together", fn, INT_MAX);
     }
-    if (!(sh = (dt__ck_shard *)dt_alloc(ctx, (size_t)(total + 1) * sizeof *sh))) return DT_ERR_OOM;
-    memset(sh, 0, (size_t)(total + 1) * sizeof *sh);
+    if (!(sh = (dt__ck_shard *)dt__oalloc(ctx, total, sizeof *sh))) return DT_ERR_OOM;
+    memset(sh, 0, (total ? total : 1) * sizeof *sh);
     *out = sh;
     for (r = 0; r < size; r++) {
         for (i = 0; i < roots[r]->count; i++) {
@@ -1970,11 +1985,15 @@ static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int si
             }
             sh[j].writer = j == i || !dt__ck_same_box(&sh[j], &sh[j - 1]) ? 1 : 0;
             if (sh[j].writer) {
+                int64_t part = dt__ck_numel(sh[j].ndim, sh[j].shape);
                 for (k = i; k < j; k++)
                     if (sh[k].writer && dt__ck_overlap(&sh[k], &sh[j]))
                         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\": the slices of rank %d and rank %d "
                                                 "overlap without being equal", fn, sh[j].name, sh[k].rank, sh[j].rank);
-                covered += dt__ck_numel(sh[j].ndim, sh[j].shape);
+                if (numel < 0 || part < 0 || part > numel - covered) /* overflow-free: covered <= numel */
+                    return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\": the slice of rank %d does not fit in the "
+                                            "global shape (or its size overflows)", fn, sh[j].name, sh[j].rank);
+                covered += part;
             }
         }
         if (covered != numel)
@@ -2016,8 +2035,8 @@ static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
     dt_status st = DT_OK;
     memset(&hb, 0, sizeof hb);
     hb.ctx = ctx;
-    ts = (const dt_tensor **)dt_alloc(ctx, (size_t)(n + 1) * sizeof *ts);
-    names = (const char **)dt_alloc(ctx, (size_t)(n + 1) * sizeof *names);
+    ts = (const dt_tensor **)dt__oalloc(ctx, (size_t)n, sizeof *ts);
+    names = (const char **)dt__oalloc(ctx, (size_t)n, sizeof *names);
     if (!ts || !names) st = DT_ERR_OOM;
     for (i = 0; !st && i < n; i++) {
         if (!it[i].write) continue;
@@ -2201,12 +2220,13 @@ static void dt__ck_prune(dt_ctx *ctx, const char *root, const char *name, int ke
             continue;
         }
         if (keep < 0 || !dt__ck_step_name(e->d_name, &s) || strcmp(e->d_name, name) == 0) continue;
-        if (n == cap) {
-            int64_t *q = (int64_t *)dt_alloc(ctx, (size_t)(cap = cap ? 2 * cap : 64) * sizeof(int64_t));
+        if (n == cap) { /* grow by doubling; at INT_MAX / 2 entries stop listing (best effort) */
+            int64_t *q = cap <= INT_MAX / 2 ? (int64_t *)dt__oalloc(ctx, (size_t)(cap ? 2 * cap : 64), sizeof *q) : NULL;
             if (!q) break;
             if (n) memcpy(q, steps, (size_t)n * sizeof(int64_t));
             dt_release(ctx, steps);
             steps = q;
+            cap = cap ? 2 * cap : 64;
         }
         steps[n++] = s;
     }
@@ -2312,12 +2332,12 @@ DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, dt_params *ps, dt_optimizer *op
     }
     st = dt__ck_gather(ctx, c, &index, st, &all, &stride, fn);
     if (!st) {
-        roots = (dt_json **)dt_alloc(ctx, (size_t)size * sizeof(dt_json *));
+        roots = (dt_json **)dt__oalloc(ctx, (size_t)size, sizeof(dt_json *));
         if (!roots) st = DT_ERR_OOM;
         else memset(roots, 0, (size_t)size * sizeof(dt_json *));
     }
     if (!st) st = dt__ck_plan(ctx, all, stride, size, roots, &sh, &n_sh, fn);
-    if (!st && !(files = (double *)dt_alloc(ctx, (size_t)size * 3 * sizeof(double)))) st = DT_ERR_OOM;
+    if (!st && !(files = (double *)dt__oalloc(ctx, (size_t)size * 3, sizeof(double)))) st = DT_ERR_OOM;
     for (i = 0; !st && i < n_sh; i++)
         if (sh[i].rank == rank) it[sh[i].index].write = sh[i].writer;
     /* 2. rank 0 makes the temporary directory */
@@ -2449,7 +2469,7 @@ static dt_status dt__ck_parse_manifest(dt_ctx *ctx, dt__ck_load *L, const char *
         L->tensors->type != DT_JSON_OBJECT)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s lacks a files array of world_size (%d) entries or a "
                                 "tensors object", fn, path, L->world);
-    if (!(L->files = (dt__ck_file *)dt_alloc(ctx, (size_t)L->world * sizeof(dt__ck_file)))) return DT_ERR_OOM;
+    if (!(L->files = (dt__ck_file *)dt__oalloc(ctx, (size_t)L->world, sizeof(dt__ck_file)))) return DT_ERR_OOM;
     memset(L->files, 0, (size_t)L->world * sizeof(dt__ck_file));
     for (r = 0; r < L->world; r++) {
         const char *name;
@@ -2480,8 +2500,11 @@ static const dt_json *dt__ck_find(const dt__ck_load *L, const char *prefix, cons
 static dt_status dt__ck_add_piece(dt_ctx *ctx, dt__ck_load *L, const dt__ck_piece *p) {
     if (L->n_pc == L->cap_pc) {
         int cap = L->cap_pc ? 2 * L->cap_pc : 64;
-        dt__ck_piece *q = (dt__ck_piece *)dt_alloc(ctx, (size_t)cap * sizeof *q);
-        if (!q) return DT_ERR_OOM;
+        dt__ck_piece *q;
+        if (L->cap_pc > INT_MAX / 2)
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_checkpoint_load: %s: more than %d shard pieces (corrupt "
+                                    "manifest?)", L->dir, L->cap_pc);
+        if (!(q = (dt__ck_piece *)dt__oalloc(ctx, (size_t)cap, sizeof *q))) return DT_ERR_OOM;
         if (L->n_pc) memcpy(q, L->pc, (size_t)L->n_pc * sizeof *q);
         dt_release(ctx, L->pc);
         L->pc = q;
@@ -2553,6 +2576,12 @@ static dt_status dt__ck_target(dt_ctx *ctx, dt__ck_load *L, int i, const char *f
             vol *= pc.hi[d] > pc.lo[d] ? pc.hi[d] - pc.lo[d] : 0;
         }
         if (vol == 0) continue;
+        /* vol <= numel (the overlap with this rank's box); more than numel in all means shards
+           overlap, found below, and stopping here keeps the sum from overflowing */
+        if (vol > x->t->numel - x->covered)
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the shards of \"%s\" cover more than the %lld "
+                                    "elements this rank needs (overlapping shards: corrupt manifest)", fn, L->dir,
+                                    src->key, (long long)x->t->numel);
         pc.item = i;
         pc.file = (int)v;
         pc.src = src->key;
