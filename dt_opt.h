@@ -149,9 +149,14 @@
    manifest, fsyncs the directory, renames it to step_00000100/, fsyncs dir/, then writes
    latest.tmp, fsyncs and renames it over `latest`. A process killed anywhere in between leaves
    `latest` naming the previous, complete checkpoint (saving the step `latest` names once more
-   first points `latest` at the newest other step while the directory is replaced). The newest
-   `keep` step directories stay; step_*.tmp/ left by interrupted saves are removed. dir must be
-   on a file system every rank sees (rank 0 renames the directory the ranks wrote into).
+   first points `latest` at the newest other step while the directory is replaced). A save that
+   fails (a full disk or an I/O error on any rank, a failed collective) returns the error on
+   every rank and removes what it made: each rank its rank file, rank 0 step_00000100.tmp/ and
+   latest.tmp; `latest` and the previous checkpoints are as they were (after the rename, a
+   failure to update `latest` leaves the complete step_00000100/ beside them). The newest
+   `keep` step directories stay; step_*.tmp/ left by killed saves are removed by the next
+   save. dir must be on a file system every rank sees (rank 0 renames the directory the ranks
+   wrote into).
    dt_checkpoint_load reads latest (or desc.step_dir), validates everything, finds every slice
    this rank needs in whichever rank files hold it (so any world size or layout can load any
    checkpoint: resharding), maps each such file read-only (mmap) and checks it against the
@@ -2019,10 +2024,11 @@ static dt_status dt__ck_write_tensor(dt_ctx *ctx, int fd, const dt_tensor *t, dt
     return st;
 }
 
-/* This rank's safetensors file: the items it writes, in order, hashed as they go out. */
+/* This rank's safetensors file: the items it writes, in order, hashed as they go out.
+   *created = 1 once the file exists (the caller removes it when the save fails). */
 static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, const char *path,
                                    const dt__ck_item *it, int n, int rank, int64_t step, uint64_t *bytes,
-                                   uint64_t *hash, const char *fn) {
+                                   uint64_t *hash, int *created, const char *fn) {
     dt_strbuf hb;
     dt__hasher h;
     unsigned char len8[8];
@@ -2059,6 +2065,7 @@ static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
         dt_release(ctx, hb.text);
         return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot create %s: %s", fn, path, dt__ck_errno());
     }
+    *created = 1;
     dt__hasher_start(&h); /* hashes beside the writes and the fsync */
     st = dt__ck_write_all(ctx, fd, len8, 8, &h, path, fn);
     if (!st) st = dt__ck_write_all(ctx, fd, hb.text, hb.len, &h, path, fn);
@@ -2189,15 +2196,21 @@ static int dt__ck_newest_other(const char *root, const char *skip, char *out, si
     return best >= 0;
 }
 
-/* `latest` := name (tmp + fsync + rename + fsync of the directory). */
+/* `latest` := name (tmp + fsync + rename + fsync of the directory). A failure before the
+   rename removes latest.tmp: `latest` still names what it named. */
 static dt_status dt__ck_set_latest(dt_ctx *ctx, const char *root, const char *name, const char *fn) {
     char tmp[DT__CK_PATH], path[DT__CK_PATH], text[DT__CK_NAME];
+    dt_status st;
     dt__ck_fmt(tmp, sizeof tmp, "%s/latest.tmp", root);
     dt__ck_fmt(path, sizeof path, "%s/latest", root);
     dt__ck_fmt(text, sizeof text, "%s\n", name);
-    DT__OTRY(dt__ck_write_small(ctx, tmp, text, strlen(text), fn));
-    if (rename(tmp, path) != 0)
-        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: renaming %s to %s failed: %s", fn, tmp, path, dt__ck_errno());
+    st = dt__ck_write_small(ctx, tmp, text, strlen(text), fn);
+    if (!st && rename(tmp, path) != 0)
+        st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: renaming %s to %s failed: %s", fn, tmp, path, dt__ck_errno());
+    if (st) {
+        remove(tmp);
+        return st;
+    }
     if (dt__ck_fsync_path(root) != 0)
         return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: fsync of directory %s failed: %s", fn, root, dt__ck_errno());
     return DT_OK;
@@ -2306,7 +2319,7 @@ DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, dt_params *ps, dt_optimizer *op
     double *files = NULL;
     uint64_t bytes = 0, hash = 0;
     int64_t step;
-    int rank, size, n_it = 0, n_sh = 0, i;
+    int rank, size, n_it = 0, n_sh = 0, i, made_tmp = 0, made_file = 0;
     dt_status st = DT_OK;
     if (!ctx) return DT_ERR_ARG;
     if (!desc || !desc->dir || !desc->dir[0] || !ps)
@@ -2341,12 +2354,15 @@ DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, dt_params *ps, dt_optimizer *op
     for (i = 0; !st && i < n_sh; i++)
         if (sh[i].rank == rank) it[sh[i].index].write = sh[i].writer;
     /* 2. rank 0 makes the temporary directory */
-    if (!st && rank == 0) st = dt__ck_prepare(ctx, desc->dir, tmpdir, fn);
+    if (!st && rank == 0) {
+        st = dt__ck_prepare(ctx, desc->dir, tmpdir, fn);
+        made_tmp = !st;
+    }
     st = dt__ck_agree(ctx, c, st, fn);
     /* 3. every rank writes and fsyncs its file */
+    dt__ck_fmt(path, sizeof path, "%s/rank_%05d.safetensors", tmpdir, rank);
     if (!st) {
-        dt__ck_fmt(path, sizeof path, "%s/rank_%05d.safetensors", tmpdir, rank);
-        st = dt__ck_write_file(ctx, desc, path, it, n_it, rank, step, &bytes, &hash, fn);
+        st = dt__ck_write_file(ctx, desc, path, it, n_it, rank, step, &bytes, &hash, &made_file, fn);
         if (!st && desc->hook) desc->hook("rank_file", rank, desc->hook_user);
     }
     st = dt__ck_agree(ctx, c, st, fn);
@@ -2363,6 +2379,14 @@ DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, dt_params *ps, dt_optimizer *op
         st = man.failed ? DT_ERR_OOM : dt__ck_publish(ctx, desc, desc->dir, name, tmpdir, &man, fn);
     }
     st = dt__ck_agree(ctx, c, st, fn);
+    /* 5. a failed save (a full disk on any rank, a failed collective) leaves no debris: every
+       rank removes the file it made, rank 0 the directory it made (with anything still in it).
+       Every rank has closed its file before the agreement above, so nothing writes there any
+       more. After the rename both are gone already: the complete step directory stays. */
+    if (st) {
+        if (made_file) remove(path);
+        if (made_tmp) dt__ck_rmdir(tmpdir);
+    }
     for (i = 0; roots && i < size; i++) dt_json_free(ctx, roots[i]);
     dt_release(ctx, roots);
     dt_release(ctx, sh);

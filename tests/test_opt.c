@@ -14,6 +14,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -1108,6 +1109,84 @@ static void test_resave_same_step(void) {
     small_free(&s);
 }
 
+/* A save that fails part-way (a write refused, as on a full disk) returns DT_ERR_IO and
+   removes what it made: step_N.tmp/ and latest.tmp are gone, `latest` and the previous
+   checkpoint are as they were. The failure is a real one: at the hook's point the test lowers
+   RLIMIT_FSIZE to 0, so the next write(2) fails (EFBIG, SIGXFSZ ignored) as it would with
+   ENOSPC. The limit is restored before the test prints anything (stdout may be a file). */
+typedef struct fail_at {
+    const char *point;
+    int index, fired;
+} fail_at;
+
+static void fail_hook(const char *point, int index, void *user) {
+    fail_at *f = (fail_at *)user;
+    struct rlimit rl;
+    if (strcmp(point, f->point) != 0 || index != f->index || getrlimit(RLIMIT_FSIZE, &rl) != 0) return;
+    rl.rlim_cur = 0;
+    f->fired = setrlimit(RLIMIT_FSIZE, &rl) == 0;
+}
+
+static int path_exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+static void failed_save_case(const char *dir, const char *point, int index) {
+    small s;
+    fail_at f;
+    struct rlimit saved;
+    dt_train_state ts;
+    char name[128], tmp[1400], ltmp[1400], latest[64], err[DT_ERROR_MAX];
+    int have_limit;
+    dt_status st;
+    f.point = point;
+    f.index = index;
+    f.fired = 0;
+    small_init(&s, 10.0f);
+    have_limit = getrlimit(RLIMIT_FSIZE, &saved) == 0;
+    st = small_save(&s, dir, 10, 0, fail_hook, &f);
+    if (have_limit) setrlimit(RLIMIT_FSIZE, &saved);
+    snprintf(err, sizeof err, "%s", dt_ctx_error(&C));
+    small_free(&s);
+    snprintf(name, sizeof name, "failed_save_at_%s_%d_is_an_io_error", point, index);
+    if (!f.fired) dt_test_fail(name, "the hook could not lower RLIMIT_FSIZE");
+    else if (st != DT_ERR_IO || !strstr(err, "File too large"))
+        dt_test_fail(name, "status %d (want %d, DT_ERR_IO): %s", (int)st, (int)DT_ERR_IO, err);
+    else dt_test_pass(name);
+    snprintf(tmp, sizeof tmp, "%s/step_00000010.tmp", dir);
+    snprintf(ltmp, sizeof ltmp, "%s/latest.tmp", dir);
+    snprintf(name, sizeof name, "failed_save_at_%s_%d_removes_step_tmp_and_latest_tmp", point, index);
+    if (path_exists(tmp) || path_exists(ltmp))
+        dt_test_fail(name, "%s %s, %s %s", tmp, path_exists(tmp) ? "exists" : "is gone", ltmp,
+                     path_exists(ltmp) ? "exists" : "is gone");
+    else dt_test_pass(name);
+    read_latest(dir, latest, sizeof latest);
+    small_init(&s, 0.0f);
+    memset(&ts, 0, sizeof ts);
+    st = small_load(&s, dir, &ts);
+    snprintf(name, sizeof name, "failed_save_at_%s_%d_keeps_latest_and_step_5", point, index);
+    if (strcmp(latest, "step_00000005\n") != 0 || st != DT_OK || ts.step != 5 || F(&s.p->value)[1] != 5.001f)
+        dt_test_fail(name, "latest \"%.20s\", load status %d, step %lld, w[1] %.9g; want step_00000005, 0, 5, 5.001",
+                     latest, (int)st, (long long)ts.step, (double)F(&s.p->value)[1]);
+    else dt_test_pass(name);
+    small_free(&s);
+}
+
+static void test_failed_save(void) {
+    small s;
+    char dir[1200];
+    ck_dir(dir, sizeof dir, "failed_save");
+    signal(SIGXFSZ, SIG_IGN); /* the write fails with EFBIG instead of killing the process */
+    small_init(&s, 5.0f);
+    if (!ok(small_save(&s, dir, 5, 0, NULL, NULL), "save 5")) dt_test_fail("failed_save_baseline", "%s", dt_ctx_error(&C));
+    small_free(&s);
+    failed_save_case(dir, "tensor", 0);    /* inside the rank file */
+    failed_save_case(dir, "rank_file", 0); /* the manifest cannot be written */
+    failed_save_case(dir, "manifest", 0);  /* after the rename: latest.tmp cannot be written */
+    signal(SIGXFSZ, SIG_DFL);
+}
+
 static void test_keep(void) {
     small s;
     char dir[1200], path[1400];
@@ -1549,6 +1628,7 @@ int main(void) {
     test_cross_precision();
     test_misaligned_convert();
     test_crash_safety();
+    test_failed_save();
     test_keep();
     test_resave_same_step();
     test_bad_checkpoints();
