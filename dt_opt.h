@@ -2858,15 +2858,17 @@ static dt_status dt__ck_commit(dt_ctx *ctx, dt__ck_load *L, dt_optimizer *opt, d
                                const char *fn) {
     char why[DT_ERROR_MAX];
     int i, k, done = 0;
+    dt_status st;
     for (k = 0; k < L->n_pc; k++) {
         const dt__ck_item *x = &L->it[L->pc[k].item];
         dt__ck_copy_piece(x, &L->pc[k], x->tmp.data ? x->tmp.data : x->t->data);
     }
     for (i = 0; i < L->n_it; i++) {
         if (!L->it[i].tmp.data) continue;
-        if (dt_tensor_copy(ctx, L->it[i].t, &L->it[i].tmp) != DT_OK) {
+        /* the copy's own status: DT_ERR_CUDA for a failed cudaMemcpy, as the save's device copy */
+        if ((st = dt_tensor_copy(ctx, L->it[i].t, &L->it[i].tmp)) != DT_OK) {
             dt__ck_fmt(why, sizeof why, "%s", dt_ctx_error(ctx));
-            return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: copying \"%s\" to the device failed (%s); the load is "
+            return dt_ctx_set_error(ctx, st, "%s: copying \"%s\" to the device failed (%s); the load is "
                                     "incomplete: %d device tensors before it hold the checkpoint's values, it and the "
                                     "rest do not", fn, L->it[i].name, why, done);
         }
