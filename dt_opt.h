@@ -129,6 +129,9 @@
    (ZeRO over dp plus tensor parallel over tp). Every rank of a comm must see that comm in the
    same order (true when the ranks of a group hold the same parameter names). Clipping scales
    every grad by max_norm / (norm + 1e-6) when that is below 1 (torch.nn.utils.clip_grad_norm_).
+   dt_opt_step computes the norm on every step when one of these comms has more than one rank
+   (so whether its all-reduces run never depends on a rank's info argument), otherwise when
+   clip_norm > 0 or info asks for it.
 
    ---------------------------------------------------------------- checkpoints
 
@@ -363,6 +366,7 @@ typedef struct dt_optimizer {
     dt_opt_slot *slots;     /* one per params->items[i], same order */
     int n_slots;
     double *sumsq;          /* per-parameter sums of squares of one step, kept: no allocation per step */
+    int norm_collective;    /* 1: desc.norm sums over other ranks, so every step computes the norm */
 } dt_optimizer;
 
 typedef struct dt_opt_step_info {
@@ -382,8 +386,11 @@ DT_API void dt_opt_free(dt_optimizer *opt);
 DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, float *dloss, dt_bucketer *b, int micro);
 /* One update: unscale + inf/nan check (when scaling), global grad norm, clip, update every
    parameter with its group's lr and weight decay, re-cast bf16/f16 values, advance the step and
-   the scaler. Collective over desc.comm (when scaling) and over the norm comms (when the norm is
-   computed: clip_norm > 0 or info non-NULL; every rank must pass info alike). info may be NULL.
+   the scaler. Collective over desc.comm (when scaling) and over the norm comms when one of them
+   has more than one rank: then every step computes the norm (one more pass over the grads
+   without scaling, and a one-number all-reduce per comm), whatever info is. info may be NULL,
+   and may differ between ranks (a trainer that logs on rank 0 only): it changes no collective
+   and no result; with info, a norm that no other rank takes part in is computed locally.
    On an error (a failed collective) the grads may already be unscaled: do not call it again
    on the same grads; end the run or redo the step from the forward. */
 DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info);
@@ -899,6 +906,18 @@ static dt_status dt__norm_check(dt_ctx *ctx, const dt_params *ps, const dt_grad_
     return DT_OK;
 }
 
+/* 1 when dt__norm_combine all-reduces: a comm of d that it uses has more than one rank. The same
+   on every rank of those comms (they hold the same parameter names), so dt_opt_step decides from
+   it, never from a local choice such as passing info, whether the norm's collectives run. */
+static int dt__norm_collective(const dt_params *ps, const dt_grad_norm_desc *d) {
+    int i;
+    if (!d) return 0;
+    if (dt__comm_size(d->shard_comm) > 1 || dt__comm_size(d->stage_comm) > 1) return 1;
+    for (i = 0; i < ps->count; i++)
+        if (ps->items[i]->sharded && dt__comm_size(dt__param_comm(d, i)) > 1) return 1;
+    return 0;
+}
+
 /* norm^2 = sum over non-sharded of sq[i] + for each shard comm (in order of first use, shard_comm
    first), all-reduce-sum of its sharded sq[i]; then summed over stage_comm. */
 static dt_status dt__norm_combine(dt_ctx *ctx, const dt_params *ps, const dt_grad_norm_desc *d, const double *sq,
@@ -1127,7 +1146,7 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, c
     dt_optimizer *opt;
     dt_opt_desc d;
     dt_status st = DT_OK;
-    int i, k, n_state, any_f16 = 0;
+    int i, k, n_state, any_f16 = 0, norm_collective;
     if (!ctx) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
     *out = NULL;
@@ -1137,11 +1156,19 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, c
     DT__OTRY(dt__opt_check_params(ctx, ps, &d, fn));
     for (i = 0; i < ps->count; i++) any_f16 |= ps->items[i]->value.dtype == DT_F16;
     if (d.loss_scale.mode == DT_LOSS_SCALE_DEFAULT && any_f16) d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC;
+    norm_collective = dt__norm_collective(ps, &d.norm);
+    /* a step skipped on one rank only would leave the others waiting in the norm's all-reduce */
+    if ((d.loss_scale.mode == DT_LOSS_SCALE_DYNAMIC || d.loss_scale.mode == DT_LOSS_SCALE_STATIC) &&
+        norm_collective && dt__comm_size(d.comm) == 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.comm is %s but desc.norm sums the grad norm over other "
+                                "ranks; with loss scaling every rank that steps together must agree on skipping a "
+                                "step: set desc.comm to them (the world)", fn, d.comm ? "a comm of one rank" : "NULL");
     opt = (dt_optimizer *)dt_alloc(ctx, sizeof *opt);
     if (!opt) return DT_ERR_OOM;
     memset(opt, 0, sizeof *opt);
     opt->ctx = ctx;
     opt->params = ps;
+    opt->norm_collective = norm_collective;
     st = dt_loss_scaler_init(ctx, &opt->scaler, &d.loss_scale);
     if (st) { dt_release(ctx, opt); return st; }
     d.loss_scale.mode = opt->scaler.mode;
@@ -1238,7 +1265,6 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     dt_ctx *ctx;
     double *sq, lr;
     int i, bad = 0, scaling, want_norm;
-    float mul;
     dt_status st = DT_OK;
     if (!opt) return DT_ERR_ARG;
     ctx = opt->ctx;
@@ -1249,16 +1275,15 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     inf.lr = lr;
     inf.loss_scale = opt->scaler.scale;
     scaling = opt->scaler.mode != DT_LOSS_SCALE_NONE;
-    mul = (float)(1.0 / opt->scaler.scale);
-    want_norm = info || opt->desc.clip_norm > 0;
+    /* Whether the norm's collectives run follows from the configuration alone, the same on
+       every rank: a trainer that passes info on one rank only (to log) must not leave the
+       others behind in an all-reduce. info adds a norm only where it is local. */
+    want_norm = opt->desc.clip_norm > 0 || opt->norm_collective || info != NULL;
     sq = opt->sumsq;
-    /* 1. one pass per grad: unscale, look for inf/nan, sum of squares (none is needed without
-       scaling, clipping or info: the update is then the only pass) */
-    for (i = 0; i < ps->count && (scaling || want_norm); i++)
-        sq[i] = dt__grad_pass((float *)ps->items[i]->grad.data, ps->items[i]->grad.numel, mul,
-                              scaling && opt->scaler.scale != 1.0, &bad);
-    if (scaling) {
-        st = dt__agree_flag(opt->desc.comm, &bad);
+    /* 1. one pass over the grads: unscale, inf/nan agreed over desc.comm, sums of squares (none
+       without scaling or a norm: the update is then the only pass) */
+    if (scaling || want_norm) {
+        st = dt__unscale(scaling ? &opt->scaler : NULL, ps, sq, &bad, opt->desc.comm);
         if (!st && bad) {
             dt_loss_scaler_update(&opt->scaler, 1);
             inf.skipped = 1;
