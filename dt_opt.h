@@ -1488,32 +1488,12 @@ static void dt__ck_dims(dt_strbuf *b, int ndim, const int64_t *v) {
 
 static int dt__ck_float(dt_dtype t) { return t == DT_F32 || t == DT_BF16 || t == DT_F16; }
 
-/* The product of the dims, or -1 when a dim is negative or the product overflows int64 (shapes
-   come from other ranks and from manifests on disk). */
-static int64_t dt__ck_numel(int ndim, const int64_t *shape) {
-    int64_t n = 1;
-    int d;
-    for (d = 0; d < ndim; d++) {
-        if (shape[d] < 0 || (shape[d] > 0 && n > INT64_MAX / shape[d])) return -1;
-        n *= shape[d];
-    }
-    return n;
-}
-
-static int dt__ck_count(const dt_json *j, int64_t *out) {
-    if (!j || j->type != DT_JSON_NUMBER || !(j->number >= 0) || j->number > 9007199254740992.0 ||
-        j->number != floor(j->number))
-        return 0;
-    *out = (int64_t)j->number;
-    return 1;
-}
-
 /* A JSON array of at most DT_MAX_DIMS counts. */
 static int dt__ck_dims_from(const dt_json *j, int *ndim, int64_t *dims) {
     int d;
     if (!j || j->type != DT_JSON_ARRAY || j->count > DT_MAX_DIMS) return 0;
     for (d = 0; d < j->count; d++)
-        if (!dt__ck_count(&j->items[d], &dims[d])) return 0;
+        if (!dt_json_count(&j->items[d], &dims[d])) return 0;
     *ndim = j->count;
     return 1;
 }
@@ -1999,7 +1979,8 @@ static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int si
     *n_out = n;
     qsort(sh, (size_t)n, sizeof *sh, dt__ck_shard_cmp);
     for (i = 0; i < n; i = j) {
-        int64_t covered = 0, numel = dt__ck_numel(sh[i].ndim, sh[i].gshape);
+        /* -1 (a shape whose size overflows: it came from another rank) fails the fit check below */
+        int64_t covered = 0, numel = dt_shape_numel(sh[i].ndim, sh[i].gshape);
         for (j = i; j < n && strcmp(sh[j].name, sh[i].name) == 0; j++) {
             const dt__ck_shard *x = &sh[j];
             if (x->dtype != sh[i].dtype || x->ndim != sh[i].ndim ||
@@ -2015,7 +1996,7 @@ static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int si
             }
             sh[j].writer = j == i || !dt__ck_same_box(&sh[j], &sh[j - 1]) ? 1 : 0;
             if (sh[j].writer) {
-                int64_t part = dt__ck_numel(sh[j].ndim, sh[j].shape);
+                int64_t part = dt_shape_numel(sh[j].ndim, sh[j].shape);
                 for (k = i; k < j; k++)
                     if (sh[k].writer && dt__ck_overlap(&sh[k], &sh[j]))
                         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\": the slices of rank %d and rank %d "
@@ -2504,12 +2485,12 @@ static dt_status dt__ck_parse_manifest(dt_ctx *ctx, dt__ck_load *L, const char *
     if (!fmt || strcmp(fmt, "dt-checkpoint") != 0)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s has format \"%s\"; not a dt checkpoint (expected "
                                 "\"dt-checkpoint\")", fn, path, fmt ? fmt : "(none)");
-    if (!dt__ck_count(dt_json_get(L->man, "version"), &v) || v < 1)
+    if (!dt_json_count(dt_json_get(L->man, "version"), &v) || v < 1)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s has no valid version", fn, path);
     if (v > DT__CK_VERSION)
         return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: %s is format version %lld; this dt reads up to %d", fn,
                                 path, (long long)v, DT__CK_VERSION);
-    if (!dt__ck_count(dt_json_get(L->man, "world_size"), &v) || v < 1 || v > (1 << 24))
+    if (!dt_json_count(dt_json_get(L->man, "world_size"), &v) || v < 1 || v > (1 << 24))
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s has no valid world_size", fn, path);
     L->world = (int)v;
     files = dt_json_get(L->man, "files");
@@ -2525,8 +2506,8 @@ static dt_status dt__ck_parse_manifest(dt_ctx *ctx, dt__ck_load *L, const char *
         f = &files->items[r];
         name = dt__ck_jstr(f, "file");
         h = dt__ck_jstr(f, "xxh64");
-        if (!dt__ck_count(dt_json_get(f, "rank"), &v) || v != r || !name || strlen(name) >= sizeof L->files[r].name ||
-            strchr(name, '/') || !dt__ck_count(dt_json_get(f, "bytes"), &v) || !h || strlen(h) != 16)
+        if (!dt_json_count(dt_json_get(f, "rank"), &v) || v != r || !name || strlen(name) >= sizeof L->files[r].name ||
+            strchr(name, '/') || !dt_json_count(dt_json_get(f, "bytes"), &v) || !h || strlen(h) != 16)
             return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: files[%d] needs rank %d, a file name, bytes and a "
                                     "16-digit xxh64", fn, path, r, r);
         memcpy(L->files[r].name, name, strlen(name) + 1);
@@ -2611,7 +2592,7 @@ static dt_status dt__ck_target(dt_ctx *ctx, dt__ck_load *L, int i, const char *f
         const dt_json *s = &shards->items[k];
         int64_t vol = 1;
         memset(&pc, 0, sizeof pc);
-        if (!dt__ck_count(dt_json_get(s, "rank"), &v) || v >= L->world ||
+        if (!dt_json_count(dt_json_get(s, "rank"), &v) || v >= L->world ||
             !dt__ck_dims_from(dt_json_get(s, "start"), &n1, pc.sstart) ||
             !dt__ck_dims_from(dt_json_get(s, "shape"), &n2, pc.sshape) || n1 != nd || n2 != nd)
             return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: shard %d of \"%s\" is malformed", fn, L->dir, k, src->key);
@@ -2696,7 +2677,7 @@ static dt_status dt__ck_parse_scalars(dt_ctx *ctx, dt__ck_load *L, const dt_opti
     /* every number lands in a typed field: out of its range is a corrupt manifest, not a cast */
     if (!dt__ck_u64(dt__ck_jstr(o, "step"), &u) || u > (uint64_t)INT64_MAX || !mode || !scale ||
         scale->type != DT_JSON_NUMBER || !dt__scale_ok(scale->number) ||
-        !dt__ck_count(dt_json_get(sc, "growth_tracker"), &v) || v > INT_MAX ||
+        !dt_json_count(dt_json_get(sc, "growth_tracker"), &v) || v > INT_MAX ||
         !dt__ck_u64(dt__ck_jstr(sc, "skipped"), &skipped) || skipped > (uint64_t)INT64_MAX)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the manifest's optimizer entry is malformed (step and "
                                 "skipped <= 2^63 - 1, loss scale in [%g, %g], growth_tracker <= %d)", fn, L->dir,
