@@ -530,19 +530,21 @@ static float dt__of32(double x) {
     return (float)x;
 }
 
-/* *out = a * b, or 0 when the product overflows size_t (an allocation size). */
-static int dt__omul(size_t *out, size_t a, size_t b) {
-    if (b && a > (size_t)-1 / b) return 0;
-    *out = a * b;
-    return 1;
-}
-
-/* dt_alloc of n elements of `size` bytes (at least one, so an empty set is not NULL); NULL
-   also when n * size overflows. */
-static void *dt__oalloc(dt_ctx *ctx, size_t n, size_t size) {
-    size_t bytes;
-    if (!dt__omul(&bytes, n ? n : 1, size)) return NULL;
-    return dt_alloc(ctx, bytes);
+/* n elements of `size` bytes from dt_alloc, zero-filled (calloc's contract). A wrapper because
+   dt_alloc takes bytes while every array here is a count of something (parameters, ranks,
+   slices) and most must start zeroed: the count x size product is checked in this one place
+   (dt_mul_ok) instead of beside each call and each memset. NULL, with DT_ERR_OOM set, when the
+   bytes do not fit in a ptrdiff_t (as dt_grow) or the allocator fails. */
+static void *dt__ocalloc(dt_ctx *ctx, int64_t n, size_t size) {
+    int64_t bytes;
+    void *p;
+    if (!dt_mul_ok(n, (int64_t)size, &bytes) || (uint64_t)bytes > (uint64_t)PTRDIFF_MAX) {
+        dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_alloc: %lld elements of %zu bytes do not fit in memory", (long long)n,
+                         size);
+        return NULL;
+    }
+    if ((p = dt_alloc(ctx, (size_t)bytes)) != NULL) memset(p, 0, (size_t)bytes);
+    return p;
 }
 
 /* ---------------------------------------------------------------- update math */
@@ -952,7 +954,7 @@ static dt_status dt__norm_combine(dt_ctx *ctx, const dt_params *ps, const dt_gra
 }
 
 static double *dt__sumsqs(dt_ctx *ctx, const dt_params *ps) {
-    double *sq = (double *)dt__oalloc(ctx, (size_t)ps->count, sizeof(double));
+    double *sq = (double *)dt__ocalloc(ctx, ps->count, sizeof(double));
     int bad;
     if (sq) dt__unscale(NULL, ps, sq, &bad, NULL); /* no scaler: reads only, no collective */
     return sq;
@@ -1173,15 +1175,14 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, c
     if (st) { dt_release(ctx, opt); return st; }
     d.loss_scale.mode = opt->scaler.mode;
     opt->desc = d;
-    opt->slots = (dt_opt_slot *)dt__oalloc(ctx, (size_t)ps->count, sizeof(dt_opt_slot));
-    opt->sumsq = (double *)dt__oalloc(ctx, (size_t)ps->count, sizeof(double));
+    opt->slots = (dt_opt_slot *)dt__ocalloc(ctx, ps->count, sizeof(dt_opt_slot));
+    opt->sumsq = (double *)dt__ocalloc(ctx, ps->count, sizeof(double));
     if (!opt->slots || !opt->sumsq) {
         dt_release(ctx, opt->slots);
         dt_release(ctx, opt->sumsq);
         dt_release(ctx, opt);
         return DT_ERR_OOM;
     }
-    memset(opt->slots, 0, (size_t)(ps->count ? ps->count : 1) * sizeof(dt_opt_slot));
     n_state = d.kind == DT_OPT_SGD ? (d.momentum != 0 ? 1 : 0) : d.kind == DT_OPT_ADAGRAD ? 1 : 2;
     for (i = 0; i < ps->count && !st; i++) {
         dt_opt_slot *s = &opt->slots[i];
@@ -1761,7 +1762,7 @@ typedef struct dt__ck_item {
 static dt_status dt__ck_items(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt__ck_item **out, int *n_out,
                               const char *fn) {
     dt__ck_item *it;
-    size_t bytes;
+    int64_t cap;
     int i, k, n = 0;
     *out = NULL;
     *n_out = 0;
@@ -1776,10 +1777,8 @@ static dt_status dt__ck_items(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt_
                                     ps->items[i]->name);
     }
     /* at most 4 items per parameter: value, master, two state slots */
-    if (!dt__omul(&bytes, (size_t)ps->count + 1, 4) || !dt__omul(&bytes, bytes, sizeof(dt__ck_item)) ||
-        !(it = (dt__ck_item *)dt_alloc(ctx, bytes)))
+    if (!dt_mul_ok((int64_t)ps->count + 1, 4, &cap) || !(it = (dt__ck_item *)dt__ocalloc(ctx, cap, sizeof *it)))
         return DT_ERR_OOM;
-    memset(it, 0, bytes);
     for (i = 0; i < ps->count; i++) {
         dt_param *p = ps->items[i];
         dt__ck_fmt(it[n].name, DT__CK_NAME, "param/%s", p->name);
@@ -1867,7 +1866,7 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
     double *lens, maxlen = 0;
     dt_tensor in, out;
     dt_tensor_desc td;
-    size_t total;
+    int64_t total;
     dt_status st = DT_OK;
     *all = NULL;
     if (size == 1) {
@@ -1877,9 +1876,8 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
         *stride = mine->len + 1;
         return DT_OK;
     }
-    lens = (double *)dt__oalloc(ctx, (size_t)size, sizeof(double));
+    lens = (double *)dt__ocalloc(ctx, size, sizeof(double));
     if (!lens) return DT_ERR_OOM; /* the other ranks then time out in the all-reduce, naming this rank */
-    memset(lens, 0, (size_t)size * sizeof(double));
     lens[rank] = st_in ? -1.0 : (double)mine->len;
     st = dt_comm_allreduce_f64(c, lens, size, DT_REDUCE_SUM);
     for (r = 0; !st && r < size; r++) {
@@ -1890,17 +1888,18 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
     }
     dt_release(ctx, lens);
     if (st) return st;
-    *stride = (size_t)maxlen + 1;
-    if (!dt__omul(&total, *stride, (size_t)size) || total > (uint64_t)INT64_MAX)
+    /* below 2^53 the length is exact in the double and its cast to an integer defined */
+    if (!(maxlen < 9007199254740992.0) || !dt_mul_ok((int64_t)maxlen + 1, size, &total))
         return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: %d index texts of up to %.0f bytes do not fit in memory", fn,
                                 size, maxlen);
+    *stride = (size_t)maxlen + 1;
     memset(&in, 0, sizeof in);
     memset(&out, 0, sizeof out);
     memset(&td, 0, sizeof td);
     td.dtype = DT_U8;
     td.shape[0] = (int64_t)*stride;
     st = dt_tensor_create(ctx, &in, &td);
-    td.shape[0] = (int64_t)total;
+    td.shape[0] = total;
     if (!st) st = dt_tensor_create(ctx, &out, &td);
     if (!st) {
         memcpy(in.data, mine->text, mine->len);
@@ -1908,8 +1907,8 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
     }
     dt_tensor_free(ctx, &in);
     if (st) { dt_tensor_free(ctx, &out); return st; }
-    *all = (char *)dt_alloc(ctx, total);
-    if (*all) memcpy(*all, out.data, total);
+    *all = (char *)dt_alloc(ctx, (size_t)total); /* fits: out holds as many bytes */
+    if (*all) memcpy(*all, out.data, (size_t)total);
     dt_tensor_free(ctx, &out);
     return *all ? DT_OK : DT_ERR_OOM;
 }
@@ -1956,8 +1955,7 @@ static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int si
         if (total > (size_t)INT_MAX)
             return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: the ranks hold more than %d slices together", fn, INT_MAX);
     }
-    if (!(sh = (dt__ck_shard *)dt__oalloc(ctx, total, sizeof *sh))) return DT_ERR_OOM;
-    memset(sh, 0, (total ? total : 1) * sizeof *sh);
+    if (!(sh = (dt__ck_shard *)dt__ocalloc(ctx, (int64_t)total, sizeof *sh))) return DT_ERR_OOM;
     *out = sh;
     for (r = 0; r < size; r++) {
         for (i = 0; i < roots[r]->count; i++) {
@@ -2047,8 +2045,8 @@ static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
     dt_status st = DT_OK;
     memset(&hb, 0, sizeof hb);
     hb.ctx = ctx;
-    ts = (const dt_tensor **)dt__oalloc(ctx, (size_t)n, sizeof *ts);
-    names = (const char **)dt__oalloc(ctx, (size_t)n, sizeof *names);
+    ts = (const dt_tensor **)dt__ocalloc(ctx, n, sizeof *ts);
+    names = (const char **)dt__ocalloc(ctx, n, sizeof *names);
     if (!ts || !names) st = DT_ERR_OOM;
     for (i = 0; !st && i < n; i++) {
         if (!it[i].write) continue;
@@ -2227,8 +2225,8 @@ static dt_status dt__ck_set_latest(dt_ctx *ctx, const char *root, const char *na
 static void dt__ck_prune(dt_ctx *ctx, const char *root, const char *name, int keep) {
     DIR *dir;
     struct dirent *e;
-    int64_t *steps = NULL, s;
-    int n = 0, cap = 0, i, kept;
+    int64_t *steps = NULL, s, n = 0, cap = 0, i, best;
+    int kept;
     char path[DT__CK_PATH], latest[DT__CK_NAME];
     if (!(dir = opendir(root))) return;
     while ((e = readdir(dir)) != NULL) {
@@ -2239,21 +2237,15 @@ static void dt__ck_prune(dt_ctx *ctx, const char *root, const char *name, int ke
             continue;
         }
         if (keep < 0 || !dt__ck_step_name(e->d_name, &s) || strcmp(e->d_name, name) == 0) continue;
-        if (n == cap) { /* grow by doubling; at INT_MAX / 2 entries stop listing (best effort) */
-            int64_t *q = cap <= INT_MAX / 2 ? (int64_t *)dt__oalloc(ctx, (size_t)(cap ? 2 * cap : 64), sizeof *q) : NULL;
-            if (!q) break;
-            if (n) memcpy(q, steps, (size_t)n * sizeof(int64_t));
-            dt_release(ctx, steps);
-            steps = q;
-            cap = cap ? 2 * cap : 64;
-        }
+        /* out of memory: stop listing (best effort; what is listed is still pruned) */
+        if (dt_grow(ctx, (void **)&steps, &cap, n + 1, sizeof *steps, "dt_checkpoint_save: step directories")) break;
         steps[n++] = s;
     }
     closedir(dir);
     if (!dt__ck_latest(root, latest, sizeof latest)) latest[0] = 0;
     /* newest first: a selection is enough, the lists are short */
     for (kept = 1; kept < keep && n > 0; kept++) {
-        int best = 0;
+        best = 0;
         for (i = 1; i < n; i++)
             if (steps[i] > steps[best]) best = i;
         steps[best] = steps[--n];
@@ -2351,12 +2343,11 @@ DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, dt_params *ps, dt_optimizer *op
     }
     st = dt__ck_gather(ctx, c, &index, st, &all, &stride, fn);
     if (!st) {
-        roots = (dt_json **)dt__oalloc(ctx, (size_t)size, sizeof(dt_json *));
+        roots = (dt_json **)dt__ocalloc(ctx, size, sizeof(dt_json *));
         if (!roots) st = DT_ERR_OOM;
-        else memset(roots, 0, (size_t)size * sizeof(dt_json *));
     }
     if (!st) st = dt__ck_plan(ctx, all, stride, size, roots, &sh, &n_sh, fn);
-    if (!st && !(files = (double *)dt__oalloc(ctx, (size_t)size * 3, sizeof(double)))) st = DT_ERR_OOM;
+    if (!st && !(files = (double *)dt__ocalloc(ctx, size, 3 * sizeof(double)))) st = DT_ERR_OOM; /* bytes, hash */
     for (i = 0; !st && i < n_sh; i++)
         if (sh[i].rank == rank) it[sh[i].index].write = sh[i].writer;
     /* 2. rank 0 makes the temporary directory */
@@ -2373,7 +2364,6 @@ DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, dt_params *ps, dt_optimizer *op
     }
     st = dt__ck_agree(ctx, c, st, fn);
     if (!st) { /* sizes and checksums to rank 0: a 64-bit hash travels as two exact 32-bit halves */
-        memset(files, 0, (size_t)size * 3 * sizeof(double));
         files[3 * rank] = (double)bytes;
         files[3 * rank + 1] = (double)(hash >> 32);
         files[3 * rank + 2] = (double)(hash & 0xffffffffu);
@@ -2433,7 +2423,8 @@ typedef struct dt__ck_load {
     dt__ck_item *it;
     int n_it;
     dt__ck_piece *pc;
-    int n_pc, cap_pc;
+    int n_pc;
+    int64_t cap_pc;               /* dt_grow's capacity */
     int64_t opt_step;             /* the scalars, committed with the tensors */
     dt_loss_scaler scaler;
     dt_train_state ts;
@@ -2499,8 +2490,7 @@ static dt_status dt__ck_parse_manifest(dt_ctx *ctx, dt__ck_load *L, const char *
         L->tensors->type != DT_JSON_OBJECT)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s lacks a files array of world_size (%d) entries or a "
                                 "tensors object", fn, path, L->world);
-    if (!(L->files = (dt__ck_file *)dt__oalloc(ctx, (size_t)L->world, sizeof(dt__ck_file)))) return DT_ERR_OOM;
-    memset(L->files, 0, (size_t)L->world * sizeof(dt__ck_file));
+    if (!(L->files = (dt__ck_file *)dt__ocalloc(ctx, L->world, sizeof(dt__ck_file)))) return DT_ERR_OOM;
     for (r = 0; r < L->world; r++) {
         const char *name;
         f = &files->items[r];
@@ -2528,18 +2518,11 @@ static const dt_json *dt__ck_find(const dt__ck_load *L, const char *prefix, cons
 }
 
 static dt_status dt__ck_add_piece(dt_ctx *ctx, dt__ck_load *L, const dt__ck_piece *p) {
-    if (L->n_pc == L->cap_pc) {
-        int cap = L->cap_pc ? 2 * L->cap_pc : 64;
-        dt__ck_piece *q;
-        if (L->cap_pc > INT_MAX / 2)
-            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_checkpoint_load: %s: more than %d shard pieces (corrupt "
-                                    "manifest?)", L->dir, L->cap_pc);
-        if (!(q = (dt__ck_piece *)dt__oalloc(ctx, (size_t)cap, sizeof *q))) return DT_ERR_OOM;
-        if (L->n_pc) memcpy(q, L->pc, (size_t)L->n_pc * sizeof *q);
-        dt_release(ctx, L->pc);
-        L->pc = q;
-        L->cap_pc = cap;
-    }
+    if (L->n_pc == INT_MAX) /* n_pc is an int */
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_checkpoint_load: %s: more than %d shard pieces (corrupt "
+                                "manifest?)", L->dir, INT_MAX);
+    DT__OTRY(dt_grow(ctx, (void **)&L->pc, &L->cap_pc, (int64_t)L->n_pc + 1, sizeof *L->pc,
+                     "dt_checkpoint_load: shard pieces"));
     L->pc[L->n_pc++] = *p;
     return DT_OK;
 }
