@@ -1454,7 +1454,6 @@ DT_API const char *dt_train_state_get(const dt_train_state *s, const char *key) 
 #define DT__CK_PATH 4096
 #define DT__CK_NAME (DT_NAME_MAX + 32)
 #define DT__CK_CHUNK ((size_t)1 << 20) /* hash a chunk while it is in cache, then write / after read */
-#define DT__CK_MAX_HEADER ((uint64_t)100 << 20)
 #define DT__CK_VERSION 1
 
 /* snprintf for paths and names: the lengths were checked up front (desc.dir), and a call
@@ -2774,10 +2773,8 @@ static dt_status dt__ck_map_file(dt_ctx *ctx, dt__ck_load *L, int f, const char 
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: checksum mismatch, xxh64 %016llx but the manifest says "
                                 "%016llx (corrupt file)", fn, path, (unsigned long long)got,
                                 (unsigned long long)L->files[f].hash);
-    for (k = 7; k >= 0; k--) hl = (hl << 8) | m[k];
-    if (hl < 2 || hl > DT__CK_MAX_HEADER || hl > (uint64_t)sb.st_size - 8)
-        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s declares a %llu-byte header in a %lld-byte file (corrupt "
-                                "or foreign file)", fn, path, (unsigned long long)hl, (long long)sb.st_size);
+    /* DT_ERR_FORMAT naming path, as dt_safetensors_parse's errors below */
+    DT__OTRY(dt_safetensors_header_len(ctx, &hl, m, (uint64_t)sb.st_size, path));
     memset(&hdr, 0, sizeof hdr);
     DT__OTRY(dt_safetensors_parse(ctx, &hdr, (const char *)m + 8, (size_t)hl, (uint64_t)sb.st_size - 8 - hl, path));
     for (k = 0; !st && k < L->n_pc; k++) {
