@@ -1119,16 +1119,6 @@ static dt_status dt__opt_check_params(dt_ctx *ctx, dt_params *ps, const dt_opt_d
     return dt__norm_check(ctx, ps, &d->norm, fn);
 }
 
-static dt_status dt__tensor_like(dt_ctx *ctx, dt_tensor *t, const dt_tensor *like, dt_dtype dtype) {
-    dt_tensor_desc td;
-    int i;
-    memset(&td, 0, sizeof td);
-    td.dtype = dtype;
-    td.device = DT_CPU;
-    for (i = 0; i < like->ndim; i++) td.shape[i] = like->shape[i];
-    return dt_tensor_create(ctx, t, &td);
-}
-
 DT_API void dt_opt_free(dt_optimizer *opt) {
     int i, k;
     dt_ctx *ctx;
@@ -1190,10 +1180,10 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, c
         s->param = p;
         opt->n_slots = i + 1;
         if (p->value.dtype != DT_F32) {
-            st = dt__tensor_like(ctx, &s->master, &p->value, DT_F32);
+            st = dt_tensor_create_like(ctx, &s->master, &p->value, DT_F32, DT_CPU);
             if (!st) st = dt_tensor_cast(ctx, &s->master, &p->value); /* exact: bf16/f16 -> f32 */
         }
-        for (k = 0; k < n_state && !st; k++) st = dt__tensor_like(ctx, &s->state[k], &p->value, DT_F32);
+        for (k = 0; k < n_state && !st; k++) st = dt_tensor_create_like(ctx, &s->state[k], &p->value, DT_F32, DT_CPU);
         if (!st && d.kind == DT_OPT_ADAGRAD && d.initial_accumulator_value != 0)
             st = dt_tensor_fill(ctx, &s->state[0], d.initial_accumulator_value);
     }
@@ -2019,7 +2009,7 @@ static dt_status dt__ck_write_tensor(dt_ctx *ctx, int fd, const dt_tensor *t, dt
     dt_tensor host;
     dt_status st;
     if (t->device != DT_CUDA_DEVICE) return dt__ck_write_all(ctx, fd, t->data, dt_tensor_bytes(t), h, path, fn);
-    DT__OTRY(dt__tensor_like(ctx, &host, t, t->dtype)); /* through a host copy */
+    DT__OTRY(dt_tensor_create_like(ctx, &host, t, DT_DTYPE_DEFAULT, DT_CPU)); /* through a host copy */
     st = dt_tensor_copy(ctx, &host, t);
     if (!st) st = dt__ck_write_all(ctx, fd, host.data, dt_tensor_bytes(&host), h, path, fn);
     dt__hasher_drain(h); /* the copy is about to go */
