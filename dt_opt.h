@@ -1228,7 +1228,7 @@ static void dt__opt_update_slot(dt_optimizer *opt, dt_opt_slot *s, double lr_bas
     float *w = (float *)(s->master.data ? s->master.data : p->value.data);
     const float *gr = (const float *)p->grad.data;
     float *s0 = (float *)s->state[0].data, *s1 = (float *)s->state[1].data;
-    int64_t n = p->value.numel, t = opt->step + 1, i;
+    int64_t n = p->value.numel, t = opt->step + 1;
     switch (d->kind) {
     case DT_OPT_SGD:
         dt_sgd_update(w, gr, s0, n, lr, d->momentum, d->dampening, wd, d->nesterov, t == 1);
@@ -1240,13 +1240,10 @@ static void dt__opt_update_slot(dt_optimizer *opt, dt_opt_slot *s, double lr_bas
         dt_adagrad_update(w, gr, s0, n, lr, d->lr_decay, wd, d->eps, t);
         break;
     }
-    if (p->value.dtype == DT_BF16) {
-        uint16_t *h = (uint16_t *)p->value.data;
-        for (i = 0; i < n; i++) h[i] = dt_f32_to_bf16(w[i]);
-    } else if (p->value.dtype == DT_F16) {
-        uint16_t *h = (uint16_t *)p->value.data;
-        for (i = 0; i < n; i++) h[i] = dt_f32_to_f16(w[i]);
-    }
+    /* bf16 / f16 (the only other dtypes dt_opt_create accepts): the working copy rounded from
+       the master. Both are contiguous, aligned CPU arrays of n elements made by dt_opt_create
+       and dt_params_add, so dt_convert has nothing to refuse. */
+    if (p->value.dtype != DT_F32) (void)dt_convert(opt->ctx, p->value.data, p->value.dtype, w, DT_F32, n);
 }
 
 DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
@@ -2667,7 +2664,9 @@ static dt_status dt__ck_parse_scalars(dt_ctx *ctx, dt__ck_load *L, const dt_opti
 
 /* Converts n elements (f32 / bf16 / f16 among themselves; other dtypes only to themselves).
    src is in a file's mapping, where entries are packed (an f32 entry after an odd-length bf16
-   one is 2 bytes off alignment): its elements are loaded with memcpy. dst is a tensor. */
+   one is 2 bytes off alignment): its elements are loaded with memcpy. That is why this loop is
+   not dt_convert, whose typed loads would be undefined on such a pointer; the rounding is the
+   same (dt_f32_to_bf16 / dt_f32_to_f16, which dt_convert runs). dst is a tensor. */
 static void dt__ck_convert(void *dst, dt_dtype dt, const void *src, dt_dtype sdt, int64_t n) {
     const char *s = (const char *)src;
     int64_t i;
