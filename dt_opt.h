@@ -519,17 +519,6 @@ extern "C" {
 
 static int dt__ofinite(double x) { return x == x && x != HUGE_VAL && x != -HUGE_VAL; }
 
-/* double -> float of a per-step scalar. C leaves the conversion of a value beyond the float
-   range undefined (IEEE hardware gives +-inf); here it is +-inf explicitly, NaN stays NaN.
-   dt_opt_create rejects hyperparameters a float cannot hold, but the update functions take
-   any double. */
-static float dt__of32(double x) {
-    if (x != x) return (float)NAN;
-    if (x > FLT_MAX) return HUGE_VALF;
-    if (x < -FLT_MAX) return -HUGE_VALF;
-    return (float)x;
-}
-
 /* n elements of `size` bytes from dt_alloc, zero-filled (calloc's contract). A wrapper because
    dt_alloc takes bytes while every array here is a count of something (parameters, ranks,
    slices) and most must start zeroed: the count x size product is checked in this one place
@@ -549,10 +538,15 @@ static void *dt__ocalloc(dt_ctx *ctx, int64_t n, size_t size) {
 
 /* ---------------------------------------------------------------- update math */
 
+/* The per-step scalars are rounded to float with a plain (float) cast: C's IEEE 754 conversion
+   (Annex F, which dt_tensor.h relies on too) rounds to nearest, gives +-inf beyond the float
+   range and keeps NaN, so a huge double from a caller of the update functions is defined.
+   (dt_opt_create keeps every hyperparameter within FLT_MAX.) */
+
 DT_API void dt_sgd_update(float *w, const float *g, float *buf, int64_t n, double lr, double momentum,
                           double dampening, double weight_decay, int nesterov, int first) {
-    const float lrf = dt__of32(lr), mom = dt__of32(momentum), damp = dt__of32(1.0 - dampening);
-    const float wd = dt__of32(weight_decay);
+    const float lrf = (float)lr, mom = (float)momentum, damp = (float)(1.0 - dampening);
+    const float wd = (float)weight_decay;
     int64_t i;
     for (i = 0; i < n; i++) {
         float d = g[i];
@@ -588,10 +582,10 @@ DT_API void dt_adam_update(float *w, const float *g, float *m, float *v, int64_t
                            double beta2, double eps, double weight_decay, int decoupled, int64_t t) {
     /* the per-step scalars in double, rounded once (PyTorch computes them in Python floats) */
     const double bc1 = 1.0 - pow(beta1, (double)t), bc2 = 1.0 - pow(beta2, (double)t);
-    const float step_size = dt__of32(lr / bc1), bc2_sqrt = dt__of32(sqrt(bc2));
-    const float b1 = dt__of32(beta1), omb1 = dt__of32(1.0 - beta1), b2 = dt__of32(beta2), omb2 = dt__of32(1.0 - beta2);
-    const float epsf = dt__of32(eps), l2 = decoupled ? 0.0f : dt__of32(weight_decay);
-    const float decay = dt__of32(1.0 - lr * weight_decay);
+    const float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    const float b1 = (float)beta1, omb1 = (float)(1.0 - beta1), b2 = (float)beta2, omb2 = (float)(1.0 - beta2);
+    const float epsf = (float)eps, l2 = decoupled ? 0.0f : (float)weight_decay;
+    const float decay = (float)(1.0 - lr * weight_decay);
     const int decay_on = decoupled && weight_decay != 0.0;
     int64_t i = 0;
 #ifdef DT__OPT_SSE2
@@ -636,8 +630,8 @@ static void dt__adagrad4(float *w, const float *g, float *sum, __m128 clr, __m12
 
 DT_API void dt_adagrad_update(float *w, const float *g, float *sum, int64_t n, double lr, double lr_decay,
                               double weight_decay, double eps, int64_t t) {
-    const float clr = dt__of32(lr / (1.0 + (double)(t - 1) * lr_decay));
-    const float wd = dt__of32(weight_decay), epsf = dt__of32(eps);
+    const float clr = (float)(lr / (1.0 + (double)(t - 1) * lr_decay));
+    const float wd = (float)weight_decay, epsf = (float)eps;
     int64_t i = 0;
 #ifdef DT__OPT_SSE2
     const __m128 C = _mm_set1_ps(clr), WD = _mm_set1_ps(wd), E = _mm_set1_ps(epsf);
@@ -858,7 +852,7 @@ static dt_status dt__unscale(const dt_loss_scaler *s, const dt_params *ps, doubl
                              dt_comm *comm) {
     const int scaling = s && s->mode != DT_LOSS_SCALE_NONE;
     /* GradScaler: inv_scale = scale.double().reciprocal().float() */
-    const float mul = scaling ? dt__of32(1.0 / s->scale) : 1.0f;
+    const float mul = scaling ? (float)(1.0 / s->scale) : 1.0f;
     int i, bad = 0;
     *found_inf = 0;
     for (i = 0; i < ps->count; i++) {
@@ -986,7 +980,7 @@ static void dt__scale_grads(dt_params *ps, float coef) {
 /* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1. */
 static void dt__clip(dt_params *ps, double max_norm, double norm) {
     double coef = max_norm / (norm + 1e-6);
-    if (dt__ofinite(norm) && coef < 1.0) dt__scale_grads(ps, dt__of32(coef));
+    if (dt__ofinite(norm) && coef < 1.0) dt__scale_grads(ps, (float)coef);
 }
 
 DT_API dt_status dt_clip_grad_norm(dt_ctx *ctx, dt_params *ps, double *norm, double max_norm,
@@ -1202,7 +1196,7 @@ DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, float *dloss, dt_bucketer
         return dt_ctx_set_error(opt->ctx, DT_ERR_RANGE, "dt_opt_micro_begin: micro = %d; expected 0 <= micro < "
                                 "accum_steps (%d)", micro, n);
     if (b) dt_bucketer_set_sync(b, micro == n - 1);
-    if (dloss) *dloss = dt__of32(opt->scaler.scale / n);
+    if (dloss) *dloss = (float)(opt->scaler.scale / n);
     return DT_OK;
 }
 
