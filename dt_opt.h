@@ -1,16 +1,23 @@
 /* dt_opt.h - optimizers, learning-rate schedules, mixed precision with loss scaling, gradient
    accumulation, global gradient clipping and crash-safe training-state checkpoints for dt.
-                                                                        v0.1, public domain/MIT
+                                                                        v0.1, MIT licence
 
    Do this:
        #define DT_OPT_IMPLEMENTATION         (or DT_IMPLEMENTATION for every dt header)
    before you include this file in *one* C or C++ file to create the implementation.
    Include order: dt_tensor.h, dt_comm.h, dt_opt.h.
 
-   Compile-time options (define before including):
-       DT_STATIC       every function is `static`
-       DT_MPI          (seen by dt_comm.h) multi-rank checkpoints, clipping and overflow agreement;
-                       without it every comm is a world of one and everything still runs
+   Compile-time options. The first group changes declarations, so define it the same way in
+   EVERY file that includes dt (or in the compiler flags); the second only matters in the file
+   with the implementation (define it before the include there):
+     in every file:
+       DT_STATIC       every function is `static` (two libraries can each vendor their own copy).
+       DT_API          the decoration of every external symbol (default: extern, or static under
+                       DT_STATIC). Both are dt_tensor.h's: dt_opt.h uses the DT_API it defines.
+     in the implementation file only:
+       DT_MPI          in the file with dt_comm.h's implementation: multi-rank checkpoints,
+                       clipping and overflow agreement; without it every comm is a world of one
+                       and everything still runs
        DT_OPT_NO_SIMD  plain C loops instead of SSE2 in the Adam / Adagrad updates and the
                        gradient pass (same results, bit for bit: the lanes do the scalar ops)
        DT_OPT_NO_THREADS  dt_checkpoint_save computes its checksum in the calling thread
@@ -30,16 +37,24 @@
        checkpoints    dt_checkpoint_save / dt_checkpoint_load, dt_train_state_set / _get
        memory         dt_peak_bytes / dt_reset_peak_bytes (the ctx allocator's high-water mark)
 
-   A training step:
+   A training run (statuses unchecked for brevity):
 
+       dt_comm *world;
+       dt_bucketer *bucketer;
        dt_optimizer *opt;
        dt_opt_step_info info;
+       dt_train_state ts = {0};
+       dt_checkpoint_desc cd = {0};
        dt_opt_desc od = {0};
+       dt_comm_create_world(&ctx, &world, NULL);
+       dt_bucketer_create(world, &bucketer, &params, NULL);
        od.kind = DT_OPT_ADAMW; od.lr = 3e-4; od.clip_norm = 1.0; od.accum_steps = 4;
        od.schedule.kind = DT_LR_COSINE; od.schedule.warmup_steps = 100; od.schedule.total_steps = 5000;
        od.comm = world;                            // ranks that step together; NULL alone
        dt_opt_create(&ctx, &opt, &params, &od);
-       for (step = 0; step < 5000; step++) {
+       cd.dir = "ckpt"; cd.comm = world;
+       dt_checkpoint_load(&ctx, &params, opt, &ts, &cd); // resume; a first run has none (DT_ERR_IO)
+       for (step = ts.step; step < 5000; step++) {
            dt_params_zero_grad(&ctx, &params);
            for (micro = 0; micro < 4; micro++) {
                float dloss;
@@ -48,6 +63,8 @@
            }                                                   // backward marks params ready
            dt_bucketer_finish(bucketer);           // data-parallel average (with dt_comm)
            dt_opt_step(opt, &info);                // unscale, agree on inf/nan, clip, update
+           ts.step = step + 1;
+           if (ts.step % 1000 == 0) dt_checkpoint_save(&ctx, &params, opt, &ts, &cd);
        }
 
    ---------------------------------------------------------------- the formulas (PyTorch's docs)
