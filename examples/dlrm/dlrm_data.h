@@ -869,7 +869,7 @@ static const char *dt__dlrm_quote(const char *s, int64_t n, char *buf, size_t ca
 }
 
 static dt_status dt__dlrm_bad_field(dt_ctx *ctx, dt_dlrm_tsv *r, int k, const char *s, int64_t n, const char *why) {
-    char name[8], q[200];
+    char name[16], q[200];
     return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_dlrm_tsv_next: %s: line %lld, field %d (%s): %s \"%s\"", r->name,
                             (long long)r->line, k + 1, dt__dlrm_field_name(k, name, sizeof name), why,
                             dt__dlrm_quote(s, n, q, sizeof q));
@@ -1097,9 +1097,10 @@ DT_API dt_status dt_dlrm_bin_convert(dt_ctx *ctx, const char *out_path, dt_dlrm_
     DT__DTRY(dt_dlrm_tsv_open(ctx, &r, tsv_path, &d.tsv));
     for (f = 0; f < DT_DLRM_SPARSE && !d.ids_i64; f++)
         if (r.d.table_size[f] > ((int64_t)1 << 31)) {
+            long long size = (long long)r.d.table_size[f];
             dt_dlrm_tsv_close(ctx, &r);
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.tsv.table_size[%d] = %lld does not fit i32 ids; set "
-                                    "desc.ids_i64 = 1", fn, f, (long long)r.d.table_size[f]);
+                                    "desc.ids_i64 = 1", fn, f, size);
         }
     while (!(st = dt_dlrm_tsv_next(ctx, &r, &s, &got)) && got) n++;
     skipped = r.skipped;
