@@ -318,13 +318,51 @@ static void test_synth_power_law(void) {
     dt_dlrm_batch_free(&ctx, &b);
 }
 
+/* Scrambling maps each power-law rank to an id one to one: the same samples drawn with
+   ordered_ids = 1 (id = rank) and 0 give a function rank -> id that is injective, on a table
+   of even size (where a multiplier sharing a factor with it would fold ranks together). */
+static void test_synth_scramble_is_a_bijection(void) {
+    enum { N = 20000, CARD = 64 };
+    dt_dlrm_synth go, gs;
+    dt_dlrm_synth_desc d;
+    dt_dlrm_batch bo, bs;
+    int64_t map[CARD], i, seen = 0, clash = 0, f = 0;
+    int used[CARD];
+    memset(&d, 0, sizeof d);
+    memset(&bo, 0, sizeof bo);
+    memset(&bs, 0, sizeof bs);
+    for (i = 0; i < CARD; i++) { map[i] = -1; used[i] = 0; }
+    d.seed = 8;
+    d.cardinality[0] = CARD;
+    d.zipf = 0.3; /* flat enough that every rank shows up */
+    d.ordered_ids = 1;
+    dt_dlrm_synth_init(&ctx, &go, &d);
+    d.ordered_ids = 0;
+    dt_dlrm_synth_init(&ctx, &gs, &d);
+    dt_dlrm_synth_range(&ctx, &go, &bo, 0, N);
+    dt_dlrm_synth_range(&ctx, &gs, &bs, 0, N);
+    for (i = 0; i < N; i++) {
+        int64_t k = ((int64_t *)bo.ids.data)[f * N + i], id = ((int64_t *)bs.ids.data)[f * N + i];
+        if (map[k] < 0) {
+            map[k] = id;
+            seen++;
+            if (used[id]++) clash++;
+        } else if (map[k] != id) clash++;
+    }
+    if (seen == CARD && clash == 0) dt_test_pass("synth_scrambled_ids_are_a_bijection_of_ranks");
+    else dt_test_fail("synth_scrambled_ids_are_a_bijection_of_ranks", "%lld of %d ranks seen, %lld clashes", (long long)seen,
+                      CARD, (long long)clash);
+    dt_dlrm_batch_free(&ctx, &bo);
+    dt_dlrm_batch_free(&ctx, &bs);
+}
+
 static void test_synth_clicks_and_learnability(void) {
     enum { NTRAIN = 200000, NTEST = 50000, TF = 4, BINS = 24 };
     dt_dlrm_synth g;
     dt_dlrm_synth_desc d;
     dt_dlrm_batch b;
-    float *logit, *score;
-    double rate = 0.0, auc = 0.0, auc_nb = 0.0;
+    float *logit, *score, *score_ids;
+    double rate = 0.0, auc = 0.0, auc_nb = 0.0, auc_ids = 0.0;
     int64_t i, f, *clicks[TF + 4], *total[TF + 4], card[TF + 4];
     memset(&d, 0, sizeof d);
     memset(&b, 0, sizeof b);
@@ -356,10 +394,12 @@ static void test_synth_clicks_and_learnability(void) {
     dt_dlrm_synth_range(&ctx, &g, &b, (int64_t)1 << 40, NTEST); /* held out: never trained on */
     logit = (float *)malloc(sizeof(float) * NTEST);
     score = (float *)malloc(sizeof(float) * NTEST);
+    score_ids = (float *)malloc(sizeof(float) * NTEST);
     dt_dlrm_synth_logits(&ctx, &g, logit, &b);
     for (i = 0; i < NTEST; i++) {
         double s = 0.0;
         for (f = 0; f < TF + 4; f++) {
+            if (f == TF) score_ids[i] = (float)s;
             int64_t key = f < TF ? ((int64_t *)b.ids.data)[f * NTEST + i]
                                  : (int64_t)(((float *)b.dense.data)[i * 13 + (f - TF)] * 2.0f);
             if (key >= card[f]) key = card[f] - 1;
@@ -369,6 +409,10 @@ static void test_synth_clicks_and_learnability(void) {
     }
     dt_dlrm_auc(&ctx, &auc, logit, (const float *)b.labels.data, NTEST);
     dt_dlrm_auc(&ctx, &auc_nb, score, (const float *)b.labels.data, NTEST);
+    dt_dlrm_auc(&ctx, &auc_ids, score_ids, (const float *)b.labels.data, NTEST);
+    /* the ids alone carry signal an embedding can learn (the per-id latent effects) */
+    if (auc_ids > 0.7) dt_test_pass("synth_ids_alone_give_held_out_auc_above_0_7");
+    else dt_test_fail("synth_ids_alone_give_held_out_auc_above_0_7", "naive-Bayes AUC from categorical 0..3 alone %.4f", auc_ids);
     if (auc > 0.75) dt_test_pass("synth_teacher_logits_have_auc_above_0_75");
     else dt_test_fail("synth_teacher_logits_have_auc_above_0_75", "teacher AUC %.4f <= 0.75", auc);
     if (auc_nb > 0.7 && auc_nb <= auc + 0.01) dt_test_pass("synth_naive_model_learns_held_out_auc_above_0_7");
@@ -377,6 +421,7 @@ static void test_synth_clicks_and_learnability(void) {
     for (f = 0; f < TF + 4; f++) { free(clicks[f]); free(total[f]); }
     free(logit);
     free(score);
+    free(score_ids);
     dt_dlrm_batch_free(&ctx, &b);
 }
 
@@ -586,6 +631,50 @@ static void test_tsv_malformed(void) {
     line_with(line, sizeof line, 1, "1");
     for (j = 0; j < 30; j++) strcat(line, "x"); /* the last field grows: 2 bytes of the 64 limit... */
     check_bad("tsv_overlong_line_is_named", line, 0, "line 1 is longer than max_line = 64 bytes", 64);
+}
+
+/* max_line is exact: a line of max_line bytes (plus \r\n) reads, one byte more does not, from
+   memory and through a stream read 5 bytes at a time. */
+static void test_tsv_max_line_boundary(void) {
+    char line[600], text[1300];
+    dt_dlrm_tsv_desc d;
+    dt_dlrm_tsv r;
+    dt_dlrm_sample s[4];
+    int n, src, ok = 1, len;
+    dt_status st;
+    char why[1024] = "";
+    line_with(line, sizeof line, 0, "1");
+    len = (int)strlen(line);
+    snprintf(text, sizeof text, "%s\n%s\r\n", line, line); /* without and with the \r */
+    for (src = 0; src < 2 && ok; src++) {
+        FILE *f = NULL;
+        memset(&d, 0, sizeof d);
+        d.max_line = len;
+        d.read_chunk = 5;
+        if (src) {
+            f = tmpfile();
+            fputs(text, f);
+            rewind(f);
+            dt_dlrm_tsv_open_stream(&ctx, &r, f, "exact.tsv", &d);
+        } else dt_dlrm_tsv_open_mem(&ctx, &r, text, strlen(text), "exact.tsv", &d);
+        st = read_all(&r, s, 4, &n);
+        dt_dlrm_tsv_close(&ctx, &r);
+        if (st || n != 2) { ok = 0; snprintf(why, sizeof why, "max_line = length %d (source %d): %d samples, %s", len, src, n, dt_ctx_error(&ctx)); }
+        d.max_line = len - 1;
+        if (f) {
+            rewind(f);
+            dt_dlrm_tsv_open_stream(&ctx, &r, f, "exact.tsv", &d);
+        } else dt_dlrm_tsv_open_mem(&ctx, &r, text, strlen(text), "exact.tsv", &d);
+        st = read_all(&r, s, 4, &n);
+        dt_dlrm_tsv_close(&ctx, &r);
+        if (ok && (n != 0 || !strstr(dt_ctx_error(&ctx), "line 1 is longer than max_line"))) {
+            ok = 0;
+            snprintf(why, sizeof why, "max_line = length - 1 (source %d): %d samples, \"%s\"", src, n, dt_ctx_error(&ctx));
+        }
+        if (f) fclose(f);
+    }
+    if (ok) dt_test_pass("tsv_line_of_exactly_max_line_bytes_reads_and_one_more_does_not");
+    else dt_test_fail("tsv_line_of_exactly_max_line_bytes_reads_and_one_more_does_not", "%s", why);
 }
 
 static void test_tsv_skip_mode(void) {
@@ -958,11 +1047,13 @@ int main(void) {
     test_synth_sharding();
     test_split();
     test_synth_power_law();
+    test_synth_scramble_is_a_bijection();
     test_synth_clicks_and_learnability();
     test_synth_multi_hot();
     test_synth_bad_args();
     test_tsv_hand_lines();
     test_tsv_malformed();
+    test_tsv_max_line_boundary();
     test_tsv_skip_mode();
     test_tsv_sources_agree();
     test_bin_round_trip();
