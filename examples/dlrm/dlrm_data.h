@@ -570,11 +570,14 @@ static int dt__dlrm_bag_len(const dt_dlrm_synth *g, uint32_t r) {
     return len >= (float)g->max_bag ? g->max_bag : (int)len;
 }
 
-/* Id j of the bag of feature f of sample i (multi-hot): its own blocks, 4 ids per block. */
-static int64_t dt__dlrm_bag_id(const dt_dlrm_synth *g, uint64_t i, int f, int j) {
+/* The n ids of the bag of feature f of sample i (multi-hot): blocks of their own, 4 ids each. */
+static void dt__dlrm_bag_ids(const dt_dlrm_synth *g, uint64_t i, int f, int n, int64_t *ids) {
     uint32_t r[4];
-    dt__dlrm_block(g->seed, i, 16u + (uint32_t)f * (DT_DLRM_MAX_BAG / 4) + (uint32_t)j / 4, r);
-    return dt__dlrm_id(g, f, r[j % 4]);
+    int j;
+    for (j = 0; j < n; j++) {
+        if (j % 4 == 0) dt__dlrm_block(g->seed, i, 16u + (uint32_t)f * (DT_DLRM_MAX_BAG / 4) + (uint32_t)j / 4, r);
+        ids[j] = dt__dlrm_id(g, f, r[j % 4]);
+    }
 }
 
 static void dt__dlrm_dense(const uint32_t w[40], float *dense) {
@@ -645,8 +648,7 @@ DT_API dt_status dt_dlrm_synth_range(dt_ctx *ctx, const dt_dlrm_synth *gen, dt_d
             int n = len[f * B + b], j;
             float e = 0.0f;
             if (!gen->multi_hot) ids[o] = dt__dlrm_id(gen, (int)f, w[13 + f]);
-            else
-                for (j = 0; j < n; j++) ids[o + j] = dt__dlrm_bag_id(gen, i, (int)f, j);
+            else dt__dlrm_bag_ids(gen, i, (int)f, n, ids + o);
             if (f < DT__DLRM_TEACH && n > 0) {
                 for (j = 0; j < n; j++) e += dt__dlrm_effect(gen, (int)f, ids[o + j]);
                 z += e / (float)n;
@@ -741,7 +743,7 @@ DT_API dt_status dt_dlrm_tsv_open_mem(dt_ctx *ctx, dt_dlrm_tsv *r, const void *d
         r->open = 0;
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_dlrm_tsv_open_mem: len %zu is too large", len);
     }
-    r->data = (const char *)data;
+    r->data = data ? (const char *)data : ""; /* no arithmetic on NULL, even + 0 */
     r->lo = 0;
     r->hi = (int64_t)len;
     r->eof = 1;
