@@ -2032,8 +2032,6 @@ static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
                                    uint64_t *hash, int *created, const char *fn) {
     dt_strbuf hb;
     dt__hasher h;
-    unsigned char len8[8];
-    uint64_t off = 0, hl;
     int i, k, fd, nw = 0;
     char rank_s[24], step_s[24];
     const char *meta[6];
@@ -2049,18 +2047,16 @@ static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
         if (!it[i].write) continue;
         ts[nw] = it[i].t;
         names[nw++] = it[i].name;
-        off += dt_tensor_bytes(it[i].t);
     }
     snprintf(rank_s, sizeof rank_s, "%d", rank);
     snprintf(step_s, sizeof step_s, "%lld", (long long)step);
     meta[0] = "format"; meta[1] = "dt-checkpoint-rank"; meta[2] = "rank"; meta[3] = rank_s;
     meta[4] = "step"; meta[5] = step_s;
-    if (!st) st = dt_safetensors_header(ctx, &hb, ts, names, nw, meta, 3);
+    /* the length, the header and (in *bytes) the size the file will have */
+    if (!st) st = dt_safetensors_prefix(ctx, &hb, bytes, ts, names, nw, meta, 3);
     dt_release(ctx, ts);
     dt_release(ctx, names);
     if (st) { dt_strbuf_free(&hb); return st; }
-    hl = hb.len;
-    for (k = 0; k < 8; k++) len8[k] = (unsigned char)(hl >> (8 * k));
     fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0666);
     if (fd < 0) {
         dt_release(ctx, hb.text);
@@ -2068,8 +2064,7 @@ static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
     }
     *created = 1;
     dt__hasher_start(&h); /* hashes beside the writes and the fsync */
-    st = dt__ck_write_all(ctx, fd, len8, 8, &h, path, fn);
-    if (!st) st = dt__ck_write_all(ctx, fd, hb.text, hb.len, &h, path, fn);
+    st = dt__ck_write_all(ctx, fd, hb.text, hb.len, &h, path, fn);
     for (i = 0, k = 0; !st && i < n; i++) {
         if (!it[i].write) continue;
         st = dt__ck_write_tensor(ctx, fd, it[i].t, &h, path, fn);
@@ -2080,7 +2075,6 @@ static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
     if (close(fd) != 0 && !st) st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: closing %s failed: %s", fn, path, dt__ck_errno());
     *hash = dt__hasher_finish(&h);
     dt_release(ctx, hb.text);
-    *bytes = 8 + hl + off;
     return st;
 }
 
