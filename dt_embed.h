@@ -370,7 +370,7 @@ struct dt_embed {
     int64_t pooled_dim;
     int any_weighted, any_dp;
     /* the last forward */
-    int phase;                   /* 0 none, 1 begun, 2 done */
+    int phase;                   /* 0 none, 1 begun, 2 forward done, 3 backward done */
     int64_t B, g0, n_ids;
     int64_t *offs, offs_cap;     /* [F*B + 1], feature-major */
     int64_t *rows, rows_cap;     /* global row of every id */
@@ -1365,7 +1365,7 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
         if (st) return st;
         return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: a bad dout or call order on another rank; see its message", fn);
     }
-    e->phase = 0;
+    e->phase = 3; /* the sequence views stay readable until the next forward */
     for (i = 0; i < e->n_tabs; i++) e->tabs[i].t++;
     /* gradients of every request, laid out as its result was (the res buffer is free now) */
     for (k = 0; k < e->n_segs; k++) {
