@@ -1407,7 +1407,7 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
     }
     if (e->any_dp) DT__ETRY(dt__em_dp_grads(e, dd, &ncon));
     /* dedup by sort, sum each row's contributions in the one order, update */
-    qsort(e->con, (size_t)ncon, sizeof(dt__em_contrib), dt__em_con_cmp);
+    if (ncon > 1) qsort(e->con, (size_t)ncon, sizeof(dt__em_contrib), dt__em_con_cmp);
     for (k = 0; k < ncon;) {
         dt__em_tab *t = &e->tabs[e->con[k].t];
         int64_t nc = t->c1 - t->c0, x = e->con[k].row;
