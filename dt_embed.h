@@ -214,6 +214,10 @@ typedef struct dt_embed_table_desc {
     int pin_owner;                /* 1: table-wise on rank `owner` (sharding AUTO or TABLE) */
     int owner;
     double ids_per_batch;         /* planner: expected ids per global batch; 0 = desc.batch_hint */
+    int dynamic;                  /* 1: any 64-bit id gets a row on admission; rows = capacity (see
+                                     "dynamic tables"); row-wise over id-hash shards */
+    int admit_after;              /* dynamic: sightings before an id gets a row; 0 = 1 (at once) */
+    int hash_shards;              /* dynamic: id-hash shards, fixed whatever the world size; 0 = 16 */
 } dt_embed_table_desc;
 
 typedef struct dt_embed_feature_desc {
@@ -250,6 +254,8 @@ typedef struct dt_embed_stats {
     int64_t rows_updated;         /* unique rows updated on this rank */
     double bytes_sent_fwd, bytes_sent_bwd; /* by this rank, to other ranks, all-to-alls */
     double seconds_fwd, seconds_bwd;
+    int64_t admitted, evicted, rejected;            /* dynamic tables, on this rank's shards, total */
+    int64_t step_admitted, step_evicted, step_rejected; /* the same, in the last forward */
 } dt_embed_stats;
 
 typedef struct dt_embed dt_embed; /* opaque */
@@ -310,6 +316,22 @@ DT_API uint64_t dt_embed_hash_id(int64_t id);
 #include <math.h>
 #include <sys/time.h>
 
+/* stb_ds: the host hash maps of dynamic tables. Its implementation is compiled here unless
+   DT_EMBED_NO_STB_DS_IMPLEMENTATION (define it when another file of the program already has
+   STB_DS_IMPLEMENTATION). gcc's strict C modes lack the `typeof` stb_ds uses: map it to
+   __typeof__ for the implementation of this header only. */
+#if defined(__GNUC__) && !defined(__cplusplus) && !defined(typeof)
+#define typeof __typeof__
+#define DT__EM_TYPEOF
+#endif
+#ifndef DT_STB_DS_H
+#define DT_STB_DS_H <stb/stb_ds.h>
+#endif
+#if !defined(DT_EMBED_NO_STB_DS_IMPLEMENTATION) && !defined(STB_DS_IMPLEMENTATION)
+#define STB_DS_IMPLEMENTATION
+#endif
+#include DT_STB_DS_H
+
 #if defined(DT_STATIC) && (defined(__GNUC__) || defined(__clang__))
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
@@ -341,7 +363,23 @@ typedef struct dt__em_tab {
     int64_t t;                   /* backward count */
     unsigned char *dirty;        /* one bit per local row: changed since the last export */
     int64_t *dlist, n_dirty, dcap;
+    /* dynamic tables */
+    int dynamic, admit_after, n_hs;
+    int *hs_owner;               /* id-hash shard -> rank */
+    struct dt__em_dyn *hs;       /* this rank's shards (first hs_first) */
+    int hs_first, hs_count;
+    dt_tensor slot_id, slot_stamp; /* [local rows] i64: the id in each slot; its last use (0 = empty) */
+    int64_t *prev, *next;        /* LRU list of the local slots, per shard */
 } dt__em_tab;
+
+typedef struct dt__em_kv { int64_t key, value; } dt__em_kv;
+typedef struct dt__em_dyn {      /* one id-hash shard of a dynamic table */
+    dt__em_kv *map;              /* id -> local slot (stb_ds hash map) */
+    dt__em_kv *seen;             /* id -> sightings, for ids not admitted yet */
+    int64_t x0, n, used;         /* its local slots [x0, x0 + n), the first `used` filled */
+    int64_t head, tail;          /* LRU list: head = least recently used; -1 = empty */
+    int64_t stamp, step_stamp;   /* last stamp given; the stamp when this forward began */
+} dt__em_dyn;
 
 typedef struct dt__em_seg {      /* one request of the last forward, in generation order */
     int dest;                    /* owner rank */
@@ -368,7 +406,7 @@ struct dt_embed {
     int *feat_tab;
     int64_t *feat_off;           /* column in the pooled output, -1 for sequence features */
     int64_t pooled_dim;
-    int any_weighted, any_dp;
+    int any_weighted, any_dp, any_dyn;
     /* the last forward */
     int phase;                   /* 0 none, 1 begun, 2 forward done, 3 backward done */
     int64_t B, g0, n_ids;
@@ -507,6 +545,21 @@ static dt_status dt__em_check_table(dt_ctx *ctx, const dt_embed_table_desc *d, i
         return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: tables[%d] (\"%s\"): column-wise sharding with row-wise "
                                 "Adagrad; its per-row state needs whole rows (use row-wise or table-wise)", fn, i,
                                 d->name);
+    if (d->dynamic != 0 && d->dynamic != 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").dynamic = %d; expected 0 or 1", fn, i, d->name,
+                                d->dynamic);
+    if (d->admit_after < 0 || d->admit_after > (1 << 30))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").admit_after = %d; expected 0 .. 2^30", fn, i,
+                                d->name, d->admit_after);
+    if (d->hash_shards < 0 || d->hash_shards > 65536 || (d->dynamic && d->rows < (d->hash_shards ? d->hash_shards : 16)))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").hash_shards = %d with rows %lld; expected 0 .. "
+                                "65536 (0 = 16) and at least one row per shard", fn, i, d->name, d->hash_shards,
+                                (long long)d->rows);
+    if (d->dynamic && (d->pin_owner || (d->sharding != DT_SHARD_DEFAULT && d->sharding != DT_SHARD_AUTO &&
+                                        d->sharding != DT_SHARD_ROW)))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\"): a dynamic table is sharded row-wise over its "
+                                "id-hash shards; sharding %s%s is not possible", fn, i, d->name,
+                                dt__em_kind_name(d->sharding), d->pin_owner ? " with pin_owner" : "");
     if (!(d->ids_per_batch >= 0) || d->ids_per_batch > 1e18)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").ids_per_batch = %g; expected >= 0", fn, i,
                                 d->name, d->ids_per_batch);
@@ -550,6 +603,7 @@ static dt_status dt__em_plan(dt_embed *e, const dt_embed_desc *desc, const dt_em
         t->plan_bytes = (double)t->rows * ((double)t->dim * (double)dt_dtype_size(t->dtype) + dt__em_state_per_row(t));
         if (t->ids_per_batch == 0) t->ids_per_batch = batch * (nfeat[i] ? nfeat[i] : 1);
         if (t->shard == DT_SHARD_AUTO && td[i].pin_owner) t->shard = DT_SHARD_TABLE;
+        if (t->dynamic) t->shard = DT_SHARD_ROW; /* over its id-hash shards */
         if (t->shard == DT_SHARD_AUTO && !(dp_max > 0 && t->plan_bytes <= dp_max)) total += t->plan_bytes;
     }
     for (i = 0; i < n; i++) order[i] = i;
@@ -598,7 +652,15 @@ static void dt__em_shard_bounds(dt_embed *e, dt__em_tab *t) {
         if (t->owner == k) { t->r1 = t->rows; t->c1 = t->dim; }
         break;
     case DT_SHARD_ROW:
-        t->r0 = dt__em_row_start(t->rows, W, k); t->r1 = dt__em_row_start(t->rows, W, k + 1);
+        if (t->dynamic) { /* rank k: id-hash shards [k*S/W, (k+1)*S/W), each a block of slots */
+            int S = t->n_hs;
+            t->hs_first = (int)((int64_t)k * S / W);
+            t->hs_count = (int)((int64_t)(k + 1) * S / W) - t->hs_first;
+            t->r0 = dt__em_row_start(t->rows, S, t->hs_first);
+            t->r1 = dt__em_row_start(t->rows, S, t->hs_first + t->hs_count);
+        } else {
+            t->r0 = dt__em_row_start(t->rows, W, k); t->r1 = dt__em_row_start(t->rows, W, k + 1);
+        }
         t->c1 = t->dim;
         break;
     case DT_SHARD_COLUMN:
@@ -640,6 +702,23 @@ static dt_status dt__em_alloc_shard(dt_embed *e, dt__em_tab *t, uint64_t seed) {
         d.shape[1] = 0; d.ndim = 1;
         DT__ETRY(dt_tensor_create(e->ctx, &t->s1, &d));
     }
+    if (t->dynamic) {
+        int h;
+        d.dtype = DT_I64; d.shape[1] = 0; d.ndim = 1;
+        DT__ETRY(dt_tensor_create(e->ctx, &t->slot_id, &d));
+        DT__ETRY(dt_tensor_create(e->ctx, &t->slot_stamp, &d));
+        t->prev = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)nr);
+        t->next = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)nr);
+        t->hs = (dt__em_dyn *)dt_alloc(e->ctx, sizeof(dt__em_dyn) * (size_t)t->hs_count);
+        if (!t->prev || !t->next || !t->hs) return DT_ERR_OOM;
+        memset(t->hs, 0, sizeof(dt__em_dyn) * (size_t)t->hs_count);
+        for (h = 0; h < t->hs_count; h++) {
+            dt__em_dyn *y = &t->hs[h];
+            y->x0 = dt__em_row_start(t->rows, t->n_hs, t->hs_first + h) - t->r0;
+            y->n = dt__em_row_start(t->rows, t->n_hs, t->hs_first + h + 1) - t->r0 - y->x0;
+            y->head = y->tail = -1;
+        }
+    }
     nbits = (nr + 7) / 8;
     t->dirty = (unsigned char *)dt_alloc(e->ctx, (size_t)nbits);
     if (!t->dirty) return DT_ERR_OOM;
@@ -656,6 +735,13 @@ DT_API void dt_embed_free(dt_embed *e) {
         dt__em_tab *t = &e->tabs[i];
         dt_tensor_free(ctx, &t->w); dt_tensor_free(ctx, &t->s1); dt_tensor_free(ctx, &t->s2);
         dt_release(ctx, t->dirty); dt_release(ctx, t->dlist);
+        dt_tensor_free(ctx, &t->slot_id); dt_tensor_free(ctx, &t->slot_stamp);
+        dt_release(ctx, t->prev); dt_release(ctx, t->next); dt_release(ctx, t->hs_owner);
+        if (t->hs) {
+            int h;
+            for (h = 0; h < t->hs_count; h++) { hmfree(t->hs[h].map); hmfree(t->hs[h].seen); }
+            dt_release(ctx, t->hs);
+        }
     }
     dt_release(ctx, e->tabs); dt_release(ctx, e->feat_tab); dt_release(ctx, e->feat_off);
     dt_release(ctx, e->offs); dt_release(ctx, e->rows); dt_release(ctx, e->wts); dt_release(ctx, e->segs);
@@ -738,6 +824,9 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
         t->shard = d->sharding == DT_SHARD_DEFAULT ? DT_SHARD_AUTO : d->sharding;
         t->owner = d->pin_owner ? d->owner : 0;
         t->ids_per_batch = d->ids_per_batch;
+        t->dynamic = d->dynamic;
+        t->admit_after = d->admit_after ? d->admit_after : 1;
+        t->n_hs = d->hash_shards ? d->hash_shards : 16;
         if (t->weighted) e->any_weighted = 1;
     }
     e->pooled_dim = 0;
@@ -750,7 +839,14 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     for (i = 0; !st && i < e->n_tabs; i++) {
         dt__em_tab *t = &e->tabs[i];
         if (t->shard == DT_SHARD_DATA) e->any_dp = 1;
+        if (t->dynamic) e->any_dyn = 1;
         dt__em_shard_bounds(e, t);
+        if (t->dynamic) {
+            int h, k;
+            if (!(t->hs_owner = (int *)dt_alloc(ctx, sizeof(int) * (size_t)t->n_hs))) { st = DT_ERR_OOM; break; }
+            for (k = 0; k < W; k++)
+                for (h = (int)((int64_t)k * t->n_hs / W); h < (int)((int64_t)(k + 1) * t->n_hs / W); h++) t->hs_owner[h] = k;
+        }
         st = dt__em_alloc_shard(e, t, desc->seed);
     }
     if (e->comm) { /* every rank must have succeeded (and agree on the tables: same count) */
@@ -856,7 +952,8 @@ static dt_status dt__em_read_batch(dt_embed *e, const dt_kjt *k, int *bad) {
             for (i = e->offs[f * B + b]; i < e->offs[f * B + b + 1]; i++) {
                 int64_t id = k->ids_dtype == DT_I32 ? (int64_t)((const int32_t *)k->ids)[i] : ((const int64_t *)k->ids)[i];
                 e->wts[i] = t->weighted ? k->weights[i] : 1.0f;
-                if (t->ids == DT_IDS_HASH) e->rows[i] = (int64_t)(dt_embed_hash_id(id) % (uint64_t)t->rows);
+                if (t->dynamic) e->rows[i] = id; /* the owner maps it to a slot */
+                else if (t->ids == DT_IDS_HASH) e->rows[i] = (int64_t)(dt_embed_hash_id(id) % (uint64_t)t->rows);
                 else if (id < 0 || id >= t->rows) {
                     if (!*bad)
                         dt_ctx_set_error(e->ctx, DT_ERR_RANGE, "%s: table \"%s\", feature %lld, local sample %lld, id %lld is out of range; expected 0 <= id < %lld (or ids = "
@@ -879,6 +976,7 @@ static void dt__em_pool(const dt__em_tab *t, float *acc, const int64_t *rows, co
     for (j = 0; j < n; j++) {
         int64_t x = rows[j] - t->r0;
         float wj = w ? w[j] : 1.0f;
+        if (rows[j] < 0) continue; /* a dynamic id that was not admitted: zeros */
         if (t->dtype == DT_F32) {
             const float *r = (const float *)t->w.data + x * ld + (c0 - t->c0);
             if (t->weighted) for (c = 0; c < nc; c++) acc[c] += wj * r[c];
@@ -933,9 +1031,12 @@ static dt_status dt__em_generate(dt_embed *e, dt__em_gen *g) {
                 else DT__ETRY(dt__em_add_seg(e, g, t->owner, f, b, -1, 0, t->dim, i0, n));
                 break;
             case DT_SHARD_ROW: /* one request per id: the requester sums in bag order (exactness) */
-                for (j = 0; j < n; j++)
-                    DT__ETRY(dt__em_add_seg(e, g, dt__em_row_owner(t->rows, W, e->rows[i0 + j]), f, b, j, 0, t->dim,
-                                            i0 + j, 1));
+                for (j = 0; j < n; j++) {
+                    int64_t id = e->rows[i0 + j];
+                    int dest = t->dynamic ? t->hs_owner[dt_embed_hash_id(id) % (uint64_t)t->n_hs]
+                                          : dt__em_row_owner(t->rows, W, id);
+                    DT__ETRY(dt__em_add_seg(e, g, dest, f, b, j, 0, t->dim, i0 + j, 1));
+                }
                 break;
             case DT_SHARD_COLUMN:
                 for (k = 0; k < W; k++) {
@@ -948,6 +1049,145 @@ static dt_status dt__em_generate(dt_embed *e, dt__em_gen *g) {
             default: break; /* data-parallel: looked up locally */
             }
         }
+    }
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- dynamic tables */
+
+static dt_status dt__em_mark(dt_embed *e, dt__em_tab *t, int64_t x);
+
+static void dt__em_lru_unlink(dt__em_tab *t, dt__em_dyn *y, int64_t x) {
+    if (t->prev[x] >= 0) t->next[t->prev[x]] = t->next[x]; else y->head = t->next[x];
+    if (t->next[x] >= 0) t->prev[t->next[x]] = t->prev[x]; else y->tail = t->prev[x];
+}
+static void dt__em_lru_append(dt__em_tab *t, dt__em_dyn *y, int64_t x) {
+    t->prev[x] = y->tail; t->next[x] = -1;
+    if (y->tail >= 0) t->next[y->tail] = x; else y->head = x;
+    y->tail = x;
+}
+
+/* A new row for id in slot x: values from (seed, table, id), optimizer state zero. */
+static dt_status dt__em_dyn_fill(dt_embed *e, dt__em_tab *t, int64_t x, int64_t id) {
+    dt_tensor v;
+    dt_init_desc in = t->init;
+    char name[DT_NAME_MAX + 32];
+    int64_t nc = t->c1 - t->c0, sh[2];
+    sh[0] = 1; sh[1] = nc;
+    DT__ETRY(dt_tensor_view(e->ctx, &v, &t->w, x * nc, 2, sh));
+    snprintf(name, sizeof name, "%s#%lld", t->name, (long long)id);
+    in.name = name;
+    memset(in.global_shape, 0, sizeof in.global_shape);
+    memset(in.start, 0, sizeof in.start);
+    DT__ETRY(dt_tensor_init(e->ctx, &v, &in));
+    if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) ((float *)t->s1.data)[x] = 0;
+    else if (t->s1.data) memset((float *)t->s1.data + x * nc, 0, (size_t)nc * sizeof(float));
+    if (t->s2.data) memset((float *)t->s2.data + x * nc, 0, (size_t)nc * sizeof(float));
+    return DT_OK;
+}
+
+/* The slot of id in shard y (global row), or -1 when it is not admitted. Decisions depend only
+   on the sequence of ids reaching the shard, which is the global (sample, feature, position)
+   order at every world size. A row used in this forward is never evicted by it: a full shard
+   whose least recent row is that fresh rejects the new id instead. */
+static dt_status dt__em_dyn_slot(dt_embed *e, dt__em_tab *t, dt__em_dyn *y, int64_t id, int64_t *row) {
+    int64_t *sid = (int64_t *)t->slot_id.data, *stamp = (int64_t *)t->slot_stamp.data, x;
+    ptrdiff_t i = hmgeti(y->map, id);
+    if (i >= 0) {
+        x = y->map[i].value;
+    } else {
+        int64_t seen = hmget(y->seen, id) + 1;
+        if (seen < t->admit_after) {
+            hmput(y->seen, id, seen);
+            e->stats.step_rejected++;
+            *row = -1;
+            return DT_OK;
+        }
+        if (y->used < y->n) {
+            x = y->x0 + y->used++;
+        } else {
+            x = y->head;
+            if (stamp[x] > y->step_stamp) { /* everything here was used by this batch */
+                hmput(y->seen, id, seen);
+                e->stats.step_rejected++;
+                *row = -1;
+                return DT_OK;
+            }
+            (void)hmdel(y->map, sid[x]);
+            dt__em_lru_unlink(t, y, x);
+            e->stats.step_evicted++;
+        }
+        if (hmgeti(y->seen, id) >= 0) (void)hmdel(y->seen, id);
+        hmput(y->map, id, x);
+        sid[x] = id;
+        DT__ETRY(dt__em_dyn_fill(e, t, x, id));
+        DT__ETRY(dt__em_mark(e, t, x));
+        dt__em_lru_append(t, y, x);
+        e->stats.step_admitted++;
+    }
+    stamp[x] = ++y->stamp;
+    if (y->tail != x) { dt__em_lru_unlink(t, y, x); dt__em_lru_append(t, y, x); }
+    *row = t->r0 + x;
+    return DT_OK;
+}
+
+/* Owner side, before pooling: every id of a dynamic table in the received requests becomes its
+   global slot (or -1), in the order the requests arrived (rank order = global sample order). */
+static dt_status dt__em_dyn_translate(dt_embed *e, int64_t *rin, int64_t total) {
+    int64_t p = 0, j;
+    int i, h;
+    for (i = 0; i < e->n_tabs; i++)
+        for (h = 0; e->tabs[i].dynamic && h < e->tabs[i].hs_count; h++) e->tabs[i].hs[h].step_stamp = e->tabs[i].hs[h].stamp;
+    e->stats.step_admitted = e->stats.step_evicted = e->stats.step_rejected = 0;
+    while (p < total) {
+        int f = (int)rin[p];
+        int64_t n = rin[p + 3];
+        dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        if (t->dynamic)
+            for (j = 0; j < n; j++) {
+                int64_t id = rin[p + DT__EM_HDR + j];
+                int h2 = (int)(dt_embed_hash_id(id) % (uint64_t)t->n_hs) - t->hs_first;
+                DT__ETRY(dt__em_dyn_slot(e, t, &t->hs[h2], id, &rin[p + DT__EM_HDR + j]));
+            }
+        p += DT__EM_HDR + n;
+    }
+    e->stats.admitted += e->stats.step_admitted;
+    e->stats.evicted += e->stats.step_evicted;
+    e->stats.rejected += e->stats.step_rejected;
+    return DT_OK;
+}
+
+/* After a checkpoint load: maps and LRU lists from the slots' ids and stamps. */
+static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
+    int64_t *sid = (int64_t *)t->slot_id.data, *stamp = (int64_t *)t->slot_stamp.data, x, k;
+    int h;
+    for (h = 0; h < t->hs_count; h++) {
+        dt__em_dyn *y = &t->hs[h];
+        int64_t *order;
+        hmfree(y->map); hmfree(y->seen);
+        y->used = 0; y->stamp = 0; y->head = y->tail = -1;
+        for (x = y->x0; x < y->x0 + y->n && stamp[x] > 0; x++) y->used++;
+        for (x = y->x0 + y->used; x < y->x0 + y->n; x++)
+            if (stamp[x] != 0)
+                return dt_ctx_set_error(e->ctx, DT_ERR_FORMAT, "dt_embed_checkpoint_load: table \"%s\": slot %lld is filled "
+                                        "after an empty one; the checkpoint's slot_stamp is corrupt", t->name,
+                                        (long long)(t->r0 + x));
+        if (!y->used) continue;
+        if (!(order = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)y->used))) return DT_ERR_OOM;
+        for (k = 0; k < y->used; k++) order[k] = y->x0 + k;
+        /* by stamp (insertion sort is fine for a restore; stamps are unique within a shard) */
+        for (k = 1; k < y->used; k++) {
+            int64_t v = order[k], m = k;
+            while (m > 0 && stamp[order[m - 1]] > stamp[v]) { order[m] = order[m - 1]; m--; }
+            order[m] = v;
+        }
+        for (k = 0; k < y->used; k++) {
+            x = order[k];
+            hmput(y->map, sid[x], x);
+            dt__em_lru_append(t, y, x);
+            if (stamp[x] > y->stamp) y->stamp = stamp[x];
+        }
+        dt_release(e->ctx, order);
     }
     return DT_OK;
 }
@@ -1085,6 +1325,7 @@ DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt) {
         DT__ETRY(dt__em_need(e, &e->rbuf_f, DT_F32, tr_f + 1));
         DT__ETRY(dt__em_a2av(e, &e->rbuf_i, &e->sbuf_i, cnt, rc));
         if (e->any_weighted) DT__ETRY(dt__em_a2av(e, &e->rbuf_f, &e->sbuf_f, cnt + W, rf));
+        if (e->any_dyn) DT__ETRY(dt__em_dyn_translate(e, (int64_t *)e->rbuf_i.data, tr_i));
         /* serve: pool what was asked of this rank's shards (one pass over the requests) */
         dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, rc, cnt + 5 * W, NULL);
         tot_res = 0;
@@ -1398,7 +1639,8 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
             int ti = e->feat_tab[f];
             const dt__em_tab *t = &e->tabs[ti];
             for (j = 0; j < n; j++)
-                DT__ETRY(dt__em_add_con(e, ti, f, rin[p + DT__EM_HDR + j] - t->r0, rin[p + 1], rin[p + 2] + j,
+                if (rin[p + DT__EM_HDR + j] >= 0) /* a dynamic id not admitted has no row to update */
+                    DT__ETRY(dt__em_add_con(e, ti, f, rin[p + DT__EM_HDR + j] - t->r0, rin[p + 1], rin[p + 2] + j,
                                         e->any_weighted ? rfl[q + j] : 1.0f, gin + o, &ncon));
             o += t->c1 - t->c0;
             p += DT__EM_HDR + n;
@@ -1465,10 +1707,10 @@ static dt_status dt__em_params(dt_embed *e, dt_params *ps, dt_param **store, dt_
     d.dtype = DT_I64; d.device = DT_CPU; d.shape[0] = e->n_tabs; d.ndim = 1;
     DT__ETRY(dt_tensor_create(e->ctx, steps, &d));
     for (i = 0; i < e->n_tabs; i++) ((int64_t *)steps->data)[i] = e->tabs[i].t;
-    p = (dt_param *)dt_alloc(e->ctx, sizeof(dt_param) * (size_t)(3 * e->n_tabs + 1));
-    ps->items = (dt_param **)dt_alloc(e->ctx, sizeof(dt_param *) * (size_t)(3 * e->n_tabs + 1));
+    p = (dt_param *)dt_alloc(e->ctx, sizeof(dt_param) * (size_t)(5 * e->n_tabs + 1));
+    ps->items = (dt_param **)dt_alloc(e->ctx, sizeof(dt_param *) * (size_t)(5 * e->n_tabs + 1));
     if (!p || !ps->items) { dt_release(e->ctx, p); dt_release(e->ctx, ps->items); ps->items = NULL; return DT_ERR_OOM; }
-    memset(p, 0, sizeof(dt_param) * (size_t)(3 * e->n_tabs + 1));
+    memset(p, 0, sizeof(dt_param) * (size_t)(5 * e->n_tabs + 1));
     *store = p;
     snprintf(p[0].name, DT_NAME_MAX, "embed/steps");
     p[0].value = *steps; p[0].value.owns = 0;
@@ -1476,13 +1718,15 @@ static dt_status dt__em_params(dt_embed *e, dt_params *ps, dt_param **store, dt_
     ps->items[n++] = &p[0];
     for (i = 0; i < e->n_tabs; i++) {
         dt__em_tab *t = &e->tabs[i];
-        const dt_tensor *ts[3];
-        const char *nm[3];
+        const dt_tensor *ts[5];
+        const char *nm[5];
         if (!t->w.data) continue;
         ts[0] = &t->w; nm[0] = "weight";
         ts[1] = t->s1.data ? &t->s1 : NULL; nm[1] = t->kind == DT_EMBED_ADAM ? "exp_avg" : t->kind == DT_EMBED_ADAGRAD ? "sum" : "rowsum";
         ts[2] = t->s2.data ? &t->s2 : NULL; nm[2] = "exp_avg_sq";
-        for (k = 0; k < 3; k++) {
+        ts[3] = t->dynamic ? &t->slot_id : NULL; nm[3] = "slot_id";       /* the id in each slot */
+        ts[4] = t->dynamic ? &t->slot_stamp : NULL; nm[4] = "slot_stamp"; /* its LRU position */
+        for (k = 0; k < 5; k++) {
             dt_param *q = &p[n];
             if (!ts[k]) continue;
             snprintf(q->name, DT_NAME_MAX, "embed/%.63s/%.12s", t->name, nm[k]);
@@ -1536,7 +1780,10 @@ DT_API dt_status dt_embed_checkpoint_load(dt_embed *e, dt_train_state *state, co
     st = dt__em_params(e, &ps, &store, &steps);
     if (!st) st = dt_checkpoint_load(e->ctx, &ps, NULL, state, &d);
     if (!st)
-        for (i = 0; i < e->n_tabs; i++) e->tabs[i].t = ((int64_t *)steps.data)[i];
+        for (i = 0; i < e->n_tabs; i++) {
+            e->tabs[i].t = ((int64_t *)steps.data)[i];
+            if (e->tabs[i].dynamic && e->tabs[i].w.data && !st) st = dt__em_dyn_rebuild(e, &e->tabs[i]);
+        }
     dt_release(e->ctx, ps.items);
     dt_release(e->ctx, store);
     dt_tensor_free(e->ctx, &steps);
@@ -1585,7 +1832,7 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
         if ((st = dt_tensor_create(e->ctx, &ts[n + 1], &d))) break;
         for (k = 0; k < t->n_dirty; k++) {
             int64_t x = t->dlist[k];
-            ((int64_t *)ts[n].data)[k] = t->r0 + x;
+            ((int64_t *)ts[n].data)[k] = t->dynamic ? ((int64_t *)t->slot_id.data)[x] : t->r0 + x;
             if ((st = dt_convert(e->ctx, (float *)ts[n + 1].data + k * nc, DT_F32,
                                  (const char *)t->w.data + (size_t)(x * nc) * dt_dtype_size(t->dtype), t->dtype, nc)))
                 break;
@@ -1626,6 +1873,11 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
 
 #if defined(DT_STATIC) && (defined(__GNUC__) || defined(__clang__))
 #pragma GCC diagnostic pop
+#endif
+
+#ifdef DT__EM_TYPEOF
+#undef typeof
+#undef DT__EM_TYPEOF
 #endif
 
 #endif /* DT_EMBED_IMPLEMENTATION_DONE */
