@@ -21,26 +21,29 @@ static int R, W;
 static dt_embed *make(dt_comm *c) {
     dt_embed_table_desc t[2];
     dt_embed_desc d;
+    dt_embed_feature_desc f[3];
     dt_embed *e = NULL;
     memset(t, 0, sizeof t);
+    memset(f, 0, sizeof f);
+    f[0].table = 0; f[1].table = 1; f[2].table = 0; /* "dyn" serves features 0 and 2 */
     t[0].name = "dyn"; t[0].rows = 24; t[0].dim = 4; t[0].dynamic = 1; t[0].admit_after = 2; t[0].hash_shards = 8;
     t[0].optim.kind = DT_EMBED_ADAGRAD; t[0].weighted = 1;
     t[1].name = "dynseq"; t[1].rows = 17; t[1].dim = 3; t[1].dynamic = 1; t[1].hash_shards = 5;
     t[1].pooling = DT_POOL_NONE; t[1].optim.kind = DT_EMBED_ADAM;
     memset(&d, 0, sizeof d);
-    d.tables = t; d.n_tables = 2; d.comm = c; d.seed = 3;
+    d.tables = t; d.n_tables = 2; d.features = f; d.n_features = 3; d.comm = c; d.seed = 3;
     if (dt_embed_create(&C, &e, &d)) { fprintf(stderr, "make: %s\n", dt_ctx_error(&C)); exit(2); }
     return e;
 }
 
-static int64_t LEN[2 * GB], IDS[2 * GB * 4];
-static float WTS[2 * GB * 4];
+static int64_t LEN[3 * GB], IDS[3 * GB * 4];
+static float WTS[3 * GB * 4];
 
 /* Samples [b0, b0 + n) of step s: 0..3 ids per bag from NIDS large ids, small ones frequent. */
 static void batch(dt_kjt *k, int s, int64_t b0, int64_t n) {
     int f;
     int64_t b, j, o = 0;
-    for (f = 0; f < 2; f++)
+    for (f = 0; f < 3; f++)
         for (b = 0; b < n; b++) {
             int64_t len = (int64_t)(dt_rng_uniform(10 + s, (uint64_t)f, (uint64_t)(b0 + b)) * 4.0f);
             LEN[f * n + b] = len;
@@ -53,7 +56,7 @@ static void batch(dt_kjt *k, int s, int64_t b0, int64_t n) {
             }
         }
     memset(k, 0, sizeof *k);
-    k->n_features = 2; k->batch = n; k->lengths = LEN; k->ids = IDS; k->weights = WTS;
+    k->n_features = 3; k->batch = n; k->lengths = LEN; k->ids = IDS; k->weights = WTS;
 }
 
 static void slice(int r, int w, int64_t *b0, int64_t *n) {
@@ -77,9 +80,9 @@ static dt_status step(dt_embed *e, dt_tensor *out, int s, int64_t b0, int64_t n)
     dt_status st;
     batch(&k, s, b0, n);
     if ((st = dt_embed_forward(e, out, &k))) return st;
-    dout = T2(n, 4);
+    dout = T2(n, 8);
     for (b = 0; b < n; b++)
-        for (c = 0; c < 4; c++) ((float *)dout.data)[b * 4 + c] = dt_rng_normal(30 + s, (uint64_t)c, (uint64_t)(b0 + b));
+        for (c = 0; c < 8; c++) ((float *)dout.data)[b * 8 + c] = dt_rng_normal(30 + s, (uint64_t)c, (uint64_t)(b0 + b));
     dt_embed_sequence_grad(e, &g, 1);
     for (b = 0; b < b0; b++) skip += (int64_t)(dt_rng_uniform(10 + s, 1, (uint64_t)b) * 4.0f);
     for (j = 0; j < g.numel; j++) ((float *)g.data)[j] = dt_rng_normal(40 + s, (uint64_t)(j % 3), (uint64_t)(skip + j / 3));
@@ -104,7 +107,7 @@ static int64_t diff_slots(dt_embed *e, dt_embed *ref) {
 
 static void run(dt_embed *e, dt_embed *ref, int s0, int s1, int64_t b0, int64_t n, int64_t *bad_out, int64_t *bad_seq,
                 double cnt[6]) {
-    dt_tensor out = T2(n, 4), rout = T2(GB, 4);
+    dt_tensor out = T2(n, 8), rout = T2(GB, 8);
     int s;
     for (s = s0; s < s1; s++) {
         dt_embed_stats a, r;
@@ -115,7 +118,7 @@ static void run(dt_embed *e, dt_embed *ref, int s0, int s1, int64_t b0, int64_t 
             dt_test_fail("embed_dynamic_step_runs", "step %d: %s", s, dt_ctx_error(&C));
             break;
         }
-        if (memcmp(out.data, (float *)rout.data + b0 * 4, (size_t)n * 16) != 0) (*bad_out)++;
+        if (memcmp(out.data, (float *)rout.data + b0 * 8, (size_t)n * 32) != 0) (*bad_out)++;
         dt_embed_sequence(e, &sq, 1);
         dt_embed_sequence(ref, &rsq, 1);
         {
