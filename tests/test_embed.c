@@ -314,8 +314,10 @@ static void test_export(void) {
 /* A dynamic table of 3 slots in one id-hash shard, admission at the 2nd sighting, LRU: against
    a model written here (plain arrays). Each step is one batch of one-id bags. */
 static void test_dynamic(void) {
-    static const int64_t steps[6][4] = {{10, 11, 10, 12}, {11, 13, 13, 14}, {14, 15, 15, 10},
-                                        {16, 16, 17, 17}, {12, 12, 10, 99}, {18, 18, 19, 19}};
+    /* the last two steps: four new ids for three slots in one batch, so the 4th is rejected
+       (the rows in use by the batch are not evicted) */
+    static const int64_t steps[8][4] = {{10, 11, 10, 12}, {11, 13, 13, 14}, {14, 15, 15, 10}, {16, 16, 17, 17},
+                                        {12, 12, 10, 99}, {18, 18, 19, 19}, {30, 31, 32, 33}, {30, 31, 32, 33}};
     dt_embed_table_desc t;
     dt_embed_desc d;
     dt_embed *e = NULL;
@@ -328,7 +330,7 @@ static void test_dynamic(void) {
     t.name = "dyn"; t.rows = 3; t.dim = 2; t.dynamic = 1; t.admit_after = 2; t.hash_shards = 1;
     d.tables = &t; d.n_tables = 1; d.seed = 9;
     if (dt_embed_create(&C, &e, &d)) { dt_test_fail("embed_dynamic_create", "%s", dt_ctx_error(&C)); return; }
-    for (s = 0; s < 6; s++) {
+    for (s = 0; s < 8; s++) {
         dt_kjt k;
         dt_embed_stats st;
         int64_t step0 = clock;
