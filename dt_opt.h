@@ -82,6 +82,10 @@
 
    Zero means default in every desc. Where PyTorch's default is not zero (lr, betas, eps,
    AdamW's weight_decay) write DT_OPT_ZERO for a real zero: `od.beta1 = DT_OPT_ZERO`.
+   `od.lr = DT_OPT_ZERO` is lr 0 (as torch.optim accepts it): the weights stay, the state
+   (momentum, exp_avg, ...) and the step still advance; schedule.lr DT_OPT_ZERO is a 0 peak.
+   Hyperparameters are >= 0 and at most FLT_MAX (the update math rounds them to float); int
+   flags (nesterov, a parameter's no_decay) are 0 or 1; anything else is a named DT_ERR_ARG.
 
    ---------------------------------------------------------------- schedules
 
@@ -105,9 +109,14 @@
    scale starts at 2^16; the backward is seeded with scale / accum_steps (dt_opt_micro_begin);
    dt_opt_step multiplies the grads by 1/scale, and if any grad on any rank is inf or NaN (one
    all-reduce of a flag over desc.comm) the update is skipped and scale *= 0.5; after 2000
-   consecutive clean steps scale *= 2. Mode DEFAULT turns dynamic scaling on when a parameter is
-   f16 and off otherwise (f32 and bf16 need none). STATIC keeps a fixed scale but still skips
-   steps with inf/NaN (Megatron's constant scaler). Gradients are unscaled before clipping.
+   consecutive clean steps scale *= 2, unless the product is not a finite float (the scale stops
+   at 2^127, as GradScaler's float32 scale does: the seed (float)scale must not be inf); a
+   back-off never goes below FLT_MIN (2^-126), so that 1/scale stays a float too. Mode DEFAULT
+   turns dynamic scaling on when a parameter is f16 and off otherwise (f32 and bf16 need none).
+   STATIC keeps a fixed scale but still skips steps with inf/NaN (Megatron's constant scaler).
+   Gradients are unscaled before clipping. With scaling, desc.comm must hold every rank that
+   steps together whenever the norm is summed over other ranks (dt_opt_create checks that it
+   is not NULL then): a step skipped on one rank only would stall the others in the norm.
 
    ---------------------------------------------------------------- clipping across ranks
 
@@ -120,6 +129,9 @@
    (ZeRO over dp plus tensor parallel over tp). Every rank of a comm must see that comm in the
    same order (true when the ranks of a group hold the same parameter names). Clipping scales
    every grad by max_norm / (norm + 1e-6) when that is below 1 (torch.nn.utils.clip_grad_norm_).
+   dt_opt_step computes the norm on every step when one of these comms has more than one rank
+   (so whether its all-reduces run never depends on a rank's info argument), otherwise when
+   clip_norm > 0 or info asks for it.
 
    ---------------------------------------------------------------- checkpoints
 
@@ -140,9 +152,14 @@
    manifest, fsyncs the directory, renames it to step_00000100/, fsyncs dir/, then writes
    latest.tmp, fsyncs and renames it over `latest`. A process killed anywhere in between leaves
    `latest` naming the previous, complete checkpoint (saving the step `latest` names once more
-   first points `latest` at the newest other step while the directory is replaced). The newest
-   `keep` step directories stay; step_*.tmp/ left by interrupted saves are removed. dir must be
-   on a file system every rank sees (rank 0 renames the directory the ranks wrote into).
+   first points `latest` at the newest other step while the directory is replaced). A save that
+   fails (a full disk or an I/O error on any rank, a failed collective) returns the error on
+   every rank and removes what it made: each rank its rank file, rank 0 step_00000100.tmp/ and
+   latest.tmp; `latest` and the previous checkpoints are as they were (after the rename, a
+   failure to update `latest` leaves the complete step_00000100/ beside them). The newest
+   `keep` step directories stay; step_*.tmp/ left by killed saves are removed by the next
+   save. dir must be on a file system every rank sees (rank 0 renames the directory the ranks
+   wrote into).
    dt_checkpoint_load reads latest (or desc.step_dir), validates everything, finds every slice
    this rank needs in whichever rank files hold it (so any world size or layout can load any
    checkpoint: resharding), maps each such file read-only (mmap) and checks it against the
@@ -220,7 +237,7 @@ typedef enum dt_lr_kind {
 
 typedef struct dt_lr_schedule {
     dt_lr_kind kind;
-    double lr;             /* peak lr; 0 = the optimizer's lr (inside dt_opt_desc) */
+    double lr;             /* peak lr, >= 0; 0 = the optimizer's lr (inside dt_opt_desc) */
     double min_lr;         /* the floor the decay ends at (absolute) */
     int64_t warmup_steps;  /* linear warmup over the first warmup_steps updates; 0 = none */
     int64_t total_steps;   /* COSINE, LINEAR, WSD: the decay ends here */
@@ -349,6 +366,7 @@ typedef struct dt_optimizer {
     dt_opt_slot *slots;     /* one per params->items[i], same order */
     int n_slots;
     double *sumsq;          /* per-parameter sums of squares of one step, kept: no allocation per step */
+    int norm_collective;    /* 1: desc.norm sums over other ranks, so every step computes the norm */
 } dt_optimizer;
 
 typedef struct dt_opt_step_info {
@@ -368,8 +386,11 @@ DT_API void dt_opt_free(dt_optimizer *opt);
 DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, float *dloss, dt_bucketer *b, int micro);
 /* One update: unscale + inf/nan check (when scaling), global grad norm, clip, update every
    parameter with its group's lr and weight decay, re-cast bf16/f16 values, advance the step and
-   the scaler. Collective over desc.comm (when scaling) and over the norm comms (when the norm is
-   computed: clip_norm > 0 or info non-NULL; every rank must pass info alike). info may be NULL.
+   the scaler. Collective over desc.comm (when scaling) and over the norm comms when one of them
+   has more than one rank: then every step computes the norm (one more pass over the grads
+   without scaling, and a one-number all-reduce per comm), whatever info is. info may be NULL,
+   and may differ between ranks (a trainer that logs on rank 0 only): it changes no collective
+   and no result; with info, a norm that no other rank takes part in is computed locally.
    On an error (a failed collective) the grads may already be unscaled: do not call it again
    on the same grads; end the run or redo the step from the forward. */
 DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info);
@@ -460,6 +481,8 @@ DT_API void dt_reset_peak_bytes(dt_ctx *ctx);
 #define DT_OPT_IMPLEMENTATION_DONE
 
 #include <errno.h>
+#include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -496,12 +519,38 @@ extern "C" {
 
 static int dt__ofinite(double x) { return x == x && x != HUGE_VAL && x != -HUGE_VAL; }
 
+/* double -> float of a per-step scalar. C leaves the conversion of a value beyond the float
+   range undefined (IEEE hardware gives +-inf); here it is +-inf explicitly, NaN stays NaN.
+   dt_opt_create rejects hyperparameters a float cannot hold, but the update functions take
+   any double. */
+static float dt__of32(double x) {
+    if (x != x) return (float)NAN;
+    if (x > FLT_MAX) return HUGE_VALF;
+    if (x < -FLT_MAX) return -HUGE_VALF;
+    return (float)x;
+}
+
+/* *out = a * b, or 0 when the product overflows size_t (an allocation size). */
+static int dt__omul(size_t *out, size_t a, size_t b) {
+    if (b && a > (size_t)-1 / b) return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* dt_alloc of n elements of `size` bytes (at least one, so an empty set is not NULL); NULL
+   also when n * size overflows. */
+static void *dt__oalloc(dt_ctx *ctx, size_t n, size_t size) {
+    size_t bytes;
+    if (!dt__omul(&bytes, n ? n : 1, size)) return NULL;
+    return dt_alloc(ctx, bytes);
+}
+
 /* ---------------------------------------------------------------- update math */
 
 DT_API void dt_sgd_update(float *w, const float *g, float *buf, int64_t n, double lr, double momentum,
                           double dampening, double weight_decay, int nesterov, int first) {
-    const float lrf = (float)lr, mom = (float)momentum, damp = (float)(1.0 - dampening);
-    const float wd = (float)weight_decay;
+    const float lrf = dt__of32(lr), mom = dt__of32(momentum), damp = dt__of32(1.0 - dampening);
+    const float wd = dt__of32(weight_decay);
     int64_t i;
     for (i = 0; i < n; i++) {
         float d = g[i];
@@ -537,10 +586,10 @@ DT_API void dt_adam_update(float *w, const float *g, float *m, float *v, int64_t
                            double beta2, double eps, double weight_decay, int decoupled, int64_t t) {
     /* the per-step scalars in double, rounded once (PyTorch computes them in Python floats) */
     const double bc1 = 1.0 - pow(beta1, (double)t), bc2 = 1.0 - pow(beta2, (double)t);
-    const float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-    const float b1 = (float)beta1, omb1 = (float)(1.0 - beta1), b2 = (float)beta2, omb2 = (float)(1.0 - beta2);
-    const float epsf = (float)eps, l2 = decoupled ? 0.0f : (float)weight_decay;
-    const float decay = (float)(1.0 - lr * weight_decay);
+    const float step_size = dt__of32(lr / bc1), bc2_sqrt = dt__of32(sqrt(bc2));
+    const float b1 = dt__of32(beta1), omb1 = dt__of32(1.0 - beta1), b2 = dt__of32(beta2), omb2 = dt__of32(1.0 - beta2);
+    const float epsf = dt__of32(eps), l2 = decoupled ? 0.0f : dt__of32(weight_decay);
+    const float decay = dt__of32(1.0 - lr * weight_decay);
     const int decay_on = decoupled && weight_decay != 0.0;
     int64_t i = 0;
 #ifdef DT__OPT_SSE2
@@ -585,8 +634,8 @@ static void dt__adagrad4(float *w, const float *g, float *sum, __m128 clr, __m12
 
 DT_API void dt_adagrad_update(float *w, const float *g, float *sum, int64_t n, double lr, double lr_decay,
                               double weight_decay, double eps, int64_t t) {
-    const float clr = (float)(lr / (1.0 + (double)(t - 1) * lr_decay));
-    const float wd = (float)weight_decay, epsf = (float)eps;
+    const float clr = dt__of32(lr / (1.0 + (double)(t - 1) * lr_decay));
+    const float wd = dt__of32(weight_decay), epsf = dt__of32(eps);
     int64_t i = 0;
 #ifdef DT__OPT_SSE2
     const __m128 C = _mm_set1_ps(clr), WD = _mm_set1_ps(wd), E = _mm_set1_ps(epsf);
@@ -616,8 +665,8 @@ static const char *dt__lr_problem(const dt_lr_schedule *s, char *buf, size_t n) 
     int64_t decay;
     if ((int)s->kind < 0 || s->kind >= DT_LR_KIND_COUNT)
         snprintf(buf, n, "kind = %d is not a dt_lr_kind", (int)s->kind);
-    else if (!(s->lr > 0) || !dt__ofinite(s->lr))
-        snprintf(buf, n, "lr = %g; expected a finite value > 0", s->lr);
+    else if (!(s->lr >= 0) || s->lr > FLT_MAX)
+        snprintf(buf, n, "lr = %g; expected a value >= 0 that a float can hold (<= %g)", s->lr, (double)FLT_MAX);
     else if (!(s->min_lr >= 0) || s->min_lr > s->lr)
         snprintf(buf, n, "min_lr = %g; expected 0 <= min_lr <= lr (%g)", s->min_lr, s->lr);
     else if (s->warmup_steps < 0)
@@ -675,6 +724,10 @@ DT_API dt_status dt_lr_schedule_check(dt_ctx *ctx, const dt_lr_schedule *s) {
 
 /* ---------------------------------------------------------------- loss scaling */
 
+/* A loss scale the float math can use: the backward seed (float)scale and the unscale
+   multiplier (float)(1 / scale) are both finite: FLT_MIN (2^-126) <= scale <= FLT_MAX. */
+static int dt__scale_ok(double scale) { return scale >= FLT_MIN && scale <= FLT_MAX; }
+
 DT_API dt_status dt_loss_scaler_init(dt_ctx *ctx, dt_loss_scaler *s, const dt_loss_scale_desc *desc) {
     const char *fn = "dt_loss_scaler_init";
     dt_loss_scale_desc d;
@@ -684,9 +737,10 @@ DT_API dt_status dt_loss_scaler_init(dt_ctx *ctx, dt_loss_scaler *s, const dt_lo
     if (desc) d = *desc;
     if ((int)d.mode < 0 || d.mode >= DT_LOSS_SCALE_MODE_COUNT)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.mode = %d is not a dt_loss_scale_mode", fn, (int)d.mode);
-    if (!(d.init_scale >= 0) || !dt__ofinite(d.init_scale))
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.init_scale = %g; expected a finite value > 0 (0 = 65536)",
-                                fn, d.init_scale);
+    if (d.init_scale != 0 && !dt__scale_ok(d.init_scale))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.init_scale = %g; expected %g <= init_scale <= %g (a float "
+                                "whose reciprocal is a float too; 0 = 65536)", fn, d.init_scale, (double)FLT_MIN,
+                                (double)FLT_MAX);
     if (d.growth_factor != 0 && (!(d.growth_factor > 1) || !dt__ofinite(d.growth_factor)))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.growth_factor = %g; expected > 1 (0 = 2)", fn,
                                 d.growth_factor);
@@ -707,15 +761,22 @@ DT_API dt_status dt_loss_scaler_init(dt_ctx *ctx, dt_loss_scaler *s, const dt_lo
 
 DT_API void dt_loss_scaler_update(dt_loss_scaler *s, int found_inf) {
     if (!s || s->mode == DT_LOSS_SCALE_NONE) return;
-    if (found_inf) s->skipped++;
+    if (found_inf && s->skipped < INT64_MAX) s->skipped++;
     if (s->mode != DT_LOSS_SCALE_DYNAMIC) return;
     if (found_inf) {
-        s->scale *= s->backoff_factor;
+        /* no lower than FLT_MIN: the unscale multiplier 1 / scale must stay a finite float */
+        double backed = s->scale * s->backoff_factor;
+        if (backed >= FLT_MIN) s->scale = backed;
         s->growth_tracker = 0;
-    } else if (++s->growth_tracker == s->growth_interval) {
+    } else if ((int64_t)s->growth_tracker + 1 >= s->growth_interval) { /* >=: a loaded tracker may be past it */
+        /* torch._amp_update_scale_ grows the float32 scale only when the product is finite: in
+           float, so a double scale past FLT_MAX would seed the backward with (float)scale = inf
+           and waste a step every growth interval */
         double grown = s->scale * s->growth_factor;
-        if (dt__ofinite(grown)) s->scale = grown; /* as torch._amp_update_scale_: never grow to inf */
+        if (grown <= FLT_MAX) s->scale = grown;
         s->growth_tracker = 0;
+    } else {
+        s->growth_tracker++;
     }
 }
 
@@ -786,22 +847,43 @@ static dt_status dt__check_grads(dt_ctx *ctx, const dt_params *ps, const char *f
     return DT_OK;
 }
 
+/* The one pass over the grads that dt_loss_scaler_unscale, dt_opt_step and dt_grad_norm share
+   (dt__grad_pass on each grad). With a scaler s that scales (mode not NONE): grads *= 1 / scale
+   (not when the scale is 1) and *found_inf = an inf or NaN in a grad on any rank of comm (one
+   all-reduce). s NULL or NONE: the grads are only read, *found_inf = 0, no collective. sq[i]
+   (sq may be NULL) = the sum of squares of grad i after the multiply. */
+static dt_status dt__unscale(const dt_loss_scaler *s, const dt_params *ps, double *sq, int *found_inf,
+                             dt_comm *comm) {
+    const int scaling = s && s->mode != DT_LOSS_SCALE_NONE;
+    /* GradScaler: inv_scale = scale.double().reciprocal().float() */
+    const float mul = scaling ? dt__of32(1.0 / s->scale) : 1.0f;
+    int i, bad = 0;
+    *found_inf = 0;
+    for (i = 0; i < ps->count; i++) {
+        double q = dt__grad_pass((float *)ps->items[i]->grad.data, ps->items[i]->grad.numel, mul,
+                                 scaling && s->scale != 1.0, &bad);
+        if (sq) sq[i] = q;
+    }
+    if (!scaling) return DT_OK;
+    DT__OTRY(dt__agree_flag(comm, &bad));
+    *found_inf = bad;
+    return DT_OK;
+}
+
 DT_API dt_status dt_loss_scaler_unscale(dt_ctx *ctx, dt_loss_scaler *s, dt_params *ps, int *found_inf,
                                         dt_comm *comm) {
     const char *fn = "dt_loss_scaler_unscale";
-    int i, bad = 0;
-    float mul;
     if (!ctx) return DT_ERR_ARG;
     if (!s || !found_inf) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, s ? "found_inf" : "s");
     DT__OTRY(dt__check_grads(ctx, ps, fn));
     *found_inf = 0;
+    if ((int)s->mode < 0 || s->mode >= DT_LOSS_SCALE_MODE_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: s->mode = %d is not a dt_loss_scale_mode", fn, (int)s->mode);
     if (s->mode == DT_LOSS_SCALE_NONE) return DT_OK;
-    mul = (float)(1.0 / s->scale); /* GradScaler: inv_scale = scale.double().reciprocal().float() */
-    for (i = 0; i < ps->count; i++)
-        dt__grad_pass((float *)ps->items[i]->grad.data, ps->items[i]->grad.numel, mul, s->scale != 1.0, &bad);
-    DT__OTRY(dt__agree_flag(comm, &bad));
-    *found_inf = bad;
-    return DT_OK;
+    if (!dt__scale_ok(s->scale))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: s->scale = %g; expected %g <= scale <= %g (set by "
+                                "dt_loss_scaler_init)", fn, s->scale, (double)FLT_MIN, (double)FLT_MAX);
+    return dt__unscale(s, ps, NULL, found_inf, comm);
 }
 
 /* ---------------------------------------------------------------- gradient norm and clipping */
@@ -822,6 +904,18 @@ static dt_status dt__norm_check(dt_ctx *ctx, const dt_params *ps, const dt_grad_
                                     "...) so its slices are summed once", fn, p->name);
     }
     return DT_OK;
+}
+
+/* 1 when dt__norm_combine all-reduces: a comm of d that it uses has more than one rank. The same
+   on every rank of those comms (they hold the same parameter names), so dt_opt_step decides from
+   it, never from a local choice such as passing info, whether the norm's collectives run. */
+static int dt__norm_collective(const dt_params *ps, const dt_grad_norm_desc *d) {
+    int i;
+    if (!d) return 0;
+    if (dt__comm_size(d->shard_comm) > 1 || dt__comm_size(d->stage_comm) > 1) return 1;
+    for (i = 0; i < ps->count; i++)
+        if (ps->items[i]->sharded && dt__comm_size(dt__param_comm(d, i)) > 1) return 1;
+    return 0;
 }
 
 /* norm^2 = sum over non-sharded of sq[i] + for each shard comm (in order of first use, shard_comm
@@ -858,11 +952,9 @@ static dt_status dt__norm_combine(dt_ctx *ctx, const dt_params *ps, const dt_gra
 }
 
 static double *dt__sumsqs(dt_ctx *ctx, const dt_params *ps) {
-    double *sq = (double *)dt_alloc(ctx, (size_t)(ps->count + 1) * sizeof(double));
-    int i, bad = 0;
-    if (!sq) return NULL;
-    for (i = 0; i < ps->count; i++)
-        sq[i] = dt__grad_pass((float *)ps->items[i]->grad.data, ps->items[i]->grad.numel, 1.0f, 0, &bad);
+    double *sq = (double *)dt__oalloc(ctx, (size_t)ps->count, sizeof(double));
+    int bad;
+    if (sq) dt__unscale(NULL, ps, sq, &bad, NULL); /* no scaler: reads only, no collective */
     return sq;
 }
 
@@ -892,7 +984,7 @@ static void dt__scale_grads(dt_params *ps, float coef) {
 /* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1. */
 static void dt__clip(dt_params *ps, double max_norm, double norm) {
     double coef = max_norm / (norm + 1e-6);
-    if (dt__ofinite(norm) && coef < 1.0) dt__scale_grads(ps, (float)coef);
+    if (dt__ofinite(norm) && coef < 1.0) dt__scale_grads(ps, dt__of32(coef));
 }
 
 DT_API dt_status dt_clip_grad_norm(dt_ctx *ctx, dt_params *ps, double *norm, double max_norm,
@@ -933,9 +1025,17 @@ static const char *dt__opt_state_name(dt_opt_kind k, int i) {
 /* 0 = default, DT_OPT_ZERO = 0, anything else as given. */
 static double dt__pick(double v, double dflt) { return v == DT_OPT_ZERO ? 0.0 : v == 0.0 ? dflt : v; }
 
+/* A hyperparameter: >= 0 and small enough for the float the update math rounds it to. */
 static dt_status dt__nonneg(dt_ctx *ctx, const char *fn, const char *field, double v) {
-    if (v >= 0 && dt__ofinite(v)) return DT_OK;
-    return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.%s = %g; expected a finite value >= 0", fn, field, v);
+    if (v >= 0 && v <= FLT_MAX) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.%s = %g; expected a value >= 0 that a float can hold "
+                            "(<= %g)", fn, field, v, (double)FLT_MAX);
+}
+
+/* An int flag: 0 or 1, anything else is a mistake worth naming (not a silent "on"). */
+static dt_status dt__flag(dt_ctx *ctx, const char *fn, const char *field, int v) {
+    if (v == 0 || v == 1) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s = %d; expected 0 or 1", fn, field, v);
 }
 
 static dt_status dt__opt_resolve(dt_ctx *ctx, dt_opt_desc *d, const char *fn) {
@@ -963,6 +1063,7 @@ static dt_status dt__opt_resolve(dt_ctx *ctx, dt_opt_desc *d, const char *fn) {
     if (d->accum_steps < 0)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.accum_steps = %d; expected >= 1 (0 = 1)", fn,
                                 d->accum_steps);
+    DT__OTRY(dt__flag(ctx, fn, "desc.nesterov", d->nesterov));
     d->lr = dt__pick(d->lr, adagrad ? 1e-2 : 1e-3);
     d->weight_decay = dt__pick(d->weight_decay, adamw ? 1e-2 : 0.0);
     d->beta1 = dt__pick(d->beta1, 0.9);
@@ -984,7 +1085,8 @@ static dt_status dt__opt_resolve(dt_ctx *ctx, dt_opt_desc *d, const char *fn) {
         d->groups[k].lr_scale = dt__pick(d->groups[k].lr_scale, 1.0);
         d->groups[k].weight_decay = dt__pick(d->groups[k].weight_decay, d->weight_decay);
     }
-    if (d->schedule.lr == 0) d->schedule.lr = d->lr;
+    /* schedule.lr 0 = the optimizer's lr (which may be a real 0: DT_OPT_ZERO, a frozen run) */
+    d->schedule.lr = dt__pick(d->schedule.lr, d->lr);
     if (dt__lr_problem(&d->schedule, why, sizeof why))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.schedule.%s", fn, why);
     return DT_OK;
@@ -1008,6 +1110,9 @@ static dt_status dt__opt_check_params(dt_ctx *ctx, dt_params *ps, const dt_opt_d
         if (p->group < 0 || p->group >= DT_OPT_MAX_GROUPS)
             return dt_ctx_set_error(ctx, DT_ERR_RANGE, "%s: \"%s\" has group %d; expected 0 <= group < %d "
                                     "(DT_OPT_MAX_GROUPS)", fn, p->name, p->group, DT_OPT_MAX_GROUPS);
+        if (p->no_decay != 0 && p->no_decay != 1)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: \"%s\" has no_decay = %d; expected 0 or 1", fn, p->name,
+                                    p->no_decay);
     }
     return dt__norm_check(ctx, ps, &d->norm, fn);
 }
@@ -1041,7 +1146,7 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, c
     dt_optimizer *opt;
     dt_opt_desc d;
     dt_status st = DT_OK;
-    int i, k, n_state, any_f16 = 0;
+    int i, k, n_state, any_f16 = 0, norm_collective;
     if (!ctx) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
     *out = NULL;
@@ -1051,24 +1156,32 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, c
     DT__OTRY(dt__opt_check_params(ctx, ps, &d, fn));
     for (i = 0; i < ps->count; i++) any_f16 |= ps->items[i]->value.dtype == DT_F16;
     if (d.loss_scale.mode == DT_LOSS_SCALE_DEFAULT && any_f16) d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC;
+    norm_collective = dt__norm_collective(ps, &d.norm);
+    /* a step skipped on one rank only would leave the others waiting in the norm's all-reduce */
+    if ((d.loss_scale.mode == DT_LOSS_SCALE_DYNAMIC || d.loss_scale.mode == DT_LOSS_SCALE_STATIC) &&
+        norm_collective && dt__comm_size(d.comm) == 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.comm is %s but desc.norm sums the grad norm over other "
+                                "ranks; with loss scaling every rank that steps together must agree on skipping a "
+                                "step: set desc.comm to them (the world)", fn, d.comm ? "a comm of one rank" : "NULL");
     opt = (dt_optimizer *)dt_alloc(ctx, sizeof *opt);
     if (!opt) return DT_ERR_OOM;
     memset(opt, 0, sizeof *opt);
     opt->ctx = ctx;
     opt->params = ps;
+    opt->norm_collective = norm_collective;
     st = dt_loss_scaler_init(ctx, &opt->scaler, &d.loss_scale);
     if (st) { dt_release(ctx, opt); return st; }
     d.loss_scale.mode = opt->scaler.mode;
     opt->desc = d;
-    opt->slots = (dt_opt_slot *)dt_alloc(ctx, (size_t)(ps->count + 1) * sizeof(dt_opt_slot));
-    opt->sumsq = (double *)dt_alloc(ctx, (size_t)(ps->count + 1) * sizeof(double));
+    opt->slots = (dt_opt_slot *)dt__oalloc(ctx, (size_t)ps->count, sizeof(dt_opt_slot));
+    opt->sumsq = (double *)dt__oalloc(ctx, (size_t)ps->count, sizeof(double));
     if (!opt->slots || !opt->sumsq) {
         dt_release(ctx, opt->slots);
         dt_release(ctx, opt->sumsq);
         dt_release(ctx, opt);
         return DT_ERR_OOM;
     }
-    memset(opt->slots, 0, (size_t)(ps->count + 1) * sizeof(dt_opt_slot));
+    memset(opt->slots, 0, (size_t)(ps->count ? ps->count : 1) * sizeof(dt_opt_slot));
     n_state = d.kind == DT_OPT_SGD ? (d.momentum != 0 ? 1 : 0) : d.kind == DT_OPT_ADAGRAD ? 1 : 2;
     for (i = 0; i < ps->count && !st; i++) {
         dt_opt_slot *s = &opt->slots[i];
@@ -1098,7 +1211,7 @@ DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, float *dloss, dt_bucketer
         return dt_ctx_set_error(opt->ctx, DT_ERR_RANGE, "dt_opt_micro_begin: micro = %d; expected 0 <= micro < "
                                 "accum_steps (%d)", micro, n);
     if (b) dt_bucketer_set_sync(b, micro == n - 1);
-    if (dloss) *dloss = (float)(opt->scaler.scale / n);
+    if (dloss) *dloss = dt__of32(opt->scaler.scale / n);
     return DT_OK;
 }
 
@@ -1152,7 +1265,6 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     dt_ctx *ctx;
     double *sq, lr;
     int i, bad = 0, scaling, want_norm;
-    float mul;
     dt_status st = DT_OK;
     if (!opt) return DT_ERR_ARG;
     ctx = opt->ctx;
@@ -1163,16 +1275,15 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     inf.lr = lr;
     inf.loss_scale = opt->scaler.scale;
     scaling = opt->scaler.mode != DT_LOSS_SCALE_NONE;
-    mul = (float)(1.0 / opt->scaler.scale);
-    want_norm = info || opt->desc.clip_norm > 0;
+    /* Whether the norm's collectives run follows from the configuration alone, the same on
+       every rank: a trainer that passes info on one rank only (to log) must not leave the
+       others behind in an all-reduce. info adds a norm only where it is local. */
+    want_norm = opt->desc.clip_norm > 0 || opt->norm_collective || info != NULL;
     sq = opt->sumsq;
-    /* 1. one pass per grad: unscale, look for inf/nan, sum of squares (none is needed without
-       scaling, clipping or info: the update is then the only pass) */
-    for (i = 0; i < ps->count && (scaling || want_norm); i++)
-        sq[i] = dt__grad_pass((float *)ps->items[i]->grad.data, ps->items[i]->grad.numel, mul,
-                              scaling && opt->scaler.scale != 1.0, &bad);
-    if (scaling) {
-        st = dt__agree_flag(opt->desc.comm, &bad);
+    /* 1. one pass over the grads: unscale, inf/nan agreed over desc.comm, sums of squares (none
+       without scaling or a norm: the update is then the only pass) */
+    if (scaling || want_norm) {
+        st = dt__unscale(scaling ? &opt->scaler : NULL, ps, sq, &bad, opt->desc.comm);
         if (!st && bad) {
             dt_loss_scaler_update(&opt->scaler, 1);
             inf.skipped = 1;
@@ -1377,10 +1488,15 @@ static void dt__ck_dims(dt_strbuf *b, int ndim, const int64_t *v) {
 
 static int dt__ck_float(dt_dtype t) { return t == DT_F32 || t == DT_BF16 || t == DT_F16; }
 
+/* The product of the dims, or -1 when a dim is negative or the product overflows int64 (shapes
+   come from other ranks and from manifests on disk). */
 static int64_t dt__ck_numel(int ndim, const int64_t *shape) {
     int64_t n = 1;
     int d;
-    for (d = 0; d < ndim; d++) n *= shape[d];
+    for (d = 0; d < ndim; d++) {
+        if (shape[d] < 0 || (shape[d] > 0 && n > INT64_MAX / shape[d])) return -1;
+        n *= shape[d];
+    }
     return n;
 }
 
@@ -1665,6 +1781,7 @@ typedef struct dt__ck_item {
 static dt_status dt__ck_items(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt__ck_item **out, int *n_out,
                               const char *fn) {
     dt__ck_item *it;
+    size_t bytes;
     int i, k, n = 0;
     *out = NULL;
     *n_out = 0;
@@ -1678,9 +1795,11 @@ static dt_status dt__ck_items(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt_
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: parameter \"%s\" has no data or an unknown dtype", fn,
                                     ps->items[i]->name);
     }
-    it = (dt__ck_item *)dt_alloc(ctx, (size_t)(4 * ps->count + 1) * sizeof(dt__ck_item));
-    if (!it) return DT_ERR_OOM;
-    memset(it, 0, (size_t)(4 * ps->count + 1) * sizeof(dt__ck_item));
+    /* at most 4 items per parameter: value, master, two state slots */
+    if (!dt__omul(&bytes, (size_t)ps->count + 1, 4) || !dt__omul(&bytes, bytes, sizeof(dt__ck_item)) ||
+        !(it = (dt__ck_item *)dt_alloc(ctx, bytes)))
+        return DT_ERR_OOM;
+    memset(it, 0, bytes);
     for (i = 0; i < ps->count; i++) {
         dt_param *p = ps->items[i];
         dt__ck_fmt(it[n].name, DT__CK_NAME, "param/%s", p->name);
@@ -1768,6 +1887,7 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
     double *lens, maxlen = 0;
     dt_tensor in, out;
     dt_tensor_desc td;
+    size_t total;
     dt_status st = DT_OK;
     *all = NULL;
     if (size == 1) {
@@ -1777,7 +1897,7 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
         *stride = mine->len + 1;
         return DT_OK;
     }
-    lens = (double *)dt_alloc(ctx, (size_t)size * sizeof(double));
+    lens = (double *)dt__oalloc(ctx, (size_t)size, sizeof(double));
     if (!lens) return DT_ERR_OOM; /* the other ranks then time out in the all-reduce, naming this rank */
     memset(lens, 0, (size_t)size * sizeof(double));
     lens[rank] = st_in ? -1.0 : (double)mine->len;
@@ -1790,13 +1910,17 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
     }
     dt_release(ctx, lens);
     if (st) return st;
+    *stride = (size_t)maxlen + 1;
+    if (!dt__omul(&total, *stride, (size_t)size) || total > (uint64_t)INT64_MAX)
+        return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: %d index texts of up to %.0f bytes do not fit in memory", fn,
+                                size, maxlen);
     memset(&in, 0, sizeof in);
     memset(&out, 0, sizeof out);
     memset(&td, 0, sizeof td);
     td.dtype = DT_U8;
-    td.shape[0] = (int64_t)maxlen + 1;
+    td.shape[0] = (int64_t)*stride;
     st = dt_tensor_create(ctx, &in, &td);
-    td.shape[0] = ((int64_t)maxlen + 1) * size;
+    td.shape[0] = (int64_t)total;
     if (!st) st = dt_tensor_create(ctx, &out, &td);
     if (!st) {
         memcpy(in.data, mine->text, mine->len);
@@ -1804,9 +1928,8 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
     }
     dt_tensor_free(ctx, &in);
     if (st) { dt_tensor_free(ctx, &out); return st; }
-    *stride = (size_t)maxlen + 1;
-    *all = (char *)dt_alloc(ctx, *stride * (size_t)size);
-    if (*all) memcpy(*all, out.data, *stride * (size_t)size);
+    *all = (char *)dt_alloc(ctx, total);
+    if (*all) memcpy(*all, out.data, total);
     dt_tensor_free(ctx, &out);
     return *all ? DT_OK : DT_ERR_OOM;
 }
@@ -1840,7 +1963,8 @@ static int dt__ck_overlap(const dt__ck_shard *a, const dt__ck_shard *b) {
 static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int size, dt_json **roots,
                              dt__ck_shard **out, int *n_out, const char *fn) {
     dt__ck_shard *sh;
-    int r, i, j, k, n = 0, total = 0;
+    size_t total = 0;
+    int r, i, j, k, n = 0;
     char a[128], b[128];
     *out = NULL;
     for (r = 0; r < size; r++) {
@@ -1848,10 +1972,12 @@ static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int si
         DT__OTRY(dt_json_parse(ctx, &roots[r], text, strlen(text)));
         if (roots[r]->type != DT_JSON_ARRAY)
             return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: rank %d sent a malformed index", fn, r);
-        total += roots[r]->count;
+        total += (size_t)roots[r]->count;
+        if (total > (size_t)INT_MAX)
+            return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: the ranks hold more than %d slices together", fn, INT_MAX);
     }
-    if (!(sh = (dt__ck_shard *)dt_alloc(ctx, (size_t)(total + 1) * sizeof *sh))) return DT_ERR_OOM;
-    memset(sh, 0, (size_t)(total + 1) * sizeof *sh);
+    if (!(sh = (dt__ck_shard *)dt__oalloc(ctx, total, sizeof *sh))) return DT_ERR_OOM;
+    memset(sh, 0, (total ? total : 1) * sizeof *sh);
     *out = sh;
     for (r = 0; r < size; r++) {
         for (i = 0; i < roots[r]->count; i++) {
@@ -1889,11 +2015,15 @@ static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int si
             }
             sh[j].writer = j == i || !dt__ck_same_box(&sh[j], &sh[j - 1]) ? 1 : 0;
             if (sh[j].writer) {
+                int64_t part = dt__ck_numel(sh[j].ndim, sh[j].shape);
                 for (k = i; k < j; k++)
                     if (sh[k].writer && dt__ck_overlap(&sh[k], &sh[j]))
                         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\": the slices of rank %d and rank %d "
                                                 "overlap without being equal", fn, sh[j].name, sh[k].rank, sh[j].rank);
-                covered += dt__ck_numel(sh[j].ndim, sh[j].shape);
+                if (numel < 0 || part < 0 || part > numel - covered) /* overflow-free: covered <= numel */
+                    return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\": the slice of rank %d does not fit in the "
+                                            "global shape (or its size overflows)", fn, sh[j].name, sh[j].rank);
+                covered += part;
             }
         }
         if (covered != numel)
@@ -1919,10 +2049,11 @@ static dt_status dt__ck_write_tensor(dt_ctx *ctx, int fd, const dt_tensor *t, dt
     return st;
 }
 
-/* This rank's safetensors file: the items it writes, in order, hashed as they go out. */
+/* This rank's safetensors file: the items it writes, in order, hashed as they go out.
+   *created = 1 once the file exists (the caller removes it when the save fails). */
 static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, const char *path,
                                    const dt__ck_item *it, int n, int rank, int64_t step, uint64_t *bytes,
-                                   uint64_t *hash, const char *fn) {
+                                   uint64_t *hash, int *created, const char *fn) {
     dt_strbuf hb;
     dt__hasher h;
     unsigned char len8[8];
@@ -1935,8 +2066,8 @@ static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
     dt_status st = DT_OK;
     memset(&hb, 0, sizeof hb);
     hb.ctx = ctx;
-    ts = (const dt_tensor **)dt_alloc(ctx, (size_t)(n + 1) * sizeof *ts);
-    names = (const char **)dt_alloc(ctx, (size_t)(n + 1) * sizeof *names);
+    ts = (const dt_tensor **)dt__oalloc(ctx, (size_t)n, sizeof *ts);
+    names = (const char **)dt__oalloc(ctx, (size_t)n, sizeof *names);
     if (!ts || !names) st = DT_ERR_OOM;
     for (i = 0; !st && i < n; i++) {
         if (!it[i].write) continue;
@@ -1959,6 +2090,7 @@ static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
         dt_release(ctx, hb.text);
         return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot create %s: %s", fn, path, dt__ck_errno());
     }
+    *created = 1;
     dt__hasher_start(&h); /* hashes beside the writes and the fsync */
     st = dt__ck_write_all(ctx, fd, len8, 8, &h, path, fn);
     if (!st) st = dt__ck_write_all(ctx, fd, hb.text, hb.len, &h, path, fn);
@@ -2089,15 +2221,21 @@ static int dt__ck_newest_other(const char *root, const char *skip, char *out, si
     return best >= 0;
 }
 
-/* `latest` := name (tmp + fsync + rename + fsync of the directory). */
+/* `latest` := name (tmp + fsync + rename + fsync of the directory). A failure before the
+   rename removes latest.tmp: `latest` still names what it named. */
 static dt_status dt__ck_set_latest(dt_ctx *ctx, const char *root, const char *name, const char *fn) {
     char tmp[DT__CK_PATH], path[DT__CK_PATH], text[DT__CK_NAME];
+    dt_status st;
     dt__ck_fmt(tmp, sizeof tmp, "%s/latest.tmp", root);
     dt__ck_fmt(path, sizeof path, "%s/latest", root);
     dt__ck_fmt(text, sizeof text, "%s\n", name);
-    DT__OTRY(dt__ck_write_small(ctx, tmp, text, strlen(text), fn));
-    if (rename(tmp, path) != 0)
-        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: renaming %s to %s failed: %s", fn, tmp, path, dt__ck_errno());
+    st = dt__ck_write_small(ctx, tmp, text, strlen(text), fn);
+    if (!st && rename(tmp, path) != 0)
+        st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: renaming %s to %s failed: %s", fn, tmp, path, dt__ck_errno());
+    if (st) {
+        remove(tmp);
+        return st;
+    }
     if (dt__ck_fsync_path(root) != 0)
         return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: fsync of directory %s failed: %s", fn, root, dt__ck_errno());
     return DT_OK;
@@ -2120,12 +2258,13 @@ static void dt__ck_prune(dt_ctx *ctx, const char *root, const char *name, int ke
             continue;
         }
         if (keep < 0 || !dt__ck_step_name(e->d_name, &s) || strcmp(e->d_name, name) == 0) continue;
-        if (n == cap) {
-            int64_t *q = (int64_t *)dt_alloc(ctx, (size_t)(cap = cap ? 2 * cap : 64) * sizeof(int64_t));
+        if (n == cap) { /* grow by doubling; at INT_MAX / 2 entries stop listing (best effort) */
+            int64_t *q = cap <= INT_MAX / 2 ? (int64_t *)dt__oalloc(ctx, (size_t)(cap ? 2 * cap : 64), sizeof *q) : NULL;
             if (!q) break;
             if (n) memcpy(q, steps, (size_t)n * sizeof(int64_t));
             dt_release(ctx, steps);
             steps = q;
+            cap = cap ? 2 * cap : 64;
         }
         steps[n++] = s;
     }
@@ -2205,7 +2344,7 @@ DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, dt_params *ps, dt_optimizer *op
     double *files = NULL;
     uint64_t bytes = 0, hash = 0;
     int64_t step;
-    int rank, size, n_it = 0, n_sh = 0, i;
+    int rank, size, n_it = 0, n_sh = 0, i, made_tmp = 0, made_file = 0;
     dt_status st = DT_OK;
     if (!ctx) return DT_ERR_ARG;
     if (!desc || !desc->dir || !desc->dir[0] || !ps)
@@ -2231,21 +2370,24 @@ DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, dt_params *ps, dt_optimizer *op
     }
     st = dt__ck_gather(ctx, c, &index, st, &all, &stride, fn);
     if (!st) {
-        roots = (dt_json **)dt_alloc(ctx, (size_t)size * sizeof(dt_json *));
+        roots = (dt_json **)dt__oalloc(ctx, (size_t)size, sizeof(dt_json *));
         if (!roots) st = DT_ERR_OOM;
         else memset(roots, 0, (size_t)size * sizeof(dt_json *));
     }
     if (!st) st = dt__ck_plan(ctx, all, stride, size, roots, &sh, &n_sh, fn);
-    if (!st && !(files = (double *)dt_alloc(ctx, (size_t)size * 3 * sizeof(double)))) st = DT_ERR_OOM;
+    if (!st && !(files = (double *)dt__oalloc(ctx, (size_t)size * 3, sizeof(double)))) st = DT_ERR_OOM;
     for (i = 0; !st && i < n_sh; i++)
         if (sh[i].rank == rank) it[sh[i].index].write = sh[i].writer;
     /* 2. rank 0 makes the temporary directory */
-    if (!st && rank == 0) st = dt__ck_prepare(ctx, desc->dir, tmpdir, fn);
+    if (!st && rank == 0) {
+        st = dt__ck_prepare(ctx, desc->dir, tmpdir, fn);
+        made_tmp = !st;
+    }
     st = dt__ck_agree(ctx, c, st, fn);
     /* 3. every rank writes and fsyncs its file */
+    dt__ck_fmt(path, sizeof path, "%s/rank_%05d.safetensors", tmpdir, rank);
     if (!st) {
-        dt__ck_fmt(path, sizeof path, "%s/rank_%05d.safetensors", tmpdir, rank);
-        st = dt__ck_write_file(ctx, desc, path, it, n_it, rank, step, &bytes, &hash, fn);
+        st = dt__ck_write_file(ctx, desc, path, it, n_it, rank, step, &bytes, &hash, &made_file, fn);
         if (!st && desc->hook) desc->hook("rank_file", rank, desc->hook_user);
     }
     st = dt__ck_agree(ctx, c, st, fn);
@@ -2262,6 +2404,14 @@ DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, dt_params *ps, dt_optimizer *op
         st = man.failed ? DT_ERR_OOM : dt__ck_publish(ctx, desc, desc->dir, name, tmpdir, &man, fn);
     }
     st = dt__ck_agree(ctx, c, st, fn);
+    /* 5. a failed save (a full disk on any rank, a failed collective) leaves no debris: every
+       rank removes the file it made, rank 0 the directory it made (with anything still in it).
+       Every rank has closed its file before the agreement above, so nothing writes there any
+       more. After the rename both are gone already: the complete step directory stays. */
+    if (st) {
+        if (made_file) remove(path);
+        if (made_tmp) dt__ck_rmdir(tmpdir);
+    }
     for (i = 0; roots && i < size; i++) dt_json_free(ctx, roots[i]);
     dt_release(ctx, roots);
     dt_release(ctx, sh);
@@ -2368,7 +2518,7 @@ static dt_status dt__ck_parse_manifest(dt_ctx *ctx, dt__ck_load *L, const char *
         L->tensors->type != DT_JSON_OBJECT)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s lacks a files array of world_size (%d) entries or a "
                                 "tensors object", fn, path, L->world);
-    if (!(L->files = (dt__ck_file *)dt_alloc(ctx, (size_t)L->world * sizeof(dt__ck_file)))) return DT_ERR_OOM;
+    if (!(L->files = (dt__ck_file *)dt__oalloc(ctx, (size_t)L->world, sizeof(dt__ck_file)))) return DT_ERR_OOM;
     memset(L->files, 0, (size_t)L->world * sizeof(dt__ck_file));
     for (r = 0; r < L->world; r++) {
         const char *name;
@@ -2399,8 +2549,11 @@ static const dt_json *dt__ck_find(const dt__ck_load *L, const char *prefix, cons
 static dt_status dt__ck_add_piece(dt_ctx *ctx, dt__ck_load *L, const dt__ck_piece *p) {
     if (L->n_pc == L->cap_pc) {
         int cap = L->cap_pc ? 2 * L->cap_pc : 64;
-        dt__ck_piece *q = (dt__ck_piece *)dt_alloc(ctx, (size_t)cap * sizeof *q);
-        if (!q) return DT_ERR_OOM;
+        dt__ck_piece *q;
+        if (L->cap_pc > INT_MAX / 2)
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_checkpoint_load: %s: more than %d shard pieces (corrupt "
+                                    "manifest?)", L->dir, L->cap_pc);
+        if (!(q = (dt__ck_piece *)dt__oalloc(ctx, (size_t)cap, sizeof *q))) return DT_ERR_OOM;
         if (L->n_pc) memcpy(q, L->pc, (size_t)L->n_pc * sizeof *q);
         dt_release(ctx, L->pc);
         L->pc = q;
@@ -2472,6 +2625,12 @@ static dt_status dt__ck_target(dt_ctx *ctx, dt__ck_load *L, int i, const char *f
             vol *= pc.hi[d] > pc.lo[d] ? pc.hi[d] - pc.lo[d] : 0;
         }
         if (vol == 0) continue;
+        /* vol <= numel (the overlap with this rank's box); more than numel in all means shards
+           overlap, found below, and stopping here keeps the sum from overflowing */
+        if (vol > x->t->numel - x->covered)
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the shards of \"%s\" cover more than the %lld "
+                                    "elements this rank needs (overlapping shards: corrupt manifest)", fn, L->dir,
+                                    src->key, (long long)x->t->numel);
         pc.item = i;
         pc.file = (int)v;
         pc.src = src->key;
@@ -2498,9 +2657,9 @@ static dt_status dt__ck_target(dt_ctx *ctx, dt__ck_load *L, int i, const char *f
 }
 
 static dt_status dt__ck_parse_scalars(dt_ctx *ctx, dt__ck_load *L, const dt_optimizer *opt, const char *fn) {
-    const dt_json *ts = dt_json_get(L->man, "train_state"), *user, *o, *sc;
+    const dt_json *ts = dt_json_get(L->man, "train_state"), *user, *o, *sc, *scale;
     const char *kind, *mode;
-    uint64_t u, cursor;
+    uint64_t u, cursor, skipped;
     int64_t v;
     int i;
     if (!ts || ts->type != DT_JSON_OBJECT || !dt__ck_u64(dt__ck_jstr(ts, "step"), &u) ||
@@ -2532,14 +2691,20 @@ static dt_status dt__ck_parse_scalars(dt_ctx *ctx, dt__ck_load *L, const dt_opti
                                 kind ? kind : "(unnamed)", dt__opt_kind_name(opt->desc.kind));
     sc = dt_json_get(o, "loss_scaler");
     mode = dt__ck_jstr(sc, "mode");
+    scale = dt_json_get(sc, "scale");
     L->scaler = opt->scaler;
-    if (!dt__ck_u64(dt__ck_jstr(o, "step"), &u) || !mode || !dt_json_get(sc, "scale") ||
-        dt_json_get(sc, "scale")->type != DT_JSON_NUMBER || !(dt_json_get(sc, "scale")->number > 0) ||
-        !dt__ck_count(dt_json_get(sc, "growth_tracker"), &v) || !dt__ck_u64(dt__ck_jstr(sc, "skipped"), (uint64_t *)&L->scaler.skipped))
-        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the manifest's optimizer entry is malformed", fn, L->dir);
+    /* every number lands in a typed field: out of its range is a corrupt manifest, not a cast */
+    if (!dt__ck_u64(dt__ck_jstr(o, "step"), &u) || u > (uint64_t)INT64_MAX || !mode || !scale ||
+        scale->type != DT_JSON_NUMBER || !dt__scale_ok(scale->number) ||
+        !dt__ck_count(dt_json_get(sc, "growth_tracker"), &v) || v > INT_MAX ||
+        !dt__ck_u64(dt__ck_jstr(sc, "skipped"), &skipped) || skipped > (uint64_t)INT64_MAX)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the manifest's optimizer entry is malformed (step and "
+                                "skipped <= 2^63 - 1, loss scale in [%g, %g], growth_tracker <= %d)", fn, L->dir,
+                                (double)FLT_MIN, (double)FLT_MAX, INT_MAX);
     L->opt_step = (int64_t)u;
+    L->scaler.skipped = (int64_t)skipped;
     if (strcmp(mode, dt__ck_mode_name(opt->scaler.mode)) == 0) { /* else opt keeps its own, new, settings */
-        L->scaler.scale = dt_json_get(sc, "scale")->number;
+        L->scaler.scale = scale->number;
         L->scaler.growth_tracker = (int)v;
     } else {
         L->scaler.skipped = opt->scaler.skipped;
@@ -2718,15 +2883,17 @@ static dt_status dt__ck_commit(dt_ctx *ctx, dt__ck_load *L, dt_optimizer *opt, d
                                const char *fn) {
     char why[DT_ERROR_MAX];
     int i, k, done = 0;
+    dt_status st;
     for (k = 0; k < L->n_pc; k++) {
         const dt__ck_item *x = &L->it[L->pc[k].item];
         dt__ck_copy_piece(x, &L->pc[k], x->tmp.data ? x->tmp.data : x->t->data);
     }
     for (i = 0; i < L->n_it; i++) {
         if (!L->it[i].tmp.data) continue;
-        if (dt_tensor_copy(ctx, L->it[i].t, &L->it[i].tmp) != DT_OK) {
+        /* the copy's own status: DT_ERR_CUDA for a failed cudaMemcpy, as the save's device copy */
+        if ((st = dt_tensor_copy(ctx, L->it[i].t, &L->it[i].tmp)) != DT_OK) {
             dt__ck_fmt(why, sizeof why, "%s", dt_ctx_error(ctx));
-            return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: copying \"%s\" to the device failed (%s); the load is "
+            return dt_ctx_set_error(ctx, st, "%s: copying \"%s\" to the device failed (%s); the load is "
                                     "incomplete: %d device tensors before it hold the checkpoint's values, it and the "
                                     "rest do not", fn, L->it[i].name, why, done);
         }

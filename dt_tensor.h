@@ -1632,6 +1632,8 @@ DT_API dt_status dt_gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_
                                   float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                                   float beta, float *C, int64_t ldc) {
     if (!ctx) return DT_ERR_ARG;
+    if ((ta != 0 && ta != 1) || (tb != 0 && tb != 1))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_gemm_portable: ta = %d, tb = %d; each must be 0 or 1", ta, tb);
     if (M < 0 || N < 0 || K < 0 || !A || !B || !C)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_gemm_portable: M=%lld N=%lld K=%lld must be >= 0 "
                                 "and A, B, C non-NULL", (long long)M, (long long)N, (long long)K);
@@ -1697,6 +1699,8 @@ static dt_status dt__mm_shapes(dt_ctx *ctx, dt__mm *m, const dt_tensor *out, con
                                const dt_tensor *b, int ta, int tb, const char *fn) {
     int ad, bd;
     int64_t Ka, Kb;
+    if ((ta != 0 && ta != 1) || (tb != 0 && tb != 1))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: trans_a = %d, trans_b = %d; each must be 0 or 1", fn, ta, tb);
     DT__TRY(dt__f32(ctx, a, fn, "a"));
     DT__TRY(dt__f32(ctx, b, fn, "b"));
     DT__TRY(dt__f32(ctx, out, fn, "out"));
@@ -2516,6 +2520,9 @@ DT_API dt_status dt_params_add(dt_ctx *ctx, dt_params *ps, dt_param **out, const
     if (!ps || !desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, ps ? "desc" : "ps");
     if (!desc->name || !desc->name[0] || strlen(desc->name) >= DT_NAME_MAX)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.name must be 1..%d characters", fn, DT_NAME_MAX - 1);
+    if ((desc->no_decay != 0 && desc->no_decay != 1) || desc->group < 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: \"%s\": desc.no_decay = %d (expected 0 or 1), desc.group = %d "
+                                "(expected >= 0)", fn, desc->name, desc->no_decay, desc->group);
     if (dt_params_find(ps, desc->name))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a parameter named \"%s\" is already in the set", fn, desc->name);
     DT__TRY(dt__shape_from(ctx, fn, "desc.shape", desc->shape, desc->ndim, &nd));

@@ -169,7 +169,7 @@ static void run_portable(void *p) {
 }
 
 static void gemm_setup(gemm_job *j, const gemm_case *c) {
-    dt_tensor_desc da = {DT_F32, DT_CPU, {0}}, db = {DT_F32, DT_CPU, {0}}, dc = {DT_F32, DT_CPU, {0}};
+    dt_tensor_desc da = {.dtype = DT_F32, .device = DT_CPU}, db = {.dtype = DT_F32, .device = DT_CPU}, dc = {.dtype = DT_F32, .device = DT_CPU};
     dt_init_desc init = {.kind = DT_INIT_UNIFORM, .seed = 7, .name = "a", .low = -1.0, .high = 1.0};
     j->c = c;
     da.shape[0] = c->ta ? c->K : c->M; da.shape[1] = c->ta ? c->M : c->K;
@@ -245,7 +245,7 @@ static void bench_dt_vs_cblas(stats *st) {
         char dims[32];
         gemm_setup(&jdt, c);
         jbl = jdt; /* same inputs; its own output */
-        CHECK(dt_tensor_create(&g_ctx, &jbl.out, &(dt_tensor_desc){DT_F32, DT_CPU, {c->M, c->N}}));
+        CHECK(dt_tensor_create(&g_ctx, &jbl.out, &(dt_tensor_desc){.dtype = DT_F32, .device = DT_CPU, .shape = {c->M, c->N}}));
         arg[0] = &jdt; arg[1] = &jbl;
         time_jobs(2, fn, arg, REPS, med);
         check_same("dt_matmul_fwd", &jdt, (const float *)jbl.out.data);
@@ -273,7 +273,7 @@ static void bench_portable(stats *vs_all, stats *vs_one, double *gf_1024) {
         char dims[32];
         gemm_setup(&jp, c);
         jb = jp; jb1 = jp;
-        CHECK(dt_tensor_create(&g_ctx, &jb.out, &(dt_tensor_desc){DT_F32, DT_CPU, {c->M, c->N}}));
+        CHECK(dt_tensor_create(&g_ctx, &jb.out, &(dt_tensor_desc){.dtype = DT_F32, .device = DT_CPU, .shape = {c->M, c->N}}));
         jb1.out = jb.out; /* both cblas runs write the same buffer */
         arg[0] = &jp; arg[1] = &jb; arg[2] = &jb1;
         time_jobs(3, fn, arg, REPS, med);
@@ -344,8 +344,8 @@ static void run_xent_fwd(void *p) {
 }
 
 static void ops_setup(ops_bufs *b) {
-    dt_tensor_desc big = {DT_F32, DT_CPU, {BIG_FLOATS}}, row = {DT_F32, DT_CPU, {LN_C}};
-    dt_tensor_desc rows = {DT_F32, DT_CPU, {LN_ROWS}}, tg = {DT_I32, DT_CPU, {SM_ROWS}};
+    dt_tensor_desc big = {.dtype = DT_F32, .device = DT_CPU, .shape = {BIG_FLOATS}}, row = {.dtype = DT_F32, .device = DT_CPU, .shape = {LN_C}};
+    dt_tensor_desc rows = {.dtype = DT_F32, .device = DT_CPU, .shape = {LN_ROWS}}, tg = {.dtype = DT_I32, .device = DT_CPU, .shape = {SM_ROWS}};
     dt_init_desc n = {.kind = DT_INIT_NORMAL, .seed = 11, .name = "x", .std = 1.0};
     int i;
     memset(b, 0, sizeof *b);

@@ -6,13 +6,20 @@
    same steps: values, master weights, exp_avg, exp_avg_sq, step, train state. The replicated
    tensor is written once (by rank 0). An independent reader (tests/opt/ckpt_verify.py: Python,
    numpy) checks the files' XXH64 and reassembles the same tensors. A load that fails on one rank
-   fails on every rank and changes nothing anywhere. */
+   fails on every rank and changes nothing anywhere. A save whose write fails on the last rank
+   (as on a full disk) fails on every rank and removes step_N.tmp/ with every rank's file in it;
+   `latest` still names the previous checkpoint, which loads as before. */
+#define _POSIX_C_SOURCE 200809L /* getrlimit, setrlimit, SIGXFSZ */
 #define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"
 #include "dt_test.h"
 #include "opt/sharded.h"
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 
 #ifndef __cplusplus
 extern FILE *popen(const char *command, const char *type); /* POSIX; hidden by strict -std=c99 */
@@ -146,6 +153,86 @@ static void python_verify(dt_params *rps, dt_optimizer *ro) {
         DT_TEST_CHECK("python_reassembles_checkpoint", seen == 13);
 }
 
+/* The hook of the failing save: on rank `rank`, at the first tensor written, the file size
+   limit drops to 0, so the next write(2) fails with EFBIG (a real write failure, as ENOSPC). */
+typedef struct fail_at {
+    int rank, me, fired;
+} fail_at;
+
+static void fail_hook(const char *point, int index, void *user) {
+    fail_at *f = (fail_at *)user;
+    struct rlimit rl;
+    if (f->me != f->rank || strcmp(point, "tensor") != 0 || index != 0 || getrlimit(RLIMIT_FSIZE, &rl) != 0) return;
+    rl.rlim_cur = 0;
+    f->fired = setrlimit(RLIMIT_FSIZE, &rl) == 0;
+}
+
+/* The world saves step 3 over DIR_ (latest: step 2) and the last rank's write fails. */
+static void failed_save(dt_comm *world, dt_params *ref, dt_optimizer *ro) {
+    dt_params ps;
+    dt_optimizer *o;
+    dt_checkpoint_desc cd;
+    dt_train_state ts;
+    fail_at f;
+    struct rlimit saved;
+    struct stat sb;
+    char path[1200], latest[64] = "", why[200];
+    dt_status st;
+    FILE *fp;
+    size_t n = 0;
+    int have_limit, ok;
+    make(&ps, W, R);
+    o = sh_adamw(&C, &ps, world);
+    sh_train(&C, &ps, o, 1, 3);
+    memset(&cd, 0, sizeof cd);
+    cd.dir = DIR_;
+    cd.comm = world;
+    cd.hook = fail_hook;
+    cd.hook_user = &f;
+    f.rank = W - 1;
+    f.me = R;
+    f.fired = 0;
+    memset(&ts, 0, sizeof ts);
+    ts.step = 3;
+    signal(SIGXFSZ, SIG_IGN);
+    have_limit = getrlimit(RLIMIT_FSIZE, &saved) == 0;
+    st = dt_checkpoint_save(&C, &ps, o, &ts, &cd);
+    if (have_limit) setrlimit(RLIMIT_FSIZE, &saved); /* before anything is printed */
+    signal(SIGXFSZ, SIG_DFL);
+    ok = R == W - 1 ? f.fired && st == DT_ERR_IO && strstr(dt_ctx_error(&C), "File too large")
+                    : st != DT_OK && strstr(dt_ctx_error(&C), "failed") != NULL;
+    snprintf(why, sizeof why, "hook fired %d, status %d: %.150s", f.fired, (int)st, dt_ctx_error(&C));
+    dt_test_check_all("save_failing_on_last_rank_fails_on_every_rank", ok, "%s", why);
+    dt_comm_barrier(world); /* every rank has returned: its cleanup is done */
+    ok = 1;
+    why[0] = 0;
+    if (R == 0) {
+        snprintf(path, sizeof path, "%s/step_00000003.tmp", DIR_);
+        if (stat(path, &sb) == 0) { ok = 0; snprintf(why, sizeof why, "%.150s is still there", path); }
+        snprintf(path, sizeof path, "%s/latest", DIR_);
+        if ((fp = fopen(path, "rb")) != NULL) { n = fread(latest, 1, sizeof latest - 1, fp); fclose(fp); }
+        latest[n] = 0;
+        if (ok && strcmp(latest, "step_00000002\n") != 0) {
+            ok = 0;
+            snprintf(why, sizeof why, "latest holds \"%.20s\"; want step_00000002", latest);
+        }
+    }
+    dt_test_check_all("failed_save_removes_step_tmp_of_every_rank_and_keeps_latest", ok, "%s", why);
+    dt_opt_free(o);
+    dt_params_free(&C, &ps);
+    /* the previous checkpoint loads as before: the reference's state after 2 steps */
+    make(&ps, W, R);
+    o = sh_adamw(&C, &ps, world);
+    cd.hook = NULL;
+    st = dt_checkpoint_load(&C, &ps, o, NULL, &cd);
+    ok = st == DT_OK && o->step == 2 && diff_all(&ps, o, ref, ro) == 0;
+    snprintf(why, sizeof why, "status %d, step %lld: %.150s", (int)st, (long long)o->step,
+             st ? dt_ctx_error(&C) : "slices differ");
+    dt_test_check_all("after_failed_save_previous_checkpoint_loads_bitwise", ok, "%s", why);
+    dt_opt_free(o);
+    dt_params_free(&C, &ps);
+}
+
 int main(void) {
     dt_comm *world;
     dt_params ps, ref;
@@ -271,6 +358,8 @@ int main(void) {
         dt_opt_free(o);
         dt_params_free(&C, &ps);
     }
+
+    failed_save(world, &ref, ro);
 
     dt_opt_free(ro);
     dt_params_free(&C, &ref);

@@ -14,6 +14,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -405,6 +406,137 @@ static void test_loss_scaler(void) {
         DT_TEST_CHECK("bf16_params_need_no_scaling", o->scaler.mode == DT_LOSS_SCALE_NONE && o->scaler.scale == 1);
         dt_opt_free(o);
         dt_params_free(&C, &hp);
+    }
+}
+
+/* The scale at the ends of the float range. Growing every step from 2^126 stops at 2^127 (the
+   next product, 2^128, is not a float: seeding the backward with it gives inf grads and a
+   wasted step every growth interval); every step is taken and equals an unscaled run's bitwise
+   (the scales are powers of two, so scale and unscale are exact). Backing off stops at FLT_MIN,
+   where 1 / scale is still a float. Scales a float cannot hold are named errors. */
+static void test_loss_scale_limits(void) {
+    dt_params ps, rps;
+    dt_param *p, *r;
+    dt_optimizer *o, *ro;
+    dt_opt_desc d;
+    dt_loss_scaler sc;
+    dt_loss_scale_desc sd;
+    float seed = 0;
+    int i, t, seeds_finite = 1, same = 1, found = -1;
+    dt_status st;
+    memset(&ps, 0, sizeof ps);
+    memset(&rps, 0, sizeof rps);
+    p = add(&ps, "w", DT_F32, 4, 0);
+    r = add(&rps, "w", DT_F32, 4, 0);
+    memcpy(p->value.data, W0, 16);
+    memcpy(r->value.data, W0, 16);
+    memset(&d, 0, sizeof d);
+    d.kind = DT_OPT_ADAMW; d.lr = 0.01;
+    d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC; d.loss_scale.init_scale = ldexp(1, 126); d.loss_scale.growth_interval = 1;
+    o = mkopt(&ps, &d);
+    d.loss_scale.mode = DT_LOSS_SCALE_NONE;
+    ro = mkopt(&rps, &d);
+    for (t = 1; t <= 6; t++) {
+        dt_opt_micro_begin(o, &seed, NULL, 0);
+        if (!isfinite(seed)) seeds_finite = 0;
+        for (i = 0; i < 4; i++) {
+            F(&p->grad)[i] = grad_at(i, t) * seed; /* a backward seeded with the scale */
+            F(&r->grad)[i] = grad_at(i, t);
+        }
+        dt_opt_step(o, NULL);
+        dt_opt_step(ro, NULL);
+        if (memcmp(p->value.data, r->value.data, 16) != 0) same = 0;
+    }
+    dt_test_close("scale_growth_stops_at_2_to_127", o->scaler.scale, ldexp(1, 127), 0);
+    DT_TEST_CHECK("scale_at_float_max_seeds_finite", seeds_finite);
+    if (o->scaler.skipped != 0 || o->step != 6)
+        dt_test_fail("scale_at_float_max_wastes_no_step", "skipped %lld, step %lld; want 0 and 6",
+                     (long long)o->scaler.skipped, (long long)o->step);
+    else dt_test_pass("scale_at_float_max_wastes_no_step");
+    DT_TEST_CHECK("scale_at_float_max_updates_as_unscaled_bitwise", same);
+    dt_opt_free(o);
+    dt_opt_free(ro);
+    dt_params_free(&C, &ps);
+    dt_params_free(&C, &rps);
+
+    /* back-off floor: the unscale multiplier 1 / scale = 2^126 stays finite */
+    memset(&sd, 0, sizeof sd);
+    sd.mode = DT_LOSS_SCALE_DYNAMIC;
+    sd.init_scale = FLT_MIN;
+    st = dt_loss_scaler_init(&C, &sc, &sd);
+    dt_loss_scaler_update(&sc, 1);
+    dt_loss_scaler_update(&sc, 1);
+    dt_test_close("scale_backoff_stops_at_flt_min", st == DT_OK ? sc.scale : -1, FLT_MIN, 0);
+    memset(&ps, 0, sizeof ps);
+    p = add(&ps, "g", DT_F32, 1, 0);
+    F(&p->grad)[0] = 3.0f * FLT_MIN;
+    st = dt_loss_scaler_unscale(&C, &sc, &ps, &found, NULL);
+    dt_test_close("unscale_at_flt_min_is_finite", st == DT_OK && found == 0 ? F(&p->grad)[0] : -1, 3.0, 0);
+    sd.init_scale = 1e39;
+    st = dt_loss_scaler_init(&C, &sc, &sd);
+    dt_test_error("init_scale_beyond_float_max_is_named", st, dt_ctx_error(&C), "desc.init_scale = 1e+39");
+    sd.init_scale = 1e-300;
+    st = dt_loss_scaler_init(&C, &sc, &sd);
+    dt_test_error("init_scale_below_flt_min_is_named", st, dt_ctx_error(&C), "desc.init_scale = 1e-300");
+    memset(&sc, 0, sizeof sc); /* never initialised: mode DEFAULT, scale 0 */
+    st = dt_loss_scaler_unscale(&C, &sc, &ps, &found, NULL);
+    dt_test_error("uninitialised_scaler_is_named", st, dt_ctx_error(&C), "s->scale = 0");
+    sc.mode = (dt_loss_scale_mode)7;
+    st = dt_loss_scaler_unscale(&C, &sc, &ps, &found, NULL);
+    dt_test_error("scaler_mode_out_of_range_is_named", st, dt_ctx_error(&C), "s->mode = 7");
+    dt_params_free(&C, &ps);
+}
+
+/* lr DT_OPT_ZERO (as the header documents) is lr 0, not an error: the weights stay bitwise,
+   the optimizer state moves exactly as with any lr (AdamW's exp_avg does not depend on the
+   weights; SGD's momentum buffer does not without weight decay), the step advances. */
+static void test_lr_zero(void) {
+    static const dt_opt_kind kinds[2] = {DT_OPT_ADAMW, DT_OPT_SGD};
+    int k, i, t;
+    for (k = 0; k < 2; k++) {
+        dt_params ps, rps;
+        dt_param *p, *r;
+        dt_optimizer *o = NULL, *ro;
+        dt_opt_desc d;
+        dt_opt_step_info info;
+        char name[96];
+        const char *tag = k == 0 ? "adamw" : "sgd_momentum";
+        dt_status st;
+        memset(&ps, 0, sizeof ps);
+        memset(&rps, 0, sizeof rps);
+        p = add(&ps, "w", DT_F32, 5, 0);
+        r = add(&rps, "w", DT_F32, 5, 0);
+        memcpy(p->value.data, W0, sizeof W0);
+        memcpy(r->value.data, W0, sizeof W0);
+        memset(&d, 0, sizeof d);
+        d.kind = kinds[k];
+        d.momentum = k == 1 ? 0.9 : 0;
+        d.lr = DT_OPT_ZERO;
+        st = dt_opt_create(&C, &o, &ps, &d);
+        snprintf(name, sizeof name, "lr_zero_is_accepted_%s", tag);
+        if (!DT_TEST_CHECK(name, st == DT_OK)) {
+            fprintf(stderr, "%s\n", dt_ctx_error(&C));
+            dt_params_free(&C, &ps);
+            dt_params_free(&C, &rps);
+            continue;
+        }
+        d.lr = 0.01;
+        ro = mkopt(&rps, &d);
+        for (t = 1; t <= 3; t++) {
+            for (i = 0; i < 5; i++) F(&p->grad)[i] = F(&r->grad)[i] = grad_at(i, t);
+            dt_opt_step(o, &info);
+            dt_opt_step(ro, NULL);
+        }
+        snprintf(name, sizeof name, "lr_zero_leaves_weights_bitwise_%s", tag);
+        dt_test_equal_bytes(name, p->value.data, W0, sizeof W0);
+        snprintf(name, sizeof name, "lr_zero_moves_the_state_as_lr_0.01_does_%s", tag);
+        dt_test_equal_bytes(name, o->slots[0].state[0].data, ro->slots[0].state[0].data, sizeof W0);
+        snprintf(name, sizeof name, "lr_zero_reports_lr_0_and_counts_steps_%s", tag);
+        DT_TEST_CHECK(name, info.lr == 0 && dt_opt_lr(o) == 0 && o->step == 3);
+        dt_opt_free(o);
+        dt_opt_free(ro);
+        dt_params_free(&C, &ps);
+        dt_params_free(&C, &rps);
     }
 }
 
@@ -977,6 +1109,84 @@ static void test_resave_same_step(void) {
     small_free(&s);
 }
 
+/* A save that fails part-way (a write refused, as on a full disk) returns DT_ERR_IO and
+   removes what it made: step_N.tmp/ and latest.tmp are gone, `latest` and the previous
+   checkpoint are as they were. The failure is a real one: at the hook's point the test lowers
+   RLIMIT_FSIZE to 0, so the next write(2) fails (EFBIG, SIGXFSZ ignored) as it would with
+   ENOSPC. The limit is restored before the test prints anything (stdout may be a file). */
+typedef struct fail_at {
+    const char *point;
+    int index, fired;
+} fail_at;
+
+static void fail_hook(const char *point, int index, void *user) {
+    fail_at *f = (fail_at *)user;
+    struct rlimit rl;
+    if (strcmp(point, f->point) != 0 || index != f->index || getrlimit(RLIMIT_FSIZE, &rl) != 0) return;
+    rl.rlim_cur = 0;
+    f->fired = setrlimit(RLIMIT_FSIZE, &rl) == 0;
+}
+
+static int path_exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+static void failed_save_case(const char *dir, const char *point, int index) {
+    small s;
+    fail_at f;
+    struct rlimit saved;
+    dt_train_state ts;
+    char name[128], tmp[1400], ltmp[1400], latest[64], err[DT_ERROR_MAX];
+    int have_limit;
+    dt_status st;
+    f.point = point;
+    f.index = index;
+    f.fired = 0;
+    small_init(&s, 10.0f);
+    have_limit = getrlimit(RLIMIT_FSIZE, &saved) == 0;
+    st = small_save(&s, dir, 10, 0, fail_hook, &f);
+    if (have_limit) setrlimit(RLIMIT_FSIZE, &saved);
+    snprintf(err, sizeof err, "%s", dt_ctx_error(&C));
+    small_free(&s);
+    snprintf(name, sizeof name, "failed_save_at_%s_%d_is_an_io_error", point, index);
+    if (!f.fired) dt_test_fail(name, "the hook could not lower RLIMIT_FSIZE");
+    else if (st != DT_ERR_IO || !strstr(err, "File too large"))
+        dt_test_fail(name, "status %d (want %d, DT_ERR_IO): %s", (int)st, (int)DT_ERR_IO, err);
+    else dt_test_pass(name);
+    snprintf(tmp, sizeof tmp, "%s/step_00000010.tmp", dir);
+    snprintf(ltmp, sizeof ltmp, "%s/latest.tmp", dir);
+    snprintf(name, sizeof name, "failed_save_at_%s_%d_removes_step_tmp_and_latest_tmp", point, index);
+    if (path_exists(tmp) || path_exists(ltmp))
+        dt_test_fail(name, "%s %s, %s %s", tmp, path_exists(tmp) ? "exists" : "is gone", ltmp,
+                     path_exists(ltmp) ? "exists" : "is gone");
+    else dt_test_pass(name);
+    read_latest(dir, latest, sizeof latest);
+    small_init(&s, 0.0f);
+    memset(&ts, 0, sizeof ts);
+    st = small_load(&s, dir, &ts);
+    snprintf(name, sizeof name, "failed_save_at_%s_%d_keeps_latest_and_step_5", point, index);
+    if (strcmp(latest, "step_00000005\n") != 0 || st != DT_OK || ts.step != 5 || F(&s.p->value)[1] != 5.001f)
+        dt_test_fail(name, "latest \"%.20s\", load status %d, step %lld, w[1] %.9g; want step_00000005, 0, 5, 5.001",
+                     latest, (int)st, (long long)ts.step, (double)F(&s.p->value)[1]);
+    else dt_test_pass(name);
+    small_free(&s);
+}
+
+static void test_failed_save(void) {
+    small s;
+    char dir[1200];
+    ck_dir(dir, sizeof dir, "failed_save");
+    signal(SIGXFSZ, SIG_IGN); /* the write fails with EFBIG instead of killing the process */
+    small_init(&s, 5.0f);
+    if (!ok(small_save(&s, dir, 5, 0, NULL, NULL), "save 5")) dt_test_fail("failed_save_baseline", "%s", dt_ctx_error(&C));
+    small_free(&s);
+    failed_save_case(dir, "tensor", 0);    /* inside the rank file */
+    failed_save_case(dir, "rank_file", 0); /* the manifest cannot be written */
+    failed_save_case(dir, "manifest", 0);  /* after the rename: latest.tmp cannot be written */
+    signal(SIGXFSZ, SIG_DFL);
+}
+
 static void test_keep(void) {
     small s;
     char dir[1200], path[1400];
@@ -1134,6 +1344,36 @@ static void test_bad_args(void) {
     d.kind = DT_OPT_SGD; d.nesterov = 1;
     st = dt_opt_create(&C, &o, &ps, &d);
     dt_test_error("nesterov_without_momentum_is_named", st, dt_ctx_error(&C), "nesterov needs momentum > 0");
+    memset(&d, 0, sizeof d);
+    d.kind = DT_OPT_SGD; d.momentum = 0.9; d.nesterov = 2; /* a flag is 0 or 1, never a silent "on" */
+    st = dt_opt_create(&C, &o, &ps, &d);
+    dt_test_error("nesterov_not_0_or_1_is_named", st, dt_ctx_error(&C), "desc.nesterov = 2; expected 0 or 1");
+    if (!st) dt_opt_free(o); /* only when the check failed */
+    memset(&d, 0, sizeof d);
+    p->no_decay = -1;
+    st = dt_opt_create(&C, &o, &ps, &d);
+    dt_test_error("no_decay_not_0_or_1_is_named", st, dt_ctx_error(&C), "\"w\" has no_decay = -1; expected 0 or 1");
+    if (!st) dt_opt_free(o); /* only when the check failed */
+    p->no_decay = 0;
+    d.lr = 1e39; /* (float)lr would be undefined */
+    st = dt_opt_create(&C, &o, &ps, &d);
+    dt_test_error("lr_beyond_float_is_named", st, dt_ctx_error(&C), "desc.lr = 1e+39");
+    if (!st) dt_opt_free(o); /* only when the check failed */
+    d.lr = 0;
+    d.groups[3].weight_decay = 1e300;
+    st = dt_opt_create(&C, &o, &ps, &d);
+    dt_test_error("group_decay_beyond_float_is_named", st, dt_ctx_error(&C), "desc.groups[3].weight_decay = 1e+300");
+    if (!st) dt_opt_free(o); /* only when the check failed */
+    memset(&d, 0, sizeof d);
+    d.loss_scale.mode = (dt_loss_scale_mode)9;
+    st = dt_opt_create(&C, &o, &ps, &d);
+    dt_test_error("unknown_loss_scale_mode_is_named", st, dt_ctx_error(&C), "desc.mode = 9 is not a dt_loss_scale_mode");
+    if (!st) dt_opt_free(o); /* only when the check failed */
+    memset(&d, 0, sizeof d);
+    d.schedule.kind = (dt_lr_kind)9;
+    st = dt_opt_create(&C, &o, &ps, &d);
+    dt_test_error("unknown_schedule_kind_is_named", st, dt_ctx_error(&C), "desc.schedule.kind = 9 is not a dt_lr_kind");
+    if (!st) dt_opt_free(o); /* only when the check failed */
     memset(&d, 0, sizeof d);
     d.kind = (dt_opt_kind)42;
     st = dt_opt_create(&C, &o, &ps, &d);
@@ -1321,6 +1561,53 @@ static void test_corrupt_manifest_fields(void) {
     dt_params_free(&C, &ps);
 }
 
+/* Numbers in the optimizer entry of a manifest that do not fit the fields they land in (an int
+   growth tracker, a float loss scale, int64 step and skip counts): named errors, not casts with
+   undefined results, and the optimizer keeps its state. */
+static void test_corrupt_scaler_fields(void) {
+    static const char *const edits[4][3] = {
+        {"\"growth_tracker\":0", "\"growth_tracker\":1e15", "manifest_growth_tracker_beyond_int_is_named"},
+        {"\"scale\":65536", "\"scale\":1e300", "manifest_loss_scale_beyond_float_is_named"},
+        {"\"kind\":\"adamw\",\"step\":\"0\"", "\"kind\":\"adamw\",\"step\":\"9300000000000000000\"",
+         "manifest_optimizer_step_beyond_int64_is_named"},
+        {"\"skipped\":\"0\"", "\"skipped\":\"9300000000000000000\"", "manifest_skipped_beyond_int64_is_named"}};
+    char dir[1100];
+    dt_params ps;
+    dt_param_desc d;
+    dt_opt_desc od;
+    dt_optimizer *o;
+    dt_checkpoint_desc cd;
+    dt_status st;
+    int e;
+    memset(&ps, 0, sizeof ps);
+    memset(&d, 0, sizeof d);
+    d.name = "x"; d.shape[0] = 4;
+    dt_params_add(&C, &ps, NULL, &d);
+    memset(&od, 0, sizeof od);
+    od.kind = DT_OPT_ADAMW;
+    od.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC;
+    snprintf(dir, sizeof dir, "%s/corrupt_scaler", ROOT);
+    memset(&cd, 0, sizeof cd);
+    cd.dir = dir;
+    for (e = 0; e < 4; e++) {
+        o = mkopt(&ps, &od); /* a fresh state per edit: each case stands alone */
+        st = dt_checkpoint_save(&C, &ps, o, NULL, &cd);
+        if (st != DT_OK || !edit_manifest(dir, edits[e][0], edits[e][1])) {
+            dt_test_fail(edits[e][2], "setup: save status %d, or no %s in the manifest", (int)st, edits[e][0]);
+        } else {
+            st = dt_checkpoint_load(&C, &ps, o, NULL, &cd);
+            if (o->scaler.scale != 65536 || o->scaler.growth_tracker != 0 || o->step != 0 || o->scaler.skipped != 0)
+                dt_test_fail(edits[e][2], "the load changed the scaler: scale %g, tracker %d, step %lld, skipped %lld "
+                             "(status %d)", o->scaler.scale, o->scaler.growth_tracker, (long long)o->step,
+                             (long long)o->scaler.skipped, (int)st);
+            else
+                dt_test_error(edits[e][2], st, dt_ctx_error(&C), "optimizer entry is malformed");
+        }
+        dt_opt_free(o);
+    }
+    dt_params_free(&C, &ps);
+}
+
 int main(void) {
     dt_ctx_init(&C, NULL);
     snprintf(ROOT, sizeof ROOT, "%s/test_opt", dt_test_tmpdir());
@@ -1330,6 +1617,8 @@ int main(void) {
     test_groups();
     test_schedules();
     test_loss_scaler();
+    test_loss_scale_limits();
+    test_lr_zero();
     test_master_weights();
     test_accumulation();
     test_clipping();
@@ -1339,10 +1628,12 @@ int main(void) {
     test_cross_precision();
     test_misaligned_convert();
     test_crash_safety();
+    test_failed_save();
     test_keep();
     test_resave_same_step();
     test_bad_checkpoints();
     test_corrupt_manifest_fields();
+    test_corrupt_scaler_fields();
     test_bad_args();
     test_xxh64();
     test_peak();
