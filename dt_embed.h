@@ -34,8 +34,11 @@
        dt_embed_plan_format / _plan_print     the plan as a table
        dt_embed_checkpoint_save / _load       through dt_opt.h's checkpoints, by logical row
        dt_embed_export_changed                the rows changed since the last export (safetensors)
-       dt_embed_stats                         counters: ids, bytes, rows updated, seconds
-       dt_embed_hash_id                       the fixed id hash of DT_IDS_HASH
+       dt_embed_stats_get                     counters: ids, bytes, rows updated, seconds, and the
+                                              admitted / evicted / rejected ids of dynamic tables
+       dt_embed_pooled_dim / _feature_offset  the output layout
+       dt_embed_table_sharding / _local_shard the plan of a table, this rank's rows of it
+       dt_embed_hash_id                       the fixed id hash of DT_IDS_HASH and of dynamic tables
 
    A training step (DLRM):
 
