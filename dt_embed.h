@@ -163,12 +163,18 @@
 
    ---------------------------------------------------------------- overlap
 
-   dt_embed_forward = dt_embed_forward_begin + dt_embed_forward_end. begin validates the batch,
-   exchanges ids (all-to-allv), gathers and pools the rows this rank owns and the data-parallel
-   lookups; end returns the pooled vectors (all-to-allv). dt_comm has no asynchronous
-   all-to-allv, so begin and end are blocking: what the split buys is an order, where a trainer
-   can do dense work (the bottom MLP of the same batch) between the id exchange and the pooled
-   exchange; it does not run communication and computation at the same time.
+   dt_embed_forward = dt_embed_forward_begin + dt_embed_forward_end. begin validates the batch
+   (one small all-reduce: batch sizes and errors), builds the requests, exchanges their counts
+   (a small all-to-all), then POSTS the exchange of ids and weights as point-to-point
+   dt_comm_irecv / dt_comm_isend and returns, after the data-parallel lookups (local). end waits
+   for the ids, gathers and pools the rows this rank owns, returns the pooled vectors (blocking
+   all-to-allv) and scatters them. What overlaps: the transfer of the next batch's ids with
+   whatever the caller runs between begin and end (e.g. the bottom MLP of that batch, or the
+   dense backward of the previous one once its dt_embed_backward is done: begin must come
+   after the previous batch's backward, which still needs that batch's requests). Not
+   overlapped: the pooled-vector exchange and the backward's gradient exchange (dt_comm has no
+   asynchronous all-to-allv). Large messages progress only inside MPI calls on some MPI
+   builds; small ones (eager) travel during the caller's compute. Not measured yet.
 
    Memory: tables, optimizer state and every buffer come from the ctx allocator; buffers are
    kept and grown (dt_grow) so steps do not allocate after the first ones. The change tracking
@@ -490,6 +496,10 @@ struct dt_embed {
     float *gtmp, *wtmp;
     int64_t gtmp_cap;
     int64_t steps_store[1];
+    dt_comm_req **reqs;          /* the id exchange in flight between begin and end */
+    dt_tensor *rviews;           /* the slices those requests read and write */
+    int n_reqs;
+    int64_t rbuf_n;              /* ints received by the id exchange */
     dt_embed_stats stats;
 };
 
@@ -898,6 +908,11 @@ DT_API void dt_embed_free(dt_embed *e) {
     }
     dt_release(ctx, e->tabs); dt_release(ctx, e->feat_tab); dt_release(ctx, e->feat_off);
     dt_release(ctx, e->offs); dt_release(ctx, e->rows); dt_release(ctx, e->wts); dt_release(ctx, e->segs);
+    if (e->reqs) { /* a begin without its end: finish what is in flight before the buffers go */
+        int i;
+        for (i = 0; i < e->n_reqs; i++) (void)dt_comm_wait(e->reqs[i]);
+    }
+    dt_release(ctx, e->reqs); dt_release(ctx, e->rviews);
     dt_release(ctx, e->cnt); dt_release(ctx, e->seq); dt_release(ctx, e->seq_grad); dt_release(ctx, e->seq_off);
     dt_release(ctx, e->con); dt_release(ctx, e->con2); dt_release(ctx, e->gtmp);
     dt_tensor_free(ctx, &e->sbuf_i); dt_tensor_free(ctx, &e->sbuf_f); dt_tensor_free(ctx, &e->rbuf_i);
@@ -953,7 +968,12 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     e->feat_off = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)e->n_feat);
     e->seq_off = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)(e->n_feat + 1));
     e->cnt = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)(6 * W + 1));
-    if (!e->tabs || !e->feat_tab || !e->feat_off || !e->seq_off || !e->cnt) { dt_embed_free(e); return DT_ERR_OOM; }
+    e->reqs = (dt_comm_req **)dt_alloc(ctx, sizeof(dt_comm_req *) * (size_t)(4 * W));
+    e->rviews = (dt_tensor *)dt_alloc(ctx, sizeof(dt_tensor) * (size_t)(4 * W));
+    if (!e->tabs || !e->feat_tab || !e->feat_off || !e->seq_off || !e->cnt || !e->reqs || !e->rviews) {
+        dt_embed_free(e);
+        return DT_ERR_OOM;
+    }
     memset(e->tabs, 0, sizeof(dt__em_tab) * (size_t)e->n_tabs);
     for (i = 0; i < e->n_tabs; i++) {
         const dt_embed_table_desc *d = &desc->tables[i];
@@ -1417,10 +1437,53 @@ static float *dt__em_dst(dt_embed *e, int f, int64_t b, int64_t pos, float *pool
     return seq + e->seq_off[f] + (e->offs[(int64_t)f * e->B + b] - e->offs[(int64_t)f * e->B] + pos) * t->dim;
 }
 
+/* Posts the id (and weight) exchange: a receive from and a send to every rank with something to
+   say, point to point, so it runs while the caller computes; dt_embed_forward_end waits. */
+#define DT__EM_TAG_IDS 0x3e1
+#define DT__EM_TAG_WTS 0x3e2
+static dt_status dt__em_post(dt_embed *e, dt_tensor *sbuf, dt_tensor *rbuf, const int64_t *scnt, const int64_t *rcnt,
+                             int tag) {
+    int64_t so = 0, ro = 0, r;
+    size_t es = dt_dtype_size(sbuf->dtype);
+    for (r = 0; r < e->size; r++) {
+        if (r == e->rank) { /* to itself: a copy */
+            if (scnt[r]) memcpy((char *)rbuf->data + (size_t)ro * es, (const char *)sbuf->data + (size_t)so * es,
+                                (size_t)scnt[r] * es);
+        } else {
+            if (rcnt[r]) {
+                dt_tensor *v = &e->rviews[e->n_reqs];
+                DT__ETRY(dt_tensor_view(e->ctx, v, rbuf, ro, 1, &rcnt[r]));
+                DT__ETRY(dt_comm_irecv(e->comm, v, (int)r, tag, &e->reqs[e->n_reqs]));
+                e->n_reqs++;
+            }
+            if (scnt[r]) {
+                dt_tensor *v = &e->rviews[e->n_reqs];
+                DT__ETRY(dt_tensor_view(e->ctx, v, sbuf, so, 1, &scnt[r]));
+                DT__ETRY(dt_comm_isend(e->comm, v, (int)r, tag, &e->reqs[e->n_reqs]));
+                e->n_reqs++;
+            }
+        }
+        so += scnt[r];
+        ro += rcnt[r];
+    }
+    return DT_OK;
+}
+
+static dt_status dt__em_wait_all(dt_embed *e) {
+    dt_status st = DT_OK;
+    int i;
+    for (i = 0; i < e->n_reqs; i++) {
+        dt_status s2 = dt_comm_wait(e->reqs[i]);
+        if (s2 && !st) st = s2;
+    }
+    e->n_reqs = 0;
+    return st;
+}
+
 DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt) {
     const char *fn = "dt_embed_forward";
     int W, r, bad = 0, f;
-    int64_t *cnt, b, j, tot_i = 0, tot_f = 0, tot_r = 0, tot_res;
+    int64_t *cnt, b, j, tot_i = 0, tot_f = 0, tot_r = 0;
     (void)tot_r;
     dt__em_gen g;
     dt_status st;
@@ -1492,16 +1555,10 @@ DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt) {
         }
         DT__ETRY(dt__em_need(e, &e->rbuf_i, DT_I64, tr_i + 1));
         DT__ETRY(dt__em_need(e, &e->rbuf_f, DT_F32, tr_f + 1));
-        DT__ETRY(dt__em_a2av(e, &e->rbuf_i, &e->sbuf_i, cnt, rc));
-        if (e->any_weighted) DT__ETRY(dt__em_a2av(e, &e->rbuf_f, &e->sbuf_f, cnt + W, rf));
-        if (e->any_dyn) DT__ETRY(dt__em_dyn_translate(e, (int64_t *)e->rbuf_i.data, tr_i));
-        /* serve: pool what was asked of this rank's shards (one pass over the requests) */
-        dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, rc, cnt + 5 * W, NULL);
-        tot_res = 0;
-        for (r = 0; r < W; r++) tot_res += cnt[5 * W + r];
-        DT__ETRY(dt__em_need(e, &e->resp, DT_F32, tot_res + 1));
-        dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, rc, cnt + 5 * W,
-                     (float *)e->resp.data);
+        e->n_reqs = 0;
+        e->rbuf_n = tr_i;
+        DT__ETRY(dt__em_post(e, &e->sbuf_i, &e->rbuf_i, cnt, rc, DT__EM_TAG_IDS));
+        if (e->any_weighted) DT__ETRY(dt__em_post(e, &e->sbuf_f, &e->rbuf_f, cnt + W, rf, DT__EM_TAG_WTS));
     }
     /* local: data-parallel lookups straight into the pooled buffer / sequence rows */
     {
@@ -1543,7 +1600,19 @@ DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
         st = dt_ctx_set_error(e->ctx, DT_ERR_SHAPE, "%s: out is %s; expected [%lld, %lld] (local batch, pooled dim)", fn,
                               dt_shape_str(out, s1, sizeof s1), (long long)e->B, (long long)e->pooled_dim);
     }
-    /* every rank must take part in the return all-to-all even when its out is bad */
+    /* the ids are in: serve (pool what was asked of this rank's shards, one pass), and every
+       rank takes part in the return all-to-all even when its out is bad */
+    {
+        dt_status ws = dt__em_wait_all(e);
+        int64_t tot_res = 0;
+        if (ws) { e->phase = 0; return ws; }
+        if (e->any_dyn) DT__ETRY(dt__em_dyn_translate(e, (int64_t *)e->rbuf_i.data, e->rbuf_n));
+        dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W, cnt + 5 * W, NULL);
+        for (r = 0; r < W; r++) tot_res += cnt[5 * W + r];
+        DT__ETRY(dt__em_need(e, &e->resp, DT_F32, tot_res + 1));
+        dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W, cnt + 5 * W,
+                     (float *)e->resp.data);
+    }
     for (r = 0; r < W; r++) tot += cnt[2 * W + r];
     DT__ETRY(dt__em_need(e, &e->res, DT_F32, tot + 1));
     {
