@@ -22,8 +22,12 @@ die() { echo "build.sh: $*" >&2; exit 1; }
 # --- dependencies ------------------------------------------------------------------------------
 
 # A CBLAS that links: a test compile is the only check that tells a usable OpenBLAS from a
-# stray header or library.
+# stray header or library. Without a working compiler yet, the package database answers.
 have_openblas() {
+    if ! command -v ${CC:-gcc} >/dev/null || [ ! -f /usr/include/stdio.h ]; then
+        dpkg-query -W -f='${Status}' libopenblas-dev 2>/dev/null | grep -q 'ok installed'
+        return
+    fi
     printf '#include <cblas.h>\nint main(void){cblas_sgemm(CblasRowMajor,CblasNoTrans,CblasNoTrans,0,0,0,1.f,0,1,0,1,0.f,0,1);return 0;}\n' |
         ${CC:-gcc} $(blas_cflags) -x c - -o /dev/null $(blas_libs) >/dev/null 2>&1
 }
@@ -33,25 +37,71 @@ have_openblas() {
 blas_cflags() { local f; f=$(pkg-config --cflags openblas 2>/dev/null) || f=; echo $f; }
 blas_libs() { local f; f=$(pkg-config --libs openblas 2>/dev/null) || f=-lopenblas; echo $f; }
 
-check_deps() {
-    local missing=()
-    command -v mpicc >/dev/null && command -v mpirun >/dev/null || missing+=(libopenmpi-dev openmpi-bin)
-    [ -f /usr/include/stb/stb_ds.h ] || missing+=(libstb-dev)
-    have_openblas || missing+=(libopenblas-dev)
-    # tests/test_safetensors_py.c checks dt's files with an independent reader in numpy
-    [ -f /usr/lib/python3/dist-packages/numpy/__init__.py ] || missing+=(python3-numpy)
-    [ ${#missing[@]} -eq 0 ] && return 0
+# Every tool the build, the tests and the demo call, with the Debian package that holds it.
+# Named one by one, so that an install without APT's recommended packages (usual in container
+# images) gets them too: gcc alone does not bring libc6-dev's headers then.
+#   gcc, libc6-dev      C compiler and C library headers (examples, tests, ASan/UBSan builds)
+#   g++                 the compile checks build every header as C++ (tests/run.sh)
+#   binutils            nm and ar (compile checks, kernel archive)
+#   pkg-config          finds OpenBLAS's own cblas.h (blas_cflags)
+#   libopenblas-dev     CBLAS for -DDT_CBLAS
+#   libopenmpi-dev, openmpi-bin   mpicc and mpirun (multi-rank tests, the demo)
+#   libstb-dev          stb_ds.h (dt_embed.h)
+#   python3, python3-numpy        the independent safetensors / checkpoint readers in tests/
+# (coreutils' timeout, awk, sed and the like come with every Debian.) Optional, never installed:
+# clang (more compile checks) and nvcc (the CUDA parts); without them their checks are skipped.
+# README.md ("Dependencies") shows the same list.
 
-    local cmd="apt-get install -y ${missing[*]}"
-    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
-        echo "build.sh: installing ${missing[*]}"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive $cmd
-    else
-        echo "build.sh: missing dependencies; install them with:" >&2
-        echo "  sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive $cmd" >&2
+# The packages above that are missing, on one line.
+missing_deps() {
+    local m=()
+    command -v ${CC:-gcc} >/dev/null || m+=(gcc)
+    [ -f /usr/include/stdio.h ] || m+=(libc6-dev)
+    command -v ${CXX:-g++} >/dev/null || m+=(g++)
+    command -v nm >/dev/null && command -v ar >/dev/null || m+=(binutils)
+    command -v pkg-config >/dev/null || m+=(pkg-config)
+    have_openblas || m+=(libopenblas-dev)
+    command -v mpicc >/dev/null || m+=(libopenmpi-dev)
+    command -v mpirun >/dev/null || m+=(openmpi-bin)
+    [ -f /usr/include/stb/stb_ds.h ] || m+=(libstb-dev)
+    [ -x /usr/bin/python3 ] || m+=(python3)
+    # the tests run Debian's interpreter, /usr/bin/python3, where python3-numpy installs
+    [ -f /usr/lib/python3/dist-packages/numpy/__init__.py ] || m+=(python3-numpy)
+    echo "${m[*]}"
+}
+
+# Installs what is missing when run as root on a system with apt-get; otherwise says what to
+# run as root (and how, from this account) and exits non-zero.
+check_deps() {
+    local missing line
+    # a compiler named in CC or CXX is the user's business: no package would bring it
+    if [ -n "${CC:-}" ] && ! command -v ${CC%% *} >/dev/null; then die "CC=$CC: no such command"; fi
+    if [ -n "${CXX:-}" ] && ! command -v ${CXX%% *} >/dev/null; then die "CXX=$CXX: no such command"; fi
+    missing=$(missing_deps)
+    [ -z "$missing" ] && return 0
+    if ! command -v apt-get >/dev/null; then
+        die "missing: $missing (Debian package names); install their equivalents, then run $0 again"
+    fi
+    line="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $missing"
+    if [ "$(id -u)" -ne 0 ]; then
+        {
+            echo "build.sh: missing Debian packages: $missing"
+            echo "build.sh: install them as root, then run ./build.sh $cmd again. As root:"
+            echo "    $line"
+            echo "  from this account, with root's password:"
+            echo "    su -c '$line'"
+            if command -v sudo >/dev/null; then
+                echo "  or, if you may use sudo:"
+                echo "    sudo sh -c '$line'"
+            fi
+        } >&2
         exit 1
     fi
+    echo "build.sh: installing $missing"
+    apt-get update || die "apt-get update failed"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y $missing || die "apt-get install -y $missing failed"
+    missing=$(missing_deps)
+    [ -z "$missing" ] || die "still missing after apt-get install: $missing"
 }
 
 # --- toolchain ---------------------------------------------------------------------------------
