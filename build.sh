@@ -3,7 +3,8 @@
 #
 #   ./build.sh          check dependencies, build examples/*/*.c and bench/*.c into build/
 #   ./build.sh test     the same, then run tests/run.sh (ends with "N passed, N failed, N skipped")
-#   ./build.sh demo     the same, then train examples/mlp: one process, then 2 ranks with mpirun
+#   ./build.sh demo     the same, then train examples/mlp on one process, then on 2 ranks with
+#                       mpirun, and compare their final losses
 #   ./build.sh bench    the same, then run every benchmark (build/bench/*, bench/*.py)
 #   ./build.sh clean    remove build/
 #   ./build.sh env      print the toolchain settings as shell exports (tests/run.sh reads them)
@@ -326,15 +327,44 @@ build_what_builds() {
     build_all || echo "build.sh: build failed${BUILD_FAILED:+: $BUILD_FAILED}; going on with the rest" >&2
 }
 
+# The demo trains DEMO on one process, then on DEMO_NP ranks under mpirun, and says whether the
+# parallel run ended on exactly the loss of the single one: the number after "final: loss" on
+# the last such line each run prints (a trainer prints every digit of it, %.9g for a float, so
+# equal text is an equal value). A difference above DEMO_RTOL is more than the fp32 rounding of
+# sums taken in another order, and fails the demo.
+DEMO=(build/examples/mlp)
+DEMO_NP=2
+DEMO_RTOL=1e-4
+
+final_loss() { sed -n 's/^final: loss \([^ ]*\).*/\1/p' "$1" | tail -n 1; }
+
 run_demo() {
     build_what_builds
-    [ -x build/examples/mlp ] || die "build/examples/mlp does not exist yet (examples/mlp/mlp.c)"
-    echo "== build/examples/mlp"
-    build/examples/mlp
-    if [ -f dt_comm.h ]; then
-        echo "== $DT_MPIRUN -np 2 build/examples/mlp"
-        # one BLAS thread per rank: two ranks already fill the two cores of a small machine
-        OPENBLAS_NUM_THREADS=1 $DT_MPIRUN -np 2 build/examples/mlp </dev/null
+    [ -x "${DEMO[0]}" ] || die "${DEMO[0]} does not exist yet"
+    local one=build/logs/demo_1.log many=build/logs/demo_$DEMO_NP.log l1 ln rel
+    # one BLAS thread per rank, the same in both runs: two ranks already fill the two cores of a
+    # small machine, and the two runs then differ only in the number of ranks
+    export OPENBLAS_NUM_THREADS=1
+    echo "== ${DEMO[*]}   (1 process)"
+    "${DEMO[@]}" </dev/null | tee "$one"
+    echo "== $DT_MPIRUN -np $DEMO_NP ${DEMO[*]}"
+    $DT_MPIRUN -np "$DEMO_NP" "${DEMO[@]}" </dev/null | tee "$many"
+    l1=$(final_loss "$one")
+    ln=$(final_loss "$many")
+    [ -n "$l1" ] && [ -n "$ln" ] || die "no \"final: loss L\" line in $one or $many"
+    echo "== demo: ${DEMO[*]}"
+    printf '  1 process:  final loss %s\n  %d ranks:    final loss %s\n' "$l1" "$DEMO_NP" "$ln"
+    if [ "$l1" = "$ln" ]; then
+        echo "  the $DEMO_NP-rank run ended on exactly the 1-process loss"
+        return 0
+    fi
+    rel=$(awk -v a="$l1" -v b="$ln" 'BEGIN { d = a - b; if (d < 0) d = -d; m = a < 0 ? -a : a; printf("%.2g", m > 0 ? d / m : d) }')
+    if awk -v r="$rel" -v t="$DEMO_RTOL" 'BEGIN { exit !(r <= t) }'; then
+        echo "  the $DEMO_NP-rank run did not end on exactly the 1-process loss: they differ by $rel (relative),"
+        echo "  within $DEMO_RTOL: the fp32 sums over the batch are taken in another order"
+    else
+        die "the $DEMO_NP-rank run ended $rel (relative) away from the 1-process loss, more than $DEMO_RTOL:" \
+            "the parallel run is not the single-process run"
     fi
 }
 
@@ -369,7 +399,7 @@ case "$cmd" in
     clean) rm -rf build; exit 0 ;;
     env) setup_toolchain; print_env; exit 0 ;;
     build|test|demo|bench) ;;
-    -h|--help|help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help|help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown command '$cmd' (build, test, demo, bench, clean, env)" ;;
 esac
 
