@@ -234,9 +234,14 @@ spawn_compile_checks() {
         compile_check "$stem" cxx_impl $DT_CXX $CXX $DT_CPPFLAGS $inc $impl -c $TU -o "$dir/cxx_impl.o"
         compile_check "$stem" link ct_link "$dir" "$inc"
         compile_check "$stem" static ct_static "$dir" "$inc"
+        # clang and nvcc are optional (build.sh does not install them): without them, their
+        # checks are skipped, so that every machine counts the same checks
         if command -v clang >/dev/null; then
             compile_check "$stem" clang_c99 clang $C99 -I"$ROOT" $inc $impl -c $TU -o "$dir/clang_c99.o"
             compile_check "$stem" clang_cxx clang $CXX $DT_CPPFLAGS $inc $impl -c $TU -o "$dir/clang_cxx.o"
+        else
+            CHECKS+=("SKIP compile:$stem:clang_c99: clang not found (apt-get install clang)")
+            CHECKS+=("SKIP compile:$stem:clang_cxx: clang not found (apt-get install clang)")
         fi
         if [ -n "$DT_MPICC" ]; then
             compile_check "$stem" mpi $DT_MPICC $C99 -I"$ROOT" $inc -DDT_MPI -DDT_IMPLEMENTATION -c $TU -o "$dir/mpi.o"
@@ -245,6 +250,8 @@ spawn_compile_checks() {
             # CUDA's headers are not -pedantic C99 (unnamed unions), so this one goes without it
             compile_check "$stem" cuda $DT_CC -std=c99 $CW -I"$ROOT" -I"$DT_CUDA_HOME/include" $inc \
                 -DDT_CUDA $DT_NCCL_DEFS -DDT_IMPLEMENTATION -c $TU -o "$dir/cuda.o"
+        else
+            CHECKS+=("SKIP compile:$stem:cuda: nvcc not found (the CUDA headers come with it)")
         fi
     done
 }
