@@ -515,6 +515,11 @@ if [ ${#KERNELS[@]} -gt 0 ]; then
     done
 fi
 
+if selected readme; then
+    section "README.md snippets (tests/readme_snippets.sh)"
+    run_prog readme_snippets "" "" bash tests/readme_snippets.sh
+fi
+
 probe_sanitizers
 last_kind=
 for row in "${PROGRAMS[@]}"; do
