@@ -396,7 +396,7 @@ run_bench() {
 
 cmd=${1:-build}
 case "$cmd" in
-    clean) rm -rf build; exit 0 ;;
+    clean) rm -rf --one-file-system build; exit 0 ;; # never into a mount (tests/fresh_debian.sh)
     env) setup_toolchain; print_env; exit 0 ;;
     build|test|demo|bench) ;;
     -h|--help|help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
