@@ -546,10 +546,10 @@ done
 if selected fresh_debian; then
     section "fresh Debian 12 root (tests/fresh_debian.sh)"
     if [ "${DT_TEST_FRESH:-0}" = 1 ]; then
-        echo "(takes half an hour or so; progress in $L/run_fresh_debian.log)"
+        echo "(some 15 minutes on 2 cores; progress in $L/run_fresh_debian.log)"
         TIMEOUT=${DT_TEST_FRESH_TIMEOUT:-5400} run_prog fresh_debian "" "" bash tests/fresh_debian.sh
     else
-        report "SKIP fresh_debian: DT_TEST_FRESH=1 runs it (as root: debootstrap, chroot, half an hour)"
+        report "SKIP fresh_debian: DT_TEST_FRESH=1 runs it (as root: debootstrap, chroot, some 15 minutes)"
     fi
 fi
 
