@@ -351,7 +351,7 @@ run_demo() {
     $DT_MPIRUN -np "$DEMO_NP" "${DEMO[@]}" </dev/null | tee "$many"
     l1=$(final_loss "$one")
     ln=$(final_loss "$many")
-    [ -n "$l1" ] && [ -n "$ln" ] || die "no \"final: loss L\" line in $one or $many"
+    if [ -z "$l1" ] || [ -z "$ln" ]; then die "no \"final: loss L\" line in $one or $many"; fi
     echo "== demo: ${DEMO[*]}"
     printf '  1 process:  final loss %s\n  %d ranks:    final loss %s\n' "$l1" "$DEMO_NP" "$ln"
     if [ "$l1" = "$ln" ]; then

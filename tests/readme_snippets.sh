@@ -14,7 +14,7 @@
 # as build.sh builds the examples. Programs run in a scratch directory, 60 s at most.
 #
 #   bash tests/readme_snippets.sh [README]   (tests/run.sh runs it; ./build.sh env gives the flags)
-# shellcheck disable=SC2086
+# shellcheck disable=SC2086,SC2153
 set -uo pipefail
 export LC_ALL=C # compiler messages in ASCII, quoted as they are in the FAIL lines
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -61,9 +61,8 @@ wrap_main() {
 # first_error LOG: the first compiler error (or else the first line) of a log, on one line.
 first_error() { { grep -m1 -E 'error|undefined reference' "$1" || head -n 1 "$1"; } | cut -c1-300; }
 
-n=0
-for meta in "$D"/snippet_*.meta; do
-    n=$((n + 1))
+count=$(find "$D" -name 'snippet_*.meta' | wc -l)
+for ((n = 1; n <= count; n++)); do
     name=readme:snippet_$n
     src=$D/snippet_$n.c
     read -r line kind <"$D/snippet_$n.meta"
@@ -78,7 +77,7 @@ for meta in "$D"/snippet_*.meta; do
             continue
             ;;
     esac
-    cc=$DT_CC defs= mpi=0
+    cc=$DT_CC defs='' mpi=0
     if grep -qE '#[[:space:]]*include[[:space:]]*[<"]([^">]*/)?dt_comm\.h[">]' "$src"; then
         cc=$DT_MPICC defs=-DDT_MPI mpi=1
     fi
@@ -114,5 +113,5 @@ for meta in "$D"/snippet_*.meta; do
         nfail=$((nfail + 1))
     fi
 done
-[ $n -gt 0 ] || { echo "FAIL readme:snippets: no \`\`\`c block in $README"; exit 1; }
+[ "$count" -gt 0 ] || { echo "FAIL readme:snippets: no \`\`\`c block in $README"; exit 1; }
 [ $nfail -eq 0 ]
