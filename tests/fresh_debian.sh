@@ -56,14 +56,14 @@ finish() {
 R=          # the root in use (physical path)
 MOUNTS=()   # what this script mounted there, in order
 
-# Processes still running inside R (an mpirun that a timeout cut short): this script started
-# them, and they would keep its mounts busy.
-kill_inside() {
+# kill_rooted_under DIR: ends the processes whose root directory is DIR or lies under it (an
+# mpirun that a timeout cut short, or what a killed earlier run left): this script started
+# them in its roots, and they would keep its mounts busy.
+kill_rooted_under() {
     local p r
-    [ -n "$R" ] || return 0
     for p in /proc/[0-9]*; do
         r=$(readlink "$p/root" 2>/dev/null) || continue
-        [ "$r" = "$R" ] && kill -9 "${p#/proc/}" 2>/dev/null
+        [[ $r/ == "$1"/* ]] && kill -9 "${p#/proc/}" 2>/dev/null
     done
     return 0
 }
@@ -71,7 +71,7 @@ kill_inside() {
 unmount_all() {
     local i m
     [ ${#MOUNTS[@]} -gt 0 ] || return 0
-    kill_inside
+    [ -z "$R" ] || kill_rooted_under "$R"
     for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do
         m=${MOUNTS[i]}
         umount "$m" 2>/dev/null || umount -l "$m" || echo "fresh_debian.sh: could not unmount $m" >&2
@@ -110,7 +110,7 @@ in_root() {
         home=/home/dt
     fi
     timeout -k 10 "$secs" chroot "${spec[@]}" "$R" env -i HOME="$home" USER="$who" LOGNAME="$who" \
-        PATH="$IN_PATH" LANG=C.UTF-8 "${PROXY[@]}" bash -c "cd ~/dt && $cmd" </dev/null &
+        PATH="$IN_PATH" LANG=C.UTF-8 "${PROXY[@]}" bash -c "cd ~/dt && $cmd" </dev/null 9>&- &
     wait $!
 }
 
@@ -121,12 +121,16 @@ if [ "$(id -u)" -ne 0 ]; then
     finish
 fi
 mkdir -p "$W" || exit 1
+# the lock (fd 9) is not handed to the commands run in the roots: should this script be killed
+# outright, what it left running must not keep the next run out
 exec 9>"$W/lock"
 if ! flock -n 9; then
     report "FAIL fresh:setup: another tests/fresh_debian.sh is running in $W"
     finish
 fi
-# mounts that a run killed outright (SIGKILL: no trap) left under build/fresh, deepest first
+# what a run killed outright (SIGKILL: no trap) left under build/fresh: processes in its roots,
+# then its mounts, deepest first
+kill_rooted_under "$W"
 awk -v d="$W/" 'index($2, d) == 1 { print $2 }' /proc/self/mounts | sort -r | while read -r m; do
     note "unmounting $m, left by an earlier run"
     umount "$m" 2>/dev/null || umount -l "$m"
@@ -151,7 +155,7 @@ if [ ! -s "$BASE" ]; then
     note "debootstrap --variant=minbase $SUITE $MIRROR (log: $W/debootstrap.log)"
     remove_tree "$W/base.tmp" || finish
     # the .deb files debootstrap leaves are cleaned away, as on an installed machine
-    debootstrap --variant=minbase "$SUITE" "$W/base.tmp" "$MIRROR" >"$W/debootstrap.log" 2>&1 &
+    debootstrap --variant=minbase "$SUITE" "$W/base.tmp" "$MIRROR" >"$W/debootstrap.log" 2>&1 9>&- &
     if wait $! &&
         chroot "$W/base.tmp" apt-get clean &&
         tar --numeric-owner -C "$W/base.tmp" -cpf "$BASE.tmp" . && mv "$BASE.tmp" "$BASE"; then
