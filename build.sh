@@ -3,7 +3,8 @@
 #
 #   ./build.sh          check dependencies, build examples/*/*.c and bench/*.c into build/
 #   ./build.sh test     the same, then run tests/run.sh (ends with "N passed, N failed, N skipped")
-#   ./build.sh demo     the same, then train examples/mlp: one process, then 2 ranks with mpirun
+#   ./build.sh demo     the same, then train examples/mlp on one process, then on 2 ranks with
+#                       mpirun, and compare their final losses
 #   ./build.sh bench    the same, then run every benchmark (build/bench/*, bench/*.py)
 #   ./build.sh clean    remove build/
 #   ./build.sh env      print the toolchain settings as shell exports (tests/run.sh reads them)
@@ -22,8 +23,12 @@ die() { echo "build.sh: $*" >&2; exit 1; }
 # --- dependencies ------------------------------------------------------------------------------
 
 # A CBLAS that links: a test compile is the only check that tells a usable OpenBLAS from a
-# stray header or library.
+# stray header or library. Without a working compiler yet, the package database answers.
 have_openblas() {
+    if ! command -v ${CC:-gcc} >/dev/null || [ ! -f /usr/include/stdio.h ]; then
+        dpkg-query -W -f='${Status}' libopenblas-dev 2>/dev/null | grep -q 'ok installed'
+        return
+    fi
     printf '#include <cblas.h>\nint main(void){cblas_sgemm(CblasRowMajor,CblasNoTrans,CblasNoTrans,0,0,0,1.f,0,1,0,1,0.f,0,1);return 0;}\n' |
         ${CC:-gcc} $(blas_cflags) -x c - -o /dev/null $(blas_libs) >/dev/null 2>&1
 }
@@ -33,25 +38,71 @@ have_openblas() {
 blas_cflags() { local f; f=$(pkg-config --cflags openblas 2>/dev/null) || f=; echo $f; }
 blas_libs() { local f; f=$(pkg-config --libs openblas 2>/dev/null) || f=-lopenblas; echo $f; }
 
-check_deps() {
-    local missing=()
-    command -v mpicc >/dev/null && command -v mpirun >/dev/null || missing+=(libopenmpi-dev openmpi-bin)
-    [ -f /usr/include/stb/stb_ds.h ] || missing+=(libstb-dev)
-    have_openblas || missing+=(libopenblas-dev)
-    # tests/test_safetensors_py.c checks dt's files with an independent reader in numpy
-    [ -f /usr/lib/python3/dist-packages/numpy/__init__.py ] || missing+=(python3-numpy)
-    [ ${#missing[@]} -eq 0 ] && return 0
+# Every tool the build, the tests and the demo call, with the Debian package that holds it.
+# Named one by one, so that an install without APT's recommended packages (usual in container
+# images) gets them too: gcc alone does not bring libc6-dev's headers then.
+#   gcc, libc6-dev      C compiler and C library headers (examples, tests, ASan/UBSan builds)
+#   g++                 the compile checks build every header as C++ (tests/run.sh)
+#   binutils            nm and ar (compile checks, kernel archive)
+#   pkg-config          finds OpenBLAS's own cblas.h (blas_cflags)
+#   libopenblas-dev     CBLAS for -DDT_CBLAS
+#   libopenmpi-dev, openmpi-bin   mpicc and mpirun (multi-rank tests, the demo)
+#   libstb-dev          stb_ds.h (dt_embed.h)
+#   python3, python3-numpy        the independent safetensors / checkpoint readers in tests/
+# (coreutils' timeout, awk, sed and the like come with every Debian.) Optional, never installed:
+# clang (more compile checks) and nvcc (the CUDA parts); without them their checks are skipped.
+# README.md ("Dependencies") shows the same list.
 
-    local cmd="apt-get install -y ${missing[*]}"
-    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
-        echo "build.sh: installing ${missing[*]}"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive $cmd
-    else
-        echo "build.sh: missing dependencies; install them with:" >&2
-        echo "  sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive $cmd" >&2
+# The packages above that are missing, on one line.
+missing_deps() {
+    local m=()
+    command -v ${CC:-gcc} >/dev/null || m+=(gcc)
+    [ -f /usr/include/stdio.h ] || m+=(libc6-dev)
+    command -v ${CXX:-g++} >/dev/null || m+=(g++)
+    command -v nm >/dev/null && command -v ar >/dev/null || m+=(binutils)
+    command -v pkg-config >/dev/null || m+=(pkg-config)
+    have_openblas || m+=(libopenblas-dev)
+    command -v mpicc >/dev/null || m+=(libopenmpi-dev)
+    command -v mpirun >/dev/null || m+=(openmpi-bin)
+    [ -f /usr/include/stb/stb_ds.h ] || m+=(libstb-dev)
+    [ -x /usr/bin/python3 ] || m+=(python3)
+    # the tests run Debian's interpreter, /usr/bin/python3, where python3-numpy installs
+    [ -f /usr/lib/python3/dist-packages/numpy/__init__.py ] || m+=(python3-numpy)
+    echo "${m[*]}"
+}
+
+# Installs what is missing when run as root on a system with apt-get; otherwise says what to
+# run as root (and how, from this account) and exits non-zero.
+check_deps() {
+    local missing line
+    # a compiler named in CC or CXX is the user's business: no package would bring it
+    if [ -n "${CC:-}" ] && ! command -v ${CC%% *} >/dev/null; then die "CC=$CC: no such command"; fi
+    if [ -n "${CXX:-}" ] && ! command -v ${CXX%% *} >/dev/null; then die "CXX=$CXX: no such command"; fi
+    missing=$(missing_deps)
+    [ -z "$missing" ] && return 0
+    if ! command -v apt-get >/dev/null; then
+        die "missing: $missing (Debian package names); install their equivalents, then run $0 again"
+    fi
+    line="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $missing"
+    if [ "$(id -u)" -ne 0 ]; then
+        {
+            echo "build.sh: missing Debian packages: $missing"
+            echo "build.sh: install them as root, then run ./build.sh $cmd again. As root:"
+            echo "    $line"
+            echo "  from this account, with root's password:"
+            echo "    su -c '$line'"
+            if command -v sudo >/dev/null; then
+                echo "  or, if you may use sudo:"
+                echo "    sudo sh -c '$line'"
+            fi
+        } >&2
         exit 1
     fi
+    echo "build.sh: installing $missing"
+    apt-get update || die "apt-get update failed"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y $missing || die "apt-get install -y $missing failed"
+    missing=$(missing_deps)
+    [ -z "$missing" ] || die "still missing after apt-get install: $missing"
 }
 
 # --- toolchain ---------------------------------------------------------------------------------
@@ -276,15 +327,44 @@ build_what_builds() {
     build_all || echo "build.sh: build failed${BUILD_FAILED:+: $BUILD_FAILED}; going on with the rest" >&2
 }
 
+# The demo trains DEMO on one process, then on DEMO_NP ranks under mpirun, and says whether the
+# parallel run ended on exactly the loss of the single one: the number after "final: loss" on
+# the last such line each run prints (a trainer prints every digit of it, %.9g for a float, so
+# equal text is an equal value). A difference above DEMO_RTOL is more than the fp32 rounding of
+# sums taken in another order, and fails the demo.
+DEMO=(build/examples/mlp)
+DEMO_NP=2
+DEMO_RTOL=1e-4
+
+final_loss() { sed -n 's/^final: loss \([^ ]*\).*/\1/p' "$1" | tail -n 1; }
+
 run_demo() {
     build_what_builds
-    [ -x build/examples/mlp ] || die "build/examples/mlp does not exist yet (examples/mlp/mlp.c)"
-    echo "== build/examples/mlp"
-    build/examples/mlp
-    if [ -f dt_comm.h ]; then
-        echo "== $DT_MPIRUN -np 2 build/examples/mlp"
-        # one BLAS thread per rank: two ranks already fill the two cores of a small machine
-        OPENBLAS_NUM_THREADS=1 $DT_MPIRUN -np 2 build/examples/mlp </dev/null
+    [ -x "${DEMO[0]}" ] || die "${DEMO[0]} does not exist yet"
+    local one=build/logs/demo_1.log many=build/logs/demo_$DEMO_NP.log l1 ln rel
+    # one BLAS thread per rank, the same in both runs: two ranks already fill the two cores of a
+    # small machine, and the two runs then differ only in the number of ranks
+    export OPENBLAS_NUM_THREADS=1
+    echo "== ${DEMO[*]}   (1 process)"
+    "${DEMO[@]}" </dev/null | tee "$one"
+    echo "== $DT_MPIRUN -np $DEMO_NP ${DEMO[*]}"
+    $DT_MPIRUN -np "$DEMO_NP" "${DEMO[@]}" </dev/null | tee "$many"
+    l1=$(final_loss "$one")
+    ln=$(final_loss "$many")
+    if [ -z "$l1" ] || [ -z "$ln" ]; then die "no \"final: loss L\" line in $one or $many"; fi
+    echo "== demo: ${DEMO[*]}"
+    printf '  1 process:  final loss %s\n  %d ranks:    final loss %s\n' "$l1" "$DEMO_NP" "$ln"
+    if [ "$l1" = "$ln" ]; then
+        echo "  the $DEMO_NP-rank run ended on exactly the 1-process loss"
+        return 0
+    fi
+    rel=$(awk -v a="$l1" -v b="$ln" 'BEGIN { d = a - b; if (d < 0) d = -d; m = a < 0 ? -a : a; printf("%.2g", m > 0 ? d / m : d) }')
+    if awk -v r="$rel" -v t="$DEMO_RTOL" 'BEGIN { exit !(r <= t) }'; then
+        echo "  the $DEMO_NP-rank run did not end on exactly the 1-process loss: they differ by $rel (relative),"
+        echo "  within $DEMO_RTOL: the fp32 sums over the batch are taken in another order"
+    else
+        die "the $DEMO_NP-rank run ended $rel (relative) away from the 1-process loss, more than $DEMO_RTOL:" \
+            "the parallel run is not the single-process run"
     fi
 }
 
@@ -316,10 +396,10 @@ run_bench() {
 
 cmd=${1:-build}
 case "$cmd" in
-    clean) rm -rf build; exit 0 ;;
+    clean) rm -rf --one-file-system build; exit 0 ;; # never into a mount (tests/fresh_debian.sh)
     env) setup_toolchain; print_env; exit 0 ;;
     build|test|demo|bench) ;;
-    -h|--help|help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help|help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown command '$cmd' (build, test, demo, bench, clean, env)" ;;
 esac
 

@@ -4,14 +4,17 @@
 # is "N passed, N failed, N skipped". Exit status: non-zero iff something failed.
 #
 #   tests/run.sh [WORD...]   only the groups whose name contains a WORD (test_tensor, mpi_,
-#                            compile:dt_comm, kernel:, gpu_, build:)
+#                            compile:dt_comm, kernel:, readme, gpu_, fresh, build:)
 #
 # In order (whatever does not exist yet is skipped quietly):
 #   compile:<header>:<check>  each dt_*.h alone (after the headers it needs) as C99 and C++11,
 #                             declarations only and with its implementation, linked across units,
 #                             in DT_STATIC mode, with clang, mpicc -DDT_MPI and -DDT_CUDA
-#                             (tests/compile/tu.c)
+#                             (tests/compile/tu.c); SKIP for the clang and CUDA ones without
+#                             clang or nvcc
 #   kernel:<file>.cu          nvcc -c of each kernels/*.cu into build/kernels/ (when nvcc exists)
+#   readme:snippet_N          each ```c block of README.md compiles, and runs when it is a
+#                             program (tests/readme_snippets.sh says how blocks are marked)
 #   tests/test_*.c            one process, -DDT_CBLAS; run once as built and once built with
 #                             ASan+UBSan (its names prefixed "asan:"). A first line "// mpi"
 #                             builds it with mpicc -DDT_MPI and runs it as 1 rank under mpirun
@@ -20,12 +23,15 @@
 #                             First line "// mpi-driver": run directly, once; it starts
 #                             $DT_MPIRUN itself (jobs it kills on purpose, say)
 #   tests/gpu_*.c, gpu_*.cu   -DDT_CUDA, linked with build/kernels; SKIP without a GPU
+#   fresh:...                 with DT_TEST_FRESH=1 only: tests/fresh_debian.sh, the README's two
+#                             commands in fresh Debian roots (as root; else one SKIP line)
 #   build:<program>           examples and benchmarks that ./build.sh test could not build
 # A program that crashes, times out, exits non-zero without a FAIL line, or prints no check line
 # at all counts as one failure named after it, with the end of its output.
 #
 # Environment: DT_TEST_TIMEOUT (seconds per run, 300), DT_TEST_ASAN=0 (no sanitizer builds),
-# DT_TEST_JOBS (compilers at a time, default nproc). Logs: build/tests/logs/.
+# DT_TEST_JOBS (compilers at a time, default nproc), DT_TEST_FRESH=1 (also tests/fresh_debian.sh;
+# DT_TEST_FRESH_TIMEOUT, 5400 s, for all of it). Logs: build/tests/logs/.
 # Flag variables (DT_CFLAGS...) are word lists, expanded unquoted on purpose.
 # shellcheck disable=SC2086,SC2153
 set -uo pipefail
@@ -234,9 +240,14 @@ spawn_compile_checks() {
         compile_check "$stem" cxx_impl $DT_CXX $CXX $DT_CPPFLAGS $inc $impl -c $TU -o "$dir/cxx_impl.o"
         compile_check "$stem" link ct_link "$dir" "$inc"
         compile_check "$stem" static ct_static "$dir" "$inc"
+        # clang and nvcc are optional (build.sh does not install them): without them, their
+        # checks are skipped, so that every machine counts the same checks
         if command -v clang >/dev/null; then
             compile_check "$stem" clang_c99 clang $C99 -I"$ROOT" $inc $impl -c $TU -o "$dir/clang_c99.o"
             compile_check "$stem" clang_cxx clang $CXX $DT_CPPFLAGS $inc $impl -c $TU -o "$dir/clang_cxx.o"
+        else
+            CHECKS+=("SKIP compile:$stem:clang_c99: clang not found (apt-get install clang)")
+            CHECKS+=("SKIP compile:$stem:clang_cxx: clang not found (apt-get install clang)")
         fi
         if [ -n "$DT_MPICC" ]; then
             compile_check "$stem" mpi $DT_MPICC $C99 -I"$ROOT" $inc -DDT_MPI -DDT_IMPLEMENTATION -c $TU -o "$dir/mpi.o"
@@ -245,6 +256,8 @@ spawn_compile_checks() {
             # CUDA's headers are not -pedantic C99 (unnamed unions), so this one goes without it
             compile_check "$stem" cuda $DT_CC -std=c99 $CW -I"$ROOT" -I"$DT_CUDA_HOME/include" $inc \
                 -DDT_CUDA $DT_NCCL_DEFS -DDT_IMPLEMENTATION -c $TU -o "$dir/cuda.o"
+        else
+            CHECKS+=("SKIP compile:$stem:cuda: nvcc not found (the CUDA headers come with it)")
         fi
     done
 }
@@ -508,6 +521,11 @@ if [ ${#KERNELS[@]} -gt 0 ]; then
     done
 fi
 
+if selected readme; then
+    section "README.md snippets (tests/readme_snippets.sh)"
+    run_prog readme_snippets "" "" bash tests/readme_snippets.sh
+fi
+
 probe_sanitizers
 last_kind=
 for row in "${PROGRAMS[@]}"; do
@@ -522,6 +540,18 @@ for row in "${PROGRAMS[@]}"; do
     fi
     run_program "$row"
 done
+
+# The README's two commands in a fresh Debian root: minutes, root and the network, so only when
+# asked for.
+if selected fresh_debian; then
+    section "fresh Debian 12 root (tests/fresh_debian.sh)"
+    if [ "${DT_TEST_FRESH:-0}" = 1 ]; then
+        echo "(some 15 minutes on 2 cores; progress in $L/run_fresh_debian.log)"
+        TIMEOUT=${DT_TEST_FRESH_TIMEOUT:-5400} run_prog fresh_debian "" "" bash tests/fresh_debian.sh
+    else
+        report "SKIP fresh_debian: DT_TEST_FRESH=1 runs it (as root: debootstrap, chroot, some 15 minutes)"
+    fi
+fi
 
 # Programs ./build.sh could not build (it passes their names).
 if [ -n "${DT_BUILD_FAILED:-}" ]; then

@@ -159,7 +159,7 @@ static float train(dt_ctx *ctx, dt_comm *comm, const opts *o, dt_params *ps, mod
     load_batch(&ev, o->seed, EVAL_BASE, EVAL_N);
     stats[1] = (double)forward(ctx, m, &ev, &loss);
     if (rank == 0 && !o->quiet)
-        printf("eval: loss %.4f  accuracy %.3f on %d held-out samples (chance %.3f)\nloss %.6f\n",
+        printf("eval: loss %.4f  accuracy %.3f on %d held-out samples (chance %.3f)\nfinal: loss %.9g\n",
                (double)loss, stats[1] / EVAL_N, EVAL_N, 1.0 / CLASSES, (double)loss);
     acts_make(ctx, &a, 0, 0); acts_make(ctx, &ev, 0, 0);
     dt_bucketer_free(bk);
