@@ -1,0 +1,1906 @@
+/* dt_embed.h - sharded sparse embedding tables for the dt toolkit: tables partitioned over ranks
+   (table-wise, row-wise, column-wise, data-parallel), lookups through all-to-all, sum / mean /
+   sequence pooling, fused sparse optimizers, a sharding planner, checkpoints by logical row and an
+   incremental export of the rows changed since the last one.          v0.1, MIT licence
+
+   Do this:
+       #define DT_EMBED_IMPLEMENTATION       (or DT_IMPLEMENTATION for every dt header)
+   before you include this file in *one* C or C++ file to create the implementation.
+   Include order: dt_tensor.h, dt_comm.h, dt_opt.h, dt_embed.h.
+
+   Compile-time options:
+     in every file:
+       DT_STATIC, DT_API   as in dt_tensor.h.
+     in the implementation file only:
+       DT_MPI              (seen by dt_comm.h) tables sharded over the ranks of desc.comm; without
+                           it every comm is a world of one and everything still runs.
+
+   API in one breath:
+       dt_embed_create / dt_embed_free        tables + features + plan, from a dt_embed_desc
+       dt_embed_forward                       jagged batch (dt_kjt) in, [local batch, pooled dims] out
+       dt_embed_forward_begin / _end          the same, split: ids exchanged and rows gathered in
+                                              begin, pooled vectors returned in end
+       dt_embed_backward                      output grads back to owners, fused sparse update
+       dt_embed_sequence / _sequence_grad     outputs and grads of pooling NONE features
+       dt_embed_plan_format / _plan_print     the plan as a table
+       dt_embed_checkpoint_save / _load       through dt_opt.h's checkpoints, by logical row
+       dt_embed_export_changed                the rows changed since the last export (safetensors)
+       dt_embed_stats                         counters: ids, bytes, rows updated, seconds
+       dt_embed_hash_id                       the fixed id hash of DT_IDS_HASH
+
+   A training step (DLRM):
+
+       dt_embed_table_desc tabs[2] = {{0}};
+       tabs[0].name = "user"; tabs[0].rows = 1000000; tabs[0].dim = 16; tabs[0].optim.kind = DT_EMBED_ADAGRAD;
+       tabs[1].name = "ad";   tabs[1].rows = 1000;    tabs[1].dim = 16;
+       dt_embed_desc ed = {0}; ed.tables = tabs; ed.n_tables = 2; ed.comm = world; ed.seed = 7;
+       dt_embed_create(&ctx, &emb, &ed);                 // planner: row-wise user, data-parallel ad
+       for each step:
+           dt_embed_forward(emb, &pooled, &kjt);         // pooled [B_local, 32]
+           ... dense forward, loss, dense backward into dpooled ...
+           dt_embed_backward(emb, &dpooled);            // sparse update of the touched rows
+
+   ---------------------------------------------------------------- the batch
+
+   A dt_kjt (TorchRec's KeyedJaggedTensor) holds this rank's local batch of B samples:
+   lengths[f * B + b] ids of feature f for sample b, the ids feature-major (all of feature 0's
+   bags, then feature 1's), each bag's ids in order, optional per-id weights. B = 0, empty bags
+   and empty features are valid. The ranks' local batches form the global batch in rank order:
+   rank r's sample b is global sample (B_0 + ... + B_(r-1)) + b. ids are int64 (int32 accepted).
+
+   ---------------------------------------------------------------- shardings, and exactness
+
+   table-wise (DT_SHARD_TABLE)   the whole table on one rank; bags pooled there.
+   row-wise   (DT_SHARD_ROW)     contiguous row blocks, rank k holds rows [k*R/W, (k+1)*R/W)
+                                 (rounded as R = q*W + m: the first m ranks one more row).
+   column-wise (DT_SHARD_COLUMN) contiguous column blocks [k*D/W, (k+1)*D/W); bags pooled on every
+                                 owner over its columns, the columns joined on return.
+   data-parallel (DT_SHARD_DATA) every rank holds the table; lookups are local; the backward
+                                 gathers every rank's (row, gradient) pairs on every rank, which
+                                 all apply the same update (a sparse all-reduce).
+   AUTO (the default)            the planner chooses (below). Table-wise-row-wise: not offered.
+
+   Exactness: the parallel result equals the single-rank result bit for bit, at any world size
+   and under any plan. How: a pooled bag is always summed in bag order, starting from 0, in f32:
+   pooled = ((0 + w_0 row_0) + w_1 row_1) + ... (w = 1 unweighted; mean divides by the length
+   last). Table-wise, column-wise and data-parallel tables pool the whole bag on one rank. A
+   row-wise bag is split over owners, and partial sums reduced in rank order would depend on
+   the world size, so row-wise owners return each looked-up (weighted) row and the requesting
+   rank sums them in bag order: the bytes of one row per id instead of one row per (bag, owner):
+   the same for one-hot features (Criteo: one id per bag), more for long bags.
+   The sparse update of a row sums its gradient contributions in one fixed order: by (global
+   sample, feature, position in the bag), sorted on the owner (the sort also deduplicates the
+   ids), whatever rank they came from. So training at any world size gives the single-rank
+   rows and outputs bit for bit.
+
+   ---------------------------------------------------------------- ids
+
+   DT_IDS_CHECK (default): an id outside [0, rows) is DT_ERR_RANGE naming the table, feature,
+   sample and id, on the rank that has it; the other ranks get DT_ERR_RANGE naming that rank.
+   Nothing is exchanged or updated. DT_IDS_HASH: row = dt_embed_hash_id(id) mod rows, any id.
+   dt_embed_hash_id is the splitmix64 finaliser of the id read as a uint64 (fixed: a model
+   trained with it keeps its meaning across versions).
+
+   ---------------------------------------------------------------- sparse optimizers
+
+   Applied on the owner, to each touched row only, once per dt_embed_backward, with g the row's
+   gradient summed as above (g += w * dpooled for each occurrence; dpooled / length for mean).
+   Rows never touched are never read or written: a step costs O(ids), never O(rows). t is the
+   table's backward count (1, 2, ...), the same on every rank.
+   SGD (lr 0.01):                       w = w - lr * g                       (dt_sgd_update)
+       = torch.optim.SGD on a sparse gradient.
+   Adagrad (lr 0.01, eps 1e-10):        s = s + g * g; w = w - lr * g / (sqrt(s) + eps)
+       = torch.optim.Adagrad with sparse gradients (dt_adagrad_update; s starts at 0).
+   Row-wise Adagrad (lr 0.01, eps 1e-10), FBGEMM's EXACT_ROWWISE_ADAGRAD, one state per row:
+       s = s + (sum_c g_c^2) / dim  (the sum in double, rounded once); w = w - (lr / (sqrt(s) + eps)) * g
+       Not with column-wise sharding (a shard sees only its columns): DT_ERR_UNSUPPORTED.
+   Adam (lr 1e-3, betas 0.9 / 0.999, eps 1e-8), lazy: only the touched rows' m and v move:
+       m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g g; w = w - (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+       = torch.optim.SparseAdam (dt_adam_update; t counts every backward of the table, as
+       SparseAdam's step counts every step() in which the table has a gradient).
+   bf16 / f16 tables: the row is widened to f32, updated, and rounded back (nearest even);
+   state is f32. Write DT_OPT_ZERO for a real 0 in a field whose default is not 0.
+
+   ---------------------------------------------------------------- the planner
+
+   For tables with sharding AUTO, from the table's bytes (rows x dim x dtype + optimizer state),
+   its expected ids per global batch (table desc ids_per_batch; 0 = one per sample of
+   desc.batch_hint) and the world size: tables of at most desc.dp_max_bytes (default 1 MiB) are
+   data-parallel; tables bigger than a rank's fair share of all sharded bytes are row-wise, or
+   column-wise when their bags are long (ids per sample > 2, where joining pooled columns moves
+   fewer bytes than rows) and the optimizer allows it; the rest are table-wise, largest first, each
+   on the rank with the least (bytes + lookup bytes) so far. A pinned table (sharding not AUTO, or
+   pin_owner = 1) is placed first. dt_embed_plan_print shows per table: kind, ranks,
+   bytes per rank, estimated lookup bytes per step.
+
+   ---------------------------------------------------------------- checkpoints and export
+
+   dt_embed_checkpoint_save/load go through dt_checkpoint_save/load: each local shard is one
+   slice of the logical tensors "embed/<table>/weight" [rows, dim] and its optimizer state
+   ("embed/<table>/sum" [rows, dim] for Adagrad, "embed/<table>/rowsum" [rows] for row-wise
+   Adagrad, "embed/<table>/exp_avg" and "exp_avg_sq" for Adam) plus "embed/steps" (each table's
+   t), so a checkpoint saved at one world size or plan loads at any other: dt_opt.h's resharding
+   finds each slice.
+   dt_embed_export_changed(e, prefix) writes prefix.rank_NNNNN.safetensors on every rank with
+   entries "<table>.ids" (i64 [n], the global rows changed since the last export, ascending) and
+   "<table>.values" (f32 [n, cols]) for the tables it owns, and metadata "<table>.cols" = "c0:c1"
+   (its column range). Replicas (data-parallel) are written by rank 0 only. Collective.
+
+   ---------------------------------------------------------------- overlap
+
+   dt_embed_forward = dt_embed_forward_begin + dt_embed_forward_end. begin validates the batch,
+   exchanges ids (all-to-allv), gathers and pools the rows this rank owns and the data-parallel
+   lookups; end returns the pooled vectors (all-to-allv). dt_comm has no asynchronous
+   all-to-allv, so begin and end are blocking: what the split buys is an order, where a trainer
+   can do dense work (the bottom MLP of the same batch) between the id exchange and the pooled
+   exchange; it does not run communication and computation at the same time.
+
+   Memory: tables, optimizer state and every buffer come from the ctx allocator; buffers are
+   kept and grown (dt_grow) so steps do not allocate after the first ones. The change tracking
+   of the export costs one bit per local row.
+
+   Errors: every function returns dt_status with dt_ctx_error naming the argument, the value
+   and what was expected. Collective functions (create, forward, backward, checkpoints, export)
+   return an error on every rank when one rank's input is bad.
+
+   Threads: a dt_embed belongs to one thread at a time, like its comm.
+
+   The licence (MIT) is at the end of this file.
+*/
+#ifndef DT_EMBED_H
+#define DT_EMBED_H
+
+#if !defined(DT_TENSOR_H) || !defined(DT_COMM_H) || !defined(DT_OPT_H)
+#error "dt_embed.h needs dt_tensor.h, dt_comm.h and dt_opt.h included before it"
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dt_embed_pooling {
+    DT_POOL_DEFAULT = 0, /* = DT_POOL_SUM */
+    DT_POOL_SUM,
+    DT_POOL_MEAN,        /* sum / bag length (an empty bag gives 0) */
+    DT_POOL_NONE,        /* sequence: one row per id, see dt_embed_sequence */
+    DT_POOL_COUNT
+} dt_embed_pooling;
+
+typedef enum dt_embed_sharding {
+    DT_SHARD_DEFAULT = 0, /* = DT_SHARD_AUTO */
+    DT_SHARD_AUTO,
+    DT_SHARD_TABLE,
+    DT_SHARD_ROW,
+    DT_SHARD_COLUMN,
+    DT_SHARD_DATA,
+    DT_SHARD_COUNT
+} dt_embed_sharding;
+
+typedef enum dt_embed_optim {
+    DT_EMBED_OPT_DEFAULT = 0, /* = DT_EMBED_SGD */
+    DT_EMBED_SGD,
+    DT_EMBED_ADAGRAD,
+    DT_EMBED_ROWWISE_ADAGRAD,
+    DT_EMBED_ADAM,
+    DT_EMBED_OPT_COUNT
+} dt_embed_optim;
+
+typedef enum dt_embed_ids {
+    DT_IDS_DEFAULT = 0, /* = DT_IDS_CHECK */
+    DT_IDS_CHECK,
+    DT_IDS_HASH,
+    DT_IDS_COUNT
+} dt_embed_ids;
+
+typedef struct dt_embed_optim_desc {
+    dt_embed_optim kind;
+    double lr;           /* 0 = 0.01 (SGD, Adagrad, row-wise Adagrad), 1e-3 (Adam) */
+    double eps;          /* 0 = 1e-10 (Adagrads), 1e-8 (Adam) */
+    double beta1, beta2; /* Adam; 0 = 0.9, 0.999 */
+} dt_embed_optim_desc;
+
+typedef struct dt_embed_table_desc {
+    const char *name;             /* unique, names the init stream and the checkpoint tensors */
+    int64_t rows;                 /* >= 1; up to 2^62 */
+    int dim;                      /* >= 1 */
+    dt_dtype dtype;               /* storage: DEFAULT = f32, bf16, f16 */
+    dt_embed_pooling pooling;
+    int weighted;                 /* 1: the batch's per-id weights scale the rows */
+    dt_init_desc init;            /* kind DEFAULT = U(-1/sqrt(rows), 1/sqrt(rows)) (TorchRec's);
+                                     name, seed (0 = desc.seed) and shard fields are filled in */
+    dt_embed_optim_desc optim;
+    dt_embed_ids ids;
+    dt_embed_sharding sharding;   /* AUTO: the planner decides */
+    int pin_owner;                /* 1: table-wise on rank `owner` (sharding AUTO or TABLE) */
+    int owner;
+    double ids_per_batch;         /* planner: expected ids per global batch; 0 = desc.batch_hint */
+    int dynamic;                  /* 1: any 64-bit id gets a row on admission; rows = capacity (see
+                                     "dynamic tables"); row-wise over id-hash shards */
+    int admit_after;              /* dynamic: sightings before an id gets a row; 0 = 1 (at once) */
+    int hash_shards;              /* dynamic: id-hash shards, fixed whatever the world size; 0 = 16 */
+} dt_embed_table_desc;
+
+typedef struct dt_embed_feature_desc {
+    const char *name;
+    int table;                    /* index into desc.tables; several features may share a table */
+} dt_embed_feature_desc;
+
+typedef struct dt_embed_desc {
+    const dt_embed_table_desc *tables;
+    int n_tables;
+    const dt_embed_feature_desc *features; /* NULL = feature i is table i (n_features = n_tables) */
+    int n_features;
+    dt_comm *comm;                /* the ranks the tables are sharded over; NULL = this process */
+    uint64_t seed;                /* init seed of tables whose init.seed is 0 */
+    int64_t batch_hint;           /* planner: global batch size; 0 = 1024 */
+    double dp_max_bytes;          /* planner: largest data-parallel table; 0 = 1 MiB, < 0 = none */
+    int print_plan;               /* 1: rank 0 prints the plan after creation */
+} dt_embed_desc;
+
+/* The local batch: see "the batch" above. */
+typedef struct dt_kjt {
+    int n_features;               /* must equal the dt_embed's */
+    int64_t batch;                /* local samples B >= 0 */
+    const int64_t *lengths;       /* [n_features * B] */
+    const void *ids;              /* sum(lengths) ids */
+    dt_dtype ids_dtype;           /* DEFAULT = DT_I64; DT_I32 accepted */
+    const float *weights;         /* sum(lengths) or NULL (needed by weighted tables) */
+} dt_kjt;
+
+typedef struct dt_embed_stats {
+    int64_t forwards, backwards;
+    int64_t ids;                  /* ids of the local batches looked up */
+    int64_t ids_sent;             /* ids sent to other ranks' shards */
+    int64_t rows_updated;         /* unique rows updated on this rank */
+    double bytes_sent_fwd, bytes_sent_bwd; /* by this rank, to other ranks, all-to-alls */
+    double seconds_fwd, seconds_bwd;
+    int64_t admitted, evicted, rejected;            /* dynamic tables, on this rank's shards, total */
+    int64_t step_admitted, step_evicted, step_rejected; /* the same, in the last forward */
+} dt_embed_stats;
+
+typedef struct dt_embed dt_embed; /* opaque */
+
+/* Collective over desc->comm: every rank passes the same tables and features. */
+DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_desc *desc);
+DT_API void dt_embed_free(dt_embed *e);
+/* Width of the pooled output (sum of the dims of features whose table pools), and the column
+   where feature f starts in it (-1 for a sequence feature). */
+DT_API int64_t dt_embed_pooled_dim(const dt_embed *e);
+DT_API int64_t dt_embed_feature_offset(const dt_embed *e, int feature);
+/* Collective. out: f32 [kjt->batch, pooled_dim] (overwritten). */
+DT_API dt_status dt_embed_forward(dt_embed *e, dt_tensor *out, const dt_kjt *kjt);
+DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt);
+DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out);
+/* After a forward: a view of the rows of sequence feature f, f32 [ids of f in the local batch,
+   dim], and of their gradient (zeroed by each forward; add into it before the backward). */
+DT_API dt_status dt_embed_sequence(dt_embed *e, dt_tensor *view, int feature);
+DT_API dt_status dt_embed_sequence_grad(dt_embed *e, dt_tensor *view, int feature);
+/* Collective. dout: f32 [batch, pooled_dim] of the last forward (may be NULL when every
+   feature is a sequence). Applies each table's sparse optimizer to its touched rows. */
+DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout);
+DT_API size_t dt_embed_plan_format(const dt_embed *e, char *buf, size_t n);
+DT_API void dt_embed_plan_print(const dt_embed *e);
+/* The plan of table t: its kind and, for table-wise, its rank. */
+DT_API dt_embed_sharding dt_embed_table_sharding(const dt_embed *e, int table, int *owner);
+/* Collective. Through dt_checkpoint_save / _load (desc->comm must be the dt_embed's comm or
+   NULL for it); state as there (may be NULL). */
+DT_API dt_status dt_embed_checkpoint_save(dt_embed *e, const dt_train_state *state, const dt_checkpoint_desc *desc);
+DT_API dt_status dt_embed_checkpoint_load(dt_embed *e, dt_train_state *state, const dt_checkpoint_desc *desc);
+/* The local shard of table t as a view (storage dtype, [local rows, local cols]), its first
+   global row and column; a rank without a shard gets an empty view. For tests and exports. */
+DT_API dt_status dt_embed_local_shard(dt_embed *e, dt_tensor *view, int64_t *row0, int64_t *col0, int table);
+DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix);
+DT_API dt_status dt_embed_stats_get(const dt_embed *e, dt_embed_stats *out);
+DT_API uint64_t dt_embed_hash_id(int64_t id);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_EMBED_H */
+
+/* ============================================================================================
+   Implementation
+   ============================================================================================ */
+
+#if defined(DT_IMPLEMENTATION) && !defined(DT_EMBED_IMPLEMENTATION)
+#define DT_EMBED_IMPLEMENTATION
+#endif
+
+#ifdef DT_EMBED_IMPLEMENTATION
+#ifndef DT_EMBED_IMPLEMENTATION_DONE
+#define DT_EMBED_IMPLEMENTATION_DONE
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <sys/time.h>
+
+/* stb_ds: the host hash maps of dynamic tables. Its implementation is compiled here unless
+   DT_EMBED_NO_STB_DS_IMPLEMENTATION (define it when another file of the program already has
+   STB_DS_IMPLEMENTATION). gcc's strict C modes lack the `typeof` stb_ds uses: map it to
+   __typeof__ for the implementation of this header only. */
+#if defined(__GNUC__) && !defined(__cplusplus) && !defined(typeof)
+#define typeof __typeof__
+#define DT__EM_TYPEOF
+#endif
+#ifndef DT_STB_DS_H
+#define DT_STB_DS_H <stb/stb_ds.h>
+#endif
+#if !defined(DT_EMBED_NO_STB_DS_IMPLEMENTATION) && !defined(STB_DS_IMPLEMENTATION)
+#define STB_DS_IMPLEMENTATION
+#endif
+#include DT_STB_DS_H
+
+#if defined(DT_STATIC) && (defined(__GNUC__) || defined(__clang__))
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DT__ETRY(x) do { dt_status dt__es = (x); if (dt__es) return dt__es; } while (0)
+#define DT__EM_HDR 4 /* a request segment: feature, global sample, first position, length; then ids */
+
+typedef struct dt__em_tab {
+    char name[DT_NAME_MAX];
+    int64_t rows, dim;
+    dt_dtype dtype;
+    dt_embed_pooling pooling;
+    int weighted;
+    dt_init_desc init;
+    dt_embed_optim kind;
+    double lr, eps, b1, b2;
+    dt_embed_ids ids;
+    dt_embed_sharding shard;
+    int owner;                   /* table-wise */
+    double ids_per_batch;
+    double plan_bytes, plan_lookup; /* planner estimates (per rank holding it) */
+    int64_t r0, r1, c0, c1;      /* this rank's shard; empty when r0 == r1 or c0 == c1 */
+    dt_tensor w, s1, s2;         /* rows, optimizer state (f32) */
+    int64_t t;                   /* backward count */
+    unsigned char *dirty;        /* one bit per local row: changed since the last export */
+    int64_t *dlist, n_dirty, dcap;
+    /* dynamic tables */
+    int dynamic, admit_after, n_hs;
+    int *hs_owner;               /* id-hash shard -> rank */
+    struct dt__em_dyn *hs;       /* this rank's shards (first hs_first) */
+    int hs_first, hs_count;
+    dt_tensor slot_id, slot_stamp; /* [local rows] i64: the id in each slot; its last use (0 = empty) */
+    int64_t *prev, *next;        /* LRU list of the local slots, per shard */
+} dt__em_tab;
+
+typedef struct dt__em_kv { int64_t key, value; } dt__em_kv;
+typedef struct dt__em_dyn {      /* one id-hash shard of a dynamic table */
+    dt__em_kv *map;              /* id -> local slot (stb_ds hash map) */
+    dt__em_kv *seen;             /* id -> sightings, for ids not admitted yet */
+    int64_t x0, n, used;         /* its local slots [x0, x0 + n), the first `used` filled */
+    int64_t head, tail;          /* LRU list: head = least recently used; -1 = empty */
+    int64_t stamp, step_stamp;   /* last stamp given; the stamp when this forward began */
+} dt__em_dyn;
+
+typedef struct dt__em_seg {      /* one request of the last forward, in generation order */
+    int dest;                    /* owner rank */
+    int f;
+    int64_t b, pos;              /* sample, position in the bag (-1: the whole bag) */
+    int64_t c0, nc;              /* the columns the owner returns */
+    int64_t res;                 /* offset of its result in the response buffer (floats) */
+} dt__em_seg;
+
+typedef struct dt__em_contrib {  /* one gradient contribution to a row, for the sorted update */
+    int t, f;
+    int64_t row, sample, pos;    /* row: local to the shard */
+    float w;
+    const float *g;
+} dt__em_contrib;
+
+struct dt_embed {
+    dt_ctx *ctx;
+    dt_comm *comm;
+    int rank, size;
+    dt__em_tab *tabs;
+    int n_tabs;
+    int n_feat;
+    int *feat_tab;
+    int64_t *feat_off;           /* column in the pooled output, -1 for sequence features */
+    int64_t pooled_dim;
+    int any_weighted, any_dp, any_dyn;
+    /* the last forward */
+    int phase;                   /* 0 none, 1 begun, 2 forward done, 3 backward done */
+    int64_t B, g0, n_ids;
+    int64_t *offs, offs_cap;     /* [F*B + 1], feature-major */
+    int64_t *rows, rows_cap;     /* global row of every id */
+    float *wts;
+    int64_t wts_cap;
+    dt__em_seg *segs;
+    int64_t n_segs, segs_cap;
+    int64_t *cnt;                /* 6 x size: send ints, send floats, results expected, owner: recv ints, recv floats, resp floats */
+    dt_tensor sbuf_i, sbuf_f, rbuf_i, rbuf_f, resp, res, grad_in, pooled, dp_i, dp_f, dp_ri, dp_rf;
+    float *seq, *seq_grad;
+    int64_t seq_cap, *seq_off;   /* per feature: float offset of its rows in seq */
+    dt__em_contrib *con;
+    int64_t con_cap;
+    float *gtmp, *wtmp;
+    int64_t gtmp_cap;
+    int64_t steps_store[1];
+    dt_embed_stats stats;
+};
+
+static double dt__em_now(void) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (double)tv.tv_sec + 1e-6 * (double)tv.tv_usec;
+}
+
+DT_API uint64_t dt_embed_hash_id(int64_t id) {
+    uint64_t z = (uint64_t)id + 0x9e3779b97f4a7c15ull; /* splitmix64 */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static const char *dt__em_kind_name(dt_embed_sharding k) {
+    switch (k) {
+    case DT_SHARD_TABLE: return "table";
+    case DT_SHARD_ROW: return "row";
+    case DT_SHARD_COLUMN: return "column";
+    case DT_SHARD_DATA: return "data";
+    default: return "auto";
+    }
+}
+
+/* Row-wise blocks: R = q*W + m, the first m ranks one row more. */
+static int64_t dt__em_row_start(int64_t rows, int W, int k) {
+    int64_t q = rows / W, m = rows % W;
+    return q * k + (k < m ? k : m);
+}
+static int dt__em_row_owner(int64_t rows, int W, int64_t x) {
+    int64_t q = rows / W, m = rows % W, big = m * (q + 1);
+    if (x < big) return (int)(x / (q + 1));
+    return (int)(m + (x - big) / q);
+}
+static int64_t dt__em_col_start(int64_t dim, int W, int k) { return dim * k / W; }
+
+/* Grows a buffer tensor to at least n elements (contents not kept). */
+static dt_status dt__em_need(dt_embed *e, dt_tensor *t, dt_dtype dtype, int64_t n) {
+    dt_tensor_desc d;
+    int64_t cap;
+    if (t->data && t->numel >= n) return DT_OK;
+    cap = t->numel * 2 > n ? t->numel * 2 : n;
+    if (cap < 16) cap = 16;
+    dt_tensor_free(e->ctx, t);
+    memset(&d, 0, sizeof d);
+    d.dtype = dtype;
+    d.device = DT_CPU;
+    d.shape[0] = cap;
+    d.ndim = 1;
+    return dt_tensor_create(e->ctx, t, &d);
+}
+
+static dt_status dt__em_a2av(dt_embed *e, dt_tensor *out, const dt_tensor *in, const int64_t *send,
+                             const int64_t *recv) {
+    if (!e->comm) {
+        memcpy(out->data, in->data, (size_t)send[0] * dt_dtype_size(in->dtype));
+        return DT_OK;
+    }
+    return dt_comm_alltoallv(e->comm, out, recv, in, send);
+}
+
+static dt_status dt__em_sum_f64(dt_embed *e, double *v, int n) {
+    return e->comm ? dt_comm_allreduce_f64(e->comm, v, n, DT_REDUCE_SUM) : DT_OK;
+}
+
+/* ---------------------------------------------------------------- create, planner */
+
+static dt_status dt__em_check_table(dt_ctx *ctx, const dt_embed_table_desc *d, int i, int W) {
+    const char *fn = "dt_embed_create";
+    int64_t n;
+    if (!d->name || !d->name[0] || strlen(d->name) >= DT_NAME_MAX - 32)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d].name is %s; expected a non-empty name shorter than %d",
+                                fn, i, d->name ? "too long or empty" : "NULL", DT_NAME_MAX - 32);
+    if (d->rows < 1 || d->rows > ((int64_t)1 << 62))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").rows = %lld; expected 1 <= rows <= 2^62", fn, i,
+                                d->name, (long long)d->rows);
+    if (d->dim < 1 || d->dim > (1 << 20))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").dim = %d; expected 1 <= dim <= 2^20", fn, i,
+                                d->name, d->dim);
+    if (!dt_mul_ok(d->rows, d->dim, &n) || !dt_mul_ok(n, 8, &n))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\"): rows %lld x dim %d overflows int64 bytes", fn,
+                                i, d->name, (long long)d->rows, d->dim);
+    if (d->dtype != DT_DTYPE_DEFAULT && d->dtype != DT_F32 && d->dtype != DT_BF16 && d->dtype != DT_F16)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").dtype = %d; expected DEFAULT, f32, bf16 or f16",
+                                fn, i, d->name, (int)d->dtype);
+    if ((int)d->pooling < 0 || d->pooling >= DT_POOL_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").pooling = %d; expected a dt_embed_pooling", fn,
+                                i, d->name, (int)d->pooling);
+    if (d->weighted != 0 && d->weighted != 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").weighted = %d; expected 0 or 1", fn, i, d->name,
+                                d->weighted);
+    if (d->pin_owner != 0 && d->pin_owner != 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").pin_owner = %d; expected 0 or 1", fn, i,
+                                d->name, d->pin_owner);
+    if ((int)d->optim.kind < 0 || d->optim.kind >= DT_EMBED_OPT_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").optim.kind = %d; expected a dt_embed_optim", fn,
+                                i, d->name, (int)d->optim.kind);
+    if (!(d->optim.lr >= 0) || !(d->optim.eps >= 0) || !(d->optim.beta1 >= 0 && d->optim.beta1 < 1) ||
+        !(d->optim.beta2 >= 0 && d->optim.beta2 < 1) || d->optim.lr > 1e30)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").optim: lr %g, eps %g, beta1 %g, beta2 %g; "
+                                "expected lr, eps >= 0 and finite, 0 <= betas < 1", fn, i, d->name, d->optim.lr,
+                                d->optim.eps, d->optim.beta1, d->optim.beta2);
+    if ((int)d->ids < 0 || d->ids >= DT_IDS_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").ids = %d; expected a dt_embed_ids", fn, i,
+                                d->name, (int)d->ids);
+    if ((int)d->sharding < 0 || d->sharding >= DT_SHARD_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").sharding = %d; expected a dt_embed_sharding",
+                                fn, i, d->name, (int)d->sharding);
+    if (d->pin_owner && (d->owner < 0 || d->owner >= W))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").owner = %d; expected a rank in [0, %d)", fn, i,
+                                d->name, d->owner, W);
+    if (d->pin_owner && d->sharding != DT_SHARD_DEFAULT && d->sharding != DT_SHARD_AUTO && d->sharding != DT_SHARD_TABLE)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\"): pin_owner = 1 with sharding %s; an owner "
+                                "is for table-wise tables", fn, i, d->name, dt__em_kind_name(d->sharding));
+    if (d->sharding == DT_SHARD_COLUMN && d->optim.kind == DT_EMBED_ROWWISE_ADAGRAD)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: tables[%d] (\"%s\"): column-wise sharding with row-wise "
+                                "Adagrad; its per-row state needs whole rows (use row-wise or table-wise)", fn, i,
+                                d->name);
+    if (d->dynamic != 0 && d->dynamic != 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").dynamic = %d; expected 0 or 1", fn, i, d->name,
+                                d->dynamic);
+    if (d->admit_after < 0 || d->admit_after > (1 << 30))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").admit_after = %d; expected 0 .. 2^30", fn, i,
+                                d->name, d->admit_after);
+    if (d->hash_shards < 0 || d->hash_shards > 65536 || (d->dynamic && d->rows < (d->hash_shards ? d->hash_shards : 16)))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").hash_shards = %d with rows %lld; expected 0 .. "
+                                "65536 (0 = 16) and at least one row per shard", fn, i, d->name, d->hash_shards,
+                                (long long)d->rows);
+    if (d->dynamic && (d->pin_owner || (d->sharding != DT_SHARD_DEFAULT && d->sharding != DT_SHARD_AUTO &&
+                                        d->sharding != DT_SHARD_ROW)))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\"): a dynamic table is sharded row-wise over its "
+                                "id-hash shards; sharding %s%s is not possible", fn, i, d->name,
+                                dt__em_kind_name(d->sharding), d->pin_owner ? " with pin_owner" : "");
+    if (!(d->ids_per_batch >= 0) || d->ids_per_batch > 1e18)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").ids_per_batch = %g; expected >= 0", fn, i,
+                                d->name, d->ids_per_batch);
+    return DT_OK;
+}
+
+static double dt__em_state_per_row(const dt__em_tab *t) {
+    switch (t->kind) {
+    case DT_EMBED_ADAGRAD: return 4.0 * (double)t->dim;
+    case DT_EMBED_ROWWISE_ADAGRAD: return 4.0;
+    case DT_EMBED_ADAM: return 8.0 * (double)t->dim;
+    default: return 0;
+    }
+}
+
+/* Bytes each kind moves per step for a table with `ids` ids in `bags` bags per global batch
+   (requests + responses + gradients, summed over ranks), the estimates the plan prints. */
+static double dt__em_lookup_bytes(const dt__em_tab *t, double ids, double bags, int W) {
+    double d = (double)t->dim, hdr = 8.0 * DT__EM_HDR;
+    switch (t->shard) {
+    case DT_SHARD_ROW: return ids * (hdr + 8 + 2 * 4 * d);
+    case DT_SHARD_COLUMN: return bags * W * hdr + ids * 8 * W + bags * 2 * 4 * d;
+    case DT_SHARD_DATA: return W > 1 ? ids * (40 + 4 + 4 * d) * W : 0;
+    default: return bags * hdr + ids * 8 + bags * 2 * 4 * d;
+    }
+}
+
+static dt_status dt__em_plan(dt_embed *e, const dt_embed_desc *desc, const dt_embed_table_desc *td) {
+    int W = e->size, i, k, n = e->n_tabs;
+    double batch = desc->batch_hint > 0 ? (double)desc->batch_hint : 1024.0;
+    double dp_max = desc->dp_max_bytes == 0 ? 1048576.0 : desc->dp_max_bytes, total = 0;
+    double *load = (double *)dt_alloc(e->ctx, sizeof(double) * (size_t)(W + 3 * n + 1));
+    int *order, *nfeat;
+    if (!load) return DT_ERR_OOM;
+    memset(load, 0, sizeof(double) * (size_t)(W + 3 * n + 1));
+    order = (int *)(load + W);
+    nfeat = order + n;
+    for (i = 0; i < e->n_feat; i++) nfeat[e->feat_tab[i]]++;
+    for (i = 0; i < n; i++) {
+        dt__em_tab *t = &e->tabs[i];
+        t->plan_bytes = (double)t->rows * ((double)t->dim * (double)dt_dtype_size(t->dtype) + dt__em_state_per_row(t));
+        if (t->ids_per_batch == 0) t->ids_per_batch = batch * (nfeat[i] ? nfeat[i] : 1);
+        if (t->shard == DT_SHARD_AUTO && td[i].pin_owner) t->shard = DT_SHARD_TABLE;
+        if (t->dynamic) t->shard = DT_SHARD_ROW; /* over its id-hash shards */
+        if (t->shard == DT_SHARD_AUTO && !(dp_max > 0 && t->plan_bytes <= dp_max)) total += t->plan_bytes;
+    }
+    for (i = 0; i < n; i++) order[i] = i;
+    for (i = 1; i < n; i++) { /* largest first, stable: every rank computes the same plan */
+        int x = order[i];
+        for (k = i; k > 0 && e->tabs[order[k - 1]].plan_bytes < e->tabs[x].plan_bytes; k--) order[k] = order[k - 1];
+        order[k] = x;
+    }
+    for (k = 0; k < 2; k++) { /* pinned tables first, so the others balance around them */
+        for (i = 0; i < n; i++) {
+            int ti = order[i], r, best = 0;
+            dt__em_tab *t = &e->tabs[ti];
+            double bags = batch * (nfeat[ti] ? nfeat[ti] : 1), per_sample = t->ids_per_batch / bags;
+            int pinned = t->shard != DT_SHARD_AUTO;
+            if ((k == 0) != pinned) continue;
+            if (!pinned) {
+                if (dp_max > 0 && t->plan_bytes <= dp_max) t->shard = DT_SHARD_DATA;
+                else if (W > 1 && t->plan_bytes > total / W)
+                    t->shard = per_sample > 2 && t->kind != DT_EMBED_ROWWISE_ADAGRAD && t->dim >= W ? DT_SHARD_COLUMN
+                                                                                                    : DT_SHARD_ROW;
+                else t->shard = DT_SHARD_TABLE;
+            }
+            t->plan_lookup = dt__em_lookup_bytes(t, t->ids_per_batch, bags, W);
+            if (t->shard == DT_SHARD_TABLE) {
+                if (td[ti].pin_owner) best = td[ti].owner;
+                else
+                    for (r = 1; r < W; r++)
+                        if (load[r] < load[best]) best = r;
+                t->owner = best;
+                load[best] += t->plan_bytes + t->plan_lookup;
+            } else {
+                for (r = 0; r < W; r++)
+                    load[r] += (t->shard == DT_SHARD_DATA ? t->plan_bytes : t->plan_bytes / W) + t->plan_lookup / W;
+            }
+        }
+    }
+    dt_release(e->ctx, load);
+    return DT_OK;
+}
+
+static void dt__em_shard_bounds(dt_embed *e, dt__em_tab *t) {
+    int W = e->size, k = e->rank;
+    t->r0 = 0; t->r1 = 0; t->c0 = 0; t->c1 = 0;
+    switch (t->shard) {
+    case DT_SHARD_TABLE:
+        if (t->owner == k) { t->r1 = t->rows; t->c1 = t->dim; }
+        break;
+    case DT_SHARD_ROW:
+        if (t->dynamic) { /* rank k: id-hash shards [k*S/W, (k+1)*S/W), each a block of slots */
+            int S = t->n_hs;
+            t->hs_first = (int)((int64_t)k * S / W);
+            t->hs_count = (int)((int64_t)(k + 1) * S / W) - t->hs_first;
+            t->r0 = dt__em_row_start(t->rows, S, t->hs_first);
+            t->r1 = dt__em_row_start(t->rows, S, t->hs_first + t->hs_count);
+        } else {
+            t->r0 = dt__em_row_start(t->rows, W, k); t->r1 = dt__em_row_start(t->rows, W, k + 1);
+        }
+        t->c1 = t->dim;
+        break;
+    case DT_SHARD_COLUMN:
+        t->r1 = t->rows;
+        t->c0 = dt__em_col_start(t->dim, W, k); t->c1 = dt__em_col_start(t->dim, W, k + 1);
+        break;
+    default: /* data-parallel */
+        t->r1 = t->rows; t->c1 = t->dim;
+        break;
+    }
+    if (t->r0 == t->r1 || t->c0 == t->c1) { t->r0 = t->r1 = 0; t->c0 = t->c1 = 0; }
+}
+
+static dt_status dt__em_alloc_shard(dt_embed *e, dt__em_tab *t, uint64_t seed) {
+    dt_tensor_desc d;
+    dt_init_desc in;
+    int64_t nr = t->r1 - t->r0, nc = t->c1 - t->c0, nbits;
+    if (nr == 0) return DT_OK;
+    memset(&d, 0, sizeof d);
+    d.dtype = t->dtype; d.device = DT_CPU; d.shape[0] = nr; d.shape[1] = nc; d.ndim = 2;
+    DT__ETRY(dt_tensor_create(e->ctx, &t->w, &d));
+    in = t->init;
+    if (in.kind == DT_INIT_DEFAULT) { /* TorchRec's default: U(-sqrt(1/rows), sqrt(1/rows)) */
+        in.kind = DT_INIT_UNIFORM;
+        in.low = -sqrt(1.0 / (double)t->rows);
+        in.high = sqrt(1.0 / (double)t->rows);
+    }
+    if (in.seed == 0) in.seed = seed;
+    in.name = t->name;
+    memset(in.global_shape, 0, sizeof in.global_shape);
+    memset(in.start, 0, sizeof in.start);
+    in.global_shape[0] = t->rows; in.global_shape[1] = t->dim;
+    in.start[0] = t->r0; in.start[1] = t->c0;
+    DT__ETRY(dt_tensor_init(e->ctx, &t->w, &in));
+    d.dtype = DT_F32;
+    if (t->kind == DT_EMBED_ADAGRAD || t->kind == DT_EMBED_ADAM) DT__ETRY(dt_tensor_create(e->ctx, &t->s1, &d));
+    if (t->kind == DT_EMBED_ADAM) DT__ETRY(dt_tensor_create(e->ctx, &t->s2, &d));
+    if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) {
+        d.shape[1] = 0; d.ndim = 1;
+        DT__ETRY(dt_tensor_create(e->ctx, &t->s1, &d));
+    }
+    if (t->dynamic) {
+        int h;
+        d.dtype = DT_I64; d.shape[1] = 0; d.ndim = 1;
+        DT__ETRY(dt_tensor_create(e->ctx, &t->slot_id, &d));
+        DT__ETRY(dt_tensor_create(e->ctx, &t->slot_stamp, &d));
+        t->prev = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)nr);
+        t->next = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)nr);
+        t->hs = (dt__em_dyn *)dt_alloc(e->ctx, sizeof(dt__em_dyn) * (size_t)t->hs_count);
+        if (!t->prev || !t->next || !t->hs) return DT_ERR_OOM;
+        memset(t->hs, 0, sizeof(dt__em_dyn) * (size_t)t->hs_count);
+        for (h = 0; h < t->hs_count; h++) {
+            dt__em_dyn *y = &t->hs[h];
+            y->x0 = dt__em_row_start(t->rows, t->n_hs, t->hs_first + h) - t->r0;
+            y->n = dt__em_row_start(t->rows, t->n_hs, t->hs_first + h + 1) - t->r0 - y->x0;
+            y->head = y->tail = -1;
+        }
+    }
+    nbits = (nr + 7) / 8;
+    t->dirty = (unsigned char *)dt_alloc(e->ctx, (size_t)nbits);
+    if (!t->dirty) return DT_ERR_OOM;
+    memset(t->dirty, 0, (size_t)nbits);
+    return DT_OK;
+}
+
+DT_API void dt_embed_free(dt_embed *e) {
+    dt_ctx *ctx;
+    int i;
+    if (!e) return;
+    ctx = e->ctx;
+    for (i = 0; e->tabs && i < e->n_tabs; i++) {
+        dt__em_tab *t = &e->tabs[i];
+        dt_tensor_free(ctx, &t->w); dt_tensor_free(ctx, &t->s1); dt_tensor_free(ctx, &t->s2);
+        dt_release(ctx, t->dirty); dt_release(ctx, t->dlist);
+        dt_tensor_free(ctx, &t->slot_id); dt_tensor_free(ctx, &t->slot_stamp);
+        dt_release(ctx, t->prev); dt_release(ctx, t->next); dt_release(ctx, t->hs_owner);
+        if (t->hs) {
+            int h;
+            for (h = 0; h < t->hs_count; h++) { hmfree(t->hs[h].map); hmfree(t->hs[h].seen); }
+            dt_release(ctx, t->hs);
+        }
+    }
+    dt_release(ctx, e->tabs); dt_release(ctx, e->feat_tab); dt_release(ctx, e->feat_off);
+    dt_release(ctx, e->offs); dt_release(ctx, e->rows); dt_release(ctx, e->wts); dt_release(ctx, e->segs);
+    dt_release(ctx, e->cnt); dt_release(ctx, e->seq); dt_release(ctx, e->seq_grad); dt_release(ctx, e->seq_off);
+    dt_release(ctx, e->con); dt_release(ctx, e->gtmp);
+    dt_tensor_free(ctx, &e->sbuf_i); dt_tensor_free(ctx, &e->sbuf_f); dt_tensor_free(ctx, &e->rbuf_i);
+    dt_tensor_free(ctx, &e->rbuf_f); dt_tensor_free(ctx, &e->resp); dt_tensor_free(ctx, &e->res);
+    dt_tensor_free(ctx, &e->grad_in); dt_tensor_free(ctx, &e->pooled); dt_tensor_free(ctx, &e->dp_i);
+    dt_tensor_free(ctx, &e->dp_f); dt_tensor_free(ctx, &e->dp_ri); dt_tensor_free(ctx, &e->dp_rf);
+    memset(e, 0, sizeof *e);
+    dt_release(ctx, e);
+}
+
+DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_desc *desc) {
+    const char *fn = "dt_embed_create";
+    dt_embed *e;
+    dt_status st = DT_OK;
+    int i, j, W;
+    if (!ctx) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc is NULL", fn);
+    if (desc->n_tables < 1 || !desc->tables)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_tables = %d with tables %s; expected >= 1 tables", fn,
+                                desc->n_tables, desc->tables ? "set" : "NULL");
+    if (desc->features ? desc->n_features < 1 : desc->n_features != 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_features = %d with features %s; expected >= 1 with "
+                                "features, 0 without", fn, desc->n_features, desc->features ? "set" : "NULL");
+    if (desc->print_plan != 0 && desc->print_plan != 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.print_plan = %d; expected 0 or 1", fn, desc->print_plan);
+    if (desc->batch_hint < 0 || !(desc->dp_max_bytes == desc->dp_max_bytes))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.batch_hint = %lld; expected >= 0", fn,
+                                (long long)desc->batch_hint);
+    W = desc->comm ? dt_comm_size(desc->comm) : 1;
+    for (i = 0; i < desc->n_tables; i++) {
+        DT__ETRY(dt__em_check_table(ctx, &desc->tables[i], i, W));
+        for (j = 0; j < i; j++)
+            if (strcmp(desc->tables[j].name, desc->tables[i].name) == 0)
+                return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] and tables[%d] are both named \"%s\"; "
+                                        "expected unique names", fn, j, i, desc->tables[i].name);
+    }
+    for (i = 0; desc->features && i < desc->n_features; i++)
+        if (desc->features[i].table < 0 || desc->features[i].table >= desc->n_tables)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: features[%d].table = %d; expected a table in [0, %d)", fn, i,
+                                    desc->features[i].table, desc->n_tables);
+    if (!(e = (dt_embed *)dt_alloc(ctx, sizeof *e))) return DT_ERR_OOM;
+    memset(e, 0, sizeof *e);
+    e->ctx = ctx;
+    e->comm = desc->comm;
+    e->rank = desc->comm ? dt_comm_rank(desc->comm) : 0;
+    e->size = W;
+    e->n_tabs = desc->n_tables;
+    e->n_feat = desc->features ? desc->n_features : desc->n_tables;
+    e->tabs = (dt__em_tab *)dt_alloc(ctx, sizeof(dt__em_tab) * (size_t)e->n_tabs);
+    e->feat_tab = (int *)dt_alloc(ctx, sizeof(int) * (size_t)e->n_feat);
+    e->feat_off = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)e->n_feat);
+    e->seq_off = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)(e->n_feat + 1));
+    e->cnt = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)(6 * W + 1));
+    if (!e->tabs || !e->feat_tab || !e->feat_off || !e->seq_off || !e->cnt) { dt_embed_free(e); return DT_ERR_OOM; }
+    memset(e->tabs, 0, sizeof(dt__em_tab) * (size_t)e->n_tabs);
+    for (i = 0; i < e->n_tabs; i++) {
+        const dt_embed_table_desc *d = &desc->tables[i];
+        dt__em_tab *t = &e->tabs[i];
+        snprintf(t->name, sizeof t->name, "%s", d->name);
+        t->rows = d->rows; t->dim = d->dim;
+        t->dtype = d->dtype == DT_DTYPE_DEFAULT ? DT_F32 : d->dtype;
+        t->pooling = d->pooling == DT_POOL_DEFAULT ? DT_POOL_SUM : d->pooling;
+        t->weighted = d->weighted;
+        t->init = d->init;
+        t->kind = d->optim.kind == DT_EMBED_OPT_DEFAULT ? DT_EMBED_SGD : d->optim.kind;
+        t->lr = d->optim.lr == 0 ? (t->kind == DT_EMBED_ADAM ? 1e-3 : 0.01) : d->optim.lr;
+        t->eps = d->optim.eps == 0 ? (t->kind == DT_EMBED_ADAM ? 1e-8 : 1e-10) : d->optim.eps;
+        t->b1 = d->optim.beta1 == 0 ? 0.9 : d->optim.beta1;
+        t->b2 = d->optim.beta2 == 0 ? 0.999 : d->optim.beta2;
+        if (t->lr == DT_OPT_ZERO) t->lr = 0;
+        if (t->eps == DT_OPT_ZERO) t->eps = 0;
+        if (t->b1 == DT_OPT_ZERO) t->b1 = 0;
+        if (t->b2 == DT_OPT_ZERO) t->b2 = 0;
+        t->ids = d->ids == DT_IDS_DEFAULT ? DT_IDS_CHECK : d->ids;
+        t->shard = d->sharding == DT_SHARD_DEFAULT ? DT_SHARD_AUTO : d->sharding;
+        t->owner = d->pin_owner ? d->owner : 0;
+        t->ids_per_batch = d->ids_per_batch;
+        t->dynamic = d->dynamic;
+        t->admit_after = d->admit_after ? d->admit_after : 1;
+        t->n_hs = d->hash_shards ? d->hash_shards : 16;
+        if (t->weighted) e->any_weighted = 1;
+    }
+    e->pooled_dim = 0;
+    for (i = 0; i < e->n_feat; i++) {
+        e->feat_tab[i] = desc->features ? desc->features[i].table : i;
+        if (e->tabs[e->feat_tab[i]].pooling == DT_POOL_NONE) e->feat_off[i] = -1;
+        else { e->feat_off[i] = e->pooled_dim; e->pooled_dim += e->tabs[e->feat_tab[i]].dim; }
+    }
+    st = dt__em_plan(e, desc, desc->tables);
+    for (i = 0; !st && i < e->n_tabs; i++) {
+        dt__em_tab *t = &e->tabs[i];
+        if (t->shard == DT_SHARD_DATA) e->any_dp = 1;
+        if (t->dynamic) e->any_dyn = 1;
+        dt__em_shard_bounds(e, t);
+        if (t->dynamic) {
+            int h, k;
+            if (!(t->hs_owner = (int *)dt_alloc(ctx, sizeof(int) * (size_t)t->n_hs))) { st = DT_ERR_OOM; break; }
+            for (k = 0; k < W; k++)
+                for (h = (int)((int64_t)k * t->n_hs / W); h < (int)((int64_t)(k + 1) * t->n_hs / W); h++) t->hs_owner[h] = k;
+        }
+        st = dt__em_alloc_shard(e, t, desc->seed);
+    }
+    if (e->comm) { /* every rank must have succeeded (and agree on the tables: same count) */
+        double v[2];
+        v[0] = st ? 1 : 0;
+        v[1] = (double)e->n_tabs + (double)e->n_feat * 1e6;
+        if (dt_comm_allreduce_f64(e->comm, v, 2, DT_REDUCE_SUM)) st = st ? st : DT_ERR_COMM;
+        else if (!st && v[0] > 0) st = dt_ctx_set_error(ctx, DT_ERR_COMM, "%s: failed on another rank", fn);
+        else if (!st && v[1] != W * ((double)e->n_tabs + (double)e->n_feat * 1e6))
+            st = dt_ctx_set_error(ctx, DT_ERR_COMM, "%s: the ranks passed different numbers of tables or features", fn);
+    }
+    if (st) { dt_embed_free(e); return st; }
+    if (desc->print_plan && e->rank == 0) dt_embed_plan_print(e);
+    *out = e;
+    return DT_OK;
+}
+
+DT_API int64_t dt_embed_pooled_dim(const dt_embed *e) { return e ? e->pooled_dim : 0; }
+DT_API int64_t dt_embed_feature_offset(const dt_embed *e, int f) {
+    return e && f >= 0 && f < e->n_feat ? e->feat_off[f] : -1;
+}
+DT_API dt_embed_sharding dt_embed_table_sharding(const dt_embed *e, int table, int *owner) {
+    if (!e || table < 0 || table >= e->n_tabs) return DT_SHARD_DEFAULT;
+    if (owner) *owner = e->tabs[table].shard == DT_SHARD_TABLE ? e->tabs[table].owner : -1;
+    return e->tabs[table].shard;
+}
+
+DT_API size_t dt_embed_plan_format(const dt_embed *e, char *buf, size_t n) {
+    size_t used = 0;
+    int i;
+    char line[256];
+    if (!e) return 0;
+    if (buf && n) buf[0] = 0;
+#define DT__EM_PUT(...) do { int k_ = snprintf(line, sizeof line, __VA_ARGS__); \
+        if (k_ > 0) { if (buf && used + (size_t)k_ < n) memcpy(buf + used, line, (size_t)k_ + 1); used += (size_t)k_; } } while (0)
+    DT__EM_PUT("%-20s %-7s %-9s %14s %16s\n", "table", "kind", "ranks", "bytes/rank", "lookup B/step");
+    for (i = 0; i < e->n_tabs; i++) {
+        const dt__em_tab *t = &e->tabs[i];
+        char ranks[32];
+        double per = t->plan_bytes;
+        if (t->shard == DT_SHARD_TABLE) snprintf(ranks, sizeof ranks, "%d", t->owner);
+        else snprintf(ranks, sizeof ranks, "0-%d", e->size - 1);
+        if (t->shard == DT_SHARD_ROW || t->shard == DT_SHARD_COLUMN) per /= e->size;
+        DT__EM_PUT("%-20.20s %-7s %-9s %14.0f %16.0f\n", t->name, dt__em_kind_name(t->shard), ranks, per, t->plan_lookup);
+    }
+#undef DT__EM_PUT
+    return used;
+}
+
+DT_API void dt_embed_plan_print(const dt_embed *e) {
+    char buf[8192];
+    size_t n = dt_embed_plan_format(e, buf, sizeof buf);
+    if (n >= sizeof buf) {
+        char *big = (char *)dt_alloc(e->ctx, n + 1);
+        if (big) { dt_embed_plan_format(e, big, n + 1); fputs(big, stdout); dt_release(e->ctx, big); }
+    } else fputs(buf, stdout);
+    fflush(stdout);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+/* Checks the batch and turns every id into its global row (check or hash). Local: the first bad
+   id is named in the ctx error and *bad set. */
+static dt_status dt__em_read_batch(dt_embed *e, const dt_kjt *k, int *bad) {
+    const char *fn = "dt_embed_forward";
+    int64_t F = e->n_feat, B, nb, total = 0, i, f, b;
+    *bad = 0;
+    if (!k) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt is NULL", fn);
+    if (k->n_features != e->n_feat)
+        return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.n_features = %d; expected %d (the features of the dt_embed)",
+                                fn, k->n_features, e->n_feat);
+    B = k->batch;
+    if (B < 0 || !dt_mul_ok(F, B, &nb) || nb > ((int64_t)1 << 40))
+        return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.batch = %lld; expected 0 <= batch and features x batch "
+                                "<= 2^40", fn, (long long)B);
+    if (nb > 0 && !k->lengths) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.lengths is NULL with batch %lld",
+                                                       fn, (long long)B);
+    if (k->ids_dtype != DT_DTYPE_DEFAULT && k->ids_dtype != DT_I64 && k->ids_dtype != DT_I32)
+        return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.ids_dtype = %s; expected i64 (DEFAULT) or i32", fn,
+                                dt_dtype_name(k->ids_dtype));
+    DT__ETRY(dt_grow(e->ctx, (void **)&e->offs, &e->offs_cap, nb + 1, sizeof(int64_t), "dt_embed offsets"));
+    e->offs[0] = 0;
+    for (i = 0; i < nb; i++) {
+        if (k->lengths[i] < 0 || k->lengths[i] > ((int64_t)1 << 40) - total)
+            return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.lengths[%lld] (feature %lld, sample %lld) = %lld; "
+                                    "expected >= 0 and a total <= 2^40", fn, (long long)i, (long long)(i / (B ? B : 1)),
+                                    (long long)(i % (B ? B : 1)), (long long)k->lengths[i]);
+        total += k->lengths[i];
+        e->offs[i + 1] = total;
+    }
+    if (total > 0 && !k->ids) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.ids is NULL with %lld ids", fn,
+                                                      (long long)total);
+    DT__ETRY(dt_grow(e->ctx, (void **)&e->rows, &e->rows_cap, total + 1, sizeof(int64_t), "dt_embed rows"));
+    DT__ETRY(dt_grow(e->ctx, (void **)&e->wts, &e->wts_cap, total + 1, sizeof(float), "dt_embed weights"));
+    e->B = B;
+    e->n_ids = total;
+    for (f = 0; f < F; f++) {
+        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        if (t->weighted && !k->weights && e->offs[(f + 1) * B] > e->offs[f * B])
+            return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.weights is NULL; feature %lld's table \"%s\" is weighted",
+                                    fn, (long long)f, t->name);
+        for (b = 0; b < B; b++) {
+            for (i = e->offs[f * B + b]; i < e->offs[f * B + b + 1]; i++) {
+                int64_t id = k->ids_dtype == DT_I32 ? (int64_t)((const int32_t *)k->ids)[i] : ((const int64_t *)k->ids)[i];
+                e->wts[i] = t->weighted ? k->weights[i] : 1.0f;
+                if (t->dynamic) e->rows[i] = id; /* the owner maps it to a slot */
+                else if (t->ids == DT_IDS_HASH) e->rows[i] = (int64_t)(dt_embed_hash_id(id) % (uint64_t)t->rows);
+                else if (id < 0 || id >= t->rows) {
+                    if (!*bad)
+                        dt_ctx_set_error(e->ctx, DT_ERR_RANGE, "%s: table \"%s\", feature %lld, local sample %lld, id %lld is out of range; expected 0 <= id < %lld (or ids = "
+                                         "DT_IDS_HASH)", fn, t->name, (long long)f, (long long)b, (long long)id, (long long)t->rows);
+                    *bad = 1;
+                    e->rows[i] = 0;
+                } else e->rows[i] = id;
+            }
+        }
+    }
+    return DT_OK;
+}
+
+/* Pools ids [i0, i1) of the batch (global rows in rows[], weights in w[]) over the shard's
+   columns [c0, c0 + nc) into acc: acc = ((0 + w0 row0) + w1 row1) + ... in f32, bag order. */
+static void dt__em_pool(const dt__em_tab *t, float *acc, const int64_t *rows, const float *w, int64_t n,
+                        int64_t c0, int64_t nc) {
+    int64_t j, c, ld = t->c1 - t->c0;
+    for (c = 0; c < nc; c++) acc[c] = 0.0f;
+    for (j = 0; j < n; j++) {
+        int64_t x = rows[j] - t->r0;
+        float wj = w ? w[j] : 1.0f;
+        if (rows[j] < 0) continue; /* a dynamic id that was not admitted: zeros */
+        if (t->dtype == DT_F32) {
+            const float *r = (const float *)t->w.data + x * ld + (c0 - t->c0);
+            if (t->weighted) for (c = 0; c < nc; c++) acc[c] += wj * r[c];
+            else for (c = 0; c < nc; c++) acc[c] += r[c];
+        } else {
+            const uint16_t *r = (const uint16_t *)t->w.data + x * ld + (c0 - t->c0);
+            for (c = 0; c < nc; c++) {
+                float v = t->dtype == DT_BF16 ? dt_bf16_to_f32(r[c]) : dt_f16_to_f32(r[c]);
+                acc[c] += t->weighted ? wj * v : v;
+            }
+        }
+    }
+}
+
+/* The segments of sample b, feature f: calls emit(dest, pos, c0, nc, i0, n) for each request. */
+typedef struct dt__em_gen {
+    int64_t *ni, *nf, *nr;       /* per dest: ints, floats, result floats (counting pass) */
+    int fill;
+} dt__em_gen;
+
+static dt_status dt__em_add_seg(dt_embed *e, dt__em_gen *g, int dest, int f, int64_t b, int64_t pos, int64_t c0,
+                                int64_t nc, int64_t i0, int64_t n) {
+    int64_t *ni = g->ni, *nf = g->nf, *nr = g->nr;
+    if (g->fill) {
+        int64_t *pi = (int64_t *)e->sbuf_i.data + ni[dest];
+        dt__em_seg *s;
+        pi[0] = f; pi[1] = e->g0 + b; pi[2] = pos < 0 ? 0 : pos; pi[3] = n;
+        memcpy(pi + DT__EM_HDR, e->rows + i0, (size_t)n * sizeof(int64_t));
+        if (e->any_weighted) memcpy((float *)e->sbuf_f.data + nf[dest], e->wts + i0, (size_t)n * sizeof(float));
+        DT__ETRY(dt_grow(e->ctx, (void **)&e->segs, &e->segs_cap, e->n_segs + 1, sizeof(dt__em_seg), "dt_embed segments"));
+        s = &e->segs[e->n_segs++];
+        s->dest = dest; s->f = f; s->b = b; s->pos = pos; s->c0 = c0; s->nc = nc; s->res = nr[dest];
+        if (dest != e->rank) e->stats.ids_sent += n;
+    }
+    ni[dest] += DT__EM_HDR + n;
+    if (e->any_weighted) nf[dest] += n;
+    nr[dest] += nc;
+    return DT_OK;
+}
+
+static dt_status dt__em_generate(dt_embed *e, dt__em_gen *g) {
+    int64_t B = e->B, b, j;
+    int f, k, W = e->size;
+    for (b = 0; b < B; b++) {           /* sample-major: requests follow the global sample order */
+        for (f = 0; f < e->n_feat; f++) {
+            const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+            int64_t i0 = e->offs[(int64_t)f * B + b], n = e->offs[(int64_t)f * B + b + 1] - i0;
+            int seq = t->pooling == DT_POOL_NONE;
+            switch (t->shard) {
+            case DT_SHARD_TABLE:
+                if (seq) for (j = 0; j < n; j++) DT__ETRY(dt__em_add_seg(e, g, t->owner, f, b, j, 0, t->dim, i0 + j, 1));
+                else DT__ETRY(dt__em_add_seg(e, g, t->owner, f, b, -1, 0, t->dim, i0, n));
+                break;
+            case DT_SHARD_ROW: /* one request per id: the requester sums in bag order (exactness) */
+                for (j = 0; j < n; j++) {
+                    int64_t id = e->rows[i0 + j];
+                    int dest = t->dynamic ? t->hs_owner[dt_embed_hash_id(id) % (uint64_t)t->n_hs]
+                                          : dt__em_row_owner(t->rows, W, id);
+                    DT__ETRY(dt__em_add_seg(e, g, dest, f, b, j, 0, t->dim, i0 + j, 1));
+                }
+                break;
+            case DT_SHARD_COLUMN:
+                for (k = 0; k < W; k++) {
+                    int64_t c0 = dt__em_col_start(t->dim, W, k), nc = dt__em_col_start(t->dim, W, k + 1) - c0;
+                    if (nc == 0) continue;
+                    if (seq) for (j = 0; j < n; j++) DT__ETRY(dt__em_add_seg(e, g, k, f, b, j, c0, nc, i0 + j, 1));
+                    else DT__ETRY(dt__em_add_seg(e, g, k, f, b, -1, c0, nc, i0, n));
+                }
+                break;
+            default: break; /* data-parallel: looked up locally */
+            }
+        }
+    }
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- dynamic tables */
+
+static dt_status dt__em_mark(dt_embed *e, dt__em_tab *t, int64_t x);
+
+static void dt__em_lru_unlink(dt__em_tab *t, dt__em_dyn *y, int64_t x) {
+    if (t->prev[x] >= 0) t->next[t->prev[x]] = t->next[x]; else y->head = t->next[x];
+    if (t->next[x] >= 0) t->prev[t->next[x]] = t->prev[x]; else y->tail = t->prev[x];
+}
+static void dt__em_lru_append(dt__em_tab *t, dt__em_dyn *y, int64_t x) {
+    t->prev[x] = y->tail; t->next[x] = -1;
+    if (y->tail >= 0) t->next[y->tail] = x; else y->head = x;
+    y->tail = x;
+}
+
+/* A new row for id in slot x: values from (seed, table, id), optimizer state zero. */
+static dt_status dt__em_dyn_fill(dt_embed *e, dt__em_tab *t, int64_t x, int64_t id) {
+    dt_tensor v;
+    dt_init_desc in = t->init;
+    char name[DT_NAME_MAX + 32];
+    int64_t nc = t->c1 - t->c0, sh[2];
+    sh[0] = 1; sh[1] = nc;
+    DT__ETRY(dt_tensor_view(e->ctx, &v, &t->w, x * nc, 2, sh));
+    snprintf(name, sizeof name, "%s#%lld", t->name, (long long)id);
+    in.name = name;
+    memset(in.global_shape, 0, sizeof in.global_shape);
+    memset(in.start, 0, sizeof in.start);
+    DT__ETRY(dt_tensor_init(e->ctx, &v, &in));
+    if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) ((float *)t->s1.data)[x] = 0;
+    else if (t->s1.data) memset((float *)t->s1.data + x * nc, 0, (size_t)nc * sizeof(float));
+    if (t->s2.data) memset((float *)t->s2.data + x * nc, 0, (size_t)nc * sizeof(float));
+    return DT_OK;
+}
+
+/* The slot of id in shard y (global row), or -1 when it is not admitted. Decisions depend only
+   on the sequence of ids reaching the shard, which is the global (sample, feature, position)
+   order at every world size. A row used in this forward is never evicted by it: a full shard
+   whose least recent row is that fresh rejects the new id instead. */
+static dt_status dt__em_dyn_slot(dt_embed *e, dt__em_tab *t, dt__em_dyn *y, int64_t id, int64_t *row) {
+    int64_t *sid = (int64_t *)t->slot_id.data, *stamp = (int64_t *)t->slot_stamp.data, x;
+    ptrdiff_t i = hmgeti(y->map, id);
+    if (i >= 0) {
+        x = y->map[i].value;
+    } else {
+        int64_t seen = hmget(y->seen, id) + 1;
+        if (seen < t->admit_after) {
+            hmput(y->seen, id, seen);
+            e->stats.step_rejected++;
+            *row = -1;
+            return DT_OK;
+        }
+        if (y->used < y->n) {
+            x = y->x0 + y->used++;
+        } else {
+            x = y->head;
+            if (stamp[x] > y->step_stamp) { /* everything here was used by this batch */
+                hmput(y->seen, id, seen);
+                e->stats.step_rejected++;
+                *row = -1;
+                return DT_OK;
+            }
+            (void)hmdel(y->map, sid[x]);
+            dt__em_lru_unlink(t, y, x);
+            e->stats.step_evicted++;
+        }
+        if (hmgeti(y->seen, id) >= 0) (void)hmdel(y->seen, id);
+        hmput(y->map, id, x);
+        sid[x] = id;
+        DT__ETRY(dt__em_dyn_fill(e, t, x, id));
+        DT__ETRY(dt__em_mark(e, t, x));
+        dt__em_lru_append(t, y, x);
+        e->stats.step_admitted++;
+    }
+    stamp[x] = ++y->stamp;
+    if (y->tail != x) { dt__em_lru_unlink(t, y, x); dt__em_lru_append(t, y, x); }
+    *row = t->r0 + x;
+    return DT_OK;
+}
+
+/* Owner side, before pooling: every id of a dynamic table in the received requests becomes its
+   global slot (or -1), in the order the requests arrived (rank order = global sample order). */
+static dt_status dt__em_dyn_translate(dt_embed *e, int64_t *rin, int64_t total) {
+    int64_t p = 0, j;
+    int i, h;
+    for (i = 0; i < e->n_tabs; i++)
+        for (h = 0; e->tabs[i].dynamic && h < e->tabs[i].hs_count; h++) e->tabs[i].hs[h].step_stamp = e->tabs[i].hs[h].stamp;
+    e->stats.step_admitted = e->stats.step_evicted = e->stats.step_rejected = 0;
+    while (p < total) {
+        int f = (int)rin[p];
+        int64_t n = rin[p + 3];
+        dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        if (t->dynamic)
+            for (j = 0; j < n; j++) {
+                int64_t id = rin[p + DT__EM_HDR + j];
+                int h2 = (int)(dt_embed_hash_id(id) % (uint64_t)t->n_hs) - t->hs_first;
+                DT__ETRY(dt__em_dyn_slot(e, t, &t->hs[h2], id, &rin[p + DT__EM_HDR + j]));
+            }
+        p += DT__EM_HDR + n;
+    }
+    e->stats.admitted += e->stats.step_admitted;
+    e->stats.evicted += e->stats.step_evicted;
+    e->stats.rejected += e->stats.step_rejected;
+    return DT_OK;
+}
+
+/* After a checkpoint load: maps and LRU lists from the slots' ids and stamps. */
+static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
+    int64_t *sid = (int64_t *)t->slot_id.data, *stamp = (int64_t *)t->slot_stamp.data, x, k;
+    int h;
+    for (h = 0; h < t->hs_count; h++) {
+        dt__em_dyn *y = &t->hs[h];
+        int64_t *order;
+        hmfree(y->map); hmfree(y->seen);
+        y->used = 0; y->stamp = 0; y->head = y->tail = -1;
+        for (x = y->x0; x < y->x0 + y->n && stamp[x] > 0; x++) y->used++;
+        for (x = y->x0 + y->used; x < y->x0 + y->n; x++)
+            if (stamp[x] != 0)
+                return dt_ctx_set_error(e->ctx, DT_ERR_FORMAT, "dt_embed_checkpoint_load: table \"%s\": slot %lld is filled "
+                                        "after an empty one; the checkpoint's slot_stamp is corrupt", t->name,
+                                        (long long)(t->r0 + x));
+        if (!y->used) continue;
+        if (!(order = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)y->used))) return DT_ERR_OOM;
+        for (k = 0; k < y->used; k++) order[k] = y->x0 + k;
+        /* by stamp (insertion sort is fine for a restore; stamps are unique within a shard) */
+        for (k = 1; k < y->used; k++) {
+            int64_t v = order[k], m = k;
+            while (m > 0 && stamp[order[m - 1]] > stamp[v]) { order[m] = order[m - 1]; m--; }
+            order[m] = v;
+        }
+        for (k = 0; k < y->used; k++) {
+            x = order[k];
+            hmput(y->map, sid[x], x);
+            dt__em_lru_append(t, y, x);
+            if (stamp[x] > y->stamp) y->stamp = stamp[x];
+        }
+        dt_release(e->ctx, order);
+    }
+    return DT_OK;
+}
+
+/* Owner side: walks the received requests; with out != NULL pools each into out (counting
+   the result floats per source rank in nres either way). */
+static void dt__em_serve(dt_embed *e, const int64_t *rin, const float *rfl, const int64_t *cnt_i, int64_t *nres,
+                         float *out) {
+    int s;
+    int64_t p = 0, q = 0, o = 0;
+    for (s = 0; s < e->size; s++) {
+        int64_t end = p + cnt_i[s];
+        nres[s] = 0;
+        while (p < end) {
+            int f = (int)rin[p];
+            int64_t n = rin[p + 3];
+            const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+            int64_t nc = t->c1 - t->c0;
+            if (out) dt__em_pool(t, out + o, rin + p + DT__EM_HDR, e->any_weighted ? rfl + q : NULL, n, t->c0, nc);
+            o += nc;
+            nres[s] += nc;
+            p += DT__EM_HDR + n;
+            if (e->any_weighted) q += n;
+        }
+    }
+}
+
+static dt_status dt__em_seq_layout(dt_embed *e) {
+    int64_t total = 0, B = e->B;
+    int f;
+    for (f = 0; f < e->n_feat; f++) {
+        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        e->seq_off[f] = total;
+        if (t->pooling == DT_POOL_NONE) {
+            int64_t n = e->offs[(int64_t)(f + 1) * B] - e->offs[(int64_t)f * B], nf;
+            if (!dt_mul_ok(n, t->dim, &nf) || nf > INT64_MAX / 2 - total)
+                return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_forward: feature %d: %lld ids x dim %lld is too "
+                                        "large", f, (long long)n, (long long)t->dim);
+            total += nf;
+        }
+    }
+    e->seq_off[e->n_feat] = total;
+    if (total + 1 > e->seq_cap) {
+        int64_t c1 = e->seq_cap, c2 = e->seq_cap;
+        DT__ETRY(dt_grow(e->ctx, (void **)&e->seq, &c1, total + 1, sizeof(float), "dt_embed sequence rows"));
+        DT__ETRY(dt_grow(e->ctx, (void **)&e->seq_grad, &c2, total + 1, sizeof(float), "dt_embed sequence grads"));
+        e->seq_cap = c1 < c2 ? c1 : c2;
+    }
+    memset(e->seq, 0, (size_t)(total + 1) * sizeof(float));
+    memset(e->seq_grad, 0, (size_t)(total + 1) * sizeof(float));
+    return DT_OK;
+}
+
+/* Where the result of (f, b, pos) goes: a row of the pooled output or of the sequence buffer. */
+static float *dt__em_dst(dt_embed *e, int f, int64_t b, int64_t pos, float *pooled, float *seq) {
+    const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+    if (t->pooling != DT_POOL_NONE) return pooled + b * e->pooled_dim + e->feat_off[f];
+    return seq + e->seq_off[f] + (e->offs[(int64_t)f * e->B + b] - e->offs[(int64_t)f * e->B] + pos) * t->dim;
+}
+
+DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt) {
+    const char *fn = "dt_embed_forward";
+    int W, r, bad = 0, f;
+    int64_t *cnt, b, j, tot_i = 0, tot_f = 0, tot_r = 0, tot_res;
+    (void)tot_r;
+    dt__em_gen g;
+    dt_status st;
+    double t0 = dt__em_now(), *v;
+    if (!e) return DT_ERR_ARG;
+    W = e->size;
+    cnt = e->cnt;
+    e->phase = 0;
+    e->n_segs = 0;
+    st = dt__em_read_batch(e, kjt, &bad);
+    if (st) bad = 2;
+    /* agree: every rank's batch size (for the global sample numbers) and whether one failed */
+    if (!(v = (double *)dt_alloc(e->ctx, sizeof(double) * (size_t)(W + 1)))) return DT_ERR_OOM;
+    memset(v, 0, sizeof(double) * (size_t)(W + 1));
+    v[e->rank] = st ? 0 : (double)e->B;
+    v[W] = bad ? 1 : 0;
+    {
+        dt_status cs = dt__em_sum_f64(e, v, W + 1);
+        if (cs) { dt_release(e->ctx, v); return cs; }
+    }
+    if (v[W] > 0) {
+        dt_release(e->ctx, v);
+        if (bad) return st ? st : DT_ERR_RANGE;
+        return dt_ctx_set_error(e->ctx, DT_ERR_RANGE, "%s: a bad batch on another rank (%g rank(s)); see its message",
+                                fn, v[W]);
+    }
+    e->g0 = 0;
+    for (r = 0; r < e->rank; r++) e->g0 += (int64_t)v[r];
+    dt_release(e->ctx, v);
+    /* requests: count, size the buffers, fill */
+    memset(cnt, 0, sizeof(int64_t) * (size_t)(6 * W));
+    g.ni = cnt; g.nf = cnt + W; g.nr = cnt + 2 * W; g.fill = 0;
+    DT__ETRY(dt__em_generate(e, &g));
+    for (r = 0; r < W; r++) { tot_i += cnt[r]; tot_f += cnt[W + r]; tot_r += cnt[2 * W + r]; }
+    DT__ETRY(dt__em_need(e, &e->sbuf_i, DT_I64, tot_i + 1));
+    DT__ETRY(dt__em_need(e, &e->sbuf_f, DT_F32, tot_f + 1));
+    {   /* fill: per-dest cursors start at the dest's displacement */
+        int64_t *di = cnt + 3 * W, *df = cnt + 4 * W, *dr = cnt + 5 * W, oi = 0, of = 0, orr = 0;
+        for (r = 0; r < W; r++) {
+            di[r] = oi; df[r] = of; dr[r] = orr;
+            oi += cnt[r]; of += cnt[W + r]; orr += cnt[2 * W + r];
+        }
+        g.ni = di; g.nf = df; g.nr = dr; g.fill = 1;
+        DT__ETRY(dt__em_generate(e, &g));
+    }
+    e->stats.ids += e->n_ids;
+    for (r = 0; r < W; r++)
+        if (r != e->rank) e->stats.bytes_sent_fwd += 8.0 * (double)cnt[r] + 4.0 * (double)cnt[W + r];
+    /* exchange the requests: counts first (all-to-all of 2 per rank), then ids and weights */
+    {
+        int64_t *rc = cnt + 3 * W, *rf = cnt + 4 * W, tr_i = 0, tr_f = 0;
+        DT__ETRY(dt__em_need(e, &e->dp_i, DT_I64, 4 * W));
+        for (r = 0; r < W; r++) {
+            ((int64_t *)e->dp_i.data)[2 * r] = cnt[r];
+            ((int64_t *)e->dp_i.data)[2 * r + 1] = cnt[W + r];
+        }
+        if (e->comm) {
+            dt_tensor a, bb;
+            int64_t sh[1];
+            sh[0] = 2 * W;
+            DT__ETRY(dt_tensor_view(e->ctx, &a, &e->dp_i, 0, 1, sh));
+            DT__ETRY(dt_tensor_view(e->ctx, &bb, &e->dp_i, 2 * W, 1, sh));
+            DT__ETRY(dt_comm_alltoall(e->comm, &bb, &a));
+        } else memcpy((int64_t *)e->dp_i.data + 2, e->dp_i.data, 2 * sizeof(int64_t));
+        for (r = 0; r < W; r++) {
+            rc[r] = ((int64_t *)e->dp_i.data)[2 * W + 2 * r];
+            rf[r] = ((int64_t *)e->dp_i.data)[2 * W + 2 * r + 1];
+            tr_i += rc[r]; tr_f += rf[r];
+        }
+        DT__ETRY(dt__em_need(e, &e->rbuf_i, DT_I64, tr_i + 1));
+        DT__ETRY(dt__em_need(e, &e->rbuf_f, DT_F32, tr_f + 1));
+        DT__ETRY(dt__em_a2av(e, &e->rbuf_i, &e->sbuf_i, cnt, rc));
+        if (e->any_weighted) DT__ETRY(dt__em_a2av(e, &e->rbuf_f, &e->sbuf_f, cnt + W, rf));
+        if (e->any_dyn) DT__ETRY(dt__em_dyn_translate(e, (int64_t *)e->rbuf_i.data, tr_i));
+        /* serve: pool what was asked of this rank's shards (one pass over the requests) */
+        dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, rc, cnt + 5 * W, NULL);
+        tot_res = 0;
+        for (r = 0; r < W; r++) tot_res += cnt[5 * W + r];
+        DT__ETRY(dt__em_need(e, &e->resp, DT_F32, tot_res + 1));
+        dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, rc, cnt + 5 * W,
+                     (float *)e->resp.data);
+    }
+    /* local: data-parallel lookups straight into the pooled buffer / sequence rows */
+    {
+        int64_t nb;
+        if (!dt_mul_ok(e->B, e->pooled_dim, &nb)) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: batch x pooled dim overflows", fn);
+        DT__ETRY(dt__em_need(e, &e->pooled, DT_F32, nb + 1));
+        memset(e->pooled.data, 0, (size_t)nb * sizeof(float));
+        DT__ETRY(dt__em_seq_layout(e));
+        for (b = 0; b < e->B; b++)
+            for (f = 0; f < e->n_feat; f++) {
+                const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+                int64_t i0 = e->offs[(int64_t)f * e->B + b], n = e->offs[(int64_t)f * e->B + b + 1] - i0;
+                if (t->shard != DT_SHARD_DATA) continue;
+                if (t->pooling == DT_POOL_NONE)
+                    for (j = 0; j < n; j++)
+                        dt__em_pool(t, dt__em_dst(e, f, b, j, NULL, e->seq), e->rows + i0 + j, e->wts + i0 + j, 1, 0, t->dim);
+                else dt__em_pool(t, dt__em_dst(e, f, b, -1, (float *)e->pooled.data, NULL), e->rows + i0, e->wts + i0, n, 0,
+                                 t->dim);
+            }
+    }
+    e->phase = 1;
+    e->stats.seconds_fwd += dt__em_now() - t0;
+    return DT_OK;
+}
+
+DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
+    const char *fn = "dt_embed_forward";
+    int W, r, f;
+    int64_t *cnt, k, c, b, tot = 0;
+    double t0 = dt__em_now();
+    dt_status st;
+    if (!e) return DT_ERR_ARG;
+    if (e->phase != 1) return dt_ctx_set_error(e->ctx, DT_ERR_STATE, "%s: no dt_embed_forward_begin before this end", fn);
+    W = e->size;
+    cnt = e->cnt;
+    st = dt_check_tensor(e->ctx, out, DT_F32, fn, "out");
+    if (!st && (out->ndim != 2 || out->shape[0] != e->B || out->shape[1] != e->pooled_dim)) {
+        char s1[64];
+        st = dt_ctx_set_error(e->ctx, DT_ERR_SHAPE, "%s: out is %s; expected [%lld, %lld] (local batch, pooled dim)", fn,
+                              dt_shape_str(out, s1, sizeof s1), (long long)e->B, (long long)e->pooled_dim);
+    }
+    /* every rank must take part in the return all-to-all even when its out is bad */
+    for (r = 0; r < W; r++) tot += cnt[2 * W + r];
+    DT__ETRY(dt__em_need(e, &e->res, DT_F32, tot + 1));
+    {
+        dt_status cs = dt__em_a2av(e, &e->res, &e->resp, cnt + 5 * W, cnt + 2 * W);
+        if (cs) return cs;
+    }
+    for (r = 0; r < W; r++)
+        if (r != e->rank) e->stats.bytes_sent_fwd += 4.0 * (double)cnt[5 * W + r];
+    if (st) { e->phase = 0; return st; }
+    /* scatter, in generation order: a row-wise bag adds its rows in bag order */
+    for (k = 0; k < e->n_segs; k++) {
+        const dt__em_seg *s = &e->segs[k];
+        const float *src = (const float *)e->res.data + s->res;
+        float *dst = dt__em_dst(e, s->f, s->b, s->pos < 0 ? 0 : s->pos, (float *)e->pooled.data, e->seq);
+        const dt__em_tab *t = &e->tabs[e->feat_tab[s->f]];
+        (void)t;
+        dst += s->c0;
+        for (c = 0; c < s->nc; c++) dst[c] += src[c];
+    }
+    for (f = 0; f < e->n_feat; f++) { /* mean: divide last, the same on every path */
+        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        if (t->pooling != DT_POOL_MEAN) continue;
+        for (b = 0; b < e->B; b++) {
+            int64_t n = e->offs[(int64_t)f * e->B + b + 1] - e->offs[(int64_t)f * e->B + b];
+            float *dst = (float *)e->pooled.data + b * e->pooled_dim + e->feat_off[f];
+            if (n > 0) for (c = 0; c < t->dim; c++) dst[c] /= (float)n;
+        }
+    }
+    if (e->B * e->pooled_dim > 0) memcpy(out->data, e->pooled.data, (size_t)(e->B * e->pooled_dim) * sizeof(float));
+    e->phase = 2;
+    e->stats.forwards++;
+    e->stats.seconds_fwd += dt__em_now() - t0;
+    return DT_OK;
+}
+
+DT_API dt_status dt_embed_forward(dt_embed *e, dt_tensor *out, const dt_kjt *kjt) {
+    DT__ETRY(dt_embed_forward_begin(e, kjt));
+    return dt_embed_forward_end(e, out);
+}
+
+static dt_status dt__em_seq_view(dt_embed *e, dt_tensor *view, int f, float *base, const char *fn) {
+    const dt__em_tab *t;
+    if (!e) return DT_ERR_ARG;
+    if (!view) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: view is NULL", fn);
+    if (f < 0 || f >= e->n_feat) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: feature = %d; expected [0, %d)", fn, f, e->n_feat);
+    t = &e->tabs[e->feat_tab[f]];
+    if (t->pooling != DT_POOL_NONE)
+        return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: feature %d's table \"%s\" pools; expected a sequence (pooling NONE) feature", fn, f, t->name);
+    if (e->phase < 1) return dt_ctx_set_error(e->ctx, DT_ERR_STATE, "%s: no forward yet", fn);
+    memset(view, 0, sizeof *view);
+    view->data = base + e->seq_off[f];
+    view->dtype = DT_F32;
+    view->device = DT_CPU;
+    view->ndim = 2;
+    view->shape[0] = (e->seq_off[f + 1] - e->seq_off[f]) / t->dim;
+    view->shape[1] = t->dim;
+    view->numel = e->seq_off[f + 1] - e->seq_off[f];
+    return DT_OK;
+}
+DT_API dt_status dt_embed_sequence(dt_embed *e, dt_tensor *view, int f) {
+    return dt__em_seq_view(e, view, f, e ? e->seq : NULL, "dt_embed_sequence");
+}
+DT_API dt_status dt_embed_sequence_grad(dt_embed *e, dt_tensor *view, int f) {
+    return dt__em_seq_view(e, view, f, e ? e->seq_grad : NULL, "dt_embed_sequence_grad");
+}
+
+/* ---------------------------------------------------------------- backward */
+
+static dt_status dt__em_add_con(dt_embed *e, int t, int f, int64_t row, int64_t sample, int64_t pos, float w,
+                                const float *g, int64_t *n) {
+    dt__em_contrib *c;
+    DT__ETRY(dt_grow(e->ctx, (void **)&e->con, &e->con_cap, *n + 1, sizeof(dt__em_contrib), "dt_embed gradients"));
+    c = &e->con[(*n)++];
+    c->t = t; c->f = f; c->row = row; c->sample = sample; c->pos = pos; c->w = w; c->g = g;
+    return DT_OK;
+}
+
+/* The one order of a row's gradient contributions: (table, row, global sample, feature, position). */
+static int dt__em_con_cmp(const void *pa, const void *pb) {
+    const dt__em_contrib *a = (const dt__em_contrib *)pa, *b = (const dt__em_contrib *)pb;
+    if (a->t != b->t) return a->t < b->t ? -1 : 1;
+    if (a->row != b->row) return a->row < b->row ? -1 : 1;
+    if (a->sample != b->sample) return a->sample < b->sample ? -1 : 1;
+    if (a->f != b->f) return a->f < b->f ? -1 : 1;
+    if (a->pos != b->pos) return a->pos < b->pos ? -1 : 1;
+    return 0;
+}
+
+static dt_status dt__em_mark(dt_embed *e, dt__em_tab *t, int64_t x) {
+    if (t->dirty[x >> 3] & (1u << (x & 7))) return DT_OK;
+    DT__ETRY(dt_grow(e->ctx, (void **)&t->dlist, &t->dcap, t->n_dirty + 1, sizeof(int64_t), "dt_embed changed rows"));
+    t->dirty[x >> 3] |= (unsigned char)(1u << (x & 7));
+    t->dlist[t->n_dirty++] = x;
+    return DT_OK;
+}
+
+/* The sparse optimizer on local row x of t with gradient g (the columns of the shard). */
+static void dt__em_update(dt__em_tab *t, int64_t x, const float *g, float *scratch) {
+    int64_t nc = t->c1 - t->c0, c;
+    float *w = t->dtype == DT_F32 ? (float *)t->w.data + x * nc : scratch;
+    uint16_t *w16 = (uint16_t *)t->w.data + x * nc;
+    if (t->dtype == DT_BF16) for (c = 0; c < nc; c++) w[c] = dt_bf16_to_f32(w16[c]);
+    if (t->dtype == DT_F16) for (c = 0; c < nc; c++) w[c] = dt_f16_to_f32(w16[c]);
+    switch (t->kind) {
+    case DT_EMBED_ADAGRAD:
+        dt_adagrad_update(w, g, (float *)t->s1.data + x * nc, nc, t->lr, 0, 0, t->eps, t->t);
+        break;
+    case DT_EMBED_ROWWISE_ADAGRAD: {
+        double ss = 0;
+        float *s = (float *)t->s1.data + x, m;
+        for (c = 0; c < nc; c++) ss += (double)g[c] * (double)g[c];
+        *s = *s + (float)(ss / (double)t->dim);
+        m = (float)(t->lr / (sqrt((double)*s) + t->eps));
+        for (c = 0; c < nc; c++) w[c] -= m * g[c];
+        break;
+    }
+    case DT_EMBED_ADAM:
+        dt_adam_update(w, g, (float *)t->s1.data + x * nc, (float *)t->s2.data + x * nc, nc, t->lr, t->b1, t->b2,
+                       t->eps, 0, 0, t->t);
+        break;
+    default:
+        dt_sgd_update(w, g, NULL, nc, t->lr, 0, 0, 0, 0, 1);
+        break;
+    }
+    if (t->dtype == DT_BF16) for (c = 0; c < nc; c++) w16[c] = dt_f32_to_bf16(w[c]);
+    if (t->dtype == DT_F16) for (c = 0; c < nc; c++) w16[c] = dt_f32_to_f16(w[c]);
+}
+
+/* The gradient of feature f's bag b (pooled) into g[0..dim): dout, / length for mean. */
+static void dt__em_bag_grad(const dt_embed *e, const float *dout, int f, int64_t b, float *g) {
+    const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+    const float *src = dout + b * e->pooled_dim + e->feat_off[f];
+    int64_t n = e->offs[(int64_t)f * e->B + b + 1] - e->offs[(int64_t)f * e->B + b], c;
+    for (c = 0; c < t->dim; c++) g[c] = t->pooling == DT_POOL_MEAN && n > 0 ? src[c] / (float)n : src[c];
+}
+
+/* Data-parallel tables: every rank's (row, gradient) pairs go to every rank. */
+static dt_status dt__em_dp_grads(dt_embed *e, const float *dout, int64_t *ncon) {
+    int W = e->size, f, r;
+    int64_t b, j, ni = 0, nf = 0, oi, of, tri = 0, trf = 0, *cnt = e->cnt;
+    double *v;
+    for (f = 0; f < e->n_feat; f++) {
+        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        int64_t n = e->offs[(int64_t)(f + 1) * e->B] - e->offs[(int64_t)f * e->B];
+        if (t->shard != DT_SHARD_DATA) continue;
+        ni += 5 * n;
+        nf += (1 + t->dim) * n;
+    }
+    DT__ETRY(dt__em_need(e, &e->dp_i, DT_I64, ni * W + 1));
+    DT__ETRY(dt__em_need(e, &e->dp_f, DT_F32, nf * W + 1));
+    oi = 0; of = 0;
+    for (b = 0; b < e->B; b++)
+        for (f = 0; f < e->n_feat; f++) {
+            const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+            int64_t i0 = e->offs[(int64_t)f * e->B + b], n = e->offs[(int64_t)f * e->B + b + 1] - i0;
+            if (t->shard != DT_SHARD_DATA) continue;
+            for (j = 0; j < n; j++) {
+                int64_t *pi = (int64_t *)e->dp_i.data + oi;
+                float *pf = (float *)e->dp_f.data + of;
+                pi[0] = e->feat_tab[f]; pi[1] = e->rows[i0 + j]; pi[2] = e->g0 + b; pi[3] = f; pi[4] = j;
+                pf[0] = e->wts[i0 + j];
+                if (t->pooling == DT_POOL_NONE)
+                    memcpy(pf + 1, dt__em_dst(e, f, b, j, NULL, e->seq_grad), (size_t)t->dim * sizeof(float));
+                else dt__em_bag_grad(e, dout, f, b, pf + 1);
+                oi += 5; of += 1 + t->dim;
+            }
+        }
+    for (r = 1; r < W; r++) { /* the same block for every rank */
+        memcpy((int64_t *)e->dp_i.data + r * ni, e->dp_i.data, (size_t)ni * sizeof(int64_t));
+        memcpy((float *)e->dp_f.data + r * nf, e->dp_f.data, (size_t)nf * sizeof(float));
+    }
+    if (!(v = (double *)dt_alloc(e->ctx, sizeof(double) * (size_t)(2 * W)))) return DT_ERR_OOM;
+    memset(v, 0, sizeof(double) * (size_t)(2 * W));
+    v[2 * e->rank] = (double)ni; v[2 * e->rank + 1] = (double)nf;
+    {
+        dt_status st = dt__em_sum_f64(e, v, 2 * W);
+        if (st) { dt_release(e->ctx, v); return st; }
+    }
+    for (r = 0; r < W; r++) {
+        cnt[3 * W + r] = (int64_t)v[2 * r]; cnt[4 * W + r] = (int64_t)v[2 * r + 1];
+        tri += cnt[3 * W + r]; trf += cnt[4 * W + r];
+        cnt[r] = ni; cnt[W + r] = nf;
+    }
+    dt_release(e->ctx, v);
+    DT__ETRY(dt__em_need(e, &e->dp_ri, DT_I64, tri + 1));
+    DT__ETRY(dt__em_need(e, &e->dp_rf, DT_F32, trf + 1));
+    DT__ETRY(dt__em_a2av(e, &e->dp_ri, &e->dp_i, cnt, cnt + 3 * W));
+    DT__ETRY(dt__em_a2av(e, &e->dp_rf, &e->dp_f, cnt + W, cnt + 4 * W));
+    for (r = 0; r < W; r++)
+        if (r != e->rank) e->stats.bytes_sent_bwd += 8.0 * (double)ni + 4.0 * (double)nf;
+    oi = 0; of = 0;
+    while (oi < tri) {
+        const int64_t *pi = (const int64_t *)e->dp_ri.data + oi;
+        const float *pf = (const float *)e->dp_rf.data + of;
+        DT__ETRY(dt__em_add_con(e, (int)pi[0], (int)pi[3], pi[1], pi[2], pi[4], pf[0], pf + 1, ncon));
+        oi += 5; of += 1 + e->tabs[pi[0]].dim;
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
+    const char *fn = "dt_embed_backward";
+    int W, r, i;
+    int64_t *cnt, k, c, tot = 0, ncon = 0, p = 0, q = 0, o = 0;
+    const float *dd = NULL;
+    dt_status st = DT_OK;
+    double t0 = dt__em_now(), flag[1];
+    if (!e) return DT_ERR_ARG;
+    W = e->size;
+    cnt = e->cnt;
+    if (e->phase != 2) st = dt_ctx_set_error(e->ctx, DT_ERR_STATE, "%s: no dt_embed_forward since the last backward", fn);
+    if (!st && e->pooled_dim > 0) {
+        if (!dout) st = dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: dout is NULL; expected [%lld, %lld]", fn,
+                                         (long long)e->B, (long long)e->pooled_dim);
+        else st = dt_check_tensor(e->ctx, dout, DT_F32, fn, "dout");
+        if (!st && (dout->ndim != 2 || dout->shape[0] != e->B || dout->shape[1] != e->pooled_dim)) {
+            char s1[64];
+            st = dt_ctx_set_error(e->ctx, DT_ERR_SHAPE, "%s: dout is %s; expected [%lld, %lld] (local batch, pooled dim)",
+                                  fn, dt_shape_str(dout, s1, sizeof s1), (long long)e->B, (long long)e->pooled_dim);
+        }
+        if (!st) dd = (const float *)dout->data;
+    }
+    flag[0] = st ? 1 : 0;
+    {
+        dt_status cs = dt__em_sum_f64(e, flag, 1);
+        if (cs) return cs;
+    }
+    if (flag[0] > 0) {
+        if (st) return st;
+        return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: a bad dout or call order on another rank; see its message", fn);
+    }
+    e->phase = 3; /* the sequence views stay readable until the next forward */
+    for (i = 0; i < e->n_tabs; i++) e->tabs[i].t++;
+    /* gradients of every request, laid out as its result was (the res buffer is free now) */
+    for (k = 0; k < e->n_segs; k++) {
+        const dt__em_seg *s = &e->segs[k];
+        const dt__em_tab *t = &e->tabs[e->feat_tab[s->f]];
+        float *g = (float *)e->res.data + s->res;
+        if (t->pooling == DT_POOL_NONE) {
+            const float *src = dt__em_dst(e, s->f, s->b, s->pos, NULL, e->seq_grad) + s->c0;
+            memcpy(g, src, (size_t)s->nc * sizeof(float));
+        } else {
+            const float *src = dd + s->b * e->pooled_dim + e->feat_off[s->f] + s->c0;
+            int64_t n = e->offs[(int64_t)s->f * e->B + s->b + 1] - e->offs[(int64_t)s->f * e->B + s->b];
+            for (c = 0; c < s->nc; c++) g[c] = t->pooling == DT_POOL_MEAN && n > 0 ? src[c] / (float)n : src[c];
+        }
+    }
+    for (r = 0; r < W; r++) tot += cnt[5 * W + r];
+    DT__ETRY(dt__em_need(e, &e->grad_in, DT_F32, tot + 1));
+    DT__ETRY(dt__em_a2av(e, &e->grad_in, &e->res, cnt + 2 * W, cnt + 5 * W));
+    for (r = 0; r < W; r++)
+        if (r != e->rank) e->stats.bytes_sent_bwd += 4.0 * (double)cnt[2 * W + r];
+    /* owner: one contribution per id of every request served */
+    {
+        const int64_t *rin = (const int64_t *)e->rbuf_i.data;
+        const float *rfl = (const float *)e->rbuf_f.data, *gin = (const float *)e->grad_in.data;
+        int64_t end = 0;
+        for (r = 0; r < W; r++) end += cnt[3 * W + r];
+        while (p < end) {
+            int f = (int)rin[p];
+            int64_t n = rin[p + 3], j;
+            int ti = e->feat_tab[f];
+            const dt__em_tab *t = &e->tabs[ti];
+            for (j = 0; j < n; j++)
+                if (rin[p + DT__EM_HDR + j] >= 0) /* a dynamic id not admitted has no row to update */
+                    DT__ETRY(dt__em_add_con(e, ti, f, rin[p + DT__EM_HDR + j] - t->r0, rin[p + 1], rin[p + 2] + j,
+                                        e->any_weighted ? rfl[q + j] : 1.0f, gin + o, &ncon));
+            o += t->c1 - t->c0;
+            p += DT__EM_HDR + n;
+            if (e->any_weighted) q += n;
+        }
+    }
+    if (e->any_dp) DT__ETRY(dt__em_dp_grads(e, dd, &ncon));
+    /* dedup by sort, sum each row's contributions in the one order, update */
+    if (ncon > 1) qsort(e->con, (size_t)ncon, sizeof(dt__em_contrib), dt__em_con_cmp);
+    for (k = 0; k < ncon;) {
+        dt__em_tab *t = &e->tabs[e->con[k].t];
+        int64_t nc = t->c1 - t->c0, x = e->con[k].row;
+        if (2 * nc > e->gtmp_cap) {
+            DT__ETRY(dt_grow(e->ctx, (void **)&e->gtmp, &e->gtmp_cap, 2 * nc, sizeof(float), "dt_embed row gradient"));
+        }
+        for (c = 0; c < nc; c++) e->gtmp[c] = 0.0f;
+        for (; k < ncon && e->con[k].t == (int)(t - e->tabs) && e->con[k].row == x; k++) {
+            const float *g = e->con[k].g;
+            float w = e->con[k].w;
+            if (t->weighted) for (c = 0; c < nc; c++) e->gtmp[c] += w * g[c];
+            else for (c = 0; c < nc; c++) e->gtmp[c] += g[c];
+        }
+        dt__em_update(t, x, e->gtmp, e->gtmp + nc);
+        DT__ETRY(dt__em_mark(e, t, x));
+        e->stats.rows_updated++;
+    }
+    e->stats.backwards++;
+    e->stats.seconds_bwd += dt__em_now() - t0;
+    return DT_OK;
+}
+
+DT_API dt_status dt_embed_stats_get(const dt_embed *e, dt_embed_stats *out) {
+    if (!e || !out) return DT_ERR_ARG;
+    *out = e->stats;
+    return DT_OK;
+}
+
+DT_API dt_status dt_embed_local_shard(dt_embed *e, dt_tensor *view, int64_t *row0, int64_t *col0, int table) {
+    dt__em_tab *t;
+    if (!e) return DT_ERR_ARG;
+    if (!view) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_local_shard: view is NULL");
+    if (table < 0 || table >= e->n_tabs)
+        return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_local_shard: table = %d; expected [0, %d)", table, e->n_tabs);
+    t = &e->tabs[table];
+    memset(view, 0, sizeof *view);
+    if (t->w.data) *view = t->w;
+    else { view->dtype = t->dtype; view->device = DT_CPU; view->ndim = 2; view->shape[1] = 0; }
+    view->owns = 0;
+    if (row0) *row0 = t->r0;
+    if (col0) *col0 = t->c0;
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- checkpoints, export */
+
+/* The local shards as a parameter set of views (dt_checkpoint_* reshard by global_shape/start). */
+static dt_status dt__em_params(dt_embed *e, dt_params *ps, dt_param **store, dt_tensor *steps) {
+    dt_tensor_desc d;
+    int i, k, n = 0;
+    dt_param *p;
+    memset(ps, 0, sizeof *ps);
+    *store = NULL;
+    memset(&d, 0, sizeof d);
+    d.dtype = DT_I64; d.device = DT_CPU; d.shape[0] = e->n_tabs; d.ndim = 1;
+    DT__ETRY(dt_tensor_create(e->ctx, steps, &d));
+    for (i = 0; i < e->n_tabs; i++) ((int64_t *)steps->data)[i] = e->tabs[i].t;
+    p = (dt_param *)dt_alloc(e->ctx, sizeof(dt_param) * (size_t)(5 * e->n_tabs + 1));
+    ps->items = (dt_param **)dt_alloc(e->ctx, sizeof(dt_param *) * (size_t)(5 * e->n_tabs + 1));
+    if (!p || !ps->items) { dt_release(e->ctx, p); dt_release(e->ctx, ps->items); ps->items = NULL; return DT_ERR_OOM; }
+    memset(p, 0, sizeof(dt_param) * (size_t)(5 * e->n_tabs + 1));
+    *store = p;
+    snprintf(p[0].name, DT_NAME_MAX, "embed/steps");
+    p[0].value = *steps; p[0].value.owns = 0;
+    p[0].global_shape[0] = e->n_tabs;
+    ps->items[n++] = &p[0];
+    for (i = 0; i < e->n_tabs; i++) {
+        dt__em_tab *t = &e->tabs[i];
+        const dt_tensor *ts[5];
+        const char *nm[5];
+        if (!t->w.data) continue;
+        ts[0] = &t->w; nm[0] = "weight";
+        ts[1] = t->s1.data ? &t->s1 : NULL; nm[1] = t->kind == DT_EMBED_ADAM ? "exp_avg" : t->kind == DT_EMBED_ADAGRAD ? "sum" : "rowsum";
+        ts[2] = t->s2.data ? &t->s2 : NULL; nm[2] = "exp_avg_sq";
+        ts[3] = t->dynamic ? &t->slot_id : NULL; nm[3] = "slot_id";       /* the id in each slot */
+        ts[4] = t->dynamic ? &t->slot_stamp : NULL; nm[4] = "slot_stamp"; /* its LRU position */
+        for (k = 0; k < 5; k++) {
+            dt_param *q = &p[n];
+            if (!ts[k]) continue;
+            snprintf(q->name, DT_NAME_MAX, "embed/%.63s/%.12s", t->name, nm[k]);
+            q->value = *ts[k]; q->value.owns = 0;
+            q->global_shape[0] = t->rows; q->start[0] = t->r0;
+            if (ts[k]->ndim == 2) { q->global_shape[1] = t->dim; q->start[1] = t->c0; }
+            q->sharded = t->r1 - t->r0 != t->rows || t->c1 - t->c0 != t->dim;
+            ps->items[n++] = q;
+        }
+    }
+    ps->count = ps->capacity = n;
+    return DT_OK;
+}
+
+static dt_status dt__em_ckpt_desc(dt_embed *e, dt_checkpoint_desc *d, const dt_checkpoint_desc *desc, const char *fn) {
+    if (!desc) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: desc is NULL", fn);
+    if (desc->comm && desc->comm != e->comm)
+        return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: desc.comm is not the dt_embed's comm; expected it or NULL", fn);
+    *d = *desc;
+    d->comm = e->comm;
+    return DT_OK;
+}
+
+DT_API dt_status dt_embed_checkpoint_save(dt_embed *e, const dt_train_state *state, const dt_checkpoint_desc *desc) {
+    dt_params ps;
+    dt_param *store = NULL;
+    dt_tensor steps;
+    dt_checkpoint_desc d;
+    dt_status st;
+    if (!e) return DT_ERR_ARG;
+    DT__ETRY(dt__em_ckpt_desc(e, &d, desc, "dt_embed_checkpoint_save"));
+    memset(&steps, 0, sizeof steps);
+    st = dt__em_params(e, &ps, &store, &steps);
+    if (!st) st = dt_checkpoint_save(e->ctx, &ps, NULL, state, &d);
+    dt_release(e->ctx, ps.items);
+    dt_release(e->ctx, store);
+    dt_tensor_free(e->ctx, &steps);
+    return st;
+}
+
+DT_API dt_status dt_embed_checkpoint_load(dt_embed *e, dt_train_state *state, const dt_checkpoint_desc *desc) {
+    dt_params ps;
+    dt_param *store = NULL;
+    dt_tensor steps;
+    dt_checkpoint_desc d;
+    dt_status st;
+    int i;
+    if (!e) return DT_ERR_ARG;
+    DT__ETRY(dt__em_ckpt_desc(e, &d, desc, "dt_embed_checkpoint_load"));
+    memset(&steps, 0, sizeof steps);
+    st = dt__em_params(e, &ps, &store, &steps);
+    if (!st) st = dt_checkpoint_load(e->ctx, &ps, NULL, state, &d);
+    if (!st)
+        for (i = 0; i < e->n_tabs; i++) {
+            e->tabs[i].t = ((int64_t *)steps.data)[i];
+            if (e->tabs[i].dynamic && e->tabs[i].w.data && !st) st = dt__em_dyn_rebuild(e, &e->tabs[i]);
+        }
+    dt_release(e->ctx, ps.items);
+    dt_release(e->ctx, store);
+    dt_tensor_free(e->ctx, &steps);
+    e->phase = 0;
+    return st;
+}
+
+static int dt__em_i64_cmp(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
+    const char *fn = "dt_embed_export_changed";
+    dt_tensor *ts = NULL;
+    const dt_tensor **tp = NULL;
+    char (*names)[DT_NAME_MAX + 16] = NULL, (*meta)[64] = NULL, path[1024];
+    const char **np_ = NULL, **mp = NULL;
+    int i, n = 0, nm = 0, W;
+    dt_status st = DT_OK;
+    double flag[1];
+    if (!e) return DT_ERR_ARG;
+    W = e->size;
+    (void)W;
+    if (!prefix || !prefix[0] || strlen(prefix) > 900)
+        st = dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: prefix is %s; expected a path prefix shorter than 900", fn,
+                              prefix ? "empty or too long" : "NULL");
+    ts = (dt_tensor *)dt_alloc(e->ctx, sizeof(dt_tensor) * (size_t)(2 * e->n_tabs + 1));
+    tp = (const dt_tensor **)dt_alloc(e->ctx, sizeof(dt_tensor *) * (size_t)(2 * e->n_tabs + 1));
+    names = (char (*)[DT_NAME_MAX + 16])dt_alloc(e->ctx, (size_t)(DT_NAME_MAX + 16) * (size_t)(2 * e->n_tabs + 1));
+    meta = (char (*)[64])dt_alloc(e->ctx, (size_t)64 * (size_t)(2 * e->n_tabs + 1));
+    np_ = (const char **)dt_alloc(e->ctx, sizeof(char *) * (size_t)(2 * e->n_tabs + 1));
+    mp = (const char **)dt_alloc(e->ctx, sizeof(char *) * (size_t)(2 * e->n_tabs + 1));
+    if (!st && (!ts || !tp || !names || !meta || !np_ || !mp)) st = DT_ERR_OOM;
+    if (ts) memset(ts, 0, sizeof(dt_tensor) * (size_t)(2 * e->n_tabs + 1));
+    for (i = 0; !st && i < e->n_tabs; i++) {
+        dt__em_tab *t = &e->tabs[i];
+        int64_t nc = t->c1 - t->c0, k;
+        dt_tensor_desc d;
+        if (!t->w.data || (t->shard == DT_SHARD_DATA && e->rank != 0)) continue;
+        qsort(t->dlist, (size_t)t->n_dirty, sizeof(int64_t), dt__em_i64_cmp);
+        memset(&d, 0, sizeof d);
+        d.dtype = DT_I64; d.device = DT_CPU; d.shape[0] = t->n_dirty; d.ndim = 1;
+        if ((st = dt_tensor_create(e->ctx, &ts[n], &d))) break;
+        d.dtype = DT_F32; d.shape[1] = nc; d.ndim = 2;
+        if ((st = dt_tensor_create(e->ctx, &ts[n + 1], &d))) break;
+        for (k = 0; k < t->n_dirty; k++) {
+            int64_t x = t->dlist[k];
+            ((int64_t *)ts[n].data)[k] = t->dynamic ? ((int64_t *)t->slot_id.data)[x] : t->r0 + x;
+            if ((st = dt_convert(e->ctx, (float *)ts[n + 1].data + k * nc, DT_F32,
+                                 (const char *)t->w.data + (size_t)(x * nc) * dt_dtype_size(t->dtype), t->dtype, nc)))
+                break;
+        }
+        if (st) break;
+        snprintf(names[n], DT_NAME_MAX + 16, "%s.ids", t->name);
+        snprintf(names[n + 1], DT_NAME_MAX + 16, "%s.values", t->name);
+        snprintf(meta[nm], 64, "%.50s.cols", t->name);
+        snprintf(meta[nm + 1], 64, "%lld:%lld", (long long)t->c0, (long long)t->c1);
+        tp[n] = &ts[n]; tp[n + 1] = &ts[n + 1];
+        np_[n] = names[n]; np_[n + 1] = names[n + 1];
+        mp[nm] = meta[nm]; mp[nm + 1] = meta[nm + 1];
+        n += 2; nm += 2;
+    }
+    if (!st) {
+        snprintf(path, sizeof path, "%s.rank_%05d.safetensors", prefix, e->rank);
+        st = dt_safetensors_save(e->ctx, path, tp, np_, n, mp, nm / 2);
+    }
+    flag[0] = st ? 1 : 0;
+    if (dt__em_sum_f64(e, flag, 1) && !st) st = DT_ERR_COMM;
+    if (!st && flag[0] > 0) st = dt_ctx_set_error(e->ctx, DT_ERR_IO, "%s: failed on another rank", fn);
+    if (!st) /* exported: start tracking afresh */
+        for (i = 0; i < e->n_tabs; i++) {
+            dt__em_tab *t = &e->tabs[i];
+            int64_t k;
+            for (k = 0; k < t->n_dirty; k++) t->dirty[t->dlist[k] >> 3] = 0;
+            t->n_dirty = 0;
+        }
+    for (i = 0; ts && i < 2 * e->n_tabs; i++) dt_tensor_free(e->ctx, &ts[i]);
+    dt_release(e->ctx, ts); dt_release(e->ctx, (void *)tp); dt_release(e->ctx, names); dt_release(e->ctx, meta);
+    dt_release(e->ctx, (void *)np_); dt_release(e->ctx, (void *)mp);
+    return st;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#if defined(DT_STATIC) && (defined(__GNUC__) || defined(__clang__))
+#pragma GCC diagnostic pop
+#endif
+
+#ifdef DT__EM_TYPEOF
+#undef typeof
+#undef DT__EM_TYPEOF
+#endif
+
+#endif /* DT_EMBED_IMPLEMENTATION_DONE */
+#endif /* DT_EMBED_IMPLEMENTATION */
+
+/*
+   ------------------------------------------------------------------------------------------------
+   MIT License
+
+   Copyright (c) 2026 the dt authors
+
+   Permission is hereby granted, free of charge, to any person obtaining a copy of this software
+   and associated documentation files (the "Software"), to deal in the Software without
+   restriction, including without limitation the rights to use, copy, modify, merge, publish,
+   distribute, sublicense, and/or sell copies of the Software, and to permit persons to whom the
+   Software is furnished to do so, subject to the following conditions:
+
+   The above copyright notice and this permission notice shall be included in all copies or
+   substantial portions of the Software.
+
+   THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING
+   BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND
+   NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM,
+   DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+   OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+*/
