@@ -630,7 +630,7 @@ int main(int argc, char **argv) {
     FILE *log = NULL;
     int W, mi;
     int64_t step = 0, first_step;
-    double t0, loss = 0, auc = 0.5, logloss = 0, comm_s = 0;
+    double t0, loss = 0, auc = 0.5, logloss = 0, comm_s = 0, eval_s = 0;
 
     CHECK(dt_ctx_init(&ctx, NULL));
     g_ctx = &ctx;
@@ -687,13 +687,15 @@ int main(int argc, char **argv) {
         loss = sums[0] / (double)o.batch;
         if (o.ckpt && o.ckpt_every && (step + 1) % o.ckpt_every == 0) save(&m, opt, &o, world, step + 1);
         if ((step + 1) % o.eval_every == 0 || step + 1 == o.steps) {
+            double te = now();
             evaluate(&m, &a, &d, &o, world, &kb, &batch, &auc, &logloss);
+            eval_s += now() - te; /* throughput counts training only */
             if (g_rank == 0 && !o.quiet)
                 printf("eval  step %lld: auc %.4f logloss %.4f (%lld held-out samples)\n", (long long)(step + 1), auc,
                        logloss, (long long)o.eval_samples);
         }
         if (g_rank == 0 && ((o.print_every && (step + 1) % o.print_every == 0) || step + 1 == o.steps)) {
-            double el = now() - t0, done = (double)(step + 1 - first_step);
+            double el = now() - t0 - eval_s, done = (double)(step + 1 - first_step);
             double sps = done * (double)o.batch / (el > 0 ? el : 1e-9), eta = el / done * (double)(o.steps - step - 1);
             if (!o.quiet)
                 printf("step %lld/%lld  loss %.6f  %.0f samples/s  eta %.0fs\n", (long long)(step + 1),
