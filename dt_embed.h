@@ -14,6 +14,15 @@
      in the implementation file only:
        DT_MPI              (seen by dt_comm.h) tables sharded over the ranks of desc.comm; without
                            it every comm is a world of one and everything still runs.
+       DT_EMBED_NO_SIMD    plain C loops instead of SSE2 in pooling (same results, bit for bit).
+       DT_STB_DS_H         the stb_ds header to include (default <stb/stb_ds.h>, Debian libstb-dev).
+       DT_EMBED_NO_STB_DS_IMPLEMENTATION   stb_ds's implementation (STB_DS_IMPLEMENTATION) must be
+                           compiled exactly once per program: dt_embed.h's implementation compiles
+                           it unless this is defined (or STB_DS_IMPLEMENTATION already is). Define
+                           it when another file of your program defines STB_DS_IMPLEMENTATION.
+                           Under DT_STATIC it is not compiled (stb_ds's functions are always
+                           extern): define STB_DS_IMPLEMENTATION in one file of the program, or
+                           DT_EMBED_STB_DS_IMPLEMENTATION to compile it here anyway.
 
    API in one breath:
        dt_embed_create / dt_embed_free        tables + features + plan, from a dt_embed_desc
@@ -25,8 +34,11 @@
        dt_embed_plan_format / _plan_print     the plan as a table
        dt_embed_checkpoint_save / _load       through dt_opt.h's checkpoints, by logical row
        dt_embed_export_changed                the rows changed since the last export (safetensors)
-       dt_embed_stats                         counters: ids, bytes, rows updated, seconds
-       dt_embed_hash_id                       the fixed id hash of DT_IDS_HASH
+       dt_embed_stats_get                     counters: ids, bytes, rows updated, seconds, and the
+                                              admitted / evicted / rejected ids of dynamic tables
+       dt_embed_pooled_dim / _feature_offset  the output layout
+       dt_embed_table_sharding / _local_shard the plan of a table, this rank's rows of it
+       dt_embed_hash_id                       the fixed id hash of DT_IDS_HASH and of dynamic tables
 
    A training step (DLRM):
 
@@ -81,6 +93,28 @@
    dt_embed_hash_id is the splitmix64 finaliser of the id read as a uint64 (fixed: a model
    trained with it keeps its meaning across versions).
 
+   ---------------------------------------------------------------- dynamic tables
+
+   table desc dynamic = 1: any 64-bit id gets a row (a slot) when it is admitted; rows is the
+   capacity. The id space is cut into S = hash_shards (default 16) id-hash shards, shard(id) =
+   dt_embed_hash_id(id) mod S, and the capacity into S blocks of slots (R = q*S + m as for
+   row-wise). Rank k owns shards [k*S/W, (k+1)*S/W), so a shard's slots, capacity and history
+   are the same at every world size (a world larger than S leaves ranks without shards). Each
+   shard keeps a stb_ds hash map id -> slot and a map id -> sightings of ids not admitted yet.
+   On the owner, the ids of a forward are taken in the global (sample, feature, position) order:
+     - an id with a slot uses it and becomes the most recently used;
+     - otherwise its sightings go up by one; below admit_after (default 1) it is rejected;
+     - at admit_after it is admitted: into a free slot, or by evicting the least recently used
+       slot of its shard (LRU, O(1): a list per shard). A slot used by the same forward is never
+       evicted: if the least recent one is, the new id is rejected and counts the sighting.
+     - an admitted (or re-admitted) row is initialised from (seed, "<table>#<id>") and its
+       optimizer state zeroed, so values never depend on which rank or slot holds the id.
+   A rejected id looks up zeros and its gradient is dropped. dt_embed_stats counts admitted,
+   evicted and rejected ids on this rank's shards (the sum over ranks equals a single-rank run).
+   Checkpoints hold the slots ("weight" and state by slot, "slot_id", "slot_stamp" = LRU order),
+   so they reshard like row-wise tables; the sightings of ids not yet admitted are not saved
+   (a resumed run admits such an id later than an uninterrupted one would).
+
    ---------------------------------------------------------------- sparse optimizers
 
    Applied on the owner, to each touched row only, once per dt_embed_backward, with g the row's
@@ -122,22 +156,34 @@
    t), so a checkpoint saved at one world size or plan loads at any other: dt_opt.h's resharding
    finds each slice.
    dt_embed_export_changed(e, prefix) writes prefix.rank_NNNNN.safetensors on every rank with
-   entries "<table>.ids" (i64 [n], the global rows changed since the last export, ascending) and
+   entries "<table>.ids" (i64 [n], the global rows changed since the last export, ascending; for a
+   dynamic table the ids of the changed slots) and
    "<table>.values" (f32 [n, cols]) for the tables it owns, and metadata "<table>.cols" = "c0:c1"
    (its column range). Replicas (data-parallel) are written by rank 0 only. Collective.
 
    ---------------------------------------------------------------- overlap
 
-   dt_embed_forward = dt_embed_forward_begin + dt_embed_forward_end. begin validates the batch,
-   exchanges ids (all-to-allv), gathers and pools the rows this rank owns and the data-parallel
-   lookups; end returns the pooled vectors (all-to-allv). dt_comm has no asynchronous
-   all-to-allv, so begin and end are blocking: what the split buys is an order, where a trainer
-   can do dense work (the bottom MLP of the same batch) between the id exchange and the pooled
-   exchange; it does not run communication and computation at the same time.
+   dt_embed_forward = dt_embed_forward_begin + dt_embed_forward_end. begin validates the batch
+   (one small all-reduce: batch sizes and errors), builds the requests, exchanges their counts
+   (a small all-to-all), then POSTS the exchange of ids and weights as point-to-point
+   dt_comm_irecv / dt_comm_isend and returns, after the data-parallel lookups (local). end waits
+   for the ids, gathers and pools the rows this rank owns, returns the pooled vectors (blocking
+   all-to-allv) and scatters them. What overlaps: the transfer of the next batch's ids with
+   whatever the caller runs between begin and end (e.g. the bottom MLP of that batch, or the
+   dense backward of the previous one once its dt_embed_backward is done: begin must come
+   after the previous batch's backward, which still needs that batch's requests). Not
+   overlapped: the pooled-vector exchange and the backward's gradient exchange (dt_comm has no
+   asynchronous all-to-allv). Large messages progress only inside MPI calls on some MPI
+   builds; small ones (eager) travel during the caller's compute. Not measured yet.
 
    Memory: tables, optimizer state and every buffer come from the ctx allocator; buffers are
    kept and grown (dt_grow) so steps do not allocate after the first ones. The change tracking
-   of the export costs one bit per local row.
+   of the export costs one bit per local row. Exception: the hash maps of dynamic tables are
+   stb_ds's, which allocate with realloc / free (STBDS_REALLOC / STBDS_FREE; define them before
+   this file's implementation to change that), not with the ctx allocator. A dynamic table's
+   slots cost 2 x 8 bytes (id, stamp) + 2 x 8 (LRU links) per slot besides the row; the map of
+   sightings grows with the distinct ids seen and not admitted (use admit_after 1 to keep it
+   empty).
 
    Errors: every function returns dt_status with dt_ctx_error naming the argument, the value
    and what was expected. Collective functions (create, forward, backward, checkpoints, export)
@@ -315,11 +361,21 @@ DT_API uint64_t dt_embed_hash_id(int64_t id);
 #include <string.h>
 #include <math.h>
 #include <sys/time.h>
+#if defined(__SSE2__) && !defined(DT_EMBED_NO_SIMD)
+#include <emmintrin.h>
+#define DT__EM_SSE2
+#endif
 
 /* stb_ds: the host hash maps of dynamic tables. Its implementation is compiled here unless
    DT_EMBED_NO_STB_DS_IMPLEMENTATION (define it when another file of the program already has
-   STB_DS_IMPLEMENTATION). gcc's strict C modes lack the `typeof` stb_ds uses: map it to
-   __typeof__ for the implementation of this header only. */
+   STB_DS_IMPLEMENTATION). Under DT_STATIC stb_ds is not used at all (it has no static mode: its
+   functions are always extern, and two libraries that each vendor dt must not both define
+   them): a small private open-addressing map of the same semantics takes its place, unless
+   DT_EMBED_STB_DS_IMPLEMENTATION asks for stb_ds anyway. gcc's strict C modes lack the
+   `typeof` stb_ds uses: it is mapped to __typeof__ for this header's implementation only. */
+#if defined(DT_STATIC) && !defined(DT_EMBED_STB_DS_IMPLEMENTATION)
+#define DT__EM_PRIVATE_MAP
+#else
 #if defined(__GNUC__) && !defined(__cplusplus) && !defined(typeof)
 #define typeof __typeof__
 #define DT__EM_TYPEOF
@@ -331,6 +387,7 @@ DT_API uint64_t dt_embed_hash_id(int64_t id);
 #define STB_DS_IMPLEMENTATION
 #endif
 #include DT_STB_DS_H
+#endif
 
 #if defined(DT_STATIC) && (defined(__GNUC__) || defined(__clang__))
 #pragma GCC diagnostic push
@@ -339,6 +396,14 @@ DT_API uint64_t dt_embed_hash_id(int64_t id);
 
 #ifdef __cplusplus
 extern "C" {
+#endif
+
+#if defined(__cplusplus) && (defined(__GNUC__) || defined(__clang__))
+#define DT__EM_RESTRICT __restrict__
+#elif defined(__cplusplus)
+#define DT__EM_RESTRICT
+#else
+#define DT__EM_RESTRICT restrict
 #endif
 
 #define DT__ETRY(x) do { dt_status dt__es = (x); if (dt__es) return dt__es; } while (0)
@@ -373,9 +438,15 @@ typedef struct dt__em_tab {
 } dt__em_tab;
 
 typedef struct dt__em_kv { int64_t key, value; } dt__em_kv;
+typedef struct dt__em_map {      /* int64 -> int64: stb_ds's hm, or (DT_STATIC) the private one */
+    dt__em_kv *hm;
+    dt__em_kv *slots;            /* private: open addressing, linear probing */
+    unsigned char *full;
+    int64_t cap, n;
+} dt__em_map;
 typedef struct dt__em_dyn {      /* one id-hash shard of a dynamic table */
-    dt__em_kv *map;              /* id -> local slot (stb_ds hash map) */
-    dt__em_kv *seen;             /* id -> sightings, for ids not admitted yet */
+    dt__em_map map;              /* id -> local slot */
+    dt__em_map seen;             /* id -> sightings, for ids not admitted yet */
     int64_t x0, n, used;         /* its local slots [x0, x0 + n), the first `used` filled */
     int64_t head, tail;          /* LRU list: head = least recently used; -1 = empty */
     int64_t stamp, step_stamp;   /* last stamp given; the stamp when this forward began */
@@ -420,13 +491,104 @@ struct dt_embed {
     dt_tensor sbuf_i, sbuf_f, rbuf_i, rbuf_f, resp, res, grad_in, pooled, dp_i, dp_f, dp_ri, dp_rf;
     float *seq, *seq_grad;
     int64_t seq_cap, *seq_off;   /* per feature: float offset of its rows in seq */
-    dt__em_contrib *con;
-    int64_t con_cap;
+    dt__em_contrib *con, *con2;
+    int64_t con_cap, con2_cap;
     float *gtmp, *wtmp;
     int64_t gtmp_cap;
     int64_t steps_store[1];
+    dt_comm_req **reqs;          /* the id exchange in flight between begin and end */
+    dt_tensor *rviews;           /* the slices those requests read and write */
+    int n_reqs;
+    int64_t rbuf_n;              /* ints received by the id exchange */
     dt_embed_stats stats;
 };
+
+/* ---------------------------------------------------------------- id maps */
+
+#ifdef DT__EM_PRIVATE_MAP
+static int64_t dt__em_mfind(const dt__em_map *m, int64_t k) { /* slot of k, or of the hole it would take */
+    uint64_t mask = (uint64_t)m->cap - 1, i = dt_embed_hash_id(k) & mask;
+    while (m->full[i] && m->slots[i].key != k) i = (i + 1) & mask;
+    return (int64_t)i;
+}
+#endif
+
+static int dt__em_get(const dt__em_map *m, int64_t k, int64_t *v) {
+#ifdef DT__EM_PRIVATE_MAP
+    int64_t i;
+    if (!m->cap) return 0;
+    i = dt__em_mfind(m, k);
+    if (!m->full[i]) return 0;
+    *v = m->slots[i].value;
+    return 1;
+#else
+    ptrdiff_t i = hmgeti(((dt__em_map *)m)->hm, k);
+    if (i < 0) return 0;
+    *v = m->hm[i].value;
+    return 1;
+#endif
+}
+
+static dt_status dt__em_put(dt_ctx *ctx, dt__em_map *m, int64_t k, int64_t v) {
+#ifdef DT__EM_PRIVATE_MAP
+    int64_t i;
+    if (2 * (m->n + 1) > m->cap) { /* keep the load at most 1/2: rehash into twice the slots */
+        dt__em_map g;
+        int64_t j, cap = m->cap ? 2 * m->cap : 16;
+        memset(&g, 0, sizeof g);
+        g.cap = cap;
+        g.slots = (dt__em_kv *)dt_alloc(ctx, sizeof(dt__em_kv) * (size_t)cap);
+        g.full = (unsigned char *)dt_alloc(ctx, (size_t)cap);
+        if (!g.slots || !g.full) { dt_release(ctx, g.slots); dt_release(ctx, g.full); return DT_ERR_OOM; }
+        memset(g.full, 0, (size_t)cap);
+        for (j = 0; j < m->cap; j++)
+            if (m->full[j]) {
+                int64_t x = dt__em_mfind(&g, m->slots[j].key);
+                g.full[x] = 1; g.slots[x] = m->slots[j]; g.n++;
+            }
+        dt_release(ctx, m->slots); dt_release(ctx, m->full);
+        *m = g;
+    }
+    i = dt__em_mfind(m, k);
+    if (!m->full[i]) { m->full[i] = 1; m->n++; }
+    m->slots[i].key = k;
+    m->slots[i].value = v;
+    return DT_OK;
+#else
+    (void)ctx;
+    hmput(m->hm, k, v);
+    return DT_OK;
+#endif
+}
+
+static void dt__em_del(dt__em_map *m, int64_t k) {
+#ifdef DT__EM_PRIVATE_MAP
+    uint64_t mask, i, j;
+    if (!m->cap) return;
+    mask = (uint64_t)m->cap - 1;
+    i = (uint64_t)dt__em_mfind(m, k);
+    if (!m->full[i]) return;
+    /* backward-shift deletion: move later members of the probe run into the hole */
+    for (j = (i + 1) & mask; m->full[j]; j = (j + 1) & mask) {
+        uint64_t home = dt_embed_hash_id(m->slots[j].key) & mask;
+        if (((j - home) & mask) >= ((j - i) & mask)) { m->slots[i] = m->slots[j]; i = j; }
+    }
+    m->full[i] = 0;
+    m->n--;
+#else
+    (void)hmdel(m->hm, k);
+#endif
+}
+
+static void dt__em_mfree(dt_ctx *ctx, dt__em_map *m) {
+#ifdef DT__EM_PRIVATE_MAP
+    dt_release(ctx, m->slots); dt_release(ctx, m->full);
+#else
+    (void)ctx;
+    hmfree(m->hm);
+#endif
+    memset(m, 0, sizeof *m);
+}
 
 static double dt__em_now(void) {
     struct timeval tv;
@@ -689,6 +851,7 @@ static dt_status dt__em_alloc_shard(dt_embed *e, dt__em_tab *t, uint64_t seed) {
         in.high = sqrt(1.0 / (double)t->rows);
     }
     if (in.seed == 0) in.seed = seed;
+    t->init = in; /* resolved: dynamic rows are initialised from it later */
     in.name = t->name;
     memset(in.global_shape, 0, sizeof in.global_shape);
     memset(in.start, 0, sizeof in.start);
@@ -739,14 +902,19 @@ DT_API void dt_embed_free(dt_embed *e) {
         dt_release(ctx, t->prev); dt_release(ctx, t->next); dt_release(ctx, t->hs_owner);
         if (t->hs) {
             int h;
-            for (h = 0; h < t->hs_count; h++) { hmfree(t->hs[h].map); hmfree(t->hs[h].seen); }
+            for (h = 0; h < t->hs_count; h++) { dt__em_mfree(ctx, &t->hs[h].map); dt__em_mfree(ctx, &t->hs[h].seen); }
             dt_release(ctx, t->hs);
         }
     }
     dt_release(ctx, e->tabs); dt_release(ctx, e->feat_tab); dt_release(ctx, e->feat_off);
     dt_release(ctx, e->offs); dt_release(ctx, e->rows); dt_release(ctx, e->wts); dt_release(ctx, e->segs);
+    if (e->reqs) { /* a begin without its end: finish what is in flight before the buffers go */
+        int i;
+        for (i = 0; i < e->n_reqs; i++) (void)dt_comm_wait(e->reqs[i]);
+    }
+    dt_release(ctx, e->reqs); dt_release(ctx, e->rviews);
     dt_release(ctx, e->cnt); dt_release(ctx, e->seq); dt_release(ctx, e->seq_grad); dt_release(ctx, e->seq_off);
-    dt_release(ctx, e->con); dt_release(ctx, e->gtmp);
+    dt_release(ctx, e->con); dt_release(ctx, e->con2); dt_release(ctx, e->gtmp);
     dt_tensor_free(ctx, &e->sbuf_i); dt_tensor_free(ctx, &e->sbuf_f); dt_tensor_free(ctx, &e->rbuf_i);
     dt_tensor_free(ctx, &e->rbuf_f); dt_tensor_free(ctx, &e->resp); dt_tensor_free(ctx, &e->res);
     dt_tensor_free(ctx, &e->grad_in); dt_tensor_free(ctx, &e->pooled); dt_tensor_free(ctx, &e->dp_i);
@@ -800,7 +968,12 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     e->feat_off = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)e->n_feat);
     e->seq_off = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)(e->n_feat + 1));
     e->cnt = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)(6 * W + 1));
-    if (!e->tabs || !e->feat_tab || !e->feat_off || !e->seq_off || !e->cnt) { dt_embed_free(e); return DT_ERR_OOM; }
+    e->reqs = (dt_comm_req **)dt_alloc(ctx, sizeof(dt_comm_req *) * (size_t)(4 * W));
+    e->rviews = (dt_tensor *)dt_alloc(ctx, sizeof(dt_tensor) * (size_t)(4 * W));
+    if (!e->tabs || !e->feat_tab || !e->feat_off || !e->seq_off || !e->cnt || !e->reqs || !e->rviews) {
+        dt_embed_free(e);
+        return DT_ERR_OOM;
+    }
     memset(e->tabs, 0, sizeof(dt__em_tab) * (size_t)e->n_tabs);
     for (i = 0; i < e->n_tabs; i++) {
         const dt_embed_table_desc *d = &desc->tables[i];
@@ -967,6 +1140,24 @@ static dt_status dt__em_read_batch(dt_embed *e, const dt_kjt *k, int *bad) {
     return DT_OK;
 }
 
+/* acc += r and acc += w * r: restrict lets the compiler vectorize them (acc never aliases a row). */
+static void dt__em_add(float *DT__EM_RESTRICT acc, const float *DT__EM_RESTRICT r, int64_t n) {
+    int64_t c = 0;
+#ifdef DT__EM_SSE2 /* the same f32 adds, four lanes at a time: bitwise equal to the loop */
+    for (; c + 4 <= n; c += 4) _mm_storeu_ps(acc + c, _mm_add_ps(_mm_loadu_ps(acc + c), _mm_loadu_ps(r + c)));
+#endif
+    for (; c < n; c++) acc[c] += r[c];
+}
+static void dt__em_axpy(float *DT__EM_RESTRICT acc, const float *DT__EM_RESTRICT r, float w, int64_t n) {
+    int64_t c = 0;
+#ifdef DT__EM_SSE2
+    __m128 wv = _mm_set1_ps(w);
+    for (; c + 4 <= n; c += 4)
+        _mm_storeu_ps(acc + c, _mm_add_ps(_mm_loadu_ps(acc + c), _mm_mul_ps(wv, _mm_loadu_ps(r + c))));
+#endif
+    for (; c < n; c++) acc[c] += w * r[c];
+}
+
 /* Pools ids [i0, i1) of the batch (global rows in rows[], weights in w[]) over the shard's
    columns [c0, c0 + nc) into acc: acc = ((0 + w0 row0) + w1 row1) + ... in f32, bag order. */
 static void dt__em_pool(const dt__em_tab *t, float *acc, const int64_t *rows, const float *w, int64_t n,
@@ -977,10 +1168,15 @@ static void dt__em_pool(const dt__em_tab *t, float *acc, const int64_t *rows, co
         int64_t x = rows[j] - t->r0;
         float wj = w ? w[j] : 1.0f;
         if (rows[j] < 0) continue; /* a dynamic id that was not admitted: zeros */
+#if defined(__GNUC__) || defined(__clang__)
+        if (j + 2 < n && rows[j + 2] >= 0) /* the gather is latency bound: ask for the row after next */
+            __builtin_prefetch((const char *)t->w.data + (size_t)((rows[j + 2] - t->r0) * ld + (c0 - t->c0)) *
+                               dt_dtype_size(t->dtype));
+#endif
         if (t->dtype == DT_F32) {
             const float *r = (const float *)t->w.data + x * ld + (c0 - t->c0);
-            if (t->weighted) for (c = 0; c < nc; c++) acc[c] += wj * r[c];
-            else for (c = 0; c < nc; c++) acc[c] += r[c];
+            if (t->weighted) dt__em_axpy(acc, r, wj, nc);
+            else dt__em_add(acc, r, nc);
         } else {
             const uint16_t *r = (const uint16_t *)t->w.data + x * ld + (c0 - t->c0);
             for (c = 0; c < nc; c++) {
@@ -1091,14 +1287,13 @@ static dt_status dt__em_dyn_fill(dt_embed *e, dt__em_tab *t, int64_t x, int64_t 
    order at every world size. A row used in this forward is never evicted by it: a full shard
    whose least recent row is that fresh rejects the new id instead. */
 static dt_status dt__em_dyn_slot(dt_embed *e, dt__em_tab *t, dt__em_dyn *y, int64_t id, int64_t *row) {
-    int64_t *sid = (int64_t *)t->slot_id.data, *stamp = (int64_t *)t->slot_stamp.data, x;
-    ptrdiff_t i = hmgeti(y->map, id);
-    if (i >= 0) {
-        x = y->map[i].value;
-    } else {
-        int64_t seen = hmget(y->seen, id) + 1;
-        if (seen < t->admit_after) {
-            hmput(y->seen, id, seen);
+    int64_t *sid = (int64_t *)t->slot_id.data, *stamp = (int64_t *)t->slot_stamp.data, x, seen = 0;
+    if (!dt__em_get(&y->map, id, &x)) {
+        (void)dt__em_get(&y->seen, id, &seen);
+        seen++;
+        if (seen < t->admit_after || (y->used == y->n && stamp[y->head] > y->step_stamp)) {
+            /* not seen often enough yet, or every slot is in use by this very batch */
+            DT__ETRY(dt__em_put(e->ctx, &y->seen, id, seen));
             e->stats.step_rejected++;
             *row = -1;
             return DT_OK;
@@ -1107,18 +1302,12 @@ static dt_status dt__em_dyn_slot(dt_embed *e, dt__em_tab *t, dt__em_dyn *y, int6
             x = y->x0 + y->used++;
         } else {
             x = y->head;
-            if (stamp[x] > y->step_stamp) { /* everything here was used by this batch */
-                hmput(y->seen, id, seen);
-                e->stats.step_rejected++;
-                *row = -1;
-                return DT_OK;
-            }
-            (void)hmdel(y->map, sid[x]);
+            dt__em_del(&y->map, sid[x]);
             dt__em_lru_unlink(t, y, x);
             e->stats.step_evicted++;
         }
-        if (hmgeti(y->seen, id) >= 0) (void)hmdel(y->seen, id);
-        hmput(y->map, id, x);
+        dt__em_del(&y->seen, id);
+        DT__ETRY(dt__em_put(e->ctx, &y->map, id, x));
         sid[x] = id;
         DT__ETRY(dt__em_dyn_fill(e, t, x, id));
         DT__ETRY(dt__em_mark(e, t, x));
@@ -1164,7 +1353,7 @@ static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
     for (h = 0; h < t->hs_count; h++) {
         dt__em_dyn *y = &t->hs[h];
         int64_t *order;
-        hmfree(y->map); hmfree(y->seen);
+        dt__em_mfree(e->ctx, &y->map); dt__em_mfree(e->ctx, &y->seen);
         y->used = 0; y->stamp = 0; y->head = y->tail = -1;
         for (x = y->x0; x < y->x0 + y->n && stamp[x] > 0; x++) y->used++;
         for (x = y->x0 + y->used; x < y->x0 + y->n; x++)
@@ -1183,7 +1372,7 @@ static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
         }
         for (k = 0; k < y->used; k++) {
             x = order[k];
-            hmput(y->map, sid[x], x);
+            DT__ETRY(dt__em_put(e->ctx, &y->map, sid[x], x));
             dt__em_lru_append(t, y, x);
             if (stamp[x] > y->stamp) y->stamp = stamp[x];
         }
@@ -1248,10 +1437,53 @@ static float *dt__em_dst(dt_embed *e, int f, int64_t b, int64_t pos, float *pool
     return seq + e->seq_off[f] + (e->offs[(int64_t)f * e->B + b] - e->offs[(int64_t)f * e->B] + pos) * t->dim;
 }
 
+/* Posts the id (and weight) exchange: a receive from and a send to every rank with something to
+   say, point to point, so it runs while the caller computes; dt_embed_forward_end waits. */
+#define DT__EM_TAG_IDS 0x3e1
+#define DT__EM_TAG_WTS 0x3e2
+static dt_status dt__em_post(dt_embed *e, dt_tensor *sbuf, dt_tensor *rbuf, const int64_t *scnt, const int64_t *rcnt,
+                             int tag) {
+    int64_t so = 0, ro = 0, r;
+    size_t es = dt_dtype_size(sbuf->dtype);
+    for (r = 0; r < e->size; r++) {
+        if (r == e->rank) { /* to itself: a copy */
+            if (scnt[r]) memcpy((char *)rbuf->data + (size_t)ro * es, (const char *)sbuf->data + (size_t)so * es,
+                                (size_t)scnt[r] * es);
+        } else {
+            if (rcnt[r]) {
+                dt_tensor *v = &e->rviews[e->n_reqs];
+                DT__ETRY(dt_tensor_view(e->ctx, v, rbuf, ro, 1, &rcnt[r]));
+                DT__ETRY(dt_comm_irecv(e->comm, v, (int)r, tag, &e->reqs[e->n_reqs]));
+                e->n_reqs++;
+            }
+            if (scnt[r]) {
+                dt_tensor *v = &e->rviews[e->n_reqs];
+                DT__ETRY(dt_tensor_view(e->ctx, v, sbuf, so, 1, &scnt[r]));
+                DT__ETRY(dt_comm_isend(e->comm, v, (int)r, tag, &e->reqs[e->n_reqs]));
+                e->n_reqs++;
+            }
+        }
+        so += scnt[r];
+        ro += rcnt[r];
+    }
+    return DT_OK;
+}
+
+static dt_status dt__em_wait_all(dt_embed *e) {
+    dt_status st = DT_OK;
+    int i;
+    for (i = 0; i < e->n_reqs; i++) {
+        dt_status s2 = dt_comm_wait(e->reqs[i]);
+        if (s2 && !st) st = s2;
+    }
+    e->n_reqs = 0;
+    return st;
+}
+
 DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt) {
     const char *fn = "dt_embed_forward";
     int W, r, bad = 0, f;
-    int64_t *cnt, b, j, tot_i = 0, tot_f = 0, tot_r = 0, tot_res;
+    int64_t *cnt, b, j, tot_i = 0, tot_f = 0, tot_r = 0;
     (void)tot_r;
     dt__em_gen g;
     dt_status st;
@@ -1323,16 +1555,10 @@ DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt) {
         }
         DT__ETRY(dt__em_need(e, &e->rbuf_i, DT_I64, tr_i + 1));
         DT__ETRY(dt__em_need(e, &e->rbuf_f, DT_F32, tr_f + 1));
-        DT__ETRY(dt__em_a2av(e, &e->rbuf_i, &e->sbuf_i, cnt, rc));
-        if (e->any_weighted) DT__ETRY(dt__em_a2av(e, &e->rbuf_f, &e->sbuf_f, cnt + W, rf));
-        if (e->any_dyn) DT__ETRY(dt__em_dyn_translate(e, (int64_t *)e->rbuf_i.data, tr_i));
-        /* serve: pool what was asked of this rank's shards (one pass over the requests) */
-        dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, rc, cnt + 5 * W, NULL);
-        tot_res = 0;
-        for (r = 0; r < W; r++) tot_res += cnt[5 * W + r];
-        DT__ETRY(dt__em_need(e, &e->resp, DT_F32, tot_res + 1));
-        dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, rc, cnt + 5 * W,
-                     (float *)e->resp.data);
+        e->n_reqs = 0;
+        e->rbuf_n = tr_i;
+        DT__ETRY(dt__em_post(e, &e->sbuf_i, &e->rbuf_i, cnt, rc, DT__EM_TAG_IDS));
+        if (e->any_weighted) DT__ETRY(dt__em_post(e, &e->sbuf_f, &e->rbuf_f, cnt + W, rf, DT__EM_TAG_WTS));
     }
     /* local: data-parallel lookups straight into the pooled buffer / sequence rows */
     {
@@ -1374,7 +1600,19 @@ DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
         st = dt_ctx_set_error(e->ctx, DT_ERR_SHAPE, "%s: out is %s; expected [%lld, %lld] (local batch, pooled dim)", fn,
                               dt_shape_str(out, s1, sizeof s1), (long long)e->B, (long long)e->pooled_dim);
     }
-    /* every rank must take part in the return all-to-all even when its out is bad */
+    /* the ids are in: serve (pool what was asked of this rank's shards, one pass), and every
+       rank takes part in the return all-to-all even when its out is bad */
+    {
+        dt_status ws = dt__em_wait_all(e);
+        int64_t tot_res = 0;
+        if (ws) { e->phase = 0; return ws; }
+        if (e->any_dyn) DT__ETRY(dt__em_dyn_translate(e, (int64_t *)e->rbuf_i.data, e->rbuf_n));
+        dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W, cnt + 5 * W, NULL);
+        for (r = 0; r < W; r++) tot_res += cnt[5 * W + r];
+        DT__ETRY(dt__em_need(e, &e->resp, DT_F32, tot_res + 1));
+        dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W, cnt + 5 * W,
+                     (float *)e->resp.data);
+    }
     for (r = 0; r < W; r++) tot += cnt[2 * W + r];
     DT__ETRY(dt__em_need(e, &e->res, DT_F32, tot + 1));
     {
@@ -1452,15 +1690,39 @@ static dt_status dt__em_add_con(dt_embed *e, int t, int f, int64_t row, int64_t 
     return DT_OK;
 }
 
-/* The one order of a row's gradient contributions: (table, row, global sample, feature, position). */
-static int dt__em_con_cmp(const void *pa, const void *pb) {
-    const dt__em_contrib *a = (const dt__em_contrib *)pa, *b = (const dt__em_contrib *)pb;
-    if (a->t != b->t) return a->t < b->t ? -1 : 1;
-    if (a->row != b->row) return a->row < b->row ? -1 : 1;
-    if (a->sample != b->sample) return a->sample < b->sample ? -1 : 1;
-    if (a->f != b->f) return a->f < b->f ? -1 : 1;
-    if (a->pos != b->pos) return a->pos < b->pos ? -1 : 1;
-    return 0;
+/* The one order of a row's gradient contributions is (table, row, global sample, feature,
+   position). They are collected in (global sample, feature, position) order already: requests
+   are generated sample-major and arrive in rank order (data-parallel pairs likewise, after the
+   sharded ones, and of other tables). So a stable sort by (table, row) gives that order: an LSD
+   radix sort, 11 bits of the row per pass, then one pass by table; O(ids) per step. */
+static dt_status dt__em_sort(dt_embed *e, int64_t n) {
+    int64_t cnt[2049], i, maxrow = 0, k;
+    int shift, last;
+    dt__em_contrib *a, *b, *tmp;
+    if (n < 2) return DT_OK;
+    DT__ETRY(dt_grow(e->ctx, (void **)&e->con2, &e->con2_cap, n, sizeof(dt__em_contrib), "dt_embed gradients"));
+    a = e->con; b = e->con2;
+    for (i = 0; i < n; i++) if (a[i].row > maxrow) maxrow = a[i].row;
+    for (shift = 0, last = 0; !last; shift += 11) {
+        last = shift + 11 >= 63 || (maxrow >> (shift + 11)) == 0;
+        memset(cnt, 0, sizeof cnt);
+        for (i = 0; i < n; i++) cnt[1 + ((a[i].row >> shift) & 2047)]++;
+        for (k = 1; k < 2049; k++) cnt[k] += cnt[k - 1];
+        for (i = 0; i < n; i++) b[cnt[(a[i].row >> shift) & 2047]++] = a[i];
+        tmp = a; a = b; b = tmp;
+    }
+    if (e->n_tabs > 1) { /* by table, stable: at most 2048 tables per pass is plenty; tables are few */
+        int64_t *tc;
+        if (!(tc = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(e->n_tabs + 1)))) return DT_ERR_OOM;
+        memset(tc, 0, sizeof(int64_t) * (size_t)(e->n_tabs + 1));
+        for (i = 0; i < n; i++) tc[1 + a[i].t]++;
+        for (k = 1; k <= e->n_tabs; k++) tc[k] += tc[k - 1];
+        for (i = 0; i < n; i++) b[tc[a[i].t]++] = a[i];
+        dt_release(e->ctx, tc);
+        tmp = a; a = b; b = tmp;
+    }
+    if (a != e->con) memcpy(e->con, a, (size_t)n * sizeof(dt__em_contrib));
+    return DT_OK;
 }
 
 static dt_status dt__em_mark(dt_embed *e, dt__em_tab *t, int64_t x) {
@@ -1649,7 +1911,7 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
     }
     if (e->any_dp) DT__ETRY(dt__em_dp_grads(e, dd, &ncon));
     /* dedup by sort, sum each row's contributions in the one order, update */
-    if (ncon > 1) qsort(e->con, (size_t)ncon, sizeof(dt__em_contrib), dt__em_con_cmp);
+    DT__ETRY(dt__em_sort(e, ncon));
     for (k = 0; k < ncon;) {
         dt__em_tab *t = &e->tabs[e->con[k].t];
         int64_t nc = t->c1 - t->c0, x = e->con[k].row;

@@ -1,16 +1,23 @@
 /* dt_opt.h - optimizers, learning-rate schedules, mixed precision with loss scaling, gradient
    accumulation, global gradient clipping and crash-safe training-state checkpoints for dt.
-                                                                        v0.1, public domain/MIT
+                                                                        v0.1, MIT licence
 
    Do this:
        #define DT_OPT_IMPLEMENTATION         (or DT_IMPLEMENTATION for every dt header)
    before you include this file in *one* C or C++ file to create the implementation.
    Include order: dt_tensor.h, dt_comm.h, dt_opt.h.
 
-   Compile-time options (define before including):
-       DT_STATIC       every function is `static`
-       DT_MPI          (seen by dt_comm.h) multi-rank checkpoints, clipping and overflow agreement;
-                       without it every comm is a world of one and everything still runs
+   Compile-time options. The first group changes declarations, so define it the same way in
+   EVERY file that includes dt (or in the compiler flags); the second only matters in the file
+   with the implementation (define it before the include there):
+     in every file:
+       DT_STATIC       every function is `static` (two libraries can each vendor their own copy).
+       DT_API          the decoration of every external symbol (default: extern, or static under
+                       DT_STATIC). Both are dt_tensor.h's: dt_opt.h uses the DT_API it defines.
+     in the implementation file only:
+       DT_MPI          in the file with dt_comm.h's implementation: multi-rank checkpoints,
+                       clipping and overflow agreement; without it every comm is a world of one
+                       and everything still runs
        DT_OPT_NO_SIMD  plain C loops instead of SSE2 in the Adam / Adagrad updates and the
                        gradient pass (same results, bit for bit: the lanes do the scalar ops)
        DT_OPT_NO_THREADS  dt_checkpoint_save computes its checksum in the calling thread
@@ -30,16 +37,24 @@
        checkpoints    dt_checkpoint_save / dt_checkpoint_load, dt_train_state_set / _get
        memory         dt_peak_bytes / dt_reset_peak_bytes (the ctx allocator's high-water mark)
 
-   A training step:
+   A training run (statuses unchecked for brevity):
 
+       dt_comm *world;
+       dt_bucketer *bucketer;
        dt_optimizer *opt;
        dt_opt_step_info info;
+       dt_train_state ts = {0};
+       dt_checkpoint_desc cd = {0};
        dt_opt_desc od = {0};
+       dt_comm_create_world(&ctx, &world, NULL);
+       dt_bucketer_create(world, &bucketer, &params, NULL);
        od.kind = DT_OPT_ADAMW; od.lr = 3e-4; od.clip_norm = 1.0; od.accum_steps = 4;
        od.schedule.kind = DT_LR_COSINE; od.schedule.warmup_steps = 100; od.schedule.total_steps = 5000;
        od.comm = world;                            // ranks that step together; NULL alone
        dt_opt_create(&ctx, &opt, &params, &od);
-       for (step = 0; step < 5000; step++) {
+       cd.dir = "ckpt"; cd.comm = world;
+       dt_checkpoint_load(&ctx, &params, opt, &ts, &cd); // resume; a first run has none (DT_ERR_IO)
+       for (step = ts.step; step < 5000; step++) {
            dt_params_zero_grad(&ctx, &params);
            for (micro = 0; micro < 4; micro++) {
                float dloss;
@@ -48,6 +63,8 @@
            }                                                   // backward marks params ready
            dt_bucketer_finish(bucketer);           // data-parallel average (with dt_comm)
            dt_opt_step(opt, &info);                // unscale, agree on inf/nan, clip, update
+           ts.step = step + 1;
+           if (ts.step % 1000 == 0) dt_checkpoint_save(&ctx, &params, opt, &ts, &cd);
        }
 
    ---------------------------------------------------------------- the formulas (PyTorch's docs)
@@ -519,38 +536,34 @@ extern "C" {
 
 static int dt__ofinite(double x) { return x == x && x != HUGE_VAL && x != -HUGE_VAL; }
 
-/* double -> float of a per-step scalar. C leaves the conversion of a value beyond the float
-   range undefined (IEEE hardware gives +-inf); here it is +-inf explicitly, NaN stays NaN.
-   dt_opt_create rejects hyperparameters a float cannot hold, but the update functions take
-   any double. */
-static float dt__of32(double x) {
-    if (x != x) return (float)NAN;
-    if (x > FLT_MAX) return HUGE_VALF;
-    if (x < -FLT_MAX) return -HUGE_VALF;
-    return (float)x;
-}
-
-/* *out = a * b, or 0 when the product overflows size_t (an allocation size). */
-static int dt__omul(size_t *out, size_t a, size_t b) {
-    if (b && a > (size_t)-1 / b) return 0;
-    *out = a * b;
-    return 1;
-}
-
-/* dt_alloc of n elements of `size` bytes (at least one, so an empty set is not NULL); NULL
-   also when n * size overflows. */
-static void *dt__oalloc(dt_ctx *ctx, size_t n, size_t size) {
-    size_t bytes;
-    if (!dt__omul(&bytes, n ? n : 1, size)) return NULL;
-    return dt_alloc(ctx, bytes);
+/* n elements of `size` bytes from dt_alloc, zero-filled (calloc's contract). A wrapper because
+   dt_alloc takes bytes while every array here is a count of something (parameters, ranks,
+   slices) and most must start zeroed: the count x size product is checked in this one place
+   (dt_mul_ok) instead of beside each call and each memset. NULL, with DT_ERR_OOM set, when the
+   bytes do not fit in a ptrdiff_t (as dt_grow) or the allocator fails. */
+static void *dt__ocalloc(dt_ctx *ctx, int64_t n, size_t size) {
+    int64_t bytes;
+    void *p;
+    if (!dt_mul_ok(n, (int64_t)size, &bytes) || (uint64_t)bytes > (uint64_t)PTRDIFF_MAX) {
+        dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_alloc: %lld elements of %zu bytes do not fit in memory", (long long)n,
+                         size);
+        return NULL;
+    }
+    if ((p = dt_alloc(ctx, (size_t)bytes)) != NULL) memset(p, 0, (size_t)bytes);
+    return p;
 }
 
 /* ---------------------------------------------------------------- update math */
 
+/* The per-step scalars are rounded to float with a plain (float) cast: C's IEEE 754 conversion
+   (Annex F, which dt_tensor.h relies on too) rounds to nearest, gives +-inf beyond the float
+   range and keeps NaN, so a huge double from a caller of the update functions is defined.
+   (dt_opt_create keeps every hyperparameter within FLT_MAX.) */
+
 DT_API void dt_sgd_update(float *w, const float *g, float *buf, int64_t n, double lr, double momentum,
                           double dampening, double weight_decay, int nesterov, int first) {
-    const float lrf = dt__of32(lr), mom = dt__of32(momentum), damp = dt__of32(1.0 - dampening);
-    const float wd = dt__of32(weight_decay);
+    const float lrf = (float)lr, mom = (float)momentum, damp = (float)(1.0 - dampening);
+    const float wd = (float)weight_decay;
     int64_t i;
     for (i = 0; i < n; i++) {
         float d = g[i];
@@ -586,10 +599,10 @@ DT_API void dt_adam_update(float *w, const float *g, float *m, float *v, int64_t
                            double beta2, double eps, double weight_decay, int decoupled, int64_t t) {
     /* the per-step scalars in double, rounded once (PyTorch computes them in Python floats) */
     const double bc1 = 1.0 - pow(beta1, (double)t), bc2 = 1.0 - pow(beta2, (double)t);
-    const float step_size = dt__of32(lr / bc1), bc2_sqrt = dt__of32(sqrt(bc2));
-    const float b1 = dt__of32(beta1), omb1 = dt__of32(1.0 - beta1), b2 = dt__of32(beta2), omb2 = dt__of32(1.0 - beta2);
-    const float epsf = dt__of32(eps), l2 = decoupled ? 0.0f : dt__of32(weight_decay);
-    const float decay = dt__of32(1.0 - lr * weight_decay);
+    const float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    const float b1 = (float)beta1, omb1 = (float)(1.0 - beta1), b2 = (float)beta2, omb2 = (float)(1.0 - beta2);
+    const float epsf = (float)eps, l2 = decoupled ? 0.0f : (float)weight_decay;
+    const float decay = (float)(1.0 - lr * weight_decay);
     const int decay_on = decoupled && weight_decay != 0.0;
     int64_t i = 0;
 #ifdef DT__OPT_SSE2
@@ -634,8 +647,8 @@ static void dt__adagrad4(float *w, const float *g, float *sum, __m128 clr, __m12
 
 DT_API void dt_adagrad_update(float *w, const float *g, float *sum, int64_t n, double lr, double lr_decay,
                               double weight_decay, double eps, int64_t t) {
-    const float clr = dt__of32(lr / (1.0 + (double)(t - 1) * lr_decay));
-    const float wd = dt__of32(weight_decay), epsf = dt__of32(eps);
+    const float clr = (float)(lr / (1.0 + (double)(t - 1) * lr_decay));
+    const float wd = (float)weight_decay, epsf = (float)eps;
     int64_t i = 0;
 #ifdef DT__OPT_SSE2
     const __m128 C = _mm_set1_ps(clr), WD = _mm_set1_ps(wd), E = _mm_set1_ps(epsf);
@@ -856,7 +869,7 @@ static dt_status dt__unscale(const dt_loss_scaler *s, const dt_params *ps, doubl
                              dt_comm *comm) {
     const int scaling = s && s->mode != DT_LOSS_SCALE_NONE;
     /* GradScaler: inv_scale = scale.double().reciprocal().float() */
-    const float mul = scaling ? dt__of32(1.0 / s->scale) : 1.0f;
+    const float mul = scaling ? (float)(1.0 / s->scale) : 1.0f;
     int i, bad = 0;
     *found_inf = 0;
     for (i = 0; i < ps->count; i++) {
@@ -952,7 +965,7 @@ static dt_status dt__norm_combine(dt_ctx *ctx, const dt_params *ps, const dt_gra
 }
 
 static double *dt__sumsqs(dt_ctx *ctx, const dt_params *ps) {
-    double *sq = (double *)dt__oalloc(ctx, (size_t)ps->count, sizeof(double));
+    double *sq = (double *)dt__ocalloc(ctx, ps->count, sizeof(double));
     int bad;
     if (sq) dt__unscale(NULL, ps, sq, &bad, NULL); /* no scaler: reads only, no collective */
     return sq;
@@ -984,7 +997,7 @@ static void dt__scale_grads(dt_params *ps, float coef) {
 /* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1. */
 static void dt__clip(dt_params *ps, double max_norm, double norm) {
     double coef = max_norm / (norm + 1e-6);
-    if (dt__ofinite(norm) && coef < 1.0) dt__scale_grads(ps, dt__of32(coef));
+    if (dt__ofinite(norm) && coef < 1.0) dt__scale_grads(ps, (float)coef);
 }
 
 DT_API dt_status dt_clip_grad_norm(dt_ctx *ctx, dt_params *ps, double *norm, double max_norm,
@@ -1117,16 +1130,6 @@ static dt_status dt__opt_check_params(dt_ctx *ctx, dt_params *ps, const dt_opt_d
     return dt__norm_check(ctx, ps, &d->norm, fn);
 }
 
-static dt_status dt__tensor_like(dt_ctx *ctx, dt_tensor *t, const dt_tensor *like, dt_dtype dtype) {
-    dt_tensor_desc td;
-    int i;
-    memset(&td, 0, sizeof td);
-    td.dtype = dtype;
-    td.device = DT_CPU;
-    for (i = 0; i < like->ndim; i++) td.shape[i] = like->shape[i];
-    return dt_tensor_create(ctx, t, &td);
-}
-
 DT_API void dt_opt_free(dt_optimizer *opt) {
     int i, k;
     dt_ctx *ctx;
@@ -1173,15 +1176,14 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, c
     if (st) { dt_release(ctx, opt); return st; }
     d.loss_scale.mode = opt->scaler.mode;
     opt->desc = d;
-    opt->slots = (dt_opt_slot *)dt__oalloc(ctx, (size_t)ps->count, sizeof(dt_opt_slot));
-    opt->sumsq = (double *)dt__oalloc(ctx, (size_t)ps->count, sizeof(double));
+    opt->slots = (dt_opt_slot *)dt__ocalloc(ctx, ps->count, sizeof(dt_opt_slot));
+    opt->sumsq = (double *)dt__ocalloc(ctx, ps->count, sizeof(double));
     if (!opt->slots || !opt->sumsq) {
         dt_release(ctx, opt->slots);
         dt_release(ctx, opt->sumsq);
         dt_release(ctx, opt);
         return DT_ERR_OOM;
     }
-    memset(opt->slots, 0, (size_t)(ps->count ? ps->count : 1) * sizeof(dt_opt_slot));
     n_state = d.kind == DT_OPT_SGD ? (d.momentum != 0 ? 1 : 0) : d.kind == DT_OPT_ADAGRAD ? 1 : 2;
     for (i = 0; i < ps->count && !st; i++) {
         dt_opt_slot *s = &opt->slots[i];
@@ -1189,10 +1191,10 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, c
         s->param = p;
         opt->n_slots = i + 1;
         if (p->value.dtype != DT_F32) {
-            st = dt__tensor_like(ctx, &s->master, &p->value, DT_F32);
+            st = dt_tensor_create_like(ctx, &s->master, &p->value, DT_F32, DT_CPU);
             if (!st) st = dt_tensor_cast(ctx, &s->master, &p->value); /* exact: bf16/f16 -> f32 */
         }
-        for (k = 0; k < n_state && !st; k++) st = dt__tensor_like(ctx, &s->state[k], &p->value, DT_F32);
+        for (k = 0; k < n_state && !st; k++) st = dt_tensor_create_like(ctx, &s->state[k], &p->value, DT_F32, DT_CPU);
         if (!st && d.kind == DT_OPT_ADAGRAD && d.initial_accumulator_value != 0)
             st = dt_tensor_fill(ctx, &s->state[0], d.initial_accumulator_value);
     }
@@ -1211,7 +1213,7 @@ DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, float *dloss, dt_bucketer
         return dt_ctx_set_error(opt->ctx, DT_ERR_RANGE, "dt_opt_micro_begin: micro = %d; expected 0 <= micro < "
                                 "accum_steps (%d)", micro, n);
     if (b) dt_bucketer_set_sync(b, micro == n - 1);
-    if (dloss) *dloss = dt__of32(opt->scaler.scale / n);
+    if (dloss) *dloss = (float)(opt->scaler.scale / n);
     return DT_OK;
 }
 
@@ -1237,7 +1239,7 @@ static void dt__opt_update_slot(dt_optimizer *opt, dt_opt_slot *s, double lr_bas
     float *w = (float *)(s->master.data ? s->master.data : p->value.data);
     const float *gr = (const float *)p->grad.data;
     float *s0 = (float *)s->state[0].data, *s1 = (float *)s->state[1].data;
-    int64_t n = p->value.numel, t = opt->step + 1, i;
+    int64_t n = p->value.numel, t = opt->step + 1;
     switch (d->kind) {
     case DT_OPT_SGD:
         dt_sgd_update(w, gr, s0, n, lr, d->momentum, d->dampening, wd, d->nesterov, t == 1);
@@ -1249,13 +1251,10 @@ static void dt__opt_update_slot(dt_optimizer *opt, dt_opt_slot *s, double lr_bas
         dt_adagrad_update(w, gr, s0, n, lr, d->lr_decay, wd, d->eps, t);
         break;
     }
-    if (p->value.dtype == DT_BF16) {
-        uint16_t *h = (uint16_t *)p->value.data;
-        for (i = 0; i < n; i++) h[i] = dt_f32_to_bf16(w[i]);
-    } else if (p->value.dtype == DT_F16) {
-        uint16_t *h = (uint16_t *)p->value.data;
-        for (i = 0; i < n; i++) h[i] = dt_f32_to_f16(w[i]);
-    }
+    /* bf16 / f16 (the only other dtypes dt_opt_create accepts): the working copy rounded from
+       the master. Both are contiguous, aligned CPU arrays of n elements made by dt_opt_create
+       and dt_params_add, so dt_convert has nothing to refuse. */
+    if (p->value.dtype != DT_F32) (void)dt_convert(opt->ctx, p->value.data, p->value.dtype, w, DT_F32, n);
 }
 
 DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
@@ -1453,7 +1452,6 @@ DT_API const char *dt_train_state_get(const dt_train_state *s, const char *key) 
 #define DT__CK_PATH 4096
 #define DT__CK_NAME (DT_NAME_MAX + 32)
 #define DT__CK_CHUNK ((size_t)1 << 20) /* hash a chunk while it is in cache, then write / after read */
-#define DT__CK_MAX_HEADER ((uint64_t)100 << 20)
 #define DT__CK_VERSION 1
 
 /* snprintf for paths and names: the lengths were checked up front (desc.dir), and a call
@@ -1488,32 +1486,12 @@ static void dt__ck_dims(dt_strbuf *b, int ndim, const int64_t *v) {
 
 static int dt__ck_float(dt_dtype t) { return t == DT_F32 || t == DT_BF16 || t == DT_F16; }
 
-/* The product of the dims, or -1 when a dim is negative or the product overflows int64 (shapes
-   come from other ranks and from manifests on disk). */
-static int64_t dt__ck_numel(int ndim, const int64_t *shape) {
-    int64_t n = 1;
-    int d;
-    for (d = 0; d < ndim; d++) {
-        if (shape[d] < 0 || (shape[d] > 0 && n > INT64_MAX / shape[d])) return -1;
-        n *= shape[d];
-    }
-    return n;
-}
-
-static int dt__ck_count(const dt_json *j, int64_t *out) {
-    if (!j || j->type != DT_JSON_NUMBER || !(j->number >= 0) || j->number > 9007199254740992.0 ||
-        j->number != floor(j->number))
-        return 0;
-    *out = (int64_t)j->number;
-    return 1;
-}
-
 /* A JSON array of at most DT_MAX_DIMS counts. */
 static int dt__ck_dims_from(const dt_json *j, int *ndim, int64_t *dims) {
     int d;
     if (!j || j->type != DT_JSON_ARRAY || j->count > DT_MAX_DIMS) return 0;
     for (d = 0; d < j->count; d++)
-        if (!dt__ck_count(&j->items[d], &dims[d])) return 0;
+        if (!dt_json_count(&j->items[d], &dims[d])) return 0;
     *ndim = j->count;
     return 1;
 }
@@ -1781,7 +1759,7 @@ typedef struct dt__ck_item {
 static dt_status dt__ck_items(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt__ck_item **out, int *n_out,
                               const char *fn) {
     dt__ck_item *it;
-    size_t bytes;
+    int64_t cap;
     int i, k, n = 0;
     *out = NULL;
     *n_out = 0;
@@ -1796,10 +1774,8 @@ static dt_status dt__ck_items(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt_
                                     ps->items[i]->name);
     }
     /* at most 4 items per parameter: value, master, two state slots */
-    if (!dt__omul(&bytes, (size_t)ps->count + 1, 4) || !dt__omul(&bytes, bytes, sizeof(dt__ck_item)) ||
-        !(it = (dt__ck_item *)dt_alloc(ctx, bytes)))
+    if (!dt_mul_ok((int64_t)ps->count + 1, 4, &cap) || !(it = (dt__ck_item *)dt__ocalloc(ctx, cap, sizeof *it)))
         return DT_ERR_OOM;
-    memset(it, 0, bytes);
     for (i = 0; i < ps->count; i++) {
         dt_param *p = ps->items[i];
         dt__ck_fmt(it[n].name, DT__CK_NAME, "param/%s", p->name);
@@ -1887,7 +1863,7 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
     double *lens, maxlen = 0;
     dt_tensor in, out;
     dt_tensor_desc td;
-    size_t total;
+    int64_t total;
     dt_status st = DT_OK;
     *all = NULL;
     if (size == 1) {
@@ -1897,9 +1873,8 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
         *stride = mine->len + 1;
         return DT_OK;
     }
-    lens = (double *)dt__oalloc(ctx, (size_t)size, sizeof(double));
+    lens = (double *)dt__ocalloc(ctx, size, sizeof(double));
     if (!lens) return DT_ERR_OOM; /* the other ranks then time out in the all-reduce, naming this rank */
-    memset(lens, 0, (size_t)size * sizeof(double));
     lens[rank] = st_in ? -1.0 : (double)mine->len;
     st = dt_comm_allreduce_f64(c, lens, size, DT_REDUCE_SUM);
     for (r = 0; !st && r < size; r++) {
@@ -1910,17 +1885,18 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
     }
     dt_release(ctx, lens);
     if (st) return st;
-    *stride = (size_t)maxlen + 1;
-    if (!dt__omul(&total, *stride, (size_t)size) || total > (uint64_t)INT64_MAX)
+    /* below 2^53 the length is exact in the double and its cast to an integer defined */
+    if (!(maxlen < 9007199254740992.0) || !dt_mul_ok((int64_t)maxlen + 1, size, &total))
         return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: %d index texts of up to %.0f bytes do not fit in memory", fn,
                                 size, maxlen);
+    *stride = (size_t)maxlen + 1;
     memset(&in, 0, sizeof in);
     memset(&out, 0, sizeof out);
     memset(&td, 0, sizeof td);
     td.dtype = DT_U8;
     td.shape[0] = (int64_t)*stride;
     st = dt_tensor_create(ctx, &in, &td);
-    td.shape[0] = (int64_t)total;
+    td.shape[0] = total;
     if (!st) st = dt_tensor_create(ctx, &out, &td);
     if (!st) {
         memcpy(in.data, mine->text, mine->len);
@@ -1928,8 +1904,8 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
     }
     dt_tensor_free(ctx, &in);
     if (st) { dt_tensor_free(ctx, &out); return st; }
-    *all = (char *)dt_alloc(ctx, total);
-    if (*all) memcpy(*all, out.data, total);
+    *all = (char *)dt_alloc(ctx, (size_t)total); /* fits: out holds as many bytes */
+    if (*all) memcpy(*all, out.data, (size_t)total);
     dt_tensor_free(ctx, &out);
     return *all ? DT_OK : DT_ERR_OOM;
 }
@@ -1976,8 +1952,7 @@ static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int si
         if (total > (size_t)INT_MAX)
             return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: the ranks hold more than %d slices together", fn, INT_MAX);
     }
-    if (!(sh = (dt__ck_shard *)dt__oalloc(ctx, total, sizeof *sh))) return DT_ERR_OOM;
-    memset(sh, 0, (total ? total : 1) * sizeof *sh);
+    if (!(sh = (dt__ck_shard *)dt__ocalloc(ctx, (int64_t)total, sizeof *sh))) return DT_ERR_OOM;
     *out = sh;
     for (r = 0; r < size; r++) {
         for (i = 0; i < roots[r]->count; i++) {
@@ -1999,7 +1974,8 @@ static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int si
     *n_out = n;
     qsort(sh, (size_t)n, sizeof *sh, dt__ck_shard_cmp);
     for (i = 0; i < n; i = j) {
-        int64_t covered = 0, numel = dt__ck_numel(sh[i].ndim, sh[i].gshape);
+        /* -1 (a shape whose size overflows: it came from another rank) fails the fit check below */
+        int64_t covered = 0, numel = dt_shape_numel(sh[i].ndim, sh[i].gshape);
         for (j = i; j < n && strcmp(sh[j].name, sh[i].name) == 0; j++) {
             const dt__ck_shard *x = &sh[j];
             if (x->dtype != sh[i].dtype || x->ndim != sh[i].ndim ||
@@ -2015,7 +1991,7 @@ static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int si
             }
             sh[j].writer = j == i || !dt__ck_same_box(&sh[j], &sh[j - 1]) ? 1 : 0;
             if (sh[j].writer) {
-                int64_t part = dt__ck_numel(sh[j].ndim, sh[j].shape);
+                int64_t part = dt_shape_numel(sh[j].ndim, sh[j].shape);
                 for (k = i; k < j; k++)
                     if (sh[k].writer && dt__ck_overlap(&sh[k], &sh[j]))
                         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\": the slices of rank %d and rank %d "
@@ -2041,7 +2017,7 @@ static dt_status dt__ck_write_tensor(dt_ctx *ctx, int fd, const dt_tensor *t, dt
     dt_tensor host;
     dt_status st;
     if (t->device != DT_CUDA_DEVICE) return dt__ck_write_all(ctx, fd, t->data, dt_tensor_bytes(t), h, path, fn);
-    DT__OTRY(dt__tensor_like(ctx, &host, t, t->dtype)); /* through a host copy */
+    DT__OTRY(dt_tensor_create_like(ctx, &host, t, DT_DTYPE_DEFAULT, DT_CPU)); /* through a host copy */
     st = dt_tensor_copy(ctx, &host, t);
     if (!st) st = dt__ck_write_all(ctx, fd, host.data, dt_tensor_bytes(&host), h, path, fn);
     dt__hasher_drain(h); /* the copy is about to go */
@@ -2056,8 +2032,6 @@ static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
                                    uint64_t *hash, int *created, const char *fn) {
     dt_strbuf hb;
     dt__hasher h;
-    unsigned char len8[8];
-    uint64_t off = 0, hl;
     int i, k, fd, nw = 0;
     char rank_s[24], step_s[24];
     const char *meta[6];
@@ -2066,25 +2040,23 @@ static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
     dt_status st = DT_OK;
     memset(&hb, 0, sizeof hb);
     hb.ctx = ctx;
-    ts = (const dt_tensor **)dt__oalloc(ctx, (size_t)n, sizeof *ts);
-    names = (const char **)dt__oalloc(ctx, (size_t)n, sizeof *names);
+    ts = (const dt_tensor **)dt__ocalloc(ctx, n, sizeof *ts);
+    names = (const char **)dt__ocalloc(ctx, n, sizeof *names);
     if (!ts || !names) st = DT_ERR_OOM;
     for (i = 0; !st && i < n; i++) {
         if (!it[i].write) continue;
         ts[nw] = it[i].t;
         names[nw++] = it[i].name;
-        off += dt_tensor_bytes(it[i].t);
     }
     snprintf(rank_s, sizeof rank_s, "%d", rank);
     snprintf(step_s, sizeof step_s, "%lld", (long long)step);
     meta[0] = "format"; meta[1] = "dt-checkpoint-rank"; meta[2] = "rank"; meta[3] = rank_s;
     meta[4] = "step"; meta[5] = step_s;
-    if (!st) st = dt_safetensors_header(ctx, &hb, ts, names, nw, meta, 3);
+    /* the length, the header and (in *bytes) the size the file will have */
+    if (!st) st = dt_safetensors_prefix(ctx, &hb, bytes, ts, names, nw, meta, 3);
     dt_release(ctx, ts);
     dt_release(ctx, names);
     if (st) { dt_strbuf_free(&hb); return st; }
-    hl = hb.len;
-    for (k = 0; k < 8; k++) len8[k] = (unsigned char)(hl >> (8 * k));
     fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0666);
     if (fd < 0) {
         dt_release(ctx, hb.text);
@@ -2092,8 +2064,7 @@ static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
     }
     *created = 1;
     dt__hasher_start(&h); /* hashes beside the writes and the fsync */
-    st = dt__ck_write_all(ctx, fd, len8, 8, &h, path, fn);
-    if (!st) st = dt__ck_write_all(ctx, fd, hb.text, hb.len, &h, path, fn);
+    st = dt__ck_write_all(ctx, fd, hb.text, hb.len, &h, path, fn);
     for (i = 0, k = 0; !st && i < n; i++) {
         if (!it[i].write) continue;
         st = dt__ck_write_tensor(ctx, fd, it[i].t, &h, path, fn);
@@ -2104,7 +2075,6 @@ static dt_status dt__ck_write_file(dt_ctx *ctx, const dt_checkpoint_desc *desc, 
     if (close(fd) != 0 && !st) st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: closing %s failed: %s", fn, path, dt__ck_errno());
     *hash = dt__hasher_finish(&h);
     dt_release(ctx, hb.text);
-    *bytes = 8 + hl + off;
     return st;
 }
 
@@ -2246,8 +2216,8 @@ static dt_status dt__ck_set_latest(dt_ctx *ctx, const char *root, const char *na
 static void dt__ck_prune(dt_ctx *ctx, const char *root, const char *name, int keep) {
     DIR *dir;
     struct dirent *e;
-    int64_t *steps = NULL, s;
-    int n = 0, cap = 0, i, kept;
+    int64_t *steps = NULL, s, n = 0, cap = 0, i, best;
+    int kept;
     char path[DT__CK_PATH], latest[DT__CK_NAME];
     if (!(dir = opendir(root))) return;
     while ((e = readdir(dir)) != NULL) {
@@ -2258,21 +2228,15 @@ static void dt__ck_prune(dt_ctx *ctx, const char *root, const char *name, int ke
             continue;
         }
         if (keep < 0 || !dt__ck_step_name(e->d_name, &s) || strcmp(e->d_name, name) == 0) continue;
-        if (n == cap) { /* grow by doubling; at INT_MAX / 2 entries stop listing (best effort) */
-            int64_t *q = cap <= INT_MAX / 2 ? (int64_t *)dt__oalloc(ctx, (size_t)(cap ? 2 * cap : 64), sizeof *q) : NULL;
-            if (!q) break;
-            if (n) memcpy(q, steps, (size_t)n * sizeof(int64_t));
-            dt_release(ctx, steps);
-            steps = q;
-            cap = cap ? 2 * cap : 64;
-        }
+        /* out of memory: stop listing (best effort; what is listed is still pruned) */
+        if (dt_grow(ctx, (void **)&steps, &cap, n + 1, sizeof *steps, "dt_checkpoint_save: step directories")) break;
         steps[n++] = s;
     }
     closedir(dir);
     if (!dt__ck_latest(root, latest, sizeof latest)) latest[0] = 0;
     /* newest first: a selection is enough, the lists are short */
     for (kept = 1; kept < keep && n > 0; kept++) {
-        int best = 0;
+        best = 0;
         for (i = 1; i < n; i++)
             if (steps[i] > steps[best]) best = i;
         steps[best] = steps[--n];
@@ -2370,12 +2334,11 @@ DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, dt_params *ps, dt_optimizer *op
     }
     st = dt__ck_gather(ctx, c, &index, st, &all, &stride, fn);
     if (!st) {
-        roots = (dt_json **)dt__oalloc(ctx, (size_t)size, sizeof(dt_json *));
+        roots = (dt_json **)dt__ocalloc(ctx, size, sizeof(dt_json *));
         if (!roots) st = DT_ERR_OOM;
-        else memset(roots, 0, (size_t)size * sizeof(dt_json *));
     }
     if (!st) st = dt__ck_plan(ctx, all, stride, size, roots, &sh, &n_sh, fn);
-    if (!st && !(files = (double *)dt__oalloc(ctx, (size_t)size * 3, sizeof(double)))) st = DT_ERR_OOM;
+    if (!st && !(files = (double *)dt__ocalloc(ctx, size, 3 * sizeof(double)))) st = DT_ERR_OOM; /* bytes, hash */
     for (i = 0; !st && i < n_sh; i++)
         if (sh[i].rank == rank) it[sh[i].index].write = sh[i].writer;
     /* 2. rank 0 makes the temporary directory */
@@ -2392,7 +2355,6 @@ DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, dt_params *ps, dt_optimizer *op
     }
     st = dt__ck_agree(ctx, c, st, fn);
     if (!st) { /* sizes and checksums to rank 0: a 64-bit hash travels as two exact 32-bit halves */
-        memset(files, 0, (size_t)size * 3 * sizeof(double));
         files[3 * rank] = (double)bytes;
         files[3 * rank + 1] = (double)(hash >> 32);
         files[3 * rank + 2] = (double)(hash & 0xffffffffu);
@@ -2452,7 +2414,8 @@ typedef struct dt__ck_load {
     dt__ck_item *it;
     int n_it;
     dt__ck_piece *pc;
-    int n_pc, cap_pc;
+    int n_pc;
+    int64_t cap_pc;               /* dt_grow's capacity */
     int64_t opt_step;             /* the scalars, committed with the tensors */
     dt_loss_scaler scaler;
     dt_train_state ts;
@@ -2504,12 +2467,12 @@ static dt_status dt__ck_parse_manifest(dt_ctx *ctx, dt__ck_load *L, const char *
     if (!fmt || strcmp(fmt, "dt-checkpoint") != 0)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s has format \"%s\"; not a dt checkpoint (expected "
                                 "\"dt-checkpoint\")", fn, path, fmt ? fmt : "(none)");
-    if (!dt__ck_count(dt_json_get(L->man, "version"), &v) || v < 1)
+    if (!dt_json_count(dt_json_get(L->man, "version"), &v) || v < 1)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s has no valid version", fn, path);
     if (v > DT__CK_VERSION)
         return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: %s is format version %lld; this dt reads up to %d", fn,
                                 path, (long long)v, DT__CK_VERSION);
-    if (!dt__ck_count(dt_json_get(L->man, "world_size"), &v) || v < 1 || v > (1 << 24))
+    if (!dt_json_count(dt_json_get(L->man, "world_size"), &v) || v < 1 || v > (1 << 24))
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s has no valid world_size", fn, path);
     L->world = (int)v;
     files = dt_json_get(L->man, "files");
@@ -2518,15 +2481,14 @@ static dt_status dt__ck_parse_manifest(dt_ctx *ctx, dt__ck_load *L, const char *
         L->tensors->type != DT_JSON_OBJECT)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s lacks a files array of world_size (%d) entries or a "
                                 "tensors object", fn, path, L->world);
-    if (!(L->files = (dt__ck_file *)dt__oalloc(ctx, (size_t)L->world, sizeof(dt__ck_file)))) return DT_ERR_OOM;
-    memset(L->files, 0, (size_t)L->world * sizeof(dt__ck_file));
+    if (!(L->files = (dt__ck_file *)dt__ocalloc(ctx, L->world, sizeof(dt__ck_file)))) return DT_ERR_OOM;
     for (r = 0; r < L->world; r++) {
         const char *name;
         f = &files->items[r];
         name = dt__ck_jstr(f, "file");
         h = dt__ck_jstr(f, "xxh64");
-        if (!dt__ck_count(dt_json_get(f, "rank"), &v) || v != r || !name || strlen(name) >= sizeof L->files[r].name ||
-            strchr(name, '/') || !dt__ck_count(dt_json_get(f, "bytes"), &v) || !h || strlen(h) != 16)
+        if (!dt_json_count(dt_json_get(f, "rank"), &v) || v != r || !name || strlen(name) >= sizeof L->files[r].name ||
+            strchr(name, '/') || !dt_json_count(dt_json_get(f, "bytes"), &v) || !h || strlen(h) != 16)
             return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: files[%d] needs rank %d, a file name, bytes and a "
                                     "16-digit xxh64", fn, path, r, r);
         memcpy(L->files[r].name, name, strlen(name) + 1);
@@ -2547,18 +2509,11 @@ static const dt_json *dt__ck_find(const dt__ck_load *L, const char *prefix, cons
 }
 
 static dt_status dt__ck_add_piece(dt_ctx *ctx, dt__ck_load *L, const dt__ck_piece *p) {
-    if (L->n_pc == L->cap_pc) {
-        int cap = L->cap_pc ? 2 * L->cap_pc : 64;
-        dt__ck_piece *q;
-        if (L->cap_pc > INT_MAX / 2)
-            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_checkpoint_load: %s: more than %d shard pieces (corrupt "
-                                    "manifest?)", L->dir, L->cap_pc);
-        if (!(q = (dt__ck_piece *)dt__oalloc(ctx, (size_t)cap, sizeof *q))) return DT_ERR_OOM;
-        if (L->n_pc) memcpy(q, L->pc, (size_t)L->n_pc * sizeof *q);
-        dt_release(ctx, L->pc);
-        L->pc = q;
-        L->cap_pc = cap;
-    }
+    if (L->n_pc == INT_MAX) /* n_pc is an int */
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_checkpoint_load: %s: more than %d shard pieces (corrupt "
+                                "manifest?)", L->dir, INT_MAX);
+    DT__OTRY(dt_grow(ctx, (void **)&L->pc, &L->cap_pc, (int64_t)L->n_pc + 1, sizeof *L->pc,
+                     "dt_checkpoint_load: shard pieces"));
     L->pc[L->n_pc++] = *p;
     return DT_OK;
 }
@@ -2611,7 +2566,7 @@ static dt_status dt__ck_target(dt_ctx *ctx, dt__ck_load *L, int i, const char *f
         const dt_json *s = &shards->items[k];
         int64_t vol = 1;
         memset(&pc, 0, sizeof pc);
-        if (!dt__ck_count(dt_json_get(s, "rank"), &v) || v >= L->world ||
+        if (!dt_json_count(dt_json_get(s, "rank"), &v) || v >= L->world ||
             !dt__ck_dims_from(dt_json_get(s, "start"), &n1, pc.sstart) ||
             !dt__ck_dims_from(dt_json_get(s, "shape"), &n2, pc.sshape) || n1 != nd || n2 != nd)
             return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: shard %d of \"%s\" is malformed", fn, L->dir, k, src->key);
@@ -2696,7 +2651,7 @@ static dt_status dt__ck_parse_scalars(dt_ctx *ctx, dt__ck_load *L, const dt_opti
     /* every number lands in a typed field: out of its range is a corrupt manifest, not a cast */
     if (!dt__ck_u64(dt__ck_jstr(o, "step"), &u) || u > (uint64_t)INT64_MAX || !mode || !scale ||
         scale->type != DT_JSON_NUMBER || !dt__scale_ok(scale->number) ||
-        !dt__ck_count(dt_json_get(sc, "growth_tracker"), &v) || v > INT_MAX ||
+        !dt_json_count(dt_json_get(sc, "growth_tracker"), &v) || v > INT_MAX ||
         !dt__ck_u64(dt__ck_jstr(sc, "skipped"), &skipped) || skipped > (uint64_t)INT64_MAX)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: the manifest's optimizer entry is malformed (step and "
                                 "skipped <= 2^63 - 1, loss scale in [%g, %g], growth_tracker <= %d)", fn, L->dir,
@@ -2714,7 +2669,9 @@ static dt_status dt__ck_parse_scalars(dt_ctx *ctx, dt__ck_load *L, const dt_opti
 
 /* Converts n elements (f32 / bf16 / f16 among themselves; other dtypes only to themselves).
    src is in a file's mapping, where entries are packed (an f32 entry after an odd-length bf16
-   one is 2 bytes off alignment): its elements are loaded with memcpy. dst is a tensor. */
+   one is 2 bytes off alignment): its elements are loaded with memcpy. That is why this loop is
+   not dt_convert, whose typed loads would be undefined on such a pointer; the rounding is the
+   same (dt_f32_to_bf16 / dt_f32_to_f16, which dt_convert runs). dst is a tensor. */
 static void dt__ck_convert(void *dst, dt_dtype dt, const void *src, dt_dtype sdt, int64_t n) {
     const char *s = (const char *)src;
     int64_t i;
@@ -2810,10 +2767,11 @@ static dt_status dt__ck_map_file(dt_ctx *ctx, dt__ck_load *L, int f, const char 
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: checksum mismatch, xxh64 %016llx but the manifest says "
                                 "%016llx (corrupt file)", fn, path, (unsigned long long)got,
                                 (unsigned long long)L->files[f].hash);
-    for (k = 7; k >= 0; k--) hl = (hl << 8) | m[k];
-    if (hl < 2 || hl > DT__CK_MAX_HEADER || hl > (uint64_t)sb.st_size - 8)
-        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s declares a %llu-byte header in a %lld-byte file (corrupt "
-                                "or foreign file)", fn, path, (unsigned long long)hl, (long long)sb.st_size);
+    if ((st = dt_safetensors_header_len(ctx, &hl, m, (uint64_t)sb.st_size, path)) != DT_OK) {
+        char why[DT_ERROR_MAX]; /* DT_ERR_FORMAT naming the file; said as this load's error */
+        snprintf(why, sizeof why, "%s", dt_ctx_error(ctx));
+        return dt_ctx_set_error(ctx, st, "%s: %s", fn, why);
+    }
     memset(&hdr, 0, sizeof hdr);
     DT__OTRY(dt_safetensors_parse(ctx, &hdr, (const char *)m + 8, (size_t)hl, (uint64_t)sb.st_size - 8 - hl, path));
     for (k = 0; !st && k < L->n_pc; k++) {

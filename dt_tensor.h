@@ -490,6 +490,16 @@ DT_API dt_dtype dt_safetensors_dtype_from(const char *name); /* DT_DTYPE_COUNT w
 DT_API dt_status dt_safetensors_header(dt_ctx *ctx, dt_strbuf *out, const dt_tensor *const *tensors,
                                        const char *const *names, int n, const char *const *meta,
                                        int n_meta);
+/* Appends to *out everything a safetensors file of these tensors holds before their data: the
+   8-byte little-endian header length, then the header of dt_safetensors_header. *file_bytes
+   (may be NULL) = the size of the whole file: this prefix plus every tensor's bytes, which
+   follow back to back in this order. The one place the file's layout is computed: for
+   dt_safetensors_save and for writers that stream the data themselves (dt_opt.h's checkpoints,
+   which hash it on the way out). On an error nothing is appended (an out that ran out of memory
+   stays failed, as after any dt_strbuf write). */
+DT_API dt_status dt_safetensors_prefix(dt_ctx *ctx, dt_strbuf *out, uint64_t *file_bytes,
+                                       const dt_tensor *const *tensors, const char *const *names, int n,
+                                       const char *const *meta, int n_meta);
 
 typedef struct dt_st_entry {
     char *name;
@@ -2917,6 +2927,7 @@ DT_API dt_status dt_safetensors_header(dt_ctx *ctx, dt_strbuf *out, const dt_ten
                                        const char *const *names, int n, const char *const *meta, int n_meta) {
     const char *fn = "dt_safetensors_header";
     uint64_t off = 0;
+    size_t start;
     int i, j, k;
     if (!ctx) return DT_ERR_ARG;
     if (!out || n < 0 || (n > 0 && (!tensors || !names)) || n_meta < 0 || (n_meta > 0 && !meta))
@@ -2930,6 +2941,7 @@ DT_API dt_status dt_safetensors_header(dt_ctx *ctx, dt_strbuf *out, const dt_ten
             if (strcmp(names[i], names[j]) == 0)
                 return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: names[%d] = \"%s\" repeats names[%d]", fn, i, names[i], j);
     }
+    start = out->len;
     dt_strbuf_str(out, "{");
     if (n_meta > 0) {
         dt_strbuf_str(out, "\"__metadata__\":{");
@@ -2952,8 +2964,41 @@ DT_API dt_status dt_safetensors_header(dt_ctx *ctx, dt_strbuf *out, const dt_ten
         off += dt_tensor_bytes(t);
     }
     dt_strbuf_str(out, "}");
-    while (!out->failed && out->len % 8) dt_strbuf_str(out, " "); /* the spec pads the header to 8 bytes */
+    /* the spec pads the header to 8 bytes: the header's own length, whatever out held before */
+    while (!out->failed && (out->len - start) % 8) dt_strbuf_str(out, " ");
     return out->failed ? dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: out of memory building the header", fn) : DT_OK;
+}
+
+DT_API dt_status dt_safetensors_prefix(dt_ctx *ctx, dt_strbuf *out, uint64_t *file_bytes,
+                                       const dt_tensor *const *tensors, const char *const *names, int n,
+                                       const char *const *meta, int n_meta) {
+    const char *fn = "dt_safetensors_prefix";
+    unsigned char len8[8] = {0};
+    uint64_t hl, data = 0, b;
+    size_t at;
+    dt_status st;
+    int i, k;
+    if (!ctx) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    at = out->len;
+    dt_strbuf_add(out, (const char *)len8, 8); /* filled in once the header's length is known */
+    st = dt_safetensors_header(ctx, out, tensors, names, n, meta, n_meta);
+    for (i = 0; !st && i < n; i++) { /* the data section's size, as the header's data_offsets end */
+        b = dt_tensor_bytes(tensors[i]);
+        if (b > UINT64_MAX - data)
+            st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: the tensors hold more than 2^64 bytes together", fn);
+        data += b;
+    }
+    if (st) { /* *out as it was */
+        if (!out->failed && out->text) { out->len = at; out->text[at] = 0; }
+        return st;
+    }
+    hl = (uint64_t)(out->len - at - 8);
+    for (k = 0; k < 8; k++) out->text[at + (size_t)k] = (char)(unsigned char)(hl >> (8 * k));
+    if (data > UINT64_MAX - 8 - hl)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: the file would hold more than 2^64 bytes", fn);
+    if (file_bytes) *file_bytes = 8 + hl + data;
+    return DT_OK;
 }
 
 /* Writes `bytes` of t to fp, through a host copy when t is on the GPU. */
@@ -2979,18 +3024,16 @@ DT_API dt_status dt_safetensors_save(dt_ctx *ctx, const char *path, const dt_ten
                                      const char *const *names, int n, const char *const *meta, int n_meta) {
     const char *fn = "dt_safetensors_save";
     dt_strbuf hb;
-    unsigned char len8[8];
     char *tmp;
     FILE *fp;
     dt_status st;
-    int i, k;
+    int i;
     if (!ctx) return DT_ERR_ARG;
     if (!path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: path is NULL", fn);
     memset(&hb, 0, sizeof hb);
     hb.ctx = ctx;
-    st = dt_safetensors_header(ctx, &hb, tensors, names, n, meta, n_meta);
+    st = dt_safetensors_prefix(ctx, &hb, NULL, tensors, names, n, meta, n_meta);
     if (st) { dt_strbuf_free(&hb); return st; }
-    for (k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)hb.len >> (8 * k));
     tmp = (char *)dt_alloc(ctx, strlen(path) + 5);
     if (!tmp) { dt_strbuf_free(&hb); return DT_ERR_OOM; }
     snprintf(tmp, strlen(path) + 5, "%s.tmp", path);
@@ -2998,7 +3041,7 @@ DT_API dt_status dt_safetensors_save(dt_ctx *ctx, const char *path, const dt_ten
     if (!fp) {
         st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot open %s for writing", fn, tmp);
     } else {
-        if (fwrite(len8, 1, 8, fp) != 8 || fwrite(hb.text, 1, hb.len, fp) != hb.len)
+        if (fwrite(hb.text, 1, hb.len, fp) != hb.len)
             st = dt_ctx_set_error(ctx, DT_ERR_IO, "%s: writing the header of %s failed", fn, tmp);
         for (i = 0; !st && i < n; i++) st = dt__write_tensor(ctx, fp, tensors[i], tmp);
         /* flush + fsync before rename: the new name must never point at unwritten blocks */

@@ -272,6 +272,41 @@ static void check_out_of_range(dt_embed *e, int64_t b0, int64_t n) {
     dt_tensor_free(&C, &out);
 }
 
+
+/* The planner on the world: a small table replicated, a big one row-wise (W > 1), two mid ones
+   table-wise on different ranks, a pinned one where it was pinned; the plan prints. */
+static void check_planner(dt_comm *world) {
+    dt_embed_table_desc t[5];
+    dt_embed_desc d;
+    dt_embed *e = NULL;
+    int o2 = -1, o3 = -1, o4 = -1, ok;
+    char buf[4096];
+    memset(t, 0, sizeof t);
+    t[0].name = "small"; t[0].rows = 100; t[0].dim = 8;
+    t[1].name = "big"; t[1].rows = 100000; t[1].dim = 8;
+    t[2].name = "mid_a"; t[2].rows = 5000; t[2].dim = 8;
+    t[3].name = "mid_b"; t[3].rows = 5000; t[3].dim = 8;
+    t[4].name = "pinned"; t[4].rows = 5000; t[4].dim = 8; t[4].pin_owner = 1; t[4].owner = W - 1;
+    memset(&d, 0, sizeof d);
+    d.tables = t; d.n_tables = 5; d.comm = world; d.dp_max_bytes = 16384; d.print_plan = 1;
+    if (dt_embed_create(&C, &e, &d)) { dt_test_fail("embed_planner_create", "%s", dt_ctx_error(&C)); return; }
+    dt_embed_plan_format(e, buf, sizeof buf);
+    dt_embed_table_sharding(e, 2, &o2);
+    dt_embed_table_sharding(e, 3, &o3);
+    dt_embed_table_sharding(e, 4, &o4);
+    {   /* the three equal table-wise tables spread: per-rank counts differ by at most one */
+        int per[8] = {0, 0, 0, 0, 0, 0, 0, 0}, r, mx = 0, mn = 99;
+        per[o2 & 7]++; per[o3 & 7]++; per[o4 & 7]++;
+        for (r = 0; r < W && r < 8; r++) { if (per[r] > mx) mx = per[r]; if (per[r] < mn) mn = per[r]; }
+        ok = dt_embed_table_sharding(e, 0, NULL) == DT_SHARD_DATA &&
+             dt_embed_table_sharding(e, 1, NULL) == (W > 1 ? DT_SHARD_ROW : DT_SHARD_TABLE) &&
+             dt_embed_table_sharding(e, 2, NULL) == DT_SHARD_TABLE && dt_embed_table_sharding(e, 3, NULL) == DT_SHARD_TABLE &&
+             (W == 1 || mx - mn <= 1) && o4 == W - 1 && strstr(buf, "lookup B/step") != NULL;
+    }
+    dt_test_check_all("embed_planner_balances_and_keeps_pins", ok, "mid owners %d %d, pinned on %d; plan:\n%s", o2, o3, o4, buf);
+    dt_embed_free(e);
+}
+
 int main(void) {
     dt_comm *world, *self, *grp;
     dt_embed *e, *ref, *e2;
@@ -328,6 +363,39 @@ int main(void) {
             dt_test_check_all(name, bad == 0, "%lld elements differ from the single-rank run", (long long)bad);
         }
     }
+
+    /* 2 -> W: ranks 0 and 1 load the world's checkpoint (W -> 2), save it as a group of 2, and the
+       world loads that under the other plan (2 -> 3 at np 3, 2 -> 4 at np 4) */
+    if (W >= 3) {
+        char dir2[1100];
+        int64_t bad = 0;
+        dt_embed *x;
+        snprintf(dir2, sizeof dir2, "%s/mpi_embed_np%d_by2", dt_test_tmpdir(), W);
+        dt_comm_split(world, &grp, R < 2 ? 0 : -1, R);
+        if (grp) {
+            dt_checkpoint_desc c2 = cd;
+            x = make(grp, 0);
+            c2.comm = grp;
+            if (dt_embed_checkpoint_load(x, NULL, &c2)) dt_test_fail("embed_checkpoint_load_2", "%s", dt_ctx_error(&C));
+            c2.dir = dir2;
+            if (dt_embed_checkpoint_save(x, NULL, &c2)) dt_test_fail("embed_checkpoint_save_2", "%s", dt_ctx_error(&C));
+            dt_embed_free(x);
+            dt_comm_free(grp);
+        }
+        dt_comm_barrier(world);
+        x = make(world, 1);
+        cd.dir = dir2;
+        cd.comm = world;
+        if (dt_embed_checkpoint_load(x, NULL, &cd)) dt_test_fail("embed_checkpoint_load_from_2", "%s", dt_ctx_error(&C));
+        bad = diff_tables(x, ref);
+        {
+            char name[96];
+            snprintf(name, sizeof name, "embed_checkpoint_np2_loads_at_np%d_other_plan", W);
+            dt_test_check_all(name, bad == 0, "%lld elements differ from the single-rank run", (long long)bad);
+        }
+        dt_embed_free(x);
+    }
+    check_planner(world);
     (void)e2;
     dt_embed_free(e);
     dt_embed_free(ref);

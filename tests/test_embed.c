@@ -257,9 +257,11 @@ static void test_export(void) {
     dt_kjt k;
     dt_st_file f;
     char prefix[1024], path[1100], cmd[1400], line[512] = "";
-    const char *py = "python3";
-    FILE *p;
+    const char *py = "/usr/bin/python3"; /* Debian's, with numpy; else whatever python3 is on PATH */
+    FILE *p = fopen(py, "rb");
     int ok;
+    if (p) fclose(p);
+    else py = "python3";
     kjt(&k, 0);
     snprintf(prefix, sizeof prefix, "%s/test_embed_export", dt_test_tmpdir());
     snprintf(path, sizeof path, "%s.rank_00000.safetensors", prefix);
@@ -308,6 +310,90 @@ static void test_export(void) {
     dt_embed_free(e);
 }
 
+
+/* A dynamic table of 3 slots in one id-hash shard, admission at the 2nd sighting, LRU: against
+   a model written here (plain arrays). Each step is one batch of one-id bags. */
+static void test_dynamic(void) {
+    /* the last two steps: four new ids for three slots in one batch, so the 4th is rejected
+       (the rows in use by the batch are not evicted) */
+    static const int64_t steps[8][4] = {{10, 11, 10, 12}, {11, 13, 13, 14}, {14, 15, 15, 10}, {16, 16, 17, 17},
+                                        {12, 12, 10, 99}, {18, 18, 19, 19}, {30, 31, 32, 33}, {30, 31, 32, 33}};
+    dt_embed_table_desc t;
+    dt_embed_desc d;
+    dt_embed *e = NULL;
+    int64_t slot_id[3], stamp[3], seen_id[64], seen_n[64], n_seen = 0, used = 0, clock = 0;
+    int64_t adm = 0, ev = 0, rej = 0, len[4] = {1, 1, 1, 1};
+    int s, j, bad = 0, i;
+    dt_tensor out = T2(4, 2);
+    memset(&t, 0, sizeof t);
+    memset(&d, 0, sizeof d);
+    t.name = "dyn"; t.rows = 3; t.dim = 2; t.dynamic = 1; t.admit_after = 2; t.hash_shards = 1;
+    d.tables = &t; d.n_tables = 1; d.seed = 9;
+    if (dt_embed_create(&C, &e, &d)) { dt_test_fail("embed_dynamic_create", "%s", dt_ctx_error(&C)); return; }
+    for (s = 0; s < 8; s++) {
+        dt_kjt k;
+        dt_embed_stats st;
+        int64_t step0 = clock;
+        memset(&st, 0, sizeof st);
+        memset(&k, 0, sizeof k);
+        k.n_features = 1; k.batch = 4; k.lengths = len; k.ids = steps[s];
+        if (dt_embed_forward(e, &out, &k)) { dt_test_fail("embed_dynamic_forward", "%s", dt_ctx_error(&C)); break; }
+        for (j = 0; j < 4; j++) {
+            int64_t id = steps[s][j], x = -1, c;
+            float want[2] = {0, 0};
+            for (i = 0; i < used; i++) if (slot_id[i] == id) x = i;
+            if (x < 0) {
+                int64_t si = -1;
+                for (i = 0; i < n_seen; i++) if (seen_id[i] == id) si = i;
+                if (si < 0) { si = n_seen++; seen_id[si] = id; seen_n[si] = 0; }
+                seen_n[si]++;
+                if (seen_n[si] >= 2) {
+                    if (used < 3) x = used++;
+                    else {
+                        int64_t lru = 0;
+                        for (i = 1; i < 3; i++) if (stamp[i] < stamp[lru]) lru = i;
+                        if (stamp[lru] > step0) x = -2; /* all used by this batch: rejected */
+                        else { x = lru; ev++; }
+                    }
+                    if (x >= 0) { slot_id[x] = id; seen_n[si] = 0; adm++; }
+                }
+                if (x < 0) { rej++; x = -1; }
+            }
+            if (x >= 0) {
+                dt_tensor v;
+                dt_init_desc in;
+                char name[64];
+                stamp[x] = ++clock;
+                memset(&in, 0, sizeof in);
+                in.kind = DT_INIT_UNIFORM; in.low = -sqrt(1.0 / 3); in.high = sqrt(1.0 / 3); in.seed = 9;
+                snprintf(name, sizeof name, "dyn#%lld", (long long)id);
+                in.name = name;
+                v = T2(1, 2);
+                dt_tensor_init(&C, &v, &in);
+                want[0] = ((float *)v.data)[0]; want[1] = ((float *)v.data)[1];
+                dt_tensor_free(&C, &v);
+            }
+            for (c = 0; c < 2; c++)
+                if (((float *)out.data)[j * 2 + c] != want[c]) {
+                    if (!bad) fprintf(stderr, "step %d sample %d (id %lld): got %g, model %g\n", s, j, (long long)id,
+                                      ((float *)out.data)[j * 2 + c], want[c]);
+                    bad++;
+                }
+        }
+        dt_embed_stats_get(e, &st);
+        if (st.admitted != adm || st.evicted != ev || st.rejected != rej) {
+            if (!bad) fprintf(stderr, "step %d: admitted %lld evicted %lld rejected %lld; model %lld %lld %lld\n", s,
+                              (long long)st.admitted, (long long)st.evicted, (long long)st.rejected, (long long)adm,
+                              (long long)ev, (long long)rej);
+            bad++;
+        }
+    }
+    dt_test_check_all("embed_dynamic_admission_lru_eviction_match_a_model", bad == 0 && ev > 0 && rej > 0,
+                      "%d differences (evicted %lld, rejected %lld: both must be > 0)", bad, (long long)ev, (long long)rej);
+    dt_embed_free(e);
+    dt_tensor_free(&C, &out);
+}
+
 int main(void) {
     dt_ctx_init(&C, NULL);
     test_optimizers();
@@ -316,6 +402,7 @@ int main(void) {
     test_hash_and_empty();
     test_planner();
     test_export();
+    test_dynamic();
     dt_ctx_shutdown(&C);
     return dt_test_finish();
 }

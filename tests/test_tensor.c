@@ -844,6 +844,34 @@ static void test_header_api(void) {
     dt_safetensors_close(&C, &f);
     dt_test_error("safetensors_parse_short_data_is_named", dt_safetensors_parse(&C, &f, b.text, b.len, 20, "mem"),
                   dt_ctx_error(&C), "dt_safetensors_parse: mem");
+    { /* dt_safetensors_prefix: the bytes dt_safetensors_save writes before the data, and the size of the
+         file it writes (the file saved above from the same tensor and name) */
+        dt_strbuf pb;
+        uint64_t fb = 0, hl = 0;
+        long size = -1;
+        FILE *fp = fopen(path, "rb");
+        const char *bad[1] = {"__metadata__"};
+        if (fp && fseek(fp, 0, SEEK_END) == 0) size = ftell(fp);
+        if (fp) fclose(fp);
+        memset(&pb, 0, sizeof pb);
+        pb.ctx = &C;
+        dt_strbuf_str(&pb, "ab"); /* appends: what was there stays */
+        st = dt_safetensors_prefix(&C, &pb, &fb, ts, names, 1, NULL, 0);
+        if (st == 0 && fb == (uint64_t)size) dt_test_pass("safetensors_prefix_file_bytes_equal_saved_file_size");
+        else dt_test_fail("safetensors_prefix_file_bytes_equal_saved_file_size", "status %d, file_bytes %llu, "
+                          "saved file %ld bytes", (int)st, (unsigned long long)fb, size);
+        if (st == 0 && pb.len == 2 + 8 + b.len && memcmp(pb.text, "ab", 2) == 0 &&
+            dt_safetensors_header_len(&C, &hl, (const unsigned char *)pb.text + 2, fb, "prefix") == 0 && hl == b.len &&
+            memcmp(pb.text + 10, b.text, b.len) == 0)
+            dt_test_pass("safetensors_prefix_is_length_then_header");
+        else dt_test_fail("safetensors_prefix_is_length_then_header", "prefix %zu bytes, header %zu bytes, decoded "
+                          "length %llu", pb.len, b.len, (unsigned long long)hl);
+        st = dt_safetensors_prefix(&C, &pb, &fb, ts, bad, 1, NULL, 0);
+        if (st == DT_ERR_ARG && pb.len == 2 + 8 + b.len) dt_test_pass("safetensors_prefix_error_appends_nothing");
+        else dt_test_fail("safetensors_prefix_error_appends_nothing", "status %d, %zu bytes after, %zu before",
+                          (int)st, pb.len, 2 + 8 + b.len);
+        dt_strbuf_free(&pb);
+    }
     names[0] = "__metadata__";
     dt_test_error("safetensors_header_reserved_name_is_named", dt_safetensors_header(&C, &b, ts, names, 1, NULL, 0),
                   dt_ctx_error(&C), "reserved");

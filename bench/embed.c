@@ -1,0 +1,174 @@
+/* bench/embed.c - dt_embed.h on one process: pooled lookup forward + backward + fused sparse
+   Adagrad, against torch.nn.EmbeddingBag (sparse=True) + torch.optim.Adagrad run by
+   bench/embed_torch.py in the same run (same tables, batch shape and id distribution, one
+   thread); the bytes of rows the forward gathers per second against memcpy measured in the same
+   run; and a step on a 10M-row table against the same step on a 100k-row table (no step may
+   cost O(rows)). Prints a table and the ratios.
+
+       build/bench/embed [T R D B L steps]     defaults 8 100000 64 2048 4 20 */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#define DT_IMPLEMENTATION
+#include "dt_tensor.h"
+#include "dt_comm.h"
+#include "dt_opt.h"
+#include "dt_embed.h"
+#include "bench.h"
+
+#ifndef __cplusplus
+extern FILE *popen(const char *command, const char *type);
+extern int pclose(FILE *stream);
+#endif
+
+static dt_ctx C;
+
+static void die(const char *what) {
+    fprintf(stderr, "bench/embed: %s: %s\n", what, dt_ctx_error(&C));
+    exit(1);
+}
+
+typedef struct bbatch {
+    int64_t *lengths, *ids, n_ids;
+    dt_kjt k;
+} bbatch;
+
+/* T features, B samples, bags of 1..2L-1 ids, ids u^2 * R (power law, as embed_torch.py). */
+static void make_batch(bbatch *bb, int T, int64_t R, int64_t B, int L, uint64_t seed) {
+    int64_t i, j, o = 0, n = (int64_t)T * B;
+    bb->lengths = (int64_t *)malloc(sizeof(int64_t) * (size_t)n);
+    for (i = 0; i < n; i++) {
+        bb->lengths[i] = 1 + (int64_t)(dt_rng_uniform(seed, 1, (uint64_t)i) * (float)(2 * L - 1));
+        if (bb->lengths[i] > 2 * L - 1) bb->lengths[i] = 2 * L - 1;
+        o += bb->lengths[i];
+    }
+    bb->n_ids = o;
+    bb->ids = (int64_t *)malloc(sizeof(int64_t) * (size_t)o);
+    for (j = 0; j < o; j++) {
+        float u = dt_rng_uniform(seed, 2, (uint64_t)j);
+        bb->ids[j] = (int64_t)(u * u * (float)R);
+        if (bb->ids[j] >= R) bb->ids[j] = R - 1;
+    }
+    memset(&bb->k, 0, sizeof bb->k);
+    bb->k.n_features = T; bb->k.batch = B; bb->k.lengths = bb->lengths; bb->k.ids = bb->ids;
+}
+
+static dt_embed *make(int T, int64_t R, int D, dt_embed_optim kind) {
+    dt_embed_table_desc *t = (dt_embed_table_desc *)calloc((size_t)T, sizeof *t);
+    char (*names)[16] = (char (*)[16])calloc((size_t)T, 16);
+    dt_embed_desc d;
+    dt_embed *e = NULL;
+    int i;
+    for (i = 0; i < T; i++) {
+        snprintf(names[i], 16, "t%d", i);
+        t[i].name = names[i]; t[i].rows = R; t[i].dim = D; t[i].optim.kind = kind;
+    }
+    memset(&d, 0, sizeof d);
+    d.tables = t; d.n_tables = T; d.seed = 1;
+    if (dt_embed_create(&C, &e, &d)) die("dt_embed_create");
+    free(t); free(names);
+    return e;
+}
+
+/* Median seconds of forward and of forward + backward over `steps` steps. */
+static void run(dt_embed *e, bbatch *bb, int nb, int steps, double *fwd, double *step) {
+    int64_t D = dt_embed_pooled_dim(e), B = bb[0].k.batch, i;
+    dt_tensor out, dout;
+    dt_tensor_desc td;
+    double *tf = (double *)malloc(sizeof(double) * (size_t)steps), *ts = (double *)malloc(sizeof(double) * (size_t)steps);
+    int s;
+    memset(&td, 0, sizeof td);
+    td.shape[0] = B; td.shape[1] = D; td.ndim = 2;
+    if (dt_tensor_create(&C, &out, &td) || dt_tensor_create(&C, &dout, &td)) die("tensor");
+    for (i = 0; i < B * D; i++) ((float *)dout.data)[i] = dt_rng_normal(9, 0, (uint64_t)i);
+    for (s = 0; s < steps + 2; s++) {
+        double t0 = now_s(), t1;
+        if (dt_embed_forward(e, &out, &bb[s % nb].k)) die("forward");
+        t1 = now_s();
+        if (dt_embed_backward(e, &dout)) die("backward");
+        if (s >= 2) { tf[s - 2] = t1 - t0; ts[s - 2] = now_s() - t0; } /* two warm-up steps */
+    }
+    *fwd = median(tf, steps);
+    *step = median(ts, steps);
+    dt_tensor_free(&C, &out); dt_tensor_free(&C, &dout);
+    free(tf); free(ts);
+}
+
+static double memcpy_gbs(size_t bytes) {
+    char *a = (char *)malloc(bytes), *b = (char *)malloc(bytes);
+    double t[7];
+    int i;
+    memset(a, 1, bytes); memset(b, 2, bytes);
+    for (i = 0; i < 7; i++) {
+        double t0 = now_s();
+        memcpy(b, a, bytes);
+        t[i] = now_s() - t0;
+        a[i] = b[bytes - 1 - (size_t)i]; /* keep the copies observable */
+    }
+    free(a); free(b);
+    return (double)bytes / median(t, 7) / 1e9;
+}
+
+int main(int argc, char **argv) {
+    int T = 8, D = 64, L = 4, steps = 20, i;
+    int64_t R = 100000, B = 2048, ids = 0;
+    bbatch bb[4];
+    dt_embed *e;
+    double fwd, step, mc, torch_sps = 0, big_step, small_step, f2;
+    char cmd[512], line[256];
+    FILE *p;
+    if (argc > 1) T = atoi(argv[1]);
+    if (argc > 2) R = atoll(argv[2]);
+    if (argc > 3) D = atoi(argv[3]);
+    if (argc > 4) B = atoll(argv[4]);
+    if (argc > 5) L = atoi(argv[5]);
+    if (argc > 6) steps = atoi(argv[6]);
+    if (T < 1 || R < 1 || D < 1 || B < 1 || L < 1 || steps < 1) { fprintf(stderr, "bench/embed: bad arguments\n"); return 1; }
+    dt_ctx_init(&C, NULL);
+    printf("bench/embed: %d tables x %lld rows x %d (f32, sum pooling, Adagrad), batch %lld, bags of 1..%d ids, "
+           "1 thread, median of %d steps\n", T, (long long)R, D, (long long)B, 2 * L - 1, steps);
+    for (i = 0; i < 4; i++) { make_batch(&bb[i], T, R, B, L, 100 + (uint64_t)i); ids += bb[i].n_ids; }
+    ids /= 4;
+    mc = memcpy_gbs((size_t)256 << 20);
+    e = make(T, R, D, DT_EMBED_ADAGRAD);
+    run(e, bb, 4, steps, &fwd, &step);
+    dt_embed_free(e);
+    /* the PyTorch peer, same shapes, now */
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 bench/embed_torch.py %d %lld %d %lld %d %d 2>&1", T, (long long)R, D,
+             (long long)B, L, steps);
+    if ((p = popen(cmd, "r"))) {
+        while (fgets(line, sizeof line, p))
+            if (sscanf(line, "torch samples/s %lf", &torch_sps) == 1) break;
+        pclose(p);
+    }
+    printf("%-52s %12s\n", "figure", "value");
+    printf("%-52s %12.0f\n", "dt_embed fwd+bwd+Adagrad, samples/s", (double)B / step);
+    if (torch_sps > 0) {
+        printf("%-52s %12.0f\n", "torch EmbeddingBag + sparse Adagrad, samples/s", torch_sps);
+        printf("%-52s %12.2f   (target >= 1.5)\n", "ratio dt / torch", (double)B / step / torch_sps);
+    } else printf("%-52s %12s\n", "torch peer", "not run (needs /usr/bin/python3 with torch)");
+    printf("%-52s %12.2f\n", "forward: rows gathered, GB/s (ids x dim x 4 B)", (double)ids * D * 4 / fwd / 1e9);
+    printf("%-52s %12.2f\n", "memcpy 256 MiB, GB/s (bytes copied)", mc);
+    printf("%-52s %12.2f   (target >= 0.5)\n", "ratio gathered / memcpy", (double)ids * D * 4 / fwd / 1e9 / mc);
+    /* no O(rows) step: the same batch shape on 10M rows and on 100k rows (dim 16, SGD) */
+    {
+        bbatch b2[4];
+        for (i = 0; i < 4; i++) make_batch(&b2[i], 1, 10000000, B, L, 200 + (uint64_t)i);
+        e = make(1, 10000000, 16, DT_EMBED_SGD);
+        run(e, b2, 4, steps, &f2, &big_step);
+        dt_embed_free(e);
+        for (i = 0; i < 4; i++) { free(b2[i].lengths); free(b2[i].ids); make_batch(&b2[i], 1, 100000, B, L, 200 + (uint64_t)i); }
+        e = make(1, 100000, 16, DT_EMBED_SGD);
+        run(e, b2, 4, steps, &f2, &small_step);
+        dt_embed_free(e);
+        for (i = 0; i < 4; i++) { free(b2[i].lengths); free(b2[i].ids); }
+        printf("%-52s %12.3f\n", "step on 10M rows, ms", big_step * 1e3);
+        printf("%-52s %12.3f\n", "step on 100k rows, ms", small_step * 1e3);
+        printf("%-52s %12.2f   (about 1: no O(rows) work)\n", "ratio 10M / 100k", big_step / small_step);
+    }
+    for (i = 0; i < 4; i++) { free(bb[i].lengths); free(bb[i].ids); }
+    dt_ctx_shutdown(&C);
+    return 0;
+}

@@ -1,0 +1,46 @@
+"""bench/embed_torch.py - the PyTorch peer of bench/embed.c: the same tables (T tables of R rows x
+D, f32), the same batch shape (B samples, bags of 1..2L-1 ids, L on average, power-law ids) and
+one thread: torch.nn.EmbeddingBag(mode="sum", sparse=True) forward, backward of a fixed output
+gradient, and torch.optim.Adagrad on the sparse gradients (what dt_embed's DT_EMBED_ADAGRAD
+matches). Prints one line: "torch samples/s X" (median of the timed steps).
+
+    /usr/bin/python3 bench/embed_torch.py [T R D B L steps]"""
+import sys, time
+import numpy as np
+import torch
+
+def main():
+    a = [int(x) for x in sys.argv[1:]]
+    T, R, D, B, L, steps = (a + [8, 100000, 64, 2048, 4, 20][len(a):])[:6]
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    bags = [torch.nn.EmbeddingBag(R, D, mode="sum", sparse=True) for _ in range(T)]
+    opt = torch.optim.Adagrad([p for b in bags for p in b.parameters()], lr=0.01)
+    batches = []
+    for s in range(4):
+        per = []
+        for t in range(T):
+            lengths = rng.integers(1, 2 * L, size=B)
+            u = rng.random(int(lengths.sum()))
+            ids = np.minimum((u * u * R).astype(np.int64), R - 1)
+            offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+            per.append((torch.from_numpy(ids), torch.from_numpy(offsets)))
+        batches.append(per)
+    dout = torch.randn(B, D)
+    times = []
+    for s in range(steps):
+        per = batches[s % len(batches)]
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        for t in range(T):
+            out = bags[t](per[t][0], per[t][1])
+            out.backward(dout)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    times = sorted(times[2:])
+    med = times[len(times) // 2]
+    print("torch samples/s %.1f" % (B / med))
+
+if __name__ == "__main__":
+    main()
