@@ -44,6 +44,8 @@
 #include <string.h>
 #include <time.h>
 #include <math.h>
+#include <errno.h>
+#include <sys/stat.h>
 
 #define F DT_DLRM_SPARSE
 #define MAX_LAYERS 8
@@ -648,6 +650,10 @@ int main(int argc, char **argv) {
     CHECK(dt_opt_create(&ctx, &opt, &m.ps, &od));
     bd.average = -1; /* the loss is already the global mean: sum the ranks' grads */
     CHECK(dt_bucketer_create(world, &bk, &m.ps, &bd));
+    if (o.ckpt && g_rank == 0 && mkdir(o.ckpt, 0777) != 0 && errno != EEXIST) { /* dense/ and embed/ go in it */
+        fprintf(stderr, "dlrm: cannot create --ckpt %s: %s\n", o.ckpt, strerror(errno));
+        return 1;
+    }
     if (o.resume) step = resume(&m, opt, &o, world);
     first_step = step;
     if (g_rank == 0 && o.log && !(log = fopen(o.log, o.resume ? "a" : "w"))) {
