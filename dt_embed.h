@@ -30,6 +30,7 @@
        dt_embed_forward_begin / _end          the same, split: ids exchanged and rows gathered in
                                               begin, pooled vectors returned in end
        dt_embed_backward                      output grads back to owners, fused sparse update
+       dt_embed_set_sync                      gradient accumulation: keep, then one update
        dt_embed_sequence / _sequence_grad     outputs and grads of pooling NONE features
        dt_embed_plan_format / _plan_print     the plan as a table
        dt_embed_checkpoint_save / _load       through dt_opt.h's checkpoints, by logical row
@@ -324,6 +325,14 @@ DT_API dt_status dt_embed_sequence_grad(dt_embed *e, dt_tensor *view, int featur
 /* Collective. dout: f32 [batch, pooled_dim] of the last forward (may be NULL when every
    feature is a sequence). Applies each table's sparse optimizer to its touched rows. */
 DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout);
+/* Gradient accumulation, as dt_bucketer_set_sync: with sync 0 a backward sends its gradients to
+   the owners, which add them to each row's gradient so far and update nothing; the next backward
+   with sync 1 (the default) adds its own and applies the optimizer once to every row touched
+   since the last update. Each row's gradient is summed in the order of one backward over all
+   the micro-batches (they hold consecutive global samples), so N micro-batches update the rows
+   exactly as one batch of all their samples would. Not collective, but every rank must set the
+   same value. A checkpoint saved while gradients are pending does not hold them. */
+DT_API dt_status dt_embed_set_sync(dt_embed *e, int sync);
 DT_API size_t dt_embed_plan_format(const dt_embed *e, char *buf, size_t n);
 DT_API void dt_embed_plan_print(const dt_embed *e);
 /* The plan of table t: its kind and, for table-wise, its rank. */
@@ -467,6 +476,8 @@ typedef struct dt__em_contrib {  /* one gradient contribution to a row, for the 
     const float *g;
 } dt__em_contrib;
 
+typedef struct dt__em_pend { int t; int64_t row, off; } dt__em_pend;
+
 struct dt_embed {
     dt_ctx *ctx;
     dt_comm *comm;
@@ -495,6 +506,13 @@ struct dt_embed {
     int64_t con_cap, con2_cap;
     float *gtmp, *wtmp;
     int64_t gtmp_cap;
+    /* accumulation (dt_embed_set_sync(e, 0)): each touched row's gradient so far, sorted by
+       (table, row); the floats of entry k at pvals + pend[k].off */
+    int sync;
+    dt__em_pend *pend, *pend2;
+    int64_t n_pend, pend_cap, pend2_cap;
+    float *pvals, *pvals2;
+    int64_t pv_cap, pv2_cap;
     int64_t steps_store[1];
     dt_comm_req **reqs;          /* the id exchange in flight between begin and end */
     dt_tensor *rviews;           /* the slices those requests read and write */
@@ -915,6 +933,7 @@ DT_API void dt_embed_free(dt_embed *e) {
     dt_release(ctx, e->reqs); dt_release(ctx, e->rviews);
     dt_release(ctx, e->cnt); dt_release(ctx, e->seq); dt_release(ctx, e->seq_grad); dt_release(ctx, e->seq_off);
     dt_release(ctx, e->con); dt_release(ctx, e->con2); dt_release(ctx, e->gtmp);
+    dt_release(ctx, e->pend); dt_release(ctx, e->pend2); dt_release(ctx, e->pvals); dt_release(ctx, e->pvals2);
     dt_tensor_free(ctx, &e->sbuf_i); dt_tensor_free(ctx, &e->sbuf_f); dt_tensor_free(ctx, &e->rbuf_i);
     dt_tensor_free(ctx, &e->rbuf_f); dt_tensor_free(ctx, &e->resp); dt_tensor_free(ctx, &e->res);
     dt_tensor_free(ctx, &e->grad_in); dt_tensor_free(ctx, &e->pooled); dt_tensor_free(ctx, &e->dp_i);
@@ -957,6 +976,7 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
                                     desc->features[i].table, desc->n_tables);
     if (!(e = (dt_embed *)dt_alloc(ctx, sizeof *e))) return DT_ERR_OOM;
     memset(e, 0, sizeof *e);
+    e->sync = 1;
     e->ctx = ctx;
     e->comm = desc->comm;
     e->rank = desc->comm ? dt_comm_rank(desc->comm) : 0;
@@ -1837,6 +1857,81 @@ static dt_status dt__em_dp_grads(dt_embed *e, const float *dout, int64_t *ncon) 
     return DT_OK;
 }
 
+/* One row: its gradient so far (a pending entry's floats, or zeros), plus this backward's
+   contributions con[*k..] of the same (table, row), in their sorted order. */
+static void dt__em_row_grad(dt_embed *e, int64_t *k, int64_t ncon, int t, int64_t row, const float *start,
+                            float *g, int64_t nc) {
+    const dt__em_tab *tab = &e->tabs[t];
+    int64_t c;
+    for (c = 0; c < nc; c++) g[c] = start ? start[c] : 0.0f;
+    for (; *k < ncon && e->con[*k].t == t && e->con[*k].row == row; (*k)++) {
+        const float *src = e->con[*k].g;
+        float w = e->con[*k].w;
+        if (tab->weighted) for (c = 0; c < nc; c++) g[c] += w * src[c];
+        else for (c = 0; c < nc; c++) g[c] += src[c];
+    }
+}
+
+static int dt__em_before(int ta, int64_t ra, int tb, int64_t rb) { return ta < tb || (ta == tb && ra < rb); }
+
+/* Merges this backward's sorted contributions with the pending rows (both sorted by (table,
+   row)). sync 1: every merged row is updated and nothing stays pending; sync 0: the merged rows
+   become the pending list. */
+static dt_status dt__em_apply(dt_embed *e, int64_t ncon) {
+    int64_t k = 0, j = 0, n2 = 0, fl = 0;
+    if (!e->sync) { /* the new pending list holds at most every pending row + every new row */
+        int64_t need = e->n_pend + ncon, floats = 0, i;
+        for (i = 0; i < e->n_pend; i++) floats += e->tabs[e->pend[i].t].c1 - e->tabs[e->pend[i].t].c0;
+        for (i = 0; i < ncon; i++) floats += e->tabs[e->con[i].t].c1 - e->tabs[e->con[i].t].c0;
+        DT__ETRY(dt_grow(e->ctx, (void **)&e->pend2, &e->pend2_cap, need + 1, sizeof(dt__em_pend), "dt_embed pending rows"));
+        DT__ETRY(dt_grow(e->ctx, (void **)&e->pvals2, &e->pv2_cap, floats + 1, sizeof(float), "dt_embed pending gradients"));
+    }
+    while (k < ncon || j < e->n_pend) {
+        int from_pend = k >= ncon || (j < e->n_pend && !dt__em_before(e->con[k].t, e->con[k].row, e->pend[j].t, e->pend[j].row));
+        int t = from_pend ? e->pend[j].t : e->con[k].t;
+        int64_t row = from_pend ? e->pend[j].row : e->con[k].row;
+        dt__em_tab *tab = &e->tabs[t];
+        int64_t nc = tab->c1 - tab->c0;
+        const float *start = NULL;
+        float *g;
+        if (from_pend) { start = e->pvals + e->pend[j].off; j++; }
+        if (e->sync) {
+            if (2 * nc > e->gtmp_cap)
+                DT__ETRY(dt_grow(e->ctx, (void **)&e->gtmp, &e->gtmp_cap, 2 * nc, sizeof(float), "dt_embed row gradient"));
+            g = e->gtmp;
+        } else {
+            g = e->pvals2 + fl;
+            e->pend2[n2].t = t; e->pend2[n2].row = row; e->pend2[n2].off = fl;
+            n2++; fl += nc;
+        }
+        dt__em_row_grad(e, &k, ncon, t, row, start, g, nc);
+        if (e->sync) {
+            dt__em_update(tab, row, g, e->gtmp + nc);
+            DT__ETRY(dt__em_mark(e, tab, row));
+            e->stats.rows_updated++;
+        }
+    }
+    if (e->sync) { e->n_pend = 0; return DT_OK; }
+    { /* swap the lists */
+        dt__em_pend *tp = e->pend; float *tv = e->pvals; int64_t c;
+        e->pend = e->pend2; e->pend2 = tp;
+        e->pvals = e->pvals2; e->pvals2 = tv;
+        c = e->pend_cap; e->pend_cap = e->pend2_cap; e->pend2_cap = c;
+        c = e->pv_cap; e->pv_cap = e->pv2_cap; e->pv2_cap = c;
+        e->n_pend = n2;
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_embed_set_sync(dt_embed *e, int sync) {
+    if (!e) return DT_ERR_ARG;
+    if (sync != 0 && sync != 1)
+        return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_set_sync: sync = %d; expected 1 (update at this "
+                                "backward) or 0 (accumulate)", sync);
+    e->sync = sync;
+    return DT_OK;
+}
+
 DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
     const char *fn = "dt_embed_backward";
     int W, r, i;
@@ -1869,7 +1964,7 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
         return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: a bad dout or call order on another rank; see its message", fn);
     }
     e->phase = 3; /* the sequence views stay readable until the next forward */
-    for (i = 0; i < e->n_tabs; i++) e->tabs[i].t++;
+    if (e->sync) for (i = 0; i < e->n_tabs; i++) e->tabs[i].t++; /* t counts updates */
     /* gradients of every request, laid out as its result was (the res buffer is free now) */
     for (k = 0; k < e->n_segs; k++) {
         const dt__em_seg *s = &e->segs[k];
@@ -1910,25 +2005,9 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
         }
     }
     if (e->any_dp) DT__ETRY(dt__em_dp_grads(e, dd, &ncon));
-    /* dedup by sort, sum each row's contributions in the one order, update */
+    /* dedup by sort, sum each row's contributions in the one order, update (or keep) */
     DT__ETRY(dt__em_sort(e, ncon));
-    for (k = 0; k < ncon;) {
-        dt__em_tab *t = &e->tabs[e->con[k].t];
-        int64_t nc = t->c1 - t->c0, x = e->con[k].row;
-        if (2 * nc > e->gtmp_cap) {
-            DT__ETRY(dt_grow(e->ctx, (void **)&e->gtmp, &e->gtmp_cap, 2 * nc, sizeof(float), "dt_embed row gradient"));
-        }
-        for (c = 0; c < nc; c++) e->gtmp[c] = 0.0f;
-        for (; k < ncon && e->con[k].t == (int)(t - e->tabs) && e->con[k].row == x; k++) {
-            const float *g = e->con[k].g;
-            float w = e->con[k].w;
-            if (t->weighted) for (c = 0; c < nc; c++) e->gtmp[c] += w * g[c];
-            else for (c = 0; c < nc; c++) e->gtmp[c] += g[c];
-        }
-        dt__em_update(t, x, e->gtmp, e->gtmp + nc);
-        DT__ETRY(dt__em_mark(e, t, x));
-        e->stats.rows_updated++;
-    }
+    DT__ETRY(dt__em_apply(e, ncon));
     e->stats.backwards++;
     e->stats.seconds_bwd += dt__em_now() - t0;
     return DT_OK;

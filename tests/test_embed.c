@@ -120,6 +120,53 @@ static void test_optimizers(void) {
     }
 }
 
+/* Accumulation: two micro-batches with dt_embed_set_sync(0) then (1) update the rows exactly as
+   one batch of their samples; row 1 is touched only by the first micro-batch, row 4 only by the
+   second, row 3 by both. */
+static void test_accumulation(void) {
+    static const int64_t len[4] = {3, 1, 1, 2}, ids[7] = {1, 3, 1, 3, 0, 3, 4};
+    static const float wts[7] = {0.5f, 2.0f, 1.5f, -1.0f, 0.25f, 3.0f, -0.5f};
+    const char *names[4] = {"sgd", "adagrad", "rowwise_adagrad", "adam"};
+    int o, step, half;
+    for (o = 0; o < 4; o++) {
+        dt_embed *one = one_table((dt_embed_optim)(DT_EMBED_SGD + o), DT_POOL_MEAN, 1, 5, 3);
+        dt_embed *acc = one_table((dt_embed_optim)(DT_EMBED_SGD + o), DT_POOL_MEAN, 1, 5, 3);
+        dt_tensor w1, w2, out4 = T2(4, 3), dout4 = T2(4, 3), out2 = T2(2, 3), dout2 = T2(2, 3);
+        dt_kjt k;
+        char name[96];
+        int ok = 1;
+        for (step = 0; step < 3 && ok; step++) {
+            int c;
+            for (c = 0; c < 12; c++) ((float *)dout4.data)[c] = (float)(0.37 * (c + 1) - 0.9 * step);
+            memset(&k, 0, sizeof k);
+            k.n_features = 1; k.batch = 4; k.lengths = len; k.ids = ids; k.weights = wts;
+            ok = !dt_embed_forward(one, &out4, &k) && !dt_embed_backward(one, &dout4);
+            for (half = 0; half < 2 && ok; half++) { /* samples 0-1 (ids 0..3), then 2-3 (ids 4..6) */
+                int64_t at = half ? 4 : 0;
+                memset(&k, 0, sizeof k);
+                k.n_features = 1; k.batch = 2; k.lengths = len + 2 * half; k.ids = ids + at; k.weights = wts + at;
+                memcpy(dout2.data, (float *)dout4.data + 6 * half, 6 * sizeof(float));
+                ok = !dt_embed_set_sync(acc, half) && !dt_embed_forward(acc, &out2, &k) && !dt_embed_backward(acc, &dout2);
+            }
+            if (!ok) dt_test_fail("embed_accumulation_runs", "%s", dt_ctx_error(&C));
+        }
+        dt_embed_local_shard(one, &w1, NULL, NULL, 0);
+        dt_embed_local_shard(acc, &w2, NULL, NULL, 0);
+        snprintf(name, sizeof name, "embed_%s_two_accumulated_micro_batches_equal_one_batch_bitwise", names[o]);
+        if (ok) {
+            int r, diff = -1;
+            for (r = 0; r < 15 && diff < 0; r++)
+                if (memcmp((float *)w1.data + r, (float *)w2.data + r, 4)) diff = r;
+            dt_test_check_all(name, diff < 0, "element %d: one batch %.9g, accumulated %.9g", diff,
+                              diff >= 0 ? ((float *)w1.data)[diff] : 0.0, diff >= 0 ? ((float *)w2.data)[diff] : 0.0);
+        }
+        dt_test_error("embed_set_sync_2_is_named", dt_embed_set_sync(acc, 2), dt_ctx_error(&C), "sync = 2");
+        dt_tensor_free(&C, &out4); dt_tensor_free(&C, &dout4); dt_tensor_free(&C, &out2); dt_tensor_free(&C, &dout2);
+        dt_embed_free(one);
+        dt_embed_free(acc);
+    }
+}
+
 static void test_pooling(void) {
     int p, wgt;
     for (p = 0; p < 2; p++)
@@ -397,6 +444,7 @@ static void test_dynamic(void) {
 int main(void) {
     dt_ctx_init(&C, NULL);
     test_optimizers();
+    test_accumulation();
     test_pooling();
     test_errors();
     test_hash_and_empty();

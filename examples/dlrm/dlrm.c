@@ -1,0 +1,735 @@
+/* examples/dlrm/dlrm.c - DLRM (and DCNv2) trained hybrid-parallel on MPI ranks: the 26 embedding
+   tables model-parallel (dt_embed.h: table-wise, row-wise, data-parallel, chosen by its planner),
+   the bottom and top MLPs data-parallel (dt_comm.h's bucketer), BCE with logits.
+
+   run:   build/examples/dlrm --steps 300 --batch 512                   (built by ./build.sh)
+          mpirun -np 4 build/examples/dlrm --steps 300 --batch 512       (same losses)
+   flags: --steps N --batch B (global) --seed S --data synthetic|FILE.tsv|FILE.bin --arch dlrm|dcn
+          --dim D --bottom 64,32 --top 64,32 --cross L --opt sgd|adagrad --lr LR --emb-lr LR
+          --accum N --eval-every N --eval-samples N --print-every N --log FILE.jsonl
+          --ckpt DIR --ckpt-every N --resume --rows N (cap on table rows, 16384) --skip-bad
+          --shard auto|row|table|data --row-wise-over ROWS (pin bigger tables row-wise) --quiet
+   last line: "final: loss L auc A" (L the training loss of the last step, A the held-out AUC).
+
+   One step on rank r (W ranks, global batch B; rank r's samples are a pure function of (seed,
+   global index), dlrm_data.h's split, so every W sees the same global batches):
+       dense [B_r, 13] -> bottom MLP -> z [B_r, D]
+       sparse ids (26 features) -> dt_embed_forward: all-to-all to the owners, gather + pool,
+                                   all-to-all back -> e [B_r, 26 D]
+       DLRM: dot interaction of z and the 26 vectors -> [B_r, D + 27*26/2]
+       DCNv2: x0 = [z, e]; x_{l+1} = x0 * (W_l x_l + b_l) + x_l, L times
+       -> top MLP -> logit [B_r, 1] -> BCE; the loss is the sum over the rank's samples / B, so
+       the ranks' summed gradients are exactly the global batch's mean gradient.
+   backward: top -> interaction -> bottom, each layer's grads handed to the bucketer as they
+   are done (all-reduce overlapped with the rest of the backward); the embedding grads go back
+   to the owners, which apply the sparse optimizer to the touched rows only.
+
+   Accumulation (--accum N): step s still covers samples [s B, (s+1) B), as N micro-batches of
+   B / N; the dense grads and the embedding contributions accumulate (dt_embed_set_sync), and one
+   update follows the last micro-batch: the same update as one batch of B.
+   Checkpoints (--ckpt DIR): the dense model + optimizer in DIR/dense, the tables in DIR/embed
+   (dt_opt.h's crash-safe directories; dense first, so DIR/dense always holds the step that
+   DIR/embed's latest names, and --resume loads that pair). Metrics: one JSON line per logged
+   step (--log). Eval: the exact AUC and logloss of held-out samples (synthetic: indices from
+   2^40 on; a file: its last --eval-samples), gathered over the ranks. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#define DT_IMPLEMENTATION
+#include "../../dt_tensor.h"
+#include "../../dt_comm.h"
+#include "../../dt_opt.h"
+#include "../../dt_embed.h"
+#include "dlrm_data.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <math.h>
+#include <errno.h>
+#include <sys/stat.h>
+
+#define F DT_DLRM_SPARSE
+#define MAX_LAYERS 8
+#define EVAL_BASE ((int64_t)1 << 40) /* synthetic eval samples never overlap training ones */
+
+typedef struct opts {
+    int64_t steps, batch, eval_samples, rows, row_wise_over;
+    uint64_t seed;
+    const char *data, *arch, *opt, *log, *ckpt, *shard;
+    int dim, cross, accum, eval_every, print_every, ckpt_every, resume, skip_bad, quiet;
+    int bottom[MAX_LAYERS], n_bottom, top[MAX_LAYERS], n_top;
+    double lr, emb_lr;
+} opts;
+
+static dt_ctx *g_ctx;
+static int g_rank;
+#define CHECK(call) do { dt_status s_ = (call); if (s_) { \
+    fprintf(stderr, "dlrm [rank %d]: %s failed: %s\n", g_rank, #call, dt_ctx_error(g_ctx)); exit(1); } } while (0)
+
+/* ---------------------------------------------------------------- flags */
+
+static void usage(const char *why) {
+    fprintf(stderr, "dlrm: %s\nflags: --steps N --batch B --seed S --data synthetic|FILE.tsv|FILE.bin "
+                    "--arch dlrm|dcn --dim D --bottom 64,32 --top 64,32 --cross L --opt sgd|adagrad --lr LR "
+                    "--emb-lr LR --accum N --eval-every N --eval-samples N --print-every N --log FILE "
+                    "--ckpt DIR --ckpt-every N --resume --rows N --skip-bad --shard auto|row|table|data --row-wise-over ROWS "
+                    "--quiet\n", why);
+    exit(2);
+}
+
+static int64_t num(const char *flag, const char *v, int64_t lo, int64_t hi) {
+    char *end;
+    long long x = v ? strtoll(v, &end, 10) : 0;
+    if (!v || *end || x < lo || x > hi) {
+        char why[160];
+        snprintf(why, sizeof why, "%s wants an integer in [%lld, %lld], got '%s'", flag, (long long)lo,
+                 (long long)hi, v ? v : "(nothing)");
+        usage(why);
+    }
+    return x;
+}
+
+static int layers(const char *flag, const char *v, int *out) {
+    int n = 0;
+    const char *p = v;
+    while (p && *p) {
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p || x < 1 || x > 65536 || n == MAX_LAYERS || (*end && *end != ',')) {
+            char why[160];
+            snprintf(why, sizeof why, "%s wants up to %d widths in [1, 65536] like 64,32, got '%s'", flag,
+                     MAX_LAYERS, v);
+            usage(why);
+        }
+        out[n++] = (int)x;
+        p = *end ? end + 1 : end;
+    }
+    return n;
+}
+
+static void parse(opts *o, int argc, char **argv) {
+    int i;
+    memset(o, 0, sizeof *o);
+    o->steps = 300; o->batch = 512; o->seed = 7; o->data = "synthetic"; o->arch = "dlrm"; o->opt = "adagrad";
+    o->dim = 16; o->cross = 2; o->accum = 1; o->eval_every = 0; o->eval_samples = 16384; o->print_every = 25;
+    o->rows = 16384; o->lr = 0; o->emb_lr = 0; o->shard = "auto";
+    o->n_bottom = layers("--bottom", "64,32", o->bottom);
+    o->n_top = layers("--top", "64,32", o->top);
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int takes = 1;
+        if (!strcmp(a, "--steps")) o->steps = num(a, v, 0, (int64_t)1 << 40);
+        else if (!strcmp(a, "--batch")) o->batch = num(a, v, 1, (int64_t)1 << 24);
+        else if (!strcmp(a, "--seed")) o->seed = (uint64_t)num(a, v, 0, INT64_MAX);
+        else if (!strcmp(a, "--data")) o->data = v;
+        else if (!strcmp(a, "--arch")) o->arch = v;
+        else if (!strcmp(a, "--dim")) o->dim = (int)num(a, v, 1, 4096);
+        else if (!strcmp(a, "--bottom")) o->n_bottom = layers(a, v, o->bottom);
+        else if (!strcmp(a, "--top")) o->n_top = layers(a, v, o->top);
+        else if (!strcmp(a, "--cross")) o->cross = (int)num(a, v, 0, MAX_LAYERS);
+        else if (!strcmp(a, "--opt")) o->opt = v;
+        else if (!strcmp(a, "--lr")) o->lr = v ? atof(v) : -1;
+        else if (!strcmp(a, "--emb-lr")) o->emb_lr = v ? atof(v) : -1;
+        else if (!strcmp(a, "--accum")) o->accum = (int)num(a, v, 1, 1024);
+        else if (!strcmp(a, "--eval-every")) o->eval_every = (int)num(a, v, 0, 1 << 30);
+        else if (!strcmp(a, "--eval-samples")) o->eval_samples = num(a, v, 2, (int64_t)1 << 30);
+        else if (!strcmp(a, "--print-every")) o->print_every = (int)num(a, v, 0, 1 << 30);
+        else if (!strcmp(a, "--log")) o->log = v;
+        else if (!strcmp(a, "--ckpt")) o->ckpt = v;
+        else if (!strcmp(a, "--ckpt-every")) o->ckpt_every = (int)num(a, v, 0, 1 << 30);
+        else if (!strcmp(a, "--rows")) o->rows = num(a, v, 1, (int64_t)1 << 40);
+        else if (!strcmp(a, "--shard")) o->shard = v;
+        else if (!strcmp(a, "--row-wise-over")) o->row_wise_over = num(a, v, 0, (int64_t)1 << 40);
+        else if (!strcmp(a, "--resume")) { o->resume = 1; takes = 0; }
+        else if (!strcmp(a, "--skip-bad")) { o->skip_bad = 1; takes = 0; }
+        else if (!strcmp(a, "--quiet")) { o->quiet = 1; takes = 0; }
+        else { char why[160]; snprintf(why, sizeof why, "unknown flag '%s'", a); usage(why); }
+        if (takes && !v) { char why[160]; snprintf(why, sizeof why, "%s needs a value", a); usage(why); }
+        i += takes;
+    }
+    if (!o->data || !o->arch || !o->opt || !o->shard) usage("a flag needs a value");
+    if (strcmp(o->arch, "dlrm") && strcmp(o->arch, "dcn")) usage("--arch is dlrm or dcn");
+    if (strcmp(o->opt, "sgd") && strcmp(o->opt, "adagrad")) usage("--opt is sgd or adagrad");
+    if (strcmp(o->shard, "auto") && strcmp(o->shard, "row") && strcmp(o->shard, "table") && strcmp(o->shard, "data"))
+        usage("--shard is auto, row, table or data");
+    if (!(o->lr >= 0) || !(o->emb_lr >= 0) || o->lr > 100 || o->emb_lr > 100) usage("--lr and --emb-lr are in [0, 100]");
+    if (o->batch % o->accum) usage("--batch must be a multiple of --accum");
+    if (o->ckpt_every && !o->ckpt) usage("--ckpt-every needs --ckpt DIR");
+    if (o->resume && !o->ckpt) usage("--resume needs --ckpt DIR");
+    /* defaults that train stably on the synthetic data: the cross layers multiply activations,
+       so DCNv2's dense part wants a smaller step than DLRM's */
+    if (o->emb_lr == 0) o->emb_lr = !strcmp(o->opt, "sgd") ? 0.1 : 0.05;
+    if (o->lr == 0) o->lr = (!strcmp(o->opt, "sgd") ? 0.1 : 0.05) / (!strcmp(o->arch, "dcn") ? 5 : 1);
+    if (o->eval_every == 0) o->eval_every = o->steps >= 4 ? (int)(o->steps / 4) : 1;
+}
+
+/* ---------------------------------------------------------------- data */
+
+/* Where samples come from: the synthetic stream, or a binary file (converted from a TSV once,
+   by rank 0, then mapped by every rank). A file's last eval_samples are held out. */
+typedef struct data {
+    dt_dlrm_synth gen;
+    dt_dlrm_bin bin;
+    int synthetic;
+    int64_t n_train, card[F];
+} data;
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
+static void data_open(data *d, const opts *o, dt_comm *world) {
+    dt_ctx *ctx = g_ctx;
+    int f;
+    memset(d, 0, sizeof *d);
+    if (!strcmp(o->data, "synthetic")) {
+        dt_dlrm_synth_desc sd = {0};
+        sd.seed = o->seed;
+        for (f = 0; f < F; f++) {
+            int64_t c = dt_dlrm_kaggle_cardinality(f); /* Criteo Kaggle's, capped by --rows */
+            sd.cardinality[f] = c > o->rows ? o->rows : c;
+        }
+        CHECK(dt_dlrm_synth_init(ctx, &d->gen, &sd));
+        d->synthetic = 1;
+        d->n_train = -1;
+        for (f = 0; f < F; f++) d->card[f] = d->gen.card[f];
+        return;
+    } else {
+        char bin_path[1024];
+        const char *path = o->data;
+        if (!ends_with(o->data, ".bin")) { /* a TSV: its binary form sits beside it */
+            snprintf(bin_path, sizeof bin_path, "%s.bin", o->data);
+            path = bin_path;
+            if (g_rank == 0) {
+                FILE *fp = fopen(bin_path, "rb");
+                if (fp) fclose(fp);
+                else {
+                    dt_dlrm_bin_desc bd = {0};
+                    dt_dlrm_tsv_stats st = {0};
+                    bd.tsv.skip_bad = o->skip_bad;
+                    for (f = 0; f < F; f++) {
+                        int64_t c = dt_dlrm_kaggle_cardinality(f);
+                        bd.tsv.table_size[f] = c > o->rows ? o->rows : c;
+                    }
+                    CHECK(dt_dlrm_bin_convert(ctx, bin_path, &st, o->data, &bd));
+                    if (!o->quiet)
+                        printf("converted %s: %lld samples, %lld lines skipped -> %s\n", o->data,
+                               (long long)st.samples, (long long)st.skipped, bin_path);
+                }
+            }
+            CHECK(dt_comm_barrier(world));
+        }
+        CHECK(dt_dlrm_bin_open(ctx, &d->bin, path, NULL));
+        if (d->bin.n < o->eval_samples + o->batch) {
+            fprintf(stderr, "dlrm: %s has %lld samples; it needs at least --eval-samples (%lld) + --batch (%lld)\n",
+                    path, (long long)d->bin.n, (long long)o->eval_samples, (long long)o->batch);
+            exit(1);
+        }
+        d->n_train = d->bin.n - o->eval_samples;
+        for (f = 0; f < F; f++) d->card[f] = d->bin.table_size[f];
+    }
+}
+
+/* This rank's slice of micro-batch g of size `size` (step s, micro m: g = s * accum + m); a
+   file wraps around its training part (epochs). */
+static void data_batch(data *d, dt_dlrm_batch *b, int64_t g, int64_t size, int rank, int world) {
+    int64_t start, count;
+    if (d->synthetic) { CHECK(dt_dlrm_synth_batch(g_ctx, &d->gen, b, g, size, rank, world)); return; }
+    CHECK(dt_dlrm_split(g_ctx, &start, &count, g, size, rank, world, -1));
+    start %= d->n_train; /* size <= n_train, so a slice crosses the end at most once: refill */
+    if (start + count <= d->n_train) { CHECK(dt_dlrm_bin_range(g_ctx, &d->bin, b, start, count)); return; }
+    CHECK(dt_dlrm_bin_range(g_ctx, &d->bin, b, start, d->n_train - start)); /* rare: keep it simple */
+}
+
+static void data_eval(data *d, dt_dlrm_batch *b, int64_t n, int rank, int world) {
+    int64_t start, count;
+    CHECK(dt_dlrm_split(g_ctx, &start, &count, 0, n, rank, world, -1));
+    if (d->synthetic) CHECK(dt_dlrm_synth_range(g_ctx, &d->gen, b, EVAL_BASE + start, count));
+    else CHECK(dt_dlrm_bin_range(g_ctx, &d->bin, b, d->n_train + start, count));
+}
+
+/* ---------------------------------------------------------------- model */
+
+typedef struct mlp { int n; dt_param *w[MAX_LAYERS], *b[MAX_LAYERS]; int relu_last; } mlp;
+
+typedef struct model {
+    dt_params ps;           /* the dense parameters, data parallel */
+    mlp bottom, top;
+    dt_param *cw[MAX_LAYERS], *cb[MAX_LAYERS]; /* DCNv2 cross layers */
+    int dcn, cross, dim;
+    int64_t inter;          /* width of the interaction output */
+    dt_embed *emb;
+} model;
+
+static dt_param *param(dt_params *ps, const char *name, int64_t d0, int64_t d1, uint64_t seed) {
+    dt_param_desc d = {0};
+    dt_param *p;
+    d.name = name; d.shape[0] = d0; d.shape[1] = d1;
+    d.init.kind = d1 ? DT_INIT_SCALED_NORMAL : DT_INIT_ZEROS;
+    d.init.gain = 1.41421356; /* He: std = sqrt(2 / fan_in), the MLPs are ReLU */
+    d.init.seed = seed; d.no_decay = d1 == 0;
+    CHECK(dt_params_add(g_ctx, ps, &p, &d));
+    return p;
+}
+
+static void mlp_make(model *m, mlp *n, const char *prefix, int64_t in, const int *widths, int k, int64_t out,
+                     int relu_last, uint64_t seed) {
+    int i;
+    char name[64];
+    n->n = k + 1;
+    n->relu_last = relu_last;
+    for (i = 0; i <= k; i++) {
+        int64_t o = i < k ? widths[i] : out;
+        snprintf(name, sizeof name, "%s.%d.w", prefix, i); n->w[i] = param(&m->ps, name, o, in, seed);
+        snprintf(name, sizeof name, "%s.%d.b", prefix, i); n->b[i] = param(&m->ps, name, o, 0, seed);
+        in = o;
+    }
+}
+
+static void model_make(model *m, const opts *o, const data *d, dt_comm *world) {
+    dt_embed_table_desc tabs[F];
+    dt_embed_desc ed = {0};
+    int f;
+    char name[32];
+    static char names[F][16];
+    memset(m, 0, sizeof *m);
+    m->dim = o->dim;
+    m->dcn = !strcmp(o->arch, "dcn");
+    m->cross = o->cross;
+    memset(tabs, 0, sizeof tabs);
+    for (f = 0; f < F; f++) {
+        snprintf(names[f], sizeof names[f], "C%d", f + 1);
+        tabs[f].name = names[f];
+        tabs[f].rows = d->card[f];
+        tabs[f].dim = o->dim;
+        tabs[f].optim.kind = !strcmp(o->opt, "sgd") ? DT_EMBED_SGD : DT_EMBED_ADAGRAD;
+        tabs[f].optim.lr = o->emb_lr;
+        tabs[f].sharding = !strcmp(o->shard, "row") ? DT_SHARD_ROW : !strcmp(o->shard, "table") ? DT_SHARD_TABLE
+                         : !strcmp(o->shard, "data") ? DT_SHARD_DATA : DT_SHARD_AUTO;
+        if (o->row_wise_over && tabs[f].rows > o->row_wise_over) tabs[f].sharding = DT_SHARD_ROW; /* pinned */
+    }
+    ed.tables = tabs; ed.n_tables = F; ed.comm = world; ed.seed = o->seed;
+    ed.batch_hint = o->batch;
+    ed.dp_max_bytes = 64.0 * 1024; /* small tables replicated; mid ones whole on one rank; big ones by rows */
+    ed.print_plan = !o->quiet;
+    CHECK(dt_embed_create(g_ctx, &m->emb, &ed));
+    /* bottom: 13 -> ... -> D, ReLU after every layer (the DLRM reference) */
+    mlp_make(m, &m->bottom, "bot", DT_DLRM_DENSE, o->bottom, o->n_bottom, o->dim, 1, o->seed);
+    if (m->dcn) {
+        int64_t w = (int64_t)(F + 1) * o->dim;
+        for (f = 0; f < o->cross; f++) {
+            snprintf(name, sizeof name, "cross.%d.w", f); m->cw[f] = param(&m->ps, name, w, w, o->seed);
+            snprintf(name, sizeof name, "cross.%d.b", f); m->cb[f] = param(&m->ps, name, w, 0, o->seed);
+        }
+        m->inter = w;
+    } else {
+        m->inter = o->dim + (int64_t)(F + 1) * F / 2;
+    }
+    mlp_make(m, &m->top, "top", m->inter, o->top, o->n_top, 1, 0, o->seed);
+}
+
+/* Activations of one micro-batch of n rows, kept between forward and backward; grown to the
+   largest n seen (a rank's local batch varies by one) and used through views of the first n
+   rows. h: a layer's output (after the ReLU), dh: the grad of h, dp: the grad before the ReLU. */
+typedef struct acts {
+    int64_t cap;
+    dt_tensor dense, bot_h[MAX_LAYERS], bot_dh[MAX_LAYERS], bot_dp[MAX_LAYERS];
+    dt_tensor emb, d_emb, inter, d_inter;
+    dt_tensor top_h[MAX_LAYERS], top_dh[MAX_LAYERS], top_dp[MAX_LAYERS];
+    dt_tensor x[MAX_LAYERS + 1], u[MAX_LAYERS], d_x[MAX_LAYERS + 1], d_u; /* DCN, x[0] = [z, e] */
+} acts;
+
+typedef struct views { dt_tensor t[128]; int n; } views; /* the row views of one pass */
+
+static dt_tensor *rows(views *v, dt_tensor *t, int64_t n) {
+    int64_t shape[2];
+    dt_tensor *r;
+    if (v->n == 128) { fprintf(stderr, "dlrm: too many views\n"); exit(1); }
+    r = &v->t[v->n++];
+    shape[0] = n; shape[1] = t->shape[1];
+    CHECK(dt_tensor_view(g_ctx, r, t, 0, 2, shape));
+    return r;
+}
+
+static void acts_grow(acts *a, const model *m, int64_t n) {
+    enum { MAXT = 6 * MAX_LAYERS + 2 * MAX_LAYERS + 16 };
+    dt_tensor *ts[MAXT];
+    int64_t cols[MAXT], cap = a->cap;
+    int k = 0, i;
+    if (n <= a->cap) return;
+    while (cap < n) cap = cap ? 2 * cap : 64;
+#define ADD(t_, c_) do { ts[k] = (t_); cols[k] = (c_); k++; } while (0)
+    ADD(&a->dense, DT_DLRM_DENSE);
+    for (i = 0; i < m->bottom.n; i++) {
+        int64_t c = m->bottom.w[i]->value.shape[0];
+        ADD(&a->bot_h[i], c); ADD(&a->bot_dh[i], c); ADD(&a->bot_dp[i], c);
+    }
+    ADD(&a->emb, (int64_t)F * m->dim); ADD(&a->d_emb, (int64_t)F * m->dim);
+    ADD(&a->inter, m->inter); ADD(&a->d_inter, m->inter);
+    for (i = 0; i < m->top.n; i++) {
+        int64_t c = m->top.w[i]->value.shape[0];
+        ADD(&a->top_h[i], c); ADD(&a->top_dh[i], c); ADD(&a->top_dp[i], c);
+    }
+    if (m->dcn) {
+        for (i = 0; i <= m->cross; i++) { ADD(&a->x[i], m->inter); ADD(&a->d_x[i], m->inter); }
+        for (i = 0; i < m->cross; i++) ADD(&a->u[i], m->inter);
+        ADD(&a->d_u, m->inter);
+    }
+#undef ADD
+    for (i = 0; i < k; i++) {
+        dt_tensor_desc d = {0};
+        d.shape[0] = cap; d.shape[1] = cols[i];
+        dt_tensor_free(g_ctx, ts[i]);
+        CHECK(dt_tensor_create(g_ctx, ts[i], &d));
+    }
+    a->cap = cap;
+}
+
+static void acts_free(acts *a) {
+    dt_tensor *t = (dt_tensor *)a;
+    size_t i, n = (sizeof *a - offsetof(acts, dense)) / sizeof(dt_tensor);
+    t = &a->dense;
+    for (i = 0; i < n; i++) dt_tensor_free(g_ctx, &t[i]);
+    a->cap = 0;
+}
+
+/* h_i = relu(W_i h_{i-1} + b_i), no ReLU after the top MLP's last layer (the logit). */
+static dt_tensor *mlp_fwd(views *v, const mlp *n, dt_tensor *in, dt_tensor *h, int64_t b) {
+    int i;
+    for (i = 0; i < n->n; i++) {
+        dt_tensor *o = rows(v, &h[i], b);
+        CHECK(dt_linear_fwd(g_ctx, o, in, &n->w[i]->value, &n->b[i]->value));
+        if (i + 1 < n->n || n->relu_last) CHECK(dt_relu_fwd(g_ctx, o, o));
+        in = o;
+    }
+    return in;
+}
+
+/* From dh[last] (set by the caller) down to dx (may be NULL: the input needs no grad). ReLU's
+   backward reads the layer's output, which is > 0 exactly where its input was. Each layer's
+   grads go to the bucketer as soon as they are final. */
+static void mlp_bwd(views *v, const mlp *n, dt_tensor *in, dt_tensor *h, dt_tensor *dh, dt_tensor *dp,
+                    dt_tensor *dx, int64_t b, dt_bucketer *bk) {
+    int i;
+    for (i = n->n - 1; i >= 0; i--) {
+        dt_tensor *g = rows(v, &dh[i], b), *x = i ? rows(v, &h[i - 1], b) : in;
+        dt_tensor *gx = i ? rows(v, &dh[i - 1], b) : dx;
+        if (i + 1 < n->n || n->relu_last) {
+            dt_tensor *p = rows(v, &dp[i], b);
+            CHECK(dt_tensor_fill(g_ctx, p, 0.0));
+            CHECK(dt_relu_bwd(g_ctx, p, g, rows(v, &h[i], b)));
+            g = p;
+        }
+        if (gx) CHECK(dt_tensor_fill(g_ctx, gx, 0.0));
+        CHECK(dt_linear_bwd(g_ctx, gx, &n->w[i]->grad, &n->b[i]->grad, g, x, &n->w[i]->value));
+        CHECK(dt_bucketer_mark_ready(bk, n->w[i]));
+        CHECK(dt_bucketer_mark_ready(bk, n->b[i]));
+    }
+}
+
+/* The local batch as dt_embed's jagged batch (dlrm_data.h keeps lengths as i32; dt_embed wants
+   int64: converted into a buffer kept across steps). */
+typedef struct kjt_buf { int64_t *lengths; int64_t cap; } kjt_buf;
+
+static dt_kjt kjt_of(kjt_buf *kb, const dt_dlrm_batch *b) {
+    dt_kjt k;
+    int64_t i, n = (int64_t)F * b->size;
+    const int32_t *len = (const int32_t *)b->lengths.data;
+    CHECK(dt_grow(g_ctx, (void **)&kb->lengths, &kb->cap, n ? n : 1, sizeof(int64_t), "kjt lengths"));
+    for (i = 0; i < n; i++) kb->lengths[i] = len[i];
+    memset(&k, 0, sizeof k);
+    k.n_features = F;
+    k.batch = b->size;
+    k.lengths = kb->lengths;
+    k.ids = b->ids.data;
+    k.ids_dtype = DT_I64;
+    return k;
+}
+
+/* Forward of a local batch to the logits [b, 1] (a view into a's top activations). */
+static dt_tensor *forward(views *v, model *m, acts *a, const dt_dlrm_batch *batch, kjt_buf *kb) {
+    int64_t b = batch->size, D = m->dim;
+    dt_tensor *dense, *z, *e, *inter;
+    dt_kjt k = kjt_of(kb, batch);
+    acts_grow(a, m, b);
+    dense = rows(v, &a->dense, b);
+    CHECK(dt_tensor_copy(g_ctx, dense, &batch->dense));
+    /* the id exchange first, then the bottom MLP, then the pooled exchange (dt_embed's begin/end
+       split: dense work of this batch between the two all-to-alls) */
+    CHECK(dt_embed_forward_begin(m->emb, &k));
+    z = mlp_fwd(v, &m->bottom, dense, a->bot_h, b);
+    e = rows(v, &a->emb, b);
+    CHECK(dt_embed_forward_end(m->emb, e));
+    if (m->dcn) {
+        const dt_tensor *parts[2];
+        dt_tensor *x;
+        int l;
+        parts[0] = z; parts[1] = e;
+        x = rows(v, &a->x[0], b);
+        CHECK(dt_concat_fwd(g_ctx, x, parts, 2));
+        for (l = 0; l < m->cross; l++) { /* x_{l+1} = x0 * (W x_l + b) + x_l */
+            dt_tensor *u = rows(v, &a->u[l], b), *xn = rows(v, &a->x[l + 1], b);
+            CHECK(dt_linear_fwd(g_ctx, u, x, &m->cw[l]->value, &m->cb[l]->value));
+            CHECK(dt_mul_fwd(g_ctx, xn, rows(v, &a->x[0], b), u));
+            CHECK(dt_add(g_ctx, xn, xn, x));
+            x = xn;
+        }
+        inter = x;
+    } else {
+        dt_tensor e3;
+        int64_t shape[3];
+        shape[0] = b; shape[1] = F; shape[2] = D;
+        CHECK(dt_tensor_reshape(g_ctx, &e3, e, 3, shape));
+        inter = rows(v, &a->inter, b);
+        CHECK(dt_dot_interaction_fwd(g_ctx, inter, z, &e3));
+    }
+    return mlp_fwd(v, &m->top, inter, a->top_h, b);
+}
+
+/* Backward from the logits' grad (already in a->top_dh[last]); ends with the embedding
+   backward (sent to the owners, applied or kept per dt_embed_set_sync). */
+static void backward(views *v, model *m, acts *a, int64_t b, dt_bucketer *bk) {
+    int64_t D = m->dim;
+    dt_tensor *dense = rows(v, &a->dense, b), *z = rows(v, &a->bot_h[m->bottom.n - 1], b);
+    dt_tensor *e = rows(v, &a->emb, b), *dz = rows(v, &a->bot_dh[m->bottom.n - 1], b);
+    dt_tensor *de = rows(v, &a->d_emb, b), *inter, *dinter;
+    int l;
+    if (m->dcn) {
+        inter = rows(v, &a->x[m->cross], b);
+        dinter = rows(v, &a->d_x[m->cross], b);
+    } else {
+        inter = rows(v, &a->inter, b);
+        dinter = rows(v, &a->d_inter, b);
+    }
+    mlp_bwd(v, &m->top, inter, a->top_h, a->top_dh, a->top_dp, dinter, b, bk);
+    if (m->dcn) {
+        dt_tensor *x0 = rows(v, &a->x[0], b), *dx0 = rows(v, &a->d_x[0], b), *du = rows(v, &a->d_u, b);
+        dt_tensor *outs[2];
+        for (l = 0; l < m->cross; l++) CHECK(dt_tensor_fill(g_ctx, rows(v, &a->d_x[l], b), 0.0));
+        for (l = m->cross - 1; l >= 0; l--) {
+            /* x_{l+1} = x0 * u + x_l: dx_l += dx_{l+1}; du = dx_{l+1} * x0; dx0 += dx_{l+1} * u;
+               then u = W x_l + b */
+            dt_tensor *dxn = rows(v, &a->d_x[l + 1], b), *dxl = rows(v, &a->d_x[l], b);
+            dt_tensor *xl = rows(v, &a->x[l], b), *u = rows(v, &a->u[l], b);
+            CHECK(dt_axpy(g_ctx, dxl, 1.0f, dxn));
+            CHECK(dt_tensor_fill(g_ctx, du, 0.0));
+            CHECK(dt_mul_bwd(g_ctx, dx0, du, dxn, x0, u));
+            CHECK(dt_linear_bwd(g_ctx, dxl, &m->cw[l]->grad, &m->cb[l]->grad, du, xl, &m->cw[l]->value));
+            CHECK(dt_bucketer_mark_ready(bk, m->cw[l]));
+            CHECK(dt_bucketer_mark_ready(bk, m->cb[l]));
+        }
+        outs[0] = dz; outs[1] = de;
+        CHECK(dt_split_fwd(g_ctx, outs, 2, dx0));
+    } else {
+        dt_tensor e3, de3;
+        int64_t shape[3];
+        shape[0] = b; shape[1] = F; shape[2] = D;
+        CHECK(dt_tensor_reshape(g_ctx, &e3, e, 3, shape));
+        CHECK(dt_tensor_reshape(g_ctx, &de3, de, 3, shape));
+        CHECK(dt_tensor_fill(g_ctx, dz, 0.0));
+        CHECK(dt_tensor_fill(g_ctx, de, 0.0));
+        CHECK(dt_dot_interaction_bwd(g_ctx, dz, &de3, dinter, z, &e3));
+    }
+    mlp_bwd(v, &m->bottom, dense, a->bot_h, a->bot_dh, a->bot_dp, NULL, b, bk);
+    CHECK(dt_embed_backward(m->emb, de));
+}
+
+/* ---------------------------------------------------------------- evaluation */
+
+/* Scores (sigmoid of the logits) of the held-out samples on every rank, gathered in rank order
+   (so the arrays are those of a 1-rank run), then the exact AUC and the logloss. */
+static void evaluate(model *m, acts *a, data *d, const opts *o, dt_comm *world, kjt_buf *kb,
+                     dt_dlrm_batch *batch, double *auc, double *logloss) {
+    int W = dt_comm_size(world), r, rank = dt_comm_rank(world);
+    int64_t n = o->eval_samples, pad = (n + W - 1) / W, i, at = 0;
+    dt_tensor mine, all;
+    dt_tensor_desc td = {0};
+    views v = {0};
+    float *scores, *labels;
+    dt_tensor *logits;
+    data_eval(d, batch, n, rank, W);
+    logits = forward(&v, m, a, batch, kb);
+    td.shape[0] = 2 * pad;
+    CHECK(dt_tensor_create(g_ctx, &mine, &td));
+    td.shape[0] = 2 * pad * W;
+    CHECK(dt_tensor_create(g_ctx, &all, &td));
+    for (i = 0; i < batch->size; i++) {
+        float z = ((const float *)logits->data)[i];
+        ((float *)mine.data)[i] = z >= 0 ? 1.0f / (1.0f + expf(-z)) : expf(z) / (1.0f + expf(z));
+        ((float *)mine.data)[pad + i] = ((const float *)batch->labels.data)[i];
+    }
+    CHECK(dt_comm_allgather(world, &all, &mine));
+    scores = (float *)dt_alloc(g_ctx, (size_t)n * 2 * sizeof(float));
+    if (!scores) CHECK(DT_ERR_OOM);
+    labels = scores + n;
+    for (r = 0; r < W; r++) { /* rank r's slice of the split, in rank order */
+        int64_t start, count;
+        CHECK(dt_dlrm_split(g_ctx, &start, &count, 0, n, r, W, -1));
+        memcpy(scores + at, (float *)all.data + 2 * pad * r, (size_t)count * sizeof(float));
+        memcpy(labels + at, (float *)all.data + 2 * pad * r + pad, (size_t)count * sizeof(float));
+        at += count;
+    }
+    CHECK(dt_dlrm_auc(g_ctx, auc, scores, labels, n));
+    CHECK(dt_dlrm_logloss(g_ctx, logloss, scores, labels, n, 0));
+    dt_release(g_ctx, scores);
+    dt_tensor_free(g_ctx, &mine);
+    dt_tensor_free(g_ctx, &all);
+}
+
+/* ---------------------------------------------------------------- checkpoints */
+
+static void ckpt_dir(char *out, size_t n, const char *root, const char *part) { snprintf(out, n, "%s/%s", root, part); }
+
+static void save(model *m, dt_optimizer *opt, const opts *o, dt_comm *world, int64_t step) {
+    dt_train_state st;
+    dt_checkpoint_desc cd = {0};
+    char dir[1024];
+    memset(&st, 0, sizeof st);
+    st.step = step; st.rng_seed = o->seed; st.data_cursor = step * o->batch;
+    cd.comm = world; cd.layout = "dense=dp,embed=plan"; cd.keep = 3;
+    ckpt_dir(dir, sizeof dir, o->ckpt, "dense"); cd.dir = dir; /* dense first: see the top */
+    CHECK(dt_checkpoint_save(g_ctx, &m->ps, opt, &st, &cd));
+    ckpt_dir(dir, sizeof dir, o->ckpt, "embed"); cd.dir = dir;
+    CHECK(dt_embed_checkpoint_save(m->emb, &st, &cd));
+}
+
+/* Loads the newest embed checkpoint and the dense one of the same step; returns that step. */
+static int64_t resume(model *m, dt_optimizer *opt, const opts *o, dt_comm *world) {
+    dt_train_state st;
+    dt_checkpoint_desc cd = {0};
+    char dir[1024], step_dir[64];
+    memset(&st, 0, sizeof st);
+    cd.comm = world;
+    ckpt_dir(dir, sizeof dir, o->ckpt, "embed"); cd.dir = dir;
+    CHECK(dt_embed_checkpoint_load(m->emb, &st, &cd));
+    snprintf(step_dir, sizeof step_dir, "step_%08lld", (long long)st.step);
+    ckpt_dir(dir, sizeof dir, o->ckpt, "dense"); cd.dir = dir; cd.step_dir = step_dir;
+    CHECK(dt_checkpoint_load(g_ctx, &m->ps, opt, &st, &cd));
+    return st.step;
+}
+
+/* ---------------------------------------------------------------- training */
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+    dt_ctx ctx;
+    dt_comm *world;
+    opts o;
+    data d;
+    model m;
+    acts a;
+    kjt_buf kb = {0};
+    dt_dlrm_batch batch;
+    dt_optimizer *opt;
+    dt_opt_desc od = {0};
+    dt_bucketer *bk;
+    dt_bucketer_desc bd = {0};
+    FILE *log = NULL;
+    int W, mi;
+    int64_t step = 0, first_step;
+    double t0, loss = 0, auc = 0.5, logloss = 0, comm_s = 0, eval_s = 0;
+
+    CHECK(dt_ctx_init(&ctx, NULL));
+    g_ctx = &ctx;
+    parse(&o, argc, argv);
+    CHECK(dt_comm_create_world(&ctx, &world, NULL));
+    g_rank = dt_comm_rank(world);
+    W = dt_comm_size(world);
+    data_open(&d, &o, world);
+    model_make(&m, &o, &d, world);
+    memset(&a, 0, sizeof a);
+    memset(&batch, 0, sizeof batch);
+    od.kind = !strcmp(o.opt, "sgd") ? DT_OPT_SGD : DT_OPT_ADAGRAD;
+    od.lr = o.lr;
+    od.comm = world;
+    CHECK(dt_opt_create(&ctx, &opt, &m.ps, &od));
+    bd.average = -1; /* the loss is already the global mean: sum the ranks' grads */
+    CHECK(dt_bucketer_create(world, &bk, &m.ps, &bd));
+    if (o.ckpt && g_rank == 0 && mkdir(o.ckpt, 0777) != 0 && errno != EEXIST) { /* dense/ and embed/ go in it */
+        fprintf(stderr, "dlrm: cannot create --ckpt %s: %s\n", o.ckpt, strerror(errno));
+        return 1;
+    }
+    if (o.resume) step = resume(&m, opt, &o, world);
+    first_step = step;
+    if (g_rank == 0 && o.log && !(log = fopen(o.log, o.resume ? "a" : "w"))) {
+        fprintf(stderr, "dlrm: cannot open --log %s\n", o.log);
+        return 1;
+    }
+    if (g_rank == 0 && !o.quiet)
+        printf("dlrm: %s, %d ranks, global batch %lld%s, %lld steps, dim %d, %s, data %s\n", m.dcn ? "DCNv2" : "DLRM",
+               W, (long long)o.batch, o.accum > 1 ? " (accumulated)" : "", (long long)o.steps, o.dim, o.opt, o.data);
+    t0 = now();
+    for (; step < o.steps; step++) {
+        int64_t micro = o.batch / o.accum;
+        double sums[1] = {0}, tc;
+        for (mi = 0; mi < o.accum; mi++) {
+            views v = {0};
+            dt_tensor *logits, *dlogits;
+            float l;
+            int last = mi == o.accum - 1;
+            data_batch(&d, &batch, step * o.accum + mi, micro, g_rank, W);
+            dt_bucketer_set_sync(bk, last);
+            CHECK(dt_embed_set_sync(m.emb, last));
+            logits = forward(&v, &m, &a, &batch, &kb);
+            CHECK(dt_bce_logits_fwd(&ctx, &l, logits, &batch.labels));
+            sums[0] += (double)l * (double)batch.size;
+            dlogits = rows(&v, &a.top_dh[m.top.n - 1], batch.size);
+            CHECK(dt_tensor_fill(&ctx, dlogits, 0.0));
+            /* mean over the rank's rows x rows / B = this rank's share of the global mean */
+            CHECK(dt_bce_logits_bwd(&ctx, dlogits, logits, &batch.labels, (float)batch.size / (float)o.batch));
+            backward(&v, &m, &a, batch.size, bk);
+        }
+        tc = now();
+        CHECK(dt_bucketer_finish(bk));
+        CHECK(dt_opt_step(opt, NULL));
+        dt_params_zero_grad(&ctx, &m.ps);
+        CHECK(dt_comm_allreduce_f64(world, sums, 1, DT_REDUCE_SUM));
+        comm_s += now() - tc;
+        loss = sums[0] / (double)o.batch;
+        if (o.ckpt && o.ckpt_every && (step + 1) % o.ckpt_every == 0) save(&m, opt, &o, world, step + 1);
+        if ((step + 1) % o.eval_every == 0 || step + 1 == o.steps) {
+            double te = now();
+            evaluate(&m, &a, &d, &o, world, &kb, &batch, &auc, &logloss);
+            eval_s += now() - te; /* throughput counts training only */
+            if (g_rank == 0 && !o.quiet)
+                printf("eval  step %lld: auc %.4f logloss %.4f (%lld held-out samples)\n", (long long)(step + 1), auc,
+                       logloss, (long long)o.eval_samples);
+        }
+        if (g_rank == 0 && ((o.print_every && (step + 1) % o.print_every == 0) || step + 1 == o.steps)) {
+            double el = now() - t0 - eval_s, done = (double)(step + 1 - first_step);
+            double sps = done * (double)o.batch / (el > 0 ? el : 1e-9), eta = el / done * (double)(o.steps - step - 1);
+            if (!o.quiet)
+                printf("step %lld/%lld  loss %.6f  %.0f samples/s  eta %.0fs\n", (long long)(step + 1),
+                       (long long)o.steps, loss, sps, eta);
+            if (log) {
+                dt_embed_stats es;
+                CHECK(dt_embed_stats_get(m.emb, &es));
+                fprintf(log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%g,\"emb_lr\":%g,\"samples_per_s\":%.1f,"
+                             "\"comm_s\":%.6f,\"emb_fwd_s\":%.6f,\"emb_bwd_s\":%.6f,\"emb_bytes_sent\":%.0f,"
+                             "\"auc\":%.6f,\"logloss\":%.6f,\"ranks\":%d}\n",
+                        (long long)(step + 1), loss, dt_opt_lr(opt), o.emb_lr, sps, comm_s, es.seconds_fwd,
+                        es.seconds_bwd, es.bytes_sent_fwd + es.bytes_sent_bwd, auc, logloss, W);
+                fflush(log);
+            }
+        }
+    }
+    if (o.ckpt && (!o.ckpt_every || o.steps % o.ckpt_every) && o.steps > first_step) save(&m, opt, &o, world, o.steps);
+    if (g_rank == 0) printf("final: loss %.6f auc %.4f\n", loss, auc);
+    if (log) fclose(log);
+    dt_bucketer_free(bk);
+    dt_opt_free(opt);
+    dt_embed_free(m.emb);
+    acts_free(&a);
+    dt_dlrm_batch_free(&ctx, &batch);
+    dt_release(&ctx, kb.lengths);
+    if (!d.synthetic) dt_dlrm_bin_close(&ctx, &d.bin);
+    dt_params_free(&ctx, &m.ps);
+    dt_comm_free(world);
+    dt_ctx_shutdown(&ctx);
+    return 0;
+}
