@@ -29,8 +29,8 @@
    update follows the last micro-batch: the same update as one batch of B.
    Checkpoints (--ckpt DIR): the dense model + optimizer in DIR/dense, the tables in DIR/embed
    (dt_opt.h's crash-safe directories; dense first, so DIR/dense always holds the step that
-   DIR/embed's latest names, and --resume loads that pair). Metrics: one JSON line per logged
-   step (--log). Eval: the exact AUC and logloss of held-out samples (synthetic: indices from
+   DIR/embed's latest names, and --resume loads that pair). Metrics: one JSON line per step
+   (--log). Eval: the exact AUC and logloss of held-out samples (synthetic: indices from
    2^40 on; a file: its last --eval-samples), gathered over the ranks. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #define DT_IMPLEMENTATION
@@ -700,10 +700,10 @@ int main(int argc, char **argv) {
                 printf("eval  step %lld: auc %.4f logloss %.4f (%lld held-out samples)\n", (long long)(step + 1), auc,
                        logloss, (long long)o.eval_samples);
         }
-        if (g_rank == 0 && ((o.print_every && (step + 1) % o.print_every == 0) || step + 1 == o.steps)) {
+        if (g_rank == 0) { /* a JSON line every step (--log), a progress line every --print-every */
             double el = now() - t0 - eval_s, done = (double)(step + 1 - first_step);
             double sps = done * (double)o.batch / (el > 0 ? el : 1e-9), eta = el / done * (double)(o.steps - step - 1);
-            if (!o.quiet)
+            if (!o.quiet && ((o.print_every && (step + 1) % o.print_every == 0) || step + 1 == o.steps))
                 printf("step %lld/%lld  loss %.6f  %.0f samples/s  eta %.0fs\n", (long long)(step + 1),
                        (long long)o.steps, loss, sps, eta);
             if (log) {
@@ -719,7 +719,7 @@ int main(int argc, char **argv) {
         }
     }
     if (o.ckpt && (!o.ckpt_every || o.steps % o.ckpt_every) && o.steps > first_step) save(&m, opt, &o, world, o.steps);
-    if (g_rank == 0) printf("final: loss %.6f auc %.4f\n", loss, auc);
+    if (g_rank == 0) printf("final: loss %.9g auc %.4f\n", loss, auc);
     if (log) fclose(log);
     dt_bucketer_free(bk);
     dt_opt_free(opt);
