@@ -159,6 +159,8 @@ headers() {
     for h in dt_*.h; do
         case $h in dt_tensor.h | dt_comm.h | dt_opt.h | dt_parallel.h | dt_embed.h) ;; *) echo "$h" ;; esac
     done
+    # the examples' own headers (examples/dlrm/dlrm_data.h) are written like the library's
+    for h in examples/*/*.h; do [ -f "$h" ] && echo "$h"; done
 }
 
 # -DDT_CT_Hn="..." flags that include the given headers in order.
@@ -234,6 +236,7 @@ spawn_compile_checks() {
         inc_all+=("$h")
         inc=$(include_flags "${inc_all[@]}")
         impl=-D$(echo "${stem}" | tr '[:lower:]' '[:upper:]')_IMPLEMENTATION
+        case $stem in dt_*) ;; *) impl=-DDT_$(echo "${stem}" | tr '[:lower:]' '[:upper:]')_IMPLEMENTATION ;; esac
         compile_check "$stem" c99_decl ct_decl "$dir/c99_decl.o" $DT_CC $C99 -I"$ROOT" $inc
         compile_check "$stem" c99_impl $DT_CC $C99 -I"$ROOT" $inc $impl -c $TU -o "$dir/c99_impl.o"
         compile_check "$stem" cxx_decl ct_decl "$dir/cxx_decl.o" $DT_CXX $CXX -I"$ROOT" $inc
@@ -423,6 +426,10 @@ run_prog() {
         why="exited with status $rc without a FAIL line"
     elif [ "$rc" -eq 0 ] && [ $checks -eq 0 ]; then
         why="printed no PASS/FAIL/SKIP line"
+    elif grep -qE 'ERROR: (Address|Leak)Sanitizer|runtime error:' "$log"; then
+        # a sanitizer report is a failure of its own, even after FAIL lines (a halting UBSan stops
+        # the program at the first report, so the checks after it never ran)
+        why="a sanitizer report"
     fi
     if [ -n "$why" ]; then
         report "FAIL $label: $why (log: $log)"
