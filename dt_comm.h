@@ -300,7 +300,24 @@ DT_API void dt_comm_stats_print(const dt_comm *c); /* the table on stdout */
 #include <stdlib.h>
 #include <string.h>
 #include <stdarg.h>
-#include <sys/time.h>
+#include <time.h>
+/* Timeouts and statistics run on CLOCK_MONOTONIC: a step of the wall clock (NTP, an admin)
+   must not fire a timeout. Strict -std=c99 hides clock_gettime and struct timespec unless
+   _POSIX_C_SOURCE came before the first system include, which dt_tensor.h made long before
+   this point; on Linux they are declared here instead, with a struct of the same layout (as
+   dt_tensor.h does for fsync). CLOCK_MONOTONIC is 1 on Linux. */
+#if defined(CLOCK_MONOTONIC)
+#define DT__CM_CLOCK 1
+#elif defined(__linux__) && !defined(__cplusplus)
+#define DT__CM_CLOCK 2
+struct dt__cm_timespec {
+    long tv_sec;
+    long tv_nsec;
+};
+extern int clock_gettime(int clock_id, struct dt__cm_timespec *ts);
+#else
+#include <sys/time.h> /* elsewhere without POSIX clocks: the wall clock */
+#endif
 #ifdef DT_MPI
 #if defined(__cplusplus) && !defined(OMPI_SKIP_MPICXX)
 #define OMPI_SKIP_MPICXX 1 /* the deprecated MPI C++ bindings: not used, and noisy under -Wextra */
@@ -439,10 +456,21 @@ static int dt__cm_we_inited_mpi = 0;
 
 /* ---------------------------------------------------------------- small helpers */
 
+/* Seconds on the monotonic clock (see the includes). */
 static double dt__cm_now(void) {
+#if defined(DT__CM_CLOCK) && DT__CM_CLOCK == 1
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+#elif defined(DT__CM_CLOCK)
+    struct dt__cm_timespec ts;
+    clock_gettime(1, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+#else
     struct timeval tv;
     gettimeofday(&tv, NULL);
     return (double)tv.tv_sec + 1e-6 * (double)tv.tv_usec;
+#endif
 }
 
 /* Appends printf-style text to the NUL-terminated buf of n bytes (truncating). */

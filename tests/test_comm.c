@@ -273,6 +273,17 @@ static void bucketer_grown_parameter_set(dt_comm *w) {
     dt_params_free(&ctx, &ps);
 }
 
+/* Timeouts must not fire when the wall clock steps (NTP, an admin): dt's clock is the monotonic
+   one, counted from boot, not the wall clock's seconds since 1970 (~1.8e9). (dt__cm_now is the
+   one clock every timeout and statistic of dt_comm.h reads; this file includes the
+   implementation, so it can ask it directly.) */
+static void timeouts_use_the_monotonic_clock(void) {
+    double dt_now = dt__cm_now(), wall = (double)time(NULL);
+    if (fabs(dt_now - wall) > 1e8) dt_test_pass("timeouts_use_the_monotonic_clock_not_the_wall_clock");
+    else dt_test_fail("timeouts_use_the_monotonic_clock_not_the_wall_clock", "dt clock %.3f s, wall clock %.0f s: "
+                      "want them more than 1e8 s apart (seconds since boot vs since 1970)", dt_now, wall);
+}
+
 int main(void) {
     dt_comm *w = NULL, *sub = NULL, *none = (dt_comm *)1;
     dt_comm_desc d;
@@ -291,6 +302,7 @@ int main(void) {
     bucketer_create_out_of_memory();
     bucketer_grown_parameter_set(w);
     stats_count_calls(w);
+    timeouts_use_the_monotonic_clock();
     st = dt_comm_split(w, &sub, 3, 0);
     DT_TEST_CHECK("split_of_one_rank", st == 0 && sub && dt_comm_size(sub) == 1 && strcmp(dt_comm_name(sub), "world.3") == 0);
     st = dt_comm_split(w, &none, -1, 0);
