@@ -136,7 +136,8 @@ typedef struct dt_bucketer dt_bucketer; /* gradient buckets of a parameter set; 
 
 typedef struct dt_comm_desc {
     double timeout_s;   /* a collective not complete after this long fails; 0 = 300 s, < 0 = never */
-    int check_mismatch; /* 1: exchange (seq, collective, dtype, count) before each collective */
+    int check_mismatch; /* 1: checking mode (exchange (seq, collective, dtype, count) before each
+                           collective, see above); 0 = off. Other values are DT_ERR_ARG. */
     int use_nccl;       /* 0 = NCCL for device tensors when built with DT_NCCL; 1 = the same, and an
                            error when built without it; -1 = never (stage through host memory) */
     const char *name;   /* the group's name in messages; NULL = "world" */
@@ -166,11 +167,12 @@ DT_API int64_t dt_comm_seq(const dt_comm *c);
 /* Whether c still works (0 after a timeout). */
 DT_API int dt_comm_ok(const dt_comm *c);
 DT_API dt_status dt_comm_set_name(dt_comm *c, const char *name);
-/* Local: each rank may set its own timeout (seconds; 0 = 300 s, < 0 = never). */
-DT_API void dt_comm_set_timeout(dt_comm *c, double seconds);
+/* Local: each rank may set its own timeout (seconds; 0 = 300 s, < 0 = never; NaN is DT_ERR_ARG). */
+DT_API dt_status dt_comm_set_timeout(dt_comm *c, double seconds);
 DT_API double dt_comm_timeout(const dt_comm *c);
-/* Checking mode on (1) or off (0). Every rank must switch it at the same point. */
-DT_API void dt_comm_set_check(dt_comm *c, int on);
+/* Checking mode on (1) or off (0); other values are DT_ERR_ARG and change nothing. Every rank
+   must switch it at the same point. */
+DT_API dt_status dt_comm_set_check(dt_comm *c, int on);
 
 /* Collective over parent: ranks with the same color form a group, ordered by key (ties by
    parent rank). color < 0: this rank joins no group and *out is NULL. The group inherits the
@@ -238,7 +240,8 @@ typedef struct dt_bucketer_desc {
     int grad_views;             /* 1: each p->grad becomes a view into its bucket (DDP's
                                    gradient_as_bucket_view): no copies at sync time. The grads
                                    get their own memory back in dt_bucketer_free, which must then
-                                   come before dt_params_free. 0 = grads are copied in and out. */
+                                   come before dt_params_free. 0 = grads are copied in and out.
+                                   Other values are DT_ERR_ARG. */
 } dt_bucketer_desc;
 
 /* Packs the f32 grads of ps (all on one device) into flat buckets, parameters in reverse
@@ -252,8 +255,9 @@ DT_API dt_status dt_bucketer_mark_ready(dt_bucketer *b, dt_param *p);
    averaged (or summed) grads back into each p->grad. Ends the step. */
 DT_API dt_status dt_bucketer_finish(dt_bucketer *b);
 /* sync = 0 for gradient-accumulation micro-steps: mark_ready and finish do nothing and the
-   grads keep accumulating locally; sync = 1 (the default) again for the last micro-step. */
-DT_API void dt_bucketer_set_sync(dt_bucketer *b, int sync);
+   grads keep accumulating locally; sync = 1 (the default) again for the last micro-step. Other
+   values are DT_ERR_ARG and change nothing. */
+DT_API dt_status dt_bucketer_set_sync(dt_bucketer *b, int sync);
 DT_API int dt_bucketer_count(const dt_bucketer *b); /* number of buckets */
 DT_API void dt_bucketer_free(dt_bucketer *b);
 
@@ -888,6 +892,9 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
     if (d.timeout_s != d.timeout_s)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.timeout_s is NaN; expected seconds (0 = 300 s, "
                                 "< 0 = never)", fn);
+    if (d.check_mismatch != 0 && d.check_mismatch != 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.check_mismatch = %d; expected 0 (off) or 1 (checking mode)",
+                                fn, d.check_mismatch);
     if (d.use_nccl < -1 || d.use_nccl > 1)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.use_nccl = %d; expected -1 (never), 0 (default) "
                                 "or 1 (required)", fn, d.use_nccl);
@@ -900,7 +907,7 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
     if (!c) return DT_ERR_OOM;
     c->is_world = 1;
     c->timeout = d.timeout_s == 0 ? 300.0 : d.timeout_s;
-    c->check = d.check_mismatch != 0;
+    c->check = d.check_mismatch;
     c->nccl_mode = d.use_nccl >= 0;
     dt__cm_set_name(c, d.name && d.name[0] ? d.name : "world");
     c->size = 1;
@@ -968,11 +975,21 @@ DT_API dt_ctx *dt_comm_ctx(const dt_comm *c) { return c ? c->ctx : NULL; }
 DT_API int64_t dt_comm_seq(const dt_comm *c) { return c ? c->seq : 0; }
 DT_API int dt_comm_ok(const dt_comm *c) { return c && !c->broken; }
 DT_API double dt_comm_timeout(const dt_comm *c) { return c ? c->timeout : 0.0; }
-DT_API void dt_comm_set_timeout(dt_comm *c, double seconds) {
-    if (c && seconds == seconds) c->timeout = seconds == 0 ? 300.0 : seconds;
+DT_API dt_status dt_comm_set_timeout(dt_comm *c, double seconds) {
+    if (!c) return DT_ERR_ARG;
+    if (seconds != seconds)
+        return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_set_timeout: seconds is NaN; expected seconds (0 = 300 s, "
+                                "< 0 = never)");
+    c->timeout = seconds == 0 ? 300.0 : seconds;
+    return DT_OK;
 }
-DT_API void dt_comm_set_check(dt_comm *c, int on) {
-    if (c) c->check = on != 0;
+DT_API dt_status dt_comm_set_check(dt_comm *c, int on) {
+    if (!c) return DT_ERR_ARG;
+    if (on != 0 && on != 1)
+        return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_set_check: on = %d; expected 0 (off) or 1 (checking mode)",
+                                on);
+    c->check = on;
+    return DT_OK;
 }
 DT_API dt_status dt_comm_set_name(dt_comm *c, const char *name) {
     if (!c) return DT_ERR_ARG;
@@ -2809,6 +2826,9 @@ DT_API dt_status dt_bucketer_create(dt_comm *c, dt_bucketer **out, dt_params *ps
     if (d.average < -1 || d.average > 1)
         return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: desc.average = %d; expected 0 (default: average), 1 or -1 "
                                 "(sum)", fn, d.average);
+    if (d.grad_views != 0 && d.grad_views != 1)
+        return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: desc.grad_views = %d; expected 0 (grads copied in and out) "
+                                "or 1 (grads become views into the buckets)", fn, d.grad_views);
     if (d.bucket_bytes == 0) d.bucket_bytes = 25 * 1024 * 1024;
     if (d.first_bucket_bytes == 0) d.first_bucket_bytes = 1024 * 1024;
     for (i = 0; i < ps->count; i++) {
@@ -2829,7 +2849,7 @@ DT_API dt_status dt_bucketer_create(dt_comm *c, dt_bucketer **out, dt_params *ps
     b->ps = ps;
     b->sync = 1;
     b->op = d.average == -1 ? DT_REDUCE_SUM : DT_REDUCE_AVG;
-    b->views = d.grad_views == 1;
+    b->views = d.grad_views;
     b->n_params = ps->count;
     b->slots = (dt__cm_slot *)dt_alloc(c->ctx, (size_t)(ps->count ? ps->count : 1) * sizeof(dt__cm_slot));
     b->buckets = (dt__cm_bucket *)dt_alloc(c->ctx, (size_t)(ps->count ? ps->count : 1) * sizeof(dt__cm_bucket));
@@ -2899,8 +2919,13 @@ DT_API dt_status dt_bucketer_create(dt_comm *c, dt_bucketer **out, dt_params *ps
 }
 
 DT_API int dt_bucketer_count(const dt_bucketer *b) { return b ? b->n_buckets : 0; }
-DT_API void dt_bucketer_set_sync(dt_bucketer *b, int sync) {
-    if (b) b->sync = sync != 0;
+DT_API dt_status dt_bucketer_set_sync(dt_bucketer *b, int sync) {
+    if (!b) return DT_ERR_ARG;
+    if (sync != 0 && sync != 1)
+        return dt_ctx_set_error(b->c->ctx, DT_ERR_ARG, "dt_bucketer_set_sync: sync = %d; expected 1 (all-reduce at "
+                                "finish) or 0 (an accumulation micro-step: grads stay local)", sync);
+    b->sync = sync;
+    return DT_OK;
 }
 
 /* Copies p's grad into its place in the bucket. */

@@ -273,6 +273,48 @@ static void bucketer_grown_parameter_set(dt_comm *w) {
     dt_params_free(&ctx, &ps);
 }
 
+/* On/off fields and setters take 0 or 1: anything else is a named DT_ERR_ARG that changes
+   nothing, never a silent "off" (grad_views = 2 used to mean grads copied). */
+static void flags_take_0_or_1(dt_comm *w) {
+    dt_comm_desc cd;
+    dt_comm *w2 = NULL;
+    dt_params ps;
+    dt_bucketer *b = NULL;
+    dt_bucketer_desc bd;
+    dt_status st;
+    double before = dt_comm_timeout(w);
+    memset(&cd, 0, sizeof cd);
+    cd.check_mismatch = 2;
+    st = dt_comm_create_world(&ctx, &w2, &cd);
+    dt_test_error("check_mismatch_2_is_named", st, dt_ctx_error(&ctx), "desc.check_mismatch = 2; expected 0");
+    DT_TEST_CHECK("check_mismatch_2_is_arg_error_and_no_world", st == DT_ERR_ARG && w2 == NULL);
+    st = dt_comm_set_check(w, -1);
+    dt_test_error("set_check_minus_1_is_named", st, dt_ctx_error(&ctx), "on = -1; expected 0");
+    DT_TEST_CHECK("set_check_0_and_1_are_ok", dt_comm_set_check(w, 0) == DT_OK && dt_comm_set_check(w, 1) == DT_OK);
+    st = dt_comm_set_timeout(w, (double)NAN);
+    dt_test_error("set_timeout_nan_is_named", st, dt_ctx_error(&ctx), "seconds is NaN");
+    if (dt_comm_timeout(w) != before)
+        dt_test_fail("set_timeout_nan_keeps_the_timeout", "timeout %g s, want %g s", dt_comm_timeout(w), before);
+    else dt_test_pass("set_timeout_nan_keeps_the_timeout");
+    memset(&ps, 0, sizeof ps);
+    memset(&bd, 0, sizeof bd);
+    add_params(&ctx, &ps, 2, 0);
+    bd.grad_views = 2;
+    st = dt_bucketer_create(w, &b, &ps, &bd);
+    dt_test_error("grad_views_2_is_named", st, dt_ctx_error(&ctx), "desc.grad_views = 2; expected 0");
+    DT_TEST_CHECK("grad_views_2_is_arg_error_and_grads_untouched", st == DT_ERR_ARG && b == NULL && ps.items[0]->grad.owns);
+    bd.grad_views = 0;
+    st = dt_bucketer_create(w, &b, &ps, &bd);
+    if (!st) {
+        dt_status s2 = dt_bucketer_set_sync(b, 2);
+        dt_test_error("set_sync_2_is_named", s2, dt_ctx_error(&ctx), "sync = 2; expected 1");
+        DT_TEST_CHECK("set_sync_0_and_1_are_ok", dt_bucketer_set_sync(b, 0) == DT_OK && dt_bucketer_set_sync(b, 1) == DT_OK);
+        dt_bucketer_free(b);
+    } else
+        dt_test_fail("set_sync_2_is_named", "bucketer_create: status %d: %s", st, dt_ctx_error(&ctx));
+    dt_params_free(&ctx, &ps);
+}
+
 /* Timeouts must not fire when the wall clock steps (NTP, an admin): dt's clock is the monotonic
    one, counted from boot, not the wall clock's seconds since 1970 (~1.8e9). (dt__cm_now is the
    one clock every timeout and statistic of dt_comm.h reads; this file includes the
@@ -303,6 +345,7 @@ int main(void) {
     bucketer_grown_parameter_set(w);
     stats_count_calls(w);
     timeouts_use_the_monotonic_clock();
+    flags_take_0_or_1(w);
     st = dt_comm_split(w, &sub, 3, 0);
     DT_TEST_CHECK("split_of_one_rank", st == 0 && sub && dt_comm_size(sub) == 1 && strcmp(dt_comm_name(sub), "world.3") == 0);
     st = dt_comm_split(w, &none, -1, 0);
