@@ -86,6 +86,16 @@
    Threads: a dt_comm (and its requests and bucketer) belongs to one thread at a time. MPI is
    initialised with MPI_THREAD_FUNNELED when dt initialises it.
 
+   MPI and several copies of dt. A program may hold two copies of dt (DT_STATIC, or two
+   libraries that each vendor it); MPI is one per process. Each copy asks MPI whether it is
+   initialised (MPI_Initialized / MPI_Finalized) before initialising it, so the first world of
+   any copy initialises MPI and the others use it. No copy finalizes MPI while the program runs:
+   one copy cannot see another's worlds (MPI has no shared name for a count: an attribute keyval
+   is private to the copy that made it), and finalizing under a live world breaks it. The copy
+   that initialised MPI finalizes it at exit (atexit), provided the program freed that copy's
+   worlds; a program that exits with one alive has failed, and mpirun says so, as without dt.
+   A caller that initialised MPI itself finalizes it itself, after freeing dt's worlds.
+
    NCCL: the NCCL communicator is created on the first device collective, on the device that is
    current then (create the ctx with cuda_device = dt_comm_local_rank(world), or call
    cudaSetDevice, before it). Collectives run on a communication stream that first waits for
@@ -146,11 +156,12 @@ typedef struct dt_comm_desc {
 /* ---------------------------------------------------------------- communicators */
 
 /* The world: every process of the run. Initialises MPI (MPI_THREAD_FUNNELED) unless the caller
-   did; without DT_MPI a world of one rank. The comm keeps ctx for errors and memory. */
+   (or another copy of dt) did; without DT_MPI a world of one rank. A program may create several
+   worlds. The comm keeps ctx for errors and memory. */
 DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_comm_desc *desc);
-/* Frees a communicator (free the groups split from the world before the world). The last world
-   freed finalizes MPI when dt initialised it. NULL is a no-op. Not collective for dt, but MPI
-   may synchronise: call it on every rank. */
+/* Frees a communicator (free the groups split from the world before the world). MPI stays up:
+   when dt initialised it, dt finalizes it at exit (see "MPI and several copies of dt"). NULL is a
+   no-op. Not collective for dt, but MPI may synchronise: call it on every rank. */
 DT_API void dt_comm_free(dt_comm *c);
 DT_API int dt_comm_rank(const dt_comm *c);
 DT_API int dt_comm_size(const dt_comm *c);
@@ -475,9 +486,13 @@ struct dt_comm_req {
 #endif
 };
 
-/* One world count and one flag for the whole process, as MPI itself is initialised once. */
+/* MPI is one per process; copies of dt are not (DT_STATIC, or two libraries that each vendor
+   dt), and these two belong to this copy alone: the worlds it created and not yet freed, and
+   whether it initialised MPI. See "MPI and several copies of dt" at the top. */
 static int dt__cm_worlds_alive = 0;
+#ifdef DT_MPI
 static int dt__cm_we_inited_mpi = 0;
+#endif
 
 /* ---------------------------------------------------------------- small helpers */
 
@@ -912,6 +927,15 @@ static void dt__cm_release_all(dt_comm *c) {
     dt_release(ctx, c);
 }
 
+#ifdef DT_MPI
+/* Registered by the copy of dt that initialised MPI: finalizes it at exit, when the program has
+   freed that copy's worlds (one that exits with a world still alive has failed, and mpirun says
+   so, as it would without dt). */
+static void dt__cm_finalize_at_exit(void) {
+    if (dt__cm_worlds_alive == 0 && dt__cm_mpi_live()) MPI_Finalize();
+}
+#endif
+
 DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_comm_desc *desc) {
     const char *fn = "dt_comm_create_world";
     dt_comm_desc d;
@@ -962,6 +986,7 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
                 dt_release(ctx, c);
                 return dt_ctx_set_error(ctx, DT_ERR_COMM, "%s: MPI_Init_thread failed (error %d)", fn, rc);
             }
+            if (!dt__cm_we_inited_mpi) atexit(dt__cm_finalize_at_exit);
             dt__cm_we_inited_mpi = 1;
         }
         st = dt__cm_mpi_setup(c, MPI_COMM_WORLD, fn);
@@ -984,16 +1009,9 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
 }
 
 DT_API void dt_comm_free(dt_comm *c) {
-    int world;
     if (!c) return;
-    world = c->is_world;
-    dt__cm_release_all(c);
-    if (world && --dt__cm_worlds_alive == 0 && dt__cm_we_inited_mpi) {
-#ifdef DT_MPI
-        if (dt__cm_mpi_live()) MPI_Finalize();
-#endif
-        dt__cm_we_inited_mpi = 0;
-    }
+    if (c->is_world) dt__cm_worlds_alive--;
+    dt__cm_release_all(c); /* MPI stays up: another copy of dt may still use it (see the top) */
 }
 
 DT_API int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }

@@ -651,7 +651,7 @@ int main(void) {
     stats_and_named_errors();
     {
         int failed = dt_test_finish();
-        dt_comm_free(W); /* finalizes MPI: dt initialised it */
+        dt_comm_free(W); /* MPI stays up until exit, where dt (which initialised it) finalizes it */
         dt_ctx_shutdown(&ctx);
         return failed;
     }

@@ -19,6 +19,8 @@
 #                             "// np: 1 2 4" (default 2); " [np=N]" is appended to its names.
 #                             First line "// mpi-driver": run directly, once; it starts
 #                             $DT_MPIRUN itself (jobs it kills on purpose, say)
+#                             A line "// with: FILE..." among the first three of a test adds
+#                             those sources (more translation units) to its build
 #   tests/gpu_*.c, gpu_*.cu   -DDT_CUDA, linked with build/kernels; SKIP without a GPU
 #   build:<program>           examples and benchmarks that ./build.sh test could not build
 # A program that crashes, times out, exits non-zero without a FAIL line, or prints no check line
@@ -103,12 +105,16 @@ fresh() {
     return 0
 }
 
+# extra_sources SRC: the files of a "// with: FILE..." line among SRC's first three (other
+# translation units of the program: tests/mpi_comm_static.c holds two static copies of dt).
+extra_sources() { sed -n '1,3s|^//[[:space:]]*with:||p' "$1"; }
+
 # step ID OUT SRC CMD...: unless OUT is fresh, run CMD (log: $L/ID.log) and touch OUT, or delete
 # OUT when CMD fails. Afterwards OUT exists iff the step succeeded.
 step() {
     local id=$1 out=$2 src=$3
     shift 3
-    fresh "$out" "$src" && return 0
+    fresh "$out" "$src" $(extra_sources "$src") && return 0
     mkdir -p "$(dirname "$out")"
     if "$@" >"$L/$id.log" 2>&1; then touch "$out"; else rm -f "$out"; fi
 }
@@ -282,7 +288,7 @@ ASAN_CFLAGS="-std=c99 -O1 -g -Wall -Wextra $SAN"
 build_test() {
     local mpi=$1 src=$2 out=$3 cflags=$4 cc=$DT_CC defs=
     if [ "$mpi" = 1 ]; then cc=$DT_MPICC defs=-DDT_MPI; fi
-    $cc $cflags $DT_CPPFLAGS $defs -I"$ROOT/tests" "$src" -o "$out" $DT_LIBS
+    $cc $cflags $DT_CPPFLAGS $defs -I"$ROOT/tests" "$src" $(extra_sources "$src") -o "$out" $DT_LIBS
 }
 
 # build_gpu_test MPI SRC OUT: -DDT_CUDA, linked with the kernels, cuBLAS and the CUDA runtime;
