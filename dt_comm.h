@@ -63,23 +63,44 @@
    separate control communicator. Ranks still waiting in dt see it within milliseconds, give up
    too and answer with their own position; after a short grace period each rank names the ranks
    it heard nothing from (a rank that skipped the collective is busy elsewhere and cannot answer)
-   and those that are behind, at an earlier seq. When every rank arrived but they called
-   different collectives, the message lists who called what. The default path costs one
-   MPI_Iprobe per call; nothing is exchanged unless something goes wrong.
-   Checking mode (desc.check_mismatch = 1, or dt_comm_set_check): before each collective the
-   ranks exchange (seq, collective, dtype, count, op or root) and, when they disagree, every rank
-   returns DT_ERR_COMM listing who called what; nothing was sent, so the communicator stays
-   usable. A rank whose own arguments were invalid returns its own error and the others
-   DT_ERR_COMM naming it, instead of waiting for it. It costs one small all-gather per call and
-   makes each async post wait until every rank has posted.
+   and those that are behind, at an earlier seq. The waiting costs one MPI_Iprobe every few
+   milliseconds; nothing is exchanged unless something goes wrong.
+   Ranks that disagree. No rank ever sends or receives the data of a collective that the ranks
+   called differently (size, dtype, op, root or collective): every collective on more than one
+   rank starts with a header, one small MPI all-gather of the same size whatever the call, in
+   which each rank shows (seq, collective, dtype, count, op or root); the data moves only once
+   every rank has seen every header agree. When they disagree, every rank returns DT_ERR_COMM
+   listing who called what, nothing was sent, and the communicator stays usable:
+       dt_comm_allreduce: ranks disagree at seq 7 on group world (size 2): rank 0 called
+       allreduce(sum) of 1000 x f32; rank 1 called allreduce(sum) of 500 x f32; this is rank 0; ...
+   A rank that cannot take part (out of memory for its scratch, a failed staging copy) says so
+   in its header: it returns its own error, the others DT_ERR_COMM naming it. Messages of up to
+   a few hundred bytes (512 on up to 8 ranks, 80 from 52 ranks on) ride in the header itself, so
+   a small all-reduce still takes one exchange; a larger one takes one small exchange more than
+   its data (bench/RESULTS.md has the cost). This holds in checking mode and without it.
+   Checking mode (desc.check_mismatch = 1, or dt_comm_set_check) adds, before each collective,
+   a blocking exchange of the same record: a rank whose own arguments were invalid then returns
+   its own error and the others DT_ERR_COMM naming it, instead of waiting for it (without
+   checking mode such a rank returns at once and the others time out naming it), and each async
+   post waits until every rank has posted. It costs one small all-gather per call.
    After a timeout the communicator is unusable: the abandoned collective still holds its
    buffers (MPI cannot cancel a collective, a late rank could still complete it), so every later
    call on it returns DT_ERR_STATE at once instead of hanging. Report, then end the run.
    Send and recv time out too; their request is cancelled and the communicator stays usable.
+   A recv looks at the incoming message before it receives (MPI_Improbe): one of another size
+   than t is DT_ERR_COMM naming both sizes, t is left as it was, and the message is taken off the
+   wire so that it cannot match a later recv. (The sender cannot tell: its send succeeded.)
+   A rank that fails in the middle of a collective (an MPI error) leaves the others to post stages
+   it will not; the communicator is then unusable too (DT_ERR_STATE), rather than letting a later
+   collective be matched against the wrong one.
 
-   Memory: requests, staging and scratch buffers come from the ctx allocator; each communicator
-   keeps a small pool of scratch buffers so repeated calls do not allocate (an all-reduce or
-   reduce-scatter borrows about (size-1)/size of its message). A communicator that timed out
+   Memory: requests, headers (a block of up to size x 560 bytes per call), staging and scratch
+   buffers come from the ctx allocator; each communicator keeps a small pool of scratch buffers
+   so repeated calls do not allocate (an all-reduce or reduce-scatter borrows about (size-1)/size
+   of its message). Everything a collective needs is taken before its header goes out. Sizes:
+   a tensor has at most 2147483647 elements (MPI counts are int; DT_ERR_UNSUPPORTED beyond),
+   every size computed from it fits, and an all-to-allv that would bring one rank more than that
+   in all is an error on every rank before anything is allocated or sent. A communicator that timed out
    keeps the buffers of the abandoned collective until the process ends. Wait for every request
    of a communicator before freeing it.
 
@@ -214,14 +235,18 @@ DT_API dt_status dt_comm_alltoall(dt_comm *c, dt_tensor *out, const dt_tensor *i
    sends here; NULL = not known (the ranks exchange counts first in any case, and a recv_counts
    that disagrees with the sender is DT_ERR_SHAPE naming both). out may be larger than needed; too
    small is DT_ERR_SHAPE giving the size needed (this rank still takes part, the others succeed).
-   The counts that arrived are then in dt_comm_recv_counts(c). */
+   A send count above in->numel, or counts adding up past it, are DT_ERR_SHAPE on this rank;
+   more than 2147483647 elements arriving at a rank in all (MPI counts and displacements are
+   int) is an error on every rank (DT_ERR_UNSUPPORTED there, DT_ERR_COMM naming it elsewhere),
+   before anything is allocated or sent. The counts that arrived are then in dt_comm_recv_counts(c). */
 DT_API dt_status dt_comm_alltoallv(dt_comm *c, dt_tensor *out, const int64_t *recv_counts,
                                    const dt_tensor *in, const int64_t *send_counts);
 /* The counts of the last alltoallv on this rank (size entries), or NULL before one. */
 DT_API const int64_t *dt_comm_recv_counts(const dt_comm *c);
 DT_API dt_status dt_comm_barrier(dt_comm *c);
 
-/* Point to point, tag 0..32767. recv needs a message of exactly t->numel elements. */
+/* Point to point, tag 0..32767. recv needs a message of exactly t->numel elements of t's size:
+   another size is DT_ERR_COMM, t untouched, the message consumed (see "Hangs and mismatches"). */
 DT_API dt_status dt_comm_send(dt_comm *c, const dt_tensor *t, int dst, int tag);
 DT_API dt_status dt_comm_recv(dt_comm *c, dt_tensor *t, int src, int tag);
 
