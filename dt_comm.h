@@ -982,7 +982,7 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
                                 "or 1 (required)", fn, d.use_nccl);
 #ifndef DT_NCCL
     if (d.use_nccl == 1)
-        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: desc.use_nccl = 1, but dt was built without "
+        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: desc.use_nccl = 1, but dt was built without "
                                 "DT_NCCL; rebuild with -DDT_CUDA -DDT_NCCL or leave use_nccl 0", fn);
 #endif
     c = dt__cm_new(ctx);
@@ -1439,7 +1439,7 @@ static dt_status dt__cm_post(dt_comm_req *q) {
 #ifdef DT_MPI
     return dt__cm_mpi_post(q);
 #else
-    return dt_ctx_set_error(q->c->ctx, DT_ERR_UNSUPPORTED, "%s: group %s has %d ranks but dt was built without "
+    return dt_ctx_set_error(q->c->ctx, DT_ERR_DEVICE, "%s: group %s has %d ranks but dt was built without "
                             "DT_MPI", q->fn, q->c->name, q->c->size);
 #endif
 }
@@ -2427,7 +2427,7 @@ static dt_status dt__cm_start(dt_comm_req *q, int may_chunk) {
     }
 #else
     (void)may_chunk;
-    return dt_ctx_set_error(c->ctx, DT_ERR_UNSUPPORTED, "%s: group %s has %d ranks but dt was built without DT_MPI",
+    return dt_ctx_set_error(c->ctx, DT_ERR_DEVICE, "%s: group %s has %d ranks but dt was built without DT_MPI",
                             q->fn, c->name, c->size);
 #endif
 }

@@ -288,6 +288,11 @@ static void flags_take_0_or_1(dt_comm *w) {
     st = dt_comm_create_world(&ctx, &w2, &cd);
     dt_test_error("check_mismatch_2_is_named", st, dt_ctx_error(&ctx), "desc.check_mismatch = 2; expected 0");
     DT_TEST_CHECK("check_mismatch_2_is_arg_error_and_no_world", st == DT_ERR_ARG && w2 == NULL);
+    cd.check_mismatch = 0;
+    cd.use_nccl = 1;
+    st = dt_comm_create_world(&ctx, &w2, &cd);
+    dt_test_error("use_nccl_without_nccl_is_named", st, dt_ctx_error(&ctx), "built without DT_NCCL");
+    DT_TEST_CHECK("use_nccl_without_nccl_is_device_error", st == DT_ERR_DEVICE && w2 == NULL);
     st = dt_comm_set_check(w, -1);
     dt_test_error("set_check_minus_1_is_named", st, dt_ctx_error(&ctx), "on = -1; expected 0");
     DT_TEST_CHECK("set_check_0_and_1_are_ok", dt_comm_set_check(w, 0) == DT_OK && dt_comm_set_check(w, 1) == DT_OK);
