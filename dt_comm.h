@@ -92,7 +92,8 @@
    Send and recv time out too; their request is cancelled and the communicator stays usable.
    A recv looks at the incoming message before it receives (MPI_Improbe): one of another size
    than t is DT_ERR_COMM naming both sizes, t is left as it was, and the message is taken off the
-   wire so that it cannot match a later recv. (The sender cannot tell: its send succeeded.)
+   wire so that it cannot match a later recv. (The sender cannot tell: its send succeeded.
+   NCCL has no probe: between device tensors over NCCL, send and recv sizes must match.)
    A rank that fails in the middle of a collective (an MPI error) leaves the others to post stages
    it will not; the communicator is then unusable too (DT_ERR_STATE), rather than letting a later
    collective be matched against the wrong one.
