@@ -1633,7 +1633,8 @@ static void dt__cm_a2av_counts(dt_comm_req *q) {
             return;
         }
 #endif
-        q->hout = dt__cm_take(c, (size_t)total * es, &q->slot_out);
+        /* total * es fits a 64-bit size_t (total <= INT_MAX); a 32-bit one may not hold it */
+        q->hout = (uint64_t)total * es <= (uint64_t)(size_t)-1 ? dt__cm_take(c, (size_t)total * es, &q->slot_out) : NULL;
         if (!q->hout) v[0] = 2 | (int64_t)DT_ERR_OOM << 8;
     } else if (q->path == DT__CM_MPI && (st = dt__cm_stage(q, 0, 1)) != DT_OK)
         v[0] = 2 | (int64_t)st << 8;
