@@ -3007,11 +3007,14 @@ static dt_status dt__cm_p2p(dt_comm *c, dt_tensor *t, int peer, int tag, int sen
                 st = dt_ctx_set_error(c->ctx, DT_ERR_TIMEOUT, "%s: no message from rank 0 with tag %d on group %s (size "
                                       "1): nothing was sent, and in a world of one rank nothing else can send it", fn,
                                       tag, c->name);
-            else if (m->et != q->et || m->count != t->numel)
-                st = dt_ctx_set_error(c->ctx, DT_ERR_SHAPE, "%s: the message from rank 0 (tag %d) has %lld x %s; t has "
-                                      "%lld x %s", fn, tag, (long long)m->count, dt__cm_ename(m->et),
-                                      (long long)t->numel, dt__cm_ename(q->et));
-            else {
+            else if (m->et != q->et || m->count != t->numel) { /* consumed, as with MPI */
+                st = dt_ctx_set_error(c->ctx, DT_ERR_COMM, "%s: the message from rank 0 (tag %d) has %lld x %s; t has "
+                                      "%lld x %s: the sizes must match, nothing was written to t", fn, tag,
+                                      (long long)m->count, dt__cm_ename(m->et), (long long)t->numel,
+                                      dt__cm_ename(q->et));
+                *pp = m->next;
+                dt_release(c->ctx, m);
+            } else {
                 dt__cm_host_view(&hv, m->data, q->et, t->numel);
                 st = dt_tensor_copy(c->ctx, t, &hv);
                 *pp = m->next;

@@ -84,6 +84,9 @@ static void world_of_one_f64_and_p2p(dt_comm *w) {
     dt_comm_send(w, &a, 0, 5);
     st = dt_comm_recv(w, &c3, 0, 5);
     dt_test_error("recv_of_wrong_size_is_named", st, dt_ctx_error(&ctx), "has 5 x f32; t has 3 x f32");
+    DT_TEST_CHECK("recv_of_wrong_size_is_comm_error_as_with_mpi", st == DT_ERR_COMM);
+    st = dt_comm_recv(w, &a, 0, 5);
+    DT_TEST_CHECK("recv_of_wrong_size_consumes_the_message_as_with_mpi", st == DT_ERR_TIMEOUT);
     st = dt_comm_isend(w, &a, 0, 6, &r1);
     if (!st) st = dt_comm_irecv(w, &b, 0, 6, &r2);
     if (!st) st = dt_comm_test(r2, &done);
