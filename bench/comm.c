@@ -11,6 +11,7 @@
 
        mpirun --oversubscribe -np 4 build/bench/comm          (./build.sh bench runs it)
        DT_BENCH_MAX_MB=64 mpirun ...                             (a shorter sweep)
+       DT_BENCH_ONLY=allreduce,buckets mpirun ...                 (only these parts)
 
    The raw peers: MPI_Allreduce (in place), MPI_Reduce_scatter_block, MPI_Allgather, MPI_Bcast,
    MPI_Alltoall on a communicator of the same ranks. dt's all-reduce and reduce-scatter add in
@@ -34,6 +35,17 @@ static const dt_coll KINDS[NCOLL] = {DT_COLL_ALLREDUCE, DT_COLL_REDUCE_SCATTER, 
 
 static dt_ctx ctx;
 static int R, NW;
+
+/* Whether DT_BENCH_ONLY (a comma-separated list of collective names and "buckets") asks for
+   this part; unset or empty: every part. */
+static int wanted(const char *name) {
+    const char *only = getenv("DT_BENCH_ONLY"), *p;
+    size_t n = strlen(name);
+    if (!only || !only[0]) return 1;
+    for (p = only; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == only || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) return 1;
+    return 0;
+}
 
 /* Ranks outside the measured group wait here without spinning on a core. */
 static void sleepy_barrier(void) {
@@ -119,6 +131,7 @@ static void sweep(dt_comm *g, MPI_Comm rc, int n, int64_t max_bytes, double *wor
     }
     for (coll = 0; coll < NCOLL; coll++) {
         worst[coll] = 1e30;
+        if (!wanted(NAMES[coll])) continue;
         for (bytes = 1024; bytes <= max_bytes; bytes *= 4) {
             int64_t count = bytes / 4 / n * n;
             int reps = bytes <= (64 << 10) ? 41 : bytes <= (4 << 20) ? 15 : bytes <= (64 << 20) ? 7 : 5, k;
@@ -280,7 +293,7 @@ int main(void) {
         MPI_Comm_split(MPI_COMM_WORLD, R < n ? 0 : MPI_UNDEFINED, R, &rc);
         if (g) {
             sweep(g, rc, n, max_bytes, worst[s]);
-            bucketing(g, rc, n);
+            if (wanted("buckets")) bucketing(g, rc, n);
             MPI_Comm_free(&rc);
             dt_comm_free(g);
         }
@@ -290,6 +303,7 @@ int main(void) {
         int c;
         printf("\nsmallest dt/raw (time ratio raw/dt) from 1 MB up:\n");
         for (c = 0; c < NCOLL; c++) {
+            if (!wanted(NAMES[c])) continue;
             printf("  %-15s", NAMES[c]);
             for (s = 0; s < 2 && sizes[s] <= NW; s++) printf("  np %d: %.2f", sizes[s], worst[s][c]);
             printf("\n");

@@ -3,7 +3,10 @@
    collective is named by the others after the timeout (not a hang), the communicator then
    refuses further calls at once, a late rank learns it came too late; checking mode names a
    rank that calls a different collective or size, or passes bad arguments; a recv with no
-   sender times out and leaves the communicator usable. Short timeouts (1 s) keep it quick. */
+   sender times out and leaves the communicator usable; a rank that runs out of memory in a
+   chunked all-reduce is named on every rank; all-to-allv counts that overflow int64 or MPI's
+   int are named errors before anything is allocated or read. Short timeouts keep it quick.
+   (Mismatched sizes, dtypes and collectives: tests/mpi_comm_mismatch.c.) */
 #define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
@@ -122,6 +125,150 @@ static void recv_without_sender_times_out(void) {
     dt_tensor_free(&ctx, &t);
 }
 
+/* ---- running out of memory: a ctx whose allocator fails its N-th allocation on the last rank */
+
+static int fail_at = -1; /* allocations left before the failing one; -1: never fail */
+static void *fail_alloc(size_t n, void *u) {
+    (void)u;
+    if (fail_at == 0) {
+        fail_at = -1;
+        return NULL;
+    }
+    if (fail_at > 0) fail_at--;
+    return malloc(n);
+}
+static void fail_release(void *p, void *u) {
+    (void)u;
+    free(p);
+}
+
+/* A chunked all-reduce (4 MB: 4 chunks) with the k-th allocation on the last rank failing, for
+   every k until the call needs no more: the failing rank returns DT_ERR_OOM, the others a named
+   error (DT_ERR_COMM: the header said the rank could not take part; DT_ERR_TIMEOUT when not even
+   the header could be made), nothing crashes or writes freed memory (ASan), the failing rank
+   gets every byte back, and after a header-announced failure the group still works. It used to
+   free the buffers of the chunks in flight when one chunk could not be allocated. */
+static void out_of_memory_in_chunked_allreduce(void) {
+    dt_ctx fctx;
+    dt_ctx_desc cd;
+    dt_comm *fw = NULL;
+    dt_tensor t = make(1 << 20, 1.0f);
+    int k, ok = 1, done = 0, victim = N - 1;
+    char why[300] = "";
+    memset(&cd, 0, sizeof cd);
+    cd.allocator.alloc_fn = fail_alloc;
+    cd.allocator.release_fn = fail_release;
+    dt_ctx_init(&fctx, &cd);
+    dt_comm_create_world(&fctx, &fw, NULL);
+    for (k = 0; k < 40 && ok && !done; k++) {
+        dt_comm *g = NULL;
+        size_t before = fctx.bytes_in_use;
+        dt_status st, st2;
+        int64_t j;
+        double any, timed_out, all_ok;
+        dt_comm_split(fw, &g, 0, R);
+        dt_comm_set_timeout(g, 0.5);
+        for (j = 0; j < t.numel; j++) ((float *)t.data)[j] = (float)(R + 1);
+        if (R == victim) fail_at = k;
+        st = dt_comm_allreduce(g, &t, DT_REDUCE_SUM);
+        fail_at = -1;
+        /* the verdicts of all ranks, so that every rank takes the same branches below */
+        any = st != 0;
+        timed_out = st == DT_ERR_TIMEOUT;
+        dt_comm_allreduce_f64(W, &any, 1, DT_REDUCE_MAX);
+        dt_comm_allreduce_f64(W, &timed_out, 1, DT_REDUCE_MAX);
+        if (any == 0) {
+            done = 1;
+            ok = ((float *)t.data)[77] == (float)(N * (N + 1) / 2);
+            if (!ok) snprintf(why, sizeof why, "k %d: no failure but t[77] = %g", k, (double)((float *)t.data)[77]);
+        } else if (R == victim) {
+            ok = st == DT_ERR_OOM;
+            if (!ok) snprintf(why, sizeof why, "k %d: victim status %d: %.200s", k, st, dt_ctx_error(&fctx));
+        } else {
+            char want[64];
+            snprintf(want, sizeof want, "rank %d could not take part (out of memory)", victim);
+            /* the first allocation is the header itself: without one nothing was sent, and the
+               others time out naming the rank; every later one is announced in the header */
+            ok = k == 0 ? st == DT_ERR_TIMEOUT && strstr(dt_ctx_error(&fctx), "did not arrive")
+                        : st == DT_ERR_COMM && strstr(dt_ctx_error(&fctx), want);
+            if (!ok) snprintf(why, sizeof why, "k %d: status %d: %.200s", k, st, dt_ctx_error(&fctx));
+        }
+        if (any != 0 && timed_out == 0) { /* announced in the header: the group works on */
+            for (j = 0; j < t.numel; j++) ((float *)t.data)[j] = (float)(R + 1);
+            st2 = dt_comm_allreduce(g, &t, DT_REDUCE_SUM);
+            if (ok && !(st2 == 0 && ((float *)t.data)[5] == (float)(N * (N + 1) / 2))) {
+                ok = 0;
+                snprintf(why, sizeof why, "k %d: the next allreduce: status %d: %.200s", k, st2, dt_ctx_error(&fctx));
+            }
+        }
+        dt_comm_free(g);
+        if (ok && R == victim && fctx.bytes_in_use != before) {
+            ok = 0;
+            snprintf(why, sizeof why, "k %d: %lld bytes still held after the group was freed", k,
+                     (long long)(fctx.bytes_in_use - before));
+        }
+        all_ok = ok;
+        dt_comm_allreduce_f64(W, &all_ok, 1, DT_REDUCE_MIN);
+        if (all_ok == 0 && ok) snprintf(why, sizeof why, "k %d: fine here, not on another rank", k);
+        ok = all_ok != 0 && ok;
+        if (all_ok == 0) break;
+    }
+    if (ok && !done) ok = 0, snprintf(why, sizeof why, "still failing after %d allocations", k);
+    dt_test_check_all("out_of_memory_in_chunked_allreduce_is_named_on_every_rank", ok, "%s (%d allocations tried)", why, k);
+    dt_tensor_free(&ctx, &t);
+    dt_comm_free(fw);
+    dt_ctx_shutdown(&fctx);
+}
+
+/* ---- all-to-allv counts that overflow: named errors before anything is allocated or sent */
+
+/* A tensor of `numel` u8 that claims more than its buffer holds: the checks must fire before
+   anything reads it (ASan would see a read past buf). */
+static dt_tensor fake_u8(void *buf, int64_t numel) {
+    dt_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = buf;
+    t.dtype = DT_U8;
+    t.device = DT_CPU;
+    t.ndim = 1;
+    t.shape[0] = numel;
+    t.numel = numel;
+    return t;
+}
+
+static void alltoallv_counts_that_overflow(void) {
+    static unsigned char in_buf[64];
+    unsigned char out_buf[64]; /* on the stack: far from in_buf, so the claimed sizes do not overlap */
+    int64_t sc[64];
+    int j, ok;
+    dt_status st;
+    dt_tensor in = fake_u8(in_buf, (int64_t)1 << 30), out = fake_u8(out_buf, 64);
+    /* every rank's counts are wrong in the same way: each fails by itself, before entering */
+    for (j = 0; j < N; j++) sc[j] = INT64_MAX;
+    st = dt_comm_alltoallv(W, &out, NULL, &in, sc);
+    ok = st == DT_ERR_SHAPE && strstr(dt_ctx_error(&ctx), "send_counts[0] = 9223372036854775807; in has only 1073741824");
+    dt_test_check_all("alltoallv_send_count_past_int64_is_named", ok, "status %d: %.200s", st, dt_ctx_error(&ctx));
+    for (j = 0; j < N; j++) sc[j] = ((int64_t)1 << 29) + 1; /* each fits in, two of them do not */
+    st = dt_comm_alltoallv(W, &out, NULL, &in, sc);
+    ok = st == DT_ERR_SHAPE && strstr(dt_ctx_error(&ctx), "send_counts[0..1] add up to 1073741826 elements already; in "
+                                      "has only 1073741824");
+    dt_test_check_all("alltoallv_send_counts_summing_past_in_are_named", ok, "status %d: %.200s", st, dt_ctx_error(&ctx));
+    /* every rank sends 2^30 elements to rank 0: rank 0 would receive N x 2^30 > INT_MAX */
+    for (j = 0; j < N; j++) sc[j] = j == 0 ? (int64_t)1 << 30 : 0;
+    st = dt_comm_alltoallv(W, &out, NULL, &in, sc);
+    {
+        char want[96];
+        snprintf(want, sizeof want, "rank 0 would receive %lld elements in all", (long long)N << 30);
+        ok = st == (R == 0 ? DT_ERR_UNSUPPORTED : DT_ERR_COMM) && strstr(dt_ctx_error(&ctx), want) &&
+             strstr(dt_ctx_error(&ctx), "at most 2147483647");
+    }
+    dt_test_check_all("alltoallv_receiving_past_int_max_is_named_on_every_rank", ok, "status %d: %.200s", st,
+                      dt_ctx_error(&ctx));
+    st = dt_comm_barrier(W);
+    dt_test_check_all("alltoallv_overflow_leaves_the_comm_usable", st == 0 && dt_comm_ok(W), "status %d: %.200s", st,
+                      dt_ctx_error(&ctx));
+}
+
 int main(void) {
     dt_status st;
     int failed;
@@ -137,6 +284,8 @@ int main(void) {
         dt_test_skip("skipped_collective_names_the_missing_rank", "needs 2 ranks");
     } else {
         checking_mode_names_the_odd_rank();
+        alltoallv_counts_that_overflow();
+        out_of_memory_in_chunked_allreduce();
         recv_without_sender_times_out();
         skipped_collective_is_named();
     }

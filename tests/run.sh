@@ -20,8 +20,12 @@
 #                             builds it with mpicc -DDT_MPI and runs it as 1 rank under mpirun
 #   tests/mpi_*.c             mpicc -DDT_MPI, run under mpirun at each N of its first line
 #                             "// np: 1 2 4" (default 2); " [np=N]" is appended to its names.
+#                             Then the same runs built with ASan+UBSan ("asan:"), without leak
+#                             checks (Open MPI leaks by design, from plugins LSan cannot name)
 #                             First line "// mpi-driver": run directly, once; it starts
 #                             $DT_MPIRUN itself (jobs it kills on purpose, say)
+#                             A line "// with: FILE..." among the first three of a test adds
+#                             those sources (more translation units) to its build
 #   tests/gpu_*.c, gpu_*.cu   -DDT_CUDA, linked with build/kernels; SKIP without a GPU
 #   fresh:...                 with DT_TEST_FRESH=1 only: tests/fresh_debian.sh, the README's two
 #                             commands in fresh Debian roots (as root; else one SKIP line)
@@ -109,12 +113,16 @@ fresh() {
     return 0
 }
 
+# extra_sources SRC: the files of a "// with: FILE..." line among SRC's first three (other
+# translation units of the program: tests/mpi_comm_static.c holds two static copies of dt).
+extra_sources() { sed -n '1,3s|^//[[:space:]]*with:||p' "$1"; }
+
 # step ID OUT SRC CMD...: unless OUT is fresh, run CMD (log: $L/ID.log) and touch OUT, or delete
 # OUT when CMD fails. Afterwards OUT exists iff the step succeeded.
 step() {
     local id=$1 out=$2 src=$3
     shift 3
-    fresh "$out" "$src" && return 0
+    fresh "$out" "$src" $(extra_sources "$src") && return 0
     mkdir -p "$(dirname "$out")"
     if "$@" >"$L/$id.log" 2>&1; then touch "$out"; else rm -f "$out"; fi
 }
@@ -289,7 +297,8 @@ wants_mpi() { head -n 1 "$1" | grep -qE '^//[[:space:]]*(mpi|np:)'; }
 # "// mpi-driver": built with mpicc, run directly (it launches mpirun itself).
 is_driver() { head -n 1 "$1" | grep -qE '^//[[:space:]]*mpi-driver'; }
 
-SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+# float-cast-overflow: gcc leaves it out of "undefined" (a float-to-int cast out of range is UB)
+SAN="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow -fno-omit-frame-pointer"
 # The sanitizer build checks behaviour at run time: -O1 builds fast and keeps stack traces
 # exact; no -Werror, as sanitizer builds raise their own false warnings (the normal build has it).
 ASAN_CFLAGS="-std=c99 -O1 -g -Wall -Wextra $SAN"
@@ -298,7 +307,7 @@ ASAN_CFLAGS="-std=c99 -O1 -g -Wall -Wextra $SAN"
 build_test() {
     local mpi=$1 src=$2 out=$3 cflags=$4 cc=$DT_CC defs=
     if [ "$mpi" = 1 ]; then cc=$DT_MPICC defs=-DDT_MPI; fi
-    $cc $cflags $DT_CPPFLAGS $defs -I"$ROOT/tests" "$src" -o "$out" $DT_LIBS
+    $cc $cflags $DT_CPPFLAGS $defs -I"$ROOT/tests" "$src" $(extra_sources "$src") -o "$out" $DT_LIBS
 }
 
 # build_gpu_test MPI SRC OUT: -DDT_CUDA, linked with the kernels, cuBLAS and the CUDA runtime;
@@ -349,7 +358,12 @@ spawn_test_builds() {
                     spawn step "asan_$name" "$T/asan/$name" "$src" build_test "$mpi" "$src" "$T/asan/$name" "$ASAN_CFLAGS"
                 fi
                 ;;
-            mpi) spawn step "$name" "$T/$name" "$src" build_test 1 "$src" "$T/$name" "$DT_CFLAGS" ;;
+            mpi)
+                spawn step "$name" "$T/$name" "$src" build_test 1 "$src" "$T/$name" "$DT_CFLAGS"
+                if [ "$ASAN" = 1 ]; then
+                    spawn step "asan_$name" "$T/asan/$name" "$src" build_test 1 "$src" "$T/asan/$name" "$ASAN_CFLAGS"
+                fi
+                ;;
             gpu) ;; # built after the kernels, below
         esac
     done
@@ -458,7 +472,7 @@ run_program() {
             run_prog "$name" "" "" $DT_MPIRUN -np "$np" "$exe"
         fi
     done
-    [ "$kind" = test ] || return
+    [ "$kind" = gpu ] && return
     if [ "$ASAN_RUN" != 1 ]; then
         [ "$ASAN" = 1 ] && report "SKIP asan:$name: $ASAN_WHY"
         return
@@ -468,7 +482,16 @@ run_program() {
     local leaks=$LEAKS
     [ "$mpi" = 1 ] && leaks=0
     local opts="detect_leaks=$leaks:print_legend=0:halt_on_error=1"
-    if [ "$mpi" = 1 ]; then
+    if [ "$kind" = mpi ]; then # at each rank count, as the plain runs
+        for np in ${nps//,/ }; do
+            if [ "$np" = - ]; then
+                run_prog "asan:$name" "asan:" "" env ASAN_OPTIONS="$opts" UBSAN_OPTIONS=print_stacktrace=1 "$T/asan/$name"
+            else
+                run_prog "asan:$name [np=$np]" "asan:" " [np=$np]" env ASAN_OPTIONS="$opts" UBSAN_OPTIONS=print_stacktrace=1 \
+                    $DT_MPIRUN -np "$np" "$T/asan/$name"
+            fi
+        done
+    elif [ "$mpi" = 1 ]; then
         run_prog "asan:$name" "asan:" "" env ASAN_OPTIONS="$opts" UBSAN_OPTIONS=print_stacktrace=1 $DT_MPIRUN -np 1 "$T/asan/$name"
     else
         run_prog "asan:$name" "asan:" "" env ASAN_OPTIONS="$opts" UBSAN_OPTIONS=print_stacktrace=1 "$T/asan/$name"

@@ -84,6 +84,9 @@ static void world_of_one_f64_and_p2p(dt_comm *w) {
     dt_comm_send(w, &a, 0, 5);
     st = dt_comm_recv(w, &c3, 0, 5);
     dt_test_error("recv_of_wrong_size_is_named", st, dt_ctx_error(&ctx), "has 5 x f32; t has 3 x f32");
+    DT_TEST_CHECK("recv_of_wrong_size_is_comm_error_as_with_mpi", st == DT_ERR_COMM);
+    st = dt_comm_recv(w, &a, 0, 5);
+    DT_TEST_CHECK("recv_of_wrong_size_consumes_the_message_as_with_mpi", st == DT_ERR_TIMEOUT);
     st = dt_comm_isend(w, &a, 0, 6, &r1);
     if (!st) st = dt_comm_irecv(w, &b, 0, 6, &r2);
     if (!st) st = dt_comm_test(r2, &done);
@@ -116,7 +119,7 @@ static void bad_inputs_are_named(dt_comm *w) {
     st = dt_comm_send(w, &f, -1, 0);
     dt_test_error("dst_outside_group_is_named", st, dt_ctx_error(&ctx), "dst = -1");
     st = dt_comm_alltoallv(w, &s4, NULL, &f, sc);
-    dt_test_error("alltoallv_send_counts_past_in_are_named", st, dt_ctx_error(&ctx), "send_counts add up to 9");
+    dt_test_error("alltoallv_send_counts_past_in_are_named", st, dt_ctx_error(&ctx), "send_counts[0] = 9; in has only 8");
     sc[0] = 6;
     st = dt_comm_alltoallv(w, &s4, NULL, &f, sc);
     dt_test_error("alltoallv_out_too_small_reports_needed", st, dt_ctx_error(&ctx), "out needs at least 6");
@@ -273,6 +276,64 @@ static void bucketer_grown_parameter_set(dt_comm *w) {
     dt_params_free(&ctx, &ps);
 }
 
+/* On/off fields and setters take 0 or 1: anything else is a named DT_ERR_ARG that changes
+   nothing, never a silent "off" (grad_views = 2 used to mean grads copied). */
+static void flags_take_0_or_1(dt_comm *w) {
+    dt_comm_desc cd;
+    dt_comm *w2 = NULL;
+    dt_params ps;
+    dt_bucketer *b = NULL;
+    dt_bucketer_desc bd;
+    dt_status st;
+    double before = dt_comm_timeout(w);
+    memset(&cd, 0, sizeof cd);
+    cd.check_mismatch = 2;
+    st = dt_comm_create_world(&ctx, &w2, &cd);
+    dt_test_error("check_mismatch_2_is_named", st, dt_ctx_error(&ctx), "desc.check_mismatch = 2; expected 0");
+    DT_TEST_CHECK("check_mismatch_2_is_arg_error_and_no_world", st == DT_ERR_ARG && w2 == NULL);
+    cd.check_mismatch = 0;
+    cd.use_nccl = 1;
+    st = dt_comm_create_world(&ctx, &w2, &cd);
+    dt_test_error("use_nccl_without_nccl_is_named", st, dt_ctx_error(&ctx), "built without DT_NCCL");
+    DT_TEST_CHECK("use_nccl_without_nccl_is_device_error", st == DT_ERR_DEVICE && w2 == NULL);
+    st = dt_comm_set_check(w, -1);
+    dt_test_error("set_check_minus_1_is_named", st, dt_ctx_error(&ctx), "on = -1; expected 0");
+    DT_TEST_CHECK("set_check_0_and_1_are_ok", dt_comm_set_check(w, 0) == DT_OK && dt_comm_set_check(w, 1) == DT_OK);
+    st = dt_comm_set_timeout(w, (double)NAN);
+    dt_test_error("set_timeout_nan_is_named", st, dt_ctx_error(&ctx), "seconds is NaN");
+    if (dt_comm_timeout(w) != before)
+        dt_test_fail("set_timeout_nan_keeps_the_timeout", "timeout %g s, want %g s", dt_comm_timeout(w), before);
+    else dt_test_pass("set_timeout_nan_keeps_the_timeout");
+    memset(&ps, 0, sizeof ps);
+    memset(&bd, 0, sizeof bd);
+    add_params(&ctx, &ps, 2, 0);
+    bd.grad_views = 2;
+    st = dt_bucketer_create(w, &b, &ps, &bd);
+    dt_test_error("grad_views_2_is_named", st, dt_ctx_error(&ctx), "desc.grad_views = 2; expected 0");
+    DT_TEST_CHECK("grad_views_2_is_arg_error_and_grads_untouched", st == DT_ERR_ARG && b == NULL && ps.items[0]->grad.owns);
+    bd.grad_views = 0;
+    st = dt_bucketer_create(w, &b, &ps, &bd);
+    if (!st) {
+        dt_status s2 = dt_bucketer_set_sync(b, 2);
+        dt_test_error("set_sync_2_is_named", s2, dt_ctx_error(&ctx), "sync = 2; expected 1");
+        DT_TEST_CHECK("set_sync_0_and_1_are_ok", dt_bucketer_set_sync(b, 0) == DT_OK && dt_bucketer_set_sync(b, 1) == DT_OK);
+        dt_bucketer_free(b);
+    } else
+        dt_test_fail("set_sync_2_is_named", "bucketer_create: status %d: %s", st, dt_ctx_error(&ctx));
+    dt_params_free(&ctx, &ps);
+}
+
+/* Timeouts must not fire when the wall clock steps (NTP, an admin): dt's clock is the monotonic
+   one, counted from boot, not the wall clock's seconds since 1970 (~1.8e9). (dt__cm_now is the
+   one clock every timeout and statistic of dt_comm.h reads; this file includes the
+   implementation, so it can ask it directly.) */
+static void timeouts_use_the_monotonic_clock(void) {
+    double dt_now = dt__cm_now(), wall = (double)time(NULL);
+    if (fabs(dt_now - wall) > 1e8) dt_test_pass("timeouts_use_the_monotonic_clock_not_the_wall_clock");
+    else dt_test_fail("timeouts_use_the_monotonic_clock_not_the_wall_clock", "dt clock %.3f s, wall clock %.0f s: "
+                      "want them more than 1e8 s apart (seconds since boot vs since 1970)", dt_now, wall);
+}
+
 int main(void) {
     dt_comm *w = NULL, *sub = NULL, *none = (dt_comm *)1;
     dt_comm_desc d;
@@ -291,6 +352,8 @@ int main(void) {
     bucketer_create_out_of_memory();
     bucketer_grown_parameter_set(w);
     stats_count_calls(w);
+    timeouts_use_the_monotonic_clock();
+    flags_take_0_or_1(w);
     st = dt_comm_split(w, &sub, 3, 0);
     DT_TEST_CHECK("split_of_one_rank", st == 0 && sub && dt_comm_size(sub) == 1 && strcmp(dt_comm_name(sub), "world.3") == 0);
     st = dt_comm_split(w, &none, -1, 0);
