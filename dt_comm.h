@@ -1,20 +1,22 @@
 /* dt_comm.h - communicators and collectives for the dt toolkit: MPI carries host memory, NCCL
    carries device memory; groups, async forms, a DDP-style gradient bucketer, hang and mismatch
-   reports, statistics.                                                v0.1, public domain/MIT
+   reports, statistics.                                                v0.2, MIT licence
 
    Do this:
        #define DT_COMM_IMPLEMENTATION        (or DT_IMPLEMENTATION for every dt header)
    before you include this file in *one* C or C++ file to create the implementation. It needs
    dt_tensor.h, which it includes itself when you have not included it before.
 
-   Compile-time options (define before including):
+   Compile-time options. In every file that includes dt (they change declarations):
+       DT_STATIC, DT_API       as in dt_tensor.h.
+     In the implementation file only:
        DT_MPI      processes talk through MPI (build with mpicc, run with mpirun). Without it the
                    world has one rank and every call works: a collective of one rank copies or
                    does nothing, a send to oneself is queued until the matching receive.
        DT_NCCL     device tensors (DT_CUDA_DEVICE) go through NCCL on a communication stream
                    (needs DT_CUDA; link -lnccl -lcudart). Without it they are staged through host
                    memory and MPI.
-       DT_CUDA, DT_STATIC      as in dt_tensor.h.
+       DT_CUDA                 as in dt_tensor.h.
        DT_COMM_GATHER_MAX_BYTES  all-reduce path switch, see "Sum order" (default 64 KiB).
 
    API in one breath:
@@ -691,20 +693,14 @@ static void dt__cm_give(dt_comm *c, int slot, void *p, int lost) {
 
 /* ---------------------------------------------------------------- reduction in rank order */
 
+/* f32 / bf16 / f16 <-> the f32 the sums are taken in: dt_convert, which cannot fail on these
+   pairs (no ctx: nothing to report) */
 static void dt__cm_load(float *dst, const void *src, int et, int64_t k) {
-    int64_t j;
-    const uint16_t *h = (const uint16_t *)src;
-    if (et == DT_F32) memcpy(dst, src, (size_t)k * sizeof(float));
-    else if (et == DT_BF16) for (j = 0; j < k; j++) dst[j] = dt_bf16_to_f32(h[j]);
-    else for (j = 0; j < k; j++) dst[j] = dt_f16_to_f32(h[j]);
+    (void)dt_convert(NULL, dst, DT_F32, src, (dt_dtype)et, k);
 }
 
 static void dt__cm_store(void *dst, const float *src, int et, int64_t k) {
-    int64_t j;
-    uint16_t *h = (uint16_t *)dst;
-    if (et == DT_F32) memcpy(dst, src, (size_t)k * sizeof(float));
-    else if (et == DT_BF16) for (j = 0; j < k; j++) h[j] = dt_f32_to_bf16(src[j]);
-    else for (j = 0; j < k; j++) h[j] = dt_f32_to_f16(src[j]);
+    (void)dt_convert(NULL, dst, (dt_dtype)et, src, DT_F32, k);
 }
 
 /* max/min that keep a NaN (the NaN of the lowest rank wins). */
@@ -3266,14 +3262,9 @@ DT_API void dt_bucketer_free(dt_bucketer *b) {
     for (i = 0; b->views && i < b->n_params; i++) { /* each grad that is a view gets its own memory back */
         dt_param *p = b->slots[i].p;
         dt_tensor own, view = p->grad;
-        dt_tensor_desc td;
-        int d;
         if (view.owns || view.numel == 0) continue;
-        memset(&td, 0, sizeof td);
-        td.dtype = DT_F32;
-        td.device = view.device;
-        for (d = 0; d < view.ndim; d++) td.shape[d] = view.shape[d];
-        if (dt_tensor_create(ctx, &own, &td) != DT_OK || dt_tensor_copy(ctx, &own, &view) != DT_OK) {
+        if (dt_tensor_create_like(ctx, &own, &view, DT_F32, DT_DEVICE_DEFAULT) != DT_OK ||
+            dt_tensor_copy(ctx, &own, &view) != DT_OK) {
             dt_tensor_free(ctx, &own);
             b->buckets[b->slots[i].bucket].unready = -1; /* out of memory: the bucket stays, the view valid */
             continue;

@@ -1525,10 +1525,11 @@ DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt) {
         if (cs) { dt_release(e->ctx, v); return cs; }
     }
     if (v[W] > 0) {
+        double nbad = v[W];
         dt_release(e->ctx, v);
         if (bad) return st ? st : DT_ERR_RANGE;
         return dt_ctx_set_error(e->ctx, DT_ERR_RANGE, "%s: a bad batch on another rank (%g rank(s)); see its message",
-                                fn, v[W]);
+                                fn, nbad);
     }
     e->g0 = 0;
     for (r = 0; r < e->rank; r++) e->g0 += (int64_t)v[r];

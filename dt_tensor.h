@@ -250,7 +250,7 @@ DT_API dt_status dt_grow(dt_ctx *ctx, void **items, int64_t *cap, int64_t need, 
 /* n values from src (src_dtype) into dst (dst_dtype): any pair of f32 / bf16 / f16 (round to
    nearest even) and f32 <-> i32 / i64 / u8 (float to integer saturates, NaN -> 0). Plain host
    arrays; the loop every f32 <-> bf16 / f16 conversion of dt runs. DT_ERR_DTYPE for a pair it
-   does not convert (it then writes nothing). */
+   does not convert (it then writes nothing). ctx may be NULL (no message, the status only). */
 DT_API dt_status dt_convert(dt_ctx *ctx, void *dst, dt_dtype dst_dtype, const void *src, dt_dtype src_dtype,
                             int64_t n);
 /* A view of `numel(shape)` elements starting at element `offset` of t (row-major, contiguous). */
@@ -1196,7 +1196,7 @@ static int dt__is_float(dt_dtype t) { return t == DT_F32 || t == DT_BF16 || t ==
 DT_API dt_status dt_convert(dt_ctx *ctx, void *dst, dt_dtype dst_dtype, const void *src, dt_dtype src_dtype,
                             int64_t n) {
     int64_t i;
-    if (!ctx) return DT_ERR_ARG;
+    /* ctx may be NULL: the status alone then (dt_ctx_set_error takes a NULL ctx) */
     if (n < 0 || (n > 0 && (!dst || !src)))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_convert: n = %lld, dst %s, src %s; expected n >= 0 and "
                                 "non-NULL arrays", (long long)n, dst ? "set" : "NULL", src ? "set" : "NULL");

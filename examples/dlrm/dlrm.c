@@ -673,7 +673,7 @@ int main(int argc, char **argv) {
             float l;
             int last = mi == o.accum - 1;
             data_batch(&d, &batch, step * o.accum + mi, micro, g_rank, W);
-            dt_bucketer_set_sync(bk, last);
+            CHECK(dt_bucketer_set_sync(bk, last));
             CHECK(dt_embed_set_sync(m.emb, last));
             logits = forward(&v, &m, &a, &batch, &kb);
             CHECK(dt_bce_logits_fwd(&ctx, &l, logits, &batch.labels));

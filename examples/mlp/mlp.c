@@ -192,7 +192,7 @@ int main(int argc, char **argv) {
     }
     train(ctx, world, &o, &ps, &m, NULL);
     dt_params_free(ctx, &ps);
-    dt_comm_free(world); /* finalizes MPI */
+    dt_comm_free(world); /* MPI is finalized at exit */
     dt_ctx_shutdown(ctx);
     return 0;
 }
