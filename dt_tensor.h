@@ -2851,16 +2851,13 @@ DT_API void dt_strbuf_add(dt_strbuf *b, const char *s, size_t n) {
     if (!b || b->failed) return;
     if ((!s && n) || !b->ctx) { b->failed = 1; return; } /* a NULL string is a failed write, not a crash */
     if (n >= (size_t)PTRDIFF_MAX - b->len) { b->failed = 1; return; }
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        char *q;
-        while (cap < b->len + n + 1) cap = cap > (size_t)PTRDIFF_MAX / 2 ? b->len + n + 1 : 2 * cap;
-        q = (char *)dt_alloc(b->ctx, cap);
-        if (!q) { b->failed = 1; return; }
-        if (b->len) memcpy(q, b->text, b->len);
-        dt_release(b->ctx, b->text);
-        b->text = q;
-        b->cap = cap;
+    if (b->len + n + 1 > b->cap) { /* the one growable array (n < PTRDIFF_MAX - len: fits int64) */
+        int64_t cap = (int64_t)b->cap;
+        if (dt_grow(b->ctx, (void **)&b->text, &cap, (int64_t)(b->len + n + 1), 1, "dt_strbuf")) {
+            b->failed = 1;
+            return;
+        }
+        b->cap = (size_t)cap;
     }
     if (n) memcpy(b->text + b->len, s, n);
     b->len += n;
