@@ -6,8 +6,8 @@
 #     it, for root (/root/dt) and for a user "dt" who is not root (/home/dt/dt);
 #   - fresh:<apt>:user_is_told_what_to_run  the user runs ./build.sh demo before any package is
 #     there: it must stop (non-zero) with the apt-get line to run as root, and su -c '...';
-#   - fresh:<apt>:demo   as root, ./build.sh demo installs the packages, builds, trains on one
-#     process and on 2 ranks and compares the final losses: exit status 0;
+#   - fresh:<apt>:demo   as root, ./build.sh demo installs the packages, builds, trains DLRM on
+#     one process and on 4 ranks and compares them: exit status 0 and its verdict lines;
 #   - fresh:<apt>:test   as root, ./build.sh test must end "N passed, 0 failed, N skipped";
 #   - fresh:<apt>:user_demo  the user's ./build.sh demo, once root has installed the packages.
 # One PASS/FAIL/SKIP line per check (tests/run.sh counts them, DT_TEST_FRESH=1 ./build.sh test),
@@ -193,8 +193,11 @@ prepare_root() {
     git clone -q "$ROOT" "$R/home/dt/dt" && chown -R "$DT_UID:$DT_GID" "$R/home/dt/dt"
 }
 
-# The demo's verdict line(s), on one line.
-demo_verdict() { grep -A1 -E '^  the [0-9]+-rank run' "$1" | sed 's/^ *//' | tr '\n' ' ' | sed 's/ $//'; }
+# The demo's verdict lines (the early steps' agreement, the AUCs) and its last line, on one line.
+demo_verdict() {
+    grep -q '^final: loss [^ ]* auc ' "$1" || return 0
+    grep -E '^  (steps 1-[0-9]+|held-out AUC):' "$1" | sed 's/^ *//' | tr '\n' ' ' | sed 's/ $//'
+}
 
 run_variant() {
     local v=$1 rec d=$W/$1 log rc t0 line failed=$nfail
