@@ -1608,6 +1608,47 @@ static void test_corrupt_scaler_fields(void) {
     dt_params_free(&C, &ps);
 }
 
+/* Parameters with a zero dim ([0, 8] f32, [3, 0] bf16 with f32 master) beside a normal one:
+   the optimizer is made, steps, saves and loads them (dt_tensor_create_like keeps ndim), and the
+   normal parameter's update is the one it gets alone. */
+static void test_empty_params(void) {
+    dt_params ps = {0}, ref = {0};
+    dt_param *w, *wr;
+    dt_optimizer *opt = NULL, *opt_ref = NULL;
+    dt_opt_desc od;
+    dt_param_desc d;
+    dt_checkpoint_desc cd;
+    char dir[sizeof ROOT + 32];
+    int ok = 1, i;
+    memset(&od, 0, sizeof od);
+    od.kind = DT_OPT_ADAMW; od.lr = 0.1;
+    memset(&d, 0, sizeof d);
+    d.name = "w"; d.shape[0] = 4; d.init.kind = DT_INIT_NORMAL; d.init.std = 1; d.init.seed = 3;
+    ok = ok && !dt_params_add(&C, &ps, &w, &d) && !dt_params_add(&C, &ref, &wr, &d);
+    memset(&d, 0, sizeof d);
+    d.name = "empty_rows"; d.shape[0] = 0; d.shape[1] = 8; d.ndim = 2;
+    ok = ok && !dt_params_add(&C, &ps, NULL, &d);
+    d.name = "empty_cols_bf16"; d.shape[0] = 3; d.shape[1] = 0; d.ndim = 2; d.dtype = DT_BF16;
+    ok = ok && !dt_params_add(&C, &ps, NULL, &d);
+    ok = ok && !dt_opt_create(&C, &opt, &ps, &od) && !dt_opt_create(&C, &opt_ref, &ref, &od);
+    if (!dt_test_check_all("opt_takes_params_with_a_zero_dim", ok, "%s", dt_ctx_error(&C))) goto done;
+    for (i = 0; i < 4; i++) ((float *)w->grad.data)[i] = ((float *)wr->grad.data)[i] = 0.5f * (float)(i - 1);
+    ok = !dt_opt_step(opt, NULL) && !dt_opt_step(opt_ref, NULL);
+    dt_test_check_all("opt_step_with_empty_params_equals_without", ok && !memcmp(w->value.data, wr->value.data, 16),
+                      "%s", ok ? "w differs from the run without empty params" : dt_ctx_error(&C));
+    snprintf(dir, sizeof dir, "%s/empty_params", ROOT);
+    memset(&cd, 0, sizeof cd);
+    cd.dir = dir;
+    ok = !dt_checkpoint_save(&C, &ps, opt, NULL, &cd) && !dt_checkpoint_load(&C, &ps, opt, NULL, &cd);
+    dt_test_check_all("checkpoint_of_params_with_a_zero_dim_round_trips", ok && !memcmp(w->value.data, wr->value.data, 16),
+                      "%s", ok ? "w changed by the round trip" : dt_ctx_error(&C));
+done:
+    dt_opt_free(opt);
+    dt_opt_free(opt_ref);
+    dt_params_free(&C, &ps);
+    dt_params_free(&C, &ref);
+}
+
 int main(void) {
     dt_ctx_init(&C, NULL);
     snprintf(ROOT, sizeof ROOT, "%s/test_opt", dt_test_tmpdir());
@@ -1638,6 +1679,7 @@ int main(void) {
     test_xxh64();
     test_peak();
     test_load_memory();
+    test_empty_params();
     DT_TEST_CHECK("no_bytes_leaked", C.bytes_in_use == 0);
     dt_ctx_shutdown(&C);
     return dt_test_finish();
