@@ -1,0 +1,315 @@
+/* dt_parallel.h - the dense half of hybrid parallelism for the dt toolkit: the process grid
+   (dp x tp x pp), a flat parameter and gradient arena, data parallelism with bucketed gradient
+   sync and ZeRO stages 1-3, Megatron tensor and sequence parallel layers, pipeline schedules,
+   and a Chrome-trace timeline of compute and communication.            v0.1, MIT licence
+
+   Do this:
+       #define DT_PARALLEL_IMPLEMENTATION    (or DT_IMPLEMENTATION for every dt header)
+   before you include this file in *one* C or C++ file to create the implementation.
+   Include order: dt_tensor.h, dt_comm.h, dt_opt.h, dt_parallel.h.
+
+   Compile-time options:
+     in every file:
+       DT_STATIC, DT_API   as in dt_tensor.h.
+     in the implementation file only:
+       DT_MPI              (seen by dt_comm.h) a grid over MPI ranks; without it the world is one
+                           rank and every layout but 1 x 1 x 1 is a named error.
+
+   API in one breath:
+       grid           dt_layout_create / _free / _rank_of / _describe / _string
+       batch          dt_layout_batch_range (which global samples this dp rank reads)
+       arena          dt_arena_create / _free (one flat buffer per dtype for values, one for grads)
+       data parallel  dt_zero_create / _free / _micro_begin / _gather / _release / _grad_ready /
+                      _step / _memory / _checkpoint_save / _checkpoint_load   (stage 0 = DDP,
+                      1-3 = ZeRO; the optimizer lives inside)
+       tensor par.    dt_tp_allreduce, dt_sp_gather_rows / dt_sp_scatter_rows,
+                      dt_tp_column_linear_fwd/_bwd, dt_tp_row_linear_fwd/_bwd,
+                      dt_tp_embedding_fwd/_bwd, dt_tp_xent_fwd/_bwd
+       pipeline       dt_pp_schedule_create / _free / _simulate / _format
+       timeline       dt_trace_create / _free / _begin / _end / _attach / _write / _overlap
+
+   The licence (MIT) is at the end of this file.
+*/
+#ifndef DT_PARALLEL_H
+#define DT_PARALLEL_H
+
+#if !defined(DT_TENSOR_H) || !defined(DT_COMM_H) || !defined(DT_OPT_H)
+#error "dt_parallel.h needs dt_tensor.h, dt_comm.h and dt_opt.h included before it"
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- the grid
+
+   world = dp x tp x pp ranks in Megatron's order, tp innermost:
+       rank = tp_rank + TP * (dp_rank + DP * pp_rank)
+   so the ranks of a tensor-parallel group are neighbours (one host, the fastest links). */
+
+typedef struct dt_layout_desc {
+    int dp;   /* 0 = world size / (tp * pp) */
+    int tp;   /* 0 = 1 */
+    int pp;   /* 0 = 1 */
+} dt_layout_desc;
+
+/* Read the fields; every comm is non-NULL (a group of one where the size is 1). */
+typedef struct dt_layout {
+    dt_ctx *ctx;
+    dt_comm *world;
+    int size, rank;                /* of world */
+    int dp, tp, pp;                /* resolved sizes, dp * tp * pp = size */
+    int dp_rank, tp_rank, pp_rank; /* this rank's coordinates */
+    dt_comm *dp_comm;    /* same (tp, pp), dp varies: gradient sync and ZeRO shards */
+    dt_comm *tp_comm;    /* same (dp, pp), tp varies: tensor-parallel collectives */
+    dt_comm *pp_comm;    /* same (dp, tp), pp varies: stage-to-stage send / recv (rank = pp_rank) */
+    dt_comm *dptp_comm;  /* same pp: the dp x tp ranks of one stage (ZeRO shards of tp shards) */
+} dt_layout;
+
+/* Collective over world. Sizes that do not divide the world are DT_ERR_ARG naming them. */
+DT_API dt_status dt_layout_create(dt_comm *world, dt_layout **out, const dt_layout_desc *desc);
+DT_API void dt_layout_free(dt_layout *l);
+/* World rank of the coordinates (-1 when one is out of range). */
+DT_API int dt_layout_rank_of(const dt_layout *l, int dp_rank, int tp_rank, int pp_rank);
+/* Collective over world: a picture of the grid (every rank's coordinates and host) into out. */
+DT_API dt_status dt_layout_describe(dt_layout *l, dt_strbuf *out);
+/* "dp=2,tp=2,pp=1" into buf (for dt_checkpoint_desc.layout); returns buf. */
+DT_API const char *dt_layout_string(const dt_layout *l, char *buf, size_t n);
+/* Samples [*first, *first + *count) of a global batch of `global_batch` samples are this dp rank's
+   (a contiguous block; the global batch is the same at any dp). global_batch not divisible by dp
+   is DT_ERR_ARG. */
+DT_API dt_status dt_layout_batch_range(const dt_layout *l, int64_t global_batch, int64_t *first, int64_t *count);
+
+/* ---------------------------------------------------------------- the arena
+
+   llm.c's one contiguous block: the values of every parameter of a set live in one flat buffer
+   per dtype, and every gradient in one f32 buffer, in registration order. Each dt_param's value
+   and grad become views into them (owns = 0). Parameters are grouped into units (a transformer
+   block, the embeddings, the head): the unit is what ZeRO-3 gathers and frees, and what the
+   gradient sync launches as one piece. */
+
+typedef struct dt_arena_desc {
+    const int *units;  /* per ps item: its unit, non-decreasing from 0; NULL = one unit per parameter */
+} dt_arena_desc;
+
+typedef struct dt_arena {
+    dt_ctx *ctx;
+    dt_params *params;
+    dt_tensor values[DT_DTYPE_COUNT]; /* flat value buffer of each dtype in use (data NULL if none) */
+    dt_tensor grads;                  /* flat f32 gradient buffer */
+    int64_t *value_offset;            /* per param: first element in values[its dtype] */
+    int64_t *grad_offset;             /* per param: first element in grads */
+    int *unit;                        /* per param */
+    int n_units;
+    int *unit_first;                  /* per unit: index of its first param; unit_first[n_units] = count */
+} dt_arena;
+
+/* Moves every parameter of ps into the arena (values kept). ps must not change afterwards. */
+DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, const dt_arena_desc *desc);
+/* Frees the buffers: the params' views then point nowhere; free the arena last. NULL is a no-op. */
+DT_API void dt_arena_free(dt_arena *a);
+
+/* ---------------------------------------------------------------- data parallel and ZeRO
+
+   One object syncs gradients over the dp group and owns the optimizer:
+     stage 0  DDP: grads all-reduced (averaged over dp) in buckets of whole units, launched by
+              dt_zero_grad_ready during backward; the optimizer updates every full parameter.
+     stage 1  optimizer state (and the f32 master of bf16/f16 values) sharded over dp: grads are
+              reduce-scattered at the step, each rank updates its shard, parameters all-gathered.
+     stage 2  as 1, and grads reduce-scattered per unit during backward; only the shard is kept.
+     stage 3  as 2, and parameters sharded too (FSDP): dt_zero_gather brings a unit's full
+              parameters before its forward and backward, dt_zero_release frees them, and the next
+              unit's gather is prefetched while this one computes.
+   Shards are whole rows (dim 0) of each tensor, FSDP2's per-parameter sharding: every shard is a
+   box of its logical tensor, so dt_opt.h's checkpoints save and reshard them unchanged (a run at
+   ZeRO-3 on 4 ranks resumes at ZeRO-0 on 1). */
+
+typedef struct dt_zero_desc {
+    int stage;                 /* 0..3 */
+    int64_t bucket_bytes;      /* stage 0: 0 = 25 MB; units are never split */
+    int prefetch;              /* stage 3: 0 = default (on), -1 = off */
+    dt_opt_desc opt;           /* the optimizer; its comm and norm comms are filled in from the layout */
+} dt_zero_desc;
+
+typedef struct dt_zero dt_zero; /* opaque */
+
+/* Memory of this rank, bytes: what it holds now and at its peak, and DeepSpeed's formula for the
+   stage (16 psi baseline, 4 psi + 12 psi / N, 2 psi + 14 psi / N, 16 psi / N for mixed-precision
+   Adam; the f32 analogues for f32 training) for comparison. */
+typedef struct dt_zero_memory {
+    int64_t psi;               /* parameters of the model replica this rank's stage holds a part of */
+    size_t param_bytes, grad_bytes, master_bytes, state_bytes, total_bytes;
+    double formula_bytes;      /* the stage's formula for psi and N = dp */
+    const char *formula;       /* "4psi + 12psi/N", ... */
+} dt_zero_memory;
+
+DT_API dt_status dt_zero_create(dt_layout *l, dt_zero **out, dt_arena *a, const dt_zero_desc *desc);
+DT_API void dt_zero_free(dt_zero *z);
+DT_API dt_optimizer *dt_zero_optimizer(dt_zero *z);
+/* As dt_opt_micro_begin: the backward seed for micro-step `micro`, and sync on the last one. */
+DT_API dt_status dt_zero_micro_begin(dt_zero *z, float *dloss, int micro);
+/* Stage 3: the unit's full parameters are present after this (and the next unit in the order
+   of the calls is prefetched); other stages: nothing to do. */
+DT_API dt_status dt_zero_gather(dt_zero *z, int unit);
+DT_API dt_status dt_zero_release(dt_zero *z, int unit);
+/* The unit's grads are final for this micro-step: stage 0 may launch its bucket's all-reduce,
+   stages 2-3 its reduce-scatter. Calling it is optional (dt_zero_step syncs what is left). */
+DT_API dt_status dt_zero_grad_ready(dt_zero *z, int unit);
+/* Finishes the sync, steps the optimizer (clipping, loss scaling as dt_opt_step), all-gathers
+   updated parameters (stages 1-2) and zeroes the grads for the next step. */
+DT_API dt_status dt_zero_step(dt_zero *z, dt_opt_step_info *info);
+DT_API dt_status dt_zero_memory_get(dt_zero *z, dt_zero_memory *out);
+/* Checkpoints of the parameters and the (sharded) optimizer through dt_opt.h, collective over
+   the world; desc.comm and desc.layout are filled in. */
+DT_API dt_status dt_zero_checkpoint_save(dt_zero *z, const dt_train_state *state, const dt_checkpoint_desc *desc);
+DT_API dt_status dt_zero_checkpoint_load(dt_zero *z, dt_train_state *state, const dt_checkpoint_desc *desc);
+
+/* ---------------------------------------------------------------- tensor and sequence parallel
+
+   Megatron-LM's layers over l->tp_comm. Activations are rows x features ([B, T, C] is B*T rows).
+   Without sequence parallelism (sp = 0) the input of a column-parallel linear and the output of
+   a row-parallel one are whole on every tp rank. With sp = 1 they are sharded by rows: tp rank
+   k holds rows [k*N/tp, (k+1)*N/tp) (N rows divisible by tp), layernorm, dropout and residual
+   run on that slice, the all-gather comes before the column-parallel linear and the
+   reduce-scatter after the row-parallel one, replacing the all-reduces. Parameters used in the
+   sharded region (layernorms, the row-parallel bias) then get partial grads on each tp rank:
+   sum them with dt_tp_allreduce before the optimizer step (Megatron does the same). */
+
+/* x = sum over tp of x, in place (Megatron's g forward and f backward). */
+DT_API dt_status dt_tp_allreduce(dt_layout *l, dt_tensor *x);
+/* full [N, C] = the row shards [N/tp, C] of every tp rank, in rank order. */
+DT_API dt_status dt_sp_gather_rows(dt_layout *l, dt_tensor *full, const dt_tensor *shard);
+/* shard [N/tp, C] = this rank's rows of the sum over tp of full [N, C]. */
+DT_API dt_status dt_sp_scatter_rows(dt_layout *l, dt_tensor *shard, const dt_tensor *full);
+
+/* Column-parallel linear: w [O/tp, I] and bias [O/tp] are this rank's rows of the [O, I] weight;
+   out [N, O/tp] = x_all @ w^T + bias, with x_all = x (sp 0, x [N, I]) or the gathered rows of x
+   (sp 1, x [N/tp, I]; x_all is written into xbuf [N, I], kept for the backward).
+   bwd: dw += dout^T x_all, dbias += colsum(dout), dx += (dout @ w) summed over tp (sp 0: all-reduce,
+   sp 1: reduce-scatter into the row shard; dxbuf [N, I] is the scratch of the sum). */
+DT_API dt_status dt_tp_column_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor *xbuf, const dt_tensor *x,
+                                         const dt_tensor *w, const dt_tensor *bias, int sp);
+DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
+                                         dt_tensor *dxbuf, const dt_tensor *dout, const dt_tensor *xbuf_or_x,
+                                         const dt_tensor *w, int sp);
+/* Row-parallel linear: w [O, I/tp] is this rank's columns, bias [O] whole (added after the sum);
+   x [N, I/tp]; partial [N, O] = x @ w^T (scratch); out = sum over tp of partial + bias: [N, O]
+   (sp 0, all-reduce) or this rank's rows [N/tp, O] (sp 1, reduce-scatter).
+   bwd: dout is [N, O] (sp 0) or [N/tp, O] (sp 1, gathered into doutbuf [N, O]);
+   dx += dout_all @ w, dw += dout_all^T x, dbias += colsum(dout) (the local rows under sp 1). */
+DT_API dt_status dt_tp_row_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor *partial, const dt_tensor *x,
+                                      const dt_tensor *w, const dt_tensor *bias, int sp);
+DT_API dt_status dt_tp_row_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
+                                      dt_tensor *doutbuf, const dt_tensor *dout, const dt_tensor *x,
+                                      const dt_tensor *w, int sp);
+/* Vocab-parallel embedding: table [V/tp, C] holds rows [vocab_start, vocab_start + V/tp) of the
+   [V, C] table; ids i32 [N] global; out = sum over tp of the local lookups (ids outside the
+   range give 0): [N, C] (sp 0) or this rank's rows [N/tp, C] (sp 1; partial [N, C] scratch).
+   bwd: dtable[id - vocab_start] += dout_all[n] for the ids in range (sp 1: dout gathered into
+   doutbuf [N, C]). An id outside [0, vocab) is DT_ERR_RANGE. */
+DT_API dt_status dt_tp_embedding_fwd(dt_layout *l, dt_tensor *out, dt_tensor *partial, const dt_tensor *table,
+                                     const dt_tensor *ids, int64_t vocab_start, int64_t vocab, int sp);
+DT_API dt_status dt_tp_embedding_bwd(dt_layout *l, dt_tensor *dtable, dt_tensor *doutbuf, const dt_tensor *dout,
+                                     const dt_tensor *ids, int64_t vocab_start, int64_t vocab, int sp);
+/* Vocab-parallel cross entropy: logits [N, Vp/tp] are this rank's columns [vocab_start, ...) of
+   the [N, Vp] logits (Vp >= vocab: columns >= vocab are padding and ignored, as llm.c pads its
+   vocab); targets i32 [N], ignore_index skipped. Three all-reduces over tp (row max, target
+   logit, sum of exp); the full logits are never gathered. stats [N, 2] f32 keeps each row's max
+   and log-sum-exp for the backward. *loss = mean over non-ignored targets, *n_valid their count.
+   bwd: dlogits += dloss / n_valid * (softmax - onehot(target)) on this rank's columns. */
+DT_API dt_status dt_tp_xent_fwd(dt_layout *l, float *loss, int64_t *n_valid, dt_tensor *stats,
+                                const dt_tensor *logits, const dt_tensor *targets, int64_t vocab_start,
+                                int64_t vocab, int ignore_index);
+DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tensor *logits, const dt_tensor *stats,
+                                const dt_tensor *targets, int64_t vocab_start, int64_t vocab, int ignore_index,
+                                float dloss);
+
+/* ---------------------------------------------------------------- pipeline schedules */
+
+/* (declared by the pipeline section) */
+
+/* ---------------------------------------------------------------- timeline
+
+   Spans of compute (dt_trace_begin / _end, nested) and every collective of the comms attached,
+   per rank, written as one Chrome-trace JSON for all ranks (clocks aligned to rank 0's), which
+   Perfetto and chrome://tracing open: one process per rank, one track for compute and one per
+   comm. Every function takes a NULL trace and does nothing, so model code calls them always. */
+
+typedef struct dt_trace dt_trace; /* opaque */
+
+/* Collective over world. */
+DT_API dt_status dt_trace_create(dt_comm *world, dt_trace **out);
+DT_API void dt_trace_free(dt_trace *t);
+DT_API void dt_trace_begin(dt_trace *t, const char *name); /* name: a string literal or one that outlives t */
+DT_API void dt_trace_end(dt_trace *t);
+/* Records every collective and send / recv of c from now on (post to completion). */
+DT_API dt_status dt_trace_attach(dt_trace *t, dt_comm *c);
+/* Collective over world: rank 0 writes every rank's events to path. */
+DT_API dt_status dt_trace_write(dt_trace *t, const char *path);
+/* This rank's time in collectives, and the part of it that overlapped a compute span. */
+DT_API dt_status dt_trace_overlap(const dt_trace *t, double *comm_seconds, double *overlapped_seconds);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_PARALLEL_H */
+
+/* ================================================================ implementation */
+
+#if defined(DT_IMPLEMENTATION) && !defined(DT_PARALLEL_IMPLEMENTATION)
+#define DT_PARALLEL_IMPLEMENTATION
+#endif
+
+#ifdef DT_PARALLEL_IMPLEMENTATION
+#ifndef DT_PARALLEL_IMPLEMENTATION_DONE
+#define DT_PARALLEL_IMPLEMENTATION_DONE
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- grid (impl) */
+
+/* ---------------------------------------------------------------- arena (impl) */
+
+/* ---------------------------------------------------------------- ZeRO (impl) */
+
+/* ---------------------------------------------------------------- tensor parallel (impl) */
+
+/* ---------------------------------------------------------------- pipeline (impl) */
+
+/* ---------------------------------------------------------------- timeline (impl) */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DT_PARALLEL_IMPLEMENTATION_DONE */
+#endif /* DT_PARALLEL_IMPLEMENTATION */
+
+/*
+   ------------------------------------------------------------------------------------------------
+   MIT License
+
+   Copyright (c) 2026 the dt authors
+
+   Permission is hereby granted, free of charge, to any person obtaining a copy of this software
+   and associated documentation files (the "Software"), to deal in the Software without
+   restriction, including without limitation the rights to use, copy, modify, merge, publish,
+   distribute, sublicense, and/or sell copies of the Software, and to permit persons to whom the
+   Software is furnished to do so, subject to the following conditions:
+
+   The above copyright notice and this permission notice shall be included in all copies or
+   substantial portions of the Software.
+
+   THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING
+   BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND
+   NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM,
+   DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+   OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+*/
