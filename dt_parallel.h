@@ -148,8 +148,17 @@ DT_API void dt_zero_free(dt_zero *z);
 DT_API dt_optimizer *dt_zero_optimizer(dt_zero *z);
 /* As dt_opt_micro_begin: the backward seed for micro-step `micro`, and sync on the last one. */
 DT_API dt_status dt_zero_micro_begin(dt_zero *z, float *dloss, int micro);
-/* Stage 3: the unit's full parameters are present after this (and the next unit in the order
-   of the calls is prefetched); other stages: nothing to do. */
+/* The model calls, every stage alike (no-ops where a stage has nothing to do):
+       forward:   for u = 0 .. U-1:   dt_zero_gather(u); forward of u; dt_zero_release(u)
+       backward:  dt_zero_backward_begin(); then for u = U-1 .. 0:
+                  dt_zero_gather(u); backward of u; dt_zero_grad_ready(u); dt_zero_release(u)
+   A unit may be gathered more than once (GPT's token embedding is also its output head).
+   Stage 3: the unit's full parameters are present from dt_zero_gather to dt_zero_release (the
+   next unit in the order of the calls is prefetched). Stages 2-3: after dt_zero_backward_begin,
+   a unit's full-size grads exist (zeroed) from its first dt_zero_gather until dt_zero_grad_ready,
+   which reduce-scatters them into this rank's shard (accumulating over micro-steps) and gives
+   the buffer back. */
+DT_API dt_status dt_zero_backward_begin(dt_zero *z);
 DT_API dt_status dt_zero_gather(dt_zero *z, int unit);
 DT_API dt_status dt_zero_release(dt_zero *z, int unit);
 /* The unit's grads are final for this micro-step: stage 0 may launch its bucket's all-reduce,
