@@ -185,7 +185,7 @@ typedef struct dt_zero_memory {
     size_t peak_bytes;         /* the most this rank held at once (total_bytes plus the transient
                                   gather / reduce-scatter buffers and unit buffers, since create) */
     double formula_bytes;      /* the stage's formula for psi and N = dp */
-    const char *formula;       /* "4psi + 12psi/N", ... */
+    const char *formula;       /* "4psi + 12psi/N", ...: points into the dt_zero (valid while it lives) */
 } dt_zero_memory;
 
 DT_API dt_status dt_zero_create(dt_layout *l, dt_zero **out, dt_arena *a, const dt_zero_desc *desc);
