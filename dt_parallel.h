@@ -366,6 +366,205 @@ extern "C" {
 
 /* ---------------------------------------------------------------- grid (impl) */
 
+#if !defined(__cplusplus) && (defined(__unix__) || defined(__APPLE__))
+/* POSIX, declared here because strict -std=c99 hides it in <unistd.h> (as dt_tensor.h does
+   for fsync). */
+extern int gethostname(char *name, size_t len);
+#define DT__PL_HOSTNAME 1
+#elif defined(__cplusplus) && (defined(__unix__) || defined(__APPLE__))
+} /* a system header goes outside the extern "C" block */
+#include <unistd.h>
+extern "C" {
+#define DT__PL_HOSTNAME 1
+#endif
+
+/* dt_tensor.h's DT__TRY is private to its implementation (which may be in another file) */
+#define DT__PL_TRY(x) do { dt_status dt__pl_s = (x); if (dt__pl_s) return dt__pl_s; } while (0)
+
+#define DT__PL_HOST_MAX 64 /* bytes of a host name in dt_layout_describe's records */
+#define DT__PL_REC (16 + DT__PL_HOST_MAX) /* rank, dp, tp, pp as 4 little-endian u32, then the host */
+
+/* Frees the groups of l (split from l->world, so they go first; world is the caller's). */
+static void dt__pl_layout_release(dt_layout *l) {
+    dt_comm_free(l->dptp_comm);
+    dt_comm_free(l->pp_comm);
+    dt_comm_free(l->tp_comm);
+    dt_comm_free(l->dp_comm);
+    dt_release(l->ctx, l);
+}
+
+/* Splits l->world into the group of ranks with the same `color`, ordered by `key`, named `name`. */
+static dt_status dt__pl_split(dt_layout *l, dt_comm **out, int color, int key, const char *name) {
+    DT__PL_TRY(dt_comm_split(l->world, out, color, key));
+    return dt_comm_set_name(*out, name);
+}
+
+DT_API dt_status dt_layout_create(dt_comm *world, dt_layout **out, const dt_layout_desc *desc) {
+    const char *fn = "dt_layout_create";
+    dt_ctx *ctx;
+    dt_layout *l;
+    dt_layout_desc d;
+    int64_t tpp = 0, all = 0;
+    int size, rank;
+    dt_status st;
+    if (!world) return DT_ERR_ARG; /* no ctx to say it in */
+    ctx = dt_comm_ctx(world);
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    *out = NULL;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if (d.dp < 0 || d.tp < 0 || d.pp < 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.dp = %d, desc.tp = %d, desc.pp = %d; expected sizes >= 0 "
+                                "(0 = default)", fn, d.dp, d.tp, d.pp);
+    size = dt_comm_size(world);
+    rank = dt_comm_rank(world);
+    if (!d.tp) d.tp = 1;
+    if (!d.pp) d.pp = 1;
+    dt_mul_ok(d.tp, d.pp, &tpp); /* two ints: always fits */
+    if (!d.dp) {
+        if (size % tpp)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tp x pp = %d x %d = %lld does not divide the world size %d, "
+                                    "so dp cannot be derived; expected world size = dp x tp x pp", fn, d.tp, d.pp,
+                                    (long long)tpp, size);
+        d.dp = (int)(size / tpp);
+    }
+    dt_mul_ok(tpp, d.dp, &all); /* < 2^93 would not fit, but each factor is < 2^31: 2^62 fits */
+    if (all != size)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dp x tp x pp = %d x %d x %d = %lld does not equal the world size "
+                                "%d; expected sizes whose product is the world size", fn, d.dp, d.tp, d.pp,
+                                (long long)all, size);
+    l = (dt_layout *)dt_alloc(ctx, sizeof *l);
+    if (!l) return DT_ERR_OOM;
+    memset(l, 0, sizeof *l);
+    l->ctx = ctx;
+    l->world = world;
+    l->size = size;
+    l->rank = rank;
+    l->dp = d.dp;
+    l->tp = d.tp;
+    l->pp = d.pp;
+    /* rank = tp + TP * (dp + DP * pp) */
+    l->tp_rank = rank % l->tp;
+    l->dp_rank = (rank / l->tp) % l->dp;
+    l->pp_rank = rank / (l->tp * l->dp);
+    /* every rank splits in the same order; a group's key is the coordinate that varies in it */
+    st = dt__pl_split(l, &l->dp_comm, l->tp_rank + l->tp * l->pp_rank, l->dp_rank, "dp");
+    if (!st) st = dt__pl_split(l, &l->tp_comm, l->dp_rank + l->dp * l->pp_rank, l->tp_rank, "tp");
+    if (!st) st = dt__pl_split(l, &l->pp_comm, l->tp_rank + l->tp * l->dp_rank, l->pp_rank, "pp");
+    if (!st) st = dt__pl_split(l, &l->dptp_comm, l->pp_rank, l->tp_rank + l->tp * l->dp_rank, "dptp");
+    if (st) {
+        dt__pl_layout_release(l);
+        return st;
+    }
+    *out = l;
+    return DT_OK;
+}
+
+DT_API void dt_layout_free(dt_layout *l) {
+    if (l) dt__pl_layout_release(l);
+}
+
+DT_API int dt_layout_rank_of(const dt_layout *l, int dp_rank, int tp_rank, int pp_rank) {
+    if (!l || dp_rank < 0 || dp_rank >= l->dp || tp_rank < 0 || tp_rank >= l->tp || pp_rank < 0 || pp_rank >= l->pp)
+        return -1;
+    return tp_rank + l->tp * (dp_rank + l->dp * pp_rank);
+}
+
+DT_API const char *dt_layout_string(const dt_layout *l, char *buf, size_t n) {
+    if (!buf || !n) return buf;
+    if (!l) snprintf(buf, n, "(null)");
+    else snprintf(buf, n, "dp=%d,tp=%d,pp=%d", l->dp, l->tp, l->pp);
+    return buf;
+}
+
+static void dt__pl_put_u32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v & 0xff);
+    p[1] = (unsigned char)((v >> 8) & 0xff);
+    p[2] = (unsigned char)((v >> 16) & 0xff);
+    p[3] = (unsigned char)((v >> 24) & 0xff);
+}
+static int dt__pl_get_u32(const unsigned char *p) {
+    return (int)((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24));
+}
+
+DT_API dt_status dt_layout_describe(dt_layout *l, dt_strbuf *out) {
+    const char *fn = "dt_layout_describe";
+    dt_tensor mine, all;
+    dt_tensor_desc td;
+    unsigned char *rec;
+    char lay[64];
+    int r, dp, tp, pp;
+    dt_status st;
+    if (!l) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    /* one fixed-size record per rank (coordinates and host name), all-gathered: every rank
+       gets the whole picture */
+    memset(&td, 0, sizeof td);
+    td.dtype = DT_U8;
+    td.shape[0] = DT__PL_REC;
+    DT__PL_TRY(dt_tensor_create(l->ctx, &mine, &td));
+    td.shape[0] = (int64_t)DT__PL_REC * l->size;
+    st = dt_tensor_create(l->ctx, &all, &td);
+    if (st) {
+        dt_tensor_free(l->ctx, &mine);
+        return st;
+    }
+    rec = (unsigned char *)mine.data;
+    dt__pl_put_u32(rec, (uint32_t)l->rank);
+    dt__pl_put_u32(rec + 4, (uint32_t)l->dp_rank);
+    dt__pl_put_u32(rec + 8, (uint32_t)l->tp_rank);
+    dt__pl_put_u32(rec + 12, (uint32_t)l->pp_rank);
+#ifdef DT__PL_HOSTNAME
+    if (gethostname((char *)rec + 16, DT__PL_HOST_MAX - 1) != 0) snprintf((char *)rec + 16, DT__PL_HOST_MAX, "?");
+#else
+    snprintf((char *)rec + 16, DT__PL_HOST_MAX, "?");
+#endif
+    rec[16 + DT__PL_HOST_MAX - 1] = 0;
+    st = dt_comm_allgather(l->world, &all, &mine);
+    dt_tensor_free(l->ctx, &mine);
+    if (st) {
+        dt_tensor_free(l->ctx, &all);
+        return st;
+    }
+    rec = (unsigned char *)all.data;
+    dt_strbuf_printf(out, "layout %s over %d rank%s (rank = tp + %d * (dp + %d * pp))\n",
+                     dt_layout_string(l, lay, sizeof lay), l->size, l->size == 1 ? "" : "s", l->tp, l->dp);
+    dt_strbuf_printf(out, "  rank  host                  dp  tp  pp\n");
+    for (r = 0; r < l->size; r++) {
+        const unsigned char *q = rec + (size_t)r * DT__PL_REC;
+        dt_strbuf_printf(out, "  %4d  %-20.20s %3d %3d %3d\n", dt__pl_get_u32(q), (const char *)q + 16,
+                         dt__pl_get_u32(q + 4), dt__pl_get_u32(q + 8), dt__pl_get_u32(q + 12));
+    }
+    /* the grid: per pipeline stage, which world rank sits at (dp, tp) */
+    for (pp = 0; pp < l->pp; pp++) {
+        dt_strbuf_printf(out, "  stage pp=%d: world rank at (dp row, tp column)\n        ", pp);
+        for (tp = 0; tp < l->tp; tp++) dt_strbuf_printf(out, " tp%-3d", tp);
+        dt_strbuf_printf(out, "\n");
+        for (dp = 0; dp < l->dp; dp++) {
+            dt_strbuf_printf(out, "   dp%-3d", dp);
+            for (tp = 0; tp < l->tp; tp++) dt_strbuf_printf(out, " %5d", dt_layout_rank_of(l, dp, tp, pp));
+            dt_strbuf_printf(out, "\n");
+        }
+    }
+    dt_tensor_free(l->ctx, &all);
+    if (out->failed) return dt_ctx_set_error(l->ctx, DT_ERR_OOM, "%s: out of memory for the text", fn);
+    return DT_OK;
+}
+
+DT_API dt_status dt_layout_batch_range(const dt_layout *l, int64_t global_batch, int64_t *first, int64_t *count) {
+    const char *fn = "dt_layout_batch_range";
+    int64_t per;
+    if (!l) return DT_ERR_ARG;
+    if (!first || !count) return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: %s is NULL", fn, first ? "count" : "first");
+    if (global_batch < 0 || global_batch % l->dp)
+        return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: global_batch = %lld; expected >= 0 and divisible by dp = %d",
+                                fn, (long long)global_batch, l->dp);
+    per = global_batch / l->dp;
+    *first = per * l->dp_rank;
+    *count = per;
+    return DT_OK;
+}
+
 /* ---------------------------------------------------------------- arena (impl) */
 
 /* ---------------------------------------------------------------- ZeRO (impl) */
