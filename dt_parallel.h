@@ -632,10 +632,20 @@ static dt_status dt__tp_split(dt_layout *l, int64_t N, int64_t *local, const cha
 
 /* N = tp * local rows, checked. */
 static dt_status dt__tp_times(dt_layout *l, int64_t local, int64_t *N, const char *fn, const char *what) {
+    *N = 0;
     if (!dt_mul_ok(local, l->tp, N))
         return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: %s rows %lld x tp %d overflows int64", fn, what,
                                 (long long)local, l->tp);
     return DT_OK;
+}
+
+/* Scratch that shares memory with an input would be overwritten before it is read: named. */
+static dt_status dt__tp_apart(dt_ctx *ctx, const dt_tensor *scratch, const dt_tensor *in, const char *fn,
+                              const char *sn, const char *in_name) {
+    const char *a = (const char *)scratch->data, *b = (const char *)in->data;
+    if (!a || !b || a + dt_tensor_bytes(scratch) <= b || b + dt_tensor_bytes(in) <= a) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s shares memory with %s; the scratch must be a buffer of its own",
+                            fn, sn, in_name);
 }
 
 /* A [rows, cols] view of t (leading dims flattened) for the 2-D matmul. */
@@ -706,7 +716,7 @@ DT_API dt_status dt_tp_allreduce(dt_layout *l, dt_tensor *x) {
 }
 
 static dt_status dt__sp_rows_check(dt_layout *l, const dt_tensor *full, const dt_tensor *shard, const char *fn) {
-    int64_t N;
+    int64_t N = 0;
     char a[96], b[96];
     DT__TP_TRY(dt_check_tensor(l->ctx, full, DT_DTYPE_DEFAULT, fn, "full"));
     DT__TP_TRY(dt_check_tensor(l->ctx, shard, DT_DTYPE_DEFAULT, fn, "shard"));
@@ -743,16 +753,16 @@ DT_API dt_status dt_tp_column_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor
                                          const dt_tensor *w, const dt_tensor *bias, int sp) {
     const char *fn = "dt_tp_column_linear_fwd";
     const dt_tensor *xall = x;
-    int64_t N, I;
+    int64_t N, In;
     DT__TP_TRY(dt__tp_begin(l, sp, fn));
     DT__TP_TRY(dt__tp_weight(l->ctx, w, bias, w ? w->shape[0] : 0, fn, "w", "bias"));
-    I = w->shape[1];
+    In = w->shape[1];
     DT__TP_TRY(dt_check_tensor(l->ctx, x, DT_F32, fn, "x"));
     N = dt__tp_rows(x);
-    DT__TP_TRY(dt__tp_mat(l->ctx, x, N, I, fn, "x", "w.shape[1] in features"));
+    DT__TP_TRY(dt__tp_mat(l->ctx, x, N, In, fn, "x", "w.shape[1] in features"));
     if (sp) {
         DT__TP_TRY(dt__tp_times(l, N, &N, fn, "x"));
-        DT__TP_TRY(dt__tp_mat(l->ctx, xbuf, N, I, fn, "xbuf", "tp x the rows of x: the gathered input"));
+        DT__TP_TRY(dt__tp_mat(l->ctx, xbuf, N, In, fn, "xbuf", "tp x the rows of x: the gathered input"));
         xall = xbuf;
     }
     DT__TP_TRY(dt__tp_mat(l->ctx, out, N, w->shape[0], fn, "out", "the rows of x_all by w.shape[0], this rank's "
@@ -769,13 +779,13 @@ DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor 
     dt_tensor d2, w2, sum;
     dt_comm_req *req = NULL;
     dt_status st, st2;
-    int64_t N, I, O, nl = 0;
+    int64_t N, In, O, nl = 0;
     DT__TP_TRY(dt__tp_begin(l, sp, fn));
     DT__TP_TRY(dt__tp_weight(l->ctx, w, NULL, 0, fn, "w", "bias"));
-    O = w->shape[0]; I = w->shape[1];
+    O = w->shape[0]; In = w->shape[1];
     DT__TP_TRY(dt_check_tensor(l->ctx, xall, DT_F32, fn, "xbuf_or_x"));
     N = dt__tp_rows(xall);
-    DT__TP_TRY(dt__tp_mat(l->ctx, xall, N, I, fn, "xbuf_or_x", "w.shape[1] in features"));
+    DT__TP_TRY(dt__tp_mat(l->ctx, xall, N, In, fn, "xbuf_or_x", "w.shape[1] in features"));
     DT__TP_TRY(dt__tp_mat(l->ctx, dout, N, O, fn, "dout", "the rows of x_all by w.shape[0]"));
     if (sp) DT__TP_TRY(dt__tp_split(l, N, &nl, fn, "xbuf_or_x"));
     if (dw) {
@@ -786,9 +796,14 @@ DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor 
                                     dt_shape_str(dw, a, sizeof a), dt_shape_str(w, b, sizeof b));
     }
     if (dbias) DT__TP_TRY(dt__tp_weight(l->ctx, w, dbias, O, fn, "w", "dbias"));
-    if (dx) DT__TP_TRY(dt__tp_mat(l->ctx, dx, sp ? nl : N, I, fn, "dx", sp ? "this rank's rows of x_all" : "as x"));
+    if (dx) DT__TP_TRY(dt__tp_mat(l->ctx, dx, sp ? nl : N, In, fn, "dx", sp ? "this rank's rows of x_all" : "as x"));
     if (dx && (dxbuf || l->tp > 1))
-        DT__TP_TRY(dt__tp_mat(l->ctx, dxbuf, N, I, fn, "dxbuf", "as x_all: the scratch of the sum over tp"));
+        DT__TP_TRY(dt__tp_mat(l->ctx, dxbuf, N, In, fn, "dxbuf", "as x_all: the scratch of the sum over tp"));
+    if (dx && dxbuf) {
+        DT__TP_TRY(dt__tp_apart(l->ctx, dxbuf, xall, fn, "dxbuf", "xbuf_or_x"));
+        DT__TP_TRY(dt__tp_apart(l->ctx, dxbuf, dout, fn, "dxbuf", "dout"));
+        DT__TP_TRY(dt__tp_apart(l->ctx, dxbuf, w, fn, "dxbuf", "w"));
+    }
     if (dx && l->tp == 1) return dt_linear_bwd(l->ctx, dx, dw, dbias, dout, xall, w); /* the plain op */
     if (dx) {
         /* dxbuf = this rank's part of dx; its sum over tp travels while dw and dbias are computed */
@@ -798,8 +813,8 @@ DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor 
         if (sp) {
             int64_t shape[2];
             w2 = sum;
-            shape[0] = nl; shape[1] = I;
-            DT__TP_TRY(dt_tensor_view(l->ctx, &sum, &w2, nl * I * l->tp_rank, 2, shape)); /* in place: own block */
+            shape[0] = nl; shape[1] = In;
+            DT__TP_TRY(dt_tensor_view(l->ctx, &sum, &w2, nl * In * l->tp_rank, 2, shape)); /* in place: own block */
             DT__TP_TRY(dt_comm_ireduce_scatter(l->tp_comm, &sum, &w2, DT_REDUCE_SUM, &req));
         } else {
             DT__TP_TRY(dt_comm_iallreduce(l->tp_comm, &sum, DT_REDUCE_SUM, &req));
@@ -831,6 +846,7 @@ DT_API dt_status dt_tp_row_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor *p
     if (partial || (sp && l->tp > 1))
         DT__TP_TRY(dt__tp_mat(l->ctx, partial, N, O, fn, "partial", "the rows of x by w.shape[0]: the scratch of "
                               "the sum over tp"));
+    if (partial && sp && l->tp > 1) DT__TP_TRY(dt__tp_apart(l->ctx, partial, x, fn, "partial", "x"));
     if (l->tp == 1) return dt_linear_fwd(l->ctx, out, x, w, bias); /* the plain op */
     if (sp) {
         DT__TP_TRY(dt_linear_fwd(l->ctx, partial, x, w, NULL));
@@ -860,6 +876,8 @@ DT_API dt_status dt_tp_row_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw
                           "the rows of x by w.shape[0]"));
     if (sp && l->tp > 1) {
         DT__TP_TRY(dt__tp_mat(l->ctx, doutbuf, N, O, fn, "doutbuf", "the rows of x by w.shape[0]: the gathered dout"));
+        DT__TP_TRY(dt__tp_apart(l->ctx, doutbuf, x, fn, "doutbuf", "x"));
+        DT__TP_TRY(dt__tp_apart(l->ctx, doutbuf, w, fn, "doutbuf", "w"));
         dall = doutbuf;
     }
     if (dx) DT__TP_TRY(dt__tp_mat(l->ctx, dx, N, w->shape[1], fn, "dx", "as x"));
@@ -886,7 +904,7 @@ static int64_t dt__tp_id(const dt_tensor *ids, int64_t i) {
 /* The shard [vocab_start, vocab_start + Vl) of a padded vocab tp * Vl, and vocab within it. */
 static dt_status dt__tp_vocab(dt_layout *l, int64_t Vl, int64_t vocab_start, int64_t vocab, const char *fn,
                               const char *what) {
-    int64_t Vp, want;
+    int64_t Vp = 0, want;
     DT__TP_TRY(dt__tp_times(l, Vl, &Vp, fn, what));
     want = Vl * l->tp_rank;
     if (vocab_start != want)
