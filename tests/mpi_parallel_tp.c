@@ -476,6 +476,20 @@ static void test_xent(dt_layout *l) {
     MPI_Allreduce(MPI_IN_PLACE, &lmax, 1, MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);
     dt_test_check_all(nm("vocab_xent_loss_bitwise_equal_on_every_rank"), memcmp(&lmin, &lmax, sizeof lmin) == 0,
                       "losses from %.9g to %.9g", (double)lmin, (double)lmax);
+    {   /* stats: each row's max over the real columns (exact) and log-sum-exp (double, 1e-6 relative) */
+        double worst = 0;
+        int64_t at = -1;
+        for (r = 0; r < N; r++) {
+            double mx = -INFINITY, se = 0, lse;
+            for (c = 0; c < V; c++) if (F(Z)[r * VP + c] > mx) mx = F(Z)[r * VP + c];
+            for (c = 0; c < V; c++) se += exp(F(Z)[r * VP + c] - mx);
+            lse = mx + log(se);
+            if (F(stats)[2 * r] != (float)mx && at < 0) at = r;
+            if (fabs(F(stats)[2 * r + 1] - lse) / fabs(lse) > worst) worst = fabs(F(stats)[2 * r + 1] - lse) / fabs(lse);
+        }
+        dt_test_check_all(nm("vocab_xent_stats_are_row_max_and_logsumexp"), at < 0 && worst <= 1e-6, "row %lld max "
+                          "differs; worst log-sum-exp relative difference %.3g", (long long)at, worst);
+    }
     CK(dt_tp_xent_bwd(l, dz, z, stats, &tg, k * Vl, V, ignore, dloss));
     {   /* real columns: 0.25 + the reference grad; padding columns: untouched */
         dt_tensor *want = fill(m2(N, Vl), 0.25);
