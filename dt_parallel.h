@@ -567,6 +567,150 @@ DT_API dt_status dt_layout_batch_range(const dt_layout *l, int64_t global_batch,
 
 /* ---------------------------------------------------------------- arena (impl) */
 
+static void dt__pl_arena_release(dt_arena *a) {
+    int k;
+    dt_ctx *ctx = a->ctx;
+    for (k = 0; k < DT_DTYPE_COUNT; k++) dt_tensor_free(ctx, &a->values[k]);
+    dt_tensor_free(ctx, &a->grads);
+    dt_release(ctx, a->value_offset);
+    dt_release(ctx, a->grad_offset);
+    dt_release(ctx, a->unit);
+    dt_release(ctx, a->unit_first);
+    dt_release(ctx, a);
+}
+
+/* Allocates n elements of `size` bytes (n >= 0, checked), at least one byte. */
+static void *dt__pl_alloc_n(dt_ctx *ctx, int64_t n, size_t size, const char *fn, const char *what) {
+    int64_t bytes;
+    void *p;
+    if (!dt_mul_ok(n, (int64_t)size, &bytes) || (uint64_t)bytes > (uint64_t)((size_t)-1 / 2)) {
+        dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %lld x %zu bytes of %s do not fit in memory", fn, (long long)n, size,
+                         what);
+        return NULL;
+    }
+    p = dt_alloc(ctx, bytes ? (size_t)bytes : 1);
+    if (p) memset(p, 0, bytes ? (size_t)bytes : 1);
+    return p;
+}
+
+DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, const dt_arena_desc *desc) {
+    const char *fn = "dt_arena_create";
+    dt_arena *a;
+    dt_tensor_desc td;
+    dt_tensor *vviews = NULL, *gviews = NULL;
+    int64_t total[DT_DTYPE_COUNT], gtotal = 0;
+    const int *units = desc ? desc->units : NULL;
+    int i, k, n;
+    dt_status st = DT_OK;
+    if (!ctx) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!ps) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ps is NULL", fn);
+    if (ps->count < 0 || (ps->count > 0 && !ps->items))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ps has count %d and items %p; expected a dt_params", fn,
+                                ps->count, (void *)ps->items);
+    n = ps->count;
+    /* check everything before anything changes: a failed create leaves ps as it was */
+    for (i = 0; i < n; i++) {
+        const dt_param *p = ps->items[i];
+        if (!p || !p->value.data || !p->grad.data)
+            return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: parameter %d (\"%s\") has no value or grad (freed, or "
+                                    "released by ZeRO-3)", fn, i, p ? p->name : "(null)");
+        if (p->value.device != DT_CPU || p->grad.device != DT_CPU)
+            return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: parameter \"%s\" is on %s; the arena holds CPU parameters",
+                                    fn, p->name, dt_device_name(p->value.device));
+        if (p->grad.dtype != DT_F32 || p->grad.numel != p->value.numel)
+            return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: parameter \"%s\" has a %s grad of %lld elements; expected "
+                                    "f32 with the value's %lld", fn, p->name, dt_dtype_name(p->grad.dtype),
+                                    (long long)p->grad.numel, (long long)p->value.numel);
+        if ((int)p->value.dtype <= 0 || p->value.dtype >= DT_DTYPE_COUNT)
+            return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: parameter \"%s\" has dtype %d", fn, p->name,
+                                    (int)p->value.dtype);
+        if (units) {
+            int prev = i ? units[i - 1] : 0;
+            if (units[i] < 0 || (i == 0 && units[0] != 0) || (i > 0 && units[i] != prev && units[i] != prev + 1))
+                return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.units[%d] = %d (parameter \"%s\") after %d; "
+                                        "expected units numbered from 0, each the same as the one before or one "
+                                        "more", fn, i, units[i], p->name, i ? prev : 0);
+        }
+    }
+    for (k = 0; k < DT_DTYPE_COUNT; k++) total[k] = 0;
+    for (i = 0; i < n; i++) {
+        const dt_param *p = ps->items[i];
+        total[p->value.dtype] += p->value.numel; /* each < 2^62 bytes (a live tensor); n < 2^31 */
+        gtotal += p->grad.numel;
+        if (total[p->value.dtype] < 0 || gtotal < 0 || gtotal > ((int64_t)1 << 61))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: the parameters hold more elements than fit", fn);
+    }
+    a = (dt_arena *)dt_alloc(ctx, sizeof *a);
+    if (!a) return DT_ERR_OOM;
+    memset(a, 0, sizeof *a);
+    a->ctx = ctx;
+    a->params = ps;
+    a->n_units = n == 0 ? 0 : units ? units[n - 1] + 1 : n;
+    a->value_offset = (int64_t *)dt__pl_alloc_n(ctx, n, sizeof(int64_t), fn, "offsets");
+    a->grad_offset = (int64_t *)dt__pl_alloc_n(ctx, n, sizeof(int64_t), fn, "offsets");
+    a->unit = (int *)dt__pl_alloc_n(ctx, n, sizeof(int), fn, "units");
+    a->unit_first = (int *)dt__pl_alloc_n(ctx, (int64_t)a->n_units + 1, sizeof(int), fn, "units");
+    vviews = (dt_tensor *)dt__pl_alloc_n(ctx, n, sizeof(dt_tensor), fn, "views");
+    gviews = (dt_tensor *)dt__pl_alloc_n(ctx, n, sizeof(dt_tensor), fn, "views");
+    if (!a->value_offset || !a->grad_offset || !a->unit || !a->unit_first || !vviews || !gviews) st = DT_ERR_OOM;
+    memset(&td, 0, sizeof td);
+    td.ndim = 1;
+    for (k = 1; k < DT_DTYPE_COUNT && !st; k++) {
+        if (!total[k]) continue; /* data NULL: no parameter of this dtype */
+        td.dtype = (dt_dtype)k;
+        td.shape[0] = total[k];
+        st = dt_tensor_create(ctx, &a->values[k], &td);
+    }
+    if (!st) {
+        td.dtype = DT_F32;
+        td.shape[0] = gtotal;
+        st = dt_tensor_create(ctx, &a->grads, &td);
+    }
+    if (!st) { /* offsets in registration order, then the views (cannot fail on these sizes) */
+        int64_t at[DT_DTYPE_COUNT], gat = 0;
+        for (k = 0; k < DT_DTYPE_COUNT; k++) at[k] = 0;
+        for (i = 0; i < n && !st; i++) {
+            dt_param *p = ps->items[i];
+            a->value_offset[i] = at[p->value.dtype];
+            a->grad_offset[i] = gat;
+            a->unit[i] = units ? units[i] : i;
+            if (i == 0 || a->unit[i] != a->unit[i - 1]) a->unit_first[a->unit[i]] = i;
+            st = dt_tensor_view(ctx, &vviews[i], &a->values[p->value.dtype], at[p->value.dtype], p->value.ndim,
+                                p->value.shape);
+            if (!st) st = dt_tensor_view(ctx, &gviews[i], &a->grads, gat, p->grad.ndim, p->grad.shape);
+            at[p->value.dtype] += p->value.numel;
+            gat += p->grad.numel;
+        }
+        a->unit_first[a->n_units] = n;
+    }
+    if (st) {
+        dt_release(ctx, vviews);
+        dt_release(ctx, gviews);
+        dt__pl_arena_release(a);
+        return st;
+    }
+    /* nothing can fail from here: move values and grads in, give the old memory back */
+    for (i = 0; i < n; i++) {
+        dt_param *p = ps->items[i];
+        if (p->value.numel) memcpy(vviews[i].data, p->value.data, dt_tensor_bytes(&p->value));
+        if (p->grad.numel) memcpy(gviews[i].data, p->grad.data, dt_tensor_bytes(&p->grad));
+        dt_tensor_free(ctx, &p->value); /* a view (owns = 0) is only forgotten */
+        dt_tensor_free(ctx, &p->grad);
+        p->value = vviews[i];
+        p->grad = gviews[i];
+    }
+    dt_release(ctx, vviews);
+    dt_release(ctx, gviews);
+    *out = a;
+    return DT_OK;
+}
+
+DT_API void dt_arena_free(dt_arena *a) {
+    if (a) dt__pl_arena_release(a); /* never touches a->params: they may be freed already */
+}
+
 /* ---------------------------------------------------------------- ZeRO (impl) */
 
 /* ---------------------------------------------------------------- tensor parallel (impl) */
