@@ -249,6 +249,9 @@ DT_API dt_status dt_zero_checkpoint_load(dt_zero *z, dt_train_state *state, cons
    on N/tp rows, saving (tp-1)/tp of their activation memory), and the next column-parallel
    linear all-gathers its input rows first; backward, the all-gather's transpose is a
    reduce-scatter and vice versa. The bytes moved are those of the all-reduces.
+   The backward of a column-parallel linear needs the gathered input: keep xbuf from the forward,
+   or, to keep only the N/tp rows as Megatron-SP does, reuse xbuf elsewhere and gather it again
+   with dt_sp_gather_rows just before the backward (one more all-gather, N x I less memory).
    What each rank holds: column-parallel w [O/tp, I], bias [O/tp], output [N, O/tp]; row-parallel
    w [O, I/tp], bias [O] (replicated), input [N, I/tp], output [N, O] or, under sp, [N/tp, O].
    Replicated parameters outside the sharded region (sp = 0: every layernorm and bias) get
