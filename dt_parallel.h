@@ -1541,8 +1541,6 @@ DT_API dt_status dt_zero_checkpoint_load(dt_zero *z, dt_train_state *state, cons
 
 /* ---------------------------------------------------------------- tensor parallel (impl) */
 
-#include <limits.h> /* INT_MAX */
-
 #define DT__TP_TRY(x) do { dt_status dt__tp_s = (x); if (dt__tp_s) return dt__tp_s; } while (0)
 
 static int64_t dt__tp_last(const dt_tensor *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
@@ -1975,9 +1973,9 @@ static dt_status dt__tp_xent_check(dt_layout *l, const dt_tensor *logits, const 
     if (targets->numel != N)
         return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: targets has %lld elements; expected %lld (logits rows)", fn,
                                 (long long)targets->numel, (long long)N);
-    if (N > INT_MAX / 2)
-        return dt_ctx_set_error(l->ctx, DT_ERR_UNSUPPORTED, "%s: %lld rows; at most %d (two doubles per row go "
-                                "through dt_comm_allreduce_f64)", fn, (long long)N, INT_MAX / 2);
+    if (N > 1073741823) /* INT_MAX / 2: dt_comm_allreduce_f64 counts in int, two doubles a row */
+        return dt_ctx_set_error(l->ctx, DT_ERR_UNSUPPORTED, "%s: %lld rows; at most 1073741823 (two doubles per row "
+                                "go through dt_comm_allreduce_f64)", fn, (long long)N);
     for (r = 0; r < N; r++) {
         int32_t t = ((const int32_t *)targets->data)[r];
         if (t != ignore_index && (t < 0 || t >= vocab))
