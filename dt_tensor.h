@@ -1944,14 +1944,12 @@ static inline dt__v4 dt__v_div(dt__v4 a, dt__v4 b) { return _mm_div_ps(a, b); }
 /* a < b ? a : b and a > b ? a : b, lane by lane (MINPS, MAXPS: b when either is NaN) */
 static inline dt__v4 dt__v_min(dt__v4 a, dt__v4 b) { return _mm_min_ps(a, b); }
 static inline dt__v4 dt__v_max(dt__v4 a, dt__v4 b) { return _mm_max_ps(a, b); }
-/* a < b ? +0 : c */
-static inline dt__v4 dt__v_zero_lt(dt__v4 a, dt__v4 b, dt__v4 c) { return _mm_andnot_ps(_mm_cmplt_ps(a, b), c); }
-/* k = 1.5 * 2^23 + n (|n| < 2^22, so n sits in the low mantissa bits): *n = n, returns 2^n
-   (n in [-126, 127]; lanes that are NaN give NaN later whatever these bits are) */
+/* k = 1.5 * 2^23 + n (|n| < 2^22, so n sits in the low mantissa bits): *n = n (k - 1.5 * 2^23
+   is exact), returns 2^n from the exponent bits, +0 for n = -127 (n in [-127, 127]; lanes that
+   are NaN give NaN later whatever these bits are) */
 static inline dt__v4 dt__v_pow2(dt__v4 k, dt__v4 *n) {
-    __m128i i = _mm_sub_epi32(_mm_and_si128(_mm_castps_si128(k), _mm_set1_epi32(0x7FFFFFFF)), _mm_set1_epi32(0x4B400000));
-    *n = _mm_cvtepi32_ps(i);
-    return _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(i, _mm_set1_epi32(127)), 23));
+    *n = _mm_sub_ps(k, _mm_set1_ps(12582912.0f));
+    return _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(_mm_castps_si128(k), _mm_set1_epi32(127 - 0x4B400000)), 23));
 }
 /* (a0 + a2) + (a1 + a3); the max in the same tree */
 static inline float dt__v_hsum(dt__v4 a) {
@@ -1975,7 +1973,6 @@ static inline dt__v4 dt__v_mul(dt__v4 a, dt__v4 b) { DT__V_LANES(a.f[j] * b.f[j]
 static inline dt__v4 dt__v_div(dt__v4 a, dt__v4 b) { DT__V_LANES(a.f[j] / b.f[j]); }
 static inline dt__v4 dt__v_min(dt__v4 a, dt__v4 b) { DT__V_LANES(a.f[j] < b.f[j] ? a.f[j] : b.f[j]); }
 static inline dt__v4 dt__v_max(dt__v4 a, dt__v4 b) { DT__V_LANES(a.f[j] > b.f[j] ? a.f[j] : b.f[j]); }
-static inline dt__v4 dt__v_zero_lt(dt__v4 a, dt__v4 b, dt__v4 c) { DT__V_LANES(a.f[j] < b.f[j] ? 0.0f : c.f[j]); }
 static inline dt__v4 dt__v_pow2(dt__v4 k, dt__v4 *n) {
     dt__v4 r;
     int j;
@@ -2015,15 +2012,22 @@ static inline void dt__v_st(float *p, int64_t c, int64_t n, dt__v4 a) {
     for (j = 0; j < 4 && c + j < n; j++) p[c + j] = t[j];
 }
 
-#define DT__EXP_HI 88.0f              /* exp saturates here, at 1.65e38: never inf */
-#define DT__EXP_LO -87.3365478515625f /* ln(FLT_MIN): below it exp is flushed to +0 */
+/* for (c = 0; c < n; c += step) { BODY } with the last, partial step apart: in the full steps
+   the compiler sees that dt__v_ld and dt__v_st take whole vectors and drops their tail code. */
+#define DT__ROW_LOOP(c, n, step, ...) do {                                 \
+        for ((c) = 0; (c) + (step) <= (n); (c) += (step)) __VA_ARGS__     \
+        if ((c) < (n)) __VA_ARGS__                                         \
+    } while (0)
+
+#define DT__EXP_HI 88.0f  /* exp saturates here, at 1.65e38: never inf */
+#define DT__EXP_LO -88.0f /* n = -127 from here down: 2^n is +0, and so is exp */
 
 /* exp, Cephes' expf on 4 lanes: n = round(x / ln 2) (by adding 1.5 * 2^23), r = x - n ln 2 in two
    parts (Cody-Waite, exact for |n| <= 127), exp(r) by Cephes' degree-7 minimax polynomial on
    [-ln2/2, ln2/2], times 2^n from the exponent bits. Max error measured against exp() in double
    on 2 million points of [-87.3, 88] and 2 million of [-1, 1]: 0.97 ulp (libm's expf: 0.5;
-   tests/test_tensor_ops_simd.c asserts <= 1). Results below FLT_MIN flush to +0 (libm gives
-   subnormals there, < 1.2e-38 away), NaN stays NaN. */
+   tests/test_tensor_ops_simd.c asserts <= 1). Below x = -87.68 (exp < 8e-39, subnormal) the result
+   is +0 (libm gives subnormals there), down to -87.68 subnormals; NaN stays NaN. */
 static inline dt__v4 dt__v_exp(dt__v4 x) {
     dt__v4 xc = dt__v_max(dt__v_set(DT__EXP_LO), dt__v_min(dt__v_set(DT__EXP_HI), x)); /* NaN passes */
     dt__v4 n, s, r, z, y;
@@ -2038,7 +2042,7 @@ static inline dt__v4 dt__v_exp(dt__v4 x) {
     y = dt__v_add(dt__v_mul(y, r), dt__v_set(1.6666665459e-1f));
     y = dt__v_add(dt__v_mul(y, r), dt__v_set(5.0000001201e-1f));
     y = dt__v_add(dt__v_add(dt__v_mul(y, z), r), dt__v_set(1.0f));
-    return dt__v_zero_lt(x, dt__v_set(DT__EXP_LO), dt__v_mul(y, s));
+    return dt__v_mul(y, s);
 }
 
 /* ---------------------------------------------------------------- activations */
@@ -2087,10 +2091,10 @@ DT_API dt_status dt_gelu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
     if (!ctx) return DT_ERR_ARG;
     DT__TRY(dt__unary_check(ctx, out, x, "dt_gelu_fwd", "out"));
     xp = DT__CF(x); op = DT__F(out); n = x->numel;
-    for (i = 0; i < n; i += 4) { /* out may be x: each block is read before it is written */
+    DT__ROW_LOOP(i, n, 4, { /* out may be x: each block is read before it is written */
         dt__v4 v = dt__v_ld(xp, i, n, 0.0f);
         dt__v_st(op, i, n, dt__v_div(v, dt__v_add(dt__v_set(1.0f), dt__v_gelu_e(v))));
-    }
+    });
     return DT_OK;
 }
 
@@ -2105,13 +2109,13 @@ DT_API dt_status dt_gelu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, 
     if (!dx) return DT_OK;
     DT__TRY(dt__unary_check(ctx, dx, x, "dt_gelu_bwd", "dx"));
     xp = DT__CF(x); gp = DT__CF(dout); dp = DT__F(dx); n = x->numel;
-    for (i = 0; i < n; i += 4) {
+    DT__ROW_LOOP(i, n, 4, {
         dt__v4 v = dt__v_ld(xp, i, n, 0.0f), e = dt__v_gelu_e(v);
         dt__v4 s = dt__v_div(dt__v_set(1.0f), dt__v_add(dt__v_set(1.0f), e));
         dt__v4 q = dt__v_add(dt__v_set(-DT__GELU_M2S), dt__v_mul(dt__v_set(DT__GELU_2S3C), dt__v_mul(v, v)));
         dt__v4 g = dt__v_add(s, dt__v_mul(dt__v_mul(v, s), dt__v_mul(dt__v_mul(e, s), q)));
         dt__v_st(dp, i, n, dt__v_add(dt__v_ld(dp, i, n, 0.0f), dt__v_mul(g, dt__v_ld(gp, i, n, 0.0f))));
-    }
+    });
     return DT_OK;
 }
 
@@ -2145,25 +2149,25 @@ DT_API dt_status dt_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, 
         float *o = DT__F(out) + r * C; /* out may be x: the row is read whole before it is written */
         float m, v, s;
         dt__v4 a0 = dt__v_set(0.0f), a1 = a0, mv, sv;
-        for (c = 0; c < C; c += 8) { /* the 8-lane sum: pads of 0 add nothing */
+        DT__ROW_LOOP(c, C, 8, { /* the 8-lane sum: pads of 0 add nothing */
             a0 = dt__v_add(a0, dt__v_ld(xr, c, C, 0.0f));
             a1 = dt__v_add(a1, dt__v_ld(xr, c + 4, C, 0.0f));
-        }
+        });
         m = dt__v_hsum(dt__v_add(a0, a1)) / (float)(C ? C : 1); /* an empty row: mean 0, variance 0 */
         mv = dt__v_set(m);
         a0 = a1 = dt__v_set(0.0f);
-        for (c = 0; c < C; c += 8) { /* two passes: no cancellation; pads of m add (m - m)^2 = 0 */
+        DT__ROW_LOOP(c, C, 8, { /* two passes: no cancellation; pads of m add (m - m)^2 = 0 */
             dt__v4 d0 = dt__v_sub(dt__v_ld(xr, c, C, m), mv), d1 = dt__v_sub(dt__v_ld(xr, c + 4, C, m), mv);
             a0 = dt__v_add(a0, dt__v_mul(d0, d0));
             a1 = dt__v_add(a1, dt__v_mul(d1, d1));
-        }
+        });
         v = dt__v_hsum(dt__v_add(a0, a1)) / (float)(C ? C : 1);
         s = (float)(1.0 / sqrt((double)v + eps)); /* once a row: double costs nothing here */
         sv = dt__v_set(s);
-        for (c = 0; c < C; c += 4) {
+        DT__ROW_LOOP(c, C, 4, {
             dt__v4 y = dt__v_mul(dt__v_mul(dt__v_sub(dt__v_ld(xr, c, C, 0.0f), mv), sv), dt__v_ld(wp, c, C, 0.0f));
             dt__v_st(o, c, C, dt__v_add(y, bp ? dt__v_ld(bp, c, C, 0.0f) : dt__v_set(0.0f)));
-        }
+        });
         if (mean) DT__F(mean)[r] = m;
         if (rstd) DT__F(rstd)[r] = s;
     }
@@ -2186,7 +2190,7 @@ DT_API dt_status dt_layernorm_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_
         const float *xr = DT__CF(x) + r * C, *g = DT__CF(dout) + r * C, *wp = DT__CF(w);
         float m = DT__CF(mean)[r], s = DT__CF(rstd)[r], gm, gnm;
         dt__v4 mv = dt__v_set(m), sv = dt__v_set(s), a0 = dt__v_set(0.0f), a1 = a0, b0 = a0, b1 = a0, gmv, gnmv;
-        for (c = 0; c < C; c += 8) { /* 8-lane sums of gw = g w and gw nrm; pads x = m, g = 0 add 0 */
+        DT__ROW_LOOP(c, C, 8, { /* 8-lane sums of gw = g w and gw nrm; pads x = m, g = 0 add 0 */
             dt__v4 n0 = dt__v_mul(dt__v_sub(dt__v_ld(xr, c, C, m), mv), sv);
             dt__v4 n1 = dt__v_mul(dt__v_sub(dt__v_ld(xr, c + 4, C, m), mv), sv);
             dt__v4 gw0 = dt__v_mul(dt__v_ld(g, c, C, 0.0f), dt__v_ld(wp, c, C, 0.0f));
@@ -2195,11 +2199,11 @@ DT_API dt_status dt_layernorm_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_
             a1 = dt__v_add(a1, gw1);
             b0 = dt__v_add(b0, dt__v_mul(gw0, n0));
             b1 = dt__v_add(b1, dt__v_mul(gw1, n1));
-        }
+        });
         gm = dt__v_hsum(dt__v_add(a0, a1)) / (float)(C ? C : 1);
         gnm = dt__v_hsum(dt__v_add(b0, b1)) / (float)(C ? C : 1);
         gmv = dt__v_set(gm); gnmv = dt__v_set(gnm);
-        for (c = 0; c < C; c += 4) {
+        DT__ROW_LOOP(c, C, 4, {
             dt__v4 gc = dt__v_ld(g, c, C, 0.0f), nrm = dt__v_mul(dt__v_sub(dt__v_ld(xr, c, C, 0.0f), mv), sv);
             if (db) dt__v_st(DT__F(db), c, C, dt__v_add(dt__v_ld(DT__CF(db), c, C, 0.0f), gc));
             if (dw) dt__v_st(DT__F(dw), c, C, dt__v_add(dt__v_ld(DT__CF(dw), c, C, 0.0f), dt__v_mul(nrm, gc)));
@@ -2208,7 +2212,7 @@ DT_API dt_status dt_layernorm_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_
                 dt__v4 d = dt__v_mul(dt__v_sub(dt__v_sub(gw, gmv), dt__v_mul(nrm, gnmv)), sv);
                 dt__v_st(DT__F(dx) + r * C, c, C, dt__v_add(dt__v_ld(DT__CF(dx) + r * C, c, C, 0.0f), d));
             }
-        }
+        });
     }
     return DT_OK;
 }
@@ -2249,24 +2253,24 @@ DT_API dt_status dt_softmax_xent_fwd(dt_ctx *ctx, float *loss, int64_t *n_valid,
         int32_t t = ((const int32_t *)targets->data)[r];
         dt__v4 a0 = dt__v_set(-FLT_MAX), a1 = a0, mv, inv;
         if (t != ignore_index) zt = z[t]; /* read before probs (which may be logits) is written */
-        for (v = 0; v < V; v += 8) { /* pads of -FLT_MAX, the start value, change no max */
+        DT__ROW_LOOP(v, V, 8, { /* pads of -FLT_MAX, the start value, change no max */
             a0 = dt__v_max(a0, dt__v_ld(z, v, V, -FLT_MAX));
             a1 = dt__v_max(a1, dt__v_ld(z, v + 4, V, -FLT_MAX));
-        }
+        });
         mx = dt__v_hmax(dt__v_max(a0, a1));
         mv = dt__v_set(mx);
         a0 = a1 = dt__v_set(0.0f);
-        for (v = 0; v < V; v += 8) { /* the 8-lane sum; pads of -inf give exp = 0 */
+        DT__ROW_LOOP(v, V, 8, { /* the 8-lane sum; pads of -inf give exp = 0 */
             dt__v4 e0 = dt__v_exp(dt__v_sub(dt__v_ld(z, v, V, -INFINITY), mv));
             dt__v4 e1 = dt__v_exp(dt__v_sub(dt__v_ld(z, v + 4, V, -INFINITY), mv));
             dt__v_st(p, v, V, e0);
             dt__v_st(p, v + 4, V, e1);
             a0 = dt__v_add(a0, e0);
             a1 = dt__v_add(a1, e1);
-        }
+        });
         sum = dt__v_hsum(dt__v_add(a0, a1)); /* >= 1: the max's own exp(0) */
         inv = dt__v_set(1.0f / sum);
-        for (v = 0; v < V; v += 4) dt__v_st(p, v, V, dt__v_mul(dt__v_ld(p, v, V, 0.0f), inv));
+        DT__ROW_LOOP(v, V, 4, { dt__v_st(p, v, V, dt__v_mul(dt__v_ld(p, v, V, 0.0f), inv)); });
         /* = -log softmax, no underflow; max - z[t] first, so log(sum) survives huge logits */
         if (t != ignore_index) { total += log((double)sum) + ((double)mx - zt); n++; }
     }
@@ -2297,7 +2301,9 @@ DT_API dt_status dt_softmax_xent_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_t
         float *g = DT__F(dlogits) + r * V, gt, pt;
         if (t == ignore_index) continue;
         gt = g[t]; pt = p[t]; /* dlogits may be probs */
-        for (v = 0; v < V; v += 4) dt__v_st(g, v, V, dt__v_add(dt__v_ld(g, v, V, 0.0f), dt__v_mul(sv, dt__v_ld(p, v, V, 0.0f))));
+        DT__ROW_LOOP(v, V, 4, {
+            dt__v_st(g, v, V, dt__v_add(dt__v_ld(g, v, V, 0.0f), dt__v_mul(sv, dt__v_ld(p, v, V, 0.0f))));
+        });
         g[t] = gt + s * (pt - 1.0f); /* the one-hot column, as g += s (p - 1) */
     }
     return DT_OK;
