@@ -10,7 +10,10 @@
         (OpenBLAS at 1 thread, like everything else here), attention, bias, residual add, gelu,
         layernorm, softmax_xent; each op's ms and share of the step with the old loops and
         with the new ones.
-   Every figure is the median of REPS timed runs after one warm-up run; CLOCK_MONOTONIC.
+   Every figure is the median of REPS timed runs after one warm-up run, in the thread's CPU time
+   (CLOCK_THREAD_CPUTIME_ID): this project's machine is 2 cores shared with other jobs (load
+   average 8-17 while this was written), and wall time would count their turns as the op's.
+   --wall times with CLOCK_MONOTONIC instead.
 
    build (what ./build.sh does):
        gcc -std=c99 -O2 -Wall -Wextra -Werror -DDT_CBLAS -I. bench/ops.c -o build/bench/ops \
@@ -18,6 +21,7 @@
    run:  build/bench/ops            both sections (about 20 s on an idle core)
          build/bench/ops --tsv      section 1 only, as tab-separated lines (bench/ops_torch.py
                                     reads them to print PyTorch's ratio to dt)
+         build/bench/ops --wall     both sections in wall-clock time
 
    clock_gettime / CLOCK_MONOTONIC are POSIX, hidden by strict -std=c99; the feature-test macro
    below asks for them, so the bench builds with the project's flags unchanged. */
@@ -145,6 +149,15 @@ static void old_softmax_xent_bwd(float *dlogits, const float *probs, const int32
 
 typedef void (*job_fn)(void *arg);
 
+static int g_wall = 0; /* --wall: CLOCK_MONOTONIC instead of the thread's CPU time */
+
+static double clock_s(void) {
+    struct timespec ts;
+    if (g_wall) return now_s();
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* Median seconds of `reps` runs of each of n jobs, after one warm-up run of each; the jobs take
    turns within a rep (rotating order), so a slow spell of the machine falls on all of them. */
 static void time_jobs(int n, job_fn *fn, void **arg, int reps, double *med) {
@@ -154,9 +167,9 @@ static void time_jobs(int n, job_fn *fn, void **arg, int reps, double *med) {
     for (r = 0; r < reps; r++)
         for (j = 0; j < n; j++) {
             int k = (j + r) % n;
-            double t0 = now_s();
+            double t0 = clock_s();
             fn[k](arg[k]);
-            t[k][r] = now_s() - t0;
+            t[k][r] = clock_s() - t0;
         }
     for (j = 0; j < n; j++) med[j] = median(t[j], reps);
 }
@@ -486,8 +499,9 @@ static void bench_step(void) {
 int main(int argc, char **argv) {
     int tsv = argc > 1 && !strcmp(argv[1], "--tsv");
     double t0 = now_s();
-    if (argc > 1 && !tsv) {
-        fprintf(stderr, "usage: %s [--tsv]\n", argv[0]);
+    g_wall = argc > 1 && !strcmp(argv[1], "--wall");
+    if (argc > 1 && !tsv && !g_wall) {
+        fprintf(stderr, "usage: %s [--tsv | --wall]\n", argv[0]);
         return 2;
     }
 #ifdef DT_CBLAS
@@ -496,6 +510,7 @@ int main(int argc, char **argv) {
     CHECK(dt_ctx_init(&g_ctx, NULL));
     if (!tsv) {
         printf("bench/ops: gelu, layernorm, softmax_xent before and after vectorising; their share of a GPT step\n");
+        printf("timing: median of %d, %s\n", REPS, g_wall ? "wall clock (CLOCK_MONOTONIC)" : "thread CPU time (CLOCK_THREAD_CPUTIME_ID)");
         printf("ops path: %s; GEMM: %s\n",
 #ifdef DT__TENSOR_SSE2
                "SSE2 (4 lanes)",

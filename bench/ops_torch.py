@@ -6,6 +6,7 @@ build/bench/ops exists it runs `build/bench/ops --tsv` right after, in the same 
 prints dt's time (after and before vectorising) and the ratio torch ms / dt ms (> 1: dt faster).
 What differs: torch allocates its outputs, dt writes into buffers it is given and accumulates its
 gradients (+=, one more read); dt's softmax_xent writes the probabilities, torch the log-softmax.
+Times are the thread's CPU time (time.thread_time), as bench/ops.c's: the machine is shared.
 
     /usr/bin/python3 bench/ops_torch.py [reps]"""
 import os, subprocess, sys, time
@@ -26,9 +27,9 @@ def median_ms(fn, reps):
     fn()
     t = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         fn()
-        t.append(time.perf_counter() - t0)
+        t.append(time.thread_time() - t0)
     t.sort()
     return 1e3 * t[len(t) // 2]
 
@@ -82,7 +83,7 @@ def main():
         f, b = torch_times(op, R, C, reps)
         rows += [(op + "_fwd", R, C, f), (op + "_bwd", R, C, b)]
     dt = dt_times()
-    print("bench/ops_torch.py: PyTorch %s, 1 thread, median of %d; dt from build/bench/ops --tsv%s"
+    print("bench/ops_torch.py: PyTorch %s, 1 thread, median of %d (thread CPU time); dt from build/bench/ops --tsv%s"
           % (torch.__version__, reps, "" if dt else " (not built: run ./build.sh first)"))
     print("%-17s %-13s %9s %9s %9s %12s %12s" % ("op", "rows x cols", "torch ms", "dt ms", "dt old", "torch/dt",
                                                   "torch/dt old"))
