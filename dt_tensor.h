@@ -1926,9 +1926,9 @@ DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor 
    c % 8), then a fixed tree: the same order run after run, whatever the thread count.
 
    Why not libmvec (glibc's _ZGVbN4v_expf / _ZGVdN8v_expf, linked by -lm on glibc >= 2.22, tanhf
-   from 2.35)? Measured on this project's AMD EPYC (Debian 12, gcc -O2), ns per expf: libm 3.25,
-   libmvec SSE 0.88, libmvec AVX2 0.41 (needs -mavx2 or a run-time CPU check), dt__v_exp below
-   1.26. libmvec is faster, but it exists only with glibc on x86-64, its ifunc picks a different
+   from 2.35)? Measured on this project's AMD EPYC (Debian 12, gcc -O2), ns per expf: libm 3.0,
+   libmvec SSE 0.83, libmvec AVX2 0.41 (needs -mavx2 or a run-time CPU check), dt__v_exp below
+   0.95. libmvec is faster, but it exists only with glibc on x86-64, its ifunc picks a different
    implementation per CPU (so two ranks on different machines could differ in the last bit), and
    it has no scalar twin to test against. The polynomial here is portable C99 + SSE2, gives the
    same bits on every x86-64 and on the scalar path, and its error is measured (dt__v_exp). */
