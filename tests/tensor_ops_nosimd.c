@@ -3,7 +3,9 @@
    4-lane vectors. A translation unit of its own (DT_STATIC, as a library that vendors dt would
    be), built with that test (its "// with:" line), never on its own. Raw arrays in and out. */
 #define DT_STATIC
+#ifndef DT_TENSOR_NO_SIMD /* a build may pass it for both units (-DDT_TENSOR_NO_SIMD) */
 #define DT_TENSOR_NO_SIMD
+#endif
 #define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "tensor_ops_nosimd.h"

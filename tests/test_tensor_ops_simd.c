@@ -394,11 +394,11 @@ static void test_softmax_xent(void) {
 
 int main(void) {
     dt_ctx_init(&C, NULL);
-    printf("info: this copy %s SSE2; the DT_TENSOR_NO_SIMD copy %s\n",
+    printf("info: this copy runs %s; the DT_TENSOR_NO_SIMD copy %s\n",
 #ifdef DT__TENSOR_SSE2
-           "uses",
+           "SSE2",
 #else
-           "does not use (both copies are the plain C twin here)",
+           "the plain C twin too (no SSE2, or DT_TENSOR_NO_SIMD for both)",
 #endif
            nosimd_has_sse2() ? "uses SSE2 (wrong)" : "is plain C");
     DT_TEST_CHECK("nosimd_copy_is_plain_c", !nosimd_has_sse2());
