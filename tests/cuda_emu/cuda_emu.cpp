@@ -59,7 +59,8 @@
        rounded inputs), warp scheduling, bank conflicts, occupancy and speed;
      - out-of-bounds accesses inside kernels (device memory is host memory: an ASan build would
        see them, this one does not).
-   Cost: one host thread per CUDA thread, some 10-20 us per thread per barrier: keep grids small.
+   Cost: one host thread per CUDA thread, tens of microseconds per thread per barrier (more on a
+   loaded machine): keep grids small.
                                                         MIT licence (see dt_tensor.h) */
 #include "cuda_runtime.h"
 #include "cublas_v2.h"
