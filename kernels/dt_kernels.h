@@ -1,6 +1,6 @@
-/* kernels/dt_kernels.h - the C ABI of dt's CUDA kernels (kernels/*.cu). No CUDA types: the dt
+/* kernels/dt_kernels.h - the C ABI of dt's CUDA kernels (kernels/dt_*.cu). No CUDA types: the dt
    headers call these under DT_CUDA, and a user builds them with
-       nvcc -O2 -c kernels/*.cu            (then links the objects with -lcudart -lcublas)
+       nvcc -O2 -c kernels/dt_*.cu           (then links the objects with -lcudart -lcublas)
    Every launcher has the name stem of the CPU op it mirrors (dt_layernorm_fwd -> dt_k_layernorm_fwd),
    takes device pointers, sizes and the stream (a cudaStream_t passed as void *, NULL = the default
    stream) last, and returns 0 or the cudaError_t of the failing launch (dt_k_error_string names it).
