@@ -32,7 +32,7 @@ static int dt_k__threads(int64_t n, int cap) {
 static float dt_k__att_scale(int64_t hs) { return hs ? 1.0f / sqrtf((float)hs) : 0.0f; }
 
 /* One block per score row (b, h, t). */
-__global__ void dt_k__att_scores(float *__restrict__ att, const float *__restrict__ qkv, int64_t T, int64_t C,
+static __global__ void dt_k__att_scores(float *__restrict__ att, const float *__restrict__ qkv, int64_t T, int64_t C,
                                  int H, int64_t hs, float scale) {
     int64_t row = blockIdx.x, t = row % T, bh = row / T, b = bh / H, t2, i;
     int h = (int)(bh % H);
@@ -57,7 +57,7 @@ __global__ void dt_k__att_scores(float *__restrict__ att, const float *__restric
 }
 
 /* out[b,t,c] = sum_{t2 <= t} att[b,h,t,t2] v[b,t2,c], one thread per element. */
-__global__ void dt_k__att_values(float *__restrict__ out, const float *__restrict__ att,
+static __global__ void dt_k__att_values(float *__restrict__ out, const float *__restrict__ att,
                                  const float *__restrict__ qkv, int64_t B, int64_t T, int64_t C, int H, int64_t hs) {
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n = B * T * C;
     for (; idx < n; idx += (int64_t)gridDim.x * blockDim.x) {
@@ -72,7 +72,7 @@ __global__ void dt_k__att_values(float *__restrict__ out, const float *__restric
 
 /* Query side of the backward, one block per row (b, h, t): dpre into scratch and shared
    memory, dq += sum_t2 dpre[t2] k[t2]. */
-__global__ void dt_k__att_bwd_q(float *__restrict__ dqkv, float *__restrict__ dpre_out,
+static __global__ void dt_k__att_bwd_q(float *__restrict__ dqkv, float *__restrict__ dpre_out,
                                 const float *__restrict__ dout, const float *__restrict__ qkv,
                                 const float *__restrict__ att, int64_t T, int64_t C, int H, int64_t hs, float scale) {
     DT_K_SHARED_DYNAMIC(float, dp);
@@ -104,7 +104,7 @@ __global__ void dt_k__att_bwd_q(float *__restrict__ dqkv, float *__restrict__ dp
 
 /* Key side, one block per key row (b, h, t2): dk += sum_{t >= t2} dpre[t][t2] q[t],
    dv += sum_{t >= t2} a[t][t2] dout[t]. */
-__global__ void dt_k__att_bwd_kv(float *__restrict__ dqkv, const float *__restrict__ dpre,
+static __global__ void dt_k__att_bwd_kv(float *__restrict__ dqkv, const float *__restrict__ dpre,
                                  const float *__restrict__ dout, const float *__restrict__ qkv,
                                  const float *__restrict__ att, int64_t T, int64_t C, int H, int64_t hs) {
     int64_t row = blockIdx.x, t2 = row % T, bh = row / T, b = bh / H, t, i;
@@ -169,7 +169,7 @@ extern "C" int dt_k_attention_bwd(float *dqkv, const float *dout, const float *q
 }
 
 /* The fused forward. Block (b, h, query tile qt) of DT_K__ATT_TILE threads, thread = query. */
-__global__ void dt_k__att_flash(float *__restrict__ out, float *__restrict__ lse, const float *__restrict__ qkv,
+static __global__ void dt_k__att_flash(float *__restrict__ out, float *__restrict__ lse, const float *__restrict__ qkv,
                                 int64_t T, int64_t C, int H, int64_t hs, float scale) {
     DT_K_SHARED_DYNAMIC(float, sm);
     const int BT = DT_K__ATT_TILE;

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 template <typename T>
-__global__ void dt_k__copies(T *dst, const T *src, const int64_t *dst_off, const int64_t *src_off, const int64_t *len,
+static __global__ void dt_k__copies(T *dst, const T *src, const int64_t *dst_off, const int64_t *src_off, const int64_t *len,
                              int n_copies) {
     int c;
     for (c = blockIdx.y; c < n_copies; c += gridDim.y) {
@@ -21,7 +21,7 @@ __global__ void dt_k__copies(T *dst, const T *src, const int64_t *dst_off, const
     }
 }
 
-__global__ void dt_k__copies_scaled(float *dst, const float *src, const int64_t *dst_off, const int64_t *src_off,
+static __global__ void dt_k__copies_scaled(float *dst, const float *src, const int64_t *dst_off, const int64_t *src_off,
                                     const int64_t *len, int n_copies, float alpha) {
     int c;
     for (c = blockIdx.y; c < n_copies; c += gridDim.y) {
@@ -61,7 +61,7 @@ extern "C" int dt_k_comm_copies(void *dst, const void *src, const int64_t *dst_o
 /* Element (r, c) of the [rows, cols] matrix <-> its place in rank k's block (k owns columns
    [k*cols/W, (k+1)*cols/W)): block k starts at rows * c0_k and is [rows, c1_k - c0_k]. */
 template <typename T>
-__global__ void dt_k__blocks(T *dst, const T *src, int64_t rows, int64_t cols, int W, int pack) {
+static __global__ void dt_k__shard_blocks(T *dst, const T *src, int64_t rows, int64_t cols, int W, int pack) {
     int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (; x < rows * cols; x += (int64_t)gridDim.x * blockDim.x) {
         int64_t r = x / cols, c = x % cols, c0, c1, y;
@@ -76,7 +76,7 @@ __global__ void dt_k__blocks(T *dst, const T *src, int64_t rows, int64_t cols, i
     }
 }
 
-static int dt_k__blocks_launch(void *dst, const void *src, int64_t rows, int64_t cols, int W, int elem_bytes,
+static int dt_k__shard_blocks_launch(void *dst, const void *src, int64_t rows, int64_t cols, int W, int elem_bytes,
                                int pack, void *stream) {
     int64_t n, b;
     if (rows < 0 || cols < 0 || W < 1 || (cols > 0 && rows > INT64_MAX / cols) || cols > INT64_MAX / W ||
@@ -87,23 +87,23 @@ static int dt_k__blocks_launch(void *dst, const void *src, int64_t rows, int64_t
     b = (n + 255) / 256;
     if (b > 65535) b = 65535;
     if (elem_bytes == 8)
-        DT_K_LAUNCH(dt_k__blocks<uint64_t>, (unsigned)b, 256, 0, stream, (uint64_t *)dst, (const uint64_t *)src, rows,
+        DT_K_LAUNCH(dt_k__shard_blocks<uint64_t>, (unsigned)b, 256, 0, stream, (uint64_t *)dst, (const uint64_t *)src, rows,
                     cols, W, pack);
     else if (elem_bytes == 4)
-        DT_K_LAUNCH(dt_k__blocks<uint32_t>, (unsigned)b, 256, 0, stream, (uint32_t *)dst, (const uint32_t *)src, rows,
+        DT_K_LAUNCH(dt_k__shard_blocks<uint32_t>, (unsigned)b, 256, 0, stream, (uint32_t *)dst, (const uint32_t *)src, rows,
                     cols, W, pack);
     else
-        DT_K_LAUNCH(dt_k__blocks<uint16_t>, (unsigned)b, 256, 0, stream, (uint16_t *)dst, (const uint16_t *)src, rows,
+        DT_K_LAUNCH(dt_k__shard_blocks<uint16_t>, (unsigned)b, 256, 0, stream, (uint16_t *)dst, (const uint16_t *)src, rows,
                     cols, W, pack);
     return DT_K_CHECK();
 }
 
 extern "C" int dt_k_comm_pack_blocks(void *dst, const void *src, int64_t rows, int64_t cols, int W, int elem_bytes,
                                      void *stream) {
-    return dt_k__blocks_launch(dst, src, rows, cols, W, elem_bytes, 1, stream);
+    return dt_k__shard_blocks_launch(dst, src, rows, cols, W, elem_bytes, 1, stream);
 }
 
 extern "C" int dt_k_comm_unpack_blocks(void *dst, const void *src, int64_t rows, int64_t cols, int W, int elem_bytes,
                                        void *stream) {
-    return dt_k__blocks_launch(dst, src, rows, cols, W, elem_bytes, 0, stream);
+    return dt_k__shard_blocks_launch(dst, src, rows, cols, W, elem_bytes, 0, stream);
 }

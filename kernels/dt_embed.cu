@@ -29,7 +29,7 @@ static int dt_k__thr(int64_t n, int cap) {
     if (t < 32) t = 32;
     return (int)(t > cap ? cap : t);
 }
-static unsigned dt_k__blocks(int64_t n, int threads) {
+static unsigned dt_k__grid(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
     return (unsigned)(b > 65535 ? 65535 : b < 1 ? 1 : b);
 }
@@ -51,7 +51,7 @@ __device__ static void dt_k__st(void *t, int dt, int64_t i, float x) {
 
 /* ---------------------------------------------------------------- dense gather / scatter */
 
-__global__ void dt_k__emb_fwd(float *out, const float *table, const void *ids, int i64, int64_t N, int64_t V,
+static __global__ void dt_k__emb_fwd(float *out, const float *table, const void *ids, int i64, int64_t N, int64_t V,
                               int64_t D, int *bad) {
     int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (; x < N * D; x += (int64_t)gridDim.x * blockDim.x) {
@@ -62,7 +62,7 @@ __global__ void dt_k__emb_fwd(float *out, const float *table, const void *ids, i
     }
 }
 
-__global__ void dt_k__emb_bwd(float *dtable, const float *dout, const void *ids, int i64, int64_t N, int64_t V,
+static __global__ void dt_k__emb_bwd(float *dtable, const float *dout, const void *ids, int i64, int64_t N, int64_t V,
                               int64_t D, int *bad) {
     int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (; x < N * D; x += (int64_t)gridDim.x * blockDim.x) {
@@ -83,7 +83,7 @@ extern "C" int dt_k_embedding_fwd(float *out, const float *table, const void *id
                                   int64_t D, int *bad_id, void *stream) {
     if (!dt_k__emb_args(ids_i64, N, V, D)) return (int)cudaErrorInvalidValue;
     if (N * D == 0) return 0;
-    DT_K_LAUNCH(dt_k__emb_fwd, dt_k__blocks(N * D, 256), 256, 0, stream, out, table, ids, ids_i64, N, V, D, bad_id);
+    DT_K_LAUNCH(dt_k__emb_fwd, dt_k__grid(N * D, 256), 256, 0, stream, out, table, ids, ids_i64, N, V, D, bad_id);
     return DT_K_CHECK();
 }
 
@@ -91,14 +91,14 @@ extern "C" int dt_k_embedding_bwd(float *dtable, const float *dout, const void *
                                   int64_t V, int64_t D, int *bad_id, void *stream) {
     if (!dt_k__emb_args(ids_i64, N, V, D)) return (int)cudaErrorInvalidValue;
     if (N * D == 0 || !dtable) return 0;
-    DT_K_LAUNCH(dt_k__emb_bwd, dt_k__blocks(N * D, 256), 256, 0, stream, dtable, dout, ids, ids_i64, N, V, D, bad_id);
+    DT_K_LAUNCH(dt_k__emb_bwd, dt_k__grid(N * D, 256), 256, 0, stream, dtable, dout, ids, ids_i64, N, V, D, bad_id);
     return DT_K_CHECK();
 }
 
 /* ---------------------------------------------------------------- pooling */
 
 /* One block per bag, one thread per column: the bag in order, from 0, as the CPU. */
-__global__ void dt_k__pool_fwd(float *out, const void *table, int dt, const int64_t *rows, const float *w,
+static __global__ void dt_k__pool_fwd(float *out, const void *table, int dt, const int64_t *rows, const float *w,
                                const int64_t *offs, int64_t D, int64_t ld, int mean) {
     int64_t b = blockIdx.x, j0 = offs[b], j1 = offs[b + 1], c, j;
     for (c = threadIdx.x; c < D; c += blockDim.x) {
@@ -115,7 +115,7 @@ __global__ void dt_k__pool_fwd(float *out, const void *table, int dt, const int6
 }
 
 /* grads[i, :] = w_i * dout[bag(i), :] (dout / length for mean), one block per bag. */
-__global__ void dt_k__pool_bwd(float *grads, const float *dout, const float *w, const int64_t *offs, int64_t D,
+static __global__ void dt_k__pool_bwd(float *grads, const float *dout, const float *w, const int64_t *offs, int64_t D,
                                int mean) {
     int64_t b = blockIdx.x, j0 = offs[b], j1 = offs[b + 1], c, j;
     for (c = threadIdx.x; c < D; c += blockDim.x) {
@@ -125,7 +125,7 @@ __global__ void dt_k__pool_bwd(float *grads, const float *dout, const float *w, 
     }
 }
 
-__global__ void dt_k__pool_bwd_dense(float *dtable, const float *dout, const int64_t *rows, const float *w,
+static __global__ void dt_k__pool_bwd_dense(float *dtable, const float *dout, const int64_t *rows, const float *w,
                                      const int64_t *offs, int64_t D, int mean) {
     int64_t b = blockIdx.x, j0 = offs[b], j1 = offs[b + 1], c, j;
     for (c = threadIdx.x; c < D; c += blockDim.x) {
@@ -179,7 +179,7 @@ __device__ static int dt_k__bucket(int64_t x, int mode, int64_t rows, int W, int
 }
 
 /* (1) counts[blk * nb + k] = keys of block blk's chunk in bucket k. */
-__global__ void dt_k__count(int *counts, const int64_t *keys, int64_t n, int nb, int mode, int64_t rows, int W,
+static __global__ void dt_k__count(int *counts, const int64_t *keys, int64_t n, int nb, int mode, int64_t rows, int W,
                             int shift, int *bad) {
     DT_K_SHARED_DYNAMIC(int, h);
     int64_t i = (int64_t)blockIdx.x * DT_K__CHUNK + threadIdx.x;
@@ -197,7 +197,7 @@ __global__ void dt_k__count(int *counts, const int64_t *keys, int64_t n, int nb,
 
 /* (2) One block: counts become each (block, bucket)'s first output position; totals[k] (may be
    NULL) = the keys in bucket k. */
-__global__ void dt_k__scan(int *counts, int64_t *totals, int nblk, int nb) {
+static __global__ void dt_k__scan(int *counts, int64_t *totals, int nblk, int nb) {
     DT_K_SHARED_DYNAMIC(int, start);
     int k, b;
     for (k = threadIdx.x; k < nb; k += blockDim.x) { /* within bucket k, in block order */
@@ -226,7 +226,7 @@ __global__ void dt_k__scan(int *counts, int64_t *totals, int nblk, int nb) {
 
 /* (3) Stable scatter: dest = start of (block, bucket) + earlier keys of the chunk in the bucket.
    With out_keys: out_keys[dest] = key, out_idx[dest] = in_idx[i] (a sort pass); else dest[i]. */
-__global__ void dt_k__scatter(int64_t *dest, int64_t *out_keys, int64_t *out_idx, const int *counts,
+static __global__ void dt_k__scatter(int64_t *dest, int64_t *out_keys, int64_t *out_idx, const int *counts,
                               const int64_t *keys, const int64_t *in_idx, int64_t n, int nb, int mode, int64_t rows,
                               int W, int shift) {
     __shared__ int bk[DT_K__CHUNK];
@@ -281,7 +281,7 @@ extern "C" int dt_k_embed_bucketize(int64_t *counts, int64_t *dest, const int64_
 
 /* seg and n_uniq from the sorted keys: one block; thread t takes a contiguous chunk, counts its
    run heads, a serial scan of the per-thread counts gives where its heads go. */
-__global__ void dt_k__segments(int64_t *seg, int64_t *n_uniq, const int64_t *skeys, int64_t n) {
+static __global__ void dt_k__segments(int64_t *seg, int64_t *n_uniq, const int64_t *skeys, int64_t n) {
     __shared__ int64_t cnt[256];
     int64_t per = (n + blockDim.x - 1) / blockDim.x, i0 = threadIdx.x * per, i1 = i0 + per, i, c = 0;
     if (i1 > n) i1 = n;
@@ -347,7 +347,7 @@ extern "C" int dt_k_embed_dedup(int64_t *order, int64_t *seg, int64_t *n_uniq, c
 /* ---------------------------------------------------------------- sparse update */
 
 /* Block-stride over the unique rows; thread per column; g of the row kept in shared memory. */
-__global__ void dt_k__sparse_update(void *table, int dt, float *state, const float *grads, const int64_t *rows,
+static __global__ void dt_k__sparse_update(void *table, int dt, float *state, const float *grads, const int64_t *rows,
                                     const int64_t *order, const int64_t *seg, const int64_t *n_uniq, int64_t D,
                                     int64_t ld, int kind, float lrf, float epsf, double lr, double eps) {
     DT_K_SHARED_DYNAMIC(float, gs);
@@ -403,14 +403,14 @@ extern "C" int dt_k_embed_sparse_update(void *table, int table_dtype, float *sta
         return (int)cudaErrorInvalidValue;
     if (n == 0 || D == 0) return 0;
     while (threads < 256 && threads < D) threads *= 2; /* a power of two for the tree */
-    DT_K_LAUNCH(dt_k__sparse_update, dt_k__blocks(n, 1), threads, (size_t)D * sizeof(float), stream, table,
+    DT_K_LAUNCH(dt_k__sparse_update, dt_k__grid(n, 1), threads, (size_t)D * sizeof(float), stream, table,
                 table_dtype, state, grads, rows, order, seg, n_uniq, D, ld, kind, (float)lr, (float)eps, lr, eps);
     return DT_K_CHECK();
 }
 
 /* ---------------------------------------------------------------- DLRM dot interaction */
 
-__global__ void dt_k__dot_fwd(float *out, const float *dense, const float *emb, int64_t F, int64_t D) {
+static __global__ void dt_k__dot_fwd(float *out, const float *dense, const float *emb, int64_t F, int64_t D) {
     DT_K_SHARED_DYNAMIC(float, vec); /* (F+1) x D: the sample's dense vector, then its F embeddings */
     int64_t b = blockIdx.x, W = D + (F + 1) * F / 2, x, p, d;
     for (x = threadIdx.x; x < (F + 1) * D; x += blockDim.x)
@@ -430,7 +430,7 @@ __global__ void dt_k__dot_fwd(float *out, const float *dense, const float *emb, 
 
 /* Thread per (vector k, column d): the contributions in the CPU's order (pairs by (i, j)): the
    dense passthrough, then k's pairs as i (j = 0..k-1), then as j (i = k+1..F). */
-__global__ void dt_k__dot_bwd(float *ddense, float *demb, const float *dout, const float *dense, const float *emb,
+static __global__ void dt_k__dot_bwd(float *ddense, float *demb, const float *dout, const float *dense, const float *emb,
                               int64_t F, int64_t D) {
     DT_K_SHARED_DYNAMIC(float, vec);
     int64_t b = blockIdx.x, W = D + (F + 1) * F / 2, x;

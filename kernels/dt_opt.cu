@@ -57,7 +57,7 @@ __device__ static float dt_k__step(const dt_k__sgd &k, float w, float g, float w
     return w - k.lrf * d;
 }
 
-__global__ void dt_k__sgd_kernel(void *w, int wdt, float *master, const float *__restrict__ g, float *buf, int64_t n,
+static __global__ void dt_k__sgd_kernel(void *w, int wdt, float *master, const float *__restrict__ g, float *buf, int64_t n,
                                  const int64_t *__restrict__ seg_end, const double *__restrict__ seg_wd, int n_seg,
                                  dt_k__sgd k, float gm, const int *skip) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -70,7 +70,7 @@ __global__ void dt_k__sgd_kernel(void *w, int wdt, float *master, const float *_
     }
 }
 
-__global__ void dt_k__adam_kernel(void *w, int wdt, float *master, const float *__restrict__ g, float *m, float *v,
+static __global__ void dt_k__adam_kernel(void *w, int wdt, float *master, const float *__restrict__ g, float *m, float *v,
                                   int64_t n, const int64_t *__restrict__ seg_end, const double *__restrict__ seg_wd,
                                   int n_seg, dt_k__adam k, float gm, const int *skip) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -90,7 +90,7 @@ __global__ void dt_k__adam_kernel(void *w, int wdt, float *master, const float *
     }
 }
 
-__global__ void dt_k__adagrad_kernel(void *w, int wdt, float *master, const float *__restrict__ g, float *sum,
+static __global__ void dt_k__adagrad_kernel(void *w, int wdt, float *master, const float *__restrict__ g, float *sum,
                                      int64_t n, const int64_t *__restrict__ seg_end,
                                      const double *__restrict__ seg_wd, int n_seg, dt_k__adagrad k, float gm,
                                      const int *skip) {
@@ -170,7 +170,7 @@ extern "C" int dt_k_adagrad_update(void *w, int w_dtype, float *master, const fl
 
 /* Pass 1: block b takes elements b, b + grid, ... (by thread), multiplies, flags, and leaves its
    sum of squares in work[b] (a shared-memory tree in double: the contract's shuffles are float). */
-__global__ void dt_k__grad_pass(float *g, int *found_inf, double *work, int64_t n, float mul, int scale) {
+static __global__ void dt_k__grad_pass(float *g, int *found_inf, double *work, int64_t n, float mul, int scale) {
     __shared__ double part[DT_K__OPT_THREADS];
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     double s = 0.0;
@@ -195,7 +195,7 @@ __global__ void dt_k__grad_pass(float *g, int *found_inf, double *work, int64_t 
 }
 
 /* Pass 2: one block adds the partials (the same tree: the same bits every run). */
-__global__ void dt_k__sum_partials(double *sumsq, const double *work, int nblocks) {
+static __global__ void dt_k__sum_partials(double *sumsq, const double *work, int nblocks) {
     __shared__ double part[DT_K__OPT_THREADS];
     int step;
     part[threadIdx.x] = (int)threadIdx.x < nblocks ? work[threadIdx.x] : 0.0;
