@@ -20,6 +20,17 @@ template <typename T> static std::vector<T> host(const T *d, size_t n) {
     return h;
 }
 
+/* x *= a on the bits of an f32 (the scaled unpack); other widths are never scaled. */
+static void scale_bits(uint32_t &x, float a) {
+    float f;
+    memcpy(&f, &x, 4);
+    f *= a;
+    memcpy(&x, &f, 4);
+}
+template <typename T> static void scale_bits(T &, float) {}
+static void set_f32(uint32_t &x, float f) { memcpy(&x, &f, 4); }
+template <typename T> static void set_f32(T &, float) {}
+
 /* A bucket of 5 parameter ranges of a 3000-element arena (one longer than a block's stride). */
 static const int NC = 5;
 static const int64_t SRC_OFF[NC] = {0, 40, 41, 500, 2000}, LEN[NC] = {37, 1, 0, 1100, 999};
@@ -30,14 +41,14 @@ template <typename T> static void check_copies(const char *tag, int is_f32, floa
     char name[160];
     int64_t o = 0;
     for (size_t i = 0; i < arena.size(); i++) {
-        if (is_f32) { float f = dt_rng_uniform(1, 1, i) - 0.5f; memcpy(&arena[i], &f, 4); }
+        if (is_f32) set_f32(arena[i], dt_rng_uniform(1, 1, i) - 0.5f);
         else arena[i] = (T)(i * 2654435761u);
     }
     for (int c = 0; c < NC; c++) {
         doff[c] = o;
         for (int64_t e = 0; e < len[c]; e++) {
             T x = arena[soff[c] + e];
-            if (is_f32 && alpha != 1.0f) { float f; memcpy(&f, &x, 4); f *= alpha; memcpy(&x, &f, 4); }
+            if (is_f32 && alpha != 1.0f) scale_bits(x, alpha);
             want[o + e] = x;
             want_back[soff[c] + e] = want[o + e];
         }
