@@ -88,7 +88,7 @@ section() { echo "== $*"; }
 # start (its last lines are only the shadow-memory map).
 show_log() {
     local log=$1 at
-    at=$(grep -n -m1 -E 'ERROR: (Address|Leak)Sanitizer|runtime error:' "$log" | cut -d: -f1)
+    at=$(grep -n -m1 -E 'ERROR: (Address|Leak)Sanitizer|WARNING: ThreadSanitizer|runtime error:' "$log" | cut -d: -f1)
     if [ -n "$at" ]; then sed -n "${at},$((at + 24))p" "$log"
     elif [ "${2:-}" = head ]; then head -n 20 "$log"
     else tail -n 20 "$log"
@@ -380,6 +380,89 @@ spawn_gpu_builds() {
     done
 }
 
+# --- CUDA kernels on the CPU emulator (tests/cuda_emu) -----------------------------------------
+
+# Every .cu file in kernels/ compiled by g++ against the emulator's fake CUDA headers
+# (tests/cuda_emu/include/), linked with its runtime (tests/cuda_emu/cuda_emu.cpp) and with each
+# tests/cuda_emu/k_*.cpp, which compares the kernels with dt_tensor.h's CPU ops. No GPU, no nvcc.
+# Each program runs once in every EMU_MODES mode (" [mode]" appended to its check names), then
+# once built with ThreadSanitizer, on small inputs (DT_K_SMALL=1), with the argument "tsan" (names
+# prefixed "tsan:"; a TSan report is a failure, except the one k_detect.cpp plants and expects).
+E=build/cuda_emu
+EMU_MODES=(parallel forward reverse random:1 random:2)
+EMU_CXX="$DT_CXX -std=c++17 -g -Wall -Wextra -Werror -Wno-unknown-pragmas"
+EMU_INC="-I$ROOT -I$ROOT/tests/cuda_emu/include -I$ROOT/kernels -I$ROOT/tests -I$ROOT/tests/cuda_emu $DT_CPPFLAGS"
+EMU_TSAN="-fsanitize=thread -fno-omit-frame-pointer"
+EMU_TESTS=()
+
+# emu_stale OUT DEP...: removes OUT when a DEP or an emulator header is newer (step then redoes it).
+emu_stale() {
+    local out=$1 f
+    shift
+    [ -e "$out" ] || return 0
+    for f in "$@" tests/cuda_emu/include/*.h tests/cuda_emu/k_common.h; do
+        [ "$f" -nt "$out" ] && { rm -f "$out"; return 0; }
+    done
+}
+
+# The runtime (never instrumented: under TSan only its barriers may order the kernel's threads)
+# and every kernel file, plain and with TSan.
+spawn_emu_objects() {
+    local cu o
+    selected cuda_emu || return 0
+    mkdir -p "$E/obj" "$E/tsan"
+    emu_stale "$E/obj/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp
+    spawn step emu_runtime "$E/obj/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp \
+        $EMU_CXX -O2 $EMU_INC -c tests/cuda_emu/cuda_emu.cpp -o "$E/obj/cuda_emu.o"
+    emu_stale "$E/tsan/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp
+    spawn step emu_runtime_tsan "$E/tsan/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp \
+        $EMU_CXX -O2 -DDT_EMU_TSAN $EMU_INC -c tests/cuda_emu/cuda_emu.cpp -o "$E/tsan/cuda_emu.o"
+    for cu in kernels/*.cu; do
+        o=$(basename "${cu%.cu}").o
+        emu_stale "$E/obj/$o" "$cu"
+        spawn step "emu_$o" "$E/obj/$o" "$cu" $EMU_CXX -O1 $EMU_INC -x c++ -c "$cu" -o "$E/obj/$o"
+        emu_stale "$E/tsan/$o" "$cu"
+        spawn step "emu_tsan_$o" "$E/tsan/$o" "$cu" $EMU_CXX -O1 $EMU_TSAN $EMU_INC -x c++ -c "$cu" -o "$E/tsan/$o"
+    done
+}
+
+# After the objects: each test program, linked with all of them.
+spawn_emu_tests() {
+    local src name
+    selected cuda_emu || return 0
+    for src in tests/cuda_emu/k_*.cpp; do
+        name=$(basename "${src%.cpp}")
+        EMU_TESTS+=("$name")
+        emu_stale "$E/$name" "$E"/obj/*.o
+        spawn step "emu_$name" "$E/$name" "$src" $EMU_CXX -O1 $EMU_INC "$src" "$E"/obj/*.o -o "$E/$name" $DT_LIBS -lpthread
+        emu_stale "$E/tsan/$name" "$E"/tsan/*.o
+        spawn step "emu_tsan_$name" "$E/tsan/$name" "$src" $EMU_CXX -O1 $EMU_TSAN $EMU_INC "$src" "$E"/tsan/*.o \
+            -o "$E/tsan/$name" $DT_LIBS -lpthread
+    done
+}
+
+run_emu() {
+    local cu o name mode
+    selected cuda_emu || return 0
+    section "CUDA kernels on the CPU emulator (tests/cuda_emu: ${EMU_MODES[*]}, then ThreadSanitizer)"
+    step_result "cuda_emu:build:cuda_emu.cpp" emu_runtime "$E/obj/cuda_emu.o"
+    for cu in kernels/*.cu; do
+        o=$(basename "${cu%.cu}").o
+        step_result "cuda_emu:build:$(basename "$cu")" "emu_$o" "$E/obj/$o"
+    done
+    for name in "${EMU_TESTS[@]}"; do
+        step_ok "cuda_emu:$name" "$E/$name" "emu_$name" || continue
+        for mode in "${EMU_MODES[@]}"; do
+            run_prog "$name [$mode]" "" " [$mode]" env DT_EMU_MODE="$mode" "$E/$name"
+        done
+    done
+    for name in "${EMU_TESTS[@]}"; do
+        step_ok "tsan:$name" "$E/tsan/$name" "emu_tsan_$name" || continue
+        run_prog "tsan:$name" "tsan:" "" env DT_EMU_MODE=parallel DT_K_SMALL=1 \
+            TSAN_OPTIONS="halt_on_error=0:exitcode=66:history_size=4" "$E/tsan/$name" tsan
+    done
+}
+
 # --- running -----------------------------------------------------------------------------------
 
 # ASan and LSan do not work everywhere (LSan needs ptrace; some kernels' ASLR breaks ASan): try
@@ -442,7 +525,7 @@ run_prog() {
         why="exited with status $rc without a FAIL line"
     elif [ "$rc" -eq 0 ] && [ $checks -eq 0 ]; then
         why="printed no PASS/FAIL/SKIP line"
-    elif grep -qE 'ERROR: (Address|Leak)Sanitizer|runtime error:' "$log"; then
+    elif grep -qE 'ERROR: (Address|Leak)Sanitizer|WARNING: ThreadSanitizer|runtime error:' "$log"; then
         # a sanitizer report is a failure of its own, even after FAIL lines (a halting UBSan stops
         # the program at the first report, so the checks after it never ran)
         why="a sanitizer report"
@@ -524,6 +607,7 @@ echo "dt tests: $($DT_CC --version | head -n 1)${DT_MPICC:+, $(mpirun --version 
 spawn_compile_checks
 spawn_kernels
 spawn_test_builds
+spawn_emu_objects
 wait
 if [ ${#KERNELS[@]} -gt 0 ]; then
     objs=()
@@ -535,6 +619,7 @@ if [ ${#KERNELS[@]} -gt 0 ]; then
     [ ${#objs[@]} -gt 0 ] && ar rcs build/kernels/libdt_kernels.a "${objs[@]}"
 fi
 spawn_gpu_builds
+spawn_emu_tests
 wait
 
 if [ ${#CHECKS[@]} -gt 0 ]; then
@@ -552,6 +637,8 @@ if [ ${#KERNELS[@]} -gt 0 ]; then
         step_result "kernel:$name" "kernel_$name" "build/kernels/${name%.cu}.o"
     done
 fi
+
+run_emu
 
 if selected readme; then
     section "README.md snippets (tests/readme_snippets.sh)"

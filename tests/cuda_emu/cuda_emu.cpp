@@ -1,0 +1,996 @@
+/* tests/cuda_emu/cuda_emu.cpp - a CUDA emulator for tests: the .cu files of kernels/, compiled by g++, run on the
+   host, so CI checks every kernel without a GPU. Test-only; never shipped in kernels/.
+
+   Build (tests/run.sh, group "cuda_emu", does this):
+       g++ -x c++ -Itests/cuda_emu/include -Ikernels -c kernels/dt_x.cu     (each kernel file)
+       g++ -Itests/cuda_emu/include -c tests/cuda_emu/cuda_emu.cpp          (this runtime)
+       g++ tests/cuda_emu/k_x.cpp *.o -lopenblas -lpthread                 (a test program)
+   The fake <cuda_runtime.h> and <cublas_v2.h> in tests/cuda_emu/include/ are all a kernel file
+   sees of CUDA; kernels launch through DT_K_LAUNCH (kernels/dt_cuda.cuh), which here calls
+   dt_emu_launch with a lambda that calls the kernel.
+
+   How it runs a launch. Blocks run one at a time, so a __shared__ array can be one static copy
+   (the fake header makes __shared__ a static in the section "dt_emu_shared"). Each CUDA thread of
+   the block is a host thread (pthread). Barriers are where threads meet:
+     __syncthreads              waits until every thread of the block is waiting at one;
+     shuffles, ballots, votes,  wait until every lane named in the mask is waiting at one; the
+     __syncwarp                 last lane to arrive computes every lane's result.
+   A block has one mutex; each thread one condition variable. A thread that arrives at a barrier
+   marks itself waiting and calls resolve(), which completes every barrier whose threads are all
+   there and wakes them.
+
+   Modes (environment DT_EMU_MODE):
+     parallel        (default) the block's threads run at once, as the OS schedules them.
+     forward         one thread at a time: a baton passes from thread to thread. Each thread runs
+     reverse         its segment up to its next barrier, in thread order 0,1,2... (forward),
+     random:SEED     n-1...0 (reverse) or a seeded shuffle, new at every round (random); when all
+                     have run, the barriers are resolved and the next round starts. A missing
+                     __syncthreads then makes some thread read shared memory before the thread
+                     that should write it has run: the result changes (and is the same every run
+                     of a seed). Blocks also run in reverse / shuffled order in those modes.
+   Checks, each a report on stderr ("dt_emu: ...") that makes the launch fail with
+   cudaErrorLaunchFailure (dt_emu_last_report() returns the last one):
+     - shared memory (static and dynamic) is filled with NaN bytes (0xff) at each block start,
+       and cudaMalloc memory at allocation, so a read of what nobody wrote shows;
+     - deadlock: every live thread of a block waits and no barrier can complete; the report lists
+       which threads wait where (__FILE__:__LINE__ recorded by the barrier macros); the block is
+       abandoned (its threads unwind);
+     - a __syncthreads reached by only part of the block (the others returned), or by threads at
+       different source lines (a barrier in divergent code);
+     - a warp operation whose mask names lanes that never arrive (returned, or beyond blockDim),
+       or does not name the calling lane, or lanes meeting at different kinds of operation;
+     - cudaMemcpy / cudaMemset outside a cudaMalloc allocation, in the wrong direction, of NULL;
+       cudaFree of a pointer cudaMalloc did not return; a destroyed or unknown stream; cuBLAS
+       matrices outside their allocation; bad launch configurations (cudaErrorInvalidConfiguration).
+   ThreadSanitizer build (DT_EMU_TSAN, run.sh "tsan:"): the kernels and tests are built with
+   -fsanitize=thread, this file is built without it and wraps its own mutex and condition-variable
+   calls in AnnotateIgnoreSync, so they order nothing. Each barrier instead orders exactly what a
+   GPU barrier orders (__tsan_release on arrival, __tsan_acquire on departure, per block or per
+   warp). A missing __syncthreads is then a data race on the shared array, reported by TSan.
+
+   What it cannot see:
+     - races between blocks: blocks run one after the other, and each starts after the last
+       ended (atomics and plain stores to one global address from two blocks both "work");
+     - a missing __threadfence: x86 orders memory more strongly than a GPU, and blocks do not
+       overlap anyway;
+     - stream races: every call is synchronous, so work on two streams never overlaps and a
+       missing cudaStreamWaitEvent changes nothing;
+     - tensor cores, the GPU's own rounding (expf, __expf, fused multiply-add, TF32 is only
+       rounded inputs), warp scheduling, bank conflicts, occupancy and speed;
+     - out-of-bounds accesses inside kernels (device memory is host memory: an ASan build would
+       see them, this one does not).
+   Cost: one host thread per CUDA thread, some 10-20 us per thread per barrier: keep grids small.
+                                                        MIT licence (see dt_tensor.h) */
+#include "cuda_runtime.h"
+#include "cublas_v2.h"
+
+#include <cblas.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+/* ---------------------------------------------------------------- ThreadSanitizer hooks */
+
+#ifdef DT_EMU_TSAN
+extern "C" {
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+void AnnotateIgnoreSyncBegin(const char *file, int line);
+void AnnotateIgnoreSyncEnd(const char *file, int line);
+}
+#define DT_EMU_ACQUIRE(p) __tsan_acquire(p)
+#define DT_EMU_RELEASE(p) __tsan_release(p)
+#define DT_EMU_QUIET_BEGIN() AnnotateIgnoreSyncBegin(__FILE__, __LINE__)
+#define DT_EMU_QUIET_END() AnnotateIgnoreSyncEnd(__FILE__, __LINE__)
+#else
+#define DT_EMU_ACQUIRE(p) (void)(p)
+#define DT_EMU_RELEASE(p) (void)(p)
+#define DT_EMU_QUIET_BEGIN() (void)0
+#define DT_EMU_QUIET_END() (void)0
+#endif
+
+/* The emulator's own locking: invisible to TSan (only barriers may order the kernel's threads). */
+static void emu_lock(pthread_mutex_t *m) { DT_EMU_QUIET_BEGIN(); pthread_mutex_lock(m); DT_EMU_QUIET_END(); }
+static void emu_unlock(pthread_mutex_t *m) { DT_EMU_QUIET_BEGIN(); pthread_mutex_unlock(m); DT_EMU_QUIET_END(); }
+static void emu_wait(pthread_cond_t *c, pthread_mutex_t *m) { DT_EMU_QUIET_BEGIN(); pthread_cond_wait(c, m); DT_EMU_QUIET_END(); }
+static void emu_signal(pthread_cond_t *c) { DT_EMU_QUIET_BEGIN(); pthread_cond_signal(c); DT_EMU_QUIET_END(); }
+
+/* ---------------------------------------------------------------- global state */
+
+thread_local uint3 dt_emu_threadIdx, dt_emu_blockIdx;
+thread_local dim3 dt_emu_blockDim, dt_emu_gridDim;
+
+/* One object in the section, so that __start_/__stop_dt_emu_shared exist in every program. */
+__attribute__((section("dt_emu_shared"), used)) static char emu_section_anchor[16];
+extern "C" char __start_dt_emu_shared[], __stop_dt_emu_shared[];
+
+enum { MODE_PARALLEL, MODE_FORWARD, MODE_REVERSE, MODE_RANDOM, MODE_BAD };
+
+static struct {
+    int mode_set, mode;
+    unsigned long long seed, rng;
+    char mode_name[64];
+    pthread_mutex_t lock; /* reports, the registry */
+    int reports;
+    std::string last_report;
+    cudaError_t last_error;
+    std::map<uintptr_t, size_t> allocs; /* cudaMalloc: base -> bytes */
+    std::set<void *> streams, events, handles;
+    unsigned char *dyn_shared;
+} G = {0, 0, 0, 0, {0}, PTHREAD_MUTEX_INITIALIZER, 0, std::string(), cudaSuccess, {}, {}, {}, {}, NULL};
+
+static void report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void report(const char *fmt, ...) {
+    char buf[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    emu_lock(&G.lock);
+    G.reports++;
+    G.last_report = buf;
+    fprintf(stderr, "dt_emu: %s\n", buf);
+    fflush(stderr);
+    emu_unlock(&G.lock);
+}
+
+static cudaError_t fail(cudaError_t e) {
+    if (e != cudaSuccess) G.last_error = e;
+    return e;
+}
+
+/* splitmix64: the random mode's thread and block orders */
+static unsigned long long emu_rand(void) {
+    unsigned long long z = (G.rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void init_mode(void) {
+    const char *m = getenv("DT_EMU_MODE");
+    if (G.mode_set) return;
+    G.mode_set = 1;
+    if (!m || !*m) m = "parallel";
+    snprintf(G.mode_name, sizeof G.mode_name, "%s", m);
+    if (!strcmp(m, "parallel")) G.mode = MODE_PARALLEL;
+    else if (!strcmp(m, "forward")) G.mode = MODE_FORWARD;
+    else if (!strcmp(m, "reverse")) G.mode = MODE_REVERSE;
+    else if (!strcmp(m, "random")) G.mode = MODE_RANDOM, G.seed = 1;
+    else if (!strncmp(m, "random:", 7) && m[7]) {
+        char *end;
+        G.seed = strtoull(m + 7, &end, 10);
+        G.mode = *end ? MODE_BAD : MODE_RANDOM;
+    } else G.mode = MODE_BAD;
+    G.rng = G.seed;
+    if (G.mode == MODE_BAD)
+        report("DT_EMU_MODE = \"%s\"; expected parallel, forward, reverse or random:SEED", m);
+}
+
+const char *dt_emu_mode(void) { init_mode(); return G.mode_name; }
+int dt_emu_report_count(void) { return G.reports; }
+const char *dt_emu_last_report(void) { return G.last_report.c_str(); }
+
+/* ---------------------------------------------------------------- blocks and threads */
+
+enum { T_RUN, T_WAIT_BLOCK, T_WAIT_WARP, T_EXITED };
+
+struct emu_block;
+struct emu_thread {
+    pthread_t th;
+    pthread_cond_t cv;
+    emu_block *b;
+    int id, state;
+    const char *file; /* where it waits */
+    int line;
+    int op, arg, width; /* its warp operation */
+    unsigned int mask;
+    uint64_t value, result;
+    unsigned int gen; /* the barrier's generation when it arrived: its TSan sync object */
+};
+
+struct emu_block {
+    pthread_mutex_t m;
+    int n, nrun, nexited, nwait_block;
+    std::vector<emu_thread> t;
+    bool serial, aborted;
+    std::vector<int> order; /* serial modes: this round's thread order */
+    size_t pos;
+    int baton;              /* serial modes: the one thread allowed to run */
+    unsigned int block_gen;
+    std::vector<unsigned int> warp_gen;
+    char block_sync[2];     /* TSan sync objects, by generation parity */
+    std::vector<char> warp_sync;
+    const std::function<void()> *body;
+    uint3 bid;
+    dim3 bdim, gdim;
+    const char *kernel, *file;
+    int line;
+};
+
+struct emu_abort {}; /* unwinds the threads of a deadlocked block */
+
+static thread_local emu_thread *self;
+
+static const char *op_name(int op) {
+    static const char *const names[] = {"__syncwarp", "__shfl_sync", "__shfl_xor_sync", "__shfl_down_sync",
+                                        "__shfl_up_sync", "__ballot_sync", "__all_sync", "__any_sync"};
+    return op >= 0 && op < 8 ? names[op] : "?";
+}
+
+/* "0-15,32-47": thread ids, compressed */
+static std::string id_ranges(const std::vector<int> &ids) {
+    std::string s;
+    char buf[48];
+    for (size_t i = 0; i < ids.size();) {
+        size_t j = i;
+        while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) j++;
+        if (j > i) snprintf(buf, sizeof buf, "%s%d-%d", s.empty() ? "" : ",", ids[i], ids[j]);
+        else snprintf(buf, sizeof buf, "%s%d", s.empty() ? "" : ",", ids[i]);
+        s += buf;
+        i = j + 1;
+    }
+    return s;
+}
+
+static std::string where_block(const emu_block *b) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "block (%u,%u,%u) of %s (launched at %s:%d)", b->bid.x, b->bid.y, b->bid.z, b->kernel,
+             b->file, b->line);
+    return buf;
+}
+
+/* Threads grouped by where they wait: "threads 0-15: __syncthreads at f.cu:12; threads ...". */
+static std::string waiting_sites(const emu_block *b, int only_state) {
+    std::vector<std::string> keys;
+    std::vector<std::vector<int> > ids;
+    for (int i = 0; i < b->n; i++) {
+        const emu_thread &t = b->t[i];
+        char key[512];
+        if (t.state == T_RUN || t.state == T_EXITED || (only_state >= 0 && t.state != only_state)) continue;
+        if (t.state == T_WAIT_BLOCK) snprintf(key, sizeof key, "__syncthreads at %s:%d", t.file, t.line);
+        else snprintf(key, sizeof key, "%s mask 0x%08x at %s:%d", op_name(t.op), t.mask, t.file, t.line);
+        size_t k = std::find(keys.begin(), keys.end(), std::string(key)) - keys.begin();
+        if (k == keys.size()) keys.push_back(key), ids.push_back(std::vector<int>());
+        ids[k].push_back(i);
+    }
+    std::string s;
+    for (size_t k = 0; k < keys.size(); k++) s += (k ? "; threads " : "threads ") + id_ranges(ids[k]) + ": " + keys[k];
+    return s;
+}
+
+static void release(emu_block *b, emu_thread &t) {
+    t.state = T_RUN;
+    b->nrun++;
+    emu_signal(&t.cv);
+}
+
+/* The lanes of warp w named in mask M are all waiting at a warp operation with mask M (or gone):
+   compute each one's result and let them go. */
+static void complete_warp(emu_block *b, int w, unsigned int M, unsigned int absent, unsigned int exited) {
+    int base = w * 32, first = -1;
+    for (int k = 0; k < 32; k++)
+        if ((M >> k & 1) && !(absent >> k & 1)) { first = base + k; break; }
+    const emu_thread &f = b->t[first];
+    if (absent)
+        report("%s at %s:%d in %s, warp %d: mask 0x%08x names lanes that never arrive: 0x%08x (%s)", op_name(f.op),
+               f.file, f.line, where_block(b).c_str(), w, M, absent,
+               exited == absent ? "they returned" : exited ? "some returned, some are beyond blockDim"
+                                                           : "beyond blockDim");
+    for (int k = 0; k < 32; k++) {
+        const emu_thread &u = b->t[base + k < b->n ? base + k : first];
+        if ((M >> k & 1) && !(absent >> k & 1) && u.op != f.op) {
+            report("lanes of warp %d in %s meet at different warp operations: %s at %s:%d and %s at %s:%d", w,
+                   where_block(b).c_str(), op_name(f.op), f.file, f.line, op_name(u.op), u.file, u.line);
+            break;
+        }
+    }
+    uint64_t vote_or = 0, all = 1, any = 0;
+    for (int k = 0; k < 32; k++) {
+        if (!(M >> k & 1) || (absent >> k & 1)) continue;
+        bool p = b->t[base + k].value != 0;
+        vote_or |= (uint64_t)p << k;
+        all &= p;
+        any |= p;
+    }
+    for (int k = 0; k < 32; k++) {
+        if (!(M >> k & 1) || (absent >> k & 1)) continue;
+        emu_thread &u = b->t[base + k];
+        int width = u.width, seg = k & ~(width - 1), src = k;
+        switch (u.op) {
+        case DT_EMU_SHFL: src = seg + (((u.arg % width) + width) % width); break;
+        case DT_EMU_SHFL_XOR: src = k ^ u.arg; if (src < 0 || src >= seg + width) src = k; break;
+        case DT_EMU_SHFL_DOWN: src = k + u.arg; if (src >= seg + width) src = k; break;
+        case DT_EMU_SHFL_UP: src = k - u.arg; if (src < seg) src = k; break;
+        default: break;
+        }
+        if (u.op == DT_EMU_BALLOT) u.result = vote_or;
+        else if (u.op == DT_EMU_ALL) u.result = all;
+        else if (u.op == DT_EMU_ANY) u.result = any;
+        else if (u.op == DT_EMU_SYNCWARP) u.result = 0;
+        else if (src >= 0 && src < 32 && (M >> src & 1) && !(absent >> src & 1)) u.result = b->t[base + src].value;
+        else u.result = ~(uint64_t)0; /* a lane that is not there: NaN */
+    }
+    for (int k = 0; k < 32; k++)
+        if ((M >> k & 1) && !(absent >> k & 1)) release(b, b->t[base + k]);
+    b->warp_gen[w]++;
+}
+
+static bool resolve_warp(emu_block *b, int w) {
+    int base = w * 32, nl = std::min(32, b->n - base);
+    bool any = false;
+    for (int l = 0; l < nl; l++) {
+        if (b->t[base + l].state != T_WAIT_WARP) continue;
+        unsigned int M = b->t[base + l].mask, absent = 0, exited = 0;
+        bool ok = true;
+        for (int k = 0; k < 32 && ok; k++) {
+            if (!(M >> k & 1)) continue;
+            if (k >= nl) { absent |= 1u << k; continue; }
+            const emu_thread &u = b->t[base + k];
+            if (u.state == T_EXITED) absent |= 1u << k, exited |= 1u << k;
+            else if (u.state != T_WAIT_WARP || u.mask != M) ok = false;
+        }
+        if (!ok) continue;
+        complete_warp(b, w, M, absent, exited);
+        any = true;
+    }
+    return any;
+}
+
+static bool resolve_block(emu_block *b) {
+    if (b->nwait_block == 0 || b->nwait_block + b->nexited != b->n) return false;
+    const emu_thread *f = NULL;
+    bool divergent = false;
+    for (int i = 0; i < b->n; i++) {
+        const emu_thread &t = b->t[i];
+        if (t.state != T_WAIT_BLOCK) continue;
+        if (!f) f = &t;
+        else if (t.line != f->line || strcmp(t.file, f->file)) divergent = true;
+    }
+    if (b->nexited) {
+        std::vector<int> gone;
+        for (int i = 0; i < b->n; i++)
+            if (b->t[i].state == T_EXITED) gone.push_back(i);
+        report("__syncthreads at %s:%d in %s is reached by %d of %d threads: threads %s returned before it "
+               "(a barrier in divergent code)", f->file, f->line, where_block(b).c_str(), b->nwait_block, b->n,
+               id_ranges(gone).c_str());
+    }
+    if (divergent)
+        report("divergent __syncthreads in %s: %s", where_block(b).c_str(), waiting_sites(b, T_WAIT_BLOCK).c_str());
+    for (int i = 0; i < b->n; i++)
+        if (b->t[i].state == T_WAIT_BLOCK) release(b, b->t[i]);
+    b->nwait_block = 0;
+    b->block_gen++;
+    return true;
+}
+
+static void resolve(emu_block *b, int warp) {
+    int nwarps = (b->n + 31) / 32;
+    for (int w = 0; w < nwarps; w++)
+        if (warp < 0 || w == warp) resolve_warp(b, w);
+    resolve_block(b);
+}
+
+static void deadlock(emu_block *b) {
+    report("deadlock in %s: every live thread waits and no barrier can complete: %s", where_block(b).c_str(),
+           waiting_sites(b, -1).c_str());
+    b->aborted = true;
+    for (int i = 0; i < b->n; i++) emu_signal(&b->t[i].cv);
+}
+
+static void make_order(emu_block *b) {
+    b->order.clear();
+    for (int i = 0; i < b->n; i++)
+        if (b->t[i].state == T_RUN) b->order.push_back(i);
+    if (G.mode == MODE_REVERSE) std::reverse(b->order.begin(), b->order.end());
+    if (G.mode == MODE_RANDOM)
+        for (size_t i = b->order.size(); i > 1; i--) std::swap(b->order[i - 1], b->order[emu_rand() % i]);
+    b->pos = 0;
+}
+
+/* Called (under the block's lock) by a thread that just stopped running: it waits at a barrier
+   (of warp `warp`, or -1 for the block) or returned. */
+static void after_stop(emu_block *b, int warp) {
+    if (b->aborted) return;
+    if (!b->serial) {
+        resolve(b, warp);
+        if (b->nrun == 0 && b->nexited < b->n) deadlock(b);
+        return;
+    }
+    for (b->pos++; b->pos < b->order.size(); b->pos++) { /* the baton goes to the next in order */
+        int i = b->order[b->pos];
+        if (b->t[i].state == T_RUN) { b->baton = i; emu_signal(&b->t[i].cv); return; }
+    }
+    resolve(b, -1); /* the round is over: complete the barriers, start the next round */
+    make_order(b);
+    if (b->order.empty()) {
+        b->baton = -1;
+        if (b->nexited < b->n) deadlock(b);
+        return;
+    }
+    b->baton = b->order[0];
+    emu_signal(&b->t[b->baton].cv);
+}
+
+/* Waits (under the lock) until this thread may run again. */
+static void wait_turn(emu_block *b, emu_thread *t) {
+    while (!b->aborted && (t->state != T_RUN || (b->serial && b->baton != t->id))) emu_wait(&t->cv, &b->m);
+}
+
+void dt_emu_syncthreads(const char *file, int line) {
+    emu_thread *t = self;
+    if (!t) { report("__syncthreads at %s:%d called outside a kernel", file, line); return; }
+    emu_block *b = t->b;
+    emu_lock(&b->m);
+    t->state = T_WAIT_BLOCK, t->file = file, t->line = line;
+    b->nrun--, b->nwait_block++;
+    t->gen = b->block_gen;
+    DT_EMU_RELEASE(&b->block_sync[t->gen & 1]);
+    after_stop(b, -1);
+    wait_turn(b, t);
+    bool aborted = b->aborted;
+    emu_unlock(&b->m);
+    DT_EMU_ACQUIRE(&b->block_sync[t->gen & 1]);
+    if (aborted) throw emu_abort();
+}
+
+uint64_t dt_emu_warp(const char *file, int line, int op, unsigned int mask, uint64_t value, int arg, int width) {
+    emu_thread *t = self;
+    if (!t) { report("%s at %s:%d called outside a kernel", op_name(op), file, line); return value; }
+    emu_block *b = t->b;
+    int lane = t->id & 31, w = t->id >> 5;
+    if (width < 1 || width > 32 || (width & (width - 1))) {
+        report("%s at %s:%d: width %d; expected a power of two in [1, 32]", op_name(op), file, line, width);
+        width = 32;
+    }
+    if (!(mask >> lane & 1)) {
+        report("%s at %s:%d in %s: mask 0x%08x does not name the calling lane %d (thread %d)", op_name(op), file,
+               line, where_block(b).c_str(), mask, lane, t->id);
+        mask |= 1u << lane;
+    }
+    emu_lock(&b->m);
+    t->state = T_WAIT_WARP, t->file = file, t->line = line;
+    t->op = op, t->mask = mask, t->value = value, t->arg = arg, t->width = width;
+    b->nrun--;
+    t->gen = b->warp_gen[w];
+    DT_EMU_RELEASE(&b->warp_sync[2 * w + (t->gen & 1)]);
+    after_stop(b, w);
+    wait_turn(b, t);
+    bool aborted = b->aborted;
+    uint64_t r = t->result;
+    emu_unlock(&b->m);
+    DT_EMU_ACQUIRE(&b->warp_sync[2 * w + (t->gen & 1)]);
+    if (aborted) throw emu_abort();
+    return r;
+}
+
+static void *thread_main(void *arg) {
+    emu_thread *t = (emu_thread *)arg;
+    emu_block *b = t->b;
+    unsigned int bx = b->bdim.x, by = b->bdim.y;
+    uint3 tid = {t->id % bx, (t->id / bx) % by, t->id / (bx * by)};
+    dt_emu_threadIdx = tid;
+    dt_emu_blockIdx = b->bid;
+    dt_emu_blockDim = b->bdim;
+    dt_emu_gridDim = b->gdim;
+    self = t;
+    emu_lock(&b->m);
+    wait_turn(b, t);
+    bool run = !b->aborted;
+    emu_unlock(&b->m);
+    if (run) {
+        try {
+            (*b->body)();
+        } catch (emu_abort &) {
+        }
+    }
+    emu_lock(&b->m);
+    if (t->state == T_RUN) b->nrun--;
+    else if (t->state == T_WAIT_BLOCK) b->nwait_block--;
+    t->state = T_EXITED;
+    b->nexited++;
+    after_stop(b, t->id >> 5);
+    emu_unlock(&b->m);
+    self = NULL;
+    return NULL;
+}
+
+static void run_block(emu_block *b) {
+    pthread_attr_t attr;
+    int created = 0;
+    /* poison: what a block reads before anyone wrote it is NaN */
+    memset(__start_dt_emu_shared, 0xff, (size_t)(__stop_dt_emu_shared - __start_dt_emu_shared));
+    pthread_mutex_init(&b->m, NULL);
+    b->t.assign(b->n, emu_thread());
+    for (int i = 0; i < b->n; i++) {
+        emu_thread &t = b->t[i];
+        pthread_cond_init(&t.cv, NULL);
+        t.b = b, t.id = i, t.state = T_RUN, t.file = "", t.line = 0;
+    }
+    b->nrun = b->n, b->nexited = 0, b->nwait_block = 0, b->aborted = false;
+    b->block_gen = 0;
+    b->warp_gen.assign((b->n + 31) / 32, 0);
+    b->warp_sync.assign(2 * b->warp_gen.size(), 0);
+    b->serial = G.mode != MODE_PARALLEL;
+    b->baton = -1;
+    if (b->serial) {
+        make_order(b);
+        b->baton = b->order[0];
+    }
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 512 * 1024);
+    for (; created < b->n; created++)
+        if (pthread_create(&b->t[created].th, &attr, thread_main, &b->t[created])) break;
+    pthread_attr_destroy(&attr);
+    if (created < b->n) { /* the threads that exist exit at once */
+        report("%s: could not start thread %d of %d (pthread_create failed): use smaller blocks",
+               where_block(b).c_str(), created, b->n);
+        emu_lock(&b->m);
+        b->aborted = true;
+        for (int i = 0; i < created; i++) emu_signal(&b->t[i].cv);
+        emu_unlock(&b->m);
+    }
+    for (int i = 0; i < created; i++) pthread_join(b->t[i].th, NULL);
+    for (int i = 0; i < b->n; i++) pthread_cond_destroy(&b->t[i].cv);
+    pthread_mutex_destroy(&b->m);
+}
+
+static bool valid_stream(cudaStream_t s) { return !s || G.streams.count((void *)s); }
+
+cudaError_t dt_emu_launch(const char *kernel, const char *file, int line, dim3 grid, dim3 block, size_t shmem_bytes,
+                          cudaStream_t stream, const std::function<void()> &body) {
+    init_mode();
+    if (G.mode == MODE_BAD) {
+        report("%s launched at %s:%d: DT_EMU_MODE = \"%s\" is not a mode", kernel, file, line, G.mode_name);
+        return fail(cudaErrorInvalidValue);
+    }
+    if (!valid_stream(stream)) {
+        report("%s launched at %s:%d on stream %p, which cudaStreamCreate did not make (or it was destroyed)",
+               kernel, file, line, (void *)stream);
+        return fail(cudaErrorInvalidResourceHandle);
+    }
+    unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+    if (!block.x || !block.y || !block.z || block.x > 1024 || block.y > 1024 || block.z > 64 || threads > 1024 ||
+        !grid.x || !grid.y || !grid.z || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535 ||
+        shmem_bytes > 48 * 1024) {
+        report("%s launched at %s:%d with grid (%u,%u,%u), block (%u,%u,%u), %zu bytes of dynamic shared memory: "
+               "expected blocks of 1 to 1024 threads (x, y <= 1024, z <= 64), a grid of at least 1 block "
+               "(x < 2^31, y, z <= 65535), at most 48 KiB", kernel, file, line, grid.x, grid.y, grid.z, block.x,
+               block.y, block.z, shmem_bytes);
+        return fail(cudaErrorInvalidConfiguration);
+    }
+    int before = G.reports;
+    std::vector<unsigned char> dyn(shmem_bytes + 16);
+    G.dyn_shared = dyn.data();
+    unsigned long long nblocks = (unsigned long long)grid.x * grid.y * grid.z;
+    std::vector<unsigned long long> order;
+    if (G.mode == MODE_RANDOM && nblocks <= (1u << 20)) { /* shuffled block order */
+        order.resize(nblocks);
+        for (unsigned long long i = 0; i < nblocks; i++) order[i] = i;
+        for (unsigned long long i = nblocks; i > 1; i--) std::swap(order[i - 1], order[emu_rand() % i]);
+    }
+    for (unsigned long long k = 0; k < nblocks; k++) {
+        unsigned long long i = order.empty() ? (G.mode == MODE_REVERSE ? nblocks - 1 - k : k) : order[k];
+        emu_block b;
+        b.n = (int)threads;
+        b.bid.x = (unsigned int)(i % grid.x);
+        b.bid.y = (unsigned int)(i / grid.x % grid.y);
+        b.bid.z = (unsigned int)(i / grid.x / grid.y);
+        b.bdim = block, b.gdim = grid, b.body = &body, b.kernel = kernel, b.file = file, b.line = line;
+        memset(dyn.data(), 0xff, dyn.size());
+        run_block(&b);
+        if (b.aborted) break;
+    }
+    G.dyn_shared = NULL;
+    return G.reports > before ? fail(cudaErrorLaunchFailure) : cudaSuccess;
+}
+
+void *dt_emu_dynamic_shared(void) {
+    if (!G.dyn_shared) report("DT_K_SHARED_DYNAMIC outside a kernel");
+    return G.dyn_shared;
+}
+
+/* ---------------------------------------------------------------- errors, device */
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = G.last_error;
+    G.last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return G.last_error; }
+
+static const struct { cudaError_t e; const char *name, *text; } error_names[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration", "invalid configuration argument"},
+    {cudaErrorInvalidDevicePointer, "cudaErrorInvalidDevicePointer", "invalid device pointer"},
+    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection", "invalid copy direction for memcpy"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+};
+const char *cudaGetErrorName(cudaError_t e) {
+    for (size_t i = 0; i < sizeof error_names / sizeof error_names[0]; i++)
+        if (error_names[i].e == e) return error_names[i].name;
+    return "cudaErrorUnknown";
+}
+const char *cudaGetErrorString(cudaError_t e) {
+    for (size_t i = 0; i < sizeof error_names / sizeof error_names[0]; i++)
+        if (error_names[i].e == e) return error_names[i].text;
+    return "unrecognized error code";
+}
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaGetDeviceCount(int *count) {
+    if (!count) return fail(cudaErrorInvalidValue);
+    *count = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *device) {
+    if (!device) return fail(cudaErrorInvalidValue);
+    *device = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice); }
+
+/* ---------------------------------------------------------------- memory and its registry */
+
+/* The allocation holding p: its base and size; false for host memory. */
+static bool find_alloc(const void *p, uintptr_t *base, size_t *size) {
+    uintptr_t u = (uintptr_t)p;
+    std::map<uintptr_t, size_t>::iterator it = G.allocs.upper_bound(u);
+    if (it == G.allocs.begin()) return false;
+    --it;
+    if (u >= it->first + (it->second ? it->second : 1)) return false;
+    *base = it->first, *size = it->second;
+    return true;
+}
+
+/* p .. p+bytes lies in one allocation; else writes why into why. */
+static bool in_alloc(const void *p, size_t bytes, std::string *why) {
+    uintptr_t base;
+    size_t size;
+    char buf[256];
+    if (!find_alloc(p, &base, &size)) { *why = "is not device memory (no cudaMalloc allocation holds it)"; return false; }
+    size_t off = (uintptr_t)p - base;
+    if (bytes > size - off) {
+        snprintf(buf, sizeof buf, "+ %zu bytes runs %zu bytes past the end of its %zu-byte allocation (it starts "
+                 "%zu bytes in)", bytes, bytes - (size - off), size, off);
+        *why = buf;
+        return false;
+    }
+    return true;
+}
+
+cudaError_t dt_emu_malloc(const char *file, int line, void **ptr, size_t bytes) {
+    if (!ptr) { report("cudaMalloc at %s:%d: ptr is NULL", file, line); return fail(cudaErrorInvalidValue); }
+    *ptr = NULL;
+    if (bytes == 0) return cudaSuccess;
+    void *p = malloc(bytes);
+    if (!p) return fail(cudaErrorMemoryAllocation);
+    memset(p, 0xff, bytes); /* cudaMalloc memory is not zeroed: reading it before writing shows */
+    emu_lock(&G.lock);
+    G.allocs[(uintptr_t)p] = bytes;
+    emu_unlock(&G.lock);
+    *ptr = p;
+    return cudaSuccess;
+}
+
+cudaError_t dt_emu_free(const char *file, int line, void *ptr) {
+    if (!ptr) return cudaSuccess;
+    emu_lock(&G.lock);
+    bool known = G.allocs.erase((uintptr_t)ptr) == 1;
+    emu_unlock(&G.lock);
+    if (!known) {
+        report("cudaFree(%p) at %s:%d: not a pointer cudaMalloc returned (or freed already)", ptr, file, line);
+        return fail(cudaErrorInvalidValue);
+    }
+    free(ptr);
+    return cudaSuccess;
+}
+
+static const char *kind_name(int k) {
+    static const char *const names[] = {"cudaMemcpyHostToHost", "cudaMemcpyHostToDevice", "cudaMemcpyDeviceToHost",
+                                        "cudaMemcpyDeviceToDevice", "cudaMemcpyDefault"};
+    return k >= 0 && k <= 4 ? names[k] : "an invalid cudaMemcpyKind";
+}
+
+cudaError_t dt_emu_memcpy(const char *file, int line, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                          cudaStream_t stream) {
+    uintptr_t base;
+    size_t size;
+    std::string why;
+    if (!valid_stream(stream)) {
+        report("cudaMemcpyAsync at %s:%d on stream %p, which cudaStreamCreate did not make", file, line, (void *)stream);
+        return fail(cudaErrorInvalidResourceHandle);
+    }
+    if ((int)kind < 0 || (int)kind > 4) {
+        report("cudaMemcpy at %s:%d: kind = %d is not a cudaMemcpyKind", file, line, (int)kind);
+        return fail(cudaErrorInvalidMemcpyDirection);
+    }
+    if (bytes == 0) return cudaSuccess;
+    if (!dst || !src) {
+        report("cudaMemcpy at %s:%d (%s, %zu bytes): %s is NULL", file, line, kind_name(kind), bytes, dst ? "src" : "dst");
+        return fail(cudaErrorInvalidValue);
+    }
+    bool dev_dst = find_alloc(dst, &base, &size), dev_src = find_alloc(src, &base, &size);
+    bool want_dst = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    bool want_src = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if (kind == cudaMemcpyDefault) want_dst = dev_dst, want_src = dev_src;
+    const char *bad = NULL;
+    if (want_dst != dev_dst) bad = "dst", why = dev_dst ? "is device memory" : "is host memory";
+    else if (want_src != dev_src) bad = "src", why = dev_src ? "is device memory" : "is host memory";
+    if (bad) {
+        report("cudaMemcpy at %s:%d (%s, %zu bytes): %s %s: the wrong direction", file, line, kind_name(kind), bytes,
+               bad, why.c_str());
+        return fail(cudaErrorInvalidValue);
+    }
+    if ((want_dst && !in_alloc(dst, bytes, &why) && (bad = "dst")) || (want_src && !in_alloc(src, bytes, &why) && (bad = "src"))) {
+        report("cudaMemcpy at %s:%d (%s, %zu bytes): %s %p %s", file, line, kind_name(kind), bytes, bad,
+               bad[0] == 'd' ? dst : src, why.c_str());
+        return fail(cudaErrorInvalidValue);
+    }
+    memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+
+cudaError_t dt_emu_memset(const char *file, int line, void *dst, int value, size_t bytes, cudaStream_t stream) {
+    std::string why;
+    if (!valid_stream(stream)) {
+        report("cudaMemsetAsync at %s:%d on stream %p, which cudaStreamCreate did not make", file, line, (void *)stream);
+        return fail(cudaErrorInvalidResourceHandle);
+    }
+    if (bytes == 0) return cudaSuccess;
+    if (!in_alloc(dst, bytes, &why)) {
+        report("cudaMemset at %s:%d (%zu bytes): dst %p %s", file, line, bytes, dst, why.c_str());
+        return fail(cudaErrorInvalidValue);
+    }
+    memset(dst, value, bytes);
+    return cudaSuccess;
+}
+
+/* ---------------------------------------------------------------- streams and events */
+
+struct dt_emu_stream { int unused; };
+struct dt_emu_event { double ms; bool recorded; };
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *stream) { return cudaStreamCreateWithFlags(stream, 0); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) {
+    if (!stream || flags > 1) return fail(cudaErrorInvalidValue);
+    *stream = new dt_emu_stream();
+    G.streams.insert((void *)*stream);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    if (!stream || !G.streams.erase((void *)stream)) {
+        report("cudaStreamDestroy(%p): not a stream cudaStreamCreate made (or destroyed already)", (void *)stream);
+        return fail(cudaErrorInvalidResourceHandle);
+    }
+    delete stream;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    return valid_stream(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+static bool valid_event(cudaEvent_t e) { return e && G.events.count((void *)e); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+    if (!valid_stream(stream) || !valid_event(event)) return fail(cudaErrorInvalidResourceHandle);
+    return flags ? fail(cudaErrorInvalidValue) : cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *event) { return cudaEventCreateWithFlags(event, 0); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
+    if (!event || (flags & ~3u)) return fail(cudaErrorInvalidValue);
+    *event = new dt_emu_event();
+    (*event)->recorded = false;
+    G.events.insert((void *)*event);
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    if (!valid_event(event) || !valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+    event->ms = now_ms();
+    event->recorded = true;
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    return valid_event(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+    return valid_event(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+    if (!ms) return fail(cudaErrorInvalidValue);
+    if (!valid_event(start) || !valid_event(end) || !start->recorded || !end->recorded)
+        return fail(cudaErrorInvalidResourceHandle);
+    *ms = (float)(end->ms - start->ms);
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    if (!event || !G.events.erase((void *)event)) return fail(cudaErrorInvalidResourceHandle);
+    delete event;
+    return cudaSuccess;
+}
+
+/* ---------------------------------------------------------------- cuBLAS through CBLAS */
+
+struct dt_emu_cublas { cudaStream_t stream; };
+
+cublasStatus_t cublasCreate(cublasHandle_t *handle) {
+    if (!handle) return CUBLAS_STATUS_INVALID_VALUE;
+    *handle = new dt_emu_cublas();
+    (*handle)->stream = 0;
+    G.handles.insert((void *)*handle);
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+    if (!handle || !G.handles.erase((void *)handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    delete handle;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+    if (!handle || !G.handles.count((void *)handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!valid_stream(stream)) return CUBLAS_STATUS_INVALID_VALUE;
+    handle->stream = stream;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* A column-major rows x cols matrix with leading dimension ld, of elem-byte elements, lies in
+   one allocation. */
+static bool matrix_ok(const char *fn, const char *name, const void *p, size_t elem, int rows, int cols, int ld) {
+    std::string why;
+    if (ld < (rows > 1 ? rows : 1)) {
+        report("%s: ld%s = %d; expected >= %d (its rows)", fn, name, ld, rows > 1 ? rows : 1);
+        return false;
+    }
+    if (rows == 0 || cols == 0) return true;
+    size_t bytes = ((size_t)(cols - 1) * (size_t)ld + (size_t)rows) * elem;
+    if (!in_alloc(p, bytes, &why)) {
+        report("%s: %s %p (%d x %d, ld %d) %s", fn, name, p, rows, cols, ld, why.c_str());
+        return false;
+    }
+    return true;
+}
+
+static size_t type_size(cudaDataType t) { return t == CUDA_R_32F ? 4 : t == CUDA_R_64F ? 8 : 2; }
+
+static float to_f32(const void *p, cudaDataType t, size_t i) {
+    uint16_t h;
+    uint32_t u;
+    float f;
+    if (t == CUDA_R_32F) return ((const float *)p)[i];
+    h = ((const uint16_t *)p)[i];
+    if (t == CUDA_R_16BF) u = (uint32_t)h << 16;
+    else { /* f16 */
+        uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+        if (e == 0) { f = (float)m * (1.0f / 16777216.0f); return sign ? -f : f; }
+        u = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112u) << 23) | (m << 13);
+    }
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void from_f32(void *p, cudaDataType t, size_t i, float f) {
+    uint32_t u;
+    if (t == CUDA_R_32F) { ((float *)p)[i] = f; return; }
+    memcpy(&u, &f, 4);
+    if (t == CUDA_R_16BF) {
+        if ((u & 0x7fffffffu) > 0x7f800000u) { ((uint16_t *)p)[i] = (uint16_t)((u >> 16) | 0x40); return; }
+        u += 0x7fffu + ((u >> 16) & 1u);
+        ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
+        return;
+    }
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    uint16_t h;
+    if (a > 0x7f800000u) h = (uint16_t)(sign | 0x7e00u);
+    else if (a >= 0x477ff000u) h = (uint16_t)(sign | 0x7c00u);
+    else if (a < 0x38800000u) {
+        float af, scaled, rem;
+        memcpy(&af, &a, 4);
+        scaled = af * 16777216.0f;
+        uint32_t q = (uint32_t)scaled;
+        rem = scaled - (float)q;
+        if (rem > 0.5f || (rem == 0.5f && (q & 1u))) q++;
+        h = (uint16_t)(sign | q);
+    } else h = (uint16_t)(sign | (((a + 0xfffu + ((a >> 13) & 1u)) >> 13) - ((127u - 15u) << 10)));
+    ((uint16_t *)p)[i] = h;
+}
+
+/* TF32 keeps 10 mantissa bits: round to nearest even (finite values). */
+static float round_tf32(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static cublasStatus_t gemm(const char *fn, cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m,
+                           int n, int k, const float *alpha, const void *A, cudaDataType at, int lda, const void *B,
+                           cudaDataType bt, int ldb, const float *beta, void *C, cudaDataType ct, int ldc, bool tf32) {
+    if (!handle || !G.handles.count((void *)handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (m < 0 || n < 0 || k < 0 || ta > CUBLAS_OP_C || tb > CUBLAS_OP_C || !alpha || !beta) {
+        report("%s: m = %d, n = %d, k = %d, transa = %d, transb = %d, alpha %p, beta %p: expected sizes >= 0, "
+               "ops N/T/C, host scalars", fn, m, n, k, (int)ta, (int)tb, (const void *)alpha, (const void *)beta);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    int ar = ta == CUBLAS_OP_N ? m : k, ac = ta == CUBLAS_OP_N ? k : m;
+    int br = tb == CUBLAS_OP_N ? k : n, bc = tb == CUBLAS_OP_N ? n : k;
+    if (!matrix_ok(fn, "A", A, type_size(at), ar, ac, lda) || !matrix_ok(fn, "B", B, type_size(bt), br, bc, ldb) ||
+        !matrix_ok(fn, "C", C, type_size(ct), m, n, ldc))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+    size_t na = k && ar ? (size_t)(ac - 1) * lda + ar : 0, nb = k ? (size_t)(bc - 1) * ldb + br : 0;
+    size_t nc = (size_t)(n - 1) * ldc + m;
+    std::vector<float> a(na), b(nb), c(nc);
+    for (size_t i = 0; i < na; i++) a[i] = tf32 ? round_tf32(to_f32(A, at, i)) : to_f32(A, at, i);
+    for (size_t i = 0; i < nb; i++) b[i] = tf32 ? round_tf32(to_f32(B, bt, i)) : to_f32(B, bt, i);
+    for (size_t i = 0; i < nc; i++) c[i] = to_f32(C, ct, i);
+    if (k == 0) { /* C = beta C; beta = 0 overwrites (NaN included), as BLAS does */
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) c[(size_t)j * ldc + i] = *beta == 0.0f ? 0.0f : *beta * c[(size_t)j * ldc + i];
+    } else {
+        cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
+                    tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, m, n, k, *alpha, a.data(), lda, b.data(), ldb,
+                    *beta, c.data(), ldc);
+    }
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) from_f32(C, ct, (size_t)j * ldc + i, c[(size_t)j * ldc + i]);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                           int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
+                           const float *beta, float *C, int ldc) {
+    return gemm("cublasSgemm", handle, transa, transb, m, n, k, alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, beta,
+                C, CUDA_R_32F, ldc, false);
+}
+
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                         int m, int n, int k, const float *alpha, const float *A, int lda,
+                                         long long strideA, const float *B, int ldb, long long strideB,
+                                         const float *beta, float *C, int ldc, long long strideC, int batchCount) {
+    if (batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    for (int i = 0; i < batchCount; i++) {
+        cublasStatus_t st = gemm("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, A + i * strideA,
+                                 CUDA_R_32F, lda, B + i * strideB, CUDA_R_32F, ldb, beta, C + i * strideC, CUDA_R_32F,
+                                 ldc, false);
+        if (st) return st;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, const void *alpha, const void *A, cudaDataType Atype, int lda, const void *B,
+                            cudaDataType Btype, int ldb, const void *beta, void *C, cudaDataType Ctype, int ldc,
+                            cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+    (void)algo;
+    bool types_ok = true;
+    const cudaDataType t3[3] = {Atype, Btype, Ctype};
+    for (int i = 0; i < 3; i++)
+        if (t3[i] != CUDA_R_32F && t3[i] != CUDA_R_16BF && t3[i] != CUDA_R_16F) types_ok = false;
+    if (!types_ok || (computeType != CUBLAS_COMPUTE_32F && computeType != CUBLAS_COMPUTE_32F_FAST_TF32)) {
+        report("cublasGemmEx: types A %d, B %d, C %d, compute %d: the emulator does CUDA_R_32F/16BF/16F with "
+               "CUBLAS_COMPUTE_32F or _32F_FAST_TF32", (int)Atype, (int)Btype, (int)Ctype, (int)computeType);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    return gemm("cublasGemmEx", handle, transa, transb, m, n, k, (const float *)alpha, A, Atype, lda, B, Btype, ldb,
+                (const float *)beta, C, Ctype, ldc, computeType == CUBLAS_COMPUTE_32F_FAST_TF32);
+}

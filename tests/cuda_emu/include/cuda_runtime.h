@@ -1,0 +1,239 @@
+/* tests/cuda_emu/include/cuda_runtime.h - the CUDA emulator's stand-in for <cuda_runtime.h>.
+   Test-only: it lets the kernels/ .cu files compile with g++ (-x c++ -Itests/cuda_emu/include) and run on
+   the host. How the emulation works, its modes and what it cannot see: the top comment of
+   tests/cuda_emu/cuda_emu.cpp. This header provides the subset of CUDA that kernels/dt_cuda.cuh
+   allows (THE KERNEL CONTRACT); anything else fails to compile, which is the point.
+
+   Device code: __global__/__device__/__host__ vanish; __shared__ becomes a static placed in the
+   section "dt_emu_shared" (so the emulator can poison every shared array with NaN at each block
+   start); threadIdx and friends are per-thread variables; __syncthreads, warp operations and
+   atomics call the emulator, recording __FILE__/__LINE__ for its reports. */
+#ifndef DT_CUDA_EMU_RUNTIME_H
+#define DT_CUDA_EMU_RUNTIME_H
+
+#define DT_CUDA_EMU 1
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifndef __cplusplus
+#error "the CUDA emulator compiles .cu files as C++ (g++ -x c++)"
+#endif
+
+#include <functional>
+
+/* ---------------------------------------------------------------- qualifiers */
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+/* One static copy per kernel body is enough: blocks run one at a time. The section lets the
+   emulator find (and poison) every __shared__ array of the program at once. */
+#define __shared__ __attribute__((section("dt_emu_shared"))) static
+
+/* ---------------------------------------------------------------- vector types, indices */
+
+struct uint3 { unsigned int x, y, z; };
+struct dim3 {
+    unsigned int x, y, z;
+    dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1) : x(vx), y(vy), z(vz) {}
+    dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
+};
+struct __align__(8) float2 { float x, y; };
+struct __align__(16) float4 { float x, y, z, w; };
+struct __align__(8) int2 { int x, y; };
+struct __align__(16) int4 { int x, y, z, w; };
+struct __align__(8) uint2 { unsigned int x, y; };
+struct __align__(16) uint4 { unsigned int x, y, z, w; };
+static inline float2 make_float2(float x, float y) { float2 v = {x, y}; return v; }
+static inline float4 make_float4(float x, float y, float z, float w) { float4 v = {x, y, z, w}; return v; }
+
+/* Each emulated CUDA thread is a host thread: its indices live in thread-local storage. */
+extern thread_local uint3 dt_emu_threadIdx, dt_emu_blockIdx;
+extern thread_local dim3 dt_emu_blockDim, dt_emu_gridDim;
+#define threadIdx dt_emu_threadIdx
+#define blockIdx dt_emu_blockIdx
+#define blockDim dt_emu_blockDim
+#define gridDim dt_emu_gridDim
+static const int warpSize = 32;
+
+/* ---------------------------------------------------------------- errors, streams, events */
+
+typedef enum cudaError {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInitializationError = 3,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorInvalidDevicePointer = 17,
+    cudaErrorInvalidMemcpyDirection = 21,
+    cudaErrorNoDevice = 100,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorNotReady = 600,
+    cudaErrorIllegalAddress = 700,
+    cudaErrorLaunchFailure = 719
+} cudaError_t;
+
+typedef enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4
+} cudaMemcpyKind;
+
+typedef struct dt_emu_stream *cudaStream_t;
+typedef struct dt_emu_event *cudaEvent_t;
+#define cudaStreamDefault 0x0u
+#define cudaStreamNonBlocking 0x1u
+#define cudaEventDefault 0x0u
+#define cudaEventDisableTiming 0x2u
+
+/* Host API. Every call is synchronous; the copies and memsets check their ranges against the
+   allocation registry (a bad one is an error status and a report on stderr, with the caller's
+   __FILE__:__LINE__ through the macros below). */
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
+const char *cudaGetErrorString(cudaError_t e);
+const char *cudaGetErrorName(cudaError_t e);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaGetDevice(int *device);
+cudaError_t cudaSetDevice(int device);
+cudaError_t dt_emu_malloc(const char *file, int line, void **ptr, size_t bytes);
+cudaError_t dt_emu_free(const char *file, int line, void *ptr);
+cudaError_t dt_emu_memcpy(const char *file, int line, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                          cudaStream_t stream);
+cudaError_t dt_emu_memset(const char *file, int line, void *dst, int value, size_t bytes, cudaStream_t stream);
+#define cudaMalloc(ptr, bytes) dt_emu_malloc(__FILE__, __LINE__, (void **)(ptr), (bytes))
+#define cudaFree(ptr) dt_emu_free(__FILE__, __LINE__, (void *)(ptr))
+#define cudaMemcpy(dst, src, bytes, kind) dt_emu_memcpy(__FILE__, __LINE__, (dst), (src), (bytes), (kind), 0)
+#define cudaMemcpyAsync(dst, src, bytes, kind, ...) \
+    dt_emu_memcpy(__FILE__, __LINE__, (dst), (src), (bytes), (kind), dt_emu_stream_arg(__VA_ARGS__))
+#define cudaMemset(dst, value, bytes) dt_emu_memset(__FILE__, __LINE__, (dst), (value), (bytes), 0)
+#define cudaMemsetAsync(dst, value, bytes, ...) \
+    dt_emu_memset(__FILE__, __LINE__, (dst), (value), (bytes), dt_emu_stream_arg(__VA_ARGS__))
+static inline cudaStream_t dt_emu_stream_arg(void) { return 0; }
+static inline cudaStream_t dt_emu_stream_arg(cudaStream_t s) { return s; }
+cudaError_t cudaStreamCreate(cudaStream_t *stream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags = 0);
+cudaError_t cudaEventCreate(cudaEvent_t *event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = 0);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+
+/* ---------------------------------------------------------------- launching */
+
+/* What DT_K_LAUNCH expands to (kernels/dt_cuda.cuh): runs body once per CUDA thread of every
+   block of grid, blocks one at a time. Sets the last error (and returns it) on a bad
+   configuration or when the emulator reports a bug in the kernel. */
+cudaError_t dt_emu_launch(const char *kernel, const char *file, int line, dim3 grid, dim3 block,
+                          size_t shmem_bytes, cudaStream_t stream, const std::function<void()> &body);
+/* The block's dynamic shared memory (DT_K_SHARED_DYNAMIC), poisoned with NaN at each block start. */
+void *dt_emu_dynamic_shared(void);
+
+/* ---------------------------------------------------------------- barriers and warp operations */
+
+enum dt_emu_warp_op { DT_EMU_SYNCWARP, DT_EMU_SHFL, DT_EMU_SHFL_XOR, DT_EMU_SHFL_DOWN, DT_EMU_SHFL_UP,
+                      DT_EMU_BALLOT, DT_EMU_ALL, DT_EMU_ANY };
+void dt_emu_syncthreads(const char *file, int line);
+/* One warp operation: a barrier of the lanes named in mask; returns this lane's result (the
+   payload of its source lane, or the vote). value: the lane's payload (up to 8 bytes). */
+uint64_t dt_emu_warp(const char *file, int line, int op, unsigned int mask, uint64_t value, int arg, int width);
+
+template <typename T> static inline uint64_t dt_emu_pack(T v) {
+    static_assert(sizeof(T) <= 8, "warp shuffles of more than 8 bytes");
+    uint64_t u = 0;
+    memcpy(&u, &v, sizeof v);
+    return u;
+}
+template <typename T> static inline T dt_emu_unpack(uint64_t u) {
+    T v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+template <typename T>
+static inline T dt_emu_shfl(const char *f, int l, int op, unsigned int mask, T v, int arg, int width = 32) {
+    return dt_emu_unpack<T>(dt_emu_warp(f, l, op, mask, dt_emu_pack(v), arg, width));
+}
+#define __syncthreads() dt_emu_syncthreads(__FILE__, __LINE__)
+#define __syncwarp(...) (void)dt_emu_warp(__FILE__, __LINE__, DT_EMU_SYNCWARP, dt_emu_mask_arg(__VA_ARGS__), 0, 0, 32)
+static inline unsigned int dt_emu_mask_arg(void) { return 0xffffffffu; }
+static inline unsigned int dt_emu_mask_arg(unsigned int m) { return m; }
+#define __shfl_sync(mask, ...) dt_emu_shfl(__FILE__, __LINE__, DT_EMU_SHFL, (mask), __VA_ARGS__)
+#define __shfl_xor_sync(mask, ...) dt_emu_shfl(__FILE__, __LINE__, DT_EMU_SHFL_XOR, (mask), __VA_ARGS__)
+#define __shfl_down_sync(mask, ...) dt_emu_shfl(__FILE__, __LINE__, DT_EMU_SHFL_DOWN, (mask), __VA_ARGS__)
+#define __shfl_up_sync(mask, ...) dt_emu_shfl(__FILE__, __LINE__, DT_EMU_SHFL_UP, (mask), __VA_ARGS__)
+#define __ballot_sync(mask, pred) \
+    ((unsigned int)dt_emu_warp(__FILE__, __LINE__, DT_EMU_BALLOT, (mask), (pred) ? 1u : 0u, 0, 32))
+#define __all_sync(mask, pred) ((int)dt_emu_warp(__FILE__, __LINE__, DT_EMU_ALL, (mask), (pred) ? 1u : 0u, 0, 32))
+#define __any_sync(mask, pred) ((int)dt_emu_warp(__FILE__, __LINE__, DT_EMU_ANY, (mask), (pred) ? 1u : 0u, 0, 32))
+
+/* ---------------------------------------------------------------- atomics (relaxed, as on a GPU) */
+
+static inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+static inline unsigned int atomicAdd(unsigned int *p, unsigned int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+static inline float atomicAdd(float *p, float v) {
+    float old, next;
+    __atomic_load(p, &old, __ATOMIC_RELAXED);
+    do next = old + v;
+    while (!__atomic_compare_exchange(p, &old, &next, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return old;
+}
+static inline int atomicMax(int *p, int v) {
+    int old = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (old < v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    return old;
+}
+static inline int atomicMin(int *p, int v) {
+    int old = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (old > v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    return old;
+}
+static inline int atomicCAS(int *p, int expected, int desired) {
+    __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return expected; /* the old value, whether or not it was swapped */
+}
+static inline unsigned long long atomicCAS(unsigned long long *p, unsigned long long expected, unsigned long long desired) {
+    __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return expected;
+}
+static inline int atomicExch(int *p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
+
+/* ---------------------------------------------------------------- math and bits */
+
+/* The fast intrinsics are the precise host functions: the emulator checks logic, not ulps.
+   (__expf and __logf are glibc's own, declared by <math.h>: expf and logf.) */
+static inline float __fdividef(float a, float b) { return a / b; }
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+template <typename T> static inline T __ldg(const T *p) { return *p; }
+static inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
+static inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
+static inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
+static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+
+/* ---------------------------------------------------------------- emulator controls (tests) */
+
+/* The mode this process runs kernels in (DT_EMU_MODE: "parallel", "forward", "reverse",
+   "random:SEED"); and the emulator's reports: how many so far, the text of the last one. */
+const char *dt_emu_mode(void);
+int dt_emu_report_count(void);
+const char *dt_emu_last_report(void);
+
+#endif /* DT_CUDA_EMU_RUNTIME_H */
