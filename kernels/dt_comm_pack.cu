@@ -33,13 +33,14 @@ static __global__ void dt_k__copies_scaled(float *dst, const float *src, const i
 }
 
 extern "C" int dt_k_comm_copies(void *dst, const void *src, const int64_t *dst_off, const int64_t *src_off,
-                                const int64_t *len, int n_copies, int elem_bytes, int is_f32, float alpha,
-                                void *stream) {
-    dim3 grid(8, n_copies < 65535 ? (unsigned)n_copies : 65535u);
-    if (n_copies < 0 || (is_f32 != 0 && is_f32 != 1) || (is_f32 && elem_bytes != 4) ||
+                                const int64_t *len, int n_copies, int64_t max_len, int elem_bytes, int is_f32,
+                                float alpha, void *stream) {
+    int64_t gx = (max_len + 128 * 8 - 1) / (128 * 8);
+    dim3 grid((unsigned)(gx > 1024 ? 1024 : gx < 1 ? 1 : gx), n_copies < 65535 ? (unsigned)n_copies : 65535u);
+    if (n_copies < 0 || max_len < 0 || (is_f32 != 0 && is_f32 != 1) || (is_f32 && elem_bytes != 4) ||
         (!is_f32 && alpha != 1.0f) || (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4 && elem_bytes != 8))
         return (int)cudaErrorInvalidValue;
-    if (n_copies == 0) return 0;
+    if (n_copies == 0 || max_len == 0) return 0;
     if (is_f32 && alpha != 1.0f)
         DT_K_LAUNCH(dt_k__copies_scaled, grid, 128, 0, stream, (float *)dst, (const float *)src, dst_off, src_off, len,
                     n_copies, alpha);

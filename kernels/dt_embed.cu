@@ -259,7 +259,7 @@ static int dt_k__pass(int64_t *dest, int64_t *okeys, int64_t *oidx, int64_t *tot
     DT_K_LAUNCH(dt_k__count, (unsigned)nblk, DT_K__CHUNK, (size_t)nb * sizeof(int), stream, counts, keys, n, nb, mode,
                 rows, W, shift, bad);
     if ((st = DT_K_CHECK())) return st;
-    DT_K_LAUNCH(dt_k__scan, 1, 256, (size_t)nb * sizeof(int), stream, counts, totals, nblk, nb);
+    DT_K_LAUNCH(dt_k__scan, 1, dt_k__thr(nb, 256), (size_t)nb * sizeof(int), stream, counts, totals, nblk, nb);
     if ((st = DT_K_CHECK())) return st;
     DT_K_LAUNCH(dt_k__scatter, (unsigned)nblk, DT_K__CHUNK, 0, stream, dest, okeys, oidx, counts, keys, idx, n, nb,
                 mode, rows, W, shift);
@@ -336,7 +336,7 @@ extern "C" int dt_k_embed_dedup(int64_t *order, int64_t *seg, int64_t *n_uniq, c
         ka = kb;
     }
     if (!st) {
-        DT_K_LAUNCH(dt_k__segments, 1, 256, 0, stream, seg, n_uniq, ka, n);
+        DT_K_LAUNCH(dt_k__segments, 1, dt_k__thr(n, 256), 0, stream, seg, n_uniq, ka, n);
         st = DT_K_CHECK();
     }
     if (!st) st = (int)cudaStreamSynchronize((cudaStream_t)stream);

@@ -183,12 +183,13 @@ int dt_k_loss_scaler_unscale(float *g, int *found_inf, double *sumsq, double *wo
 /* ---------------------------------------------------------------- comm packing */
 
 /* n_copies copies in one launch: dst[dst_off[c] + e] = alpha * src[src_off[c] + e] for e <
-   len[c] (offsets and lengths in elements, device int64 arrays). elem_bytes 1, 2, 4 or 8;
+   len[c] (offsets and lengths in elements, device int64 arrays); max_len (host) is the longest
+   len[c], which sizes the grid (each thread copies at least 8 elements of a copy). elem_bytes 1, 2, 4 or 8;
    alpha applies to f32 only (elem_bytes 4 and is_f32 = 1; else it must be 1). Bucket packing
    (param ranges -> one buffer, and back with 1 / world after an all-reduce) is this with the
    ranges as copies. Copies must not overlap. */
 int dt_k_comm_copies(void *dst, const void *src, const int64_t *dst_off, const int64_t *src_off, const int64_t *len,
-                     int n_copies, int elem_bytes, int is_f32, float alpha, void *stream);
+                     int n_copies, int64_t max_len, int elem_bytes, int is_f32, float alpha, void *stream);
 /* Rank-major shard blocks of a row-major [rows, cols] matrix, columns split as dt_embed.h's
    column-wise sharding ([k*cols/W, (k+1)*cols/W) to rank k): pack writes dst = the W blocks one
    after the other, block k [rows, its width] row-major (what an all-to-all sends); unpack is

@@ -8,6 +8,12 @@
 #include "kernels/dt_kernels.h"
 #include "tests/dt_test.h"
 
+/* DT_K_SMALL=1 (the ThreadSanitizer run of tests/run.sh): the small size. */
+static int64_t ksz(int64_t normal, int64_t small) {
+    const char *e = getenv("DT_K_SMALL");
+    return e && e[0] == '1' ? small : normal;
+}
+
 template <typename T> static T *dev(const std::vector<T> &h) {
     T *d = NULL;
     if (cudaMalloc((void **)&d, h.size() * sizeof(T) + 8) != cudaSuccess) return NULL;
@@ -34,10 +40,16 @@ template <typename T> static void set_f32(T &, float) {}
 /* A bucket of 5 parameter ranges of a 3000-element arena (one longer than a block's stride). */
 static const int NC = 5;
 static const int64_t SRC_OFF[NC] = {0, 40, 41, 500, 2000}, LEN[NC] = {37, 1, 0, 1100, 999};
+static const int64_t LEN_SMALL[NC] = {37, 1, 0, 150, 99}; /* DT_K_SMALL (TSan): one block per copy */
 
 template <typename T> static void check_copies(const char *tag, int is_f32, float alpha) {
     std::vector<T> arena(3000), bucket(2200, (T)0), want = bucket, back(3000, (T)0), want_back = back;
     std::vector<int64_t> soff(SRC_OFF, SRC_OFF + NC), len(LEN, LEN + NC), doff(NC);
+    int64_t max_len = 0;
+    for (int c = 0; c < NC; c++) {
+        len[c] = ksz(LEN[c], LEN_SMALL[c]);
+        if (len[c] > max_len) max_len = len[c];
+    }
     char name[160];
     int64_t o = 0;
     for (size_t i = 0; i < arena.size(); i++) {
@@ -56,10 +68,10 @@ template <typename T> static void check_copies(const char *tag, int is_f32, floa
     }
     T *d_a = dev(arena), *d_b = dev(bucket), *d_back = dev(back);
     int64_t *d_so = dev(soff), *d_do = dev(doff), *d_len = dev(len);
-    int st = dt_k_comm_copies(d_b, d_a, d_do, d_so, d_len, NC, (int)sizeof(T), is_f32, alpha, NULL);
+    int st = dt_k_comm_copies(d_b, d_a, d_do, d_so, d_len, NC, max_len, (int)sizeof(T), is_f32, alpha, NULL);
     snprintf(name, sizeof name, "comm_copies_pack_ranges_into_bucket_%s", tag);
     if (DT_TEST_CHECK(name, st == 0)) dt_test_equal_bytes(name, host(d_b, want.size()).data(), want.data(), want.size() * sizeof(T));
-    st = dt_k_comm_copies(d_back, d_b, d_so, d_do, d_len, NC, (int)sizeof(T), 0, 1.0f, NULL);
+    st = dt_k_comm_copies(d_back, d_b, d_so, d_do, d_len, NC, max_len, (int)sizeof(T), 0, 1.0f, NULL);
     snprintf(name, sizeof name, "comm_copies_unpack_bucket_into_ranges_%s", tag);
     if (DT_TEST_CHECK(name, st == 0))
         dt_test_equal_bytes(name, host(d_back, back.size()).data(), want_back.data(), back.size() * sizeof(T));
@@ -100,15 +112,18 @@ int main(void) {
         float *d = NULL;
         cudaMalloc((void **)&d, 64);
         DT_TEST_CHECK("comm_copies_elem_bytes_3_is_invalid_value",
-                      dt_k_comm_copies(d, d, (const int64_t *)d, (const int64_t *)d, (const int64_t *)d, 1, 3, 0, 1.0f,
+                      dt_k_comm_copies(d, d, (const int64_t *)d, (const int64_t *)d, (const int64_t *)d, 1, 4, 3, 0, 1.0f,
                                        NULL) == (int)cudaErrorInvalidValue);
         DT_TEST_CHECK("comm_copies_alpha_on_non_f32_is_invalid_value",
-                      dt_k_comm_copies(d, d, (const int64_t *)d, (const int64_t *)d, (const int64_t *)d, 1, 2, 0, 0.5f,
+                      dt_k_comm_copies(d, d, (const int64_t *)d, (const int64_t *)d, (const int64_t *)d, 1, 4, 2, 0, 0.5f,
+                                       NULL) == (int)cudaErrorInvalidValue);
+        DT_TEST_CHECK("comm_copies_negative_max_len_is_invalid_value",
+                      dt_k_comm_copies(d, d, (const int64_t *)d, (const int64_t *)d, (const int64_t *)d, 1, -1, 4, 1, 1.0f,
                                        NULL) == (int)cudaErrorInvalidValue);
         DT_TEST_CHECK("comm_pack_blocks_W_0_is_invalid_value",
                       dt_k_comm_pack_blocks(d, d, 2, 2, 0, 4, NULL) == (int)cudaErrorInvalidValue);
         DT_TEST_CHECK("comm_copies_zero_copies_is_ok",
-                      dt_k_comm_copies(d, d, NULL, NULL, NULL, 0, 4, 1, 1.0f, NULL) == 0);
+                      dt_k_comm_copies(d, d, NULL, NULL, NULL, 0, 0, 4, 1, 1.0f, NULL) == 0);
         cudaFree(d);
     }
     return dt_test_finish();

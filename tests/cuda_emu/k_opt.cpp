@@ -11,6 +11,12 @@
 #include "kernels/dt_kernels.h"
 #include "tests/dt_test.h"
 
+/* DT_K_SMALL=1 (the ThreadSanitizer run of tests/run.sh): the small size. */
+static int64_t ksz(int64_t normal, int64_t small) {
+    const char *e = getenv("DT_K_SMALL");
+    return e && e[0] == '1' ? small : normal;
+}
+
 template <typename T> static T *dev(const std::vector<T> &h) {
     T *d = NULL;
     if (cudaMalloc((void **)&d, h.size() * sizeof(T) + 8) != cudaSuccess) return NULL;
@@ -135,7 +141,7 @@ static void check(int kind, int wdt, int use_master) {
 }
 
 static void check_unscale(void) {
-    const int64_t n = 1000; /* 4 blocks of 256: the partials and the second launch */
+    const int64_t n = ksz(1000, 300); /* 4 (2) blocks of 256: the partials and the second launch */
     std::vector<float> g = rnd(n, 50, -3, 3), want = g;
     std::vector<int> zero(1, 0);
     std::vector<double> z(1, 0.0);
@@ -157,7 +163,7 @@ static void check_unscale(void) {
         float bad[2] = {INFINITY, NAN};
         for (int k = 0; k < 2; k++) {
             cudaMemcpy(d_inf, zero.data(), sizeof(int), cudaMemcpyHostToDevice);
-            cudaMemcpy(d_g + 777, &bad[k], sizeof(float), cudaMemcpyHostToDevice);
+            cudaMemcpy(d_g + 277, &bad[k], sizeof(float), cudaMemcpyHostToDevice);
             st = dt_k_loss_scaler_unscale(d_g, d_inf, d_sq, d_work, n, 1.0f, 0, NULL);
             DT_TEST_CHECK(k ? "loss_scaler_unscale_nan_sets_found_inf" : "loss_scaler_unscale_inf_sets_found_inf",
                           st == 0 && host(d_inf, 1)[0] == 1);
@@ -172,12 +178,15 @@ static void check_unscale(void) {
 
 int main(void) {
     int kind;
+    /* the update kernels have no barrier: TSan (DT_K_SMALL) sees one of each kind */
     for (kind = SGD; kind <= ADAGRAD; kind++) {
         check(kind, DT_F32, 0);
-        check(kind, DT_BF16, 1);
+        if (ksz(1, 0)) check(kind, DT_BF16, 1);
     }
-    check(ADAM, DT_BF16, 0);
-    check(ADAGRAD, DT_F16, 0);
+    if (ksz(1, 0)) {
+        check(ADAM, DT_BF16, 0);
+        check(ADAGRAD, DT_F16, 0);
+    }
     check_unscale();
     {
         float *d = NULL;
