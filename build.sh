@@ -160,9 +160,18 @@ setup_toolchain() {
     DT_CUDA_LDFLAGS=''
     DT_NCCL_DEFS=''
     DT_NCCL_LIBS=''
+    DT_NVCC_FLAGS=''
     if [ -n "$DT_NVCC" ]; then
         DT_CUDA_HOME=$(cuda_home "$DT_NVCC")
         DT_CUDA_ARCH=$(cuda_arch "$DT_NVCC")
+        # kernels/*.cu: machine code for A100 (sm_80, which also runs on sm_86/89) and H100 (sm_90),
+        # PTX for newer GPUs to JIT, no warnings; DT_CUDA_ARCH adds its own when it is another sm_
+        DT_NVCC_FLAGS="-O2 -Werror all-warnings -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90"
+        DT_NVCC_FLAGS+=" -gencode arch=compute_90,code=compute_90"
+        case $DT_CUDA_ARCH in
+            sm_80 | sm_90 | native | '') ;;
+            sm_*) DT_NVCC_FLAGS+=" -gencode arch=compute_${DT_CUDA_ARCH#sm_},code=$DT_CUDA_ARCH" ;;
+        esac
         # the runtime and cuBLAS live in lib64/, NCCL (in the CUDA 13 images) in lib/
         DT_CUDA_LDFLAGS="-L$DT_CUDA_HOME/lib64 -L$DT_CUDA_HOME/lib -Wl,-rpath,$DT_CUDA_HOME/lib64 -Wl,-rpath,$DT_CUDA_HOME/lib"
         # NCCL is optional: without it dt_comm.h stages device buffers through host memory
@@ -174,7 +183,7 @@ setup_toolchain() {
     DT_HAVE_GPU=0
     if have_gpu; then DT_HAVE_GPU=1; fi
     export DT_CC DT_CXX DT_MPICC DT_CFLAGS DT_CPPFLAGS DT_LIBS DT_NVCC DT_CUDA_HOME DT_CUDA_ARCH DT_CUDA_LDFLAGS \
-        DT_NCCL_DEFS DT_NCCL_LIBS DT_HAVE_GPU
+        DT_NVCC_FLAGS DT_NCCL_DEFS DT_NCCL_LIBS DT_HAVE_GPU
 
     # mpirun in containers and CI: root needs explicit consent; 4 ranks on 2 cores need
     # oversubscription; single-copy (CMA) needs ptrace rights containers often deny
@@ -195,7 +204,7 @@ setup_toolchain() {
 print_env() {
     local v
     for v in DT_CC DT_CXX DT_MPICC DT_CFLAGS DT_CPPFLAGS DT_LIBS DT_NVCC DT_CUDA_HOME DT_CUDA_ARCH \
-             DT_CUDA_LDFLAGS DT_NCCL_DEFS DT_NCCL_LIBS DT_HAVE_GPU DT_MPIRUN $(compgen -e | grep -E '^OMPI_' || true); do
+             DT_CUDA_LDFLAGS DT_NVCC_FLAGS DT_NCCL_DEFS DT_NCCL_LIBS DT_HAVE_GPU DT_MPIRUN $(compgen -e | grep -E '^OMPI_' || true); do
         printf 'export %s=%q\n' "$v" "${!v}"
     done
 }
@@ -260,7 +269,7 @@ build_kernels() {
         objs+=("$obj")
         up_to_date "$obj" "$cu" kernels/*.h kernels/*.cuh dt_*.h build.sh && continue
         mkdir -p build/kernels build/logs
-        if "$DT_NVCC" -c -O2 -arch="$DT_CUDA_ARCH" -I"$ROOT" -I"$ROOT/kernels" "$cu" -o "$obj" \
+        if "$DT_NVCC" -c $DT_NVCC_FLAGS -I"$ROOT" -I"$ROOT/kernels" "$cu" -o "$obj" \
             >"build/logs/kernel_$(basename "$cu").log" 2>&1; then
             echo "built $obj"
         else

@@ -47,19 +47,24 @@ static inline unsigned int dt_k__blocks(int64_t n, int threads, unsigned int max
     return b > (int64_t)max_blocks ? max_blocks : (unsigned int)b;
 }
 
+/* Device helpers here are static: a __shared__ array inside an inline function shared by two
+   .cu files would be one COMDAT object, which the emulator's placement of __shared__ arrays (one
+   linker section) cannot merge; static gives each .cu file its own, which is all a block needs.
+   The same goes for a kernel file's own templates with __shared__ arrays: keep them in one file. */
+
 /* ---------------------------------------------------------------- bf16 / f16 storage (uint16_t) */
 
 /* Bit for bit dt_tensor.h's conversions: round to nearest even, NaN stays NaN (quiet). */
-__device__ __forceinline__ float dt_k_bf16_to_f32(uint16_t h) { return __uint_as_float((unsigned int)h << 16); }
+static __device__ __forceinline__ float dt_k_bf16_to_f32(uint16_t h) { return __uint_as_float((unsigned int)h << 16); }
 
-__device__ __forceinline__ uint16_t dt_k_f32_to_bf16(float f) {
+static __device__ __forceinline__ uint16_t dt_k_f32_to_bf16(float f) {
     unsigned int u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
 
-__device__ __forceinline__ float dt_k_f16_to_f32(uint16_t h) {
+static __device__ __forceinline__ float dt_k_f16_to_f32(uint16_t h) {
     unsigned int sign = (unsigned int)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
     if (e == 0) { /* zero or subnormal: m * 2^-24 */
         float f = (float)m * (1.0f / 16777216.0f);
@@ -69,7 +74,7 @@ __device__ __forceinline__ float dt_k_f16_to_f32(uint16_t h) {
     return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-__device__ __forceinline__ uint16_t dt_k_f32_to_f16(float f) {
+static __device__ __forceinline__ uint16_t dt_k_f32_to_f16(float f) {
     unsigned int u = __float_as_uint(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */
     if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
@@ -87,17 +92,17 @@ __device__ __forceinline__ uint16_t dt_k_f32_to_f16(float f) {
 
 /* Butterfly (xor) reductions over the full warp: every lane ends with the same bits, because
    each step adds the same two numbers on both lanes. */
-__device__ __forceinline__ float dt_k_warp_sum(float v) {
+static __device__ __forceinline__ float dt_k_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
-__device__ __forceinline__ double dt_k_warp_sum(double v) {
+static __device__ __forceinline__ double dt_k_warp_sum(double v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
-__device__ __forceinline__ float dt_k_warp_max(float v) {
+static __device__ __forceinline__ float dt_k_warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
@@ -108,7 +113,7 @@ __device__ __forceinline__ float dt_k_warp_max(float v) {
    sums its lanes, lane 0 of each puts its warp's sum into the shared array, and every warp then
    sums that array itself. The first __syncthreads keeps a previous call's readers from seeing
    this call's writes. */
-__device__ __forceinline__ float dt_k_block_sum(float v) {
+static __device__ __forceinline__ float dt_k_block_sum(float v) {
     __shared__ float dt_k__partial[32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     v = dt_k_warp_sum(v);
@@ -117,7 +122,7 @@ __device__ __forceinline__ float dt_k_block_sum(float v) {
     __syncthreads();
     return dt_k_warp_sum(lane < nwarps ? dt_k__partial[lane] : 0.0f);
 }
-__device__ __forceinline__ double dt_k_block_sum(double v) {
+static __device__ __forceinline__ double dt_k_block_sum(double v) {
     __shared__ double dt_k__partial_d[32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     v = dt_k_warp_sum(v);
@@ -126,7 +131,7 @@ __device__ __forceinline__ double dt_k_block_sum(double v) {
     __syncthreads();
     return dt_k_warp_sum(lane < nwarps ? dt_k__partial_d[lane] : 0.0);
 }
-__device__ __forceinline__ float dt_k_block_max(float v) {
+static __device__ __forceinline__ float dt_k_block_max(float v) {
     __shared__ float dt_k__partial_max[32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     v = dt_k_warp_max(v);

@@ -168,7 +168,7 @@ int dt_k_mul_bwd(float *da, float *db, const float *dout, const float *a, const 
 
 enum { DT_K__F32 = 1, DT_K__BF16 = 2, DT_K__F16 = 3 }; /* dt_dtype's values */
 
-__device__ __forceinline__ float dt_k__load(const void *p, int dtype, int64_t i) {
+static __device__ __forceinline__ float dt_k__load(const void *p, int dtype, int64_t i) {
     if (dtype == DT_K__F32) return ((const float *)p)[i];
     uint16_t h = ((const uint16_t *)p)[i];
     return dtype == DT_K__BF16 ? dt_k_bf16_to_f32(h) : dt_k_f16_to_f32(h);

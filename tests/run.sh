@@ -12,7 +12,11 @@
 #                             in DT_STATIC mode, with clang, mpicc -DDT_MPI and -DDT_CUDA
 #                             (tests/compile/tu.c); SKIP for the clang and CUDA ones without
 #                             clang or nvcc
-#   kernel:<file>.cu          nvcc -c of each kernels/*.cu into build/kernels/ (when nvcc exists)
+#   kernel:<file>.cu          nvcc -c of each kernels/*.cu into build/kernels/ (when nvcc exists), for
+#                             sm_80 and sm_90, -Werror all-warnings; -Xptxas -v registers and shared
+#                             memory per kernel in build/kernels/ptxas/
+#   cuda_emu                  every kernels/*.cu on the CPU emulator (tests/cuda_emu), each
+#                             tests/cuda_emu/k_*.cpp in 5 thread orders and under ThreadSanitizer
 #   readme:snippet_N          each ```c block of README.md compiles, and runs when it is a
 #                             program (tests/readme_snippets.sh says how blocks are marked)
 #   tests/test_*.c            one process, -DDT_CBLAS; run once as built and once built with
@@ -48,6 +52,9 @@ if [ -z "${DT_CFLAGS:-}" ]; then
     settings=$(bash ./build.sh env) || { echo "tests/run.sh: ./build.sh env failed" >&2; exit 1; }
     eval "$settings"
 fi
+
+# (an environment from an older build.sh lacks the kernels' nvcc flags)
+DT_NVCC_FLAGS=${DT_NVCC_FLAGS:-"-O2 -arch=${DT_CUDA_ARCH:-sm_90}"}
 
 T=build/tests      # test programs; T/asan: sanitizer builds
 L=$T/logs          # one log per build step and per run
@@ -283,9 +290,21 @@ spawn_kernels() {
         name=$(basename "$cu")
         selected "kernel:$name" || continue
         KERNELS+=("$cu")
-        spawn step "kernel_$name" "build/kernels/${name%.cu}.o" "$cu" \
-            "$DT_NVCC" -c -O2 -arch="$DT_CUDA_ARCH" -I"$ROOT" -I"$ROOT/kernels" "$cu" -o "build/kernels/${name%.cu}.o"
+        spawn step "kernel_$name" "build/kernels/${name%.cu}.o" "$cu" build_kernel "$cu" "build/kernels/${name%.cu}.o"
     done
+}
+
+# build_kernel CU OBJ: nvcc with build.sh's flags (sm_80 and sm_90, -Werror all-warnings) and
+# -Xptxas -v; the registers, shared memory and spills of each kernel and arch are kept in
+# build/kernels/ptxas/<file>.log.
+build_kernel() {
+    local cu=$1 obj=$2 log
+    log=build/kernels/ptxas/$(basename "$cu").log
+    mkdir -p build/kernels/ptxas
+    "$DT_NVCC" -c $DT_NVCC_FLAGS -Xptxas -v -I"$ROOT" -I"$ROOT/kernels" "$cu" -o "$obj" >"$log" 2>&1
+    local rc=$?
+    cat "$log"
+    return $rc
 }
 
 # --- test programs -----------------------------------------------------------------------------
@@ -631,7 +650,7 @@ if [ ${#CHECKS[@]} -gt 0 ]; then
     done
 fi
 if [ ${#KERNELS[@]} -gt 0 ]; then
-    section "CUDA kernels (nvcc -arch=$DT_CUDA_ARCH)"
+    section "CUDA kernels (nvcc $DT_NVCC_FLAGS)"
     for cu in "${KERNELS[@]}"; do
         name=$(basename "$cu")
         step_result "kernel:$name" "kernel_$name" "build/kernels/${name%.cu}.o"

@@ -17,18 +17,18 @@
 #include "dt_test.h"
 
 /* DT_K_SMALL=1 (the ThreadSanitizer runs): smaller inputs, big only where the case needs it. */
-static int64_t k_size(int64_t normal, int64_t small) {
+static inline int64_t k_size(int64_t normal, int64_t small) {
     const char *e = getenv("DT_K_SMALL");
     return e && e[0] == '1' ? small : normal;
 }
 
 /* Deterministic inputs: the same numbers in every mode, so a mode's failure is the mode's. */
 static uint64_t k_rng_state = 0x2545f4914f6cdd1dull;
-static float k_uniform(float lo, float hi) {
+static inline float k_uniform(float lo, float hi) {
     k_rng_state ^= k_rng_state << 13, k_rng_state ^= k_rng_state >> 7, k_rng_state ^= k_rng_state << 17;
     return lo + (hi - lo) * (float)((k_rng_state >> 40) * (1.0 / 16777216.0));
 }
-static std::vector<float> k_random(size_t n, float lo = -2.0f, float hi = 2.0f) {
+static inline std::vector<float> k_random(size_t n, float lo = -2.0f, float hi = 2.0f) {
     std::vector<float> v(n);
     for (size_t i = 0; i < n; i++) v[i] = k_uniform(lo, hi);
     return v;
@@ -55,13 +55,13 @@ template <typename T> static std::vector<T> k_download(const T *d, size_t n) {
     }
     return h;
 }
-static void k_free_all(void) {
+static inline void k_free_all(void) {
     for (size_t i = 0; i < k_allocs.size(); i++) cudaFree(k_allocs[i]);
     k_allocs.clear();
 }
 
 /* A CPU tensor of shape {d0, d1} (d1 = 0: 1-D) holding a copy of data. */
-static dt_tensor k_cpu(dt_ctx *ctx, const std::vector<float> &data, int64_t d0, int64_t d1 = 0) {
+static inline dt_tensor k_cpu(dt_ctx *ctx, const std::vector<float> &data, int64_t d0, int64_t d1 = 0) {
     dt_tensor t;
     dt_tensor_desc d;
     memset(&d, 0, sizeof d);
@@ -76,12 +76,12 @@ static dt_tensor k_cpu(dt_ctx *ctx, const std::vector<float> &data, int64_t d0, 
     if (!data.empty()) memcpy(t.data, data.data(), data.size() * sizeof(float));
     return t;
 }
-static std::vector<float> k_values(const dt_tensor &t) {
+static inline std::vector<float> k_values(const dt_tensor &t) {
     return std::vector<float>((const float *)t.data, (const float *)t.data + t.numel);
 }
 
 /* A launcher returned 0; else FAIL naming the status. */
-static int k_ok(const char *name, int status) {
+static inline int k_ok(const char *name, int status) {
     if (status == 0) return 1;
     dt_test_fail(name, "launcher returned %d (%s)", status, dt_k_error_string(status));
     return 0;
