@@ -16,8 +16,11 @@
      in the implementation file only:
        DT_CBLAS        CPU GEMM through cblas_sgemm (link -lopenblas). Without it a portable
                        blocked GEMM in this file is used.
-       DT_CUDA         CUDA tensors (cudaMalloc, cudaMemcpy). Without it asking for a CUDA
-                       tensor returns DT_ERR_DEVICE "built without DT_CUDA".
+       DT_CUDA         CUDA tensors (cudaMalloc, cudaMemcpy), and the ops matmul, linear,
+                       bias_add, relu, gelu, layernorm, attention and embedding (fwd and bwd) on
+                       them through kernels/ (link the objects of nvcc -c kernels/dt_*.cu,
+                       -lcublas -lcudart; the other ops take CPU tensors only). Without it
+                       asking for a CUDA tensor returns DT_ERR_DEVICE "built without DT_CUDA".
        DT_ASSERT(c)    internal invariant checks (default: assert.h). Never used for user errors.
 
    API in one breath:
@@ -1712,7 +1715,7 @@ static dt_status dt__dim(dt_ctx *ctx, int64_t got, int64_t want, const char *fn,
    checks read shapes and dtypes, never data), so both paths name the same problems the same
    way. Every operand must be on cuda (DT_ERR_DEVICE names the one that is not); a failing
    launch is DT_ERR_CUDA naming the launcher and the CUDA / cuBLAS error. Ops with a CUDA path:
-   matmul, linear, bias_add, gelu, layernorm, attention, embedding (each _fwd and _bwd). */
+   matmul, linear, bias_add, relu, gelu, layernorm, attention, embedding (each _fwd and _bwd). */
 #ifdef DT_CUDA
 static int dt__cu(const dt_tensor *t) { return t && t->device == DT_CUDA_DEVICE; }
 
@@ -1756,7 +1759,7 @@ static dt_status dt__cu_linear_fwd(dt_ctx *, dt_tensor *, const dt_tensor *, con
 static dt_status dt__cu_linear_bwd(dt_ctx *, dt_tensor *, dt_tensor *, dt_tensor *, const dt_tensor *,
                                    const dt_tensor *, const dt_tensor *);
 static dt_status dt__cu_bias_add(dt_ctx *, dt_tensor *, const dt_tensor *, int bwd);
-static dt_status dt__cu_gelu(dt_ctx *, dt_tensor *, const dt_tensor *, const dt_tensor *, int bwd);
+static dt_status dt__cu_unary(dt_ctx *, dt_tensor *, const dt_tensor *, const dt_tensor *, int bwd, int relu);
 static dt_status dt__cu_layernorm_fwd(dt_ctx *, dt_tensor *, dt_tensor *, dt_tensor *, const dt_tensor *,
                                       const dt_tensor *, const dt_tensor *, float);
 static dt_status dt__cu_layernorm_bwd(dt_ctx *, dt_tensor *, dt_tensor *, dt_tensor *, const dt_tensor *,
@@ -2001,6 +2004,9 @@ static dt_status dt__unary_check(dt_ctx *ctx, const dt_tensor *out, const dt_ten
 
 DT_API dt_status dt_relu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(out) || dt__cu(x)) return dt__cu_unary(ctx, out, NULL, x, 0, 1);
+#endif
     DT__TRY(dt__unary_check(ctx, out, x, "dt_relu_fwd", "out"));
     /* NaN stays NaN (as in PyTorch), so a NaN activation reaches the loss and the loss scaler */
     DT__BLOCKS(x->numel, DT__CF(x), NULL, DT__F(out), o[j] = a[j] > 0.0f || a[j] != a[j] ? a[j] : 0.0f);
@@ -2009,6 +2015,9 @@ DT_API dt_status dt_relu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
 
 DT_API dt_status dt_relu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x) {
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(dx) || dt__cu(dout) || dt__cu(x)) return dt__cu_unary(ctx, dx, dout, x, 1, 1);
+#endif
     DT__TRY(dt__unary_check(ctx, dout, x, "dt_relu_bwd", "dout"));
     if (!dx) return DT_OK;
     DT__TRY(dt__unary_check(ctx, dx, x, "dt_relu_bwd", "dx"));
@@ -2024,7 +2033,7 @@ DT_API dt_status dt_gelu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
     int64_t i;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
-    if (dt__cu(out) || dt__cu(x)) return dt__cu_gelu(ctx, out, NULL, x, 0);
+    if (dt__cu(out) || dt__cu(x)) return dt__cu_unary(ctx, out, NULL, x, 0, 0);
 #endif
     DT__TRY(dt__unary_check(ctx, out, x, "dt_gelu_fwd", "out"));
     for (i = 0; i < x->numel; i++) {
@@ -2038,7 +2047,7 @@ DT_API dt_status dt_gelu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, 
     int64_t i;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
-    if (dt__cu(dx) || dt__cu(dout) || dt__cu(x)) return dt__cu_gelu(ctx, dx, dout, x, 1);
+    if (dt__cu(dx) || dt__cu(dout) || dt__cu(x)) return dt__cu_unary(ctx, dx, dout, x, 1, 0);
 #endif
     DT__TRY(dt__unary_check(ctx, dout, x, "dt_gelu_bwd", "dout"));
     if (!dx) return DT_OK;
@@ -2687,23 +2696,29 @@ static dt_status dt__cu_bias_add(dt_ctx *ctx, dt_tensor *t, const dt_tensor *u, 
                          "dt_k_bias_add_fwd");
 }
 
-/* fwd: t = out = gelu(x); bwd: t = dx += dout gelu'(x). */
-static dt_status dt__cu_gelu(dt_ctx *ctx, dt_tensor *t, const dt_tensor *dout, const dt_tensor *x, int bwd) {
-    const char *fn = bwd ? "dt_gelu_bwd" : "dt_gelu_fwd";
-    DT__CU_SH(st, t, bwd ? "dx" : "out");
+/* fwd: t = out = f(x); bwd: t = dx += dout f'(x); f = gelu, or relu when relu = 1. */
+static dt_status dt__cu_unary(dt_ctx *ctx, dt_tensor *t, const dt_tensor *dout, const dt_tensor *x, int bwd, int relu) {
+    static const char *const names[2][2] = {{"dt_gelu_fwd", "dt_gelu_bwd"}, {"dt_relu_fwd", "dt_relu_bwd"}};
+    const char *fn = names[relu][bwd];
+    float *o;
+    int st;
+    DT__CU_SH(st_, t, bwd ? "dx" : "out");
     DT__CU_SH(sg, dout, "dout");
     DT__CU_SH(sx, x, "x");
     if (!sx || (bwd && !sg)) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, sx ? "dout" : "x");
-    if (!st) {
+    if (!st_) {
         if (!bwd) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
         return DT_OK;
     }
-    DT__TRY(dt__unary_check(ctx, st, sx, fn, bwd ? "dx" : "out"));
-    if (!bwd) return dt__cu_status(ctx, dt_k_gelu_fwd(DT__CU_F(t), (const float *)x->data, x->numel, ctx->cuda_stream),
-                                   fn, "dt_k_gelu_fwd");
-    DT__TRY(dt__unary_check(ctx, sg, sx, fn, "dout"));
-    return dt__cu_status(ctx, dt_k_gelu_bwd(DT__CU_F(t), (const float *)dout->data, (const float *)x->data, x->numel,
-                                            ctx->cuda_stream), fn, "dt_k_gelu_bwd");
+    DT__TRY(dt__unary_check(ctx, st_, sx, fn, bwd ? "dx" : "out"));
+    if (bwd) DT__TRY(dt__unary_check(ctx, sg, sx, fn, "dout"));
+    o = DT__CU_F(t);
+    if (!bwd) st = relu ? dt_k_relu_fwd(o, (const float *)x->data, x->numel, ctx->cuda_stream)
+                        : dt_k_gelu_fwd(o, (const float *)x->data, x->numel, ctx->cuda_stream);
+    else st = relu ? dt_k_relu_bwd(o, (const float *)dout->data, (const float *)x->data, x->numel, ctx->cuda_stream)
+                   : dt_k_gelu_bwd(o, (const float *)dout->data, (const float *)x->data, x->numel, ctx->cuda_stream);
+    return dt__cu_status(ctx, st, fn, relu ? (bwd ? "dt_k_relu_bwd" : "dt_k_relu_fwd")
+                                           : (bwd ? "dt_k_gelu_bwd" : "dt_k_gelu_fwd"));
 }
 
 static dt_status dt__cu_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, dt_tensor *rstd,

@@ -103,6 +103,14 @@ int main(void) {
             same("linear_bwd_dw_cuda_tensors_match_cpu", dw, 1e-5);
             same("linear_bwd_dbias_cuda_tensors_match_cpu", dbias, 1e-5);
         }
+        { /* relu, in place as the CPU op allows (out = x), and its backward */
+            pair_t r = make(DT_F32, 2, N, O, 0, 0, 28), dr = make(DT_F32, 2, N, O, 0, 0, 29);
+            if (ok2("relu_fwd_in_place_cuda_tensors_match_cpu", dt_relu_fwd(&ctx, &r.h, &r.h), dt_relu_fwd(&ctx, &r.d, &r.d)))
+                same("relu_fwd_in_place_cuda_tensors_match_cpu", r, 0);
+            if (ok2("relu_bwd_cuda_tensors_match_cpu", dt_relu_bwd(&ctx, &dr.h, &dy.h, &r.h), dt_relu_bwd(&ctx, &dr.d, &dy.d, &r.d)))
+                same("relu_bwd_cuda_tensors_match_cpu", dr, 1e-5); /* dy came from gelu_bwd: equal within 1e-5 */
+            release(r); release(dr);
+        }
         dt_test_error("layernorm_fwd_cuda_eps_0_is_named", dt_layernorm_fwd(&ctx, &ln.d, NULL, NULL, &g.d, &lw.d, NULL, 0.0f),
                       dt_ctx_error(&ctx), "eps");
         pair_t *all[] = {&x, &w, &bias, &y, &g, &lw, &lb, &ln, &mean, &rstd, &dy, &dx, &dw, &dbias, &dg, &dlw, &dlb, &dln};
