@@ -373,9 +373,11 @@ static bool resolve_block(emu_block *b) {
     return true;
 }
 
+/* warp: the warp whose lane just stopped, -1 for all, -2 for none (an arrival at __syncthreads
+   cannot complete a warp operation). */
 static void resolve(emu_block *b, int warp) {
     int nwarps = (b->n + 31) / 32;
-    for (int w = 0; w < nwarps; w++)
+    for (int w = 0; w < nwarps && warp != -2; w++)
         if (warp < 0 || w == warp) resolve_warp(b, w);
     resolve_block(b);
 }
@@ -398,7 +400,7 @@ static void make_order(emu_block *b) {
 }
 
 /* Called (under the block's lock) by a thread that just stopped running: it waits at a barrier
-   (of warp `warp`, or -1 for the block) or returned. */
+   (a warp operation of warp `warp`, or -2: __syncthreads) or returned (its warp). */
 static void after_stop(emu_block *b, int warp) {
     if (b->aborted) return;
     if (!b->serial) {
@@ -435,7 +437,7 @@ void dt_emu_syncthreads(const char *file, int line) {
     b->nrun--, b->nwait_block++;
     t->gen = b->block_gen;
     DT_EMU_RELEASE(&b->block_sync[t->gen & 1]);
-    after_stop(b, -1);
+    after_stop(b, -2);
     wait_turn(b, t);
     bool aborted = b->aborted;
     emu_unlock(&b->m);
