@@ -16,8 +16,11 @@
      in the implementation file only:
        DT_CBLAS        CPU GEMM through cblas_sgemm (link -lopenblas). Without it a portable
                        blocked GEMM in this file is used.
-       DT_CUDA         CUDA tensors (cudaMalloc, cudaMemcpy). Without it asking for a CUDA
-                       tensor returns DT_ERR_DEVICE "built without DT_CUDA".
+       DT_CUDA         CUDA tensors (cudaMalloc, cudaMemcpy), and the ops matmul, linear,
+                       bias_add, relu, gelu, layernorm, attention and embedding (fwd and bwd) on
+                       them through kernels/ (link the objects of nvcc -c kernels/dt_*.cu,
+                       -lcublas -lcudart; the other ops take CPU tensors only). Without it
+                       asking for a CUDA tensor returns DT_ERR_DEVICE "built without DT_CUDA".
        DT_ASSERT(c)    internal invariant checks (default: assert.h). Never used for user errors.
        DT_TENSOR_NO_SIMD  plain C loops instead of SSE2 in gelu, layernorm and softmax_xent
                        (same results, bit for bit: the lanes do the scalar ops). Neither needs
@@ -603,6 +606,8 @@ DT_API size_t dt_json_escape(char *buf, size_t n, const char *s);
 #endif
 #ifdef DT_CUDA
 #include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include "kernels/dt_kernels.h" /* the launchers (kernels/dt_*.cu, compiled by nvcc, linked in) */
 #endif
 #if defined(__SSE2__) && !defined(DT_TENSOR_NO_SIMD)
 /* gelu, layernorm and softmax_xent run 4 lanes at a time (x86-64 always has SSE2); see
@@ -813,6 +818,10 @@ DT_API void dt_release(dt_ctx *ctx, void *ptr) {
 
 DT_API void dt_ctx_shutdown(dt_ctx *ctx) {
     if (!ctx) return;
+#ifdef DT_CUDA
+    if (ctx->cublas) cublasDestroy((cublasHandle_t)ctx->cublas);
+    ctx->cublas = NULL;
+#endif
     dt_release(ctx, ctx->scratch);
     ctx->scratch = NULL;
     ctx->scratch_floats = 0;
@@ -1711,6 +1720,69 @@ static dt_status dt__dim(dt_ctx *ctx, int64_t got, int64_t want, const char *fn,
                             (long long)got, expect, (long long)want);
 }
 
+/* ---------------------------------------------------------------- CUDA dispatch
+
+   Under DT_CUDA an op whose operands are CUDA tensors runs the launcher of kernels/ with the
+   same stem (dt_matmul_fwd -> dt_k_matmul_fwd) on ctx->cuda_stream. Its arguments are checked by
+   the CPU path's own checks, run on "shadows" (copies of the tensor structs marked cpu: the
+   checks read shapes and dtypes, never data), so both paths name the same problems the same
+   way. Every operand must be on cuda (DT_ERR_DEVICE names the one that is not); a failing
+   launch is DT_ERR_CUDA naming the launcher and the CUDA / cuBLAS error. Ops with a CUDA path:
+   matmul, linear, bias_add, relu, gelu, layernorm, attention, embedding (each _fwd and _bwd). */
+#ifdef DT_CUDA
+static int dt__cu(const dt_tensor *t) { return t && t->device == DT_CUDA_DEVICE; }
+
+/* *s = t marked cpu (NULL stays NULL: *ps = NULL), after checking t is a live cuda tensor. */
+static dt_status dt__cu_shadow(dt_ctx *ctx, dt_tensor *s, const dt_tensor **ps, const dt_tensor *t, const char *fn,
+                               const char *arg) {
+    *ps = NULL;
+    if (!t) return DT_OK;
+    DT__TRY(dt__valid(ctx, t, fn, arg));
+    if (t->device != DT_CUDA_DEVICE)
+        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: %s is on %s but other operands are on cuda; every "
+                                "operand of an op must be on one device", fn, arg, dt_device_name(t->device));
+    *s = *t;
+    s->device = DT_CPU;
+    *ps = s;
+    return DT_OK;
+}
+
+static dt_status dt__cu_status(dt_ctx *ctx, int st, const char *fn, const char *call) {
+    if (st == 0) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: %s failed: %s", fn, call, dt_k_error_string(st));
+}
+
+/* The cuBLAS handle of the ctx, created on first use (dt_ctx_shutdown destroys it). */
+static dt_status dt__cu_blas(dt_ctx *ctx, const char *fn) {
+    cublasHandle_t h = NULL;
+    cublasStatus_t st;
+    if (ctx->cublas) return DT_OK;
+    st = cublasCreate(&h);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cublasCreate failed: %s", fn,
+                                dt_k_error_string(1000 + (int)st));
+    ctx->cublas = h;
+    return DT_OK;
+}
+
+static dt_status dt__cu_matmul_fwd(dt_ctx *, dt_tensor *, const dt_tensor *, const dt_tensor *, int, int, float, float);
+static dt_status dt__cu_matmul_bwd(dt_ctx *, dt_tensor *, dt_tensor *, const dt_tensor *, const dt_tensor *,
+                                   const dt_tensor *, int, int, float);
+static dt_status dt__cu_linear_fwd(dt_ctx *, dt_tensor *, const dt_tensor *, const dt_tensor *, const dt_tensor *);
+static dt_status dt__cu_linear_bwd(dt_ctx *, dt_tensor *, dt_tensor *, dt_tensor *, const dt_tensor *,
+                                   const dt_tensor *, const dt_tensor *);
+static dt_status dt__cu_bias_add(dt_ctx *, dt_tensor *, const dt_tensor *, int bwd);
+static dt_status dt__cu_unary(dt_ctx *, dt_tensor *, const dt_tensor *, const dt_tensor *, int bwd, int relu);
+static dt_status dt__cu_layernorm_fwd(dt_ctx *, dt_tensor *, dt_tensor *, dt_tensor *, const dt_tensor *,
+                                      const dt_tensor *, const dt_tensor *, float);
+static dt_status dt__cu_layernorm_bwd(dt_ctx *, dt_tensor *, dt_tensor *, dt_tensor *, const dt_tensor *,
+                                      const dt_tensor *, const dt_tensor *, const dt_tensor *, const dt_tensor *);
+static dt_status dt__cu_embedding(dt_ctx *, dt_tensor *, const dt_tensor *, const dt_tensor *, int bwd);
+static dt_status dt__cu_attention_fwd(dt_ctx *, dt_tensor *, dt_tensor *, const dt_tensor *, int);
+static dt_status dt__cu_attention_bwd(dt_ctx *, dt_tensor *, const dt_tensor *, const dt_tensor *,
+                                      const dt_tensor *, int);
+#endif
+
 /* ---------------------------------------------------------------- matmul */
 
 typedef struct dt__mm {
@@ -1769,6 +1841,9 @@ DT_API dt_status dt_matmul_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, 
     dt__mm m;
     int64_t i;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(out) || dt__cu(a) || dt__cu(b)) return dt__cu_matmul_fwd(ctx, out, a, b, trans_a, trans_b, alpha, beta);
+#endif
     DT__TRY(dt__mm_shapes(ctx, &m, out, a, b, trans_a, trans_b, "dt_matmul_fwd"));
     for (i = 0; i < m.batch; i++)
         DT__TRY(dt__gemm(ctx, trans_a, trans_b, m.M, m.N, m.K, alpha, DT__CF(a) + i * m.sa, m.lda,
@@ -1784,6 +1859,9 @@ DT_API dt_status dt_matmul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, const 
     dt__mm m;
     int64_t i;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(dout) || dt__cu(a) || dt__cu(b) || dt__cu(da) || dt__cu(db)) return dt__cu_matmul_bwd(ctx, da, db, dout, a, b, trans_a, trans_b, alpha);
+#endif
     DT__TRY(dt__mm_shapes(ctx, &m, (dt_tensor *)dout, a, b, trans_a, trans_b, fn));
     if (da) { DT__TRY(dt__f32(ctx, da, fn, "da")); DT__TRY(dt__same(ctx, da, a, fn, "da", "a")); }
     if (db) { DT__TRY(dt__f32(ctx, db, fn, "db")); DT__TRY(dt__same(ctx, db, b, fn, "db", "b")); }
@@ -1830,6 +1908,9 @@ DT_API dt_status dt_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, 
                                const dt_tensor *bias) {
     int64_t N, In, Out;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(out) || dt__cu(x) || dt__cu(w) || dt__cu(bias)) return dt__cu_linear_fwd(ctx, out, x, w, bias);
+#endif
     DT__TRY(dt__linear_check(ctx, out, x, w, bias, "dt_linear_fwd", "out"));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
     DT__TRY(dt__gemm(ctx, 0, 1, N, Out, In, 1.0f, DT__CF(x), In, DT__CF(w), In, 0.0f, DT__F(out), Out));
@@ -1841,6 +1922,9 @@ DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_ten
     const char *fn = "dt_linear_bwd";
     int64_t N, In, Out;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(dout) || dt__cu(x) || dt__cu(w) || dt__cu(dx) || dt__cu(dw) || dt__cu(dbias)) return dt__cu_linear_bwd(ctx, dx, dw, dbias, dout, x, w);
+#endif
     DT__TRY(dt__linear_check(ctx, dout, x, w, NULL, fn, "dout"));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
     if (dx) {
@@ -1860,6 +1944,9 @@ DT_API dt_status dt_bias_add_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *b
     const char *fn = "dt_bias_add_fwd";
     int64_t r, c, C, R;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(out) || dt__cu(bias)) return dt__cu_bias_add(ctx, out, bias, 0);
+#endif
     DT__TRY(dt__f32(ctx, out, fn, "out"));
     DT__TRY(dt__f32(ctx, bias, fn, "bias"));
     C = dt__last(out); R = dt__rows(out);
@@ -1876,6 +1963,9 @@ DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor 
     const char *fn = "dt_bias_add_bwd";
     int64_t r, c, C, R;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(dbias) || dt__cu(dout)) return dt__cu_bias_add(ctx, dbias, dout, 1);
+#endif
     DT__TRY(dt__f32(ctx, dout, fn, "dout"));
     if (!dbias) return DT_OK;
     DT__TRY(dt__f32(ctx, dbias, fn, "dbias"));
@@ -2056,6 +2146,9 @@ static dt_status dt__unary_check(dt_ctx *ctx, const dt_tensor *out, const dt_ten
 
 DT_API dt_status dt_relu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(out) || dt__cu(x)) return dt__cu_unary(ctx, out, NULL, x, 0, 1);
+#endif
     DT__TRY(dt__unary_check(ctx, out, x, "dt_relu_fwd", "out"));
     /* NaN stays NaN (as in PyTorch), so a NaN activation reaches the loss and the loss scaler */
     DT__BLOCKS(x->numel, DT__CF(x), NULL, DT__F(out), o[j] = a[j] > 0.0f || a[j] != a[j] ? a[j] : 0.0f);
@@ -2064,6 +2157,9 @@ DT_API dt_status dt_relu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
 
 DT_API dt_status dt_relu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x) {
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(dx) || dt__cu(dout) || dt__cu(x)) return dt__cu_unary(ctx, dx, dout, x, 1, 1);
+#endif
     DT__TRY(dt__unary_check(ctx, dout, x, "dt_relu_bwd", "dout"));
     if (!dx) return DT_OK;
     DT__TRY(dt__unary_check(ctx, dx, x, "dt_relu_bwd", "dx"));
@@ -2089,6 +2185,9 @@ DT_API dt_status dt_gelu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
     float *op;
     int64_t i, n;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(out) || dt__cu(x)) return dt__cu_unary(ctx, out, NULL, x, 0, 0);
+#endif
     DT__TRY(dt__unary_check(ctx, out, x, "dt_gelu_fwd", "out"));
     xp = DT__CF(x); op = DT__F(out); n = x->numel;
     DT__ROW_LOOP(i, n, 4, { /* out may be x: each block is read before it is written */
@@ -2105,6 +2204,9 @@ DT_API dt_status dt_gelu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, 
     float *dp;
     int64_t i, n;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(dx) || dt__cu(dout) || dt__cu(x)) return dt__cu_unary(ctx, dx, dout, x, 1, 0);
+#endif
     DT__TRY(dt__unary_check(ctx, dout, x, "dt_gelu_bwd", "dout"));
     if (!dx) return DT_OK;
     DT__TRY(dt__unary_check(ctx, dx, x, "dt_gelu_bwd", "dx"));
@@ -2140,6 +2242,9 @@ DT_API dt_status dt_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, 
     const char *fn = "dt_layernorm_fwd";
     int64_t r, c, C, R;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(out) || dt__cu(x) || dt__cu(w) || dt__cu(b) || dt__cu(mean) || dt__cu(rstd)) return dt__cu_layernorm_fwd(ctx, out, mean, rstd, x, w, b, eps);
+#endif
     DT__TRY(dt__ln_check(ctx, out, x, w, mean, rstd, fn, "out"));
     C = dt__last(x); R = dt__rows(x);
     if (b) { DT__TRY(dt__f32(ctx, b, fn, "b")); DT__TRY(dt__dim(ctx, b->numel, C, fn, "b numel", "x.shape[-1]")); }
@@ -2180,6 +2285,9 @@ DT_API dt_status dt_layernorm_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_
     const char *fn = "dt_layernorm_bwd";
     int64_t r, c, C, R;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(dout) || dt__cu(x) || dt__cu(w) || dt__cu(dx) || dt__cu(dw) || dt__cu(db)) return dt__cu_layernorm_bwd(ctx, dx, dw, db, dout, x, w, mean, rstd);
+#endif
     if (!mean || !rstd) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: mean and rstd from the forward are required", fn);
     DT__TRY(dt__ln_check(ctx, dout, x, w, mean, rstd, fn, "dout"));
     C = dt__last(x); R = dt__rows(x);
@@ -2470,6 +2578,9 @@ static dt_status dt__emb_check(dt_ctx *ctx, const dt_tensor *rows, const dt_tens
 DT_API dt_status dt_embedding_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *table, const dt_tensor *ids) {
     int64_t n, D;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(out) || dt__cu(table) || dt__cu(ids)) return dt__cu_embedding(ctx, out, table, ids, 0);
+#endif
     DT__TRY(dt__emb_check(ctx, out, table, ids, "dt_embedding_fwd", "out", "table"));
     D = table->shape[1];
     for (n = 0; n < ids->numel; n++)
@@ -2480,6 +2591,9 @@ DT_API dt_status dt_embedding_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *
 DT_API dt_status dt_embedding_bwd(dt_ctx *ctx, dt_tensor *dtable, const dt_tensor *dout, const dt_tensor *ids) {
     int64_t n, d, D;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(dtable) || dt__cu(dout) || dt__cu(ids)) return dt__cu_embedding(ctx, dtable, dout, ids, 1);
+#endif
     if (!dtable) return dt__f32(ctx, dout, "dt_embedding_bwd", "dout");
     DT__TRY(dt__emb_check(ctx, dout, dtable, ids, "dt_embedding_bwd", "dout", "dtable"));
     D = dtable->shape[1];
@@ -2525,6 +2639,9 @@ DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, c
     int h;
     float scale;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(out) || dt__cu(att) || dt__cu(qkv)) return dt__cu_attention_fwd(ctx, out, att, qkv, n_head);
+#endif
     DT__TRY(dt__attn_check(ctx, out, att, qkv, n_head, "dt_attention_fwd", "out"));
     B = qkv->shape[0]; T = qkv->shape[1]; C = qkv->shape[2] / 3; hs = C / n_head;
     scale = hs ? 1.0f / sqrtf((float)hs) : 0.0f; /* C = 0: no features, uniform attention */
@@ -2561,6 +2678,9 @@ DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor 
     int h;
     float scale, *datt;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(dqkv) || dt__cu(dout) || dt__cu(qkv) || dt__cu(att)) return dt__cu_attention_bwd(ctx, dqkv, dout, qkv, att, n_head);
+#endif
     DT__TRY(dt__attn_check(ctx, dout, att, qkv, n_head, fn, "dout"));
     if (!dqkv) return DT_OK;
     DT__TRY(dt__f32(ctx, dqkv, fn, "dqkv"));
@@ -2668,6 +2788,259 @@ DT_API dt_status dt_dot_interaction_bwd(dt_ctx *ctx, dt_tensor *ddense, dt_tenso
     }
     return DT_OK;
 }
+
+#ifdef DT_CUDA
+/* ---------------------------------------------------------------- CUDA paths (see "CUDA dispatch") */
+
+#define DT__CU_SH(name, t, arg) dt_tensor name##_s; const dt_tensor *name; DT__TRY(dt__cu_shadow(ctx, &name##_s, &name, t, fn, arg))
+#define DT__CU_F(t) ((float *)(t)->data)
+
+static dt_status dt__cu_matmul_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, const dt_tensor *b, int ta, int tb,
+                                   float alpha, float beta) {
+    const char *fn = "dt_matmul_fwd";
+    dt__mm m;
+    DT__CU_SH(so, out, "out");
+    DT__CU_SH(sa, a, "a");
+    DT__CU_SH(sb, b, "b");
+    if (!so || !sa || !sb) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out, a and b must be non-NULL", fn);
+    DT__TRY(dt__mm_shapes(ctx, &m, so, sa, sb, ta, tb, fn));
+    DT__TRY(dt__cu_blas(ctx, fn));
+    return dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(out), a->data, b->data, 1, m.batch, m.M, m.N, m.K,
+                                              ta, tb, m.sa, m.sb, m.sc, alpha, beta, 0, ctx->cuda_stream),
+                         fn, "dt_k_matmul_fwd");
+}
+
+static dt_status dt__cu_matmul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, const dt_tensor *dout, const dt_tensor *a,
+                                   const dt_tensor *b, int ta, int tb, float alpha) {
+    const char *fn = "dt_matmul_bwd";
+    dt__mm m;
+    DT__CU_SH(sg, dout, "dout");
+    DT__CU_SH(sa, a, "a");
+    DT__CU_SH(sb, b, "b");
+    DT__CU_SH(sda, da, "da");
+    DT__CU_SH(sdb, db, "db");
+    if (!sg || !sa || !sb) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dout, a and b must be non-NULL", fn);
+    DT__TRY(dt__mm_shapes(ctx, &m, (dt_tensor *)sg, sa, sb, ta, tb, fn));
+    if (sda) { DT__TRY(dt__f32(ctx, sda, fn, "da")); DT__TRY(dt__same(ctx, sda, sa, fn, "da", "a")); }
+    if (sdb) { DT__TRY(dt__f32(ctx, sdb, fn, "db")); DT__TRY(dt__same(ctx, sdb, sb, fn, "db", "b")); }
+    if (!da && !db) return DT_OK;
+    DT__TRY(dt__cu_blas(ctx, fn));
+    return dt__cu_status(ctx, dt_k_matmul_bwd(ctx->cublas, da ? DT__CU_F(da) : NULL, db ? DT__CU_F(db) : NULL,
+                                              (const float *)dout->data, (const float *)a->data,
+                                              (const float *)b->data, m.batch, m.M, m.N, m.K, ta, tb, m.sa, m.sb,
+                                              alpha, 0, ctx->cuda_stream),
+                         fn, "dt_k_matmul_bwd");
+}
+
+/* out[N,O] = x[N,I] w[O,I]^T: one GEMM (trans_b), then the bias kernel. */
+static dt_status dt__cu_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, const dt_tensor *w,
+                                   const dt_tensor *bias) {
+    const char *fn = "dt_linear_fwd";
+    int64_t N, In, Out;
+    DT__CU_SH(so, out, "out");
+    DT__CU_SH(sx, x, "x");
+    DT__CU_SH(sw, w, "w");
+    DT__CU_SH(sbias, bias, "bias");
+    if (!so || !sx || !sw) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out, x and w must be non-NULL", fn);
+    DT__TRY(dt__linear_check(ctx, so, sx, sw, sbias, fn, "out"));
+    N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
+    DT__TRY(dt__cu_blas(ctx, fn));
+    DT__TRY(dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(out), x->data, w->data, 1, 1, N, Out, In, 0, 1, 0, 0,
+                                               0, 1.0f, 0.0f, 0, ctx->cuda_stream), fn, "dt_k_matmul_fwd"));
+    if (!bias) return DT_OK;
+    return dt__cu_status(ctx, dt_k_bias_add_fwd(DT__CU_F(out), (const float *)bias->data, N, Out, ctx->cuda_stream),
+                         fn, "dt_k_bias_add_fwd");
+}
+
+static dt_status dt__cu_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias, const dt_tensor *dout,
+                                   const dt_tensor *x, const dt_tensor *w) {
+    const char *fn = "dt_linear_bwd";
+    int64_t N, In, Out;
+    DT__CU_SH(sg, dout, "dout");
+    DT__CU_SH(sx, x, "x");
+    DT__CU_SH(sw, w, "w");
+    DT__CU_SH(sdx, dx, "dx");
+    DT__CU_SH(sdw, dw, "dw");
+    DT__CU_SH(sdb, dbias, "dbias");
+    if (!sg || !sx || !sw) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dout, x and w must be non-NULL", fn);
+    DT__TRY(dt__linear_check(ctx, sg, sx, sw, NULL, fn, "dout"));
+    N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
+    if (sdx) { DT__TRY(dt__f32(ctx, sdx, fn, "dx")); DT__TRY(dt__same_numel(ctx, sdx, sx, fn, "dx", "x")); }
+    if (sdw) { DT__TRY(dt__f32(ctx, sdw, fn, "dw")); DT__TRY(dt__same(ctx, sdw, sw, fn, "dw", "w")); }
+    if (sdb) { DT__TRY(dt__f32(ctx, sdb, fn, "dbias")); DT__TRY(dt__dim(ctx, sdb->numel, Out, fn, "dbias numel", "w.shape[0]")); }
+    if (dx || dw) DT__TRY(dt__cu_blas(ctx, fn));
+    if (dx) /* dx += dout w */
+        DT__TRY(dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(dx), dout->data, w->data, 1, 1, N, In, Out, 0,
+                                                   0, 0, 0, 0, 1.0f, 1.0f, 0, ctx->cuda_stream), fn, "dt_k_matmul_fwd"));
+    if (dw) /* dw += dout^T x */
+        DT__TRY(dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(dw), dout->data, x->data, 1, 1, Out, In, N, 1,
+                                                   0, 0, 0, 0, 1.0f, 1.0f, 0, ctx->cuda_stream), fn, "dt_k_matmul_fwd"));
+    if (!dbias) return DT_OK;
+    return dt__cu_status(ctx, dt_k_bias_add_bwd(DT__CU_F(dbias), (const float *)dout->data, N, Out, ctx->cuda_stream),
+                         fn, "dt_k_bias_add_bwd");
+}
+
+/* fwd: t = out[rows, C] += u = bias[C]; bwd: t = dbias[C] += column sums of u = dout. */
+static dt_status dt__cu_bias_add(dt_ctx *ctx, dt_tensor *t, const dt_tensor *u, int bwd) {
+    const char *fn = bwd ? "dt_bias_add_bwd" : "dt_bias_add_fwd";
+    int64_t C, R;
+    DT__CU_SH(st, t, bwd ? "dbias" : "out");
+    DT__CU_SH(su, u, bwd ? "dout" : "bias");
+    if (!su) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, bwd ? "dout" : "bias");
+    if (!st) return bwd ? dt__f32(ctx, su, fn, "dout") : dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    DT__TRY(dt__f32(ctx, st, fn, bwd ? "dbias" : "out"));
+    DT__TRY(dt__f32(ctx, su, fn, bwd ? "dout" : "bias"));
+    C = dt__last(bwd ? su : st); R = dt__rows(bwd ? su : st);
+    DT__TRY(dt__dim(ctx, (bwd ? st : su)->numel, C, fn, bwd ? "dbias numel" : "bias numel",
+                    bwd ? "dout.shape[-1]" : "out.shape[-1]"));
+    if (bwd)
+        return dt__cu_status(ctx, dt_k_bias_add_bwd(DT__CU_F(t), (const float *)u->data, R, C, ctx->cuda_stream), fn,
+                             "dt_k_bias_add_bwd");
+    return dt__cu_status(ctx, dt_k_bias_add_fwd(DT__CU_F(t), (const float *)u->data, R, C, ctx->cuda_stream), fn,
+                         "dt_k_bias_add_fwd");
+}
+
+/* fwd: t = out = f(x); bwd: t = dx += dout f'(x); f = gelu, or relu when relu = 1. */
+static dt_status dt__cu_unary(dt_ctx *ctx, dt_tensor *t, const dt_tensor *dout, const dt_tensor *x, int bwd, int relu) {
+    static const char *const names[2][2] = {{"dt_gelu_fwd", "dt_gelu_bwd"}, {"dt_relu_fwd", "dt_relu_bwd"}};
+    const char *fn = names[relu][bwd];
+    float *o;
+    int st;
+    DT__CU_SH(st_, t, bwd ? "dx" : "out");
+    DT__CU_SH(sg, dout, "dout");
+    DT__CU_SH(sx, x, "x");
+    if (!sx || (bwd && !sg)) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, sx ? "dout" : "x");
+    if (!st_) {
+        if (!bwd) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+        return DT_OK;
+    }
+    DT__TRY(dt__unary_check(ctx, st_, sx, fn, bwd ? "dx" : "out"));
+    if (bwd) DT__TRY(dt__unary_check(ctx, sg, sx, fn, "dout"));
+    o = DT__CU_F(t);
+    if (!bwd) st = relu ? dt_k_relu_fwd(o, (const float *)x->data, x->numel, ctx->cuda_stream)
+                        : dt_k_gelu_fwd(o, (const float *)x->data, x->numel, ctx->cuda_stream);
+    else st = relu ? dt_k_relu_bwd(o, (const float *)dout->data, (const float *)x->data, x->numel, ctx->cuda_stream)
+                   : dt_k_gelu_bwd(o, (const float *)dout->data, (const float *)x->data, x->numel, ctx->cuda_stream);
+    return dt__cu_status(ctx, st, fn, relu ? (bwd ? "dt_k_relu_bwd" : "dt_k_relu_fwd")
+                                           : (bwd ? "dt_k_gelu_bwd" : "dt_k_gelu_fwd"));
+}
+
+static dt_status dt__cu_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, dt_tensor *rstd,
+                                      const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, float eps) {
+    const char *fn = "dt_layernorm_fwd";
+    int64_t C;
+    DT__CU_SH(so, out, "out");
+    DT__CU_SH(sm, mean, "mean");
+    DT__CU_SH(sr, rstd, "rstd");
+    DT__CU_SH(sx, x, "x");
+    DT__CU_SH(sw, w, "w");
+    DT__CU_SH(sb, b, "b");
+    if (!so || !sx || !sw) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out, x and w must be non-NULL", fn);
+    DT__TRY(dt__ln_check(ctx, so, sx, sw, sm, sr, fn, "out"));
+    C = dt__last(sx);
+    if (sb) { DT__TRY(dt__f32(ctx, sb, fn, "b")); DT__TRY(dt__dim(ctx, sb->numel, C, fn, "b numel", "x.shape[-1]")); }
+    if (!(eps > 0)) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: eps = %g; expected > 0", fn, (double)eps);
+    return dt__cu_status(ctx, dt_k_layernorm_fwd(DT__CU_F(out), mean ? DT__CU_F(mean) : NULL,
+                                                 rstd ? DT__CU_F(rstd) : NULL, (const float *)x->data,
+                                                 (const float *)w->data, b ? (const float *)b->data : NULL, eps,
+                                                 dt__rows(sx), C, ctx->cuda_stream), fn, "dt_k_layernorm_fwd");
+}
+
+static dt_status dt__cu_layernorm_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_tensor *db, const dt_tensor *dout,
+                                      const dt_tensor *x, const dt_tensor *w, const dt_tensor *mean,
+                                      const dt_tensor *rstd) {
+    const char *fn = "dt_layernorm_bwd";
+    int64_t C;
+    DT__CU_SH(sdx, dx, "dx");
+    DT__CU_SH(sdw, dw, "dw");
+    DT__CU_SH(sdb, db, "db");
+    DT__CU_SH(sg, dout, "dout");
+    DT__CU_SH(sx, x, "x");
+    DT__CU_SH(sw, w, "w");
+    DT__CU_SH(sm, mean, "mean");
+    DT__CU_SH(sr, rstd, "rstd");
+    if (!sm || !sr) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: mean and rstd from the forward are required", fn);
+    if (!sg || !sx || !sw) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dout, x and w must be non-NULL", fn);
+    DT__TRY(dt__ln_check(ctx, sg, sx, sw, sm, sr, fn, "dout"));
+    C = dt__last(sx);
+    if (sdx) { DT__TRY(dt__f32(ctx, sdx, fn, "dx")); DT__TRY(dt__same(ctx, sdx, sx, fn, "dx", "x")); }
+    if (sdw) { DT__TRY(dt__f32(ctx, sdw, fn, "dw")); DT__TRY(dt__same_numel(ctx, sdw, sw, fn, "dw", "w")); }
+    if (sdb) { DT__TRY(dt__f32(ctx, sdb, fn, "db")); DT__TRY(dt__dim(ctx, sdb->numel, C, fn, "db numel", "x.shape[-1]")); }
+    return dt__cu_status(ctx, dt_k_layernorm_bwd(dx ? DT__CU_F(dx) : NULL, dw ? DT__CU_F(dw) : NULL,
+                                                 db ? DT__CU_F(db) : NULL, (const float *)dout->data,
+                                                 (const float *)x->data, (const float *)w->data,
+                                                 (const float *)mean->data, (const float *)rstd->data, dt__rows(sx), C,
+                                                 ctx->cuda_stream), fn, "dt_k_layernorm_bwd");
+}
+
+/* The ids are copied to the host for the CPU path's check (which names a bad id and its index);
+   the kernels would only skip it. fwd: rows = out, table; bwd: rows = dout, table = dtable. */
+static dt_status dt__cu_embedding(dt_ctx *ctx, dt_tensor *t, const dt_tensor *u, const dt_tensor *ids, int bwd) {
+    const char *fn = bwd ? "dt_embedding_bwd" : "dt_embedding_fwd";
+    dt_tensor hid;
+    dt_status st;
+    cudaError_t e;
+    DT__CU_SH(s0, t, bwd ? "dtable" : "out");
+    DT__CU_SH(s1, u, bwd ? "dout" : "table");
+    DT__CU_SH(si, ids, "ids");
+    if (!s1 || !si) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, s1 ? "ids" : bwd ? "dout" : "table");
+    if (!s0) {
+        if (!bwd) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+        return dt__f32(ctx, s1, fn, "dout");
+    }
+    if (si->dtype != DT_I32 && si->dtype != DT_I64)
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: ids has dtype %s; expected i32 or i64", fn,
+                                dt_dtype_name(si->dtype));
+    DT__TRY(dt_tensor_create_like(ctx, &hid, ids, DT_DTYPE_DEFAULT, DT_CPU));
+    e = cudaMemcpy(hid.data, ids->data, dt_tensor_bytes(ids), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) {
+        dt_tensor_free(ctx, &hid);
+        return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemcpy of the ids to the host: %s", fn, cudaGetErrorString(e));
+    }
+    st = bwd ? dt__emb_check(ctx, s1, s0, &hid, fn, "dout", "dtable") : dt__emb_check(ctx, s0, s1, &hid, fn, "out", "table");
+    dt_tensor_free(ctx, &hid);
+    if (st) return st;
+    if (bwd)
+        return dt__cu_status(ctx, dt_k_embedding_bwd(DT__CU_F(t), (const float *)u->data, ids->data, ids->dtype == DT_I64,
+                                                     ids->numel, t->shape[0], t->shape[1], NULL, ctx->cuda_stream),
+                             fn, "dt_k_embedding_bwd");
+    return dt__cu_status(ctx, dt_k_embedding_fwd(DT__CU_F(t), (const float *)u->data, ids->data, ids->dtype == DT_I64,
+                                                 ids->numel, u->shape[0], u->shape[1], NULL, ctx->cuda_stream),
+                         fn, "dt_k_embedding_fwd");
+}
+
+static dt_status dt__cu_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv, int n_head) {
+    const char *fn = "dt_attention_fwd";
+    DT__CU_SH(so, out, "out");
+    DT__CU_SH(sa, att, "att");
+    DT__CU_SH(sq, qkv, "qkv");
+    if (!so || !sa || !sq) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out, att and qkv must be non-NULL", fn);
+    DT__TRY(dt__attn_check(ctx, so, sa, sq, n_head, fn, "out"));
+    return dt__cu_status(ctx, dt_k_attention_fwd(DT__CU_F(out), DT__CU_F(att), (const float *)qkv->data, qkv->shape[0],
+                                                 qkv->shape[1], qkv->shape[2] / 3, n_head, ctx->cuda_stream),
+                         fn, "dt_k_attention_fwd");
+}
+
+static dt_status dt__cu_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor *dout, const dt_tensor *qkv,
+                                      const dt_tensor *att, int n_head) {
+    const char *fn = "dt_attention_bwd";
+    DT__CU_SH(sd, dqkv, "dqkv");
+    DT__CU_SH(sg, dout, "dout");
+    DT__CU_SH(sq, qkv, "qkv");
+    DT__CU_SH(sa, att, "att");
+    if (!sg || !sa || !sq) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dout, att and qkv must be non-NULL", fn);
+    DT__TRY(dt__attn_check(ctx, sg, sa, sq, n_head, fn, "dout"));
+    if (!sd) return DT_OK;
+    DT__TRY(dt__f32(ctx, sd, fn, "dqkv"));
+    DT__TRY(dt__same(ctx, sd, sq, fn, "dqkv", "qkv"));
+    return dt__cu_status(ctx, dt_k_attention_bwd(DT__CU_F(dqkv), (const float *)dout->data, (const float *)qkv->data,
+                                                 (const float *)att->data, qkv->shape[0], qkv->shape[1],
+                                                 qkv->shape[2] / 3, n_head, ctx->cuda_stream),
+                         fn, "dt_k_attention_bwd");
+}
+#undef DT__CU_SH
+#undef DT__CU_F
+#endif /* DT_CUDA */
 
 /* ---------------------------------------------------------------- concat / split */
 

@@ -71,11 +71,152 @@ int dt_k_softmax_xent_bwd(float *dlogits, const float *logits, const float *lse,
 
 /* ---------------------------------------------------------------- attention */
 
+/* Causal multi-head self-attention, as dt_attention_fwd / _bwd: qkv [B,T,3C] packed q|k|v,
+   out [B,T,C], att [B,H,T,T] the softmaxed scores (zeros above the diagonal), H = n_head
+   dividing C. The baseline: one block per score row (dot products, masked softmax through
+   block reductions), then one thread per output element for the weighted sum of v.
+   bwd: dqkv += the gradient (accumulates); it needs B*H*T*T floats of device scratch, which it
+   cudaMallocs and frees (a baseline: correct first). */
+int dt_k_attention_fwd(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t C, int n_head,
+                       void *stream);
+int dt_k_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *att, int64_t B, int64_t T,
+                       int64_t C, int n_head, void *stream);
+/* The fused forward (flash attention's online softmax): one block per (b, h, 32 queries); q, k,
+   v tiles of 32 rows in shared memory; never stores att. lse [B,H,T] (may be NULL) receives each
+   row's log-sum-exp of the scaled scores (max + log(sum)), what a fused backward would need.
+   cudaErrorInvalidValue when C / n_head > 96 (the tiles would pass 48 KiB of shared memory). */
+int dt_k_attention_fwd_flash(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t C,
+                             int n_head, void *stream);
+
 /* ---------------------------------------------------------------- embedding */
+
+/* dt_embedding_fwd / _bwd: out[n,:] = table[ids[n],:]; dtable[ids[n],:] += dout[n,:]. ids are
+   int32 (ids_i64 = 0) or int64 (1). An id outside [0, V) gathers zeros, is skipped in the
+   backward and sets *bad_id = 1 (bad_id, a device int, may be NULL): the caller checks ids on
+   the host first, as the CPU op does. The backward adds with atomicAdd: the order of repeated
+   ids' contributions, and so the last bits, vary from run to run (the deterministic path is
+   dt_k_embed_dedup + dt_k_embed_sparse_update). */
+int dt_k_embedding_fwd(float *out, const float *table, const void *ids, int ids_i64, int64_t N, int64_t V,
+                       int64_t D, int *bad_id, void *stream);
+int dt_k_embedding_bwd(float *dtable, const float *dout, const void *ids, int ids_i64, int64_t N, int64_t V,
+                       int64_t D, int *bad_id, void *stream);
+
+/* Pooling of bags, as dt_embed.h's forward: bag b is ids [offsets[b], offsets[b+1]) (rows are
+   row indices into table [*, ld] of dtype table_dtype = 1 f32, 2 bf16, 3 f16 (dt_dtype), D <=
+   ld columns read); out[b, :D] = ((0 + w_0 row_0) + w_1 row_1) + ... in f32, in bag order
+   (w = 1 when weights is NULL), divided by the bag length last when mean = 1 (an empty bag
+   gives 0). The same sum order as the CPU, so the same bits. A row < 0 (a dynamic id not
+   admitted) adds nothing. */
+int dt_k_embed_pool_fwd(float *out, const void *table, int table_dtype, const int64_t *rows, const float *weights,
+                        const int64_t *offsets, int64_t n_bags, int64_t D, int64_t ld, int mean, void *stream);
+/* Its backward as per-id gradient rows: grads[i, :] = w_i * dout[bag(i), :] (/ length for mean),
+   bag(i) read from offsets (one block per bag). The rows for dedup + sparse update. */
+int dt_k_embed_pool_bwd(float *grads, const float *dout, const float *weights, const int64_t *offsets,
+                        int64_t n_bags, int64_t D, int mean, void *stream);
+/* The same backward scattered into a dense f32 gradient table: dtable[rows[i], :] += grads
+   (atomicAdd; rows < 0 skipped). */
+int dt_k_embed_pool_bwd_dense(float *dtable, const float *dout, const int64_t *rows, const float *weights,
+                              const int64_t *offsets, int64_t n_bags, int64_t D, int mean, void *stream);
+
+/* Bucketization by owner (row-wise sharding of `rows` rows over W ranks, as dt_embed.h: R =
+   q*W + m, the first m ranks one row more): counts[W] = ids per owner, dest[i] = where id i
+   goes in the owner-major send buffer (owner's start + the number of earlier ids with that
+   owner: stable). ids outside [0, rows) set *bad_id = 1 (may be NULL) and get dest -1.
+   Three launches (block counts, one-block scan, stable scatter), device scratch cudaMalloc'd. */
+int dt_k_embed_bucketize(int64_t *counts, int64_t *dest, const int64_t *ids, int64_t n, int64_t rows, int W,
+                         int *bad_id, void *stream);
+/* Gradient dedup by a stable LSD radix sort (8-bit digits, counting passes as above) of rows[n]
+   (each in [0, n_rows)): order[n] = the indices of rows in sorted order (equal rows keep their
+   input order), seg[n + 1] = the start of each run of equal rows in order[] (seg[u] for u <
+   *n_uniq, then seg[*n_uniq] = n), *n_uniq (a device int64). */
+int dt_k_embed_dedup(int64_t *order, int64_t *seg, int64_t *n_uniq, const int64_t *rows, int64_t n,
+                     int64_t n_rows, void *stream);
+/* The fused sparse update of the deduplicated rows (dt_embed.h's formulas): for each unique row,
+   g = sum of grads[order[j], :] over its run, in run order from 0; then table row
+   rows[order[seg[u]]] (dtype as in pool: f32, or bf16 / f16 widened, updated, rounded back):
+     kind 1 SGD: w -= lr g; kind 2 Adagrad: s += g g, w -= lr g / (sqrt(s) + eps) (state [*, ld]);
+     kind 3 row-wise Adagrad: s[row] += (sum g^2 in double) / D, w -= (lr / (sqrt(s) + eps)) g. */
+int dt_k_embed_sparse_update(void *table, int table_dtype, float *state, const float *grads, const int64_t *rows,
+                             const int64_t *order, const int64_t *seg, const int64_t *n_uniq, int64_t n,
+                             int64_t D, int64_t ld, int kind, double lr, double eps, void *stream);
+
+/* DLRM dot interaction, as dt_dot_interaction_fwd / _bwd: dense [B,D], emb [B,F,D], out / dout
+   [B, D + (F+1)F/2]. One block per sample, its F+1 vectors in shared memory ((F+1) D floats,
+   at most 48 KiB, else cudaErrorInvalidValue); the same sum orders as the CPU. bwd accumulates;
+   ddense or demb may be NULL. */
+int dt_k_dot_interaction_fwd(float *out, const float *dense, const float *emb, int64_t B, int64_t F, int64_t D,
+                             void *stream);
+int dt_k_dot_interaction_bwd(float *ddense, float *demb, const float *dout, const float *dense, const float *emb,
+                             int64_t B, int64_t F, int64_t D, void *stream);
 
 /* ---------------------------------------------------------------- optimizer */
 
+/* The flat arena (dt_opt.h, llm.c): n elements; w holds the values (w_dtype 1 f32, 2 bf16,
+   3 f16, as dt_dtype), master the f32 master weights or NULL. With master: the update runs on
+   master and w = master rounded (nearest even); without, a bf16 / f16 w is widened, updated and
+   rounded back. Parameters are the n_seg segments [seg_end[i-1], seg_end[i]) (device int64)
+   with weight decay seg_wd[i] (device double; 0 for no_decay). g is read as g * grad_mul (1 = as
+   is: clipping). skip (a device int, may be NULL): when *skip != 0 nothing is written (the
+   found_inf of the unscale pass: the step is skipped without a round trip to the host).
+   The math is dt_sgd_update / dt_adam_update / dt_adagrad_update's, op for op (the per-step
+   scalars in double on the host, rounded to float once). nvcc may contract a*b+c into an FMA,
+   so a GPU can differ from the CPU in the last bit; the emulator (g++, x86-64) does not. */
+int dt_k_sgd_update(void *w, int w_dtype, float *master, const float *g, float *buf, int64_t n,
+                    const int64_t *seg_end, const double *seg_wd, int n_seg, double lr, double momentum,
+                    double dampening, int nesterov, int first, float grad_mul, const int *skip, void *stream);
+int dt_k_adam_update(void *w, int w_dtype, float *master, const float *g, float *m, float *v, int64_t n,
+                     const int64_t *seg_end, const double *seg_wd, int n_seg, double lr, double beta1, double beta2,
+                     double eps, int decoupled, int64_t t, float grad_mul, const int *skip, void *stream);
+int dt_k_adagrad_update(void *w, int w_dtype, float *master, const float *g, float *sum, int64_t n,
+                        const int64_t *seg_end, const double *seg_wd, int n_seg, double lr, double lr_decay,
+                        double eps, int64_t t, float grad_mul, const int *skip, void *stream);
+
+/* The one pass over the grads (dt_loss_scaler_unscale + dt_grad_norm): g *= mul when scale is 1
+   (GradScaler's 1 / scale), *found_inf |= an inf or NaN seen (device int, may be NULL), and
+   *sumsq = the sum of squares (after the multiply) in double (device, may be NULL). Two launches
+   (per-block partials, then one block sums them in block order: deterministic), with
+   DT_K_SUMSQ_BLOCKS doubles of device scratch the caller gives in work. */
+#define DT_K_SUMSQ_BLOCKS 256
+int dt_k_loss_scaler_unscale(float *g, int *found_inf, double *sumsq, double *work, int64_t n, float mul,
+                             int scale, void *stream);
+
 /* ---------------------------------------------------------------- comm packing */
+
+/* n_copies copies in one launch: dst[dst_off[c] + e] = alpha * src[src_off[c] + e] for e <
+   len[c] (offsets and lengths in elements, device int64 arrays); max_len (host) is the longest
+   len[c], which sizes the grid (each thread copies at least 8 elements of a copy). elem_bytes 1, 2, 4 or 8;
+   alpha applies to f32 only (elem_bytes 4 and is_f32 = 1; else it must be 1). Bucket packing
+   (param ranges -> one buffer, and back with 1 / world after an all-reduce) is this with the
+   ranges as copies. Copies must not overlap. */
+int dt_k_comm_copies(void *dst, const void *src, const int64_t *dst_off, const int64_t *src_off, const int64_t *len,
+                     int n_copies, int64_t max_len, int elem_bytes, int is_f32, float alpha, void *stream);
+/* Rank-major shard blocks of a row-major [rows, cols] matrix, columns split as dt_embed.h's
+   column-wise sharding ([k*cols/W, (k+1)*cols/W) to rank k): pack writes dst = the W blocks one
+   after the other, block k [rows, its width] row-major (what an all-to-all sends); unpack is
+   the inverse. elem_bytes 2, 4 or 8. */
+int dt_k_comm_pack_blocks(void *dst, const void *src, int64_t rows, int64_t cols, int W, int elem_bytes,
+                          void *stream);
+int dt_k_comm_unpack_blocks(void *dst, const void *src, int64_t rows, int64_t cols, int W, int elem_bytes,
+                            void *stream);
+
+/* ---------------------------------------------------------------- gemm */
+
+/* dt_matmul_fwd through cuBLAS (row-major, as the CPU op): for each of batch matrices,
+   out = alpha op(a) op(b) + beta out, op(a) [M,K], op(b) [K,N], out [M,N] f32; a, b of dtype
+   in_dtype (1 f32, 2 bf16, 3 f16: bf16 / f16 accumulate in f32 through cublasGemmEx);
+   stride_a / stride_b / stride_out: elements between batches (stride_b 0: b shared).
+   tf32 = 1 lets f32 inputs use TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32; about 1e-3
+   relative). cublas is a cublasHandle_t (dt_ctx.cublas); its stream is set to `stream`.
+   Returns 1000 + the cublasStatus_t of a failing call, cudaErrorInvalidValue for bad sizes. */
+int dt_k_matmul_fwd(void *cublas, float *out, const void *a, const void *b, int in_dtype, int64_t batch, int64_t M,
+                    int64_t N, int64_t K, int trans_a, int trans_b, int64_t stride_a, int64_t stride_b,
+                    int64_t stride_out, float alpha, float beta, int tf32, void *stream);
+/* dt_matmul_bwd (f32): da += alpha d/da, db += alpha d/db (either may be NULL), from dout and
+   the forward's a, b; the CPU op's GEMMs with beta = 1. With stride_b 0 (b shared), db sums the
+   batches in batch order. */
+int dt_k_matmul_bwd(void *cublas, float *da, float *db, const float *dout, const float *a, const float *b,
+                    int64_t batch, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b, int64_t stride_a,
+                    int64_t stride_b, float alpha, int tf32, void *stream);
 
 #ifdef __cplusplus
 }

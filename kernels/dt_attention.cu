@@ -1,0 +1,233 @@
+/* kernels/dt_attention.cu - causal multi-head self-attention (GPT-2, as dt_attention_fwd / _bwd
+   in dt_tensor.h): qkv [B,T,3C] packed q|k|v, H heads of hs = C/H, scale 1/sqrt(hs).
+
+   The baseline mirrors the CPU op loop for loop, one query row per block:
+     fwd  scores row (b,h,t): a[t2] = q.k[t2] * scale for t2 <= t, block max, exp, block sum,
+          divide; zeros above the diagonal. Then out[b,t,c] = sum_t2 a[t2] v[t2] (in t2 order,
+          one thread per output element).
+     bwd  per query row: datt[t2] = dout.v[t2], dot = sum a datt, dpre = a (datt - dot) scale
+          (kept in shared memory for dq and in device scratch for the key side); then per key
+          row t2: dk += sum_t dpre[t][t2] q[t], dv += sum_t a[t][t2] dout[t]. Every output
+          element is written by one thread: no atomics, the same bits every run.
+   The fused forward (flash attention, Dao et al. 2022) never stores the T x T scores: one block
+   per 32 queries of a (b, h); the key / value rows pass through shared memory in tiles of 32,
+   and each thread keeps its query's running max m, sum l and output row (online softmax:
+   when a score s > m arrives, l and the row are rescaled by exp(m - s)).
+   Sums over the whole row (max, sum) use block reductions in the baseline and a sequential
+   online pass in the fused kernel, so the two differ from the CPU and each other by fp32
+   reassociation (~1e-6 relative), not bitwise. */
+#include "dt_cuda.cuh"
+#include <math.h>
+#include <stdint.h>
+
+#define DT_K__ATT_TILE 32
+#define DT_K__SMEM_MAX 49152 /* without opting in (cudaFuncSetAttribute), 48 KiB per block */
+
+static int dt_k__threads(int64_t n, int cap) {
+    int64_t t = (n + 31) / 32 * 32;
+    if (t < 32) t = 32;
+    return (int)(t > cap ? cap : t);
+}
+
+static float dt_k__att_scale(int64_t hs) { return hs ? 1.0f / sqrtf((float)hs) : 0.0f; }
+
+/* One block per score row (b, h, t). */
+static __global__ void dt_k__att_scores(float *__restrict__ att, const float *__restrict__ qkv, int64_t T, int64_t C,
+                                 int H, int64_t hs, float scale) {
+    int64_t row = blockIdx.x, t = row % T, bh = row / T, b = bh / H, t2, i;
+    int h = (int)(bh % H);
+    const float *q = qkv + (b * T + t) * 3 * C + h * hs;
+    float *a = att + row * T;
+    float mx = -INFINITY, sum = 0.0f;
+    for (t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+        const float *k = qkv + (b * T + t2) * 3 * C + C + h * hs;
+        float d = 0.0f;
+        for (i = 0; i < hs; i++) d += q[i] * k[i];
+        a[t2] = d * scale;
+        mx = fmaxf(mx, a[t2]);
+    }
+    mx = dt_k_block_max(mx);
+    for (t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) { /* each thread rereads only its own entries */
+        float e = expf(a[t2] - mx);
+        a[t2] = e;
+        sum += e;
+    }
+    sum = dt_k_block_sum(sum);
+    for (t2 = threadIdx.x; t2 < T; t2 += blockDim.x) a[t2] = t2 <= t ? a[t2] / sum : 0.0f; /* causal mask */
+}
+
+/* out[b,t,c] = sum_{t2 <= t} att[b,h,t,t2] v[b,t2,c], one thread per element. */
+static __global__ void dt_k__att_values(float *__restrict__ out, const float *__restrict__ att,
+                                 const float *__restrict__ qkv, int64_t B, int64_t T, int64_t C, int H, int64_t hs) {
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n = B * T * C;
+    for (; idx < n; idx += (int64_t)gridDim.x * blockDim.x) {
+        int64_t c = idx % C, bt = idx / C, t = bt % T, b = bt / T, h = c / hs, t2;
+        const float *a = att + ((b * H + h) * T + t) * T;
+        const float *v = qkv + b * T * 3 * C + 2 * C + c;
+        float o = 0.0f;
+        for (t2 = 0; t2 <= t; t2++) o += a[t2] * v[t2 * 3 * C];
+        out[idx] = o;
+    }
+}
+
+/* Query side of the backward, one block per row (b, h, t): dpre into scratch and shared
+   memory, dq += sum_t2 dpre[t2] k[t2]. */
+static __global__ void dt_k__att_bwd_q(float *__restrict__ dqkv, float *__restrict__ dpre_out,
+                                const float *__restrict__ dout, const float *__restrict__ qkv,
+                                const float *__restrict__ att, int64_t T, int64_t C, int H, int64_t hs, float scale) {
+    DT_K_SHARED_DYNAMIC(float, dp);
+    int64_t row = blockIdx.x, t = row % T, bh = row / T, b = bh / H, t2, i;
+    int h = (int)(bh % H);
+    const float *a = att + row * T;
+    const float *g = dout + (b * T + t) * C + h * hs;
+    float *dq = dqkv + (b * T + t) * 3 * C + h * hs;
+    float dot = 0.0f;
+    for (t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+        const float *v = qkv + (b * T + t2) * 3 * C + 2 * C + h * hs;
+        float d = 0.0f;
+        for (i = 0; i < hs; i++) d += v[i] * g[i];
+        dp[t2] = d;
+        dot += a[t2] * d;
+    }
+    dot = dt_k_block_sum(dot);
+    for (t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+        dp[t2] = a[t2] * (dp[t2] - dot) * scale;
+        dpre_out[row * T + t2] = dp[t2];
+    }
+    __syncthreads(); /* dq reads every thread's dpre */
+    for (i = threadIdx.x; i < hs; i += blockDim.x) {
+        float acc = 0.0f;
+        for (t2 = 0; t2 <= t; t2++) acc += dp[t2] * qkv[(b * T + t2) * 3 * C + C + h * hs + i];
+        dq[i] += acc;
+    }
+}
+
+/* Key side, one block per key row (b, h, t2): dk += sum_{t >= t2} dpre[t][t2] q[t],
+   dv += sum_{t >= t2} a[t][t2] dout[t]. */
+static __global__ void dt_k__att_bwd_kv(float *__restrict__ dqkv, const float *__restrict__ dpre,
+                                 const float *__restrict__ dout, const float *__restrict__ qkv,
+                                 const float *__restrict__ att, int64_t T, int64_t C, int H, int64_t hs) {
+    int64_t row = blockIdx.x, t2 = row % T, bh = row / T, b = bh / H, t, i;
+    int h = (int)(bh % H);
+    float *dk = dqkv + (b * T + t2) * 3 * C + C + h * hs, *dv = dk + C;
+    for (i = threadIdx.x; i < hs; i += blockDim.x) {
+        float ak = 0.0f, av = 0.0f;
+        for (t = t2; t < T; t++) {
+            int64_t r = (bh * T + t) * T + t2;
+            ak += dpre[r] * qkv[(b * T + t) * 3 * C + h * hs + i];
+            av += att[r] * dout[(b * T + t) * C + h * hs + i];
+        }
+        dk[i] += ak;
+        dv[i] += av;
+    }
+}
+
+static int dt_k__att_args(int64_t B, int64_t T, int64_t C, int n_head) {
+    return B >= 0 && T >= 0 && C >= 0 && n_head > 0 && C % n_head == 0 && B * T <= 2147483647LL / (n_head ? n_head : 1);
+}
+
+extern "C" int dt_k_attention_fwd(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t C,
+                                  int n_head, void *stream) {
+    int64_t hs, rows, n;
+    int st;
+    if (!dt_k__att_args(B, T, C, n_head)) return (int)cudaErrorInvalidValue;
+    hs = C / n_head;
+    rows = B * n_head * T;
+    if (rows == 0) return 0;
+    DT_K_LAUNCH(dt_k__att_scores, (unsigned)rows, dt_k__threads(T, 256), 0, stream, att, qkv, T, C, n_head, hs,
+                dt_k__att_scale(hs));
+    if ((st = DT_K_CHECK())) return st;
+    n = B * T * C;
+    if (n == 0) return 0;
+    DT_K_LAUNCH(dt_k__att_values, (unsigned)((n + 255) / 256 < 65535 ? (n + 255) / 256 : 65535), 256, 0, stream, out,
+                att, qkv, B, T, C, n_head, hs);
+    return DT_K_CHECK();
+}
+
+extern "C" int dt_k_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *att, int64_t B,
+                                  int64_t T, int64_t C, int n_head, void *stream) {
+    int64_t hs, rows;
+    float *dpre = NULL;
+    int st;
+    if (!dt_k__att_args(B, T, C, n_head) || (uint64_t)T * sizeof(float) > DT_K__SMEM_MAX)
+        return (int)cudaErrorInvalidValue;
+    hs = C / n_head;
+    rows = B * n_head * T;
+    if (rows == 0 || hs == 0 || !dqkv) return 0; /* C = 0: no gradient to write */
+    if ((st = (int)cudaMalloc((void **)&dpre, (size_t)(rows * T) * sizeof(float)))) return st;
+    DT_K_LAUNCH(dt_k__att_bwd_q, (unsigned)rows, dt_k__threads(T, 256), (size_t)T * sizeof(float), stream, dqkv, dpre,
+                dout, qkv, att, T, C, n_head, hs, dt_k__att_scale(hs));
+    st = DT_K_CHECK();
+    if (!st) {
+        DT_K_LAUNCH(dt_k__att_bwd_kv, (unsigned)rows, dt_k__threads(hs, 128), 0, stream, dqkv, dpre, dout, qkv, att,
+                    T, C, n_head, hs);
+        st = DT_K_CHECK();
+    }
+    if (!st) st = (int)cudaStreamSynchronize((cudaStream_t)stream); /* before the scratch goes */
+    cudaFree(dpre);
+    return st;
+}
+
+/* The fused forward. Block (b, h, query tile qt) of DT_K__ATT_TILE threads, thread = query. */
+static __global__ void dt_k__att_flash(float *__restrict__ out, float *__restrict__ lse, const float *__restrict__ qkv,
+                                int64_t T, int64_t C, int H, int64_t hs, float scale) {
+    DT_K_SHARED_DYNAMIC(float, sm);
+    const int BT = DT_K__ATT_TILE;
+    int64_t nqt = (T + BT - 1) / BT, blk = blockIdx.x, qt = blk % nqt, bh = blk / nqt, b = bh / H;
+    int h = (int)(bh % H), tid = threadIdx.x, j;
+    int64_t q0 = qt * BT, t = q0 + tid, k0, i, kend = q0 + BT < T ? q0 + BT : T;
+    float *Qs = sm, *Ks = sm + BT * hs, *Vs = Ks + BT * hs, *Os = Vs + BT * hs;
+    float *q = Qs + tid * hs, *o = Os + tid * hs;
+    float m = -INFINITY, l = 0.0f;
+    const int valid = t < T;
+    for (i = 0; i < hs; i++) { /* this thread's own rows: no barrier needed */
+        q[i] = valid ? qkv[(b * T + t) * 3 * C + h * hs + i] : 0.0f;
+        o[i] = 0.0f;
+    }
+    for (k0 = 0; k0 < kend; k0 += BT) {
+        int64_t idx;
+        __syncthreads(); /* every thread is done with the previous tile */
+        for (idx = tid; idx < BT * hs; idx += BT) {
+            int64_t r = idx / hs, c = idx % hs, tk = k0 + r;
+            const float *src = qkv + (b * T + tk) * 3 * C + C + h * hs + c;
+            Ks[idx] = tk < T ? src[0] : 0.0f;
+            Vs[idx] = tk < T ? src[C] : 0.0f;
+        }
+        __syncthreads(); /* the tile is in */
+        if (!valid) continue;
+        for (j = 0; j < BT && k0 + j <= t; j++) {
+            const float *k = Ks + j * hs, *v = Vs + j * hs;
+            float s = 0.0f, p;
+            for (i = 0; i < hs; i++) s += q[i] * k[i];
+            s *= scale;
+            if (s > m) { /* a new max: rescale what was summed so far */
+                float corr = expf(m - s);
+                l = l * corr + 1.0f;
+                for (i = 0; i < hs; i++) o[i] = o[i] * corr + v[i];
+                m = s;
+            } else {
+                p = expf(s - m);
+                l += p;
+                for (i = 0; i < hs; i++) o[i] += p * v[i];
+            }
+        }
+    }
+    if (!valid) return;
+    for (i = 0; i < hs; i++) out[(b * T + t) * C + h * hs + i] = o[i] / l;
+    if (lse) lse[bh * T + t] = m + logf(l);
+}
+
+extern "C" int dt_k_attention_fwd_flash(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t C,
+                                        int n_head, void *stream) {
+    int64_t hs, blocks;
+    size_t smem;
+    if (!dt_k__att_args(B, T, C, n_head)) return (int)cudaErrorInvalidValue;
+    hs = C / n_head;
+    smem = (size_t)(4 * DT_K__ATT_TILE * hs) * sizeof(float);
+    if (smem > DT_K__SMEM_MAX) return (int)cudaErrorInvalidValue;
+    blocks = B * n_head * ((T + DT_K__ATT_TILE - 1) / DT_K__ATT_TILE);
+    if (blocks == 0) return 0;
+    DT_K_LAUNCH(dt_k__att_flash, (unsigned)blocks, DT_K__ATT_TILE, smem, stream, out, lse, qkv, T, C, n_head, hs,
+                dt_k__att_scale(hs));
+    return DT_K_CHECK();
+}

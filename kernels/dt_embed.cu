@@ -1,0 +1,475 @@
+/* kernels/dt_embed.cu - embedding kernels: the dense gather / scatter of dt_embedding_fwd /
+   _bwd; dt_embed.h's bag pooling (sum, mean, weighted) and its backward; id bucketization by
+   owner; gradient dedup by a stable sort; the fused sparse row update (SGD, Adagrad, row-wise
+   Adagrad); the DLRM dot interaction forward and backward.
+
+   Exactness: pooling sums each bag in bag order from 0, one thread per column, as the CPU
+   does, so the pooled vectors are the CPU's bits. The sparse update sums each row's gradient
+   contributions in one order, fixed by a STABLE sort of the rows (equal rows keep the order the
+   caller gave: dt_embed.h's (sample, feature, position) order), so it is the same bits every
+   run. Only dt_k_embedding_bwd / dt_k_embed_pool_bwd_dense add with atomicAdd (order varies).
+
+   Sorting without CUB: counting passes. A pass puts n keys into nb buckets stably in three
+   launches (a grid-wide prefix needs a grid-wide sync): (1) each block counts the keys of its
+   chunk of blockDim keys per bucket (shared-memory atomics); (2) one block turns the counts
+   into each (block, bucket)'s first output position, bucket-major then block order; (3) each
+   key goes to its (block, bucket) start + the number of keys before it in its chunk with the
+   same bucket (a scan of the chunk in shared memory: O(chunk) per key, simple and stable).
+   Bucketization is one pass with bucket = owner; the dedup sort is an LSD radix sort, one
+   pass per byte of the largest row. */
+#include "dt_cuda.cuh"
+#include <math.h>
+#include <stdint.h>
+
+#define DT_K__CHUNK 256  /* keys per block in a counting pass */
+#define DT_K__SMEM_MAX 49152
+
+static int dt_k__thr(int64_t n, int cap) {
+    int64_t t = (n + 31) / 32 * 32;
+    if (t < 32) t = 32;
+    return (int)(t > cap ? cap : t);
+}
+static unsigned dt_k__grid(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    return (unsigned)(b > 65535 ? 65535 : b < 1 ? 1 : b);
+}
+
+__device__ static int64_t dt_k__id(const void *ids, int i64, int64_t i) {
+    return i64 ? ((const int64_t *)ids)[i] : (int64_t)((const int32_t *)ids)[i];
+}
+
+__device__ static float dt_k__ld(const void *t, int dt, int64_t i) {
+    if (dt == 2) return dt_k_bf16_to_f32(((const uint16_t *)t)[i]);
+    if (dt == 3) return dt_k_f16_to_f32(((const uint16_t *)t)[i]);
+    return ((const float *)t)[i];
+}
+__device__ static void dt_k__st(void *t, int dt, int64_t i, float x) {
+    if (dt == 2) ((uint16_t *)t)[i] = dt_k_f32_to_bf16(x);
+    else if (dt == 3) ((uint16_t *)t)[i] = dt_k_f32_to_f16(x);
+    else ((float *)t)[i] = x;
+}
+
+/* ---------------------------------------------------------------- dense gather / scatter */
+
+static __global__ void dt_k__emb_fwd(float *out, const float *table, const void *ids, int i64, int64_t N, int64_t V,
+                              int64_t D, int *bad) {
+    int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; x < N * D; x += (int64_t)gridDim.x * blockDim.x) {
+        int64_t n = x / D, d = x % D, id = dt_k__id(ids, i64, n);
+        int ok = id >= 0 && id < V;
+        if (!ok && bad) atomicMax(bad, 1);
+        out[x] = ok ? table[id * D + d] : 0.0f;
+    }
+}
+
+static __global__ void dt_k__emb_bwd(float *dtable, const float *dout, const void *ids, int i64, int64_t N, int64_t V,
+                              int64_t D, int *bad) {
+    int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; x < N * D; x += (int64_t)gridDim.x * blockDim.x) {
+        int64_t n = x / D, d = x % D, id = dt_k__id(ids, i64, n);
+        if (id < 0 || id >= V) {
+            if (bad) atomicMax(bad, 1);
+            continue;
+        }
+        atomicAdd(dtable + id * D + d, dout[x]);
+    }
+}
+
+static int dt_k__emb_args(int ids_i64, int64_t N, int64_t V, int64_t D) {
+    return (ids_i64 == 0 || ids_i64 == 1) && N >= 0 && V >= 0 && D >= 0 && (D == 0 || N <= INT64_MAX / D);
+}
+
+extern "C" int dt_k_embedding_fwd(float *out, const float *table, const void *ids, int ids_i64, int64_t N, int64_t V,
+                                  int64_t D, int *bad_id, void *stream) {
+    if (!dt_k__emb_args(ids_i64, N, V, D)) return (int)cudaErrorInvalidValue;
+    if (N * D == 0) return 0;
+    DT_K_LAUNCH(dt_k__emb_fwd, dt_k__grid(N * D, 256), 256, 0, stream, out, table, ids, ids_i64, N, V, D, bad_id);
+    return DT_K_CHECK();
+}
+
+extern "C" int dt_k_embedding_bwd(float *dtable, const float *dout, const void *ids, int ids_i64, int64_t N,
+                                  int64_t V, int64_t D, int *bad_id, void *stream) {
+    if (!dt_k__emb_args(ids_i64, N, V, D)) return (int)cudaErrorInvalidValue;
+    if (N * D == 0 || !dtable) return 0;
+    DT_K_LAUNCH(dt_k__emb_bwd, dt_k__grid(N * D, 256), 256, 0, stream, dtable, dout, ids, ids_i64, N, V, D, bad_id);
+    return DT_K_CHECK();
+}
+
+/* ---------------------------------------------------------------- pooling */
+
+/* One block per bag, one thread per column: the bag in order, from 0, as the CPU. */
+static __global__ void dt_k__pool_fwd(float *out, const void *table, int dt, const int64_t *rows, const float *w,
+                               const int64_t *offs, int64_t D, int64_t ld, int mean) {
+    int64_t b = blockIdx.x, j0 = offs[b], j1 = offs[b + 1], c, j;
+    for (c = threadIdx.x; c < D; c += blockDim.x) {
+        float acc = 0.0f;
+        for (j = j0; j < j1; j++) {
+            float v;
+            if (rows[j] < 0) continue; /* a dynamic id not admitted: zeros */
+            v = dt_k__ld(table, dt, rows[j] * ld + c);
+            acc += w ? w[j] * v : v;
+        }
+        if (mean && j1 > j0) acc /= (float)(j1 - j0);
+        out[b * D + c] = acc;
+    }
+}
+
+/* grads[i, :] = w_i * dout[bag(i), :] (dout / length for mean), one block per bag. */
+static __global__ void dt_k__pool_bwd(float *grads, const float *dout, const float *w, const int64_t *offs, int64_t D,
+                               int mean) {
+    int64_t b = blockIdx.x, j0 = offs[b], j1 = offs[b + 1], c, j;
+    for (c = threadIdx.x; c < D; c += blockDim.x) {
+        float src = dout[b * D + c];
+        if (mean && j1 > j0) src /= (float)(j1 - j0);
+        for (j = j0; j < j1; j++) grads[j * D + c] = w ? w[j] * src : src;
+    }
+}
+
+static __global__ void dt_k__pool_bwd_dense(float *dtable, const float *dout, const int64_t *rows, const float *w,
+                                     const int64_t *offs, int64_t D, int mean) {
+    int64_t b = blockIdx.x, j0 = offs[b], j1 = offs[b + 1], c, j;
+    for (c = threadIdx.x; c < D; c += blockDim.x) {
+        float src = dout[b * D + c];
+        if (mean && j1 > j0) src /= (float)(j1 - j0);
+        for (j = j0; j < j1; j++)
+            if (rows[j] >= 0) atomicAdd(dtable + rows[j] * D + c, w ? w[j] * src : src);
+    }
+}
+
+extern "C" int dt_k_embed_pool_fwd(float *out, const void *table, int table_dtype, const int64_t *rows,
+                                   const float *weights, const int64_t *offsets, int64_t n_bags, int64_t D,
+                                   int64_t ld, int mean, void *stream) {
+    if (n_bags < 0 || n_bags > 2147483647LL || D < 0 || ld < D || table_dtype < 1 || table_dtype > 3 ||
+        (mean != 0 && mean != 1))
+        return (int)cudaErrorInvalidValue;
+    if (n_bags == 0 || D == 0) return 0;
+    DT_K_LAUNCH(dt_k__pool_fwd, (unsigned)n_bags, dt_k__thr(D, 256), 0, stream, out, table, table_dtype, rows, weights,
+                offsets, D, ld, mean);
+    return DT_K_CHECK();
+}
+
+extern "C" int dt_k_embed_pool_bwd(float *grads, const float *dout, const float *weights, const int64_t *offsets,
+                                   int64_t n_bags, int64_t D, int mean, void *stream) {
+    if (n_bags < 0 || n_bags > 2147483647LL || D < 0 || (mean != 0 && mean != 1)) return (int)cudaErrorInvalidValue;
+    if (n_bags == 0 || D == 0) return 0;
+    DT_K_LAUNCH(dt_k__pool_bwd, (unsigned)n_bags, dt_k__thr(D, 256), 0, stream, grads, dout, weights, offsets, D, mean);
+    return DT_K_CHECK();
+}
+
+extern "C" int dt_k_embed_pool_bwd_dense(float *dtable, const float *dout, const int64_t *rows, const float *weights,
+                                         const int64_t *offsets, int64_t n_bags, int64_t D, int mean, void *stream) {
+    if (n_bags < 0 || n_bags > 2147483647LL || D < 0 || (mean != 0 && mean != 1)) return (int)cudaErrorInvalidValue;
+    if (n_bags == 0 || D == 0) return 0;
+    DT_K_LAUNCH(dt_k__pool_bwd_dense, (unsigned)n_bags, dt_k__thr(D, 256), 0, stream, dtable, dout, rows, weights,
+                offsets, D, mean);
+    return DT_K_CHECK();
+}
+
+/* ---------------------------------------------------------------- counting passes */
+
+/* The bucket of key x: mode 0 the row-wise owner of row x (rows over W ranks; -1 outside
+   [0, rows)), mode 1 byte `shift / 8` of x (masked to nb buckets, a power of two). */
+__device__ static int dt_k__bucket(int64_t x, int mode, int64_t rows, int W, int shift, int nb) {
+    if (mode == 1) return (int)(((uint64_t)x >> shift) & (uint64_t)(nb - 1)); /* nb: 256, or 1 */
+    if (x < 0 || x >= rows) return -1;
+    {
+        int64_t q = rows / W, m = rows % W, big = m * (q + 1);
+        return x < big ? (int)(x / (q + 1)) : (int)(m + (x - big) / q);
+    }
+}
+
+/* (1) counts[blk * nb + k] = keys of block blk's chunk in bucket k. */
+static __global__ void dt_k__count(int *counts, const int64_t *keys, int64_t n, int nb, int mode, int64_t rows, int W,
+                            int shift, int *bad) {
+    DT_K_SHARED_DYNAMIC(int, h);
+    int64_t i = (int64_t)blockIdx.x * DT_K__CHUNK + threadIdx.x;
+    int k;
+    for (k = threadIdx.x; k < nb; k += blockDim.x) h[k] = 0;
+    __syncthreads();
+    if (i < n) {
+        k = dt_k__bucket(keys[i], mode, rows, W, shift, nb);
+        if (k >= 0) atomicAdd(h + k, 1);
+        else if (bad) atomicMax(bad, 1);
+    }
+    __syncthreads();
+    for (k = threadIdx.x; k < nb; k += blockDim.x) counts[(int64_t)blockIdx.x * nb + k] = h[k];
+}
+
+/* (2) One block: counts become each (block, bucket)'s first output position; totals[k] (may be
+   NULL) = the keys in bucket k. */
+static __global__ void dt_k__scan(int *counts, int64_t *totals, int nblk, int nb) {
+    DT_K_SHARED_DYNAMIC(int, start);
+    int k, b;
+    for (k = threadIdx.x; k < nb; k += blockDim.x) { /* within bucket k, in block order */
+        int run = 0;
+        for (b = 0; b < nblk; b++) {
+            int c = counts[(int64_t)b * nb + k];
+            counts[(int64_t)b * nb + k] = run;
+            run += c;
+        }
+        start[k] = run;
+        if (totals) totals[k] = run;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { /* bucket starts: a serial scan of at most a few thousand buckets */
+        int run = 0;
+        for (k = 0; k < nb; k++) {
+            int c = start[k];
+            start[k] = run;
+            run += c;
+        }
+    }
+    __syncthreads();
+    for (k = threadIdx.x; k < nb; k += blockDim.x)
+        for (b = 0; b < nblk; b++) counts[(int64_t)b * nb + k] += start[k];
+}
+
+/* (3) Stable scatter: dest = start of (block, bucket) + earlier keys of the chunk in the bucket.
+   With out_keys: out_keys[dest] = key, out_idx[dest] = in_idx[i] (a sort pass); else dest[i]. */
+static __global__ void dt_k__scatter(int64_t *dest, int64_t *out_keys, int64_t *out_idx, const int *counts,
+                              const int64_t *keys, const int64_t *in_idx, int64_t n, int nb, int mode, int64_t rows,
+                              int W, int shift) {
+    __shared__ int bk[DT_K__CHUNK];
+    int64_t i = (int64_t)blockIdx.x * DT_K__CHUNK + threadIdx.x;
+    int k = -1, j, rank = 0;
+    if (i < n) k = dt_k__bucket(keys[i], mode, rows, W, shift, nb);
+    bk[threadIdx.x] = k;
+    __syncthreads();
+    if (i >= n) return;
+    if (k < 0) { /* outside every owner's rows (bucketize only) */
+        if (dest) dest[i] = -1;
+        return;
+    }
+    for (j = 0; j < (int)threadIdx.x; j++) rank += bk[j] == k;
+    {
+        int64_t d = (int64_t)counts[(int64_t)blockIdx.x * nb + k] + rank;
+        if (out_keys) {
+            out_keys[d] = keys[i];
+            out_idx[d] = in_idx ? in_idx[i] : i;
+        } else {
+            dest[i] = d;
+        }
+    }
+}
+
+static int dt_k__pass(int64_t *dest, int64_t *okeys, int64_t *oidx, int64_t *totals, int *counts, const int64_t *keys,
+                      const int64_t *idx, int64_t n, int nb, int mode, int64_t rows, int W, int shift, int *bad,
+                      void *stream) {
+    int nblk = (int)((n + DT_K__CHUNK - 1) / DT_K__CHUNK), st;
+    DT_K_LAUNCH(dt_k__count, (unsigned)nblk, DT_K__CHUNK, (size_t)nb * sizeof(int), stream, counts, keys, n, nb, mode,
+                rows, W, shift, bad);
+    if ((st = DT_K_CHECK())) return st;
+    DT_K_LAUNCH(dt_k__scan, 1, dt_k__thr(nb, 256), (size_t)nb * sizeof(int), stream, counts, totals, nblk, nb);
+    if ((st = DT_K_CHECK())) return st;
+    DT_K_LAUNCH(dt_k__scatter, (unsigned)nblk, DT_K__CHUNK, 0, stream, dest, okeys, oidx, counts, keys, idx, n, nb,
+                mode, rows, W, shift);
+    return DT_K_CHECK();
+}
+
+extern "C" int dt_k_embed_bucketize(int64_t *counts, int64_t *dest, const int64_t *ids, int64_t n, int64_t rows,
+                                    int W, int *bad_id, void *stream) {
+    int *c = NULL, st;
+    if (n < 0 || n > 2147483647LL || rows < 0 || W < 1 || W > 4096 || !counts) return (int)cudaErrorInvalidValue;
+    if (n == 0) return (int)cudaMemsetAsync(counts, 0, (size_t)W * sizeof(int64_t), (cudaStream_t)stream);
+    if ((st = (int)cudaMalloc((void **)&c, (size_t)((n + DT_K__CHUNK - 1) / DT_K__CHUNK) * W * sizeof(int))))
+        return st;
+    st = dt_k__pass(dest, NULL, NULL, counts, c, ids, NULL, n, W, 0, rows, W, 0, bad_id, stream);
+    if (!st) st = (int)cudaStreamSynchronize((cudaStream_t)stream);
+    cudaFree(c);
+    return st;
+}
+
+/* seg and n_uniq from the sorted keys: one block; thread t takes a contiguous chunk, counts its
+   run heads, a serial scan of the per-thread counts gives where its heads go. */
+static __global__ void dt_k__segments(int64_t *seg, int64_t *n_uniq, const int64_t *skeys, int64_t n) {
+    __shared__ int64_t cnt[256];
+    int64_t per = (n + blockDim.x - 1) / blockDim.x, i0 = threadIdx.x * per, i1 = i0 + per, i, c = 0;
+    if (i1 > n) i1 = n;
+    for (i = i0; i < i1; i++) c += i == 0 || skeys[i] != skeys[i - 1];
+    cnt[threadIdx.x] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int64_t run = 0;
+        int t;
+        for (t = 0; t < (int)blockDim.x; t++) {
+            int64_t x = cnt[t];
+            cnt[t] = run;
+            run += x;
+        }
+        *n_uniq = run;
+        seg[run] = n;
+    }
+    __syncthreads();
+    c = cnt[threadIdx.x];
+    for (i = i0; i < i1; i++)
+        if (i == 0 || skeys[i] != skeys[i - 1]) seg[c++] = i;
+}
+
+extern "C" int dt_k_embed_dedup(int64_t *order, int64_t *seg, int64_t *n_uniq, const int64_t *rows, int64_t n,
+                                int64_t n_rows, void *stream) {
+    int64_t *buf = NULL, *ka, *kb, *ia, *ib, *t;
+    int *counts;
+    int st, shift, passes = 0, nblk;
+    uint64_t top = n_rows > 1 ? (uint64_t)(n_rows - 1) : 0;
+    if (n < 0 || n > 2147483647LL || n_rows < 0 || !order || !seg || !n_uniq) return (int)cudaErrorInvalidValue;
+    if (n == 0) {
+        if ((st = (int)cudaMemsetAsync(n_uniq, 0, sizeof(int64_t), (cudaStream_t)stream))) return st;
+        return (int)cudaMemsetAsync(seg, 0, sizeof(int64_t), (cudaStream_t)stream);
+    }
+    while (top) { passes++; top >>= 8; }
+    nblk = (int)((n + DT_K__CHUNK - 1) / DT_K__CHUNK);
+    /* keys twice, indices once (the other index buffer is `order`), the counts */
+    if ((st = (int)cudaMalloc((void **)&buf, (size_t)(3 * n) * sizeof(int64_t) + (size_t)nblk * 256 * sizeof(int))))
+        return st;
+    ka = buf; kb = buf + n; ib = buf + 2 * n; counts = (int *)(buf + 3 * n);
+    /* the pass count decides which index buffer is first, so the last pass writes `order` */
+    ia = passes % 2 ? ib : order;
+    ib = passes % 2 ? order : ib;
+    st = (int)cudaMemcpyAsync(ka, rows, (size_t)n * sizeof(int64_t), cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
+    for (shift = 0; !st && shift < 8 * passes; shift += 8) {
+        st = dt_k__pass(NULL, kb, ib, NULL, counts, ka, shift ? ia : NULL, n, 256, 1, 0, 1, shift, NULL, stream);
+        t = ka; ka = kb; kb = t;
+        t = ia; ia = ib; ib = t;
+    }
+    if (!st && passes == 0) { /* every row is 0: the identity order (written as a 1-bucket pass) */
+        st = dt_k__pass(NULL, kb, order, NULL, counts, ka, NULL, n, 1, 1, 0, 1, 0, NULL, stream);
+        ka = kb;
+    }
+    if (!st) {
+        DT_K_LAUNCH(dt_k__segments, 1, dt_k__thr(n, 256), 0, stream, seg, n_uniq, ka, n);
+        st = DT_K_CHECK();
+    }
+    if (!st) st = (int)cudaStreamSynchronize((cudaStream_t)stream);
+    cudaFree(buf);
+    return st;
+}
+
+/* ---------------------------------------------------------------- sparse update */
+
+/* Block-stride over the unique rows; thread per column; g of the row kept in shared memory. */
+static __global__ void dt_k__sparse_update(void *table, int dt, float *state, const float *grads, const int64_t *rows,
+                                    const int64_t *order, const int64_t *seg, const int64_t *n_uniq, int64_t D,
+                                    int64_t ld, int kind, float lrf, float epsf, double lr, double eps) {
+    DT_K_SHARED_DYNAMIC(float, gs);
+    __shared__ double part[256];
+    int64_t u, c, j, nu = *n_uniq;
+    int step;
+    for (u = blockIdx.x; u < nu; u += gridDim.x) {
+        int64_t j0 = seg[u], j1 = seg[u + 1], row = rows[order[j0]];
+        double ss = 0.0;
+        float m = 0.0f;
+        for (c = threadIdx.x; c < D; c += blockDim.x) {
+            float g = 0.0f;
+            for (j = j0; j < j1; j++) g += grads[order[j] * D + c];
+            gs[c] = g;
+            ss += (double)g * (double)g;
+        }
+        if (kind == 3) { /* row-wise Adagrad: one state per row from the row's mean square */
+            part[threadIdx.x] = ss;
+            __syncthreads();
+            for (step = blockDim.x / 2; step > 0; step /= 2) {
+                if ((int)threadIdx.x < step) part[threadIdx.x] += part[threadIdx.x + step];
+                __syncthreads();
+            }
+            if (threadIdx.x == 0) state[row] = state[row] + (float)(part[0] / (double)D);
+            __syncthreads();
+            m = (float)(lr / (sqrt((double)state[row]) + eps));
+        }
+        for (c = threadIdx.x; c < D; c += blockDim.x) {
+            int64_t x = row * ld + c;
+            float w = dt_k__ld(table, dt, x), g = gs[c];
+            if (kind == 2) {
+                float s = state[x] + g * g;
+                state[x] = s;
+                w -= lrf * (g / (sqrtf(s) + epsf));
+            } else if (kind == 3) {
+                w -= m * g;
+            } else {
+                w -= lrf * g;
+            }
+            dt_k__st(table, dt, x, w);
+        }
+        __syncthreads(); /* part[] and state[row] are reused by the next row */
+    }
+}
+
+extern "C" int dt_k_embed_sparse_update(void *table, int table_dtype, float *state, const float *grads,
+                                        const int64_t *rows, const int64_t *order, const int64_t *seg,
+                                        const int64_t *n_uniq, int64_t n, int64_t D, int64_t ld, int kind, double lr,
+                                        double eps, void *stream) {
+    int threads = 32;
+    if (n < 0 || D < 0 || ld < D || kind < 1 || kind > 3 || table_dtype < 1 || table_dtype > 3 ||
+        (uint64_t)D * sizeof(float) > DT_K__SMEM_MAX / 2 || (kind != 1 && !state && n > 0))
+        return (int)cudaErrorInvalidValue;
+    if (n == 0 || D == 0) return 0;
+    while (threads < 256 && threads < D) threads *= 2; /* a power of two for the tree */
+    DT_K_LAUNCH(dt_k__sparse_update, dt_k__grid(n, 1), threads, (size_t)D * sizeof(float), stream, table,
+                table_dtype, state, grads, rows, order, seg, n_uniq, D, ld, kind, (float)lr, (float)eps, lr, eps);
+    return DT_K_CHECK();
+}
+
+/* ---------------------------------------------------------------- DLRM dot interaction */
+
+static __global__ void dt_k__dot_fwd(float *out, const float *dense, const float *emb, int64_t F, int64_t D) {
+    DT_K_SHARED_DYNAMIC(float, vec); /* (F+1) x D: the sample's dense vector, then its F embeddings */
+    int64_t b = blockIdx.x, W = D + (F + 1) * F / 2, x, p, d;
+    for (x = threadIdx.x; x < (F + 1) * D; x += blockDim.x)
+        vec[x] = x < D ? dense[b * D + x] : emb[b * F * D + x - D];
+    __syncthreads();
+    for (x = threadIdx.x; x < D; x += blockDim.x) out[b * W + x] = vec[x];
+    for (p = threadIdx.x; p < (F + 1) * F / 2; p += blockDim.x) {
+        int64_t i = (int64_t)((1.0 + sqrt(1.0 + 8.0 * (double)p)) / 2.0), j; /* p in [i(i-1)/2, i(i+1)/2) */
+        float s = 0.0f;
+        while (i * (i - 1) / 2 > p) i--;
+        while ((i + 1) * i / 2 <= p) i++;
+        j = p - i * (i - 1) / 2;
+        for (d = 0; d < D; d++) s += vec[i * D + d] * vec[j * D + d];
+        out[b * W + D + p] = s;
+    }
+}
+
+/* Thread per (vector k, column d): the contributions in the CPU's order (pairs by (i, j)): the
+   dense passthrough, then k's pairs as i (j = 0..k-1), then as j (i = k+1..F). */
+static __global__ void dt_k__dot_bwd(float *ddense, float *demb, const float *dout, const float *dense, const float *emb,
+                              int64_t F, int64_t D) {
+    DT_K_SHARED_DYNAMIC(float, vec);
+    int64_t b = blockIdx.x, W = D + (F + 1) * F / 2, x;
+    const float *g = dout + b * W;
+    for (x = threadIdx.x; x < (F + 1) * D; x += blockDim.x)
+        vec[x] = x < D ? dense[b * D + x] : emb[b * F * D + x - D];
+    __syncthreads();
+    for (x = threadIdx.x; x < (F + 1) * D; x += blockDim.x) {
+        int64_t k = x / D, d = x % D, i, j;
+        float *dst = k == 0 ? (ddense ? ddense + b * D + d : NULL) : (demb ? demb + (b * F + k - 1) * D + d : NULL);
+        float acc;
+        if (!dst) continue;
+        acc = *dst;
+        if (k == 0) acc += g[d];
+        for (j = 0; j < k; j++) acc += g[D + k * (k - 1) / 2 + j] * vec[j * D + d];
+        for (i = k + 1; i <= F; i++) acc += g[D + i * (i - 1) / 2 + k] * vec[i * D + d];
+        *dst = acc;
+    }
+}
+
+static int dt_k__dot_args(int64_t B, int64_t F, int64_t D) {
+    return B >= 0 && B <= 2147483647LL && F >= 0 && D >= 0 && F < 65536 &&
+           (uint64_t)((F + 1) * D) * sizeof(float) <= DT_K__SMEM_MAX;
+}
+
+extern "C" int dt_k_dot_interaction_fwd(float *out, const float *dense, const float *emb, int64_t B, int64_t F,
+                                        int64_t D, void *stream) {
+    if (!dt_k__dot_args(B, F, D)) return (int)cudaErrorInvalidValue;
+    if (B == 0 || D + (F + 1) * F / 2 == 0) return 0;
+    DT_K_LAUNCH(dt_k__dot_fwd, (unsigned)B, dt_k__thr((F + 1) * D, 128), (size_t)((F + 1) * D) * sizeof(float), stream,
+                out, dense, emb, F, D);
+    return DT_K_CHECK();
+}
+
+extern "C" int dt_k_dot_interaction_bwd(float *ddense, float *demb, const float *dout, const float *dense,
+                                        const float *emb, int64_t B, int64_t F, int64_t D, void *stream) {
+    if (!dt_k__dot_args(B, F, D)) return (int)cudaErrorInvalidValue;
+    if (B == 0 || D == 0 || (!ddense && !demb)) return 0;
+    DT_K_LAUNCH(dt_k__dot_bwd, (unsigned)B, dt_k__thr((F + 1) * D, 128), (size_t)((F + 1) * D) * sizeof(float), stream,
+                ddense, demb, dout, dense, emb, F, D);
+    return DT_K_CHECK();
+}

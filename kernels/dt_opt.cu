@@ -1,0 +1,229 @@
+/* kernels/dt_opt.cu - the optimizer over dt_opt.h's flat arena: fused multi-tensor SGD / AdamW /
+   Adagrad (one launch for every parameter), bf16 / f16 values with optional f32 master weights,
+   and the grads' one pass (unscale, inf/nan flag, sum of squares for the global norm).
+
+   The update math is dt_sgd_update / dt_adam_update / dt_adagrad_update's, operation for
+   operation in the same order, with the per-step scalars computed in double on the host and
+   rounded to float once, as there. Each element finds its parameter (segment) by a binary
+   search of seg_end: log2(parameters) cached loads, cheaper than one launch per parameter.
+   The sum of squares is two launches (a grid-wide sum needs a grid-wide sync): per-block
+   double partials in a fixed order, then one block adds the partials in block order, so it is
+   the same bits every run (not the CPU's bits: a different order of double additions). */
+#include "dt_cuda.cuh"
+#include <math.h>
+#include <stdint.h>
+
+#define DT_K__OPT_THREADS 256
+
+/* The segment (parameter) that element i belongs to: the first s with i < seg_end[s]. */
+__device__ static int dt_k__seg(const int64_t *seg_end, int n_seg, int64_t i) {
+    int lo = 0, hi = n_seg - 1;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (i < seg_end[mid]) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+__device__ static float dt_k__load_w(const void *w, int dt, const float *master, int64_t i) {
+    if (master) return master[i];
+    if (dt == 2) return dt_k_bf16_to_f32(((const uint16_t *)w)[i]);
+    if (dt == 3) return dt_k_f16_to_f32(((const uint16_t *)w)[i]);
+    return ((const float *)w)[i];
+}
+
+__device__ static void dt_k__store_w(void *w, int dt, float *master, int64_t i, float x) {
+    if (master) master[i] = x;
+    if (dt == 2) ((uint16_t *)w)[i] = dt_k_f32_to_bf16(x);
+    else if (dt == 3) ((uint16_t *)w)[i] = dt_k_f32_to_f16(x);
+    else if (w && (float *)w != master) ((float *)w)[i] = x;
+}
+
+/* The per-step scalars, as the CPU functions compute them. */
+struct dt_k__sgd { float lrf, mom, damp; int nesterov, first; };
+struct dt_k__adam { float step_size, bc2_sqrt, b1, omb1, b2, omb2, epsf; double lr; int decoupled; };
+struct dt_k__adagrad { float clr, epsf; };
+
+/* One element of dt_sgd_update (wd is this parameter's weight decay, as (float) there). */
+__device__ static float dt_k__step(const dt_k__sgd &k, float w, float g, float wd, float *buf) {
+    float d = g;
+    if (wd != 0.0f) d += wd * w;
+    if (k.mom != 0.0f) {
+        float b = k.first ? d : k.mom * *buf + k.damp * d;
+        *buf = b;
+        d = k.nesterov ? d + k.mom * b : b;
+    }
+    return w - k.lrf * d;
+}
+
+static __global__ void dt_k__sgd_kernel(void *w, int wdt, float *master, const float *__restrict__ g, float *buf, int64_t n,
+                                 const int64_t *__restrict__ seg_end, const double *__restrict__ seg_wd, int n_seg,
+                                 dt_k__sgd k, float gm, const int *skip) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (skip && *skip) return;
+    for (; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float wd = (float)seg_wd[dt_k__seg(seg_end, n_seg, i)], x = dt_k__load_w(w, wdt, master, i);
+        float b0 = 0.0f, *b = buf ? buf + i : &b0;
+        x = dt_k__step(k, x, gm == 1.0f ? g[i] : g[i] * gm, wd, b);
+        dt_k__store_w(w, wdt, master, i, x);
+    }
+}
+
+static __global__ void dt_k__adam_kernel(void *w, int wdt, float *master, const float *__restrict__ g, float *m, float *v,
+                                  int64_t n, const int64_t *__restrict__ seg_end, const double *__restrict__ seg_wd,
+                                  int n_seg, dt_k__adam k, float gm, const int *skip) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (skip && *skip) return;
+    for (; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        double wd = seg_wd[dt_k__seg(seg_end, n_seg, i)];
+        float l2 = k.decoupled ? 0.0f : (float)wd, decay = (float)(1.0 - k.lr * wd);
+        float wi = dt_k__load_w(w, wdt, master, i), gi = gm == 1.0f ? g[i] : g[i] * gm, mi, vi, denom;
+        if (l2 != 0.0f) gi += l2 * wi;
+        if (k.decoupled && wd != 0.0) wi *= decay;
+        mi = k.b1 * m[i] + k.omb1 * gi;
+        vi = k.b2 * v[i] + k.omb2 * (gi * gi);
+        m[i] = mi;
+        v[i] = vi;
+        denom = sqrtf(vi) / k.bc2_sqrt + k.epsf;
+        dt_k__store_w(w, wdt, master, i, wi - k.step_size * (mi / denom));
+    }
+}
+
+static __global__ void dt_k__adagrad_kernel(void *w, int wdt, float *master, const float *__restrict__ g, float *sum,
+                                     int64_t n, const int64_t *__restrict__ seg_end,
+                                     const double *__restrict__ seg_wd, int n_seg, dt_k__adagrad k, float gm,
+                                     const int *skip) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (skip && *skip) return;
+    for (; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float wd = (float)seg_wd[dt_k__seg(seg_end, n_seg, i)];
+        float wi = dt_k__load_w(w, wdt, master, i), gi = gm == 1.0f ? g[i] : g[i] * gm, s;
+        if (wd != 0.0f) gi += wd * wi;
+        s = sum[i] + gi * gi;
+        sum[i] = s;
+        dt_k__store_w(w, wdt, master, i, wi - k.clr * (gi / (sqrtf(s) + k.epsf)));
+    }
+}
+
+static unsigned dt_k__opt_grid(int64_t n) {
+    int64_t b = (n + DT_K__OPT_THREADS - 1) / DT_K__OPT_THREADS;
+    return (unsigned)(b > 4096 ? 4096 : b); /* grid-stride beyond */
+}
+
+static int dt_k__opt_args(const void *w, int wdt, const float *master, const float *g, int64_t n,
+                          const int64_t *seg_end, const double *seg_wd, int n_seg) {
+    if (n < 0 || wdt < 1 || wdt > 3 || (wdt != 1 && !w && !master)) return 0;
+    if (n > 0 && (!g || !seg_end || !seg_wd || n_seg <= 0 || (!w && !master))) return 0;
+    return 1;
+}
+
+extern "C" int dt_k_sgd_update(void *w, int w_dtype, float *master, const float *g, float *buf, int64_t n,
+                               const int64_t *seg_end, const double *seg_wd, int n_seg, double lr, double momentum,
+                               double dampening, int nesterov, int first, float grad_mul, const int *skip,
+                               void *stream) {
+    dt_k__sgd k;
+    if (!dt_k__opt_args(w, w_dtype, master, g, n, seg_end, seg_wd, n_seg) || (nesterov != 0 && nesterov != 1) ||
+        (first != 0 && first != 1) || (momentum != 0.0 && !buf && n > 0))
+        return (int)cudaErrorInvalidValue;
+    if (n == 0) return 0;
+    k.lrf = (float)lr; k.mom = (float)momentum; k.damp = (float)(1.0 - dampening);
+    k.nesterov = nesterov; k.first = first;
+    DT_K_LAUNCH(dt_k__sgd_kernel, dt_k__opt_grid(n), DT_K__OPT_THREADS, 0, stream, w, w_dtype, master, g, buf, n,
+                seg_end, seg_wd, n_seg, k, grad_mul, skip);
+    return DT_K_CHECK();
+}
+
+extern "C" int dt_k_adam_update(void *w, int w_dtype, float *master, const float *g, float *m, float *v, int64_t n,
+                                const int64_t *seg_end, const double *seg_wd, int n_seg, double lr, double beta1,
+                                double beta2, double eps, int decoupled, int64_t t, float grad_mul, const int *skip,
+                                void *stream) {
+    dt_k__adam k;
+    double bc1, bc2;
+    if (!dt_k__opt_args(w, w_dtype, master, g, n, seg_end, seg_wd, n_seg) || (decoupled != 0 && decoupled != 1) ||
+        t < 1 || (n > 0 && (!m || !v)))
+        return (int)cudaErrorInvalidValue;
+    if (n == 0) return 0;
+    bc1 = 1.0 - pow(beta1, (double)t);
+    bc2 = 1.0 - pow(beta2, (double)t);
+    k.step_size = (float)(lr / bc1); k.bc2_sqrt = (float)sqrt(bc2);
+    k.b1 = (float)beta1; k.omb1 = (float)(1.0 - beta1); k.b2 = (float)beta2; k.omb2 = (float)(1.0 - beta2);
+    k.epsf = (float)eps; k.lr = lr; k.decoupled = decoupled;
+    DT_K_LAUNCH(dt_k__adam_kernel, dt_k__opt_grid(n), DT_K__OPT_THREADS, 0, stream, w, w_dtype, master, g, m, v, n,
+                seg_end, seg_wd, n_seg, k, grad_mul, skip);
+    return DT_K_CHECK();
+}
+
+extern "C" int dt_k_adagrad_update(void *w, int w_dtype, float *master, const float *g, float *sum, int64_t n,
+                                   const int64_t *seg_end, const double *seg_wd, int n_seg, double lr, double lr_decay,
+                                   double eps, int64_t t, float grad_mul, const int *skip, void *stream) {
+    dt_k__adagrad k;
+    if (!dt_k__opt_args(w, w_dtype, master, g, n, seg_end, seg_wd, n_seg) || t < 1 || (n > 0 && !sum))
+        return (int)cudaErrorInvalidValue;
+    if (n == 0) return 0;
+    k.clr = (float)(lr / (1.0 + (double)(t - 1) * lr_decay));
+    k.epsf = (float)eps;
+    DT_K_LAUNCH(dt_k__adagrad_kernel, dt_k__opt_grid(n), DT_K__OPT_THREADS, 0, stream, w, w_dtype, master, g, sum, n,
+                seg_end, seg_wd, n_seg, k, grad_mul, skip);
+    return DT_K_CHECK();
+}
+
+/* Pass 1: block b takes elements b, b + grid, ... (by thread), multiplies, flags, and leaves its
+   sum of squares in work[b] (a shared-memory tree in double: the contract's shuffles are float). */
+static __global__ void dt_k__grad_pass(float *g, int *found_inf, double *work, int64_t n, float mul, int scale) {
+    __shared__ double part[DT_K__OPT_THREADS];
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    double s = 0.0;
+    int bad = 0, step;
+    for (; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float x = g[i];
+        if (scale) {
+            x *= mul;
+            g[i] = x;
+        }
+        bad |= (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u; /* by the bits: no fast-math folding */
+        s += (double)x * (double)x;
+    }
+    if (bad && found_inf) atomicMax(found_inf, 1);
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (step = blockDim.x / 2; step > 0; step /= 2) {
+        if ((int)threadIdx.x < step) part[threadIdx.x] += part[threadIdx.x + step];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) work[blockIdx.x] = part[0];
+}
+
+/* Pass 2: one block adds the partials (the same tree: the same bits every run). */
+static __global__ void dt_k__sum_partials(double *sumsq, const double *work, int nblocks) {
+    __shared__ double part[DT_K__OPT_THREADS];
+    int step;
+    part[threadIdx.x] = (int)threadIdx.x < nblocks ? work[threadIdx.x] : 0.0;
+    __syncthreads();
+    for (step = blockDim.x / 2; step > 0; step /= 2) {
+        if ((int)threadIdx.x < step) part[threadIdx.x] += part[threadIdx.x + step];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *sumsq = part[0];
+}
+
+extern "C" int dt_k_loss_scaler_unscale(float *g, int *found_inf, double *sumsq, double *work, int64_t n, float mul,
+                                        int scale, void *stream) {
+    int64_t b = (n + DT_K__OPT_THREADS - 1) / DT_K__OPT_THREADS;
+    int nb = (int)(b > DT_K_SUMSQ_BLOCKS ? DT_K_SUMSQ_BLOCKS : b < 1 ? 1 : b), st;
+    if (n < 0 || (scale != 0 && scale != 1) || (n > 0 && !g) || (sumsq && !work)) return (int)cudaErrorInvalidValue;
+    if (!work) { /* no norm wanted: the flag pass still needs somewhere to put partials */
+        if (n == 0 || (!scale && !found_inf)) return 0;
+        if ((st = (int)cudaMalloc((void **)&work, DT_K_SUMSQ_BLOCKS * sizeof(double)))) return st;
+        DT_K_LAUNCH(dt_k__grad_pass, (unsigned)nb, DT_K__OPT_THREADS, 0, stream, g, found_inf, work, n, mul, scale);
+        st = DT_K_CHECK();
+        if (!st) st = (int)cudaStreamSynchronize((cudaStream_t)stream);
+        cudaFree(work);
+        return st;
+    }
+    DT_K_LAUNCH(dt_k__grad_pass, (unsigned)nb, DT_K__OPT_THREADS, 0, stream, g, found_inf, work, n, mul, scale);
+    if ((st = DT_K_CHECK())) return st;
+    if (!sumsq) return 0;
+    DT_K_LAUNCH(dt_k__sum_partials, 1, DT_K__OPT_THREADS, 0, stream, sumsq, work, nb);
+    return DT_K_CHECK();
+}

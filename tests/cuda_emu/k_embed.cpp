@@ -1,0 +1,361 @@
+// tests/cuda_emu/k_embed.cpp - kernels/dt_embed.cu on the emulator: the dense gather / scatter
+// against dt_embedding_fwd / _bwd, the DLRM dot interaction against dt_dot_interaction_fwd /
+// _bwd (bitwise: the same sum orders), and the sparse path (pooling, bucketization, dedup,
+// fused row update) against host loops written from dt_embed.h's documented formulas, with
+// dt_opt.h's dt_sgd_update / dt_adagrad_update for the per-row math.
+#include <cuda_runtime.h>
+#include <algorithm>
+#include <vector>
+#define DT_IMPLEMENTATION
+#include "dt_tensor.h"
+#include "dt_comm.h"
+#include "dt_opt.h"
+#include "kernels/dt_kernels.h"
+#include "tests/dt_test.h"
+
+/* DT_K_SMALL=1 (the ThreadSanitizer run of tests/run.sh): the small size. */
+static int64_t ksz(int64_t normal, int64_t small) {
+    const char *e = getenv("DT_K_SMALL");
+    return e && e[0] == '1' ? small : normal;
+}
+
+template <typename T> static T *dev(const std::vector<T> &h) {
+    T *d = NULL;
+    if (cudaMalloc((void **)&d, h.size() * sizeof(T) + 8) != cudaSuccess) return NULL;
+    if (!h.empty()) cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+    return d;
+}
+template <typename T> static std::vector<T> host(const T *d, size_t n) {
+    std::vector<T> h(n);
+    if (n) cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+}
+static std::vector<float> rnd(size_t n, uint64_t stream, float lo, float hi) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; i++) v[i] = lo + (hi - lo) * dt_rng_uniform(3, stream, i);
+    return v;
+}
+static int64_t irnd(uint64_t stream, uint64_t i, int64_t n) {
+    int64_t x = (int64_t)(dt_rng_uniform(9, stream, i) * (float)n);
+    return x < n ? x : n - 1;
+}
+static dt_tensor wrap(void *p, dt_dtype dt, int ndim, int64_t a, int64_t b, int64_t c, int64_t numel) {
+    dt_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = p; t.dtype = dt; t.device = DT_CPU; t.ndim = ndim;
+    t.shape[0] = a; t.shape[1] = b; t.shape[2] = c;
+    t.numel = numel;
+    return t;
+}
+
+/* ---------------------------------------------------------------- dense embedding */
+
+static void check_dense(dt_ctx *ctx) {
+    const int64_t V = 11, D = 5, N = 9;
+    std::vector<float> table = rnd(V * D, 1, -1, 1), out(N * D), dtab = rnd(V * D, 2, -1, 1), dout = rnd(N * D, 3, -1, 1);
+    std::vector<int32_t> id32(N);
+    std::vector<int64_t> id64(N);
+    std::vector<int> zero(1, 0);
+    for (int64_t i = 0; i < N; i++) id32[i] = (int32_t)(id64[i] = irnd(1, i, 4) * 3); /* repeats: 0, 3, 6, 9 */
+    dt_tensor tt = wrap(table.data(), DT_F32, 2, V, D, 0, V * D), to = wrap(out.data(), DT_F32, 2, N, D, 0, N * D);
+    dt_tensor ti = wrap(id32.data(), DT_I32, 1, N, 0, 0, N), tg = wrap(dout.data(), DT_F32, 2, N, D, 0, N * D);
+    dt_tensor td = wrap(dtab.data(), DT_F32, 2, V, D, 0, V * D);
+    float *d_t = dev(table), *d_o = dev(std::vector<float>(N * D, 7.0f)), *d_dt = dev(dtab), *d_g = dev(dout);
+    int32_t *d_i32 = dev(id32);
+    int64_t *d_i64 = dev(id64);
+    int *d_bad = dev(zero);
+    dt_embedding_fwd(ctx, &to, &tt, &ti);
+    dt_embedding_bwd(ctx, &td, &tg, &ti);
+    DT_TEST_CHECK("embedding_fwd_i32_returns_0", dt_k_embedding_fwd(d_o, d_t, d_i32, 0, N, V, D, d_bad, NULL) == 0);
+    dt_test_equal_bytes("embedding_fwd_i32_gathers_cpu_rows", host(d_o, N * D).data(), out.data(), N * D * 4);
+    cudaMemset(d_o, 0, N * D * 4);
+    dt_k_embedding_fwd(d_o, d_t, d_i64, 1, N, V, D, d_bad, NULL);
+    dt_test_equal_bytes("embedding_fwd_i64_gathers_cpu_rows", host(d_o, N * D).data(), out.data(), N * D * 4);
+    DT_TEST_CHECK("embedding_bwd_returns_0", dt_k_embedding_bwd(d_dt, d_g, d_i64, 1, N, V, D, d_bad, NULL) == 0);
+    /* repeated ids add by atomicAdd in any order: fp32 reassociation of at most 3 terms */
+    dt_test_allclose("embedding_bwd_accumulates_as_cpu", host(d_dt, V * D).data(), dtab.data(), V * D, 1e-6, 1e-6);
+    DT_TEST_CHECK("embedding_fwd_valid_ids_leave_bad_flag_0", host(d_bad, 1)[0] == 0);
+    { /* id 11 = V: zeros gathered, nothing scattered, flag up */
+        int64_t bad_id = V;
+        std::vector<float> z(D, 0.0f), before = host(d_dt, V * D);
+        cudaMemcpy(d_i64 + 4, &bad_id, 8, cudaMemcpyHostToDevice);
+        dt_k_embedding_fwd(d_o, d_t, d_i64, 1, N, V, D, d_bad, NULL);
+        DT_TEST_CHECK("embedding_fwd_out_of_range_id_sets_bad_flag", host(d_bad, 1)[0] == 1);
+        dt_test_equal_bytes("embedding_fwd_out_of_range_id_gathers_zeros", host(d_o, N * D).data() + 4 * D, z.data(), D * 4);
+        cudaMemcpy(d_bad, zero.data(), 4, cudaMemcpyHostToDevice);
+        cudaMemset(d_g, 0, N * D * 4); /* only the bad id's row would add: make every other add 0 */
+        {
+            std::vector<float> one(D, 1.0f);
+            cudaMemcpy(d_g + 4 * D, one.data(), D * 4, cudaMemcpyHostToDevice);
+        }
+        dt_k_embedding_bwd(d_dt, d_g, d_i64, 1, N, V, D, d_bad, NULL);
+        DT_TEST_CHECK("embedding_bwd_out_of_range_id_sets_bad_flag", host(d_bad, 1)[0] == 1);
+        dt_test_equal_bytes("embedding_bwd_out_of_range_id_writes_nothing", host(d_dt, V * D).data(), before.data(),
+                            V * D * 4);
+    }
+    DT_TEST_CHECK("embedding_fwd_ids_dtype_flag_2_is_invalid_value",
+                  dt_k_embedding_fwd(d_o, d_t, d_i64, 2, N, V, D, NULL, NULL) == (int)cudaErrorInvalidValue);
+    cudaFree(d_t); cudaFree(d_o); cudaFree(d_dt); cudaFree(d_g); cudaFree(d_i32); cudaFree(d_i64); cudaFree(d_bad);
+}
+
+/* ---------------------------------------------------------------- pooling */
+
+static float ld16(const std::vector<uint16_t> &t, int dt, int64_t i) {
+    return dt == DT_BF16 ? dt_bf16_to_f32(t[i]) : dt_f16_to_f32(t[i]);
+}
+
+/* Bags of lengths 3, 0, 1, 4, 2, 1 (an empty bag, a dynamic id not admitted = row -1). */
+static void check_pool(int dt, int weighted, int mean) {
+    const int64_t R = 13, LD = 7, D = 6, NB = 6;
+    const int64_t offs_h[NB + 1] = {0, 3, 3, 4, 8, 10, 11};
+    const int64_t n = offs_h[NB];
+    std::vector<int64_t> offs(offs_h, offs_h + NB + 1), rows(n);
+    std::vector<float> tf = rnd(R * LD, 20, -1, 1), w = rnd(n, 21, 0.5f, 2.0f), want(NB * D), dout = rnd(NB * D, 22, -1, 1);
+    std::vector<uint16_t> t16(R * LD);
+    char tag[64], name[160];
+    for (int64_t i = 0; i < n; i++) rows[i] = irnd(2, i, R);
+    rows[9] = -1;
+    for (int64_t i = 0; i < R * LD; i++)
+        if (dt != DT_F32) t16[i] = dt == DT_BF16 ? dt_f32_to_bf16(tf[i]) : dt_f32_to_f16(tf[i]);
+    /* dt_embed.h: pooled = ((0 + w_0 row_0) + w_1 row_1) + ... in f32, bag order; mean divides last */
+    for (int64_t b = 0; b < NB; b++)
+        for (int64_t c = 0; c < D; c++) {
+            float acc = 0.0f;
+            for (int64_t j = offs[b]; j < offs[b + 1]; j++) {
+                float v;
+                if (rows[j] < 0) continue;
+                v = dt == DT_F32 ? tf[rows[j] * LD + c] : ld16(t16, dt, rows[j] * LD + c);
+                acc += weighted ? w[j] * v : v;
+            }
+            if (mean && offs[b + 1] > offs[b]) acc /= (float)(offs[b + 1] - offs[b]);
+            want[b * D + c] = acc;
+        }
+    snprintf(tag, sizeof tag, "%s%s%s", dt == DT_F32 ? "f32" : dt == DT_BF16 ? "bf16" : "f16",
+             weighted ? "_weighted" : "", mean ? "_mean" : "_sum");
+    {
+        void *d_t = dt == DT_F32 ? (void *)dev(tf) : (void *)dev(t16);
+        int64_t *d_r = dev(rows), *d_off = dev(offs);
+        float *d_w = weighted ? dev(w) : NULL, *d_o = dev(std::vector<float>(NB * D, 7.0f));
+        float *d_g = dev(dout), *d_gr = dev(std::vector<float>(n * D, 7.0f));
+        int st = dt_k_embed_pool_fwd(d_o, d_t, dt, d_r, d_w, d_off, NB, D, LD, mean, NULL);
+        snprintf(name, sizeof name, "embed_pool_fwd_equals_cpu_bag_order_sum_bitwise_%s", tag);
+        if (DT_TEST_CHECK(name, st == 0)) dt_test_equal_bytes(name, host(d_o, NB * D).data(), want.data(), NB * D * 4);
+        if (dt == DT_F32) { /* the backward: per-id rows, and scattered into a dense grad table */
+            std::vector<float> gw(n * D), dtab = rnd(R * D, 23, -1, 1), dtab_want = dtab;
+            for (int64_t b = 0; b < NB; b++)
+                for (int64_t j = offs[b]; j < offs[b + 1]; j++)
+                    for (int64_t c = 0; c < D; c++) {
+                        float src = dout[b * D + c];
+                        if (mean) src /= (float)(offs[b + 1] - offs[b]);
+                        gw[j * D + c] = weighted ? w[j] * src : src;
+                        if (rows[j] >= 0) dtab_want[rows[j] * D + c] += gw[j * D + c];
+                    }
+            st = dt_k_embed_pool_bwd(d_gr, d_g, d_w, d_off, NB, D, mean, NULL);
+            snprintf(name, sizeof name, "embed_pool_bwd_per_id_rows_equal_cpu_bitwise_%s", tag);
+            if (DT_TEST_CHECK(name, st == 0)) dt_test_equal_bytes(name, host(d_gr, n * D).data(), gw.data(), n * D * 4);
+            {
+                float *d_dt = dev(dtab);
+                st = dt_k_embed_pool_bwd_dense(d_dt, d_g, d_r, d_w, d_off, NB, D, mean, NULL);
+                snprintf(name, sizeof name, "embed_pool_bwd_dense_accumulates_as_cpu_%s", tag);
+                if (DT_TEST_CHECK(name, st == 0))
+                    dt_test_allclose(name, host(d_dt, R * D).data(), dtab_want.data(), R * D, 1e-6, 1e-6);
+                cudaFree(d_dt);
+            }
+        }
+        cudaFree(d_t); cudaFree(d_r); cudaFree(d_off); cudaFree(d_w); cudaFree(d_o); cudaFree(d_g); cudaFree(d_gr);
+    }
+}
+
+/* ---------------------------------------------------------------- bucketize, dedup, update */
+
+static void check_bucketize(void) {
+    const int64_t n = ksz(600, 300), R = 1000; /* 3 (2) blocks of 256 ids; owners of 334, 333, 333 rows */
+    const int W = 3;
+    std::vector<int64_t> ids(n), want_c(W, 0), want_d(n), start(W, 0);
+    std::vector<int> zero(1, 0);
+    for (int64_t i = 0; i < n; i++) ids[i] = irnd(3, i, R);
+    ids[0] = 0; ids[1] = 333; ids[2] = 334; ids[3] = 666; ids[4] = 667; ids[5] = 999; /* the owners' edges */
+    {
+        std::vector<int> own(n);
+        for (int64_t i = 0; i < n; i++) { own[i] = ids[i] < 334 ? 0 : ids[i] < 667 ? 1 : 2; want_c[own[i]]++; }
+        for (int k = 1; k < W; k++) start[k] = start[k - 1] + want_c[k - 1];
+        for (int64_t i = 0; i < n; i++) want_d[i] = start[own[i]]++;
+    }
+    int64_t *d_ids = dev(ids), *d_c = dev(std::vector<int64_t>(W, 7)), *d_d = dev(std::vector<int64_t>(n, 7));
+    int *d_bad = dev(zero);
+    int st = dt_k_embed_bucketize(d_c, d_d, d_ids, n, R, W, d_bad, NULL);
+    DT_TEST_CHECK("embed_bucketize_returns_0", st == 0);
+    dt_test_equal_bytes("embed_bucketize_counts_per_owner", host(d_c, W).data(), want_c.data(), W * 8);
+    dt_test_equal_bytes("embed_bucketize_dest_is_stable_owner_major", host(d_d, n).data(), want_d.data(), n * 8);
+    DT_TEST_CHECK("embed_bucketize_valid_ids_leave_bad_flag_0", host(d_bad, 1)[0] == 0);
+    {
+        int64_t bad = R;
+        cudaMemcpy(d_ids + 270, &bad, 8, cudaMemcpyHostToDevice);
+        st = dt_k_embed_bucketize(d_c, d_d, d_ids, n, R, W, d_bad, NULL);
+        DT_TEST_CHECK("embed_bucketize_id_past_rows_sets_bad_flag_and_dest_minus_1",
+                      st == 0 && host(d_bad, 1)[0] == 1 && host(d_d + 270, 1)[0] == -1);
+    }
+    DT_TEST_CHECK("embed_bucketize_W_0_is_invalid_value",
+                  dt_k_embed_bucketize(d_c, d_d, d_ids, n, R, 0, NULL, NULL) == (int)cudaErrorInvalidValue);
+    cudaFree(d_ids); cudaFree(d_c); cudaFree(d_d); cudaFree(d_bad);
+}
+
+/* rows in [0, n_rows) with many repeats; the stable sort's order, runs and count. */
+static void check_dedup(const char *tag, int64_t n, int64_t n_rows, int64_t distinct) {
+    std::vector<int64_t> rows(n), order(n), seg;
+    char name[160];
+    for (int64_t i = 0; i < n; i++) rows[i] = (irnd(4, i, distinct) * 7919) % n_rows;
+    for (int64_t i = 0; i < n; i++) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return rows[a] < rows[b]; });
+    for (int64_t i = 0; i < n; i++)
+        if (i == 0 || rows[order[i]] != rows[order[i - 1]]) seg.push_back(i);
+    int64_t nu = (int64_t)seg.size();
+    seg.push_back(n);
+    int64_t *d_r = dev(rows), *d_o = dev(std::vector<int64_t>(n, 7)), *d_s = dev(std::vector<int64_t>(n + 1, 7));
+    int64_t *d_nu = dev(std::vector<int64_t>(1, 7));
+    int st = dt_k_embed_dedup(d_o, d_s, d_nu, d_r, n, n_rows, NULL);
+    snprintf(name, sizeof name, "embed_dedup_returns_0_%s", tag);
+    DT_TEST_CHECK(name, st == 0);
+    snprintf(name, sizeof name, "embed_dedup_order_is_stable_sort_%s", tag);
+    dt_test_equal_bytes(name, host(d_o, n).data(), order.data(), n * 8);
+    snprintf(name, sizeof name, "embed_dedup_n_uniq_counts_distinct_rows_%s", tag);
+    dt_test_close(name, (double)host(d_nu, 1)[0], (double)nu, 0);
+    snprintf(name, sizeof name, "embed_dedup_seg_starts_each_run_%s", tag);
+    dt_test_equal_bytes(name, host(d_s, nu + 1).data(), seg.data(), (nu + 1) * 8);
+    cudaFree(d_r); cudaFree(d_o); cudaFree(d_s); cudaFree(d_nu);
+}
+
+/* kind 1 SGD, 2 Adagrad, 3 row-wise Adagrad over a table of dtype dt; two steps. */
+static void check_sparse_update(int kind, int dt) {
+    const int64_t R = 40, LD = 9, D = 9, n = ksz(300, 100);
+    static const char *kn[] = {"", "sgd", "adagrad", "rowwise_adagrad"};
+    const double lr = 0.05, eps = 1e-10;
+    std::vector<float> tf = rnd(R * LD, 30, -1, 1), st_h(kind == 3 ? R : R * LD, 0.0f);
+    std::vector<uint16_t> t16(R * LD);
+    char tag[64], name[160];
+    snprintf(tag, sizeof tag, "%s_%s", kn[kind], dt == DT_F32 ? "f32" : "bf16");
+    if (dt != DT_F32)
+        for (int64_t i = 0; i < R * LD; i++) { t16[i] = dt_f32_to_bf16(tf[i]); tf[i] = dt_bf16_to_f32(t16[i]); }
+    void *d_t = dt == DT_F32 ? (void *)dev(tf) : (void *)dev(t16);
+    float *d_st = dev(st_h);
+    int ok = 1;
+    for (int step = 1; step <= 2; step++) {
+        std::vector<int64_t> rows(n), order(n);
+        std::vector<float> grads = rnd(n * D, 40 + step, -1, 1);
+        for (int64_t i = 0; i < n; i++) rows[i] = irnd(5 + step, i, R);
+        for (int64_t i = 0; i < n; i++) order[i] = i;
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return rows[a] < rows[b]; });
+        for (int64_t i = 0; i < n;) { /* the CPU: each row's g from 0 in order, then dt_embed.h's update */
+            int64_t j = i, row = rows[order[i]], c;
+            std::vector<float> g(D, 0.0f), w(D);
+            while (j < n && rows[order[j]] == row) {
+                for (c = 0; c < D; c++) g[c] += grads[order[j] * D + c];
+                j++;
+            }
+            for (c = 0; c < D; c++) w[c] = tf[row * LD + c];
+            if (kind == 1) dt_sgd_update(w.data(), g.data(), NULL, D, lr, 0, 0, 0, 0, 1);
+            if (kind == 2) dt_adagrad_update(w.data(), g.data(), &st_h[row * LD], D, lr, 0, 0, eps, step);
+            if (kind == 3) {
+                double ss = 0;
+                float m;
+                for (c = 0; c < D; c++) ss += (double)g[c] * (double)g[c];
+                st_h[row] = st_h[row] + (float)(ss / (double)D);
+                m = (float)(lr / (sqrt((double)st_h[row]) + eps));
+                for (c = 0; c < D; c++) w[c] -= m * g[c];
+            }
+            for (c = 0; c < D; c++) tf[row * LD + c] = dt == DT_F32 ? w[c] : dt_bf16_to_f32(dt_f32_to_bf16(w[c]));
+            i = j;
+        }
+        int64_t *d_r = dev(rows), *d_o = dev(order), *d_s = dev(std::vector<int64_t>(n + 1)), *d_nu = dev(std::vector<int64_t>(1));
+        float *d_g = dev(grads);
+        ok &= dt_k_embed_dedup(d_o, d_s, d_nu, d_r, n, R, NULL) == 0;
+        ok &= dt_k_embed_sparse_update(d_t, dt, d_st, d_g, d_r, d_o, d_s, d_nu, n, D, LD, kind, lr, eps, NULL) == 0;
+        cudaFree(d_r); cudaFree(d_o); cudaFree(d_s); cudaFree(d_nu); cudaFree(d_g);
+    }
+    snprintf(name, sizeof name, "embed_sparse_update_2_steps_return_0_%s", tag);
+    DT_TEST_CHECK(name, ok);
+    std::vector<float> got(R * LD);
+    if (dt == DT_F32) got = host((float *)d_t, R * LD);
+    else {
+        std::vector<uint16_t> g16 = host((uint16_t *)d_t, R * LD);
+        for (int64_t i = 0; i < R * LD; i++) got[i] = dt_bf16_to_f32(g16[i]);
+    }
+    snprintf(name, sizeof name, "embed_sparse_update_rows_match_cpu_%s", tag);
+    dt_test_allclose(name, got.data(), tf.data(), R * LD, 1e-7, dt == DT_F32 ? 1e-6 : 1e-2);
+    if (kind != 1) {
+        snprintf(name, sizeof name, "embed_sparse_update_state_matches_cpu_%s", tag);
+        dt_test_allclose(name, host(d_st, st_h.size()).data(), st_h.data(), st_h.size(), 1e-9, 1e-6);
+    }
+    cudaFree(d_t); cudaFree(d_st);
+}
+
+/* ---------------------------------------------------------------- dot interaction */
+
+static void check_dot(dt_ctx *ctx, int64_t B, int64_t F, int64_t D, int with_ddense) {
+    int64_t W = D + (F + 1) * F / 2;
+    char tag[64], name[160];
+    std::vector<float> dense = rnd(B * D, 60, -1, 1), emb = rnd(B * F * D, 61, -1, 1), out(B * W), dout = rnd(B * W, 62, -1, 1);
+    std::vector<float> dd = rnd(B * D, 63, -1, 1), de = rnd(B * F * D, 64, -1, 1), dd0 = dd, de0 = de;
+    dt_tensor tdn = wrap(dense.data(), DT_F32, 2, B, D, 0, B * D), tem = wrap(emb.data(), DT_F32, 3, B, F, D, B * F * D);
+    dt_tensor to = wrap(out.data(), DT_F32, 2, B, W, 0, B * W), tg = wrap(dout.data(), DT_F32, 2, B, W, 0, B * W);
+    dt_tensor tdd = wrap(dd.data(), DT_F32, 2, B, D, 0, B * D), tde = wrap(de.data(), DT_F32, 3, B, F, D, B * F * D);
+    float *d_dn = dev(dense), *d_em = dev(emb), *d_o = dev(std::vector<float>(B * W, 7.0f)), *d_g = dev(dout);
+    float *d_dd = dev(dd0), *d_de = dev(de0);
+    int st;
+    snprintf(tag, sizeof tag, "B%lld_F%lld_D%lld%s", (long long)B, (long long)F, (long long)D, with_ddense ? "" : "_no_ddense");
+    dt_dot_interaction_fwd(ctx, &to, &tdn, &tem);
+    dt_dot_interaction_bwd(ctx, with_ddense ? &tdd : NULL, &tde, &tg, &tdn, &tem);
+    st = dt_k_dot_interaction_fwd(d_o, d_dn, d_em, B, F, D, NULL);
+    snprintf(name, sizeof name, "dot_interaction_fwd_equals_cpu_bitwise_%s", tag);
+    if (DT_TEST_CHECK(name, st == 0)) dt_test_equal_bytes(name, host(d_o, B * W).data(), out.data(), B * W * 4);
+    st = dt_k_dot_interaction_bwd(with_ddense ? d_dd : NULL, d_de, d_g, d_dn, d_em, B, F, D, NULL);
+    snprintf(name, sizeof name, "dot_interaction_bwd_demb_accumulates_as_cpu_bitwise_%s", tag);
+    if (DT_TEST_CHECK(name, st == 0)) dt_test_equal_bytes(name, host(d_de, B * F * D).data(), de.data(), B * F * D * 4);
+    snprintf(name, sizeof name, "dot_interaction_bwd_ddense_%s_%s", with_ddense ? "accumulates_as_cpu_bitwise" : "NULL_is_skipped", tag);
+    dt_test_equal_bytes(name, host(d_dd, B * D).data(), dd.data(), B * D * 4);
+    cudaFree(d_dn); cudaFree(d_em); cudaFree(d_o); cudaFree(d_g); cudaFree(d_dd); cudaFree(d_de);
+}
+
+int main(void) {
+    dt_ctx ctx;
+    dt_ctx_init(&ctx, NULL);
+    check_dense(&ctx);
+    check_pool(DT_F32, 1, 1);
+    if (ksz(1, 0)) {
+        check_pool(DT_F32, 0, 0);
+        check_pool(DT_F32, 1, 0);
+        check_pool(DT_F32, 0, 1);
+        check_pool(DT_BF16, 1, 0);
+        check_pool(DT_F16, 0, 1);
+    }
+    check_bucketize();
+    check_dedup("3_byte_rows_several_blocks", ksz(600, 300), 70000, 120); /* three radix passes (odd) */
+    check_dedup("2_byte_rows", ksz(300, 100), 1000, 40);                 /* two passes (even) */
+    check_dedup("one_row", 50, 1, 1);                     /* no pass: the identity order */
+    check_sparse_update(3, DT_F32); /* the one with a barrier (the row's sum of squares) */
+    if (ksz(1, 0)) { /* DT_K_SMALL (TSan): the barrier-free kinds once is enough */
+        check_sparse_update(1, DT_F32);
+        check_sparse_update(2, DT_F32);
+        check_sparse_update(2, DT_BF16);
+    }
+    check_dot(&ctx, 3, 4, 5, 1);
+    check_dot(&ctx, 2, 3, 40, 0); /* more (vector, column) pairs than threads */
+    {
+        float *d = NULL;
+        cudaMalloc((void **)&d, 64);
+        DT_TEST_CHECK("embed_pool_fwd_D_over_ld_is_invalid_value",
+                      dt_k_embed_pool_fwd(d, d, DT_F32, (const int64_t *)d, NULL, (const int64_t *)d, 1, 8, 4, 0, NULL) ==
+                          (int)cudaErrorInvalidValue);
+        DT_TEST_CHECK("embed_sparse_update_kind_4_is_invalid_value",
+                      dt_k_embed_sparse_update(d, DT_F32, d, d, (const int64_t *)d, (const int64_t *)d, (const int64_t *)d,
+                                               (const int64_t *)d, 1, 1, 1, 4, 0.1, 1e-10, NULL) == (int)cudaErrorInvalidValue);
+        DT_TEST_CHECK("dot_interaction_fwd_vectors_past_48KiB_shared_is_invalid_value",
+                      dt_k_dot_interaction_fwd(d, d, d, 1, 100, 200, NULL) == (int)cudaErrorInvalidValue);
+        DT_TEST_CHECK("embed_dedup_negative_n_is_invalid_value",
+                      dt_k_embed_dedup((int64_t *)d, (int64_t *)d, (int64_t *)d, (const int64_t *)d, -1, 4, NULL) ==
+                          (int)cudaErrorInvalidValue);
+        cudaFree(d);
+    }
+    dt_ctx_shutdown(&ctx);
+    return dt_test_finish();
+}

@@ -1,0 +1,131 @@
+// tests/cuda_emu/k_gemm.cpp - kernels/dt_gemm.cu (cuBLAS, mapped to CBLAS by the emulator)
+// against dt_matmul_fwd / _bwd: the row-major <-> column-major operand swap, every transpose
+// pair, batches (b shared or batched), alpha / beta, bf16 / f16 inputs, TF32.
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include <vector>
+#define DT_IMPLEMENTATION
+#include "dt_tensor.h"
+#include "kernels/dt_kernels.h"
+#include "tests/dt_test.h"
+
+static void *dev(const void *h, size_t bytes) {
+    void *d = NULL;
+    if (cudaMalloc(&d, bytes ? bytes : 4) != cudaSuccess) return NULL;
+    if (bytes) cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+    return d;
+}
+static std::vector<float> host(const float *d, size_t n) {
+    std::vector<float> h(n);
+    cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost);
+    return h;
+}
+static std::vector<float> rnd(size_t n, uint64_t stream) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; i++) v[i] = 2.0f * dt_rng_uniform(11, stream, i) - 1.0f;
+    return v;
+}
+static dt_tensor wrap(std::vector<float> &v, int ndim, int64_t a, int64_t b, int64_t c) {
+    dt_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = v.data(); t.dtype = DT_F32; t.device = DT_CPU; t.ndim = ndim;
+    if (ndim == 2) { t.shape[0] = b; t.shape[1] = c; }
+    else { t.shape[0] = a; t.shape[1] = b; t.shape[2] = c; }
+    t.numel = (int64_t)v.size();
+    return t;
+}
+/* in_dtype 2 / 3: the values rounded to bf16 / f16 (what the GPU reads), and their storage */
+static std::vector<uint16_t> round16(std::vector<float> &v, int dt) {
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); i++) {
+        h[i] = dt == 2 ? dt_f32_to_bf16(v[i]) : dt_f32_to_f16(v[i]);
+        v[i] = dt == 2 ? dt_bf16_to_f32(h[i]) : dt_f16_to_f32(h[i]);
+    }
+    return h;
+}
+
+/* out = alpha op(a) op(b) + beta out, CPU vs cuBLAS, then the backward. */
+static void check(dt_ctx *ctx, cublasHandle_t h, int64_t batch, int shared_b, int64_t M, int64_t N, int64_t K, int ta,
+                  int tb, int in_dtype, int tf32, double rtol) {
+    char tag[96], name[160];
+    double atol = tf32 ? rtol : rtol * 0.1; /* TF32 errors do not shrink with the value */
+    int nd = batch > 1 ? 3 : 2, st;
+    std::vector<float> a = rnd((size_t)(batch * M * K), 1), b = rnd((size_t)((shared_b ? 1 : batch) * K * N), 2);
+    std::vector<float> out = rnd((size_t)(batch * M * N), 3), dout = rnd(out.size(), 4);
+    std::vector<float> da = rnd(a.size(), 5), db = rnd(b.size(), 6), out0 = out, da0 = da, db0 = db;
+    std::vector<uint16_t> a16, b16;
+    snprintf(tag, sizeof tag, "b%lld%s_%lldx%lldx%lld_t%d%d_%s%s", (long long)batch, shared_b ? "s" : "",
+             (long long)M, (long long)N, (long long)K, ta, tb, in_dtype == 1 ? "f32" : in_dtype == 2 ? "bf16" : "f16",
+             tf32 ? "_tf32" : "");
+    if (in_dtype != 1) { a16 = round16(a, in_dtype); b16 = round16(b, in_dtype); }
+    dt_tensor A = wrap(a, nd, batch, ta ? K : M, ta ? M : K);
+    dt_tensor Bt = wrap(b, shared_b ? 2 : nd, batch, tb ? N : K, tb ? K : N);
+    dt_tensor O = wrap(out, nd, batch, M, N), G = wrap(dout, nd, batch, M, N);
+    dt_tensor dA = wrap(da, nd, batch, ta ? K : M, ta ? M : K), dB = wrap(db, shared_b ? 2 : nd, batch, tb ? N : K, tb ? K : N);
+    size_t esz = in_dtype == 1 ? 4 : 2;
+    void *d_a = dev(in_dtype == 1 ? (void *)a.data() : (void *)a16.data(), a.size() * esz);
+    void *d_b = dev(in_dtype == 1 ? (void *)b.data() : (void *)b16.data(), b.size() * esz);
+    float *d_o = (float *)dev(out0.data(), out0.size() * 4);
+    st = dt_matmul_fwd(ctx, &O, &A, &Bt, ta, tb, 0.75f, 0.5f);
+    if (st) { dt_test_fail("matmul_fwd_cpu_reference", "%s", dt_ctx_error(ctx)); return; }
+    st = dt_k_matmul_fwd(h, d_o, d_a, d_b, in_dtype, batch, M, N, K, ta, tb, M * K, shared_b ? 0 : K * N, M * N, 0.75f,
+                         0.5f, tf32, NULL);
+    snprintf(name, sizeof name, "matmul_fwd_matches_cpu_%s", tag);
+    if (DT_TEST_CHECK(name, st == 0))
+        dt_test_allclose(name, host(d_o, out.size()).data(), out.data(), out.size(), atol, rtol);
+    if (in_dtype == 1) { /* the backward: f32 GEMMs with beta = 1 */
+        float *d_g = (float *)dev(dout.data(), dout.size() * 4), *d_da = (float *)dev(da0.data(), da0.size() * 4);
+        float *d_db = (float *)dev(db0.data(), db0.size() * 4);
+        dt_matmul_bwd(ctx, &dA, &dB, &G, &A, &Bt, ta, tb, 0.75f);
+        st = dt_k_matmul_bwd(h, d_da, d_db, d_g, (const float *)d_a, (const float *)d_b, batch, M, N, K, ta, tb, M * K,
+                             shared_b ? 0 : K * N, 0.75f, tf32, NULL);
+        snprintf(name, sizeof name, "matmul_bwd_da_accumulates_as_cpu_%s", tag);
+        if (DT_TEST_CHECK(name, st == 0)) {
+            dt_test_allclose(name, host(d_da, da.size()).data(), da.data(), da.size(), atol, rtol);
+            snprintf(name, sizeof name, "matmul_bwd_db_accumulates_as_cpu_%s", tag);
+            dt_test_allclose(name, host(d_db, db.size()).data(), db.data(), db.size(), atol, rtol);
+        }
+        cudaFree(d_g); cudaFree(d_da); cudaFree(d_db);
+    }
+    cudaFree(d_a); cudaFree(d_b); cudaFree(d_o);
+}
+
+int main(void) {
+    dt_ctx ctx;
+    cublasHandle_t h = NULL;
+    int ta, tb;
+    dt_ctx_init(&ctx, NULL);
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+        dt_test_fail("matmul_cublas_create", "cublasCreate failed");
+        return dt_test_finish();
+    }
+    for (ta = 0; ta < 2; ta++)
+        for (tb = 0; tb < 2; tb++) check(&ctx, h, 1, 0, 5, 7, 3, ta, tb, 1, 0, 1e-5);
+    check(&ctx, h, 3, 0, 4, 6, 5, 0, 1, 1, 0, 1e-5);  /* strided batched */
+    check(&ctx, h, 3, 1, 4, 6, 5, 1, 0, 1, 0, 1e-5);  /* b shared by the batches: db sums them */
+    check(&ctx, h, 2, 0, 6, 5, 33, 0, 0, 2, 0, 1e-5); /* bf16 inputs, f32 accumulation */
+    check(&ctx, h, 1, 0, 6, 5, 33, 1, 1, 3, 0, 1e-5); /* f16 */
+    check(&ctx, h, 2, 0, 6, 5, 33, 0, 1, 1, 1, 3e-3); /* TF32: 10 mantissa bits in the products */
+    {
+        float *d = NULL;
+        cudaMalloc((void **)&d, 64);
+        DT_TEST_CHECK("matmul_fwd_trans_a_2_is_invalid_value",
+                      dt_k_matmul_fwd(h, d, d, d, 1, 1, 1, 1, 1, 2, 0, 1, 1, 1, 1.0f, 0.0f, 0, NULL) ==
+                          (int)cudaErrorInvalidValue);
+        DT_TEST_CHECK("matmul_fwd_in_dtype_i32_is_invalid_value",
+                      dt_k_matmul_fwd(h, d, d, d, 4, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1.0f, 0.0f, 0, NULL) ==
+                          (int)cudaErrorInvalidValue);
+        DT_TEST_CHECK("matmul_fwd_M_over_int_range_is_invalid_value",
+                      dt_k_matmul_fwd(h, d, d, d, 1, 1, 3000000000LL, 1, 1, 0, 0, 1, 1, 1, 1.0f, 0.0f, 0, NULL) ==
+                          (int)cudaErrorInvalidValue);
+        DT_TEST_CHECK("matmul_bwd_NULL_handle_is_invalid_value",
+                      dt_k_matmul_bwd(NULL, d, d, d, d, d, 1, 1, 1, 1, 0, 0, 1, 1, 1.0f, 0, NULL) ==
+                          (int)cudaErrorInvalidValue);
+        DT_TEST_CHECK("matmul_fwd_empty_is_ok",
+                      dt_k_matmul_fwd(h, d, d, d, 1, 0, 4, 4, 4, 0, 0, 16, 16, 16, 1.0f, 0.0f, 0, NULL) == 0);
+        cudaFree(d);
+    }
+    cublasDestroy(h);
+    dt_ctx_shutdown(&ctx);
+    return dt_test_finish();
+}

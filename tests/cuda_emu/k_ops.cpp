@@ -1,0 +1,151 @@
+// tests/cuda_emu/k_ops.cpp - dt_tensor.h built with DT_CUDA on the emulator: the public ops on
+// CUDA tensors (dispatched to kernels/) against the same ops on CPU tensors, forward and
+// backward, and a mixed-device call named as an error.
+#include <cuda_runtime.h>
+#include <vector>
+#define DT_CUDA
+#define DT_IMPLEMENTATION
+#include "dt_tensor.h"
+#include "tests/dt_test.h"
+
+static dt_ctx ctx;
+
+/* A CPU tensor with random values (ids: integers in [0, vmax)) and its CUDA copy. */
+struct pair_t { dt_tensor h, d; };
+static pair_t make(dt_dtype dt, int ndim, int64_t a, int64_t b = 0, int64_t c = 0, int64_t d = 0, uint64_t seed = 1,
+                   int64_t vmax = 0) {
+    pair_t p;
+    dt_tensor_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.dtype = dt; desc.ndim = ndim;
+    desc.shape[0] = a; desc.shape[1] = b; desc.shape[2] = c; desc.shape[3] = d;
+    desc.device = DT_CPU;
+    dt_tensor_create(&ctx, &p.h, &desc);
+    desc.device = DT_CUDA_DEVICE;
+    dt_tensor_create(&ctx, &p.d, &desc);
+    for (int64_t i = 0; i < p.h.numel; i++) {
+        float u = dt_rng_uniform(21, seed, (uint64_t)i);
+        if (dt == DT_F32) ((float *)p.h.data)[i] = 2.0f * u - 1.0f;
+        if (dt == DT_I32) ((int32_t *)p.h.data)[i] = (int32_t)(u * (float)vmax) % (int32_t)vmax;
+        if (dt == DT_I64) ((int64_t *)p.h.data)[i] = (int64_t)(u * (float)vmax) % vmax;
+    }
+    dt_tensor_copy(&ctx, &p.d, &p.h);
+    return p;
+}
+static void release(pair_t &p) { dt_tensor_free(&ctx, &p.h); dt_tensor_free(&ctx, &p.d); }
+
+/* PASS iff the CUDA tensor's values equal the CPU tensor's within rtol. */
+static void same(const char *name, pair_t &p, double rtol) {
+    std::vector<float> got((size_t)p.h.numel);
+    dt_tensor h;
+    dt_tensor_create_like(&ctx, &h, &p.d, DT_DTYPE_DEFAULT, DT_CPU);
+    dt_tensor_copy(&ctx, &h, &p.d);
+    dt_test_allclose(name, (const float *)h.data, (const float *)p.h.data, (size_t)p.h.numel, rtol * 0.1, rtol);
+    dt_tensor_free(&ctx, &h);
+}
+static int ok2(const char *name, dt_status a, dt_status b) {
+    if (a == DT_OK && b == DT_OK) return 1;
+    return dt_test_fail(name, "cpu status %d, cuda status %d: %s", (int)a, (int)b, dt_ctx_error(&ctx));
+}
+
+int main(void) {
+    dt_ctx_desc cd;
+    memset(&cd, 0, sizeof cd);
+    cd.device = DT_CUDA_DEVICE;
+    if (dt_ctx_init(&ctx, &cd)) { dt_test_fail("ctx_init_cuda", "%s", dt_ctx_error(&ctx)); return dt_test_finish(); }
+    { /* matmul, batched with b shared, both transposes; and its backward */
+        pair_t a = make(DT_F32, 3, 2, 5, 3, 0, 1), b = make(DT_F32, 2, 4, 5, 0, 0, 2), o = make(DT_F32, 3, 2, 3, 4, 0, 3);
+        pair_t da = make(DT_F32, 3, 2, 5, 3, 0, 4), db = make(DT_F32, 2, 4, 5, 0, 0, 5);
+        if (ok2("matmul_fwd_cuda_tensors_match_cpu", dt_matmul_fwd(&ctx, &o.h, &a.h, &b.h, 1, 1, 0.5f, 0.25f),
+                dt_matmul_fwd(&ctx, &o.d, &a.d, &b.d, 1, 1, 0.5f, 0.25f)))
+            same("matmul_fwd_cuda_tensors_match_cpu", o, 1e-5);
+        if (ok2("matmul_bwd_cuda_tensors_match_cpu", dt_matmul_bwd(&ctx, &da.h, &db.h, &o.h, &a.h, &b.h, 1, 1, 0.5f),
+                dt_matmul_bwd(&ctx, &da.d, &db.d, &o.d, &a.d, &b.d, 1, 1, 0.5f))) {
+            same("matmul_bwd_da_cuda_tensors_match_cpu", da, 1e-5);
+            same("matmul_bwd_db_cuda_tensors_match_cpu", db, 1e-5);
+        }
+        dt_test_error("matmul_fwd_mixed_devices_is_named", dt_matmul_fwd(&ctx, &o.d, &a.h, &b.d, 1, 1, 1.0f, 0.0f),
+                      dt_ctx_error(&ctx), "a is on cpu");
+        dt_test_error("matmul_fwd_cuda_shape_mismatch_is_named_as_on_cpu",
+                      dt_matmul_fwd(&ctx, &o.d, &a.d, &b.d, 0, 1, 1.0f, 0.0f), dt_ctx_error(&ctx), "inner dims differ");
+        release(a); release(b); release(o); release(da); release(db);
+    }
+    { /* linear (+ bias), gelu, layernorm: forward then backward, as in an MLP block */
+        const int64_t N = 6, I = 5, O = 7;
+        pair_t x = make(DT_F32, 2, N, I, 0, 0, 10), w = make(DT_F32, 2, O, I, 0, 0, 11), bias = make(DT_F32, 1, O, 0, 0, 0, 12);
+        pair_t y = make(DT_F32, 2, N, O, 0, 0, 13), g = make(DT_F32, 2, N, O, 0, 0, 14), lw = make(DT_F32, 1, O, 0, 0, 0, 15);
+        pair_t lb = make(DT_F32, 1, O, 0, 0, 0, 16), ln = make(DT_F32, 2, N, O, 0, 0, 17), mean = make(DT_F32, 1, N, 0, 0, 0, 18);
+        pair_t rstd = make(DT_F32, 1, N, 0, 0, 0, 19), dy = make(DT_F32, 2, N, O, 0, 0, 20), dx = make(DT_F32, 2, N, I, 0, 0, 21);
+        pair_t dw = make(DT_F32, 2, O, I, 0, 0, 22), dbias = make(DT_F32, 1, O, 0, 0, 0, 23), dg = make(DT_F32, 2, N, O, 0, 0, 24);
+        pair_t dlw = make(DT_F32, 1, O, 0, 0, 0, 25), dlb = make(DT_F32, 1, O, 0, 0, 0, 26), dln = make(DT_F32, 2, N, O, 0, 0, 27);
+        if (ok2("linear_fwd_cuda_tensors_match_cpu", dt_linear_fwd(&ctx, &y.h, &x.h, &w.h, &bias.h),
+                dt_linear_fwd(&ctx, &y.d, &x.d, &w.d, &bias.d)))
+            same("linear_fwd_cuda_tensors_match_cpu", y, 1e-5);
+        if (ok2("gelu_fwd_cuda_tensors_match_cpu", dt_gelu_fwd(&ctx, &g.h, &y.h), dt_gelu_fwd(&ctx, &g.d, &y.d)))
+            same("gelu_fwd_cuda_tensors_match_cpu", g, 1e-5);
+        if (ok2("layernorm_fwd_cuda_tensors_match_cpu",
+                dt_layernorm_fwd(&ctx, &ln.h, &mean.h, &rstd.h, &g.h, &lw.h, &lb.h, 1e-5f),
+                dt_layernorm_fwd(&ctx, &ln.d, &mean.d, &rstd.d, &g.d, &lw.d, &lb.d, 1e-5f))) {
+            same("layernorm_fwd_cuda_tensors_match_cpu", ln, 1e-5);
+            same("layernorm_fwd_rstd_cuda_tensors_match_cpu", rstd, 1e-5);
+        }
+        if (ok2("layernorm_bwd_cuda_tensors_match_cpu",
+                dt_layernorm_bwd(&ctx, &dg.h, &dlw.h, &dlb.h, &dln.h, &g.h, &lw.h, &mean.h, &rstd.h),
+                dt_layernorm_bwd(&ctx, &dg.d, &dlw.d, &dlb.d, &dln.d, &g.d, &lw.d, &mean.d, &rstd.d))) {
+            same("layernorm_bwd_dx_cuda_tensors_match_cpu", dg, 1e-5);
+            same("layernorm_bwd_dw_cuda_tensors_match_cpu", dlw, 1e-5);
+        }
+        if (ok2("gelu_bwd_cuda_tensors_match_cpu", dt_gelu_bwd(&ctx, &dy.h, &dg.h, &y.h), dt_gelu_bwd(&ctx, &dy.d, &dg.d, &y.d)))
+            same("gelu_bwd_cuda_tensors_match_cpu", dy, 1e-5);
+        if (ok2("linear_bwd_cuda_tensors_match_cpu", dt_linear_bwd(&ctx, &dx.h, &dw.h, &dbias.h, &dy.h, &x.h, &w.h),
+                dt_linear_bwd(&ctx, &dx.d, &dw.d, &dbias.d, &dy.d, &x.d, &w.d))) {
+            same("linear_bwd_dx_cuda_tensors_match_cpu", dx, 1e-5);
+            same("linear_bwd_dw_cuda_tensors_match_cpu", dw, 1e-5);
+            same("linear_bwd_dbias_cuda_tensors_match_cpu", dbias, 1e-5);
+        }
+        { /* relu, in place as the CPU op allows (out = x), and its backward */
+            pair_t r = make(DT_F32, 2, N, O, 0, 0, 28), dr = make(DT_F32, 2, N, O, 0, 0, 29);
+            if (ok2("relu_fwd_in_place_cuda_tensors_match_cpu", dt_relu_fwd(&ctx, &r.h, &r.h), dt_relu_fwd(&ctx, &r.d, &r.d)))
+                same("relu_fwd_in_place_cuda_tensors_match_cpu", r, 0);
+            if (ok2("relu_bwd_cuda_tensors_match_cpu", dt_relu_bwd(&ctx, &dr.h, &dy.h, &r.h), dt_relu_bwd(&ctx, &dr.d, &dy.d, &r.d)))
+                same("relu_bwd_cuda_tensors_match_cpu", dr, 1e-5); /* dy came from gelu_bwd: equal within 1e-5 */
+            release(r); release(dr);
+        }
+        dt_test_error("layernorm_fwd_cuda_eps_0_is_named", dt_layernorm_fwd(&ctx, &ln.d, NULL, NULL, &g.d, &lw.d, NULL, 0.0f),
+                      dt_ctx_error(&ctx), "eps");
+        pair_t *all[] = {&x, &w, &bias, &y, &g, &lw, &lb, &ln, &mean, &rstd, &dy, &dx, &dw, &dbias, &dg, &dlw, &dlb, &dln};
+        for (pair_t *p : all) release(*p);
+    }
+    { /* attention and embedding */
+        pair_t qkv = make(DT_F32, 3, 2, 5, 18, 0, 30), out = make(DT_F32, 3, 2, 5, 6, 0, 31);
+        pair_t att = make(DT_F32, 4, 2, 2, 5, 5, 32), dqkv = make(DT_F32, 3, 2, 5, 18, 0, 33);
+        pair_t table = make(DT_F32, 2, 9, 4, 0, 0, 34), ids = make(DT_I64, 1, 7, 0, 0, 0, 35, 9);
+        pair_t eo = make(DT_F32, 2, 7, 4, 0, 0, 36), dtab = make(DT_F32, 2, 9, 4, 0, 0, 37);
+        if (ok2("attention_fwd_cuda_tensors_match_cpu", dt_attention_fwd(&ctx, &out.h, &att.h, &qkv.h, 2),
+                dt_attention_fwd(&ctx, &out.d, &att.d, &qkv.d, 2))) {
+            same("attention_fwd_cuda_tensors_match_cpu", out, 1e-5);
+            same("attention_fwd_att_cuda_tensors_match_cpu", att, 1e-5);
+        }
+        if (ok2("attention_bwd_cuda_tensors_match_cpu", dt_attention_bwd(&ctx, &dqkv.h, &out.h, &qkv.h, &att.h, 2),
+                dt_attention_bwd(&ctx, &dqkv.d, &out.d, &qkv.d, &att.d, 2)))
+            same("attention_bwd_cuda_tensors_match_cpu", dqkv, 1e-5);
+        if (ok2("embedding_fwd_cuda_tensors_match_cpu", dt_embedding_fwd(&ctx, &eo.h, &table.h, &ids.h),
+                dt_embedding_fwd(&ctx, &eo.d, &table.d, &ids.d)))
+            same("embedding_fwd_cuda_tensors_match_cpu", eo, 0);
+        if (ok2("embedding_bwd_cuda_tensors_match_cpu", dt_embedding_bwd(&ctx, &dtab.h, &eo.h, &ids.h),
+                dt_embedding_bwd(&ctx, &dtab.d, &eo.d, &ids.d)))
+            same("embedding_bwd_cuda_tensors_match_cpu", dtab, 1e-6);
+        { /* an id out of range on the device: named with its index, as on the CPU; nothing launched */
+            int64_t bad = 9;
+            cudaMemcpy((int64_t *)ids.d.data + 3, &bad, 8, cudaMemcpyHostToDevice);
+            dt_test_error("embedding_fwd_cuda_id_out_of_range_is_named", dt_embedding_fwd(&ctx, &eo.d, &table.d, &ids.d),
+                          dt_ctx_error(&ctx), "ids[3] = 9");
+        }
+        dt_test_error("attention_fwd_cuda_n_head_not_dividing_C_is_named", dt_attention_fwd(&ctx, &out.d, &att.d, &qkv.d, 4),
+                      dt_ctx_error(&ctx), "n_head = 4");
+        pair_t *all[] = {&qkv, &out, &att, &dqkv, &table, &ids, &eo, &dtab};
+        for (pair_t *p : all) release(*p);
+    }
+    dt_ctx_shutdown(&ctx);
+    return dt_test_finish();
+}
