@@ -333,8 +333,9 @@ typedef struct dt_pp_sim_desc {
     double comm;  /* from a send's completion to the data's arrival: 0 = none */
 } dt_pp_sim_desc;
 
-/* Read the fields; actions[s][0 .. count[s]) is stage s's list (a test may edit it). The
-   arrays the simulator fills (start, busy, stage_bubble, peak) hold its last run. */
+/* Read the fields; actions[s][0 .. count[s]) is stage s's list (a test may edit the actions in
+   place and lower a count, never raise it). The arrays the simulator fills (start, busy,
+   stage_bubble, peak) hold its last run. Not thread-safe: simulate writes into the schedule. */
 typedef struct dt_pp_schedule {
     dt_ctx *ctx;
     dt_pp_kind kind;          /* resolved: never DEFAULT */
@@ -356,7 +357,9 @@ typedef struct dt_pp_stats {
     double bubble;          /* idle fraction of all stages: 1 - sum(busy) / (p * makespan) */
     double bubble_formula;  /* the kind's closed form at these costs (comm not counted):
                                GPIPE, 1F1B (p-1)/(m+p-1); INTERLEAVED (p-1)/(v*m+p-1);
-                               ZB_H1 (p-1)(F+BI-BW) / (m(F+BI+BW) + (p-1)(F+BI-BW)) */
+                               ZB_H1 (p-1)(F+BI-BW) / (m(F+BI+BW) + (p-1)(F+BI-BW)), which
+                               the simulation meets for m >= p and BW <= BI (the handcrafted
+                               order; fewer micro-batches or a heavier BW leave more bubble) */
     int peak_max, bound_max;/* the largest peak and bound over the stages */
 } dt_pp_stats;
 

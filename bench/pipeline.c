@@ -147,7 +147,12 @@ static void tables(void) {
         if (dt_pp_schedule_create(&C, &s, &d) || dt_pp_schedule_format(s, &b, NULL)) {
             printf("%s: %s\n", dt_pp_kind_name(KINDS[k]), dt_ctx_error(&C));
         } else {
+            int st;
             printf("%s%s:\n%s", dt_pp_kind_name(KINDS[k]), d.chunks > 1 ? " (v 2: a, b the chunks)" : "", b.text);
+            printf("  per stage (busy, bubble, peak / bound in chunk-micro-batches):");
+            for (st = 0; st < s->stages; st++)
+                printf("  %d: %.1f %.3f %d/%d", st, s->busy[st], s->stage_bubble[st], s->peak[st], s->bound[st]);
+            printf("\n");
         }
         dt_strbuf_free(&b);
         dt_pp_schedule_free(s);
