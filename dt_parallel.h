@@ -475,7 +475,10 @@ static int dt__pp_compute_order(const dt_pp_schedule *s, int st, dt_pp_action *o
         break;
     case DT_PP_INTERLEAVED:
         if (v > 1) {
-            /* warm-up: the forwards it takes for the first gradient to come back round */
+            /* warm-up: the forwards it takes for the first gradient to come back round.
+               With 1F1B's p-s-1 in place of 2 (p-s-1) and receives posted one ahead, the sends
+               of the stages wait on each other round the ring (the simulator finds it at p 3,
+               m 6, v 2). */
             total = m * v;
             nw = 2 * (p - st - 1) + (v - 1) * p;
             if (nw > total) nw = total;
