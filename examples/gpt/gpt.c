@@ -57,7 +57,7 @@ static int g_rank;
 /* ---------------------------------------------------------------- flags */
 
 typedef struct opts {
-    int64_t steps, batch, seq, sample;
+    int64_t steps, batch, seq, sample, stop_at;
     uint64_t seed;
     int layers, heads, width, tp, pp, zero, micro, sp, print_every, ckpt_every, resume, quiet;
     int recompute;        /* 0 none, 1 full, 2 selective */
@@ -91,6 +91,8 @@ static const char *HELP =
     "  --shards PATTERN  llm.c token shards (glob, e.g. 'data/tinyshakespeare_train*.bin'), GPT-2 vocab\n"
     "  --ckpt DIR        checkpoint directory; --ckpt-every N saves every N steps (and at the end)\n"
     "  --resume          continue from the newest checkpoint in --ckpt (any layout)\n"
+    "  --stop-at N       stop after step N (saving a checkpoint), as a preempted job would; the\n"
+    "                    schedule still spans --steps\n"
     "  --log FILE        JSON lines per step: step, loss, lr, grad_norm, tokens_per_s, loss_scale, comm_s\n"
     "  --trace FILE      Chrome trace (Perfetto) of compute and collectives, every rank\n"
     "  --sample N        generate N tokens from the final model and print them\n"
@@ -168,6 +170,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--ckpt-every")) o->ckpt_every = (int)num(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--log")) o->log = v;
         else if (!strcmp(a, "--trace")) o->trace = v;
+        else if (!strcmp(a, "--stop-at")) o->stop_at = num(a, v, 1, (int64_t)1 << 40);
         else if (!strcmp(a, "--sample")) o->sample = num(a, v, 0, 1 << 20);
         else if (!strcmp(a, "--print-every")) o->print_every = (int)num(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--resume")) { o->resume = 1; takes = 0; }
@@ -748,7 +751,7 @@ int main(int argc, char **argv) {
     acts a;
     FILE *log = NULL;
     char lstr[64];
-    int64_t step = 0, first_step, local_first, local_count, per_micro, i;
+    int64_t step = 0, first_step, last_step, local_first, local_count, per_micro, i;
     double peak_flops, flops_per_token, n_params, t0, loss = 0, act_peak = 0, base;
     int mi, W;
 
@@ -844,8 +847,9 @@ int main(int argc, char **argv) {
                a.bytes / 1e6);
         fflush(stdout);
     }
+    last_step = o.stop_at && o.stop_at < o.steps ? o.stop_at : o.steps;
     t0 = now();
-    for (; step < o.steps; step++) {
+    for (; step < last_step; step++) {
         dt_opt_step_info info;
         double sums[1] = {0}, el, done, tps;
         memset(&info, 0, sizeof info);
@@ -891,15 +895,15 @@ int main(int argc, char **argv) {
             fflush(stdout);
         }
     }
-    if (o.ckpt && o.steps > first_step && (!o.ckpt_every || o.steps % o.ckpt_every)) {
+    if (o.ckpt && last_step > first_step && (!o.ckpt_every || last_step % o.ckpt_every)) {
         dt_train_state st;
         dt_checkpoint_desc cd = {0};
         memset(&st, 0, sizeof st);
-        st.step = o.steps; st.rng_seed = o.seed; st.data_cursor = o.steps * o.batch;
+        st.step = last_step; st.rng_seed = o.seed; st.data_cursor = last_step * o.batch;
         cd.dir = o.ckpt;
         CHECK(dt_zero_checkpoint_save(m.z, &st, &cd));
     }
-    if (g_rank == 0 && !o.quiet && o.steps > first_step)
+    if (g_rank == 0 && !o.quiet && last_step > first_step)
         printf("activation memory per rank: %.2f MB peak above the model and optimizer (recompute %s, sp %d); "
                "activation tensors %.2f MB\n", act_peak / 1e6, o.recompute == 1 ? "full" : o.recompute == 2 ? "selective"
                : "none", o.sp, a.bytes / 1e6);
