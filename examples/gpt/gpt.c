@@ -217,19 +217,19 @@ static dt_tensor *VAL(model *m, int i) { return m->f32[i].data ? &m->f32[i] : &P
 static dt_tensor *GRD(model *m, int i) { return &P(m, i)->grad; }
 static int BP(model *m, int l, int k) { return m->blk[l * NBP + k]; }
 
-/* One parameter: shape is this rank's box of global (start), as dt_tensor_init wants it. */
-static int add_param(model *m, const opts *o, const char *name, int unit, int64_t r0, int64_t r1, int64_t g0, int64_t g1,
-                     int64_t s0, int64_t s1, dt_init_kind kind, double std_or_value) {
+/* One parameter, [rows, cols] whole (cols 0: a vector), cut over tp as `kind`
+   (dt_tp_param_desc: this rank's box of the logical tensor, which dt_tensor_init fills with
+   exactly the slice of the whole). */
+static int add_param(model *m, const opts *o, const char *name, int unit, dt_tp_kind kind, int64_t rows, int64_t cols,
+                     dt_init_kind init, double std_or_value) {
     dt_param_desc d = {0};
     dt_param *p;
+    CHECK(dt_tp_param_desc(m->lay, &d, kind, rows, cols));
     d.name = name; d.dtype = o->dtype;
-    d.shape[0] = r0; d.shape[1] = r1;
-    d.global_shape[0] = g0; d.global_shape[1] = g1;
-    d.start[0] = s0; d.start[1] = s1;
-    d.init.kind = kind; d.init.seed = o->seed;
-    if (kind == DT_INIT_NORMAL) d.init.std = std_or_value;
+    d.init.kind = init; d.init.seed = o->seed;
+    if (init == DT_INIT_NORMAL) d.init.std = std_or_value;
     else d.init.value = std_or_value;
-    d.no_decay = r1 == 0; /* biases and norms: no weight decay (GPT-2, nanoGPT) */
+    d.no_decay = cols == 0; /* biases and norms: no weight decay (GPT-2, nanoGPT) */
     CHECK(dt_params_add(g_ctx, &m->ps, &p, &d));
     CHECK(dt_grow(g_ctx, (void **)&m->units, &m->units_cap, m->ps.count, sizeof(int), "units"));
     m->units[m->ps.count - 1] = unit;
@@ -239,7 +239,7 @@ static int add_param(model *m, const opts *o, const char *name, int unit, int64_
 static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout *lay) {
     int l, k, i;
     char name[64];
-    int64_t C = o->width, r = lay->tp_rank, tp = lay->tp;
+    int64_t C = o->width, tp = lay->tp;
     double std = 0.02, pstd = 0.02 / sqrt(2.0 * o->layers);
     memset(m, 0, sizeof *m);
     m->L = o->layers; m->H = o->heads; m->C = o->width; m->T = o->seq; m->V = V; m->Vp = Vp;
@@ -247,27 +247,28 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
     m->Vl = Vp / tp; m->Cl = C / tp; m->Hl = o->heads / tp; m->Fl = 4 * C / tp;
     m->blk = (int *)dt_alloc(g_ctx, (size_t)m->L * NBP * sizeof(int));
     if (!m->blk) CHECK(DT_ERR_OOM);
-    m->wte = add_param(m, o, "wte", 0, m->Vl, C, Vp, C, r * m->Vl, 0, DT_INIT_NORMAL, std);
-    m->wpe = add_param(m, o, "wpe", 0, m->T, C, m->T, C, 0, 0, DT_INIT_NORMAL, std);
-    m->lnfw = add_param(m, o, "ln_f.w", 0, C, 0, C, 0, 0, 0, DT_INIT_CONST, 1.0);
-    m->lnfb = add_param(m, o, "ln_f.b", 0, C, 0, C, 0, 0, 0, DT_INIT_ZEROS, 0);
+    m->wte = add_param(m, o, "wte", 0, DT_TP_COLUMN, Vp, C, DT_INIT_NORMAL, std);   /* vocab-parallel rows */
+    m->wpe = add_param(m, o, "wpe", 0, DT_TP_REPLICATED, m->T, C, DT_INIT_NORMAL, std);
+    m->lnfw = add_param(m, o, "ln_f.w", 0, DT_TP_REPLICATED, C, 0, DT_INIT_CONST, 1.0);
+    m->lnfb = add_param(m, o, "ln_f.b", 0, DT_TP_REPLICATED, C, 0, DT_INIT_ZEROS, 0);
     for (l = 0; l < m->L; l++) {
         for (k = 0; k < NBP; k++) {
-            int64_t r0, r1 = 0, g0, g1 = 0, s0 = 0, s1 = 0;
-            dt_init_kind kind = DT_INIT_ZEROS;
+            int64_t rows = C, cols = 0;
+            dt_tp_kind kind = DT_TP_REPLICATED;
+            dt_init_kind init = DT_INIT_ZEROS;
             double sv = 0;
             snprintf(name, sizeof name, "h.%d.%s", l, BLOCK_NAMES[k]);
             switch (k) {
-            case LN1W: case LN2W: r0 = g0 = C; kind = DT_INIT_CONST; sv = 1.0; break;
-            case LN1B: case LN2B: case AOB: case PB: r0 = g0 = C; break;
-            case QW: case KW: case VW: r0 = m->Cl; r1 = g1 = C; g0 = C; s0 = r * m->Cl; kind = DT_INIT_NORMAL; sv = std; break;
-            case QB: case KB: case VB: r0 = m->Cl; g0 = C; s0 = r * m->Cl; break;
-            case AOW: r0 = g0 = C; r1 = m->Cl; g1 = C; s1 = r * m->Cl; kind = DT_INIT_NORMAL; sv = pstd; break;
-            case FCW: r0 = m->Fl; g0 = 4 * C; r1 = g1 = C; s0 = r * m->Fl; kind = DT_INIT_NORMAL; sv = std; break;
-            case FCB: r0 = m->Fl; g0 = 4 * C; s0 = r * m->Fl; break;
-            default: /* PW */ r0 = g0 = C; r1 = m->Fl; g1 = 4 * C; s1 = r * m->Fl; kind = DT_INIT_NORMAL; sv = pstd; break;
+            case LN1W: case LN2W: init = DT_INIT_CONST; sv = 1.0; break;
+            case LN1B: case LN2B: case AOB: case PB: break;                       /* whole, zeros */
+            case QW: case KW: case VW: kind = DT_TP_COLUMN; cols = C; init = DT_INIT_NORMAL; sv = std; break;
+            case QB: case KB: case VB: kind = DT_TP_COLUMN; break;
+            case AOW: kind = DT_TP_ROW; cols = C; init = DT_INIT_NORMAL; sv = pstd; break;
+            case FCW: kind = DT_TP_COLUMN; rows = 4 * C; cols = C; init = DT_INIT_NORMAL; sv = std; break;
+            case FCB: kind = DT_TP_COLUMN; rows = 4 * C; break;
+            default: /* PW */ kind = DT_TP_ROW; cols = 4 * C; init = DT_INIT_NORMAL; sv = pstd; break;
             }
-            m->blk[l * NBP + k] = add_param(m, o, name, 1 + l, r0, r1, g0, g1, s0, s1, kind, sv);
+            m->blk[l * NBP + k] = add_param(m, o, name, 1 + l, kind, rows, cols, init, sv);
         }
     }
     m->f32 = (dt_tensor *)dt_alloc(g_ctx, (size_t)m->ps.count * sizeof(dt_tensor));
