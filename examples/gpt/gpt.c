@@ -52,6 +52,26 @@ static int g_rank;
 #define CHECK(call) do { dt_status s_ = (call); if (s_) { \
     fprintf(stderr, "gpt [rank %d]: %s failed: %s\n", g_rank, #call, dt_ctx_error(g_ctx)); exit(1); } } while (0)
 
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* --profile: seconds per op kind over the run (rank 0 prints the table). OP runs a dt call like
+   CHECK, timed under `name` when profiling. */
+typedef struct prof_row { const char *name; double seconds; int64_t calls; } prof_row;
+static prof_row g_prof[48];
+static int g_nprof, g_profile;
+static void prof_add(const char *name, double s) {
+    int i;
+    for (i = 0; i < g_nprof && strcmp(g_prof[i].name, name); i++) {}
+    if (i == g_nprof) { if (g_nprof == 48) return; g_prof[g_nprof++].name = name; }
+    g_prof[i].seconds += s;
+    g_prof[i].calls++;
+}
+#define OP(name, call) do { double t_ = g_profile ? now() : 0; CHECK(call); if (g_profile) prof_add(name, now() - t_); } while (0)
+
 #include "gpt_shim.inc" /* TEMPORARY: dt_parallel.h's functions until branches core and tp land */
 
 /* ---------------------------------------------------------------- flags */
@@ -97,6 +117,7 @@ static const char *HELP =
     "  --trace FILE      Chrome trace (Perfetto) of compute and collectives, every rank\n"
     "  --sample N        generate N tokens from the final model and print them\n"
     "  --print-every N   a progress line every N steps (10); --quiet: only the final line\n"
+    "  --profile         time every op of the step; rank 0 prints a table (ms per step) at the end\n"
     "  --help            this text\n";
 
 static void usage(const char *why) {
@@ -175,6 +196,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--print-every")) o->print_every = (int)num(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--resume")) { o->resume = 1; takes = 0; }
         else if (!strcmp(a, "--quiet")) { o->quiet = 1; takes = 0; }
+        else if (!strcmp(a, "--profile")) { g_profile = 1; takes = 0; }
         else { char why[200]; snprintf(why, sizeof why, "unknown flag '%s'", a); usage(why); }
         if (takes && !v) { char why[200]; snprintf(why, sizeof why, "%s needs a value", a); usage(why); }
         i += takes;
@@ -390,7 +412,7 @@ static void acts_free(acts *a, int L) {
 
 /* ---------------------------------------------------------------- forward and backward */
 
-static void fill0(dt_tensor *t) { CHECK(dt_tensor_fill(g_ctx, t, 0.0)); }
+static void fill0(dt_tensor *t) { OP("zero fill", dt_tensor_fill(g_ctx, t, 0.0)); }
 
 /* The first row of this rank's residual-stream rows in the micro-batch (sp: its slice). */
 static int64_t row0(const model *m, const acts *a) { return m->sp ? (int64_t)m->tp_rank * a->Nl : 0; }
@@ -424,23 +446,23 @@ static void block_fwd(model *m, acts *a, bacts *x, int l, dt_tensor *y) {
     dt_tensor atty3;
     int64_t s3[3];
     dt_trace_begin(m->tr, "block");
-    CHECK(dt_layernorm_fwd(g_ctx, &x->ln1, &x->ln1m, &x->ln1r, &x->in, VAL(m, BP(m, l, LN1W)), VAL(m, BP(m, l, LN1B)), 1e-5f));
+    OP("layernorm fwd", dt_layernorm_fwd(g_ctx, &x->ln1, &x->ln1m, &x->ln1r, &x->in, VAL(m, BP(m, l, LN1W)), VAL(m, BP(m, l, LN1B)), 1e-5f));
     /* q, k, v: column-parallel, one gather of the rows for the three (sp) */
-    if (m->sp) CHECK(dt_sp_gather_rows(lay, &x->ln1all, &x->ln1));
-    CHECK(dt_linear_fwd(g_ctx, &a->q, xall, VAL(m, BP(m, l, QW)), VAL(m, BP(m, l, QB))));
-    CHECK(dt_linear_fwd(g_ctx, &a->k, xall, VAL(m, BP(m, l, KW)), VAL(m, BP(m, l, KB))));
-    CHECK(dt_linear_fwd(g_ctx, &a->v, xall, VAL(m, BP(m, l, VW)), VAL(m, BP(m, l, VB))));
-    pack_qkv(a, &x->qkv, m);
+    if (m->sp) OP("sp gather", dt_sp_gather_rows(lay, &x->ln1all, &x->ln1));
+    OP("qkv linear fwd", dt_linear_fwd(g_ctx, &a->q, xall, VAL(m, BP(m, l, QW)), VAL(m, BP(m, l, QB))));
+    OP("qkv linear fwd", dt_linear_fwd(g_ctx, &a->k, xall, VAL(m, BP(m, l, KW)), VAL(m, BP(m, l, KB))));
+    OP("qkv linear fwd", dt_linear_fwd(g_ctx, &a->v, xall, VAL(m, BP(m, l, VW)), VAL(m, BP(m, l, VB))));
+    { double t_ = g_profile ? now() : 0; pack_qkv(a, &x->qkv, m); if (g_profile) prof_add("qkv pack / unpack", now() - t_); }
     s3[0] = a->b; s3[1] = m->T; s3[2] = m->Cl;
     CHECK(dt_tensor_reshape(g_ctx, &atty3, &x->atty, 3, s3));
-    CHECK(dt_attention_fwd(g_ctx, &atty3, &x->att, &x->qkv, (int)m->Hl));
-    CHECK(dt_tp_row_linear_fwd(lay, &x->res1, &a->partial, &x->atty, VAL(m, BP(m, l, AOW)), VAL(m, BP(m, l, AOB)), m->sp));
-    CHECK(dt_add(g_ctx, &x->res1, &x->res1, &x->in));
-    CHECK(dt_layernorm_fwd(g_ctx, &x->ln2, &x->ln2m, &x->ln2r, &x->res1, VAL(m, BP(m, l, LN2W)), VAL(m, BP(m, l, LN2B)), 1e-5f));
-    CHECK(dt_tp_column_linear_fwd(lay, &x->fch, m->sp ? &x->ln2all : NULL, &x->ln2, VAL(m, BP(m, l, FCW)), VAL(m, BP(m, l, FCB)), m->sp));
-    CHECK(dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
-    CHECK(dt_tp_row_linear_fwd(lay, y, &a->partial, &x->gelu, VAL(m, BP(m, l, PW)), VAL(m, BP(m, l, PB)), m->sp));
-    CHECK(dt_add(g_ctx, y, y, &x->res1));
+    OP("attention fwd", dt_attention_fwd(g_ctx, &atty3, &x->att, &x->qkv, (int)m->Hl));
+    OP("row linear fwd", dt_tp_row_linear_fwd(lay, &x->res1, &a->partial, &x->atty, VAL(m, BP(m, l, AOW)), VAL(m, BP(m, l, AOB)), m->sp));
+    OP("residual add", dt_add(g_ctx, &x->res1, &x->res1, &x->in));
+    OP("layernorm fwd", dt_layernorm_fwd(g_ctx, &x->ln2, &x->ln2m, &x->ln2r, &x->res1, VAL(m, BP(m, l, LN2W)), VAL(m, BP(m, l, LN2B)), 1e-5f));
+    OP("column linear fwd", dt_tp_column_linear_fwd(lay, &x->fch, m->sp ? &x->ln2all : NULL, &x->ln2, VAL(m, BP(m, l, FCW)), VAL(m, BP(m, l, FCB)), m->sp));
+    OP("gelu fwd", dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
+    OP("row linear fwd", dt_tp_row_linear_fwd(lay, y, &a->partial, &x->gelu, VAL(m, BP(m, l, PW)), VAL(m, BP(m, l, PB)), m->sp));
+    OP("residual add", dt_add(g_ctx, y, y, &x->res1));
     dt_trace_end(m->tr);
 }
 
@@ -469,44 +491,44 @@ static void block_bwd(model *m, acts *a, bacts *x, int l, int recompute) {
     s3[0] = a->b; s3[1] = m->T; s3[2] = m->Cl;
     CHECK(dt_tensor_reshape(g_ctx, &atty3, &x->atty, 3, s3));
     if (recompute == 2) { /* the two tensors selective recompute did not keep */
-        CHECK(dt_attention_fwd(g_ctx, &atty3, &x->att, &x->qkv, (int)m->Hl));
-        CHECK(dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
+        OP("attention fwd", dt_attention_fwd(g_ctx, &atty3, &x->att, &x->qkv, (int)m->Hl));
+        OP("gelu fwd", dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
     }
     dt_trace_begin(m->tr, "block.bwd");
     if (m->sp && m->tp > 1) fill0(&a->dsp);
     /* mlp */
     fill0(&a->dgelu);
-    CHECK(dt_tp_row_linear_bwd(lay, &a->dgelu, GRD(m, BP(m, l, PW)), GT(m, a, l, PB, &t1), &a->doutbuf, &a->dres, &x->gelu,
+    OP("row linear bwd", dt_tp_row_linear_bwd(lay, &a->dgelu, GRD(m, BP(m, l, PW)), GT(m, a, l, PB, &t1), &a->doutbuf, &a->dres, &x->gelu,
                                VAL(m, BP(m, l, PW)), m->sp));
     fill0(&a->dfch);
-    CHECK(dt_gelu_bwd(g_ctx, &a->dfch, &a->dgelu, &x->fch));
+    OP("gelu bwd", dt_gelu_bwd(g_ctx, &a->dfch, &a->dgelu, &x->fch));
     fill0(&a->dln);
-    CHECK(dt_tp_column_linear_bwd(lay, &a->dln, GRD(m, BP(m, l, FCW)), GRD(m, BP(m, l, FCB)), &a->dxbuf, &a->dfch,
+    OP("column linear bwd", dt_tp_column_linear_bwd(lay, &a->dln, GRD(m, BP(m, l, FCW)), GRD(m, BP(m, l, FCB)), &a->dxbuf, &a->dfch,
                                   m->sp ? &x->ln2all : &x->ln2, VAL(m, BP(m, l, FCW)), m->sp));
-    CHECK(dt_layernorm_bwd(g_ctx, &a->dres, GT(m, a, l, LN2W, &t1), GT(m, a, l, LN2B, &t2), &a->dln, &x->res1,
+    OP("layernorm bwd", dt_layernorm_bwd(g_ctx, &a->dres, GT(m, a, l, LN2W, &t1), GT(m, a, l, LN2B, &t2), &a->dln, &x->res1,
                            VAL(m, BP(m, l, LN2W)), &x->ln2m, &x->ln2r));
     /* attention */
     fill0(&a->datty);
-    CHECK(dt_tp_row_linear_bwd(lay, &a->datty, GRD(m, BP(m, l, AOW)), GT(m, a, l, AOB, &t1), &a->doutbuf, &a->dres, &x->atty,
+    OP("row linear bwd", dt_tp_row_linear_bwd(lay, &a->datty, GRD(m, BP(m, l, AOW)), GT(m, a, l, AOB, &t1), &a->doutbuf, &a->dres, &x->atty,
                                VAL(m, BP(m, l, AOW)), m->sp));
     fill0(&a->dqkv);
     CHECK(dt_tensor_reshape(g_ctx, &datty3, &a->datty, 3, s3));
-    CHECK(dt_attention_bwd(g_ctx, &a->dqkv, &datty3, &x->qkv, &x->att, (int)m->Hl));
-    unpack_dqkv(a, m);
+    OP("attention bwd", dt_attention_bwd(g_ctx, &a->dqkv, &datty3, &x->qkv, &x->att, (int)m->Hl));
+    { double t_ = g_profile ? now() : 0; unpack_dqkv(a, m); if (g_profile) prof_add("qkv pack / unpack", now() - t_); }
     /* q, k, v: column-parallel by hand, so that the three input grads make one sum over tp */
     fill0(&a->dall);
-    CHECK(dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, QW)), GRD(m, BP(m, l, QB)), &a->dq, xall, VAL(m, BP(m, l, QW))));
-    CHECK(dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, KW)), GRD(m, BP(m, l, KB)), &a->dk, xall, VAL(m, BP(m, l, KW))));
-    CHECK(dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, VW)), GRD(m, BP(m, l, VB)), &a->dv, xall, VAL(m, BP(m, l, VW))));
-    if (m->sp) CHECK(dt_sp_scatter_rows(lay, &a->dln, &a->dall));
+    OP("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, QW)), GRD(m, BP(m, l, QB)), &a->dq, xall, VAL(m, BP(m, l, QW))));
+    OP("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, KW)), GRD(m, BP(m, l, KB)), &a->dk, xall, VAL(m, BP(m, l, KW))));
+    OP("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, VW)), GRD(m, BP(m, l, VB)), &a->dv, xall, VAL(m, BP(m, l, VW))));
+    if (m->sp) OP("sp scatter", dt_sp_scatter_rows(lay, &a->dln, &a->dall));
     else {
-        CHECK(dt_tp_allreduce(lay, &a->dall));
+        OP("tp allreduce", dt_tp_allreduce(lay, &a->dall));
         CHECK(dt_tensor_copy(g_ctx, &a->dln, &a->dall));
     }
-    CHECK(dt_layernorm_bwd(g_ctx, &a->dres, GT(m, a, l, LN1W, &t1), GT(m, a, l, LN1B, &t2), &a->dln, &x->in,
+    OP("layernorm bwd", dt_layernorm_bwd(g_ctx, &a->dres, GT(m, a, l, LN1W, &t1), GT(m, a, l, LN1B, &t2), &a->dln, &x->in,
                            VAL(m, BP(m, l, LN1W)), &x->ln1m, &x->ln1r));
     if (m->sp && m->tp > 1) { /* the row-sharded params' grads: the sum over tp, added once */
-        CHECK(dt_tp_allreduce(lay, &a->dsp));
+        OP("tp allreduce", dt_tp_allreduce(lay, &a->dsp));
         for (j = 0; j < 6; j++) {
             dt_tensor v;
             int64_t s[1];
@@ -523,7 +545,7 @@ static void embed_fwd(model *m, acts *a) {
     int64_t r, c, C = m->C, r0 = row0(m, a);
     const float *wpe = (const float *)VAL(m, m->wpe)->data;
     float *x = (float *)a->blk[0].in.data;
-    CHECK(dt_tp_embedding_fwd(m->lay, &a->blk[0].in, &a->partial, VAL(m, m->wte), &a->ids,
+    OP("embedding fwd", dt_tp_embedding_fwd(m->lay, &a->blk[0].in, &a->partial, VAL(m, m->wte), &a->ids,
                               (int64_t)m->tp_rank * m->Vl, m->Vp, m->sp));
     for (r = 0; r < a->Nl; r++) {
         const float *p = wpe + ((r0 + r) % m->T) * C;
@@ -536,7 +558,7 @@ static void embed_bwd(model *m, acts *a) {
     int part = m->sp && m->tp > 1;
     float *dwpe = (float *)(part ? a->dwpe.data : GRD(m, m->wpe)->data);
     const float *d = (const float *)a->dres.data;
-    CHECK(dt_tp_embedding_bwd(m->lay, GRD(m, m->wte), &a->doutbuf, &a->dres, &a->ids, (int64_t)m->tp_rank * m->Vl,
+    OP("embedding bwd", dt_tp_embedding_bwd(m->lay, GRD(m, m->wte), &a->doutbuf, &a->dres, &a->ids, (int64_t)m->tp_rank * m->Vl,
                               m->Vp, m->sp));
     if (part) fill0(&a->dwpe);
     for (r = 0; r < a->Nl; r++) {
@@ -544,7 +566,7 @@ static void embed_bwd(model *m, acts *a) {
         for (c = 0; c < C; c++) p[c] += d[r * C + c];
     }
     if (part) {
-        CHECK(dt_tp_allreduce(m->lay, &a->dwpe));
+        OP("tp allreduce", dt_tp_allreduce(m->lay, &a->dwpe));
         CHECK(dt_axpy(g_ctx, GRD(m, m->wpe), 1.0f, &a->dwpe));
     }
 }
@@ -564,8 +586,8 @@ static void forward_logits(model *m, acts *a) {
     }
     gather(m, 0);
     x = &a->xL;
-    CHECK(dt_layernorm_fwd(g_ctx, &a->lnf, &a->lnfm, &a->lnfr, x, VAL(m, m->lnfw), VAL(m, m->lnfb), 1e-5f));
-    CHECK(dt_tp_column_linear_fwd(m->lay, &a->logits, m->sp ? &a->lnfall : NULL, &a->lnf, VAL(m, m->wte), NULL, m->sp));
+    OP("layernorm fwd", dt_layernorm_fwd(g_ctx, &a->lnf, &a->lnfm, &a->lnfr, x, VAL(m, m->lnfw), VAL(m, m->lnfb), 1e-5f));
+    OP("column linear fwd", dt_tp_column_linear_fwd(m->lay, &a->logits, m->sp ? &a->lnfall : NULL, &a->lnf, VAL(m, m->wte), NULL, m->sp));
 }
 
 /* Forward + loss + backward of one micro-batch (ids, targets filled); returns the loss. */
@@ -577,16 +599,16 @@ static float train_micro(model *m, acts *a, float dloss, int recompute) {
     int64_t s[1];
     dt_trace_begin(m->tr, "forward");
     forward_logits(m, a);
-    CHECK(dt_tp_xent_fwd(m->lay, &loss, &n_valid, &a->stats, &a->logits, &a->targets, (int64_t)m->tp_rank * m->Vl, m->V, -1));
+    OP("cross entropy fwd", dt_tp_xent_fwd(m->lay, &loss, &n_valid, &a->stats, &a->logits, &a->targets, (int64_t)m->tp_rank * m->Vl, m->V, -1));
     release(m, 0);
     dt_trace_end(m->tr);
     dt_trace_begin(m->tr, "backward");
     CHECK(dt_zero_backward_begin(m->z));
     gather(m, 0);
     fill0(&a->dlogits);
-    CHECK(dt_tp_xent_bwd(m->lay, &a->dlogits, &a->logits, &a->stats, &a->targets, (int64_t)m->tp_rank * m->Vl, m->V, -1, dloss));
+    OP("cross entropy bwd", dt_tp_xent_bwd(m->lay, &a->dlogits, &a->logits, &a->stats, &a->targets, (int64_t)m->tp_rank * m->Vl, m->V, -1, dloss));
     fill0(&a->dln);
-    CHECK(dt_tp_column_linear_bwd(m->lay, &a->dln, GRD(m, m->wte), NULL, &a->dxbuf, &a->dlogits,
+    OP("column linear bwd", dt_tp_column_linear_bwd(m->lay, &a->dln, GRD(m, m->wte), NULL, &a->dxbuf, &a->dlogits,
                                   m->sp ? &a->lnfall : &a->lnf, VAL(m, m->wte), m->sp));
     fill0(&a->dres);
     s[0] = m->C;
@@ -595,10 +617,10 @@ static float train_micro(model *m, acts *a, float dloss, int recompute) {
         CHECK(dt_tensor_view(g_ctx, &t1, &a->dlnf, 0, 1, s));
         CHECK(dt_tensor_view(g_ctx, &t2, &a->dlnf, m->C, 1, s));
     }
-    CHECK(dt_layernorm_bwd(g_ctx, &a->dres, part ? &t1 : GRD(m, m->lnfw), part ? &t2 : GRD(m, m->lnfb), &a->dln, &a->xL,
+    OP("layernorm bwd", dt_layernorm_bwd(g_ctx, &a->dres, part ? &t1 : GRD(m, m->lnfw), part ? &t2 : GRD(m, m->lnfb), &a->dln, &a->xL,
                            VAL(m, m->lnfw), &a->lnfm, &a->lnfr));
     if (part) {
-        CHECK(dt_tp_allreduce(m->lay, &a->dlnf));
+        OP("tp allreduce", dt_tp_allreduce(m->lay, &a->dlnf));
         CHECK(dt_axpy(g_ctx, GRD(m, m->lnfw), 1.0f, &t1));
         CHECK(dt_axpy(g_ctx, GRD(m, m->lnfb), 1.0f, &t2));
     }
@@ -662,12 +684,6 @@ static void sample_text(model *m, int64_t n, uint64_t seed, int V256) {
 }
 
 /* ---------------------------------------------------------------- the run */
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* f32 GEMM flop/s of this rank: the best of a few 512^3 dt_matmul_fwd (the MFU's denominator). */
 static double gemm_peak(void) {
@@ -867,7 +883,7 @@ int main(int argc, char **argv) {
             (void)ids; (void)tg;
             sums[0] += train_micro(&m, &a, dloss, o.recompute);
         }
-        CHECK(dt_zero_step(m.z, &info));
+        OP("optimizer step (dt_zero_step)", dt_zero_step(m.z, &info));
         CHECK(dt_comm_allreduce_f64(lay->dp_comm, sums, 1, DT_REDUCE_SUM));
         loss = sums[0] / ((double)o.micro * lay->dp);
         if (step == first_step) act_peak = (double)dt_peak_bytes(&ctx) - base;
@@ -908,6 +924,16 @@ int main(int argc, char **argv) {
         printf("activation memory per rank: %.2f MB peak above the model and optimizer (recompute %s, sp %d); "
                "activation tensors %.2f MB\n", act_peak / 1e6, o.recompute == 1 ? "full" : o.recompute == 2 ? "selective"
                : "none", o.sp, a.bytes / 1e6);
+    if (g_profile && g_rank == 0 && last_step > first_step) {
+        double total = 0, per = 1e3 / (double)(last_step - first_step), wall = (now() - t0) * per;
+        int r;
+        for (r = 0; r < g_nprof; r++) total += g_prof[r].seconds;
+        printf("profile (rank 0, ms per step; wall %.2f ms per step):\n", wall);
+        for (r = 0; r < g_nprof; r++)
+            printf("  %-32s %9.3f  %5.1f%%  (%lld calls)\n", g_prof[r].name, g_prof[r].seconds * per,
+                   100.0 * g_prof[r].seconds * per / wall, (long long)g_prof[r].calls);
+        printf("  %-32s %9.3f  %5.1f%%\n", "(not in an op above)", wall - total * per, 100.0 - 100.0 * total * per / wall);
+    }
     if (o.trace) CHECK(dt_trace_write(m.tr, o.trace));
     if (o.sample) sample_text(&m, o.sample, o.seed, data.vocab == 256);
     if (g_rank == 0) printf("final: loss %.9g\n", loss);
