@@ -672,7 +672,7 @@ static void sample_text(model *m, int64_t n, uint64_t seed, int V256) {
         u = dt_rng_uniform(seed, 0x73616d706c65ull /* "sample" */, (uint64_t)i) * sum;
         for (j = 0; j < m->V; j++) { acc += exp((double)lg[j] - mx); if (acc > u) { pick = j; break; } }
         if (g_rank == 0) {
-            if (V256) putchar((int)pick);
+            if (V256) putchar(pick == '\n' || pick == '\t' || (pick >= 32 && pick < 127) ? (int)pick : '?');
             else printf("%lld ", (long long)pick);
         }
         if (len < T) ctxt[len++] = (int32_t)pick;
@@ -717,6 +717,14 @@ static double comm_seconds(dt_layout *l) {
         }
     }
     return s;
+}
+
+/* The last step's loss rides in the checkpoint, so a resumed run with no step left still ends
+   on its "final: loss" line. */
+static void save_loss(dt_train_state *st, double loss) {
+    char v[64];
+    snprintf(v, sizeof v, "%.9g", loss);
+    CHECK(dt_train_state_set(g_ctx, st, "loss", v));
 }
 
 /* A named error about the run's configuration (every rank sees the same): rank 0 says it, all exit 1. */
@@ -829,6 +837,7 @@ int main(int argc, char **argv) {
         cd.dir = o.ckpt;
         CHECK(dt_zero_checkpoint_load(m.z, &st, &cd));
         step = st.step;
+        if (dt_train_state_get(&st, "loss")) loss = strtod(dt_train_state_get(&st, "loss"), NULL); /* a run with no step left */
         if (st.rng_seed != o.seed) {
             if (g_rank == 0) fprintf(stderr, "gpt: --seed %llu, the checkpoint was trained with seed %llu: resuming with %llu\n",
                                      (unsigned long long)o.seed, (unsigned long long)st.rng_seed, (unsigned long long)st.rng_seed);
@@ -892,6 +901,7 @@ int main(int argc, char **argv) {
             dt_checkpoint_desc cd = {0};
             memset(&st, 0, sizeof st);
             st.step = step + 1; st.rng_seed = o.seed; st.data_cursor = (step + 1) * o.batch;
+            save_loss(&st, loss);
             cd.dir = o.ckpt;
             CHECK(dt_zero_checkpoint_save(m.z, &st, &cd));
         }
@@ -917,6 +927,7 @@ int main(int argc, char **argv) {
         dt_checkpoint_desc cd = {0};
         memset(&st, 0, sizeof st);
         st.step = last_step; st.rng_seed = o.seed; st.data_cursor = last_step * o.batch;
+        save_loss(&st, loss);
         cd.dir = o.ckpt;
         CHECK(dt_zero_checkpoint_save(m.z, &st, &cd));
     }
