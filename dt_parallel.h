@@ -122,7 +122,50 @@ DT_API void dt_arena_free(dt_arena *a);
               unit's gather is prefetched while this one computes.
    Shards are whole rows (dim 0) of each tensor, FSDP2's per-parameter sharding: every shard is a
    box of its logical tensor, so dt_opt.h's checkpoints save and reshard them unchanged (a run at
-   ZeRO-3 on 4 ranks resumes at ZeRO-0 on 1). */
+   ZeRO-3 on 4 ranks resumes at ZeRO-0 on 1).
+
+   The design, in detail (stages 1-3; N = dp, r = this rank's dp rank):
+     - A tensor of R rows: rank r holds rows [r*c, min(R, (r+1)*c)), c = ceil(R / N). A slice may be
+       empty ([3, 5] over 4 ranks: 1, 1, 1 and 0 rows); it is a tensor with a 0 dim all the same.
+     - The optimizer (dt_opt.h, created inside from desc.opt) runs on a "shard set": one dt_param
+       per parameter, same name, value and grad views of this rank's rows, global_shape the
+       logical tensor's, start = the parameter's own start (it may already be a tensor-parallel
+       slice) plus the row offset, sharded = 1. So clipping, loss scaling, master weights of
+       bf16 / f16 values and resharding checkpoints work unchanged. desc.opt's comm becomes the
+       world (loss scaling agrees there), norm.param_comms the dp group (l->dptp_comm for a
+       parameter that is tensor-parallel sharded), norm.stage_comm l->pp_comm; at stage 0 the
+       shard set is the whole parameters and only tensor-parallel ones sum over l->tp_comm.
+     - Collectives work on flat ranges: a unit's shards are packed rank-major (rank 0's rows of
+       every tensor of the unit, then rank 1's, ...; each padded to c rows so the N blocks are
+       equal) for dt_comm_reduce_scatter and dt_comm_allgather, and copied between that packed
+       layout and the per-tensor contiguous arena. Cost: one copy of the unit each way per
+       collective (memory bandwidth, small beside the network) and a transient packed buffer of
+       N blocks of the unit (the padding is at most N - 1 rows per tensor).
+     - Gradients are averaged over dp (the loss is a mean over each rank's local batch).
+     - Stage 0 all-reduces buckets of whole units (the arena's grads in place, no copy) as soon
+       as every unit of a bucket had dt_zero_grad_ready (dt_comm_iallreduce: the rest of the
+       backward overlaps it). Stage 1 reduce-scatters each unit at dt_zero_step, updates its
+       rows and all-gathers the values. Stages 2-3 reduce-scatter a unit from dt_zero_grad_ready
+       (dt_comm_ireduce_scatter, finished at a later grad_ready or the step) and add this rank's
+       block into its shard grads. Stage 3 keeps only this rank's rows of the values: a gather
+       all-gathers the unit into freshly allocated buffers (the next unit in call order is
+       posted ahead, desc.prefetch), a release frees them (p->value.data is NULL in between).
+     - Accumulation (dt_zero_micro_begin): stages 0-1 sync on the last micro-step only (grads
+       accumulate in the arena); stages 2-3 reduce-scatter every micro-step and accumulate the
+       shard.
+     - What a stage takes from the arena: stages 2-3 free the arena's grad buffer (the params'
+       grad.data is NULL outside a unit's backward), stage 3 its value buffers too. They are
+       not given back by dt_zero_free (stage 3's values exist only as shards): save a
+       checkpoint, or gather, before freeing. One dt_zero per arena at stages 2-3.
+     - dt_zero_grad_ready at stage 0 must come after the unit's last use in the backward (its
+       bucket may be on the wire); at stages 2-3 a unit used again later (a tied embedding) may
+       simply be gathered again: its new grads are reduce-scattered and added once more.
+   Memory (dt_zero_memory_get): dt's grads are always f32, so DeepSpeed's mixed-precision
+   formulas (16-bit grads: 16psi, 4psi + 12psi/N, 2psi + 14psi/N, 16psi/N) become, with K bytes
+   per value, 4 per grad and S bytes of master + optimizer state per parameter:
+   (K+4+S)psi, (K+4)psi + S psi/N, K psi + (4+S)psi/N, (K+4+S)psi/N. f32 with Adam (K 4, S 8):
+   16psi, 8psi + 8psi/N, 4psi + 12psi/N, 16psi/N; bf16 values with Adam (K 2, S 12): 18psi,
+   6psi + 12psi/N, 2psi + 16psi/N, 18psi/N. The formula string names the one that applies. */
 
 typedef struct dt_zero_desc {
     int stage;                 /* 0..3 */
@@ -139,6 +182,8 @@ typedef struct dt_zero dt_zero; /* opaque */
 typedef struct dt_zero_memory {
     int64_t psi;               /* parameters of the model replica this rank's stage holds a part of */
     size_t param_bytes, grad_bytes, master_bytes, state_bytes, total_bytes;
+    size_t peak_bytes;         /* the most this rank held at once (total_bytes plus the transient
+                                  gather / reduce-scatter buffers and unit buffers, since create) */
     double formula_bytes;      /* the stage's formula for psi and N = dp */
     const char *formula;       /* "4psi + 12psi/N", ... */
 } dt_zero_memory;
@@ -204,6 +249,9 @@ DT_API dt_status dt_zero_checkpoint_load(dt_zero *z, dt_train_state *state, cons
    on N/tp rows, saving (tp-1)/tp of their activation memory), and the next column-parallel
    linear all-gathers its input rows first; backward, the all-gather's transpose is a
    reduce-scatter and vice versa. The bytes moved are those of the all-reduces.
+   The backward of a column-parallel linear needs the gathered input: keep xbuf from the forward,
+   or, to keep only the N/tp rows as Megatron-SP does, reuse xbuf elsewhere and gather it again
+   with dt_sp_gather_rows just before the backward (one more all-gather, N x I less memory).
    What each rank holds: column-parallel w [O/tp, I], bias [O/tp], output [N, O/tp]; row-parallel
    w [O, I/tp], bias [O] (replicated), input [N, I/tp], output [N, O] or, under sp, [N/tp, O].
    Replicated parameters outside the sharded region (sp = 0: every layernorm and bias) get
@@ -711,11 +759,787 @@ DT_API void dt_arena_free(dt_arena *a) {
     if (a) dt__pl_arena_release(a); /* never touches a->params: they may be freed already */
 }
 
-/* ---------------------------------------------------------------- ZeRO (impl) */
+/* ---------------------------------------------------------------- ZeRO (impl)
+
+   Geometry. N = the dp size (1 at stage 0, which shards nothing), r = this rank's dp rank. A
+   parameter of R rows (dim 0) of e elements each: every rank's block holds c = ceil(R / N)
+   rows, rank j owns rows [min(R, j c), min(R, (j+1) c)). A unit's grads travel as one buffer of
+   N blocks of B elements (rank-major; in a block each parameter of the unit at gpk, c rows,
+   zero padded), its values as one such buffer per dtype (vpk, Bv). */
+
+typedef struct dt__pl_zp {
+    int64_t rows, row_elems; /* R and e */
+    int64_t c;               /* rows per block */
+    int64_t lo, n;           /* this rank's rows */
+    int64_t gpk, vpk;        /* offset in a rank's grad block / value block (its dtype) of the unit */
+    int64_t ug, uv;          /* offset in the unit's full grad buffer / full value buffer (its dtype) */
+    int64_t sg, sv;          /* stages 2-3: offset in the shard grad buffer; stage 3: shard values */
+} dt__pl_zp;
+
+typedef struct dt__pl_zu {
+    int first, last;                      /* params [first, last) */
+    int64_t gblock, vblock[DT_DTYPE_COUNT];
+    int64_t gnumel, vnumel[DT_DTYPE_COUNT];
+    int has[DT_DTYPE_COUNT];              /* a param of this dtype is in the unit */
+    int refs;                             /* stage 3: gathers not yet released */
+    int ready;                            /* dt_zero_grad_ready seen in this backward */
+    int bucket;                           /* stage 0 */
+    dt_tensor vfull[DT_DTYPE_COUNT];      /* stage 3: the gathered values */
+    dt_tensor vpack[DT_DTYPE_COUNT];      /* stage 3: an all-gather in flight (prefetch) */
+    dt_comm_req *vreq[DT_DTYPE_COUNT];
+    int vposted;
+    dt_tensor gfull;                      /* stages 2-3: full grads, first gather to grad_ready */
+    dt_tensor gpack, gout;                /* stages 2-3: a reduce-scatter in flight */
+    dt_comm_req *greq;
+} dt__pl_zu;
+
+typedef struct dt__pl_bucket {
+    int ulo, uhi;                         /* units [ulo, uhi] */
+    dt_tensor view;                       /* their grads in the arena */
+    dt_comm_req *req;
+} dt__pl_bucket;
+
+struct dt_zero {
+    dt_ctx *ctx;
+    dt_layout *l;
+    dt_arena *a;
+    dt_comm *dp;
+    int stage, N, r, n_params, n_units, prefetch, sync, backward;
+    int64_t bucket_bytes;
+    dt__pl_zp *zp;
+    dt__pl_zu *zu;
+    dt__pl_bucket *bk;
+    int n_buckets;
+    dt_params shard;                      /* what the optimizer updates: this rank's rows */
+    dt_comm **param_comms;
+    dt_optimizer *opt;
+    dt_tensor sgrad;                      /* stages 2-3 */
+    dt_tensor sval[DT_DTYPE_COUNT];       /* stage 3 */
+    size_t base_param, base_grad, live_param, live_grad, live_comm, peak;
+    char formula[96];                     /* dt_zero_memory.formula points here */
+};
+
+/* Memory bookkeeping: what the stage holds besides its persistent buffers. */
+static void dt__pl_znote(dt_zero *z) {
+    size_t t = z->base_param + z->base_grad + z->live_param + z->live_grad + z->live_comm;
+    if (z->opt) {
+        int i;
+        for (i = 0; i < z->opt->n_slots; i++)
+            t += dt_tensor_bytes(&z->opt->slots[i].master) + dt_tensor_bytes(&z->opt->slots[i].state[0]) +
+                 dt_tensor_bytes(&z->opt->slots[i].state[1]);
+    }
+    if (t > z->peak) z->peak = t;
+}
+static dt_status dt__pl_ztake(dt_zero *z, dt_tensor *t, dt_dtype dtype, int64_t numel, size_t *counter) {
+    dt_tensor_desc td;
+    memset(&td, 0, sizeof td);
+    td.dtype = dtype;
+    td.ndim = 1;
+    td.shape[0] = numel;
+    DT__PL_TRY(dt_tensor_create(z->ctx, t, &td));
+    *counter += dt_tensor_bytes(t);
+    dt__pl_znote(z);
+    return DT_OK;
+}
+static void dt__pl_zgive(dt_zero *z, dt_tensor *t, size_t *counter) {
+    if (!t->data) return;
+    *counter -= dt_tensor_bytes(t);
+    dt_tensor_free(z->ctx, t);
+}
+
+static dt_status dt__pl_zunit_arg(dt_zero *z, int unit, const char *fn) {
+    if (unit < 0 || unit >= z->n_units)
+        return dt_ctx_set_error(z->ctx, DT_ERR_RANGE, "%s: unit = %d; expected 0 <= unit < %d (the arena's units)", fn,
+                                unit, z->n_units);
+    return DT_OK;
+}
+
+static char *dt__pl_at(const dt_tensor *t, int64_t elem) {
+    return (char *)t->data + (size_t)elem * dt_dtype_size(t->dtype);
+}
+static int64_t dt__pl_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Rows [lo, hi) of param i that rank j owns. */
+static void dt__pl_zrows(const dt__pl_zp *p, int j, int64_t *lo, int64_t *hi) {
+    *lo = dt__pl_min64(p->rows, (int64_t)j * p->c);
+    *hi = dt__pl_min64(p->rows, (int64_t)(j + 1) * p->c);
+}
+
+/* ---- stage 0: buckets of whole units over the arena grads, last unit first */
+
+static dt_status dt__pl_zbucket_launch(dt_zero *z, dt__pl_bucket *b) {
+    if (b->req || dt_comm_size(z->dp) == 1) return DT_OK; /* in flight already; or one replica */
+    return dt_comm_iallreduce(z->dp, &b->view, DT_REDUCE_AVG, &b->req);
+}
+
+/* ---- stages 1-3: reduce-scatter of a unit's grads, all-gather of its values */
+
+/* Packs unit u's full grads (the base params' grads) rank-major into u->gpack. */
+static void dt__pl_zpack_grads(dt_zero *z, dt__pl_zu *u) {
+    int i, j;
+    for (j = 0; j < z->N; j++)
+        for (i = u->first; i < u->last; i++) {
+            const dt__pl_zp *p = &z->zp[i];
+            const dt_param *bp = z->a->params->items[i];
+            int64_t lo, hi;
+            dt__pl_zrows(p, j, &lo, &hi);
+            if (hi > lo)
+                memcpy(dt__pl_at(&u->gpack, (int64_t)j * u->gblock + p->gpk), dt__pl_at(&bp->grad, lo * p->row_elems),
+                       (size_t)((hi - lo) * p->row_elems) * sizeof(float));
+        }
+}
+
+/* This rank's block of the reduce-scatter into its shard grads: added (stages 2-3, which
+   accumulate over micro-steps) or written (stage 1, whose shard grads are the arena's rows). */
+static void dt__pl_zgrads_in(dt_zero *z, dt__pl_zu *u, const dt_tensor *out, int add) {
+    int i;
+    int64_t k;
+    for (i = u->first; i < u->last; i++) {
+        const dt__pl_zp *p = &z->zp[i];
+        float *g = (float *)z->shard.items[i]->grad.data;
+        const float *s = (const float *)out->data + p->gpk;
+        int64_t n = p->n * p->row_elems;
+        if (add) for (k = 0; k < n; k++) g[k] += s[k];
+        else if (n) memcpy(g, s, (size_t)n * sizeof(float));
+    }
+}
+
+/* Posts unit u's reduce-scatter (stages 2-3) from its full grads, which it then gives back. */
+static dt_status dt__pl_zrs_post(dt_zero *z, dt__pl_zu *u) {
+    dt_status st;
+    int i;
+    DT__PL_TRY(dt__pl_ztake(z, &u->gpack, DT_F32, (int64_t)z->N * u->gblock, &z->live_comm));
+    st = dt__pl_ztake(z, &u->gout, DT_F32, u->gblock, &z->live_comm);
+    if (st) { dt__pl_zgive(z, &u->gpack, &z->live_comm); return st; }
+    dt__pl_zpack_grads(z, u);
+    dt__pl_zgive(z, &u->gfull, &z->live_grad);
+    for (i = u->first; i < u->last; i++) z->a->params->items[i]->grad.data = NULL;
+    st = dt_comm_ireduce_scatter(z->dp, &u->gout, &u->gpack, DT_REDUCE_AVG, &u->greq);
+    if (st) {
+        dt__pl_zgive(z, &u->gpack, &z->live_comm);
+        dt__pl_zgive(z, &u->gout, &z->live_comm);
+    }
+    return st;
+}
+
+/* Waits for unit u's reduce-scatter and adds this rank's block into the shard grads. */
+static dt_status dt__pl_zrs_finish(dt_zero *z, dt__pl_zu *u) {
+    dt_status st;
+    if (!u->greq) return DT_OK;
+    st = dt_comm_wait(u->greq);
+    u->greq = NULL;
+    if (!st) dt__pl_zgrads_in(z, u, &u->gout, 1);
+    dt__pl_zgive(z, &u->gpack, &z->live_comm);
+    dt__pl_zgive(z, &u->gout, &z->live_comm);
+    return st;
+}
+
+/* Finishes the reduce-scatters that are complete, in unit order (they progress meanwhile). */
+static dt_status dt__pl_zpoll(dt_zero *z) {
+    int k, done;
+    for (k = 0; k < z->n_units; k++) {
+        dt__pl_zu *u = &z->zu[k];
+        if (!u->greq) continue;
+        DT__PL_TRY(dt_comm_test(u->greq, &done));
+        if (done) DT__PL_TRY(dt__pl_zrs_finish(z, u));
+    }
+    return DT_OK;
+}
+
+/* Stage 1 at the step: unit u's accumulated full grads, averaged over dp, this rank's rows
+   written into the arena (blocking). */
+static dt_status dt__pl_zrs_stage1(dt_zero *z, dt__pl_zu *u) {
+    dt_status st;
+    DT__PL_TRY(dt__pl_ztake(z, &u->gpack, DT_F32, (int64_t)z->N * u->gblock, &z->live_comm));
+    st = dt__pl_ztake(z, &u->gout, DT_F32, u->gblock, &z->live_comm);
+    if (!st) {
+        dt__pl_zpack_grads(z, u);
+        st = dt_comm_reduce_scatter(z->dp, &u->gout, &u->gpack, DT_REDUCE_AVG);
+    }
+    if (!st) dt__pl_zgrads_in(z, u, &u->gout, 0);
+    dt__pl_zgive(z, &u->gpack, &z->live_comm);
+    dt__pl_zgive(z, &u->gout, &z->live_comm);
+    return st;
+}
+
+/* Posts the all-gather of unit u's values of dtype t: this rank's rows (its shard params'
+   values) into its block of vpack, the others' blocks arrive. */
+static dt_status dt__pl_zag_post(dt_zero *z, dt__pl_zu *u, int t) {
+    dt_tensor mine;
+    int i;
+    dt_status st;
+    DT__PL_TRY(dt__pl_ztake(z, &u->vpack[t], (dt_dtype)t, (int64_t)z->N * u->vblock[t], &z->live_comm));
+    for (i = u->first; i < u->last; i++) {
+        const dt__pl_zp *p = &z->zp[i];
+        const dt_param *sp = z->shard.items[i];
+        if ((int)sp->value.dtype == t && p->n)
+            memcpy(dt__pl_at(&u->vpack[t], (int64_t)z->r * u->vblock[t] + p->vpk), sp->value.data,
+                   dt_tensor_bytes(&sp->value));
+    }
+    st = dt_tensor_view(z->ctx, &mine, &u->vpack[t], (int64_t)z->r * u->vblock[t], 1, &u->vblock[t]);
+    if (!st) st = dt_comm_iallgather(z->dp, &u->vpack[t], &mine, &u->vreq[t]);
+    if (st) dt__pl_zgive(z, &u->vpack[t], &z->live_comm);
+    return st;
+}
+
+/* Unpacks every rank's rows of dtype t from vpack into the base params' values. */
+static void dt__pl_zag_unpack(dt_zero *z, dt__pl_zu *u, int t) {
+    int i, j;
+    for (j = 0; j < z->N; j++)
+        for (i = u->first; i < u->last; i++) {
+            const dt__pl_zp *p = &z->zp[i];
+            const dt_param *bp = z->a->params->items[i];
+            size_t sz = dt_dtype_size(bp->value.dtype);
+            int64_t lo, hi;
+            if ((int)bp->value.dtype != t) continue;
+            dt__pl_zrows(p, j, &lo, &hi);
+            if (hi > lo)
+                memcpy((char *)bp->value.data + (size_t)(lo * p->row_elems) * sz,
+                       dt__pl_at(&u->vpack[t], (int64_t)j * u->vblock[t] + p->vpk), (size_t)((hi - lo) * p->row_elems) * sz);
+        }
+}
+
+/* Posts the all-gathers of unit u (stage 3: a gather or a prefetch). */
+static dt_status dt__pl_zgather_post(dt_zero *z, dt__pl_zu *u) {
+    int t;
+    for (t = 1; t < DT_DTYPE_COUNT; t++)
+        if (u->has[t]) DT__PL_TRY(dt__pl_zag_post(z, u, t));
+    u->vposted = 1;
+    return DT_OK;
+}
+
+/* Waits for unit u's all-gathers, puts its full values into fresh unit buffers and points the
+   base params at them. keep = 0: a prefetch nobody asked for, dropped. */
+static dt_status dt__pl_zgather_finish(dt_zero *z, dt__pl_zu *u, int keep) {
+    dt_status st = DT_OK, s2;
+    int t, i;
+    for (t = 1; t < DT_DTYPE_COUNT; t++) {
+        if (!u->vreq[t]) continue;
+        s2 = dt_comm_wait(u->vreq[t]);
+        u->vreq[t] = NULL;
+        if (!st) st = s2;
+    }
+    for (t = 1; t < DT_DTYPE_COUNT && keep && !st; t++) {
+        if (!u->vpack[t].data) continue;
+        st = dt__pl_ztake(z, &u->vfull[t], (dt_dtype)t, u->vnumel[t], &z->live_param);
+        for (i = u->first; i < u->last && !st; i++) {
+            dt_param *bp = z->a->params->items[i];
+            if ((int)bp->value.dtype == t) bp->value.data = dt__pl_at(&u->vfull[t], z->zp[i].uv);
+        }
+        if (!st) dt__pl_zag_unpack(z, u, t);
+    }
+    for (t = 1; t < DT_DTYPE_COUNT; t++) dt__pl_zgive(z, &u->vpack[t], &z->live_comm);
+    u->vposted = 0;
+    return st;
+}
+
+/* Stage 3: gives unit u's full values back; its params' value.data become NULL. */
+static void dt__pl_zvalues_drop(dt_zero *z, dt__pl_zu *u) {
+    int t, i;
+    for (t = 1; t < DT_DTYPE_COUNT; t++) dt__pl_zgive(z, &u->vfull[t], &z->live_param);
+    for (i = u->first; i < u->last; i++) z->a->params->items[i]->value.data = NULL;
+    u->refs = 0;
+}
+
+/* Stages 1-2 after an update, and after a checkpoint load: every unit's full values again. */
+static dt_status dt__pl_zallgather_all(dt_zero *z) {
+    int k, t;
+    dt_status st = DT_OK;
+    if (z->N == 1) return DT_OK;
+    for (k = 0; k < z->n_units && !st; k++) {
+        dt__pl_zu *u = &z->zu[k];
+        for (t = 1; t < DT_DTYPE_COUNT && !st; t++) {
+            if (!u->has[t]) continue;
+            st = dt__pl_zag_post(z, u, t);
+            if (!st) {
+                st = dt_comm_wait(u->vreq[t]);
+                u->vreq[t] = NULL;
+            }
+            if (!st) dt__pl_zag_unpack(z, u, t);
+            dt__pl_zgive(z, &u->vpack[t], &z->live_comm);
+        }
+    }
+    return st;
+}
+
+/* Waits for everything in flight (errors ignored: for dt_zero_free). */
+static void dt__pl_zdrain(dt_zero *z) {
+    int k;
+    if (!z->zu) return;
+    for (k = 0; k < z->n_buckets; k++)
+        if (z->bk[k].req) { dt_comm_wait(z->bk[k].req); z->bk[k].req = NULL; }
+    for (k = 0; k < z->n_units; k++) {
+        dt__pl_zu *u = &z->zu[k];
+        if (u->greq) { dt_comm_wait(u->greq); u->greq = NULL; }
+        if (u->vposted) dt__pl_zgather_finish(z, u, 0);
+    }
+}
+
+static void dt__pl_zero_release(dt_zero *z) {
+    int k, t, i;
+    dt__pl_zdrain(z);
+    for (k = 0; k < z->n_units && z->zu; k++) {
+        dt__pl_zu *u = &z->zu[k];
+        for (t = 0; t < DT_DTYPE_COUNT; t++) {
+            dt__pl_zgive(z, &u->vfull[t], &z->live_param);
+            dt__pl_zgive(z, &u->vpack[t], &z->live_comm);
+        }
+        dt__pl_zgive(z, &u->gfull, &z->live_grad);
+        dt__pl_zgive(z, &u->gpack, &z->live_comm);
+        dt__pl_zgive(z, &u->gout, &z->live_comm);
+    }
+    if (z->stage >= 2 && z->zp) /* the base params' grads (and at stage 3 values) lived in ZeRO's buffers */
+        for (i = 0; i < z->n_params; i++) {
+            z->a->params->items[i]->grad.data = NULL;
+            if (z->stage == 3) z->a->params->items[i]->value.data = NULL;
+        }
+    dt_opt_free(z->opt);
+    dt_params_free(z->ctx, &z->shard); /* views: only the dt_param structs are freed */
+    dt_tensor_free(z->ctx, &z->sgrad);
+    for (t = 0; t < DT_DTYPE_COUNT; t++) dt_tensor_free(z->ctx, &z->sval[t]);
+    dt_release(z->ctx, z->param_comms);
+    dt_release(z->ctx, z->zp);
+    dt_release(z->ctx, z->zu);
+    dt_release(z->ctx, z->bk);
+    dt_release(z->ctx, z);
+}
+
+/* Geometry of every parameter and unit (see the top of this section). */
+static dt_status dt__pl_zgeometry(dt_zero *z, const char *fn) {
+    const dt_params *ps = z->a->params;
+    int64_t sg = 0, sv[DT_DTYPE_COUNT];
+    int i, k, t;
+    for (t = 0; t < DT_DTYPE_COUNT; t++) sv[t] = 0;
+    for (k = 0; k < z->n_units; k++) {
+        dt__pl_zu *u = &z->zu[k];
+        int64_t tot = 0;
+        u->first = z->a->unit_first[k];
+        u->last = z->a->unit_first[k + 1];
+        for (i = u->first; i < u->last; i++) {
+            const dt_param *bp = ps->items[i];
+            dt__pl_zp *p = &z->zp[i];
+            int64_t e = 1, blk, d;
+            t = (int)bp->value.dtype;
+            for (d = 1; d < bp->value.ndim; d++) e *= bp->value.shape[d]; /* a factor of numel: fits */
+            p->rows = bp->value.ndim ? bp->value.shape[0] : 1;
+            p->row_elems = e;
+            p->c = (p->rows + z->N - 1) / z->N;
+            dt__pl_zrows(p, z->r, &p->lo, &d);
+            p->n = d - p->lo;
+            if (!dt_mul_ok(p->c, e, &blk))
+                return dt_ctx_set_error(z->ctx, DT_ERR_ARG, "%s: \"%s\": %lld rows x %lld elements overflow", fn,
+                                        bp->name, (long long)p->c, (long long)e);
+            p->gpk = u->gblock;
+            p->vpk = u->vblock[t];
+            p->ug = u->gnumel;
+            p->uv = u->vnumel[t];
+            p->sg = sg;
+            p->sv = sv[t];
+            u->gblock += blk;
+            u->vblock[t] += blk;
+            u->gnumel += bp->value.numel;
+            u->vnumel[t] += bp->value.numel;
+            u->has[t] = 1;
+            sg += p->n * e;
+            sv[t] += p->n * e;
+        }
+        if (!dt_mul_ok(u->gblock, z->N, &tot) || tot > ((int64_t)1 << 40))
+            return dt_ctx_set_error(z->ctx, DT_ERR_ARG, "%s: unit %d: %d blocks of %lld elements are too many for one "
+                                    "collective", fn, k, z->N, (long long)u->gblock);
+    }
+    return DT_OK;
+}
+
+/* The optimizer's parameter set: one dt_param per base param, views of this rank's rows. */
+static dt_status dt__pl_zshard_set(dt_zero *z) {
+    dt_params *ps = z->a->params;
+    int i, d;
+    z->shard.items = (dt_param **)dt__pl_alloc_n(z->ctx, z->n_params, sizeof(dt_param *), "dt_zero_create", "params");
+    if (!z->shard.items) return DT_ERR_OOM;
+    z->shard.capacity = z->n_params;
+    for (i = 0; i < z->n_params; i++) {
+        const dt_param *bp = ps->items[i];
+        const dt__pl_zp *p = &z->zp[i];
+        dt_param *sp = (dt_param *)dt_alloc(z->ctx, sizeof *sp);
+        int64_t shape[DT_MAX_DIMS];
+        dt_status st;
+        if (!sp) return DT_ERR_OOM;
+        memset(sp, 0, sizeof *sp);
+        z->shard.items[z->shard.count++] = sp;
+        memcpy(sp->name, bp->name, sizeof sp->name);
+        for (d = 0; d < DT_MAX_DIMS; d++) {
+            shape[d] = bp->value.shape[d];
+            sp->global_shape[d] = bp->global_shape[d];
+            sp->start[d] = bp->start[d];
+        }
+        shape[0] = p->n;
+        sp->start[0] += p->lo;
+        sp->sharded = bp->sharded || z->N > 1; /* the same on every rank, even where this slice is whole */
+        sp->no_decay = bp->no_decay;
+        sp->group = bp->group;
+        if (z->stage == 3)
+            st = dt_tensor_view(z->ctx, &sp->value, &z->sval[bp->value.dtype], p->sv, bp->value.ndim, shape);
+        else
+            st = dt_tensor_view(z->ctx, &sp->value, &z->a->values[bp->value.dtype],
+                                z->a->value_offset[i] + p->lo * p->row_elems, bp->value.ndim, shape);
+        if (!st && z->stage >= 2) st = dt_tensor_view(z->ctx, &sp->grad, &z->sgrad, p->sg, bp->value.ndim, shape);
+        else if (!st)
+            st = dt_tensor_view(z->ctx, &sp->grad, &z->a->grads, z->a->grad_offset[i] + p->lo * p->row_elems,
+                                bp->value.ndim, shape);
+        if (st) return st;
+        /* stage 3: this rank's rows become its copy of the values (the arena's go at the end) */
+        if (z->stage == 3 && p->n)
+            memcpy(sp->value.data, (const char *)bp->value.data + (size_t)(p->lo * p->row_elems) *
+                   dt_dtype_size(bp->value.dtype), dt_tensor_bytes(&sp->value));
+        z->param_comms[i] = z->stage == 0 ? (bp->sharded ? z->l->tp_comm : NULL)
+                                          : (bp->sharded ? z->l->dptp_comm : z->l->dp_comm);
+    }
+    return DT_OK;
+}
+
+/* Stage 0's buckets: whole units from the last one back, up to bucket_bytes of grads each. */
+static dt_status dt__pl_zbuckets(dt_zero *z) {
+    int k, nb = 0;
+    int64_t bytes = 0;
+    z->bk = (dt__pl_bucket *)dt__pl_alloc_n(z->ctx, z->n_units, sizeof(dt__pl_bucket), "dt_zero_create", "buckets");
+    if (!z->bk) return DT_ERR_OOM;
+    for (k = z->n_units - 1; k >= 0; k--) {
+        int64_t ub = z->zu[k].gnumel * 4;
+        if (nb > 0 && bytes + ub > z->bucket_bytes) { /* close the open bucket */
+            bytes = 0;
+            z->bk[nb - 1].ulo = k + 1;
+            nb++;
+            z->bk[nb - 1].uhi = k;
+        }
+        if (nb == 0) { nb = 1; z->bk[0].uhi = k; }
+        bytes += ub;
+        z->zu[k].bucket = nb - 1;
+    }
+    if (nb > 0) z->bk[nb - 1].ulo = 0;
+    z->n_buckets = nb;
+    for (k = 0; k < nb; k++) {
+        dt__pl_bucket *b = &z->bk[k];
+        int64_t from = z->a->grad_offset[z->zu[b->ulo].first];
+        int64_t to = z->zu[b->uhi].last < z->n_params ? z->a->grad_offset[z->zu[b->uhi].last] : z->a->grads.numel;
+        int64_t len = to - from;
+        DT__PL_TRY(dt_tensor_view(z->ctx, &b->view, &z->a->grads, from, 1, &len));
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_zero_create(dt_layout *l, dt_zero **out, dt_arena *a, const dt_zero_desc *desc) {
+    const char *fn = "dt_zero_create";
+    dt_zero_desc d;
+    dt_zero *z;
+    dt_opt_desc od;
+    dt_ctx *ctx;
+    int i, t;
+    dt_status st = DT_OK;
+    if (!l) return DT_ERR_ARG;
+    ctx = l->ctx;
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!a) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a is NULL", fn);
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if (d.stage < 0 || d.stage > 3)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.stage = %d; expected 0 (DDP), 1, 2 or 3", fn, d.stage);
+    if (d.bucket_bytes < 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.bucket_bytes = %lld; expected >= 0 (0 = 25 MB)", fn,
+                                (long long)d.bucket_bytes);
+    if (d.prefetch < -1 || d.prefetch > 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.prefetch = %d; expected 0 (default, on), 1 (on) or -1 "
+                                "(off)", fn, d.prefetch);
+    for (i = 0; i < a->params->count; i++) {
+        const dt_param *p = a->params->items[i];
+        if (!p->value.data || !p->grad.data)
+            return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: parameter \"%s\" has no %s: the arena is already used by "
+                                    "a ZeRO object of stage 2 or 3 (one per arena)", fn, p->name,
+                                    p->value.data ? "grad" : "value");
+    }
+    z = (dt_zero *)dt_alloc(ctx, sizeof *z);
+    if (!z) return DT_ERR_OOM;
+    memset(z, 0, sizeof *z);
+    z->ctx = ctx;
+    z->l = l;
+    z->a = a;
+    z->dp = l->dp_comm;
+    z->stage = d.stage;
+    z->N = d.stage == 0 ? 1 : l->dp;
+    z->r = d.stage == 0 ? 0 : l->dp_rank;
+    z->n_params = a->params->count;
+    z->n_units = a->n_units;
+    z->prefetch = d.prefetch != -1;
+    z->bucket_bytes = d.bucket_bytes ? d.bucket_bytes : (int64_t)25 << 20;
+    z->sync = 1;
+    z->zp = (dt__pl_zp *)dt__pl_alloc_n(ctx, z->n_params, sizeof(dt__pl_zp), fn, "params");
+    z->zu = (dt__pl_zu *)dt__pl_alloc_n(ctx, z->n_units, sizeof(dt__pl_zu), fn, "units");
+    z->param_comms = (dt_comm **)dt__pl_alloc_n(ctx, z->n_params, sizeof(dt_comm *), fn, "comms");
+    if (!z->zp || !z->zu || !z->param_comms) st = DT_ERR_OOM;
+    if (!st) st = dt__pl_zgeometry(z, fn);
+    if (!st && z->stage >= 2) {
+        int64_t n = 0;
+        for (i = 0; i < z->n_params; i++) n += z->zp[i].n * z->zp[i].row_elems;
+        st = dt__pl_ztake(z, &z->sgrad, DT_F32, n, &z->base_grad);
+    }
+    for (t = 1; t < DT_DTYPE_COUNT && !st && z->stage == 3; t++) {
+        int64_t n = 0;
+        int any = 0;
+        for (i = 0; i < z->n_params; i++)
+            if ((int)a->params->items[i]->value.dtype == t) {
+                n += z->zp[i].n * z->zp[i].row_elems;
+                any = 1; /* even when this rank's rows are none: its params' views look into it */
+            }
+        if (any) st = dt__pl_ztake(z, &z->sval[t], (dt_dtype)t, n, &z->base_param);
+    }
+    if (!st) st = dt__pl_zshard_set(z);
+    if (!st && z->stage == 0) st = dt__pl_zbuckets(z);
+    if (!st) {
+        od = d.opt;
+        od.comm = l->world;
+        od.norm.shard_comm = z->stage == 0 ? l->tp_comm : l->dp_comm;
+        od.norm.param_comms = z->param_comms;
+        od.norm.stage_comm = l->pp_comm;
+        st = dt_opt_create(ctx, &z->opt, &z->shard, &od);
+    }
+    if (st) {
+        z->stage = -1; /* nothing of the arena was taken yet */
+        dt__pl_zero_release(z);
+        return st;
+    }
+    /* nothing fails from here: take what the stage shards away from the arena */
+    if (z->stage < 3)
+        for (t = 1; t < DT_DTYPE_COUNT; t++) z->base_param += dt_tensor_bytes(&a->values[t]);
+    if (z->stage < 2) {
+        z->base_grad += dt_tensor_bytes(&a->grads);
+        dt_tensor_fill(ctx, &a->grads, 0.0);
+    }
+    if (z->stage >= 2) {
+        dt_tensor_free(ctx, &a->grads);
+        for (i = 0; i < z->n_params; i++) a->params->items[i]->grad.data = NULL;
+    }
+    if (z->stage == 3) {
+        for (t = 1; t < DT_DTYPE_COUNT; t++) dt_tensor_free(ctx, &a->values[t]);
+        for (i = 0; i < z->n_params; i++) a->params->items[i]->value.data = NULL;
+    }
+    z->peak = 0;
+    dt__pl_znote(z);
+    *out = z;
+    return DT_OK;
+}
+
+DT_API void dt_zero_free(dt_zero *z) {
+    if (z) dt__pl_zero_release(z);
+}
+
+DT_API dt_optimizer *dt_zero_optimizer(dt_zero *z) { return z ? z->opt : NULL; }
+
+DT_API dt_status dt_zero_micro_begin(dt_zero *z, float *dloss, int micro) {
+    if (!z) return DT_ERR_ARG;
+    DT__PL_TRY(dt_opt_micro_begin(z->opt, dloss, NULL, micro));
+    z->sync = micro == z->opt->desc.accum_steps - 1;
+    z->backward = 0;
+    return DT_OK;
+}
+
+DT_API dt_status dt_zero_backward_begin(dt_zero *z) {
+    int k;
+    if (!z) return DT_ERR_ARG;
+    z->backward = 1;
+    for (k = 0; k < z->n_units; k++) z->zu[k].ready = 0;
+    return DT_OK;
+}
+
+DT_API dt_status dt_zero_gather(dt_zero *z, int unit) {
+    const char *fn = "dt_zero_gather";
+    dt__pl_zu *u;
+    int i;
+    if (!z) return DT_ERR_ARG;
+    DT__PL_TRY(dt__pl_zunit_arg(z, unit, fn));
+    u = &z->zu[unit];
+    if (z->stage == 0 && z->backward && z->sync && z->bk[u->bucket].req)
+        return dt_ctx_set_error(z->ctx, DT_ERR_STATE, "%s: unit %d's grads are being all-reduced (dt_zero_grad_ready "
+                                "was called for it in this backward); call grad_ready after a unit's last use", fn,
+                                unit);
+    if (z->stage >= 2 && z->backward && !u->gfull.data) { /* its full grads, from the first gather on */
+        DT__PL_TRY(dt__pl_ztake(z, &u->gfull, DT_F32, u->gnumel, &z->live_grad));
+        for (i = u->first; i < u->last; i++)
+            z->a->params->items[i]->grad.data = dt__pl_at(&u->gfull, z->zp[i].ug);
+    }
+    if (z->stage == 3) {
+        if (!u->refs) {
+            if (!u->vposted) DT__PL_TRY(dt__pl_zgather_post(z, u));
+            DT__PL_TRY(dt__pl_zgather_finish(z, u, 1));
+        }
+        u->refs++;
+        if (z->prefetch) { /* the next unit in call order: forward goes up, backward down */
+            int v = z->backward ? unit - 1 : unit + 1;
+            if (v >= 0 && v < z->n_units && !z->zu[v].refs && !z->zu[v].vposted)
+                DT__PL_TRY(dt__pl_zgather_post(z, &z->zu[v]));
+        }
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_zero_release(dt_zero *z, int unit) {
+    dt__pl_zu *u;
+    if (!z) return DT_ERR_ARG;
+    DT__PL_TRY(dt__pl_zunit_arg(z, unit, "dt_zero_release"));
+    u = &z->zu[unit];
+    if (z->stage == 3 && u->refs > 0 && --u->refs == 0) dt__pl_zvalues_drop(z, u);
+    return DT_OK;
+}
+
+DT_API dt_status dt_zero_grad_ready(dt_zero *z, int unit) {
+    const char *fn = "dt_zero_grad_ready";
+    dt__pl_zu *u;
+    if (!z) return DT_ERR_ARG;
+    DT__PL_TRY(dt__pl_zunit_arg(z, unit, fn));
+    u = &z->zu[unit];
+    if (z->stage == 0) {
+        dt__pl_bucket *b = &z->bk[u->bucket];
+        int k, all = 1;
+        if (!z->sync) return DT_OK; /* an accumulation micro-step: grads stay local */
+        if (b->req)
+            return dt_ctx_set_error(z->ctx, DT_ERR_STATE, "%s: unit %d: its bucket is already being all-reduced in "
+                                    "this backward", fn, unit);
+        u->ready = 1;
+        for (k = b->ulo; k <= b->uhi; k++) all &= z->zu[k].ready;
+        return all ? dt__pl_zbucket_launch(z, b) : DT_OK;
+    }
+    if (z->stage == 1) return DT_OK;
+    u->ready = 1;
+    if (u->gfull.data) {
+        if (u->greq) DT__PL_TRY(dt__pl_zrs_finish(z, u)); /* a second use of the unit in this backward */
+        DT__PL_TRY(dt__pl_zrs_post(z, u));
+    }
+    return dt__pl_zpoll(z);
+}
+
+DT_API dt_status dt_zero_step(dt_zero *z, dt_opt_step_info *info) {
+    dt_opt_step_info inf;
+    dt_status st = DT_OK;
+    int k;
+    if (!z) return DT_ERR_ARG;
+    /* 1. finish the gradient sync */
+    if (z->stage == 0) {
+        for (k = 0; k < z->n_buckets && !st; k++) st = dt__pl_zbucket_launch(z, &z->bk[k]);
+        for (k = 0; k < z->n_buckets; k++)
+            if (z->bk[k].req) {
+                dt_status s2 = dt_comm_wait(z->bk[k].req);
+                z->bk[k].req = NULL;
+                if (!st) st = s2;
+            }
+    } else if (z->stage == 1) {
+        for (k = 0; k < z->n_units && !st; k++) st = dt__pl_zrs_stage1(z, &z->zu[k]);
+    } else {
+        for (k = z->n_units - 1; k >= 0 && !st; k--) /* units whose grad_ready never came */
+            if (z->zu[k].gfull.data) {
+                if (z->zu[k].greq) st = dt__pl_zrs_finish(z, &z->zu[k]);
+                if (!st) st = dt__pl_zrs_post(z, &z->zu[k]);
+            }
+        for (k = 0; k < z->n_units && !st; k++) st = dt__pl_zrs_finish(z, &z->zu[k]);
+        for (k = 0; k < z->n_units && !st && z->stage == 3; k++) {
+            dt__pl_zu *u = &z->zu[k];
+            if (u->vposted) st = dt__pl_zgather_finish(z, u, 0); /* a prefetch nobody used */
+            if (u->refs) dt__pl_zvalues_drop(z, u);               /* stale after the update */
+        }
+    }
+    if (st) return st;
+    /* 2. the update of this rank's rows (clipping, loss scaling, master weights: dt_opt_step) */
+    memset(&inf, 0, sizeof inf);
+    st = dt_opt_step(z->opt, info ? &inf : NULL);
+    if (info) *info = inf;
+    dt__pl_znote(z);
+    /* 3. everybody's updated rows (stages 1-2); stage 3 gathers on demand */
+    if (!st && (z->stage == 1 || z->stage == 2)) st = dt__pl_zallgather_all(z);
+    /* 4. clean grads for the next step */
+    if (z->stage < 2) dt_tensor_fill(z->ctx, &z->a->grads, 0.0);
+    else dt_tensor_fill(z->ctx, &z->sgrad, 0.0);
+    for (k = 0; k < z->n_units; k++) z->zu[k].ready = 0;
+    z->backward = 0;
+    return st;
+}
+
+DT_API dt_status dt_zero_memory_get(dt_zero *z, dt_zero_memory *out) {
+    dt_zero_memory m;
+    double psi = 0, vb = 0, mb = 0, sb = 0, N, cv, cg, cm;
+    int i, k;
+    if (!z) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(z->ctx, DT_ERR_ARG, "dt_zero_memory_get: out is NULL");
+    memset(&m, 0, sizeof m);
+    for (i = 0; i < z->n_params; i++) {
+        const dt_param *bp = z->a->params->items[i];
+        double n = (double)bp->value.numel;
+        psi += n;
+        vb += n * (double)dt_dtype_size(bp->value.dtype);
+        if (bp->value.dtype != DT_F32) mb += 4 * n;
+    }
+    k = z->opt->desc.kind;
+    sb = psi * 4 * (k == DT_OPT_SGD ? (z->opt->desc.momentum != 0 ? 1 : 0) : k == DT_OPT_ADAGRAD ? 1 : 2);
+    m.psi = (int64_t)psi;
+    m.param_bytes = z->base_param + z->live_param;
+    m.grad_bytes = z->base_grad + z->live_grad;
+    for (i = 0; i < z->opt->n_slots; i++) {
+        m.master_bytes += dt_tensor_bytes(&z->opt->slots[i].master);
+        m.state_bytes += dt_tensor_bytes(&z->opt->slots[i].state[0]) + dt_tensor_bytes(&z->opt->slots[i].state[1]);
+    }
+    m.total_bytes = m.param_bytes + m.grad_bytes + m.master_bytes + m.state_bytes + z->live_comm;
+    m.peak_bytes = z->peak > m.total_bytes ? z->peak : m.total_bytes;
+    /* per psi: values cv, grads 4 (dt's grads are f32), master + state cm */
+    N = z->l->dp;
+    cv = psi > 0 ? vb / psi : 0;
+    cg = 4;
+    cm = psi > 0 ? (mb + sb) / psi : 0;
+    switch (z->stage) {
+    case 0: m.formula_bytes = psi * (cv + cg + cm); break;
+    case 1: m.formula_bytes = psi * (cv + cg) + psi * cm / N; break;
+    case 2: m.formula_bytes = psi * cv + psi * (cg + cm) / N; break;
+    default: m.formula_bytes = psi * (cv + cg + cm) / N; break;
+    }
+    switch (z->stage) {
+    case 0: snprintf(z->formula, sizeof z->formula, "%gpsi", cv + cg + cm); break;
+    case 1: snprintf(z->formula, sizeof z->formula, "%gpsi + %gpsi/N", cv + cg, cm); break;
+    case 2: snprintf(z->formula, sizeof z->formula, "%gpsi + %gpsi/N", cv, cg + cm); break;
+    default: snprintf(z->formula, sizeof z->formula, "%gpsi/N", cv + cg + cm); break;
+    }
+    m.formula = z->formula;
+    *out = m;
+    return DT_OK;
+}
+
+DT_API dt_status dt_zero_checkpoint_save(dt_zero *z, const dt_train_state *state, const dt_checkpoint_desc *desc) {
+    dt_checkpoint_desc d;
+    char lay[64];
+    if (!z) return DT_ERR_ARG;
+    if (!desc) return dt_ctx_set_error(z->ctx, DT_ERR_ARG, "dt_zero_checkpoint_save: desc is NULL");
+    d = *desc;
+    d.comm = z->l->world;
+    d.layout = dt_layout_string(z->l, lay, sizeof lay);
+    return dt_checkpoint_save(z->ctx, &z->shard, z->opt, state, &d);
+}
+
+DT_API dt_status dt_zero_checkpoint_load(dt_zero *z, dt_train_state *state, const dt_checkpoint_desc *desc) {
+    dt_checkpoint_desc d;
+    char lay[64];
+    int k;
+    if (!z) return DT_ERR_ARG;
+    if (!desc) return dt_ctx_set_error(z->ctx, DT_ERR_ARG, "dt_zero_checkpoint_load: desc is NULL");
+    for (k = 0; k < z->n_units; k++)
+        if (z->zu[k].refs || z->zu[k].vposted || z->zu[k].gfull.data || z->zu[k].greq)
+            return dt_ctx_set_error(z->ctx, DT_ERR_STATE, "dt_zero_checkpoint_load: unit %d is gathered or has grads "
+                                    "in flight; load between steps, with every unit released", k);
+    d = *desc;
+    d.comm = z->l->world;
+    d.layout = dt_layout_string(z->l, lay, sizeof lay);
+    DT__PL_TRY(dt_checkpoint_load(z->ctx, &z->shard, z->opt, state, &d));
+    if (z->stage < 2) dt_tensor_fill(z->ctx, &z->a->grads, 0.0);
+    else dt_tensor_fill(z->ctx, &z->sgrad, 0.0);
+    /* this rank's rows were loaded; stages 1-2 keep the whole values */
+    return z->stage == 1 || z->stage == 2 ? dt__pl_zallgather_all(z) : DT_OK;
+}
 
 /* ---------------------------------------------------------------- tensor parallel (impl) */
-
-#include <limits.h> /* INT_MAX */
 
 #define DT__TP_TRY(x) do { dt_status dt__tp_s = (x); if (dt__tp_s) return dt__tp_s; } while (0)
 
@@ -1149,9 +1973,9 @@ static dt_status dt__tp_xent_check(dt_layout *l, const dt_tensor *logits, const 
     if (targets->numel != N)
         return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: targets has %lld elements; expected %lld (logits rows)", fn,
                                 (long long)targets->numel, (long long)N);
-    if (N > INT_MAX / 2)
-        return dt_ctx_set_error(l->ctx, DT_ERR_UNSUPPORTED, "%s: %lld rows; at most %d (two doubles per row go "
-                                "through dt_comm_allreduce_f64)", fn, (long long)N, INT_MAX / 2);
+    if (N > 1073741823) /* INT_MAX / 2: dt_comm_allreduce_f64 counts in int, two doubles a row */
+        return dt_ctx_set_error(l->ctx, DT_ERR_UNSUPPORTED, "%s: %lld rows; at most 1073741823 (two doubles per row "
+                                "go through dt_comm_allreduce_f64)", fn, (long long)N);
     for (r = 0; r < N; r++) {
         int32_t t = ((const int32_t *)targets->data)[r];
         if (t != ignore_index && (t < 0 || t >= vocab))

@@ -579,6 +579,32 @@ static void test_helpers(dt_layout *l) {
     free_pool();
 }
 
+/* An empty batch (0 rows) is a batch: every layer runs, under sp too, and the loss is 0. */
+static void test_empty(dt_layout *l) {
+    const int64_t tp = l->tp;
+    dt_tensor *x = mk(2, 0, 6, 0), *xbuf = mk(2, 0, 6, 0), *w = m2(4, 6), *y = mk(2, 0, 4, 0), *dx = mk(2, 0, 6, 0);
+    dt_tensor *dw = m2(4, 6), *w2 = m2(5, 4), *z = mk(2, 0, 5, 0), *stats = mk(2, 0, 2, 0), *logits = mk(2, 0, 3, 0);
+    dt_tensor tg;
+    dt_tensor_desc d;
+    float loss = -1;
+    int64_t nv = -1;
+    dt_status st;
+    memset(&d, 0, sizeof d);
+    d.dtype = DT_I32; d.ndim = 1;
+    CK(dt_tensor_create(&C, &tg, &d));
+    st = dt_tp_column_linear_fwd(l, y, xbuf, x, w, NULL, 1);
+    if (!st) st = dt_tp_column_linear_bwd(l, dx, dw, NULL, mk(2, 0, 6, 0), y, xbuf, w, 1);
+    if (!st) st = dt_tp_row_linear_fwd(l, z, mk(2, 0, 5, 0), y, w2, NULL, 1);
+    if (!st) st = dt_tp_row_linear_bwd(l, y, NULL, NULL, mk(2, 0, 5, 0), z, y, w2, 1);
+    if (!st) st = dt_tp_xent_fwd(l, &loss, &nv, stats, logits, &tg, l->tp_rank * 3, 3 * tp, -1);
+    if (!st) st = dt_tp_xent_bwd(l, logits, logits, stats, &tg, l->tp_rank * 3, 3 * tp, -1, 1.0f);
+    dt_test_check_all(nm("empty_batch_runs_every_layer_under_sp"), st == DT_OK && loss == 0 && nv == 0,
+                      "status %s (%s), loss %g, n_valid %lld", dt_status_name(st), dt_ctx_error(&C), (double)loss,
+                      (long long)nv);
+    dt_tensor_free(&C, &tg);
+    free_pool();
+}
+
 static void run_layout(dt_comm *world, int tp) {
     dt_layout *l = NULL;
     dt_layout_desc d;
@@ -592,6 +618,7 @@ static void run_layout(dt_comm *world, int tp) {
     snprintf(cfg, sizeof cfg, "tp%d_dp%d", l->tp, l->dp);
     test_helpers(l);
     test_xent(l);
+    test_empty(l);
     for (sp = 0; sp <= 1; sp++) {
         snprintf(cfg, sizeof cfg, "tp%d_dp%d_sp%d", l->tp, l->dp, sp);
         test_column(l, sp, tol);
