@@ -931,10 +931,12 @@ int main(int argc, char **argv) {
         cd.dir = o.ckpt;
         CHECK(dt_zero_checkpoint_save(m.z, &st, &cd));
     }
+    CHECK(dt_zero_memory_get(m.z, &zm));
     if (g_rank == 0 && !o.quiet && last_step > first_step)
-        printf("activation memory per rank: %.2f MB peak above the model and optimizer (recompute %s, sp %d); "
-               "activation tensors %.2f MB\n", act_peak / 1e6, o.recompute == 1 ? "full" : o.recompute == 2 ? "selective"
-               : "none", o.sp, a.bytes / 1e6);
+        printf("activation memory per rank: %.2f MB peak above the model and optimizer in step 1 (dt_peak_bytes; "
+               "recompute %s, sp %d; the activation tensors %.2f MB, ZeRO's transient buffers the rest); "
+               "dt_zero's peak %.2f MB\n", act_peak / 1e6, o.recompute == 1 ? "full" : o.recompute == 2 ? "selective"
+               : "none", o.sp, a.bytes / 1e6, zm.peak_bytes / 1e6);
     if (g_profile && g_rank == 0 && last_step > first_step) {
         double total = 0, per = 1e3 / (double)(last_step - first_step), wall = (now() - t0) * per;
         int r;
