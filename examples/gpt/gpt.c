@@ -334,6 +334,7 @@ typedef struct acts {
     dt_tensor q, k, v;                  /* [N, Cl] forward scratch, packed into qkv */
     dt_tensor dres, dln, dxbuf, dall, doutbuf, dqkv, dq, dk, dv, datty, dfch, dgelu, dlogits;
     dt_tensor dsp, dwpe, dlnf;          /* sp: partial grads of one block / wpe / ln_f */
+    dt_tensor gath1, gath2;             /* sp: ln1 / ln2 rows gathered over tp [N, C], shared */
     int64_t bytes;                      /* what these tensors hold */
 } acts;
 
@@ -362,7 +363,6 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute) {
         if (!own_all && recompute == 1 && l < m->L) continue; /* full: the input only */
         mk(a, &x->ln1, Nl, C, 0, 0, DT_F32); mk(a, &x->ln1m, Nl, 0, 0, 0, DT_F32); mk(a, &x->ln1r, Nl, 0, 0, 0, DT_F32);
         mk(a, &x->ln2, Nl, C, 0, 0, DT_F32); mk(a, &x->ln2m, Nl, 0, 0, 0, DT_F32); mk(a, &x->ln2r, Nl, 0, 0, 0, DT_F32);
-        if (m->sp) { mk(a, &x->ln1all, N, C, 0, 0, DT_F32); mk(a, &x->ln2all, N, C, 0, 0, DT_F32); }
         mk(a, &x->qkv, b, m->T, 3 * m->Cl, 0, DT_F32);
         mk(a, &x->atty, N, m->Cl, 0, 0, DT_F32);
         mk(a, &x->res1, Nl, C, 0, 0, DT_F32);
@@ -380,6 +380,16 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute) {
             x->qkv = share(&s->qkv); x->atty = share(&s->atty); x->res1 = share(&s->res1); x->fch = share(&s->fch);
         }
         x->att = share(&s->att); x->gelu = share(&s->gelu);
+    }
+    if (m->sp) { /* the gathered rows: one copy for all blocks, gathered again in the backward
+                    (Megatron-SP keeps only the row shard per block: the point of sp's memory) */
+        mk(a, &a->gath1, N, C, 0, 0, DT_F32);
+        mk(a, &a->gath2, N, C, 0, 0, DT_F32);
+        for (l = 0; l <= m->L; l++) {
+            bacts *x = l < m->L ? &a->blk[l] : &a->shared;
+            x->ln1all = share(&a->gath1);
+            x->ln2all = share(&a->gath2);
+        }
     }
     mk(a, &a->xL, Nl, C, 0, 0, DT_F32);
     mk(a, &a->lnf, Nl, C, 0, 0, DT_F32); mk(a, &a->lnfm, Nl, 0, 0, 0, DT_F32); mk(a, &a->lnfr, Nl, 0, 0, 0, DT_F32);
@@ -488,6 +498,10 @@ static void block_bwd(model *m, acts *a, bacts *x, int l, int recompute) {
     int64_t s3[3];
     int j;
     if (recompute == 1) block_fwd(m, a, x, l, &a->y_scratch);
+    else if (m->sp) { /* the blocks share one gathered copy: this block's rows again */
+        OP("sp gather", dt_sp_gather_rows(lay, &x->ln1all, &x->ln1));
+        OP("sp gather", dt_sp_gather_rows(lay, &x->ln2all, &x->ln2));
+    }
     s3[0] = a->b; s3[1] = m->T; s3[2] = m->Cl;
     CHECK(dt_tensor_reshape(g_ctx, &atty3, &x->atty, 3, s3));
     if (recompute == 2) { /* the two tensors selective recompute did not keep */
