@@ -127,9 +127,12 @@ class GPT(torch.nn.Module):
 # ---------------------------------------------------------------- the two modes
 
 
-def run_dt(args, env_threads, workdir):
+def run_dt(args, env_threads, workdir, np_=1):
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(env_threads), OMP_NUM_THREADS=str(env_threads))
-    r = subprocess.run([GPT_BIN] + args, cwd=workdir, env=env, capture_output=True, text=True)
+    pre = []
+    if np_ > 1:
+        pre = (os.environ.get("DT_MPIRUN") or "mpirun --oversubscribe --allow-run-as-root").split() + ["-np", str(np_)]
+    r = subprocess.run(pre + [GPT_BIN] + args, cwd=workdir, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         print(r.stdout[-2000:], r.stderr[-2000:])
         sys.exit(f"bench/gpt.py: {GPT_BIN} {' '.join(args)} failed ({r.returncode})")
@@ -227,10 +230,17 @@ def speed(a):
     os.makedirs(a.workdir, exist_ok=True)
     L, H, C, T, B, steps = a.layers, a.heads, a.width, a.seq, a.batch, a.steps
     log = os.path.join(a.workdir, "gpt_speed.jsonl")
-    run_dt(["--steps", str(steps), "--layers", str(L), "--heads", str(H), "--width", str(C), "--seq", str(T),
-            "--batch", str(B), "--log", log, "--warmup", "2", "--data", a.data, "--quiet"], a.threads, ROOT)
+    model = ["--steps", str(steps), "--layers", str(L), "--heads", str(H), "--width", str(C), "--seq", str(T),
+             "--batch", str(B), "--warmup", "2", "--data", a.data]
+    prof = run_dt(model + ["--log", log, "--profile", "--print-every", "0"], a.threads, ROOT)
     lines = read_log(log)
     dt_tps = lines[-1]["tokens_per_s"]
+    scaling = []
+    if not a.no_scaling:  # np 2 (one BLAS thread per rank): tp 2, dp 2
+        for name, flags in (("tp 2", ["--tp", "2"]), ("dp 2", ["--tp", "1"])):
+            log2 = os.path.join(a.workdir, "gpt_speed_np2.jsonl")
+            run_dt(model + ["--log", log2, "--quiet"] + flags, 1, ROOT, 2)
+            scaling.append((name, read_log(log2)[-1]["tokens_per_s"]))
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     m = GPT(L, H, C, T, 256)
@@ -259,6 +269,11 @@ def speed(a):
     print(f"{'dt':12s} {dt_tps:12.0f}")
     print(f"{'pytorch':12s} {torch_tps:12.0f}")
     print(f"ratio dt / pytorch: {dt_tps / torch_tps:.2f}x (target >= 1.2x)")
+    if a.threads == 1:
+        for name, tps in scaling:
+            print(f"np 2, {name}: {tps:.0f} tokens/s, scaling efficiency {tps / (2 * dt_tps):.2f} (vs 2 x np 1)")
+    print("where a dt step goes (examples/gpt --profile, 1 rank):")
+    print("".join(line + "\n" for line in prof.splitlines() if line.startswith("  ")), end="")
     return 0
 
 
@@ -275,6 +290,7 @@ def main():
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--no-scaling", action="store_true", help="skip the np 2 runs")
     a = ap.parse_args()
     if not os.path.exists(GPT_BIN):
         sys.exit(f"bench/gpt.py: {GPT_BIN} is missing: run ./build.sh first")
