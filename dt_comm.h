@@ -31,6 +31,8 @@
               its last gradient is marked ready (PyTorch DDP), averaged and unpacked (or, with
               grad_views, the grads live in the buckets); set_sync(0) for accumulation micro-steps
        dt_comm_stats / _format / _print: calls, bytes, seconds, algbw and busbw (nccl-tests)
+       dt_comm_set_observer: a callback per completed operation (kind, bytes, post and completion
+              times on dt_comm_now's clock), what dt_parallel.h's timeline records
 
    Tensors: f32, bf16, f16, i32, i64 (and u8 for everything but avg). Sizes are element counts of
    the tensors, any shape. A device tensor goes through NCCL when the communicator has it, else
@@ -327,6 +329,23 @@ DT_API double dt_coll_bus_factor(dt_coll kind, int size);
 DT_API size_t dt_comm_stats_format(const dt_comm *c, char *buf, size_t n);
 DT_API void dt_comm_stats_print(const dt_comm *c); /* the table on stdout */
 
+/* ---------------------------------------------------------------- observer (timelines) */
+
+/* Called on this rank when an operation of c completes, blocking or async, successful or not:
+   kind and bytes as in the statistics, t_post when it was posted and t_done when dt saw it
+   complete (dt_comm_now seconds; for an async operation that is the dt_comm_test or
+   dt_comm_wait that found it done, so a span can end later than the wire went quiet).
+   Internal pieces of an operation (the chunks of a large all-reduce, header exchanges) are
+   not reported, only the operation the caller asked for. The callback runs inside the dt call
+   and must not call c. */
+typedef void (*dt_comm_observer_fn)(const dt_comm *c, dt_coll kind, double bytes, double t_post, double t_done,
+                                    void *user);
+/* One observer per communicator (fn NULL removes it); local, not inherited by dt_comm_split. */
+DT_API dt_status dt_comm_set_observer(dt_comm *c, dt_comm_observer_fn fn, void *user);
+/* Seconds on the clock of the statistics and timeouts (CLOCK_MONOTONIC where there is one):
+   comparable within a process, not across hosts. */
+DT_API double dt_comm_now(void);
+
 #ifdef __cplusplus
 }
 #endif
@@ -452,6 +471,8 @@ struct dt_comm {
     int64_t *notes;                  /* size x DT__CM_NOTE: the last notice from each rank */
     int64_t *recv_counts;            /* counts of the last alltoallv */
     double stat_calls[DT_COLL_COUNT], stat_bytes[DT_COLL_COUNT], stat_secs[DT_COLL_COUNT];
+    dt_comm_observer_fn observer;    /* dt_comm_set_observer */
+    void *observer_user;
     dt__cm_buf pool[DT__CM_POOL];
     dt_comm_req *fifo;               /* operations in flight, in posting order */
     dt__cm_msg *selfq;
@@ -1401,9 +1422,11 @@ static void dt__cm_complete(dt_comm_req *q) {
     }
 #endif
     if (q->kind >= 0 && q->kind < DT_COLL_COUNT && !q->internal) {
+        double now = dt__cm_now();
         c->stat_calls[q->kind] += 1;
         c->stat_bytes[q->kind] += q->stat_bytes;
-        c->stat_secs[q->kind] += dt__cm_now() - q->t0;
+        c->stat_secs[q->kind] += now - q->t0;
+        if (c->observer) c->observer(c, (dt_coll)q->kind, q->stat_bytes, q->t0, now, c->observer_user);
     }
     dt__cm_fifo_unlink(c, q);
     dt__cm_release_req_bufs(q);
@@ -1902,9 +1925,11 @@ static int dt__cm_done(dt_comm_req *q) {
     for (k = 0; k < q->nkids && !q->status; k++) q->status = q->kids[k]->status;
     q->done = 1;
     if (!q->status) {
+        double now = dt__cm_now();
         q->c->stat_calls[q->kind] += 1;
         q->c->stat_bytes[q->kind] += q->stat_bytes;
-        q->c->stat_secs[q->kind] += dt__cm_now() - q->t0;
+        q->c->stat_secs[q->kind] += now - q->t0;
+        if (q->c->observer) q->c->observer(q->c, (dt_coll)q->kind, q->stat_bytes, q->t0, now, q->c->observer_user);
     }
     return 1;
 }
@@ -3180,6 +3205,15 @@ DT_API dt_status dt_comm_stats(const dt_comm *c, dt_comm_stat *out, dt_coll kind
     out->busbw = out->algbw * dt_coll_bus_factor(kind, c->size);
     return DT_OK;
 }
+
+DT_API dt_status dt_comm_set_observer(dt_comm *c, dt_comm_observer_fn fn, void *user) {
+    if (!c) return DT_ERR_ARG;
+    c->observer = fn;
+    c->observer_user = fn ? user : NULL;
+    return DT_OK;
+}
+
+DT_API double dt_comm_now(void) { return dt__cm_now(); }
 
 DT_API void dt_comm_stats_reset(dt_comm *c) {
     if (!c) return;

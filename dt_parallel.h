@@ -185,7 +185,7 @@ typedef struct dt_zero_memory {
     size_t peak_bytes;         /* the most this rank held at once (total_bytes plus the transient
                                   gather / reduce-scatter buffers and unit buffers, since create) */
     double formula_bytes;      /* the stage's formula for psi and N = dp */
-    const char *formula;       /* "4psi + 12psi/N", ... */
+    const char *formula;       /* "4psi + 12psi/N", ...: points into the dt_zero (valid while it lives) */
 } dt_zero_memory;
 
 DT_API dt_status dt_zero_create(dt_layout *l, dt_zero **out, dt_arena *a, const dt_zero_desc *desc);
@@ -372,7 +372,18 @@ DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tenso
    Spans of compute (dt_trace_begin / _end, nested) and every collective of the comms attached,
    per rank, written as one Chrome-trace JSON for all ranks (clocks aligned to rank 0's), which
    Perfetto and chrome://tracing open: one process per rank, one track for compute and one per
-   comm. Every function takes a NULL trace and does nothing, so model code calls them always. */
+   comm. Every function takes a NULL trace and does nothing, so model code calls them always.
+   How: dt_trace_attach installs the comm's observer (dt_comm_set_observer, one per comm: it
+   replaces another), which reports each operation from post to the dt call that saw it done.
+   dt_trace_write aligns the clocks with 8 ping-pongs between rank 0 and each rank (NTP's
+   estimate from the shortest round trip: offset = t_rank - (t_send + t_back) / 2, off by at
+   most half that round trip), stores the offsets in the file ("otherData"), and sends every
+   rank's events to rank 0 (send / recv on the world; not recorded). Times in the file are
+   microseconds from rank 0's dt_trace_create. Spans still open at the write are left out.
+   dt_trace_overlap counts, per collective, the time under the union of the compute spans:
+   wrap compute in spans, not calls that wait for the network (a blocking collective inside
+   a span counts as overlapped). Free the trace before the comms it is attached to (it removes
+   their observers). */
 
 typedef struct dt_trace dt_trace; /* opaque */
 
@@ -2068,7 +2079,377 @@ DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tenso
 
 /* ---------------------------------------------------------------- pipeline (impl) */
 
-/* ---------------------------------------------------------------- timeline (impl) */
+/* ---------------------------------------------------------------- timeline (impl)
+
+   Events live in one growable array per rank: compute spans (tid 0, nested through a stack)
+   and the operations the attached comms report through their observer (tid 1 + the comm's
+   index). dt_trace_write measures each rank's clock offset to rank 0 (ping-pong, see there),
+   sends every rank's events to rank 0 as fixed-size records, and rank 0 writes the JSON. */
+
+#define DT__PL_TRACE_COMMS 16
+#define DT__PL_TRACE_DEPTH 64
+#define DT__PL_TRACE_NAME 48
+#define DT__PL_TRACE_PINGS 8
+
+typedef struct dt__pl_event {
+    const char *name;   /* compute: the caller's string; comm: dt_coll_name */
+    double t0, t1;      /* dt_comm_now seconds; t1 < t0 while a span is open */
+    double bytes;
+    int tid;
+} dt__pl_event;
+
+struct dt_trace {
+    dt_ctx *ctx;
+    dt_comm *world;
+    int rank, size;
+    double t_create;
+    dt__pl_event *ev;
+    int64_t n, cap;
+    int stack[DT__PL_TRACE_DEPTH];
+    int depth, lost;                    /* lost: events dropped (out of memory, nesting too deep) */
+    dt_comm *comms[DT__PL_TRACE_COMMS];
+    int n_comms;
+};
+
+static dt__pl_event *dt__pl_trace_push(dt_trace *t) {
+    if (t->n == t->cap) {
+        dt_ctx_clear_error(t->ctx);
+        if (dt_grow(t->ctx, (void **)&t->ev, &t->cap, t->n + 1, sizeof(dt__pl_event), "dt_trace") != DT_OK) {
+            t->lost++;
+            return NULL;
+        }
+    }
+    return &t->ev[t->n++];
+}
+
+static void dt__pl_trace_observe(const dt_comm *c, dt_coll kind, double bytes, double t_post, double t_done,
+                                 void *user) {
+    dt_trace *t = (dt_trace *)user;
+    dt__pl_event *e;
+    int k;
+    for (k = 0; k < t->n_comms && t->comms[k] != c; k++) {}
+    if (k == t->n_comms) return;
+    e = dt__pl_trace_push(t);
+    if (!e) return;
+    e->name = dt_coll_name(kind);
+    e->t0 = t_post;
+    e->t1 = t_done;
+    e->bytes = bytes;
+    e->tid = 1 + k;
+}
+
+DT_API dt_status dt_trace_create(dt_comm *world, dt_trace **out) {
+    dt_ctx *ctx;
+    dt_trace *t;
+    dt_status st;
+    if (!world) return DT_ERR_ARG;
+    ctx = dt_comm_ctx(world);
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_trace_create: out is NULL");
+    *out = NULL;
+    st = dt_comm_barrier(world); /* the ranks start together: the picture starts at one moment */
+    if (st) return st;
+    t = (dt_trace *)dt_alloc(ctx, sizeof *t);
+    if (!t) return DT_ERR_OOM;
+    memset(t, 0, sizeof *t);
+    t->ctx = ctx;
+    t->world = world;
+    t->rank = dt_comm_rank(world);
+    t->size = dt_comm_size(world);
+    t->t_create = dt_comm_now();
+    *out = t;
+    return DT_OK;
+}
+
+DT_API void dt_trace_free(dt_trace *t) {
+    int k;
+    if (!t) return;
+    for (k = 0; k < t->n_comms; k++) dt_comm_set_observer(t->comms[k], NULL, NULL);
+    dt_release(t->ctx, t->ev);
+    dt_release(t->ctx, t);
+}
+
+DT_API void dt_trace_begin(dt_trace *t, const char *name) {
+    dt__pl_event *e;
+    if (!t) return;
+    if (t->depth == DT__PL_TRACE_DEPTH) { t->lost++; t->depth++; return; } /* counted, so _end pairs */
+    if (t->depth > DT__PL_TRACE_DEPTH) { t->depth++; return; }
+    e = dt__pl_trace_push(t);
+    if (!e) { t->stack[t->depth++] = -1; return; }
+    e->name = name ? name : "(null)";
+    e->t0 = dt_comm_now();
+    e->t1 = e->t0 - 1;
+    e->bytes = 0;
+    e->tid = 0;
+    t->stack[t->depth++] = (int)(t->n - 1);
+}
+
+DT_API void dt_trace_end(dt_trace *t) {
+    int i;
+    if (!t || t->depth == 0) return;
+    if (--t->depth >= DT__PL_TRACE_DEPTH) return;
+    i = t->stack[t->depth];
+    if (i >= 0) t->ev[i].t1 = dt_comm_now();
+}
+
+DT_API dt_status dt_trace_attach(dt_trace *t, dt_comm *c) {
+    int k;
+    if (!t) return DT_OK;
+    if (!c) return dt_ctx_set_error(t->ctx, DT_ERR_ARG, "dt_trace_attach: c is NULL");
+    for (k = 0; k < t->n_comms; k++)
+        if (t->comms[k] == c) return DT_OK;
+    if (t->n_comms == DT__PL_TRACE_COMMS)
+        return dt_ctx_set_error(t->ctx, DT_ERR_RANGE, "dt_trace_attach: %d comms are attached already (the most a "
+                                "trace follows); cannot add \"%s\"", DT__PL_TRACE_COMMS, dt_comm_name(c));
+    t->comms[t->n_comms++] = c;
+    return dt_comm_set_observer(c, dt__pl_trace_observe, t);
+}
+
+/* Intervals [a, b) of the closed compute spans, sorted and merged (their union). */
+static int dt__pl_cmp_ev(const void *x, const void *y) {
+    double a = ((const double *)x)[0], b = ((const double *)y)[0];
+    return a < b ? -1 : a > b ? 1 : 0;
+}
+
+DT_API dt_status dt_trace_overlap(const dt_trace *t, double *comm_seconds, double *overlapped_seconds) {
+    double *iv, comm = 0, over = 0;
+    int64_t i, n = 0, m = 0, j;
+    if (comm_seconds) *comm_seconds = 0;
+    if (overlapped_seconds) *overlapped_seconds = 0;
+    if (!t) return DT_OK;
+    if (!comm_seconds || !overlapped_seconds)
+        return dt_ctx_set_error(t->ctx, DT_ERR_ARG, "dt_trace_overlap: %s is NULL",
+                                comm_seconds ? "overlapped_seconds" : "comm_seconds");
+    iv = (double *)dt__pl_alloc_n(t->ctx, 2 * t->n + 2, sizeof(double), "dt_trace_overlap", "intervals");
+    if (!iv) return DT_ERR_OOM;
+    for (i = 0; i < t->n; i++)
+        if (t->ev[i].tid == 0 && t->ev[i].t1 >= t->ev[i].t0) {
+            iv[2 * n] = t->ev[i].t0;
+            iv[2 * n + 1] = t->ev[i].t1;
+            n++;
+        }
+    qsort(iv, (size_t)n, 2 * sizeof(double), dt__pl_cmp_ev);
+    for (i = 0; i < n; i++) { /* merge in place: m intervals of the union */
+        if (m > 0 && iv[2 * i] <= iv[2 * (m - 1) + 1]) {
+            if (iv[2 * i + 1] > iv[2 * (m - 1) + 1]) iv[2 * (m - 1) + 1] = iv[2 * i + 1];
+        } else {
+            iv[2 * m] = iv[2 * i];
+            iv[2 * m + 1] = iv[2 * i + 1];
+            m++;
+        }
+    }
+    for (i = 0; i < t->n; i++) {
+        const dt__pl_event *e = &t->ev[i];
+        if (e->tid == 0) continue;
+        comm += e->t1 - e->t0;
+        for (j = 0; j < m; j++) {
+            double a = iv[2 * j] > e->t0 ? iv[2 * j] : e->t0, b = iv[2 * j + 1] < e->t1 ? iv[2 * j + 1] : e->t1;
+            if (b > a) over += b - a;
+        }
+    }
+    dt_release(t->ctx, iv);
+    *comm_seconds = comm;
+    *overlapped_seconds = over;
+    return DT_OK;
+}
+
+/* One event as sent to rank 0: t0, t1, bytes (f64), tid (i32), then the name. */
+#define DT__PL_REC_BYTES (28 + DT__PL_TRACE_NAME)
+
+static void dt__pl_put_f64(unsigned char *p, double v) { memcpy(p, &v, 8); }
+static double dt__pl_get_f64(const unsigned char *p) {
+    double v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* This rank's offset to rank 0's clock, on rank 0 for every rank: rank 0 sends a ping at a (its
+   clock), rank r answers with its clock b, the answer is back at c; offset = b - (a + c) / 2
+   from the round trip of the 8 that was shortest (NTP's estimate: exact when the two legs take
+   the same time; off by at most half the round trip otherwise). Doubles travel as i64 bits. */
+static dt_status dt__pl_trace_offsets(dt_trace *t, double *offs) {
+    dt_tensor v;
+    dt_tensor_desc td;
+    int r, k;
+    dt_status st = DT_OK;
+    memset(&td, 0, sizeof td);
+    td.dtype = DT_I64;
+    td.shape[0] = 1;
+    DT__PL_TRY(dt_tensor_create(t->ctx, &v, &td));
+    offs[0] = 0;
+    for (r = 1; r < t->size && !st; r++) {
+        double best = HUGE_VAL;
+        for (k = 0; k < DT__PL_TRACE_PINGS && !st; k++) {
+            if (t->rank == 0) {
+                double a = dt_comm_now(), b, c;
+                st = dt_comm_send(t->world, &v, r, 901);
+                if (!st) st = dt_comm_recv(t->world, &v, r, 902);
+                c = dt_comm_now();
+                memcpy(&b, v.data, 8);
+                if (!st && c - a < best) {
+                    best = c - a;
+                    offs[r] = b - 0.5 * (a + c);
+                }
+            } else if (t->rank == r) {
+                double b;
+                st = dt_comm_recv(t->world, &v, 0, 901);
+                b = dt_comm_now();
+                memcpy(v.data, &b, 8);
+                if (!st) st = dt_comm_send(t->world, &v, 0, 902);
+            }
+        }
+    }
+    dt_tensor_free(t->ctx, &v);
+    return st;
+}
+
+/* Appends rank r's events (n records at rec) to the JSON, on rank 0's clock, in microseconds
+   from rank 0's dt_trace_create. */
+static void dt__pl_trace_json_rank(dt_trace *t, dt_strbuf *b, int r, const unsigned char *rec, int64_t n,
+                                   double off, int *first) {
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        const unsigned char *q = rec + (size_t)i * DT__PL_REC_BYTES;
+        double t0 = dt__pl_get_f64(q) - off - t->t_create, t1 = dt__pl_get_f64(q + 8) - off - t->t_create;
+        double bytes = dt__pl_get_f64(q + 16);
+        int tid = dt__pl_get_u32(q + 24);
+        char name[DT__PL_TRACE_NAME + 1];
+        memcpy(name, q + 28, DT__PL_TRACE_NAME);
+        name[DT__PL_TRACE_NAME] = 0;
+        dt_strbuf_printf(b, "%s\n", *first ? "" : ",");
+        *first = 0;
+        if (t1 < t0) { /* a record of a track's name (t1 < t0 marks it) */
+            dt_strbuf_printf(b, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":", r, tid);
+            dt_strbuf_json(b, name);
+            dt_strbuf_printf(b, "}}");
+            continue;
+        }
+        dt_strbuf_printf(b, "{\"name\":");
+        dt_strbuf_json(b, name);
+        dt_strbuf_printf(b, ",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f", tid ? "comm" : "compute",
+                         r, tid, t0 * 1e6, (t1 - t0) * 1e6);
+        if (tid) dt_strbuf_printf(b, ",\"args\":{\"bytes\":%.0f}", bytes);
+        dt_strbuf_printf(b, "}");
+    }
+}
+
+/* This rank's closed events plus one name record per track, as DT__PL_REC_BYTES records. */
+static dt_status dt__pl_trace_records(dt_trace *t, dt_tensor *out, int64_t *n_out) {
+    dt_tensor_desc td;
+    int64_t i, n = 0, k;
+    unsigned char *q;
+    for (i = 0; i < t->n; i++) n += t->ev[i].t1 >= t->ev[i].t0;
+    n += 1 + t->n_comms;
+    memset(&td, 0, sizeof td);
+    td.dtype = DT_U8;
+    td.shape[0] = n * DT__PL_REC_BYTES;
+    DT__PL_TRY(dt_tensor_create(t->ctx, out, &td));
+    q = (unsigned char *)out->data;
+    for (k = 0; k <= t->n_comms; k++, q += DT__PL_REC_BYTES) {
+        char name[DT__PL_TRACE_NAME + 64];
+        if (k == 0) snprintf(name, sizeof name, "compute");
+        else snprintf(name, sizeof name, "comm %.40s", dt_comm_name(t->comms[k - 1]));
+        dt__pl_put_f64(q, 1);
+        dt__pl_put_f64(q + 8, 0);
+        dt__pl_put_u32(q + 24, (uint32_t)k);
+        memcpy(q + 28, name, DT__PL_TRACE_NAME);
+        q[28 + DT__PL_TRACE_NAME - 1] = 0;
+    }
+    for (i = 0; i < t->n; i++) {
+        const dt__pl_event *e = &t->ev[i];
+        if (e->t1 < e->t0) continue; /* still open */
+        dt__pl_put_f64(q, e->t0);
+        dt__pl_put_f64(q + 8, e->t1);
+        dt__pl_put_f64(q + 16, e->bytes);
+        dt__pl_put_u32(q + 24, (uint32_t)e->tid);
+        strncpy((char *)q + 28, e->name, DT__PL_TRACE_NAME - 1);
+        q += DT__PL_REC_BYTES;
+    }
+    *n_out = n;
+    return DT_OK;
+}
+
+DT_API dt_status dt_trace_write(dt_trace *t, const char *path) {
+    const char *fn = "dt_trace_write";
+    dt_tensor mine, cnt, theirs;
+    dt_tensor_desc td;
+    dt_strbuf b;
+    double *offs;
+    int64_t n = 0, *counts;
+    int k, r, first = 1;
+    dt_status st, st0 = DT_OK;
+    if (!t) return DT_OK;
+    if (!path || !path[0]) return dt_ctx_set_error(t->ctx, DT_ERR_ARG, "%s: path is %s", fn, path ? "empty" : "NULL");
+    /* the writing's own messages are not part of the picture */
+    for (k = 0; k < t->n_comms; k++) dt_comm_set_observer(t->comms[k], NULL, NULL);
+    offs = (double *)dt__pl_alloc_n(t->ctx, t->size, sizeof(double), fn, "offsets");
+    counts = (int64_t *)dt__pl_alloc_n(t->ctx, t->size, sizeof(int64_t), fn, "counts");
+    memset(&mine, 0, sizeof mine);
+    memset(&cnt, 0, sizeof cnt);
+    memset(&b, 0, sizeof b);
+    b.ctx = t->ctx;
+    st = offs && counts ? DT_OK : DT_ERR_OOM;
+    if (!st) st = dt__pl_trace_offsets(t, offs);
+    if (!st) st = dt__pl_trace_records(t, &mine, &n);
+    memset(&td, 0, sizeof td);
+    td.dtype = DT_I64;
+    td.shape[0] = 1;
+    if (!st) st = dt_tensor_create(t->ctx, &cnt, &td);
+    if (!st && t->rank != 0) { /* count, then the records */
+        ((int64_t *)cnt.data)[0] = n;
+        st = dt_comm_send(t->world, &cnt, 0, 903);
+        if (!st) st = dt_comm_send(t->world, &mine, 0, 904);
+    }
+    if (!st && t->rank == 0) {
+        dt_strbuf_printf(&b, "{\"traceEvents\":[");
+        for (r = 0; r < t->size && !st; r++) {
+            dt_strbuf_printf(&b, "%s\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"rank %d\"}}",
+                             first ? "" : ",", r, r);
+            first = 0;
+            if (r == 0) {
+                counts[0] = n;
+                dt__pl_trace_json_rank(t, &b, 0, (const unsigned char *)mine.data, n, 0, &first);
+                continue;
+            }
+            st = dt_comm_recv(t->world, &cnt, r, 903);
+            if (st) break;
+            counts[r] = ((int64_t *)cnt.data)[0];
+            memset(&td, 0, sizeof td);
+            td.dtype = DT_U8;
+            td.shape[0] = counts[r] * DT__PL_REC_BYTES;
+            st = dt_tensor_create(t->ctx, &theirs, &td);
+            if (!st) st = dt_comm_recv(t->world, &theirs, r, 904);
+            if (!st) dt__pl_trace_json_rank(t, &b, r, (const unsigned char *)theirs.data, counts[r], offs[r], &first);
+            dt_tensor_free(t->ctx, &theirs);
+        }
+        dt_strbuf_printf(&b, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"clock\":\"CLOCK_MONOTONIC per rank, "
+                         "aligned to rank 0 by ping-pong (best of %d round trips)\",\"clock_offset_s\":[",
+                         DT__PL_TRACE_PINGS);
+        for (r = 0; r < t->size; r++) dt_strbuf_printf(&b, "%s%.9f", r ? "," : "", offs[r]);
+        dt_strbuf_printf(&b, "]}}\n");
+        if (!st && b.failed) st = dt_ctx_set_error(t->ctx, DT_ERR_OOM, "%s: out of memory for the JSON", fn);
+        if (!st) {
+            FILE *f = fopen(path, "wb");
+            int bad = !f || fwrite(b.text, 1, b.len, f) != b.len;
+            if (f && fclose(f) != 0) bad = 1;
+            if (bad) st0 = dt_ctx_set_error(t->ctx, DT_ERR_IO, "%s: cannot write \"%s\"", fn, path);
+        }
+    }
+    /* every rank returns rank 0's verdict on the file */
+    if (!st && t->size > 1) {
+        ((int64_t *)cnt.data)[0] = st0;
+        st = dt_comm_broadcast(t->world, &cnt, 0);
+        if (!st && ((int64_t *)cnt.data)[0] && t->rank != 0)
+            st = dt_ctx_set_error(t->ctx, DT_ERR_IO, "%s: rank 0 could not write \"%s\"", fn, path);
+    }
+    if (!st) st = st0;
+    dt_strbuf_free(&b);
+    dt_tensor_free(t->ctx, &mine);
+    dt_tensor_free(t->ctx, &cnt);
+    dt_release(t->ctx, offs);
+    dt_release(t->ctx, counts);
+    for (k = 0; k < t->n_comms; k++) dt_comm_set_observer(t->comms[k], dt__pl_trace_observe, t);
+    return st;
+}
 
 #ifdef __cplusplus
 }
