@@ -288,6 +288,34 @@ static void bad_input(void) {
     named_error("gpt_shard_token_out_of_vocab_named", 1, flags, "token 7 is 50257, expected < 50257");
 }
 
+/* ---------------------------------------------------------------- the timeline */
+
+/* --trace at np 2 (tp 2, ZeRO 3): one Chrome-trace file with both ranks' compute spans and
+   collectives, and the run's loss unchanged by tracing. */
+static void trace_check(void) {
+    char flags[1024], out[512], path[512], line[4096];
+    FILE *fp;
+    int ranks[2] = {0, 0}, compute = 0, comm = 0;
+    snprintf(path, sizeof path, "%s/trace.json", dt_test_tmpdir());
+    snprintf(out, sizeof out, "%s/trace.out", dt_test_tmpdir());
+    snprintf(flags, sizeof flags, "%s --steps 5 --tp 2 --zero 3 --trace %s", TINY, path);
+    if (!expect("gpt_trace_run", run(2, flags, out) == 0, "output in %s", out)) return;
+    expect("gpt_trace_does_not_change_the_loss", fabs(final_loss(out, NULL, 0) - ref_loss) <= TOL * fabs(ref_loss),
+           "final loss %.9g, np 1 %.9g", final_loss(out, NULL, 0), ref_loss);
+    if (!expect("gpt_trace_file_written", (fp = fopen(path, "r")) != NULL, "no %s", path)) return;
+    while (fgets(line, sizeof line, fp)) {
+        if (strstr(line, "\"pid\":0,")) ranks[0]++;
+        if (strstr(line, "\"pid\":1,")) ranks[1]++;
+        if (strstr(line, "\"name\":\"layernorm fwd\"")) compute++;
+        if (strstr(line, "\"cat\":\"comm\"")) comm++;
+    }
+    fclose(fp);
+    /* 5 steps x 2 blocks x (2 layernorms + ...) per rank: dozens of each */
+    expect("gpt_trace_holds_both_ranks_compute_and_collectives", ranks[0] > 20 && ranks[1] > 20 && compute >= 2 * 5 * 5
+           && comm > 20, "events of rank 0: %d, rank 1: %d; layernorm fwd spans %d (expected >= 50); collectives %d",
+           ranks[0], ranks[1], compute, comm);
+}
+
 /* ---------------------------------------------------------------- the PyTorch peer */
 
 static void torch_peer(void) {
@@ -359,6 +387,7 @@ int main(void) {
     }
     resume_checks();
     bad_input();
+    trace_check();
     torch_peer();
     dt_params_free(&g_ctx, &ref_w);
     dt_ctx_shutdown(&g_ctx);

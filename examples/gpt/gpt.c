@@ -71,8 +71,12 @@ static void prof_add(const char *name, double s) {
     g_prof[i].calls++;
 }
 #define OP(name, call) do { double t_ = g_profile ? now() : 0; CHECK(call); if (g_profile) prof_add(name, now() - t_); } while (0)
+/* A purely local op (no collective inside): also a compute span of the --trace timeline, so
+   dt_trace_overlap tells how much communication ran beside compute. The tp layers, whose
+   collectives are blocking, are left unspanned: their communication is exposed time. */
+static dt_trace *g_tr;
+#define COMPUTE(name, call) do { dt_trace_begin(g_tr, name); OP(name, call); dt_trace_end(g_tr); } while (0)
 
-#include "gpt_shim.inc" /* TEMPORARY: dt_parallel.h's functions until branches core and tp land */
 
 /* ---------------------------------------------------------------- flags */
 
@@ -422,7 +426,7 @@ static void acts_free(acts *a, int L) {
 
 /* ---------------------------------------------------------------- forward and backward */
 
-static void fill0(dt_tensor *t) { OP("zero fill", dt_tensor_fill(g_ctx, t, 0.0)); }
+static void fill0(dt_tensor *t) { COMPUTE("zero fill", dt_tensor_fill(g_ctx, t, 0.0)); }
 
 /* The first row of this rank's residual-stream rows in the micro-batch (sp: its slice). */
 static int64_t row0(const model *m, const acts *a) { return m->sp ? (int64_t)m->tp_rank * a->Nl : 0; }
@@ -455,25 +459,23 @@ static void block_fwd(model *m, acts *a, bacts *x, int l, dt_tensor *y) {
     const dt_tensor *xall = m->sp ? &x->ln1all : &x->ln1;
     dt_tensor atty3;
     int64_t s3[3];
-    dt_trace_begin(m->tr, "block");
-    OP("layernorm fwd", dt_layernorm_fwd(g_ctx, &x->ln1, &x->ln1m, &x->ln1r, &x->in, VAL(m, BP(m, l, LN1W)), VAL(m, BP(m, l, LN1B)), 1e-5f));
+    COMPUTE("layernorm fwd", dt_layernorm_fwd(g_ctx, &x->ln1, &x->ln1m, &x->ln1r, &x->in, VAL(m, BP(m, l, LN1W)), VAL(m, BP(m, l, LN1B)), 1e-5f));
     /* q, k, v: column-parallel, one gather of the rows for the three (sp) */
     if (m->sp) OP("sp gather", dt_sp_gather_rows(lay, &x->ln1all, &x->ln1));
-    OP("qkv linear fwd", dt_linear_fwd(g_ctx, &a->q, xall, VAL(m, BP(m, l, QW)), VAL(m, BP(m, l, QB))));
-    OP("qkv linear fwd", dt_linear_fwd(g_ctx, &a->k, xall, VAL(m, BP(m, l, KW)), VAL(m, BP(m, l, KB))));
-    OP("qkv linear fwd", dt_linear_fwd(g_ctx, &a->v, xall, VAL(m, BP(m, l, VW)), VAL(m, BP(m, l, VB))));
+    COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->q, xall, VAL(m, BP(m, l, QW)), VAL(m, BP(m, l, QB))));
+    COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->k, xall, VAL(m, BP(m, l, KW)), VAL(m, BP(m, l, KB))));
+    COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->v, xall, VAL(m, BP(m, l, VW)), VAL(m, BP(m, l, VB))));
     { double t_ = g_profile ? now() : 0; pack_qkv(a, &x->qkv, m); if (g_profile) prof_add("qkv pack / unpack", now() - t_); }
     s3[0] = a->b; s3[1] = m->T; s3[2] = m->Cl;
     CHECK(dt_tensor_reshape(g_ctx, &atty3, &x->atty, 3, s3));
-    OP("attention fwd", dt_attention_fwd(g_ctx, &atty3, &x->att, &x->qkv, (int)m->Hl));
+    COMPUTE("attention fwd", dt_attention_fwd(g_ctx, &atty3, &x->att, &x->qkv, (int)m->Hl));
     OP("row linear fwd", dt_tp_row_linear_fwd(lay, &x->res1, &a->partial, &x->atty, VAL(m, BP(m, l, AOW)), VAL(m, BP(m, l, AOB)), m->sp));
-    OP("residual add", dt_add(g_ctx, &x->res1, &x->res1, &x->in));
-    OP("layernorm fwd", dt_layernorm_fwd(g_ctx, &x->ln2, &x->ln2m, &x->ln2r, &x->res1, VAL(m, BP(m, l, LN2W)), VAL(m, BP(m, l, LN2B)), 1e-5f));
+    COMPUTE("residual add", dt_add(g_ctx, &x->res1, &x->res1, &x->in));
+    COMPUTE("layernorm fwd", dt_layernorm_fwd(g_ctx, &x->ln2, &x->ln2m, &x->ln2r, &x->res1, VAL(m, BP(m, l, LN2W)), VAL(m, BP(m, l, LN2B)), 1e-5f));
     OP("column linear fwd", dt_tp_column_linear_fwd(lay, &x->fch, m->sp ? &x->ln2all : NULL, &x->ln2, VAL(m, BP(m, l, FCW)), VAL(m, BP(m, l, FCB)), m->sp));
-    OP("gelu fwd", dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
+    COMPUTE("gelu fwd", dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
     OP("row linear fwd", dt_tp_row_linear_fwd(lay, y, &a->partial, &x->gelu, VAL(m, BP(m, l, PW)), VAL(m, BP(m, l, PB)), m->sp));
-    OP("residual add", dt_add(g_ctx, y, y, &x->res1));
-    dt_trace_end(m->tr);
+    COMPUTE("residual add", dt_add(g_ctx, y, y, &x->res1));
 }
 
 /* The grad target of param k of block l: its grad, or under sp the block's partial scratch. */
@@ -505,21 +507,20 @@ static void block_bwd(model *m, acts *a, bacts *x, int l, int recompute) {
     s3[0] = a->b; s3[1] = m->T; s3[2] = m->Cl;
     CHECK(dt_tensor_reshape(g_ctx, &atty3, &x->atty, 3, s3));
     if (recompute == 2) { /* the two tensors selective recompute did not keep */
-        OP("attention fwd", dt_attention_fwd(g_ctx, &atty3, &x->att, &x->qkv, (int)m->Hl));
-        OP("gelu fwd", dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
+        COMPUTE("attention fwd", dt_attention_fwd(g_ctx, &atty3, &x->att, &x->qkv, (int)m->Hl));
+        COMPUTE("gelu fwd", dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
     }
-    dt_trace_begin(m->tr, "block.bwd");
     if (m->sp && m->tp > 1) fill0(&a->dsp);
     /* mlp */
     fill0(&a->dgelu);
     OP("row linear bwd", dt_tp_row_linear_bwd(lay, &a->dgelu, GRD(m, BP(m, l, PW)), GT(m, a, l, PB, &t1), &a->doutbuf, &a->dres, &x->gelu,
                                VAL(m, BP(m, l, PW)), m->sp));
     fill0(&a->dfch);
-    OP("gelu bwd", dt_gelu_bwd(g_ctx, &a->dfch, &a->dgelu, &x->fch));
+    COMPUTE("gelu bwd", dt_gelu_bwd(g_ctx, &a->dfch, &a->dgelu, &x->fch));
     fill0(&a->dln);
     OP("column linear bwd", dt_tp_column_linear_bwd(lay, &a->dln, GRD(m, BP(m, l, FCW)), GRD(m, BP(m, l, FCB)), &a->dxbuf, &a->dfch,
                                   m->sp ? &x->ln2all : &x->ln2, VAL(m, BP(m, l, FCW)), m->sp));
-    OP("layernorm bwd", dt_layernorm_bwd(g_ctx, &a->dres, GT(m, a, l, LN2W, &t1), GT(m, a, l, LN2B, &t2), &a->dln, &x->res1,
+    COMPUTE("layernorm bwd", dt_layernorm_bwd(g_ctx, &a->dres, GT(m, a, l, LN2W, &t1), GT(m, a, l, LN2B, &t2), &a->dln, &x->res1,
                            VAL(m, BP(m, l, LN2W)), &x->ln2m, &x->ln2r));
     /* attention */
     fill0(&a->datty);
@@ -527,19 +528,19 @@ static void block_bwd(model *m, acts *a, bacts *x, int l, int recompute) {
                                VAL(m, BP(m, l, AOW)), m->sp));
     fill0(&a->dqkv);
     CHECK(dt_tensor_reshape(g_ctx, &datty3, &a->datty, 3, s3));
-    OP("attention bwd", dt_attention_bwd(g_ctx, &a->dqkv, &datty3, &x->qkv, &x->att, (int)m->Hl));
+    COMPUTE("attention bwd", dt_attention_bwd(g_ctx, &a->dqkv, &datty3, &x->qkv, &x->att, (int)m->Hl));
     { double t_ = g_profile ? now() : 0; unpack_dqkv(a, m); if (g_profile) prof_add("qkv pack / unpack", now() - t_); }
     /* q, k, v: column-parallel by hand, so that the three input grads make one sum over tp */
     fill0(&a->dall);
-    OP("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, QW)), GRD(m, BP(m, l, QB)), &a->dq, xall, VAL(m, BP(m, l, QW))));
-    OP("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, KW)), GRD(m, BP(m, l, KB)), &a->dk, xall, VAL(m, BP(m, l, KW))));
-    OP("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, VW)), GRD(m, BP(m, l, VB)), &a->dv, xall, VAL(m, BP(m, l, VW))));
+    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, QW)), GRD(m, BP(m, l, QB)), &a->dq, xall, VAL(m, BP(m, l, QW))));
+    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, KW)), GRD(m, BP(m, l, KB)), &a->dk, xall, VAL(m, BP(m, l, KW))));
+    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, VW)), GRD(m, BP(m, l, VB)), &a->dv, xall, VAL(m, BP(m, l, VW))));
     if (m->sp) OP("sp scatter", dt_sp_scatter_rows(lay, &a->dln, &a->dall));
     else {
         OP("tp allreduce", dt_tp_allreduce(lay, &a->dall));
         CHECK(dt_tensor_copy(g_ctx, &a->dln, &a->dall));
     }
-    OP("layernorm bwd", dt_layernorm_bwd(g_ctx, &a->dres, GT(m, a, l, LN1W, &t1), GT(m, a, l, LN1B, &t2), &a->dln, &x->in,
+    COMPUTE("layernorm bwd", dt_layernorm_bwd(g_ctx, &a->dres, GT(m, a, l, LN1W, &t1), GT(m, a, l, LN1B, &t2), &a->dln, &x->in,
                            VAL(m, BP(m, l, LN1W)), &x->ln1m, &x->ln1r));
     if (m->sp && m->tp > 1) { /* the row-sharded params' grads: the sum over tp, added once */
         OP("tp allreduce", dt_tp_allreduce(lay, &a->dsp));
@@ -551,7 +552,6 @@ static void block_bwd(model *m, acts *a, bacts *x, int l, int recompute) {
             CHECK(dt_axpy(g_ctx, GRD(m, BP(m, l, SP_PARTIAL[j])), 1.0f, &v));
         }
     }
-    dt_trace_end(m->tr);
 }
 
 /* x = wte[ids] + wpe[pos] for this rank's rows. */
@@ -600,7 +600,7 @@ static void forward_logits(model *m, acts *a) {
     }
     gather(m, 0);
     x = &a->xL;
-    OP("layernorm fwd", dt_layernorm_fwd(g_ctx, &a->lnf, &a->lnfm, &a->lnfr, x, VAL(m, m->lnfw), VAL(m, m->lnfb), 1e-5f));
+    COMPUTE("layernorm fwd", dt_layernorm_fwd(g_ctx, &a->lnf, &a->lnfm, &a->lnfr, x, VAL(m, m->lnfw), VAL(m, m->lnfb), 1e-5f));
     OP("column linear fwd", dt_tp_column_linear_fwd(m->lay, &a->logits, m->sp ? &a->lnfall : NULL, &a->lnf, VAL(m, m->wte), NULL, m->sp));
 }
 
@@ -611,12 +611,9 @@ static float train_micro(model *m, acts *a, float dloss, int recompute) {
     int l, part = m->sp && m->tp > 1;
     dt_tensor t1, t2;
     int64_t s[1];
-    dt_trace_begin(m->tr, "forward");
     forward_logits(m, a);
     OP("cross entropy fwd", dt_tp_xent_fwd(m->lay, &loss, &n_valid, &a->stats, &a->logits, &a->targets, (int64_t)m->tp_rank * m->Vl, m->V, -1));
     release(m, 0);
-    dt_trace_end(m->tr);
-    dt_trace_begin(m->tr, "backward");
     CHECK(dt_zero_backward_begin(m->z));
     gather(m, 0);
     fill0(&a->dlogits);
@@ -631,7 +628,7 @@ static float train_micro(model *m, acts *a, float dloss, int recompute) {
         CHECK(dt_tensor_view(g_ctx, &t1, &a->dlnf, 0, 1, s));
         CHECK(dt_tensor_view(g_ctx, &t2, &a->dlnf, m->C, 1, s));
     }
-    OP("layernorm bwd", dt_layernorm_bwd(g_ctx, &a->dres, part ? &t1 : GRD(m, m->lnfw), part ? &t2 : GRD(m, m->lnfb), &a->dln, &a->xL,
+    COMPUTE("layernorm bwd", dt_layernorm_bwd(g_ctx, &a->dres, part ? &t1 : GRD(m, m->lnfw), part ? &t2 : GRD(m, m->lnfb), &a->dln, &a->xL,
                            VAL(m, m->lnfw), &a->lnfm, &a->lnfr));
     if (part) {
         OP("tp allreduce", dt_tp_allreduce(m->lay, &a->dlnf));
@@ -649,7 +646,6 @@ static float train_micro(model *m, acts *a, float dloss, int recompute) {
     embed_bwd(m, a);
     CHECK(dt_zero_grad_ready(m->z, 0));
     release(m, 0);
-    dt_trace_end(m->tr);
     return loss;
 }
 
@@ -820,6 +816,8 @@ int main(int argc, char **argv) {
         CHECK(dt_trace_create(world, &m.tr));
         CHECK(dt_trace_attach(m.tr, lay->tp_comm));
         CHECK(dt_trace_attach(m.tr, lay->dp_comm));
+        if (lay->dptp_comm != lay->dp_comm) CHECK(dt_trace_attach(m.tr, lay->dptp_comm)); /* ZeRO of tp shards */
+        g_tr = m.tr;
     }
     ad.units = m.units;
     CHECK(dt_arena_create(&ctx, &arena, &m.ps, &ad));
@@ -961,7 +959,14 @@ int main(int argc, char **argv) {
                    100.0 * g_prof[r].seconds * per / wall, (long long)g_prof[r].calls);
         printf("  %-32s %9.3f  %5.1f%%\n", "(not in an op above)", wall - total * per, 100.0 - 100.0 * total * per / wall);
     }
-    if (o.trace) CHECK(dt_trace_write(m.tr, o.trace));
+    if (o.trace) {
+        double cs = 0, ov = 0;
+        CHECK(dt_trace_overlap(m.tr, &cs, &ov));
+        CHECK(dt_trace_write(m.tr, o.trace));
+        if (g_rank == 0 && !o.quiet)
+            printf("trace: %s (Perfetto / chrome://tracing); rank 0: %.3f s in collectives, %.0f%% of it overlapped "
+                   "with compute\n", o.trace, cs, cs > 0 ? 100.0 * ov / cs : 0.0);
+    }
     if (o.sample) sample_text(&m, o.sample, o.seed, data.vocab == 256);
     if (g_rank == 0) printf("final: loss %.9g\n", loss);
     if (log) fclose(log);
