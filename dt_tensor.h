@@ -2252,21 +2252,31 @@ DT_API dt_status dt_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, 
     for (r = 0; r < R; r++) {
         const float *xr = DT__CF(x) + r * C, *wp = DT__CF(w), *bp = b ? DT__CF(b) : NULL;
         float *o = DT__F(out) + r * C; /* out may be x: the row is read whole before it is written */
-        float m, v, s;
-        dt__v4 a0 = dt__v_set(0.0f), a1 = a0, mv, sv;
+        float m, v, s, e;
+        dt__v4 a0 = dt__v_set(0.0f), a1 = a0, e0, e1, mv, sv;
         DT__ROW_LOOP(c, C, 8, { /* the 8-lane sum: pads of 0 add nothing */
             a0 = dt__v_add(a0, dt__v_ld(xr, c, C, 0.0f));
             a1 = dt__v_add(a1, dt__v_ld(xr, c + 4, C, 0.0f));
         });
         m = dt__v_hsum(dt__v_add(a0, a1)) / (float)(C ? C : 1); /* an empty row: mean 0, variance 0 */
         mv = dt__v_set(m);
-        a0 = a1 = dt__v_set(0.0f);
+        a0 = a1 = e0 = e1 = dt__v_set(0.0f);
         DT__ROW_LOOP(c, C, 8, { /* two passes: no cancellation; pads of m add (m - m)^2 = 0 */
             dt__v4 d0 = dt__v_sub(dt__v_ld(xr, c, C, m), mv), d1 = dt__v_sub(dt__v_ld(xr, c + 4, C, m), mv);
+            e0 = dt__v_add(e0, d0);
+            e1 = dt__v_add(e1, d1);
             a0 = dt__v_add(a0, dt__v_mul(d0, d0));
             a1 = dt__v_add(a1, dt__v_mul(d1, d1));
         });
-        v = dt__v_hsum(dt__v_add(a0, a1)) / (float)(C ? C : 1);
+        /* The corrected two-pass form (Chan, Golub, LeVeque 1983): the float mean m is off by up to
+           an ulp of |mean|, which matters when the row's mean is large against its spread (rstd
+           scales the error up); e = mean of (x - m) is that error, so m + e is the mean to about
+           float rounding of the spread, and the variance about m + e is sum d^2 / C - e^2. */
+        e = dt__v_hsum(dt__v_add(e0, e1)) / (float)(C ? C : 1);
+        v = dt__v_hsum(dt__v_add(a0, a1)) / (float)(C ? C : 1) - e * e;
+        if (v < 0) v = 0;
+        m += e;
+        mv = dt__v_set(m);
         s = (float)(1.0 / sqrt((double)v + eps)); /* once a row: double costs nothing here */
         sv = dt__v_set(s);
         DT__ROW_LOOP(c, C, 4, {

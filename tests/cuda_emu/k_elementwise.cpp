@@ -45,7 +45,9 @@ static void check_unary(const char *fwd_name, const char *bwd_name, k_fwd_fn kf,
     }
     if (k_ok(bwd_name, kb(d_dx, d_dout, d_x, n, NULL))) {
         cb(&ctx, &t_dx, &t_dout, &t_x);
-        dt_test_allclose(bwd_name, k_download(d_dx, n).data(), (float *)t_dx.data, n, 1e-7, 1e-6);
+        /* The CPU's gelu' runs on dt's exp (within 1.3e-7 of a double reference); the kernel's on
+           tanhf, a few ulps of the derivative's cancellation away (3e-6 seen): f32's 1e-5. */
+        dt_test_allclose(bwd_name, k_download(d_dx, n).data(), (float *)t_dx.data, n, 1e-6, 1e-5);
     }
     dt_tensor_free(&ctx, &t_x), dt_tensor_free(&ctx, &t_out), dt_tensor_free(&ctx, &t_dout), dt_tensor_free(&ctx, &t_dx);
 }
