@@ -19,9 +19,10 @@
        DT_CUDA         CUDA tensors (cudaMalloc, cudaMemcpy). Without it asking for a CUDA
                        tensor returns DT_ERR_DEVICE "built without DT_CUDA".
        DT_ASSERT(c)    internal invariant checks (default: assert.h). Never used for user errors.
-       DT_TENSOR_NO_SIMD  plain C loops instead of SSE2 in gelu, layernorm and softmax_xent
-                       (same results, bit for bit: the lanes do the scalar ops). Neither needs
-                       more than -lm: the exp is this file's own (see "4-lane vectors").
+       DT_TENSOR_NO_SIMD  plain C loops instead of SSE2 in gelu, layernorm, softmax_xent and
+                       attention's softmax (same results, bit for bit: the lanes do the scalar
+                       ops). Neither needs more than -lm: the exp is this file's own (see
+                       "4-lane vectors").
 
    API in one breath:
        dt_ctx_init / dt_ctx_shutdown / dt_ctx_error / dt_ctx_set_error
@@ -392,7 +393,8 @@ DT_API dt_status dt_embedding_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *
 DT_API dt_status dt_embedding_bwd(dt_ctx *ctx, dt_tensor *dtable, const dt_tensor *dout,
                                   const dt_tensor *ids);
 /* Causal multi-head self-attention (GPT-2, as llm.c): qkv [B,T,3C] packed q|k|v, out [B,T,C],
-   att [B,H,T,T] receives the softmaxed scores for the backward. */
+   att [B,H,T,T] receives the softmaxed scores for the backward (0 above the diagonal: the mask).
+   Both run per (batch, head) on GEMMs (dt_matmul's), the backward with a [T,T] ctx scratch. */
 DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv,
                                   int n_head);
 DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor *dout,
@@ -1876,9 +1878,11 @@ DT_API dt_status dt_bias_add_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *b
 
 /* Column sums in double, row by row: the same order whatever the shape of dout (and the same
    bits as summing each column down the rows). The rows are read whole, a chunk of DT__BIAS_W
-   columns at a time into as many double accumulators: walking a column down the rows would
+   columns at a time into as many double accumulators, DT__BIAS_R rows per pass so that each
+   group of 8 sums is loaded and stored once per pass: walking a column down all the rows would
    touch one cache line per element. */
 #define DT__BIAS_W 512
+#define DT__BIAS_R 8
 DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor *dout) {
     const char *fn = "dt_bias_add_bwd";
     int64_t r, c, c0, C, R;
@@ -1893,12 +1897,18 @@ DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor 
         int64_t w = C - c0 < DT__BIAS_W ? C - c0 : DT__BIAS_W;
         const float *d = DT__CF(dout) + c0;
         for (c = 0; c < w; c++) acc[c] = 0.0;
-        for (r = 0; r < R; r++, d += C) {
-            for (c = 0; c + 8 <= w; c += 8) { /* a fixed-size body: gcc -O2 makes it vector code */
+        for (r = 0; r < R; r += DT__BIAS_R, d += DT__BIAS_R * C) { /* DT__BIAS_R rows at a time */
+            int64_t rn = R - r < DT__BIAS_R ? R - r : DT__BIAS_R, k;
+            for (c = 0; c + 8 <= w; c += 8) { /* 8 sums stay in registers down the rn rows */
+                double a[8];
                 int j;
-                for (j = 0; j < 8; j++) acc[c + j] += (double)d[c + j];
+                memcpy(a, acc + c, sizeof a);
+                for (k = 0; k < rn; k++)
+                    for (j = 0; j < 8; j++) a[j] += (double)d[k * C + c + j];
+                memcpy(acc + c, a, sizeof a);
             }
-            for (; c < w; c++) acc[c] += (double)d[c];
+            for (; c < w; c++)
+                for (k = 0; k < rn; k++) acc[c] += (double)d[k * C + c];
         }
         for (c = 0; c < w; c++) DT__F(dbias)[c0 + c] += (float)acc[c];
     }
@@ -1934,7 +1944,7 @@ DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor 
 
 /* ---------------------------------------------------------------- 4-lane vectors
 
-   gelu, layernorm and softmax_xent are written once, on dt__v4 (4 floats): SSE2 intrinsics on
+   gelu, layernorm, softmax_xent (and attention's softmax) are written once, on dt__v4 (4 floats): SSE2 intrinsics on
    x86-64, a struct of 4 floats and plain loops elsewhere and under DT_TENSOR_NO_SIMD. Every lane
    does the IEEE operation the scalar code does (no reciprocal or rsqrt estimates, no FMA), so
    both give the same bits (tests/test_tensor_ops_simd.c checks it) and a result does not depend
