@@ -1871,7 +1871,16 @@ DT_API dt_status dt_bias_add_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *b
     DT__TRY(dt__dim(ctx, bias->numel, C, fn, "bias numel", "out.shape[-1]"));
     for (r = 0; r < R; r++) {
         float *o = DT__F(out) + r * C;
-        for (c = 0; c < C; c++) o[c] += DT__CF(bias)[c];
+        const float *bp = DT__CF(bias);
+        for (c = 0; c + 8 <= C; c += 8) { /* fixed-size copies: no alias check, vector code at -O2 */
+            float x[8], y[8];
+            int j;
+            memcpy(x, o + c, sizeof x);
+            memcpy(y, bp + c, sizeof y);
+            for (j = 0; j < 8; j++) x[j] += y[j];
+            memcpy(o + c, x, sizeof x);
+        }
+        for (; c < C; c++) o[c] += bp[c];
     }
     return DT_OK;
 }

@@ -1,6 +1,6 @@
 // with: tests/tensor_attn_portable.c
 /* tests/test_tensor_attn.c - attention on GEMMs (dt__gemm per batch and head on strided views of
-   qkv, the softmax on dt__v_exp) and bias_add_bwd on whole rows, against:
+   qkv, the softmax on dt__v_exp), bias_add_bwd on whole rows and bias_add_fwd in 8-blocks, against:
    (1) the scalar loops they replaced (copied below, as they were up to commit 3dbc65d): within
        stated bounds, since the sums run in another order and exp is dt__v_exp (<= 1 ulp);
    (2) the same ops on dt's portable GEMM (tests/tensor_attn_portable.c, built without DT_CBLAS);
@@ -348,13 +348,13 @@ static void test_bad_inputs(void) {
     dt_tensor_free(&C, &x25); dt_tensor_free(&C, &d); dt_tensor_free(&C, &o7);
 }
 
-/* ---------------------------------------------------------------- bias_add_bwd */
+/* ---------------------------------------------------------------- bias_add */
 
 /* The old loop: each column summed down the rows in double. The new one keeps that order per
    column, so the bits must be the same; dbias accumulates. */
 static void test_bias_bwd(void) {
     static const int64_t dims[][2] = {{37, 1}, {37, 7}, {5, 8}, {300, 513}, {9, 1030}, {0, 12}, {1, 3}};
-    int di, nd = (int)(sizeof dims / sizeof dims[0]), same = 1, acc_ok = 1;
+    int di, nd = (int)(sizeof dims / sizeof dims[0]), same = 1, acc_ok = 1, fwd_ok = 1;
     for (di = 0; di < nd; di++) {
         int64_t R = dims[di][0], Cn = dims[di][1], r, c;
         float *g = fbuf(R * Cn), *want = fbuf(Cn), *init = fbuf(Cn);
@@ -378,6 +378,18 @@ static void test_bias_bwd(void) {
         dt_tensor_free(&C, &gt); dt_tensor_free(&C, &bt);
         free(g); free(want); free(init);
     }
+    for (di = 0; di < nd; di++) { /* fwd: one add per element, so exact; every tail of the 8-blocks */
+        int64_t R = dims[di][0], Cn = dims[di][1], i;
+        float *x = fbuf(R * Cn), *bias = fbuf(Cn);
+        dt_tensor ot, bt;
+        fill_uniform(x, R * Cn, -3, 3); fill_uniform(bias, Cn, -1, 1);
+        ot = mk(2, R, Cn, 0, 0, x); bt = mk(1, Cn, 0, 0, 0, bias);
+        dt_bias_add_fwd(&C, &ot, &bt);
+        for (i = 0; i < R * Cn; i++) fwd_ok &= F(&ot)[i] == x[i] + bias[i % Cn];
+        dt_tensor_free(&C, &ot); dt_tensor_free(&C, &bt);
+        free(x); free(bias);
+    }
+    DT_TEST_CHECK("bias_add_fwd_adds_bias_to_every_row", fwd_ok);
     DT_TEST_CHECK("bias_add_bwd_same_bits_as_column_walk", same);
     DT_TEST_CHECK("bias_add_bwd_accumulates", acc_ok);
     {
