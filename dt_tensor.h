@@ -1953,11 +1953,11 @@ DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor 
 
 /* ---------------------------------------------------------------- 4-lane vectors
 
-   gelu, layernorm, softmax_xent (and attention's softmax) are written once, on dt__v4 (4 floats): SSE2 intrinsics on
-   x86-64, a struct of 4 floats and plain loops elsewhere and under DT_TENSOR_NO_SIMD. Every lane
-   does the IEEE operation the scalar code does (no reciprocal or rsqrt estimates, no FMA), so
-   both give the same bits (tests/test_tensor_ops_simd.c checks it) and a result does not depend
-   on the machine's vector unit. Row sums run over 8 lanes (two dt__v4: element c goes to lane
+   gelu, layernorm, softmax_xent and attention's softmax are written once, on dt__v4 (4 floats):
+   SSE2 intrinsics on x86-64, a struct of 4 floats and plain loops elsewhere and under
+   DT_TENSOR_NO_SIMD. Every lane does the IEEE operation the scalar code does (no reciprocal or
+   rsqrt estimates, no FMA), so both give the same bits (tests/test_tensor_ops_simd.c checks it)
+   and a result does not depend on the machine's vector unit. Row sums run over 8 lanes (two dt__v4: element c goes to lane
    c % 8), then a fixed tree: the same order run after run, whatever the thread count.
 
    Why not libmvec (glibc's _ZGVbN4v_expf / _ZGVdN8v_expf, linked by -lm on glibc >= 2.22, tanhf
@@ -2559,9 +2559,10 @@ static dt_status dt__attn_check(dt_ctx *ctx, const dt_tensor *o, const dt_tensor
    and value products go through dt__gemm (OpenBLAS under DT_CBLAS, else the blocked GEMM), the
    causal softmax on dt__v_exp with the 8-lane row max and sum the other row ops use. Only the
    lower triangle matters, so the products run in blocks of DT__ATT_RB query rows (or key
-   columns) that stop at the diagonal block: about (1 + RB/T) / 2 of the square's work. A GEMM
-   call's result does not depend on the thread count (neither GEMM splits the inner dimension),
-   and the blocks are fixed by T alone, so the bits are the same run after run. */
+   columns) that stop at the diagonal block: about (1 + RB/T) / 2 of the square's work. The
+   blocks depend on T alone, and a GEMM call's result not on the thread count (OpenBLAS splits
+   the rows and columns of C among threads, never the inner sum; tests/test_tensor_attn.c
+   compares 1 and 2 threads), so the bits are the same run after run. */
 #define DT__ATT_RB 64
 
 /* One query row of the softmax: a[0..t] holds scaled scores in, probabilities out; a[t+1..T-1]
