@@ -13,7 +13,7 @@
         (OpenBLAS at 1 thread, like everything else here), attention, bias, residual add, gelu,
         layernorm, softmax_xent; each op's ms and share of the step with the old loops and
         with the new ones ("before" is gelu, layernorm, softmax_xent up to a815b49 and attention,
-        bias_add_bwd up to 3dbc65d).
+        bias_add up to 3dbc65d).
    Every figure is the median of REPS timed runs after one warm-up run, in the thread's CPU time
    (CLOCK_THREAD_CPUTIME_ID): this project's machine is 2 cores shared with other jobs (load
    average 8-17 while this was written), and wall time would count their turns as the op's.
@@ -149,7 +149,7 @@ static void old_softmax_xent_bwd(float *dlogits, const float *probs, const int32
     }
 }
 
-/* attention and bias_add_bwd as they were up to 3dbc65d (scalar, expf per score; the bias
+/* attention and bias_add as they were up to 3dbc65d (scalar, expf per score; the bias
    gradient summed down each column in double) */
 static void old_attention_fwd(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t C, int n_head) {
     int64_t hs = C / n_head, b, t, t2, i;
@@ -207,6 +207,12 @@ static void old_attention_bwd(float *dqkv, float *datt, const float *dout, const
                     for (i = 0; i < hs; i++) { dq[i] += dpre * k[i]; dk[i] += dpre * q[i]; }
                 }
             }
+}
+
+static void old_bias_add_fwd(float *out, const float *bias, int64_t R, int64_t C) {
+    int64_t r, c;
+    for (r = 0; r < R; r++)
+        for (c = 0; c < C; c++) out[r * C + c] += bias[c];
 }
 
 static void old_bias_add_bwd(float *dbias, const float *dout, int64_t R, int64_t C) {
@@ -584,6 +590,9 @@ static void s_att_b_old(void *p) {
     (void)p;
     old_attention_bwd(F(&g.dqkv), F(&g.datt_row), F(&g.datty), F(&g.qkv), F(&g.att), GB, GT, GC, GH);
 }
+static void s_bias_qkv_f_old(void *p) { (void)p; old_bias_add_fwd(F(&g.qkv), F(&g.bqkv), GN, 3 * GC); }
+static void s_bias_c_f_old(void *p) { (void)p; old_bias_add_fwd(F(&g.proj), F(&g.bproj), GN, GC); }
+static void s_bias_fc_f_old(void *p) { (void)p; old_bias_add_fwd(F(&g.fc), F(&g.bfc), GN, 4 * GC); }
 static void s_bias_qkv_b_old(void *p) { (void)p; old_bias_add_bwd(F(&g.dbqkv), F(&g.dqkv), GN, 3 * GC); }
 static void s_bias_c_b_old(void *p) { (void)p; old_bias_add_bwd(F(&g.dbproj), F(&g.dproj), GN, GC); }
 static void s_bias_fc_b_old(void *p) { (void)p; old_bias_add_bwd(F(&g.dbfc), F(&g.dfc), GN, 4 * GC); }
@@ -626,8 +635,9 @@ static const step_call g_step[] = {
     {"matmul", GL, s_mm_fc2_f, NULL}, {"matmul", GL, s_mm_fc2_b, NULL}, {"matmul", 1, s_mm_lm_f, NULL},
     {"matmul", 1, s_mm_lm_b, NULL},
     {"attention", GL, s_att_f, s_att_f_old}, {"attention", GL, s_att_b, s_att_b_old},
-    {"bias", GL, s_bias_qkv_f, NULL}, {"bias", GL, s_bias_qkv_b, s_bias_qkv_b_old}, {"bias", 2 * GL, s_bias_c_f, NULL},
-    {"bias", 2 * GL, s_bias_c_b, s_bias_c_b_old}, {"bias", GL, s_bias_fc_f, NULL}, {"bias", GL, s_bias_fc_b, s_bias_fc_b_old},
+    {"bias", GL, s_bias_qkv_f, s_bias_qkv_f_old}, {"bias", GL, s_bias_qkv_b, s_bias_qkv_b_old},
+    {"bias", 2 * GL, s_bias_c_f, s_bias_c_f_old}, {"bias", 2 * GL, s_bias_c_b, s_bias_c_b_old},
+    {"bias", GL, s_bias_fc_f, s_bias_fc_f_old}, {"bias", GL, s_bias_fc_b, s_bias_fc_b_old},
     {"add", 2 * GL, s_add_f, NULL}, {"add", 2 * GL, s_add_b, NULL},
     {"gelu", GL, s_gelu_f, s_gelu_f_old}, {"gelu", GL, s_gelu_b, s_gelu_b_old},
     {"layernorm", 2 * GL + 1, s_ln_f, s_ln_f_old}, {"layernorm", 2 * GL + 1, s_ln_b, s_ln_b_old},
