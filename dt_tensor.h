@@ -22,9 +22,10 @@
                        -lcublas -lcudart; the other ops take CPU tensors only). Without it
                        asking for a CUDA tensor returns DT_ERR_DEVICE "built without DT_CUDA".
        DT_ASSERT(c)    internal invariant checks (default: assert.h). Never used for user errors.
-       DT_TENSOR_NO_SIMD  plain C loops instead of SSE2 in gelu, layernorm and softmax_xent
-                       (same results, bit for bit: the lanes do the scalar ops). Neither needs
-                       more than -lm: the exp is this file's own (see "4-lane vectors").
+       DT_TENSOR_NO_SIMD  plain C loops instead of SSE2 in gelu, layernorm, softmax_xent and
+                       attention's softmax (same results, bit for bit: the lanes do the scalar
+                       ops). Neither needs more than -lm: the exp is this file's own (see
+                       "4-lane vectors").
 
    API in one breath:
        dt_ctx_init / dt_ctx_shutdown / dt_ctx_error / dt_ctx_set_error
@@ -395,7 +396,8 @@ DT_API dt_status dt_embedding_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *
 DT_API dt_status dt_embedding_bwd(dt_ctx *ctx, dt_tensor *dtable, const dt_tensor *dout,
                                   const dt_tensor *ids);
 /* Causal multi-head self-attention (GPT-2, as llm.c): qkv [B,T,3C] packed q|k|v, out [B,T,C],
-   att [B,H,T,T] receives the softmaxed scores for the backward. */
+   att [B,H,T,T] receives the softmaxed scores for the backward (0 above the diagonal: the mask).
+   Both run per (batch, head) on GEMMs (dt_matmul's), the backward with a [T,T] ctx scratch. */
 DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv,
                                   int n_head);
 DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor *dout,
@@ -1612,10 +1614,13 @@ static float *dt__scratch(dt_ctx *ctx, size_t floats) {
     return ctx->scratch;
 }
 
+/* The scratch floats the portable GEMM packs into; callers may keep their own data past them. */
+#define DT__GEMM_SCRATCH ((size_t)(DT__MC * DT__KC + DT__KC * (DT__NC + DT__NR)))
+
 static dt_status dt__gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K,
                                    float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                                    float beta, float *C, int64_t ldc) {
-    size_t need = (size_t)(DT__MC * DT__KC + DT__KC * (DT__NC + DT__NR));
+    size_t need = DT__GEMM_SCRATCH;
     int64_t i, j, jc, pc, ic;
     float *pa, *pb, tile[DT__MR * DT__NR];
     if (beta != 1.0f)
@@ -1953,15 +1958,31 @@ DT_API dt_status dt_bias_add_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *b
     DT__TRY(dt__dim(ctx, bias->numel, C, fn, "bias numel", "out.shape[-1]"));
     for (r = 0; r < R; r++) {
         float *o = DT__F(out) + r * C;
-        for (c = 0; c < C; c++) o[c] += DT__CF(bias)[c];
+        const float *bp = DT__CF(bias);
+        for (c = 0; c + 8 <= C; c += 8) { /* fixed-size copies: no alias check, vector code at -O2 */
+            float x[8], y[8];
+            int j;
+            memcpy(x, o + c, sizeof x);
+            memcpy(y, bp + c, sizeof y);
+            for (j = 0; j < 8; j++) x[j] += y[j];
+            memcpy(o + c, x, sizeof x);
+        }
+        for (; c < C; c++) o[c] += bp[c];
     }
     return DT_OK;
 }
 
-/* Column sums in double, row by row: the same order whatever the shape of dout. */
+/* Column sums in double, row by row: the same order whatever the shape of dout (and the same
+   bits as summing each column down the rows). The rows are read whole, a chunk of DT__BIAS_W
+   columns at a time into as many double accumulators, DT__BIAS_R rows per pass so that each
+   group of 8 sums is loaded and stored once per pass: walking a column down all the rows would
+   touch one cache line per element. */
+#define DT__BIAS_W 512
+#define DT__BIAS_R 8
 DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor *dout) {
     const char *fn = "dt_bias_add_bwd";
-    int64_t r, c, C, R;
+    int64_t r, c, c0, C, R;
+    double acc[DT__BIAS_W];
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
     if (dt__cu(dbias) || dt__cu(dout)) return dt__cu_bias_add(ctx, dbias, dout, 1);
@@ -1971,10 +1992,24 @@ DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor 
     DT__TRY(dt__f32(ctx, dbias, fn, "dbias"));
     C = dt__last(dout); R = dt__rows(dout);
     DT__TRY(dt__dim(ctx, dbias->numel, C, fn, "dbias numel", "dout.shape[-1]"));
-    for (c = 0; c < C; c++) {
-        double s = 0;
-        for (r = 0; r < R; r++) s += DT__CF(dout)[r * C + c];
-        DT__F(dbias)[c] += (float)s;
+    for (c0 = 0; c0 < C; c0 += DT__BIAS_W) {
+        int64_t w = C - c0 < DT__BIAS_W ? C - c0 : DT__BIAS_W;
+        const float *d = DT__CF(dout) + c0;
+        for (c = 0; c < w; c++) acc[c] = 0.0;
+        for (r = 0; r < R; r += DT__BIAS_R, d += DT__BIAS_R * C) { /* DT__BIAS_R rows at a time */
+            int64_t rn = R - r < DT__BIAS_R ? R - r : DT__BIAS_R, k;
+            for (c = 0; c + 8 <= w; c += 8) { /* 8 sums stay in registers down the rn rows */
+                double a[8];
+                int j;
+                memcpy(a, acc + c, sizeof a);
+                for (k = 0; k < rn; k++)
+                    for (j = 0; j < 8; j++) a[j] += (double)d[k * C + c + j];
+                memcpy(acc + c, a, sizeof a);
+            }
+            for (; c < w; c++)
+                for (k = 0; k < rn; k++) acc[c] += (double)d[k * C + c];
+        }
+        for (c = 0; c < w; c++) DT__F(dbias)[c0 + c] += (float)acc[c];
     }
     return DT_OK;
 }
@@ -2008,11 +2043,11 @@ DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor 
 
 /* ---------------------------------------------------------------- 4-lane vectors
 
-   gelu, layernorm and softmax_xent are written once, on dt__v4 (4 floats): SSE2 intrinsics on
-   x86-64, a struct of 4 floats and plain loops elsewhere and under DT_TENSOR_NO_SIMD. Every lane
-   does the IEEE operation the scalar code does (no reciprocal or rsqrt estimates, no FMA), so
-   both give the same bits (tests/test_tensor_ops_simd.c checks it) and a result does not depend
-   on the machine's vector unit. Row sums run over 8 lanes (two dt__v4: element c goes to lane
+   gelu, layernorm, softmax_xent and attention's softmax are written once, on dt__v4 (4 floats):
+   SSE2 intrinsics on x86-64, a struct of 4 floats and plain loops elsewhere and under
+   DT_TENSOR_NO_SIMD. Every lane does the IEEE operation the scalar code does (no reciprocal or
+   rsqrt estimates, no FMA), so both give the same bits (tests/test_tensor_ops_simd.c checks it)
+   and a result does not depend on the machine's vector unit. Row sums run over 8 lanes (two dt__v4: element c goes to lane
    c % 8), then a fixed tree: the same order run after run, whatever the thread count.
 
    Why not libmvec (glibc's _ZGVbN4v_expf / _ZGVdN8v_expf, linked by -lm on glibc >= 2.22, tanhf
@@ -2644,8 +2679,61 @@ static dt_status dt__attn_check(dt_ctx *ctx, const dt_tensor *o, const dt_tensor
     return DT_OK;
 }
 
+/* Attention runs per (batch, head) on strided views of the packed qkv (row stride 3C): the score
+   and value products go through dt__gemm (OpenBLAS under DT_CBLAS, else the blocked GEMM), the
+   causal softmax on dt__v_exp with the 8-lane row max and sum the other row ops use. Only the
+   lower triangle matters, so the products run in blocks of DT__ATT_RB query rows (or key
+   columns) that stop at the diagonal block: about (1 + RB/T) / 2 of the square's work. The
+   blocks depend on T alone, and a GEMM call's result not on the thread count (OpenBLAS splits
+   the rows and columns of C among threads, never the inner sum; tests/test_tensor_attn.c
+   compares 1 and 2 threads), so the bits are the same run after run. */
+#define DT__ATT_RB 64
+
+/* One query row of the softmax: a[0..t] holds scaled scores in, probabilities out; a[t+1..T-1]
+   becomes 0 (the causal mask: att keeps masked entries 0, the backward's GEMMs read them). */
+static void dt__att_softmax_row(float *a, int64_t t, int64_t T) {
+    int64_t c, n = t + 1;
+    dt__v4 a0 = dt__v_set(-FLT_MAX), a1 = a0, mv, inv;
+    float sum;
+    DT__ROW_LOOP(c, n, 8, { /* pads of -FLT_MAX, the start value, change no max */
+        a0 = dt__v_max(a0, dt__v_ld(a, c, n, -FLT_MAX));
+        a1 = dt__v_max(a1, dt__v_ld(a, c + 4, n, -FLT_MAX));
+    });
+    mv = dt__v_set(dt__v_hmax(dt__v_max(a0, a1)));
+    a0 = a1 = dt__v_set(0.0f);
+    DT__ROW_LOOP(c, n, 8, { /* pads of -inf give exp = 0 */
+        dt__v4 e0 = dt__v_exp(dt__v_sub(dt__v_ld(a, c, n, -INFINITY), mv));
+        dt__v4 e1 = dt__v_exp(dt__v_sub(dt__v_ld(a, c + 4, n, -INFINITY), mv));
+        dt__v_st(a, c, n, e0);
+        dt__v_st(a, c + 4, n, e1);
+        a0 = dt__v_add(a0, e0);
+        a1 = dt__v_add(a1, e1);
+    });
+    sum = dt__v_hsum(dt__v_add(a0, a1)); /* >= 1: the max's own exp(0) */
+    inv = dt__v_set(1.0f / sum);
+    DT__ROW_LOOP(c, n, 4, { dt__v_st(a, c, n, dt__v_mul(dt__v_ld(a, c, n, 0.0f), inv)); });
+    if (n < T) memset(a + n, 0, (size_t)(T - n) * sizeof(float));
+}
+
+/* One query row of the softmax backward, in place: d[0..t] = p * (d - sum_j p_j d_j) * scale,
+   d[t+1..n-1] = 0 (n: the columns the GEMMs after it read). */
+static void dt__att_softmax_bwd_row(float *d, const float *p, int64_t t, int64_t n, float scale) {
+    int64_t c, m = t + 1;
+    dt__v4 a0 = dt__v_set(0.0f), a1 = a0, dv, sv = dt__v_set(scale);
+    DT__ROW_LOOP(c, m, 8, { /* pads of 0 add nothing */
+        a0 = dt__v_add(a0, dt__v_mul(dt__v_ld(p, c, m, 0.0f), dt__v_ld(d, c, m, 0.0f)));
+        a1 = dt__v_add(a1, dt__v_mul(dt__v_ld(p, c + 4, m, 0.0f), dt__v_ld(d, c + 4, m, 0.0f)));
+    });
+    dv = dt__v_set(dt__v_hsum(dt__v_add(a0, a1)));
+    DT__ROW_LOOP(c, m, 4, {
+        dt__v4 x = dt__v_mul(dt__v_mul(dt__v_ld(p, c, m, 0.0f), dt__v_sub(dt__v_ld(d, c, m, 0.0f), dv)), sv);
+        dt__v_st(d, c, m, x);
+    });
+    if (m < n) memset(d + m, 0, (size_t)(n - m) * sizeof(float));
+}
+
 DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv, int n_head) {
-    int64_t B, T, C, hs, b, t, t2, i;
+    int64_t B, T, C, hs, b, r0, t;
     int h;
     float scale;
     if (!ctx) return DT_ERR_ARG;
@@ -2656,37 +2744,31 @@ DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, c
     B = qkv->shape[0]; T = qkv->shape[1]; C = qkv->shape[2] / 3; hs = C / n_head;
     scale = hs ? 1.0f / sqrtf((float)hs) : 0.0f; /* C = 0: no features, uniform attention */
     for (b = 0; b < B; b++)
-        for (t = 0; t < T; t++)
-            for (h = 0; h < n_head; h++) {
-                const float *q = DT__CF(qkv) + (b * T + t) * 3 * C + h * hs;
-                float *a = DT__F(att) + ((b * n_head + h) * T + t) * T;
-                float *o = DT__F(out) + (b * T + t) * C + h * hs;
-                float mx = -FLT_MAX, sum = 0;
-                for (t2 = 0; t2 <= t; t2++) {
-                    const float *k = DT__CF(qkv) + (b * T + t2) * 3 * C + C + h * hs;
-                    float d = 0;
-                    for (i = 0; i < hs; i++) d += q[i] * k[i];
-                    a[t2] = d * scale;
-                    if (a[t2] > mx) mx = a[t2];
-                }
-                for (t2 = 0; t2 <= t; t2++) { a[t2] = expf(a[t2] - mx); sum += a[t2]; }
-                for (t2 = 0; t2 < T; t2++) a[t2] = t2 <= t ? a[t2] / sum : 0.0f; /* causal mask */
-                for (i = 0; i < hs; i++) o[i] = 0;
-                for (t2 = 0; t2 <= t; t2++) {
-                    const float *v = DT__CF(qkv) + (b * T + t2) * 3 * C + 2 * C + h * hs;
-                    for (i = 0; i < hs; i++) o[i] += a[t2] * v[i];
-                }
+        for (h = 0; h < n_head; h++) {
+            const float *q = DT__CF(qkv) + b * T * 3 * C + h * hs, *k = q + C, *v = q + 2 * C;
+            float *a = DT__F(att) + (b * n_head + h) * T * T, *o = DT__F(out) + b * T * C + h * hs;
+            for (r0 = 0; r0 < T; r0 += DT__ATT_RB) { /* rows r0..r1-1 see keys 0..r1-1 */
+                int64_t r1 = T - r0 < DT__ATT_RB ? T : r0 + DT__ATT_RB;
+                DT__TRY(dt__gemm(ctx, 0, 1, r1 - r0, r1, hs, scale, q + r0 * 3 * C, 3 * C, k, 3 * C, 0.0f,
+                                 a + r0 * T, T));
+                for (t = r0; t < r1; t++) dt__att_softmax_row(a + t * T, t, T);
+                DT__TRY(dt__gemm(ctx, 0, 0, r1 - r0, hs, r1, 1.0f, a + r0 * T, T, v, 3 * C, 0.0f, o + r0 * C, C));
             }
+        }
     return DT_OK;
 }
 
-/* Per query row: datt = dout . v, then the softmax backward datt -> dpre, then q/k grads. */
+/* Per (batch, head), with P = att and G = dout: dV += P^T G, dP = G V^T, the softmax backward
+   dS = P * (dP - rowsum(P * dP)) * scale, dQ += dS K, dK += dS^T Q. dS [T, T] lives in the ctx
+   scratch past the part the portable GEMM packs into (DT__GEMM_SCRATCH), so no call allocates
+   once the scratch has grown. */
 DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor *dout, const dt_tensor *qkv,
                                   const dt_tensor *att, int n_head) {
     const char *fn = "dt_attention_bwd";
-    int64_t B, T, C, hs, b, t, t2, i;
+    int64_t B, T, C, hs, b, r0, t;
+    size_t TT;
     int h;
-    float scale, *datt;
+    float scale, *ds;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
     if (dt__cu(dqkv) || dt__cu(dout) || dt__cu(qkv) || dt__cu(att)) return dt__cu_attention_bwd(ctx, dqkv, dout, qkv, att, n_head);
@@ -2696,32 +2778,30 @@ DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor 
     DT__TRY(dt__f32(ctx, dqkv, fn, "dqkv"));
     DT__TRY(dt__same(ctx, dqkv, qkv, fn, "dqkv", "qkv"));
     B = qkv->shape[0]; T = qkv->shape[1]; C = qkv->shape[2] / 3; hs = C / n_head;
+    if (B == 0 || T == 0) return DT_OK;
     scale = hs ? 1.0f / sqrtf((float)hs) : 0.0f; /* C = 0: no features, uniform attention */
-    datt = dt__scratch(ctx, (size_t)(T ? T : 1)); /* no GEMM runs below, so the buffer is free */
-    if (!datt) return DT_ERR_OOM;
+    TT = (size_t)T * (size_t)T; /* fits: att has B*H*T*T elements */
+    if (!dt__scratch(ctx, DT__GEMM_SCRATCH + TT)) return DT_ERR_OOM;
+    ds = ctx->scratch + DT__GEMM_SCRATCH;
     for (b = 0; b < B; b++)
-        for (t = 0; t < T; t++)
-            for (h = 0; h < n_head; h++) {
-                const float *a = DT__CF(att) + ((b * n_head + h) * T + t) * T;
-                const float *g = DT__CF(dout) + (b * T + t) * C + h * hs;
-                const float *q = DT__CF(qkv) + (b * T + t) * 3 * C + h * hs;
-                float *dq = DT__F(dqkv) + (b * T + t) * 3 * C + h * hs;
-                float dot = 0;
-                for (t2 = 0; t2 <= t; t2++) {
-                    const float *v = DT__CF(qkv) + (b * T + t2) * 3 * C + 2 * C + h * hs;
-                    float *dv = DT__F(dqkv) + (b * T + t2) * 3 * C + 2 * C + h * hs;
-                    float d = 0;
-                    for (i = 0; i < hs; i++) { d += v[i] * g[i]; dv[i] += a[t2] * g[i]; }
-                    datt[t2] = d;
-                    dot += a[t2] * d;
-                }
-                for (t2 = 0; t2 <= t; t2++) {
-                    const float *k = DT__CF(qkv) + (b * T + t2) * 3 * C + C + h * hs;
-                    float *dk = DT__F(dqkv) + (b * T + t2) * 3 * C + C + h * hs;
-                    float dpre = a[t2] * (datt[t2] - dot) * scale;
-                    for (i = 0; i < hs; i++) { dq[i] += dpre * k[i]; dk[i] += dpre * q[i]; }
-                }
+        for (h = 0; h < n_head; h++) {
+            const float *q = DT__CF(qkv) + b * T * 3 * C + h * hs, *k = q + C, *v = q + 2 * C;
+            const float *p = DT__CF(att) + (b * n_head + h) * T * T, *g = DT__CF(dout) + b * T * C + h * hs;
+            float *dq = DT__F(dqkv) + b * T * 3 * C + h * hs, *dk = dq + C, *dv = dq + 2 * C;
+            for (r0 = 0; r0 < T; r0 += DT__ATT_RB) { /* query rows r0..r1-1, key columns 0..r1-1 */
+                int64_t r1 = T - r0 < DT__ATT_RB ? T : r0 + DT__ATT_RB;
+                DT__TRY(dt__gemm(ctx, 0, 1, r1 - r0, r1, hs, 1.0f, g + r0 * C, C, v, 3 * C, 0.0f, ds + r0 * T, T));
+                for (t = r0; t < r1; t++) dt__att_softmax_bwd_row(ds + t * T, p + t * T, t, r1, scale);
+                DT__TRY(dt__gemm(ctx, 0, 0, r1 - r0, hs, r1, 1.0f, ds + r0 * T, T, k, 3 * C, 1.0f, dq + r0 * 3 * C, 3 * C));
             }
+            for (r0 = 0; r0 < T; r0 += DT__ATT_RB) { /* key rows r0..r1-1 see query rows r0..T-1 */
+                int64_t r1 = T - r0 < DT__ATT_RB ? T : r0 + DT__ATT_RB;
+                DT__TRY(dt__gemm(ctx, 1, 0, r1 - r0, hs, T - r0, 1.0f, p + r0 * T + r0, T, g + r0 * C, C, 1.0f,
+                                 dv + r0 * 3 * C, 3 * C));
+                DT__TRY(dt__gemm(ctx, 1, 0, r1 - r0, hs, T - r0, 1.0f, ds + r0 * T + r0, T, q + r0 * 3 * C, 3 * C,
+                                 1.0f, dk + r0 * 3 * C, 3 * C));
+            }
+        }
     return DT_OK;
 }
 

@@ -1,15 +1,19 @@
-/* bench/ops.c - the CPU ops that are not GEMM (gelu, layernorm, softmax_xent) before and after
-   their vectorisation (issue 9), and what they cost in a GPT training step. One thread.
+/* bench/ops.c - the CPU ops that are not GEMM (gelu, layernorm, softmax_xent, attention, bias)
+   before and after their rewrite (issue 9), and what they cost in a GPT training step. One thread.
      1. Each op, forward and backward, at GPT-step shapes: "before" is the scalar loop as it was
         in dt_tensor.h up to commit a815b49 (copied below: libm tanhf / expf, row sums in
         double), "after" is dt's op (4-lane SSE2). Each is timed in turns with memcpy of the
         op's main tensor (same bytes, same run), and printed in GB/s, as a ratio to that memcpy,
         and as the speedup after/before. The outputs of both are compared (max relative diff).
+     1b. attention fwd / bwd (GEMMs per batch and head from d3024d8) and bias_add_bwd (whole
+        rows) against the loops they replaced (copied below), in ms, speedup and GFLOP/s (GB/s
+        for the bias), with the max relative difference of their outputs.
      2. Time per op in one training step (forward + backward) of a GPT (B 8, T 256, C 256,
         4 heads, 4 layers, 4C MLP, vocab 256): the matmuls through dt_linear with DT_CBLAS
         (OpenBLAS at 1 thread, like everything else here), attention, bias, residual add, gelu,
         layernorm, softmax_xent; each op's ms and share of the step with the old loops and
-        with the new ones.
+        with the new ones ("before" is gelu, layernorm, softmax_xent up to a815b49 and attention,
+        bias_add up to 3dbc65d).
    Every figure is the median of REPS timed runs after one warm-up run, in the thread's CPU time
    (CLOCK_THREAD_CPUTIME_ID): this project's machine is 2 cores shared with other jobs (load
    average 8-17 while this was written), and wall time would count their turns as the op's.
@@ -18,10 +22,10 @@
    build (what ./build.sh does):
        gcc -std=c99 -O2 -Wall -Wextra -Werror -DDT_CBLAS -I. bench/ops.c -o build/bench/ops \
            -lopenblas -lm
-   run:  build/bench/ops            both sections (about 20 s on an idle core)
+   run:  build/bench/ops            all sections (about 60 s on an idle core)
          build/bench/ops --tsv      section 1 only, as tab-separated lines (bench/ops_torch.py
                                     reads them to print PyTorch's ratio to dt)
-         build/bench/ops --wall     both sections in wall-clock time
+         build/bench/ops --wall     all sections in wall-clock time
 
    clock_gettime / CLOCK_MONOTONIC are POSIX, hidden by strict -std=c99; the feature-test macro
    below asks for them, so the bench builds with the project's flags unchanged. */
@@ -142,6 +146,81 @@ static void old_softmax_xent_bwd(float *dlogits, const float *probs, const int32
         const float *p = probs + r * V;
         float *g = dlogits + r * V;
         for (v = 0; v < V; v++) g[v] += s * (p[v] - (v == t ? 1.0f : 0.0f));
+    }
+}
+
+/* attention and bias_add as they were up to 3dbc65d (scalar, expf per score; the bias
+   gradient summed down each column in double) */
+static void old_attention_fwd(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t C, int n_head) {
+    int64_t hs = C / n_head, b, t, t2, i;
+    int h;
+    float scale = hs ? 1.0f / sqrtf((float)hs) : 0.0f;
+    for (b = 0; b < B; b++)
+        for (t = 0; t < T; t++)
+            for (h = 0; h < n_head; h++) {
+                const float *q = qkv + (b * T + t) * 3 * C + h * hs;
+                float *a = att + ((b * n_head + h) * T + t) * T;
+                float *o = out + (b * T + t) * C + h * hs;
+                float mx = -FLT_MAX, sum = 0;
+                for (t2 = 0; t2 <= t; t2++) {
+                    const float *k = qkv + (b * T + t2) * 3 * C + C + h * hs;
+                    float d = 0;
+                    for (i = 0; i < hs; i++) d += q[i] * k[i];
+                    a[t2] = d * scale;
+                    if (a[t2] > mx) mx = a[t2];
+                }
+                for (t2 = 0; t2 <= t; t2++) { a[t2] = expf(a[t2] - mx); sum += a[t2]; }
+                for (t2 = 0; t2 < T; t2++) a[t2] = t2 <= t ? a[t2] / sum : 0.0f;
+                for (i = 0; i < hs; i++) o[i] = 0;
+                for (t2 = 0; t2 <= t; t2++) {
+                    const float *v = qkv + (b * T + t2) * 3 * C + 2 * C + h * hs;
+                    for (i = 0; i < hs; i++) o[i] += a[t2] * v[i];
+                }
+            }
+}
+
+static void old_attention_bwd(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
+                              int64_t B, int64_t T, int64_t C, int n_head) {
+    int64_t hs = C / n_head, b, t, t2, i;
+    int h;
+    float scale = hs ? 1.0f / sqrtf((float)hs) : 0.0f;
+    for (b = 0; b < B; b++)
+        for (t = 0; t < T; t++)
+            for (h = 0; h < n_head; h++) {
+                const float *a = att + ((b * n_head + h) * T + t) * T;
+                const float *g = dout + (b * T + t) * C + h * hs;
+                const float *q = qkv + (b * T + t) * 3 * C + h * hs;
+                float *dq = dqkv + (b * T + t) * 3 * C + h * hs;
+                float dot = 0;
+                for (t2 = 0; t2 <= t; t2++) {
+                    const float *v = qkv + (b * T + t2) * 3 * C + 2 * C + h * hs;
+                    float *dv = dqkv + (b * T + t2) * 3 * C + 2 * C + h * hs;
+                    float d = 0;
+                    for (i = 0; i < hs; i++) { d += v[i] * g[i]; dv[i] += a[t2] * g[i]; }
+                    datt[t2] = d;
+                    dot += a[t2] * d;
+                }
+                for (t2 = 0; t2 <= t; t2++) {
+                    const float *k = qkv + (b * T + t2) * 3 * C + C + h * hs;
+                    float *dk = dqkv + (b * T + t2) * 3 * C + C + h * hs;
+                    float dpre = a[t2] * (datt[t2] - dot) * scale;
+                    for (i = 0; i < hs; i++) { dq[i] += dpre * k[i]; dk[i] += dpre * q[i]; }
+                }
+            }
+}
+
+static void old_bias_add_fwd(float *out, const float *bias, int64_t R, int64_t C) {
+    int64_t r, c;
+    for (r = 0; r < R; r++)
+        for (c = 0; c < C; c++) out[r * C + c] += bias[c];
+}
+
+static void old_bias_add_bwd(float *dbias, const float *dout, int64_t R, int64_t C) {
+    int64_t r, c;
+    for (c = 0; c < C; c++) {
+        double s = 0;
+        for (r = 0; r < R; r++) s += dout[r * C + c];
+        dbias[c] += (float)s;
     }
 }
 
@@ -352,6 +431,92 @@ static void bench_ops(int tsv) {
     }
 }
 
+/* ---------------------------------------------------------------- 1b. attention and bias_add_bwd
+
+   attention fwd / bwd (dt: GEMMs per batch and head, the lower triangle in 64-row blocks) and
+   bias_add_bwd (dt: whole rows into double accumulators) against the old loops. GFLOP/s counts
+   the causal products only: fwd 2 * B*H*T(T+1)/2 * hs * 2, bwd twice that. */
+
+typedef struct att_bufs {
+    int64_t B, T, C;
+    int H;
+    dt_tensor qkv, out, out_old, att, att_old, dout, dqkv, dqkv_old, datt_row;
+} att_bufs;
+
+static void j_att_fwd(void *p) { att_bufs *a = (att_bufs *)p; CHECK(dt_attention_fwd(&g_ctx, &a->out, &a->att, &a->qkv, a->H)); }
+static void j_att_fwd_old(void *p) {
+    att_bufs *a = (att_bufs *)p;
+    old_attention_fwd(F(&a->out_old), F(&a->att_old), F(&a->qkv), a->B, a->T, a->C, a->H);
+}
+static void j_att_bwd(void *p) {
+    att_bufs *a = (att_bufs *)p;
+    CHECK(dt_attention_bwd(&g_ctx, &a->dqkv, &a->dout, &a->qkv, &a->att, a->H));
+}
+static void j_att_bwd_old(void *p) {
+    att_bufs *a = (att_bufs *)p;
+    old_attention_bwd(F(&a->dqkv_old), F(&a->datt_row), F(&a->dout), F(&a->qkv), F(&a->att), a->B, a->T, a->C, a->H);
+}
+static void j_bias_bwd(void *p) { op_bufs *o = (op_bufs *)p; CHECK(dt_bias_add_bwd(&g_ctx, &o->db, &o->dout)); }
+static void j_bias_bwd_old(void *p) { op_bufs *o = (op_bufs *)p; old_bias_add_bwd(F(&o->dw), F(&o->dout), o->R, o->C); }
+
+static void bench_attention(void) {
+    static const struct { const char *name; int64_t B, T, C; int H; } shapes[] = {
+        {"gpt B8 T256 C256 H4", 8, 256, 256, 4},
+        {"gpt2 B1 T1024 C768 H12", 1, 1024, 768, 12},
+    };
+    static const int64_t bias_shapes[][2] = {{2048, 768}, {2048, 1024}, {1024, 2304}};
+    int s, k;
+    printf("\n== 1b. attention and bias_add_bwd before (the loops up to 3dbc65d) and after, 1 thread\n");
+    printf("%-24s %-14s %10s %10s %8s %9s %9s\n", "shape", "op", "before ms", "after ms", "speedup", "GFLOP/s", "max rel");
+    printf("%-24s %-14s %10s %10s %8s %9s %9s\n", "", "", "", "", "", "after", "diff");
+    for (s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++) {
+        att_bufs a;
+        int64_t hs;
+        memset(&a, 0, sizeof a);
+        a.B = shapes[s].B; a.T = shapes[s].T; a.C = shapes[s].C; a.H = shapes[s].H;
+        hs = a.C / a.H;
+        a.qkv = mk(a.B, a.T, 3 * a.C, 0); a.out = mk(a.B, a.T, a.C, 0); a.out_old = mk(a.B, a.T, a.C, 0);
+        a.att = mk(a.B, a.H, a.T, a.T); a.att_old = mk(a.B, a.H, a.T, a.T); a.dout = mk(a.B, a.T, a.C, 0);
+        a.dqkv = mk(a.B, a.T, 3 * a.C, 0); a.dqkv_old = mk(a.B, a.T, 3 * a.C, 0); a.datt_row = mk(a.T, 0, 0, 0);
+        randn(&a.qkv, "qkv", 1.0); randn(&a.dout, "dout", 1.0);
+        for (k = 0; k < 2; k++) {
+            job_fn fn[2];
+            void *arg[2] = {&a, &a};
+            double med[2], flop = 2.0 * (double)(a.B * a.H) * (double)(a.T * (a.T + 1) / 2) * (double)hs * 2.0, diff;
+            fn[0] = k ? j_att_bwd_old : j_att_fwd_old; fn[1] = k ? j_att_bwd : j_att_fwd;
+            time_jobs(2, fn, arg, REPS, med);
+            if (k) flop *= 2;
+            /* fwd: out and att; bwd: the accumulated dqkv (both ran 1 + REPS times from the same att) */
+            diff = k ? rel_diff(F(&a.dqkv), F(&a.dqkv_old), a.dqkv.numel) : rel_diff(F(&a.out), F(&a.out_old), a.out.numel);
+            if (!k && rel_diff(F(&a.att), F(&a.att_old), a.att.numel) > diff) diff = rel_diff(F(&a.att), F(&a.att_old), a.att.numel);
+            if (diff > 1e-5) g_bad = 1;
+            printf("%-24s %-14s %10.2f %10.2f %7.1fx %9.2f %9.1e%s\n", k ? "" : shapes[s].name,
+                   k ? "attention_bwd" : "attention_fwd", 1e3 * med[0], 1e3 * med[1], med[0] / med[1], flop / med[1] / 1e9,
+                   diff, diff > 1e-5 ? " !!" : "");
+        }
+        dt_tensor_free(&g_ctx, &a.qkv); dt_tensor_free(&g_ctx, &a.out); dt_tensor_free(&g_ctx, &a.out_old);
+        dt_tensor_free(&g_ctx, &a.att); dt_tensor_free(&g_ctx, &a.att_old); dt_tensor_free(&g_ctx, &a.dout);
+        dt_tensor_free(&g_ctx, &a.dqkv); dt_tensor_free(&g_ctx, &a.dqkv_old); dt_tensor_free(&g_ctx, &a.datt_row);
+    }
+    printf("%-24s %-14s %10s %10s %8s %9s %9s\n", "", "", "", "", "", "GB/s", "");
+    for (s = 0; s < (int)(sizeof bias_shapes / sizeof bias_shapes[0]); s++) {
+        op_bufs o;
+        job_fn fn[2] = {j_bias_bwd_old, j_bias_bwd};
+        void *arg[2];
+        double med[2], diff;
+        char name[48];
+        bufs_setup(&o, bias_shapes[s][0], bias_shapes[s][1]);
+        arg[0] = arg[1] = &o;
+        time_jobs(2, fn, arg, REPS, med);
+        diff = rel_diff(F(&o.db), F(&o.dw), o.C); /* the same sums, run equally often: same bits */
+        if (diff != 0) g_bad = 1;
+        snprintf(name, sizeof name, "dout %lld x %lld", (long long)o.R, (long long)o.C);
+        printf("%-24s %-14s %10.3f %10.3f %7.1fx %9.2f %9.1e%s\n", name, "bias_add_bwd", 1e3 * med[0], 1e3 * med[1],
+               med[0] / med[1], 4.0 * (double)(o.R * o.C) / med[1] / 1e9, diff, diff != 0 ? " !!" : "");
+        bufs_free(&o);
+    }
+}
+
 /* ---------------------------------------------------------------- 2. one GPT step */
 
 enum { GB = 8, GT = 256, GC = 256, GH = 4, GL = 4, GV = 256, GN = GB * GT };
@@ -361,7 +526,7 @@ enum { GB = 8, GT = 256, GC = 256, GH = 4, GL = 4, GV = 256, GN = GB * GT };
 typedef struct gpt_bufs {
     dt_tensor x, ln, mean, rstd, lnw, lnb, dln, dlnw, dlnb;           /* [N, C], [N], [C] */
     dt_tensor wqkv, bqkv, qkv, dqkv, dwqkv, dbqkv;                     /* [3C, C], [N, 3C] */
-    dt_tensor att, atty, datty;                                        /* [B, H, T, T], [B, T, C] */
+    dt_tensor att, atty, datty, datt_row;                              /* [B, H, T, T], [B, T, C], [T] */
     dt_tensor wproj, bproj, proj, dproj, dwproj, dbproj;               /* [C, C], [N, C] */
     dt_tensor wfc, bfc, fc, dfc, dwfc, dbfc, act, dact;                /* [4C, C], [N, 4C] */
     dt_tensor wfc2, bfc2, fc2, dfc2, dwfc2, dbfc2;                     /* [C, 4C], [N, C] */
@@ -383,6 +548,7 @@ static void gpt_setup(void) {
     T2(wqkv, 3 * GC, GC); T1(bqkv, 3 * GC); T2(dwqkv, 3 * GC, GC); T1(dbqkv, 3 * GC);
     g.qkv = mk(GB, GT, 3 * GC, 0); all[n++] = &g.qkv; g.dqkv = mk(GB, GT, 3 * GC, 0); all[n++] = &g.dqkv;
     g.att = mk(GB, GH, GT, GT); all[n++] = &g.att;
+    T1(datt_row, GT);
     g.atty = mk(GB, GT, GC, 0); all[n++] = &g.atty; g.datty = mk(GB, GT, GC, 0); all[n++] = &g.datty;
     T2(wproj, GC, GC); T1(bproj, GC); T2(proj, GN, GC); T2(dproj, GN, GC); T2(dwproj, GC, GC); T1(dbproj, GC);
     T2(wfc, 4 * GC, GC); T1(bfc, 4 * GC); T2(fc, GN, 4 * GC); T2(dfc, GN, 4 * GC); T2(dwfc, 4 * GC, GC);
@@ -419,6 +585,17 @@ static void s_mm_lm_f(void *p) { (void)p; CHECK(dt_linear_fwd(&g_ctx, &g.logits,
 static void s_mm_lm_b(void *p) { (void)p; CHECK(dt_linear_bwd(&g_ctx, &g.dln, &g.dwlm, NULL, &g.dlogits, &g.ln, &g.wlm)); }
 static void s_att_f(void *p) { (void)p; CHECK(dt_attention_fwd(&g_ctx, &g.atty, &g.att, &g.qkv, GH)); }
 static void s_att_b(void *p) { (void)p; CHECK(dt_attention_bwd(&g_ctx, &g.dqkv, &g.datty, &g.qkv, &g.att, GH)); }
+static void s_att_f_old(void *p) { (void)p; old_attention_fwd(F(&g.atty), F(&g.att), F(&g.qkv), GB, GT, GC, GH); }
+static void s_att_b_old(void *p) {
+    (void)p;
+    old_attention_bwd(F(&g.dqkv), F(&g.datt_row), F(&g.datty), F(&g.qkv), F(&g.att), GB, GT, GC, GH);
+}
+static void s_bias_qkv_f_old(void *p) { (void)p; old_bias_add_fwd(F(&g.qkv), F(&g.bqkv), GN, 3 * GC); }
+static void s_bias_c_f_old(void *p) { (void)p; old_bias_add_fwd(F(&g.proj), F(&g.bproj), GN, GC); }
+static void s_bias_fc_f_old(void *p) { (void)p; old_bias_add_fwd(F(&g.fc), F(&g.bfc), GN, 4 * GC); }
+static void s_bias_qkv_b_old(void *p) { (void)p; old_bias_add_bwd(F(&g.dbqkv), F(&g.dqkv), GN, 3 * GC); }
+static void s_bias_c_b_old(void *p) { (void)p; old_bias_add_bwd(F(&g.dbproj), F(&g.dproj), GN, GC); }
+static void s_bias_fc_b_old(void *p) { (void)p; old_bias_add_bwd(F(&g.dbfc), F(&g.dfc), GN, 4 * GC); }
 static void s_bias_qkv_f(void *p) { (void)p; CHECK(dt_bias_add_fwd(&g_ctx, &g.qkv, &g.bqkv)); }
 static void s_bias_qkv_b(void *p) { (void)p; CHECK(dt_bias_add_bwd(&g_ctx, &g.dbqkv, &g.dqkv)); }
 static void s_bias_c_f(void *p) { (void)p; CHECK(dt_bias_add_fwd(&g_ctx, &g.proj, &g.bproj)); }
@@ -457,9 +634,10 @@ static const step_call g_step[] = {
     {"matmul", GL, s_mm_proj_b, NULL}, {"matmul", GL, s_mm_fc_f, NULL}, {"matmul", GL, s_mm_fc_b, NULL},
     {"matmul", GL, s_mm_fc2_f, NULL}, {"matmul", GL, s_mm_fc2_b, NULL}, {"matmul", 1, s_mm_lm_f, NULL},
     {"matmul", 1, s_mm_lm_b, NULL},
-    {"attention", GL, s_att_f, NULL}, {"attention", GL, s_att_b, NULL},
-    {"bias", GL, s_bias_qkv_f, NULL}, {"bias", GL, s_bias_qkv_b, NULL}, {"bias", 2 * GL, s_bias_c_f, NULL},
-    {"bias", 2 * GL, s_bias_c_b, NULL}, {"bias", GL, s_bias_fc_f, NULL}, {"bias", GL, s_bias_fc_b, NULL},
+    {"attention", GL, s_att_f, s_att_f_old}, {"attention", GL, s_att_b, s_att_b_old},
+    {"bias", GL, s_bias_qkv_f, s_bias_qkv_f_old}, {"bias", GL, s_bias_qkv_b, s_bias_qkv_b_old},
+    {"bias", 2 * GL, s_bias_c_f, s_bias_c_f_old}, {"bias", 2 * GL, s_bias_c_b, s_bias_c_b_old},
+    {"bias", GL, s_bias_fc_f, s_bias_fc_f_old}, {"bias", GL, s_bias_fc_b, s_bias_fc_b_old},
     {"add", 2 * GL, s_add_f, NULL}, {"add", 2 * GL, s_add_b, NULL},
     {"gelu", GL, s_gelu_f, s_gelu_f_old}, {"gelu", GL, s_gelu_b, s_gelu_b_old},
     {"layernorm", 2 * GL + 1, s_ln_f, s_ln_f_old}, {"layernorm", 2 * GL + 1, s_ln_b, s_ln_b_old},
@@ -490,9 +668,10 @@ static void bench_step(void) {
     for (k = 0; k < ng; k++)
         printf("%-14s %10.2f %6.1f%% %10.2f %6.1f%%\n", groups[k], 1e3 * before[k], 100 * before[k] / tb, 1e3 * after[k],
                100 * after[k] / ta);
-    printf("%-14s %10.2f %7s %10.2f %7s   (step %.2fx faster; gelu + layernorm + softmax_xent %.1f%% -> %.1f%% of it)\n",
-           "step", 1e3 * tb, "", 1e3 * ta, "", tb / ta, 100 * (before[4] + before[5] + before[6]) / tb,
-           100 * (after[4] + after[5] + after[6]) / ta);
+    printf("%-14s %10.2f %7s %10.2f %7s   (step %.2fx faster)\n", "step", 1e3 * tb, "", 1e3 * ta, "", tb / ta);
+    printf("share of the step: attention + bias %.1f%% -> %.1f%%, gelu + layernorm + softmax_xent %.1f%% -> %.1f%%\n",
+           100 * (before[1] + before[2]) / tb, 100 * (after[1] + after[2]) / ta,
+           100 * (before[4] + before[5] + before[6]) / tb, 100 * (after[4] + after[5] + after[6]) / ta);
     gpt_free();
 }
 
@@ -509,7 +688,7 @@ int main(int argc, char **argv) {
 #endif
     CHECK(dt_ctx_init(&g_ctx, NULL));
     if (!tsv) {
-        printf("bench/ops: gelu, layernorm, softmax_xent before and after vectorising; their share of a GPT step\n");
+        printf("bench/ops: gelu, layernorm, softmax_xent, attention, bias before and after; their share of a GPT step\n");
         printf("timing: median of %d, %s\n", REPS, g_wall ? "wall clock (CLOCK_MONOTONIC)" : "thread CPU time (CLOCK_THREAD_CPUTIME_ID)");
         printf("ops path: %s; GEMM: %s\n",
 #ifdef DT__TENSOR_SSE2
@@ -526,6 +705,7 @@ int main(int argc, char **argv) {
     }
     bench_ops(tsv);
     if (!tsv) {
+        bench_attention();
         bench_step();
         printf("\nbefore and after agree (max rel diff <= 1e-5): %s; total time %.1f s\n", g_bad ? "NO" : "yes", now_s() - t0);
     }
