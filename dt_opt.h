@@ -18,6 +18,8 @@
        DT_MPI          in the file with dt_comm.h's implementation: multi-rank checkpoints,
                        clipping and overflow agreement; without it every comm is a world of one
                        and everything still runs
+       DT_CUDA         dt_opt_step on f32 CUDA parameters through kernels/dt_opt.cu (link the
+                       kernels' objects, as for dt_tensor.h)
        DT_OPT_NO_SIMD  plain C loops instead of SSE2 in the Adam / Adagrad updates and the
                        gradient pass (same results, bit for bit: the lanes do the scalar ops)
        DT_OPT_NO_THREADS  dt_checkpoint_save computes its checksum in the calling thread
@@ -393,7 +395,10 @@ typedef struct dt_opt_step_info {
     double loss_scale;      /* the scale the grads of this step carried */
 } dt_opt_step_info;
 
-/* Creates the state for every parameter of ps (which must not change afterwards). CPU params. */
+/* Creates the state for every parameter of ps (which must not change afterwards), on the
+   parameters' device. CPU params; or, built with DT_CUDA, a set whose every parameter is an f32
+   CUDA tensor: dt_opt_step then runs kernels/dt_opt.cu's update (loss scaling and clipping of
+   CUDA grads are DT_ERR_UNSUPPORTED so far). */
 DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, const dt_opt_desc *desc);
 DT_API void dt_opt_free(dt_optimizer *opt);
 /* Start of micro-step `micro` (0 .. accum_steps - 1) of gradient accumulation: switches the
@@ -505,6 +510,10 @@ DT_API void dt_reset_peak_bytes(dt_ctx *ctx);
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef DT_CUDA
+#include <cuda_runtime.h>
+#include "kernels/dt_kernels.h" /* dt_opt_step on CUDA parameters: kernels/dt_opt.cu */
+#endif
 #if defined(__unix__) || defined(__APPLE__)
 /* POSIX file and directory calls for the checkpoints: raw fds (write/read/fsync without stdio
    buffering), mkdir, opendir. These headers declare them even under strict -std=c99. */
@@ -1105,8 +1114,48 @@ static dt_status dt__opt_resolve(dt_ctx *ctx, dt_opt_desc *d, const char *fn) {
     return DT_OK;
 }
 
+#ifdef DT_CUDA
+/* CUDA parameters (every parameter of the set on cuda, f32, grads f32 on cuda): dt_opt_step runs
+   kernels/dt_opt.cu's updates. Loss scaling and clipping of CUDA grads are not wired yet: named
+   as DT_ERR_UNSUPPORTED here rather than read device memory on the host. */
+static dt_status dt__opt_check_cuda(dt_ctx *ctx, dt_params *ps, const dt_opt_desc *d, const char *fn) {
+    int i;
+    if (d->loss_scale.mode != DT_LOSS_SCALE_DEFAULT && d->loss_scale.mode != DT_LOSS_SCALE_NONE)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: desc.loss_scale.mode = %d with parameters on cuda; loss "
+                                "scaling of CUDA grads is not supported yet (use DT_LOSS_SCALE_NONE)", fn,
+                                (int)d->loss_scale.mode);
+    if (d->clip_norm > 0)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: desc.clip_norm = %g with parameters on cuda; clipping of "
+                                "CUDA grads is not supported yet (use 0)", fn, d->clip_norm);
+    for (i = 0; i < ps->count; i++) {
+        const dt_param *p = ps->items[i];
+        if (p->value.device != DT_CUDA_DEVICE || p->grad.device != DT_CUDA_DEVICE || !p->grad.data)
+            return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: \"%s\" value is on %s and grad on %s, but \"%s\" is on cuda; "
+                                    "every parameter of an optimizer must be on one device", fn, p->name,
+                                    dt_device_name(p->value.device), dt_device_name(p->grad.device), ps->items[0]->name);
+        if (p->value.dtype != DT_F32 || p->grad.dtype != DT_F32)
+            return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: \"%s\" value is %s, grad %s on cuda; CUDA parameters "
+                                    "must be f32 (master weights on cuda are not supported yet)", fn, p->name,
+                                    dt_dtype_name(p->value.dtype), dt_dtype_name(p->grad.dtype));
+        if (p->grad.numel != p->value.numel)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\" grad has %lld elements, value %lld", fn, p->name,
+                                    (long long)p->grad.numel, (long long)p->value.numel);
+        if (p->group < 0 || p->group >= DT_OPT_MAX_GROUPS)
+            return dt_ctx_set_error(ctx, DT_ERR_RANGE, "%s: \"%s\" has group %d; expected 0 <= group < %d "
+                                    "(DT_OPT_MAX_GROUPS)", fn, p->name, p->group, DT_OPT_MAX_GROUPS);
+        if (p->no_decay != 0 && p->no_decay != 1)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: \"%s\" has no_decay = %d; expected 0 or 1", fn, p->name,
+                                    p->no_decay);
+    }
+    return dt__norm_check(ctx, ps, &d->norm, fn);
+}
+#endif
+
 static dt_status dt__opt_check_params(dt_ctx *ctx, dt_params *ps, const dt_opt_desc *d, const char *fn) {
     int i;
+#ifdef DT_CUDA
+    if (ps->count && ps->items[0]->value.device == DT_CUDA_DEVICE) return dt__opt_check_cuda(ctx, ps, d, fn);
+#endif
     DT__OTRY(dt__check_grads(ctx, ps, fn));
     for (i = 0; i < ps->count; i++) {
         const dt_param *p = ps->items[i];
@@ -1194,7 +1243,8 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, c
             st = dt_tensor_create_like(ctx, &s->master, &p->value, DT_F32, DT_CPU);
             if (!st) st = dt_tensor_cast(ctx, &s->master, &p->value); /* exact: bf16/f16 -> f32 */
         }
-        for (k = 0; k < n_state && !st; k++) st = dt_tensor_create_like(ctx, &s->state[k], &p->value, DT_F32, DT_CPU);
+        for (k = 0; k < n_state && !st; k++) /* on the value's device: cpu, or cuda under DT_CUDA */
+            st = dt_tensor_create_like(ctx, &s->state[k], &p->value, DT_F32, p->value.device);
         if (!st && d.kind == DT_OPT_ADAGRAD && d.initial_accumulator_value != 0)
             st = dt_tensor_fill(ctx, &s->state[0], d.initial_accumulator_value);
     }
@@ -1257,18 +1307,89 @@ static void dt__opt_update_slot(dt_optimizer *opt, dt_opt_slot *s, double lr_bas
     if (p->value.dtype != DT_F32) (void)dt_convert(opt->ctx, p->value.data, p->value.dtype, w, DT_F32, n);
 }
 
+#ifdef DT_CUDA
+/* CUDA parameters (dt__opt_check_cuda): sq[i] = the sum of squares of grad i (dt_k_sumsq, in
+   double; its block order, so the last bits may differ from the CPU's sum). */
+static dt_status dt__opt_cuda_sumsq(dt_optimizer *opt, double *sq, const char *fn) {
+    dt_ctx *ctx = opt->ctx;
+    double *dev = NULL;
+    int i, k = 0;
+    cudaError_t e = cudaMalloc((void **)&dev, (1 + DT_K_REDUCE_WORK) * sizeof(double));
+    if (e != cudaSuccess)
+        return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: cudaMalloc of the norm's scratch: %s", fn, cudaGetErrorString(e));
+    for (i = 0; i < opt->n_slots && !k && e == cudaSuccess; i++) {
+        const dt_tensor *g = &opt->slots[i].param->grad;
+        k = dt_k_sumsq(dev, dev + 1, (const float *)g->data, g->numel, ctx->cuda_stream);
+        if (!k) e = cudaMemcpy(&sq[i], dev, sizeof(double), cudaMemcpyDeviceToHost);
+    }
+    cudaFree(dev);
+    if (k) return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: dt_k_sumsq failed: %s", fn, dt_k_error_string(k));
+    if (e != cudaSuccess) return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemcpy: %s", fn, cudaGetErrorString(e));
+    return DT_OK;
+}
+
+/* The update of CUDA parameters: dt__opt_update_slot's lr and decay, then the kernel of the
+   optimizer (the CPU update's math, op for op) with each parameter as one segment. */
+static dt_status dt__opt_cuda_update(dt_optimizer *opt, double lr_base, const char *fn) {
+    const dt_opt_desc *d = &opt->desc;
+    dt_ctx *ctx = opt->ctx;
+    int64_t *seg = NULL, t = opt->step + 1;
+    int i, k = 0;
+    const char *call = "";
+    cudaError_t e = cudaMalloc((void **)&seg, 2 * sizeof(int64_t)); /* seg_end[1] | seg_wd[1] (a double) */
+    if (e != cudaSuccess)
+        return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: cudaMalloc of the segment table: %s", fn, cudaGetErrorString(e));
+    for (i = 0; i < opt->n_slots && !k && e == cudaSuccess; i++) {
+        dt_opt_slot *s = &opt->slots[i];
+        dt_param *p = s->param;
+        const dt_opt_group *g = &d->groups[p->group];
+        double lr = lr_base * g->lr_scale, wd = p->no_decay ? 0.0 : g->weight_decay;
+        int64_t n = p->value.numel, host[2];
+        float *w = (float *)p->value.data, *s0 = (float *)s->state[0].data, *s1 = (float *)s->state[1].data;
+        const float *gr = (const float *)p->grad.data;
+        host[0] = n;
+        memcpy(&host[1], &wd, sizeof wd);
+        if ((e = cudaMemcpy(seg, host, sizeof host, cudaMemcpyHostToDevice)) != cudaSuccess) break;
+        switch (d->kind) {
+        case DT_OPT_SGD:
+            call = "dt_k_sgd_update";
+            k = dt_k_sgd_update(w, DT_F32, NULL, gr, s0, n, seg, (const double *)(seg + 1), 1, lr, d->momentum,
+                                d->dampening, d->nesterov, t == 1, 1.0f, NULL, ctx->cuda_stream);
+            break;
+        case DT_OPT_ADAM: case DT_OPT_ADAMW:
+            call = "dt_k_adam_update";
+            k = dt_k_adam_update(w, DT_F32, NULL, gr, s0, s1, n, seg, (const double *)(seg + 1), 1, lr, d->beta1,
+                                 d->beta2, d->eps, d->kind == DT_OPT_ADAMW, t, 1.0f, NULL, ctx->cuda_stream);
+            break;
+        default:
+            call = "dt_k_adagrad_update";
+            k = dt_k_adagrad_update(w, DT_F32, NULL, gr, s0, n, seg, (const double *)(seg + 1), 1, lr, d->lr_decay,
+                                    d->eps, t, 1.0f, NULL, ctx->cuda_stream);
+            break;
+        }
+    }
+    cudaFree(seg);
+    if (k) return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: %s failed: %s", fn, call, dt_k_error_string(k));
+    if (e != cudaSuccess) return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemcpy: %s", fn, cudaGetErrorString(e));
+    return DT_OK;
+}
+#endif
+
 DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     const char *fn = "dt_opt_step";
     dt_opt_step_info inf;
     dt_params *ps;
     dt_ctx *ctx;
     double *sq, lr;
-    int i, bad = 0, scaling, want_norm;
+    int i, bad = 0, scaling, want_norm, cuda = 0;
     dt_status st = DT_OK;
     if (!opt) return DT_ERR_ARG;
     ctx = opt->ctx;
     ps = opt->params;
     DT__OTRY(dt__opt_check_state(opt, fn));
+#ifdef DT_CUDA
+    cuda = opt->n_slots && opt->slots[0].param->value.device == DT_CUDA_DEVICE; /* then all are (dt_opt_create) */
+#endif
     memset(&inf, 0, sizeof inf);
     lr = dt_opt_lr(opt);
     inf.lr = lr;
@@ -1281,7 +1402,11 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     sq = opt->sumsq;
     /* 1. one pass over the grads: unscale, inf/nan agreed over desc.comm, sums of squares (none
        without scaling or a norm: the update is then the only pass) */
-    if (scaling || want_norm) {
+    if ((scaling || want_norm) && cuda) { /* never scaling: dt__opt_check_cuda */
+#ifdef DT_CUDA
+        st = dt__opt_cuda_sumsq(opt, sq, fn);
+#endif
+    } else if (scaling || want_norm) {
         st = dt__unscale(scaling ? &opt->scaler : NULL, ps, sq, &bad, opt->desc.comm);
         if (!st && bad) {
             dt_loss_scaler_update(&opt->scaler, 1);
@@ -1292,8 +1417,14 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     /* 2. global norm, 3. clip, 4. update */
     if (!st && !inf.skipped && want_norm) st = dt__norm_combine(ctx, ps, &opt->desc.norm, sq, &inf.grad_norm, fn);
     if (!st && !inf.skipped) {
-        if (opt->desc.clip_norm > 0) dt__clip(ps, opt->desc.clip_norm, inf.grad_norm);
-        for (i = 0; i < opt->n_slots; i++) dt__opt_update_slot(opt, &opt->slots[i], lr);
+        if (opt->desc.clip_norm > 0) dt__clip(ps, opt->desc.clip_norm, inf.grad_norm); /* not on cuda */
+#ifdef DT_CUDA
+        if (cuda && (st = dt__opt_cuda_update(opt, lr, fn))) {
+            if (info) *info = inf;
+            return st;
+        }
+#endif
+        for (i = 0; i < opt->n_slots && !cuda; i++) dt__opt_update_slot(opt, &opt->slots[i], lr);
         opt->step++;
         if (scaling) dt_loss_scaler_update(&opt->scaler, 0);
     }

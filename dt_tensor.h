@@ -17,9 +17,9 @@
        DT_CBLAS        CPU GEMM through cblas_sgemm (link -lopenblas). Without it a portable
                        blocked GEMM in this file is used.
        DT_CUDA         CUDA tensors (cudaMalloc, cudaMemcpy), and the ops matmul, linear,
-                       bias_add, relu, gelu, layernorm, attention and embedding (fwd and bwd) on
-                       them through kernels/ (link the objects of nvcc -c kernels/dt_*.cu,
-                       -lcublas -lcudart; the other ops take CPU tensors only). Without it
+                       bias_add, relu, gelu, layernorm, attention, embedding, softmax_xent (fwd
+                       and bwd) and axpy on them through kernels/ (link the objects of nvcc -c
+                       kernels/dt_*.cu, -lcublas -lcudart; the other ops take CPU tensors only). Without it
                        asking for a CUDA tensor returns DT_ERR_DEVICE "built without DT_CUDA".
        DT_ASSERT(c)    internal invariant checks (default: assert.h). Never used for user errors.
        DT_TENSOR_NO_SIMD  plain C loops instead of SSE2 in gelu, layernorm, softmax_xent and
@@ -1733,7 +1733,8 @@ static dt_status dt__dim(dt_ctx *ctx, int64_t got, int64_t want, const char *fn,
    checks read shapes and dtypes, never data), so both paths name the same problems the same
    way. Every operand must be on cuda (DT_ERR_DEVICE names the one that is not); a failing
    launch is DT_ERR_CUDA naming the launcher and the CUDA / cuBLAS error. Ops with a CUDA path:
-   matmul, linear, bias_add, relu, gelu, layernorm, attention, embedding (each _fwd and _bwd). */
+   matmul, linear, bias_add, relu, gelu, layernorm, attention, embedding, softmax_xent (each _fwd
+   and _bwd), and axpy. */
 #ifdef DT_CUDA
 static int dt__cu(const dt_tensor *t) { return t && t->device == DT_CUDA_DEVICE; }
 
@@ -1786,6 +1787,10 @@ static dt_status dt__cu_embedding(dt_ctx *, dt_tensor *, const dt_tensor *, cons
 static dt_status dt__cu_attention_fwd(dt_ctx *, dt_tensor *, dt_tensor *, const dt_tensor *, int);
 static dt_status dt__cu_attention_bwd(dt_ctx *, dt_tensor *, const dt_tensor *, const dt_tensor *,
                                       const dt_tensor *, int);
+static dt_status dt__cu_softmax_xent_fwd(dt_ctx *, float *, int64_t *, dt_tensor *, const dt_tensor *,
+                                         const dt_tensor *, int);
+static dt_status dt__cu_softmax_xent_bwd(dt_ctx *, dt_tensor *, const dt_tensor *, const dt_tensor *, int, float);
+static dt_status dt__cu_axpy(dt_ctx *, dt_tensor *, float, const dt_tensor *);
 #endif
 
 /* ---------------------------------------------------------------- matmul */
@@ -2395,6 +2400,10 @@ DT_API dt_status dt_softmax_xent_fwd(dt_ctx *ctx, float *loss, int64_t *n_valid,
     double total = 0;
     if (!ctx) return DT_ERR_ARG;
     if (!loss) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: loss is NULL", fn);
+#ifdef DT_CUDA
+    if (dt__cu(probs) || dt__cu(logits) || dt__cu(targets))
+        return dt__cu_softmax_xent_fwd(ctx, loss, n_valid, probs, logits, targets, ignore_index);
+#endif
     DT__TRY(dt__f32(ctx, logits, fn, "logits"));
     DT__TRY(dt__xent_check(ctx, logits, targets, ignore_index, fn, "logits"));
     DT__TRY(dt__f32(ctx, probs, fn, "probs"));
@@ -2439,6 +2448,10 @@ DT_API dt_status dt_softmax_xent_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_t
     float s;
     dt__v4 sv;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(dlogits) || dt__cu(probs) || dt__cu(targets))
+        return dt__cu_softmax_xent_bwd(ctx, dlogits, probs, targets, ignore_index, dloss);
+#endif
     DT__TRY(dt__xent_check(ctx, probs, targets, ignore_index, fn, "probs"));
     if (!dlogits) return DT_OK;
     DT__TRY(dt__f32(ctx, dlogits, fn, "dlogits"));
@@ -2554,6 +2567,9 @@ DT_API dt_status dt_scale(dt_ctx *ctx, dt_tensor *x, float alpha) {
 
 DT_API dt_status dt_axpy(dt_ctx *ctx, dt_tensor *y, float alpha, const dt_tensor *x) {
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(y) || dt__cu(x)) return dt__cu_axpy(ctx, y, alpha, x);
+#endif
     DT__TRY(dt__f32(ctx, y, "dt_axpy", "y"));
     DT__TRY(dt__f32(ctx, x, "dt_axpy", "x"));
     DT__TRY(dt__same_numel(ctx, y, x, "dt_axpy", "y", "x"));
@@ -3127,6 +3143,105 @@ static dt_status dt__cu_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_ten
                                                  (const float *)att->data, qkv->shape[0], qkv->shape[1],
                                                  qkv->shape[2] / 3, n_head, ctx->cuda_stream),
                          fn, "dt_k_attention_bwd");
+}
+/* softmax_xent keeps the API's probabilities: the fused kernel's per-row loss and logsumexp,
+   then probs = exp(logits - lse). The targets are copied to the host for the CPU path's check (a
+   target out of range is DT_ERR_RANGE naming its row, as on the CPU) and for n_valid; the row
+   losses come back to the host and are summed there in double, in row order, as the CPU does. */
+static dt_status dt__cu_xent_targets(dt_ctx *ctx, dt_tensor *host, dt_tensor *shadow, const char *fn) {
+    cudaError_t e;
+    memset(host, 0, sizeof *host);
+    if (!shadow || shadow->dtype != DT_I32 || !shadow->numel) return DT_OK; /* the check names it */
+    DT__TRY(dt_tensor_create_like(ctx, host, shadow, DT_DTYPE_DEFAULT, DT_CPU));
+    e = cudaMemcpy(host->data, shadow->data, dt_tensor_bytes(shadow), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) {
+        dt_tensor_free(ctx, host);
+        return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemcpy of the targets to the host: %s", fn,
+                                cudaGetErrorString(e));
+    }
+    shadow->data = host->data;
+    return DT_OK;
+}
+
+static dt_status dt__cu_softmax_xent_fwd(dt_ctx *ctx, float *loss, int64_t *n_valid, dt_tensor *probs,
+                                         const dt_tensor *logits, const dt_tensor *targets, int ignore_index) {
+    const char *fn = "dt_softmax_xent_fwd";
+    dt_tensor ht, scratch;
+    dt_tensor_desc sd;
+    float *hl = NULL;
+    double total = 0;
+    int64_t r, R, V, n = 0;
+    dt_status st;
+    cudaError_t e;
+    DT__CU_SH(sp, probs, "probs");
+    DT__CU_SH(sz, logits, "logits");
+    DT__CU_SH(stg, targets, "targets");
+    memset(&scratch, 0, sizeof scratch);
+    memset(&sd, 0, sizeof sd);
+    DT__TRY(dt__f32(ctx, sz, fn, "logits"));
+    DT__TRY(dt__cu_xent_targets(ctx, &ht, stg ? &stg_s : NULL, fn));
+    st = dt__xent_check(ctx, sz, stg, ignore_index, fn, "logits");
+    if (!st) st = dt__f32(ctx, sp, fn, "probs");
+    if (!st) st = dt__same(ctx, sp, sz, fn, "probs", "logits");
+    V = dt__last(sz); R = dt__rows(sz);
+    for (r = 0; !st && r < R; r++) n += ((const int32_t *)ht.data)[r] != ignore_index;
+    if (st || R * V == 0) goto done; /* V = 0: every target was ignore_index (the check), n = 0 */
+    sd.dtype = DT_F32; sd.device = DT_CUDA_DEVICE; sd.shape[0] = 2; sd.shape[1] = R; /* losses | lse */
+    if ((st = dt_tensor_create(ctx, &scratch, &sd))) goto done;
+    if (!(hl = (float *)dt_alloc(ctx, (size_t)R * sizeof(float)))) { st = DT_ERR_OOM; goto done; }
+    st = dt__cu_status(ctx, dt_k_softmax_xent_fwd(DT__CU_F(&scratch), DT__CU_F(&scratch) + R, DT__CU_F(logits),
+                                                  (const int32_t *)targets->data, ignore_index, R, V, ctx->cuda_stream),
+                       fn, "dt_k_softmax_xent_fwd");
+    if (!st) /* after the fwd, which read logits[r, target]: probs may be logits */
+        st = dt__cu_status(ctx, dt_k_softmax_xent_probs(DT__CU_F(probs), DT__CU_F(logits), DT__CU_F(&scratch) + R, R, V,
+                                                        ctx->cuda_stream), fn, "dt_k_softmax_xent_probs");
+    if (!st && (e = cudaMemcpy(hl, scratch.data, (size_t)R * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess)
+        st = dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemcpy of the row losses to the host: %s", fn,
+                              cudaGetErrorString(e));
+    for (r = 0; !st && r < R; r++)
+        if (((const int32_t *)ht.data)[r] != ignore_index) total += (double)hl[r];
+done:
+    dt_release(ctx, hl);
+    dt_tensor_free(ctx, &scratch);
+    dt_tensor_free(ctx, &ht);
+    if (st) return st;
+    *loss = n ? (float)(total / (double)n) : 0.0f;
+    if (n_valid) *n_valid = n;
+    return DT_OK;
+}
+
+static dt_status dt__cu_softmax_xent_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_tensor *probs,
+                                         const dt_tensor *targets, int ignore_index, float dloss) {
+    const char *fn = "dt_softmax_xent_bwd";
+    dt_tensor ht;
+    int64_t r, R, V, n = 0;
+    dt_status st;
+    DT__CU_SH(sg, dlogits, "dlogits");
+    DT__CU_SH(sp, probs, "probs");
+    DT__CU_SH(stg, targets, "targets");
+    DT__TRY(dt__cu_xent_targets(ctx, &ht, stg ? &stg_s : NULL, fn));
+    st = dt__xent_check(ctx, sp, stg, ignore_index, fn, "probs");
+    if (!st && sg) st = dt__f32(ctx, sg, fn, "dlogits");
+    if (!st && sg) st = dt__same(ctx, sg, sp, fn, "dlogits", "probs");
+    V = st ? 0 : dt__last(sp); R = st ? 0 : dt__rows(sp);
+    for (r = 0; r < R; r++) n += ((const int32_t *)ht.data)[r] != ignore_index;
+    dt_tensor_free(ctx, &ht);
+    if (st || !sg) return st;
+    return dt__cu_status(ctx, dt_k_softmax_xent_bwd_probs(DT__CU_F(dlogits), (const float *)probs->data,
+                                                          (const int32_t *)targets->data, ignore_index, dloss, n, R, V,
+                                                          ctx->cuda_stream), fn, "dt_k_softmax_xent_bwd_probs");
+}
+
+/* y += alpha x (an SGD step on CUDA parameters: dt_axpy(ctx, &p->value, -lr, &p->grad)). */
+static dt_status dt__cu_axpy(dt_ctx *ctx, dt_tensor *y, float alpha, const dt_tensor *x) {
+    const char *fn = "dt_axpy";
+    DT__CU_SH(sy, y, "y");
+    DT__CU_SH(sx, x, "x");
+    DT__TRY(dt__f32(ctx, sy, fn, "y"));
+    DT__TRY(dt__f32(ctx, sx, fn, "x"));
+    DT__TRY(dt__same_numel(ctx, sy, sx, fn, "y", "x"));
+    return dt__cu_status(ctx, dt_k_axpy(DT__CU_F(y), alpha, (const float *)x->data, x->numel, ctx->cuda_stream), fn,
+                         "dt_k_axpy");
 }
 #undef DT__CU_SH
 #undef DT__CU_F

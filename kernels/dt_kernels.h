@@ -68,6 +68,14 @@ int dt_k_softmax_xent_fwd(float *losses, float *lse, const float *logits, const 
                           int64_t rows, int64_t V, void *stream);
 int dt_k_softmax_xent_bwd(float *dlogits, const float *logits, const float *lse, const int32_t *targets,
                           int ignore_index, float dloss, int64_t n_valid, int64_t rows, int64_t V, void *stream);
+/* For dt_softmax_xent_fwd / _bwd's API, which keeps the probabilities: probs[r, :] =
+   exp(logits[r, :] - lse[r]) from the fwd's lse (probs may be logits); and the backward from them,
+   dlogits += dloss / n_valid * (probs - onehot(target)) on the rows not ignored, op for op the
+   CPU's (dlogits may be probs). */
+int dt_k_softmax_xent_probs(float *probs, const float *logits, const float *lse, int64_t rows, int64_t V,
+                            void *stream);
+int dt_k_softmax_xent_bwd_probs(float *dlogits, const float *probs, const int32_t *targets, int ignore_index,
+                                float dloss, int64_t n_valid, int64_t rows, int64_t V, void *stream);
 
 /* ---------------------------------------------------------------- attention */
 

@@ -46,6 +46,26 @@ __global__ void dt_k__softmax_xent_bwd(float *dlogits, const float *__restrict__
     }
 }
 
+/* Elementwise: probs[r, v] = exp(z - lse[r]). probs may be logits: each thread reads its one
+   element before it writes it. */
+__global__ void dt_k__softmax_xent_probs(float *probs, const float *logits, const float *__restrict__ lse, int64_t n,
+                                         int64_t V) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        probs[i] = expf(logits[i] - lse[i / V]);
+}
+
+/* The CPU op's backward from stored probabilities, op for op: g += s p, and on the target column
+   g + s (p - 1). dlogits may be probs (same element, read before written). */
+__global__ void dt_k__softmax_xent_bwd_probs(float *dlogits, const float *probs, const int32_t *__restrict__ targets,
+                                             int ignore_index, float s, int64_t n, int64_t V) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / V, v = i - r * V;
+        int32_t t = targets[r];
+        if (t == ignore_index || t < 0 || (int64_t)t >= V) continue;
+        dlogits[i] = v == t ? dlogits[i] + s * (probs[i] - 1.0f) : dlogits[i] + s * probs[i];
+    }
+}
+
 int dt_k_softmax_xent_fwd(float *losses, float *lse, const float *logits, const int32_t *targets, int ignore_index,
                           int64_t rows, int64_t V, void *stream) {
     if (rows < 0 || V < 0 || (V && rows > INT64_MAX / V)) return (int)cudaErrorInvalidValue;
@@ -63,5 +83,24 @@ int dt_k_softmax_xent_bwd(float *dlogits, const float *logits, const float *lse,
     /* the CPU's scale, computed the same way: dloss / (float)n_valid */
     DT_K_LAUNCH(dt_k__softmax_xent_bwd, dt_k__blocks(rows * V, 256, 4096u), 256, 0, stream, dlogits, logits, lse, targets,
                 ignore_index, dloss / (float)n_valid, rows * V, V);
+    return DT_K_CHECK();
+}
+
+int dt_k_softmax_xent_probs(float *probs, const float *logits, const float *lse, int64_t rows, int64_t V,
+                            void *stream) {
+    if (rows < 0 || V < 0 || (V && rows > INT64_MAX / V)) return (int)cudaErrorInvalidValue;
+    if (rows * V == 0) return 0;
+    DT_K_LAUNCH(dt_k__softmax_xent_probs, dt_k__blocks(rows * V, 256, 4096u), 256, 0, stream, probs, logits, lse,
+                rows * V, V);
+    return DT_K_CHECK();
+}
+
+int dt_k_softmax_xent_bwd_probs(float *dlogits, const float *probs, const int32_t *targets, int ignore_index,
+                                float dloss, int64_t n_valid, int64_t rows, int64_t V, void *stream) {
+    if (rows < 0 || V < 0 || n_valid < 0 || n_valid > rows || (V && rows > INT64_MAX / V))
+        return (int)cudaErrorInvalidValue;
+    if (n_valid == 0 || rows * V == 0) return 0;
+    DT_K_LAUNCH(dt_k__softmax_xent_bwd_probs, dt_k__blocks(rows * V, 256, 4096u), 256, 0, stream, dlogits, probs,
+                targets, ignore_index, dloss / (float)n_valid, rows * V, V);
     return DT_K_CHECK();
 }

@@ -4,7 +4,12 @@
 
    run:   build/examples/mlp --steps 1000 --batch 64          (built by ./build.sh)
           mpirun -np 4 build/examples/mlp --steps 1000 --batch 64
-   flags: --steps N --batch B --seed S --lr LR --hidden H --log metrics.jsonl
+   flags: --steps N --batch B --seed S --lr LR --hidden H --log metrics.jsonl --device cpu|cuda
+
+   --device cuda (a build with -DDT_CUDA, linked with the objects of kernels/): the parameters,
+   activations and grads live on the GPU and every op runs there; the batch is made on the host
+   and copied over each step, and the probabilities come back for the accuracy. The losses are
+   the CPU run's within fp32 rounding (tests/cuda_emu/k_mlp.cpp runs this on the CPU emulator).
 
    Samples and initial weights are pure functions of the seed, so every rank starts from the
    same model and makes exactly its slice of each global batch. The bucketer averages each
@@ -18,18 +23,24 @@
 #include <string.h>
 #include <time.h>
 
-enum { IN = 16, CLASSES = 4, TEACHER_H = 8, EVAL_N = 1024 };
+#ifndef MLP_EVAL_N
+#define MLP_EVAL_N 1024 /* held-out samples; tests/cuda_emu/k_mlp.cpp takes fewer (emulated grids stay small) */
+#endif
+enum { IN = 16, CLASSES = 4, TEACHER_H = 8, EVAL_N = MLP_EVAL_N };
 #define EVAL_BASE ((uint64_t)1 << 40) /* eval samples never overlap training ones */
 typedef struct { int steps, batch, hidden; uint64_t seed; float lr; const char *log; int quiet; } opts;
 #define CHECK(call) do { dt_status s_ = (call); if (s_) { \
     fprintf(stderr, "mlp: %s failed: %s\n", #call, dt_ctx_error(ctx)); exit(1); } } while (0)
 
 typedef struct { dt_param *w1, *b1, *w2, *b2, *w3, *b3; } model; /* fc1 -> relu -> fc2 -> relu -> fc3 */
-typedef struct { dt_tensor x, h1, a1, h2, a2, logits, probs, y, dh1, da1, dh2, da2, dlogits; } acts;
+typedef struct { dt_tensor x, h1, a1, h2, a2, logits, probs, y, dh1, da1, dh2, da2, dlogits;
+                 dt_tensor hx, hy, hp; /* host sides of x, y, probs: the same tensors on the cpu */
+               } acts;
 
 static dt_param *add(dt_ctx *ctx, dt_params *ps, const char *name, int64_t d0, int64_t d1, uint64_t seed) {
-    dt_param_desc d = {0};
+    dt_param_desc d;
     dt_param *p;
+    memset(&d, 0, sizeof d); /* not = {0}: this file also builds as C++ (the emulator's CUDA build) */
     d.name = name; d.shape[0] = d0; d.shape[1] = d1;
     d.init.kind = d1 ? DT_INIT_SCALED_NORMAL : DT_INIT_ZEROS; /* biases start at zero */
     d.init.gain = 1.41421356; /* He init for ReLU: std = sqrt(2 / fan_in) */
@@ -38,14 +49,14 @@ static dt_param *add(dt_ctx *ctx, dt_params *ps, const char *name, int64_t d0, i
     return p;
 }
 
-/* samples first .. first + n - 1 into x and y: x ~ U[-1,1)^IN, y = the argmax of a random
-   2-layer ReLU "teacher" whose weights are fixed by the seed */
-static void load_batch(acts *a, uint64_t seed, uint64_t first, int n) {
+/* samples first .. first + n - 1 into x and y (made in hx, hy, then copied to the device): x ~
+   U[-1,1)^IN, y = the argmax of a random 2-layer ReLU "teacher" whose weights are fixed by the seed */
+static void load_batch(dt_ctx *ctx, acts *a, uint64_t seed, uint64_t first, int n) {
     int r, j, k;
     for (r = 0; r < n; r++) {
         uint64_t i = first + (uint64_t)r;
-        float *x = (float *)a->x.data + r * IN, h[TEACHER_H], best = -1e30f;
-        int32_t *y = (int32_t *)a->y.data + r;
+        float *x = (float *)a->hx.data + r * IN, h[TEACHER_H], best = -1e30f;
+        int32_t *y = (int32_t *)a->hy.data + r;
         for (j = 0; j < IN; j++) x[j] = 2.0f * dt_rng_uniform(seed, 1, i * IN + j) - 1.0f;
         for (k = 0; k < TEACHER_H; k++) {
             float s = 0;
@@ -58,6 +69,7 @@ static void load_batch(acts *a, uint64_t seed, uint64_t first, int n) {
             if (s > best) { best = s; *y = k; }
         }
     }
+    if (a->x.device == DT_CUDA_DEVICE) { CHECK(dt_tensor_copy(ctx, &a->x, &a->hx)); CHECK(dt_tensor_copy(ctx, &a->y, &a->hy)); }
 }
 
 /* forward to the loss (mean over these rows); returns how many rows were classified right */
@@ -69,11 +81,12 @@ static int64_t forward(dt_ctx *ctx, model *m, acts *a, float *loss) {
     CHECK(dt_relu_fwd(ctx, &a->a2, &a->h2));
     CHECK(dt_linear_fwd(ctx, &a->logits, &a->a2, &m->w3->value, &m->b3->value));
     CHECK(dt_softmax_xent_fwd(ctx, loss, NULL, &a->probs, &a->logits, &a->y, -1));
+    if (a->probs.device == DT_CUDA_DEVICE) CHECK(dt_tensor_copy(ctx, &a->hp, &a->probs));
     for (r = 0; r < n; r++) {
-        const float *p = (const float *)a->probs.data + r * CLASSES;
+        const float *p = (const float *)a->hp.data + r * CLASSES;
         int best = 0;
         for (k = 1; k < CLASSES; k++) if (p[k] > p[best]) best = (int)k;
-        correct += best == ((int32_t *)a->y.data)[r];
+        correct += best == ((int32_t *)a->hy.data)[r];
     }
     return correct;
 }
@@ -95,17 +108,21 @@ static void backward(dt_ctx *ctx, model *m, acts *a, float dloss, dt_bucketer *b
     CHECK(dt_bucketer_mark_ready(bk, m->w1)); CHECK(dt_bucketer_mark_ready(bk, m->b1));
 }
 
-/* n > 0: creates n rows of each ([n, cols] f32 activations and grads, [n] i32 labels); 0 frees */
+/* n > 0: creates n rows of each ([n, cols] f32 activations and grads, [n] i32 labels) on the
+   ctx's device, and on cuda the host sides hx, hy, hp; 0 frees */
 static void acts_make(dt_ctx *ctx, acts *a, int n, int h) {
-    dt_tensor *t[13] = {&a->x, &a->h1, &a->a1, &a->h2, &a->a2, &a->logits, &a->probs, &a->y,
-                        &a->dh1, &a->da1, &a->dh2, &a->da2, &a->dlogits};
-    int64_t cols[13] = {IN, h, h, h, h, CLASSES, CLASSES, 0, h, h, h, h, CLASSES};
-    int i;
-    for (i = 0; i < 13; i++) {
-        dt_tensor_desc d = {0};
-        d.dtype = t[i] == &a->y ? DT_I32 : DT_F32; d.shape[0] = n; d.shape[1] = cols[i];
+    dt_tensor *t[16] = {&a->x, &a->h1, &a->a1, &a->h2, &a->a2, &a->logits, &a->probs, &a->y,
+                        &a->dh1, &a->da1, &a->dh2, &a->da2, &a->dlogits, &a->hx, &a->hy, &a->hp};
+    int64_t cols[16] = {IN, h, h, h, h, CLASSES, CLASSES, 0, h, h, h, h, CLASSES, IN, 0, CLASSES};
+    int i, cuda = ctx->device == DT_CUDA_DEVICE;
+    for (i = 0; i < (cuda ? 16 : 13); i++) {
+        dt_tensor_desc d;
+        memset(&d, 0, sizeof d);
+        d.dtype = t[i] == &a->y || t[i] == &a->hy ? DT_I32 : DT_F32; d.shape[0] = n; d.shape[1] = cols[i];
+        d.device = i >= 13 ? DT_CPU : DT_DEVICE_DEFAULT;
         if (n) CHECK(dt_tensor_create(ctx, t[i], &d)); else dt_tensor_free(ctx, t[i]);
     }
+    if (n && !cuda) { a->hx = a->x; a->hy = a->y; a->hp = a->probs; a->hx.owns = a->hy.owns = a->hp.owns = 0; }
 }
 
 #define NOW() ((double)clock() / CLOCKS_PER_SEC) /* CPU time: the wall time of this 1-thread loop */
@@ -135,7 +152,7 @@ static float train(dt_ctx *ctx, dt_comm *comm, const opts *o, dt_params *ps, mod
                (double)o->lr, (unsigned long long)o->seed);
     t0 = NOW();
     for (step = 1; step <= o->steps; step++) {
-        load_batch(&a, o->seed, (uint64_t)(step - 1) * (uint64_t)o->batch + (uint64_t)off, nr);
+        load_batch(ctx, &a, o->seed, (uint64_t)(step - 1) * (uint64_t)o->batch + (uint64_t)off, nr);
         stats[1] = (double)forward(ctx, m, &a, &loss);
         dt_params_zero_grad(ctx, ps);
         backward(ctx, m, &a, dloss, bk);
@@ -156,7 +173,7 @@ static float train(dt_ctx *ctx, dt_comm *comm, const opts *o, dt_params *ps, mod
     }
     if (log) fclose(log);
     acts_make(ctx, &ev, EVAL_N, o->hidden); /* weights are the same on every rank: each evaluates */
-    load_batch(&ev, o->seed, EVAL_BASE, EVAL_N);
+    load_batch(ctx, &ev, o->seed, EVAL_BASE, EVAL_N);
     stats[1] = (double)forward(ctx, m, &ev, &loss);
     if (rank == 0 && !o->quiet)
         printf("eval: loss %.4f  accuracy %.3f on %d held-out samples (chance %.3f)\nfinal: loss %.9g\n",
@@ -170,10 +187,13 @@ static float train(dt_ctx *ctx, dt_comm *comm, const opts *o, dt_params *ps, mod
 int main(int argc, char **argv) {
     opts o = {1000, 64, 64, 1, 0.2f, NULL, 0};
     dt_ctx ctx_storage, *ctx = &ctx_storage;
+    dt_ctx_desc cd;
     dt_comm *world = NULL;
-    dt_params ps = {0};
+    dt_params ps;
     model m;
-    int i;
+    int i, bad_device = 0;
+    memset(&cd, 0, sizeof cd);
+    memset(&ps, 0, sizeof ps);
     for (i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--steps")) o.steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--batch")) o.batch = atoi(argv[i + 1]);
@@ -181,13 +201,18 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--seed")) o.seed = (uint64_t)strtoull(argv[i + 1], NULL, 10);
         else if (!strcmp(argv[i], "--lr")) o.lr = (float)atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--log")) o.log = argv[i + 1];
-        else { fprintf(stderr, "mlp: unknown flag %s\n", argv[i]); return 2; }
+        else if (!strcmp(argv[i], "--device")) {
+            cd.device = !strcmp(argv[i + 1], "cuda") ? DT_CUDA_DEVICE : DT_CPU;
+            bad_device = strcmp(argv[i + 1], "cuda") && strcmp(argv[i + 1], "cpu");
+        } else { fprintf(stderr, "mlp: unknown flag %s\n", argv[i]); return 2; }
     }
-    dt_ctx_init(ctx, NULL);
+    if (bad_device) { fprintf(stderr, "mlp: --device must be cpu or cuda\n"); return 2; }
+    if (dt_ctx_init(ctx, &cd)) { fprintf(stderr, "mlp: %s\n", dt_ctx_error(ctx)); return 1; }
     CHECK(dt_comm_create_world(ctx, &world, NULL)); /* MPI_Init under mpirun; else a world of one */
     if (i != argc || o.steps < 1 || o.batch < dt_comm_size(world) || o.hidden < 1 || !(o.lr > 0)) {
         if (dt_comm_rank(world) == 0)
-            fprintf(stderr, "usage: mlp [--steps N>0] [--batch B>=ranks] [--hidden H>0] [--seed S] [--lr LR>0] [--log F]\n");
+            fprintf(stderr, "usage: mlp [--steps N>0] [--batch B>=ranks] [--hidden H>0] [--seed S] [--lr LR>0] [--log F] "
+                            "[--device cpu|cuda]\n");
         dt_comm_free(world); return 2;
     }
     train(ctx, world, &o, &ps, &m, NULL);

@@ -2,6 +2,7 @@
 // CUDA tensors (dispatched to kernels/) against the same ops on CPU tensors, forward and
 // backward, and a mixed-device call named as an error.
 #include <cuda_runtime.h>
+#include <math.h>
 #include <vector>
 #define DT_CUDA
 #define DT_IMPLEMENTATION
@@ -145,6 +146,86 @@ int main(void) {
                       dt_ctx_error(&ctx), "n_head = 4");
         pair_t *all[] = {&qkv, &out, &att, &dqkv, &table, &ids, &eo, &dtab};
         for (pair_t *p : all) release(*p);
+    }
+    { /* softmax_xent keeps probs on cuda as on the cpu; loss and n_valid are host values */
+        const int64_t R = 6, V = 37; /* V not a multiple of 4 or 32: the CPU's padded lanes, a partial warp */
+        pair_t z = make(DT_F32, 2, R, V, 0, 0, 40), p = make(DT_F32, 2, R, V, 0, 0, 41), t = make(DT_I32, 1, R, 0, 0, 0, 42, V);
+        pair_t g = make(DT_F32, 2, R, V, 0, 0, 43);
+        int32_t ign = -1;
+        float lh = 0, ld = 0;
+        int64_t nh = 0, nd = 0;
+        for (int k = 0; k < 2; k++) { /* rows 1 and 4 ignored: no loss, no gradient, not counted */
+            ((int32_t *)t.h.data)[k ? 4 : 1] = ign;
+            cudaMemcpy((int32_t *)t.d.data + (k ? 4 : 1), &ign, 4, cudaMemcpyHostToDevice);
+        }
+        for (int64_t i = 0; i < z.h.numel; i++) ((float *)z.h.data)[i] *= 8.0f; /* logits in [-8, 8): a peaked softmax */
+        dt_tensor_copy(&ctx, &z.d, &z.h);
+        if (ok2("softmax_xent_fwd_cuda_tensors_match_cpu", dt_softmax_xent_fwd(&ctx, &lh, &nh, &p.h, &z.h, &t.h, -1),
+                dt_softmax_xent_fwd(&ctx, &ld, &nd, &p.d, &z.d, &t.d, -1))) {
+            dt_test_close("softmax_xent_fwd_cuda_loss_matches_cpu", ld, lh, 1e-5 * fabs(lh));
+            DT_TEST_CHECK("softmax_xent_fwd_cuda_n_valid_counts_rows_not_ignored", nd == 4 && nh == 4);
+            same("softmax_xent_fwd_cuda_probs_match_cpu", p, 1e-5);
+        }
+        if (ok2("softmax_xent_bwd_cuda_tensors_match_cpu", dt_softmax_xent_bwd(&ctx, &g.h, &p.h, &t.h, -1, 0.75f),
+                dt_softmax_xent_bwd(&ctx, &g.d, &p.d, &t.d, -1, 0.75f)))
+            same("softmax_xent_bwd_cuda_accumulates_like_cpu", g, 1e-5);
+        /* in place, as the CPU op allows: probs = logits, then dlogits = probs */
+        if (ok2("softmax_xent_fwd_in_place_cuda_matches_cpu", dt_softmax_xent_fwd(&ctx, &lh, NULL, &z.h, &z.h, &t.h, -1),
+                dt_softmax_xent_fwd(&ctx, &ld, NULL, &z.d, &z.d, &t.d, -1))) {
+            dt_test_close("softmax_xent_fwd_in_place_cuda_loss_matches_cpu", ld, lh, 1e-5 * fabs(lh));
+            same("softmax_xent_fwd_in_place_cuda_probs_match_cpu", z, 1e-5);
+        }
+        if (ok2("softmax_xent_bwd_in_place_cuda_matches_cpu", dt_softmax_xent_bwd(&ctx, &z.h, &z.h, &t.h, -1, 1.0f),
+                dt_softmax_xent_bwd(&ctx, &z.d, &z.d, &t.d, -1, 1.0f)))
+            same("softmax_xent_bwd_in_place_cuda_matches_cpu", z, 1e-5);
+        { /* every target ignored: loss 0, n_valid 0, the gradient untouched, as on the cpu */
+            pair_t ti = make(DT_I32, 1, R, 0, 0, 0, 44, V), g2 = make(DT_F32, 2, R, V, 0, 0, 45);
+            std::vector<int32_t> all(R, -1);
+            cudaMemcpy(ti.d.data, all.data(), R * 4, cudaMemcpyHostToDevice);
+            ld = 1; nd = 1;
+            if (ok2("softmax_xent_all_ignored_cuda_is_zero", DT_OK, dt_softmax_xent_fwd(&ctx, &ld, &nd, &p.d, &g2.d, &ti.d, -1)))
+                DT_TEST_CHECK("softmax_xent_all_ignored_cuda_is_zero", ld == 0.0f && nd == 0);
+            if (ok2("softmax_xent_bwd_all_ignored_cuda_adds_nothing", DT_OK,
+                    dt_softmax_xent_bwd(&ctx, &g2.d, &p.d, &ti.d, -1, 1.0f)))
+                same("softmax_xent_bwd_all_ignored_cuda_adds_nothing", g2, 0);
+            release(ti); release(g2);
+        }
+        { /* bad inputs: named as on the cpu, nothing launched */
+            int32_t bad = (int32_t)V;
+            cudaMemcpy((int32_t *)t.d.data + 2, &bad, 4, cudaMemcpyHostToDevice);
+            dt_test_error("softmax_xent_fwd_cuda_target_out_of_range_is_named",
+                          dt_softmax_xent_fwd(&ctx, &ld, NULL, &p.d, &g.d, &t.d, -1), dt_ctx_error(&ctx), "targets[2] = 37");
+            DT_TEST_CHECK("softmax_xent_fwd_cuda_target_out_of_range_is_DT_ERR_RANGE",
+                          dt_softmax_xent_fwd(&ctx, &ld, NULL, &p.d, &g.d, &t.d, -1) == DT_ERR_RANGE);
+            dt_test_error("softmax_xent_bwd_cuda_target_out_of_range_is_named",
+                          dt_softmax_xent_bwd(&ctx, &g.d, &p.d, &t.d, -1, 1.0f), dt_ctx_error(&ctx), "targets[2] = 37");
+            dt_test_error("softmax_xent_fwd_cuda_targets_on_cpu_is_named",
+                          dt_softmax_xent_fwd(&ctx, &ld, NULL, &p.d, &g.d, &t.h, -1), dt_ctx_error(&ctx), "targets is on cpu");
+            dt_test_error("softmax_xent_fwd_cuda_f32_targets_is_named",
+                          dt_softmax_xent_fwd(&ctx, &ld, NULL, &p.d, &g.d, &g.d, -1), dt_ctx_error(&ctx), "targets");
+            bad = 0;
+            cudaMemcpy((int32_t *)t.d.data + 2, &bad, 4, cudaMemcpyHostToDevice);
+            pair_t narrow = make(DT_F32, 2, R, V - 1, 0, 0, 46);
+            dt_test_error("softmax_xent_fwd_cuda_probs_shape_is_named",
+                          dt_softmax_xent_fwd(&ctx, &ld, NULL, &narrow.d, &p.d, &t.d, -1), dt_ctx_error(&ctx),
+                          "probs shape [6, 36] does not match logits");
+            dt_test_error("softmax_xent_bwd_cuda_dlogits_shape_is_named",
+                          dt_softmax_xent_bwd(&ctx, &narrow.d, &p.d, &t.d, -1, 1.0f), dt_ctx_error(&ctx),
+                          "dlogits shape [6, 36] does not match probs");
+            release(narrow);
+            dt_test_error("softmax_xent_fwd_cuda_null_loss_is_named",
+                          dt_softmax_xent_fwd(&ctx, NULL, NULL, &p.d, &g.d, &t.d, -1), dt_ctx_error(&ctx), "loss is NULL");
+        }
+        release(z); release(p); release(t); release(g);
+    }
+    { /* axpy (the SGD step of examples/mlp on cuda parameters) */
+        pair_t y = make(DT_F32, 2, 7, 9, 0, 0, 50), x = make(DT_F32, 1, 63, 0, 0, 0, 51), x2 = make(DT_F32, 1, 5, 0, 0, 0, 52);
+        if (ok2("axpy_cuda_tensors_match_cpu", dt_axpy(&ctx, &y.h, -0.3f, &x.h), dt_axpy(&ctx, &y.d, -0.3f, &x.d)))
+            same("axpy_cuda_tensors_match_cpu", y, 0); /* one float multiply-add: the same bits */
+        dt_test_error("axpy_cuda_numel_mismatch_is_named", dt_axpy(&ctx, &y.d, 1.0f, &x2.d), dt_ctx_error(&ctx),
+                      "y has 63 elements, x has 5");
+        dt_test_error("axpy_cuda_mixed_devices_is_named", dt_axpy(&ctx, &y.d, 1.0f, &x.h), dt_ctx_error(&ctx), "x is on cpu");
+        release(y); release(x); release(x2);
     }
     dt_ctx_shutdown(&ctx);
     return dt_test_finish();
