@@ -227,9 +227,79 @@ DT_API dt_status dt_zero_checkpoint_load(dt_zero *z, dt_train_state *state, cons
    run on that slice, the all-gather comes before the column-parallel linear and the
    reduce-scatter after the row-parallel one, replacing the all-reduces. Parameters used in the
    sharded region (layernorms, the row-parallel bias) then get partial grads on each tp rank:
-   sum them with dt_tp_allreduce before the optimizer step (Megatron does the same). */
+   sum them with dt_tp_allreduce before the optimizer step (Megatron does the same).
 
-/* x = sum over tp of x, in place (Megatron's g forward and f backward). */
+   The math (Megatron-LM, Shoeybi et al. 2019; sequence parallel, Korthikanti et al. 2022).
+   A linear Y = X W^T with W [O, I] can be cut two ways over tp ranks:
+     column-parallel  rank k holds rows O_k of W (and of its bias) and computes Y[:, O_k] from the
+                      whole X: no communication forward. Backward, dX = sum over k of dY[:, O_k] W_k
+                      is a sum of tp partial products: the all-reduce "f" (identity forward,
+                      all-reduce backward) sits on its input.
+     row-parallel     rank k holds columns I_k of W and the matching columns X[:, I_k] (exactly what
+                      a column-parallel layer before it produced), so Y = sum over k of
+                      X[:, I_k] W[:, I_k]^T: the all-reduce "g" (all-reduce forward, identity
+                      backward) sits on its output. Its bias is whole on every rank and added once,
+                      after the sum (added before it, it would count tp times).
+   An MLP is column then row (GELU acts elementwise on the column-parallel output, so it needs no
+   communication): one all-reduce forward and one backward per block. Attention splits heads:
+   the qkv projection is column-parallel over heads, each rank runs dt_attention on its own
+   n_head/tp heads, the output projection is row-parallel.
+   Sequence parallel replaces each all-reduce by its two halves, reduce-scatter + all-gather: g
+   becomes a reduce-scatter onto row shards (the residual, layernorm and dropout that follow run
+   on N/tp rows, saving (tp-1)/tp of their activation memory), and the next column-parallel
+   linear all-gathers its input rows first; backward, the all-gather's transpose is a
+   reduce-scatter and vice versa. The bytes moved are those of the all-reduces.
+   The backward of a column-parallel linear needs the gathered input: keep xbuf from the forward,
+   or, to keep only the N/tp rows as Megatron-SP does, reuse xbuf elsewhere and gather it again
+   with dt_sp_gather_rows just before the backward (one more all-gather, N x I less memory).
+   What each rank holds: column-parallel w [O/tp, I], bias [O/tp], output [N, O/tp]; row-parallel
+   w [O, I/tp], bias [O] (replicated), input [N, I/tp], output [N, O] or, under sp, [N/tp, O].
+   Replicated parameters outside the sharded region (sp = 0: every layernorm and bias) get
+   identical grads on every tp rank and need no sync over tp.
+
+   Sum order: every sum over tp goes through dt_comm (rank order, the same on every rank), so the
+   results are bitwise the same on every tp rank and from run to run; they equal the
+   single-process op within fp32 reassociation. With tp = 1 no function communicates and each
+   equals the plain dt_tensor.h op bitwise (the cross entropy within 1e-6: see dt_tp_xent_fwd).
+   Every argument is checked before the first collective, and the checks depend only on what
+   the ranks share (shapes, ids, targets), so a bad call fails on every tp rank alike and none is
+   left waiting in a collective.
+
+   Laying out the weights. Column-parallel weights, their biases, the vocab-parallel embedding and
+   a vocab-parallel head are cut by rows (dim 0); row-parallel weights by columns (dim 1).
+   dt_tp_param_desc fills a dt_param_desc's shape, global_shape and start for each kind, so
+   dt_tensor_init gives a shard the values of the matching slice of the full tensor and
+   checkpoints store the logical tensor. The qkv projection ([3C, C], rows q | k | v, as
+   dt_attention packs them) is the exception: the rows of tp rank k are its heads' rows of q, of k
+   and of v, three blocks [k*C/tp, (k+1)*C/tp) + {0, C, 2C}, not one contiguous slice. Register it
+   with the logical shape [3, C, C] (bias [3, C]) and shard dim 1 (DT_TP_QKV): the local
+   [3, C/tp, C] tensor read as [3C/tp, C] is then q_k | k_k | v_k, the column-parallel output
+   [N, 3C/tp] is the packed qkv that dt_attention_fwd takes with n_head/tp heads, and element
+   (i, j, c) of [3, C, C] has the flat index of element (i*C + j, c) of [3C, C], so values and
+   checkpoints agree with an unsharded [3C, C] weight. (DT_INIT_SCALED_NORMAL's fan-in is
+   prod(global_shape[1:]), C*C for [3, C, C]: give such a weight an explicit std, as GPT-2's
+   N(0, 0.02) does.) */
+
+/* How a parameter is cut over the tp group (dt_tp_param_desc). */
+typedef enum dt_tp_kind {
+    DT_TP_DEFAULT = 0,  /* = DT_TP_REPLICATED */
+    DT_TP_REPLICATED,   /* whole on every tp rank: layernorms, the row-parallel bias */
+    DT_TP_COLUMN,       /* dim 0 cut: column-parallel weight [O, I] and bias [O], the vocab-parallel
+                           embedding table / head [Vp, C] */
+    DT_TP_ROW,          /* dim 1 cut: row-parallel weight [O, I] */
+    DT_TP_QKV,          /* the qkv weight: logical [3, C, C] (global_rows = 3C, global_cols = C) or its
+                           bias [3, C] (global_cols = 0), dim 1 (this rank's heads) cut */
+    DT_TP_KIND_COUNT
+} dt_tp_kind;
+
+/* Fills desc->shape, global_shape, start and ndim (nothing else) for this tp rank's shard of a
+   [global_rows, global_cols] parameter (global_cols = 0: a vector [global_rows]) cut as `kind`.
+   The cut dim not divisible by tp, global_rows of DT_TP_QKV not divisible by 3, a vector cut as
+   DT_TP_ROW, a negative size or a kind out of range are DT_ERR_ARG naming them. */
+DT_API dt_status dt_tp_param_desc(const dt_layout *l, dt_param_desc *desc, dt_tp_kind kind, int64_t global_rows,
+                                  int64_t global_cols);
+
+/* x = sum over tp of x, in place (Megatron's g forward and f backward). Any float dtype. */
 DT_API dt_status dt_tp_allreduce(dt_layout *l, dt_tensor *x);
 /* full [N, C] = the row shards [N/tp, C] of every tp rank, in rank order. */
 DT_API dt_status dt_sp_gather_rows(dt_layout *l, dt_tensor *full, const dt_tensor *shard);
@@ -240,7 +310,9 @@ DT_API dt_status dt_sp_scatter_rows(dt_layout *l, dt_tensor *shard, const dt_ten
    out [N, O/tp] = x_all @ w^T + bias, with x_all = x (sp 0, x [N, I]) or the gathered rows of x
    (sp 1, x [N/tp, I]; x_all is written into xbuf [N, I], kept for the backward).
    bwd: dw += dout^T x_all, dbias += colsum(dout), dx += (dout @ w) summed over tp (sp 0: all-reduce,
-   sp 1: reduce-scatter into the row shard; dxbuf [N, I] is the scratch of the sum). */
+   sp 1: reduce-scatter into the row shard; dxbuf [N, I] is the scratch of the sum).
+   xbuf may be NULL under sp 0; dxbuf may be NULL when dx is NULL or tp = 1. The sum over tp of dx
+   is in flight while dw and dbias are computed (Megatron's overlap). */
 DT_API dt_status dt_tp_column_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor *xbuf, const dt_tensor *x,
                                          const dt_tensor *w, const dt_tensor *bias, int sp);
 DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
@@ -250,7 +322,9 @@ DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor 
    x [N, I/tp]; partial [N, O] = x @ w^T (scratch); out = sum over tp of partial + bias: [N, O]
    (sp 0, all-reduce) or this rank's rows [N/tp, O] (sp 1, reduce-scatter).
    bwd: dout is [N, O] (sp 0) or [N/tp, O] (sp 1, gathered into doutbuf [N, O]);
-   dx += dout_all @ w, dw += dout_all^T x, dbias += colsum(dout) (the local rows under sp 1). */
+   dx += dout_all @ w, dw += dout_all^T x, dbias += colsum(dout) (the local rows under sp 1).
+   partial may be NULL under sp 0 (the sum is taken in out) or when tp = 1; doutbuf may be NULL
+   under sp 0 or when tp = 1. */
 DT_API dt_status dt_tp_row_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor *partial, const dt_tensor *x,
                                       const dt_tensor *w, const dt_tensor *bias, int sp);
 DT_API dt_status dt_tp_row_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
@@ -260,17 +334,28 @@ DT_API dt_status dt_tp_row_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw
    [V, C] table; ids i32 [N] global; out = sum over tp of the local lookups (ids outside the
    range give 0): [N, C] (sp 0) or this rank's rows [N/tp, C] (sp 1; partial [N, C] scratch).
    bwd: dtable[id - vocab_start] += dout_all[n] for the ids in range (sp 1: dout gathered into
-   doutbuf [N, C]). An id outside [0, vocab) is DT_ERR_RANGE. */
+   doutbuf [N, C]). An id outside [0, vocab) is DT_ERR_RANGE.
+   V here is the padded vocab tp * table rows (>= vocab, rows >= vocab are padding no id reaches);
+   vocab_start must be tp_rank * table rows. ids may also be i64. Each output row has one
+   non-zero contribution, so the sum over tp is exact: the result equals dt_embedding_fwd bitwise.
+   partial may be NULL under sp 0 or when tp = 1, doutbuf under sp 0 or when tp = 1. */
 DT_API dt_status dt_tp_embedding_fwd(dt_layout *l, dt_tensor *out, dt_tensor *partial, const dt_tensor *table,
                                      const dt_tensor *ids, int64_t vocab_start, int64_t vocab, int sp);
 DT_API dt_status dt_tp_embedding_bwd(dt_layout *l, dt_tensor *dtable, dt_tensor *doutbuf, const dt_tensor *dout,
                                      const dt_tensor *ids, int64_t vocab_start, int64_t vocab, int sp);
 /* Vocab-parallel cross entropy: logits [N, Vp/tp] are this rank's columns [vocab_start, ...) of
    the [N, Vp] logits (Vp >= vocab: columns >= vocab are padding and ignored, as llm.c pads its
-   vocab); targets i32 [N], ignore_index skipped. Three all-reduces over tp (row max, target
+   vocab); targets i32 [N], ignore_index skipped. Three reductions over tp (row max, target
    logit, sum of exp); the full logits are never gathered. stats [N, 2] f32 keeps each row's max
    and log-sum-exp for the backward. *loss = mean over non-ignored targets, *n_valid their count.
-   bwd: dlogits += dloss / n_valid * (softmax - onehot(target)) on this rank's columns. */
+   bwd: dlogits += dloss / n_valid * (softmax - onehot(target)) on this rank's columns.
+   The definition is dt_softmax_xent_fwd's on the first `vocab` columns of the gathered logits
+   (0 when no target counts). vocab_start must be tp_rank * (Vp/tp); 1 <= vocab <= Vp; a target
+   outside [0, vocab) that is not ignore_index is DT_ERR_RANGE. The reductions run in double
+   through dt_comm_allreduce_f64 (the max, then the target logit and the sum of exp together in
+   one call), so every tp rank gets bitwise the same loss. stats may be NULL in the forward (no
+   backward to follow); n_valid may be NULL. The backward communicates nothing, and padding
+   columns get no gradient. */
 DT_API dt_status dt_tp_xent_fwd(dt_layout *l, float *loss, int64_t *n_valid, dt_tensor *stats,
                                 const dt_tensor *logits, const dt_tensor *targets, int64_t vocab_start,
                                 int64_t vocab, int ignore_index);
@@ -1466,6 +1551,531 @@ DT_API dt_status dt_zero_checkpoint_load(dt_zero *z, dt_train_state *state, cons
 }
 
 /* ---------------------------------------------------------------- tensor parallel (impl) */
+
+#define DT__TP_TRY(x) do { dt_status dt__tp_s = (x); if (dt__tp_s) return dt__tp_s; } while (0)
+
+static int64_t dt__tp_last(const dt_tensor *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
+static int64_t dt__tp_rows(const dt_tensor *t) {
+    int64_t r = 1;
+    int i;
+    for (i = 0; i + 1 < t->ndim; i++) r *= t->shape[i]; /* fits: numel of a valid tensor fits */
+    return r;
+}
+
+/* The layout has a tp group, and sp is a flag. */
+static dt_status dt__tp_begin(dt_layout *l, int sp, const char *fn) {
+    if (!l || !l->ctx) return DT_ERR_ARG;
+    if (!l->tp_comm || l->tp < 1 || l->tp_rank < 0 || l->tp_rank >= l->tp || dt_comm_size(l->tp_comm) != l->tp)
+        return dt_ctx_set_error(l->ctx, DT_ERR_STATE, "%s: the layout has no usable tp group (tp = %d, tp_rank = %d, "
+                                "tp_comm %s); make it with dt_layout_create", fn, l->tp, l->tp_rank,
+                                l->tp_comm ? "present" : "NULL");
+    if (sp != 0 && sp != 1) return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: sp = %d; expected 0 or 1", fn, sp);
+    return DT_OK;
+}
+
+/* t is an f32 CPU tensor of `rows` rows of `cols` (leading dims flattened). */
+static dt_status dt__tp_mat(dt_ctx *ctx, const dt_tensor *t, int64_t rows, int64_t cols, const char *fn,
+                            const char *arg, const char *why) {
+    char s[96];
+    DT__TP_TRY(dt_check_tensor(ctx, t, DT_F32, fn, arg));
+    if (t->ndim >= 1 && dt__tp_rows(t) == rows && dt__tp_last(t) == cols) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s; expected %lld rows of %lld (%s)", fn, arg,
+                            dt_shape_str(t, s, sizeof s), (long long)rows, (long long)cols, why);
+}
+
+/* w is an f32 2-D [rows, cols] weight of any size; bias (may be NULL) has w.shape[0] elements. */
+static dt_status dt__tp_weight(dt_ctx *ctx, const dt_tensor *w, const dt_tensor *bias, int64_t bias_n,
+                               const char *fn, const char *wn, const char *bn) {
+    char s[96];
+    DT__TP_TRY(dt_check_tensor(ctx, w, DT_F32, fn, wn));
+    if (w->ndim != 2)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s; expected 2 dims", fn, wn,
+                                dt_shape_str(w, s, sizeof s));
+    if (!bias) return DT_OK;
+    DT__TP_TRY(dt_check_tensor(ctx, bias, DT_F32, fn, bn));
+    if (bias->numel != bias_n)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s has %lld elements; expected %lld (%s)", fn, bn,
+                                (long long)bias->numel, (long long)bias_n,
+                                bias_n == w->shape[0] ? "w.shape[0]" : "out features");
+    return DT_OK;
+}
+
+/* N rows split over tp under sequence parallel: *local = N / tp. */
+static dt_status dt__tp_split(dt_layout *l, int64_t N, int64_t *local, const char *fn, const char *what) {
+    if (N % l->tp)
+        return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: %s has %lld rows, not divisible by tp = %d (sequence "
+                                "parallel gives each tp rank N/tp rows)", fn, what, (long long)N, l->tp);
+    *local = N / l->tp;
+    return DT_OK;
+}
+
+/* N = tp * local rows, checked. */
+static dt_status dt__tp_times(dt_layout *l, int64_t local, int64_t *N, const char *fn, const char *what) {
+    *N = 0;
+    if (!dt_mul_ok(local, l->tp, N))
+        return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: %s rows %lld x tp %d overflows int64", fn, what,
+                                (long long)local, l->tp);
+    return DT_OK;
+}
+
+/* Scratch that shares memory with an input would be overwritten before it is read: named. */
+static dt_status dt__tp_apart(dt_ctx *ctx, const dt_tensor *scratch, const dt_tensor *in, const char *fn,
+                              const char *sn, const char *in_name) {
+    const char *a = (const char *)scratch->data, *b = (const char *)in->data;
+    if (!a || !b || a + dt_tensor_bytes(scratch) <= b || b + dt_tensor_bytes(in) <= a) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s shares memory with %s; the scratch must be a buffer of its own",
+                            fn, sn, in_name);
+}
+
+/* A [rows, cols] view of t (leading dims flattened) for the 2-D matmul. */
+static dt_status dt__tp_2d(dt_ctx *ctx, dt_tensor *v, const dt_tensor *t) {
+    int64_t shape[2];
+    shape[0] = dt__tp_rows(t);
+    shape[1] = dt__tp_last(t);
+    return dt_tensor_reshape(ctx, v, t, 2, shape);
+}
+
+DT_API dt_status dt_tp_param_desc(const dt_layout *l, dt_param_desc *desc, dt_tp_kind kind, int64_t global_rows,
+                                  int64_t global_cols) {
+    const char *fn = "dt_tp_param_desc";
+    int64_t g[3] = {global_rows, global_cols, 0}, s[3], st[3] = {0, 0, 0}, cut;
+    int nd = global_cols ? 2 : 1, d, cdim = -1;
+    if (!l || !l->ctx) return DT_ERR_ARG;
+    if (!desc) return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: desc is NULL", fn);
+    if (l->tp < 1 || l->tp_rank < 0 || l->tp_rank >= l->tp)
+        return dt_ctx_set_error(l->ctx, DT_ERR_STATE, "%s: the layout has tp = %d, tp_rank = %d", fn, l->tp, l->tp_rank);
+    if ((int)kind < 0 || kind >= DT_TP_KIND_COUNT)
+        return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: kind = %d is not a dt_tp_kind", fn, (int)kind);
+    if (global_rows < 0 || global_cols < 0)
+        return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: global_rows = %lld, global_cols = %lld; expected >= 0", fn,
+                                (long long)global_rows, (long long)global_cols);
+    if (kind == DT_TP_COLUMN) cdim = 0;
+    if (kind == DT_TP_ROW) {
+        if (nd == 1)
+            return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: kind DT_TP_ROW with global_cols = 0 (a vector); a "
+                                    "row-parallel bias is whole: DT_TP_REPLICATED", fn);
+        cdim = 1;
+    }
+    if (kind == DT_TP_QKV) { /* [3C, C] -> [3, C, C]; [3C] -> [3, C] */
+        if (global_rows % 3)
+            return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: DT_TP_QKV global_rows = %lld is not 3*C", fn,
+                                    (long long)global_rows);
+        g[0] = 3; g[1] = global_rows / 3; g[2] = global_cols;
+        nd++;
+        cdim = 1;
+    }
+    if (cdim >= 0 && g[cdim] % l->tp)
+        return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: %s = %lld is not divisible by tp = %d", fn,
+                                kind == DT_TP_QKV ? "C (global_rows / 3)" : cdim ? "global_cols" : "global_rows",
+                                (long long)g[cdim], l->tp);
+    for (d = 0; d < 3; d++) s[d] = g[d];
+    if (cdim >= 0) {
+        cut = g[cdim] / l->tp;
+        s[cdim] = cut;
+        st[cdim] = cut * l->tp_rank;
+    }
+    memset(desc->shape, 0, sizeof desc->shape);
+    memset(desc->global_shape, 0, sizeof desc->global_shape);
+    memset(desc->start, 0, sizeof desc->start);
+    for (d = 0; d < nd; d++) {
+        desc->shape[d] = s[d];
+        desc->global_shape[d] = g[d];
+        desc->start[d] = st[d];
+    }
+    desc->ndim = nd;
+    return DT_OK;
+}
+
+DT_API dt_status dt_tp_allreduce(dt_layout *l, dt_tensor *x) {
+    const char *fn = "dt_tp_allreduce";
+    DT__TP_TRY(dt__tp_begin(l, 0, fn));
+    DT__TP_TRY(dt_check_tensor(l->ctx, x, DT_DTYPE_DEFAULT, fn, "x"));
+    if (l->tp == 1) return DT_OK;
+    return dt_comm_allreduce(l->tp_comm, x, DT_REDUCE_SUM);
+}
+
+static dt_status dt__sp_rows_check(dt_layout *l, const dt_tensor *full, const dt_tensor *shard, const char *fn) {
+    int64_t N = 0;
+    char a[96], b[96];
+    DT__TP_TRY(dt_check_tensor(l->ctx, full, DT_DTYPE_DEFAULT, fn, "full"));
+    DT__TP_TRY(dt_check_tensor(l->ctx, shard, DT_DTYPE_DEFAULT, fn, "shard"));
+    if (full->dtype != shard->dtype)
+        return dt_ctx_set_error(l->ctx, DT_ERR_DTYPE, "%s: full is %s, shard is %s; expected the same dtype", fn,
+                                dt_dtype_name(full->dtype), dt_dtype_name(shard->dtype));
+    DT__TP_TRY(dt__tp_times(l, dt__tp_rows(shard), &N, fn, "shard"));
+    if (full->ndim < 1 || shard->ndim < 1 || dt__tp_last(full) != dt__tp_last(shard) || dt__tp_rows(full) != N)
+        return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: full shape %s, shard shape %s; expected full = tp (%d) x "
+                                "shard rows of the same width", fn, dt_shape_str(full, a, sizeof a),
+                                dt_shape_str(shard, b, sizeof b), l->tp);
+    return DT_OK;
+}
+
+DT_API dt_status dt_sp_gather_rows(dt_layout *l, dt_tensor *full, const dt_tensor *shard) {
+    const char *fn = "dt_sp_gather_rows";
+    DT__TP_TRY(dt__tp_begin(l, 0, fn));
+    DT__TP_TRY(dt__sp_rows_check(l, full, shard, fn));
+    if (l->tp == 1) return full->data == shard->data ? DT_OK : dt_tensor_copy(l->ctx, full, shard);
+    return dt_comm_allgather(l->tp_comm, full, shard);
+}
+
+DT_API dt_status dt_sp_scatter_rows(dt_layout *l, dt_tensor *shard, const dt_tensor *full) {
+    const char *fn = "dt_sp_scatter_rows";
+    DT__TP_TRY(dt__tp_begin(l, 0, fn));
+    DT__TP_TRY(dt__sp_rows_check(l, full, shard, fn));
+    if (l->tp == 1) return full->data == shard->data ? DT_OK : dt_tensor_copy(l->ctx, shard, full);
+    return dt_comm_reduce_scatter(l->tp_comm, shard, full, DT_REDUCE_SUM);
+}
+
+/* ---- column-parallel linear */
+
+DT_API dt_status dt_tp_column_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor *xbuf, const dt_tensor *x,
+                                         const dt_tensor *w, const dt_tensor *bias, int sp) {
+    const char *fn = "dt_tp_column_linear_fwd";
+    const dt_tensor *xall = x;
+    int64_t N, In;
+    DT__TP_TRY(dt__tp_begin(l, sp, fn));
+    DT__TP_TRY(dt__tp_weight(l->ctx, w, bias, w ? w->shape[0] : 0, fn, "w", "bias"));
+    In = w->shape[1];
+    DT__TP_TRY(dt_check_tensor(l->ctx, x, DT_F32, fn, "x"));
+    N = dt__tp_rows(x);
+    DT__TP_TRY(dt__tp_mat(l->ctx, x, N, In, fn, "x", "w.shape[1] in features"));
+    if (sp) {
+        DT__TP_TRY(dt__tp_times(l, N, &N, fn, "x"));
+        DT__TP_TRY(dt__tp_mat(l->ctx, xbuf, N, In, fn, "xbuf", "tp x the rows of x: the gathered input"));
+        xall = xbuf;
+    }
+    DT__TP_TRY(dt__tp_mat(l->ctx, out, N, w->shape[0], fn, "out", "the rows of x_all by w.shape[0], this rank's "
+                          "out features"));
+    if (sp) DT__TP_TRY(dt_sp_gather_rows(l, xbuf, x));
+    return dt_linear_fwd(l->ctx, out, xall, w, bias);
+}
+
+DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
+                                         dt_tensor *dxbuf, const dt_tensor *dout, const dt_tensor *xbuf_or_x,
+                                         const dt_tensor *w, int sp) {
+    const char *fn = "dt_tp_column_linear_bwd";
+    const dt_tensor *xall = xbuf_or_x;
+    dt_tensor d2, w2, sum;
+    dt_comm_req *req = NULL;
+    dt_status st, st2;
+    int64_t N, In, O, nl = 0;
+    DT__TP_TRY(dt__tp_begin(l, sp, fn));
+    DT__TP_TRY(dt__tp_weight(l->ctx, w, NULL, 0, fn, "w", "bias"));
+    O = w->shape[0]; In = w->shape[1];
+    DT__TP_TRY(dt_check_tensor(l->ctx, xall, DT_F32, fn, "xbuf_or_x"));
+    N = dt__tp_rows(xall);
+    DT__TP_TRY(dt__tp_mat(l->ctx, xall, N, In, fn, "xbuf_or_x", "w.shape[1] in features"));
+    DT__TP_TRY(dt__tp_mat(l->ctx, dout, N, O, fn, "dout", "the rows of x_all by w.shape[0]"));
+    if (sp) DT__TP_TRY(dt__tp_split(l, N, &nl, fn, "xbuf_or_x"));
+    if (dw) {
+        char a[96], b[96];
+        DT__TP_TRY(dt_check_tensor(l->ctx, dw, DT_F32, fn, "dw"));
+        if (!dt_tensor_same_shape(dw, w))
+            return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: dw shape %s does not match w shape %s", fn,
+                                    dt_shape_str(dw, a, sizeof a), dt_shape_str(w, b, sizeof b));
+    }
+    if (dbias) DT__TP_TRY(dt__tp_weight(l->ctx, w, dbias, O, fn, "w", "dbias"));
+    if (dx) DT__TP_TRY(dt__tp_mat(l->ctx, dx, sp ? nl : N, In, fn, "dx", sp ? "this rank's rows of x_all" : "as x"));
+    if (dx && (dxbuf || l->tp > 1))
+        DT__TP_TRY(dt__tp_mat(l->ctx, dxbuf, N, In, fn, "dxbuf", "as x_all: the scratch of the sum over tp"));
+    if (dx && dxbuf) {
+        DT__TP_TRY(dt__tp_apart(l->ctx, dxbuf, xall, fn, "dxbuf", "xbuf_or_x"));
+        DT__TP_TRY(dt__tp_apart(l->ctx, dxbuf, dout, fn, "dxbuf", "dout"));
+        DT__TP_TRY(dt__tp_apart(l->ctx, dxbuf, w, fn, "dxbuf", "w"));
+    }
+    if (dx && l->tp == 1) return dt_linear_bwd(l->ctx, dx, dw, dbias, dout, xall, w); /* the plain op */
+    if (dx) {
+        /* dxbuf = this rank's part of dx; its sum over tp travels while dw and dbias are computed */
+        DT__TP_TRY(dt__tp_2d(l->ctx, &d2, dout));
+        DT__TP_TRY(dt__tp_2d(l->ctx, &sum, dxbuf));
+        DT__TP_TRY(dt_matmul_fwd(l->ctx, &sum, &d2, w, 0, 0, 1.0f, 0.0f));
+        if (sp) {
+            int64_t shape[2];
+            w2 = sum;
+            shape[0] = nl; shape[1] = In;
+            DT__TP_TRY(dt_tensor_view(l->ctx, &sum, &w2, nl * In * l->tp_rank, 2, shape)); /* in place: own block */
+            DT__TP_TRY(dt_comm_ireduce_scatter(l->tp_comm, &sum, &w2, DT_REDUCE_SUM, &req));
+        } else {
+            DT__TP_TRY(dt_comm_iallreduce(l->tp_comm, &sum, DT_REDUCE_SUM, &req));
+        }
+    }
+    st = dw || dbias ? dt_linear_bwd(l->ctx, NULL, dw, dbias, dout, xall, w) : DT_OK;
+    if (!req) return st;
+    st2 = dt_comm_wait(req); /* every request ends with one wait, even after an error */
+    if (st) return st;
+    if (st2) return st2;
+    return dt_axpy(l->ctx, dx, 1.0f, &sum);
+}
+
+/* ---- row-parallel linear */
+
+DT_API dt_status dt_tp_row_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor *partial, const dt_tensor *x,
+                                      const dt_tensor *w, const dt_tensor *bias, int sp) {
+    const char *fn = "dt_tp_row_linear_fwd";
+    int64_t N, O, nl = 0;
+    DT__TP_TRY(dt__tp_begin(l, sp, fn));
+    DT__TP_TRY(dt__tp_weight(l->ctx, w, bias, w ? w->shape[0] : 0, fn, "w", "bias"));
+    O = w->shape[0];
+    DT__TP_TRY(dt_check_tensor(l->ctx, x, DT_F32, fn, "x"));
+    N = dt__tp_rows(x);
+    DT__TP_TRY(dt__tp_mat(l->ctx, x, N, w->shape[1], fn, "x", "w.shape[1], this rank's in features"));
+    if (sp) DT__TP_TRY(dt__tp_split(l, N, &nl, fn, "x"));
+    DT__TP_TRY(dt__tp_mat(l->ctx, out, sp ? nl : N, O, fn, "out", sp ? "this rank's rows of x by w.shape[0]" :
+                          "the rows of x by w.shape[0]"));
+    if (partial || (sp && l->tp > 1))
+        DT__TP_TRY(dt__tp_mat(l->ctx, partial, N, O, fn, "partial", "the rows of x by w.shape[0]: the scratch of "
+                              "the sum over tp"));
+    if (partial && sp && l->tp > 1) DT__TP_TRY(dt__tp_apart(l->ctx, partial, x, fn, "partial", "x"));
+    if (l->tp == 1) return dt_linear_fwd(l->ctx, out, x, w, bias); /* the plain op */
+    if (sp) {
+        DT__TP_TRY(dt_linear_fwd(l->ctx, partial, x, w, NULL));
+        DT__TP_TRY(dt_comm_reduce_scatter(l->tp_comm, out, partial, DT_REDUCE_SUM));
+    } else {
+        DT__TP_TRY(dt_linear_fwd(l->ctx, out, x, w, NULL));
+        DT__TP_TRY(dt_comm_allreduce(l->tp_comm, out, DT_REDUCE_SUM));
+    }
+    /* once, after the sum: every rank holds the whole bias */
+    return bias ? dt_bias_add_fwd(l->ctx, out, bias) : DT_OK;
+}
+
+DT_API dt_status dt_tp_row_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
+                                      dt_tensor *doutbuf, const dt_tensor *dout, const dt_tensor *x,
+                                      const dt_tensor *w, int sp) {
+    const char *fn = "dt_tp_row_linear_bwd";
+    const dt_tensor *dall = dout;
+    int64_t N, O, nl = 0;
+    DT__TP_TRY(dt__tp_begin(l, sp, fn));
+    DT__TP_TRY(dt__tp_weight(l->ctx, w, NULL, 0, fn, "w", "bias"));
+    O = w->shape[0];
+    DT__TP_TRY(dt_check_tensor(l->ctx, x, DT_F32, fn, "x"));
+    N = dt__tp_rows(x);
+    DT__TP_TRY(dt__tp_mat(l->ctx, x, N, w->shape[1], fn, "x", "w.shape[1], this rank's in features"));
+    if (sp) DT__TP_TRY(dt__tp_split(l, N, &nl, fn, "x"));
+    DT__TP_TRY(dt__tp_mat(l->ctx, dout, sp ? nl : N, O, fn, "dout", sp ? "this rank's rows of x by w.shape[0]" :
+                          "the rows of x by w.shape[0]"));
+    if (sp && l->tp > 1) {
+        DT__TP_TRY(dt__tp_mat(l->ctx, doutbuf, N, O, fn, "doutbuf", "the rows of x by w.shape[0]: the gathered dout"));
+        DT__TP_TRY(dt__tp_apart(l->ctx, doutbuf, x, fn, "doutbuf", "x"));
+        DT__TP_TRY(dt__tp_apart(l->ctx, doutbuf, w, fn, "doutbuf", "w"));
+        dall = doutbuf;
+    }
+    if (dx) DT__TP_TRY(dt__tp_mat(l->ctx, dx, N, w->shape[1], fn, "dx", "as x"));
+    if (dw) {
+        char a[96], b[96];
+        DT__TP_TRY(dt_check_tensor(l->ctx, dw, DT_F32, fn, "dw"));
+        if (!dt_tensor_same_shape(dw, w))
+            return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: dw shape %s does not match w shape %s", fn,
+                                    dt_shape_str(dw, a, sizeof a), dt_shape_str(w, b, sizeof b));
+    }
+    if (dbias) DT__TP_TRY(dt__tp_weight(l->ctx, w, dbias, O, fn, "w", "dbias"));
+    if (dall != dout) DT__TP_TRY(dt_sp_gather_rows(l, doutbuf, dout));
+    if (dx || dw) DT__TP_TRY(dt_linear_bwd(l->ctx, dx, dw, NULL, dall, x, w));
+    /* the bias was added after the sum: its grad is dout's (this rank's rows under sp: partial) */
+    return dbias ? dt_bias_add_bwd(l->ctx, dbias, dout) : DT_OK;
+}
+
+/* ---- vocab-parallel embedding */
+
+static int64_t dt__tp_id(const dt_tensor *ids, int64_t i) {
+    return ids->dtype == DT_I32 ? ((const int32_t *)ids->data)[i] : ((const int64_t *)ids->data)[i];
+}
+
+/* The shard [vocab_start, vocab_start + Vl) of a padded vocab tp * Vl, and vocab within it. */
+static dt_status dt__tp_vocab(dt_layout *l, int64_t Vl, int64_t vocab_start, int64_t vocab, const char *fn,
+                              const char *what) {
+    int64_t Vp = 0, want;
+    DT__TP_TRY(dt__tp_times(l, Vl, &Vp, fn, what));
+    want = Vl * l->tp_rank;
+    if (vocab_start != want)
+        return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: vocab_start = %lld; expected tp_rank (%d) x %lld (%s) = %lld", fn,
+                                (long long)vocab_start, l->tp_rank, (long long)Vl, what, (long long)want);
+    if (vocab < 1 || vocab > Vp)
+        return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: vocab = %lld; expected 1..%lld (the padded vocab, tp (%d) x "
+                                "%lld %s)", fn, (long long)vocab, (long long)Vp, l->tp, (long long)Vl, what);
+    return DT_OK;
+}
+
+static dt_status dt__tp_ids(dt_layout *l, const dt_tensor *ids, int64_t vocab, const char *fn) {
+    int64_t i;
+    DT__TP_TRY(dt_check_tensor(l->ctx, ids, ids ? ids->dtype : DT_I32, fn, "ids"));
+    if (ids->dtype != DT_I32 && ids->dtype != DT_I64)
+        return dt_ctx_set_error(l->ctx, DT_ERR_DTYPE, "%s: ids has dtype %s; expected i32 or i64", fn,
+                                dt_dtype_name(ids->dtype));
+    for (i = 0; i < ids->numel; i++) {
+        int64_t id = dt__tp_id(ids, i);
+        if (id < 0 || id >= vocab)
+            return dt_ctx_set_error(l->ctx, DT_ERR_RANGE, "%s: ids[%lld] = %lld is outside the vocab [0, %lld)", fn,
+                                    (long long)i, (long long)id, (long long)vocab);
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_tp_embedding_fwd(dt_layout *l, dt_tensor *out, dt_tensor *partial, const dt_tensor *table,
+                                     const dt_tensor *ids, int64_t vocab_start, int64_t vocab, int sp) {
+    const char *fn = "dt_tp_embedding_fwd";
+    dt_tensor *dst = out;
+    int64_t N, C, Vl, nl = 0, n;
+    DT__TP_TRY(dt__tp_begin(l, sp, fn));
+    DT__TP_TRY(dt__tp_weight(l->ctx, table, NULL, 0, fn, "table", ""));
+    Vl = table->shape[0]; C = table->shape[1];
+    DT__TP_TRY(dt__tp_vocab(l, Vl, vocab_start, vocab, fn, "table rows"));
+    DT__TP_TRY(dt__tp_ids(l, ids, vocab, fn));
+    N = ids->numel;
+    if (sp) DT__TP_TRY(dt__tp_split(l, N, &nl, fn, "ids"));
+    DT__TP_TRY(dt__tp_mat(l->ctx, out, sp ? nl : N, C, fn, "out", sp ? "this rank's ids by table.shape[1]" :
+                          "ids by table.shape[1]"));
+    if (partial || (sp && l->tp > 1))
+        DT__TP_TRY(dt__tp_mat(l->ctx, partial, N, C, fn, "partial", "ids by table.shape[1]: the scratch of the sum"));
+    if (sp && l->tp > 1) dst = partial;
+    for (n = 0; n < N; n++) {
+        int64_t r = dt__tp_id(ids, n) - vocab_start;
+        float *o = (float *)dst->data + n * C;
+        if (r >= 0 && r < Vl) memcpy(o, (const float *)table->data + r * C, (size_t)C * sizeof(float));
+        else memset(o, 0, (size_t)C * sizeof(float)); /* another rank's row: it adds the value */
+    }
+    if (l->tp == 1) return DT_OK;
+    if (sp) return dt_comm_reduce_scatter(l->tp_comm, out, partial, DT_REDUCE_SUM);
+    return dt_comm_allreduce(l->tp_comm, out, DT_REDUCE_SUM);
+}
+
+DT_API dt_status dt_tp_embedding_bwd(dt_layout *l, dt_tensor *dtable, dt_tensor *doutbuf, const dt_tensor *dout,
+                                     const dt_tensor *ids, int64_t vocab_start, int64_t vocab, int sp) {
+    const char *fn = "dt_tp_embedding_bwd";
+    const dt_tensor *dall = dout;
+    int64_t N, C, Vl, nl = 0, n, d;
+    DT__TP_TRY(dt__tp_begin(l, sp, fn));
+    if (!dtable) return dt_check_tensor(l->ctx, dout, DT_F32, fn, "dout"); /* nothing wanted, nothing moved */
+    DT__TP_TRY(dt__tp_weight(l->ctx, dtable, NULL, 0, fn, "dtable", ""));
+    Vl = dtable->shape[0]; C = dtable->shape[1];
+    DT__TP_TRY(dt__tp_vocab(l, Vl, vocab_start, vocab, fn, "dtable rows"));
+    DT__TP_TRY(dt__tp_ids(l, ids, vocab, fn));
+    N = ids->numel;
+    if (sp) DT__TP_TRY(dt__tp_split(l, N, &nl, fn, "ids"));
+    DT__TP_TRY(dt__tp_mat(l->ctx, dout, sp ? nl : N, C, fn, "dout", sp ? "this rank's ids by dtable.shape[1]" :
+                          "ids by dtable.shape[1]"));
+    if (sp && l->tp > 1) {
+        DT__TP_TRY(dt__tp_mat(l->ctx, doutbuf, N, C, fn, "doutbuf", "ids by dtable.shape[1]: the gathered dout"));
+        DT__TP_TRY(dt_sp_gather_rows(l, doutbuf, dout));
+        dall = doutbuf;
+    }
+    for (n = 0; n < N; n++) { /* in id order, as dt_embedding_bwd: the same sums, bitwise */
+        int64_t r = dt__tp_id(ids, n) - vocab_start;
+        float *row;
+        const float *g = (const float *)dall->data + n * C;
+        if (r < 0 || r >= Vl) continue;
+        row = (float *)dtable->data + r * C;
+        for (d = 0; d < C; d++) row[d] += g[d];
+    }
+    return DT_OK;
+}
+
+/* ---- vocab-parallel cross entropy */
+
+static dt_status dt__tp_xent_check(dt_layout *l, const dt_tensor *logits, const dt_tensor *targets,
+                                   int64_t vocab_start, int64_t vocab, int ignore_index, const char *fn) {
+    int64_t N, r;
+    DT__TP_TRY(dt__tp_begin(l, 0, fn));
+    DT__TP_TRY(dt_check_tensor(l->ctx, logits, DT_F32, fn, "logits"));
+    if (logits->ndim < 1)
+        return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: logits is a scalar; expected [N, Vp/tp]", fn);
+    DT__TP_TRY(dt__tp_vocab(l, dt__tp_last(logits), vocab_start, vocab, fn, "logits.shape[-1]"));
+    DT__TP_TRY(dt_check_tensor(l->ctx, targets, DT_I32, fn, "targets"));
+    N = dt__tp_rows(logits);
+    if (targets->numel != N)
+        return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: targets has %lld elements; expected %lld (logits rows)", fn,
+                                (long long)targets->numel, (long long)N);
+    if (N > 1073741823) /* INT_MAX / 2: dt_comm_allreduce_f64 counts in int, two doubles a row */
+        return dt_ctx_set_error(l->ctx, DT_ERR_UNSUPPORTED, "%s: %lld rows; at most 1073741823 (two doubles per row "
+                                "go through dt_comm_allreduce_f64)", fn, (long long)N);
+    for (r = 0; r < N; r++) {
+        int32_t t = ((const int32_t *)targets->data)[r];
+        if (t != ignore_index && (t < 0 || t >= vocab))
+            return dt_ctx_set_error(l->ctx, DT_ERR_RANGE, "%s: targets[%lld] = %d is outside [0, %lld) (vocab) and is "
+                                    "not ignore_index = %d", fn, (long long)r, t, (long long)vocab, ignore_index);
+    }
+    return DT_OK;
+}
+
+/* Per row: m = max over the real columns (all-reduce MAX), then the target logit (one rank has
+   it, the others add 0) and s = sum of exp(z - m) (all-reduce SUM, one call for both), and
+   loss_row = log s + m - z_target. exp and the sums are dt_softmax_xent_fwd's (expf of the f32
+   difference, summed in double), so only the split of the sum over ranks differs from it. */
+DT_API dt_status dt_tp_xent_fwd(dt_layout *l, float *loss, int64_t *n_valid, dt_tensor *stats,
+                                const dt_tensor *logits, const dt_tensor *targets, int64_t vocab_start,
+                                int64_t vocab, int ignore_index) {
+    const char *fn = "dt_tp_xent_fwd";
+    int64_t N, Vl, nv, r, c, n = 0;
+    double total = 0, *buf;
+    dt_status st = DT_OK;
+    if (!l || !l->ctx) return DT_ERR_ARG;
+    if (!loss) return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: loss is NULL", fn);
+    DT__TP_TRY(dt__tp_xent_check(l, logits, targets, vocab_start, vocab, ignore_index, fn));
+    N = dt__tp_rows(logits); Vl = dt__tp_last(logits);
+    if (stats) DT__TP_TRY(dt__tp_mat(l->ctx, stats, N, 2, fn, "stats", "each row's max and log-sum-exp"));
+    nv = vocab - vocab_start; /* this rank's real (not padding) columns */
+    nv = nv < 0 ? 0 : nv > Vl ? Vl : nv;
+    buf = (double *)dt_alloc(l->ctx, sizeof(double) * (size_t)(3 * N + 1));
+    if (!buf) return DT_ERR_OOM; /* before any collective; the other ranks time out naming this one */
+    for (r = 0; r < N; r++) {
+        const float *z = (const float *)logits->data + r * Vl;
+        float mx = -INFINITY; /* no real column here: the other ranks have the max */
+        for (c = 0; c < nv; c++) if (z[c] > mx) mx = z[c];
+        buf[r] = mx;
+    }
+    if (l->tp > 1) st = dt_comm_allreduce_f64(l->tp_comm, buf, (int)N, DT_REDUCE_MAX);
+    for (r = 0; r < N && !st; r++) {
+        const float *z = (const float *)logits->data + r * Vl;
+        float mx = (float)buf[r]; /* a float that went through a double: exact */
+        int64_t t = ((const int32_t *)targets->data)[r] - vocab_start;
+        double s = 0;
+        for (c = 0; c < nv; c++) s += expf(z[c] - mx);
+        buf[N + 2 * r] = ((const int32_t *)targets->data)[r] != ignore_index && t >= 0 && t < nv ? z[t] : 0.0;
+        buf[N + 2 * r + 1] = s;
+    }
+    if (!st && l->tp > 1) st = dt_comm_allreduce_f64(l->tp_comm, buf + N, (int)(2 * N), DT_REDUCE_SUM);
+    for (r = 0; r < N && !st; r++) {
+        double mx = buf[r], zt = buf[N + 2 * r], ls = log(buf[N + 2 * r + 1]);
+        if (stats) {
+            ((float *)stats->data)[2 * r] = (float)mx;
+            ((float *)stats->data)[2 * r + 1] = (float)(ls + mx);
+        }
+        if (((const int32_t *)targets->data)[r] != ignore_index) { total += ls + mx - zt; n++; }
+    }
+    dt_release(l->ctx, buf);
+    if (st) return st;
+    *loss = n ? (float)(total / (double)n) : 0.0f;
+    if (n_valid) *n_valid = n;
+    return DT_OK;
+}
+
+DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tensor *logits, const dt_tensor *stats,
+                                const dt_tensor *targets, int64_t vocab_start, int64_t vocab, int ignore_index,
+                                float dloss) {
+    const char *fn = "dt_tp_xent_bwd";
+    int64_t N, Vl, nv, r, c, n = 0;
+    float s;
+    DT__TP_TRY(dt__tp_xent_check(l, logits, targets, vocab_start, vocab, ignore_index, fn));
+    N = dt__tp_rows(logits); Vl = dt__tp_last(logits);
+    DT__TP_TRY(dt__tp_mat(l->ctx, stats, N, 2, fn, "stats", "from dt_tp_xent_fwd"));
+    if (!dlogits) return DT_OK;
+    DT__TP_TRY(dt__tp_mat(l->ctx, dlogits, N, Vl, fn, "dlogits", "as logits"));
+    for (r = 0; r < N; r++) n += ((const int32_t *)targets->data)[r] != ignore_index;
+    if (n == 0) return DT_OK;
+    s = dloss / (float)n;
+    nv = vocab - vocab_start;
+    nv = nv < 0 ? 0 : nv > Vl ? Vl : nv;
+    for (r = 0; r < N; r++) { /* softmax = exp(z - lse): local, no communication */
+        const float *z = (const float *)logits->data + r * Vl;
+        float *g = (float *)dlogits->data + r * Vl, lse = ((const float *)stats->data)[2 * r + 1];
+        int64_t t = ((const int32_t *)targets->data)[r];
+        if (t == ignore_index) continue;
+        t -= vocab_start;
+        for (c = 0; c < nv; c++) g[c] += s * (expf(z[c] - lse) - (c == t ? 1.0f : 0.0f));
+    }
+    return DT_OK;
+}
+
+#undef DT__TP_TRY
 
 /* ---------------------------------------------------------------- pipeline (impl) */
 
