@@ -19,6 +19,14 @@
    run (what the schedule would give on dedicated cores). Oversubscribed, stages that compute at
    the same time share the cores, so their spans stretch into what would be idle time: the
    measured bubble comes out lower than on dedicated cores; read it against the simulated one.
+   What the timeline of such a run shows (dt_trace_write on a 1F1B run, at load average 12 on 2
+   cores, 22 Nov 2026): the steps take 4-5x the simulator's makespan at the measured costs, the
+   spans of the stages alternate with idle gaps of tens of ms, and a send completes only when its
+   sender next enters dt_comm: Open MPI here has no single-copy path
+   (btl_vader_single_copy_mechanism none, build.sh's setting), so a message above the eager
+   limit (4 KB; an activation here is 128 KB) moves only while both ends are inside MPI, and a
+   send posted just before a compute lands after it. A pipeline over MPI on CPUs needs the model
+   to poll the comm between layers, or a progress thread; on NCCL the copy engine moves it.
    Memory: the most bytes a stage held above its start (ctx->bytes_in_use after each action: the
    model's saved activations plus the runtime's buffers), in chunk-micro-batches of activations,
    against the schedule's bound (the excess: receives posted ahead and messages in flight).
@@ -278,7 +286,7 @@ static void measure_one(dt_layout *l, dt_trace *tr, dt_pp_kind kind, int v) {
     dt_pp_run_desc rd;
     dt_pp_stats sim;
     dt_pp_sim_desc sd;
-    double bub[MSTEPS], sbusy[MP], spk[MP], spkb[MP], sbound[MP], act_bytes;
+    double bub[MSTEPS], span[MSTEPS], sbusy[MP], spk[MP], spkb[MP], sbound[MP], act_bytes;
     int step, j, k, lo, hi, p = l->pp;
     if (!S) return;
     S->p = p, S->v = v, S->st = l->pp_rank;
@@ -314,6 +322,7 @@ static void measure_one(dt_layout *l, dt_trace *tr, dt_pp_kind kind, int v) {
         dt_comm_allreduce_f64(l->pp_comm, &busy, 1, DT_REDUCE_SUM);
         mk_span = hi_t - lo_t;
         bub[step] = 1 - busy / (p * mk_span);
+        span[step] = mk_span;
         sbusy[S->st] += rs.busy / mk_span / MSTEPS;
         if ((double)rs.peak_ctx_bytes > spkb[S->st]) spkb[S->st] = (double)rs.peak_ctx_bytes;
         spk[S->st] = rs.peak;
@@ -339,8 +348,9 @@ static void measure_one(dt_layout *l, dt_trace *tr, dt_pp_kind kind, int v) {
     lo = S->first[0], hi = S->first[1];
     act_bytes = (double)(2 * (hi - lo) + 1) * MN * MH * sizeof(float);
     if (l->rank == 0) {
-        printf("%-12s %2d %6.2f %6.2f %6.2f %6.2f %9.4f %9.4f %9.4f |", dt_pp_kind_name(kind), v, 1e3 * S->t_op[0],
-               1e3 * (kind == DT_PP_ZB_H1 ? S->t_op[2] + S->t_op[3] : S->t_op[1]), 1e3 * S->t_op[2], 1e3 * S->t_op[3],
+        printf("%-12s %2d %6.2f %6.2f %6.2f %6.2f %8.1f %8.1f %9.4f %9.4f %9.4f |", dt_pp_kind_name(kind), v,
+               1e3 * S->t_op[0], 1e3 * (kind == DT_PP_ZB_H1 ? S->t_op[2] + S->t_op[3] : S->t_op[1]),
+               1e3 * S->t_op[2], 1e3 * S->t_op[3], 1e3 * median(span, MSTEPS), 1e3 * sim.makespan,
                median(bub, MSTEPS), sim.bubble, sim.bubble_formula);
         for (j = 0; j < p; j++) printf(" %4.2f", 1 - sbusy[j]);
         printf(" |");
@@ -372,8 +382,9 @@ static void measured(void) {
     if (l->rank == 0) {
         printf("\n6. measured on dt_pp_run: p %d (oversubscribed on this machine's cores), m %d, %d layers of %d x %d, "
                "%d rows per micro-batch; median of %d steps\n", MP, MM, ML, MH, MH, MN, MSTEPS);
-        printf("   F, B, BI, BW: ms per stage-worth of layers, measured; bubble from the timeline's busy time vs the "
-               "simulator at those costs and the closed form;\n   per stage: bubble, then in flight (peak/bound) and "
+        printf("   F, B, BI, BW: ms per stage-worth of layers, measured; the step (first compute to last, all stages) and "
+               "the simulator's at those costs;\n   bubble from the timeline's busy time vs the simulator's and the closed "
+               "form;\n   per stage: bubble, then in flight (peak/bound) and "
                "the peak bytes held in chunk-micro-batches of activations\n");
         FILE *f = fopen("/proc/loadavg", "r");
         double load = -1;
@@ -383,8 +394,8 @@ static void measured(void) {
         }
         printf("   load average %.1f at the start (a shared machine: above the core count, every rank waits for a "
                "core and spans stretch)\n", load);
-        printf("%-12s %2s %6s %6s %6s %6s %9s %9s %9s | %-23s | %s\n", "schedule", "v", "F", "B", "BI", "BW",
-               "measured", "simulated", "formula", "stage bubbles", "peak/bound, held");
+        printf("%-12s %2s %6s %6s %6s %6s %8s %8s %9s %9s %9s | %-23s | %s\n", "schedule", "v", "F", "B", "BI", "BW",
+               "step ms", "sim ms", "measured", "simulated", "formula", "stage bubbles", "peak/bound, held");
     }
     measure_one(l, tr, DT_PP_GPIPE, 1);
     measure_one(l, tr, DT_PP_1F1B, 1);
