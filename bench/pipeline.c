@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench.h"
 
@@ -286,7 +287,7 @@ static void measure_one(dt_layout *l, dt_trace *tr, dt_pp_kind kind, int v) {
     dt_pp_run_desc rd;
     dt_pp_stats sim;
     dt_pp_sim_desc sd;
-    double bub[MSTEPS], span[MSTEPS], sbusy[MP], spk[MP], spkb[MP], sbound[MP], act_bytes;
+    double bub[MSTEPS], span[MSTEPS], bsum[MSTEPS], floor_s, cores = (double)sysconf(_SC_NPROCESSORS_ONLN), sbusy[MP], spk[MP], spkb[MP], sbound[MP], act_bytes;
     int step, j, k, lo, hi, p = l->pp;
     if (!S) return;
     S->p = p, S->v = v, S->st = l->pp_rank;
@@ -323,6 +324,7 @@ static void measure_one(dt_layout *l, dt_trace *tr, dt_pp_kind kind, int v) {
         mk_span = hi_t - lo_t;
         bub[step] = 1 - busy / (p * mk_span);
         span[step] = mk_span;
+        bsum[step] = busy;
         sbusy[S->st] += rs.busy / mk_span / MSTEPS;
         if ((double)rs.peak_ctx_bytes > spkb[S->st]) spkb[S->st] = (double)rs.peak_ctx_bytes;
         spk[S->st] = rs.peak;
@@ -344,14 +346,17 @@ static void measure_one(dt_layout *l, dt_trace *tr, dt_pp_kind kind, int v) {
     if (kind == DT_PP_ZB_H1) sd.bi = S->t_op[2], sd.bw = S->t_op[3], sd.b = sd.bi + sd.bw;
     else sd.b = S->t_op[1];
     dt_pp_schedule_simulate(s, &sim, &sd);
+    /* on fewer cores than stages the step can be no shorter than all the compute shared out */
+    floor_s = median(bsum, MSTEPS) / (cores < 1 ? 1 : cores);
+    if (floor_s < sim.makespan) floor_s = sim.makespan;
     /* activation bytes of one chunk-micro-batch: h and a per layer, and its input */
     lo = S->first[0], hi = S->first[1];
     act_bytes = (double)(2 * (hi - lo) + 1) * MN * MH * sizeof(float);
     if (l->rank == 0) {
-        printf("%-12s %2d %6.2f %6.2f %6.2f %6.2f %8.1f %8.1f %9.4f %9.4f %9.4f |", dt_pp_kind_name(kind), v,
-               1e3 * S->t_op[0], 1e3 * (kind == DT_PP_ZB_H1 ? S->t_op[2] + S->t_op[3] : S->t_op[1]),
-               1e3 * S->t_op[2], 1e3 * S->t_op[3], 1e3 * median(span, MSTEPS), 1e3 * sim.makespan,
-               median(bub, MSTEPS), sim.bubble, sim.bubble_formula);
+        printf("%-12s %2d %6.2f %6.2f %6.2f %6.2f %8.1f %8.1f %8.1f %9.4f %9.4f %9.4f %9.4f |", dt_pp_kind_name(kind),
+               v, 1e3 * S->t_op[0], 1e3 * (kind == DT_PP_ZB_H1 ? S->t_op[2] + S->t_op[3] : S->t_op[1]),
+               1e3 * S->t_op[2], 1e3 * S->t_op[3], 1e3 * median(span, MSTEPS), 1e3 * sim.makespan, 1e3 * floor_s,
+               median(bub, MSTEPS), 1 - median(bsum, MSTEPS) / (p * floor_s), sim.bubble, sim.bubble_formula);
         for (j = 0; j < p; j++) printf(" %4.2f", 1 - sbusy[j]);
         printf(" |");
         for (j = 0; j < p; j++) printf(" %.0f/%.0f %.1f", spk[j], sbound[j], spkb[j] / act_bytes);
@@ -380,22 +385,24 @@ static void measured(void) {
         exit(1);
     }
     if (l->rank == 0) {
-        printf("\n6. measured on dt_pp_run: p %d (oversubscribed on this machine's cores), m %d, %d layers of %d x %d, "
-               "%d rows per micro-batch; median of %d steps\n", MP, MM, ML, MH, MH, MN, MSTEPS);
-        printf("   F, B, BI, BW: ms per stage-worth of layers, measured; the step (first compute to last, all stages) and "
-               "the simulator's at those costs;\n   bubble from the timeline's busy time vs the simulator's and the closed "
-               "form;\n   per stage: bubble, then in flight (peak/bound) and "
-               "the peak bytes held in chunk-micro-batches of activations\n");
         FILE *f = fopen("/proc/loadavg", "r");
         double load = -1;
+        printf("\n6. measured on dt_pp_run: p %d (oversubscribed on this machine's cores), m %d, %d layers of %d x %d, "
+               "%d rows per micro-batch; median of %d steps\n", MP, MM, ML, MH, MH, MN, MSTEPS);
+        printf("   F, B, BI, BW: ms per stage-worth of layers, measured; the step (first compute to last, all stages), "
+               "the simulator's at those costs,\n   and the floor on this machine's %.0f cores (the larger of the "
+               "simulator's and all stages' busy time / cores);\n   bubble from the timeline's busy time, the one the "
+               "floor would give, the simulator's and the closed form;\n   per stage: bubble, then in flight "
+               "(peak/bound) and the peak bytes held in chunk-micro-batches of activations\n",
+               (double)sysconf(_SC_NPROCESSORS_ONLN));
         if (f) {
             if (fscanf(f, "%lf", &load) != 1) load = -1;
             fclose(f);
         }
         printf("   load average %.1f at the start (a shared machine: above the core count, every rank waits for a "
                "core and spans stretch)\n", load);
-        printf("%-12s %2s %6s %6s %6s %6s %8s %8s %9s %9s %9s | %-23s | %s\n", "schedule", "v", "F", "B", "BI", "BW",
-               "step ms", "sim ms", "measured", "simulated", "formula", "stage bubbles", "peak/bound, held");
+        printf("%-12s %2s %6s %6s %6s %6s %8s %8s %8s %9s %9s %9s %9s | %-23s | %s\n", "schedule", "v", "F", "B", "BI",
+               "BW", "step ms", "sim ms", "floor ms", "measured", "at floor", "simulated", "formula", "stage bubbles", "peak/bound, held");
     }
     measure_one(l, tr, DT_PP_GPIPE, 1);
     measure_one(l, tr, DT_PP_1F1B, 1);
