@@ -5,7 +5,8 @@
    2, 4 or 8 parts). Every schedule (GPipe, 1F1B, interleaved with v 2, ZB-H1 with the backward
    split into dt_linear_bwd's input half (dw NULL) and weight half (dx NULL)) runs at pp = world,
    and at np 4 also under dp 2 x pp 2 (each dp replica its own pipeline, DDP over dp through
-   dt_zero stage 0 whose buckets are launched from the runtime's grads_done hook), m = 4
+   dt_zero stage 0 whose buckets are launched from the runtime's grads_done hook; and once with
+   ZeRO-1), m = 4
    micro-batches, 3 steps of AdamW with clipping (the norm sums over the stages). The losses, the
    grad norms and every weight equal a single-process run computed in the same program on a
    private world by plain loops over the whole batch (no runtime), within 1e-5 relative. The
@@ -65,7 +66,7 @@ typedef struct net {
     int unit[L];           /* this stage's unit of layer j */
 } net;
 
-static void net_init(net *n, dt_comm *comm, int dp, int pp, int v) {
+static void net_init(net *n, dt_comm *comm, int dp, int pp, int v, int stage) {
     dt_layout_desc ld;
     dt_arena_desc ad;
     dt_zero_desc zd;
@@ -102,7 +103,7 @@ static void net_init(net *n, dt_comm *comm, int dp, int pp, int v) {
     ad.units = units;
     OK(dt_arena_create(&C, &n->arena, &n->ps, &ad));
     memset(&zd, 0, sizeof zd);
-    zd.stage = 0;
+    zd.stage = stage;
     zd.bucket_bytes = 64; /* a bucket per layer: each launched from grads_done */
     zd.opt.kind = DT_OPT_ADAMW;
     zd.opt.lr = 0.02;
@@ -123,7 +124,7 @@ static void reference(double *loss, double *norm, float *wout) {
     net n;
     int s, j;
     dt_tensor x[L + 1], h[L], t, dx, dh;
-    net_init(&n, self, 1, 1, 1);
+    net_init(&n, self, 1, 1, 1, 0);
     for (s = 0; s < STEPS; s++) {
         float seed = 0;
         double sum = 0;
@@ -292,9 +293,9 @@ static dt_status m_grads_done(void *user, int c) {
     return DT_OK;
 }
 
-static void ppm_init(ppm *m, dt_pp_model *pm, int dp, int pp, int v) {
+static void ppm_init(ppm *m, dt_pp_model *pm, int dp, int pp, int v, int stage) {
     memset(m, 0, sizeof *m);
-    net_init(&m->n, world, dp, pp, v);
+    net_init(&m->n, world, dp, pp, v, stage);
     m->p = pp, m->v = v, m->st = m->n.l->pp_rank;
     m->nb = GB / (dp * M);
     m->fail_micro = -1;
@@ -320,7 +321,7 @@ static double ref_loss[STEPS], ref_norm[STEPS];
 static float ref_w[L * (D * D + D)];
 
 /* 3 steps of one configuration against the reference. */
-static void equivalence(dt_pp_kind kind, int dp, int pp, int v, int traced) {
+static void equivalence(dt_pp_kind kind, int dp, int pp, int v, int zero, int traced) {
     ppm m;
     dt_pp_model pm;
     dt_pp_desc sd;
@@ -334,8 +335,9 @@ static void equivalence(dt_pp_kind kind, int dp, int pp, int v, int traced) {
     size_t before = 0, leaked = 0;
     char tag[64], name[128];
     float got = 0, want = 0;
-    snprintf(tag, sizeof tag, "%s_dp%d_pp%d%s", dt_pp_kind_name(kind), dp, pp, v > 1 ? "_v2" : "");
-    ppm_init(&m, &pm, dp, pp, v);
+    snprintf(tag, sizeof tag, "%s_dp%d_pp%d%s%s", dt_pp_kind_name(kind), dp, pp, v > 1 ? "_v2" : "",
+             zero ? "_zero1" : "");
+    ppm_init(&m, &pm, dp, pp, v, zero);
     memset(&sd, 0, sizeof sd);
     sd.kind = kind, sd.stages = pp, sd.micro = M, sd.chunks = v, sd.n_layers = L;
     OK(dt_pp_schedule_create(&C, &s, &sd));
@@ -424,7 +426,7 @@ static void bad_input(void) {
     float seed;
     size_t before;
     char msg[DT_ERROR_MAX];
-    ppm_init(&m, &pm, 1, W, 1);
+    ppm_init(&m, &pm, 1, W, 1, 0);
     /* a schedule for another number of stages than the layout's pp */
     st = run_with(&m, &pm, DT_PP_1F1B, W + 1, M, 1);
     dt_test_check_all("schedule_stages_differing_from_layout_pp_is_named",
@@ -460,7 +462,7 @@ static void bad_input(void) {
     {
         dt_comm *keep = world;
         world = self;
-        ppm_init(&m, &pm, 1, 1, 1);
+        ppm_init(&m, &pm, 1, 1, 1, 0);
         world = keep;
     }
     OK(dt_zero_micro_begin(m.n.z, &seed, 0));
@@ -491,9 +493,11 @@ int main(void) {
                        ref_loss[1], ref_loss[2], ref_norm[0], ref_norm[1], ref_norm[2]);
     dt_test_check_all("reference_clips", ref_norm[0] > 0.05, "grad norm %g <= clip 0.05: clipping untested",
                       ref_norm[0]);
-    for (k = 0; k < 4; k++) equivalence(KINDS[k], 1, W, KINDS[k] == DT_PP_INTERLEAVED ? 2 : 1, k == 1);
-    if (W == 4)
-        for (k = 0; k < 4; k++) equivalence(KINDS[k], 2, 2, KINDS[k] == DT_PP_INTERLEAVED ? 2 : 1, k == 3);
+    for (k = 0; k < 4; k++) equivalence(KINDS[k], 1, W, KINDS[k] == DT_PP_INTERLEAVED ? 2 : 1, 0, k == 1);
+    if (W == 4) {
+        for (k = 0; k < 4; k++) equivalence(KINDS[k], 2, 2, KINDS[k] == DT_PP_INTERLEAVED ? 2 : 1, 0, k == 3);
+        equivalence(DT_PP_INTERLEAVED, 2, 2, 2, 1, 0); /* ZeRO-1: the shards' optimizer, reduce-scatter at the step */
+    }
     bad_input();
     {
         int rc = dt_test_finish();
