@@ -2,6 +2,8 @@
 # build.sh - the one script of dt: dependencies, build, tests, demo, benchmarks.
 #
 #   ./build.sh          check dependencies, build examples/*/*.c and bench/*.c into build/
+#                       (examples/gpt/gpt.c -> build/examples/gpt; a program is rebuilt when its
+#                       own directory's *.h / *.inc change too)
 #   ./build.sh test     the same, then run tests/run.sh (ends with "N passed, N failed, N skipped")
 #   ./build.sh demo     the same, then train examples/dlrm on one process, then on 4 ranks with
 #                       mpirun, and compare the two step by step
@@ -218,7 +220,7 @@ uses_mpi() { grep -qE '#[[:space:]]*include[[:space:]]*[<"]([^">]*/)?(dt_comm\.h
 build_program() {
     local src=$1 out=$2 log
     log=build/logs/$(echo "${out#build/}" | tr / _).log
-    up_to_date "$out" "$src" dt_*.h kernels/dt_kernels.h build.sh && return 0
+    up_to_date "$out" "$src" "$(dirname "$src")"/*.h "$(dirname "$src")"/*.inc dt_*.h kernels/dt_kernels.h build.sh && return 0
     local cc=$DT_CC defs=
     if uses_mpi "$src"; then cc=$DT_MPICC defs=-DDT_MPI; fi
     mkdir -p "$(dirname "$out")"
@@ -237,7 +239,7 @@ build_program() {
 build_cuda_program() {
     local src=$1 out=$2 log
     log=build/logs/$(echo "${out#build/}" | tr / _).log
-    up_to_date "$out" "$src" dt_*.h kernels/*.h build/kernels/libdt_kernels.a build.sh && return 0
+    up_to_date "$out" "$src" "$(dirname "$src")"/*.h "$(dirname "$src")"/*.inc dt_*.h kernels/*.h build/kernels/libdt_kernels.a build.sh && return 0
     local cc=$DT_CC defs=-DDT_CUDA libs="-lcublas -lcudart" kernels_lib=
     [ -f build/kernels/libdt_kernels.a ] && kernels_lib=build/kernels/libdt_kernels.a
     if uses_mpi "$src"; then cc=$DT_MPICC defs+=" -DDT_MPI $DT_NCCL_DEFS" libs+=" $DT_NCCL_LIBS"; fi

@@ -1,0 +1,987 @@
+/* examples/gpt/gpt.c - a GPT-2 trained with data x tensor parallelism (Megatron layers, sequence
+   parallel, ZeRO 0-3) on MPI ranks, in fp32 or bf16 / f16 with master weights.
+
+   run:   build/examples/gpt                                  (text of the GPL, bytes, vocab 256)
+          mpirun -np 4 build/examples/gpt --tp 2 --zero 1     (the same final loss, within 1e-5)
+   flags: build/examples/gpt --help lists every one.
+   last line: "final: loss L" (L, %.9g: the training loss of the last step, the mean over its
+   global batch), so runs under different layouts can be compared.
+
+   The model (GPT-2, as llm.c's train_gpt2.c):
+       x = wte[ids] + wpe[pos]                          wte [Vp, C] (tied with the head), wpe [T, C]
+       L blocks:  x = x + attn.proj(attention(q, k, v of ln1(x)))
+                  x = x + mlp.proj(gelu(mlp.fc(ln2(x))))
+       logits = ln_f(x) @ wte^T;  loss = cross entropy over the real vocab V (columns >= V are
+       llm.c's padding, never a target, ignored by the softmax)
+   Tensor parallel (tp ranks, Megatron): q, k, v and mlp.fc are column-parallel (each rank holds
+   the rows of its heads / of its quarter of 4C), attn.proj and mlp.proj row-parallel, wte
+   vocab-parallel (rows [r Vp/tp, (r+1) Vp/tp)) both as the embedding and as the head, and the
+   cross entropy never gathers the logits. q, k and v are three parameters rather than one
+   [3C, C]: a rank's heads are then a contiguous slice of each, so every parameter is a box of
+   its logical tensor and checkpoints reshard between tp sizes. Sequence parallel (--sp 1): the
+   residual stream, layernorms and wpe are split by rows over tp; the layernorm, wpe and
+   row-parallel-bias grads are then partial per rank and summed over tp (a scratch per block,
+   so the sum never double-counts accumulated micro-steps).
+   Parameters: every value through dt_tensor_init (normal std 0.02, projections 0.02/sqrt(2L),
+   biases 0, layernorm 1 / 0) with the tensor's global shape and this rank's start, so a tp
+   shard holds exactly the slice of the 1-rank tensor, and the runs of every layout start equal.
+   Data (gpt_data.h): sample i of the run is a window drawn from (seed, i); step s's global batch
+   is samples [s B, (s+1) B); dp rank d reads its block (dt_layout_batch_range), micro-batch m of
+   --micro M the m-th part of it: the global batch, and so the loss, depend on neither.
+   Units of the arena (what ZeRO-3 gathers): 0 = wte, wpe, ln_f; 1 + l = block l.
+   Checkpoints (--ckpt DIR) through dt_zero_checkpoint_*: dt_opt.h's resharding directories. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, glob, mkdir */
+#define DT_IMPLEMENTATION
+#include "../../dt_tensor.h"
+#include "../../dt_comm.h"
+#include "../../dt_opt.h"
+#include "../../dt_parallel.h"
+#include "gpt_data.h"
+#include <stdio.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#include <errno.h>
+#include <glob.h>
+#include <sys/stat.h>
+
+static dt_ctx *g_ctx;
+static int g_rank;
+#define CHECK(call) do { dt_status s_ = (call); if (s_) { \
+    fprintf(stderr, "gpt [rank %d]: %s failed: %s\n", g_rank, #call, dt_ctx_error(g_ctx)); exit(1); } } while (0)
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* --profile: seconds per op kind over the run (rank 0 prints the table). OP runs a dt call like
+   CHECK, timed under `name` when profiling. */
+typedef struct prof_row { const char *name; double seconds; int64_t calls; } prof_row;
+static prof_row g_prof[48];
+static int g_nprof, g_profile;
+static void prof_add(const char *name, double s) {
+    int i;
+    for (i = 0; i < g_nprof && strcmp(g_prof[i].name, name); i++) {}
+    if (i == g_nprof) { if (g_nprof == 48) return; g_prof[g_nprof++].name = name; }
+    g_prof[i].seconds += s;
+    g_prof[i].calls++;
+}
+#define OP(name, call) do { double t_ = g_profile ? now() : 0; CHECK(call); if (g_profile) prof_add(name, now() - t_); } while (0)
+/* A purely local op (no collective inside): also a compute span of the --trace timeline, so
+   dt_trace_overlap tells how much communication ran beside compute. The tp layers, whose
+   collectives are blocking, are left unspanned: their communication is exposed time. */
+static dt_trace *g_tr;
+#define COMPUTE(name, call) do { dt_trace_begin(g_tr, name); OP(name, call); dt_trace_end(g_tr); } while (0)
+
+
+/* ---------------------------------------------------------------- flags */
+
+typedef struct opts {
+    int64_t steps, batch, seq, sample, stop_at;
+    uint64_t seed;
+    int layers, heads, width, tp, pp, zero, micro, sp, print_every, ckpt_every, resume, quiet;
+    int recompute;        /* 0 none, 1 full, 2 selective */
+    dt_dtype dtype;
+    double lr, min_lr_frac, wd;
+    int64_t warmup;
+    const char *data, *shards, *ckpt, *log, *trace;
+} opts;
+
+static const char *HELP =
+    "gpt: a GPT-2 trained with data x tensor parallelism on MPI ranks (mpirun -np N build/examples/gpt ...)\n"
+    "  --steps N         training steps (200)\n"
+    "  --seed N          the seed of the weights and of the data windows (1)\n"
+    "  --batch B         global batch, sequences per step (8); a multiple of dp x micro\n"
+    "  --seq T           context length (64)\n"
+    "  --layers L        transformer blocks (4)\n"
+    "  --heads H         attention heads (4); tp must divide it\n"
+    "  --width C         model width (128); H must divide it\n"
+    "  --lr LR           peak learning rate of AdamW (1e-3)\n"
+    "  --warmup N        linear warmup steps, then cosine decay to lr/10 at --steps (10)\n"
+    "  --wd WD           AdamW weight decay of the matrices (0.1; biases, norms: none)\n"
+    "  --tp N            tensor-parallel ranks (1); dp = world / (tp x pp)\n"
+    "  --pp N            pipeline stages: only 1 until the pipeline lands\n"
+    "  --zero N          0 DDP, 1-3 ZeRO stage (0)\n"
+    "  --sp 0|1          sequence parallel over the tp group (0)\n"
+    "  --micro N         micro-batches per step, gradient accumulation (1)\n"
+    "  --recompute none|full|selective   activation recompute (none)\n"
+    "  --dtype f32|bf16|f16   parameter dtype; f32 masters inside the optimizer (f32)\n"
+    "  --data FILE       a text file, read as bytes (vocab 256); default /usr/share/common-licenses/GPL-3,\n"
+    "                    else README.md\n"
+    "  --shards PATTERN  llm.c token shards (glob, e.g. 'data/tinyshakespeare_train*.bin'), GPT-2 vocab\n"
+    "  --ckpt DIR        checkpoint directory; --ckpt-every N saves every N steps (and at the end)\n"
+    "  --resume          continue from the newest checkpoint in --ckpt (any layout)\n"
+    "  --stop-at N       stop after step N (saving a checkpoint), as a preempted job would; the\n"
+    "                    schedule still spans --steps\n"
+    "  --log FILE        JSON lines per step: step, loss, lr, grad_norm, tokens_per_s, loss_scale, comm_s\n"
+    "  --trace FILE      Chrome trace (Perfetto) of compute and collectives, every rank\n"
+    "  --sample N        generate N tokens from the final model and print them\n"
+    "  --print-every N   a progress line every N steps (10); --quiet: only the final line\n"
+    "  --profile         time every op of the step; rank 0 prints a table (ms per step) at the end\n"
+    "  --help            this text\n";
+
+static void usage(const char *why) {
+    if (g_rank == 0) fprintf(stderr, "gpt: %s (--help lists the flags)\n", why);
+    exit(2);
+}
+
+static int64_t num(const char *flag, const char *v, int64_t lo, int64_t hi) {
+    char *end;
+    long long x = v ? strtoll(v, &end, 10) : 0;
+    if (!v || !*v || *end || x < lo || x > hi) {
+        char why[200];
+        snprintf(why, sizeof why, "%s wants an integer in [%lld, %lld], got '%s'", flag, (long long)lo, (long long)hi,
+                 v ? v : "(nothing)");
+        usage(why);
+    }
+    return x;
+}
+
+static double real(const char *flag, const char *v, double lo, double hi) {
+    char *end;
+    double x = v ? strtod(v, &end) : 0;
+    if (!v || !*v || *end || !(x >= lo && x <= hi)) {
+        char why[200];
+        snprintf(why, sizeof why, "%s wants a number in [%g, %g], got '%s'", flag, lo, hi, v ? v : "(nothing)");
+        usage(why);
+    }
+    return x;
+}
+
+static void parse(opts *o, int argc, char **argv) {
+    int i;
+    FILE *fp;
+    memset(o, 0, sizeof *o);
+    o->steps = 200; o->batch = 8; o->seq = 64; o->seed = 1; o->layers = 4; o->heads = 4; o->width = 128;
+    o->lr = 1e-3; o->warmup = 10; o->wd = 0.1; o->min_lr_frac = 0.1; o->tp = 1; o->pp = 1; o->micro = 1;
+    o->print_every = 10; o->dtype = DT_F32;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int takes = 1;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { if (g_rank == 0) fputs(HELP, stdout); exit(0); }
+        else if (!strcmp(a, "--steps")) o->steps = num(a, v, 0, (int64_t)1 << 40);
+        else if (!strcmp(a, "--seed")) o->seed = (uint64_t)num(a, v, 0, INT64_MAX);
+        else if (!strcmp(a, "--batch")) o->batch = num(a, v, 1, 1 << 20);
+        else if (!strcmp(a, "--seq")) o->seq = num(a, v, 1, 1 << 16);
+        else if (!strcmp(a, "--layers")) o->layers = (int)num(a, v, 1, 1024);
+        else if (!strcmp(a, "--heads")) o->heads = (int)num(a, v, 1, 1024);
+        else if (!strcmp(a, "--width")) o->width = (int)num(a, v, 1, 1 << 16);
+        else if (!strcmp(a, "--lr")) o->lr = real(a, v, 0, 10);
+        else if (!strcmp(a, "--warmup")) o->warmup = num(a, v, 0, (int64_t)1 << 40);
+        else if (!strcmp(a, "--wd")) o->wd = real(a, v, 0, 10);
+        else if (!strcmp(a, "--tp")) o->tp = (int)num(a, v, 1, 1 << 16);
+        else if (!strcmp(a, "--pp")) o->pp = (int)num(a, v, 1, 1 << 16);
+        else if (!strcmp(a, "--zero")) o->zero = (int)num(a, v, 0, 3);
+        else if (!strcmp(a, "--sp")) o->sp = (int)num(a, v, 0, 1);
+        else if (!strcmp(a, "--micro")) o->micro = (int)num(a, v, 1, 1 << 16);
+        else if (!strcmp(a, "--recompute")) {
+            if (v && !strcmp(v, "none")) o->recompute = 0;
+            else if (v && !strcmp(v, "full")) o->recompute = 1;
+            else if (v && !strcmp(v, "selective")) o->recompute = 2;
+            else usage("--recompute is none, full or selective");
+        } else if (!strcmp(a, "--dtype")) {
+            if (v && !strcmp(v, "f32")) o->dtype = DT_F32;
+            else if (v && !strcmp(v, "bf16")) o->dtype = DT_BF16;
+            else if (v && !strcmp(v, "f16")) o->dtype = DT_F16;
+            else usage("--dtype is f32, bf16 or f16");
+        }
+        else if (!strcmp(a, "--data")) o->data = v;
+        else if (!strcmp(a, "--shards")) o->shards = v;
+        else if (!strcmp(a, "--ckpt")) o->ckpt = v;
+        else if (!strcmp(a, "--ckpt-every")) o->ckpt_every = (int)num(a, v, 0, 1 << 30);
+        else if (!strcmp(a, "--log")) o->log = v;
+        else if (!strcmp(a, "--trace")) o->trace = v;
+        else if (!strcmp(a, "--stop-at")) o->stop_at = num(a, v, 1, (int64_t)1 << 40);
+        else if (!strcmp(a, "--sample")) o->sample = num(a, v, 0, 1 << 20);
+        else if (!strcmp(a, "--print-every")) o->print_every = (int)num(a, v, 0, 1 << 30);
+        else if (!strcmp(a, "--resume")) { o->resume = 1; takes = 0; }
+        else if (!strcmp(a, "--quiet")) { o->quiet = 1; takes = 0; }
+        else if (!strcmp(a, "--profile")) { g_profile = 1; takes = 0; }
+        else { char why[200]; snprintf(why, sizeof why, "unknown flag '%s'", a); usage(why); }
+        if (takes && !v) { char why[200]; snprintf(why, sizeof why, "%s needs a value", a); usage(why); }
+        i += takes;
+    }
+    if (o->data && o->shards) usage("give --data FILE or --shards PATTERN, not both");
+    if (o->ckpt_every && !o->ckpt) usage("--ckpt-every needs --ckpt DIR");
+    if (o->resume && !o->ckpt) usage("--resume needs --ckpt DIR");
+    if (!o->data && !o->shards) { /* a text that ships with Debian, else with the project */
+        o->data = "/usr/share/common-licenses/GPL-3";
+        if (!(fp = fopen(o->data, "rb"))) o->data = "README.md";
+        else fclose(fp);
+    }
+}
+
+/* ---------------------------------------------------------------- the model */
+
+enum { LN1W, LN1B, QW, KW, VW, QB, KB, VB, AOW, AOB, LN2W, LN2B, FCW, FCB, PW, PB, NBP };
+static const char *BLOCK_NAMES[NBP] = {"ln1.w", "ln1.b", "attn.q.w", "attn.k.w", "attn.v.w", "attn.q.b",
+                                       "attn.k.b", "attn.v.b", "attn.proj.w", "attn.proj.b", "ln2.w", "ln2.b",
+                                       "mlp.fc.w", "mlp.fc.b", "mlp.proj.w", "mlp.proj.b"};
+/* The params whose grads are partial per tp rank under sequence parallelism (used on row shards). */
+static const int SP_PARTIAL[6] = {LN1W, LN1B, AOB, LN2W, LN2B, PB};
+
+typedef struct model {
+    int L, H, C, tp, tp_rank, sp;
+    int64_t T, V, Vp, Vl, Cl, Hl, Fl;   /* Vl, Cl, Hl, Fl: this rank's vocab rows, width, heads, 4C */
+    dt_params ps;
+    int wte, wpe, lnfw, lnfb;           /* param indices */
+    int *blk;                           /* [L][NBP] param indices */
+    int *units;                         /* per param: its arena unit */
+    int64_t units_cap;
+    dt_tensor *f32;                     /* per param: f32 working copy of a bf16 / f16 value */
+    dt_layout *lay;
+    dt_zero *z;
+    dt_trace *tr;
+} model;
+
+static dt_param *P(model *m, int i) { return m->ps.items[i]; }
+static dt_tensor *VAL(model *m, int i) { return m->f32[i].data ? &m->f32[i] : &P(m, i)->value; }
+static dt_tensor *GRD(model *m, int i) { return &P(m, i)->grad; }
+static int BP(model *m, int l, int k) { return m->blk[l * NBP + k]; }
+
+/* One parameter, [rows, cols] whole (cols 0: a vector), cut over tp as `kind`
+   (dt_tp_param_desc: this rank's box of the logical tensor, which dt_tensor_init fills with
+   exactly the slice of the whole). */
+static int add_param(model *m, const opts *o, const char *name, int unit, dt_tp_kind kind, int64_t rows, int64_t cols,
+                     dt_init_kind init, double std_or_value) {
+    dt_param_desc d = {0};
+    dt_param *p;
+    CHECK(dt_tp_param_desc(m->lay, &d, kind, rows, cols));
+    d.name = name; d.dtype = o->dtype;
+    d.init.kind = init; d.init.seed = o->seed;
+    if (init == DT_INIT_NORMAL) d.init.std = std_or_value;
+    else d.init.value = std_or_value;
+    d.no_decay = cols == 0; /* biases and norms: no weight decay (GPT-2, nanoGPT) */
+    CHECK(dt_params_add(g_ctx, &m->ps, &p, &d));
+    CHECK(dt_grow(g_ctx, (void **)&m->units, &m->units_cap, m->ps.count, sizeof(int), "units"));
+    m->units[m->ps.count - 1] = unit;
+    return m->ps.count - 1;
+}
+
+static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout *lay) {
+    int l, k, i;
+    char name[64];
+    int64_t C = o->width, tp = lay->tp;
+    double std = 0.02, pstd = 0.02 / sqrt(2.0 * o->layers);
+    memset(m, 0, sizeof *m);
+    m->L = o->layers; m->H = o->heads; m->C = o->width; m->T = o->seq; m->V = V; m->Vp = Vp;
+    m->tp = lay->tp; m->tp_rank = lay->tp_rank; m->sp = o->sp; m->lay = lay;
+    m->Vl = Vp / tp; m->Cl = C / tp; m->Hl = o->heads / tp; m->Fl = 4 * C / tp;
+    m->blk = (int *)dt_alloc(g_ctx, (size_t)m->L * NBP * sizeof(int));
+    if (!m->blk) CHECK(DT_ERR_OOM);
+    m->wte = add_param(m, o, "wte", 0, DT_TP_COLUMN, Vp, C, DT_INIT_NORMAL, std);   /* vocab-parallel rows */
+    m->wpe = add_param(m, o, "wpe", 0, DT_TP_REPLICATED, m->T, C, DT_INIT_NORMAL, std);
+    m->lnfw = add_param(m, o, "ln_f.w", 0, DT_TP_REPLICATED, C, 0, DT_INIT_CONST, 1.0);
+    m->lnfb = add_param(m, o, "ln_f.b", 0, DT_TP_REPLICATED, C, 0, DT_INIT_ZEROS, 0);
+    for (l = 0; l < m->L; l++) {
+        for (k = 0; k < NBP; k++) {
+            int64_t rows = C, cols = 0;
+            dt_tp_kind kind = DT_TP_REPLICATED;
+            dt_init_kind init = DT_INIT_ZEROS;
+            double sv = 0;
+            snprintf(name, sizeof name, "h.%d.%s", l, BLOCK_NAMES[k]);
+            switch (k) {
+            case LN1W: case LN2W: init = DT_INIT_CONST; sv = 1.0; break;
+            case LN1B: case LN2B: case AOB: case PB: break;                       /* whole, zeros */
+            case QW: case KW: case VW: kind = DT_TP_COLUMN; cols = C; init = DT_INIT_NORMAL; sv = std; break;
+            case QB: case KB: case VB: kind = DT_TP_COLUMN; break;
+            case AOW: kind = DT_TP_ROW; cols = C; init = DT_INIT_NORMAL; sv = pstd; break;
+            case FCW: kind = DT_TP_COLUMN; rows = 4 * C; cols = C; init = DT_INIT_NORMAL; sv = std; break;
+            case FCB: kind = DT_TP_COLUMN; rows = 4 * C; break;
+            default: /* PW */ kind = DT_TP_ROW; cols = 4 * C; init = DT_INIT_NORMAL; sv = pstd; break;
+            }
+            m->blk[l * NBP + k] = add_param(m, o, name, 1 + l, kind, rows, cols, init, sv);
+        }
+    }
+    m->f32 = (dt_tensor *)dt_alloc(g_ctx, (size_t)m->ps.count * sizeof(dt_tensor));
+    if (!m->f32) CHECK(DT_ERR_OOM);
+    memset(m->f32, 0, (size_t)m->ps.count * sizeof(dt_tensor));
+    if (o->dtype != DT_F32) /* the ops compute in f32: a working copy, refreshed at each gather */
+        for (i = 0; i < m->ps.count; i++)
+            CHECK(dt_tensor_create_like(g_ctx, &m->f32[i], &P(m, i)->value, DT_F32, DT_DEVICE_DEFAULT));
+}
+
+/* dt_zero_gather, then the f32 copies of a bf16 / f16 unit. */
+static void gather(model *m, int unit) {
+    int i;
+    CHECK(dt_zero_gather(m->z, unit));
+    for (i = 0; i < m->ps.count; i++)
+        if (m->units[i] == unit && m->f32[i].data) CHECK(dt_tensor_cast(g_ctx, &m->f32[i], &P(m, i)->value));
+}
+static void release(model *m, int unit) { CHECK(dt_zero_release(m->z, unit)); }
+
+/* ---------------------------------------------------------------- activations
+
+   For a local micro-batch of b sequences: N = b T rows, Nl = N / tp under sequence parallelism
+   (the rows of the residual stream this rank holds), else N. Per block, what the backward
+   reads; --recompute full keeps only each block's input (the rest is one shared set the
+   backward refills), selective shares att [b, H/tp, T, T] and the GELU output. */
+
+typedef struct bacts {
+    dt_tensor in;                       /* [Nl, C] block input (the residual stream) */
+    dt_tensor ln1, ln1m, ln1r, ln1all;  /* ln1all [N, C]: gathered rows (sp) */
+    dt_tensor qkv, att, atty;           /* [b, T, 3Cl], [b, Hl, T, T], [N, Cl] */
+    dt_tensor res1;                     /* [Nl, C] x + attention */
+    dt_tensor ln2, ln2m, ln2r, ln2all;
+    dt_tensor fch, gelu;                /* [N, Fl] */
+} bacts;
+
+typedef struct acts {
+    int64_t b, N, Nl;
+    bacts *blk;                         /* [L] (views where shared) */
+    bacts shared;                       /* full / selective: the tensors the blocks share */
+    dt_tensor xL, lnf, lnfm, lnfr, lnfall, logits, stats, ids, targets, partial, y_scratch;
+    dt_tensor q, k, v;                  /* [N, Cl] forward scratch, packed into qkv */
+    dt_tensor dres, dln, dxbuf, dall, doutbuf, dqkv, dq, dk, dv, datty, dfch, dgelu, dlogits;
+    dt_tensor dsp, dwpe, dlnf;          /* sp: partial grads of one block / wpe / ln_f */
+    dt_tensor gath1, gath2;             /* sp: ln1 / ln2 rows gathered over tp [N, C], shared */
+    int64_t bytes;                      /* what these tensors hold */
+} acts;
+
+static void mk(acts *a, dt_tensor *t, int64_t d0, int64_t d1, int64_t d2, int64_t d3, dt_dtype dt) {
+    dt_tensor_desc d = {0};
+    d.dtype = dt; d.shape[0] = d0; d.shape[1] = d1; d.shape[2] = d2; d.shape[3] = d3;
+    CHECK(dt_tensor_create(g_ctx, t, &d));
+    a->bytes += (int64_t)dt_tensor_bytes(t);
+}
+
+/* A view of the whole of t (owns 0), for the tensors blocks share. */
+static dt_tensor share(const dt_tensor *t) { dt_tensor v = *t; v.owns = 0; return v; }
+
+static void acts_make(acts *a, model *m, int64_t b, int recompute) {
+    int64_t N = b * m->T, Nl = m->sp ? N / m->tp : N, C = m->C;
+    int l;
+    memset(a, 0, sizeof *a);
+    a->b = b; a->N = N; a->Nl = Nl;
+    a->blk = (bacts *)dt_alloc(g_ctx, (size_t)m->L * sizeof(bacts));
+    if (!a->blk) CHECK(DT_ERR_OOM);
+    memset(a->blk, 0, (size_t)m->L * sizeof(bacts));
+    for (l = 0; l < m->L + (recompute ? 1 : 0); l++) {
+        int own_all = recompute == 0 || (recompute == 2 && l < m->L) ;
+        bacts *x = l < m->L ? &a->blk[l] : &a->shared;
+        if (l < m->L) mk(a, &x->in, Nl, C, 0, 0, DT_F32);
+        if (!own_all && recompute == 1 && l < m->L) continue; /* full: the input only */
+        mk(a, &x->ln1, Nl, C, 0, 0, DT_F32); mk(a, &x->ln1m, Nl, 0, 0, 0, DT_F32); mk(a, &x->ln1r, Nl, 0, 0, 0, DT_F32);
+        mk(a, &x->ln2, Nl, C, 0, 0, DT_F32); mk(a, &x->ln2m, Nl, 0, 0, 0, DT_F32); mk(a, &x->ln2r, Nl, 0, 0, 0, DT_F32);
+        mk(a, &x->qkv, b, m->T, 3 * m->Cl, 0, DT_F32);
+        mk(a, &x->atty, N, m->Cl, 0, 0, DT_F32);
+        mk(a, &x->res1, Nl, C, 0, 0, DT_F32);
+        mk(a, &x->fch, N, m->Fl, 0, 0, DT_F32);
+        if (recompute != 2 || l == m->L) { mk(a, &x->att, b, m->Hl, m->T, m->T, DT_F32); mk(a, &x->gelu, N, m->Fl, 0, 0, DT_F32); }
+    }
+    for (l = 0; l < m->L && recompute; l++) { /* the shared tensors, as views */
+        bacts *x = &a->blk[l], *s = &a->shared;
+        if (recompute == 1) {
+            dt_tensor in = x->in;
+            *x = *s;
+            x->in = in;
+            x->ln1 = share(&s->ln1); x->ln1m = share(&s->ln1m); x->ln1r = share(&s->ln1r); x->ln1all = share(&s->ln1all);
+            x->ln2 = share(&s->ln2); x->ln2m = share(&s->ln2m); x->ln2r = share(&s->ln2r); x->ln2all = share(&s->ln2all);
+            x->qkv = share(&s->qkv); x->atty = share(&s->atty); x->res1 = share(&s->res1); x->fch = share(&s->fch);
+        }
+        x->att = share(&s->att); x->gelu = share(&s->gelu);
+    }
+    if (m->sp) { /* the gathered rows: one copy for all blocks, gathered again in the backward
+                    (Megatron-SP keeps only the row shard per block: the point of sp's memory) */
+        mk(a, &a->gath1, N, C, 0, 0, DT_F32);
+        mk(a, &a->gath2, N, C, 0, 0, DT_F32);
+        for (l = 0; l <= m->L; l++) {
+            bacts *x = l < m->L ? &a->blk[l] : &a->shared;
+            x->ln1all = share(&a->gath1);
+            x->ln2all = share(&a->gath2);
+        }
+    }
+    mk(a, &a->xL, Nl, C, 0, 0, DT_F32);
+    mk(a, &a->lnf, Nl, C, 0, 0, DT_F32); mk(a, &a->lnfm, Nl, 0, 0, 0, DT_F32); mk(a, &a->lnfr, Nl, 0, 0, 0, DT_F32);
+    if (m->sp) mk(a, &a->lnfall, N, C, 0, 0, DT_F32);
+    mk(a, &a->logits, N, m->Vl, 0, 0, DT_F32); mk(a, &a->stats, N, 2, 0, 0, DT_F32);
+    mk(a, &a->ids, N, 0, 0, 0, DT_I32); mk(a, &a->targets, N, 0, 0, 0, DT_I32);
+    mk(a, &a->partial, N, C, 0, 0, DT_F32); mk(a, &a->y_scratch, Nl, C, 0, 0, DT_F32);
+    mk(a, &a->q, N, m->Cl, 0, 0, DT_F32); mk(a, &a->k, N, m->Cl, 0, 0, DT_F32); mk(a, &a->v, N, m->Cl, 0, 0, DT_F32);
+    mk(a, &a->dres, Nl, C, 0, 0, DT_F32); mk(a, &a->dln, Nl, C, 0, 0, DT_F32);
+    mk(a, &a->dxbuf, N, C, 0, 0, DT_F32); mk(a, &a->dall, N, C, 0, 0, DT_F32); mk(a, &a->doutbuf, N, C, 0, 0, DT_F32);
+    mk(a, &a->dqkv, b, m->T, 3 * m->Cl, 0, DT_F32);
+    mk(a, &a->dq, N, m->Cl, 0, 0, DT_F32); mk(a, &a->dk, N, m->Cl, 0, 0, DT_F32); mk(a, &a->dv, N, m->Cl, 0, 0, DT_F32);
+    mk(a, &a->datty, N, m->Cl, 0, 0, DT_F32);
+    mk(a, &a->dfch, N, m->Fl, 0, 0, DT_F32); mk(a, &a->dgelu, N, m->Fl, 0, 0, DT_F32);
+    mk(a, &a->dlogits, N, m->Vl, 0, 0, DT_F32);
+    if (m->sp && m->tp > 1) { mk(a, &a->dsp, 6, C, 0, 0, DT_F32); mk(a, &a->dwpe, m->T, C, 0, 0, DT_F32); mk(a, &a->dlnf, 2, C, 0, 0, DT_F32); }
+}
+
+static void acts_free(acts *a, int L) {
+    int l;
+    dt_tensor *t;
+    size_t i, n = sizeof(bacts) / sizeof(dt_tensor);
+    for (l = 0; l < L && a->blk; l++) for (t = &a->blk[l].in, i = 0; i < n; i++) dt_tensor_free(g_ctx, &t[i]);
+    for (t = &a->shared.in, i = 0; i < n; i++) dt_tensor_free(g_ctx, &t[i]);
+    n = (sizeof *a - offsetof(acts, xL) - sizeof(int64_t)) / sizeof(dt_tensor);
+    for (t = &a->xL, i = 0; i < n; i++) dt_tensor_free(g_ctx, &t[i]);
+    dt_release(g_ctx, a->blk);
+    a->blk = NULL;
+}
+
+/* ---------------------------------------------------------------- forward and backward */
+
+static void fill0(dt_tensor *t) { COMPUTE("zero fill", dt_tensor_fill(g_ctx, t, 0.0)); }
+
+/* The first row of this rank's residual-stream rows in the micro-batch (sp: its slice). */
+static int64_t row0(const model *m, const acts *a) { return m->sp ? (int64_t)m->tp_rank * a->Nl : 0; }
+
+/* qkv [b, T, 3Cl] = [q | k | v] per row (dt_attention's packing); and back (grads, +=). */
+static void pack_qkv(acts *a, dt_tensor *qkv, const model *m) {
+    int64_t n, c = m->Cl;
+    float *o = (float *)qkv->data;
+    const float *q = (const float *)a->q.data, *k = (const float *)a->k.data, *v = (const float *)a->v.data;
+    for (n = 0; n < a->N; n++) {
+        memcpy(o + n * 3 * c, q + n * c, (size_t)c * sizeof(float));
+        memcpy(o + n * 3 * c + c, k + n * c, (size_t)c * sizeof(float));
+        memcpy(o + n * 3 * c + 2 * c, v + n * c, (size_t)c * sizeof(float));
+    }
+}
+static void unpack_dqkv(acts *a, const model *m) {
+    int64_t n, c = m->Cl;
+    const float *g = (const float *)a->dqkv.data;
+    float *q = (float *)a->dq.data, *k = (float *)a->dk.data, *v = (float *)a->dv.data;
+    for (n = 0; n < a->N; n++) {
+        memcpy(q + n * c, g + n * 3 * c, (size_t)c * sizeof(float));
+        memcpy(k + n * c, g + n * 3 * c + c, (size_t)c * sizeof(float));
+        memcpy(v + n * c, g + n * 3 * c + 2 * c, (size_t)c * sizeof(float));
+    }
+}
+
+/* Block l: y = x + attn(ln1(x)); y += mlp(ln2(y)). Reads x->in, writes y. */
+static void block_fwd(model *m, acts *a, bacts *x, int l, dt_tensor *y) {
+    dt_layout *lay = m->lay;
+    const dt_tensor *xall = m->sp ? &x->ln1all : &x->ln1;
+    dt_tensor atty3;
+    int64_t s3[3];
+    COMPUTE("layernorm fwd", dt_layernorm_fwd(g_ctx, &x->ln1, &x->ln1m, &x->ln1r, &x->in, VAL(m, BP(m, l, LN1W)), VAL(m, BP(m, l, LN1B)), 1e-5f));
+    /* q, k, v: column-parallel, one gather of the rows for the three (sp) */
+    if (m->sp) OP("sp gather", dt_sp_gather_rows(lay, &x->ln1all, &x->ln1));
+    COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->q, xall, VAL(m, BP(m, l, QW)), VAL(m, BP(m, l, QB))));
+    COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->k, xall, VAL(m, BP(m, l, KW)), VAL(m, BP(m, l, KB))));
+    COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->v, xall, VAL(m, BP(m, l, VW)), VAL(m, BP(m, l, VB))));
+    { double t_ = g_profile ? now() : 0; pack_qkv(a, &x->qkv, m); if (g_profile) prof_add("qkv pack / unpack", now() - t_); }
+    s3[0] = a->b; s3[1] = m->T; s3[2] = m->Cl;
+    CHECK(dt_tensor_reshape(g_ctx, &atty3, &x->atty, 3, s3));
+    COMPUTE("attention fwd", dt_attention_fwd(g_ctx, &atty3, &x->att, &x->qkv, (int)m->Hl));
+    OP("row linear fwd", dt_tp_row_linear_fwd(lay, &x->res1, &a->partial, &x->atty, VAL(m, BP(m, l, AOW)), VAL(m, BP(m, l, AOB)), m->sp));
+    COMPUTE("residual add", dt_add(g_ctx, &x->res1, &x->res1, &x->in));
+    COMPUTE("layernorm fwd", dt_layernorm_fwd(g_ctx, &x->ln2, &x->ln2m, &x->ln2r, &x->res1, VAL(m, BP(m, l, LN2W)), VAL(m, BP(m, l, LN2B)), 1e-5f));
+    OP("column linear fwd", dt_tp_column_linear_fwd(lay, &x->fch, m->sp ? &x->ln2all : NULL, &x->ln2, VAL(m, BP(m, l, FCW)), VAL(m, BP(m, l, FCB)), m->sp));
+    COMPUTE("gelu fwd", dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
+    OP("row linear fwd", dt_tp_row_linear_fwd(lay, y, &a->partial, &x->gelu, VAL(m, BP(m, l, PW)), VAL(m, BP(m, l, PB)), m->sp));
+    COMPUTE("residual add", dt_add(g_ctx, y, y, &x->res1));
+}
+
+/* The grad target of param k of block l: its grad, or under sp the block's partial scratch. */
+static dt_tensor *GT(model *m, acts *a, int l, int k, dt_tensor *tmp) {
+    int j;
+    if (!(m->sp && m->tp > 1)) return GRD(m, BP(m, l, k));
+    for (j = 0; j < 6; j++)
+        if (SP_PARTIAL[j] == k) {
+            int64_t s[1];
+            s[0] = m->C;
+            CHECK(dt_tensor_view(g_ctx, tmp, &a->dsp, j * m->C, 1, s));
+            return tmp;
+        }
+    return GRD(m, BP(m, l, k));
+}
+
+/* dres holds d(block output); on return d(block input). */
+static void block_bwd(model *m, acts *a, bacts *x, int l, int recompute) {
+    dt_layout *lay = m->lay;
+    const dt_tensor *xall = m->sp ? &x->ln1all : &x->ln1;
+    dt_tensor t1, t2, atty3, datty3;
+    int64_t s3[3];
+    int j;
+    if (recompute == 1) block_fwd(m, a, x, l, &a->y_scratch);
+    else if (m->sp) { /* the blocks share one gathered copy: this block's rows again */
+        OP("sp gather", dt_sp_gather_rows(lay, &x->ln1all, &x->ln1));
+        OP("sp gather", dt_sp_gather_rows(lay, &x->ln2all, &x->ln2));
+    }
+    s3[0] = a->b; s3[1] = m->T; s3[2] = m->Cl;
+    CHECK(dt_tensor_reshape(g_ctx, &atty3, &x->atty, 3, s3));
+    if (recompute == 2) { /* the two tensors selective recompute did not keep */
+        COMPUTE("attention fwd", dt_attention_fwd(g_ctx, &atty3, &x->att, &x->qkv, (int)m->Hl));
+        COMPUTE("gelu fwd", dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
+    }
+    if (m->sp && m->tp > 1) fill0(&a->dsp);
+    /* mlp */
+    fill0(&a->dgelu);
+    OP("row linear bwd", dt_tp_row_linear_bwd(lay, &a->dgelu, GRD(m, BP(m, l, PW)), GT(m, a, l, PB, &t1), &a->doutbuf, &a->dres, &x->gelu,
+                               VAL(m, BP(m, l, PW)), m->sp));
+    fill0(&a->dfch);
+    COMPUTE("gelu bwd", dt_gelu_bwd(g_ctx, &a->dfch, &a->dgelu, &x->fch));
+    fill0(&a->dln);
+    OP("column linear bwd", dt_tp_column_linear_bwd(lay, &a->dln, GRD(m, BP(m, l, FCW)), GRD(m, BP(m, l, FCB)), &a->dxbuf, &a->dfch,
+                                  m->sp ? &x->ln2all : &x->ln2, VAL(m, BP(m, l, FCW)), m->sp));
+    COMPUTE("layernorm bwd", dt_layernorm_bwd(g_ctx, &a->dres, GT(m, a, l, LN2W, &t1), GT(m, a, l, LN2B, &t2), &a->dln, &x->res1,
+                           VAL(m, BP(m, l, LN2W)), &x->ln2m, &x->ln2r));
+    /* attention */
+    fill0(&a->datty);
+    OP("row linear bwd", dt_tp_row_linear_bwd(lay, &a->datty, GRD(m, BP(m, l, AOW)), GT(m, a, l, AOB, &t1), &a->doutbuf, &a->dres, &x->atty,
+                               VAL(m, BP(m, l, AOW)), m->sp));
+    fill0(&a->dqkv);
+    CHECK(dt_tensor_reshape(g_ctx, &datty3, &a->datty, 3, s3));
+    COMPUTE("attention bwd", dt_attention_bwd(g_ctx, &a->dqkv, &datty3, &x->qkv, &x->att, (int)m->Hl));
+    { double t_ = g_profile ? now() : 0; unpack_dqkv(a, m); if (g_profile) prof_add("qkv pack / unpack", now() - t_); }
+    /* q, k, v: column-parallel by hand, so that the three input grads make one sum over tp */
+    fill0(&a->dall);
+    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, QW)), GRD(m, BP(m, l, QB)), &a->dq, xall, VAL(m, BP(m, l, QW))));
+    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, KW)), GRD(m, BP(m, l, KB)), &a->dk, xall, VAL(m, BP(m, l, KW))));
+    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, VW)), GRD(m, BP(m, l, VB)), &a->dv, xall, VAL(m, BP(m, l, VW))));
+    if (m->sp) OP("sp scatter", dt_sp_scatter_rows(lay, &a->dln, &a->dall));
+    else {
+        OP("tp allreduce", dt_tp_allreduce(lay, &a->dall));
+        CHECK(dt_tensor_copy(g_ctx, &a->dln, &a->dall));
+    }
+    COMPUTE("layernorm bwd", dt_layernorm_bwd(g_ctx, &a->dres, GT(m, a, l, LN1W, &t1), GT(m, a, l, LN1B, &t2), &a->dln, &x->in,
+                           VAL(m, BP(m, l, LN1W)), &x->ln1m, &x->ln1r));
+    if (m->sp && m->tp > 1) { /* the row-sharded params' grads: the sum over tp, added once */
+        OP("tp allreduce", dt_tp_allreduce(lay, &a->dsp));
+        for (j = 0; j < 6; j++) {
+            dt_tensor v;
+            int64_t s[1];
+            s[0] = m->C;
+            CHECK(dt_tensor_view(g_ctx, &v, &a->dsp, j * m->C, 1, s));
+            CHECK(dt_axpy(g_ctx, GRD(m, BP(m, l, SP_PARTIAL[j])), 1.0f, &v));
+        }
+    }
+}
+
+/* x = wte[ids] + wpe[pos] for this rank's rows. */
+static void embed_fwd(model *m, acts *a) {
+    int64_t r, c, C = m->C, r0 = row0(m, a);
+    const float *wpe = (const float *)VAL(m, m->wpe)->data;
+    float *x = (float *)a->blk[0].in.data;
+    OP("embedding fwd", dt_tp_embedding_fwd(m->lay, &a->blk[0].in, &a->partial, VAL(m, m->wte), &a->ids,
+                              (int64_t)m->tp_rank * m->Vl, m->Vp, m->sp));
+    for (r = 0; r < a->Nl; r++) {
+        const float *p = wpe + ((r0 + r) % m->T) * C;
+        for (c = 0; c < C; c++) x[r * C + c] += p[c];
+    }
+}
+
+static void embed_bwd(model *m, acts *a) {
+    int64_t r, c, C = m->C, r0 = row0(m, a);
+    int part = m->sp && m->tp > 1;
+    float *dwpe = (float *)(part ? a->dwpe.data : GRD(m, m->wpe)->data);
+    const float *d = (const float *)a->dres.data;
+    OP("embedding bwd", dt_tp_embedding_bwd(m->lay, GRD(m, m->wte), &a->doutbuf, &a->dres, &a->ids, (int64_t)m->tp_rank * m->Vl,
+                              m->Vp, m->sp));
+    if (part) fill0(&a->dwpe);
+    for (r = 0; r < a->Nl; r++) {
+        float *p = dwpe + ((r0 + r) % m->T) * C;
+        for (c = 0; c < C; c++) p[c] += d[r * C + c];
+    }
+    if (part) {
+        OP("tp allreduce", dt_tp_allreduce(m->lay, &a->dwpe));
+        CHECK(dt_axpy(g_ctx, GRD(m, m->wpe), 1.0f, &a->dwpe));
+    }
+}
+
+/* The forward of a micro-batch to the logits (every unit gathered and released in turn);
+   ends with unit 0 gathered, for the head (the caller releases it). */
+static void forward_logits(model *m, acts *a) {
+    int l;
+    dt_tensor *x;
+    gather(m, 0);
+    embed_fwd(m, a);
+    release(m, 0);
+    for (l = 0; l < m->L; l++) {
+        gather(m, 1 + l);
+        block_fwd(m, a, &a->blk[l], l, l + 1 < m->L ? &a->blk[l + 1].in : &a->xL);
+        release(m, 1 + l);
+    }
+    gather(m, 0);
+    x = &a->xL;
+    COMPUTE("layernorm fwd", dt_layernorm_fwd(g_ctx, &a->lnf, &a->lnfm, &a->lnfr, x, VAL(m, m->lnfw), VAL(m, m->lnfb), 1e-5f));
+    OP("column linear fwd", dt_tp_column_linear_fwd(m->lay, &a->logits, m->sp ? &a->lnfall : NULL, &a->lnf, VAL(m, m->wte), NULL, m->sp));
+}
+
+/* Forward + loss + backward of one micro-batch (ids, targets filled); returns the loss. */
+static float train_micro(model *m, acts *a, float dloss, int recompute) {
+    float loss;
+    int64_t n_valid;
+    int l, part = m->sp && m->tp > 1;
+    dt_tensor t1, t2;
+    int64_t s[1];
+    forward_logits(m, a);
+    OP("cross entropy fwd", dt_tp_xent_fwd(m->lay, &loss, &n_valid, &a->stats, &a->logits, &a->targets, (int64_t)m->tp_rank * m->Vl, m->V, -1));
+    release(m, 0);
+    CHECK(dt_zero_backward_begin(m->z));
+    gather(m, 0);
+    fill0(&a->dlogits);
+    OP("cross entropy bwd", dt_tp_xent_bwd(m->lay, &a->dlogits, &a->logits, &a->stats, &a->targets, (int64_t)m->tp_rank * m->Vl, m->V, -1, dloss));
+    fill0(&a->dln);
+    OP("column linear bwd", dt_tp_column_linear_bwd(m->lay, &a->dln, GRD(m, m->wte), NULL, &a->dxbuf, &a->dlogits,
+                                  m->sp ? &a->lnfall : &a->lnf, VAL(m, m->wte), m->sp));
+    fill0(&a->dres);
+    s[0] = m->C;
+    if (part) {
+        fill0(&a->dlnf);
+        CHECK(dt_tensor_view(g_ctx, &t1, &a->dlnf, 0, 1, s));
+        CHECK(dt_tensor_view(g_ctx, &t2, &a->dlnf, m->C, 1, s));
+    }
+    COMPUTE("layernorm bwd", dt_layernorm_bwd(g_ctx, &a->dres, part ? &t1 : GRD(m, m->lnfw), part ? &t2 : GRD(m, m->lnfb), &a->dln, &a->xL,
+                           VAL(m, m->lnfw), &a->lnfm, &a->lnfr));
+    if (part) {
+        OP("tp allreduce", dt_tp_allreduce(m->lay, &a->dlnf));
+        CHECK(dt_axpy(g_ctx, GRD(m, m->lnfw), 1.0f, &t1));
+        CHECK(dt_axpy(g_ctx, GRD(m, m->lnfb), 1.0f, &t2));
+    }
+    release(m, 0);
+    for (l = m->L - 1; l >= 0; l--) {
+        gather(m, 1 + l);
+        block_bwd(m, a, &a->blk[l], l, recompute);
+        CHECK(dt_zero_grad_ready(m->z, 1 + l));
+        release(m, 1 + l);
+    }
+    gather(m, 0);
+    embed_bwd(m, a);
+    CHECK(dt_zero_grad_ready(m->z, 0));
+    release(m, 0);
+    return loss;
+}
+
+/* ---------------------------------------------------------------- sampling */
+
+/* n tokens after a one-token prompt, each drawn from the softmax of the last position's logits
+   (temperature 1) with dt_rng_uniform(seed, stream, i): the same text at every layout. */
+static void sample_text(model *m, int64_t n, uint64_t seed, int V256) {
+    acts a;
+    int64_t T = m->T, i, len = 1, j;
+    int32_t *ctxt;
+    dt_tensor row, full;
+    dt_tensor_desc d = {0};
+    acts_make(&a, m, 1, 0);
+    ctxt = (int32_t *)a.ids.data;
+    memset(ctxt, 0, (size_t)T * sizeof(int32_t));
+    ctxt[0] = V256 ? '\n' : 50256; /* GPT-2's <|endoftext|> */
+    d.shape[0] = m->Vp;
+    CHECK(dt_tensor_create(g_ctx, &full, &d));
+    if (g_rank == 0) printf("sample (%lld tokens):\n", (long long)n);
+    for (i = 0; i < n; i++) {
+        double sum = 0, u, acc = 0;
+        const float *lg;
+        float mx = -INFINITY;
+        int64_t pos = len - 1, pick = m->V - 1;
+        forward_logits(m, &a);
+        release(m, 0);
+        CHECK(dt_tensor_view(g_ctx, &row, &a.logits, pos * m->Vl, 1, &m->Vl));
+        if (m->tp > 1) CHECK(dt_comm_allgather(m->lay->tp_comm, &full, &row));
+        else CHECK(dt_tensor_copy(g_ctx, &full, &row));
+        lg = (const float *)full.data;
+        for (j = 0; j < m->V; j++) if (lg[j] > mx) mx = lg[j];
+        for (j = 0; j < m->V; j++) sum += exp((double)lg[j] - mx);
+        u = dt_rng_uniform(seed, 0x73616d706c65ull /* "sample" */, (uint64_t)i) * sum;
+        for (j = 0; j < m->V; j++) { acc += exp((double)lg[j] - mx); if (acc > u) { pick = j; break; } }
+        if (g_rank == 0) {
+            if (V256) putchar(pick == '\n' || pick == '\t' || (pick >= 32 && pick < 127) ? (int)pick : '?');
+            else printf("%lld ", (long long)pick);
+        }
+        if (len < T) ctxt[len++] = (int32_t)pick;
+        else { memmove(ctxt, ctxt + 1, (size_t)(T - 1) * sizeof(int32_t)); ctxt[T - 1] = (int32_t)pick; }
+    }
+    if (g_rank == 0) { printf("\n"); fflush(stdout); }
+    dt_tensor_free(g_ctx, &full);
+    acts_free(&a, m->L);
+}
+
+/* ---------------------------------------------------------------- the run */
+
+/* f32 GEMM flop/s of this rank: the best of a few 512^3 dt_matmul_fwd (the MFU's denominator). */
+static double gemm_peak(void) {
+    dt_tensor a, b, c;
+    dt_tensor_desc d = {0};
+    double best = 1e30;
+    int i;
+    d.shape[0] = 512; d.shape[1] = 512;
+    CHECK(dt_tensor_create(g_ctx, &a, &d)); CHECK(dt_tensor_create(g_ctx, &b, &d)); CHECK(dt_tensor_create(g_ctx, &c, &d));
+    CHECK(dt_tensor_fill(g_ctx, &a, 0.5)); CHECK(dt_tensor_fill(g_ctx, &b, 0.25));
+    for (i = 0; i < 4; i++) {
+        double t = now();
+        CHECK(dt_matmul_fwd(g_ctx, &c, &a, &b, 0, 0, 1.0f, 0.0f));
+        t = now() - t;
+        if (t < best) best = t;
+    }
+    dt_tensor_free(g_ctx, &a); dt_tensor_free(g_ctx, &b); dt_tensor_free(g_ctx, &c);
+    return 2.0 * 512 * 512 * 512 / best;
+}
+
+/* Seconds this rank has spent in collectives on the layout's comms (dt_comm's statistics). */
+static double comm_seconds(dt_layout *l) {
+    dt_comm *cs[3];
+    double s = 0;
+    int i, k;
+    cs[0] = l->tp_comm; cs[1] = l->dp_comm; cs[2] = l->world;
+    for (i = 0; i < 3; i++) {
+        for (k = 0; k < DT_COLL_COUNT; k++) {
+            dt_comm_stat st;
+            if (cs[i] && dt_comm_stats(cs[i], &st, (dt_coll)k) == DT_OK) s += st.seconds;
+        }
+    }
+    return s;
+}
+
+/* The last step's loss rides in the checkpoint, so a resumed run with no step left still ends
+   on its "final: loss" line. */
+static void save_loss(dt_train_state *st, double loss) {
+    char v[64];
+    snprintf(v, sizeof v, "%.9g", loss);
+    CHECK(dt_train_state_set(g_ctx, st, "loss", v));
+}
+
+/* A named error about the run's configuration (every rank sees the same): rank 0 says it, all exit 1. */
+static void fail(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+static void fail(const char *fmt, ...) {
+    va_list ap;
+    if (g_rank == 0) {
+        fprintf(stderr, "gpt: ");
+        va_start(ap, fmt);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+        fprintf(stderr, "\n");
+    }
+    exit(1);
+}
+
+static void open_data(dt_gpt_data *d, const opts *o) {
+    dt_gpt_data_desc dd = {0};
+    glob_t g;
+    memset(&g, 0, sizeof g);
+    if (o->shards) {
+        if (glob(o->shards, 0, NULL, &g) != 0 || g.gl_pathc == 0) fail("--shards '%s' matches no file", o->shards);
+        dd.shards = (const char *const *)g.gl_pathv;
+        dd.n_shards = (int)g.gl_pathc;
+    } else dd.text = o->data;
+    if (dt_gpt_data_open(g_ctx, d, &dd)) {
+        if (g_rank == 0) fprintf(stderr, "gpt: %s\n", dt_ctx_error(g_ctx));
+        exit(1);
+    }
+    if (o->shards) globfree(&g);
+}
+
+int main(int argc, char **argv) {
+    dt_ctx ctx;
+    dt_comm *world;
+    dt_layout *lay;
+    dt_layout_desc ld = {0};
+    dt_arena *arena;
+    dt_arena_desc ad = {0};
+    dt_zero_desc zd = {0};
+    dt_zero_memory zm;
+    dt_gpt_data data;
+    opts o;
+    model m;
+    acts a;
+    FILE *log = NULL;
+    char lstr[64];
+    int64_t step = 0, first_step, last_step, local_first, local_count, per_micro, i;
+    double peak_flops, flops_per_token, n_params, t0, loss = 0, act_peak = 0, base;
+    int mi, W;
+
+    CHECK(dt_ctx_init(&ctx, NULL));
+    g_ctx = &ctx;
+    CHECK(dt_comm_create_world(&ctx, &world, NULL));
+    g_rank = dt_comm_rank(world);
+    W = dt_comm_size(world);
+    parse(&o, argc, argv);
+    if (o.pp != 1) fail("--pp %d: pipeline parallelism is not available yet (only --pp 1)", o.pp);
+    open_data(&data, &o);
+    /* the layout's sizes, checked here with names before any collective */
+    if (W % (o.tp * o.pp)) fail("--tp %d x --pp %d does not divide the world size %d", o.tp, o.pp, W);
+    if (o.heads % o.tp) fail("--tp %d does not divide --heads %d", o.tp, o.heads);
+    if (o.width % o.heads) fail("--heads %d does not divide --width %d", o.heads, o.width);
+    if (data.vocab_padded % o.tp)
+        fail("--tp %d does not divide the padded vocab %lld", o.tp, (long long)data.vocab_padded);
+    if (o.batch % ((int64_t)(W / o.tp) * o.micro))
+        fail("--batch %lld is not a multiple of dp x micro = %d x %d", (long long)o.batch, W / o.tp, o.micro);
+    if (o.sp && (o.batch / (W / o.tp) / o.micro * o.seq) % o.tp)
+        fail("--sp 1: a micro-batch's %lld rows (sequences x --seq) are not a multiple of --tp %d",
+             (long long)(o.batch / (W / o.tp) / o.micro * o.seq), o.tp);
+    ld.tp = o.tp; ld.pp = o.pp;
+    CHECK(dt_layout_create(world, &lay, &ld));
+    model_make(&m, &o, data.vocab, data.vocab_padded, lay);
+    if (o.trace) {
+        CHECK(dt_trace_create(world, &m.tr));
+        CHECK(dt_trace_attach(m.tr, lay->tp_comm));
+        CHECK(dt_trace_attach(m.tr, lay->dp_comm));
+        if (lay->dptp_comm != lay->dp_comm) CHECK(dt_trace_attach(m.tr, lay->dptp_comm)); /* ZeRO of tp shards */
+        g_tr = m.tr;
+    }
+    ad.units = m.units;
+    CHECK(dt_arena_create(&ctx, &arena, &m.ps, &ad));
+    zd.stage = o.zero;
+    zd.opt.kind = DT_OPT_ADAMW;
+    zd.opt.lr = o.lr;
+    zd.opt.beta1 = 0.9; zd.opt.beta2 = 0.95; /* GPT-2 / llm.c */
+    zd.opt.weight_decay = o.wd > 0 ? o.wd : DT_OPT_ZERO;
+    zd.opt.clip_norm = 1.0;
+    zd.opt.accum_steps = o.micro;
+    zd.opt.schedule.kind = DT_LR_COSINE;
+    zd.opt.schedule.warmup_steps = o.warmup < o.steps ? o.warmup : 0;
+    zd.opt.schedule.total_steps = o.steps > 0 ? o.steps : 1;
+    zd.opt.schedule.min_lr = o.lr * o.min_lr_frac;
+    CHECK(dt_zero_create(lay, &m.z, arena, &zd));
+    CHECK(dt_layout_batch_range(lay, o.batch, &local_first, &local_count));
+    per_micro = local_count / o.micro;
+    base = (double)ctx.bytes_in_use;
+    dt_reset_peak_bytes(&ctx);
+    acts_make(&a, &m, per_micro, o.recompute);
+    if (o.ckpt && g_rank == 0 && mkdir(o.ckpt, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "gpt: cannot create --ckpt %s: %s\n", o.ckpt, strerror(errno));
+        return 1;
+    }
+    if (o.resume) {
+        dt_train_state st;
+        dt_checkpoint_desc cd = {0};
+        memset(&st, 0, sizeof st);
+        cd.dir = o.ckpt;
+        CHECK(dt_zero_checkpoint_load(m.z, &st, &cd));
+        step = st.step;
+        if (dt_train_state_get(&st, "loss")) loss = strtod(dt_train_state_get(&st, "loss"), NULL); /* a run with no step left */
+        if (st.rng_seed != o.seed) {
+            if (g_rank == 0) fprintf(stderr, "gpt: --seed %llu, the checkpoint was trained with seed %llu: resuming with %llu\n",
+                                     (unsigned long long)o.seed, (unsigned long long)st.rng_seed, (unsigned long long)st.rng_seed);
+            o.seed = st.rng_seed;
+        }
+    }
+    first_step = step;
+    if (g_rank == 0 && o.log && !(log = fopen(o.log, o.resume ? "a" : "w"))) {
+        fprintf(stderr, "gpt: cannot open --log %s\n", o.log);
+        return 1;
+    }
+    peak_flops = gemm_peak() * W;
+    for (i = 0, n_params = 0; i < m.ps.count; i++) { /* the whole model's, not this rank's shards */
+        int k;
+        double e = 1;
+        for (k = 0; k < P(&m, (int)i)->value.ndim; k++) e *= (double)P(&m, (int)i)->global_shape[k];
+        n_params += e;
+    }
+    flops_per_token = 6.0 * n_params + 6.0 * o.layers * o.width * (double)o.seq; /* llm.c's count, fwd + bwd */
+    CHECK(dt_zero_memory_get(m.z, &zm));
+    if (g_rank == 0 && !o.quiet) {
+        printf("gpt: %d layers, %d heads, width %d, context %lld, vocab %lld (padded %lld), %lld params; data %s "
+               "(%lld tokens)\n", o.layers, o.heads, o.width, (long long)o.seq, (long long)data.vocab,
+               (long long)data.vocab_padded, (long long)n_params, o.shards ? o.shards : o.data,
+               (long long)data.n_tokens);
+        printf("layout %s on %d ranks, zero %d, sp %d, micro %d, recompute %s, dtype %s; global batch %lld x %lld "
+               "tokens; GEMM peak %.1f GFLOP/s (all ranks)\n", dt_layout_string(lay, lstr, sizeof lstr), W, o.zero, o.sp,
+               o.micro, o.recompute == 1 ? "full" : o.recompute == 2 ? "selective" : "none", dt_dtype_name(o.dtype),
+               (long long)o.batch, (long long)o.seq, peak_flops / 1e9);
+        printf("memory per rank: params %.2f MB, grads %.2f MB, master %.2f MB, optimizer %.2f MB, total %.2f MB "
+               "(%s: %.2f MB); activations %.2f MB\n", zm.param_bytes / 1e6, zm.grad_bytes / 1e6, zm.master_bytes / 1e6,
+               zm.state_bytes / 1e6, zm.total_bytes / 1e6, zm.formula ? zm.formula : "?", zm.formula_bytes / 1e6,
+               a.bytes / 1e6);
+        fflush(stdout);
+    }
+    last_step = o.stop_at && o.stop_at < o.steps ? o.stop_at : o.steps;
+    t0 = now();
+    for (; step < last_step; step++) {
+        dt_opt_step_info info;
+        double sums[1] = {0}, el, done, tps;
+        memset(&info, 0, sizeof info);
+        for (mi = 0; mi < o.micro; mi++) {
+            float dloss = 0;
+            int32_t *ids = (int32_t *)a.ids.data, *tg = (int32_t *)a.targets.data;
+            CHECK(dt_zero_micro_begin(m.z, &dloss, mi));
+            for (i = 0; i < per_micro; i++) {
+                dt_tensor in, out;
+                CHECK(dt_tensor_view(&ctx, &in, &a.ids, i * o.seq, 1, &o.seq));
+                CHECK(dt_tensor_view(&ctx, &out, &a.targets, i * o.seq, 1, &o.seq));
+                CHECK(dt_gpt_data_window(&ctx, &in, &out, &data, o.seed, step * o.batch + local_first + mi * per_micro + i));
+            }
+            (void)ids; (void)tg;
+            sums[0] += train_micro(&m, &a, dloss, o.recompute);
+        }
+        OP("optimizer step (dt_zero_step)", dt_zero_step(m.z, &info));
+        CHECK(dt_comm_allreduce_f64(lay->dp_comm, sums, 1, DT_REDUCE_SUM));
+        loss = sums[0] / ((double)o.micro * lay->dp);
+        if (step == first_step) act_peak = (double)dt_peak_bytes(&ctx) - base;
+        if (o.ckpt && o.ckpt_every && (step + 1) % o.ckpt_every == 0) {
+            dt_train_state st;
+            dt_checkpoint_desc cd = {0};
+            memset(&st, 0, sizeof st);
+            st.step = step + 1; st.rng_seed = o.seed; st.data_cursor = (step + 1) * o.batch;
+            save_loss(&st, loss);
+            cd.dir = o.ckpt;
+            CHECK(dt_zero_checkpoint_save(m.z, &st, &cd));
+        }
+        el = now() - t0;
+        done = (double)(step + 1 - first_step);
+        tps = done * (double)o.batch * (double)o.seq / (el > 0 ? el : 1e-9);
+        if (g_rank == 0) {
+            if (!o.quiet && o.print_every && ((step + 1) % o.print_every == 0 || step + 1 == o.steps || step == first_step))
+                printf("step %lld/%lld  loss %.4f  lr %.2e  norm %.3f  %.0f tok/s  MFU %.1f%%  eta %.0fs\n",
+                       (long long)(step + 1), (long long)o.steps, loss, info.lr, info.grad_norm, tps,
+                       100.0 * tps * flops_per_token / peak_flops, el / done * (double)(o.steps - step - 1));
+            if (log) {
+                fprintf(log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,"
+                             "\"loss_scale\":%g,\"comm_s\":%.6f,\"skipped\":%d}\n", (long long)(step + 1), loss, info.lr,
+                        info.grad_norm, tps, info.loss_scale, comm_seconds(lay), info.skipped);
+                fflush(log);
+            }
+            fflush(stdout);
+        }
+    }
+    if (o.ckpt && last_step > first_step && (!o.ckpt_every || last_step % o.ckpt_every)) {
+        dt_train_state st;
+        dt_checkpoint_desc cd = {0};
+        memset(&st, 0, sizeof st);
+        st.step = last_step; st.rng_seed = o.seed; st.data_cursor = last_step * o.batch;
+        save_loss(&st, loss);
+        cd.dir = o.ckpt;
+        CHECK(dt_zero_checkpoint_save(m.z, &st, &cd));
+    }
+    CHECK(dt_zero_memory_get(m.z, &zm));
+    if (g_rank == 0 && !o.quiet && last_step > first_step)
+        printf("activation memory per rank: %.2f MB peak above the model and optimizer in step 1 (dt_peak_bytes; "
+               "recompute %s, sp %d; the activation tensors %.2f MB, ZeRO's transient buffers the rest); "
+               "dt_zero's peak %.2f MB\n", act_peak / 1e6, o.recompute == 1 ? "full" : o.recompute == 2 ? "selective"
+               : "none", o.sp, a.bytes / 1e6, zm.peak_bytes / 1e6);
+    if (g_profile && g_rank == 0 && last_step > first_step) {
+        double total = 0, per = 1e3 / (double)(last_step - first_step), wall = (now() - t0) * per;
+        int r;
+        for (r = 0; r < g_nprof; r++) total += g_prof[r].seconds;
+        printf("profile (rank 0, ms per step; wall %.2f ms per step):\n", wall);
+        for (r = 0; r < g_nprof; r++)
+            printf("  %-32s %9.3f  %5.1f%%  (%lld calls)\n", g_prof[r].name, g_prof[r].seconds * per,
+                   100.0 * g_prof[r].seconds * per / wall, (long long)g_prof[r].calls);
+        printf("  %-32s %9.3f  %5.1f%%\n", "(not in an op above)", wall - total * per, 100.0 - 100.0 * total * per / wall);
+    }
+    if (o.trace) {
+        double cs = 0, ov = 0;
+        CHECK(dt_trace_overlap(m.tr, &cs, &ov));
+        CHECK(dt_trace_write(m.tr, o.trace));
+        if (g_rank == 0 && !o.quiet)
+            printf("trace: %s (Perfetto / chrome://tracing); rank 0: %.3f s in collectives, %.0f%% of it overlapped "
+                   "with compute\n", o.trace, cs, cs > 0 ? 100.0 * ov / cs : 0.0);
+    }
+    if (o.sample) sample_text(&m, o.sample, o.seed, data.vocab == 256);
+    if (g_rank == 0) printf("final: loss %.9g\n", loss);
+    if (log) fclose(log);
+    acts_free(&a, m.L);
+    dt_zero_free(m.z);
+    dt_trace_free(m.tr);
+    for (i = 0; i < m.ps.count; i++) dt_tensor_free(&ctx, &m.f32[i]);
+    dt_release(&ctx, m.f32);
+    dt_release(&ctx, m.blk);
+    dt_release(&ctx, m.units);
+    dt_arena_free(arena);
+    dt_params_free(&ctx, &m.ps);
+    dt_gpt_data_close(&ctx, &data);
+    dt_layout_free(lay);
+    dt_comm_free(world);
+    dt_ctx_shutdown(&ctx);
+    return 0;
+}
