@@ -26,6 +26,8 @@
                       dt_tp_column_linear_fwd/_bwd, dt_tp_row_linear_fwd/_bwd,
                       dt_tp_embedding_fwd/_bwd, dt_tp_xent_fwd/_bwd
        pipeline       dt_pp_schedule_create / _free / _simulate / _format
+       pp runtime     dt_pp_run (one step of a schedule on this rank's stage, through the model's
+                      callbacks), dt_pp_split (layers over virtual stages)
        timeline       dt_trace_create / _free / _begin / _end / _attach / _write / _overlap
 
    The licence (MIT) is at the end of this file.
@@ -505,6 +507,121 @@ DT_API dt_status dt_pp_schedule_simulate(dt_pp_schedule *s, dt_pp_stats *out, co
    "--" continues the op before it, "." is idle; with chunks > 1 a letter names the chunk
    ("F3a" chunk 0, "F3b" chunk 1). Sends and receives take no slot. */
 DT_API dt_status dt_pp_schedule_format(dt_pp_schedule *s, dt_strbuf *out, const dt_pp_sim_desc *desc);
+
+/* ---------------------------------------------------------------- pipeline runtime
+
+   dt_pp_run executes this rank's list of a dt_pp_schedule (stage l->pp_rank) for one training
+   step, calling the model through dt_pp_model's callbacks and exchanging activations and their
+   gradients with the neighbouring stages over l->pp_comm (dt_comm_isend / dt_comm_irecv).
+   Every rank of a pp group calls it with the same schedule and model shapes; each dp x tp
+   replica runs its own pipeline.
+
+   How the list is executed:
+     RECV_ACT / RECV_GRAD  posted (irecv) where the schedule places them, recv_ahead messages
+                           ahead of the compute that consumes them, into a buffer of the pool;
+                           never waited there
+     F, B, BI, BW          the receive it needs is waited just before it, then the callback runs
+                           (a trace span named "F", "B", "BI" or "BW" around it)
+     SEND_ACT / SEND_GRAD  an isend of the buffer the compute just wrote; the send is tested
+                           after each later compute and its buffer goes back to the pool once
+                           done; whatever is left is waited at the end of the step
+   so a stage computes while its messages travel. With one stage (p = 1) a chunk's output is
+   the next chunk's input in memory and nothing is sent.
+
+   Buffers and their lifetimes (what the callbacks may rely on):
+     in   (forward's input, the activation received): valid from F(c, i) until the last backward
+          pass of (c, i) (B, or BW) has returned: a model may keep the pointer instead of a copy
+          (a linear's saved input). NULL on the first virtual stage (the model reads its own data).
+     out  (forward's output): written by the forward (shape model->act / acts), sent after it
+          returns; not valid after the call. NULL on the last virtual stage (the model computes
+          its loss there and seeds its own backward).
+     dout (the gradient received for the output): valid from B / BI (c, i) until the last
+          backward pass of (c, i) has returned (BW needs it for the weight gradient). NULL on the
+          last virtual stage.
+     din  (the input gradient the backward writes): zeroed before the call, gradients ACCUMULATE
+          into it as everywhere in dt; NULL on the first virtual stage and for part WEIGHT.
+   A buffer goes back to the pool (is reused, not freed) as soon as its lifetime ends, so the
+   activations a stage holds follow the schedule's bound; the pool is freed when the run returns.
+   The model's own saved tensors (pre-activations, ...) are the model's to free: at B, or at BW
+   under the zero-bubble split.
+
+   Backward parts: DT_PP_B runs part FULL, the zero-bubble schedule BI (part INPUT: din only,
+   e.g. dt_linear_bwd with dw and dbias NULL) and later BW (part WEIGHT: dw and dbias only, e.g.
+   dt_linear_bwd with dx NULL), which is what makes dt_tensor.h's separate input and weight
+   gradients a schedule's unit.
+
+   Gradient sync placement: model->grads_done(user, c) is called once the last backward pass of
+   chunk c on this stage has run and the messages the schedule places right after it are posted
+   (its gradient is on the wire to the stage before), so the chunk's units may start
+   their gradient sync there (dt_zero_grad_ready: the DP all-reduce of ZeRO-0 buckets, the
+   reduce-scatter of stages 2-3) while the other stages are still in their cooldown; call
+   dt_zero_step after dt_pp_run. With ZeRO, use one dt_zero per stage (its parameters only;
+   clipping sums the norm over l->pp_comm by itself) with opt.accum_steps = 1: the pipeline's
+   micro-batches are one step's backward, and the model scales each micro-batch's loss by 1 / m.
+
+   Errors: arguments (NULL callbacks, a schedule whose stages differ from l->pp, a bad activation
+   shape) are named before anything is sent, identically on every rank. An error inside a run (a
+   callback's status, a comm error) is returned with the action named; the other stages then see
+   their receives time out (the comm's timeout), and this rank's posted receives keep their
+   buffers (they are not freed while MPI may still write into them): treat the pipeline as broken. */
+
+typedef enum dt_pp_part {
+    DT_PP_PART_DEFAULT = 0, /* = DT_PP_PART_FULL */
+    DT_PP_PART_FULL,        /* B: the input gradient into din and the weight gradients */
+    DT_PP_PART_INPUT,       /* BI: the input gradient into din only */
+    DT_PP_PART_WEIGHT,      /* BW: the weight gradients only (din is NULL) */
+    DT_PP_PART_COUNT
+} dt_pp_part;
+
+/* The model as the runtime sees it: a chunk c on stage s is virtual stage k = c * p + s of p * v;
+   every callback returns a status (0 = ok; set the ctx error as dt does). */
+typedef struct dt_pp_model {
+    void *user;
+    /* Forward of (chunk, micro): out = chunk(in). */
+    dt_status (*forward)(void *user, int chunk, int micro, dt_tensor *out, const dt_tensor *in);
+    /* Backward of (chunk, micro): din += d(loss)/d(in) from dout, and/or the weight gradients. */
+    dt_status (*backward)(void *user, int chunk, int micro, dt_tensor *din, const dt_tensor *dout, dt_pp_part part);
+    /* Optional (NULL = none): chunk's last backward pass of the step on this stage has run. */
+    dt_status (*grads_done)(void *user, int chunk);
+    dt_tensor_desc act;         /* the activation every virtual stage sends the next (and its gradient);
+                                   dtype DEFAULT = f32, device DEFAULT = the ctx's */
+    const dt_tensor_desc *acts; /* NULL = act everywhere; else acts[k] is what virtual stage k sends
+                                   k + 1, k = 0 .. p v - 2 (the same array on every stage) */
+} dt_pp_model;
+
+typedef struct dt_pp_run_desc {
+    struct dt_trace *trace; /* a dt_trace (the timeline, below) or NULL = none: every compute (a
+                               span) and every send / recv (pp_comm is attached) of the run is
+                               recorded, and busy / first / last of the stats come from it */
+} dt_pp_run_desc;
+
+/* What a run did on this rank (its stage). */
+typedef struct dt_pp_run_stats {
+    int stage;
+    int peak;                 /* most chunk-micro-batches in flight (F run, its B or BW not yet) */
+    int bound;                /* the schedule's bound for this stage: peak <= bound */
+    size_t peak_buffer_bytes; /* most bytes of the runtime's activation and gradient buffers in use */
+    size_t peak_ctx_bytes;    /* most ctx->bytes_in_use above its value at the start, seen after each
+                                 action: the model's saved activations (allocated through the ctx)
+                                 plus the runtime's buffers */
+    int64_t messages;         /* sends and receives */
+    double bytes_sent;
+    double seconds;           /* wall time of the run */
+    double compute_seconds;   /* inside the callbacks */
+    double wait_seconds;      /* waiting for receives and, at the end, sends */
+    double busy, first, last; /* from the trace (0 without one): the union of this run's compute
+                                 spans, and the start of the first / end of the last (dt_comm_now
+                                 seconds: comparable between the ranks of one host) */
+} dt_pp_run_stats;
+
+/* One step of this rank's stage; out may be NULL, desc may be NULL (defaults). Collective over
+   l->pp_comm (point to point with the neighbours). */
+DT_API dt_status dt_pp_run(dt_layout *l, dt_pp_run_stats *out, const dt_pp_schedule *s, const dt_pp_model *m,
+                           const dt_pp_run_desc *desc);
+/* Splits n_layers layers over n_parts consecutive parts (the virtual stages, p * v), as evenly as
+   they go: part k holds layers [first[k], first[k+1]) (first has n_parts + 1 entries), the first
+   n_layers % n_parts parts one layer more. Fewer layers than parts is DT_ERR_ARG naming both. */
+DT_API dt_status dt_pp_split(dt_ctx *ctx, int *first, int n_layers, int n_parts);
 
 /* ---------------------------------------------------------------- timeline
 
@@ -3243,6 +3360,398 @@ DT_API dt_status dt_trace_write(dt_trace *t, const char *path) {
     dt_release(t->ctx, counts);
     for (k = 0; k < t->n_comms; k++) dt_comm_set_observer(t->comms[k], dt__pl_trace_observe, t);
     return st;
+}
+
+/* ---------------------------------------------------------------- pipeline runtime (impl)
+
+   After the timeline's implementation (not right after the schedules'): the run reads this
+   run's compute spans out of struct dt_trace, which is only defined there.
+
+   State of a run: per (chunk, micro) the received activation (in) and gradient (dout), each a
+   pool buffer plus the request that fills it; a list of sends in flight; the pool itself (one
+   entry per buffer ever made, reused when a buffer of the same numel and dtype is free). */
+
+typedef struct dt__pp_buf {
+    dt_tensor t;
+    int used;
+} dt__pp_buf;
+
+typedef struct dt__pp_slot {
+    int buf;             /* pool index, -1 = none */
+    dt_comm_req *req;    /* the irecv filling it, NULL once waited (or for an in-memory handover) */
+} dt__pp_slot;
+
+typedef struct dt__pp_send {
+    int buf;
+    dt_comm_req *req;
+} dt__pp_send;
+
+typedef struct dt__pp_rt {
+    dt_layout *l;
+    dt_ctx *ctx;
+    const dt_pp_schedule *s;
+    const dt_pp_model *m;
+    dt_trace *trace;
+    int p, v, M, V, st;
+    dt_tensor_desc *acts;   /* V - 1 boundaries, resolved (dtype, device, ndim) */
+    dt__pp_buf **pool;      /* one allocation each: a callback may keep a pointer to a buffer's
+                               dt_tensor while the pool grows */
+    int64_t n_pool, cap_pool;
+    dt__pp_slot *in, *dout; /* [chunk * M + micro] */
+    dt__pp_send *sends;
+    int n_sends;
+    int *last_bwd;          /* per chunk: index of its last backward pass in the list */
+    size_t held, base_ctx;
+    dt_pp_run_stats *out;
+} dt__pp_rt;
+
+static dt_status dt__pp_buf_get(dt__pp_rt *r, int k, int zero, int *idx) {
+    const dt_tensor_desc *d = &r->acts[k];
+    int64_t numel = dt_shape_numel(d->ndim, d->shape), i;
+    dt__pp_buf *b = NULL;
+    for (i = 0; i < r->n_pool; i++) {
+        b = r->pool[i];
+        if (!b->used && b->t.numel == numel && b->t.dtype == d->dtype && b->t.device == d->device) break;
+    }
+    if (i == r->n_pool) {
+        dt_status st;
+        DT__PL_TRY(dt_grow(r->ctx, (void **)&r->pool, &r->cap_pool, r->n_pool + 1, sizeof(dt__pp_buf *), "dt_pp_run"));
+        b = (dt__pp_buf *)dt_alloc(r->ctx, sizeof *b);
+        if (!b) return DT_ERR_OOM;
+        memset(b, 0, sizeof *b);
+        st = dt_tensor_create(r->ctx, &b->t, d); /* zero-filled */
+        if (st) {
+            dt_release(r->ctx, b);
+            return st;
+        }
+        r->pool[r->n_pool++] = b;
+    } else {
+        int j;
+        b->t.ndim = d->ndim; /* the same elements under this boundary's shape */
+        for (j = 0; j < DT_MAX_DIMS; j++) b->t.shape[j] = j < d->ndim ? d->shape[j] : 0;
+        if (zero) DT__PL_TRY(dt_tensor_fill(r->ctx, &b->t, 0.0));
+    }
+    b->used = 1;
+    r->held += dt_tensor_bytes(&b->t);
+    if (r->held > r->out->peak_buffer_bytes) r->out->peak_buffer_bytes = r->held;
+    *idx = (int)i;
+    return DT_OK;
+}
+
+static void dt__pp_buf_put(dt__pp_rt *r, int *idx) {
+    if (*idx < 0) return;
+    r->pool[*idx]->used = 0;
+    r->held -= dt_tensor_bytes(&r->pool[*idx]->t);
+    *idx = -1;
+}
+
+/* Messages are tagged by (activation or gradient, the sending virtual stage, micro) while that
+   fits dt_comm's 15-bit tags; beyond, by stream only (a stream's messages are sent and received
+   in the same order, and MPI does not overtake within a tag). */
+static int dt__pp_tag(const dt__pp_rt *r, int grad, int k_from, int micro) {
+    int stream = grad * r->V + k_from;
+    return (int64_t)2 * r->V * r->M <= 32768 ? stream * r->M + micro : stream % 32768;
+}
+
+static dt_status dt__pp_wait(dt__pp_rt *r, dt_comm_req **req) {
+    double t0;
+    dt_status st;
+    if (!*req) return DT_OK;
+    t0 = dt_comm_now();
+    st = dt_comm_wait(*req);
+    *req = NULL;
+    r->out->wait_seconds += dt_comm_now() - t0;
+    return st;
+}
+
+/* Gives back the buffers of the sends that are done (every send ends with one wait). */
+static dt_status dt__pp_reap(dt__pp_rt *r, int all) {
+    int i, w = 0;
+    dt_status st = DT_OK;
+    for (i = 0; i < r->n_sends; i++) {
+        dt__pp_send *x = &r->sends[i];
+        int done = all;
+        if (!st && !all) st = dt_comm_test(x->req, &done);
+        if (!st && done) {
+            st = dt__pp_wait(r, &x->req);
+            dt__pp_buf_put(r, &x->buf);
+            continue;
+        }
+        r->sends[w++] = *x;
+    }
+    r->n_sends = w;
+    return st;
+}
+
+static void dt__pp_note_ctx(dt__pp_rt *r) {
+    size_t now = r->ctx->bytes_in_use;
+    if (now > r->base_ctx && now - r->base_ctx > r->out->peak_ctx_bytes) r->out->peak_ctx_bytes = now - r->base_ctx;
+}
+
+/* Runs one compute action of the list. */
+static dt_status dt__pp_compute(dt__pp_rt *r, const dt_pp_action *a, int *produced, int *in_flight) {
+    int c = a->chunk, i = a->micro, k = c * r->p + r->st, first = k == 0, last = k == r->V - 1;
+    dt__pp_slot *in = &r->in[c * r->M + i], *dout = &r->dout[c * r->M + i];
+    dt_pp_part part = a->op == DT_PP_BI ? DT_PP_PART_INPUT : a->op == DT_PP_BW ? DT_PP_PART_WEIGHT : DT_PP_PART_FULL;
+    dt_status st;
+    double t0;
+    *produced = -1;
+    if (a->op == DT_PP_F) {
+        if (!first) {
+            if (in->buf < 0) return DT_ERR_STATE; /* the simulator's order check rules this out */
+            DT__PL_TRY(dt__pp_wait(r, &in->req));
+        }
+        if (!last) DT__PL_TRY(dt__pp_buf_get(r, k, 0, produced));
+        dt_trace_begin(r->trace, dt_pp_op_name(a->op));
+        t0 = dt_comm_now();
+        st = r->m->forward(r->m->user, c, i, last ? NULL : &r->pool[*produced]->t, first ? NULL : &r->pool[in->buf]->t);
+        r->out->compute_seconds += dt_comm_now() - t0;
+        dt_trace_end(r->trace);
+        if (st) return st;
+        if (++*in_flight > r->out->peak) r->out->peak = *in_flight;
+        return DT_OK;
+    }
+    if (!last && part != DT_PP_PART_WEIGHT) {
+        if (dout->buf < 0) return DT_ERR_STATE;
+        DT__PL_TRY(dt__pp_wait(r, &dout->req));
+    }
+    if (!first && part != DT_PP_PART_WEIGHT) DT__PL_TRY(dt__pp_buf_get(r, k - 1, 1, produced));
+    dt_trace_begin(r->trace, dt_pp_op_name(a->op));
+    t0 = dt_comm_now();
+    st = r->m->backward(r->m->user, c, i, *produced >= 0 ? &r->pool[*produced]->t : NULL,
+                        last ? NULL : &r->pool[dout->buf]->t, part);
+    r->out->compute_seconds += dt_comm_now() - t0;
+    dt_trace_end(r->trace);
+    if (st) return st;
+    if (part != DT_PP_PART_INPUT) { /* the micro-batch's last pass on this chunk: its buffers go back */
+        dt__pp_buf_put(r, &in->buf);
+        dt__pp_buf_put(r, &dout->buf);
+        --*in_flight;
+    }
+    return DT_OK;
+}
+
+/* Hands a produced buffer to its consumer: the next chunk in memory (p = 1), or a send. */
+static dt_status dt__pp_handover(dt__pp_rt *r, const dt_pp_action *a, int *produced) {
+    int c = a->chunk, i = a->micro, grad = a->op != DT_PP_F && a->op != DT_PP_SEND_ACT;
+    dt__pp_slot *to;
+    if (*produced < 0) return DT_OK;
+    if (r->p == 1) {
+        to = grad ? &r->dout[(c - 1) * r->M + i] : &r->in[(c + 1) * r->M + i];
+        to->buf = *produced;
+        to->req = NULL;
+        *produced = -1;
+    }
+    return DT_OK;
+}
+
+static dt_status dt__pp_post_send(dt__pp_rt *r, const dt_pp_action *a, int *produced) {
+    int k = a->chunk * r->p + r->st, grad = a->op == DT_PP_SEND_GRAD;
+    dt__pp_send *x;
+    if (*produced < 0) return DT_ERR_STATE; /* a send without the compute before it: ruled out by the simulator */
+    x = &r->sends[r->n_sends];
+    x->buf = *produced;
+    *produced = -1;
+    DT__PL_TRY(dt_comm_isend(r->l->pp_comm, &r->pool[x->buf]->t, a->peer, dt__pp_tag(r, grad, k, a->micro), &x->req));
+    r->n_sends++;
+    r->out->messages++;
+    r->out->bytes_sent += (double)dt_tensor_bytes(&r->pool[x->buf]->t);
+    return DT_OK;
+}
+
+static dt_status dt__pp_post_recv(dt__pp_rt *r, const dt_pp_action *a) {
+    int c = a->chunk, i = a->micro, k = c * r->p + r->st, grad = a->op == DT_PP_RECV_GRAD;
+    dt__pp_slot *x = grad ? &r->dout[c * r->M + i] : &r->in[c * r->M + i];
+    if (x->buf >= 0) return DT_ERR_STATE;
+    DT__PL_TRY(dt__pp_buf_get(r, grad ? k : k - 1, 0, &x->buf));
+    r->out->messages++;
+    return dt_comm_irecv(r->l->pp_comm, &r->pool[x->buf]->t, a->peer, dt__pp_tag(r, grad, grad ? k + 1 : k - 1, i),
+                         &x->req);
+}
+
+static dt_status dt__pp_check(dt_layout *l, const dt_pp_schedule *s, const dt_pp_model *m, dt_tensor_desc *acts) {
+    static const char fn[] = "dt_pp_run";
+    dt_ctx *ctx = l->ctx;
+    int k, j, V;
+    if (!s) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: s (the schedule) is NULL", fn);
+    if (!m) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: m (the model) is NULL", fn);
+    if (!m->forward || !m->backward)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: m->%s is NULL, expected the model's callback", fn,
+                                m->forward ? "backward" : "forward");
+    if (s->stages != l->pp)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: the schedule has %d stages but the layout's pp is %d: expected "
+                                "one stage per pp rank", fn, s->stages, l->pp);
+    if (s->ctx != ctx)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: the schedule was made with another ctx than the layout's", fn);
+    V = s->stages * s->chunks;
+    for (k = 0; k + 1 < V; k++) {
+        dt_tensor_desc d = m->acts ? m->acts[k] : m->act;
+        int64_t n;
+        if (d.dtype == DT_DTYPE_DEFAULT) d.dtype = DT_F32;
+        if (d.device == DT_DEVICE_DEFAULT) d.device = ctx->device == DT_DEVICE_DEFAULT ? DT_CPU : ctx->device;
+        if ((int)d.dtype < 0 || d.dtype >= DT_DTYPE_COUNT || (int)d.device < 0 || d.device >= DT_DEVICE_COUNT ||
+            d.ndim < 0 || d.ndim > DT_MAX_DIMS)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: m->%s%s dtype %d, device %d, ndim %d: expected a dt_dtype, a "
+                                    "dt_device and ndim 0 .. %d", fn, m->acts ? "acts[" : "act", m->acts ? "]" : "",
+                                    (int)d.dtype, (int)d.device, d.ndim, DT_MAX_DIMS);
+        if (d.ndim == 0)
+            while (d.ndim < DT_MAX_DIMS && d.shape[d.ndim] != 0) d.ndim++;
+        n = dt_shape_numel(d.ndim, d.shape);
+        if (n < 0)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: the activation virtual stage %d sends (m->%s) has shape "
+                                    "[%lld, %lld, ...] (%d dims): expected dims >= 0 whose product fits int64", fn, k,
+                                    m->acts ? "acts[k]" : "act", (long long)d.shape[0], (long long)d.shape[1], d.ndim);
+        for (j = d.ndim; j < DT_MAX_DIMS; j++) d.shape[j] = 0;
+        acts[k] = d;
+    }
+    return DT_OK;
+}
+
+/* The union of the compute spans recorded since event `from`: busy time, first start, last end. */
+static void dt__pp_trace_busy(const dt_trace *t, int64_t from, dt_pp_run_stats *o) {
+    double a = 0, b = 0, busy = 0;
+    int64_t i;
+    int any = 0;
+    /* the spans of one rank's compute track start in order (nested ones inside their parent),
+       so one sweep merges them */
+    for (i = from; i < t->n; i++) {
+        const dt__pl_event *e = &t->ev[i];
+        if (e->tid != 0 || e->t1 < e->t0) continue;
+        if (!any) {
+            o->first = e->t0;
+            a = e->t0, b = e->t1, any = 1;
+        } else if (e->t0 <= b) {
+            if (e->t1 > b) b = e->t1;
+        } else {
+            busy += b - a;
+            a = e->t0, b = e->t1;
+        }
+        if (e->t1 > o->last) o->last = e->t1;
+    }
+    if (any) busy += b - a;
+    o->busy = busy;
+}
+
+static dt_status dt__pp_execute(dt__pp_rt *r) {
+    const dt_pp_action *list = r->s->actions[r->st];
+    int n = r->s->count[r->st], j, produced = -1, in_flight = 0, hook = -1;
+    dt_status st = DT_OK;
+    for (j = 0; j < n && !st; j++) {
+        const dt_pp_action *a = &list[j];
+        dt_ctx_clear_error(r->ctx); /* so a bare status below is not blamed on an old message */
+        switch (a->op) {
+        case DT_PP_F: case DT_PP_B: case DT_PP_BI: case DT_PP_BW:
+            if (hook >= 0 && r->m->grads_done) st = r->m->grads_done(r->m->user, hook);
+            hook = -1;
+            if (st) break;
+            if (produced >= 0) dt__pp_buf_put(r, &produced); /* a last virtual stage's (never happens) */
+            st = dt__pp_compute(r, a, &produced, &in_flight);
+            if (!st) st = dt__pp_handover(r, a, &produced);
+            if (!st && j == r->last_bwd[a->chunk]) hook = a->chunk;
+            if (!st) st = dt__pp_reap(r, 0);
+            break;
+        case DT_PP_SEND_ACT: case DT_PP_SEND_GRAD: st = dt__pp_post_send(r, a, &produced); break;
+        case DT_PP_RECV_ACT: case DT_PP_RECV_GRAD: st = dt__pp_post_recv(r, a); break;
+        default: st = DT_ERR_STATE; break;
+        }
+        dt__pp_note_ctx(r);
+        if (st) {
+            char why[DT_ERROR_MAX];
+            memcpy(why, r->ctx->last_error, sizeof why);
+            why[sizeof why - 1] = '\0';
+            if (st == DT_ERR_STATE && !why[0])
+                snprintf(why, sizeof why, "the list is out of order (run dt_pp_schedule_simulate on it)");
+            return dt_ctx_set_error(r->ctx, st, "dt_pp_run: stage %d, action %d (%s chunk %d micro %d): %.400s", r->st,
+                                    j, dt_pp_op_name(a->op), a->chunk, a->micro, why);
+        }
+    }
+    if (hook >= 0 && r->m->grads_done) st = r->m->grads_done(r->m->user, hook);
+    if (!st) st = dt__pp_reap(r, 1);
+    return st;
+}
+
+DT_API dt_status dt_pp_run(dt_layout *l, dt_pp_run_stats *out, const dt_pp_schedule *s, const dt_pp_model *m,
+                           const dt_pp_run_desc *desc) {
+    dt__pp_rt r;
+    dt_pp_run_stats mine;
+    dt_ctx *ctx;
+    int64_t from = 0, k, cm = 0;
+    int j, pending = 0;
+    double t0 = dt_comm_now();
+    dt_status st;
+    if (!l) return DT_ERR_ARG;
+    ctx = l->ctx;
+    memset(&r, 0, sizeof r);
+    memset(&mine, 0, sizeof mine);
+    r.out = out ? out : &mine;
+    memset(r.out, 0, sizeof *r.out);
+    r.l = l, r.ctx = ctx, r.s = s, r.m = m, r.trace = desc ? desc->trace : NULL;
+    r.st = l->pp_rank;
+    r.out->stage = r.st;
+    if (s && m && s->stages >= 1) {
+        r.acts = (dt_tensor_desc *)dt__pl_alloc_n(ctx, (int64_t)s->stages * s->chunks, sizeof(dt_tensor_desc),
+                                                  "dt_pp_run", "activation shapes");
+        if (!r.acts) return DT_ERR_OOM;
+    }
+    st = dt__pp_check(l, s, m, r.acts);
+    if (st) {
+        dt_release(ctx, r.acts);
+        return st;
+    }
+    r.p = s->stages, r.v = s->chunks, r.M = s->micro, r.V = r.p * r.v;
+    r.out->bound = s->bound[r.st];
+    cm = (int64_t)r.v * r.M;
+    r.in = (dt__pp_slot *)dt__pl_alloc_n(ctx, 2 * cm, sizeof(dt__pp_slot), "dt_pp_run", "slots");
+    r.sends = (dt__pp_send *)dt__pl_alloc_n(ctx, 2 * cm, sizeof(dt__pp_send), "dt_pp_run", "sends");
+    r.last_bwd = (int *)dt__pl_alloc_n(ctx, r.v, sizeof(int), "dt_pp_run", "chunks");
+    st = r.in && r.sends && r.last_bwd ? DT_OK : DT_ERR_OOM;
+    if (!st) {
+        r.dout = r.in + cm;
+        for (k = 0; k < 2 * cm; k++) r.in[k].buf = -1, r.in[k].req = NULL;
+        for (j = 0; j < r.v; j++) r.last_bwd[j] = -1;
+        for (j = 0; j < s->count[r.st]; j++) {
+            dt_pp_op op = s->actions[r.st][j].op;
+            if (op == DT_PP_B || op == DT_PP_BI || op == DT_PP_BW) r.last_bwd[s->actions[r.st][j].chunk] = j;
+        }
+        if (r.trace) {
+            st = dt_trace_attach(r.trace, l->pp_comm);
+            from = r.trace->n;
+        }
+    }
+    r.base_ctx = ctx->bytes_in_use;
+    if (!st) st = dt__pp_execute(&r);
+    for (k = 0; r.in && k < 2 * cm; k++)
+        if (r.in[k].req) pending = 1;
+    for (j = 0; r.sends && j < r.n_sends; j++)
+        if (r.sends[j].req) pending = 1;
+    if (!pending) {
+        for (j = 0; j < r.n_pool; j++) {
+            dt_tensor_free(ctx, &r.pool[j]->t);
+            dt_release(ctx, r.pool[j]);
+        }
+        dt_release(ctx, r.pool);
+        dt_release(ctx, r.in);
+        dt_release(ctx, r.sends);
+    } /* else (a failed run): MPI may still write into the buffers (see the header) */
+    dt_release(ctx, r.last_bwd);
+    dt_release(ctx, r.acts);
+    if (r.trace) dt__pp_trace_busy(r.trace, from, r.out);
+    r.out->seconds = dt_comm_now() - t0;
+    return st;
+}
+
+DT_API dt_status dt_pp_split(dt_ctx *ctx, int *first, int n_layers, int n_parts) {
+    int k, extra;
+    if (!ctx) return DT_ERR_ARG;
+    if (!first) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_pp_split: first is NULL");
+    if (n_parts < 1) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_pp_split: n_parts = %d, expected >= 1", n_parts);
+    if (n_layers < n_parts)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_pp_split: n_layers = %d is fewer than n_parts = %d (stages x "
+                                "chunks): expected at least one layer per virtual stage", n_layers, n_parts);
+    extra = n_layers % n_parts;
+    first[0] = 0;
+    for (k = 0; k < n_parts; k++) first[k + 1] = first[k] + n_layers / n_parts + (k < extra ? 1 : 0);
+    return DT_OK;
 }
 
 #ifdef __cplusplus

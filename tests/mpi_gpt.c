@@ -273,7 +273,7 @@ static void bad_input(void) {
     named_error("gpt_tp_not_dividing_heads_named", 2, "--tp 2 --heads 3 --width 48", "does not divide --heads 3");
     named_error("gpt_tp_not_dividing_padded_vocab_named", 3, "--tp 3 --heads 3 --width 48", "does not divide the padded vocab 256");
     named_error("gpt_batch_not_dividing_dp_named", 2, "--batch 3", "--batch 3 is not a multiple of dp x micro");
-    named_error("gpt_pp_not_yet_named", 2, "--pp 2", "--pp 2: pipeline parallelism is not available yet");
+    named_error("gpt_pp_with_zero3_named", 2, "--pp 2 --zero 3", "--zero 3 with --pp 2: the pipeline takes ZeRO 0 or 1");
     snprintf(path, sizeof path, "%s/bad_magic.bin", tmp);
     write_shard(path, 12345, 1, 100, 100, 1);
     snprintf(flags, sizeof flags, "--shards %s", path);

@@ -1,8 +1,10 @@
-/* examples/gpt/gpt.c - a GPT-2 trained with data x tensor parallelism (Megatron layers, sequence
-   parallel, ZeRO 0-3) on MPI ranks, in fp32 or bf16 / f16 with master weights.
+/* examples/gpt/gpt.c - a GPT-2 trained with data x tensor x pipeline parallelism (Megatron layers,
+   sequence parallel, ZeRO 0-3, GPipe / 1F1B / interleaved / zero-bubble pipeline schedules) on MPI
+   ranks, in fp32 or bf16 / f16 with master weights.
 
    run:   build/examples/gpt                                  (text of the GPL, bytes, vocab 256)
           mpirun -np 4 build/examples/gpt --tp 2 --zero 1     (the same final loss, within 1e-5)
+          mpirun -np 4 build/examples/gpt --pp 4 --schedule 1f1b --micro 4      (the same again)
    flags: build/examples/gpt --help lists every one.
    last line: "final: loss L" (L, %.9g: the training loss of the last step, the mean over its
    global batch), so runs under different layouts can be compared.
@@ -29,7 +31,23 @@
    is samples [s B, (s+1) B); dp rank d reads its block (dt_layout_batch_range), micro-batch m of
    --micro M the m-th part of it: the global batch, and so the loss, depend on neither.
    Units of the arena (what ZeRO-3 gathers): 0 = wte, wpe, ln_f; 1 + l = block l.
-   Checkpoints (--ckpt DIR) through dt_zero_checkpoint_*: dt_opt.h's resharding directories. */
+   Checkpoints (--ckpt DIR) through dt_zero_checkpoint_*: dt_opt.h's resharding directories.
+   Pipeline (--pp P, dt_parallel.h's runtime): the blocks are split over the P x v virtual stages
+   (v = 2 for --schedule interleaved, else 1) by dt_pp_split (uneven counts allowed, printed):
+   the embedding (wte, wpe) lives on the first, ln_f, the head and the loss on the last. Each
+   stage registers only its own parameters (same names, same values: the init is a function of
+   the name), so a checkpoint saved at pp 2 holds every tensor once and resumes at pp 1. The
+   head is tied to wte as at pp 1, Megatron's way: the last stage gets stage 0's wte values
+   before each step (a comm of its own, the "embedding group") and sends its head gradient back
+   after its last backward, which stage 0 adds to wte's gradient before that unit's sync; the
+   optimizer and the gradient norm see wte once, on stage 0. --micro M is the schedule's m; a
+   micro-batch is the same sequences at any pp, so the loss does not depend on pp either. The
+   units' gradient sync (ZeRO-0 buckets) starts from the runtime's grads_done hook, as each stage
+   finishes its last backward. Under --schedule zb the input-gradient pass (BI) runs the whole
+   block backward and the weight pass (BW) only frees the micro-batch: the order and memory are
+   ZB-H1's, the split of the tp layers' backward is not done here (tests/mpi_pp_runtime shows the
+   split on dt_linear_bwd). --pp > 1 takes ZeRO 0 or 1 (stages 2-3 would free the grad buffer
+   the head's gradient is added to) and no --sample. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, glob, mkdir */
 #define DT_IMPLEMENTATION
 #include "../../dt_tensor.h"
@@ -84,6 +102,8 @@ typedef struct opts {
     int64_t steps, batch, seq, sample, stop_at;
     uint64_t seed;
     int layers, heads, width, tp, pp, zero, micro, sp, print_every, ckpt_every, resume, quiet;
+    dt_pp_kind schedule;  /* --schedule (pp > 1) */
+    int chunks;           /* model chunks per stage: 2 for interleaved, else 1 */
     int recompute;        /* 0 none, 1 full, 2 selective */
     dt_dtype dtype;
     double lr, min_lr_frac, wd;
@@ -92,7 +112,7 @@ typedef struct opts {
 } opts;
 
 static const char *HELP =
-    "gpt: a GPT-2 trained with data x tensor parallelism on MPI ranks (mpirun -np N build/examples/gpt ...)\n"
+    "gpt: a GPT-2 trained with data x tensor x pipeline parallelism on MPI ranks (mpirun -np N build/examples/gpt ...)\n"
     "  --steps N         training steps (200)\n"
     "  --seed N          the seed of the weights and of the data windows (1)\n"
     "  --batch B         global batch, sequences per step (8); a multiple of dp x micro\n"
@@ -104,10 +124,12 @@ static const char *HELP =
     "  --warmup N        linear warmup steps, then cosine decay to lr/10 at --steps (10)\n"
     "  --wd WD           AdamW weight decay of the matrices (0.1; biases, norms: none)\n"
     "  --tp N            tensor-parallel ranks (1); dp = world / (tp x pp)\n"
-    "  --pp N            pipeline stages: only 1 until the pipeline lands\n"
+    "  --pp N            pipeline stages (1); the blocks split over them, embedding first, head and loss last\n"
+    "  --schedule S      pipeline schedule: gpipe, 1f1b, interleaved (2 chunks per stage) or zb (ZB-H1) (1f1b)\n"
     "  --zero N          0 DDP, 1-3 ZeRO stage (0)\n"
     "  --sp 0|1          sequence parallel over the tp group (0)\n"
-    "  --micro N         micro-batches per step, gradient accumulation (1)\n"
+    "  --micro N         micro-batches per step (1): gradient accumulation, and the pipeline's m; the loss\n"
+    "                    does not depend on it\n"
     "  --recompute none|full|selective   activation recompute (none)\n"
     "  --dtype f32|bf16|f16   parameter dtype; f32 masters inside the optimizer (f32)\n"
     "  --data FILE       a text file, read as bytes (vocab 256); default /usr/share/common-licenses/GPL-3,\n"
@@ -158,7 +180,7 @@ static void parse(opts *o, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     o->steps = 200; o->batch = 8; o->seq = 64; o->seed = 1; o->layers = 4; o->heads = 4; o->width = 128;
     o->lr = 1e-3; o->warmup = 10; o->wd = 0.1; o->min_lr_frac = 0.1; o->tp = 1; o->pp = 1; o->micro = 1;
-    o->print_every = 10; o->dtype = DT_F32;
+    o->print_every = 10; o->dtype = DT_F32; o->schedule = DT_PP_1F1B;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int takes = 1;
@@ -178,6 +200,13 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--zero")) o->zero = (int)num(a, v, 0, 3);
         else if (!strcmp(a, "--sp")) o->sp = (int)num(a, v, 0, 1);
         else if (!strcmp(a, "--micro")) o->micro = (int)num(a, v, 1, 1 << 16);
+        else if (!strcmp(a, "--schedule")) {
+            if (v && !strcmp(v, "gpipe")) o->schedule = DT_PP_GPIPE;
+            else if (v && !strcmp(v, "1f1b")) o->schedule = DT_PP_1F1B;
+            else if (v && !strcmp(v, "interleaved")) o->schedule = DT_PP_INTERLEAVED;
+            else if (v && (!strcmp(v, "zb") || !strcmp(v, "zb-h1"))) o->schedule = DT_PP_ZB_H1;
+            else usage("--schedule is gpipe, 1f1b, interleaved or zb");
+        }
         else if (!strcmp(a, "--recompute")) {
             if (v && !strcmp(v, "none")) o->recompute = 0;
             else if (v && !strcmp(v, "full")) o->recompute = 1;
@@ -206,6 +235,7 @@ static void parse(opts *o, int argc, char **argv) {
         i += takes;
     }
     if (o->data && o->shards) usage("give --data FILE or --shards PATTERN, not both");
+    o->chunks = o->schedule == DT_PP_INTERLEAVED ? 2 : 1;
     if (o->ckpt_every && !o->ckpt) usage("--ckpt-every needs --ckpt DIR");
     if (o->resume && !o->ckpt) usage("--resume needs --ckpt DIR");
     if (!o->data && !o->shards) { /* a text that ships with Debian, else with the project */
@@ -236,12 +266,22 @@ typedef struct model {
     dt_layout *lay;
     dt_zero *z;
     dt_trace *tr;
+    /* the pipeline: this stage's share (at pp 1: everything, units as before) */
+    int pp, st, v, nvs;                 /* stages, this stage, chunks per stage, virtual stages */
+    int *first;                         /* [V + 1]: blocks [first[k], first[k+1]) on virtual stage k */
+    int has_embed, has_head;            /* holds virtual stage 0 / V - 1 */
+    int eunit;                          /* unit of wte, wpe, ln_f here (-1: none) */
+    int *bunit;                         /* [L]: unit of block l here (-1: another stage's) */
+    dt_tensor wte_head, wte_head_grad;  /* last stage at pp > 1: stage 0's wte (values) and the head's grad */
 } model;
 
 static dt_param *P(model *m, int i) { return m->ps.items[i]; }
 static dt_tensor *VAL(model *m, int i) { return m->f32[i].data ? &m->f32[i] : &P(m, i)->value; }
 static dt_tensor *GRD(model *m, int i) { return &P(m, i)->grad; }
 static int BP(model *m, int l, int k) { return m->blk[l * NBP + k]; }
+/* The head's weight (wte, tied) and where its gradient goes: wte itself where this stage holds it. */
+static dt_tensor *HEADW(model *m) { return m->wte >= 0 ? VAL(m, m->wte) : &m->wte_head; }
+static dt_tensor *HEADG(model *m) { return m->wte >= 0 ? GRD(m, m->wte) : &m->wte_head_grad; }
 
 /* One parameter, [rows, cols] whole (cols 0: a vector), cut over tp as `kind`
    (dt_tp_param_desc: this rank's box of the logical tensor, which dt_tensor_init fills with
@@ -263,7 +303,7 @@ static int add_param(model *m, const opts *o, const char *name, int unit, dt_tp_
 }
 
 static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout *lay) {
-    int l, k, i;
+    int l, k, i, c, unit = 0;
     char name[64];
     int64_t C = o->width, tp = lay->tp;
     double std = 0.02, pstd = 0.02 / sqrt(2.0 * o->layers);
@@ -271,13 +311,39 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
     m->L = o->layers; m->H = o->heads; m->C = o->width; m->T = o->seq; m->V = V; m->Vp = Vp;
     m->tp = lay->tp; m->tp_rank = lay->tp_rank; m->sp = o->sp; m->lay = lay;
     m->Vl = Vp / tp; m->Cl = C / tp; m->Hl = o->heads / tp; m->Fl = 4 * C / tp;
+    m->pp = lay->pp; m->st = lay->pp_rank; m->v = lay->pp > 1 ? o->chunks : 1; m->nvs = m->pp * m->v;
     m->blk = (int *)dt_alloc(g_ctx, (size_t)m->L * NBP * sizeof(int));
-    if (!m->blk) CHECK(DT_ERR_OOM);
-    m->wte = add_param(m, o, "wte", 0, DT_TP_COLUMN, Vp, C, DT_INIT_NORMAL, std);   /* vocab-parallel rows */
-    m->wpe = add_param(m, o, "wpe", 0, DT_TP_REPLICATED, m->T, C, DT_INIT_NORMAL, std);
-    m->lnfw = add_param(m, o, "ln_f.w", 0, DT_TP_REPLICATED, C, 0, DT_INIT_CONST, 1.0);
-    m->lnfb = add_param(m, o, "ln_f.b", 0, DT_TP_REPLICATED, C, 0, DT_INIT_ZEROS, 0);
-    for (l = 0; l < m->L; l++) {
+    m->bunit = (int *)dt_alloc(g_ctx, (size_t)m->L * sizeof(int));
+    m->first = (int *)dt_alloc(g_ctx, (size_t)(m->nvs + 1) * sizeof(int));
+    if (!m->blk || !m->bunit || !m->first) CHECK(DT_ERR_OOM);
+    CHECK(dt_pp_split(g_ctx, m->first, m->L, m->nvs));
+    for (l = 0; l < m->L; l++) m->bunit[l] = -1;
+    for (i = 0; i < m->L * NBP; i++) m->blk[i] = -1;
+    m->has_embed = m->st == 0;                 /* virtual stage 0 is chunk 0 of stage 0 */
+    m->has_head = m->st == m->pp - 1;          /* virtual stage nvs - 1 is chunk v - 1 of stage p - 1 */
+    m->wte = m->wpe = m->lnfw = m->lnfb = m->eunit = -1;
+    /* registration order (so units are non-decreasing): wte, wpe, ln_f, then the blocks; at pp 1
+       exactly as before the pipeline */
+    if (m->has_embed) {
+        m->wte = add_param(m, o, "wte", 0, DT_TP_COLUMN, Vp, C, DT_INIT_NORMAL, std);   /* vocab-parallel rows */
+        m->wpe = add_param(m, o, "wpe", 0, DT_TP_REPLICATED, m->T, C, DT_INIT_NORMAL, std);
+    }
+    if (m->has_head) {
+        m->lnfw = add_param(m, o, "ln_f.w", 0, DT_TP_REPLICATED, C, 0, DT_INIT_CONST, 1.0);
+        m->lnfb = add_param(m, o, "ln_f.b", 0, DT_TP_REPLICATED, C, 0, DT_INIT_ZEROS, 0);
+    }
+    if (m->has_embed || m->has_head) m->eunit = unit++;
+    if (m->pp > 1 && (m->has_head || m->has_embed)) {
+        /* the last stage: the tied head's weight (stage 0 sends it each step) and its gradient;
+           stage 0: where that gradient arrives */
+        dt_tensor_desc d = {0};
+        d.shape[0] = m->Vl; d.shape[1] = C;
+        if (m->has_head) CHECK(dt_tensor_create(g_ctx, &m->wte_head, &d));
+        CHECK(dt_tensor_create(g_ctx, &m->wte_head_grad, &d));
+    }
+    for (c = 0; c < m->v; c++)
+        for (l = m->first[c * m->pp + m->st]; l < m->first[c * m->pp + m->st + 1]; l++, unit++) {
+        m->bunit[l] = unit;
         for (k = 0; k < NBP; k++) {
             int64_t rows = C, cols = 0;
             dt_tp_kind kind = DT_TP_REPLICATED;
@@ -294,9 +360,9 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
             case FCB: kind = DT_TP_COLUMN; rows = 4 * C; break;
             default: /* PW */ kind = DT_TP_ROW; cols = 4 * C; init = DT_INIT_NORMAL; sv = pstd; break;
             }
-            m->blk[l * NBP + k] = add_param(m, o, name, 1 + l, kind, rows, cols, init, sv);
+            m->blk[l * NBP + k] = add_param(m, o, name, unit, kind, rows, cols, init, sv);
         }
-    }
+        }
     m->f32 = (dt_tensor *)dt_alloc(g_ctx, (size_t)m->ps.count * sizeof(dt_tensor));
     if (!m->f32) CHECK(DT_ERR_OOM);
     memset(m->f32, 0, (size_t)m->ps.count * sizeof(dt_tensor));
@@ -328,6 +394,9 @@ typedef struct bacts {
     dt_tensor res1;                     /* [Nl, C] x + attention */
     dt_tensor ln2, ln2m, ln2r, ln2all;
     dt_tensor fch, gelu;                /* [N, Fl] */
+    /* the zero-bubble split (--schedule zb, sp 0, no recompute): what the input-gradient pass
+       leaves for the weight pass, the output gradient of each linear */
+    dt_tensor g_mlp, g_fch, g_attn, g_q, g_k, g_v; /* [N, C], [N, Fl], [N, C], [N, Cl] x 3 */
 } bacts;
 
 typedef struct acts {
@@ -352,7 +421,9 @@ static void mk(acts *a, dt_tensor *t, int64_t d0, int64_t d1, int64_t d2, int64_
 /* A view of the whole of t (owns 0), for the tensors blocks share. */
 static dt_tensor share(const dt_tensor *t) { dt_tensor v = *t; v.owns = 0; return v; }
 
-static void acts_make(acts *a, model *m, int64_t b, int recompute) {
+/* The activations of one micro-batch of b sequences through blocks [lo, hi) (a pipeline chunk;
+   0, L at pp 1) and the head's and embedding's tensors. */
+static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int hi) {
     int64_t N = b * m->T, Nl = m->sp ? N / m->tp : N, C = m->C;
     int l;
     memset(a, 0, sizeof *a);
@@ -363,6 +434,7 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute) {
     for (l = 0; l < m->L + (recompute ? 1 : 0); l++) {
         int own_all = recompute == 0 || (recompute == 2 && l < m->L) ;
         bacts *x = l < m->L ? &a->blk[l] : &a->shared;
+        if (l < m->L && (l < lo || l >= hi)) continue; /* another chunk's */
         if (l < m->L) mk(a, &x->in, Nl, C, 0, 0, DT_F32);
         if (!own_all && recompute == 1 && l < m->L) continue; /* full: the input only */
         mk(a, &x->ln1, Nl, C, 0, 0, DT_F32); mk(a, &x->ln1m, Nl, 0, 0, 0, DT_F32); mk(a, &x->ln1r, Nl, 0, 0, 0, DT_F32);
@@ -373,7 +445,7 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute) {
         mk(a, &x->fch, N, m->Fl, 0, 0, DT_F32);
         if (recompute != 2 || l == m->L) { mk(a, &x->att, b, m->Hl, m->T, m->T, DT_F32); mk(a, &x->gelu, N, m->Fl, 0, 0, DT_F32); }
     }
-    for (l = 0; l < m->L && recompute; l++) { /* the shared tensors, as views */
+    for (l = lo; l < hi && recompute; l++) { /* the shared tensors, as views */
         bacts *x = &a->blk[l], *s = &a->shared;
         if (recompute == 1) {
             dt_tensor in = x->in;
@@ -492,8 +564,32 @@ static dt_tensor *GT(model *m, acts *a, int l, int k, dt_tensor *tmp) {
     return GRD(m, BP(m, l, k));
 }
 
-/* dres holds d(block output); on return d(block input). */
-static void block_bwd(model *m, acts *a, bacts *x, int l, int recompute) {
+/* The weights' half of block l's backward (part 2 of block_bwd): from the output gradients the
+   input half saved, the same dt_linear_bwd / dt_bias_add_bwd calls the tp layers make (sp 0). */
+static void block_bwd_weights(model *m, bacts *x, int l) {
+    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, PW)), NULL, &x->g_mlp, &x->gelu, VAL(m, BP(m, l, PW))));
+    COMPUTE("linear bwd (weights)", dt_bias_add_bwd(g_ctx, GRD(m, BP(m, l, PB)), &x->g_mlp));
+    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, FCW)), GRD(m, BP(m, l, FCB)), &x->g_fch, &x->ln2, VAL(m, BP(m, l, FCW))));
+    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, AOW)), NULL, &x->g_attn, &x->atty, VAL(m, BP(m, l, AOW))));
+    COMPUTE("linear bwd (weights)", dt_bias_add_bwd(g_ctx, GRD(m, BP(m, l, AOB)), &x->g_attn));
+    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, QW)), GRD(m, BP(m, l, QB)), &x->g_q, &x->ln1, VAL(m, BP(m, l, QW))));
+    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, KW)), GRD(m, BP(m, l, KB)), &x->g_k, &x->ln1, VAL(m, BP(m, l, KW))));
+    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, VW)), GRD(m, BP(m, l, VB)), &x->g_v, &x->ln1, VAL(m, BP(m, l, VW))));
+}
+
+/* A copy of t kept for the weight pass (the input pass's scratch is reused by the next block). */
+static void keep(acts *a, dt_tensor *dst, const dt_tensor *t) {
+    if (!dst->data) mk(a, dst, t->shape[0], t->shape[1], t->ndim > 2 ? t->shape[2] : 0, 0, DT_F32);
+    CHECK(dt_tensor_copy(g_ctx, dst, t));
+}
+
+/* dres holds d(block output); on return d(block input). part 0: the whole backward; 1: the
+   input-gradient half only (the linears' weight gradients left for block_bwd_weights, their
+   output gradients kept in x; layernorms do both halves here: theirs are a few vectors). */
+static void block_bwd_part(model *m, acts *a, bacts *x, int l, int recompute, int part);
+static void block_bwd(model *m, acts *a, bacts *x, int l, int recompute) { block_bwd_part(m, a, x, l, recompute, 0); }
+static void block_bwd_part(model *m, acts *a, bacts *x, int l, int recompute, int part) {
+    int w = part == 0; /* the weight gradients now */
     dt_layout *lay = m->lay;
     const dt_tensor *xall = m->sp ? &x->ln1all : &x->ln1;
     dt_tensor t1, t2, atty3, datty3;
@@ -513,18 +609,21 @@ static void block_bwd(model *m, acts *a, bacts *x, int l, int recompute) {
     if (m->sp && m->tp > 1) fill0(&a->dsp);
     /* mlp */
     fill0(&a->dgelu);
-    OP("row linear bwd", dt_tp_row_linear_bwd(lay, &a->dgelu, GRD(m, BP(m, l, PW)), GT(m, a, l, PB, &t1), &a->doutbuf, &a->dres, &x->gelu,
+    if (!w) keep(a, &x->g_mlp, &a->dres);
+    OP("row linear bwd", dt_tp_row_linear_bwd(lay, &a->dgelu, w ? GRD(m, BP(m, l, PW)) : NULL, w ? GT(m, a, l, PB, &t1) : NULL, &a->doutbuf, &a->dres, &x->gelu,
                                VAL(m, BP(m, l, PW)), m->sp));
     fill0(&a->dfch);
     COMPUTE("gelu bwd", dt_gelu_bwd(g_ctx, &a->dfch, &a->dgelu, &x->fch));
     fill0(&a->dln);
-    OP("column linear bwd", dt_tp_column_linear_bwd(lay, &a->dln, GRD(m, BP(m, l, FCW)), GRD(m, BP(m, l, FCB)), &a->dxbuf, &a->dfch,
+    if (!w) keep(a, &x->g_fch, &a->dfch);
+    OP("column linear bwd", dt_tp_column_linear_bwd(lay, &a->dln, w ? GRD(m, BP(m, l, FCW)) : NULL, w ? GRD(m, BP(m, l, FCB)) : NULL, &a->dxbuf, &a->dfch,
                                   m->sp ? &x->ln2all : &x->ln2, VAL(m, BP(m, l, FCW)), m->sp));
     COMPUTE("layernorm bwd", dt_layernorm_bwd(g_ctx, &a->dres, GT(m, a, l, LN2W, &t1), GT(m, a, l, LN2B, &t2), &a->dln, &x->res1,
                            VAL(m, BP(m, l, LN2W)), &x->ln2m, &x->ln2r));
     /* attention */
     fill0(&a->datty);
-    OP("row linear bwd", dt_tp_row_linear_bwd(lay, &a->datty, GRD(m, BP(m, l, AOW)), GT(m, a, l, AOB, &t1), &a->doutbuf, &a->dres, &x->atty,
+    if (!w) keep(a, &x->g_attn, &a->dres);
+    OP("row linear bwd", dt_tp_row_linear_bwd(lay, &a->datty, w ? GRD(m, BP(m, l, AOW)) : NULL, w ? GT(m, a, l, AOB, &t1) : NULL, &a->doutbuf, &a->dres, &x->atty,
                                VAL(m, BP(m, l, AOW)), m->sp));
     fill0(&a->dqkv);
     CHECK(dt_tensor_reshape(g_ctx, &datty3, &a->datty, 3, s3));
@@ -532,9 +631,10 @@ static void block_bwd(model *m, acts *a, bacts *x, int l, int recompute) {
     { double t_ = g_profile ? now() : 0; unpack_dqkv(a, m); if (g_profile) prof_add("qkv pack / unpack", now() - t_); }
     /* q, k, v: column-parallel by hand, so that the three input grads make one sum over tp */
     fill0(&a->dall);
-    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, QW)), GRD(m, BP(m, l, QB)), &a->dq, xall, VAL(m, BP(m, l, QW))));
-    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, KW)), GRD(m, BP(m, l, KB)), &a->dk, xall, VAL(m, BP(m, l, KW))));
-    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, GRD(m, BP(m, l, VW)), GRD(m, BP(m, l, VB)), &a->dv, xall, VAL(m, BP(m, l, VW))));
+    if (!w) { keep(a, &x->g_q, &a->dq); keep(a, &x->g_k, &a->dk); keep(a, &x->g_v, &a->dv); }
+    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, w ? GRD(m, BP(m, l, QW)) : NULL, w ? GRD(m, BP(m, l, QB)) : NULL, &a->dq, xall, VAL(m, BP(m, l, QW))));
+    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, w ? GRD(m, BP(m, l, KW)) : NULL, w ? GRD(m, BP(m, l, KB)) : NULL, &a->dk, xall, VAL(m, BP(m, l, KW))));
+    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, w ? GRD(m, BP(m, l, VW)) : NULL, w ? GRD(m, BP(m, l, VB)) : NULL, &a->dv, xall, VAL(m, BP(m, l, VW))));
     if (m->sp) OP("sp scatter", dt_sp_scatter_rows(lay, &a->dln, &a->dall));
     else {
         OP("tp allreduce", dt_tp_allreduce(lay, &a->dall));
@@ -585,42 +685,22 @@ static void embed_bwd(model *m, acts *a) {
     }
 }
 
-/* The forward of a micro-batch to the logits (every unit gathered and released in turn);
-   ends with unit 0 gathered, for the head (the caller releases it). */
-static void forward_logits(model *m, acts *a) {
-    int l;
-    dt_tensor *x;
-    gather(m, 0);
-    embed_fwd(m, a);
-    release(m, 0);
-    for (l = 0; l < m->L; l++) {
-        gather(m, 1 + l);
-        block_fwd(m, a, &a->blk[l], l, l + 1 < m->L ? &a->blk[l + 1].in : &a->xL);
-        release(m, 1 + l);
-    }
-    gather(m, 0);
-    x = &a->xL;
-    COMPUTE("layernorm fwd", dt_layernorm_fwd(g_ctx, &a->lnf, &a->lnfm, &a->lnfr, x, VAL(m, m->lnfw), VAL(m, m->lnfb), 1e-5f));
-    OP("column linear fwd", dt_tp_column_linear_fwd(m->lay, &a->logits, m->sp ? &a->lnfall : NULL, &a->lnf, VAL(m, m->wte), NULL, m->sp));
+/* ln_f and the logits (vocab-parallel, the head tied to wte) from a->xL; unit eunit gathered. */
+static void head_fwd(model *m, acts *a) {
+    COMPUTE("layernorm fwd", dt_layernorm_fwd(g_ctx, &a->lnf, &a->lnfm, &a->lnfr, &a->xL, VAL(m, m->lnfw), VAL(m, m->lnfb), 1e-5f));
+    OP("column linear fwd", dt_tp_column_linear_fwd(m->lay, &a->logits, m->sp ? &a->lnfall : NULL, &a->lnf, HEADW(m), NULL, m->sp));
 }
 
-/* Forward + loss + backward of one micro-batch (ids, targets filled); returns the loss. */
-static float train_micro(model *m, acts *a, float dloss, int recompute) {
-    float loss;
-    int64_t n_valid;
-    int l, part = m->sp && m->tp > 1;
+/* From the loss (seed dloss) back through the head and ln_f: a->dres = d(last block's output). */
+static void head_bwd(model *m, acts *a, float dloss) {
+    int part = m->sp && m->tp > 1;
     dt_tensor t1, t2;
     int64_t s[1];
-    forward_logits(m, a);
-    OP("cross entropy fwd", dt_tp_xent_fwd(m->lay, &loss, &n_valid, &a->stats, &a->logits, &a->targets, (int64_t)m->tp_rank * m->Vl, m->V, -1));
-    release(m, 0);
-    CHECK(dt_zero_backward_begin(m->z));
-    gather(m, 0);
     fill0(&a->dlogits);
     OP("cross entropy bwd", dt_tp_xent_bwd(m->lay, &a->dlogits, &a->logits, &a->stats, &a->targets, (int64_t)m->tp_rank * m->Vl, m->V, -1, dloss));
     fill0(&a->dln);
-    OP("column linear bwd", dt_tp_column_linear_bwd(m->lay, &a->dln, GRD(m, m->wte), NULL, &a->dxbuf, &a->dlogits,
-                                  m->sp ? &a->lnfall : &a->lnf, VAL(m, m->wte), m->sp));
+    OP("column linear bwd", dt_tp_column_linear_bwd(m->lay, &a->dln, HEADG(m), NULL, &a->dxbuf, &a->dlogits,
+                                  m->sp ? &a->lnfall : &a->lnf, HEADW(m), m->sp));
     fill0(&a->dres);
     s[0] = m->C;
     if (part) {
@@ -635,18 +715,167 @@ static float train_micro(model *m, acts *a, float dloss, int recompute) {
         CHECK(dt_axpy(g_ctx, GRD(m, m->lnfw), 1.0f, &t1));
         CHECK(dt_axpy(g_ctx, GRD(m, m->lnfb), 1.0f, &t2));
     }
-    release(m, 0);
-    for (l = m->L - 1; l >= 0; l--) {
-        gather(m, 1 + l);
-        block_bwd(m, a, &a->blk[l], l, recompute);
-        CHECK(dt_zero_grad_ready(m->z, 1 + l));
-        release(m, 1 + l);
+}
+
+/* The forward of a micro-batch to the logits (every unit gathered and released in turn);
+   ends with unit 0 gathered, for the head (the caller releases it). */
+static void forward_logits(model *m, acts *a) {
+    int l;
+    gather(m, m->eunit);
+    embed_fwd(m, a);
+    release(m, m->eunit);
+    for (l = 0; l < m->L; l++) {
+        gather(m, m->bunit[l]);
+        block_fwd(m, a, &a->blk[l], l, l + 1 < m->L ? &a->blk[l + 1].in : &a->xL);
+        release(m, m->bunit[l]);
     }
-    gather(m, 0);
+    gather(m, m->eunit);
+    head_fwd(m, a);
+}
+
+/* Forward + loss + backward of one micro-batch (ids, targets filled); returns the loss. */
+static float train_micro(model *m, acts *a, float dloss, int recompute) {
+    float loss;
+    int64_t n_valid;
+    int l;
+    forward_logits(m, a);
+    OP("cross entropy fwd", dt_tp_xent_fwd(m->lay, &loss, &n_valid, &a->stats, &a->logits, &a->targets, (int64_t)m->tp_rank * m->Vl, m->V, -1));
+    release(m, m->eunit);
+    CHECK(dt_zero_backward_begin(m->z));
+    gather(m, m->eunit);
+    head_bwd(m, a, dloss);
+    release(m, m->eunit);
+    for (l = m->L - 1; l >= 0; l--) {
+        gather(m, m->bunit[l]);
+        block_bwd(m, a, &a->blk[l], l, recompute);
+        CHECK(dt_zero_grad_ready(m->z, m->bunit[l]));
+        release(m, m->bunit[l]);
+    }
+    gather(m, m->eunit);
     embed_bwd(m, a);
-    CHECK(dt_zero_grad_ready(m->z, 0));
-    release(m, 0);
+    CHECK(dt_zero_grad_ready(m->z, m->eunit));
+    release(m, m->eunit);
     return loss;
+}
+
+/* ---------------------------------------------------------------- the pipeline (--pp > 1)
+
+   dt_pp_run (dt_parallel.h) calls these for the (chunk, micro-batch) pairs of this stage's list.
+   A micro-batch's activations live from its forward to its last backward pass (one acts per pair
+   in flight), so the stage holds what its schedule's bound says. */
+
+typedef struct pstate {
+    model *m;
+    const opts *o;
+    dt_gpt_data *data;
+    int64_t per_micro, local_first, step;
+    float dloss;
+    acts *act;              /* [v * micro], by chunk * micro + micro-batch */
+    double loss_sum;        /* the last stage: this step's micro-batch losses */
+    dt_comm *emb;           /* the embedding group: the stages of one (dp, tp), rank = stage */
+    dt_comm_req *head_req;  /* the last stage: its head's wte gradient on the way to stage 0 */
+} pstate;
+
+/* The tokens of micro-batch i of this step (the same sequences as at pp 1). */
+static void pipe_tokens(pstate *S, acts *a, int i) {
+    int64_t j, T = S->o->seq;
+    for (j = 0; j < S->per_micro; j++) {
+        dt_tensor in, out;
+        CHECK(dt_tensor_view(g_ctx, &in, &a->ids, j * T, 1, &T));
+        CHECK(dt_tensor_view(g_ctx, &out, &a->targets, j * T, 1, &T));
+        CHECK(dt_gpt_data_window(g_ctx, &in, &out, S->data, S->o->seed,
+                                 S->step * S->o->batch + S->local_first + i * S->per_micro + j));
+    }
+}
+
+static dt_status pipe_forward(void *user, int c, int i, dt_tensor *out, const dt_tensor *in) {
+    pstate *S = (pstate *)user;
+    model *m = S->m;
+    int k = c * m->pp + m->st, lo = m->first[k], hi = m->first[k + 1], l;
+    acts *a = &S->act[c * S->o->micro + i];
+    acts_make(a, m, S->per_micro, S->o->recompute, lo, hi);
+    if (k == 0 || k == m->nvs - 1) pipe_tokens(S, a, i);
+    if (k == 0) {
+        gather(m, m->eunit);
+        embed_fwd(m, a);
+        release(m, m->eunit);
+    } else {
+        CHECK(dt_tensor_copy(g_ctx, &a->blk[lo].in, in));
+    }
+    for (l = lo; l < hi; l++) {
+        gather(m, m->bunit[l]);
+        block_fwd(m, a, &a->blk[l], l, l + 1 < hi ? &a->blk[l + 1].in : &a->xL);
+        release(m, m->bunit[l]);
+    }
+    if (k < m->nvs - 1) return dt_tensor_copy(g_ctx, out, &a->xL);
+    {
+        float loss;
+        int64_t n_valid;
+        gather(m, m->eunit);
+        head_fwd(m, a);
+        OP("cross entropy fwd", dt_tp_xent_fwd(m->lay, &loss, &n_valid, &a->stats, &a->logits, &a->targets, (int64_t)m->tp_rank * m->Vl, m->V, -1));
+        release(m, m->eunit);
+        S->loss_sum += loss;
+    }
+    return DT_OK;
+}
+
+/* The zero-bubble split: BI (part INPUT) the blocks' input-gradient halves (block_bwd_part 1),
+   BW (part WEIGHT) their weight halves, where sp is off and nothing is recomputed (both would
+   overwrite what BW reads); otherwise BI runs the whole backward and BW only ends the micro-batch. */
+static dt_status pipe_backward(void *user, int c, int i, dt_tensor *din, const dt_tensor *dout, dt_pp_part part) {
+    pstate *S = (pstate *)user;
+    model *m = S->m;
+    int k = c * m->pp + m->st, lo = m->first[k], hi = m->first[k + 1], l;
+    acts *a = &S->act[c * S->o->micro + i];
+    int split = part != DT_PP_PART_FULL && !m->sp && !S->o->recompute;
+    if (part == DT_PP_PART_WEIGHT && split)
+        for (l = hi - 1; l >= lo; l--) {
+            gather(m, m->bunit[l]);
+            block_bwd_weights(m, &a->blk[l], l);
+            release(m, m->bunit[l]);
+        }
+    if (part != DT_PP_PART_WEIGHT) {
+        if (k == m->nvs - 1) {
+            gather(m, m->eunit);
+            head_bwd(m, a, S->dloss);
+            release(m, m->eunit);
+        } else {
+            CHECK(dt_tensor_copy(g_ctx, &a->dres, dout));
+        }
+        for (l = hi - 1; l >= lo; l--) {
+            gather(m, m->bunit[l]);
+            block_bwd_part(m, a, &a->blk[l], l, S->o->recompute, split);
+            release(m, m->bunit[l]);
+        }
+        if (k == 0) {
+            gather(m, m->eunit);
+            embed_bwd(m, a);
+            release(m, m->eunit);
+        } else {
+            CHECK(dt_tensor_copy(g_ctx, din, &a->dres));
+        }
+    }
+    if (part != DT_PP_PART_INPUT) acts_free(a, m->L);
+    return DT_OK;
+}
+
+/* Chunk c's last backward of the step has run on this stage: its units' gradients are final,
+   their sync (ZeRO-0 buckets) may start while the other stages drain. The tied head's gradient
+   goes to stage 0 first, which adds it into wte's before wte's unit is synced. */
+static dt_status pipe_grads_done(void *user, int c) {
+    pstate *S = (pstate *)user;
+    model *m = S->m;
+    int k = c * m->pp + m->st, l;
+    if (k == m->nvs - 1 && !m->has_embed)
+        CHECK(dt_comm_isend(S->emb, &m->wte_head_grad, 0, 1, &S->head_req));
+    for (l = m->first[k + 1] - 1; l >= m->first[k]; l--) CHECK(dt_zero_grad_ready(m->z, m->bunit[l]));
+    if (k == 0 && !m->has_head) {
+        CHECK(dt_comm_recv(S->emb, &m->wte_head_grad, m->pp - 1, 1));
+        CHECK(dt_axpy(g_ctx, GRD(m, m->wte), 1.0f, &m->wte_head_grad));
+    }
+    if ((k == 0 && m->has_embed) || (k == m->nvs - 1 && !m->has_embed)) CHECK(dt_zero_grad_ready(m->z, m->eunit));
+    return DT_OK;
 }
 
 /* ---------------------------------------------------------------- sampling */
@@ -659,7 +888,7 @@ static void sample_text(model *m, int64_t n, uint64_t seed, int V256) {
     int32_t *ctxt;
     dt_tensor row, full;
     dt_tensor_desc d = {0};
-    acts_make(&a, m, 1, 0);
+    acts_make(&a, m, 1, 0, 0, m->L);
     ctxt = (int32_t *)a.ids.data;
     memset(ctxt, 0, (size_t)T * sizeof(int32_t));
     ctxt[0] = V256 ? '\n' : 50256; /* GPT-2's <|endoftext|> */
@@ -670,9 +899,9 @@ static void sample_text(model *m, int64_t n, uint64_t seed, int V256) {
         double sum = 0, u, acc = 0;
         const float *lg;
         float mx = -INFINITY;
-        int64_t pos = len - 1, pick = m->V - 1;
+        int64_t pos = len - 1, pick = m->nvs - 1;
         forward_logits(m, &a);
-        release(m, 0);
+        release(m, m->eunit);
         CHECK(dt_tensor_view(g_ctx, &row, &a.logits, pos * m->Vl, 1, &m->Vl));
         if (m->tp > 1) CHECK(dt_comm_allgather(m->lay->tp_comm, &full, &row));
         else CHECK(dt_tensor_copy(g_ctx, &full, &row));
@@ -716,11 +945,11 @@ static double gemm_peak(void) {
 
 /* Seconds this rank has spent in collectives on the layout's comms (dt_comm's statistics). */
 static double comm_seconds(dt_layout *l) {
-    dt_comm *cs[3];
+    dt_comm *cs[4];
     double s = 0;
     int i, k;
-    cs[0] = l->tp_comm; cs[1] = l->dp_comm; cs[2] = l->world;
-    for (i = 0; i < 3; i++) {
+    cs[0] = l->tp_comm; cs[1] = l->dp_comm; cs[2] = l->world; cs[3] = l->pp > 1 ? l->pp_comm : NULL;
+    for (i = 0; i < 4; i++) {
         for (k = 0; k < DT_COLL_COUNT; k++) {
             dt_comm_stat st;
             if (cs[i] && dt_comm_stats(cs[i], &st, (dt_coll)k) == DT_OK) s += st.seconds;
@@ -784,6 +1013,12 @@ int main(int argc, char **argv) {
     opts o;
     model m;
     acts a;
+    pstate pl;
+    dt_pp_schedule *sched = NULL;
+    dt_pp_model pm;
+    dt_pp_run_desc rd;
+    dt_pp_run_stats rs;
+    int pp_peak = 0;
     FILE *log = NULL;
     char lstr[64];
     int64_t step = 0, first_step, last_step, local_first, local_count, per_micro, i;
@@ -796,19 +1031,32 @@ int main(int argc, char **argv) {
     g_rank = dt_comm_rank(world);
     W = dt_comm_size(world);
     parse(&o, argc, argv);
-    if (o.pp != 1) fail("--pp %d: pipeline parallelism is not available yet (only --pp 1)", o.pp);
     open_data(&data, &o);
+    memset(&a, 0, sizeof a);
+    memset(&pl, 0, sizeof pl);
+    memset(&rs, 0, sizeof rs);
     /* the layout's sizes, checked here with names before any collective */
     if (W % (o.tp * o.pp)) fail("--tp %d x --pp %d does not divide the world size %d", o.tp, o.pp, W);
     if (o.heads % o.tp) fail("--tp %d does not divide --heads %d", o.tp, o.heads);
     if (o.width % o.heads) fail("--heads %d does not divide --width %d", o.heads, o.width);
     if (data.vocab_padded % o.tp)
         fail("--tp %d does not divide the padded vocab %lld", o.tp, (long long)data.vocab_padded);
-    if (o.batch % ((int64_t)(W / o.tp) * o.micro))
-        fail("--batch %lld is not a multiple of dp x micro = %d x %d", (long long)o.batch, W / o.tp, o.micro);
-    if (o.sp && (o.batch / (W / o.tp) / o.micro * o.seq) % o.tp)
+    if (o.batch % ((int64_t)(W / o.tp / o.pp) * o.micro))
+        fail("--batch %lld is not a multiple of dp x micro = %d x %d", (long long)o.batch, W / o.tp / o.pp, o.micro);
+    if (o.sp && (o.batch / (W / o.tp / o.pp) / o.micro * o.seq) % o.tp)
         fail("--sp 1: a micro-batch's %lld rows (sequences x --seq) are not a multiple of --tp %d",
-             (long long)(o.batch / (W / o.tp) / o.micro * o.seq), o.tp);
+             (long long)(o.batch / (W / o.tp / o.pp) / o.micro * o.seq), o.tp);
+    if (o.pp > 1) {
+        dt_pp_desc sd = {0};
+        if (o.layers < o.pp * o.chunks)
+            fail("--pp %d x %d chunks per stage (--schedule %s) = %d virtual stages but --layers %d: each needs a "
+                 "block", o.pp, o.chunks, dt_pp_kind_name(o.schedule), o.pp * o.chunks, o.layers);
+        if (o.zero > 1) fail("--zero %d with --pp %d: the pipeline takes ZeRO 0 or 1", o.zero, o.pp);
+        if (o.sample) fail("--sample with --pp %d: sampling runs at --pp 1 only", o.pp);
+        sd.kind = o.schedule; sd.stages = o.pp; sd.micro = o.micro; sd.chunks = o.chunks; sd.n_layers = o.layers;
+        if (dt_pp_schedule_create(&ctx, &sched, &sd))
+            fail("--schedule %s --pp %d --micro %d: %s", dt_pp_kind_name(o.schedule), o.pp, o.micro, dt_ctx_error(&ctx));
+    }
     ld.tp = o.tp; ld.pp = o.pp;
     CHECK(dt_layout_create(world, &lay, &ld));
     model_make(&m, &o, data.vocab, data.vocab_padded, lay);
@@ -835,9 +1083,28 @@ int main(int argc, char **argv) {
     CHECK(dt_zero_create(lay, &m.z, arena, &zd));
     CHECK(dt_layout_batch_range(lay, o.batch, &local_first, &local_count));
     per_micro = local_count / o.micro;
+    if (o.pp > 1) {
+        int64_t N = per_micro * o.seq;
+        /* the embedding group: this (dp, tp)'s stages, a comm of their own so its messages never
+           meet the runtime's on pp_comm */
+        CHECK(dt_comm_split(world, &pl.emb, lay->dp_rank * lay->tp + lay->tp_rank, lay->pp_rank));
+        pl.m = &m; pl.o = &o; pl.data = &data; pl.per_micro = per_micro; pl.local_first = local_first;
+        pl.act = (acts *)dt_alloc(&ctx, (size_t)m.v * (size_t)o.micro * sizeof(acts));
+        if (!pl.act) CHECK(DT_ERR_OOM);
+        memset(pl.act, 0, (size_t)m.v * (size_t)o.micro * sizeof(acts));
+        memset(&pm, 0, sizeof pm);
+        pm.user = &pl;
+        pm.forward = pipe_forward;
+        pm.backward = pipe_backward;
+        pm.grads_done = pipe_grads_done;
+        pm.act.shape[0] = o.sp ? N / o.tp : N; /* the residual stream's rows on this rank */
+        pm.act.shape[1] = o.width;
+        memset(&rd, 0, sizeof rd);
+        rd.trace = m.tr;
+    }
     base = (double)ctx.bytes_in_use;
     dt_reset_peak_bytes(&ctx);
-    acts_make(&a, &m, per_micro, o.recompute);
+    if (o.pp == 1) acts_make(&a, &m, per_micro, o.recompute, 0, m.L);
     if (o.ckpt && g_rank == 0 && mkdir(o.ckpt, 0777) != 0 && errno != EEXIST) {
         fprintf(stderr, "gpt: cannot create --ckpt %s: %s\n", o.ckpt, strerror(errno));
         return 1;
@@ -879,10 +1146,18 @@ int main(int argc, char **argv) {
                "tokens; GEMM peak %.1f GFLOP/s (all ranks)\n", dt_layout_string(lay, lstr, sizeof lstr), W, o.zero, o.sp,
                o.micro, o.recompute == 1 ? "full" : o.recompute == 2 ? "selective" : "none", dt_dtype_name(o.dtype),
                (long long)o.batch, (long long)o.seq, peak_flops / 1e9);
+        if (o.pp > 1) {
+            int k;
+            printf("pipeline: pp %d, schedule %s, %d chunk%s per stage, %d micro-batches; blocks per virtual stage:",
+                   o.pp, dt_pp_kind_name(o.schedule), m.v, m.v > 1 ? "s" : "", o.micro);
+            for (k = 0; k < m.nvs; k++) printf(" %d", m.first[k + 1] - m.first[k]);
+            printf("%s; embedding on stage 0, head and loss on stage %d\n",
+                   o.layers % m.nvs ? " (uneven)" : "", o.pp - 1);
+        }
         printf("memory per rank: params %.2f MB, grads %.2f MB, master %.2f MB, optimizer %.2f MB, total %.2f MB "
-               "(%s: %.2f MB); activations %.2f MB\n", zm.param_bytes / 1e6, zm.grad_bytes / 1e6, zm.master_bytes / 1e6,
-               zm.state_bytes / 1e6, zm.total_bytes / 1e6, zm.formula ? zm.formula : "?", zm.formula_bytes / 1e6,
-               a.bytes / 1e6);
+               "(%s: %.2f MB); activations %.2f MB%s\n", zm.param_bytes / 1e6, zm.grad_bytes / 1e6,
+               zm.master_bytes / 1e6, zm.state_bytes / 1e6, zm.total_bytes / 1e6, zm.formula ? zm.formula : "?",
+               zm.formula_bytes / 1e6, a.bytes / 1e6, o.pp > 1 ? " (the pipeline's: per micro-batch in flight, below)" : "");
         fflush(stdout);
     }
     last_step = o.stop_at && o.stop_at < o.steps ? o.stop_at : o.steps;
@@ -891,7 +1166,29 @@ int main(int argc, char **argv) {
         dt_opt_step_info info;
         double sums[1] = {0}, el, done, tps;
         memset(&info, 0, sizeof info);
-        for (mi = 0; mi < o.micro; mi++) {
+        if (o.pp > 1) { /* one schedule is the whole step: its micro-batches, one sync */
+            float dloss = 0;
+            CHECK(dt_zero_micro_begin(m.z, &dloss, o.micro - 1));
+            pl.dloss = dloss;
+            pl.step = step;
+            pl.loss_sum = 0;
+            if (m.has_embed) { /* the tied head's weight for the last stage */
+                gather(&m, m.eunit);
+                CHECK(dt_comm_send(pl.emb, VAL(&m, m.wte), o.pp - 1, 2));
+                release(&m, m.eunit);
+            }
+            if (m.has_head) CHECK(dt_comm_recv(pl.emb, &m.wte_head, 0, 2));
+            CHECK(dt_zero_backward_begin(m.z));
+            OP("pipeline (dt_pp_run)", dt_pp_run(lay, &rs, sched, &pm, &rd));
+            if (rs.peak > pp_peak) pp_peak = rs.peak;
+            if (pl.head_req) {
+                CHECK(dt_comm_wait(pl.head_req));
+                pl.head_req = NULL;
+            }
+            if (m.wte_head_grad.data) CHECK(dt_tensor_fill(&ctx, &m.wte_head_grad, 0.0));
+            sums[0] = m.has_head && lay->tp_rank == 0 ? pl.loss_sum : 0; /* one copy of each loss */
+        }
+        for (mi = 0; mi < o.micro && o.pp == 1; mi++) {
             float dloss = 0;
             int32_t *ids = (int32_t *)a.ids.data, *tg = (int32_t *)a.targets.data;
             CHECK(dt_zero_micro_begin(m.z, &dloss, mi));
@@ -905,7 +1202,7 @@ int main(int argc, char **argv) {
             sums[0] += train_micro(&m, &a, dloss, o.recompute);
         }
         OP("optimizer step (dt_zero_step)", dt_zero_step(m.z, &info));
-        CHECK(dt_comm_allreduce_f64(lay->dp_comm, sums, 1, DT_REDUCE_SUM));
+        CHECK(dt_comm_allreduce_f64(o.pp > 1 ? world : lay->dp_comm, sums, 1, DT_REDUCE_SUM));
         loss = sums[0] / ((double)o.micro * lay->dp);
         if (step == first_step) act_peak = (double)dt_peak_bytes(&ctx) - base;
         if (o.ckpt && o.ckpt_every && (step + 1) % o.ckpt_every == 0) {
@@ -949,6 +1246,9 @@ int main(int argc, char **argv) {
                "recompute %s, sp %d; the activation tensors %.2f MB, ZeRO's transient buffers the rest); "
                "dt_zero's peak %.2f MB\n", act_peak / 1e6, o.recompute == 1 ? "full" : o.recompute == 2 ? "selective"
                : "none", o.sp, a.bytes / 1e6, zm.peak_bytes / 1e6);
+    if (o.pp > 1 && g_rank == 0 && !o.quiet && last_step > first_step)
+        printf("pipeline: stage 0 held at most %d micro-batches' activations (the schedule's bound %d), %.2f MB of "
+               "them and the runtime's buffers at its peak\n", pp_peak, rs.bound, rs.peak_ctx_bytes / 1e6);
     if (g_profile && g_rank == 0 && last_step > first_step) {
         double total = 0, per = 1e3 / (double)(last_step - first_step), wall = (now() - t0) * per;
         int r;
@@ -971,6 +1271,14 @@ int main(int argc, char **argv) {
     if (g_rank == 0) printf("final: loss %.9g\n", loss);
     if (log) fclose(log);
     acts_free(&a, m.L);
+    for (i = 0; pl.act && i < (int64_t)m.v * o.micro; i++) acts_free(&pl.act[i], m.L);
+    dt_release(&ctx, pl.act);
+    dt_comm_free(pl.emb);
+    dt_pp_schedule_free(sched);
+    dt_tensor_free(&ctx, &m.wte_head);
+    dt_tensor_free(&ctx, &m.wte_head_grad);
+    dt_release(&ctx, m.bunit);
+    dt_release(&ctx, m.first);
     dt_zero_free(m.z);
     dt_trace_free(m.tr);
     for (i = 0; i < m.ps.count; i++) dt_tensor_free(&ctx, &m.f32[i]);
