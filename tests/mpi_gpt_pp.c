@@ -29,6 +29,11 @@
 /* The runs differ by fp32 reassociation only (the tied head's gradient is added to wte's on
    stage 0 as one sum over the micro-batches, tp splits inner sums, dp sums grads in another order). */
 #define TOL 1e-5
+/* Weights after 5 AdamW steps: Adam divides each element's step by its own sqrt(v), so an element
+   whose gradient is near zero moves by rounding noise scaled up to ~lr; tp x pp layouts reassociate
+   more sums than the others (1.8e-5 of a tensor's norm seen for tp 2 x pp 2), while the loss stays
+   within TOL. */
+#define WTOL 3e-5
 
 static const char *GPT = "build/examples/gpt";
 static const char *BASE = "--steps 5 --seed 3 --micro 4 --quiet"; /* the flags */
@@ -178,7 +183,7 @@ static void equal_to_np1(const ref *r, const char *tag, int np, const char *extr
     if (!expect(name, load_weights(&w, dir, r->layers), "checkpoint %s does not load", dir)) return;
     snprintf(name, sizeof name, "gpt_%s_weights_equal_np1", tag);
     rel = weights_diff(&w, &r->w, &which);
-    expect(name, rel <= TOL, "tensor %s differs from np 1's by %.3g of its norm (> %g)", which, rel, TOL);
+    expect(name, rel <= WTOL, "tensor %s differs from np 1's by %.3g of its norm (> %g)", which, rel, WTOL);
     dt_params_free(&g_ctx, &w);
 }
 
