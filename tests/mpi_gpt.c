@@ -34,133 +34,11 @@
 #define VP 256
 #define TCTX 16
 
-static const char *GPT = "build/examples/gpt";
 static const char *TINY = "--seed 3 --quiet --layers 2 --width 32 --heads 4 --seq 16 --batch 8";
-static dt_ctx g_ctx;
 
-static DT_TEST__PRINTF(3, 4) int expect(const char *name, int ok, const char *fmt, ...) {
-    char why[1024];
-    va_list ap;
-    if (ok) return dt_test_pass(name);
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    return dt_test_fail(name, "%s", why);
-}
+#include "gpt_driver.h"
 
-static const char *mpirun(void) {
-    const char *m = getenv("DT_MPIRUN");
-    return m && *m ? m : "mpirun --oversubscribe";
-}
-
-/* Runs gpt at np with the flags; its output into `out`; returns the exit status. */
-static int run(int np, const char *flags, const char *out) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=1 %s -np %d %s %s > %s 2>&1 < /dev/null", mpirun(), np, GPT, flags, out);
-    return system(cmd);
-}
-
-/* The number after "final: loss " in a file (NAN if none); the text too, for bitwise checks. */
-static double final_loss(const char *path, char *text, size_t n) {
-    FILE *fp = fopen(path, "r");
-    char line[4096];
-    double v = NAN;
-    if (text && n) text[0] = 0;
-    if (!fp) return v;
-    while (fgets(line, sizeof line, fp))
-        if (!strncmp(line, "final: loss ", 12)) {
-            v = strtod(line + 12, NULL);
-            if (text) {
-                size_t k = strcspn(line + 12, "\n");
-                if (k >= n) k = n - 1;
-                memcpy(text, line + 12, k);
-                text[k] = 0;
-            }
-        }
-    fclose(fp);
-    return v;
-}
-
-static int file_has(const char *path, const char *needle) {
-    FILE *fp = fopen(path, "r");
-    char line[4096];
-    int found = 0;
-    if (!fp) return 0;
-    while (!found && fgets(line, sizeof line, fp)) found = strstr(line, needle) != NULL;
-    fclose(fp);
-    return found;
-}
-
-/* ---------------------------------------------------------------- the weights of a checkpoint */
-
-/* The tiny model's parameters, whole (global shapes), by name: what a checkpoint of any layout
-   reassembles into. */
-static void whole_params(dt_params *ps) {
-    static const char *names[16] = {"ln1.w", "ln1.b", "attn.q.w", "attn.k.w", "attn.v.w", "attn.q.b", "attn.k.b",
-                                    "attn.v.b", "attn.proj.w", "attn.proj.b", "ln2.w", "ln2.b", "mlp.fc.w",
-                                    "mlp.fc.b", "mlp.proj.w", "mlp.proj.b"};
-    static const int64_t shapes[16][2] = {{C, 0}, {C, 0}, {C, C}, {C, C}, {C, C}, {C, 0}, {C, 0}, {C, 0}, {C, C},
-                                          {C, 0}, {C, 0}, {C, 0}, {4 * C, C}, {4 * C, 0}, {C, 4 * C}, {C, 0}};
-    char name[64];
-    int l, k;
-    dt_param_desc d;
-    memset(ps, 0, sizeof *ps);
-#define ADD(n_, a_, b_) do { memset(&d, 0, sizeof d); d.name = (n_); d.shape[0] = (a_); d.shape[1] = (b_); \
-                             if (dt_params_add(&g_ctx, ps, NULL, &d)) { fprintf(stderr, "%s\n", dt_ctx_error(&g_ctx)); exit(1); } } while (0)
-    ADD("wte", VP, C);
-    ADD("wpe", TCTX, C);
-    ADD("ln_f.w", C, 0);
-    ADD("ln_f.b", C, 0);
-    for (l = 0; l < L; l++)
-        for (k = 0; k < 16; k++) {
-            snprintf(name, sizeof name, "h.%d.%s", l, names[k]);
-            ADD(name, shapes[k][0], shapes[k][1]);
-        }
-#undef ADD
-}
-
-/* Loads the newest checkpoint of dir into whole params; 0 on failure (the reason printed). */
-static int load_weights(dt_params *ps, const char *dir) {
-    dt_checkpoint_desc cd = {0};
-    whole_params(ps);
-    cd.dir = dir;
-    if (dt_checkpoint_load(&g_ctx, ps, NULL, NULL, &cd)) {
-        printf("  cannot load %s: %s\n", dir, dt_ctx_error(&g_ctx));
-        dt_params_free(&g_ctx, ps);
-        return 0;
-    }
-    return 1;
-}
-
-/* The worst over tensors of |a - b| / |b| (L2 norms of the whole tensor); *which = its name.
-   In norms because Adam divides each grad by its own running RMS: where a grad is tiny (the
-   key weights of near-uniform attention at init) its rounding difference becomes a visible
-   step, so the elementwise worst case of a tensor (measured: 1.07e-5 of its largest value for
-   h.1.attn.k.w at tp 4) says less than the tensor's relative error (about 1e-7 here).
-   The key biases are left out: their gradient is zero in exact arithmetic (adding q.b_k to
-   every score of a row leaves its softmax unchanged), so what they get is rounding noise,
-   which Adam turns into lr-sized steps of random sign: they differ between any two sum orders
-   (measured: by about their own size) and never change the loss. Every other tensor counts. */
-static double weights_diff(const dt_params *a, const dt_params *b, const char **which) {
-    double worst = 0;
-    int i;
-    int64_t k;
-    *which = "";
-    for (i = 0; i < a->count && i < b->count; i++) {
-        const float *x = (const float *)a->items[i]->value.data, *y = (const float *)b->items[i]->value.data;
-        double dd = 0, bb = 0, rel;
-        size_t n = strlen(a->items[i]->name);
-        if (n >= 8 && !strcmp(a->items[i]->name + n - 8, "attn.k.b")) continue;
-        for (k = 0; k < a->items[i]->value.numel; k++) {
-            double d = (double)x[k] - (double)y[k];
-            dd += d * d;
-            bb += (double)y[k] * (double)y[k];
-        }
-        rel = sqrt(dd) / (bb > 0 ? sqrt(bb) : 1);
-        if (rel > worst || rel != rel) { worst = rel != rel ? INFINITY : rel; *which = a->items[i]->name; }
-    }
-    return worst;
-}
+static const gpt_shape SHAPE = {L, C, VP, TCTX}; /* the model TINY asks for */
 
 /* ---------------------------------------------------------------- parallel equivalence */
 
@@ -189,7 +67,7 @@ static void equal_to_np1(int dp, int tp, const char *extra, int check_weights) {
     expect(name, rel <= TOL, "final loss %.9g, np 1 %.9g (relative %.3g > %g)", got, ref_loss, rel, TOL);
     if (!check_weights) return;
     snprintf(name, sizeof name, "gpt_%s_weights_equal_np1", tag);
-    if (!expect(name, load_weights(&w, dir), "checkpoint %s does not load", dir)) return;
+    if (!expect(name, load_weights(&w, dir, SHAPE), "checkpoint %s does not load", dir)) return;
     rel = weights_diff(&w, &ref_w, &which);
     expect(name, rel <= TOL, "tensor %s differs from np 1's by %.3g of its norm (> %g)", which, rel, TOL);
     dt_params_free(&g_ctx, &w);
@@ -209,7 +87,7 @@ static void resume_checks(void) {
     snprintf(flags, sizeof flags, "%s --steps 5 --tp 2 --ckpt %s", TINY, dir);
     if (!DT_TEST_CHECK("gpt_resume_straight_run", run(2, flags, out) == 0)) return;
     straight = final_loss(out, text_ref, sizeof text_ref);
-    if (!load_weights(&w_straight, dir)) return;
+    if (!load_weights(&w_straight, dir, SHAPE)) return;
     /* stopped at 3 at tp 2, resumed at tp 2 np 2 (bitwise), tp 1 dp 2, np 1 (within TOL) */
     for (np = 0; np < 3; np++) {
         static const char *how[3] = {"--tp 2", "--tp 1", "--tp 1"};
@@ -234,7 +112,7 @@ static void resume_checks(void) {
             snprintf(name, sizeof name, "gpt_resume_saved_tp2_np2_resumed_%s_loss", names[np]);
             expect(name, rel <= TOL, "final loss %.9g, straight run %.9g (relative %.3g)", got, straight, rel);
         }
-        if (!load_weights(&w, dir2)) continue;
+        if (!load_weights(&w, dir2, SHAPE)) continue;
         rel = weights_diff(&w, &w_straight, &which);
         snprintf(name, sizeof name, "gpt_resume_saved_tp2_np2_resumed_%s_weights%s", names[np], np == 0 ? "_bitwise" : "");
         expect(name, np == 0 ? rel == 0 : rel <= TOL, "tensor %s differs from the straight run's by %.3g", which, rel);
@@ -358,7 +236,7 @@ int main(void) {
     if (!DT_TEST_CHECK("gpt_np1_reference_runs", run(1, flags, out) == 0)) return dt_test_finish();
     ref_loss = final_loss(out, NULL, 0);
     if (!expect("gpt_np1_prints_final_loss", ref_loss == ref_loss && ref_loss > 0, "no 'final: loss' line in %s", out)
-        || !DT_TEST_CHECK("gpt_np1_checkpoint_loads", load_weights(&ref_w, dir)))
+        || !DT_TEST_CHECK("gpt_np1_checkpoint_loads", load_weights(&ref_w, dir, SHAPE)))
         return dt_test_finish();
     printf("  np 1 final loss %.9g\n", ref_loss);
 #ifdef __SANITIZE_ADDRESS__

@@ -35,114 +35,16 @@
    within TOL. */
 #define WTOL 3e-5
 
-static const char *GPT = "build/examples/gpt";
 static const char *BASE = "--steps 5 --seed 3 --micro 4 --quiet"; /* the flags */
-static dt_ctx g_ctx;
 
-static DT_TEST__PRINTF(3, 4) int expect(const char *name, int ok, const char *fmt, ...) {
-    char why[1024];
-    va_list ap;
-    if (ok) return dt_test_pass(name);
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    return dt_test_fail(name, "%s", why);
+#include "gpt_driver.h"
+
+/* The default model (width 128, padded vocab 256, context 64) with `layers` blocks. */
+static gpt_shape shape_of(int layers) {
+    gpt_shape s = {layers, 128, 256, 64};
+    return s;
 }
 
-static const char *mpirun(void) {
-    const char *m = getenv("DT_MPIRUN");
-    return m && *m ? m : "mpirun --oversubscribe";
-}
-
-static int run(int np, const char *flags, const char *out) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=1 %s -np %d %s %s > %s 2>&1 < /dev/null", mpirun(), np, GPT, flags, out);
-    return system(cmd);
-}
-
-static double final_loss(const char *path) {
-    FILE *fp = fopen(path, "r");
-    char line[4096];
-    double v = NAN;
-    if (!fp) return v;
-    while (fgets(line, sizeof line, fp))
-        if (!strncmp(line, "final: loss ", 12)) v = strtod(line + 12, NULL);
-    fclose(fp);
-    return v;
-}
-
-static int file_has(const char *path, const char *needle) {
-    FILE *fp = fopen(path, "r");
-    char line[4096];
-    int found = 0;
-    if (!fp) return 0;
-    while (!found && fgets(line, sizeof line, fp)) found = strstr(line, needle) != NULL;
-    fclose(fp);
-    return found;
-}
-
-/* ---------------------------------------------------------------- weights */
-
-/* The default model's parameters, whole, by name (what a checkpoint of any layout reassembles). */
-static void whole_params(dt_params *ps, int layers) {
-    static const char *names[16] = {"ln1.w", "ln1.b", "attn.q.w", "attn.k.w", "attn.v.w", "attn.q.b", "attn.k.b",
-                                    "attn.v.b", "attn.proj.w", "attn.proj.b", "ln2.w", "ln2.b", "mlp.fc.w",
-                                    "mlp.fc.b", "mlp.proj.w", "mlp.proj.b"};
-    const int64_t C = 128;
-    const int64_t shapes[16][2] = {{C, 0}, {C, 0}, {C, C}, {C, C}, {C, C}, {C, 0}, {C, 0}, {C, 0}, {C, C},
-                                   {C, 0}, {C, 0}, {C, 0}, {4 * C, C}, {4 * C, 0}, {C, 4 * C}, {C, 0}};
-    char name[64];
-    int l, k;
-    dt_param_desc d;
-    memset(ps, 0, sizeof *ps);
-#define ADD(n_, a_, b_) do { memset(&d, 0, sizeof d); d.name = (n_); d.shape[0] = (a_); d.shape[1] = (b_); \
-                             if (dt_params_add(&g_ctx, ps, NULL, &d)) { fprintf(stderr, "%s\n", dt_ctx_error(&g_ctx)); exit(1); } } while (0)
-    ADD("wte", 256, C);
-    ADD("wpe", 64, C);
-    ADD("ln_f.w", C, 0);
-    ADD("ln_f.b", C, 0);
-    for (l = 0; l < layers; l++)
-        for (k = 0; k < 16; k++) {
-            snprintf(name, sizeof name, "h.%d.%s", l, names[k]);
-            ADD(name, shapes[k][0], shapes[k][1]);
-        }
-#undef ADD
-}
-
-static int load_weights(dt_params *ps, const char *dir, int layers) {
-    dt_checkpoint_desc cd = {0};
-    whole_params(ps, layers);
-    cd.dir = dir;
-    if (dt_checkpoint_load(&g_ctx, ps, NULL, NULL, &cd)) {
-        printf("  cannot load %s: %s\n", dir, dt_ctx_error(&g_ctx));
-        dt_params_free(&g_ctx, ps);
-        return 0;
-    }
-    return 1;
-}
-
-/* The worst over tensors of |a - b| / |b| (L2 norms), the key biases left out: tests/mpi_gpt.c's
-   weights_diff says why (their gradient is rounding noise that Adam turns into lr-sized steps). */
-static double weights_diff(const dt_params *a, const dt_params *b, const char **which) {
-    double worst = 0;
-    int i;
-    int64_t k;
-    *which = "";
-    for (i = 0; i < a->count && i < b->count; i++) {
-        const float *x = (const float *)a->items[i]->value.data, *y = (const float *)b->items[i]->value.data;
-        double dd = 0, bb = 0, rel;
-        size_t n = strlen(a->items[i]->name);
-        if (n >= 8 && !strcmp(a->items[i]->name + n - 8, "attn.k.b")) continue;
-        for (k = 0; k < a->items[i]->value.numel; k++) {
-            double d = (double)x[k] - (double)y[k];
-            dd += d * d;
-            bb += (double)y[k] * (double)y[k];
-        }
-        rel = sqrt(dd) / (bb > 0 ? sqrt(bb) : 1);
-        if (rel > worst || rel != rel) { worst = rel != rel ? INFINITY : rel; *which = a->items[i]->name; }
-    }
-    return worst;
-}
 
 /* ---------------------------------------------------------------- equivalence */
 
@@ -156,10 +58,10 @@ static int reference(ref *r, const char *tag, const char *extra, int layers) {
     snprintf(flags, sizeof flags, "%s%s --ckpt %s", BASE, extra, dir);
     snprintf(name, sizeof name, "gpt_pp_%s_runs", tag);
     if (!expect(name, run(1, flags, out) == 0, "np 1: gpt %s failed (output in %s)", flags, out)) return 0;
-    r->loss = final_loss(out);
+    r->loss = final_loss(out, NULL, 0);
     r->layers = layers;
     snprintf(name, sizeof name, "gpt_pp_%s_checkpoint_loads", tag);
-    if (!expect(name, r->loss == r->loss && load_weights(&r->w, dir, layers), "loss %g, checkpoint %s", r->loss, dir))
+    if (!expect(name, r->loss == r->loss && load_weights(&r->w, dir, shape_of(layers)), "loss %g, checkpoint %s", r->loss, dir))
         return 0;
     printf("  %s: np 1 final loss %.9g\n", tag, r->loss);
     return 1;
@@ -175,12 +77,12 @@ static void equal_to_np1(const ref *r, const char *tag, int np, const char *extr
     snprintf(flags, sizeof flags, "%s%s --ckpt %s", BASE, extra, dir);
     snprintf(name, sizeof name, "gpt_%s_runs", tag);
     if (!expect(name, run(np, flags, out) == 0, "np %d: gpt %s failed (output in %s)", np, flags, out)) return;
-    got = final_loss(out);
+    got = final_loss(out, NULL, 0);
     rel = fabs(got - r->loss) / fabs(r->loss);
     snprintf(name, sizeof name, "gpt_%s_final_loss_equals_np1", tag);
     expect(name, rel <= TOL, "final loss %.9g, np 1 %.9g (relative %.3g > %g)", got, r->loss, rel, TOL);
     snprintf(name, sizeof name, "gpt_%s_checkpoint_loads", tag);
-    if (!expect(name, load_weights(&w, dir, r->layers), "checkpoint %s does not load", dir)) return;
+    if (!expect(name, load_weights(&w, dir, shape_of(r->layers)), "checkpoint %s does not load", dir)) return;
     snprintf(name, sizeof name, "gpt_%s_weights_equal_np1", tag);
     rel = weights_diff(&w, &r->w, &which);
     expect(name, rel <= WTOL, "tensor %s differs from np 1's by %.3g of its norm (> %g)", which, rel, WTOL);
@@ -200,11 +102,11 @@ static void resume_across_pp(const ref *r) {
     snprintf(out, sizeof out, "%s/resume_pp1_second.out", dt_test_tmpdir());
     snprintf(flags, sizeof flags, "%s --resume --ckpt %s", BASE, dir);
     if (!expect("gpt_pp2_checkpoint_resumes_at_pp1", run(1, flags, out) == 0, "output in %s", out)) return;
-    got = final_loss(out);
+    got = final_loss(out, NULL, 0);
     rel = fabs(got - r->loss) / fabs(r->loss);
     expect("gpt_saved_pp2_resumed_pp1_loss_equals_straight_run", rel <= TOL, "final loss %.9g, straight %.9g "
            "(relative %.3g)", got, r->loss, rel);
-    if (!expect("gpt_saved_pp2_resumed_pp1_weights_load", load_weights(&w, dir, r->layers), "%s", dir)) return;
+    if (!expect("gpt_saved_pp2_resumed_pp1_weights_load", load_weights(&w, dir, shape_of(r->layers)), "%s", dir)) return;
     rel = weights_diff(&w, &r->w, &which);
     expect("gpt_saved_pp2_resumed_pp1_weights_equal_straight_run", rel <= TOL, "tensor %s differs by %.3g of its "
            "norm", which, rel);
