@@ -187,6 +187,14 @@ int dt_k_adagrad_update(void *w, int w_dtype, float *master, const float *g, flo
 #define DT_K_SUMSQ_BLOCKS 256
 int dt_k_loss_scaler_unscale(float *g, int *found_inf, double *sumsq, double *work, int64_t n, float mul,
                              int scale, void *stream);
+/* The same pass with dt_opt.h's CPU sum order, so sumsq has the CPU's bits: over n_t tensors
+   in one launch (g, n, sumsq: device arrays of n_t device pointers / sizes / doubles), tensor j:
+   g[j][i] *= mul when scale is 1, *found_inf |= an inf or NaN (may be NULL; never cleared
+   here), sumsq[j] = (l0 + l1) + (l2 + l3), lane l the double sum of x * x over i % 4 == l in
+   element order. The lanes are serial (4 threads per tensor): O(max n / 4) time, the price of
+   those bits. dt_opt_step uses it for CUDA parameters. */
+int dt_k_grad_pass_lanes(float *const *g, const int64_t *n, int n_t, int *found_inf, double *sumsq, float mul,
+                         int scale, void *stream);
 
 /* ---------------------------------------------------------------- comm packing */
 
