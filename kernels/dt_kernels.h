@@ -95,6 +95,14 @@ int dt_k_attention_bwd(float *dqkv, const float *dout, const float *qkv, const f
    cudaErrorInvalidValue when C / n_head > 96 (the tiles would pass 48 KiB of shared memory). */
 int dt_k_attention_fwd_flash(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t C,
                              int n_head, void *stream);
+/* Its backward (FlashAttention-2): dqkv += the gradient, from dout, qkv and the fused forward's
+   out and lse; the probabilities recomputed per tile, never stored. D = rowsum(dout * out) first
+   (B*H*T floats of device scratch, cudaMalloc'd and freed), then one pass per key tile (dk, dv)
+   and one per query tile (dq): each output element summed by one thread in a fixed order, no
+   atomics, the same bits every run. Tiles of 32 rows (16 when C / n_head > 64); C / n_head >
+   128: cudaErrorInvalidValue. Equals dt_k_attention_bwd to fp32 reassociation (~1e-6). */
+int dt_k_attention_bwd_flash(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                             int64_t B, int64_t T, int64_t C, int n_head, void *stream);
 
 /* ---------------------------------------------------------------- embedding */
 
