@@ -387,6 +387,7 @@ typedef struct dt_optimizer {
     double *sumsq;          /* per-parameter sums of squares of one step, kept: no allocation per step */
     int norm_collective;    /* 1: desc.norm sums over other ranks, so every step computes the norm */
     dt_tensor cuda_tab;     /* CUDA parameters: the device tables of dt_opt_step (unused otherwise) */
+    void **cuda_grads;      /* and the grad pointers the device table holds (a bucketer may move grads) */
 } dt_optimizer;
 
 typedef struct dt_opt_step_info {
@@ -1200,8 +1201,9 @@ static dt_status dt__opt_cuda_err(dt_ctx *ctx, const char *fn, const char *call,
     return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: %s failed: %s", fn, call, dt_k_error_string(k));
 }
 
-/* Fills the tables once: the parameters, their weight decays and grads do not change after
-   dt_opt_create, so a step copies nothing to the device. */
+/* Fills the tables once: the parameters and their weight decays do not change after
+   dt_opt_create. Grads may move (a bucketer created or freed later makes them views into its
+   buckets or gives them their own memory back): dt__opt_cuda_grads re-sends the pointers then. */
 static dt_status dt__opt_cuda_init(dt_optimizer *opt, const char *fn) {
     dt_ctx *ctx = opt->ctx;
     dt_tensor_desc td;
@@ -1211,6 +1213,7 @@ static dt_status dt__opt_cuda_init(dt_optimizer *opt, const char *fn) {
     memset(&td, 0, sizeof td);
     td.dtype = DT_U8; td.device = DT_CUDA_DEVICE; td.shape[0] = (int64_t)DT__OPT_TAB_BYTES(n); td.ndim = 1;
     DT__OTRY(dt_tensor_create(ctx, &opt->cuda_tab, &td));
+    if (!(opt->cuda_grads = (void **)dt__ocalloc(ctx, n ? n : 1, sizeof(void *)))) return DT_ERR_OOM;
     if (!(h = (unsigned char *)dt__ocalloc(ctx, DT__OPT_TAB_BYTES(n), 1))) return DT_ERR_OOM;
     for (i = 0; i < n; i++) {
         const dt_param *p = opt->slots[i].param;
@@ -1218,6 +1221,7 @@ static dt_status dt__opt_cuda_init(dt_optimizer *opt, const char *fn) {
         double wd = p->no_decay ? 0.0 : g->weight_decay; /* dt__opt_update_slot's */
         int64_t numel = p->value.numel;
         void *gp = p->grad.data;
+        opt->cuda_grads[i] = gp;
         memcpy(h + DT__OPT_TAB_WD(n) + 8 * (size_t)i, &wd, 8);
         memcpy(h + DT__OPT_TAB_END(n) + 8 * (size_t)i, &numel, 8);
         memcpy(h + DT__OPT_TAB_G(n) + 8 * (size_t)i, &gp, sizeof gp);
@@ -1255,6 +1259,7 @@ DT_API void dt_opt_free(dt_optimizer *opt) {
     dt_release(ctx, opt->slots);
     dt_release(ctx, opt->sumsq);
     dt_tensor_free(ctx, &opt->cuda_tab);
+    dt_release(ctx, opt->cuda_grads);
     dt_release(ctx, opt);
 }
 
@@ -1376,6 +1381,32 @@ static void dt__opt_update_slot(dt_optimizer *opt, dt_opt_slot *s, double lr_bas
 }
 
 #ifdef DT_CUDA
+/* The grads' device pointers as they are now: checked on the host every step (n pointers), sent
+   to the device table only when one moved. */
+static dt_status dt__opt_cuda_grads(dt_optimizer *opt, const char *fn) {
+    dt_ctx *ctx = opt->ctx;
+    int i, n = opt->n_slots, moved = 0;
+    cudaError_t e;
+    for (i = 0; i < n; i++) {
+        const dt_param *p = opt->slots[i].param;
+        if (p->grad.device != DT_CUDA_DEVICE || p->grad.dtype != DT_F32 || p->grad.numel != p->value.numel ||
+            (!p->grad.data && p->grad.numel))
+            return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: \"%s\" grad is %s on %s with %lld elements (data %s); the "
+                                    "optimizer of CUDA parameters needs an f32 CUDA grad of %lld", fn, p->name,
+                                    dt_dtype_name(p->grad.dtype), dt_device_name(p->grad.device),
+                                    (long long)p->grad.numel, p->grad.data ? "set" : "NULL",
+                                    (long long)p->value.numel);
+        moved |= opt->cuda_grads[i] != p->grad.data;
+        opt->cuda_grads[i] = p->grad.data;
+    }
+    if (!moved) return DT_OK;
+    e = cudaMemcpy((unsigned char *)opt->cuda_tab.data + DT__OPT_TAB_G(n), opt->cuda_grads, (size_t)n * sizeof(void *),
+                   cudaMemcpyHostToDevice);
+    if (e != cudaSuccess)
+        return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemcpy of the grad pointers: %s", fn, cudaGetErrorString(e));
+    return DT_OK;
+}
+
 /* CUDA parameters: dt__unscale's pass on the device (dt_k_grad_pass_lanes: the CPU's multiply,
    flag and sum order), then sq[] and the flag in one copy to the host; the flag agreed over comm
    as dt__unscale does. Without scaling the grads are only read and *found_inf = 0. */
@@ -1463,6 +1494,7 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     DT__OTRY(dt__opt_check_state(opt, fn));
 #ifdef DT_CUDA
     cuda = opt->n_slots && opt->slots[0].param->value.device == DT_CUDA_DEVICE; /* then all are (dt_opt_create) */
+    if (cuda) DT__OTRY(dt__opt_cuda_grads(opt, fn));
 #endif
     memset(&inf, 0, sizeof inf);
     lr = dt_opt_lr(opt);

@@ -7,8 +7,8 @@
 // skip flag, grad norm (bitwise: the device sums in the CPU's order), loss scale and optimizer
 // step equal the CPU run's, and after the steps the values, f32 masters and optimizer state are
 // bitwise the CPU's (g++ contracts no FMA; a real GPU may differ in the last bit: 1e-6 there).
-// A checkpoint saved from CUDA parameters loads into CPU ones and back, equal. Mixed devices and
-// non-f32 grads are named.
+// A checkpoint saved from CUDA parameters loads into CPU ones and back, equal; grads moved after
+// dt_opt_create are followed. Mixed devices, non-f32 grads and a grad gone are named.
 #include <math.h>
 #include <cuda_runtime.h>
 #include <vector>
@@ -270,6 +270,37 @@ int main(void) {
                             matrix_cell(kinds[k], dtypes[t], c, modes[m]);
     }
     checkpoint_round_trip();
+    { /* grads that move after dt_opt_create (a bucketer made later turns them into views of its
+         buckets): the step follows them; a grad gone (data NULL) is named, not read */
+        dt_params hp, dp;
+        dt_optimizer *ho = NULL, *dop = NULL;
+        dt_opt_step_info hi, di;
+        dt_tensor moved;
+        memset(&d, 0, sizeof d);
+        d.kind = DT_OPT_ADAMW; d.lr = 0.01; d.clip_norm = 0.5; d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC;
+        make_set(&hp, DT_CPU);
+        make_set(&dp, DT_CUDA_DEVICE);
+        dt_opt_create(&ctx, &ho, &hp, &d);
+        dt_opt_create(&ctx, &dop, &dp, &d);
+        dt_tensor_create_like(&ctx, &moved, &dp.items[2]->grad, DT_DTYPE_DEFAULT, DT_CUDA_DEVICE);
+        dt_tensor_free(&ctx, &dp.items[2]->grad);
+        dp.items[2]->grad = moved;
+        set_grads(&hp, 1, (float)ho->scaler.scale);
+        set_grads(&dp, 1, (float)dop->scaler.scale);
+        DT_TEST_CHECK("opt_step_cuda_moved_grad_ok", dt_opt_step(ho, &hi) == DT_OK && dt_opt_step(dop, &di) == DT_OK);
+        if (!DT_TEST_CHECK("opt_step_cuda_moved_grad_norm_bitwise_cpu", di.grad_norm == hi.grad_norm))
+            printf("  cuda %.17g, cpu %.17g\n", di.grad_norm, hi.grad_norm);
+        same_state("opt_step_cuda_moved_grad_state_bitwise_cpu", ho, dop, 0);
+        {
+            void *keep = dp.items[1]->grad.data;
+            dp.items[1]->grad.data = NULL;
+            dt_test_error("opt_step_cuda_grad_data_null_is_named", dt_opt_step(dop, NULL), dt_ctx_error(&ctx),
+                          "\"b\" grad is f32 on cuda with 7 elements (data NULL)");
+            dp.items[1]->grad.data = keep;
+        }
+        dt_opt_free(ho); dt_opt_free(dop);
+        dt_params_free(&ctx, &hp); dt_params_free(&ctx, &dp);
+    }
     { /* bad inputs: named, nothing read on the host */
         dt_params dp;
         dt_optimizer *o = NULL;
