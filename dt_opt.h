@@ -18,8 +18,8 @@
        DT_MPI          in the file with dt_comm.h's implementation: multi-rank checkpoints,
                        clipping and overflow agreement; without it every comm is a world of one
                        and everything still runs
-       DT_CUDA         dt_opt_step on f32 CUDA parameters through kernels/dt_opt.cu (link the
-                       kernels' objects, as for dt_tensor.h)
+       DT_CUDA         dt_opt_step on CUDA parameters through kernels/dt_opt.cu: everything the
+                       CPU path does (link the kernels' objects, as for dt_tensor.h)
        DT_OPT_NO_SIMD  plain C loops instead of SSE2 in the Adam / Adagrad updates and the
                        gradient pass (same results, bit for bit: the lanes do the scalar ops)
        DT_OPT_NO_THREADS  dt_checkpoint_save computes its checksum in the calling thread
@@ -386,6 +386,8 @@ typedef struct dt_optimizer {
     int n_slots;
     double *sumsq;          /* per-parameter sums of squares of one step, kept: no allocation per step */
     int norm_collective;    /* 1: desc.norm sums over other ranks, so every step computes the norm */
+    dt_tensor cuda_tab;     /* CUDA parameters: the device tables of dt_opt_step (unused otherwise) */
+    void **cuda_grads;      /* and the grad pointers the device table holds (a bucketer may move grads) */
 } dt_optimizer;
 
 typedef struct dt_opt_step_info {
@@ -396,9 +398,9 @@ typedef struct dt_opt_step_info {
 } dt_opt_step_info;
 
 /* Creates the state for every parameter of ps (which must not change afterwards), on the
-   parameters' device. CPU params; or, built with DT_CUDA, a set whose every parameter is an f32
-   CUDA tensor: dt_opt_step then runs kernels/dt_opt.cu's update (loss scaling and clipping of
-   CUDA grads are DT_ERR_UNSUPPORTED so far). */
+   parameters' device. CPU params; or, built with DT_CUDA, a set whose every parameter is a CUDA
+   tensor (f32, bf16 or f16 value, f32 grad): the master weights and the state then live on the
+   device and dt_opt_step runs kernels/dt_opt.cu (see dt_opt_step). */
 DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, const dt_opt_desc *desc);
 DT_API void dt_opt_free(dt_optimizer *opt);
 /* Start of micro-step `micro` (0 .. accum_steps - 1) of gradient accumulation: switches the
@@ -414,7 +416,13 @@ DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, float *dloss, dt_bucketer
    and may differ between ranks (a trainer that logs on rank 0 only): it changes no collective
    and no result; with info, a norm that no other rank takes part in is computed locally.
    On an error (a failed collective) the grads may already be unscaled: do not call it again
-   on the same grads; end the run or redo the step from the forward. */
+   on the same grads; end the run or redo the step from the forward.
+   CUDA parameters: the same steps on the device, with the same results (the grad pass sums in
+   the CPU's order, so the norm has its bits; the update kernels do its float ops in its order,
+   bit for bit where the compiler contracts no FMA); only the sums of squares and the inf/nan
+   flag come to the host, for the all-reduces and the decisions. One difference: the clip
+   factor is applied as the update reads the grads, so the grads stay unclipped (unscaled, as
+   on the CPU). */
 DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info);
 /* The scheduled lr of the next update. */
 DT_API double dt_opt_lr(const dt_optimizer *opt);
@@ -1115,28 +1123,21 @@ static dt_status dt__opt_resolve(dt_ctx *ctx, dt_opt_desc *d, const char *fn) {
 }
 
 #ifdef DT_CUDA
-/* CUDA parameters (every parameter of the set on cuda, f32, grads f32 on cuda): dt_opt_step runs
-   kernels/dt_opt.cu's updates. Loss scaling and clipping of CUDA grads are not wired yet: named
-   as DT_ERR_UNSUPPORTED here rather than read device memory on the host. */
+/* CUDA parameters (every parameter of the set on cuda, grads f32 on cuda): dt_opt_step runs
+   kernels/dt_opt.cu; the same checks as the CPU's, with the device named. */
 static dt_status dt__opt_check_cuda(dt_ctx *ctx, dt_params *ps, const dt_opt_desc *d, const char *fn) {
     int i;
-    if (d->loss_scale.mode != DT_LOSS_SCALE_DEFAULT && d->loss_scale.mode != DT_LOSS_SCALE_NONE)
-        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: desc.loss_scale.mode = %d with parameters on cuda; loss "
-                                "scaling of CUDA grads is not supported yet (use DT_LOSS_SCALE_NONE)", fn,
-                                (int)d->loss_scale.mode);
-    if (d->clip_norm > 0)
-        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: desc.clip_norm = %g with parameters on cuda; clipping of "
-                                "CUDA grads is not supported yet (use 0)", fn, d->clip_norm);
     for (i = 0; i < ps->count; i++) {
         const dt_param *p = ps->items[i];
         if (p->value.device != DT_CUDA_DEVICE || p->grad.device != DT_CUDA_DEVICE || !p->grad.data)
             return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: \"%s\" value is on %s and grad on %s, but \"%s\" is on cuda; "
                                     "every parameter of an optimizer must be on one device", fn, p->name,
                                     dt_device_name(p->value.device), dt_device_name(p->grad.device), ps->items[0]->name);
-        if (p->value.dtype != DT_F32 || p->grad.dtype != DT_F32)
-            return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: \"%s\" value is %s, grad %s on cuda; CUDA parameters "
-                                    "must be f32 (master weights on cuda are not supported yet)", fn, p->name,
-                                    dt_dtype_name(p->value.dtype), dt_dtype_name(p->grad.dtype));
+        if ((p->value.dtype != DT_F32 && p->value.dtype != DT_BF16 && p->value.dtype != DT_F16) ||
+            p->grad.dtype != DT_F32)
+            return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: \"%s\" value is %s, grad %s on cuda; expected an f32, bf16 or "
+                                    "f16 value and an f32 grad", fn, p->name, dt_dtype_name(p->value.dtype),
+                                    dt_dtype_name(p->grad.dtype));
         if (p->grad.numel != p->value.numel)
             return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\" grad has %lld elements, value %lld", fn, p->name,
                                     (long long)p->grad.numel, (long long)p->value.numel);
@@ -1155,6 +1156,12 @@ static dt_status dt__opt_check_params(dt_ctx *ctx, dt_params *ps, const dt_opt_d
     int i;
 #ifdef DT_CUDA
     if (ps->count && ps->items[0]->value.device == DT_CUDA_DEVICE) return dt__opt_check_cuda(ctx, ps, d, fn);
+    for (i = 0; i < ps->count; i++) /* a CUDA parameter after CPU ones: the device is the mistake */
+        if (ps->items[i]->value.device == DT_CUDA_DEVICE || ps->items[i]->grad.device == DT_CUDA_DEVICE)
+            return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: \"%s\" value is on %s and grad on %s, but \"%s\" is on "
+                                    "cpu; every parameter of an optimizer must be on one device", fn,
+                                    ps->items[i]->name, dt_device_name(ps->items[i]->value.device),
+                                    dt_device_name(ps->items[i]->grad.device), ps->items[0]->name);
 #endif
     DT__OTRY(dt__check_grads(ctx, ps, fn));
     for (i = 0; i < ps->count; i++) {
@@ -1179,6 +1186,67 @@ static dt_status dt__opt_check_params(dt_ctx *ctx, dt_params *ps, const dt_opt_d
     return dt__norm_check(ctx, ps, &d->norm, fn);
 }
 
+#ifdef DT_CUDA
+/* The device tables of CUDA parameters, one allocation (opt->cuda_tab), n = n_slots:
+   sq[n] | found_inf (8 bytes) | seg_wd[n] | seg_end[n] (= numel: each parameter one segment of
+   the update kernels) | grad pointers[n]. sq and the flag sit together: one copy back per step. */
+#define DT__OPT_TAB_SQ(n) 0
+#define DT__OPT_TAB_FLAG(n) (8 * (size_t)(n))
+#define DT__OPT_TAB_WD(n) (8 * (size_t)(n) + 8)
+#define DT__OPT_TAB_END(n) (16 * (size_t)(n) + 8)
+#define DT__OPT_TAB_G(n) (24 * (size_t)(n) + 8)
+#define DT__OPT_TAB_BYTES(n) (32 * (size_t)(n) + 8)
+
+static dt_status dt__opt_cuda_err(dt_ctx *ctx, const char *fn, const char *call, int k) {
+    return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: %s failed: %s", fn, call, dt_k_error_string(k));
+}
+
+/* Fills the tables once: the parameters and their weight decays do not change after
+   dt_opt_create. Grads may move (a bucketer created or freed later makes them views into its
+   buckets or gives them their own memory back): dt__opt_cuda_grads re-sends the pointers then. */
+static dt_status dt__opt_cuda_init(dt_optimizer *opt, const char *fn) {
+    dt_ctx *ctx = opt->ctx;
+    dt_tensor_desc td;
+    unsigned char *h;
+    int i, n = opt->n_slots;
+    cudaError_t e;
+    memset(&td, 0, sizeof td);
+    td.dtype = DT_U8; td.device = DT_CUDA_DEVICE; td.shape[0] = (int64_t)DT__OPT_TAB_BYTES(n); td.ndim = 1;
+    DT__OTRY(dt_tensor_create(ctx, &opt->cuda_tab, &td));
+    if (!(opt->cuda_grads = (void **)dt__ocalloc(ctx, n ? n : 1, sizeof(void *)))) return DT_ERR_OOM;
+    if (!(h = (unsigned char *)dt__ocalloc(ctx, DT__OPT_TAB_BYTES(n), 1))) return DT_ERR_OOM;
+    for (i = 0; i < n; i++) {
+        const dt_param *p = opt->slots[i].param;
+        const dt_opt_group *g = &opt->desc.groups[p->group];
+        double wd = p->no_decay ? 0.0 : g->weight_decay; /* dt__opt_update_slot's */
+        int64_t numel = p->value.numel;
+        void *gp = p->grad.data;
+        opt->cuda_grads[i] = gp;
+        memcpy(h + DT__OPT_TAB_WD(n) + 8 * (size_t)i, &wd, 8);
+        memcpy(h + DT__OPT_TAB_END(n) + 8 * (size_t)i, &numel, 8);
+        memcpy(h + DT__OPT_TAB_G(n) + 8 * (size_t)i, &gp, sizeof gp);
+    }
+    e = cudaMemcpy(opt->cuda_tab.data, h, DT__OPT_TAB_BYTES(n), cudaMemcpyHostToDevice);
+    dt_release(ctx, h);
+    if (e != cudaSuccess)
+        return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemcpy of the optimizer's device tables: %s", fn,
+                                cudaGetErrorString(e));
+    return DT_OK;
+}
+#endif
+
+/* master = value widened (exact), on the value's device. */
+static dt_status dt__opt_master_init(dt_ctx *ctx, dt_tensor *master, const dt_tensor *value, const char *fn) {
+#ifdef DT_CUDA
+    if (value->device == DT_CUDA_DEVICE) {
+        int k = dt_k_tensor_cast(master->data, DT_F32, value->data, (int)value->dtype, value->numel, ctx->cuda_stream);
+        return k ? dt__opt_cuda_err(ctx, fn, "dt_k_tensor_cast (the master weights)", k) : DT_OK;
+    }
+#endif
+    (void)fn;
+    return dt_tensor_cast(ctx, master, value);
+}
+
 DT_API void dt_opt_free(dt_optimizer *opt) {
     int i, k;
     dt_ctx *ctx;
@@ -1190,6 +1258,8 @@ DT_API void dt_opt_free(dt_optimizer *opt) {
     }
     dt_release(ctx, opt->slots);
     dt_release(ctx, opt->sumsq);
+    dt_tensor_free(ctx, &opt->cuda_tab);
+    dt_release(ctx, opt->cuda_grads);
     dt_release(ctx, opt);
 }
 
@@ -1239,15 +1309,18 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, c
         dt_param *p = ps->items[i];
         s->param = p;
         opt->n_slots = i + 1;
-        if (p->value.dtype != DT_F32) {
-            st = dt_tensor_create_like(ctx, &s->master, &p->value, DT_F32, DT_CPU);
-            if (!st) st = dt_tensor_cast(ctx, &s->master, &p->value); /* exact: bf16/f16 -> f32 */
+        if (p->value.dtype != DT_F32) { /* on the value's device, as the state */
+            st = dt_tensor_create_like(ctx, &s->master, &p->value, DT_F32, p->value.device);
+            if (!st) st = dt__opt_master_init(ctx, &s->master, &p->value, fn); /* exact: bf16/f16 -> f32 */
         }
         for (k = 0; k < n_state && !st; k++) /* on the value's device: cpu, or cuda under DT_CUDA */
             st = dt_tensor_create_like(ctx, &s->state[k], &p->value, DT_F32, p->value.device);
         if (!st && d.kind == DT_OPT_ADAGRAD && d.initial_accumulator_value != 0)
             st = dt_tensor_fill(ctx, &s->state[0], d.initial_accumulator_value);
     }
+#ifdef DT_CUDA
+    if (!st && ps->count && ps->items[0]->value.device == DT_CUDA_DEVICE) st = dt__opt_cuda_init(opt, fn);
+#endif
     if (st) { dt_opt_free(opt); return st; }
     *out = opt;
     return DT_OK;
@@ -1308,70 +1381,102 @@ static void dt__opt_update_slot(dt_optimizer *opt, dt_opt_slot *s, double lr_bas
 }
 
 #ifdef DT_CUDA
-/* CUDA parameters (dt__opt_check_cuda): sq[i] = the sum of squares of grad i (dt_k_sumsq, in
-   double; its block order, so the last bits may differ from the CPU's sum). */
-static dt_status dt__opt_cuda_sumsq(dt_optimizer *opt, double *sq, const char *fn) {
+/* The grads' device pointers as they are now: checked on the host every step (n pointers), sent
+   to the device table only when one moved. */
+static dt_status dt__opt_cuda_grads(dt_optimizer *opt, const char *fn) {
     dt_ctx *ctx = opt->ctx;
-    double *dev = NULL;
-    int i, k = 0;
-    cudaError_t e = cudaMalloc((void **)&dev, (1 + DT_K_REDUCE_WORK) * sizeof(double));
-    if (e != cudaSuccess)
-        return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: cudaMalloc of the norm's scratch: %s", fn, cudaGetErrorString(e));
-    for (i = 0; i < opt->n_slots && !k && e == cudaSuccess; i++) {
-        const dt_tensor *g = &opt->slots[i].param->grad;
-        k = dt_k_sumsq(dev, dev + 1, (const float *)g->data, g->numel, ctx->cuda_stream);
-        if (!k) e = cudaMemcpy(&sq[i], dev, sizeof(double), cudaMemcpyDeviceToHost);
+    int i, n = opt->n_slots, moved = 0;
+    cudaError_t e;
+    for (i = 0; i < n; i++) {
+        const dt_param *p = opt->slots[i].param;
+        if (p->grad.device != DT_CUDA_DEVICE || p->grad.dtype != DT_F32 || p->grad.numel != p->value.numel ||
+            (!p->grad.data && p->grad.numel))
+            return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: \"%s\" grad is %s on %s with %lld elements (data %s); the "
+                                    "optimizer of CUDA parameters needs an f32 CUDA grad of %lld", fn, p->name,
+                                    dt_dtype_name(p->grad.dtype), dt_device_name(p->grad.device),
+                                    (long long)p->grad.numel, p->grad.data ? "set" : "NULL",
+                                    (long long)p->value.numel);
+        moved |= opt->cuda_grads[i] != p->grad.data;
+        opt->cuda_grads[i] = p->grad.data;
     }
-    cudaFree(dev);
-    if (k) return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: dt_k_sumsq failed: %s", fn, dt_k_error_string(k));
-    if (e != cudaSuccess) return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemcpy: %s", fn, cudaGetErrorString(e));
+    if (!moved) return DT_OK;
+    e = cudaMemcpy((unsigned char *)opt->cuda_tab.data + DT__OPT_TAB_G(n), opt->cuda_grads, (size_t)n * sizeof(void *),
+                   cudaMemcpyHostToDevice);
+    if (e != cudaSuccess)
+        return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemcpy of the grad pointers: %s", fn, cudaGetErrorString(e));
     return DT_OK;
 }
 
-/* The update of CUDA parameters: dt__opt_update_slot's lr and decay, then the kernel of the
-   optimizer (the CPU update's math, op for op) with each parameter as one segment. */
-static dt_status dt__opt_cuda_update(dt_optimizer *opt, double lr_base, const char *fn) {
+/* CUDA parameters: dt__unscale's pass on the device (dt_k_grad_pass_lanes: the CPU's multiply,
+   flag and sum order), then sq[] and the flag in one copy to the host; the flag agreed over comm
+   as dt__unscale does. Without scaling the grads are only read and *found_inf = 0. */
+static dt_status dt__opt_cuda_unscale(dt_optimizer *opt, int scaling, double *sq, int *found_inf, const char *fn) {
+    dt_ctx *ctx = opt->ctx;
+    const dt_loss_scaler *s = &opt->scaler;
+    const float mul = scaling ? (float)(1.0 / s->scale) : 1.0f; /* GradScaler's inv_scale, as dt__unscale */
+    unsigned char *tab = (unsigned char *)opt->cuda_tab.data;
+    int n = opt->n_slots, bad = 0, k;
+    cudaError_t e;
+    *found_inf = 0;
+    if ((e = cudaMemsetAsync(tab + DT__OPT_TAB_FLAG(n), 0, sizeof(int), (cudaStream_t)ctx->cuda_stream)) != cudaSuccess)
+        return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemsetAsync of the inf/nan flag: %s", fn, cudaGetErrorString(e));
+    k = dt_k_grad_pass_lanes((float *const *)(tab + DT__OPT_TAB_G(n)), (const int64_t *)(tab + DT__OPT_TAB_END(n)), n,
+                             (int *)(tab + DT__OPT_TAB_FLAG(n)), (double *)(tab + DT__OPT_TAB_SQ(n)), mul,
+                             scaling && s->scale != 1.0, ctx->cuda_stream);
+    if (k) return dt__opt_cuda_err(ctx, fn, "dt_k_grad_pass_lanes", k);
+    e = cudaMemcpyAsync(sq, tab, DT__OPT_TAB_FLAG(n), cudaMemcpyDeviceToHost, (cudaStream_t)ctx->cuda_stream);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(&bad, tab + DT__OPT_TAB_FLAG(n), sizeof bad, cudaMemcpyDeviceToHost,
+                            (cudaStream_t)ctx->cuda_stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize((cudaStream_t)ctx->cuda_stream);
+    if (e != cudaSuccess)
+        return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: copying the grads' sums of squares to the host: %s", fn,
+                                cudaGetErrorString(e));
+    if (!scaling) return DT_OK;
+    DT__OTRY(dt__agree_flag(opt->desc.comm, &bad));
+    *found_inf = bad;
+    return DT_OK;
+}
+
+/* The update of CUDA parameters: dt__opt_update_slot's lr and decay (the decay in the device
+   table), then the kernel of the optimizer (the CPU update's math, op for op) with each
+   parameter as one segment; bf16 / f16 values from their device master, rounded as dt_convert.
+   grad_mul is the clip factor (1: none), which the CPU multiplies into the grads first. */
+static dt_status dt__opt_cuda_update(dt_optimizer *opt, double lr_base, float grad_mul, const char *fn) {
     const dt_opt_desc *d = &opt->desc;
     dt_ctx *ctx = opt->ctx;
-    int64_t *seg = NULL, t = opt->step + 1;
-    int i, k = 0;
+    unsigned char *tab = (unsigned char *)opt->cuda_tab.data;
+    int64_t t = opt->step + 1;
+    int i, k = 0, n_slots = opt->n_slots;
     const char *call = "";
-    cudaError_t e = cudaMalloc((void **)&seg, 2 * sizeof(int64_t)); /* seg_end[1] | seg_wd[1] (a double) */
-    if (e != cudaSuccess)
-        return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: cudaMalloc of the segment table: %s", fn, cudaGetErrorString(e));
-    for (i = 0; i < opt->n_slots && !k && e == cudaSuccess; i++) {
+    for (i = 0; i < n_slots && !k; i++) {
         dt_opt_slot *s = &opt->slots[i];
         dt_param *p = s->param;
-        const dt_opt_group *g = &d->groups[p->group];
-        double lr = lr_base * g->lr_scale, wd = p->no_decay ? 0.0 : g->weight_decay;
-        int64_t n = p->value.numel, host[2];
-        float *w = (float *)p->value.data, *s0 = (float *)s->state[0].data, *s1 = (float *)s->state[1].data;
+        double lr = lr_base * d->groups[p->group].lr_scale;
+        const int64_t *seg = (const int64_t *)(tab + DT__OPT_TAB_END(n_slots)) + i;
+        const double *wd = (const double *)(tab + DT__OPT_TAB_WD(n_slots)) + i;
+        int64_t n = p->value.numel;
+        float *s0 = (float *)s->state[0].data, *s1 = (float *)s->state[1].data, *m = (float *)s->master.data;
         const float *gr = (const float *)p->grad.data;
-        host[0] = n;
-        memcpy(&host[1], &wd, sizeof wd);
-        if ((e = cudaMemcpy(seg, host, sizeof host, cudaMemcpyHostToDevice)) != cudaSuccess) break;
         switch (d->kind) {
         case DT_OPT_SGD:
             call = "dt_k_sgd_update";
-            k = dt_k_sgd_update(w, DT_F32, NULL, gr, s0, n, seg, (const double *)(seg + 1), 1, lr, d->momentum,
-                                d->dampening, d->nesterov, t == 1, 1.0f, NULL, ctx->cuda_stream);
+            k = dt_k_sgd_update(p->value.data, (int)p->value.dtype, m, gr, s0, n, seg, wd, 1, lr, d->momentum,
+                                d->dampening, d->nesterov, t == 1, grad_mul, NULL, ctx->cuda_stream);
             break;
         case DT_OPT_ADAM: case DT_OPT_ADAMW:
             call = "dt_k_adam_update";
-            k = dt_k_adam_update(w, DT_F32, NULL, gr, s0, s1, n, seg, (const double *)(seg + 1), 1, lr, d->beta1,
-                                 d->beta2, d->eps, d->kind == DT_OPT_ADAMW, t, 1.0f, NULL, ctx->cuda_stream);
+            k = dt_k_adam_update(p->value.data, (int)p->value.dtype, m, gr, s0, s1, n, seg, wd, 1, lr, d->beta1,
+                                 d->beta2, d->eps, d->kind == DT_OPT_ADAMW, t, grad_mul, NULL, ctx->cuda_stream);
             break;
         default:
             call = "dt_k_adagrad_update";
-            k = dt_k_adagrad_update(w, DT_F32, NULL, gr, s0, n, seg, (const double *)(seg + 1), 1, lr, d->lr_decay,
-                                    d->eps, t, 1.0f, NULL, ctx->cuda_stream);
+            k = dt_k_adagrad_update(p->value.data, (int)p->value.dtype, m, gr, s0, n, seg, wd, 1, lr, d->lr_decay,
+                                    d->eps, t, grad_mul, NULL, ctx->cuda_stream);
             break;
         }
     }
-    cudaFree(seg);
-    if (k) return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: %s failed: %s", fn, call, dt_k_error_string(k));
-    if (e != cudaSuccess) return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemcpy: %s", fn, cudaGetErrorString(e));
-    return DT_OK;
+    return k ? dt__opt_cuda_err(ctx, fn, call, k) : DT_OK;
 }
 #endif
 
@@ -1389,6 +1494,7 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     DT__OTRY(dt__opt_check_state(opt, fn));
 #ifdef DT_CUDA
     cuda = opt->n_slots && opt->slots[0].param->value.device == DT_CUDA_DEVICE; /* then all are (dt_opt_create) */
+    if (cuda) DT__OTRY(dt__opt_cuda_grads(opt, fn));
 #endif
     memset(&inf, 0, sizeof inf);
     lr = dt_opt_lr(opt);
@@ -1402,11 +1508,11 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     sq = opt->sumsq;
     /* 1. one pass over the grads: unscale, inf/nan agreed over desc.comm, sums of squares (none
        without scaling or a norm: the update is then the only pass) */
-    if ((scaling || want_norm) && cuda) { /* never scaling: dt__opt_check_cuda */
+    if (scaling || want_norm) {
 #ifdef DT_CUDA
-        st = dt__opt_cuda_sumsq(opt, sq, fn);
+        if (cuda) st = dt__opt_cuda_unscale(opt, scaling, sq, &bad, fn);
+        else
 #endif
-    } else if (scaling || want_norm) {
         st = dt__unscale(scaling ? &opt->scaler : NULL, ps, sq, &bad, opt->desc.comm);
         if (!st && bad) {
             dt_loss_scaler_update(&opt->scaler, 1);
@@ -1417,11 +1523,15 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     /* 2. global norm, 3. clip, 4. update */
     if (!st && !inf.skipped && want_norm) st = dt__norm_combine(ctx, ps, &opt->desc.norm, sq, &inf.grad_norm, fn);
     if (!st && !inf.skipped) {
-        if (opt->desc.clip_norm > 0) dt__clip(ps, opt->desc.clip_norm, inf.grad_norm); /* not on cuda */
+        if (opt->desc.clip_norm > 0 && !cuda) dt__clip(ps, opt->desc.clip_norm, inf.grad_norm);
 #ifdef DT_CUDA
-        if (cuda && (st = dt__opt_cuda_update(opt, lr, fn))) {
-            if (info) *info = inf;
-            return st;
+        if (cuda) { /* dt__clip's factor, applied as the update reads the grads */
+            double coef = opt->desc.clip_norm > 0 ? opt->desc.clip_norm / (inf.grad_norm + 1e-6) : 1.0;
+            float gm = dt__ofinite(inf.grad_norm) && coef < 1.0 ? (float)coef : 1.0f;
+            if ((st = dt__opt_cuda_update(opt, lr, gm, fn))) {
+                if (info) *info = inf;
+                return st;
+            }
         }
 #endif
         for (i = 0; i < opt->n_slots && !cuda; i++) dt__opt_update_slot(opt, &opt->slots[i], lr);

@@ -397,7 +397,9 @@ DT_API dt_status dt_embedding_bwd(dt_ctx *ctx, dt_tensor *dtable, const dt_tenso
                                   const dt_tensor *ids);
 /* Causal multi-head self-attention (GPT-2, as llm.c): qkv [B,T,3C] packed q|k|v, out [B,T,C],
    att [B,H,T,T] receives the softmaxed scores for the backward (0 above the diagonal: the mask).
-   Both run per (batch, head) on GEMMs (dt_matmul's), the backward with a [T,T] ctx scratch. */
+   Both run per (batch, head) on GEMMs (dt_matmul's), the backward with a [T,T] ctx scratch.
+   On CUDA tensors att may be NULL: the fused (flash) kernels, nothing [T,T] stored, the
+   backward recomputing the forward (head size <= 96; see dt__cu_attention_fwd). */
 DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv,
                                   int n_head);
 DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor *dout,
@@ -3115,12 +3117,46 @@ static dt_status dt__cu_embedding(dt_ctx *ctx, dt_tensor *t, const dt_tensor *u,
                          fn, "dt_k_embedding_fwd");
 }
 
+/* CUDA attention chooses by att: given, the baseline kernels (att [B,H,T,T] holds the
+   probabilities, as on the CPU); NULL (CUDA only: the CPU op needs att), the fused pair:
+   dt_k_attention_fwd_flash, and a backward that reruns it into scratch for out and lse (B*T*C +
+   B*H*T floats, activation recompute: bitwise the forward's out) and then dt_k_attention_bwd_flash.
+   No [T,T] matrix is stored; head size C / n_head <= 96. att_like: the shape checks of
+   dt__attn_check without an att, through a stand-in [B,H,T,T] that is never read. */
+static dt_status dt__cu_att_like(dt_ctx *ctx, dt_tensor *like, const dt_tensor *o, const dt_tensor *qkv, int n_head,
+                                 const char *fn, const char *on) {
+    int64_t hs;
+    DT__TRY(dt__f32(ctx, qkv, fn, "qkv"));
+    DT__TRY(dt__ndim(ctx, qkv, 3, 3, fn, "qkv"));
+    *like = *qkv;
+    like->ndim = 4;
+    like->shape[0] = qkv->shape[0]; like->shape[1] = n_head; like->shape[2] = like->shape[3] = qkv->shape[1];
+    like->numel = dt_shape_numel(4, like->shape);
+    if (like->numel < 0 && n_head > 0)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: qkv has B = %lld, T = %lld: B * n_head * T * T overflows int64",
+                                fn, (long long)qkv->shape[0], (long long)qkv->shape[1]);
+    if (like->numel < 0) like->shape[0] = like->shape[1] = like->shape[2] = like->shape[3] = like->numel = 0;
+    DT__TRY(dt__attn_check(ctx, o, like, qkv, n_head, fn, on));
+    hs = qkv->shape[2] / 3 / n_head;
+    if (hs > 96)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: att is NULL (the fused kernels) with head size C / n_head "
+                                "= %lld; the fused kernels take at most 96: pass att", fn, (long long)hs);
+    return DT_OK;
+}
+
 static dt_status dt__cu_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv, int n_head) {
     const char *fn = "dt_attention_fwd";
     DT__CU_SH(so, out, "out");
     DT__CU_SH(sa, att, "att");
     DT__CU_SH(sq, qkv, "qkv");
-    if (!so || !sa || !sq) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out, att and qkv must be non-NULL", fn);
+    if (!so || !sq) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out and qkv must be non-NULL", fn);
+    if (!sa) {
+        dt_tensor like;
+        DT__TRY(dt__cu_att_like(ctx, &like, so, sq, n_head, fn, "out"));
+        return dt__cu_status(ctx, dt_k_attention_fwd_flash(DT__CU_F(out), NULL, (const float *)qkv->data, qkv->shape[0],
+                                                           qkv->shape[1], qkv->shape[2] / 3, n_head, ctx->cuda_stream),
+                             fn, "dt_k_attention_fwd_flash");
+    }
     DT__TRY(dt__attn_check(ctx, so, sa, sq, n_head, fn, "out"));
     return dt__cu_status(ctx, dt_k_attention_fwd(DT__CU_F(out), DT__CU_F(att), (const float *)qkv->data, qkv->shape[0],
                                                  qkv->shape[1], qkv->shape[2] / 3, n_head, ctx->cuda_stream),
@@ -3134,11 +3170,37 @@ static dt_status dt__cu_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_ten
     DT__CU_SH(sg, dout, "dout");
     DT__CU_SH(sq, qkv, "qkv");
     DT__CU_SH(sa, att, "att");
-    if (!sg || !sa || !sq) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dout, att and qkv must be non-NULL", fn);
-    DT__TRY(dt__attn_check(ctx, sg, sa, sq, n_head, fn, "dout"));
+    if (!sg || !sq) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dout and qkv must be non-NULL", fn);
+    if (!sa) {
+        dt_tensor like;
+        DT__TRY(dt__cu_att_like(ctx, &like, sg, sq, n_head, fn, "dout"));
+    } else {
+        DT__TRY(dt__attn_check(ctx, sg, sa, sq, n_head, fn, "dout"));
+    }
     if (!sd) return DT_OK;
     DT__TRY(dt__f32(ctx, sd, fn, "dqkv"));
     DT__TRY(dt__same(ctx, sd, sq, fn, "dqkv", "qkv"));
+    if (!sa) { /* the fused backward: out and lse recomputed by the fused forward, into scratch */
+        dt_tensor o, lse;
+        dt_tensor_desc ld;
+        dt_status st;
+        int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
+        memset(&ld, 0, sizeof ld);
+        ld.dtype = DT_F32; ld.device = DT_CUDA_DEVICE; ld.ndim = 3;
+        ld.shape[0] = B; ld.shape[1] = n_head; ld.shape[2] = T;
+        DT__TRY(dt_tensor_create_like(ctx, &o, dout, DT_F32, DT_CUDA_DEVICE));
+        if ((st = dt_tensor_create(ctx, &lse, &ld))) { dt_tensor_free(ctx, &o); return st; }
+        st = dt__cu_status(ctx, dt_k_attention_fwd_flash(DT__CU_F(&o), DT__CU_F(&lse), (const float *)qkv->data, B, T, C,
+                                                         n_head, ctx->cuda_stream), fn, "dt_k_attention_fwd_flash");
+        if (!st)
+            st = dt__cu_status(ctx, dt_k_attention_bwd_flash(DT__CU_F(dqkv), (const float *)dout->data,
+                                                             (const float *)qkv->data, DT__CU_F(&o), DT__CU_F(&lse), B,
+                                                             T, C, n_head, ctx->cuda_stream),
+                               fn, "dt_k_attention_bwd_flash");
+        dt_tensor_free(ctx, &o);
+        dt_tensor_free(ctx, &lse);
+        return st;
+    }
     return dt__cu_status(ctx, dt_k_attention_bwd(DT__CU_F(dqkv), (const float *)dout->data, (const float *)qkv->data,
                                                  (const float *)att->data, qkv->shape[0], qkv->shape[1],
                                                  qkv->shape[2] / 3, n_head, ctx->cuda_stream),

@@ -13,9 +13,10 @@
    per 32 queries of a (b, h); the key / value rows pass through shared memory in tiles of 32,
    and each thread keeps its query's running max m, sum l and output row (online softmax:
    when a score s > m arrives, l and the row are rescaled by exp(m - s)).
-   Sums over the whole row (max, sum) use block reductions in the baseline and a sequential
-   online pass in the fused kernel, so the two differ from the CPU and each other by fp32
-   reassociation (~1e-6 relative), not bitwise. */
+   Its backward (below, FlashAttention-2) recomputes the probabilities per tile from q, k and
+   the forward's lse. Sums over the whole row (max, sum) use block reductions in the baseline
+   and a sequential online pass in the fused kernels, so the two differ from the CPU and each
+   other by fp32 reassociation (~1e-6 relative), not bitwise. */
 #include "dt_cuda.cuh"
 #include <math.h>
 #include <stdint.h>
@@ -230,4 +231,157 @@ extern "C" int dt_k_attention_fwd_flash(float *out, float *lse, const float *qkv
     DT_K_LAUNCH(dt_k__att_flash, (unsigned)blocks, DT_K__ATT_TILE, smem, stream, out, lse, qkv, T, C, n_head, hs,
                 dt_k__att_scale(hs));
     return DT_K_CHECK();
+}
+
+/* The fused backward (FlashAttention-2's, Dao 2023), never storing the T x T matrices. With the
+   forward's out and lse: D[t] = dout[t] . out[t] (= sum_t2 a[t][t2] datt[t2], the softmax
+   backward's row sum), and per (query t, key t2 <= t), recomputed from q, k and lse:
+       p = exp(q.k scale - lse[t]),  dp = dout[t] . v[t2],  ds = p (dp - D[t]) scale
+       dv[t2] += p dout[t],  dk[t2] += ds q[t],  dq[t] += ds k[t2].
+   Two passes, so that every output row is summed by one thread in a fixed order (no atomics:
+   the same bits every run): one block per (b, h, key tile) walks the query tiles from its own
+   diagonal down and owns dk, dv of its keys; one block per (b, h, query tile) walks the key
+   tiles up to its diagonal and owns dq. Thread = key (resp. query) of the tile; the other side
+   passes through shared memory in tiles; the thread's own rows (k, v, dk, dv resp. q, dout, dq)
+   sit in shared memory too (hs is known only at run time). Tile 32, or 16 when hs > 64 keeps
+   the 6 tiles under 48 KiB. lse and D are read from global memory by all threads at once (one
+   broadcast load each). */
+static int dt_k__att_bwd_tile(int64_t hs) {
+    return (uint64_t)(6 * 32 * hs) * sizeof(float) <= DT_K__SMEM_MAX ? 32 : 16;
+}
+
+/* D[bh T + t] = dout[b, t, head h] . out[b, t, head h], one thread per row, in column order. */
+static __global__ void dt_k__att_flash_d(float *__restrict__ D, const float *__restrict__ dout,
+                                         const float *__restrict__ out, int64_t rows, int64_t T, int64_t C, int H,
+                                         int64_t hs) {
+    int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, i;
+    for (; r < rows; r += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = r % T, bh = r / T, b = bh / H, off = (b * T + t) * C + (bh % H) * hs;
+        float d = 0.0f;
+        for (i = 0; i < hs; i++) d += dout[off + i] * out[off + i];
+        D[r] = d;
+    }
+}
+
+/* Key side: block (b, h, key tile), thread = key tk; dk, dv += over the queries t >= tk. */
+static __global__ void dt_k__att_flash_bwd_kv(float *__restrict__ dqkv, const float *__restrict__ dout,
+                                              const float *__restrict__ qkv, const float *__restrict__ lse,
+                                              const float *__restrict__ D, int64_t T, int64_t C, int H, int64_t hs,
+                                              float scale) {
+    DT_K_SHARED_DYNAMIC(float, sm);
+    const int BT = (int)blockDim.x;
+    int64_t nt = (T + BT - 1) / BT, blk = blockIdx.x, bh = blk / nt, b = bh / H, k0 = (blk % nt) * BT;
+    int h = (int)(bh % H), tid = threadIdx.x, j;
+    int64_t tk = k0 + tid, q0, i, idx;
+    float *Qs = sm, *Gs = Qs + BT * hs, *k = Gs + BT * hs + tid * hs, *v = k + BT * hs, *dk = v + BT * hs,
+          *dv = dk + BT * hs;
+    const int valid = tk < T;
+    for (i = 0; i < hs; i++) { /* this thread's own rows: no barrier needed */
+        k[i] = valid ? qkv[(b * T + tk) * 3 * C + C + h * hs + i] : 0.0f;
+        v[i] = valid ? qkv[(b * T + tk) * 3 * C + 2 * C + h * hs + i] : 0.0f;
+        dk[i] = 0.0f;
+        dv[i] = 0.0f;
+    }
+    for (q0 = k0; q0 < T; q0 += BT) { /* queries before k0 do not see these keys (causal) */
+        __syncthreads(); /* every thread is done with the previous tile */
+        for (idx = tid; idx < BT * hs; idx += BT) {
+            int64_t r = idx / hs, c = idx % hs, tq = q0 + r;
+            Qs[idx] = tq < T ? qkv[(b * T + tq) * 3 * C + h * hs + c] : 0.0f;
+            Gs[idx] = tq < T ? dout[(b * T + tq) * C + h * hs + c] : 0.0f;
+        }
+        __syncthreads(); /* the tile is in */
+        if (!valid) continue;
+        for (j = 0; j < BT && q0 + j < T; j++) {
+            const float *q = Qs + j * hs, *g = Gs + j * hs;
+            float s = 0.0f, dp = 0.0f, p, ds;
+            if (q0 + j < tk) continue; /* the causal mask */
+            for (i = 0; i < hs; i++) s += q[i] * k[i];
+            p = expf(s * scale - lse[bh * T + q0 + j]);
+            for (i = 0; i < hs; i++) dp += g[i] * v[i];
+            ds = p * (dp - D[bh * T + q0 + j]) * scale;
+            for (i = 0; i < hs; i++) {
+                dv[i] += p * g[i];
+                dk[i] += ds * q[i];
+            }
+        }
+    }
+    if (!valid) return;
+    for (i = 0; i < hs; i++) {
+        dqkv[(b * T + tk) * 3 * C + C + h * hs + i] += dk[i];
+        dqkv[(b * T + tk) * 3 * C + 2 * C + h * hs + i] += dv[i];
+    }
+}
+
+/* Query side: block (b, h, query tile), thread = query t; dq += over the keys t2 <= t. */
+static __global__ void dt_k__att_flash_bwd_q(float *__restrict__ dqkv, const float *__restrict__ dout,
+                                             const float *__restrict__ qkv, const float *__restrict__ lse,
+                                             const float *__restrict__ D, int64_t T, int64_t C, int H, int64_t hs,
+                                             float scale) {
+    DT_K_SHARED_DYNAMIC(float, sm);
+    const int BT = (int)blockDim.x;
+    int64_t nt = (T + BT - 1) / BT, blk = blockIdx.x, bh = blk / nt, b = bh / H, q0 = (blk % nt) * BT;
+    int h = (int)(bh % H), tid = threadIdx.x, j;
+    int64_t t = q0 + tid, k0, i, idx, kend = q0 + BT < T ? q0 + BT : T;
+    float *Ks = sm, *Vs = Ks + BT * hs, *q = Vs + BT * hs + tid * hs, *g = q + BT * hs, *dq = g + BT * hs;
+    const int valid = t < T;
+    const float lt = valid ? lse[bh * T + t] : 0.0f, Dt = valid ? D[bh * T + t] : 0.0f;
+    for (i = 0; i < hs; i++) {
+        q[i] = valid ? qkv[(b * T + t) * 3 * C + h * hs + i] : 0.0f;
+        g[i] = valid ? dout[(b * T + t) * C + h * hs + i] : 0.0f;
+        dq[i] = 0.0f;
+    }
+    for (k0 = 0; k0 < kend; k0 += BT) { /* keys past the tile's last query are masked for all */
+        __syncthreads(); /* every thread is done with the previous tile */
+        for (idx = tid; idx < BT * hs; idx += BT) {
+            int64_t r = idx / hs, c = idx % hs, tk = k0 + r;
+            const float *src = qkv + (b * T + tk) * 3 * C + C + h * hs + c;
+            Ks[idx] = tk < T ? src[0] : 0.0f;
+            Vs[idx] = tk < T ? src[C] : 0.0f;
+        }
+        __syncthreads(); /* the tile is in */
+        if (!valid) continue;
+        for (j = 0; j < BT && k0 + j <= t; j++) {
+            const float *kr = Ks + j * hs, *vr = Vs + j * hs;
+            float s = 0.0f, dp = 0.0f, p, ds;
+            for (i = 0; i < hs; i++) s += q[i] * kr[i];
+            p = expf(s * scale - lt);
+            for (i = 0; i < hs; i++) dp += g[i] * vr[i];
+            ds = p * (dp - Dt) * scale;
+            for (i = 0; i < hs; i++) dq[i] += ds * kr[i];
+        }
+    }
+    if (!valid) return;
+    for (i = 0; i < hs; i++) dqkv[(b * T + t) * 3 * C + h * hs + i] += dq[i];
+}
+
+extern "C" int dt_k_attention_bwd_flash(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                        const float *lse, int64_t B, int64_t T, int64_t C, int n_head, void *stream) {
+    int64_t hs, rows, blocks;
+    float *D = NULL;
+    int st, bt;
+    if (!dt_k__att_args(B, T, C, n_head)) return (int)cudaErrorInvalidValue;
+    hs = C / n_head;
+    bt = dt_k__att_bwd_tile(hs);
+    if ((uint64_t)(6 * bt * hs) * sizeof(float) > DT_K__SMEM_MAX) return (int)cudaErrorInvalidValue;
+    rows = B * n_head * T;
+    if (rows == 0 || hs == 0 || !dqkv) return 0; /* C = 0: no gradient to write */
+    if (!dout || !qkv || !out || !lse) return (int)cudaErrorInvalidValue;
+    if ((st = (int)cudaMalloc((void **)&D, (size_t)rows * sizeof(float)))) return st;
+    DT_K_LAUNCH(dt_k__att_flash_d, (unsigned)((rows + 255) / 256 < 65535 ? (rows + 255) / 256 : 65535), 256, 0,
+                stream, D, dout, out, rows, T, C, n_head, hs);
+    st = DT_K_CHECK();
+    blocks = B * n_head * ((T + bt - 1) / bt);
+    if (!st) {
+        DT_K_LAUNCH(dt_k__att_flash_bwd_kv, (unsigned)blocks, bt, (size_t)(6 * bt * hs) * sizeof(float), stream, dqkv,
+                    dout, qkv, lse, D, T, C, n_head, hs, dt_k__att_scale(hs));
+        st = DT_K_CHECK();
+    }
+    if (!st) {
+        DT_K_LAUNCH(dt_k__att_flash_bwd_q, (unsigned)blocks, bt, (size_t)(5 * bt * hs) * sizeof(float), stream, dqkv,
+                    dout, qkv, lse, D, T, C, n_head, hs, dt_k__att_scale(hs));
+        st = DT_K_CHECK();
+    }
+    if (!st) st = (int)cudaStreamSynchronize((cudaStream_t)stream); /* before the scratch goes */
+    cudaFree(D);
+    return st;
 }

@@ -95,6 +95,14 @@ int dt_k_attention_bwd(float *dqkv, const float *dout, const float *qkv, const f
    cudaErrorInvalidValue when C / n_head > 96 (the tiles would pass 48 KiB of shared memory). */
 int dt_k_attention_fwd_flash(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t C,
                              int n_head, void *stream);
+/* Its backward (FlashAttention-2): dqkv += the gradient, from dout, qkv and the fused forward's
+   out and lse; the probabilities recomputed per tile, never stored. D = rowsum(dout * out) first
+   (B*H*T floats of device scratch, cudaMalloc'd and freed), then one pass per key tile (dk, dv)
+   and one per query tile (dq): each output element summed by one thread in a fixed order, no
+   atomics, the same bits every run. Tiles of 32 rows (16 when C / n_head > 64); C / n_head >
+   128: cudaErrorInvalidValue. Equals dt_k_attention_bwd to fp32 reassociation (~1e-6). */
+int dt_k_attention_bwd_flash(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                             int64_t B, int64_t T, int64_t C, int n_head, void *stream);
 
 /* ---------------------------------------------------------------- embedding */
 
@@ -187,6 +195,14 @@ int dt_k_adagrad_update(void *w, int w_dtype, float *master, const float *g, flo
 #define DT_K_SUMSQ_BLOCKS 256
 int dt_k_loss_scaler_unscale(float *g, int *found_inf, double *sumsq, double *work, int64_t n, float mul,
                              int scale, void *stream);
+/* The same pass with dt_opt.h's CPU sum order, so sumsq has the CPU's bits: over n_t tensors
+   in one launch (g, n, sumsq: device arrays of n_t device pointers / sizes / doubles), tensor j:
+   g[j][i] *= mul when scale is 1, *found_inf |= an inf or NaN (may be NULL; never cleared
+   here), sumsq[j] = (l0 + l1) + (l2 + l3), lane l the double sum of x * x over i % 4 == l in
+   element order. The lanes are serial (4 threads per tensor): O(max n / 4) time, the price of
+   those bits. dt_opt_step uses it for CUDA parameters. */
+int dt_k_grad_pass_lanes(float *const *g, const int64_t *n, int n_t, int *found_inf, double *sumsq, float mul,
+                         int scale, void *stream);
 
 /* ---------------------------------------------------------------- comm packing */
 

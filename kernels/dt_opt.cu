@@ -8,7 +8,9 @@
    search of seg_end: log2(parameters) cached loads, cheaper than one launch per parameter.
    The sum of squares is two launches (a grid-wide sum needs a grid-wide sync): per-block
    double partials in a fixed order, then one block adds the partials in block order, so it is
-   the same bits every run (not the CPU's bits: a different order of double additions). */
+   the same bits every run (not the CPU's bits: a different order of double additions).
+   dt_k_grad_pass_lanes is the pass with the CPU's bits, what dt_opt_step uses: its sums keep
+   the CPU's four-lane order, so they are serial per tensor. */
 #include "dt_cuda.cuh"
 #include <math.h>
 #include <stdint.h>
@@ -225,5 +227,45 @@ extern "C" int dt_k_loss_scaler_unscale(float *g, int *found_inf, double *sumsq,
     if ((st = DT_K_CHECK())) return st;
     if (!sumsq) return 0;
     DT_K_LAUNCH(dt_k__sum_partials, 1, DT_K__OPT_THREADS, 0, stream, sumsq, work, nb);
+    return DT_K_CHECK();
+}
+
+/* dt_opt.h's CPU pass (dt__grad_pass), bit for bit, over n_t tensors in one launch, one block per
+   tensor. First every thread of the block multiplies and flags a stride of elements (parallel,
+   no sums); then lane l = thread l < 4 adds (double)x * x over the elements i with i % 4 == l
+   in element order, as the CPU's lane l does, and thread 0 combines (l0 + l1) + (l2 + l3).
+   Those lane sums are serial: a double addition's rounding depends on the order, and keeping
+   the CPU's order is what makes a CUDA run's norm, and so its clipping, the CPU run's. */
+#define DT_K__LANE_THREADS 32
+static __global__ void dt_k__grad_pass_lanes(float *const *gs, const int64_t *ns, int *found_inf, double *sumsq,
+                                             float mul, int scale) {
+    __shared__ double lane[4];
+    float *g = gs[blockIdx.x];
+    int64_t n = ns[blockIdx.x], i;
+    int bad = 0;
+    for (i = threadIdx.x; i < n; i += blockDim.x) {
+        float x = g[i];
+        if (scale) {
+            x *= mul;
+            g[i] = x;
+        }
+        bad |= (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
+    }
+    if (bad && found_inf) atomicMax(found_inf, 1);
+    __syncthreads(); /* the multiplied grads, written by every thread, read by the four lanes */
+    if (threadIdx.x < 4) {
+        double s = 0.0;
+        for (i = threadIdx.x; i < n; i += 4) s += (double)g[i] * (double)g[i];
+        lane[threadIdx.x] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) sumsq[blockIdx.x] = (lane[0] + lane[1]) + (lane[2] + lane[3]);
+}
+
+extern "C" int dt_k_grad_pass_lanes(float *const *g, const int64_t *n, int n_t, int *found_inf, double *sumsq,
+                                    float mul, int scale, void *stream) {
+    if (n_t < 0 || (scale != 0 && scale != 1) || (n_t > 0 && (!g || !n || !sumsq))) return (int)cudaErrorInvalidValue;
+    if (n_t == 0) return 0;
+    DT_K_LAUNCH(dt_k__grad_pass_lanes, (unsigned)n_t, DT_K__LANE_THREADS, 0, stream, g, n, found_inf, sumsq, mul, scale);
     return DT_K_CHECK();
 }

@@ -1,5 +1,7 @@
 // tests/cuda_emu/k_attention.cpp - kernels/dt_attention.cu on the emulator against dt_tensor.h's
-// dt_attention_fwd / _bwd (the CPU op), and the fused forward against the baseline kernel.
+// dt_attention_fwd / _bwd (the CPU op), and the fused forward and backward against the baseline
+// kernels and the CPU op: T not a multiple of the tile, one and several heads, B 1 and 2, a head
+// size over 64 (the backward's 16-row tiles); the fused backward is also the same bits twice.
 #include <cuda_runtime.h>
 #include <vector>
 #define DT_IMPLEMENTATION
@@ -98,6 +100,23 @@ static void check(dt_ctx *ctx, const char *tag, int64_t B, int64_t T, int64_t C,
         snprintf(name, sizeof name, "attention_fwd_flash_lse_is_row_logsumexp_%s", tag);
         dt_test_allclose(name, host(d_lse, want.size()).data(), want.data(), want.size(), 1e-5, 1e-5);
     }
+    { /* the fused backward from the fused forward's out and lse, onto the same initial dqkv */
+        float *d_fdq = dev(dqkv0), *d_fdq2 = dev(dqkv0);
+        std::vector<float> base = host(d_dqkv, nq);
+        st = dt_k_attention_bwd_flash(d_fdq, d_dout, d_qkv, d_fl, d_lse, B, T, C, H, NULL);
+        snprintf(name, sizeof name, "attention_bwd_flash_returns_0_%s", tag);
+        if (DT_TEST_CHECK(name, st == 0)) {
+            std::vector<float> got = host(d_fdq, nq);
+            snprintf(name, sizeof name, "attention_bwd_flash_dqkv_matches_cpu_%s", tag);
+            dt_test_allclose(name, got.data(), dqkv.data(), nq, 1e-6, 1e-5);
+            snprintf(name, sizeof name, "attention_bwd_flash_dqkv_matches_baseline_kernel_%s", tag);
+            dt_test_allclose(name, got.data(), base.data(), nq, 1e-6, 1e-5);
+            dt_k_attention_bwd_flash(d_fdq2, d_dout, d_qkv, d_fl, d_lse, B, T, C, H, NULL);
+            snprintf(name, sizeof name, "attention_bwd_flash_same_bits_every_run_%s", tag);
+            dt_test_allclose(name, host(d_fdq2, nq).data(), got.data(), nq, 0, 0);
+        }
+        cudaFree(d_fdq); cudaFree(d_fdq2);
+    }
     cudaFree(d_qkv); cudaFree(d_out); cudaFree(d_att); cudaFree(d_dout); cudaFree(d_dqkv); cudaFree(d_fl);
     cudaFree(d_lse);
 }
@@ -108,6 +127,8 @@ int main(void) {
     /* T = 35 (33 small): the fused kernel's second query tile is partial and sees two key tiles */
     check(&ctx, "two_query_tiles_C8_H2", 1, ksz(35, 33), 8, 2);
     check(&ctx, "B2_T5_C6_H3", 2, 5, 6, 3);
+    check(&ctx, "B2_T35_C4_H1_one_head", 2, ksz(35, 33), 4, 1);
+    check(&ctx, "hs72_tile16_T20", 1, ksz(20, 18), 72, 1); /* the backward's 16-row tiles, partial */
     { /* bad arguments are statuses, never a launch */
         float *d = NULL;
         cudaMalloc((void **)&d, 64 * sizeof(float));
@@ -119,6 +140,11 @@ int main(void) {
                       dt_k_attention_fwd_flash(d, NULL, d, 1, 1, 97, 1, NULL) == (int)cudaErrorInvalidValue);
         DT_TEST_CHECK("attention_fwd_flash_negative_T_is_invalid_value",
                       dt_k_attention_fwd_flash(d, NULL, d, 1, -1, 8, 2, NULL) == (int)cudaErrorInvalidValue);
+        DT_TEST_CHECK("attention_bwd_flash_head_size_over_128_is_invalid_value",
+                      dt_k_attention_bwd_flash(d, d, d, d, d, 1, 1, 129, 1, NULL) == (int)cudaErrorInvalidValue);
+        DT_TEST_CHECK("attention_bwd_flash_null_lse_is_invalid_value",
+                      dt_k_attention_bwd_flash(d, d, d, d, NULL, 1, 2, 8, 2, NULL) == (int)cudaErrorInvalidValue);
+        DT_TEST_CHECK("attention_bwd_flash_empty_batch_is_ok", dt_k_attention_bwd_flash(d, d, d, d, d, 0, 4, 8, 2, NULL) == 0);
         DT_TEST_CHECK("attention_fwd_empty_batch_is_ok", dt_k_attention_fwd(d, d, d, 0, 4, 8, 2, NULL) == 0 &&
                                                              dt_k_attention_fwd_flash(d, d, d, 0, 4, 8, 2, NULL) == 0 &&
                                                              dt_k_attention_bwd(d, d, d, d, 0, 4, 8, 2, NULL) == 0);

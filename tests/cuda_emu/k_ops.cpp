@@ -1,6 +1,6 @@
 // tests/cuda_emu/k_ops.cpp - dt_tensor.h built with DT_CUDA on the emulator: the public ops on
 // CUDA tensors (dispatched to kernels/) against the same ops on CPU tensors, forward and
-// backward, and a mixed-device call named as an error.
+// backward (attention also without att: the fused kernels), and a mixed-device call named as an error.
 #include <cuda_runtime.h>
 #include <math.h>
 #include <vector>
@@ -145,6 +145,27 @@ int main(void) {
         dt_test_error("attention_fwd_cuda_n_head_not_dividing_C_is_named", dt_attention_fwd(&ctx, &out.d, &att.d, &qkv.d, 4),
                       dt_ctx_error(&ctx), "n_head = 4");
         pair_t *all[] = {&qkv, &out, &att, &dqkv, &table, &ids, &eo, &dtab};
+        for (pair_t *p : all) release(*p);
+    }
+    { /* attention without att on cuda: the fused (flash) kernels, against the CPU op with att;
+         T = 35: a full and a partial tile of 32 */
+        pair_t qkv = make(DT_F32, 3, 2, 35, 24, 0, 50), out = make(DT_F32, 3, 2, 35, 8, 0, 51);
+        pair_t att = make(DT_F32, 4, 2, 2, 35, 35, 52), dqkv = make(DT_F32, 3, 2, 35, 24, 0, 53);
+        pair_t dout = make(DT_F32, 3, 2, 35, 8, 0, 54), big = make(DT_F32, 3, 1, 2, 3 * 97, 0, 55);
+        pair_t bigo = make(DT_F32, 3, 1, 2, 97, 0, 56);
+        if (ok2("attention_fwd_cuda_no_att_fused_matches_cpu", dt_attention_fwd(&ctx, &out.h, &att.h, &qkv.h, 2),
+                dt_attention_fwd(&ctx, &out.d, NULL, &qkv.d, 2)))
+            same("attention_fwd_cuda_no_att_fused_matches_cpu", out, 1e-5);
+        if (ok2("attention_bwd_cuda_no_att_fused_matches_cpu", dt_attention_bwd(&ctx, &dqkv.h, &dout.h, &qkv.h, &att.h, 2),
+                dt_attention_bwd(&ctx, &dqkv.d, &dout.d, &qkv.d, NULL, 2)))
+            same("attention_bwd_cuda_no_att_fused_accumulates_as_cpu", dqkv, 1e-5);
+        dt_test_error("attention_fwd_cpu_no_att_is_named", dt_attention_fwd(&ctx, &out.h, NULL, &qkv.h, 2),
+                      dt_ctx_error(&ctx), "att is NULL");
+        dt_test_error("attention_fwd_cuda_no_att_head_size_97_is_named", dt_attention_fwd(&ctx, &bigo.d, NULL, &big.d, 1),
+                      dt_ctx_error(&ctx), "head size C / n_head = 97");
+        dt_test_error("attention_bwd_cuda_no_att_dout_shape_is_named",
+                      dt_attention_bwd(&ctx, &dqkv.d, &qkv.d, &qkv.d, NULL, 2), dt_ctx_error(&ctx), "dout shape");
+        pair_t *all[] = {&qkv, &out, &att, &dqkv, &dout, &big, &bigo};
         for (pair_t *p : all) release(*p);
     }
     { /* softmax_xent keeps probs on cuda as on the cpu; loss and n_valid are host values */

@@ -1,9 +1,14 @@
 // tests/cuda_emu/k_optstep.cpp - dt_opt_step on CUDA parameters (dt_opt.h built with DT_CUDA on the
-// emulator): kernels/dt_opt.cu's updates wired behind the optimizer. Three steps of SGD (momentum,
-// nesterov, weight decay), AdamW and Adagrad on a set of CUDA parameters (one with no_decay, one in
-// a group with its own lr scale) give the values of the same optimizer on the same CPU parameters
-// and grads; the grad norm of dt_opt_step_info agrees; what is not wired yet (loss scaling,
-// clipping, mixed devices) is named, not run.
+// emulator): kernels/dt_opt.cu behind the optimizer. Three steps of SGD (momentum, nesterov, weight
+// decay), AdamW and Adagrad on a set of CUDA parameters (one with no_decay, one in a group with its
+// own lr scale) give the values of the same optimizer on the same CPU parameters and grads. Then
+// the matrix SGD / Adam / AdamW / Adagrad x f32 / bf16 / f16 values x clipping off / on x loss
+// scaling none / static / dynamic (an inf grad on step 2 when scaling): every step's status,
+// skip flag, grad norm (bitwise: the device sums in the CPU's order), loss scale and optimizer
+// step equal the CPU run's, and after the steps the values, f32 masters and optimizer state are
+// bitwise the CPU's (g++ contracts no FMA; a real GPU may differ in the last bit: 1e-6 there).
+// A checkpoint saved from CUDA parameters loads into CPU ones and back, equal; grads moved after
+// dt_opt_create are followed. Mixed devices, non-f32 grads and a grad gone are named.
 #include <math.h>
 #include <cuda_runtime.h>
 #include <vector>
@@ -14,29 +19,41 @@
 #include "dt_opt.h"
 #include "tests/dt_test.h"
 
+static int k_small(void) {
+    const char *e = getenv("DT_K_SMALL"); /* the ThreadSanitizer run */
+    return e && e[0] == '1';
+}
+
 static dt_ctx ctx;
 
 /* Three parameters on dev, values from the seed (sharding-invariant init), grads set per step. */
-static void make_set(dt_params *ps, dt_device dev) {
+static void make_set(dt_params *ps, dt_device dev, dt_dtype dtype = DT_F32) {
     const char *names[3] = {"w", "b", "emb"};
-    int64_t d0[3] = {5, 7, 3}, d1[3] = {7, 0, 11};
+    int64_t d0[3] = {5, 7, 9}, d1[3] = {7, 0, 13};
     memset(ps, 0, sizeof *ps);
     for (int i = 0; i < 3; i++) {
         dt_param_desc d;
         dt_param *p;
         memset(&d, 0, sizeof d);
-        d.name = names[i]; d.device = dev; d.shape[0] = d0[i]; d.shape[1] = d1[i];
+        d.name = names[i]; d.device = dev; d.shape[0] = d0[i]; d.shape[1] = d1[i]; d.dtype = dtype;
         d.init.kind = DT_INIT_NORMAL; d.init.std = 0.5; d.init.seed = 3;
         d.no_decay = i == 1; d.group = i == 2;
         if (dt_params_add(&ctx, ps, &p, &d)) dt_test_fail("params_add", "%s", dt_ctx_error(&ctx));
     }
 }
-static void set_grads(dt_params *ps, int step) {
+/* Grads in [-1, 1) times scale (what a backward seeded with the loss scale gives); inf_at >= 0
+   puts +inf at that element of the second parameter. */
+static uint64_t grad_seed = 9; /* new grads for every case: their sums of squares round differently */
+static void set_grads(dt_params *ps, int step, float scale = 1.0f, int64_t inf_at = -1) {
     for (int i = 0; i < ps->count; i++) {
         dt_tensor *g = &ps->items[i]->grad, h;
         dt_tensor_create_like(&ctx, &h, g, DT_DTYPE_DEFAULT, DT_CPU);
         for (int64_t k = 0; k < h.numel; k++)
-            ((float *)h.data)[k] = 2.0f * dt_rng_uniform(9, (uint64_t)(step * 8 + i), (uint64_t)k) - 1.0f;
+            /* magnitudes 2^-5 .. 2^5 and 24 significant bits: the sums of squares round, so only the
+               CPU's order gives the CPU's bits (grads on a 2^-23 grid would sum exactly) */
+            ((float *)h.data)[k] = scale * (2.0f * dt_rng_uniform(grad_seed, (uint64_t)(step * 8 + i), (uint64_t)k) - 1.0f) *
+                                   1.37f * (float)ldexp(1.0, (int)((k * 7) % 11) - 5);
+        if (i == 1 && inf_at >= 0 && inf_at < h.numel) ((float *)h.data)[inf_at] = INFINITY;
         dt_tensor_copy(&ctx, g, &h);
         dt_tensor_free(&ctx, &h);
     }
@@ -78,6 +95,152 @@ static void compare(const char *kind, dt_opt_desc *d) {
     dt_params_free(&ctx, &hp); dt_params_free(&ctx, &dp);
 }
 
+/* t (any float dtype, either device) as f32 host floats. */
+static std::vector<float> host_f32(const dt_tensor *t) {
+    std::vector<float> out((size_t)t->numel);
+    dt_tensor h;
+    dt_tensor_create_like(&ctx, &h, t, DT_DTYPE_DEFAULT, DT_CPU);
+    dt_tensor_copy(&ctx, &h, t);
+    dt_convert(&ctx, out.data(), DT_F32, h.data, h.dtype, h.numel);
+    dt_tensor_free(&ctx, &h);
+    return out;
+}
+
+/* Values, masters and state of two optimizers over the same parameters, bitwise (tol = 0) or
+   within rtol. */
+static void same_state(const char *what, dt_optimizer *a, dt_optimizer *b, double rtol) {
+    char name[512];
+    for (int i = 0; i < a->n_slots; i++) {
+        const dt_tensor *ta[4] = {&a->slots[i].param->value, &a->slots[i].master, &a->slots[i].state[0],
+                                  &a->slots[i].state[1]};
+        const dt_tensor *tb[4] = {&b->slots[i].param->value, &b->slots[i].master, &b->slots[i].state[0],
+                                  &b->slots[i].state[1]};
+        const char *part[4] = {"value", "master", "state0", "state1"};
+        for (int k = 0; k < 4; k++) {
+            snprintf(name, sizeof name, "%s_%s_%s", what, a->slots[i].param->name, part[k]);
+            if (!ta[k]->data || !tb[k]->data) {
+                DT_TEST_CHECK(name, !ta[k]->data == !tb[k]->data);
+                continue;
+            }
+            std::vector<float> x = host_f32(tb[k]), y = host_f32(ta[k]);
+            dt_test_allclose(name, x.data(), y.data(), x.size(), 0, rtol);
+        }
+    }
+}
+
+/* One cell of the matrix: 3 steps (an inf grad on step 2 when scaling) on CPU and CUDA copies. */
+static void matrix_cell(dt_opt_kind kind, dt_dtype dtype, int clip, dt_loss_scale_mode mode) {
+    static const char *kinds[] = {"default", "sgd", "adam", "adamw", "adagrad"};
+    static const char *modes[] = {"default", "none", "static", "dynamic"};
+    dt_params hp, dp;
+    dt_optimizer *ho = NULL, *dop = NULL;
+    dt_opt_desc d;
+    char tag[160], name[512];
+    snprintf(tag, sizeof tag, "%s_%s_clip%d_scale_%s", kinds[kind], dt_dtype_name(dtype), clip, modes[mode]);
+    grad_seed++;
+    memset(&d, 0, sizeof d);
+    d.kind = kind;
+    d.lr = kind == DT_OPT_SGD ? 0.1 : 0.01;
+    if (kind == DT_OPT_SGD) { d.momentum = 0.9; d.weight_decay = 0.01; }
+    if (kind == DT_OPT_ADAM) d.weight_decay = 0.01;
+    if (kind == DT_OPT_ADAGRAD) { d.initial_accumulator_value = 0.1; d.lr_decay = 0.01; d.weight_decay = 0.01; }
+    d.clip_norm = clip ? 0.5 : 0; /* the grads' norm is about 30: every step clips */
+    d.loss_scale.mode = mode;
+    d.loss_scale.init_scale = 1024;
+    d.loss_scale.growth_interval = 1; /* grows after every clean step: the growth path runs too */
+    d.groups[1].lr_scale = 0.5;
+    make_set(&hp, DT_CPU, dtype);
+    make_set(&dp, DT_CUDA_DEVICE, dtype);
+    snprintf(name, sizeof name, "opt_create_cuda_%s", tag);
+    if (!DT_TEST_CHECK(name, dt_opt_create(&ctx, &ho, &hp, &d) == DT_OK && dt_opt_create(&ctx, &dop, &dp, &d) == DT_OK)) {
+        printf("  %s\n", dt_ctx_error(&ctx));
+    } else {
+        for (int step = 1; step <= 3; step++) {
+            int scaling = mode != DT_LOSS_SCALE_NONE;
+            dt_opt_step_info hi, di;
+            set_grads(&hp, step, (float)ho->scaler.scale, scaling && step == 2 ? 3 : -1);
+            set_grads(&dp, step, (float)dop->scaler.scale, scaling && step == 2 ? 3 : -1);
+            dt_status a = dt_opt_step(ho, &hi), b = dt_opt_step(dop, &di);
+            snprintf(name, sizeof name, "opt_step_cuda_ok_%s_step%d", tag, step);
+            if (!DT_TEST_CHECK(name, a == DT_OK && b == DT_OK)) { printf("  %s\n", dt_ctx_error(&ctx)); break; }
+            snprintf(name, sizeof name, "opt_step_cuda_skip_flag_equals_cpu_%s_step%d", tag, step);
+            if (!DT_TEST_CHECK(name, di.skipped == hi.skipped && hi.skipped == (scaling && step == 2)))
+                printf("  cuda skipped %d, cpu %d\n", di.skipped, hi.skipped);
+            snprintf(name, sizeof name, "opt_step_cuda_grad_norm_bitwise_cpu_%s_step%d", tag, step);
+            if (!DT_TEST_CHECK(name, di.grad_norm == hi.grad_norm))
+                printf("  cuda %.17g, cpu %.17g\n", di.grad_norm, hi.grad_norm);
+            snprintf(name, sizeof name, "opt_step_cuda_loss_scale_and_step_equal_cpu_%s_step%d", tag, step);
+            if (!DT_TEST_CHECK(name, di.loss_scale == hi.loss_scale && dop->scaler.scale == ho->scaler.scale &&
+                                         dop->step == ho->step && dop->scaler.growth_tracker == ho->scaler.growth_tracker))
+                printf("  scale cuda %g cpu %g, step cuda %lld cpu %lld\n", dop->scaler.scale, ho->scaler.scale,
+                       (long long)dop->step, (long long)ho->step);
+        }
+        /* the schedule of the scale itself: dynamic backs off on the inf step and grows on clean
+           ones (interval 1), static stays */
+        snprintf(name, sizeof name, "opt_step_cuda_scale_after_3_steps_%s", tag);
+        dt_test_close(name, dop->scaler.scale, mode == DT_LOSS_SCALE_DYNAMIC ? 1024.0 * 2 * 0.5 * 2 :
+                                               mode == DT_LOSS_SCALE_STATIC ? 1024.0 : 1.0, 0);
+        snprintf(name, sizeof name, "opt_step_cuda_state_bitwise_cpu_%s", tag);
+        same_state(name, ho, dop, 0);
+    }
+    dt_opt_free(ho); dt_opt_free(dop);
+    dt_params_free(&ctx, &hp); dt_params_free(&ctx, &dp);
+}
+
+/* Save from CUDA parameters (bf16 values, f32 masters and Adam state on the device), load into
+   CPU parameters, and back: each load equals what was saved. */
+static void checkpoint_round_trip(void) {
+    dt_params src, cpu, dev;
+    dt_optimizer *so = NULL, *co = NULL, *go = NULL;
+    dt_opt_desc d;
+    dt_checkpoint_desc cd;
+    dt_train_state ts;
+    char dir[900];
+    const char *tmp = getenv("DT_TEST_TMPDIR");
+    snprintf(dir, sizeof dir, "%s/k_optstep_ckpt", tmp ? tmp : "/tmp");
+    memset(&d, 0, sizeof d);
+    d.kind = DT_OPT_ADAMW; d.lr = 0.01; d.clip_norm = 0.5; d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC;
+    make_set(&src, DT_CUDA_DEVICE, DT_BF16);
+    make_set(&cpu, DT_CPU, DT_BF16);
+    make_set(&dev, DT_CUDA_DEVICE, DT_BF16);
+    memset(&cd, 0, sizeof cd);
+    memset(&ts, 0, sizeof ts);
+    cd.dir = dir;
+    if (dt_opt_create(&ctx, &so, &src, &d) || dt_opt_create(&ctx, &co, &cpu, &d) || dt_opt_create(&ctx, &go, &dev, &d)) {
+        dt_test_fail("ckpt_cuda_opt_create", "%s", dt_ctx_error(&ctx));
+    } else {
+        for (int step = 1; step <= 2; step++) {
+            set_grads(&src, step, (float)so->scaler.scale);
+            dt_opt_step(so, NULL);
+        }
+        ts.step = 2;
+        if (!DT_TEST_CHECK("ckpt_save_from_cuda_params_ok", dt_checkpoint_save(&ctx, &src, so, &ts, &cd) == DT_OK))
+            printf("  %s\n", dt_ctx_error(&ctx));
+        if (!DT_TEST_CHECK("ckpt_load_into_cpu_params_ok", dt_checkpoint_load(&ctx, &cpu, co, NULL, &cd) == DT_OK))
+            printf("  %s\n", dt_ctx_error(&ctx));
+        same_state("ckpt_cuda_saved_equals_cpu_loaded", so, co, 0);
+        DT_TEST_CHECK("ckpt_cuda_to_cpu_step_and_scale", co->step == so->step && co->scaler.scale == so->scaler.scale);
+        /* and back: one more CPU step, saved, loaded into fresh CUDA parameters */
+        set_grads(&cpu, 3, (float)co->scaler.scale);
+        dt_opt_step(co, NULL);
+        ts.step = 3;
+        if (!DT_TEST_CHECK("ckpt_save_from_cpu_params_ok", dt_checkpoint_save(&ctx, &cpu, co, &ts, &cd) == DT_OK))
+            printf("  %s\n", dt_ctx_error(&ctx));
+        if (!DT_TEST_CHECK("ckpt_load_into_cuda_params_ok", dt_checkpoint_load(&ctx, &dev, go, NULL, &cd) == DT_OK))
+            printf("  %s\n", dt_ctx_error(&ctx));
+        same_state("ckpt_cpu_saved_equals_cuda_loaded", co, go, 0);
+        DT_TEST_CHECK("ckpt_cpu_to_cuda_step_and_scale", go->step == co->step && go->scaler.scale == co->scaler.scale);
+        /* the loaded CUDA optimizer steps on as the CPU one does */
+        set_grads(&cpu, 4, (float)co->scaler.scale);
+        set_grads(&dev, 4, (float)go->scaler.scale);
+        dt_opt_step(co, NULL);
+        dt_opt_step(go, NULL);
+        same_state("ckpt_resumed_cuda_step_equals_cpu_step", co, go, 0);
+    }
+    dt_opt_free(so); dt_opt_free(co); dt_opt_free(go);
+    dt_params_free(&ctx, &src); dt_params_free(&ctx, &cpu); dt_params_free(&ctx, &dev);
+}
+
 int main(void) {
     dt_ctx_desc cd;
     dt_opt_desc d;
@@ -93,19 +256,57 @@ int main(void) {
     memset(&d, 0, sizeof d);
     d.kind = DT_OPT_ADAGRAD; d.lr = 0.05; d.initial_accumulator_value = 0.1; d.lr_decay = 0.01;
     compare("adagrad", &d);
-    { /* not wired yet for CUDA grads: named, nothing read on the host */
-        dt_params dp, hp;
+    {
+        static const dt_opt_kind kinds[] = {DT_OPT_SGD, DT_OPT_ADAM, DT_OPT_ADAMW, DT_OPT_ADAGRAD};
+        static const dt_dtype dtypes[] = {DT_F32, DT_BF16, DT_F16};
+        static const dt_loss_scale_mode modes[] = {DT_LOSS_SCALE_NONE, DT_LOSS_SCALE_STATIC, DT_LOSS_SCALE_DYNAMIC};
+        const int small = k_small();
+        for (int k = 0; k < 4; k++)
+            for (int t = 0; t < 3; t++)
+                for (int c = 0; c < 2; c++)
+                    for (int m = 0; m < 3; m++)
+                        /* TSan: one cell per kind, every dtype, mode and clip among them */
+                        if (!small || (c == k % 2 && t == (k + 1) % 3 && m == (k + 2) % 3))
+                            matrix_cell(kinds[k], dtypes[t], c, modes[m]);
+    }
+    checkpoint_round_trip();
+    { /* grads that move after dt_opt_create (a bucketer made later turns them into views of its
+         buckets): the step follows them; a grad gone (data NULL) is named, not read */
+        dt_params hp, dp;
+        dt_optimizer *ho = NULL, *dop = NULL;
+        dt_opt_step_info hi, di;
+        dt_tensor moved;
+        memset(&d, 0, sizeof d);
+        d.kind = DT_OPT_ADAMW; d.lr = 0.01; d.clip_norm = 0.5; d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC;
+        make_set(&hp, DT_CPU);
+        make_set(&dp, DT_CUDA_DEVICE);
+        dt_opt_create(&ctx, &ho, &hp, &d);
+        dt_opt_create(&ctx, &dop, &dp, &d);
+        dt_tensor_create_like(&ctx, &moved, &dp.items[2]->grad, DT_DTYPE_DEFAULT, DT_CUDA_DEVICE);
+        dt_tensor_free(&ctx, &dp.items[2]->grad);
+        dp.items[2]->grad = moved;
+        set_grads(&hp, 1, (float)ho->scaler.scale);
+        set_grads(&dp, 1, (float)dop->scaler.scale);
+        DT_TEST_CHECK("opt_step_cuda_moved_grad_ok", dt_opt_step(ho, &hi) == DT_OK && dt_opt_step(dop, &di) == DT_OK);
+        if (!DT_TEST_CHECK("opt_step_cuda_moved_grad_norm_bitwise_cpu", di.grad_norm == hi.grad_norm))
+            printf("  cuda %.17g, cpu %.17g\n", di.grad_norm, hi.grad_norm);
+        same_state("opt_step_cuda_moved_grad_state_bitwise_cpu", ho, dop, 0);
+        {
+            void *keep = dp.items[1]->grad.data;
+            dp.items[1]->grad.data = NULL;
+            dt_test_error("opt_step_cuda_grad_data_null_is_named", dt_opt_step(dop, NULL), dt_ctx_error(&ctx),
+                          "\"b\" grad is f32 on cuda with 7 elements (data NULL)");
+            dp.items[1]->grad.data = keep;
+        }
+        dt_opt_free(ho); dt_opt_free(dop);
+        dt_params_free(&ctx, &hp); dt_params_free(&ctx, &dp);
+    }
+    { /* bad inputs: named, nothing read on the host */
+        dt_params dp;
         dt_optimizer *o = NULL;
         make_set(&dp, DT_CUDA_DEVICE);
         memset(&d, 0, sizeof d);
-        d.kind = DT_OPT_SGD; d.lr = 0.1; d.clip_norm = 1.0;
-        dt_test_error("opt_create_cuda_params_clip_norm_is_named_unsupported", dt_opt_create(&ctx, &o, &dp, &d),
-                      dt_ctx_error(&ctx), "clip_norm = 1 with parameters on cuda");
-        d.clip_norm = 0; d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC;
-        DT_TEST_CHECK("opt_create_cuda_params_loss_scaling_is_DT_ERR_UNSUPPORTED",
-                      dt_opt_create(&ctx, &o, &dp, &d) == DT_ERR_UNSUPPORTED && o == NULL);
-        d.loss_scale.mode = DT_LOSS_SCALE_DEFAULT;
-        make_set(&hp, DT_CPU);
+        d.kind = DT_OPT_SGD; d.lr = 0.1;
         { /* a CPU parameter among CUDA ones */
             dt_param_desc pd;
             dt_param *p;
@@ -114,8 +315,33 @@ int main(void) {
             dt_params_add(&ctx, &dp, &p, &pd);
             dt_test_error("opt_create_mixed_devices_is_named", dt_opt_create(&ctx, &o, &dp, &d), dt_ctx_error(&ctx),
                           "\"on_cpu\" value is on cpu and grad on cpu, but \"w\" is on cuda");
+            DT_TEST_CHECK("opt_create_mixed_devices_leaves_out_null", o == NULL);
         }
-        dt_params_free(&ctx, &dp); dt_params_free(&ctx, &hp);
+        dt_params_free(&ctx, &dp);
+        make_set(&dp, DT_CPU);
+        { /* a CUDA parameter among CPU ones: DT_ERR_DEVICE too, not a dtype or "not in this build" */
+            dt_param_desc pd;
+            dt_param *p;
+            memset(&pd, 0, sizeof pd);
+            pd.name = "on_cuda"; pd.device = DT_CUDA_DEVICE; pd.shape[0] = 4;
+            dt_params_add(&ctx, &dp, &p, &pd);
+            dt_status st = dt_opt_create(&ctx, &o, &dp, &d);
+            dt_test_error("opt_create_cuda_param_after_cpu_ones_is_named", st, dt_ctx_error(&ctx),
+                          "\"on_cuda\" value is on cuda and grad on cuda, but \"w\" is on cpu");
+            DT_TEST_CHECK("opt_create_cuda_param_after_cpu_ones_is_DT_ERR_DEVICE", st == DT_ERR_DEVICE && o == NULL);
+        }
+        dt_params_free(&ctx, &dp);
+        make_set(&dp, DT_CUDA_DEVICE);
+        { /* a grad that is not f32 (swapped in by hand: dt_params_add always makes f32 grads) */
+            dt_tensor g16, keep = dp.items[2]->grad;
+            dt_tensor_create_like(&ctx, &g16, &keep, DT_BF16, DT_CUDA_DEVICE);
+            dp.items[2]->grad = g16;
+            dt_test_error("opt_create_cuda_bf16_grad_is_named", dt_opt_create(&ctx, &o, &dp, &d), dt_ctx_error(&ctx),
+                          "\"emb\" value is f32, grad bf16 on cuda; expected an f32, bf16 or f16 value and an f32 grad");
+            dp.items[2]->grad = keep;
+            dt_tensor_free(&ctx, &g16);
+        }
+        dt_params_free(&ctx, &dp);
     }
     dt_ctx_shutdown(&ctx);
     return dt_test_finish();
