@@ -388,8 +388,8 @@ static void fake_nccl(void) {
         if (!r) {
             ncclResult_t got[6];
             got[0] = ncclAllReduce(h, d, 8, ncclFloat32, ncclSum, comm, s);                /* host sendbuff */
-            got[1] = ncclAllReduce(d, d, 8, (ncclDataType_t)99, ncclSum, comm, s);         /* datatype */
-            got[2] = ncclAllReduce(d, d, 8, ncclFloat32, (ncclRedOp_t)42, comm, s);        /* op */
+            got[1] = ncclAllReduce(d, d, 8, (ncclDataType_t)13, ncclSum, comm, s);         /* datatype */
+            got[2] = ncclAllReduce(d, d, 8, ncclFloat32, (ncclRedOp_t)6, comm, s);         /* op (in the enums' range: C++) */
             got[3] = ncclBroadcast(d, d, 8, ncclFloat32, sn, comm, s);                     /* root */
             got[4] = ncclAllGather(d2 + 1, d2, 8 / sn, ncclFloat32, comm, s);             /* overlap, not in place */
             got[5] = ncclGroupEnd();                                                       /* no group */

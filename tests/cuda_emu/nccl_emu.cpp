@@ -444,8 +444,7 @@ struct op {
     const void *send;
     void *recv;
     size_t count; /* elements: per rank for all-gather and reduce-scatter */
-    ncclDataType_t t;
-    ncclRedOp_t rop;
+    int t, rop;   /* ncclDataType_t, ncclRedOp_t: ints until checked (a caller may pass any value) */
     int peer; /* root, or the peer */
     ncclComm_t comm;
     cudaStream_t stream;
@@ -482,18 +481,18 @@ static ncclResult_t check_op(const op &o) {
     ncclResult_t r = check_comm(o.fn, o.comm);
     if (r) return r;
     ncclComm_t c = o.comm;
-    if ((int)o.t < 0 || o.t >= ncclNumTypes)
+    if (o.t < 0 || o.t >= ncclNumTypes)
         return err(c, ncclInvalidArgument, "%s: datatype = %d; expected 0 .. %d", o.fn, (int)o.t, ncclNumTypes - 1);
     if (o.t == ncclFloat8e4m3 || o.t == ncclFloat8e5m2)
         return err(c, ncclInvalidArgument, "%s: fp8 datatype %d: not in the fake", o.fn, (int)o.t);
-    if ((o.kind == OP_ALLREDUCE || o.kind == OP_REDUCE_SCATTER) && ((int)o.rop < 0 || o.rop >= ncclNumOps))
+    if ((o.kind == OP_ALLREDUCE || o.kind == OP_REDUCE_SCATTER) && (o.rop < 0 || o.rop >= ncclNumOps))
         return err(c, ncclInvalidArgument, "%s: op = %d; expected 0 .. %d", o.fn, (int)o.rop, ncclNumOps - 1);
     if ((o.kind == OP_BROADCAST || o.kind == OP_SEND || o.kind == OP_RECV) && (o.peer < 0 || o.peer >= c->nranks))
         return err(c, ncclInvalidArgument, "%s: %s = %d; expected 0 <= %s < nranks = %d", o.fn,
                    o.kind == OP_BROADCAST ? "root" : "peer", o.peer, o.kind == OP_BROADCAST ? "root" : "peer", c->nranks);
     if (!dt_emu_valid_stream(o.stream))
         return err(c, ncclInvalidArgument, "%s: stream %p is not a stream", o.fn, (void *)o.stream);
-    size_t es = type_size(o.t), n = (size_t)c->nranks, b = o.count * es;
+    size_t es = type_size((ncclDataType_t)o.t), n = (size_t)c->nranks, b = o.count * es;
     if (o.count > ((size_t)1 << 40) || b * n > 2147483647u)
         return err(c, ncclInvalidArgument, "%s: count %zu x %zu bytes x %zu ranks: the fake moves at most 2^31-1 "
                    "bytes per MPI call", o.fn, o.count, es, n);
@@ -523,7 +522,7 @@ static ncclResult_t check_op(const op &o) {
 static int post(op &o, std::vector<MPI_Request> &reqs) {
     ncclComm_t c = o.comm;
     int n = c->nranks, rc = MPI_SUCCESS;
-    int b = (int)(o.count * type_size(o.t));
+    int b = (int)(o.count * type_size((ncclDataType_t)o.t));
     MPI_Request q = MPI_REQUEST_NULL;
     switch (o.kind) {
     case OP_ALLREDUCE: /* every contribution to every rank, summed in rank order at the end */
@@ -552,11 +551,11 @@ static int post(op &o, std::vector<MPI_Request> &reqs) {
 
 static void finish(op &o) {
     ncclComm_t c = o.comm;
-    size_t n = (size_t)c->nranks, b = o.count * type_size(o.t);
+    size_t n = (size_t)c->nranks, b = o.count * type_size((ncclDataType_t)o.t);
     std::vector<const char *> rows(n);
     if (o.kind != OP_ALLREDUCE && o.kind != OP_REDUCE_SCATTER) return;
     for (size_t r = 0; r < n; r++) rows[r] = o.scratch.data() + r * b;
-    reduce(o.recv, rows, o.count, o.t, o.rop);
+    reduce(o.recv, rows, o.count, (ncclDataType_t)o.t, (ncclRedOp_t)o.rop);
 }
 
 /* One step of a piece of work (see dt_emu_enqueue). */
@@ -632,8 +631,8 @@ static ncclResult_t submit(op o) {
     return launch(one);
 }
 
-static op make(int kind, const char *fn, const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t rop,
-               int peer, ncclComm_t comm, cudaStream_t s) {
+static op make(int kind, const char *fn, const void *send, void *recv, size_t count, int t, int rop, int peer,
+               ncclComm_t comm, cudaStream_t s) {
     op o;
     o.kind = kind, o.fn = fn, o.send = send, o.recv = recv, o.count = count, o.t = t, o.rop = rop, o.peer = peer;
     o.comm = comm, o.stream = s;
