@@ -129,7 +129,19 @@
    current then (create the ctx with cuda_device = dt_comm_local_rank(world), or call
    cudaSetDevice, before it). Collectives run on a communication stream that first waits for
    the ctx stream; blocking calls return when they are complete; send/recv pairs match in call
-   order (NCCL has no tags).
+   order (NCCL has no tags). Making the NCCL communicator is collective, a send is not: a device
+   send/recv before the group's first device collective is DT_ERR_STATE.
+   Ranks sharing a GPU: the exchange that carries the NCCL id also carries each rank's host and
+   PCI bus id. NCCL refuses a group with two ranks on one GPU, so dt does not create one: with
+   use_nccl 0 the group stages its device tensors through host memory and MPI from then on (every
+   rank switches at the same call), with use_nccl 1 that call is DT_ERR_UNSUPPORTED naming the
+   ranks. Errors: a failing NCCL call is DT_ERR_COMM naming it and NCCL's reason
+       dt_comm_allreduce: ncclAllReduce (allreduce on group world, size 2): invalid argument ...
+   and a failing CUDA call DT_ERR_CUDA naming it; an asynchronous NCCL error (seen through
+   ncclCommGetAsyncError while waiting) aborts the NCCL communicator and makes the group
+   unusable (DT_ERR_STATE afterwards). Checked without a GPU: tests/gpu_comm.c runs on the CUDA
+   emulator with a fake NCCL over MPI (tests/cuda_emu/nccl_emu.cpp), also in its deferred-streams
+   mode, where a collective that does not wait for the ctx stream reads stale data.
 
    The licence (MIT) is at the end of this file.
 */
@@ -177,8 +189,9 @@ typedef struct dt_comm_desc {
     double timeout_s;   /* a collective not complete after this long fails; 0 = 300 s, < 0 = never */
     int check_mismatch; /* 1: checking mode (exchange (seq, collective, dtype, count) before each
                            collective, see above); 0 = off. Other values are DT_ERR_ARG. */
-    int use_nccl;       /* 0 = NCCL for device tensors when built with DT_NCCL; 1 = the same, and an
-                           error when built without it; -1 = never (stage through host memory) */
+    int use_nccl;       /* 0 = NCCL for device tensors when built with DT_NCCL (staged when ranks
+                           share a GPU); 1 = the same, and an error when built without it or when
+                           ranks share a GPU; -1 = never (stage through host memory) */
     const char *name;   /* the group's name in messages; NULL = "world" */
 } dt_comm_desc;
 
@@ -1011,7 +1024,7 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
     c->is_world = 1;
     c->timeout = d.timeout_s == 0 ? 300.0 : d.timeout_s;
     c->check = d.check_mismatch;
-    c->nccl_mode = d.use_nccl >= 0;
+    c->nccl_mode = d.use_nccl < 0 ? 0 : d.use_nccl == 1 ? 2 : 1; /* never, when built with it, required */
     dt__cm_set_name(c, d.name && d.name[0] ? d.name : "world");
     c->size = 1;
     c->local_size = 1;
@@ -1401,6 +1414,12 @@ static void dt__cm_fail(dt_comm_req *q, dt_status st) {
     q->done = 1;
     q->pending = 0;
     q->probing = 0;
+#ifdef DT_NCCL
+    if (q->ev) {
+        cudaEventDestroy(q->ev);
+        q->ev = NULL;
+    }
+#endif
     dt__cm_fifo_unlink(c, q);
     dt__cm_release_req_bufs(q);
 }
@@ -1451,6 +1470,7 @@ static dt_status dt__cm_stage(dt_comm_req *q, int need_in, int need_out);
 #ifdef DT_NCCL
 static dt_status dt__cm_nccl_post(dt_comm_req *q);
 static dt_status dt__cm_nccl_init(dt_comm_req *q);
+static const char *dt__cm_nccl_why(ncclComm_t comm);
 #endif
 
 /* Posts stage q->stage: NCCL carries the data of an NCCL operation, MPI everything else
@@ -1810,8 +1830,21 @@ static void dt__cm_advance(dt_comm_req *q, int may_post0, int may_post) {
                 ncclResult_t ar = ncclSuccess;
                 if (c->nccl) ncclCommGetAsyncError(c->nccl, &ar);
                 if (ar == ncclSuccess || ar == ncclInProgress) return;
-                dt__cm_fail(q, dt_ctx_set_error(c->ctx, DT_ERR_COMM, "%s: NCCL failed on group %s (size %d): %s",
-                                                q->fn, c->name, c->size, ncclGetErrorString(ar)));
+                {   /* NCCL's operations never complete now: abort them; the group is unusable */
+                    char what[96];
+                    int64_t rec[DT__CM_REC];
+                    dt_status st2 = dt_ctx_set_error(c->ctx, DT_ERR_COMM, "%s: NCCL failed on group %s (size %d): "
+                                                     "ncclCommGetAsyncError: %s %s; the communicator is unusable now",
+                                                     q->fn, c->name, c->size, ncclGetErrorString(ar),
+                                                     dt__cm_nccl_why(c->nccl));
+                    dt__cm_record(q, rec);
+                    ncclCommAbort(c->nccl);
+                    c->nccl = NULL;
+                    c->broken = 1;
+                    snprintf(c->broken_msg, sizeof c->broken_msg, "%s at seq %lld failed in NCCL (%s)",
+                             dt__cm_describe(rec, what, sizeof what), (long long)q->seq, ncclGetErrorString(ar));
+                    dt__cm_fail(q, st2);
+                }
                 return;
             }
             if (e != cudaSuccess) {
@@ -2394,6 +2427,7 @@ static dt_status dt__cm_start(dt_comm_req *q, int may_chunk) {
     }
 #ifdef DT_NCCL
     if (q->path == DT__CM_NCCL && (st = dt__cm_nccl_init(q)) != DT_OK && c->size == 1) return st;
+    if (!st && q->path == DT__CM_NCCL && !c->nccl_mode) q->path = dt__cm_path(q); /* ranks share a GPU */
 #endif
     if (c->size == 1) { /* NCCL on one rank: nothing to agree on */
         if (!st) st = dt__cm_prepare(q);
@@ -2468,7 +2502,12 @@ static dt_status dt__cm_start_p2p(dt_comm_req *q) {
     /* MPI on one rank, and to oneself (NCCL would wait for the recv) */
     if (q->path == DT__CM_LOCAL || q->arg == c->rank) q->path = DT__CM_MPI;
 #ifdef DT_NCCL
-    if (q->path == DT__CM_NCCL) st = dt__cm_nccl_init(q);
+    /* making the NCCL communicator is collective over the group, which a send is not */
+    if (q->path == DT__CM_NCCL && !c->nccl)
+        return dt_ctx_set_error(c->ctx, DT_ERR_STATE, "%s: a device tensor to or from rank %d of group %s goes through "
+                                "NCCL, whose communicator is made by the group's first collective on device tensors; "
+                                "none has run yet (run one first, e.g. a dt_comm_broadcast of a device tensor)",
+                                q->fn, q->arg, c->name);
 #endif
     if (!st && q->path == DT__CM_MPI) st = dt__cm_stage(q, q->kind == DT_COLL_SEND, q->kind == DT_COLL_RECV);
     if (st) return st;
@@ -2578,36 +2617,103 @@ static ncclRedOp_t dt__cm_nccl_op(dt_reduce_op op) {
     }
 }
 
-/* Creates the NCCL communicator on first use: rank 0 makes the id, MPI broadcasts it. */
+/* NCCL's own words after one of its calls failed (NCCL 2.13 and later keep them). */
+static const char *dt__cm_nccl_why(ncclComm_t comm) {
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= 21300
+    const char *w = ncclGetLastError(comm);
+    return w ? w : "";
+#else
+    (void)comm;
+    return "";
+#endif
+}
+
+/* Where a rank's GPU is: its host and the PCI bus id of its current device. */
+typedef struct dt__cm_gpu {
+    int ok;                           /* rank 0: the NCCL id below is valid */
+    char host[128], bus[32];
+    ncclUniqueId id;                  /* rank 0's */
+} dt__cm_gpu;
+
+static void dt__cm_gpu_where(dt__cm_gpu *g) {
+    int dev = 0, len = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
+    if (dev < 0 || cudaDeviceGetPCIBusId(g->bus, (int)sizeof g->bus, dev) != cudaSuccess)
+        snprintf(g->bus, sizeof g->bus, "device %d", dev);
+#ifdef DT_MPI
+    {
+        char name[MPI_MAX_PROCESSOR_NAME];
+        if (MPI_Get_processor_name(name, &len) == MPI_SUCCESS) { /* (truncated past 127 bytes) */
+            size_t l = strlen(name) < sizeof g->host ? strlen(name) : sizeof g->host - 1;
+            memcpy(g->host, name, l);
+            g->host[l] = 0;
+        }
+    }
+#endif
+    (void)len;
+}
+
+/* Creates the NCCL communicator on first use. Rank 0 makes the id; one MPI all-gather carries
+   it with every rank's host and GPU (PCI bus id), so every rank sees the same answer to "do two
+   ranks share a GPU?". NCCL refuses such a group (ncclInvalidUsage, "Duplicate GPU detected"),
+   so dt does not create it: with use_nccl 0 the group stages its device tensors through host
+   memory and MPI from now on (all ranks switch together), with use_nccl 1 the call fails
+   naming the ranks. */
 static dt_status dt__cm_nccl_init(dt_comm_req *q) {
     dt_comm *c = q->c;
-    struct { int ok; ncclUniqueId id; } blob;
+    dt__cm_gpu mine, *all = &mine;
     ncclResult_t nr;
     cudaError_t e;
+    int a, b;
     if (c->nccl) return DT_OK;
-    memset(&blob, 0, sizeof blob);
-    blob.ok = 1;
-    if (c->rank == 0 && (nr = ncclGetUniqueId(&blob.id)) != ncclSuccess) blob.ok = 0;
+    memset(&mine, 0, sizeof mine);
+    mine.ok = 1;
+    if (c->rank == 0 && (nr = ncclGetUniqueId(&mine.id)) != ncclSuccess) mine.ok = 0;
+    dt__cm_gpu_where(&mine);
 #ifdef DT_MPI
     if (c->size > 1) {
         MPI_Request r;
         dt_status st;
-        int rc = MPI_Ibcast(&blob, (int)sizeof blob, MPI_BYTE, 0, c->ctl, &r);
-        if (rc != MPI_SUCCESS) return dt__cm_mpi_error(c, rc, q->fn, "MPI_Ibcast of the NCCL id");
-        st = dt__cm_wait_ctl(q, &r, "MPI_Ibcast of the NCCL id");
-        if (st) return st;
+        int rc;
+        all = (dt__cm_gpu *)dt_alloc(c->ctx, (size_t)c->size * sizeof(dt__cm_gpu));
+        if (!all) return DT_ERR_OOM; /* the others time out naming this rank */
+        rc = MPI_Iallgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, c->ctl, &r);
+        if (rc != MPI_SUCCESS) {
+            dt_release(c->ctx, all);
+            return dt__cm_mpi_error(c, rc, q->fn, "MPI_Iallgather of the NCCL id");
+        }
+        st = dt__cm_wait_ctl(q, &r, "MPI_Iallgather of the NCCL id");
+        if (st) return st; /* abandoned: all stays lent to MPI */
     }
 #endif
-    if (!blob.ok)
+    for (a = 0; a < c->size; a++)
+        for (b = a + 1; b < c->size; b++) {
+            if (strcmp(all[a].host, all[b].host) || strcmp(all[a].bus, all[b].bus)) continue;
+            if (c->nccl_mode == 2) {
+                dt_status st = dt_ctx_set_error(c->ctx, DT_ERR_UNSUPPORTED, "%s: ranks %d and %d of group %s share the "
+                                                "GPU %s of host %s; NCCL needs one GPU per rank (desc.use_nccl = 1); "
+                                                "use_nccl 0 stages such a group through host memory", q->fn, a, b,
+                                                c->name, all[a].bus, all[a].host);
+                if (all != &mine) dt_release(c->ctx, all);
+                return st;
+            }
+            c->nccl_mode = 0; /* every rank decides the same: staged from now on */
+            if (all != &mine) dt_release(c->ctx, all);
+            return DT_OK;
+        }
+    mine.ok = all[0].ok;
+    memcpy(&mine.id, &all[0].id, sizeof mine.id);
+    if (all != &mine) dt_release(c->ctx, all);
+    if (!mine.ok)
         return dt_ctx_set_error(c->ctx, DT_ERR_COMM, "%s: rank 0 of group %s could not create an NCCL id "
                                 "(ncclGetUniqueId)", q->fn, c->name);
     if (!c->stream && (e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess)
         return dt_ctx_set_error(c->ctx, DT_ERR_CUDA, "%s: cudaStreamCreateWithFlags: %s", q->fn, cudaGetErrorString(e));
-    nr = ncclCommInitRank(&c->nccl, c->size, blob.id, c->rank);
+    nr = ncclCommInitRank(&c->nccl, c->size, mine.id, c->rank);
     if (nr != ncclSuccess) {
         c->nccl = NULL;
-        return dt_ctx_set_error(c->ctx, DT_ERR_COMM, "%s: ncclCommInitRank (rank %d of %d, group %s): %s", q->fn,
-                                c->rank, c->size, c->name, ncclGetErrorString(nr));
+        return dt_ctx_set_error(c->ctx, DT_ERR_COMM, "%s: ncclCommInitRank (rank %d of %d, group %s): %s %s", q->fn,
+                                c->rank, c->size, c->name, ncclGetErrorString(nr), dt__cm_nccl_why(NULL));
     }
     return DT_OK;
 }
@@ -2622,61 +2728,76 @@ static dt_status dt__cm_nccl_post(dt_comm_req *q) {
     ncclDataType_t T = dt__cm_nccl_type(q->et);
     size_t es = dt__cm_esize(q->et);
     int n = c->size, r;
+    const char *what;
     if (!c->nccl)
         return dt_ctx_set_error(c->ctx, DT_ERR_STATE, "%s: group %s has no NCCL communicator", q->fn, c->name);
     s = c->stream;
+    /* the ctx stream's work so far (what produced the inputs) comes first */
+    what = "cudaEventCreateWithFlags";
     e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
-    if (e == cudaSuccess) e = cudaEventRecord(ready, cs);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(s, ready, 0);
+    if (e == cudaSuccess) what = "cudaEventRecord", e = cudaEventRecord(ready, cs);
+    if (e == cudaSuccess) what = "cudaStreamWaitEvent", e = cudaStreamWaitEvent(s, ready, 0);
     if (ready) cudaEventDestroy(ready);
     if (e != cudaSuccess)
-        return dt_ctx_set_error(c->ctx, DT_ERR_CUDA, "%s: ordering the NCCL stream after the ctx stream: %s", q->fn,
-                                cudaGetErrorString(e));
+        return dt_ctx_set_error(c->ctx, DT_ERR_CUDA, "%s: %s (ordering the NCCL stream after the ctx stream): %s", q->fn,
+                                what, cudaGetErrorString(e));
     switch (q->kind) {
     case DT_COLL_ALLREDUCE:
+        what = "ncclAllReduce";
         nr = ncclAllReduce(q->tout.data, q->tout.data, (size_t)q->count, T, dt__cm_nccl_op(q->op), c->nccl, s);
         break;
     case DT_COLL_REDUCE_SCATTER:
+        what = "ncclReduceScatter";
         nr = ncclReduceScatter(q->tin.data, q->tout.data, (size_t)q->tout.numel, T, dt__cm_nccl_op(q->op), c->nccl, s);
         break;
     case DT_COLL_ALLGATHER:
+        what = "ncclAllGather";
         nr = ncclAllGather(q->tin.data, q->tout.data, (size_t)q->tin.numel, T, c->nccl, s);
         break;
     case DT_COLL_BROADCAST:
+        what = "ncclBroadcast";
         nr = ncclBroadcast(q->tout.data, q->tout.data, (size_t)q->count, T, q->arg, c->nccl, s);
         break;
     case DT_COLL_ALLTOALL: case DT_COLL_ALLTOALLV: {
         int64_t m = q->tin.numel / n;
+        what = "ncclGroupStart";
         nr = ncclGroupStart();
         for (r = 0; r < n && nr == ncclSuccess; r++) {
             size_t so = q->kind == DT_COLL_ALLTOALL ? (size_t)(r * m) : (size_t)q->cnt[n + r];
             size_t sn = q->kind == DT_COLL_ALLTOALL ? (size_t)m : (size_t)q->cnt[r];
             size_t ro = q->kind == DT_COLL_ALLTOALL ? (size_t)(r * m) : (size_t)q->cnt[3 * n + r];
             size_t rn = q->kind == DT_COLL_ALLTOALL ? (size_t)m : (size_t)q->cnt[2 * n + r];
-            if (sn) nr = ncclSend((const char *)q->tin.data + so * es, sn, T, r, c->nccl, s);
-            if (rn && nr == ncclSuccess) nr = ncclRecv((char *)q->tout.data + ro * es, rn, T, r, c->nccl, s);
+            if (sn) what = "ncclSend", nr = ncclSend((const char *)q->tin.data + so * es, sn, T, r, c->nccl, s);
+            if (rn && nr == ncclSuccess)
+                what = "ncclRecv", nr = ncclRecv((char *)q->tout.data + ro * es, rn, T, r, c->nccl, s);
         }
+        if (nr == ncclSuccess) what = "ncclGroupEnd";
         {
-            ncclResult_t ge = ncclGroupEnd();
+            ncclResult_t ge = ncclGroupEnd(); /* also after a failure: closes the group */
             if (nr == ncclSuccess) nr = ge;
         }
         break;
     }
     case DT_COLL_SEND:
+        what = "ncclSend";
         nr = ncclSend(q->tin.data, (size_t)q->count, T, q->arg, c->nccl, s);
         break;
     case DT_COLL_RECV:
+        what = "ncclRecv";
         nr = ncclRecv(q->tout.data, (size_t)q->count, T, q->arg, c->nccl, s);
         break;
     default: return dt_ctx_set_error(c->ctx, DT_ERR_STATE, "%s: internal: no NCCL form of %d", q->fn, q->kind);
     }
     if (nr != ncclSuccess)
-        return dt_ctx_set_error(c->ctx, DT_ERR_COMM, "%s: NCCL %s on group %s (size %d): %s", q->fn,
-                                dt_coll_name((dt_coll)q->kind), c->name, c->size, ncclGetErrorString(nr));
+        return dt_ctx_set_error(c->ctx, DT_ERR_COMM, "%s: %s (%s on group %s, size %d): %s %s", q->fn, what,
+                                dt_coll_name((dt_coll)q->kind), c->name, c->size, ncclGetErrorString(nr),
+                                dt__cm_nccl_why(c->nccl));
+    what = "cudaEventCreateWithFlags";
     e = cudaEventCreateWithFlags(&q->ev, cudaEventDisableTiming);
-    if (e == cudaSuccess) e = cudaEventRecord(q->ev, s);
+    if (e == cudaSuccess) what = "cudaEventRecord", e = cudaEventRecord(q->ev, s);
     if (e != cudaSuccess)
-        return dt_ctx_set_error(c->ctx, DT_ERR_CUDA, "%s: cudaEventRecord after NCCL: %s", q->fn, cudaGetErrorString(e));
+        return dt_ctx_set_error(c->ctx, DT_ERR_CUDA, "%s: %s after %s: %s", q->fn, what,
+                                dt_coll_name((dt_coll)q->kind), cudaGetErrorString(e));
     q->pending = 1;
     return DT_OK;
 }

@@ -17,6 +17,9 @@
 #                             memory per kernel in build/kernels/ptxas/
 #   cuda_emu                  every kernels/*.cu on the CPU emulator (tests/cuda_emu), each
 #                             tests/cuda_emu/k_*.cpp in 5 thread orders and under ThreadSanitizer
+#   cuda_emu_comm             tests/gpu_comm.c on the emulator with a fake NCCL over MPI
+#                             (tests/cuda_emu/nccl_emu.cpp), at each np, streams immediate and
+#                             deferred; names "emu:<check> [np=N, mode]"
 #   readme:snippet_N          each ```c block of README.md compiles, and runs when it is a
 #                             program (tests/readme_snippets.sh says how blocks are marked)
 #   tests/test_*.c            one process, -DDT_CBLAS; run once as built and once built with
@@ -428,7 +431,7 @@ emu_stale() {
 # and every kernel file, plain and with TSan.
 spawn_emu_objects() {
     local cu o
-    selected cuda_emu || return 0
+    selected cuda_emu || selected cuda_emu_comm || return 0
     mkdir -p "$E/obj" "$E/tsan"
     emu_stale "$E/obj/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp
     spawn step emu_runtime "$E/obj/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp \
@@ -457,6 +460,40 @@ spawn_emu_tests() {
         emu_stale "$E/tsan/$name" "$E"/tsan/*.o
         spawn step "emu_tsan_$name" "$E/tsan/$name" "$src" $EMU_CXX -O1 $EMU_TSAN $EMU_INC "$src" "$E"/tsan/*.o \
             -o "$E/tsan/$name" $DT_LIBS -lpthread
+    done
+}
+
+# dt_comm.h's NCCL path on the emulator (group cuda_emu_comm): tests/gpu_comm.c as C++ (mpicxx,
+# -DDT_MPI -DDT_CUDA -DDT_NCCL) against the fake CUDA runtime and the fake NCCL
+# (tests/cuda_emu/nccl_emu.cpp: NCCL over MPI), linked with every emulated kernel; run at each np
+# of its first line with 4 emulated devices (one per rank), in both stream modes
+# (DT_EMU_STREAMS=immediate and deferred: see cuda_emu.cpp). Names: "emu:<check> [np=N, mode]".
+EMU_MPICXX=$(command -v mpicxx || command -v mpic++ || true)
+spawn_emu_comm() {
+    selected cuda_emu_comm || return 0
+    [ -n "$DT_MPICC" ] && [ -n "$EMU_MPICXX" ] || return 0
+    mkdir -p "$E/comm"
+    emu_stale "$E/comm/nccl_emu.o" tests/cuda_emu/nccl_emu.cpp
+    emu_stale "$E/comm/gpu_comm" tests/cuda_emu/nccl_emu.cpp "$E"/obj/*.o
+    spawn step emu_gpu_comm "$E/comm/gpu_comm" tests/gpu_comm.c build_emu_comm
+}
+build_emu_comm() {
+    $EMU_MPICXX -std=c++17 -O1 -g -Wall -Wextra -Werror -I"$ROOT/tests/cuda_emu/include" \
+        -c tests/cuda_emu/nccl_emu.cpp -o "$E/comm/nccl_emu.o" || return 1
+    $EMU_MPICXX -std=c++17 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -O1 -x c++ -DDT_MPI -DDT_CUDA -DDT_NCCL $EMU_INC tests/gpu_comm.c -x none \
+        "$E/comm/nccl_emu.o" "$E"/obj/*.o -o "$E/comm/gpu_comm" $DT_LIBS -lpthread
+}
+run_emu_comm() {
+    local np mode
+    selected cuda_emu_comm || return 0
+    section "dt_comm.h's NCCL path on the CPU emulator (tests/gpu_comm.c + tests/cuda_emu/nccl_emu.cpp)"
+    if [ -z "$DT_MPICC" ] || [ -z "$EMU_MPICXX" ]; then report "SKIP cuda_emu_comm: mpicc or mpicxx not found"; return; fi
+    step_ok "cuda_emu_comm" "$E/comm/gpu_comm" emu_gpu_comm || return
+    for np in $(np_list tests/gpu_comm.c); do
+        for mode in immediate deferred; do
+            run_prog "cuda_emu_comm [np=$np, $mode]" "emu:" " [np=$np, $mode]" env DT_EMU_DEVICES=4 \
+                DT_EMU_STREAMS=$mode $DT_MPIRUN -np "$np" "$E/comm/gpu_comm"
+        done
     done
 }
 
@@ -639,6 +676,7 @@ if [ ${#KERNELS[@]} -gt 0 ]; then
 fi
 spawn_gpu_builds
 spawn_emu_tests
+spawn_emu_comm
 wait
 
 if [ ${#CHECKS[@]} -gt 0 ]; then
@@ -658,6 +696,7 @@ if [ ${#KERNELS[@]} -gt 0 ]; then
 fi
 
 run_emu
+run_emu_comm
 
 if selected readme; then
     section "README.md snippets (tests/readme_snippets.sh)"

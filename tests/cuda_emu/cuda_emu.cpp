@@ -1,6 +1,9 @@
 /* tests/cuda_emu/cuda_emu.cpp - a CUDA emulator for tests: the .cu files of kernels/, compiled by g++, run on the
    host, so CI checks every kernel without a GPU. Test-only; never shipped in kernels/.
 
+   Devices: DT_EMU_DEVICES=N (default 1) devices, each with its own PCI bus id; the fake NCCL
+   (tests/cuda_emu/nccl_emu.cpp, include/nccl.h) runs its operations on these streams.
+
    Build (tests/run.sh, group "cuda_emu", does this):
        g++ -x c++ -Itests/cuda_emu/include -Ikernels -c kernels/dt_x.cu     (each kernel file)
        g++ -Itests/cuda_emu/include -c tests/cuda_emu/cuda_emu.cpp          (this runtime)
@@ -53,8 +56,11 @@
        ended (atomics and plain stores to one global address from two blocks both "work");
      - a missing __threadfence: x86 orders memory more strongly than a GPU, and blocks do not
        overlap anyway;
-     - stream races: every call is synchronous, so work on two streams never overlaps and a
-       missing cudaStreamWaitEvent changes nothing;
+     - stream races by default: work runs as soon as it is queued (DT_EMU_STREAMS=immediate),
+       so a missing cudaStreamWaitEvent changes nothing. DT_EMU_STREAMS=deferred (see "streams
+       and events" below) makes work on created streams wait until something waits for it, so
+       a consumer not ordered after its producer reads stale data; even then two streams never
+       run at the same time (no torn reads), and cuBLAS calls run at once whatever their stream;
      - tensor cores, the GPU's own rounding (expf, __expf, fused multiply-add, TF32 is only
        rounded inputs), warp scheduling, bank conflicts, occupancy and speed;
      - out-of-bounds accesses inside kernels (device memory is host memory: an ASan build would
@@ -67,6 +73,7 @@
 
 #include <cblas.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,6 +81,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <set>
 #include <string>
@@ -548,6 +556,9 @@ static void run_block(emu_block *b) {
 }
 
 static bool valid_stream(cudaStream_t s) { return !s || G.streams.count((void *)s); }
+static cudaError_t run_grid(const char *kernel, const char *file, int line, dim3 grid, dim3 block, size_t shmem_bytes,
+                            const std::function<void()> &body);
+static void drain_all(bool blocking_only);
 
 cudaError_t dt_emu_launch(const char *kernel, const char *file, int line, dim3 grid, dim3 block, size_t shmem_bytes,
                           cudaStream_t stream, const std::function<void()> &body) {
@@ -571,6 +582,17 @@ cudaError_t dt_emu_launch(const char *kernel, const char *file, int line, dim3 g
                block.y, block.z, shmem_bytes);
         return fail(cudaErrorInvalidConfiguration);
     }
+    std::function<void()> fn = body; /* the lambda holds the arguments by value: it may run later */
+    return dt_emu_enqueue(stream, kernel, [=](bool *done) {
+        *done = true;
+        return run_grid(kernel, file, line, grid, block, shmem_bytes, fn);
+    });
+}
+
+/* Runs every block of a launch (when its stream gets to it). */
+static cudaError_t run_grid(const char *kernel, const char *file, int line, dim3 grid, dim3 block, size_t shmem_bytes,
+                            const std::function<void()> &body) {
+    unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
     int before = G.reports;
     std::vector<unsigned char> dyn(shmem_bytes + 16);
     G.dyn_shared = dyn.data();
@@ -636,18 +658,40 @@ const char *cudaGetErrorString(cudaError_t e) {
         if (error_names[i].e == e) return error_names[i].text;
     return "unrecognized error code";
 }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+    drain_all(false);
+    return cudaSuccess;
+}
+/* DT_EMU_DEVICES=N: the process sees N devices (default 1), all in host memory; their PCI bus
+   ids differ, so ranks of one host that pick different devices are on different "GPUs" (what
+   NCCL and dt_comm.h check), and ranks that pick the same one share it. */
+static int current_device = 0;
+static int device_count(void) {
+    const char *e = getenv("DT_EMU_DEVICES");
+    int n = e && *e ? atoi(e) : 1;
+    return n >= 1 && n <= 64 ? n : 1;
+}
 cudaError_t cudaGetDeviceCount(int *count) {
     if (!count) return fail(cudaErrorInvalidValue);
-    *count = 1;
+    *count = device_count();
     return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int *device) {
     if (!device) return fail(cudaErrorInvalidValue);
-    *device = 0;
+    *device = current_device;
     return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice); }
+cudaError_t cudaSetDevice(int device) {
+    if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+    current_device = device;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device) {
+    if (!pciBusId || len <= 0) return fail(cudaErrorInvalidValue);
+    if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+    snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", device + 1);
+    return cudaSuccess;
+}
 
 /* ---------------------------------------------------------------- memory and its registry */
 
@@ -676,6 +720,13 @@ static bool in_alloc(const void *p, size_t bytes, std::string *why) {
         return false;
     }
     return true;
+}
+
+int dt_emu_device_range(const void *p, size_t bytes, char *why, size_t why_len) {
+    std::string w;
+    if (in_alloc(p, bytes, &w)) return 1;
+    if (why && why_len) snprintf(why, why_len, "%s", w.c_str());
+    return 0;
 }
 
 cudaError_t dt_emu_malloc(const char *file, int line, void **ptr, size_t bytes) {
@@ -746,8 +797,11 @@ cudaError_t dt_emu_memcpy(const char *file, int line, void *dst, const void *src
                bad[0] == 'd' ? dst : src, why.c_str());
         return fail(cudaErrorInvalidValue);
     }
-    memmove(dst, src, bytes);
-    return cudaSuccess;
+    return dt_emu_enqueue(stream, "cudaMemcpyAsync", [=](bool *done) {
+        *done = true;
+        memmove(dst, src, bytes);
+        return cudaSuccess;
+    });
 }
 
 cudaError_t dt_emu_memset(const char *file, int line, void *dst, int value, size_t bytes, cudaStream_t stream) {
@@ -761,14 +815,61 @@ cudaError_t dt_emu_memset(const char *file, int line, void *dst, int value, size
         report("cudaMemset at %s:%d (%zu bytes): dst %p %s", file, line, bytes, dst, why.c_str());
         return fail(cudaErrorInvalidValue);
     }
-    memset(dst, value, bytes);
-    return cudaSuccess;
+    return dt_emu_enqueue(stream, "cudaMemsetAsync", [=](bool *done) {
+        *done = true;
+        memset(dst, value, bytes);
+        return cudaSuccess;
+    });
 }
 
-/* ---------------------------------------------------------------- streams and events */
+/* ---------------------------------------------------------------- streams and events
 
-struct dt_emu_stream { int unused; };
-struct dt_emu_event { double ms; bool recorded; };
+   A stream is a queue of work (kernels, async copies and memsets, event records and waits, the
+   fake NCCL's operations). Each piece of work is a step function that says whether it is done:
+   a kernel or a copy is done after one step; an NCCL operation may need several (it waits for
+   its peers). The legacy default stream (0) runs its work at once, after the work queued on
+   every blocking stream (cudaStreamNonBlocking streams excepted), as CUDA's legacy stream does.
+
+   DT_EMU_STREAMS (environment):
+     immediate  (default) work runs as soon as it is queued and the stream is free: with no NCCL
+                operation waiting for its peers, every call is synchronous, as before.
+     deferred   work on a created stream is queued and runs only when something waits for it:
+                cudaStreamSynchronize, cudaEventSynchronize / cudaEventQuery of an event recorded
+                after it, a cudaStreamWaitEvent on another stream when that stream runs, work on
+                the legacy stream (blocking streams only), cudaDeviceSynchronize. So a consumer
+                that forgets to wait (a collective posted on the communication stream without
+                cudaStreamWaitEvent on the compute stream's event) reads what was there before
+                the producer ran, and the test that checks its values fails. */
+
+struct emu_work {
+    std::function<cudaError_t(bool *)> step;
+    const char *what;
+};
+struct dt_emu_stream {
+    std::deque<emu_work> q;
+    unsigned long long posted, finished; /* work queued / done since creation */
+    unsigned int flags;
+    cudaError_t err;                     /* of work that failed since the last synchronisation */
+    bool busy, dead;                     /* running a step; destroyed (kept: events may name it) */
+};
+struct dt_emu_event {
+    double ms;
+    bool recorded, timed;                /* recorded at least once; its record has run (ms set) */
+    dt_emu_stream *s;                    /* where it was last recorded (NULL: legacy, complete) */
+    unsigned long long at;               /* complete when s->finished reaches this */
+};
+
+static int streams_mode = -1; /* 0 immediate, 1 deferred */
+static bool deferred(void) {
+    if (streams_mode < 0) {
+        const char *m = getenv("DT_EMU_STREAMS");
+        streams_mode = m && !strcmp(m, "deferred");
+        if (m && *m && strcmp(m, "deferred") && strcmp(m, "immediate"))
+            report("DT_EMU_STREAMS = \"%s\"; expected immediate or deferred (running immediate)", m);
+    }
+    return streams_mode == 1;
+}
+const char *dt_emu_streams_mode(void) { return deferred() ? "deferred" : "immediate"; }
 
 static double now_ms(void) {
     struct timespec ts;
@@ -776,53 +877,163 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
+/* Runs s's work until `target` pieces are finished. block: wait for work that is not done yet
+   (an NCCL operation whose peers have not come); else return with *reached = false. A failed
+   piece counts as finished; its error is kept in s->err. */
+static void drive(dt_emu_stream *s, unsigned long long target, bool block, bool *reached) {
+    *reached = false;
+    if (s->busy) { /* a wait on itself, through events: it can never complete */
+        report("stream %p waits for its own later work (a cycle of cudaStreamWaitEvent)", (void *)s);
+        s->err = cudaErrorLaunchFailure;
+        return;
+    }
+    s->busy = true;
+    while (s->finished < target && !s->q.empty()) {
+        bool done = false;
+        cudaError_t e = s->q.front().step(&done);
+        if (e != cudaSuccess) s->err = e, G.last_error = e, done = true;
+        if (!done) {
+            if (!block) break;
+            sched_yield();
+            continue;
+        }
+        s->q.pop_front();
+        s->finished++;
+    }
+    s->busy = false;
+    *reached = s->finished >= target;
+}
+
+/* Finishes the work of every created stream (blocking_only: of those without cudaStreamNonBlocking). */
+static void drain_all(bool blocking_only) {
+    std::vector<void *> all(G.streams.begin(), G.streams.end());
+    bool reached;
+    for (size_t i = 0; i < all.size(); i++) {
+        dt_emu_stream *s = (dt_emu_stream *)all[i];
+        if (!blocking_only || !(s->flags & cudaStreamNonBlocking)) drive(s, s->posted, true, &reached);
+    }
+}
+
+/* The error of the work that failed on s since the last synchronisation (then clears it). */
+static cudaError_t take_err(dt_emu_stream *s) {
+    cudaError_t e = s->err;
+    s->err = cudaSuccess;
+    return e;
+}
+
+cudaError_t dt_emu_enqueue(cudaStream_t stream, const char *what, const std::function<cudaError_t(bool *)> &step) {
+    bool reached, done = false;
+    if (!valid_stream(stream)) {
+        report("%s on stream %p, which cudaStreamCreate did not make (or it was destroyed)", what, (void *)stream);
+        return fail(cudaErrorInvalidResourceHandle);
+    }
+    if (!stream) { /* the legacy stream: after the blocking streams' work, then at once */
+        drain_all(true);
+        cudaError_t e;
+        while ((e = step(&done)) == cudaSuccess && !done) sched_yield();
+        return fail(e);
+    }
+    dt_emu_stream *s = stream;
+    emu_work w = {step, what};
+    s->q.push_back(w);
+    s->posted++;
+    if (deferred()) return cudaSuccess;
+    cudaError_t before = take_err(s);
+    drive(s, s->posted, false, &reached);
+    if (!reached) { /* waits behind an NCCL operation: runs later, its errors then */
+        s->err = before;
+        return cudaSuccess;
+    }
+    cudaError_t e = take_err(s);
+    s->err = before;
+    return fail(e);
+}
+
+int dt_emu_valid_stream(cudaStream_t s) { return valid_stream(s); }
+
 cudaError_t cudaStreamCreate(cudaStream_t *stream) { return cudaStreamCreateWithFlags(stream, 0); }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) {
     if (!stream || flags > 1) return fail(cudaErrorInvalidValue);
     *stream = new dt_emu_stream();
+    (*stream)->posted = (*stream)->finished = 0;
+    (*stream)->flags = flags;
+    (*stream)->err = cudaSuccess;
+    (*stream)->busy = (*stream)->dead = false;
     G.streams.insert((void *)*stream);
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-    if (!stream || !G.streams.erase((void *)stream)) {
+    bool reached;
+    if (!stream || !G.streams.count((void *)stream)) {
         report("cudaStreamDestroy(%p): not a stream cudaStreamCreate made (or destroyed already)", (void *)stream);
         return fail(cudaErrorInvalidResourceHandle);
     }
-    delete stream;
+    drive(stream, stream->posted, true, &reached); /* CUDA lets queued work finish first */
+    G.streams.erase((void *)stream);
+    stream->dead = true; /* not freed: an event recorded on it still names it */
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-    return valid_stream(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+    bool reached;
+    if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+    if (!stream) {
+        drain_all(true);
+        return cudaSuccess;
+    }
+    drive(stream, stream->posted, true, &reached);
+    return fail(take_err(stream));
 }
 static bool valid_event(cudaEvent_t e) { return e && G.events.count((void *)e); }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
     if (!valid_stream(stream) || !valid_event(event)) return fail(cudaErrorInvalidResourceHandle);
-    return flags ? fail(cudaErrorInvalidValue) : cudaSuccess;
+    if (flags) return fail(cudaErrorInvalidValue);
+    dt_emu_stream *es = event->s;
+    unsigned long long at = event->at; /* the event's record as of now, not a later one */
+    if (!event->recorded || !es || es == stream) return cudaSuccess; /* nothing to wait for */
+    return dt_emu_enqueue(stream, "cudaStreamWaitEvent", [=](bool *done) {
+        drive(es, at, false, done);
+        return cudaSuccess;
+    });
 }
 cudaError_t cudaEventCreate(cudaEvent_t *event) { return cudaEventCreateWithFlags(event, 0); }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
     if (!event || (flags & ~3u)) return fail(cudaErrorInvalidValue);
     *event = new dt_emu_event();
-    (*event)->recorded = false;
+    (*event)->recorded = (*event)->timed = false;
+    (*event)->s = NULL;
+    (*event)->at = 0;
     G.events.insert((void *)*event);
     return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     if (!valid_event(event) || !valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
-    event->ms = now_ms();
     event->recorded = true;
-    return cudaSuccess;
+    event->timed = false;
+    event->s = stream;
+    event->at = stream ? stream->posted + 1 : 0;
+    return dt_emu_enqueue(stream, "cudaEventRecord", [=](bool *done) {
+        *done = true;
+        if (G.events.count((void *)event)) event->ms = now_ms(), event->timed = true;
+        return cudaSuccess;
+    });
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-    return valid_event(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+/* Complete: its stream has run the record (or it was never recorded). */
+static cudaError_t event_wait(cudaEvent_t event, bool block) {
+    bool reached = true;
+    if (!valid_event(event)) return fail(cudaErrorInvalidResourceHandle);
+    if (!event->recorded || !event->s) return cudaSuccess;
+    drive(event->s, event->at, block, &reached);
+    cudaError_t e = take_err(event->s);
+    if (e) return fail(e);
+    return reached ? cudaSuccess : cudaErrorNotReady;
 }
-cudaError_t cudaEventQuery(cudaEvent_t event) {
-    return valid_event(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
-}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) { return event_wait(event, true); }
+cudaError_t cudaEventQuery(cudaEvent_t event) { return event_wait(event, false); }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
     if (!ms) return fail(cudaErrorInvalidValue);
     if (!valid_event(start) || !valid_event(end) || !start->recorded || !end->recorded)
         return fail(cudaErrorInvalidResourceHandle);
+    if (!start->timed || !end->timed) return cudaErrorNotReady;
     *ms = (float)(end->ms - start->ms);
     return cudaSuccess;
 }

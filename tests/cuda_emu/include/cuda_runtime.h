@@ -96,7 +96,8 @@ typedef struct dt_emu_event *cudaEvent_t;
 #define cudaEventDefault 0x0u
 #define cudaEventDisableTiming 0x2u
 
-/* Host API. Every call is synchronous; the copies and memsets check their ranges against the
+/* Host API. Work on a stream runs in stream order, at once by default (see "streams and events"
+   in cuda_emu.cpp for DT_EMU_STREAMS=deferred); the copies and memsets check their ranges against the
    allocation registry (a bad one is an error status and a report on stderr, with the caller's
    __FILE__:__LINE__ through the macros below). */
 cudaError_t cudaGetLastError(void);
@@ -107,6 +108,7 @@ cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaGetDeviceCount(int *count);
 cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaSetDevice(int device);
+cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device);
 cudaError_t dt_emu_malloc(const char *file, int line, void **ptr, size_t bytes);
 cudaError_t dt_emu_free(const char *file, int line, void *ptr);
 cudaError_t dt_emu_memcpy(const char *file, int line, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
@@ -235,5 +237,16 @@ static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f
 const char *dt_emu_mode(void);
 int dt_emu_report_count(void);
 const char *dt_emu_last_report(void);
+/* DT_EMU_STREAMS: "immediate" (default) or "deferred" (work on created streams waits until
+   something waits for it; see cuda_emu.cpp). */
+const char *dt_emu_streams_mode(void);
+
+/* For the fake NCCL (tests/cuda_emu/nccl_emu.cpp): queue work on a stream. step runs when the
+   stream gets to it, and again until it sets *done (an operation waiting for its peers); a
+   status other than cudaSuccess fails it. Whether a stream is valid (0 is); whether
+   [p, p + bytes) lies in one cudaMalloc allocation (else why says what is wrong). */
+cudaError_t dt_emu_enqueue(cudaStream_t stream, const char *what, const std::function<cudaError_t(bool *)> &step);
+int dt_emu_valid_stream(cudaStream_t stream);
+int dt_emu_device_range(const void *p, size_t bytes, char *why, size_t why_len);
 
 #endif /* DT_CUDA_EMU_RUNTIME_H */
