@@ -14,6 +14,15 @@
      in the implementation file only:
        DT_MPI              (seen by dt_comm.h) a grid over MPI ranks; without it the world is one
                            rank and every layout but 1 x 1 x 1 is a named error.
+       DT_CUDA             (seen by dt_tensor.h) CUDA tensors work too: an arena of CUDA parameters
+                           keeps its buffers on the device, dt_zero packs and syncs them there
+                           (dt_tensor_copy / dt_axpy of views, dt_comm on device tensors), and the
+                           tp layers run on CUDA tensors, the vocab-parallel embedding and cross
+                           entropy through kernels/dt_parallel.cu (link its object). ids and
+                           targets are copied to the host to be checked, as dt_tensor.h's CUDA
+                           ops do; the cross entropy's per-row sums over tp are staged through
+                           the host (3 doubles a row, never the logits). Checked on the emulator
+                           (tests/cuda_emu/k_parallel.cpp, k_gpt.cpp) at one rank.
 
    API in one breath:
        grid           dt_layout_create / _free / _rank_of / _describe / _string
@@ -88,7 +97,8 @@ DT_API dt_status dt_layout_batch_range(const dt_layout *l, int64_t global_batch,
    per dtype, and every gradient in one f32 buffer, in registration order. Each dt_param's value
    and grad become views into them (owns = 0). Parameters are grouped into units (a transformer
    block, the embeddings, the head): the unit is what ZeRO-3 gathers and frees, and what the
-   gradient sync launches as one piece. */
+   gradient sync launches as one piece. Every parameter must be on one device (cpu, or cuda under
+   DT_CUDA): the buffers are made there (a mix is DT_ERR_DEVICE naming the first that differs). */
 
 typedef struct dt_arena_desc {
     const int *units;  /* per ps item: its unit, non-decreasing from 0; NULL = one unit per parameter */
@@ -104,6 +114,7 @@ typedef struct dt_arena {
     int *unit;                        /* per param */
     int n_units;
     int *unit_first;                  /* per unit: index of its first param; unit_first[n_units] = count */
+    dt_device device;                 /* the params' device: the buffers live there */
 } dt_arena;
 
 /* Moves every parameter of ps into the arena (values kept). ps must not change afterwards. */
@@ -931,9 +942,11 @@ DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, con
         if (!p || !p->value.data || !p->grad.data)
             return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: parameter %d (\"%s\") has no value or grad (freed, or "
                                     "released by ZeRO-3)", fn, i, p ? p->name : "(null)");
-        if (p->value.device != DT_CPU || p->grad.device != DT_CPU)
-            return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: parameter \"%s\" is on %s; the arena holds CPU parameters",
-                                    fn, p->name, dt_device_name(p->value.device));
+        if (p->value.device != ps->items[0]->value.device || p->grad.device != ps->items[0]->value.device)
+            return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: parameter \"%s\" has its value on %s and grad on %s, "
+                                    "parameter \"%s\" its value on %s; expected every parameter on one device", fn,
+                                    p->name, dt_device_name(p->value.device), dt_device_name(p->grad.device),
+                                    ps->items[0]->name, dt_device_name(ps->items[0]->value.device));
         if (p->grad.dtype != DT_F32 || p->grad.numel != p->value.numel)
             return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: parameter \"%s\" has a %s grad of %lld elements; expected "
                                     "f32 with the value's %lld", fn, p->name, dt_dtype_name(p->grad.dtype),
@@ -962,6 +975,7 @@ DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, con
     memset(a, 0, sizeof *a);
     a->ctx = ctx;
     a->params = ps;
+    a->device = n ? ps->items[0]->value.device : DT_CPU;
     a->n_units = n == 0 ? 0 : units ? units[n - 1] + 1 : n;
     a->value_offset = (int64_t *)dt__pl_alloc_n(ctx, n, sizeof(int64_t), fn, "offsets");
     a->grad_offset = (int64_t *)dt__pl_alloc_n(ctx, n, sizeof(int64_t), fn, "offsets");
@@ -972,6 +986,7 @@ DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, con
     if (!a->value_offset || !a->grad_offset || !a->unit || !a->unit_first || !vviews || !gviews) st = DT_ERR_OOM;
     memset(&td, 0, sizeof td);
     td.ndim = 1;
+    td.device = a->device;
     for (k = 1; k < DT_DTYPE_COUNT && !st; k++) {
         if (!total[k]) continue; /* data NULL: no parameter of this dtype */
         td.dtype = (dt_dtype)k;
@@ -1000,17 +1015,20 @@ DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, con
         }
         a->unit_first[a->n_units] = n;
     }
+    for (i = 0; i < n && !st; i++) { /* values and grads in (a cudaMemcpy may fail: ps is still whole) */
+        dt_param *p = ps->items[i];
+        st = dt_tensor_copy(ctx, &vviews[i], &p->value);
+        if (!st) st = dt_tensor_copy(ctx, &gviews[i], &p->grad);
+    }
     if (st) {
         dt_release(ctx, vviews);
         dt_release(ctx, gviews);
         dt__pl_arena_release(a);
         return st;
     }
-    /* nothing can fail from here: move values and grads in, give the old memory back */
+    /* nothing can fail from here: the params become views, the old memory goes back */
     for (i = 0; i < n; i++) {
         dt_param *p = ps->items[i];
-        if (p->value.numel) memcpy(vviews[i].data, p->value.data, dt_tensor_bytes(&p->value));
-        if (p->grad.numel) memcpy(gviews[i].data, p->grad.data, dt_tensor_bytes(&p->grad));
         dt_tensor_free(ctx, &p->value); /* a view (owns = 0) is only forgotten */
         dt_tensor_free(ctx, &p->grad);
         p->value = vviews[i];
@@ -1053,6 +1071,7 @@ typedef struct dt__pl_zu {
     int bucket;                           /* stage 0 */
     dt_tensor vfull[DT_DTYPE_COUNT];      /* stage 3: the gathered values */
     dt_tensor vpack[DT_DTYPE_COUNT];      /* stage 3: an all-gather in flight (prefetch) */
+    dt_tensor vmine[DT_DTYPE_COUNT];      /* on cuda: this rank's block, sent from its own buffer */
     dt_comm_req *vreq[DT_DTYPE_COUNT];
     int vposted;
     dt_tensor gfull;                      /* stages 2-3: full grads, first gather to grad_ready */
@@ -1101,6 +1120,7 @@ static dt_status dt__pl_ztake(dt_zero *z, dt_tensor *t, dt_dtype dtype, int64_t 
     dt_tensor_desc td;
     memset(&td, 0, sizeof td);
     td.dtype = dtype;
+    td.device = z->a->device;
     td.ndim = 1;
     td.shape[0] = numel;
     DT__PL_TRY(dt_tensor_create(z->ctx, t, &td));
@@ -1126,6 +1146,17 @@ static char *dt__pl_at(const dt_tensor *t, int64_t elem) {
 }
 static int64_t dt__pl_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* n elements of src from element so to dst from element do, on either device (dt_tensor_copy of
+   1-D views); add = 1: dst += src (dt_axpy with alpha 1: the sum bit for bit). */
+static dt_status dt__pl_copy(dt_ctx *ctx, const dt_tensor *dst, int64_t dof, const dt_tensor *src, int64_t sof,
+                             int64_t n, int add) {
+    dt_tensor d, s;
+    if (n <= 0) return DT_OK;
+    DT__PL_TRY(dt_tensor_view(ctx, &d, dst, dof, 1, &n));
+    DT__PL_TRY(dt_tensor_view(ctx, &s, src, sof, 1, &n));
+    return add ? dt_axpy(ctx, &d, 1.0f, &s) : dt_tensor_copy(ctx, &d, &s);
+}
+
 /* Rows [lo, hi) of param i that rank j owns. */
 static void dt__pl_zrows(const dt__pl_zp *p, int j, int64_t *lo, int64_t *hi) {
     *lo = dt__pl_min64(p->rows, (int64_t)j * p->c);
@@ -1142,7 +1173,7 @@ static dt_status dt__pl_zbucket_launch(dt_zero *z, dt__pl_bucket *b) {
 /* ---- stages 1-3: reduce-scatter of a unit's grads, all-gather of its values */
 
 /* Packs unit u's full grads (the base params' grads) rank-major into u->gpack. */
-static void dt__pl_zpack_grads(dt_zero *z, dt__pl_zu *u) {
+static dt_status dt__pl_zpack_grads(dt_zero *z, dt__pl_zu *u) {
     int i, j;
     for (j = 0; j < z->N; j++)
         for (i = u->first; i < u->last; i++) {
@@ -1150,25 +1181,21 @@ static void dt__pl_zpack_grads(dt_zero *z, dt__pl_zu *u) {
             const dt_param *bp = z->a->params->items[i];
             int64_t lo, hi;
             dt__pl_zrows(p, j, &lo, &hi);
-            if (hi > lo)
-                memcpy(dt__pl_at(&u->gpack, (int64_t)j * u->gblock + p->gpk), dt__pl_at(&bp->grad, lo * p->row_elems),
-                       (size_t)((hi - lo) * p->row_elems) * sizeof(float));
+            DT__PL_TRY(dt__pl_copy(z->ctx, &u->gpack, (int64_t)j * u->gblock + p->gpk, &bp->grad, lo * p->row_elems,
+                                   (hi - lo) * p->row_elems, 0));
         }
+    return DT_OK;
 }
 
 /* This rank's block of the reduce-scatter into its shard grads: added (stages 2-3, which
    accumulate over micro-steps) or written (stage 1, whose shard grads are the arena's rows). */
-static void dt__pl_zgrads_in(dt_zero *z, dt__pl_zu *u, const dt_tensor *out, int add) {
+static dt_status dt__pl_zgrads_in(dt_zero *z, dt__pl_zu *u, const dt_tensor *out, int add) {
     int i;
-    int64_t k;
     for (i = u->first; i < u->last; i++) {
         const dt__pl_zp *p = &z->zp[i];
-        float *g = (float *)z->shard.items[i]->grad.data;
-        const float *s = (const float *)out->data + p->gpk;
-        int64_t n = p->n * p->row_elems;
-        if (add) for (k = 0; k < n; k++) g[k] += s[k];
-        else if (n) memcpy(g, s, (size_t)n * sizeof(float));
+        DT__PL_TRY(dt__pl_copy(z->ctx, &z->shard.items[i]->grad, 0, out, p->gpk, p->n * p->row_elems, add));
     }
+    return DT_OK;
 }
 
 /* Posts unit u's reduce-scatter (stages 2-3) from its full grads, which it then gives back. */
@@ -1178,7 +1205,12 @@ static dt_status dt__pl_zrs_post(dt_zero *z, dt__pl_zu *u) {
     DT__PL_TRY(dt__pl_ztake(z, &u->gpack, DT_F32, (int64_t)z->N * u->gblock, &z->live_comm));
     st = dt__pl_ztake(z, &u->gout, DT_F32, u->gblock, &z->live_comm);
     if (st) { dt__pl_zgive(z, &u->gpack, &z->live_comm); return st; }
-    dt__pl_zpack_grads(z, u);
+    st = dt__pl_zpack_grads(z, u);
+    if (st) {
+        dt__pl_zgive(z, &u->gpack, &z->live_comm);
+        dt__pl_zgive(z, &u->gout, &z->live_comm);
+        return st;
+    }
     dt__pl_zgive(z, &u->gfull, &z->live_grad);
     for (i = u->first; i < u->last; i++) z->a->params->items[i]->grad.data = NULL;
     st = dt_comm_ireduce_scatter(z->dp, &u->gout, &u->gpack, DT_REDUCE_AVG, &u->greq);
@@ -1195,7 +1227,7 @@ static dt_status dt__pl_zrs_finish(dt_zero *z, dt__pl_zu *u) {
     if (!u->greq) return DT_OK;
     st = dt_comm_wait(u->greq);
     u->greq = NULL;
-    if (!st) dt__pl_zgrads_in(z, u, &u->gout, 1);
+    if (!st) st = dt__pl_zgrads_in(z, u, &u->gout, 1);
     dt__pl_zgive(z, &u->gpack, &z->live_comm);
     dt__pl_zgive(z, &u->gout, &z->live_comm);
     return st;
@@ -1219,11 +1251,9 @@ static dt_status dt__pl_zrs_stage1(dt_zero *z, dt__pl_zu *u) {
     dt_status st;
     DT__PL_TRY(dt__pl_ztake(z, &u->gpack, DT_F32, (int64_t)z->N * u->gblock, &z->live_comm));
     st = dt__pl_ztake(z, &u->gout, DT_F32, u->gblock, &z->live_comm);
-    if (!st) {
-        dt__pl_zpack_grads(z, u);
-        st = dt_comm_reduce_scatter(z->dp, &u->gout, &u->gpack, DT_REDUCE_AVG);
-    }
-    if (!st) dt__pl_zgrads_in(z, u, &u->gout, 0);
+    if (!st) st = dt__pl_zpack_grads(z, u);
+    if (!st) st = dt_comm_reduce_scatter(z->dp, &u->gout, &u->gpack, DT_REDUCE_AVG);
+    if (!st) st = dt__pl_zgrads_in(z, u, &u->gout, 0);
     dt__pl_zgive(z, &u->gpack, &z->live_comm);
     dt__pl_zgive(z, &u->gout, &z->live_comm);
     return st;
@@ -1233,37 +1263,44 @@ static dt_status dt__pl_zrs_stage1(dt_zero *z, dt__pl_zu *u) {
    values) into its block of vpack, the others' blocks arrive. */
 static dt_status dt__pl_zag_post(dt_zero *z, dt__pl_zu *u, int t) {
     dt_tensor mine;
-    int i;
-    dt_status st;
+    int i, own = z->a->device != DT_CPU;
+    dt_status st = DT_OK;
+    memset(&mine, 0, sizeof mine);
     DT__PL_TRY(dt__pl_ztake(z, &u->vpack[t], (dt_dtype)t, (int64_t)z->N * u->vblock[t], &z->live_comm));
-    for (i = u->first; i < u->last; i++) {
+    /* on the host the block goes in place; on cuda from a buffer of its own (dt_comm's staging of
+       an in-place all-gather on device tensors sizes its buffer by the input: rank 0 overflowed it) */
+    if (own) st = dt__pl_ztake(z, &u->vmine[t], (dt_dtype)t, u->vblock[t], &z->live_comm);
+    for (i = u->first; i < u->last && !st; i++) {
         const dt__pl_zp *p = &z->zp[i];
         const dt_param *sp = z->shard.items[i];
-        if ((int)sp->value.dtype == t && p->n)
-            memcpy(dt__pl_at(&u->vpack[t], (int64_t)z->r * u->vblock[t] + p->vpk), sp->value.data,
-                   dt_tensor_bytes(&sp->value));
+        if ((int)sp->value.dtype == t)
+            st = dt__pl_copy(z->ctx, own ? &u->vmine[t] : &u->vpack[t], (own ? 0 : (int64_t)z->r * u->vblock[t]) + p->vpk,
+                             &sp->value, 0, sp->value.numel, 0);
     }
-    st = dt_tensor_view(z->ctx, &mine, &u->vpack[t], (int64_t)z->r * u->vblock[t], 1, &u->vblock[t]);
+    if (!st && own) mine = u->vmine[t];
+    else if (!st) st = dt_tensor_view(z->ctx, &mine, &u->vpack[t], (int64_t)z->r * u->vblock[t], 1, &u->vblock[t]);
     if (!st) st = dt_comm_iallgather(z->dp, &u->vpack[t], &mine, &u->vreq[t]);
-    if (st) dt__pl_zgive(z, &u->vpack[t], &z->live_comm);
+    if (st) {
+        dt__pl_zgive(z, &u->vpack[t], &z->live_comm);
+        dt__pl_zgive(z, &u->vmine[t], &z->live_comm);
+    }
     return st;
 }
 
 /* Unpacks every rank's rows of dtype t from vpack into the base params' values. */
-static void dt__pl_zag_unpack(dt_zero *z, dt__pl_zu *u, int t) {
+static dt_status dt__pl_zag_unpack(dt_zero *z, dt__pl_zu *u, int t) {
     int i, j;
     for (j = 0; j < z->N; j++)
         for (i = u->first; i < u->last; i++) {
             const dt__pl_zp *p = &z->zp[i];
             const dt_param *bp = z->a->params->items[i];
-            size_t sz = dt_dtype_size(bp->value.dtype);
             int64_t lo, hi;
             if ((int)bp->value.dtype != t) continue;
             dt__pl_zrows(p, j, &lo, &hi);
-            if (hi > lo)
-                memcpy((char *)bp->value.data + (size_t)(lo * p->row_elems) * sz,
-                       dt__pl_at(&u->vpack[t], (int64_t)j * u->vblock[t] + p->vpk), (size_t)((hi - lo) * p->row_elems) * sz);
+            DT__PL_TRY(dt__pl_copy(z->ctx, &bp->value, lo * p->row_elems, &u->vpack[t],
+                                   (int64_t)j * u->vblock[t] + p->vpk, (hi - lo) * p->row_elems, 0));
         }
+    return DT_OK;
 }
 
 /* Posts the all-gathers of unit u (stage 3: a gather or a prefetch). */
@@ -1293,9 +1330,12 @@ static dt_status dt__pl_zgather_finish(dt_zero *z, dt__pl_zu *u, int keep) {
             dt_param *bp = z->a->params->items[i];
             if ((int)bp->value.dtype == t) bp->value.data = dt__pl_at(&u->vfull[t], z->zp[i].uv);
         }
-        if (!st) dt__pl_zag_unpack(z, u, t);
+        if (!st) st = dt__pl_zag_unpack(z, u, t);
     }
-    for (t = 1; t < DT_DTYPE_COUNT; t++) dt__pl_zgive(z, &u->vpack[t], &z->live_comm);
+    for (t = 1; t < DT_DTYPE_COUNT; t++) {
+        dt__pl_zgive(z, &u->vpack[t], &z->live_comm);
+        dt__pl_zgive(z, &u->vmine[t], &z->live_comm);
+    }
     u->vposted = 0;
     return st;
 }
@@ -1322,8 +1362,9 @@ static dt_status dt__pl_zallgather_all(dt_zero *z) {
                 st = dt_comm_wait(u->vreq[t]);
                 u->vreq[t] = NULL;
             }
-            if (!st) dt__pl_zag_unpack(z, u, t);
+            if (!st) st = dt__pl_zag_unpack(z, u, t);
             dt__pl_zgive(z, &u->vpack[t], &z->live_comm);
+            dt__pl_zgive(z, &u->vmine[t], &z->live_comm);
         }
     }
     return st;
@@ -1350,6 +1391,7 @@ static void dt__pl_zero_release(dt_zero *z) {
         for (t = 0; t < DT_DTYPE_COUNT; t++) {
             dt__pl_zgive(z, &u->vfull[t], &z->live_param);
             dt__pl_zgive(z, &u->vpack[t], &z->live_comm);
+            dt__pl_zgive(z, &u->vmine[t], &z->live_comm);
         }
         dt__pl_zgive(z, &u->gfull, &z->live_grad);
         dt__pl_zgive(z, &u->gpack, &z->live_comm);
@@ -1455,9 +1497,7 @@ static dt_status dt__pl_zshard_set(dt_zero *z) {
                                 bp->value.ndim, shape);
         if (st) return st;
         /* stage 3: this rank's rows become its copy of the values (the arena's go at the end) */
-        if (z->stage == 3 && p->n)
-            memcpy(sp->value.data, (const char *)bp->value.data + (size_t)(p->lo * p->row_elems) *
-                   dt_dtype_size(bp->value.dtype), dt_tensor_bytes(&sp->value));
+        if (z->stage == 3) DT__PL_TRY(dt__pl_copy(z->ctx, &sp->value, 0, &bp->value, p->lo * p->row_elems, sp->value.numel, 0));
         z->param_comms[i] = z->stage == 0 ? (bp->sharded ? z->l->tp_comm : NULL)
                                           : (bp->sharded ? z->l->dptp_comm : z->l->dp_comm);
     }
@@ -1810,6 +1850,38 @@ DT_API dt_status dt_zero_checkpoint_load(dt_zero *z, dt_train_state *state, cons
 
 #define DT__TP_TRY(x) do { dt_status dt__tp_s = (x); if (dt__tp_s) return dt__tp_s; } while (0)
 
+/* dt_check_tensor for either device: a cuda tensor is checked as its cpu shadow (shapes and
+   dtypes; the data stays where it is). The ops these layers call check that operands share one. */
+static dt_status dt__tp_chk(dt_ctx *ctx, const dt_tensor *t, dt_dtype dtype, const char *fn, const char *arg) {
+    dt_tensor s;
+    if (!t || t->device != DT_CUDA_DEVICE) return dt_check_tensor(ctx, t, dtype, fn, arg);
+    s = *t;
+    s.device = DT_CPU;
+    return dt_check_tensor(ctx, &s, dtype, fn, arg);
+}
+
+/* *h = a cpu copy of t when t is on cuda (ids and targets, checked on the host as dt_tensor.h's
+   cuda ops do); else *h = t itself (owns 0). Free with dt_tensor_free. */
+static dt_status dt__tp_host(dt_ctx *ctx, dt_tensor *h, const dt_tensor *t, const char *fn, const char *arg) {
+    dt_status st;
+    DT__TP_TRY(dt__tp_chk(ctx, t, t ? t->dtype : DT_I32, fn, arg));
+    *h = *t;
+    h->owns = 0;
+    if (t->device != DT_CUDA_DEVICE) return DT_OK;
+    DT__TP_TRY(dt_tensor_create_like(ctx, h, t, DT_DTYPE_DEFAULT, DT_CPU));
+    st = dt_tensor_copy(ctx, h, t);
+    if (st) dt_tensor_free(ctx, h);
+    return st;
+}
+
+/* Every tensor of a list (NULLs skipped) on the device of the first: else DT_ERR_DEVICE naming it. */
+static dt_status dt__tp_same_device(dt_ctx *ctx, const char *fn, const dt_tensor *first, const char *first_name,
+                                    const dt_tensor *t, const char *name) {
+    if (!t || !first || t->device == first->device) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: %s is on %s but %s is on %s; expected one device", fn, name,
+                            dt_device_name(t->device), first_name, dt_device_name(first->device));
+}
+
 static int64_t dt__tp_last(const dt_tensor *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
 static int64_t dt__tp_rows(const dt_tensor *t) {
     int64_t r = 1;
@@ -1833,7 +1905,7 @@ static dt_status dt__tp_begin(dt_layout *l, int sp, const char *fn) {
 static dt_status dt__tp_mat(dt_ctx *ctx, const dt_tensor *t, int64_t rows, int64_t cols, const char *fn,
                             const char *arg, const char *why) {
     char s[96];
-    DT__TP_TRY(dt_check_tensor(ctx, t, DT_F32, fn, arg));
+    DT__TP_TRY(dt__tp_chk(ctx, t, DT_F32, fn, arg));
     if (t->ndim >= 1 && dt__tp_rows(t) == rows && dt__tp_last(t) == cols) return DT_OK;
     return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s; expected %lld rows of %lld (%s)", fn, arg,
                             dt_shape_str(t, s, sizeof s), (long long)rows, (long long)cols, why);
@@ -1843,12 +1915,12 @@ static dt_status dt__tp_mat(dt_ctx *ctx, const dt_tensor *t, int64_t rows, int64
 static dt_status dt__tp_weight(dt_ctx *ctx, const dt_tensor *w, const dt_tensor *bias, int64_t bias_n,
                                const char *fn, const char *wn, const char *bn) {
     char s[96];
-    DT__TP_TRY(dt_check_tensor(ctx, w, DT_F32, fn, wn));
+    DT__TP_TRY(dt__tp_chk(ctx, w, DT_F32, fn, wn));
     if (w->ndim != 2)
         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s; expected 2 dims", fn, wn,
                                 dt_shape_str(w, s, sizeof s));
     if (!bias) return DT_OK;
-    DT__TP_TRY(dt_check_tensor(ctx, bias, DT_F32, fn, bn));
+    DT__TP_TRY(dt__tp_chk(ctx, bias, DT_F32, fn, bn));
     if (bias->numel != bias_n)
         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s has %lld elements; expected %lld (%s)", fn, bn,
                                 (long long)bias->numel, (long long)bias_n,
@@ -1945,7 +2017,7 @@ DT_API dt_status dt_tp_param_desc(const dt_layout *l, dt_param_desc *desc, dt_tp
 DT_API dt_status dt_tp_allreduce(dt_layout *l, dt_tensor *x) {
     const char *fn = "dt_tp_allreduce";
     DT__TP_TRY(dt__tp_begin(l, 0, fn));
-    DT__TP_TRY(dt_check_tensor(l->ctx, x, DT_DTYPE_DEFAULT, fn, "x"));
+    DT__TP_TRY(dt__tp_chk(l->ctx, x, DT_DTYPE_DEFAULT, fn, "x"));
     if (l->tp == 1) return DT_OK;
     return dt_comm_allreduce(l->tp_comm, x, DT_REDUCE_SUM);
 }
@@ -1953,8 +2025,8 @@ DT_API dt_status dt_tp_allreduce(dt_layout *l, dt_tensor *x) {
 static dt_status dt__sp_rows_check(dt_layout *l, const dt_tensor *full, const dt_tensor *shard, const char *fn) {
     int64_t N = 0;
     char a[96], b[96];
-    DT__TP_TRY(dt_check_tensor(l->ctx, full, DT_DTYPE_DEFAULT, fn, "full"));
-    DT__TP_TRY(dt_check_tensor(l->ctx, shard, DT_DTYPE_DEFAULT, fn, "shard"));
+    DT__TP_TRY(dt__tp_chk(l->ctx, full, DT_DTYPE_DEFAULT, fn, "full"));
+    DT__TP_TRY(dt__tp_chk(l->ctx, shard, DT_DTYPE_DEFAULT, fn, "shard"));
     if (full->dtype != shard->dtype)
         return dt_ctx_set_error(l->ctx, DT_ERR_DTYPE, "%s: full is %s, shard is %s; expected the same dtype", fn,
                                 dt_dtype_name(full->dtype), dt_dtype_name(shard->dtype));
@@ -1992,7 +2064,7 @@ DT_API dt_status dt_tp_column_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor
     DT__TP_TRY(dt__tp_begin(l, sp, fn));
     DT__TP_TRY(dt__tp_weight(l->ctx, w, bias, w ? w->shape[0] : 0, fn, "w", "bias"));
     In = w->shape[1];
-    DT__TP_TRY(dt_check_tensor(l->ctx, x, DT_F32, fn, "x"));
+    DT__TP_TRY(dt__tp_chk(l->ctx, x, DT_F32, fn, "x"));
     N = dt__tp_rows(x);
     DT__TP_TRY(dt__tp_mat(l->ctx, x, N, In, fn, "x", "w.shape[1] in features"));
     if (sp) {
@@ -2018,14 +2090,14 @@ DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor 
     DT__TP_TRY(dt__tp_begin(l, sp, fn));
     DT__TP_TRY(dt__tp_weight(l->ctx, w, NULL, 0, fn, "w", "bias"));
     O = w->shape[0]; In = w->shape[1];
-    DT__TP_TRY(dt_check_tensor(l->ctx, xall, DT_F32, fn, "xbuf_or_x"));
+    DT__TP_TRY(dt__tp_chk(l->ctx, xall, DT_F32, fn, "xbuf_or_x"));
     N = dt__tp_rows(xall);
     DT__TP_TRY(dt__tp_mat(l->ctx, xall, N, In, fn, "xbuf_or_x", "w.shape[1] in features"));
     DT__TP_TRY(dt__tp_mat(l->ctx, dout, N, O, fn, "dout", "the rows of x_all by w.shape[0]"));
     if (sp) DT__TP_TRY(dt__tp_split(l, N, &nl, fn, "xbuf_or_x"));
     if (dw) {
         char a[96], b[96];
-        DT__TP_TRY(dt_check_tensor(l->ctx, dw, DT_F32, fn, "dw"));
+        DT__TP_TRY(dt__tp_chk(l->ctx, dw, DT_F32, fn, "dw"));
         if (!dt_tensor_same_shape(dw, w))
             return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: dw shape %s does not match w shape %s", fn,
                                     dt_shape_str(dw, a, sizeof a), dt_shape_str(w, b, sizeof b));
@@ -2072,7 +2144,7 @@ DT_API dt_status dt_tp_row_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor *p
     DT__TP_TRY(dt__tp_begin(l, sp, fn));
     DT__TP_TRY(dt__tp_weight(l->ctx, w, bias, w ? w->shape[0] : 0, fn, "w", "bias"));
     O = w->shape[0];
-    DT__TP_TRY(dt_check_tensor(l->ctx, x, DT_F32, fn, "x"));
+    DT__TP_TRY(dt__tp_chk(l->ctx, x, DT_F32, fn, "x"));
     N = dt__tp_rows(x);
     DT__TP_TRY(dt__tp_mat(l->ctx, x, N, w->shape[1], fn, "x", "w.shape[1], this rank's in features"));
     if (sp) DT__TP_TRY(dt__tp_split(l, N, &nl, fn, "x"));
@@ -2103,7 +2175,7 @@ DT_API dt_status dt_tp_row_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw
     DT__TP_TRY(dt__tp_begin(l, sp, fn));
     DT__TP_TRY(dt__tp_weight(l->ctx, w, NULL, 0, fn, "w", "bias"));
     O = w->shape[0];
-    DT__TP_TRY(dt_check_tensor(l->ctx, x, DT_F32, fn, "x"));
+    DT__TP_TRY(dt__tp_chk(l->ctx, x, DT_F32, fn, "x"));
     N = dt__tp_rows(x);
     DT__TP_TRY(dt__tp_mat(l->ctx, x, N, w->shape[1], fn, "x", "w.shape[1], this rank's in features"));
     if (sp) DT__TP_TRY(dt__tp_split(l, N, &nl, fn, "x"));
@@ -2118,7 +2190,7 @@ DT_API dt_status dt_tp_row_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw
     if (dx) DT__TP_TRY(dt__tp_mat(l->ctx, dx, N, w->shape[1], fn, "dx", "as x"));
     if (dw) {
         char a[96], b[96];
-        DT__TP_TRY(dt_check_tensor(l->ctx, dw, DT_F32, fn, "dw"));
+        DT__TP_TRY(dt__tp_chk(l->ctx, dw, DT_F32, fn, "dw"));
         if (!dt_tensor_same_shape(dw, w))
             return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: dw shape %s does not match w shape %s", fn,
                                     dt_shape_str(dw, a, sizeof a), dt_shape_str(w, b, sizeof b));
@@ -2151,19 +2223,24 @@ static dt_status dt__tp_vocab(dt_layout *l, int64_t Vl, int64_t vocab_start, int
     return DT_OK;
 }
 
-static dt_status dt__tp_ids(dt_layout *l, const dt_tensor *ids, int64_t vocab, const char *fn) {
+/* ids valid (i32 / i64, in the vocab); on cuda they are read from a host copy. */
+static dt_status dt__tp_ids(dt_layout *l, const dt_tensor *ids_any, int64_t vocab, const char *fn) {
     int64_t i;
-    DT__TP_TRY(dt_check_tensor(l->ctx, ids, ids ? ids->dtype : DT_I32, fn, "ids"));
-    if (ids->dtype != DT_I32 && ids->dtype != DT_I64)
+    dt_tensor h, *ids = &h;
+    dt_status st = DT_OK;
+    DT__TP_TRY(dt__tp_chk(l->ctx, ids_any, ids_any ? ids_any->dtype : DT_I32, fn, "ids"));
+    if (ids_any->dtype != DT_I32 && ids_any->dtype != DT_I64)
         return dt_ctx_set_error(l->ctx, DT_ERR_DTYPE, "%s: ids has dtype %s; expected i32 or i64", fn,
-                                dt_dtype_name(ids->dtype));
-    for (i = 0; i < ids->numel; i++) {
+                                dt_dtype_name(ids_any->dtype));
+    DT__TP_TRY(dt__tp_host(l->ctx, &h, ids_any, fn, "ids"));
+    for (i = 0; i < ids->numel && !st; i++) {
         int64_t id = dt__tp_id(ids, i);
         if (id < 0 || id >= vocab)
-            return dt_ctx_set_error(l->ctx, DT_ERR_RANGE, "%s: ids[%lld] = %lld is outside the vocab [0, %lld)", fn,
-                                    (long long)i, (long long)id, (long long)vocab);
+            st = dt_ctx_set_error(l->ctx, DT_ERR_RANGE, "%s: ids[%lld] = %lld is outside the vocab [0, %lld)", fn,
+                                  (long long)i, (long long)id, (long long)vocab);
     }
-    return DT_OK;
+    dt_tensor_free(l->ctx, &h);
+    return st;
 }
 
 DT_API dt_status dt_tp_embedding_fwd(dt_layout *l, dt_tensor *out, dt_tensor *partial, const dt_tensor *table,
@@ -2183,6 +2260,17 @@ DT_API dt_status dt_tp_embedding_fwd(dt_layout *l, dt_tensor *out, dt_tensor *pa
     if (partial || (sp && l->tp > 1))
         DT__TP_TRY(dt__tp_mat(l->ctx, partial, N, C, fn, "partial", "ids by table.shape[1]: the scratch of the sum"));
     if (sp && l->tp > 1) dst = partial;
+    DT__TP_TRY(dt__tp_same_device(l->ctx, fn, table, "table", dst, dst == out ? "out" : "partial"));
+    DT__TP_TRY(dt__tp_same_device(l->ctx, fn, table, "table", ids, "ids"));
+    if (table->device == DT_CUDA_DEVICE) {
+#ifdef DT_CUDA
+        int e = dt_k_tp_embedding_fwd((float *)dst->data, (const float *)table->data, ids->data, ids->dtype == DT_I64, N,
+                                      Vl, C, vocab_start, l->ctx->cuda_stream);
+        if (e) return dt_ctx_set_error(l->ctx, DT_ERR_CUDA, "%s: dt_k_tp_embedding_fwd failed: %s", fn, dt_k_error_string(e));
+#else
+        return dt_ctx_set_error(l->ctx, DT_ERR_DEVICE, "%s: a cuda tensor, but dt was built without DT_CUDA", fn);
+#endif
+    } else
     for (n = 0; n < N; n++) {
         int64_t r = dt__tp_id(ids, n) - vocab_start;
         float *o = (float *)dst->data + n * C;
@@ -2200,7 +2288,7 @@ DT_API dt_status dt_tp_embedding_bwd(dt_layout *l, dt_tensor *dtable, dt_tensor 
     const dt_tensor *dall = dout;
     int64_t N, C, Vl, nl = 0, n, d;
     DT__TP_TRY(dt__tp_begin(l, sp, fn));
-    if (!dtable) return dt_check_tensor(l->ctx, dout, DT_F32, fn, "dout"); /* nothing wanted, nothing moved */
+    if (!dtable) return dt__tp_chk(l->ctx, dout, DT_F32, fn, "dout"); /* nothing wanted, nothing moved */
     DT__TP_TRY(dt__tp_weight(l->ctx, dtable, NULL, 0, fn, "dtable", ""));
     Vl = dtable->shape[0]; C = dtable->shape[1];
     DT__TP_TRY(dt__tp_vocab(l, Vl, vocab_start, vocab, fn, "dtable rows"));
@@ -2213,6 +2301,18 @@ DT_API dt_status dt_tp_embedding_bwd(dt_layout *l, dt_tensor *dtable, dt_tensor 
         DT__TP_TRY(dt__tp_mat(l->ctx, doutbuf, N, C, fn, "doutbuf", "ids by dtable.shape[1]: the gathered dout"));
         DT__TP_TRY(dt_sp_gather_rows(l, doutbuf, dout));
         dall = doutbuf;
+    }
+    DT__TP_TRY(dt__tp_same_device(l->ctx, fn, dtable, "dtable", dall, dall == dout ? "dout" : "doutbuf"));
+    DT__TP_TRY(dt__tp_same_device(l->ctx, fn, dtable, "dtable", ids, "ids"));
+    if (dtable->device == DT_CUDA_DEVICE) {
+#ifdef DT_CUDA
+        int e = dt_k_tp_embedding_bwd((float *)dtable->data, (const float *)dall->data, ids->data, ids->dtype == DT_I64,
+                                      N, Vl, C, vocab_start, l->ctx->cuda_stream);
+        if (e) return dt_ctx_set_error(l->ctx, DT_ERR_CUDA, "%s: dt_k_tp_embedding_bwd failed: %s", fn, dt_k_error_string(e));
+#else
+        return dt_ctx_set_error(l->ctx, DT_ERR_DEVICE, "%s: a cuda tensor, but dt was built without DT_CUDA", fn);
+#endif
+        return DT_OK;
     }
     for (n = 0; n < N; n++) { /* in id order, as dt_embedding_bwd: the same sums, bitwise */
         int64_t r = dt__tp_id(ids, n) - vocab_start;
@@ -2227,15 +2327,20 @@ DT_API dt_status dt_tp_embedding_bwd(dt_layout *l, dt_tensor *dtable, dt_tensor 
 
 /* ---- vocab-parallel cross entropy */
 
+/* The arguments, and the targets in range (read from a host copy on cuda); *n_valid (may be NULL)
+   = the targets not ignored. */
 static dt_status dt__tp_xent_check(dt_layout *l, const dt_tensor *logits, const dt_tensor *targets,
-                                   int64_t vocab_start, int64_t vocab, int ignore_index, const char *fn) {
-    int64_t N, r;
+                                   int64_t vocab_start, int64_t vocab, int ignore_index, const char *fn,
+                                   int64_t *n_valid) {
+    int64_t N, r, nv = 0;
+    dt_tensor h;
+    dt_status st = DT_OK;
     DT__TP_TRY(dt__tp_begin(l, 0, fn));
-    DT__TP_TRY(dt_check_tensor(l->ctx, logits, DT_F32, fn, "logits"));
+    DT__TP_TRY(dt__tp_chk(l->ctx, logits, DT_F32, fn, "logits"));
     if (logits->ndim < 1)
         return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: logits is a scalar; expected [N, Vp/tp]", fn);
     DT__TP_TRY(dt__tp_vocab(l, dt__tp_last(logits), vocab_start, vocab, fn, "logits.shape[-1]"));
-    DT__TP_TRY(dt_check_tensor(l->ctx, targets, DT_I32, fn, "targets"));
+    DT__TP_TRY(dt__tp_chk(l->ctx, targets, DT_I32, fn, "targets"));
     N = dt__tp_rows(logits);
     if (targets->numel != N)
         return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: targets has %lld elements; expected %lld (logits rows)", fn,
@@ -2243,14 +2348,76 @@ static dt_status dt__tp_xent_check(dt_layout *l, const dt_tensor *logits, const 
     if (N > 1073741823) /* INT_MAX / 2: dt_comm_allreduce_f64 counts in int, two doubles a row */
         return dt_ctx_set_error(l->ctx, DT_ERR_UNSUPPORTED, "%s: %lld rows; at most 1073741823 (two doubles per row "
                                 "go through dt_comm_allreduce_f64)", fn, (long long)N);
-    for (r = 0; r < N; r++) {
-        int32_t t = ((const int32_t *)targets->data)[r];
+    DT__TP_TRY(dt__tp_same_device(l->ctx, fn, logits, "logits", targets, "targets"));
+    DT__TP_TRY(dt__tp_host(l->ctx, &h, targets, fn, "targets"));
+    for (r = 0; r < N && !st; r++) {
+        int32_t t = ((const int32_t *)h.data)[r];
         if (t != ignore_index && (t < 0 || t >= vocab))
-            return dt_ctx_set_error(l->ctx, DT_ERR_RANGE, "%s: targets[%lld] = %d is outside [0, %lld) (vocab) and is "
-                                    "not ignore_index = %d", fn, (long long)r, t, (long long)vocab, ignore_index);
+            st = dt_ctx_set_error(l->ctx, DT_ERR_RANGE, "%s: targets[%lld] = %d is outside [0, %lld) (vocab) and is "
+                                  "not ignore_index = %d", fn, (long long)r, t, (long long)vocab, ignore_index);
+        nv += t != ignore_index;
     }
-    return DT_OK;
+    dt_tensor_free(l->ctx, &h);
+    if (n_valid) *n_valid = nv;
+    return st;
 }
+
+#ifdef DT_CUDA
+/* dt_tp_xent_fwd on cuda: dt_k_tp_xent_fwd's three phases on a device buffer of 3N doubles (an
+   i64 tensor: dt has no f64 dtype), the two sums over tp staged through the host (N and 2N
+   doubles: per-row statistics, never the logits), and the rows' losses summed on the host in
+   row order, as the CPU function does. */
+static dt_status dt__tp_xent_fwd_cuda(dt_layout *l, double *total, int64_t *n, dt_tensor *stats, const dt_tensor *logits,
+                                      const dt_tensor *targets, int64_t vocab_start, int ignore_index, int64_t N,
+                                      int64_t Vl, int64_t nv, const char *fn) {
+    dt_ctx *ctx = l->ctx;
+    dt_tensor dbuf, hbuf, ht, dv, hv;
+    dt_tensor_desc td;
+    dt_status st;
+    int phase, e = 0;
+    int64_t r, len;
+    memset(&td, 0, sizeof td);
+    td.dtype = DT_I64;
+    td.ndim = 1;
+    td.shape[0] = 3 * N;
+    td.device = DT_CUDA_DEVICE;
+    DT__TP_TRY(dt__tp_same_device(ctx, fn, logits, "logits", stats, "stats"));
+    DT__TP_TRY(dt_tensor_create(ctx, &dbuf, &td));
+    td.device = DT_CPU;
+    st = dt_tensor_create(ctx, &hbuf, &td);
+    if (st) { dt_tensor_free(ctx, &dbuf); return st; }
+    st = dt__tp_host(ctx, &ht, targets, fn, "targets");
+    for (phase = 0; phase < 3 && !st; phase++) {
+        e = dt_k_tp_xent_fwd((double *)dbuf.data, stats ? (float *)stats->data : NULL, (const float *)logits->data,
+                             (const int32_t *)targets->data, ignore_index, N, Vl, nv, vocab_start, phase,
+                             ctx->cuda_stream);
+        if (e) {
+            st = dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: dt_k_tp_xent_fwd (phase %d) failed: %s", fn, phase,
+                                  dt_k_error_string(e));
+            break;
+        }
+        if (phase == 2 || l->tp == 1) continue;
+        /* the max (phase 0: N) or the target logits and sums (phase 1: 2N) over tp */
+        len = phase == 0 ? N : 2 * N;
+        st = dt_tensor_view(ctx, &dv, &dbuf, phase == 0 ? 0 : N, 1, &len);
+        if (!st) st = dt_tensor_view(ctx, &hv, &hbuf, phase == 0 ? 0 : N, 1, &len);
+        if (!st) st = dt_tensor_copy(ctx, &hv, &dv);
+        if (!st) st = dt_comm_allreduce_f64(l->tp_comm, (double *)hv.data, (int)len,
+                                            phase == 0 ? DT_REDUCE_MAX : DT_REDUCE_SUM);
+        if (!st) st = dt_tensor_copy(ctx, &dv, &hv);
+    }
+    len = N;
+    if (!st) st = dt_tensor_view(ctx, &dv, &dbuf, 0, 1, &len);
+    if (!st) st = dt_tensor_view(ctx, &hv, &hbuf, 0, 1, &len);
+    if (!st) st = dt_tensor_copy(ctx, &hv, &dv);
+    for (r = 0; r < N && !st; r++)
+        if (((const int32_t *)ht.data)[r] != ignore_index) { *total += ((const double *)hv.data)[r]; (*n)++; }
+    dt_tensor_free(ctx, &ht);
+    dt_tensor_free(ctx, &hbuf);
+    dt_tensor_free(ctx, &dbuf);
+    return st;
+}
+#endif
 
 /* Per row: m = max over the real columns (all-reduce MAX), then the target logit (one rank has
    it, the others add 0) and s = sum of exp(z - m) (all-reduce SUM, one call for both), and
@@ -2265,11 +2432,21 @@ DT_API dt_status dt_tp_xent_fwd(dt_layout *l, float *loss, int64_t *n_valid, dt_
     dt_status st = DT_OK;
     if (!l || !l->ctx) return DT_ERR_ARG;
     if (!loss) return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: loss is NULL", fn);
-    DT__TP_TRY(dt__tp_xent_check(l, logits, targets, vocab_start, vocab, ignore_index, fn));
+    DT__TP_TRY(dt__tp_xent_check(l, logits, targets, vocab_start, vocab, ignore_index, fn, NULL));
     N = dt__tp_rows(logits); Vl = dt__tp_last(logits);
     if (stats) DT__TP_TRY(dt__tp_mat(l->ctx, stats, N, 2, fn, "stats", "each row's max and log-sum-exp"));
     nv = vocab - vocab_start; /* this rank's real (not padding) columns */
     nv = nv < 0 ? 0 : nv > Vl ? Vl : nv;
+    if (logits->device == DT_CUDA_DEVICE) {
+#ifdef DT_CUDA
+        DT__TP_TRY(dt__tp_xent_fwd_cuda(l, &total, &n, stats, logits, targets, vocab_start, ignore_index, N, Vl, nv, fn));
+#else
+        return dt_ctx_set_error(l->ctx, DT_ERR_DEVICE, "%s: a cuda tensor, but dt was built without DT_CUDA", fn);
+#endif
+        *loss = n ? (float)(total / (double)n) : 0.0f;
+        if (n_valid) *n_valid = n;
+        return DT_OK;
+    }
     buf = (double *)dt_alloc(l->ctx, sizeof(double) * (size_t)(3 * N + 1));
     if (!buf) return DT_ERR_OOM; /* before any collective; the other ranks time out naming this one */
     for (r = 0; r < N; r++) {
@@ -2310,16 +2487,28 @@ DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tenso
     const char *fn = "dt_tp_xent_bwd";
     int64_t N, Vl, nv, r, c, n = 0;
     float s;
-    DT__TP_TRY(dt__tp_xent_check(l, logits, targets, vocab_start, vocab, ignore_index, fn));
+    DT__TP_TRY(dt__tp_xent_check(l, logits, targets, vocab_start, vocab, ignore_index, fn, &n));
     N = dt__tp_rows(logits); Vl = dt__tp_last(logits);
     DT__TP_TRY(dt__tp_mat(l->ctx, stats, N, 2, fn, "stats", "from dt_tp_xent_fwd"));
     if (!dlogits) return DT_OK;
     DT__TP_TRY(dt__tp_mat(l->ctx, dlogits, N, Vl, fn, "dlogits", "as logits"));
-    for (r = 0; r < N; r++) n += ((const int32_t *)targets->data)[r] != ignore_index;
+    DT__TP_TRY(dt__tp_same_device(l->ctx, fn, logits, "logits", stats, "stats"));
+    DT__TP_TRY(dt__tp_same_device(l->ctx, fn, logits, "logits", dlogits, "dlogits"));
     if (n == 0) return DT_OK;
     s = dloss / (float)n;
     nv = vocab - vocab_start;
     nv = nv < 0 ? 0 : nv > Vl ? Vl : nv;
+    if (logits->device == DT_CUDA_DEVICE) {
+#ifdef DT_CUDA
+        int e = dt_k_tp_xent_bwd((float *)dlogits->data, (const float *)logits->data, (const float *)stats->data,
+                                 (const int32_t *)targets->data, ignore_index, dloss, n, N, Vl, nv, vocab_start,
+                                 l->ctx->cuda_stream);
+        if (e) return dt_ctx_set_error(l->ctx, DT_ERR_CUDA, "%s: dt_k_tp_xent_bwd failed: %s", fn, dt_k_error_string(e));
+#else
+        return dt_ctx_set_error(l->ctx, DT_ERR_DEVICE, "%s: a cuda tensor, but dt was built without DT_CUDA", fn);
+#endif
+        return DT_OK;
+    }
     for (r = 0; r < N; r++) { /* softmax = exp(z - lse): local, no communication */
         const float *z = (const float *)logits->data + r * Vl;
         float *g = (float *)dlogits->data + r * Vl, lse = ((const float *)stats->data)[2 * r + 1];

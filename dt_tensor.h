@@ -18,7 +18,7 @@
                        blocked GEMM in this file is used.
        DT_CUDA         CUDA tensors (cudaMalloc, cudaMemcpy), and the ops matmul, linear,
                        bias_add, relu, gelu, layernorm, attention, embedding, softmax_xent (fwd
-                       and bwd) and axpy on them through kernels/ (link the objects of nvcc -c
+                       and bwd), axpy, concat and split on them through kernels/ (link the objects of nvcc -c
                        kernels/dt_*.cu, -lcublas -lcudart; the other ops take CPU tensors only). Without it
                        asking for a CUDA tensor returns DT_ERR_DEVICE "built without DT_CUDA".
        DT_ASSERT(c)    internal invariant checks (default: assert.h). Never used for user errors.
@@ -1736,7 +1736,7 @@ static dt_status dt__dim(dt_ctx *ctx, int64_t got, int64_t want, const char *fn,
    way. Every operand must be on cuda (DT_ERR_DEVICE names the one that is not); a failing
    launch is DT_ERR_CUDA naming the launcher and the CUDA / cuBLAS error. Ops with a CUDA path:
    matmul, linear, bias_add, relu, gelu, layernorm, attention, embedding, softmax_xent (each _fwd
-   and _bwd), and axpy. */
+   and _bwd), and axpy; concat and split (_fwd, _bwd: f32, kernels/dt_parallel.cu's dt_k_concat). */
 #ifdef DT_CUDA
 static int dt__cu(const dt_tensor *t) { return t && t->device == DT_CUDA_DEVICE; }
 
@@ -1793,6 +1793,7 @@ static dt_status dt__cu_softmax_xent_fwd(dt_ctx *, float *, int64_t *, dt_tensor
                                          const dt_tensor *, int);
 static dt_status dt__cu_softmax_xent_bwd(dt_ctx *, dt_tensor *, const dt_tensor *, const dt_tensor *, int, float);
 static dt_status dt__cu_axpy(dt_ctx *, dt_tensor *, float, const dt_tensor *);
+static dt_status dt__cu_concat(dt_ctx *, dt_tensor *, dt_tensor *const *, int, int, int, const char *);
 #endif
 
 /* ---------------------------------------------------------------- matmul */
@@ -3305,6 +3306,38 @@ static dt_status dt__cu_axpy(dt_ctx *ctx, dt_tensor *y, float alpha, const dt_te
     return dt__cu_status(ctx, dt_k_axpy(DT__CU_F(y), alpha, (const float *)x->data, x->numel, ctx->cuda_stream), fn,
                          "dt_k_axpy");
 }
+/* dt_concat / dt_split on cuda: the CPU path's checks on shadows, then one column copy per part. */
+static dt_status dt__cu_concat(dt_ctx *ctx, dt_tensor *whole, dt_tensor *const *parts, int n, int to_whole,
+                               int accumulate, const char *fn) {
+    int64_t R, W, off = 0;
+    int i;
+    char name[32];
+    DT__CU_SH(sw, whole, "the concatenated tensor");
+    if (n <= 0 || !parts) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n = %d parts; expected >= 1", fn, n);
+    DT__TRY(dt__f32(ctx, sw, fn, "the concatenated tensor"));
+    R = dt__rows(sw); W = dt__last(sw);
+    for (i = 0; i < n; i++) {
+        dt_tensor ps;
+        const dt_tensor *pp;
+        snprintf(name, sizeof name, "part %d", i);
+        DT__TRY(dt__cu_shadow(ctx, &ps, &pp, parts[i], fn, name));
+        DT__TRY(dt__f32(ctx, pp, fn, name));
+        DT__TRY(dt__dim(ctx, dt__rows(pp), R, fn, "part rows", "concatenated rows"));
+        if (dt__last(pp) > INT64_MAX - off)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: the parts' last dims sum past int64", fn);
+        off += dt__last(pp);
+    }
+    if (off != W)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: the parts' last dims sum to %lld, the concatenated "
+                                "tensor's is %lld", fn, (long long)off, (long long)W);
+    for (off = 0, i = 0; i < n; i++) {
+        int64_t C = dt__last(parts[i]);
+        DT__TRY(dt__cu_status(ctx, dt_k_concat(DT__CU_F(whole), DT__CU_F(parts[i]), R, W, off, C, to_whole, accumulate,
+                                               ctx->cuda_stream), fn, "dt_k_concat"));
+        off += C;
+    }
+    return DT_OK;
+}
 #undef DT__CU_SH
 #undef DT__CU_F
 #endif /* DT_CUDA */
@@ -3318,6 +3351,9 @@ static dt_status dt__concat(dt_ctx *ctx, dt_tensor *whole, dt_tensor *const *par
     int i;
     char name[32];
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(whole)) return dt__cu_concat(ctx, whole, parts, n, to_whole, accumulate, fn);
+#endif
     if (n <= 0 || !parts) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n = %d parts; expected >= 1", fn, n);
     DT__TRY(dt__f32(ctx, whole, fn, "the concatenated tensor"));
     R = dt__rows(whole); W = dt__last(whole);

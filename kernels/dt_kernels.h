@@ -242,6 +242,33 @@ int dt_k_matmul_bwd(void *cublas, float *da, float *db, const float *dout, const
                     int64_t batch, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b, int64_t stride_a,
                     int64_t stride_b, float alpha, int tf32, void *stream);
 
+/* ---------------------------------------------------------------- tensor parallel (kernels/dt_parallel.cu)
+
+   dt_parallel.h's vocab-parallel layers on CUDA tensors, the CPU functions' arithmetic in their
+   order. ids (i32, or i64 with ids_i64 = 1) are checked on the host first, as dt_tensor.h does.
+   tp_embedding_fwd: out[n,:] = table[ids[n] - vocab_start, :] for this rank's Vl rows, else 0.
+   tp_embedding_bwd: dtable[ids[n] - vocab_start, :] += dout[n,:], each column by one thread in
+   id order (deterministic, the CPU's sums bit for bit).
+   tp_xent_fwd: one thread per row of logits [N, Vl] (nv <= Vl real columns); buf is 3N device
+   doubles: phase 0 writes buf[r] = the row max (as float); phase 1 (after the max is reduced over
+   tp) buf[N + 2r] = the target's logit or 0, buf[N + 2r + 1] = sum of expf(z - max) in double;
+   phase 2 (after those are summed over tp) stats[2r], stats[2r+1] = max, log-sum-exp (floats;
+   stats may be NULL) and buf[r] = the row's loss in double.
+   tp_xent_bwd: dlogits += dloss / n_valid (exp(z - lse) - onehot) on real columns, rows not ignored.
+   concat: columns [col0, col0 + C) of whole [R, W] and part [R, C]: to_whole 1 copies part into
+   whole, 0 whole into part; accumulate 1 adds instead (dt_concat_fwd / _bwd, dt_split_fwd / _bwd). */
+int dt_k_tp_embedding_fwd(float *out, const float *table, const void *ids, int ids_i64, int64_t N, int64_t Vl,
+                          int64_t C, int64_t vocab_start, void *stream);
+int dt_k_tp_embedding_bwd(float *dtable, const float *dout, const void *ids, int ids_i64, int64_t N, int64_t Vl,
+                          int64_t C, int64_t vocab_start, void *stream);
+int dt_k_tp_xent_fwd(double *buf, float *stats, const float *logits, const int32_t *targets, int ignore_index,
+                     int64_t N, int64_t Vl, int64_t nv, int64_t vocab_start, int phase, void *stream);
+int dt_k_tp_xent_bwd(float *dlogits, const float *logits, const float *stats, const int32_t *targets, int ignore_index,
+                     float dloss, int64_t n_valid, int64_t N, int64_t Vl, int64_t nv, int64_t vocab_start,
+                     void *stream);
+int dt_k_concat(float *whole, float *part, int64_t R, int64_t W, int64_t col0, int64_t C, int to_whole, int accumulate,
+                void *stream);
+
 #ifdef __cplusplus
 }
 #endif

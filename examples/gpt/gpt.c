@@ -48,7 +48,9 @@
    ZB-H1's, the split of the tp layers' backward is not done here (tests/mpi_pp_runtime shows the
    split on dt_linear_bwd). --pp > 1 takes ZeRO 0 or 1 (stages 2-3 would free the grad buffer
    the head's gradient is added to) and no --sample. */
+#ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, glob, mkdir */
+#endif
 #define DT_IMPLEMENTATION
 #include "../../dt_tensor.h"
 #include "../../dt_comm.h"
@@ -106,7 +108,8 @@ typedef struct opts {
     int chunks;           /* model chunks per stage: 2 for interleaved, else 1 */
     int recompute;        /* 0 none, 1 full, 2 selective */
     dt_dtype dtype;
-    double lr, min_lr_frac, wd;
+    dt_device device;     /* --device: where parameters, activations and the optimizer live */
+    double lr, min_lr_frac, wd, clip;
     int64_t warmup;
     const char *data, *shards, *ckpt, *log, *trace;
 } opts;
@@ -123,6 +126,8 @@ static const char *HELP =
     "  --lr LR           peak learning rate of AdamW (1e-3)\n"
     "  --warmup N        linear warmup steps, then cosine decay to lr/10 at --steps (10)\n"
     "  --wd WD           AdamW weight decay of the matrices (0.1; biases, norms: none)\n"
+    "  --clip C          clip the gradient norm to C, 0 = off (1; 0 with --device cuda: dt_opt.h does not\n"
+    "                    clip CUDA grads yet)\n"
     "  --tp N            tensor-parallel ranks (1); dp = world / (tp x pp)\n"
     "  --pp N            pipeline stages (1); the blocks split over them, embedding first, head and loss last\n"
     "  --schedule S      pipeline schedule: gpipe, 1f1b, interleaved (2 chunks per stage) or zb (ZB-H1) (1f1b)\n"
@@ -132,6 +137,7 @@ static const char *HELP =
     "                    does not depend on it\n"
     "  --recompute none|full|selective   activation recompute (none)\n"
     "  --dtype f32|bf16|f16   parameter dtype; f32 masters inside the optimizer (f32)\n"
+    "  --device cpu|cuda tensors and ops on the CPU or on the GPU (cpu); cuda needs a -DDT_CUDA build, f32\n"
     "  --data FILE       a text file, read as bytes (vocab 256); default /usr/share/common-licenses/GPL-3,\n"
     "                    else README.md\n"
     "  --shards PATTERN  llm.c token shards (glob, e.g. 'data/tinyshakespeare_train*.bin'), GPT-2 vocab\n"
@@ -179,8 +185,8 @@ static void parse(opts *o, int argc, char **argv) {
     FILE *fp;
     memset(o, 0, sizeof *o);
     o->steps = 200; o->batch = 8; o->seq = 64; o->seed = 1; o->layers = 4; o->heads = 4; o->width = 128;
-    o->lr = 1e-3; o->warmup = 10; o->wd = 0.1; o->min_lr_frac = 0.1; o->tp = 1; o->pp = 1; o->micro = 1;
-    o->print_every = 10; o->dtype = DT_F32; o->schedule = DT_PP_1F1B;
+    o->lr = 1e-3; o->clip = -1; o->warmup = 10; o->wd = 0.1; o->min_lr_frac = 0.1; o->tp = 1; o->pp = 1; o->micro = 1;
+    o->print_every = 10; o->dtype = DT_F32; o->schedule = DT_PP_1F1B; o->device = DT_CPU;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int takes = 1;
@@ -195,6 +201,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--lr")) o->lr = real(a, v, 0, 10);
         else if (!strcmp(a, "--warmup")) o->warmup = num(a, v, 0, (int64_t)1 << 40);
         else if (!strcmp(a, "--wd")) o->wd = real(a, v, 0, 10);
+        else if (!strcmp(a, "--clip")) o->clip = real(a, v, 0, 1e30);
         else if (!strcmp(a, "--tp")) o->tp = (int)num(a, v, 1, 1 << 16);
         else if (!strcmp(a, "--pp")) o->pp = (int)num(a, v, 1, 1 << 16);
         else if (!strcmp(a, "--zero")) o->zero = (int)num(a, v, 0, 3);
@@ -217,6 +224,10 @@ static void parse(opts *o, int argc, char **argv) {
             else if (v && !strcmp(v, "bf16")) o->dtype = DT_BF16;
             else if (v && !strcmp(v, "f16")) o->dtype = DT_F16;
             else usage("--dtype is f32, bf16 or f16");
+        } else if (!strcmp(a, "--device")) {
+            if (v && !strcmp(v, "cpu")) o->device = DT_CPU;
+            else if (v && !strcmp(v, "cuda")) o->device = DT_CUDA_DEVICE;
+            else usage("--device is cpu or cuda");
         }
         else if (!strcmp(a, "--data")) o->data = v;
         else if (!strcmp(a, "--shards")) o->shards = v;
@@ -238,6 +249,15 @@ static void parse(opts *o, int argc, char **argv) {
     o->chunks = o->schedule == DT_PP_INTERLEAVED ? 2 : 1;
     if (o->ckpt_every && !o->ckpt) usage("--ckpt-every needs --ckpt DIR");
     if (o->resume && !o->ckpt) usage("--resume needs --ckpt DIR");
+#ifndef DT_CUDA
+    if (o->device == DT_CUDA_DEVICE) usage("--device cuda: this gpt was built without DT_CUDA (build it with -DDT_CUDA "
+                                           "and link kernels/*.cu, or use --device cpu)");
+#endif
+    /* the casts of bf16 / f16 working copies (dt_tensor_cast) run on CPU tensors only */
+    if (o->device == DT_CUDA_DEVICE && o->dtype != DT_F32) usage("--device cuda trains --dtype f32 only");
+    if (o->device == DT_CUDA_DEVICE && o->clip > 0)
+        usage("--device cuda takes --clip 0: dt_opt.h does not clip CUDA grads yet");
+    if (o->clip < 0) o->clip = o->device == DT_CUDA_DEVICE ? 0 : 1.0;
     if (!o->data && !o->shards) { /* a text that ships with Debian, else with the project */
         o->data = "/usr/share/common-licenses/GPL-3";
         if (!(fp = fopen(o->data, "rb"))) o->data = "README.md";
@@ -288,7 +308,8 @@ static dt_tensor *HEADG(model *m) { return m->wte >= 0 ? GRD(m, m->wte) : &m->wt
    exactly the slice of the whole). */
 static int add_param(model *m, const opts *o, const char *name, int unit, dt_tp_kind kind, int64_t rows, int64_t cols,
                      dt_init_kind init, double std_or_value) {
-    dt_param_desc d = {0};
+    dt_param_desc d;
+    memset(&d, 0, sizeof d);
     dt_param *p;
     CHECK(dt_tp_param_desc(m->lay, &d, kind, rows, cols));
     d.name = name; d.dtype = o->dtype;
@@ -336,7 +357,8 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
     if (m->pp > 1 && (m->has_head || m->has_embed)) {
         /* the last stage: the tied head's weight (stage 0 sends it each step) and its gradient;
            stage 0: where that gradient arrives */
-        dt_tensor_desc d = {0};
+        dt_tensor_desc d;
+        memset(&d, 0, sizeof d);
         d.shape[0] = m->Vl; d.shape[1] = C;
         if (m->has_head) CHECK(dt_tensor_create(g_ctx, &m->wte_head, &d));
         CHECK(dt_tensor_create(g_ctx, &m->wte_head_grad, &d));
@@ -412,7 +434,8 @@ typedef struct acts {
 } acts;
 
 static void mk(acts *a, dt_tensor *t, int64_t d0, int64_t d1, int64_t d2, int64_t d3, dt_dtype dt) {
-    dt_tensor_desc d = {0};
+    dt_tensor_desc d;
+    memset(&d, 0, sizeof d);
     d.dtype = dt; d.shape[0] = d0; d.shape[1] = d1; d.shape[2] = d2; d.shape[3] = d3;
     CHECK(dt_tensor_create(g_ctx, t, &d));
     a->bytes += (int64_t)dt_tensor_bytes(t);
@@ -505,24 +528,16 @@ static int64_t row0(const model *m, const acts *a) { return m->sp ? (int64_t)m->
 
 /* qkv [b, T, 3Cl] = [q | k | v] per row (dt_attention's packing); and back (grads, +=). */
 static void pack_qkv(acts *a, dt_tensor *qkv, const model *m) {
-    int64_t n, c = m->Cl;
-    float *o = (float *)qkv->data;
-    const float *q = (const float *)a->q.data, *k = (const float *)a->k.data, *v = (const float *)a->v.data;
-    for (n = 0; n < a->N; n++) {
-        memcpy(o + n * 3 * c, q + n * c, (size_t)c * sizeof(float));
-        memcpy(o + n * 3 * c + c, k + n * c, (size_t)c * sizeof(float));
-        memcpy(o + n * 3 * c + 2 * c, v + n * c, (size_t)c * sizeof(float));
-    }
+    const dt_tensor *parts[3];
+    parts[0] = &a->q; parts[1] = &a->k; parts[2] = &a->v;
+    (void)m;
+    CHECK(dt_concat_fwd(g_ctx, qkv, parts, 3));
 }
 static void unpack_dqkv(acts *a, const model *m) {
-    int64_t n, c = m->Cl;
-    const float *g = (const float *)a->dqkv.data;
-    float *q = (float *)a->dq.data, *k = (float *)a->dk.data, *v = (float *)a->dv.data;
-    for (n = 0; n < a->N; n++) {
-        memcpy(q + n * c, g + n * 3 * c, (size_t)c * sizeof(float));
-        memcpy(k + n * c, g + n * 3 * c + c, (size_t)c * sizeof(float));
-        memcpy(v + n * c, g + n * 3 * c + 2 * c, (size_t)c * sizeof(float));
-    }
+    dt_tensor *parts[3];
+    parts[0] = &a->dq; parts[1] = &a->dk; parts[2] = &a->dv;
+    (void)m;
+    CHECK(dt_split_fwd(g_ctx, parts, 3, &a->dqkv));
 }
 
 /* Block l: y = x + attn(ln1(x)); y += mlp(ln2(y)). Reads x->in, writes y. */
@@ -542,12 +557,12 @@ static void block_fwd(model *m, acts *a, bacts *x, int l, dt_tensor *y) {
     CHECK(dt_tensor_reshape(g_ctx, &atty3, &x->atty, 3, s3));
     COMPUTE("attention fwd", dt_attention_fwd(g_ctx, &atty3, &x->att, &x->qkv, (int)m->Hl));
     OP("row linear fwd", dt_tp_row_linear_fwd(lay, &x->res1, &a->partial, &x->atty, VAL(m, BP(m, l, AOW)), VAL(m, BP(m, l, AOB)), m->sp));
-    COMPUTE("residual add", dt_add(g_ctx, &x->res1, &x->res1, &x->in));
+    COMPUTE("residual add", dt_axpy(g_ctx, &x->res1, 1.0f, &x->in)); /* res1 + in, as dt_add: on either device */
     COMPUTE("layernorm fwd", dt_layernorm_fwd(g_ctx, &x->ln2, &x->ln2m, &x->ln2r, &x->res1, VAL(m, BP(m, l, LN2W)), VAL(m, BP(m, l, LN2B)), 1e-5f));
     OP("column linear fwd", dt_tp_column_linear_fwd(lay, &x->fch, m->sp ? &x->ln2all : NULL, &x->ln2, VAL(m, BP(m, l, FCW)), VAL(m, BP(m, l, FCB)), m->sp));
     COMPUTE("gelu fwd", dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
     OP("row linear fwd", dt_tp_row_linear_fwd(lay, y, &a->partial, &x->gelu, VAL(m, BP(m, l, PW)), VAL(m, BP(m, l, PB)), m->sp));
-    COMPUTE("residual add", dt_add(g_ctx, y, y, &x->res1));
+    COMPUTE("residual add", dt_axpy(g_ctx, y, 1.0f, &x->res1));
 }
 
 /* The grad target of param k of block l: its grad, or under sp the block's partial scratch. */
@@ -654,31 +669,36 @@ static void block_bwd_part(model *m, acts *a, bacts *x, int l, int recompute, in
     }
 }
 
-/* x = wte[ids] + wpe[pos] for this rank's rows. */
-static void embed_fwd(model *m, acts *a) {
-    int64_t r, c, C = m->C, r0 = row0(m, a);
-    const float *wpe = (const float *)VAL(m, m->wpe)->data;
-    float *x = (float *)a->blk[0].in.data;
-    OP("embedding fwd", dt_tp_embedding_fwd(m->lay, &a->blk[0].in, &a->partial, VAL(m, m->wte), &a->ids,
-                              (int64_t)m->tp_rank * m->Vl, m->Vp, m->sp));
-    for (r = 0; r < a->Nl; r++) {
-        const float *p = wpe + ((r0 + r) % m->T) * C;
-        for (c = 0; c < C; c++) x[r * C + c] += p[c];
+/* rows += wpe[pos] (bwd: dwpe[pos] += rows) for this rank's rows, position (r0 + r) % T: one
+   dt_axpy per run of consecutive positions (a sequence's rows), in row order as a loop would. */
+static void wpe_rows(model *m, acts *a, dt_tensor *rows, const dt_tensor *wpe, int bwd) {
+    int64_t r, C = m->C, r0 = row0(m, a), n;
+    for (r = 0; r < a->Nl; r += n) {
+        int64_t pos = (r0 + r) % m->T;
+        dt_tensor x, p;
+        n = m->T - pos < a->Nl - r ? m->T - pos : a->Nl - r;
+        n *= C;
+        CHECK(dt_tensor_view(g_ctx, &x, rows, r * C, 1, &n));
+        CHECK(dt_tensor_view(g_ctx, &p, wpe, pos * C, 1, &n));
+        n /= C;
+        if (bwd) CHECK(dt_axpy(g_ctx, &p, 1.0f, &x));
+        else CHECK(dt_axpy(g_ctx, &x, 1.0f, &p));
     }
 }
 
+/* x = wte[ids] + wpe[pos] for this rank's rows. */
+static void embed_fwd(model *m, acts *a) {
+    OP("embedding fwd", dt_tp_embedding_fwd(m->lay, &a->blk[0].in, &a->partial, VAL(m, m->wte), &a->ids,
+                              (int64_t)m->tp_rank * m->Vl, m->Vp, m->sp));
+    wpe_rows(m, a, &a->blk[0].in, VAL(m, m->wpe), 0);
+}
+
 static void embed_bwd(model *m, acts *a) {
-    int64_t r, c, C = m->C, r0 = row0(m, a);
     int part = m->sp && m->tp > 1;
-    float *dwpe = (float *)(part ? a->dwpe.data : GRD(m, m->wpe)->data);
-    const float *d = (const float *)a->dres.data;
     OP("embedding bwd", dt_tp_embedding_bwd(m->lay, GRD(m, m->wte), &a->doutbuf, &a->dres, &a->ids, (int64_t)m->tp_rank * m->Vl,
                               m->Vp, m->sp));
     if (part) fill0(&a->dwpe);
-    for (r = 0; r < a->Nl; r++) {
-        float *p = dwpe + ((r0 + r) % m->T) * C;
-        for (c = 0; c < C; c++) p[c] += d[r * C + c];
-    }
+    wpe_rows(m, a, &a->dres, part ? &a->dwpe : GRD(m, m->wpe), 1);
     if (part) {
         OP("tp allreduce", dt_tp_allreduce(m->lay, &a->dwpe));
         CHECK(dt_axpy(g_ctx, GRD(m, m->wpe), 1.0f, &a->dwpe));
@@ -758,6 +778,30 @@ static float train_micro(model *m, acts *a, float dloss, int recompute) {
     return loss;
 }
 
+/* The tokens of `count` samples from global sample `first` into a->ids / a->targets: written on
+   the host (gpt_data.h reads files), then copied once to the device where the acts live. */
+static void load_tokens(acts *a, const opts *o, dt_gpt_data *data, int64_t first, int64_t count) {
+    dt_tensor hi = a->ids, ht = a->targets;
+    int64_t i, T = o->seq;
+    int dev = a->ids.device != DT_CPU;
+    if (dev) {
+        CHECK(dt_tensor_create_like(g_ctx, &hi, &a->ids, DT_DTYPE_DEFAULT, DT_CPU));
+        CHECK(dt_tensor_create_like(g_ctx, &ht, &a->targets, DT_DTYPE_DEFAULT, DT_CPU));
+    }
+    for (i = 0; i < count; i++) {
+        dt_tensor in, out;
+        CHECK(dt_tensor_view(g_ctx, &in, &hi, i * T, 1, &T));
+        CHECK(dt_tensor_view(g_ctx, &out, &ht, i * T, 1, &T));
+        CHECK(dt_gpt_data_window(g_ctx, &in, &out, data, o->seed, first + i));
+    }
+    if (dev) {
+        CHECK(dt_tensor_copy(g_ctx, &a->ids, &hi));
+        CHECK(dt_tensor_copy(g_ctx, &a->targets, &ht));
+        dt_tensor_free(g_ctx, &hi);
+        dt_tensor_free(g_ctx, &ht);
+    }
+}
+
 /* ---------------------------------------------------------------- the pipeline (--pp > 1)
 
    dt_pp_run (dt_parallel.h) calls these for the (chunk, micro-batch) pairs of this stage's list.
@@ -778,14 +822,7 @@ typedef struct pstate {
 
 /* The tokens of micro-batch i of this step (the same sequences as at pp 1). */
 static void pipe_tokens(pstate *S, acts *a, int i) {
-    int64_t j, T = S->o->seq;
-    for (j = 0; j < S->per_micro; j++) {
-        dt_tensor in, out;
-        CHECK(dt_tensor_view(g_ctx, &in, &a->ids, j * T, 1, &T));
-        CHECK(dt_tensor_view(g_ctx, &out, &a->targets, j * T, 1, &T));
-        CHECK(dt_gpt_data_window(g_ctx, &in, &out, S->data, S->o->seed,
-                                 S->step * S->o->batch + S->local_first + i * S->per_micro + j));
-    }
+    load_tokens(a, S->o, S->data, S->step * S->o->batch + S->local_first + i * S->per_micro, S->per_micro);
 }
 
 static dt_status pipe_forward(void *user, int c, int i, dt_tensor *out, const dt_tensor *in) {
@@ -886,26 +923,31 @@ static void sample_text(model *m, int64_t n, uint64_t seed, int V256) {
     acts a;
     int64_t T = m->T, i, len = 1, j;
     int32_t *ctxt;
-    dt_tensor row, full;
-    dt_tensor_desc d = {0};
+    dt_tensor row, full, hfull, hids; /* full on the model's device; the h* on the host */
+    dt_tensor_desc d;
+    memset(&d, 0, sizeof d);
     acts_make(&a, m, 1, 0, 0, m->L);
-    ctxt = (int32_t *)a.ids.data;
+    CHECK(dt_tensor_create_like(g_ctx, &hids, &a.ids, DT_DTYPE_DEFAULT, DT_CPU));
+    ctxt = (int32_t *)hids.data;
     memset(ctxt, 0, (size_t)T * sizeof(int32_t));
     ctxt[0] = V256 ? '\n' : 50256; /* GPT-2's <|endoftext|> */
     d.shape[0] = m->Vp;
     CHECK(dt_tensor_create(g_ctx, &full, &d));
+    CHECK(dt_tensor_create_like(g_ctx, &hfull, &full, DT_DTYPE_DEFAULT, DT_CPU));
     if (g_rank == 0) printf("sample (%lld tokens):\n", (long long)n);
     for (i = 0; i < n; i++) {
         double sum = 0, u, acc = 0;
         const float *lg;
         float mx = -INFINITY;
         int64_t pos = len - 1, pick = m->nvs - 1;
+        CHECK(dt_tensor_copy(g_ctx, &a.ids, &hids));
         forward_logits(m, &a);
         release(m, m->eunit);
         CHECK(dt_tensor_view(g_ctx, &row, &a.logits, pos * m->Vl, 1, &m->Vl));
         if (m->tp > 1) CHECK(dt_comm_allgather(m->lay->tp_comm, &full, &row));
         else CHECK(dt_tensor_copy(g_ctx, &full, &row));
-        lg = (const float *)full.data;
+        CHECK(dt_tensor_copy(g_ctx, &hfull, &full));
+        lg = (const float *)hfull.data;
         for (j = 0; j < m->V; j++) if (lg[j] > mx) mx = lg[j];
         for (j = 0; j < m->V; j++) sum += exp((double)lg[j] - mx);
         u = dt_rng_uniform(seed, 0x73616d706c65ull /* "sample" */, (uint64_t)i) * sum;
@@ -919,6 +961,8 @@ static void sample_text(model *m, int64_t n, uint64_t seed, int V256) {
     }
     if (g_rank == 0) { printf("\n"); fflush(stdout); }
     dt_tensor_free(g_ctx, &full);
+    dt_tensor_free(g_ctx, &hfull);
+    dt_tensor_free(g_ctx, &hids);
     acts_free(&a, m->L);
 }
 
@@ -927,7 +971,8 @@ static void sample_text(model *m, int64_t n, uint64_t seed, int V256) {
 /* f32 GEMM flop/s of this rank: the best of a few 512^3 dt_matmul_fwd (the MFU's denominator). */
 static double gemm_peak(void) {
     dt_tensor a, b, c;
-    dt_tensor_desc d = {0};
+    dt_tensor_desc d;
+    memset(&d, 0, sizeof d);
     double best = 1e30;
     int i;
     d.shape[0] = 512; d.shape[1] = 512;
@@ -985,7 +1030,8 @@ static void fail(const char *fmt, ...) {
 }
 
 static void open_data(dt_gpt_data *d, const opts *o) {
-    dt_gpt_data_desc dd = {0};
+    dt_gpt_data_desc dd;
+    memset(&dd, 0, sizeof dd);
     glob_t g;
     memset(&g, 0, sizeof g);
     if (o->shards) {
@@ -1000,14 +1046,29 @@ static void open_data(dt_gpt_data *d, const opts *o) {
     if (o->shards) globfree(&g);
 }
 
+/* For a test that includes this file with GPT_NO_MAIN (tests/cuda_emu/k_gpt.cpp) and calls
+   gpt_main: each step's loss (indexed by step), and the model just before it is freed. */
+static double *g_step_losses;
+static void (*g_on_done)(model *m, void *user);
+static void *g_on_done_user;
+
+#ifdef GPT_NO_MAIN
+static int gpt_main(int argc, char **argv) {
+#else
 int main(int argc, char **argv) {
+#endif
     dt_ctx ctx;
+    dt_ctx_desc cdesc;
+    memset(&cdesc, 0, sizeof cdesc);
     dt_comm *world;
     dt_layout *lay;
-    dt_layout_desc ld = {0};
+    dt_layout_desc ld;
+    memset(&ld, 0, sizeof ld);
     dt_arena *arena;
-    dt_arena_desc ad = {0};
-    dt_zero_desc zd = {0};
+    dt_arena_desc ad;
+    memset(&ad, 0, sizeof ad);
+    dt_zero_desc zd;
+    memset(&zd, 0, sizeof zd);
     dt_zero_memory zm;
     dt_gpt_data data;
     opts o;
@@ -1025,7 +1086,12 @@ int main(int argc, char **argv) {
     double peak_flops, flops_per_token, n_params, t0, loss = 0, act_peak = 0, base;
     int mi, W;
 
-    CHECK(dt_ctx_init(&ctx, NULL));
+    for (mi = 1; mi + 1 < argc; mi++) /* the ctx's device before anything is made (parse checks the flag) */
+        if (!strcmp(argv[mi], "--device") && !strcmp(argv[mi + 1], "cuda")) cdesc.device = DT_CUDA_DEVICE;
+#ifndef DT_CUDA
+    cdesc.device = DT_CPU; /* parse names the error */
+#endif
+    CHECK(dt_ctx_init(&ctx, &cdesc));
     g_ctx = &ctx;
     CHECK(dt_comm_create_world(&ctx, &world, NULL));
     g_rank = dt_comm_rank(world);
@@ -1047,7 +1113,8 @@ int main(int argc, char **argv) {
         fail("--sp 1: a micro-batch's %lld rows (sequences x --seq) are not a multiple of --tp %d",
              (long long)(o.batch / (W / o.tp / o.pp) / o.micro * o.seq), o.tp);
     if (o.pp > 1) {
-        dt_pp_desc sd = {0};
+        dt_pp_desc sd;
+        memset(&sd, 0, sizeof sd);
         if (o.layers < o.pp * o.chunks)
             fail("--pp %d x %d chunks per stage (--schedule %s) = %d virtual stages but --layers %d: each needs a "
                  "block", o.pp, o.chunks, dt_pp_kind_name(o.schedule), o.pp * o.chunks, o.layers);
@@ -1074,7 +1141,7 @@ int main(int argc, char **argv) {
     zd.opt.lr = o.lr;
     zd.opt.beta1 = 0.9; zd.opt.beta2 = 0.95; /* GPT-2 / llm.c */
     zd.opt.weight_decay = o.wd > 0 ? o.wd : DT_OPT_ZERO;
-    zd.opt.clip_norm = 1.0;
+    zd.opt.clip_norm = o.clip;
     zd.opt.accum_steps = o.micro;
     zd.opt.schedule.kind = DT_LR_COSINE;
     zd.opt.schedule.warmup_steps = o.warmup < o.steps ? o.warmup : 0;
@@ -1111,7 +1178,8 @@ int main(int argc, char **argv) {
     }
     if (o.resume) {
         dt_train_state st;
-        dt_checkpoint_desc cd = {0};
+        dt_checkpoint_desc cd;
+        memset(&cd, 0, sizeof cd);
         memset(&st, 0, sizeof st);
         cd.dir = o.ckpt;
         CHECK(dt_zero_checkpoint_load(m.z, &st, &cd));
@@ -1190,24 +1258,19 @@ int main(int argc, char **argv) {
         }
         for (mi = 0; mi < o.micro && o.pp == 1; mi++) {
             float dloss = 0;
-            int32_t *ids = (int32_t *)a.ids.data, *tg = (int32_t *)a.targets.data;
             CHECK(dt_zero_micro_begin(m.z, &dloss, mi));
-            for (i = 0; i < per_micro; i++) {
-                dt_tensor in, out;
-                CHECK(dt_tensor_view(&ctx, &in, &a.ids, i * o.seq, 1, &o.seq));
-                CHECK(dt_tensor_view(&ctx, &out, &a.targets, i * o.seq, 1, &o.seq));
-                CHECK(dt_gpt_data_window(&ctx, &in, &out, &data, o.seed, step * o.batch + local_first + mi * per_micro + i));
-            }
-            (void)ids; (void)tg;
+            load_tokens(&a, &o, &data, step * o.batch + local_first + mi * per_micro, per_micro);
             sums[0] += train_micro(&m, &a, dloss, o.recompute);
         }
         OP("optimizer step (dt_zero_step)", dt_zero_step(m.z, &info));
         CHECK(dt_comm_allreduce_f64(o.pp > 1 ? world : lay->dp_comm, sums, 1, DT_REDUCE_SUM));
         loss = sums[0] / ((double)o.micro * lay->dp);
+        if (g_step_losses) g_step_losses[step] = loss;
         if (step == first_step) act_peak = (double)dt_peak_bytes(&ctx) - base;
         if (o.ckpt && o.ckpt_every && (step + 1) % o.ckpt_every == 0) {
             dt_train_state st;
-            dt_checkpoint_desc cd = {0};
+            dt_checkpoint_desc cd;
+            memset(&cd, 0, sizeof cd);
             memset(&st, 0, sizeof st);
             st.step = step + 1; st.rng_seed = o.seed; st.data_cursor = (step + 1) * o.batch;
             save_loss(&st, loss);
@@ -1233,7 +1296,8 @@ int main(int argc, char **argv) {
     }
     if (o.ckpt && last_step > first_step && (!o.ckpt_every || last_step % o.ckpt_every)) {
         dt_train_state st;
-        dt_checkpoint_desc cd = {0};
+        dt_checkpoint_desc cd;
+        memset(&cd, 0, sizeof cd);
         memset(&st, 0, sizeof st);
         st.step = last_step; st.rng_seed = o.seed; st.data_cursor = last_step * o.batch;
         save_loss(&st, loss);
@@ -1270,6 +1334,7 @@ int main(int argc, char **argv) {
     if (o.sample) sample_text(&m, o.sample, o.seed, data.vocab == 256);
     if (g_rank == 0) printf("final: loss %.9g\n", loss);
     if (log) fclose(log);
+    if (g_on_done) g_on_done(&m, g_on_done_user);
     acts_free(&a, m.L);
     for (i = 0; pl.act && i < (int64_t)m.v * o.micro; i++) acts_free(&pl.act[i], m.L);
     dt_release(&ctx, pl.act);

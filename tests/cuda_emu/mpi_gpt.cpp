@@ -1,0 +1,136 @@
+// np: 1 2
+// tests/cuda_emu/mpi_gpt.cpp - examples/gpt on CUDA tensors over MPI ranks, on the emulator: gpt's
+// own main (GPT_NO_MAIN) with --device cuda under dp 2 (ZeRO 1, ZeRO 3), tp 2 and tp 2 + sp (the staged dt_comm
+// path: device buffers through host memory and MPI; built without DT_NCCL) gives, step by step,
+// the losses of the same layout with --device cpu within 1e-5 relative, and final weights within
+// 1e-5 of their norm (attn.k.b: against Adam's bound, as tests/cuda_emu/k_gpt.cpp says why). The
+// cpu runs of these layouts equal the 1-rank run (tests/mpi_gpt.c); at np 1 this runs the 1 x 1
+// layout. A tiny GPT: 1 block, width 32, 2 heads, context 16, batch 4, 3 steps, no clipping.
+// Build (tests/run.sh's emulator MPI group, or by hand):
+//   mpicxx -std=c++17 -O1 -DDT_MPI -DDT_CBLAS -I. -Itests/cuda_emu/include -Ikernels -Itests -Itests/cuda_emu
+//       tests/cuda_emu/mpi_gpt.cpp build/cuda_emu/obj/*.o -lopenblas -lpthread     (one line)
+#include <math.h>
+#include <cuda_runtime.h>
+#ifndef DT_CUDA
+#define DT_CUDA
+#endif
+#define GPT_NO_MAIN
+#include "examples/gpt/gpt.c"
+#include "tests/dt_test.h"
+
+#include <string>
+#include <vector>
+
+enum { STEPS = 3 };
+
+struct weights {
+    std::vector<std::string> names;
+    std::vector<std::vector<float>> values;
+};
+
+// g_on_done: this rank's parameters (its tp shards), copied to the host in registration order
+// (gathered first: at ZeRO 3 a unit's values exist between its gather and release only).
+static void grab(model *m, void *user) {
+    weights *w = (weights *)user;
+    for (int i = 0; i < m->ps.count; i++) {
+        dt_tensor h;
+        gather(m, m->units[i]);
+        CHECK(dt_tensor_create_like(g_ctx, &h, &P(m, i)->value, DT_F32, DT_CPU));
+        CHECK(dt_tensor_copy(g_ctx, &h, &P(m, i)->value));
+        w->names.push_back(P(m, i)->name);
+        w->values.push_back(std::vector<float>((float *)h.data, (float *)h.data + h.numel));
+        dt_tensor_free(g_ctx, &h);
+        release(m, m->units[i]);
+    }
+}
+
+static void run(const char *device, int tp, int sp, int zero, double *losses, weights *w) {
+    char t[8], s[8], z[8], st[8];
+    snprintf(t, sizeof t, "%d", tp);
+    snprintf(s, sizeof s, "%d", sp);
+    snprintf(z, sizeof z, "%d", zero);
+    snprintf(st, sizeof st, "%d", (int)STEPS);
+    const char *argv[] = {"gpt", "--device", device, "--layers", "1", "--width", "32", "--heads", "2", "--seq", "16",
+                          "--batch", "4", "--steps", st, "--warmup", "1", "--clip", "0", "--tp", t, "--sp", s,
+                          "--zero", z, "--quiet", NULL};
+    g_step_losses = losses;
+    g_on_done = grab;
+    g_on_done_user = w;
+    gpt_main((int)(sizeof argv / sizeof argv[0]) - 1, (char **)argv);
+    g_step_losses = NULL;
+    g_on_done = NULL;
+}
+
+static void compare(const char *tag, int tp, int sp, int zero) {
+    double l_cpu[STEPS], l_cuda[STEPS], worst = 0, worst_w = 0, kb = 0;
+    weights w_cpu, w_cuda;
+    char name[128];
+    int at = 0;
+    size_t worst_i = 0;
+    run("cpu", tp, sp, zero, l_cpu, &w_cpu);
+    run("cuda", tp, sp, zero, l_cuda, &w_cuda);
+    for (int i = 0; i < STEPS; i++) {
+        double d = fabs(l_cuda[i] - l_cpu[i]) / fabs(l_cpu[i]);
+        if (!(d <= worst)) worst = d, at = i;
+    }
+    if (dt_test__is_root())
+        printf("gpt %s on cuda vs cpu: loss %.9g / %.9g at step 1, %.9g / %.9g at step %d; largest relative "
+               "difference %.3g\n", tag, l_cuda[0], l_cpu[0], l_cuda[STEPS - 1], l_cpu[STEPS - 1], (int)STEPS, worst);
+    snprintf(name, sizeof name, "gpt_cuda_%s_losses_equal_cpu_run", tag);
+    dt_test_check_all(name, worst <= 1e-5, "step %d: loss %.9g on cuda, %.9g on cpu (rel diff %.3g > 1e-5)", at + 1,
+                      l_cuda[at], l_cpu[at], worst);
+    snprintf(name, sizeof name, "gpt_cuda_%s_has_the_cpu_run_parameters", tag);
+    if (!dt_test_check_all(name, w_cpu.values.size() == w_cuda.values.size() && !w_cpu.values.empty(),
+                           "%zu parameters on cpu, %zu on cuda", w_cpu.values.size(), w_cuda.values.size()))
+        return;
+    for (size_t i = 0; i < w_cpu.values.size(); i++) {
+        double dd = 0, nn = 0;
+        if (w_cpu.names[i].find("attn.k.b") != std::string::npos) {
+            for (size_t k = 0; k < w_cpu.values[i].size(); k++)
+                kb = fmax(kb, fmax(fabs((double)w_cuda.values[i][k]), fabs((double)w_cpu.values[i][k])));
+            continue;
+        }
+        for (size_t k = 0; k < w_cpu.values[i].size(); k++) {
+            double d = (double)w_cuda.values[i][k] - w_cpu.values[i][k];
+            dd += d * d;
+            nn += (double)w_cpu.values[i][k] * w_cpu.values[i][k];
+        }
+        double rel = sqrt(dd) / (nn > 0 ? sqrt(nn) : 1.0);
+        if (!(rel <= worst_w)) worst_w = rel, worst_i = i;
+    }
+    snprintf(name, sizeof name, "gpt_cuda_%s_final_weights_equal_cpu_run", tag);
+    dt_test_check_all(name, worst_w <= 1e-5, "parameter %s: |w_cuda - w_cpu| = %.3g of |w_cpu| (> 1e-5)",
+                      w_cpu.names[worst_i].c_str(), worst_w);
+    snprintf(name, sizeof name, "gpt_cuda_%s_key_bias_stays_within_adams_bound", tag);
+    dt_test_check_all(name, kb <= STEPS * 1e-3 * 1.01, "largest |attn.k.b| %.3g > %d steps x lr 1e-3", kb,
+                      (int)STEPS);
+}
+
+int main(int argc, char **argv) {
+    dt_ctx ctx;
+    dt_comm *keep = NULL;
+    int W;
+    (void)argc; (void)argv;
+    // a world that outlives the runs: MPI is finalised when the last world is freed, and each
+    // gpt_main makes and frees its own
+    dt_ctx_init(&ctx, NULL);
+    if (dt_comm_create_world(&ctx, &keep, NULL)) {
+        fprintf(stderr, "dt_comm_create_world: %s\n", dt_ctx_error(&ctx));
+        return 1;
+    }
+    W = dt_comm_size(keep);
+    if (W == 1) compare("1x1", 1, 0, 0);
+    else {
+        const char *only = getenv("MPI_GPT_ONLY"); /* one layout by name, for a quick look */
+        if (!only || !strcmp(only, "dp2_zero1")) compare("dp2_zero1", 1, 0, 1);
+        if (!only || !strcmp(only, "dp2_zero3")) compare("dp2_zero3", 1, 0, 3);
+        if (!only || !strcmp(only, "tp2")) compare("tp2", 2, 0, 0);
+        if (!only || !strcmp(only, "tp2_sp")) compare("tp2_sp", 2, 1, 0);
+    }
+    {
+        int rc = dt_test_finish();
+        dt_comm_free(keep);
+        dt_ctx_shutdown(&ctx);
+        return rc;
+    }
+}
