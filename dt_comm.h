@@ -30,7 +30,8 @@
        dt_bucketer_*: gradient buckets in reverse registration order, each all-reduced as soon as
               its last gradient is marked ready (PyTorch DDP), averaged and unpacked (or, with
               grad_views, the grads live in the buckets); set_sync(0) for accumulation micro-steps
-       dt_comm_stats / _format / _print: calls, bytes, seconds, algbw and busbw (nccl-tests)
+       dt_comm_stats / _format / _print: calls, bytes, seconds, algbw and busbw (nccl-tests), and
+              how many calls NCCL carried
        dt_comm_set_observer: a callback per completed operation (kind, bytes, post and completion
               times on dt_comm_now's clock), what dt_parallel.h's timeline records
 
@@ -330,6 +331,8 @@ typedef struct dt_comm_stat {
     double seconds;
     double algbw;
     double busbw;
+    int64_t nccl_calls; /* of calls, those whose data went through NCCL (device tensors, DT_NCCL);
+                           dt_comm_stats_format marks their rows "(device, NCCL: n)" */
 } dt_comm_stat;
 
 DT_API dt_status dt_comm_stats(const dt_comm *c, dt_comm_stat *out, dt_coll kind);
@@ -484,6 +487,7 @@ struct dt_comm {
     int64_t *notes;                  /* size x DT__CM_NOTE: the last notice from each rank */
     int64_t *recv_counts;            /* counts of the last alltoallv */
     double stat_calls[DT_COLL_COUNT], stat_bytes[DT_COLL_COUNT], stat_secs[DT_COLL_COUNT];
+    double stat_nccl[DT_COLL_COUNT]; /* calls carried by NCCL */
     dt_comm_observer_fn observer;    /* dt_comm_set_observer */
     void *observer_user;
     dt__cm_buf pool[DT__CM_POOL];
@@ -1443,6 +1447,7 @@ static void dt__cm_complete(dt_comm_req *q) {
     if (q->kind >= 0 && q->kind < DT_COLL_COUNT && !q->internal) {
         double now = dt__cm_now();
         c->stat_calls[q->kind] += 1;
+        if (q->path == DT__CM_NCCL) c->stat_nccl[q->kind] += 1;
         c->stat_bytes[q->kind] += q->stat_bytes;
         c->stat_secs[q->kind] += now - q->t0;
         if (c->observer) c->observer(c, (dt_coll)q->kind, q->stat_bytes, q->t0, now, c->observer_user);
@@ -3320,6 +3325,7 @@ DT_API dt_status dt_comm_stats(const dt_comm *c, dt_comm_stat *out, dt_coll kind
     if ((int)kind < 0 || kind >= DT_COLL_COUNT)
         return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_stats: kind = %d is not a dt_coll", (int)kind);
     out->calls = (int64_t)c->stat_calls[kind];
+    out->nccl_calls = (int64_t)c->stat_nccl[kind];
     out->bytes = c->stat_bytes[kind];
     out->seconds = c->stat_secs[kind];
     out->algbw = out->seconds > 0 ? out->bytes / out->seconds / 1e9 : 0.0;
@@ -3339,6 +3345,7 @@ DT_API double dt_comm_now(void) { return dt__cm_now(); }
 DT_API void dt_comm_stats_reset(dt_comm *c) {
     if (!c) return;
     memset(c->stat_calls, 0, sizeof c->stat_calls);
+    memset(c->stat_nccl, 0, sizeof c->stat_nccl);
     memset(c->stat_bytes, 0, sizeof c->stat_bytes);
     memset(c->stat_secs, 0, sizeof c->stat_secs);
 }
@@ -3362,8 +3369,10 @@ DT_API size_t dt_comm_stats_format(const dt_comm *c, char *buf, size_t n) {
         dt_comm_stat s;
         if (c->stat_calls[k] == 0) continue;
         dt_comm_stats(c, &s, (dt_coll)k);
-        DT__CM_PUT("  %-15s %10lld %14.0f %11.4f %11.3f %11.3f\n", dt_coll_name((dt_coll)k), (long long)s.calls,
+        DT__CM_PUT("  %-15s %10lld %14.0f %11.4f %11.3f %11.3f", dt_coll_name((dt_coll)k), (long long)s.calls,
                    s.bytes, s.seconds, s.algbw, s.busbw);
+        if (s.nccl_calls) DT__CM_PUT("  (device, NCCL: %lld)", (long long)s.nccl_calls);
+        DT__CM_PUT("\n");
     }
 #undef DT__CM_PUT
     return len;

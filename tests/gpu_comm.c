@@ -187,6 +187,22 @@ static void staged_throughput(dt_comm *staged) {
 }
 #endif
 
+/* The statistics say which calls NCCL carried: after collectives(), 4 all-reduces (0 staged),
+   and the table marks the row "(device, NCCL: 4)". */
+static void stats_path(dt_comm *c, const char *path, int want) {
+    dt_comm_stat st;
+    char buf[2048], name[96];
+    const char *row;
+    dt_comm_stats(c, &st, DT_COLL_ALLREDUCE);
+    dt_comm_stats_format(c, buf, sizeof buf);
+    row = strstr(buf, "allreduce");
+    snprintf(name, sizeof name, "%s_stats_count_the_nccl_allreduces", path);
+    dt_test_check_all(name, st.nccl_calls == want && row &&
+                      (want ? strstr(row, "(device, NCCL: 4)") != NULL : strstr(buf, "NCCL") == NULL),
+                      "nccl_calls %lld of %lld (want %d); table: %.300s", (long long)st.nccl_calls,
+                      (long long)st.calls, want, buf);
+}
+
 /* Bucketed all-reduce (dt_bucketer: three grads, buckets of 1 KB) of grads holding rank + 1:
    each ends as the average (N + 1) / 2. */
 static void bucketed(dt_comm *c, const char *path) {
@@ -484,6 +500,7 @@ int main(void) {
     d.name = "staged";
     dt_comm_create_world(&ctx, &staged, &d); /* a second world over the same processes, without NCCL */
     collectives(staged, "staged");
+    stats_path(staged, "staged", 0);
     bucketed(staged, "staged");
     stream_order(staged, "staged");
     if (N > 1) mismatch(staged, "staged", 0);
@@ -497,6 +514,7 @@ int main(void) {
         d.name = "nccl";
         dt_comm_create_world(&ctx, &nccl, &d);
         collectives(nccl, "nccl");
+        stats_path(nccl, "nccl", 4);
 #ifdef DT_CUDA_EMU
         /* 4 all-reduces in collectives(): each one ncclAllReduce, and one communicator made */
         dt_test_check_all("nccl_path_carries_the_allreduces", dt_emu_nccl_calls("ncclAllReduce") - reduces == 4 &&
