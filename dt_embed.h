@@ -177,6 +177,22 @@
    asynchronous all-to-allv). Large messages progress only inside MPI calls on some MPI
    builds; small ones (eager) travel during the caller's compute. Not measured yet.
 
+   ---------------------------------------------------------------- CUDA
+
+   desc.device = DT_CUDA_DEVICE (a DT_CUDA build; link kernels/dt_embed.cu, dt_comm_pack.cu):
+   each rank's shards and optimizer state are CUDA tensors; forward takes a cuda `out`, backward
+   a cuda `dout` (a cpu one is DT_ERR_DEVICE). The ids stay on the host (validation, requests,
+   id exchange). On the device: the owners' pooling, the data-parallel lookups, the return
+   all-to-all (dt_comm on device tensors) and the fused sparse update of every optimizer. On
+   the host: the bag-order sums of row-wise bags and the sorted per-row gradient sums (dout is
+   copied down, each row's gradient up once). So the outputs and rows are the cpu path's bit
+   for bit (the emulator, tests/cuda_emu/k_embed_tables.cpp; row-wise Adagrad within 1e-6: its
+   sum of squares is a tree on the device; a real GPU may fuse a multiply-add, ~1 ulp).
+   Sequence views (dt_embed_sequence) stay host tensors; dt_embed_local_shard gives a cuda
+   view; checkpoints go through dt_opt.h's host copies (saved on cuda, they load on cpu and
+   back). Not yet: dynamic tables on cuda (kernels/dt_hash.cu has the GPU id table, not wired
+   in) and dt_embed_export_changed of cuda tables (both DT_ERR_UNSUPPORTED).
+
    Memory: tables, optimizer state and every buffer come from the ctx allocator; buffers are
    kept and grown (dt_grow) so steps do not allocate after the first ones. The change tracking
    of the export costs one bit per local row. Exception: the hash maps of dynamic tables are
@@ -282,6 +298,8 @@ typedef struct dt_embed_desc {
     int64_t batch_hint;           /* planner: global batch size; 0 = 1024 */
     double dp_max_bytes;          /* planner: largest data-parallel table; 0 = 1 MiB, < 0 = none */
     int print_plan;               /* 1: rank 0 prints the plan after creation */
+    dt_device device;             /* DEFAULT / DT_CPU; DT_CUDA_DEVICE (DT_CUDA builds): shards and
+                                     optimizer state on the GPU, see "CUDA" */
 } dt_embed_desc;
 
 /* The local batch: see "the batch" above. */
@@ -370,6 +388,10 @@ DT_API uint64_t dt_embed_hash_id(int64_t id);
 #include <string.h>
 #include <math.h>
 #include <sys/time.h>
+#ifdef DT_CUDA
+#include <cuda_runtime.h>
+#include "kernels/dt_kernels.h" /* the CUDA tables' kernels (kernels/dt_embed.cu) */
+#endif
 #if defined(__SSE2__) && !defined(DT_EMBED_NO_SIMD)
 #include <emmintrin.h>
 #define DT__EM_SSE2
@@ -519,7 +541,27 @@ struct dt_embed {
     int n_reqs;
     int64_t rbuf_n;              /* ints received by the id exchange */
     dt_embed_stats stats;
+    /* CUDA tables (desc.device cuda): device scratch, host staging (see "CUDA tables") */
+    int cuda;
+    dt_tensor cu_i, cu_f, cu_tmp, cu_resp, cu_res;
+    int64_t *cu_hi, cu_hi_cap, cu_st_n, cu_st_cap, cu_hf_cap, cu_stg_cap, cu_stg_n;
+    float *cu_hf, *cu_stg;
+    int *cu_st_t;
+    int64_t *cu_st_row;
 };
+
+/* The CUDA tables (their section is at the end): stubs returning DT_ERR_DEVICE without DT_CUDA. */
+static dt_status dt__em_cuda_check_desc(dt_ctx *ctx, const dt_embed_desc *desc);
+static dt_status dt__em_cuda_to_device(dt_embed *e, dt__em_tab *t);
+static dt_status dt__em_cuda_dp_pool(dt_embed *e);
+static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res);
+static dt_status dt__em_cuda_return(dt_embed *e, int64_t tot);
+static dt_status dt__em_cuda_check(dt_embed *e, const dt_tensor *t, const char *fn, const char *arg);
+static dt_status dt__em_cuda_put(dt_embed *e, void *dst, const void *src, size_t bytes);
+static dt_status dt__em_cuda_host_dout(dt_embed *e, const float **dd, const dt_tensor *dout);
+static dt_status dt__em_cuda_stage(dt_embed *e, int t, int64_t row, const float *g, int64_t nc);
+static dt_status dt__em_cuda_flush(dt_embed *e);
+static void dt__em_cuda_free(dt_embed *e);
 
 /* ---------------------------------------------------------------- id maps */
 
@@ -938,6 +980,7 @@ DT_API void dt_embed_free(dt_embed *e) {
     dt_tensor_free(ctx, &e->rbuf_f); dt_tensor_free(ctx, &e->resp); dt_tensor_free(ctx, &e->res);
     dt_tensor_free(ctx, &e->grad_in); dt_tensor_free(ctx, &e->pooled); dt_tensor_free(ctx, &e->dp_i);
     dt_tensor_free(ctx, &e->dp_f); dt_tensor_free(ctx, &e->dp_ri); dt_tensor_free(ctx, &e->dp_rf);
+    dt__em_cuda_free(e);
     memset(e, 0, sizeof *e);
     dt_release(ctx, e);
 }
@@ -963,6 +1006,7 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.batch_hint = %lld; expected >= 0", fn,
                                 (long long)desc->batch_hint);
     W = desc->comm ? dt_comm_size(desc->comm) : 1;
+    DT__ETRY(dt__em_cuda_check_desc(ctx, desc));
     for (i = 0; i < desc->n_tables; i++) {
         DT__ETRY(dt__em_check_table(ctx, &desc->tables[i], i, W));
         for (j = 0; j < i; j++)
@@ -977,6 +1021,7 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     if (!(e = (dt_embed *)dt_alloc(ctx, sizeof *e))) return DT_ERR_OOM;
     memset(e, 0, sizeof *e);
     e->sync = 1;
+    e->cuda = desc->device == DT_CUDA_DEVICE;
     e->ctx = ctx;
     e->comm = desc->comm;
     e->rank = desc->comm ? dt_comm_rank(desc->comm) : 0;
@@ -1041,6 +1086,7 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
                 for (h = (int)((int64_t)k * t->n_hs / W); h < (int)((int64_t)(k + 1) * t->n_hs / W); h++) t->hs_owner[h] = k;
         }
         st = dt__em_alloc_shard(e, t, desc->seed);
+        if (!st && e->cuda) st = dt__em_cuda_to_device(e, t);
     }
     if (e->comm) { /* every rank must have succeeded (and agree on the tables: same count) */
         double v[2];
@@ -1588,7 +1634,8 @@ DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt) {
         DT__ETRY(dt__em_need(e, &e->pooled, DT_F32, nb + 1));
         memset(e->pooled.data, 0, (size_t)nb * sizeof(float));
         DT__ETRY(dt__em_seq_layout(e));
-        for (b = 0; b < e->B; b++)
+        if (e->cuda) DT__ETRY(dt__em_cuda_dp_pool(e));
+        else for (b = 0; b < e->B; b++)
             for (f = 0; f < e->n_feat; f++) {
                 const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
                 int64_t i0 = e->offs[(int64_t)f * e->B + b], n = e->offs[(int64_t)f * e->B + b + 1] - i0;
@@ -1615,7 +1662,7 @@ DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
     if (e->phase != 1) return dt_ctx_set_error(e->ctx, DT_ERR_STATE, "%s: no dt_embed_forward_begin before this end", fn);
     W = e->size;
     cnt = e->cnt;
-    st = dt_check_tensor(e->ctx, out, DT_F32, fn, "out");
+    st = e->cuda ? dt__em_cuda_check(e, out, fn, "out") : dt_check_tensor(e->ctx, out, DT_F32, fn, "out");
     if (!st && (out->ndim != 2 || out->shape[0] != e->B || out->shape[1] != e->pooled_dim)) {
         char s1[64];
         st = dt_ctx_set_error(e->ctx, DT_ERR_SHAPE, "%s: out is %s; expected [%lld, %lld] (local batch, pooled dim)", fn,
@@ -1631,13 +1678,14 @@ DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
         dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W, cnt + 5 * W, NULL);
         for (r = 0; r < W; r++) tot_res += cnt[5 * W + r];
         DT__ETRY(dt__em_need(e, &e->resp, DT_F32, tot_res + 1));
-        dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W, cnt + 5 * W,
-                     (float *)e->resp.data);
+        if (e->cuda) DT__ETRY(dt__em_cuda_serve(e, tot_res)); /* pools into e->cu_resp on the device */
+        else dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W, cnt + 5 * W,
+                          (float *)e->resp.data);
     }
     for (r = 0; r < W; r++) tot += cnt[2 * W + r];
     DT__ETRY(dt__em_need(e, &e->res, DT_F32, tot + 1));
     {
-        dt_status cs = dt__em_a2av(e, &e->res, &e->resp, cnt + 5 * W, cnt + 2 * W);
+        dt_status cs = e->cuda ? dt__em_cuda_return(e, tot) : dt__em_a2av(e, &e->res, &e->resp, cnt + 5 * W, cnt + 2 * W);
         if (cs) return cs;
     }
     for (r = 0; r < W; r++)
@@ -1662,7 +1710,10 @@ DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
             if (n > 0) for (c = 0; c < t->dim; c++) dst[c] /= (float)n;
         }
     }
-    if (e->B * e->pooled_dim > 0) memcpy(out->data, e->pooled.data, (size_t)(e->B * e->pooled_dim) * sizeof(float));
+    if (e->B * e->pooled_dim > 0) {
+        if (e->cuda) DT__ETRY(dt__em_cuda_put(e, out->data, e->pooled.data, (size_t)(e->B * e->pooled_dim) * sizeof(float)));
+        else memcpy(out->data, e->pooled.data, (size_t)(e->B * e->pooled_dim) * sizeof(float));
+    }
     e->phase = 2;
     e->stats.forwards++;
     e->stats.seconds_fwd += dt__em_now() - t0;
@@ -1907,11 +1958,13 @@ static dt_status dt__em_apply(dt_embed *e, int64_t ncon) {
         }
         dt__em_row_grad(e, &k, ncon, t, row, start, g, nc);
         if (e->sync) {
-            dt__em_update(tab, row, g, e->gtmp + nc);
+            if (e->cuda) DT__ETRY(dt__em_cuda_stage(e, t, row, g, nc)); /* updated on the device below */
+            else dt__em_update(tab, row, g, e->gtmp + nc);
             DT__ETRY(dt__em_mark(e, tab, row));
             e->stats.rows_updated++;
         }
     }
+    if (e->sync && e->cuda) DT__ETRY(dt__em_cuda_flush(e));
     if (e->sync) { e->n_pend = 0; return DT_OK; }
     { /* swap the lists */
         dt__em_pend *tp = e->pend; float *tv = e->pvals; int64_t c;
@@ -1947,13 +2000,14 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
     if (!st && e->pooled_dim > 0) {
         if (!dout) st = dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: dout is NULL; expected [%lld, %lld]", fn,
                                          (long long)e->B, (long long)e->pooled_dim);
-        else st = dt_check_tensor(e->ctx, dout, DT_F32, fn, "dout");
+        else st = e->cuda ? dt__em_cuda_check(e, dout, fn, "dout") : dt_check_tensor(e->ctx, dout, DT_F32, fn, "dout");
         if (!st && (dout->ndim != 2 || dout->shape[0] != e->B || dout->shape[1] != e->pooled_dim)) {
             char s1[64];
             st = dt_ctx_set_error(e->ctx, DT_ERR_SHAPE, "%s: dout is %s; expected [%lld, %lld] (local batch, pooled dim)",
                                   fn, dt_shape_str(dout, s1, sizeof s1), (long long)e->B, (long long)e->pooled_dim);
         }
-        if (!st) dd = (const float *)dout->data;
+        if (!st && e->cuda) st = dt__em_cuda_host_dout(e, &dd, dout); /* a host copy: the gradients are sorted there */
+        else if (!st) dd = (const float *)dout->data;
     }
     flag[0] = st ? 1 : 0;
     {
@@ -2150,6 +2204,8 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
     if (!e) return DT_ERR_ARG;
     W = e->size;
     (void)W;
+    if (e->cuda) return dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "%s: tables on cuda (desc.device): not "
+                                         "supported yet; save a checkpoint instead", fn);
     if (!prefix || !prefix[0] || strlen(prefix) > 900)
         st = dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: prefix is %s; expected a path prefix shorter than 900", fn,
                               prefix ? "empty or too long" : "NULL");
@@ -2208,6 +2264,345 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
     dt_release(e->ctx, (void *)np_); dt_release(e->ctx, (void *)mp);
     return st;
 }
+
+/* ---------------------------------------------------------------- CUDA tables */
+
+/* desc.device = DT_CUDA_DEVICE: each rank's shards (weights and optimizer state) are CUDA
+   tensors, initialised on the host with the same Philox stream and copied up. The ids stay
+   host arrays: validation, requests and the id exchange are the CPU path's. On the device: the
+   owner's pooling (dt_k_embed_pool_fwd, one launch per table per forward, then one
+   dt_k_comm_copies into the response), the data-parallel lookups, the return all-to-all (through
+   dt_comm on device tensors: NCCL, or staged through the host) and the fused sparse update
+   (dt_k_embed_sparse_update / _sparse_adam on the rows of each table, one launch per table).
+   On the host: the bag-order sums of row-wise bags (the returned rows are copied down and added
+   in bag order as on the CPU), the sort of the gradient contributions and the per-row sums
+   (dout is copied down; a row's summed gradient goes up once). So the kernels see the CPU's
+   operands in the CPU's order: pooled outputs and SGD / Adagrad / Adam rows are the CPU
+   path's bit for bit on the emulator; row-wise Adagrad's sum of squares is a tree in double on
+   the device (a sequential loop on the CPU): within 1e-6 relative. On a real GPU nvcc may fuse
+   a multiply-add (about 1 ulp). Dynamic tables and export: DT_ERR_UNSUPPORTED. */
+#ifdef DT_CUDA
+
+static dt_status dt__em_cuda_err(dt_embed *e, int st, const char *what) {
+    if (!st) return DT_OK;
+    return dt_ctx_set_error(e->ctx, DT_ERR_CUDA, "dt_embed (cuda tables): %s failed: %s", what, dt_k_error_string(st));
+}
+
+static dt_status dt__em_cuda_check_desc(dt_ctx *ctx, const dt_embed_desc *desc) {
+    int i;
+    if (desc->device != DT_DEVICE_DEFAULT && desc->device != DT_CPU && desc->device != DT_CUDA_DEVICE)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_embed_create: desc.device = %d; expected DEFAULT, DT_CPU or "
+                                "DT_CUDA_DEVICE", (int)desc->device);
+    for (i = 0; desc->device == DT_CUDA_DEVICE && i < desc->n_tables; i++)
+        if (desc->tables[i].dynamic)
+            return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "dt_embed_create: tables[%d] (\"%s\") is dynamic and "
+                                    "desc.device is cuda: dynamic tables on cuda are not supported yet", i,
+                                    desc->tables[i].name ? desc->tables[i].name : "");
+    return DT_OK;
+}
+
+static dt_status dt__em_cuda_need(dt_embed *e, dt_tensor *t, dt_dtype dtype, int64_t n) {
+    dt_tensor_desc d;
+    int64_t cap;
+    if (t->data && t->numel >= n) return DT_OK;
+    cap = t->numel * 2 > n ? t->numel * 2 : n;
+    if (cap < 16) cap = 16;
+    dt_tensor_free(e->ctx, t);
+    memset(&d, 0, sizeof d);
+    d.dtype = dtype;
+    d.device = DT_CUDA_DEVICE;
+    d.shape[0] = cap;
+    d.ndim = 1;
+    return dt_tensor_create(e->ctx, t, &d);
+}
+
+/* Copies in the ctx's stream order (after the launches that read the buffer before), then
+   waiting: the host staging is reused at once. */
+static dt_status dt__em_cuda_copy(dt_embed *e, void *dst, const void *src, size_t bytes, int kind) {
+    cudaStream_t s = (cudaStream_t)e->ctx->cuda_stream;
+    cudaError_t c;
+    if (!bytes) return DT_OK;
+    c = cudaMemcpyAsync(dst, src, bytes, (enum cudaMemcpyKind)kind, s);
+    if (c == cudaSuccess) c = cudaStreamSynchronize(s);
+    return dt__em_cuda_err(e, (int)c, "cudaMemcpyAsync");
+}
+static dt_status dt__em_cuda_put(dt_embed *e, void *dst, const void *src, size_t bytes) {
+    return dt__em_cuda_copy(e, dst, src, bytes, (int)cudaMemcpyHostToDevice);
+}
+static dt_status dt__em_cuda_get(dt_embed *e, void *dst, const void *src, size_t bytes) {
+    return dt__em_cuda_copy(e, dst, src, bytes, (int)cudaMemcpyDeviceToHost);
+}
+
+/* The host shard, initialised by dt__em_alloc_shard, moves to the device. */
+static dt_status dt__em_cuda_to_device(dt_embed *e, dt__em_tab *t) {
+    dt_tensor *ts[3];
+    int k;
+    ts[0] = &t->w; ts[1] = &t->s1; ts[2] = &t->s2;
+    for (k = 0; k < 3; k++) {
+        dt_tensor d;
+        dt_status st;
+        if (!ts[k]->data) continue;
+        DT__ETRY(dt_tensor_create_like(e->ctx, &d, ts[k], DT_DTYPE_DEFAULT, DT_CUDA_DEVICE));
+        st = dt_tensor_copy(e->ctx, &d, ts[k]);
+        if (st) { dt_tensor_free(e->ctx, &d); return st; }
+        dt_tensor_free(e->ctx, ts[k]);
+        *ts[k] = d;
+    }
+    return DT_OK;
+}
+
+static dt_status dt__em_cuda_check(dt_embed *e, const dt_tensor *t, const char *fn, const char *arg) {
+    if (!t) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: %s is NULL", fn, arg);
+    if (t->device != DT_CUDA_DEVICE)
+        return dt_ctx_set_error(e->ctx, DT_ERR_DEVICE, "%s: %s is on %s; expected a cuda tensor (the dt_embed was "
+                                "created with desc.device cuda)", fn, arg, dt_device_name(t->device));
+    if (t->dtype != DT_F32)
+        return dt_ctx_set_error(e->ctx, DT_ERR_DTYPE, "%s: %s has dtype %s; expected f32", fn, arg,
+                                dt_dtype_name(t->dtype));
+    if (!t->data && t->numel > 0) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: %s has no data", fn, arg);
+    return DT_OK;
+}
+
+/* Host staging: n int64 and m floats. */
+static dt_status dt__em_cuda_stage_buf(dt_embed *e, int64_t n, int64_t m) {
+    DT__ETRY(dt_grow(e->ctx, (void **)&e->cu_hi, &e->cu_hi_cap, n + 1, sizeof(int64_t), "dt_embed cuda staging"));
+    return dt_grow(e->ctx, (void **)&e->cu_hf, &e->cu_hf_cap, m + 1, sizeof(float), "dt_embed cuda staging");
+}
+
+/* Pools n_bags bags of t (local rows rows[], bag offsets offs[n_bags + 1], weights or NULL; all
+   host arrays) into e->cu_tmp [n_bags, nc] on the device. */
+static dt_status dt__em_cuda_pool(dt_embed *e, const dt__em_tab *t, const int64_t *rows, const int64_t *offs,
+                                  const float *w, int64_t n_bags, int64_t nc) {
+    int64_t n = offs[n_bags], nt;
+    if (!dt_mul_ok(n_bags, nc, &nt)) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_forward: %lld bags x %lld "
+                                                             "columns overflows", (long long)n_bags, (long long)nc);
+    DT__ETRY(dt__em_cuda_need(e, &e->cu_i, DT_I64, n + n_bags + 1));
+    DT__ETRY(dt__em_cuda_need(e, &e->cu_f, DT_F32, n + 1));
+    DT__ETRY(dt__em_cuda_need(e, &e->cu_tmp, DT_F32, nt + 1));
+    DT__ETRY(dt__em_cuda_put(e, e->cu_i.data, rows, (size_t)n * sizeof(int64_t)));
+    DT__ETRY(dt__em_cuda_put(e, (int64_t *)e->cu_i.data + n, offs, (size_t)(n_bags + 1) * sizeof(int64_t)));
+    if (w) DT__ETRY(dt__em_cuda_put(e, e->cu_f.data, w, (size_t)n * sizeof(float)));
+    return dt__em_cuda_err(e, dt_k_embed_pool_fwd((float *)e->cu_tmp.data, t->w.data, (int)t->dtype,
+                                                  (const int64_t *)e->cu_i.data, w ? (const float *)e->cu_f.data : NULL,
+                                                  (const int64_t *)e->cu_i.data + n, n_bags, nc, t->c1 - t->c0, 0,
+                                                  e->ctx->cuda_stream), "dt_k_embed_pool_fwd");
+}
+
+/* Data-parallel features: each feature's bags in one launch, copied down into the pooled
+   buffer (or the sequence rows) where the CPU path writes them. */
+static dt_status dt__em_cuda_dp_pool(dt_embed *e) {
+    int f;
+    int64_t B = e->B, b, j;
+    for (f = 0; f < e->n_feat; f++) {
+        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        int64_t i0 = e->offs[(int64_t)f * B], n = e->offs[(int64_t)(f + 1) * B] - i0;
+        int seq = t->pooling == DT_POOL_NONE;
+        int64_t nb = seq ? n : B;
+        if (t->shard != DT_SHARD_DATA || nb == 0) continue;
+        DT__ETRY(dt__em_cuda_stage_buf(e, n + nb + 1, nb * t->dim));
+        for (j = 0; j < n; j++) e->cu_hi[j] = e->rows[i0 + j] - t->r0;
+        for (b = 0; b <= nb; b++) e->cu_hi[n + b] = seq ? b : e->offs[(int64_t)f * B + b] - i0;
+        DT__ETRY(dt__em_cuda_pool(e, t, e->cu_hi, e->cu_hi + n, t->weighted ? e->wts + i0 : NULL, nb, t->dim));
+        if (seq) DT__ETRY(dt__em_cuda_get(e, e->seq + e->seq_off[f], e->cu_tmp.data, (size_t)(n * t->dim) * sizeof(float)));
+        else {
+            DT__ETRY(dt__em_cuda_get(e, e->cu_hf, e->cu_tmp.data, (size_t)(B * t->dim) * sizeof(float)));
+            for (b = 0; b < B; b++)
+                memcpy((float *)e->pooled.data + b * e->pooled_dim + e->feat_off[f], e->cu_hf + b * t->dim,
+                       (size_t)t->dim * sizeof(float));
+        }
+    }
+    return DT_OK;
+}
+
+/* Owner side of the forward (dt__em_serve's walk): the requests of each table pooled in one
+   launch, then moved to their places in the response (e->cu_resp, tot_res floats) by one
+   dt_k_comm_copies. */
+static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
+    const int64_t *rin = (const int64_t *)e->rbuf_i.data, *cnt_i = e->cnt + 3 * e->size;
+    const float *rfl = (const float *)e->rbuf_f.data;
+    int64_t end = 0, ti;
+    int s;
+    for (s = 0; s < e->size; s++) end += cnt_i[s];
+    DT__ETRY(dt__em_cuda_need(e, &e->cu_resp, DT_F32, tot_res + 1));
+    for (ti = 0; ti < e->n_tabs; ti++) {
+        const dt__em_tab *t = &e->tabs[ti];
+        int64_t nc = t->c1 - t->c0, p = 0, q = 0, o = 0, nb = 0, n = 0, k;
+        /* count, then fill: rows [n], offsets [nb + 1], weights [n]; copies dst, src, len [nb] each */
+        while (p < end) {
+            int f = (int)rin[p];
+            if (e->feat_tab[f] == ti) { nb++; n += rin[p + 3]; }
+            p += DT__EM_HDR + rin[p + 3];
+        }
+        if (nb == 0) continue;
+        if (nb > 2147483647) return dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "dt_embed_forward: %lld requests "
+                                                     "for table %s in one forward (cuda: at most 2^31 - 1)",
+                                                     (long long)nb, t->name);
+        DT__ETRY(dt__em_cuda_stage_buf(e, n + 4 * nb + 1, n));
+        DT__ETRY(dt__em_cuda_need(e, &e->cu_i, DT_I64, n + 3 * nb + 1)); /* the pool's, then the copies' offsets */
+        {
+            int64_t *rows = e->cu_hi, *offs = rows + n, *dst = offs + nb + 1, *src = dst + nb, *len = src + nb;
+            int64_t jb = 0, jn = 0;
+            p = 0; offs[0] = 0;
+            while (p < end) {
+                int f = (int)rin[p];
+                int64_t m = rin[p + 3], j;
+                const dt__em_tab *tf = &e->tabs[e->feat_tab[f]];
+                if (e->feat_tab[f] == ti) {
+                    for (j = 0; j < m; j++) {
+                        int64_t r = rin[p + DT__EM_HDR + j];
+                        rows[jn] = r < 0 ? -1 : r - t->r0;
+                        e->cu_hf[jn++] = e->any_weighted ? rfl[q + j] : 1.0f;
+                    }
+                    offs[jb + 1] = jn;
+                    dst[jb] = o; src[jb] = jb * nc; len[jb] = nc;
+                    jb++;
+                }
+                o += tf->c1 - tf->c0;
+                p += DT__EM_HDR + m;
+                if (e->any_weighted) q += m;
+            }
+            DT__ETRY(dt__em_cuda_pool(e, t, rows, offs, t->weighted ? e->cu_hf : NULL, nb, nc));
+            /* the copies' offsets reuse the front of cu_i (the pool is done with it) */
+            DT__ETRY(dt__em_cuda_put(e, e->cu_i.data, dst, (size_t)(3 * nb) * sizeof(int64_t)));
+            k = (int64_t)nb;
+            DT__ETRY(dt__em_cuda_err(e, dt_k_comm_copies(e->cu_resp.data, e->cu_tmp.data, (const int64_t *)e->cu_i.data,
+                                                         (const int64_t *)e->cu_i.data + k,
+                                                         (const int64_t *)e->cu_i.data + 2 * k, (int)k, nc, 4, 1, 1.0f,
+                                                         e->ctx->cuda_stream), "dt_k_comm_copies"));
+        }
+    }
+    return DT_OK;
+}
+
+/* The return all-to-all on device tensors, then the rows copied down into e->res (tot floats),
+   where the CPU path's bag-order scatter reads them. */
+static dt_status dt__em_cuda_return(dt_embed *e, int64_t tot) {
+    int W = e->size;
+    int64_t *cnt = e->cnt;
+    DT__ETRY(dt__em_cuda_need(e, &e->cu_res, DT_F32, tot + 1));
+    if (!e->comm) {
+        if (cnt[5 * W] > 0)
+            DT__ETRY(dt__em_cuda_copy(e, e->cu_res.data, e->cu_resp.data, (size_t)cnt[5 * W] * sizeof(float),
+                                      (int)cudaMemcpyDeviceToDevice));
+    } else DT__ETRY(dt_comm_alltoallv(e->comm, &e->cu_res, cnt + 2 * W, &e->cu_resp, cnt + 5 * W));
+    return dt__em_cuda_get(e, e->res.data, e->cu_res.data, (size_t)tot * sizeof(float));
+}
+
+static dt_status dt__em_cuda_host_dout(dt_embed *e, const float **dd, const dt_tensor *dout) {
+    int64_t n = dout->numel;
+    DT__ETRY(dt__em_cuda_stage_buf(e, 0, n));
+    DT__ETRY(dt__em_cuda_get(e, e->cu_hf, dout->data, (size_t)n * sizeof(float)));
+    *dd = e->cu_hf;
+    return DT_OK;
+}
+
+/* dt__em_apply hands over each updated row (table t, local row, its summed gradient g [nc]) in
+   (table, row) order; dt__em_cuda_flush updates them on the device, one launch per table. */
+static dt_status dt__em_cuda_stage(dt_embed *e, int t, int64_t row, const float *g, int64_t nc) {
+    if (e->cu_st_n + 1 > e->cu_st_cap) {
+        int64_t c1 = e->cu_st_cap, c2 = e->cu_st_cap;
+        DT__ETRY(dt_grow(e->ctx, (void **)&e->cu_st_t, &c1, e->cu_st_n + 1, sizeof(int), "dt_embed cuda rows"));
+        DT__ETRY(dt_grow(e->ctx, (void **)&e->cu_st_row, &c2, e->cu_st_n + 1, sizeof(int64_t), "dt_embed cuda rows"));
+        e->cu_st_cap = c1 < c2 ? c1 : c2;
+    }
+    DT__ETRY(dt_grow(e->ctx, (void **)&e->cu_stg, &e->cu_stg_cap, e->cu_stg_n + nc + 1, sizeof(float),
+                     "dt_embed cuda gradients"));
+    e->cu_st_t[e->cu_st_n] = t;
+    e->cu_st_row[e->cu_st_n] = row;
+    e->cu_st_n++;
+    memcpy(e->cu_stg + e->cu_stg_n, g, (size_t)nc * sizeof(float));
+    e->cu_stg_n += nc;
+    return DT_OK;
+}
+
+/* Each table's staged rows: rows [n], order = 0..n-1, seg = 0..n, n_uniq = n (every row is
+   already one summed gradient, so the kernel's run sum is 0 + g = g), grads [n, nc]. */
+static dt_status dt__em_cuda_flush(dt_embed *e) {
+    int64_t i = 0, fo = 0;
+    dt_status st = DT_OK;
+    while (!st && i < e->cu_st_n) {
+        int ti = e->cu_st_t[i];
+        dt__em_tab *t = &e->tabs[ti];
+        int64_t nc = t->c1 - t->c0, n = 0, k, *h;
+        const int64_t *d;
+        while (i + n < e->cu_st_n && e->cu_st_t[i + n] == ti) n++;
+        st = dt__em_cuda_stage_buf(e, 3 * n + 2, 0);
+        if (!st) st = dt__em_cuda_need(e, &e->cu_i, DT_I64, 3 * n + 2);
+        if (!st) st = dt__em_cuda_need(e, &e->cu_f, DT_F32, n * nc + 1);
+        if (st) break;
+        h = e->cu_hi;
+        for (k = 0; k < n; k++) { h[k] = e->cu_st_row[i + k]; h[n + k] = k; h[2 * n + k] = k; }
+        h[3 * n] = n; h[3 * n + 1] = n;
+        st = dt__em_cuda_put(e, e->cu_i.data, h, (size_t)(3 * n + 2) * sizeof(int64_t));
+        if (!st) st = dt__em_cuda_put(e, e->cu_f.data, e->cu_stg + fo, (size_t)(n * nc) * sizeof(float));
+        if (st) break;
+        d = (const int64_t *)e->cu_i.data;
+        if (t->kind == DT_EMBED_ADAM)
+            st = dt__em_cuda_err(e, dt_k_embed_sparse_adam(t->w.data, (int)t->dtype, (float *)t->s1.data,
+                                                           (float *)t->s2.data, (const float *)e->cu_f.data, d, d + n,
+                                                           d + 2 * n, d + 3 * n + 1, n, nc, nc, t->lr, t->b1, t->b2,
+                                                           t->eps, t->t, e->ctx->cuda_stream), "dt_k_embed_sparse_adam");
+        else
+            st = dt__em_cuda_err(e, dt_k_embed_sparse_update(t->w.data, (int)t->dtype, (float *)t->s1.data,
+                                                             (const float *)e->cu_f.data, d, d + n, d + 2 * n,
+                                                             d + 3 * n + 1, n, nc, nc,
+                                                             t->kind == DT_EMBED_ADAGRAD ? 2 :
+                                                             t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 3 : 1,
+                                                             t->lr, t->eps, e->ctx->cuda_stream),
+                                 "dt_k_embed_sparse_update");
+        i += n;
+        fo += n * nc;
+    }
+    e->cu_st_n = 0;
+    e->cu_stg_n = 0;
+    return st;
+}
+
+static void dt__em_cuda_free(dt_embed *e) {
+    dt_tensor_free(e->ctx, &e->cu_i); dt_tensor_free(e->ctx, &e->cu_f); dt_tensor_free(e->ctx, &e->cu_tmp);
+    dt_tensor_free(e->ctx, &e->cu_resp); dt_tensor_free(e->ctx, &e->cu_res);
+    dt_release(e->ctx, e->cu_hi); dt_release(e->ctx, e->cu_hf); dt_release(e->ctx, e->cu_stg);
+    dt_release(e->ctx, e->cu_st_t); dt_release(e->ctx, e->cu_st_row);
+}
+
+#else /* without DT_CUDA: desc.device cuda is refused at create, so only the first and last run */
+
+static dt_status dt__em_cuda_check_desc(dt_ctx *ctx, const dt_embed_desc *desc) {
+    if (desc->device == DT_CUDA_DEVICE)
+        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "dt_embed_create: desc.device is cuda, but dt was built without "
+                                "DT_CUDA");
+    if (desc->device != DT_DEVICE_DEFAULT && desc->device != DT_CPU)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_embed_create: desc.device = %d; expected DEFAULT, DT_CPU or "
+                                "DT_CUDA_DEVICE", (int)desc->device);
+    return DT_OK;
+}
+static dt_status dt__em_cuda_off(dt_embed *e) {
+    return dt_ctx_set_error(e->ctx, DT_ERR_DEVICE, "dt_embed: cuda tables, but dt was built without DT_CUDA");
+}
+static dt_status dt__em_cuda_to_device(dt_embed *e, dt__em_tab *t) { (void)t; return dt__em_cuda_off(e); }
+static dt_status dt__em_cuda_dp_pool(dt_embed *e) { return dt__em_cuda_off(e); }
+static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) { (void)tot_res; return dt__em_cuda_off(e); }
+static dt_status dt__em_cuda_return(dt_embed *e, int64_t tot) { (void)tot; return dt__em_cuda_off(e); }
+static dt_status dt__em_cuda_check(dt_embed *e, const dt_tensor *t, const char *fn, const char *arg) {
+    (void)t; (void)fn; (void)arg;
+    return dt__em_cuda_off(e);
+}
+static dt_status dt__em_cuda_put(dt_embed *e, void *dst, const void *src, size_t bytes) {
+    (void)dst; (void)src; (void)bytes;
+    return dt__em_cuda_off(e);
+}
+static dt_status dt__em_cuda_host_dout(dt_embed *e, const float **dd, const dt_tensor *dout) {
+    (void)dd; (void)dout;
+    return dt__em_cuda_off(e);
+}
+static dt_status dt__em_cuda_stage(dt_embed *e, int t, int64_t row, const float *g, int64_t nc) {
+    (void)t; (void)row; (void)g; (void)nc;
+    return dt__em_cuda_off(e);
+}
+static dt_status dt__em_cuda_flush(dt_embed *e) { return dt__em_cuda_off(e); }
+static void dt__em_cuda_free(dt_embed *e) { (void)e; }
+
+#endif /* DT_CUDA */
 
 #ifdef __cplusplus
 }

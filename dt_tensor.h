@@ -1793,7 +1793,12 @@ static dt_status dt__cu_softmax_xent_fwd(dt_ctx *, float *, int64_t *, dt_tensor
                                          const dt_tensor *, int);
 static dt_status dt__cu_softmax_xent_bwd(dt_ctx *, dt_tensor *, const dt_tensor *, const dt_tensor *, int, float);
 static dt_status dt__cu_axpy(dt_ctx *, dt_tensor *, float, const dt_tensor *);
+static dt_status dt__cu_binary(dt_ctx *, dt_tensor *, dt_tensor *, const dt_tensor *, const dt_tensor *,
+                               const dt_tensor *, int op);
+static dt_status dt__cu_dot(dt_ctx *, dt_tensor *, dt_tensor *, const dt_tensor *, const dt_tensor *,
+                            const dt_tensor *, int bwd);
 static dt_status dt__cu_concat(dt_ctx *, dt_tensor *, dt_tensor *const *, int, int, int, const char *);
+static dt_status dt__cu_bce(dt_ctx *, float *, dt_tensor *, const dt_tensor *, const dt_tensor *, float, int bwd);
 #endif
 
 /* ---------------------------------------------------------------- matmul */
@@ -2490,6 +2495,9 @@ DT_API dt_status dt_bce_logits_fwd(dt_ctx *ctx, float *loss, const dt_tensor *lo
     double total = 0;
     if (!ctx) return DT_ERR_ARG;
     if (!loss) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: loss is NULL", fn);
+#ifdef DT_CUDA
+    if (dt__cu(logits) || dt__cu(labels)) return dt__cu_bce(ctx, loss, NULL, logits, labels, 0, 0);
+#endif
     DT__TRY(dt__bce_check(ctx, logits, labels, fn));
     for (i = 0; i < logits->numel; i++) {
         double z = DT__CF(logits)[i], y = DT__CF(labels)[i];
@@ -2505,6 +2513,9 @@ DT_API dt_status dt_bce_logits_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_ten
     int64_t i;
     float s;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(dlogits) || dt__cu(logits) || dt__cu(labels)) return dt__cu_bce(ctx, NULL, dlogits, logits, labels, dloss, 1);
+#endif
     DT__TRY(dt__bce_check(ctx, logits, labels, fn));
     if (!dlogits) return DT_OK;
     DT__TRY(dt__f32(ctx, dlogits, fn, "dlogits"));
@@ -2523,6 +2534,9 @@ DT_API dt_status dt_bce_logits_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_ten
 
 DT_API dt_status dt_add(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, const dt_tensor *b) {
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(out) || dt__cu(a) || dt__cu(b)) return dt__cu_binary(ctx, out, NULL, NULL, a, b, 0);
+#endif
     DT__TRY(dt__f32(ctx, out, "dt_add", "out"));
     DT__TRY(dt__f32(ctx, a, "dt_add", "a"));
     DT__TRY(dt__f32(ctx, b, "dt_add", "b"));
@@ -2543,6 +2557,9 @@ static dt_status dt__binary_check(dt_ctx *ctx, const dt_tensor *out, const dt_te
 
 DT_API dt_status dt_mul_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, const dt_tensor *b) {
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(out) || dt__cu(a) || dt__cu(b)) return dt__cu_binary(ctx, out, NULL, NULL, a, b, 1);
+#endif
     DT__TRY(dt__binary_check(ctx, out, a, b, "dt_mul_fwd", "out"));
     DT__BLOCKS(a->numel, DT__CF(a), DT__CF(b), DT__F(out), o[j] = a[j] * b[j]);
     return DT_OK;
@@ -2552,6 +2569,9 @@ DT_API dt_status dt_mul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, const dt_
                             const dt_tensor *a, const dt_tensor *b) {
     const char *fn = "dt_mul_bwd";
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(da) || dt__cu(db) || dt__cu(dout) || dt__cu(a) || dt__cu(b)) return dt__cu_binary(ctx, da, db, dout, a, b, 2);
+#endif
     DT__TRY(dt__binary_check(ctx, dout, a, b, fn, "dout"));
     if (da) DT__TRY(dt__binary_check(ctx, da, a, b, fn, "da"));
     if (db) DT__TRY(dt__binary_check(ctx, db, a, b, fn, "db"));
@@ -2854,6 +2874,9 @@ static const float *dt__dot_vec(const dt_tensor *dense, const dt_tensor *emb, in
 DT_API dt_status dt_dot_interaction_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *dense, const dt_tensor *emb) {
     int64_t B, F, D, W, b, i, j, d;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(out) || dt__cu(dense) || dt__cu(emb)) return dt__cu_dot(ctx, out, NULL, NULL, dense, emb, 0);
+#endif
     DT__TRY(dt__dot_check(ctx, out, dense, emb, "dt_dot_interaction_fwd", "out"));
     B = dense->shape[0]; D = dense->shape[1]; F = emb->shape[1]; W = out->shape[1];
     for (b = 0; b < B; b++) {
@@ -2876,6 +2899,10 @@ DT_API dt_status dt_dot_interaction_bwd(dt_ctx *ctx, dt_tensor *ddense, dt_tenso
     const char *fn = "dt_dot_interaction_bwd";
     int64_t B, F, D, W, b, i, j, d;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(ddense) || dt__cu(demb) || dt__cu(dout) || dt__cu(dense) || dt__cu(emb))
+        return dt__cu_dot(ctx, ddense, demb, dout, dense, emb, 1);
+#endif
     DT__TRY(dt__dot_check(ctx, dout, dense, emb, fn, "dout"));
     if (ddense) { DT__TRY(dt__f32(ctx, ddense, fn, "ddense")); DT__TRY(dt__same(ctx, ddense, dense, fn, "ddense", "dense")); }
     if (demb) { DT__TRY(dt__f32(ctx, demb, fn, "demb")); DT__TRY(dt__same(ctx, demb, emb, fn, "demb", "emb")); }
@@ -3306,6 +3333,64 @@ static dt_status dt__cu_axpy(dt_ctx *ctx, dt_tensor *y, float alpha, const dt_te
     return dt__cu_status(ctx, dt_k_axpy(DT__CU_F(y), alpha, (const float *)x->data, x->numel, ctx->cuda_stream), fn,
                          "dt_k_axpy");
 }
+/* dt_add (op 0), dt_mul_fwd (1), dt_mul_bwd (2): the elementwise kernels, the CPU ops' checks. */
+static dt_status dt__cu_binary(dt_ctx *ctx, dt_tensor *o1, dt_tensor *o2, const dt_tensor *dout, const dt_tensor *a,
+                               const dt_tensor *b, int op) {
+    const char *fn = op == 0 ? "dt_add" : op == 1 ? "dt_mul_fwd" : "dt_mul_bwd";
+    int st;
+    DT__CU_SH(s1, o1, op == 2 ? "da" : "out");
+    DT__CU_SH(s2, o2, "db");
+    DT__CU_SH(sg, dout, "dout");
+    DT__CU_SH(sa, a, "a");
+    DT__CU_SH(sb, b, "b");
+    if (op < 2) {
+        if (!s1 || !sa || !sb) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, !s1 ? "out" : !sa ? "a" : "b");
+        DT__TRY(dt__binary_check(ctx, s1, sa, sb, fn, "out"));
+        st = op == 0 ? dt_k_add(DT__CU_F(o1), (const float *)a->data, (const float *)b->data, a->numel, ctx->cuda_stream)
+                     : dt_k_mul_fwd(DT__CU_F(o1), (const float *)a->data, (const float *)b->data, a->numel,
+                                    ctx->cuda_stream);
+        return dt__cu_status(ctx, st, fn, op == 0 ? "dt_k_add" : "dt_k_mul_fwd");
+    }
+    if (!sg || !sa || !sb) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, !sg ? "dout" : !sa ? "a" : "b");
+    DT__TRY(dt__binary_check(ctx, sg, sa, sb, fn, "dout"));
+    if (s1) DT__TRY(dt__binary_check(ctx, s1, sa, sb, fn, "da"));
+    if (s2) DT__TRY(dt__binary_check(ctx, s2, sa, sb, fn, "db"));
+    return dt__cu_status(ctx, dt_k_mul_bwd(o1 ? DT__CU_F(o1) : NULL, o2 ? DT__CU_F(o2) : NULL, (const float *)dout->data,
+                                           (const float *)a->data, (const float *)b->data, a->numel, ctx->cuda_stream),
+                         fn, "dt_k_mul_bwd");
+}
+
+/* dt_dot_interaction_fwd / _bwd: kernels/dt_embed.cu's (the CPU's sum orders). */
+static dt_status dt__cu_dot(dt_ctx *ctx, dt_tensor *o1, dt_tensor *o2, const dt_tensor *dout, const dt_tensor *dense,
+                            const dt_tensor *emb, int bwd) {
+    const char *fn = bwd ? "dt_dot_interaction_bwd" : "dt_dot_interaction_fwd";
+    int64_t B, F, D;
+    DT__CU_SH(s1, o1, bwd ? "ddense" : "out");
+    DT__CU_SH(s2, o2, "demb");
+    DT__CU_SH(sg, dout, "dout");
+    DT__CU_SH(sd, dense, "dense");
+    DT__CU_SH(se, emb, "emb");
+    if (!sd || !se) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, sd ? "emb" : "dense");
+    if (!bwd) {
+        if (!s1) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+        DT__TRY(dt__dot_check(ctx, s1, sd, se, fn, "out"));
+    } else {
+        if (!sg) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dout is NULL", fn);
+        DT__TRY(dt__dot_check(ctx, sg, sd, se, fn, "dout"));
+        if (s1) { DT__TRY(dt__f32(ctx, s1, fn, "ddense")); DT__TRY(dt__same(ctx, s1, sd, fn, "ddense", "dense")); }
+        if (s2) { DT__TRY(dt__f32(ctx, s2, fn, "demb")); DT__TRY(dt__same(ctx, s2, se, fn, "demb", "emb")); }
+    }
+    B = dense->shape[0]; D = dense->shape[1]; F = emb->shape[1];
+    if (!bwd)
+        return dt__cu_status(ctx, dt_k_dot_interaction_fwd(DT__CU_F(o1), (const float *)dense->data,
+                                                           (const float *)emb->data, B, F, D, ctx->cuda_stream),
+                             fn, "dt_k_dot_interaction_fwd");
+    return dt__cu_status(ctx, dt_k_dot_interaction_bwd(o1 ? DT__CU_F(o1) : NULL, o2 ? DT__CU_F(o2) : NULL,
+                                                       (const float *)dout->data, (const float *)dense->data,
+                                                       (const float *)emb->data, B, F, D, ctx->cuda_stream),
+                         fn, "dt_k_dot_interaction_bwd");
+}
+
 /* dt_concat / dt_split on cuda: the CPU path's checks on shadows, then one column copy per part. */
 static dt_status dt__cu_concat(dt_ctx *ctx, dt_tensor *whole, dt_tensor *const *parts, int n, int to_whole,
                                int accumulate, const char *fn) {
@@ -3338,6 +3423,36 @@ static dt_status dt__cu_concat(dt_ctx *ctx, dt_tensor *whole, dt_tensor *const *
     }
     return DT_OK;
 }
+
+/* dt_bce_logits_fwd / _bwd on cuda tensors: through host copies (a [B, 1] logit column is a few
+   KiB; no kernel for it yet), so the values are the CPU op's. */
+static dt_status dt__cu_bce(dt_ctx *ctx, float *loss, dt_tensor *dlogits, const dt_tensor *logits,
+                            const dt_tensor *labels, float dloss, int bwd) {
+    const char *fn = bwd ? "dt_bce_logits_bwd" : "dt_bce_logits_fwd";
+    const dt_tensor *src[3];
+    dt_tensor h[3];
+    int i;
+    dt_status st = DT_OK;
+    src[0] = logits; src[1] = labels; src[2] = bwd ? dlogits : NULL;
+    memset(h, 0, sizeof h);
+    for (i = 0; i < 3; i++) {
+        if (!src[i]) continue;
+        DT__TRY(dt__valid(ctx, src[i], fn, i == 0 ? "logits" : i == 1 ? "labels" : "dlogits"));
+        if (src[i]->device != DT_CUDA_DEVICE) { h[i] = *src[i]; h[i].owns = 0; continue; }
+        st = dt_tensor_create_like(ctx, &h[i], src[i], DT_DTYPE_DEFAULT, DT_CPU);
+        if (!st) st = dt_tensor_copy(ctx, &h[i], src[i]);
+        if (st) break;
+    }
+    if (!st && !src[0]) st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: logits is NULL", fn);
+    if (!st && !src[1]) st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: labels is NULL", fn);
+    if (!st && !bwd) st = dt_bce_logits_fwd(ctx, loss, &h[0], &h[1]);
+    if (!st && bwd) st = dt_bce_logits_bwd(ctx, dlogits ? &h[2] : NULL, &h[0], &h[1], dloss);
+    if (!st && bwd && dlogits && dlogits->device == DT_CUDA_DEVICE) st = dt_tensor_copy(ctx, dlogits, &h[2]);
+    for (i = 0; i < 3; i++)
+        if (src[i] && src[i]->device == DT_CUDA_DEVICE) dt_tensor_free(ctx, &h[i]);
+    return st;
+}
+
 #undef DT__CU_SH
 #undef DT__CU_F
 #endif /* DT_CUDA */
@@ -3351,10 +3466,10 @@ static dt_status dt__concat(dt_ctx *ctx, dt_tensor *whole, dt_tensor *const *par
     int i;
     char name[32];
     if (!ctx) return DT_ERR_ARG;
-#ifdef DT_CUDA
-    if (dt__cu(whole)) return dt__cu_concat(ctx, whole, parts, n, to_whole, accumulate, fn);
-#endif
     if (n <= 0 || !parts) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n = %d parts; expected >= 1", fn, n);
+#ifdef DT_CUDA
+    if (dt__cu(whole) || dt__cu(parts[0])) return dt__cu_concat(ctx, whole, parts, n, to_whole, accumulate, fn);
+#endif
     DT__TRY(dt__f32(ctx, whole, fn, "the concatenated tensor"));
     R = dt__rows(whole); W = dt__last(whole);
     for (i = 0; i < n; i++) {

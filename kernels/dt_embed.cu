@@ -408,6 +408,47 @@ extern "C" int dt_k_embed_sparse_update(void *table, int table_dtype, float *sta
     return DT_K_CHECK();
 }
 
+/* Lazy Adam on the deduplicated rows, dt_adam_update's scalar loop (no weight decay) op for op:
+   g summed over the row's run as above, then m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g g;
+   w -= step (m / (sqrt(v) / bc2 + eps)) with the per-step scalars rounded once on the host. */
+static __global__ void dt_k__sparse_adam(void *table, int dt, float *m, float *v, const float *grads,
+                                         const int64_t *rows, const int64_t *order, const int64_t *seg,
+                                         const int64_t *n_uniq, int64_t D, int64_t ld, float b1, float omb1,
+                                         float b2, float omb2, float step, float bc2, float epsf) {
+    int64_t u, c, j, nu = *n_uniq;
+    for (u = blockIdx.x; u < nu; u += gridDim.x) {
+        int64_t j0 = seg[u], j1 = seg[u + 1], row = rows[order[j0]];
+        for (c = threadIdx.x; c < D; c += blockDim.x) {
+            int64_t x = row * ld + c;
+            float g = 0.0f, w = dt_k__ld(table, dt, x), mi, vi, denom;
+            for (j = j0; j < j1; j++) g += grads[order[j] * D + c];
+            mi = b1 * m[x] + omb1 * g;
+            vi = b2 * v[x] + omb2 * (g * g);
+            m[x] = mi;
+            v[x] = vi;
+            denom = sqrtf(vi) / bc2 + epsf;
+            dt_k__st(table, dt, x, w - step * (mi / denom));
+        }
+    }
+}
+
+extern "C" int dt_k_embed_sparse_adam(void *table, int table_dtype, float *m, float *v, const float *grads,
+                                      const int64_t *rows, const int64_t *order, const int64_t *seg,
+                                      const int64_t *n_uniq, int64_t n, int64_t D, int64_t ld, double lr,
+                                      double beta1, double beta2, double eps, int64_t t, void *stream) {
+    double bc1, bc2;
+    int threads = dt_k__thr(D, 256);
+    if (n < 0 || D < 0 || ld < D || t < 1 || table_dtype < 1 || table_dtype > 3 || (n > 0 && (!m || !v)))
+        return (int)cudaErrorInvalidValue;
+    if (n == 0 || D == 0) return 0;
+    bc1 = 1.0 - pow(beta1, (double)t);
+    bc2 = 1.0 - pow(beta2, (double)t);
+    DT_K_LAUNCH(dt_k__sparse_adam, dt_k__grid(n, 1), threads, 0, stream, table, table_dtype, m, v, grads, rows,
+                order, seg, n_uniq, D, ld, (float)beta1, (float)(1.0 - beta1), (float)beta2, (float)(1.0 - beta2),
+                (float)(lr / bc1), (float)sqrt(bc2), (float)eps);
+    return DT_K_CHECK();
+}
+
 /* ---------------------------------------------------------------- DLRM dot interaction */
 
 static __global__ void dt_k__dot_fwd(float *out, const float *dense, const float *emb, int64_t F, int64_t D) {

@@ -156,6 +156,35 @@ int dt_k_embed_sparse_update(void *table, int table_dtype, float *state, const f
                              const int64_t *order, const int64_t *seg, const int64_t *n_uniq, int64_t n,
                              int64_t D, int64_t ld, int kind, double lr, double eps, void *stream);
 
+/* Lazy Adam (dt_embed.h's DT_EMBED_ADAM, torch.optim.SparseAdam) on the same deduplicated rows:
+   g summed per run as above; m, v [*, ld] f32; t >= 1 the table's step. dt_adam_update's scalar
+   loop op for op (the per-step scalars in double on the host, rounded once). */
+int dt_k_embed_sparse_adam(void *table, int table_dtype, float *m, float *v, const float *grads, const int64_t *rows,
+                           const int64_t *order, const int64_t *seg, const int64_t *n_uniq, int64_t n, int64_t D,
+                           int64_t ld, double lr, double beta1, double beta2, double eps, int64_t t, void *stream);
+
+/* The id -> slot table of one dynamic-table shard on the GPU (kernels/dt_hash.cu), with the host
+   map's semantics (dt_embed.h, "dynamic tables"): capacity slots, an LRU list over them, ids
+   admitted at their admit_after-th sighting. Device arrays; map_cap = the power of two >= 2 x
+   capacity, seen_cap (a power of two) bounds the ids seen and not admitted yet. hdr: used,
+   head, tail, last stamp, map entries, seen entries. */
+typedef struct dt_k_hash {
+    int64_t capacity, map_cap, seen_cap;
+    int64_t *map_key, *map_val, *seen_key, *seen_val; /* [map_cap], [seen_cap] */
+    int *map_full, *seen_full;
+    int64_t *slot_id, *slot_stamp, *prev, *next;      /* [capacity]; stamp 0 = empty */
+    int64_t *hdr;                                      /* [8] */
+} dt_k_hash;
+int dt_k_hash_create(dt_k_hash *h, int64_t capacity, int64_t seen_cap);
+void dt_k_hash_free(dt_k_hash *h);
+/* One batch of n ids (device int64, in the host map's order): slots[i] = the slot of ids[i] or
+   -1 (rejected: looks up zeros); counts[3] (device int64) += admitted, evicted, rejected;
+   *overflow (device int) = 1 when a table ran out of cells (seen_cap too small: the result is
+   then not the host map's). A probe launch (one thread per id) then a commit launch (one
+   thread: the decisions in batch order, each depends on the earlier ones). */
+int dt_k_hash_lookup(const dt_k_hash *h, int64_t *slots, int64_t *counts, int *overflow, const int64_t *ids,
+                     int64_t n, int admit_after, void *stream);
+
 /* DLRM dot interaction, as dt_dot_interaction_fwd / _bwd: dense [B,D], emb [B,F,D], out / dout
    [B, D + (F+1)F/2]. One block per sample, its F+1 vectors in shared memory ((F+1) D floats,
    at most 48 KiB, else cudaErrorInvalidValue); the same sum orders as the CPU. bwd accumulates;

@@ -9,6 +9,9 @@
           --accum N --eval-every N --eval-samples N --print-every N --log FILE.jsonl
           --ckpt DIR --ckpt-every N --resume --rows N (cap on table rows, 16384) --skip-bad
           --shard auto|row|table|data --row-wise-over ROWS (pin bigger tables row-wise) --quiet
+          --device cpu|cuda (cuda: a -DDT_CUDA build, build/examples/cuda/dlrm: MLPs, interaction,
+          activations and the tables' shards on the GPU; the loss through a host copy of the
+          logits; tests/cuda_emu/k_dlrm.cpp checks it against the cpu run on the emulator)
    last line: "final: loss L auc A" (L the training loss of the last step, A the held-out AUC).
 
    One step on rank r (W ranks, global batch B; rank r's samples are a pure function of (seed,
@@ -54,7 +57,7 @@
 typedef struct opts {
     int64_t steps, batch, eval_samples, rows, row_wise_over;
     uint64_t seed;
-    const char *data, *arch, *opt, *log, *ckpt, *shard;
+    const char *data, *arch, *opt, *log, *ckpt, *shard, *device;
     int dim, cross, accum, eval_every, print_every, ckpt_every, resume, skip_bad, quiet;
     int bottom[MAX_LAYERS], n_bottom, top[MAX_LAYERS], n_top;
     double lr, emb_lr;
@@ -72,7 +75,7 @@ static void usage(const char *why) {
                     "--arch dlrm|dcn --dim D --bottom 64,32 --top 64,32 --cross L --opt sgd|adagrad --lr LR "
                     "--emb-lr LR --accum N --eval-every N --eval-samples N --print-every N --log FILE "
                     "--ckpt DIR --ckpt-every N --resume --rows N --skip-bad --shard auto|row|table|data --row-wise-over ROWS "
-                    "--quiet\n", why);
+                    "--device cpu|cuda --quiet\n", why);
     exit(2);
 }
 
@@ -111,7 +114,7 @@ static void parse(opts *o, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     o->steps = 300; o->batch = 512; o->seed = 7; o->data = "synthetic"; o->arch = "dlrm"; o->opt = "adagrad";
     o->dim = 16; o->cross = 2; o->accum = 1; o->eval_every = 0; o->eval_samples = 16384; o->print_every = 25;
-    o->rows = 16384; o->lr = 0; o->emb_lr = 0; o->shard = "auto";
+    o->rows = 16384; o->lr = 0; o->emb_lr = 0; o->shard = "auto"; o->device = "cpu";
     o->n_bottom = layers("--bottom", "64,32", o->bottom);
     o->n_top = layers("--top", "64,32", o->top);
     for (i = 1; i < argc; i++) {
@@ -138,6 +141,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--ckpt-every")) o->ckpt_every = (int)num(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--rows")) o->rows = num(a, v, 1, (int64_t)1 << 40);
         else if (!strcmp(a, "--shard")) o->shard = v;
+        else if (!strcmp(a, "--device")) o->device = v;
         else if (!strcmp(a, "--row-wise-over")) o->row_wise_over = num(a, v, 0, (int64_t)1 << 40);
         else if (!strcmp(a, "--resume")) { o->resume = 1; takes = 0; }
         else if (!strcmp(a, "--skip-bad")) { o->skip_bad = 1; takes = 0; }
@@ -146,7 +150,11 @@ static void parse(opts *o, int argc, char **argv) {
         if (takes && !v) { char why[160]; snprintf(why, sizeof why, "%s needs a value", a); usage(why); }
         i += takes;
     }
-    if (!o->data || !o->arch || !o->opt || !o->shard) usage("a flag needs a value");
+    if (!o->data || !o->arch || !o->opt || !o->shard || !o->device) usage("a flag needs a value");
+    if (strcmp(o->device, "cpu") && strcmp(o->device, "cuda")) usage("--device is cpu or cuda");
+#ifndef DT_CUDA
+    if (!strcmp(o->device, "cuda")) usage("--device cuda needs a build with -DDT_CUDA (build/examples/cuda/)");
+#endif
     if (strcmp(o->arch, "dlrm") && strcmp(o->arch, "dcn")) usage("--arch is dlrm or dcn");
     if (strcmp(o->opt, "sgd") && strcmp(o->opt, "adagrad")) usage("--opt is sgd or adagrad");
     if (strcmp(o->shard, "auto") && strcmp(o->shard, "row") && strcmp(o->shard, "table") && strcmp(o->shard, "data"))
@@ -312,6 +320,7 @@ static void model_make(model *m, const opts *o, const data *d, dt_comm *world) {
     ed.batch_hint = o->batch;
     ed.dp_max_bytes = 64.0 * 1024; /* small tables replicated; mid ones whole on one rank; big ones by rows */
     ed.print_plan = !o->quiet;
+    ed.device = g_ctx->device; /* --device cuda: the tables too */
     CHECK(dt_embed_create(g_ctx, &m->emb, &ed));
     /* bottom: 13 -> ... -> D, ReLU after every layer (the DLRM reference) */
     mlp_make(m, &m->bottom, "bot", DT_DLRM_DENSE, o->bottom, o->n_bottom, o->dim, 1, o->seed);
@@ -377,7 +386,7 @@ static void acts_grow(acts *a, const model *m, int64_t n) {
     }
 #undef ADD
     for (i = 0; i < k; i++) {
-        dt_tensor_desc d = {0};
+        dt_tensor_desc d = {DT_DTYPE_DEFAULT}; /* (not {0}: tests/cuda_emu/k_dlrm.cpp compiles this as C++) */
         d.shape[0] = cap; d.shape[1] = cols[i];
         dt_tensor_free(g_ctx, ts[i]);
         CHECK(dt_tensor_create(g_ctx, ts[i], &d));
@@ -543,12 +552,18 @@ static void evaluate(model *m, acts *a, data *d, const opts *o, dt_comm *world, 
     int W = dt_comm_size(world), r, rank = dt_comm_rank(world);
     int64_t n = o->eval_samples, pad = (n + W - 1) / W, i, at = 0;
     dt_tensor mine, all;
-    dt_tensor_desc td = {0};
+    dt_tensor_desc td = {DT_DTYPE_DEFAULT};
     views v = {0};
     float *scores, *labels;
-    dt_tensor *logits;
+    dt_tensor *logits, hl = {0};
     data_eval(d, batch, n, rank, W);
     logits = forward(&v, m, a, batch, kb);
+    td.device = DT_CPU; /* the scores are gathered and ranked on the host */
+    if (logits->device == DT_CUDA_DEVICE) {
+        CHECK(dt_tensor_create_like(g_ctx, &hl, logits, DT_DTYPE_DEFAULT, DT_CPU));
+        CHECK(dt_tensor_copy(g_ctx, &hl, logits));
+        logits = &hl;
+    }
     td.shape[0] = 2 * pad;
     CHECK(dt_tensor_create(g_ctx, &mine, &td));
     td.shape[0] = 2 * pad * W;
@@ -574,6 +589,7 @@ static void evaluate(model *m, acts *a, data *d, const opts *o, dt_comm *world, 
     dt_release(g_ctx, scores);
     dt_tensor_free(g_ctx, &mine);
     dt_tensor_free(g_ctx, &all);
+    dt_tensor_free(g_ctx, &hl);
 }
 
 /* ---------------------------------------------------------------- checkpoints */
@@ -616,8 +632,10 @@ static double now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+#ifndef DLRM_NO_MAIN /* tests/cuda_emu/k_dlrm.cpp includes this file for its model, forward and backward */
 int main(int argc, char **argv) {
     dt_ctx ctx;
+    dt_ctx_desc cdesc = {0};
     dt_comm *world;
     opts o;
     data d;
@@ -634,9 +652,10 @@ int main(int argc, char **argv) {
     int64_t step = 0, first_step;
     double t0, loss = 0, auc = 0.5, logloss = 0, comm_s = 0, eval_s = 0;
 
-    CHECK(dt_ctx_init(&ctx, NULL));
-    g_ctx = &ctx;
     parse(&o, argc, argv);
+    cdesc.device = !strcmp(o.device, "cuda") ? DT_CUDA_DEVICE : DT_CPU; /* parameters, activations, tables */
+    CHECK(dt_ctx_init(&ctx, &cdesc));
+    g_ctx = &ctx;
     CHECK(dt_comm_create_world(&ctx, &world, NULL));
     g_rank = dt_comm_rank(world);
     W = dt_comm_size(world);
@@ -733,3 +752,4 @@ int main(int argc, char **argv) {
     dt_ctx_shutdown(&ctx);
     return 0;
 }
+#endif /* DLRM_NO_MAIN */

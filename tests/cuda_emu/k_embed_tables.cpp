@@ -1,0 +1,313 @@
+// tests/cuda_emu/k_embed_tables.cpp - dt_embed.h with its tables on CUDA (desc.device cuda) on the
+// emulator, against the same dt_embed on the CPU in the same program: for each sharding (table,
+// row, column, data-parallel; one rank: dt_comm without MPI) and each sparse optimizer (SGD,
+// Adagrad, row-wise Adagrad, Adam), features with sum, mean (weighted) and no pooling (a
+// sequence feature), 3 forward + backward steps: the pooled outputs, the sequence rows and the
+// updated shards must equal the CPU's bit for bit (row-wise Adagrad: 1e-6 relative, its sum of
+// squares is a tree on the device). Then a checkpoint of CUDA tables loads into CPU tables
+// equal, and the bad inputs (cpu out, dynamic tables, export) give their statuses.
+// With the argument "tsan" (the ThreadSanitizer run): two configurations, 2 steps.
+#include <math.h>
+#include <cuda_runtime.h>
+#include <vector>
+#define DT_CUDA
+#define DT_IMPLEMENTATION
+#include "dt_tensor.h"
+#include "dt_comm.h"
+#include "dt_opt.h"
+#include "dt_embed.h"
+#include "tests/dt_test.h"
+
+enum { B = 4, NF = 4 };
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint64_t next_u(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }
+static float next_f(void) { return (float)((next_u() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+
+struct batch {
+    std::vector<int64_t> lengths, ids;
+    std::vector<float> weights;
+};
+// Bags of 0-3 ids (feature 2, the sequence feature, at least 1), rows of each feature's table.
+static batch make_batch(const int64_t *rows) {
+    batch k;
+    for (int f = 0; f < NF; f++)
+        for (int b = 0; b < B; b++) {
+            int64_t n = (int64_t)(next_u() % 4);
+            if (f == 2 && n == 0) n = 1;
+            k.lengths.push_back(n);
+            for (int64_t j = 0; j < n; j++) {
+                k.ids.push_back((int64_t)(next_u() % (uint64_t)rows[f]));
+                k.weights.push_back(next_f());
+            }
+        }
+    return k;
+}
+
+static std::vector<float> host_copy(dt_ctx *ctx, const dt_tensor *t) {
+    dt_tensor h;
+    std::vector<float> v;
+    if (t->device != DT_CUDA_DEVICE) {
+        dt_tensor f;
+        if (dt_tensor_create_like(ctx, &f, t, DT_F32, DT_CPU) || dt_tensor_cast(ctx, &f, t)) return v;
+        v.assign((float *)f.data, (float *)f.data + f.numel);
+        dt_tensor_free(ctx, &f);
+        return v;
+    }
+    if (dt_tensor_create_like(ctx, &h, t, DT_DTYPE_DEFAULT, DT_CPU)) return v;
+    if (!dt_tensor_copy(ctx, &h, t)) {
+        dt_tensor f;
+        if (!dt_tensor_create_like(ctx, &f, &h, DT_F32, DT_CPU) && !dt_tensor_cast(ctx, &f, &h)) {
+            v.assign((float *)f.data, (float *)f.data + f.numel);
+            dt_tensor_free(ctx, &f);
+        }
+    }
+    dt_tensor_free(ctx, &h);
+    return v;
+}
+
+static const char *shard_name(dt_embed_sharding s) {
+    return s == DT_SHARD_TABLE ? "table" : s == DT_SHARD_ROW ? "row" : s == DT_SHARD_COLUMN ? "column" : "data";
+}
+static const char *opt_name(dt_embed_optim o) {
+    return o == DT_EMBED_SGD ? "sgd" : o == DT_EMBED_ADAGRAD ? "adagrad" : o == DT_EMBED_ROWWISE_ADAGRAD ? "rowwise_adagrad" : "adam";
+}
+
+struct setup {
+    dt_embed_table_desc tabs[3];
+    dt_embed_feature_desc feats[NF];
+    dt_embed_desc desc;
+};
+// Tables: "a" [20, 4] sum (features 0 and 3), "b" [12, 8] mean and weighted (feature 1, in the
+// storage dtype given), "c" [10, 4] no pooling (feature 2).
+static void make_setup(setup *s, dt_embed_sharding sh, dt_embed_optim opt, dt_dtype b_dtype, dt_device dev) {
+    memset(s, 0, sizeof *s);
+    const char *names[3] = {"a", "b", "c"};
+    int64_t rows[3] = {20, 12, 10};
+    int dims[3] = {4, 8, 4};
+    for (int i = 0; i < 3; i++) {
+        s->tabs[i].name = names[i];
+        s->tabs[i].rows = rows[i];
+        s->tabs[i].dim = dims[i];
+        s->tabs[i].sharding = sh;
+        s->tabs[i].optim.kind = opt;
+        s->tabs[i].optim.lr = 0.05;
+    }
+    s->tabs[1].pooling = DT_POOL_MEAN;
+    s->tabs[1].weighted = 1;
+    s->tabs[1].dtype = b_dtype;
+    s->tabs[2].pooling = DT_POOL_NONE;
+    int ft[NF] = {0, 1, 2, 0};
+    for (int f = 0; f < NF; f++) s->feats[f].name = names[ft[f]], s->feats[f].table = ft[f];
+    s->desc.tables = s->tabs;
+    s->desc.n_tables = 3;
+    s->desc.features = s->feats;
+    s->desc.n_features = NF;
+    s->desc.seed = 11;
+    s->desc.device = dev;
+}
+
+// A forward (outputs and sequence rows to the host) and a backward with dout / seq grads given.
+static int step(dt_ctx *ctx, dt_embed *e, const batch &k, const std::vector<float> &dout, const std::vector<float> &sg,
+                std::vector<float> *out, std::vector<float> *seq) {
+    dt_kjt kjt;
+    dt_tensor o, d, sv, gv;
+    dt_tensor_desc td;
+    int cuda = 0;
+    memset(&kjt, 0, sizeof kjt);
+    kjt.n_features = NF; kjt.batch = B;
+    kjt.lengths = k.lengths.data(); kjt.ids = k.ids.data(); kjt.weights = k.weights.data();
+    memset(&td, 0, sizeof td);
+    td.dtype = DT_F32; td.ndim = 2; td.shape[0] = B; td.shape[1] = dt_embed_pooled_dim(e);
+    {
+        dt_tensor v;
+        int64_t r0, c0;
+        dt_embed_local_shard(e, &v, &r0, &c0, 0);
+        cuda = v.device == DT_CUDA_DEVICE;
+    }
+    td.device = cuda ? DT_CUDA_DEVICE : DT_CPU;
+    if (dt_tensor_create(ctx, &o, &td) || dt_tensor_create(ctx, &d, &td)) return 1;
+    if (dt_embed_forward(e, &o, &kjt)) { fprintf(stderr, "forward: %s\n", dt_ctx_error(ctx)); return 1; }
+    *out = host_copy(ctx, &o);
+    if (dt_embed_sequence(e, &sv, 2) || dt_embed_sequence_grad(e, &gv, 2)) return 1;
+    seq->assign((float *)sv.data, (float *)sv.data + sv.numel);
+    if ((size_t)gv.numel > sg.size()) return 1;
+    memcpy(gv.data, sg.data(), (size_t)gv.numel * sizeof(float));
+    if (cuda) cudaMemcpy(d.data, dout.data(), dout.size() * sizeof(float), cudaMemcpyHostToDevice);
+    else memcpy(d.data, dout.data(), dout.size() * sizeof(float));
+    if (dt_embed_backward(e, &d)) { fprintf(stderr, "backward: %s\n", dt_ctx_error(ctx)); return 1; }
+    dt_tensor_free(ctx, &o);
+    dt_tensor_free(ctx, &d);
+    return 0;
+}
+
+static void check_config(dt_ctx *ctx, dt_embed_sharding sh, dt_embed_optim opt, dt_dtype b_dtype, int steps) {
+    setup sc, sg;
+    dt_embed *ec = NULL, *eg = NULL;
+    char tag[96], name[192];
+    int64_t rows[NF] = {20, 12, 10, 20};
+    double rtol = opt == DT_EMBED_ROWWISE_ADAGRAD ? 1e-6 : 0;
+    snprintf(tag, sizeof tag, "%s_%s%s", shard_name(sh), opt_name(opt), b_dtype == DT_BF16 ? "_bf16" : "");
+    make_setup(&sc, sh, opt, b_dtype, DT_CPU);
+    make_setup(&sg, sh, opt, b_dtype, DT_CUDA_DEVICE);
+    snprintf(name, sizeof name, "embed_cuda_create_%s", tag);
+    if (!DT_TEST_CHECK(name, !dt_embed_create(ctx, &ec, &sc.desc) && !dt_embed_create(ctx, &eg, &sg.desc))) {
+        fprintf(stderr, "  %s\n", dt_ctx_error(ctx));
+        dt_embed_free(ec); dt_embed_free(eg);
+        return;
+    }
+    int out_ok = 1, seq_ok = 1, at = -1;
+    for (int s = 0; s < steps; s++) {
+        batch k = make_batch(rows);
+        std::vector<float> dout(B * dt_embed_pooled_dim(ec)), sgr(64), oc, og, qc, qg;
+        for (size_t i = 0; i < dout.size(); i++) dout[i] = next_f();
+        for (size_t i = 0; i < sgr.size(); i++) sgr[i] = next_f();
+        if (step(ctx, ec, k, dout, sgr, &oc, &qc) || step(ctx, eg, k, dout, sgr, &og, &qg)) {
+            snprintf(name, sizeof name, "embed_cuda_steps_run_%s", tag);
+            dt_test_fail(name, "step %d failed: %s", s + 1, dt_ctx_error(ctx));
+            out_ok = 0;
+            break;
+        }
+        if (oc.size() != og.size() || memcmp(oc.data(), og.data(), oc.size() * 4)) out_ok = 0, at = at < 0 ? s : at;
+        if (qc.size() != qg.size() || memcmp(qc.data(), qg.data(), qc.size() * 4)) seq_ok = 0, at = at < 0 ? s : at;
+        if (!out_ok || !seq_ok) {
+            snprintf(name, sizeof name, "embed_cuda_forward_equals_cpu_bitwise_%s", tag);
+            if (oc.size() == og.size()) dt_test_allclose(name, og.data(), oc.data(), oc.size(), 0, 0);
+            snprintf(name, sizeof name, "embed_cuda_sequence_rows_equal_cpu_bitwise_%s", tag);
+            if (qc.size() == qg.size()) dt_test_allclose(name, qg.data(), qc.data(), qc.size(), 0, 0);
+            break;
+        }
+    }
+    if (out_ok && seq_ok) {
+        snprintf(name, sizeof name, "embed_cuda_forward_and_sequence_equal_cpu_bitwise_%s_%d_steps", tag, steps);
+        dt_test_pass(name);
+    }
+    for (int t = 0; t < 3; t++) {
+        dt_tensor vc, vg;
+        int64_t r0, c0;
+        dt_embed_local_shard(ec, &vc, &r0, &c0, t);
+        dt_embed_local_shard(eg, &vg, &r0, &c0, t);
+        std::vector<float> hc = host_copy(ctx, &vc), hg = host_copy(ctx, &vg);
+        snprintf(name, sizeof name, "embed_cuda_table_%c_is_on_cuda_%s", 'a' + t, tag);
+        int ok = DT_TEST_CHECK(name, hc.size() == hg.size() && !hc.empty() && vg.device == DT_CUDA_DEVICE);
+        snprintf(name, sizeof name, "embed_cuda_table_%c_rows_after_%d_updates_equal_cpu_%s_%s", 'a' + t, steps,
+                 rtol > 0 ? "1e-6" : "bitwise", tag);
+        if (ok)
+            dt_test_allclose(name, hg.data(), hc.data(), hc.size(), 0, rtol);
+    }
+    dt_embed_free(ec);
+    dt_embed_free(eg);
+}
+
+// Save CUDA tables (after 2 steps), load into fresh CPU tables: the shards equal.
+static void check_checkpoint(dt_ctx *ctx) {
+    setup sc, sg;
+    dt_embed *ec = NULL, *eg = NULL;
+    int64_t rows[NF] = {20, 12, 10, 20};
+    char dir[512];
+    dt_checkpoint_desc cd;
+    snprintf(dir, sizeof dir, "%s/embed_cuda_ckpt", dt_test_tmpdir());
+    make_setup(&sg, DT_SHARD_ROW, DT_EMBED_ADAGRAD, DT_F32, DT_CUDA_DEVICE);
+    make_setup(&sc, DT_SHARD_ROW, DT_EMBED_ADAGRAD, DT_F32, DT_CPU);
+    sc.desc.seed = 99; /* different values before the load */
+    if (!DT_TEST_CHECK("embed_cuda_checkpoint_create", !dt_embed_create(ctx, &eg, &sg.desc) &&
+                                                           !dt_embed_create(ctx, &ec, &sc.desc))) {
+        dt_embed_free(ec); dt_embed_free(eg);
+        return;
+    }
+    for (int s = 0; s < 2; s++) {
+        batch k = make_batch(rows);
+        std::vector<float> dout(B * dt_embed_pooled_dim(eg)), sgr(64, 0.5f), o, q;
+        for (size_t i = 0; i < dout.size(); i++) dout[i] = next_f();
+        if (step(ctx, eg, k, dout, sgr, &o, &q)) break;
+    }
+    memset(&cd, 0, sizeof cd);
+    cd.dir = dir;
+    int st = dt_embed_checkpoint_save(eg, NULL, &cd);
+    if (!DT_TEST_CHECK("embed_cuda_checkpoint_save_ok", st == 0)) fprintf(stderr, "  %s\n", dt_ctx_error(ctx));
+    st = dt_embed_checkpoint_load(ec, NULL, &cd);
+    if (!DT_TEST_CHECK("embed_cuda_checkpoint_loads_into_cpu_tables", st == 0)) fprintf(stderr, "  %s\n", dt_ctx_error(ctx));
+    for (int t = 0; t < 3; t++) {
+        dt_tensor vc, vg;
+        int64_t r0, c0;
+        char name[128];
+        dt_embed_local_shard(ec, &vc, &r0, &c0, t);
+        dt_embed_local_shard(eg, &vg, &r0, &c0, t);
+        std::vector<float> hc = host_copy(ctx, &vc), hg = host_copy(ctx, &vg);
+        snprintf(name, sizeof name, "embed_cuda_checkpoint_table_%c_sizes", 'a' + t);
+        int ok = DT_TEST_CHECK(name, hc.size() == hg.size() && !hc.empty());
+        snprintf(name, sizeof name, "embed_cuda_checkpoint_table_%c_saved_on_cuda_loads_on_cpu_equal", 'a' + t);
+        if (ok)
+            dt_test_equal_bytes(name, hc.data(), hg.data(), hc.size() * 4);
+    }
+    dt_embed_free(ec);
+    dt_embed_free(eg);
+}
+
+static void check_bad_inputs(dt_ctx *ctx) {
+    setup s;
+    dt_embed *e = NULL;
+    int64_t rows[NF] = {20, 12, 10, 20};
+    make_setup(&s, DT_SHARD_TABLE, DT_EMBED_SGD, DT_F32, DT_CUDA_DEVICE);
+    s.tabs[0].dynamic = 1;
+    dt_test_error("embed_cuda_dynamic_table_is_unsupported", dt_embed_create(ctx, &e, &s.desc), dt_ctx_error(ctx),
+                  "dynamic tables on cuda");
+    make_setup(&s, DT_SHARD_TABLE, DT_EMBED_SGD, DT_F32, (dt_device)7);
+    dt_test_error("embed_device_7_is_arg_error", dt_embed_create(ctx, &e, &s.desc), dt_ctx_error(ctx), "desc.device = 7");
+    make_setup(&s, DT_SHARD_TABLE, DT_EMBED_SGD, DT_F32, DT_CUDA_DEVICE);
+    if (!DT_TEST_CHECK("embed_cuda_bad_inputs_create", !dt_embed_create(ctx, &e, &s.desc))) return;
+    {
+        batch k = make_batch(rows);
+        dt_kjt kjt;
+        dt_tensor o;
+        dt_tensor_desc td;
+        memset(&kjt, 0, sizeof kjt);
+        kjt.n_features = NF; kjt.batch = B;
+        kjt.lengths = k.lengths.data(); kjt.ids = k.ids.data(); kjt.weights = k.weights.data();
+        memset(&td, 0, sizeof td);
+        td.dtype = DT_F32; td.ndim = 2; td.shape[0] = B; td.shape[1] = dt_embed_pooled_dim(e); td.device = DT_CPU;
+        dt_tensor_create(ctx, &o, &td);
+        int st = dt_embed_forward(e, &o, &kjt);
+        dt_test_error("embed_cuda_forward_into_a_cpu_out_is_device_error", st, dt_ctx_error(ctx), "out is on cpu");
+        DT_TEST_CHECK("embed_cuda_forward_into_a_cpu_out_status", st == DT_ERR_DEVICE);
+        dt_tensor_free(ctx, &o);
+        td.device = DT_CUDA_DEVICE;
+        dt_tensor_create(ctx, &o, &td);
+        DT_TEST_CHECK("embed_cuda_forward_after_a_bad_out_works", dt_embed_forward(e, &o, &kjt) == 0);
+        td.device = DT_CPU;
+        dt_tensor d;
+        dt_tensor_create(ctx, &d, &td);
+        st = dt_embed_backward(e, &d);
+        dt_test_error("embed_cuda_backward_with_a_cpu_dout_is_device_error", st, dt_ctx_error(ctx), "dout is on cpu");
+        dt_tensor_free(ctx, &d);
+        dt_tensor_free(ctx, &o);
+    }
+    char prefix[512];
+    snprintf(prefix, sizeof prefix, "%s/embed_cuda_export", dt_test_tmpdir());
+    int st = dt_embed_export_changed(e, prefix);
+    dt_test_error("embed_cuda_export_is_unsupported", st, dt_ctx_error(ctx), "not supported yet");
+    DT_TEST_CHECK("embed_cuda_export_status_unsupported", st == DT_ERR_UNSUPPORTED);
+    dt_embed_free(e);
+}
+
+int main(int argc, char **argv) {
+    int tsan = argc > 1 && !strcmp(argv[1], "tsan");
+    dt_ctx ctx;
+    dt_ctx_init(&ctx, NULL);
+    if (tsan) {
+        check_config(&ctx, DT_SHARD_ROW, DT_EMBED_ROWWISE_ADAGRAD, DT_F32, 2); /* the kernel with a barrier */
+        check_config(&ctx, DT_SHARD_DATA, DT_EMBED_ADAM, DT_F32, 2);
+    } else {
+        dt_embed_sharding shs[4] = {DT_SHARD_TABLE, DT_SHARD_ROW, DT_SHARD_COLUMN, DT_SHARD_DATA};
+        dt_embed_optim opts[4] = {DT_EMBED_SGD, DT_EMBED_ADAGRAD, DT_EMBED_ROWWISE_ADAGRAD, DT_EMBED_ADAM};
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++)
+                if (!(shs[i] == DT_SHARD_COLUMN && opts[j] == DT_EMBED_ROWWISE_ADAGRAD))
+                    check_config(&ctx, shs[i], opts[j], DT_F32, 3);
+        check_config(&ctx, DT_SHARD_ROW, DT_EMBED_ADAGRAD, DT_BF16, 3);
+        check_checkpoint(&ctx);
+        check_bad_inputs(&ctx);
+    }
+    dt_ctx_shutdown(&ctx);
+    return dt_test_finish();
+}
