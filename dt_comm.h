@@ -2175,7 +2175,10 @@ static dt_status dt__cm_stage(dt_comm_req *q, int need_in, int need_out) {
     }
     if (need_out) {
         if (dt__cm_on_device(&q->tout)) {
-            if (need_in && q->tout.data == q->tin.data) { /* in place: one staging buffer */
+            /* in place with equal sizes (all-reduce, broadcast): one staging buffer. An all-gather
+               whose in is its own block of out starts at the same address but is smaller: it
+               gets a buffer of out's size, else the result would overrun in's. */
+            if (need_in && q->tout.data == q->tin.data && q->tout.numel == q->tin.numel) {
                 q->hout = q->hin;
                 q->slot_out = q->slot_in;
                 q->slot_in = -2;

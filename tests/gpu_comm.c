@@ -124,6 +124,15 @@ static void collectives(dt_comm *c, const char *path) {
     for (j = 0; j < N; j++) for (k = 0; k < M; k++) w[j * M + k] = (float)(j * 1000 + k);
     upload(&blk, v);
     expect(path, "allgather", dt_comm_allgather(c, &out, &blk), &out, w);
+    { /* in place: in is this rank's own block of out (rank 0's starts at out's address, so a
+         staged path that keyed "in place" on equal addresses alone overran in's buffer) */
+        dt_tensor mine;
+        int64_t off = (int64_t)R * M, len = M;
+        dt_tensor_view(&ctx, &mine, &out, off, 1, &len);
+        for (k = 0; k < (int64_t)N * M; k++) v[k] = k >= off && k < off + M ? (float)(R * 1000 + k - off) : -1.0f;
+        upload(&out, v);
+        expect(path, "allgather_in_place", dt_comm_allgather(c, &out, &mine), &out, w);
+    }
     for (k = 0; k < (int64_t)N * M; k++) v[k] = (float)(k + R);
     for (k = 0; k < M; k++) w[k] = (float)(N * (R * M + k) + N * (N - 1) / 2);
     upload(&in, v);

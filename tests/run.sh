@@ -17,7 +17,8 @@
 #                             memory per kernel in build/kernels/ptxas/
 #   cuda_emu                  every kernels/*.cu on the CPU emulator (tests/cuda_emu), each
 #                             tests/cuda_emu/k_*.cpp in 5 thread orders and under ThreadSanitizer
-#   cuda_emu_comm             tests/gpu_comm.c on the emulator with a fake NCCL over MPI
+#   cuda_emu_comm             tests/gpu_comm.c on the emulator with a fake NCCL over MPI, and
+#                             each tests/cuda_emu/mpi_*.cpp at the np of its first line
 #                             (tests/cuda_emu/nccl_emu.cpp), at each np, streams immediate and
 #                             deferred; names "emu:<check> [np=N, mode]"
 #   readme:snippet_N          each ```c block of README.md compiles, and runs when it is a
@@ -483,6 +484,35 @@ build_emu_comm() {
     $EMU_MPICXX -std=c++17 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -O1 -x c++ -DDT_MPI -DDT_CUDA -DDT_NCCL $EMU_INC tests/gpu_comm.c -x none \
         "$E/comm/nccl_emu.o" "$E"/obj/*.o -o "$E/comm/gpu_comm" $DT_LIBS -lpthread
 }
+# The multi-rank CUDA tests (group cuda_emu_comm too): each tests/cuda_emu/mpi_*.cpp built with
+# mpicxx -DDT_MPI against the emulator (device tensors staged through host memory by dt_comm.h's
+# MPI path; no NCCL), run at each np of its first line "// np: ...", in the default thread order
+# (the kernels' orders and races are the single-rank k_*.cpp's business). Names "emu:<check> [np=N]".
+EMU_MPI_TESTS=()
+spawn_emu_mpi() {
+    local src name
+    selected cuda_emu_comm || return 0
+    [ -n "$DT_MPICC" ] && [ -n "$EMU_MPICXX" ] || return 0
+    mkdir -p "$E/comm"
+    for src in tests/cuda_emu/mpi_*.cpp; do
+        name=$(basename "${src%.cpp}")
+        EMU_MPI_TESTS+=("$src")
+        emu_stale "$E/comm/$name" "$E"/obj/*.o
+        spawn step "emu_$name" "$E/comm/$name" "$src" $EMU_MPICXX -std=c++17 -O1 -g -Wall -Wextra -Werror \
+            -Wno-unknown-pragmas -DDT_MPI $EMU_INC "$src" "$E"/obj/*.o -o "$E/comm/$name" $DT_LIBS -lpthread
+    done
+}
+run_emu_mpi() {
+    local src name np
+    for src in "${EMU_MPI_TESTS[@]}"; do
+        name=$(basename "${src%.cpp}")
+        step_ok "cuda_emu_comm:$name" "$E/comm/$name" "emu_$name" || continue
+        for np in $(np_list "$src"); do
+            run_prog "$name [np=$np]" "emu:" " [np=$np]" $DT_MPIRUN -np "$np" "$E/comm/$name"
+        done
+    done
+}
+
 run_emu_comm() {
     local np mode
     selected cuda_emu_comm || return 0
@@ -495,6 +525,7 @@ run_emu_comm() {
                 DT_EMU_STREAMS=$mode $DT_MPIRUN -np "$np" "$E/comm/gpu_comm"
         done
     done
+    run_emu_mpi
 }
 
 run_emu() {
@@ -677,6 +708,7 @@ fi
 spawn_gpu_builds
 spawn_emu_tests
 spawn_emu_comm
+spawn_emu_mpi
 wait
 
 if [ ${#CHECKS[@]} -gt 0 ]; then

@@ -126,8 +126,7 @@ static const char *HELP =
     "  --lr LR           peak learning rate of AdamW (1e-3)\n"
     "  --warmup N        linear warmup steps, then cosine decay to lr/10 at --steps (10)\n"
     "  --wd WD           AdamW weight decay of the matrices (0.1; biases, norms: none)\n"
-    "  --clip C          clip the gradient norm to C, 0 = off (1; 0 with --device cuda: dt_opt.h does not\n"
-    "                    clip CUDA grads yet)\n"
+    "  --clip C          clip the gradient norm to C, 0 = off (1)\n"
     "  --tp N            tensor-parallel ranks (1); dp = world / (tp x pp)\n"
     "  --pp N            pipeline stages (1); the blocks split over them, embedding first, head and loss last\n"
     "  --schedule S      pipeline schedule: gpipe, 1f1b, interleaved (2 chunks per stage) or zb (ZB-H1) (1f1b)\n"
@@ -255,9 +254,7 @@ static void parse(opts *o, int argc, char **argv) {
 #endif
     /* the casts of bf16 / f16 working copies (dt_tensor_cast) run on CPU tensors only */
     if (o->device == DT_CUDA_DEVICE && o->dtype != DT_F32) usage("--device cuda trains --dtype f32 only");
-    if (o->device == DT_CUDA_DEVICE && o->clip > 0)
-        usage("--device cuda takes --clip 0: dt_opt.h does not clip CUDA grads yet");
-    if (o->clip < 0) o->clip = o->device == DT_CUDA_DEVICE ? 0 : 1.0;
+    if (o->clip < 0) o->clip = 1.0;
     if (!o->data && !o->shards) { /* a text that ships with Debian, else with the project */
         o->data = "/usr/share/common-licenses/GPL-3";
         if (!(fp = fopen(o->data, "rb"))) o->data = "README.md";

@@ -5,7 +5,7 @@
 // the losses of the same layout with --device cpu within 1e-5 relative, and final weights within
 // 1e-5 of their norm (attn.k.b: against Adam's bound, as tests/cuda_emu/k_gpt.cpp says why). The
 // cpu runs of these layouts equal the 1-rank run (tests/mpi_gpt.c); at np 1 this runs the 1 x 1
-// layout. A tiny GPT: 1 block, width 32, 2 heads, context 16, batch 4, 3 steps, no clipping.
+// layout. A tiny GPT: 1 block, width 32, 2 heads, context 16, batch 4, 3 steps, clipping at 1.0.
 // Build (tests/run.sh's emulator MPI group, or by hand):
 //   mpicxx -std=c++17 -O1 -DDT_MPI -DDT_CBLAS -I. -Itests/cuda_emu/include -Ikernels -Itests -Itests/cuda_emu
 //       tests/cuda_emu/mpi_gpt.cpp build/cuda_emu/obj/*.o -lopenblas -lpthread     (one line)
@@ -51,7 +51,7 @@ static void run(const char *device, int tp, int sp, int zero, double *losses, we
     snprintf(z, sizeof z, "%d", zero);
     snprintf(st, sizeof st, "%d", (int)STEPS);
     const char *argv[] = {"gpt", "--device", device, "--layers", "1", "--width", "32", "--heads", "2", "--seq", "16",
-                          "--batch", "4", "--steps", st, "--warmup", "1", "--clip", "0", "--tp", t, "--sp", s,
+                          "--batch", "4", "--steps", st, "--warmup", "1", "--tp", t, "--sp", s,
                           "--zero", z, "--quiet", NULL};
     g_step_losses = losses;
     g_on_done = grab;
