@@ -71,14 +71,21 @@
    data-parallel (DT_SHARD_DATA) every rank holds the table; lookups are local; the backward
                                  gathers every rank's (row, gradient) pairs on every rank, which
                                  all apply the same update (a sparse all-reduce).
-   AUTO (the default)            the planner chooses (below). Table-wise-row-wise: not offered.
+   table-row (DT_SHARD_TABLE_ROW) TorchRec's table-wise-row-wise: row-wise (the same blocks and
+                                 rounding) over one group of G = group_size consecutive ranks,
+                                 [g*G, (g+1)*G); G = 0: the ranks of one host (dt_comm_local_size;
+                                 every host must hold G ranks, consecutive), so a table's lookup
+                                 traffic stays inside a host. G must divide the world (DT_ERR_ARG
+                                 naming group_size). The group is the planner's (least loaded),
+                                 or pin_owner = 1 pins it: the group holding rank `owner`.
+   AUTO (the default)            the planner chooses (below).
 
    Exactness: the parallel result equals the single-rank result bit for bit, at any world size
    and under any plan. How: a pooled bag is always summed in bag order, starting from 0, in f32:
    pooled = ((0 + w_0 row_0) + w_1 row_1) + ... (w = 1 unweighted; mean divides by the length
    last). Table-wise, column-wise and data-parallel tables pool the whole bag on one rank. A
-   row-wise bag is split over owners, and partial sums reduced in rank order would depend on
-   the world size, so row-wise owners return each looked-up (weighted) row and the requesting
+   row-wise (or table-row) bag is split over owners, and partial sums reduced in rank order
+   would depend on the world size, so row-wise owners return each looked-up (weighted) row and the requesting
    rank sums them in bag order: the bytes of one row per id instead of one row per (bag, owner):
    the same for one-hot features (Criteo: one id per bag), more for long bags.
    The sparse update of a row sums its gradient contributions in one fixed order: by (global
@@ -143,10 +150,12 @@
    desc.batch_hint) and the world size: tables of at most desc.dp_max_bytes (default 1 MiB) are
    data-parallel; tables bigger than a rank's fair share of all sharded bytes are row-wise, or
    column-wise when their bags are long (ids per sample > 2, where joining pooled columns moves
-   fewer bytes than rows) and the optimizer allows it; the rest are table-wise, largest first, each
-   on the rank with the least (bytes + lookup bytes) so far. A pinned table (sharding not AUTO, or
-   pin_owner = 1) is placed first. dt_embed_plan_print shows per table: kind, ranks,
-   bytes per rank, estimated lookup bytes per step.
+   fewer bytes than rows) and the optimizer allows it; a would-be row-wise table that fits in a
+   group's share (at most all sharded bytes x G / W, with 1 < G < W) is table-row, on the group
+   whose ranks hold the least so far (memory balance across groups, lookups inside one); the rest
+   are table-wise, largest first, each on the rank with the least (bytes + lookup bytes) so far. A
+   pinned table (sharding not AUTO, or pin_owner = 1) is placed first. dt_embed_plan_print shows
+   per table: kind, ranks ("table-row", "4-7"), bytes per rank, estimated lookup bytes per step.
 
    ---------------------------------------------------------------- checkpoints and export
 
@@ -220,6 +229,7 @@ typedef enum dt_embed_sharding {
     DT_SHARD_ROW,
     DT_SHARD_COLUMN,
     DT_SHARD_DATA,
+    DT_SHARD_TABLE_ROW,   /* row-wise over one group of group_size consecutive ranks (a host) */
     DT_SHARD_COUNT
 } dt_embed_sharding;
 
@@ -238,6 +248,13 @@ typedef enum dt_embed_ids {
     DT_IDS_HASH,
     DT_IDS_COUNT
 } dt_embed_ids;
+
+typedef enum dt_embed_eviction { /* dynamic tables: which slot a new id takes when its shard is full */
+    DT_EVICT_DEFAULT = 0, /* = DT_EVICT_LRU */
+    DT_EVICT_LRU,         /* least recently used */
+    DT_EVICT_LFU,         /* least frequently used (uses since admission); ties: least recently used */
+    DT_EVICT_COUNT
+} dt_embed_eviction;
 
 typedef struct dt_embed_optim_desc {
     dt_embed_optim kind;
@@ -265,6 +282,9 @@ typedef struct dt_embed_table_desc {
                                      "dynamic tables"); row-wise over id-hash shards */
     int admit_after;              /* dynamic: sightings before an id gets a row; 0 = 1 (at once) */
     int hash_shards;              /* dynamic: id-hash shards, fixed whatever the world size; 0 = 16 */
+    dt_embed_eviction eviction;   /* dynamic: LRU (DEFAULT) or LFU */
+    int group_size;               /* table-row sharding (chosen or planned): ranks per group, dividing
+                                     the world; 0 = the ranks of this host (dt_comm_local_size) */
 } dt_embed_table_desc;
 
 typedef struct dt_embed_feature_desc {
@@ -335,7 +355,7 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout);
 DT_API dt_status dt_embed_set_sync(dt_embed *e, int sync);
 DT_API size_t dt_embed_plan_format(const dt_embed *e, char *buf, size_t n);
 DT_API void dt_embed_plan_print(const dt_embed *e);
-/* The plan of table t: its kind and, for table-wise, its rank. */
+/* The plan of table t: its kind and, for table-wise, its rank (table-row: its group's first rank). */
 DT_API dt_embed_sharding dt_embed_table_sharding(const dt_embed *e, int table, int *owner);
 /* Collective. Through dt_checkpoint_save / _load (desc->comm must be the dt_embed's comm or
    NULL for it); state as there (may be NULL). */
@@ -430,6 +450,8 @@ typedef struct dt__em_tab {
     dt_embed_ids ids;
     dt_embed_sharding shard;
     int owner;                   /* table-wise */
+    int gfirst, gsize;           /* table-row: its group, ranks [gfirst, gfirst + gsize) */
+    dt_embed_eviction evict;     /* dynamic */
     double ids_per_batch;
     double plan_bytes, plan_lookup; /* planner estimates (per rank holding it) */
     int64_t r0, r1, c0, c1;      /* this rank's shard; empty when r0 == r1 or c0 == c1 */
@@ -627,6 +649,7 @@ static const char *dt__em_kind_name(dt_embed_sharding k) {
     case DT_SHARD_ROW: return "row";
     case DT_SHARD_COLUMN: return "column";
     case DT_SHARD_DATA: return "data";
+    case DT_SHARD_TABLE_ROW: return "table-row";
     default: return "auto";
     }
 }
@@ -718,9 +741,16 @@ static dt_status dt__em_check_table(dt_ctx *ctx, const dt_embed_table_desc *d, i
     if (d->pin_owner && (d->owner < 0 || d->owner >= W))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").owner = %d; expected a rank in [0, %d)", fn, i,
                                 d->name, d->owner, W);
-    if (d->pin_owner && d->sharding != DT_SHARD_DEFAULT && d->sharding != DT_SHARD_AUTO && d->sharding != DT_SHARD_TABLE)
+    if (d->pin_owner && d->sharding != DT_SHARD_DEFAULT && d->sharding != DT_SHARD_AUTO && d->sharding != DT_SHARD_TABLE &&
+        d->sharding != DT_SHARD_TABLE_ROW)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\"): pin_owner = 1 with sharding %s; an owner "
-                                "is for table-wise tables", fn, i, d->name, dt__em_kind_name(d->sharding));
+                                "is for table-wise and table-row tables", fn, i, d->name, dt__em_kind_name(d->sharding));
+    if (d->group_size < 0 || (d->group_size > 0 && W % d->group_size != 0))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").group_size = %d; expected 0 (the ranks of a "
+                                "host) or a divisor of the world size %d", fn, i, d->name, d->group_size, W);
+    if ((int)d->eviction < 0 || d->eviction >= DT_EVICT_COUNT || (d->eviction != DT_EVICT_DEFAULT && !d->dynamic))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").eviction = %d; expected a dt_embed_eviction, "
+                                "and DEFAULT unless the table is dynamic", fn, i, d->name, (int)d->eviction);
     if (d->sharding == DT_SHARD_COLUMN && d->optim.kind == DT_EMBED_ROWWISE_ADAGRAD)
         return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: tables[%d] (\"%s\"): column-wise sharding with row-wise "
                                 "Adagrad; its per-row state needs whole rows (use row-wise or table-wise)", fn, i,
@@ -760,11 +790,38 @@ static double dt__em_state_per_row(const dt__em_tab *t) {
 static double dt__em_lookup_bytes(const dt__em_tab *t, double ids, double bags, int W) {
     double d = (double)t->dim, hdr = 8.0 * DT__EM_HDR;
     switch (t->shard) {
-    case DT_SHARD_ROW: return ids * (hdr + 8 + 2 * 4 * d);
+    case DT_SHARD_ROW: case DT_SHARD_TABLE_ROW: return ids * (hdr + 8 + 2 * 4 * d);
     case DT_SHARD_COLUMN: return bags * W * hdr + ids * 8 * W + bags * 2 * 4 * d;
     case DT_SHARD_DATA: return W > 1 ? ids * (40 + 4 + 4 * d) * W : 0;
     default: return bags * hdr + ids * 8 + bags * 2 * 4 * d;
     }
+}
+
+/* Group sizes of tables that may be table-row: group_size, or 0 = the ranks of a host (all hosts
+   must hold the same number, dividing the world; collective when a table asks for it). */
+static dt_status dt__em_groups(dt_embed *e, const dt_embed_table_desc *td) {
+    int i, W = e->size, need = 0, host = 1;
+    for (i = 0; i < e->n_tabs; i++)
+        if (!td[i].group_size && (e->tabs[i].shard == DT_SHARD_AUTO || e->tabs[i].shard == DT_SHARD_TABLE_ROW)) need = 1;
+    if (need && e->comm) {
+        double v[2];
+        v[0] = dt_comm_local_size(e->comm); v[1] = -v[0];
+        DT__ETRY(dt_comm_allreduce_f64(e->comm, v, 2, DT_REDUCE_MAX));
+        host = v[0] == -v[1] && W % (int)v[0] == 0 ? (int)v[0] : -(int)v[0];
+        if (host < 0 && v[0] != -v[1]) host = 0; /* hosts of different sizes */
+    }
+    for (i = 0; i < e->n_tabs; i++) {
+        dt__em_tab *t = &e->tabs[i];
+        if (t->gsize) continue;
+        if (host > 0) { t->gsize = host; continue; }
+        t->gsize = W; /* AUTO: no host groups to plan with */
+        if (t->shard == DT_SHARD_TABLE_ROW)
+            return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_create: tables[%d] (\"%s\").group_size = 0 (the ranks "
+                                    "of a host): %s; expected hosts of equal size dividing the world size %d, or set "
+                                    "group_size", i, t->name, host == 0 ? "the hosts hold different numbers of ranks"
+                                    : "this host's rank count does not divide it", W);
+    }
+    return DT_OK;
 }
 
 static dt_status dt__em_plan(dt_embed *e, const dt_embed_desc *desc, const dt_embed_table_desc *td) {
@@ -801,13 +858,30 @@ static dt_status dt__em_plan(dt_embed *e, const dt_embed_desc *desc, const dt_em
             if ((k == 0) != pinned) continue;
             if (!pinned) {
                 if (dp_max > 0 && t->plan_bytes <= dp_max) t->shard = DT_SHARD_DATA;
-                else if (W > 1 && t->plan_bytes > total / W)
+                else if (W > 1 && t->plan_bytes > total / W) {
                     t->shard = per_sample > 2 && t->kind != DT_EMBED_ROWWISE_ADAGRAD && t->dim >= W ? DT_SHARD_COLUMN
                                                                                                     : DT_SHARD_ROW;
-                else t->shard = DT_SHARD_TABLE;
+                    /* fits in a group's share: row-wise inside one group (a host), so its lookups
+                       stay there and the groups balance */
+                    if (t->shard == DT_SHARD_ROW && !t->dynamic && t->gsize > 1 && t->gsize < W &&
+                        t->plan_bytes <= total * t->gsize / W)
+                        t->shard = DT_SHARD_TABLE_ROW;
+                } else t->shard = DT_SHARD_TABLE;
             }
             t->plan_lookup = dt__em_lookup_bytes(t, t->ids_per_batch, bags, W);
-            if (t->shard == DT_SHARD_TABLE) {
+            if (t->shard == DT_SHARD_TABLE_ROW) { /* the group with the least load, or the pinned one */
+                int G = t->gsize, g, bg = 0;
+                double bl = -1;
+                if (td[ti].pin_owner) bg = td[ti].owner / G;
+                else
+                    for (g = 0; g < W / G; g++) {
+                        double l = 0;
+                        for (r = g * G; r < (g + 1) * G; r++) l += load[r];
+                        if (bl < 0 || l < bl) { bl = l; bg = g; }
+                    }
+                t->gfirst = bg * G;
+                for (r = t->gfirst; r < t->gfirst + G; r++) load[r] += (t->plan_bytes + t->plan_lookup) / G;
+            } else if (t->shard == DT_SHARD_TABLE) {
                 if (td[ti].pin_owner) best = td[ti].owner;
                 else
                     for (r = 1; r < W; r++)
@@ -842,6 +916,13 @@ static void dt__em_shard_bounds(dt_embed *e, dt__em_tab *t) {
             t->r0 = dt__em_row_start(t->rows, W, k); t->r1 = dt__em_row_start(t->rows, W, k + 1);
         }
         t->c1 = t->dim;
+        break;
+    case DT_SHARD_TABLE_ROW: /* row-wise blocks over the group, the same rounding */
+        if (k >= t->gfirst && k < t->gfirst + t->gsize) {
+            t->r0 = dt__em_row_start(t->rows, t->gsize, k - t->gfirst);
+            t->r1 = dt__em_row_start(t->rows, t->gsize, k - t->gfirst + 1);
+            t->c1 = t->dim;
+        }
         break;
     case DT_SHARD_COLUMN:
         t->r1 = t->rows;
@@ -1020,8 +1101,12 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
         t->dynamic = d->dynamic;
         t->admit_after = d->admit_after ? d->admit_after : 1;
         t->n_hs = d->hash_shards ? d->hash_shards : 16;
+        t->evict = d->eviction == DT_EVICT_DEFAULT ? DT_EVICT_LRU : d->eviction;
+        t->gsize = d->group_size;
         if (t->weighted) e->any_weighted = 1;
     }
+    st = dt__em_groups(e, desc->tables);
+    if (st) { dt_embed_free(e); return st; }
     e->pooled_dim = 0;
     for (i = 0; i < e->n_feat; i++) {
         e->feat_tab[i] = desc->features ? desc->features[i].table : i;
@@ -1063,7 +1148,8 @@ DT_API int64_t dt_embed_feature_offset(const dt_embed *e, int f) {
 }
 DT_API dt_embed_sharding dt_embed_table_sharding(const dt_embed *e, int table, int *owner) {
     if (!e || table < 0 || table >= e->n_tabs) return DT_SHARD_DEFAULT;
-    if (owner) *owner = e->tabs[table].shard == DT_SHARD_TABLE ? e->tabs[table].owner : -1;
+    if (owner) *owner = e->tabs[table].shard == DT_SHARD_TABLE ? e->tabs[table].owner
+                      : e->tabs[table].shard == DT_SHARD_TABLE_ROW ? e->tabs[table].gfirst : -1;
     return e->tabs[table].shard;
 }
 
@@ -1075,15 +1161,17 @@ DT_API size_t dt_embed_plan_format(const dt_embed *e, char *buf, size_t n) {
     if (buf && n) buf[0] = 0;
 #define DT__EM_PUT(...) do { int k_ = snprintf(line, sizeof line, __VA_ARGS__); \
         if (k_ > 0) { if (buf && used + (size_t)k_ < n) memcpy(buf + used, line, (size_t)k_ + 1); used += (size_t)k_; } } while (0)
-    DT__EM_PUT("%-20s %-7s %-9s %14s %16s\n", "table", "kind", "ranks", "bytes/rank", "lookup B/step");
+    DT__EM_PUT("%-20s %-9s %-9s %14s %16s\n", "table", "kind", "ranks", "bytes/rank", "lookup B/step");
     for (i = 0; i < e->n_tabs; i++) {
         const dt__em_tab *t = &e->tabs[i];
         char ranks[32];
         double per = t->plan_bytes;
         if (t->shard == DT_SHARD_TABLE) snprintf(ranks, sizeof ranks, "%d", t->owner);
+        else if (t->shard == DT_SHARD_TABLE_ROW) snprintf(ranks, sizeof ranks, "%d-%d", t->gfirst, t->gfirst + t->gsize - 1);
         else snprintf(ranks, sizeof ranks, "0-%d", e->size - 1);
         if (t->shard == DT_SHARD_ROW || t->shard == DT_SHARD_COLUMN) per /= e->size;
-        DT__EM_PUT("%-20.20s %-7s %-9s %14.0f %16.0f\n", t->name, dt__em_kind_name(t->shard), ranks, per, t->plan_lookup);
+        if (t->shard == DT_SHARD_TABLE_ROW) per /= t->gsize;
+        DT__EM_PUT("%-20.20s %-9s %-9s %14.0f %16.0f\n", t->name, dt__em_kind_name(t->shard), ranks, per, t->plan_lookup);
     }
 #undef DT__EM_PUT
     return used;
@@ -1253,6 +1341,11 @@ static dt_status dt__em_generate(dt_embed *e, dt__em_gen *g) {
                                           : dt__em_row_owner(t->rows, W, id);
                     DT__ETRY(dt__em_add_seg(e, g, dest, f, b, j, 0, t->dim, i0 + j, 1));
                 }
+                break;
+            case DT_SHARD_TABLE_ROW: /* the same, over the table's group */
+                for (j = 0; j < n; j++)
+                    DT__ETRY(dt__em_add_seg(e, g, t->gfirst + dt__em_row_owner(t->rows, t->gsize, e->rows[i0 + j]), f, b,
+                                            j, 0, t->dim, i0 + j, 1));
                 break;
             case DT_SHARD_COLUMN:
                 for (k = 0; k < W; k++) {
