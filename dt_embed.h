@@ -113,14 +113,20 @@
      - an id with a slot uses it and becomes the most recently used;
      - otherwise its sightings go up by one; below admit_after (default 1) it is rejected;
      - at admit_after it is admitted: into a free slot, or by evicting the least recently used
-       slot of its shard (LRU, O(1): a list per shard). A slot used by the same forward is never
-       evicted: if the least recent one is, the new id is rejected and counts the sighting.
+       slot of its shard (eviction LRU, the default; O(1): a list per shard) or, with eviction
+       DT_EVICT_LFU, the least frequently used one: the fewest uses since its id was admitted
+       (an admission counts 1, each later occurrence 1 more), ties to the least recently used
+       (O(log n): a heap per shard ordered by (count, last use)). A slot used by the same
+       forward is never evicted: if the victim is, the new id is rejected and counts the
+       sighting (under LFU a fresh admission, count 1, is often that victim: the rest of the
+       batch's new ids of that shard wait for the next forward).
      - an admitted (or re-admitted) row is initialised from (seed, "<table>#<id>") and its
        optimizer state zeroed, so values never depend on which rank or slot holds the id.
    A rejected id looks up zeros and its gradient is dropped. dt_embed_stats counts admitted,
    evicted and rejected ids on this rank's shards (the sum over ranks equals a single-rank run).
-   Checkpoints hold the slots ("weight" and state by slot, "slot_id", "slot_stamp" = LRU order),
-   so they reshard like row-wise tables; the sightings of ids not yet admitted are not saved
+   Checkpoints hold the slots ("weight" and state by slot, "slot_id", "slot_stamp" = last use,
+   and under LFU "slot_count"), so they reshard like row-wise tables and a resumed run evicts
+   the same ids; the sightings of ids not yet admitted are not saved
    (a resumed run admits such an id later than an uninterrupted one would).
 
    ---------------------------------------------------------------- sparse optimizers
@@ -191,7 +197,8 @@
    of the export costs one bit per local row. Exception: the hash maps of dynamic tables are
    stb_ds's, which allocate with realloc / free (STBDS_REALLOC / STBDS_FREE; define them before
    this file's implementation to change that), not with the ctx allocator. A dynamic table's
-   slots cost 2 x 8 bytes (id, stamp) + 2 x 8 (LRU links) per slot besides the row; the map of
+   slots cost 2 x 8 bytes (id, stamp) + 2 x 8 (LRU links, or LFU heap) (+ 8, LFU count) per
+   slot besides the row; the map of
    sightings grows with the distinct ids seen and not admitted (use admit_after 1 to keep it
    empty).
 
@@ -465,7 +472,9 @@ typedef struct dt__em_tab {
     struct dt__em_dyn *hs;       /* this rank's shards (first hs_first) */
     int hs_first, hs_count;
     dt_tensor slot_id, slot_stamp; /* [local rows] i64: the id in each slot; its last use (0 = empty) */
-    int64_t *prev, *next;        /* LRU list of the local slots, per shard */
+    dt_tensor slot_count;        /* LFU: [local rows] i64, the uses of each slot's id since admission */
+    int64_t *prev, *next;        /* LRU: list of the local slots, per shard. LFU: prev[x0 + i] is
+                                    the shard's min-heap by (count, stamp), next[x] slot x's place */
 } dt__em_tab;
 
 typedef struct dt__em_kv { int64_t key, value; } dt__em_kv;
@@ -969,6 +978,7 @@ static dt_status dt__em_alloc_shard(dt_embed *e, dt__em_tab *t, uint64_t seed) {
         d.dtype = DT_I64; d.shape[1] = 0; d.ndim = 1;
         DT__ETRY(dt_tensor_create(e->ctx, &t->slot_id, &d));
         DT__ETRY(dt_tensor_create(e->ctx, &t->slot_stamp, &d));
+        if (t->evict == DT_EVICT_LFU) DT__ETRY(dt_tensor_create(e->ctx, &t->slot_count, &d));
         t->prev = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)nr);
         t->next = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)nr);
         t->hs = (dt__em_dyn *)dt_alloc(e->ctx, sizeof(dt__em_dyn) * (size_t)t->hs_count);
@@ -997,7 +1007,7 @@ DT_API void dt_embed_free(dt_embed *e) {
         dt__em_tab *t = &e->tabs[i];
         dt_tensor_free(ctx, &t->w); dt_tensor_free(ctx, &t->s1); dt_tensor_free(ctx, &t->s2);
         dt_release(ctx, t->dirty); dt_release(ctx, t->dlist);
-        dt_tensor_free(ctx, &t->slot_id); dt_tensor_free(ctx, &t->slot_stamp);
+        dt_tensor_free(ctx, &t->slot_id); dt_tensor_free(ctx, &t->slot_stamp); dt_tensor_free(ctx, &t->slot_count);
         dt_release(ctx, t->prev); dt_release(ctx, t->next); dt_release(ctx, t->hs_owner);
         if (t->hs) {
             int h;
@@ -1376,6 +1386,30 @@ static void dt__em_lru_append(dt__em_tab *t, dt__em_dyn *y, int64_t x) {
     y->tail = x;
 }
 
+/* LFU: each shard's filled slots form a binary min-heap ordered by (count, stamp), so the root is
+   the least frequently used slot and, among equals, the least recently used; a use raises a
+   slot's key (sift down), an admission resets the root's or appends (sift up): O(log n). */
+static int dt__em_lfu_less(const dt__em_tab *t, int64_t a, int64_t b) {
+    const int64_t *cn = (const int64_t *)t->slot_count.data, *st = (const int64_t *)t->slot_stamp.data;
+    return cn[a] < cn[b] || (cn[a] == cn[b] && st[a] < st[b]);
+}
+static void dt__em_lfu_fix(dt__em_tab *t, const dt__em_dyn *y, int64_t i) {
+    int64_t *h = t->prev + y->x0, n = y->used, x = h[i];
+    while (i > 0 && dt__em_lfu_less(t, x, h[(i - 1) / 2])) { /* up */
+        h[i] = h[(i - 1) / 2]; t->next[h[i]] = i;
+        i = (i - 1) / 2;
+    }
+    for (;;) { /* down */
+        int64_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && dt__em_lfu_less(t, h[c + 1], h[c])) c++;
+        if (!dt__em_lfu_less(t, h[c], x)) break;
+        h[i] = h[c]; t->next[h[i]] = i;
+        i = c;
+    }
+    h[i] = x; t->next[x] = i;
+}
+
 /* A new row for id in slot x: values from (seed, table, id), optimizer state zero. */
 static dt_status dt__em_dyn_fill(dt_embed *e, dt__em_tab *t, int64_t x, int64_t id) {
     dt_tensor v;
@@ -1401,10 +1435,12 @@ static dt_status dt__em_dyn_fill(dt_embed *e, dt__em_tab *t, int64_t x, int64_t 
    whose least recent row is that fresh rejects the new id instead. */
 static dt_status dt__em_dyn_slot(dt_embed *e, dt__em_tab *t, dt__em_dyn *y, int64_t id, int64_t *row) {
     int64_t *sid = (int64_t *)t->slot_id.data, *stamp = (int64_t *)t->slot_stamp.data, x, seen = 0;
+    int lfu = t->evict == DT_EVICT_LFU;
     if (!dt__em_get(&y->map, id, &x)) {
+        int64_t victim = lfu ? (y->used ? t->prev[y->x0] : -1) : y->head;
         (void)dt__em_get(&y->seen, id, &seen);
         seen++;
-        if (seen < t->admit_after || (y->used == y->n && stamp[y->head] > y->step_stamp)) {
+        if (seen < t->admit_after || (y->used == y->n && stamp[victim] > y->step_stamp)) {
             /* not seen often enough yet, or every slot is in use by this very batch */
             DT__ETRY(dt__em_put(e->ctx, &y->seen, id, seen));
             e->stats.step_rejected++;
@@ -1413,10 +1449,11 @@ static dt_status dt__em_dyn_slot(dt_embed *e, dt__em_tab *t, dt__em_dyn *y, int6
         }
         if (y->used < y->n) {
             x = y->x0 + y->used++;
+            if (lfu) { t->prev[x] = x; t->next[x] = y->used - 1; } /* appended: heap place = slot order */
         } else {
-            x = y->head;
+            x = victim;
             dt__em_del(&y->map, sid[x]);
-            dt__em_lru_unlink(t, y, x);
+            if (!lfu) dt__em_lru_unlink(t, y, x);
             e->stats.step_evicted++;
         }
         dt__em_del(&y->seen, id);
@@ -1424,11 +1461,15 @@ static dt_status dt__em_dyn_slot(dt_embed *e, dt__em_tab *t, dt__em_dyn *y, int6
         sid[x] = id;
         DT__ETRY(dt__em_dyn_fill(e, t, x, id));
         DT__ETRY(dt__em_mark(e, t, x));
-        dt__em_lru_append(t, y, x);
+        if (lfu) ((int64_t *)t->slot_count.data)[x] = 0;
+        else dt__em_lru_append(t, y, x);
         e->stats.step_admitted++;
     }
     stamp[x] = ++y->stamp;
-    if (y->tail != x) { dt__em_lru_unlink(t, y, x); dt__em_lru_append(t, y, x); }
+    if (lfu) {
+        ((int64_t *)t->slot_count.data)[x]++;
+        dt__em_lfu_fix(t, y, t->next[x]);
+    } else if (y->tail != x) { dt__em_lru_unlink(t, y, x); dt__em_lru_append(t, y, x); }
     *row = t->r0 + x;
     return DT_OK;
 }
@@ -1475,6 +1516,17 @@ static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
                                         "after an empty one; the checkpoint's slot_stamp is corrupt", t->name,
                                         (long long)(t->r0 + x));
         if (!y->used) continue;
+        if (t->evict == DT_EVICT_LFU) { /* the heap, one slot appended at a time */
+            int64_t n = y->used;
+            for (y->used = 1, x = y->x0; x < y->x0 + n; x++, y->used++) {
+                DT__ETRY(dt__em_put(e->ctx, &y->map, sid[x], x));
+                t->prev[x] = x; t->next[x] = x - y->x0;
+                dt__em_lfu_fix(t, y, x - y->x0);
+                if (stamp[x] > y->stamp) y->stamp = stamp[x];
+            }
+            y->used = n;
+            continue;
+        }
         if (!(order = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)y->used))) return DT_ERR_OOM;
         for (k = 0; k < y->used; k++) order[k] = y->x0 + k;
         /* by stamp (insertion sort is fine for a restore; stamps are unique within a shard) */
@@ -2142,10 +2194,10 @@ static dt_status dt__em_params(dt_embed *e, dt_params *ps, dt_param **store, dt_
     d.dtype = DT_I64; d.device = DT_CPU; d.shape[0] = e->n_tabs; d.ndim = 1;
     DT__ETRY(dt_tensor_create(e->ctx, steps, &d));
     for (i = 0; i < e->n_tabs; i++) ((int64_t *)steps->data)[i] = e->tabs[i].t;
-    p = (dt_param *)dt_alloc(e->ctx, sizeof(dt_param) * (size_t)(5 * e->n_tabs + 1));
-    ps->items = (dt_param **)dt_alloc(e->ctx, sizeof(dt_param *) * (size_t)(5 * e->n_tabs + 1));
+    p = (dt_param *)dt_alloc(e->ctx, sizeof(dt_param) * (size_t)(6 * e->n_tabs + 1));
+    ps->items = (dt_param **)dt_alloc(e->ctx, sizeof(dt_param *) * (size_t)(6 * e->n_tabs + 1));
     if (!p || !ps->items) { dt_release(e->ctx, p); dt_release(e->ctx, ps->items); ps->items = NULL; return DT_ERR_OOM; }
-    memset(p, 0, sizeof(dt_param) * (size_t)(5 * e->n_tabs + 1));
+    memset(p, 0, sizeof(dt_param) * (size_t)(6 * e->n_tabs + 1));
     *store = p;
     snprintf(p[0].name, DT_NAME_MAX, "embed/steps");
     p[0].value = *steps; p[0].value.owns = 0;
@@ -2153,15 +2205,16 @@ static dt_status dt__em_params(dt_embed *e, dt_params *ps, dt_param **store, dt_
     ps->items[n++] = &p[0];
     for (i = 0; i < e->n_tabs; i++) {
         dt__em_tab *t = &e->tabs[i];
-        const dt_tensor *ts[5];
-        const char *nm[5];
+        const dt_tensor *ts[6];
+        const char *nm[6];
         if (!t->w.data) continue;
         ts[0] = &t->w; nm[0] = "weight";
         ts[1] = t->s1.data ? &t->s1 : NULL; nm[1] = t->kind == DT_EMBED_ADAM ? "exp_avg" : t->kind == DT_EMBED_ADAGRAD ? "sum" : "rowsum";
         ts[2] = t->s2.data ? &t->s2 : NULL; nm[2] = "exp_avg_sq";
         ts[3] = t->dynamic ? &t->slot_id : NULL; nm[3] = "slot_id";       /* the id in each slot */
-        ts[4] = t->dynamic ? &t->slot_stamp : NULL; nm[4] = "slot_stamp"; /* its LRU position */
-        for (k = 0; k < 5; k++) {
+        ts[4] = t->dynamic ? &t->slot_stamp : NULL; nm[4] = "slot_stamp"; /* its last use */
+        ts[5] = t->slot_count.data ? &t->slot_count : NULL; nm[5] = "slot_count"; /* LFU: its uses */
+        for (k = 0; k < 6; k++) {
             dt_param *q = &p[n];
             if (!ts[k]) continue;
             snprintf(q->name, DT_NAME_MAX, "embed/%.63s/%.12s", t->name, nm[k]);
