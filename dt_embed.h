@@ -27,8 +27,10 @@
    API in one breath:
        dt_embed_create / dt_embed_free        tables + features + plan, from a dt_embed_desc
        dt_embed_forward                       jagged batch (dt_kjt) in, [local batch, pooled dims] out
-       dt_embed_forward_begin / _end          the same, split: ids exchanged and rows gathered in
-                                              begin, pooled vectors returned in end
+       dt_embed_forward_begin / _end          the same, split: ids posted in begin, rows gathered and
+                                              pooled vectors returned in end (begin may run ahead of
+                                              the previous batch's backward: "overlap")
+       dt_embed_progress                      moves the posted id exchange (call between layers)
        dt_embed_backward                      output grads back to owners, fused sparse update
        dt_embed_set_sync                      gradient accumulation: keep, then one update
        dt_embed_sequence / _sequence_grad     outputs and grads of pooling NONE features
@@ -183,14 +185,22 @@
    (one small all-reduce: batch sizes and errors), builds the requests, exchanges their counts
    (a small all-to-all), then POSTS the exchange of ids and weights as point-to-point
    dt_comm_irecv / dt_comm_isend and returns, after the data-parallel lookups (local). end waits
-   for the ids, gathers and pools the rows this rank owns, returns the pooled vectors (blocking
-   all-to-allv) and scatters them. What overlaps: the transfer of the next batch's ids with
-   whatever the caller runs between begin and end (e.g. the bottom MLP of that batch, or the
-   dense backward of the previous one once its dt_embed_backward is done: begin must come
-   after the previous batch's backward, which still needs that batch's requests). Not
-   overlapped: the pooled-vector exchange and the backward's gradient exchange (dt_comm has no
-   asynchronous all-to-allv). Large messages progress only inside MPI calls on some MPI
-   builds; small ones (eager) travel during the caller's compute. Not measured yet.
+   for the ids, admits dynamic ids, gathers and pools the rows this rank owns, returns the
+   pooled vectors (blocking all-to-allv) and scatters them.
+   Two orders: (1) begin(s), the caller's work, end(s), backward(s): the ids of batch s travel
+   during, say, its bottom MLP. (2) Ahead: end(s), begin(s + 1), the caller's dense forward
+   and backward of s, backward(s), end(s + 1): the ids of the next batch travel during all of
+   this batch's dense work. begin(s + 1) keeps batch s's state aside for backward(s) (two
+   sets of request buffers) and defers its data-parallel lookups to end(s + 1).
+   What overlaps: only what does not depend on the rows: reading and bucketing the ids and
+   the id (+ weight) all-to-allv. What does not: the gather and pooling (end, after the
+   update of batch s, so batch s + 1 sees the rows backward(s) wrote: exactness, bit for bit
+   the plain order), the pooled-vector exchange and the backward's gradient exchange (dt_comm
+   has no asynchronous all-to-allv), and begin's two small collectives. MPI builds without a
+   progress thread (Open MPI's default) move a posted message only inside MPI calls: call
+   dt_embed_progress between layers (examples/dlrm --overlap 1 does). stats.seconds_wait
+   is the time end spent waiting for the ids: the exchange not hidden. Measured in
+   bench/RESULTS.md ("overlap").
 
    Memory: tables, optimizer state and every buffer come from the ctx allocator; buffers are
    kept and grown (dt_grow) so steps do not allocate after the first ones. The change tracking
@@ -328,6 +338,7 @@ typedef struct dt_embed_stats {
     int64_t rows_updated;         /* unique rows updated on this rank */
     double bytes_sent_fwd, bytes_sent_bwd; /* by this rank, to other ranks, all-to-alls */
     double seconds_fwd, seconds_bwd;
+    double seconds_wait;          /* in forward_end, waiting for the id exchange (what was not hidden) */
     int64_t admitted, evicted, rejected;            /* dynamic tables, on this rank's shards, total */
     int64_t step_admitted, step_evicted, step_rejected; /* the same, in the last forward */
 } dt_embed_stats;
@@ -343,8 +354,15 @@ DT_API int64_t dt_embed_pooled_dim(const dt_embed *e);
 DT_API int64_t dt_embed_feature_offset(const dt_embed *e, int feature);
 /* Collective. out: f32 [kjt->batch, pooled_dim] (overwritten). */
 DT_API dt_status dt_embed_forward(dt_embed *e, dt_tensor *out, const dt_kjt *kjt);
+/* begin may also come right after the previous batch's end, before its backward: that batch's
+   state is kept aside, its backward runs as usual, and the next end gathers the new batch's rows
+   then, after the previous update (see "overlap"). Collective, like end. */
 DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt);
 DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out);
+/* Not collective: tests the id exchange in flight (begun, not ended), so that it moves while the
+   caller computes (MPI libraries without a progress thread move messages only inside calls).
+   Cheap: call it between layers. */
+DT_API dt_status dt_embed_progress(dt_embed *e);
 /* After a forward: a view of the rows of sequence feature f, f32 [ids of f in the local batch,
    dim], and of their gradient (zeroed by each forward; add into it before the backward). */
 DT_API dt_status dt_embed_sequence(dt_embed *e, dt_tensor *view, int feature);
@@ -509,6 +527,20 @@ typedef struct dt__em_contrib {  /* one gradient contribution to a row, for the 
 
 typedef struct dt__em_pend { int t; int64_t row, off; } dt__em_pend;
 
+/* The state of one batch from its forward_begin to its backward: two of them when a batch is
+   begun while the previous one awaits its backward (dt__em_swap exchanges the live one). */
+typedef struct dt__em_bst {
+    int phase, dp_late;
+    int64_t B, g0, n_ids, offs_cap, rows_cap, wts_cap, n_segs, segs_cap, seq_cap, rbuf_n;
+    int64_t *offs, *rows, *cnt, *seq_off;
+    float *wts, *seq, *seq_grad;
+    dt__em_seg *segs;
+    dt_tensor sbuf_i, sbuf_f, rbuf_i, rbuf_f, pooled;
+    dt_comm_req **reqs;
+    dt_tensor *rviews;
+    int n_reqs;
+} dt__em_bst;
+
 struct dt_embed {
     dt_ctx *ctx;
     dt_comm *comm;
@@ -549,6 +581,8 @@ struct dt_embed {
     dt_tensor *rviews;           /* the slices those requests read and write */
     int n_reqs;
     int64_t rbuf_n;              /* ints received by the id exchange */
+    int dp_late;                 /* begun ahead: the data-parallel lookups wait for the end */
+    dt__em_bst aside;            /* the other batch (see dt__em_bst) */
     dt_embed_stats stats;
 };
 
@@ -1022,6 +1056,16 @@ DT_API void dt_embed_free(dt_embed *e) {
         for (i = 0; i < e->n_reqs; i++) (void)dt_comm_wait(e->reqs[i]);
     }
     dt_release(ctx, e->reqs); dt_release(ctx, e->rviews);
+    {   /* the batch kept aside, and its requests */
+        dt__em_bst *a = &e->aside;
+        int i;
+        for (i = 0; a->reqs && i < a->n_reqs; i++) (void)dt_comm_wait(a->reqs[i]);
+        dt_release(ctx, a->reqs); dt_release(ctx, a->rviews); dt_release(ctx, a->offs); dt_release(ctx, a->rows);
+        dt_release(ctx, a->wts); dt_release(ctx, a->segs); dt_release(ctx, a->cnt); dt_release(ctx, a->seq);
+        dt_release(ctx, a->seq_grad); dt_release(ctx, a->seq_off);
+        dt_tensor_free(ctx, &a->sbuf_i); dt_tensor_free(ctx, &a->sbuf_f); dt_tensor_free(ctx, &a->rbuf_i);
+        dt_tensor_free(ctx, &a->rbuf_f); dt_tensor_free(ctx, &a->pooled);
+    }
     dt_release(ctx, e->cnt); dt_release(ctx, e->seq); dt_release(ctx, e->seq_grad); dt_release(ctx, e->seq_off);
     dt_release(ctx, e->con); dt_release(ctx, e->con2); dt_release(ctx, e->gtmp);
     dt_release(ctx, e->pend); dt_release(ctx, e->pend2); dt_release(ctx, e->pvals); dt_release(ctx, e->pvals2);
@@ -1081,7 +1125,12 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     e->cnt = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)(6 * W + 1));
     e->reqs = (dt_comm_req **)dt_alloc(ctx, sizeof(dt_comm_req *) * (size_t)(4 * W));
     e->rviews = (dt_tensor *)dt_alloc(ctx, sizeof(dt_tensor) * (size_t)(4 * W));
-    if (!e->tabs || !e->feat_tab || !e->feat_off || !e->seq_off || !e->cnt || !e->reqs || !e->rviews) {
+    e->aside.seq_off = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)(e->n_feat + 1));
+    e->aside.cnt = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)(6 * W + 1));
+    e->aside.reqs = (dt_comm_req **)dt_alloc(ctx, sizeof(dt_comm_req *) * (size_t)(4 * W));
+    e->aside.rviews = (dt_tensor *)dt_alloc(ctx, sizeof(dt_tensor) * (size_t)(4 * W));
+    if (!e->tabs || !e->feat_tab || !e->feat_off || !e->seq_off || !e->cnt || !e->reqs || !e->rviews ||
+        !e->aside.seq_off || !e->aside.cnt || !e->aside.reqs || !e->aside.rviews) {
         dt_embed_free(e);
         return DT_ERR_OOM;
     }
@@ -1645,10 +1694,80 @@ static dt_status dt__em_wait_all(dt_embed *e) {
     return st;
 }
 
+#define DT__EM_SW(a, b) do { char t_[sizeof(a)]; memcpy(t_, &(a), sizeof(a)); memcpy(&(a), &(b), sizeof(a)); \
+                                memcpy(&(b), t_, sizeof(a)); } while (0)
+static void dt__em_swap(dt_embed *e) {
+    dt__em_bst *a = &e->aside;
+    DT__EM_SW(e->phase, a->phase); DT__EM_SW(e->dp_late, a->dp_late); DT__EM_SW(e->B, a->B);
+    DT__EM_SW(e->g0, a->g0); DT__EM_SW(e->n_ids, a->n_ids); DT__EM_SW(e->rbuf_n, a->rbuf_n);
+    DT__EM_SW(e->offs, a->offs); DT__EM_SW(e->offs_cap, a->offs_cap); DT__EM_SW(e->rows, a->rows);
+    DT__EM_SW(e->rows_cap, a->rows_cap); DT__EM_SW(e->wts, a->wts); DT__EM_SW(e->wts_cap, a->wts_cap);
+    DT__EM_SW(e->segs, a->segs); DT__EM_SW(e->n_segs, a->n_segs); DT__EM_SW(e->segs_cap, a->segs_cap);
+    DT__EM_SW(e->cnt, a->cnt); DT__EM_SW(e->seq, a->seq); DT__EM_SW(e->seq_grad, a->seq_grad);
+    DT__EM_SW(e->seq_cap, a->seq_cap); DT__EM_SW(e->seq_off, a->seq_off); DT__EM_SW(e->sbuf_i, a->sbuf_i);
+    DT__EM_SW(e->sbuf_f, a->sbuf_f); DT__EM_SW(e->rbuf_i, a->rbuf_i); DT__EM_SW(e->rbuf_f, a->rbuf_f);
+    DT__EM_SW(e->pooled, a->pooled); DT__EM_SW(e->reqs, a->reqs); DT__EM_SW(e->rviews, a->rviews);
+    DT__EM_SW(e->n_reqs, a->n_reqs);
+}
+#undef DT__EM_SW
+
+DT_API dt_status dt_embed_progress(dt_embed *e) {
+    int k, i, done;
+    if (!e) return DT_ERR_ARG;
+    for (k = 0; k < 2; k++) {
+        int ph = k ? e->aside.phase : e->phase, n = k ? e->aside.n_reqs : e->n_reqs;
+        dt_comm_req **rq = k ? e->aside.reqs : e->reqs;
+        if (ph != 1) continue;
+        for (i = 0; i < n; i++) DT__ETRY(dt_comm_test(rq[i], &done));
+    }
+    return DT_OK;
+}
+
+/* Data-parallel lookups: local, straight into the pooled buffer / sequence rows. */
+static void dt__em_dp_lookup(dt_embed *e) {
+    int64_t b, j;
+    int f;
+    for (b = 0; b < e->B; b++)
+        for (f = 0; f < e->n_feat; f++) {
+            const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+            int64_t i0 = e->offs[(int64_t)f * e->B + b], n = e->offs[(int64_t)f * e->B + b + 1] - i0;
+            if (t->shard != DT_SHARD_DATA) continue;
+            if (t->pooling == DT_POOL_NONE)
+                for (j = 0; j < n; j++)
+                    dt__em_pool(t, dt__em_dst(e, f, b, j, NULL, e->seq), e->rows + i0 + j, e->wts + i0 + j, 1, 0, t->dim);
+            else dt__em_pool(t, dt__em_dst(e, f, b, -1, (float *)e->pooled.data, NULL), e->rows + i0, e->wts + i0, n, 0,
+                             t->dim);
+        }
+}
+
+static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt);
+static dt_status dt__em_end(dt_embed *e, dt_tensor *out);
+
 DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt) {
+    dt_status st;
+    int ahead;
+    if (!e) return DT_ERR_ARG;
+    if (e->phase == 1 || e->aside.phase == 1)
+        return dt_ctx_set_error(e->ctx, DT_ERR_STATE, "dt_embed_forward_begin: the batch begun last has no "
+                                "dt_embed_forward_end yet; expected begin, end, [backward], begin, ...");
+    ahead = e->phase == 2; /* the previous batch still needs its state for its backward: keep it aside */
+    if (ahead) dt__em_swap(e);
+    e->dp_late = ahead;    /* its rows may change in that backward: read them at the end */
+    st = dt__em_begin(e, kjt);
+    if (ahead) dt__em_swap(e);
+    return st;
+}
+
+DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
+    if (!e) return DT_ERR_ARG;
+    if (e->phase != 1 && e->aside.phase == 1) dt__em_swap(e); /* the batch begun ahead */
+    return dt__em_end(e, out);
+}
+
+static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt) {
     const char *fn = "dt_embed_forward";
-    int W, r, bad = 0, f;
-    int64_t *cnt, b, j, tot_i = 0, tot_f = 0, tot_r = 0;
+    int W, r, bad = 0;
+    int64_t *cnt, tot_i = 0, tot_f = 0, tot_r = 0;
     (void)tot_r;
     dt__em_gen g;
     dt_status st;
@@ -1726,31 +1845,21 @@ DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt) {
         DT__ETRY(dt__em_post(e, &e->sbuf_i, &e->rbuf_i, cnt, rc, DT__EM_TAG_IDS));
         if (e->any_weighted) DT__ETRY(dt__em_post(e, &e->sbuf_f, &e->rbuf_f, cnt + W, rf, DT__EM_TAG_WTS));
     }
-    /* local: data-parallel lookups straight into the pooled buffer / sequence rows */
+    /* local: data-parallel lookups (at the end when begun ahead of a backward) */
     {
         int64_t nb;
         if (!dt_mul_ok(e->B, e->pooled_dim, &nb)) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: batch x pooled dim overflows", fn);
         DT__ETRY(dt__em_need(e, &e->pooled, DT_F32, nb + 1));
         memset(e->pooled.data, 0, (size_t)nb * sizeof(float));
         DT__ETRY(dt__em_seq_layout(e));
-        for (b = 0; b < e->B; b++)
-            for (f = 0; f < e->n_feat; f++) {
-                const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
-                int64_t i0 = e->offs[(int64_t)f * e->B + b], n = e->offs[(int64_t)f * e->B + b + 1] - i0;
-                if (t->shard != DT_SHARD_DATA) continue;
-                if (t->pooling == DT_POOL_NONE)
-                    for (j = 0; j < n; j++)
-                        dt__em_pool(t, dt__em_dst(e, f, b, j, NULL, e->seq), e->rows + i0 + j, e->wts + i0 + j, 1, 0, t->dim);
-                else dt__em_pool(t, dt__em_dst(e, f, b, -1, (float *)e->pooled.data, NULL), e->rows + i0, e->wts + i0, n, 0,
-                                 t->dim);
-            }
+        if (!e->dp_late) dt__em_dp_lookup(e);
     }
     e->phase = 1;
     e->stats.seconds_fwd += dt__em_now() - t0;
     return DT_OK;
 }
 
-DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
+static dt_status dt__em_end(dt_embed *e, dt_tensor *out) {
     const char *fn = "dt_embed_forward";
     int W, r, f;
     int64_t *cnt, k, c, b, tot = 0;
@@ -1769,9 +1878,12 @@ DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
     /* the ids are in: serve (pool what was asked of this rank's shards, one pass), and every
        rank takes part in the return all-to-all even when its out is bad */
     {
+        double tw = dt__em_now();
         dt_status ws = dt__em_wait_all(e);
         int64_t tot_res = 0;
+        e->stats.seconds_wait += dt__em_now() - tw;
         if (ws) { e->phase = 0; return ws; }
+        if (e->dp_late) { dt__em_dp_lookup(e); e->dp_late = 0; }
         if (e->any_dyn) DT__ETRY(dt__em_dyn_translate(e, (int64_t *)e->rbuf_i.data, e->rbuf_n));
         dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W, cnt + 5 * W, NULL);
         for (r = 0; r < W; r++) tot_res += cnt[5 * W + r];

@@ -84,13 +84,21 @@ static dt_tensor T2(int64_t a, int64_t b) {
     return t;
 }
 
-static dt_status step(dt_embed *e, dt_tensor *out, int s, int64_t b0, int64_t n) {
+/* Forward + backward of step s. ahead: step s was begun already; its end is followed by the
+   begin of step s + 1 before this backward (the overlapped order). */
+static dt_status step(dt_embed *e, dt_tensor *out, int s, int64_t b0, int64_t n, int ahead) {
     dt_kjt k;
     dt_tensor dout, g;
     int64_t b, c, skip = 0, j;
     dt_status st;
-    batch(&k, s, b0, n);
-    if ((st = dt_embed_forward(e, out, &k))) return st;
+    if (ahead) {
+        if ((st = dt_embed_forward_end(e, out))) return st;
+        batch(&k, s + 1, b0, n);
+        if ((st = dt_embed_forward_begin(e, &k))) return st;
+    } else {
+        batch(&k, s, b0, n);
+        if ((st = dt_embed_forward(e, out, &k))) return st;
+    }
     dout = T2(n, 8);
     for (b = 0; b < n; b++)
         for (c = 0; c < 8; c++) ((float *)dout.data)[b * 8 + c] = dt_rng_normal(30 + s, (uint64_t)c, (uint64_t)(b0 + b));
@@ -125,7 +133,7 @@ static void run(dt_embed *e, dt_embed *ref, int s0, int s1, int64_t b0, int64_t 
         memset(&a, 0, sizeof a);
         memset(&r, 0, sizeof r);
         dt_tensor sq, rsq;
-        if (step(e, &out, s, b0, n) || step(ref, &rout, s, 0, GB)) {
+        if (step(e, &out, s, b0, n, 0) || step(ref, &rout, s, 0, GB, 0)) {
             dt_test_fail("embed_dynamic_step_runs", "step %d: %s", s, dt_ctx_error(&C));
             break;
         }
@@ -146,6 +154,42 @@ static void run(dt_embed *e, dt_embed *ref, int s0, int s1, int64_t b0, int64_t 
     dt_tensor_free(&C, &rout);
 }
 
+/* Each batch begun before the previous one's backward (dt_embed_forward_begin ahead): the same
+   lookups, admissions and rows as the plain order, since rows are gathered (and ids admitted)
+   at the end, after the previous update. A second begin without its end is DT_ERR_STATE. */
+static void ahead_equals_plain(dt_comm *world, dt_comm *self, int64_t b0, int64_t n) {
+    dt_embed *e = make(world), *ref = make(self);
+    dt_tensor out = T2(n, 8), rout = T2(GB, 8);
+    dt_kjt k;
+    dt_status st2;
+    int s;
+    int64_t bad = 0;
+    batch(&k, 0, b0, n);
+    if (dt_embed_forward_begin(e, &k)) dt_test_fail(nm("embed_dynamic_ahead_runs"), "%s", dt_ctx_error(&C));
+    for (s = 0; s < 6; s++) {
+        if (step(e, &out, s, b0, n, 1) || step(ref, &rout, s, 0, GB, 0)) {
+            dt_test_fail(nm("embed_dynamic_ahead_runs"), "step %d: %s", s, dt_ctx_error(&C));
+            break;
+        }
+        if (n && memcmp(out.data, (float *)rout.data + b0 * 8, (size_t)n * 32) != 0) bad++;
+    }
+    batch(&k, 6, b0, n);
+    st2 = dt_embed_forward_begin(e, &k); /* step 6 is begun already */
+    if (dt_embed_forward_end(e, &out)) dt_test_fail(nm("embed_dynamic_ahead_runs"), "end: %s", dt_ctx_error(&C));
+    batch(&k, 6, 0, GB);
+    if (dt_embed_forward(ref, &rout, &k)) dt_test_fail(nm("embed_dynamic_ahead_runs"), "ref: %s", dt_ctx_error(&C));
+    if (n && memcmp(out.data, (float *)rout.data + b0 * 8, (size_t)n * 32) != 0) bad++;
+    bad += diff_slots(e, ref);
+    dt_test_check_all(nm("embed_dynamic_begin_ahead_of_backward_equals_plain_order"), bad == 0,
+                      "%lld steps or tables differ", (long long)bad);
+    dt_test_check_all(nm("embed_dynamic_second_begin_without_end_is_a_state_error"), st2 == DT_ERR_STATE,
+                      "status %d (%s)", (int)st2, dt_ctx_error(&C));
+    dt_tensor_free(&C, &out);
+    dt_tensor_free(&C, &rout);
+    dt_embed_free(e);
+    dt_embed_free(ref);
+}
+
 static void suite(dt_comm *world, dt_comm *self, int64_t b0, int64_t n) {
     dt_comm *grp;
     dt_embed *e, *ref;
@@ -154,6 +198,7 @@ static void suite(dt_comm *world, dt_comm *self, int64_t b0, int64_t n) {
     dt_checkpoint_desc cd;
     char dir[1024];
     int g;
+    ahead_equals_plain(world, self, b0, n);
     e = make(world);
     ref = make(self);
     run(e, ref, 0, 8, b0, n, &bad_out, &bad_seq, cnt);
