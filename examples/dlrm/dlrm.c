@@ -33,7 +33,8 @@
    s's dense forward and backward (dt_embed_progress between layers moves them: Open MPI here has
    no progress thread); the rows of batch s+1 are gathered in its forward_end, after batch s's
    sparse update, so the losses are those of --overlap 0 bit for bit. Not across a step that
-   evaluates or saves a checkpoint (those need the embedding idle).
+   evaluates or saves a checkpoint (those need the embedding idle). Default 0: measured 1.3x
+   faster steps at 2 ranks on 2 cores, slower at 4 (oversubscribed); bench/RESULTS.md.
    Checkpoints (--ckpt DIR): the dense model + optimizer in DIR/dense, the tables in DIR/embed
    (dt_opt.h's crash-safe directories; dense first, so DIR/dense always holds the step that
    DIR/embed's latest names, and --resume loads that pair). Metrics: one JSON line per step
