@@ -27,8 +27,10 @@
    API in one breath:
        dt_embed_create / dt_embed_free        tables + features + plan, from a dt_embed_desc
        dt_embed_forward                       jagged batch (dt_kjt) in, [local batch, pooled dims] out
-       dt_embed_forward_begin / _end          the same, split: ids exchanged and rows gathered in
-                                              begin, pooled vectors returned in end
+       dt_embed_forward_begin / _end          the same, split: ids posted in begin, rows gathered and
+                                              pooled vectors returned in end (begin may run ahead of
+                                              the previous batch's backward: "overlap")
+       dt_embed_progress                      moves the posted id exchange (call between layers)
        dt_embed_backward                      output grads back to owners, fused sparse update
        dt_embed_set_sync                      gradient accumulation: keep, then one update
        dt_embed_sequence / _sequence_grad     outputs and grads of pooling NONE features
@@ -71,14 +73,21 @@
    data-parallel (DT_SHARD_DATA) every rank holds the table; lookups are local; the backward
                                  gathers every rank's (row, gradient) pairs on every rank, which
                                  all apply the same update (a sparse all-reduce).
-   AUTO (the default)            the planner chooses (below). Table-wise-row-wise: not offered.
+   table-row (DT_SHARD_TABLE_ROW) TorchRec's table-wise-row-wise: row-wise (the same blocks and
+                                 rounding) over one group of G = group_size consecutive ranks,
+                                 [g*G, (g+1)*G); G = 0: the ranks of one host (dt_comm_local_size;
+                                 every host must hold G ranks, consecutive), so a table's lookup
+                                 traffic stays inside a host. G must divide the world (DT_ERR_ARG
+                                 naming group_size). The group is the planner's (least loaded),
+                                 or pin_owner = 1 pins it: the group holding rank `owner`.
+   AUTO (the default)            the planner chooses (below).
 
    Exactness: the parallel result equals the single-rank result bit for bit, at any world size
    and under any plan. How: a pooled bag is always summed in bag order, starting from 0, in f32:
    pooled = ((0 + w_0 row_0) + w_1 row_1) + ... (w = 1 unweighted; mean divides by the length
    last). Table-wise, column-wise and data-parallel tables pool the whole bag on one rank. A
-   row-wise bag is split over owners, and partial sums reduced in rank order would depend on
-   the world size, so row-wise owners return each looked-up (weighted) row and the requesting
+   row-wise (or table-row) bag is split over owners, and partial sums reduced in rank order
+   would depend on the world size, so row-wise owners return each looked-up (weighted) row and the requesting
    rank sums them in bag order: the bytes of one row per id instead of one row per (bag, owner):
    the same for one-hot features (Criteo: one id per bag), more for long bags.
    The sparse update of a row sums its gradient contributions in one fixed order: by (global
@@ -106,14 +115,20 @@
      - an id with a slot uses it and becomes the most recently used;
      - otherwise its sightings go up by one; below admit_after (default 1) it is rejected;
      - at admit_after it is admitted: into a free slot, or by evicting the least recently used
-       slot of its shard (LRU, O(1): a list per shard). A slot used by the same forward is never
-       evicted: if the least recent one is, the new id is rejected and counts the sighting.
+       slot of its shard (eviction LRU, the default; O(1): a list per shard) or, with eviction
+       DT_EVICT_LFU, the least frequently used one: the fewest uses since its id was admitted
+       (an admission counts 1, each later occurrence 1 more), ties to the least recently used
+       (O(log n): a heap per shard ordered by (count, last use)). A slot used by the same
+       forward is never evicted: if the victim is, the new id is rejected and counts the
+       sighting (under LFU a fresh admission, count 1, is often that victim: the rest of the
+       batch's new ids of that shard wait for the next forward).
      - an admitted (or re-admitted) row is initialised from (seed, "<table>#<id>") and its
        optimizer state zeroed, so values never depend on which rank or slot holds the id.
    A rejected id looks up zeros and its gradient is dropped. dt_embed_stats counts admitted,
    evicted and rejected ids on this rank's shards (the sum over ranks equals a single-rank run).
-   Checkpoints hold the slots ("weight" and state by slot, "slot_id", "slot_stamp" = LRU order),
-   so they reshard like row-wise tables; the sightings of ids not yet admitted are not saved
+   Checkpoints hold the slots ("weight" and state by slot, "slot_id", "slot_stamp" = last use,
+   and under LFU "slot_count"), so they reshard like row-wise tables and a resumed run evicts
+   the same ids; the sightings of ids not yet admitted are not saved
    (a resumed run admits such an id later than an uninterrupted one would).
 
    ---------------------------------------------------------------- sparse optimizers
@@ -143,10 +158,12 @@
    desc.batch_hint) and the world size: tables of at most desc.dp_max_bytes (default 1 MiB) are
    data-parallel; tables bigger than a rank's fair share of all sharded bytes are row-wise, or
    column-wise when their bags are long (ids per sample > 2, where joining pooled columns moves
-   fewer bytes than rows) and the optimizer allows it; the rest are table-wise, largest first, each
-   on the rank with the least (bytes + lookup bytes) so far. A pinned table (sharding not AUTO, or
-   pin_owner = 1) is placed first. dt_embed_plan_print shows per table: kind, ranks,
-   bytes per rank, estimated lookup bytes per step.
+   fewer bytes than rows) and the optimizer allows it; a would-be row-wise table that fits in a
+   group's share (at most all sharded bytes x G / W, with 1 < G < W) is table-row, on the group
+   whose ranks hold the least so far (memory balance across groups, lookups inside one); the rest
+   are table-wise, largest first, each on the rank with the least (bytes + lookup bytes) so far. A
+   pinned table (sharding not AUTO, or pin_owner = 1) is placed first. dt_embed_plan_print shows
+   per table: kind, ranks ("table-row", "4-7"), bytes per rank, estimated lookup bytes per step.
 
    ---------------------------------------------------------------- checkpoints and export
 
@@ -168,14 +185,22 @@
    (one small all-reduce: batch sizes and errors), builds the requests, exchanges their counts
    (a small all-to-all), then POSTS the exchange of ids and weights as point-to-point
    dt_comm_irecv / dt_comm_isend and returns, after the data-parallel lookups (local). end waits
-   for the ids, gathers and pools the rows this rank owns, returns the pooled vectors (blocking
-   all-to-allv) and scatters them. What overlaps: the transfer of the next batch's ids with
-   whatever the caller runs between begin and end (e.g. the bottom MLP of that batch, or the
-   dense backward of the previous one once its dt_embed_backward is done: begin must come
-   after the previous batch's backward, which still needs that batch's requests). Not
-   overlapped: the pooled-vector exchange and the backward's gradient exchange (dt_comm has no
-   asynchronous all-to-allv). Large messages progress only inside MPI calls on some MPI
-   builds; small ones (eager) travel during the caller's compute. Not measured yet.
+   for the ids, admits dynamic ids, gathers and pools the rows this rank owns, returns the
+   pooled vectors (blocking all-to-allv) and scatters them.
+   Two orders: (1) begin(s), the caller's work, end(s), backward(s): the ids of batch s travel
+   during, say, its bottom MLP. (2) Ahead: end(s), begin(s + 1), the caller's dense forward
+   and backward of s, backward(s), end(s + 1): the ids of the next batch travel during all of
+   this batch's dense work. begin(s + 1) keeps batch s's state aside for backward(s) (two
+   sets of request buffers) and defers its data-parallel lookups to end(s + 1).
+   What overlaps: only what does not depend on the rows: reading and bucketing the ids and
+   the id (+ weight) all-to-allv. What does not: the gather and pooling (end, after the
+   update of batch s, so batch s + 1 sees the rows backward(s) wrote: exactness, bit for bit
+   the plain order), the pooled-vector exchange and the backward's gradient exchange (dt_comm
+   has no asynchronous all-to-allv), and begin's two small collectives. MPI builds without a
+   progress thread (Open MPI's default) move a posted message only inside MPI calls: call
+   dt_embed_progress between layers (examples/dlrm --overlap 1 does). stats.seconds_wait
+   is the time end spent waiting for the ids: the exchange not hidden. Measured in
+   bench/RESULTS.md ("overlap").
 
    ---------------------------------------------------------------- CUDA
 
@@ -198,7 +223,8 @@
    of the export costs one bit per local row. Exception: the hash maps of dynamic tables are
    stb_ds's, which allocate with realloc / free (STBDS_REALLOC / STBDS_FREE; define them before
    this file's implementation to change that), not with the ctx allocator. A dynamic table's
-   slots cost 2 x 8 bytes (id, stamp) + 2 x 8 (LRU links) per slot besides the row; the map of
+   slots cost 2 x 8 bytes (id, stamp) + 2 x 8 (LRU links, or LFU heap) (+ 8, LFU count) per
+   slot besides the row; the map of
    sightings grows with the distinct ids seen and not admitted (use admit_after 1 to keep it
    empty).
 
@@ -236,6 +262,7 @@ typedef enum dt_embed_sharding {
     DT_SHARD_ROW,
     DT_SHARD_COLUMN,
     DT_SHARD_DATA,
+    DT_SHARD_TABLE_ROW,   /* row-wise over one group of group_size consecutive ranks (a host) */
     DT_SHARD_COUNT
 } dt_embed_sharding;
 
@@ -254,6 +281,13 @@ typedef enum dt_embed_ids {
     DT_IDS_HASH,
     DT_IDS_COUNT
 } dt_embed_ids;
+
+typedef enum dt_embed_eviction { /* dynamic tables: which slot a new id takes when its shard is full */
+    DT_EVICT_DEFAULT = 0, /* = DT_EVICT_LRU */
+    DT_EVICT_LRU,         /* least recently used */
+    DT_EVICT_LFU,         /* least frequently used (uses since admission); ties: least recently used */
+    DT_EVICT_COUNT
+} dt_embed_eviction;
 
 typedef struct dt_embed_optim_desc {
     dt_embed_optim kind;
@@ -281,6 +315,9 @@ typedef struct dt_embed_table_desc {
                                      "dynamic tables"); row-wise over id-hash shards */
     int admit_after;              /* dynamic: sightings before an id gets a row; 0 = 1 (at once) */
     int hash_shards;              /* dynamic: id-hash shards, fixed whatever the world size; 0 = 16 */
+    dt_embed_eviction eviction;   /* dynamic: LRU (DEFAULT) or LFU */
+    int group_size;               /* table-row sharding (chosen or planned): ranks per group, dividing
+                                     the world; 0 = the ranks of this host (dt_comm_local_size) */
 } dt_embed_table_desc;
 
 typedef struct dt_embed_feature_desc {
@@ -319,6 +356,7 @@ typedef struct dt_embed_stats {
     int64_t rows_updated;         /* unique rows updated on this rank */
     double bytes_sent_fwd, bytes_sent_bwd; /* by this rank, to other ranks, all-to-alls */
     double seconds_fwd, seconds_bwd;
+    double seconds_wait;          /* in forward_end, waiting for the id exchange (what was not hidden) */
     int64_t admitted, evicted, rejected;            /* dynamic tables, on this rank's shards, total */
     int64_t step_admitted, step_evicted, step_rejected; /* the same, in the last forward */
 } dt_embed_stats;
@@ -334,8 +372,15 @@ DT_API int64_t dt_embed_pooled_dim(const dt_embed *e);
 DT_API int64_t dt_embed_feature_offset(const dt_embed *e, int feature);
 /* Collective. out: f32 [kjt->batch, pooled_dim] (overwritten). */
 DT_API dt_status dt_embed_forward(dt_embed *e, dt_tensor *out, const dt_kjt *kjt);
+/* begin may also come right after the previous batch's end, before its backward: that batch's
+   state is kept aside, its backward runs as usual, and the next end gathers the new batch's rows
+   then, after the previous update (see "overlap"). Collective, like end. */
 DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt);
 DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out);
+/* Not collective: tests the id exchange in flight (begun, not ended), so that it moves while the
+   caller computes (MPI libraries without a progress thread move messages only inside calls).
+   Cheap: call it between layers. */
+DT_API dt_status dt_embed_progress(dt_embed *e);
 /* After a forward: a view of the rows of sequence feature f, f32 [ids of f in the local batch,
    dim], and of their gradient (zeroed by each forward; add into it before the backward). */
 DT_API dt_status dt_embed_sequence(dt_embed *e, dt_tensor *view, int feature);
@@ -353,7 +398,7 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout);
 DT_API dt_status dt_embed_set_sync(dt_embed *e, int sync);
 DT_API size_t dt_embed_plan_format(const dt_embed *e, char *buf, size_t n);
 DT_API void dt_embed_plan_print(const dt_embed *e);
-/* The plan of table t: its kind and, for table-wise, its rank. */
+/* The plan of table t: its kind and, for table-wise, its rank (table-row: its group's first rank). */
 DT_API dt_embed_sharding dt_embed_table_sharding(const dt_embed *e, int table, int *owner);
 /* Collective. Through dt_checkpoint_save / _load (desc->comm must be the dt_embed's comm or
    NULL for it); state as there (may be NULL). */
@@ -452,6 +497,8 @@ typedef struct dt__em_tab {
     dt_embed_ids ids;
     dt_embed_sharding shard;
     int owner;                   /* table-wise */
+    int gfirst, gsize;           /* table-row: its group, ranks [gfirst, gfirst + gsize) */
+    dt_embed_eviction evict;     /* dynamic */
     double ids_per_batch;
     double plan_bytes, plan_lookup; /* planner estimates (per rank holding it) */
     int64_t r0, r1, c0, c1;      /* this rank's shard; empty when r0 == r1 or c0 == c1 */
@@ -465,7 +512,9 @@ typedef struct dt__em_tab {
     struct dt__em_dyn *hs;       /* this rank's shards (first hs_first) */
     int hs_first, hs_count;
     dt_tensor slot_id, slot_stamp; /* [local rows] i64: the id in each slot; its last use (0 = empty) */
-    int64_t *prev, *next;        /* LRU list of the local slots, per shard */
+    dt_tensor slot_count;        /* LFU: [local rows] i64, the uses of each slot's id since admission */
+    int64_t *prev, *next;        /* LRU: list of the local slots, per shard. LFU: prev[x0 + i] is
+                                    the shard's min-heap by (count, stamp), next[x] slot x's place */
 } dt__em_tab;
 
 typedef struct dt__em_kv { int64_t key, value; } dt__em_kv;
@@ -499,6 +548,20 @@ typedef struct dt__em_contrib {  /* one gradient contribution to a row, for the 
 } dt__em_contrib;
 
 typedef struct dt__em_pend { int t; int64_t row, off; } dt__em_pend;
+
+/* The state of one batch from its forward_begin to its backward: two of them when a batch is
+   begun while the previous one awaits its backward (dt__em_swap exchanges the live one). */
+typedef struct dt__em_bst {
+    int phase, dp_late;
+    int64_t B, g0, n_ids, offs_cap, rows_cap, wts_cap, n_segs, segs_cap, seq_cap, rbuf_n;
+    int64_t *offs, *rows, *cnt, *seq_off;
+    float *wts, *seq, *seq_grad;
+    dt__em_seg *segs;
+    dt_tensor sbuf_i, sbuf_f, rbuf_i, rbuf_f, pooled;
+    dt_comm_req **reqs;
+    dt_tensor *rviews;
+    int n_reqs;
+} dt__em_bst;
 
 struct dt_embed {
     dt_ctx *ctx;
@@ -540,6 +603,8 @@ struct dt_embed {
     dt_tensor *rviews;           /* the slices those requests read and write */
     int n_reqs;
     int64_t rbuf_n;              /* ints received by the id exchange */
+    int dp_late;                 /* begun ahead: the data-parallel lookups wait for the end */
+    dt__em_bst aside;            /* the other batch (see dt__em_bst) */
     dt_embed_stats stats;
     /* CUDA tables (desc.device cuda): device scratch, host staging (see "CUDA tables") */
     int cuda;
@@ -669,6 +734,7 @@ static const char *dt__em_kind_name(dt_embed_sharding k) {
     case DT_SHARD_ROW: return "row";
     case DT_SHARD_COLUMN: return "column";
     case DT_SHARD_DATA: return "data";
+    case DT_SHARD_TABLE_ROW: return "table-row";
     default: return "auto";
     }
 }
@@ -760,9 +826,16 @@ static dt_status dt__em_check_table(dt_ctx *ctx, const dt_embed_table_desc *d, i
     if (d->pin_owner && (d->owner < 0 || d->owner >= W))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").owner = %d; expected a rank in [0, %d)", fn, i,
                                 d->name, d->owner, W);
-    if (d->pin_owner && d->sharding != DT_SHARD_DEFAULT && d->sharding != DT_SHARD_AUTO && d->sharding != DT_SHARD_TABLE)
+    if (d->pin_owner && d->sharding != DT_SHARD_DEFAULT && d->sharding != DT_SHARD_AUTO && d->sharding != DT_SHARD_TABLE &&
+        d->sharding != DT_SHARD_TABLE_ROW)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\"): pin_owner = 1 with sharding %s; an owner "
-                                "is for table-wise tables", fn, i, d->name, dt__em_kind_name(d->sharding));
+                                "is for table-wise and table-row tables", fn, i, d->name, dt__em_kind_name(d->sharding));
+    if (d->group_size < 0 || (d->group_size > 0 && W % d->group_size != 0))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").group_size = %d; expected 0 (the ranks of a "
+                                "host) or a divisor of the world size %d", fn, i, d->name, d->group_size, W);
+    if ((int)d->eviction < 0 || d->eviction >= DT_EVICT_COUNT || (d->eviction != DT_EVICT_DEFAULT && !d->dynamic))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").eviction = %d; expected a dt_embed_eviction, "
+                                "and DEFAULT unless the table is dynamic", fn, i, d->name, (int)d->eviction);
     if (d->sharding == DT_SHARD_COLUMN && d->optim.kind == DT_EMBED_ROWWISE_ADAGRAD)
         return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: tables[%d] (\"%s\"): column-wise sharding with row-wise "
                                 "Adagrad; its per-row state needs whole rows (use row-wise or table-wise)", fn, i,
@@ -802,11 +875,38 @@ static double dt__em_state_per_row(const dt__em_tab *t) {
 static double dt__em_lookup_bytes(const dt__em_tab *t, double ids, double bags, int W) {
     double d = (double)t->dim, hdr = 8.0 * DT__EM_HDR;
     switch (t->shard) {
-    case DT_SHARD_ROW: return ids * (hdr + 8 + 2 * 4 * d);
+    case DT_SHARD_ROW: case DT_SHARD_TABLE_ROW: return ids * (hdr + 8 + 2 * 4 * d);
     case DT_SHARD_COLUMN: return bags * W * hdr + ids * 8 * W + bags * 2 * 4 * d;
     case DT_SHARD_DATA: return W > 1 ? ids * (40 + 4 + 4 * d) * W : 0;
     default: return bags * hdr + ids * 8 + bags * 2 * 4 * d;
     }
+}
+
+/* Group sizes of tables that may be table-row: group_size, or 0 = the ranks of a host (all hosts
+   must hold the same number, dividing the world; collective when a table asks for it). */
+static dt_status dt__em_groups(dt_embed *e, const dt_embed_table_desc *td) {
+    int i, W = e->size, need = 0, host = 1;
+    for (i = 0; i < e->n_tabs; i++)
+        if (!td[i].group_size && (e->tabs[i].shard == DT_SHARD_AUTO || e->tabs[i].shard == DT_SHARD_TABLE_ROW)) need = 1;
+    if (need && e->comm) {
+        double v[2];
+        v[0] = dt_comm_local_size(e->comm); v[1] = -v[0];
+        DT__ETRY(dt_comm_allreduce_f64(e->comm, v, 2, DT_REDUCE_MAX));
+        host = v[0] == -v[1] && W % (int)v[0] == 0 ? (int)v[0] : -(int)v[0];
+        if (host < 0 && v[0] != -v[1]) host = 0; /* hosts of different sizes */
+    }
+    for (i = 0; i < e->n_tabs; i++) {
+        dt__em_tab *t = &e->tabs[i];
+        if (t->gsize) continue;
+        if (host > 0) { t->gsize = host; continue; }
+        t->gsize = W; /* AUTO: no host groups to plan with */
+        if (t->shard == DT_SHARD_TABLE_ROW)
+            return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_create: tables[%d] (\"%s\").group_size = 0 (the ranks "
+                                    "of a host): %s; expected hosts of equal size dividing the world size %d, or set "
+                                    "group_size", i, t->name, host == 0 ? "the hosts hold different numbers of ranks"
+                                    : "this host's rank count does not divide it", W);
+    }
+    return DT_OK;
 }
 
 static dt_status dt__em_plan(dt_embed *e, const dt_embed_desc *desc, const dt_embed_table_desc *td) {
@@ -843,13 +943,30 @@ static dt_status dt__em_plan(dt_embed *e, const dt_embed_desc *desc, const dt_em
             if ((k == 0) != pinned) continue;
             if (!pinned) {
                 if (dp_max > 0 && t->plan_bytes <= dp_max) t->shard = DT_SHARD_DATA;
-                else if (W > 1 && t->plan_bytes > total / W)
+                else if (W > 1 && t->plan_bytes > total / W) {
                     t->shard = per_sample > 2 && t->kind != DT_EMBED_ROWWISE_ADAGRAD && t->dim >= W ? DT_SHARD_COLUMN
                                                                                                     : DT_SHARD_ROW;
-                else t->shard = DT_SHARD_TABLE;
+                    /* fits in a group's share: row-wise inside one group (a host), so its lookups
+                       stay there and the groups balance */
+                    if (t->shard == DT_SHARD_ROW && !t->dynamic && t->gsize > 1 && t->gsize < W &&
+                        t->plan_bytes <= total * t->gsize / W)
+                        t->shard = DT_SHARD_TABLE_ROW;
+                } else t->shard = DT_SHARD_TABLE;
             }
             t->plan_lookup = dt__em_lookup_bytes(t, t->ids_per_batch, bags, W);
-            if (t->shard == DT_SHARD_TABLE) {
+            if (t->shard == DT_SHARD_TABLE_ROW) { /* the group with the least load, or the pinned one */
+                int G = t->gsize, g, bg = 0;
+                double bl = -1;
+                if (td[ti].pin_owner) bg = td[ti].owner / G;
+                else
+                    for (g = 0; g < W / G; g++) {
+                        double l = 0;
+                        for (r = g * G; r < (g + 1) * G; r++) l += load[r];
+                        if (bl < 0 || l < bl) { bl = l; bg = g; }
+                    }
+                t->gfirst = bg * G;
+                for (r = t->gfirst; r < t->gfirst + G; r++) load[r] += (t->plan_bytes + t->plan_lookup) / G;
+            } else if (t->shard == DT_SHARD_TABLE) {
                 if (td[ti].pin_owner) best = td[ti].owner;
                 else
                     for (r = 1; r < W; r++)
@@ -884,6 +1001,13 @@ static void dt__em_shard_bounds(dt_embed *e, dt__em_tab *t) {
             t->r0 = dt__em_row_start(t->rows, W, k); t->r1 = dt__em_row_start(t->rows, W, k + 1);
         }
         t->c1 = t->dim;
+        break;
+    case DT_SHARD_TABLE_ROW: /* row-wise blocks over the group, the same rounding */
+        if (k >= t->gfirst && k < t->gfirst + t->gsize) {
+            t->r0 = dt__em_row_start(t->rows, t->gsize, k - t->gfirst);
+            t->r1 = dt__em_row_start(t->rows, t->gsize, k - t->gfirst + 1);
+            t->c1 = t->dim;
+        }
         break;
     case DT_SHARD_COLUMN:
         t->r1 = t->rows;
@@ -930,6 +1054,7 @@ static dt_status dt__em_alloc_shard(dt_embed *e, dt__em_tab *t, uint64_t seed) {
         d.dtype = DT_I64; d.shape[1] = 0; d.ndim = 1;
         DT__ETRY(dt_tensor_create(e->ctx, &t->slot_id, &d));
         DT__ETRY(dt_tensor_create(e->ctx, &t->slot_stamp, &d));
+        if (t->evict == DT_EVICT_LFU) DT__ETRY(dt_tensor_create(e->ctx, &t->slot_count, &d));
         t->prev = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)nr);
         t->next = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)nr);
         t->hs = (dt__em_dyn *)dt_alloc(e->ctx, sizeof(dt__em_dyn) * (size_t)t->hs_count);
@@ -958,7 +1083,7 @@ DT_API void dt_embed_free(dt_embed *e) {
         dt__em_tab *t = &e->tabs[i];
         dt_tensor_free(ctx, &t->w); dt_tensor_free(ctx, &t->s1); dt_tensor_free(ctx, &t->s2);
         dt_release(ctx, t->dirty); dt_release(ctx, t->dlist);
-        dt_tensor_free(ctx, &t->slot_id); dt_tensor_free(ctx, &t->slot_stamp);
+        dt_tensor_free(ctx, &t->slot_id); dt_tensor_free(ctx, &t->slot_stamp); dt_tensor_free(ctx, &t->slot_count);
         dt_release(ctx, t->prev); dt_release(ctx, t->next); dt_release(ctx, t->hs_owner);
         if (t->hs) {
             int h;
@@ -973,6 +1098,16 @@ DT_API void dt_embed_free(dt_embed *e) {
         for (i = 0; i < e->n_reqs; i++) (void)dt_comm_wait(e->reqs[i]);
     }
     dt_release(ctx, e->reqs); dt_release(ctx, e->rviews);
+    {   /* the batch kept aside, and its requests */
+        dt__em_bst *a = &e->aside;
+        int i;
+        for (i = 0; a->reqs && i < a->n_reqs; i++) (void)dt_comm_wait(a->reqs[i]);
+        dt_release(ctx, a->reqs); dt_release(ctx, a->rviews); dt_release(ctx, a->offs); dt_release(ctx, a->rows);
+        dt_release(ctx, a->wts); dt_release(ctx, a->segs); dt_release(ctx, a->cnt); dt_release(ctx, a->seq);
+        dt_release(ctx, a->seq_grad); dt_release(ctx, a->seq_off);
+        dt_tensor_free(ctx, &a->sbuf_i); dt_tensor_free(ctx, &a->sbuf_f); dt_tensor_free(ctx, &a->rbuf_i);
+        dt_tensor_free(ctx, &a->rbuf_f); dt_tensor_free(ctx, &a->pooled);
+    }
     dt_release(ctx, e->cnt); dt_release(ctx, e->seq); dt_release(ctx, e->seq_grad); dt_release(ctx, e->seq_off);
     dt_release(ctx, e->con); dt_release(ctx, e->con2); dt_release(ctx, e->gtmp);
     dt_release(ctx, e->pend); dt_release(ctx, e->pend2); dt_release(ctx, e->pvals); dt_release(ctx, e->pvals2);
@@ -1035,7 +1170,12 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     e->cnt = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)(6 * W + 1));
     e->reqs = (dt_comm_req **)dt_alloc(ctx, sizeof(dt_comm_req *) * (size_t)(4 * W));
     e->rviews = (dt_tensor *)dt_alloc(ctx, sizeof(dt_tensor) * (size_t)(4 * W));
-    if (!e->tabs || !e->feat_tab || !e->feat_off || !e->seq_off || !e->cnt || !e->reqs || !e->rviews) {
+    e->aside.seq_off = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)(e->n_feat + 1));
+    e->aside.cnt = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)(6 * W + 1));
+    e->aside.reqs = (dt_comm_req **)dt_alloc(ctx, sizeof(dt_comm_req *) * (size_t)(4 * W));
+    e->aside.rviews = (dt_tensor *)dt_alloc(ctx, sizeof(dt_tensor) * (size_t)(4 * W));
+    if (!e->tabs || !e->feat_tab || !e->feat_off || !e->seq_off || !e->cnt || !e->reqs || !e->rviews ||
+        !e->aside.seq_off || !e->aside.cnt || !e->aside.reqs || !e->aside.rviews) {
         dt_embed_free(e);
         return DT_ERR_OOM;
     }
@@ -1065,8 +1205,12 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
         t->dynamic = d->dynamic;
         t->admit_after = d->admit_after ? d->admit_after : 1;
         t->n_hs = d->hash_shards ? d->hash_shards : 16;
+        t->evict = d->eviction == DT_EVICT_DEFAULT ? DT_EVICT_LRU : d->eviction;
+        t->gsize = d->group_size;
         if (t->weighted) e->any_weighted = 1;
     }
+    st = dt__em_groups(e, desc->tables);
+    if (st) { dt_embed_free(e); return st; }
     e->pooled_dim = 0;
     for (i = 0; i < e->n_feat; i++) {
         e->feat_tab[i] = desc->features ? desc->features[i].table : i;
@@ -1109,7 +1253,8 @@ DT_API int64_t dt_embed_feature_offset(const dt_embed *e, int f) {
 }
 DT_API dt_embed_sharding dt_embed_table_sharding(const dt_embed *e, int table, int *owner) {
     if (!e || table < 0 || table >= e->n_tabs) return DT_SHARD_DEFAULT;
-    if (owner) *owner = e->tabs[table].shard == DT_SHARD_TABLE ? e->tabs[table].owner : -1;
+    if (owner) *owner = e->tabs[table].shard == DT_SHARD_TABLE ? e->tabs[table].owner
+                      : e->tabs[table].shard == DT_SHARD_TABLE_ROW ? e->tabs[table].gfirst : -1;
     return e->tabs[table].shard;
 }
 
@@ -1121,15 +1266,17 @@ DT_API size_t dt_embed_plan_format(const dt_embed *e, char *buf, size_t n) {
     if (buf && n) buf[0] = 0;
 #define DT__EM_PUT(...) do { int k_ = snprintf(line, sizeof line, __VA_ARGS__); \
         if (k_ > 0) { if (buf && used + (size_t)k_ < n) memcpy(buf + used, line, (size_t)k_ + 1); used += (size_t)k_; } } while (0)
-    DT__EM_PUT("%-20s %-7s %-9s %14s %16s\n", "table", "kind", "ranks", "bytes/rank", "lookup B/step");
+    DT__EM_PUT("%-20s %-9s %-9s %14s %16s\n", "table", "kind", "ranks", "bytes/rank", "lookup B/step");
     for (i = 0; i < e->n_tabs; i++) {
         const dt__em_tab *t = &e->tabs[i];
         char ranks[32];
         double per = t->plan_bytes;
         if (t->shard == DT_SHARD_TABLE) snprintf(ranks, sizeof ranks, "%d", t->owner);
+        else if (t->shard == DT_SHARD_TABLE_ROW) snprintf(ranks, sizeof ranks, "%d-%d", t->gfirst, t->gfirst + t->gsize - 1);
         else snprintf(ranks, sizeof ranks, "0-%d", e->size - 1);
         if (t->shard == DT_SHARD_ROW || t->shard == DT_SHARD_COLUMN) per /= e->size;
-        DT__EM_PUT("%-20.20s %-7s %-9s %14.0f %16.0f\n", t->name, dt__em_kind_name(t->shard), ranks, per, t->plan_lookup);
+        if (t->shard == DT_SHARD_TABLE_ROW) per /= t->gsize;
+        DT__EM_PUT("%-20.20s %-9s %-9s %14.0f %16.0f\n", t->name, dt__em_kind_name(t->shard), ranks, per, t->plan_lookup);
     }
 #undef DT__EM_PUT
     return used;
@@ -1300,6 +1447,11 @@ static dt_status dt__em_generate(dt_embed *e, dt__em_gen *g) {
                     DT__ETRY(dt__em_add_seg(e, g, dest, f, b, j, 0, t->dim, i0 + j, 1));
                 }
                 break;
+            case DT_SHARD_TABLE_ROW: /* the same, over the table's group */
+                for (j = 0; j < n; j++)
+                    DT__ETRY(dt__em_add_seg(e, g, t->gfirst + dt__em_row_owner(t->rows, t->gsize, e->rows[i0 + j]), f, b,
+                                            j, 0, t->dim, i0 + j, 1));
+                break;
             case DT_SHARD_COLUMN:
                 for (k = 0; k < W; k++) {
                     int64_t c0 = dt__em_col_start(t->dim, W, k), nc = dt__em_col_start(t->dim, W, k + 1) - c0;
@@ -1329,6 +1481,30 @@ static void dt__em_lru_append(dt__em_tab *t, dt__em_dyn *y, int64_t x) {
     y->tail = x;
 }
 
+/* LFU: each shard's filled slots form a binary min-heap ordered by (count, stamp), so the root is
+   the least frequently used slot and, among equals, the least recently used; a use raises a
+   slot's key (sift down), an admission resets the root's or appends (sift up): O(log n). */
+static int dt__em_lfu_less(const dt__em_tab *t, int64_t a, int64_t b) {
+    const int64_t *cn = (const int64_t *)t->slot_count.data, *st = (const int64_t *)t->slot_stamp.data;
+    return cn[a] < cn[b] || (cn[a] == cn[b] && st[a] < st[b]);
+}
+static void dt__em_lfu_fix(dt__em_tab *t, const dt__em_dyn *y, int64_t i) {
+    int64_t *h = t->prev + y->x0, n = y->used, x = h[i];
+    while (i > 0 && dt__em_lfu_less(t, x, h[(i - 1) / 2])) { /* up */
+        h[i] = h[(i - 1) / 2]; t->next[h[i]] = i;
+        i = (i - 1) / 2;
+    }
+    for (;;) { /* down */
+        int64_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && dt__em_lfu_less(t, h[c + 1], h[c])) c++;
+        if (!dt__em_lfu_less(t, h[c], x)) break;
+        h[i] = h[c]; t->next[h[i]] = i;
+        i = c;
+    }
+    h[i] = x; t->next[x] = i;
+}
+
 /* A new row for id in slot x: values from (seed, table, id), optimizer state zero. */
 static dt_status dt__em_dyn_fill(dt_embed *e, dt__em_tab *t, int64_t x, int64_t id) {
     dt_tensor v;
@@ -1354,10 +1530,12 @@ static dt_status dt__em_dyn_fill(dt_embed *e, dt__em_tab *t, int64_t x, int64_t 
    whose least recent row is that fresh rejects the new id instead. */
 static dt_status dt__em_dyn_slot(dt_embed *e, dt__em_tab *t, dt__em_dyn *y, int64_t id, int64_t *row) {
     int64_t *sid = (int64_t *)t->slot_id.data, *stamp = (int64_t *)t->slot_stamp.data, x, seen = 0;
+    int lfu = t->evict == DT_EVICT_LFU;
     if (!dt__em_get(&y->map, id, &x)) {
+        int64_t victim = lfu ? (y->used ? t->prev[y->x0] : -1) : y->head;
         (void)dt__em_get(&y->seen, id, &seen);
         seen++;
-        if (seen < t->admit_after || (y->used == y->n && stamp[y->head] > y->step_stamp)) {
+        if (seen < t->admit_after || (y->used == y->n && stamp[victim] > y->step_stamp)) {
             /* not seen often enough yet, or every slot is in use by this very batch */
             DT__ETRY(dt__em_put(e->ctx, &y->seen, id, seen));
             e->stats.step_rejected++;
@@ -1366,10 +1544,11 @@ static dt_status dt__em_dyn_slot(dt_embed *e, dt__em_tab *t, dt__em_dyn *y, int6
         }
         if (y->used < y->n) {
             x = y->x0 + y->used++;
+            if (lfu) { t->prev[x] = x; t->next[x] = y->used - 1; } /* appended: heap place = slot order */
         } else {
-            x = y->head;
+            x = victim;
             dt__em_del(&y->map, sid[x]);
-            dt__em_lru_unlink(t, y, x);
+            if (!lfu) dt__em_lru_unlink(t, y, x);
             e->stats.step_evicted++;
         }
         dt__em_del(&y->seen, id);
@@ -1377,11 +1556,15 @@ static dt_status dt__em_dyn_slot(dt_embed *e, dt__em_tab *t, dt__em_dyn *y, int6
         sid[x] = id;
         DT__ETRY(dt__em_dyn_fill(e, t, x, id));
         DT__ETRY(dt__em_mark(e, t, x));
-        dt__em_lru_append(t, y, x);
+        if (lfu) ((int64_t *)t->slot_count.data)[x] = 0;
+        else dt__em_lru_append(t, y, x);
         e->stats.step_admitted++;
     }
     stamp[x] = ++y->stamp;
-    if (y->tail != x) { dt__em_lru_unlink(t, y, x); dt__em_lru_append(t, y, x); }
+    if (lfu) {
+        ((int64_t *)t->slot_count.data)[x]++;
+        dt__em_lfu_fix(t, y, t->next[x]);
+    } else if (y->tail != x) { dt__em_lru_unlink(t, y, x); dt__em_lru_append(t, y, x); }
     *row = t->r0 + x;
     return DT_OK;
 }
@@ -1428,6 +1611,17 @@ static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
                                         "after an empty one; the checkpoint's slot_stamp is corrupt", t->name,
                                         (long long)(t->r0 + x));
         if (!y->used) continue;
+        if (t->evict == DT_EVICT_LFU) { /* the heap, one slot appended at a time */
+            int64_t n = y->used;
+            for (y->used = 1, x = y->x0; x < y->x0 + n; x++, y->used++) {
+                DT__ETRY(dt__em_put(e->ctx, &y->map, sid[x], x));
+                t->prev[x] = x; t->next[x] = x - y->x0;
+                dt__em_lfu_fix(t, y, x - y->x0);
+                if (stamp[x] > y->stamp) y->stamp = stamp[x];
+            }
+            y->used = n;
+            continue;
+        }
         if (!(order = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)y->used))) return DT_ERR_OOM;
         for (k = 0; k < y->used; k++) order[k] = y->x0 + k;
         /* by stamp (insertion sort is fine for a restore; stamps are unique within a shard) */
@@ -1546,10 +1740,82 @@ static dt_status dt__em_wait_all(dt_embed *e) {
     return st;
 }
 
+#define DT__EM_SW(a, b) do { char t_[sizeof(a)]; memcpy(t_, &(a), sizeof(a)); memcpy(&(a), &(b), sizeof(a)); \
+                                memcpy(&(b), t_, sizeof(a)); } while (0)
+static void dt__em_swap(dt_embed *e) {
+    dt__em_bst *a = &e->aside;
+    DT__EM_SW(e->phase, a->phase); DT__EM_SW(e->dp_late, a->dp_late); DT__EM_SW(e->B, a->B);
+    DT__EM_SW(e->g0, a->g0); DT__EM_SW(e->n_ids, a->n_ids); DT__EM_SW(e->rbuf_n, a->rbuf_n);
+    DT__EM_SW(e->offs, a->offs); DT__EM_SW(e->offs_cap, a->offs_cap); DT__EM_SW(e->rows, a->rows);
+    DT__EM_SW(e->rows_cap, a->rows_cap); DT__EM_SW(e->wts, a->wts); DT__EM_SW(e->wts_cap, a->wts_cap);
+    DT__EM_SW(e->segs, a->segs); DT__EM_SW(e->n_segs, a->n_segs); DT__EM_SW(e->segs_cap, a->segs_cap);
+    DT__EM_SW(e->cnt, a->cnt); DT__EM_SW(e->seq, a->seq); DT__EM_SW(e->seq_grad, a->seq_grad);
+    DT__EM_SW(e->seq_cap, a->seq_cap); DT__EM_SW(e->seq_off, a->seq_off); DT__EM_SW(e->sbuf_i, a->sbuf_i);
+    DT__EM_SW(e->sbuf_f, a->sbuf_f); DT__EM_SW(e->rbuf_i, a->rbuf_i); DT__EM_SW(e->rbuf_f, a->rbuf_f);
+    DT__EM_SW(e->pooled, a->pooled); DT__EM_SW(e->reqs, a->reqs); DT__EM_SW(e->rviews, a->rviews);
+    DT__EM_SW(e->n_reqs, a->n_reqs);
+}
+#undef DT__EM_SW
+
+DT_API dt_status dt_embed_progress(dt_embed *e) {
+    int k, i, done;
+    if (!e) return DT_ERR_ARG;
+    for (k = 0; k < 2; k++) {
+        int ph = k ? e->aside.phase : e->phase, n = k ? e->aside.n_reqs : e->n_reqs;
+        dt_comm_req **rq = k ? e->aside.reqs : e->reqs;
+        if (ph != 1) continue;
+        for (i = 0; i < n; i++) DT__ETRY(dt_comm_test(rq[i], &done));
+    }
+    return DT_OK;
+}
+
+/* Data-parallel lookups: local, straight into the pooled buffer / sequence rows. */
+static dt_status dt__em_dp_lookup(dt_embed *e) {
+    int64_t b, j;
+    int f;
+    if (e->cuda) return dt__em_cuda_dp_pool(e);
+    for (b = 0; b < e->B; b++)
+        for (f = 0; f < e->n_feat; f++) {
+            const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+            int64_t i0 = e->offs[(int64_t)f * e->B + b], n = e->offs[(int64_t)f * e->B + b + 1] - i0;
+            if (t->shard != DT_SHARD_DATA) continue;
+            if (t->pooling == DT_POOL_NONE)
+                for (j = 0; j < n; j++)
+                    dt__em_pool(t, dt__em_dst(e, f, b, j, NULL, e->seq), e->rows + i0 + j, e->wts + i0 + j, 1, 0, t->dim);
+            else dt__em_pool(t, dt__em_dst(e, f, b, -1, (float *)e->pooled.data, NULL), e->rows + i0, e->wts + i0, n, 0,
+                             t->dim);
+        }
+    return DT_OK;
+}
+
+static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt);
+static dt_status dt__em_end(dt_embed *e, dt_tensor *out);
+
 DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt) {
+    dt_status st;
+    int ahead;
+    if (!e) return DT_ERR_ARG;
+    if (e->phase == 1 || e->aside.phase == 1)
+        return dt_ctx_set_error(e->ctx, DT_ERR_STATE, "dt_embed_forward_begin: the batch begun last has no "
+                                "dt_embed_forward_end yet; expected begin, end, [backward], begin, ...");
+    ahead = e->phase == 2; /* the previous batch still needs its state for its backward: keep it aside */
+    if (ahead) dt__em_swap(e);
+    e->dp_late = ahead;    /* its rows may change in that backward: read them at the end */
+    st = dt__em_begin(e, kjt);
+    if (ahead) dt__em_swap(e);
+    return st;
+}
+
+DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
+    if (!e) return DT_ERR_ARG;
+    if (e->phase != 1 && e->aside.phase == 1) dt__em_swap(e); /* the batch begun ahead */
+    return dt__em_end(e, out);
+}
+
+static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt) {
     const char *fn = "dt_embed_forward";
-    int W, r, bad = 0, f;
-    int64_t *cnt, b, j, tot_i = 0, tot_f = 0, tot_r = 0;
+    int W, r, bad = 0;
+    int64_t *cnt, tot_i = 0, tot_f = 0, tot_r = 0;
     (void)tot_r;
     dt__em_gen g;
     dt_status st;
@@ -1627,32 +1893,21 @@ DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt) {
         DT__ETRY(dt__em_post(e, &e->sbuf_i, &e->rbuf_i, cnt, rc, DT__EM_TAG_IDS));
         if (e->any_weighted) DT__ETRY(dt__em_post(e, &e->sbuf_f, &e->rbuf_f, cnt + W, rf, DT__EM_TAG_WTS));
     }
-    /* local: data-parallel lookups straight into the pooled buffer / sequence rows */
+    /* local: data-parallel lookups (at the end when begun ahead of a backward) */
     {
         int64_t nb;
         if (!dt_mul_ok(e->B, e->pooled_dim, &nb)) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: batch x pooled dim overflows", fn);
         DT__ETRY(dt__em_need(e, &e->pooled, DT_F32, nb + 1));
         memset(e->pooled.data, 0, (size_t)nb * sizeof(float));
         DT__ETRY(dt__em_seq_layout(e));
-        if (e->cuda) DT__ETRY(dt__em_cuda_dp_pool(e));
-        else for (b = 0; b < e->B; b++)
-            for (f = 0; f < e->n_feat; f++) {
-                const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
-                int64_t i0 = e->offs[(int64_t)f * e->B + b], n = e->offs[(int64_t)f * e->B + b + 1] - i0;
-                if (t->shard != DT_SHARD_DATA) continue;
-                if (t->pooling == DT_POOL_NONE)
-                    for (j = 0; j < n; j++)
-                        dt__em_pool(t, dt__em_dst(e, f, b, j, NULL, e->seq), e->rows + i0 + j, e->wts + i0 + j, 1, 0, t->dim);
-                else dt__em_pool(t, dt__em_dst(e, f, b, -1, (float *)e->pooled.data, NULL), e->rows + i0, e->wts + i0, n, 0,
-                                 t->dim);
-            }
+        if (!e->dp_late) DT__ETRY(dt__em_dp_lookup(e));
     }
     e->phase = 1;
     e->stats.seconds_fwd += dt__em_now() - t0;
     return DT_OK;
 }
 
-DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
+static dt_status dt__em_end(dt_embed *e, dt_tensor *out) {
     const char *fn = "dt_embed_forward";
     int W, r, f;
     int64_t *cnt, k, c, b, tot = 0;
@@ -1671,9 +1926,12 @@ DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
     /* the ids are in: serve (pool what was asked of this rank's shards, one pass), and every
        rank takes part in the return all-to-all even when its out is bad */
     {
+        double tw = dt__em_now();
         dt_status ws = dt__em_wait_all(e);
         int64_t tot_res = 0;
+        e->stats.seconds_wait += dt__em_now() - tw;
         if (ws) { e->phase = 0; return ws; }
+        if (e->dp_late) { e->dp_late = 0; DT__ETRY(dt__em_dp_lookup(e)); }
         if (e->any_dyn) DT__ETRY(dt__em_dyn_translate(e, (int64_t *)e->rbuf_i.data, e->rbuf_n));
         dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W, cnt + 5 * W, NULL);
         for (r = 0; r < W; r++) tot_res += cnt[5 * W + r];
@@ -2103,10 +2361,10 @@ static dt_status dt__em_params(dt_embed *e, dt_params *ps, dt_param **store, dt_
     d.dtype = DT_I64; d.device = DT_CPU; d.shape[0] = e->n_tabs; d.ndim = 1;
     DT__ETRY(dt_tensor_create(e->ctx, steps, &d));
     for (i = 0; i < e->n_tabs; i++) ((int64_t *)steps->data)[i] = e->tabs[i].t;
-    p = (dt_param *)dt_alloc(e->ctx, sizeof(dt_param) * (size_t)(5 * e->n_tabs + 1));
-    ps->items = (dt_param **)dt_alloc(e->ctx, sizeof(dt_param *) * (size_t)(5 * e->n_tabs + 1));
+    p = (dt_param *)dt_alloc(e->ctx, sizeof(dt_param) * (size_t)(6 * e->n_tabs + 1));
+    ps->items = (dt_param **)dt_alloc(e->ctx, sizeof(dt_param *) * (size_t)(6 * e->n_tabs + 1));
     if (!p || !ps->items) { dt_release(e->ctx, p); dt_release(e->ctx, ps->items); ps->items = NULL; return DT_ERR_OOM; }
-    memset(p, 0, sizeof(dt_param) * (size_t)(5 * e->n_tabs + 1));
+    memset(p, 0, sizeof(dt_param) * (size_t)(6 * e->n_tabs + 1));
     *store = p;
     snprintf(p[0].name, DT_NAME_MAX, "embed/steps");
     p[0].value = *steps; p[0].value.owns = 0;
@@ -2114,15 +2372,16 @@ static dt_status dt__em_params(dt_embed *e, dt_params *ps, dt_param **store, dt_
     ps->items[n++] = &p[0];
     for (i = 0; i < e->n_tabs; i++) {
         dt__em_tab *t = &e->tabs[i];
-        const dt_tensor *ts[5];
-        const char *nm[5];
+        const dt_tensor *ts[6];
+        const char *nm[6];
         if (!t->w.data) continue;
         ts[0] = &t->w; nm[0] = "weight";
         ts[1] = t->s1.data ? &t->s1 : NULL; nm[1] = t->kind == DT_EMBED_ADAM ? "exp_avg" : t->kind == DT_EMBED_ADAGRAD ? "sum" : "rowsum";
         ts[2] = t->s2.data ? &t->s2 : NULL; nm[2] = "exp_avg_sq";
         ts[3] = t->dynamic ? &t->slot_id : NULL; nm[3] = "slot_id";       /* the id in each slot */
-        ts[4] = t->dynamic ? &t->slot_stamp : NULL; nm[4] = "slot_stamp"; /* its LRU position */
-        for (k = 0; k < 5; k++) {
+        ts[4] = t->dynamic ? &t->slot_stamp : NULL; nm[4] = "slot_stamp"; /* its last use */
+        ts[5] = t->slot_count.data ? &t->slot_count : NULL; nm[5] = "slot_count"; /* LFU: its uses */
+        for (k = 0; k < 6; k++) {
             dt_param *q = &p[n];
             if (!ts[k]) continue;
             snprintf(q->name, DT_NAME_MAX, "embed/%.63s/%.12s", t->name, nm[k]);

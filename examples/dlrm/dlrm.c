@@ -12,6 +12,7 @@
           --device cpu|cuda (cuda: a -DDT_CUDA build, build/examples/cuda/dlrm: MLPs, interaction,
           activations and the tables' shards on the GPU; the loss through a host copy of the
           logits; tests/cuda_emu/k_dlrm.cpp checks it against the cpu run on the emulator)
+          --overlap 0|1 (the next batch's id exchange during this batch's dense work; default 0)
    last line: "final: loss L auc A" (L the training loss of the last step, A the held-out AUC).
 
    One step on rank r (W ranks, global batch B; rank r's samples are a pure function of (seed,
@@ -30,6 +31,13 @@
    Accumulation (--accum N): step s still covers samples [s B, (s+1) B), as N micro-batches of
    B / N; the dense grads and the embedding contributions accumulate (dt_embed_set_sync), and one
    update follows the last micro-batch: the same update as one batch of B.
+   Overlap (--overlap 1): the ids of batch s+1 are read and their exchange posted
+   (dt_embed_forward_begin) right after batch s's pooled vectors arrive, and travel during batch
+   s's dense forward and backward (dt_embed_progress between layers moves them: Open MPI here has
+   no progress thread); the rows of batch s+1 are gathered in its forward_end, after batch s's
+   sparse update, so the losses are those of --overlap 0 bit for bit. Not across a step that
+   evaluates or saves a checkpoint (those need the embedding idle). Default 0: measured 1.3x
+   faster steps at 2 ranks on 2 cores, slower at 4 (oversubscribed); bench/RESULTS.md.
    Checkpoints (--ckpt DIR): the dense model + optimizer in DIR/dense, the tables in DIR/embed
    (dt_opt.h's crash-safe directories; dense first, so DIR/dense always holds the step that
    DIR/embed's latest names, and --resume loads that pair). Metrics: one JSON line per step
@@ -58,13 +66,14 @@ typedef struct opts {
     int64_t steps, batch, eval_samples, rows, row_wise_over;
     uint64_t seed;
     const char *data, *arch, *opt, *log, *ckpt, *shard, *device;
-    int dim, cross, accum, eval_every, print_every, ckpt_every, resume, skip_bad, quiet;
+    int dim, cross, accum, eval_every, print_every, ckpt_every, resume, skip_bad, quiet, overlap;
     int bottom[MAX_LAYERS], n_bottom, top[MAX_LAYERS], n_top;
     double lr, emb_lr;
 } opts;
 
 static dt_ctx *g_ctx;
 static int g_rank;
+static dt_embed *g_progress; /* --overlap: an id exchange in flight, moved between dense layers */
 #define CHECK(call) do { dt_status s_ = (call); if (s_) { \
     fprintf(stderr, "dlrm [rank %d]: %s failed: %s\n", g_rank, #call, dt_ctx_error(g_ctx)); exit(1); } } while (0)
 
@@ -75,7 +84,7 @@ static void usage(const char *why) {
                     "--arch dlrm|dcn --dim D --bottom 64,32 --top 64,32 --cross L --opt sgd|adagrad --lr LR "
                     "--emb-lr LR --accum N --eval-every N --eval-samples N --print-every N --log FILE "
                     "--ckpt DIR --ckpt-every N --resume --rows N --skip-bad --shard auto|row|table|data --row-wise-over ROWS "
-                    "--device cpu|cuda --quiet\n", why);
+                    "--device cpu|cuda --quiet --overlap 0|1\n", why);
     exit(2);
 }
 
@@ -143,6 +152,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--shard")) o->shard = v;
         else if (!strcmp(a, "--device")) o->device = v;
         else if (!strcmp(a, "--row-wise-over")) o->row_wise_over = num(a, v, 0, (int64_t)1 << 40);
+        else if (!strcmp(a, "--overlap")) o->overlap = (int)num(a, v, 0, 1);
         else if (!strcmp(a, "--resume")) { o->resume = 1; takes = 0; }
         else if (!strcmp(a, "--skip-bad")) { o->skip_bad = 1; takes = 0; }
         else if (!strcmp(a, "--quiet")) { o->quiet = 1; takes = 0; }
@@ -409,6 +419,7 @@ static dt_tensor *mlp_fwd(views *v, const mlp *n, dt_tensor *in, dt_tensor *h, i
         dt_tensor *o = rows(v, &h[i], b);
         CHECK(dt_linear_fwd(g_ctx, o, in, &n->w[i]->value, &n->b[i]->value));
         if (i + 1 < n->n || n->relu_last) CHECK(dt_relu_fwd(g_ctx, o, o));
+        if (g_progress) CHECK(dt_embed_progress(g_progress));
         in = o;
     }
     return in;
@@ -431,6 +442,7 @@ static void mlp_bwd(views *v, const mlp *n, dt_tensor *in, dt_tensor *h, dt_tens
         }
         if (gx) CHECK(dt_tensor_fill(g_ctx, gx, 0.0));
         CHECK(dt_linear_bwd(g_ctx, gx, &n->w[i]->grad, &n->b[i]->grad, g, x, &n->w[i]->value));
+        if (g_progress) CHECK(dt_embed_progress(g_progress));
         CHECK(dt_bucketer_mark_ready(bk, n->w[i]));
         CHECK(dt_bucketer_mark_ready(bk, n->b[i]));
     }
@@ -455,20 +467,34 @@ static dt_kjt kjt_of(kjt_buf *kb, const dt_dlrm_batch *b) {
     return k;
 }
 
-/* Forward of a local batch to the logits [b, 1] (a view into a's top activations). */
-static dt_tensor *forward(views *v, model *m, acts *a, const dt_dlrm_batch *batch, kjt_buf *kb) {
+/* Forward of a local batch to the logits [b, 1] (a view into a's top activations). begun: its
+   id exchange was posted already (--overlap); next: the batch whose exchange to post now. */
+static dt_tensor *forward(views *v, model *m, acts *a, const dt_dlrm_batch *batch, kjt_buf *kb, int begun,
+                          const dt_dlrm_batch *next) {
     int64_t b = batch->size, D = m->dim;
     dt_tensor *dense, *z, *e, *inter;
-    dt_kjt k = kjt_of(kb, batch);
     acts_grow(a, m, b);
     dense = rows(v, &a->dense, b);
     CHECK(dt_tensor_copy(g_ctx, dense, &batch->dense));
-    /* the id exchange first, then the bottom MLP, then the pooled exchange (dt_embed's begin/end
-       split: dense work of this batch between the two all-to-alls) */
-    CHECK(dt_embed_forward_begin(m->emb, &k));
-    z = mlp_fwd(v, &m->bottom, dense, a->bot_h, b);
-    e = rows(v, &a->emb, b);
-    CHECK(dt_embed_forward_end(m->emb, e));
+    if (!begun) {
+        dt_kjt k = kjt_of(kb, batch);
+        CHECK(dt_embed_forward_begin(m->emb, &k));
+    }
+    g_progress = NULL;
+    if (next) { /* this batch's rows now, then the next batch's ids go out during all the dense work */
+        dt_kjt kn = kjt_of(kb, next);
+        e = rows(v, &a->emb, b);
+        CHECK(dt_embed_forward_end(m->emb, e));
+        CHECK(dt_embed_forward_begin(m->emb, &kn));
+        g_progress = m->emb;
+        z = mlp_fwd(v, &m->bottom, dense, a->bot_h, b);
+    } else {
+        /* the id exchange first, then the bottom MLP, then the pooled exchange (dt_embed's
+           begin/end split: dense work of this batch between the two all-to-alls) */
+        z = mlp_fwd(v, &m->bottom, dense, a->bot_h, b);
+        e = rows(v, &a->emb, b);
+        CHECK(dt_embed_forward_end(m->emb, e));
+    }
     if (m->dcn) {
         const dt_tensor *parts[2];
         dt_tensor *x;
@@ -557,7 +583,7 @@ static void evaluate(model *m, acts *a, data *d, const opts *o, dt_comm *world, 
     float *scores, *labels;
     dt_tensor *logits, hl = {0};
     data_eval(d, batch, n, rank, W);
-    logits = forward(&v, m, a, batch, kb);
+    logits = forward(&v, m, a, batch, kb, 0, NULL);
     td.device = DT_CPU; /* the scores are gathered and ranked on the host */
     if (logits->device == DT_CUDA_DEVICE) {
         CHECK(dt_tensor_create_like(g_ctx, &hl, logits, DT_DTYPE_DEFAULT, DT_CPU));
@@ -642,13 +668,13 @@ int main(int argc, char **argv) {
     model m;
     acts a;
     kjt_buf kb = {0};
-    dt_dlrm_batch batch;
+    dt_dlrm_batch batches[2], *batch = &batches[0];
     dt_optimizer *opt;
     dt_opt_desc od = {0};
     dt_bucketer *bk;
     dt_bucketer_desc bd = {0};
     FILE *log = NULL;
-    int W, mi;
+    int W, mi, begun = 0;
     int64_t step = 0, first_step;
     double t0, loss = 0, auc = 0.5, logloss = 0, comm_s = 0, eval_s = 0;
 
@@ -662,7 +688,7 @@ int main(int argc, char **argv) {
     data_open(&d, &o, world);
     model_make(&m, &o, &d, world);
     memset(&a, 0, sizeof a);
-    memset(&batch, 0, sizeof batch);
+    memset(batches, 0, sizeof batches);
     od.kind = !strcmp(o.opt, "sgd") ? DT_OPT_SGD : DT_OPT_ADAGRAD;
     od.lr = o.lr;
     od.comm = world;
@@ -686,22 +712,34 @@ int main(int argc, char **argv) {
     for (; step < o.steps; step++) {
         int64_t micro = o.batch / o.accum;
         double sums[1] = {0}, tc;
+        /* --overlap: the next micro-batch's exchange is posted during this one, except into a
+           step that evaluates or checkpoints (they need the embedding idle) */
+        int ahead = o.overlap && step + 1 < o.steps && (step + 1) % o.eval_every != 0 &&
+                    !(o.ckpt && o.ckpt_every && (step + 1) % o.ckpt_every == 0);
         for (mi = 0; mi < o.accum; mi++) {
             views v = {0};
             dt_tensor *logits, *dlogits;
+            dt_dlrm_batch *next = NULL;
             float l;
             int last = mi == o.accum - 1;
-            data_batch(&d, &batch, step * o.accum + mi, micro, g_rank, W);
+            if (!begun) data_batch(&d, batch, step * o.accum + mi, micro, g_rank, W);
+            if (o.overlap && (!last || ahead)) { /* the next micro-batch (of this step or the next) */
+                next = batch == &batches[0] ? &batches[1] : &batches[0];
+                data_batch(&d, next, step * o.accum + mi + 1, micro, g_rank, W);
+            }
             CHECK(dt_bucketer_set_sync(bk, last));
             CHECK(dt_embed_set_sync(m.emb, last));
-            logits = forward(&v, &m, &a, &batch, &kb);
-            CHECK(dt_bce_logits_fwd(&ctx, &l, logits, &batch.labels));
-            sums[0] += (double)l * (double)batch.size;
-            dlogits = rows(&v, &a.top_dh[m.top.n - 1], batch.size);
+            logits = forward(&v, &m, &a, batch, &kb, begun, o.overlap ? next : NULL);
+            CHECK(dt_bce_logits_fwd(&ctx, &l, logits, &batch->labels));
+            sums[0] += (double)l * (double)batch->size;
+            dlogits = rows(&v, &a.top_dh[m.top.n - 1], batch->size);
             CHECK(dt_tensor_fill(&ctx, dlogits, 0.0));
             /* mean over the rank's rows x rows / B = this rank's share of the global mean */
-            CHECK(dt_bce_logits_bwd(&ctx, dlogits, logits, &batch.labels, (float)batch.size / (float)o.batch));
-            backward(&v, &m, &a, batch.size, bk);
+            CHECK(dt_bce_logits_bwd(&ctx, dlogits, logits, &batch->labels, (float)batch->size / (float)o.batch));
+            backward(&v, &m, &a, batch->size, bk);
+            g_progress = NULL;
+            begun = o.overlap && next != NULL;
+            if (begun) batch = next;
         }
         tc = now();
         CHECK(dt_bucketer_finish(bk));
@@ -713,7 +751,7 @@ int main(int argc, char **argv) {
         if (o.ckpt && o.ckpt_every && (step + 1) % o.ckpt_every == 0) save(&m, opt, &o, world, step + 1);
         if ((step + 1) % o.eval_every == 0 || step + 1 == o.steps) {
             double te = now();
-            evaluate(&m, &a, &d, &o, world, &kb, &batch, &auc, &logloss);
+            evaluate(&m, &a, &d, &o, world, &kb, batch, &auc, &logloss);
             eval_s += now() - te; /* throughput counts training only */
             if (g_rank == 0 && !o.quiet)
                 printf("eval  step %lld: auc %.4f logloss %.4f (%lld held-out samples)\n", (long long)(step + 1), auc,
@@ -729,10 +767,10 @@ int main(int argc, char **argv) {
                 dt_embed_stats es;
                 CHECK(dt_embed_stats_get(m.emb, &es));
                 fprintf(log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%g,\"emb_lr\":%g,\"samples_per_s\":%.1f,"
-                             "\"comm_s\":%.6f,\"emb_fwd_s\":%.6f,\"emb_bwd_s\":%.6f,\"emb_bytes_sent\":%.0f,"
-                             "\"auc\":%.6f,\"logloss\":%.6f,\"ranks\":%d}\n",
+                             "\"comm_s\":%.6f,\"emb_fwd_s\":%.6f,\"emb_bwd_s\":%.6f,\"emb_wait_s\":%.6f,"
+                             "\"emb_bytes_sent\":%.0f,\"auc\":%.6f,\"logloss\":%.6f,\"ranks\":%d}\n",
                         (long long)(step + 1), loss, dt_opt_lr(opt), o.emb_lr, sps, comm_s, es.seconds_fwd,
-                        es.seconds_bwd, es.bytes_sent_fwd + es.bytes_sent_bwd, auc, logloss, W);
+                        es.seconds_bwd, es.seconds_wait, es.bytes_sent_fwd + es.bytes_sent_bwd, auc, logloss, W);
                 fflush(log);
             }
         }
@@ -744,7 +782,8 @@ int main(int argc, char **argv) {
     dt_opt_free(opt);
     dt_embed_free(m.emb);
     acts_free(&a);
-    dt_dlrm_batch_free(&ctx, &batch);
+    dt_dlrm_batch_free(&ctx, &batches[0]);
+    dt_dlrm_batch_free(&ctx, &batches[1]);
     dt_release(&ctx, kb.lengths);
     if (!d.synthetic) dt_dlrm_bin_close(&ctx, &d.bin);
     dt_params_free(&ctx, &m.ps);
