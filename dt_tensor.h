@@ -22,10 +22,10 @@
                        kernels/dt_*.cu, -lcublas -lcudart; the other ops take CPU tensors only). Without it
                        asking for a CUDA tensor returns DT_ERR_DEVICE "built without DT_CUDA".
        DT_ASSERT(c)    internal invariant checks (default: assert.h). Never used for user errors.
-       DT_TENSOR_NO_SIMD  plain C loops instead of SSE2 in gelu, layernorm, softmax_xent and
-                       attention's softmax (same results, bit for bit: the lanes do the scalar
-                       ops). Neither needs more than -lm: the exp is this file's own (see
-                       "4-lane vectors").
+       DT_TENSOR_NO_SIMD  plain C loops instead of SSE2 in gelu, layernorm, softmax_xent,
+                       attention's softmax and the dot interaction (same results, bit for bit:
+                       the lanes do the scalar ops). Neither needs more than -lm: the exp is this
+                       file's own (see "4-lane vectors").
 
    API in one breath:
        dt_ctx_init / dt_ctx_shutdown / dt_ctx_error / dt_ctx_set_error
@@ -985,7 +985,7 @@ static dt_status dt__alloc_data(dt_ctx *ctx, dt_tensor *t, size_t bytes, const c
 
 static dt_status dt__create(dt_ctx *ctx, dt_tensor *t, dt_dtype dtype, dt_device dev, int nd,
                             const int64_t *shape, const char *fn, const char *arg) {
-    size_t bytes;
+    size_t bytes = 0; /* set by dt__size_of when it succeeds; gcc -O2 cannot always see that (-Wmaybe-uninitialized) */
     dt_status st;
     int i;
     if ((int)dtype < 0 || dtype >= DT_DTYPE_COUNT)
@@ -2871,27 +2871,56 @@ static const float *dt__dot_vec(const dt_tensor *dense, const dt_tensor *emb, in
     return i == 0 ? DT__CF(dense) + b * D : DT__CF(emb) + (b * F + i - 1) * D;
 }
 
+/* Both directions run on 4-lane vectors (dt__v4) with the scalar code's operations and order
+   per element, so SSE2 and DT_TENSOR_NO_SIMD give the same bits as the plain loops they
+   replaced. The forward's dot <T_i,T_j> is a sequential sum over d (s = 0; s += x_d y_d): the
+   lanes hold four pairs (j..j+3) at once, reading T transposed ([D][P], P = F+1 rounded up to 4,
+   the padding 0) from the ctx scratch. The backward adds s * y into gx element by element: the
+   lanes hold four elements d. */
 DT_API dt_status dt_dot_interaction_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *dense, const dt_tensor *emb) {
-    int64_t B, F, D, W, b, i, j, d;
+    int64_t B, F, D, W, P, b, i, j, d, np;
+    float *T;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
     if (dt__cu(out) || dt__cu(dense) || dt__cu(emb)) return dt__cu_dot(ctx, out, NULL, NULL, dense, emb, 0);
 #endif
     DT__TRY(dt__dot_check(ctx, out, dense, emb, "dt_dot_interaction_fwd", "out"));
     B = dense->shape[0]; D = dense->shape[1]; F = emb->shape[1]; W = out->shape[1];
+    if (B == 0) return DT_OK;
+    P = (F + 1 + 3) / 4 * 4;
+    if (!dt_mul_ok(P, D, &np) || np > (int64_t)(SIZE_MAX / sizeof(float)) - 1)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "dt_dot_interaction_fwd: (F+1) x D = %lld x %lld overflows",
+                                (long long)(F + 1), (long long)D);
+    if (!(T = dt__scratch(ctx, (size_t)np + 1))) return DT_ERR_OOM;
+    for (d = 0; d < D; d++)
+        for (j = F + 1; j < P; j++) T[d * P + j] = 0.0f;
     for (b = 0; b < B; b++) {
         float *o = DT__F(out) + b * W;
         memcpy(o, DT__CF(dense) + b * D, (size_t)D * sizeof(float));
         o += D;
-        for (i = 1; i <= F; i++)
-            for (j = 0; j < i; j++) {
-                const float *x = dt__dot_vec(dense, emb, b, i), *y = dt__dot_vec(dense, emb, b, j);
-                float s = 0;
-                for (d = 0; d < D; d++) s += x[d] * y[d];
-                *o++ = s;
+        for (j = 0; j <= F; j++) {
+            const float *y = dt__dot_vec(dense, emb, b, j);
+            for (d = 0; d < D; d++) T[d * P + j] = y[d];
+        }
+        for (i = 1; i <= F; i++) {
+            const float *x = dt__dot_vec(dense, emb, b, i);
+            for (j = 0; j < i; j += 4) {
+                dt__v4 s = dt__v_set(0.0f);
+                for (d = 0; d < D; d++) s = dt__v_add(s, dt__v_mul(dt__v_set(x[d]), dt__v_load(T + d * P + j)));
+                dt__v_st(o, j, i, s);
             }
+            o += i;
+        }
     }
     return DT_OK;
+}
+
+/* gx[d] += s * y[d], d = 0..D-1, four at a time: the scalar loop's f32 operations, lane by lane */
+static void dt__dot_axpy(float *gx, float s, const float *y, int64_t D) {
+    int64_t d;
+    dt__v4 sv = dt__v_set(s);
+    for (d = 0; d + 4 <= D; d += 4) dt__v_store(gx + d, dt__v_add(dt__v_load(gx + d), dt__v_mul(sv, dt__v_load(y + d))));
+    for (; d < D; d++) gx[d] += s * y[d];
 }
 
 DT_API dt_status dt_dot_interaction_bwd(dt_ctx *ctx, dt_tensor *ddense, dt_tensor *demb, const dt_tensor *dout,
@@ -2918,8 +2947,8 @@ DT_API dt_status dt_dot_interaction_bwd(dt_ctx *ctx, dt_tensor *ddense, dt_tenso
                 float *gx = demb ? DT__F(demb) + (b * F + i - 1) * D : NULL;
                 float *gy = j == 0 ? gd : demb ? DT__F(demb) + (b * F + j - 1) * D : NULL;
                 float s = *g++;
-                if (gx) for (d = 0; d < D; d++) gx[d] += s * y[d];
-                if (gy) for (d = 0; d < D; d++) gy[d] += s * x[d];
+                if (gx) dt__dot_axpy(gx, s, y, D);
+                if (gy) dt__dot_axpy(gy, s, x, D);
             }
     }
     return DT_OK;

@@ -2,7 +2,10 @@
 D, f32), the same batch shape (B samples, bags of 1..2L-1 ids, L on average, power-law ids) and
 one thread: torch.nn.EmbeddingBag(mode="sum", sparse=True) forward, backward of a fixed output
 gradient, and torch.optim.Adagrad on the sparse gradients (what dt_embed's DT_EMBED_ADAGRAD
-matches). Prints one line: "torch samples/s X" (median of the timed steps).
+matches). Index tensors are built before the timed steps; two warm-up steps are not counted.
+Times are the thread's CPU time (time.thread_time(), as bench/embed.c uses
+CLOCK_THREAD_CPUTIME_ID): one thread does all the work. Prints one line: "torch samples/s X"
+(median of the timed steps).
 
     /usr/bin/python3 bench/embed_torch.py [T R D B L steps]"""
 import sys, time
@@ -33,15 +36,15 @@ def main():
         batches.append(per)
     dout = torch.randn(B, D)
     times = []
-    for s in range(steps):
+    for s in range(steps + 2):  # the first two are warm-up
         per = batches[s % len(batches)]
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         opt.zero_grad(set_to_none=True)
         for t in range(T):
             out = bags[t](per[t][0], per[t][1])
             out.backward(dout)
         opt.step()
-        times.append(time.perf_counter() - t0)
+        times.append(time.thread_time() - t0)
     times = sorted(times[2:])
     med = times[len(times) // 2]
     print("torch samples/s %.1f" % (B / med))
