@@ -218,8 +218,14 @@
    sum of squares is a tree on the device; a real GPU may fuse a multiply-add, ~1 ulp).
    Sequence views (dt_embed_sequence) stay host tensors; dt_embed_local_shard gives a cuda
    view; checkpoints go through dt_opt.h's host copies (saved on cuda, they load on cpu and
-   back). Not yet: dynamic tables on cuda (kernels/dt_hash.cu has the GPU id table, not wired
-   in) and dt_embed_export_changed of cuda tables (both DT_ERR_UNSUPPORTED).
+   back). Dynamic tables (LRU): each local id-hash shard's id -> slot map is a GPU table
+   (kernels/dt_hash.cu; link it too): a forward's ids go through it per shard in the host's
+   order, so slots, admitted / evicted / rejected counts and rows equal the cpu run's; admitted
+   rows are initialised on the host from (seed, "<table>#<id>") and copied up, their optimizer
+   state zeroed. slot_id / slot_stamp are host mirrors (copied down after every forward: O(rows)
+   per step), so checkpoints load into cpu dynamic tables and back. A shard's ids seen and not
+   admitted are bounded (8 x its slots, at least 4096): beyond, forward is DT_ERR_RANGE. Not
+   yet: dt_embed_export_changed of cuda tables (DT_ERR_UNSUPPORTED).
 
    Memory: tables, optimizer state and every buffer come from the ctx allocator; buffers are
    kept and grown (dt_grow) so steps do not allocate after the first ones. The change tracking
@@ -616,6 +622,8 @@ struct dt_embed {
     float *cu_hf, *cu_stg;
     int *cu_st_t;
     int64_t *cu_st_row;
+    struct dt_k_hash *cu_hs;     /* the dynamic tables' GPU id tables, one per local shard, in table order */
+    int64_t cu_hs_n;
 };
 
 /* The CUDA tables (their section is at the end): stubs returning DT_ERR_DEVICE without DT_CUDA. */
@@ -630,6 +638,8 @@ static dt_status dt__em_cuda_host_dout(dt_embed *e, const float **dd, const dt_t
 static dt_status dt__em_cuda_stage(dt_embed *e, int t, int64_t row, const float *g, int64_t nc);
 static dt_status dt__em_cuda_flush(dt_embed *e);
 static void dt__em_cuda_free(dt_embed *e);
+static dt_status dt__em_cuda_dyn_translate(dt_embed *e, int64_t *rin, int64_t total);
+static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti);
 
 /* ---------------------------------------------------------------- id maps */
 
@@ -1983,7 +1993,8 @@ static dt_status dt__em_end(dt_embed *e, dt_tensor *out) {
         e->stats.seconds_wait += dt__em_now() - tw;
         if (ws) { e->phase = 0; return ws; }
         if (e->dp_late) { e->dp_late = 0; DT__ETRY(dt__em_dp_lookup(e)); }
-        if (e->any_dyn) DT__ETRY(dt__em_dyn_translate(e, (int64_t *)e->rbuf_i.data, e->rbuf_n));
+        if (e->any_dyn) DT__ETRY(e->cuda ? dt__em_cuda_dyn_translate(e, (int64_t *)e->rbuf_i.data, e->rbuf_n)
+                                         : dt__em_dyn_translate(e, (int64_t *)e->rbuf_i.data, e->rbuf_n));
         dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W, cnt + 5 * W, NULL);
         for (r = 0; r < W; r++) tot_res += cnt[5 * W + r];
         DT__ETRY(dt__em_need(e, &e->resp, DT_F32, tot_res + 1));
@@ -2514,6 +2525,7 @@ DT_API dt_status dt_embed_checkpoint_load(dt_embed *e, dt_train_state *state, co
         for (i = 0; i < e->n_tabs; i++) {
             e->tabs[i].t = ((int64_t *)steps.data)[i];
             if (e->tabs[i].dynamic && e->tabs[i].w.data && !st) st = dt__em_dyn_rebuild(e, &e->tabs[i]);
+            if (e->tabs[i].dynamic && e->tabs[i].w.data && !st && e->cuda) st = dt__em_cuda_dyn_restore(e, i);
         }
     dt_release(e->ctx, ps.items);
     dt_release(e->ctx, store);
@@ -2615,7 +2627,9 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
    operands in the CPU's order: pooled outputs and SGD / Adagrad / Adam rows are the CPU
    path's bit for bit on the emulator; row-wise Adagrad's sum of squares is a tree in double on
    the device (a sequential loop on the CPU): within 1e-6 relative. On a real GPU nvcc may fuse
-   a multiply-add (about 1 ulp). Dynamic tables and export: DT_ERR_UNSUPPORTED. */
+   a multiply-add (about 1 ulp). Dynamic tables: the id -> slot decisions on the device
+   (dt_k_hash_lookup, one per local shard per forward), row initialisation on the host (see
+   "CUDA" at the top). Export: DT_ERR_UNSUPPORTED. */
 #ifdef DT_CUDA
 
 static dt_status dt__em_cuda_err(dt_embed *e, int st, const char *what) {
@@ -2628,10 +2642,11 @@ static dt_status dt__em_cuda_check_desc(dt_ctx *ctx, const dt_embed_desc *desc) 
     if (desc->device != DT_DEVICE_DEFAULT && desc->device != DT_CPU && desc->device != DT_CUDA_DEVICE)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_embed_create: desc.device = %d; expected DEFAULT, DT_CPU or "
                                 "DT_CUDA_DEVICE", (int)desc->device);
-    for (i = 0; desc->device == DT_CUDA_DEVICE && i < desc->n_tables; i++)
-        if (desc->tables[i].dynamic)
-            return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "dt_embed_create: tables[%d] (\"%s\") is dynamic and "
-                                    "desc.device is cuda: dynamic tables on cuda are not supported yet", i,
+    if (desc->device != DT_CUDA_DEVICE || !desc->tables || desc->n_tables < 1) return DT_OK; /* (checked later) */
+    for (i = 0; i < desc->n_tables; i++)
+        if (desc->tables[i].dynamic && desc->tables[i].eviction == DT_EVICT_LFU)
+            return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "dt_embed_create: tables[%d] (\"%s\").eviction = LFU with "
+                                    "desc.device cuda; the GPU id table (kernels/dt_hash.cu) evicts LRU only", i,
                                     desc->tables[i].name ? desc->tables[i].name : "");
     return DT_OK;
 }
@@ -2682,6 +2697,186 @@ static dt_status dt__em_cuda_to_device(dt_embed *e, dt__em_tab *t) {
         if (st) { dt_tensor_free(e->ctx, &d); return st; }
         dt_tensor_free(e->ctx, ts[k]);
         *ts[k] = d;
+    }
+    if (t->dynamic && t->hs_count > 0) { /* a GPU id table per local shard; slot_id / slot_stamp stay host mirrors */
+        int64_t cap = e->cu_hs_n, h;
+        DT__ETRY(dt_grow(e->ctx, (void **)&e->cu_hs, &cap, e->cu_hs_n + t->hs_count, sizeof(dt_k_hash),
+                         "dt_embed cuda id tables"));
+        for (h = 0; h < t->hs_count; h++) {
+            int64_t sc = 4096;
+            while (sc < 8 * t->hs[h].n) sc *= 2;
+            DT__ETRY(dt__em_cuda_err(e, dt_k_hash_create(&e->cu_hs[e->cu_hs_n], t->hs[h].n, sc), "dt_k_hash_create"));
+            e->cu_hs_n++;
+        }
+    }
+    return DT_OK;
+}
+
+static dt_status dt__em_cuda_stage_buf(dt_embed *e, int64_t n, int64_t m);
+
+/* The first GPU id table of dynamic table ti (the tables' shards in table order). */
+static dt_k_hash *dt__em_cuda_hs(dt_embed *e, int ti) {
+    int64_t b = 0;
+    int i;
+    for (i = 0; i < ti; i++)
+        if (e->tabs[i].dynamic) b += e->tabs[i].hs_count;
+    return &e->cu_hs[b];
+}
+
+/* dt__em_dyn_fill on the device: the row is initialised on the host (the same Philox stream and
+   name "<table>#<id>") and copied up; its optimizer state is zeroed. */
+static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, int64_t x, int64_t id) {
+    dt_tensor v;
+    dt_tensor_desc d;
+    dt_init_desc in = t->init;
+    char name[DT_NAME_MAX + 32];
+    int64_t nc = t->c1 - t->c0;
+    size_t es = dt_dtype_size(t->w.dtype);
+    cudaStream_t s = (cudaStream_t)e->ctx->cuda_stream;
+    cudaError_t c = cudaSuccess;
+    dt_status st;
+    memset(&d, 0, sizeof d);
+    d.dtype = t->w.dtype; d.device = DT_CPU; d.ndim = 2; d.shape[0] = 1; d.shape[1] = nc;
+    DT__ETRY(dt_tensor_create(e->ctx, &v, &d));
+    snprintf(name, sizeof name, "%s#%lld", t->name, (long long)id);
+    in.name = name;
+    memset(in.global_shape, 0, sizeof in.global_shape);
+    memset(in.start, 0, sizeof in.start);
+    st = dt_tensor_init(e->ctx, &v, &in);
+    if (!st) st = dt__em_cuda_put(e, (char *)t->w.data + (size_t)(x * nc) * es, v.data, (size_t)nc * es);
+    dt_tensor_free(e->ctx, &v);
+    if (st) return st;
+    if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) c = cudaMemsetAsync((float *)t->s1.data + x, 0, sizeof(float), s);
+    else if (t->s1.data) c = cudaMemsetAsync((float *)t->s1.data + x * nc, 0, (size_t)nc * sizeof(float), s);
+    if (c == cudaSuccess && t->s2.data) c = cudaMemsetAsync((float *)t->s2.data + x * nc, 0, (size_t)nc * sizeof(float), s);
+    if (c == cudaSuccess) c = cudaStreamSynchronize(s);
+    return dt__em_cuda_err(e, (int)c, "cudaMemsetAsync");
+}
+
+/* One shard's batch of m ids, replaced by their global rows (or -1) by dt_k_hash_lookup; then the host mirrors of slot_id / slot_stamp are refreshed
+   and each slot whose id changed (or that was empty) gets its new row. A slot is admitted at
+   most once per batch (a row used by the batch is never evicted by it). */
+static dt_status dt__em_cuda_dyn_shard(dt_embed *e, dt__em_tab *t, dt_k_hash *hh, dt__em_dyn *y, int64_t *ids,
+                                       int64_t m) {
+    int64_t hc[4] = {0, 0, 0, 0}, *sid = (int64_t *)t->slot_id.data, *stamp = (int64_t *)t->slot_stamp.data;
+    int64_t *nw, k, *dv;
+    int ov = 0;
+    dt_status st;
+    DT__ETRY(dt__em_cuda_need(e, &e->cu_i, DT_I64, 2 * m + 4));
+    dv = (int64_t *)e->cu_i.data;
+    DT__ETRY(dt__em_cuda_put(e, dv, ids, (size_t)m * sizeof(int64_t)));
+    DT__ETRY(dt__em_cuda_put(e, dv + 2 * m, hc, sizeof hc)); /* counts, then the overflow flag (an int) */
+    DT__ETRY(dt__em_cuda_err(e, dt_k_hash_lookup(hh, dv + m, dv + 2 * m, (int *)(dv + 2 * m + 3), dv, m, t->admit_after,
+                                                 e->ctx->cuda_stream), "dt_k_hash_lookup"));
+    DT__ETRY(dt__em_cuda_get(e, ids, dv + m, (size_t)m * sizeof(int64_t)));
+    DT__ETRY(dt__em_cuda_get(e, hc, dv + 2 * m, sizeof hc));
+    memcpy(&ov, &hc[3], sizeof ov);
+    if (ov)
+        return dt_ctx_set_error(e->ctx, DT_ERR_RANGE, "dt_embed_forward: dynamic table \"%s\" on cuda: an id-hash shard "
+                                "saw more than %lld distinct ids not admitted (the GPU table's seen_cap); expected "
+                                "fewer (use a smaller admit_after or more rows)", t->name, (long long)hh->seen_cap);
+    for (k = 0; k < m; k++) ids[k] = ids[k] < 0 ? -1 : t->r0 + y->x0 + ids[k];
+    e->stats.step_admitted += hc[0]; e->stats.step_evicted += hc[1]; e->stats.step_rejected += hc[2];
+    if (!(nw = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(2 * y->n + 1)))) return DT_ERR_OOM;
+    st = dt__em_cuda_get(e, nw, hh->slot_id, (size_t)y->n * sizeof(int64_t));
+    if (!st) st = dt__em_cuda_get(e, nw + y->n, hh->slot_stamp, (size_t)y->n * sizeof(int64_t));
+    for (k = 0; !st && k < y->n; k++) {
+        int64_t x = y->x0 + k;
+        if (nw[y->n + k] != 0 && (stamp[x] == 0 || sid[x] != nw[k])) {
+            st = dt__em_cuda_dyn_fill(e, t, x, nw[k]);
+            if (!st) st = dt__em_mark(e, t, x);
+        }
+        sid[x] = nw[k]; stamp[x] = nw[y->n + k];
+    }
+    dt_release(e->ctx, nw);
+    return st;
+}
+
+/* dt__em_dyn_translate with the id tables on the device: each local shard's ids, in the order
+   the requests arrived (the global (sample, feature, position) order), go through its GPU
+   table in one batch; the decisions are the host map's (kernels/dt_hash.cu). */
+static dt_status dt__em_cuda_dyn_translate(dt_embed *e, int64_t *rin, int64_t total) {
+    int64_t p, j, n_all = 0;
+    int i, h;
+    e->stats.step_admitted = e->stats.step_evicted = e->stats.step_rejected = 0;
+    for (p = 0; p < total; p += DT__EM_HDR + rin[p + 3])
+        if (e->tabs[e->feat_tab[(int)rin[p]]].dynamic) n_all += rin[p + 3];
+    DT__ETRY(dt__em_cuda_stage_buf(e, 2 * n_all + 1, 0));
+    for (i = 0; i < e->n_tabs; i++) {
+        dt__em_tab *t = &e->tabs[i];
+        if (!t->dynamic || t->hs_count <= 0) continue;
+        /* gather every shard's ids first (the rows are written back into rin only at the end) */
+        int64_t m = 0, m0;
+        for (h = 0; h < t->hs_count; h++) {
+            m0 = m;
+            for (p = 0; p < total; p += DT__EM_HDR + rin[p + 3]) {
+                if (e->feat_tab[(int)rin[p]] != i) continue;
+                for (j = 0; j < rin[p + 3]; j++) {
+                    int64_t id = rin[p + DT__EM_HDR + j];
+                    if ((int)(dt_embed_hash_id(id) % (uint64_t)t->n_hs) - t->hs_first != h) continue;
+                    e->cu_hi[m] = id;
+                    e->cu_hi[n_all + m++] = p + DT__EM_HDR + j;
+                }
+            }
+            if (m > m0) DT__ETRY(dt__em_cuda_dyn_shard(e, t, dt__em_cuda_hs(e, i) + h, &t->hs[h], e->cu_hi + m0, m - m0));
+        }
+        for (j = 0; j < m; j++) rin[e->cu_hi[n_all + j]] = e->cu_hi[j];
+    }
+    e->stats.admitted += e->stats.step_admitted;
+    e->stats.evicted += e->stats.step_evicted;
+    e->stats.rejected += e->stats.step_rejected;
+    return DT_OK;
+}
+
+static uint64_t dt__em_cuda_hmix(int64_t id) { /* kernels/dt_hash.cu's dt_k__hmix */
+    uint64_t z = (uint64_t)id;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* After a checkpoint load (dt__em_dyn_rebuild has rebuilt the host LRU lists from the loaded
+   slot_id / slot_stamp): each GPU id table is rebuilt from them on the host and copied up; the
+   sightings of ids not admitted start empty, as on the CPU. */
+static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti) {
+    dt__em_tab *t = &e->tabs[ti];
+    dt_k_hash *hs = dt__em_cuda_hs(e, ti);
+    const int64_t *sid = (const int64_t *)t->slot_id.data, *stamp = (const int64_t *)t->slot_stamp.data;
+    int h;
+    for (h = 0; h < t->hs_count; h++) {
+        dt__em_dyn *y = &t->hs[h];
+        dt_k_hash *hh = &hs[h];
+        int64_t mc = hh->map_cap, n = y->n, k, cnt = 0, hdr[8] = {0, -1, -1, 0, 0, 0, 0, 0};
+        int64_t *key = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(2 * mc + 2 * n));
+        int *full = (int *)dt_alloc(e->ctx, sizeof(int) * (size_t)mc);
+        dt_status st = DT_OK;
+        cudaError_t c;
+        if (!key || !full) { dt_release(e->ctx, key); dt_release(e->ctx, full); return DT_ERR_OOM; }
+        memset(full, 0, sizeof(int) * (size_t)mc);
+        for (k = 0; k < y->used; k++) {
+            uint64_t i = dt__em_cuda_hmix(sid[y->x0 + k]) & (uint64_t)(mc - 1);
+            while (full[i]) i = (i + 1) & (uint64_t)(mc - 1);
+            key[i] = sid[y->x0 + k]; key[mc + i] = k; full[i] = 1; cnt++;
+        }
+        for (k = 0; k < n; k++) {
+            int64_t pv = k < y->used ? t->prev[y->x0 + k] : -1, nx = k < y->used ? t->next[y->x0 + k] : -1;
+            key[2 * mc + k] = pv >= 0 ? pv - y->x0 : -1;
+            key[2 * mc + n + k] = nx >= 0 ? nx - y->x0 : -1;
+        }
+        hdr[0] = y->used; hdr[1] = y->head >= 0 ? y->head - y->x0 : -1; hdr[2] = y->tail >= 0 ? y->tail - y->x0 : -1;
+        hdr[3] = y->stamp; hdr[4] = cnt;
+        st = dt__em_cuda_put(e, hh->map_key, key, (size_t)mc * sizeof(int64_t));
+        if (!st) st = dt__em_cuda_put(e, hh->map_val, key + mc, (size_t)mc * sizeof(int64_t));
+        if (!st) st = dt__em_cuda_put(e, hh->map_full, full, (size_t)mc * sizeof(int));
+        if (!st) st = dt__em_cuda_put(e, hh->prev, key + 2 * mc, (size_t)n * sizeof(int64_t));
+        if (!st) st = dt__em_cuda_put(e, hh->next, key + 2 * mc + n, (size_t)n * sizeof(int64_t));
+        if (!st) st = dt__em_cuda_put(e, hh->slot_id, sid + y->x0, (size_t)n * sizeof(int64_t));
+        if (!st) st = dt__em_cuda_put(e, hh->slot_stamp, stamp + y->x0, (size_t)n * sizeof(int64_t));
+        if (!st) st = dt__em_cuda_put(e, hh->hdr, hdr, sizeof hdr);
+        dt_release(e->ctx, key); dt_release(e->ctx, full);
+        if (st) return st;
+        c = cudaMemset(hh->seen_full, 0, (size_t)hh->seen_cap * sizeof(int));
+        DT__ETRY(dt__em_cuda_err(e, (int)c, "cudaMemset"));
     }
     return DT_OK;
 }
@@ -2898,6 +3093,8 @@ static void dt__em_cuda_free(dt_embed *e) {
     dt_tensor_free(e->ctx, &e->cu_resp); dt_tensor_free(e->ctx, &e->cu_res);
     dt_release(e->ctx, e->cu_hi); dt_release(e->ctx, e->cu_hf); dt_release(e->ctx, e->cu_stg);
     dt_release(e->ctx, e->cu_st_t); dt_release(e->ctx, e->cu_st_row);
+    while (e->cu_hs && e->cu_hs_n > 0) dt_k_hash_free(&e->cu_hs[--e->cu_hs_n]);
+    dt_release(e->ctx, e->cu_hs);
 }
 
 #else /* without DT_CUDA: desc.device cuda is refused at create, so only the first and last run */
@@ -2936,6 +3133,11 @@ static dt_status dt__em_cuda_stage(dt_embed *e, int t, int64_t row, const float 
 }
 static dt_status dt__em_cuda_flush(dt_embed *e) { return dt__em_cuda_off(e); }
 static void dt__em_cuda_free(dt_embed *e) { (void)e; }
+static dt_status dt__em_cuda_dyn_translate(dt_embed *e, int64_t *rin, int64_t total) {
+    (void)rin; (void)total;
+    return dt__em_cuda_off(e);
+}
+static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti) { (void)ti; return dt__em_cuda_off(e); }
 
 #endif /* DT_CUDA */
 

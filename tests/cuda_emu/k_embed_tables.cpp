@@ -5,7 +5,9 @@
 // sequence feature), 3 forward + backward steps: the pooled outputs, the sequence rows and the
 // updated shards must equal the CPU's bit for bit (row-wise Adagrad: 1e-6 relative, its sum of
 // squares is a tree on the device). Then a checkpoint of CUDA tables loads into CPU tables
-// equal, and the bad inputs (cpu out, dynamic tables, export) give their statuses.
+// equal, and the bad inputs (cpu out, export) give their statuses. A dynamic table (kernels/
+// dt_hash.cu's GPU id tables) under capacity pressure, admit_after 1 and 3: outputs, rows and
+// admitted / evicted / rejected counts equal the CPU's each step; checkpoints CUDA <-> CPU.
 // With the argument "tsan" (the ThreadSanitizer run): two configurations, 2 steps.
 #include <math.h>
 #include <cuda_runtime.h>
@@ -244,14 +246,137 @@ static void check_checkpoint(dt_ctx *ctx) {
     dt_embed_free(eg);
 }
 
+// Both tables' shards, outputs and sequence rows compared; returns 1 when all equal bitwise.
+static int same_tables(dt_ctx *ctx, dt_embed *ec, dt_embed *eg, const char *tag) {
+    int all = 1;
+    for (int t = 0; t < 3; t++) {
+        dt_tensor vc, vg;
+        int64_t r0, c0;
+        char name[192];
+        dt_embed_local_shard(ec, &vc, &r0, &c0, t);
+        dt_embed_local_shard(eg, &vg, &r0, &c0, t);
+        std::vector<float> hc = host_copy(ctx, &vc), hg = host_copy(ctx, &vg);
+        snprintf(name, sizeof name, "%s_table_%c_sizes", tag, 'a' + t);
+        if (!DT_TEST_CHECK(name, hc.size() == hg.size() && !hc.empty())) { all = 0; continue; }
+        snprintf(name, sizeof name, "%s_table_%c_rows_equal_cpu_bitwise", tag, 'a' + t);
+        if (memcmp(hc.data(), hg.data(), hc.size() * 4)) all = 0;
+        dt_test_allclose(name, hg.data(), hc.data(), hc.size(), 0, 0);
+    }
+    return all;
+}
+
+// n steps on both (same batches); outputs, sequence rows and the dynamic counts compared each step.
+// pressure 1: the run must have evicted (admit_after 1) or rejected ids (admit_after > 1).
+static void run_both(dt_ctx *ctx, dt_embed *ec, dt_embed *eg, const int64_t *rows, int steps, const char *tag,
+                     int pressure) {
+    char name[192];
+    int ok = 1;
+    for (int s = 0; s < steps && ok; s++) {
+        batch k = make_batch(rows);
+        std::vector<float> dout(B * dt_embed_pooled_dim(ec)), sgr(64), oc, og, qc, qg;
+        for (size_t i = 0; i < dout.size(); i++) dout[i] = next_f();
+        for (size_t i = 0; i < sgr.size(); i++) sgr[i] = next_f();
+        if (step(ctx, ec, k, dout, sgr, &oc, &qc) || step(ctx, eg, k, dout, sgr, &og, &qg)) {
+            snprintf(name, sizeof name, "%s_steps_run", tag);
+            dt_test_fail(name, "step %d failed: %s", s + 1, dt_ctx_error(ctx));
+            return;
+        }
+        dt_embed_stats sc, sg;
+        dt_embed_stats_get(ec, &sc);
+        dt_embed_stats_get(eg, &sg);
+        if (oc.size() != og.size() || memcmp(oc.data(), og.data(), oc.size() * 4) || qc.size() != qg.size() ||
+            memcmp(qc.data(), qg.data(), qc.size() * 4)) {
+            ok = 0;
+            snprintf(name, sizeof name, "%s_forward_equals_cpu_bitwise_step_%d", tag, s + 1);
+            if (oc.size() == og.size()) dt_test_allclose(name, og.data(), oc.data(), oc.size(), 0, 0);
+            else dt_test_fail(name, "sizes %zu (cuda) vs %zu (cpu)", og.size(), oc.size());
+        }
+        if (sc.step_admitted != sg.step_admitted || sc.step_evicted != sg.step_evicted ||
+            sc.step_rejected != sg.step_rejected || sc.admitted != sg.admitted || sc.evicted != sg.evicted ||
+            sc.rejected != sg.rejected) {
+            ok = 0;
+            snprintf(name, sizeof name, "%s_stats_equal_cpu_step_%d", tag, s + 1);
+            dt_test_fail(name, "admitted/evicted/rejected cuda %lld/%lld/%lld (step %lld/%lld/%lld), cpu %lld/%lld/%lld "
+                         "(step %lld/%lld/%lld)", (long long)sg.admitted, (long long)sg.evicted, (long long)sg.rejected,
+                         (long long)sg.step_admitted, (long long)sg.step_evicted, (long long)sg.step_rejected,
+                         (long long)sc.admitted, (long long)sc.evicted, (long long)sc.rejected,
+                         (long long)sc.step_admitted, (long long)sc.step_evicted, (long long)sc.step_rejected);
+        }
+    }
+    if (ok) {
+        dt_embed_stats sc;
+        dt_embed_stats_get(ec, &sc);
+        snprintf(name, sizeof name, "%s_forward_and_stats_equal_cpu_%d_steps", tag, steps);
+        /* capacity pressure for real: ids were evicted (admit_after 1) or rejected (admit_after 3) */
+        if (DT_TEST_CHECK(name, !pressure || (sc.admitted > 0 && (sc.evicted > 0 || sc.rejected > 0)))) {}
+        else fprintf(stderr, "  admitted %lld evicted %lld rejected %lld\n", (long long)sc.admitted,
+                     (long long)sc.evicted, (long long)sc.rejected);
+    }
+    same_tables(ctx, ec, eg, tag);
+}
+
+// A dynamic table "a" (20 slots in 4 id-hash shards, ids 0..59: capacity pressure) with Adam
+// (zeroed state on admission matters), ids 0..59 (admit_after 1) or 0..29 (3): CUDA vs CPU outputs, rows, stats
+// after each step; then checkpoints both ways: CUDA saved -> CPU loaded, CPU saved -> CUDA
+// loaded, each pair running 2 more steps equal (the loaded id maps and LRU order are live).
+static void check_dynamic(dt_ctx *ctx, int admit_after, int steps) {
+    setup sc, sg;
+    dt_embed *ec = NULL, *eg = NULL, *ec2 = NULL, *eg2 = NULL;
+    int64_t rows[NF] = {admit_after == 1 ? 60 : 30, 12, 10, admit_after == 1 ? 60 : 30};
+    char tag[96], dir[512], dir2[512];
+    dt_checkpoint_desc cd;
+    snprintf(tag, sizeof tag, "embed_cuda_dynamic_admit_after_%d", admit_after);
+    make_setup(&sc, DT_SHARD_ROW, DT_EMBED_ADAM, DT_F32, DT_CPU);
+    make_setup(&sg, DT_SHARD_ROW, DT_EMBED_ADAM, DT_F32, DT_CUDA_DEVICE);
+    sc.tabs[0].dynamic = sg.tabs[0].dynamic = 1;
+    sc.tabs[0].hash_shards = sg.tabs[0].hash_shards = 4;
+    sc.tabs[0].admit_after = sg.tabs[0].admit_after = admit_after;
+    if (!DT_TEST_CHECK(tag, !dt_embed_create(ctx, &ec, &sc.desc) && !dt_embed_create(ctx, &eg, &sg.desc))) {
+        fprintf(stderr, "  %s\n", dt_ctx_error(ctx));
+        dt_embed_free(ec); dt_embed_free(eg);
+        return;
+    }
+    run_both(ctx, ec, eg, rows, steps, tag, 1);
+    /* checkpoints: eg (cuda) -> ec2 (cpu), ec (cpu) -> eg2 (cuda); the same seed (rows admitted
+       after the load are initialised from it); the id maps are empty before the load */
+    snprintf(dir, sizeof dir, "%s/embed_cuda_dyn_ckpt_g%d", dt_test_tmpdir(), admit_after);
+    snprintf(dir2, sizeof dir2, "%s/embed_cuda_dyn_ckpt_c%d", dt_test_tmpdir(), admit_after);
+    memset(&cd, 0, sizeof cd);
+    char name[192];
+    snprintf(name, sizeof name, "%s_checkpoint_round_trip_ok", tag);
+    int st = dt_embed_create(ctx, &ec2, &sc.desc) || dt_embed_create(ctx, &eg2, &sg.desc);
+    cd.dir = dir;
+    if (!st) st = dt_embed_checkpoint_save(eg, NULL, &cd) || dt_embed_checkpoint_load(ec2, NULL, &cd);
+    cd.dir = dir2;
+    if (!st) st = dt_embed_checkpoint_save(ec, NULL, &cd) || dt_embed_checkpoint_load(eg2, NULL, &cd);
+    if (DT_TEST_CHECK(name, st == 0)) {
+        char t2[160];
+        snprintf(t2, sizeof t2, "%s_saved_on_cuda_loaded_on_cpu", tag);
+        same_tables(ctx, ec2, eg, t2);
+        snprintf(t2, sizeof t2, "%s_saved_on_cpu_loaded_on_cuda", tag);
+        same_tables(ctx, ec, eg2, t2);
+        /* the loaded ones go on like the originals: ec2 (cpu) vs eg2 (cuda) loaded from equal states */
+        snprintf(t2, sizeof t2, "%s_after_load", tag);
+        uint64_t r = rng;
+        run_both(ctx, ec2, eg2, rows, 2, t2, 0);
+        rng = r; /* and the originals with the same batches */
+        snprintf(t2, sizeof t2, "%s_originals_after_save", tag);
+        run_both(ctx, ec, eg, rows, 2, t2, 0);
+        /* the sightings of ids not admitted are not saved: only with admit_after 1 does a loaded
+           table go on exactly like the original */
+        snprintf(t2, sizeof t2, "%s_loaded_goes_on_like_the_original", tag);
+        if (admit_after == 1) same_tables(ctx, ec, eg2, t2);
+    } else {
+        fprintf(stderr, "  %s\n", dt_ctx_error(ctx));
+    }
+    dt_embed_free(ec); dt_embed_free(eg); dt_embed_free(ec2); dt_embed_free(eg2);
+}
+
 static void check_bad_inputs(dt_ctx *ctx) {
     setup s;
     dt_embed *e = NULL;
     int64_t rows[NF] = {20, 12, 10, 20};
     make_setup(&s, DT_SHARD_TABLE, DT_EMBED_SGD, DT_F32, DT_CUDA_DEVICE);
-    s.tabs[0].dynamic = 1;
-    dt_test_error("embed_cuda_dynamic_table_is_unsupported", dt_embed_create(ctx, &e, &s.desc), dt_ctx_error(ctx),
-                  "dynamic tables on cuda");
     make_setup(&s, DT_SHARD_TABLE, DT_EMBED_SGD, DT_F32, (dt_device)7);
     dt_test_error("embed_device_7_is_arg_error", dt_embed_create(ctx, &e, &s.desc), dt_ctx_error(ctx), "desc.device = 7");
     make_setup(&s, DT_SHARD_TABLE, DT_EMBED_SGD, DT_F32, DT_CUDA_DEVICE);
@@ -288,6 +413,23 @@ static void check_bad_inputs(dt_ctx *ctx) {
     dt_test_error("embed_cuda_export_is_unsupported", st, dt_ctx_error(ctx), "not supported yet");
     DT_TEST_CHECK("embed_cuda_export_status_unsupported", st == DT_ERR_UNSUPPORTED);
     dt_embed_free(e);
+    { /* LFU eviction is the host map's only: the GPU id table evicts LRU */
+        dt_embed_table_desc t;
+        dt_embed_desc d;
+        dt_embed *f = NULL;
+        memset(&t, 0, sizeof t);
+        t.name = "lfu"; t.rows = 8; t.dim = 4; t.dynamic = 1; t.eviction = DT_EVICT_LFU;
+        memset(&d, 0, sizeof d);
+        d.tables = &t; d.n_tables = 1; d.device = DT_CUDA_DEVICE;
+        st = dt_embed_create(ctx, &f, &d);
+        dt_test_error("embed_cuda_lfu_dynamic_table_is_unsupported", st, dt_ctx_error(ctx), "eviction = LFU");
+        DT_TEST_CHECK("embed_cuda_lfu_status_unsupported", st == DT_ERR_UNSUPPORTED && !f);
+        if (f) dt_embed_free(f);
+        t.eviction = DT_EVICT_LRU;
+        st = dt_embed_create(ctx, &f, &d);
+        DT_TEST_CHECK("embed_cuda_lru_dynamic_table_is_created", st == DT_OK && f);
+        if (f) dt_embed_free(f);
+    }
 }
 
 int main(int argc, char **argv) {
@@ -297,6 +439,7 @@ int main(int argc, char **argv) {
     if (tsan) {
         check_config(&ctx, DT_SHARD_ROW, DT_EMBED_ROWWISE_ADAGRAD, DT_F32, 2); /* the kernel with a barrier */
         check_config(&ctx, DT_SHARD_DATA, DT_EMBED_ADAM, DT_F32, 2);
+        check_dynamic(&ctx, 3, 2);
     } else {
         dt_embed_sharding shs[4] = {DT_SHARD_TABLE, DT_SHARD_ROW, DT_SHARD_COLUMN, DT_SHARD_DATA};
         dt_embed_optim opts[4] = {DT_EMBED_SGD, DT_EMBED_ADAGRAD, DT_EMBED_ROWWISE_ADAGRAD, DT_EMBED_ADAM};
@@ -306,6 +449,8 @@ int main(int argc, char **argv) {
                     check_config(&ctx, shs[i], opts[j], DT_F32, 3);
         check_config(&ctx, DT_SHARD_ROW, DT_EMBED_ADAGRAD, DT_BF16, 3);
         check_checkpoint(&ctx);
+        check_dynamic(&ctx, 1, 4);
+        check_dynamic(&ctx, 3, 4);
         check_bad_inputs(&ctx);
     }
     dt_ctx_shutdown(&ctx);
