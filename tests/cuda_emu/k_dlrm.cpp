@@ -66,7 +66,7 @@ static void run(dt_device dev, const char *arch, const char *opt, const char *sh
         dt_tensor *logits, *dlogits;
         float l;
         data_batch(&d, &batch, step, o.batch, 0, 1);
-        logits = forward(&v, &m, &a, &batch, &kb);
+        logits = forward(&v, &m, &a, &batch, &kb, 0, NULL);
         CHECK(dt_bce_logits_fwd(&ctx, &l, logits, &batch.labels));
         losses[step] = l;
         dlogits = rows(&v, &a.top_dh[m.top.n - 1], batch.size);
