@@ -228,8 +228,8 @@
    or more is then advised into 2 MiB pages (madvise MADV_HUGEPAGE + MADV_COLLAPSE on its
    2 MiB-aligned part; errors ignored, values unchanged): random rows in 4 KiB pages miss the TLB
    on nearly every id. Opt out with DT_EMBED_NO_HUGEPAGE. Exception: the hash maps of dynamic
-   tables are stb_ds's, which allocate with realloc / free (STBDS_REALLOC / STBDS_FREE; define them before
-   this file's implementation to change that), not with the ctx allocator. A dynamic table's
+   tables are stb_ds's, which allocate with realloc / free (STBDS_REALLOC / STBDS_FREE; define
+   them before this file's implementation to change that), not with the ctx allocator. A dynamic table's
    slots cost 2 x 8 bytes (id, stamp) + 2 x 8 (LRU links, or LFU heap) (+ 8, LFU count) per
    slot besides the row; the map of
    sightings grows with the distinct ids seen and not admitted (use admit_after 1 to keep it
