@@ -18,6 +18,7 @@
                            gradient (same results, bit for bit: tests/test_embed_simd.c). Rows are
                            prefetched a few ids ahead with __builtin_prefetch (gcc, clang; a hint
                            that changes no value, a no-op elsewhere).
+       DT_EMBED_NO_HUGEPAGE  no huge-page advice on large shards (see "Memory" below).
        DT_STB_DS_H         the stb_ds header to include (default <stb/stb_ds.h>, Debian libstb-dev).
        DT_EMBED_NO_STB_DS_IMPLEMENTATION   stb_ds's implementation (STB_DS_IMPLEMENTATION) must be
                            compiled exactly once per program: dt_embed.h's implementation compiles
@@ -229,9 +230,12 @@
 
    Memory: tables, optimizer state and every buffer come from the ctx allocator; buffers are
    kept and grown (dt_grow) so steps do not allocate after the first ones. The change tracking
-   of the export costs one bit per local row. Exception: the hash maps of dynamic tables are
-   stb_ds's, which allocate with realloc / free (STBDS_REALLOC / STBDS_FREE; define them before
-   this file's implementation to change that), not with the ctx allocator. A dynamic table's
+   of the export costs one bit per local row. On Linux, a host table or optimizer state of 4 MiB
+   or more is then advised into 2 MiB pages (madvise MADV_HUGEPAGE + MADV_COLLAPSE on its
+   2 MiB-aligned part; errors ignored, values unchanged): random rows in 4 KiB pages miss the TLB
+   on nearly every id. Opt out with DT_EMBED_NO_HUGEPAGE. Exception: the hash maps of dynamic
+   tables are stb_ds's, which allocate with realloc / free (STBDS_REALLOC / STBDS_FREE; define
+   them before this file's implementation to change that), not with the ctx allocator. A dynamic table's
    slots cost 2 x 8 bytes (id, stamp) + 2 x 8 (LRU links, or LFU heap) (+ 8, LFU count) per
    slot besides the row; the map of
    sightings grows with the distinct ids seen and not admitted (use admit_after 1 to keep it
@@ -449,6 +453,23 @@ DT_API uint64_t dt_embed_hash_id(int64_t id);
 #if defined(__SSE2__) && !defined(DT_EMBED_NO_SIMD)
 #include <emmintrin.h>
 #define DT__EM_SSE2
+#endif
+/* Huge pages for large shards (dt__em_hugepage): madvise from <sys/mman.h>. Strict -std=c99
+   hides it and MADV_* unless _DEFAULT_SOURCE came before the first system include; on Linux they
+   are declared here instead (14 and 25 are the Linux ABI's MADV_HUGEPAGE and MADV_COLLAPSE). */
+#if defined(__linux__) && !defined(DT_EMBED_NO_HUGEPAGE)
+#include <sys/mman.h>
+#if defined(MADV_HUGEPAGE)
+#define DT__EM_MADV_HUGE MADV_HUGEPAGE
+#elif !defined(__cplusplus)
+extern int madvise(void *addr, size_t len, int advice);
+#define DT__EM_MADV_HUGE 14
+#endif
+#if defined(MADV_COLLAPSE)
+#define DT__EM_MADV_COLLAPSE MADV_COLLAPSE
+#else
+#define DT__EM_MADV_COLLAPSE 25
+#endif
 #endif
 
 /* stb_ds: the host hash maps of dynamic tables. Its implementation is compiled here unless
@@ -1033,6 +1054,22 @@ static void dt__em_shard_bounds(dt_embed *e, dt__em_tab *t) {
     if (t->r0 == t->r1 || t->c0 == t->c1) { t->r0 = t->r1 = 0; t->c0 = t->c1 = 0; }
 }
 
+/* Advice to back a large host buffer (>= 4 MiB) with 2 MiB pages: random rows in 4 KiB pages
+   miss the TLB on nearly every id. Its 2 MiB-aligned middle gets MADV_HUGEPAGE and, the buffer
+   being already touched (dt_tensor_create zeroes it), MADV_COLLAPSE (Linux >= 6.1: copies it into
+   huge pages now). Errors are ignored: advice only, no value changes. No-op elsewhere. */
+static void dt__em_hugepage(void *p, size_t bytes) {
+#ifdef DT__EM_MADV_HUGE
+    const uintptr_t H = (uintptr_t)2 << 20;
+    uintptr_t a = ((uintptr_t)p + H - 1) & ~(H - 1), b = ((uintptr_t)p + bytes) & ~(H - 1);
+    if (bytes < (size_t)4 << 20 || b <= a) return;
+    if (madvise((void *)a, (size_t)(b - a), DT__EM_MADV_HUGE) == 0)
+        (void)madvise((void *)a, (size_t)(b - a), DT__EM_MADV_COLLAPSE);
+#else
+    (void)p; (void)bytes;
+#endif
+}
+
 static dt_status dt__em_alloc_shard(dt_embed *e, dt__em_tab *t, uint64_t seed) {
     dt_tensor_desc d;
     dt_init_desc in;
@@ -1041,6 +1078,7 @@ static dt_status dt__em_alloc_shard(dt_embed *e, dt__em_tab *t, uint64_t seed) {
     memset(&d, 0, sizeof d);
     d.dtype = t->dtype; d.device = DT_CPU; d.shape[0] = nr; d.shape[1] = nc; d.ndim = 2;
     DT__ETRY(dt_tensor_create(e->ctx, &t->w, &d));
+    dt__em_hugepage(t->w.data, dt_tensor_bytes(&t->w));
     in = t->init;
     if (in.kind == DT_INIT_DEFAULT) { /* TorchRec's default: U(-sqrt(1/rows), sqrt(1/rows)) */
         in.kind = DT_INIT_UNIFORM;
@@ -1058,6 +1096,8 @@ static dt_status dt__em_alloc_shard(dt_embed *e, dt__em_tab *t, uint64_t seed) {
     d.dtype = DT_F32;
     if (t->kind == DT_EMBED_ADAGRAD || t->kind == DT_EMBED_ADAM) DT__ETRY(dt_tensor_create(e->ctx, &t->s1, &d));
     if (t->kind == DT_EMBED_ADAM) DT__ETRY(dt_tensor_create(e->ctx, &t->s2, &d));
+    if (t->s1.data) dt__em_hugepage(t->s1.data, dt_tensor_bytes(&t->s1));
+    if (t->s2.data) dt__em_hugepage(t->s2.data, dt_tensor_bytes(&t->s2));
     if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) {
         d.shape[1] = 0; d.ndim = 1;
         DT__ETRY(dt_tensor_create(e->ctx, &t->s1, &d));
@@ -1417,26 +1457,33 @@ DT__EM_PF_FN void dt__em_pf_row(const dt__em_tab *t, int64_t row, int write) {
 }
 
 /* Pools ids [i0, i1) of the batch (global rows in rows[], weights in w[]) over the shard's
-   columns [c0, c0 + nc) into acc: acc = ((0 + w0 row0) + w1 row1) + ... in f32, bag order. */
+   columns [c0, c0 + nc) into acc: acc = ((0 + w0 row0) + w1 row1) + ... in f32, bag order.
+   pf: prefetch the rows 2 ids ahead (long bags; dt__em_serve passes 0: its cursor looks further
+   ahead, and a second prefetch of the same lines only costs instructions). */
 static void dt__em_pool(const dt__em_tab *t, float *acc, const int64_t *rows, const float *w, int64_t n,
-                        int64_t c0, int64_t nc) {
+                        int64_t c0, int64_t nc, int pf) {
     int64_t j, c, ld = t->c1 - t->c0;
     for (c = 0; c < nc; c++) acc[c] = 0.0f;
+    if (t->dtype == DT_F32) {
+        const float *base = (const float *)t->w.data + (c0 - t->c0);
+        for (j = 0; j < n; j++) {
+            if (rows[j] < 0) continue; /* a dynamic id that was not admitted: zeros */
+            if (pf && j + 2 < n) dt__em_pf_row(t, rows[j + 2], 0);
+            if (t->weighted) dt__em_axpy(acc, base + (rows[j] - t->r0) * ld, w ? w[j] : 1.0f, nc);
+            else dt__em_add(acc, base + (rows[j] - t->r0) * ld, nc);
+        }
+        return;
+    }
     for (j = 0; j < n; j++) {
         int64_t x = rows[j] - t->r0;
         float wj = w ? w[j] : 1.0f;
-        if (rows[j] < 0) continue; /* a dynamic id that was not admitted: zeros */
-        if (j + 2 < n) dt__em_pf_row(t, rows[j + 2], 0); /* long bags; dt__em_serve looks further ahead */
-        if (t->dtype == DT_F32) {
-            const float *r = (const float *)t->w.data + x * ld + (c0 - t->c0);
-            if (t->weighted) dt__em_axpy(acc, r, wj, nc);
-            else dt__em_add(acc, r, nc);
-        } else {
-            const uint16_t *r = (const uint16_t *)t->w.data + x * ld + (c0 - t->c0);
-            for (c = 0; c < nc; c++) {
-                float v = t->dtype == DT_BF16 ? dt_bf16_to_f32(r[c]) : dt_f16_to_f32(r[c]);
-                acc[c] += t->weighted ? wj * v : v;
-            }
+        const uint16_t *r;
+        if (rows[j] < 0) continue;
+        r = (const uint16_t *)t->w.data + x * ld + (c0 - t->c0);
+        if (pf && j + 2 < n) dt__em_pf_row(t, rows[j + 2], 0);
+        for (c = 0; c < nc; c++) {
+            float v = t->dtype == DT_BF16 ? dt_bf16_to_f32(r[c]) : dt_f16_to_f32(r[c]);
+            acc[c] += t->weighted ? wj * v : v;
         }
     }
 }
@@ -1683,15 +1730,37 @@ static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
 }
 
 /* A cursor over the ids of the received requests (segments: header, then ids), DT__EM_PF_IDS
-   ahead of the pooling, that prefetches each id's row. */
-typedef struct dt__em_pfc { const int64_t *rin; int64_t p, j, end; } dt__em_pfc;
+   ahead of the pooling, that prefetches each id's row. A segment's table (its shard's rows,
+   base address and row bytes) is looked up once, when the cursor enters it, not per id. */
+typedef struct dt__em_pfc {
+    const int64_t *rin;
+    int64_t p, j, n, end, r0, r1;
+    const char *base;
+    size_t bytes;
+} dt__em_pfc;
 static void dt__em_pfc_step(const dt_embed *e, dt__em_pfc *c, int64_t k) {
     while (k > 0 && c->p < c->end) {
-        int64_t n = c->rin[c->p + 3];
-        if (c->j >= n) { c->p += DT__EM_HDR + n; c->j = 0; continue; }
-        dt__em_pf_row(&e->tabs[e->feat_tab[c->rin[c->p]]], c->rin[c->p + DT__EM_HDR + c->j], 0);
-        c->j++;
+        const char *q;
+        int64_t row;
+        size_t o;
+        if (c->j >= c->n) { /* the next segment */
+            const dt__em_tab *t;
+            if (c->n >= 0) c->p += DT__EM_HDR + c->n;
+            c->j = 0;
+            if (c->p >= c->end) break;
+            t = &e->tabs[e->feat_tab[c->rin[c->p]]];
+            c->n = c->rin[c->p + 3];
+            c->r0 = t->r0; c->r1 = t->r1;
+            c->base = (const char *)t->w.data;
+            c->bytes = (size_t)(t->c1 - t->c0) * dt_dtype_size(t->dtype);
+            continue;
+        }
+        row = c->rin[c->p + DT__EM_HDR + c->j++];
         k--;
+        if (row < c->r0 || row >= c->r1) continue; /* a rejected dynamic id (-1) */
+        q = c->base + (size_t)(row - c->r0) * c->bytes;
+        for (o = 0; o < c->bytes; o += 64) DT__EM_PF_R(q + o);
+        if (c->bytes > 0 && ((uintptr_t)(q + c->bytes - 1) & 63) < ((uintptr_t)q & 63)) DT__EM_PF_R(q + c->bytes - 1);
     }
 }
 
@@ -1702,7 +1771,8 @@ static void dt__em_serve(dt_embed *e, const int64_t *rin, const float *rfl, cons
     int s;
     int64_t p = 0, q = 0, o = 0;
     dt__em_pfc pf;
-    pf.rin = rin; pf.p = 0; pf.j = 0; pf.end = 0;
+    memset(&pf, 0, sizeof pf);
+    pf.rin = rin; pf.n = -1; /* before the first segment */
     for (s = 0; s < e->size; s++) pf.end += cnt_i[s];
     if (out) dt__em_pfc_step(e, &pf, DT__EM_PF_IDS);
     for (s = 0; s < e->size; s++) {
@@ -1715,7 +1785,7 @@ static void dt__em_serve(dt_embed *e, const int64_t *rin, const float *rfl, cons
             int64_t nc = t->c1 - t->c0;
             if (out) {
                 dt__em_pfc_step(e, &pf, n); /* the rows DT__EM_PF_IDS ids after this request's */
-                dt__em_pool(t, out + o, rin + p + DT__EM_HDR, e->any_weighted ? rfl + q : NULL, n, t->c0, nc);
+                dt__em_pool(t, out + o, rin + p + DT__EM_HDR, e->any_weighted ? rfl + q : NULL, n, t->c0, nc, 0);
             }
             o += nc;
             nres[s] += nc;
@@ -1842,9 +1912,9 @@ static dt_status dt__em_dp_lookup(dt_embed *e) {
             if (t->shard != DT_SHARD_DATA) continue;
             if (t->pooling == DT_POOL_NONE)
                 for (j = 0; j < n; j++)
-                    dt__em_pool(t, dt__em_dst(e, f, b, j, NULL, e->seq), e->rows + i0 + j, e->wts + i0 + j, 1, 0, t->dim);
+                    dt__em_pool(t, dt__em_dst(e, f, b, j, NULL, e->seq), e->rows + i0 + j, e->wts + i0 + j, 1, 0, t->dim, 1);
             else dt__em_pool(t, dt__em_dst(e, f, b, -1, (float *)e->pooled.data, NULL), e->rows + i0, e->wts + i0, n, 0,
-                             t->dim);
+                             t->dim, 1);
         }
     return DT_OK;
 }

@@ -39,7 +39,9 @@ static dt_ctx C, CH; /* CH: the same with huge_alloc */
 /* A dt_ctx_desc.allocator that asks Linux for transparent huge pages (2 MiB) on blocks of 4 MiB
    or more: a 10M-row table in 4 KiB pages costs a TLB miss (and a page walk that itself misses
    the cache) per random row; in 2 MiB pages the TLB covers far more of it. What a user of dt can
-   do with the allocator hook; dt itself allocates through whatever allocator the ctx has. */
+   do with the allocator hook. dt allocates through whatever allocator the ctx has, then advises
+   shards of 4 MiB or more into huge pages itself (dt_embed.h, "Memory"; -DDT_EMBED_NO_HUGEPAGE
+   for malloc's 4 KiB pages); this allocator asks before the first touch, for every such block. */
 #define HUGE_BYTES ((size_t)2 << 20)
 static void *huge_alloc(size_t bytes, void *user) {
     void *p = NULL;
