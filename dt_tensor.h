@@ -270,7 +270,7 @@ DT_API dt_status dt_tensor_reshape(dt_ctx *ctx, dt_tensor *view, const dt_tensor
 DT_API dt_status dt_tensor_copy(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *src);
 DT_API dt_status dt_tensor_fill(dt_ctx *ctx, dt_tensor *t, double value);
 /* dst = (dst.dtype) src; f32 <-> bf16 / f16 (round to nearest even), and any pair of
-   f32/i32/i64/u8. Same numel, CPU. */
+   f32/i32/i64/u8. Same numel, CPU; under DT_CUDA both on cuda for f32/bf16/f16 (the same bits). */
 DT_API dt_status dt_tensor_cast(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *src);
 DT_API int dt_tensor_same_shape(const dt_tensor *a, const dt_tensor *b);
 /* "[4, 8]" into buf; returns buf. */
@@ -1301,9 +1301,16 @@ DT_API dt_status dt_tensor_fill(dt_ctx *ctx, dt_tensor *t, double value) {
 }
 
 /* dst = (dst.dtype) src. Integer targets saturate (NaN -> 0), as dt_convert does. */
+#ifdef DT_CUDA
+static dt_status dt__cu_cast(dt_ctx *, dt_tensor *, const dt_tensor *); /* (the CUDA section) */
+#endif
 DT_API dt_status dt_tensor_cast(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *src) {
     dt_status st;
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if ((dst && dst->device == DT_CUDA_DEVICE) || (src && src->device == DT_CUDA_DEVICE))
+        return dt__cu_cast(ctx, dst, src);
+#endif
     if ((st = dt_check_tensor(ctx, dst, DT_DTYPE_DEFAULT, "dt_tensor_cast", "dst"))) return st;
     if ((st = dt_check_tensor(ctx, src, DT_DTYPE_DEFAULT, "dt_tensor_cast", "src"))) return st;
     if (dst->numel != src->numel)
@@ -3361,6 +3368,23 @@ static dt_status dt__cu_axpy(dt_ctx *ctx, dt_tensor *y, float alpha, const dt_te
     DT__TRY(dt__same_numel(ctx, sy, sx, fn, "y", "x"));
     return dt__cu_status(ctx, dt_k_axpy(DT__CU_F(y), alpha, (const float *)x->data, x->numel, ctx->cuda_stream), fn,
                          "dt_k_axpy");
+}
+/* dt_tensor_cast on cuda: both tensors on the device, f32 <-> bf16 / f16 (and bf16 <-> f16
+   through f32) by dt_k_tensor_cast, rounded as dt_convert; other dtypes are the CPU's. */
+static dt_status dt__cu_cast(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *src) {
+    const char *fn = "dt_tensor_cast";
+    DT__CU_SH(sd, dst, "dst");
+    DT__CU_SH(ss, src, "src");
+    if (!sd || !ss) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, sd ? "src" : "dst");
+    if (!dt__is_float(sd->dtype) || !dt__is_float(ss->dtype))
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: %s -> %s on cuda; the device casts f32, bf16 and f16 "
+                                "(cast other dtypes on the cpu)", fn, dt_dtype_name(ss->dtype), dt_dtype_name(sd->dtype));
+    DT__TRY(dt__same_numel(ctx, sd, ss, fn, "dst", "src"));
+    if (src->data == dst->data && src->dtype != dst->dtype && src->numel > 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dst and src share memory but differ in dtype", fn);
+    if (src->numel == 0) return DT_OK;
+    return dt__cu_status(ctx, dt_k_tensor_cast(dst->data, (int)dst->dtype, src->data, (int)src->dtype, src->numel,
+                                               ctx->cuda_stream), fn, "dt_k_tensor_cast");
 }
 /* dt_add (op 0), dt_mul_fwd (1), dt_mul_bwd (2): the elementwise kernels, the CPU ops' checks. */
 static dt_status dt__cu_binary(dt_ctx *ctx, dt_tensor *o1, dt_tensor *o2, const dt_tensor *dout, const dt_tensor *a,

@@ -248,6 +248,40 @@ int main(void) {
         dt_test_error("axpy_cuda_mixed_devices_is_named", dt_axpy(&ctx, &y.d, 1.0f, &x.h), dt_ctx_error(&ctx), "x is on cpu");
         release(y); release(x); release(x2);
     }
+    { /* casts on the device: f32 -> bf16 / f16 -> f32 (and bf16 <-> f16) give the CPU's bits */
+        static const dt_dtype pairs[5][2] = {{DT_F32, DT_BF16}, {DT_F32, DT_F16}, {DT_BF16, DT_F32}, {DT_F16, DT_F32},
+                                             {DT_BF16, DT_F16}};
+        pair_t x = make(DT_F32, 1, 1003, 0, 0, 0, 41);
+        for (int k = 0; k < 5; k++) {
+            pair_t src = make(pairs[k][0], 1, 1003), dst = make(pairs[k][1], 1, 1003);
+            char name[96];
+            std::vector<uint8_t> got((size_t)dt_tensor_bytes(&dst.h));
+            dt_tensor h;
+            ok2("cast_setup", dt_tensor_cast(&ctx, &src.h, &x.h), dt_tensor_cast(&ctx, &src.d, &x.d));
+            snprintf(name, sizeof name, "cast_%s_to_%s_cuda_equals_cpu_bitwise", dt_dtype_name(pairs[k][0]),
+                     dt_dtype_name(pairs[k][1]));
+            if (ok2(name, dt_tensor_cast(&ctx, &dst.h, &src.h), dt_tensor_cast(&ctx, &dst.d, &src.d))) {
+                dt_tensor_create_like(&ctx, &h, &dst.d, DT_DTYPE_DEFAULT, DT_CPU);
+                dt_tensor_copy(&ctx, &h, &dst.d);
+                size_t n = (size_t)dt_tensor_bytes(&h), bad = n;
+                for (size_t i = 0; i < n && bad == n; i++)
+                    if (((const uint8_t *)h.data)[i] != ((const uint8_t *)dst.h.data)[i]) bad = i;
+                DT_TEST_CHECK(name, bad == n);
+                dt_tensor_free(&ctx, &h);
+            }
+            release(src);
+            release(dst);
+        }
+        pair_t i32 = make(DT_I32, 1, 1003, 0, 0, 0, 3, 100);
+        dt_status st = dt_tensor_cast(&ctx, &i32.d, &x.d);
+        dt_test_error("cast_cuda_to_i32_is_unsupported_named", st, dt_ctx_error(&ctx), "i32");
+        DT_TEST_CHECK("cast_cuda_to_i32_status", st == DT_ERR_UNSUPPORTED);
+        st = dt_tensor_cast(&ctx, &x.d, &x.h);
+        dt_test_error("cast_cpu_src_to_cuda_dst_is_device_error", st, dt_ctx_error(&ctx), "src is on cpu");
+        DT_TEST_CHECK("cast_mixed_devices_status", st == DT_ERR_DEVICE);
+        release(i32);
+        release(x);
+    }
     dt_ctx_shutdown(&ctx);
     return dt_test_finish();
 }
