@@ -408,7 +408,8 @@ spawn_gpu_builds() {
 # Every .cu file in kernels/ compiled by g++ against the emulator's fake CUDA headers
 # (tests/cuda_emu/include/), linked with its runtime (tests/cuda_emu/cuda_emu.cpp) and with each
 # tests/cuda_emu/k_*.cpp, which compares the kernels with dt_tensor.h's CPU ops. No GPU, no nvcc.
-# Each program runs once in every EMU_MODES mode (" [mode]" appended to its check names), then
+# Each program runs once in every EMU_MODES mode (" [mode]" appended to its check names; a line
+# "// emu-modes: M..." in the program names fewer: the end-to-end ones run two), then
 # once built with ThreadSanitizer, on small inputs (DT_K_SMALL=1), with the argument "tsan" (names
 # prefixed "tsan:"; a TSan report is a failure, except the one k_detect.cpp plants and expects).
 E=build/cuda_emu
@@ -539,7 +540,12 @@ run_emu() {
     done
     for name in "${EMU_TESTS[@]}"; do
         step_ok "cuda_emu:$name" "$E/$name" "emu_$name" || continue
-        for mode in "${EMU_MODES[@]}"; do
+        # a line "// emu-modes: M..." runs only those (the end-to-end programs: their kernels'
+        # own tests run in every order, and a model step costs seconds per emulated order)
+        local modes
+        modes=$(sed -n 's|^//[[:space:]]*emu-modes:[[:space:]]*\([a-z:0-9 ]*\).*|\1|p' "tests/cuda_emu/$name.cpp" | head -n 1)
+        [ -n "$modes" ] || modes="${EMU_MODES[*]}"
+        for mode in $modes; do
             run_prog "$name [$mode]" "" " [$mode]" env DT_EMU_MODE="$mode" "$E/$name"
         done
     done

@@ -1,3 +1,4 @@
+// emu-modes: parallel random:1 (end to end through kernels whose own k_*.cpp runs every thread order)
 // tests/cuda_emu/k_dlrm.cpp - examples/dlrm with --device cuda end to end on the emulator: the
 // example's own model, forward and backward (dlrm.c included with DLRM_NO_MAIN) on a ctx whose
 // device is cuda (MLPs, interaction, activations, optimizer step and the 26 tables' shards on

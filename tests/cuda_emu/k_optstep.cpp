@@ -1,3 +1,4 @@
+// emu-modes: parallel random:1 (end to end through kernels whose own k_*.cpp runs every thread order)
 // tests/cuda_emu/k_optstep.cpp - dt_opt_step on CUDA parameters (dt_opt.h built with DT_CUDA on the
 // emulator): kernels/dt_opt.cu behind the optimizer. Three steps of SGD (momentum, nesterov, weight
 // decay), AdamW and Adagrad on a set of CUDA parameters (one with no_decay, one in a group with its
