@@ -1,6 +1,6 @@
 // np: 1 2
 // tests/cuda_emu/mpi_gpt.cpp - examples/gpt on CUDA tensors over MPI ranks, on the emulator: gpt's
-// own main (GPT_NO_MAIN) with --device cuda under dp 2 (ZeRO 1, ZeRO 3), tp 2 and tp 2 + sp (the staged dt_comm
+// own main (GPT_NO_MAIN) with --device cuda under dp 2 (ZeRO 1, 2, 3), tp 2, tp 2 + sp and pp 2 (1F1B) (the staged dt_comm
 // path: device buffers through host memory and MPI; built without DT_NCCL) gives, step by step,
 // the losses of the same layout with --device cpu within 1e-5 relative, and final weights within
 // 1e-5 of their norm (attn.k.b: against Adam's bound, as tests/cuda_emu/k_gpt.cpp says why). The
@@ -44,15 +44,18 @@ static void grab(model *m, void *user) {
     }
 }
 
-static void run(const char *device, int tp, int sp, int zero, double *losses, weights *w) {
-    char t[8], s[8], z[8], st[8];
+static void run(const char *device, int tp, int sp, int zero, int pp, double *losses, weights *w) {
+    char t[8], s[8], z[8], st[8], p[8];
     snprintf(t, sizeof t, "%d", tp);
     snprintf(s, sizeof s, "%d", sp);
     snprintf(z, sizeof z, "%d", zero);
     snprintf(st, sizeof st, "%d", (int)STEPS);
-    const char *argv[] = {"gpt", "--device", device, "--layers", "1", "--width", "32", "--heads", "2", "--seq", "16",
-                          "--batch", "4", "--steps", st, "--warmup", "1", "--tp", t, "--sp", s,
-                          "--zero", z, "--quiet", NULL};
+    snprintf(p, sizeof p, "%d", pp);
+    /* pp 2: two blocks, one per stage, 1F1B over 2 micro-batches (the pipeline runtime's
+       activations and grads cross ranks as device tensors) */
+    const char *argv[] = {"gpt", "--device", device, "--layers", pp > 1 ? "2" : "1", "--width", "32", "--heads", "2",
+                          "--seq", "16", "--batch", "4", "--steps", st, "--warmup", "1", "--tp", t, "--sp", s,
+                          "--zero", z, "--pp", p, "--schedule", "1f1b", "--micro", pp > 1 ? "2" : "1", "--quiet", NULL};
     g_step_losses = losses;
     g_on_done = grab;
     g_on_done_user = w;
@@ -61,14 +64,14 @@ static void run(const char *device, int tp, int sp, int zero, double *losses, we
     g_on_done = NULL;
 }
 
-static void compare(const char *tag, int tp, int sp, int zero) {
+static void compare(const char *tag, int tp, int sp, int zero, int pp) {
     double l_cpu[STEPS], l_cuda[STEPS], worst = 0, worst_w = 0, kb = 0;
     weights w_cpu, w_cuda;
     char name[128];
     int at = 0;
     size_t worst_i = 0;
-    run("cpu", tp, sp, zero, l_cpu, &w_cpu);
-    run("cuda", tp, sp, zero, l_cuda, &w_cuda);
+    run("cpu", tp, sp, zero, pp, l_cpu, &w_cpu);
+    run("cuda", tp, sp, zero, pp, l_cuda, &w_cuda);
     for (int i = 0; i < STEPS; i++) {
         double d = fabs(l_cuda[i] - l_cpu[i]) / fabs(l_cpu[i]);
         if (!(d <= worst)) worst = d, at = i;
@@ -119,13 +122,15 @@ int main(int argc, char **argv) {
         return 1;
     }
     W = dt_comm_size(keep);
-    if (W == 1) compare("1x1", 1, 0, 0);
+    if (W == 1) compare("1x1", 1, 0, 0, 1);
     else {
         const char *only = getenv("MPI_GPT_ONLY"); /* one layout by name, for a quick look */
-        if (!only || !strcmp(only, "dp2_zero1")) compare("dp2_zero1", 1, 0, 1);
-        if (!only || !strcmp(only, "dp2_zero3")) compare("dp2_zero3", 1, 0, 3);
-        if (!only || !strcmp(only, "tp2")) compare("tp2", 2, 0, 0);
-        if (!only || !strcmp(only, "tp2_sp")) compare("tp2_sp", 2, 1, 0);
+        if (!only || !strcmp(only, "dp2_zero1")) compare("dp2_zero1", 1, 0, 1, 1);
+        if (!only || !strcmp(only, "dp2_zero2")) compare("dp2_zero2", 1, 0, 2, 1);
+        if (!only || !strcmp(only, "dp2_zero3")) compare("dp2_zero3", 1, 0, 3, 1);
+        if (!only || !strcmp(only, "tp2")) compare("tp2", 2, 0, 0, 1);
+        if (!only || !strcmp(only, "tp2_sp")) compare("tp2_sp", 2, 1, 0, 1);
+        if (!only || !strcmp(only, "pp2_1f1b")) compare("pp2_1f1b", 1, 0, 0, 2);
     }
     {
         int rc = dt_test_finish();
