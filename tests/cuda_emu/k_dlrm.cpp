@@ -131,7 +131,7 @@ static void check(const char *arch, const char *opt, const char *shard, int step
 // The ops dlrm needs that gained a cuda dispatch (dt_tensor.h): add, mul fwd/bwd, concat / split,
 // dot interaction fwd/bwd, bce with logits fwd/bwd, each on cuda tensors against the cpu op on
 // the same inputs (bitwise: the kernels and the host-staged bce do the cpu's operations), and
-// the bad inputs (a cpu operand among cuda ones, the accumulating concat forms).
+// the bad inputs (a cpu operand among cuda ones, concat widths that do not add up).
 static dt_tensor mk(dt_ctx *ctx, dt_device dev, int64_t d0, int64_t d1, int64_t d2, const std::vector<float> &v) {
     dt_tensor t;
     dt_tensor_desc d;
@@ -186,24 +186,28 @@ static void check_ops(void) {
         CHECK(dt_dot_interaction_bwd(&ctx, &dd, &de, &gout, &ta, &te)); r[k][8] = hv(dd); r[k][9] = hv(de);
         CHECK(dt_bce_logits_fwd(&ctx, &loss[k], &lz, &ly));
         CHECK(dt_bce_logits_bwd(&ctx, &dl, &lz, &ly, 0.75f)); r[k][10] = hv(dl);
-        if (dv == DT_CUDA_DEVICE) {
+        {   /* the accumulating form: each part += its columns of the whole */
             dt_tensor *douts[2] = {&s1, &s2};
+            CHECK(dt_concat_bwd(&ctx, douts, 2, &cat));
+            r[k][11] = hv(s1);
+            std::vector<float> v2 = hv(s2);
+            r[k][11].insert(r[k][11].end(), v2.begin(), v2.end());
+        }
+        if (dv == DT_CUDA_DEVICE) {
             dt_tensor hc = mk(&ctx, DT_CPU, B, D, 0, a);
-            dt_test_error("cuda_concat_bwd_is_unsupported", dt_concat_bwd(&ctx, douts, 2, &cat), dt_ctx_error(&ctx),
-                          "not supported yet");
             dt_test_error("cuda_mul_fwd_with_a_cpu_operand_is_device_error", dt_mul_fwd(&ctx, &o, &ta, &hc),
                           dt_ctx_error(&ctx), "b is on cpu");
             dt_test_error("cuda_concat_widths_not_summing_is_shape_error", dt_concat_fwd(&ctx, &out, parts, 2),
-                          dt_ctx_error(&ctx), "widths sum to");
+                          dt_ctx_error(&ctx), "last dims sum to");
             dt_tensor_free(&ctx, &hc);
         }
         dt_tensor *all[] = {&ta, &tb, &tg, &o, &da, &db, &te, &cat, &e2, &s1, &s2, &out, &gout, &dd, &de, &lz, &ly, &dl};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dt_tensor_free(&ctx, all[i]);
     }
-    const char *names[11] = {"add", "mul_fwd", "mul_bwd_da", "mul_bwd_db", "concat_fwd", "split_fwd_0", "split_fwd_1",
+    const char *names[12] = {"add", "mul_fwd", "mul_bwd_da", "mul_bwd_db", "concat_fwd", "split_fwd_0", "split_fwd_1",
                              "dot_interaction_fwd", "dot_interaction_bwd_ddense", "dot_interaction_bwd_demb",
-                             "bce_logits_bwd"};
-    for (int i = 0; i < 11; i++) {
+                             "bce_logits_bwd", "concat_bwd"};
+    for (int i = 0; i < 12; i++) {
         char name[96];
         snprintf(name, sizeof name, "cuda_%s_equals_cpu_bitwise", names[i]);
         if (r[0][i].size() == r[1][i].size()) dt_test_equal_bytes(name, r[1][i].data(), r[0][i].data(), r[0][i].size() * 4);
