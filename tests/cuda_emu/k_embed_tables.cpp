@@ -419,7 +419,7 @@ static void check_bad_inputs(dt_ctx *ctx) {
         dt_embed_desc d;
         dt_embed *f = NULL;
         memset(&t, 0, sizeof t);
-        t.name = "lfu"; t.rows = 8; t.dim = 4; t.dynamic = 1; t.eviction = DT_EVICT_LFU;
+        t.name = "lfu"; t.rows = 64; t.dim = 4; t.dynamic = 1; t.eviction = DT_EVICT_LFU;
         memset(&d, 0, sizeof d);
         d.tables = &t; d.n_tables = 1; d.device = DT_CUDA_DEVICE;
         st = dt_embed_create(ctx, &f, &d);
@@ -428,7 +428,7 @@ static void check_bad_inputs(dt_ctx *ctx) {
         if (f) dt_embed_free(f);
         t.eviction = DT_EVICT_LRU;
         st = dt_embed_create(ctx, &f, &d);
-        DT_TEST_CHECK("embed_cuda_lru_dynamic_table_is_created", st == DT_OK && f);
+        dt_test_check_all("embed_cuda_lru_dynamic_table_is_created", st == DT_OK && f, "status %d: %s", (int)st, dt_ctx_error(ctx));
         if (f) dt_embed_free(f);
     }
 }
