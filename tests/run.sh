@@ -450,6 +450,11 @@ spawn_emu_objects() {
     done
 }
 
+# A line "// emu-tsan: skip" in a program leaves it out of the ThreadSanitizer build and run (the
+# end-to-end programs: the kernels they call have TSan runs of their own, and a model step under
+# TSan costs minutes).
+emu_no_tsan() { grep -qE '^//[[:space:]]*emu-tsan:[[:space:]]*skip' "$1"; }
+
 # After the objects: each test program, linked with all of them.
 spawn_emu_tests() {
     local src name
@@ -459,6 +464,7 @@ spawn_emu_tests() {
         EMU_TESTS+=("$name")
         emu_stale "$E/$name" "$E"/obj/*.o
         spawn step "emu_$name" "$E/$name" "$src" $EMU_CXX -O1 $EMU_INC "$src" "$E"/obj/*.o -o "$E/$name" $DT_LIBS -lpthread
+        emu_no_tsan "$src" && continue
         emu_stale "$E/tsan/$name" "$E"/tsan/*.o
         spawn step "emu_tsan_$name" "$E/tsan/$name" "$src" $EMU_CXX -O1 $EMU_TSAN $EMU_INC "$src" "$E"/tsan/*.o \
             -o "$E/tsan/$name" $DT_LIBS -lpthread
@@ -550,6 +556,7 @@ run_emu() {
         done
     done
     for name in "${EMU_TESTS[@]}"; do
+        emu_no_tsan "tests/cuda_emu/$name.cpp" && continue
         step_ok "tsan:$name" "$E/tsan/$name" "emu_tsan_$name" || continue
         run_prog "tsan:$name" "tsan:" "" env DT_EMU_MODE=parallel DT_K_SMALL=1 \
             TSAN_OPTIONS="halt_on_error=0:exitcode=66:history_size=4" "$E/tsan/$name" tsan
