@@ -785,8 +785,8 @@ static int dt__em_row_owner(int64_t rows, int W, int64_t x) {
 }
 static int64_t dt__em_col_start(int64_t dim, int W, int k) { return dim * k / W; }
 
-/* Grows a buffer tensor to at least n elements (contents not kept). */
-static dt_status dt__em_need(dt_embed *e, dt_tensor *t, dt_dtype dtype, int64_t n) {
+/* Grows a buffer tensor on `device` to at least n elements (contents not kept). */
+static dt_status dt__em_need_on(dt_embed *e, dt_tensor *t, dt_dtype dtype, int64_t n, dt_device device) {
     dt_tensor_desc d;
     int64_t cap;
     if (t->data && t->numel >= n) return DT_OK;
@@ -795,10 +795,13 @@ static dt_status dt__em_need(dt_embed *e, dt_tensor *t, dt_dtype dtype, int64_t 
     dt_tensor_free(e->ctx, t);
     memset(&d, 0, sizeof d);
     d.dtype = dtype;
-    d.device = DT_CPU;
+    d.device = device;
     d.shape[0] = cap;
     d.ndim = 1;
     return dt_tensor_create(e->ctx, t, &d);
+}
+static dt_status dt__em_need(dt_embed *e, dt_tensor *t, dt_dtype dtype, int64_t n) {
+    return dt__em_need_on(e, t, dtype, n, DT_CPU);
 }
 
 static dt_status dt__em_a2av(dt_embed *e, dt_tensor *out, const dt_tensor *in, const int64_t *send,
@@ -2722,18 +2725,7 @@ static dt_status dt__em_cuda_check_desc(dt_ctx *ctx, const dt_embed_desc *desc) 
 }
 
 static dt_status dt__em_cuda_need(dt_embed *e, dt_tensor *t, dt_dtype dtype, int64_t n) {
-    dt_tensor_desc d;
-    int64_t cap;
-    if (t->data && t->numel >= n) return DT_OK;
-    cap = t->numel * 2 > n ? t->numel * 2 : n;
-    if (cap < 16) cap = 16;
-    dt_tensor_free(e->ctx, t);
-    memset(&d, 0, sizeof d);
-    d.dtype = dtype;
-    d.device = DT_CUDA_DEVICE;
-    d.shape[0] = cap;
-    d.ndim = 1;
-    return dt_tensor_create(e->ctx, t, &d);
+    return dt__em_need_on(e, t, dtype, n, DT_CUDA_DEVICE);
 }
 
 /* Copies in the ctx's stream order (after the launches that read the buffer before), then
