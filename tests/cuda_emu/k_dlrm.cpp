@@ -1,4 +1,4 @@
-// emu-modes: parallel random:1 (end to end through kernels whose own k_*.cpp runs every thread order)
+// emu-modes: parallel (end to end through kernels whose own k_*.cpp runs every thread order)
 // emu-tsan: skip (the kernels it runs have their own TSan runs in k_*.cpp)
 // tests/cuda_emu/k_dlrm.cpp - examples/dlrm with --device cuda end to end on the emulator: the
 // example's own model, forward and backward (dlrm.c included with DLRM_NO_MAIN) on a ctx whose

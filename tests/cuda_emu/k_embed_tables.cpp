@@ -1,4 +1,4 @@
-// emu-modes: parallel random:1 (end to end through kernels whose own k_*.cpp runs every thread order)
+// emu-modes: parallel (end to end through kernels whose own k_*.cpp runs every thread order)
 // emu-tsan: skip (the kernels it runs have their own TSan runs in k_*.cpp)
 // tests/cuda_emu/k_embed_tables.cpp - dt_embed.h with its tables on CUDA (desc.device cuda) on the
 // emulator, against the same dt_embed on the CPU in the same program: for each sharding (table,

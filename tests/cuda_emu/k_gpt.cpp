@@ -1,4 +1,4 @@
-// emu-modes: parallel random:1 (end to end through kernels whose own k_*.cpp runs every thread order)
+// emu-modes: parallel (end to end through kernels whose own k_*.cpp runs every thread order)
 // emu-tsan: skip (the kernels it runs have their own TSan runs in k_*.cpp)
 // tests/cuda_emu/k_gpt.cpp - the CUDA build of examples/gpt end to end on the emulator: gpt's own
 // main (GPT_NO_MAIN: gpt_main) with --device cuda (parameters, activations, grads and the AdamW

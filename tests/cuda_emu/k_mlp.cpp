@@ -1,4 +1,4 @@
-// emu-modes: parallel random:1 (end to end through kernels whose own k_*.cpp runs every thread order)
+// emu-modes: parallel (end to end through kernels whose own k_*.cpp runs every thread order)
 // emu-tsan: skip (the kernels it runs have their own TSan runs in k_*.cpp)
 // tests/cuda_emu/k_mlp.cpp - the CUDA build of examples/mlp end to end on the emulator: train() on
 // a ctx whose device is cuda (parameters, activations and grads are CUDA tensors, every op goes
