@@ -409,7 +409,7 @@ spawn_gpu_builds() {
 # (tests/cuda_emu/include/), linked with its runtime (tests/cuda_emu/cuda_emu.cpp) and with each
 # tests/cuda_emu/k_*.cpp, which compares the kernels with dt_tensor.h's CPU ops. No GPU, no nvcc.
 # Each program runs once in every EMU_MODES mode (" [mode]" appended to its check names; a line
-# "// emu-modes: M..." in the program names fewer: the end-to-end ones run two), then
+# "// emu-modes: M..." in the program names fewer: the end-to-end ones run one or two), then
 # once built with ThreadSanitizer, on small inputs (DT_K_SMALL=1), with the argument "tsan" (names
 # prefixed "tsan:"; a TSan report is a failure, except the one k_detect.cpp plants and expects).
 E=build/cuda_emu
