@@ -1122,6 +1122,21 @@ static dt_status dt__opt_resolve(dt_ctx *ctx, dt_opt_desc *d, const char *fn) {
     return DT_OK;
 }
 
+/* What every parameter of an optimizer needs on either device: grad and value of one size, a
+   group in range, no_decay a flag. */
+static dt_status dt__param_fields_check(dt_ctx *ctx, const dt_param *p, const char *fn) {
+    if (p->grad.numel != p->value.numel)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\" grad has %lld elements, value %lld", fn, p->name,
+                                (long long)p->grad.numel, (long long)p->value.numel);
+    if (p->group < 0 || p->group >= DT_OPT_MAX_GROUPS)
+        return dt_ctx_set_error(ctx, DT_ERR_RANGE, "%s: \"%s\" has group %d; expected 0 <= group < %d "
+                                "(DT_OPT_MAX_GROUPS)", fn, p->name, p->group, DT_OPT_MAX_GROUPS);
+    if (p->no_decay != 0 && p->no_decay != 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: \"%s\" has no_decay = %d; expected 0 or 1", fn, p->name,
+                                p->no_decay);
+    return DT_OK;
+}
+
 #ifdef DT_CUDA
 /* CUDA parameters (every parameter of the set on cuda, grads f32 on cuda): dt_opt_step runs
    kernels/dt_opt.cu; the same checks as the CPU's, with the device named. */
@@ -1138,15 +1153,7 @@ static dt_status dt__opt_check_cuda(dt_ctx *ctx, dt_params *ps, const dt_opt_des
             return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: \"%s\" value is %s, grad %s on cuda; expected an f32, bf16 or "
                                     "f16 value and an f32 grad", fn, p->name, dt_dtype_name(p->value.dtype),
                                     dt_dtype_name(p->grad.dtype));
-        if (p->grad.numel != p->value.numel)
-            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\" grad has %lld elements, value %lld", fn, p->name,
-                                    (long long)p->grad.numel, (long long)p->value.numel);
-        if (p->group < 0 || p->group >= DT_OPT_MAX_GROUPS)
-            return dt_ctx_set_error(ctx, DT_ERR_RANGE, "%s: \"%s\" has group %d; expected 0 <= group < %d "
-                                    "(DT_OPT_MAX_GROUPS)", fn, p->name, p->group, DT_OPT_MAX_GROUPS);
-        if (p->no_decay != 0 && p->no_decay != 1)
-            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: \"%s\" has no_decay = %d; expected 0 or 1", fn, p->name,
-                                    p->no_decay);
+        DT__OTRY(dt__param_fields_check(ctx, p, fn));
     }
     return dt__norm_check(ctx, ps, &d->norm, fn);
 }
@@ -1173,15 +1180,7 @@ static dt_status dt__opt_check_params(dt_ctx *ctx, dt_params *ps, const dt_opt_d
         if (t != DT_F32 && t != DT_BF16 && t != DT_F16)
             return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: \"%s\" value is %s; expected f32, bf16 or f16", fn, p->name,
                                     dt_dtype_name(t));
-        if (p->grad.numel != p->value.numel)
-            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: \"%s\" grad has %lld elements, value %lld", fn, p->name,
-                                    (long long)p->grad.numel, (long long)p->value.numel);
-        if (p->group < 0 || p->group >= DT_OPT_MAX_GROUPS)
-            return dt_ctx_set_error(ctx, DT_ERR_RANGE, "%s: \"%s\" has group %d; expected 0 <= group < %d "
-                                    "(DT_OPT_MAX_GROUPS)", fn, p->name, p->group, DT_OPT_MAX_GROUPS);
-        if (p->no_decay != 0 && p->no_decay != 1)
-            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: \"%s\" has no_decay = %d; expected 0 or 1", fn, p->name,
-                                    p->no_decay);
+        DT__OTRY(dt__param_fields_check(ctx, p, fn));
     }
     return dt__norm_check(ctx, ps, &d->norm, fn);
 }
