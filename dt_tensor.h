@@ -2881,9 +2881,10 @@ static const float *dt__dot_vec(const dt_tensor *dense, const dt_tensor *emb, in
 /* Both directions run on 4-lane vectors (dt__v4) with the scalar code's operations and order
    per element, so SSE2 and DT_TENSOR_NO_SIMD give the same bits as the plain loops they
    replaced. The forward's dot <T_i,T_j> is a sequential sum over d (s = 0; s += x_d y_d): the
-   lanes hold four pairs (j..j+3) at once, reading T transposed ([D][P], P = F+1 rounded up to 4,
-   the padding 0) from the ctx scratch. The backward adds s * y into gx element by element: the
-   lanes hold four elements d. */
+   lanes hold four pairs (j..j+3) at once, two such sums run side by side (eight pairs), reading
+   T transposed ([D][P], P = F+1 rounded up to 4, the padding 0) from the ctx scratch. The
+   backward sums each vector's gradient in registers (dt__dot_grad below): the lanes hold four
+   elements d. */
 DT_API dt_status dt_dot_interaction_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *dense, const dt_tensor *emb) {
     int64_t B, F, D, W, P, b, i, j, d, np;
     float *T;
@@ -2911,7 +2912,17 @@ DT_API dt_status dt_dot_interaction_fwd(dt_ctx *ctx, dt_tensor *out, const dt_te
         }
         for (i = 1; i <= F; i++) {
             const float *x = dt__dot_vec(dense, emb, b, i);
-            for (j = 0; j < i; j += 4) {
+            for (j = 0; j + 4 < i; j += 8) { /* eight pairs: two independent sums, x[d] broadcast once */
+                dt__v4 s0 = dt__v_set(0.0f), s1 = s0;
+                for (d = 0; d < D; d++) {
+                    dt__v4 xd = dt__v_set(x[d]);
+                    s0 = dt__v_add(s0, dt__v_mul(xd, dt__v_load(T + d * P + j)));
+                    s1 = dt__v_add(s1, dt__v_mul(xd, dt__v_load(T + d * P + j + 4)));
+                }
+                dt__v_st(o, j, i, s0);
+                dt__v_st(o, j + 4, i, s1);
+            }
+            if (j < i) { /* the last four pairs or fewer */
                 dt__v4 s = dt__v_set(0.0f);
                 for (d = 0; d < D; d++) s = dt__v_add(s, dt__v_mul(dt__v_set(x[d]), dt__v_load(T + d * P + j)));
                 dt__v_st(o, j, i, s);
@@ -2922,18 +2933,52 @@ DT_API dt_status dt_dot_interaction_fwd(dt_ctx *ctx, dt_tensor *out, const dt_te
     return DT_OK;
 }
 
-/* gx[d] += s * y[d], d = 0..D-1, four at a time: the scalar loop's f32 operations, lane by lane */
-static void dt__dot_axpy(float *gx, float s, const float *y, int64_t D) {
-    int64_t d;
-    dt__v4 sv = dt__v_set(s);
-    for (d = 0; d + 4 <= D; d += 4) dt__v_store(gx + d, dt__v_add(dt__v_load(gx + d), dt__v_mul(sv, dt__v_load(y + d))));
-    for (; d < D; d++) gx[d] += s * y[d];
+/* The gradient of vector k (0: the bottom MLP's output, k >= 1: feature k's pooled vector):
+   G_k += sum over m = 0..F, m != k, of S_km v_m, with S_km the output gradient of the pair
+   (max(k, m), min(k, m)), gathered into s[0..F] first. The pair loop this replaced (i > j:
+   G_i += s v_j, G_j += s v_i, i then j ascending) reached G_k in ascending m, so the sum runs in
+   that order per element, here in registers: four 4-lane accumulators over 16 elements (then
+   one over 4, then scalars), each element's f32 operations those of the pair loop (acc + s * v),
+   G_k loaded and stored once instead of once per pair. db, eb: the sample's dense vector and its
+   F pooled vectors. */
+static void dt__dot_grad(float *gk, const float *s, const float *db, const float *eb, int64_t k, int64_t F,
+                         int64_t D) {
+    int64_t d = 0, m;
+#define DT__DOT_V(m) ((m) ? eb + ((m) - 1) * D : db)
+    for (; d + 16 <= D; d += 16) {
+        dt__v4 a0 = dt__v_load(gk + d), a1 = dt__v_load(gk + d + 4), a2 = dt__v_load(gk + d + 8),
+               a3 = dt__v_load(gk + d + 12);
+        for (m = 0; m <= F; m++) {
+            const float *y = DT__DOT_V(m) + d;
+            dt__v4 sm = dt__v_set(s[m]);
+            if (m == k) continue;
+            a0 = dt__v_add(a0, dt__v_mul(sm, dt__v_load(y)));
+            a1 = dt__v_add(a1, dt__v_mul(sm, dt__v_load(y + 4)));
+            a2 = dt__v_add(a2, dt__v_mul(sm, dt__v_load(y + 8)));
+            a3 = dt__v_add(a3, dt__v_mul(sm, dt__v_load(y + 12)));
+        }
+        dt__v_store(gk + d, a0); dt__v_store(gk + d + 4, a1); dt__v_store(gk + d + 8, a2); dt__v_store(gk + d + 12, a3);
+    }
+    for (; d + 4 <= D; d += 4) {
+        dt__v4 a = dt__v_load(gk + d);
+        for (m = 0; m <= F; m++)
+            if (m != k) a = dt__v_add(a, dt__v_mul(dt__v_set(s[m]), dt__v_load(DT__DOT_V(m) + d)));
+        dt__v_store(gk + d, a);
+    }
+    for (; d < D; d++) {
+        float a = gk[d];
+        for (m = 0; m <= F; m++)
+            if (m != k) a += s[m] * DT__DOT_V(m)[d];
+        gk[d] = a;
+    }
+#undef DT__DOT_V
 }
 
 DT_API dt_status dt_dot_interaction_bwd(dt_ctx *ctx, dt_tensor *ddense, dt_tensor *demb, const dt_tensor *dout,
                                         const dt_tensor *dense, const dt_tensor *emb) {
     const char *fn = "dt_dot_interaction_bwd";
-    int64_t B, F, D, W, b, i, j, d;
+    int64_t B, F, D, W, b, k, m, d;
+    float *s;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
     if (dt__cu(ddense) || dt__cu(demb) || dt__cu(dout) || dt__cu(dense) || dt__cu(emb))
@@ -2943,20 +2988,19 @@ DT_API dt_status dt_dot_interaction_bwd(dt_ctx *ctx, dt_tensor *ddense, dt_tenso
     if (ddense) { DT__TRY(dt__f32(ctx, ddense, fn, "ddense")); DT__TRY(dt__same(ctx, ddense, dense, fn, "ddense", "dense")); }
     if (demb) { DT__TRY(dt__f32(ctx, demb, fn, "demb")); DT__TRY(dt__same(ctx, demb, emb, fn, "demb", "emb")); }
     B = dense->shape[0]; D = dense->shape[1]; F = emb->shape[1]; W = dout->shape[1];
+    if (B == 0 || (!ddense && !demb)) return DT_OK;
+    if (!(s = dt__scratch(ctx, (size_t)F + 1))) return DT_ERR_OOM;
     for (b = 0; b < B; b++) {
-        const float *g = DT__CF(dout) + b * W;
-        float *gd = ddense ? DT__F(ddense) + b * D : NULL;
-        if (gd) for (d = 0; d < D; d++) gd[d] += g[d];
-        g += D;
-        for (i = 1; i <= F; i++)
-            for (j = 0; j < i; j++) {
-                const float *x = dt__dot_vec(dense, emb, b, i), *y = dt__dot_vec(dense, emb, b, j);
-                float *gx = demb ? DT__F(demb) + (b * F + i - 1) * D : NULL;
-                float *gy = j == 0 ? gd : demb ? DT__F(demb) + (b * F + j - 1) * D : NULL;
-                float s = *g++;
-                if (gx) dt__dot_axpy(gx, s, y, D);
-                if (gy) dt__dot_axpy(gy, s, x, D);
-            }
+        const float *g = DT__CF(dout) + b * W, *sg = g + D, *db = DT__CF(dense) + b * D, *eb = DT__CF(emb) + b * F * D;
+        for (k = ddense ? 0 : 1; k <= (demb ? F : 0); k++) {
+            float *gk = k ? DT__F(demb) + (b * F + k - 1) * D : DT__F(ddense) + b * D;
+            for (m = 0; m < k; m++) s[m] = sg[k * (k - 1) / 2 + m];
+            for (m = k + 1; m <= F; m++) s[m] = sg[m * (m - 1) / 2 + k];
+            s[k] = 0.0f; /* not read */
+            if (k == 0) /* the pass-through of the dense vector comes first, then its pairs */
+                for (d = 0; d < D; d++) gk[d] += g[d];
+            dt__dot_grad(gk, s, db, eb, k, F, D);
+        }
     }
     return DT_OK;
 }
