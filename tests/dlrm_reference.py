@@ -15,6 +15,8 @@ Checks, for DLRM and DCNv2, SGD and Adagrad, 1 to 3 ranks of dt, synthetic data 
   step2_loss     the loss dt logged for step 2 = the reference's loss of batch 2 under the
                  reference's own updated weights (so forward, backward and update together)
   tsv_batch      the batch dt dumped = the one this file parses out of the TSV (ids exact)
+  (tsv-wrap: a file of 100 training samples and B = 64: step 2 starts the second epoch, at
+  sample 0, whatever the ranks; at np 3 the third rank's slice once began past the end)
   and bad input: --dump-batches into a directory that cannot be made is a named error.
 Tolerances: dt computes in float32, the reference in float64. A loss is a mean of BCE terms
 whose logits come through 4-6 float32 layers of dot products of at most a few hundred terms:
@@ -364,6 +366,8 @@ def main():
              "--cross", "2", "--eval-samples", "16", "--seed", "11"]
     tsv = os.path.join(tmp, "day.tsv")
     lines = write_tsv(tsv, 4 * B, 5)
+    short = os.path.join(tmp, "short.tsv")  # 100 training samples: not a multiple of B
+    short_lines = write_tsv(short, 100 + 16, 6)
     worst_loss = worst_w = 0.0
     relaxed = 0
     # the initial models (step 0), one per architecture: every run below starts from them
@@ -377,13 +381,14 @@ def main():
         init[arch] = ck
     runs = [("dlrm", "synthetic", "adagrad", 1), ("dlrm", "synthetic", "adagrad", 2),
             ("dcn", "synthetic", "adagrad", 1), ("dcn", "synthetic", "sgd", 2),
-            ("dlrm", "tsv", "sgd", 1), ("dlrm", "tsv", "adagrad", 3), ("dcn", "tsv", "adagrad", 2)]
+            ("dlrm", "tsv", "sgd", 1), ("dlrm", "tsv", "adagrad", 3), ("dcn", "tsv", "adagrad", 2),
+            ("dlrm", "tsv-wrap", "sgd", 3)]
     for arch, data, opt, np_ in runs:
         tag = "[%s, %s, %s, np=%d]" % (arch, data, opt, np_)
         d = os.path.join(tmp, "%s_%s_%s_%d" % (arch, data, opt, np_))
         args = model + ["--arch", arch, "--opt", opt, "--steps", "2", "--ckpt", d + "/ck", "--ckpt-every", "1",
                         "--log", d + ".jsonl", "--dump-batches", d + "/batches",
-                        "--data", tsv if data == "tsv" else "synthetic"]
+                        "--data", {"tsv": tsv, "tsv-wrap": short}.get(data, "synthetic")]
         os.makedirs(d, exist_ok=True)
         rc, text = run_dlrm(np_, args, d + ".out")
         if rc != 0:
@@ -395,12 +400,17 @@ def main():
         emb_lr = 0.1 if opt == "sgd" else 0.05  # dlrm.c's defaults for --emb-lr
         if data == "tsv":  # the batches from the text, by this file's own parser
             batches = [tsv_batch(lines, s * B, B, rows) for s in range(2)]
+        elif data == "tsv-wrap":  # one whole batch per epoch: step 2 is samples [0, B) again
+            batches = [tsv_batch(short_lines, 0, B, rows)] * 2
+        if data != "synthetic":
             for s in range(2):
                 dumped = load_file(os.path.join(d, "batches", "batch_%08d.safetensors" % (s + 1)))
                 same = all(np.array_equal(dumped[k], batches[s][k]) for k in ("labels", "lengths", "ids"))
-                dd = float(np.max(np.abs(dumped["dense"] - batches[s]["dense"])))
+                shape = dumped["dense"].shape == batches[s]["dense"].shape
+                dd = float(np.max(np.abs(dumped["dense"] - batches[s]["dense"]), initial=0)) if shape else np.inf
                 check("dlrm_reference_tsv_batch_%d %s" % (s + 1, tag), same and dd <= 1e-6,
-                      "labels/lengths/ids equal: %s; dense max |dt - ref| %.3g" % (same, dd))
+                      "dt's dense %s, the reference's %s; labels/lengths/ids equal: %s; dense max |dt - ref| %.3g"
+                      % (dumped["dense"].shape, batches[s]["dense"].shape, same, dd))
         else:
             batches = [load_file(os.path.join(d, "batches", "batch_%08d.safetensors" % (s + 1))) for s in range(2)]
         m0 = model_of(load_checkpoint(init[arch] + "/dense", 0), load_checkpoint(init[arch] + "/embed", 0))

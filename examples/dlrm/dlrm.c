@@ -49,7 +49,8 @@
    weights after s updates ("param/bot.0.w" [out, in], y = x W^T + b; "param/embed/C1/weight"
    [rows, D] by logical row; dt_opt.h's and dt_embed.h's checkpoint sections), and
    --dump-batches DIR writes DIR/batch_00000001.safetensors, ... : the global batch that the
-   logged step s trained on (samples [(s-1) B, s B), whatever the ranks), as dlrm_data.h's
+   logged step s trained on (samples [(s-1) B, s B), whatever the ranks; a file's training part
+   is read in whole batches, epoch after epoch: see data_batch), as dlrm_data.h's
    batch: "dense" f32 [B, 13] (after log1p), "labels" f32 [B], "lengths" i32 [26, B] and "ids"
    i64 [nnz] (rows after hashing, feature-major). Step s's logged loss is that batch's mean BCE
    under checkpoint s - 1's weights. */
@@ -199,7 +200,7 @@ typedef struct data {
     dt_dlrm_synth gen;
     dt_dlrm_bin bin;
     int synthetic;
-    int64_t n_train, card[F];
+    int64_t n_train, epoch, card[F]; /* epoch: the samples a pass over a file trains on */
 } data;
 
 static int ends_with(const char *s, const char *suffix) {
@@ -255,19 +256,21 @@ static void data_open(data *d, const opts *o, dt_comm *world) {
             exit(1);
         }
         d->n_train = d->bin.n - o->eval_samples;
+        d->epoch = d->n_train / o->batch * o->batch;
         for (f = 0; f < F; f++) d->card[f] = d->bin.table_size[f];
     }
 }
 
 /* This rank's slice of micro-batch g of size `size` (step s, micro m: g = s * accum + m); a
-   file wraps around its training part (epochs). */
+   file is read in whole global batches, epoch after epoch: step s trains on the samples of step
+   s mod (n_train / B), and the last n_train mod B samples are not used (a batch that wrapped
+   around the end would be cut differently by different world sizes). */
 static void data_batch(data *d, dt_dlrm_batch *b, int64_t g, int64_t size, int rank, int world) {
     int64_t start, count;
     if (d->synthetic) { CHECK(dt_dlrm_synth_batch(g_ctx, &d->gen, b, g, size, rank, world)); return; }
     CHECK(dt_dlrm_split(g_ctx, &start, &count, g, size, rank, world, -1));
-    start %= d->n_train; /* size <= n_train, so a slice crosses the end at most once: refill */
-    if (start + count <= d->n_train) { CHECK(dt_dlrm_bin_range(g_ctx, &d->bin, b, start, count)); return; }
-    CHECK(dt_dlrm_bin_range(g_ctx, &d->bin, b, start, d->n_train - start)); /* rare: keep it simple */
+    start %= d->epoch; /* a multiple of B: a slice, inside one step's samples, never crosses it */
+    CHECK(dt_dlrm_bin_range(g_ctx, &d->bin, b, start, count));
 }
 
 static void data_eval(data *d, dt_dlrm_batch *b, int64_t n, int rank, int world) {
