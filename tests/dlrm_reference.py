@@ -25,7 +25,7 @@ loss), so 1e-5 relative bounds it with a margin and still catches a real modelli
 (the interaction pairs in reverse order: 4e-3; 1e-3 added to one bias: 7e-5). Weights after
 one update: |dt - ref| <= 1e-5 * (|ref| + lr) plus what float32 rounding of the gradient can
 do (see allowed(): Adagrad's first step lr * g / (|g| + 1e-10) moves a lot for a gradient near
-0; measured: 14 of ~1.1M values needed more than the 1e-5, all such gradients, at most 3e-4).
+0; measured: 14 of 932,885 values needed more than the 1e-5, all such gradients, at most 3e-4).
 
 Prints one line per check: PASS name / FAIL name: details (both values); run by tests/run.sh
 (group "dlrm_reference"). Needs build/examples/dlrm (./build.sh) and numpy (./build.sh
