@@ -23,6 +23,8 @@
 #                             deferred; names "emu:<check> [np=N, mode]"
 #   readme:snippet_N          each ```c block of README.md compiles, and runs when it is a
 #                             program (tests/readme_snippets.sh says how blocks are marked)
+#   dlrm_reference            build/examples/dlrm (from ./build.sh) against an independent NumPy
+#                             DLRM / DCNv2 fed its checkpoints and batches (tests/dlrm_reference.py)
 #   tests/test_*.c            one process, -DDT_CBLAS; run once as built and once built with
 #                             ASan+UBSan (its names prefixed "asan:"). A first line "// mpi"
 #                             builds it with mpicc -DDT_MPI and runs it as 1 rank under mpirun
@@ -746,6 +748,15 @@ run_emu_comm
 if selected readme; then
     section "README.md snippets (tests/readme_snippets.sh)"
     run_prog readme_snippets "" "" bash tests/readme_snippets.sh
+fi
+
+if selected dlrm_reference; then
+    section "examples/dlrm against an independent NumPy model (tests/dlrm_reference.py)"
+    py=/usr/bin/python3 # Debian's, where python3-numpy installs
+    [ -x "$py" ] || py=$(command -v python3)
+    if [ -n "$py" ]; then run_prog dlrm_reference "" "" "$py" tests/dlrm_reference.py
+    else report "SKIP dlrm_reference: no python3 (./build.sh installs it)"
+    fi
 fi
 
 probe_sanitizers

@@ -13,6 +13,7 @@
           activations and the tables' shards on the GPU; the loss through a host copy of the
           logits; tests/cuda_emu/k_dlrm.cpp checks it against the cpu run on the emulator)
           --overlap 0|1 (the next batch's id exchange during this batch's dense work; default 0)
+          --dump-batches DIR (rank 0 writes each step's global batch, see below)
    last line: "final: loss L auc A" (L the training loss of the last step, A the held-out AUC).
 
    One step on rank r (W ranks, global batch B; rank r's samples are a pure function of (seed,
@@ -40,9 +41,19 @@
    faster steps at 2 ranks on 2 cores, slower at 4 (oversubscribed); bench/RESULTS.md.
    Checkpoints (--ckpt DIR): the dense model + optimizer in DIR/dense, the tables in DIR/embed
    (dt_opt.h's crash-safe directories; dense first, so DIR/dense always holds the step that
-   DIR/embed's latest names, and --resume loads that pair). Metrics: one JSON line per step
+   DIR/embed's latest names, and --resume loads that pair); --steps 0 --ckpt DIR saves the
+   initial model as step 0. Metrics: one JSON line per step
    (--log). Eval: the exact AUC and logloss of held-out samples (synthetic: indices from
-   2^40 on; a file: its last --eval-samples), gathered over the ranks. */
+   2^40 on; a file: its last --eval-samples), gathered over the ranks.
+   For an outside reference (tests/dlrm_reference.py is one): the checkpoint of step s holds the
+   weights after s updates ("param/bot.0.w" [out, in], y = x W^T + b; "param/embed/C1/weight"
+   [rows, D] by logical row; dt_opt.h's and dt_embed.h's checkpoint sections), and
+   --dump-batches DIR writes DIR/batch_00000001.safetensors, ... : the global batch that the
+   logged step s trained on (samples [(s-1) B, s B), whatever the ranks; a file's training part
+   is read in whole batches, epoch after epoch: see data_batch), as dlrm_data.h's
+   batch: "dense" f32 [B, 13] (after log1p), "labels" f32 [B], "lengths" i32 [26, B] and "ids"
+   i64 [nnz] (rows after hashing, feature-major). Step s's logged loss is that batch's mean BCE
+   under checkpoint s - 1's weights. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #define DT_IMPLEMENTATION
 #include "../../dt_tensor.h"
@@ -65,7 +76,7 @@
 typedef struct opts {
     int64_t steps, batch, eval_samples, rows, row_wise_over;
     uint64_t seed;
-    const char *data, *arch, *opt, *log, *ckpt, *shard, *device;
+    const char *data, *arch, *opt, *log, *ckpt, *shard, *device, *dump;
     int dim, cross, accum, eval_every, print_every, ckpt_every, resume, skip_bad, quiet, overlap;
     int bottom[MAX_LAYERS], n_bottom, top[MAX_LAYERS], n_top;
     double lr, emb_lr;
@@ -84,7 +95,7 @@ static void usage(const char *why) {
                     "--arch dlrm|dcn --dim D --bottom 64,32 --top 64,32 --cross L --opt sgd|adagrad --lr LR "
                     "--emb-lr LR --accum N --eval-every N --eval-samples N --print-every N --log FILE "
                     "--ckpt DIR --ckpt-every N --resume --rows N --skip-bad --shard auto|row|table|data --row-wise-over ROWS "
-                    "--device cpu|cuda --quiet --overlap 0|1\n", why);
+                    "--device cpu|cuda --quiet --overlap 0|1 --dump-batches DIR\n", why);
     exit(2);
 }
 
@@ -153,6 +164,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--device")) o->device = v;
         else if (!strcmp(a, "--row-wise-over")) o->row_wise_over = num(a, v, 0, (int64_t)1 << 40);
         else if (!strcmp(a, "--overlap")) o->overlap = (int)num(a, v, 0, 1);
+        else if (!strcmp(a, "--dump-batches")) o->dump = v;
         else if (!strcmp(a, "--resume")) { o->resume = 1; takes = 0; }
         else if (!strcmp(a, "--skip-bad")) { o->skip_bad = 1; takes = 0; }
         else if (!strcmp(a, "--quiet")) { o->quiet = 1; takes = 0; }
@@ -188,7 +200,7 @@ typedef struct data {
     dt_dlrm_synth gen;
     dt_dlrm_bin bin;
     int synthetic;
-    int64_t n_train, card[F];
+    int64_t n_train, epoch, card[F]; /* epoch: the samples a pass over a file trains on */
 } data;
 
 static int ends_with(const char *s, const char *suffix) {
@@ -244,19 +256,21 @@ static void data_open(data *d, const opts *o, dt_comm *world) {
             exit(1);
         }
         d->n_train = d->bin.n - o->eval_samples;
+        d->epoch = d->n_train / o->batch * o->batch;
         for (f = 0; f < F; f++) d->card[f] = d->bin.table_size[f];
     }
 }
 
 /* This rank's slice of micro-batch g of size `size` (step s, micro m: g = s * accum + m); a
-   file wraps around its training part (epochs). */
+   file is read in whole global batches, epoch after epoch: step s trains on the samples of step
+   s mod (n_train / B), and the last n_train mod B samples are not used (a batch that wrapped
+   around the end would be cut differently by different world sizes). */
 static void data_batch(data *d, dt_dlrm_batch *b, int64_t g, int64_t size, int rank, int world) {
     int64_t start, count;
     if (d->synthetic) { CHECK(dt_dlrm_synth_batch(g_ctx, &d->gen, b, g, size, rank, world)); return; }
     CHECK(dt_dlrm_split(g_ctx, &start, &count, g, size, rank, world, -1));
-    start %= d->n_train; /* size <= n_train, so a slice crosses the end at most once: refill */
-    if (start + count <= d->n_train) { CHECK(dt_dlrm_bin_range(g_ctx, &d->bin, b, start, count)); return; }
-    CHECK(dt_dlrm_bin_range(g_ctx, &d->bin, b, start, d->n_train - start)); /* rare: keep it simple */
+    start %= d->epoch; /* a multiple of B: a slice, inside one step's samples, never crosses it */
+    CHECK(dt_dlrm_bin_range(g_ctx, &d->bin, b, start, count));
 }
 
 static void data_eval(data *d, dt_dlrm_batch *b, int64_t n, int rank, int world) {
@@ -264,6 +278,29 @@ static void data_eval(data *d, dt_dlrm_batch *b, int64_t n, int rank, int world)
     CHECK(dt_dlrm_split(g_ctx, &start, &count, 0, n, rank, world, -1));
     if (d->synthetic) CHECK(dt_dlrm_synth_range(g_ctx, &d->gen, b, EVAL_BASE + start, count));
     else CHECK(dt_dlrm_bin_range(g_ctx, &d->bin, b, d->n_train + start, count));
+}
+
+/* --dump-batches: the global batch of step `step` (0-based) into DIR/batch_<step + 1>, read
+   whole by rank 0 (a sample is a pure function of its index, so this is the concatenation of
+   the ranks' slices, at any world size). */
+static void dump_batch(data *d, const opts *o, int64_t step) {
+    dt_dlrm_batch b;
+    dt_tensor lengths;
+    const dt_tensor *ts[4];
+    const char *names[4] = {"dense", "labels", "lengths", "ids"}, *meta[4];
+    char path[1024], step_s[32], first_s[32];
+    int64_t shape[2];
+    memset(&b, 0, sizeof b);
+    data_batch(d, &b, step, o->batch, 0, 1);
+    shape[0] = F; shape[1] = b.size; /* lengths[f * B + i]: feature-major, as the ids */
+    CHECK(dt_tensor_reshape(g_ctx, &lengths, &b.lengths, 2, shape));
+    ts[0] = &b.dense; ts[1] = &b.labels; ts[2] = &lengths; ts[3] = &b.ids;
+    snprintf(step_s, sizeof step_s, "%lld", (long long)(step + 1));
+    snprintf(first_s, sizeof first_s, "%lld", (long long)b.start);
+    meta[0] = "step"; meta[1] = step_s; meta[2] = "first_sample"; meta[3] = first_s;
+    snprintf(path, sizeof path, "%s/batch_%08lld.safetensors", o->dump, (long long)(step + 1));
+    CHECK(dt_safetensors_save(g_ctx, path, ts, names, 4, meta, 2));
+    dt_dlrm_batch_free(g_ctx, &b);
 }
 
 /* ---------------------------------------------------------------- model */
@@ -699,6 +736,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "dlrm: cannot create --ckpt %s: %s\n", o.ckpt, strerror(errno));
         return 1;
     }
+    if (o.dump && g_rank == 0 && mkdir(o.dump, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "dlrm: cannot create --dump-batches %s: %s\n", o.dump, strerror(errno));
+        return 1;
+    }
     if (o.resume) step = resume(&m, opt, &o, world);
     first_step = step;
     if (g_rank == 0 && o.log && !(log = fopen(o.log, o.resume ? "a" : "w"))) {
@@ -712,6 +753,7 @@ int main(int argc, char **argv) {
     for (; step < o.steps; step++) {
         int64_t micro = o.batch / o.accum;
         double sums[1] = {0}, tc;
+        if (o.dump && g_rank == 0) dump_batch(&d, &o, step);
         /* --overlap: the next micro-batch's exchange is posted during this one, except into a
            step that evaluates or checkpoints (they need the embedding idle) */
         int ahead = o.overlap && step + 1 < o.steps && (step + 1) % o.eval_every != 0 &&
@@ -775,7 +817,9 @@ int main(int argc, char **argv) {
             }
         }
     }
-    if (o.ckpt && (!o.ckpt_every || o.steps % o.ckpt_every) && o.steps > first_step) save(&m, opt, &o, world, o.steps);
+    /* (--steps 0 without --resume: the initial model, step 0) */
+    if (o.ckpt && ((o.steps > first_step && (!o.ckpt_every || o.steps % o.ckpt_every)) || (o.steps == 0 && !o.resume)))
+        save(&m, opt, &o, world, o.steps);
     if (g_rank == 0) printf("final: loss %.9g auc %.4f\n", loss, auc);
     if (log) fclose(log);
     dt_bucketer_free(bk);
