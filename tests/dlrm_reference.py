@@ -435,8 +435,11 @@ def main():
     check("dlrm_dump_batches_bad_dir_is_named_error", rc == 1 and bad in text and "--dump-batches" in text,
           "exit %d, output: %s" % (rc, text[-300:]))
     rc, text = run_dlrm(1, ["--dump-batches"], os.path.join(tmp, "bad2.out"), quiet=False)
-    check("dlrm_dump_batches_needs_value", rc == 2 and "--dump-batches needs a value" in text,
+    check("dlrm_dump_batches_needs_value", rc == 2 and "--dump-batches wants a path, got nothing" in text,
           "exit %d, output: %s" % (rc, text[-300:]))
+    rc, text = run_dlrm(1, ["--log", "--quiet"], os.path.join(tmp, "bad3.out"), quiet=False)
+    check("dlrm_path_flag_does_not_take_the_next_flag", rc == 2 and "--log wants a path, got the flag '--quiet'" in text
+          and not os.path.exists("--quiet"), "exit %d, output: %s" % (rc, text[-300:]))
 
 
 if __name__ == "__main__":

@@ -129,6 +129,16 @@ static int layers(const char *flag, const char *v, int *out) {
     return n;
 }
 
+/* A flag's path value: "--log --quiet" names no file (it would make a file called --quiet). */
+static const char *path(const char *flag, const char *v) {
+    if (!v || !strncmp(v, "--", 2)) {
+        char why[160];
+        snprintf(why, sizeof why, "%s wants a path, got %s%s%s", flag, v ? "the flag '" : "nothing", v ? v : "", v ? "'" : "");
+        usage(why);
+    }
+    return v;
+}
+
 static void parse(opts *o, int argc, char **argv) {
     int i;
     memset(o, 0, sizeof *o);
@@ -143,7 +153,7 @@ static void parse(opts *o, int argc, char **argv) {
         if (!strcmp(a, "--steps")) o->steps = num(a, v, 0, (int64_t)1 << 40);
         else if (!strcmp(a, "--batch")) o->batch = num(a, v, 1, (int64_t)1 << 24);
         else if (!strcmp(a, "--seed")) o->seed = (uint64_t)num(a, v, 0, INT64_MAX);
-        else if (!strcmp(a, "--data")) o->data = v;
+        else if (!strcmp(a, "--data")) o->data = path(a, v);
         else if (!strcmp(a, "--arch")) o->arch = v;
         else if (!strcmp(a, "--dim")) o->dim = (int)num(a, v, 1, 4096);
         else if (!strcmp(a, "--bottom")) o->n_bottom = layers(a, v, o->bottom);
@@ -156,15 +166,15 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--eval-every")) o->eval_every = (int)num(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--eval-samples")) o->eval_samples = num(a, v, 2, (int64_t)1 << 30);
         else if (!strcmp(a, "--print-every")) o->print_every = (int)num(a, v, 0, 1 << 30);
-        else if (!strcmp(a, "--log")) o->log = v;
-        else if (!strcmp(a, "--ckpt")) o->ckpt = v;
+        else if (!strcmp(a, "--log")) o->log = path(a, v);
+        else if (!strcmp(a, "--ckpt")) o->ckpt = path(a, v);
         else if (!strcmp(a, "--ckpt-every")) o->ckpt_every = (int)num(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--rows")) o->rows = num(a, v, 1, (int64_t)1 << 40);
         else if (!strcmp(a, "--shard")) o->shard = v;
         else if (!strcmp(a, "--device")) o->device = v;
         else if (!strcmp(a, "--row-wise-over")) o->row_wise_over = num(a, v, 0, (int64_t)1 << 40);
         else if (!strcmp(a, "--overlap")) o->overlap = (int)num(a, v, 0, 1);
-        else if (!strcmp(a, "--dump-batches")) o->dump = v;
+        else if (!strcmp(a, "--dump-batches")) o->dump = path(a, v);
         else if (!strcmp(a, "--resume")) { o->resume = 1; takes = 0; }
         else if (!strcmp(a, "--skip-bad")) { o->skip_bad = 1; takes = 0; }
         else if (!strcmp(a, "--quiet")) { o->quiet = 1; takes = 0; }
