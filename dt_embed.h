@@ -621,6 +621,8 @@ struct dt_embed {
     int64_t con_cap, con2_cap;
     float *gtmp, *wtmp;
     int64_t gtmp_cap;
+    struct dt__em_src *src;      /* the owner's pass: every requested id's row (dt__em_serve) */
+    int64_t src_cap;
     /* accumulation (dt_embed_set_sync(e, 0)): each touched row's gradient so far, sorted by
        (table, row); the floats of entry k at pvals + pend[k].off */
     int sync;
@@ -1165,7 +1167,7 @@ DT_API void dt_embed_free(dt_embed *e) {
         dt_tensor_free(ctx, &a->rbuf_f); dt_tensor_free(ctx, &a->pooled);
     }
     dt_release(ctx, e->cnt); dt_release(ctx, e->seq); dt_release(ctx, e->seq_grad); dt_release(ctx, e->seq_off);
-    dt_release(ctx, e->con); dt_release(ctx, e->con2); dt_release(ctx, e->gtmp);
+    dt_release(ctx, e->con); dt_release(ctx, e->con2); dt_release(ctx, e->gtmp); dt_release(ctx, e->src);
     dt_release(ctx, e->pend); dt_release(ctx, e->pend2); dt_release(ctx, e->pvals); dt_release(ctx, e->pvals2);
     dt_tensor_free(ctx, &e->sbuf_i); dt_tensor_free(ctx, &e->sbuf_f); dt_tensor_free(ctx, &e->rbuf_i);
     dt_tensor_free(ctx, &e->rbuf_f); dt_tensor_free(ctx, &e->resp); dt_tensor_free(ctx, &e->res);
@@ -1732,70 +1734,139 @@ static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
     return DT_OK;
 }
 
-/* A cursor over the ids of the received requests (segments: header, then ids), DT__EM_PF_IDS
-   ahead of the pooling, that prefetches each id's row. A segment's table (its shard's rows,
-   base address and row bytes) is looked up once, when the cursor enters it, not per id. */
-typedef struct dt__em_pfc {
-    const int64_t *rin;
-    int64_t p, j, n, end, r0, r1;
-    const char *base;
-    size_t bytes;
-} dt__em_pfc;
-static void dt__em_pfc_step(const dt_embed *e, dt__em_pfc *c, int64_t k) {
-    while (k > 0 && c->p < c->end) {
-        const char *q;
-        int64_t row;
-        size_t o;
-        if (c->j >= c->n) { /* the next segment */
-            const dt__em_tab *t;
-            if (c->n >= 0) c->p += DT__EM_HDR + c->n;
-            c->j = 0;
-            if (c->p >= c->end) break;
-            t = &e->tabs[e->feat_tab[c->rin[c->p]]];
-            c->n = c->rin[c->p + 3];
-            c->r0 = t->r0; c->r1 = t->r1;
-            c->base = (const char *)t->w.data;
-            c->bytes = (size_t)(t->c1 - t->c0) * dt_dtype_size(t->dtype);
-            continue;
+/* The owner's gather + pool pass (dt__em_serve) in two loops. The first walks the received
+   requests (segments: header, then ids) and writes, for every id, where its row's columns start
+   and how many bytes to prefetch (NULL: a rejected dynamic id, row -1, pooled as zeros); the
+   second pools each request from that flat list, and prefetches every line of the row
+   DT__EM_PF_IDS ids ahead (the rows are random places in tables larger than the cache: DRAM
+   latency, which only misses in flight hide). The request headers and the table lookups stay out
+   of the pooling loop. */
+typedef struct dt__em_src {
+    const char *row;
+    int64_t bytes;
+} dt__em_src;
+
+DT__EM_PF_FN void dt__em_pf_src(const dt__em_src *s) {
+    const char *q = s->row;
+    int64_t o;
+    if (!q) return;
+    for (o = 0; o < s->bytes; o += 64) DT__EM_PF_R(q + o);
+    if (s->bytes > 0 && ((uintptr_t)(q + s->bytes - 1) & 63) < ((uintptr_t)q & 63)) DT__EM_PF_R(q + s->bytes - 1);
+}
+
+/* Pools the n rows src[0..n) (nc columns of table t's dtype) into acc: acc = ((0 + w0 row0) +
+   w1 row1) + ... in f32, bag order, as dt__em_pool; f32 rows 16 columns at a time in registers
+   (each column's sum in the same order: the same bits as the loop over columns). pf: the rows
+   DT__EM_PF_IDS ids ahead, pf_n of them left. */
+static void dt__em_pool_src(const dt__em_tab *t, float *acc, const dt__em_src *src, const float *w, int64_t n,
+                            int64_t nc, const dt__em_src *pf, int64_t pf_n) {
+    int64_t j, c = 0;
+    if (t->dtype != DT_F32 || nc < 32) for (j = 0; j < n && j < pf_n; j++) dt__em_pf_src(pf + j);
+    if (t->dtype != DT_F32) {
+        for (c = 0; c < nc; c++) acc[c] = 0.0f;
+        for (j = 0; j < n; j++) {
+            const uint16_t *r = (const uint16_t *)src[j].row;
+            float wj = w ? w[j] : 1.0f;
+            if (!r) continue;
+            for (c = 0; c < nc; c++) {
+                float v = t->dtype == DT_BF16 ? dt_bf16_to_f32(r[c]) : dt_f16_to_f32(r[c]);
+                acc[c] += t->weighted ? wj * v : v;
+            }
         }
-        row = c->rin[c->p + DT__EM_HDR + c->j++];
-        k--;
-        if (row < c->r0 || row >= c->r1) continue; /* a rejected dynamic id (-1) */
-        q = c->base + (size_t)(row - c->r0) * c->bytes;
-        for (o = 0; o < c->bytes; o += 64) DT__EM_PF_R(q + o);
-        if (c->bytes > 0 && ((uintptr_t)(q + c->bytes - 1) & 63) < ((uintptr_t)q & 63)) DT__EM_PF_R(q + c->bytes - 1);
+        return;
+    }
+#ifdef DT__EM_SSE2
+#define DT__EM_ACC8(OP)                                                                                              \
+    do {                                                                                                           \
+        a0 = _mm_add_ps(a0, OP(r)); a1 = _mm_add_ps(a1, OP(r + 4)); a2 = _mm_add_ps(a2, OP(r + 8));             \
+        a3 = _mm_add_ps(a3, OP(r + 12)); a4 = _mm_add_ps(a4, OP(r + 16)); a5 = _mm_add_ps(a5, OP(r + 20));       \
+        a6 = _mm_add_ps(a6, OP(r + 24)); a7 = _mm_add_ps(a7, OP(r + 28));                                        \
+    } while (0)
+#define DT__EM_LD(p) _mm_loadu_ps(p)
+#define DT__EM_WLD(p) _mm_mul_ps(wv, _mm_loadu_ps(p))
+    for (; c + 32 <= nc; c += 32) { /* 32 columns in eight registers */
+        __m128 a0 = _mm_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (j = 0; j < n; j++) {
+            const float *r = (const float *)src[j].row;
+            if (c == 0 && j < pf_n) dt__em_pf_src(pf + j); /* between the loads, not in a burst */
+            if (!r) continue;
+            r += c;
+            if (t->weighted) {
+                __m128 wv = _mm_set1_ps(w ? w[j] : 1.0f);
+                DT__EM_ACC8(DT__EM_WLD);
+            } else DT__EM_ACC8(DT__EM_LD);
+        }
+        _mm_storeu_ps(acc + c, a0); _mm_storeu_ps(acc + c + 4, a1); _mm_storeu_ps(acc + c + 8, a2);
+        _mm_storeu_ps(acc + c + 12, a3); _mm_storeu_ps(acc + c + 16, a4); _mm_storeu_ps(acc + c + 20, a5);
+        _mm_storeu_ps(acc + c + 24, a6); _mm_storeu_ps(acc + c + 28, a7);
+    }
+#undef DT__EM_ACC8
+#undef DT__EM_LD
+#undef DT__EM_WLD
+    for (; c + 4 <= nc; c += 4) {
+        __m128 a0 = _mm_setzero_ps();
+        for (j = 0; j < n; j++) {
+            const float *r = (const float *)src[j].row;
+            if (!r) continue;
+            r += c;
+            a0 = _mm_add_ps(a0, t->weighted ? _mm_mul_ps(_mm_set1_ps(w ? w[j] : 1.0f), _mm_loadu_ps(r)) : _mm_loadu_ps(r));
+        }
+        _mm_storeu_ps(acc + c, a0);
+    }
+#endif
+    for (; c < nc; c++) {
+        float a = 0.0f;
+        for (j = 0; j < n; j++) {
+            const float *r = (const float *)src[j].row;
+            if (!r) continue;
+            a += t->weighted ? (w ? w[j] : 1.0f) * r[c] : r[c];
+        }
+        acc[c] = a;
     }
 }
 
 /* Owner side: walks the received requests; with out != NULL pools each into out (counting
    the result floats per source rank in nres either way). */
-static void dt__em_serve(dt_embed *e, const int64_t *rin, const float *rfl, const int64_t *cnt_i, int64_t *nres,
-                         float *out) {
+static dt_status dt__em_serve(dt_embed *e, const int64_t *rin, const float *rfl, const int64_t *cnt_i, int64_t *nres,
+                              float *out) {
     int s;
-    int64_t p = 0, q = 0, o = 0;
-    dt__em_pfc pf;
-    memset(&pf, 0, sizeof pf);
-    pf.rin = rin; pf.n = -1; /* before the first segment */
-    for (s = 0; s < e->size; s++) pf.end += cnt_i[s];
-    if (out) dt__em_pfc_step(e, &pf, DT__EM_PF_IDS);
+    int64_t p = 0, q = 0, o = 0, end = 0, n_src = 0;
     for (s = 0; s < e->size; s++) {
-        int64_t end = p + cnt_i[s];
+        int64_t e_s = p + cnt_i[s];
         nres[s] = 0;
-        while (p < end) {
-            int f = (int)rin[p];
-            int64_t n = rin[p + 3];
-            const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
-            int64_t nc = t->c1 - t->c0;
-            if (out) {
-                dt__em_pfc_step(e, &pf, n); /* the rows DT__EM_PF_IDS ids after this request's */
-                dt__em_pool(t, out + o, rin + p + DT__EM_HDR, e->any_weighted ? rfl + q : NULL, n, t->c0, nc, 0);
-            }
-            o += nc;
-            nres[s] += nc;
-            p += DT__EM_HDR + n;
-            if (e->any_weighted) q += n;
+        while (p < e_s) {
+            const dt__em_tab *t = &e->tabs[e->feat_tab[rin[p]]];
+            nres[s] += t->c1 - t->c0;
+            p += DT__EM_HDR + rin[p + 3];
         }
     }
+    if (!out) return DT_OK;
+    end = p;
+    DT__ETRY(dt_grow(e->ctx, (void **)&e->src, &e->src_cap, end, sizeof(dt__em_src), "dt_embed gather list"));
+    for (p = 0; p < end;) { /* every id's row, in request order */
+        const dt__em_tab *t = &e->tabs[e->feat_tab[rin[p]]];
+        int64_t n = rin[p + 3], j, bytes = (t->c1 - t->c0) * (int64_t)dt_dtype_size(t->dtype);
+        const char *base = (const char *)t->w.data;
+        for (j = 0; j < n; j++, n_src++) {
+            int64_t row = rin[p + DT__EM_HDR + j];
+            dt__em_src *d = &e->src[n_src];
+            /* only a rejected dynamic id (-1) is outside the shard: the requester bucketized by owner */
+            d->row = row >= t->r0 && row < t->r1 ? base + (row - t->r0) * bytes : NULL;
+            d->bytes = bytes;
+        }
+        p += DT__EM_HDR + n;
+    }
+    for (q = 0; q < DT__EM_PF_IDS && q < n_src; q++) dt__em_pf_src(e->src + q);
+    for (p = 0, q = 0; p < end;) {
+        const dt__em_tab *t = &e->tabs[e->feat_tab[rin[p]]];
+        int64_t n = rin[p + 3], nc = t->c1 - t->c0, ahead = q + DT__EM_PF_IDS;
+        dt__em_pool_src(t, out + o, e->src + q, e->any_weighted ? rfl + q : NULL, n, nc,
+                        ahead < n_src ? e->src + ahead : NULL, ahead < n_src ? n_src - ahead : 0);
+        o += nc;
+        q += n;
+        p += DT__EM_HDR + n;
+    }
+    return DT_OK;
 }
 
 static dt_status dt__em_seq_layout(dt_embed *e) {
@@ -2068,12 +2139,13 @@ static dt_status dt__em_end(dt_embed *e, dt_tensor *out) {
         if (e->dp_late) { e->dp_late = 0; DT__ETRY(dt__em_dp_lookup(e)); }
         if (e->any_dyn) DT__ETRY(e->cuda ? dt__em_cuda_dyn_translate(e, (int64_t *)e->rbuf_i.data, e->rbuf_n)
                                          : dt__em_dyn_translate(e, (int64_t *)e->rbuf_i.data, e->rbuf_n));
-        dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W, cnt + 5 * W, NULL);
+        DT__ETRY(dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W,
+                              cnt + 5 * W, NULL)); /* counts only */
         for (r = 0; r < W; r++) tot_res += cnt[5 * W + r];
         DT__ETRY(dt__em_need(e, &e->resp, DT_F32, tot_res + 1));
         if (e->cuda) DT__ETRY(dt__em_cuda_serve(e, tot_res)); /* pools into e->cu_resp on the device */
-        else dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W, cnt + 5 * W,
-                          (float *)e->resp.data);
+        else DT__ETRY(dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W,
+                                   cnt + 5 * W, (float *)e->resp.data));
     }
     for (r = 0; r < W; r++) tot += cnt[2 * W + r];
     DT__ETRY(dt__em_need(e, &e->res, DT_F32, tot + 1));

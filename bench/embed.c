@@ -127,13 +127,15 @@ static double gather_pass(dt_embed *e, bbatch *bb, int nb, int steps) {
     for (s = 0; s < steps + 2; s++) {
         double t0;
         if (dt_embed_forward_begin(e, &bb[s % nb].k)) die("forward_begin");
-        dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, e->cnt + 3 * W,
-                     e->cnt + 5 * W, NULL); /* counts the result floats, as forward_end does */
+        if (dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, e->cnt + 3 * W,
+                         e->cnt + 5 * W, NULL)) /* counts the result floats, as forward_end does */
+            die("serve");
         for (k = 0, tot = 0; k < W; k++) tot += e->cnt[5 * W + k];
         if (dt__em_need(e, &e->resp, DT_F32, tot + 1)) die("resp");
         t0 = now_s();
-        dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, e->cnt + 3 * W,
-                     e->cnt + 5 * W, (float *)e->resp.data);
+        if (dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, e->cnt + 3 * W,
+                         e->cnt + 5 * W, (float *)e->resp.data))
+            die("serve");
         if (s >= 2) tg[s - 2] = now_s() - t0;
         if (dt_embed_forward_end(e, &out)) die("forward_end");
         if (dt_embed_backward(e, &dout)) die("backward");

@@ -38,6 +38,9 @@ static int64_t esc_run(dt_ctx *ctx, float *out) {
         t[i].optim.kind = (dt_embed_optim)(DT_EMBED_SGD + i % 4); t[i].optim.lr = 0.05;
     }
     t[1].weighted = 1;
+    t[5].weighted = 1; /* a weighted table wider than 32 columns: the pooling's register path */
+    t[0].sharding = t[1].sharding = t[3].sharding = t[5].sharding = DT_SHARD_TABLE; /* the owner's gather pass
+                                                          (the planner would make these small tables data-parallel) */
     t[2].pooling = DT_POOL_MEAN;
     t[3].dtype = DT_BF16; t[3].optim.kind = DT_EMBED_ROWWISE_ADAGRAD;
     t[4].pooling = DT_POOL_NONE;
