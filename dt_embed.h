@@ -2230,19 +2230,25 @@ static dt_status dt__em_add_con(dt_embed *e, int t, int f, int64_t row, int64_t 
    sharded ones, and of other tables). So a stable sort by (table, row) gives that order: an LSD
    radix sort, 11 bits of the row per pass, then one pass by table; O(ids) per step. */
 static dt_status dt__em_sort(dt_embed *e, int64_t n) {
-    int64_t cnt[2049], i, maxrow = 0, k;
-    int shift, last;
+    int64_t cnt[4097], i, maxrow = 0, k, mask;
+    int shift, bits = 1, passes, digit;
     dt__em_contrib *a, *b, *tmp;
     if (n < 2) return DT_OK;
     DT__ETRY(dt_grow(e->ctx, (void **)&e->con2, &e->con2_cap, n, sizeof(dt__em_contrib), "dt_embed gradients"));
     a = e->con; b = e->con2;
     for (i = 0; i < n; i++) if (a[i].row > maxrow) maxrow = a[i].row;
-    for (shift = 0, last = 0; !last; shift += 11) {
-        last = shift + 11 >= 63 || (maxrow >> (shift + 11)) == 0;
-        memset(cnt, 0, sizeof cnt);
-        for (i = 0; i < n; i++) cnt[1 + ((a[i].row >> shift) & 2047)]++;
-        for (k = 1; k < 2049; k++) cnt[k] += cnt[k - 1];
-        for (i = 0; i < n; i++) b[cnt[(a[i].row >> shift) & 2047]++] = a[i];
+    while (bits < 63 && (maxrow >> bits) != 0) bits++;
+    /* LSD radix on the row: the fewest passes of at most 12 bits (4096 buckets: the counts stay
+       in L1), the digits split evenly: 100k rows (17 bits) and 10M rows (24 bits) both take two
+       passes over the contributions (11-bit digits took three for 10M), a third from 2^24 rows */
+    passes = (bits + 11) / 12;
+    digit = (bits + passes - 1) / passes;
+    mask = ((int64_t)1 << digit) - 1;
+    for (shift = 0; shift < bits; shift += digit) {
+        memset(cnt, 0, sizeof(int64_t) * (size_t)(mask + 2));
+        for (i = 0; i < n; i++) cnt[1 + ((a[i].row >> shift) & mask)]++;
+        for (k = 1; k <= mask + 1; k++) cnt[k] += cnt[k - 1];
+        for (i = 0; i < n; i++) b[cnt[(a[i].row >> shift) & mask]++] = a[i];
         tmp = a; a = b; b = tmp;
     }
     if (e->n_tabs > 1) { /* by table, stable: at most 2048 tables per pass is plenty; tables are few */
