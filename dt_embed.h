@@ -336,6 +336,9 @@ typedef struct dt_embed_table_desc {
 typedef struct dt_embed_feature_desc {
     const char *name;
     int table;                    /* index into desc.tables; several features may share a table */
+    int input;                    /* with desc.n_inputs > 0: the kjt feature whose ids (and weights) this
+                                     feature looks up; several features may read one input, i.e. several
+                                     tables share one feature's ids (each its own output columns) */
 } dt_embed_feature_desc;
 
 typedef struct dt_embed_desc {
@@ -343,6 +346,8 @@ typedef struct dt_embed_desc {
     int n_tables;
     const dt_embed_feature_desc *features; /* NULL = feature i is table i (n_features = n_tables) */
     int n_features;
+    int n_inputs;                 /* 0: the kjt holds one input per feature (feature f reads kjt feature f);
+                                     > 0: the kjt holds n_inputs features, feature f reads features[f].input */
     dt_comm *comm;                /* the ranks the tables are sharded over; NULL = this process */
     uint64_t seed;                /* init seed of tables whose init.seed is 0 */
     int64_t batch_hint;           /* planner: global batch size; 0 = 1024 */
@@ -354,7 +359,7 @@ typedef struct dt_embed_desc {
 
 /* The local batch: see "the batch" above. */
 typedef struct dt_kjt {
-    int n_features;               /* must equal the dt_embed's */
+    int n_features;               /* must equal the dt_embed's inputs (desc.n_inputs, else its features) */
     int64_t batch;                /* local samples B >= 0 */
     const int64_t *lengths;       /* [n_features * B] */
     const void *ids;              /* sum(lengths) ids */
@@ -601,6 +606,9 @@ struct dt_embed {
     int n_tabs;
     int n_feat;
     int *feat_tab;
+    int *feat_in;                /* the kjt feature each feature reads */
+    int n_in;                    /* the kjt's features */
+    int64_t *in_offs, in_offs_cap; /* [n_in * B + 1]: the kjt's bags, prefix sums */
     int64_t *feat_off;           /* column in the pooled output, -1 for sequence features */
     int64_t pooled_dim;
     int any_weighted, any_dp, any_dyn;
@@ -1150,6 +1158,7 @@ DT_API void dt_embed_free(dt_embed *e) {
         }
     }
     dt_release(ctx, e->tabs); dt_release(ctx, e->feat_tab); dt_release(ctx, e->feat_off);
+    dt_release(ctx, e->feat_in); dt_release(ctx, e->in_offs);
     dt_release(ctx, e->offs); dt_release(ctx, e->rows); dt_release(ctx, e->wts); dt_release(ctx, e->segs);
     if (e->reqs) { /* a begin without its end: finish what is in flight before the buffers go */
         int i;
@@ -1211,6 +1220,13 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
         if (desc->features[i].table < 0 || desc->features[i].table >= desc->n_tables)
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: features[%d].table = %d; expected a table in [0, %d)", fn, i,
                                     desc->features[i].table, desc->n_tables);
+    if (desc->n_inputs < 0 || (desc->n_inputs > 0 && !desc->features))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_inputs = %d with features %s; expected 0, or > 0 with "
+                                "features (each names its input)", fn, desc->n_inputs, desc->features ? "set" : "NULL");
+    for (i = 0; desc->n_inputs > 0 && i < desc->n_features; i++)
+        if (desc->features[i].input < 0 || desc->features[i].input >= desc->n_inputs)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: features[%d].input = %d; expected a kjt feature in [0, %d) "
+                                    "(desc.n_inputs)", fn, i, desc->features[i].input, desc->n_inputs);
     if (!(e = (dt_embed *)dt_alloc(ctx, sizeof *e))) return DT_ERR_OOM;
     memset(e, 0, sizeof *e);
     e->sync = 1;
@@ -1223,6 +1239,8 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     e->n_feat = desc->features ? desc->n_features : desc->n_tables;
     e->tabs = (dt__em_tab *)dt_alloc(ctx, sizeof(dt__em_tab) * (size_t)e->n_tabs);
     e->feat_tab = (int *)dt_alloc(ctx, sizeof(int) * (size_t)e->n_feat);
+    e->feat_in = (int *)dt_alloc(ctx, sizeof(int) * (size_t)e->n_feat);
+    e->n_in = desc->n_inputs > 0 ? desc->n_inputs : e->n_feat;
     e->feat_off = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)e->n_feat);
     e->seq_off = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)(e->n_feat + 1));
     e->cnt = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)(6 * W + 1));
@@ -1232,7 +1250,7 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     e->aside.cnt = (int64_t *)dt_alloc(ctx, sizeof(int64_t) * (size_t)(6 * W + 1));
     e->aside.reqs = (dt_comm_req **)dt_alloc(ctx, sizeof(dt_comm_req *) * (size_t)(4 * W));
     e->aside.rviews = (dt_tensor *)dt_alloc(ctx, sizeof(dt_tensor) * (size_t)(4 * W));
-    if (!e->tabs || !e->feat_tab || !e->feat_off || !e->seq_off || !e->cnt || !e->reqs || !e->rviews ||
+    if (!e->tabs || !e->feat_tab || !e->feat_in || !e->feat_off || !e->seq_off || !e->cnt || !e->reqs || !e->rviews ||
         !e->aside.seq_off || !e->aside.cnt || !e->aside.reqs || !e->aside.rviews) {
         dt_embed_free(e);
         return DT_ERR_OOM;
@@ -1272,6 +1290,7 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     e->pooled_dim = 0;
     for (i = 0; i < e->n_feat; i++) {
         e->feat_tab[i] = desc->features ? desc->features[i].table : i;
+        e->feat_in[i] = desc->n_inputs > 0 ? desc->features[i].input : i;
         if (e->tabs[e->feat_tab[i]].pooling == DT_POOL_NONE) e->feat_off[i] = -1;
         else { e->feat_off[i] = e->pooled_dim; e->pooled_dim += e->tabs[e->feat_tab[i]].dim; }
     }
@@ -1356,46 +1375,61 @@ DT_API void dt_embed_plan_print(const dt_embed *e) {
    id is named in the ctx error and *bad set. */
 static dt_status dt__em_read_batch(dt_embed *e, const dt_kjt *k, int *bad) {
     const char *fn = "dt_embed_forward";
-    int64_t F = e->n_feat, B, nb, total = 0, i, f, b;
+    int64_t F = e->n_feat, B, nb, ni, total = 0, in_total = 0, i, f, b;
     *bad = 0;
     if (!k) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt is NULL", fn);
-    if (k->n_features != e->n_feat)
-        return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.n_features = %d; expected %d (the features of the dt_embed)",
-                                fn, k->n_features, e->n_feat);
+    if (k->n_features != e->n_in)
+        return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.n_features = %d; expected %d (the %s of the dt_embed)", fn,
+                                k->n_features, e->n_in, e->n_in == e->n_feat && e->feat_in[0] == 0 ? "features" : "inputs");
     B = k->batch;
-    if (B < 0 || !dt_mul_ok(F, B, &nb) || nb > ((int64_t)1 << 40))
+    if (B < 0 || !dt_mul_ok(F > e->n_in ? F : e->n_in, B, &nb) || nb > ((int64_t)1 << 40))
         return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.batch = %lld; expected 0 <= batch and features x batch "
                                 "<= 2^40", fn, (long long)B);
-    if (nb > 0 && !k->lengths) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.lengths is NULL with batch %lld",
+    ni = (int64_t)e->n_in * B;
+    nb = F * B;
+    if (ni > 0 && !k->lengths) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.lengths is NULL with batch %lld",
                                                        fn, (long long)B);
     if (k->ids_dtype != DT_DTYPE_DEFAULT && k->ids_dtype != DT_I64 && k->ids_dtype != DT_I32)
         return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.ids_dtype = %s; expected i64 (DEFAULT) or i32", fn,
                                 dt_dtype_name(k->ids_dtype));
+    DT__ETRY(dt_grow(e->ctx, (void **)&e->in_offs, &e->in_offs_cap, ni + 1, sizeof(int64_t), "dt_embed offsets"));
     DT__ETRY(dt_grow(e->ctx, (void **)&e->offs, &e->offs_cap, nb + 1, sizeof(int64_t), "dt_embed offsets"));
-    e->offs[0] = 0;
-    for (i = 0; i < nb; i++) {
-        if (k->lengths[i] < 0 || k->lengths[i] > ((int64_t)1 << 40) - total)
+    e->in_offs[0] = 0;
+    for (i = 0; i < ni; i++) {
+        if (k->lengths[i] < 0 || k->lengths[i] > ((int64_t)1 << 40) - in_total)
             return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.lengths[%lld] (feature %lld, sample %lld) = %lld; "
                                     "expected >= 0 and a total <= 2^40", fn, (long long)i, (long long)(i / (B ? B : 1)),
                                     (long long)(i % (B ? B : 1)), (long long)k->lengths[i]);
-        total += k->lengths[i];
-        e->offs[i + 1] = total;
+        in_total += k->lengths[i];
+        e->in_offs[i + 1] = in_total;
     }
-    if (total > 0 && !k->ids) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.ids is NULL with %lld ids", fn,
-                                                      (long long)total);
+    if (in_total > 0 && !k->ids) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.ids is NULL with %lld ids", fn,
+                                                         (long long)in_total);
+    e->offs[0] = 0; /* every feature's bags (a copy of its input's), feature-major */
+    for (f = 0; f < F; f++)
+        for (b = 0; b < B; b++) {
+            int64_t j = (int64_t)e->feat_in[f] * B + b, n = e->in_offs[j + 1] - e->in_offs[j];
+            if (n > ((int64_t)1 << 40) - total)
+                return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: the features' ids total more than 2^40 (inputs read by "
+                                        "several features count once per feature)", fn);
+            total += n;
+            e->offs[f * B + b + 1] = total;
+        }
     DT__ETRY(dt_grow(e->ctx, (void **)&e->rows, &e->rows_cap, total + 1, sizeof(int64_t), "dt_embed rows"));
     DT__ETRY(dt_grow(e->ctx, (void **)&e->wts, &e->wts_cap, total + 1, sizeof(float), "dt_embed weights"));
     e->B = B;
     e->n_ids = total;
     for (f = 0; f < F; f++) {
         const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        int64_t fin = e->feat_in[f];
         if (t->weighted && !k->weights && e->offs[(f + 1) * B] > e->offs[f * B])
             return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.weights is NULL; feature %lld's table \"%s\" is weighted",
                                     fn, (long long)f, t->name);
         for (b = 0; b < B; b++) {
-            for (i = e->offs[f * B + b]; i < e->offs[f * B + b + 1]; i++) {
-                int64_t id = k->ids_dtype == DT_I32 ? (int64_t)((const int32_t *)k->ids)[i] : ((const int64_t *)k->ids)[i];
-                e->wts[i] = t->weighted ? k->weights[i] : 1.0f;
+            int64_t src = e->in_offs[fin * B + b]; /* the kjt's index of this bag's first id */
+            for (i = e->offs[f * B + b]; i < e->offs[f * B + b + 1]; i++, src++) {
+                int64_t id = k->ids_dtype == DT_I32 ? (int64_t)((const int32_t *)k->ids)[src] : ((const int64_t *)k->ids)[src];
+                e->wts[i] = t->weighted ? k->weights[src] : 1.0f;
                 if (t->dynamic) e->rows[i] = id; /* the owner maps it to a slot */
                 else if (t->ids == DT_IDS_HASH) e->rows[i] = (int64_t)(dt_embed_hash_id(id) % (uint64_t)t->rows);
                 else if (id < 0 || id >= t->rows) {
