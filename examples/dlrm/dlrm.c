@@ -422,8 +422,9 @@ static void acts_grow(acts *a, const model *m, int64_t n) {
     dt_tensor *ts[MAXT];
     int64_t cols[MAXT], cap = a->cap;
     int k = 0, i;
-    if (n <= a->cap) return;
-    while (cap < n) cap = cap ? 2 * cap : 64;
+    if (n <= a->cap && a->cap) return; /* (created on the first call even for n = 0: a rank's
+                                           empty local batch is valid and views 0 rows of them) */
+    while (cap < n || cap == 0) cap = cap ? 2 * cap : 64;
 #define ADD(t_, c_) do { ts[k] = (t_); cols[k] = (c_); k++; } while (0)
     ADD(&a->dense, DT_DLRM_DENSE);
     for (i = 0; i < m->bottom.n; i++) {
