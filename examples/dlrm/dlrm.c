@@ -8,6 +8,8 @@
           --dim D --bottom 64,32 --top 64,32 --cross L --opt sgd|adagrad --lr LR --emb-lr LR
           --accum N --eval-every N --eval-samples N --print-every N --log FILE.jsonl
           --ckpt DIR --ckpt-every N --resume --rows N (cap on table rows, 16384) --skip-bad
+          --table-sizes N|n1,...,n26 (the tables' rows, one for all or one per feature; default
+          min(Criteo Kaggle's cardinality, --rows); TSV ids are hashed into them)
           --shard auto|row|table|data --row-wise-over ROWS (pin bigger tables row-wise) --quiet
           --device cpu|cuda (cuda: a -DDT_CUDA build, build/examples/cuda/dlrm: MLPs, interaction,
           activations and the tables' shards on the GPU; the loss through a host copy of the
@@ -15,6 +17,14 @@
           --overlap 0|1 (the next batch's id exchange during this batch's dense work; default 0)
           --dump-batches DIR (rank 0 writes each step's global batch, see below)
    last line: "final: loss L auc A" (L the training loss of the last step, A the held-out AUC).
+   A is nan when the held-out labels are all one class (a warning says so; training goes on).
+   A run that trains no step (--steps 0, or --resume at --steps) evaluates the model it has for
+   A, and L is the loss the checkpoint recorded for its last step (nan: none was trained).
+   --resume refuses (exit 2, naming both values) a checkpoint of another --seed, --batch or
+   --data, and one past --steps; at --steps it says there is nothing to train (exit 0).
+   A TSV is converted once to FILE.tsv.bin (by rank 0, the others wait), beside a record
+   FILE.tsv.bin.src of the TSV's size and mtime and --skip-bad; the .bin is used again only
+   when these and its table sizes match this run's, else converted again (saying what differed).
 
    One step on rank r (W ranks, global batch B; rank r's samples are a pure function of (seed,
    global index), dlrm_data.h's split, so every W sees the same global batches):
@@ -43,7 +53,7 @@
    (dt_opt.h's crash-safe directories; dense first, so DIR/dense always holds the step that
    DIR/embed's latest names, and --resume loads that pair); --steps 0 --ckpt DIR saves the
    initial model as step 0. Metrics: one JSON line per step
-   (--log). Eval: the exact AUC and logloss of held-out samples (synthetic: indices from
+   (--log; "auc" and "logloss" on the steps that evaluate, null on the others). Eval: the exact AUC and logloss of held-out samples (synthetic: indices from
    2^40 on; a file: its last --eval-samples), gathered over the ranks.
    For an outside reference (tests/dlrm_reference.py is one): the checkpoint of step s holds the
    weights after s updates ("param/bot.0.w" [out, in], y = x W^T + b; "param/embed/C1/weight"
@@ -97,7 +107,8 @@ static void usage(const char *why) {
     fprintf(stderr, "dlrm: %s\nflags: --steps N --batch B --seed S --data synthetic|FILE.tsv|FILE.bin "
                     "--arch dlrm|dcn --dim D --bottom 64,32 --top 64,32 --cross L --opt sgd|adagrad --lr LR "
                     "--emb-lr LR --accum N --eval-every N --eval-samples N --print-every N --log FILE "
-                    "--ckpt DIR --ckpt-every N --resume --rows N --skip-bad --shard auto|row|table|data --row-wise-over ROWS "
+                    "--ckpt DIR --ckpt-every N --resume --rows N --table-sizes N|n1,...,n26 --skip-bad "
+                    "--shard auto|row|table|data --row-wise-over ROWS "
                     "--device cpu|cuda --quiet --overlap 0|1 --dump-batches DIR\n", why);
     exit(2);
 }
