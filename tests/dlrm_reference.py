@@ -434,6 +434,7 @@ def main():
     # dumped = the one parsed here with those sizes
     sizes = [3 + 7 * f for f in range(F)]
     d = os.path.join(tmp, "table_sizes")
+    os.makedirs(d, exist_ok=True)
     args = model + ["--steps", "1", "--data", tsv, "--table-sizes", ",".join(map(str, sizes)),
                     "--dump-batches", d + "/batches"]
     rc, text = run_dlrm(2, args, d + ".out")
