@@ -272,9 +272,10 @@ def write_tsv(path, n, seed):
     return lines
 
 
-def tsv_batch(lines, start, B, rows):
-    """Samples [start, start + B) of the TSV as dlrm_data.h documents them."""
-    sizes = [min(k, rows) for k in KAGGLE]
+def tsv_batch(lines, start, B, rows, sizes=None):
+    """Samples [start, start + B) of the TSV as dlrm_data.h documents them (tables of
+    min(Kaggle's, rows) rows, or of `sizes`, as --table-sizes gives them)."""
+    sizes = sizes or [min(k, rows) for k in KAGGLE]
     dense = np.zeros((B, DENSE), dtype=np.float32)
     labels = np.zeros(B, dtype=np.float32)
     ids = np.zeros((F, B), dtype=np.int64)
@@ -429,6 +430,21 @@ def main():
     print("(largest relative loss difference: %.3g; weights after one update: largest |dt - ref| / "
           "(|ref| + lr) %.3g, %d of %d values above %g, each within its gradient's rounding)"
           % (worst_loss, worst_w, relaxed, compared, W_TOL))
+    # --table-sizes: the TSV's ids hashed into the given sizes (26 different ones), the batch dt
+    # dumped = the one parsed here with those sizes
+    sizes = [3 + 7 * f for f in range(F)]
+    d = os.path.join(tmp, "table_sizes")
+    os.makedirs(d, exist_ok=True)
+    args = model + ["--steps", "1", "--data", tsv, "--table-sizes", ",".join(map(str, sizes)),
+                    "--dump-batches", d + "/batches"]
+    rc, text = run_dlrm(2, args, d + ".out")
+    if rc != 0:
+        check("dlrm_reference_table_sizes_run", False, "dlrm exited %d: %s" % (rc, text[-400:]))
+    else:
+        dumped = load_file(os.path.join(d, "batches", "batch_00000001.safetensors"))
+        want = tsv_batch(lines, 0, B, rows, sizes)["ids"]
+        check("dlrm_reference_tsv_batch_table_sizes", np.array_equal(dumped["ids"], want),
+              "dt's ids %s..., the reference's (hashed into %s...) %s..." % (dumped["ids"][:8], sizes[:3], want[:8]))
     # bad input: a --dump-batches directory that cannot be made is named, not a crash
     bad = os.path.join(tmp, "no", "such", "dir")
     rc, text = run_dlrm(1, model + ["--steps", "1", "--dump-batches", bad], os.path.join(tmp, "bad.out"))

@@ -8,6 +8,8 @@
           --dim D --bottom 64,32 --top 64,32 --cross L --opt sgd|adagrad --lr LR --emb-lr LR
           --accum N --eval-every N --eval-samples N --print-every N --log FILE.jsonl
           --ckpt DIR --ckpt-every N --resume --rows N (cap on table rows, 16384) --skip-bad
+          --table-sizes N|n1,...,n26 (the tables' rows, one for all or one per feature; default
+          min(Criteo Kaggle's cardinality, --rows); TSV ids are hashed into them)
           --shard auto|row|table|data --row-wise-over ROWS (pin bigger tables row-wise) --quiet
           --device cpu|cuda (cuda: a -DDT_CUDA build, build/examples/cuda/dlrm: MLPs, interaction,
           activations and the tables' shards on the GPU; the loss through a host copy of the
@@ -15,6 +17,14 @@
           --overlap 0|1 (the next batch's id exchange during this batch's dense work; default 0)
           --dump-batches DIR (rank 0 writes each step's global batch, see below)
    last line: "final: loss L auc A" (L the training loss of the last step, A the held-out AUC).
+   A is nan when the held-out labels are all one class (a warning says so; training goes on).
+   A run that trains no step (--steps 0, or --resume at --steps) evaluates the model it has for
+   A, and L is the loss the checkpoint recorded for its last step (nan: none was trained).
+   --resume refuses (exit 2, naming both values) a checkpoint of another --seed, --batch or
+   --data, and one past --steps; at --steps it says there is nothing to train (exit 0).
+   A TSV is converted once to FILE.tsv.bin (by rank 0, the others wait), beside a record
+   FILE.tsv.bin.src of the TSV's size and mtime and --skip-bad; the .bin is used again only
+   when these and its table sizes match this run's, else converted again (saying what differed).
 
    One step on rank r (W ranks, global batch B; rank r's samples are a pure function of (seed,
    global index), dlrm_data.h's split, so every W sees the same global batches):
@@ -43,7 +53,7 @@
    (dt_opt.h's crash-safe directories; dense first, so DIR/dense always holds the step that
    DIR/embed's latest names, and --resume loads that pair); --steps 0 --ckpt DIR saves the
    initial model as step 0. Metrics: one JSON line per step
-   (--log). Eval: the exact AUC and logloss of held-out samples (synthetic: indices from
+   (--log; "auc" and "logloss" on the steps that evaluate, null on the others). Eval: the exact AUC and logloss of held-out samples (synthetic: indices from
    2^40 on; a file: its last --eval-samples), gathered over the ranks.
    For an outside reference (tests/dlrm_reference.py is one): the checkpoint of step s holds the
    weights after s updates ("param/bot.0.w" [out, in], y = x W^T + b; "param/embed/C1/weight"
@@ -75,6 +85,8 @@
 
 typedef struct opts {
     int64_t steps, batch, eval_samples, rows, row_wise_over;
+    int64_t table[DT_DLRM_SPARSE]; /* rows of table f: --table-sizes, else min(Kaggle's, --rows) */
+    const char *table_sizes;       /* the --table-sizes text, NULL when not given */
     uint64_t seed;
     const char *data, *arch, *opt, *log, *ckpt, *shard, *device, *dump;
     int dim, cross, accum, eval_every, print_every, ckpt_every, resume, skip_bad, quiet, overlap;
@@ -85,6 +97,7 @@ typedef struct opts {
 static dt_ctx *g_ctx;
 static int g_rank;
 static dt_embed *g_progress; /* --overlap: an id exchange in flight, moved between dense layers */
+static int g_auc_warned;    /* the held-out labels are all one class: said once */
 #define CHECK(call) do { dt_status s_ = (call); if (s_) { \
     fprintf(stderr, "dlrm [rank %d]: %s failed: %s\n", g_rank, #call, dt_ctx_error(g_ctx)); exit(1); } } while (0)
 
@@ -94,7 +107,8 @@ static void usage(const char *why) {
     fprintf(stderr, "dlrm: %s\nflags: --steps N --batch B --seed S --data synthetic|FILE.tsv|FILE.bin "
                     "--arch dlrm|dcn --dim D --bottom 64,32 --top 64,32 --cross L --opt sgd|adagrad --lr LR "
                     "--emb-lr LR --accum N --eval-every N --eval-samples N --print-every N --log FILE "
-                    "--ckpt DIR --ckpt-every N --resume --rows N --skip-bad --shard auto|row|table|data --row-wise-over ROWS "
+                    "--ckpt DIR --ckpt-every N --resume --rows N --table-sizes N|n1,...,n26 --skip-bad "
+                    "--shard auto|row|table|data --row-wise-over ROWS "
                     "--device cpu|cuda --quiet --overlap 0|1 --dump-batches DIR\n", why);
     exit(2);
 }
@@ -139,6 +153,43 @@ static const char *path(const char *flag, const char *v) {
     return v;
 }
 
+/* --table-sizes N (every table) or n1,...,n26 (C1..C26), each in [1, 2^40]; without it, table f
+   has min(Criteo Kaggle's cardinality of f, --rows) rows. TSV ids are hashed into these sizes
+   (dlrm_data.h: id = 1 + hash(v) mod (N_f - 1)); the synthetic data draws ids in [0, N_f). */
+static void table_sizes(opts *o) {
+    const char *p = o->table_sizes;
+    int n = 0, f;
+    if (!p) {
+        for (f = 0; f < F; f++) {
+            int64_t c = dt_dlrm_kaggle_cardinality(f);
+            o->table[f] = c > o->rows ? o->rows : c;
+        }
+        return;
+    }
+    while (*p) {
+        char *end, why[320];
+        long long x;
+        errno = 0;
+        x = strtoll(p, &end, 10);
+        if (end == p || errno || x < 1 || x > ((int64_t)1 << 40) || (*end && *end != ',') || n == F ||
+            (*end == ',' && !end[1])) {
+            snprintf(why, sizeof why, "--table-sizes wants 1 or %d sizes in [1, 2^40] separated by commas "
+                     "(N, or n1,...,n%d for C1..C%d), got '%s' (%s size %d)", F, F, F, o->table_sizes,
+                     n == F ? "more than 26 sizes: at" : "a bad", n + 1);
+            usage(why);
+        }
+        o->table[n++] = (int64_t)x;
+        p = *end ? end + 1 : end;
+    }
+    if (n != 1 && n != F) {
+        char why[320];
+        snprintf(why, sizeof why, "--table-sizes wants 1 or %d sizes separated by commas, got '%s' (%d sizes)", F,
+                 o->table_sizes, n);
+        usage(why);
+    }
+    if (n == 1) for (f = 1; f < F; f++) o->table[f] = o->table[0];
+}
+
 static void parse(opts *o, int argc, char **argv) {
     int i;
     memset(o, 0, sizeof *o);
@@ -170,6 +221,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--ckpt")) o->ckpt = path(a, v);
         else if (!strcmp(a, "--ckpt-every")) o->ckpt_every = (int)num(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--rows")) o->rows = num(a, v, 1, (int64_t)1 << 40);
+        else if (!strcmp(a, "--table-sizes")) o->table_sizes = v;
         else if (!strcmp(a, "--shard")) o->shard = v;
         else if (!strcmp(a, "--device")) o->device = v;
         else if (!strcmp(a, "--row-wise-over")) o->row_wise_over = num(a, v, 0, (int64_t)1 << 40);
@@ -200,6 +252,7 @@ static void parse(opts *o, int argc, char **argv) {
     if (o->emb_lr == 0) o->emb_lr = !strcmp(o->opt, "sgd") ? 0.1 : 0.05;
     if (o->lr == 0) o->lr = (!strcmp(o->opt, "sgd") ? 0.1 : 0.05) / (!strcmp(o->arch, "dcn") ? 5 : 1);
     if (o->eval_every == 0) o->eval_every = o->steps >= 4 ? (int)(o->steps / 4) : 1;
+    table_sizes(o);
 }
 
 /* ---------------------------------------------------------------- data */
@@ -218,6 +271,65 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= m && !strcmp(s + n - m, suffix);
 }
 
+/* A TSV's FILE.tsv.bin is reused only when it was converted from this TSV as it is now, with
+   these table sizes and --skip-bad: FILE.tsv.bin.src (written after each conversion) records
+   the TSV's size and modification time and skip_bad; the table sizes are in the .bin's header.
+   Anything else (no .bin, no record, a difference) converts again; `why` says what differed. */
+static void src_path(char *out, size_t n, const char *bin_path) { snprintf(out, n, "%s.src", bin_path); }
+
+static int tsv_identity(const opts *o, char *out, size_t n) {
+    struct stat sb;
+    if (stat(o->data, &sb) != 0) return 0;
+    snprintf(out, n, "tsv_bytes %lld tsv_mtime %lld.%09ld skip_bad %d", (long long)sb.st_size,
+             (long long)sb.st_mtim.tv_sec, (long)sb.st_mtim.tv_nsec, o->skip_bad);
+    return 1;
+}
+
+static void bin_record(const opts *o, const char *bin_path) {
+    char src[1100], tmp[1200], id[160];
+    FILE *fp;
+    src_path(src, sizeof src, bin_path);
+    snprintf(tmp, sizeof tmp, "%s.tmp", src);
+    if (!tsv_identity(o, id, sizeof id) || !(fp = fopen(tmp, "w"))) return; /* no record: converted again next time */
+    fprintf(fp, "%s\n", id);
+    if (fclose(fp) != 0 || rename(tmp, src) != 0) remove(tmp);
+}
+
+static int bin_stale(const opts *o, const char *bin_path, char *why, size_t n) {
+    char src[1100], want[160], have[160] = "";
+    dt_dlrm_bin b;
+    FILE *fp;
+    int f;
+    why[0] = 0;
+    if (!(fp = fopen(bin_path, "rb"))) return 1; /* first conversion: nothing to say */
+    fclose(fp);
+    src_path(src, sizeof src, bin_path);
+    if (!tsv_identity(o, want, sizeof want)) return 1; /* the TSV is missing: the conversion names it */
+    if (!(fp = fopen(src, "r")) || !fgets(have, sizeof have, fp)) {
+        snprintf(why, n, "%s has no record of its conversion (%s)", bin_path, src);
+        if (fp) fclose(fp);
+        return 1;
+    }
+    fclose(fp);
+    have[strcspn(have, "\n")] = 0;
+    if (strcmp(have, want)) {
+        snprintf(why, n, "%s was converted from %s with %s; now %s", bin_path, o->data, have, want);
+        return 1;
+    }
+    if (dt_dlrm_bin_open(g_ctx, &b, bin_path, NULL)) {
+        snprintf(why, n, "%s does not open: %s", bin_path, dt_ctx_error(g_ctx));
+        return 1;
+    }
+    for (f = 0; f < F; f++)
+        if (b.table_size[f] != o->table[f]) {
+            snprintf(why, n, "%s has %lld rows in C%d, this run wants %lld", bin_path, (long long)b.table_size[f],
+                     f + 1, (long long)o->table[f]);
+            break;
+        }
+    dt_dlrm_bin_close(g_ctx, &b);
+    return why[0] != 0;
+}
+
 static void data_open(data *d, const opts *o, dt_comm *world) {
     dt_ctx *ctx = g_ctx;
     int f;
@@ -225,33 +337,33 @@ static void data_open(data *d, const opts *o, dt_comm *world) {
     if (!strcmp(o->data, "synthetic")) {
         dt_dlrm_synth_desc sd = {0};
         sd.seed = o->seed;
-        for (f = 0; f < F; f++) {
-            int64_t c = dt_dlrm_kaggle_cardinality(f); /* Criteo Kaggle's, capped by --rows */
-            sd.cardinality[f] = c > o->rows ? o->rows : c;
-        }
+        for (f = 0; f < F; f++) sd.cardinality[f] = o->table[f]; /* Criteo Kaggle's, capped by --rows */
         CHECK(dt_dlrm_synth_init(ctx, &d->gen, &sd));
         d->synthetic = 1;
         d->n_train = -1;
         for (f = 0; f < F; f++) d->card[f] = d->gen.card[f];
         return;
     } else {
-        char bin_path[1024];
+        char bin_path[1024], bin_src[1100];
         const char *path = o->data;
         if (!ends_with(o->data, ".bin")) { /* a TSV: its binary form sits beside it */
             snprintf(bin_path, sizeof bin_path, "%s.bin", o->data);
             path = bin_path;
-            if (g_rank == 0) {
-                FILE *fp = fopen(bin_path, "rb");
-                if (fp) fclose(fp);
-                else {
+            if (g_rank == 0) { /* the others wait at the barrier and map what rank 0 left */
+                char why[4096];
+                if (bin_stale(o, bin_path, why, sizeof why)) {
                     dt_dlrm_bin_desc bd = {0};
                     dt_dlrm_tsv_stats st = {0};
                     bd.tsv.skip_bad = o->skip_bad;
                     for (f = 0; f < F; f++) {
-                        int64_t c = dt_dlrm_kaggle_cardinality(f);
-                        bd.tsv.table_size[f] = c > o->rows ? o->rows : c;
+                        bd.tsv.table_size[f] = o->table[f];
+                        if (o->table[f] > INT32_MAX) bd.ids_i64 = 1;
                     }
+                    if (!o->quiet && why[0]) printf("re-converting %s: %s\n", o->data, why);
+                    src_path(bin_src, sizeof bin_src, bin_path);
+                    remove(bin_src); /* no record while the .bin is replaced: a crash leaves it stale */
                     CHECK(dt_dlrm_bin_convert(ctx, bin_path, &st, o->data, &bd));
+                    bin_record(o, bin_path);
                     if (!o->quiet)
                         printf("converted %s: %lld samples, %lld lines skipped -> %s\n", o->data,
                                (long long)st.samples, (long long)st.skipped, bin_path);
@@ -260,6 +372,13 @@ static void data_open(data *d, const opts *o, dt_comm *world) {
             CHECK(dt_comm_barrier(world));
         }
         CHECK(dt_dlrm_bin_open(ctx, &d->bin, path, NULL));
+        for (f = 0; f < F && o->table_sizes; f++) /* a .bin given directly: its sizes are its ids' range */
+            if (d->bin.table_size[f] != o->table[f]) {
+                fprintf(stderr, "dlrm: %s was converted with %lld rows in C%d; --table-sizes asks for %lld: convert "
+                                "the TSV again (--data FILE.tsv --table-sizes ...) or leave --table-sizes out\n",
+                        path, (long long)d->bin.table_size[f], f + 1, (long long)o->table[f]);
+                exit(2);
+            }
         if (d->bin.n < o->eval_samples + o->batch) {
             fprintf(stderr, "dlrm: %s has %lld samples; it needs at least --eval-samples (%lld) + --batch (%lld)\n",
                     path, (long long)d->bin.n, (long long)o->eval_samples, (long long)o->batch);
@@ -422,8 +541,9 @@ static void acts_grow(acts *a, const model *m, int64_t n) {
     dt_tensor *ts[MAXT];
     int64_t cols[MAXT], cap = a->cap;
     int k = 0, i;
-    if (n <= a->cap) return;
-    while (cap < n) cap = cap ? 2 * cap : 64;
+    if (n <= a->cap && a->cap) return; /* (created on the first call even for n = 0: a rank's
+                                           empty local batch is valid and views 0 rows of them) */
+    while (cap < n || cap == 0) cap = cap ? 2 * cap : 64;
 #define ADD(t_, c_) do { ts[k] = (t_); cols[k] = (c_); k++; } while (0)
     ADD(&a->dense, DT_DLRM_DENSE);
     for (i = 0; i < m->bottom.n; i++) {
@@ -623,7 +743,7 @@ static void backward(views *v, model *m, acts *a, int64_t b, dt_bucketer *bk) {
 static void evaluate(model *m, acts *a, data *d, const opts *o, dt_comm *world, kjt_buf *kb,
                      dt_dlrm_batch *batch, double *auc, double *logloss) {
     int W = dt_comm_size(world), r, rank = dt_comm_rank(world);
-    int64_t n = o->eval_samples, pad = (n + W - 1) / W, i, at = 0;
+    int64_t n = o->eval_samples, pad = (n + W - 1) / W, i, at = 0, pos;
     dt_tensor mine, all;
     dt_tensor_desc td = {DT_DTYPE_DEFAULT};
     views v = {0};
@@ -657,7 +777,16 @@ static void evaluate(model *m, acts *a, data *d, const opts *o, dt_comm *world, 
         memcpy(labels + at, (float *)all.data + 2 * pad * r + pad, (size_t)count * sizeof(float));
         at += count;
     }
-    CHECK(dt_dlrm_auc(g_ctx, auc, scores, labels, n));
+    for (i = 0, pos = 0; i < n; i++) pos += labels[i] > 0.5f;
+    if (pos == 0 || pos == n) { /* one class: no AUC (NAN, said once), the logloss still is one */
+        *auc = NAN;
+        if (rank == 0 && !g_auc_warned)
+            fprintf(stderr, "dlrm: warning: every one of the %lld held-out labels is %d: the AUC is undefined "
+                            "(reported as nan); training goes on\n", (long long)n, pos == n);
+        g_auc_warned = 1;
+    } else {
+        CHECK(dt_dlrm_auc(g_ctx, auc, scores, labels, n));
+    }
     CHECK(dt_dlrm_logloss(g_ctx, logloss, scores, labels, n, 0));
     dt_release(g_ctx, scores);
     dt_tensor_free(g_ctx, &mine);
@@ -669,12 +798,19 @@ static void evaluate(model *m, acts *a, data *d, const opts *o, dt_comm *world, 
 
 static void ckpt_dir(char *out, size_t n, const char *root, const char *part) { snprintf(out, n, "%s/%s", root, part); }
 
-static void save(model *m, dt_optimizer *opt, const opts *o, dt_comm *world, int64_t step) {
+/* The train state records what --resume must find again: the seed (rng_seed), the samples
+   trained (data_cursor = step x batch: every step of a run, resumed or not, has the same
+   --batch, see resume()), the data source ("data") and the last step's loss ("loss", for the
+   final line of a run resumed with nothing left to train; "nan" at step 0). */
+static void save(model *m, dt_optimizer *opt, const opts *o, dt_comm *world, int64_t step, double loss) {
     dt_train_state st;
     dt_checkpoint_desc cd = {0};
-    char dir[1024];
+    char dir[1024], v[64];
     memset(&st, 0, sizeof st);
     st.step = step; st.rng_seed = o->seed; st.data_cursor = step * o->batch;
+    CHECK(dt_train_state_set(g_ctx, &st, "data", o->data));
+    snprintf(v, sizeof v, "%.17g", step ? loss : NAN);
+    CHECK(dt_train_state_set(g_ctx, &st, "loss", v));
     cd.comm = world; cd.layout = "dense=dp,embed=plan"; cd.keep = 3;
     ckpt_dir(dir, sizeof dir, o->ckpt, "dense"); cd.dir = dir; /* dense first: see the top */
     CHECK(dt_checkpoint_save(g_ctx, &m->ps, opt, &st, &cd));
@@ -682,8 +818,10 @@ static void save(model *m, dt_optimizer *opt, const opts *o, dt_comm *world, int
     CHECK(dt_embed_checkpoint_save(m->emb, &st, &cd));
 }
 
-/* Loads the newest embed checkpoint and the dense one of the same step; returns that step. */
-static int64_t resume(model *m, dt_optimizer *opt, const opts *o, dt_comm *world) {
+/* Loads the newest embed checkpoint and the dense one of the same step; returns that step and
+   the loss it recorded (NAN when none). A checkpoint of another seed, batch or data source would
+   continue another run's sample stream: refused with a message naming both values (exit 2). */
+static int64_t resume(model *m, dt_optimizer *opt, const opts *o, dt_comm *world, double *loss) {
     dt_train_state st;
     dt_checkpoint_desc cd = {0};
     char dir[1024], step_dir[64];
@@ -694,6 +832,28 @@ static int64_t resume(model *m, dt_optimizer *opt, const opts *o, dt_comm *world
     snprintf(step_dir, sizeof step_dir, "step_%08lld", (long long)st.step);
     ckpt_dir(dir, sizeof dir, o->ckpt, "dense"); cd.dir = dir; cd.step_dir = step_dir;
     CHECK(dt_checkpoint_load(g_ctx, &m->ps, opt, &st, &cd));
+    {
+        const char *data = dt_train_state_get(&st, "data"), *l = dt_train_state_get(&st, "loss");
+        char why[512];
+        why[0] = 0;
+        if (st.rng_seed != o->seed)
+            snprintf(why, sizeof why, "it was trained with --seed %llu, this run has --seed %llu",
+                     (unsigned long long)st.rng_seed, (unsigned long long)o->seed);
+        else if (st.data_cursor != st.step * o->batch)
+            snprintf(why, sizeof why, "its %lld steps trained %lld samples (--batch %lld), this run has --batch %lld",
+                     (long long)st.step, (long long)st.data_cursor,
+                     st.step ? (long long)(st.data_cursor / st.step) : 0LL, (long long)o->batch);
+        else if (data && strcmp(data, o->data))
+            snprintf(why, sizeof why, "it was trained on --data %s, this run has --data %s", data, o->data);
+        if (why[0]) {
+            if (g_rank == 0)
+                fprintf(stderr, "dlrm: --resume: the checkpoint in %s (step %lld) does not continue this run: %s; "
+                                "resume with the flags it was trained with, or use another --ckpt DIR\n",
+                        o->ckpt, (long long)st.step, why);
+            exit(2);
+        }
+        *loss = l ? strtod(l, NULL) : NAN;
+    }
     return st.step;
 }
 
@@ -723,7 +883,9 @@ int main(int argc, char **argv) {
     FILE *log = NULL;
     int W, mi, begun = 0;
     int64_t step = 0, first_step;
-    double t0, loss = 0, auc = 0.5, logloss = 0, comm_s = 0, eval_s = 0;
+    /* loss: the last trained step's (a resumed run with nothing left: the checkpoint's; nan when
+       no step was ever trained); auc, logloss: the last evaluation's (nan: one-class labels) */
+    double t0, loss = NAN, auc = NAN, logloss = NAN, comm_s = 0, eval_s = 0;
 
     parse(&o, argc, argv);
     cdesc.device = !strcmp(o.device, "cuda") ? DT_CUDA_DEVICE : DT_CPU; /* parameters, activations, tables */
@@ -750,8 +912,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, "dlrm: cannot create --dump-batches %s: %s\n", o.dump, strerror(errno));
         return 1;
     }
-    if (o.resume) step = resume(&m, opt, &o, world);
+    if (o.resume) step = resume(&m, opt, &o, world, &loss);
     first_step = step;
+    if (step > o.steps) { /* the same on every rank (they loaded the same checkpoint) */
+        if (g_rank == 0)
+            fprintf(stderr, "dlrm: --resume: the checkpoint in %s is at step %lld, past --steps %lld: nothing to "
+                            "train; give --steps above %lld to train on\n", o.ckpt, (long long)step, (long long)o.steps,
+                    (long long)step);
+        exit(2);
+    }
+    if (o.resume && step == o.steps && g_rank == 0 && !o.quiet)
+        printf("dlrm: --resume: the checkpoint in %s is at step %lld = --steps: nothing to train (the final line "
+               "gives its recorded loss and evaluates it)\n", o.ckpt, (long long)step);
     if (g_rank == 0 && o.log && !(log = fopen(o.log, o.resume ? "a" : "w"))) {
         fprintf(stderr, "dlrm: cannot open --log %s\n", o.log);
         return 1;
@@ -763,6 +935,7 @@ int main(int argc, char **argv) {
     for (; step < o.steps; step++) {
         int64_t micro = o.batch / o.accum;
         double sums[1] = {0}, tc;
+        int evaluated = 0;
         if (o.dump && g_rank == 0) dump_batch(&d, &o, step);
         /* --overlap: the next micro-batch's exchange is posted during this one, except into a
            step that evaluates or checkpoints (they need the embedding idle) */
@@ -800,11 +973,12 @@ int main(int argc, char **argv) {
         CHECK(dt_comm_allreduce_f64(world, sums, 1, DT_REDUCE_SUM));
         comm_s += now() - tc;
         loss = sums[0] / (double)o.batch;
-        if (o.ckpt && o.ckpt_every && (step + 1) % o.ckpt_every == 0) save(&m, opt, &o, world, step + 1);
+        if (o.ckpt && o.ckpt_every && (step + 1) % o.ckpt_every == 0) save(&m, opt, &o, world, step + 1, loss);
         if ((step + 1) % o.eval_every == 0 || step + 1 == o.steps) {
             double te = now();
             evaluate(&m, &a, &d, &o, world, &kb, batch, &auc, &logloss);
             eval_s += now() - te; /* throughput counts training only */
+            evaluated = 1;
             if (g_rank == 0 && !o.quiet)
                 printf("eval  step %lld: auc %.4f logloss %.4f (%lld held-out samples)\n", (long long)(step + 1), auc,
                        logloss, (long long)o.eval_samples);
@@ -815,21 +989,30 @@ int main(int argc, char **argv) {
             if (!o.quiet && ((o.print_every && (step + 1) % o.print_every == 0) || step + 1 == o.steps))
                 printf("step %lld/%lld  loss %.6f  %.0f samples/s  eta %.0fs\n", (long long)(step + 1),
                        (long long)o.steps, loss, sps, eta);
-            if (log) {
+            if (log) { /* auc and logloss on the steps that evaluate, null on the others (and nan's) */
                 dt_embed_stats es;
+                char sa[32] = "null", sl[32] = "null";
+                if (evaluated && auc == auc) snprintf(sa, sizeof sa, "%.6f", auc);
+                if (evaluated && logloss == logloss) snprintf(sl, sizeof sl, "%.6f", logloss);
                 CHECK(dt_embed_stats_get(m.emb, &es));
                 fprintf(log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%g,\"emb_lr\":%g,\"samples_per_s\":%.1f,"
                              "\"comm_s\":%.6f,\"emb_fwd_s\":%.6f,\"emb_bwd_s\":%.6f,\"emb_wait_s\":%.6f,"
-                             "\"emb_bytes_sent\":%.0f,\"auc\":%.6f,\"logloss\":%.6f,\"ranks\":%d}\n",
+                             "\"emb_bytes_sent\":%.0f,\"auc\":%s,\"logloss\":%s,\"ranks\":%d}\n",
                         (long long)(step + 1), loss, dt_opt_lr(opt), o.emb_lr, sps, comm_s, es.seconds_fwd,
-                        es.seconds_bwd, es.seconds_wait, es.bytes_sent_fwd + es.bytes_sent_bwd, auc, logloss, W);
+                        es.seconds_bwd, es.seconds_wait, es.bytes_sent_fwd + es.bytes_sent_bwd, sa, sl, W);
                 fflush(log);
             }
         }
     }
     /* (--steps 0 without --resume: the initial model, step 0) */
     if (o.ckpt && ((o.steps > first_step && (!o.ckpt_every || o.steps % o.ckpt_every)) || (o.steps == 0 && !o.resume)))
-        save(&m, opt, &o, world, o.steps);
+        save(&m, opt, &o, world, o.steps, loss);
+    if (first_step == o.steps) { /* nothing trained (--steps 0, or resumed at --steps): the model's AUC */
+        evaluate(&m, &a, &d, &o, world, &kb, batch, &auc, &logloss);
+        if (g_rank == 0 && !o.quiet)
+            printf("eval  step %lld: auc %.4f logloss %.4f (%lld held-out samples)\n", (long long)o.steps, auc, logloss,
+                   (long long)o.eval_samples);
+    }
     if (g_rank == 0) printf("final: loss %.9g auc %.4f\n", loss, auc);
     if (log) fclose(log);
     dt_bucketer_free(bk);

@@ -1,0 +1,476 @@
+// mpi-driver
+/* tests/mpi_dlrm_edges.c - examples/dlrm at its edges (each check below failed on the code
+   before its fix, except the table rows, which held: see table_rows()):
+     dlrm_empty_local_batch_*   a rank with an empty (micro-)batch (--batch 3 at np 4, --batch 8
+                                --accum 4 at np 3 and 4) trains: same final loss as np 1
+                                (1e-5 relative, the issue's bar for the final line)
+     dlrm_table_rows_*          20 steps at np 1 and np 4, checkpointed: every row of every
+                                table agrees (SGD: within 1e-5 (|w| + lr); Adagrad: beyond that
+                                only where the accumulated gradient is near 0, see table_rows())
+     dlrm_bin_*                 FILE.tsv.bin is reused only when converted from the same TSV
+                                (size, mtime) with the same table sizes and --skip-bad; each
+                                difference converts again, saying what differed
+     dlrm_table_sizes_*         --table-sizes N or n1,...,n26 sets the tables' rows (the .bin's
+                                header; the hashing itself: tests/dlrm_reference.py), above
+                                Kaggle's cardinalities too; bad lists and a .bin of other sizes
+                                are named errors (exit 2)
+     dlrm_resume_*              --resume refuses another --batch, --seed or --data (exit 2,
+                                both values named) and --steps below the checkpoint's; at
+                                --steps = its step it says there is nothing to train and its
+                                final line is the checkpoint's loss and AUC; data_cursor is
+                                steps x batch
+     dlrm_log_*, dlrm_steps0_*, dlrm_one_class_*   the JSON lines' auc/logloss only on steps
+                                that evaluate (null on others); --steps 0 prints "final: loss
+                                nan" and the model's AUC; one-class held-out labels: auc nan, a
+                                warning, training goes on, the final line prints
+
+   Run directly (not under mpirun): it starts $DT_MPIRUN -np N build/examples/dlrm itself.
+   build/examples/dlrm comes from ./build.sh. */
+#define _POSIX_C_SOURCE 200809L
+#define DT_IMPLEMENTATION
+#include "dt_tensor.h"
+#include "dt_test.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#define F 26
+static const char *DLRM = "build/examples/dlrm";
+
+static DT_TEST__PRINTF(3, 4) int expect(const char *name, int ok, const char *fmt, ...) {
+    char why[1024];
+    va_list ap;
+    if (ok) return dt_test_pass(name);
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    return dt_test_fail(name, "%s", why);
+}
+
+static const char *mpirun(void) {
+    const char *m = getenv("DT_MPIRUN");
+    return m && *m ? m : "mpirun --oversubscribe";
+}
+
+/* Runs `$DT_MPIRUN -np np build/examples/dlrm flags` (np 0: without mpirun); its exit status
+   (0 = success), its output in `out` (a file) and, when text is not NULL, the output's first
+   n - 1 bytes in text. */
+static int run_dlrm(int np, const char *flags, const char *out, char *text, size_t n) {
+    char cmd[4096];
+    int rc;
+    if (np) snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=1 %s -np %d %s %s > %s 2>&1 < /dev/null", mpirun(), np, DLRM, flags, out);
+    else snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=1 %s %s > %s 2>&1 < /dev/null", DLRM, flags, out);
+    rc = system(cmd);
+    if (text) {
+        FILE *fp = fopen(out, "r");
+        size_t k = 0;
+        if (fp) { k = fread(text, 1, n - 1, fp); fclose(fp); }
+        text[k] = 0;
+    }
+    return rc == -1 ? -1 : WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+/* The L of the "final: loss L auc A" line in text; NAN without one. */
+static double final_loss(const char *text) {
+    const char *p = strstr(text, "final: loss ");
+    return p ? strtod(p + 12, NULL) : NAN;
+}
+
+/* The last 400 bytes of a run's output (its first lines are the plan) for a FAIL line. */
+#define TAIL(t) ((t) + (strlen(t) > 400 ? strlen(t) - 400 : 0))
+
+static char *slurp(const char *path) {
+    FILE *fp = fopen(path, "rb");
+    char *s;
+    long n;
+    if (!fp) return NULL;
+    fseek(fp, 0, SEEK_END); n = ftell(fp); fseek(fp, 0, SEEK_SET);
+    s = (char *)malloc((size_t)n + 1);
+    if (s && fread(s, 1, (size_t)n, fp) != (size_t)n) { free(s); s = NULL; }
+    if (s) s[n] = 0;
+    fclose(fp);
+    return s;
+}
+
+/* ---------------------------------------------------------------- empty local batches */
+
+static void empty_local_batch(void) {
+    static const char *cases[][2] = {{"--batch 3", "4"}, {"--batch 8 --accum 4", "4"}, {"--batch 8 --accum 4", "3"}};
+    char flags[512], out[512], text[8192], name[160];
+    const char *tmp = dt_test_tmpdir();
+    int c;
+    for (c = 0; c < 3; c++) {
+        double ref, got;
+        int np = atoi(cases[c][1]);
+        snprintf(flags, sizeof flags, "%s --steps 6 --seed 5 --rows 4096 --quiet --eval-samples 64", cases[c][0]);
+        snprintf(out, sizeof out, "%s/empty_np1_%d.out", tmp, c);
+        if (run_dlrm(1, flags, out, text, sizeof text)) { dt_test_fail("dlrm_empty_local_batch_np1_runs", "see %s", out); continue; }
+        ref = final_loss(text);
+        snprintf(out, sizeof out, "%s/empty_np%d_%d.out", tmp, np, c);
+        snprintf(name, sizeof name, "dlrm_empty_local_batch_runs (np %d, %s)", np, cases[c][0]);
+        if (!expect(name, run_dlrm(np, flags, out, text, sizeof text) == 0, "exit non-zero: %.300s", text)) continue;
+        got = final_loss(text);
+        snprintf(name, sizeof name, "dlrm_empty_local_batch_final_loss_equals_np1 (np %d, %s)", np, cases[c][0]);
+        expect(name, fabs(got - ref) <= 1e-5 * fabs(ref), "np %d final loss %.9g, np 1 %.9g", np, got, ref);
+    }
+}
+
+/* ---------------------------------------------------------------- table rows */
+
+/* Table `t` (C1..C26) of checkpoint directory dir (DIR/embed/step_...) as one [rows, dim] f32
+   array, put together from the rank files' shards as manifest.json places them. NULL on a
+   problem (a FAIL line says which). */
+static float *load_table(const char *dir, const char *t, int64_t *rows, int64_t *dim) {
+    char path[1024], key[128];
+    char *man, *p, *end;
+    float *out = NULL;
+    long long g0, g1;
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    man = slurp(path);
+    if (!man) { dt_test_fail("dlrm_ckpt_readable", "cannot read %s", path); return NULL; }
+    snprintf(key, sizeof key, "\"%s\":{", t);
+    p = strstr(man, key);
+    if (!p || !(p = strstr(p, "\"global_shape\":[")) || sscanf(p, "\"global_shape\":[%lld,%lld]", &g0, &g1) != 2) {
+        dt_test_fail("dlrm_ckpt_readable", "%s: no global_shape for %s", path, t);
+        free(man);
+        return NULL;
+    }
+    *rows = g0; *dim = g1;
+    out = (float *)calloc((size_t)(g0 * g1) + 1, sizeof(float));
+    p = strstr(p, "\"shards\":[");
+    end = p ? strstr(p, "}]}") : NULL; /* the end of the shard list */
+    while (out && p && (p = strstr(p + 1, "{\"rank\":")) && p < end) {
+        long long r, s0, s1, n0, n1, i;
+        dt_ctx ctx;
+        dt_st_file f;
+        dt_tensor x;
+        dt_tensor_desc td = {DT_DTYPE_DEFAULT};
+        if (sscanf(p, "{\"rank\":%lld,\"start\":[%lld,%lld],\"shape\":[%lld,%lld]}", &r, &s0, &s1, &n0, &n1) != 5) break;
+        snprintf(path, sizeof path, "%s/rank_%05lld.safetensors", dir, r);
+        dt_ctx_init(&ctx, NULL);
+        td.shape[0] = n0; td.shape[1] = n1; td.ndim = 2;
+        if (dt_tensor_create(&ctx, &x, &td) || dt_safetensors_open(&ctx, &f, path)) {
+            dt_test_fail("dlrm_ckpt_readable", "%s: %s", path, dt_ctx_error(&ctx));
+            free(out); out = NULL;
+        } else {
+            if (dt_safetensors_read(&ctx, &f, &x, t)) {
+                dt_test_fail("dlrm_ckpt_readable", "%s: %s", path, dt_ctx_error(&ctx));
+                free(out); out = NULL;
+            } else {
+                for (i = 0; i < n0; i++) memcpy(out + (s0 + i) * g1 + s1, (float *)x.data + i * n1, (size_t)n1 * sizeof(float));
+            }
+            dt_safetensors_close(&ctx, &f);
+            dt_tensor_free(&ctx, &x);
+        }
+        dt_ctx_shutdown(&ctx);
+    }
+    free(man);
+    return out;
+}
+
+/* 20 steps at np 1 and at np `np`, the same flags, each saving its step-20 checkpoint; every
+   row of every table compared. The tables' own arithmetic is exact (a row is updated by its
+   owner from the same gradient sums, in the same order, whatever the sharding); what differs
+   is the dense part: the ranks' MLP gradients are all-reduced in rank order, one process sums
+   its whole batch in GEMM order, so the weights, and from them the gradients reaching the
+   tables, differ by f32 reassociation, ~1e-7 relative, growing over the 20 steps.
+   SGD: a row moves by -lr * g each step, smoothly in g, so the rows differ by about
+   1e-7 * (how far they moved): |a - b| <= 1e-5 * (|a| + emb_lr) is a margin of ~100 over that.
+   Adagrad: a row's first update is lr * g / (sqrt(g^2) + eps) = lr * sign(g): where a row's
+   gradient is near 0 (contributions that cancel), a 1e-7 rounding difference can flip its
+   sign and move the value by up to 2 * lr, and later steps (divided by the small accumulated
+   sum) stay sensitive. So for Adagrad a value may differ beyond the SGD bound only where the
+   accumulated squared gradient ("sum", same row) is small: sum < (1e-3)^2 * steps, i.e. the
+   gradient stayed below 1e-3 (the typical element is ~1e-2). And the count of such values is
+   reported. */
+static void table_rows(const char *opt, int np, const char *extra) {
+    char flags[1024], out[512], dir1[512], dirn[512], name[200], t[64], ts[64];
+    const char *tmp = dt_test_tmpdir();
+    double emb_lr = !strcmp(opt, "sgd") ? 0.1 : 0.05, worst = 0;
+    long long beyond = 0, values = 0;
+    int f, ok = 1, is_sgd = !strcmp(opt, "sgd");
+    snprintf(dir1, sizeof dir1, "%s/rows_%s_np1", tmp, opt);
+    snprintf(dirn, sizeof dirn, "%s/rows_%s_np%d", tmp, opt, np);
+    snprintf(flags, sizeof flags, "--steps 20 --seed 7 --batch 256 --opt %s --quiet --eval-every 1000 --eval-samples 512 --ckpt %s %s",
+             opt, dir1, extra);
+    snprintf(out, sizeof out, "%s/rows_%s_np1.out", tmp, opt);
+    snprintf(name, sizeof name, "dlrm_table_rows_%s_np1_runs", opt);
+    if (!expect(name, run_dlrm(1, flags, out, NULL, 0) == 0, "see %s", out)) return;
+    snprintf(flags, sizeof flags, "--steps 20 --seed 7 --batch 256 --opt %s --quiet --eval-every 1000 --eval-samples 512 --ckpt %s %s",
+             opt, dirn, extra);
+    snprintf(out, sizeof out, "%s/rows_%s_np%d.out", tmp, opt, np);
+    snprintf(name, sizeof name, "dlrm_table_rows_%s_np%d_runs", opt, np);
+    if (!expect(name, run_dlrm(np, flags, out, NULL, 0) == 0, "see %s", out)) return;
+    strcat(dir1, "/embed/step_00000020");
+    strcat(dirn, "/embed/step_00000020");
+    for (f = 1; f <= F && ok; f++) {
+        int64_t r1, d1, rn, dn, i;
+        float *a, *b, *sa = NULL;
+        snprintf(t, sizeof t, "param/embed/C%d/weight", f);
+        snprintf(ts, sizeof ts, "param/embed/C%d/sum", f);
+        a = load_table(dir1, t, &r1, &d1);
+        b = load_table(dirn, t, &rn, &dn);
+        if (!is_sgd) sa = load_table(dir1, ts, &r1, &d1);
+        if (!a || !b || (!is_sgd && !sa) || r1 != rn || d1 != dn) {
+            ok = 0;
+            if (a && b) dt_test_fail("dlrm_table_rows_same_shape", "%s: np 1 [%lld, %lld], np %d [%lld, %lld]", t,
+                                     (long long)r1, (long long)d1, np, (long long)rn, (long long)dn);
+        } else {
+            for (i = 0; i < r1 * d1 && ok; i++) {
+                double diff = fabs((double)a[i] - (double)b[i]), bound = 1e-5 * (fabs((double)a[i]) + emb_lr);
+                values++;
+                if (diff / (fabs((double)a[i]) + emb_lr) > worst && diff <= bound) worst = diff / (fabs((double)a[i]) + emb_lr);
+                if (diff <= bound) continue;
+                if (!is_sgd && sa[i] < 1e-6 * 20) { beyond++; continue; } /* a near-zero Adagrad gradient */
+                snprintf(name, sizeof name, "dlrm_table_rows_%s_np%d_equal_np1", opt, np);
+                dt_test_fail(name, "%s row %lld col %lld: np 1 %.9g, np %d %.9g (|diff| %.3g > %.3g%s)", t,
+                             (long long)(i / d1), (long long)(i % d1), a[i], np, b[i], diff, bound,
+                             is_sgd ? "" : "; its Adagrad sum is not near 0");
+                ok = 0;
+            }
+        }
+        free(a); free(b); free(sa);
+    }
+    snprintf(name, sizeof name, "dlrm_table_rows_%s_np%d_equal_np1", opt, np);
+    if (ok) dt_test_pass(name);
+    printf("  %s np %d vs np 1: %lld table values, largest |diff| / (|w| + lr) within the bound %.3g, %lld beyond it "
+           "(Adagrad, gradient near 0)\n", opt, np, values, worst, beyond);
+}
+
+/* ---------------------------------------------------------------- resume */
+
+/* The value of "key": in a file's text (a manifest), as a number; NAN when absent. */
+static double json_num(const char *text, const char *key) {
+    char k[128];
+    const char *p;
+    snprintf(k, sizeof k, "\"%s\":", key);
+    p = text ? strstr(text, k) : NULL;
+    if (!p) return NAN;
+    p += strlen(k);
+    if (*p == '"') p++;
+    return strtod(p, NULL);
+}
+
+static double final_auc(const char *text) {
+    const char *p = strstr(text, "final: loss ");
+    return p && (p = strstr(p, " auc ")) ? strtod(p + 5, NULL) : NAN;
+}
+
+/* A checkpoint of 3 steps (--batch 64 --seed 5) is resumed with another --batch, --seed or
+   --data: a named refusal (exit 2) naming both values; --steps below its step: refused too;
+   --steps equal to it: nothing trained, said so, and the final line gives the checkpoint's
+   recorded loss and the AUC of the loaded model (= the first run's final line). A resume with
+   the same flags records data_cursor = steps x batch. */
+static void resume_checks(const char *tsv) {
+    char flags[1024], out[512], dir[512], text[16384], path[1024], first[16384];
+    const char *tmp = dt_test_tmpdir();
+    const char *base = "--rows 4096 --eval-samples 128 --print-every 1 --eval-every 1000";
+    char *man;
+    int rc;
+    snprintf(dir, sizeof dir, "%s/resume_ck", tmp);
+    snprintf(flags, sizeof flags, "%s --steps 3 --batch 64 --seed 5 --ckpt %s", base, dir);
+    snprintf(out, sizeof out, "%s/resume_first.out", tmp);
+    if (!expect("dlrm_resume_first_run", run_dlrm(1, flags, out, first, sizeof first) == 0, "see %s", out)) return;
+    snprintf(flags, sizeof flags, "%s --steps 5 --batch 128 --seed 5 --ckpt %s --resume", base, dir);
+    snprintf(out, sizeof out, "%s/resume_batch.out", tmp);
+    rc = run_dlrm(2, flags, out, text, sizeof text);
+    expect("dlrm_resume_other_batch_is_refused", rc == 2 && strstr(text, "--batch 128") && strstr(text, "192 samples") &&
+           strstr(text, "--batch 64") && !strstr(text, "final:"), "exit %d, output: ...%s", rc, TAIL(text));
+    snprintf(flags, sizeof flags, "%s --steps 5 --batch 64 --seed 9 --ckpt %s --resume", base, dir);
+    snprintf(out, sizeof out, "%s/resume_seed.out", tmp);
+    rc = run_dlrm(1, flags, out, text, sizeof text);
+    expect("dlrm_resume_other_seed_is_refused", rc == 2 && strstr(text, "--seed 5") && strstr(text, "--seed 9"),
+           "exit %d, output: ...%s", rc, TAIL(text));
+    snprintf(flags, sizeof flags, "%s --steps 5 --batch 64 --seed 5 --ckpt %s --resume --data %s", base, dir, tsv);
+    snprintf(out, sizeof out, "%s/resume_data.out", tmp);
+    rc = run_dlrm(1, flags, out, text, sizeof text);
+    expect("dlrm_resume_other_data_is_refused", rc == 2 && strstr(text, "--data synthetic") && strstr(text, tsv),
+           "exit %d, output: ...%s", rc, TAIL(text));
+    snprintf(flags, sizeof flags, "%s --steps 2 --batch 64 --seed 5 --ckpt %s --resume", base, dir);
+    snprintf(out, sizeof out, "%s/resume_past.out", tmp);
+    rc = run_dlrm(1, flags, out, text, sizeof text);
+    expect("dlrm_resume_past_steps_is_refused", rc == 2 && strstr(text, "at step 3, past --steps 2"),
+           "exit %d, output: ...%s", rc, TAIL(text));
+    snprintf(flags, sizeof flags, "%s --steps 3 --batch 64 --seed 5 --ckpt %s --resume", base, dir);
+    snprintf(out, sizeof out, "%s/resume_done.out", tmp);
+    rc = run_dlrm(2, flags, out, text, sizeof text);
+    expect("dlrm_resume_finished_run_says_nothing_to_train", rc == 0 && strstr(text, "nothing to train"),
+           "exit %d, output: ...%s", rc, TAIL(text));
+    expect("dlrm_resume_finished_run_final_line_is_the_checkpoints",
+           final_loss(text) == final_loss(first) && fabs(final_auc(text) - final_auc(first)) <= 1e-4,
+           "resumed: loss %.9g auc %.4f; the run that saved it: loss %.9g auc %.4f", final_loss(text), final_auc(text),
+           final_loss(first), final_auc(first));
+    snprintf(flags, sizeof flags, "%s --steps 5 --batch 64 --seed 5 --ckpt %s --resume", base, dir);
+    snprintf(out, sizeof out, "%s/resume_on.out", tmp);
+    if (!expect("dlrm_resume_same_flags_trains", run_dlrm(2, flags, out, text, sizeof text) == 0, "see %s", out)) return;
+    snprintf(path, sizeof path, "%s/dense/step_00000005/manifest.json", dir);
+    man = slurp(path);
+    expect("dlrm_resume_records_data_cursor", json_num(man, "data_cursor") == 5 * 64,
+           "%s: data_cursor %g, expected 5 x 64 = 320", path, json_num(man, "data_cursor"));
+    free(man);
+}
+
+/* ---------------------------------------------------------------- eval, log, final line */
+
+/* The JSON lines carry auc / logloss on the steps that evaluate and null on the others; --steps
+   0 prints "final: loss nan" (no step trained) and the AUC of the initial model; a held-out set
+   of one class (the TSV's last 2 labels are 0) gives auc nan with a warning, training goes on
+   and the final line prints. */
+static void eval_checks(const char *tsv) {
+    char flags[1024], out[512], log[512], text[16384], name[128];
+    const char *tmp = dt_test_tmpdir();
+    char *lines, *p;
+    int s, rc;
+    snprintf(log, sizeof log, "%s/eval.jsonl", tmp);
+    snprintf(flags, sizeof flags, "--rows 4096 --eval-samples 128 --steps 4 --eval-every 2 --batch 64 --log %s", log);
+    snprintf(out, sizeof out, "%s/eval.out", tmp);
+    if (!expect("dlrm_eval_run", run_dlrm(2, flags, out, text, sizeof text) == 0, "see %s", out)) return;
+    lines = slurp(log);
+    for (s = 1, p = lines; s <= 4 && p; s++, p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+        const char *eol = strchr(p, '\n'), *a = strstr(p, "\"auc\":"), *l = strstr(p, "\"logloss\":");
+        int evaluates = s % 2 == 0, ok;
+        ok = a && l && (!eol || (a < eol && l < eol)) &&
+             (evaluates ? (a[6] == '0' || a[6] == '1') && l[10] != 'n' : !strncmp(a + 6, "null", 4) && !strncmp(l + 10, "null", 4));
+        snprintf(name, sizeof name, "dlrm_log_auc_only_on_eval_steps (step %d)", s);
+        expect(name, ok, "line %d: %.300s", s, p);
+        if (s == 4 && a) expect("dlrm_log_last_auc_is_the_final_lines", fabs(strtod(a + 6, NULL) - final_auc(text)) <= 1e-4,
+                                "log %.6f, final line %.4f", strtod(a + 6, NULL), final_auc(text));
+    }
+    free(lines);
+    snprintf(out, sizeof out, "%s/steps0.out", tmp);
+    rc = run_dlrm(1, "--rows 4096 --eval-samples 128 --steps 0", out, text, sizeof text);
+    expect("dlrm_steps0_final_line_says_no_loss", rc == 0 && strstr(text, "final: loss nan auc 0.") && !strstr(text, "auc 0.5000"),
+           "exit %d, output: ...%s", rc, TAIL(text));
+    snprintf(flags, sizeof flags, "--data %s --steps 3 --batch 64 --eval-samples 2 --eval-every 1", tsv);
+    snprintf(out, sizeof out, "%s/one_class.out", tmp);
+    rc = run_dlrm(1, flags, out, text, sizeof text);
+    expect("dlrm_one_class_eval_is_auc_nan_and_trains_on", rc == 0 && strstr(text, "AUC is undefined") &&
+           strstr(text, "step 3/3") && strstr(text, "final: loss ") && isnan(final_auc(text)) && !isnan(final_loss(text)),
+           "exit %d, output: ...%s", rc, TAIL(text));
+}
+
+/* ---------------------------------------------------------------- TSV, .bin, table sizes */
+
+/* A Criteo-shaped TSV of n lines (label 1 on every 4th line from 0, so the last lines of 700
+   are 0s); `salt` changes the ids. */
+static int write_tsv(const char *path, int n, int salt) {
+    FILE *fp = fopen(path, "w");
+    int i, f;
+    if (!fp) return 0;
+    for (i = 0; i < n; i++) {
+        fprintf(fp, "%d", i % 4 == 0);
+        for (f = 0; f < 13; f++) fprintf(fp, "\t%d", (i * 7 + f) % 50);
+        for (f = 0; f < 26; f++) fprintf(fp, "\t%x", (unsigned)((i * 31 + f * 17 + salt) * 2654435761u));
+        fprintf(fp, "\n");
+    }
+    return fclose(fp) == 0;
+}
+
+/* The table sizes in a .bin's header (dlrm_data.h: u64[26] at byte 48). */
+static int bin_sizes(const char *path, long long *sizes) {
+    unsigned char h[256];
+    FILE *fp = fopen(path, "rb");
+    int f, k, ok;
+    if (!fp) return 0;
+    ok = fread(h, 1, 256, fp) == 256;
+    fclose(fp);
+    for (f = 0; f < 26 && ok; f++) {
+        unsigned long long v = 0;
+        for (k = 7; k >= 0; k--) v = v << 8 | h[48 + 8 * f + k];
+        sizes[f] = (long long)v;
+    }
+    return ok;
+}
+
+/* FILE.tsv.bin is reused only as converted: the same --rows / --table-sizes / --skip-bad and
+   the TSV unchanged; otherwise converted again (saying why); --table-sizes sets each table's
+   rows (the .bin's header), bad lists are named errors. */
+static void bin_checks(const char *tsv) {
+    char flags[1024], out[512], bin[600], text[16384];
+    const char *tmp = dt_test_tmpdir();
+    long long sizes[26] = {0};
+    int rc, f, ok;
+    snprintf(bin, sizeof bin, "%s.bin", tsv);
+    snprintf(flags, sizeof flags, "--data %s --steps 1 --batch 64 --eval-samples 128 --rows 16384", tsv);
+    snprintf(out, sizeof out, "%s/bin1.out", tmp);
+    rc = run_dlrm(1, flags, out, text, sizeof text);
+    expect("dlrm_bin_converted_once", rc == 0 && strstr(text, "converted ") && bin_sizes(bin, sizes) && sizes[0] == 1460,
+           "exit %d, C1 %lld rows, output: ...%s", rc, sizes[0], TAIL(text));
+    snprintf(out, sizeof out, "%s/bin2.out", tmp);
+    rc = run_dlrm(2, flags, out, text, sizeof text);
+    expect("dlrm_bin_reused_when_unchanged", rc == 0 && !strstr(text, "converted ") && strstr(text, "final: loss"),
+           "exit %d, output: ...%s", rc, TAIL(text));
+    snprintf(flags, sizeof flags, "--data %s --steps 1 --batch 64 --eval-samples 128 --rows 100", tsv);
+    snprintf(out, sizeof out, "%s/bin3.out", tmp);
+    rc = run_dlrm(2, flags, out, text, sizeof text);
+    expect("dlrm_bin_reconverted_for_other_rows", rc == 0 && strstr(text, "re-converting") &&
+           strstr(text, "1460 rows in C1, this run wants 100") && bin_sizes(bin, sizes) && sizes[0] == 100,
+           "exit %d, C1 %lld rows, output: ...%s", rc, sizes[0], TAIL(text));
+    snprintf(flags, sizeof flags, "--data %s --steps 1 --batch 64 --eval-samples 128 --rows 100 --skip-bad", tsv);
+    snprintf(out, sizeof out, "%s/bin4.out", tmp);
+    rc = run_dlrm(1, flags, out, text, sizeof text);
+    expect("dlrm_bin_reconverted_for_skip_bad", rc == 0 && strstr(text, "re-converting") && strstr(text, "skip_bad 1"),
+           "exit %d, output: ...%s", rc, TAIL(text));
+    if (!write_tsv(tsv, 764, 3)) { dt_test_fail("dlrm_tsv_written", "cannot write %s", tsv); return; }
+    rc = run_dlrm(1, flags, out, text, sizeof text);
+    expect("dlrm_bin_reconverted_for_an_edited_tsv", rc == 0 && strstr(text, "re-converting") && strstr(text, "764 samples"),
+           "exit %d, output: ...%s", rc, TAIL(text));
+    snprintf(flags, sizeof flags, "--data %s --steps 1 --batch 64 --eval-samples 128 --table-sizes "
+             "5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,3000", tsv);
+    snprintf(out, sizeof out, "%s/bin5.out", tmp);
+    rc = run_dlrm(2, flags, out, text, sizeof text);
+    ok = rc == 0 && bin_sizes(bin, sizes);
+    for (f = 0; f < 25 && ok; f++) ok = sizes[f] == 5 + f;
+    expect("dlrm_table_sizes_list_sets_each_table", ok && sizes[25] == 3000 && strstr(text, "final: loss"),
+           "exit %d, C1 %lld C25 %lld C26 %lld rows, output: ...%s", rc, sizes[0], sizes[24], sizes[25], TAIL(text));
+    snprintf(flags, sizeof flags, "--data %s --steps 1 --batch 64 --eval-samples 128 --table-sizes 200000", tsv);
+    rc = run_dlrm(1, flags, out, text, sizeof text);
+    ok = rc == 0 && bin_sizes(bin, sizes);
+    for (f = 0; f < 26 && ok; f++) ok = sizes[f] == 200000;
+    expect("dlrm_table_sizes_one_for_all_above_kaggles", ok, "exit %d, C1 %lld rows (Kaggle's 1460), output: ...%s",
+           rc, sizes[0], TAIL(text));
+    snprintf(flags, sizeof flags, "--data %s --steps 1 --batch 64 --eval-samples 128 --table-sizes 300", bin);
+    rc = run_dlrm(1, flags, out, text, sizeof text);
+    expect("dlrm_table_sizes_against_a_bin_of_others_is_named", rc == 2 && strstr(text, "200000 rows in C1") &&
+           strstr(text, "asks for 300"), "exit %d, output: ...%s", rc, TAIL(text));
+    {
+        static const char *bad[][2] = {{"5,6", "(2 sizes)"}, {"0", "a bad size 1"}, {"7,x", "a bad size 2"},
+                                       {"9,", "a bad size 1"},
+                                       {"1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27", "size 27"}};
+        int b;
+        for (b = 0; b < 5; b++) {
+            char name[128];
+            snprintf(flags, sizeof flags, "--steps 0 --table-sizes %s", bad[b][0]);
+            rc = run_dlrm(1, flags, out, text, sizeof text);
+            snprintf(name, sizeof name, "dlrm_table_sizes_bad_list_is_named ('%s')", bad[b][0]);
+            expect(name, rc == 2 && strstr(text, "--table-sizes wants 1 or 26 sizes") && strstr(text, bad[b][1]),
+                   "exit %d, output: ...%s", rc, TAIL(text));
+        }
+    }
+}
+
+int main(void) {
+    FILE *fp = fopen(DLRM, "rb");
+    if (!fp) {
+        dt_test_fail("dlrm_built", "%s is missing: run ./build.sh", DLRM);
+        return dt_test_finish();
+    }
+    fclose(fp);
+    empty_local_batch();
+    table_rows("sgd", 4, "--rows 100000 --row-wise-over 50000");
+    table_rows("adagrad", 4, "--rows 100000 --row-wise-over 50000");
+    {
+        char tsv[512];
+        snprintf(tsv, sizeof tsv, "%s/day.tsv", dt_test_tmpdir());
+        if (!write_tsv(tsv, 700, 0)) dt_test_fail("dlrm_tsv_written", "cannot write %s", tsv);
+        else {
+            bin_checks(tsv);
+            write_tsv(tsv, 700, 0);
+            resume_checks(tsv);
+            eval_checks(tsv);
+        }
+    }
+    return dt_test_finish();
+}
