@@ -135,10 +135,15 @@
    evicted and rejected ids on this rank's shards (the sum over ranks equals a single-rank run).
    Checkpoints hold the slots ("weight" and state by slot, "slot_id", "slot_stamp" = last use,
    and under LFU "slot_count"), so they reshard like row-wise tables (any world size or plan:
-   a shard's slots are the same) and a resumed run evicts the same ids. Loading into another
-   hash_shards would move ids between shards: not supported yet, DT_ERR_UNSUPPORTED on every
-   rank naming a misplaced id (the table then holds what was read: load another checkpoint or
-   recreate it). The sightings of ids not yet admitted are not saved
+   a shard's slots are the same) and a resumed run evicts the same ids. Loaded into another
+   hash_shards (same rows), every saved id moves, with its row, optimizer state and LFU count,
+   to the shard that owns it now (an all-to-all), filling it least recent first by (saved last
+   use, id): each saved shard's order is kept, but two saved shards' uses come from different
+   clocks, so their interleaving is that convention, and evictions after the load may differ
+   from an uninterrupted run's (which had other shards). A shard given more ids than slots:
+   DT_ERR_UNSUPPORTED on every rank naming it (the table then holds what was read: load another
+   checkpoint or recreate it). cuda tables: another hash_shards is DT_ERR_UNSUPPORTED, naming a
+   misplaced id. The sightings of ids not yet admitted are not saved
    (a resumed run admits such an id later than an uninterrupted one would).
 
    ---------------------------------------------------------------- sparse optimizers
@@ -1856,7 +1861,7 @@ static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
                 return dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "dt_embed_checkpoint_load: table \"%s\": slot %lld "
                                         "holds id %lld of id-hash shard %lld of %d, but the slot is shard %d's: the "
                                         "checkpoint was saved with another hash_shards; expected hash_shards = the "
-                                        "saved table's (loading into other hash_shards is not supported yet)", t->name,
+                                        "saved table's (cuda tables do not move ids between shards yet)", t->name,
                                         (long long)(t->r0 + x), (long long)sid[x],
                                         (long long)(dt_embed_hash_id(sid[x]) % (uint64_t)t->n_hs), t->n_hs, t->hs_first + h);
         for (x = y->x0; x < y->x0 + y->n && stamp[x] > 0; x++) y->used++;
@@ -1893,6 +1898,148 @@ static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
         }
         dt_release(e->ctx, order);
     }
+    return DT_OK;
+}
+
+/* A dynamic checkpoint loaded into another hash_shards: each rank read the saved slots of its
+   global slot range, but an id's shard is now dt_embed_hash_id(id) mod the new count, so ids
+   sit in other shards' slots. Every filled slot (id, last use, LFU count, row, optimizer state)
+   goes to the rank owning its id's new shard (an all-to-all), which fills the shard's slots from
+   its first, least recent first: by (saved stamp, id). Stamps of different saved shards come
+   from different clocks, so the merged recency order is that convention, not a true history;
+   each saved shard's own order is kept. A shard given more ids than it has slots cannot take
+   them all: DT_ERR_UNSUPPORTED on every rank, naming it. Collective; cpu tables only. */
+typedef struct dt__em_mv { int64_t stamp, id, k; } dt__em_mv;
+static int dt__em_mv_cmp(const void *a, const void *b) {
+    const dt__em_mv *x = (const dt__em_mv *)a, *y = (const dt__em_mv *)b;
+    if (x->stamp != y->stamp) return x->stamp < y->stamp ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static dt_status dt__em_dyn_move(dt_embed *e, dt__em_tab *t) {
+    const char *fn = "dt_embed_checkpoint_load";
+    int W = e->size, r, h, lfu = t->evict == DT_EVICT_LFU;
+    int64_t nc = t->c1 - t->c0, sf = t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : t->kind == DT_EMBED_ADAGRAD ? nc
+               : t->kind == DT_EMBED_ADAM ? 2 * nc : 0, nf = nc + sf, nloc = t->r1 - t->r0, x, k, tr = 0, *cnt, *pos;
+    int64_t *sid = (int64_t *)t->slot_id.data, *stamp = (int64_t *)t->slot_stamp.data;
+    int64_t *scount = lfu ? (int64_t *)t->slot_count.data : NULL;
+    size_t es = dt_dtype_size(t->dtype);
+    dt__em_mv *mv = NULL;
+    dt_status st = DT_OK;
+    double flag[1];
+    if (!(cnt = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(4 * W + 1)))) return DT_ERR_OOM;
+    memset(cnt, 0, sizeof(int64_t) * (size_t)(4 * W + 1));
+    pos = cnt + 2 * W;
+    for (x = 0; x < nloc; x++)
+        if (stamp[x] != 0) cnt[t->hs_owner[dt_embed_hash_id(sid[x]) % (uint64_t)t->n_hs]]++;
+    st = dt__em_need(e, &e->sbuf_i, DT_I64, 3 * nloc + 1);
+    if (!st) st = dt__em_need(e, &e->sbuf_f, DT_F32, nf * nloc + 1);
+    if (!st) st = dt__em_need(e, &e->dp_i, DT_I64, 2 * W);
+    for (r = 1; r < W; r++) pos[r] = pos[r - 1] + cnt[r - 1];
+    for (x = 0; !st && x < nloc; x++) { /* packed by destination, in slot order */
+        int64_t q;
+        float *pf;
+        if (stamp[x] == 0) continue;
+        q = pos[t->hs_owner[dt_embed_hash_id(sid[x]) % (uint64_t)t->n_hs]]++;
+        ((int64_t *)e->sbuf_i.data)[3 * q] = sid[x];
+        ((int64_t *)e->sbuf_i.data)[3 * q + 1] = stamp[x];
+        ((int64_t *)e->sbuf_i.data)[3 * q + 2] = lfu ? scount[x] : 0;
+        pf = (float *)e->sbuf_f.data + nf * q;
+        st = dt_convert(e->ctx, pf, DT_F32, (const char *)t->w.data + (size_t)(x * nc) * es, t->dtype, nc);
+        if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) pf[nc] = ((float *)t->s1.data)[x];
+        else if (sf) {
+            memcpy(pf + nc, (float *)t->s1.data + x * nc, (size_t)nc * sizeof(float));
+            if (t->s2.data) memcpy(pf + 2 * nc, (float *)t->s2.data + x * nc, (size_t)nc * sizeof(float));
+        }
+    }
+    flag[0] = st ? 1 : 0;
+    if (dt__em_sum_f64(e, flag, 1) && !st) st = DT_ERR_COMM;
+    if (!st && flag[0] > 0) st = dt_ctx_set_error(e->ctx, DT_ERR_OOM, "%s: table \"%s\": moving its slots failed on "
+                                                   "another rank", fn, t->name);
+    if (st) { dt_release(e->ctx, cnt); return st; }
+    /* counts (ids per destination), then the ints and the floats */
+    for (r = 0; r < W; r++) ((int64_t *)e->dp_i.data)[r] = cnt[r];
+    if (e->comm) {
+        dt_tensor a, bb;
+        int64_t sh[1];
+        sh[0] = W;
+        st = dt_tensor_view(e->ctx, &a, &e->dp_i, 0, 1, sh);
+        if (!st) st = dt_tensor_view(e->ctx, &bb, &e->dp_i, W, 1, sh);
+        if (!st) st = dt_comm_alltoall(e->comm, &bb, &a);
+    } else ((int64_t *)e->dp_i.data)[1] = cnt[0];
+    for (r = 0; !st && r < W; r++) {
+        pos[r] = ((int64_t *)e->dp_i.data)[W + r]; /* ids from rank r */
+        tr += pos[r];
+    }
+    if (!st) st = dt__em_need(e, &e->rbuf_i, DT_I64, 3 * tr + 1);
+    if (!st) st = dt__em_need(e, &e->rbuf_f, DT_F32, nf * tr + 1);
+    if (!st) {
+        int64_t *si = cnt + W, *ri = cnt + 3 * W; /* element counts: ints, then floats */
+        for (r = 0; r < W; r++) { si[r] = 3 * cnt[r]; ri[r] = 3 * pos[r]; }
+        st = dt__em_a2av(e, &e->rbuf_i, &e->sbuf_i, si, ri);
+        for (r = 0; !st && r < W; r++) { si[r] = nf * cnt[r]; ri[r] = nf * pos[r]; }
+        if (!st) st = dt__em_a2av(e, &e->rbuf_f, &e->sbuf_f, si, ri);
+    }
+    /* place them: per local shard, least recent first, from the shard's first slot */
+    if (!st && tr > 0 && !(mv = (dt__em_mv *)dt_alloc(e->ctx, sizeof(dt__em_mv) * (size_t)tr))) st = DT_ERR_OOM;
+    for (x = 0; !st && x < nloc; x++) { stamp[x] = 0; sid[x] = 0; if (lfu) scount[x] = 0; }
+    for (h = 0; !st && h < t->hs_count; h++) {
+        dt__em_dyn *y = &t->hs[h];
+        int64_t m = 0;
+        for (k = 0; k < tr; k++) {
+            const int64_t *pi = (const int64_t *)e->rbuf_i.data + 3 * k;
+            if ((int64_t)(dt_embed_hash_id(pi[0]) % (uint64_t)t->n_hs) != t->hs_first + h) continue;
+            mv[m].stamp = pi[1]; mv[m].id = pi[0]; mv[m].k = k; m++;
+        }
+        if (m > y->n) {
+            st = dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "%s: table \"%s\": id-hash shard %d of %d gets %lld saved "
+                                  "ids but has %lld slots (the checkpoint has another hash_shards); expected a layout "
+                                  "where each shard's ids fit: more rows, or the saved hash_shards", fn, t->name,
+                                  t->hs_first + h, t->n_hs, (long long)m, (long long)y->n);
+            break;
+        }
+        if (m > 1) qsort(mv, (size_t)m, sizeof *mv, dt__em_mv_cmp);
+        for (k = 0; !st && k < m; k++) {
+            const float *pf = (const float *)e->rbuf_f.data + nf * mv[k].k;
+            x = y->x0 + k;
+            sid[x] = mv[k].id;
+            stamp[x] = k + 1;
+            if (lfu) scount[x] = ((const int64_t *)e->rbuf_i.data)[3 * mv[k].k + 2];
+            st = dt_convert(e->ctx, (char *)t->w.data + (size_t)(x * nc) * es, t->dtype, pf, DT_F32, nc);
+            if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) ((float *)t->s1.data)[x] = pf[nc];
+            else if (sf) {
+                memcpy((float *)t->s1.data + x * nc, pf + nc, (size_t)nc * sizeof(float));
+                if (t->s2.data) memcpy((float *)t->s2.data + x * nc, pf + 2 * nc, (size_t)nc * sizeof(float));
+            }
+            if (!st) st = dt__em_mark(e, t, x);
+        }
+    }
+    dt_release(e->ctx, mv);
+    dt_release(e->ctx, cnt);
+    flag[0] = st ? 1 : 0;
+    if (dt__em_sum_f64(e, flag, 1) && !st) st = DT_ERR_COMM;
+    if (!st && flag[0] > 0) st = dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "%s: table \"%s\": its saved ids did not "
+                                                   "fit the id-hash shards on another rank; see its message", fn, t->name);
+    return st;
+}
+
+/* Whether any rank holds a filled slot outside its id's shard (the checkpoint's hash_shards
+   differ). Collective. */
+static dt_status dt__em_dyn_misplaced(dt_embed *e, dt__em_tab *t, int *any) {
+    double v[1] = {0};
+    int h;
+    int64_t x;
+    for (h = 0; t->w.data && h < t->hs_count; h++) {
+        const dt__em_dyn *y = &t->hs[h];
+        for (x = y->x0; x < y->x0 + y->n; x++)
+            if (((int64_t *)t->slot_stamp.data)[x] != 0 &&
+                (int64_t)(dt_embed_hash_id(((int64_t *)t->slot_id.data)[x]) % (uint64_t)t->n_hs) != t->hs_first + h) {
+                v[0] = 1;
+                break;
+            }
+    }
+    DT__ETRY(dt__em_sum_f64(e, v, 1));
+    *any = v[0] > 0;
     return DT_OK;
 }
 
@@ -2833,6 +2980,12 @@ DT_API dt_status dt_embed_checkpoint_load(dt_embed *e, dt_train_state *state, co
     memset(&steps, 0, sizeof steps);
     st = dt__em_params(e, &ps, &store, &steps);
     if (!st) st = dt_checkpoint_load(e->ctx, &ps, NULL, state, &d);
+    for (i = 0; !st && !e->cuda && i < e->n_tabs; i++) /* saved with another hash_shards: move ids (collective) */
+        if (e->tabs[i].dynamic) {
+            int any = 0;
+            st = dt__em_dyn_misplaced(e, &e->tabs[i], &any);
+            if (!st && any) st = dt__em_dyn_move(e, &e->tabs[i]);
+        }
     if (!st)
         for (i = 0; i < e->n_tabs; i++) {
             e->tabs[i].t = ((int64_t *)steps.data)[i];

@@ -3,8 +3,9 @@
    broken: (1) gradient accumulation on dynamic tables: micro-batches of consecutive global
    samples, sharded over the world, admit, evict, reject and update exactly as one batch of their
    union in a single process (lookups, slots, counts bit for bit; LRU and LFU); (2) a dynamic
-   table's checkpoint loaded into another hash_shards is refused on every rank with a named
-   error, never a silent wrong load; (3) ranks that pass different table descs get DT_ERR_ARG on
+   table's checkpoint loads into another hash_shards, at the world size and in smaller groups:
+   every id keeps its row and state (training continues as the table resumed with the saved
+   hash_shards), and shards too small for their ids are refused on every rank; (3) ranks that pass different table descs get DT_ERR_ARG on
    every rank naming the first differing field and the ranks (no hang, no wrong values). */
 #define DT_IMPLEMENTATION
 #include "dt_tensor.h"
@@ -107,26 +108,109 @@ static void accumulation(dt_comm *world, dt_comm *self, dt_embed_eviction ev, in
     dt_embed_free(ref);
 }
 
-/* Saved with hash_shards 4, loaded into hash_shards 2 (ids would sit in other shards' slots). */
-static void checkpoint_other_hash_shards(dt_comm *world) {
-    dt_embed *e = make(world, DT_EVICT_LRU, 1, 4), *x = make(world, DT_EVICT_LRU, 1, 2);
-    int64_t b0 = (int64_t)GB * R / W, n = (int64_t)GB * (R + 1) / W - b0;
+static dt_embed *make_big(dt_comm *c, int rows, int shards) { /* rows >= the 14 ids: nothing evicted */
+    dt_embed_table_desc t;
+    dt_embed_desc d;
+    dt_embed *e = NULL;
+    memset(&t, 0, sizeof t);
+    t.name = "dyn"; t.rows = rows; t.dim = 2; t.dynamic = 1; t.hash_shards = shards; t.eviction = DT_EVICT_LFU;
+    t.optim.kind = DT_EMBED_ADAGRAD; t.optim.lr = 0.5;
+    memset(&d, 0, sizeof d);
+    d.tables = &t; d.n_tables = 1; d.comm = c; d.seed = 11;
+    if (dt_embed_create(&C, &e, &d)) { fprintf(stderr, "make_big: %s\n", dt_ctx_error(&C)); exit(2); }
+    return e;
+}
+
+/* The rows of ids 1..14 (every id id_of gives), looked up on c (this rank's slice), summed over c
+   into all[14 * 2] on every rank of it. */
+static int lookup_all(dt_embed *e, dt_comm *c, double all[28]) {
+    int w = dt_comm_size(c), r = dt_comm_rank(c);
+    int64_t b0 = 14 * (int64_t)r / w, n = 14 * (int64_t)(r + 1) / w - b0, len[14], ids[14], b;
     dt_tensor out = T2(n, 2);
+    dt_kjt k;
+    int bad;
+    memset(all, 0, 28 * sizeof(double));
+    for (b = 0; b < n; b++) { len[b] = 1; ids[b] = (int64_t)((uint64_t)(b0 + b + 1) * 0x9E3779B97F4A7C15ull); }
+    memset(&k, 0, sizeof k);
+    k.n_features = 1; k.batch = n; k.lengths = len; k.ids = ids;
+    bad = dt_embed_forward(e, &out, &k) != DT_OK;
+    for (b = 0; b < 2 * n; b++) all[2 * b0 + b] = ((float *)out.data)[b];
+    dt_comm_allreduce_f64(c, all, 28, DT_REDUCE_SUM);
+    dt_tensor_free(&C, &out);
+    return bad;
+}
+
+/* Saved at the world size with hash_shards 4, loaded into hash_shards 2 and 8 on the world and in
+   groups of 1, 2 and 3 ranks: every saved id keeps its row (the lookups equal the table resumed
+   with hash_shards 4), and two more training steps (Adagrad: the state moved too) stay equal.
+   Loaded into 32 shards of 1 slot, some shard gets 2 of the 14 ids: refused on every rank. */
+static void checkpoint_other_hash_shards(dt_comm *world) {
+    static const int shards[2] = {2, 8};
+    dt_embed *e = make_big(world, 32, 4), *x;
     dt_checkpoint_desc cd;
-    char dir[1024];
+    char dir[1024], name[128];
     dt_status st;
+    int s, g, q;
     snprintf(dir, sizeof dir, "%s/mpi_embed_consistency_np%d", dt_test_tmpdir(), W);
     memset(&cd, 0, sizeof cd);
     cd.dir = dir;
-    if (fwd_bwd(e, &out, 0, b0, n) || dt_embed_checkpoint_save(e, NULL, &cd))
-        dt_test_fail("embed_dynamic_checkpoint_save_runs", "%s", dt_ctx_error(&C));
+    for (s = 0; s < 3; s++) {
+        int64_t b0 = (int64_t)GB * R / W, n = (int64_t)GB * (R + 1) / W - b0;
+        dt_tensor out = T2(n, 2);
+        if (fwd_bwd(e, &out, s, b0, n)) dt_test_fail("embed_dynamic_checkpoint_train_runs", "%s", dt_ctx_error(&C));
+        dt_tensor_free(&C, &out);
+    }
+    if (dt_embed_checkpoint_save(e, NULL, &cd)) dt_test_fail("embed_dynamic_checkpoint_save_runs", "%s", dt_ctx_error(&C));
+    dt_embed_free(e);
+    for (q = 0; q < 2; q++)
+        for (g = 1; g <= 4 && g <= W; g++) {
+            int in_full = (R / g + 1) * g <= W, bad = 0, step;
+            dt_comm *grp = NULL, *c;
+            dt_embed *ref = make_big(world, 32, 4);
+            double a[28], b[28];
+            cd.comm = NULL;
+            if (dt_embed_checkpoint_load(ref, NULL, &cd)) bad += 100;
+            if (g == W) { grp = NULL; c = world; }
+            else { dt_comm_split(world, &grp, in_full ? R / g : -1, R); c = grp; }
+            x = c ? make_big(c, 32, shards[q]) : NULL;
+            if (x) {
+                cd.comm = c;
+                if (dt_embed_checkpoint_load(x, NULL, &cd)) { bad += 100; fprintf(stderr, "[rank %d] %s\n", R, dt_ctx_error(&C)); }
+            }
+            for (step = 0; step < 3; step++) { /* lookups, then a training step on both */
+                int rb = lookup_all(ref, world, a);
+                if (x) {
+                    bad += rb + lookup_all(x, c, b);
+                    if (memcmp(a, b, sizeof a) != 0) bad++;
+                }
+                if (step < 2) {
+                    int64_t b0 = (int64_t)GB * R / W, n = (int64_t)GB * (R + 1) / W - b0;
+                    dt_tensor out = T2(n, 2);
+                    if (fwd_bwd(ref, &out, 5 + step, b0, n)) bad += 100;
+                    dt_tensor_free(&C, &out);
+                    if (x) {
+                        int w2 = dt_comm_size(c), r2 = dt_comm_rank(c);
+                        int64_t c0 = (int64_t)GB * r2 / w2, cn = (int64_t)GB * (r2 + 1) / w2 - c0;
+                        out = T2(cn, 2);
+                        if (fwd_bwd(x, &out, 5 + step, c0, cn)) bad += 100;
+                        dt_tensor_free(&C, &out);
+                    }
+                }
+            }
+            snprintf(name, sizeof name, "embed_dynamic_checkpoint_np%d_hash_shards_4_loads_into_%d_at_np%d_and_continues",
+                     W, shards[q], g);
+            dt_test_check_all(name, bad == 0, "%d differences from the table resumed with hash_shards 4", bad);
+            dt_embed_free(x);
+            dt_embed_free(ref);
+            if (grp) dt_comm_free(grp);
+        }
+    x = make_big(world, 32, 32);
+    cd.comm = NULL;
     st = dt_embed_checkpoint_load(x, NULL, &cd);
-    dt_test_check_all("embed_dynamic_checkpoint_into_other_hash_shards_is_refused_on_every_rank",
-                      st == DT_ERR_UNSUPPORTED && (strstr(dt_ctx_error(&C), "hash_shards") ||
+    dt_test_check_all("embed_dynamic_checkpoint_into_shards_too_small_is_refused_on_every_rank",
+                      st == DT_ERR_UNSUPPORTED && (strstr(dt_ctx_error(&C), "id-hash shard") ||
                                                    strstr(dt_ctx_error(&C), "another rank")),
                       "status %d, message \"%s\"", (int)st, dt_ctx_error(&C));
-    dt_tensor_free(&C, &out);
-    dt_embed_free(e);
     dt_embed_free(x);
 }
 
