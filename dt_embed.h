@@ -1334,19 +1334,20 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
     *out = NULL;
     if (!desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc is NULL", fn);
+    /* from here a bad desc sets st: dt__em_check_same tells the other ranks, which would wait */
     if (desc->n_tables < 1 || !desc->tables)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_tables = %d with tables %s; expected >= 1 tables", fn,
-                                desc->n_tables, desc->tables ? "set" : "NULL");
-    if (desc->features ? desc->n_features < 1 : desc->n_features != 0)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_features = %d with features %s; expected >= 1 with "
-                                "features, 0 without", fn, desc->n_features, desc->features ? "set" : "NULL");
-    if (desc->print_plan != 0 && desc->print_plan != 1)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.print_plan = %d; expected 0 or 1", fn, desc->print_plan);
-    if (desc->batch_hint < 0 || !(desc->dp_max_bytes == desc->dp_max_bytes))
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.batch_hint = %lld; expected >= 0", fn,
-                                (long long)desc->batch_hint);
+        st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_tables = %d with tables %s; expected >= 1 tables", fn,
+                              desc->n_tables, desc->tables ? "set" : "NULL");
+    else if (desc->features ? desc->n_features < 1 : desc->n_features != 0)
+        st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_features = %d with features %s; expected >= 1 with "
+                              "features, 0 without", fn, desc->n_features, desc->features ? "set" : "NULL");
+    else if (desc->print_plan != 0 && desc->print_plan != 1)
+        st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.print_plan = %d; expected 0 or 1", fn, desc->print_plan);
+    else if (desc->batch_hint < 0 || !(desc->dp_max_bytes == desc->dp_max_bytes))
+        st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.batch_hint = %lld; expected >= 0", fn,
+                              (long long)desc->batch_hint);
     W = desc->comm ? dt_comm_size(desc->comm) : 1;
-    st = dt__em_cuda_check_desc(ctx, desc);
+    if (!st) st = dt__em_cuda_check_desc(ctx, desc);
     for (i = 0; !st && i < desc->n_tables; i++) {
         st = dt__em_check_table(ctx, &desc->tables[i], i, W);
         for (j = 0; !st && j < i; j++)

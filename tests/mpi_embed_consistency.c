@@ -242,6 +242,7 @@ static dt_status make_mixed(dt_comm *c, const change *ch, int who, dt_embed **ou
         case 8: t[0].sharding = DT_SHARD_TABLE; t[0].pin_owner = 1; t[0].owner = (int)ch->value; break;
         case 9: d.n_tables = 3; break;
         case 10: t[1].dim = 0; break; /* invalid on that rank alone */
+        case 11: d.n_tables = 0; break;
         default: break;
         }
     *out = NULL;
@@ -278,6 +279,15 @@ static void mismatched_descs(dt_comm *world) {
         dt_status st = make_mixed(world, &bad, W - 1, &e);
         dt_test_check_all("embed_create_bad_desc_on_one_rank_fails_on_every_rank", st == DT_ERR_ARG && e == NULL &&
                           strstr(dt_ctx_error(&C), R == W - 1 ? "dim = 0" : "another rank") != NULL,
+                          "status %d, message \"%s\"", (int)st, dt_ctx_error(&C));
+        dt_embed_free(e);
+    }
+    {   /* the same for a desc that fails the first checks (no tables) */
+        static const change bad = {"bad", 11, 0, ""};
+        dt_embed *e;
+        dt_status st = make_mixed(world, &bad, 0, &e);
+        dt_test_check_all("embed_create_no_tables_on_one_rank_fails_on_every_rank", st == DT_ERR_ARG && e == NULL &&
+                          strstr(dt_ctx_error(&C), R == 0 ? "n_tables = 0" : "another rank") != NULL,
                           "status %d, message \"%s\"", (int)st, dt_ctx_error(&C));
         dt_embed_free(e);
     }
