@@ -104,8 +104,10 @@
    DT_IDS_CHECK (default): an id outside [0, rows) is DT_ERR_RANGE naming the table, feature,
    sample and id, on the rank that has it; the other ranks get DT_ERR_RANGE naming that rank.
    Nothing is exchanged or updated. DT_IDS_HASH: row = dt_embed_hash_id(id) mod rows, any id.
-   dt_embed_hash_id is the splitmix64 finaliser of the id read as a uint64 (fixed: a model
-   trained with it keeps its meaning across versions).
+   dt_embed_hash_id is one splitmix64 step: the id read as a uint64, plus 0x9e3779b97f4a7c15
+   (mod 2^64), then the splitmix64 finaliser: z ^= z >> 30, z *= 0xbf58476d1ce4e5b9, z ^= z >> 27,
+   z *= 0x94d049bb133111eb, z ^= z >> 31 (fixed: a model trained with it keeps its meaning across
+   versions; tests/test_embed.c pins values).
 
    ---------------------------------------------------------------- dynamic tables
 
@@ -123,7 +125,8 @@
        DT_EVICT_LFU, the least frequently used one: the fewest uses since its id was admitted
        (an admission counts 1, each later occurrence 1 more), ties to the least recently used
        (O(log n): a heap per shard ordered by (count, last use)). A slot used by the same
-       forward is never evicted: if the victim is, the new id is rejected and counts the
+       forward (with dt_embed_set_sync 0: by any forward since the last update, so by the
+       union batch) is never evicted: if the victim is, the new id is rejected and counts the
        sighting (under LFU a fresh admission, count 1, is often that victim: the rest of the
        batch's new ids of that shard wait for the next forward).
      - an admitted (or re-admitted) row is initialised from (seed, "<table>#<id>") and its
@@ -131,8 +134,16 @@
    A rejected id looks up zeros and its gradient is dropped. dt_embed_stats counts admitted,
    evicted and rejected ids on this rank's shards (the sum over ranks equals a single-rank run).
    Checkpoints hold the slots ("weight" and state by slot, "slot_id", "slot_stamp" = last use,
-   and under LFU "slot_count"), so they reshard like row-wise tables and a resumed run evicts
-   the same ids; the sightings of ids not yet admitted are not saved
+   and under LFU "slot_count"), so they reshard like row-wise tables (any world size or plan:
+   a shard's slots are the same) and a resumed run evicts the same ids. Loaded into another
+   hash_shards (same rows), every saved id moves, with its row, optimizer state and LFU count,
+   to the shard that owns it now (an all-to-all), filling it least recent first by (saved last
+   use, id): each saved shard's order is kept, but two saved shards' uses come from different
+   clocks, so their interleaving is that convention, and evictions after the load may differ
+   from an uninterrupted run's (which had other shards). A shard given more ids than slots:
+   DT_ERR_UNSUPPORTED on every rank naming it (the table then holds what was read: load another
+   checkpoint or recreate it). cuda tables: another hash_shards is DT_ERR_UNSUPPORTED, naming a
+   misplaced id. The sightings of ids not yet admitted are not saved
    (a resumed run admits such an id later than an uninterrupted one would).
 
    ---------------------------------------------------------------- sparse optimizers
@@ -381,7 +392,9 @@ typedef struct dt_embed_stats {
 
 typedef struct dt_embed dt_embed; /* opaque */
 
-/* Collective over desc->comm: every rank passes the same tables and features. */
+/* Collective over desc->comm: every rank passes the same tables and features (checked: a digest
+   of every field, all-reduced; on a difference DT_ERR_ARG on every rank naming the first
+   differing field, e.g. tables[3] ("C4").dim = 16 on rank 0 but 32 on rank 1). */
 DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_desc *desc);
 DT_API void dt_embed_free(dt_embed *e);
 /* Width of the pooled output (sum of the dims of features whose table pools), and the column
@@ -411,8 +424,13 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout);
    with sync 1 (the default) adds its own and applies the optimizer once to every row touched
    since the last update. Each row's gradient is summed in the order of one backward over all
    the micro-batches (they hold consecutive global samples), so N micro-batches update the rows
-   exactly as one batch of all their samples would. Not collective, but every rank must set the
-   same value. A checkpoint saved while gradients are pending does not hold them. */
+   exactly as one batch of all their samples would. Dynamic tables too: the micro-batches' ids
+   reach each id-hash shard in the order of the one batch (sample-major), and a slot used by any
+   micro-batch since the last update is protected from eviction as a slot used by the one
+   batch is ("dynamic tables"): admissions, evictions, rejections (stats totals) and rows equal
+   the one batch's, and no pending gradient lands on another id. Not collective, but every rank
+   must set the same value. A checkpoint saved while gradients are pending does not hold them;
+   a load drops them. sync 0 with dynamic tables on cuda: DT_ERR_UNSUPPORTED. */
 DT_API dt_status dt_embed_set_sync(dt_embed *e, int sync);
 DT_API size_t dt_embed_plan_format(const dt_embed *e, char *buf, size_t n);
 DT_API void dt_embed_plan_print(const dt_embed *e);
@@ -634,6 +652,8 @@ struct dt_embed {
     /* accumulation (dt_embed_set_sync(e, 0)): each touched row's gradient so far, sorted by
        (table, row); the floats of entry k at pvals + pend[k].off */
     int sync;
+    int acc_open;                /* a sync-0 backward since the last update: dynamic tables keep the
+                                    slots used since then (the window's) from eviction */
     dt__em_pend *pend, *pend2;
     int64_t n_pend, pend_cap, pend2_cap;
     float *pvals, *pvals2;
@@ -860,7 +880,7 @@ static dt_status dt__em_check_table(dt_ctx *ctx, const dt_embed_table_desc *d, i
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").optim.kind = %d; expected a dt_embed_optim", fn,
                                 i, d->name, (int)d->optim.kind);
     if (!(d->optim.lr >= 0) || !(d->optim.eps >= 0) || !(d->optim.beta1 >= 0 && d->optim.beta1 < 1) ||
-        !(d->optim.beta2 >= 0 && d->optim.beta2 < 1) || d->optim.lr > 1e30)
+        !(d->optim.beta2 >= 0 && d->optim.beta2 < 1) || d->optim.lr > 1e30 || d->optim.eps > 1e30)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").optim: lr %g, eps %g, beta1 %g, beta2 %g; "
                                 "expected lr, eps >= 0 and finite, 0 <= betas < 1", fn, i, d->name, d->optim.lr,
                                 d->optim.eps, d->optim.beta1, d->optim.beta2);
@@ -1187,6 +1207,135 @@ DT_API void dt_embed_free(dt_embed *e) {
     dt_release(ctx, e);
 }
 
+/* Every rank must pass the same tables and features (sizes, kinds, optimizers, pins, dynamic
+   parameters, seeds): a rank with another dim or rows would plan, allocate and exchange other
+   sizes and return wrong values without an error. One all-reduce of a 64-bit digest of the
+   descs (and of each rank's local status, so a rank whose desc failed its checks does not leave
+   the others waiting); on a mismatch, two more find the first differing field and the first rank
+   that differs from rank 0, for the message. Returns on every rank alike. */
+typedef struct dt__em_fld { const char *what; int table, feature, kind; uint64_t v; } dt__em_fld; /* kind 0 int, 1 double, 2 text */
+
+static uint64_t dt__em_text_hash(const char *s) { /* FNV-1a; NULL hashes apart from "" */
+    uint64_t h = 1469598103934665603ull;
+    if (!s) return 0x6e756c6cull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+static uint64_t dt__em_dbl_bits(double x) { uint64_t u; memcpy(&u, &x, sizeof u); return u; }
+
+/* The fields compared, in message order: fl may be NULL (count only). */
+static int dt__em_desc_fields(const dt_embed_desc *desc, dt__em_fld *fl) {
+    int n = 0, i;
+#define DT__EM_F(w_, t_, f_, k_, v_) do { if (fl) { fl[n].what = (w_); fl[n].table = (t_); fl[n].feature = (f_); \
+                                                  fl[n].kind = (k_); fl[n].v = (v_); } n++; } while (0)
+#define DT__EM_FI(w_, x_) DT__EM_F(w_, i, -1, 0, (uint64_t)(int64_t)(x_))
+#define DT__EM_FD(w_, x_) DT__EM_F(w_, i, -1, 1, dt__em_dbl_bits(x_))
+    for (i = 0; i < desc->n_tables; i++) {
+        const dt_embed_table_desc *d = &desc->tables[i];
+        DT__EM_F("name", i, -1, 2, dt__em_text_hash(d->name));
+        DT__EM_FI("rows", d->rows); DT__EM_FI("dim", d->dim); DT__EM_FI("dtype", d->dtype);
+        DT__EM_FI("pooling", d->pooling); DT__EM_FI("weighted", d->weighted);
+        DT__EM_FI("init.kind", d->init.kind); DT__EM_FI("init.seed", d->init.seed);
+        DT__EM_FD("init.value", d->init.value); DT__EM_FD("init.low", d->init.low); DT__EM_FD("init.high", d->init.high);
+        DT__EM_FD("init.mean", d->init.mean); DT__EM_FD("init.std", d->init.std); DT__EM_FD("init.gain", d->init.gain);
+        DT__EM_FI("optim.kind", d->optim.kind); DT__EM_FD("optim.lr", d->optim.lr); DT__EM_FD("optim.eps", d->optim.eps);
+        DT__EM_FD("optim.beta1", d->optim.beta1); DT__EM_FD("optim.beta2", d->optim.beta2);
+        DT__EM_FI("ids", d->ids); DT__EM_FI("sharding", d->sharding); DT__EM_FI("pin_owner", d->pin_owner);
+        DT__EM_FI("owner", d->owner); DT__EM_FD("ids_per_batch", d->ids_per_batch); DT__EM_FI("dynamic", d->dynamic);
+        DT__EM_FI("admit_after", d->admit_after); DT__EM_FI("hash_shards", d->hash_shards);
+        DT__EM_FI("eviction", d->eviction); DT__EM_FI("group_size", d->group_size);
+    }
+    for (i = 0; desc->features && i < desc->n_features; i++) {
+        DT__EM_F("name", -1, i, 2, dt__em_text_hash(desc->features[i].name));
+        DT__EM_F("table", -1, i, 0, (uint64_t)(int64_t)desc->features[i].table);
+        DT__EM_F("input", -1, i, 0, (uint64_t)(int64_t)(desc->n_inputs > 0 ? desc->features[i].input : i));
+    }
+    i = -1;
+    DT__EM_FI("n_inputs", desc->n_inputs);
+    DT__EM_FI("seed", desc->seed); DT__EM_FI("batch_hint", desc->batch_hint);
+    DT__EM_FD("dp_max_bytes", desc->dp_max_bytes); DT__EM_FI("device", desc->device);
+#undef DT__EM_FD
+#undef DT__EM_FI
+#undef DT__EM_F
+    return n;
+}
+
+static void dt__em_fld_str(const dt__em_fld *f, uint64_t v, char *buf, size_t n) {
+    double x;
+    if (f->kind == 0) { snprintf(buf, n, "%lld", (long long)(int64_t)v); return; }
+    if (f->kind == 2) { snprintf(buf, n, "text hashing to %016llx", (unsigned long long)v); return; }
+    memcpy(&x, &v, sizeof x);
+    snprintf(buf, n, "%.17g", x);
+}
+
+static dt_status dt__em_check_same(dt_ctx *ctx, const dt_embed_desc *desc, dt_status st) {
+    const char *fn = "dt_embed_create";
+    dt__em_fld *fl = NULL;
+    double v[9], *a = NULL;
+    uint64_t dig = 0x243f6a8885a308d3ull;
+    int n = 0, k, r, W = dt_comm_size(desc->comm), me = dt_comm_rank(desc->comm), nf = desc->features ? desc->n_features : 0;
+    if (!st) {
+        n = dt__em_desc_fields(desc, NULL);
+        if (!(fl = (dt__em_fld *)dt_alloc(ctx, sizeof(dt__em_fld) * (size_t)n))) st = DT_ERR_OOM;
+        else dt__em_desc_fields(desc, fl);
+        for (k = 0; !st && k < n; k++) dig = dt_embed_hash_id((int64_t)(dig ^ fl[k].v)) + (uint64_t)k;
+    }
+    v[0] = st ? 1 : 0;
+    v[1] = desc->n_tables; v[2] = -v[1]; v[3] = nf; v[4] = -v[3];
+    v[5] = (double)(dig >> 32); v[6] = -v[5]; v[7] = (double)(dig & 0xffffffffu); v[8] = -v[7];
+    if (dt_comm_allreduce_f64(desc->comm, v, 9, DT_REDUCE_MAX)) { dt_release(ctx, fl); return st ? st : DT_ERR_COMM; }
+    if (v[0] > 0 || st) {
+        dt_release(ctx, fl);
+        return st ? st : dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a bad desc on another rank; see its message", fn);
+    }
+    if (v[1] != -v[2] || v[3] != -v[4]) {
+        dt_release(ctx, fl);
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_tables = %d and n_features = %d on this rank (%d) but "
+                                "the ranks pass %g .. %g tables and %g .. %g features; expected every rank to pass the "
+                                "same tables and features", fn, desc->n_tables, nf, me, -v[2], v[1], -v[4], v[3]);
+    }
+    if (v[5] == -v[6] && v[7] == -v[8]) { dt_release(ctx, fl); return DT_OK; }
+    /* some field differs: which (the first), and between which ranks */
+    if (!(a = (double *)dt_alloc(ctx, sizeof(double) * (size_t)(4 * n > 2 * W ? 4 * n : 2 * W)))) st = DT_ERR_OOM;
+    for (k = 0; !st && k < n; k++) {
+        a[4 * k] = (double)(fl[k].v >> 32); a[4 * k + 1] = -a[4 * k];
+        a[4 * k + 2] = (double)(fl[k].v & 0xffffffffu); a[4 * k + 3] = -a[4 * k + 2];
+    }
+    if (!st && dt_comm_allreduce_f64(desc->comm, a, 4 * n, DT_REDUCE_MAX)) st = DT_ERR_COMM;
+    for (k = 0; !st && k < n; k++)
+        if (a[4 * k] != -a[4 * k + 1] || a[4 * k + 2] != -a[4 * k + 3]) break;
+    if (!st && k == n) k = n - 1; /* (a digest collision of equal fields cannot differ: not reached) */
+    if (!st) {
+        memset(a, 0, sizeof(double) * (size_t)(2 * W));
+        a[2 * me] = (double)(fl[k].v >> 32); a[2 * me + 1] = (double)(fl[k].v & 0xffffffffu);
+        if (dt_comm_allreduce_f64(desc->comm, a, 2 * W, DT_REDUCE_SUM)) st = DT_ERR_COMM;
+    }
+    if (!st) {
+        const dt__em_fld *f = &fl[k];
+        uint64_t v0 = ((uint64_t)a[0] << 32) | (uint64_t)a[1], vr = v0;
+        char s0[64], sr[64], obj[DT_NAME_MAX + 48];
+        for (r = 1; r < W; r++)
+            if ((vr = ((uint64_t)a[2 * r] << 32) | (uint64_t)a[2 * r + 1]) != v0) break;
+        dt__em_fld_str(f, v0, s0, sizeof s0);
+        dt__em_fld_str(f, vr, sr, sizeof sr);
+        if (f->table >= 0) snprintf(obj, sizeof obj, "tables[%d] (\"%.63s\").", f->table, desc->tables[f->table].name ?
+                                    desc->tables[f->table].name : "");
+        else if (f->feature >= 0) snprintf(obj, sizeof obj, "features[%d].", f->feature);
+        else snprintf(obj, sizeof obj, "desc.");
+        if (f->kind == 2) /* a name: this rank's text, the others' only as a hash */
+            st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s%s differs between rank 0 and rank %d (\"%.63s\" on this rank, "
+                                  "%d); expected every rank to pass the same tables and features", fn, obj, f->what,
+                                  r < W ? r : W - 1, f->table >= 0 ? (desc->tables[f->table].name ? desc->tables[f->table].name
+                                  : "(NULL)") : desc->features[f->feature].name ? desc->features[f->feature].name : "(NULL)", me);
+        else
+            st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s%s = %s on rank 0 but %s on rank %d; expected every rank to "
+                                  "pass the same tables and features", fn, obj, f->what, s0, sr, r < W ? r : W - 1);
+    }
+    dt_release(ctx, fl);
+    dt_release(ctx, a);
+    return st;
+}
+
 DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_desc *desc) {
     const char *fn = "dt_embed_create";
     dt_embed *e;
@@ -1196,37 +1345,40 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
     *out = NULL;
     if (!desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc is NULL", fn);
+    /* from here a bad desc sets st: dt__em_check_same tells the other ranks, which would wait */
     if (desc->n_tables < 1 || !desc->tables)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_tables = %d with tables %s; expected >= 1 tables", fn,
-                                desc->n_tables, desc->tables ? "set" : "NULL");
-    if (desc->features ? desc->n_features < 1 : desc->n_features != 0)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_features = %d with features %s; expected >= 1 with "
-                                "features, 0 without", fn, desc->n_features, desc->features ? "set" : "NULL");
-    if (desc->print_plan != 0 && desc->print_plan != 1)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.print_plan = %d; expected 0 or 1", fn, desc->print_plan);
-    if (desc->batch_hint < 0 || !(desc->dp_max_bytes == desc->dp_max_bytes))
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.batch_hint = %lld; expected >= 0", fn,
-                                (long long)desc->batch_hint);
+        st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_tables = %d with tables %s; expected >= 1 tables", fn,
+                              desc->n_tables, desc->tables ? "set" : "NULL");
+    else if (desc->features ? desc->n_features < 1 : desc->n_features != 0)
+        st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_features = %d with features %s; expected >= 1 with "
+                              "features, 0 without", fn, desc->n_features, desc->features ? "set" : "NULL");
+    else if (desc->print_plan != 0 && desc->print_plan != 1)
+        st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.print_plan = %d; expected 0 or 1", fn, desc->print_plan);
+    else if (desc->batch_hint < 0 || !(desc->dp_max_bytes == desc->dp_max_bytes))
+        st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.batch_hint = %lld; expected >= 0", fn,
+                              (long long)desc->batch_hint);
     W = desc->comm ? dt_comm_size(desc->comm) : 1;
-    DT__ETRY(dt__em_cuda_check_desc(ctx, desc));
-    for (i = 0; i < desc->n_tables; i++) {
-        DT__ETRY(dt__em_check_table(ctx, &desc->tables[i], i, W));
-        for (j = 0; j < i; j++)
+    if (!st) st = dt__em_cuda_check_desc(ctx, desc);
+    for (i = 0; !st && i < desc->n_tables; i++) {
+        st = dt__em_check_table(ctx, &desc->tables[i], i, W);
+        for (j = 0; !st && j < i; j++)
             if (strcmp(desc->tables[j].name, desc->tables[i].name) == 0)
-                return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] and tables[%d] are both named \"%s\"; "
-                                        "expected unique names", fn, j, i, desc->tables[i].name);
+                st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] and tables[%d] are both named \"%s\"; "
+                                      "expected unique names", fn, j, i, desc->tables[i].name);
     }
-    for (i = 0; desc->features && i < desc->n_features; i++)
+    for (i = 0; !st && desc->features && i < desc->n_features; i++)
         if (desc->features[i].table < 0 || desc->features[i].table >= desc->n_tables)
-            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: features[%d].table = %d; expected a table in [0, %d)", fn, i,
-                                    desc->features[i].table, desc->n_tables);
-    if (desc->n_inputs < 0 || (desc->n_inputs > 0 && !desc->features))
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_inputs = %d with features %s; expected 0, or > 0 with "
-                                "features (each names its input)", fn, desc->n_inputs, desc->features ? "set" : "NULL");
-    for (i = 0; desc->n_inputs > 0 && i < desc->n_features; i++)
+            st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: features[%d].table = %d; expected a table in [0, %d)", fn, i,
+                                  desc->features[i].table, desc->n_tables);
+    if (!st && (desc->n_inputs < 0 || (desc->n_inputs > 0 && !desc->features)))
+        st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_inputs = %d with features %s; expected 0, or > 0 with "
+                              "features (each names its input)", fn, desc->n_inputs, desc->features ? "set" : "NULL");
+    for (i = 0; !st && desc->n_inputs > 0 && i < desc->n_features; i++)
         if (desc->features[i].input < 0 || desc->features[i].input >= desc->n_inputs)
-            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: features[%d].input = %d; expected a kjt feature in [0, %d) "
-                                    "(desc.n_inputs)", fn, i, desc->features[i].input, desc->n_inputs);
+            st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: features[%d].input = %d; expected a kjt feature in [0, %d) "
+                                  "(desc.n_inputs)", fn, i, desc->features[i].input, desc->n_inputs);
+    if (desc->comm) DT__ETRY(dt__em_check_same(ctx, desc, st)); /* collective: every rank returns alike */
+    else if (st) return st;
     if (!(e = (dt_embed *)dt_alloc(ctx, sizeof *e))) return DT_ERR_OOM;
     memset(e, 0, sizeof *e);
     e->sync = 1;
@@ -1307,6 +1459,14 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
                 for (h = (int)((int64_t)k * t->n_hs / W); h < (int)((int64_t)(k + 1) * t->n_hs / W); h++) t->hs_owner[h] = k;
         }
         st = dt__em_alloc_shard(e, t, desc->seed);
+        if (st == DT_ERR_OOM) { /* name the table: the allocator's message names only bytes */
+            char why[160];
+            snprintf(why, sizeof why, "%.150s", dt_ctx_error(ctx));
+            st = dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: tables[%d] (\"%s\"): this rank's shard, %lld rows x %lld "
+                                  "columns of %s plus optimizer state, could not be allocated (%s); expected fewer "
+                                  "rows, more ranks or another sharding", fn, i, t->name, (long long)(t->r1 - t->r0),
+                                  (long long)(t->c1 - t->c0), dt_dtype_name(t->dtype), why);
+        }
         if (!st && e->cuda) st = dt__em_cuda_to_device(e, t);
     }
     if (e->comm) { /* every rank must have succeeded (and agree on the tables: same count) */
@@ -1704,7 +1864,9 @@ static dt_status dt__em_dyn_slot(dt_embed *e, dt__em_tab *t, dt__em_dyn *y, int6
 static dt_status dt__em_dyn_translate(dt_embed *e, int64_t *rin, int64_t total) {
     int64_t p = 0, j;
     int i, h;
-    for (i = 0; i < e->n_tabs; i++)
+    /* step_stamp marks where the protected uses begin: this forward's, or with gradient
+       accumulation those of every micro-batch since the last update (their union is one batch) */
+    for (i = 0; !e->acc_open && i < e->n_tabs; i++)
         for (h = 0; e->tabs[i].dynamic && h < e->tabs[i].hs_count; h++) e->tabs[i].hs[h].step_stamp = e->tabs[i].hs[h].stamp;
     e->stats.step_admitted = e->stats.step_evicted = e->stats.step_rejected = 0;
     while (p < total) {
@@ -1734,6 +1896,14 @@ static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
         int64_t *order;
         dt__em_mfree(e->ctx, &y->map); dt__em_mfree(e->ctx, &y->seen);
         y->used = 0; y->stamp = 0; y->head = y->tail = -1;
+        for (x = y->x0; x < y->x0 + y->n; x++) /* each id in the slots of its own shard: the saved layout */
+            if (stamp[x] != 0 && (int64_t)(dt_embed_hash_id(sid[x]) % (uint64_t)t->n_hs) != t->hs_first + h)
+                return dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "dt_embed_checkpoint_load: table \"%s\": slot %lld "
+                                        "holds id %lld of id-hash shard %lld of %d, but the slot is shard %d's: the "
+                                        "checkpoint was saved with another hash_shards; expected hash_shards = the "
+                                        "saved table's (cuda tables do not move ids between shards yet)", t->name,
+                                        (long long)(t->r0 + x), (long long)sid[x],
+                                        (long long)(dt_embed_hash_id(sid[x]) % (uint64_t)t->n_hs), t->n_hs, t->hs_first + h);
         for (x = y->x0; x < y->x0 + y->n && stamp[x] > 0; x++) y->used++;
         for (x = y->x0 + y->used; x < y->x0 + y->n; x++)
             if (stamp[x] != 0)
@@ -1768,6 +1938,148 @@ static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
         }
         dt_release(e->ctx, order);
     }
+    return DT_OK;
+}
+
+/* A dynamic checkpoint loaded into another hash_shards: each rank read the saved slots of its
+   global slot range, but an id's shard is now dt_embed_hash_id(id) mod the new count, so ids
+   sit in other shards' slots. Every filled slot (id, last use, LFU count, row, optimizer state)
+   goes to the rank owning its id's new shard (an all-to-all), which fills the shard's slots from
+   its first, least recent first: by (saved stamp, id). Stamps of different saved shards come
+   from different clocks, so the merged recency order is that convention, not a true history;
+   each saved shard's own order is kept. A shard given more ids than it has slots cannot take
+   them all: DT_ERR_UNSUPPORTED on every rank, naming it. Collective; cpu tables only. */
+typedef struct dt__em_mv { int64_t stamp, id, k; } dt__em_mv;
+static int dt__em_mv_cmp(const void *a, const void *b) {
+    const dt__em_mv *x = (const dt__em_mv *)a, *y = (const dt__em_mv *)b;
+    if (x->stamp != y->stamp) return x->stamp < y->stamp ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static dt_status dt__em_dyn_move(dt_embed *e, dt__em_tab *t) {
+    const char *fn = "dt_embed_checkpoint_load";
+    int W = e->size, r, h, lfu = t->evict == DT_EVICT_LFU;
+    int64_t nc = t->c1 - t->c0, sf = t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : t->kind == DT_EMBED_ADAGRAD ? nc
+               : t->kind == DT_EMBED_ADAM ? 2 * nc : 0, nf = nc + sf, nloc = t->r1 - t->r0, x, k, tr = 0, *cnt, *pos;
+    int64_t *sid = (int64_t *)t->slot_id.data, *stamp = (int64_t *)t->slot_stamp.data;
+    int64_t *scount = lfu ? (int64_t *)t->slot_count.data : NULL;
+    size_t es = dt_dtype_size(t->dtype);
+    dt__em_mv *mv = NULL;
+    dt_status st = DT_OK;
+    double flag[1];
+    if (!(cnt = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(4 * W + 1)))) return DT_ERR_OOM;
+    memset(cnt, 0, sizeof(int64_t) * (size_t)(4 * W + 1));
+    pos = cnt + 2 * W;
+    for (x = 0; x < nloc; x++)
+        if (stamp[x] != 0) cnt[t->hs_owner[dt_embed_hash_id(sid[x]) % (uint64_t)t->n_hs]]++;
+    st = dt__em_need(e, &e->sbuf_i, DT_I64, 3 * nloc + 1);
+    if (!st) st = dt__em_need(e, &e->sbuf_f, DT_F32, nf * nloc + 1);
+    if (!st) st = dt__em_need(e, &e->dp_i, DT_I64, 2 * W);
+    for (r = 1; r < W; r++) pos[r] = pos[r - 1] + cnt[r - 1];
+    for (x = 0; !st && x < nloc; x++) { /* packed by destination, in slot order */
+        int64_t q;
+        float *pf;
+        if (stamp[x] == 0) continue;
+        q = pos[t->hs_owner[dt_embed_hash_id(sid[x]) % (uint64_t)t->n_hs]]++;
+        ((int64_t *)e->sbuf_i.data)[3 * q] = sid[x];
+        ((int64_t *)e->sbuf_i.data)[3 * q + 1] = stamp[x];
+        ((int64_t *)e->sbuf_i.data)[3 * q + 2] = lfu ? scount[x] : 0;
+        pf = (float *)e->sbuf_f.data + nf * q;
+        st = dt_convert(e->ctx, pf, DT_F32, (const char *)t->w.data + (size_t)(x * nc) * es, t->dtype, nc);
+        if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) pf[nc] = ((float *)t->s1.data)[x];
+        else if (sf) {
+            memcpy(pf + nc, (float *)t->s1.data + x * nc, (size_t)nc * sizeof(float));
+            if (t->s2.data) memcpy(pf + 2 * nc, (float *)t->s2.data + x * nc, (size_t)nc * sizeof(float));
+        }
+    }
+    flag[0] = st ? 1 : 0;
+    if (dt__em_sum_f64(e, flag, 1) && !st) st = DT_ERR_COMM;
+    if (!st && flag[0] > 0) st = dt_ctx_set_error(e->ctx, DT_ERR_OOM, "%s: table \"%s\": moving its slots failed on "
+                                                   "another rank", fn, t->name);
+    if (st) { dt_release(e->ctx, cnt); return st; }
+    /* counts (ids per destination), then the ints and the floats */
+    for (r = 0; r < W; r++) ((int64_t *)e->dp_i.data)[r] = cnt[r];
+    if (e->comm) {
+        dt_tensor a, bb;
+        int64_t sh[1];
+        sh[0] = W;
+        st = dt_tensor_view(e->ctx, &a, &e->dp_i, 0, 1, sh);
+        if (!st) st = dt_tensor_view(e->ctx, &bb, &e->dp_i, W, 1, sh);
+        if (!st) st = dt_comm_alltoall(e->comm, &bb, &a);
+    } else ((int64_t *)e->dp_i.data)[1] = cnt[0];
+    for (r = 0; !st && r < W; r++) {
+        pos[r] = ((int64_t *)e->dp_i.data)[W + r]; /* ids from rank r */
+        tr += pos[r];
+    }
+    if (!st) st = dt__em_need(e, &e->rbuf_i, DT_I64, 3 * tr + 1);
+    if (!st) st = dt__em_need(e, &e->rbuf_f, DT_F32, nf * tr + 1);
+    if (!st) {
+        int64_t *si = cnt + W, *ri = cnt + 3 * W; /* element counts: ints, then floats */
+        for (r = 0; r < W; r++) { si[r] = 3 * cnt[r]; ri[r] = 3 * pos[r]; }
+        st = dt__em_a2av(e, &e->rbuf_i, &e->sbuf_i, si, ri);
+        for (r = 0; !st && r < W; r++) { si[r] = nf * cnt[r]; ri[r] = nf * pos[r]; }
+        if (!st) st = dt__em_a2av(e, &e->rbuf_f, &e->sbuf_f, si, ri);
+    }
+    /* place them: per local shard, least recent first, from the shard's first slot */
+    if (!st && tr > 0 && !(mv = (dt__em_mv *)dt_alloc(e->ctx, sizeof(dt__em_mv) * (size_t)tr))) st = DT_ERR_OOM;
+    for (x = 0; !st && x < nloc; x++) { stamp[x] = 0; sid[x] = 0; if (lfu) scount[x] = 0; }
+    for (h = 0; !st && h < t->hs_count; h++) {
+        dt__em_dyn *y = &t->hs[h];
+        int64_t m = 0;
+        for (k = 0; k < tr; k++) {
+            const int64_t *pi = (const int64_t *)e->rbuf_i.data + 3 * k;
+            if ((int64_t)(dt_embed_hash_id(pi[0]) % (uint64_t)t->n_hs) != t->hs_first + h) continue;
+            mv[m].stamp = pi[1]; mv[m].id = pi[0]; mv[m].k = k; m++;
+        }
+        if (m > y->n) {
+            st = dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "%s: table \"%s\": id-hash shard %d of %d gets %lld saved "
+                                  "ids but has %lld slots (the checkpoint has another hash_shards); expected a layout "
+                                  "where each shard's ids fit: more rows, or the saved hash_shards", fn, t->name,
+                                  t->hs_first + h, t->n_hs, (long long)m, (long long)y->n);
+            break;
+        }
+        if (m > 1) qsort(mv, (size_t)m, sizeof *mv, dt__em_mv_cmp);
+        for (k = 0; !st && k < m; k++) {
+            const float *pf = (const float *)e->rbuf_f.data + nf * mv[k].k;
+            x = y->x0 + k;
+            sid[x] = mv[k].id;
+            stamp[x] = k + 1;
+            if (lfu) scount[x] = ((const int64_t *)e->rbuf_i.data)[3 * mv[k].k + 2];
+            st = dt_convert(e->ctx, (char *)t->w.data + (size_t)(x * nc) * es, t->dtype, pf, DT_F32, nc);
+            if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) ((float *)t->s1.data)[x] = pf[nc];
+            else if (sf) {
+                memcpy((float *)t->s1.data + x * nc, pf + nc, (size_t)nc * sizeof(float));
+                if (t->s2.data) memcpy((float *)t->s2.data + x * nc, pf + 2 * nc, (size_t)nc * sizeof(float));
+            }
+            if (!st) st = dt__em_mark(e, t, x);
+        }
+    }
+    dt_release(e->ctx, mv);
+    dt_release(e->ctx, cnt);
+    flag[0] = st ? 1 : 0;
+    if (dt__em_sum_f64(e, flag, 1) && !st) st = DT_ERR_COMM;
+    if (!st && flag[0] > 0) st = dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "%s: table \"%s\": its saved ids did not "
+                                                   "fit the id-hash shards on another rank; see its message", fn, t->name);
+    return st;
+}
+
+/* Whether any rank holds a filled slot outside its id's shard (the checkpoint's hash_shards
+   differ). Collective. */
+static dt_status dt__em_dyn_misplaced(dt_embed *e, dt__em_tab *t, int *any) {
+    double v[1] = {0};
+    int h;
+    int64_t x;
+    for (h = 0; t->w.data && h < t->hs_count; h++) {
+        const dt__em_dyn *y = &t->hs[h];
+        for (x = y->x0; x < y->x0 + y->n; x++)
+            if (((int64_t *)t->slot_stamp.data)[x] != 0 &&
+                (int64_t)(dt_embed_hash_id(((int64_t *)t->slot_id.data)[x]) % (uint64_t)t->n_hs) != t->hs_first + h) {
+                v[0] = 1;
+                break;
+            }
+    }
+    DT__ETRY(dt__em_sum_f64(e, v, 1));
+    *any = v[0] > 0;
     return DT_OK;
 }
 
@@ -2514,6 +2826,10 @@ DT_API dt_status dt_embed_set_sync(dt_embed *e, int sync) {
     if (sync != 0 && sync != 1)
         return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_set_sync: sync = %d; expected 1 (update at this "
                                 "backward) or 0 (accumulate)", sync);
+    if (!sync && e->cuda && e->any_dyn)
+        return dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "dt_embed_set_sync: sync = 0 with dynamic tables on cuda "
+                                "(desc.device); the GPU id table (kernels/dt_hash.cu) protects one forward's slots "
+                                "only, not an accumulation window's: accumulate on cpu tables");
     e->sync = sync;
     return DT_OK;
 }
@@ -2552,6 +2868,7 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
     }
     e->phase = 3; /* the sequence views stay readable until the next forward */
     if (e->sync) for (i = 0; i < e->n_tabs; i++) e->tabs[i].t++; /* t counts updates */
+    e->acc_open = !e->sync;
     /* gradients of every request, laid out as its result was (the res buffer is free now) */
     for (k = 0; k < e->n_segs; k++) {
         const dt__em_seg *s = &e->segs[k];
@@ -2709,16 +3026,31 @@ DT_API dt_status dt_embed_checkpoint_load(dt_embed *e, dt_train_state *state, co
     memset(&steps, 0, sizeof steps);
     st = dt__em_params(e, &ps, &store, &steps);
     if (!st) st = dt_checkpoint_load(e->ctx, &ps, NULL, state, &d);
+    for (i = 0; !st && !e->cuda && i < e->n_tabs; i++) /* saved with another hash_shards: move ids (collective) */
+        if (e->tabs[i].dynamic) {
+            int any = 0;
+            st = dt__em_dyn_misplaced(e, &e->tabs[i], &any);
+            if (!st && any) st = dt__em_dyn_move(e, &e->tabs[i]);
+        }
     if (!st)
         for (i = 0; i < e->n_tabs; i++) {
             e->tabs[i].t = ((int64_t *)steps.data)[i];
             if (e->tabs[i].dynamic && e->tabs[i].w.data && !st) st = dt__em_dyn_rebuild(e, &e->tabs[i]);
             if (e->tabs[i].dynamic && e->tabs[i].w.data && !st && e->cuda) st = dt__em_cuda_dyn_restore(e, i);
         }
+    if (e->any_dyn) { /* the slot checks above are per rank: every rank returns alike */
+        double flag[1];
+        flag[0] = st ? 1 : 0;
+        if (dt__em_sum_f64(e, flag, 1) && !st) st = DT_ERR_COMM;
+        if (!st && flag[0] > 0)
+            st = dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "dt_embed_checkpoint_load: a dynamic table's slots did "
+                                  "not load on another rank; see its message");
+    }
     dt_release(e->ctx, ps.items);
     dt_release(e->ctx, store);
     dt_tensor_free(e->ctx, &steps);
     e->phase = 0;
+    e->n_pend = 0; e->acc_open = 0; /* pending gradients belonged to the slots before the load */
     return st;
 }
 
