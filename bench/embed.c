@@ -6,7 +6,8 @@
    the private function on the requests a real forward_begin built, before forward_end pools
    them again) and by the whole forward, against memcpy of a buffer larger than the last-level
    cache measured in the same run; and a step on a 10M-row table against the same step on a
-   100k-row table (no step may cost O(rows)). Prints a table and the ratios.
+   100k-row table (no step may cost O(rows)), with the peer's own 10M / 100k ratio on the same
+   two tables (sparse SGD) beside it. Prints a table and the ratios.
    Times are this thread's CPU time (CLOCK_THREAD_CPUTIME_ID here, time.thread_time() in the
    peer; both run one thread), so that the time slices a shared machine gives to other processes
    do not count; their cache and DRAM traffic still does: compare the ratios of one run, not
@@ -185,6 +186,21 @@ static double memcpy_gbs(size_t bytes) {
     return (double)bytes / median(t, 7) / 1e9;
 }
 
+/* samples/s of bench/embed_torch.py on these shapes (0: not run) */
+static double torch_run(int T, int64_t R, int D, int64_t B, int L, int steps, const char *opt) {
+    char cmd[512], line[256];
+    double sps = 0;
+    FILE *p;
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 bench/embed_torch.py %d %lld %d %lld %d %d %s 2>&1", T, (long long)R, D,
+             (long long)B, L, steps, opt);
+    if ((p = popen(cmd, "r"))) {
+        while (fgets(line, sizeof line, p))
+            if (sscanf(line, "torch samples/s %lf", &sps) == 1) break;
+        pclose(p);
+    }
+    return sps;
+}
+
 int main(int argc, char **argv) {
     int T = 8, D = 64, L = 4, steps = 20, i;
     int64_t R = 100000, B = 2048, ids = 0;
@@ -192,8 +208,6 @@ int main(int argc, char **argv) {
     dt_embed *e;
     double fwd, step, mc, torch_sps = 0, big_step, small_step, f2, gat, gat_h, fwd_h, step_h;
     dt_ctx_desc hd;
-    char cmd[512], line[256];
-    FILE *p;
     if (argc > 1) T = atoi(argv[1]);
     if (argc > 2) R = atoll(argv[2]);
     if (argc > 3) D = atoi(argv[3]);
@@ -218,14 +232,7 @@ int main(int argc, char **argv) {
     run(e, bb, 4, steps, &fwd_h, &step_h);
     gat_h = gather_pass(e, bb, 4, steps);
     dt_embed_free(e);
-    /* the PyTorch peer, same shapes, now */
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 bench/embed_torch.py %d %lld %d %lld %d %d 2>&1", T, (long long)R, D,
-             (long long)B, L, steps);
-    if ((p = popen(cmd, "r"))) {
-        while (fgets(line, sizeof line, p))
-            if (sscanf(line, "torch samples/s %lf", &torch_sps) == 1) break;
-        pclose(p);
-    }
+    torch_sps = torch_run(T, R, D, B, L, steps, "adagrad"); /* the PyTorch peer, same shapes, now */
     printf("%-52s %12s\n", "figure", "value");
     printf("%-52s %12.0f\n", "dt_embed fwd+bwd+Adagrad, samples/s", (double)B / step);
     printf("%-52s %12.0f\n", "the same, tables in 2 MiB pages (huge_alloc)", (double)B / step_h);
@@ -269,6 +276,15 @@ int main(int argc, char **argv) {
         printf("%-52s %12.3f\n", "step on 10M rows, 2 MiB pages (huge_alloc), ms", big_h * 1e3);
         printf("%-52s %12.3f\n", "step on 100k rows, 2 MiB pages, ms", small_h * 1e3);
         printf("%-52s %12.2f\n", "ratio 10M / 100k, 2 MiB pages", big_h / small_h);
+        { /* the peer on the same two tables (one table, dim 16, sparse SGD): what the memory system
+             charges a 10M-row table there */
+            double tb = torch_run(1, 10000000, 16, B, L, steps, "sgd"), tsm = torch_run(1, 100000, 16, B, L, steps, "sgd");
+            if (tb > 0 && tsm > 0) {
+                printf("%-52s %12.3f\n", "torch step on 10M rows (SGD), ms", (double)B / tb * 1e3);
+                printf("%-52s %12.3f\n", "torch step on 100k rows (SGD), ms", (double)B / tsm * 1e3);
+                printf("%-52s %12.2f\n", "torch ratio 10M / 100k", tsm / tb);
+            }
+        }
         dt_ctx_shutdown(&CH);
     }
     for (i = 0; i < 4; i++) { free(bb[i].lengths); free(bb[i].ids); }

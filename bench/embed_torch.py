@@ -2,12 +2,12 @@
 D, f32), the same batch shape (B samples, bags of 1..2L-1 ids, L on average, power-law ids) and
 one thread: torch.nn.EmbeddingBag(mode="sum", sparse=True) forward, backward of a fixed output
 gradient, and torch.optim.Adagrad on the sparse gradients (what dt_embed's DT_EMBED_ADAGRAD
-matches). Index tensors are built before the timed steps; two warm-up steps are not counted.
+matches; OPT sgd: torch.optim.SGD, DT_EMBED_SGD). Index tensors are built before the timed steps; two warm-up steps are not counted.
 Times are the thread's CPU time (time.thread_time(), as bench/embed.c uses
 CLOCK_THREAD_CPUTIME_ID): one thread does all the work. Prints one line: "torch samples/s X"
 (median of the timed steps).
 
-    /usr/bin/python3 bench/embed_torch.py [T R D B L steps]"""
+    /usr/bin/python3 bench/embed_torch.py [T R D B L steps [adagrad|sgd]]"""
 import sys, time
 import numpy as np
 try:
@@ -17,13 +17,15 @@ except ImportError:  # ./build.sh bench runs every bench/*.py; PyTorch is for pe
     sys.exit(0)
 
 def main():
-    a = [int(x) for x in sys.argv[1:]]
+    a = [int(x) for x in sys.argv[1:7]]
     T, R, D, B, L, steps = (a + [8, 100000, 64, 2048, 4, 20][len(a):])[:6]
+    kind = sys.argv[7] if len(sys.argv) > 7 else "adagrad"
     torch.set_num_threads(1)
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     bags = [torch.nn.EmbeddingBag(R, D, mode="sum", sparse=True) for _ in range(T)]
-    opt = torch.optim.Adagrad([p for b in bags for p in b.parameters()], lr=0.01)
+    params = [p for b in bags for p in b.parameters()]
+    opt = torch.optim.SGD(params, lr=0.01) if kind == "sgd" else torch.optim.Adagrad(params, lr=0.01)
     batches = []
     for s in range(4):
         per = []
