@@ -258,4 +258,34 @@ DT_TEST__FN int dt_test_finish(void) {
     return failed;
 }
 
+/* PASS name when ok, else FAIL name with the printf-formatted details (the drivers' one-liner). */
+DT_TEST__FN DT_TEST__PRINTF(3, 4) int dt_test_expect(const char *name, int ok, const char *fmt, ...) {
+    char why[1024];
+    va_list ap;
+    if (ok) return dt_test_pass(name);
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    return dt_test_fail(name, "%s", why);
+}
+
+/* The mpirun command line drivers start ranks with: $DT_MPIRUN (tests/run.sh exports it from
+   build.sh), else "mpirun --oversubscribe". */
+DT_TEST__FN const char *dt_test_mpirun(void) {
+    const char *m = getenv("DT_MPIRUN");
+    return m && *m ? m : "mpirun --oversubscribe";
+}
+
+#ifdef DT_TENSOR_H
+/* An f32 [a, b] host tensor of ctx; exits 2 (naming the error) when it cannot be made. */
+DT_TEST__FN dt_tensor dt_test_t2(dt_ctx *ctx, int64_t a, int64_t b) {
+    dt_tensor t;
+    dt_tensor_desc d;
+    memset(&d, 0, sizeof d);
+    d.shape[0] = a; d.shape[1] = b; d.ndim = 2;
+    if (dt_tensor_create(ctx, &t, &d)) { fprintf(stderr, "dt_test_t2: %s\n", dt_ctx_error(ctx)); exit(2); }
+    return t;
+}
+#endif
+
 #endif /* DT_TEST_H */

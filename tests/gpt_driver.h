@@ -14,25 +14,10 @@
 static const char *GPT = "build/examples/gpt";
 static dt_ctx g_ctx;
 
-static DT_TEST__PRINTF(3, 4) int expect(const char *name, int ok, const char *fmt, ...) {
-    char why[1024];
-    va_list ap;
-    if (ok) return dt_test_pass(name);
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    return dt_test_fail(name, "%s", why);
-}
-
-static const char *mpirun(void) {
-    const char *m = getenv("DT_MPIRUN");
-    return m && *m ? m : "mpirun --oversubscribe";
-}
-
 /* Runs gpt at np with the flags; its output into `out`; returns the exit status. */
 static int run(int np, const char *flags, const char *out) {
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=1 %s -np %d %s %s > %s 2>&1 < /dev/null", mpirun(), np, GPT, flags, out);
+    snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=1 %s -np %d %s %s > %s 2>&1 < /dev/null", dt_test_mpirun(), np, GPT, flags, out);
     return system(cmd);
 }
 

@@ -26,17 +26,6 @@
 
 static const char *DLRM = "build/examples/dlrm";
 
-/* PASS name, or FAIL name with the details. */
-static DT_TEST__PRINTF(3, 4) int expect(const char *name, int ok, const char *fmt, ...) {
-    char why[1024];
-    va_list ap;
-    if (ok) return dt_test_pass(name);
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    return dt_test_fail(name, "%s", why);
-}
-
 /* Runs the command; 0 when it exited 0. Its output goes to `out` (a file). */
 static int run(const char *cmd, const char *out) {
     char full[4096];
@@ -58,11 +47,6 @@ static int losses(const char *path, double *out, int n) {
     return k;
 }
 
-static const char *mpirun(void) {
-    const char *m = getenv("DT_MPIRUN");
-    return m && *m ? m : "mpirun --oversubscribe";
-}
-
 /* Trains with `flags` at np 1..4 and checks every step's loss against np 1. */
 static void equal_at_every_np(const char *name, const char *flags) {
     double ref[STEPS], got[STEPS];
@@ -75,19 +59,19 @@ static void equal_at_every_np(const char *name, const char *flags) {
         snprintf(log, sizeof log, "%s/%s_np%d.jsonl", tmp, name, np);
         snprintf(out, sizeof out, "%s/%s_np%d.out", tmp, name, np);
         snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=1 %s -np %d %s --steps %d --seed 7 --batch 256 --quiet "
-                 "--print-every 1 --eval-every 1000 --eval-samples 512 --log %s %s", mpirun(), np, DLRM, STEPS, log, flags);
+                 "--print-every 1 --eval-every 1000 --eval-samples 512 --log %s %s", dt_test_mpirun(), np, DLRM, STEPS, log, flags);
         snprintf(check, sizeof check, "%s_np%d_runs", name, np);
         if (!DT_TEST_CHECK(check, run(cmd, out) == 0)) { fprintf(stderr, "  command: %s (output in %s)\n", cmd, out); continue; }
         n = losses(log, np == 1 ? ref : got, STEPS);
         snprintf(check, sizeof check, "%s_np%d_logs_every_step", name, np);
-        if (!expect(check, n == STEPS, "%d loss lines in %s, expected %d", n, log, STEPS)) continue;
+        if (!dt_test_expect(check, n == STEPS, "%d loss lines in %s, expected %d", n, log, STEPS)) continue;
         if (np == 1) continue;
         for (s = 0; s < STEPS; s++) {
             double rel = fabs(got[s] - ref[s]) / fabs(ref[s]);
             if (rel > worst) { worst = rel; worst_step = s; }
         }
         snprintf(check, sizeof check, "%s_np%d_losses_equal_np1", name, np);
-        expect(check, worst <= TOL, "step %d: np %d loss %.9g, np 1 loss %.9g (relative %.3g > %g)",
+        dt_test_expect(check, worst <= TOL, "step %d: np %d loss %.9g, np 1 loss %.9g (relative %.3g > %g)",
                       worst_step + 1, np, got[worst_step], ref[worst_step], worst, TOL);
         if (worst > 0) printf("  %s np %d: largest relative loss difference %.3g (step %d)\n", name, np, worst, worst_step + 1);
     }
@@ -103,31 +87,31 @@ static void resume_continues(const char *name, int np_save, int np_resume, doubl
     snprintf(log, sizeof log, "%s/%s_straight.jsonl", tmp, name);
     snprintf(out, sizeof out, "%s/%s_straight.out", tmp, name);
     snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=1 %s -np %d %s --steps 10 --seed 3 --batch 128 --quiet "
-             "--print-every 1 --eval-every 1000 --eval-samples 256 --log %s", mpirun(), np_save, DLRM, log);
+             "--print-every 1 --eval-every 1000 --eval-samples 256 --log %s", dt_test_mpirun(), np_save, DLRM, log);
     if (!DT_TEST_CHECK("dlrm_straight_run_for_resume", run(cmd, out) == 0)) return;
     n = losses(log, straight, 10);
     snprintf(log, sizeof log, "%s/%s_resumed.jsonl", tmp, name);
     snprintf(out, sizeof out, "%s/%s_first.out", tmp, name);
     snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=1 %s -np %d %s --steps 5 --seed 3 --batch 128 --quiet "
-             "--print-every 1 --eval-every 1000 --eval-samples 256 --ckpt %s --ckpt-every 5", mpirun(), np_save,
+             "--print-every 1 --eval-every 1000 --eval-samples 256 --ckpt %s --ckpt-every 5", dt_test_mpirun(), np_save,
              DLRM, dir);
     snprintf(check, sizeof check, "%s_first_half_saves", name);
     if (!DT_TEST_CHECK(check, run(cmd, out) == 0)) return;
     snprintf(out, sizeof out, "%s/%s_second.out", tmp, name);
     snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=1 %s -np %d %s --steps 10 --seed 3 --batch 128 --quiet "
-             "--print-every 1 --eval-every 1000 --eval-samples 256 --ckpt %s --resume --log %s", mpirun(), np_resume,
+             "--print-every 1 --eval-every 1000 --eval-samples 256 --ckpt %s --resume --log %s", dt_test_mpirun(), np_resume,
              DLRM, dir, log);
     snprintf(check, sizeof check, "%s_second_half_resumes", name);
-    if (!expect(check, run(cmd, out) == 0, "see %s", out)) return;
+    if (!dt_test_expect(check, run(cmd, out) == 0, "see %s", out)) return;
     snprintf(check, sizeof check, "%s_continues_the_straight_run", name);
     if (losses(log, resumed, 5) != 5 || n != 10) { dt_test_fail(check, "missing loss lines"); return; }
     {
         double rel = fabs(resumed[4] - straight[9]) / fabs(straight[9]);
         if (tol == 0)
-            expect(check, memcmp(&resumed[4], &straight[9], sizeof(double)) == 0,
+            dt_test_expect(check, memcmp(&resumed[4], &straight[9], sizeof(double)) == 0,
                           "step 10 resumed %.9g, straight %.9g (expected bitwise)", resumed[4], straight[9]);
         else
-            expect(check, rel <= tol, "step 10 resumed %.9g, straight %.9g (relative %.3g > %g)", resumed[4],
+            dt_test_expect(check, rel <= tol, "step 10 resumed %.9g, straight %.9g (relative %.3g > %g)", resumed[4],
                           straight[9], rel, tol);
     }
 }
@@ -151,19 +135,19 @@ static void tsv_errors(void) {
     fclose(fp);
     snprintf(out, sizeof out, "%s/tsv_strict.out", tmp);
     snprintf(cmd, sizeof cmd, "%s --data %s --steps 2 --batch 64 --eval-samples 128 --quiet", DLRM, path);
-    expect("dlrm_malformed_tsv_line_fails", run(cmd, out) != 0, "the run succeeded on a malformed file");
+    dt_test_expect("dlrm_malformed_tsv_line_fails", run(cmd, out) != 0, "the run succeeded on a malformed file");
     fp = fopen(out, "r");
     text[0] = 0;
     if (fp) { size_t k = fread(text, 1, sizeof text - 1, fp); text[k] = 0; fclose(fp); }
-    expect("dlrm_malformed_tsv_line_is_named", strstr(text, "line 302") && strstr(text, "small.tsv"),
+    dt_test_expect("dlrm_malformed_tsv_line_is_named", strstr(text, "line 302") && strstr(text, "small.tsv"),
                   "the error does not name file and line 302: %.300s", text);
     snprintf(out, sizeof out, "%s/tsv_skip.out", tmp);
     snprintf(cmd, sizeof cmd, "%s --data %s --steps 2 --batch 64 --eval-samples 128 --skip-bad", DLRM, path);
-    expect("dlrm_skip_bad_trains", run(cmd, out) == 0, "see %s", out);
+    dt_test_expect("dlrm_skip_bad_trains", run(cmd, out) == 0, "see %s", out);
     fp = fopen(out, "r");
     text[0] = 0;
     if (fp) { size_t k = fread(text, 1, sizeof text - 1, fp); text[k] = 0; fclose(fp); }
-    expect("dlrm_skip_bad_counts_the_line", strstr(text, "1 lines skipped") != NULL && strstr(text, "final: loss"),
+    dt_test_expect("dlrm_skip_bad_counts_the_line", strstr(text, "1 lines skipped") != NULL && strstr(text, "final: loss"),
                   "no '1 lines skipped' and final line in: %.300s", text);
 }
 

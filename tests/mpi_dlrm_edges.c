@@ -39,28 +39,13 @@
 #define F 26
 static const char *DLRM = "build/examples/dlrm";
 
-static DT_TEST__PRINTF(3, 4) int expect(const char *name, int ok, const char *fmt, ...) {
-    char why[1024];
-    va_list ap;
-    if (ok) return dt_test_pass(name);
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    return dt_test_fail(name, "%s", why);
-}
-
-static const char *mpirun(void) {
-    const char *m = getenv("DT_MPIRUN");
-    return m && *m ? m : "mpirun --oversubscribe";
-}
-
 /* Runs `$DT_MPIRUN -np np build/examples/dlrm flags` (np 0: without mpirun); its exit status
    (0 = success), its output in `out` (a file) and, when text is not NULL, the output's first
    n - 1 bytes in text. */
 static int run_dlrm(int np, const char *flags, const char *out, char *text, size_t n) {
     char cmd[4096];
     int rc;
-    if (np) snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=1 %s -np %d %s %s > %s 2>&1 < /dev/null", mpirun(), np, DLRM, flags, out);
+    if (np) snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=1 %s -np %d %s %s > %s 2>&1 < /dev/null", dt_test_mpirun(), np, DLRM, flags, out);
     else snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=1 %s %s > %s 2>&1 < /dev/null", DLRM, flags, out);
     rc = system(cmd);
     if (text) {
@@ -110,10 +95,10 @@ static void empty_local_batch(void) {
         ref = final_loss(text);
         snprintf(out, sizeof out, "%s/empty_np%d_%d.out", tmp, np, c);
         snprintf(name, sizeof name, "dlrm_empty_local_batch_runs (np %d, %s)", np, cases[c][0]);
-        if (!expect(name, run_dlrm(np, flags, out, text, sizeof text) == 0, "exit non-zero: %.300s", text)) continue;
+        if (!dt_test_expect(name, run_dlrm(np, flags, out, text, sizeof text) == 0, "exit non-zero: %.300s", text)) continue;
         got = final_loss(text);
         snprintf(name, sizeof name, "dlrm_empty_local_batch_final_loss_equals_np1 (np %d, %s)", np, cases[c][0]);
-        expect(name, fabs(got - ref) <= 1e-5 * fabs(ref), "np %d final loss %.9g, np 1 %.9g", np, got, ref);
+        dt_test_expect(name, fabs(got - ref) <= 1e-5 * fabs(ref), "np %d final loss %.9g, np 1 %.9g", np, got, ref);
     }
 }
 
@@ -197,12 +182,12 @@ static void table_rows(const char *opt, int np, const char *extra) {
              opt, dir1, extra);
     snprintf(out, sizeof out, "%s/rows_%s_np1.out", tmp, opt);
     snprintf(name, sizeof name, "dlrm_table_rows_%s_np1_runs", opt);
-    if (!expect(name, run_dlrm(1, flags, out, NULL, 0) == 0, "see %s", out)) return;
+    if (!dt_test_expect(name, run_dlrm(1, flags, out, NULL, 0) == 0, "see %s", out)) return;
     snprintf(flags, sizeof flags, "--steps 20 --seed 7 --batch 256 --opt %s --quiet --eval-every 1000 --eval-samples 512 --ckpt %s %s",
              opt, dirn, extra);
     snprintf(out, sizeof out, "%s/rows_%s_np%d.out", tmp, opt, np);
     snprintf(name, sizeof name, "dlrm_table_rows_%s_np%d_runs", opt, np);
-    if (!expect(name, run_dlrm(np, flags, out, NULL, 0) == 0, "see %s", out)) return;
+    if (!dt_test_expect(name, run_dlrm(np, flags, out, NULL, 0) == 0, "see %s", out)) return;
     strcat(dir1, "/embed/step_00000020");
     strcat(dirn, "/embed/step_00000020");
     for (f = 1; f <= F && ok; f++) {
@@ -272,42 +257,42 @@ static void resume_checks(const char *tsv) {
     snprintf(dir, sizeof dir, "%s/resume_ck", tmp);
     snprintf(flags, sizeof flags, "%s --steps 3 --batch 64 --seed 5 --ckpt %s", base, dir);
     snprintf(out, sizeof out, "%s/resume_first.out", tmp);
-    if (!expect("dlrm_resume_first_run", run_dlrm(1, flags, out, first, sizeof first) == 0, "see %s", out)) return;
+    if (!dt_test_expect("dlrm_resume_first_run", run_dlrm(1, flags, out, first, sizeof first) == 0, "see %s", out)) return;
     snprintf(flags, sizeof flags, "%s --steps 5 --batch 128 --seed 5 --ckpt %s --resume", base, dir);
     snprintf(out, sizeof out, "%s/resume_batch.out", tmp);
     rc = run_dlrm(2, flags, out, text, sizeof text);
-    expect("dlrm_resume_other_batch_is_refused", rc == 2 && strstr(text, "--batch 128") && strstr(text, "192 samples") &&
+    dt_test_expect("dlrm_resume_other_batch_is_refused", rc == 2 && strstr(text, "--batch 128") && strstr(text, "192 samples") &&
            strstr(text, "--batch 64") && !strstr(text, "final:"), "exit %d, output: ...%s", rc, TAIL(text));
     snprintf(flags, sizeof flags, "%s --steps 5 --batch 64 --seed 9 --ckpt %s --resume", base, dir);
     snprintf(out, sizeof out, "%s/resume_seed.out", tmp);
     rc = run_dlrm(1, flags, out, text, sizeof text);
-    expect("dlrm_resume_other_seed_is_refused", rc == 2 && strstr(text, "--seed 5") && strstr(text, "--seed 9"),
+    dt_test_expect("dlrm_resume_other_seed_is_refused", rc == 2 && strstr(text, "--seed 5") && strstr(text, "--seed 9"),
            "exit %d, output: ...%s", rc, TAIL(text));
     snprintf(flags, sizeof flags, "%s --steps 5 --batch 64 --seed 5 --ckpt %s --resume --data %s", base, dir, tsv);
     snprintf(out, sizeof out, "%s/resume_data.out", tmp);
     rc = run_dlrm(1, flags, out, text, sizeof text);
-    expect("dlrm_resume_other_data_is_refused", rc == 2 && strstr(text, "--data synthetic") && strstr(text, tsv),
+    dt_test_expect("dlrm_resume_other_data_is_refused", rc == 2 && strstr(text, "--data synthetic") && strstr(text, tsv),
            "exit %d, output: ...%s", rc, TAIL(text));
     snprintf(flags, sizeof flags, "%s --steps 2 --batch 64 --seed 5 --ckpt %s --resume", base, dir);
     snprintf(out, sizeof out, "%s/resume_past.out", tmp);
     rc = run_dlrm(1, flags, out, text, sizeof text);
-    expect("dlrm_resume_past_steps_is_refused", rc == 2 && strstr(text, "at step 3, past --steps 2"),
+    dt_test_expect("dlrm_resume_past_steps_is_refused", rc == 2 && strstr(text, "at step 3, past --steps 2"),
            "exit %d, output: ...%s", rc, TAIL(text));
     snprintf(flags, sizeof flags, "%s --steps 3 --batch 64 --seed 5 --ckpt %s --resume", base, dir);
     snprintf(out, sizeof out, "%s/resume_done.out", tmp);
     rc = run_dlrm(2, flags, out, text, sizeof text);
-    expect("dlrm_resume_finished_run_says_nothing_to_train", rc == 0 && strstr(text, "nothing to train"),
+    dt_test_expect("dlrm_resume_finished_run_says_nothing_to_train", rc == 0 && strstr(text, "nothing to train"),
            "exit %d, output: ...%s", rc, TAIL(text));
-    expect("dlrm_resume_finished_run_final_line_is_the_checkpoints",
+    dt_test_expect("dlrm_resume_finished_run_final_line_is_the_checkpoints",
            final_loss(text) == final_loss(first) && fabs(final_auc(text) - final_auc(first)) <= 1e-4,
            "resumed: loss %.9g auc %.4f; the run that saved it: loss %.9g auc %.4f", final_loss(text), final_auc(text),
            final_loss(first), final_auc(first));
     snprintf(flags, sizeof flags, "%s --steps 5 --batch 64 --seed 5 --ckpt %s --resume", base, dir);
     snprintf(out, sizeof out, "%s/resume_on.out", tmp);
-    if (!expect("dlrm_resume_same_flags_trains", run_dlrm(2, flags, out, text, sizeof text) == 0, "see %s", out)) return;
+    if (!dt_test_expect("dlrm_resume_same_flags_trains", run_dlrm(2, flags, out, text, sizeof text) == 0, "see %s", out)) return;
     snprintf(path, sizeof path, "%s/dense/step_00000005/manifest.json", dir);
     man = slurp(path);
-    expect("dlrm_resume_records_data_cursor", json_num(man, "data_cursor") == 5 * 64,
+    dt_test_expect("dlrm_resume_records_data_cursor", json_num(man, "data_cursor") == 5 * 64,
            "%s: data_cursor %g, expected 5 x 64 = 320", path, json_num(man, "data_cursor"));
     free(man);
 }
@@ -326,7 +311,7 @@ static void eval_checks(const char *tsv) {
     snprintf(log, sizeof log, "%s/eval.jsonl", tmp);
     snprintf(flags, sizeof flags, "--rows 4096 --eval-samples 128 --steps 4 --eval-every 2 --batch 64 --log %s", log);
     snprintf(out, sizeof out, "%s/eval.out", tmp);
-    if (!expect("dlrm_eval_run", run_dlrm(2, flags, out, text, sizeof text) == 0, "see %s", out)) return;
+    if (!dt_test_expect("dlrm_eval_run", run_dlrm(2, flags, out, text, sizeof text) == 0, "see %s", out)) return;
     lines = slurp(log);
     for (s = 1, p = lines; s <= 4 && p; s++, p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
         const char *eol = strchr(p, '\n'), *a = strstr(p, "\"auc\":"), *l = strstr(p, "\"logloss\":");
@@ -334,19 +319,19 @@ static void eval_checks(const char *tsv) {
         ok = a && l && (!eol || (a < eol && l < eol)) &&
              (evaluates ? (a[6] == '0' || a[6] == '1') && l[10] != 'n' : !strncmp(a + 6, "null", 4) && !strncmp(l + 10, "null", 4));
         snprintf(name, sizeof name, "dlrm_log_auc_only_on_eval_steps (step %d)", s);
-        expect(name, ok, "line %d: %.300s", s, p);
-        if (s == 4 && a) expect("dlrm_log_last_auc_is_the_final_lines", fabs(strtod(a + 6, NULL) - final_auc(text)) <= 1e-4,
+        dt_test_expect(name, ok, "line %d: %.300s", s, p);
+        if (s == 4 && a) dt_test_expect("dlrm_log_last_auc_is_the_final_lines", fabs(strtod(a + 6, NULL) - final_auc(text)) <= 1e-4,
                                 "log %.6f, final line %.4f", strtod(a + 6, NULL), final_auc(text));
     }
     free(lines);
     snprintf(out, sizeof out, "%s/steps0.out", tmp);
     rc = run_dlrm(1, "--rows 4096 --eval-samples 128 --steps 0", out, text, sizeof text);
-    expect("dlrm_steps0_final_line_says_no_loss", rc == 0 && strstr(text, "final: loss nan auc 0.") && !strstr(text, "auc 0.5000"),
+    dt_test_expect("dlrm_steps0_final_line_says_no_loss", rc == 0 && strstr(text, "final: loss nan auc 0.") && !strstr(text, "auc 0.5000"),
            "exit %d, output: ...%s", rc, TAIL(text));
     snprintf(flags, sizeof flags, "--data %s --steps 3 --batch 64 --eval-samples 2 --eval-every 1", tsv);
     snprintf(out, sizeof out, "%s/one_class.out", tmp);
     rc = run_dlrm(1, flags, out, text, sizeof text);
-    expect("dlrm_one_class_eval_is_auc_nan_and_trains_on", rc == 0 && strstr(text, "AUC is undefined") &&
+    dt_test_expect("dlrm_one_class_eval_is_auc_nan_and_trains_on", rc == 0 && strstr(text, "AUC is undefined") &&
            strstr(text, "step 3/3") && strstr(text, "final: loss ") && isnan(final_auc(text)) && !isnan(final_loss(text)),
            "exit %d, output: ...%s", rc, TAIL(text));
 }
@@ -396,26 +381,26 @@ static void bin_checks(const char *tsv) {
     snprintf(flags, sizeof flags, "--data %s --steps 1 --batch 64 --eval-samples 128 --rows 16384", tsv);
     snprintf(out, sizeof out, "%s/bin1.out", tmp);
     rc = run_dlrm(1, flags, out, text, sizeof text);
-    expect("dlrm_bin_converted_once", rc == 0 && strstr(text, "converted ") && bin_sizes(bin, sizes) && sizes[0] == 1460,
+    dt_test_expect("dlrm_bin_converted_once", rc == 0 && strstr(text, "converted ") && bin_sizes(bin, sizes) && sizes[0] == 1460,
            "exit %d, C1 %lld rows, output: ...%s", rc, sizes[0], TAIL(text));
     snprintf(out, sizeof out, "%s/bin2.out", tmp);
     rc = run_dlrm(2, flags, out, text, sizeof text);
-    expect("dlrm_bin_reused_when_unchanged", rc == 0 && !strstr(text, "converted ") && strstr(text, "final: loss"),
+    dt_test_expect("dlrm_bin_reused_when_unchanged", rc == 0 && !strstr(text, "converted ") && strstr(text, "final: loss"),
            "exit %d, output: ...%s", rc, TAIL(text));
     snprintf(flags, sizeof flags, "--data %s --steps 1 --batch 64 --eval-samples 128 --rows 100", tsv);
     snprintf(out, sizeof out, "%s/bin3.out", tmp);
     rc = run_dlrm(2, flags, out, text, sizeof text);
-    expect("dlrm_bin_reconverted_for_other_rows", rc == 0 && strstr(text, "re-converting") &&
+    dt_test_expect("dlrm_bin_reconverted_for_other_rows", rc == 0 && strstr(text, "re-converting") &&
            strstr(text, "1460 rows in C1, this run wants 100") && bin_sizes(bin, sizes) && sizes[0] == 100,
            "exit %d, C1 %lld rows, output: ...%s", rc, sizes[0], TAIL(text));
     snprintf(flags, sizeof flags, "--data %s --steps 1 --batch 64 --eval-samples 128 --rows 100 --skip-bad", tsv);
     snprintf(out, sizeof out, "%s/bin4.out", tmp);
     rc = run_dlrm(1, flags, out, text, sizeof text);
-    expect("dlrm_bin_reconverted_for_skip_bad", rc == 0 && strstr(text, "re-converting") && strstr(text, "skip_bad 1"),
+    dt_test_expect("dlrm_bin_reconverted_for_skip_bad", rc == 0 && strstr(text, "re-converting") && strstr(text, "skip_bad 1"),
            "exit %d, output: ...%s", rc, TAIL(text));
     if (!write_tsv(tsv, 764, 3)) { dt_test_fail("dlrm_tsv_written", "cannot write %s", tsv); return; }
     rc = run_dlrm(1, flags, out, text, sizeof text);
-    expect("dlrm_bin_reconverted_for_an_edited_tsv", rc == 0 && strstr(text, "re-converting") && strstr(text, "764 samples"),
+    dt_test_expect("dlrm_bin_reconverted_for_an_edited_tsv", rc == 0 && strstr(text, "re-converting") && strstr(text, "764 samples"),
            "exit %d, output: ...%s", rc, TAIL(text));
     snprintf(flags, sizeof flags, "--data %s --steps 1 --batch 64 --eval-samples 128 --table-sizes "
              "5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,3000", tsv);
@@ -423,17 +408,17 @@ static void bin_checks(const char *tsv) {
     rc = run_dlrm(2, flags, out, text, sizeof text);
     ok = rc == 0 && bin_sizes(bin, sizes);
     for (f = 0; f < 25 && ok; f++) ok = sizes[f] == 5 + f;
-    expect("dlrm_table_sizes_list_sets_each_table", ok && sizes[25] == 3000 && strstr(text, "final: loss"),
+    dt_test_expect("dlrm_table_sizes_list_sets_each_table", ok && sizes[25] == 3000 && strstr(text, "final: loss"),
            "exit %d, C1 %lld C25 %lld C26 %lld rows, output: ...%s", rc, sizes[0], sizes[24], sizes[25], TAIL(text));
     snprintf(flags, sizeof flags, "--data %s --steps 1 --batch 64 --eval-samples 128 --table-sizes 200000", tsv);
     rc = run_dlrm(1, flags, out, text, sizeof text);
     ok = rc == 0 && bin_sizes(bin, sizes);
     for (f = 0; f < 26 && ok; f++) ok = sizes[f] == 200000;
-    expect("dlrm_table_sizes_one_for_all_above_kaggles", ok, "exit %d, C1 %lld rows (Kaggle's 1460), output: ...%s",
+    dt_test_expect("dlrm_table_sizes_one_for_all_above_kaggles", ok, "exit %d, C1 %lld rows (Kaggle's 1460), output: ...%s",
            rc, sizes[0], TAIL(text));
     snprintf(flags, sizeof flags, "--data %s --steps 1 --batch 64 --eval-samples 128 --table-sizes 300", bin);
     rc = run_dlrm(1, flags, out, text, sizeof text);
-    expect("dlrm_table_sizes_against_a_bin_of_others_is_named", rc == 2 && strstr(text, "200000 rows in C1") &&
+    dt_test_expect("dlrm_table_sizes_against_a_bin_of_others_is_named", rc == 2 && strstr(text, "200000 rows in C1") &&
            strstr(text, "asks for 300"), "exit %d, output: ...%s", rc, TAIL(text));
     {
         static const char *bad[][2] = {{"5,6", "(2 sizes)"}, {"0", "a bad size 1"}, {"7,x", "a bad size 2"},
@@ -445,7 +430,7 @@ static void bin_checks(const char *tsv) {
             snprintf(flags, sizeof flags, "--steps 0 --table-sizes %s", bad[b][0]);
             rc = run_dlrm(1, flags, out, text, sizeof text);
             snprintf(name, sizeof name, "dlrm_table_sizes_bad_list_is_named ('%s')", bad[b][0]);
-            expect(name, rc == 2 && strstr(text, "--table-sizes wants 1 or 26 sizes") && strstr(text, bad[b][1]),
+            dt_test_expect(name, rc == 2 && strstr(text, "--table-sizes wants 1 or 26 sizes") && strstr(text, bad[b][1]),
                    "exit %d, output: ...%s", rc, TAIL(text));
         }
     }

@@ -22,17 +22,6 @@
 
 static const char *DLRM = "build/examples/dlrm";
 
-/* PASS name, or FAIL name with the details. */
-static DT_TEST__PRINTF(3, 4) int expect(const char *name, int ok, const char *fmt, ...) {
-    char why[1024];
-    va_list ap;
-    if (ok) return dt_test_pass(name);
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    return dt_test_fail(name, "%s", why);
-}
-
 /* Runs the command; 0 when it exited 0. Its output goes to `out` (a file). */
 static int run(const char *cmd, const char *out) {
     char full[4096];
@@ -54,11 +43,6 @@ static int losses(const char *path, double *out, int n) {
     return k;
 }
 
-static const char *mpirun(void) {
-    const char *m = getenv("DT_MPIRUN");
-    return m && *m ? m : "mpirun --oversubscribe";
-}
-
 /* --overlap 1 against --overlap 0 at np 2 and 4: every step's logged loss equal. */
 static void overlap_equal(const char *name, const char *flags) {
     double a[STEPS], b[STEPS];
@@ -70,7 +54,7 @@ static void overlap_equal(const char *name, const char *flags) {
             snprintf(log, sizeof log, "%s/%s_np%d_ov%d.jsonl", tmp, name, np, ov);
             snprintf(out, sizeof out, "%s/%s_np%d_ov%d.out", tmp, name, np, ov);
             snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=1 %s -np %d %s --steps %d --seed 5 --batch 256 --quiet "
-                     "--print-every 1 --eval-samples 256 --log %s --overlap %d %s", mpirun(), np, DLRM, STEPS, log, ov,
+                     "--print-every 1 --eval-samples 256 --log %s --overlap %d %s", dt_test_mpirun(), np, DLRM, STEPS, log, ov,
                      flags);
             snprintf(check, sizeof check, "%s_np%d_overlap%d_runs", name, np, ov);
             if (!DT_TEST_CHECK(check, run(cmd, out) == 0)) { fprintf(stderr, "  command: %s (output in %s)\n", cmd, out); return; }
@@ -78,7 +62,7 @@ static void overlap_equal(const char *name, const char *flags) {
         }
         snprintf(check, sizeof check, "%s_np%d_losses_bitwise_equal_without_overlap", name, np);
         for (s = 0; s < STEPS && n[0] == STEPS && n[1] == STEPS && a[s] == b[s]; s++) {}
-        expect(check, s == STEPS, "%d / %d loss lines; step %d: --overlap 1 loss %.9g, --overlap 0 %.9g", n[1], n[0],
+        dt_test_expect(check, s == STEPS, "%d / %d loss lines; step %d: --overlap 1 loss %.9g, --overlap 0 %.9g", n[1], n[0],
                s + 1, s < STEPS ? b[s] : 0, s < STEPS ? a[s] : 0);
     }
 }
@@ -95,6 +79,6 @@ int main(void) {
     overlap_equal("dlrm_overlap_mixed_plan_accum2", "--rows 100000 --row-wise-over 50000 --accum 2 --eval-every 3");
     snprintf(out, sizeof out, "%s/overlap_bad.out", dt_test_tmpdir());
     snprintf(cmd, sizeof cmd, "%s --steps 1 --overlap 2", DLRM);
-    expect("dlrm_overlap_2_is_refused", run(cmd, out) != 0, "--overlap 2 ran; see %s", out);
+    dt_test_expect("dlrm_overlap_2_is_refused", run(cmd, out) != 0, "--overlap 2 ran; see %s", out);
     return dt_test_finish();
 }

@@ -117,15 +117,6 @@ static void my_slice(int r, int w, int64_t *b0, int64_t *n) {
 /* dloss/dpooled for global sample b, column c (and for sequence rows, id occurrence, column). */
 static float dval(int s, int64_t b, int64_t c) { return dt_rng_normal(400 + s, (uint64_t)c, (uint64_t)b); }
 
-static dt_tensor T2(int64_t a, int64_t b) {
-    dt_tensor t;
-    dt_tensor_desc d;
-    memset(&d, 0, sizeof d);
-    d.shape[0] = a; d.shape[1] = b; d.ndim = 2;
-    if (dt_tensor_create(&C, &t, &d)) { fprintf(stderr, "T2: %s\n", dt_ctx_error(&C)); exit(2); }
-    return t;
-}
-
 /* Forward (and backward when train) on e with samples [b0, b0+n) of step s's global batch; the
    pooled output goes to out. Returns the status. */
 static dt_status step(dt_embed *e, dt_tensor *out, int s, int mode, int64_t b0, int64_t n, int train) {
@@ -137,7 +128,7 @@ static dt_status step(dt_embed *e, dt_tensor *out, int s, int mode, int64_t b0, 
     make_batch(&bt, &k, s, mode, b0, n);
     st = dt_embed_forward(e, out, &k);
     if (st || !train) return st;
-    dout = T2(n, D);
+    dout = dt_test_t2(&C, n, D);
     for (b = 0; b < n; b++)
         for (c = 0; c < D; c++) ((float *)dout.data)[b * D + c] = dval(s, b0 + b, c);
     for (f = 0; f < NF; f++) {
@@ -216,7 +207,7 @@ static int64_t diff_seq(dt_embed *e, dt_embed *ref, int s, int64_t b0, int64_t n
 
 static void check_lookups_and_training(dt_embed *e, dt_embed *ref, int64_t b0, int64_t n) {
     int64_t D = dt_embed_pooled_dim(e), bad = 0, bad_seq = 0;
-    dt_tensor out = T2(n, D), rout = T2(GB, D);
+    dt_tensor out = dt_test_t2(&C, n, D), rout = dt_test_t2(&C, GB, D);
     int s;
     /* lookups before any update */
     if (step(e, &out, 0, 0, b0, n, 0) || step(ref, &rout, 0, 0, 0, GB, 0))
@@ -249,7 +240,7 @@ static void check_out_of_range(dt_embed *e, int64_t b0, int64_t n) {
     static batch bt;
     dt_kjt k;
     int64_t D = dt_embed_pooled_dim(e);
-    dt_tensor out = T2(n, D);
+    dt_tensor out = dt_test_t2(&C, n, D);
     dt_status st;
     const char *want = "\"t00\"";
     int bad_rank = W - 1;
@@ -344,8 +335,8 @@ int main(void) {
             bad = diff_tables(x, ref);
             /* one more step on both: the optimizer state came back too */
             my_slice(dt_comm_rank(grp), g, &sb0, &sn);
-            out = T2(sn, D);
-            rout = T2(GB, D);
+            out = dt_test_t2(&C, sn, D);
+            rout = dt_test_t2(&C, GB, D);
             if (step(x, &out, 7, 0, sb0, sn, 1) || step(ref, &rout, 7, 0, 0, GB, 1))
                 dt_test_fail("embed_checkpoint_continue", "%s", dt_ctx_error(&C));
             bad += diff_tables(x, ref);

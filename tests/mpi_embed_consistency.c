@@ -20,15 +20,6 @@ static int R, W;
 #define GB 12  /* samples per step */
 #define MB 4   /* samples per micro-batch */
 
-static dt_tensor T2(int64_t a, int64_t b) {
-    dt_tensor t;
-    dt_tensor_desc d;
-    memset(&d, 0, sizeof d);
-    d.shape[0] = a; d.shape[1] = b; d.ndim = 2;
-    if (dt_tensor_create(&C, &t, &d)) exit(2);
-    return t;
-}
-
 static dt_embed *make(dt_comm *c, dt_embed_eviction ev, int admit, int shards) {
     dt_embed_table_desc t;
     dt_embed_desc d;
@@ -51,7 +42,7 @@ static float grad_of(int s, int64_t b, int c) { return dt_rng_normal(60 + (uint6
 /* Forward + backward of global samples [g0, g0 + n) of step s on e (this rank's part of them). */
 static dt_status fwd_bwd(dt_embed *e, dt_tensor *out, int s, int64_t g0, int64_t n) {
     int64_t len[GB], ids[GB], b;
-    dt_tensor dout = T2(n, 2);
+    dt_tensor dout = dt_test_t2(&C, n, 2);
     dt_kjt k;
     dt_status st;
     for (b = 0; b < n; b++) {
@@ -69,7 +60,7 @@ static dt_status fwd_bwd(dt_embed *e, dt_tensor *out, int s, int64_t g0, int64_t
 
 static void accumulation(dt_comm *world, dt_comm *self, dt_embed_eviction ev, int admit) {
     dt_embed *e = make(world, ev, admit, 4), *ref = make(self, ev, admit, 4);
-    dt_tensor rout = T2(GB, 2), a, b;
+    dt_tensor rout = dt_test_t2(&C, GB, 2), a, b;
     dt_embed_stats sa, sr;
     double cnt[3];
     int64_t bad_out = 0, r0, rr;
@@ -79,7 +70,7 @@ static void accumulation(dt_comm *world, dt_comm *self, dt_embed_eviction ev, in
         ok = !fwd_bwd(ref, &rout, s, 0, GB);
         for (m = 0; m < GB / MB && ok; m++) { /* micro-batch m: global samples [m MB, (m + 1) MB), sliced over ranks */
             int64_t b0 = (int64_t)MB * R / W, n = (int64_t)MB * (R + 1) / W - b0;
-            dt_tensor out = T2(n, 2);
+            dt_tensor out = dt_test_t2(&C, n, 2);
             ok = !dt_embed_set_sync(e, m == GB / MB - 1) && !fwd_bwd(e, &out, s, m * MB + b0, n);
             if (ok && n && memcmp(out.data, (float *)rout.data + 2 * (m * MB + b0), (size_t)n * 8) != 0) bad_out++;
             dt_tensor_free(&C, &out);
@@ -126,7 +117,7 @@ static dt_embed *make_big(dt_comm *c, int rows, int shards) { /* rows >= the 14 
 static int lookup_all(dt_embed *e, dt_comm *c, double all[28]) {
     int w = dt_comm_size(c), r = dt_comm_rank(c);
     int64_t b0 = 14 * (int64_t)r / w, n = 14 * (int64_t)(r + 1) / w - b0, len[14], ids[14], b;
-    dt_tensor out = T2(n, 2);
+    dt_tensor out = dt_test_t2(&C, n, 2);
     dt_kjt k;
     int bad;
     memset(all, 0, 28 * sizeof(double));
@@ -156,7 +147,7 @@ static void checkpoint_other_hash_shards(dt_comm *world) {
     cd.dir = dir;
     for (s = 0; s < 3; s++) {
         int64_t b0 = (int64_t)GB * R / W, n = (int64_t)GB * (R + 1) / W - b0;
-        dt_tensor out = T2(n, 2);
+        dt_tensor out = dt_test_t2(&C, n, 2);
         if (fwd_bwd(e, &out, s, b0, n)) dt_test_fail("embed_dynamic_checkpoint_train_runs", "%s", dt_ctx_error(&C));
         dt_tensor_free(&C, &out);
     }
@@ -185,13 +176,13 @@ static void checkpoint_other_hash_shards(dt_comm *world) {
                 }
                 if (step < 2) {
                     int64_t b0 = (int64_t)GB * R / W, n = (int64_t)GB * (R + 1) / W - b0;
-                    dt_tensor out = T2(n, 2);
+                    dt_tensor out = dt_test_t2(&C, n, 2);
                     if (fwd_bwd(ref, &out, 5 + step, b0, n)) bad += 100;
                     dt_tensor_free(&C, &out);
                     if (x) {
                         int w2 = dt_comm_size(c), r2 = dt_comm_rank(c);
                         int64_t c0 = (int64_t)GB * r2 / w2, cn = (int64_t)GB * (r2 + 1) / w2 - c0;
-                        out = T2(cn, 2);
+                        out = dt_test_t2(&C, cn, 2);
                         if (fwd_bwd(x, &out, 5 + step, c0, cn)) bad += 100;
                         dt_tensor_free(&C, &out);
                     }

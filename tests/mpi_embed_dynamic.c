@@ -75,15 +75,6 @@ static void slice(int r, int w, int64_t *b0, int64_t *n) {
     *n = (GB * (int64_t)(r + 1)) / w - *b0;
 }
 
-static dt_tensor T2(int64_t a, int64_t b) {
-    dt_tensor t;
-    dt_tensor_desc d;
-    memset(&d, 0, sizeof d);
-    d.shape[0] = a; d.shape[1] = b; d.ndim = 2;
-    if (dt_tensor_create(&C, &t, &d)) exit(2);
-    return t;
-}
-
 /* Forward + backward of step s. ahead: step s was begun already; its end is followed by the
    begin of step s + 1 before this backward (the overlapped order). */
 static dt_status step(dt_embed *e, dt_tensor *out, int s, int64_t b0, int64_t n, int ahead) {
@@ -99,7 +90,7 @@ static dt_status step(dt_embed *e, dt_tensor *out, int s, int64_t b0, int64_t n,
         batch(&k, s, b0, n);
         if ((st = dt_embed_forward(e, out, &k))) return st;
     }
-    dout = T2(n, 8);
+    dout = dt_test_t2(&C, n, 8);
     for (b = 0; b < n; b++)
         for (c = 0; c < 8; c++) ((float *)dout.data)[b * 8 + c] = dt_rng_normal(30 + s, (uint64_t)c, (uint64_t)(b0 + b));
     dt_embed_sequence_grad(e, &g, 1);
@@ -126,7 +117,7 @@ static int64_t diff_slots(dt_embed *e, dt_embed *ref) {
 
 static void run(dt_embed *e, dt_embed *ref, int s0, int s1, int64_t b0, int64_t n, int64_t *bad_out, int64_t *bad_seq,
                 double cnt[6]) {
-    dt_tensor out = T2(n, 8), rout = T2(GB, 8);
+    dt_tensor out = dt_test_t2(&C, n, 8), rout = dt_test_t2(&C, GB, 8);
     int s;
     for (s = s0; s < s1; s++) {
         dt_embed_stats a, r;
@@ -159,7 +150,7 @@ static void run(dt_embed *e, dt_embed *ref, int s0, int s1, int64_t b0, int64_t 
    at the end, after the previous update. A second begin without its end is DT_ERR_STATE. */
 static void ahead_equals_plain(dt_comm *world, dt_comm *self, int64_t b0, int64_t n) {
     dt_embed *e = make(world), *ref = make(self);
-    dt_tensor out = T2(n, 8), rout = T2(GB, 8);
+    dt_tensor out = dt_test_t2(&C, n, 8), rout = dt_test_t2(&C, GB, 8);
     dt_kjt k;
     dt_status st2;
     int s;
@@ -277,7 +268,7 @@ static int run_seq(dt_embed *e, dt_comm *c, int s0, int s1, const char *where) {
         int64_t L = SEQ[s][0], b0 = L * r / w, n = L * (r + 1) / w - b0, len[4] = {1, 1, 1, 1}, b;
         double v[3];
         dt_kjt k;
-        dt_tensor out = T2(n, 1);
+        dt_tensor out = dt_test_t2(&C, n, 1);
         dt_embed_stats st;
         memset(&k, 0, sizeof k);
         k.n_features = 1; k.batch = n; k.lengths = len; k.ids = &SEQ[s][1 + b0];

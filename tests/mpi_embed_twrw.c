@@ -85,15 +85,6 @@ static void slice(int r, int w, int64_t *b0, int64_t *n) {
     *n = (GB * (int64_t)(r + 1)) / w - *b0;
 }
 
-static dt_tensor T2(int64_t a, int64_t b) {
-    dt_tensor t;
-    dt_tensor_desc d;
-    memset(&d, 0, sizeof d);
-    d.shape[0] = a; d.shape[1] = b; d.ndim = 2;
-    if (dt_tensor_create(&C, &t, &d)) exit(2);
-    return t;
-}
-
 static float dval(int s, int64_t b, int64_t c) { return dt_rng_normal(60 + s, (uint64_t)c, (uint64_t)b); }
 
 /* Forward (and backward when train) of samples [b0, b0 + n) of step s. */
@@ -105,7 +96,7 @@ static dt_status step(dt_embed *e, dt_tensor *out, int s, int64_t b0, int64_t n,
     batch(&k, s, b0, n);
     st = dt_embed_forward(e, out, &k);
     if (st || !train) return st;
-    dout = T2(n, D);
+    dout = dt_test_t2(&C, n, D);
     for (b = 0; b < n; b++)
         for (c = 0; c < D; c++) ((float *)dout.data)[b * D + c] = dval(s, b0 + b, c);
     dt_embed_sequence_grad(e, &g, 2);
@@ -278,8 +269,8 @@ int main(void) {
     ref = make(self, 0, 1);
     check_placement(e);
     D = dt_embed_pooled_dim(e);
-    out = T2(n, D);
-    rout = T2(GB, D);
+    out = dt_test_t2(&C, n, D);
+    rout = dt_test_t2(&C, GB, D);
     if (step(e, &out, 0, b0, n, 0) || step(ref, &rout, 0, 0, GB, 0)) dt_test_fail("twrw_lookup_runs", "%s", dt_ctx_error(&C));
     bad = diff_out(&out, &rout, b0, n, D);
     bad_seq = diff_seq(e, ref, 0, b0);
@@ -317,8 +308,8 @@ int main(void) {
             if (dt_embed_checkpoint_load(x, NULL, &cd)) dt_test_fail("twrw_checkpoint_load", "%s", dt_ctx_error(&C));
             nbad = diff_tables(x, ref);
             slice(dt_comm_rank(grp), g, &sb0, &sn);
-            o2 = T2(sn, D);
-            r2 = T2(GB, D);
+            o2 = dt_test_t2(&C, sn, D);
+            r2 = dt_test_t2(&C, GB, D);
             if (step(x, &o2, 7, sb0, sn, 1) || step(ref, &r2, 7, 0, GB, 1))
                 dt_test_fail("twrw_checkpoint_continue", "%s", dt_ctx_error(&C));
             nbad += diff_tables(x, ref);

@@ -60,16 +60,16 @@ static void equal_to_np1(int dp, int tp, const char *extra, int check_weights) {
     snprintf(dir, sizeof dir, "%s/ckpt_%s", tmp, tag);
     snprintf(flags, sizeof flags, "%s --steps 5 --tp %d %s --ckpt %s", TINY, tp, extra, dir);
     snprintf(name, sizeof name, "gpt_%s_runs", tag);
-    if (!expect(name, run(dp * tp, flags, out) == 0, "np %d: gpt %s failed (output in %s)", dp * tp, flags, out)) return;
+    if (!dt_test_expect(name, run(dp * tp, flags, out) == 0, "np %d: gpt %s failed (output in %s)", dp * tp, flags, out)) return;
     got = final_loss(out, NULL, 0);
     rel = fabs(got - ref_loss) / fabs(ref_loss);
     snprintf(name, sizeof name, "gpt_%s_final_loss_equals_np1", tag);
-    expect(name, rel <= TOL, "final loss %.9g, np 1 %.9g (relative %.3g > %g)", got, ref_loss, rel, TOL);
+    dt_test_expect(name, rel <= TOL, "final loss %.9g, np 1 %.9g (relative %.3g > %g)", got, ref_loss, rel, TOL);
     if (!check_weights) return;
     snprintf(name, sizeof name, "gpt_%s_weights_equal_np1", tag);
-    if (!expect(name, load_weights(&w, dir, SHAPE), "checkpoint %s does not load", dir)) return;
+    if (!dt_test_expect(name, load_weights(&w, dir, SHAPE), "checkpoint %s does not load", dir)) return;
     rel = weights_diff(&w, &ref_w, &which);
-    expect(name, rel <= TOL, "tensor %s differs from np 1's by %.3g of its norm (> %g)", which, rel, TOL);
+    dt_test_expect(name, rel <= TOL, "tensor %s differs from np 1's by %.3g of its norm (> %g)", which, rel, TOL);
     dt_params_free(&g_ctx, &w);
 }
 
@@ -98,24 +98,24 @@ static void resume_checks(void) {
         snprintf(out, sizeof out, "%s/resume_first_%s.out", tmp, names[np]);
         snprintf(flags, sizeof flags, "%s --steps 5 --stop-at 3 --tp 2 --ckpt %s", TINY, dir2);
         snprintf(name, sizeof name, "gpt_resume_%s_first_part_stops_at_3", names[np]);
-        if (!expect(name, run(2, flags, out) == 0, "output in %s", out)) continue;
+        if (!dt_test_expect(name, run(2, flags, out) == 0, "output in %s", out)) continue;
         snprintf(out, sizeof out, "%s/resume_second_%s.out", tmp, names[np]);
         snprintf(flags, sizeof flags, "%s --steps 5 --resume %s --ckpt %s", TINY, how[np], dir2);
         snprintf(name, sizeof name, "gpt_resume_saved_tp2_np2_resumed_%s_runs", names[np]);
-        if (!expect(name, run(nps[np], flags, out) == 0, "output in %s", out)) continue;
+        if (!dt_test_expect(name, run(nps[np], flags, out) == 0, "output in %s", out)) continue;
         got = final_loss(out, text, sizeof text);
         if (np == 0) {
             snprintf(name, sizeof name, "gpt_resume_same_layout_bitwise_loss");
-            expect(name, !strcmp(text, text_ref) && text[0], "resumed final loss '%s', straight '%s'", text, text_ref);
+            dt_test_expect(name, !strcmp(text, text_ref) && text[0], "resumed final loss '%s', straight '%s'", text, text_ref);
         } else {
             rel = fabs(got - straight) / fabs(straight);
             snprintf(name, sizeof name, "gpt_resume_saved_tp2_np2_resumed_%s_loss", names[np]);
-            expect(name, rel <= TOL, "final loss %.9g, straight run %.9g (relative %.3g)", got, straight, rel);
+            dt_test_expect(name, rel <= TOL, "final loss %.9g, straight run %.9g (relative %.3g)", got, straight, rel);
         }
         if (!load_weights(&w, dir2, SHAPE)) continue;
         rel = weights_diff(&w, &w_straight, &which);
         snprintf(name, sizeof name, "gpt_resume_saved_tp2_np2_resumed_%s_weights%s", names[np], np == 0 ? "_bitwise" : "");
-        expect(name, np == 0 ? rel == 0 : rel <= TOL, "tensor %s differs from the straight run's by %.3g", which, rel);
+        dt_test_expect(name, np == 0 ? rel == 0 : rel <= TOL, "tensor %s differs from the straight run's by %.3g", which, rel);
         dt_params_free(&g_ctx, &w);
     }
     dt_params_free(&g_ctx, &w_straight);
@@ -129,7 +129,7 @@ static void named_error(const char *name, int np, const char *flags, const char 
     snprintf(out, sizeof out, "%s/%s.out", dt_test_tmpdir(), name);
     snprintf(full, sizeof full, "%s --steps 1 %s", TINY, flags);
     st = run(np, full, out);
-    expect(name, st != 0 && file_has(out, needle), "np %d gpt %s: exit status %d, expected non-zero and a message "
+    dt_test_expect(name, st != 0 && file_has(out, needle), "np %d gpt %s: exit status %d, expected non-zero and a message "
            "containing '%s' (output in %s)", np, full, st, needle, out);
 }
 
@@ -177,10 +177,10 @@ static void trace_check(void) {
     snprintf(path, sizeof path, "%s/trace.json", dt_test_tmpdir());
     snprintf(out, sizeof out, "%s/trace.out", dt_test_tmpdir());
     snprintf(flags, sizeof flags, "%s --steps 5 --tp 2 --zero 3 --trace %s", TINY, path);
-    if (!expect("gpt_trace_run", run(2, flags, out) == 0, "output in %s", out)) return;
-    expect("gpt_trace_does_not_change_the_loss", fabs(final_loss(out, NULL, 0) - ref_loss) <= TOL * fabs(ref_loss),
+    if (!dt_test_expect("gpt_trace_run", run(2, flags, out) == 0, "output in %s", out)) return;
+    dt_test_expect("gpt_trace_does_not_change_the_loss", fabs(final_loss(out, NULL, 0) - ref_loss) <= TOL * fabs(ref_loss),
            "final loss %.9g, np 1 %.9g", final_loss(out, NULL, 0), ref_loss);
-    if (!expect("gpt_trace_file_written", (fp = fopen(path, "r")) != NULL, "no %s", path)) return;
+    if (!dt_test_expect("gpt_trace_file_written", (fp = fopen(path, "r")) != NULL, "no %s", path)) return;
     while (fgets(line, sizeof line, fp)) {
         if (strstr(line, "\"pid\":0,")) ranks[0]++;
         if (strstr(line, "\"pid\":1,")) ranks[1]++;
@@ -189,7 +189,7 @@ static void trace_check(void) {
     }
     fclose(fp);
     /* 5 steps x 2 blocks x (2 layernorms + ...) per rank: dozens of each */
-    expect("gpt_trace_holds_both_ranks_compute_and_collectives", ranks[0] > 20 && ranks[1] > 20 && compute >= 2 * 5 * 5
+    dt_test_expect("gpt_trace_holds_both_ranks_compute_and_collectives", ranks[0] > 20 && ranks[1] > 20 && compute >= 2 * 5 * 5
            && comm > 20, "events of rank 0: %d, rank 1: %d; layernorm fwd spans %d (expected >= 50); collectives %d",
            ranks[0], ranks[1], compute, comm);
 }
@@ -213,7 +213,7 @@ static void torch_peer(void) {
         fclose(fp);
     }
     if (verdict == 2) { dt_test_skip("gpt_torch_peer_same_loss_and_update", "PyTorch not importable by /usr/bin/python3"); return; }
-    expect("gpt_torch_peer_same_loss_and_update", st == 0 && same == 2 && different == 0,
+    dt_test_expect("gpt_torch_peer_same_loss_and_update", st == 0 && same == 2 && different == 0,
            "bench/gpt.py --check: exit %d, %d 'same' and %d 'DIFFERENT' lines, expected 2 and 0 (output in %s)", st,
            same, different, out);
 }
@@ -235,7 +235,7 @@ int main(void) {
     snprintf(flags, sizeof flags, "%s --steps 5 --ckpt %s", TINY, dir);
     if (!DT_TEST_CHECK("gpt_np1_reference_runs", run(1, flags, out) == 0)) return dt_test_finish();
     ref_loss = final_loss(out, NULL, 0);
-    if (!expect("gpt_np1_prints_final_loss", ref_loss == ref_loss && ref_loss > 0, "no 'final: loss' line in %s", out)
+    if (!dt_test_expect("gpt_np1_prints_final_loss", ref_loss == ref_loss && ref_loss > 0, "no 'final: loss' line in %s", out)
         || !DT_TEST_CHECK("gpt_np1_checkpoint_loads", load_weights(&ref_w, dir, SHAPE)))
         return dt_test_finish();
     printf("  np 1 final loss %.9g\n", ref_loss);

@@ -57,11 +57,11 @@ static int reference(ref *r, const char *tag, const char *extra, int layers) {
     snprintf(dir, sizeof dir, "%s/ckpt_%s", dt_test_tmpdir(), tag);
     snprintf(flags, sizeof flags, "%s%s --ckpt %s", BASE, extra, dir);
     snprintf(name, sizeof name, "gpt_pp_%s_runs", tag);
-    if (!expect(name, run(1, flags, out) == 0, "np 1: gpt %s failed (output in %s)", flags, out)) return 0;
+    if (!dt_test_expect(name, run(1, flags, out) == 0, "np 1: gpt %s failed (output in %s)", flags, out)) return 0;
     r->loss = final_loss(out, NULL, 0);
     r->layers = layers;
     snprintf(name, sizeof name, "gpt_pp_%s_checkpoint_loads", tag);
-    if (!expect(name, r->loss == r->loss && load_weights(&r->w, dir, shape_of(layers)), "loss %g, checkpoint %s", r->loss, dir))
+    if (!dt_test_expect(name, r->loss == r->loss && load_weights(&r->w, dir, shape_of(layers)), "loss %g, checkpoint %s", r->loss, dir))
         return 0;
     printf("  %s: np 1 final loss %.9g\n", tag, r->loss);
     return 1;
@@ -76,16 +76,16 @@ static void equal_to_np1(const ref *r, const char *tag, int np, const char *extr
     snprintf(dir, sizeof dir, "%s/ckpt_%s", dt_test_tmpdir(), tag);
     snprintf(flags, sizeof flags, "%s%s --ckpt %s", BASE, extra, dir);
     snprintf(name, sizeof name, "gpt_%s_runs", tag);
-    if (!expect(name, run(np, flags, out) == 0, "np %d: gpt %s failed (output in %s)", np, flags, out)) return;
+    if (!dt_test_expect(name, run(np, flags, out) == 0, "np %d: gpt %s failed (output in %s)", np, flags, out)) return;
     got = final_loss(out, NULL, 0);
     rel = fabs(got - r->loss) / fabs(r->loss);
     snprintf(name, sizeof name, "gpt_%s_final_loss_equals_np1", tag);
-    expect(name, rel <= TOL, "final loss %.9g, np 1 %.9g (relative %.3g > %g)", got, r->loss, rel, TOL);
+    dt_test_expect(name, rel <= TOL, "final loss %.9g, np 1 %.9g (relative %.3g > %g)", got, r->loss, rel, TOL);
     snprintf(name, sizeof name, "gpt_%s_checkpoint_loads", tag);
-    if (!expect(name, load_weights(&w, dir, shape_of(r->layers)), "checkpoint %s does not load", dir)) return;
+    if (!dt_test_expect(name, load_weights(&w, dir, shape_of(r->layers)), "checkpoint %s does not load", dir)) return;
     snprintf(name, sizeof name, "gpt_%s_weights_equal_np1", tag);
     rel = weights_diff(&w, &r->w, &which);
-    expect(name, rel <= WTOL, "tensor %s differs from np 1's by %.3g of its norm (> %g)", which, rel, WTOL);
+    dt_test_expect(name, rel <= WTOL, "tensor %s differs from np 1's by %.3g of its norm (> %g)", which, rel, WTOL);
     dt_params_free(&g_ctx, &w);
 }
 
@@ -98,17 +98,17 @@ static void resume_across_pp(const ref *r) {
     snprintf(dir, sizeof dir, "%s/ckpt_resume_pp2", dt_test_tmpdir());
     snprintf(out, sizeof out, "%s/resume_pp2_first.out", dt_test_tmpdir());
     snprintf(flags, sizeof flags, "%s --pp 2 --schedule 1f1b --stop-at 3 --ckpt %s", BASE, dir);
-    if (!expect("gpt_pp2_stops_at_3_with_a_checkpoint", run(2, flags, out) == 0, "output in %s", out)) return;
+    if (!dt_test_expect("gpt_pp2_stops_at_3_with_a_checkpoint", run(2, flags, out) == 0, "output in %s", out)) return;
     snprintf(out, sizeof out, "%s/resume_pp1_second.out", dt_test_tmpdir());
     snprintf(flags, sizeof flags, "%s --resume --ckpt %s", BASE, dir);
-    if (!expect("gpt_pp2_checkpoint_resumes_at_pp1", run(1, flags, out) == 0, "output in %s", out)) return;
+    if (!dt_test_expect("gpt_pp2_checkpoint_resumes_at_pp1", run(1, flags, out) == 0, "output in %s", out)) return;
     got = final_loss(out, NULL, 0);
     rel = fabs(got - r->loss) / fabs(r->loss);
-    expect("gpt_saved_pp2_resumed_pp1_loss_equals_straight_run", rel <= TOL, "final loss %.9g, straight %.9g "
+    dt_test_expect("gpt_saved_pp2_resumed_pp1_loss_equals_straight_run", rel <= TOL, "final loss %.9g, straight %.9g "
            "(relative %.3g)", got, r->loss, rel);
-    if (!expect("gpt_saved_pp2_resumed_pp1_weights_load", load_weights(&w, dir, shape_of(r->layers)), "%s", dir)) return;
+    if (!dt_test_expect("gpt_saved_pp2_resumed_pp1_weights_load", load_weights(&w, dir, shape_of(r->layers)), "%s", dir)) return;
     rel = weights_diff(&w, &r->w, &which);
-    expect("gpt_saved_pp2_resumed_pp1_weights_equal_straight_run", rel <= TOL, "tensor %s differs by %.3g of its "
+    dt_test_expect("gpt_saved_pp2_resumed_pp1_weights_equal_straight_run", rel <= TOL, "tensor %s differs by %.3g of its "
            "norm", which, rel);
     dt_params_free(&g_ctx, &w);
 }
@@ -119,7 +119,7 @@ static void named_error(const char *name, int np, const char *flags, const char 
     snprintf(out, sizeof out, "%s/%s.out", dt_test_tmpdir(), name);
     snprintf(full, sizeof full, "--steps 1 --quiet %s", flags);
     st = run(np, full, out);
-    expect(name, st != 0 && file_has(out, needle), "np %d gpt %s: exit status %d, expected non-zero and a message "
+    dt_test_expect(name, st != 0 && file_has(out, needle), "np %d gpt %s: exit status %d, expected non-zero and a message "
            "containing '%s' (output in %s)", np, full, st, needle, out);
 }
 
@@ -136,7 +136,7 @@ static void bad_input(void) {
     named_error("gpt_pp_unknown_schedule_named", 1, "--schedule pipedream", "--schedule is gpipe, 1f1b, interleaved or zb");
     named_error("gpt_pp_not_dividing_world_named", 2, "--pp 4", "--tp 1 x --pp 4 does not divide the world size 2");
     snprintf(out, sizeof out, "%s/uneven.out", dt_test_tmpdir());
-    expect("gpt_pp_uneven_split_reported", run(2, "--steps 1 --layers 3 --pp 2", out) == 0 &&
+    dt_test_expect("gpt_pp_uneven_split_reported", run(2, "--steps 1 --layers 3 --pp 2", out) == 0 &&
            file_has(out, "blocks per virtual stage: 2 1 (uneven)"), "output in %s", out);
     { /* without mpirun: --help exits before MPI_Finalize, which mpirun reports as a failure */
         char cmd[1024];
@@ -144,7 +144,7 @@ static void bad_input(void) {
         snprintf(cmd, sizeof cmd, "%s --help > %s 2>&1 < /dev/null", GPT, out);
         st = system(cmd);
     }
-    expect("gpt_help_lists_pp_schedule_micro", st == 0 && file_has(out, "--pp N") &&
+    dt_test_expect("gpt_help_lists_pp_schedule_micro", st == 0 && file_has(out, "--pp N") &&
            file_has(out, "--schedule S") && file_has(out, "gpipe, 1f1b, interleaved") && file_has(out, "--micro N"),
            "--help output in %s", out);
 }

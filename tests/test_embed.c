@@ -31,15 +31,6 @@ static dt_embed *one_table(dt_embed_optim kind, dt_embed_pooling pool, int weigh
     return e;
 }
 
-static dt_tensor T2(int64_t a, int64_t b) {
-    dt_tensor t;
-    dt_tensor_desc d;
-    memset(&d, 0, sizeof d);
-    d.shape[0] = a; d.shape[1] = b; d.ndim = 2;
-    if (dt_tensor_create(&C, &t, &d)) exit(2);
-    return t;
-}
-
 /* Two samples: bag 0 = {1, 3, 1} (a duplicate), bag 1 = {3}; rows 0, 2, 4 untouched. */
 static const int64_t LEN[2] = {3, 1};
 static const int64_t IDS[4] = {1, 3, 1, 3};
@@ -55,7 +46,7 @@ static void test_optimizers(void) {
     int o;
     for (o = 0; o < 4; o++) {
         dt_embed *e = one_table((dt_embed_optim)(DT_EMBED_SGD + o), DT_POOL_SUM, 0, 5, 3);
-        dt_tensor w, out = T2(2, 3), dout = T2(2, 3);
+        dt_tensor w, out = dt_test_t2(&C, 2, 3), dout = dt_test_t2(&C, 2, 3);
         double ref[5][3], s[5][3], m[5][3], v[5][3], rs[5], worst = 0;
         float before[5][3];
         int r, c, step, lazy_ok = 1;
@@ -131,7 +122,7 @@ static void test_accumulation(void) {
     for (o = 0; o < 4; o++) {
         dt_embed *one = one_table((dt_embed_optim)(DT_EMBED_SGD + o), DT_POOL_MEAN, 1, 5, 3);
         dt_embed *acc = one_table((dt_embed_optim)(DT_EMBED_SGD + o), DT_POOL_MEAN, 1, 5, 3);
-        dt_tensor w1, w2, out4 = T2(4, 3), dout4 = T2(4, 3), out2 = T2(2, 3), dout2 = T2(2, 3);
+        dt_tensor w1, w2, out4 = dt_test_t2(&C, 4, 3), dout4 = dt_test_t2(&C, 4, 3), out2 = dt_test_t2(&C, 2, 3), dout2 = dt_test_t2(&C, 2, 3);
         dt_kjt k;
         char name[96];
         int ok = 1;
@@ -172,7 +163,7 @@ static void test_pooling(void) {
     for (p = 0; p < 2; p++)
         for (wgt = 0; wgt < 2; wgt++) {
             dt_embed *e = one_table(DT_EMBED_SGD, p ? DT_POOL_MEAN : DT_POOL_SUM, wgt, 5, 3);
-            dt_tensor w, out = T2(2, 3);
+            dt_tensor w, out = dt_test_t2(&C, 2, 3);
             dt_kjt k;
             double worst = 0;
             int b, c, j, o = 0;
@@ -203,7 +194,7 @@ static void test_errors(void) {
     dt_embed *e = NULL;
     dt_status st;
     dt_kjt k;
-    dt_tensor out = T2(2, 3);
+    dt_tensor out = dt_test_t2(&C, 2, 3);
     int64_t bad_len[2] = {1, -2}, big_id[4] = {1, 7, 1, 3};
     memset(&t, 0, sizeof t);
     memset(&d, 0, sizeof d);
@@ -250,7 +241,7 @@ static void test_hash_and_empty(void) {
     dt_embed_desc d;
     dt_embed *e = NULL;
     dt_kjt k;
-    dt_tensor out = T2(3, 2), w, empty = T2(0, 2);
+    dt_tensor out = dt_test_t2(&C, 3, 2), w, empty = dt_test_t2(&C, 0, 2);
     int64_t len[3] = {1, 0, 1}, ids[2] = {-5, (int64_t)1 << 60};
     int64_t r0 = (int64_t)(dt_embed_hash_id(-5) % 7), r1 = (int64_t)(dt_embed_hash_id((int64_t)1 << 60) % 7);
     memset(&t, 0, sizeof t);
@@ -300,7 +291,7 @@ static void test_planner(void) {
 /* Only the touched rows are exported, with their current values; numpy reads the file. */
 static void test_export(void) {
     dt_embed *e = one_table(DT_EMBED_ADAGRAD, DT_POOL_SUM, 0, 5, 3);
-    dt_tensor out = T2(2, 3), w, ids, vals;
+    dt_tensor out = dt_test_t2(&C, 2, 3), w, ids, vals;
     dt_kjt k;
     dt_st_file f;
     char prefix[1024], path[1100], cmd[1400], line[512] = "";
@@ -371,7 +362,7 @@ static void test_dynamic(void) {
     int64_t slot_id[3], stamp[3], seen_id[64], seen_n[64], n_seen = 0, used = 0, clock = 0;
     int64_t adm = 0, ev = 0, rej = 0, len[4] = {1, 1, 1, 1};
     int s, j, bad = 0, i;
-    dt_tensor out = T2(4, 2);
+    dt_tensor out = dt_test_t2(&C, 4, 2);
     memset(&t, 0, sizeof t);
     memset(&d, 0, sizeof d);
     t.name = "dyn"; t.rows = 3; t.dim = 2; t.dynamic = 1; t.admit_after = 2; t.hash_shards = 1;
@@ -415,7 +406,7 @@ static void test_dynamic(void) {
                 in.kind = DT_INIT_UNIFORM; in.low = -sqrt(1.0 / 3); in.high = sqrt(1.0 / 3); in.seed = 9;
                 snprintf(name, sizeof name, "dyn#%lld", (long long)id);
                 in.name = name;
-                v = T2(1, 2);
+                v = dt_test_t2(&C, 1, 2);
                 dt_tensor_init(&C, &v, &in);
                 want[0] = ((float *)v.data)[0]; want[1] = ((float *)v.data)[1];
                 dt_tensor_free(&C, &v);

@@ -13,15 +13,6 @@
 
 static dt_ctx C;
 
-static dt_tensor T2(int64_t a, int64_t b) {
-    dt_tensor t;
-    dt_tensor_desc d;
-    memset(&d, 0, sizeof d);
-    d.shape[0] = a; d.shape[1] = b; d.ndim = 2;
-    if (dt_tensor_create(&C, &t, &d)) exit(2);
-    return t;
-}
-
 static dt_embed *dyn_table(int64_t rows, int shards, int admit, dt_embed_eviction ev, dt_embed_optim kind) {
     dt_embed_table_desc t;
     dt_embed_desc d;
@@ -38,7 +29,7 @@ static dt_embed *dyn_table(int64_t rows, int shards, int admit, dt_embed_evictio
 static void lookup1(dt_embed *e, int64_t id, float v[2]) {
     int64_t len[1] = {1};
     dt_kjt k;
-    dt_tensor o = T2(1, 2);
+    dt_tensor o = dt_test_t2(&C, 1, 2);
     memset(&k, 0, sizeof k);
     k.n_features = 1; k.batch = 1; k.lengths = len; k.ids = &id;
     if (dt_embed_forward(e, &o, &k)) fprintf(stderr, "lookup1: %s\n", dt_ctx_error(&C));
@@ -54,7 +45,7 @@ static void accumulation_keeps_pending_slots(void) {
     int64_t X = 42, Y = -1, x, len[1] = {1};
     uint64_t sh = dt_embed_hash_id(42) % 16;
     dt_embed *e = dyn_table(16, 16, 1, DT_EVICT_LRU, DT_EMBED_SGD), *fresh = dyn_table(16, 16, 1, DT_EVICT_LRU, DT_EMBED_SGD);
-    dt_tensor o = T2(1, 2);
+    dt_tensor o = dt_test_t2(&C, 1, 2);
     dt_kjt k;
     dt_embed_stats st;
     float y0[2], y1[2];
@@ -99,7 +90,7 @@ static void accumulation_equals_one_batch(void) {
         dt_embed_optim kind = (v & 4) ? DT_EMBED_ADAGRAD : DT_EMBED_SGD;
         dt_embed *one = dyn_table(6, 2, admit, ev, kind), *acc = dyn_table(6, 2, admit, ev, kind);
         int64_t len[12], ids[12], bad_out = 0, s, b, m;
-        dt_tensor o12 = T2(12, 2), d12 = T2(12, 2), o4 = T2(4, 2), d4 = T2(4, 2), w1, w2;
+        dt_tensor o12 = dt_test_t2(&C, 12, 2), d12 = dt_test_t2(&C, 12, 2), o4 = dt_test_t2(&C, 4, 2), d4 = dt_test_t2(&C, 4, 2), w1, w2;
         dt_embed_stats a, r;
         char name[128];
         int ok = 1;
@@ -168,7 +159,7 @@ static void f16_table(void) {
         dt_embed_table_desc t;
         dt_embed_desc d;
         dt_embed *e = NULL;
-        dt_tensor sh, out = T2(2, 3);
+        dt_tensor sh, out = dt_test_t2(&C, 2, 3);
         const uint16_t *h;
         float w0[18], ref[6];
         int64_t len[2] = {2, 1}, ids[3] = {1, 4, 1};
