@@ -5,7 +5,8 @@
    run:   build/examples/dlrm --steps 300 --batch 512                   (built by ./build.sh)
           mpirun -np 4 build/examples/dlrm --steps 300 --batch 512       (same losses)
    flags: --steps N --batch B (global) --seed S --data synthetic|FILE.tsv|FILE.bin --arch dlrm|dcn
-          --dim D --bottom 64,32 --top 64,32 --cross L --opt sgd|adagrad --lr LR --emb-lr LR
+          --dim D --bottom 64,32 --top 64,32 --cross L --cross-rank R (0: full rank W [w, w]; R: the
+          low-rank W [w, R] V [R, w] of MLPerf's DLRM-DCNv2 reference) --opt sgd|adagrad --lr LR --emb-lr LR
           --accum N --eval-every N --eval-samples N --print-every N --log FILE.jsonl
           --ckpt DIR --ckpt-every N --resume --rows N (cap on table rows, 16384) --skip-bad
           --table-sizes N|n1,...,n26 (the tables' rows, one for all or one per feature; default
@@ -32,7 +33,9 @@
        sparse ids (26 features) -> dt_embed_forward: all-to-all to the owners, gather + pool,
                                    all-to-all back -> e [B_r, 26 D]
        DLRM: dot interaction of z and the 26 vectors -> [B_r, D + 27*26/2]
-       DCNv2: x0 = [z, e]; x_{l+1} = x0 * (W_l x_l + b_l) + x_l, L times
+       DCNv2: x0 = [z, e]; x_{l+1} = x0 * (W_l x_l + b_l) + x_l, L times (--cross-rank R:
+              W_l = U_l V_l, U_l [w, R] named cross.l.w and V_l [R, w] cross.l.v, as TorchRec's
+              LowRankCrossNet in MLPerf's DLRM-DCNv2)
        -> top MLP -> logit [B_r, 1] -> BCE; the loss is the sum over the rank's samples / B, so
        the ranks' summed gradients are exactly the global batch's mean gradient.
    backward: top -> interaction -> bottom, each layer's grads handed to the bucketer as they
@@ -89,7 +92,7 @@ typedef struct opts {
     const char *table_sizes;       /* the --table-sizes text, NULL when not given */
     uint64_t seed;
     const char *data, *arch, *opt, *log, *ckpt, *shard, *device, *dump;
-    int dim, cross, accum, eval_every, print_every, ckpt_every, resume, skip_bad, quiet, overlap;
+    int dim, cross, cross_rank, accum, eval_every, print_every, ckpt_every, resume, skip_bad, quiet, overlap;
     int bottom[MAX_LAYERS], n_bottom, top[MAX_LAYERS], n_top;
     double lr, emb_lr;
 } opts;
@@ -105,7 +108,7 @@ static int g_auc_warned;    /* the held-out labels are all one class: said once 
 
 static void usage(const char *why) {
     fprintf(stderr, "dlrm: %s\nflags: --steps N --batch B --seed S --data synthetic|FILE.tsv|FILE.bin "
-                    "--arch dlrm|dcn --dim D --bottom 64,32 --top 64,32 --cross L --opt sgd|adagrad --lr LR "
+                    "--arch dlrm|dcn --dim D --bottom 64,32 --top 64,32 --cross L --cross-rank R --opt sgd|adagrad --lr LR "
                     "--emb-lr LR --accum N --eval-every N --eval-samples N --print-every N --log FILE "
                     "--ckpt DIR --ckpt-every N --resume --rows N --table-sizes N|n1,...,n26 --skip-bad "
                     "--shard auto|row|table|data --row-wise-over ROWS "
@@ -210,6 +213,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--bottom")) o->n_bottom = layers(a, v, o->bottom);
         else if (!strcmp(a, "--top")) o->n_top = layers(a, v, o->top);
         else if (!strcmp(a, "--cross")) o->cross = (int)num(a, v, 0, MAX_LAYERS);
+        else if (!strcmp(a, "--cross-rank")) o->cross_rank = (int)num(a, v, 0, 65536);
         else if (!strcmp(a, "--opt")) o->opt = v;
         else if (!strcmp(a, "--lr")) o->lr = v ? atof(v) : -1;
         else if (!strcmp(a, "--emb-lr")) o->emb_lr = v ? atof(v) : -1;
@@ -434,13 +438,14 @@ static void dump_batch(data *d, const opts *o, int64_t step) {
 
 /* ---------------------------------------------------------------- model */
 
-typedef struct mlp { int n; dt_param *w[MAX_LAYERS], *b[MAX_LAYERS]; int relu_last; } mlp;
+typedef struct mlp { int n; dt_param *w[MAX_LAYERS + 1], *b[MAX_LAYERS + 1]; int relu_last; } mlp; /* hidden + output */
 
 typedef struct model {
     dt_params ps;           /* the dense parameters, data parallel */
     mlp bottom, top;
     dt_param *cw[MAX_LAYERS], *cb[MAX_LAYERS]; /* DCNv2 cross layers */
-    int dcn, cross, dim;
+    dt_param *cv[MAX_LAYERS];                  /* their low-rank factor V (--cross-rank R) */
+    int dcn, cross, cross_rank, dim;
     int64_t inter;          /* width of the interaction output */
     dt_embed *emb;
 } model;
@@ -480,6 +485,7 @@ static void model_make(model *m, const opts *o, const data *d, dt_comm *world) {
     m->dim = o->dim;
     m->dcn = !strcmp(o->arch, "dcn");
     m->cross = o->cross;
+    m->cross_rank = o->cross_rank;
     memset(tabs, 0, sizeof tabs);
     for (f = 0; f < F; f++) {
         snprintf(names[f], sizeof names[f], "C%d", f + 1);
@@ -503,7 +509,11 @@ static void model_make(model *m, const opts *o, const data *d, dt_comm *world) {
     if (m->dcn) {
         int64_t w = (int64_t)(F + 1) * o->dim;
         for (f = 0; f < o->cross; f++) {
-            snprintf(name, sizeof name, "cross.%d.w", f); m->cw[f] = param(&m->ps, name, w, w, o->seed);
+            int64_t r = o->cross_rank ? o->cross_rank : w; /* W [w, r]: full rank, or low rank after V [r, w] */
+            if (o->cross_rank) {
+                snprintf(name, sizeof name, "cross.%d.v", f); m->cv[f] = param(&m->ps, name, r, w, o->seed);
+            }
+            snprintf(name, sizeof name, "cross.%d.w", f); m->cw[f] = param(&m->ps, name, w, r, o->seed);
             snprintf(name, sizeof name, "cross.%d.b", f); m->cb[f] = param(&m->ps, name, w, 0, o->seed);
         }
         m->inter = w;
@@ -518,18 +528,19 @@ static void model_make(model *m, const opts *o, const data *d, dt_comm *world) {
    rows. h: a layer's output (after the ReLU), dh: the grad of h, dp: the grad before the ReLU. */
 typedef struct acts {
     int64_t cap;
-    dt_tensor dense, bot_h[MAX_LAYERS], bot_dh[MAX_LAYERS], bot_dp[MAX_LAYERS];
+    dt_tensor dense, bot_h[MAX_LAYERS + 1], bot_dh[MAX_LAYERS + 1], bot_dp[MAX_LAYERS + 1];
     dt_tensor emb, d_emb, inter, d_inter;
-    dt_tensor top_h[MAX_LAYERS], top_dh[MAX_LAYERS], top_dp[MAX_LAYERS];
+    dt_tensor top_h[MAX_LAYERS + 1], top_dh[MAX_LAYERS + 1], top_dp[MAX_LAYERS + 1];
     dt_tensor x[MAX_LAYERS + 1], u[MAX_LAYERS], d_x[MAX_LAYERS + 1], d_u; /* DCN, x[0] = [z, e] */
+    dt_tensor h[MAX_LAYERS], d_h;  /* low-rank DCN: h = V x_l */
 } acts;
 
-typedef struct views { dt_tensor t[128]; int n; } views; /* the row views of one pass */
+typedef struct views { dt_tensor t[256]; int n; } views; /* the row views of one pass (8 + 8 layers and 8 cross layers need more than 128) */
 
 static dt_tensor *rows(views *v, dt_tensor *t, int64_t n) {
     int64_t shape[2];
     dt_tensor *r;
-    if (v->n == 128) { fprintf(stderr, "dlrm: too many views\n"); exit(1); }
+    if (v->n == 256) { fprintf(stderr, "dlrm: too many views\n"); exit(1); }
     r = &v->t[v->n++];
     shape[0] = n; shape[1] = t->shape[1];
     CHECK(dt_tensor_view(g_ctx, r, t, 0, 2, shape));
@@ -537,7 +548,7 @@ static dt_tensor *rows(views *v, dt_tensor *t, int64_t n) {
 }
 
 static void acts_grow(acts *a, const model *m, int64_t n) {
-    enum { MAXT = 6 * MAX_LAYERS + 2 * MAX_LAYERS + 16 };
+    enum { MAXT = 10 * MAX_LAYERS + 16 };
     dt_tensor *ts[MAXT];
     int64_t cols[MAXT], cap = a->cap;
     int k = 0, i;
@@ -560,6 +571,8 @@ static void acts_grow(acts *a, const model *m, int64_t n) {
         for (i = 0; i <= m->cross; i++) { ADD(&a->x[i], m->inter); ADD(&a->d_x[i], m->inter); }
         for (i = 0; i < m->cross; i++) ADD(&a->u[i], m->inter);
         ADD(&a->d_u, m->inter);
+        for (i = 0; m->cross_rank && i < m->cross; i++) ADD(&a->h[i], m->cross_rank);
+        if (m->cross_rank) ADD(&a->d_h, m->cross_rank);
     }
 #undef ADD
     for (i = 0; i < k; i++) {
@@ -669,9 +682,13 @@ static dt_tensor *forward(views *v, model *m, acts *a, const dt_dlrm_batch *batc
         parts[0] = z; parts[1] = e;
         x = rows(v, &a->x[0], b);
         CHECK(dt_concat_fwd(g_ctx, x, parts, 2));
-        for (l = 0; l < m->cross; l++) { /* x_{l+1} = x0 * (W x_l + b) + x_l */
-            dt_tensor *u = rows(v, &a->u[l], b), *xn = rows(v, &a->x[l + 1], b);
-            CHECK(dt_linear_fwd(g_ctx, u, x, &m->cw[l]->value, &m->cb[l]->value));
+        for (l = 0; l < m->cross; l++) { /* x_{l+1} = x0 * (W x_l + b) + x_l; low rank: W (V x_l) */
+            dt_tensor *u = rows(v, &a->u[l], b), *xn = rows(v, &a->x[l + 1], b), *in = x;
+            if (m->cross_rank) {
+                in = rows(v, &a->h[l], b);
+                CHECK(dt_linear_fwd(g_ctx, in, x, &m->cv[l]->value, NULL));
+            }
+            CHECK(dt_linear_fwd(g_ctx, u, in, &m->cw[l]->value, &m->cb[l]->value));
             CHECK(dt_mul_fwd(g_ctx, xn, rows(v, &a->x[0], b), u));
             CHECK(dt_add(g_ctx, xn, xn, x));
             x = xn;
@@ -716,9 +733,15 @@ static void backward(views *v, model *m, acts *a, int64_t b, dt_bucketer *bk) {
             CHECK(dt_axpy(g_ctx, dxl, 1.0f, dxn));
             CHECK(dt_tensor_fill(g_ctx, du, 0.0));
             CHECK(dt_mul_bwd(g_ctx, dx0, du, dxn, x0, u));
-            CHECK(dt_linear_bwd(g_ctx, dxl, &m->cw[l]->grad, &m->cb[l]->grad, du, xl, &m->cw[l]->value));
+            if (m->cross_rank) { /* u = W h + b, h = V x_l */
+                dt_tensor *h = rows(v, &a->h[l], b), *dh = rows(v, &a->d_h, b);
+                CHECK(dt_tensor_fill(g_ctx, dh, 0.0));
+                CHECK(dt_linear_bwd(g_ctx, dh, &m->cw[l]->grad, &m->cb[l]->grad, du, h, &m->cw[l]->value));
+                CHECK(dt_linear_bwd(g_ctx, dxl, &m->cv[l]->grad, NULL, dh, xl, &m->cv[l]->value));
+            } else CHECK(dt_linear_bwd(g_ctx, dxl, &m->cw[l]->grad, &m->cb[l]->grad, du, xl, &m->cw[l]->value));
             CHECK(dt_bucketer_mark_ready(bk, m->cw[l]));
             CHECK(dt_bucketer_mark_ready(bk, m->cb[l]));
+            if (m->cross_rank) CHECK(dt_bucketer_mark_ready(bk, m->cv[l]));
         }
         outs[0] = dz; outs[1] = de;
         CHECK(dt_split_fwd(g_ctx, outs, 2, dx0));
