@@ -1,7 +1,52 @@
-/* dt_parallel.h - the dense half of hybrid parallelism for the dt toolkit: the process grid
-   (dp x tp x pp), a flat parameter and gradient arena, data parallelism with bucketed gradient
-   sync and ZeRO stages 1-3, Megatron tensor and sequence parallel layers, pipeline schedules,
-   and a Chrome-trace timeline of compute and communication.            v0.1, MIT licence
+/* dt_parallel.h - the dense half of hybrid parallelism for the dt toolkit: the dp x tp x pp
+   process grid, a flat parameter arena, DDP and ZeRO 1-3, Megatron tensor and sequence parallel
+   layers, pipeline schedules and their runtime, a Chrome-trace timeline.  v0.1, MIT licence
+
+   The lesson. A world of dp x tp x pp ranks is a grid, and each axis splits different work.
+   Megatron's rank order puts tp innermost, so a tp group is neighbours on one host:
+       rank = tp_rank + TP * (dp_rank + DP * pp_rank)
+
+                 pp stage 0       pp stage 1         dp 2 x tp 2 x pp 2 = 8 ranks
+                 tp 0   tp 1      tp 0   tp 1
+        dp 0     r0 --- r1  ===>  r4 --- r5          ---  tp: one all-reduce per layer pair
+                 |      |         |      |           ===> pp: activations on, gradients back
+        dp 1     r2 --- r3  ===>  r6 --- r7          |    dp: same weights, gradients averaged
+
+   tp: a column-parallel linear feeds a row-parallel one, so an MLP needs one all-reduce:
+        X --> X A_k --> GeLU --> (.) B_k --> Z_k --all-reduce over tp--> Z      (on tp rank k)
+   dp: stage 0 is DDP (bucketed all-reduce during backward); ZeRO 1 shards optimizer
+   state over dp, 2 also gradients (reduce-scatter per unit), 3 also parameters (gather a unit
+   before use, release after).
+   pp: micro-batches flow through the stages; 1F1B keeps at most p - s in flight on s:
+        stage 0:  F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7          (p = 4, m = 8)
+        stage 3:  F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7
+
+   Contents (each marker finds this line, its declarations and its implementation):
+       >>grid            the grid: dt_layout, its comms, the rank order, dt_layout_batch_range
+       >>arena           one flat buffer per dtype for values, one f32 buffer for gradients
+       >>zero            data parallel: DDP (stage 0) and ZeRO 1-3, the optimizer inside
+       >>tp              tensor and sequence parallel: column / row linear, vocab embedding, xent
+       >>pp              pipeline schedules and the simulator that proves a schedule sound
+       >>trace           timeline: compute spans and collectives as one Chrome trace
+       >>pprun           pipeline runtime: dt_pp_run runs a schedule through model callbacks
+       >>implementation  where the implementation starts
+
+   API in one breath, in the order a training program calls it:
+       dt_layout_create          the grid and its dp / tp / pp comms (collective over world)
+       dt_layout_batch_range     the global samples this dp rank reads
+       dt_arena_create           the parameters into flat buffers, grouped into units
+       dt_zero_create            stage 0-3 over the dp group, with the optimizer inside
+       each step                 dt_zero_micro_begin; forward: dt_zero_gather / _release per
+                                 unit; dt_zero_backward_begin; backward, last unit first:
+                                 gather, dt_zero_grad_ready, release; dt_zero_step
+       in the model              dt_tp_column_linear_fwd/_bwd, dt_tp_row_linear_fwd/_bwd,
+                                 dt_sp_gather_rows / _scatter_rows, dt_tp_embedding_fwd/_bwd,
+                                 dt_tp_xent_fwd/_bwd, dt_tp_allreduce
+       pipelines                 dt_pp_schedule_create (+ _simulate, _format), dt_pp_split,
+                                 dt_pp_run once per step
+       timeline                  dt_trace_create, _attach, _begin / _end, _write, _overlap
+       checkpoints               dt_zero_checkpoint_save / _load (through dt_opt.h)
+       at the end                dt_zero_free, dt_arena_free, dt_layout_free (and the comms)
 
    Do this:
        #define DT_PARALLEL_IMPLEMENTATION    (or DT_IMPLEMENTATION for every dt header)
@@ -24,20 +69,10 @@
                            the host (3 doubles a row, never the logits). Checked on the emulator
                            (tests/cuda_emu/k_parallel.cpp, k_gpt.cpp) at one rank.
 
-   API in one breath:
-       grid           dt_layout_create / _free / _rank_of / _describe / _string
-       batch          dt_layout_batch_range (which global samples this dp rank reads)
-       arena          dt_arena_create / _free (one flat buffer per dtype for values, one for grads)
-       data parallel  dt_zero_create / _free / _micro_begin / _gather / _release / _grad_ready /
-                      _step / _memory / _checkpoint_save / _checkpoint_load   (stage 0 = DDP,
-                      1-3 = ZeRO; the optimizer lives inside)
-       tensor par.    dt_tp_allreduce, dt_sp_gather_rows / dt_sp_scatter_rows,
-                      dt_tp_column_linear_fwd/_bwd, dt_tp_row_linear_fwd/_bwd,
-                      dt_tp_embedding_fwd/_bwd, dt_tp_xent_fwd/_bwd
-       pipeline       dt_pp_schedule_create / _free / _simulate / _format
-       pp runtime     dt_pp_run (one step of a schedule on this rank's stage, through the model's
-                      callbacks), dt_pp_split (layers over virtual stages)
-       timeline       dt_trace_create / _free / _begin / _end / _attach / _write / _overlap
+   Memory: every buffer comes from the ctx allocator (dt_zero_memory_get says what a stage
+   holds, next to DeepSpeed's formula). Errors: a dt_status, and dt_ctx_error naming the
+   argument, the value and what was expected, as in dt_tensor.h. Threads: a layout, arena,
+   dt_zero, schedule or trace belongs to one thread at a time, like its comms.
 
    The licence (MIT) is at the end of this file.
 */
@@ -52,7 +87,7 @@
 extern "C" {
 #endif
 
-/* ---------------------------------------------------------------- the grid
+/* ==== >>grid: the grid: dp x tp x pp, Megatron rank order ========================================
 
    world = dp x tp x pp ranks in Megatron's order, tp innermost:
        rank = tp_rank + TP * (dp_rank + DP * pp_rank)
@@ -91,7 +126,7 @@ DT_API const char *dt_layout_string(const dt_layout *l, char *buf, size_t n);
    is DT_ERR_ARG. */
 DT_API dt_status dt_layout_batch_range(const dt_layout *l, int64_t global_batch, int64_t *first, int64_t *count);
 
-/* ---------------------------------------------------------------- the arena
+/* ==== >>arena: the arena: one flat buffer for values, one for grads ==============================
 
    llm.c's one contiguous block: the values of every parameter of a set live in one flat buffer
    per dtype, and every gradient in one f32 buffer, in registration order. Each dt_param's value
@@ -122,7 +157,7 @@ DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, con
 /* Frees the buffers: the params' views then point nowhere; free the arena last. NULL is a no-op. */
 DT_API void dt_arena_free(dt_arena *a);
 
-/* ---------------------------------------------------------------- data parallel and ZeRO
+/* ==== >>zero: data parallel: DDP (stage 0) and ZeRO 1-3 ==========================================
 
    One object syncs gradients over the dp group and owns the optimizer:
      stage 0  DDP: grads all-reduced (averaged over dp) in buckets of whole units, launched by
@@ -231,7 +266,7 @@ DT_API dt_status dt_zero_memory_get(dt_zero *z, dt_zero_memory *out);
 DT_API dt_status dt_zero_checkpoint_save(dt_zero *z, const dt_train_state *state, const dt_checkpoint_desc *desc);
 DT_API dt_status dt_zero_checkpoint_load(dt_zero *z, dt_train_state *state, const dt_checkpoint_desc *desc);
 
-/* ---------------------------------------------------------------- tensor and sequence parallel
+/* ==== >>tp: tensor and sequence parallel layers ==================================================
 
    Megatron-LM's layers over l->tp_comm. Activations are rows x features ([B, T, C] is B*T rows).
    Without sequence parallelism (sp = 0) the input of a column-parallel linear and the output of
@@ -376,7 +411,7 @@ DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tenso
                                 const dt_tensor *targets, int64_t vocab_start, int64_t vocab, int ignore_index,
                                 float dloss);
 
-/* ---------------------------------------------------------------- pipeline schedules
+/* ==== >>pp: pipeline schedules: GPipe, 1F1B, interleaved, ZB-H1, simulator =======================
 
    A schedule is, per stage, the ordered list of actions that stage runs in one training step:
    forwards and backwards of (model chunk, micro-batch) pairs and the sends and receives they
@@ -519,7 +554,39 @@ DT_API dt_status dt_pp_schedule_simulate(dt_pp_schedule *s, dt_pp_stats *out, co
    ("F3a" chunk 0, "F3b" chunk 1). Sends and receives take no slot. */
 DT_API dt_status dt_pp_schedule_format(dt_pp_schedule *s, dt_strbuf *out, const dt_pp_sim_desc *desc);
 
-/* ---------------------------------------------------------------- pipeline runtime
+/* ==== >>trace: timeline: Chrome-trace spans and collectives ======================================
+
+   Spans of compute (dt_trace_begin / _end, nested) and every collective of the comms attached,
+   per rank, written as one Chrome-trace JSON for all ranks (clocks aligned to rank 0's), which
+   Perfetto and chrome://tracing open: one process per rank, one track for compute and one per
+   comm. Every function takes a NULL trace and does nothing, so model code calls them always.
+   How: dt_trace_attach installs the comm's observer (dt_comm_set_observer, one per comm: it
+   replaces another), which reports each operation from post to the dt call that saw it done.
+   dt_trace_write aligns the clocks with 8 ping-pongs between rank 0 and each rank (NTP's
+   estimate from the shortest round trip: offset = t_rank - (t_send + t_back) / 2, off by at
+   most half that round trip), stores the offsets in the file ("otherData"), and sends every
+   rank's events to rank 0 (send / recv on the world; not recorded). Times in the file are
+   microseconds from rank 0's dt_trace_create. Spans still open at the write are left out.
+   dt_trace_overlap counts, per collective, the time under the union of the compute spans:
+   wrap compute in spans, not calls that wait for the network (a blocking collective inside
+   a span counts as overlapped). Free the trace before the comms it is attached to (it removes
+   their observers). */
+
+typedef struct dt_trace dt_trace; /* opaque */
+
+/* Collective over world. */
+DT_API dt_status dt_trace_create(dt_comm *world, dt_trace **out);
+DT_API void dt_trace_free(dt_trace *t);
+DT_API void dt_trace_begin(dt_trace *t, const char *name); /* name: a string literal or one that outlives t */
+DT_API void dt_trace_end(dt_trace *t);
+/* Records every collective and send / recv of c from now on (post to completion). */
+DT_API dt_status dt_trace_attach(dt_trace *t, dt_comm *c);
+/* Collective over world: rank 0 writes every rank's events to path. */
+DT_API dt_status dt_trace_write(dt_trace *t, const char *path);
+/* This rank's time in collectives, and the part of it that overlapped a compute span. */
+DT_API dt_status dt_trace_overlap(const dt_trace *t, double *comm_seconds, double *overlapped_seconds);
+
+/* ==== >>pprun: pipeline runtime: dt_pp_run =======================================================
 
    dt_pp_run executes this rank's list of a dt_pp_schedule (stage l->pp_rank) for one training
    step, calling the model through dt_pp_model's callbacks and exchanging activations and their
@@ -601,7 +668,7 @@ typedef struct dt_pp_model {
 } dt_pp_model;
 
 typedef struct dt_pp_run_desc {
-    struct dt_trace *trace; /* a dt_trace (the timeline, below) or NULL = none: every compute (a
+    struct dt_trace *trace; /* a dt_trace (the timeline, above) or NULL = none: every compute (a
                                span) and every send / recv (pp_comm is attached) of the run is
                                recorded, and busy / first / last of the stats come from it */
 } dt_pp_run_desc;
@@ -634,44 +701,12 @@ DT_API dt_status dt_pp_run(dt_layout *l, dt_pp_run_stats *out, const dt_pp_sched
    n_layers % n_parts parts one layer more. Fewer layers than parts is DT_ERR_ARG naming both. */
 DT_API dt_status dt_pp_split(dt_ctx *ctx, int *first, int n_layers, int n_parts);
 
-/* ---------------------------------------------------------------- timeline
-
-   Spans of compute (dt_trace_begin / _end, nested) and every collective of the comms attached,
-   per rank, written as one Chrome-trace JSON for all ranks (clocks aligned to rank 0's), which
-   Perfetto and chrome://tracing open: one process per rank, one track for compute and one per
-   comm. Every function takes a NULL trace and does nothing, so model code calls them always.
-   How: dt_trace_attach installs the comm's observer (dt_comm_set_observer, one per comm: it
-   replaces another), which reports each operation from post to the dt call that saw it done.
-   dt_trace_write aligns the clocks with 8 ping-pongs between rank 0 and each rank (NTP's
-   estimate from the shortest round trip: offset = t_rank - (t_send + t_back) / 2, off by at
-   most half that round trip), stores the offsets in the file ("otherData"), and sends every
-   rank's events to rank 0 (send / recv on the world; not recorded). Times in the file are
-   microseconds from rank 0's dt_trace_create. Spans still open at the write are left out.
-   dt_trace_overlap counts, per collective, the time under the union of the compute spans:
-   wrap compute in spans, not calls that wait for the network (a blocking collective inside
-   a span counts as overlapped). Free the trace before the comms it is attached to (it removes
-   their observers). */
-
-typedef struct dt_trace dt_trace; /* opaque */
-
-/* Collective over world. */
-DT_API dt_status dt_trace_create(dt_comm *world, dt_trace **out);
-DT_API void dt_trace_free(dt_trace *t);
-DT_API void dt_trace_begin(dt_trace *t, const char *name); /* name: a string literal or one that outlives t */
-DT_API void dt_trace_end(dt_trace *t);
-/* Records every collective and send / recv of c from now on (post to completion). */
-DT_API dt_status dt_trace_attach(dt_trace *t, dt_comm *c);
-/* Collective over world: rank 0 writes every rank's events to path. */
-DT_API dt_status dt_trace_write(dt_trace *t, const char *path);
-/* This rank's time in collectives, and the part of it that overlapped a compute span. */
-DT_API dt_status dt_trace_overlap(const dt_trace *t, double *comm_seconds, double *overlapped_seconds);
-
 #ifdef __cplusplus
 }
 #endif
 #endif /* DT_PARALLEL_H */
 
-/* ================================================================ implementation */
+/* ==== >>implementation: everything below needs DT_PARALLEL_IMPLEMENTATION ===================== */
 
 #if defined(DT_IMPLEMENTATION) && !defined(DT_PARALLEL_IMPLEMENTATION)
 #define DT_PARALLEL_IMPLEMENTATION
@@ -690,7 +725,7 @@ DT_API dt_status dt_trace_overlap(const dt_trace *t, double *comm_seconds, doubl
 extern "C" {
 #endif
 
-/* ---------------------------------------------------------------- grid (impl) */
+/* ==== >>grid: the grid ======================================================================== */
 
 #if !defined(__cplusplus) && (defined(__unix__) || defined(__APPLE__))
 /* POSIX, declared here because strict -std=c99 hides it in <unistd.h> (as dt_tensor.h does
@@ -891,7 +926,7 @@ DT_API dt_status dt_layout_batch_range(const dt_layout *l, int64_t global_batch,
     return DT_OK;
 }
 
-/* ---------------------------------------------------------------- arena (impl) */
+/* ==== >>arena: the arena ====================================================================== */
 
 static void dt__pl_arena_release(dt_arena *a) {
     int k;
@@ -1044,7 +1079,7 @@ DT_API void dt_arena_free(dt_arena *a) {
     if (a) dt__pl_arena_release(a); /* never touches a->params: they may be freed already */
 }
 
-/* ---------------------------------------------------------------- ZeRO (impl)
+/* ==== >>zero: data parallel: DDP (stage 0) and ZeRO 1-3 ==========================================
 
    Geometry. N = the dp size (1 at stage 0, which shards nothing), r = this rank's dp rank. A
    parameter of R rows (dim 0) of e elements each: every rank's block holds c = ceil(R / N)
@@ -1846,7 +1881,7 @@ DT_API dt_status dt_zero_checkpoint_load(dt_zero *z, dt_train_state *state, cons
     return z->stage == 1 || z->stage == 2 ? dt__pl_zallgather_all(z) : DT_OK;
 }
 
-/* ---------------------------------------------------------------- tensor parallel (impl) */
+/* ==== >>tp: tensor and sequence parallel layers =============================================== */
 
 #define DT__TP_TRY(x) do { dt_status dt__tp_s = (x); if (dt__tp_s) return dt__tp_s; } while (0)
 
@@ -2522,7 +2557,7 @@ DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tenso
 
 #undef DT__TP_TRY
 
-/* ---------------------------------------------------------------- pipeline (impl) */
+/* ==== >>pp: pipeline schedules ================================================================ */
 
 DT_API const char *dt_pp_kind_name(dt_pp_kind k) {
     switch (k) {
@@ -3179,7 +3214,7 @@ DT_API dt_status dt_pp_schedule_format(dt_pp_schedule *s, dt_strbuf *out, const 
     return DT_OK;
 }
 
-/* ---------------------------------------------------------------- timeline (impl)
+/* ==== >>trace: timeline ==========================================================================
 
    Events live in one growable array per rank: compute spans (tid 0, nested through a stack)
    and the operations the attached comms report through their observer (tid 1 + the comm's
@@ -3551,7 +3586,7 @@ DT_API dt_status dt_trace_write(dt_trace *t, const char *path) {
     return st;
 }
 
-/* ---------------------------------------------------------------- pipeline runtime (impl)
+/* ==== >>pprun: pipeline runtime ==================================================================
 
    After the timeline's implementation (not right after the schedules'): the run reads this
    run's compute spans out of struct dt_trace, which is only defined there.
