@@ -1,6 +1,55 @@
 /* dt_comm.h - communicators and collectives for the dt toolkit: MPI carries host memory, NCCL
-   carries device memory; groups, async forms, a DDP-style gradient bucketer, hang and mismatch
+   carries device memory; groups, async forms, a DDP gradient bucketer, hang and mismatch
    reports, statistics.                                                v0.2, MIT licence
+
+   The lesson. An all-reduce is a reduce-scatter followed by an all-gather. Cut each rank's
+   buffer into n blocks; rank k collects block k from everyone and sums it, then every rank
+   collects every sum. Each rank sends and receives 2(n-1)/n of the buffer (a ring all-reduce's
+   traffic), and dt adds the contributions itself, always in rank order, so every rank, every
+   message size and every bucketing gets bitwise the same result:
+                       block 0     block 1     block 2
+        rank 0 holds   a0          a1          a2
+        rank 1 holds   b0          b1          b2        reduce-scatter: s1 = (a1 + b1) + c1
+        rank 2 holds   c0          c1          c2        on rank 1, and so on
+        after          s0 (r0)     s1 (r1)     s2 (r2)   all-gather: s0 s1 s2 on every rank
+   DDP on top (the bucketer): gradients become ready last layer first during the backward. They
+   are packed into buckets in that order (25 MB; the first, 1 MB, leaves early), and a bucket's
+   all-reduce is posted the moment its last gradient is ready, so the network works while the
+   backward goes on:
+        compute   | bwd L3 | bwd L2 | bwd L1 | bwd L0 |
+        network                     |== all-reduce A ==|== all-reduce B ==| finish: average
+                    bucket A = grads of L3 + L2 (ready after bwd L2), B = L1 + L0
+
+   Contents. Each marker finds this line, its section in the declarations and the same section
+   in the implementation (grep -n '>>coll\b' dt_comm.h finds three lines):
+       >>types      reduce ops, collective kinds, handles, dt_comm_desc
+       >>comm       communicators: the world, rank, size, local rank, timeout, checking mode
+       >>coll       collectives: all-reduce to all-to-allv, send / recv, async forms, test / wait
+       >>split      groups: dt_comm_split
+       >>bucketer   the gradient bucketer (DDP)
+       >>stats      statistics (calls, bytes, algbw, busbw) and the observer
+     and in the implementation only, which starts at >>implementation:
+       >>sumorder   the reduction in rank order of every host all-reduce     (after types)
+       >>hang       hang reports: the ranks that did not arrive              (after comm)
+       >>engine     operations: header exchange, data stages, requests
+       >>nccl       the NCCL path of device tensors                          (before coll)
+
+   API in one breath, in the order a program calls it:
+       dt_comm_create_world       every process of the run; dt_comm_rank, _size, _local_rank
+                                  (the GPU to use), _world_rank, _seq
+       dt_comm_split              sub-groups (dt_parallel.h makes the dp / tp / pp groups)
+       dt_comm_allreduce (sum, avg, max, min; in place), dt_comm_allreduce_f64 (host scalars),
+       dt_comm_reduce_scatter, _allgather, _broadcast, _alltoall, _alltoallv (counts exchanged
+                                  for you), dt_comm_send / _recv, dt_comm_barrier
+       dt_comm_iallreduce, _ireduce_scatter, _iallgather, _ibroadcast, _isend, _irecv
+                                  -> dt_comm_req; dt_comm_test, dt_comm_wait (one wait each)
+       dt_bucketer_create         then per step: dt_bucketer_mark_ready for each gradient as the
+                                  backward produces it, dt_bucketer_finish before the optimizer
+                                  (dt_bucketer_set_sync(0) for accumulation micro-steps)
+       dt_comm_stats / _format / _print: calls, bytes, seconds, algbw and busbw (nccl-tests)
+       dt_comm_set_observer       a callback per completed operation (dt_parallel.h's timeline)
+       dt_comm_set_name / _set_timeout / _set_check; dt_bucketer_free; dt_comm_free, groups
+                                  before the world
 
    Do this:
        #define DT_COMM_IMPLEMENTATION        (or DT_IMPLEMENTATION for every dt header)
@@ -18,22 +67,6 @@
                    memory and MPI.
        DT_CUDA                 as in dt_tensor.h.
        DT_COMM_GATHER_MAX_BYTES  all-reduce path switch, see "Sum order" (default 64 KiB).
-
-   API in one breath:
-       dt_comm_create_world / dt_comm_split / dt_comm_free; rank, size, local_rank (the GPU to use),
-       world_rank, seq, set_name, set_timeout, set_check (checking mode)
-       dt_comm_allreduce (sum, avg, max, min; in place), dt_comm_allreduce_f64 (host scalars),
-       dt_comm_reduce_scatter, dt_comm_allgather, dt_comm_broadcast, dt_comm_alltoall,
-       dt_comm_alltoallv (counts exchanged for you), dt_comm_send / dt_comm_recv, dt_comm_barrier
-       async: dt_comm_iallreduce, _ireduce_scatter, _iallgather, _ibroadcast, _isend, _irecv
-              -> dt_comm_req; dt_comm_test, dt_comm_wait (every request ends with one wait)
-       dt_bucketer_*: gradient buckets in reverse registration order, each all-reduced as soon as
-              its last gradient is marked ready (PyTorch DDP), averaged and unpacked (or, with
-              grad_views, the grads live in the buckets); set_sync(0) for accumulation micro-steps
-       dt_comm_stats / _format / _print: calls, bytes, seconds, algbw and busbw (nccl-tests), and
-              how many calls NCCL carried
-       dt_comm_set_observer: a callback per completed operation (kind, bytes, post and completion
-              times on dt_comm_now's clock), what dt_parallel.h's timeline records
 
    Tensors: f32, bf16, f16, i32, i64 (and u8 for everything but avg). Sizes are element counts of
    the tensors, any shape. A device tensor goes through NCCL when the communicator has it, else
@@ -82,9 +115,7 @@
    in its header: it returns its own error, the others DT_ERR_COMM naming it. Messages of up to
    a few hundred bytes (512 on up to 8 ranks, 80 from 52 ranks on) ride in the header itself, so
    a small all-reduce still takes one exchange; a larger one takes one small exchange more than
-   its data. Measured against the previous version in one process (2 and 4 ranks on 2 cores,
-   all-reduce f32): the same time from 2 MB up, 2-6% more at 1 MB on 4 ranks, 1.6-1.8x at 1 KB
-   (a few microseconds: two exchanges where there was one). This holds in checking mode and
+   its data (a few microseconds, which matter only for small messages), in checking mode and
    without it.
    Checking mode (desc.check_mismatch = 1, or dt_comm_set_check) adds, before each collective,
    a blocking exchange of the same record: a rank whose own arguments were invalid then returns
@@ -157,7 +188,7 @@
 extern "C" {
 #endif
 
-/* ---------------------------------------------------------------- types */
+/* ==== >>types: reduce ops, collective kinds, handles, the desc ================================ */
 
 typedef enum dt_reduce_op {
     DT_REDUCE_DEFAULT = 0, /* = DT_REDUCE_SUM */
@@ -196,7 +227,7 @@ typedef struct dt_comm_desc {
     const char *name;   /* the group's name in messages; NULL = "world" */
 } dt_comm_desc;
 
-/* ---------------------------------------------------------------- communicators */
+/* ==== >>comm: communicators: the world, rank, size, settings ================================== */
 
 /* The world: every process of the run. Initialises MPI (MPI_THREAD_FUNNELED) unless the caller
    (or another copy of dt) did; without DT_MPI a world of one rank. A program may create several
@@ -228,12 +259,7 @@ DT_API double dt_comm_timeout(const dt_comm *c);
    must switch it at the same point. */
 DT_API dt_status dt_comm_set_check(dt_comm *c, int on);
 
-/* Collective over parent: ranks with the same color form a group, ordered by key (ties by
-   parent rank). color < 0: this rank joins no group and *out is NULL. The group inherits the
-   parent's timeout, checking mode and NCCL choice; its name is "<parent>.<color>". */
-DT_API dt_status dt_comm_split(dt_comm *parent, dt_comm **out, int color, int key);
-
-/* ---------------------------------------------------------------- collectives
+/* ==== >>coll: collectives: blocking, point to point, asynchronous ================================
    Each is collective over c: every rank calls it, in the same order, with the same dtype and
    the sizes described. Blocking forms return when this rank's part is complete. */
 
@@ -289,7 +315,14 @@ DT_API dt_status dt_comm_test(dt_comm_req *req, int *done);
 /* Waits (up to the comm's timeout, counted from this call), frees req, returns its status. */
 DT_API dt_status dt_comm_wait(dt_comm_req *req);
 
-/* ---------------------------------------------------------------- gradient bucketer */
+/* ==== >>split: groups: dt_comm_split ========================================================== */
+
+/* Collective over parent: ranks with the same color form a group, ordered by key (ties by
+   parent rank). color < 0: this rank joins no group and *out is NULL. The group inherits the
+   parent's timeout, checking mode and NCCL choice; its name is "<parent>.<color>". */
+DT_API dt_status dt_comm_split(dt_comm *parent, dt_comm **out, int color, int key);
+
+/* ==== >>bucketer: the gradient bucketer (DDP) ================================================= */
 
 typedef struct dt_bucketer_desc {
     int64_t bucket_bytes;       /* 0 = 25 MB (PyTorch DDP's bucket_cap_mb) */
@@ -319,7 +352,7 @@ DT_API dt_status dt_bucketer_set_sync(dt_bucketer *b, int sync);
 DT_API int dt_bucketer_count(const dt_bucketer *b); /* number of buckets */
 DT_API void dt_bucketer_free(dt_bucketer *b);
 
-/* ---------------------------------------------------------------- statistics */
+/* ==== >>stats: statistics and the observer ==================================================== */
 
 /* Per kind of collective on one communicator. bytes follow nccl-tests: the buffer for
    all-reduce and broadcast, the whole (size x block) buffer for reduce-scatter, all-gather and
@@ -368,7 +401,7 @@ DT_API double dt_comm_now(void);
 #endif /* DT_COMM_H */
 
 /* ============================================================================================
-   Implementation
+   Implementation                                                              >>implementation
    ============================================================================================ */
 #if defined(DT_IMPLEMENTATION) && !defined(DT_COMM_IMPLEMENTATION)
 #define DT_COMM_IMPLEMENTATION
@@ -430,7 +463,7 @@ extern int clock_gettime(int clock_id, struct dt__cm_timespec *ts);
 extern "C" {
 #endif
 
-/* ---------------------------------------------------------------- internal types */
+/* ==== >>types: internal types ================================================================= */
 
 #define DT__CM_F64 100               /* element type of dt_comm_allreduce_f64 (not a dt_dtype) */
 #define DT__CM_SPLIT (DT_COLL_COUNT + 1)
@@ -729,7 +762,7 @@ static void dt__cm_give(dt_comm *c, int slot, void *p, int lost) {
     else if (!lost) dt_release(c->ctx, p);
 }
 
-/* ---------------------------------------------------------------- reduction in rank order */
+/* ==== >>sumorder: reduction in rank order (implementation only) =============================== */
 
 /* f32 / bf16 / f16 <-> the f32 the sums are taken in: dt_convert, which cannot fail on these
    pairs (no ctx: nothing to report) */
@@ -872,7 +905,7 @@ static int dt__cm_mpi_live(void) {
 }
 #endif
 
-/* ---------------------------------------------------------------- communicator lifetime */
+/* ==== >>comm: communicators: lifetime, settings =============================================== */
 
 static dt_comm *dt__cm_new(dt_ctx *ctx) {
     dt_comm *c = (dt_comm *)dt_alloc(ctx, sizeof(dt_comm));
@@ -1116,7 +1149,7 @@ DT_API dt_status dt_comm_set_name(dt_comm *c, const char *name) {
 
 DT_API const int64_t *dt_comm_recv_counts(const dt_comm *c) { return c ? c->recv_counts : NULL; }
 
-/* ---------------------------------------------------------------- notices: hang reports */
+/* ==== >>hang: hang reports (implementation only) ============================================== */
 
 static void dt__cm_record(const dt_comm_req *q, int64_t *rec) {
     rec[0] = q->seq;
@@ -1337,7 +1370,7 @@ static dt_status dt__cm_abandon(dt_comm_req *q, int because) {
     return dt_ctx_set_error(c->ctx, DT_ERR_TIMEOUT, "%s", msg);
 }
 
-/* ---------------------------------------------------------------- operations: the engine
+/* ==== >>engine: operations: the engine (implementation only) =====================================
 
    Gates. Every collective on a group of more than one rank starts with a header exchange: one
    MPI_Iallgather, on a communicator of its own (hc), of a block per rank holding the call's
@@ -2351,8 +2384,8 @@ static dt_status dt__cm_prepare(dt_comm_req *q) {
 #ifdef DT_MPI
 /* How many chunks q goes in (1: none). Host (or staged) all-reduces and broadcasts of 512 KB
    and more go as 2..4 chunks of 256 KB or more; an all-to-all only from host memory, and by the
-   size of one peer's block: its chunks are strided, and 4 ranks x 1 MB cut into 64 KB pieces
-   per peer measured 0.8 of one MPI_Alltoall. */
+   size of one peer's block: its chunks are strided, and small pieces per peer make it slower
+   than one MPI_Alltoall. */
 static int dt__cm_chunks(const dt_comm_req *q) {
     const dt_comm *c = q->c;
     int k = (int)(q->stat_bytes / DT__CM_CHUNK_MIN);
@@ -2602,7 +2635,7 @@ static dt_status dt__cm_mpi_post(dt_comm_req *q) {
 }
 #endif
 
-/* ---------------------------------------------------------------- NCCL */
+/* ==== >>nccl: NCCL (implementation only) ====================================================== */
 
 #ifdef DT_NCCL
 static ncclDataType_t dt__cm_nccl_type(int et) {
@@ -2811,7 +2844,7 @@ static dt_status dt__cm_nccl_post(dt_comm_req *q) {
 }
 #endif
 
-/* ---------------------------------------------------------------- public collectives */
+/* ==== >>coll: collectives ===================================================================== */
 
 /* Runs a prepared request: blocking (out == NULL: waits on the stack request) or async. */
 static dt_status dt__cm_finish_call(dt_comm_req *q, dt_status st, dt_comm_req **out) {
@@ -3234,7 +3267,7 @@ DT_API dt_status dt_comm_wait(dt_comm_req *req) {
     return st;
 }
 
-/* ---------------------------------------------------------------- split */
+/* ==== >>split: groups: dt_comm_split ========================================================== */
 
 DT_API dt_status dt_comm_split(dt_comm *parent, dt_comm **out, int color, int key) {
     const char *fn = "dt_comm_split";
@@ -3319,76 +3352,7 @@ DT_API dt_status dt_comm_split(dt_comm *parent, dt_comm **out, int color, int ke
     return DT_OK;
 }
 
-/* ---------------------------------------------------------------- statistics */
-
-DT_API dt_status dt_comm_stats(const dt_comm *c, dt_comm_stat *out, dt_coll kind) {
-    if (!c) return DT_ERR_ARG;
-    if (!out) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_stats: out is NULL");
-    memset(out, 0, sizeof *out);
-    if ((int)kind < 0 || kind >= DT_COLL_COUNT)
-        return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_stats: kind = %d is not a dt_coll", (int)kind);
-    out->calls = (int64_t)c->stat_calls[kind];
-    out->nccl_calls = (int64_t)c->stat_nccl[kind];
-    out->bytes = c->stat_bytes[kind];
-    out->seconds = c->stat_secs[kind];
-    out->algbw = out->seconds > 0 ? out->bytes / out->seconds / 1e9 : 0.0;
-    out->busbw = out->algbw * dt_coll_bus_factor(kind, c->size);
-    return DT_OK;
-}
-
-DT_API dt_status dt_comm_set_observer(dt_comm *c, dt_comm_observer_fn fn, void *user) {
-    if (!c) return DT_ERR_ARG;
-    c->observer = fn;
-    c->observer_user = fn ? user : NULL;
-    return DT_OK;
-}
-
-DT_API double dt_comm_now(void) { return dt__cm_now(); }
-
-DT_API void dt_comm_stats_reset(dt_comm *c) {
-    if (!c) return;
-    memset(c->stat_calls, 0, sizeof c->stat_calls);
-    memset(c->stat_nccl, 0, sizeof c->stat_nccl);
-    memset(c->stat_bytes, 0, sizeof c->stat_bytes);
-    memset(c->stat_secs, 0, sizeof c->stat_secs);
-}
-
-DT_API size_t dt_comm_stats_format(const dt_comm *c, char *buf, size_t n) {
-    size_t len = 0;
-    int k;
-    char tmp[160];
-    if (buf && n) buf[0] = 0;
-    if (!c) return 0;
-#define DT__CM_PUT(...)                                                                            \
-    do {                                                                                           \
-        int w_ = snprintf(tmp, sizeof tmp, __VA_ARGS__);                                           \
-        if (buf && len < n) snprintf(buf + len, n - len, "%s", tmp);                               \
-        len += (size_t)(w_ > 0 ? w_ : 0);                                                          \
-    } while (0)
-    DT__CM_PUT("communication on group %s (size %d, rank %d)\n", c->name, c->size, c->rank);
-    DT__CM_PUT("  %-15s %10s %14s %11s %11s %11s\n", "collective", "calls", "bytes", "seconds", "algbw GB/s",
-               "busbw GB/s");
-    for (k = 0; k < DT_COLL_COUNT; k++) {
-        dt_comm_stat s;
-        if (c->stat_calls[k] == 0) continue;
-        dt_comm_stats(c, &s, (dt_coll)k);
-        DT__CM_PUT("  %-15s %10lld %14.0f %11.4f %11.3f %11.3f", dt_coll_name((dt_coll)k), (long long)s.calls,
-                   s.bytes, s.seconds, s.algbw, s.busbw);
-        if (s.nccl_calls) DT__CM_PUT("  (device, NCCL: %lld)", (long long)s.nccl_calls);
-        DT__CM_PUT("\n");
-    }
-#undef DT__CM_PUT
-    return len;
-}
-
-DT_API void dt_comm_stats_print(const dt_comm *c) {
-    char buf[2048];
-    dt_comm_stats_format(c, buf, sizeof buf);
-    fputs(buf, stdout);
-    fflush(stdout);
-}
-
-/* ---------------------------------------------------------------- gradient bucketer */
+/* ==== >>bucketer: the gradient bucketer (DDP) ================================================= */
 
 typedef struct dt__cm_slot {
     dt_param *p;
@@ -3647,6 +3611,75 @@ DT_API dt_status dt_bucketer_finish(dt_bucketer *b) {
     for (i = 0; i < b->n_buckets; i++) b->buckets[i].unready = b->buckets[i].count;
     b->next_launch = 0;
     return st;
+}
+
+/* ==== >>stats: statistics and the observer ==================================================== */
+
+DT_API dt_status dt_comm_stats(const dt_comm *c, dt_comm_stat *out, dt_coll kind) {
+    if (!c) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_stats: out is NULL");
+    memset(out, 0, sizeof *out);
+    if ((int)kind < 0 || kind >= DT_COLL_COUNT)
+        return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_stats: kind = %d is not a dt_coll", (int)kind);
+    out->calls = (int64_t)c->stat_calls[kind];
+    out->nccl_calls = (int64_t)c->stat_nccl[kind];
+    out->bytes = c->stat_bytes[kind];
+    out->seconds = c->stat_secs[kind];
+    out->algbw = out->seconds > 0 ? out->bytes / out->seconds / 1e9 : 0.0;
+    out->busbw = out->algbw * dt_coll_bus_factor(kind, c->size);
+    return DT_OK;
+}
+
+DT_API dt_status dt_comm_set_observer(dt_comm *c, dt_comm_observer_fn fn, void *user) {
+    if (!c) return DT_ERR_ARG;
+    c->observer = fn;
+    c->observer_user = fn ? user : NULL;
+    return DT_OK;
+}
+
+DT_API double dt_comm_now(void) { return dt__cm_now(); }
+
+DT_API void dt_comm_stats_reset(dt_comm *c) {
+    if (!c) return;
+    memset(c->stat_calls, 0, sizeof c->stat_calls);
+    memset(c->stat_nccl, 0, sizeof c->stat_nccl);
+    memset(c->stat_bytes, 0, sizeof c->stat_bytes);
+    memset(c->stat_secs, 0, sizeof c->stat_secs);
+}
+
+DT_API size_t dt_comm_stats_format(const dt_comm *c, char *buf, size_t n) {
+    size_t len = 0;
+    int k;
+    char tmp[160];
+    if (buf && n) buf[0] = 0;
+    if (!c) return 0;
+#define DT__CM_PUT(...)                                                                            \
+    do {                                                                                           \
+        int w_ = snprintf(tmp, sizeof tmp, __VA_ARGS__);                                           \
+        if (buf && len < n) snprintf(buf + len, n - len, "%s", tmp);                               \
+        len += (size_t)(w_ > 0 ? w_ : 0);                                                          \
+    } while (0)
+    DT__CM_PUT("communication on group %s (size %d, rank %d)\n", c->name, c->size, c->rank);
+    DT__CM_PUT("  %-15s %10s %14s %11s %11s %11s\n", "collective", "calls", "bytes", "seconds", "algbw GB/s",
+               "busbw GB/s");
+    for (k = 0; k < DT_COLL_COUNT; k++) {
+        dt_comm_stat s;
+        if (c->stat_calls[k] == 0) continue;
+        dt_comm_stats(c, &s, (dt_coll)k);
+        DT__CM_PUT("  %-15s %10lld %14.0f %11.4f %11.3f %11.3f", dt_coll_name((dt_coll)k), (long long)s.calls,
+                   s.bytes, s.seconds, s.algbw, s.busbw);
+        if (s.nccl_calls) DT__CM_PUT("  (device, NCCL: %lld)", (long long)s.nccl_calls);
+        DT__CM_PUT("\n");
+    }
+#undef DT__CM_PUT
+    return len;
+}
+
+DT_API void dt_comm_stats_print(const dt_comm *c) {
+    char buf[2048];
+    dt_comm_stats_format(c, buf, sizeof buf);
+    fputs(buf, stdout);
+    fflush(stdout);
 }
 
 #ifdef __cplusplus
