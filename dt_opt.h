@@ -2,6 +2,48 @@
    accumulation, global gradient clipping and crash-safe training-state checkpoints for dt.
                                                                         v0.1, MIT licence
 
+   The lesson. What happens between the backward and the next forward:
+       micro-step i of k:  dt_opt_micro_begin -> seed the backward with scale / k; grads += ...
+       dt_opt_step:        grads *= 1/scale --> inf or NaN on any rank? --yes--> skip the update,
+                                  |             (one all-reduce of a flag)        scale *= 1/2
+                                  | no
+                           global norm over the ranks -> clip -> update -> step++ (and after
+                           2000 clean steps in a row, scale *= 2)
+   Mixed precision: a bf16 / f16 parameter is only a rounded copy; the optimizer keeps the f32
+   master, so small updates are not lost to rounding:
+        f32 grad * 1/scale --> Adam (m, v: f32) --> f32 master --round--> bf16 / f16 value
+   Checkpoints are written, then renamed, so a crash anywhere leaves `latest` naming a complete
+   checkpoint:
+        step_N.tmp/rank_*.safetensors (fsync) -> manifest.json (fsync) -> rename to step_N/
+        -> latest.tmp (fsync) -> rename over latest
+   A load reads only the slices this rank needs, from whichever files hold them, so any world
+   size or layout resumes any checkpoint (resharding).
+
+   Contents. Each marker finds this line, its section in the declarations and the same section
+   in the implementation (which starts at >>implementation):
+       >>update   update math on float arrays: SGD, Adam, AdamW, Adagrad
+       >>lr       learning-rate schedules (a pure function of the step)
+       >>scale    loss scaling (torch.cuda.amp.GradScaler's rules)
+       >>clip     the global gradient norm across ranks, and clipping
+       >>opt      the optimizer: create, micro-steps, step
+       >>ckpt     checkpoints: train state, save, load, XXH64
+       >>memory   the ctx allocator's high-water mark
+   After the options and an example, this comment holds the reference: the formulas, the
+   schedules, mixed precision, clipping across ranks, checkpoints (files, crash safety, loads).
+
+   API in one breath, in the order a training program calls it:
+       dt_opt_create           state for every parameter (and f32 masters of bf16 / f16 values)
+       dt_checkpoint_load      resume, with the dt_train_state (DT_ERR_IO when there is none yet)
+       each step               dt_params_zero_grad; per micro-step dt_opt_micro_begin (the seed;
+                               the bucketer syncs on the last one), forward, backward;
+                               dt_opt_step (unscale, agree on inf/nan, clip, update); dt_opt_lr
+       dt_checkpoint_save      every N steps; dt_train_state_set / _get for your own keys
+       dt_opt_free
+     building blocks: dt_sgd_update / dt_adam_update / dt_adagrad_update (float arrays; the CUDA
+     kernel of an optimizer takes the same name and arguments plus the stream), dt_lr_at,
+     dt_lr_schedule_check, dt_loss_scaler_init / _unscale / _update, dt_grad_norm /
+     dt_clip_grad_norm, dt_xxh64, dt_peak_bytes / dt_reset_peak_bytes
+
    Do this:
        #define DT_OPT_IMPLEMENTATION         (or DT_IMPLEMENTATION for every dt header)
    before you include this file in *one* C or C++ file to create the implementation.
@@ -28,16 +70,6 @@
                        it (what it also does when mmap fails, as on some FUSE file systems):
                        one more copy of the state while loading, and an I/O error while the
                        bytes are copied is a status rather than SIGBUS (see checkpoints)
-
-   API in one breath:
-       update math    dt_sgd_update / dt_adam_update / dt_adagrad_update (float arrays; a CUDA
-                      kernel of an optimizer takes the same name and arguments, plus the stream)
-       schedules      dt_lr_at (a pure function of the step), dt_lr_schedule_check
-       optimizer      dt_opt_create / dt_opt_free / dt_opt_step / dt_opt_micro_begin / dt_opt_lr
-       loss scaling   dt_loss_scaler_init / _unscale / _update (GradScaler semantics)
-       clipping       dt_grad_norm / dt_clip_grad_norm (each parameter counted once across ranks)
-       checkpoints    dt_checkpoint_save / dt_checkpoint_load, dt_train_state_set / _get
-       memory         dt_peak_bytes / dt_reset_peak_bytes (the ctx allocator's high-water mark)
 
    A training run (statuses unchecked for brevity):
 
@@ -226,7 +258,7 @@
 extern "C" {
 #endif
 
-/* ---------------------------------------------------------------- update math (float arrays)
+/* ==== >>update: update math on float arrays: SGD, Adam(W), Adagrad ===============================
 
    One function per optimizer, one loop over n elements: exactly the formulas above. t is the
    1-based update number. These are what dt_opt_step calls per parameter, what ZeRO calls on its
@@ -243,7 +275,7 @@ DT_API void dt_adam_update(float *w, const float *g, float *m, float *v, int64_t
 DT_API void dt_adagrad_update(float *w, const float *g, float *sum, int64_t n, double lr, double lr_decay,
                               double weight_decay, double eps, int64_t t);
 
-/* ---------------------------------------------------------------- LR schedules */
+/* ==== >>lr: learning-rate schedules =========================================================== */
 
 typedef enum dt_lr_kind {
     DT_LR_DEFAULT = 0, /* = DT_LR_CONSTANT */
@@ -268,7 +300,7 @@ typedef struct dt_lr_schedule {
 DT_API double dt_lr_at(const dt_lr_schedule *s, int64_t step);
 DT_API dt_status dt_lr_schedule_check(dt_ctx *ctx, const dt_lr_schedule *s);
 
-/* ---------------------------------------------------------------- loss scaling */
+/* ==== >>scale: loss scaling (GradScaler) ====================================================== */
 
 typedef enum dt_loss_scale_mode {
     DT_LOSS_SCALE_DEFAULT = 0, /* DYNAMIC when a parameter is f16, else NONE */
@@ -305,7 +337,7 @@ DT_API dt_status dt_loss_scaler_unscale(dt_ctx *ctx, dt_loss_scaler *s, dt_param
    and after growth_interval clean steps scale *= growth (unless that overflows). */
 DT_API void dt_loss_scaler_update(dt_loss_scaler *s, int found_inf);
 
-/* ---------------------------------------------------------------- gradient norm and clipping */
+/* ==== >>clip: global gradient norm and clipping across ranks ================================== */
 
 typedef struct dt_grad_norm_desc {
     dt_comm *shard_comm;          /* the comm over which params with p->sharded are split; required
@@ -324,7 +356,7 @@ DT_API dt_status dt_grad_norm(dt_ctx *ctx, double *norm, const dt_params *ps, co
 DT_API dt_status dt_clip_grad_norm(dt_ctx *ctx, dt_params *ps, double *norm, double max_norm,
                                    const dt_grad_norm_desc *desc);
 
-/* ---------------------------------------------------------------- optimizer */
+/* ==== >>opt: the optimizer: create, micro-steps, step ========================================= */
 
 typedef enum dt_opt_kind {
     DT_OPT_DEFAULT = 0, /* = DT_OPT_ADAMW */
@@ -427,7 +459,7 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info);
 /* The scheduled lr of the next update. */
 DT_API double dt_opt_lr(const dt_optimizer *opt);
 
-/* ---------------------------------------------------------------- checkpoints */
+/* ==== >>ckpt: checkpoints: train state, save, load, XXH64 ===================================== */
 
 #define DT_CKPT_MAX_KV 32
 #define DT_CKPT_KEY_MAX 64
@@ -488,7 +520,7 @@ DT_API void dt_xxh64_update(dt_xxh64_state *s, const void *data, size_t n);
 DT_API uint64_t dt_xxh64_final(const dt_xxh64_state *s);
 DT_API uint64_t dt_xxh64(const void *data, size_t n);
 
-/* ---------------------------------------------------------------- memory */
+/* ==== >>memory: memory: the allocator's high-water mark ======================================= */
 
 /* High-water mark of the ctx allocator (host + device bytes of the ctx's tensors). */
 DT_API size_t dt_peak_bytes(const dt_ctx *ctx);
@@ -501,7 +533,7 @@ DT_API void dt_reset_peak_bytes(dt_ctx *ctx);
 #endif /* DT_OPT_H */
 
 /* ============================================================================================
-   Implementation
+   Implementation                                                              >>implementation
    ============================================================================================ */
 #if defined(DT_IMPLEMENTATION) && !defined(DT_OPT_IMPLEMENTATION)
 #define DT_OPT_IMPLEMENTATION
@@ -570,7 +602,7 @@ static void *dt__ocalloc(dt_ctx *ctx, int64_t n, size_t size) {
     return p;
 }
 
-/* ---------------------------------------------------------------- update math */
+/* ==== >>update: update math on float arrays =================================================== */
 
 /* The per-step scalars are rounded to float with a plain (float) cast: C's IEEE 754 conversion
    (Annex F, which dt_tensor.h relies on too) rounds to nearest, gives +-inf beyond the float
@@ -688,7 +720,7 @@ DT_API void dt_adagrad_update(float *w, const float *g, float *sum, int64_t n, d
 #endif
 }
 
-/* ---------------------------------------------------------------- schedules */
+/* ==== >>lr: learning-rate schedules =========================================================== */
 
 /* NULL when s is valid, else what is wrong (for the error message). */
 static const char *dt__lr_problem(const dt_lr_schedule *s, char *buf, size_t n) {
@@ -752,7 +784,7 @@ DT_API dt_status dt_lr_schedule_check(dt_ctx *ctx, const dt_lr_schedule *s) {
     return DT_OK;
 }
 
-/* ---------------------------------------------------------------- loss scaling */
+/* ==== >>scale: loss scaling =================================================================== */
 
 /* A loss scale the float math can use: the backward seed (float)scale and the unscale
    multiplier (float)(1 / scale) are both finite: FLT_MIN (2^-126) <= scale <= FLT_MAX. */
@@ -916,7 +948,7 @@ DT_API dt_status dt_loss_scaler_unscale(dt_ctx *ctx, dt_loss_scaler *s, dt_param
     return dt__unscale(s, ps, NULL, found_inf, comm);
 }
 
-/* ---------------------------------------------------------------- gradient norm and clipping */
+/* ==== >>clip: global gradient norm and clipping across ranks ================================== */
 
 static dt_comm *dt__param_comm(const dt_grad_norm_desc *d, int i) {
     if (!d) return NULL;
@@ -1030,7 +1062,7 @@ DT_API dt_status dt_clip_grad_norm(dt_ctx *ctx, dt_params *ps, double *norm, dou
     return DT_OK;
 }
 
-/* ---------------------------------------------------------------- optimizer */
+/* ==== >>opt: the optimizer: create, micro-steps, step ========================================= */
 
 static const char *dt__opt_kind_name(dt_opt_kind k) {
     switch (k) {
@@ -1541,6 +1573,8 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     return st;
 }
 
+/* ==== >>ckpt: checkpoints: XXH64, train state, helpers, plan, write, load ===================== */
+
 /* ---------------------------------------------------------------- XXH64 */
 
 #define DT__P1 0x9E3779B185EBCA87ULL
@@ -1644,13 +1678,6 @@ DT_API uint64_t dt_xxh64(const void *data, size_t n) {
     dt_xxh64_init(&s);
     dt_xxh64_update(&s, data, n);
     return dt_xxh64_final(&s);
-}
-
-/* ---------------------------------------------------------------- memory */
-
-DT_API size_t dt_peak_bytes(const dt_ctx *ctx) { return ctx ? ctx->bytes_peak : 0; }
-DT_API void dt_reset_peak_bytes(dt_ctx *ctx) {
-    if (ctx) ctx->bytes_peak = ctx->bytes_in_use;
 }
 
 /* ---------------------------------------------------------------- train state */
@@ -3151,6 +3178,13 @@ DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, dt_params *ps, dt_optimizer *op
 }
 
 #endif /* DT__OPT_POSIX */
+
+/* ==== >>memory: memory ======================================================================== */
+
+DT_API size_t dt_peak_bytes(const dt_ctx *ctx) { return ctx ? ctx->bytes_peak : 0; }
+DT_API void dt_reset_peak_bytes(dt_ctx *ctx) {
+    if (ctx) ctx->bytes_peak = ctx->bytes_in_use;
+}
 
 #ifdef __cplusplus
 }
