@@ -1,6 +1,48 @@
 /* dt_tensor.h - tensors, dtypes, devices, core ops (forward + backward), counter-based RNG,
    parameter sets and safetensors I/O for the dt toolkit.              v0.2, MIT licence
 
+   The lesson. A model is a chain of ops. Each op has a forward and a backward that share a
+   name stem, and the backward ADDS (+=) into the gradients it is given, as llm.c does:
+         x --linear_fwd--> h --gelu_fwd--> a --linear_fwd--> y --softmax_xent_fwd--> loss
+        dx <-linear_bwd--- dh <-gelu_bwd--- da <-linear_bwd--- dy <-softmax_xent_bwd---
+                 |                                 |
+                 +--> dw1 += dh^T x, db1 += sum dh +--> dw2 += dy^T a, db2 += sum dy
+   So a tensor used twice gets both contributions, and the caller zeroes the gradients once per
+   step (dt_params_zero_grad); forward outputs are overwritten. Everything hangs off a dt_ctx
+   (allocator, last error, scratch); a dt_tensor is a plain struct the caller owns (dtype,
+   device, shape, data), and a view looks into another tensor's memory.
+   Random numbers are counter-based (Philox4x32-10): value k of a tensor is a pure function of
+   (seed, name, global index k), so an initialisation does not depend on the order of the calls
+   or on how the tensor is sharded; a shard of a parallel run holds the whole tensor's numbers:
+        dt_tensor_init, name "fc.w":   whole, one rank    [ w0 w1 w2 w3 | w4 w5 w6 w7 ]
+                                       tp = 2, rank 1                   [ w4 w5 w6 w7 ]
+
+   Contents. Each marker finds this line, its section in the declarations and the same section
+   in the implementation (which starts at >>implementation):
+       >>status        statuses and their names
+       >>dtypes        dtypes (f32, bf16, f16, i32, i64, u8), devices, conversions
+       >>ctx           the context: allocator, errors, log callback, scratch
+       >>tensors       tensors: create, view, reshape, copy, fill, cast; checked sizes
+       >>rng           counter-based RNG and dt_tensor_init
+       >>ops           ops, forward and backward: GEMM, matmul, linear, activations, layernorm,
+                       losses, elementwise, embedding, attention, dot interaction, concat / split
+       >>params        parameter sets (named values with gradients)
+       >>json          the small JSON reader and escaper (safetensors headers, manifests)
+       >>strbuf        a growable string (dt_strbuf)
+       >>safetensors   safetensors files: save, open, read; dt_params_save / _load
+
+   API in one breath, in the order a program calls it:
+       dt_ctx_init                    the context (allocator, device); dt_ctx_error after a failure
+       dt_params_add                  each parameter (value + f32 grad), then dt_tensor_init
+       dt_tensor_create / _view / _reshape / _copy / _fill / _cast   activations and buffers
+       each step:   dt_params_zero_grad; the ops' _fwd in order (dt_matmul, dt_linear,
+                    dt_bias_add, dt_relu, dt_gelu, dt_layernorm, dt_attention, dt_embedding,
+                    dt_softmax_xent, dt_bce_logits, dt_add, dt_mul, dt_scale, dt_axpy, dt_sum,
+                    dt_sumsq, dt_dot_interaction, dt_concat, dt_split), then their _bwd in
+                    reverse order
+       dt_params_save / _load, dt_safetensors_save / _open / _read / _close
+       dt_tensor_free, dt_params_free, dt_ctx_shutdown
+
    Do this:
        #define DT_TENSOR_IMPLEMENTATION      (or DT_IMPLEMENTATION for every dt header)
    before you include this file in *one* C or C++ file to create the implementation.
@@ -18,24 +60,15 @@
                        blocked GEMM in this file is used.
        DT_CUDA         CUDA tensors (cudaMalloc, cudaMemcpy), and the ops matmul, linear,
                        bias_add, relu, gelu, layernorm, attention, embedding, softmax_xent (fwd
-                       and bwd), axpy, concat and split on them through kernels/ (link the objects of nvcc -c
-                       kernels/dt_*.cu, -lcublas -lcudart; the other ops take CPU tensors only). Without it
-                       asking for a CUDA tensor returns DT_ERR_DEVICE "built without DT_CUDA".
+                       and bwd), axpy, concat and split on them through kernels/ (link the
+                       objects of nvcc -c kernels/dt_*.cu, -lcublas -lcudart; the other ops take
+                       CPU tensors only). Without it asking for a CUDA tensor returns
+                       DT_ERR_DEVICE "built without DT_CUDA".
        DT_ASSERT(c)    internal invariant checks (default: assert.h). Never used for user errors.
        DT_TENSOR_NO_SIMD  plain C loops instead of SSE2 in gelu, layernorm, softmax_xent,
                        attention's softmax and the dot interaction (same results, bit for bit:
                        the lanes do the scalar ops). Neither needs more than -lm: the exp is this
                        file's own (see "4-lane vectors").
-
-   API in one breath:
-       dt_ctx_init / dt_ctx_shutdown / dt_ctx_error / dt_ctx_set_error
-       dt_tensor_create / dt_tensor_free / dt_tensor_view / dt_tensor_reshape / dt_tensor_copy /
-       dt_tensor_fill / dt_tensor_cast / dt_tensor_init (Philox RNG, sharding invariant)
-       ops: dt_matmul, dt_linear, dt_bias_add, dt_relu, dt_gelu, dt_layernorm, dt_softmax_xent,
-            dt_bce_logits, dt_add, dt_mul, dt_scale, dt_axpy, dt_sum, dt_sumsq, dt_embedding,
-            dt_attention, dt_dot_interaction, dt_concat, dt_split   (each _fwd / _bwd)
-       dt_params_*: named parameters with gradients; dt_safetensors_*: save / open / read
-       dt_json_*: the small JSON reader the safetensors header and checkpoint manifests use
 
    Conventions (every dt header follows them, and so should code that extends dt):
      - Argument order: the ctx, or the handle that carries one (dt_comm, dt_optimizer,
@@ -62,10 +95,6 @@
        Float-to-integer conversions saturate (NaN becomes 0) or are named errors, never UB.
      - Empty tensors are tensors: a dim may be 0 (give dt_tensor_desc.ndim), and every op
        accepts numel 0.
-
-   Gradients ACCUMULATE. Every *_bwd adds (+=) into the gradient buffers it is given, as llm.c
-   does, so a tensor used twice simply gets both contributions and the caller zeroes grads once
-   per step (dt_params_zero_grad). Forward outputs are overwritten (=), never accumulated.
 
    Memory: every byte comes from the allocator in dt_ctx_desc (malloc/free by default) and is
    counted: ctx->bytes_in_use and ctx->bytes_peak. Tensors are plain structs owned by the
@@ -105,7 +134,7 @@
 extern "C" {
 #endif
 
-/* ---------------------------------------------------------------- status */
+/* ==== >>status: statuses ====================================================================== */
 
 typedef enum dt_status {
     DT_OK = 0,
@@ -127,7 +156,7 @@ typedef enum dt_status {
 
 DT_API const char *dt_status_name(dt_status s);
 
-/* ---------------------------------------------------------------- dtypes and devices */
+/* ==== >>dtypes: dtypes and devices ============================================================ */
 
 typedef enum dt_dtype {
     DT_DTYPE_DEFAULT = 0, /* = DT_F32 */
@@ -157,7 +186,7 @@ DT_API float dt_bf16_to_f32(uint16_t h);
 DT_API uint16_t dt_f32_to_f16(float f);
 DT_API float dt_f16_to_f32(uint16_t h);
 
-/* ---------------------------------------------------------------- context */
+/* ==== >>ctx: the context: allocator, errors, scratch ========================================== */
 
 typedef struct dt_allocator {
     void *(*alloc_fn)(size_t bytes, void *user);
@@ -210,7 +239,7 @@ DT_API void dt_ctx_clear_error(dt_ctx *ctx);
 DT_API void *dt_alloc(dt_ctx *ctx, size_t bytes);
 DT_API void dt_release(dt_ctx *ctx, void *ptr);
 
-/* ---------------------------------------------------------------- tensors */
+/* ==== >>tensors: tensors: create, view, copy, fill, cast, sizes =============================== */
 
 #define DT_MAX_DIMS 8
 #define DT_NAME_MAX 96
@@ -280,7 +309,7 @@ DT_API const char *dt_shape_str(const dt_tensor *t, char *buf, size_t n);
 DT_API dt_status dt_check_tensor(dt_ctx *ctx, const dt_tensor *t, dt_dtype dtype,
                                  const char *fn, const char *arg);
 
-/* ---------------------------------------------------------------- RNG */
+/* ==== >>rng: counter-based RNG (Philox4x32-10) ================================================ */
 
 /* Philox4x32-10 (Salmon et al., SC'11): 4 x u32 out of a 128-bit counter and 64-bit key. */
 DT_API void dt_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
@@ -316,7 +345,7 @@ DT_API dt_status dt_tensor_init(dt_ctx *ctx, dt_tensor *t, const dt_init_desc *d
 DT_API float dt_rng_uniform(uint64_t seed, uint64_t stream, uint64_t i);
 DT_API float dt_rng_normal(uint64_t seed, uint64_t stream, uint64_t i);
 
-/* ---------------------------------------------------------------- ops (CPU, f32)
+/* ==== >>ops: ops, forward and backward ===========================================================
 
    Shapes are checked; a mismatch is DT_ERR_SHAPE naming both tensors. "rows" means every
    leading dimension flattened: a [B, T, C] tensor is B*T rows of C. */
@@ -419,7 +448,7 @@ DT_API dt_status dt_concat_bwd(dt_ctx *ctx, dt_tensor *const *dins, int n, const
 DT_API dt_status dt_split_fwd(dt_ctx *ctx, dt_tensor *const *outs, int n, const dt_tensor *in);
 DT_API dt_status dt_split_bwd(dt_ctx *ctx, dt_tensor *din, const dt_tensor *const *douts, int n);
 
-/* ---------------------------------------------------------------- parameter sets */
+/* ==== >>params: parameter sets ================================================================ */
 
 /* A parameter: its value, its gradient (same shape, f32) and where it sits in the logical
    tensor when sharded (global_shape / start, as in dt_init_desc). */
@@ -459,7 +488,33 @@ DT_API void dt_params_zero_grad(dt_ctx *ctx, dt_params *ps);
 DT_API int64_t dt_params_numel(const dt_params *ps);
 DT_API void dt_params_free(dt_ctx *ctx, dt_params *ps);
 
-/* ---------------------------------------------------------------- text builder */
+/* ==== >>json: JSON: reader and escaper ======================================================== */
+
+typedef enum dt_json_type {
+    DT_JSON_NULL = 0, DT_JSON_BOOL, DT_JSON_NUMBER, DT_JSON_STRING, DT_JSON_ARRAY, DT_JSON_OBJECT
+} dt_json_type;
+
+typedef struct dt_json {
+    dt_json_type type;
+    double number;              /* NUMBER, BOOL (0/1) */
+    char *string;               /* STRING (NUL-terminated, unescaped) */
+    char *key;                  /* the key when this value is an object member */
+    struct dt_json *items;      /* ARRAY elements / OBJECT members */
+    int count;
+} dt_json;
+
+/* Parses text[0..len); nesting deeper than 64 or any syntax error is DT_ERR_FORMAT with the
+   byte offset. *out is freed with dt_json_free. */
+DT_API dt_status dt_json_parse(dt_ctx *ctx, dt_json **out, const char *text, size_t len);
+DT_API const dt_json *dt_json_get(const dt_json *obj, const char *key); /* NULL if absent */
+DT_API void dt_json_free(dt_ctx *ctx, dt_json *j);
+/* 1 and *out = the value when j is a JSON number that is a whole count in [0, 2^53] (exact in a
+   double); 0 otherwise (NULL, another type, negative, fractional, too large). out may be NULL. */
+DT_API int dt_json_count(const dt_json *j, int64_t *out);
+/* Appends s as a JSON string literal (quotes included) to buf; returns bytes needed. */
+DT_API size_t dt_json_escape(char *buf, size_t n, const char *s);
+
+/* ==== >>strbuf: text builder (dt_strbuf) ====================================================== */
 
 /* A growable NUL-terminated string from the ctx allocator (headers, manifests). Running out of
    memory, a NULL string or a NULL b->ctx sets `failed` and turns later appends into no-ops, so a
@@ -482,7 +537,7 @@ DT_API void dt_strbuf_printf(dt_strbuf *b, const char *fmt, ...)
 DT_API void dt_strbuf_json(dt_strbuf *b, const char *s); /* s as a JSON string literal */
 DT_API void dt_strbuf_free(dt_strbuf *b);
 
-/* ---------------------------------------------------------------- safetensors */
+/* ==== >>safetensors: safetensors files ======================================================== */
 
 /* Writes tensors (CPU or CUDA) as a safetensors file: 8-byte little-endian header length,
    JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {k: v}}, then the data.
@@ -554,39 +609,13 @@ DT_API const char *dt_safetensors_meta(const dt_st_file *f, const char *key); /*
 DT_API dt_status dt_safetensors_read(dt_ctx *ctx, dt_st_file *f, dt_tensor *dst, const char *name);
 DT_API void dt_safetensors_close(dt_ctx *ctx, dt_st_file *f);
 
-/* ---------------------------------------------------------------- JSON (reader + escaper) */
-
-typedef enum dt_json_type {
-    DT_JSON_NULL = 0, DT_JSON_BOOL, DT_JSON_NUMBER, DT_JSON_STRING, DT_JSON_ARRAY, DT_JSON_OBJECT
-} dt_json_type;
-
-typedef struct dt_json {
-    dt_json_type type;
-    double number;              /* NUMBER, BOOL (0/1) */
-    char *string;               /* STRING (NUL-terminated, unescaped) */
-    char *key;                  /* the key when this value is an object member */
-    struct dt_json *items;      /* ARRAY elements / OBJECT members */
-    int count;
-} dt_json;
-
-/* Parses text[0..len); nesting deeper than 64 or any syntax error is DT_ERR_FORMAT with the
-   byte offset. *out is freed with dt_json_free. */
-DT_API dt_status dt_json_parse(dt_ctx *ctx, dt_json **out, const char *text, size_t len);
-DT_API const dt_json *dt_json_get(const dt_json *obj, const char *key); /* NULL if absent */
-DT_API void dt_json_free(dt_ctx *ctx, dt_json *j);
-/* 1 and *out = the value when j is a JSON number that is a whole count in [0, 2^53] (exact in a
-   double); 0 otherwise (NULL, another type, negative, fractional, too large). out may be NULL. */
-DT_API int dt_json_count(const dt_json *j, int64_t *out);
-/* Appends s as a JSON string literal (quotes included) to buf; returns bytes needed. */
-DT_API size_t dt_json_escape(char *buf, size_t n, const char *s);
-
 #ifdef __cplusplus
 }
 #endif
 #endif /* DT_TENSOR_H */
 
 /* ============================================================================================
-   Implementation
+   Implementation                                                              >>implementation
    ============================================================================================ */
 #if defined(DT_IMPLEMENTATION) && !defined(DT_TENSOR_IMPLEMENTATION)
 #define DT_TENSOR_IMPLEMENTATION
@@ -634,7 +663,7 @@ extern "C" {
 
 #define DT__TRY(x) do { dt_status dt__s = (x); if (dt__s) return dt__s; } while (0)
 
-/* ---------------------------------------------------------------- status, dtypes */
+/* ==== >>status: statuses ====================================================================== */
 
 DT_API const char *dt_status_name(dt_status s) {
     static const char *names[DT_STATUS_COUNT] = {
@@ -643,6 +672,8 @@ DT_API const char *dt_status_name(dt_status s) {
         "communication error", "timeout", "cuda error", "bad state"};
     return ((int)s >= 0 && s < DT_STATUS_COUNT) ? names[s] : "unknown status";
 }
+
+/* ==== >>dtypes: dtypes and devices ============================================================ */
 
 static dt_dtype dt__dtype(dt_dtype t) { return t == DT_DTYPE_DEFAULT ? DT_F32 : t; }
 
@@ -724,7 +755,7 @@ DT_API float dt_f16_to_f32(uint16_t h) {
     return dt__bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
-/* ---------------------------------------------------------------- context, errors, memory */
+/* ==== >>ctx: the context: allocator, errors, scratch ========================================== */
 
 static void *dt__default_alloc(size_t bytes, void *user) { (void)user; return malloc(bytes); }
 static void dt__default_release(void *ptr, void *user) { (void)user; free(ptr); }
@@ -886,7 +917,7 @@ DT_API dt_status dt_grow(dt_ctx *ctx, void **items, int64_t *cap, int64_t need, 
     return DT_OK;
 }
 
-/* ---------------------------------------------------------------- tensors */
+/* ==== >>tensors: tensors ====================================================================== */
 
 DT_API size_t dt_tensor_bytes(const dt_tensor *t) {
     size_t b = 0;
@@ -1327,7 +1358,7 @@ DT_API dt_status dt_tensor_cast(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *sr
     return dt_convert(ctx, dst->data, dst->dtype, src->data, src->dtype, src->numel);
 }
 
-/* ---------------------------------------------------------------- RNG (Philox4x32-10) */
+/* ==== >>rng: counter-based RNG (Philox4x32-10) ================================================ */
 
 DT_API void dt_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
     uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3], k0 = key[0], k1 = key[1];
@@ -1465,6 +1496,8 @@ DT_API dt_status dt_tensor_init(dt_ctx *ctx, dt_tensor *t, const dt_init_desc *d
     job.gnd = gnd;
     return dt__on_host(ctx, t, dt__init_host, &job);
 }
+
+/* ==== >>ops: ops, forward and backward (GEMM first, then op by op) ============================ */
 
 /* ---------------------------------------------------------------- GEMM
    C[M,N] = alpha * op(A) op(B) + beta * C, row-major, lda/ldb/ldc as stored.
@@ -2067,13 +2100,13 @@ DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor 
    SSE2 intrinsics on x86-64, a struct of 4 floats and plain loops elsewhere and under
    DT_TENSOR_NO_SIMD. Every lane does the IEEE operation the scalar code does (no reciprocal or
    rsqrt estimates, no FMA), so both give the same bits (tests/test_tensor_ops_simd.c checks it)
-   and a result does not depend on the machine's vector unit. Row sums run over 8 lanes (two dt__v4: element c goes to lane
-   c % 8), then a fixed tree: the same order run after run, whatever the thread count.
+   and a result does not depend on the machine's vector unit. Row sums run over 8 lanes (two
+   dt__v4: element c goes to lane c % 8), then a fixed tree: the same order run after run,
+   whatever the thread count.
 
    Why not libmvec (glibc's _ZGVbN4v_expf / _ZGVdN8v_expf, linked by -lm on glibc >= 2.22, tanhf
-   from 2.35)? Measured on this project's AMD EPYC (Debian 12, gcc -O2), ns per expf: libm 3.0,
-   libmvec SSE 0.83, libmvec AVX2 0.41 (needs -mavx2 or a run-time CPU check), dt__v_exp below
-   0.95. libmvec is faster, but it exists only with glibc on x86-64, its ifunc picks a different
+   from 2.35)? Its AVX2 form is faster than the polynomial below (libm's scalar expf is slower
+   than both), but it exists only with glibc on x86-64, its ifunc picks a different
    implementation per CPU (so two ranks on different machines could differ in the last bit), and
    it has no scalar twin to test against. The polynomial here is portable C99 + SSE2, gives the
    same bits on every x86-64 and on the scalar path, and its error is measured (dt__v_exp). */
@@ -3608,7 +3641,7 @@ DT_API dt_status dt_split_bwd(dt_ctx *ctx, dt_tensor *din, const dt_tensor *cons
     return dt__concat(ctx, din, (dt_tensor *const *)douts, n, 1, 1, "dt_split_bwd");
 }
 
-/* ---------------------------------------------------------------- parameter sets */
+/* ==== >>params: parameter sets ================================================================ */
 
 DT_API dt_status dt_params_add(dt_ctx *ctx, dt_params *ps, dt_param **out, const dt_param_desc *desc) {
     const char *fn = "dt_params_add";
@@ -3724,7 +3757,7 @@ DT_API void dt_params_free(dt_ctx *ctx, dt_params *ps) {
     memset(ps, 0, sizeof *ps);
 }
 
-/* ---------------------------------------------------------------- JSON */
+/* ==== >>json: JSON: reader and escaper ======================================================== */
 
 typedef struct dt__jp {
     dt_ctx *ctx;
@@ -3937,7 +3970,7 @@ DT_API size_t dt_json_escape(char *buf, size_t n, const char *s) {
     return k;
 }
 
-/* ---------------------------------------------------------------- safetensors */
+/* ==== >>strbuf: text builder (dt_strbuf) ====================================================== */
 
 DT_API void dt_strbuf_add(dt_strbuf *b, const char *s, size_t n) {
     if (!b || b->failed) return;
@@ -3996,6 +4029,8 @@ DT_API void dt_strbuf_free(dt_strbuf *b) {
     b->text = NULL;
     b->len = b->cap = 0;
 }
+
+/* ==== >>safetensors: safetensors files ======================================================== */
 
 DT_API const char *dt_safetensors_dtype_name(dt_dtype t) {
     switch (t) {
