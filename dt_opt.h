@@ -520,7 +520,7 @@ DT_API void dt_xxh64_update(dt_xxh64_state *s, const void *data, size_t n);
 DT_API uint64_t dt_xxh64_final(const dt_xxh64_state *s);
 DT_API uint64_t dt_xxh64(const void *data, size_t n);
 
-/* ==== >>memory: memory: the allocator's high-water mark ======================================= */
+/* ==== >>memory: the allocator's high-water mark =============================================== */
 
 /* High-water mark of the ctx allocator (host + device bytes of the ctx's tensors). */
 DT_API size_t dt_peak_bytes(const dt_ctx *ctx);
@@ -3179,7 +3179,7 @@ DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, dt_params *ps, dt_optimizer *op
 
 #endif /* DT__OPT_POSIX */
 
-/* ==== >>memory: memory ======================================================================== */
+/* ==== >>memory: the allocator's high-water mark =============================================== */
 
 DT_API size_t dt_peak_bytes(const dt_ctx *ctx) { return ctx ? ctx->bytes_peak : 0; }
 DT_API void dt_reset_peak_bytes(dt_ctx *ctx) {

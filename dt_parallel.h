@@ -87,7 +87,7 @@
 extern "C" {
 #endif
 
-/* ==== >>grid: the grid: dp x tp x pp, Megatron rank order ========================================
+/* ==== >>grid: dp x tp x pp, Megatron rank order ==================================================
 
    world = dp x tp x pp ranks in Megatron's order, tp innermost:
        rank = tp_rank + TP * (dp_rank + DP * pp_rank)
@@ -126,7 +126,7 @@ DT_API const char *dt_layout_string(const dt_layout *l, char *buf, size_t n);
    is DT_ERR_ARG. */
 DT_API dt_status dt_layout_batch_range(const dt_layout *l, int64_t global_batch, int64_t *first, int64_t *count);
 
-/* ==== >>arena: the arena: one flat buffer for values, one for grads ==============================
+/* ==== >>arena: one flat buffer for values, one for grads =========================================
 
    llm.c's one contiguous block: the values of every parameter of a set live in one flat buffer
    per dtype, and every gradient in one f32 buffer, in registration order. Each dt_param's value
@@ -725,7 +725,7 @@ DT_API dt_status dt_pp_split(dt_ctx *ctx, int *first, int n_layers, int n_parts)
 extern "C" {
 #endif
 
-/* ==== >>grid: the grid ======================================================================== */
+/* ==== >>grid: dp x tp x pp, Megatron rank order =============================================== */
 
 #if !defined(__cplusplus) && (defined(__unix__) || defined(__APPLE__))
 /* POSIX, declared here because strict -std=c99 hides it in <unistd.h> (as dt_tensor.h does
@@ -926,7 +926,7 @@ DT_API dt_status dt_layout_batch_range(const dt_layout *l, int64_t global_batch,
     return DT_OK;
 }
 
-/* ==== >>arena: the arena ====================================================================== */
+/* ==== >>arena: one flat buffer for values, one for grads ====================================== */
 
 static void dt__pl_arena_release(dt_arena *a) {
     int k;

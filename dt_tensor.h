@@ -239,7 +239,7 @@ DT_API void dt_ctx_clear_error(dt_ctx *ctx);
 DT_API void *dt_alloc(dt_ctx *ctx, size_t bytes);
 DT_API void dt_release(dt_ctx *ctx, void *ptr);
 
-/* ==== >>tensors: tensors: create, view, copy, fill, cast, sizes =============================== */
+/* ==== >>tensors: create, view, copy, fill, cast, sizes ======================================== */
 
 #define DT_MAX_DIMS 8
 #define DT_NAME_MAX 96
@@ -917,7 +917,7 @@ DT_API dt_status dt_grow(dt_ctx *ctx, void **items, int64_t *cap, int64_t need, 
     return DT_OK;
 }
 
-/* ==== >>tensors: tensors ====================================================================== */
+/* ==== >>tensors: create, view, copy, fill, cast, sizes ======================================== */
 
 DT_API size_t dt_tensor_bytes(const dt_tensor *t) {
     size_t b = 0;
