@@ -3,6 +3,55 @@
    sequence pooling, fused sparse optimizers, a sharding planner, checkpoints by logical row and an
    incremental export of the rows changed since the last one.          v0.1, MIT licence
 
+   The lesson. A table too large for one rank is cut over the ranks. A lookup sends each id to
+   the rank that owns its row, the owner gathers and pools, and the vectors come back (TorchRec's
+   sharded EmbeddingBag); the backward sends the gradients the same way and the owner updates
+   only the rows that were touched:
+        rank r (its local batch)                     owner k (its block of rows)
+        ids --bucketize by owner--> [for 0][for 1]..
+                  ====== all-to-all: ids (+ weights) ======>  gather the rows, pool each bag
+        out [B, dims]  <====== all-to-all: pooled vectors ======
+        dout [B, dims] ====== all-to-all: gradients ============>  sum each row's gradient in
+                                                                   (sample, feature, position)
+                                                                   order; sparse update of the
+                                                                   touched rows only
+   Sums run in a fixed order (a bag in bag order; a row-wise bag's rows come back one by one and
+   the requester sums them), so any world size and any plan give the single-rank result bit for
+   bit. forward_begin posts the id exchange and forward_end finishes it, so the ids can travel
+   while the dense model computes ("overlap").
+
+   Contents. Each marker finds this line, its section in the declarations and the same section
+   in the implementation (which starts at >>implementation):
+       >>types      pooling, sharding, optimizers, the descs, the batch (dt_kjt), stats
+       >>ids        the fixed id hash
+       >>create     create, free, the plan
+       >>forward    the forward: begin (ids posted), end (rows gathered, pooled, returned),
+                    progress, sequence views; the general path of every table
+       >>backward   gradients to the owners, the sparse update, accumulation (set_sync)
+       >>ckpt       checkpoints, the export of changed rows, stats, the local shard
+     and in the implementation only:
+       >>requests   the forward's requests: batch checks, pooling loops     (before forward)
+       >>dynamic    dynamic tables: admission, LRU / LFU eviction, moves    (before forward)
+       >>cuda       CUDA tables                                             (last)
+   After the options and an example, this comment holds the reference: the batch, shardings and
+   exactness, ids, dynamic tables, sparse optimizers, the planner, checkpoints and export,
+   overlap, CUDA, then memory, errors and threads.
+
+   API in one breath, in the order a training program calls it:
+       dt_embed_create                 tables + features + the plan (collective);
+                                       dt_embed_plan_print shows it
+       dt_embed_pooled_dim / _feature_offset   where each feature lands in the output
+       dt_embed_checkpoint_load        resume
+       each step                       dt_embed_forward (or dt_embed_forward_begin, the caller's
+                                       work with dt_embed_progress between layers, then
+                                       dt_embed_forward_end); dt_embed_sequence for pooling NONE
+                                       features; the dense model; dt_embed_sequence_grad;
+                                       dt_embed_backward (after dt_embed_set_sync(0) to
+                                       accumulate micro-batches)
+       dt_embed_checkpoint_save, dt_embed_export_changed, dt_embed_stats_get
+       dt_embed_free
+     also: dt_embed_table_sharding, dt_embed_local_shard, dt_embed_hash_id
+
    Do this:
        #define DT_EMBED_IMPLEMENTATION       (or DT_IMPLEMENTATION for every dt header)
    before you include this file in *one* C or C++ file to create the implementation.
@@ -27,25 +76,6 @@
                            Under DT_STATIC it is not compiled (stb_ds's functions are always
                            extern): define STB_DS_IMPLEMENTATION in one file of the program, or
                            DT_EMBED_STB_DS_IMPLEMENTATION to compile it here anyway.
-
-   API in one breath:
-       dt_embed_create / dt_embed_free        tables + features + plan, from a dt_embed_desc
-       dt_embed_forward                       jagged batch (dt_kjt) in, [local batch, pooled dims] out
-       dt_embed_forward_begin / _end          the same, split: ids posted in begin, rows gathered and
-                                              pooled vectors returned in end (begin may run ahead of
-                                              the previous batch's backward: "overlap")
-       dt_embed_progress                      moves the posted id exchange (call between layers)
-       dt_embed_backward                      output grads back to owners, fused sparse update
-       dt_embed_set_sync                      gradient accumulation: keep, then one update
-       dt_embed_sequence / _sequence_grad     outputs and grads of pooling NONE features
-       dt_embed_plan_format / _plan_print     the plan as a table
-       dt_embed_checkpoint_save / _load       through dt_opt.h's checkpoints, by logical row
-       dt_embed_export_changed                the rows changed since the last export (safetensors)
-       dt_embed_stats_get                     counters: ids, bytes, rows updated, seconds, and the
-                                              admitted / evicted / rejected ids of dynamic tables
-       dt_embed_pooled_dim / _feature_offset  the output layout
-       dt_embed_table_sharding / _local_shard the plan of a table, this rank's rows of it
-       dt_embed_hash_id                       the fixed id hash of DT_IDS_HASH and of dynamic tables
 
    A training step (DLRM):
 
@@ -214,8 +244,7 @@
    has no asynchronous all-to-allv), and begin's two small collectives. MPI builds without a
    progress thread (Open MPI's default) move a posted message only inside MPI calls: call
    dt_embed_progress between layers (examples/dlrm --overlap 1 does). stats.seconds_wait
-   is the time end spent waiting for the ids: the exchange not hidden. Measured in
-   bench/RESULTS.md ("overlap").
+   is the time end spent waiting for the ids: the exchange not hidden.
 
    ---------------------------------------------------------------- CUDA
 
@@ -270,6 +299,8 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* ==== >>types: pooling, sharding, optimizers, descs, the batch, stats ========================= */
 
 typedef enum dt_embed_pooling {
     DT_POOL_DEFAULT = 0, /* = DT_POOL_SUM */
@@ -392,6 +423,12 @@ typedef struct dt_embed_stats {
 
 typedef struct dt_embed dt_embed; /* opaque */
 
+/* ==== >>ids: the fixed id hash (DT_IDS_HASH, dynamic tables) ================================== */
+
+DT_API uint64_t dt_embed_hash_id(int64_t id);
+
+/* ==== >>create: create, free, the plan ======================================================== */
+
 /* Collective over desc->comm: every rank passes the same tables and features (checked: a digest
    of every field, all-reduced; on a difference DT_ERR_ARG on every rank naming the first
    differing field, e.g. tables[3] ("C4").dim = 16 on rank 0 but 32 on rank 1). */
@@ -401,6 +438,13 @@ DT_API void dt_embed_free(dt_embed *e);
    where feature f starts in it (-1 for a sequence feature). */
 DT_API int64_t dt_embed_pooled_dim(const dt_embed *e);
 DT_API int64_t dt_embed_feature_offset(const dt_embed *e, int feature);
+DT_API size_t dt_embed_plan_format(const dt_embed *e, char *buf, size_t n);
+DT_API void dt_embed_plan_print(const dt_embed *e);
+/* The plan of table t: its kind and, for table-wise, its rank (table-row: its group's first rank). */
+DT_API dt_embed_sharding dt_embed_table_sharding(const dt_embed *e, int table, int *owner);
+
+/* ==== >>forward: ids to owners, rows gathered and pooled, vectors back ======================== */
+
 /* Collective. out: f32 [kjt->batch, pooled_dim] (overwritten). */
 DT_API dt_status dt_embed_forward(dt_embed *e, dt_tensor *out, const dt_kjt *kjt);
 /* begin may also come right after the previous batch's end, before its backward: that batch's
@@ -416,6 +460,9 @@ DT_API dt_status dt_embed_progress(dt_embed *e);
    dim], and of their gradient (zeroed by each forward; add into it before the backward). */
 DT_API dt_status dt_embed_sequence(dt_embed *e, dt_tensor *view, int feature);
 DT_API dt_status dt_embed_sequence_grad(dt_embed *e, dt_tensor *view, int feature);
+
+/* ==== >>backward: gradients to owners, sparse update, accumulation ============================ */
+
 /* Collective. dout: f32 [batch, pooled_dim] of the last forward (may be NULL when every
    feature is a sequence). Applies each table's sparse optimizer to its touched rows. */
 DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout);
@@ -432,10 +479,9 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout);
    must set the same value. A checkpoint saved while gradients are pending does not hold them;
    a load drops them. sync 0 with dynamic tables on cuda: DT_ERR_UNSUPPORTED. */
 DT_API dt_status dt_embed_set_sync(dt_embed *e, int sync);
-DT_API size_t dt_embed_plan_format(const dt_embed *e, char *buf, size_t n);
-DT_API void dt_embed_plan_print(const dt_embed *e);
-/* The plan of table t: its kind and, for table-wise, its rank (table-row: its group's first rank). */
-DT_API dt_embed_sharding dt_embed_table_sharding(const dt_embed *e, int table, int *owner);
+
+/* ==== >>ckpt: checkpoints, export, stats, local shard ========================================= */
+
 /* Collective. Through dt_checkpoint_save / _load (desc->comm must be the dt_embed's comm or
    NULL for it); state as there (may be NULL). */
 DT_API dt_status dt_embed_checkpoint_save(dt_embed *e, const dt_train_state *state, const dt_checkpoint_desc *desc);
@@ -445,7 +491,6 @@ DT_API dt_status dt_embed_checkpoint_load(dt_embed *e, dt_train_state *state, co
 DT_API dt_status dt_embed_local_shard(dt_embed *e, dt_tensor *view, int64_t *row0, int64_t *col0, int table);
 DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix);
 DT_API dt_status dt_embed_stats_get(const dt_embed *e, dt_embed_stats *out);
-DT_API uint64_t dt_embed_hash_id(int64_t id);
 
 #ifdef __cplusplus
 }
@@ -453,7 +498,7 @@ DT_API uint64_t dt_embed_hash_id(int64_t id);
 #endif /* DT_EMBED_H */
 
 /* ============================================================================================
-   Implementation
+   Implementation                                                              >>implementation
    ============================================================================================ */
 
 #if defined(DT_IMPLEMENTATION) && !defined(DT_EMBED_IMPLEMENTATION)
@@ -537,6 +582,8 @@ extern "C" {
 
 #define DT__ETRY(x) do { dt_status dt__es = (x); if (dt__es) return dt__es; } while (0)
 #define DT__EM_HDR 4 /* a request segment: feature, global sample, first position, length; then ids */
+
+/* ==== >>types: internal types ================================================================= */
 
 typedef struct dt__em_tab {
     char name[DT_NAME_MAX];
@@ -692,7 +739,7 @@ static void dt__em_cuda_free(dt_embed *e);
 static dt_status dt__em_cuda_dyn_translate(dt_embed *e, int64_t *rin, int64_t total);
 static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti);
 
-/* ---------------------------------------------------------------- id maps */
+/* ==== >>ids: id maps, the id hash, owners, exchange helpers =================================== */
 
 #ifdef DT__EM_PRIVATE_MAP
 static int64_t dt__em_mfind(const dt__em_map *m, int64_t k) { /* slot of k, or of the hole it would take */
@@ -847,7 +894,7 @@ static dt_status dt__em_sum_f64(dt_embed *e, double *v, int n) {
     return e->comm ? dt_comm_allreduce_f64(e->comm, v, n, DT_REDUCE_SUM) : DT_OK;
 }
 
-/* ---------------------------------------------------------------- create, planner */
+/* ==== >>create: create, free, the planner ===================================================== */
 
 static dt_status dt__em_check_table(dt_ctx *ctx, const dt_embed_table_desc *d, int i, int W) {
     const char *fn = "dt_embed_create";
@@ -1529,7 +1576,7 @@ DT_API void dt_embed_plan_print(const dt_embed *e) {
     fflush(stdout);
 }
 
-/* ---------------------------------------------------------------- forward */
+/* ==== >>requests: the forward's requests: batch checks, pooling, segments ===================== */
 
 /* Checks the batch and turns every id into its global row (check or hash). Local: the first bad
    id is named in the ctx error and *bad set. */
@@ -1627,9 +1674,8 @@ static void dt__em_axpy(float *DT__EM_RESTRICT acc, const float *DT__EM_RESTRICT
    the hardware prefetchers do not follow random rows). The gathers and the update are bound by
    the latency of rows in DRAM (random ids in tables larger than the cache): asking a few ids
    ahead keeps several misses in flight. A hint only: it changes no value. Other compilers: no-op.
-   Reads ask for locality 2 (prefetcht1: into L2, not L1): on this project's EPYC the gather pass
-   moved 0.59 of memcpy's bytes/s with it against 0.49 with prefetcht0 (12 interleaved runs each,
-   ranges 0.55-0.61 and 0.46-0.51; bench/RESULTS.md); L1 fill buffers stop being the limit. */
+   Reads ask for locality 2 (prefetcht1: into L2, not L1): the gather pass moves more bytes per
+   second than with prefetcht0, because L1's fill buffers stop being the limit. */
 #if defined(__GNUC__) || defined(__clang__)
 #define DT__EM_PF_R(p) __builtin_prefetch((p), 0, 2)
 #define DT__EM_PF_W(p) __builtin_prefetch((p), 1, 3)
@@ -1641,7 +1687,7 @@ static void dt__em_axpy(float *DT__EM_RESTRICT acc, const float *DT__EM_RESTRICT
 #define DT__EM_PF_W(p) ((void)(p))
 #define DT__EM_PF_FN static
 #endif
-#define DT__EM_PF_IDS 8 /* how many ids ahead (measured on this project's EPYC: 4-16 all within 5%) */
+#define DT__EM_PF_IDS 8 /* how many ids ahead (not critical: 4 to 16 do about as well) */
 DT__EM_PF_FN void dt__em_pf_row(const dt__em_tab *t, int64_t row, int write) {
     size_t es = dt_dtype_size(t->dtype), bytes, o;
     const char *p;
@@ -1757,7 +1803,7 @@ static dt_status dt__em_generate(dt_embed *e, dt__em_gen *g) {
     return DT_OK;
 }
 
-/* ---------------------------------------------------------------- dynamic tables */
+/* ==== >>dynamic: dynamic tables: admission, LRU / LFU eviction, moves ========================= */
 
 static dt_status dt__em_mark(dt_embed *e, dt__em_tab *t, int64_t x);
 
@@ -2082,6 +2128,8 @@ static dt_status dt__em_dyn_misplaced(dt_embed *e, dt__em_tab *t, int *any) {
     *any = v[0] > 0;
     return DT_OK;
 }
+
+/* ==== >>forward: serve, post, begin, end (the general path of every table) ==================== */
 
 /* The owner's gather + pool pass (dt__em_serve) in two loops. The first walks the received
    requests (segments: header, then ids) and writes, for every id, where its row's columns start
@@ -2562,7 +2610,7 @@ DT_API dt_status dt_embed_sequence_grad(dt_embed *e, dt_tensor *view, int f) {
     return dt__em_seq_view(e, view, f, e ? e->seq_grad : NULL, "dt_embed_sequence_grad");
 }
 
-/* ---------------------------------------------------------------- backward */
+/* ==== >>backward: gradients to owners, sparse update ========================================== */
 
 static dt_status dt__em_add_con(dt_embed *e, int t, int f, int64_t row, int64_t sample, int64_t pos, float w,
                                 const float *g, int64_t *n) {
@@ -2918,6 +2966,8 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
     return DT_OK;
 }
 
+/* ==== >>ckpt: checkpoints, export, stats, local shard ========================================= */
+
 DT_API dt_status dt_embed_stats_get(const dt_embed *e, dt_embed_stats *out) {
     if (!e || !out) return DT_ERR_ARG;
     *out = e->stats;
@@ -3132,7 +3182,7 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
     return st;
 }
 
-/* ---------------------------------------------------------------- CUDA tables */
+/* ==== >>cuda: CUDA tables (implementation only) =============================================== */
 
 /* desc.device = DT_CUDA_DEVICE: each rank's shards (weights and optimizer state) are CUDA
    tensors, initialised on the host with the same Philox stream and copied up. The ids stay
