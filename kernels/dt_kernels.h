@@ -1,10 +1,33 @@
-/* kernels/dt_kernels.h - the C ABI of dt's CUDA kernels (the .cu files in kernels/). No CUDA types: the dt
-   headers call these under DT_CUDA, and a user builds them with
+/* kernels/dt_kernels.h - the C ABI of dt's CUDA kernels (the .cu files in kernels/). No CUDA
+   types: the dt headers call these under DT_CUDA, and a user builds them with
        nvcc -O2 -c kernels/dt_*.cu           (then links the objects with -lcudart -lcublas)
-   Every launcher has the name stem of the CPU op it mirrors (dt_layernorm_fwd -> dt_k_layernorm_fwd),
-   takes device pointers, sizes and the stream (a cudaStream_t passed as void *, NULL = the default
-   stream) last, and returns 0 or the cudaError_t of the failing launch (dt_k_error_string names it).
-   Gradients accumulate (+=), as in dt_tensor.h.                       MIT licence (see dt_tensor.h) */
+                                                                        MIT licence (see dt_tensor.h)
+   The lesson. A CUDA op is a C call in three layers, so no CUDA type reaches a dt header:
+        dt_layernorm_fwd(ctx, &out, ...)          dt_tensor.h: checks shapes, devices and sizes,
+              |                                   takes the ctx's stream
+              v
+        dt_k_layernorm_fwd(out, mean, rstd, x, w, b, eps, rows, C, stream)        (this header)
+              |                                   device pointers, sizes, the stream last
+              v
+        kernels/dt_reduce.cu: kernel<<<rows, threads, 0, stream>>>, returns 0 or the cudaError_t
+   Every launcher has the name stem of the CPU op it mirrors (dt_layernorm_fwd ->
+   dt_k_layernorm_fwd), takes the stream (a cudaStream_t passed as void *, NULL = the default
+   stream) last, and returns 0 or the cudaError_t of the failing launch (dt_k_error_string names
+   it). Gradients accumulate (+=), as in dt_tensor.h. The CPU op is the reference: each comment
+   says how the kernel's sums are ordered against it, and tests/cuda_emu runs these files on the
+   CPU to compare them without a GPU.
+
+   Contents (each marker finds this line and its section; the kernels are in the .cu file named):
+       >>elementwise   bias, relu, gelu, add, scale, axpy, mul, casts       dt_elementwise.cu
+       >>reduce        sum, sumsq, layernorm                                dt_reduce.cu
+       >>xent          fused softmax + cross entropy                        dt_softmax.cu
+       >>attention     causal attention, plain and flash                    dt_attention.cu
+       >>embedding     embedding, sharded tables, GPU hash map, dot         dt_embed.cu, dt_hash.cu
+       >>opt           SGD, Adam, Adagrad updates, gradient pass, unscale   dt_opt.cu
+       >>pack          copies and shard blocks for dt_embed's exchanges     dt_comm_pack.cu
+       >>gemm          matmul through cuBLAS                                dt_gemm.cu
+       >>tp            vocab-parallel embedding and cross entropy, concat   dt_parallel.cu
+*/
 #ifndef DT_KERNELS_H
 #define DT_KERNELS_H
 
@@ -18,7 +41,7 @@ extern "C" {
 /* The message of a status these functions return ("cudaErrorInvalidValue: invalid argument"). */
 const char *dt_k_error_string(int status);
 
-/* ---------------------------------------------------------------- elementwise and casts */
+/* ==== >>elementwise: elementwise and casts (dt_elementwise.cu) ================================ */
 
 /* Each as its dt_tensor.h op, on n (or rows x C) floats; out may alias an input where the CPU op
    allows it. bias_add_bwd sums each column in double, row by row: bit for bit the CPU's sum. */
@@ -39,7 +62,7 @@ int dt_k_mul_bwd(float *da, float *db, const float *dout, const float *a, const 
    dt_tensor_cast. Other dtypes: cudaErrorInvalidValue. */
 int dt_k_tensor_cast(void *dst, int dst_dtype, const void *src, int src_dtype, int64_t n, void *stream);
 
-/* ---------------------------------------------------------------- reductions and layernorm */
+/* ==== >>reduce: reductions and layernorm (dt_reduce.cu) ======================================= */
 
 /* *out = sum of x (sumsq: of x * x) in double, like dt_sum / dt_sumsq: blocks sum slices into
    work (DT_K_REDUCE_WORK doubles of device memory), a second pass sums those in a fixed order,
@@ -55,7 +78,7 @@ int dt_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, con
 int dt_k_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
                        const float *mean, const float *rstd, int64_t rows, int64_t C, void *stream);
 
-/* ---------------------------------------------------------------- softmax and cross entropy */
+/* ==== >>xent: softmax and cross entropy (dt_softmax.cu) ======================================= */
 
 /* Fused softmax + cross entropy that never stores the probabilities. logits [rows, V],
    targets i32 [rows]. fwd writes losses[r] = logsumexp(row) - logits[r, t] (0 on a row whose
@@ -77,7 +100,7 @@ int dt_k_softmax_xent_probs(float *probs, const float *logits, const float *lse,
 int dt_k_softmax_xent_bwd_probs(float *dlogits, const float *probs, const int32_t *targets, int ignore_index,
                                 float dloss, int64_t n_valid, int64_t rows, int64_t V, void *stream);
 
-/* ---------------------------------------------------------------- attention */
+/* ==== >>attention: attention (dt_attention.cu) ================================================ */
 
 /* Causal multi-head self-attention, as dt_attention_fwd / _bwd: qkv [B,T,3C] packed q|k|v,
    out [B,T,C], att [B,H,T,T] the softmaxed scores (zeros above the diagonal), H = n_head
@@ -104,7 +127,7 @@ int dt_k_attention_fwd_flash(float *out, float *lse, const float *qkv, int64_t B
 int dt_k_attention_bwd_flash(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                              int64_t B, int64_t T, int64_t C, int n_head, void *stream);
 
-/* ---------------------------------------------------------------- embedding */
+/* ==== >>embedding: embedding (dt_embed.cu, dt_hash.cu) ======================================== */
 
 /* dt_embedding_fwd / _bwd: out[n,:] = table[ids[n],:]; dtable[ids[n],:] += dout[n,:]. ids are
    int32 (ids_i64 = 0) or int64 (1). An id outside [0, V) gathers zeros, is skipped in the
@@ -194,7 +217,7 @@ int dt_k_dot_interaction_fwd(float *out, const float *dense, const float *emb, i
 int dt_k_dot_interaction_bwd(float *ddense, float *demb, const float *dout, const float *dense, const float *emb,
                              int64_t B, int64_t F, int64_t D, void *stream);
 
-/* ---------------------------------------------------------------- optimizer */
+/* ==== >>opt: optimizer (dt_opt.cu) ============================================================ */
 
 /* The flat arena (dt_opt.h, llm.c): n elements; w holds the values (w_dtype 1 f32, 2 bf16,
    3 f16, as dt_dtype), master the f32 master weights or NULL. With master: the update runs on
@@ -233,7 +256,7 @@ int dt_k_loss_scaler_unscale(float *g, int *found_inf, double *sumsq, double *wo
 int dt_k_grad_pass_lanes(float *const *g, const int64_t *n, int n_t, int *found_inf, double *sumsq, float mul,
                          int scale, void *stream);
 
-/* ---------------------------------------------------------------- comm packing */
+/* ==== >>pack: comm packing (dt_comm_pack.cu) ================================================== */
 
 /* n_copies copies in one launch: dst[dst_off[c] + e] = alpha * src[src_off[c] + e] for e <
    len[c] (offsets and lengths in elements, device int64 arrays); max_len (host) is the longest
@@ -252,7 +275,7 @@ int dt_k_comm_pack_blocks(void *dst, const void *src, int64_t rows, int64_t cols
 int dt_k_comm_unpack_blocks(void *dst, const void *src, int64_t rows, int64_t cols, int W, int elem_bytes,
                             void *stream);
 
-/* ---------------------------------------------------------------- gemm */
+/* ==== >>gemm: gemm (dt_gemm.cu) =============================================================== */
 
 /* dt_matmul_fwd through cuBLAS (row-major, as the CPU op): for each of batch matrices,
    out = alpha op(a) op(b) + beta out, op(a) [M,K], op(b) [K,N], out [M,N] f32; a, b of dtype
@@ -271,7 +294,7 @@ int dt_k_matmul_bwd(void *cublas, float *da, float *db, const float *dout, const
                     int64_t batch, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b, int64_t stride_a,
                     int64_t stride_b, float alpha, int tf32, void *stream);
 
-/* ---------------------------------------------------------------- tensor parallel (kernels/dt_parallel.cu)
+/* ==== >>tp: tensor parallel (dt_parallel.cu) =====================================================
 
    dt_parallel.h's vocab-parallel layers on CUDA tensors, the CPU functions' arithmetic in their
    order. ids (i32, or i64 with ids_i64 = 1) are checked on the host first, as dt_tensor.h does.
