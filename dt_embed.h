@@ -1680,7 +1680,7 @@ static void dt__em_axpy(float *DT__EM_RESTRICT acc, const float *DT__EM_RESTRICT
 #define DT__EM_PF_R(p) __builtin_prefetch((p), 0, 2)
 #define DT__EM_PF_W(p) __builtin_prefetch((p), 1, 3)
 /* always inlined: gcc deems a function that only prefetches free of side effects and drops
-   the calls to it (seen with gcc 12 -O2: no prefetch was left in the pooling) */
+   the calls to it (gcc 12 -O2 leaves no prefetch in the pooling otherwise) */
 #define DT__EM_PF_FN static inline __attribute__((always_inline))
 #else
 #define DT__EM_PF_R(p) ((void)(p))
