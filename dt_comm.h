@@ -140,9 +140,9 @@
    of its message). Everything a collective needs is taken before its header goes out. Sizes:
    a tensor has at most 2147483647 elements (MPI counts are int; DT_ERR_UNSUPPORTED beyond),
    every size computed from it fits, and an all-to-allv that would bring one rank more than that
-   in all is an error on every rank before anything is allocated or sent. A communicator that timed out
-   keeps the buffers of the abandoned collective until the process ends. Wait for every request
-   of a communicator before freeing it.
+   in all is an error on every rank before anything is allocated or sent. A communicator that
+   timed out keeps the buffers of the abandoned collective until the process ends. Wait for
+   every request of a communicator before freeing it.
 
    Threads: a dt_comm (and its requests and bucketer) belongs to one thread at a time. MPI is
    initialised with MPI_THREAD_FUNNELED when dt initialises it.

@@ -121,9 +121,9 @@
    pooled = ((0 + w_0 row_0) + w_1 row_1) + ... (w = 1 unweighted; mean divides by the length
    last). Table-wise, column-wise and data-parallel tables pool the whole bag on one rank. A
    row-wise (or table-row) bag is split over owners, and partial sums reduced in rank order
-   would depend on the world size, so row-wise owners return each looked-up (weighted) row and the requesting
-   rank sums them in bag order: the bytes of one row per id instead of one row per (bag, owner):
-   the same for one-hot features (Criteo: one id per bag), more for long bags.
+   would depend on the world size, so row-wise owners return each looked-up (weighted) row and
+   the requesting rank sums them in bag order: the bytes of one row per id instead of one row
+   per (bag, owner): the same for one-hot features (Criteo: one id per bag), more for long bags.
    The sparse update of a row sums its gradient contributions in one fixed order: by (global
    sample, feature, position in the bag), sorted on the owner (the sort also deduplicates the
    ids), whatever rank they came from. So training at any world size gives the single-rank
@@ -275,11 +275,10 @@
    2 MiB-aligned part; errors ignored, values unchanged): random rows in 4 KiB pages miss the TLB
    on nearly every id. Opt out with DT_EMBED_NO_HUGEPAGE. Exception: the hash maps of dynamic
    tables are stb_ds's, which allocate with realloc / free (STBDS_REALLOC / STBDS_FREE; define
-   them before this file's implementation to change that), not with the ctx allocator. A dynamic table's
-   slots cost 2 x 8 bytes (id, stamp) + 2 x 8 (LRU links, or LFU heap) (+ 8, LFU count) per
-   slot besides the row; the map of
-   sightings grows with the distinct ids seen and not admitted (use admit_after 1 to keep it
-   empty).
+   them before this file's implementation to change that), not with the ctx allocator. A
+   dynamic table's slots cost 2 x 8 bytes (id, stamp) + 2 x 8 (LRU links, or LFU heap) (+ 8,
+   LFU count) per slot besides the row; the map of sightings grows with the distinct ids seen
+   and not admitted (use admit_after 1 to keep it empty).
 
    Errors: every function returns dt_status with dt_ctx_error naming the argument, the value
    and what was expected. Collective functions (create, forward, backward, checkpoints, export)

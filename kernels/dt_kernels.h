@@ -1,7 +1,7 @@
 /* kernels/dt_kernels.h - the C ABI of dt's CUDA kernels (the .cu files in kernels/). No CUDA
    types: the dt headers call these under DT_CUDA, and a user builds them with
        nvcc -O2 -c kernels/dt_*.cu           (then links the objects with -lcudart -lcublas)
-                                                                        MIT licence (see dt_tensor.h)
+   MIT licence (see the end of dt_tensor.h).
    The lesson. A CUDA op is a C call in three layers, so no CUDA type reaches a dt header:
         dt_layernorm_fwd(ctx, &out, ...)          dt_tensor.h: checks shapes, devices and sizes,
               |                                   takes the ctx's stream
