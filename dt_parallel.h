@@ -491,6 +491,18 @@ typedef struct dt_pp_action {
     int peer;   /* the stage sent to / received from; -1 for compute */
 } dt_pp_action;
 
+/* Size limits, checked by dt_pp_schedule_create (and again by simulate and dt_pp_run, since a
+   schedule may be edited in place). A schedule's lists and one simulation take memory in
+   proportion to its passes (stages x chunks x micro, a few hundred bytes each), and the
+   simulator's round-robin sweeps every stage once per round, its rounds growing with stages +
+   micro: so the passes are bounded, and the stages on their own. These keep a schedule within a
+   few hundred MB and its simulation within seconds, far above real pipelines (tens of stages, a
+   few chunks per stage, hundreds of micro-batches). */
+#define DT_PP_MAX_STAGES 4096
+#define DT_PP_MAX_CHUNKS 1024
+#define DT_PP_MAX_MICRO 1048576
+#define DT_PP_MAX_PASSES 1048576 /* stages x chunks x micro */
+
 typedef struct dt_pp_desc {
     dt_pp_kind kind;
     int stages;   /* p; 0 = 1 */
@@ -543,7 +555,8 @@ typedef struct dt_pp_stats {
 
 DT_API const char *dt_pp_kind_name(dt_pp_kind k); /* "gpipe", "1f1b", "interleaved", "zb-h1" */
 DT_API const char *dt_pp_op_name(dt_pp_op op);    /* "F", "B", "BI", "BW", "SEND_ACT", ... */
-/* Builds the lists. Bad values are DT_ERR_ARG naming the field, its value and what is expected. */
+/* Builds the lists. Bad values are DT_ERR_ARG naming the field, its value and what is expected
+   (sizes above the DT_PP_MAX_* limits too). */
 DT_API dt_status dt_pp_schedule_create(dt_ctx *ctx, dt_pp_schedule **out, const dt_pp_desc *desc);
 DT_API void dt_pp_schedule_free(dt_pp_schedule *s);
 /* Executes every stage's list (model above) and checks it; desc may be NULL (defaults). */
@@ -638,7 +651,8 @@ DT_API dt_status dt_trace_overlap(const dt_trace *t, double *comm_seconds, doubl
    micro-batches are one step's backward, and the model scales each micro-batch's loss by 1 / m.
 
    Errors: arguments (NULL callbacks, a schedule whose stages differ from l->pp, a bad activation
-   shape) are named before anything is sent, identically on every rank. An error inside a run (a
+   shape, an action of any stage's list with a field out of range, as the simulator's "fields")
+   are named before anything is sent, identically on every rank. An error inside a run (a
    callback's status, a comm error) is returned with the action named; the other stages then see
    their receives time out (the comm's timeout), and this rank's posted receives keep their
    buffers (they are not freed while MPI may still write into them): treat the pipeline as broken. */
@@ -2743,18 +2757,37 @@ static int dt__pp_expand(const dt_pp_schedule *s, int st, const dt_pp_action *o,
     return w;
 }
 
+/* Stages, micro-batches and chunks within the DT_PP_MAX_* limits (the header says why); pre names
+   where they come from ("desc->" or "s->"), note what a 0 means there. */
+static dt_status dt__pp_check_sizes(dt_ctx *ctx, const char *fn, const char *pre, const char *note, int p, int m,
+                                    int v) {
+    static const char *const names[3] = {"stages", "micro", "chunks"};
+    static const char *const limits[3] = {"DT_PP_MAX_STAGES", "DT_PP_MAX_MICRO", "DT_PP_MAX_CHUNKS"};
+    const int val[3] = {p, m, v}, max[3] = {DT_PP_MAX_STAGES, DT_PP_MAX_MICRO, DT_PP_MAX_CHUNKS};
+    int64_t passes = 0;
+    int i;
+    for (i = 0; i < 3; i++)
+        if (val[i] < 1 || val[i] > max[i])
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s%s = %d, expected 1 .. %s = %d%s", fn, pre, names[i], val[i],
+                                    limits[i], max[i], note);
+    if (!dt_mul_ok(p, v, &passes) || !dt_mul_ok(passes, m, &passes) || passes > DT_PP_MAX_PASSES)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %sstages x %schunks x %smicro = %d x %d x %d = %lld passes, expected "
+                                "at most DT_PP_MAX_PASSES = %d", fn, pre, pre, pre, p, v, m, (long long)passes,
+                                DT_PP_MAX_PASSES);
+    return DT_OK;
+}
+
 static dt_status dt__pp_check_desc(dt_ctx *ctx, const dt_pp_desc *d, int *p, int *m, int *v) {
     static const char fn[] = "dt_pp_schedule_create";
-    int64_t pv = 0;
+    dt_status err;
     if ((int)d->kind < 0 || d->kind >= DT_PP_KIND_COUNT)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc->kind = %d, expected DT_PP_DEFAULT .. DT_PP_ZB_H1 (0 .. %d)",
                                 fn, (int)d->kind, DT_PP_KIND_COUNT - 1);
     *p = d->stages ? d->stages : 1;
     *m = d->micro ? d->micro : 1;
     *v = d->chunks ? d->chunks : 1;
-    if (*p < 1) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc->stages = %d, expected >= 1 (0 = 1)", fn, d->stages);
-    if (*m < 1) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc->micro = %d, expected >= 1 (0 = 1)", fn, d->micro);
-    if (*v < 1) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc->chunks = %d, expected >= 1 (0 = 1)", fn, d->chunks);
+    err = dt__pp_check_sizes(ctx, fn, "desc->", " (0 = 1)", *p, *m, *v);
+    if (err) return err;
     if (*v > 1 && d->kind != DT_PP_INTERLEAVED)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc->chunks = %d with kind %s, expected 1: only the interleaved "
                                 "schedule puts several model chunks on a stage", fn, d->chunks, dt_pp_kind_name(d->kind));
@@ -2765,11 +2798,6 @@ static dt_status dt__pp_check_desc(dt_ctx *ctx, const dt_pp_desc *d, int *p, int
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc->micro = %d is not a multiple of desc->stages = %d, as the "
                                 "interleaved schedule needs (micro-batches go round the stages in groups of p)",
                                 fn, *m, *p);
-    /* the simulator indexes (virtual stage, micro) pairs and a stage lists up to 9 m v + 2 v
-       actions: keep all of it in int */
-    if (!dt_mul_ok(*p, *v, &pv) || !dt_mul_ok(pv, *m, &pv) || pv > 100000000 || (int64_t)*m * *v > 10000000)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: stages %d x chunks %d x micro %d is too large (at most 1e8 "
-                                "(stage, chunk, micro) triples and 1e7 chunk-micro-batches per stage)", fn, *p, *v, *m);
     if (d->recv_ahead < 0)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc->recv_ahead = %d, expected >= 0 (0 = 2)", fn, d->recv_ahead);
     if (d->n_layers < 0)
@@ -2990,31 +3018,60 @@ static int dt__pp_step(dt__pp_sim *S, int st) {
     return 0;
 }
 
-/* Every field in range, messages only between the neighbours the virtual stages imply. */
-static dt_status dt__pp_check_fields(const dt_pp_schedule *s) {
-    int st, j, want;
-    char an[64];
+/* One action's fields against stage st of s: what its op, micro, chunk and peer must be before
+   anything indexes with them (messages only between the neighbours the virtual stages imply). */
+static dt_status dt__pp_check_action(dt_ctx *ctx, const char *fn, const dt_pp_schedule *s, int st, int j) {
+    const dt_pp_action *a = &s->actions[st][j];
+    char an[64], bad[160];
+    int want, to;
+    bad[0] = '\0';
+    if ((int)a->op <= DT_PP_NOP || a->op >= DT_PP_OP_COUNT)
+        snprintf(bad, sizeof bad, "op = %d, expected one of F .. RECV_GRAD (%d .. %d)", (int)a->op, DT_PP_F,
+                 DT_PP_OP_COUNT - 1);
+    else if (a->micro < 0 || a->micro >= s->micro)
+        snprintf(bad, sizeof bad, "micro = %d, expected 0 .. %d (s->micro - 1)", a->micro, s->micro - 1);
+    else if (a->chunk < 0 || a->chunk >= s->chunks)
+        snprintf(bad, sizeof bad, "chunk = %d, expected 0 .. %d (s->chunks - 1)", a->chunk, s->chunks - 1);
+    else if (a->op <= DT_PP_BW && a->peer != -1)
+        snprintf(bad, sizeof bad, "peer = %d, expected -1 (a compute has no peer)", a->peer);
+    else if (a->op > DT_PP_BW) {
+        to = a->op == DT_PP_SEND_ACT || a->op == DT_PP_RECV_GRAD ? +1 : -1;
+        want = s->stages > 1 ? dt__pp_neighbour(s->stages, s->chunks, st, a->chunk, to) : -1;
+        if (s->stages == 1)
+            snprintf(bad, sizeof bad, "a message in a one-stage pipeline, expected computes only (chunks hand over "
+                     "in memory)");
+        else if (want < 0)
+            snprintf(bad, sizeof bad, "no virtual stage on that side of virtual stage %d (of %d), expected no such "
+                     "message", a->chunk * s->stages + st, s->stages * s->chunks);
+        else if (a->peer != want)
+            snprintf(bad, sizeof bad, "peer = %d, expected %d (the stage of the neighbouring virtual stage)", a->peer,
+                     want);
+    }
+    if (!bad[0]) return DT_OK;
+    dt__pp_str(an, sizeof an, a);
+    return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: fields: stage %d, action %d (%s): %s", fn, st, j, an, bad);
+}
+
+/* A schedule, as the simulator and the runtime both take it (it may have been edited in place):
+   its sizes within the limits, its arrays there, and every action of every stage in range, all
+   checked before any of it is used as an index. Every rank checks every stage, so an edited list
+   is refused identically everywhere, before anything is sent. */
+static dt_status dt__pp_check_schedule(dt_ctx *ctx, const char *fn, const dt_pp_schedule *s) {
+    int st, j;
+    dt_status err;
+    if (!s->count || !s->actions || !s->bound)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: s is not a schedule from dt_pp_schedule_create (s->count, "
+                                "s->actions or s->bound is NULL)", fn);
+    err = dt__pp_check_sizes(ctx, fn, "s->", "", s->stages, s->micro, s->chunks);
+    if (err) return err;
     for (st = 0; st < s->stages; st++) {
         if (s->count[st] < 0 || (s->count[st] > 0 && !s->actions[st]))
-            return dt_ctx_set_error(s->ctx, DT_ERR_ARG, "dt_pp_schedule_simulate: fields: stage %d has count %d and "
-                                    "actions %p", st, s->count[st], (void *)s->actions[st]);
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: fields: stage %d has s->count[%d] = %d and s->actions[%d] = "
+                                    "%p, expected a count >= 0 and its actions", fn, st, st, s->count[st], st,
+                                    (void *)s->actions[st]);
         for (j = 0; j < s->count[st]; j++) {
-            const dt_pp_action *a = &s->actions[st][j];
-            const char *bad = NULL;
-            dt__pp_str(an, sizeof an, a);
-            if ((int)a->op <= DT_PP_NOP || a->op >= DT_PP_OP_COUNT) bad = "op is not one of F .. RECV_GRAD";
-            else if (a->micro < 0 || a->micro >= s->micro) bad = "micro out of [0, micro)";
-            else if (a->chunk < 0 || a->chunk >= s->chunks) bad = "chunk out of [0, chunks)";
-            else if (a->op <= DT_PP_BW && a->peer != -1) bad = "a compute's peer must be -1";
-            else if (a->op > DT_PP_BW) {
-                int to = a->op == DT_PP_SEND_ACT || a->op == DT_PP_RECV_GRAD ? +1 : -1;
-                want = s->stages > 1 ? dt__pp_neighbour(s->stages, s->chunks, st, a->chunk, to) : -1;
-                if (want < 0) bad = s->stages == 1 ? "a message in a one-stage pipeline" : "no virtual stage on that side";
-                else if (a->peer != want) bad = "peer is not the stage of the neighbouring virtual stage";
-            }
-            if (bad)
-                return dt_ctx_set_error(s->ctx, DT_ERR_ARG, "dt_pp_schedule_simulate: fields: stage %d, action %d (%s, "
-                                        "op %d): %s", st, j, an, (int)a->op, bad);
+            err = dt__pp_check_action(ctx, fn, s, st, j);
+            if (err) return err;
         }
     }
     return DT_OK;
@@ -3059,12 +3116,15 @@ DT_API dt_status dt_pp_schedule_simulate(dt_pp_schedule *s, dt_pp_stats *out, co
     size_t n, i;
     int st, progress, left, r, p;
     dt_status err;
-    if (!s || !s->ctx || s->stages < 1 || !s->count || !s->actions) return s && s->ctx ? dt_ctx_set_error(s->ctx, DT_ERR_ARG, "dt_pp_schedule_simulate: s is not a schedule from dt_pp_schedule_create") : DT_ERR_ARG;
+    if (!s || !s->ctx) return DT_ERR_ARG;
     ctx = s->ctx;
     if (out) memset(out, 0, sizeof *out);
+    if (!s->start || !s->busy || !s->peak || !s->stage_bubble)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_pp_schedule_simulate: s is not a schedule from "
+                                "dt_pp_schedule_create (s->start, s->busy, s->peak or s->stage_bubble is NULL)");
     err = dt__pp_costs(ctx, desc, c);
     if (err) return err;
-    err = dt__pp_check_fields(s);
+    err = dt__pp_check_schedule(ctx, "dt_pp_schedule_simulate", s);
     if (err) return err;
     memset(&S, 0, sizeof S);
     S.s = s;
@@ -3164,7 +3224,7 @@ static void dt__pp_label(char *buf, size_t n, const dt_pp_action *a, int chunks)
 
 DT_API dt_status dt_pp_schedule_format(dt_pp_schedule *s, dt_strbuf *out, const dt_pp_sim_desc *desc) {
     dt_pp_stats stats;
-    double c[5], q = 0.0, cost;
+    double c[5], q = 0.0, cost, width_slots;
     char label[32];
     int st, j, width = 2, w, len;
     int64_t slots, at, slot;
@@ -3186,10 +3246,15 @@ DT_API dt_status dt_pp_schedule_format(dt_pp_schedule *s, dt_strbuf *out, const 
             if (len > width) width = len;
         }
     if (q == 0.0) return DT_OK; /* nothing to draw */
-    slots = (int64_t)(stats.makespan / q + 0.5);
-    if (!(stats.makespan / q < 1e6))
-        return dt_ctx_set_error(s->ctx, DT_ERR_ARG, "dt_pp_schedule_format: the table would be %.0f slots wide "
-                                "(makespan %g / cheapest op %g), expected at most 1e6", stats.makespan / q, stats.makespan, q);
+    /* the width in range (NaN and inf fail too) before it becomes an integer; every start and
+       cost below is at most the makespan, so their casts stay in range with it. A table is drawn
+       for a person: 1e7 cells is already tens of MB of text. */
+    width_slots = stats.makespan / q;
+    if (!(width_slots < 1e6) || !(width_slots * s->stages < 1e7))
+        return dt_ctx_set_error(s->ctx, DT_ERR_ARG, "dt_pp_schedule_format: the table would be %g slots wide "
+                                "(makespan %g / cheapest op %g) x %d stages, expected at most 1e6 slots and 1e7 "
+                                "cells", width_slots, stats.makespan, q, s->stages);
+    slots = (int64_t)(width_slots + 0.5);
     for (st = 0; st < s->stages; st++) {
         size_t row = out->len;
         dt_strbuf_printf(out, "stage %*d |", s->stages > 10 ? (s->stages > 100 ? 3 : 2) : 1, st);
@@ -3735,7 +3800,7 @@ static dt_status dt__pp_compute(dt__pp_rt *r, const dt_pp_action *a, int *produc
         if (++*in_flight > r->out->peak) r->out->peak = *in_flight;
         return DT_OK;
     }
-    if (!last && part != DT_PP_PART_WEIGHT) {
+    if (!last) { /* BW reads the gradient BI waited for; in an edited list it may be missing */
         if (dout->buf < 0) return DT_ERR_STATE;
         DT__PL_TRY(dt__pp_wait(r, &dout->req));
     }
@@ -3793,10 +3858,9 @@ static dt_status dt__pp_post_recv(dt__pp_rt *r, const dt_pp_action *a) {
                          &x->req);
 }
 
-static dt_status dt__pp_check(dt_layout *l, const dt_pp_schedule *s, const dt_pp_model *m, dt_tensor_desc *acts) {
+static dt_status dt__pp_check(dt_layout *l, const dt_pp_schedule *s, const dt_pp_model *m) {
     static const char fn[] = "dt_pp_run";
     dt_ctx *ctx = l->ctx;
-    int k, j, V;
     if (!s) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: s (the schedule) is NULL", fn);
     if (!m) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: m (the model) is NULL", fn);
     if (!m->forward || !m->backward)
@@ -3807,6 +3871,14 @@ static dt_status dt__pp_check(dt_layout *l, const dt_pp_schedule *s, const dt_pp
                                 "one stage per pp rank", fn, s->stages, l->pp);
     if (s->ctx != ctx)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: the schedule was made with another ctx than the layout's", fn);
+    return dt__pp_check_schedule(ctx, fn, s);
+}
+
+/* The activation every virtual stage sends the next, resolved into acts (V - 1 of them). */
+static dt_status dt__pp_check_acts(dt_layout *l, const dt_pp_schedule *s, const dt_pp_model *m, dt_tensor_desc *acts) {
+    static const char fn[] = "dt_pp_run";
+    dt_ctx *ctx = l->ctx;
+    int k, j, V;
     V = s->stages * s->chunks;
     for (k = 0; k + 1 < V; k++) {
         dt_tensor_desc d = m->acts ? m->acts[k] : m->act;
@@ -3899,7 +3971,7 @@ DT_API dt_status dt_pp_run(dt_layout *l, dt_pp_run_stats *out, const dt_pp_sched
     dt__pp_rt r;
     dt_pp_run_stats mine;
     dt_ctx *ctx;
-    int64_t from = 0, k, cm = 0;
+    int64_t from = 0, k, cm = 0, n_send = 0;
     int j, pending = 0;
     double t0 = dt_comm_now();
     dt_status st;
@@ -3912,12 +3984,12 @@ DT_API dt_status dt_pp_run(dt_layout *l, dt_pp_run_stats *out, const dt_pp_sched
     r.l = l, r.ctx = ctx, r.s = s, r.m = m, r.trace = desc ? desc->trace : NULL;
     r.st = l->pp_rank;
     r.out->stage = r.st;
-    if (s && m && s->stages >= 1) {
-        r.acts = (dt_tensor_desc *)dt__pl_alloc_n(ctx, (int64_t)s->stages * s->chunks, sizeof(dt_tensor_desc),
-                                                  "dt_pp_run", "activation shapes");
-        if (!r.acts) return DT_ERR_OOM;
-    }
-    st = dt__pp_check(l, s, m, r.acts);
+    st = dt__pp_check(l, s, m);
+    if (st) return st;
+    r.acts = (dt_tensor_desc *)dt__pl_alloc_n(ctx, (int64_t)s->stages * s->chunks, sizeof(dt_tensor_desc),
+                                              "dt_pp_run", "activation shapes");
+    if (!r.acts) return DT_ERR_OOM;
+    st = dt__pp_check_acts(l, s, m, r.acts);
     if (st) {
         dt_release(ctx, r.acts);
         return st;
@@ -3925,8 +3997,10 @@ DT_API dt_status dt_pp_run(dt_layout *l, dt_pp_run_stats *out, const dt_pp_sched
     r.p = s->stages, r.v = s->chunks, r.M = s->micro, r.V = r.p * r.v;
     r.out->bound = s->bound[r.st];
     cm = (int64_t)r.v * r.M;
+    for (j = 0; j < s->count[r.st]; j++) /* a send in flight per SEND of the list at most, however edited */
+        if (s->actions[r.st][j].op == DT_PP_SEND_ACT || s->actions[r.st][j].op == DT_PP_SEND_GRAD) n_send++;
     r.in = (dt__pp_slot *)dt__pl_alloc_n(ctx, 2 * cm, sizeof(dt__pp_slot), "dt_pp_run", "slots");
-    r.sends = (dt__pp_send *)dt__pl_alloc_n(ctx, 2 * cm, sizeof(dt__pp_send), "dt_pp_run", "sends");
+    r.sends = (dt__pp_send *)dt__pl_alloc_n(ctx, n_send, sizeof(dt__pp_send), "dt_pp_run", "sends");
     r.last_bwd = (int *)dt__pl_alloc_n(ctx, r.v, sizeof(int), "dt_pp_run", "chunks");
     st = r.in && r.sends && r.last_bwd ? DT_OK : DT_ERR_OOM;
     if (!st) {

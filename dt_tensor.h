@@ -360,7 +360,9 @@ DT_API dt_status dt_matmul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, const 
                                const dt_tensor *a, const dt_tensor *b, int trans_a, int trans_b,
                                float alpha);
 /* Raw row-major SGEMM, C = alpha op(A) op(B) + beta C, through the portable blocked kernel even
-   when DT_CBLAS is on (so tests and benchmarks can compare the two paths). */
+   when DT_CBLAS is on (so tests and benchmarks can compare the two paths). As in BLAS, each ld is
+   at least 1 and the row length of its matrix as stored (lda: K, or M with ta; ldb: N, or K with
+   tb; ldc: N); anything else is DT_ERR_ARG naming it. */
 DT_API dt_status dt_gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K,
                                   float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                                   float beta, float *C, int64_t ldc);
@@ -1692,15 +1694,56 @@ static dt_status dt__gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64
     return DT_OK;
 }
 
+/* One matrix's leading dimension, row-major as BLAS wants it: at least its row length and 1, and
+   rows x ld inside int64 (the kernels index row * ld). */
+static dt_status dt__gemm_check_ld(dt_ctx *ctx, const char *fn, const char *ld_name, int64_t ld, const char *mat,
+                                   int t, int64_t rows, const char *rows_name, int64_t cols, const char *cols_name) {
+    int64_t need = cols > 1 ? cols : 1, span;
+    if (ld < need)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s = %lld, expected >= %lld (%s = %lld, the length of a row of %s%s, "
+                                "and >= 1)", fn, ld_name, (long long)ld, (long long)need, cols_name, (long long)cols, mat,
+                                t ? " as stored, transposed" : "");
+    if (!dt_mul_ok(rows, ld, &span))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s = %lld times %s = %lld rows of %s overflows int64", fn, ld_name,
+                                (long long)ld, rows_name, (long long)rows, mat);
+    return DT_OK;
+}
+
+/* The sizes of a row-major SGEMM, named, before either path reads a matrix: CBLAS only prints a
+   complaint on a bad ld and the portable kernel would read and write past the rows. (The ops
+   pass NULL data for an empty operand, which is never read: NULL is the public entry's check.) */
+static dt_status dt__gemm_check(dt_ctx *ctx, const char *fn, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                                int64_t lda, int64_t ldb, int64_t ldc) {
+    dt_status st;
+    if (ta != 0 && ta != 1) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ta = %d, expected 0 or 1", fn, ta);
+    if (tb != 0 && tb != 1) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tb = %d, expected 0 or 1", fn, tb);
+    if (M < 0) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: M = %lld, expected >= 0", fn, (long long)M);
+    if (N < 0) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: N = %lld, expected >= 0", fn, (long long)N);
+    if (K < 0) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: K = %lld, expected >= 0", fn, (long long)K);
+    /* op(A) is M x K: stored M x K (ta 0) or K x M (ta 1); op(B) K x N: K x N or N x K */
+    st = ta ? dt__gemm_check_ld(ctx, fn, "lda", lda, "A", 1, K, "K", M, "M")
+            : dt__gemm_check_ld(ctx, fn, "lda", lda, "A", 0, M, "M", K, "K");
+    if (!st) st = tb ? dt__gemm_check_ld(ctx, fn, "ldb", ldb, "B", 1, N, "N", K, "K")
+                     : dt__gemm_check_ld(ctx, fn, "ldb", ldb, "B", 0, K, "K", N, "N");
+    if (!st) st = dt__gemm_check_ld(ctx, fn, "ldc", ldc, "C", 0, M, "M", N, "N");
+    return st;
+}
+
 static dt_status dt__gemm(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                           const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                           int64_t ldc) {
+    dt_status st;
     if (M == 0 || N == 0) return DT_OK;
+    /* the ops pass a zero ld for an empty row (K = 0), which is never read; BLAS wants >= 1 */
+    if (lda == 0 && !ta && K == 0) lda = 1;
+    if (ldb == 0 && tb && K == 0) ldb = 1;
+    st = dt__gemm_check(ctx, "dt_tensor GEMM", ta, tb, M, N, K, lda, ldb, ldc);
+    if (st) return st;
 #ifdef DT_CBLAS
-    if (M <= 2147483647 && N <= 2147483647 && K <= 2147483647) {
+    if (M <= 2147483647 && N <= 2147483647 && K <= 2147483647 && lda <= 2147483647 && ldb <= 2147483647 &&
+        ldc <= 2147483647) {
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    (int)M, (int)N, (int)K, alpha, A, (int)(lda ? lda : 1), B, (int)(ldb ? ldb : 1),
-                    beta, C, (int)ldc);
+                    (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
         return DT_OK;
     }
 #endif
@@ -1710,12 +1753,13 @@ static dt_status dt__gemm(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int
 DT_API dt_status dt_gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K,
                                   float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                                   float beta, float *C, int64_t ldc) {
+    dt_status st;
     if (!ctx) return DT_ERR_ARG;
-    if ((ta != 0 && ta != 1) || (tb != 0 && tb != 1))
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_gemm_portable: ta = %d, tb = %d; each must be 0 or 1", ta, tb);
-    if (M < 0 || N < 0 || K < 0 || !A || !B || !C)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_gemm_portable: M=%lld N=%lld K=%lld must be >= 0 "
-                                "and A, B, C non-NULL", (long long)M, (long long)N, (long long)K);
+    if (!A) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_gemm_portable: A is NULL");
+    if (!B) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_gemm_portable: B is NULL");
+    if (!C) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_gemm_portable: C is NULL");
+    st = dt__gemm_check(ctx, "dt_gemm_portable", ta, tb, M, N, K, lda, ldb, ldc);
+    if (st) return st;
     if (M == 0 || N == 0) return DT_OK;
     return dt__gemm_portable(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

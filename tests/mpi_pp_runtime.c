@@ -15,7 +15,7 @@
    messages; every buffer is given back after a step; the grads_done hook runs once per chunk
    and step; the timeline holds the run's compute and its messages. GPipe runs take their
    activation shapes from dt_pp_model.acts (one per boundary). Bad configurations are named
-   errors. */
+   errors, and a list edited on one stage is refused by every rank. */
 #define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
@@ -477,6 +477,21 @@ static void bad_input(void) {
     }
     st = dt_pp_run(m.n.l, NULL, NULL, &pm, NULL);
     dt_test_error("null_schedule_is_named", st, dt_ctx_error(&C), "s (the schedule) is NULL");
+    /* an action edited on the last stage's list: every rank refuses the run, naming it, before
+       anything is sent (not only the rank that would run it, while the others wait on it) */
+    memset(&sd, 0, sizeof sd);
+    sd.kind = DT_PP_1F1B, sd.stages = W, sd.micro = M;
+    if (dt_pp_schedule_create(&C, &s, &sd) == DT_OK) {
+        s->actions[W - 1][0].chunk = 4096;
+        st = dt_pp_run(m.n.l, NULL, s, &pm, NULL);
+        snprintf(msg, sizeof msg, "dt_pp_run: fields: stage %d, action 0 (", W - 1);
+        dt_test_check_all("edited_action_on_one_stage_is_named_on_every_rank",
+                          st == DT_ERR_ARG && strstr(dt_ctx_error(&C), msg) &&
+                          strstr(dt_ctx_error(&C), "chunk = 4096, expected 0 .. 0"),
+                          "status %d: %.160s", (int)st, dt_ctx_error(&C));
+        dt_pp_schedule_free(s);
+        s = NULL;
+    }
     net_free(&m.n);
 
     /* a callback's error on one stage alone: at pp 1 (a private world), where nothing waits on it */

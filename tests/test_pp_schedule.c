@@ -455,15 +455,15 @@ static void test_broken(void) {
         dt_pp_action keep = s->actions[1][0];
         s->actions[1][0].op = (dt_pp_op)99;
         dt_test_error("op_out_of_range_is_named", dt_pp_schedule_simulate(s, NULL, NULL), dt_ctx_error(&C),
-                      "stage 1, action 0 (? m0 c0, op 99): op is not one of");
+                      "fields: stage 1, action 0 (? m0 c0): op = 99, expected one of F .. RECV_GRAD");
         s->actions[1][0] = keep;
         s->actions[1][0].peer = 1;
         dt_test_error("wrong_peer_is_named", dt_pp_schedule_simulate(s, NULL, NULL), dt_ctx_error(&C),
-                      "peer is not the stage of the neighbouring virtual stage");
+                      "peer = 1, expected 0 (the stage of the neighbouring virtual stage)");
         s->actions[1][0] = keep;
         s->actions[1][0].micro = 2;
         dt_test_error("micro_out_of_range_is_named", dt_pp_schedule_simulate(s, NULL, NULL), dt_ctx_error(&C),
-                      "micro out of [0, micro)");
+                      "micro = 2, expected 0 .. 1 (s->micro - 1)");
         s->actions[1][0] = keep;
         DT_TEST_CHECK("restored_schedule_runs_again", dt_pp_schedule_simulate(s, NULL, NULL) == DT_OK);
     }
@@ -488,9 +488,9 @@ static void test_bad_descs(void) {
     dt_pp_desc d;
     dt_pp_sim_desc sd;
     dt_pp_stats stats;
-    bad_desc("negative_stages_is_named", DT_PP_1F1B, -1, 4, 1, 0, 0, "desc->stages = -1, expected >= 1");
-    bad_desc("negative_micro_is_named", DT_PP_GPIPE, 2, -3, 1, 0, 0, "desc->micro = -3, expected >= 1");
-    bad_desc("negative_chunks_is_named", DT_PP_INTERLEAVED, 2, 4, -1, 0, 0, "desc->chunks = -1, expected >= 1");
+    bad_desc("negative_stages_is_named", DT_PP_1F1B, -1, 4, 1, 0, 0, "desc->stages = -1, expected 1 .. DT_PP_MAX_STAGES = 4096");
+    bad_desc("negative_micro_is_named", DT_PP_GPIPE, 2, -3, 1, 0, 0, "desc->micro = -3, expected 1 .. DT_PP_MAX_MICRO");
+    bad_desc("negative_chunks_is_named", DT_PP_INTERLEAVED, 2, 4, -1, 0, 0, "desc->chunks = -1, expected 1 .. DT_PP_MAX_CHUNKS");
     bad_desc("chunks_with_1f1b_is_named", DT_PP_1F1B, 2, 4, 2, 0, 0, "desc->chunks = 2 with kind 1f1b, expected 1");
     bad_desc("chunks_with_zb_is_named", DT_PP_ZB_H1, 2, 4, 3, 0, 0, "desc->chunks = 3 with kind zb-h1, expected 1");
     bad_desc("interleaved_fewer_micro_than_stages_is_named", DT_PP_INTERLEAVED, 4, 2, 2, 0, 0,
@@ -503,7 +503,8 @@ static void test_bad_descs(void) {
     bad_desc("negative_n_layers_is_named", DT_PP_1F1B, 2, 4, 1, -1, 0, "desc->n_layers = -1");
     bad_desc("negative_recv_ahead_is_named", DT_PP_1F1B, 2, 4, 1, 0, -2, "desc->recv_ahead = -2");
     bad_desc("kind_out_of_range_is_named", (dt_pp_kind)9, 2, 4, 1, 0, 0, "desc->kind = 9");
-    bad_desc("huge_sizes_are_named", DT_PP_INTERLEAVED, 1000000, 1000000, 1000, 0, 0, "too large");
+    bad_desc("huge_sizes_are_named", DT_PP_INTERLEAVED, 1000000, 1000000, 1000, 0, 0,
+             "desc->stages = 1000000, expected 1 .. DT_PP_MAX_STAGES");
     dt_test_error("null_desc_is_named", dt_pp_schedule_create(&C, &s, NULL), dt_ctx_error(&C), "desc is NULL");
     memset(&d, 0, sizeof d);
     dt_test_error("null_out_is_named", dt_pp_schedule_create(&C, NULL, &d), dt_ctx_error(&C), "out is NULL");

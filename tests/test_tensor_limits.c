@@ -465,6 +465,44 @@ static void test_empty_ops(void) {
         st = dt_gemm_portable(&C, 0, 0, 2, 3, 0, 1.0f, A, 1, B, 3, 0.0f, Cm, 3);
         DT_TEST_CHECK("gemm_portable_k0_beta0_zeroes_c", st == DT_OK && Cm[0] == 0.0f && Cm[5] == 0.0f);
     }
+    {   /* the portable GEMM's leading dimensions: at least the row length of the matrix as stored
+           (and 1), rows x ld inside int64; M 2, N 3, K 4 into buffers far larger than any of it,
+           so that a missing check shows as DT_OK, not as a crash */
+        static float A[64], B[64], Cm[64];
+        const int64_t big = INT64_MAX / 2;
+        expect_ok("gemm_portable_exact_lds_ok", &C, dt_gemm_portable(&C, 0, 0, 2, 3, 4, 1, A, 4, B, 3, 0, Cm, 3));
+        expect_ok("gemm_portable_transposed_exact_lds_ok", &C,
+                  dt_gemm_portable(&C, 1, 1, 2, 3, 4, 1, A, 2, B, 4, 0, Cm, 3));
+        expect_err("gemm_portable_lda_below_k_is_named", &C, dt_gemm_portable(&C, 0, 0, 2, 3, 4, 1, A, 3, B, 3, 0, Cm, 3),
+                   DT_ERR_ARG, "lda = 3, expected >= 4", "K = 4");
+        expect_err("gemm_portable_lda_below_m_when_transposed_is_named", &C,
+                   dt_gemm_portable(&C, 1, 0, 2, 3, 4, 1, A, 1, B, 3, 0, Cm, 3), DT_ERR_ARG, "lda = 1, expected >= 2",
+                   "M = 2");
+        expect_err("gemm_portable_ldb_below_n_is_named", &C, dt_gemm_portable(&C, 0, 0, 2, 3, 4, 1, A, 4, B, 2, 0, Cm, 3),
+                   DT_ERR_ARG, "ldb = 2, expected >= 3", "N = 3");
+        expect_err("gemm_portable_ldb_below_k_when_transposed_is_named", &C,
+                   dt_gemm_portable(&C, 0, 1, 2, 3, 4, 1, A, 4, B, 3, 0, Cm, 3), DT_ERR_ARG, "ldb = 3, expected >= 4",
+                   "K = 4");
+        expect_err("gemm_portable_ldc_below_n_is_named", &C, dt_gemm_portable(&C, 0, 0, 2, 3, 4, 1, A, 4, B, 3, 0, Cm, 2),
+                   DT_ERR_ARG, "ldc = 2, expected >= 3", "N = 3");
+        expect_err("gemm_portable_negative_lda_is_named", &C,
+                   dt_gemm_portable(&C, 0, 0, 2, 3, 4, 1, A, -4, B, 3, 0, Cm, 3), DT_ERR_ARG, "lda = -4", NULL);
+        expect_err("gemm_portable_zero_ldc_is_named", &C, dt_gemm_portable(&C, 0, 0, 2, 3, 4, 1, A, 4, B, 3, 0, Cm, 0),
+                   DT_ERR_ARG, "ldc = 0, expected >= 3", NULL);
+        /* an empty row still needs ld >= 1, as BLAS has it */
+        expect_err("gemm_portable_zero_lda_at_k0_is_named", &C,
+                   dt_gemm_portable(&C, 0, 0, 2, 3, 0, 1, A, 0, B, 3, 0, Cm, 3), DT_ERR_ARG, "lda = 0, expected >= 1",
+                   NULL);
+        expect_err("gemm_portable_ld_times_rows_overflow_is_named", &C,
+                   dt_gemm_portable(&C, 0, 0, 4, 3, 4, 1, A, big, B, 3, 0, Cm, 3), DT_ERR_ARG, "overflows int64",
+                   "M = 4 rows of A");
+        expect_err("gemm_portable_negative_k_is_named", &C, dt_gemm_portable(&C, 0, 0, 2, 3, -1, 1, A, 4, B, 3, 0, Cm, 3),
+                   DT_ERR_ARG, "K = -1, expected >= 0", NULL);
+        expect_err("gemm_portable_tb_2_is_named", &C, dt_gemm_portable(&C, 0, 2, 2, 3, 4, 1, A, 4, B, 3, 0, Cm, 3),
+                   DT_ERR_ARG, "tb = 2, expected 0 or 1", NULL);
+        expect_err("gemm_portable_null_b_is_named", &C, dt_gemm_portable(&C, 0, 0, 2, 3, 4, 1, A, 4, NULL, 3, 0, Cm, 3),
+                   DT_ERR_ARG, "B is NULL", NULL);
+    }
     {   /* batched with B = 0 */
         dt_tensor a = mk(DT_F32, 3, SH(0, 2, 3)), b = mk(DT_F32, 3, SH(0, 3, 4)), o = mk(DT_F32, 3, SH(0, 2, 4));
         dt_tensor da = mk(DT_F32, 3, SH(0, 2, 3)), db = mk(DT_F32, 3, SH(0, 3, 4));
