@@ -749,6 +749,11 @@ if selected readme; then
     section "README.md snippets (tests/readme_snippets.sh)"
     run_prog readme_snippets "" "" bash tests/readme_snippets.sh
 fi
+# tutorial:<step>_npN_losses_equal_1_single: the README's course (examples/tutorial) at np 1, 2
+if selected tutorial; then
+    section "examples/tutorial at np 1 and 2 against the one-process losses (tests/tutorial.sh)"
+    run_prog tutorial "" "" bash tests/tutorial.sh
+fi
 
 if selected dlrm_reference; then
     section "examples/dlrm against an independent NumPy model (tests/dlrm_reference.py)"
