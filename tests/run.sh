@@ -746,7 +746,7 @@ run_emu
 run_emu_comm
 
 if selected readme; then
-    section "README.md snippets (tests/readme_snippets.sh)"
+    section "README.md and docs/*.md snippets (tests/readme_snippets.sh)"
     run_prog readme_snippets "" "" bash tests/readme_snippets.sh
 fi
 # tutorial:<step>_npN_losses_equal_1_single: the README's course (examples/tutorial) at np 1, 2
