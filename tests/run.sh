@@ -746,8 +746,13 @@ run_emu
 run_emu_comm
 
 if selected readme; then
-    section "README.md snippets (tests/readme_snippets.sh)"
+    section "README.md and docs/*.md snippets (tests/readme_snippets.sh)"
     run_prog readme_snippets "" "" bash tests/readme_snippets.sh
+fi
+# tutorial:<step>_npN_losses_equal_1_single: the README's course (examples/tutorial) at np 1, 2
+if selected tutorial; then
+    section "examples/tutorial at np 1 and 2 against the one-process losses (tests/tutorial.sh)"
+    run_prog tutorial "" "" bash tests/tutorial.sh
 fi
 
 if selected dlrm_reference; then
