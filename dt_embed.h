@@ -375,7 +375,7 @@ typedef struct dt_kjt {
     const int64_t *lengths;       /* [n_features * B] */
     const void *ids;              /* sum(lengths) ids */
     dt_dtype ids_dtype;           /* DEFAULT = DT_I64; DT_I32 accepted */
-    const float *weights;         /* sum(lengths) or NULL (needed by weighted tables) */
+    const float *weights;         /* sum(lengths) or NULL (needed by weighted tables); finite */
 } dt_kjt;
 
 typedef struct dt_embed_stats {
@@ -401,11 +401,13 @@ DT_API void dt_embed_free(dt_embed *e);
    where feature f starts in it (-1 for a sequence feature). */
 DT_API int64_t dt_embed_pooled_dim(const dt_embed *e);
 DT_API int64_t dt_embed_feature_offset(const dt_embed *e, int feature);
-/* Collective. out: f32 [kjt->batch, pooled_dim] (overwritten). */
+/* Collective. out: f32 [kjt->batch, pooled_dim] (overwritten). out and the batch are checked
+   before anything changes: bad on any rank, the call fails on every rank, no id admitted. */
 DT_API dt_status dt_embed_forward(dt_embed *e, dt_tensor *out, const dt_kjt *kjt);
 /* begin may also come right after the previous batch's end, before its backward: that batch's
    state is kept aside, its backward runs as usual, and the next end gathers the new batch's rows
-   then, after the previous update (see "overlap"). Collective, like end. */
+   then, after the previous update (see "overlap"). Collective, like end. An end whose out is bad
+   still serves the ids the other ranks sent at begin (admitting dynamic ones), then fails. */
 DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt);
 DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out);
 /* Not collective: tests the id exchange in flight (begun, not ended), so that it moves while the
@@ -430,14 +432,16 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout);
    batch is ("dynamic tables"): admissions, evictions, rejections (stats totals) and rows equal
    the one batch's, and no pending gradient lands on another id. Not collective, but every rank
    must set the same value. A checkpoint saved while gradients are pending does not hold them;
-   a load drops them. sync 0 with dynamic tables on cuda: DT_ERR_UNSUPPORTED. */
+   a load drops them (a failed one keeps them). sync 0 with dynamic tables on cuda: DT_ERR_UNSUPPORTED. */
 DT_API dt_status dt_embed_set_sync(dt_embed *e, int sync);
 DT_API size_t dt_embed_plan_format(const dt_embed *e, char *buf, size_t n);
 DT_API void dt_embed_plan_print(const dt_embed *e);
 /* The plan of table t: its kind and, for table-wise, its rank (table-row: its group's first rank). */
 DT_API dt_embed_sharding dt_embed_table_sharding(const dt_embed *e, int table, int *owner);
 /* Collective. Through dt_checkpoint_save / _load (desc->comm must be the dt_embed's comm or
-   NULL for it); state as there (may be NULL). */
+   NULL for it); state as there (may be NULL). A load that fails on any rank (a missing or
+   truncated file, a corrupt slot record) changes nothing on every rank: tables, optimizer
+   state, *state, a forward awaiting its backward, pending gradients. */
 DT_API dt_status dt_embed_checkpoint_save(dt_embed *e, const dt_train_state *state, const dt_checkpoint_desc *desc);
 DT_API dt_status dt_embed_checkpoint_load(dt_embed *e, dt_train_state *state, const dt_checkpoint_desc *desc);
 /* The local shard of table t as a view (storage dtype, [local rows, local cols]), its first
