@@ -1537,6 +1537,27 @@ DT_API void dt_embed_plan_print(const dt_embed *e) {
 
 /* Checks the batch and turns every id into its global row (check or hash). Local: the first bad
    id is named in the ctx error and *bad set. */
+/* Whether any of n floats is NaN or infinite. Two floats per 64-bit word: a float's exponent
+   field plus one carries into its sign bit exactly when it is all ones; no branch, no float
+   compare, so the check costs next to nothing beside the lookups. */
+static int dt__em_nonfinite(const float *w, int64_t n) {
+    const uint64_t M = 0x7f8000007f800000ull, A = 0x0080000000800000ull;
+    uint64_t a0 = 0, a1 = 0, u0, u1;
+    uint32_t u;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        memcpy(&u0, w + j, 8);
+        memcpy(&u1, w + j + 2, 8);
+        a0 |= (u0 & M) + A;
+        a1 |= (u1 & M) + A;
+    }
+    for (; j < n; j++) {
+        memcpy(&u, w + j, 4);
+        a0 |= (uint64_t)((u & 0x7f800000u) + 0x00800000u);
+    }
+    return ((a0 | a1) & 0x8000000080000000ull) != 0;
+}
+
 /* Reads and checks the batch. *bad: the status of the first bad id or weight (its message set). */
 static dt_status dt__em_read_batch(dt_embed *e, const dt_kjt *k, int *bad) {
     const char *fn = "dt_embed_forward";
@@ -1590,19 +1611,22 @@ static dt_status dt__em_read_batch(dt_embed *e, const dt_kjt *k, int *bad) {
         if (t->weighted && !k->weights && e->offs[(f + 1) * B] > e->offs[f * B])
             return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.weights is NULL; feature %lld's table \"%s\" is weighted",
                                     fn, (long long)f, t->name);
+        if (t->weighted && !*bad) { /* a NaN or inf would poison the pooled rows and, in backward, the table */
+            int64_t j0 = e->in_offs[fin * B], j = j0, n = e->in_offs[(fin + 1) * B] - j0;
+            if (n > 0 && dt__em_nonfinite(k->weights + j0, n)) {
+                while (isfinite(k->weights[j])) j++;
+                for (b = 0; e->in_offs[fin * B + b + 1] <= j; b++) {}
+                dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.weights[%lld] = %g (table \"%s\", feature %lld, local "
+                                 "sample %lld); expected a finite weight", fn, (long long)j, (double)k->weights[j],
+                                 t->name, (long long)f, (long long)b);
+                *bad = DT_ERR_ARG;
+            }
+        }
         for (b = 0; b < B; b++) {
             int64_t src = e->in_offs[fin * B + b]; /* the kjt's index of this bag's first id */
             for (i = e->offs[f * B + b]; i < e->offs[f * B + b + 1]; i++, src++) {
                 int64_t id = k->ids_dtype == DT_I32 ? (int64_t)((const int32_t *)k->ids)[src] : ((const int64_t *)k->ids)[src];
                 e->wts[i] = t->weighted ? k->weights[src] : 1.0f;
-                if (!isfinite(e->wts[i])) { /* would poison the pooled row and, in backward, the rows it touches */
-                    if (!*bad)
-                        dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.weights[%lld] = %g (table \"%s\", feature %lld, "
-                                         "local sample %lld, id %lld); expected a finite weight", fn, (long long)src,
-                                         (double)e->wts[i], t->name, (long long)f, (long long)b, (long long)id);
-                    *bad = DT_ERR_ARG;
-                    e->wts[i] = 0;
-                }
                 if (t->dynamic) e->rows[i] = id; /* the owner maps it to a slot */
                 else if (t->ids == DT_IDS_HASH) e->rows[i] = (int64_t)(dt_embed_hash_id(id) % (uint64_t)t->rows);
                 else if (id < 0 || id >= t->rows) {
