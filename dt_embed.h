@@ -2312,15 +2312,34 @@ static dt_status dt__em_post(dt_embed *e, dt_tensor *sbuf, dt_tensor *rbuf, cons
     return DT_OK;
 }
 
+/* The id exchange's requests under one deadline: dt_comm_wait counts the comm's timeout from
+   each call, so waiting for them one by one would let a peer that died cost a full timeout per
+   request still waiting on it. The first failure is the one named (the receive from the peer
+   that died); the requests after it are given what is left of the deadline, little or nothing. */
 static dt_status dt__em_wait_all(dt_embed *e) {
     dt_status st = DT_OK;
+    double to = e->comm && e->n_reqs ? dt_comm_timeout(e->comm) : 0, end = to > 0 ? dt_comm_now() + to : 0;
+    char first[DT_ERROR_MAX];
     int i;
+    first[0] = 0;
     for (i = 0; i < e->n_reqs; i++) {
-        dt_status s2 = dt_comm_wait(e->reqs[i]);
-        if (s2 && !st) st = s2;
+        dt_status s2;
+        if (to > 0) { /* what is left of the deadline (the setting is local to this rank) */
+            double left = end - dt_comm_now();
+            (void)dt_comm_set_timeout(e->comm, left > 1e-3 ? left : 1e-3);
+        }
+        s2 = dt_comm_wait(e->reqs[i]);
+        if (s2 && !st) {
+            st = s2;
+            snprintf(first, sizeof first, "%s", dt_ctx_error(e->ctx));
+        }
     }
+    if (to > 0) (void)dt_comm_set_timeout(e->comm, to);
     e->n_reqs = 0;
-    return st;
+    if (st)
+        return dt_ctx_set_error(e->ctx, st, "dt_embed_forward: the id exchange (ids and weights between the ranks, "
+                                "posted by dt_embed_forward_begin) failed after %.3g s: %s", to > 0 ? to : 0.0, first);
+    return DT_OK;
 }
 
 #define DT__EM_SW(a, b) do { char t_[sizeof(a)]; memcpy(t_, &(a), sizeof(a)); memcpy(&(a), &(b), sizeof(a)); \
