@@ -3194,7 +3194,7 @@ static dt_status dt__em_ld_check(dt_ctx *ctx, struct dt__ck_load *L, void *user)
     dt_embed *e = ld->e;
     dt_status st = DT_OK;
     double *v, flag[1];
-    int i, h;
+    int i, h, any_move = 0;
     (void)ctx;
     if (!(v = (double *)dt_alloc(e->ctx, sizeof(double) * (size_t)(e->n_tabs + 1)))) st = DT_ERR_OOM;
     if (!st && !(ld->tb = (dt__em_ldt *)dt_alloc(e->ctx, sizeof(dt__em_ldt) * (size_t)e->n_tabs))) st = DT_ERR_OOM;
@@ -3240,6 +3240,15 @@ static dt_status dt__em_ld_check(dt_ctx *ctx, struct dt__ck_load *L, void *user)
         if (!l->move) continue;
         s2 = dt__em_ld_move_check(e, t, l->buf, l->buf ? l->buf + (t->r1 - t->r0) : NULL);
         if (!st) st = s2;
+        any_move = 1;
+    }
+    if (!flag[0] && any_move) { /* the failing rank named it; the others say so (its status when one failed) */
+        double f2[2];
+        f2[0] = st ? 1 : 0; f2[1] = (double)st;
+        if (!dt__em_sum_f64(e, f2, 2) && !st && f2[0] > 0)
+            st = dt_ctx_set_error(e->ctx, f2[0] == 1 ? (dt_status)(int)f2[1] : DT_ERR_UNSUPPORTED, "dt_embed_checkpoint_load: "
+                                  "a dynamic table's saved ids do not fit its id-hash shards (or repeat) on another "
+                                  "rank; see its message");
     }
     for (i = 0; !st && i < e->n_tabs; i++) {
         dt__em_tab *t = &e->tabs[i];

@@ -28,6 +28,8 @@ static int R, W;
 #define NF 2
 #define PD 8   /* pooled dim: two features of dim 4 */
 
+static int HS = 4; /* the dynamic table's hash_shards */
+
 static dt_embed *make(void) {
     dt_embed_table_desc t[2];
     dt_embed_feature_desc f[2];
@@ -37,7 +39,7 @@ static dt_embed *make(void) {
     memset(f, 0, sizeof f);
     t[0].name = "st"; t[0].rows = 16; t[0].dim = 4; t[0].weighted = 1; t[0].optim.kind = DT_EMBED_ADAM;
     t[0].optim.lr = 0.05;
-    t[1].name = "dyn"; t[1].rows = 12; t[1].dim = 4; t[1].dynamic = 1; t[1].admit_after = 1; t[1].hash_shards = 4;
+    t[1].name = "dyn"; t[1].rows = 12; t[1].dim = 4; t[1].dynamic = 1; t[1].admit_after = 1; t[1].hash_shards = HS;
     t[1].optim.kind = DT_EMBED_ADAGRAD; t[1].optim.lr = 0.1;
     f[0].table = 0; f[1].table = 1;
     memset(&d, 0, sizeof d);
@@ -278,6 +280,22 @@ static void failed_loads(void) {
                           rr.fail, rr.outs == ref.outs ? "same" : "differ", rr.tables == ref.tables ? "same" : "differ",
                           rr.ckpt == ref.ckpt ? "same" : "differ", memcmp(&rr.ts, &ref.ts, sizeof rr.ts) ? "differs" : "same",
                           (long long)rr.st.admitted, (long long)ref.st.admitted);
+    }
+    {   /* one id in two slots, loaded into another hash_shards (the ids move between shards) */
+        dt_embed *e;
+        dt_checkpoint_desc cd;
+        dt_status st;
+        HS = 2;
+        e = make();
+        HS = 4;
+        memset(&cd, 0, sizeof cd);
+        cd.dir = dirs[3]; cd.comm = WORLD;
+        st = dt_embed_checkpoint_load(e, NULL, &cd);
+        named[0] = strstr(dt_ctx_error(&C), "in two saved slots") || strstr(dt_ctx_error(&C), "is in slots");
+        dt_comm_allreduce_f64(WORLD, named, 1, DT_REDUCE_SUM);
+        dt_test_check_all("embed_failed_load_id_in_two_slots_into_other_hash_shards_names_it", st == DT_ERR_FORMAT &&
+                          named[0] >= 1, "status %d: %.120s", (int)st, dt_ctx_error(&C));
+        dt_embed_free(e);
     }
     {   /* the unedited checkpoint loads, so the failures above are the edits' */
         dt_embed *e = make();
