@@ -3123,6 +3123,17 @@ static dt_status dt__em_ld_peek(const dt__em_ld *ld, struct dt__ck_load *L, cons
     return dt_ctx_set_error(ld->e->ctx, DT_ERR_STATE, "dt_embed_checkpoint_load: a slot tensor is not in the load");
 }
 
+/* st on every rank: its own failure, or DT_ERR_OOM naming another rank's (they only allocate). */
+static dt_status dt__em_ld_agree(dt_embed *e, dt_status st) {
+    double f[1];
+    f[0] = st ? 1 : 0;
+    if (dt__em_sum_f64(e, f, 1) && !st) return DT_ERR_COMM;
+    if (!st && f[0] > 0)
+        return dt_ctx_set_error(e->ctx, DT_ERR_OOM, "dt_embed_checkpoint_load: another rank could not allocate the "
+                                "move of a dynamic table's ids; see its message");
+    return st;
+}
+
 /* A table saved with another hash_shards: each filled slot's id goes to the rank of its new
    shard (ids only), which checks that its shards' ids fit their slots and that no id comes
    twice. Collective (every rank calls it for the same tables). */
@@ -3148,6 +3159,7 @@ static dt_status dt__em_ld_move_check(dt_embed *e, dt__em_tab *t, const int64_t 
     for (r = 1; r < W; r++) pos[r] = pos[r - 1] + cnt[r - 1];
     for (x = 0; !st && x < nloc; x++)
         if (stamp[x] != 0) ((int64_t *)sb.data)[pos[t->hs_owner[dt_embed_hash_id(sid[x]) % (uint64_t)t->n_hs]]++] = sid[x];
+    st = dt__em_ld_agree(e, st); /* no rank leaves another waiting in the exchanges below */
     if (!st) {
         dt_tensor a, bb;
         int64_t sh[1];
@@ -3159,7 +3171,7 @@ static dt_status dt__em_ld_move_check(dt_embed *e, dt__em_tab *t, const int64_t 
     }
     for (r = 0; !st && r < W; r++) { pos[r] = ((int64_t *)cc.data)[W + r]; tr += pos[r]; }
     d.shape[0] = tr + 1;
-    if (!st) st = dt_tensor_create(e->ctx, &rb, &d);
+    if (!st) st = dt__em_ld_agree(e, dt_tensor_create(e->ctx, &rb, &d));
     if (!st) st = dt__em_a2av(e, &rb, &sb, cnt, pos);
     ids = (int64_t *)rb.data;
     for (h = 0; !st && h < t->hs_count; h++) {
