@@ -1614,7 +1614,7 @@ static dt_status dt__em_read_batch(dt_embed *e, const dt_kjt *k, int *bad) {
         if (t->weighted && !*bad) { /* a NaN or inf would poison the pooled rows and, in backward, the table */
             int64_t j0 = e->in_offs[fin * B], j = j0, n = e->in_offs[(fin + 1) * B] - j0;
             if (n > 0 && dt__em_nonfinite(k->weights + j0, n)) {
-                while (isfinite(k->weights[j])) j++;
+                while (!dt__em_nonfinite(k->weights + j, 1)) j++;
                 for (b = 0; e->in_offs[fin * B + b + 1] <= j; b++) {}
                 dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.weights[%lld] = %g (table \"%s\", feature %lld, local "
                                  "sample %lld); expected a finite weight", fn, (long long)j, (double)k->weights[j],
