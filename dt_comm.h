@@ -1963,7 +1963,7 @@ static dt_status dt__cm_p2p_timeout(dt_comm_req *q) {
 #ifdef DT_MPI
     if (q->pending && !q->probing) { /* cancel: a cancelled request leaves the communicator clean */
         int done = 0, cancelled = 0;
-        double end = dt__cm_now() + 0.5;
+        double end = dt__cm_now() + (c->broken ? 0.0 : 0.5); /* once broken, a clean cancel saves nothing */
         MPI_Status ms;
         MPI_Cancel(&q->mreq);
         while (!done && dt__cm_now() < end) MPI_Test(&q->mreq, &done, &ms);

@@ -405,7 +405,7 @@ typedef struct dt_kjt {
     const int64_t *lengths;       /* [n_features * B] */
     const void *ids;              /* sum(lengths) ids */
     dt_dtype ids_dtype;           /* DEFAULT = DT_I64; DT_I32 accepted */
-    const float *weights;         /* sum(lengths) or NULL (needed by weighted tables) */
+    const float *weights;         /* sum(lengths) or NULL (needed by weighted tables); finite */
 } dt_kjt;
 
 typedef struct dt_embed_stats {
@@ -444,11 +444,13 @@ DT_API dt_embed_sharding dt_embed_table_sharding(const dt_embed *e, int table, i
 
 /* ==== >>forward: ids to owners, rows gathered and pooled, vectors back ======================== */
 
-/* Collective. out: f32 [kjt->batch, pooled_dim] (overwritten). */
+/* Collective. out: f32 [kjt->batch, pooled_dim] (overwritten). out and the batch are checked
+   before anything changes: bad on any rank, the call fails on every rank, no id admitted. */
 DT_API dt_status dt_embed_forward(dt_embed *e, dt_tensor *out, const dt_kjt *kjt);
 /* begin may also come right after the previous batch's end, before its backward: that batch's
    state is kept aside, its backward runs as usual, and the next end gathers the new batch's rows
-   then, after the previous update (see "overlap"). Collective, like end. */
+   then, after the previous update (see "overlap"). Collective, like end. An end whose out is bad
+   still serves the ids the other ranks sent at begin (admitting dynamic ones), then fails. */
 DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt);
 DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out);
 /* Not collective: tests the id exchange in flight (begun, not ended), so that it moves while the
@@ -476,13 +478,15 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout);
    batch is ("dynamic tables"): admissions, evictions, rejections (stats totals) and rows equal
    the one batch's, and no pending gradient lands on another id. Not collective, but every rank
    must set the same value. A checkpoint saved while gradients are pending does not hold them;
-   a load drops them. sync 0 with dynamic tables on cuda: DT_ERR_UNSUPPORTED. */
+   a load drops them (a failed one keeps them). sync 0 with dynamic tables on cuda: DT_ERR_UNSUPPORTED. */
 DT_API dt_status dt_embed_set_sync(dt_embed *e, int sync);
 
 /* ==== >>ckpt: checkpoints, export, stats, local shard ========================================= */
 
 /* Collective. Through dt_checkpoint_save / _load (desc->comm must be the dt_embed's comm or
-   NULL for it); state as there (may be NULL). */
+   NULL for it); state as there (may be NULL). A load that fails on any rank (a missing or
+   truncated file, a corrupt slot record) changes nothing on every rank: tables, optimizer
+   state, *state, a forward awaiting its backward, pending gradients. */
 DT_API dt_status dt_embed_checkpoint_save(dt_embed *e, const dt_train_state *state, const dt_checkpoint_desc *desc);
 DT_API dt_status dt_embed_checkpoint_load(dt_embed *e, dt_train_state *state, const dt_checkpoint_desc *desc);
 /* The local shard of table t as a view (storage dtype, [local rows, local cols]), its first
@@ -1579,6 +1583,28 @@ DT_API void dt_embed_plan_print(const dt_embed *e) {
 
 /* Checks the batch and turns every id into its global row (check or hash). Local: the first bad
    id is named in the ctx error and *bad set. */
+/* Whether any of n floats is NaN or infinite. Two floats per 64-bit word: a float's exponent
+   field plus one carries into its sign bit exactly when it is all ones; no branch, no float
+   compare, so the check costs next to nothing beside the lookups. */
+static int dt__em_nonfinite(const float *w, int64_t n) {
+    const uint64_t M = 0x7f8000007f800000ull, A = 0x0080000000800000ull;
+    uint64_t a0 = 0, a1 = 0, u0, u1;
+    uint32_t u;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        memcpy(&u0, w + j, 8);
+        memcpy(&u1, w + j + 2, 8);
+        a0 |= (u0 & M) + A;
+        a1 |= (u1 & M) + A;
+    }
+    for (; j < n; j++) {
+        memcpy(&u, w + j, 4);
+        a0 |= (uint64_t)((u & 0x7f800000u) + 0x00800000u);
+    }
+    return ((a0 | a1) & 0x8000000080000000ull) != 0;
+}
+
+/* Reads and checks the batch. *bad: the status of the first bad id or weight (its message set). */
 static dt_status dt__em_read_batch(dt_embed *e, const dt_kjt *k, int *bad) {
     const char *fn = "dt_embed_forward";
     int64_t F = e->n_feat, B, nb, ni, total = 0, in_total = 0, i, f, b;
@@ -1631,6 +1657,17 @@ static dt_status dt__em_read_batch(dt_embed *e, const dt_kjt *k, int *bad) {
         if (t->weighted && !k->weights && e->offs[(f + 1) * B] > e->offs[f * B])
             return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.weights is NULL; feature %lld's table \"%s\" is weighted",
                                     fn, (long long)f, t->name);
+        if (t->weighted && !*bad) { /* a NaN or inf would poison the pooled rows and, in backward, the table */
+            int64_t j0 = e->in_offs[fin * B], j = j0, n = e->in_offs[(fin + 1) * B] - j0;
+            if (n > 0 && dt__em_nonfinite(k->weights + j0, n)) {
+                while (!dt__em_nonfinite(k->weights + j, 1)) j++;
+                for (b = 0; e->in_offs[fin * B + b + 1] <= j; b++) {}
+                dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.weights[%lld] = %g (table \"%s\", feature %lld, local "
+                                 "sample %lld); expected a finite weight", fn, (long long)j, (double)k->weights[j],
+                                 t->name, (long long)f, (long long)b);
+                *bad = DT_ERR_ARG;
+            }
+        }
         for (b = 0; b < B; b++) {
             int64_t src = e->in_offs[fin * B + b]; /* the kjt's index of this bag's first id */
             for (i = e->offs[f * B + b]; i < e->offs[f * B + b + 1]; i++, src++) {
@@ -1642,7 +1679,7 @@ static dt_status dt__em_read_batch(dt_embed *e, const dt_kjt *k, int *bad) {
                     if (!*bad)
                         dt_ctx_set_error(e->ctx, DT_ERR_RANGE, "%s: table \"%s\", feature %lld, local sample %lld, id %lld is out of range; expected 0 <= id < %lld (or ids = "
                                          "DT_IDS_HASH)", fn, t->name, (long long)f, (long long)b, (long long)id, (long long)t->rows);
-                    *bad = 1;
+                    if (!*bad) *bad = DT_ERR_RANGE;
                     e->rows[i] = 0;
                 } else e->rows[i] = id;
             }
@@ -1932,9 +1969,16 @@ static dt_status dt__em_dyn_translate(dt_embed *e, int64_t *rin, int64_t total) 
     return DT_OK;
 }
 
-/* After a checkpoint load: maps and LRU lists from the slots' ids and stamps. */
+static dt_status dt__em_dup_slot(dt_embed *e, const dt__em_tab *t, int64_t id, int64_t x1, int64_t x2) {
+    return dt_ctx_set_error(e->ctx, DT_ERR_FORMAT, "dt_embed_checkpoint_load: table \"%s\": id %lld is in slots %lld "
+                            "and %lld; expected each id in one slot (corrupt checkpoint)", t->name, (long long)id,
+                            (long long)(t->r0 + x1), (long long)(t->r0 + x2));
+}
+
+/* After a checkpoint load: maps and LRU lists from the slots' ids and stamps; an id in two
+   slots is DT_ERR_FORMAT (the lookups would find one and keep updating the other). */
 static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
-    int64_t *sid = (int64_t *)t->slot_id.data, *stamp = (int64_t *)t->slot_stamp.data, x, k;
+    int64_t *sid = (int64_t *)t->slot_id.data, *stamp = (int64_t *)t->slot_stamp.data, x, k, v;
     int h;
     for (h = 0; h < t->hs_count; h++) {
         dt__em_dyn *y = &t->hs[h];
@@ -1959,6 +2003,7 @@ static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
         if (t->evict == DT_EVICT_LFU) { /* the heap, one slot appended at a time */
             int64_t n = y->used;
             for (y->used = 1, x = y->x0; x < y->x0 + n; x++, y->used++) {
+                if (dt__em_get(&y->map, sid[x], &v)) return dt__em_dup_slot(e, t, sid[x], v, x);
                 DT__ETRY(dt__em_put(e->ctx, &y->map, sid[x], x));
                 t->prev[x] = x; t->next[x] = x - y->x0;
                 dt__em_lfu_fix(t, y, x - y->x0);
@@ -1977,6 +2022,10 @@ static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
         }
         for (k = 0; k < y->used; k++) {
             x = order[k];
+            if (dt__em_get(&y->map, sid[x], &v)) {
+                dt_release(e->ctx, order);
+                return dt__em_dup_slot(e, t, sid[x], v, x);
+            }
             DT__ETRY(dt__em_put(e->ctx, &y->map, sid[x], x));
             dt__em_lru_append(t, y, x);
             if (stamp[x] > y->stamp) y->stamp = stamp[x];
@@ -2106,26 +2155,6 @@ static dt_status dt__em_dyn_move(dt_embed *e, dt__em_tab *t) {
     if (!st && flag[0] > 0) st = dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "%s: table \"%s\": its saved ids did not "
                                                    "fit the id-hash shards on another rank; see its message", fn, t->name);
     return st;
-}
-
-/* Whether any rank holds a filled slot outside its id's shard (the checkpoint's hash_shards
-   differ). Collective. */
-static dt_status dt__em_dyn_misplaced(dt_embed *e, dt__em_tab *t, int *any) {
-    double v[1] = {0};
-    int h;
-    int64_t x;
-    for (h = 0; t->w.data && h < t->hs_count; h++) {
-        const dt__em_dyn *y = &t->hs[h];
-        for (x = y->x0; x < y->x0 + y->n; x++)
-            if (((int64_t *)t->slot_stamp.data)[x] != 0 &&
-                (int64_t)(dt_embed_hash_id(((int64_t *)t->slot_id.data)[x]) % (uint64_t)t->n_hs) != t->hs_first + h) {
-                v[0] = 1;
-                break;
-            }
-    }
-    DT__ETRY(dt__em_sum_f64(e, v, 1));
-    *any = v[0] > 0;
-    return DT_OK;
 }
 
 /* ==== >>forward: serve, post, begin, end (the general path of every table) ==================== */
@@ -2330,15 +2359,34 @@ static dt_status dt__em_post(dt_embed *e, dt_tensor *sbuf, dt_tensor *rbuf, cons
     return DT_OK;
 }
 
+/* The id exchange's requests under one deadline: dt_comm_wait counts the comm's timeout from
+   each call, so waiting for them one by one would let a peer that died cost a full timeout per
+   request still waiting on it. The first failure is the one named (the receive from the peer
+   that died); the requests after it are given what is left of the deadline, little or nothing. */
 static dt_status dt__em_wait_all(dt_embed *e) {
     dt_status st = DT_OK;
+    double to = e->comm && e->n_reqs ? dt_comm_timeout(e->comm) : 0, end = to > 0 ? dt_comm_now() + to : 0;
+    char first[DT_ERROR_MAX];
     int i;
+    first[0] = 0;
     for (i = 0; i < e->n_reqs; i++) {
-        dt_status s2 = dt_comm_wait(e->reqs[i]);
-        if (s2 && !st) st = s2;
+        dt_status s2;
+        if (to > 0) { /* what is left of the deadline (the setting is local to this rank) */
+            double left = end - dt_comm_now();
+            (void)dt_comm_set_timeout(e->comm, left > 1e-3 ? left : 1e-3);
+        }
+        s2 = dt_comm_wait(e->reqs[i]);
+        if (s2 && !st) {
+            st = s2;
+            snprintf(first, sizeof first, "%s", dt_ctx_error(e->ctx));
+        }
     }
+    if (to > 0) (void)dt_comm_set_timeout(e->comm, to);
     e->n_reqs = 0;
-    return st;
+    if (st)
+        return dt_ctx_set_error(e->ctx, st, "dt_embed_forward: the id exchange (ids and weights between the ranks, "
+                                "posted by dt_embed_forward_begin) failed after %.3g s: %s", to > 0 ? to : 0.0, first);
+    return DT_OK;
 }
 
 #define DT__EM_SW(a, b) do { char t_[sizeof(a)]; memcpy(t_, &(a), sizeof(a)); memcpy(&(a), &(b), sizeof(a)); \
@@ -2389,22 +2437,28 @@ static dt_status dt__em_dp_lookup(dt_embed *e) {
     return DT_OK;
 }
 
-static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt);
+static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre);
 static dt_status dt__em_end(dt_embed *e, dt_tensor *out);
 
-DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt) {
+/* pre: this rank's status of an argument checked before (dt_embed_forward's out): a failure on
+   any rank fails begin on every rank before anything changes. */
+static dt_status dt__em_fbegin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
     dt_status st;
     int ahead;
-    if (!e) return DT_ERR_ARG;
     if (e->phase == 1 || e->aside.phase == 1)
         return dt_ctx_set_error(e->ctx, DT_ERR_STATE, "dt_embed_forward_begin: the batch begun last has no "
                                 "dt_embed_forward_end yet; expected begin, end, [backward], begin, ...");
     ahead = e->phase == 2; /* the previous batch still needs its state for its backward: keep it aside */
     if (ahead) dt__em_swap(e);
     e->dp_late = ahead;    /* its rows may change in that backward: read them at the end */
-    st = dt__em_begin(e, kjt);
+    st = dt__em_begin(e, kjt, pre);
     if (ahead) dt__em_swap(e);
     return st;
+}
+
+DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt) {
+    if (!e) return DT_ERR_ARG;
+    return dt__em_fbegin(e, kjt, DT_OK);
 }
 
 DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
@@ -2413,7 +2467,7 @@ DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
     return dt__em_end(e, out);
 }
 
-static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt) {
+static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
     const char *fn = "dt_embed_forward";
     int W, r, bad = 0;
     int64_t *cnt, tot_i = 0, tot_f = 0, tot_r = 0;
@@ -2427,7 +2481,8 @@ static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt) {
     e->phase = 0;
     e->n_segs = 0;
     st = dt__em_read_batch(e, kjt, &bad);
-    if (st) bad = 2;
+    if (!st && !bad && pre) st = pre; /* its message is set */
+    if (st) bad = st;
     /* agree: every rank's batch size (for the global sample numbers) and whether one failed */
     if (!(v = (double *)dt_alloc(e->ctx, sizeof(double) * (size_t)(W + 1)))) return DT_ERR_OOM;
     memset(v, 0, sizeof(double) * (size_t)(W + 1));
@@ -2440,7 +2495,7 @@ static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt) {
     if (v[W] > 0) {
         double nbad = v[W];
         dt_release(e->ctx, v);
-        if (bad) return st ? st : DT_ERR_RANGE;
+        if (bad) return (dt_status)bad;
         return dt_ctx_set_error(e->ctx, DT_ERR_RANGE, "%s: a bad batch on another rank (%g rank(s)); see its message",
                                 fn, nbad);
     }
@@ -2508,6 +2563,17 @@ static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt) {
     return DT_OK;
 }
 
+static dt_status dt__em_check_out(dt_embed *e, const dt_tensor *out, int64_t B) {
+    const char *fn = "dt_embed_forward";
+    dt_status st = e->cuda ? dt__em_cuda_check(e, out, fn, "out") : dt_check_tensor(e->ctx, out, DT_F32, fn, "out");
+    if (!st && (out->ndim != 2 || out->shape[0] != B || out->shape[1] != e->pooled_dim)) {
+        char s1[64];
+        st = dt_ctx_set_error(e->ctx, DT_ERR_SHAPE, "%s: out is %s; expected [%lld, %lld] (local batch, pooled dim)", fn,
+                              dt_shape_str(out, s1, sizeof s1), (long long)B, (long long)e->pooled_dim);
+    }
+    return st;
+}
+
 static dt_status dt__em_end(dt_embed *e, dt_tensor *out) {
     const char *fn = "dt_embed_forward";
     int W, r, f;
@@ -2518,14 +2584,10 @@ static dt_status dt__em_end(dt_embed *e, dt_tensor *out) {
     if (e->phase != 1) return dt_ctx_set_error(e->ctx, DT_ERR_STATE, "%s: no dt_embed_forward_begin before this end", fn);
     W = e->size;
     cnt = e->cnt;
-    st = e->cuda ? dt__em_cuda_check(e, out, fn, "out") : dt_check_tensor(e->ctx, out, DT_F32, fn, "out");
-    if (!st && (out->ndim != 2 || out->shape[0] != e->B || out->shape[1] != e->pooled_dim)) {
-        char s1[64];
-        st = dt_ctx_set_error(e->ctx, DT_ERR_SHAPE, "%s: out is %s; expected [%lld, %lld] (local batch, pooled dim)", fn,
-                              dt_shape_str(out, s1, sizeof s1), (long long)e->B, (long long)e->pooled_dim);
-    }
+    st = dt__em_check_out(e, out, e->B);
     /* the ids are in: serve (pool what was asked of this rank's shards, one pass), and every
-       rank takes part in the return all-to-all even when its out is bad */
+       rank takes part in the return all-to-all even when its out is bad: the other ranks' ids
+       were sent at begin and are admitted here (dt_embed_forward checks out before begin) */
     {
         double tw = dt__em_now();
         dt_status ws = dt__em_wait_all(e);
@@ -2578,8 +2640,10 @@ static dt_status dt__em_end(dt_embed *e, dt_tensor *out) {
     return DT_OK;
 }
 
+/* out is checked before begin, on every rank together: a bad out admits and evicts no ids. */
 DT_API dt_status dt_embed_forward(dt_embed *e, dt_tensor *out, const dt_kjt *kjt) {
-    DT__ETRY(dt_embed_forward_begin(e, kjt));
+    if (!e) return DT_ERR_ARG;
+    DT__ETRY(dt__em_fbegin(e, kjt, dt__em_check_out(e, out, kjt ? kjt->batch : 0)));
     return dt_embed_forward_end(e, out);
 }
 
@@ -3063,49 +3127,268 @@ DT_API dt_status dt_embed_checkpoint_save(dt_embed *e, const dt_train_state *sta
     return st;
 }
 
+static int dt__em_i64_cmp(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* A load's dynamic tables as they will be, built before anything changes (so a corrupt record
+   fails the load with the tables, optimizer state, step and pending gradients untouched): per
+   table the checkpoint's slots (ids, stamps, LFU counts), and the maps, lists and shards
+   rebuilt from them, swapped in at the commit. A table whose ids sit in other shards' slots
+   (saved with another hash_shards) is only checked here (each shard's ids fit, no id twice);
+   its ids move after the commit. */
+typedef struct dt__em_ldt {
+    int64_t *buf;                /* [3 x local slots]: ids, stamps, LFU counts */
+    int64_t *prev, *next;
+    dt__em_dyn *hs;
+    int move;                    /* saved with another hash_shards: dt__em_dyn_move at the commit */
+} dt__em_ldt;
+typedef struct dt__em_ld {
+    dt_embed *e;
+    dt_params *ps;
+    dt__em_ldt *tb;              /* [n_tabs] */
+} dt__em_ld;
+
+static void dt__em_ld_free(dt_embed *e, dt__em_ld *ld) {
+    int i, h;
+    for (i = 0; ld->tb && i < e->n_tabs; i++) {
+        dt__em_ldt *l = &ld->tb[i];
+        for (h = 0; l->hs && h < e->tabs[i].hs_count; h++) {
+            dt__em_mfree(e->ctx, &l->hs[h].map);
+            dt__em_mfree(e->ctx, &l->hs[h].seen);
+        }
+        dt_release(e->ctx, l->hs); dt_release(e->ctx, l->buf); dt_release(e->ctx, l->prev); dt_release(e->ctx, l->next);
+    }
+    dt_release(e->ctx, ld->tb);
+    ld->tb = NULL;
+}
+
+/* The checkpoint's values of the parameter that views data (a slot tensor), into dst. */
+static dt_status dt__em_ld_peek(const dt__em_ld *ld, struct dt__ck_load *L, const void *data, int64_t *dst) {
+    int i;
+    for (i = 0; i < ld->ps->count; i++)
+        if (ld->ps->items[i]->value.data == data) return dt__checkpoint_peek(ld->e->ctx, L, ld->ps->items[i], dst);
+    return dt_ctx_set_error(ld->e->ctx, DT_ERR_STATE, "dt_embed_checkpoint_load: a slot tensor is not in the load");
+}
+
+/* st on every rank: its own failure, or DT_ERR_OOM naming another rank's (they only allocate). */
+static dt_status dt__em_ld_agree(dt_embed *e, dt_status st) {
+    double f[1];
+    f[0] = st ? 1 : 0;
+    if (dt__em_sum_f64(e, f, 1) && !st) return DT_ERR_COMM;
+    if (!st && f[0] > 0)
+        return dt_ctx_set_error(e->ctx, DT_ERR_OOM, "dt_embed_checkpoint_load: another rank could not allocate the "
+                                "move of a dynamic table's ids; see its message");
+    return st;
+}
+
+/* A table saved with another hash_shards: each filled slot's id goes to the rank of its new
+   shard (ids only), which checks that its shards' ids fit their slots and that no id comes
+   twice. Collective (every rank calls it for the same tables). */
+static dt_status dt__em_ld_move_check(dt_embed *e, dt__em_tab *t, const int64_t *sid, const int64_t *stamp) {
+    const char *fn = "dt_embed_checkpoint_load";
+    int W = e->size, r, h;
+    int64_t nloc = t->r1 - t->r0, x, k, tr = 0, *cnt, *pos, *ids;
+    dt_tensor sb, rb, cc;
+    dt_tensor_desc d;
+    dt_status st = DT_OK;
+    memset(&sb, 0, sizeof sb); memset(&rb, 0, sizeof rb); memset(&cc, 0, sizeof cc);
+    memset(&d, 0, sizeof d);
+    d.dtype = DT_I64; d.device = DT_CPU; d.ndim = 1;
+    if (!(cnt = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(3 * W)))) return DT_ERR_OOM;
+    memset(cnt, 0, sizeof(int64_t) * (size_t)(3 * W));
+    pos = cnt + W;
+    for (x = 0; x < nloc; x++)
+        if (stamp[x] != 0) cnt[t->hs_owner[dt_embed_hash_id(sid[x]) % (uint64_t)t->n_hs]]++;
+    d.shape[0] = nloc + 1;
+    st = dt_tensor_create(e->ctx, &sb, &d);
+    d.shape[0] = 2 * W;
+    if (!st) st = dt_tensor_create(e->ctx, &cc, &d);
+    for (r = 1; r < W; r++) pos[r] = pos[r - 1] + cnt[r - 1];
+    for (x = 0; !st && x < nloc; x++)
+        if (stamp[x] != 0) ((int64_t *)sb.data)[pos[t->hs_owner[dt_embed_hash_id(sid[x]) % (uint64_t)t->n_hs]]++] = sid[x];
+    st = dt__em_ld_agree(e, st); /* no rank leaves another waiting in the exchanges below */
+    if (!st) {
+        dt_tensor a, bb;
+        int64_t sh[1];
+        sh[0] = W;
+        memcpy(cc.data, cnt, sizeof(int64_t) * (size_t)W);
+        st = dt_tensor_view(e->ctx, &a, &cc, 0, 1, sh);
+        if (!st) st = dt_tensor_view(e->ctx, &bb, &cc, W, 1, sh);
+        if (!st) st = e->comm ? dt_comm_alltoall(e->comm, &bb, &a) : (((int64_t *)cc.data)[1] = cnt[0], DT_OK);
+    }
+    for (r = 0; !st && r < W; r++) { pos[r] = ((int64_t *)cc.data)[W + r]; tr += pos[r]; }
+    d.shape[0] = tr + 1;
+    if (!st) st = dt__em_ld_agree(e, dt_tensor_create(e->ctx, &rb, &d));
+    if (!st) st = dt__em_a2av(e, &rb, &sb, cnt, pos);
+    ids = (int64_t *)rb.data;
+    for (h = 0; !st && h < t->hs_count; h++) {
+        int64_t m = 0, *p = (int64_t *)sb.data; /* sb is free now: the shard's ids, once they fit */
+        for (k = 0; k < tr; k++) m += (int64_t)(dt_embed_hash_id(ids[k]) % (uint64_t)t->n_hs) == t->hs_first + h;
+        if (m > t->hs[h].n) {
+            st = dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "%s: table \"%s\": id-hash shard %d of %d gets %lld saved "
+                                  "ids but has %lld slots (the checkpoint has another hash_shards); expected a layout "
+                                  "where each shard's ids fit: more rows, or the saved hash_shards", fn, t->name,
+                                  t->hs_first + h, t->n_hs, (long long)m, (long long)t->hs[h].n);
+            break;
+        }
+        for (m = 0, k = 0; k < tr; k++)
+            if ((int64_t)(dt_embed_hash_id(ids[k]) % (uint64_t)t->n_hs) == t->hs_first + h) p[m++] = ids[k];
+        if (m > 1) qsort(p, (size_t)m, sizeof(int64_t), dt__em_i64_cmp);
+        for (k = 1; k < m; k++)
+            if (p[k] == p[k - 1]) {
+                st = dt_ctx_set_error(e->ctx, DT_ERR_FORMAT, "%s: table \"%s\": id %lld is in two saved slots; expected "
+                                      "each id in one slot (corrupt checkpoint)", fn, t->name, (long long)p[k]);
+                break;
+            }
+    }
+    dt_tensor_free(e->ctx, &sb); dt_tensor_free(e->ctx, &rb); dt_tensor_free(e->ctx, &cc);
+    dt_release(e->ctx, cnt);
+    return st;
+}
+
+/* dt__checkpoint_load_checked's check: every file is validated on every rank; read each dynamic
+   table's slots and build what the commit swaps in. Collective. */
+static dt_status dt__em_ld_check(dt_ctx *ctx, struct dt__ck_load *L, void *user) {
+    dt__em_ld *ld = (dt__em_ld *)user;
+    dt_embed *e = ld->e;
+    dt_status st = DT_OK;
+    double *v, flag[1];
+    int i, h, any_move = 0;
+    (void)ctx;
+    if (!(v = (double *)dt_alloc(e->ctx, sizeof(double) * (size_t)(e->n_tabs + 1)))) st = DT_ERR_OOM;
+    if (!st && !(ld->tb = (dt__em_ldt *)dt_alloc(e->ctx, sizeof(dt__em_ldt) * (size_t)e->n_tabs))) st = DT_ERR_OOM;
+    if (ld->tb) memset(ld->tb, 0, sizeof(dt__em_ldt) * (size_t)e->n_tabs);
+    if (v) memset(v, 0, sizeof(double) * (size_t)(e->n_tabs + 1));
+    for (i = 0; !st && i < e->n_tabs; i++) { /* local: read the slots, find ids outside their shard */
+        dt__em_tab *t = &e->tabs[i];
+        dt__em_ldt *l = &ld->tb[i];
+        int64_t nloc = t->r1 - t->r0, x, *sid, *stamp;
+        if (!t->dynamic || !t->w.data) continue;
+        l->buf = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(3 * nloc));
+        l->prev = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)nloc);
+        l->next = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)nloc);
+        l->hs = (dt__em_dyn *)dt_alloc(e->ctx, sizeof(dt__em_dyn) * (size_t)t->hs_count);
+        if (!l->buf || !l->prev || !l->next || !l->hs) { st = DT_ERR_OOM; break; }
+        memcpy(l->hs, t->hs, sizeof(dt__em_dyn) * (size_t)t->hs_count);
+        for (h = 0; h < t->hs_count; h++) { /* the live maps stay the live table's */
+            memset(&l->hs[h].map, 0, sizeof l->hs[h].map);
+            memset(&l->hs[h].seen, 0, sizeof l->hs[h].seen);
+        }
+        sid = l->buf; stamp = l->buf + nloc;
+        memset(l->buf, 0, sizeof(int64_t) * (size_t)(3 * nloc));
+        if ((st = dt__em_ld_peek(ld, L, t->slot_id.data, sid))) break;
+        if ((st = dt__em_ld_peek(ld, L, t->slot_stamp.data, stamp))) break;
+        if (t->slot_count.data && (st = dt__em_ld_peek(ld, L, t->slot_count.data, l->buf + 2 * nloc))) break;
+        for (h = 0; h < t->hs_count; h++)
+            for (x = t->hs[h].x0; x < t->hs[h].x0 + t->hs[h].n; x++)
+                if (stamp[x] != 0 && (int64_t)(dt_embed_hash_id(sid[x]) % (uint64_t)t->n_hs) != t->hs_first + h) v[1 + i] = 1;
+    }
+    flag[0] = st ? 1 : 0; /* every rank here: whether one failed, then (all with v) which tables moved */
+    {
+        dt_status cs = dt__em_sum_f64(e, flag, 1);
+        if (!cs && flag[0] == 0) cs = dt__em_sum_f64(e, v + 1, e->n_tabs);
+        if (cs && !st) st = cs;
+        if (!st && flag[0] > 0) st = dt_ctx_set_error(e->ctx, DT_ERR_FORMAT, "dt_embed_checkpoint_load: another rank "
+                                                       "failed to read a dynamic table's slots; see its message");
+    }
+    for (i = 0; !flag[0] && v && i < e->n_tabs; i++) { /* collective: every rank, whatever its status */
+        dt__em_tab *t = &e->tabs[i];
+        dt__em_ldt *l = &ld->tb[i];
+        dt_status s2;
+        l->move = v[1 + i] > 0 && !e->cuda; /* on cuda: the rebuild below names the moved id */
+        if (!l->move) continue;
+        s2 = dt__em_ld_move_check(e, t, l->buf, l->buf ? l->buf + (t->r1 - t->r0) : NULL);
+        if (!st) st = s2;
+        any_move = 1;
+    }
+    if (!flag[0] && any_move) { /* the failing rank named it; the others say so (its status when one failed) */
+        double f2[2];
+        f2[0] = st ? 1 : 0; f2[1] = (double)st;
+        if (!dt__em_sum_f64(e, f2, 2) && !st && f2[0] > 0)
+            st = dt_ctx_set_error(e->ctx, f2[0] == 1 ? (dt_status)(int)f2[1] : DT_ERR_UNSUPPORTED, "dt_embed_checkpoint_load: "
+                                  "a dynamic table's saved ids do not fit its id-hash shards (or repeat) on another "
+                                  "rank; see its message");
+    }
+    for (i = 0; !st && i < e->n_tabs; i++) {
+        dt__em_tab *t = &e->tabs[i];
+        dt__em_ldt *l = &ld->tb[i];
+        if (!l->move && t->dynamic && t->w.data) {
+            dt__em_tab sh = *t; /* the table with the checkpoint's slots, rebuilt into l's arrays */
+            int64_t nl = t->r1 - t->r0;
+            sh.slot_id.data = l->buf; sh.slot_stamp.data = l->buf + nl;
+            sh.slot_count.data = t->slot_count.data ? (void *)(l->buf + 2 * nl) : NULL;
+            sh.prev = l->prev; sh.next = l->next; sh.hs = l->hs;
+            st = dt__em_dyn_rebuild(e, &sh);
+        }
+    }
+    dt_release(e->ctx, v);
+    return st;
+}
+
+/* Nothing changes unless every rank validated every file and record (dt_opt.h's load and
+   dt__em_ld_check): a failed load leaves the tables, optimizer state, step, *state, the
+   forward's phase and the accumulated gradients as they were. After the commit only moving ids
+   between hash shards (another hash_shards) and the cuda id tables can fail (a lost peer, no
+   memory, a broken device): then the tables are the checkpoint's, the maps incomplete, and the
+   error is returned on every rank. */
 DT_API dt_status dt_embed_checkpoint_load(dt_embed *e, dt_train_state *state, const dt_checkpoint_desc *desc) {
     dt_params ps;
     dt_param *store = NULL;
     dt_tensor steps;
     dt_checkpoint_desc d;
+    dt__em_ld ld;
     dt_status st;
-    int i;
+    int i, h;
     if (!e) return DT_ERR_ARG;
     DT__ETRY(dt__em_ckpt_desc(e, &d, desc, "dt_embed_checkpoint_load"));
     memset(&steps, 0, sizeof steps);
+    memset(&ld, 0, sizeof ld);
     st = dt__em_params(e, &ps, &store, &steps);
-    if (!st) st = dt_checkpoint_load(e->ctx, &ps, NULL, state, &d);
-    for (i = 0; !st && !e->cuda && i < e->n_tabs; i++) /* saved with another hash_shards: move ids (collective) */
-        if (e->tabs[i].dynamic) {
-            int any = 0;
-            st = dt__em_dyn_misplaced(e, &e->tabs[i], &any);
-            if (!st && any) st = dt__em_dyn_move(e, &e->tabs[i]);
+    ld.e = e; ld.ps = &ps;
+    if (!st) st = dt__checkpoint_load_checked(e->ctx, &ps, NULL, state, &d, e->any_dyn ? dt__em_ld_check : NULL, &ld);
+    if (!st) {
+        for (i = 0; i < e->n_tabs; i++) { /* the commit: the checkpoint's slots are in the live tensors now */
+            dt__em_tab *t = &e->tabs[i];
+            dt__em_ldt *l = ld.tb ? &ld.tb[i] : NULL;
+            int64_t *tmp;
+            t->t = ((int64_t *)steps.data)[i];
+            if (!l || !t->dynamic || !t->w.data || l->move) continue;
+            for (h = 0; h < t->hs_count; h++) {
+                dt__em_mfree(e->ctx, &t->hs[h].map);
+                dt__em_mfree(e->ctx, &t->hs[h].seen);
+                t->hs[h] = l->hs[h];
+                memset(&l->hs[h].map, 0, sizeof l->hs[h].map); /* now the table's */
+                memset(&l->hs[h].seen, 0, sizeof l->hs[h].seen);
+            }
+            tmp = t->prev; t->prev = l->prev; l->prev = tmp;
+            tmp = t->next; t->next = l->next; l->next = tmp;
         }
-    if (!st)
-        for (i = 0; i < e->n_tabs; i++) {
-            e->tabs[i].t = ((int64_t *)steps.data)[i];
-            if (e->tabs[i].dynamic && e->tabs[i].w.data && !st) st = dt__em_dyn_rebuild(e, &e->tabs[i]);
-            if (e->tabs[i].dynamic && e->tabs[i].w.data && !st && e->cuda) st = dt__em_cuda_dyn_restore(e, i);
+        e->phase = 0;
+        e->n_pend = 0; e->acc_open = 0; /* pending gradients belonged to the slots before the load */
+        for (i = 0; e->any_dyn && i < e->n_tabs; i++) {
+            dt__em_tab *t = &e->tabs[i];
+            if (!t->dynamic) continue;
+            if (ld.tb[i].move) { /* collective: every rank takes part */
+                if (!st) st = dt__em_dyn_move(e, t);
+                if (!st && t->w.data) st = dt__em_dyn_rebuild(e, t);
+            } else if (t->w.data && e->cuda && !st) st = dt__em_cuda_dyn_restore(e, i);
         }
-    if (e->any_dyn) { /* the slot checks above are per rank: every rank returns alike */
-        double flag[1];
-        flag[0] = st ? 1 : 0;
-        if (dt__em_sum_f64(e, flag, 1) && !st) st = DT_ERR_COMM;
-        if (!st && flag[0] > 0)
-            st = dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "dt_embed_checkpoint_load: a dynamic table's slots did "
-                                  "not load on another rank; see its message");
+        if (e->any_dyn) { /* what failed after the commit fails on every rank */
+            double flag[1];
+            flag[0] = st ? 1 : 0;
+            if (dt__em_sum_f64(e, flag, 1) && !st) st = DT_ERR_COMM;
+            if (!st && flag[0] > 0)
+                st = dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "dt_embed_checkpoint_load: a dynamic table's slots did "
+                                      "not load on another rank; see its message");
+        }
     }
+    dt__em_ld_free(e, &ld);
     dt_release(e->ctx, ps.items);
     dt_release(e->ctx, store);
     dt_tensor_free(e->ctx, &steps);
-    e->phase = 0;
-    e->n_pend = 0; e->acc_open = 0; /* pending gradients belonged to the slots before the load */
     return st;
-}
-
-static int dt__em_i64_cmp(const void *a, const void *b) {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x < y ? -1 : x > y;
 }
 
 DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
@@ -3138,7 +3421,7 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
         int64_t nc = t->c1 - t->c0, k;
         dt_tensor_desc d;
         if (!t->w.data || (t->shard == DT_SHARD_DATA && e->rank != 0)) continue;
-        qsort(t->dlist, (size_t)t->n_dirty, sizeof(int64_t), dt__em_i64_cmp);
+        if (t->n_dirty > 1) qsort(t->dlist, (size_t)t->n_dirty, sizeof(int64_t), dt__em_i64_cmp); /* dlist may be NULL */
         memset(&d, 0, sizeof d);
         d.dtype = DT_I64; d.device = DT_CPU; d.shape[0] = t->n_dirty; d.ndim = 1;
         if ((st = dt_tensor_create(e->ctx, &ts[n], &d))) break;

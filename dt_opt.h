@@ -507,6 +507,18 @@ DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, dt_params *ps, dt_optimizer *op
    loaded from a checkpoint of bf16 master mode takes the master. */
 DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt_train_state *state,
                                     const dt_checkpoint_desc *desc);
+/* Private (dt_embed.h's load): dt_checkpoint_load with a check between validation and commit.
+   check runs on every rank once every rank has validated the checkpoint, before anything
+   changes; it may read the values a parameter of ps is about to get (dt__checkpoint_peek) and
+   call collectives on desc->comm. A failure on any rank fails the load on every rank, nothing
+   changed. */
+struct dt__ck_load;
+typedef dt_status (*dt__ck_check_fn)(dt_ctx *ctx, struct dt__ck_load *L, void *user);
+DT_API dt_status dt__checkpoint_load_checked(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt_train_state *state,
+                                             const dt_checkpoint_desc *desc, dt__ck_check_fn check, void *user);
+/* Copies the checkpoint's values for p (one of the load's ps, by pointer) into dst: host memory
+   of p->value's dtype and element count. */
+DT_API dt_status dt__checkpoint_peek(dt_ctx *ctx, struct dt__ck_load *L, const dt_param *p, void *dst);
 
 /* XXH64 (seed 0) of n bytes: the checksum the manifest records for each file. Streaming form:
    dt_xxh64_init, _update (any split of the bytes), _final. */
@@ -3132,8 +3144,25 @@ static dt_status dt__ck_commit(dt_ctx *ctx, dt__ck_load *L, dt_optimizer *opt, d
     return DT_OK;
 }
 
+DT_API dt_status dt__checkpoint_peek(dt_ctx *ctx, struct dt__ck_load *L, const dt_param *p, void *dst) {
+    int i, k;
+    for (i = 0; L && i < L->n_it; i++)
+        if (L->it[i].p == p && L->it[i].kind == DT__CK_VALUE) break;
+    if (!L || !dst || i == L->n_it)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt__checkpoint_peek: parameter \"%s\" is not one this load fills",
+                                p ? p->name : "(null)");
+    for (k = 0; k < L->n_pc; k++)
+        if (L->pc[k].item == i) dt__ck_copy_piece(&L->it[i], &L->pc[k], dst);
+    return DT_OK;
+}
+
 DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt_train_state *state,
                                     const dt_checkpoint_desc *desc) {
+    return dt__checkpoint_load_checked(ctx, ps, opt, state, desc, NULL, NULL);
+}
+
+DT_API dt_status dt__checkpoint_load_checked(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt_train_state *state,
+                                             const dt_checkpoint_desc *desc, dt__ck_check_fn check, void *user) {
     const char *fn = "dt_checkpoint_load";
     dt__ck_load *L;
     dt_status st;
@@ -3147,6 +3176,10 @@ DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, dt_params *ps, dt_optimizer *op
     memset(L, 0, sizeof *L);
     st = dt__ck_load_local(ctx, desc, ps, opt, L, fn);
     st = dt__ck_agree(ctx, desc->comm, st, fn);
+    if (!st && check) {
+        st = check(ctx, L, user);
+        st = dt__ck_agree(ctx, desc->comm, st, fn);
+    }
     if (!st) {
         st = dt__ck_commit(ctx, L, opt, state, fn);
         st = dt__ck_agree(ctx, desc->comm, st, fn); /* a failed device copy anywhere fails everywhere */
@@ -3175,6 +3208,17 @@ DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, dt_params *ps, dt_optimizer *op
     (void)desc; (void)ps; (void)opt; (void)state;
     if (!ctx) return DT_ERR_ARG;
     return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "dt_checkpoint_load: needs a POSIX system (open, rename)");
+}
+
+DT_API dt_status dt__checkpoint_load_checked(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt_train_state *state,
+                                             const dt_checkpoint_desc *desc, dt__ck_check_fn check, void *user) {
+    (void)check; (void)user;
+    return dt_checkpoint_load(ctx, ps, opt, state, desc);
+}
+
+DT_API dt_status dt__checkpoint_peek(dt_ctx *ctx, struct dt__ck_load *L, const dt_param *p, void *dst) {
+    (void)L; (void)p; (void)dst;
+    return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "dt__checkpoint_peek: needs a POSIX system");
 }
 
 #endif /* DT__OPT_POSIX */
