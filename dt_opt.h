@@ -1329,6 +1329,7 @@ DT_API double dt_opt_lr(const dt_optimizer *opt) { return opt ? dt_lr_at(&opt->d
 
 DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, float *dloss, dt_bucketer *b, int micro) {
     int n;
+    if (dloss) *dloss = 0.0f; /* written on every path (a caller's unchecked status reads no garbage) */
     if (!opt) return DT_ERR_ARG;
     n = opt->desc.accum_steps;
     if (micro < 0 || micro >= n)
