@@ -1031,13 +1031,14 @@ static void dt__cm_finalize_at_exit(void) {
 #endif
 
 #ifndef DT_MPI
-/* The number of processes a launcher started (1 when no launcher variable says more), and the
-   variable that said it. A value that is not a whole number is not a launcher's: ignored. */
-static long dt__cm_launched(const char **var) {
+/* Without MPI, a launcher that started several processes (its variables say how many; a value
+   that is not a whole number is not a launcher's: ignored) is an error: each process would
+   train alone in a world of one. */
+static dt_status dt__cm_not_launched(dt_ctx *ctx, const char *fn) {
     static const char *const names[4] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "PMIX_RANK"};
+    const char *var = NULL;
     long most = 1;
     int i;
-    *var = NULL;
     for (i = 0; i < 4; i++) {
         const char *s = getenv(names[i]);
         char *end = NULL;
@@ -1047,9 +1048,13 @@ static long dt__cm_launched(const char **var) {
         v = strtol(s, &end, 10);
         if (errno || end == s || *end || v < 0) continue;
         if (i == 3) v = v > 0 ? v + 1 : 1; /* a rank above 0: at least rank + 1 processes */
-        if (v > most) { most = v; *var = names[i]; }
+        if (v > most) { most = v; var = names[i]; }
     }
-    return most;
+    if (most == 1) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: a launcher started %s%ld processes (%s = %s), but dt was built "
+                            "without MPI, so each would train alone in a world of one; rebuild with mpicc -DDT_MPI (or "
+                            "run one process without the launcher)", fn, strcmp(var, "PMIX_RANK") ? "" : "at least ",
+                            most, var, getenv(var));
 }
 #endif
 
@@ -1073,9 +1078,9 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
     dt_comm_desc d;
     dt_comm *c;
     int r;
+    if (world) *world = NULL;
     if (!ctx) return DT_ERR_ARG;
     if (!world) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: world is NULL", fn);
-    *world = NULL;
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     if (d.timeout_s != d.timeout_s)
@@ -1093,15 +1098,7 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
                                 "DT_NCCL; rebuild with -DDT_CUDA -DDT_NCCL or leave use_nccl 0", fn);
 #endif
 #ifndef DT_MPI
-    {
-        const char *var;
-        long n = dt__cm_launched(&var);
-        if (n > 1)
-            return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: a launcher started %s%ld processes (%s = %s), but dt was "
-                                    "built without MPI, so each would train alone in a world of one; rebuild with "
-                                    "mpicc -DDT_MPI (or run one process without the launcher)", fn,
-                                    strcmp(var, "PMIX_RANK") ? "" : "at least ", n, var, getenv(var));
-    }
+    if (dt__cm_not_launched(ctx, fn)) return DT_ERR_STATE;
 #endif
     c = dt__cm_new(ctx);
     if (!c) return DT_ERR_OOM;
@@ -3395,10 +3392,10 @@ DT_API dt_status dt_comm_split(dt_comm *parent, dt_comm **out, int color, int ke
     dt_comm *c;
     dt_status st;
     char name[96];
+    if (out) *out = NULL;
     if (!parent) return DT_ERR_ARG;
     if ((st = dt__cm_usable(parent, fn)) != DT_OK) return st;
     if (!out) return dt_ctx_set_error(parent->ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    *out = NULL;
     dt__cm_req_init(&q, parent, DT__CM_SPLIT, fn);
     q.count = 0;
     st = dt__cm_enter(&q, DT_OK);
@@ -3475,9 +3472,9 @@ DT_API dt_status dt_comm_split(dt_comm *parent, dt_comm **out, int color, int ke
 /* ---------------------------------------------------------------- statistics */
 
 DT_API dt_status dt_comm_stats(const dt_comm *c, dt_comm_stat *out, dt_coll kind) {
+    if (out) memset(out, 0, sizeof *out);
     if (!c) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_stats: out is NULL");
-    memset(out, 0, sizeof *out);
     if ((int)kind < 0 || kind >= DT_COLL_COUNT)
         return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_stats: kind = %d is not a dt_coll", (int)kind);
     out->calls = (int64_t)c->stat_calls[kind];
@@ -3606,9 +3603,9 @@ DT_API dt_status dt_bucketer_create(dt_comm *c, dt_bucketer **out, dt_params *ps
     int i, k, nb;
     int64_t cap, used;
     dt_device dev = DT_CPU;
+    if (out) *out = NULL;
     if (!c) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    *out = NULL;
     if (!ps) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: ps is NULL", fn);
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;

@@ -1324,9 +1324,9 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     dt_embed *e;
     dt_status st = DT_OK;
     int i, j, W;
+    if (out) *out = NULL;
     if (!ctx) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    *out = NULL;
     if (!desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc is NULL", fn);
     /* from here a bad desc sets st: dt__em_check_same tells the other ranks, which would wait */
     if (desc->n_tables < 1 || !desc->tables)
@@ -1472,6 +1472,7 @@ DT_API int64_t dt_embed_feature_offset(const dt_embed *e, int f) {
     return e && f >= 0 && f < e->n_feat ? e->feat_off[f] : -1;
 }
 DT_API dt_embed_sharding dt_embed_table_sharding(const dt_embed *e, int table, int *owner) {
+    if (owner) *owner = -1;
     if (!e || table < 0 || table >= e->n_tabs) return DT_SHARD_DEFAULT;
     if (owner) *owner = e->tabs[table].shard == DT_SHARD_TABLE ? e->tabs[table].owner
                       : e->tabs[table].shard == DT_SHARD_TABLE_ROW ? e->tabs[table].gfirst : -1;
@@ -2902,6 +2903,7 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
 }
 
 DT_API dt_status dt_embed_stats_get(const dt_embed *e, dt_embed_stats *out) {
+    if (out) memset(out, 0, sizeof *out);
     if (!e || !out) return DT_ERR_ARG;
     *out = e->stats;
     return DT_OK;

@@ -1268,9 +1268,9 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, c
     dt_opt_desc d;
     dt_status st = DT_OK;
     int i, k, n_state, any_f16 = 0, norm_collective;
+    if (out) *out = NULL;
     if (!ctx) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    *out = NULL;
     if (!ps || !desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, ps ? "desc" : "ps");
     d = *desc;
     DT__OTRY(dt__opt_resolve(ctx, &d, fn));
@@ -1488,6 +1488,7 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     double *sq, lr;
     int i, bad = 0, scaling, want_norm, cuda = 0;
     dt_status st = DT_OK;
+    if (info) memset(info, 0, sizeof *info); /* written on every path; filled at the end */
     if (!opt) return DT_ERR_ARG;
     ctx = opt->ctx;
     ps = opt->params;

@@ -821,10 +821,10 @@ DT_API dt_status dt_layout_create(dt_comm *world, dt_layout **out, const dt_layo
     dt_ctx *ctx;
     dt_layout_desc d;
     dt_status st;
+    if (out) *out = NULL;
     if (!world) return DT_ERR_ARG; /* no ctx to say it in */
     ctx = dt_comm_ctx(world);
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    *out = NULL;
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     st = dt__pl_layout_check(ctx, &d, fn);
@@ -927,6 +927,8 @@ DT_API dt_status dt_layout_describe(dt_layout *l, dt_strbuf *out) {
 DT_API dt_status dt_layout_batch_range(const dt_layout *l, int64_t global_batch, int64_t *first, int64_t *count) {
     const char *fn = "dt_layout_batch_range";
     int64_t per;
+    if (first) *first = 0;
+    if (count) *count = 0;
     if (!l) return DT_ERR_ARG;
     if (!first || !count) return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: %s is NULL", fn, first ? "count" : "first");
     if (global_batch < 0 || global_batch % l->dp)
@@ -975,9 +977,9 @@ DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, con
     const int *units = desc ? desc->units : NULL;
     int i, k, n;
     dt_status st = DT_OK;
+    if (out) *out = NULL;
     if (!ctx) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    *out = NULL;
     if (!ps) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ps is NULL", fn);
     if (ps->count < 0 || (ps->count > 0 && !ps->items))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ps has count %d and items %p; expected a dt_params", fn,
@@ -1590,10 +1592,10 @@ DT_API dt_status dt_zero_create(dt_layout *l, dt_zero **out, dt_arena *a, const 
     dt_ctx *ctx;
     int i, t;
     dt_status st = DT_OK;
+    if (out) *out = NULL;
     if (!l) return DT_ERR_ARG;
     ctx = l->ctx;
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    *out = NULL;
     if (!a) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a is NULL", fn);
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
@@ -1724,6 +1726,7 @@ DT_API void dt_zero_free(dt_zero *z) {
 DT_API dt_optimizer *dt_zero_optimizer(dt_zero *z) { return z ? z->opt : NULL; }
 
 DT_API dt_status dt_zero_micro_begin(dt_zero *z, float *dloss, int micro) {
+    if (dloss) *dloss = 0.0f;
     if (!z) return DT_ERR_ARG;
     DT__PL_TRY(dt_opt_micro_begin(z->opt, dloss, NULL, micro));
     z->sync = micro == z->opt->desc.accum_steps - 1;
@@ -1812,6 +1815,7 @@ DT_API dt_status dt_zero_step(dt_zero *z, dt_opt_step_info *info) {
     dt_opt_step_info inf;
     dt_status st = DT_OK;
     int k;
+    if (info) memset(info, 0, sizeof *info);
     if (!z) return DT_ERR_ARG;
     DT__PL_TRY(dt__pl_zorder_step(z));
     /* 1. finish the gradient sync */
@@ -1858,6 +1862,7 @@ DT_API dt_status dt_zero_memory_get(dt_zero *z, dt_zero_memory *out) {
     dt_zero_memory m;
     double psi = 0, vb = 0, mb = 0, sb = 0, N, cv, cg, cm;
     int i, k;
+    if (out) memset(out, 0, sizeof *out);
     if (!z) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(z->ctx, DT_ERR_ARG, "dt_zero_memory_get: out is NULL");
     memset(&m, 0, sizeof m);
@@ -2524,6 +2529,8 @@ DT_API dt_status dt_tp_xent_fwd(dt_layout *l, float *loss, int64_t *n_valid, dt_
     int64_t N, Vl, nv, r, c, n = 0;
     double total = 0, *buf;
     dt_status st = DT_OK;
+    if (loss) *loss = 0;
+    if (n_valid) *n_valid = 0;
     if (!l || !l->ctx) return DT_ERR_ARG;
     if (!loss) return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: loss is NULL", fn);
     DT__TP_TRY(dt__tp_xent_check(l, logits, targets, vocab_start, vocab, ignore_index, fn, NULL));
@@ -3336,10 +3343,10 @@ DT_API dt_status dt_trace_create(dt_comm *world, dt_trace **out) {
     dt_ctx *ctx;
     dt_trace *t;
     dt_status st;
+    if (out) *out = NULL;
     if (!world) return DT_ERR_ARG;
     ctx = dt_comm_ctx(world);
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_trace_create: out is NULL");
-    *out = NULL;
     st = dt_comm_barrier(world); /* the ranks start together: the picture starts at one moment */
     if (st) return st;
     t = (dt_trace *)dt_alloc(ctx, sizeof *t);
