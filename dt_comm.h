@@ -214,7 +214,11 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
    returning non-zero from main; an error only some ranks see (a file one rank cannot open, a
    NaN in one rank's loss) cannot: the others would wait in their next collective until its
    timeout. Call dt_comm_abort there. */
-DT_API void dt_comm_abort(dt_comm *c, int code);
+DT_API void dt_comm_abort(dt_comm *c, int code)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((noreturn)) /* the caller's compiler knows what follows is not reached */
+#endif
+    ;
 /* Frees a communicator (free the groups split from the world before the world). MPI stays up:
    when dt initialised it, dt finalizes it at exit (see "MPI and several copies of dt"). NULL is a
    no-op. Not collective for dt, but MPI may synchronise: call it on every rank. */

@@ -6,7 +6,9 @@
    other coordinates, in order of the varying one (dt_comm_world_rank), and a sum over each group
    equals the sum of those world ranks computed here (the groups really communicate). Also: the
    picture of dt_layout_describe names every rank, the batch ranges of the dp ranks tile the
-   global batch, and bad sizes are named errors. */
+   global batch, and bad sizes are named errors. Ranks asking for different grids (dp x tp =
+   W/2 x 2 beside dp = W), or one rank with a bad desc, fail on every rank, naming the first size
+   that differs and the ranks; descs equal after the defaults pass. */
 #define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"

@@ -1,5 +1,7 @@
 /* tests/test_comm.c - dt_comm.h without DT_MPI: a world of one rank on which every call works,
-   bad arguments give named errors, and the bucketer and statistics behave. */
+   bad arguments give named errors, and the bucketer and statistics behave. Started by a
+   launcher for several processes (its environment variables set), dt_comm_create_world names
+   -DDT_MPI instead; dt_comm_abort exits with its code, stdout flushed. */
 #define _POSIX_C_SOURCE 200809L /* setenv, fork, pipe */
 #define DT_IMPLEMENTATION
 #include "dt_tensor.h"
