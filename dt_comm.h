@@ -48,8 +48,10 @@
                                   (dt_bucketer_set_sync(0) for accumulation micro-steps)
        dt_comm_stats / _format / _print: calls, bytes, seconds, algbw and busbw (nccl-tests)
        dt_comm_set_observer       a callback per completed operation (dt_parallel.h's timeline)
+       dt_comm_check_same         every rank passed the same desc (a digest; names the field)
        dt_comm_set_name / _set_timeout / _set_check; dt_bucketer_free; dt_comm_free, groups
                                   before the world
+       dt_comm_abort              end every rank on an error that only some ranks see
 
    Do this:
        #define DT_COMM_IMPLEMENTATION        (or DT_IMPLEMENTATION for every dt header)
@@ -231,8 +233,25 @@ typedef struct dt_comm_desc {
 
 /* The world: every process of the run. Initialises MPI (MPI_THREAD_FUNNELED) unless the caller
    (or another copy of dt) did; without DT_MPI a world of one rank. A program may create several
-   worlds. The comm keeps ctx for errors and memory. */
+   worlds. The comm keeps ctx for errors and memory. Built without DT_MPI but started by a
+   launcher for several processes (mpirun, srun: OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_SIZE
+   above 1, or PMIX_RANK above 0 in the environment), it is DT_ERR_STATE naming -DDT_MPI, as
+   each process would otherwise train alone in a world of one. */
 DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_comm_desc *desc);
+/* Ends every rank of c's world at once with exit status `code` (use a non-zero one): flushes
+   stdout and stderr, then MPI_Abort(MPI_COMM_WORLD, code) under DT_MPI (mpirun then stops the
+   other ranks and exits with code), exit(code) without MPI or before MPI is initialised. c may
+   be NULL (the same). Does not return.
+   When to use it: an error that every rank sees alike (a bad flag, a collective's error, which
+   dt returns on every rank) ends cleanly by freeing what was made (dt_comm_free last) and
+   returning non-zero from main; an error only some ranks see (a file one rank cannot open, a
+   NaN in one rank's loss) cannot: the others would wait in their next collective until its
+   timeout. Call dt_comm_abort there. */
+DT_API void dt_comm_abort(dt_comm *c, int code)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((noreturn)) /* the caller's compiler knows what follows is not reached */
+#endif
+    ;
 /* Frees a communicator (free the groups split from the world before the world). MPI stays up:
    when dt initialised it, dt finalizes it at exit (see "MPI and several copies of dt"). NULL is a
    no-op. Not collective for dt, but MPI may synchronise: call it on every rank. */
@@ -267,6 +286,23 @@ DT_API dt_status dt_comm_set_check(dt_comm *c, int on);
 DT_API dt_status dt_comm_allreduce(dt_comm *c, dt_tensor *t, dt_reduce_op op);
 /* The same on n host doubles (norms, overflow flags, counters), summed in rank order. */
 DT_API dt_status dt_comm_allreduce_f64(dt_comm *c, double *vals, int n, dt_reduce_op op);
+/* Collective over c: whether every rank passes the same n values v (a desc's fields: integers
+   cast, doubles' bits, texts hashed), for a constructor that must refuse a desc which differs
+   between ranks rather than build objects that diverge. st is this rank's own status for the
+   desc (non-zero when its local checks failed: the others are told, not left waiting). One
+   all-reduce of a digest; on a difference two more find the first field that differs (ranks
+   passing different n compare their first min(n) values; then field = -1) and the first rank
+   whose value differs from rank 0's, into *diff (may be NULL) for the caller's message.
+   Returns alike on every rank: DT_OK when all agree and every st is DT_OK; st on a rank that
+   passed an error and DT_ERR_ARG on the others (diff->failed = 1); DT_ERR_ARG on a difference
+   (a generic message: the caller names the field); DT_ERR_COMM when a collective fails. */
+typedef struct dt_comm_same_diff {
+    int failed;              /* 1: some rank passed an error status (nothing compared) */
+    int field;               /* the first index whose values differ; -1: only n differs */
+    int rank;                /* the first rank whose value (or n) differs from rank 0's */
+    uint64_t value0, value;  /* rank 0's and that rank's value of the field (or their n) */
+} dt_comm_same_diff;
+DT_API dt_status dt_comm_check_same(dt_comm *c, const uint64_t *v, int n, dt_status st, dt_comm_same_diff *diff);
 /* in holds size blocks of out->numel elements; out = op over ranks of block `rank`. out may lie
    inside in. */
 DT_API dt_status dt_comm_reduce_scatter(dt_comm *c, dt_tensor *out, const dt_tensor *in, dt_reduce_op op);
@@ -415,6 +451,7 @@ DT_API double dt_comm_now(void);
 #include <string.h>
 #include <stdarg.h>
 #include <time.h>
+#include <errno.h>
 /* Timeouts and statistics run on CLOCK_MONOTONIC: a step of the wall clock (NTP, an admin)
    must not fire a timeout. Strict -std=c99 hides clock_gettime and struct timespec unless
    _POSIX_C_SOURCE came before the first system include, which dt_tensor.h made long before
@@ -1032,14 +1069,57 @@ static void dt__cm_finalize_at_exit(void) {
 }
 #endif
 
+#ifndef DT_MPI
+/* Without MPI, a launcher that started several processes (its variables say how many; a value
+   that is not a whole number is not a launcher's: ignored) is an error: each process would
+   train alone in a world of one. */
+static dt_status dt__cm_not_launched(dt_ctx *ctx, const char *fn) {
+    static const char *const names[4] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "PMIX_RANK"};
+    const char *var = NULL;
+    long most = 1;
+    int i;
+    for (i = 0; i < 4; i++) {
+        const char *s = getenv(names[i]);
+        char *end = NULL;
+        long v;
+        if (!s || !*s) continue;
+        errno = 0;
+        v = strtol(s, &end, 10);
+        if (errno || end == s || *end || v < 0) continue;
+        if (i == 3) v = v > 0 ? v + 1 : 1; /* a rank above 0: at least rank + 1 processes */
+        if (v > most) { most = v; var = names[i]; }
+    }
+    if (most == 1) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: a launcher started %s%ld processes (%s = %s), but dt was built "
+                            "without MPI, so each would train alone in a world of one; rebuild with mpicc -DDT_MPI (or "
+                            "run one process without the launcher)", fn, strcmp(var, "PMIX_RANK") ? "" : "at least ",
+                            most, var, getenv(var));
+}
+#endif
+
+DT_API void dt_comm_abort(dt_comm *c, int code) {
+    (void)c; /* every rank of the job goes: MPI_Abort on any of its comms ends them all */
+    fflush(stdout);
+    fflush(stderr);
+#ifdef DT_MPI
+    {
+        int init = 0, fin = 0;
+        MPI_Initialized(&init);
+        MPI_Finalized(&fin);
+        if (init && !fin) MPI_Abort(MPI_COMM_WORLD, code);
+    }
+#endif
+    exit(code);
+}
+
 DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_comm_desc *desc) {
     const char *fn = "dt_comm_create_world";
     dt_comm_desc d;
     dt_comm *c;
     int r;
+    if (world) *world = NULL;
     if (!ctx) return DT_ERR_ARG;
     if (!world) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: world is NULL", fn);
-    *world = NULL;
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     if (d.timeout_s != d.timeout_s)
@@ -1055,6 +1135,9 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
     if (d.use_nccl == 1)
         return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: desc.use_nccl = 1, but dt was built without "
                                 "DT_NCCL; rebuild with -DDT_CUDA -DDT_NCCL or leave use_nccl 0", fn);
+#endif
+#ifndef DT_MPI
+    if (dt__cm_not_launched(ctx, fn)) return DT_ERR_STATE;
 #endif
     c = dt__cm_new(ctx);
     if (!c) return DT_ERR_OOM;
@@ -2928,6 +3011,79 @@ DT_API dt_status dt_comm_allreduce_f64(dt_comm *c, double *vals, int n, dt_reduc
     return dt__cm_finish_call(&q, st, NULL);
 }
 
+/* splitmix64's finalizer: every bit of x moves about half of the result's. */
+static uint64_t dt__cm_mix64(uint64_t x) {
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* u as two exact doubles (32 bits each) at a[0], a[1]; with the negations at a[2], a[3] when
+   neg, so one MAX all-reduce gives the largest and the smallest value over the ranks. */
+static void dt__cm_u64_put(double *a, uint64_t u, int neg) {
+    a[0] = (double)(u >> 32);
+    a[1] = (double)(u & 0xffffffffu);
+    if (neg) { a[2] = -a[0]; a[3] = -a[1]; }
+}
+static uint64_t dt__cm_u64_get(const double *a) { return ((uint64_t)a[0] << 32) | (uint64_t)a[1]; }
+
+DT_API dt_status dt_comm_check_same(dt_comm *c, const uint64_t *v, int n, dt_status st, dt_comm_same_diff *diff) {
+    const char *fn = "dt_comm_check_same";
+    dt_comm_same_diff dd;
+    double h[9], *a = NULL;
+    uint64_t dig = 0x243f6a8885a308d3ull, v0, vr;
+    int k, r, m, W, me;
+    if (!diff) diff = &dd;
+    memset(diff, 0, sizeof *diff);
+    diff->field = -1;
+    if (!c) return DT_ERR_ARG;
+    W = c->size;
+    me = c->rank;
+    if (!st && (n < 0 || n > INT32_MAX / 4 || (n > 0 && !v)))
+        st = dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: n = %d with v %s; expected 0 <= n <= %d values", fn, n,
+                              v ? "set" : "NULL", INT32_MAX / 4);
+    /* the buffer of the later rounds first: a rank that cannot make it says so in this round */
+    if (!st && !(a = (double *)dt_alloc(c->ctx, sizeof(double) * (size_t)(4 * n > 2 * W ? 4 * n : 2 * W))))
+        st = DT_ERR_OOM;
+    for (k = 0; !st && k < n; k++) dig = dt__cm_mix64(dig ^ v[k]) + (uint64_t)k;
+    h[0] = st ? 1 : 0;
+    dt__cm_u64_put(h + 1, st ? 0 : (uint64_t)n, 1);
+    dt__cm_u64_put(h + 5, dig, 1);
+    if (dt_comm_allreduce_f64(c, h, 9, DT_REDUCE_MAX)) { dt_release(c->ctx, a); return st ? st : DT_ERR_COMM; }
+    if (h[0] > 0 || st) {
+        dt_release(c->ctx, a);
+        diff->failed = 1;
+        return st ? st : dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: another rank's arguments failed its checks; see "
+                                          "its message", fn);
+    }
+    if (h[1] == -h[3] && h[2] == -h[4] && h[5] == -h[7] && h[6] == -h[8]) { dt_release(c->ctx, a); return DT_OK; }
+    /* something differs: the first field (among the first m, which every rank has), then the rank */
+    m = (int)-h[4]; /* the smallest n (below 2^31: its high half is 0) */
+    for (k = 0; k < m; k++) dt__cm_u64_put(a + 4 * k, v[k], 1);
+    st = m > 0 ? dt_comm_allreduce_f64(c, a, 4 * m, DT_REDUCE_MAX) : DT_OK;
+    for (k = 0; !st && k < m; k++)
+        if (a[4 * k] != -a[4 * k + 2] || a[4 * k + 1] != -a[4 * k + 3]) break;
+    if (!st) {
+        diff->field = k < m ? k : -1;
+        memset(a, 0, sizeof(double) * (size_t)(2 * W));
+        dt__cm_u64_put(a + 2 * me, k < m ? v[k] : (uint64_t)n, 0);
+        st = dt_comm_allreduce_f64(c, a, 2 * W, DT_REDUCE_SUM);
+    }
+    if (st) { dt_release(c->ctx, a); return st; }
+    v0 = vr = dt__cm_u64_get(a);
+    for (r = 1; r < W; r++)
+        if ((vr = dt__cm_u64_get(a + 2 * r)) != v0) break;
+    diff->rank = r < W ? r : W - 1;
+    diff->value0 = v0;
+    diff->value = vr;
+    dt_release(c->ctx, a);
+    if (diff->field < 0)
+        return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: %llu values on rank 0 but %llu on rank %d; expected the same "
+                                "on every rank", fn, (unsigned long long)v0, (unsigned long long)vr, diff->rank);
+    return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: value %d = %llu on rank 0 but %llu on rank %d; expected the same "
+                            "on every rank", fn, diff->field, (unsigned long long)v0, (unsigned long long)vr, diff->rank);
+}
+
 static dt_status dt__cm_reduce_scatter(dt_comm *c, dt_tensor *outt, const dt_tensor *in, dt_reduce_op op,
                                        dt_comm_req **out, const char *fn) {
     dt_comm_req sq, *q;
@@ -3275,10 +3431,10 @@ DT_API dt_status dt_comm_split(dt_comm *parent, dt_comm **out, int color, int ke
     dt_comm *c;
     dt_status st;
     char name[96];
+    if (out) *out = NULL;
     if (!parent) return DT_ERR_ARG;
     if ((st = dt__cm_usable(parent, fn)) != DT_OK) return st;
     if (!out) return dt_ctx_set_error(parent->ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    *out = NULL;
     dt__cm_req_init(&q, parent, DT__CM_SPLIT, fn);
     q.count = 0;
     st = dt__cm_enter(&q, DT_OK);
@@ -3417,9 +3573,9 @@ DT_API dt_status dt_bucketer_create(dt_comm *c, dt_bucketer **out, dt_params *ps
     int i, k, nb;
     int64_t cap, used;
     dt_device dev = DT_CPU;
+    if (out) *out = NULL;
     if (!c) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    *out = NULL;
     if (!ps) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: ps is NULL", fn);
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
@@ -3616,9 +3772,9 @@ DT_API dt_status dt_bucketer_finish(dt_bucketer *b) {
 /* ==== >>stats: statistics and the observer ==================================================== */
 
 DT_API dt_status dt_comm_stats(const dt_comm *c, dt_comm_stat *out, dt_coll kind) {
+    if (out) memset(out, 0, sizeof *out);
     if (!c) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_stats: out is NULL");
-    memset(out, 0, sizeof *out);
     if ((int)kind < 0 || kind >= DT_COLL_COUNT)
         return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_stats: kind = %d is not a dt_coll", (int)kind);
     out->calls = (int64_t)c->stat_calls[kind];

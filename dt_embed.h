@@ -1259,10 +1259,10 @@ DT_API void dt_embed_free(dt_embed *e) {
 
 /* Every rank must pass the same tables and features (sizes, kinds, optimizers, pins, dynamic
    parameters, seeds): a rank with another dim or rows would plan, allocate and exchange other
-   sizes and return wrong values without an error. One all-reduce of a 64-bit digest of the
-   descs (and of each rank's local status, so a rank whose desc failed its checks does not leave
-   the others waiting); on a mismatch, two more find the first differing field and the first rank
-   that differs from rank 0, for the message. Returns on every rank alike. */
+   sizes and return wrong values without an error. dt_comm_check_same compares the fields (and
+   tells the others when this rank's desc failed its checks, so they do not wait); the message
+   names the first differing field and the first rank that differs from rank 0. Returns on every
+   rank alike. */
 typedef struct dt__em_fld { const char *what; int table, feature, kind; uint64_t v; } dt__em_fld; /* kind 0 int, 1 double, 2 text */
 
 static uint64_t dt__em_text_hash(const char *s) { /* FNV-1a; NULL hashes apart from "" */
@@ -1275,11 +1275,14 @@ static uint64_t dt__em_dbl_bits(double x) { uint64_t u; memcpy(&u, &x, sizeof u)
 
 /* The fields compared, in message order: fl may be NULL (count only). */
 static int dt__em_desc_fields(const dt_embed_desc *desc, dt__em_fld *fl) {
-    int n = 0, i;
+    int n = 0, i = -1;
 #define DT__EM_F(w_, t_, f_, k_, v_) do { if (fl) { fl[n].what = (w_); fl[n].table = (t_); fl[n].feature = (f_); \
                                                   fl[n].kind = (k_); fl[n].v = (v_); } n++; } while (0)
 #define DT__EM_FI(w_, x_) DT__EM_F(w_, i, -1, 0, (uint64_t)(int64_t)(x_))
 #define DT__EM_FD(w_, x_) DT__EM_F(w_, i, -1, 1, dt__em_dbl_bits(x_))
+    /* the counts first: where they differ, the fields after them are not comparable */
+    DT__EM_FI("n_tables", desc->n_tables);
+    DT__EM_FI("n_features", desc->features ? desc->n_features : 0);
     for (i = 0; i < desc->n_tables; i++) {
         const dt_embed_table_desc *d = &desc->tables[i];
         DT__EM_F("name", i, -1, 2, dt__em_text_hash(d->name));
@@ -1321,53 +1324,33 @@ static void dt__em_fld_str(const dt__em_fld *f, uint64_t v, char *buf, size_t n)
 static dt_status dt__em_check_same(dt_ctx *ctx, const dt_embed_desc *desc, dt_status st) {
     const char *fn = "dt_embed_create";
     dt__em_fld *fl = NULL;
-    double v[9], *a = NULL;
-    uint64_t dig = 0x243f6a8885a308d3ull;
-    int n = 0, k, r, W = dt_comm_size(desc->comm), me = dt_comm_rank(desc->comm), nf = desc->features ? desc->n_features : 0;
+    uint64_t *v = NULL;
+    dt_comm_same_diff df;
+    dt_status own;
+    int n = 0, k, me = dt_comm_rank(desc->comm);
     if (!st) {
         n = dt__em_desc_fields(desc, NULL);
-        if (!(fl = (dt__em_fld *)dt_alloc(ctx, sizeof(dt__em_fld) * (size_t)n))) st = DT_ERR_OOM;
+        fl = (dt__em_fld *)dt_alloc(ctx, sizeof(dt__em_fld) * (size_t)n);
+        v = (uint64_t *)dt_alloc(ctx, sizeof(uint64_t) * (size_t)n);
+        if (!fl || !v) st = DT_ERR_OOM;
         else dt__em_desc_fields(desc, fl);
-        for (k = 0; !st && k < n; k++) dig = dt_embed_hash_id((int64_t)(dig ^ fl[k].v)) + (uint64_t)k;
+        for (k = 0; !st && k < n; k++) v[k] = fl[k].v;
     }
-    v[0] = st ? 1 : 0;
-    v[1] = desc->n_tables; v[2] = -v[1]; v[3] = nf; v[4] = -v[3];
-    v[5] = (double)(dig >> 32); v[6] = -v[5]; v[7] = (double)(dig & 0xffffffffu); v[8] = -v[7];
-    if (dt_comm_allreduce_f64(desc->comm, v, 9, DT_REDUCE_MAX)) { dt_release(ctx, fl); return st ? st : DT_ERR_COMM; }
-    if (v[0] > 0 || st) {
+    own = st;
+    st = dt_comm_check_same(desc->comm, v, st ? 0 : n, st, &df);
+    if (st && st == own) { /* this rank's own error, already named */
         dt_release(ctx, fl);
-        return st ? st : dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a bad desc on another rank; see its message", fn);
+        dt_release(ctx, v);
+        return st;
     }
-    if (v[1] != -v[2] || v[3] != -v[4]) {
-        dt_release(ctx, fl);
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_tables = %d and n_features = %d on this rank (%d) but "
-                                "the ranks pass %g .. %g tables and %g .. %g features; expected every rank to pass the "
-                                "same tables and features", fn, desc->n_tables, nf, me, -v[2], v[1], -v[4], v[3]);
-    }
-    if (v[5] == -v[6] && v[7] == -v[8]) { dt_release(ctx, fl); return DT_OK; }
-    /* some field differs: which (the first), and between which ranks */
-    if (!(a = (double *)dt_alloc(ctx, sizeof(double) * (size_t)(4 * n > 2 * W ? 4 * n : 2 * W)))) st = DT_ERR_OOM;
-    for (k = 0; !st && k < n; k++) {
-        a[4 * k] = (double)(fl[k].v >> 32); a[4 * k + 1] = -a[4 * k];
-        a[4 * k + 2] = (double)(fl[k].v & 0xffffffffu); a[4 * k + 3] = -a[4 * k + 2];
-    }
-    if (!st && dt_comm_allreduce_f64(desc->comm, a, 4 * n, DT_REDUCE_MAX)) st = DT_ERR_COMM;
-    for (k = 0; !st && k < n; k++)
-        if (a[4 * k] != -a[4 * k + 1] || a[4 * k + 2] != -a[4 * k + 3]) break;
-    if (!st && k == n) k = n - 1; /* (a digest collision of equal fields cannot differ: not reached) */
-    if (!st) {
-        memset(a, 0, sizeof(double) * (size_t)(2 * W));
-        a[2 * me] = (double)(fl[k].v >> 32); a[2 * me + 1] = (double)(fl[k].v & 0xffffffffu);
-        if (dt_comm_allreduce_f64(desc->comm, a, 2 * W, DT_REDUCE_SUM)) st = DT_ERR_COMM;
-    }
-    if (!st) {
-        const dt__em_fld *f = &fl[k];
-        uint64_t v0 = ((uint64_t)a[0] << 32) | (uint64_t)a[1], vr = v0;
+    if (st && df.failed)
+        st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a bad desc on another rank; see its message", fn);
+    else if (st == DT_ERR_ARG && df.field >= 0) {
+        const dt__em_fld *f = &fl[df.field];
+        int r = df.rank;
         char s0[64], sr[64], obj[DT_NAME_MAX + 48];
-        for (r = 1; r < W; r++)
-            if ((vr = ((uint64_t)a[2 * r] << 32) | (uint64_t)a[2 * r + 1]) != v0) break;
-        dt__em_fld_str(f, v0, s0, sizeof s0);
-        dt__em_fld_str(f, vr, sr, sizeof sr);
+        dt__em_fld_str(f, df.value0, s0, sizeof s0);
+        dt__em_fld_str(f, df.value, sr, sizeof sr);
         if (f->table >= 0) snprintf(obj, sizeof obj, "tables[%d] (\"%.63s\").", f->table, desc->tables[f->table].name ?
                                     desc->tables[f->table].name : "");
         else if (f->feature >= 0) snprintf(obj, sizeof obj, "features[%d].", f->feature);
@@ -1375,14 +1358,14 @@ static dt_status dt__em_check_same(dt_ctx *ctx, const dt_embed_desc *desc, dt_st
         if (f->kind == 2) /* a name: this rank's text, the others' only as a hash */
             st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s%s differs between rank 0 and rank %d (\"%.63s\" on this rank, "
                                   "%d); expected every rank to pass the same tables and features", fn, obj, f->what,
-                                  r < W ? r : W - 1, f->table >= 0 ? (desc->tables[f->table].name ? desc->tables[f->table].name
+                                  r, f->table >= 0 ? (desc->tables[f->table].name ? desc->tables[f->table].name
                                   : "(NULL)") : desc->features[f->feature].name ? desc->features[f->feature].name : "(NULL)", me);
         else
             st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s%s = %s on rank 0 but %s on rank %d; expected every rank to "
-                                  "pass the same tables and features", fn, obj, f->what, s0, sr, r < W ? r : W - 1);
+                                  "pass the same tables and features", fn, obj, f->what, s0, sr, r);
     }
     dt_release(ctx, fl);
-    dt_release(ctx, a);
+    dt_release(ctx, v);
     return st;
 }
 
@@ -1391,9 +1374,9 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     dt_embed *e;
     dt_status st = DT_OK;
     int i, j, W;
+    if (out) *out = NULL;
     if (!ctx) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    *out = NULL;
     if (!desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc is NULL", fn);
     /* from here a bad desc sets st: dt__em_check_same tells the other ranks, which would wait */
     if (desc->n_tables < 1 || !desc->tables)
@@ -1539,6 +1522,7 @@ DT_API int64_t dt_embed_feature_offset(const dt_embed *e, int f) {
     return e && f >= 0 && f < e->n_feat ? e->feat_off[f] : -1;
 }
 DT_API dt_embed_sharding dt_embed_table_sharding(const dt_embed *e, int table, int *owner) {
+    if (owner) *owner = -1;
     if (!e || table < 0 || table >= e->n_tabs) return DT_SHARD_DEFAULT;
     if (owner) *owner = e->tabs[table].shard == DT_SHARD_TABLE ? e->tabs[table].owner
                       : e->tabs[table].shard == DT_SHARD_TABLE_ROW ? e->tabs[table].gfirst : -1;
@@ -3032,6 +3016,7 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
 /* ==== >>ckpt: checkpoints, export, stats, local shard ========================================= */
 
 DT_API dt_status dt_embed_stats_get(const dt_embed *e, dt_embed_stats *out) {
+    if (out) memset(out, 0, sizeof *out);
     if (!e || !out) return DT_ERR_ARG;
     *out = e->stats;
     return DT_OK;
@@ -3039,6 +3024,9 @@ DT_API dt_status dt_embed_stats_get(const dt_embed *e, dt_embed_stats *out) {
 
 DT_API dt_status dt_embed_local_shard(dt_embed *e, dt_tensor *view, int64_t *row0, int64_t *col0, int table) {
     dt__em_tab *t;
+    if (view) memset(view, 0, sizeof *view); /* the outputs are written on every path, errors too */
+    if (row0) *row0 = 0;
+    if (col0) *col0 = 0;
     if (!e) return DT_ERR_ARG;
     if (!view) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_local_shard: view is NULL");
     if (table < 0 || table >= e->n_tabs)

@@ -1312,9 +1312,9 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, c
     dt_opt_desc d;
     dt_status st = DT_OK;
     int i, k, n_state, any_f16 = 0, norm_collective;
+    if (out) *out = NULL;
     if (!ctx) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    *out = NULL;
     if (!ps || !desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, ps ? "desc" : "ps");
     d = *desc;
     DT__OTRY(dt__opt_resolve(ctx, &d, fn));
@@ -1373,6 +1373,7 @@ DT_API double dt_opt_lr(const dt_optimizer *opt) { return opt ? dt_lr_at(&opt->d
 
 DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, float *dloss, dt_bucketer *b, int micro) {
     int n;
+    if (dloss) *dloss = 0.0f; /* written on every path (a caller's unchecked status reads no garbage) */
     if (!opt) return DT_ERR_ARG;
     n = opt->desc.accum_steps;
     if (micro < 0 || micro >= n)
@@ -1531,6 +1532,7 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     double *sq, lr;
     int i, bad = 0, scaling, want_norm, cuda = 0;
     dt_status st = DT_OK;
+    if (info) memset(info, 0, sizeof *info); /* written on every path; filled at the end */
     if (!opt) return DT_ERR_ARG;
     ctx = opt->ctx;
     ps = opt->params;

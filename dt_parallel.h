@@ -112,7 +112,9 @@ typedef struct dt_layout {
     dt_comm *dptp_comm;  /* same pp: the dp x tp ranks of one stage (ZeRO shards of tp shards) */
 } dt_layout;
 
-/* Collective over world. Sizes that do not divide the world are DT_ERR_ARG naming them. */
+/* Collective over world. Sizes that do not divide the world are DT_ERR_ARG naming them. Every
+   rank must ask for the same layout (after defaults): a difference is DT_ERR_ARG on every rank,
+   naming the first size that differs and the ranks (one all-reduce checks it). */
 DT_API dt_status dt_layout_create(dt_comm *world, dt_layout **out, const dt_layout_desc *desc);
 DT_API void dt_layout_free(dt_layout *l);
 /* World rank of the coordinates (-1 when one is out of range). */
@@ -250,19 +252,25 @@ DT_API dt_status dt_zero_micro_begin(dt_zero *z, float *dloss, int micro);
    next unit in the order of the calls is prefetched). Stages 2-3: after dt_zero_backward_begin,
    a unit's full-size grads exist (zeroed) from its first dt_zero_gather until dt_zero_grad_ready,
    which reduce-scatters them into this rank's shard (accumulating over micro-steps) and gives
-   the buffer back. */
+   the buffer back. The order is checked at every stage (DT_ERR_STATE naming the missing call):
+   dt_zero_grad_ready or dt_zero_step with no dt_zero_backward_begin since dt_zero_micro_begin,
+   dt_zero_grad_ready twice for a unit not gathered again in between, dt_zero_step when some
+   units had dt_zero_grad_ready and others not. */
 DT_API dt_status dt_zero_backward_begin(dt_zero *z);
 DT_API dt_status dt_zero_gather(dt_zero *z, int unit);
 DT_API dt_status dt_zero_release(dt_zero *z, int unit);
 /* The unit's grads are final for this micro-step: stage 0 may launch its bucket's all-reduce,
-   stages 2-3 its reduce-scatter. Calling it is optional (dt_zero_step syncs what is left). */
+   stages 2-3 its reduce-scatter. Optional, but for every unit or none: without it dt_zero_step
+   syncs them all. */
 DT_API dt_status dt_zero_grad_ready(dt_zero *z, int unit);
 /* Finishes the sync, steps the optimizer (clipping, loss scaling as dt_opt_step), all-gathers
    updated parameters (stages 1-2) and zeroes the grads for the next step. */
 DT_API dt_status dt_zero_step(dt_zero *z, dt_opt_step_info *info);
 DT_API dt_status dt_zero_memory_get(dt_zero *z, dt_zero_memory *out);
 /* Checkpoints of the parameters and the (sharded) optimizer through dt_opt.h, collective over
-   the world; desc.comm and desc.layout are filled in. */
+   the world; desc.comm and desc.layout are filled in. Load between steps, every unit released
+   (a gathered unit, or grads not yet stepped, are DT_ERR_STATE); stage 3's prefetch of the unit
+   after the last one gathered is waited for and dropped. */
 DT_API dt_status dt_zero_checkpoint_save(dt_zero *z, const dt_train_state *state, const dt_checkpoint_desc *desc);
 DT_API dt_status dt_zero_checkpoint_load(dt_zero *z, dt_train_state *state, const dt_checkpoint_desc *desc);
 
@@ -774,50 +782,72 @@ static dt_status dt__pl_split(dt_layout *l, dt_comm **out, int color, int key, c
     return dt_comm_set_name(*out, name);
 }
 
-DT_API dt_status dt_layout_create(dt_comm *world, dt_layout **out, const dt_layout_desc *desc) {
-    const char *fn = "dt_layout_create";
-    dt_ctx *ctx;
-    dt_layout *l;
-    dt_layout_desc d;
-    int64_t tpp = 0, all = 0;
-    int size, rank;
-    dt_status st;
-    if (!world) return DT_ERR_ARG; /* no ctx to say it in */
-    ctx = dt_comm_ctx(world);
-    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    *out = NULL;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
-    if (d.dp < 0 || d.tp < 0 || d.pp < 0)
+/* dt_layout_create, step 1 (local): the desc's own values. */
+static dt_status dt__pl_layout_check(dt_ctx *ctx, const dt_layout_desc *d, const char *fn) {
+    if (d->dp < 0 || d->tp < 0 || d->pp < 0)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.dp = %d, desc.tp = %d, desc.pp = %d; expected sizes >= 0 "
-                                "(0 = default)", fn, d.dp, d.tp, d.pp);
-    size = dt_comm_size(world);
-    rank = dt_comm_rank(world);
-    if (!d.tp) d.tp = 1;
-    if (!d.pp) d.pp = 1;
-    dt_mul_ok(d.tp, d.pp, &tpp); /* two ints: always fits */
-    if (!d.dp) {
+                                "(0 = default)", fn, d->dp, d->tp, d->pp);
+    return DT_OK;
+}
+
+/* Step 2 (local): the defaults filled in; the sizes must multiply to the world size. */
+static dt_status dt__pl_layout_resolve(dt_ctx *ctx, dt_layout_desc *d, int size, const char *fn) {
+    int64_t tpp = 0, all = 0;
+    if (!d->tp) d->tp = 1;
+    if (!d->pp) d->pp = 1;
+    dt_mul_ok(d->tp, d->pp, &tpp); /* two ints: always fits */
+    if (!d->dp) {
         if (size % tpp)
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tp x pp = %d x %d = %lld does not divide the world size %d, "
-                                    "so dp cannot be derived; expected world size = dp x tp x pp", fn, d.tp, d.pp,
+                                    "so dp cannot be derived; expected world size = dp x tp x pp", fn, d->tp, d->pp,
                                     (long long)tpp, size);
-        d.dp = (int)(size / tpp);
+        d->dp = (int)(size / tpp);
     }
-    dt_mul_ok(tpp, d.dp, &all); /* < 2^93 would not fit, but each factor is < 2^31: 2^62 fits */
+    dt_mul_ok(tpp, d->dp, &all); /* each factor is < 2^31: 2^62 fits */
     if (all != size)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dp x tp x pp = %d x %d x %d = %lld does not equal the world size "
-                                "%d; expected sizes whose product is the world size", fn, d.dp, d.tp, d.pp,
+                                "%d; expected sizes whose product is the world size", fn, d->dp, d->tp, d->pp,
                                 (long long)all, size);
-    l = (dt_layout *)dt_alloc(ctx, sizeof *l);
+    return DT_OK;
+}
+
+/* Step 3 (collective): every rank resolved the same layout (ranks asking for different grids
+   would split different groups and wait on each other, or train a model that diverges), or
+   every rank fails, naming the first size that differs; a rank whose own desc failed steps 1-2
+   passes st, so the others fail too instead of waiting in the splits. */
+static dt_status dt__pl_layout_same(dt_comm *world, const dt_layout_desc *d, dt_status st, const char *fn) {
+    static const char *const what[3] = {"dp", "tp", "pp"};
+    dt_comm_same_diff df;
+    uint64_t v[3];
+    dt_status s2;
+    v[0] = (uint64_t)d->dp;
+    v[1] = (uint64_t)d->tp;
+    v[2] = (uint64_t)d->pp;
+    s2 = dt_comm_check_same(world, v, 3, st, &df);
+    if (s2 == st || s2 != DT_ERR_ARG) return s2; /* this rank's own error, a comm error, or DT_OK */
+    if (df.failed)
+        return dt_ctx_set_error(dt_comm_ctx(world), DT_ERR_ARG, "%s: the desc of another rank failed its checks; see "
+                                "its message", fn);
+    return dt_ctx_set_error(dt_comm_ctx(world), DT_ERR_ARG, "%s: desc.%s = %lld on rank 0 but %lld on rank %d (after "
+                            "defaults); expected every rank to ask for the same layout", fn,
+                            df.field >= 0 ? what[df.field] : "?", (long long)df.value0, (long long)df.value, df.rank);
+}
+
+/* Step 4 (collective): the grid and its groups. */
+static dt_status dt__pl_layout_build(dt_comm *world, dt_layout **out, const dt_layout_desc *d) {
+    dt_layout *l;
+    dt_status st;
+    int rank = dt_comm_rank(world);
+    l = (dt_layout *)dt_alloc(dt_comm_ctx(world), sizeof *l);
     if (!l) return DT_ERR_OOM;
     memset(l, 0, sizeof *l);
-    l->ctx = ctx;
+    l->ctx = dt_comm_ctx(world);
     l->world = world;
-    l->size = size;
+    l->size = dt_comm_size(world);
     l->rank = rank;
-    l->dp = d.dp;
-    l->tp = d.tp;
-    l->pp = d.pp;
+    l->dp = d->dp;
+    l->tp = d->tp;
+    l->pp = d->pp;
     /* rank = tp + TP * (dp + DP * pp) */
     l->tp_rank = rank % l->tp;
     l->dp_rank = (rank / l->tp) % l->dp;
@@ -833,6 +863,23 @@ DT_API dt_status dt_layout_create(dt_comm *world, dt_layout **out, const dt_layo
     }
     *out = l;
     return DT_OK;
+}
+
+DT_API dt_status dt_layout_create(dt_comm *world, dt_layout **out, const dt_layout_desc *desc) {
+    const char *fn = "dt_layout_create";
+    dt_ctx *ctx;
+    dt_layout_desc d;
+    dt_status st;
+    if (out) *out = NULL;
+    if (!world) return DT_ERR_ARG; /* no ctx to say it in */
+    ctx = dt_comm_ctx(world);
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    st = dt__pl_layout_check(ctx, &d, fn);
+    if (!st) st = dt__pl_layout_resolve(ctx, &d, dt_comm_size(world), fn);
+    DT__PL_TRY(dt__pl_layout_same(world, &d, st, fn));
+    return dt__pl_layout_build(world, out, &d);
 }
 
 DT_API void dt_layout_free(dt_layout *l) {
@@ -929,6 +976,8 @@ DT_API dt_status dt_layout_describe(dt_layout *l, dt_strbuf *out) {
 DT_API dt_status dt_layout_batch_range(const dt_layout *l, int64_t global_batch, int64_t *first, int64_t *count) {
     const char *fn = "dt_layout_batch_range";
     int64_t per;
+    if (first) *first = 0;
+    if (count) *count = 0;
     if (!l) return DT_ERR_ARG;
     if (!first || !count) return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: %s is NULL", fn, first ? "count" : "first");
     if (global_batch < 0 || global_batch % l->dp)
@@ -977,9 +1026,9 @@ DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, con
     const int *units = desc ? desc->units : NULL;
     int i, k, n;
     dt_status st = DT_OK;
+    if (out) *out = NULL;
     if (!ctx) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    *out = NULL;
     if (!ps) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ps is NULL", fn);
     if (ps->count < 0 || (ps->count > 0 && !ps->items))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ps has count %d and items %p; expected a dt_params", fn,
@@ -1117,6 +1166,7 @@ typedef struct dt__pl_zu {
     int has[DT_DTYPE_COUNT];              /* a param of this dtype is in the unit */
     int refs;                             /* stage 3: gathers not yet released */
     int ready;                            /* dt_zero_grad_ready seen in this backward */
+    int used;                             /* dt_zero_gather in this backward since its grad_ready */
     int bucket;                           /* stage 0 */
     dt_tensor vfull[DT_DTYPE_COUNT];      /* stage 3: the gathered values */
     dt_tensor vpack[DT_DTYPE_COUNT];      /* stage 3: an all-gather in flight (prefetch) */
@@ -1591,10 +1641,10 @@ DT_API dt_status dt_zero_create(dt_layout *l, dt_zero **out, dt_arena *a, const 
     dt_ctx *ctx;
     int i, t;
     dt_status st = DT_OK;
+    if (out) *out = NULL;
     if (!l) return DT_ERR_ARG;
     ctx = l->ctx;
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    *out = NULL;
     if (!a) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a is NULL", fn);
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
@@ -1684,6 +1734,40 @@ DT_API dt_status dt_zero_create(dt_layout *l, dt_zero **out, dt_arena *a, const 
     return DT_OK;
 }
 
+/* The call order every stage shares (see dt_zero_backward_begin), checked at every stage alike
+   so a program that works at one stage works at the others: at stages 2-3 a backward without
+   dt_zero_backward_begin has no grads to write, and grads synced twice or not at all would be
+   wrong without an error. Each rank sees its own calls: one that breaks the order fails alone
+   before any collective (the others then time out in the step's). */
+static dt_status dt__pl_zorder_ready(dt_zero *z, const dt__pl_zu *u, int unit) {
+    const char *fn = "dt_zero_grad_ready";
+    if (!z->backward)
+        return dt_ctx_set_error(z->ctx, DT_ERR_STATE, "%s: unit %d: no dt_zero_backward_begin since the last "
+                                "dt_zero_micro_begin / dt_zero_step; call dt_zero_backward_begin before the backward "
+                                "(at stages 2-3 it is what makes the grads exist)", fn, unit);
+    if (u->ready && !u->used)
+        return dt_ctx_set_error(z->ctx, DT_ERR_STATE, "%s: unit %d is ready already in this backward (dt_zero_grad_ready "
+                                "twice, with no dt_zero_gather of it in between); call it once per unit, after the "
+                                "unit's last use (a unit used again is gathered again first)", fn, unit);
+    return DT_OK;
+}
+
+static dt_status dt__pl_zorder_step(dt_zero *z) {
+    const char *fn = "dt_zero_step";
+    int k, n = 0;
+    if (!z->backward)
+        return dt_ctx_set_error(z->ctx, DT_ERR_STATE, "%s: no dt_zero_backward_begin since the last dt_zero_micro_begin "
+                                "/ dt_zero_step (stage %d); every micro-step's backward starts with "
+                                "dt_zero_backward_begin", fn, z->stage);
+    for (k = 0; k < z->n_units; k++) n += z->zu[k].ready != 0;
+    for (k = 0; n && k < z->n_units; k++)
+        if (!z->zu[k].ready)
+            return dt_ctx_set_error(z->ctx, DT_ERR_STATE, "%s: unit %d had no dt_zero_grad_ready in this backward (%d "
+                                    "of %d units had); call dt_zero_grad_ready for every unit, or for none (then "
+                                    "dt_zero_step syncs them all)", fn, k, n, z->n_units);
+    return DT_OK;
+}
+
 DT_API void dt_zero_free(dt_zero *z) {
     if (z) dt__pl_zero_release(z);
 }
@@ -1691,6 +1775,7 @@ DT_API void dt_zero_free(dt_zero *z) {
 DT_API dt_optimizer *dt_zero_optimizer(dt_zero *z) { return z ? z->opt : NULL; }
 
 DT_API dt_status dt_zero_micro_begin(dt_zero *z, float *dloss, int micro) {
+    if (dloss) *dloss = 0.0f;
     if (!z) return DT_ERR_ARG;
     DT__PL_TRY(dt_opt_micro_begin(z->opt, dloss, NULL, micro));
     z->sync = micro == z->opt->desc.accum_steps - 1;
@@ -1702,7 +1787,7 @@ DT_API dt_status dt_zero_backward_begin(dt_zero *z) {
     int k;
     if (!z) return DT_ERR_ARG;
     z->backward = 1;
-    for (k = 0; k < z->n_units; k++) z->zu[k].ready = 0;
+    for (k = 0; k < z->n_units; k++) z->zu[k].ready = z->zu[k].used = 0;
     return DT_OK;
 }
 
@@ -1713,6 +1798,7 @@ DT_API dt_status dt_zero_gather(dt_zero *z, int unit) {
     if (!z) return DT_ERR_ARG;
     DT__PL_TRY(dt__pl_zunit_arg(z, unit, fn));
     u = &z->zu[unit];
+    if (z->backward) u->used = 1;
     if (z->stage == 0 && z->backward && z->sync && z->bk[u->bucket].req)
         return dt_ctx_set_error(z->ctx, DT_ERR_STATE, "%s: unit %d's grads are being all-reduced (dt_zero_grad_ready "
                                 "was called for it in this backward); call grad_ready after a unit's last use", fn,
@@ -1752,19 +1838,21 @@ DT_API dt_status dt_zero_grad_ready(dt_zero *z, int unit) {
     if (!z) return DT_ERR_ARG;
     DT__PL_TRY(dt__pl_zunit_arg(z, unit, fn));
     u = &z->zu[unit];
+    DT__PL_TRY(dt__pl_zorder_ready(z, u, unit));
+    u->used = 0;
     if (z->stage == 0) {
         dt__pl_bucket *b = &z->bk[u->bucket];
         int k, all = 1;
-        if (!z->sync) return DT_OK; /* an accumulation micro-step: grads stay local */
         if (b->req)
             return dt_ctx_set_error(z->ctx, DT_ERR_STATE, "%s: unit %d: its bucket is already being all-reduced in "
                                     "this backward", fn, unit);
         u->ready = 1;
+        if (!z->sync) return DT_OK; /* an accumulation micro-step: grads stay local */
         for (k = b->ulo; k <= b->uhi; k++) all &= z->zu[k].ready;
         return all ? dt__pl_zbucket_launch(z, b) : DT_OK;
     }
-    if (z->stage == 1) return DT_OK;
     u->ready = 1;
+    if (z->stage == 1) return DT_OK;
     if (u->gfull.data) {
         if (u->greq) DT__PL_TRY(dt__pl_zrs_finish(z, u)); /* a second use of the unit in this backward */
         DT__PL_TRY(dt__pl_zrs_post(z, u));
@@ -1776,7 +1864,9 @@ DT_API dt_status dt_zero_step(dt_zero *z, dt_opt_step_info *info) {
     dt_opt_step_info inf;
     dt_status st = DT_OK;
     int k;
+    if (info) memset(info, 0, sizeof *info);
     if (!z) return DT_ERR_ARG;
+    DT__PL_TRY(dt__pl_zorder_step(z));
     /* 1. finish the gradient sync */
     if (z->stage == 0) {
         for (k = 0; k < z->n_buckets && !st; k++) st = dt__pl_zbucket_launch(z, &z->bk[k]);
@@ -1821,6 +1911,7 @@ DT_API dt_status dt_zero_memory_get(dt_zero *z, dt_zero_memory *out) {
     dt_zero_memory m;
     double psi = 0, vb = 0, mb = 0, sb = 0, N, cv, cg, cm;
     int i, k;
+    if (out) memset(out, 0, sizeof *out);
     if (!z) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(z->ctx, DT_ERR_ARG, "dt_zero_memory_get: out is NULL");
     memset(&m, 0, sizeof m);
@@ -1881,10 +1972,18 @@ DT_API dt_status dt_zero_checkpoint_load(dt_zero *z, dt_train_state *state, cons
     int k;
     if (!z) return DT_ERR_ARG;
     if (!desc) return dt_ctx_set_error(z->ctx, DT_ERR_ARG, "dt_zero_checkpoint_load: desc is NULL");
+    for (k = 0; k < z->n_units; k++) {
+        if (z->zu[k].refs)
+            return dt_ctx_set_error(z->ctx, DT_ERR_STATE, "dt_zero_checkpoint_load: unit %d is gathered (dt_zero_gather "
+                                    "with no dt_zero_release); load between steps, with every unit released", k);
+        if (z->zu[k].gfull.data || z->zu[k].greq)
+            return dt_ctx_set_error(z->ctx, DT_ERR_STATE, "dt_zero_checkpoint_load: unit %d has grads of a backward not "
+                                    "yet stepped (dt_zero_backward_begin, no dt_zero_step); load between steps", k);
+    }
+    /* a prefetch (the unit after the last one gathered) holds the values of before the load:
+       finished and dropped (every rank posted it: the same calls post the same prefetches) */
     for (k = 0; k < z->n_units; k++)
-        if (z->zu[k].refs || z->zu[k].vposted || z->zu[k].gfull.data || z->zu[k].greq)
-            return dt_ctx_set_error(z->ctx, DT_ERR_STATE, "dt_zero_checkpoint_load: unit %d is gathered or has grads "
-                                    "in flight; load between steps, with every unit released", k);
+        if (z->zu[k].vposted) DT__PL_TRY(dt__pl_zgather_finish(z, &z->zu[k], 0));
     d = *desc;
     d.comm = z->l->world;
     d.layout = dt_layout_string(z->l, lay, sizeof lay);
@@ -2479,6 +2578,8 @@ DT_API dt_status dt_tp_xent_fwd(dt_layout *l, float *loss, int64_t *n_valid, dt_
     int64_t N, Vl, nv, r, c, n = 0;
     double total = 0, *buf;
     dt_status st = DT_OK;
+    if (loss) *loss = 0;
+    if (n_valid) *n_valid = 0;
     if (!l || !l->ctx) return DT_ERR_ARG;
     if (!loss) return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: loss is NULL", fn);
     DT__TP_TRY(dt__tp_xent_check(l, logits, targets, vocab_start, vocab, ignore_index, fn, NULL));
@@ -3342,10 +3443,10 @@ DT_API dt_status dt_trace_create(dt_comm *world, dt_trace **out) {
     dt_ctx *ctx;
     dt_trace *t;
     dt_status st;
+    if (out) *out = NULL;
     if (!world) return DT_ERR_ARG;
     ctx = dt_comm_ctx(world);
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_trace_create: out is NULL");
-    *out = NULL;
     st = dt_comm_barrier(world); /* the ranks start together: the picture starts at one moment */
     if (st) return st;
     t = (dt_trace *)dt_alloc(ctx, sizeof *t);

@@ -1040,9 +1040,9 @@ static dt_status dt__create(dt_ctx *ctx, dt_tensor *t, dt_dtype dtype, dt_device
 
 DT_API dt_status dt_tensor_create(dt_ctx *ctx, dt_tensor *t, const dt_tensor_desc *desc) {
     int nd = 0;
+    if (t) memset(t, 0, sizeof *t); /* outputs are written first, on every path */
     if (!ctx) return DT_ERR_ARG;
     if (!t) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_create: t is NULL");
-    memset(t, 0, sizeof *t);
     if (!desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_tensor_create: desc is NULL");
     DT__TRY(dt__shape_from(ctx, "dt_tensor_create", "desc.shape", desc->shape, desc->ndim, &nd));
     return dt__create(ctx, t, desc->dtype, desc->device, nd, desc->shape, "dt_tensor_create", "desc");
@@ -2490,6 +2490,8 @@ DT_API dt_status dt_softmax_xent_fwd(dt_ctx *ctx, float *loss, int64_t *n_valid,
     const char *fn = "dt_softmax_xent_fwd";
     int64_t r, v, V, R, n = 0;
     double total = 0;
+    if (loss) *loss = 0;
+    if (n_valid) *n_valid = 0;
     if (!ctx) return DT_ERR_ARG;
     if (!loss) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: loss is NULL", fn);
 #ifdef DT_CUDA
@@ -2577,6 +2579,7 @@ DT_API dt_status dt_bce_logits_fwd(dt_ctx *ctx, float *loss, const dt_tensor *lo
     const char *fn = "dt_bce_logits_fwd";
     int64_t i;
     double total = 0;
+    if (loss) *loss = 0;
     if (!ctx) return DT_ERR_ARG;
     if (!loss) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: loss is NULL", fn);
 #ifdef DT_CUDA
@@ -2687,6 +2690,7 @@ DT_API dt_status dt_axpy(dt_ctx *ctx, dt_tensor *y, float alpha, const dt_tensor
 DT_API dt_status dt_sum(dt_ctx *ctx, double *out, const dt_tensor *x) {
     int64_t i;
     double s = 0;
+    if (out) *out = 0;
     if (!ctx) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_sum: out is NULL");
     DT__TRY(dt__f32(ctx, x, "dt_sum", "x"));
@@ -2698,6 +2702,7 @@ DT_API dt_status dt_sum(dt_ctx *ctx, double *out, const dt_tensor *x) {
 DT_API dt_status dt_sumsq(dt_ctx *ctx, double *out, const dt_tensor *x) {
     int64_t i;
     double s = 0;
+    if (out) *out = 0;
     if (!ctx) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_sumsq: out is NULL");
     DT__TRY(dt__f32(ctx, x, "dt_sumsq", "x"));
@@ -3694,8 +3699,8 @@ DT_API dt_status dt_params_add(dt_ctx *ctx, dt_params *ps, dt_param **out, const
     dt_init_desc init;
     int nd, gnd, i;
     dt_status st;
-    if (!ctx) return DT_ERR_ARG;
     if (out) *out = NULL;
+    if (!ctx) return DT_ERR_ARG;
     if (!ps || !desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, ps ? "desc" : "ps");
     if (!desc->name || !desc->name[0] || strlen(desc->name) >= DT_NAME_MAX)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.name must be 1..%d characters", fn, DT_NAME_MAX - 1);
@@ -3966,9 +3971,9 @@ DT_API dt_status dt_json_parse(dt_ctx *ctx, dt_json **out, const char *text, siz
     dt__jp p;
     dt_json *root;
     dt_status st;
+    if (out) *out = NULL;
     if (!ctx) return DT_ERR_ARG;
     if (!text || !out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_json_parse: %s is NULL", text ? "out" : "text");
-    *out = NULL;
     root = (dt_json *)dt_alloc(ctx, sizeof *root);
     if (!root) return DT_ERR_OOM;
     memset(root, 0, sizeof *root);
@@ -4146,6 +4151,7 @@ DT_API dt_status dt_safetensors_prefix(dt_ctx *ctx, dt_strbuf *out, uint64_t *fi
     size_t at;
     dt_status st;
     int i, k;
+    if (file_bytes) *file_bytes = 0;
     if (!ctx) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
     at = out->len;
@@ -4312,6 +4318,7 @@ DT_API dt_status dt_safetensors_header_len(dt_ctx *ctx, uint64_t *len, const uns
                                            uint64_t file_size, const char *path) {
     uint64_t hl = 0;
     int k;
+    if (len) *len = 0;
     if (!ctx) return DT_ERR_ARG;
     if (!len || !first8) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_safetensors_header_len: %s is NULL",
                                                  len ? "first8" : "len");

@@ -6,7 +6,9 @@
    other coordinates, in order of the varying one (dt_comm_world_rank), and a sum over each group
    equals the sum of those world ranks computed here (the groups really communicate). Also: the
    picture of dt_layout_describe names every rank, the batch ranges of the dp ranks tile the
-   global batch, and bad sizes are named errors. */
+   global batch, and bad sizes are named errors. Ranks asking for different grids (dp x tp =
+   W/2 x 2 beside dp = W), or one rank with a bad desc, fail on every rank, naming the first size
+   that differs and the ranks; descs equal after the defaults pass. */
 #define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
@@ -60,6 +62,45 @@ static int groups_ok(dt_layout *l, char *why, size_t n) {
         }
     }
     return 1;
+}
+
+/* Every rank must ask for the same grid: ranks asking dp x tp = W/2 x 2 beside ranks asking
+   dp = W would split different groups and train diverging models. */
+static void layouts_that_differ_between_ranks(dt_comm *world, int W, int R) {
+    dt_layout *l = (dt_layout *)1;
+    dt_layout_desc d;
+    dt_status st;
+    char want[128];
+    if (W < 2 || W % 2) {
+        if (R == 0) dt_test_skip("layout_differing_between_ranks_is_named_on_every_rank", "needs an even np >= 2");
+        return;
+    }
+    memset(&d, 0, sizeof d);
+    if (R < W / 2) { d.dp = W / 2; d.tp = 2; }
+    else d.dp = W;
+    st = dt_layout_create(world, &l, &d);
+    snprintf(want, sizeof want, "desc.dp = %d on rank 0 but %d on rank %d", W / 2, W, W / 2);
+    dt_test_check_all("layout_differing_between_ranks_is_named_on_every_rank", st == DT_ERR_ARG && l == NULL &&
+                      strstr(dt_ctx_error(&C), want) != NULL, "status %d, message \"%.200s\", want \"%s\"", (int)st,
+                      dt_ctx_error(&C), want);
+    if (st == DT_OK) dt_layout_free(l);
+    /* equal after the defaults: dp 0 = W / (tp x pp) */
+    memset(&d, 0, sizeof d);
+    if (R == 0) d.tp = 1;
+    else d.dp = W;
+    l = NULL;
+    st = dt_layout_create(world, &l, &d);
+    dt_test_check_all("layout_equal_after_defaults_passes_the_check", st == DT_OK && l && l->dp == W, "status %d: %.200s",
+                      (int)st, dt_ctx_error(&C));
+    dt_layout_free(l);
+    /* a desc bad on one rank alone: that rank names it, the others point at it; nobody waits */
+    memset(&d, 0, sizeof d);
+    if (R == W - 1) d.tp = -2;
+    l = (dt_layout *)1;
+    st = dt_layout_create(world, &l, &d);
+    dt_test_check_all("layout_bad_desc_on_one_rank_fails_on_every_rank", st == DT_ERR_ARG && l == NULL &&
+                      strstr(dt_ctx_error(&C), R == W - 1 ? "desc.tp = -2" : "another rank") != NULL,
+                      "status %d, message \"%.200s\"", (int)st, dt_ctx_error(&C));
 }
 
 int main(void) {
@@ -176,6 +217,8 @@ int main(void) {
         dt_layout_free(l);
         l = NULL;
     }
+
+    layouts_that_differ_between_ranks(world, W, R);
 
     /* bad sizes: named on every rank, nothing made */
     memset(&d, 0, sizeof d);

@@ -11,7 +11,9 @@
    relative). A checkpoint saved at ZeRO-3 on N ranks resumes at ZeRO-0 on one rank and at
    ZeRO-1 on N ranks, and one saved at ZeRO-0 on one rank resumes at ZeRO-3 on N, each equal to
    the uninterrupted run. Memory per rank for a model of big units is within 10% of the
-   stage's formula. Bad arguments are named. */
+   stage's formula. Bad arguments are named, and so is each mistake in the call order (no
+   dt_zero_backward_begin, dt_zero_grad_ready twice, dt_zero_step before every unit is ready) at
+   every stage; a ZeRO-3 load after a prefetch waits for it. */
 #define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
@@ -450,6 +452,98 @@ static void bad_input(void) {
     dt_zero_free(NULL);
 }
 
+/* PASS when st is DT_ERR_STATE with a message naming `want` (every rank makes the same calls). */
+static void state_error(const char *name, int stage, dt_status st, const char *want) {
+    char full[128];
+    snprintf(full, sizeof full, "%s_at_stage_%d", name, stage);
+    dt_test_check_all(full, st == DT_ERR_STATE && strstr(dt_ctx_error(&C), want) != NULL, "status %d, message "
+                      "\"%.120s\", want DT_ERR_STATE naming \"%s\"", (int)st, dt_ctx_error(&C), want);
+}
+
+/* The call order (micro_begin, backward_begin, gather / grad_ready / release per unit, step):
+   each mistake is named at every stage, where stages 2-3 would otherwise fail later and
+   elsewhere (a backward without backward_begin has no grads to write) and stages 0-1 not at all. */
+static void call_order(void) {
+    int stage;
+    for (stage = 0; stage <= 3; stage++) {
+        model m;
+        float seed;
+        dt_status st;
+        /* no dt_zero_backward_begin */
+        model_init(&m, world, DT_F32, stage, 1);
+        OK(dt_zero_micro_begin(m.z, &seed, 0));
+        OK(dt_zero_gather(m.z, 2));
+        st = dt_zero_grad_ready(m.z, 2);
+        state_error("grad_ready_without_backward_begin_is_named", stage, st, "no dt_zero_backward_begin");
+        OK(dt_zero_release(m.z, 2));
+        st = dt_zero_step(m.z, NULL);
+        state_error("step_without_backward_begin_is_named", stage, st, "no dt_zero_backward_begin");
+        model_free(&m);
+        /* dt_zero_grad_ready twice for a unit */
+        model_init(&m, world, DT_F32, stage, 1);
+        OK(dt_zero_micro_begin(m.z, &seed, 0));
+        OK(dt_zero_backward_begin(m.z));
+        OK(dt_zero_gather(m.z, 2));
+        OK(dt_zero_grad_ready(m.z, 2));
+        OK(dt_zero_release(m.z, 2));
+        st = dt_zero_grad_ready(m.z, 2);
+        state_error("grad_ready_twice_is_named", stage, st, "unit 2 is ready already");
+        if (stage >= 1) { /* a unit used again is gathered again: then its second grad_ready is right */
+            OK(dt_zero_gather(m.z, 2));
+            st = dt_zero_grad_ready(m.z, 2);
+            dt_test_check_all(stage == 1 ? "grad_ready_after_a_second_gather_is_ok_at_stage_1" : stage == 2 ?
+                              "grad_ready_after_a_second_gather_is_ok_at_stage_2" :
+                              "grad_ready_after_a_second_gather_is_ok_at_stage_3", st == DT_OK, "status %d: %.120s",
+                              (int)st, dt_ctx_error(&C));
+            OK(dt_zero_release(m.z, 2));
+        }
+        model_free(&m);
+        /* dt_zero_step when only some units are ready */
+        model_init(&m, world, DT_F32, stage, 1);
+        OK(dt_zero_micro_begin(m.z, &seed, 0));
+        OK(dt_zero_backward_begin(m.z));
+        OK(dt_zero_gather(m.z, 2));
+        OK(dt_zero_grad_ready(m.z, 2));
+        OK(dt_zero_release(m.z, 2));
+        st = dt_zero_step(m.z, NULL);
+        state_error("step_before_every_unit_is_ready_is_named", stage, st, "unit 0 had no dt_zero_grad_ready");
+        model_free(&m);
+    }
+}
+
+/* ZeRO-3 prefetches the unit after the one gathered: a load after gather(0) + release(0) finds
+   unit 1 posted but not gathered. The load waits for it and drops it; a unit really gathered
+   is still refused. */
+static void load_after_prefetch(void) {
+    model m;
+    double l[STEPS];
+    char dir[512];
+    dt_checkpoint_desc cd;
+    dt_train_state ts;
+    dt_status st;
+    snprintf(dir, sizeof dir, "%s/zero3_prefetch_np%d", dt_test_tmpdir(), W);
+    model_init(&m, world, DT_F32, 3, 1);
+    train(&m, 0, 1, l, NULL);
+    memset(&cd, 0, sizeof cd);
+    cd.dir = dir;
+    memset(&ts, 0, sizeof ts);
+    ts.step = 1;
+    OK(dt_zero_checkpoint_save(m.z, &ts, &cd));
+    OK(dt_zero_gather(m.z, 0));
+    OK(dt_zero_release(m.z, 0));
+    st = dt_zero_checkpoint_load(m.z, &ts, &cd);
+    dt_test_check_all("zero3_load_after_a_prefetch_waits_for_it", st == DT_OK && ts.step == 1, "status %d: %.150s",
+                      (int)st, dt_ctx_error(&C));
+    train(&m, 1, 2, l, NULL); /* and trains on */
+    OK(dt_zero_gather(m.z, 0));
+    st = dt_zero_checkpoint_load(m.z, &ts, &cd);
+    dt_test_check_all("zero3_load_with_a_unit_gathered_is_named", st == DT_ERR_STATE &&
+                      strstr(dt_ctx_error(&C), "unit 0 is gathered") != NULL, "status %d: %.150s", (int)st,
+                      dt_ctx_error(&C));
+    OK(dt_zero_release(m.z, 0));
+    model_free(&m);
+}
+
 int main(void) {
     dt_ctx_init(&C, NULL);
     if (dt_comm_create_world(&C, &world, NULL)) { fprintf(stderr, "%s\n", dt_ctx_error(&C)); return 2; }
@@ -460,6 +554,8 @@ int main(void) {
     checkpoints();
     memory();
     bad_input();
+    call_order();
+    load_after_prefetch();
     {
         int rc = dt_test_finish();
         dt_comm_free(self);

@@ -133,6 +133,7 @@ static void reference(double *loss, double *norm, float *wout) {
         double sum = 0;
         dt_opt_step_info info;
         OK(dt_zero_micro_begin(n.z, &seed, 0));
+        OK(dt_zero_backward_begin(n.z)); /* (the grads below are written straight into the arena) */
         for (j = 0; j <= L; j++) tensor2(&x[j], GB, D);
         for (j = 0; j < L; j++) tensor2(&h[j], GB, D);
         tensor2(&t, GB, D);
@@ -362,6 +363,7 @@ static void equivalence(dt_pp_kind kind, int dp, int pp, int v, int zero, int tr
         m.g0 = (int64_t)step * GB + first;
         m.loss_sum = 0;
         OK(dt_zero_micro_begin(m.n.z, &m.seed, 0));
+        OK(dt_zero_backward_begin(m.n.z));
         before = C.bytes_in_use;
         OK(dt_pp_run(m.n.l, &rs, s, &pm, &rd));
         if (rs.peak != s->peak[m.st] || rs.peak > rs.bound || rs.bound != s->bound[m.st] || rs.messages != n_msg)
@@ -502,6 +504,7 @@ static void bad_input(void) {
         world = keep;
     }
     OK(dt_zero_micro_begin(m.n.z, &seed, 0));
+    OK(dt_zero_backward_begin(m.n.z));
     m.seed = seed;
     m.fail_micro = 2;
     before = C.bytes_in_use;

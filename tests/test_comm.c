@@ -1,9 +1,16 @@
 /* tests/test_comm.c - dt_comm.h without DT_MPI: a world of one rank on which every call works,
-   bad arguments give named errors, and the bucketer and statistics behave. */
+   bad arguments give named errors, and the bucketer and statistics behave. Started by a
+   launcher for several processes (its environment variables set), dt_comm_create_world names
+   -DDT_MPI instead; dt_comm_abort exits with its code, stdout flushed. */
+#define _POSIX_C_SOURCE 200809L /* setenv, fork, pipe */
 #define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_test.h"
+
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static dt_ctx ctx;
 
@@ -334,6 +341,78 @@ static void timeouts_use_the_monotonic_clock(void) {
                       "want them more than 1e8 s apart (seconds since boot vs since 1970)", dt_now, wall);
 }
 
+/* Built without DT_MPI but started by a launcher for several processes, each process would
+   train alone in a world of one: dt_comm_create_world refuses, naming -DDT_MPI. A launcher of
+   one process, or a value that is no whole number, is not refused. */
+static void launcher_without_mpi_is_named(void) {
+    static const char *vars[4] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "PMIX_RANK"};
+    static const struct { const char *var, *value, *name, *want; } cases[] = {
+        {"OMPI_COMM_WORLD_SIZE", "2", "mpirun_np_2_without_dt_mpi_is_named", "OMPI_COMM_WORLD_SIZE = 2"},
+        {"PMI_SIZE", "4", "pmi_size_4_without_dt_mpi_is_named", "PMI_SIZE = 4"},
+        {"PMIX_RANK", "1", "pmix_rank_1_without_dt_mpi_is_named", "PMIX_RANK = 1"},
+        {"OMPI_COMM_WORLD_SIZE", "1", "mpirun_np_1_without_dt_mpi_runs", NULL},
+        {"PMIX_RANK", "0", "pmix_rank_0_without_dt_mpi_runs", NULL},
+        {"OMPI_COMM_WORLD_SIZE", "2x", "launcher_size_not_a_number_is_ignored", NULL},
+        {"PMI_SIZE", "99999999999999999999999", "launcher_size_out_of_range_is_ignored", NULL},
+    };
+    char *saved[4];
+    size_t i;
+    for (i = 0; i < 4; i++) { /* the runner itself may run under mpirun -np 1 */
+        const char *v = getenv(vars[i]);
+        saved[i] = v ? strdup(v) : NULL;
+        unsetenv(vars[i]);
+    }
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dt_comm *w = (dt_comm *)1;
+        dt_status st;
+        setenv(cases[i].var, cases[i].value, 1);
+        st = dt_comm_create_world(&ctx, &w, NULL);
+        if (cases[i].want)
+            dt_test_expect(cases[i].name, st == DT_ERR_STATE && w == NULL && strstr(dt_ctx_error(&ctx), "-DDT_MPI") &&
+                           strstr(dt_ctx_error(&ctx), cases[i].want), "status %d, message \"%s\", want DT_ERR_STATE "
+                           "naming -DDT_MPI and \"%s\"", (int)st, dt_ctx_error(&ctx), cases[i].want);
+        else
+            dt_test_expect(cases[i].name, st == DT_OK && dt_comm_size(w) == 1, "status %d: %s", (int)st,
+                           dt_ctx_error(&ctx));
+        if (st == DT_OK) dt_comm_free(w);
+        unsetenv(cases[i].var);
+    }
+    for (i = 0; i < 4; i++)
+        if (saved[i]) { setenv(vars[i], saved[i], 1); free(saved[i]); }
+}
+
+/* dt_comm_abort without MPI: flushes stdout, exits with the code (in a child process). */
+static void abort_exits_with_the_code(dt_comm *w) {
+    int k;
+    for (k = 0; k < 2; k++) {
+        int fd[2], status = 0;
+        char out[64];
+        size_t got = 0;
+        ssize_t n;
+        pid_t pid;
+        const char *name = k ? "abort_of_world_exits_with_code_and_flushes" : "abort_of_null_exits_with_code_and_flushes";
+        fflush(stdout);
+        fflush(stderr);
+        if (pipe(fd) != 0) { dt_test_fail(name, "pipe failed"); return; }
+        pid = fork();
+        if (pid == 0) {
+            close(fd[0]);
+            dup2(fd[1], 1);
+            printf("unflushed"); /* no newline: still in the buffer at the abort */
+            dt_comm_abort(k ? w : NULL, 7 + k);
+            _exit(99); /* not reached */
+        }
+        close(fd[1]);
+        while (pid > 0 && got < sizeof out - 1 && (n = read(fd[0], out + got, sizeof out - 1 - got)) > 0) got += (size_t)n;
+        out[got] = 0;
+        close(fd[0]);
+        if (pid > 0) waitpid(pid, &status, 0);
+        dt_test_expect(name, pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 7 + k &&
+                       strcmp(out, "unflushed") == 0, "exit status %d (want %d), output \"%s\" (want \"unflushed\")",
+                       WIFEXITED(status) ? WEXITSTATUS(status) : -1, 7 + k, out);
+    }
+}
+
 int main(void) {
     dt_comm *w = NULL, *sub = NULL, *none = (dt_comm *)1;
     dt_comm_desc d;
@@ -354,6 +433,8 @@ int main(void) {
     stats_count_calls(w);
     timeouts_use_the_monotonic_clock();
     flags_take_0_or_1(w);
+    abort_exits_with_the_code(w);
+    launcher_without_mpi_is_named();
     st = dt_comm_split(w, &sub, 3, 0);
     DT_TEST_CHECK("split_of_one_rank", st == 0 && sub && dt_comm_size(sub) == 1 && strcmp(dt_comm_name(sub), "world.3") == 0);
     st = dt_comm_split(w, &none, -1, 0);

@@ -101,8 +101,9 @@ static dt_ctx *g_ctx;
 static int g_rank;
 static dt_embed *g_progress; /* --overlap: an id exchange in flight, moved between dense layers */
 static int g_auc_warned;    /* the held-out labels are all one class: said once */
+/* dt_comm_abort, not exit: an error one rank alone sees ends every rank now */
 #define CHECK(call) do { dt_status s_ = (call); if (s_) { \
-    fprintf(stderr, "dlrm [rank %d]: %s failed: %s\n", g_rank, #call, dt_ctx_error(g_ctx)); exit(1); } } while (0)
+    fprintf(stderr, "dlrm [rank %d]: %s failed: %s\n", g_rank, #call, dt_ctx_error(g_ctx)); dt_comm_abort(NULL, 1); } } while (0)
 
 /* ---------------------------------------------------------------- flags */
 

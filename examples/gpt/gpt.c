@@ -69,8 +69,9 @@
 
 static dt_ctx *g_ctx;
 static int g_rank;
+/* dt_comm_abort, not exit: an error one rank alone sees ends every rank now */
 #define CHECK(call) do { dt_status s_ = (call); if (s_) { \
-    fprintf(stderr, "gpt [rank %d]: %s failed: %s\n", g_rank, #call, dt_ctx_error(g_ctx)); exit(1); } } while (0)
+    fprintf(stderr, "gpt [rank %d]: %s failed: %s\n", g_rank, #call, dt_ctx_error(g_ctx)); dt_comm_abort(NULL, 1); } } while (0)
 
 static double now(void) {
     struct timespec t;

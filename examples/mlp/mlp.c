@@ -29,8 +29,10 @@
 enum { IN = 16, CLASSES = 4, TEACHER_H = 8, EVAL_N = MLP_EVAL_N };
 #define EVAL_BASE ((uint64_t)1 << 40) /* eval samples never overlap training ones */
 typedef struct { int steps, batch, hidden; uint64_t seed; float lr; const char *log; int quiet; } opts;
+/* dt_comm_abort, not exit: an error one rank alone sees ends every rank now, not at the others'
+   next collective's timeout */
 #define CHECK(call) do { dt_status s_ = (call); if (s_) { \
-    fprintf(stderr, "mlp: %s failed: %s\n", #call, dt_ctx_error(ctx)); exit(1); } } while (0)
+    fprintf(stderr, "mlp: %s failed: %s\n", #call, dt_ctx_error(ctx)); dt_comm_abort(NULL, 1); } } while (0)
 
 typedef struct { dt_param *w1, *b1, *w2, *b2, *w3, *b3; } model; /* fc1 -> relu -> fc2 -> relu -> fc3 */
 typedef struct { dt_tensor x, h1, a1, h2, a2, logits, probs, y, dh1, da1, dh2, da2, dlogits;
