@@ -159,12 +159,13 @@ DT_API void dt_arena_free(dt_arena *a);
        plain parameter sets; it needs no layout, so it sits below this header), over the arena's
        grads in place (desc.flat: its buckets are views of the arena, no copy): dt_zero_grad_ready
        marks the unit's parameters ready, and a bucket is all-reduced as soon as all of its are
-       (dt_comm_iallreduce: the rest of the backward overlaps it). Stage 1 reduce-scatters each unit at dt_zero_step, updates its
-       rows and all-gathers the values. Stages 2-3 reduce-scatter a unit from dt_zero_grad_ready
-       (dt_comm_ireduce_scatter, finished at a later grad_ready or the step) and add this rank's
-       block into its shard grads. Stage 3 keeps only this rank's rows of the values: a gather
-       all-gathers the unit into freshly allocated buffers (the next unit in call order is
-       posted ahead, desc.prefetch), a release frees them (p->value.data is NULL in between).
+       (dt_comm_iallreduce: the rest of the backward overlaps it). Stage 1 reduce-scatters each
+       unit at dt_zero_step, updates its rows and all-gathers the values. Stages 2-3
+       reduce-scatter a unit from dt_zero_grad_ready (dt_comm_ireduce_scatter, finished at a
+       later grad_ready or the step) and add this rank's block into its shard grads. Stage 3
+       keeps only this rank's rows of the values: a gather all-gathers the unit into freshly
+       allocated buffers (the next unit in call order is posted ahead, desc.prefetch), a release
+       frees them (p->value.data is NULL in between).
      - Accumulation (dt_zero_micro_begin): stages 0-1 sync on the last micro-step only (grads
        accumulate in the arena); stages 2-3 reduce-scatter every micro-step and accumulate the
        shard.

@@ -1094,10 +1094,12 @@ int main(int argc, char **argv) {
         log_step(&t, evaluate_now);
     }
 
-    /* (--steps 0 without --resume: the initial model, step 0) */
-    if (o->ckpt && ((o->steps > t.first_step && (!o->ckpt_every || o->steps % o->ckpt_every)) || (o->steps == 0 && !o->resume)))
+    /* the last checkpoint (--steps 0 without --resume: the initial model, step 0) */
+    if (o->ckpt && ((o->steps > t.first_step && (!o->ckpt_every || o->steps % o->ckpt_every)) ||
+                    (o->steps == 0 && !o->resume)))
         save(&t.m, t.opt, o, t.world, o->steps, t.loss);
-    if (t.first_step == o->steps) eval_step(&t, o->steps); /* nothing trained (--steps 0, or resumed at --steps): the model's AUC */
+    if (t.first_step == o->steps) /* nothing trained (--steps 0, or resumed at --steps): the model's AUC */
+        eval_step(&t, o->steps);
     if (g_rank == 0) printf("final: loss %.9g auc %.4f\n", t.loss, t.auc);
     teardown(&t);
     return 0;
