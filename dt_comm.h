@@ -369,6 +369,10 @@ typedef struct dt_bucketer_desc {
                                    get their own memory back in dt_bucketer_free, which must then
                                    come before dt_params_free. 0 = grads are copied in and out.
                                    Other values are DT_ERR_ARG. */
+    const dt_tensor *flat;      /* the grads already lie back to back, in registration order, in
+                                   this f32 tensor (dt_parallel.h's arena): each bucket is a view of
+                                   its range, so nothing is copied and no grad moves (grad_views is
+                                   then ignored). NULL = the buckets have memory of their own. */
 } dt_bucketer_desc;
 
 /* Packs the f32 grads of ps (all on one device) into flat buckets, parameters in reverse
@@ -3527,7 +3531,8 @@ typedef struct dt__cm_bucket {
 struct dt_bucketer {
     dt_comm *c;
     dt_params *ps;
-    int n_params, n_buckets, next_launch, sync, views;
+    int n_params, n_buckets, next_launch, sync;
+    int views;             /* 0: grads copied in and out; 1: grads moved into the buckets; 2: desc.flat */
     dt_reduce_op op;
     dt__cm_slot *slots;    /* bucket order: reverse registration order */
     dt__cm_bucket *buckets;
@@ -3546,7 +3551,7 @@ DT_API void dt_bucketer_free(dt_bucketer *b) {
     ctx = b->c->ctx;
     for (i = 0; i < b->n_buckets; i++)
         if (b->buckets[i].req) dt_comm_wait(b->buckets[i].req);
-    for (i = 0; b->views && i < b->n_params; i++) { /* each grad that is a view gets its own memory back */
+    for (i = 0; b->views == 1 && i < b->n_params; i++) { /* each grad that is a view gets its own memory back */
         dt_param *p = b->slots[i].p;
         dt_tensor own, view = p->grad;
         if (view.owns || view.numel == 0) continue;
@@ -3564,6 +3569,45 @@ DT_API void dt_bucketer_free(dt_bucketer *b) {
     dt_release(ctx, b->buckets);
     dt_release(ctx, b->by_ptr);
     dt_release(ctx, b);
+}
+
+/* Element of flat where p's grad starts, or -1 when it does not lie inside flat. */
+static int64_t dt__cm_flat_at(const dt_tensor *flat, const dt_param *p) {
+    uintptr_t at = (uintptr_t)p->grad.data, base = (uintptr_t)flat->data;
+    if (!flat->data || at < base || (at - base) % 4 || (int64_t)((at - base) / 4) > flat->numel - p->grad.numel)
+        return -1;
+    return (int64_t)((at - base) / 4);
+}
+
+/* desc.flat: the grads lie back to back inside it, in registration order. */
+static dt_status dt__cm_flat_check(dt_comm *c, const dt_params *ps, const dt_tensor *flat, const char *fn) {
+    int64_t want = 0;
+    int i;
+    if (flat->dtype != DT_F32 || (ps->count && flat->device != ps->items[0]->grad.device))
+        return dt_ctx_set_error(c->ctx, DT_ERR_DTYPE, "%s: desc.flat is %s on %s; expected f32 on the grads' device",
+                                fn, dt_dtype_name(flat->dtype), dt_device_name(flat->device));
+    for (i = 0; i < ps->count; i++) {
+        const dt_param *p = ps->items[i];
+        int64_t at = dt__cm_flat_at(flat, p);
+        if (i == 0 && at >= 0) want = at;
+        if (at < 0 || at != want)
+            return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: param \"%s\"'s grad is %s of desc.flat; expected the "
+                                    "grads back to back in registration order inside it (as dt_arena lays them)",
+                                    fn, p->name, at < 0 ? "not inside" : "not next after the one before it in");
+        want = at + p->grad.numel;
+    }
+    return DT_OK;
+}
+
+/* Bucket i as a view of its range of flat (the lowest-registered param of the bucket first), and
+   each slot's offset in it. */
+static dt_status dt__cm_bucket_in_flat(dt_bucketer *b, int i, const dt_tensor *flat) {
+    dt__cm_bucket *bk = &b->buckets[i];
+    int64_t from = dt__cm_flat_at(flat, b->slots[bk->first + bk->count - 1].p);
+    int64_t len = dt__cm_flat_at(flat, b->slots[bk->first].p) + b->slots[bk->first].p->grad.numel - from;
+    int k;
+    for (k = bk->first; k < bk->first + bk->count; k++) b->slots[k].offset = dt__cm_flat_at(flat, b->slots[k].p) - from;
+    return dt_tensor_view(b->c->ctx, &bk->flat, flat, from, 1, &len);
 }
 
 DT_API dt_status dt_bucketer_create(dt_comm *c, dt_bucketer **out, dt_params *ps, const dt_bucketer_desc *desc) {
@@ -3602,6 +3646,10 @@ DT_API dt_status dt_bucketer_create(dt_comm *c, dt_bucketer **out, dt_params *ps
                                     "expected every grad on one device", fn, p->name, dt_device_name(p->grad.device),
                                     ps->items[0]->name, dt_device_name(dev));
     }
+    if (d.flat) {
+        dt_status st = dt__cm_flat_check(c, ps, d.flat, fn);
+        if (st) return st;
+    }
     b = (dt_bucketer *)dt_alloc(c->ctx, sizeof *b);
     if (!b) return DT_ERR_OOM;
     memset(b, 0, sizeof *b);
@@ -3609,7 +3657,7 @@ DT_API dt_status dt_bucketer_create(dt_comm *c, dt_bucketer **out, dt_params *ps
     b->ps = ps;
     b->sync = 1;
     b->op = d.average == -1 ? DT_REDUCE_SUM : DT_REDUCE_AVG;
-    b->views = d.grad_views;
+    b->views = d.flat ? 2 : d.grad_views;
     b->n_params = ps->count;
     b->slots = (dt__cm_slot *)dt_alloc(c->ctx, (size_t)(ps->count ? ps->count : 1) * sizeof(dt__cm_slot));
     b->buckets = (dt__cm_bucket *)dt_alloc(c->ctx, (size_t)(ps->count ? ps->count : 1) * sizeof(dt__cm_bucket));
@@ -3650,7 +3698,7 @@ DT_API dt_status dt_bucketer_create(dt_comm *c, dt_bucketer **out, dt_params *ps
         td.device = dev;
         td.shape[0] = last->offset + last->p->grad.numel;
         if (td.shape[0] == 0) td.shape[0] = 1; /* a bucket of empty grads still takes part */
-        st = dt_tensor_create(c->ctx, &b->buckets[i].flat, &td);
+        st = d.flat ? dt__cm_bucket_in_flat(b, i, d.flat) : dt_tensor_create(c->ctx, &b->buckets[i].flat, &td);
         if (st) {
             b->views = 0;
             dt_bucketer_free(b);
@@ -3658,7 +3706,7 @@ DT_API dt_status dt_bucketer_create(dt_comm *c, dt_bucketer **out, dt_params *ps
         }
         b->buckets[i].unready = b->buckets[i].count;
     }
-    for (k = 0; b->views && k < ps->count; k++) { /* the grads move into their buckets */
+    for (k = 0; b->views == 1 && k < ps->count; k++) { /* the grads move into their buckets */
         dt__cm_slot *sl = &b->slots[k];
         dt_tensor v, old = sl->p->grad;
         dt_status st;

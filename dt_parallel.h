@@ -162,7 +162,7 @@ DT_API void dt_arena_free(dt_arena *a);
 /* ==== >>zero: data parallel: DDP (stage 0) and ZeRO 1-3 ==========================================
 
    One object syncs gradients over the dp group and owns the optimizer:
-     stage 0  DDP: grads all-reduced (averaged over dp) in buckets of whole units, launched by
+     stage 0  DDP: grads all-reduced (averaged over dp) in buckets, launched by
               dt_zero_grad_ready during backward; the optimizer updates every full parameter.
      stage 1  optimizer state (and the f32 master of bf16/f16 values) sharded over dp: grads are
               reduce-scattered at the step, each rank updates its shard, parameters all-gathered.
@@ -192,14 +192,17 @@ DT_API void dt_arena_free(dt_arena *a);
        collective (memory bandwidth, small beside the network) and a transient packed buffer of
        N blocks of the unit (the padding is at most N - 1 rows per tensor).
      - Gradients are averaged over dp (the loss is a mean over each rank's local batch).
-     - Stage 0 all-reduces buckets of whole units (the arena's grads in place, no copy) as soon
-       as every unit of a bucket had dt_zero_grad_ready (dt_comm_iallreduce: the rest of the
-       backward overlaps it). Stage 1 reduce-scatters each unit at dt_zero_step, updates its
-       rows and all-gathers the values. Stages 2-3 reduce-scatter a unit from dt_zero_grad_ready
-       (dt_comm_ireduce_scatter, finished at a later grad_ready or the step) and add this rank's
-       block into its shard grads. Stage 3 keeps only this rank's rows of the values: a gather
-       all-gathers the unit into freshly allocated buffers (the next unit in call order is
-       posted ahead, desc.prefetch), a release frees them (p->value.data is NULL in between).
+     - Stage 0 is dt_comm.h's dt_bucketer, the one bucketed all-reduce (mlp and dlrm use it on
+       plain parameter sets; it needs no layout, so it sits below this header), over the arena's
+       grads in place (desc.flat: its buckets are views of the arena, no copy): dt_zero_grad_ready
+       marks the unit's parameters ready, and a bucket is all-reduced as soon as all of its are
+       (dt_comm_iallreduce: the rest of the backward overlaps it). Stage 1 reduce-scatters each
+       unit at dt_zero_step, updates its rows and all-gathers the values. Stages 2-3
+       reduce-scatter a unit from dt_zero_grad_ready (dt_comm_ireduce_scatter, finished at a
+       later grad_ready or the step) and add this rank's block into its shard grads. Stage 3
+       keeps only this rank's rows of the values: a gather all-gathers the unit into freshly
+       allocated buffers (the next unit in call order is posted ahead, desc.prefetch), a release
+       frees them (p->value.data is NULL in between).
      - Accumulation (dt_zero_micro_begin): stages 0-1 sync on the last micro-step only (grads
        accumulate in the arena); stages 2-3 reduce-scatter every micro-step and accumulate the
        shard.
@@ -219,7 +222,8 @@ DT_API void dt_arena_free(dt_arena *a);
 
 typedef struct dt_zero_desc {
     int stage;                 /* 0..3 */
-    int64_t bucket_bytes;      /* stage 0: 0 = 25 MB; units are never split */
+    int64_t bucket_bytes;      /* stage 0: the dt_bucketer's buckets, bytes; 0 = its defaults (1 MB
+                                  first, then 25 MB) */
     int prefetch;              /* stage 3: 0 = default (on), -1 = off */
     dt_opt_desc opt;           /* the optimizer; its comm and norm comms are filled in from the layout */
 } dt_zero_desc;
@@ -1167,7 +1171,6 @@ typedef struct dt__pl_zu {
     int refs;                             /* stage 3: gathers not yet released */
     int ready;                            /* dt_zero_grad_ready seen in this backward */
     int used;                             /* dt_zero_gather in this backward since its grad_ready */
-    int bucket;                           /* stage 0 */
     dt_tensor vfull[DT_DTYPE_COUNT];      /* stage 3: the gathered values */
     dt_tensor vpack[DT_DTYPE_COUNT];      /* stage 3: an all-gather in flight (prefetch) */
     dt_tensor vmine[DT_DTYPE_COUNT];      /* on cuda: this rank's block, sent from its own buffer */
@@ -1178,23 +1181,15 @@ typedef struct dt__pl_zu {
     dt_comm_req *greq;
 } dt__pl_zu;
 
-typedef struct dt__pl_bucket {
-    int ulo, uhi;                         /* units [ulo, uhi] */
-    dt_tensor view;                       /* their grads in the arena */
-    dt_comm_req *req;
-} dt__pl_bucket;
-
 struct dt_zero {
     dt_ctx *ctx;
     dt_layout *l;
     dt_arena *a;
     dt_comm *dp;
     int stage, N, r, n_params, n_units, prefetch, sync, backward;
-    int64_t bucket_bytes;
     dt__pl_zp *zp;
     dt__pl_zu *zu;
-    dt__pl_bucket *bk;
-    int n_buckets;
+    dt_bucketer *ddp;                     /* stage 0 */
     dt_params shard;                      /* what the optimizer updates: this rank's rows */
     dt_comm **param_comms;
     dt_optimizer *opt;
@@ -1260,13 +1255,6 @@ static dt_status dt__pl_copy(dt_ctx *ctx, const dt_tensor *dst, int64_t dof, con
 static void dt__pl_zrows(const dt__pl_zp *p, int j, int64_t *lo, int64_t *hi) {
     *lo = dt__pl_min64(p->rows, (int64_t)j * p->c);
     *hi = dt__pl_min64(p->rows, (int64_t)(j + 1) * p->c);
-}
-
-/* ---- stage 0: buckets of whole units over the arena grads, last unit first */
-
-static dt_status dt__pl_zbucket_launch(dt_zero *z, dt__pl_bucket *b) {
-    if (b->req || dt_comm_size(z->dp) == 1) return DT_OK; /* in flight already; or one replica */
-    return dt_comm_iallreduce(z->dp, &b->view, DT_REDUCE_AVG, &b->req);
 }
 
 /* ---- stages 1-3: reduce-scatter of a unit's grads, all-gather of its values */
@@ -1473,8 +1461,6 @@ static dt_status dt__pl_zallgather_all(dt_zero *z) {
 static void dt__pl_zdrain(dt_zero *z) {
     int k;
     if (!z->zu) return;
-    for (k = 0; k < z->n_buckets; k++)
-        if (z->bk[k].req) { dt_comm_wait(z->bk[k].req); z->bk[k].req = NULL; }
     for (k = 0; k < z->n_units; k++) {
         dt__pl_zu *u = &z->zu[k];
         if (u->greq) { dt_comm_wait(u->greq); u->greq = NULL; }
@@ -1485,6 +1471,7 @@ static void dt__pl_zdrain(dt_zero *z) {
 static void dt__pl_zero_release(dt_zero *z) {
     int k, t, i;
     dt__pl_zdrain(z);
+    dt_bucketer_free(z->ddp); /* waits for its buckets; the arena's grads stay where they are */
     for (k = 0; k < z->n_units && z->zu; k++) {
         dt__pl_zu *u = &z->zu[k];
         for (t = 0; t < DT_DTYPE_COUNT; t++) {
@@ -1508,7 +1495,6 @@ static void dt__pl_zero_release(dt_zero *z) {
     dt_release(z->ctx, z->param_comms);
     dt_release(z->ctx, z->zp);
     dt_release(z->ctx, z->zu);
-    dt_release(z->ctx, z->bk);
     dt_release(z->ctx, z);
 }
 
@@ -1603,36 +1589,6 @@ static dt_status dt__pl_zshard_set(dt_zero *z) {
     return DT_OK;
 }
 
-/* Stage 0's buckets: whole units from the last one back, up to bucket_bytes of grads each. */
-static dt_status dt__pl_zbuckets(dt_zero *z) {
-    int k, nb = 0;
-    int64_t bytes = 0;
-    z->bk = (dt__pl_bucket *)dt__pl_alloc_n(z->ctx, z->n_units, sizeof(dt__pl_bucket), "dt_zero_create", "buckets");
-    if (!z->bk) return DT_ERR_OOM;
-    for (k = z->n_units - 1; k >= 0; k--) {
-        int64_t ub = z->zu[k].gnumel * 4;
-        if (nb > 0 && bytes + ub > z->bucket_bytes) { /* close the open bucket */
-            bytes = 0;
-            z->bk[nb - 1].ulo = k + 1;
-            nb++;
-            z->bk[nb - 1].uhi = k;
-        }
-        if (nb == 0) { nb = 1; z->bk[0].uhi = k; }
-        bytes += ub;
-        z->zu[k].bucket = nb - 1;
-    }
-    if (nb > 0) z->bk[nb - 1].ulo = 0;
-    z->n_buckets = nb;
-    for (k = 0; k < nb; k++) {
-        dt__pl_bucket *b = &z->bk[k];
-        int64_t from = z->a->grad_offset[z->zu[b->ulo].first];
-        int64_t to = z->zu[b->uhi].last < z->n_params ? z->a->grad_offset[z->zu[b->uhi].last] : z->a->grads.numel;
-        int64_t len = to - from;
-        DT__PL_TRY(dt_tensor_view(z->ctx, &b->view, &z->a->grads, from, 1, &len));
-    }
-    return DT_OK;
-}
-
 DT_API dt_status dt_zero_create(dt_layout *l, dt_zero **out, dt_arena *a, const dt_zero_desc *desc) {
     const char *fn = "dt_zero_create";
     dt_zero_desc d;
@@ -1651,7 +1607,7 @@ DT_API dt_status dt_zero_create(dt_layout *l, dt_zero **out, dt_arena *a, const 
     if (d.stage < 0 || d.stage > 3)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.stage = %d; expected 0 (DDP), 1, 2 or 3", fn, d.stage);
     if (d.bucket_bytes < 0)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.bucket_bytes = %lld; expected >= 0 (0 = 25 MB)", fn,
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.bucket_bytes = %lld; expected >= 0 (0 = default)", fn,
                                 (long long)d.bucket_bytes);
     if (d.prefetch < -1 || d.prefetch > 1)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.prefetch = %d; expected 0 (default, on), 1 (on) or -1 "
@@ -1676,7 +1632,6 @@ DT_API dt_status dt_zero_create(dt_layout *l, dt_zero **out, dt_arena *a, const 
     z->n_params = a->params->count;
     z->n_units = a->n_units;
     z->prefetch = d.prefetch != -1;
-    z->bucket_bytes = d.bucket_bytes ? d.bucket_bytes : (int64_t)25 << 20;
     z->sync = 1;
     z->zp = (dt__pl_zp *)dt__pl_alloc_n(ctx, z->n_params, sizeof(dt__pl_zp), fn, "params");
     z->zu = (dt__pl_zu *)dt__pl_alloc_n(ctx, z->n_units, sizeof(dt__pl_zu), fn, "units");
@@ -1699,7 +1654,13 @@ DT_API dt_status dt_zero_create(dt_layout *l, dt_zero **out, dt_arena *a, const 
         if (any) st = dt__pl_ztake(z, &z->sval[t], (dt_dtype)t, n, &z->base_param);
     }
     if (!st) st = dt__pl_zshard_set(z);
-    if (!st && z->stage == 0) st = dt__pl_zbuckets(z);
+    if (!st && z->stage == 0) {
+        dt_bucketer_desc bd;
+        memset(&bd, 0, sizeof bd);
+        bd.bucket_bytes = bd.first_bucket_bytes = d.bucket_bytes;
+        bd.flat = &a->grads;
+        st = dt_bucketer_create(z->dp, &z->ddp, a->params, &bd);
+    }
     if (!st) {
         od = d.opt;
         od.comm = l->world;
@@ -1799,10 +1760,10 @@ DT_API dt_status dt_zero_gather(dt_zero *z, int unit) {
     DT__PL_TRY(dt__pl_zunit_arg(z, unit, fn));
     u = &z->zu[unit];
     if (z->backward) u->used = 1;
-    if (z->stage == 0 && z->backward && z->sync && z->bk[u->bucket].req)
-        return dt_ctx_set_error(z->ctx, DT_ERR_STATE, "%s: unit %d's grads are being all-reduced (dt_zero_grad_ready "
-                                "was called for it in this backward); call grad_ready after a unit's last use", fn,
-                                unit);
+    if (z->stage == 0 && z->backward && z->sync && u->ready)
+        return dt_ctx_set_error(z->ctx, DT_ERR_STATE, "%s: unit %d's grads are in a bucket's all-reduce "
+                                "(dt_zero_grad_ready was called for it in this backward); call grad_ready after a "
+                                "unit's last use", fn, unit);
     if (z->stage >= 2 && z->backward && !u->gfull.data) { /* its full grads, from the first gather on */
         DT__PL_TRY(dt__pl_ztake(z, &u->gfull, DT_F32, u->gnumel, &z->live_grad));
         for (i = u->first; i < u->last; i++)
@@ -1841,15 +1802,11 @@ DT_API dt_status dt_zero_grad_ready(dt_zero *z, int unit) {
     DT__PL_TRY(dt__pl_zorder_ready(z, u, unit));
     u->used = 0;
     if (z->stage == 0) {
-        dt__pl_bucket *b = &z->bk[u->bucket];
-        int k, all = 1;
-        if (b->req)
-            return dt_ctx_set_error(z->ctx, DT_ERR_STATE, "%s: unit %d: its bucket is already being all-reduced in "
-                                    "this backward", fn, unit);
+        int i;
         u->ready = 1;
         if (!z->sync) return DT_OK; /* an accumulation micro-step: grads stay local */
-        for (k = b->ulo; k <= b->uhi; k++) all &= z->zu[k].ready;
-        return all ? dt__pl_zbucket_launch(z, b) : DT_OK;
+        for (i = u->first; i < u->last; i++) DT__PL_TRY(dt_bucketer_mark_ready(z->ddp, z->a->params->items[i]));
+        return DT_OK;
     }
     u->ready = 1;
     if (z->stage == 1) return DT_OK;
@@ -1869,13 +1826,7 @@ DT_API dt_status dt_zero_step(dt_zero *z, dt_opt_step_info *info) {
     DT__PL_TRY(dt__pl_zorder_step(z));
     /* 1. finish the gradient sync */
     if (z->stage == 0) {
-        for (k = 0; k < z->n_buckets && !st; k++) st = dt__pl_zbucket_launch(z, &z->bk[k]);
-        for (k = 0; k < z->n_buckets; k++)
-            if (z->bk[k].req) {
-                dt_status s2 = dt_comm_wait(z->bk[k].req);
-                z->bk[k].req = NULL;
-                if (!st) st = s2;
-            }
+        st = dt_bucketer_finish(z->ddp);
     } else if (z->stage == 1) {
         for (k = 0; k < z->n_units && !st; k++) st = dt__pl_zrs_stage1(z, &z->zu[k]);
     } else {

@@ -586,6 +586,85 @@ static void bucketer_equals_per_tensor_allreduce(void) {
     dt_params_free(&ctx, &ps);
 }
 
+/* desc.flat (what dt_parallel.h's ZeRO-0 does with its arena): grads already back to back in one
+   buffer are all-reduced in place, bucket by bucket, and stay where they are. */
+static void bucketer_over_flat_grads_in_place(void) {
+    dt_params ps;
+    dt_bucketer *b = NULL;
+    dt_bucketer_desc bd;
+    dt_tensor flat, other = make(DT_F32, 4), *ref;
+    dt_status st = DT_OK;
+    int64_t at = 0, k;
+    int i, ok = 1, moved = 0, np = 30;
+    char why[300] = "";
+    memset(&ps, 0, sizeof ps);
+    for (i = 0; i < np && !st; i++) {
+        dt_param_desc d;
+        char name[16];
+        memset(&d, 0, sizeof d);
+        snprintf(name, sizeof name, "w%d", i);
+        d.name = name;
+        d.shape[0] = i == 7 ? 0 : 1 + (int64_t)(dt_rng_uniform(6, 0, (uint64_t)i) * 3000); /* w7: empty */
+        d.ndim = 1;
+        st = dt_params_add(&ctx, &ps, NULL, &d);
+        at += d.shape[0];
+    }
+    if (st) dt_test_fail("bucketer_flat_params", "%s", dt_ctx_error(&ctx));
+    flat = make(DT_F32, at + 3);
+    ref = (dt_tensor *)calloc((size_t)np, sizeof(dt_tensor));
+    for (i = 0, at = 3; i < np && !st; i++) { /* each grad a view of flat, from element 3 on */
+        dt_param *p = ps.items[i];
+        dt_tensor v;
+        st = dt_tensor_view(&ctx, &v, &flat, at, p->grad.ndim, p->grad.shape);
+        at += p->grad.numel;
+        dt_tensor_free(&ctx, &p->grad);
+        p->grad = v;
+        for (k = 0; k < v.numel; k++) ((float *)v.data)[k] = (float)val(DT_F32, R, k, 300 + i);
+        ref[i] = make(DT_F32, v.numel ? v.numel : 1);
+        if (v.numel) dt_tensor_copy(&ctx, &ref[i], &v);
+        if (v.numel && !st) st = dt_comm_allreduce(W, &ref[i], DT_REDUCE_AVG);
+    }
+    memset(&bd, 0, sizeof bd);
+    bd.bucket_bytes = 8 * 1024;
+    bd.first_bucket_bytes = 2 * 1024;
+    bd.flat = &flat;
+    if (!st) st = dt_bucketer_create(W, &b, &ps, &bd);
+    for (i = np - 1; i >= 0 && !st; i--) st = dt_bucketer_mark_ready(b, ps.items[i]);
+    if (!st) st = dt_bucketer_finish(b);
+    for (i = 0, at = 3; i < np; at += ps.items[i]->grad.numel, i++)
+        moved |= ps.items[i]->grad.data != (char *)flat.data + 4 * at;
+    for (i = 0; i < np && ok && !st; i++)
+        if (ps.items[i]->grad.numel) ok = same(&ps.items[i]->grad, &ref[i], why, sizeof why, ps.items[i]->name);
+    dt_test_check_all("bucketer_flat_equals_per_tensor_allreduce_bitwise", st == 0 && ok && !moved && dt_bucketer_count(b) > 5,
+                      "status %d, %d buckets, grads moved %d: %.200s %s", st, dt_bucketer_count(b), moved,
+                      st ? dt_ctx_error(&ctx) : "", why);
+    dt_bucketer_free(b);
+    b = NULL;
+    dt_test_check_all("bucketer_flat_free_leaves_grads_in_flat", !ps.items[4]->grad.owns &&
+                      ps.items[4]->grad.data == (char *)flat.data + 4 * (3 + ps.items[0]->grad.numel + ps.items[1]->grad.numel +
+                                                                        ps.items[2]->grad.numel + ps.items[3]->grad.numel),
+                      "owns %d", ps.items[4]->grad.owns);
+    /* grads that do not lie back to back in registration order, or outside flat, are named */
+    {
+        dt_param *p2 = ps.items[2], *p3 = ps.items[3];
+        ps.items[2] = p3; ps.items[3] = p2;
+        st = dt_bucketer_create(W, &b, &ps, &bd);
+        ps.items[2] = p2; ps.items[3] = p3;
+        if (R == 0) dt_test_error("bucketer_flat_out_of_order_is_named", st, dt_ctx_error(&ctx), "param \"w3\"'s grad is not next");
+        dt_bucketer_free(b);
+        b = NULL;
+        bd.flat = &other;
+        st = dt_bucketer_create(W, &b, &ps, &bd);
+        if (R == 0) dt_test_error("bucketer_flat_elsewhere_is_named", st, dt_ctx_error(&ctx), "param \"w0\"'s grad is not inside");
+        dt_bucketer_free(b);
+    }
+    for (i = 0; i < np; i++) dt_tensor_free(&ctx, &ref[i]);
+    free(ref);
+    dt_params_free(&ctx, &ps); /* views: forgotten */
+    dt_tensor_free(&ctx, &flat);
+    dt_tensor_free(&ctx, &other);
+}
+
 static void stats_and_named_errors(void) {
     dt_tensor a = make(DT_F32, 1000), h = make(DT_BF16, 1000);
     dt_comm_stat s;
@@ -648,6 +727,7 @@ int main(void) {
     async_waited_in_any_order();
     async_overlap_completes();
     bucketer_equals_per_tensor_allreduce();
+    bucketer_over_flat_grads_in_place();
     stats_and_named_errors();
     /* every byte dt took comes back (the leak check the asan: runs cannot do: Open MPI's own
        leaks drown LeakSanitizer). MPI stays up until exit: dt, which initialised it, finalizes it

@@ -890,166 +890,219 @@ static double now(void) {
 }
 
 #ifndef DLRM_NO_MAIN /* tests/cuda_emu/k_dlrm.cpp includes this file for its model, forward and backward */
-int main(int argc, char **argv) {
+/* Everything one run holds, so that main reads as the training loop and each phase of it is a
+   function of its own. */
+typedef struct trainer {
     dt_ctx ctx;
-    dt_ctx_desc cdesc = {0};
     dt_comm *world;
+    int W;                                /* world size */
     opts o;
     data d;
     model m;
     acts a;
-    kjt_buf kb = {0};
-    dt_dlrm_batch batches[2], *batch = &batches[0];
-    dt_optimizer *opt;
-    dt_opt_desc od = {0};
-    dt_bucketer *bk;
-    dt_bucketer_desc bd = {0};
-    FILE *log = NULL;
-    int W, mi, begun = 0;
-    int64_t step = 0, first_step;
+    kjt_buf kb;
+    dt_dlrm_batch batches[2], *batch;     /* --overlap: the next micro-batch is read into the other */
+    int begun;                            /* batch's id exchange is already posted (--overlap) */
+    dt_optimizer *opt;                    /* the dense parameters' (the tables have their own) */
+    dt_bucketer *bk;                      /* the dense parameters' data-parallel all-reduce */
+    FILE *log;                            /* --log, rank 0 */
+    int64_t step, first_step;
     /* loss: the last trained step's (a resumed run with nothing left: the checkpoint's; nan when
        no step was ever trained); auc, logloss: the last evaluation's (nan: one-class labels) */
-    double t0, loss = NAN, auc = NAN, logloss = NAN, comm_s = 0, eval_s = 0;
+    double loss, auc, logloss;
+    double t0, comm_s, eval_s;            /* seconds: since the first step, in the step's sync, evaluating */
+} trainer;
 
-    parse(&o, argc, argv);
-    cdesc.device = !strcmp(o.device, "cuda") ? DT_CUDA_DEVICE : DT_CPU; /* parameters, activations, tables */
-    CHECK(dt_ctx_init(&ctx, &cdesc));
-    g_ctx = &ctx;
-    CHECK(dt_comm_create_world(&ctx, &world, NULL));
-    g_rank = dt_comm_rank(world);
-    W = dt_comm_size(world);
-    data_open(&d, &o, world);
-    model_make(&m, &o, &d, world);
-    memset(&a, 0, sizeof a);
-    memset(batches, 0, sizeof batches);
-    od.kind = !strcmp(o.opt, "sgd") ? DT_OPT_SGD : DT_OPT_ADAGRAD;
-    od.lr = o.lr;
-    od.comm = world;
-    CHECK(dt_opt_create(&ctx, &opt, &m.ps, &od));
+/* The flags, the ctx (on --device), the world, the data, the model, its dense optimizer and
+   bucketer. */
+static void setup(trainer *t, int argc, char **argv) {
+    dt_ctx_desc cdesc = {0};
+    dt_opt_desc od = {0};
+    dt_bucketer_desc bd = {0};
+    parse(&t->o, argc, argv);
+    cdesc.device = !strcmp(t->o.device, "cuda") ? DT_CUDA_DEVICE : DT_CPU; /* parameters, activations, tables */
+    CHECK(dt_ctx_init(&t->ctx, &cdesc));
+    g_ctx = &t->ctx;
+    CHECK(dt_comm_create_world(&t->ctx, &t->world, NULL));
+    g_rank = dt_comm_rank(t->world);
+    t->W = dt_comm_size(t->world);
+    data_open(&t->d, &t->o, t->world);
+    model_make(&t->m, &t->o, &t->d, t->world);
+    t->batch = &t->batches[0];
+    od.kind = !strcmp(t->o.opt, "sgd") ? DT_OPT_SGD : DT_OPT_ADAGRAD;
+    od.lr = t->o.lr;
+    od.comm = t->world;
+    CHECK(dt_opt_create(&t->ctx, &t->opt, &t->m.ps, &od));
     bd.average = -1; /* the loss is already the global mean: sum the ranks' grads */
-    CHECK(dt_bucketer_create(world, &bk, &m.ps, &bd));
-    if (o.ckpt && g_rank == 0 && mkdir(o.ckpt, 0777) != 0 && errno != EEXIST) { /* dense/ and embed/ go in it */
-        fprintf(stderr, "dlrm: cannot create --ckpt %s: %s\n", o.ckpt, strerror(errno));
-        return 1;
+    CHECK(dt_bucketer_create(t->world, &t->bk, &t->m.ps, &bd));
+}
+
+/* --ckpt's and --dump-batches' directories (rank 0), --resume's checkpoint, --log's file; 0 when
+   one cannot be had (a checkpoint that does not continue this run exits 2). */
+static int open_outputs(trainer *t) {
+    const opts *o = &t->o;
+    if (o->ckpt && g_rank == 0 && mkdir(o->ckpt, 0777) != 0 && errno != EEXIST) { /* dense/ and embed/ go in it */
+        fprintf(stderr, "dlrm: cannot create --ckpt %s: %s\n", o->ckpt, strerror(errno));
+        return 0;
     }
-    if (o.dump && g_rank == 0 && mkdir(o.dump, 0777) != 0 && errno != EEXIST) {
-        fprintf(stderr, "dlrm: cannot create --dump-batches %s: %s\n", o.dump, strerror(errno));
-        return 1;
+    if (o->dump && g_rank == 0 && mkdir(o->dump, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "dlrm: cannot create --dump-batches %s: %s\n", o->dump, strerror(errno));
+        return 0;
     }
-    if (o.resume) step = resume(&m, opt, &o, world, &loss);
-    first_step = step;
-    if (step > o.steps) { /* the same on every rank (they loaded the same checkpoint) */
+    if (o->resume) t->step = resume(&t->m, t->opt, o, t->world, &t->loss);
+    t->first_step = t->step;
+    if (t->step > o->steps) { /* the same on every rank (they loaded the same checkpoint) */
         if (g_rank == 0)
             fprintf(stderr, "dlrm: --resume: the checkpoint in %s is at step %lld, past --steps %lld: nothing to "
-                            "train; give --steps above %lld to train on\n", o.ckpt, (long long)step, (long long)o.steps,
-                    (long long)step);
+                            "train; give --steps above %lld to train on\n", o->ckpt, (long long)t->step,
+                    (long long)o->steps, (long long)t->step);
         exit(2);
     }
-    if (o.resume && step == o.steps && g_rank == 0 && !o.quiet)
+    if (o->resume && t->step == o->steps && g_rank == 0 && !o->quiet)
         printf("dlrm: --resume: the checkpoint in %s is at step %lld = --steps: nothing to train (the final line "
-               "gives its recorded loss and evaluates it)\n", o.ckpt, (long long)step);
-    if (g_rank == 0 && o.log && !(log = fopen(o.log, o.resume ? "a" : "w"))) {
-        fprintf(stderr, "dlrm: cannot open --log %s\n", o.log);
-        return 1;
+               "gives its recorded loss and evaluates it)\n", o->ckpt, (long long)t->step);
+    if (g_rank == 0 && o->log && !(t->log = fopen(o->log, o->resume ? "a" : "w"))) {
+        fprintf(stderr, "dlrm: cannot open --log %s\n", o->log);
+        return 0;
     }
-    if (g_rank == 0 && !o.quiet)
-        printf("dlrm: %s, %d ranks, global batch %lld%s, %lld steps, dim %d, %s, data %s\n", m.dcn ? "DCNv2" : "DLRM",
-               W, (long long)o.batch, o.accum > 1 ? " (accumulated)" : "", (long long)o.steps, o.dim, o.opt, o.data);
-    t0 = now();
-    for (; step < o.steps; step++) {
-        int64_t micro = o.batch / o.accum;
-        double sums[1] = {0}, tc;
-        int evaluated = 0;
-        if (o.dump && g_rank == 0) dump_batch(&d, &o, step);
-        /* --overlap: the next micro-batch's exchange is posted during this one, except into a
-           step that evaluates or checkpoints (they need the embedding idle) */
-        int ahead = o.overlap && step + 1 < o.steps && (step + 1) % o.eval_every != 0 &&
-                    !(o.ckpt && o.ckpt_every && (step + 1) % o.ckpt_every == 0);
-        for (mi = 0; mi < o.accum; mi++) {
-            views v = {0};
-            dt_tensor *logits, *dlogits;
-            dt_dlrm_batch *next = NULL;
-            float l;
-            int last = mi == o.accum - 1;
-            if (!begun) data_batch(&d, batch, step * o.accum + mi, micro, g_rank, W);
-            if (o.overlap && (!last || ahead)) { /* the next micro-batch (of this step or the next) */
-                next = batch == &batches[0] ? &batches[1] : &batches[0];
-                data_batch(&d, next, step * o.accum + mi + 1, micro, g_rank, W);
-            }
-            CHECK(dt_bucketer_set_sync(bk, last));
-            CHECK(dt_embed_set_sync(m.emb, last));
-            logits = forward(&v, &m, &a, batch, &kb, begun, o.overlap ? next : NULL);
-            CHECK(dt_bce_logits_fwd(&ctx, &l, logits, &batch->labels));
-            sums[0] += (double)l * (double)batch->size;
-            dlogits = rows(&v, &a.top_dh[m.top.n - 1], batch->size);
-            CHECK(dt_tensor_fill(&ctx, dlogits, 0.0));
-            /* mean over the rank's rows x rows / B = this rank's share of the global mean */
-            CHECK(dt_bce_logits_bwd(&ctx, dlogits, logits, &batch->labels, (float)batch->size / (float)o.batch));
-            backward(&v, &m, &a, batch->size, bk);
-            g_progress = NULL;
-            begun = o.overlap && next != NULL;
-            if (begun) batch = next;
-        }
-        tc = now();
-        CHECK(dt_bucketer_finish(bk));
-        CHECK(dt_opt_step(opt, NULL));
-        dt_params_zero_grad(&ctx, &m.ps);
-        CHECK(dt_comm_allreduce_f64(world, sums, 1, DT_REDUCE_SUM));
-        comm_s += now() - tc;
-        loss = sums[0] / (double)o.batch;
-        if (o.ckpt && o.ckpt_every && (step + 1) % o.ckpt_every == 0) save(&m, opt, &o, world, step + 1, loss);
-        if ((step + 1) % o.eval_every == 0 || step + 1 == o.steps) {
-            double te = now();
-            evaluate(&m, &a, &d, &o, world, &kb, batch, &auc, &logloss);
-            eval_s += now() - te; /* throughput counts training only */
-            evaluated = 1;
-            if (g_rank == 0 && !o.quiet)
-                printf("eval  step %lld: auc %.4f logloss %.4f (%lld held-out samples)\n", (long long)(step + 1), auc,
-                       logloss, (long long)o.eval_samples);
-        }
-        if (g_rank == 0) { /* a JSON line every step (--log), a progress line every --print-every */
-            double el = now() - t0 - eval_s, done = (double)(step + 1 - first_step);
-            double sps = done * (double)o.batch / (el > 0 ? el : 1e-9), eta = el / done * (double)(o.steps - step - 1);
-            if (!o.quiet && ((o.print_every && (step + 1) % o.print_every == 0) || step + 1 == o.steps))
-                printf("step %lld/%lld  loss %.6f  %.0f samples/s  eta %.0fs\n", (long long)(step + 1),
-                       (long long)o.steps, loss, sps, eta);
-            if (log) { /* auc and logloss on the steps that evaluate, null on the others (and nan's) */
-                dt_embed_stats es;
-                char sa[32] = "null", sl[32] = "null";
-                if (evaluated && auc == auc) snprintf(sa, sizeof sa, "%.6f", auc);
-                if (evaluated && logloss == logloss) snprintf(sl, sizeof sl, "%.6f", logloss);
-                CHECK(dt_embed_stats_get(m.emb, &es));
-                fprintf(log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%g,\"emb_lr\":%g,\"samples_per_s\":%.1f,"
-                             "\"comm_s\":%.6f,\"emb_fwd_s\":%.6f,\"emb_bwd_s\":%.6f,\"emb_wait_s\":%.6f,"
-                             "\"emb_bytes_sent\":%.0f,\"auc\":%s,\"logloss\":%s,\"ranks\":%d}\n",
-                        (long long)(step + 1), loss, dt_opt_lr(opt), o.emb_lr, sps, comm_s, es.seconds_fwd,
-                        es.seconds_bwd, es.seconds_wait, es.bytes_sent_fwd + es.bytes_sent_bwd, sa, sl, W);
-                fflush(log);
-            }
-        }
+    return 1;
+}
+
+/* Micro-batch mi of this step: forward, loss, backward (the dense grads reach the bucketer, the
+   tables' their owners, on the last one only); returns the sum of its samples' losses. ahead:
+   --overlap may post the next step's first exchange from the last micro-batch. */
+static double train_micro(trainer *t, int mi, int ahead) {
+    const opts *o = &t->o;
+    int64_t micro = o->batch / o->accum;
+    views v = {0};
+    dt_tensor *logits, *dlogits;
+    dt_dlrm_batch *next = NULL;
+    float l;
+    double sum;
+    int last = mi == o->accum - 1;
+    if (!t->begun) data_batch(&t->d, t->batch, t->step * o->accum + mi, micro, g_rank, t->W);
+    if (o->overlap && (!last || ahead)) { /* the next micro-batch (of this step or the next) */
+        next = t->batch == &t->batches[0] ? &t->batches[1] : &t->batches[0];
+        data_batch(&t->d, next, t->step * o->accum + mi + 1, micro, g_rank, t->W);
     }
-    /* (--steps 0 without --resume: the initial model, step 0) */
-    if (o.ckpt && ((o.steps > first_step && (!o.ckpt_every || o.steps % o.ckpt_every)) || (o.steps == 0 && !o.resume)))
-        save(&m, opt, &o, world, o.steps, loss);
-    if (first_step == o.steps) { /* nothing trained (--steps 0, or resumed at --steps): the model's AUC */
-        evaluate(&m, &a, &d, &o, world, &kb, batch, &auc, &logloss);
-        if (g_rank == 0 && !o.quiet)
-            printf("eval  step %lld: auc %.4f logloss %.4f (%lld held-out samples)\n", (long long)o.steps, auc, logloss,
-                   (long long)o.eval_samples);
+    CHECK(dt_bucketer_set_sync(t->bk, last));
+    CHECK(dt_embed_set_sync(t->m.emb, last));
+    logits = forward(&v, &t->m, &t->a, t->batch, &t->kb, t->begun, o->overlap ? next : NULL);
+    CHECK(dt_bce_logits_fwd(&t->ctx, &l, logits, &t->batch->labels));
+    sum = (double)l * (double)t->batch->size;
+    dlogits = rows(&v, &t->a.top_dh[t->m.top.n - 1], t->batch->size);
+    CHECK(dt_tensor_fill(&t->ctx, dlogits, 0.0));
+    /* mean over the rank's rows x rows / B = this rank's share of the global mean */
+    CHECK(dt_bce_logits_bwd(&t->ctx, dlogits, logits, &t->batch->labels, (float)t->batch->size / (float)o->batch));
+    backward(&v, &t->m, &t->a, t->batch->size, t->bk);
+    g_progress = NULL;
+    t->begun = o->overlap && next != NULL;
+    if (t->begun) t->batch = next;
+    return sum;
+}
+
+/* One optimizer step: its micro-batches, the dense sync and update, and the global batch's mean
+   loss into t->loss. */
+static void train_step(trainer *t) {
+    const opts *o = &t->o;
+    double sums[1] = {0}, tc;
+    int mi;
+    /* --overlap: the next micro-batch's exchange is posted during this one, except into a step
+       that evaluates or checkpoints (they need the embedding idle) */
+    int ahead = o->overlap && t->step + 1 < o->steps && (t->step + 1) % o->eval_every != 0 &&
+                !(o->ckpt && o->ckpt_every && (t->step + 1) % o->ckpt_every == 0);
+    if (o->dump && g_rank == 0) dump_batch(&t->d, o, t->step);
+    for (mi = 0; mi < o->accum; mi++) sums[0] += train_micro(t, mi, ahead);
+    tc = now();
+    CHECK(dt_bucketer_finish(t->bk));
+    CHECK(dt_opt_step(t->opt, NULL));
+    dt_params_zero_grad(&t->ctx, &t->m.ps);
+    CHECK(dt_comm_allreduce_f64(t->world, sums, 1, DT_REDUCE_SUM));
+    t->comm_s += now() - tc;
+    t->loss = sums[0] / (double)o->batch;
+}
+
+/* The held-out AUC and log loss of the model after `step` steps, printed by rank 0. */
+static void eval_step(trainer *t, int64_t step) {
+    double te = now();
+    evaluate(&t->m, &t->a, &t->d, &t->o, t->world, &t->kb, t->batch, &t->auc, &t->logloss);
+    t->eval_s += now() - te; /* throughput counts training only */
+    if (g_rank == 0 && !t->o.quiet)
+        printf("eval  step %lld: auc %.4f logloss %.4f (%lld held-out samples)\n", (long long)step, t->auc,
+               t->logloss, (long long)t->o.eval_samples);
+}
+
+/* Rank 0: a progress line every --print-every steps, a JSON line every step (--log). */
+static void log_step(trainer *t, int evaluated) {
+    const opts *o = &t->o;
+    double el = now() - t->t0 - t->eval_s, done = (double)(t->step + 1 - t->first_step);
+    double sps = done * (double)o->batch / (el > 0 ? el : 1e-9), eta = el / done * (double)(o->steps - t->step - 1);
+    if (g_rank != 0) return;
+    if (!o->quiet && ((o->print_every && (t->step + 1) % o->print_every == 0) || t->step + 1 == o->steps))
+        printf("step %lld/%lld  loss %.6f  %.0f samples/s  eta %.0fs\n", (long long)(t->step + 1),
+               (long long)o->steps, t->loss, sps, eta);
+    if (t->log) { /* auc and logloss on the steps that evaluate, null on the others (and nan's) */
+        dt_embed_stats es;
+        char sa[32] = "null", sl[32] = "null";
+        if (evaluated && t->auc == t->auc) snprintf(sa, sizeof sa, "%.6f", t->auc);
+        if (evaluated && t->logloss == t->logloss) snprintf(sl, sizeof sl, "%.6f", t->logloss);
+        CHECK(dt_embed_stats_get(t->m.emb, &es));
+        fprintf(t->log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%g,\"emb_lr\":%g,\"samples_per_s\":%.1f,"
+                        "\"comm_s\":%.6f,\"emb_fwd_s\":%.6f,\"emb_bwd_s\":%.6f,\"emb_wait_s\":%.6f,"
+                        "\"emb_bytes_sent\":%.0f,\"auc\":%s,\"logloss\":%s,\"ranks\":%d}\n",
+                (long long)(t->step + 1), t->loss, dt_opt_lr(t->opt), o->emb_lr, sps, t->comm_s, es.seconds_fwd,
+                es.seconds_bwd, es.seconds_wait, es.bytes_sent_fwd + es.bytes_sent_bwd, sa, sl, t->W);
+        fflush(t->log);
     }
-    if (g_rank == 0) printf("final: loss %.9g auc %.4f\n", loss, auc);
-    if (log) fclose(log);
-    dt_bucketer_free(bk);
-    dt_opt_free(opt);
-    dt_embed_free(m.emb);
-    acts_free(&a);
-    dt_dlrm_batch_free(&ctx, &batches[0]);
-    dt_dlrm_batch_free(&ctx, &batches[1]);
-    dt_release(&ctx, kb.lengths);
-    if (!d.synthetic) dt_dlrm_bin_close(&ctx, &d.bin);
-    dt_params_free(&ctx, &m.ps);
-    dt_comm_free(world);
-    dt_ctx_shutdown(&ctx);
+}
+
+/* Everything back, in the reverse order of its making. */
+static void teardown(trainer *t) {
+    if (t->log) fclose(t->log);
+    dt_bucketer_free(t->bk);
+    dt_opt_free(t->opt);
+    dt_embed_free(t->m.emb);
+    acts_free(&t->a);
+    dt_dlrm_batch_free(&t->ctx, &t->batches[0]);
+    dt_dlrm_batch_free(&t->ctx, &t->batches[1]);
+    dt_release(&t->ctx, t->kb.lengths);
+    if (!t->d.synthetic) dt_dlrm_bin_close(&t->ctx, &t->d.bin);
+    dt_params_free(&t->ctx, &t->m.ps);
+    dt_comm_free(t->world);
+    dt_ctx_shutdown(&t->ctx);
+}
+
+int main(int argc, char **argv) {
+    trainer t;
+    const opts *o = &t.o;
+
+    memset(&t, 0, sizeof t);
+    t.loss = t.auc = t.logloss = NAN;
+    setup(&t, argc, argv);
+    if (!open_outputs(&t)) return 1;
+    if (g_rank == 0 && !o->quiet)
+        printf("dlrm: %s, %d ranks, global batch %lld%s, %lld steps, dim %d, %s, data %s\n", t.m.dcn ? "DCNv2" : "DLRM",
+               t.W, (long long)o->batch, o->accum > 1 ? " (accumulated)" : "", (long long)o->steps, o->dim, o->opt,
+               o->data);
+
+    t.t0 = now();
+    for (; t.step < o->steps; t.step++) {
+        int evaluate_now = (t.step + 1) % o->eval_every == 0 || t.step + 1 == o->steps;
+        train_step(&t);
+        if (o->ckpt && o->ckpt_every && (t.step + 1) % o->ckpt_every == 0)
+            save(&t.m, t.opt, o, t.world, t.step + 1, t.loss);
+        if (evaluate_now) eval_step(&t, t.step + 1);
+        log_step(&t, evaluate_now);
+    }
+
+    /* the last checkpoint (--steps 0 without --resume: the initial model, step 0) */
+    if (o->ckpt && ((o->steps > t.first_step && (!o->ckpt_every || o->steps % o->ckpt_every)) ||
+                    (o->steps == 0 && !o->resume)))
+        save(&t.m, t.opt, o, t.world, o->steps, t.loss);
+    if (t.first_step == o->steps) /* nothing trained (--steps 0, or resumed at --steps): the model's AUC */
+        eval_step(&t, o->steps);
+    if (g_rank == 0) printf("final: loss %.9g auc %.4f\n", t.loss, t.auc);
+    teardown(&t);
     return 0;
 }
 #endif /* DLRM_NO_MAIN */

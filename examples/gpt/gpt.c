@@ -1050,269 +1050,304 @@ static double *g_step_losses;
 static void (*g_on_done)(model *m, void *user);
 static void *g_on_done_user;
 
-#ifdef GPT_NO_MAIN
-static int gpt_main(int argc, char **argv) {
-#else
-int main(int argc, char **argv) {
-#endif
+/* Everything one run holds, so that main reads as the training loop and each phase of it is a
+   function of its own. */
+typedef struct trainer {
     dt_ctx ctx;
-    dt_ctx_desc cdesc;
-    memset(&cdesc, 0, sizeof cdesc);
     dt_comm *world;
-    dt_layout *lay;
-    dt_layout_desc ld;
-    memset(&ld, 0, sizeof ld);
-    dt_arena *arena;
-    dt_arena_desc ad;
-    memset(&ad, 0, sizeof ad);
-    dt_zero_desc zd;
-    memset(&zd, 0, sizeof zd);
-    dt_zero_memory zm;
-    dt_gpt_data data;
+    int W;                              /* world size */
     opts o;
+    dt_gpt_data data;
+    dt_layout *lay;
+    dt_arena *arena;
     model m;
-    acts a;
-    pstate pl;
-    dt_pp_schedule *sched = NULL;
+    int64_t local_first, per_micro;     /* this dp rank's samples of a global batch, and per micro-batch */
+    acts a;                             /* pp 1: one micro-batch's activations */
+    pstate pl;                          /* pp > 1: the pipeline's state, models and schedule */
+    dt_pp_schedule *sched;
     dt_pp_model pm;
     dt_pp_run_desc rd;
     dt_pp_run_stats rs;
-    int pp_peak = 0;
-    FILE *log = NULL;
-    char lstr[64];
-    int64_t step = 0, first_step, last_step, local_first, local_count, per_micro, i;
-    double peak_flops, flops_per_token, n_params, t0, loss = 0, act_peak = 0, base;
-    int mi, W;
+    int pp_peak;                        /* the most micro-batches stage 0 held */
+    FILE *log;                          /* --log, rank 0 */
+    int64_t step, first_step, last_step;
+    double loss;                        /* the last step's (or the checkpoint's) */
+    double peak_flops, flops_per_token, n_params, t0, act_peak, base;
+} trainer;
 
-    for (mi = 1; mi + 1 < argc; mi++) /* the ctx's device before anything is made (parse checks the flag) */
-        if (!strcmp(argv[mi], "--device") && !strcmp(argv[mi + 1], "cuda")) cdesc.device = DT_CUDA_DEVICE;
+/* The ctx (on --device), the world, the flags and the data. */
+static void setup(trainer *t, int argc, char **argv) {
+    dt_ctx_desc cdesc;
+    int i;
+    memset(&cdesc, 0, sizeof cdesc);
+    for (i = 1; i + 1 < argc; i++) /* the ctx's device before anything is made (parse checks the flag) */
+        if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cuda")) cdesc.device = DT_CUDA_DEVICE;
 #ifndef DT_CUDA
     cdesc.device = DT_CPU; /* parse names the error */
 #endif
-    CHECK(dt_ctx_init(&ctx, &cdesc));
-    g_ctx = &ctx;
-    CHECK(dt_comm_create_world(&ctx, &world, NULL));
-    g_rank = dt_comm_rank(world);
-    W = dt_comm_size(world);
-    parse(&o, argc, argv);
-    open_data(&data, &o);
-    memset(&a, 0, sizeof a);
-    memset(&pl, 0, sizeof pl);
-    memset(&rs, 0, sizeof rs);
-    /* the layout's sizes, checked here with names before any collective */
-    if (W % (o.tp * o.pp)) fail("--tp %d x --pp %d does not divide the world size %d", o.tp, o.pp, W);
-    if (o.heads % o.tp) fail("--tp %d does not divide --heads %d", o.tp, o.heads);
-    if (o.width % o.heads) fail("--heads %d does not divide --width %d", o.heads, o.width);
-    if (data.vocab_padded % o.tp)
-        fail("--tp %d does not divide the padded vocab %lld", o.tp, (long long)data.vocab_padded);
-    if (o.batch % ((int64_t)(W / o.tp / o.pp) * o.micro))
-        fail("--batch %lld is not a multiple of dp x micro = %d x %d", (long long)o.batch, W / o.tp / o.pp, o.micro);
-    if (o.sp && (o.batch / (W / o.tp / o.pp) / o.micro * o.seq) % o.tp)
+    CHECK(dt_ctx_init(&t->ctx, &cdesc));
+    g_ctx = &t->ctx;
+    CHECK(dt_comm_create_world(&t->ctx, &t->world, NULL));
+    g_rank = dt_comm_rank(t->world);
+    t->W = dt_comm_size(t->world);
+    parse(&t->o, argc, argv);
+    open_data(&t->data, &t->o);
+}
+
+/* The layout's sizes, checked here with names before any collective; the pipeline's schedule. */
+static void check_sizes(trainer *t) {
+    const opts *o = &t->o;
+    int W = t->W, dp = W / o->tp / o->pp;
+    if (W % (o->tp * o->pp)) fail("--tp %d x --pp %d does not divide the world size %d", o->tp, o->pp, W);
+    if (o->heads % o->tp) fail("--tp %d does not divide --heads %d", o->tp, o->heads);
+    if (o->width % o->heads) fail("--heads %d does not divide --width %d", o->heads, o->width);
+    if (t->data.vocab_padded % o->tp)
+        fail("--tp %d does not divide the padded vocab %lld", o->tp, (long long)t->data.vocab_padded);
+    if (o->batch % ((int64_t)dp * o->micro))
+        fail("--batch %lld is not a multiple of dp x micro = %d x %d", (long long)o->batch, dp, o->micro);
+    if (o->sp && (o->batch / dp / o->micro * o->seq) % o->tp)
         fail("--sp 1: a micro-batch's %lld rows (sequences x --seq) are not a multiple of --tp %d",
-             (long long)(o.batch / (W / o.tp / o.pp) / o.micro * o.seq), o.tp);
-    if (o.pp > 1) {
+             (long long)(o->batch / dp / o->micro * o->seq), o->tp);
+    if (o->pp > 1) {
         dt_pp_desc sd;
         memset(&sd, 0, sizeof sd);
-        if (o.layers < o.pp * o.chunks)
+        if (o->layers < o->pp * o->chunks)
             fail("--pp %d x %d chunks per stage (--schedule %s) = %d virtual stages but --layers %d: each needs a "
-                 "block", o.pp, o.chunks, dt_pp_kind_name(o.schedule), o.pp * o.chunks, o.layers);
-        if (o.zero > 1) fail("--zero %d with --pp %d: the pipeline takes ZeRO 0 or 1", o.zero, o.pp);
-        if (o.sample) fail("--sample with --pp %d: sampling runs at --pp 1 only", o.pp);
-        sd.kind = o.schedule; sd.stages = o.pp; sd.micro = o.micro; sd.chunks = o.chunks; sd.n_layers = o.layers;
-        if (dt_pp_schedule_create(&ctx, &sched, &sd))
-            fail("--schedule %s --pp %d --micro %d: %s", dt_pp_kind_name(o.schedule), o.pp, o.micro, dt_ctx_error(&ctx));
+                 "block", o->pp, o->chunks, dt_pp_kind_name(o->schedule), o->pp * o->chunks, o->layers);
+        if (o->zero > 1) fail("--zero %d with --pp %d: the pipeline takes ZeRO 0 or 1", o->zero, o->pp);
+        if (o->sample) fail("--sample with --pp %d: sampling runs at --pp 1 only", o->pp);
+        sd.kind = o->schedule; sd.stages = o->pp; sd.micro = o->micro; sd.chunks = o->chunks; sd.n_layers = o->layers;
+        if (dt_pp_schedule_create(&t->ctx, &t->sched, &sd))
+            fail("--schedule %s --pp %d --micro %d: %s", dt_pp_kind_name(o->schedule), o->pp, o->micro,
+                 dt_ctx_error(&t->ctx));
     }
-    ld.tp = o.tp; ld.pp = o.pp;
-    CHECK(dt_layout_create(world, &lay, &ld));
-    model_make(&m, &o, data.vocab, data.vocab_padded, lay);
-    if (o.trace) {
-        CHECK(dt_trace_create(world, &m.tr));
-        CHECK(dt_trace_attach(m.tr, lay->tp_comm));
-        CHECK(dt_trace_attach(m.tr, lay->dp_comm));
-        if (lay->dptp_comm != lay->dp_comm) CHECK(dt_trace_attach(m.tr, lay->dptp_comm)); /* ZeRO of tp shards */
-        g_tr = m.tr;
+}
+
+/* The layout, this rank's share of the model, its arena and the ZeRO object (with AdamW inside). */
+static void build_model(trainer *t) {
+    const opts *o = &t->o;
+    dt_layout_desc ld;
+    dt_arena_desc ad;
+    dt_zero_desc zd;
+    int64_t local_count;
+    memset(&ld, 0, sizeof ld);
+    memset(&ad, 0, sizeof ad);
+    memset(&zd, 0, sizeof zd);
+    ld.tp = o->tp; ld.pp = o->pp;
+    CHECK(dt_layout_create(t->world, &t->lay, &ld));
+    model_make(&t->m, o, t->data.vocab, t->data.vocab_padded, t->lay);
+    if (o->trace) {
+        CHECK(dt_trace_create(t->world, &t->m.tr));
+        CHECK(dt_trace_attach(t->m.tr, t->lay->tp_comm));
+        CHECK(dt_trace_attach(t->m.tr, t->lay->dp_comm));
+        if (t->lay->dptp_comm != t->lay->dp_comm) CHECK(dt_trace_attach(t->m.tr, t->lay->dptp_comm)); /* ZeRO of tp shards */
+        g_tr = t->m.tr;
     }
-    ad.units = m.units;
-    CHECK(dt_arena_create(&ctx, &arena, &m.ps, &ad));
-    zd.stage = o.zero;
+    ad.units = t->m.units;
+    CHECK(dt_arena_create(&t->ctx, &t->arena, &t->m.ps, &ad));
+    zd.stage = o->zero;
     zd.opt.kind = DT_OPT_ADAMW;
-    zd.opt.lr = o.lr;
+    zd.opt.lr = o->lr;
     zd.opt.beta1 = 0.9; zd.opt.beta2 = 0.95; /* GPT-2 / llm.c */
-    zd.opt.weight_decay = o.wd > 0 ? o.wd : DT_OPT_ZERO;
-    zd.opt.clip_norm = o.clip;
-    zd.opt.accum_steps = o.micro;
+    zd.opt.weight_decay = o->wd > 0 ? o->wd : DT_OPT_ZERO;
+    zd.opt.clip_norm = o->clip;
+    zd.opt.accum_steps = o->micro;
     zd.opt.schedule.kind = DT_LR_COSINE;
-    zd.opt.schedule.warmup_steps = o.warmup < o.steps ? o.warmup : 0;
-    zd.opt.schedule.total_steps = o.steps > 0 ? o.steps : 1;
-    zd.opt.schedule.min_lr = o.lr * o.min_lr_frac;
-    CHECK(dt_zero_create(lay, &m.z, arena, &zd));
-    CHECK(dt_layout_batch_range(lay, o.batch, &local_first, &local_count));
-    per_micro = local_count / o.micro;
-    if (o.pp > 1) {
-        int64_t N = per_micro * o.seq;
-        /* the embedding group: this (dp, tp)'s stages, a comm of their own so its messages never
-           meet the runtime's on pp_comm */
-        CHECK(dt_comm_split(world, &pl.emb, lay->dp_rank * lay->tp + lay->tp_rank, lay->pp_rank));
-        pl.m = &m; pl.o = &o; pl.data = &data; pl.per_micro = per_micro; pl.local_first = local_first;
-        pl.act = (acts *)dt_alloc(&ctx, (size_t)m.v * (size_t)o.micro * sizeof(acts));
-        if (!pl.act) CHECK(DT_ERR_OOM);
-        memset(pl.act, 0, (size_t)m.v * (size_t)o.micro * sizeof(acts));
-        memset(&pm, 0, sizeof pm);
-        pm.user = &pl;
-        pm.forward = pipe_forward;
-        pm.backward = pipe_backward;
-        pm.grads_done = pipe_grads_done;
-        pm.act.shape[0] = o.sp ? N / o.tp : N; /* the residual stream's rows on this rank */
-        pm.act.shape[1] = o.width;
-        memset(&rd, 0, sizeof rd);
-        rd.trace = m.tr;
+    zd.opt.schedule.warmup_steps = o->warmup < o->steps ? o->warmup : 0;
+    zd.opt.schedule.total_steps = o->steps > 0 ? o->steps : 1;
+    zd.opt.schedule.min_lr = o->lr * o->min_lr_frac;
+    CHECK(dt_zero_create(t->lay, &t->m.z, t->arena, &zd));
+    CHECK(dt_layout_batch_range(t->lay, o->batch, &t->local_first, &local_count));
+    t->per_micro = local_count / o->micro;
+}
+
+/* pp > 1: the embedding group and the model the pipeline runtime calls. */
+static void build_pipeline(trainer *t) {
+    const opts *o = &t->o;
+    pstate *pl = &t->pl;
+    int64_t N = t->per_micro * o->seq;
+    /* the embedding group: this (dp, tp)'s stages, a comm of their own so its messages never
+       meet the runtime's on pp_comm */
+    CHECK(dt_comm_split(t->world, &pl->emb, t->lay->dp_rank * t->lay->tp + t->lay->tp_rank, t->lay->pp_rank));
+    pl->m = &t->m; pl->o = o; pl->data = &t->data; pl->per_micro = t->per_micro; pl->local_first = t->local_first;
+    pl->act = (acts *)dt_alloc(&t->ctx, (size_t)t->m.v * (size_t)o->micro * sizeof(acts));
+    if (!pl->act) CHECK(DT_ERR_OOM);
+    memset(pl->act, 0, (size_t)t->m.v * (size_t)o->micro * sizeof(acts));
+    t->pm.user = pl;
+    t->pm.forward = pipe_forward;
+    t->pm.backward = pipe_backward;
+    t->pm.grads_done = pipe_grads_done;
+    t->pm.act.shape[0] = o->sp ? N / o->tp : N; /* the residual stream's rows on this rank */
+    t->pm.act.shape[1] = o->width;
+    t->rd.trace = t->m.tr;
+}
+
+/* --ckpt's directory (rank 0), --resume's checkpoint, --log's file; 0 when one cannot be had. */
+static int open_outputs(trainer *t) {
+    opts *o = &t->o;
+    if (o->ckpt && g_rank == 0 && mkdir(o->ckpt, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "gpt: cannot create --ckpt %s: %s\n", o->ckpt, strerror(errno));
+        return 0;
     }
-    base = (double)ctx.bytes_in_use;
-    dt_reset_peak_bytes(&ctx);
-    if (o.pp == 1) acts_make(&a, &m, per_micro, o.recompute, 0, m.L);
-    if (o.ckpt && g_rank == 0 && mkdir(o.ckpt, 0777) != 0 && errno != EEXIST) {
-        fprintf(stderr, "gpt: cannot create --ckpt %s: %s\n", o.ckpt, strerror(errno));
-        return 1;
-    }
-    if (o.resume) {
+    if (o->resume) {
         dt_train_state st;
         dt_checkpoint_desc cd;
         memset(&cd, 0, sizeof cd);
         memset(&st, 0, sizeof st);
-        cd.dir = o.ckpt;
-        CHECK(dt_zero_checkpoint_load(m.z, &st, &cd));
-        step = st.step;
-        if (dt_train_state_get(&st, "loss")) loss = strtod(dt_train_state_get(&st, "loss"), NULL); /* a run with no step left */
-        if (st.rng_seed != o.seed) {
+        cd.dir = o->ckpt;
+        CHECK(dt_zero_checkpoint_load(t->m.z, &st, &cd));
+        t->step = st.step;
+        if (dt_train_state_get(&st, "loss")) t->loss = strtod(dt_train_state_get(&st, "loss"), NULL); /* a run with no step left */
+        if (st.rng_seed != o->seed) {
             if (g_rank == 0) fprintf(stderr, "gpt: --seed %llu, the checkpoint was trained with seed %llu: resuming with %llu\n",
-                                     (unsigned long long)o.seed, (unsigned long long)st.rng_seed, (unsigned long long)st.rng_seed);
-            o.seed = st.rng_seed;
+                                     (unsigned long long)o->seed, (unsigned long long)st.rng_seed, (unsigned long long)st.rng_seed);
+            o->seed = st.rng_seed;
         }
     }
-    first_step = step;
-    if (g_rank == 0 && o.log && !(log = fopen(o.log, o.resume ? "a" : "w"))) {
-        fprintf(stderr, "gpt: cannot open --log %s\n", o.log);
-        return 1;
+    t->first_step = t->step;
+    if (g_rank == 0 && o->log && !(t->log = fopen(o->log, o->resume ? "a" : "w"))) {
+        fprintf(stderr, "gpt: cannot open --log %s\n", o->log);
+        return 0;
     }
-    peak_flops = gemm_peak() * W;
-    for (i = 0, n_params = 0; i < m.ps.count; i++) { /* the whole model's, not this rank's shards */
-        int k;
+    return 1;
+}
+
+/* The MFU's numbers (this machine's GEMM peak, llm.c's flops per token) and the run's plan:
+   model, layout, pipeline, memory per rank. */
+static void print_plan(trainer *t) {
+    const opts *o = &t->o;
+    const model *m = &t->m;
+    dt_zero_memory zm;
+    char lstr[64];
+    int i, k;
+    t->peak_flops = gemm_peak() * t->W;
+    for (i = 0, t->n_params = 0; i < m->ps.count; i++) { /* the whole model's, not this rank's shards */
         double e = 1;
-        for (k = 0; k < P(&m, (int)i)->value.ndim; k++) e *= (double)P(&m, (int)i)->global_shape[k];
-        n_params += e;
+        for (k = 0; k < m->ps.items[i]->value.ndim; k++) e *= (double)m->ps.items[i]->global_shape[k];
+        t->n_params += e;
     }
-    flops_per_token = 6.0 * n_params + 6.0 * o.layers * o.width * (double)o.seq; /* llm.c's count, fwd + bwd */
-    CHECK(dt_zero_memory_get(m.z, &zm));
-    if (g_rank == 0 && !o.quiet) {
-        printf("gpt: %d layers, %d heads, width %d, context %lld, vocab %lld (padded %lld), %lld params; data %s "
-               "(%lld tokens)\n", o.layers, o.heads, o.width, (long long)o.seq, (long long)data.vocab,
-               (long long)data.vocab_padded, (long long)n_params, o.shards ? o.shards : o.data,
-               (long long)data.n_tokens);
-        printf("layout %s on %d ranks, zero %d, sp %d, micro %d, recompute %s, dtype %s; global batch %lld x %lld "
-               "tokens; GEMM peak %.1f GFLOP/s (all ranks)\n", dt_layout_string(lay, lstr, sizeof lstr), W, o.zero, o.sp,
-               o.micro, o.recompute == 1 ? "full" : o.recompute == 2 ? "selective" : "none", dt_dtype_name(o.dtype),
-               (long long)o.batch, (long long)o.seq, peak_flops / 1e9);
-        if (o.pp > 1) {
-            int k;
-            printf("pipeline: pp %d, schedule %s, %d chunk%s per stage, %d micro-batches; blocks per virtual stage:",
-                   o.pp, dt_pp_kind_name(o.schedule), m.v, m.v > 1 ? "s" : "", o.micro);
-            for (k = 0; k < m.nvs; k++) printf(" %d", m.first[k + 1] - m.first[k]);
-            printf("%s; embedding on stage 0, head and loss on stage %d\n",
-                   o.layers % m.nvs ? " (uneven)" : "", o.pp - 1);
-        }
-        printf("memory per rank: params %.2f MB, grads %.2f MB, master %.2f MB, optimizer %.2f MB, total %.2f MB "
-               "(%s: %.2f MB); activations %.2f MB%s\n", zm.param_bytes / 1e6, zm.grad_bytes / 1e6,
-               zm.master_bytes / 1e6, zm.state_bytes / 1e6, zm.total_bytes / 1e6, zm.formula ? zm.formula : "?",
-               zm.formula_bytes / 1e6, a.bytes / 1e6, o.pp > 1 ? " (the pipeline's: per micro-batch in flight, below)" : "");
-        fflush(stdout);
+    t->flops_per_token = 6.0 * t->n_params + 6.0 * o->layers * o->width * (double)o->seq; /* llm.c's count, fwd + bwd */
+    CHECK(dt_zero_memory_get(m->z, &zm));
+    if (g_rank != 0 || o->quiet) return;
+    printf("gpt: %d layers, %d heads, width %d, context %lld, vocab %lld (padded %lld), %lld params; data %s "
+           "(%lld tokens)\n", o->layers, o->heads, o->width, (long long)o->seq, (long long)t->data.vocab,
+           (long long)t->data.vocab_padded, (long long)t->n_params, o->shards ? o->shards : o->data,
+           (long long)t->data.n_tokens);
+    printf("layout %s on %d ranks, zero %d, sp %d, micro %d, recompute %s, dtype %s; global batch %lld x %lld "
+           "tokens; GEMM peak %.1f GFLOP/s (all ranks)\n", dt_layout_string(t->lay, lstr, sizeof lstr), t->W, o->zero,
+           o->sp, o->micro, o->recompute == 1 ? "full" : o->recompute == 2 ? "selective" : "none",
+           dt_dtype_name(o->dtype), (long long)o->batch, (long long)o->seq, t->peak_flops / 1e9);
+    if (o->pp > 1) {
+        printf("pipeline: pp %d, schedule %s, %d chunk%s per stage, %d micro-batches; blocks per virtual stage:",
+               o->pp, dt_pp_kind_name(o->schedule), m->v, m->v > 1 ? "s" : "", o->micro);
+        for (k = 0; k < m->nvs; k++) printf(" %d", m->first[k + 1] - m->first[k]);
+        printf("%s; embedding on stage 0, head and loss on stage %d\n", o->layers % m->nvs ? " (uneven)" : "",
+               o->pp - 1);
     }
-    last_step = o.stop_at && o.stop_at < o.steps ? o.stop_at : o.steps;
-    t0 = now();
-    for (; step < last_step; step++) {
-        dt_opt_step_info info;
-        double sums[1] = {0}, el, done, tps;
-        memset(&info, 0, sizeof info);
-        if (o.pp > 1) { /* one schedule is the whole step: its micro-batches, one sync */
-            float dloss = 0;
-            CHECK(dt_zero_micro_begin(m.z, &dloss, o.micro - 1));
-            pl.dloss = dloss;
-            pl.step = step;
-            pl.loss_sum = 0;
-            if (m.has_embed) { /* the tied head's weight for the last stage */
-                gather(&m, m.eunit);
-                CHECK(dt_comm_send(pl.emb, VAL(&m, m.wte), o.pp - 1, 2));
-                release(&m, m.eunit);
-            }
-            if (m.has_head) CHECK(dt_comm_recv(pl.emb, &m.wte_head, 0, 2));
-            CHECK(dt_zero_backward_begin(m.z));
-            OP("pipeline (dt_pp_run)", dt_pp_run(lay, &rs, sched, &pm, &rd));
-            if (rs.peak > pp_peak) pp_peak = rs.peak;
-            if (pl.head_req) {
-                CHECK(dt_comm_wait(pl.head_req));
-                pl.head_req = NULL;
-            }
-            if (m.wte_head_grad.data) CHECK(dt_tensor_fill(&ctx, &m.wte_head_grad, 0.0));
-            sums[0] = m.has_head && lay->tp_rank == 0 ? pl.loss_sum : 0; /* one copy of each loss */
-        }
-        for (mi = 0; mi < o.micro && o.pp == 1; mi++) {
-            float dloss = 0;
-            CHECK(dt_zero_micro_begin(m.z, &dloss, mi));
-            load_tokens(&a, &o, &data, step * o.batch + local_first + mi * per_micro, per_micro);
-            sums[0] += train_micro(&m, &a, dloss, o.recompute);
-        }
-        OP("optimizer step (dt_zero_step)", dt_zero_step(m.z, &info));
-        CHECK(dt_comm_allreduce_f64(o.pp > 1 ? world : lay->dp_comm, sums, 1, DT_REDUCE_SUM));
-        loss = sums[0] / ((double)o.micro * lay->dp);
-        if (g_step_losses) g_step_losses[step] = loss;
-        if (step == first_step) act_peak = (double)dt_peak_bytes(&ctx) - base;
-        if (o.ckpt && o.ckpt_every && (step + 1) % o.ckpt_every == 0) {
-            dt_train_state st;
-            dt_checkpoint_desc cd;
-            memset(&cd, 0, sizeof cd);
-            memset(&st, 0, sizeof st);
-            st.step = step + 1; st.rng_seed = o.seed; st.data_cursor = (step + 1) * o.batch;
-            save_loss(&st, loss);
-            cd.dir = o.ckpt;
-            CHECK(dt_zero_checkpoint_save(m.z, &st, &cd));
-        }
-        el = now() - t0;
-        done = (double)(step + 1 - first_step);
-        tps = done * (double)o.batch * (double)o.seq / (el > 0 ? el : 1e-9);
-        if (g_rank == 0) {
-            if (!o.quiet && o.print_every && ((step + 1) % o.print_every == 0 || step + 1 == o.steps || step == first_step))
-                printf("step %lld/%lld  loss %.4f  lr %.2e  norm %.3f  %.0f tok/s  MFU %.1f%%  eta %.0fs\n",
-                       (long long)(step + 1), (long long)o.steps, loss, info.lr, info.grad_norm, tps,
-                       100.0 * tps * flops_per_token / peak_flops, el / done * (double)(o.steps - step - 1));
-            if (log) {
-                fprintf(log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,"
-                             "\"loss_scale\":%g,\"comm_s\":%.6f,\"skipped\":%d}\n", (long long)(step + 1), loss, info.lr,
-                        info.grad_norm, tps, info.loss_scale, comm_seconds(lay), info.skipped);
-                fflush(log);
-            }
-            fflush(stdout);
-        }
+    printf("memory per rank: params %.2f MB, grads %.2f MB, master %.2f MB, optimizer %.2f MB, total %.2f MB "
+           "(%s: %.2f MB); activations %.2f MB%s\n", zm.param_bytes / 1e6, zm.grad_bytes / 1e6,
+           zm.master_bytes / 1e6, zm.state_bytes / 1e6, zm.total_bytes / 1e6, zm.formula ? zm.formula : "?",
+           zm.formula_bytes / 1e6, t->a.bytes / 1e6, o->pp > 1 ? " (the pipeline's: per micro-batch in flight, below)" : "");
+    fflush(stdout);
+}
+
+/* pp > 1: one schedule is the whole step (its micro-batches, one sync); returns this rank's
+   share of the summed micro-batch losses. */
+static double pipeline_step(trainer *t) {
+    model *m = &t->m;
+    pstate *pl = &t->pl;
+    float dloss = 0;
+    CHECK(dt_zero_micro_begin(m->z, &dloss, t->o.micro - 1));
+    pl->dloss = dloss;
+    pl->step = t->step;
+    pl->loss_sum = 0;
+    if (m->has_embed) { /* the tied head's weight for the last stage */
+        gather(m, m->eunit);
+        CHECK(dt_comm_send(pl->emb, VAL(m, m->wte), t->o.pp - 1, 2));
+        release(m, m->eunit);
     }
-    if (o.ckpt && last_step > first_step && (!o.ckpt_every || last_step % o.ckpt_every)) {
-        dt_train_state st;
-        dt_checkpoint_desc cd;
-        memset(&cd, 0, sizeof cd);
-        memset(&st, 0, sizeof st);
-        st.step = last_step; st.rng_seed = o.seed; st.data_cursor = last_step * o.batch;
-        save_loss(&st, loss);
-        cd.dir = o.ckpt;
-        CHECK(dt_zero_checkpoint_save(m.z, &st, &cd));
+    if (m->has_head) CHECK(dt_comm_recv(pl->emb, &m->wte_head, 0, 2));
+    CHECK(dt_zero_backward_begin(m->z));
+    OP("pipeline (dt_pp_run)", dt_pp_run(t->lay, &t->rs, t->sched, &t->pm, &t->rd));
+    if (t->rs.peak > t->pp_peak) t->pp_peak = t->rs.peak;
+    if (pl->head_req) {
+        CHECK(dt_comm_wait(pl->head_req));
+        pl->head_req = NULL;
     }
-    CHECK(dt_zero_memory_get(m.z, &zm));
-    if (g_rank == 0 && !o.quiet && last_step > first_step)
+    if (m->wte_head_grad.data) CHECK(dt_tensor_fill(&t->ctx, &m->wte_head_grad, 0.0));
+    return m->has_head && t->lay->tp_rank == 0 ? pl->loss_sum : 0; /* one copy of each loss */
+}
+
+/* One optimizer step: its micro-batches forward and backward, the gradient sync and update
+   (dt_zero_step), and the global batch's mean loss into t->loss. */
+static void train_step(trainer *t, dt_opt_step_info *info) {
+    const opts *o = &t->o;
+    double sums[1] = {0};
+    int mi;
+    memset(info, 0, sizeof *info);
+    if (o->pp > 1) sums[0] = pipeline_step(t);
+    for (mi = 0; mi < o->micro && o->pp == 1; mi++) {
+        float dloss = 0;
+        CHECK(dt_zero_micro_begin(t->m.z, &dloss, mi));
+        load_tokens(&t->a, o, &t->data, t->step * o->batch + t->local_first + mi * t->per_micro, t->per_micro);
+        sums[0] += train_micro(&t->m, &t->a, dloss, o->recompute);
+    }
+    OP("optimizer step (dt_zero_step)", dt_zero_step(t->m.z, info));
+    CHECK(dt_comm_allreduce_f64(o->pp > 1 ? t->world : t->lay->dp_comm, sums, 1, DT_REDUCE_SUM));
+    t->loss = sums[0] / ((double)o->micro * t->lay->dp);
+    if (g_step_losses) g_step_losses[t->step] = t->loss;
+    if (t->step == t->first_step) t->act_peak = (double)dt_peak_bytes(&t->ctx) - t->base;
+}
+
+/* The checkpoint of `step` steps into --ckpt (the last step's loss rides along: save_loss). */
+static void save_checkpoint(trainer *t, int64_t step) {
+    dt_train_state st;
+    dt_checkpoint_desc cd;
+    memset(&cd, 0, sizeof cd);
+    memset(&st, 0, sizeof st);
+    st.step = step; st.rng_seed = t->o.seed; st.data_cursor = step * t->o.batch;
+    save_loss(&st, t->loss);
+    cd.dir = t->o.ckpt;
+    CHECK(dt_zero_checkpoint_save(t->m.z, &st, &cd));
+}
+
+/* Rank 0: the progress line every --print-every steps, the JSON line of every step (--log). */
+static void log_step(trainer *t, const dt_opt_step_info *info) {
+    const opts *o = &t->o;
+    double el = now() - t->t0, done = (double)(t->step + 1 - t->first_step);
+    double tps = done * (double)o->batch * (double)o->seq / (el > 0 ? el : 1e-9);
+    if (g_rank != 0) return;
+    if (!o->quiet && o->print_every && ((t->step + 1) % o->print_every == 0 || t->step + 1 == o->steps ||
+                                        t->step == t->first_step))
+        printf("step %lld/%lld  loss %.4f  lr %.2e  norm %.3f  %.0f tok/s  MFU %.1f%%  eta %.0fs\n",
+               (long long)(t->step + 1), (long long)o->steps, t->loss, info->lr, info->grad_norm, tps,
+               100.0 * tps * t->flops_per_token / t->peak_flops, el / done * (double)(o->steps - t->step - 1));
+    if (t->log) {
+        fprintf(t->log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,"
+                        "\"loss_scale\":%g,\"comm_s\":%.6f,\"skipped\":%d}\n", (long long)(t->step + 1), t->loss,
+                info->lr, info->grad_norm, tps, info->loss_scale, comm_seconds(t->lay), info->skipped);
+        fflush(t->log);
+    }
+    fflush(stdout);
+}
+
+/* After the last step: memory peaks, the --profile table, the --trace file, --sample's text and
+   the "final: loss" line. */
+static void report(trainer *t) {
+    const opts *o = &t->o;
+    int trained = t->last_step > t->first_step;
+    dt_zero_memory zm;
+    CHECK(dt_zero_memory_get(t->m.z, &zm));
+    if (g_rank == 0 && !o->quiet && trained)
         printf("activation memory per rank: %.2f MB peak above the model and optimizer in step 1 (dt_peak_bytes; "
                "recompute %s, sp %d; the activation tensors %.2f MB, ZeRO's transient buffers the rest); "
-               "dt_zero's peak %.2f MB\n", act_peak / 1e6, o.recompute == 1 ? "full" : o.recompute == 2 ? "selective"
-               : "none", o.sp, a.bytes / 1e6, zm.peak_bytes / 1e6);
-    if (o.pp > 1 && g_rank == 0 && !o.quiet && last_step > first_step)
+               "dt_zero's peak %.2f MB\n", t->act_peak / 1e6, o->recompute == 1 ? "full" : o->recompute == 2 ?
+               "selective" : "none", o->sp, t->a.bytes / 1e6, zm.peak_bytes / 1e6);
+    if (o->pp > 1 && g_rank == 0 && !o->quiet && trained)
         printf("pipeline: stage 0 held at most %d micro-batches' activations (the schedule's bound %d), %.2f MB of "
-               "them and the runtime's buffers at its peak\n", pp_peak, rs.bound, rs.peak_ctx_bytes / 1e6);
-    if (g_profile && g_rank == 0 && last_step > first_step) {
-        double total = 0, per = 1e3 / (double)(last_step - first_step), wall = (now() - t0) * per;
+               "them and the runtime's buffers at its peak\n", t->pp_peak, t->rs.bound, t->rs.peak_ctx_bytes / 1e6);
+    if (g_profile && g_rank == 0 && trained) {
+        double total = 0, per = 1e3 / (double)(t->last_step - t->first_step), wall = (now() - t->t0) * per;
         int r;
         for (r = 0; r < g_nprof; r++) total += g_prof[r].seconds;
         printf("profile (rank 0, ms per step; wall %.2f ms per step):\n", wall);
@@ -1321,38 +1356,78 @@ int main(int argc, char **argv) {
                    100.0 * g_prof[r].seconds * per / wall, (long long)g_prof[r].calls);
         printf("  %-32s %9.3f  %5.1f%%\n", "(not in an op above)", wall - total * per, 100.0 - 100.0 * total * per / wall);
     }
-    if (o.trace) {
+    if (o->trace) {
         double cs = 0, ov = 0;
-        CHECK(dt_trace_overlap(m.tr, &cs, &ov));
-        CHECK(dt_trace_write(m.tr, o.trace));
-        if (g_rank == 0 && !o.quiet)
+        CHECK(dt_trace_overlap(t->m.tr, &cs, &ov));
+        CHECK(dt_trace_write(t->m.tr, o->trace));
+        if (g_rank == 0 && !o->quiet)
             printf("trace: %s (Perfetto / chrome://tracing); rank 0: %.3f s in collectives, %.0f%% of it overlapped "
-                   "with compute\n", o.trace, cs, cs > 0 ? 100.0 * ov / cs : 0.0);
+                   "with compute\n", o->trace, cs, cs > 0 ? 100.0 * ov / cs : 0.0);
     }
-    if (o.sample) sample_text(&m, o.sample, o.seed, data.vocab == 256);
-    if (g_rank == 0) printf("final: loss %.9g\n", loss);
-    if (log) fclose(log);
-    if (g_on_done) g_on_done(&m, g_on_done_user);
-    acts_free(&a, m.L);
-    for (i = 0; pl.act && i < (int64_t)m.v * o.micro; i++) acts_free(&pl.act[i], m.L);
-    dt_release(&ctx, pl.act);
-    dt_comm_free(pl.emb);
-    dt_pp_schedule_free(sched);
-    dt_tensor_free(&ctx, &m.wte_head);
-    dt_tensor_free(&ctx, &m.wte_head_grad);
-    dt_release(&ctx, m.bunit);
-    dt_release(&ctx, m.first);
-    dt_zero_free(m.z);
-    dt_trace_free(m.tr);
-    for (i = 0; i < m.ps.count; i++) dt_tensor_free(&ctx, &m.f32[i]);
-    dt_release(&ctx, m.f32);
-    dt_release(&ctx, m.blk);
-    dt_release(&ctx, m.units);
-    dt_arena_free(arena);
-    dt_params_free(&ctx, &m.ps);
-    dt_gpt_data_close(&ctx, &data);
-    dt_layout_free(lay);
-    dt_comm_free(world);
-    dt_ctx_shutdown(&ctx);
+    if (o->sample) sample_text(&t->m, o->sample, o->seed, t->data.vocab == 256);
+    if (g_rank == 0) printf("final: loss %.9g\n", t->loss);
+}
+
+/* Everything back, in the reverse order of its making. */
+static void teardown(trainer *t) {
+    model *m = &t->m;
+    int64_t i;
+    if (t->log) fclose(t->log);
+    if (g_on_done) g_on_done(m, g_on_done_user);
+    acts_free(&t->a, m->L);
+    for (i = 0; t->pl.act && i < (int64_t)m->v * t->o.micro; i++) acts_free(&t->pl.act[i], m->L);
+    dt_release(&t->ctx, t->pl.act);
+    dt_comm_free(t->pl.emb);
+    dt_pp_schedule_free(t->sched);
+    dt_tensor_free(&t->ctx, &m->wte_head);
+    dt_tensor_free(&t->ctx, &m->wte_head_grad);
+    dt_release(&t->ctx, m->bunit);
+    dt_release(&t->ctx, m->first);
+    dt_zero_free(m->z);
+    dt_trace_free(m->tr);
+    for (i = 0; i < m->ps.count; i++) dt_tensor_free(&t->ctx, &m->f32[i]);
+    dt_release(&t->ctx, m->f32);
+    dt_release(&t->ctx, m->blk);
+    dt_release(&t->ctx, m->units);
+    dt_arena_free(t->arena);
+    dt_params_free(&t->ctx, &m->ps);
+    dt_gpt_data_close(&t->ctx, &t->data);
+    dt_layout_free(t->lay);
+    dt_comm_free(t->world);
+    dt_ctx_shutdown(&t->ctx);
+}
+
+#ifdef GPT_NO_MAIN
+static int gpt_main(int argc, char **argv) {
+#else
+int main(int argc, char **argv) {
+#endif
+    trainer t;
+    dt_opt_step_info info;
+    const opts *o = &t.o;
+
+    memset(&t, 0, sizeof t);
+    setup(&t, argc, argv);
+    check_sizes(&t);
+    build_model(&t);
+    if (o->pp > 1) build_pipeline(&t);
+    t.base = (double)t.ctx.bytes_in_use; /* activations and ZeRO's transient buffers: what comes above */
+    dt_reset_peak_bytes(&t.ctx);
+    if (o->pp == 1) acts_make(&t.a, &t.m, t.per_micro, o->recompute, 0, t.m.L);
+    if (!open_outputs(&t)) return 1;
+    print_plan(&t);
+
+    t.last_step = o->stop_at && o->stop_at < o->steps ? o->stop_at : o->steps;
+    t.t0 = now();
+    for (; t.step < t.last_step; t.step++) {
+        train_step(&t, &info);
+        if (o->ckpt && o->ckpt_every && (t.step + 1) % o->ckpt_every == 0) save_checkpoint(&t, t.step + 1);
+        log_step(&t, &info);
+    }
+    if (o->ckpt && t.last_step > t.first_step && (!o->ckpt_every || t.last_step % o->ckpt_every))
+        save_checkpoint(&t, t.last_step);
+
+    report(&t);
+    teardown(&t);
     return 0;
 }
