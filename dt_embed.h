@@ -1336,16 +1336,13 @@ static dt_status dt__em_check_same(dt_ctx *ctx, const dt_embed_desc *desc, dt_st
     return st;
 }
 
-DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_desc *desc) {
+/* dt_embed_create in three steps (check, resolve, build). The check is local; dt_embed_create then
+   shares its verdict in dt__em_check_same, so a rank whose desc is bad still reaches that
+   collective and the others do not wait for it. */
+static dt_status dt__em_check_desc(dt_ctx *ctx, const dt_embed_desc *desc, int W) {
     const char *fn = "dt_embed_create";
-    dt_embed *e;
     dt_status st = DT_OK;
-    int i, j, W;
-    if (!ctx) return DT_ERR_ARG;
-    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc is NULL", fn);
-    /* from here a bad desc sets st: dt__em_check_same tells the other ranks, which would wait */
+    int i, j;
     if (desc->n_tables < 1 || !desc->tables)
         st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_tables = %d with tables %s; expected >= 1 tables", fn,
                               desc->n_tables, desc->tables ? "set" : "NULL");
@@ -1357,7 +1354,6 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     else if (desc->batch_hint < 0 || !(desc->dp_max_bytes == desc->dp_max_bytes))
         st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.batch_hint = %lld; expected >= 0", fn,
                               (long long)desc->batch_hint);
-    W = desc->comm ? dt_comm_size(desc->comm) : 1;
     if (!st) st = dt__em_cuda_check_desc(ctx, desc);
     for (i = 0; !st && i < desc->n_tables; i++) {
         st = dt__em_check_table(ctx, &desc->tables[i], i, W);
@@ -1377,9 +1373,42 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
         if (desc->features[i].input < 0 || desc->features[i].input >= desc->n_inputs)
             st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: features[%d].input = %d; expected a kjt feature in [0, %d) "
                                   "(desc.n_inputs)", fn, i, desc->features[i].input, desc->n_inputs);
-    if (desc->comm) DT__ETRY(dt__em_check_same(ctx, desc, st)); /* collective: every rank returns alike */
-    else if (st) return st;
-    if (!(e = (dt_embed *)dt_alloc(ctx, sizeof *e))) return DT_ERR_OOM;
+    return st;
+}
+
+/* A table desc's zeros become the documented defaults (DT_OPT_ZERO: a real 0). */
+static void dt__em_resolve_table(dt__em_tab *t, const dt_embed_table_desc *d) {
+    snprintf(t->name, sizeof t->name, "%s", d->name);
+    t->rows = d->rows; t->dim = d->dim;
+    t->dtype = d->dtype == DT_DTYPE_DEFAULT ? DT_F32 : d->dtype;
+    t->pooling = d->pooling == DT_POOL_DEFAULT ? DT_POOL_SUM : d->pooling;
+    t->weighted = d->weighted;
+    t->init = d->init;
+    t->kind = d->optim.kind == DT_EMBED_OPT_DEFAULT ? DT_EMBED_SGD : d->optim.kind;
+    t->lr = d->optim.lr == 0 ? (t->kind == DT_EMBED_ADAM ? 1e-3 : 0.01) : d->optim.lr;
+    t->eps = d->optim.eps == 0 ? (t->kind == DT_EMBED_ADAM ? 1e-8 : 1e-10) : d->optim.eps;
+    t->b1 = d->optim.beta1 == 0 ? 0.9 : d->optim.beta1;
+    t->b2 = d->optim.beta2 == 0 ? 0.999 : d->optim.beta2;
+    if (t->lr == DT_OPT_ZERO) t->lr = 0;
+    if (t->eps == DT_OPT_ZERO) t->eps = 0;
+    if (t->b1 == DT_OPT_ZERO) t->b1 = 0;
+    if (t->b2 == DT_OPT_ZERO) t->b2 = 0;
+    t->ids = d->ids == DT_IDS_DEFAULT ? DT_IDS_CHECK : d->ids;
+    t->shard = d->sharding == DT_SHARD_DEFAULT ? DT_SHARD_AUTO : d->sharding;
+    t->owner = d->pin_owner ? d->owner : 0;
+    t->ids_per_batch = d->ids_per_batch;
+    t->dynamic = d->dynamic;
+    t->admit_after = d->admit_after ? d->admit_after : 1;
+    t->n_hs = d->hash_shards ? d->hash_shards : 16;
+    t->evict = d->eviction == DT_EVICT_DEFAULT ? DT_EVICT_LRU : d->eviction;
+    t->gsize = d->group_size;
+}
+
+/* The object with its per-rank arrays and resolved tables; NULL (everything freed) when out of memory. */
+static dt_embed *dt__em_new(dt_ctx *ctx, const dt_embed_desc *desc, int W) {
+    dt_embed *e;
+    int i;
+    if (!(e = (dt_embed *)dt_alloc(ctx, sizeof *e))) return NULL;
     memset(e, 0, sizeof *e);
     e->sync = 1;
     e->cuda = desc->device == DT_CUDA_DEVICE;
@@ -1405,48 +1434,22 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     if (!e->tabs || !e->feat_tab || !e->feat_in || !e->feat_off || !e->seq_off || !e->cnt || !e->reqs || !e->rviews ||
         !e->aside.seq_off || !e->aside.cnt || !e->aside.reqs || !e->aside.rviews) {
         dt_embed_free(e);
-        return DT_ERR_OOM;
+        return NULL;
     }
     memset(e->tabs, 0, sizeof(dt__em_tab) * (size_t)e->n_tabs);
     for (i = 0; i < e->n_tabs; i++) {
-        const dt_embed_table_desc *d = &desc->tables[i];
-        dt__em_tab *t = &e->tabs[i];
-        snprintf(t->name, sizeof t->name, "%s", d->name);
-        t->rows = d->rows; t->dim = d->dim;
-        t->dtype = d->dtype == DT_DTYPE_DEFAULT ? DT_F32 : d->dtype;
-        t->pooling = d->pooling == DT_POOL_DEFAULT ? DT_POOL_SUM : d->pooling;
-        t->weighted = d->weighted;
-        t->init = d->init;
-        t->kind = d->optim.kind == DT_EMBED_OPT_DEFAULT ? DT_EMBED_SGD : d->optim.kind;
-        t->lr = d->optim.lr == 0 ? (t->kind == DT_EMBED_ADAM ? 1e-3 : 0.01) : d->optim.lr;
-        t->eps = d->optim.eps == 0 ? (t->kind == DT_EMBED_ADAM ? 1e-8 : 1e-10) : d->optim.eps;
-        t->b1 = d->optim.beta1 == 0 ? 0.9 : d->optim.beta1;
-        t->b2 = d->optim.beta2 == 0 ? 0.999 : d->optim.beta2;
-        if (t->lr == DT_OPT_ZERO) t->lr = 0;
-        if (t->eps == DT_OPT_ZERO) t->eps = 0;
-        if (t->b1 == DT_OPT_ZERO) t->b1 = 0;
-        if (t->b2 == DT_OPT_ZERO) t->b2 = 0;
-        t->ids = d->ids == DT_IDS_DEFAULT ? DT_IDS_CHECK : d->ids;
-        t->shard = d->sharding == DT_SHARD_DEFAULT ? DT_SHARD_AUTO : d->sharding;
-        t->owner = d->pin_owner ? d->owner : 0;
-        t->ids_per_batch = d->ids_per_batch;
-        t->dynamic = d->dynamic;
-        t->admit_after = d->admit_after ? d->admit_after : 1;
-        t->n_hs = d->hash_shards ? d->hash_shards : 16;
-        t->evict = d->eviction == DT_EVICT_DEFAULT ? DT_EVICT_LRU : d->eviction;
-        t->gsize = d->group_size;
-        if (t->weighted) e->any_weighted = 1;
+        dt__em_resolve_table(&e->tabs[i], &desc->tables[i]);
+        if (e->tabs[i].weighted) e->any_weighted = 1;
     }
-    st = dt__em_groups(e, desc->tables);
-    if (st) { dt_embed_free(e); return st; }
-    e->pooled_dim = 0;
-    for (i = 0; i < e->n_feat; i++) {
-        e->feat_tab[i] = desc->features ? desc->features[i].table : i;
-        e->feat_in[i] = desc->n_inputs > 0 ? desc->features[i].input : i;
-        if (e->tabs[e->feat_tab[i]].pooling == DT_POOL_NONE) e->feat_off[i] = -1;
-        else { e->feat_off[i] = e->pooled_dim; e->pooled_dim += e->tabs[e->feat_tab[i]].dim; }
-    }
-    st = dt__em_plan(e, desc, desc->tables);
+    return e;
+}
+
+/* Each table's shard: placed by the plan, allocated, initialised (and moved to the device). */
+static dt_status dt__em_build_shards(dt_embed *e, const dt_embed_desc *desc) {
+    const char *fn = "dt_embed_create";
+    dt_ctx *ctx = e->ctx;
+    dt_status st = dt__em_plan(e, desc, desc->tables);
+    int i, W = e->size;
     for (i = 0; !st && i < e->n_tabs; i++) {
         dt__em_tab *t = &e->tabs[i];
         if (t->shard == DT_SHARD_DATA) e->any_dp = 1;
@@ -1478,7 +1481,33 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
         else if (!st && v[1] != W * ((double)e->n_tabs + (double)e->n_feat * 1e6))
             st = dt_ctx_set_error(ctx, DT_ERR_COMM, "%s: the ranks passed different numbers of tables or features", fn);
     }
+    return st;
+}
+
+DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_desc *desc) {
+    const char *fn = "dt_embed_create";
+    dt_embed *e;
+    dt_status st;
+    int i, W;
+    if (!ctx) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc is NULL", fn);
+    W = desc->comm ? dt_comm_size(desc->comm) : 1;
+    st = dt__em_check_desc(ctx, desc, W);
+    if (desc->comm) DT__ETRY(dt__em_check_same(ctx, desc, st)); /* collective: every rank returns alike */
+    else if (st) return st;
+    if (!(e = dt__em_new(ctx, desc, W))) return DT_ERR_OOM;
+    st = dt__em_groups(e, desc->tables);
     if (st) { dt_embed_free(e); return st; }
+    e->pooled_dim = 0;
+    for (i = 0; i < e->n_feat; i++) {
+        e->feat_tab[i] = desc->features ? desc->features[i].table : i;
+        e->feat_in[i] = desc->n_inputs > 0 ? desc->features[i].input : i;
+        if (e->tabs[e->feat_tab[i]].pooling == DT_POOL_NONE) e->feat_off[i] = -1;
+        else { e->feat_off[i] = e->pooled_dim; e->pooled_dim += e->tabs[e->feat_tab[i]].dim; }
+    }
+    if ((st = dt__em_build_shards(e, desc)) != DT_OK) { dt_embed_free(e); return st; }
     if (desc->print_plan && e->rank == 0) dt_embed_plan_print(e);
     *out = e;
     return DT_OK;

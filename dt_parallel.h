@@ -919,25 +919,11 @@ static void *dt__pl_alloc_n(dt_ctx *ctx, int64_t n, size_t size, const char *fn,
     return p;
 }
 
-DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, const dt_arena_desc *desc) {
-    const char *fn = "dt_arena_create";
-    dt_arena *a;
-    dt_tensor_desc td;
-    dt_tensor *vviews = NULL, *gviews = NULL;
-    int64_t total[DT_DTYPE_COUNT], gtotal = 0;
-    const int *units = desc ? desc->units : NULL;
-    int i, k, n;
-    dt_status st = DT_OK;
-    if (!ctx) return DT_ERR_ARG;
-    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!ps) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ps is NULL", fn);
-    if (ps->count < 0 || (ps->count > 0 && !ps->items))
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ps has count %d and items %p; expected a dt_params", fn,
-                                ps->count, (void *)ps->items);
-    n = ps->count;
-    /* check everything before anything changes: a failed create leaves ps as it was */
-    for (i = 0; i < n; i++) {
+/* dt_arena_create in three steps: check every parameter before anything changes (a failed create
+   leaves ps as it was), resolve the sizes of the flat buffers, build them and copy the values in. */
+static dt_status dt__pl_arena_check(dt_ctx *ctx, const dt_params *ps, const int *units, const char *fn) {
+    int i;
+    for (i = 0; i < ps->count; i++) {
         const dt_param *p = ps->items[i];
         if (!p || !p->value.data || !p->grad.data)
             return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: parameter %d (\"%s\") has no value or grad (freed, or "
@@ -962,28 +948,34 @@ DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, con
                                         "more", fn, i, units[i], p->name, i ? prev : 0);
         }
     }
+    return DT_OK;
+}
+
+/* The elements of each dtype's value buffer (total) and of the f32 grad buffer (gtotal). */
+static dt_status dt__pl_arena_sizes(dt_ctx *ctx, const dt_params *ps, int64_t *total, int64_t *gtotal,
+                                    const char *fn) {
+    int i, k;
     for (k = 0; k < DT_DTYPE_COUNT; k++) total[k] = 0;
-    for (i = 0; i < n; i++) {
+    *gtotal = 0;
+    for (i = 0; i < ps->count; i++) {
         const dt_param *p = ps->items[i];
         total[p->value.dtype] += p->value.numel; /* each < 2^62 bytes (a live tensor); n < 2^31 */
-        gtotal += p->grad.numel;
-        if (total[p->value.dtype] < 0 || gtotal < 0 || gtotal > ((int64_t)1 << 61))
+        *gtotal += p->grad.numel;
+        if (total[p->value.dtype] < 0 || *gtotal < 0 || *gtotal > ((int64_t)1 << 61))
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: the parameters hold more elements than fit", fn);
     }
-    a = (dt_arena *)dt_alloc(ctx, sizeof *a);
-    if (!a) return DT_ERR_OOM;
-    memset(a, 0, sizeof *a);
-    a->ctx = ctx;
-    a->params = ps;
-    a->device = n ? ps->items[0]->value.device : DT_CPU;
-    a->n_units = n == 0 ? 0 : units ? units[n - 1] + 1 : n;
-    a->value_offset = (int64_t *)dt__pl_alloc_n(ctx, n, sizeof(int64_t), fn, "offsets");
-    a->grad_offset = (int64_t *)dt__pl_alloc_n(ctx, n, sizeof(int64_t), fn, "offsets");
-    a->unit = (int *)dt__pl_alloc_n(ctx, n, sizeof(int), fn, "units");
-    a->unit_first = (int *)dt__pl_alloc_n(ctx, (int64_t)a->n_units + 1, sizeof(int), fn, "units");
-    vviews = (dt_tensor *)dt__pl_alloc_n(ctx, n, sizeof(dt_tensor), fn, "views");
-    gviews = (dt_tensor *)dt__pl_alloc_n(ctx, n, sizeof(dt_tensor), fn, "views");
-    if (!a->value_offset || !a->grad_offset || !a->unit || !a->unit_first || !vviews || !gviews) st = DT_ERR_OOM;
+    return DT_OK;
+}
+
+/* The buffers, the offsets and unit table, and the views (vviews, gviews) holding copies of ps's
+   values and grads; ps itself is not changed. */
+static dt_status dt__pl_arena_build(dt_arena *a, const int *units, const int64_t *total, int64_t gtotal,
+                                    dt_tensor *vviews, dt_tensor *gviews) {
+    dt_ctx *ctx = a->ctx;
+    dt_params *ps = a->params;
+    dt_tensor_desc td;
+    dt_status st = DT_OK;
+    int i, k, n = ps->count;
     memset(&td, 0, sizeof td);
     td.ndim = 1;
     td.device = a->device;
@@ -1020,6 +1012,42 @@ DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, con
         st = dt_tensor_copy(ctx, &vviews[i], &p->value);
         if (!st) st = dt_tensor_copy(ctx, &gviews[i], &p->grad);
     }
+    return st;
+}
+
+DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, const dt_arena_desc *desc) {
+    const char *fn = "dt_arena_create";
+    dt_arena *a;
+    dt_tensor *vviews = NULL, *gviews = NULL;
+    int64_t total[DT_DTYPE_COUNT], gtotal = 0;
+    const int *units = desc ? desc->units : NULL;
+    int i, n;
+    dt_status st = DT_OK;
+    if (!ctx) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!ps) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ps is NULL", fn);
+    if (ps->count < 0 || (ps->count > 0 && !ps->items))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ps has count %d and items %p; expected a dt_params", fn,
+                                ps->count, (void *)ps->items);
+    n = ps->count;
+    DT__PL_TRY(dt__pl_arena_check(ctx, ps, units, fn));
+    DT__PL_TRY(dt__pl_arena_sizes(ctx, ps, total, &gtotal, fn));
+    a = (dt_arena *)dt_alloc(ctx, sizeof *a);
+    if (!a) return DT_ERR_OOM;
+    memset(a, 0, sizeof *a);
+    a->ctx = ctx;
+    a->params = ps;
+    a->device = n ? ps->items[0]->value.device : DT_CPU;
+    a->n_units = n == 0 ? 0 : units ? units[n - 1] + 1 : n;
+    a->value_offset = (int64_t *)dt__pl_alloc_n(ctx, n, sizeof(int64_t), fn, "offsets");
+    a->grad_offset = (int64_t *)dt__pl_alloc_n(ctx, n, sizeof(int64_t), fn, "offsets");
+    a->unit = (int *)dt__pl_alloc_n(ctx, n, sizeof(int), fn, "units");
+    a->unit_first = (int *)dt__pl_alloc_n(ctx, (int64_t)a->n_units + 1, sizeof(int), fn, "units");
+    vviews = (dt_tensor *)dt__pl_alloc_n(ctx, n, sizeof(dt_tensor), fn, "views");
+    gviews = (dt_tensor *)dt__pl_alloc_n(ctx, n, sizeof(dt_tensor), fn, "views");
+    if (!a->value_offset || !a->grad_offset || !a->unit || !a->unit_first || !vviews || !gviews) st = DT_ERR_OOM;
+    if (!st) st = dt__pl_arena_build(a, units, total, gtotal, vviews, gviews);
     if (st) {
         dt_release(ctx, vviews);
         dt_release(ctx, gviews);
