@@ -219,7 +219,7 @@
 
    ---------------------------------------------------------------- CUDA
 
-   desc.device = DT_CUDA_DEVICE (a DT_CUDA build; link kernels/dt_embed.cu, dt_comm_pack.cu):
+   desc.device = DT_CUDA_DEVICE (a DT_CUDA build; link kernels/dt_embed.cu, dt_embed_copies.cu):
    each rank's shards and optimizer state are CUDA tensors; forward takes a cuda `out`, backward
    a cuda `dout` (a cpu one is DT_ERR_DEVICE). The ids stay on the host (validation, requests,
    id exchange). On the device: the owners' pooling, the data-parallel lookups, the return
@@ -3167,7 +3167,7 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
    tensors, initialised on the host with the same Philox stream and copied up. The ids stay
    host arrays: validation, requests and the id exchange are the CPU path's. On the device: the
    owner's pooling (dt_k_embed_pool_fwd, one launch per table per forward, then one
-   dt_k_comm_copies into the response), the data-parallel lookups, the return all-to-all (through
+   dt_k_embed_copies into the response), the data-parallel lookups, the return all-to-all (through
    dt_comm on device tensors: NCCL, or staged through the host) and the fused sparse update
    (dt_k_embed_sparse_update / _sparse_adam on the rows of each table, one launch per table).
    On the host: the bag-order sums of row-wise bags (the returned rows are copied down and added
@@ -3484,7 +3484,7 @@ static dt_status dt__em_cuda_dp_pool(dt_embed *e) {
 
 /* Owner side of the forward (dt__em_serve's walk): the requests of each table pooled in one
    launch, then moved to their places in the response (e->cu_resp, tot_res floats) by one
-   dt_k_comm_copies. */
+   dt_k_embed_copies. */
 static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
     const int64_t *rin = (const int64_t *)e->rbuf_i.data, *cnt_i = e->cnt + 3 * e->size;
     const float *rfl = (const float *)e->rbuf_f.data;
@@ -3533,10 +3533,10 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
             /* the copies' offsets reuse the front of cu_i (the pool is done with it) */
             DT__ETRY(dt__em_cuda_put(e, e->cu_i.data, dst, (size_t)(3 * nb) * sizeof(int64_t)));
             k = (int64_t)nb;
-            DT__ETRY(dt__em_cuda_err(e, dt_k_comm_copies(e->cu_resp.data, e->cu_tmp.data, (const int64_t *)e->cu_i.data,
-                                                         (const int64_t *)e->cu_i.data + k,
-                                                         (const int64_t *)e->cu_i.data + 2 * k, (int)k, nc, 4, 1, 1.0f,
-                                                         e->ctx->cuda_stream), "dt_k_comm_copies"));
+            DT__ETRY(dt__em_cuda_err(e, dt_k_embed_copies(e->cu_resp.data, e->cu_tmp.data, (const int64_t *)e->cu_i.data,
+                                                          (const int64_t *)e->cu_i.data + k,
+                                                          (const int64_t *)e->cu_i.data + 2 * k, (int)k, nc, 4,
+                                                          e->ctx->cuda_stream), "dt_k_embed_copies"));
         }
     }
     return DT_OK;
