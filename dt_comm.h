@@ -362,6 +362,16 @@ DT_API dt_status dt_comm_set_observer(dt_comm *c, dt_comm_observer_fn fn, void *
    comparable within a process, not across hosts. */
 DT_API double dt_comm_now(void);
 
+/* Under DT_STATIC a program uses a few of an implementation's functions; the rest must not warn.
+   dt_comm.h's and dt_embed.h's implementations sit between these two. */
+#if defined(DT_STATIC) && (defined(__GNUC__) || defined(__clang__))
+#define DT__STATIC_QUIET_BEGIN _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wunused-function\"")
+#define DT__STATIC_QUIET_END _Pragma("GCC diagnostic pop")
+#else
+#define DT__STATIC_QUIET_BEGIN
+#define DT__STATIC_QUIET_END
+#endif
+
 #ifdef __cplusplus
 }
 #endif
@@ -420,11 +430,7 @@ extern int clock_gettime(int clock_id, struct dt__cm_timespec *ts);
 #define DT_COMM_GATHER_MAX_BYTES (64 * 1024)
 #endif
 
-/* Under DT_STATIC a program uses a few of these functions; the rest must not warn. */
-#if defined(DT_STATIC) && (defined(__GNUC__) || defined(__clang__))
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#endif
+DT__STATIC_QUIET_BEGIN
 
 #ifdef __cplusplus
 extern "C" {
@@ -3652,9 +3658,7 @@ DT_API dt_status dt_bucketer_finish(dt_bucketer *b) {
 #ifdef __cplusplus
 }
 #endif
-#if defined(DT_STATIC) && (defined(__GNUC__) || defined(__clang__))
-#pragma GCC diagnostic pop
-#endif
+DT__STATIC_QUIET_END
 #endif /* DT_COMM_IMPLEMENTATION_DONE */
 #endif /* DT_COMM_IMPLEMENTATION */
 

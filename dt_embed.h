@@ -518,10 +518,7 @@ extern int madvise(void *addr, size_t len, int advice);
 #include DT_STB_DS_H
 #endif
 
-#if defined(DT_STATIC) && (defined(__GNUC__) || defined(__clang__))
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#endif
+DT__STATIC_QUIET_BEGIN
 
 #ifdef __cplusplus
 extern "C" {
@@ -3683,9 +3680,7 @@ static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti) { (void)ti; return
 }
 #endif
 
-#if defined(DT_STATIC) && (defined(__GNUC__) || defined(__clang__))
-#pragma GCC diagnostic pop
-#endif
+DT__STATIC_QUIET_END
 
 #ifdef DT__EM_TYPEOF
 #undef typeof
