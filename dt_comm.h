@@ -435,6 +435,16 @@ DT_API dt_status dt_comm_set_observer(dt_comm *c, dt_comm_observer_fn fn, void *
    comparable within a process, not across hosts. */
 DT_API double dt_comm_now(void);
 
+/* Under DT_STATIC a program uses a few of an implementation's functions; the rest must not warn.
+   dt_comm.h's and dt_embed.h's implementations sit between these two. */
+#if defined(DT_STATIC) && (defined(__GNUC__) || defined(__clang__))
+#define DT__STATIC_QUIET_BEGIN _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wunused-function\"")
+#define DT__STATIC_QUIET_END _Pragma("GCC diagnostic pop")
+#else
+#define DT__STATIC_QUIET_BEGIN
+#define DT__STATIC_QUIET_END
+#endif
+
 #ifdef __cplusplus
 }
 #endif
@@ -494,11 +504,7 @@ extern int clock_gettime(int clock_id, struct dt__cm_timespec *ts);
 #define DT_COMM_GATHER_MAX_BYTES (64 * 1024)
 #endif
 
-/* Under DT_STATIC a program uses a few of these functions; the rest must not warn. */
-#if defined(DT_STATIC) && (defined(__GNUC__) || defined(__clang__))
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#endif
+DT__STATIC_QUIET_BEGIN
 
 #ifdef __cplusplus
 extern "C" {
@@ -2533,6 +2539,17 @@ static void dt__cm_fifo_append(dt_comm *c, dt_comm_req *q) {
     *pp = q;
 }
 
+/* A prepared q (no agreement needed: one rank, or point to point) queued and its first stage
+   posted; a failed post fails q. */
+static dt_status dt__cm_queue_post(dt_comm *c, dt_comm_req *q) {
+    dt_status st;
+    dt__cm_fifo_append(c, q);
+    q->stage = 0;
+    st = dt__cm_post(q);
+    if (st) dt__cm_fail(q, st);
+    return st;
+}
+
 /* Starts collective q after validation and dt__cm_enter (may_chunk: all-reduce, broadcast,
    all-to-all). One rank: runs it here. NCCL on one rank: posts it. Otherwise: prepares q (or
    its chunks), sends the header and queues q behind it; progress does the rest. When this rank
@@ -2559,12 +2576,7 @@ static dt_status dt__cm_start(dt_comm_req *q, int may_chunk) {
 #endif
     if (c->size == 1) { /* NCCL on one rank: nothing to agree on */
         if (!st) st = dt__cm_prepare(q);
-        if (st) return st;
-        dt__cm_fifo_append(c, q);
-        q->stage = 0;
-        st = dt__cm_post(q);
-        if (st) dt__cm_fail(q, st);
-        return st;
+        return st ? st : dt__cm_queue_post(c, q);
     }
 #ifdef DT_MPI
     {
@@ -2638,12 +2650,7 @@ static dt_status dt__cm_start_p2p(dt_comm_req *q) {
                                 q->fn, q->arg, c->name);
 #endif
     if (!st && q->path == DT__CM_MPI) st = dt__cm_stage(q, q->kind == DT_COLL_SEND, q->kind == DT_COLL_RECV);
-    if (st) return st;
-    dt__cm_fifo_append(c, q);
-    q->stage = 0;
-    st = dt__cm_post(q);
-    if (st) dt__cm_fail(q, st);
-    return st;
+    return st ? st : dt__cm_queue_post(c, q);
 }
 
 /* Posts stage q->stage of an operation's MPI part on mc[stage]; everything was prepared. */
@@ -2965,54 +2972,86 @@ static dt_comm_req *dt__cm_req(dt_comm *c, dt_comm_req *stack_q, dt_comm_req **o
     return q;
 }
 
-static dt_status dt__cm_allreduce(dt_comm *c, dt_tensor *t, dt_reduce_op op, dt_comm_req **out, const char *fn) {
-    dt_comm_req sq, *q;
+/* The start of every public collective: an async call's req (out) given, c usable, *out cleared,
+   *q made (stack_q for a blocking call, allocated for an async one). */
+static dt_status dt__cm_open(dt_comm *c, dt_comm_req *stack_q, dt_comm_req **out, int async, int kind,
+                             const char *fn, dt_comm_req **q) {
     dt_status st;
     if (!c) return DT_ERR_ARG;
+    if (async && !out) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: req is NULL", fn);
     if (out) *out = NULL;
     if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
-    q = dt__cm_req(c, &sq, out, DT_COLL_ALLREDUCE, fn);
-    if (!q) return DT_ERR_OOM;
-    st = dt__cm_tensor_ok(c, t, fn, "t");
-    if (!st) {
-        q->et = dt__cm_et(t->dtype);
-        st = dt__cm_op_ok(c, op, q->et, fn);
-        q->tout = *t;
-        q->count = t->numel;
-        q->op = op == DT_REDUCE_DEFAULT ? DT_REDUCE_SUM : op;
-        q->stat_bytes = (double)dt_tensor_bytes(t);
-    }
+    *q = dt__cm_req(c, stack_q, out, kind, fn);
+    return *q ? DT_OK : DT_ERR_OOM;
+}
+
+/* The end of every public collective: the ranks agree on st (a local error still enters, so no
+   rank waits for this one), then q runs, blocking or not. */
+static dt_status dt__cm_run(dt_comm_req *q, dt_status st, int may_chunk, dt_comm_req **out) {
     st = dt__cm_enter(q, st);
-    if (!st) st = dt__cm_start(q, 1);
+    if (!st) st = dt__cm_start(q, may_chunk);
     return dt__cm_finish_call(q, st, out);
 }
 
+/* out and in of a collective that moves in into out: both valid, one dtype. */
+static dt_status dt__cm_pair_ok(dt_comm *c, const dt_tensor *outt, const dt_tensor *in, const char *fn) {
+    dt_status st = dt__cm_tensor_ok(c, outt, fn, "out");
+    if (!st) st = dt__cm_tensor_ok(c, in, fn, "in");
+    if (!st) st = dt__cm_same_dtype(c, outt, in, fn);
+    return st;
+}
+
+/* q works on t in place (all-reduce, broadcast). */
+static void dt__cm_set_inplace(dt_comm_req *q, const dt_tensor *t) {
+    q->et = dt__cm_et(t->dtype);
+    q->tout = *t;
+    q->count = t->numel;
+    q->stat_bytes = (double)dt_tensor_bytes(t);
+}
+
+/* q moves count elements of in into out. */
+static void dt__cm_set_io(dt_comm_req *q, const dt_tensor *in, dt_tensor *outt, int64_t count) {
+    q->et = dt__cm_et(in->dtype);
+    q->tin = *in;
+    q->tout = *outt;
+    q->count = count;
+}
+
+static dt_status dt__cm_allreduce(dt_comm *c, dt_tensor *t, dt_reduce_op op, dt_comm_req **out, int async,
+                                  const char *fn) {
+    dt_comm_req sq, *q;
+    dt_status st = dt__cm_open(c, &sq, out, async, DT_COLL_ALLREDUCE, fn, &q);
+    if (st) return st;
+    st = dt__cm_tensor_ok(c, t, fn, "t");
+    if (!st) {
+        dt__cm_set_inplace(q, t);
+        st = dt__cm_op_ok(c, op, q->et, fn);
+        q->op = op == DT_REDUCE_DEFAULT ? DT_REDUCE_SUM : op;
+    }
+    return dt__cm_run(q, st, 1, out);
+}
+
 DT_API dt_status dt_comm_allreduce(dt_comm *c, dt_tensor *t, dt_reduce_op op) {
-    return dt__cm_allreduce(c, t, op, NULL, "dt_comm_allreduce");
+    return dt__cm_allreduce(c, t, op, NULL, 0, "dt_comm_allreduce");
 }
 DT_API dt_status dt_comm_iallreduce(dt_comm *c, dt_tensor *t, dt_reduce_op op, dt_comm_req **req) {
-    if (c && !req) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_iallreduce: req is NULL");
-    return dt__cm_allreduce(c, t, op, req, "dt_comm_iallreduce");
+    return dt__cm_allreduce(c, t, op, req, 1, "dt_comm_iallreduce");
 }
 
 DT_API dt_status dt_comm_allreduce_f64(dt_comm *c, double *vals, int n, dt_reduce_op op) {
     const char *fn = "dt_comm_allreduce_f64";
-    dt_comm_req q;
-    dt_status st = DT_OK;
-    if (!c) return DT_ERR_ARG;
-    if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
-    dt__cm_req_init(&q, c, DT_COLL_ALLREDUCE, fn);
-    q.et = DT__CM_F64;
+    dt_comm_req sq, *q;
+    dt_status st = dt__cm_open(c, &sq, NULL, 0, DT_COLL_ALLREDUCE, fn, &q);
+    if (st) return st;
+    q->et = DT__CM_F64;
     if (n < 0) st = dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: n = %d; expected >= 0", fn, n);
     else if (!vals && n > 0) st = dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: vals is NULL with n = %d", fn, n);
     else st = dt__cm_op_ok(c, op, DT__CM_F64, fn);
-    dt__cm_host_view(&q.tout, vals, DT_F32, n); /* described as host memory; et says f64 */
-    q.count = n;
-    q.op = op == DT_REDUCE_DEFAULT ? DT_REDUCE_SUM : op;
-    q.stat_bytes = 8.0 * n;
-    st = dt__cm_enter(&q, st);
-    if (!st) st = dt__cm_start(&q, 0);
-    return dt__cm_finish_call(&q, st, NULL);
+    dt__cm_host_view(&q->tout, vals, DT_F32, n); /* described as host memory; et says f64 */
+    q->count = n;
+    q->op = op == DT_REDUCE_DEFAULT ? DT_REDUCE_SUM : op;
+    q->stat_bytes = 8.0 * n;
+    return dt__cm_run(q, st, 0, NULL);
 }
 
 /* splitmix64's finalizer: every bit of x moves about half of the result's. */
@@ -3089,56 +3128,38 @@ DT_API dt_status dt_comm_check_same(dt_comm *c, const uint64_t *v, int n, dt_sta
 }
 
 static dt_status dt__cm_reduce_scatter(dt_comm *c, dt_tensor *outt, const dt_tensor *in, dt_reduce_op op,
-                                       dt_comm_req **out, const char *fn) {
+                                       dt_comm_req **out, int async, const char *fn) {
     dt_comm_req sq, *q;
-    dt_status st;
-    if (!c) return DT_ERR_ARG;
-    if (out) *out = NULL;
-    if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
-    q = dt__cm_req(c, &sq, out, DT_COLL_REDUCE_SCATTER, fn);
-    if (!q) return DT_ERR_OOM;
-    st = dt__cm_tensor_ok(c, outt, fn, "out");
-    if (!st) st = dt__cm_tensor_ok(c, in, fn, "in");
-    if (!st) st = dt__cm_same_dtype(c, outt, in, fn);
+    dt_status st = dt__cm_open(c, &sq, out, async, DT_COLL_REDUCE_SCATTER, fn, &q);
+    if (st) return st;
+    st = dt__cm_pair_ok(c, outt, in, fn);
     if (!st) st = dt__cm_op_ok(c, op, dt__cm_et(in->dtype), fn);
     if (!st && in->numel != (int64_t)c->size * outt->numel)
         st = dt_ctx_set_error(c->ctx, DT_ERR_SHAPE, "%s: in has %lld elements; expected size (%d) x out (%lld) = %lld "
                               "on group %s", fn, (long long)in->numel, c->size, (long long)outt->numel,
                               (long long)((int64_t)c->size * outt->numel), c->name);
     if (!st) {
-        q->et = dt__cm_et(in->dtype);
-        q->tin = *in;
-        q->tout = *outt;
-        q->count = in->numel;
+        dt__cm_set_io(q, in, outt, in->numel);
         q->op = op == DT_REDUCE_DEFAULT ? DT_REDUCE_SUM : op;
         q->stat_bytes = (double)dt_tensor_bytes(in);
     }
-    st = dt__cm_enter(q, st);
-    if (!st) st = dt__cm_start(q, 0);
-    return dt__cm_finish_call(q, st, out);
+    return dt__cm_run(q, st, 0, out);
 }
 
 DT_API dt_status dt_comm_reduce_scatter(dt_comm *c, dt_tensor *out, const dt_tensor *in, dt_reduce_op op) {
-    return dt__cm_reduce_scatter(c, out, in, op, NULL, "dt_comm_reduce_scatter");
+    return dt__cm_reduce_scatter(c, out, in, op, NULL, 0, "dt_comm_reduce_scatter");
 }
 DT_API dt_status dt_comm_ireduce_scatter(dt_comm *c, dt_tensor *out, const dt_tensor *in, dt_reduce_op op,
                                          dt_comm_req **req) {
-    if (c && !req) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_ireduce_scatter: req is NULL");
-    return dt__cm_reduce_scatter(c, out, in, op, req, "dt_comm_ireduce_scatter");
+    return dt__cm_reduce_scatter(c, out, in, op, req, 1, "dt_comm_ireduce_scatter");
 }
 
-static dt_status dt__cm_allgather(dt_comm *c, dt_tensor *outt, const dt_tensor *in, dt_comm_req **out,
+static dt_status dt__cm_allgather(dt_comm *c, dt_tensor *outt, const dt_tensor *in, dt_comm_req **out, int async,
                                   const char *fn) {
     dt_comm_req sq, *q;
-    dt_status st;
-    if (!c) return DT_ERR_ARG;
-    if (out) *out = NULL;
-    if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
-    q = dt__cm_req(c, &sq, out, DT_COLL_ALLGATHER, fn);
-    if (!q) return DT_ERR_OOM;
-    st = dt__cm_tensor_ok(c, outt, fn, "out");
-    if (!st) st = dt__cm_tensor_ok(c, in, fn, "in");
-    if (!st) st = dt__cm_same_dtype(c, outt, in, fn);
+    dt_status st = dt__cm_open(c, &sq, out, async, DT_COLL_ALLGATHER, fn, &q);
+    if (st) return st;
+    st = dt__cm_pair_ok(c, outt, in, fn);
     if (!st && outt->numel != (int64_t)c->size * in->numel)
         st = dt_ctx_set_error(c->ctx, DT_ERR_SHAPE, "%s: out has %lld elements; expected size (%d) x in (%lld) = %lld "
                               "on group %s", fn, (long long)outt->numel, c->size, (long long)in->numel,
@@ -3148,23 +3169,17 @@ static dt_status dt__cm_allgather(dt_comm *c, dt_tensor *outt, const dt_tensor *
         st = dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: in overlaps out but is not out's block %d (in place means in = "
                               "block rank of out)", fn, c->rank);
     if (!st) {
-        q->et = dt__cm_et(in->dtype);
-        q->tin = *in;
-        q->tout = *outt;
-        q->count = in->numel;
+        dt__cm_set_io(q, in, outt, in->numel);
         q->stat_bytes = (double)dt_tensor_bytes(outt);
     }
-    st = dt__cm_enter(q, st);
-    if (!st) st = dt__cm_start(q, 0);
-    return dt__cm_finish_call(q, st, out);
+    return dt__cm_run(q, st, 0, out);
 }
 
 DT_API dt_status dt_comm_allgather(dt_comm *c, dt_tensor *out, const dt_tensor *in) {
-    return dt__cm_allgather(c, out, in, NULL, "dt_comm_allgather");
+    return dt__cm_allgather(c, out, in, NULL, 0, "dt_comm_allgather");
 }
 DT_API dt_status dt_comm_iallgather(dt_comm *c, dt_tensor *out, const dt_tensor *in, dt_comm_req **req) {
-    if (c && !req) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_iallgather: req is NULL");
-    return dt__cm_allgather(c, out, in, req, "dt_comm_iallgather");
+    return dt__cm_allgather(c, out, in, req, 1, "dt_comm_iallgather");
 }
 
 static dt_status dt__cm_root_ok(dt_comm *c, int r, const char *fn, const char *arg) {
@@ -3174,46 +3189,30 @@ static dt_status dt__cm_root_ok(dt_comm *c, int r, const char *fn, const char *a
     return DT_OK;
 }
 
-static dt_status dt__cm_broadcast(dt_comm *c, dt_tensor *t, int root, dt_comm_req **out, const char *fn) {
+static dt_status dt__cm_broadcast(dt_comm *c, dt_tensor *t, int root, dt_comm_req **out, int async, const char *fn) {
     dt_comm_req sq, *q;
-    dt_status st;
-    if (!c) return DT_ERR_ARG;
-    if (out) *out = NULL;
-    if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
-    q = dt__cm_req(c, &sq, out, DT_COLL_BROADCAST, fn);
-    if (!q) return DT_ERR_OOM;
+    dt_status st = dt__cm_open(c, &sq, out, async, DT_COLL_BROADCAST, fn, &q);
+    if (st) return st;
     st = dt__cm_tensor_ok(c, t, fn, "t");
     if (!st) st = dt__cm_root_ok(c, root, fn, "root");
     q->arg = root;
-    if (!st) {
-        q->et = dt__cm_et(t->dtype);
-        q->tout = *t;
-        q->count = t->numel;
-        q->stat_bytes = (double)dt_tensor_bytes(t);
-    }
-    st = dt__cm_enter(q, st);
-    if (!st) st = dt__cm_start(q, 1);
-    return dt__cm_finish_call(q, st, out);
+    if (!st) dt__cm_set_inplace(q, t);
+    return dt__cm_run(q, st, 1, out);
 }
 
 DT_API dt_status dt_comm_broadcast(dt_comm *c, dt_tensor *t, int root) {
-    return dt__cm_broadcast(c, t, root, NULL, "dt_comm_broadcast");
+    return dt__cm_broadcast(c, t, root, NULL, 0, "dt_comm_broadcast");
 }
 DT_API dt_status dt_comm_ibroadcast(dt_comm *c, dt_tensor *t, int root, dt_comm_req **req) {
-    if (c && !req) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_ibroadcast: req is NULL");
-    return dt__cm_broadcast(c, t, root, req, "dt_comm_ibroadcast");
+    return dt__cm_broadcast(c, t, root, req, 1, "dt_comm_ibroadcast");
 }
 
 DT_API dt_status dt_comm_alltoall(dt_comm *c, dt_tensor *outt, const dt_tensor *in) {
     const char *fn = "dt_comm_alltoall";
-    dt_comm_req q;
-    dt_status st;
-    if (!c) return DT_ERR_ARG;
-    if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
-    dt__cm_req_init(&q, c, DT_COLL_ALLTOALL, fn);
-    st = dt__cm_tensor_ok(c, outt, fn, "out");
-    if (!st) st = dt__cm_tensor_ok(c, in, fn, "in");
-    if (!st) st = dt__cm_same_dtype(c, outt, in, fn);
+    dt_comm_req sq, *q;
+    dt_status st = dt__cm_open(c, &sq, NULL, 0, DT_COLL_ALLTOALL, fn, &q);
+    if (st) return st;
+    st = dt__cm_pair_ok(c, outt, in, fn);
     if (!st && in->numel % c->size != 0)
         st = dt_ctx_set_error(c->ctx, DT_ERR_SHAPE, "%s: in has %lld elements, not a multiple of the group size %d "
                               "(group %s); use dt_comm_alltoallv for uneven blocks", fn, (long long)in->numel, c->size,
@@ -3224,31 +3223,22 @@ DT_API dt_status dt_comm_alltoall(dt_comm *c, dt_tensor *outt, const dt_tensor *
     if (!st && dt__cm_overlap(outt, in))
         st = dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: in and out overlap; all-to-all needs distinct buffers", fn);
     if (!st) {
-        q.et = dt__cm_et(in->dtype);
-        q.tin = *in;
-        q.tout = *outt;
-        q.count = in->numel;
-        q.stat_bytes = (double)dt_tensor_bytes(in);
+        dt__cm_set_io(q, in, outt, in->numel);
+        q->stat_bytes = (double)dt_tensor_bytes(in);
     }
-    st = dt__cm_enter(&q, st);
-    if (!st) st = dt__cm_start(&q, 1);
-    return dt__cm_finish_call(&q, st, NULL);
+    return dt__cm_run(q, st, 1, NULL);
 }
 
 DT_API dt_status dt_comm_alltoallv(dt_comm *c, dt_tensor *outt, const int64_t *recv_counts, const dt_tensor *in,
                                    const int64_t *send_counts) {
     const char *fn = "dt_comm_alltoallv";
-    dt_comm_req q;
-    dt_status st;
+    dt_comm_req sq, *q;
+    dt_status st = dt__cm_open(c, &sq, NULL, 0, DT_COLL_ALLTOALLV, fn, &q);
     int n, r;
     int64_t total = 0;
-    if (!c) return DT_ERR_ARG;
-    if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
+    if (st) return st;
     n = c->size;
-    dt__cm_req_init(&q, c, DT_COLL_ALLTOALLV, fn);
-    st = dt__cm_tensor_ok(c, outt, fn, "out");
-    if (!st) st = dt__cm_tensor_ok(c, in, fn, "in");
-    if (!st) st = dt__cm_same_dtype(c, outt, in, fn);
+    st = dt__cm_pair_ok(c, outt, in, fn);
     if (!st && !send_counts) st = dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: send_counts is NULL", fn);
     /* each count at most in->numel (<= INT_MAX): the sum cannot overflow, and every count and
        displacement MPI gets fits an int */
@@ -3267,38 +3257,29 @@ DT_API dt_status dt_comm_alltoallv(dt_comm *c, dt_tensor *outt, const int64_t *r
     if (!st && dt__cm_overlap(outt, in))
         st = dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: in and out overlap; all-to-all needs distinct buffers", fn);
     if (!st) {
-        q.et = dt__cm_et(in->dtype);
-        q.tin = *in;
-        q.tout = *outt;
-        q.count = total;
-        q.out_cap = outt->numel;
-        q.want_recv = recv_counts;
-        q.want_send = send_counts;
-        q.stat_bytes = (double)total * (double)dt__cm_esize(q.et);
+        dt__cm_set_io(q, in, outt, total);
+        q->out_cap = outt->numel;
+        q->want_recv = recv_counts;
+        q->want_send = send_counts;
+        q->stat_bytes = (double)total * (double)dt__cm_esize(q->et);
     }
-    st = dt__cm_enter(&q, st);
-    if (!st) st = dt__cm_start(&q, 0);
-    return dt__cm_finish_call(&q, st, NULL);
+    return dt__cm_run(q, st, 0, NULL);
 }
 
 DT_API dt_status dt_comm_barrier(dt_comm *c) {
     const char *fn = "dt_comm_barrier";
-    dt_comm_req q;
-    dt_status st;
-    if (!c) return DT_ERR_ARG;
-    if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
-    dt__cm_req_init(&q, c, DT_COLL_BARRIER, fn);
-    st = dt__cm_enter(&q, DT_OK);
-    if (!st) st = dt__cm_start(&q, 0);
-    return dt__cm_finish_call(&q, st, NULL);
+    dt_comm_req sq, *q;
+    dt_status st = dt__cm_open(c, &sq, NULL, 0, DT_COLL_BARRIER, fn, &q);
+    return st ? st : dt__cm_run(q, DT_OK, 0, NULL);
 }
 
 /* Send and recv are not collectives: no seq, no check; a timeout cancels only themselves. */
-static dt_status dt__cm_p2p(dt_comm *c, dt_tensor *t, int peer, int tag, int send, dt_comm_req **out,
+static dt_status dt__cm_p2p(dt_comm *c, dt_tensor *t, int peer, int tag, int send, dt_comm_req **out, int async,
                             const char *fn) {
     dt_comm_req sq, *q;
     dt_status st;
     if (!c) return DT_ERR_ARG;
+    if (async && !out) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: req is NULL", fn);
     if (out) *out = NULL;
     if ((st = dt__cm_usable(c, fn)) != DT_OK) return st;
     st = dt__cm_tensor_ok(c, t, fn, "t");
@@ -3378,18 +3359,16 @@ static dt_status dt__cm_p2p(dt_comm *c, dt_tensor *t, int peer, int tag, int sen
 }
 
 DT_API dt_status dt_comm_send(dt_comm *c, const dt_tensor *t, int dst, int tag) {
-    return dt__cm_p2p(c, (dt_tensor *)t, dst, tag, 1, NULL, "dt_comm_send");
+    return dt__cm_p2p(c, (dt_tensor *)t, dst, tag, 1, NULL, 0, "dt_comm_send");
 }
 DT_API dt_status dt_comm_recv(dt_comm *c, dt_tensor *t, int src, int tag) {
-    return dt__cm_p2p(c, t, src, tag, 0, NULL, "dt_comm_recv");
+    return dt__cm_p2p(c, t, src, tag, 0, NULL, 0, "dt_comm_recv");
 }
 DT_API dt_status dt_comm_isend(dt_comm *c, const dt_tensor *t, int dst, int tag, dt_comm_req **req) {
-    if (c && !req) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_isend: req is NULL");
-    return dt__cm_p2p(c, (dt_tensor *)t, dst, tag, 1, req, "dt_comm_isend");
+    return dt__cm_p2p(c, (dt_tensor *)t, dst, tag, 1, req, 1, "dt_comm_isend");
 }
 DT_API dt_status dt_comm_irecv(dt_comm *c, dt_tensor *t, int src, int tag, dt_comm_req **req) {
-    if (c && !req) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_irecv: req is NULL");
-    return dt__cm_p2p(c, t, src, tag, 0, req, "dt_comm_irecv");
+    return dt__cm_p2p(c, t, src, tag, 0, req, 1, "dt_comm_irecv");
 }
 
 DT_API dt_status dt_comm_test(dt_comm_req *req, int *done) {
@@ -3889,9 +3868,7 @@ DT_API void dt_comm_stats_print(const dt_comm *c) {
 #ifdef __cplusplus
 }
 #endif
-#if defined(DT_STATIC) && (defined(__GNUC__) || defined(__clang__))
-#pragma GCC diagnostic pop
-#endif
+DT__STATIC_QUIET_END
 #endif /* DT_COMM_IMPLEMENTATION_DONE */
 #endif /* DT_COMM_IMPLEMENTATION */
 

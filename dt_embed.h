@@ -248,7 +248,7 @@
 
    ---------------------------------------------------------------- CUDA
 
-   desc.device = DT_CUDA_DEVICE (a DT_CUDA build; link kernels/dt_embed.cu, dt_comm_pack.cu):
+   desc.device = DT_CUDA_DEVICE (a DT_CUDA build; link kernels/dt_embed.cu, dt_embed_copies.cu):
    each rank's shards and optimizer state are CUDA tensors; forward takes a cuda `out`, backward
    a cuda `dout` (a cpu one is DT_ERR_DEVICE). The ids stay on the host (validation, requests,
    id exchange). On the device: the owners' pooling, the data-parallel lookups, the return
@@ -566,10 +566,7 @@ extern int madvise(void *addr, size_t len, int advice);
 #include DT_STB_DS_H
 #endif
 
-#if defined(DT_STATIC) && (defined(__GNUC__) || defined(__clang__))
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#endif
+DT__STATIC_QUIET_BEGIN
 
 #ifdef __cplusplus
 extern "C" {
@@ -1369,16 +1366,13 @@ static dt_status dt__em_check_same(dt_ctx *ctx, const dt_embed_desc *desc, dt_st
     return st;
 }
 
-DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_desc *desc) {
+/* dt_embed_create in three steps (check, resolve, build). The check is local; dt_embed_create then
+   shares its verdict in dt__em_check_same, so a rank whose desc is bad still reaches that
+   collective and the others do not wait for it. */
+static dt_status dt__em_check_desc(dt_ctx *ctx, const dt_embed_desc *desc, int W) {
     const char *fn = "dt_embed_create";
-    dt_embed *e;
     dt_status st = DT_OK;
-    int i, j, W;
-    if (out) *out = NULL;
-    if (!ctx) return DT_ERR_ARG;
-    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    if (!desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc is NULL", fn);
-    /* from here a bad desc sets st: dt__em_check_same tells the other ranks, which would wait */
+    int i, j;
     if (desc->n_tables < 1 || !desc->tables)
         st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_tables = %d with tables %s; expected >= 1 tables", fn,
                               desc->n_tables, desc->tables ? "set" : "NULL");
@@ -1390,7 +1384,6 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     else if (desc->batch_hint < 0 || !(desc->dp_max_bytes == desc->dp_max_bytes))
         st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.batch_hint = %lld; expected >= 0", fn,
                               (long long)desc->batch_hint);
-    W = desc->comm ? dt_comm_size(desc->comm) : 1;
     if (!st) st = dt__em_cuda_check_desc(ctx, desc);
     for (i = 0; !st && i < desc->n_tables; i++) {
         st = dt__em_check_table(ctx, &desc->tables[i], i, W);
@@ -1410,9 +1403,42 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
         if (desc->features[i].input < 0 || desc->features[i].input >= desc->n_inputs)
             st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: features[%d].input = %d; expected a kjt feature in [0, %d) "
                                   "(desc.n_inputs)", fn, i, desc->features[i].input, desc->n_inputs);
-    if (desc->comm) DT__ETRY(dt__em_check_same(ctx, desc, st)); /* collective: every rank returns alike */
-    else if (st) return st;
-    if (!(e = (dt_embed *)dt_alloc(ctx, sizeof *e))) return DT_ERR_OOM;
+    return st;
+}
+
+/* A table desc's zeros become the documented defaults (DT_OPT_ZERO: a real 0). */
+static void dt__em_resolve_table(dt__em_tab *t, const dt_embed_table_desc *d) {
+    snprintf(t->name, sizeof t->name, "%s", d->name);
+    t->rows = d->rows; t->dim = d->dim;
+    t->dtype = d->dtype == DT_DTYPE_DEFAULT ? DT_F32 : d->dtype;
+    t->pooling = d->pooling == DT_POOL_DEFAULT ? DT_POOL_SUM : d->pooling;
+    t->weighted = d->weighted;
+    t->init = d->init;
+    t->kind = d->optim.kind == DT_EMBED_OPT_DEFAULT ? DT_EMBED_SGD : d->optim.kind;
+    t->lr = d->optim.lr == 0 ? (t->kind == DT_EMBED_ADAM ? 1e-3 : 0.01) : d->optim.lr;
+    t->eps = d->optim.eps == 0 ? (t->kind == DT_EMBED_ADAM ? 1e-8 : 1e-10) : d->optim.eps;
+    t->b1 = d->optim.beta1 == 0 ? 0.9 : d->optim.beta1;
+    t->b2 = d->optim.beta2 == 0 ? 0.999 : d->optim.beta2;
+    if (t->lr == DT_OPT_ZERO) t->lr = 0;
+    if (t->eps == DT_OPT_ZERO) t->eps = 0;
+    if (t->b1 == DT_OPT_ZERO) t->b1 = 0;
+    if (t->b2 == DT_OPT_ZERO) t->b2 = 0;
+    t->ids = d->ids == DT_IDS_DEFAULT ? DT_IDS_CHECK : d->ids;
+    t->shard = d->sharding == DT_SHARD_DEFAULT ? DT_SHARD_AUTO : d->sharding;
+    t->owner = d->pin_owner ? d->owner : 0;
+    t->ids_per_batch = d->ids_per_batch;
+    t->dynamic = d->dynamic;
+    t->admit_after = d->admit_after ? d->admit_after : 1;
+    t->n_hs = d->hash_shards ? d->hash_shards : 16;
+    t->evict = d->eviction == DT_EVICT_DEFAULT ? DT_EVICT_LRU : d->eviction;
+    t->gsize = d->group_size;
+}
+
+/* The object with its per-rank arrays and resolved tables; NULL (everything freed) when out of memory. */
+static dt_embed *dt__em_new(dt_ctx *ctx, const dt_embed_desc *desc, int W) {
+    dt_embed *e;
+    int i;
+    if (!(e = (dt_embed *)dt_alloc(ctx, sizeof *e))) return NULL;
     memset(e, 0, sizeof *e);
     e->sync = 1;
     e->cuda = desc->device == DT_CUDA_DEVICE;
@@ -1438,48 +1464,22 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     if (!e->tabs || !e->feat_tab || !e->feat_in || !e->feat_off || !e->seq_off || !e->cnt || !e->reqs || !e->rviews ||
         !e->aside.seq_off || !e->aside.cnt || !e->aside.reqs || !e->aside.rviews) {
         dt_embed_free(e);
-        return DT_ERR_OOM;
+        return NULL;
     }
     memset(e->tabs, 0, sizeof(dt__em_tab) * (size_t)e->n_tabs);
     for (i = 0; i < e->n_tabs; i++) {
-        const dt_embed_table_desc *d = &desc->tables[i];
-        dt__em_tab *t = &e->tabs[i];
-        snprintf(t->name, sizeof t->name, "%s", d->name);
-        t->rows = d->rows; t->dim = d->dim;
-        t->dtype = d->dtype == DT_DTYPE_DEFAULT ? DT_F32 : d->dtype;
-        t->pooling = d->pooling == DT_POOL_DEFAULT ? DT_POOL_SUM : d->pooling;
-        t->weighted = d->weighted;
-        t->init = d->init;
-        t->kind = d->optim.kind == DT_EMBED_OPT_DEFAULT ? DT_EMBED_SGD : d->optim.kind;
-        t->lr = d->optim.lr == 0 ? (t->kind == DT_EMBED_ADAM ? 1e-3 : 0.01) : d->optim.lr;
-        t->eps = d->optim.eps == 0 ? (t->kind == DT_EMBED_ADAM ? 1e-8 : 1e-10) : d->optim.eps;
-        t->b1 = d->optim.beta1 == 0 ? 0.9 : d->optim.beta1;
-        t->b2 = d->optim.beta2 == 0 ? 0.999 : d->optim.beta2;
-        if (t->lr == DT_OPT_ZERO) t->lr = 0;
-        if (t->eps == DT_OPT_ZERO) t->eps = 0;
-        if (t->b1 == DT_OPT_ZERO) t->b1 = 0;
-        if (t->b2 == DT_OPT_ZERO) t->b2 = 0;
-        t->ids = d->ids == DT_IDS_DEFAULT ? DT_IDS_CHECK : d->ids;
-        t->shard = d->sharding == DT_SHARD_DEFAULT ? DT_SHARD_AUTO : d->sharding;
-        t->owner = d->pin_owner ? d->owner : 0;
-        t->ids_per_batch = d->ids_per_batch;
-        t->dynamic = d->dynamic;
-        t->admit_after = d->admit_after ? d->admit_after : 1;
-        t->n_hs = d->hash_shards ? d->hash_shards : 16;
-        t->evict = d->eviction == DT_EVICT_DEFAULT ? DT_EVICT_LRU : d->eviction;
-        t->gsize = d->group_size;
-        if (t->weighted) e->any_weighted = 1;
+        dt__em_resolve_table(&e->tabs[i], &desc->tables[i]);
+        if (e->tabs[i].weighted) e->any_weighted = 1;
     }
-    st = dt__em_groups(e, desc->tables);
-    if (st) { dt_embed_free(e); return st; }
-    e->pooled_dim = 0;
-    for (i = 0; i < e->n_feat; i++) {
-        e->feat_tab[i] = desc->features ? desc->features[i].table : i;
-        e->feat_in[i] = desc->n_inputs > 0 ? desc->features[i].input : i;
-        if (e->tabs[e->feat_tab[i]].pooling == DT_POOL_NONE) e->feat_off[i] = -1;
-        else { e->feat_off[i] = e->pooled_dim; e->pooled_dim += e->tabs[e->feat_tab[i]].dim; }
-    }
-    st = dt__em_plan(e, desc, desc->tables);
+    return e;
+}
+
+/* Each table's shard: placed by the plan, allocated, initialised (and moved to the device). */
+static dt_status dt__em_build_shards(dt_embed *e, const dt_embed_desc *desc) {
+    const char *fn = "dt_embed_create";
+    dt_ctx *ctx = e->ctx;
+    dt_status st = dt__em_plan(e, desc, desc->tables);
+    int i, W = e->size;
     for (i = 0; !st && i < e->n_tabs; i++) {
         dt__em_tab *t = &e->tabs[i];
         if (t->shard == DT_SHARD_DATA) e->any_dp = 1;
@@ -1511,7 +1511,33 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
         else if (!st && v[1] != W * ((double)e->n_tabs + (double)e->n_feat * 1e6))
             st = dt_ctx_set_error(ctx, DT_ERR_COMM, "%s: the ranks passed different numbers of tables or features", fn);
     }
+    return st;
+}
+
+DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_desc *desc) {
+    const char *fn = "dt_embed_create";
+    dt_embed *e;
+    dt_status st;
+    int i, W;
+    if (out) *out = NULL;
+    if (!ctx) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    if (!desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc is NULL", fn);
+    W = desc->comm ? dt_comm_size(desc->comm) : 1;
+    st = dt__em_check_desc(ctx, desc, W);
+    if (desc->comm) DT__ETRY(dt__em_check_same(ctx, desc, st)); /* collective: every rank returns alike */
+    else if (st) return st;
+    if (!(e = dt__em_new(ctx, desc, W))) return DT_ERR_OOM;
+    st = dt__em_groups(e, desc->tables);
     if (st) { dt_embed_free(e); return st; }
+    e->pooled_dim = 0;
+    for (i = 0; i < e->n_feat; i++) {
+        e->feat_tab[i] = desc->features ? desc->features[i].table : i;
+        e->feat_in[i] = desc->n_inputs > 0 ? desc->features[i].input : i;
+        if (e->tabs[e->feat_tab[i]].pooling == DT_POOL_NONE) e->feat_off[i] = -1;
+        else { e->feat_off[i] = e->pooled_dim; e->pooled_dim += e->tabs[e->feat_tab[i]].dim; }
+    }
+    if ((st = dt__em_build_shards(e, desc)) != DT_OK) { dt_embed_free(e); return st; }
     if (desc->print_plan && e->rank == 0) dt_embed_plan_print(e);
     *out = e;
     return DT_OK;
@@ -3458,7 +3484,7 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
    tensors, initialised on the host with the same Philox stream and copied up. The ids stay
    host arrays: validation, requests and the id exchange are the CPU path's. On the device: the
    owner's pooling (dt_k_embed_pool_fwd, one launch per table per forward, then one
-   dt_k_comm_copies into the response), the data-parallel lookups, the return all-to-all (through
+   dt_k_embed_copies into the response), the data-parallel lookups, the return all-to-all (through
    dt_comm on device tensors: NCCL, or staged through the host) and the fused sparse update
    (dt_k_embed_sparse_update / _sparse_adam on the rows of each table, one launch per table).
    On the host: the bag-order sums of row-wise bags (the returned rows are copied down and added
@@ -3775,7 +3801,7 @@ static dt_status dt__em_cuda_dp_pool(dt_embed *e) {
 
 /* Owner side of the forward (dt__em_serve's walk): the requests of each table pooled in one
    launch, then moved to their places in the response (e->cu_resp, tot_res floats) by one
-   dt_k_comm_copies. */
+   dt_k_embed_copies. */
 static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
     const int64_t *rin = (const int64_t *)e->rbuf_i.data, *cnt_i = e->cnt + 3 * e->size;
     const float *rfl = (const float *)e->rbuf_f.data;
@@ -3824,10 +3850,10 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
             /* the copies' offsets reuse the front of cu_i (the pool is done with it) */
             DT__ETRY(dt__em_cuda_put(e, e->cu_i.data, dst, (size_t)(3 * nb) * sizeof(int64_t)));
             k = (int64_t)nb;
-            DT__ETRY(dt__em_cuda_err(e, dt_k_comm_copies(e->cu_resp.data, e->cu_tmp.data, (const int64_t *)e->cu_i.data,
-                                                         (const int64_t *)e->cu_i.data + k,
-                                                         (const int64_t *)e->cu_i.data + 2 * k, (int)k, nc, 4, 1, 1.0f,
-                                                         e->ctx->cuda_stream), "dt_k_comm_copies"));
+            DT__ETRY(dt__em_cuda_err(e, dt_k_embed_copies(e->cu_resp.data, e->cu_tmp.data, (const int64_t *)e->cu_i.data,
+                                                          (const int64_t *)e->cu_i.data + k,
+                                                          (const int64_t *)e->cu_i.data + 2 * k, (int)k, nc, 4,
+                                                          e->ctx->cuda_stream), "dt_k_embed_copies"));
         }
     }
     return DT_OK;
@@ -3974,9 +4000,7 @@ static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti) { (void)ti; return
 }
 #endif
 
-#if defined(DT_STATIC) && (defined(__GNUC__) || defined(__clang__))
-#pragma GCC diagnostic pop
-#endif
+DT__STATIC_QUIET_END
 
 #ifdef DT__EM_TYPEOF
 #undef typeof

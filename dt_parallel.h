@@ -1021,25 +1021,11 @@ static void *dt__pl_alloc_n(dt_ctx *ctx, int64_t n, size_t size, const char *fn,
     return p;
 }
 
-DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, const dt_arena_desc *desc) {
-    const char *fn = "dt_arena_create";
-    dt_arena *a;
-    dt_tensor_desc td;
-    dt_tensor *vviews = NULL, *gviews = NULL;
-    int64_t total[DT_DTYPE_COUNT], gtotal = 0;
-    const int *units = desc ? desc->units : NULL;
-    int i, k, n;
-    dt_status st = DT_OK;
-    if (out) *out = NULL;
-    if (!ctx) return DT_ERR_ARG;
-    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    if (!ps) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ps is NULL", fn);
-    if (ps->count < 0 || (ps->count > 0 && !ps->items))
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ps has count %d and items %p; expected a dt_params", fn,
-                                ps->count, (void *)ps->items);
-    n = ps->count;
-    /* check everything before anything changes: a failed create leaves ps as it was */
-    for (i = 0; i < n; i++) {
+/* dt_arena_create in three steps: check every parameter before anything changes (a failed create
+   leaves ps as it was), resolve the sizes of the flat buffers, build them and copy the values in. */
+static dt_status dt__pl_arena_check(dt_ctx *ctx, const dt_params *ps, const int *units, const char *fn) {
+    int i;
+    for (i = 0; i < ps->count; i++) {
         const dt_param *p = ps->items[i];
         if (!p || !p->value.data || !p->grad.data)
             return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: parameter %d (\"%s\") has no value or grad (freed, or "
@@ -1064,28 +1050,34 @@ DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, con
                                         "more", fn, i, units[i], p->name, i ? prev : 0);
         }
     }
+    return DT_OK;
+}
+
+/* The elements of each dtype's value buffer (total) and of the f32 grad buffer (gtotal). */
+static dt_status dt__pl_arena_sizes(dt_ctx *ctx, const dt_params *ps, int64_t *total, int64_t *gtotal,
+                                    const char *fn) {
+    int i, k;
     for (k = 0; k < DT_DTYPE_COUNT; k++) total[k] = 0;
-    for (i = 0; i < n; i++) {
+    *gtotal = 0;
+    for (i = 0; i < ps->count; i++) {
         const dt_param *p = ps->items[i];
         total[p->value.dtype] += p->value.numel; /* each < 2^62 bytes (a live tensor); n < 2^31 */
-        gtotal += p->grad.numel;
-        if (total[p->value.dtype] < 0 || gtotal < 0 || gtotal > ((int64_t)1 << 61))
+        *gtotal += p->grad.numel;
+        if (total[p->value.dtype] < 0 || *gtotal < 0 || *gtotal > ((int64_t)1 << 61))
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: the parameters hold more elements than fit", fn);
     }
-    a = (dt_arena *)dt_alloc(ctx, sizeof *a);
-    if (!a) return DT_ERR_OOM;
-    memset(a, 0, sizeof *a);
-    a->ctx = ctx;
-    a->params = ps;
-    a->device = n ? ps->items[0]->value.device : DT_CPU;
-    a->n_units = n == 0 ? 0 : units ? units[n - 1] + 1 : n;
-    a->value_offset = (int64_t *)dt__pl_alloc_n(ctx, n, sizeof(int64_t), fn, "offsets");
-    a->grad_offset = (int64_t *)dt__pl_alloc_n(ctx, n, sizeof(int64_t), fn, "offsets");
-    a->unit = (int *)dt__pl_alloc_n(ctx, n, sizeof(int), fn, "units");
-    a->unit_first = (int *)dt__pl_alloc_n(ctx, (int64_t)a->n_units + 1, sizeof(int), fn, "units");
-    vviews = (dt_tensor *)dt__pl_alloc_n(ctx, n, sizeof(dt_tensor), fn, "views");
-    gviews = (dt_tensor *)dt__pl_alloc_n(ctx, n, sizeof(dt_tensor), fn, "views");
-    if (!a->value_offset || !a->grad_offset || !a->unit || !a->unit_first || !vviews || !gviews) st = DT_ERR_OOM;
+    return DT_OK;
+}
+
+/* The buffers, the offsets and unit table, and the views (vviews, gviews) holding copies of ps's
+   values and grads; ps itself is not changed. */
+static dt_status dt__pl_arena_build(dt_arena *a, const int *units, const int64_t *total, int64_t gtotal,
+                                    dt_tensor *vviews, dt_tensor *gviews) {
+    dt_ctx *ctx = a->ctx;
+    dt_params *ps = a->params;
+    dt_tensor_desc td;
+    dt_status st = DT_OK;
+    int i, k, n = ps->count;
     memset(&td, 0, sizeof td);
     td.ndim = 1;
     td.device = a->device;
@@ -1122,6 +1114,42 @@ DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, con
         st = dt_tensor_copy(ctx, &vviews[i], &p->value);
         if (!st) st = dt_tensor_copy(ctx, &gviews[i], &p->grad);
     }
+    return st;
+}
+
+DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, const dt_arena_desc *desc) {
+    const char *fn = "dt_arena_create";
+    dt_arena *a;
+    dt_tensor *vviews = NULL, *gviews = NULL;
+    int64_t total[DT_DTYPE_COUNT], gtotal = 0;
+    const int *units = desc ? desc->units : NULL;
+    int i, n;
+    dt_status st = DT_OK;
+    if (out) *out = NULL;
+    if (!ctx) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    if (!ps) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ps is NULL", fn);
+    if (ps->count < 0 || (ps->count > 0 && !ps->items))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ps has count %d and items %p; expected a dt_params", fn,
+                                ps->count, (void *)ps->items);
+    n = ps->count;
+    DT__PL_TRY(dt__pl_arena_check(ctx, ps, units, fn));
+    DT__PL_TRY(dt__pl_arena_sizes(ctx, ps, total, &gtotal, fn));
+    a = (dt_arena *)dt_alloc(ctx, sizeof *a);
+    if (!a) return DT_ERR_OOM;
+    memset(a, 0, sizeof *a);
+    a->ctx = ctx;
+    a->params = ps;
+    a->device = n ? ps->items[0]->value.device : DT_CPU;
+    a->n_units = n == 0 ? 0 : units ? units[n - 1] + 1 : n;
+    a->value_offset = (int64_t *)dt__pl_alloc_n(ctx, n, sizeof(int64_t), fn, "offsets");
+    a->grad_offset = (int64_t *)dt__pl_alloc_n(ctx, n, sizeof(int64_t), fn, "offsets");
+    a->unit = (int *)dt__pl_alloc_n(ctx, n, sizeof(int), fn, "units");
+    a->unit_first = (int *)dt__pl_alloc_n(ctx, (int64_t)a->n_units + 1, sizeof(int), fn, "units");
+    vviews = (dt_tensor *)dt__pl_alloc_n(ctx, n, sizeof(dt_tensor), fn, "views");
+    gviews = (dt_tensor *)dt__pl_alloc_n(ctx, n, sizeof(dt_tensor), fn, "views");
+    if (!a->value_offset || !a->grad_offset || !a->unit || !a->unit_first || !vviews || !gviews) st = DT_ERR_OOM;
+    if (!st) st = dt__pl_arena_build(a, units, total, gtotal, vviews, gviews);
     if (st) {
         dt_release(ctx, vviews);
         dt_release(ctx, gviews);
@@ -2027,6 +2055,19 @@ static dt_status dt__tp_weight(dt_ctx *ctx, const dt_tensor *w, const dt_tensor 
     return DT_OK;
 }
 
+/* dw (may be NULL) has w's shape; dbias (may be NULL) w.shape[0] elements. */
+static dt_status dt__tp_wgrads(dt_ctx *ctx, const dt_tensor *dw, const dt_tensor *dbias, const dt_tensor *w,
+                               const char *fn) {
+    if (dw) {
+        char a[96], b[96];
+        DT__TP_TRY(dt__tp_chk(ctx, dw, DT_F32, fn, "dw"));
+        if (!dt_tensor_same_shape(dw, w))
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: dw shape %s does not match w shape %s", fn,
+                                    dt_shape_str(dw, a, sizeof a), dt_shape_str(w, b, sizeof b));
+    }
+    return dbias ? dt__tp_weight(ctx, w, dbias, w->shape[0], fn, "w", "dbias") : DT_OK;
+}
+
 /* N rows split over tp under sequence parallel: *local = N / tp. */
 static dt_status dt__tp_split(dt_layout *l, int64_t N, int64_t *local, const char *fn, const char *what) {
     if (N % l->tp)
@@ -2194,14 +2235,7 @@ DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor 
     DT__TP_TRY(dt__tp_mat(l->ctx, xall, N, In, fn, "xbuf_or_x", "w.shape[1] in features"));
     DT__TP_TRY(dt__tp_mat(l->ctx, dout, N, O, fn, "dout", "the rows of x_all by w.shape[0]"));
     if (sp) DT__TP_TRY(dt__tp_split(l, N, &nl, fn, "xbuf_or_x"));
-    if (dw) {
-        char a[96], b[96];
-        DT__TP_TRY(dt__tp_chk(l->ctx, dw, DT_F32, fn, "dw"));
-        if (!dt_tensor_same_shape(dw, w))
-            return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: dw shape %s does not match w shape %s", fn,
-                                    dt_shape_str(dw, a, sizeof a), dt_shape_str(w, b, sizeof b));
-    }
-    if (dbias) DT__TP_TRY(dt__tp_weight(l->ctx, w, dbias, O, fn, "w", "dbias"));
+    DT__TP_TRY(dt__tp_wgrads(l->ctx, dw, dbias, w, fn));
     if (dx) DT__TP_TRY(dt__tp_mat(l->ctx, dx, sp ? nl : N, In, fn, "dx", sp ? "this rank's rows of x_all" : "as x"));
     if (dx && (dxbuf || l->tp > 1))
         DT__TP_TRY(dt__tp_mat(l->ctx, dxbuf, N, In, fn, "dxbuf", "as x_all: the scratch of the sum over tp"));
@@ -2236,19 +2270,27 @@ DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor 
 
 /* ---- row-parallel linear */
 
+/* What the row-parallel forward and backward check alike, in this order: w (bias may be NULL),
+   x [N rows, w.shape[1]] (*nl = N / tp under sp), and y (out or dout: this rank's rows under sp). */
+static dt_status dt__tp_row_args(dt_layout *l, const dt_tensor *y, const char *yn, const dt_tensor *x,
+                                 const dt_tensor *w, const dt_tensor *bias, int sp, int64_t *N, int64_t *nl,
+                                 const char *fn) {
+    DT__TP_TRY(dt__tp_begin(l, sp, fn));
+    DT__TP_TRY(dt__tp_weight(l->ctx, w, bias, w ? w->shape[0] : 0, fn, "w", "bias"));
+    DT__TP_TRY(dt__tp_chk(l->ctx, x, DT_F32, fn, "x"));
+    *N = dt__tp_rows(x);
+    DT__TP_TRY(dt__tp_mat(l->ctx, x, *N, w->shape[1], fn, "x", "w.shape[1], this rank's in features"));
+    if (sp) DT__TP_TRY(dt__tp_split(l, *N, nl, fn, "x"));
+    return dt__tp_mat(l->ctx, y, sp ? *nl : *N, w->shape[0], fn, yn, sp ? "this rank's rows of x by w.shape[0]" :
+                      "the rows of x by w.shape[0]");
+}
+
 DT_API dt_status dt_tp_row_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor *partial, const dt_tensor *x,
                                       const dt_tensor *w, const dt_tensor *bias, int sp) {
     const char *fn = "dt_tp_row_linear_fwd";
     int64_t N, O, nl = 0;
-    DT__TP_TRY(dt__tp_begin(l, sp, fn));
-    DT__TP_TRY(dt__tp_weight(l->ctx, w, bias, w ? w->shape[0] : 0, fn, "w", "bias"));
+    DT__TP_TRY(dt__tp_row_args(l, out, "out", x, w, bias, sp, &N, &nl, fn));
     O = w->shape[0];
-    DT__TP_TRY(dt__tp_chk(l->ctx, x, DT_F32, fn, "x"));
-    N = dt__tp_rows(x);
-    DT__TP_TRY(dt__tp_mat(l->ctx, x, N, w->shape[1], fn, "x", "w.shape[1], this rank's in features"));
-    if (sp) DT__TP_TRY(dt__tp_split(l, N, &nl, fn, "x"));
-    DT__TP_TRY(dt__tp_mat(l->ctx, out, sp ? nl : N, O, fn, "out", sp ? "this rank's rows of x by w.shape[0]" :
-                          "the rows of x by w.shape[0]"));
     if (partial || (sp && l->tp > 1))
         DT__TP_TRY(dt__tp_mat(l->ctx, partial, N, O, fn, "partial", "the rows of x by w.shape[0]: the scratch of "
                               "the sum over tp"));
@@ -2271,15 +2313,8 @@ DT_API dt_status dt_tp_row_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw
     const char *fn = "dt_tp_row_linear_bwd";
     const dt_tensor *dall = dout;
     int64_t N, O, nl = 0;
-    DT__TP_TRY(dt__tp_begin(l, sp, fn));
-    DT__TP_TRY(dt__tp_weight(l->ctx, w, NULL, 0, fn, "w", "bias"));
+    DT__TP_TRY(dt__tp_row_args(l, dout, "dout", x, w, NULL, sp, &N, &nl, fn));
     O = w->shape[0];
-    DT__TP_TRY(dt__tp_chk(l->ctx, x, DT_F32, fn, "x"));
-    N = dt__tp_rows(x);
-    DT__TP_TRY(dt__tp_mat(l->ctx, x, N, w->shape[1], fn, "x", "w.shape[1], this rank's in features"));
-    if (sp) DT__TP_TRY(dt__tp_split(l, N, &nl, fn, "x"));
-    DT__TP_TRY(dt__tp_mat(l->ctx, dout, sp ? nl : N, O, fn, "dout", sp ? "this rank's rows of x by w.shape[0]" :
-                          "the rows of x by w.shape[0]"));
     if (sp && l->tp > 1) {
         DT__TP_TRY(dt__tp_mat(l->ctx, doutbuf, N, O, fn, "doutbuf", "the rows of x by w.shape[0]: the gathered dout"));
         DT__TP_TRY(dt__tp_apart(l->ctx, doutbuf, x, fn, "doutbuf", "x"));
@@ -2287,14 +2322,7 @@ DT_API dt_status dt_tp_row_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw
         dall = doutbuf;
     }
     if (dx) DT__TP_TRY(dt__tp_mat(l->ctx, dx, N, w->shape[1], fn, "dx", "as x"));
-    if (dw) {
-        char a[96], b[96];
-        DT__TP_TRY(dt__tp_chk(l->ctx, dw, DT_F32, fn, "dw"));
-        if (!dt_tensor_same_shape(dw, w))
-            return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: dw shape %s does not match w shape %s", fn,
-                                    dt_shape_str(dw, a, sizeof a), dt_shape_str(w, b, sizeof b));
-    }
-    if (dbias) DT__TP_TRY(dt__tp_weight(l->ctx, w, dbias, O, fn, "w", "dbias"));
+    DT__TP_TRY(dt__tp_wgrads(l->ctx, dw, dbias, w, fn));
     if (dall != dout) DT__TP_TRY(dt_sp_gather_rows(l, doutbuf, dout));
     if (dx || dw) DT__TP_TRY(dt_linear_bwd(l->ctx, dx, dw, NULL, dall, x, w));
     /* the bias was added after the sum: its grad is dout's (this rank's rows under sp: partial) */
@@ -2342,20 +2370,31 @@ static dt_status dt__tp_ids(dt_layout *l, const dt_tensor *ids_any, int64_t voca
     return st;
 }
 
+/* What the embedding's forward and backward check alike, in this order: tab (table or dtable,
+   tn) [Vl, C] is this rank's shard of the vocab, the ids are in the vocab (N of them; *nl = N / tp
+   under sp), y (out or dout) holds this rank's ids by C. */
+static dt_status dt__tp_emb_args(dt_layout *l, const dt_tensor *tab, const char *tn, const dt_tensor *y,
+                                 const char *yn, const dt_tensor *ids, int64_t vocab_start, int64_t vocab, int sp,
+                                 int64_t *N, int64_t *nl, const char *fn) {
+    char rows[32], why[64];
+    DT__TP_TRY(dt__tp_weight(l->ctx, tab, NULL, 0, fn, tn, ""));
+    snprintf(rows, sizeof rows, "%s rows", tn);
+    DT__TP_TRY(dt__tp_vocab(l, tab->shape[0], vocab_start, vocab, fn, rows));
+    DT__TP_TRY(dt__tp_ids(l, ids, vocab, fn));
+    *N = ids->numel;
+    if (sp) DT__TP_TRY(dt__tp_split(l, *N, nl, fn, "ids"));
+    snprintf(why, sizeof why, "%sids by %s.shape[1]", sp ? "this rank's " : "", tn);
+    return dt__tp_mat(l->ctx, y, sp ? *nl : *N, tab->shape[1], fn, yn, why);
+}
+
 DT_API dt_status dt_tp_embedding_fwd(dt_layout *l, dt_tensor *out, dt_tensor *partial, const dt_tensor *table,
                                      const dt_tensor *ids, int64_t vocab_start, int64_t vocab, int sp) {
     const char *fn = "dt_tp_embedding_fwd";
     dt_tensor *dst = out;
     int64_t N, C, Vl, nl = 0, n;
     DT__TP_TRY(dt__tp_begin(l, sp, fn));
-    DT__TP_TRY(dt__tp_weight(l->ctx, table, NULL, 0, fn, "table", ""));
+    DT__TP_TRY(dt__tp_emb_args(l, table, "table", out, "out", ids, vocab_start, vocab, sp, &N, &nl, fn));
     Vl = table->shape[0]; C = table->shape[1];
-    DT__TP_TRY(dt__tp_vocab(l, Vl, vocab_start, vocab, fn, "table rows"));
-    DT__TP_TRY(dt__tp_ids(l, ids, vocab, fn));
-    N = ids->numel;
-    if (sp) DT__TP_TRY(dt__tp_split(l, N, &nl, fn, "ids"));
-    DT__TP_TRY(dt__tp_mat(l->ctx, out, sp ? nl : N, C, fn, "out", sp ? "this rank's ids by table.shape[1]" :
-                          "ids by table.shape[1]"));
     if (partial || (sp && l->tp > 1))
         DT__TP_TRY(dt__tp_mat(l->ctx, partial, N, C, fn, "partial", "ids by table.shape[1]: the scratch of the sum"));
     if (sp && l->tp > 1) dst = partial;
@@ -2388,14 +2427,8 @@ DT_API dt_status dt_tp_embedding_bwd(dt_layout *l, dt_tensor *dtable, dt_tensor 
     int64_t N, C, Vl, nl = 0, n, d;
     DT__TP_TRY(dt__tp_begin(l, sp, fn));
     if (!dtable) return dt__tp_chk(l->ctx, dout, DT_F32, fn, "dout"); /* nothing wanted, nothing moved */
-    DT__TP_TRY(dt__tp_weight(l->ctx, dtable, NULL, 0, fn, "dtable", ""));
+    DT__TP_TRY(dt__tp_emb_args(l, dtable, "dtable", dout, "dout", ids, vocab_start, vocab, sp, &N, &nl, fn));
     Vl = dtable->shape[0]; C = dtable->shape[1];
-    DT__TP_TRY(dt__tp_vocab(l, Vl, vocab_start, vocab, fn, "dtable rows"));
-    DT__TP_TRY(dt__tp_ids(l, ids, vocab, fn));
-    N = ids->numel;
-    if (sp) DT__TP_TRY(dt__tp_split(l, N, &nl, fn, "ids"));
-    DT__TP_TRY(dt__tp_mat(l->ctx, dout, sp ? nl : N, C, fn, "dout", sp ? "this rank's ids by dtable.shape[1]" :
-                          "ids by dtable.shape[1]"));
     if (sp && l->tp > 1) {
         DT__TP_TRY(dt__tp_mat(l->ctx, doutbuf, N, C, fn, "doutbuf", "ids by dtable.shape[1]: the gathered dout"));
         DT__TP_TRY(dt_sp_gather_rows(l, doutbuf, dout));

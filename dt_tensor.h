@@ -1545,48 +1545,27 @@ static float dt__at(const float *X, int64_t ld, int trans, int64_t r, int64_t c)
     return trans ? X[c * ld + r] : X[r * ld + c];
 }
 
-/* Block [i0, i0+mc) x [k0, k0+kc) of op(A) as slivers of MR rows, each stored k-major
-   (kc x MR); the last sliver is zero-padded to MR rows so the kernel never branches. */
-static void dt__pack_a(float *DT__RESTRICT dst, const float *DT__RESTRICT A, int64_t lda, int ta,
-                       int64_t i0, int64_t mc, int64_t k0, int64_t kc) {
+/* Rows [r0, r0+nr) x columns [k0, k0+kc) of op(X) (X transposed when t) as slivers of W rows,
+   each stored k-major (kc x W); the last sliver is zero-padded to W rows so the kernel never
+   branches. A's block is this of op(A) with W = MR; B's panel, slivers of NR columns, is this of
+   op(B)^T (t = !tb). */
+static void dt__pack(float *DT__RESTRICT dst, const float *DT__RESTRICT X, int64_t ld, int t, int64_t r0,
+                     int64_t nr, int64_t k0, int64_t kc, int W) {
     int64_t i, k, r;
-    for (i = 0; i < mc; i += DT__MR) {
-        if (i + DT__MR > mc) {
+    for (i = 0; i < nr; i += W) {
+        if (i + W > nr) {
             for (k = 0; k < kc; k++)
-                for (r = 0; r < DT__MR; r++)
-                    *dst++ = (i + r < mc) ? dt__at(A, lda, ta, i0 + i + r, k0 + k) : 0.0f;
-        } else if (ta) {
-            for (k = 0; k < kc; k++, dst += DT__MR) {
-                const float *s = A + (k0 + k) * lda + i0 + i;
-                for (r = 0; r < DT__MR; r++) dst[r] = s[r];
+                for (r = 0; r < W; r++)
+                    *dst++ = (i + r < nr) ? dt__at(X, ld, t, r0 + i + r, k0 + k) : 0.0f;
+        } else if (t) {
+            for (k = 0; k < kc; k++, dst += W) {
+                const float *s = X + (k0 + k) * ld + r0 + i;
+                for (r = 0; r < W; r++) dst[r] = s[r];
             }
         } else {
-            const float *s = A + (i0 + i) * lda + k0;
-            for (k = 0; k < kc; k++, dst += DT__MR)
-                for (r = 0; r < DT__MR; r++) dst[r] = s[r * lda + k];
-        }
-    }
-}
-
-/* Panel [k0, k0+kc) x [j0, j0+nc) of op(B) as slivers of NR columns, each k-major (kc x NR),
-   the last one zero-padded. */
-static void dt__pack_b(float *DT__RESTRICT dst, const float *DT__RESTRICT B, int64_t ldb, int tb,
-                       int64_t k0, int64_t kc, int64_t j0, int64_t nc) {
-    int64_t j, k, c;
-    for (j = 0; j < nc; j += DT__NR) {
-        if (j + DT__NR > nc) {
-            for (k = 0; k < kc; k++)
-                for (c = 0; c < DT__NR; c++)
-                    *dst++ = (j + c < nc) ? dt__at(B, ldb, tb, k0 + k, j0 + j + c) : 0.0f;
-        } else if (!tb) {
-            for (k = 0; k < kc; k++, dst += DT__NR) {
-                const float *s = B + (k0 + k) * ldb + j0 + j;
-                for (c = 0; c < DT__NR; c++) dst[c] = s[c];
-            }
-        } else {
-            const float *s = B + (j0 + j) * ldb + k0;
-            for (k = 0; k < kc; k++, dst += DT__NR)
-                for (c = 0; c < DT__NR; c++) dst[c] = s[c * ldb + k];
+            const float *s = X + (r0 + i) * ld + k0;
+            for (k = 0; k < kc; k++, dst += W)
+                for (r = 0; r < W; r++) dst[r] = s[r * ld + k];
         }
     }
 }
@@ -1678,10 +1657,10 @@ static dt_status dt__gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64
         int64_t nc = N - jc < DT__NC ? N - jc : DT__NC;
         for (pc = 0; pc < K; pc += DT__KC) {
             int64_t kc = K - pc < DT__KC ? K - pc : DT__KC;
-            dt__pack_b(pb, B, ldb, tb, pc, kc, jc, nc);
+            dt__pack(pb, B, ldb, !tb, jc, nc, pc, kc, DT__NR);
             for (ic = 0; ic < M; ic += DT__MC) {
                 int64_t mc = M - ic < DT__MC ? M - ic : DT__MC;
-                dt__pack_a(pa, A, lda, ta, ic, mc, pc, kc);
+                dt__pack(pa, A, lda, ta, ic, mc, pc, kc, DT__MR);
                 for (j = 0; j < nc; j += DT__NR)
                     for (i = 0; i < mc; i += DT__MR) {
                         dt__micro(kc, pa + i * kc, pb + j * kc, tile);
@@ -2287,20 +2266,6 @@ DT_API dt_status dt_relu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
     return DT_OK;
 }
 
-DT_API dt_status dt_relu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x) {
-    if (!ctx) return DT_ERR_ARG;
-#ifdef DT_CUDA
-    if (dt__cu(dx) || dt__cu(dout) || dt__cu(x)) return dt__cu_unary(ctx, dx, dout, x, 1, 1);
-#endif
-    DT__TRY(dt__unary_check(ctx, dout, x, "dt_relu_bwd", "dout"));
-    if (!dx) return DT_OK;
-    DT__TRY(dt__unary_check(ctx, dx, x, "dt_relu_bwd", "dx"));
-    /* the gradient passes where the forward passed x through: x > 0, and NaN (PyTorch's
-       threshold_backward masks only x <= 0) */
-    DT__BLOCKS(x->numel, DT__CF(x), DT__CF(dout), DT__F(dx), o[j] += a[j] > 0.0f || a[j] != a[j] ? b[j] : 0.0f);
-    return DT_OK;
-}
-
 /* gelu(v) = 0.5 v (1 + tanh(u)), u = sqrt(2/pi) (v + 0.044715 v^3). Computed as v / (1 + e) with
    e = exp(-2u), since 1 + tanh(u) = 2 / (1 + exp(-2u)): one exp and no tanh, and no cancellation
    where tanh(u) nears -1 (v < -3), which costs 1 + tanhf(u) every digit in float. */
@@ -2331,18 +2296,8 @@ DT_API dt_status dt_gelu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
 
 /* gelu'(v) = 0.5 (1 + tanh u) + 0.5 v (1 - tanh^2 u) du/dv = s + v s (1 - s) 2 sqrt(2/pi)
    (1 + 3 0.044715 v^2), with s = sigmoid(2u) = 1 / (1 + e) and 1 - s = e s (no cancellation). */
-DT_API dt_status dt_gelu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x) {
-    const float *xp, *gp;
-    float *dp;
-    int64_t i, n;
-    if (!ctx) return DT_ERR_ARG;
-#ifdef DT_CUDA
-    if (dt__cu(dx) || dt__cu(dout) || dt__cu(x)) return dt__cu_unary(ctx, dx, dout, x, 1, 0);
-#endif
-    DT__TRY(dt__unary_check(ctx, dout, x, "dt_gelu_bwd", "dout"));
-    if (!dx) return DT_OK;
-    DT__TRY(dt__unary_check(ctx, dx, x, "dt_gelu_bwd", "dx"));
-    xp = DT__CF(x); gp = DT__CF(dout); dp = DT__F(dx); n = x->numel;
+static void dt__gelu_bwd_rows(float *dp, const float *gp, const float *xp, int64_t n) {
+    int64_t i;
     DT__ROW_LOOP(i, n, 4, {
         dt__v4 v = dt__v_ld(xp, i, n, 0.0f), e = dt__v_gelu_e(v);
         dt__v4 s = dt__v_div(dt__v_set(1.0f), dt__v_add(dt__v_set(1.0f), e));
@@ -2350,7 +2305,33 @@ DT_API dt_status dt_gelu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, 
         dt__v4 g = dt__v_add(s, dt__v_mul(dt__v_mul(v, s), dt__v_mul(dt__v_mul(e, s), q)));
         dt__v_st(dp, i, n, dt__v_add(dt__v_ld(dp, i, n, 0.0f), dt__v_mul(g, dt__v_ld(gp, i, n, 0.0f))));
     });
+}
+
+/* relu_bwd and gelu_bwd: the same checks and dispatch, then their own rows. */
+static dt_status dt__act_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x, int relu) {
+    const char *fn = relu ? "dt_relu_bwd" : "dt_gelu_bwd";
+    if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(dx) || dt__cu(dout) || dt__cu(x)) return dt__cu_unary(ctx, dx, dout, x, 1, relu);
+#endif
+    DT__TRY(dt__unary_check(ctx, dout, x, fn, "dout"));
+    if (!dx) return DT_OK;
+    DT__TRY(dt__unary_check(ctx, dx, x, fn, "dx"));
+    if (!relu) {
+        dt__gelu_bwd_rows(DT__F(dx), DT__CF(dout), DT__CF(x), x->numel);
+        return DT_OK;
+    }
+    /* the gradient passes where the forward passed x through: x > 0, and NaN (PyTorch's
+       threshold_backward masks only x <= 0) */
+    DT__BLOCKS(x->numel, DT__CF(x), DT__CF(dout), DT__F(dx), o[j] += a[j] > 0.0f || a[j] != a[j] ? b[j] : 0.0f);
     return DT_OK;
+}
+
+DT_API dt_status dt_relu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x) {
+    return dt__act_bwd(ctx, dx, dout, x, 1);
+}
+DT_API dt_status dt_gelu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x) {
+    return dt__act_bwd(ctx, dx, dout, x, 0);
 }
 
 /* ---------------------------------------------------------------- layernorm */
@@ -2485,10 +2466,38 @@ static dt_status dt__xent_check(dt_ctx *ctx, const dt_tensor *probs, const dt_te
     return DT_OK;
 }
 
+/* p[0, n) = softmax(z[0, n)) (p may be z: each block is read before it is written); *mx = the
+   max. Returns the sum of exp(z - max), >= 1 (the max's own exp(0)). Eight lanes in a fixed
+   order: the same bits every run, whatever the thread count. */
+static float dt__softmax_row(float *p, const float *z, int64_t n, float *mx) {
+    int64_t c;
+    dt__v4 a0 = dt__v_set(-FLT_MAX), a1 = a0, mv, inv;
+    float sum;
+    DT__ROW_LOOP(c, n, 8, { /* pads of -FLT_MAX, the start value, change no max */
+        a0 = dt__v_max(a0, dt__v_ld(z, c, n, -FLT_MAX));
+        a1 = dt__v_max(a1, dt__v_ld(z, c + 4, n, -FLT_MAX));
+    });
+    *mx = dt__v_hmax(dt__v_max(a0, a1));
+    mv = dt__v_set(*mx);
+    a0 = a1 = dt__v_set(0.0f);
+    DT__ROW_LOOP(c, n, 8, { /* the 8-lane sum; pads of -inf give exp = 0 */
+        dt__v4 e0 = dt__v_exp(dt__v_sub(dt__v_ld(z, c, n, -INFINITY), mv));
+        dt__v4 e1 = dt__v_exp(dt__v_sub(dt__v_ld(z, c + 4, n, -INFINITY), mv));
+        dt__v_st(p, c, n, e0);
+        dt__v_st(p, c + 4, n, e1);
+        a0 = dt__v_add(a0, e0);
+        a1 = dt__v_add(a1, e1);
+    });
+    sum = dt__v_hsum(dt__v_add(a0, a1));
+    inv = dt__v_set(1.0f / sum);
+    DT__ROW_LOOP(c, n, 4, { dt__v_st(p, c, n, dt__v_mul(dt__v_ld(p, c, n, 0.0f), inv)); });
+    return sum;
+}
+
 DT_API dt_status dt_softmax_xent_fwd(dt_ctx *ctx, float *loss, int64_t *n_valid, dt_tensor *probs,
                                      const dt_tensor *logits, const dt_tensor *targets, int ignore_index) {
     const char *fn = "dt_softmax_xent_fwd";
-    int64_t r, v, V, R, n = 0;
+    int64_t r, V, R, n = 0;
     double total = 0;
     if (loss) *loss = 0;
     if (n_valid) *n_valid = 0;
@@ -2507,26 +2516,8 @@ DT_API dt_status dt_softmax_xent_fwd(dt_ctx *ctx, float *loss, int64_t *n_valid,
         const float *z = DT__CF(logits) + r * V;
         float *p = DT__F(probs) + r * V, mx, sum, zt = 0.0f;
         int32_t t = ((const int32_t *)targets->data)[r];
-        dt__v4 a0 = dt__v_set(-FLT_MAX), a1 = a0, mv, inv;
         if (t != ignore_index) zt = z[t]; /* read before probs (which may be logits) is written */
-        DT__ROW_LOOP(v, V, 8, { /* pads of -FLT_MAX, the start value, change no max */
-            a0 = dt__v_max(a0, dt__v_ld(z, v, V, -FLT_MAX));
-            a1 = dt__v_max(a1, dt__v_ld(z, v + 4, V, -FLT_MAX));
-        });
-        mx = dt__v_hmax(dt__v_max(a0, a1));
-        mv = dt__v_set(mx);
-        a0 = a1 = dt__v_set(0.0f);
-        DT__ROW_LOOP(v, V, 8, { /* the 8-lane sum; pads of -inf give exp = 0 */
-            dt__v4 e0 = dt__v_exp(dt__v_sub(dt__v_ld(z, v, V, -INFINITY), mv));
-            dt__v4 e1 = dt__v_exp(dt__v_sub(dt__v_ld(z, v + 4, V, -INFINITY), mv));
-            dt__v_st(p, v, V, e0);
-            dt__v_st(p, v + 4, V, e1);
-            a0 = dt__v_add(a0, e0);
-            a1 = dt__v_add(a1, e1);
-        });
-        sum = dt__v_hsum(dt__v_add(a0, a1)); /* >= 1: the max's own exp(0) */
-        inv = dt__v_set(1.0f / sum);
-        DT__ROW_LOOP(v, V, 4, { dt__v_st(p, v, V, dt__v_mul(dt__v_ld(p, v, V, 0.0f), inv)); });
+        sum = dt__softmax_row(p, z, V, &mx);
         /* = -log softmax, no underflow; max - z[t] first, so log(sum) survives huge logits */
         if (t != ignore_index) { total += log((double)sum) + ((double)mx - zt); n++; }
     }
@@ -2687,29 +2678,21 @@ DT_API dt_status dt_axpy(dt_ctx *ctx, dt_tensor *y, float alpha, const dt_tensor
     return DT_OK;
 }
 
-DT_API dt_status dt_sum(dt_ctx *ctx, double *out, const dt_tensor *x) {
+/* The sum of x (of x * x when sq) in double, in element order. */
+static dt_status dt__sum(dt_ctx *ctx, double *out, const dt_tensor *x, int sq, const char *fn) {
     int64_t i;
     double s = 0;
     if (out) *out = 0;
     if (!ctx) return DT_ERR_ARG;
-    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_sum: out is NULL");
-    DT__TRY(dt__f32(ctx, x, "dt_sum", "x"));
-    for (i = 0; i < x->numel; i++) s += DT__CF(x)[i];
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    DT__TRY(dt__f32(ctx, x, fn, "x"));
+    for (i = 0; i < x->numel; i++) { double v = DT__CF(x)[i]; s += sq ? v * v : v; }
     *out = s;
     return DT_OK;
 }
 
-DT_API dt_status dt_sumsq(dt_ctx *ctx, double *out, const dt_tensor *x) {
-    int64_t i;
-    double s = 0;
-    if (out) *out = 0;
-    if (!ctx) return DT_ERR_ARG;
-    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_sumsq: out is NULL");
-    DT__TRY(dt__f32(ctx, x, "dt_sumsq", "x"));
-    for (i = 0; i < x->numel; i++) { double v = DT__CF(x)[i]; s += v * v; }
-    *out = s;
-    return DT_OK;
-}
+DT_API dt_status dt_sum(dt_ctx *ctx, double *out, const dt_tensor *x) { return dt__sum(ctx, out, x, 0, "dt_sum"); }
+DT_API dt_status dt_sumsq(dt_ctx *ctx, double *out, const dt_tensor *x) { return dt__sum(ctx, out, x, 1, "dt_sumsq"); }
 
 /* ---------------------------------------------------------------- embedding */
 
@@ -2820,26 +2803,9 @@ static dt_status dt__attn_check(dt_ctx *ctx, const dt_tensor *o, const dt_tensor
 /* One query row of the softmax: a[0..t] holds scaled scores in, probabilities out; a[t+1..T-1]
    becomes 0 (the causal mask: att keeps masked entries 0, the backward's GEMMs read them). */
 static void dt__att_softmax_row(float *a, int64_t t, int64_t T) {
-    int64_t c, n = t + 1;
-    dt__v4 a0 = dt__v_set(-FLT_MAX), a1 = a0, mv, inv;
-    float sum;
-    DT__ROW_LOOP(c, n, 8, { /* pads of -FLT_MAX, the start value, change no max */
-        a0 = dt__v_max(a0, dt__v_ld(a, c, n, -FLT_MAX));
-        a1 = dt__v_max(a1, dt__v_ld(a, c + 4, n, -FLT_MAX));
-    });
-    mv = dt__v_set(dt__v_hmax(dt__v_max(a0, a1)));
-    a0 = a1 = dt__v_set(0.0f);
-    DT__ROW_LOOP(c, n, 8, { /* pads of -inf give exp = 0 */
-        dt__v4 e0 = dt__v_exp(dt__v_sub(dt__v_ld(a, c, n, -INFINITY), mv));
-        dt__v4 e1 = dt__v_exp(dt__v_sub(dt__v_ld(a, c + 4, n, -INFINITY), mv));
-        dt__v_st(a, c, n, e0);
-        dt__v_st(a, c + 4, n, e1);
-        a0 = dt__v_add(a0, e0);
-        a1 = dt__v_add(a1, e1);
-    });
-    sum = dt__v_hsum(dt__v_add(a0, a1)); /* >= 1: the max's own exp(0) */
-    inv = dt__v_set(1.0f / sum);
-    DT__ROW_LOOP(c, n, 4, { dt__v_st(a, c, n, dt__v_mul(dt__v_ld(a, c, n, 0.0f), inv)); });
+    int64_t n = t + 1;
+    float mx;
+    dt__softmax_row(a, a, n, &mx);
     if (n < T) memset(a + n, 0, (size_t)(T - n) * sizeof(float));
 }
 
@@ -3334,20 +3300,25 @@ static dt_status dt__cu_att_like(dt_ctx *ctx, dt_tensor *like, const dt_tensor *
     return DT_OK;
 }
 
+/* y (out or dout, yn) against qkv: with att (sa) the CPU op's check; without, the fused kernels'. */
+static dt_status dt__cu_att_check(dt_ctx *ctx, const dt_tensor *y, const dt_tensor *sa, const dt_tensor *sq, int n_head,
+                                  const char *fn, const char *yn) {
+    dt_tensor like;
+    if (sa) return dt__attn_check(ctx, y, sa, sq, n_head, fn, yn);
+    return dt__cu_att_like(ctx, &like, y, sq, n_head, fn, yn);
+}
+
 static dt_status dt__cu_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv, int n_head) {
     const char *fn = "dt_attention_fwd";
     DT__CU_SH(so, out, "out");
     DT__CU_SH(sa, att, "att");
     DT__CU_SH(sq, qkv, "qkv");
     if (!so || !sq) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out and qkv must be non-NULL", fn);
-    if (!sa) {
-        dt_tensor like;
-        DT__TRY(dt__cu_att_like(ctx, &like, so, sq, n_head, fn, "out"));
+    DT__TRY(dt__cu_att_check(ctx, so, sa, sq, n_head, fn, "out"));
+    if (!sa)
         return dt__cu_status(ctx, dt_k_attention_fwd_flash(DT__CU_F(out), NULL, (const float *)qkv->data, qkv->shape[0],
                                                            qkv->shape[1], qkv->shape[2] / 3, n_head, ctx->cuda_stream),
                              fn, "dt_k_attention_fwd_flash");
-    }
-    DT__TRY(dt__attn_check(ctx, so, sa, sq, n_head, fn, "out"));
     return dt__cu_status(ctx, dt_k_attention_fwd(DT__CU_F(out), DT__CU_F(att), (const float *)qkv->data, qkv->shape[0],
                                                  qkv->shape[1], qkv->shape[2] / 3, n_head, ctx->cuda_stream),
                          fn, "dt_k_attention_fwd");
@@ -3361,12 +3332,7 @@ static dt_status dt__cu_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_ten
     DT__CU_SH(sq, qkv, "qkv");
     DT__CU_SH(sa, att, "att");
     if (!sg || !sq) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dout and qkv must be non-NULL", fn);
-    if (!sa) {
-        dt_tensor like;
-        DT__TRY(dt__cu_att_like(ctx, &like, sg, sq, n_head, fn, "dout"));
-    } else {
-        DT__TRY(dt__attn_check(ctx, sg, sa, sq, n_head, fn, "dout"));
-    }
+    DT__TRY(dt__cu_att_check(ctx, sg, sa, sq, n_head, fn, "dout"));
     if (!sd) return DT_OK;
     DT__TRY(dt__f32(ctx, sd, fn, "dqkv"));
     DT__TRY(dt__same(ctx, sd, sq, fn, "dqkv", "qkv"));

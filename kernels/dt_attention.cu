@@ -169,6 +169,23 @@ extern "C" int dt_k_attention_bwd(float *dqkv, const float *dout, const float *q
     return st;
 }
 
+/* The keys and values of rows [k0, k0 + BT) of head h into Ks, Vs [BT, hs] (zeros past T), by
+   all BT threads of the block; the barrier before: every thread is done with the previous tile;
+   after: the tile is in. */
+static __device__ __forceinline__ void dt_k__att_load_kv(float *Ks, float *Vs, const float *__restrict__ qkv,
+                                                         int64_t b, int64_t k0, int64_t T, int64_t C, int h,
+                                                         int64_t hs, int BT) {
+    int64_t idx;
+    __syncthreads();
+    for (idx = threadIdx.x; idx < BT * hs; idx += BT) {
+        int64_t r = idx / hs, c = idx % hs, tk = k0 + r;
+        const float *src = qkv + (b * T + tk) * 3 * C + C + h * hs + c;
+        Ks[idx] = tk < T ? src[0] : 0.0f;
+        Vs[idx] = tk < T ? src[C] : 0.0f;
+    }
+    __syncthreads();
+}
+
 /* The fused forward. Block (b, h, query tile qt) of DT_K__ATT_TILE threads, thread = query. */
 static __global__ void dt_k__att_flash(float *__restrict__ out, float *__restrict__ lse, const float *__restrict__ qkv,
                                 int64_t T, int64_t C, int H, int64_t hs, float scale) {
@@ -186,15 +203,7 @@ static __global__ void dt_k__att_flash(float *__restrict__ out, float *__restric
         o[i] = 0.0f;
     }
     for (k0 = 0; k0 < kend; k0 += BT) {
-        int64_t idx;
-        __syncthreads(); /* every thread is done with the previous tile */
-        for (idx = tid; idx < BT * hs; idx += BT) {
-            int64_t r = idx / hs, c = idx % hs, tk = k0 + r;
-            const float *src = qkv + (b * T + tk) * 3 * C + C + h * hs + c;
-            Ks[idx] = tk < T ? src[0] : 0.0f;
-            Vs[idx] = tk < T ? src[C] : 0.0f;
-        }
-        __syncthreads(); /* the tile is in */
+        dt_k__att_load_kv(Ks, Vs, qkv, b, k0, T, C, h, hs, BT);
         if (!valid) continue;
         for (j = 0; j < BT && k0 + j <= t; j++) {
             const float *k = Ks + j * hs, *v = Vs + j * hs;
@@ -263,95 +272,84 @@ static __global__ void dt_k__att_flash_d(float *__restrict__ D, const float *__r
     }
 }
 
-/* Key side: block (b, h, key tile), thread = key tk; dk, dv += over the queries t >= tk. */
-static __global__ void dt_k__att_flash_bwd_kv(float *__restrict__ dqkv, const float *__restrict__ dout,
-                                              const float *__restrict__ qkv, const float *__restrict__ lse,
-                                              const float *__restrict__ D, int64_t T, int64_t C, int H, int64_t hs,
-                                              float scale) {
+/* The two passes share their operands and the block geometry: block (b, h, tile of BT rows).
+   KEYS = 1, the key side: thread = key tk; dk, dv += over the queries t >= tk. KEYS = 0, the
+   query side: thread = query t; dq += over the keys t2 <= t. */
+template <int KEYS>
+static __global__ void dt_k__att_flash_bwd(float *__restrict__ dqkv, const float *__restrict__ dout,
+                                           const float *__restrict__ qkv, const float *__restrict__ lse,
+                                           const float *__restrict__ D, int64_t T, int64_t C, int H, int64_t hs,
+                                           float scale) {
     DT_K_SHARED_DYNAMIC(float, sm);
     const int BT = (int)blockDim.x;
-    int64_t nt = (T + BT - 1) / BT, blk = blockIdx.x, bh = blk / nt, b = bh / H, k0 = (blk % nt) * BT;
+    int64_t nt = (T + BT - 1) / BT, blk = blockIdx.x, bh = blk / nt, b = bh / H, t0 = (blk % nt) * BT;
     int h = (int)(bh % H), tid = threadIdx.x, j;
-    int64_t tk = k0 + tid, q0, i, idx;
-    float *Qs = sm, *Gs = Qs + BT * hs, *k = Gs + BT * hs + tid * hs, *v = k + BT * hs, *dk = v + BT * hs,
-          *dv = dk + BT * hs;
-    const int valid = tk < T;
-    for (i = 0; i < hs; i++) { /* this thread's own rows: no barrier needed */
-        k[i] = valid ? qkv[(b * T + tk) * 3 * C + C + h * hs + i] : 0.0f;
-        v[i] = valid ? qkv[(b * T + tk) * 3 * C + 2 * C + h * hs + i] : 0.0f;
-        dk[i] = 0.0f;
-        dv[i] = 0.0f;
-    }
-    for (q0 = k0; q0 < T; q0 += BT) { /* queries before k0 do not see these keys (causal) */
-        __syncthreads(); /* every thread is done with the previous tile */
-        for (idx = tid; idx < BT * hs; idx += BT) {
-            int64_t r = idx / hs, c = idx % hs, tq = q0 + r;
-            Qs[idx] = tq < T ? qkv[(b * T + tq) * 3 * C + h * hs + c] : 0.0f;
-            Gs[idx] = tq < T ? dout[(b * T + tq) * C + h * hs + c] : 0.0f;
+    int64_t i;
+    if (KEYS) {
+        int64_t tk = t0 + tid, q0, idx;
+        float *Qs = sm, *Gs = Qs + BT * hs, *k = Gs + BT * hs + tid * hs, *v = k + BT * hs, *dk = v + BT * hs,
+              *dv = dk + BT * hs;
+        const int valid = tk < T;
+        for (i = 0; i < hs; i++) { /* this thread's own rows: no barrier needed */
+            k[i] = valid ? qkv[(b * T + tk) * 3 * C + C + h * hs + i] : 0.0f;
+            v[i] = valid ? qkv[(b * T + tk) * 3 * C + 2 * C + h * hs + i] : 0.0f;
+            dk[i] = 0.0f;
+            dv[i] = 0.0f;
         }
-        __syncthreads(); /* the tile is in */
-        if (!valid) continue;
-        for (j = 0; j < BT && q0 + j < T; j++) {
-            const float *q = Qs + j * hs, *g = Gs + j * hs;
-            float s = 0.0f, dp = 0.0f, p, ds;
-            if (q0 + j < tk) continue; /* the causal mask */
-            for (i = 0; i < hs; i++) s += q[i] * k[i];
-            p = expf(s * scale - lse[bh * T + q0 + j]);
-            for (i = 0; i < hs; i++) dp += g[i] * v[i];
-            ds = p * (dp - D[bh * T + q0 + j]) * scale;
-            for (i = 0; i < hs; i++) {
-                dv[i] += p * g[i];
-                dk[i] += ds * q[i];
+        for (q0 = t0; q0 < T; q0 += BT) { /* queries before the tile's first key do not see it (causal) */
+            __syncthreads(); /* every thread is done with the previous tile */
+            for (idx = tid; idx < BT * hs; idx += BT) {
+                int64_t r = idx / hs, c = idx % hs, tq = q0 + r;
+                Qs[idx] = tq < T ? qkv[(b * T + tq) * 3 * C + h * hs + c] : 0.0f;
+                Gs[idx] = tq < T ? dout[(b * T + tq) * C + h * hs + c] : 0.0f;
+            }
+            __syncthreads(); /* the tile is in */
+            if (!valid) continue;
+            for (j = 0; j < BT && q0 + j < T; j++) {
+                const float *q = Qs + j * hs, *g = Gs + j * hs;
+                float s = 0.0f, dp = 0.0f, p, ds;
+                if (q0 + j < tk) continue; /* the causal mask */
+                for (i = 0; i < hs; i++) s += q[i] * k[i];
+                p = expf(s * scale - lse[bh * T + q0 + j]);
+                for (i = 0; i < hs; i++) dp += g[i] * v[i];
+                ds = p * (dp - D[bh * T + q0 + j]) * scale;
+                for (i = 0; i < hs; i++) {
+                    dv[i] += p * g[i];
+                    dk[i] += ds * q[i];
+                }
             }
         }
-    }
-    if (!valid) return;
-    for (i = 0; i < hs; i++) {
-        dqkv[(b * T + tk) * 3 * C + C + h * hs + i] += dk[i];
-        dqkv[(b * T + tk) * 3 * C + 2 * C + h * hs + i] += dv[i];
-    }
-}
-
-/* Query side: block (b, h, query tile), thread = query t; dq += over the keys t2 <= t. */
-static __global__ void dt_k__att_flash_bwd_q(float *__restrict__ dqkv, const float *__restrict__ dout,
-                                             const float *__restrict__ qkv, const float *__restrict__ lse,
-                                             const float *__restrict__ D, int64_t T, int64_t C, int H, int64_t hs,
-                                             float scale) {
-    DT_K_SHARED_DYNAMIC(float, sm);
-    const int BT = (int)blockDim.x;
-    int64_t nt = (T + BT - 1) / BT, blk = blockIdx.x, bh = blk / nt, b = bh / H, q0 = (blk % nt) * BT;
-    int h = (int)(bh % H), tid = threadIdx.x, j;
-    int64_t t = q0 + tid, k0, i, idx, kend = q0 + BT < T ? q0 + BT : T;
-    float *Ks = sm, *Vs = Ks + BT * hs, *q = Vs + BT * hs + tid * hs, *g = q + BT * hs, *dq = g + BT * hs;
-    const int valid = t < T;
-    const float lt = valid ? lse[bh * T + t] : 0.0f, Dt = valid ? D[bh * T + t] : 0.0f;
-    for (i = 0; i < hs; i++) {
-        q[i] = valid ? qkv[(b * T + t) * 3 * C + h * hs + i] : 0.0f;
-        g[i] = valid ? dout[(b * T + t) * C + h * hs + i] : 0.0f;
-        dq[i] = 0.0f;
-    }
-    for (k0 = 0; k0 < kend; k0 += BT) { /* keys past the tile's last query are masked for all */
-        __syncthreads(); /* every thread is done with the previous tile */
-        for (idx = tid; idx < BT * hs; idx += BT) {
-            int64_t r = idx / hs, c = idx % hs, tk = k0 + r;
-            const float *src = qkv + (b * T + tk) * 3 * C + C + h * hs + c;
-            Ks[idx] = tk < T ? src[0] : 0.0f;
-            Vs[idx] = tk < T ? src[C] : 0.0f;
+        if (!valid) return;
+        for (i = 0; i < hs; i++) {
+            dqkv[(b * T + tk) * 3 * C + C + h * hs + i] += dk[i];
+            dqkv[(b * T + tk) * 3 * C + 2 * C + h * hs + i] += dv[i];
         }
-        __syncthreads(); /* the tile is in */
-        if (!valid) continue;
-        for (j = 0; j < BT && k0 + j <= t; j++) {
-            const float *kr = Ks + j * hs, *vr = Vs + j * hs;
-            float s = 0.0f, dp = 0.0f, p, ds;
-            for (i = 0; i < hs; i++) s += q[i] * kr[i];
-            p = expf(s * scale - lt);
-            for (i = 0; i < hs; i++) dp += g[i] * vr[i];
-            ds = p * (dp - Dt) * scale;
-            for (i = 0; i < hs; i++) dq[i] += ds * kr[i];
+    } else {
+        int64_t t = t0 + tid, k0, kend = t0 + BT < T ? t0 + BT : T;
+        float *Ks = sm, *Vs = Ks + BT * hs, *q = Vs + BT * hs + tid * hs, *g = q + BT * hs, *dq = g + BT * hs;
+        const int valid = t < T;
+        const float lt = valid ? lse[bh * T + t] : 0.0f, Dt = valid ? D[bh * T + t] : 0.0f;
+        for (i = 0; i < hs; i++) {
+            q[i] = valid ? qkv[(b * T + t) * 3 * C + h * hs + i] : 0.0f;
+            g[i] = valid ? dout[(b * T + t) * C + h * hs + i] : 0.0f;
+            dq[i] = 0.0f;
         }
+        for (k0 = 0; k0 < kend; k0 += BT) { /* keys past the tile's last query are masked for all */
+            dt_k__att_load_kv(Ks, Vs, qkv, b, k0, T, C, h, hs, BT);
+            if (!valid) continue;
+            for (j = 0; j < BT && k0 + j <= t; j++) {
+                const float *kr = Ks + j * hs, *vr = Vs + j * hs;
+                float s = 0.0f, dp = 0.0f, p, ds;
+                for (i = 0; i < hs; i++) s += q[i] * kr[i];
+                p = expf(s * scale - lt);
+                for (i = 0; i < hs; i++) dp += g[i] * vr[i];
+                ds = p * (dp - Dt) * scale;
+                for (i = 0; i < hs; i++) dq[i] += ds * kr[i];
+            }
+        }
+        if (!valid) return;
+        for (i = 0; i < hs; i++) dqkv[(b * T + t) * 3 * C + h * hs + i] += dq[i];
     }
-    if (!valid) return;
-    for (i = 0; i < hs; i++) dqkv[(b * T + t) * 3 * C + h * hs + i] += dq[i];
 }
 
 extern "C" int dt_k_attention_bwd_flash(float *dqkv, const float *dout, const float *qkv, const float *out,
@@ -372,12 +370,12 @@ extern "C" int dt_k_attention_bwd_flash(float *dqkv, const float *dout, const fl
     st = DT_K_CHECK();
     blocks = B * n_head * ((T + bt - 1) / bt);
     if (!st) {
-        DT_K_LAUNCH(dt_k__att_flash_bwd_kv, (unsigned)blocks, bt, (size_t)(6 * bt * hs) * sizeof(float), stream, dqkv,
+        DT_K_LAUNCH(dt_k__att_flash_bwd<1>, (unsigned)blocks, bt, (size_t)(6 * bt * hs) * sizeof(float), stream, dqkv,
                     dout, qkv, lse, D, T, C, n_head, hs, dt_k__att_scale(hs));
         st = DT_K_CHECK();
     }
     if (!st) {
-        DT_K_LAUNCH(dt_k__att_flash_bwd_q, (unsigned)blocks, bt, (size_t)(5 * bt * hs) * sizeof(float), stream, dqkv,
+        DT_K_LAUNCH(dt_k__att_flash_bwd<0>, (unsigned)blocks, bt, (size_t)(5 * bt * hs) * sizeof(float), stream, dqkv,
                     dout, qkv, lse, D, T, C, n_head, hs, dt_k__att_scale(hs));
         st = DT_K_CHECK();
     }

@@ -92,12 +92,7 @@ static __device__ __forceinline__ uint16_t dt_k_f32_to_f16(float f) {
 
 /* Butterfly (xor) reductions over the full warp: every lane ends with the same bits, because
    each step adds the same two numbers on both lanes. */
-static __device__ __forceinline__ float dt_k_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-static __device__ __forceinline__ double dt_k_warp_sum(double v) {
+template <typename T> static __device__ __forceinline__ T dt_k_warp_sum(T v) { /* float or double */
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -113,32 +108,24 @@ static __device__ __forceinline__ float dt_k_warp_max(float v) {
    sums its lanes, lane 0 of each puts its warp's sum into the shared array, and every warp then
    sums that array itself. The first __syncthreads keeps a previous call's readers from seeing
    this call's writes. */
+template <typename T> static __device__ __forceinline__ T dt_k__warp_partials(T v, T *partial, T pad) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    return lane < nwarps ? partial[lane] : pad;
+}
 static __device__ __forceinline__ float dt_k_block_sum(float v) {
     __shared__ float dt_k__partial[32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    v = dt_k_warp_sum(v);
-    __syncthreads();
-    if (lane == 0) dt_k__partial[warp] = v;
-    __syncthreads();
-    return dt_k_warp_sum(lane < nwarps ? dt_k__partial[lane] : 0.0f);
+    return dt_k_warp_sum(dt_k__warp_partials(dt_k_warp_sum(v), dt_k__partial, 0.0f));
 }
 static __device__ __forceinline__ double dt_k_block_sum(double v) {
     __shared__ double dt_k__partial_d[32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    v = dt_k_warp_sum(v);
-    __syncthreads();
-    if (lane == 0) dt_k__partial_d[warp] = v;
-    __syncthreads();
-    return dt_k_warp_sum(lane < nwarps ? dt_k__partial_d[lane] : 0.0);
+    return dt_k_warp_sum(dt_k__warp_partials(dt_k_warp_sum(v), dt_k__partial_d, 0.0));
 }
 static __device__ __forceinline__ float dt_k_block_max(float v) {
     __shared__ float dt_k__partial_max[32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    v = dt_k_warp_max(v);
-    __syncthreads();
-    if (lane == 0) dt_k__partial_max[warp] = v;
-    __syncthreads();
-    return dt_k_warp_max(lane < nwarps ? dt_k__partial_max[lane] : -INFINITY);
+    return dt_k_warp_max(dt_k__warp_partials(dt_k_warp_max(v), dt_k__partial_max, -INFINITY));
 }
 
 #endif /* DT_CUDA_CUH */

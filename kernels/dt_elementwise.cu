@@ -124,14 +124,11 @@ int dt_k_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n, void 
     DT_K__LAUNCH_N(dt_k__gelu_bwd, n, stream, dx, dout, x, n);
 }
 
-/* ---------------------------------------------------------------- add, scale, axpy, mul */
+/* ---------------------------------------------------------------- add, axpy, mul */
 
 /* No __restrict__ where the CPU op lets the output alias an input. */
 __global__ void dt_k__add(float *out, const float *a, const float *b, int64_t n) {
     DT_K__GRID_STRIDE(i, n) out[i] = a[i] + b[i];
-}
-__global__ void dt_k__scale(float *x, float alpha, int64_t n) {
-    DT_K__GRID_STRIDE(i, n) x[i] = alpha * x[i];
 }
 __global__ void dt_k__axpy(float *y, float alpha, const float *x, int64_t n) {
     DT_K__GRID_STRIDE(i, n) y[i] += alpha * x[i];
@@ -149,9 +146,6 @@ __global__ void dt_k__mul_bwd(float *da, float *db, const float *dout, const flo
 
 int dt_k_add(float *out, const float *a, const float *b, int64_t n, void *stream) {
     DT_K__LAUNCH_N(dt_k__add, n, stream, out, a, b, n);
-}
-int dt_k_scale(float *x, float alpha, int64_t n, void *stream) {
-    DT_K__LAUNCH_N(dt_k__scale, n, stream, x, alpha, n);
 }
 int dt_k_axpy(float *y, float alpha, const float *x, int64_t n, void *stream) {
     DT_K__LAUNCH_N(dt_k__axpy, n, stream, y, alpha, x, n);

@@ -24,7 +24,7 @@
        >>attention     causal attention, plain and flash                    dt_attention.cu
        >>embedding     embedding, sharded tables, GPU hash map, dot         dt_embed.cu, dt_hash.cu
        >>opt           SGD, Adam, Adagrad updates, gradient pass, unscale   dt_opt.cu
-       >>pack          copies and shard blocks for dt_embed's exchanges     dt_comm_pack.cu
+       >>embcopies     the owner side of dt_embed's CUDA forward: copies    dt_embed_copies.cu
        >>gemm          matmul through cuBLAS                                dt_gemm.cu
        >>tp            vocab-parallel embedding and cross entropy, concat   dt_parallel.cu
 */
@@ -52,7 +52,6 @@ int dt_k_relu_bwd(float *dx, const float *dout, const float *x, int64_t n, void 
 int dt_k_gelu_fwd(float *out, const float *x, int64_t n, void *stream);
 int dt_k_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n, void *stream);
 int dt_k_add(float *out, const float *a, const float *b, int64_t n, void *stream);
-int dt_k_scale(float *x, float alpha, int64_t n, void *stream);
 int dt_k_axpy(float *y, float alpha, const float *x, int64_t n, void *stream);
 int dt_k_mul_fwd(float *out, const float *a, const float *b, int64_t n, void *stream);
 /* da or db may be NULL; da == db (a == b, x * x) gets both terms, da's first, as on the CPU. */
@@ -64,12 +63,6 @@ int dt_k_tensor_cast(void *dst, int dst_dtype, const void *src, int src_dtype, i
 
 /* ==== >>reduce: reductions and layernorm (dt_reduce.cu) ======================================= */
 
-/* *out = sum of x (sumsq: of x * x) in double, like dt_sum / dt_sumsq: blocks sum slices into
-   work (DT_K_REDUCE_WORK doubles of device memory), a second pass sums those in a fixed order,
-   so the result does not depend on timing. out and work are device pointers. */
-#define DT_K_REDUCE_WORK 64
-int dt_k_sum(double *out, double *work, const float *x, int64_t n, void *stream);
-int dt_k_sumsq(double *out, double *work, const float *x, int64_t n, void *stream);
 /* LayerNorm over rows of C (one block per row); mean, rstd and b may be NULL. eps > 0. */
 int dt_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
                        float eps, int64_t rows, int64_t C, void *stream);
@@ -80,17 +73,12 @@ int dt_k_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const
 
 /* ==== >>xent: softmax and cross entropy (dt_softmax.cu) ======================================= */
 
-/* Fused softmax + cross entropy that never stores the probabilities. logits [rows, V],
-   targets i32 [rows]. fwd writes losses[r] = logsumexp(row) - logits[r, t] (0 on a row whose
-   target is ignore_index; NaN when the target is outside [0, V), which dt_softmax_xent_fwd
-   reports as DT_ERR_RANGE) and lse[r] = the row's logsumexp. The mean loss of the CPU op is
-   the sum of losses over n_valid (the rows not ignored).
-   bwd: dlogits += dloss / n_valid * (softmax(row) - onehot(target)) on the rows not ignored,
-   the softmax recomputed as exp(logits - lse). n_valid = 0 adds nothing. */
+/* Softmax + cross entropy, forward: logits [rows, V], targets i32 [rows]. Writes losses[r] =
+   logsumexp(row) - logits[r, t] (0 on a row whose target is ignore_index; NaN when the target
+   is outside [0, V), which dt_softmax_xent_fwd reports as DT_ERR_RANGE) and lse[r] = the row's
+   logsumexp. The mean loss of the CPU op is the sum of losses over n_valid (the rows not ignored). */
 int dt_k_softmax_xent_fwd(float *losses, float *lse, const float *logits, const int32_t *targets, int ignore_index,
                           int64_t rows, int64_t V, void *stream);
-int dt_k_softmax_xent_bwd(float *dlogits, const float *logits, const float *lse, const int32_t *targets,
-                          int ignore_index, float dloss, int64_t n_valid, int64_t rows, int64_t V, void *stream);
 /* For dt_softmax_xent_fwd / _bwd's API, which keeps the probabilities: probs[r, :] =
    exp(logits[r, :] - lse[r]) from the fwd's lse (probs may be logits); and the backward from them,
    dlogits += dloss / n_valid * (probs - onehot(target)) on the rows not ignored, op for op the
@@ -148,23 +136,28 @@ int dt_k_embedding_bwd(float *dtable, const float *dout, const void *ids, int id
    admitted) adds nothing. */
 int dt_k_embed_pool_fwd(float *out, const void *table, int table_dtype, const int64_t *rows, const float *weights,
                         const int64_t *offsets, int64_t n_bags, int64_t D, int64_t ld, int mean, void *stream);
-/* Its backward as per-id gradient rows: grads[i, :] = w_i * dout[bag(i), :] (/ length for mean),
+/* Not yet called by dt_embed.h; kept for the device path (dt_embed's CUDA backward sorts and sums
+   the gradients on the host today).
+   Its backward as per-id gradient rows: grads[i, :] = w_i * dout[bag(i), :] (/ length for mean),
    bag(i) read from offsets (one block per bag). The rows for dedup + sparse update. */
 int dt_k_embed_pool_bwd(float *grads, const float *dout, const float *weights, const int64_t *offsets,
                         int64_t n_bags, int64_t D, int mean, void *stream);
-/* The same backward scattered into a dense f32 gradient table: dtable[rows[i], :] += grads
+/* Not yet called by dt_embed.h; kept for the device path.
+   The same backward scattered into a dense f32 gradient table: dtable[rows[i], :] += grads
    (atomicAdd; rows < 0 skipped). */
 int dt_k_embed_pool_bwd_dense(float *dtable, const float *dout, const int64_t *rows, const float *weights,
                               const int64_t *offsets, int64_t n_bags, int64_t D, int mean, void *stream);
 
-/* Bucketization by owner (row-wise sharding of `rows` rows over W ranks, as dt_embed.h: R =
+/* Not yet called by dt_embed.h; kept for the device path (the ids are bucketized on the host today).
+   Bucketization by owner (row-wise sharding of `rows` rows over W ranks, as dt_embed.h: R =
    q*W + m, the first m ranks one row more): counts[W] = ids per owner, dest[i] = where id i
    goes in the owner-major send buffer (owner's start + the number of earlier ids with that
    owner: stable). ids outside [0, rows) set *bad_id = 1 (may be NULL) and get dest -1.
    Three launches (block counts, one-block scan, stable scatter), device scratch cudaMalloc'd. */
 int dt_k_embed_bucketize(int64_t *counts, int64_t *dest, const int64_t *ids, int64_t n, int64_t rows, int W,
                          int *bad_id, void *stream);
-/* Gradient dedup by a stable LSD radix sort (8-bit digits, counting passes as above) of rows[n]
+/* Not yet called by dt_embed.h; kept for the device path.
+   Gradient dedup by a stable LSD radix sort (8-bit digits, counting passes as above) of rows[n]
    (each in [0, n_rows)): order[n] = the indices of rows in sorted order (equal rows keep their
    input order), seg[n + 1] = the start of each run of equal rows in order[] (seg[u] for u <
    *n_uniq, then seg[*n_uniq] = n), *n_uniq (a device int64). */
@@ -239,41 +232,27 @@ int dt_k_adagrad_update(void *w, int w_dtype, float *master, const float *g, flo
                         const int64_t *seg_end, const double *seg_wd, int n_seg, double lr, double lr_decay,
                         double eps, int64_t t, float grad_mul, const int *skip, void *stream);
 
-/* The one pass over the grads (dt_loss_scaler_unscale + dt_grad_norm): g *= mul when scale is 1
-   (GradScaler's 1 / scale), *found_inf |= an inf or NaN seen (device int, may be NULL), and
-   *sumsq = the sum of squares (after the multiply) in double (device, may be NULL). Two launches
-   (per-block partials, then one block sums them in block order: deterministic), with
-   DT_K_SUMSQ_BLOCKS doubles of device scratch the caller gives in work. */
-#define DT_K_SUMSQ_BLOCKS 256
-int dt_k_loss_scaler_unscale(float *g, int *found_inf, double *sumsq, double *work, int64_t n, float mul,
-                             int scale, void *stream);
-/* The same pass with dt_opt.h's CPU sum order, so sumsq has the CPU's bits: over n_t tensors
-   in one launch (g, n, sumsq: device arrays of n_t device pointers / sizes / doubles), tensor j:
-   g[j][i] *= mul when scale is 1, *found_inf |= an inf or NaN (may be NULL; never cleared
+/* The one pass over the grads (dt_loss_scaler_unscale + dt_grad_norm) with dt_opt.h's CPU sum
+   order, so sumsq has the CPU's bits: over n_t tensors in one launch (g, n, sumsq: device arrays
+   of n_t device pointers / sizes / doubles), tensor j: g[j][i] *= mul when scale is 1 (GradScaler's
+   1 / scale), *found_inf |= an inf or NaN (may be NULL; never cleared
    here), sumsq[j] = (l0 + l1) + (l2 + l3), lane l the double sum of x * x over i % 4 == l in
    element order. The lanes are serial (4 threads per tensor): O(max n / 4) time, the price of
    those bits. dt_opt_step uses it for CUDA parameters. */
 int dt_k_grad_pass_lanes(float *const *g, const int64_t *n, int n_t, int *found_inf, double *sumsq, float mul,
                          int scale, void *stream);
 
-/* ==== >>pack: comm packing (dt_comm_pack.cu) ================================================== */
+/* ==== >>embcopies: embedding response copies (dt_embed_copies.cu) ============================ */
 
-/* n_copies copies in one launch: dst[dst_off[c] + e] = alpha * src[src_off[c] + e] for e <
-   len[c] (offsets and lengths in elements, device int64 arrays); max_len (host) is the longest
-   len[c], which sizes the grid (each thread copies at least 8 elements of a copy). elem_bytes 1, 2, 4 or 8;
-   alpha applies to f32 only (elem_bytes 4 and is_f32 = 1; else it must be 1). Bucket packing
-   (param ranges -> one buffer, and back with 1 / world after an all-reduce) is this with the
-   ranges as copies. Copies must not overlap. */
-int dt_k_comm_copies(void *dst, const void *src, const int64_t *dst_off, const int64_t *src_off, const int64_t *len,
-                     int n_copies, int64_t max_len, int elem_bytes, int is_f32, float alpha, void *stream);
-/* Rank-major shard blocks of a row-major [rows, cols] matrix, columns split as dt_embed.h's
-   column-wise sharding ([k*cols/W, (k+1)*cols/W) to rank k): pack writes dst = the W blocks one
-   after the other, block k [rows, its width] row-major (what an all-to-all sends); unpack is
-   the inverse. elem_bytes 2, 4 or 8. */
-int dt_k_comm_pack_blocks(void *dst, const void *src, int64_t rows, int64_t cols, int W, int elem_bytes,
-                          void *stream);
-int dt_k_comm_unpack_blocks(void *dst, const void *src, int64_t rows, int64_t cols, int W, int elem_bytes,
-                            void *stream);
+/* dt_embed.h's owner side of a CUDA forward (kernels/dt_embed_copies.cu): the pooled rows of
+   every request moved to their places in the response in one launch, not one cudaMemcpyAsync
+   each (a forward has thousands of requests, a memcpy call costs microseconds of host time).
+   n_copies copies: dst[dst_off[c] + e] = src[src_off[c] + e] for e < len[c] (offsets and lengths
+   in elements, device int64 arrays); max_len (host) is the longest len[c], which sizes the grid
+   (each thread copies at least 8 elements of a copy). elem_bytes 1, 2, 4 or 8. Copies must not
+   overlap. */
+int dt_k_embed_copies(void *dst, const void *src, const int64_t *dst_off, const int64_t *src_off, const int64_t *len,
+                      int n_copies, int64_t max_len, int elem_bytes, void *stream);
 
 /* ==== >>gemm: gemm (dt_gemm.cu) =============================================================== */
 

@@ -6,11 +6,8 @@
    operation in the same order, with the per-step scalars computed in double on the host and
    rounded to float once, as there. Each element finds its parameter (segment) by a binary
    search of seg_end: log2(parameters) cached loads, cheaper than one launch per parameter.
-   The sum of squares is two launches (a grid-wide sum needs a grid-wide sync): per-block
-   double partials in a fixed order, then one block adds the partials in block order, so it is
-   the same bits every run (not the CPU's bits: a different order of double additions).
-   dt_k_grad_pass_lanes is the pass with the CPU's bits, what dt_opt_step uses: its sums keep
-   the CPU's four-lane order, so they are serial per tensor. */
+   dt_k_grad_pass_lanes, the grads' pass, has the CPU's bits: its sums keep the CPU's four-lane
+   order, so they are serial per tensor. */
 #include "dt_cuda.cuh"
 #include <math.h>
 #include <stdint.h>
@@ -167,66 +164,6 @@ extern "C" int dt_k_adagrad_update(void *w, int w_dtype, float *master, const fl
     k.epsf = (float)eps;
     DT_K_LAUNCH(dt_k__adagrad_kernel, dt_k__opt_grid(n), DT_K__OPT_THREADS, 0, stream, w, w_dtype, master, g, sum, n,
                 seg_end, seg_wd, n_seg, k, grad_mul, skip);
-    return DT_K_CHECK();
-}
-
-/* Pass 1: block b takes elements b, b + grid, ... (by thread), multiplies, flags, and leaves its
-   sum of squares in work[b] (a shared-memory tree in double: the contract's shuffles are float). */
-static __global__ void dt_k__grad_pass(float *g, int *found_inf, double *work, int64_t n, float mul, int scale) {
-    __shared__ double part[DT_K__OPT_THREADS];
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    double s = 0.0;
-    int bad = 0, step;
-    for (; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float x = g[i];
-        if (scale) {
-            x *= mul;
-            g[i] = x;
-        }
-        bad |= (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u; /* by the bits: no fast-math folding */
-        s += (double)x * (double)x;
-    }
-    if (bad && found_inf) atomicMax(found_inf, 1);
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (step = blockDim.x / 2; step > 0; step /= 2) {
-        if ((int)threadIdx.x < step) part[threadIdx.x] += part[threadIdx.x + step];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) work[blockIdx.x] = part[0];
-}
-
-/* Pass 2: one block adds the partials (the same tree: the same bits every run). */
-static __global__ void dt_k__sum_partials(double *sumsq, const double *work, int nblocks) {
-    __shared__ double part[DT_K__OPT_THREADS];
-    int step;
-    part[threadIdx.x] = (int)threadIdx.x < nblocks ? work[threadIdx.x] : 0.0;
-    __syncthreads();
-    for (step = blockDim.x / 2; step > 0; step /= 2) {
-        if ((int)threadIdx.x < step) part[threadIdx.x] += part[threadIdx.x + step];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) *sumsq = part[0];
-}
-
-extern "C" int dt_k_loss_scaler_unscale(float *g, int *found_inf, double *sumsq, double *work, int64_t n, float mul,
-                                        int scale, void *stream) {
-    int64_t b = (n + DT_K__OPT_THREADS - 1) / DT_K__OPT_THREADS;
-    int nb = (int)(b > DT_K_SUMSQ_BLOCKS ? DT_K_SUMSQ_BLOCKS : b < 1 ? 1 : b), st;
-    if (n < 0 || (scale != 0 && scale != 1) || (n > 0 && !g) || (sumsq && !work)) return (int)cudaErrorInvalidValue;
-    if (!work) { /* no norm wanted: the flag pass still needs somewhere to put partials */
-        if (n == 0 || (!scale && !found_inf)) return 0;
-        if ((st = (int)cudaMalloc((void **)&work, DT_K_SUMSQ_BLOCKS * sizeof(double)))) return st;
-        DT_K_LAUNCH(dt_k__grad_pass, (unsigned)nb, DT_K__OPT_THREADS, 0, stream, g, found_inf, work, n, mul, scale);
-        st = DT_K_CHECK();
-        if (!st) st = (int)cudaStreamSynchronize((cudaStream_t)stream);
-        cudaFree(work);
-        return st;
-    }
-    DT_K_LAUNCH(dt_k__grad_pass, (unsigned)nb, DT_K__OPT_THREADS, 0, stream, g, found_inf, work, n, mul, scale);
-    if ((st = DT_K_CHECK())) return st;
-    if (!sumsq) return 0;
-    DT_K_LAUNCH(dt_k__sum_partials, 1, DT_K__OPT_THREADS, 0, stream, sumsq, work, nb);
     return DT_K_CHECK();
 }
 

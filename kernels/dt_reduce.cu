@@ -1,51 +1,10 @@
 /* kernels/dt_reduce.cu - reductions and layernorm (kernels/dt_kernels.h, "reductions and
-   layernorm"): dt_k_sum / dt_k_sumsq in double in two passes, dt_k_layernorm_fwd / _bwd.
+   layernorm"): dt_k_layernorm_fwd / _bwd.
    Every sum has a fixed order (no atomics), so a result does not change from run to run.
                                                                     MIT licence (see dt_tensor.h) */
 #include "dt_cuda.cuh"
 
 #define DT_K__RED_THREADS 256
-
-/* ---------------------------------------------------------------- sum, sumsq */
-
-/* Pass 1: block b sums its grid-stride share of x (squared when sq) in double into work[b]. */
-__global__ void dt_k__sum_partial(double *work, const float *__restrict__ x, int64_t n, int sq) {
-    double s = 0;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        double v = x[i];
-        s += sq ? v * v : v;
-    }
-    s = dt_k_block_sum(s);
-    if (threadIdx.x == 0) work[blockIdx.x] = s;
-}
-
-/* Pass 2: one warp sums the partials (a grid-wide sum is two launches: blocks cannot wait for
-   each other). */
-__global__ void dt_k__sum_final(double *out, const double *__restrict__ work, int nparts) {
-    double s = threadIdx.x < (unsigned int)nparts ? work[threadIdx.x] : 0.0;
-    for (int i = threadIdx.x + 32; i < nparts; i += 32) s += work[i];
-    s = dt_k_warp_sum(s);
-    if (threadIdx.x == 0) *out = s;
-}
-
-static int dt_k__sum(double *out, double *work, const float *x, int64_t n, int sq, void *stream) {
-    unsigned int blocks;
-    int st;
-    if (n < 0 || !out || !work) return (int)cudaErrorInvalidValue;
-    blocks = n ? dt_k__blocks(n, DT_K__RED_THREADS * 4, DT_K_REDUCE_WORK) : 1;
-    if (n == 0) return (int)cudaMemsetAsync(out, 0, sizeof(double), (cudaStream_t)stream);
-    DT_K_LAUNCH(dt_k__sum_partial, blocks, DT_K__RED_THREADS, 0, stream, work, x, n, sq);
-    if ((st = DT_K_CHECK())) return st;
-    DT_K_LAUNCH(dt_k__sum_final, 1, 32, 0, stream, out, work, (int)blocks);
-    return DT_K_CHECK();
-}
-
-int dt_k_sum(double *out, double *work, const float *x, int64_t n, void *stream) {
-    return dt_k__sum(out, work, x, n, 0, stream);
-}
-int dt_k_sumsq(double *out, double *work, const float *x, int64_t n, void *stream) {
-    return dt_k__sum(out, work, x, n, 1, stream);
-}
 
 /* ---------------------------------------------------------------- layernorm */
 

@@ -1,7 +1,7 @@
-/* kernels/dt_softmax.cu - fused softmax + cross entropy (kernels/dt_kernels.h, "softmax and cross
-   entropy") that never stores the probabilities: the forward keeps one logsumexp per row, the
-   backward recomputes each probability as exp(logit - lse). For a GPT-2 vocabulary that saves
-   writing and reading back rows x 50257 floats.                   MIT licence (see dt_tensor.h) */
+/* kernels/dt_softmax.cu - softmax + cross entropy (kernels/dt_kernels.h, "softmax and cross
+   entropy"): the forward keeps one logsumexp per row, the probabilities are written from it
+   (dt_softmax_xent_fwd's API keeps them), and the backward reads them, op for op the CPU's.
+                                                                    MIT licence (see dt_tensor.h) */
 #include "dt_cuda.cuh"
 
 /* Threads per row: enough warps to cover V once, at most 512. */
@@ -33,19 +33,6 @@ __global__ void dt_k__softmax_xent_fwd(float *losses, float *lse, const float *_
     }
 }
 
-/* Elementwise: dlogits[r, v] += s * (exp(z - lse[r]) - [v == target]) on rows not ignored. */
-__global__ void dt_k__softmax_xent_bwd(float *dlogits, const float *__restrict__ logits, const float *__restrict__ lse,
-                                       const int32_t *__restrict__ targets, int ignore_index, float s, int64_t n,
-                                       int64_t V) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = i / V, v = i - r * V;
-        int32_t t = targets[r];
-        if (t == ignore_index || t < 0 || (int64_t)t >= V) continue;
-        float p = expf(logits[i] - lse[r]);
-        dlogits[i] += s * (p - (v == t ? 1.0f : 0.0f));
-    }
-}
-
 /* Elementwise: probs[r, v] = exp(z - lse[r]). probs may be logits: each thread reads its one
    element before it writes it. */
 __global__ void dt_k__softmax_xent_probs(float *probs, const float *logits, const float *__restrict__ lse, int64_t n,
@@ -72,17 +59,6 @@ int dt_k_softmax_xent_fwd(float *losses, float *lse, const float *logits, const 
     if (rows == 0) return 0;
     DT_K_LAUNCH(dt_k__softmax_xent_fwd, rows > 65535 ? 65535u : (unsigned int)rows, dt_k__xent_threads(V), 0, stream,
                 losses, lse, logits, targets, ignore_index, rows, V);
-    return DT_K_CHECK();
-}
-
-int dt_k_softmax_xent_bwd(float *dlogits, const float *logits, const float *lse, const int32_t *targets,
-                          int ignore_index, float dloss, int64_t n_valid, int64_t rows, int64_t V, void *stream) {
-    if (rows < 0 || V < 0 || n_valid < 0 || n_valid > rows || (V && rows > INT64_MAX / V))
-        return (int)cudaErrorInvalidValue;
-    if (n_valid == 0 || rows * V == 0) return 0;
-    /* the CPU's scale, computed the same way: dloss / (float)n_valid */
-    DT_K_LAUNCH(dt_k__softmax_xent_bwd, dt_k__blocks(rows * V, 256, 4096u), 256, 0, stream, dlogits, logits, lse, targets,
-                ignore_index, dloss / (float)n_valid, rows * V, V);
     return DT_K_CHECK();
 }
 

@@ -67,11 +67,6 @@ static void check_binary(void) {
         dt_mul_fwd(&ctx, &t_out, &t_a, &t_b);
         dt_test_allclose("mul_fwd_matches_cpu", k_download(d_out, n).data(), (float *)t_out.data, n, 0, 1e-7);
     }
-    /* in place (out aliases a), as the CPU op allows */
-    if (k_ok("scale_in_place_matches_cpu", dt_k_scale(d_out, -1.75f, n, NULL))) {
-        dt_scale(&ctx, &t_out, -1.75f);
-        dt_test_allclose("scale_in_place_matches_cpu", k_download(d_out, n).data(), (float *)t_out.data, n, 0, 1e-7);
-    }
     if (k_ok("axpy_accumulates_like_cpu", dt_k_axpy(d_out, 0.5f, d_a, n, NULL))) {
         dt_axpy(&ctx, &t_out, 0.5f, &t_a);
         dt_test_allclose("axpy_accumulates_like_cpu", k_download(d_out, n).data(), (float *)t_out.data, n, 0, 1e-7);

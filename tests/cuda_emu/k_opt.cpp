@@ -1,7 +1,7 @@
 // tests/cuda_emu/k_opt.cpp - kernels/dt_opt.cu on the emulator against dt_opt.h's update math
 // (dt_sgd_update / dt_adam_update / dt_adagrad_update, called per parameter on the CPU), over a
 // flat arena of three parameters with different weight decays, with f32 values, bf16 values
-// with f32 master weights, and bf16 / f16 values without; and the unscale pass.
+// with f32 master weights, and bf16 / f16 values without.
 #include <cuda_runtime.h>
 #include <vector>
 #define DT_IMPLEMENTATION
@@ -140,42 +140,6 @@ static void check(int kind, int wdt, int use_master) {
     cudaFree(d_se); cudaFree(d_sw); cudaFree(d_s1); cudaFree(d_s2); cudaFree(d_m); cudaFree(d_w);
 }
 
-static void check_unscale(void) {
-    const int64_t n = ksz(1000, 300); /* 4 (2) blocks of 256: the partials and the second launch */
-    std::vector<float> g = rnd(n, 50, -3, 3), want = g;
-    std::vector<int> zero(1, 0);
-    std::vector<double> z(1, 0.0);
-    float mul = 1.0f / 1024.0f;
-    double sq = 0;
-    float *d_g = dev(g);
-    int *d_inf = dev(zero);
-    double *d_sq = dev(z), *d_work = NULL;
-    int st;
-    cudaMalloc((void **)&d_work, DT_K_SUMSQ_BLOCKS * sizeof(double));
-    for (int64_t i = 0; i < n; i++) { want[i] *= mul; sq += (double)want[i] * want[i]; }
-    st = dt_k_loss_scaler_unscale(d_g, d_inf, d_sq, d_work, n, mul, 1, NULL);
-    DT_TEST_CHECK("loss_scaler_unscale_returns_0", st == 0);
-    dt_test_equal_bytes("loss_scaler_unscale_multiplies_by_1_over_scale", host(d_g, n).data(), want.data(),
-                        (size_t)n * 4);
-    dt_test_close("loss_scaler_unscale_sumsq_matches_double_sum", host(d_sq, 1)[0], sq, 1e-12 * sq);
-    DT_TEST_CHECK("loss_scaler_unscale_finite_grads_leave_flag_0", host(d_inf, 1)[0] == 0);
-    { /* one inf among finite grads, then a NaN: the flag goes up; scale 0 only reads */
-        float bad[2] = {INFINITY, NAN};
-        for (int k = 0; k < 2; k++) {
-            cudaMemcpy(d_inf, zero.data(), sizeof(int), cudaMemcpyHostToDevice);
-            cudaMemcpy(d_g + 277, &bad[k], sizeof(float), cudaMemcpyHostToDevice);
-            st = dt_k_loss_scaler_unscale(d_g, d_inf, d_sq, d_work, n, 1.0f, 0, NULL);
-            DT_TEST_CHECK(k ? "loss_scaler_unscale_nan_sets_found_inf" : "loss_scaler_unscale_inf_sets_found_inf",
-                          st == 0 && host(d_inf, 1)[0] == 1);
-        }
-    }
-    DT_TEST_CHECK("loss_scaler_unscale_scale_2_is_invalid_value",
-                  dt_k_loss_scaler_unscale(d_g, d_inf, d_sq, d_work, n, 1.0f, 2, NULL) == (int)cudaErrorInvalidValue);
-    DT_TEST_CHECK("loss_scaler_unscale_sumsq_without_work_is_invalid_value",
-                  dt_k_loss_scaler_unscale(d_g, d_inf, d_sq, NULL, n, 1.0f, 0, NULL) == (int)cudaErrorInvalidValue);
-    cudaFree(d_g); cudaFree(d_inf); cudaFree(d_sq); cudaFree(d_work);
-}
-
 int main(void) {
     int kind;
     /* the update kernels have no barrier: TSan (DT_K_SMALL) sees one of each kind */
@@ -187,7 +151,6 @@ int main(void) {
         check(ADAM, DT_BF16, 0);
         check(ADAGRAD, DT_F16, 0);
     }
-    check_unscale();
     {
         float *d = NULL;
         cudaMalloc((void **)&d, 64);

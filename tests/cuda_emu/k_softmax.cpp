@@ -1,7 +1,7 @@
-/* tests/cuda_emu/k_softmax.cpp - kernels/dt_softmax.cu (fused softmax + cross entropy) on the
-   CUDA emulator against dt_softmax_xent_fwd / _bwd of dt_tensor.h, in every DT_EMU_MODE and
-   under TSan. The kernels keep a logsumexp per row instead of the probabilities; the CPU op
-   stores probabilities: both must give the same loss and the same gradient (relative 1e-5). */
+/* tests/cuda_emu/k_softmax.cpp - kernels/dt_softmax.cu (softmax + cross entropy) on the CUDA
+   emulator against dt_softmax_xent_fwd / _bwd of dt_tensor.h, in every DT_EMU_MODE and under
+   TSan. The forward keeps a logsumexp per row, the probabilities are written from it: loss and
+   gradient must be the CPU's (relative 1e-5). */
 #define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "k_common.h"
@@ -17,7 +17,7 @@ static void check_xent(const char *tag, int64_t R, int64_t V, float scale) {
     t[1] = IGNORE; /* ignored rows: no loss, no gradient */
     if (R > 3) t[R - 1] = IGNORE;
     float *d_z = k_upload(z), *d_loss = k_upload(std::vector<float>(R, 0)), *d_lse = k_upload(std::vector<float>(R, 0));
-    float *d_g = k_upload(g0);
+    float *d_g = k_upload(g0), *d_p = k_upload(std::vector<float>(R * V, 0));
     int32_t *d_t = k_upload(t);
 
     dt_tensor t_z = k_cpu(&ctx, z, R, V), t_p = k_cpu(&ctx, std::vector<float>(R * V, 0), R, V), t_g = k_cpu(&ctx, g0, R, V);
@@ -54,7 +54,8 @@ static void check_xent(const char *tag, int64_t R, int64_t V, float scale) {
     }
     snprintf(name, sizeof name, "softmax_xent_bwd_accumulates_like_cpu_%s", tag);
     dt_softmax_xent_bwd(&ctx, &t_g, &t_p, &t_t, IGNORE, 0.75f);
-    if (k_ok(name, dt_k_softmax_xent_bwd(d_g, d_z, d_lse, d_t, IGNORE, 0.75f, n_valid, R, V, NULL)))
+    if (k_ok(name, dt_k_softmax_xent_probs(d_p, d_z, d_lse, R, V, NULL)) &&
+        k_ok(name, dt_k_softmax_xent_bwd_probs(d_g, d_p, d_t, IGNORE, 0.75f, n_valid, R, V, NULL)))
         dt_test_allclose(name, k_download(d_g, R * V).data(), (float *)t_g.data, R * V, 1e-6, 1e-5);
     dt_tensor_free(&ctx, &t_z), dt_tensor_free(&ctx, &t_p), dt_tensor_free(&ctx, &t_g), dt_tensor_free(&ctx, &t_t);
 }
@@ -72,10 +73,11 @@ static void check_edges(void) {
         else dt_test_fail("softmax_xent_fwd_target_outside_v_gives_nan_loss", "losses %g %g %g; want finite, NaN, NaN",
                           l[0], l[1], l[2]);
     }
-    if (k_ok("softmax_xent_bwd_no_valid_rows_adds_nothing", dt_k_softmax_xent_bwd(d_g, d_z, d_lse, d_t, IGNORE, 1.0f, 0, R, V, NULL)))
+    if (k_ok("softmax_xent_bwd_no_valid_rows_adds_nothing",
+             dt_k_softmax_xent_bwd_probs(d_g, d_z, d_t, IGNORE, 1.0f, 0, R, V, NULL)))
         dt_test_allclose("softmax_xent_bwd_no_valid_rows_adds_nothing", k_download(d_g, R * V).data(), g0.data(), R * V, 0, 0);
     DT_TEST_CHECK("softmax_xent_bwd_n_valid_above_rows_is_invalid_value",
-                  dt_k_softmax_xent_bwd(d_g, d_z, d_lse, d_t, IGNORE, 1.0f, R + 1, R, V, NULL) == cudaErrorInvalidValue);
+                  dt_k_softmax_xent_bwd_probs(d_g, d_z, d_t, IGNORE, 1.0f, R + 1, R, V, NULL) == cudaErrorInvalidValue);
     DT_TEST_CHECK("softmax_xent_fwd_negative_rows_is_invalid_value",
                   dt_k_softmax_xent_fwd(d_loss, d_lse, d_z, d_t, IGNORE, -1, V, NULL) == cudaErrorInvalidValue);
 }
