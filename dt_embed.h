@@ -580,7 +580,6 @@ extern "C" {
 #define DT__EM_RESTRICT restrict
 #endif
 
-#define DT__ETRY(x) do { dt_status dt__es = (x); if (dt__es) return dt__es; } while (0)
 #define DT__EM_HDR 4 /* a request segment: feature, global sample, first position, length; then ids */
 
 /* ==== >>types: internal types ================================================================= */
@@ -1005,7 +1004,7 @@ static dt_status dt__em_groups(dt_embed *e, const dt_embed_table_desc *td) {
     if (need && e->comm) {
         double v[2];
         v[0] = dt_comm_local_size(e->comm); v[1] = -v[0];
-        DT__ETRY(dt_comm_allreduce_f64(e->comm, v, 2, DT_REDUCE_MAX));
+        DT__TRY(dt_comm_allreduce_f64(e->comm, v, 2, DT_REDUCE_MAX));
         host = v[0] == -v[1] && W % (int)v[0] == 0 ? (int)v[0] : -(int)v[0];
         if (host < 0 && v[0] != -v[1]) host = 0; /* hosts of different sizes */
     }
@@ -1157,7 +1156,7 @@ static dt_status dt__em_alloc_shard(dt_embed *e, dt__em_tab *t, uint64_t seed) {
     if (nr == 0) return DT_OK;
     memset(&d, 0, sizeof d);
     d.dtype = t->dtype; d.device = DT_CPU; d.shape[0] = nr; d.shape[1] = nc; d.ndim = 2;
-    DT__ETRY(dt_tensor_create(e->ctx, &t->w, &d));
+    DT__TRY(dt_tensor_create(e->ctx, &t->w, &d));
     dt__em_hugepage(t->w.data, dt_tensor_bytes(&t->w));
     in = t->init;
     if (in.kind == DT_INIT_DEFAULT) { /* TorchRec's default: U(-sqrt(1/rows), sqrt(1/rows)) */
@@ -1172,22 +1171,22 @@ static dt_status dt__em_alloc_shard(dt_embed *e, dt__em_tab *t, uint64_t seed) {
     memset(in.start, 0, sizeof in.start);
     in.global_shape[0] = t->rows; in.global_shape[1] = t->dim;
     in.start[0] = t->r0; in.start[1] = t->c0;
-    DT__ETRY(dt_tensor_init(e->ctx, &t->w, &in));
+    DT__TRY(dt_tensor_init(e->ctx, &t->w, &in));
     d.dtype = DT_F32;
-    if (t->kind == DT_EMBED_ADAGRAD || t->kind == DT_EMBED_ADAM) DT__ETRY(dt_tensor_create(e->ctx, &t->s1, &d));
-    if (t->kind == DT_EMBED_ADAM) DT__ETRY(dt_tensor_create(e->ctx, &t->s2, &d));
+    if (t->kind == DT_EMBED_ADAGRAD || t->kind == DT_EMBED_ADAM) DT__TRY(dt_tensor_create(e->ctx, &t->s1, &d));
+    if (t->kind == DT_EMBED_ADAM) DT__TRY(dt_tensor_create(e->ctx, &t->s2, &d));
     if (t->s1.data) dt__em_hugepage(t->s1.data, dt_tensor_bytes(&t->s1));
     if (t->s2.data) dt__em_hugepage(t->s2.data, dt_tensor_bytes(&t->s2));
     if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) {
         d.shape[1] = 0; d.ndim = 1;
-        DT__ETRY(dt_tensor_create(e->ctx, &t->s1, &d));
+        DT__TRY(dt_tensor_create(e->ctx, &t->s1, &d));
     }
     if (t->dynamic) {
         int h;
         d.dtype = DT_I64; d.shape[1] = 0; d.ndim = 1;
-        DT__ETRY(dt_tensor_create(e->ctx, &t->slot_id, &d));
-        DT__ETRY(dt_tensor_create(e->ctx, &t->slot_stamp, &d));
-        if (t->evict == DT_EVICT_LFU) DT__ETRY(dt_tensor_create(e->ctx, &t->slot_count, &d));
+        DT__TRY(dt_tensor_create(e->ctx, &t->slot_id, &d));
+        DT__TRY(dt_tensor_create(e->ctx, &t->slot_stamp, &d));
+        if (t->evict == DT_EVICT_LFU) DT__TRY(dt_tensor_create(e->ctx, &t->slot_count, &d));
         t->prev = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)nr);
         t->next = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)nr);
         t->hs = (dt__em_dyn *)dt_alloc(e->ctx, sizeof(dt__em_dyn) * (size_t)t->hs_count);
@@ -1525,7 +1524,7 @@ DT_API dt_status dt_embed_create(dt_ctx *ctx, dt_embed **out, const dt_embed_des
     if (!desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc is NULL", fn);
     W = desc->comm ? dt_comm_size(desc->comm) : 1;
     st = dt__em_check_desc(ctx, desc, W);
-    if (desc->comm) DT__ETRY(dt__em_check_same(ctx, desc, st)); /* collective: every rank returns alike */
+    if (desc->comm) DT__TRY(dt__em_check_same(ctx, desc, st)); /* collective: every rank returns alike */
     else if (st) return st;
     if (!(e = dt__em_new(ctx, desc, W))) return DT_ERR_OOM;
     st = dt__em_groups(e, desc->tables);
@@ -1634,8 +1633,8 @@ static dt_status dt__em_read_batch(dt_embed *e, const dt_kjt *k, int *bad) {
     if (k->ids_dtype != DT_DTYPE_DEFAULT && k->ids_dtype != DT_I64 && k->ids_dtype != DT_I32)
         return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: kjt.ids_dtype = %s; expected i64 (DEFAULT) or i32", fn,
                                 dt_dtype_name(k->ids_dtype));
-    DT__ETRY(dt_grow(e->ctx, (void **)&e->in_offs, &e->in_offs_cap, ni + 1, sizeof(int64_t), "dt_embed offsets"));
-    DT__ETRY(dt_grow(e->ctx, (void **)&e->offs, &e->offs_cap, nb + 1, sizeof(int64_t), "dt_embed offsets"));
+    DT__TRY(dt_grow(e->ctx, (void **)&e->in_offs, &e->in_offs_cap, ni + 1, sizeof(int64_t), "dt_embed offsets"));
+    DT__TRY(dt_grow(e->ctx, (void **)&e->offs, &e->offs_cap, nb + 1, sizeof(int64_t), "dt_embed offsets"));
     e->in_offs[0] = 0;
     for (i = 0; i < ni; i++) {
         if (k->lengths[i] < 0 || k->lengths[i] > ((int64_t)1 << 40) - in_total)
@@ -1657,8 +1656,8 @@ static dt_status dt__em_read_batch(dt_embed *e, const dt_kjt *k, int *bad) {
             total += n;
             e->offs[f * B + b + 1] = total;
         }
-    DT__ETRY(dt_grow(e->ctx, (void **)&e->rows, &e->rows_cap, total + 1, sizeof(int64_t), "dt_embed rows"));
-    DT__ETRY(dt_grow(e->ctx, (void **)&e->wts, &e->wts_cap, total + 1, sizeof(float), "dt_embed weights"));
+    DT__TRY(dt_grow(e->ctx, (void **)&e->rows, &e->rows_cap, total + 1, sizeof(int64_t), "dt_embed rows"));
+    DT__TRY(dt_grow(e->ctx, (void **)&e->wts, &e->wts_cap, total + 1, sizeof(float), "dt_embed weights"));
     e->B = B;
     e->n_ids = total;
     for (f = 0; f < F; f++) {
@@ -1797,7 +1796,7 @@ static dt_status dt__em_add_seg(dt_embed *e, dt__em_gen *g, int dest, int f, int
         pi[0] = f; pi[1] = e->g0 + b; pi[2] = pos < 0 ? 0 : pos; pi[3] = n;
         memcpy(pi + DT__EM_HDR, e->rows + i0, (size_t)n * sizeof(int64_t));
         if (e->any_weighted) memcpy((float *)e->sbuf_f.data + nf[dest], e->wts + i0, (size_t)n * sizeof(float));
-        DT__ETRY(dt_grow(e->ctx, (void **)&e->segs, &e->segs_cap, e->n_segs + 1, sizeof(dt__em_seg), "dt_embed segments"));
+        DT__TRY(dt_grow(e->ctx, (void **)&e->segs, &e->segs_cap, e->n_segs + 1, sizeof(dt__em_seg), "dt_embed segments"));
         s = &e->segs[e->n_segs++];
         s->dest = dest; s->f = f; s->b = b; s->pos = pos; s->c0 = c0; s->nc = nc; s->res = nr[dest];
         if (dest != e->rank) e->stats.ids_sent += n;
@@ -1818,28 +1817,28 @@ static dt_status dt__em_generate(dt_embed *e, dt__em_gen *g) {
             int seq = t->pooling == DT_POOL_NONE;
             switch (t->shard) {
             case DT_SHARD_TABLE:
-                if (seq) for (j = 0; j < n; j++) DT__ETRY(dt__em_add_seg(e, g, t->owner, f, b, j, 0, t->dim, i0 + j, 1));
-                else DT__ETRY(dt__em_add_seg(e, g, t->owner, f, b, -1, 0, t->dim, i0, n));
+                if (seq) for (j = 0; j < n; j++) DT__TRY(dt__em_add_seg(e, g, t->owner, f, b, j, 0, t->dim, i0 + j, 1));
+                else DT__TRY(dt__em_add_seg(e, g, t->owner, f, b, -1, 0, t->dim, i0, n));
                 break;
             case DT_SHARD_ROW: /* one request per id: the requester sums in bag order (exactness) */
                 for (j = 0; j < n; j++) {
                     int64_t id = e->rows[i0 + j];
                     int dest = t->dynamic ? t->hs_owner[dt_embed_hash_id(id) % (uint64_t)t->n_hs]
                                           : dt__em_row_owner(t->rows, W, id);
-                    DT__ETRY(dt__em_add_seg(e, g, dest, f, b, j, 0, t->dim, i0 + j, 1));
+                    DT__TRY(dt__em_add_seg(e, g, dest, f, b, j, 0, t->dim, i0 + j, 1));
                 }
                 break;
             case DT_SHARD_TABLE_ROW: /* the same, over the table's group */
                 for (j = 0; j < n; j++)
-                    DT__ETRY(dt__em_add_seg(e, g, t->gfirst + dt__em_row_owner(t->rows, t->gsize, e->rows[i0 + j]), f, b,
+                    DT__TRY(dt__em_add_seg(e, g, t->gfirst + dt__em_row_owner(t->rows, t->gsize, e->rows[i0 + j]), f, b,
                                             j, 0, t->dim, i0 + j, 1));
                 break;
             case DT_SHARD_COLUMN:
                 for (k = 0; k < W; k++) {
                     int64_t c0 = dt__em_col_start(t->dim, W, k), nc = dt__em_col_start(t->dim, W, k + 1) - c0;
                     if (nc == 0) continue;
-                    if (seq) for (j = 0; j < n; j++) DT__ETRY(dt__em_add_seg(e, g, k, f, b, j, c0, nc, i0 + j, 1));
-                    else DT__ETRY(dt__em_add_seg(e, g, k, f, b, -1, c0, nc, i0, n));
+                    if (seq) for (j = 0; j < n; j++) DT__TRY(dt__em_add_seg(e, g, k, f, b, j, c0, nc, i0 + j, 1));
+                    else DT__TRY(dt__em_add_seg(e, g, k, f, b, -1, c0, nc, i0, n));
                 }
                 break;
             default: break; /* data-parallel: looked up locally */
@@ -1894,12 +1893,12 @@ static dt_status dt__em_dyn_fill(dt_embed *e, dt__em_tab *t, int64_t x, int64_t 
     char name[DT_NAME_MAX + 32];
     int64_t nc = t->c1 - t->c0, sh[2];
     sh[0] = 1; sh[1] = nc;
-    DT__ETRY(dt_tensor_view(e->ctx, &v, &t->w, x * nc, 2, sh));
+    DT__TRY(dt_tensor_view(e->ctx, &v, &t->w, x * nc, 2, sh));
     snprintf(name, sizeof name, "%s#%lld", t->name, (long long)id);
     in.name = name;
     memset(in.global_shape, 0, sizeof in.global_shape);
     memset(in.start, 0, sizeof in.start);
-    DT__ETRY(dt_tensor_init(e->ctx, &v, &in));
+    DT__TRY(dt_tensor_init(e->ctx, &v, &in));
     if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) ((float *)t->s1.data)[x] = 0;
     else if (t->s1.data) memset((float *)t->s1.data + x * nc, 0, (size_t)nc * sizeof(float));
     if (t->s2.data) memset((float *)t->s2.data + x * nc, 0, (size_t)nc * sizeof(float));
@@ -1919,7 +1918,7 @@ static dt_status dt__em_dyn_slot(dt_embed *e, dt__em_tab *t, dt__em_dyn *y, int6
         seen++;
         if (seen < t->admit_after || (y->used == y->n && stamp[victim] > y->step_stamp)) {
             /* not seen often enough yet, or every slot is in use by this very batch */
-            DT__ETRY(dt__em_put(e->ctx, &y->seen, id, seen));
+            DT__TRY(dt__em_put(e->ctx, &y->seen, id, seen));
             e->stats.step_rejected++;
             *row = -1;
             return DT_OK;
@@ -1934,10 +1933,10 @@ static dt_status dt__em_dyn_slot(dt_embed *e, dt__em_tab *t, dt__em_dyn *y, int6
             e->stats.step_evicted++;
         }
         dt__em_del(&y->seen, id);
-        DT__ETRY(dt__em_put(e->ctx, &y->map, id, x));
+        DT__TRY(dt__em_put(e->ctx, &y->map, id, x));
         sid[x] = id;
-        DT__ETRY(dt__em_dyn_fill(e, t, x, id));
-        DT__ETRY(dt__em_mark(e, t, x));
+        DT__TRY(dt__em_dyn_fill(e, t, x, id));
+        DT__TRY(dt__em_mark(e, t, x));
         if (lfu) ((int64_t *)t->slot_count.data)[x] = 0;
         else dt__em_lru_append(t, y, x);
         e->stats.step_admitted++;
@@ -1969,7 +1968,7 @@ static dt_status dt__em_dyn_translate(dt_embed *e, int64_t *rin, int64_t total) 
             for (j = 0; j < n; j++) {
                 int64_t id = rin[p + DT__EM_HDR + j];
                 int h2 = (int)(dt_embed_hash_id(id) % (uint64_t)t->n_hs) - t->hs_first;
-                DT__ETRY(dt__em_dyn_slot(e, t, &t->hs[h2], id, &rin[p + DT__EM_HDR + j]));
+                DT__TRY(dt__em_dyn_slot(e, t, &t->hs[h2], id, &rin[p + DT__EM_HDR + j]));
             }
         p += DT__EM_HDR + n;
     }
@@ -2014,7 +2013,7 @@ static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
             int64_t n = y->used;
             for (y->used = 1, x = y->x0; x < y->x0 + n; x++, y->used++) {
                 if (dt__em_get(&y->map, sid[x], &v)) return dt__em_dup_slot(e, t, sid[x], v, x);
-                DT__ETRY(dt__em_put(e->ctx, &y->map, sid[x], x));
+                DT__TRY(dt__em_put(e->ctx, &y->map, sid[x], x));
                 t->prev[x] = x; t->next[x] = x - y->x0;
                 dt__em_lfu_fix(t, y, x - y->x0);
                 if (stamp[x] > y->stamp) y->stamp = stamp[x];
@@ -2036,7 +2035,7 @@ static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
                 dt_release(e->ctx, order);
                 return dt__em_dup_slot(e, t, sid[x], v, x);
             }
-            DT__ETRY(dt__em_put(e->ctx, &y->map, sid[x], x));
+            DT__TRY(dt__em_put(e->ctx, &y->map, sid[x], x));
             dt__em_lru_append(t, y, x);
             if (stamp[x] > y->stamp) y->stamp = stamp[x];
         }
@@ -2277,7 +2276,7 @@ static dt_status dt__em_serve(dt_embed *e, const int64_t *rin, const float *rfl,
     }
     if (!out) return DT_OK;
     end = p;
-    DT__ETRY(dt_grow(e->ctx, (void **)&e->src, &e->src_cap, end, sizeof(dt__em_src), "dt_embed gather list"));
+    DT__TRY(dt_grow(e->ctx, (void **)&e->src, &e->src_cap, end, sizeof(dt__em_src), "dt_embed gather list"));
     for (p = 0; p < end;) { /* every id's row, in request order */
         const dt__em_tab *t = &e->tabs[e->feat_tab[rin[p]]];
         int64_t n = rin[p + 3], j, bytes = (t->c1 - t->c0) * (int64_t)dt_dtype_size(t->dtype);
@@ -2321,8 +2320,8 @@ static dt_status dt__em_seq_layout(dt_embed *e) {
     e->seq_off[e->n_feat] = total;
     if (total + 1 > e->seq_cap) {
         int64_t c1 = e->seq_cap, c2 = e->seq_cap;
-        DT__ETRY(dt_grow(e->ctx, (void **)&e->seq, &c1, total + 1, sizeof(float), "dt_embed sequence rows"));
-        DT__ETRY(dt_grow(e->ctx, (void **)&e->seq_grad, &c2, total + 1, sizeof(float), "dt_embed sequence grads"));
+        DT__TRY(dt_grow(e->ctx, (void **)&e->seq, &c1, total + 1, sizeof(float), "dt_embed sequence rows"));
+        DT__TRY(dt_grow(e->ctx, (void **)&e->seq_grad, &c2, total + 1, sizeof(float), "dt_embed sequence grads"));
         e->seq_cap = c1 < c2 ? c1 : c2;
     }
     memset(e->seq, 0, (size_t)(total + 1) * sizeof(float));
@@ -2352,14 +2351,14 @@ static dt_status dt__em_post(dt_embed *e, dt_tensor *sbuf, dt_tensor *rbuf, cons
         } else {
             if (rcnt[r]) {
                 dt_tensor *v = &e->rviews[e->n_reqs];
-                DT__ETRY(dt_tensor_view(e->ctx, v, rbuf, ro, 1, &rcnt[r]));
-                DT__ETRY(dt_comm_irecv(e->comm, v, (int)r, tag, &e->reqs[e->n_reqs]));
+                DT__TRY(dt_tensor_view(e->ctx, v, rbuf, ro, 1, &rcnt[r]));
+                DT__TRY(dt_comm_irecv(e->comm, v, (int)r, tag, &e->reqs[e->n_reqs]));
                 e->n_reqs++;
             }
             if (scnt[r]) {
                 dt_tensor *v = &e->rviews[e->n_reqs];
-                DT__ETRY(dt_tensor_view(e->ctx, v, sbuf, so, 1, &scnt[r]));
-                DT__ETRY(dt_comm_isend(e->comm, v, (int)r, tag, &e->reqs[e->n_reqs]));
+                DT__TRY(dt_tensor_view(e->ctx, v, sbuf, so, 1, &scnt[r]));
+                DT__TRY(dt_comm_isend(e->comm, v, (int)r, tag, &e->reqs[e->n_reqs]));
                 e->n_reqs++;
             }
         }
@@ -2423,7 +2422,7 @@ DT_API dt_status dt_embed_progress(dt_embed *e) {
         int ph = k ? e->aside.phase : e->phase, n = k ? e->aside.n_reqs : e->n_reqs;
         dt_comm_req **rq = k ? e->aside.reqs : e->reqs;
         if (ph != 1) continue;
-        for (i = 0; i < n; i++) DT__ETRY(dt_comm_test(rq[i], &done));
+        for (i = 0; i < n; i++) DT__TRY(dt_comm_test(rq[i], &done));
     }
     return DT_OK;
 }
@@ -2515,10 +2514,10 @@ static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
     /* requests: count, size the buffers, fill */
     memset(cnt, 0, sizeof(int64_t) * (size_t)(6 * W));
     g.ni = cnt; g.nf = cnt + W; g.nr = cnt + 2 * W; g.fill = 0;
-    DT__ETRY(dt__em_generate(e, &g));
+    DT__TRY(dt__em_generate(e, &g));
     for (r = 0; r < W; r++) { tot_i += cnt[r]; tot_f += cnt[W + r]; tot_r += cnt[2 * W + r]; }
-    DT__ETRY(dt__em_need(e, &e->sbuf_i, DT_I64, tot_i + 1));
-    DT__ETRY(dt__em_need(e, &e->sbuf_f, DT_F32, tot_f + 1));
+    DT__TRY(dt__em_need(e, &e->sbuf_i, DT_I64, tot_i + 1));
+    DT__TRY(dt__em_need(e, &e->sbuf_f, DT_F32, tot_f + 1));
     {   /* fill: per-dest cursors start at the dest's displacement */
         int64_t *di = cnt + 3 * W, *df = cnt + 4 * W, *dr = cnt + 5 * W, oi = 0, of = 0, orr = 0;
         for (r = 0; r < W; r++) {
@@ -2526,7 +2525,7 @@ static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
             oi += cnt[r]; of += cnt[W + r]; orr += cnt[2 * W + r];
         }
         g.ni = di; g.nf = df; g.nr = dr; g.fill = 1;
-        DT__ETRY(dt__em_generate(e, &g));
+        DT__TRY(dt__em_generate(e, &g));
     }
     e->stats.ids += e->n_ids;
     for (r = 0; r < W; r++)
@@ -2534,7 +2533,7 @@ static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
     /* exchange the requests: counts first (all-to-all of 2 per rank), then ids and weights */
     {
         int64_t *rc = cnt + 3 * W, *rf = cnt + 4 * W, tr_i = 0, tr_f = 0;
-        DT__ETRY(dt__em_need(e, &e->dp_i, DT_I64, 4 * W));
+        DT__TRY(dt__em_need(e, &e->dp_i, DT_I64, 4 * W));
         for (r = 0; r < W; r++) {
             ((int64_t *)e->dp_i.data)[2 * r] = cnt[r];
             ((int64_t *)e->dp_i.data)[2 * r + 1] = cnt[W + r];
@@ -2543,30 +2542,30 @@ static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
             dt_tensor a, bb;
             int64_t sh[1];
             sh[0] = 2 * W;
-            DT__ETRY(dt_tensor_view(e->ctx, &a, &e->dp_i, 0, 1, sh));
-            DT__ETRY(dt_tensor_view(e->ctx, &bb, &e->dp_i, 2 * W, 1, sh));
-            DT__ETRY(dt_comm_alltoall(e->comm, &bb, &a));
+            DT__TRY(dt_tensor_view(e->ctx, &a, &e->dp_i, 0, 1, sh));
+            DT__TRY(dt_tensor_view(e->ctx, &bb, &e->dp_i, 2 * W, 1, sh));
+            DT__TRY(dt_comm_alltoall(e->comm, &bb, &a));
         } else memcpy((int64_t *)e->dp_i.data + 2, e->dp_i.data, 2 * sizeof(int64_t));
         for (r = 0; r < W; r++) {
             rc[r] = ((int64_t *)e->dp_i.data)[2 * W + 2 * r];
             rf[r] = ((int64_t *)e->dp_i.data)[2 * W + 2 * r + 1];
             tr_i += rc[r]; tr_f += rf[r];
         }
-        DT__ETRY(dt__em_need(e, &e->rbuf_i, DT_I64, tr_i + 1));
-        DT__ETRY(dt__em_need(e, &e->rbuf_f, DT_F32, tr_f + 1));
+        DT__TRY(dt__em_need(e, &e->rbuf_i, DT_I64, tr_i + 1));
+        DT__TRY(dt__em_need(e, &e->rbuf_f, DT_F32, tr_f + 1));
         e->n_reqs = 0;
         e->rbuf_n = tr_i;
-        DT__ETRY(dt__em_post(e, &e->sbuf_i, &e->rbuf_i, cnt, rc, DT__EM_TAG_IDS));
-        if (e->any_weighted) DT__ETRY(dt__em_post(e, &e->sbuf_f, &e->rbuf_f, cnt + W, rf, DT__EM_TAG_WTS));
+        DT__TRY(dt__em_post(e, &e->sbuf_i, &e->rbuf_i, cnt, rc, DT__EM_TAG_IDS));
+        if (e->any_weighted) DT__TRY(dt__em_post(e, &e->sbuf_f, &e->rbuf_f, cnt + W, rf, DT__EM_TAG_WTS));
     }
     /* local: data-parallel lookups (at the end when begun ahead of a backward) */
     {
         int64_t nb;
         if (!dt_mul_ok(e->B, e->pooled_dim, &nb)) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: batch x pooled dim overflows", fn);
-        DT__ETRY(dt__em_need(e, &e->pooled, DT_F32, nb + 1));
+        DT__TRY(dt__em_need(e, &e->pooled, DT_F32, nb + 1));
         memset(e->pooled.data, 0, (size_t)nb * sizeof(float));
-        DT__ETRY(dt__em_seq_layout(e));
-        if (!e->dp_late) DT__ETRY(dt__em_dp_lookup(e));
+        DT__TRY(dt__em_seq_layout(e));
+        if (!e->dp_late) DT__TRY(dt__em_dp_lookup(e));
     }
     e->phase = 1;
     e->stats.seconds_fwd += dt__em_now() - t0;
@@ -2604,19 +2603,19 @@ static dt_status dt__em_end(dt_embed *e, dt_tensor *out) {
         int64_t tot_res = 0;
         e->stats.seconds_wait += dt__em_now() - tw;
         if (ws) { e->phase = 0; return ws; }
-        if (e->dp_late) { e->dp_late = 0; DT__ETRY(dt__em_dp_lookup(e)); }
-        if (e->any_dyn) DT__ETRY(e->cuda ? dt__em_cuda_dyn_translate(e, (int64_t *)e->rbuf_i.data, e->rbuf_n)
+        if (e->dp_late) { e->dp_late = 0; DT__TRY(dt__em_dp_lookup(e)); }
+        if (e->any_dyn) DT__TRY(e->cuda ? dt__em_cuda_dyn_translate(e, (int64_t *)e->rbuf_i.data, e->rbuf_n)
                                          : dt__em_dyn_translate(e, (int64_t *)e->rbuf_i.data, e->rbuf_n));
-        DT__ETRY(dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W,
+        DT__TRY(dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W,
                               cnt + 5 * W, NULL)); /* counts only */
         for (r = 0; r < W; r++) tot_res += cnt[5 * W + r];
-        DT__ETRY(dt__em_need(e, &e->resp, DT_F32, tot_res + 1));
-        if (e->cuda) DT__ETRY(dt__em_cuda_serve(e, tot_res)); /* pools into e->cu_resp on the device */
-        else DT__ETRY(dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W,
+        DT__TRY(dt__em_need(e, &e->resp, DT_F32, tot_res + 1));
+        if (e->cuda) DT__TRY(dt__em_cuda_serve(e, tot_res)); /* pools into e->cu_resp on the device */
+        else DT__TRY(dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W,
                                    cnt + 5 * W, (float *)e->resp.data));
     }
     for (r = 0; r < W; r++) tot += cnt[2 * W + r];
-    DT__ETRY(dt__em_need(e, &e->res, DT_F32, tot + 1));
+    DT__TRY(dt__em_need(e, &e->res, DT_F32, tot + 1));
     {
         dt_status cs = e->cuda ? dt__em_cuda_return(e, tot) : dt__em_a2av(e, &e->res, &e->resp, cnt + 5 * W, cnt + 2 * W);
         if (cs) return cs;
@@ -2641,7 +2640,7 @@ static dt_status dt__em_end(dt_embed *e, dt_tensor *out) {
         }
     }
     if (e->B * e->pooled_dim > 0) {
-        if (e->cuda) DT__ETRY(dt__em_cuda_put(e, out->data, e->pooled.data, (size_t)(e->B * e->pooled_dim) * sizeof(float)));
+        if (e->cuda) DT__TRY(dt__em_cuda_put(e, out->data, e->pooled.data, (size_t)(e->B * e->pooled_dim) * sizeof(float)));
         else memcpy(out->data, e->pooled.data, (size_t)(e->B * e->pooled_dim) * sizeof(float));
     }
     e->phase = 2;
@@ -2653,7 +2652,7 @@ static dt_status dt__em_end(dt_embed *e, dt_tensor *out) {
 /* out is checked before begin, on every rank together: a bad out admits and evicts no ids. */
 DT_API dt_status dt_embed_forward(dt_embed *e, dt_tensor *out, const dt_kjt *kjt) {
     if (!e) return DT_ERR_ARG;
-    DT__ETRY(dt__em_fbegin(e, kjt, dt__em_check_out(e, out, kjt ? kjt->batch : 0)));
+    DT__TRY(dt__em_fbegin(e, kjt, dt__em_check_out(e, out, kjt ? kjt->batch : 0)));
     return dt_embed_forward_end(e, out);
 }
 
@@ -2688,7 +2687,7 @@ DT_API dt_status dt_embed_sequence_grad(dt_embed *e, dt_tensor *view, int f) {
 static dt_status dt__em_add_con(dt_embed *e, int t, int f, int64_t row, int64_t sample, int64_t pos, float w,
                                 const float *g, int64_t *n) {
     dt__em_contrib *c;
-    DT__ETRY(dt_grow(e->ctx, (void **)&e->con, &e->con_cap, *n + 1, sizeof(dt__em_contrib), "dt_embed gradients"));
+    DT__TRY(dt_grow(e->ctx, (void **)&e->con, &e->con_cap, *n + 1, sizeof(dt__em_contrib), "dt_embed gradients"));
     c = &e->con[(*n)++];
     c->t = t; c->f = f; c->row = row; c->sample = sample; c->pos = pos; c->w = w; c->g = g;
     return DT_OK;
@@ -2704,7 +2703,7 @@ static dt_status dt__em_sort(dt_embed *e, int64_t n) {
     int shift, bits = 1, passes, digit;
     dt__em_contrib *a, *b, *tmp;
     if (n < 2) return DT_OK;
-    DT__ETRY(dt_grow(e->ctx, (void **)&e->con2, &e->con2_cap, n, sizeof(dt__em_contrib), "dt_embed gradients"));
+    DT__TRY(dt_grow(e->ctx, (void **)&e->con2, &e->con2_cap, n, sizeof(dt__em_contrib), "dt_embed gradients"));
     a = e->con; b = e->con2;
     for (i = 0; i < n; i++) if (a[i].row > maxrow) maxrow = a[i].row;
     while (bits < 63 && (maxrow >> bits) != 0) bits++;
@@ -2737,7 +2736,7 @@ static dt_status dt__em_sort(dt_embed *e, int64_t n) {
 
 static dt_status dt__em_mark(dt_embed *e, dt__em_tab *t, int64_t x) {
     if (t->dirty[x >> 3] & (1u << (x & 7))) return DT_OK;
-    DT__ETRY(dt_grow(e->ctx, (void **)&t->dlist, &t->dcap, t->n_dirty + 1, sizeof(int64_t), "dt_embed changed rows"));
+    DT__TRY(dt_grow(e->ctx, (void **)&t->dlist, &t->dcap, t->n_dirty + 1, sizeof(int64_t), "dt_embed changed rows"));
     t->dirty[x >> 3] |= (unsigned char)(1u << (x & 7));
     t->dlist[t->n_dirty++] = x;
     return DT_OK;
@@ -2795,8 +2794,8 @@ static dt_status dt__em_dp_grads(dt_embed *e, const float *dout, int64_t *ncon) 
         ni += 5 * n;
         nf += (1 + t->dim) * n;
     }
-    DT__ETRY(dt__em_need(e, &e->dp_i, DT_I64, ni * W + 1));
-    DT__ETRY(dt__em_need(e, &e->dp_f, DT_F32, nf * W + 1));
+    DT__TRY(dt__em_need(e, &e->dp_i, DT_I64, ni * W + 1));
+    DT__TRY(dt__em_need(e, &e->dp_f, DT_F32, nf * W + 1));
     oi = 0; of = 0;
     for (b = 0; b < e->B; b++)
         for (f = 0; f < e->n_feat; f++) {
@@ -2831,17 +2830,17 @@ static dt_status dt__em_dp_grads(dt_embed *e, const float *dout, int64_t *ncon) 
         cnt[r] = ni; cnt[W + r] = nf;
     }
     dt_release(e->ctx, v);
-    DT__ETRY(dt__em_need(e, &e->dp_ri, DT_I64, tri + 1));
-    DT__ETRY(dt__em_need(e, &e->dp_rf, DT_F32, trf + 1));
-    DT__ETRY(dt__em_a2av(e, &e->dp_ri, &e->dp_i, cnt, cnt + 3 * W));
-    DT__ETRY(dt__em_a2av(e, &e->dp_rf, &e->dp_f, cnt + W, cnt + 4 * W));
+    DT__TRY(dt__em_need(e, &e->dp_ri, DT_I64, tri + 1));
+    DT__TRY(dt__em_need(e, &e->dp_rf, DT_F32, trf + 1));
+    DT__TRY(dt__em_a2av(e, &e->dp_ri, &e->dp_i, cnt, cnt + 3 * W));
+    DT__TRY(dt__em_a2av(e, &e->dp_rf, &e->dp_f, cnt + W, cnt + 4 * W));
     for (r = 0; r < W; r++)
         if (r != e->rank) e->stats.bytes_sent_bwd += 8.0 * (double)ni + 4.0 * (double)nf;
     oi = 0; of = 0;
     while (oi < tri) {
         const int64_t *pi = (const int64_t *)e->dp_ri.data + oi;
         const float *pf = (const float *)e->dp_rf.data + of;
-        DT__ETRY(dt__em_add_con(e, (int)pi[0], (int)pi[3], pi[1], pi[2], pi[4], pf[0], pf + 1, ncon));
+        DT__TRY(dt__em_add_con(e, (int)pi[0], (int)pi[3], pi[1], pi[2], pi[4], pf[0], pf + 1, ncon));
         oi += 5; of += 1 + e->tabs[pi[0]].dim;
     }
     return DT_OK;
@@ -2898,8 +2897,8 @@ static dt_status dt__em_apply(dt_embed *e, int64_t ncon) {
         int64_t need = e->n_pend + ncon, floats = 0, i;
         for (i = 0; i < e->n_pend; i++) floats += e->tabs[e->pend[i].t].c1 - e->tabs[e->pend[i].t].c0;
         for (i = 0; i < ncon; i++) floats += e->tabs[e->con[i].t].c1 - e->tabs[e->con[i].t].c0;
-        DT__ETRY(dt_grow(e->ctx, (void **)&e->pend2, &e->pend2_cap, need + 1, sizeof(dt__em_pend), "dt_embed pending rows"));
-        DT__ETRY(dt_grow(e->ctx, (void **)&e->pvals2, &e->pv2_cap, floats + 1, sizeof(float), "dt_embed pending gradients"));
+        DT__TRY(dt_grow(e->ctx, (void **)&e->pend2, &e->pend2_cap, need + 1, sizeof(dt__em_pend), "dt_embed pending rows"));
+        DT__TRY(dt_grow(e->ctx, (void **)&e->pvals2, &e->pv2_cap, floats + 1, sizeof(float), "dt_embed pending gradients"));
     }
     while (k < ncon || j < e->n_pend) {
         int from_pend = k >= ncon || (j < e->n_pend && !dt__em_before(e->con[k].t, e->con[k].row, e->pend[j].t, e->pend[j].row));
@@ -2914,7 +2913,7 @@ static dt_status dt__em_apply(dt_embed *e, int64_t ncon) {
             dt__em_pf_update(&e->tabs[e->con[k + DT__EM_PF_IDS].t], e->con[k + DT__EM_PF_IDS].row);
         if (e->sync) {
             if (2 * nc > e->gtmp_cap)
-                DT__ETRY(dt_grow(e->ctx, (void **)&e->gtmp, &e->gtmp_cap, 2 * nc, sizeof(float), "dt_embed row gradient"));
+                DT__TRY(dt_grow(e->ctx, (void **)&e->gtmp, &e->gtmp_cap, 2 * nc, sizeof(float), "dt_embed row gradient"));
             g = e->gtmp;
         } else {
             g = e->pvals2 + fl;
@@ -2923,13 +2922,13 @@ static dt_status dt__em_apply(dt_embed *e, int64_t ncon) {
         }
         dt__em_row_grad(e, &k, ncon, t, row, start, g, nc);
         if (e->sync) {
-            if (e->cuda) DT__ETRY(dt__em_cuda_stage(e, t, row, g, nc)); /* updated on the device below */
+            if (e->cuda) DT__TRY(dt__em_cuda_stage(e, t, row, g, nc)); /* updated on the device below */
             else dt__em_update(tab, row, g, e->gtmp + nc);
-            DT__ETRY(dt__em_mark(e, tab, row));
+            DT__TRY(dt__em_mark(e, tab, row));
             e->stats.rows_updated++;
         }
     }
-    if (e->sync && e->cuda) DT__ETRY(dt__em_cuda_flush(e));
+    if (e->sync && e->cuda) DT__TRY(dt__em_cuda_flush(e));
     if (e->sync) { e->n_pend = 0; return DT_OK; }
     { /* swap the lists */
         dt__em_pend *tp = e->pend; float *tv = e->pvals; int64_t c;
@@ -3006,8 +3005,8 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
         }
     }
     for (r = 0; r < W; r++) tot += cnt[5 * W + r];
-    DT__ETRY(dt__em_need(e, &e->grad_in, DT_F32, tot + 1));
-    DT__ETRY(dt__em_a2av(e, &e->grad_in, &e->res, cnt + 2 * W, cnt + 5 * W));
+    DT__TRY(dt__em_need(e, &e->grad_in, DT_F32, tot + 1));
+    DT__TRY(dt__em_a2av(e, &e->grad_in, &e->res, cnt + 2 * W, cnt + 5 * W));
     for (r = 0; r < W; r++)
         if (r != e->rank) e->stats.bytes_sent_bwd += 4.0 * (double)cnt[2 * W + r];
     /* owner: one contribution per id of every request served */
@@ -3023,17 +3022,17 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
             const dt__em_tab *t = &e->tabs[ti];
             for (j = 0; j < n; j++)
                 if (rin[p + DT__EM_HDR + j] >= 0) /* a dynamic id not admitted has no row to update */
-                    DT__ETRY(dt__em_add_con(e, ti, f, rin[p + DT__EM_HDR + j] - t->r0, rin[p + 1], rin[p + 2] + j,
+                    DT__TRY(dt__em_add_con(e, ti, f, rin[p + DT__EM_HDR + j] - t->r0, rin[p + 1], rin[p + 2] + j,
                                         e->any_weighted ? rfl[q + j] : 1.0f, gin + o, &ncon));
             o += t->c1 - t->c0;
             p += DT__EM_HDR + n;
             if (e->any_weighted) q += n;
         }
     }
-    if (e->any_dp) DT__ETRY(dt__em_dp_grads(e, dd, &ncon));
+    if (e->any_dp) DT__TRY(dt__em_dp_grads(e, dd, &ncon));
     /* dedup by sort, sum each row's contributions in the one order, update (or keep) */
-    DT__ETRY(dt__em_sort(e, ncon));
-    DT__ETRY(dt__em_apply(e, ncon));
+    DT__TRY(dt__em_sort(e, ncon));
+    DT__TRY(dt__em_apply(e, ncon));
     e->stats.backwards++;
     e->stats.seconds_bwd += dt__em_now() - t0;
     return DT_OK;
@@ -3078,7 +3077,7 @@ static dt_status dt__em_params(dt_embed *e, dt_params *ps, dt_param **store, dt_
     *store = NULL;
     memset(&d, 0, sizeof d);
     d.dtype = DT_I64; d.device = DT_CPU; d.shape[0] = e->n_tabs; d.ndim = 1;
-    DT__ETRY(dt_tensor_create(e->ctx, steps, &d));
+    DT__TRY(dt_tensor_create(e->ctx, steps, &d));
     for (i = 0; i < e->n_tabs; i++) ((int64_t *)steps->data)[i] = e->tabs[i].t;
     p = (dt_param *)dt_alloc(e->ctx, sizeof(dt_param) * (size_t)(6 * e->n_tabs + 1));
     ps->items = (dt_param **)dt_alloc(e->ctx, sizeof(dt_param *) * (size_t)(6 * e->n_tabs + 1));
@@ -3131,7 +3130,7 @@ DT_API dt_status dt_embed_checkpoint_save(dt_embed *e, const dt_train_state *sta
     dt_checkpoint_desc d;
     dt_status st;
     if (!e) return DT_ERR_ARG;
-    DT__ETRY(dt__em_ckpt_desc(e, &d, desc, "dt_embed_checkpoint_save"));
+    DT__TRY(dt__em_ckpt_desc(e, &d, desc, "dt_embed_checkpoint_save"));
     memset(&steps, 0, sizeof steps);
     st = dt__em_params(e, &ps, &store, &steps);
     if (!st) st = dt_checkpoint_save(e->ctx, &ps, NULL, state, &d);
@@ -3356,7 +3355,7 @@ DT_API dt_status dt_embed_checkpoint_load(dt_embed *e, dt_train_state *state, co
     dt_status st;
     int i, h;
     if (!e) return DT_ERR_ARG;
-    DT__ETRY(dt__em_ckpt_desc(e, &d, desc, "dt_embed_checkpoint_load"));
+    DT__TRY(dt__em_ckpt_desc(e, &d, desc, "dt_embed_checkpoint_load"));
     memset(&steps, 0, sizeof steps);
     memset(&ld, 0, sizeof ld);
     st = dt__em_params(e, &ps, &store, &steps);
@@ -3547,7 +3546,7 @@ static dt_status dt__em_cuda_to_device(dt_embed *e, dt__em_tab *t) {
         dt_tensor d;
         dt_status st;
         if (!ts[k]->data) continue;
-        DT__ETRY(dt_tensor_create_like(e->ctx, &d, ts[k], DT_DTYPE_DEFAULT, DT_CUDA_DEVICE));
+        DT__TRY(dt_tensor_create_like(e->ctx, &d, ts[k], DT_DTYPE_DEFAULT, DT_CUDA_DEVICE));
         st = dt_tensor_copy(e->ctx, &d, ts[k]);
         if (st) { dt_tensor_free(e->ctx, &d); return st; }
         dt_tensor_free(e->ctx, ts[k]);
@@ -3555,12 +3554,12 @@ static dt_status dt__em_cuda_to_device(dt_embed *e, dt__em_tab *t) {
     }
     if (t->dynamic && t->hs_count > 0) { /* a GPU id table per local shard; slot_id / slot_stamp stay host mirrors */
         int64_t cap = e->cu_hs_n, h;
-        DT__ETRY(dt_grow(e->ctx, (void **)&e->cu_hs, &cap, e->cu_hs_n + t->hs_count, sizeof(dt_k_hash),
+        DT__TRY(dt_grow(e->ctx, (void **)&e->cu_hs, &cap, e->cu_hs_n + t->hs_count, sizeof(dt_k_hash),
                          "dt_embed cuda id tables"));
         for (h = 0; h < t->hs_count; h++) {
             int64_t sc = 4096;
             while (sc < 8 * t->hs[h].n) sc *= 2;
-            DT__ETRY(dt__em_cuda_err(e, dt_k_hash_create(&e->cu_hs[e->cu_hs_n], t->hs[h].n, sc), "dt_k_hash_create"));
+            DT__TRY(dt__em_cuda_err(e, dt_k_hash_create(&e->cu_hs[e->cu_hs_n], t->hs[h].n, sc), "dt_k_hash_create"));
             e->cu_hs_n++;
         }
     }
@@ -3592,7 +3591,7 @@ static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, int64_t x, int
     dt_status st;
     memset(&d, 0, sizeof d);
     d.dtype = t->w.dtype; d.device = DT_CPU; d.ndim = 2; d.shape[0] = 1; d.shape[1] = nc;
-    DT__ETRY(dt_tensor_create(e->ctx, &v, &d));
+    DT__TRY(dt_tensor_create(e->ctx, &v, &d));
     snprintf(name, sizeof name, "%s#%lld", t->name, (long long)id);
     in.name = name;
     memset(in.global_shape, 0, sizeof in.global_shape);
@@ -3617,14 +3616,14 @@ static dt_status dt__em_cuda_dyn_shard(dt_embed *e, dt__em_tab *t, dt_k_hash *hh
     int64_t *nw, k, *dv;
     int ov = 0;
     dt_status st;
-    DT__ETRY(dt__em_cuda_need(e, &e->cu_i, DT_I64, 2 * m + 4));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_i, DT_I64, 2 * m + 4));
     dv = (int64_t *)e->cu_i.data;
-    DT__ETRY(dt__em_cuda_put(e, dv, ids, (size_t)m * sizeof(int64_t)));
-    DT__ETRY(dt__em_cuda_put(e, dv + 2 * m, hc, sizeof hc)); /* counts, then the overflow flag (an int) */
-    DT__ETRY(dt__em_cuda_err(e, dt_k_hash_lookup(hh, dv + m, dv + 2 * m, (int *)(dv + 2 * m + 3), dv, m, t->admit_after,
+    DT__TRY(dt__em_cuda_put(e, dv, ids, (size_t)m * sizeof(int64_t)));
+    DT__TRY(dt__em_cuda_put(e, dv + 2 * m, hc, sizeof hc)); /* counts, then the overflow flag (an int) */
+    DT__TRY(dt__em_cuda_err(e, dt_k_hash_lookup(hh, dv + m, dv + 2 * m, (int *)(dv + 2 * m + 3), dv, m, t->admit_after,
                                                  e->ctx->cuda_stream), "dt_k_hash_lookup"));
-    DT__ETRY(dt__em_cuda_get(e, ids, dv + m, (size_t)m * sizeof(int64_t)));
-    DT__ETRY(dt__em_cuda_get(e, hc, dv + 2 * m, sizeof hc));
+    DT__TRY(dt__em_cuda_get(e, ids, dv + m, (size_t)m * sizeof(int64_t)));
+    DT__TRY(dt__em_cuda_get(e, hc, dv + 2 * m, sizeof hc));
     memcpy(&ov, &hc[3], sizeof ov);
     if (ov)
         return dt_ctx_set_error(e->ctx, DT_ERR_RANGE, "dt_embed_forward: dynamic table \"%s\" on cuda: an id-hash shard "
@@ -3656,7 +3655,7 @@ static dt_status dt__em_cuda_dyn_translate(dt_embed *e, int64_t *rin, int64_t to
     e->stats.step_admitted = e->stats.step_evicted = e->stats.step_rejected = 0;
     for (p = 0; p < total; p += DT__EM_HDR + rin[p + 3])
         if (e->tabs[e->feat_tab[(int)rin[p]]].dynamic) n_all += rin[p + 3];
-    DT__ETRY(dt__em_cuda_stage_buf(e, 2 * n_all + 1, 0));
+    DT__TRY(dt__em_cuda_stage_buf(e, 2 * n_all + 1, 0));
     for (i = 0; i < e->n_tabs; i++) {
         dt__em_tab *t = &e->tabs[i];
         if (!t->dynamic || t->hs_count <= 0) continue;
@@ -3673,7 +3672,7 @@ static dt_status dt__em_cuda_dyn_translate(dt_embed *e, int64_t *rin, int64_t to
                     e->cu_hi[n_all + m++] = p + DT__EM_HDR + j;
                 }
             }
-            if (m > m0) DT__ETRY(dt__em_cuda_dyn_shard(e, t, dt__em_cuda_hs(e, i) + h, &t->hs[h], e->cu_hi + m0, m - m0));
+            if (m > m0) DT__TRY(dt__em_cuda_dyn_shard(e, t, dt__em_cuda_hs(e, i) + h, &t->hs[h], e->cu_hi + m0, m - m0));
         }
         for (j = 0; j < m; j++) rin[e->cu_hi[n_all + j]] = e->cu_hi[j];
     }
@@ -3731,7 +3730,7 @@ static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti) {
         dt_release(e->ctx, key); dt_release(e->ctx, full);
         if (st) return st;
         c = cudaMemset(hh->seen_full, 0, (size_t)hh->seen_cap * sizeof(int));
-        DT__ETRY(dt__em_cuda_err(e, (int)c, "cudaMemset"));
+        DT__TRY(dt__em_cuda_err(e, (int)c, "cudaMemset"));
     }
     return DT_OK;
 }
@@ -3750,7 +3749,7 @@ static dt_status dt__em_cuda_check(dt_embed *e, const dt_tensor *t, const char *
 
 /* Host staging: n int64 and m floats. */
 static dt_status dt__em_cuda_stage_buf(dt_embed *e, int64_t n, int64_t m) {
-    DT__ETRY(dt_grow(e->ctx, (void **)&e->cu_hi, &e->cu_hi_cap, n + 1, sizeof(int64_t), "dt_embed cuda staging"));
+    DT__TRY(dt_grow(e->ctx, (void **)&e->cu_hi, &e->cu_hi_cap, n + 1, sizeof(int64_t), "dt_embed cuda staging"));
     return dt_grow(e->ctx, (void **)&e->cu_hf, &e->cu_hf_cap, m + 1, sizeof(float), "dt_embed cuda staging");
 }
 
@@ -3761,12 +3760,12 @@ static dt_status dt__em_cuda_pool(dt_embed *e, const dt__em_tab *t, const int64_
     int64_t n = offs[n_bags], nt;
     if (!dt_mul_ok(n_bags, nc, &nt)) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_forward: %lld bags x %lld "
                                                              "columns overflows", (long long)n_bags, (long long)nc);
-    DT__ETRY(dt__em_cuda_need(e, &e->cu_i, DT_I64, n + n_bags + 1));
-    DT__ETRY(dt__em_cuda_need(e, &e->cu_f, DT_F32, n + 1));
-    DT__ETRY(dt__em_cuda_need(e, &e->cu_tmp, DT_F32, nt + 1));
-    DT__ETRY(dt__em_cuda_put(e, e->cu_i.data, rows, (size_t)n * sizeof(int64_t)));
-    DT__ETRY(dt__em_cuda_put(e, (int64_t *)e->cu_i.data + n, offs, (size_t)(n_bags + 1) * sizeof(int64_t)));
-    if (w) DT__ETRY(dt__em_cuda_put(e, e->cu_f.data, w, (size_t)n * sizeof(float)));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_i, DT_I64, n + n_bags + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_f, DT_F32, n + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_tmp, DT_F32, nt + 1));
+    DT__TRY(dt__em_cuda_put(e, e->cu_i.data, rows, (size_t)n * sizeof(int64_t)));
+    DT__TRY(dt__em_cuda_put(e, (int64_t *)e->cu_i.data + n, offs, (size_t)(n_bags + 1) * sizeof(int64_t)));
+    if (w) DT__TRY(dt__em_cuda_put(e, e->cu_f.data, w, (size_t)n * sizeof(float)));
     return dt__em_cuda_err(e, dt_k_embed_pool_fwd((float *)e->cu_tmp.data, t->w.data, (int)t->dtype,
                                                   (const int64_t *)e->cu_i.data, w ? (const float *)e->cu_f.data : NULL,
                                                   (const int64_t *)e->cu_i.data + n, n_bags, nc, t->c1 - t->c0, 0,
@@ -3784,13 +3783,13 @@ static dt_status dt__em_cuda_dp_pool(dt_embed *e) {
         int seq = t->pooling == DT_POOL_NONE;
         int64_t nb = seq ? n : B;
         if (t->shard != DT_SHARD_DATA || nb == 0) continue;
-        DT__ETRY(dt__em_cuda_stage_buf(e, n + nb + 1, nb * t->dim));
+        DT__TRY(dt__em_cuda_stage_buf(e, n + nb + 1, nb * t->dim));
         for (j = 0; j < n; j++) e->cu_hi[j] = e->rows[i0 + j] - t->r0;
         for (b = 0; b <= nb; b++) e->cu_hi[n + b] = seq ? b : e->offs[(int64_t)f * B + b] - i0;
-        DT__ETRY(dt__em_cuda_pool(e, t, e->cu_hi, e->cu_hi + n, t->weighted ? e->wts + i0 : NULL, nb, t->dim));
-        if (seq) DT__ETRY(dt__em_cuda_get(e, e->seq + e->seq_off[f], e->cu_tmp.data, (size_t)(n * t->dim) * sizeof(float)));
+        DT__TRY(dt__em_cuda_pool(e, t, e->cu_hi, e->cu_hi + n, t->weighted ? e->wts + i0 : NULL, nb, t->dim));
+        if (seq) DT__TRY(dt__em_cuda_get(e, e->seq + e->seq_off[f], e->cu_tmp.data, (size_t)(n * t->dim) * sizeof(float)));
         else {
-            DT__ETRY(dt__em_cuda_get(e, e->cu_hf, e->cu_tmp.data, (size_t)(B * t->dim) * sizeof(float)));
+            DT__TRY(dt__em_cuda_get(e, e->cu_hf, e->cu_tmp.data, (size_t)(B * t->dim) * sizeof(float)));
             for (b = 0; b < B; b++)
                 memcpy((float *)e->pooled.data + b * e->pooled_dim + e->feat_off[f], e->cu_hf + b * t->dim,
                        (size_t)t->dim * sizeof(float));
@@ -3808,7 +3807,7 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
     int64_t end = 0, ti;
     int s;
     for (s = 0; s < e->size; s++) end += cnt_i[s];
-    DT__ETRY(dt__em_cuda_need(e, &e->cu_resp, DT_F32, tot_res + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_resp, DT_F32, tot_res + 1));
     for (ti = 0; ti < e->n_tabs; ti++) {
         const dt__em_tab *t = &e->tabs[ti];
         int64_t nc = t->c1 - t->c0, p = 0, q = 0, o = 0, nb = 0, n = 0, k;
@@ -3822,8 +3821,8 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
         if (nb > 2147483647) return dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "dt_embed_forward: %lld requests "
                                                      "for table %s in one forward (cuda: at most 2^31 - 1)",
                                                      (long long)nb, t->name);
-        DT__ETRY(dt__em_cuda_stage_buf(e, n + 4 * nb + 1, n));
-        DT__ETRY(dt__em_cuda_need(e, &e->cu_i, DT_I64, n + 3 * nb + 1)); /* the pool's, then the copies' offsets */
+        DT__TRY(dt__em_cuda_stage_buf(e, n + 4 * nb + 1, n));
+        DT__TRY(dt__em_cuda_need(e, &e->cu_i, DT_I64, n + 3 * nb + 1)); /* the pool's, then the copies' offsets */
         {
             int64_t *rows = e->cu_hi, *offs = rows + n, *dst = offs + nb + 1, *src = dst + nb, *len = src + nb;
             int64_t jb = 0, jn = 0;
@@ -3846,11 +3845,11 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
                 p += DT__EM_HDR + m;
                 if (e->any_weighted) q += m;
             }
-            DT__ETRY(dt__em_cuda_pool(e, t, rows, offs, t->weighted ? e->cu_hf : NULL, nb, nc));
+            DT__TRY(dt__em_cuda_pool(e, t, rows, offs, t->weighted ? e->cu_hf : NULL, nb, nc));
             /* the copies' offsets reuse the front of cu_i (the pool is done with it) */
-            DT__ETRY(dt__em_cuda_put(e, e->cu_i.data, dst, (size_t)(3 * nb) * sizeof(int64_t)));
+            DT__TRY(dt__em_cuda_put(e, e->cu_i.data, dst, (size_t)(3 * nb) * sizeof(int64_t)));
             k = (int64_t)nb;
-            DT__ETRY(dt__em_cuda_err(e, dt_k_embed_copies(e->cu_resp.data, e->cu_tmp.data, (const int64_t *)e->cu_i.data,
+            DT__TRY(dt__em_cuda_err(e, dt_k_embed_copies(e->cu_resp.data, e->cu_tmp.data, (const int64_t *)e->cu_i.data,
                                                           (const int64_t *)e->cu_i.data + k,
                                                           (const int64_t *)e->cu_i.data + 2 * k, (int)k, nc, 4,
                                                           e->ctx->cuda_stream), "dt_k_embed_copies"));
@@ -3864,19 +3863,19 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
 static dt_status dt__em_cuda_return(dt_embed *e, int64_t tot) {
     int W = e->size;
     int64_t *cnt = e->cnt;
-    DT__ETRY(dt__em_cuda_need(e, &e->cu_res, DT_F32, tot + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_res, DT_F32, tot + 1));
     if (!e->comm) {
         if (cnt[5 * W] > 0)
-            DT__ETRY(dt__em_cuda_copy(e, e->cu_res.data, e->cu_resp.data, (size_t)cnt[5 * W] * sizeof(float),
+            DT__TRY(dt__em_cuda_copy(e, e->cu_res.data, e->cu_resp.data, (size_t)cnt[5 * W] * sizeof(float),
                                       (int)cudaMemcpyDeviceToDevice));
-    } else DT__ETRY(dt_comm_alltoallv(e->comm, &e->cu_res, cnt + 2 * W, &e->cu_resp, cnt + 5 * W));
+    } else DT__TRY(dt_comm_alltoallv(e->comm, &e->cu_res, cnt + 2 * W, &e->cu_resp, cnt + 5 * W));
     return dt__em_cuda_get(e, e->res.data, e->cu_res.data, (size_t)tot * sizeof(float));
 }
 
 static dt_status dt__em_cuda_host_dout(dt_embed *e, const float **dd, const dt_tensor *dout) {
     int64_t n = dout->numel;
-    DT__ETRY(dt__em_cuda_stage_buf(e, 0, n));
-    DT__ETRY(dt__em_cuda_get(e, e->cu_hf, dout->data, (size_t)n * sizeof(float)));
+    DT__TRY(dt__em_cuda_stage_buf(e, 0, n));
+    DT__TRY(dt__em_cuda_get(e, e->cu_hf, dout->data, (size_t)n * sizeof(float)));
     *dd = e->cu_hf;
     return DT_OK;
 }
@@ -3886,11 +3885,11 @@ static dt_status dt__em_cuda_host_dout(dt_embed *e, const float **dd, const dt_t
 static dt_status dt__em_cuda_stage(dt_embed *e, int t, int64_t row, const float *g, int64_t nc) {
     if (e->cu_st_n + 1 > e->cu_st_cap) {
         int64_t c1 = e->cu_st_cap, c2 = e->cu_st_cap;
-        DT__ETRY(dt_grow(e->ctx, (void **)&e->cu_st_t, &c1, e->cu_st_n + 1, sizeof(int), "dt_embed cuda rows"));
-        DT__ETRY(dt_grow(e->ctx, (void **)&e->cu_st_row, &c2, e->cu_st_n + 1, sizeof(int64_t), "dt_embed cuda rows"));
+        DT__TRY(dt_grow(e->ctx, (void **)&e->cu_st_t, &c1, e->cu_st_n + 1, sizeof(int), "dt_embed cuda rows"));
+        DT__TRY(dt_grow(e->ctx, (void **)&e->cu_st_row, &c2, e->cu_st_n + 1, sizeof(int64_t), "dt_embed cuda rows"));
         e->cu_st_cap = c1 < c2 ? c1 : c2;
     }
-    DT__ETRY(dt_grow(e->ctx, (void **)&e->cu_stg, &e->cu_stg_cap, e->cu_stg_n + nc + 1, sizeof(float),
+    DT__TRY(dt_grow(e->ctx, (void **)&e->cu_stg, &e->cu_stg_cap, e->cu_stg_n + nc + 1, sizeof(float),
                      "dt_embed cuda gradients"));
     e->cu_st_t[e->cu_st_n] = t;
     e->cu_st_row[e->cu_st_n] = row;

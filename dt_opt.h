@@ -592,7 +592,6 @@ DT_API void dt_reset_peak_bytes(dt_ctx *ctx);
 extern "C" {
 #endif
 
-#define DT__OTRY(x) do { dt_status dt__os = (x); if (dt__os) return dt__os; } while (0)
 #define DT__PI 3.14159265358979323846
 
 static int dt__ofinite(double x) { return x == x && x != HUGE_VAL && x != -HUGE_VAL; }
@@ -904,7 +903,7 @@ static int dt__comm_size(dt_comm *c) { return c ? dt_comm_size(c) : 1; }
 /* found_inf agreed by every rank of comm: one all-reduce (MAX) of the flag. */
 static dt_status dt__agree_flag(dt_comm *comm, int *flag) {
     double v = *flag ? 1.0 : 0.0;
-    if (dt__comm_size(comm) > 1) DT__OTRY(dt_comm_allreduce_f64(comm, &v, 1, DT_REDUCE_MAX));
+    if (dt__comm_size(comm) > 1) DT__TRY(dt_comm_allreduce_f64(comm, &v, 1, DT_REDUCE_MAX));
     *flag = v != 0.0;
     return DT_OK;
 }
@@ -939,7 +938,7 @@ static dt_status dt__unscale(const dt_loss_scaler *s, const dt_params *ps, doubl
         if (sq) sq[i] = q;
     }
     if (!scaling) return DT_OK;
-    DT__OTRY(dt__agree_flag(comm, &bad));
+    DT__TRY(dt__agree_flag(comm, &bad));
     *found_inf = bad;
     return DT_OK;
 }
@@ -949,7 +948,7 @@ DT_API dt_status dt_loss_scaler_unscale(dt_ctx *ctx, dt_loss_scaler *s, dt_param
     const char *fn = "dt_loss_scaler_unscale";
     if (!ctx) return DT_ERR_ARG;
     if (!s || !found_inf) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, s ? "found_inf" : "s");
-    DT__OTRY(dt__check_grads(ctx, ps, fn));
+    DT__TRY(dt__check_grads(ctx, ps, fn));
     *found_inf = 0;
     if ((int)s->mode < 0 || s->mode >= DT_LOSS_SCALE_MODE_COUNT)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: s->mode = %d is not a dt_loss_scale_mode", fn, (int)s->mode);
@@ -999,7 +998,7 @@ static dt_status dt__norm_combine(dt_ctx *ctx, const dt_params *ps, const dt_gra
     double total = 0.0, part;
     dt_comm *c, *prev;
     int i, j, seen;
-    DT__OTRY(dt__norm_check(ctx, ps, d, fn));
+    DT__TRY(dt__norm_check(ctx, ps, d, fn));
     for (i = 0; i < ps->count; i++)
         if (!ps->items[i]->sharded) total += sq[i];
     /* each distinct comm once, in a fixed order every rank of it agrees on */
@@ -1016,11 +1015,11 @@ static dt_status dt__norm_combine(dt_ctx *ctx, const dt_params *ps, const dt_gra
         part = 0.0;
         for (j = 0; j < ps->count; j++)
             if (ps->items[j]->sharded && dt__param_comm(d, j) == c) part += sq[j];
-        if (dt_comm_size(c) > 1) DT__OTRY(dt_comm_allreduce_f64(c, &part, 1, DT_REDUCE_SUM));
+        if (dt_comm_size(c) > 1) DT__TRY(dt_comm_allreduce_f64(c, &part, 1, DT_REDUCE_SUM));
         total += part;
     }
     if (d && d->stage_comm && dt_comm_size(d->stage_comm) > 1)
-        DT__OTRY(dt_comm_allreduce_f64(d->stage_comm, &total, 1, DT_REDUCE_SUM));
+        DT__TRY(dt_comm_allreduce_f64(d->stage_comm, &total, 1, DT_REDUCE_SUM));
     *norm = sqrt(total);
     return DT_OK;
 }
@@ -1038,8 +1037,8 @@ DT_API dt_status dt_grad_norm(dt_ctx *ctx, double *norm, const dt_params *ps, co
     dt_status st;
     if (!ctx) return DT_ERR_ARG;
     if (!norm) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: norm is NULL", fn);
-    DT__OTRY(dt__check_grads(ctx, ps, fn));
-    DT__OTRY(dt__norm_check(ctx, ps, desc, fn));
+    DT__TRY(dt__check_grads(ctx, ps, fn));
+    DT__TRY(dt__norm_check(ctx, ps, desc, fn));
     if (!(sq = dt__sumsqs(ctx, ps))) return DT_ERR_OOM;
     st = dt__norm_combine(ctx, ps, desc, sq, norm, fn);
     dt_release(ctx, sq);
@@ -1068,7 +1067,7 @@ DT_API dt_status dt_clip_grad_norm(dt_ctx *ctx, dt_params *ps, double *norm, dou
     if (!(max_norm > 0) || !dt__ofinite(max_norm))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_clip_grad_norm: max_norm = %g; expected a finite value > 0",
                                 max_norm);
-    DT__OTRY(dt_grad_norm(ctx, &n, ps, desc));
+    DT__TRY(dt_grad_norm(ctx, &n, ps, desc));
     dt__clip(ps, max_norm, n);
     if (norm) *norm = n;
     return DT_OK;
@@ -1120,13 +1119,13 @@ static dt_status dt__opt_resolve(dt_ctx *ctx, dt_opt_desc *d, const char *fn) {
     if (d->kind == DT_OPT_DEFAULT) d->kind = DT_OPT_ADAMW;
     adagrad = d->kind == DT_OPT_ADAGRAD;
     adamw = d->kind == DT_OPT_ADAMW;
-    DT__OTRY(dt__nonneg(ctx, fn, "lr", d->lr));
-    DT__OTRY(dt__nonneg(ctx, fn, "weight_decay", d->weight_decay));
-    DT__OTRY(dt__nonneg(ctx, fn, "eps", d->eps));
-    DT__OTRY(dt__nonneg(ctx, fn, "momentum", d->momentum));
-    DT__OTRY(dt__nonneg(ctx, fn, "lr_decay", d->lr_decay));
-    DT__OTRY(dt__nonneg(ctx, fn, "initial_accumulator_value", d->initial_accumulator_value));
-    DT__OTRY(dt__nonneg(ctx, fn, "clip_norm", d->clip_norm));
+    DT__TRY(dt__nonneg(ctx, fn, "lr", d->lr));
+    DT__TRY(dt__nonneg(ctx, fn, "weight_decay", d->weight_decay));
+    DT__TRY(dt__nonneg(ctx, fn, "eps", d->eps));
+    DT__TRY(dt__nonneg(ctx, fn, "momentum", d->momentum));
+    DT__TRY(dt__nonneg(ctx, fn, "lr_decay", d->lr_decay));
+    DT__TRY(dt__nonneg(ctx, fn, "initial_accumulator_value", d->initial_accumulator_value));
+    DT__TRY(dt__nonneg(ctx, fn, "clip_norm", d->clip_norm));
     if (!(d->beta1 >= 0 && d->beta1 < 1))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.beta1 = %g; expected 0 <= beta1 < 1", fn, d->beta1);
     if (!(d->beta2 >= 0 && d->beta2 < 1))
@@ -1137,7 +1136,7 @@ static dt_status dt__opt_resolve(dt_ctx *ctx, dt_opt_desc *d, const char *fn) {
     if (d->accum_steps < 0)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.accum_steps = %d; expected >= 1 (0 = 1)", fn,
                                 d->accum_steps);
-    DT__OTRY(dt__flag(ctx, fn, "desc.nesterov", d->nesterov));
+    DT__TRY(dt__flag(ctx, fn, "desc.nesterov", d->nesterov));
     d->lr = dt__pick(d->lr, adagrad ? 1e-2 : 1e-3);
     d->weight_decay = dt__pick(d->weight_decay, adamw ? 1e-2 : 0.0);
     d->beta1 = dt__pick(d->beta1, 0.9);
@@ -1153,9 +1152,9 @@ static dt_status dt__opt_resolve(dt_ctx *ctx, dt_opt_desc *d, const char *fn) {
                                 "dampening = %g)", fn, d->momentum, d->dampening);
     for (k = 0; k < DT_OPT_MAX_GROUPS; k++) {
         snprintf(field, sizeof field, "groups[%d].lr_scale", k);
-        DT__OTRY(dt__nonneg(ctx, fn, field, d->groups[k].lr_scale));
+        DT__TRY(dt__nonneg(ctx, fn, field, d->groups[k].lr_scale));
         snprintf(field, sizeof field, "groups[%d].weight_decay", k);
-        DT__OTRY(dt__nonneg(ctx, fn, field, d->groups[k].weight_decay));
+        DT__TRY(dt__nonneg(ctx, fn, field, d->groups[k].weight_decay));
         d->groups[k].lr_scale = dt__pick(d->groups[k].lr_scale, 1.0);
         d->groups[k].weight_decay = dt__pick(d->groups[k].weight_decay, d->weight_decay);
     }
@@ -1197,7 +1196,7 @@ static dt_status dt__opt_check_cuda(dt_ctx *ctx, dt_params *ps, const dt_opt_des
             return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: \"%s\" value is %s, grad %s on cuda; expected an f32, bf16 or "
                                     "f16 value and an f32 grad", fn, p->name, dt_dtype_name(p->value.dtype),
                                     dt_dtype_name(p->grad.dtype));
-        DT__OTRY(dt__param_fields_check(ctx, p, fn));
+        DT__TRY(dt__param_fields_check(ctx, p, fn));
     }
     return dt__norm_check(ctx, ps, &d->norm, fn);
 }
@@ -1214,7 +1213,7 @@ static dt_status dt__opt_check_params(dt_ctx *ctx, dt_params *ps, const dt_opt_d
                                     ps->items[i]->name, dt_device_name(ps->items[i]->value.device),
                                     dt_device_name(ps->items[i]->grad.device), ps->items[0]->name);
 #endif
-    DT__OTRY(dt__check_grads(ctx, ps, fn));
+    DT__TRY(dt__check_grads(ctx, ps, fn));
     for (i = 0; i < ps->count; i++) {
         const dt_param *p = ps->items[i];
         dt_dtype t = p->value.dtype;
@@ -1224,7 +1223,7 @@ static dt_status dt__opt_check_params(dt_ctx *ctx, dt_params *ps, const dt_opt_d
         if (t != DT_F32 && t != DT_BF16 && t != DT_F16)
             return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: \"%s\" value is %s; expected f32, bf16 or f16", fn, p->name,
                                     dt_dtype_name(t));
-        DT__OTRY(dt__param_fields_check(ctx, p, fn));
+        DT__TRY(dt__param_fields_check(ctx, p, fn));
     }
     return dt__norm_check(ctx, ps, &d->norm, fn);
 }
@@ -1255,7 +1254,7 @@ static dt_status dt__opt_cuda_init(dt_optimizer *opt, const char *fn) {
     cudaError_t e;
     memset(&td, 0, sizeof td);
     td.dtype = DT_U8; td.device = DT_CUDA_DEVICE; td.shape[0] = (int64_t)DT__OPT_TAB_BYTES(n); td.ndim = 1;
-    DT__OTRY(dt_tensor_create(ctx, &opt->cuda_tab, &td));
+    DT__TRY(dt_tensor_create(ctx, &opt->cuda_tab, &td));
     if (!(opt->cuda_grads = (void **)dt__ocalloc(ctx, n ? n : 1, sizeof(void *)))) return DT_ERR_OOM;
     if (!(h = (unsigned char *)dt__ocalloc(ctx, DT__OPT_TAB_BYTES(n), 1))) return DT_ERR_OOM;
     for (i = 0; i < n; i++) {
@@ -1317,8 +1316,8 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, c
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
     if (!ps || !desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, ps ? "desc" : "ps");
     d = *desc;
-    DT__OTRY(dt__opt_resolve(ctx, &d, fn));
-    DT__OTRY(dt__opt_check_params(ctx, ps, &d, fn));
+    DT__TRY(dt__opt_resolve(ctx, &d, fn));
+    DT__TRY(dt__opt_check_params(ctx, ps, &d, fn));
     for (i = 0; i < ps->count; i++) any_f16 |= ps->items[i]->value.dtype == DT_F16;
     if (d.loss_scale.mode == DT_LOSS_SCALE_DEFAULT && any_f16) d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC;
     norm_collective = dt__norm_collective(ps, &d.norm);
@@ -1477,7 +1476,7 @@ static dt_status dt__opt_cuda_unscale(dt_optimizer *opt, int scaling, double *sq
         return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: copying the grads' sums of squares to the host: %s", fn,
                                 cudaGetErrorString(e));
     if (!scaling) return DT_OK;
-    DT__OTRY(dt__agree_flag(opt->desc.comm, &bad));
+    DT__TRY(dt__agree_flag(opt->desc.comm, &bad));
     *found_inf = bad;
     return DT_OK;
 }
@@ -1536,10 +1535,10 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     if (!opt) return DT_ERR_ARG;
     ctx = opt->ctx;
     ps = opt->params;
-    DT__OTRY(dt__opt_check_state(opt, fn));
+    DT__TRY(dt__opt_check_state(opt, fn));
 #ifdef DT_CUDA
     cuda = opt->n_slots && opt->slots[0].param->value.device == DT_CUDA_DEVICE; /* then all are (dt_opt_create) */
-    if (cuda) DT__OTRY(dt__opt_cuda_grads(opt, fn));
+    if (cuda) DT__TRY(dt__opt_cuda_grads(opt, fn));
 #endif
     memset(&inf, 0, sizeof inf);
     lr = dt_opt_lr(opt);
@@ -2047,7 +2046,7 @@ static dt_status dt__ck_items(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt_
     if (opt) {
         if (opt->params != ps)
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: opt was created for another parameter set than ps", fn);
-        DT__OTRY(dt__opt_check_state(opt, fn));
+        DT__TRY(dt__opt_check_state(opt, fn));
     }
     for (i = 0; i < ps->count; i++) {
         if (!ps->items[i]->value.data || !dt_safetensors_dtype_name(ps->items[i]->value.dtype))
@@ -2226,7 +2225,7 @@ static dt_status dt__ck_plan(dt_ctx *ctx, const char *all, size_t stride, int si
     *out = NULL;
     for (r = 0; r < size; r++) {
         const char *text = all + (size_t)r * stride;
-        DT__OTRY(dt_json_parse(ctx, &roots[r], text, strlen(text)));
+        DT__TRY(dt_json_parse(ctx, &roots[r], text, strlen(text)));
         if (roots[r]->type != DT_JSON_ARRAY)
             return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: rank %d sent a malformed index", fn, r);
         total += (size_t)roots[r]->count;
@@ -2298,7 +2297,7 @@ static dt_status dt__ck_write_tensor(dt_ctx *ctx, int fd, const dt_tensor *t, dt
     dt_tensor host;
     dt_status st;
     if (t->device != DT_CUDA_DEVICE) return dt__ck_write_all(ctx, fd, t->data, dt_tensor_bytes(t), h, path, fn);
-    DT__OTRY(dt_tensor_create_like(ctx, &host, t, DT_DTYPE_DEFAULT, DT_CPU)); /* through a host copy */
+    DT__TRY(dt_tensor_create_like(ctx, &host, t, DT_DTYPE_DEFAULT, DT_CPU)); /* through a host copy */
     st = dt_tensor_copy(ctx, &host, t);
     if (!st) st = dt__ck_write_all(ctx, fd, host.data, dt_tensor_bytes(&host), h, path, fn);
     dt__hasher_drain(h); /* the copy is about to go */
@@ -2534,7 +2533,7 @@ static dt_status dt__ck_publish(dt_ctx *ctx, const dt_checkpoint_desc *desc, con
                                 const char *tmpdir, const dt_strbuf *manifest, const char *fn) {
     char path[DT__CK_PATH], latest[DT__CK_NAME], other[DT__CK_NAME];
     dt__ck_fmt(path, sizeof path, "%s/manifest.json", tmpdir);
-    DT__OTRY(dt__ck_write_small(ctx, path, manifest->text, manifest->len, fn));
+    DT__TRY(dt__ck_write_small(ctx, path, manifest->text, manifest->len, fn));
     if (dt__ck_fsync_path(tmpdir) != 0)
         return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: fsync of directory %s failed: %s", fn, tmpdir, dt__ck_errno());
     if (desc->hook) desc->hook("manifest", 0, desc->hook_user);
@@ -2543,7 +2542,7 @@ static dt_status dt__ck_publish(dt_ctx *ctx, const dt_checkpoint_desc *desc, con
         /* the same step saved again: `latest` must not name the directory while it is replaced */
         if (dt__ck_latest(root, latest, sizeof latest) && strcmp(latest, name) == 0) {
             if (dt__ck_newest_other(root, name, other, sizeof other)) {
-                DT__OTRY(dt__ck_set_latest(ctx, root, other, fn));
+                DT__TRY(dt__ck_set_latest(ctx, root, other, fn));
             } else {
                 dt__ck_fmt(other, sizeof other, "%s/latest", root);
                 remove(other);
@@ -2557,7 +2556,7 @@ static dt_status dt__ck_publish(dt_ctx *ctx, const dt_checkpoint_desc *desc, con
     if (dt__ck_fsync_path(root) != 0)
         return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: fsync of directory %s failed: %s", fn, root, dt__ck_errno());
     if (desc->hook) desc->hook("renamed", 0, desc->hook_user);
-    DT__OTRY(dt__ck_set_latest(ctx, root, name, fn));
+    DT__TRY(dt__ck_set_latest(ctx, root, name, fn));
     if (desc->hook) desc->hook("latest", 0, desc->hook_user);
     dt__ck_prune(ctx, root, name, desc->keep == 0 ? 3 : desc->keep);
     return DT_OK;
@@ -2738,7 +2737,7 @@ static dt_status dt__ck_parse_manifest(dt_ctx *ctx, dt__ck_load *L, const char *
     size_t len = 0;
     int r, k;
     dt__ck_fmt(path, sizeof path, "%s/manifest.json", L->dir);
-    DT__OTRY(dt__ck_read_text(ctx, path, (size_t)1 << 30, &L->text, &len, "checkpoint manifest", fn));
+    DT__TRY(dt__ck_read_text(ctx, path, (size_t)1 << 30, &L->text, &len, "checkpoint manifest", fn));
     if (dt_json_parse(ctx, &L->man, L->text, len)) {
         snprintf(why, sizeof why, "%s", dt_ctx_error(ctx));
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s is not JSON, so not a dt checkpoint manifest (%s)", fn, path,
@@ -2793,7 +2792,7 @@ static dt_status dt__ck_add_piece(dt_ctx *ctx, dt__ck_load *L, const dt__ck_piec
     if (L->n_pc == INT_MAX) /* n_pc is an int */
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_checkpoint_load: %s: more than %d shard pieces (corrupt "
                                 "manifest?)", L->dir, INT_MAX);
-    DT__OTRY(dt_grow(ctx, (void **)&L->pc, &L->cap_pc, (int64_t)L->n_pc + 1, sizeof *L->pc,
+    DT__TRY(dt_grow(ctx, (void **)&L->pc, &L->cap_pc, (int64_t)L->n_pc + 1, sizeof *L->pc,
                      "dt_checkpoint_load: shard pieces"));
     L->pc[L->n_pc++] = *p;
     return DT_OK;
@@ -2873,7 +2872,7 @@ static dt_status dt__ck_target(dt_ctx *ctx, dt__ck_load *L, int i, const char *f
         pc.sdtype = sd;
         x->covered += vol;
         L->files[pc.file].needed = 1;
-        DT__OTRY(dt__ck_add_piece(ctx, L, &pc));
+        DT__TRY(dt__ck_add_piece(ctx, L, &pc));
     }
     /* covered == numel means complete only if no two pieces overlap (a corrupt manifest could
        list a slice twice and another not at all, and nothing else writes the tensor) */
@@ -3054,7 +3053,7 @@ static dt_status dt__ck_map_file(dt_ctx *ctx, dt__ck_load *L, int f, const char 
         return dt_ctx_set_error(ctx, st, "%s: %s", fn, why);
     }
     memset(&hdr, 0, sizeof hdr);
-    DT__OTRY(dt_safetensors_parse(ctx, &hdr, (const char *)m + 8, (size_t)hl, (uint64_t)sb.st_size - 8 - hl, path));
+    DT__TRY(dt_safetensors_parse(ctx, &hdr, (const char *)m + 8, (size_t)hl, (uint64_t)sb.st_size - 8 - hl, path));
     for (k = 0; !st && k < L->n_pc; k++) {
         dt__ck_piece *pc = &L->pc[k];
         const dt_st_entry *e = NULL;
@@ -3103,15 +3102,15 @@ static dt_status dt__ck_tmp(dt_ctx *ctx, dt_tensor *tmp, const dt_tensor *t) {
 static dt_status dt__ck_load_local(dt_ctx *ctx, const dt_checkpoint_desc *desc, dt_params *ps, dt_optimizer *opt,
                                    dt__ck_load *L, const char *fn) {
     int i, f;
-    DT__OTRY(dt__ck_resolve(ctx, desc, L->dir, fn));
-    DT__OTRY(dt__ck_parse_manifest(ctx, L, fn));
-    DT__OTRY(dt__ck_items(ctx, ps, opt, &L->it, &L->n_it, fn));
-    DT__OTRY(dt__ck_parse_scalars(ctx, L, opt, fn));
-    for (i = 0; i < L->n_it; i++) DT__OTRY(dt__ck_target(ctx, L, i, fn));
+    DT__TRY(dt__ck_resolve(ctx, desc, L->dir, fn));
+    DT__TRY(dt__ck_parse_manifest(ctx, L, fn));
+    DT__TRY(dt__ck_items(ctx, ps, opt, &L->it, &L->n_it, fn));
+    DT__TRY(dt__ck_parse_scalars(ctx, L, opt, fn));
+    for (i = 0; i < L->n_it; i++) DT__TRY(dt__ck_target(ctx, L, i, fn));
     for (i = 0; i < L->n_it; i++)
-        if (L->it[i].t->device == DT_CUDA_DEVICE) DT__OTRY(dt__ck_tmp(ctx, &L->it[i].tmp, L->it[i].t));
+        if (L->it[i].t->device == DT_CUDA_DEVICE) DT__TRY(dt__ck_tmp(ctx, &L->it[i].tmp, L->it[i].t));
     for (f = 0; f < L->world; f++)
-        if (L->files[f].needed) DT__OTRY(dt__ck_map_file(ctx, L, f, fn));
+        if (L->files[f].needed) DT__TRY(dt__ck_map_file(ctx, L, f, fn));
     return DT_OK;
 }
 

@@ -766,7 +766,6 @@ extern "C" {
 #endif
 
 /* dt_tensor.h's DT__TRY is private to its implementation (which may be in another file) */
-#define DT__PL_TRY(x) do { dt_status dt__pl_s = (x); if (dt__pl_s) return dt__pl_s; } while (0)
 
 #define DT__PL_HOST_MAX 64 /* bytes of a host name in dt_layout_describe's records */
 #define DT__PL_REC (16 + DT__PL_HOST_MAX) /* rank, dp, tp, pp as 4 little-endian u32, then the host */
@@ -782,7 +781,7 @@ static void dt__pl_layout_release(dt_layout *l) {
 
 /* Splits l->world into the group of ranks with the same `color`, ordered by `key`, named `name`. */
 static dt_status dt__pl_split(dt_layout *l, dt_comm **out, int color, int key, const char *name) {
-    DT__PL_TRY(dt_comm_split(l->world, out, color, key));
+    DT__TRY(dt_comm_split(l->world, out, color, key));
     return dt_comm_set_name(*out, name);
 }
 
@@ -882,7 +881,7 @@ DT_API dt_status dt_layout_create(dt_comm *world, dt_layout **out, const dt_layo
     if (desc) d = *desc;
     st = dt__pl_layout_check(ctx, &d, fn);
     if (!st) st = dt__pl_layout_resolve(ctx, &d, dt_comm_size(world), fn);
-    DT__PL_TRY(dt__pl_layout_same(world, &d, st, fn));
+    DT__TRY(dt__pl_layout_same(world, &d, st, fn));
     return dt__pl_layout_build(world, out, &d);
 }
 
@@ -928,7 +927,7 @@ DT_API dt_status dt_layout_describe(dt_layout *l, dt_strbuf *out) {
     memset(&td, 0, sizeof td);
     td.dtype = DT_U8;
     td.shape[0] = DT__PL_REC;
-    DT__PL_TRY(dt_tensor_create(l->ctx, &mine, &td));
+    DT__TRY(dt_tensor_create(l->ctx, &mine, &td));
     td.shape[0] = (int64_t)DT__PL_REC * l->size;
     st = dt_tensor_create(l->ctx, &all, &td);
     if (st) {
@@ -1133,8 +1132,8 @@ DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, con
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ps has count %d and items %p; expected a dt_params", fn,
                                 ps->count, (void *)ps->items);
     n = ps->count;
-    DT__PL_TRY(dt__pl_arena_check(ctx, ps, units, fn));
-    DT__PL_TRY(dt__pl_arena_sizes(ctx, ps, total, &gtotal, fn));
+    DT__TRY(dt__pl_arena_check(ctx, ps, units, fn));
+    DT__TRY(dt__pl_arena_sizes(ctx, ps, total, &gtotal, fn));
     a = (dt_arena *)dt_alloc(ctx, sizeof *a);
     if (!a) return DT_ERR_OOM;
     memset(a, 0, sizeof *a);
@@ -1245,7 +1244,7 @@ static dt_status dt__pl_ztake(dt_zero *z, dt_tensor *t, dt_dtype dtype, int64_t 
     td.device = z->a->device;
     td.ndim = 1;
     td.shape[0] = numel;
-    DT__PL_TRY(dt_tensor_create(z->ctx, t, &td));
+    DT__TRY(dt_tensor_create(z->ctx, t, &td));
     *counter += dt_tensor_bytes(t);
     dt__pl_znote(z);
     return DT_OK;
@@ -1274,8 +1273,8 @@ static dt_status dt__pl_copy(dt_ctx *ctx, const dt_tensor *dst, int64_t dof, con
                              int64_t n, int add) {
     dt_tensor d, s;
     if (n <= 0) return DT_OK;
-    DT__PL_TRY(dt_tensor_view(ctx, &d, dst, dof, 1, &n));
-    DT__PL_TRY(dt_tensor_view(ctx, &s, src, sof, 1, &n));
+    DT__TRY(dt_tensor_view(ctx, &d, dst, dof, 1, &n));
+    DT__TRY(dt_tensor_view(ctx, &s, src, sof, 1, &n));
     return add ? dt_axpy(ctx, &d, 1.0f, &s) : dt_tensor_copy(ctx, &d, &s);
 }
 
@@ -1296,7 +1295,7 @@ static dt_status dt__pl_zpack_grads(dt_zero *z, dt__pl_zu *u) {
             const dt_param *bp = z->a->params->items[i];
             int64_t lo, hi;
             dt__pl_zrows(p, j, &lo, &hi);
-            DT__PL_TRY(dt__pl_copy(z->ctx, &u->gpack, (int64_t)j * u->gblock + p->gpk, &bp->grad, lo * p->row_elems,
+            DT__TRY(dt__pl_copy(z->ctx, &u->gpack, (int64_t)j * u->gblock + p->gpk, &bp->grad, lo * p->row_elems,
                                    (hi - lo) * p->row_elems, 0));
         }
     return DT_OK;
@@ -1308,7 +1307,7 @@ static dt_status dt__pl_zgrads_in(dt_zero *z, dt__pl_zu *u, const dt_tensor *out
     int i;
     for (i = u->first; i < u->last; i++) {
         const dt__pl_zp *p = &z->zp[i];
-        DT__PL_TRY(dt__pl_copy(z->ctx, &z->shard.items[i]->grad, 0, out, p->gpk, p->n * p->row_elems, add));
+        DT__TRY(dt__pl_copy(z->ctx, &z->shard.items[i]->grad, 0, out, p->gpk, p->n * p->row_elems, add));
     }
     return DT_OK;
 }
@@ -1317,7 +1316,7 @@ static dt_status dt__pl_zgrads_in(dt_zero *z, dt__pl_zu *u, const dt_tensor *out
 static dt_status dt__pl_zrs_post(dt_zero *z, dt__pl_zu *u) {
     dt_status st;
     int i;
-    DT__PL_TRY(dt__pl_ztake(z, &u->gpack, DT_F32, (int64_t)z->N * u->gblock, &z->live_comm));
+    DT__TRY(dt__pl_ztake(z, &u->gpack, DT_F32, (int64_t)z->N * u->gblock, &z->live_comm));
     st = dt__pl_ztake(z, &u->gout, DT_F32, u->gblock, &z->live_comm);
     if (st) { dt__pl_zgive(z, &u->gpack, &z->live_comm); return st; }
     st = dt__pl_zpack_grads(z, u);
@@ -1354,8 +1353,8 @@ static dt_status dt__pl_zpoll(dt_zero *z) {
     for (k = 0; k < z->n_units; k++) {
         dt__pl_zu *u = &z->zu[k];
         if (!u->greq) continue;
-        DT__PL_TRY(dt_comm_test(u->greq, &done));
-        if (done) DT__PL_TRY(dt__pl_zrs_finish(z, u));
+        DT__TRY(dt_comm_test(u->greq, &done));
+        if (done) DT__TRY(dt__pl_zrs_finish(z, u));
     }
     return DT_OK;
 }
@@ -1364,7 +1363,7 @@ static dt_status dt__pl_zpoll(dt_zero *z) {
    written into the arena (blocking). */
 static dt_status dt__pl_zrs_stage1(dt_zero *z, dt__pl_zu *u) {
     dt_status st;
-    DT__PL_TRY(dt__pl_ztake(z, &u->gpack, DT_F32, (int64_t)z->N * u->gblock, &z->live_comm));
+    DT__TRY(dt__pl_ztake(z, &u->gpack, DT_F32, (int64_t)z->N * u->gblock, &z->live_comm));
     st = dt__pl_ztake(z, &u->gout, DT_F32, u->gblock, &z->live_comm);
     if (!st) st = dt__pl_zpack_grads(z, u);
     if (!st) st = dt_comm_reduce_scatter(z->dp, &u->gout, &u->gpack, DT_REDUCE_AVG);
@@ -1381,7 +1380,7 @@ static dt_status dt__pl_zag_post(dt_zero *z, dt__pl_zu *u, int t) {
     int i, own = z->a->device != DT_CPU;
     dt_status st = DT_OK;
     memset(&mine, 0, sizeof mine);
-    DT__PL_TRY(dt__pl_ztake(z, &u->vpack[t], (dt_dtype)t, (int64_t)z->N * u->vblock[t], &z->live_comm));
+    DT__TRY(dt__pl_ztake(z, &u->vpack[t], (dt_dtype)t, (int64_t)z->N * u->vblock[t], &z->live_comm));
     /* on the host the block goes in place; on cuda from a buffer of its own (dt_comm's staging of
        an in-place all-gather on device tensors sizes its buffer by the input: rank 0 overflowed it) */
     if (own) st = dt__pl_ztake(z, &u->vmine[t], (dt_dtype)t, u->vblock[t], &z->live_comm);
@@ -1412,7 +1411,7 @@ static dt_status dt__pl_zag_unpack(dt_zero *z, dt__pl_zu *u, int t) {
             int64_t lo, hi;
             if ((int)bp->value.dtype != t) continue;
             dt__pl_zrows(p, j, &lo, &hi);
-            DT__PL_TRY(dt__pl_copy(z->ctx, &bp->value, lo * p->row_elems, &u->vpack[t],
+            DT__TRY(dt__pl_copy(z->ctx, &bp->value, lo * p->row_elems, &u->vpack[t],
                                    (int64_t)j * u->vblock[t] + p->vpk, (hi - lo) * p->row_elems, 0));
         }
     return DT_OK;
@@ -1422,7 +1421,7 @@ static dt_status dt__pl_zag_unpack(dt_zero *z, dt__pl_zu *u, int t) {
 static dt_status dt__pl_zgather_post(dt_zero *z, dt__pl_zu *u) {
     int t;
     for (t = 1; t < DT_DTYPE_COUNT; t++)
-        if (u->has[t]) DT__PL_TRY(dt__pl_zag_post(z, u, t));
+        if (u->has[t]) DT__TRY(dt__pl_zag_post(z, u, t));
     u->vposted = 1;
     return DT_OK;
 }
@@ -1610,7 +1609,7 @@ static dt_status dt__pl_zshard_set(dt_zero *z) {
                                 bp->value.ndim, shape);
         if (st) return st;
         /* stage 3: this rank's rows become its copy of the values (the arena's go at the end) */
-        if (z->stage == 3) DT__PL_TRY(dt__pl_copy(z->ctx, &sp->value, 0, &bp->value, p->lo * p->row_elems, sp->value.numel, 0));
+        if (z->stage == 3) DT__TRY(dt__pl_copy(z->ctx, &sp->value, 0, &bp->value, p->lo * p->row_elems, sp->value.numel, 0));
         z->param_comms[i] = z->stage == 0 ? (bp->sharded ? z->l->tp_comm : NULL)
                                           : (bp->sharded ? z->l->dptp_comm : z->l->dp_comm);
     }
@@ -1766,7 +1765,7 @@ DT_API dt_optimizer *dt_zero_optimizer(dt_zero *z) { return z ? z->opt : NULL; }
 DT_API dt_status dt_zero_micro_begin(dt_zero *z, float *dloss, int micro) {
     if (dloss) *dloss = 0.0f;
     if (!z) return DT_ERR_ARG;
-    DT__PL_TRY(dt_opt_micro_begin(z->opt, dloss, NULL, micro));
+    DT__TRY(dt_opt_micro_begin(z->opt, dloss, NULL, micro));
     z->sync = micro == z->opt->desc.accum_steps - 1;
     z->backward = 0;
     return DT_OK;
@@ -1785,7 +1784,7 @@ DT_API dt_status dt_zero_gather(dt_zero *z, int unit) {
     dt__pl_zu *u;
     int i;
     if (!z) return DT_ERR_ARG;
-    DT__PL_TRY(dt__pl_zunit_arg(z, unit, fn));
+    DT__TRY(dt__pl_zunit_arg(z, unit, fn));
     u = &z->zu[unit];
     if (z->backward) u->used = 1;
     if (z->stage == 0 && z->backward && z->sync && u->ready)
@@ -1793,20 +1792,20 @@ DT_API dt_status dt_zero_gather(dt_zero *z, int unit) {
                                 "(dt_zero_grad_ready was called for it in this backward); call grad_ready after a "
                                 "unit's last use", fn, unit);
     if (z->stage >= 2 && z->backward && !u->gfull.data) { /* its full grads, from the first gather on */
-        DT__PL_TRY(dt__pl_ztake(z, &u->gfull, DT_F32, u->gnumel, &z->live_grad));
+        DT__TRY(dt__pl_ztake(z, &u->gfull, DT_F32, u->gnumel, &z->live_grad));
         for (i = u->first; i < u->last; i++)
             z->a->params->items[i]->grad.data = dt__pl_at(&u->gfull, z->zp[i].ug);
     }
     if (z->stage == 3) {
         if (!u->refs) {
-            if (!u->vposted) DT__PL_TRY(dt__pl_zgather_post(z, u));
-            DT__PL_TRY(dt__pl_zgather_finish(z, u, 1));
+            if (!u->vposted) DT__TRY(dt__pl_zgather_post(z, u));
+            DT__TRY(dt__pl_zgather_finish(z, u, 1));
         }
         u->refs++;
         if (z->prefetch) { /* the next unit in call order: forward goes up, backward down */
             int v = z->backward ? unit - 1 : unit + 1;
             if (v >= 0 && v < z->n_units && !z->zu[v].refs && !z->zu[v].vposted)
-                DT__PL_TRY(dt__pl_zgather_post(z, &z->zu[v]));
+                DT__TRY(dt__pl_zgather_post(z, &z->zu[v]));
         }
     }
     return DT_OK;
@@ -1815,7 +1814,7 @@ DT_API dt_status dt_zero_gather(dt_zero *z, int unit) {
 DT_API dt_status dt_zero_release(dt_zero *z, int unit) {
     dt__pl_zu *u;
     if (!z) return DT_ERR_ARG;
-    DT__PL_TRY(dt__pl_zunit_arg(z, unit, "dt_zero_release"));
+    DT__TRY(dt__pl_zunit_arg(z, unit, "dt_zero_release"));
     u = &z->zu[unit];
     if (z->stage == 3 && u->refs > 0 && --u->refs == 0) dt__pl_zvalues_drop(z, u);
     return DT_OK;
@@ -1825,22 +1824,22 @@ DT_API dt_status dt_zero_grad_ready(dt_zero *z, int unit) {
     const char *fn = "dt_zero_grad_ready";
     dt__pl_zu *u;
     if (!z) return DT_ERR_ARG;
-    DT__PL_TRY(dt__pl_zunit_arg(z, unit, fn));
+    DT__TRY(dt__pl_zunit_arg(z, unit, fn));
     u = &z->zu[unit];
-    DT__PL_TRY(dt__pl_zorder_ready(z, u, unit));
+    DT__TRY(dt__pl_zorder_ready(z, u, unit));
     u->used = 0;
     if (z->stage == 0) {
         int i;
         u->ready = 1;
         if (!z->sync) return DT_OK; /* an accumulation micro-step: grads stay local */
-        for (i = u->first; i < u->last; i++) DT__PL_TRY(dt_bucketer_mark_ready(z->ddp, z->a->params->items[i]));
+        for (i = u->first; i < u->last; i++) DT__TRY(dt_bucketer_mark_ready(z->ddp, z->a->params->items[i]));
         return DT_OK;
     }
     u->ready = 1;
     if (z->stage == 1) return DT_OK;
     if (u->gfull.data) {
-        if (u->greq) DT__PL_TRY(dt__pl_zrs_finish(z, u)); /* a second use of the unit in this backward */
-        DT__PL_TRY(dt__pl_zrs_post(z, u));
+        if (u->greq) DT__TRY(dt__pl_zrs_finish(z, u)); /* a second use of the unit in this backward */
+        DT__TRY(dt__pl_zrs_post(z, u));
     }
     return dt__pl_zpoll(z);
 }
@@ -1851,7 +1850,7 @@ DT_API dt_status dt_zero_step(dt_zero *z, dt_opt_step_info *info) {
     int k;
     if (info) memset(info, 0, sizeof *info);
     if (!z) return DT_ERR_ARG;
-    DT__PL_TRY(dt__pl_zorder_step(z));
+    DT__TRY(dt__pl_zorder_step(z));
     /* 1. finish the gradient sync */
     if (z->stage == 0) {
         st = dt_bucketer_finish(z->ddp);
@@ -1962,11 +1961,11 @@ DT_API dt_status dt_zero_checkpoint_load(dt_zero *z, dt_train_state *state, cons
     /* a prefetch (the unit after the last one gathered) holds the values of before the load:
        finished and dropped (every rank posted it: the same calls post the same prefetches) */
     for (k = 0; k < z->n_units; k++)
-        if (z->zu[k].vposted) DT__PL_TRY(dt__pl_zgather_finish(z, &z->zu[k], 0));
+        if (z->zu[k].vposted) DT__TRY(dt__pl_zgather_finish(z, &z->zu[k], 0));
     d = *desc;
     d.comm = z->l->world;
     d.layout = dt_layout_string(z->l, lay, sizeof lay);
-    DT__PL_TRY(dt_checkpoint_load(z->ctx, &z->shard, z->opt, state, &d));
+    DT__TRY(dt_checkpoint_load(z->ctx, &z->shard, z->opt, state, &d));
     if (z->stage < 2) dt_tensor_fill(z->ctx, &z->a->grads, 0.0);
     else dt_tensor_fill(z->ctx, &z->sgrad, 0.0);
     /* this rank's rows were loaded; stages 1-2 keep the whole values */
@@ -1975,7 +1974,6 @@ DT_API dt_status dt_zero_checkpoint_load(dt_zero *z, dt_train_state *state, cons
 
 /* ==== >>tp: tensor and sequence parallel layers =============================================== */
 
-#define DT__TP_TRY(x) do { dt_status dt__tp_s = (x); if (dt__tp_s) return dt__tp_s; } while (0)
 
 /* dt_check_tensor for either device: a cuda tensor is checked as its cpu shadow (shapes and
    dtypes; the data stays where it is). The ops these layers call check that operands share one. */
@@ -1991,11 +1989,11 @@ static dt_status dt__tp_chk(dt_ctx *ctx, const dt_tensor *t, dt_dtype dtype, con
    cuda ops do); else *h = t itself (owns 0). Free with dt_tensor_free. */
 static dt_status dt__tp_host(dt_ctx *ctx, dt_tensor *h, const dt_tensor *t, const char *fn, const char *arg) {
     dt_status st;
-    DT__TP_TRY(dt__tp_chk(ctx, t, t ? t->dtype : DT_I32, fn, arg));
+    DT__TRY(dt__tp_chk(ctx, t, t ? t->dtype : DT_I32, fn, arg));
     *h = *t;
     h->owns = 0;
     if (t->device != DT_CUDA_DEVICE) return DT_OK;
-    DT__TP_TRY(dt_tensor_create_like(ctx, h, t, DT_DTYPE_DEFAULT, DT_CPU));
+    DT__TRY(dt_tensor_create_like(ctx, h, t, DT_DTYPE_DEFAULT, DT_CPU));
     st = dt_tensor_copy(ctx, h, t);
     if (st) dt_tensor_free(ctx, h);
     return st;
@@ -2032,7 +2030,7 @@ static dt_status dt__tp_begin(dt_layout *l, int sp, const char *fn) {
 static dt_status dt__tp_mat(dt_ctx *ctx, const dt_tensor *t, int64_t rows, int64_t cols, const char *fn,
                             const char *arg, const char *why) {
     char s[96];
-    DT__TP_TRY(dt__tp_chk(ctx, t, DT_F32, fn, arg));
+    DT__TRY(dt__tp_chk(ctx, t, DT_F32, fn, arg));
     if (t->ndim >= 1 && dt__tp_rows(t) == rows && dt__tp_last(t) == cols) return DT_OK;
     return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s; expected %lld rows of %lld (%s)", fn, arg,
                             dt_shape_str(t, s, sizeof s), (long long)rows, (long long)cols, why);
@@ -2042,12 +2040,12 @@ static dt_status dt__tp_mat(dt_ctx *ctx, const dt_tensor *t, int64_t rows, int64
 static dt_status dt__tp_weight(dt_ctx *ctx, const dt_tensor *w, const dt_tensor *bias, int64_t bias_n,
                                const char *fn, const char *wn, const char *bn) {
     char s[96];
-    DT__TP_TRY(dt__tp_chk(ctx, w, DT_F32, fn, wn));
+    DT__TRY(dt__tp_chk(ctx, w, DT_F32, fn, wn));
     if (w->ndim != 2)
         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s; expected 2 dims", fn, wn,
                                 dt_shape_str(w, s, sizeof s));
     if (!bias) return DT_OK;
-    DT__TP_TRY(dt__tp_chk(ctx, bias, DT_F32, fn, bn));
+    DT__TRY(dt__tp_chk(ctx, bias, DT_F32, fn, bn));
     if (bias->numel != bias_n)
         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s has %lld elements; expected %lld (%s)", fn, bn,
                                 (long long)bias->numel, (long long)bias_n,
@@ -2060,7 +2058,7 @@ static dt_status dt__tp_wgrads(dt_ctx *ctx, const dt_tensor *dw, const dt_tensor
                                const char *fn) {
     if (dw) {
         char a[96], b[96];
-        DT__TP_TRY(dt__tp_chk(ctx, dw, DT_F32, fn, "dw"));
+        DT__TRY(dt__tp_chk(ctx, dw, DT_F32, fn, "dw"));
         if (!dt_tensor_same_shape(dw, w))
             return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: dw shape %s does not match w shape %s", fn,
                                     dt_shape_str(dw, a, sizeof a), dt_shape_str(w, b, sizeof b));
@@ -2156,8 +2154,8 @@ DT_API dt_status dt_tp_param_desc(const dt_layout *l, dt_param_desc *desc, dt_tp
 
 DT_API dt_status dt_tp_allreduce(dt_layout *l, dt_tensor *x) {
     const char *fn = "dt_tp_allreduce";
-    DT__TP_TRY(dt__tp_begin(l, 0, fn));
-    DT__TP_TRY(dt__tp_chk(l->ctx, x, DT_DTYPE_DEFAULT, fn, "x"));
+    DT__TRY(dt__tp_begin(l, 0, fn));
+    DT__TRY(dt__tp_chk(l->ctx, x, DT_DTYPE_DEFAULT, fn, "x"));
     if (l->tp == 1) return DT_OK;
     return dt_comm_allreduce(l->tp_comm, x, DT_REDUCE_SUM);
 }
@@ -2165,12 +2163,12 @@ DT_API dt_status dt_tp_allreduce(dt_layout *l, dt_tensor *x) {
 static dt_status dt__sp_rows_check(dt_layout *l, const dt_tensor *full, const dt_tensor *shard, const char *fn) {
     int64_t N = 0;
     char a[96], b[96];
-    DT__TP_TRY(dt__tp_chk(l->ctx, full, DT_DTYPE_DEFAULT, fn, "full"));
-    DT__TP_TRY(dt__tp_chk(l->ctx, shard, DT_DTYPE_DEFAULT, fn, "shard"));
+    DT__TRY(dt__tp_chk(l->ctx, full, DT_DTYPE_DEFAULT, fn, "full"));
+    DT__TRY(dt__tp_chk(l->ctx, shard, DT_DTYPE_DEFAULT, fn, "shard"));
     if (full->dtype != shard->dtype)
         return dt_ctx_set_error(l->ctx, DT_ERR_DTYPE, "%s: full is %s, shard is %s; expected the same dtype", fn,
                                 dt_dtype_name(full->dtype), dt_dtype_name(shard->dtype));
-    DT__TP_TRY(dt__tp_times(l, dt__tp_rows(shard), &N, fn, "shard"));
+    DT__TRY(dt__tp_times(l, dt__tp_rows(shard), &N, fn, "shard"));
     if (full->ndim < 1 || shard->ndim < 1 || dt__tp_last(full) != dt__tp_last(shard) || dt__tp_rows(full) != N)
         return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: full shape %s, shard shape %s; expected full = tp (%d) x "
                                 "shard rows of the same width", fn, dt_shape_str(full, a, sizeof a),
@@ -2180,16 +2178,16 @@ static dt_status dt__sp_rows_check(dt_layout *l, const dt_tensor *full, const dt
 
 DT_API dt_status dt_sp_gather_rows(dt_layout *l, dt_tensor *full, const dt_tensor *shard) {
     const char *fn = "dt_sp_gather_rows";
-    DT__TP_TRY(dt__tp_begin(l, 0, fn));
-    DT__TP_TRY(dt__sp_rows_check(l, full, shard, fn));
+    DT__TRY(dt__tp_begin(l, 0, fn));
+    DT__TRY(dt__sp_rows_check(l, full, shard, fn));
     if (l->tp == 1) return full->data == shard->data ? DT_OK : dt_tensor_copy(l->ctx, full, shard);
     return dt_comm_allgather(l->tp_comm, full, shard);
 }
 
 DT_API dt_status dt_sp_scatter_rows(dt_layout *l, dt_tensor *shard, const dt_tensor *full) {
     const char *fn = "dt_sp_scatter_rows";
-    DT__TP_TRY(dt__tp_begin(l, 0, fn));
-    DT__TP_TRY(dt__sp_rows_check(l, full, shard, fn));
+    DT__TRY(dt__tp_begin(l, 0, fn));
+    DT__TRY(dt__sp_rows_check(l, full, shard, fn));
     if (l->tp == 1) return full->data == shard->data ? DT_OK : dt_tensor_copy(l->ctx, shard, full);
     return dt_comm_reduce_scatter(l->tp_comm, shard, full, DT_REDUCE_SUM);
 }
@@ -2201,20 +2199,20 @@ DT_API dt_status dt_tp_column_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor
     const char *fn = "dt_tp_column_linear_fwd";
     const dt_tensor *xall = x;
     int64_t N, In;
-    DT__TP_TRY(dt__tp_begin(l, sp, fn));
-    DT__TP_TRY(dt__tp_weight(l->ctx, w, bias, w ? w->shape[0] : 0, fn, "w", "bias"));
+    DT__TRY(dt__tp_begin(l, sp, fn));
+    DT__TRY(dt__tp_weight(l->ctx, w, bias, w ? w->shape[0] : 0, fn, "w", "bias"));
     In = w->shape[1];
-    DT__TP_TRY(dt__tp_chk(l->ctx, x, DT_F32, fn, "x"));
+    DT__TRY(dt__tp_chk(l->ctx, x, DT_F32, fn, "x"));
     N = dt__tp_rows(x);
-    DT__TP_TRY(dt__tp_mat(l->ctx, x, N, In, fn, "x", "w.shape[1] in features"));
+    DT__TRY(dt__tp_mat(l->ctx, x, N, In, fn, "x", "w.shape[1] in features"));
     if (sp) {
-        DT__TP_TRY(dt__tp_times(l, N, &N, fn, "x"));
-        DT__TP_TRY(dt__tp_mat(l->ctx, xbuf, N, In, fn, "xbuf", "tp x the rows of x: the gathered input"));
+        DT__TRY(dt__tp_times(l, N, &N, fn, "x"));
+        DT__TRY(dt__tp_mat(l->ctx, xbuf, N, In, fn, "xbuf", "tp x the rows of x: the gathered input"));
         xall = xbuf;
     }
-    DT__TP_TRY(dt__tp_mat(l->ctx, out, N, w->shape[0], fn, "out", "the rows of x_all by w.shape[0], this rank's "
+    DT__TRY(dt__tp_mat(l->ctx, out, N, w->shape[0], fn, "out", "the rows of x_all by w.shape[0], this rank's "
                           "out features"));
-    if (sp) DT__TP_TRY(dt_sp_gather_rows(l, xbuf, x));
+    if (sp) DT__TRY(dt_sp_gather_rows(l, xbuf, x));
     return dt_linear_fwd(l->ctx, out, xall, w, bias);
 }
 
@@ -2227,37 +2225,37 @@ DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor 
     dt_comm_req *req = NULL;
     dt_status st, st2;
     int64_t N, In, O, nl = 0;
-    DT__TP_TRY(dt__tp_begin(l, sp, fn));
-    DT__TP_TRY(dt__tp_weight(l->ctx, w, NULL, 0, fn, "w", "bias"));
+    DT__TRY(dt__tp_begin(l, sp, fn));
+    DT__TRY(dt__tp_weight(l->ctx, w, NULL, 0, fn, "w", "bias"));
     O = w->shape[0]; In = w->shape[1];
-    DT__TP_TRY(dt__tp_chk(l->ctx, xall, DT_F32, fn, "xbuf_or_x"));
+    DT__TRY(dt__tp_chk(l->ctx, xall, DT_F32, fn, "xbuf_or_x"));
     N = dt__tp_rows(xall);
-    DT__TP_TRY(dt__tp_mat(l->ctx, xall, N, In, fn, "xbuf_or_x", "w.shape[1] in features"));
-    DT__TP_TRY(dt__tp_mat(l->ctx, dout, N, O, fn, "dout", "the rows of x_all by w.shape[0]"));
-    if (sp) DT__TP_TRY(dt__tp_split(l, N, &nl, fn, "xbuf_or_x"));
-    DT__TP_TRY(dt__tp_wgrads(l->ctx, dw, dbias, w, fn));
-    if (dx) DT__TP_TRY(dt__tp_mat(l->ctx, dx, sp ? nl : N, In, fn, "dx", sp ? "this rank's rows of x_all" : "as x"));
+    DT__TRY(dt__tp_mat(l->ctx, xall, N, In, fn, "xbuf_or_x", "w.shape[1] in features"));
+    DT__TRY(dt__tp_mat(l->ctx, dout, N, O, fn, "dout", "the rows of x_all by w.shape[0]"));
+    if (sp) DT__TRY(dt__tp_split(l, N, &nl, fn, "xbuf_or_x"));
+    DT__TRY(dt__tp_wgrads(l->ctx, dw, dbias, w, fn));
+    if (dx) DT__TRY(dt__tp_mat(l->ctx, dx, sp ? nl : N, In, fn, "dx", sp ? "this rank's rows of x_all" : "as x"));
     if (dx && (dxbuf || l->tp > 1))
-        DT__TP_TRY(dt__tp_mat(l->ctx, dxbuf, N, In, fn, "dxbuf", "as x_all: the scratch of the sum over tp"));
+        DT__TRY(dt__tp_mat(l->ctx, dxbuf, N, In, fn, "dxbuf", "as x_all: the scratch of the sum over tp"));
     if (dx && dxbuf) {
-        DT__TP_TRY(dt__tp_apart(l->ctx, dxbuf, xall, fn, "dxbuf", "xbuf_or_x"));
-        DT__TP_TRY(dt__tp_apart(l->ctx, dxbuf, dout, fn, "dxbuf", "dout"));
-        DT__TP_TRY(dt__tp_apart(l->ctx, dxbuf, w, fn, "dxbuf", "w"));
+        DT__TRY(dt__tp_apart(l->ctx, dxbuf, xall, fn, "dxbuf", "xbuf_or_x"));
+        DT__TRY(dt__tp_apart(l->ctx, dxbuf, dout, fn, "dxbuf", "dout"));
+        DT__TRY(dt__tp_apart(l->ctx, dxbuf, w, fn, "dxbuf", "w"));
     }
     if (dx && l->tp == 1) return dt_linear_bwd(l->ctx, dx, dw, dbias, dout, xall, w); /* the plain op */
     if (dx) {
         /* dxbuf = this rank's part of dx; its sum over tp travels while dw and dbias are computed */
-        DT__TP_TRY(dt__tp_2d(l->ctx, &d2, dout));
-        DT__TP_TRY(dt__tp_2d(l->ctx, &sum, dxbuf));
-        DT__TP_TRY(dt_matmul_fwd(l->ctx, &sum, &d2, w, 0, 0, 1.0f, 0.0f));
+        DT__TRY(dt__tp_2d(l->ctx, &d2, dout));
+        DT__TRY(dt__tp_2d(l->ctx, &sum, dxbuf));
+        DT__TRY(dt_matmul_fwd(l->ctx, &sum, &d2, w, 0, 0, 1.0f, 0.0f));
         if (sp) {
             int64_t shape[2];
             w2 = sum;
             shape[0] = nl; shape[1] = In;
-            DT__TP_TRY(dt_tensor_view(l->ctx, &sum, &w2, nl * In * l->tp_rank, 2, shape)); /* in place: own block */
-            DT__TP_TRY(dt_comm_ireduce_scatter(l->tp_comm, &sum, &w2, DT_REDUCE_SUM, &req));
+            DT__TRY(dt_tensor_view(l->ctx, &sum, &w2, nl * In * l->tp_rank, 2, shape)); /* in place: own block */
+            DT__TRY(dt_comm_ireduce_scatter(l->tp_comm, &sum, &w2, DT_REDUCE_SUM, &req));
         } else {
-            DT__TP_TRY(dt_comm_iallreduce(l->tp_comm, &sum, DT_REDUCE_SUM, &req));
+            DT__TRY(dt_comm_iallreduce(l->tp_comm, &sum, DT_REDUCE_SUM, &req));
         }
     }
     st = dw || dbias ? dt_linear_bwd(l->ctx, NULL, dw, dbias, dout, xall, w) : DT_OK;
@@ -2275,12 +2273,12 @@ DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor 
 static dt_status dt__tp_row_args(dt_layout *l, const dt_tensor *y, const char *yn, const dt_tensor *x,
                                  const dt_tensor *w, const dt_tensor *bias, int sp, int64_t *N, int64_t *nl,
                                  const char *fn) {
-    DT__TP_TRY(dt__tp_begin(l, sp, fn));
-    DT__TP_TRY(dt__tp_weight(l->ctx, w, bias, w ? w->shape[0] : 0, fn, "w", "bias"));
-    DT__TP_TRY(dt__tp_chk(l->ctx, x, DT_F32, fn, "x"));
+    DT__TRY(dt__tp_begin(l, sp, fn));
+    DT__TRY(dt__tp_weight(l->ctx, w, bias, w ? w->shape[0] : 0, fn, "w", "bias"));
+    DT__TRY(dt__tp_chk(l->ctx, x, DT_F32, fn, "x"));
     *N = dt__tp_rows(x);
-    DT__TP_TRY(dt__tp_mat(l->ctx, x, *N, w->shape[1], fn, "x", "w.shape[1], this rank's in features"));
-    if (sp) DT__TP_TRY(dt__tp_split(l, *N, nl, fn, "x"));
+    DT__TRY(dt__tp_mat(l->ctx, x, *N, w->shape[1], fn, "x", "w.shape[1], this rank's in features"));
+    if (sp) DT__TRY(dt__tp_split(l, *N, nl, fn, "x"));
     return dt__tp_mat(l->ctx, y, sp ? *nl : *N, w->shape[0], fn, yn, sp ? "this rank's rows of x by w.shape[0]" :
                       "the rows of x by w.shape[0]");
 }
@@ -2289,19 +2287,19 @@ DT_API dt_status dt_tp_row_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor *p
                                       const dt_tensor *w, const dt_tensor *bias, int sp) {
     const char *fn = "dt_tp_row_linear_fwd";
     int64_t N, O, nl = 0;
-    DT__TP_TRY(dt__tp_row_args(l, out, "out", x, w, bias, sp, &N, &nl, fn));
+    DT__TRY(dt__tp_row_args(l, out, "out", x, w, bias, sp, &N, &nl, fn));
     O = w->shape[0];
     if (partial || (sp && l->tp > 1))
-        DT__TP_TRY(dt__tp_mat(l->ctx, partial, N, O, fn, "partial", "the rows of x by w.shape[0]: the scratch of "
+        DT__TRY(dt__tp_mat(l->ctx, partial, N, O, fn, "partial", "the rows of x by w.shape[0]: the scratch of "
                               "the sum over tp"));
-    if (partial && sp && l->tp > 1) DT__TP_TRY(dt__tp_apart(l->ctx, partial, x, fn, "partial", "x"));
+    if (partial && sp && l->tp > 1) DT__TRY(dt__tp_apart(l->ctx, partial, x, fn, "partial", "x"));
     if (l->tp == 1) return dt_linear_fwd(l->ctx, out, x, w, bias); /* the plain op */
     if (sp) {
-        DT__TP_TRY(dt_linear_fwd(l->ctx, partial, x, w, NULL));
-        DT__TP_TRY(dt_comm_reduce_scatter(l->tp_comm, out, partial, DT_REDUCE_SUM));
+        DT__TRY(dt_linear_fwd(l->ctx, partial, x, w, NULL));
+        DT__TRY(dt_comm_reduce_scatter(l->tp_comm, out, partial, DT_REDUCE_SUM));
     } else {
-        DT__TP_TRY(dt_linear_fwd(l->ctx, out, x, w, NULL));
-        DT__TP_TRY(dt_comm_allreduce(l->tp_comm, out, DT_REDUCE_SUM));
+        DT__TRY(dt_linear_fwd(l->ctx, out, x, w, NULL));
+        DT__TRY(dt_comm_allreduce(l->tp_comm, out, DT_REDUCE_SUM));
     }
     /* once, after the sum: every rank holds the whole bias */
     return bias ? dt_bias_add_fwd(l->ctx, out, bias) : DT_OK;
@@ -2313,18 +2311,18 @@ DT_API dt_status dt_tp_row_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw
     const char *fn = "dt_tp_row_linear_bwd";
     const dt_tensor *dall = dout;
     int64_t N, O, nl = 0;
-    DT__TP_TRY(dt__tp_row_args(l, dout, "dout", x, w, NULL, sp, &N, &nl, fn));
+    DT__TRY(dt__tp_row_args(l, dout, "dout", x, w, NULL, sp, &N, &nl, fn));
     O = w->shape[0];
     if (sp && l->tp > 1) {
-        DT__TP_TRY(dt__tp_mat(l->ctx, doutbuf, N, O, fn, "doutbuf", "the rows of x by w.shape[0]: the gathered dout"));
-        DT__TP_TRY(dt__tp_apart(l->ctx, doutbuf, x, fn, "doutbuf", "x"));
-        DT__TP_TRY(dt__tp_apart(l->ctx, doutbuf, w, fn, "doutbuf", "w"));
+        DT__TRY(dt__tp_mat(l->ctx, doutbuf, N, O, fn, "doutbuf", "the rows of x by w.shape[0]: the gathered dout"));
+        DT__TRY(dt__tp_apart(l->ctx, doutbuf, x, fn, "doutbuf", "x"));
+        DT__TRY(dt__tp_apart(l->ctx, doutbuf, w, fn, "doutbuf", "w"));
         dall = doutbuf;
     }
-    if (dx) DT__TP_TRY(dt__tp_mat(l->ctx, dx, N, w->shape[1], fn, "dx", "as x"));
-    DT__TP_TRY(dt__tp_wgrads(l->ctx, dw, dbias, w, fn));
-    if (dall != dout) DT__TP_TRY(dt_sp_gather_rows(l, doutbuf, dout));
-    if (dx || dw) DT__TP_TRY(dt_linear_bwd(l->ctx, dx, dw, NULL, dall, x, w));
+    if (dx) DT__TRY(dt__tp_mat(l->ctx, dx, N, w->shape[1], fn, "dx", "as x"));
+    DT__TRY(dt__tp_wgrads(l->ctx, dw, dbias, w, fn));
+    if (dall != dout) DT__TRY(dt_sp_gather_rows(l, doutbuf, dout));
+    if (dx || dw) DT__TRY(dt_linear_bwd(l->ctx, dx, dw, NULL, dall, x, w));
     /* the bias was added after the sum: its grad is dout's (this rank's rows under sp: partial) */
     return dbias ? dt_bias_add_bwd(l->ctx, dbias, dout) : DT_OK;
 }
@@ -2339,7 +2337,7 @@ static int64_t dt__tp_id(const dt_tensor *ids, int64_t i) {
 static dt_status dt__tp_vocab(dt_layout *l, int64_t Vl, int64_t vocab_start, int64_t vocab, const char *fn,
                               const char *what) {
     int64_t Vp = 0, want;
-    DT__TP_TRY(dt__tp_times(l, Vl, &Vp, fn, what));
+    DT__TRY(dt__tp_times(l, Vl, &Vp, fn, what));
     want = Vl * l->tp_rank;
     if (vocab_start != want)
         return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: vocab_start = %lld; expected tp_rank (%d) x %lld (%s) = %lld", fn,
@@ -2355,11 +2353,11 @@ static dt_status dt__tp_ids(dt_layout *l, const dt_tensor *ids_any, int64_t voca
     int64_t i;
     dt_tensor h, *ids = &h;
     dt_status st = DT_OK;
-    DT__TP_TRY(dt__tp_chk(l->ctx, ids_any, ids_any ? ids_any->dtype : DT_I32, fn, "ids"));
+    DT__TRY(dt__tp_chk(l->ctx, ids_any, ids_any ? ids_any->dtype : DT_I32, fn, "ids"));
     if (ids_any->dtype != DT_I32 && ids_any->dtype != DT_I64)
         return dt_ctx_set_error(l->ctx, DT_ERR_DTYPE, "%s: ids has dtype %s; expected i32 or i64", fn,
                                 dt_dtype_name(ids_any->dtype));
-    DT__TP_TRY(dt__tp_host(l->ctx, &h, ids_any, fn, "ids"));
+    DT__TRY(dt__tp_host(l->ctx, &h, ids_any, fn, "ids"));
     for (i = 0; i < ids->numel && !st; i++) {
         int64_t id = dt__tp_id(ids, i);
         if (id < 0 || id >= vocab)
@@ -2377,12 +2375,12 @@ static dt_status dt__tp_emb_args(dt_layout *l, const dt_tensor *tab, const char 
                                  const char *yn, const dt_tensor *ids, int64_t vocab_start, int64_t vocab, int sp,
                                  int64_t *N, int64_t *nl, const char *fn) {
     char rows[32], why[64];
-    DT__TP_TRY(dt__tp_weight(l->ctx, tab, NULL, 0, fn, tn, ""));
+    DT__TRY(dt__tp_weight(l->ctx, tab, NULL, 0, fn, tn, ""));
     snprintf(rows, sizeof rows, "%s rows", tn);
-    DT__TP_TRY(dt__tp_vocab(l, tab->shape[0], vocab_start, vocab, fn, rows));
-    DT__TP_TRY(dt__tp_ids(l, ids, vocab, fn));
+    DT__TRY(dt__tp_vocab(l, tab->shape[0], vocab_start, vocab, fn, rows));
+    DT__TRY(dt__tp_ids(l, ids, vocab, fn));
     *N = ids->numel;
-    if (sp) DT__TP_TRY(dt__tp_split(l, *N, nl, fn, "ids"));
+    if (sp) DT__TRY(dt__tp_split(l, *N, nl, fn, "ids"));
     snprintf(why, sizeof why, "%sids by %s.shape[1]", sp ? "this rank's " : "", tn);
     return dt__tp_mat(l->ctx, y, sp ? *nl : *N, tab->shape[1], fn, yn, why);
 }
@@ -2392,14 +2390,14 @@ DT_API dt_status dt_tp_embedding_fwd(dt_layout *l, dt_tensor *out, dt_tensor *pa
     const char *fn = "dt_tp_embedding_fwd";
     dt_tensor *dst = out;
     int64_t N, C, Vl, nl = 0, n;
-    DT__TP_TRY(dt__tp_begin(l, sp, fn));
-    DT__TP_TRY(dt__tp_emb_args(l, table, "table", out, "out", ids, vocab_start, vocab, sp, &N, &nl, fn));
+    DT__TRY(dt__tp_begin(l, sp, fn));
+    DT__TRY(dt__tp_emb_args(l, table, "table", out, "out", ids, vocab_start, vocab, sp, &N, &nl, fn));
     Vl = table->shape[0]; C = table->shape[1];
     if (partial || (sp && l->tp > 1))
-        DT__TP_TRY(dt__tp_mat(l->ctx, partial, N, C, fn, "partial", "ids by table.shape[1]: the scratch of the sum"));
+        DT__TRY(dt__tp_mat(l->ctx, partial, N, C, fn, "partial", "ids by table.shape[1]: the scratch of the sum"));
     if (sp && l->tp > 1) dst = partial;
-    DT__TP_TRY(dt__tp_same_device(l->ctx, fn, table, "table", dst, dst == out ? "out" : "partial"));
-    DT__TP_TRY(dt__tp_same_device(l->ctx, fn, table, "table", ids, "ids"));
+    DT__TRY(dt__tp_same_device(l->ctx, fn, table, "table", dst, dst == out ? "out" : "partial"));
+    DT__TRY(dt__tp_same_device(l->ctx, fn, table, "table", ids, "ids"));
     if (table->device == DT_CUDA_DEVICE) {
 #ifdef DT_CUDA
         int e = dt_k_tp_embedding_fwd((float *)dst->data, (const float *)table->data, ids->data, ids->dtype == DT_I64, N,
@@ -2425,17 +2423,17 @@ DT_API dt_status dt_tp_embedding_bwd(dt_layout *l, dt_tensor *dtable, dt_tensor 
     const char *fn = "dt_tp_embedding_bwd";
     const dt_tensor *dall = dout;
     int64_t N, C, Vl, nl = 0, n, d;
-    DT__TP_TRY(dt__tp_begin(l, sp, fn));
+    DT__TRY(dt__tp_begin(l, sp, fn));
     if (!dtable) return dt__tp_chk(l->ctx, dout, DT_F32, fn, "dout"); /* nothing wanted, nothing moved */
-    DT__TP_TRY(dt__tp_emb_args(l, dtable, "dtable", dout, "dout", ids, vocab_start, vocab, sp, &N, &nl, fn));
+    DT__TRY(dt__tp_emb_args(l, dtable, "dtable", dout, "dout", ids, vocab_start, vocab, sp, &N, &nl, fn));
     Vl = dtable->shape[0]; C = dtable->shape[1];
     if (sp && l->tp > 1) {
-        DT__TP_TRY(dt__tp_mat(l->ctx, doutbuf, N, C, fn, "doutbuf", "ids by dtable.shape[1]: the gathered dout"));
-        DT__TP_TRY(dt_sp_gather_rows(l, doutbuf, dout));
+        DT__TRY(dt__tp_mat(l->ctx, doutbuf, N, C, fn, "doutbuf", "ids by dtable.shape[1]: the gathered dout"));
+        DT__TRY(dt_sp_gather_rows(l, doutbuf, dout));
         dall = doutbuf;
     }
-    DT__TP_TRY(dt__tp_same_device(l->ctx, fn, dtable, "dtable", dall, dall == dout ? "dout" : "doutbuf"));
-    DT__TP_TRY(dt__tp_same_device(l->ctx, fn, dtable, "dtable", ids, "ids"));
+    DT__TRY(dt__tp_same_device(l->ctx, fn, dtable, "dtable", dall, dall == dout ? "dout" : "doutbuf"));
+    DT__TRY(dt__tp_same_device(l->ctx, fn, dtable, "dtable", ids, "ids"));
     if (dtable->device == DT_CUDA_DEVICE) {
 #ifdef DT_CUDA
         int e = dt_k_tp_embedding_bwd((float *)dtable->data, (const float *)dall->data, ids->data, ids->dtype == DT_I64,
@@ -2467,12 +2465,12 @@ static dt_status dt__tp_xent_check(dt_layout *l, const dt_tensor *logits, const 
     int64_t N, r, nv = 0;
     dt_tensor h;
     dt_status st = DT_OK;
-    DT__TP_TRY(dt__tp_begin(l, 0, fn));
-    DT__TP_TRY(dt__tp_chk(l->ctx, logits, DT_F32, fn, "logits"));
+    DT__TRY(dt__tp_begin(l, 0, fn));
+    DT__TRY(dt__tp_chk(l->ctx, logits, DT_F32, fn, "logits"));
     if (logits->ndim < 1)
         return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: logits is a scalar; expected [N, Vp/tp]", fn);
-    DT__TP_TRY(dt__tp_vocab(l, dt__tp_last(logits), vocab_start, vocab, fn, "logits.shape[-1]"));
-    DT__TP_TRY(dt__tp_chk(l->ctx, targets, DT_I32, fn, "targets"));
+    DT__TRY(dt__tp_vocab(l, dt__tp_last(logits), vocab_start, vocab, fn, "logits.shape[-1]"));
+    DT__TRY(dt__tp_chk(l->ctx, targets, DT_I32, fn, "targets"));
     N = dt__tp_rows(logits);
     if (targets->numel != N)
         return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: targets has %lld elements; expected %lld (logits rows)", fn,
@@ -2480,8 +2478,8 @@ static dt_status dt__tp_xent_check(dt_layout *l, const dt_tensor *logits, const 
     if (N > 1073741823) /* INT_MAX / 2: dt_comm_allreduce_f64 counts in int, two doubles a row */
         return dt_ctx_set_error(l->ctx, DT_ERR_UNSUPPORTED, "%s: %lld rows; at most 1073741823 (two doubles per row "
                                 "go through dt_comm_allreduce_f64)", fn, (long long)N);
-    DT__TP_TRY(dt__tp_same_device(l->ctx, fn, logits, "logits", targets, "targets"));
-    DT__TP_TRY(dt__tp_host(l->ctx, &h, targets, fn, "targets"));
+    DT__TRY(dt__tp_same_device(l->ctx, fn, logits, "logits", targets, "targets"));
+    DT__TRY(dt__tp_host(l->ctx, &h, targets, fn, "targets"));
     for (r = 0; r < N && !st; r++) {
         int32_t t = ((const int32_t *)h.data)[r];
         if (t != ignore_index && (t < 0 || t >= vocab))
@@ -2513,8 +2511,8 @@ static dt_status dt__tp_xent_fwd_cuda(dt_layout *l, double *total, int64_t *n, d
     td.ndim = 1;
     td.shape[0] = 3 * N;
     td.device = DT_CUDA_DEVICE;
-    DT__TP_TRY(dt__tp_same_device(ctx, fn, logits, "logits", stats, "stats"));
-    DT__TP_TRY(dt_tensor_create(ctx, &dbuf, &td));
+    DT__TRY(dt__tp_same_device(ctx, fn, logits, "logits", stats, "stats"));
+    DT__TRY(dt_tensor_create(ctx, &dbuf, &td));
     td.device = DT_CPU;
     st = dt_tensor_create(ctx, &hbuf, &td);
     if (st) { dt_tensor_free(ctx, &dbuf); return st; }
@@ -2566,14 +2564,14 @@ DT_API dt_status dt_tp_xent_fwd(dt_layout *l, float *loss, int64_t *n_valid, dt_
     if (n_valid) *n_valid = 0;
     if (!l || !l->ctx) return DT_ERR_ARG;
     if (!loss) return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: loss is NULL", fn);
-    DT__TP_TRY(dt__tp_xent_check(l, logits, targets, vocab_start, vocab, ignore_index, fn, NULL));
+    DT__TRY(dt__tp_xent_check(l, logits, targets, vocab_start, vocab, ignore_index, fn, NULL));
     N = dt__tp_rows(logits); Vl = dt__tp_last(logits);
-    if (stats) DT__TP_TRY(dt__tp_mat(l->ctx, stats, N, 2, fn, "stats", "each row's max and log-sum-exp"));
+    if (stats) DT__TRY(dt__tp_mat(l->ctx, stats, N, 2, fn, "stats", "each row's max and log-sum-exp"));
     nv = vocab - vocab_start; /* this rank's real (not padding) columns */
     nv = nv < 0 ? 0 : nv > Vl ? Vl : nv;
     if (logits->device == DT_CUDA_DEVICE) {
 #ifdef DT_CUDA
-        DT__TP_TRY(dt__tp_xent_fwd_cuda(l, &total, &n, stats, logits, targets, vocab_start, ignore_index, N, Vl, nv, fn));
+        DT__TRY(dt__tp_xent_fwd_cuda(l, &total, &n, stats, logits, targets, vocab_start, ignore_index, N, Vl, nv, fn));
 #else
         return dt_ctx_set_error(l->ctx, DT_ERR_DEVICE, "%s: a cuda tensor, but dt was built without DT_CUDA", fn);
 #endif
@@ -2621,13 +2619,13 @@ DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tenso
     const char *fn = "dt_tp_xent_bwd";
     int64_t N, Vl, nv, r, c, n = 0;
     float s;
-    DT__TP_TRY(dt__tp_xent_check(l, logits, targets, vocab_start, vocab, ignore_index, fn, &n));
+    DT__TRY(dt__tp_xent_check(l, logits, targets, vocab_start, vocab, ignore_index, fn, &n));
     N = dt__tp_rows(logits); Vl = dt__tp_last(logits);
-    DT__TP_TRY(dt__tp_mat(l->ctx, stats, N, 2, fn, "stats", "from dt_tp_xent_fwd"));
+    DT__TRY(dt__tp_mat(l->ctx, stats, N, 2, fn, "stats", "from dt_tp_xent_fwd"));
     if (!dlogits) return DT_OK;
-    DT__TP_TRY(dt__tp_mat(l->ctx, dlogits, N, Vl, fn, "dlogits", "as logits"));
-    DT__TP_TRY(dt__tp_same_device(l->ctx, fn, logits, "logits", stats, "stats"));
-    DT__TP_TRY(dt__tp_same_device(l->ctx, fn, logits, "logits", dlogits, "dlogits"));
+    DT__TRY(dt__tp_mat(l->ctx, dlogits, N, Vl, fn, "dlogits", "as logits"));
+    DT__TRY(dt__tp_same_device(l->ctx, fn, logits, "logits", stats, "stats"));
+    DT__TRY(dt__tp_same_device(l->ctx, fn, logits, "logits", dlogits, "dlogits"));
     if (n == 0) return DT_OK;
     s = dloss / (float)n;
     nv = vocab - vocab_start;
@@ -2654,7 +2652,6 @@ DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tenso
     return DT_OK;
 }
 
-#undef DT__TP_TRY
 
 /* ==== >>pp: pipeline schedules ================================================================ */
 
@@ -3559,7 +3556,7 @@ static dt_status dt__pl_trace_offsets(dt_trace *t, double *offs) {
     memset(&td, 0, sizeof td);
     td.dtype = DT_I64;
     td.shape[0] = 1;
-    DT__PL_TRY(dt_tensor_create(t->ctx, &v, &td));
+    DT__TRY(dt_tensor_create(t->ctx, &v, &td));
     offs[0] = 0;
     for (r = 1; r < t->size && !st; r++) {
         double best = HUGE_VAL;
@@ -3627,7 +3624,7 @@ static dt_status dt__pl_trace_records(dt_trace *t, dt_tensor *out, int64_t *n_ou
     memset(&td, 0, sizeof td);
     td.dtype = DT_U8;
     td.shape[0] = n * DT__PL_REC_BYTES;
-    DT__PL_TRY(dt_tensor_create(t->ctx, out, &td));
+    DT__TRY(dt_tensor_create(t->ctx, out, &td));
     q = (unsigned char *)out->data;
     for (k = 0; k <= t->n_comms; k++, q += DT__PL_REC_BYTES) {
         char name[DT__PL_TRACE_NAME + 64];
@@ -3789,7 +3786,7 @@ static dt_status dt__pp_buf_get(dt__pp_rt *r, int k, int zero, int *idx) {
     }
     if (i == r->n_pool) {
         dt_status st;
-        DT__PL_TRY(dt_grow(r->ctx, (void **)&r->pool, &r->cap_pool, r->n_pool + 1, sizeof(dt__pp_buf *), "dt_pp_run"));
+        DT__TRY(dt_grow(r->ctx, (void **)&r->pool, &r->cap_pool, r->n_pool + 1, sizeof(dt__pp_buf *), "dt_pp_run"));
         b = (dt__pp_buf *)dt_alloc(r->ctx, sizeof *b);
         if (!b) return DT_ERR_OOM;
         memset(b, 0, sizeof *b);
@@ -3803,7 +3800,7 @@ static dt_status dt__pp_buf_get(dt__pp_rt *r, int k, int zero, int *idx) {
         int j;
         b->t.ndim = d->ndim; /* the same elements under this boundary's shape */
         for (j = 0; j < DT_MAX_DIMS; j++) b->t.shape[j] = j < d->ndim ? d->shape[j] : 0;
-        if (zero) DT__PL_TRY(dt_tensor_fill(r->ctx, &b->t, 0.0));
+        if (zero) DT__TRY(dt_tensor_fill(r->ctx, &b->t, 0.0));
     }
     b->used = 1;
     r->held += dt_tensor_bytes(&b->t);
@@ -3873,9 +3870,9 @@ static dt_status dt__pp_compute(dt__pp_rt *r, const dt_pp_action *a, int *produc
     if (a->op == DT_PP_F) {
         if (!first) {
             if (in->buf < 0) return DT_ERR_STATE; /* the simulator's order check rules this out */
-            DT__PL_TRY(dt__pp_wait(r, &in->req));
+            DT__TRY(dt__pp_wait(r, &in->req));
         }
-        if (!last) DT__PL_TRY(dt__pp_buf_get(r, k, 0, produced));
+        if (!last) DT__TRY(dt__pp_buf_get(r, k, 0, produced));
         dt_trace_begin(r->trace, dt_pp_op_name(a->op));
         t0 = dt_comm_now();
         st = r->m->forward(r->m->user, c, i, last ? NULL : &r->pool[*produced]->t, first ? NULL : &r->pool[in->buf]->t);
@@ -3887,9 +3884,9 @@ static dt_status dt__pp_compute(dt__pp_rt *r, const dt_pp_action *a, int *produc
     }
     if (!last) { /* BW reads the gradient BI waited for; in an edited list it may be missing */
         if (dout->buf < 0) return DT_ERR_STATE;
-        DT__PL_TRY(dt__pp_wait(r, &dout->req));
+        DT__TRY(dt__pp_wait(r, &dout->req));
     }
-    if (!first && part != DT_PP_PART_WEIGHT) DT__PL_TRY(dt__pp_buf_get(r, k - 1, 1, produced));
+    if (!first && part != DT_PP_PART_WEIGHT) DT__TRY(dt__pp_buf_get(r, k - 1, 1, produced));
     dt_trace_begin(r->trace, dt_pp_op_name(a->op));
     t0 = dt_comm_now();
     st = r->m->backward(r->m->user, c, i, *produced >= 0 ? &r->pool[*produced]->t : NULL,
@@ -3926,7 +3923,7 @@ static dt_status dt__pp_post_send(dt__pp_rt *r, const dt_pp_action *a, int *prod
     x = &r->sends[r->n_sends];
     x->buf = *produced;
     *produced = -1;
-    DT__PL_TRY(dt_comm_isend(r->l->pp_comm, &r->pool[x->buf]->t, a->peer, dt__pp_tag(r, grad, k, a->micro), &x->req));
+    DT__TRY(dt_comm_isend(r->l->pp_comm, &r->pool[x->buf]->t, a->peer, dt__pp_tag(r, grad, k, a->micro), &x->req));
     r->n_sends++;
     r->out->messages++;
     r->out->bytes_sent += (double)dt_tensor_bytes(&r->pool[x->buf]->t);
@@ -3937,7 +3934,7 @@ static dt_status dt__pp_post_recv(dt__pp_rt *r, const dt_pp_action *a) {
     int c = a->chunk, i = a->micro, k = c * r->p + r->st, grad = a->op == DT_PP_RECV_GRAD;
     dt__pp_slot *x = grad ? &r->dout[c * r->M + i] : &r->in[c * r->M + i];
     if (x->buf >= 0) return DT_ERR_STATE;
-    DT__PL_TRY(dt__pp_buf_get(r, grad ? k : k - 1, 0, &x->buf));
+    DT__TRY(dt__pp_buf_get(r, grad ? k : k - 1, 0, &x->buf));
     r->out->messages++;
     return dt_comm_irecv(r->l->pp_comm, &r->pool[x->buf]->t, a->peer, dt__pp_tag(r, grad, grad ? k + 1 : k - 1, i),
                          &x->req);

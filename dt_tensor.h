@@ -614,6 +614,10 @@ DT_API void dt_safetensors_close(dt_ctx *ctx, dt_st_file *f);
 #ifdef __cplusplus
 }
 #endif
+/* The one private macro for passing a failed status up, used by every dt implementation (and
+   examples' headers written like them). */
+#define DT__TRY(x) do { dt_status dt__s = (x); if (dt__s) return dt__s; } while (0)
+
 #endif /* DT_TENSOR_H */
 
 /* ============================================================================================
@@ -663,7 +667,6 @@ extern int fileno(FILE *stream);
 extern "C" {
 #endif
 
-#define DT__TRY(x) do { dt_status dt__s = (x); if (dt__s) return dt__s; } while (0)
 
 /* ==== >>status: statuses ====================================================================== */
 

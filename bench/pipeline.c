@@ -230,10 +230,10 @@ static dt_status ms_forward(void *user, int c, int i, dt_tensor *out, const dt_t
     for (j = lo; j < hi; j++) {
         mk(&S->h[slot][j], MN, MH);
         mk(&S->a[slot][j], MN, MH);
-        DT__PL_TRY(dt_linear_fwd(&C, &S->h[slot][j], j == lo ? in : &S->a[slot][j - 1], &S->w[j], NULL));
-        DT__PL_TRY(dt_gelu_fwd(&C, &S->a[slot][j], &S->h[slot][j]));
+        DT__TRY(dt_linear_fwd(&C, &S->h[slot][j], j == lo ? in : &S->a[slot][j - 1], &S->w[j], NULL));
+        DT__TRY(dt_gelu_fwd(&C, &S->a[slot][j], &S->h[slot][j]));
     }
-    if (out) DT__PL_TRY(dt_tensor_copy(&C, out, &S->a[slot][hi - 1]));
+    if (out) DT__TRY(dt_tensor_copy(&C, out, &S->a[slot][hi - 1]));
     else { /* the loss's gradient: a stand-in of the same size */
         mk(&S->dy[slot], MN, MH);
         dt_tensor_fill(&C, &S->dy[slot], 1e-3);
@@ -256,13 +256,13 @@ static dt_status ms_backward(void *user, int c, int i, dt_tensor *din, const dt_
             dt_tensor *dx = j > lo ? &prev : din;
             mk(&S->dh[slot][j], MN, MH);
             if (j > lo) mk(&prev, MN, MH);
-            DT__PL_TRY(dt_gelu_bwd(&C, &S->dh[slot][j], j == hi - 1 ? dout : &cur, &S->h[slot][j]));
-            DT__PL_TRY(dt_linear_bwd(&C, dx, part == DT_PP_PART_INPUT ? NULL : &S->gw[j], NULL, &S->dh[slot][j], x,
+            DT__TRY(dt_gelu_bwd(&C, &S->dh[slot][j], j == hi - 1 ? dout : &cur, &S->h[slot][j]));
+            DT__TRY(dt_linear_bwd(&C, dx, part == DT_PP_PART_INPUT ? NULL : &S->gw[j], NULL, &S->dh[slot][j], x,
                                      &S->w[j]));
             dt_tensor_free(&C, &cur);
             if (j > lo) cur = prev;
         } else {
-            DT__PL_TRY(dt_linear_bwd(&C, NULL, &S->gw[j], NULL, &S->dh[slot][j], x, &S->w[j]));
+            DT__TRY(dt_linear_bwd(&C, NULL, &S->gw[j], NULL, &S->dh[slot][j], x, &S->w[j]));
         }
     }
     if (part != DT_PP_PART_INPUT) { /* the micro-batch is done on this chunk */

@@ -318,7 +318,6 @@ extern int fileno(FILE *stream);
 extern "C" {
 #endif
 
-#define DT__DTRY(x) do { dt_status dt__ds = (x); if (dt__ds) return dt__ds; } while (0)
 
 /* Criteo Kaggle (Display Advertising Challenge) distinct values per categorical feature, as
    the DLRM reference counts them. */
@@ -388,7 +387,7 @@ static dt_status dt__dlrm_batch_size(dt_ctx *ctx, dt_dlrm_batch *b, int64_t star
     for (k = 0; k < 5; k++) {
         int64_t n = need[k] > 0 ? need[k] : 1;
         if (!b->store[k]) b->store_cap[k] = 0;
-        DT__DTRY(dt_grow(ctx, &b->store[k], &b->store_cap[k], n, elem[k], what[k]));
+        DT__TRY(dt_grow(ctx, &b->store[k], &b->store_cap[k], n, elem[k], what[k]));
     }
     b->size = B;
     b->start = start;
@@ -612,13 +611,13 @@ DT_API dt_status dt_dlrm_synth_range(dt_ctx *ctx, const dt_dlrm_synth *gen, dt_d
     int32_t *len;
     int64_t *off, *ids;
     uint32_t w[40];
-    DT__DTRY(dt__dlrm_range_args(ctx, fn, gen, "gen", batch, start, count, -1));
+    DT__TRY(dt__dlrm_range_args(ctx, fn, gen, "gen", batch, start, count, -1));
     if (!gen->ready) return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: gen was not made by dt_dlrm_synth_init", fn);
     if (!gen->multi_hot) {
         if (!dt_mul_ok(B, DT_DLRM_SPARSE, &nnz))
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: count = %lld is too large", fn, (long long)count);
     } else { /* pass 1: the bag lengths, to size the ids */
-        DT__DTRY(dt__dlrm_batch_size(ctx, batch, start, B, 0, fn));
+        DT__TRY(dt__dlrm_batch_size(ctx, batch, start, B, 0, fn));
         len = (int32_t *)batch->store[2];
         nnz = 0;
         for (b = 0; b < B; b++) {
@@ -629,7 +628,7 @@ DT_API dt_status dt_dlrm_synth_range(dt_ctx *ctx, const dt_dlrm_synth *gen, dt_d
             }
         }
     }
-    DT__DTRY(dt__dlrm_batch_size(ctx, batch, start, B, nnz, fn));
+    DT__TRY(dt__dlrm_batch_size(ctx, batch, start, B, nnz, fn));
     dense = (float *)batch->store[0];
     labels = (float *)batch->store[1];
     len = (int32_t *)batch->store[2];
@@ -665,7 +664,7 @@ DT_API dt_status dt_dlrm_synth_batch(dt_ctx *ctx, const dt_dlrm_synth *gen, dt_d
                                      int64_t global_batch, int64_t batch_size, int rank, int world) {
     int64_t start, count;
     if (!ctx) return DT_ERR_ARG;
-    DT__DTRY(dt_dlrm_split(ctx, &start, &count, global_batch, batch_size, rank, world, -1));
+    DT__TRY(dt_dlrm_split(ctx, &start, &count, global_batch, batch_size, rank, world, -1));
     return dt_dlrm_synth_range(ctx, gen, batch, start, count);
 }
 
@@ -736,7 +735,7 @@ static dt_status dt__dlrm_tsv_start(dt_ctx *ctx, dt_dlrm_tsv *r, const char *nam
 
 DT_API dt_status dt_dlrm_tsv_open_mem(dt_ctx *ctx, dt_dlrm_tsv *r, const void *data, size_t len, const char *name,
                                       const dt_dlrm_tsv_desc *desc) {
-    DT__DTRY(dt__dlrm_tsv_start(ctx, r, name ? name : "(memory)", desc, "dt_dlrm_tsv_open_mem"));
+    DT__TRY(dt__dlrm_tsv_start(ctx, r, name ? name : "(memory)", desc, "dt_dlrm_tsv_open_mem"));
     if (!data && len) {
         r->open = 0;
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_dlrm_tsv_open_mem: data is NULL with len %zu", len);
@@ -755,7 +754,7 @@ DT_API dt_status dt_dlrm_tsv_open_mem(dt_ctx *ctx, dt_dlrm_tsv *r, const void *d
 DT_API dt_status dt_dlrm_tsv_open_stream(dt_ctx *ctx, dt_dlrm_tsv *r, FILE *f, const char *name,
                                          const dt_dlrm_tsv_desc *desc) {
     const char *fn = "dt_dlrm_tsv_open_stream";
-    DT__DTRY(dt__dlrm_tsv_start(ctx, r, name ? name : "(stream)", desc, fn));
+    DT__TRY(dt__dlrm_tsv_start(ctx, r, name ? name : "(stream)", desc, fn));
     if (!f) {
         r->open = 0;
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: f is NULL", fn);
@@ -1037,7 +1036,7 @@ static dt_status dt__dlrm_bin_write(dt_ctx *ctx, FILE *out, const char *tmp, con
     dt__dlrm_put32(hdr + 36, (uint32_t)ib);
     dt__dlrm_put64(hdr + 40, (uint64_t)skipped);
     for (f = 0; f < DT_DLRM_SPARSE; f++) dt__dlrm_put64(hdr + 48 + 8 * f, (uint64_t)shape->d.table_size[f]);
-    DT__DTRY(dt__dlrm_write_at(ctx, out, 0, hdr, sizeof hdr, tmp));
+    DT__TRY(dt__dlrm_write_at(ctx, out, 0, hdr, sizeof hdr, tmp));
     if (!(buf = (unsigned char *)dt_alloc(ctx, row * DT__DLRM_CHUNK)))
         return dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_dlrm_bin_convert: out of memory for a conversion buffer");
     st = dt_dlrm_tsv_open(ctx, &r, tsv_path, &d->tsv);
@@ -1098,7 +1097,7 @@ DT_API dt_status dt_dlrm_bin_convert(dt_ctx *ctx, const char *out_path, dt_dlrm_
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", out_path) >= sizeof tmp)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out_path is longer than %zu bytes", fn, sizeof tmp - 5);
     /* pass 1: validate and count (the arrays' offsets depend on the count) */
-    DT__DTRY(dt_dlrm_tsv_open(ctx, &r, tsv_path, &d.tsv));
+    DT__TRY(dt_dlrm_tsv_open(ctx, &r, tsv_path, &d.tsv));
     for (f = 0; f < DT_DLRM_SPARSE && !d.ids_i64; f++)
         if (r.d.table_size[f] > ((int64_t)1 << 31)) {
             long long size = (long long)r.d.table_size[f];
@@ -1266,9 +1265,9 @@ DT_API dt_status dt_dlrm_bin_range(dt_ctx *ctx, const dt_dlrm_bin *f, dt_dlrm_ba
     float *dense, *labels;
     int32_t *len;
     int64_t *off, *ids;
-    DT__DTRY(dt__dlrm_range_args(ctx, fn, f, "f", batch, start, count, f ? f->n : 0));
+    DT__TRY(dt__dlrm_range_args(ctx, fn, f, "f", batch, start, count, f ? f->n : 0));
     if (!f->map) return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: f is not open", fn);
-    DT__DTRY(dt__dlrm_batch_size(ctx, batch, start, B, B * DT_DLRM_SPARSE, fn));
+    DT__TRY(dt__dlrm_batch_size(ctx, batch, start, B, B * DT_DLRM_SPARSE, fn));
     dense = (float *)batch->store[0];
     labels = (float *)batch->store[1];
     len = (int32_t *)batch->store[2];
@@ -1318,7 +1317,7 @@ DT_API dt_status dt_dlrm_bin_batch(dt_ctx *ctx, const dt_dlrm_bin *f, dt_dlrm_ba
     int64_t start, count;
     if (!ctx) return DT_ERR_ARG;
     if (!f) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_dlrm_bin_batch: f is NULL");
-    DT__DTRY(dt_dlrm_split(ctx, &start, &count, global_batch, batch_size, rank, world, f->n));
+    DT__TRY(dt_dlrm_split(ctx, &start, &count, global_batch, batch_size, rank, world, f->n));
     return dt_dlrm_bin_range(ctx, f, batch, start, count);
 }
 
@@ -1358,7 +1357,7 @@ DT_API dt_status dt_dlrm_auc(dt_ctx *ctx, double *auc, const float *scores, cons
     int64_t pos, i, j;
     uint64_t neg_below = 0, twice_u = 0;
     dt__dlrm_pair *p;
-    DT__DTRY(dt__dlrm_eval_args(ctx, fn, auc, scores, labels, n, &pos, 1));
+    DT__TRY(dt__dlrm_eval_args(ctx, fn, auc, scores, labels, n, &pos, 1));
     if (n >= ((int64_t)1 << 32))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n = %lld; expected < 2^32", fn, (long long)n);
     if (pos == 0 || pos == n)
@@ -1392,7 +1391,7 @@ DT_API dt_status dt_dlrm_logloss(dt_ctx *ctx, double *loss, const float *probs, 
     const char *fn = "dt_dlrm_logloss";
     int64_t pos, i;
     double sum = 0.0;
-    DT__DTRY(dt__dlrm_eval_args(ctx, fn, loss, probs, labels, n, &pos, 1));
+    DT__TRY(dt__dlrm_eval_args(ctx, fn, loss, probs, labels, n, &pos, 1));
     if (eps == 0.0) eps = 1e-7;
     if (!(eps > 0.0 && eps < 0.5))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: eps = %g; expected (0, 0.5) (0 = 1e-7)", fn, eps);
