@@ -10,7 +10,6 @@
    Run directly (not under mpirun): it starts $DT_MPIRUN -np N build/examples/dlrm itself and
    reads the JSON-lines metrics each run writes. build/examples/dlrm comes from ./build.sh. */
 #define _POSIX_C_SOURCE 200809L
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_test.h"
 

@@ -7,7 +7,6 @@
    equals the sum of those world ranks computed here (the groups really communicate). Also: the
    picture of dt_layout_describe names every rank, the batch ranges of the dp ranks tile the
    global batch, and bad sizes are named errors. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

@@ -12,7 +12,6 @@
    ZeRO-1 on N ranks, and one saved at ZeRO-0 on one rank resumes at ZeRO-3 on N, each equal to
    the uninterrupted run. Memory per rank for a model of big units is within 10% of the
    stage's formula. Bad arguments are named. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

@@ -16,7 +16,6 @@
    and step; the timeline holds the run's compute and its messages. GPipe runs take their
    activation shapes from dt_pp_model.acts (one per boundary). Bad configurations are named
    errors. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"
