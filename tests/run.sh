@@ -5,6 +5,25 @@
 #
 #   tests/run.sh [WORD...]   only the groups whose name contains a WORD (test_tensor, mpi_,
 #                            compile:dt_comm, kernel:, readme, gpu_, fresh, build:)
+#   tests/run.sh quick [WORD...]   while iterating (./build.sh test quick): tests/test_*.c and
+#                            tests/mpi_*.c only, plain builds (no ASan), each multi-rank test at
+#                            2 ranks (or the least it lists), the drivers told DT_TEST_QUICK=1
+#                            (tests/mpi_gpt*.c: their 2-rank layouts)
+# At the end: the failures again, the 10 slowest runs with their seconds, the total time, and
+# as the very last line "N passed, N failed, N skipped".
+#
+# How a test program is built (tests/test_*.c, tests/mpi_*.c):
+#   - the usual way: include the dt headers it uses WITHOUT defining DT_IMPLEMENTATION. It is
+#     compiled alone and linked with the implementations compiled once per variant from
+#     tests/dt_impl.c (all five headers): build/tests/impl/plain.o ($DT_CC $DT_CFLAGS),
+#     build/tests/impl/mpi.o (mpicc -DDT_MPI, for tests/mpi_*.c and "// mpi" tests), and their
+#     ASan+UBSan builds under build/tests/asan/impl/. An example's header (dlrm_data.h,
+#     gpt_data.h) is not in them: define its own DT_..._IMPLEMENTATION in the test.
+#   - whole: a test that defines DT_IMPLEMENTATION itself (or #includes a .c file) is compiled
+#     with its own copy, as before. For a test that calls private static (dt__) functions,
+#     builds in DT_STATIC mode, or switches the implementation with a macro (DT_OPT_NO_MMAP,
+#     DT_TENSOR_NO_SIMD, ...).
+#   Flags: $DT_CFLAGS $DT_CPPFLAGS -I tests (-DDT_MPI with mpicc), ASan builds with $ASAN_CFLAGS.
 #
 # In order (whatever does not exist yet is skipped quietly):
 #   compile:<header>:<check>  each dt_*.h alone (after the headers it needs) as C99 and C++11,
@@ -76,9 +95,10 @@ if [ "${1:-}" = quick ]; then QUICK=1 ASAN=0; shift; fi
 export DT_TEST_QUICK=$QUICK # the drivers (tests/mpi_gpt*.c) run their 2-rank layouts only
 FILTER=("$@")
 
-# Tests must not fight over 2 cores (4 ranks x BLAS threads), and one BLAS thread keeps their
-# sums in one order.
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+# Tests must not fight over 2 cores (4 ranks x BLAS threads): one BLAS thread unless the caller
+# chose a count. The tests pass under any (their tolerances hold for any order of the BLAS's
+# sums, as for any OPENBLAS_CORETYPE).
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 # Every build step is redone when one of these, or its own source, is newer than its output.
 INPUTS=(dt_*.h kernels/*.h kernels/*.cuh tests/dt_test.h tests/compile/tu.c tests/run.sh build.sh)
