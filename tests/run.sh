@@ -50,7 +50,10 @@
 #   tests/mpi_*.c             mpicc -DDT_MPI, run under mpirun at each N of its first line
 #                             "// np: 1 2 4" (default 2); " [np=N]" is appended to its names.
 #                             Then the same runs built with ASan+UBSan ("asan:"), without leak
-#                             checks (Open MPI leaks by design, from plugins LSan cannot name)
+#                             checks (Open MPI leaks by design, from plugins LSan cannot name).
+#                             When the sanitizer runs are on, the plain build runs at one N
+#                             only (2, or the least listed): the ASan runs repeat its checks
+#                             at every N
 #                             First line "// mpi-driver": run directly, once; it starts
 #                             $DT_MPIRUN itself (jobs it kills on purpose, say)
 #                             A line "// with: FILE..." among the first three of a test adds
@@ -720,7 +723,14 @@ run_program() {
     else
         step_ok "$name" "$exe" || return
     fi
-    for np in ${nps//,/ }; do
+    # With the sanitizer runs on, a multi-rank test runs plain at one rank count only (2, or
+    # the least it lists): the ASan+UBSan build runs the same checks at every rank count, so
+    # a plain run at the others would repeat them; the plain one checks the -O2 build.
+    local plain_nps=$nps
+    if [ "$kind" = mpi ] && [ "$ASAN_RUN" = 1 ] && [[ $nps == *,* ]]; then
+        if [[ ,$nps, == *,2,* ]]; then plain_nps=2; else plain_nps=${nps%%,*}; fi
+    fi
+    for np in ${plain_nps//,/ }; do
         if [ "$np" = - ]; then
             run_prog "$name" "" "" "$exe"
         elif [ "$kind" = mpi ] || [ "$(np_list "$src")" ]; then
