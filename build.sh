@@ -5,6 +5,10 @@
 #                       (examples/gpt/gpt.c -> build/examples/gpt; a program is rebuilt when its
 #                       own directory's *.h / *.inc change too)
 #   ./build.sh test     the same, then run tests/run.sh (ends with "N passed, N failed, N skipped")
+#   ./build.sh test quick   while iterating (under 3 minutes on 2 cores): only examples/*/*.c
+#                       (the programs the tests drive; no benchmarks, no CUDA builds), then
+#                       tests/run.sh quick: the unit tests and the multi-rank tests at 2 ranks,
+#                       plain builds only (no compile checks, sanitizers, kernels or emulator)
 #   ./build.sh demo     the same, then train examples/dlrm on one process, then on 4 ranks with
 #                       mpirun, and compare the two step by step
 #   ./build.sh bench    the same, then run every benchmark (build/bench/*, bench/*.py)
@@ -292,12 +296,13 @@ build_kernels() {
 # to build are listed in BUILD_FAILED (tests/run.sh reports each as a failure).
 BUILD_FAILED=
 build_all() {
-    local max_jobs src name failed_list=build/logs/failed.list
+    local max_jobs src name failed_list=build/logs/failed.list quick=${1:-} sources=(examples/*/*.c bench/*.c)
     max_jobs=$(nproc 2>/dev/null || echo 2)
     mkdir -p build/logs
     rm -f "$failed_list"
+    [ "$quick" = quick ] && sources=(examples/*/*.c)
     # examples/<dir>/<name>.c -> build/examples/<name> (examples/mlp/mlp.c -> build/examples/mlp)
-    for src in examples/*/*.c bench/*.c; do
+    for src in "${sources[@]}"; do
         name=$(basename "${src%.c}")
         case "$src" in examples/*) name=examples/$name ;; bench/*) name=bench/$name ;; esac
         while [ "$(jobs -rp | wc -l)" -ge "$max_jobs" ]; do wait -n || true; done
@@ -307,7 +312,9 @@ build_all() {
     [ -f "$failed_list" ] && BUILD_FAILED=$(sort "$failed_list" | tr '\n' ' ' | sed 's/ $//')
 
     local kernels_ok=0
-    if [ -n "$DT_NVCC" ]; then
+    if [ "$quick" = quick ]; then
+        :
+    elif [ -n "$DT_NVCC" ]; then
         build_kernels || kernels_ok=1
         # examples/<dir>/<name>.c -> build/examples/cuda/<name>, -DDT_CUDA (they run on a GPU
         # when one is present and their code asks for it; the CPU path is the same program)
@@ -329,8 +336,11 @@ build_all() {
 run_tests() {
     # A failed build does not stop the tests: the runner counts each program that did not build
     # (and each kernel that did not compile) as a failure, so the summary line stays the last.
-    build_all || true
-    DT_BUILD_FAILED=$BUILD_FAILED bash tests/run.sh
+    # "quick": the examples only, then tests/run.sh quick.
+    local quick=${1:-}
+    [ -z "$quick" ] || [ "$quick" = quick ] || die "unknown argument '$quick' to test (quick)"
+    build_all $quick || true
+    DT_BUILD_FAILED=$BUILD_FAILED bash tests/run.sh $quick
 }
 
 # A program that does not build is reported but does not stop the demo or the benchmarks that did.
@@ -424,7 +434,7 @@ case "$cmd" in
     clean) rm -rf --one-file-system build; exit 0 ;; # never into a mount (tests/fresh_debian.sh)
     env) setup_toolchain; print_env; exit 0 ;;
     build|test|demo|bench) ;;
-    -h|--help|help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help|help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown command '$cmd' (build, test, demo, bench, clean, env)" ;;
 esac
 
@@ -432,7 +442,7 @@ check_deps
 setup_toolchain
 case "$cmd" in
     build) build_all || die "build failed${BUILD_FAILED:+: $BUILD_FAILED}" ;;
-    test) run_tests ;;
+    test) run_tests "${2:-}" ;;
     demo) run_demo ;;
     bench) run_bench ;;
 esac

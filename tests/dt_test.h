@@ -235,6 +235,13 @@ DT_TEST__FN const char *dt_test_tmpdir(void) {
     return d && d[0] ? d : "/tmp";
 }
 
+/* 1 under `tests/run.sh quick` (DT_TEST_QUICK=1): a test that drives many runs may keep to its
+   2-rank ones. */
+DT_TEST__FN int dt_test_quick(void) {
+    const char *q = getenv("DT_TEST_QUICK");
+    return q && q[0] == '1';
+}
+
 /* The exit status for main: 0 iff no check failed, on any rank. With MPI running it is
    collective: call it on every rank, before MPI_Finalize. */
 DT_TEST__FN int dt_test_finish(void) {

@@ -4,7 +4,6 @@
    compute what all the others sent and the sum in rank order that dt promises, and compare
    bitwise. Also: uneven and zero-length all-to-allv, sub-communicators, async forms waited in
    any order, the bucketer against per-tensor all-reduce, statistics and named errors. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_test.h"

@@ -8,7 +8,6 @@
    job must end within seconds (not at rank 0's timeout) with exit status 3, and rank 1's line
    must have been flushed. */
 #define _POSIX_C_SOURCE 200809L
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_test.h"

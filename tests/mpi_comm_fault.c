@@ -7,7 +7,6 @@
    chunked all-reduce is named on every rank; all-to-allv counts that overflow int64 or MPI's
    int are named errors before anything is allocated or read. Short timeouts keep it quick.
    (Mismatched sizes, dtypes and collectives: tests/mpi_comm_mismatch.c.) */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_test.h"

@@ -9,7 +9,6 @@
    ranks, empty bags, a rank with an empty local batch and one that receives no ids, all ids on
    one owner, an id out of range (named error on every rank), checkpoints saved at one world
    size / plan and loaded at others, and the incremental export. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

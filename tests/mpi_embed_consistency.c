@@ -7,7 +7,6 @@
    every id keeps its row and state (training continues as the table resumed with the saved
    hash_shards), and shards too small for their ids are refused on every rank; (3) ranks that pass different table descs get DT_ERR_ARG on
    every rank naming the first differing field and the ranks (no hang, no wrong values). */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

@@ -8,7 +8,6 @@
    LFU also against a hand-derived sequence of admissions, evictions (by count, ties by least
    recent use) and rejections (the victim was used in the same forward), and the same sequence
    resumed from a checkpoint saved halfway (the counts must come back). */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

@@ -12,7 +12,6 @@
    The driver checks that every other rank got DT_ERR_TIMEOUT naming the id exchange and the
    stopped rank within 1.5 T. */
 #define _POSIX_C_SOURCE 200809L
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

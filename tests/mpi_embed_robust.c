@@ -11,7 +11,6 @@
    changes nothing. (5) dt_embed_export_changed with nothing changed succeeds (under UBSan: no
    qsort of a NULL list). */
 #define _POSIX_C_SOURCE 200809L
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

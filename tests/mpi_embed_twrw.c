@@ -7,7 +7,6 @@
    that fit in a group and spread them over the groups; checkpoints must reshard both ways
    (table-row at np W -> other plans at np 1, 2, 3, and a group of 2 -> table-row at np W); bad
    group sizes are named. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

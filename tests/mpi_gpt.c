@@ -2,11 +2,12 @@
 /* tests/mpi_gpt.c - examples/gpt trains the same model under every layout: 5 steps of a tiny
    GPT (2 layers, width 32, 4 heads, context 16, batch 8, fp32, seed 3) at np 1 and at
    (dp, tp) = (2,1) (1,2) (2,2) (4,1) (1,4), each with ZeRO 0-3, with and without sequence
-   parallelism, with full and selective recompute and with 2 micro-batches, end on the np-1
-   `final: loss` within 1e-5 relative, and (every run saves a checkpoint at its end, read back
-   whole through dt_checkpoint_load's resharding) on its weights within 1e-5 (|diff| / |w| per
-   tensor, see weights_diff). A run stopped at step 3 (tp 2, np 2) resumes at tp 1 x dp 2 and at np 1
-   to the straight run's loss and weights within 1e-5, and bitwise at its own layout. Bad layouts
+   parallelism, with full and selective recompute and with 2 micro-batches, match the np-1 run:
+   the loss of every step and the grad norm of step 1 within fp32 bounds, and (every run saves a
+   checkpoint at its end, read back whole through dt_checkpoint_load's resharding) every weight
+   within Adam's per-element bound (both derived in tests/gpt_driver.h). A run stopped at step 3
+   (tp 2, np 2) resumes at tp 1 x dp 2 and at np 1 to the straight run's loss and weights within
+   those bounds, and bitwise at its own layout. Bad layouts
    and bad data exit 1 with a message naming the problem. The PyTorch peer (bench/gpt.py
    --check), a GPT-2 written from its definition, gives the loss dt computed from the same
    weights and tokens, and from them one AdamW step lands on dt's next weights (SKIP without
@@ -15,7 +16,6 @@
    Run directly (not under mpirun): it starts $DT_MPIRUN -np N build/examples/gpt itself.
    build/examples/gpt comes from ./build.sh. */
 #define _POSIX_C_SOURCE 200809L
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"
@@ -26,9 +26,9 @@
 #include <string.h>
 #include <math.h>
 
-/* The issue's bar. The runs differ by fp32 reassociation only (tp splits GEMM inner sums and
-   the softmax's sums, dp sums grads in another order); measured here: about 1e-7 relative. */
-#define TOL 1e-5
+/* The runs differ by fp32 reassociation only (tp splits GEMM inner sums and the softmax's
+   sums, dp sums grads in another order): tests/gpt_driver.h derives the bounds. */
+#define BATCH 8 /* TINY's --batch */
 #define L 2
 #define C 32
 #define VP 256
@@ -42,14 +42,15 @@ static const gpt_shape SHAPE = {L, C, VP, TCTX}; /* the model TINY asks for */
 
 /* ---------------------------------------------------------------- parallel equivalence */
 
-static double ref_loss;
+static double ref_loss, ref_wbound; /* np 1's final loss and Adam's per-element bound from its lr */
 static dt_params ref_w;
+static char ref_log[512];            /* np 1's --log */
 
 /* One run at (dp, tp) with extra flags: its final loss and weights against np 1's. */
 static void equal_to_np1(int dp, int tp, const char *extra, int check_weights) {
-    char name[256], flags[2048], out[512], dir[512], tag[200];
+    char name[256], flags[2048], out[512], dir[512], tag[200], log[512];
     const char *tmp = dt_test_tmpdir(), *which;
-    double got, rel;
+    double worst, diff;
     int i, k = 0;
     dt_params w;
     snprintf(tag, sizeof tag, "dp%d_tp%d%s", dp, tp, extra);
@@ -58,18 +59,17 @@ static void equal_to_np1(int dp, int tp, const char *extra, int check_weights) {
     tag[k] = 0;
     snprintf(out, sizeof out, "%s/%s.out", tmp, tag);
     snprintf(dir, sizeof dir, "%s/ckpt_%s", tmp, tag);
-    snprintf(flags, sizeof flags, "%s --steps 5 --tp %d %s --ckpt %s", TINY, tp, extra, dir);
+    snprintf(log, sizeof log, "%s/%s.jsonl", tmp, tag);
+    snprintf(flags, sizeof flags, "%s --steps 5 --tp %d %s --ckpt %s --log %s", TINY, tp, extra, dir, log);
     snprintf(name, sizeof name, "gpt_%s_runs", tag);
     if (!dt_test_expect(name, run(dp * tp, flags, out) == 0, "np %d: gpt %s failed (output in %s)", dp * tp, flags, out)) return;
-    got = final_loss(out, NULL, 0);
-    rel = fabs(got - ref_loss) / fabs(ref_loss);
-    snprintf(name, sizeof name, "gpt_%s_final_loss_equals_np1", tag);
-    dt_test_expect(name, rel <= TOL, "final loss %.9g, np 1 %.9g (relative %.3g > %g)", got, ref_loss, rel, TOL);
+    snprintf(name, sizeof name, "gpt_%s", tag);
+    compare_logs(name, log, ref_log, SHAPE, BATCH);
     if (!check_weights) return;
     snprintf(name, sizeof name, "gpt_%s_weights_equal_np1", tag);
     if (!dt_test_expect(name, load_weights(&w, dir, SHAPE), "checkpoint %s does not load", dir)) return;
-    rel = weights_diff(&w, &ref_w, &which);
-    dt_test_expect(name, rel <= TOL, "tensor %s differs from np 1's by %.3g of its norm (> %g)", which, rel, TOL);
+    worst = weights_worst(&w, &ref_w, ref_wbound, &which, &diff);
+    dt_test_expect(name, worst <= 1, "an element of %s differs from np 1's by %.3g (> Adam's bound %.3g)", which, diff, ref_wbound);
     dt_params_free(&g_ctx, &w);
 }
 
@@ -78,7 +78,7 @@ static void equal_to_np1(int dp, int tp, const char *extra, int check_weights) {
 static void resume_checks(void) {
     char flags[2048], out[512], dir[512], dir2[512], text[64], text_ref[64];
     const char *tmp = dt_test_tmpdir(), *which;
-    double straight, got, rel;
+    double straight, got, rel, diff;
     dt_params w_straight, w;
     int np;
     /* straight: 5 steps at tp 2 np 2 */
@@ -88,7 +88,7 @@ static void resume_checks(void) {
     if (!DT_TEST_CHECK("gpt_resume_straight_run", run(2, flags, out) == 0)) return;
     straight = final_loss(out, text_ref, sizeof text_ref);
     if (!load_weights(&w_straight, dir, SHAPE)) return;
-    /* stopped at 3 at tp 2, resumed at tp 2 np 2 (bitwise), tp 1 dp 2, np 1 (within TOL) */
+    /* stopped at 3 at tp 2, resumed at tp 2 np 2 (bitwise), tp 1 dp 2, np 1 (within the bounds) */
     for (np = 0; np < 3; np++) {
         static const char *how[3] = {"--tp 2", "--tp 1", "--tp 1"};
         static const int nps[3] = {2, 2, 1};
@@ -110,12 +110,15 @@ static void resume_checks(void) {
         } else {
             rel = fabs(got - straight) / fabs(straight);
             snprintf(name, sizeof name, "gpt_resume_saved_tp2_np2_resumed_%s_loss", names[np]);
-            dt_test_expect(name, rel <= TOL, "final loss %.9g, straight run %.9g (relative %.3g)", got, straight, rel);
+            dt_test_expect(name, rel <= loss_bound(SHAPE, BATCH, 5), "final loss %.9g, straight run %.9g (relative %.3g > "
+                           "bound %.3g)", got, straight, rel, loss_bound(SHAPE, BATCH, 5));
         }
         if (!load_weights(&w, dir2, SHAPE)) continue;
-        rel = weights_diff(&w, &w_straight, &which);
+        /* bitwise at its own layout (a bound of 0 makes any difference infinite) */
+        rel = weights_worst(&w, &w_straight, np == 0 ? 0 : ref_wbound, &which, &diff);
         snprintf(name, sizeof name, "gpt_resume_saved_tp2_np2_resumed_%s_weights%s", names[np], np == 0 ? "_bitwise" : "");
-        dt_test_expect(name, np == 0 ? rel == 0 : rel <= TOL, "tensor %s differs from the straight run's by %.3g", which, rel);
+        dt_test_expect(name, np == 0 ? rel == 0 : rel <= 1, "an element of %s differs from the straight run's by %.3g "
+                       "(bound %.3g)", which, diff, np == 0 ? 0 : ref_wbound);
         dt_params_free(&g_ctx, &w);
     }
     dt_params_free(&g_ctx, &w_straight);
@@ -178,7 +181,7 @@ static void trace_check(void) {
     snprintf(out, sizeof out, "%s/trace.out", dt_test_tmpdir());
     snprintf(flags, sizeof flags, "%s --steps 5 --tp 2 --zero 3 --trace %s", TINY, path);
     if (!dt_test_expect("gpt_trace_run", run(2, flags, out) == 0, "output in %s", out)) return;
-    dt_test_expect("gpt_trace_does_not_change_the_loss", fabs(final_loss(out, NULL, 0) - ref_loss) <= TOL * fabs(ref_loss),
+    dt_test_expect("gpt_trace_does_not_change_the_loss", fabs(final_loss(out, NULL, 0) - ref_loss) <= loss_bound(SHAPE, BATCH, 5) * fabs(ref_loss),
            "final loss %.9g, np 1 %.9g", final_loss(out, NULL, 0), ref_loss);
     if (!dt_test_expect("gpt_trace_file_written", (fp = fopen(path, "r")) != NULL, "no %s", path)) return;
     while (fgets(line, sizeof line, fp)) {
@@ -219,9 +222,9 @@ static void torch_peer(void) {
 }
 
 int main(void) {
-    char out[512], dir[512], flags[1024];
+    char out[512], dir[512], flags[2048];
     static const int layouts[5][2] = {{2, 1}, {1, 2}, {2, 2}, {4, 1}, {1, 4}};
-    int i, z;
+    int i, z, quick = dt_test_quick();
     FILE *probe = fopen(GPT, "rb");
     dt_ctx_init(&g_ctx, NULL);
     if (!probe) {
@@ -232,9 +235,11 @@ int main(void) {
     /* the reference: one process */
     snprintf(out, sizeof out, "%s/np1.out", dt_test_tmpdir());
     snprintf(dir, sizeof dir, "%s/ckpt_np1", dt_test_tmpdir());
-    snprintf(flags, sizeof flags, "%s --steps 5 --ckpt %s", TINY, dir);
+    snprintf(ref_log, sizeof ref_log, "%s/np1.jsonl", dt_test_tmpdir());
+    snprintf(flags, sizeof flags, "%s --steps 5 --ckpt %s --log %s", TINY, dir, ref_log);
     if (!DT_TEST_CHECK("gpt_np1_reference_runs", run(1, flags, out) == 0)) return dt_test_finish();
     ref_loss = final_loss(out, NULL, 0);
+    ref_wbound = weight_bound_of(ref_log);
     if (!dt_test_expect("gpt_np1_prints_final_loss", ref_loss == ref_loss && ref_loss > 0, "no 'final: loss' line in %s", out)
         || !DT_TEST_CHECK("gpt_np1_checkpoint_loads", load_weights(&ref_w, dir, SHAPE)))
         return dt_test_finish();
@@ -250,6 +255,7 @@ int main(void) {
 #endif
     for (i = 0; i < 5; i++) {
         int dp = layouts[i][0], tp = layouts[i][1];
+        if (quick && dp * tp != 2) continue;
         for (z = 0; z <= 3; z++) {
             char extra[200];
             snprintf(extra, sizeof extra, " --zero %d", z);
@@ -262,6 +268,11 @@ int main(void) {
                 snprintf(extra, sizeof extra, " --zero %d --micro 2", z); equal_to_np1(dp, tp, extra, 1);
             }
         }
+    }
+    if (quick) { /* tests/run.sh quick: the 2-rank layouts only */
+        dt_params_free(&g_ctx, &ref_w);
+        dt_ctx_shutdown(&g_ctx);
+        return dt_test_finish();
     }
     resume_checks();
     bad_input();

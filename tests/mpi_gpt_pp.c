@@ -4,9 +4,9 @@
    GPT: 4 blocks, width 128, 4 heads, context 64, batch 8) at np 1, and under --pp 2 --schedule
    1f1b (np 2), --pp 4 --schedule gpipe (np 4), --pp 2 --schedule interleaved (np 2, 2 chunks per
    stage), --pp 4 --schedule zb (np 4) and --tp 2 --pp 2 --schedule 1f1b (np 4), end on the np-1
-   `final: loss` within 1e-5 relative, and (each run saves a checkpoint at its end, read back
-   whole through dt_checkpoint_load's resharding: every stage wrote its own tensors) on its
-   weights within 1e-5 of their norm. Also dp 2 x pp 2 with ZeRO 1, an uneven split (3 blocks
+   loss of every step and the grad norm of step 1 within fp32 bounds, and (each run saves a
+   checkpoint at its end, read back whole through dt_checkpoint_load's resharding: every stage
+   wrote its own tensors) on its weights within Adam's per-element bound (tests/gpt_driver.h). Also dp 2 x pp 2 with ZeRO 1, an uneven split (3 blocks
    over 2 stages), and --micro 2 at pp 2 (the loss does not depend on the number of
    micro-batches). A checkpoint saved at pp 2 after 3 steps resumes at pp 1 (np 1) to the
    straight run's loss and weights. Bad pipeline configurations exit 1 naming the problem, and
@@ -15,7 +15,6 @@
    Run directly (not under mpirun): it starts $DT_MPIRUN -np N build/examples/gpt itself.
    build/examples/gpt comes from ./build.sh. */
 #define _POSIX_C_SOURCE 200809L
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"
@@ -27,13 +26,10 @@
 #include <math.h>
 
 /* The runs differ by fp32 reassociation only (the tied head's gradient is added to wte's on
-   stage 0 as one sum over the micro-batches, tp splits inner sums, dp sums grads in another order). */
-#define TOL 1e-5
-/* Weights after 5 AdamW steps: Adam divides each element's step by its own sqrt(v), so an element
-   whose gradient is near zero moves by rounding noise scaled up to ~lr; tp x pp layouts reassociate
-   more sums than the others (1.8e-5 of a tensor's norm seen for tp 2 x pp 2), while the loss stays
-   within TOL. */
-#define WTOL 3e-5
+   stage 0 as one sum over the micro-batches, tp splits inner sums, dp sums grads in another
+   order): the losses of every step, the grad norm of step 1 and the weights are compared within
+   the bounds tests/gpt_driver.h derives from fp32 rounding and Adam's update. */
+#define BATCH 8 /* examples/gpt's default --batch */
 
 static const char *BASE = "--steps 5 --seed 3 --micro 4 --quiet"; /* the flags */
 
@@ -48,18 +44,20 @@ static gpt_shape shape_of(int layers) {
 
 /* ---------------------------------------------------------------- equivalence */
 
-typedef struct ref { double loss; dt_params w; int layers; } ref;
+typedef struct ref { double loss; dt_params w; int layers; char log[512]; double wbound; } ref;
 
 /* np 1 with the flags (its checkpoint at the end): the reference of a group of runs. */
 static int reference(ref *r, const char *tag, const char *extra, int layers) {
     char flags[2048], out[512], dir[512], name[200];
     snprintf(out, sizeof out, "%s/%s.out", dt_test_tmpdir(), tag);
     snprintf(dir, sizeof dir, "%s/ckpt_%s", dt_test_tmpdir(), tag);
-    snprintf(flags, sizeof flags, "%s%s --ckpt %s", BASE, extra, dir);
+    snprintf(r->log, sizeof r->log, "%s/%s.jsonl", dt_test_tmpdir(), tag);
+    snprintf(flags, sizeof flags, "%s%s --ckpt %s --log %s", BASE, extra, dir, r->log);
     snprintf(name, sizeof name, "gpt_pp_%s_runs", tag);
     if (!dt_test_expect(name, run(1, flags, out) == 0, "np 1: gpt %s failed (output in %s)", flags, out)) return 0;
     r->loss = final_loss(out, NULL, 0);
     r->layers = layers;
+    r->wbound = weight_bound_of(r->log);
     snprintf(name, sizeof name, "gpt_pp_%s_checkpoint_loads", tag);
     if (!dt_test_expect(name, r->loss == r->loss && load_weights(&r->w, dir, shape_of(layers)), "loss %g, checkpoint %s", r->loss, dir))
         return 0;
@@ -68,24 +66,23 @@ static int reference(ref *r, const char *tag, const char *extra, int layers) {
 }
 
 static void equal_to_np1(const ref *r, const char *tag, int np, const char *extra) {
-    char name[256], flags[2048], out[512], dir[512];
+    char name[256], flags[2048], out[512], dir[512], log[512];
     const char *which;
-    double got, rel;
+    double worst, diff;
     dt_params w;
     snprintf(out, sizeof out, "%s/%s.out", dt_test_tmpdir(), tag);
     snprintf(dir, sizeof dir, "%s/ckpt_%s", dt_test_tmpdir(), tag);
-    snprintf(flags, sizeof flags, "%s%s --ckpt %s", BASE, extra, dir);
+    snprintf(log, sizeof log, "%s/%s.jsonl", dt_test_tmpdir(), tag);
+    snprintf(flags, sizeof flags, "%s%s --ckpt %s --log %s", BASE, extra, dir, log);
     snprintf(name, sizeof name, "gpt_%s_runs", tag);
     if (!dt_test_expect(name, run(np, flags, out) == 0, "np %d: gpt %s failed (output in %s)", np, flags, out)) return;
-    got = final_loss(out, NULL, 0);
-    rel = fabs(got - r->loss) / fabs(r->loss);
-    snprintf(name, sizeof name, "gpt_%s_final_loss_equals_np1", tag);
-    dt_test_expect(name, rel <= TOL, "final loss %.9g, np 1 %.9g (relative %.3g > %g)", got, r->loss, rel, TOL);
+    snprintf(name, sizeof name, "gpt_%s", tag);
+    compare_logs(name, log, r->log, shape_of(r->layers), BATCH);
     snprintf(name, sizeof name, "gpt_%s_checkpoint_loads", tag);
     if (!dt_test_expect(name, load_weights(&w, dir, shape_of(r->layers)), "checkpoint %s does not load", dir)) return;
     snprintf(name, sizeof name, "gpt_%s_weights_equal_np1", tag);
-    rel = weights_diff(&w, &r->w, &which);
-    dt_test_expect(name, rel <= WTOL, "tensor %s differs from np 1's by %.3g of its norm (> %g)", which, rel, WTOL);
+    worst = weights_worst(&w, &r->w, r->wbound, &which, &diff);
+    dt_test_expect(name, worst <= 1, "an element of %s differs from np 1's by %.3g (> Adam's bound %.3g)", which, diff, r->wbound);
     dt_params_free(&g_ctx, &w);
 }
 
@@ -93,7 +90,7 @@ static void equal_to_np1(const ref *r, const char *tag, int np, const char *extr
 static void resume_across_pp(const ref *r) {
     char flags[2048], out[512], dir[512];
     const char *which;
-    double got, rel;
+    double got, rel, diff;
     dt_params w;
     snprintf(dir, sizeof dir, "%s/ckpt_resume_pp2", dt_test_tmpdir());
     snprintf(out, sizeof out, "%s/resume_pp2_first.out", dt_test_tmpdir());
@@ -104,12 +101,12 @@ static void resume_across_pp(const ref *r) {
     if (!dt_test_expect("gpt_pp2_checkpoint_resumes_at_pp1", run(1, flags, out) == 0, "output in %s", out)) return;
     got = final_loss(out, NULL, 0);
     rel = fabs(got - r->loss) / fabs(r->loss);
-    dt_test_expect("gpt_saved_pp2_resumed_pp1_loss_equals_straight_run", rel <= TOL, "final loss %.9g, straight %.9g "
-           "(relative %.3g)", got, r->loss, rel);
+    dt_test_expect("gpt_saved_pp2_resumed_pp1_loss_equals_straight_run", rel <= loss_bound(shape_of(r->layers), BATCH, 5),
+           "final loss %.9g, straight %.9g (relative %.3g > bound %.3g)", got, r->loss, rel, loss_bound(shape_of(r->layers), BATCH, 5));
     if (!dt_test_expect("gpt_saved_pp2_resumed_pp1_weights_load", load_weights(&w, dir, shape_of(r->layers)), "%s", dir)) return;
-    rel = weights_diff(&w, &r->w, &which);
-    dt_test_expect("gpt_saved_pp2_resumed_pp1_weights_equal_straight_run", rel <= TOL, "tensor %s differs by %.3g of its "
-           "norm", which, rel);
+    rel = weights_worst(&w, &r->w, r->wbound, &which, &diff);
+    dt_test_expect("gpt_saved_pp2_resumed_pp1_weights_equal_straight_run", rel <= 1, "an element of %s differs by %.3g (> "
+           "Adam's bound %.3g)", which, diff, r->wbound);
     dt_params_free(&g_ctx, &w);
 }
 
@@ -151,6 +148,7 @@ static void bad_input(void) {
 
 int main(void) {
     ref r, r3;
+    int quick = dt_test_quick();
     FILE *probe = fopen(GPT, "rb");
     dt_ctx_init(&g_ctx, NULL);
     if (!probe) {
@@ -168,14 +166,14 @@ int main(void) {
     dt_ctx_shutdown(&g_ctx);
     return dt_test_finish();
 #endif
-    /* the five */
+    /* the five (tests/run.sh quick: the 2-rank ones only) */
     equal_to_np1(&r, "pp2_1f1b", 2, " --pp 2 --schedule 1f1b");
-    equal_to_np1(&r, "pp4_gpipe", 4, " --pp 4 --schedule gpipe");
+    if (!quick) equal_to_np1(&r, "pp4_gpipe", 4, " --pp 4 --schedule gpipe");
     equal_to_np1(&r, "pp2_interleaved", 2, " --pp 2 --schedule interleaved");
-    equal_to_np1(&r, "pp4_zb", 4, " --pp 4 --schedule zb");
-    equal_to_np1(&r, "tp2_pp2_1f1b", 4, " --tp 2 --pp 2 --schedule 1f1b");
+    if (!quick) equal_to_np1(&r, "pp4_zb", 4, " --pp 4 --schedule zb");
+    if (!quick) equal_to_np1(&r, "tp2_pp2_1f1b", 4, " --tp 2 --pp 2 --schedule 1f1b");
     /* and: data parallel with ZeRO 1, fewer micro-batches, an uneven split */
-    equal_to_np1(&r, "dp2_pp2_zero1_1f1b", 4, " --pp 2 --zero 1 --schedule 1f1b");
+    if (!quick) equal_to_np1(&r, "dp2_pp2_zero1_1f1b", 4, " --pp 2 --zero 1 --schedule 1f1b");
     {
         ref r2 = r;
         char flags[64];
@@ -186,8 +184,10 @@ int main(void) {
         equal_to_np1(&r3, "pp2_gpipe_layers3_uneven", 2, " --layers 3 --pp 2 --schedule gpipe");
         dt_params_free(&g_ctx, &r3.w);
     }
-    resume_across_pp(&r);
-    bad_input();
+    if (!quick) {
+        resume_across_pp(&r);
+        bad_input();
+    }
     dt_params_free(&g_ctx, &r.w);
     dt_ctx_shutdown(&g_ctx);
     return dt_test_finish();

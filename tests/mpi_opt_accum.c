@@ -3,7 +3,6 @@
    run 4/W micro-batches of 8 samples (the global batch is 32), the bucketer syncs only on the
    last micro-step (dt_opt_micro_begin switches it) and averages over the ranks. The grads and
    the updated weights equal one single-process step on the batch of 32 (within 1e-6). */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

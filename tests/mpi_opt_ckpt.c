@@ -10,7 +10,6 @@
    (as on a full disk) fails on every rank and removes step_N.tmp/ with every rank's file in it;
    `latest` still names the previous checkpoint, which loads as before. */
 #define _POSIX_C_SOURCE 200809L /* getrlimit, setrlimit, SIGXFSZ */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

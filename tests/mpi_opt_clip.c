@@ -5,7 +5,6 @@
    that group only, disjoint per-rank parameters (pipeline stages) summed over stage_comm. Each
    equals the norm of the whole tensors on one rank. Also: the loss scaler's overflow decision is
    agreed by every rank (an inf on the last rank only skips the step everywhere). */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

@@ -12,7 +12,6 @@
    rank 0 logs equals the norm of the whole logical grads computed here in double. Dynamic
    scaling with the norm summed over the world but no desc.comm to agree on skips is a named
    error (a step skipped on one rank only would stall the others in the norm). */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

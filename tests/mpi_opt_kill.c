@@ -12,7 +12,6 @@
    when killed before `latest` moved, step 2 after) and that the load is bitwise the state a
    single process reaches after that many steps. A run without a kill is the baseline. */
 #define _POSIX_C_SOURCE 200809L
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

@@ -9,7 +9,6 @@
    global batch, and bad sizes are named errors. Ranks asking for different grids (dp x tp =
    W/2 x 2 beside dp = W), or one rank with a bad desc, fail on every rank, naming the first size
    that differs and the ranks; descs equal after the defaults pass. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

@@ -22,7 +22,6 @@
        gradient against central finite differences of a double-precision loss;
      - bad inputs named (wrong shard shapes, N not divisible by tp under sp, sp = 2, missing
        scratch, vocab_start and vocab out of place, targets out of range, bad param kinds). */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

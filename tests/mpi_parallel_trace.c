@@ -8,7 +8,6 @@
    the last arrives). dt_trace_overlap: an all-reduce posted inside a 5 ms compute span and
    waited after it is overlapped for about those 5 ms, one outside any span not at all, and the
    overlap is within [0, comm time]. NULL traces are no-ops; bad paths are named. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

@@ -14,7 +14,6 @@
    stage's formula. Bad arguments are named, and so is each mistake in the call order (no
    dt_zero_backward_begin, dt_zero_grad_ready twice, dt_zero_step before every unit is ready) at
    every stage; a ZeRO-3 load after a prefetch waits for it. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

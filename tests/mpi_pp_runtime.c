@@ -16,12 +16,14 @@
    and step; the timeline holds the run's compute and its messages. GPipe runs take their
    activation shapes from dt_pp_model.acts (one per boundary). Bad configurations are named
    errors, and a list edited on one stage is refused by every rank. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"
 #include "dt_parallel.h"
 #include "dt_test.h"
+
+/* a failed call returns its status (the library's own TRY is private to its implementation) */
+#define PP_TRY(x) do { dt_status pp_s_ = (x); if (pp_s_) return pp_s_; } while (0)
 
 static dt_ctx C;
 static dt_comm *world, *self;
@@ -217,8 +219,8 @@ static dt_status m_forward(void *user, int c, int i, dt_tensor *out, const dt_te
     for (j = lo; j < hi; j++) {
         tensor2(&s->h[j], m->nb, D);
         tensor2(&s->a[j], m->nb, D);
-        DT__PL_TRY(dt_linear_fwd(&C, &s->h[j], j == lo ? x : &s->a[j - 1], &m->n.w[j]->value, &m->n.b[j]->value));
-        DT__PL_TRY(dt_gelu_fwd(&C, &s->a[j], &s->h[j]));
+        PP_TRY(dt_linear_fwd(&C, &s->h[j], j == lo ? x : &s->a[j - 1], &m->n.w[j]->value, &m->n.b[j]->value));
+        PP_TRY(dt_gelu_fwd(&C, &s->a[j], &s->h[j]));
     }
     if (out) return dt_tensor_copy(&C, out, &s->a[hi - 1]);
     if (k != m->p * m->v - 1) return dt_ctx_set_error(&C, DT_ERR_STATE, "m_forward: no out before the last stage");
@@ -267,12 +269,12 @@ static dt_status m_backward(void *user, int c, int i, dt_tensor *din, const dt_t
             dt_tensor *dx = j > lo ? &prev : din;
             tensor2(&s->dh[j], m->nb, D);
             if (j > lo) tensor2(&prev, m->nb, D);
-            DT__PL_TRY(dt_gelu_bwd(&C, &s->dh[j], g, &s->h[j]));
+            PP_TRY(dt_gelu_bwd(&C, &s->dh[j], g, &s->h[j]));
             if (part == DT_PP_PART_INPUT) /* BI: dt_linear_bwd's input half */
-                DT__PL_TRY(dt_linear_bwd(&C, dx, NULL, NULL, &s->dh[j], j == lo ? s->x0 : &s->a[j - 1],
+                PP_TRY(dt_linear_bwd(&C, dx, NULL, NULL, &s->dh[j], j == lo ? s->x0 : &s->a[j - 1],
                                          &m->n.w[j]->value));
             else
-                DT__PL_TRY(dt_linear_bwd(&C, dx, &m->n.w[j]->grad, &m->n.b[j]->grad, &s->dh[j],
+                PP_TRY(dt_linear_bwd(&C, dx, &m->n.w[j]->grad, &m->n.b[j]->grad, &s->dh[j],
                                          j == lo ? s->x0 : &s->a[j - 1], &m->n.w[j]->value));
             dt_tensor_free(&C, &cur);
             if (j > lo) cur = prev;
@@ -280,7 +282,7 @@ static dt_status m_backward(void *user, int c, int i, dt_tensor *din, const dt_t
         if (part == DT_PP_PART_INPUT) return DT_OK; /* dh kept for BW */
     } else {
         for (j = hi - 1; j >= lo; j--) /* BW: the weight half, from the saved dh and inputs */
-            DT__PL_TRY(dt_linear_bwd(&C, NULL, &m->n.w[j]->grad, &m->n.b[j]->grad, &s->dh[j],
+            PP_TRY(dt_linear_bwd(&C, NULL, &m->n.w[j]->grad, &m->n.b[j]->grad, &s->dh[j],
                                      j == lo ? s->x0 : &s->a[j - 1], &m->n.w[j]->value));
     }
     saved_free(m, s, lo, hi);
@@ -293,7 +295,7 @@ static dt_status m_grads_done(void *user, int c) {
     int lo, hi, j;
     chunk_layers(m, c, &lo, &hi);
     grads_done_calls++;
-    for (j = hi - 1; j >= lo; j--) DT__PL_TRY(dt_zero_grad_ready(m->n.z, m->n.unit[j]));
+    for (j = hi - 1; j >= lo; j--) PP_TRY(dt_zero_grad_ready(m->n.z, m->n.unit[j]));
     return DT_OK;
 }
 

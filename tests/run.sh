@@ -5,6 +5,25 @@
 #
 #   tests/run.sh [WORD...]   only the groups whose name contains a WORD (test_tensor, mpi_,
 #                            compile:dt_comm, kernel:, readme, gpu_, fresh, build:)
+#   tests/run.sh quick [WORD...]   while iterating (./build.sh test quick): tests/test_*.c and
+#                            tests/mpi_*.c only, plain builds (no ASan), each multi-rank test at
+#                            2 ranks (or the least it lists), the drivers told DT_TEST_QUICK=1
+#                            (tests/mpi_gpt*.c: their 2-rank layouts)
+# At the end: the failures again, the 10 slowest runs with their seconds, the total time, and
+# as the very last line "N passed, N failed, N skipped".
+#
+# How a test program is built (tests/test_*.c, tests/mpi_*.c):
+#   - the usual way: include the dt headers it uses WITHOUT defining DT_IMPLEMENTATION. It is
+#     compiled alone and linked with the implementations compiled once per variant from
+#     tests/dt_impl.c (all five headers): build/tests/impl/plain.o ($DT_CC $DT_CFLAGS),
+#     build/tests/impl/mpi.o (mpicc -DDT_MPI, for tests/mpi_*.c and "// mpi" tests), and their
+#     ASan+UBSan builds under build/tests/asan/impl/. An example's header (dlrm_data.h,
+#     gpt_data.h) is not in them: define its own DT_..._IMPLEMENTATION in the test.
+#   - whole: a test that defines DT_IMPLEMENTATION itself (or #includes a .c file) is compiled
+#     with its own copy, as before. For a test that calls private static (dt__) functions,
+#     builds in DT_STATIC mode, or switches the implementation with a macro (DT_OPT_NO_MMAP,
+#     DT_TENSOR_NO_SIMD, ...).
+#   Flags: $DT_CFLAGS $DT_CPPFLAGS -I tests (-DDT_MPI with mpicc), ASan builds with $ASAN_CFLAGS.
 #
 # In order (whatever does not exist yet is skipped quietly):
 #   compile:<header>:<check>  each dt_*.h alone (after the headers it needs) as C99 and C++11,
@@ -31,7 +50,10 @@
 #   tests/mpi_*.c             mpicc -DDT_MPI, run under mpirun at each N of its first line
 #                             "// np: 1 2 4" (default 2); " [np=N]" is appended to its names.
 #                             Then the same runs built with ASan+UBSan ("asan:"), without leak
-#                             checks (Open MPI leaks by design, from plugins LSan cannot name)
+#                             checks (Open MPI leaks by design, from plugins LSan cannot name).
+#                             When the sanitizer runs are on, the plain build runs at one N
+#                             only (2, or the least listed): the ASan runs repeat its checks
+#                             at every N
 #                             First line "// mpi-driver": run directly, once; it starts
 #                             $DT_MPIRUN itself (jobs it kills on purpose, say)
 #                             A line "// with: FILE..." among the first three of a test adds
@@ -70,11 +92,16 @@ TIMEOUT=${DT_TEST_TIMEOUT:-300}
 JOBS=${DT_TEST_JOBS:-$(nproc 2>/dev/null || echo 2)}
 ASAN=${DT_TEST_ASAN:-1}
 START=$EPOCHREALTIME
+# "quick" (first argument): the unit tests and the multi-rank tests at 2 ranks, plain builds only
+QUICK=0
+if [ "${1:-}" = quick ]; then QUICK=1 ASAN=0; shift; fi
+export DT_TEST_QUICK=$QUICK # the drivers (tests/mpi_gpt*.c) run their 2-rank layouts only
 FILTER=("$@")
 
-# Tests must not fight over 2 cores (4 ranks x BLAS threads), and one BLAS thread keeps their
-# sums in one order.
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+# Tests must not fight over 2 cores (4 ranks x BLAS threads): one BLAS thread unless the caller
+# chose a count. The tests pass under any (their tolerances hold for any order of the BLAS's
+# sums, as for any OPENBLAS_CORETYPE).
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 # Every build step is redone when one of these, or its own source, is newer than its output.
 INPUTS=(dt_*.h kernels/*.h kernels/*.cuh tests/dt_test.h tests/compile/tu.c tests/run.sh build.sh)
@@ -83,6 +110,7 @@ INPUTS=(dt_*.h kernels/*.h kernels/*.cuh tests/dt_test.h tests/compile/tu.c test
 
 npass=0 nfail=0 nskip=0
 FAILURES=()
+RUNTIMES=() # "seconds label" of every program run, for the slowest ten at the end
 
 # report "PASS|FAIL|SKIP name[: details]": print and count one check.
 report() {
@@ -110,6 +138,9 @@ show_log() {
 
 selected() {
     local w
+    if [ "$QUICK" = 1 ]; then # unit and multi-rank test programs only
+        case $1 in test_* | mpi_* | build:*) ;; *) return 1 ;; esac
+    fi
     [ ${#FILTER[@]} -eq 0 ] && return 0
     for w in "${FILTER[@]}"; do [[ $1 == *"$w"* ]] && return 0; done
     return 1
@@ -130,12 +161,12 @@ fresh() {
 # translation units of the program: tests/mpi_comm_static.c holds two static copies of dt).
 extra_sources() { sed -n '1,3s|^//[[:space:]]*with:||p' "$1"; }
 
-# step ID OUT SRC CMD...: unless OUT is fresh, run CMD (log: $L/ID.log) and touch OUT, or delete
-# OUT when CMD fails. Afterwards OUT exists iff the step succeeded.
+# step ID OUT "SRC [DEP...]" CMD...: unless OUT is fresh, run CMD (log: $L/ID.log) and touch
+# OUT, or delete OUT when CMD fails. Afterwards OUT exists iff the step succeeded.
 step() {
     local id=$1 out=$2 src=$3
     shift 3
-    fresh "$out" "$src" $(extra_sources "$src") && return 0
+    fresh "$out" $src $(extra_sources "${src%% *}") && return 0
     mkdir -p "$(dirname "$out")"
     if "$@" >"$L/$id.log" 2>&1; then touch "$out"; else rm -f "$out"; fi
 }
@@ -330,11 +361,38 @@ SAN="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=unde
 # exact; no -Werror, as sanitizer builds raise their own false warnings (the normal build has it).
 ASAN_CFLAGS="-std=c99 -O1 -g -Wall -Wextra $SAN"
 
-# build_test MPI SRC OUT CFLAGS: builds one test program; MPI=1: with mpicc -DDT_MPI.
-build_test() {
-    local mpi=$1 src=$2 out=$3 cflags=$4 cc=$DT_CC defs=
+# How a test is built. The implementations (tests/dt_impl.c: DT_IMPLEMENTATION with all five
+# headers) are compiled once per variant into an object: $T/impl/plain.o (DT_CC), $T/impl/mpi.o
+# (mpicc -DDT_MPI), and the same under $T/asan/impl/ with ASan+UBSan. A test that does not
+# define DT_IMPLEMENTATION is compiled without it and linked with its variant's object. A test
+# that defines DT_IMPLEMENTATION (or #includes a .c file, which may) is compiled whole, as it
+# is: the ones that call private static functions, build in DT_STATIC mode, or switch the
+# implementation with a macro (DT_OPT_NO_MMAP, *_NO_SIMD).
+builds_whole() {
+    local f
+    for f in "$1" $(extra_sources "$1"); do
+        grep -qE '^[[:space:]]*#[[:space:]]*(define[[:space:]]+DT_IMPLEMENTATION([[:space:]]|$)|include[[:space:]]+"[^"]*\.c")' "$f" && return 0
+    done
+    return 1
+}
+# impl_obj MPI SAN: the object of tests/dt_impl.c a test links (SAN=1: the ASan+UBSan one).
+impl_obj() {
+    local dir=$T/impl
+    [ "$2" = 1 ] && dir=$T/asan/impl
+    if [ "$1" = 1 ]; then echo "$dir/mpi.o"; else echo "$dir/plain.o"; fi
+}
+# build_impl MPI OUT CFLAGS: compiles tests/dt_impl.c (MPI=1: with mpicc -DDT_MPI).
+build_impl() {
+    local mpi=$1 out=$2 cflags=$3 cc=$DT_CC defs=
     if [ "$mpi" = 1 ]; then cc=$DT_MPICC defs=-DDT_MPI; fi
-    $cc $cflags $DT_CPPFLAGS $defs -I"$ROOT/tests" "$src" $(extra_sources "$src") -o "$out" $DT_LIBS
+    $cc $cflags $DT_CPPFLAGS $defs -c tests/dt_impl.c -o "$out"
+}
+
+# build_test MPI SRC OUT CFLAGS [IMPL_OBJ]: builds one test program; MPI=1: with mpicc -DDT_MPI.
+build_test() {
+    local mpi=$1 src=$2 out=$3 cflags=$4 obj=${5:-} cc=$DT_CC defs=
+    if [ "$mpi" = 1 ]; then cc=$DT_MPICC defs=-DDT_MPI; fi
+    $cc $cflags $DT_CPPFLAGS $defs -I"$ROOT/tests" "$src" $(extra_sources "$src") $obj -o "$out" $DT_LIBS
 }
 
 # build_gpu_test MPI SRC OUT: -DDT_CUDA, linked with the kernels, cuBLAS and the CUDA runtime;
@@ -368,33 +426,47 @@ add_program() { # KIND SRC
         if [ -z "$DT_MPICC" ]; then report "SKIP $name: mpicc not found"; return 0; fi
     fi
     [ -n "$nps" ] || nps=-
+    if [ "$QUICK" = 1 ] && [ "$nps" != - ]; then # 2 ranks, or the least it runs at
+        if [[ " $nps " == *" 2 "* ]]; then nps=2; else nps=${nps%% *}; fi
+    fi
     PROGRAMS+=("$kind $name $src $mpi ${nps// /,}")
 }
 
+# spawn_test_builds 1: the implementation objects and the tests built whole; 2 (after those are
+# done): the tests linked with an implementation object.
 spawn_test_builds() {
-    local src row kind name mpi
-    for src in tests/test_*.c; do add_program test "$src"; done
-    for src in tests/mpi_*.c; do add_program mpi "$src"; done
-    for src in tests/gpu_*.c tests/gpu_*.cu; do add_program gpu "$src"; done
+    local phase=$1 src row kind name mpi obj san cflags out id
+    if [ "$phase" = 1 ]; then
+        for src in tests/test_*.c; do add_program test "$src"; done
+        for src in tests/mpi_*.c; do add_program mpi "$src"; done
+        [ "$QUICK" = 1 ] || for src in tests/gpu_*.c tests/gpu_*.cu; do add_program gpu "$src"; done
+    fi
     for row in "${PROGRAMS[@]}"; do
         read -r kind name src mpi _ <<<"$row"
-        case $kind in
-            test)
-                spawn step "$name" "$T/$name" "$src" build_test "$mpi" "$src" "$T/$name" "$DT_CFLAGS"
-                if [ "$ASAN" = 1 ]; then
-                    spawn step "asan_$name" "$T/asan/$name" "$src" build_test "$mpi" "$src" "$T/asan/$name" "$ASAN_CFLAGS"
-                fi
-                ;;
-            mpi)
-                spawn step "$name" "$T/$name" "$src" build_test 1 "$src" "$T/$name" "$DT_CFLAGS"
-                if [ "$ASAN" = 1 ]; then
-                    spawn step "asan_$name" "$T/asan/$name" "$src" build_test 1 "$src" "$T/asan/$name" "$ASAN_CFLAGS"
-                fi
-                ;;
-            gpu) ;; # built after the kernels, below
-        esac
+        [ "$kind" = gpu ] && continue # built after the kernels, below
+        for san in 0 1; do
+            [ $san = 1 ] && [ "$ASAN" != 1 ] && continue
+            if [ $san = 1 ]; then cflags=$ASAN_CFLAGS out=$T/asan/$name id=asan_$name
+            else cflags=$DT_CFLAGS out=$T/$name id=$name
+            fi
+            if builds_whole "$src"; then
+                [ "$phase" = 1 ] && spawn step "$id" "$out" "$src" build_test "$mpi" "$src" "$out" "$cflags"
+                continue
+            fi
+            obj=$(impl_obj "$mpi" $san)
+            if [ "$phase" = 1 ]; then
+                # once per variant (the first test that needs it spawns it)
+                [[ " ${IMPL_SPAWNED[*]} " == *" $obj "* ]] && continue
+                IMPL_SPAWNED+=("$obj")
+                spawn step "$(impl_id "$obj")" "$obj" tests/dt_impl.c build_impl "$mpi" "$obj" "$cflags"
+            else
+                spawn step "$id" "$out" "$src $obj" build_test "$mpi" "$src" "$out" "$cflags" "$obj"
+            fi
+        done
     done
 }
+IMPL_SPAWNED=()
+impl_id() { if [[ $1 == */asan/* ]]; then echo "impl_asan_$(basename "${1%.o}")"; else echo "impl_$(basename "${1%.o}")"; fi; }
 
 spawn_gpu_builds() {
     local row kind name src mpi
@@ -605,6 +677,7 @@ run_prog() {
     local secs
     secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f", b - a}')
     echo "-- $label (${secs}s)"
+    RUNTIMES+=("$secs $label")
 
     local line kind rest name details checks=0 fails=0
     while IFS= read -r line; do
@@ -650,7 +723,14 @@ run_program() {
     else
         step_ok "$name" "$exe" || return
     fi
-    for np in ${nps//,/ }; do
+    # With the sanitizer runs on, a multi-rank test runs plain at one rank count only (2, or
+    # the least it lists): the ASan+UBSan build runs the same checks at every rank count, so
+    # a plain run at the others would repeat them; the plain one checks the -O2 build.
+    local plain_nps=$nps
+    if [ "$kind" = mpi ] && [ "$ASAN_RUN" = 1 ] && [[ $nps == *,* ]]; then
+        if [[ ,$nps, == *,2,* ]]; then plain_nps=2; else plain_nps=${nps%%,*}; fi
+    fi
+    for np in ${plain_nps//,/ }; do
         if [ "$np" = - ]; then
             run_prog "$name" "" "" "$exe"
         elif [ "$kind" = mpi ] || [ "$(np_list "$src")" ]; then
@@ -708,9 +788,10 @@ echo "dt tests: $($DT_CC --version | head -n 1)${DT_MPICC:+, $(mpirun --version 
 # Build everything first, JOBS compilers at a time; then report and run in a fixed order.
 spawn_compile_checks
 spawn_kernels
-spawn_test_builds
+spawn_test_builds 1
 spawn_emu_objects
 wait
+spawn_test_builds 2
 if [ ${#KERNELS[@]} -gt 0 ]; then
     objs=()
     for cu in "${KERNELS[@]}"; do
@@ -764,6 +845,10 @@ if selected dlrm_reference; then
     fi
 fi
 
+# An implementation object that did not compile: one failure (the tests that link it say so too).
+for obj in "${IMPL_SPAWNED[@]}"; do
+    [ -e "$obj" ] || { report "FAIL build:$obj: tests/dt_impl.c does not compile (log: $L/$(impl_id "$obj").log)"; show_log "$L/$(impl_id "$obj").log" head; }
+done
 probe_sanitizers
 last_kind=
 for row in "${PROGRAMS[@]}"; do
@@ -804,6 +889,10 @@ fi
 if [ ${#FAILURES[@]} -gt 0 ]; then
     section "failures"
     printf '%s\n' "${FAILURES[@]}"
+fi
+if [ ${#RUNTIMES[@]} -gt 0 ]; then
+    section "the 10 slowest runs (seconds)"
+    printf '%s\n' "${RUNTIMES[@]}" | sort -k1,1 -g -r | head -n 10 | awk '{ s = $1; $1 = ""; printf("%7.1f %s\n", s, substr($0, 2)) }'
 fi
 echo "tests took $(awk -v a="$START" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.0f", b - a}')s"
 echo "$npass passed, $nfail failed, $nskip skipped"

@@ -3,7 +3,7 @@
    the Criteo TSV reader (hand-written lines, every malformed case, skip mode, file = memory =
    tiny reads), the binary form (round trip, truncated and foreign files), AUC and logloss
    against hand-computed values and a brute-force pair count. */
-#define DT_IMPLEMENTATION
+#define DT_DLRM_DATA_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "examples/dlrm/dlrm_data.h"
 #include "dt_test.h"

@@ -3,7 +3,6 @@
    a hand sum, hashed ids, named errors for bad descs and batches, the planner's choices and
    its table, the incremental export read back (and by numpy when Python has it), and a step's
    cost independent of the table's rows. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

@@ -4,7 +4,6 @@
    dt_embed_hash_id pinned to values computed independently (Python, the formula written out
    below), f16 table storage (forward = the stored halves widened; update within f16 rounding),
    and named errors for eps = inf and for a table too large to allocate. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

@@ -6,7 +6,6 @@
    (3) on Linux >= 6.1 (MADV_COLLAPSE), where transparent huge pages are not "never", at least
    2 MiB of the table's mapping is in huge pages (AnonHugePages of /proc/self/smaps).
    A table under 4 MiB is not advised (no check beyond its values: the same path as before). */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

@@ -2,7 +2,6 @@
    features[f].input): the result equals, bit for bit, the same tables fed copies of those ids
    as separate kjt features (n_inputs = 0), forward and after SGD / Adagrad steps, weighted and
    mean-pooled, with empty bags; and the bad descs and kjts are named errors. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

@@ -3,7 +3,6 @@
    ids exactly: one SGD step (lr 1) on tables of 3, 100000 and 2^25 + 5 rows, with ids at the
    digit boundaries (2^k - 1, 2^k, the last row) and many duplicates, leaves every touched row at
    w - (summed gradient), every other row as it was, and counts each distinct row once. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

@@ -2,4 +2,5 @@
    static, and dynamic tables on dt_embed.h's private id map instead of stb_ds (which has no
    static mode). */
 #define DT_STATIC
+#define DT_IMPLEMENTATION /* its own static copy: built whole, without the shared objects */
 #include "test_embed.c"

@@ -5,7 +5,7 @@
    before, inside the data, its targets the inputs shifted by one, never across two shards, and
    spread over the stream (every quarter of it is hit). */
 #define _POSIX_C_SOURCE 200809L
-#define DT_IMPLEMENTATION
+#define DT_GPT_DATA_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "examples/gpt/gpt_data.h"
 #include "dt_test.h"

@@ -5,7 +5,6 @@
    killed by SIGKILL inside save), truncated / corrupt / foreign / mismatched checkpoints, and
    the named errors of bad arguments. */
 #define _POSIX_C_SOURCE 200809L /* fork, waitpid: the crash test */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"
@@ -13,6 +12,7 @@
 #include "opt/mlp.h"
 
 #include <dirent.h>
+#include <float.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>

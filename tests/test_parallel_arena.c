@@ -5,7 +5,6 @@
    unit_first follow desc.units, writes through the flat buffers are seen by the params, and
    freeing the arena and the set in either order leaks nothing (the ctx's byte count returns to
    where it was; ASan sees any double free). Bad units are named and leave the set as it was. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

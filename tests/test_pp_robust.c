@@ -10,7 +10,6 @@
    limits themselves are accepted; dt_pp_schedule_format refuses a table whose width is
    infinite, beyond 1e6 slots or beyond 1e7 cells before converting it to an integer (run last:
    a UBSan report ends the asan run). */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

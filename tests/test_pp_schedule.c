@@ -7,7 +7,6 @@
    interleaved v 2 and p 4 m 8 ZB-H1 equal the ones derived by hand from the papers' rules; broken
    schedules (two actions swapped, a duplicate, a bound too small, a field out of range) are named;
    bad descs are named. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

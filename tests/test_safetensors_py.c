@@ -1,7 +1,6 @@
 /* tests/test_safetensors_py.c - a file dt writes is read back by an independent reader:
    tests/safetensors_numpy.py (numpy alone, 20 lines). Sums of every tensor must agree.
    Skipped when python3 with numpy is absent (./build.sh installs Debian's python3-numpy). */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_test.h"
 

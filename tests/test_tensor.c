@@ -1,7 +1,6 @@
 /* tests/test_tensor.c - unit tests of dt_tensor.h: hand-computed values, naive references,
    finite-difference gradient checks of every backward, RNG known answers and shard
    invariance, safetensors round trips and bad files, and the named errors. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_test.h"
 
@@ -421,6 +420,8 @@ typedef struct gc {
     int ia, ib; /* op arguments (transposes, heads, ...) */
     dt_tensor *aux[3];
 } gc;
+/* a failed call returns its status (the library's own TRY is private to its implementation) */
+#define GC_TRY(x) do { dt_status gc_s_ = (x); if (gc_s_) return gc_s_; } while (0)
 
 static double gc_loss(gc *g) {
     double s = 0;
@@ -475,8 +476,8 @@ static dt_status mm_f(gc *g) { return dt_matmul_fwd(&C, g->out, g->in[0], g->in[
 static dt_status mm_b(gc *g) { return dt_matmul_bwd(&C, g->gin[0], g->gin[1], g->R, g->in[0], g->in[1], g->ia, g->ib, 1.5f); }
 static dt_status lin_f(gc *g) { return dt_linear_fwd(&C, g->out, g->in[0], g->in[1], g->in[2]); }
 static dt_status lin_b(gc *g) { return dt_linear_bwd(&C, g->gin[0], g->gin[1], g->gin[2], g->R, g->in[0], g->in[1]); }
-static dt_status bias_f(gc *g) { DT__TRY(dt_tensor_copy(&C, g->out, g->in[0])); return dt_bias_add_fwd(&C, g->out, g->in[1]); }
-static dt_status bias_b(gc *g) { DT__TRY(dt_axpy(&C, g->gin[0], 1, g->R)); return dt_bias_add_bwd(&C, g->gin[1], g->R); }
+static dt_status bias_f(gc *g) { GC_TRY(dt_tensor_copy(&C, g->out, g->in[0])); return dt_bias_add_fwd(&C, g->out, g->in[1]); }
+static dt_status bias_b(gc *g) { GC_TRY(dt_axpy(&C, g->gin[0], 1, g->R)); return dt_bias_add_bwd(&C, g->gin[1], g->R); }
 static dt_status relu_f(gc *g) { return dt_relu_fwd(&C, g->out, g->in[0]); }
 static dt_status relu_b(gc *g) { return dt_relu_bwd(&C, g->gin[0], g->R, g->in[0]); }
 static dt_status mul_f(gc *g) { return dt_mul_fwd(&C, g->out, g->in[0], g->in[1]); }
@@ -503,7 +504,7 @@ static dt_status cat_b(gc *g) { dt_tensor *p[2]; p[0] = g->gin[0]; p[1] = g->gin
 static dt_status split_f(gc *g) {
     dt_tensor *p[2];
     p[0] = g->aux[0]; p[1] = g->aux[1];
-    DT__TRY(dt_split_fwd(&C, p, 2, g->in[0]));
+    GC_TRY(dt_split_fwd(&C, p, 2, g->in[0]));
     { const dt_tensor *q[2]; q[0] = g->aux[0]; q[1] = g->aux[1]; return dt_concat_fwd(&C, g->out, q, 2); }
 }
 static dt_status split_b(gc *g) {
@@ -511,7 +512,7 @@ static dt_status split_b(gc *g) {
     const dt_tensor *q[2];
     dt_tensor_fill(&C, g->aux[0], 0); dt_tensor_fill(&C, g->aux[1], 0);
     p[0] = g->aux[0]; p[1] = g->aux[1];
-    DT__TRY(dt_concat_bwd(&C, p, 2, g->R)); /* douts of the parts */
+    GC_TRY(dt_concat_bwd(&C, p, 2, g->R)); /* douts of the parts */
     q[0] = g->aux[0]; q[1] = g->aux[1];
     return dt_split_bwd(&C, g->gin[0], q, 2);
 }

@@ -8,7 +8,6 @@
    refuses more than 64 MiB, so that a size that passes the checks fails as DT_ERR_OOM instead
    of stopping ASan (which aborts on a malloc beyond its limit). The checks that exercise
    products of huge dims inside empty tensors run last, since a UBSan report ends the asan run. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_test.h"
 
