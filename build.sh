@@ -57,7 +57,7 @@ blas_libs() { local f; f=$(pkg-config --libs openblas 2>/dev/null) || f=-lopenbl
 #   python3, python3-numpy        the independent safetensors / checkpoint readers in tests/
 # (coreutils' timeout, awk, sed and the like come with every Debian.) Optional, never installed:
 # clang (more compile checks) and nvcc (the CUDA parts); without them their checks are skipped.
-# README.md ("Dependencies") shows the same list.
+# docs/build.md ("Dependencies") shows the same list.
 
 # The packages above that are missing, on one line.
 missing_deps() {

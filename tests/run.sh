@@ -5,8 +5,8 @@
 #
 #   tests/run.sh [WORD...]   only the groups whose name contains a WORD (test_tensor, mpi_,
 #                            compile:dt_comm, kernel:, readme, gpu_, fresh, build:)
-#   tests/run.sh quick [WORD...]   while iterating (./build.sh test quick): tests/test_*.c and
-#                            tests/mpi_*.c only, plain builds (no ASan), each multi-rank test at
+#   tests/run.sh quick [WORD...]   while iterating (./build.sh test quick): tests/test_*.c,
+#                            tests/mpi_*.c and the tutorial only, plain builds (no ASan), each multi-rank test at
 #                            2 ranks (or the least it lists), the drivers told DT_TEST_QUICK=1
 #                            (tests/mpi_gpt*.c: their 2-rank layouts)
 # At the end: the failures again, the 10 slowest runs with their seconds, the total time, and
@@ -42,6 +42,8 @@
 #                             deferred; names "emu:<check> [np=N, mode]"
 #   readme:snippet_N          each ```c block of README.md compiles, and runs when it is a
 #                             program (tests/readme_snippets.sh says how blocks are marked)
+#   tutorial                  examples/tutorial's five steps at np 1 and 2, each step's loss against
+#                             the one-process run's within a derived fp32 bound (tests/tutorial.sh)
 #   dlrm_reference            build/examples/dlrm (from ./build.sh) against an independent NumPy
 #                             DLRM / DCNv2 fed its checkpoints and batches (tests/dlrm_reference.py)
 #   tests/test_*.c            one process, -DDT_CBLAS; run once as built and once built with
@@ -139,7 +141,7 @@ show_log() {
 selected() {
     local w
     if [ "$QUICK" = 1 ]; then # unit and multi-rank test programs only
-        case $1 in test_* | mpi_* | build:*) ;; *) return 1 ;; esac
+        case $1 in test_* | mpi_* | build:* | tutorial) ;; *) return 1 ;; esac
     fi
     [ ${#FILTER[@]} -eq 0 ] && return 0
     for w in "${FILTER[@]}"; do [[ $1 == *"$w"* ]] && return 0; done
