@@ -593,7 +593,8 @@ typedef struct dt_st_file {
 /* The header-length limit of the reference implementation (100 MiB). */
 #define DT_SAFETENSORS_MAX_HEADER ((uint64_t)100 << 20)
 /* The header length from a file's first 8 bytes (little endian), checked against the file's size
-   and DT_SAFETENSORS_MAX_HEADER: DT_ERR_FORMAT naming `path` (may be NULL) when it cannot be. */
+   and DT_SAFETENSORS_MAX_HEADER: DT_ERR_FORMAT naming `path` (may be NULL) when it cannot be
+   (then *len = 0). */
 DT_API dt_status dt_safetensors_header_len(dt_ctx *ctx, uint64_t *len, const unsigned char first8[8],
                                            uint64_t file_size, const char *path);
 /* Reads and validates the header: every entry's offsets must be in the file, sorted, non
