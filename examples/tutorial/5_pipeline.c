@@ -19,9 +19,10 @@ enum { IN = 8, H = 32, C = 4, B = 32, STEPS = 20, M = 2, MB = B / M }; /* M micr
 #define SEED 1
 #define LR 0.5
 #define TRY(call) do { dt_status s_ = (call); if (s_) return s_; } while (0)
-/* An error one rank sees may leave the others waiting in a collective until its timeout. */
+/* An error may be one rank's alone (the others would wait in their next collective until its
+   timeout): dt_comm_abort ends every rank at once, with exit status 1. */
 #define CHECK(call) do { if ((call) != DT_OK) { \
-    fprintf(stderr, "rank %d: %s: %s\n", rank, #call, dt_ctx_error(&ctx)); dt_comm_free(world); return 1; } } while (0)
+    fprintf(stderr, "rank %d: %s: %s\n", rank, #call, dt_ctx_error(&ctx)); dt_comm_abort(world, 1); } } while (0)
 
 /* Samples first .. first + n - 1 into x [n, IN] and y [n]. */
 static void make_batch(dt_tensor *x, dt_tensor *y, int64_t first, int64_t n) {
