@@ -237,6 +237,8 @@ DT_API void dt_ctx_clear_error(dt_ctx *ctx);
 /* Raw counted host memory from the ctx allocator, 64-byte aligned. NULL on failure (with the
    ctx error set). dt_release(ctx, NULL) is a no-op. */
 DT_API void *dt_alloc(dt_ctx *ctx, size_t bytes);
+/* dt_alloc with every byte zero: a struct that starts with nothing set, or an array of counts. */
+DT_API void *dt_alloc_zeroed(dt_ctx *ctx, size_t bytes);
 DT_API void dt_release(dt_ctx *ctx, void *ptr);
 
 /* ==== >>tensors: create, view, copy, fill, cast, sizes ======================================== */
@@ -843,6 +845,12 @@ DT_API void *dt_alloc(dt_ctx *ctx, size_t bytes) {
     memcpy(p - 2 * sizeof(size_t), &raw, sizeof(void *));
     ctx->bytes_in_use += bytes;
     if (ctx->bytes_in_use > ctx->bytes_peak) ctx->bytes_peak = ctx->bytes_in_use;
+    return p;
+}
+
+DT_API void *dt_alloc_zeroed(dt_ctx *ctx, size_t bytes) {
+    void *p = dt_alloc(ctx, bytes);
+    if (p) memset(p, 0, bytes);
     return p;
 }
 
