@@ -1616,29 +1616,20 @@ static dt_status dt__pl_zshard_set(dt_zero *z) {
     return DT_OK;
 }
 
-DT_API dt_status dt_zero_create(dt_layout *l, dt_zero **out, dt_arena *a, const dt_zero_desc *desc) {
-    const char *fn = "dt_zero_create";
-    dt_zero_desc d;
-    dt_zero *z;
-    dt_opt_desc od;
-    dt_ctx *ctx;
-    int i, t;
-    dt_status st = DT_OK;
-    if (out) *out = NULL;
-    if (!l) return DT_ERR_ARG;
-    ctx = l->ctx;
-    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    if (!a) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a is NULL", fn);
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
-    if (d.stage < 0 || d.stage > 3)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.stage = %d; expected 0 (DDP), 1, 2 or 3", fn, d.stage);
-    if (d.bucket_bytes < 0)
+/* dt_zero_create in three steps: check the desc and the arena (nothing changes on a failure);
+   resolve the desc into the object (the stage's group size and rank, prefetch) and each param's
+   and unit's geometry; build the shard buffers, the optimizer's parameter set, stage 0's bucketer
+   and the optimizer. Only then does the arena give up what the stage shards. */
+static dt_status dt__pl_zero_check(dt_ctx *ctx, const dt_arena *a, const dt_zero_desc *d, const char *fn) {
+    int i;
+    if (d->stage < 0 || d->stage > 3)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.stage = %d; expected 0 (DDP), 1, 2 or 3", fn, d->stage);
+    if (d->bucket_bytes < 0)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.bucket_bytes = %lld; expected >= 0 (0 = default)", fn,
-                                (long long)d.bucket_bytes);
-    if (d.prefetch < -1 || d.prefetch > 1)
+                                (long long)d->bucket_bytes);
+    if (d->prefetch < -1 || d->prefetch > 1)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.prefetch = %d; expected 0 (default, on), 1 (on) or -1 "
-                                "(off)", fn, d.prefetch);
+                                "(off)", fn, d->prefetch);
     for (i = 0; i < a->params->count; i++) {
         const dt_param *p = a->params->items[i];
         if (!p->value.data || !p->grad.data)
@@ -1646,76 +1637,122 @@ DT_API dt_status dt_zero_create(dt_layout *l, dt_zero **out, dt_arena *a, const 
                                     "a ZeRO object of stage 2 or 3 (one per arena)", fn, p->name,
                                     p->value.data ? "grad" : "value");
     }
-    z = (dt_zero *)dt_alloc(ctx, sizeof *z);
-    if (!z) return DT_ERR_OOM;
-    memset(z, 0, sizeof *z);
+    return DT_OK;
+}
+
+/* The object with the desc resolved and its per-param and per-unit arrays; NULL (everything
+   freed) when out of memory. */
+static dt_zero *dt__pl_zero_new(dt_layout *l, dt_arena *a, const dt_zero_desc *d, const char *fn) {
+    dt_ctx *ctx = l->ctx;
+    dt_zero *z = (dt_zero *)dt_alloc_zeroed(ctx, sizeof *z);
+    if (!z) return NULL;
     z->ctx = ctx;
     z->l = l;
     z->a = a;
     z->dp = l->dp_comm;
-    z->stage = d.stage;
-    z->N = d.stage == 0 ? 1 : l->dp;
-    z->r = d.stage == 0 ? 0 : l->dp_rank;
+    z->stage = d->stage;
+    z->N = d->stage == 0 ? 1 : l->dp;
+    z->r = d->stage == 0 ? 0 : l->dp_rank;
     z->n_params = a->params->count;
     z->n_units = a->n_units;
-    z->prefetch = d.prefetch != -1;
+    z->prefetch = d->prefetch != -1;
     z->sync = 1;
     z->zp = (dt__pl_zp *)dt__pl_alloc_n(ctx, z->n_params, sizeof(dt__pl_zp), fn, "params");
     z->zu = (dt__pl_zu *)dt__pl_alloc_n(ctx, z->n_units, sizeof(dt__pl_zu), fn, "units");
     z->param_comms = (dt_comm **)dt__pl_alloc_n(ctx, z->n_params, sizeof(dt_comm *), fn, "comms");
-    if (!z->zp || !z->zu || !z->param_comms) st = DT_ERR_OOM;
-    if (!st) st = dt__pl_zgeometry(z, fn);
-    if (!st && z->stage >= 2) {
+    if (!z->zp || !z->zu || !z->param_comms) {
+        z->stage = -1; /* nothing of the arena was taken */
+        dt__pl_zero_release(z);
+        return NULL;
+    }
+    return z;
+}
+
+/* The shard buffers this rank keeps: its rows of the grads (stages 2-3) and of the values, one
+   buffer per dtype (stage 3). */
+static dt_status dt__pl_zero_buffers(dt_zero *z) {
+    int i, t;
+    if (z->stage >= 2) {
         int64_t n = 0;
         for (i = 0; i < z->n_params; i++) n += z->zp[i].n * z->zp[i].row_elems;
-        st = dt__pl_ztake(z, &z->sgrad, DT_F32, n, &z->base_grad);
+        DT__TRY(dt__pl_ztake(z, &z->sgrad, DT_F32, n, &z->base_grad));
     }
-    for (t = 1; t < DT_DTYPE_COUNT && !st && z->stage == 3; t++) {
+    for (t = 1; t < DT_DTYPE_COUNT && z->stage == 3; t++) {
         int64_t n = 0;
         int any = 0;
         for (i = 0; i < z->n_params; i++)
-            if ((int)a->params->items[i]->value.dtype == t) {
+            if ((int)z->a->params->items[i]->value.dtype == t) {
                 n += z->zp[i].n * z->zp[i].row_elems;
                 any = 1; /* even when this rank's rows are none: its params' views look into it */
             }
-        if (any) st = dt__pl_ztake(z, &z->sval[t], (dt_dtype)t, n, &z->base_param);
+        if (any) DT__TRY(dt__pl_ztake(z, &z->sval[t], (dt_dtype)t, n, &z->base_param));
     }
-    if (!st) st = dt__pl_zshard_set(z);
-    if (!st && z->stage == 0) {
+    return DT_OK;
+}
+
+/* Stage 0's bucketer over the arena's flat grads, then the optimizer over this rank's shard. */
+static dt_status dt__pl_zero_opt(dt_zero *z, const dt_zero_desc *d) {
+    dt_opt_desc od;
+    if (z->stage == 0) {
         dt_bucketer_desc bd;
         memset(&bd, 0, sizeof bd);
-        bd.bucket_bytes = bd.first_bucket_bytes = d.bucket_bytes;
-        bd.flat = &a->grads;
-        st = dt_bucketer_create(z->dp, &z->ddp, a->params, &bd);
+        bd.bucket_bytes = bd.first_bucket_bytes = d->bucket_bytes;
+        bd.flat = &z->a->grads;
+        DT__TRY(dt_bucketer_create(z->dp, &z->ddp, z->a->params, &bd));
     }
-    if (!st) {
-        od = d.opt;
-        od.comm = l->world;
-        od.norm.shard_comm = z->stage == 0 ? l->tp_comm : l->dp_comm;
-        od.norm.param_comms = z->param_comms;
-        od.norm.stage_comm = l->pp_comm;
-        st = dt_opt_create(ctx, &z->opt, &z->shard, &od);
+    od = d->opt;
+    od.comm = z->l->world;
+    od.norm.shard_comm = z->stage == 0 ? z->l->tp_comm : z->l->dp_comm;
+    od.norm.param_comms = z->param_comms;
+    od.norm.stage_comm = z->l->pp_comm;
+    return dt_opt_create(z->ctx, &z->opt, &z->shard, &od);
+}
+
+/* The arena gives up what the stage shards (nothing fails here). */
+static void dt__pl_zero_take_arena(dt_zero *z) {
+    dt_arena *a = z->a;
+    int i, t;
+    if (z->stage < 3)
+        for (t = 1; t < DT_DTYPE_COUNT; t++) z->base_param += dt_tensor_bytes(&a->values[t]);
+    if (z->stage < 2) {
+        z->base_grad += dt_tensor_bytes(&a->grads);
+        dt_tensor_fill(z->ctx, &a->grads, 0.0);
     }
+    if (z->stage >= 2) {
+        dt_tensor_free(z->ctx, &a->grads);
+        for (i = 0; i < z->n_params; i++) a->params->items[i]->grad.data = NULL;
+    }
+    if (z->stage == 3) {
+        for (t = 1; t < DT_DTYPE_COUNT; t++) dt_tensor_free(z->ctx, &a->values[t]);
+        for (i = 0; i < z->n_params; i++) a->params->items[i]->value.data = NULL;
+    }
+}
+
+DT_API dt_status dt_zero_create(dt_layout *l, dt_zero **out, dt_arena *a, const dt_zero_desc *desc) {
+    const char *fn = "dt_zero_create";
+    dt_zero_desc d;
+    dt_zero *z;
+    dt_ctx *ctx;
+    dt_status st;
+    if (out) *out = NULL;
+    if (!l) return DT_ERR_ARG;
+    ctx = l->ctx;
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    if (!a) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a is NULL", fn);
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    DT__TRY(dt__pl_zero_check(ctx, a, &d, fn));
+    if (!(z = dt__pl_zero_new(l, a, &d, fn))) return DT_ERR_OOM;
+    st = dt__pl_zgeometry(z, fn);
+    if (!st) st = dt__pl_zero_buffers(z);
+    if (!st) st = dt__pl_zshard_set(z);
+    if (!st) st = dt__pl_zero_opt(z, &d);
     if (st) {
         z->stage = -1; /* nothing of the arena was taken yet */
         dt__pl_zero_release(z);
         return st;
     }
-    /* nothing fails from here: take what the stage shards away from the arena */
-    if (z->stage < 3)
-        for (t = 1; t < DT_DTYPE_COUNT; t++) z->base_param += dt_tensor_bytes(&a->values[t]);
-    if (z->stage < 2) {
-        z->base_grad += dt_tensor_bytes(&a->grads);
-        dt_tensor_fill(ctx, &a->grads, 0.0);
-    }
-    if (z->stage >= 2) {
-        dt_tensor_free(ctx, &a->grads);
-        for (i = 0; i < z->n_params; i++) a->params->items[i]->grad.data = NULL;
-    }
-    if (z->stage == 3) {
-        for (t = 1; t < DT_DTYPE_COUNT; t++) dt_tensor_free(ctx, &a->values[t]);
-        for (i = 0; i < z->n_params; i++) a->params->items[i]->value.data = NULL;
-    }
+    dt__pl_zero_take_arena(z);
     z->peak = 0;
     dt__pl_znote(z);
     *out = z;
