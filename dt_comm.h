@@ -955,9 +955,8 @@ static int dt__cm_mpi_live(void) {
 /* ==== >>comm: communicators: lifetime, settings =============================================== */
 
 static dt_comm *dt__cm_new(dt_ctx *ctx) {
-    dt_comm *c = (dt_comm *)dt_alloc(ctx, sizeof(dt_comm));
+    dt_comm *c = (dt_comm *)dt_alloc_zeroed(ctx, sizeof(dt_comm));
     if (!c) return NULL;
-    memset(c, 0, sizeof *c);
     c->ctx = ctx;
     c->timeout = 300.0;
 #ifdef DT_MPI

@@ -3708,9 +3708,8 @@ DT_API dt_status dt_params_add(dt_ctx *ctx, dt_params *ps, dt_param **out, const
         DT__TRY(dt_grow(ctx, (void **)&ps->items, &cap, (int64_t)ps->count + 1, sizeof(dt_param *), "dt_params"));
         ps->capacity = cap > 2147483647 ? 2147483647 : (int)cap;
     }
-    p = (dt_param *)dt_alloc(ctx, sizeof *p);
+    p = (dt_param *)dt_alloc_zeroed(ctx, sizeof *p);
     if (!p) return DT_ERR_OOM;
-    memset(p, 0, sizeof *p);
     memcpy(p->name, desc->name, strlen(desc->name) + 1);
     memset(&td, 0, sizeof td);
     td.dtype = desc->dtype;
@@ -3951,9 +3950,8 @@ DT_API dt_status dt_json_parse(dt_ctx *ctx, dt_json **out, const char *text, siz
     if (out) *out = NULL;
     if (!ctx) return DT_ERR_ARG;
     if (!text || !out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_json_parse: %s is NULL", text ? "out" : "text");
-    root = (dt_json *)dt_alloc(ctx, sizeof *root);
+    root = (dt_json *)dt_alloc_zeroed(ctx, sizeof *root);
     if (!root) return DT_ERR_OOM;
-    memset(root, 0, sizeof *root);
     p.ctx = ctx; p.s = text; p.n = len; p.i = 0; p.depth = 0;
     st = dt__jp_value(&p, root);
     if (!st) {
