@@ -3407,70 +3407,65 @@ DT_API dt_status dt_comm_wait(dt_comm_req *req) {
 
 /* ==== >>split: groups: dt_comm_split ========================================================== */
 
-DT_API dt_status dt_comm_split(dt_comm *parent, dt_comm **out, int color, int key) {
-    const char *fn = "dt_comm_split";
-    dt_comm_req q;
+#ifdef DT_MPI
+/* This rank's MPI group of the ranks of parent that passed its color (*out stays NULL for a
+   negative color), with each member's world rank. */
+static dt_status dt__cm_split_mpi(dt_comm *parent, dt_comm_req *q, int color, int key, dt_comm **out, const char *fn) {
     dt_comm *c;
     dt_status st;
-    char name[96];
-    if (out) *out = NULL;
-    if (!parent) return DT_ERR_ARG;
-    if ((st = dt__cm_usable(parent, fn)) != DT_OK) return st;
-    if (!out) return dt_ctx_set_error(parent->ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    dt__cm_req_init(&q, parent, DT__CM_SPLIT, fn);
-    q.count = 0;
-    st = dt__cm_enter(&q, DT_OK);
+    MPI_Comm nc = MPI_COMM_NULL;
+    MPI_Group pg, cg;
+    int64_t mine[2], *all;
+    MPI_Request r;
+    int rc, i, *idx;
+    *out = NULL;
+    /* everyone arrives first (with a timeout): MPI_Comm_split itself cannot time out */
+    all = (int64_t *)dt_alloc(parent->ctx, (size_t)parent->size * 2 * sizeof(int64_t));
+    if (!all) return DT_ERR_OOM;
+    mine[0] = color;
+    mine[1] = key;
+    rc = MPI_Iallgather(mine, 2, MPI_INT64_T, all, 2, MPI_INT64_T, parent->ctl, &r);
+    st = rc != MPI_SUCCESS ? dt__cm_mpi_error(parent, rc, fn, "MPI_Iallgather") : dt__cm_wait_ctl(q, &r, "MPI_Iallgather");
+    dt_release(parent->ctx, all);
     if (st) return st;
-    snprintf(name, sizeof name, "%s.%d", parent->name, color);
-#ifdef DT_MPI
-    {
-        MPI_Comm nc = MPI_COMM_NULL;
-        MPI_Group pg, cg;
-        int64_t mine[2], *all;
-        MPI_Request r;
-        int rc, i, *idx;
-        /* everyone arrives first (with a timeout): MPI_Comm_split itself cannot time out */
-        all = (int64_t *)dt_alloc(parent->ctx, (size_t)parent->size * 2 * sizeof(int64_t));
-        if (!all) return DT_ERR_OOM;
-        mine[0] = color;
-        mine[1] = key;
-        rc = MPI_Iallgather(mine, 2, MPI_INT64_T, all, 2, MPI_INT64_T, parent->ctl, &r);
-        st = rc != MPI_SUCCESS ? dt__cm_mpi_error(parent, rc, fn, "MPI_Iallgather") : dt__cm_wait_ctl(&q, &r, "MPI_Iallgather");
-        dt_release(parent->ctx, all);
-        if (st) return st;
-        rc = MPI_Comm_split(parent->ctl, color < 0 ? MPI_UNDEFINED : color, key, &nc);
-        if (rc != MPI_SUCCESS) return dt__cm_mpi_error(parent, rc, fn, "MPI_Comm_split");
-        if (nc == MPI_COMM_NULL) return DT_OK;
-        c = dt__cm_new(parent->ctx);
-        if (!c) {
-            MPI_Comm_free(&nc);
-            return DT_ERR_OOM;
-        }
-        st = dt__cm_mpi_setup(c, nc, fn);
-        if (!st) st = dt__cm_mpi_local(c, fn);
-        if (!st) {
-            c->world_ranks = (int *)dt_alloc(parent->ctx, (size_t)c->size * 2 * sizeof(int));
-            if (!c->world_ranks) st = DT_ERR_OOM;
-        }
-        if (!st) { /* group rank -> parent rank -> world rank */
-            idx = c->world_ranks + c->size;
-            for (i = 0; i < c->size; i++) idx[i] = i;
-            MPI_Comm_group(nc, &cg);
-            MPI_Comm_group(parent->ctl, &pg);
-            MPI_Group_translate_ranks(cg, c->size, idx, pg, c->world_ranks);
-            MPI_Group_free(&cg);
-            MPI_Group_free(&pg);
-            for (i = 0; i < c->size; i++) c->world_ranks[i] = parent->world_ranks[c->world_ranks[i]];
-        }
+    rc = MPI_Comm_split(parent->ctl, color < 0 ? MPI_UNDEFINED : color, key, &nc);
+    if (rc != MPI_SUCCESS) return dt__cm_mpi_error(parent, rc, fn, "MPI_Comm_split");
+    if (nc == MPI_COMM_NULL) return DT_OK;
+    c = dt__cm_new(parent->ctx);
+    if (!c) {
         MPI_Comm_free(&nc);
-        if (st) {
-            dt__cm_release_all(c);
-            return st;
-        }
+        return DT_ERR_OOM;
     }
+    st = dt__cm_mpi_setup(c, nc, fn);
+    if (!st) st = dt__cm_mpi_local(c, fn);
+    if (!st) {
+        c->world_ranks = (int *)dt_alloc(parent->ctx, (size_t)c->size * 2 * sizeof(int));
+        if (!c->world_ranks) st = DT_ERR_OOM;
+    }
+    if (!st) { /* group rank -> parent rank -> world rank */
+        idx = c->world_ranks + c->size;
+        for (i = 0; i < c->size; i++) idx[i] = i;
+        MPI_Comm_group(nc, &cg);
+        MPI_Comm_group(parent->ctl, &pg);
+        MPI_Group_translate_ranks(cg, c->size, idx, pg, c->world_ranks);
+        MPI_Group_free(&cg);
+        MPI_Group_free(&pg);
+        for (i = 0; i < c->size; i++) c->world_ranks[i] = parent->world_ranks[c->world_ranks[i]];
+    }
+    MPI_Comm_free(&nc);
+    if (st) {
+        dt__cm_release_all(c);
+        return st;
+    }
+    *out = c;
+    return DT_OK;
+}
 #else
+/* Without MPI each group is this one rank (*out stays NULL for a negative color). */
+static dt_status dt__cm_split_self(dt_comm *parent, int color, dt_comm **out) {
+    dt_comm *c;
+    *out = NULL;
     if (color < 0) return DT_OK;
-    (void)key;
     c = dt__cm_new(parent->ctx);
     if (!c) return DT_ERR_OOM;
     c->size = 1;
@@ -3481,10 +3476,35 @@ DT_API dt_status dt_comm_split(dt_comm *parent, dt_comm **out, int color, int ke
         return DT_ERR_OOM;
     }
     c->world_ranks[0] = parent->world_ranks[0];
+    *out = c;
+    return DT_OK;
+}
 #endif
+
+DT_API dt_status dt_comm_split(dt_comm *parent, dt_comm **out, int color, int key) {
+    const char *fn = "dt_comm_split";
+    dt_comm_req q;
+    dt_comm *c = NULL;
+    dt_status st;
+    char name[96];
+    if (out) *out = NULL;
+    if (!parent) return DT_ERR_ARG;
+    if ((st = dt__cm_usable(parent, fn)) != DT_OK) return st;
+    if (!out) return dt_ctx_set_error(parent->ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    dt__cm_req_init(&q, parent, DT__CM_SPLIT, fn);
+    q.count = 0;
+    DT__TRY(dt__cm_enter(&q, DT_OK));
+#ifdef DT_MPI
+    DT__TRY(dt__cm_split_mpi(parent, &q, color, key, &c, fn));
+#else
+    (void)key;
+    DT__TRY(dt__cm_split_self(parent, color, &c));
+#endif
+    if (!c) return DT_OK; /* a negative color: in no group */
     c->timeout = parent->timeout;
     c->check = parent->check;
     c->nccl_mode = parent->nccl_mode;
+    snprintf(name, sizeof name, "%s.%d", parent->name, color);
     dt__cm_set_name(c, name);
     *out = c;
     return DT_OK;
