@@ -955,9 +955,8 @@ static int dt__cm_mpi_live(void) {
 /* ==== >>comm: communicators: lifetime, settings =============================================== */
 
 static dt_comm *dt__cm_new(dt_ctx *ctx) {
-    dt_comm *c = (dt_comm *)dt_alloc(ctx, sizeof(dt_comm));
+    dt_comm *c = (dt_comm *)dt_alloc_zeroed(ctx, sizeof(dt_comm));
     if (!c) return NULL;
-    memset(c, 0, sizeof *c);
     c->ctx = ctx;
     c->timeout = 300.0;
 #ifdef DT_MPI
@@ -3408,70 +3407,65 @@ DT_API dt_status dt_comm_wait(dt_comm_req *req) {
 
 /* ==== >>split: groups: dt_comm_split ========================================================== */
 
-DT_API dt_status dt_comm_split(dt_comm *parent, dt_comm **out, int color, int key) {
-    const char *fn = "dt_comm_split";
-    dt_comm_req q;
+#ifdef DT_MPI
+/* This rank's MPI group of the ranks of parent that passed its color (*out stays NULL for a
+   negative color), with each member's world rank. */
+static dt_status dt__cm_split_mpi(dt_comm *parent, dt_comm_req *q, int color, int key, dt_comm **out, const char *fn) {
     dt_comm *c;
     dt_status st;
-    char name[96];
-    if (out) *out = NULL;
-    if (!parent) return DT_ERR_ARG;
-    if ((st = dt__cm_usable(parent, fn)) != DT_OK) return st;
-    if (!out) return dt_ctx_set_error(parent->ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    dt__cm_req_init(&q, parent, DT__CM_SPLIT, fn);
-    q.count = 0;
-    st = dt__cm_enter(&q, DT_OK);
+    MPI_Comm nc = MPI_COMM_NULL;
+    MPI_Group pg, cg;
+    int64_t mine[2], *all;
+    MPI_Request r;
+    int rc, i, *idx;
+    *out = NULL;
+    /* everyone arrives first (with a timeout): MPI_Comm_split itself cannot time out */
+    all = (int64_t *)dt_alloc(parent->ctx, (size_t)parent->size * 2 * sizeof(int64_t));
+    if (!all) return DT_ERR_OOM;
+    mine[0] = color;
+    mine[1] = key;
+    rc = MPI_Iallgather(mine, 2, MPI_INT64_T, all, 2, MPI_INT64_T, parent->ctl, &r);
+    st = rc != MPI_SUCCESS ? dt__cm_mpi_error(parent, rc, fn, "MPI_Iallgather") : dt__cm_wait_ctl(q, &r, "MPI_Iallgather");
+    dt_release(parent->ctx, all);
     if (st) return st;
-    snprintf(name, sizeof name, "%s.%d", parent->name, color);
-#ifdef DT_MPI
-    {
-        MPI_Comm nc = MPI_COMM_NULL;
-        MPI_Group pg, cg;
-        int64_t mine[2], *all;
-        MPI_Request r;
-        int rc, i, *idx;
-        /* everyone arrives first (with a timeout): MPI_Comm_split itself cannot time out */
-        all = (int64_t *)dt_alloc(parent->ctx, (size_t)parent->size * 2 * sizeof(int64_t));
-        if (!all) return DT_ERR_OOM;
-        mine[0] = color;
-        mine[1] = key;
-        rc = MPI_Iallgather(mine, 2, MPI_INT64_T, all, 2, MPI_INT64_T, parent->ctl, &r);
-        st = rc != MPI_SUCCESS ? dt__cm_mpi_error(parent, rc, fn, "MPI_Iallgather") : dt__cm_wait_ctl(&q, &r, "MPI_Iallgather");
-        dt_release(parent->ctx, all);
-        if (st) return st;
-        rc = MPI_Comm_split(parent->ctl, color < 0 ? MPI_UNDEFINED : color, key, &nc);
-        if (rc != MPI_SUCCESS) return dt__cm_mpi_error(parent, rc, fn, "MPI_Comm_split");
-        if (nc == MPI_COMM_NULL) return DT_OK;
-        c = dt__cm_new(parent->ctx);
-        if (!c) {
-            MPI_Comm_free(&nc);
-            return DT_ERR_OOM;
-        }
-        st = dt__cm_mpi_setup(c, nc, fn);
-        if (!st) st = dt__cm_mpi_local(c, fn);
-        if (!st) {
-            c->world_ranks = (int *)dt_alloc(parent->ctx, (size_t)c->size * 2 * sizeof(int));
-            if (!c->world_ranks) st = DT_ERR_OOM;
-        }
-        if (!st) { /* group rank -> parent rank -> world rank */
-            idx = c->world_ranks + c->size;
-            for (i = 0; i < c->size; i++) idx[i] = i;
-            MPI_Comm_group(nc, &cg);
-            MPI_Comm_group(parent->ctl, &pg);
-            MPI_Group_translate_ranks(cg, c->size, idx, pg, c->world_ranks);
-            MPI_Group_free(&cg);
-            MPI_Group_free(&pg);
-            for (i = 0; i < c->size; i++) c->world_ranks[i] = parent->world_ranks[c->world_ranks[i]];
-        }
+    rc = MPI_Comm_split(parent->ctl, color < 0 ? MPI_UNDEFINED : color, key, &nc);
+    if (rc != MPI_SUCCESS) return dt__cm_mpi_error(parent, rc, fn, "MPI_Comm_split");
+    if (nc == MPI_COMM_NULL) return DT_OK;
+    c = dt__cm_new(parent->ctx);
+    if (!c) {
         MPI_Comm_free(&nc);
-        if (st) {
-            dt__cm_release_all(c);
-            return st;
-        }
+        return DT_ERR_OOM;
     }
+    st = dt__cm_mpi_setup(c, nc, fn);
+    if (!st) st = dt__cm_mpi_local(c, fn);
+    if (!st) {
+        c->world_ranks = (int *)dt_alloc(parent->ctx, (size_t)c->size * 2 * sizeof(int));
+        if (!c->world_ranks) st = DT_ERR_OOM;
+    }
+    if (!st) { /* group rank -> parent rank -> world rank */
+        idx = c->world_ranks + c->size;
+        for (i = 0; i < c->size; i++) idx[i] = i;
+        MPI_Comm_group(nc, &cg);
+        MPI_Comm_group(parent->ctl, &pg);
+        MPI_Group_translate_ranks(cg, c->size, idx, pg, c->world_ranks);
+        MPI_Group_free(&cg);
+        MPI_Group_free(&pg);
+        for (i = 0; i < c->size; i++) c->world_ranks[i] = parent->world_ranks[c->world_ranks[i]];
+    }
+    MPI_Comm_free(&nc);
+    if (st) {
+        dt__cm_release_all(c);
+        return st;
+    }
+    *out = c;
+    return DT_OK;
+}
 #else
+/* Without MPI each group is this one rank (*out stays NULL for a negative color). */
+static dt_status dt__cm_split_self(dt_comm *parent, int color, dt_comm **out) {
+    dt_comm *c;
+    *out = NULL;
     if (color < 0) return DT_OK;
-    (void)key;
     c = dt__cm_new(parent->ctx);
     if (!c) return DT_ERR_OOM;
     c->size = 1;
@@ -3482,10 +3476,35 @@ DT_API dt_status dt_comm_split(dt_comm *parent, dt_comm **out, int color, int ke
         return DT_ERR_OOM;
     }
     c->world_ranks[0] = parent->world_ranks[0];
+    *out = c;
+    return DT_OK;
+}
 #endif
+
+DT_API dt_status dt_comm_split(dt_comm *parent, dt_comm **out, int color, int key) {
+    const char *fn = "dt_comm_split";
+    dt_comm_req q;
+    dt_comm *c = NULL;
+    dt_status st;
+    char name[96];
+    if (out) *out = NULL;
+    if (!parent) return DT_ERR_ARG;
+    if ((st = dt__cm_usable(parent, fn)) != DT_OK) return st;
+    if (!out) return dt_ctx_set_error(parent->ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    dt__cm_req_init(&q, parent, DT__CM_SPLIT, fn);
+    q.count = 0;
+    DT__TRY(dt__cm_enter(&q, DT_OK));
+#ifdef DT_MPI
+    DT__TRY(dt__cm_split_mpi(parent, &q, color, key, &c, fn));
+#else
+    (void)key;
+    DT__TRY(dt__cm_split_self(parent, color, &c));
+#endif
+    if (!c) return DT_OK; /* a negative color: in no group */
     c->timeout = parent->timeout;
     c->check = parent->check;
     c->nccl_mode = parent->nccl_mode;
+    snprintf(name, sizeof name, "%s.%d", parent->name, color);
     dt__cm_set_name(c, name);
     *out = c;
     return DT_OK;
@@ -3589,73 +3608,69 @@ static dt_status dt__cm_bucket_in_flat(dt_bucketer *b, int i, const dt_tensor *f
     return dt_tensor_view(b->c->ctx, &bk->flat, flat, from, 1, &len);
 }
 
-DT_API dt_status dt_bucketer_create(dt_comm *c, dt_bucketer **out, dt_params *ps, const dt_bucketer_desc *desc) {
-    const char *fn = "dt_bucketer_create";
-    dt_bucketer_desc d;
-    dt_bucketer *b;
-    int i, k, nb;
-    int64_t cap, used;
-    dt_device dev = DT_CPU;
-    if (out) *out = NULL;
-    if (!c) return DT_ERR_ARG;
-    if (!out) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    if (!ps) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: ps is NULL", fn);
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
-    if (d.bucket_bytes < 0 || d.first_bucket_bytes < 0)
+/* dt_bucketer_create in three steps: check the desc and the grads (nothing changes on a failure),
+   resolve the desc's defaults, build the buckets. No step is collective: each rank builds its own. */
+static dt_status dt__cm_bucketer_check(dt_comm *c, const dt_params *ps, const dt_bucketer_desc *d, const char *fn) {
+    int i;
+    if (d->bucket_bytes < 0 || d->first_bucket_bytes < 0)
         return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: desc.%s = %lld; expected >= 0 (0 = default)", fn,
-                                d.bucket_bytes < 0 ? "bucket_bytes" : "first_bucket_bytes",
-                                (long long)(d.bucket_bytes < 0 ? d.bucket_bytes : d.first_bucket_bytes));
-    if (d.average < -1 || d.average > 1)
+                                d->bucket_bytes < 0 ? "bucket_bytes" : "first_bucket_bytes",
+                                (long long)(d->bucket_bytes < 0 ? d->bucket_bytes : d->first_bucket_bytes));
+    if (d->average < -1 || d->average > 1)
         return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: desc.average = %d; expected 0 (default: average), 1 or -1 "
-                                "(sum)", fn, d.average);
-    if (d.grad_views != 0 && d.grad_views != 1)
+                                "(sum)", fn, d->average);
+    if (d->grad_views != 0 && d->grad_views != 1)
         return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: desc.grad_views = %d; expected 0 (grads copied in and out) "
-                                "or 1 (grads become views into the buckets)", fn, d.grad_views);
-    if (d.bucket_bytes == 0) d.bucket_bytes = 25 * 1024 * 1024;
-    if (d.first_bucket_bytes == 0) d.first_bucket_bytes = 1024 * 1024;
+                                "or 1 (grads become views into the buckets)", fn, d->grad_views);
     for (i = 0; i < ps->count; i++) {
         const dt_param *p = ps->items[i];
         if (dt__cm_et(p->grad.dtype) != DT_F32 || !p->grad.data)
             return dt_ctx_set_error(c->ctx, DT_ERR_DTYPE, "%s: param \"%s\" has a %s grad%s; expected f32 grads", fn,
                                     p->name, dt_dtype_name(p->grad.dtype), p->grad.data ? "" : " without data");
-        if (i == 0) dev = p->grad.device;
-        else if (p->grad.device != dev)
+        if (p->grad.device != ps->items[0]->grad.device)
             return dt_ctx_set_error(c->ctx, DT_ERR_DEVICE, "%s: param \"%s\" has its grad on %s, param \"%s\" on %s; "
                                     "expected every grad on one device", fn, p->name, dt_device_name(p->grad.device),
-                                    ps->items[0]->name, dt_device_name(dev));
+                                    ps->items[0]->name, dt_device_name(ps->items[0]->grad.device));
     }
-    if (d.flat) {
-        dt_status st = dt__cm_flat_check(c, ps, d.flat, fn);
-        if (st) return st;
-    }
-    b = (dt_bucketer *)dt_alloc(c->ctx, sizeof *b);
-    if (!b) return DT_ERR_OOM;
-    memset(b, 0, sizeof *b);
+    return d->flat ? dt__cm_flat_check(c, ps, d->flat, fn) : DT_OK;
+}
+
+static void dt__cm_bucketer_resolve(dt_bucketer_desc *d) {
+    if (d->bucket_bytes == 0) d->bucket_bytes = 25 * 1024 * 1024;
+    if (d->first_bucket_bytes == 0) d->first_bucket_bytes = 1024 * 1024;
+}
+
+/* The object and its arrays, sized for one bucket per param at the most; NULL (everything freed)
+   when out of memory. */
+static dt_bucketer *dt__cm_bucketer_new(dt_comm *c, dt_params *ps, const dt_bucketer_desc *d) {
+    size_t n = (size_t)(ps->count ? ps->count : 1);
+    dt_bucketer *b = (dt_bucketer *)dt_alloc_zeroed(c->ctx, sizeof *b);
+    if (!b) return NULL;
     b->c = c;
     b->ps = ps;
     b->sync = 1;
-    b->op = d.average == -1 ? DT_REDUCE_SUM : DT_REDUCE_AVG;
-    b->views = d.flat ? 2 : d.grad_views;
+    b->op = d->average == -1 ? DT_REDUCE_SUM : DT_REDUCE_AVG;
     b->n_params = ps->count;
-    b->slots = (dt__cm_slot *)dt_alloc(c->ctx, (size_t)(ps->count ? ps->count : 1) * sizeof(dt__cm_slot));
-    b->buckets = (dt__cm_bucket *)dt_alloc(c->ctx, (size_t)(ps->count ? ps->count : 1) * sizeof(dt__cm_bucket));
-    b->by_ptr = (dt__cm_slot **)dt_alloc(c->ctx, (size_t)(ps->count ? ps->count : 1) * sizeof(dt__cm_slot *));
+    b->slots = (dt__cm_slot *)dt_alloc(c->ctx, n * sizeof(dt__cm_slot));
+    b->buckets = (dt__cm_bucket *)dt_alloc_zeroed(c->ctx, n * sizeof(dt__cm_bucket));
+    b->by_ptr = (dt__cm_slot **)dt_alloc(c->ctx, n * sizeof(dt__cm_slot *));
     if (!b->slots || !b->buckets || !b->by_ptr) {
-        b->views = 0; /* no grad was moved into a bucket yet: nothing for free to move back */
-        dt_bucketer_free(b);
-        return DT_ERR_OOM;
+        dt_bucketer_free(b); /* views is still 0: no grad was moved into a bucket */
+        return NULL;
     }
-    memset(b->buckets, 0, (size_t)(ps->count ? ps->count : 1) * sizeof(dt__cm_bucket));
-    /* reverse registration order; a bucket closes when the next grad would pass its cap */
-    nb = 0;
-    cap = d.first_bucket_bytes;
-    used = 0;
-    for (k = 0, i = ps->count - 1; i >= 0; i--, k++) {
-        dt_param *p = ps->items[i];
+    return b;
+}
+
+/* Slots in reverse registration order (the order backward makes the grads); a bucket closes when
+   the next grad would pass its cap. */
+static void dt__cm_bucketer_layout(dt_bucketer *b, const dt_bucketer_desc *d) {
+    int64_t cap = d->first_bucket_bytes, used = 0;
+    int i, k, nb = 0;
+    for (k = 0, i = b->n_params - 1; i >= 0; i--, k++) {
+        dt_param *p = b->ps->items[i];
         int64_t bytes = p->grad.numel * 4;
         if (nb == 0 || (used > 0 && used + bytes > cap)) {
-            if (nb > 0) cap = d.bucket_bytes;
+            if (nb > 0) cap = d->bucket_bytes;
             b->buckets[nb].first = k;
             nb++;
             used = 0;
@@ -3668,36 +3683,63 @@ DT_API dt_status dt_bucketer_create(dt_comm *c, dt_bucketer **out, dt_params *ps
         used += bytes;
     }
     b->n_buckets = nb;
-    for (i = 0; i < nb; i++) {
-        dt_tensor_desc td;
+}
+
+/* Each bucket's flat buffer: its own, or its range of desc.flat. */
+static dt_status dt__cm_bucketer_flats(dt_bucketer *b, const dt_bucketer_desc *d) {
+    dt_tensor_desc td;
+    int i;
+    memset(&td, 0, sizeof td);
+    td.dtype = DT_F32;
+    td.device = b->n_params ? b->ps->items[0]->grad.device : DT_CPU;
+    for (i = 0; i < b->n_buckets; i++) {
         const dt__cm_slot *last = &b->slots[b->buckets[i].first + b->buckets[i].count - 1];
-        dt_status st;
-        memset(&td, 0, sizeof td);
-        td.dtype = DT_F32;
-        td.device = dev;
         td.shape[0] = last->offset + last->p->grad.numel;
         if (td.shape[0] == 0) td.shape[0] = 1; /* a bucket of empty grads still takes part */
-        st = d.flat ? dt__cm_bucket_in_flat(b, i, d.flat) : dt_tensor_create(c->ctx, &b->buckets[i].flat, &td);
-        if (st) {
-            b->views = 0;
-            dt_bucketer_free(b);
-            return st;
-        }
+        DT__TRY(d->flat ? dt__cm_bucket_in_flat(b, i, d->flat) : dt_tensor_create(b->c->ctx, &b->buckets[i].flat, &td));
         b->buckets[i].unready = b->buckets[i].count;
     }
-    for (k = 0; b->views == 1 && k < ps->count; k++) { /* the grads move into their buckets */
+    return DT_OK;
+}
+
+/* desc.grad_views: each grad moves into its bucket and becomes a view of it. */
+static dt_status dt__cm_bucketer_move_grads(dt_bucketer *b) {
+    dt_ctx *ctx = b->c->ctx;
+    int k;
+    for (k = 0; k < b->n_params; k++) {
         dt__cm_slot *sl = &b->slots[k];
         dt_tensor v, old = sl->p->grad;
-        dt_status st;
         if (old.numel == 0) continue;
-        st = dt_tensor_view(c->ctx, &v, &b->buckets[sl->bucket].flat, sl->offset, old.ndim, old.shape);
-        if (!st) st = dt_tensor_copy(c->ctx, &v, &old);
-        if (st) {
-            dt_bucketer_free(b); /* gives the grads moved so far their own memory back */
-            return st;
-        }
-        dt_tensor_free(c->ctx, &sl->p->grad);
+        DT__TRY(dt_tensor_view(ctx, &v, &b->buckets[sl->bucket].flat, sl->offset, old.ndim, old.shape));
+        DT__TRY(dt_tensor_copy(ctx, &v, &old));
+        dt_tensor_free(ctx, &sl->p->grad);
         sl->p->grad = v;
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_bucketer_create(dt_comm *c, dt_bucketer **out, dt_params *ps, const dt_bucketer_desc *desc) {
+    const char *fn = "dt_bucketer_create";
+    dt_bucketer_desc d;
+    dt_bucketer *b;
+    dt_status st;
+    int k;
+    if (out) *out = NULL;
+    if (!c) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    if (!ps) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "%s: ps is NULL", fn);
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    DT__TRY(dt__cm_bucketer_check(c, ps, &d, fn));
+    dt__cm_bucketer_resolve(&d);
+    if (!(b = dt__cm_bucketer_new(c, ps, &d))) return DT_ERR_OOM;
+    dt__cm_bucketer_layout(b, &d);
+    st = dt__cm_bucketer_flats(b, &d);
+    if (!st) b->views = d.flat ? 2 : d.grad_views; /* before the move: free gives moved grads memory back */
+    if (!st && b->views == 1) st = dt__cm_bucketer_move_grads(b);
+    if (st) {
+        dt_bucketer_free(b);
+        return st;
     }
     for (k = 0; k < ps->count; k++) b->by_ptr[k] = &b->slots[k];
     qsort(b->by_ptr, (size_t)ps->count, sizeof(dt__cm_slot *), dt__cm_slot_cmp);

@@ -1437,8 +1437,7 @@ static void dt__em_resolve_table(dt__em_tab *t, const dt_embed_table_desc *d) {
 static dt_embed *dt__em_new(dt_ctx *ctx, const dt_embed_desc *desc, int W) {
     dt_embed *e;
     int i;
-    if (!(e = (dt_embed *)dt_alloc(ctx, sizeof *e))) return NULL;
-    memset(e, 0, sizeof *e);
+    if (!(e = (dt_embed *)dt_alloc_zeroed(ctx, sizeof *e))) return NULL;
     e->sync = 1;
     e->cuda = desc->device == DT_CUDA_DEVICE;
     e->ctx = ctx;

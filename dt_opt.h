@@ -603,14 +603,12 @@ static int dt__ofinite(double x) { return x == x && x != HUGE_VAL && x != -HUGE_
    bytes do not fit in a ptrdiff_t (as dt_grow) or the allocator fails. */
 static void *dt__ocalloc(dt_ctx *ctx, int64_t n, size_t size) {
     int64_t bytes;
-    void *p;
     if (!dt_mul_ok(n, (int64_t)size, &bytes) || (uint64_t)bytes > (uint64_t)PTRDIFF_MAX) {
         dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_alloc: %lld elements of %zu bytes do not fit in memory", (long long)n,
                          size);
         return NULL;
     }
-    if ((p = dt_alloc(ctx, (size_t)bytes)) != NULL) memset(p, 0, (size_t)bytes);
-    return p;
+    return dt_alloc_zeroed(ctx, (size_t)bytes);
 }
 
 /* ==== >>update: update math on float arrays =================================================== */
@@ -1327,9 +1325,8 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, c
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.comm is %s but desc.norm sums the grad norm over other "
                                 "ranks; with loss scaling every rank that steps together must agree on skipping a "
                                 "step: set desc.comm to them (the world)", fn, d.comm ? "a comm of one rank" : "NULL");
-    opt = (dt_optimizer *)dt_alloc(ctx, sizeof *opt);
+    opt = (dt_optimizer *)dt_alloc_zeroed(ctx, sizeof *opt);
     if (!opt) return DT_ERR_OOM;
-    memset(opt, 0, sizeof *opt);
     opt->ctx = ctx;
     opt->params = ps;
     opt->norm_collective = norm_collective;

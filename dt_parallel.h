@@ -841,9 +841,8 @@ static dt_status dt__pl_layout_build(dt_comm *world, dt_layout **out, const dt_l
     dt_layout *l;
     dt_status st;
     int rank = dt_comm_rank(world);
-    l = (dt_layout *)dt_alloc(dt_comm_ctx(world), sizeof *l);
+    l = (dt_layout *)dt_alloc_zeroed(dt_comm_ctx(world), sizeof *l);
     if (!l) return DT_ERR_OOM;
-    memset(l, 0, sizeof *l);
     l->ctx = dt_comm_ctx(world);
     l->world = world;
     l->size = dt_comm_size(world);
@@ -1009,15 +1008,12 @@ static void dt__pl_arena_release(dt_arena *a) {
 /* Allocates n elements of `size` bytes (n >= 0, checked), at least one byte. */
 static void *dt__pl_alloc_n(dt_ctx *ctx, int64_t n, size_t size, const char *fn, const char *what) {
     int64_t bytes;
-    void *p;
     if (!dt_mul_ok(n, (int64_t)size, &bytes) || (uint64_t)bytes > (uint64_t)((size_t)-1 / 2)) {
         dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %lld x %zu bytes of %s do not fit in memory", fn, (long long)n, size,
                          what);
         return NULL;
     }
-    p = dt_alloc(ctx, bytes ? (size_t)bytes : 1);
-    if (p) memset(p, 0, bytes ? (size_t)bytes : 1);
-    return p;
+    return dt_alloc_zeroed(ctx, bytes ? (size_t)bytes : 1);
 }
 
 /* dt_arena_create in three steps: check every parameter before anything changes (a failed create
@@ -1134,9 +1130,8 @@ DT_API dt_status dt_arena_create(dt_ctx *ctx, dt_arena **out, dt_params *ps, con
     n = ps->count;
     DT__TRY(dt__pl_arena_check(ctx, ps, units, fn));
     DT__TRY(dt__pl_arena_sizes(ctx, ps, total, &gtotal, fn));
-    a = (dt_arena *)dt_alloc(ctx, sizeof *a);
+    a = (dt_arena *)dt_alloc_zeroed(ctx, sizeof *a);
     if (!a) return DT_ERR_OOM;
-    memset(a, 0, sizeof *a);
     a->ctx = ctx;
     a->params = ps;
     a->device = n ? ps->items[0]->value.device : DT_CPU;
@@ -1286,17 +1281,22 @@ static void dt__pl_zrows(const dt__pl_zp *p, int j, int64_t *lo, int64_t *hi) {
 
 /* ---- stages 1-3: reduce-scatter of a unit's grads, all-gather of its values */
 
-/* Packs unit u's full grads (the base params' grads) rank-major into u->gpack. */
-static dt_status dt__pl_zpack_grads(dt_zero *z, dt__pl_zu *u) {
+/* Unit u's rows of every rank, rank-major, between the base params and a pack: the full grads
+   packed into gpack (t = -1: the reduce-scatter's input), or the values of dtype t unpacked from
+   vpack[t] (the all-gather's output). */
+static dt_status dt__pl_zrank_major(dt_zero *z, dt__pl_zu *u, int t) {
+    const dt_tensor *pack = t < 0 ? &u->gpack : &u->vpack[t];
+    int64_t block = t < 0 ? u->gblock : u->vblock[t];
     int i, j;
     for (j = 0; j < z->N; j++)
         for (i = u->first; i < u->last; i++) {
             const dt__pl_zp *p = &z->zp[i];
             const dt_param *bp = z->a->params->items[i];
-            int64_t lo, hi;
+            int64_t lo, hi, at = (int64_t)j * block + (t < 0 ? p->gpk : p->vpk);
+            if (t >= 0 && (int)bp->value.dtype != t) continue;
             dt__pl_zrows(p, j, &lo, &hi);
-            DT__TRY(dt__pl_copy(z->ctx, &u->gpack, (int64_t)j * u->gblock + p->gpk, &bp->grad, lo * p->row_elems,
-                                   (hi - lo) * p->row_elems, 0));
+            DT__TRY(t < 0 ? dt__pl_copy(z->ctx, pack, at, &bp->grad, lo * p->row_elems, (hi - lo) * p->row_elems, 0)
+                          : dt__pl_copy(z->ctx, &bp->value, lo * p->row_elems, pack, at, (hi - lo) * p->row_elems, 0));
         }
     return DT_OK;
 }
@@ -1319,7 +1319,7 @@ static dt_status dt__pl_zrs_post(dt_zero *z, dt__pl_zu *u) {
     DT__TRY(dt__pl_ztake(z, &u->gpack, DT_F32, (int64_t)z->N * u->gblock, &z->live_comm));
     st = dt__pl_ztake(z, &u->gout, DT_F32, u->gblock, &z->live_comm);
     if (st) { dt__pl_zgive(z, &u->gpack, &z->live_comm); return st; }
-    st = dt__pl_zpack_grads(z, u);
+    st = dt__pl_zrank_major(z, u, -1);
     if (st) {
         dt__pl_zgive(z, &u->gpack, &z->live_comm);
         dt__pl_zgive(z, &u->gout, &z->live_comm);
@@ -1365,7 +1365,7 @@ static dt_status dt__pl_zrs_stage1(dt_zero *z, dt__pl_zu *u) {
     dt_status st;
     DT__TRY(dt__pl_ztake(z, &u->gpack, DT_F32, (int64_t)z->N * u->gblock, &z->live_comm));
     st = dt__pl_ztake(z, &u->gout, DT_F32, u->gblock, &z->live_comm);
-    if (!st) st = dt__pl_zpack_grads(z, u);
+    if (!st) st = dt__pl_zrank_major(z, u, -1);
     if (!st) st = dt_comm_reduce_scatter(z->dp, &u->gout, &u->gpack, DT_REDUCE_AVG);
     if (!st) st = dt__pl_zgrads_in(z, u, &u->gout, 0);
     dt__pl_zgive(z, &u->gpack, &z->live_comm);
@@ -1401,22 +1401,6 @@ static dt_status dt__pl_zag_post(dt_zero *z, dt__pl_zu *u, int t) {
     return st;
 }
 
-/* Unpacks every rank's rows of dtype t from vpack into the base params' values. */
-static dt_status dt__pl_zag_unpack(dt_zero *z, dt__pl_zu *u, int t) {
-    int i, j;
-    for (j = 0; j < z->N; j++)
-        for (i = u->first; i < u->last; i++) {
-            const dt__pl_zp *p = &z->zp[i];
-            const dt_param *bp = z->a->params->items[i];
-            int64_t lo, hi;
-            if ((int)bp->value.dtype != t) continue;
-            dt__pl_zrows(p, j, &lo, &hi);
-            DT__TRY(dt__pl_copy(z->ctx, &bp->value, lo * p->row_elems, &u->vpack[t],
-                                   (int64_t)j * u->vblock[t] + p->vpk, (hi - lo) * p->row_elems, 0));
-        }
-    return DT_OK;
-}
-
 /* Posts the all-gathers of unit u (stage 3: a gather or a prefetch). */
 static dt_status dt__pl_zgather_post(dt_zero *z, dt__pl_zu *u) {
     int t;
@@ -1444,7 +1428,7 @@ static dt_status dt__pl_zgather_finish(dt_zero *z, dt__pl_zu *u, int keep) {
             dt_param *bp = z->a->params->items[i];
             if ((int)bp->value.dtype == t) bp->value.data = dt__pl_at(&u->vfull[t], z->zp[i].uv);
         }
-        if (!st) st = dt__pl_zag_unpack(z, u, t);
+        if (!st) st = dt__pl_zrank_major(z, u, t);
     }
     for (t = 1; t < DT_DTYPE_COUNT; t++) {
         dt__pl_zgive(z, &u->vpack[t], &z->live_comm);
@@ -1476,7 +1460,7 @@ static dt_status dt__pl_zallgather_all(dt_zero *z) {
                 st = dt_comm_wait(u->vreq[t]);
                 u->vreq[t] = NULL;
             }
-            if (!st) st = dt__pl_zag_unpack(z, u, t);
+            if (!st) st = dt__pl_zrank_major(z, u, t);
             dt__pl_zgive(z, &u->vpack[t], &z->live_comm);
             dt__pl_zgive(z, &u->vmine[t], &z->live_comm);
         }
@@ -1581,11 +1565,10 @@ static dt_status dt__pl_zshard_set(dt_zero *z) {
     for (i = 0; i < z->n_params; i++) {
         const dt_param *bp = ps->items[i];
         const dt__pl_zp *p = &z->zp[i];
-        dt_param *sp = (dt_param *)dt_alloc(z->ctx, sizeof *sp);
+        dt_param *sp = (dt_param *)dt_alloc_zeroed(z->ctx, sizeof *sp);
         int64_t shape[DT_MAX_DIMS];
         dt_status st;
         if (!sp) return DT_ERR_OOM;
-        memset(sp, 0, sizeof *sp);
         z->shard.items[z->shard.count++] = sp;
         memcpy(sp->name, bp->name, sizeof sp->name);
         for (d = 0; d < DT_MAX_DIMS; d++) {
@@ -1616,29 +1599,20 @@ static dt_status dt__pl_zshard_set(dt_zero *z) {
     return DT_OK;
 }
 
-DT_API dt_status dt_zero_create(dt_layout *l, dt_zero **out, dt_arena *a, const dt_zero_desc *desc) {
-    const char *fn = "dt_zero_create";
-    dt_zero_desc d;
-    dt_zero *z;
-    dt_opt_desc od;
-    dt_ctx *ctx;
-    int i, t;
-    dt_status st = DT_OK;
-    if (out) *out = NULL;
-    if (!l) return DT_ERR_ARG;
-    ctx = l->ctx;
-    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
-    if (!a) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a is NULL", fn);
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
-    if (d.stage < 0 || d.stage > 3)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.stage = %d; expected 0 (DDP), 1, 2 or 3", fn, d.stage);
-    if (d.bucket_bytes < 0)
+/* dt_zero_create in three steps: check the desc and the arena (nothing changes on a failure);
+   resolve the desc into the object (the stage's group size and rank, prefetch) and each param's
+   and unit's geometry; build the shard buffers, the optimizer's parameter set, stage 0's bucketer
+   and the optimizer. Only then does the arena give up what the stage shards. */
+static dt_status dt__pl_zero_check(dt_ctx *ctx, const dt_arena *a, const dt_zero_desc *d, const char *fn) {
+    int i;
+    if (d->stage < 0 || d->stage > 3)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.stage = %d; expected 0 (DDP), 1, 2 or 3", fn, d->stage);
+    if (d->bucket_bytes < 0)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.bucket_bytes = %lld; expected >= 0 (0 = default)", fn,
-                                (long long)d.bucket_bytes);
-    if (d.prefetch < -1 || d.prefetch > 1)
+                                (long long)d->bucket_bytes);
+    if (d->prefetch < -1 || d->prefetch > 1)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.prefetch = %d; expected 0 (default, on), 1 (on) or -1 "
-                                "(off)", fn, d.prefetch);
+                                "(off)", fn, d->prefetch);
     for (i = 0; i < a->params->count; i++) {
         const dt_param *p = a->params->items[i];
         if (!p->value.data || !p->grad.data)
@@ -1646,76 +1620,122 @@ DT_API dt_status dt_zero_create(dt_layout *l, dt_zero **out, dt_arena *a, const 
                                     "a ZeRO object of stage 2 or 3 (one per arena)", fn, p->name,
                                     p->value.data ? "grad" : "value");
     }
-    z = (dt_zero *)dt_alloc(ctx, sizeof *z);
-    if (!z) return DT_ERR_OOM;
-    memset(z, 0, sizeof *z);
+    return DT_OK;
+}
+
+/* The object with the desc resolved and its per-param and per-unit arrays; NULL (everything
+   freed) when out of memory. */
+static dt_zero *dt__pl_zero_new(dt_layout *l, dt_arena *a, const dt_zero_desc *d, const char *fn) {
+    dt_ctx *ctx = l->ctx;
+    dt_zero *z = (dt_zero *)dt_alloc_zeroed(ctx, sizeof *z);
+    if (!z) return NULL;
     z->ctx = ctx;
     z->l = l;
     z->a = a;
     z->dp = l->dp_comm;
-    z->stage = d.stage;
-    z->N = d.stage == 0 ? 1 : l->dp;
-    z->r = d.stage == 0 ? 0 : l->dp_rank;
+    z->stage = d->stage;
+    z->N = d->stage == 0 ? 1 : l->dp;
+    z->r = d->stage == 0 ? 0 : l->dp_rank;
     z->n_params = a->params->count;
     z->n_units = a->n_units;
-    z->prefetch = d.prefetch != -1;
+    z->prefetch = d->prefetch != -1;
     z->sync = 1;
     z->zp = (dt__pl_zp *)dt__pl_alloc_n(ctx, z->n_params, sizeof(dt__pl_zp), fn, "params");
     z->zu = (dt__pl_zu *)dt__pl_alloc_n(ctx, z->n_units, sizeof(dt__pl_zu), fn, "units");
     z->param_comms = (dt_comm **)dt__pl_alloc_n(ctx, z->n_params, sizeof(dt_comm *), fn, "comms");
-    if (!z->zp || !z->zu || !z->param_comms) st = DT_ERR_OOM;
-    if (!st) st = dt__pl_zgeometry(z, fn);
-    if (!st && z->stage >= 2) {
+    if (!z->zp || !z->zu || !z->param_comms) {
+        z->stage = -1; /* nothing of the arena was taken */
+        dt__pl_zero_release(z);
+        return NULL;
+    }
+    return z;
+}
+
+/* The shard buffers this rank keeps: its rows of the grads (stages 2-3) and of the values, one
+   buffer per dtype (stage 3). */
+static dt_status dt__pl_zero_buffers(dt_zero *z) {
+    int i, t;
+    if (z->stage >= 2) {
         int64_t n = 0;
         for (i = 0; i < z->n_params; i++) n += z->zp[i].n * z->zp[i].row_elems;
-        st = dt__pl_ztake(z, &z->sgrad, DT_F32, n, &z->base_grad);
+        DT__TRY(dt__pl_ztake(z, &z->sgrad, DT_F32, n, &z->base_grad));
     }
-    for (t = 1; t < DT_DTYPE_COUNT && !st && z->stage == 3; t++) {
+    for (t = 1; t < DT_DTYPE_COUNT && z->stage == 3; t++) {
         int64_t n = 0;
         int any = 0;
         for (i = 0; i < z->n_params; i++)
-            if ((int)a->params->items[i]->value.dtype == t) {
+            if ((int)z->a->params->items[i]->value.dtype == t) {
                 n += z->zp[i].n * z->zp[i].row_elems;
                 any = 1; /* even when this rank's rows are none: its params' views look into it */
             }
-        if (any) st = dt__pl_ztake(z, &z->sval[t], (dt_dtype)t, n, &z->base_param);
+        if (any) DT__TRY(dt__pl_ztake(z, &z->sval[t], (dt_dtype)t, n, &z->base_param));
     }
-    if (!st) st = dt__pl_zshard_set(z);
-    if (!st && z->stage == 0) {
+    return DT_OK;
+}
+
+/* Stage 0's bucketer over the arena's flat grads, then the optimizer over this rank's shard. */
+static dt_status dt__pl_zero_opt(dt_zero *z, const dt_zero_desc *d) {
+    dt_opt_desc od;
+    if (z->stage == 0) {
         dt_bucketer_desc bd;
         memset(&bd, 0, sizeof bd);
-        bd.bucket_bytes = bd.first_bucket_bytes = d.bucket_bytes;
-        bd.flat = &a->grads;
-        st = dt_bucketer_create(z->dp, &z->ddp, a->params, &bd);
+        bd.bucket_bytes = bd.first_bucket_bytes = d->bucket_bytes;
+        bd.flat = &z->a->grads;
+        DT__TRY(dt_bucketer_create(z->dp, &z->ddp, z->a->params, &bd));
     }
-    if (!st) {
-        od = d.opt;
-        od.comm = l->world;
-        od.norm.shard_comm = z->stage == 0 ? l->tp_comm : l->dp_comm;
-        od.norm.param_comms = z->param_comms;
-        od.norm.stage_comm = l->pp_comm;
-        st = dt_opt_create(ctx, &z->opt, &z->shard, &od);
+    od = d->opt;
+    od.comm = z->l->world;
+    od.norm.shard_comm = z->stage == 0 ? z->l->tp_comm : z->l->dp_comm;
+    od.norm.param_comms = z->param_comms;
+    od.norm.stage_comm = z->l->pp_comm;
+    return dt_opt_create(z->ctx, &z->opt, &z->shard, &od);
+}
+
+/* The arena gives up what the stage shards (nothing fails here). */
+static void dt__pl_zero_take_arena(dt_zero *z) {
+    dt_arena *a = z->a;
+    int i, t;
+    if (z->stage < 3)
+        for (t = 1; t < DT_DTYPE_COUNT; t++) z->base_param += dt_tensor_bytes(&a->values[t]);
+    if (z->stage < 2) {
+        z->base_grad += dt_tensor_bytes(&a->grads);
+        dt_tensor_fill(z->ctx, &a->grads, 0.0);
     }
+    if (z->stage >= 2) {
+        dt_tensor_free(z->ctx, &a->grads);
+        for (i = 0; i < z->n_params; i++) a->params->items[i]->grad.data = NULL;
+    }
+    if (z->stage == 3) {
+        for (t = 1; t < DT_DTYPE_COUNT; t++) dt_tensor_free(z->ctx, &a->values[t]);
+        for (i = 0; i < z->n_params; i++) a->params->items[i]->value.data = NULL;
+    }
+}
+
+DT_API dt_status dt_zero_create(dt_layout *l, dt_zero **out, dt_arena *a, const dt_zero_desc *desc) {
+    const char *fn = "dt_zero_create";
+    dt_zero_desc d;
+    dt_zero *z;
+    dt_ctx *ctx;
+    dt_status st;
+    if (out) *out = NULL;
+    if (!l) return DT_ERR_ARG;
+    ctx = l->ctx;
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    if (!a) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a is NULL", fn);
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    DT__TRY(dt__pl_zero_check(ctx, a, &d, fn));
+    if (!(z = dt__pl_zero_new(l, a, &d, fn))) return DT_ERR_OOM;
+    st = dt__pl_zgeometry(z, fn);
+    if (!st) st = dt__pl_zero_buffers(z);
+    if (!st) st = dt__pl_zshard_set(z);
+    if (!st) st = dt__pl_zero_opt(z, &d);
     if (st) {
         z->stage = -1; /* nothing of the arena was taken yet */
         dt__pl_zero_release(z);
         return st;
     }
-    /* nothing fails from here: take what the stage shards away from the arena */
-    if (z->stage < 3)
-        for (t = 1; t < DT_DTYPE_COUNT; t++) z->base_param += dt_tensor_bytes(&a->values[t]);
-    if (z->stage < 2) {
-        z->base_grad += dt_tensor_bytes(&a->grads);
-        dt_tensor_fill(ctx, &a->grads, 0.0);
-    }
-    if (z->stage >= 2) {
-        dt_tensor_free(ctx, &a->grads);
-        for (i = 0; i < z->n_params; i++) a->params->items[i]->grad.data = NULL;
-    }
-    if (z->stage == 3) {
-        for (t = 1; t < DT_DTYPE_COUNT; t++) dt_tensor_free(ctx, &a->values[t]);
-        for (i = 0; i < z->n_params; i++) a->params->items[i]->value.data = NULL;
-    }
+    dt__pl_zero_take_arena(z);
     z->peak = 0;
     dt__pl_znote(z);
     *out = z;
@@ -2904,9 +2924,8 @@ DT_API dt_status dt_pp_schedule_create(dt_ctx *ctx, dt_pp_schedule **out, const 
     if (!desc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_pp_schedule_create: desc is NULL");
     err = dt__pp_check_desc(ctx, desc, &p, &m, &v);
     if (err) return err;
-    s = (dt_pp_schedule *)dt_alloc(ctx, sizeof *s);
+    s = (dt_pp_schedule *)dt_alloc_zeroed(ctx, sizeof *s);
     if (!s) return DT_ERR_OOM;
-    memset(s, 0, sizeof *s);
     s->ctx = ctx;
     s->kind = desc->kind == DT_PP_DEFAULT ? DT_PP_1F1B : desc->kind;
     s->stages = p;
@@ -3430,9 +3449,8 @@ DT_API dt_status dt_trace_create(dt_comm *world, dt_trace **out) {
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_trace_create: out is NULL");
     st = dt_comm_barrier(world); /* the ranks start together: the picture starts at one moment */
     if (st) return st;
-    t = (dt_trace *)dt_alloc(ctx, sizeof *t);
+    t = (dt_trace *)dt_alloc_zeroed(ctx, sizeof *t);
     if (!t) return DT_ERR_OOM;
-    memset(t, 0, sizeof *t);
     t->ctx = ctx;
     t->world = world;
     t->rank = dt_comm_rank(world);
@@ -3787,9 +3805,8 @@ static dt_status dt__pp_buf_get(dt__pp_rt *r, int k, int zero, int *idx) {
     if (i == r->n_pool) {
         dt_status st;
         DT__TRY(dt_grow(r->ctx, (void **)&r->pool, &r->cap_pool, r->n_pool + 1, sizeof(dt__pp_buf *), "dt_pp_run"));
-        b = (dt__pp_buf *)dt_alloc(r->ctx, sizeof *b);
+        b = (dt__pp_buf *)dt_alloc_zeroed(r->ctx, sizeof *b);
         if (!b) return DT_ERR_OOM;
-        memset(b, 0, sizeof *b);
         st = dt_tensor_create(r->ctx, &b->t, d); /* zero-filled */
         if (st) {
             dt_release(r->ctx, b);

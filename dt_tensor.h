@@ -237,6 +237,8 @@ DT_API void dt_ctx_clear_error(dt_ctx *ctx);
 /* Raw counted host memory from the ctx allocator, 64-byte aligned. NULL on failure (with the
    ctx error set). dt_release(ctx, NULL) is a no-op. */
 DT_API void *dt_alloc(dt_ctx *ctx, size_t bytes);
+/* dt_alloc with every byte zero: a struct that starts with nothing set, or an array of counts. */
+DT_API void *dt_alloc_zeroed(dt_ctx *ctx, size_t bytes);
 DT_API void dt_release(dt_ctx *ctx, void *ptr);
 
 /* ==== >>tensors: create, view, copy, fill, cast, sizes ======================================== */
@@ -844,6 +846,12 @@ DT_API void *dt_alloc(dt_ctx *ctx, size_t bytes) {
     memcpy(p - 2 * sizeof(size_t), &raw, sizeof(void *));
     ctx->bytes_in_use += bytes;
     if (ctx->bytes_in_use > ctx->bytes_peak) ctx->bytes_peak = ctx->bytes_in_use;
+    return p;
+}
+
+DT_API void *dt_alloc_zeroed(dt_ctx *ctx, size_t bytes) {
+    void *p = dt_alloc(ctx, bytes);
+    if (p) memset(p, 0, bytes);
     return p;
 }
 
@@ -3701,9 +3709,8 @@ DT_API dt_status dt_params_add(dt_ctx *ctx, dt_params *ps, dt_param **out, const
         DT__TRY(dt_grow(ctx, (void **)&ps->items, &cap, (int64_t)ps->count + 1, sizeof(dt_param *), "dt_params"));
         ps->capacity = cap > 2147483647 ? 2147483647 : (int)cap;
     }
-    p = (dt_param *)dt_alloc(ctx, sizeof *p);
+    p = (dt_param *)dt_alloc_zeroed(ctx, sizeof *p);
     if (!p) return DT_ERR_OOM;
-    memset(p, 0, sizeof *p);
     memcpy(p->name, desc->name, strlen(desc->name) + 1);
     memset(&td, 0, sizeof td);
     td.dtype = desc->dtype;
@@ -3944,9 +3951,8 @@ DT_API dt_status dt_json_parse(dt_ctx *ctx, dt_json **out, const char *text, siz
     if (out) *out = NULL;
     if (!ctx) return DT_ERR_ARG;
     if (!text || !out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_json_parse: %s is NULL", text ? "out" : "text");
-    root = (dt_json *)dt_alloc(ctx, sizeof *root);
+    root = (dt_json *)dt_alloc_zeroed(ctx, sizeof *root);
     if (!root) return DT_ERR_OOM;
-    memset(root, 0, sizeof *root);
     p.ctx = ctx; p.s = text; p.n = len; p.i = 0; p.depth = 0;
     st = dt__jp_value(&p, root);
     if (!st) {
