@@ -379,7 +379,8 @@ typedef struct dt_bucketer_desc {
    registration order (the order backward produces them), a parameter never split. ps must not
    gain parameters while the bucketer lives. */
 DT_API dt_status dt_bucketer_create(dt_comm *c, dt_bucketer **out, dt_params *ps, const dt_bucketer_desc *desc);
-/* p's grad is final for this step: copies it into its bucket; when a bucket is full, launches its
+/* p's grad is final for this step: copies it into its bucket (unless the grads already live
+   there: grad_views, flat); when every grad of a bucket is ready, launches its
    async all-reduce (buckets go out in order, so every rank launches the same sequence). */
 DT_API dt_status dt_bucketer_mark_ready(dt_bucketer *b, dt_param *p);
 /* Treats unmarked params as ready, launches what is left, waits for every bucket and writes the

@@ -1097,7 +1097,9 @@ static dt_status dt__valid(dt_ctx *ctx, const dt_tensor *t, const char *fn, cons
         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s.numel = %lld does not match its shape", fn, arg,
                                 (long long)t->numel);
     if (!t->data)
-        return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: %s has no data (freed or never created)", fn, arg);
+        return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: %s has no data (freed or never created; the grads of a "
+                                "ZeRO 2-3 arena exist only from dt_zero_backward_begin to dt_zero_step: was it "
+                                "called before this backward?)", fn, arg);
     return DT_OK;
 }
 
@@ -2140,11 +2142,10 @@ DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor 
    whatever the thread count.
 
    Why not libmvec (glibc's _ZGVbN4v_expf / _ZGVdN8v_expf, linked by -lm on glibc >= 2.22, tanhf
-   from 2.35)? Its AVX2 form is faster than the polynomial below (libm's scalar expf is slower
-   than both), but it exists only with glibc on x86-64, its ifunc picks a different
+   from 2.35)? It exists only with glibc on x86-64, its ifunc picks a different
    implementation per CPU (so two ranks on different machines could differ in the last bit), and
    it has no scalar twin to test against. The polynomial here is portable C99 + SSE2, gives the
-   same bits on every x86-64 and on the scalar path, and its error is measured (dt__v_exp). */
+   same bits on every x86-64 and on the scalar path, and its error is bounded (dt__v_exp). */
 #ifdef DT__TENSOR_SSE2
 typedef __m128 dt__v4;
 static inline dt__v4 dt__v_set(float a) { return _mm_set1_ps(a); }
@@ -2237,9 +2238,8 @@ static inline void dt__v_st(float *p, int64_t c, int64_t n, dt__v4 a) {
 
 /* exp, Cephes' expf on 4 lanes: n = round(x / ln 2) (by adding 1.5 * 2^23), r = x - n ln 2 in two
    parts (Cody-Waite, exact for |n| <= 127), exp(r) by Cephes' degree-7 minimax polynomial on
-   [-ln2/2, ln2/2], times 2^n from the exponent bits. Max error measured against exp() in double
-   on 2 million points of [-87.3, 88] and 2 million of [-1, 1]: 0.97 ulp (libm's expf: 0.5;
-   tests/test_tensor_ops_simd.c asserts <= 1). Below x = -87.68 (exp < 8e-39, subnormal) the result
+   [-ln2/2, ln2/2], times 2^n from the exponent bits: within 1 ulp of exp() in double
+   (tests/test_tensor_ops_simd.c checks it on [-87.3, 88] and [-1, 1]). Below x = -87.68 (exp < 8e-39, subnormal) the result
    is +0 (libm gives subnormals there), down to -87.68 subnormals; NaN stays NaN. */
 static inline dt__v4 dt__v_exp(dt__v4 x) {
     dt__v4 xc = dt__v_max(dt__v_set(DT__EXP_LO), dt__v_min(dt__v_set(DT__EXP_HI), x)); /* NaN passes */

@@ -18,12 +18,12 @@
    CPU to compare them without a GPU.
 
    Contents (each marker finds this line and its section; the kernels are in the .cu file named):
-       >>elementwise   bias, relu, gelu, add, scale, axpy, mul, casts       dt_elementwise.cu
-       >>reduce        sum, sumsq, layernorm                                dt_reduce.cu
+       >>elementwise   bias, relu, gelu, add, axpy, mul, casts              dt_elementwise.cu
+       >>reduce        layernorm                                            dt_reduce.cu
        >>xent          fused softmax + cross entropy                        dt_softmax.cu
        >>attention     causal attention, plain and flash                    dt_attention.cu
        >>embedding     embedding, sharded tables, GPU hash map, dot         dt_embed.cu, dt_hash.cu
-       >>opt           SGD, Adam, Adagrad updates, gradient pass, unscale   dt_opt.cu
+       >>opt           SGD, Adam, Adagrad updates, the gradient pass        dt_opt.cu
        >>embcopies     the owner side of dt_embed's CUDA forward: copies    dt_embed_copies.cu
        >>gemm          matmul through cuBLAS                                dt_gemm.cu
        >>tp            vocab-parallel embedding and cross entropy, concat   dt_parallel.cu

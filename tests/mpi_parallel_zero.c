@@ -478,6 +478,15 @@ static void call_order(void) {
         st = dt_zero_step(m.z, NULL);
         state_error("step_without_backward_begin_is_named", stage, st, "no dt_zero_backward_begin");
         model_free(&m);
+        if (stage >= 2) { /* a backward op without dt_zero_backward_begin: the grads do not exist yet */
+            model_init(&m, world, DT_F32, stage, 1);
+            OK(dt_zero_micro_begin(m.z, &seed, 0));
+            OK(dt_zero_gather(m.z, 2));
+            st = dt_axpy(&C, &m.p[5]->grad, 1.0f, &m.p[5]->value); /* l3.w's grad += (a backward's write) */
+            state_error("backward_op_without_backward_begin_names_it", stage, st, "dt_zero_backward_begin");
+            OK(dt_zero_release(m.z, 2));
+            model_free(&m);
+        }
         /* dt_zero_grad_ready twice for a unit */
         model_init(&m, world, DT_F32, stage, 1);
         OK(dt_zero_micro_begin(m.z, &seed, 0));

@@ -147,7 +147,7 @@ static float train(dt_ctx *ctx, dt_comm *comm, const opts *o, dt_params *ps, mod
     m->w3 = add(ctx, ps, "fc3.w", CLASSES, o->hidden, o->seed); m->b3 = add(ctx, ps, "fc3.b", CLASSES, 0, o->seed);
     CHECK(dt_bucketer_create(comm, &bk, ps, NULL));
     acts_make(ctx, &a, nr, o->hidden);
-    if (rank == 0 && o->log && !(log = fopen(o->log, "w"))) { fprintf(stderr, "mlp: cannot write %s\n", o->log); exit(1); }
+    if (rank == 0 && o->log && !(log = fopen(o->log, "w"))) { fprintf(stderr, "mlp: cannot write %s\n", o->log); dt_comm_abort(comm, 1); }
     if (rank == 0 && !o->quiet)
         printf("mlp: %lld params, %d steps of batch %d on %d rank%s (%d rows each%s), lr %g, seed %llu\n",
                (long long)dt_params_numel(ps), o->steps, o->batch, n, n > 1 ? "s" : "", nr, o->batch % n ? " or so" : "",
