@@ -4,9 +4,10 @@
      dlrm_empty_local_batch_*   a rank with an empty (micro-)batch (--batch 3 at np 4, --batch 8
                                 --accum 4 at np 3 and 4) trains: same final loss as np 1
                                 (within DENSE_REL(6), the fp32 bound of tests/mpi_dlrm.c)
-     dlrm_table_rows_*          20 steps at np 1 and np 4, checkpointed: every row of every
-                                table agrees (SGD: within DENSE_REL(20) (|w| + lr); Adagrad: beyond that
-                                only within its largest movement 2 lr steps, see table_rows())
+     dlrm_table_rows_*          np 1 and np 4 (np 2 when quick), checkpointed: every row of every
+                                table agrees (SGD 20 steps: within DENSE_REL(20) (|w| + lr); Adagrad 3
+                                steps: the same bound, beyond it only where the row's gradients are
+                                rounding noise (sum near 0), see table_rows())
      dlrm_bin_*                 FILE.tsv.bin is reused only when converted from the same TSV
                                 (size, mtime) with the same table sizes and --skip-bad; each
                                 difference converts again, saying what differed
@@ -167,7 +168,7 @@ static float *load_table(const char *dir, const char *t, int64_t *rows, int64_t 
     return out;
 }
 
-/* 20 steps at np 1 and at np `np`, the same flags, each saving its step-20 checkpoint; every
+/* N steps at np 1 and at np `np` (SGD 20, Adagrad 3), the same flags, each saving its last checkpoint; every
    row of every table compared. The tables' own arithmetic is exact (a row is updated by its
    owner from the same gradient sums, in the same order, whatever the sharding); what differs
    is the dense part: the ranks' MLP gradients are all-reduced in rank order, one process sums
@@ -176,34 +177,38 @@ static float *load_table(const char *dir, const char *t, int64_t *rows, int64_t 
    relative difference of the dense part at step t by t x 10 x 512 x u (u = 2^-24: sums of at
    most 512 terms, at most 10 of them chained per step; the BLAS's blocking, which
    OPENBLAS_CORETYPE and even buffer alignment change, is just another order).
-   SGD: a row moves by -lr * g each step, smoothly in g, so the rows differ by at most that
-   relative bound of step 20 times how far they can have moved: |a - b| <= DENSE_REL(20) (|a| + emb_lr).
-   Adagrad: each update is lr * g_t / sqrt(G_t + eps) with G_t = sum of g_s^2 so far, at most
-   lr in size. Where one step's gradient of a row is small next to its rounding (contributions
-   that cancel) that step is ~lr * sign(noise), whose sign differs between sum orders, and the
-   later steps, divided by G_t, carry it: then the only bound is the two runs' largest joint
-   movement, 2 * lr * steps. So an Adagrad value beyond the SGD bound passes within that bound,
-   and the count of such values is reported. */
+   SGD, 20 steps: a row moves by -lr * g each step, smoothly in g, so the rows differ by at most
+   that relative bound of step 20 times how far they can have moved:
+   |a - b| <= DENSE_REL(20) (|a| + emb_lr).
+   Adagrad, 3 steps: each update is lr * g_t / sqrt(G_t + eps) with G_t = sum of g_s^2 so far,
+   smooth in g where G_t is not small, so the same bound holds there (DENSE_REL(3)). Where a row's
+   gradients are small next to their rounding (contributions that cancel, G_t below (1e-3)^2 per
+   step, the saved "sum") a step is ~lr * sign(noise), whose sign differs between sum orders:
+   there the only bound is the two runs' largest joint movement, 2 lr steps, and such values are
+   counted. Only 3 steps: this config's loss spikes at step 2 (14.2), and from there the
+   trajectory amplifies rounding differences exponentially (by step 20 the loss differs by 7e-5
+   relative between BLAS kernels of one process, tests/mpi_dlrm.c), so a per-row bound over 20
+   Adagrad steps could only be the 2 lr steps that catches nothing. */
 static void table_rows(const char *opt, int np, const char *extra) {
     char flags[1024], out[512], dir1[512], dirn[512], name[200], t[64], ts[64];
     const char *tmp = dt_test_tmpdir();
     double emb_lr = !strcmp(opt, "sgd") ? 0.1 : 0.05, worst = 0;
     long long beyond = 0, values = 0;
-    int f, ok = 1, is_sgd = !strcmp(opt, "sgd");
+    int f, ok = 1, is_sgd = !strcmp(opt, "sgd"), steps = is_sgd ? 20 : 3;
     snprintf(dir1, sizeof dir1, "%s/rows_%s_np1", tmp, opt);
     snprintf(dirn, sizeof dirn, "%s/rows_%s_np%d", tmp, opt, np);
-    snprintf(flags, sizeof flags, "--steps 20 --seed 7 --batch 256 --opt %s --quiet --eval-every 1000 --eval-samples 512 --ckpt %s %s",
-             opt, dir1, extra);
+    snprintf(flags, sizeof flags, "--steps %d --seed 7 --batch 256 --opt %s --quiet --eval-every 1000 --eval-samples 512 --ckpt %s %s",
+             steps, opt, dir1, extra);
     snprintf(out, sizeof out, "%s/rows_%s_np1.out", tmp, opt);
     snprintf(name, sizeof name, "dlrm_table_rows_%s_np1_runs", opt);
     if (!dt_test_expect(name, run_dlrm(1, flags, out, NULL, 0) == 0, "see %s", out)) return;
-    snprintf(flags, sizeof flags, "--steps 20 --seed 7 --batch 256 --opt %s --quiet --eval-every 1000 --eval-samples 512 --ckpt %s %s",
-             opt, dirn, extra);
+    snprintf(flags, sizeof flags, "--steps %d --seed 7 --batch 256 --opt %s --quiet --eval-every 1000 --eval-samples 512 --ckpt %s %s",
+             steps, opt, dirn, extra);
     snprintf(out, sizeof out, "%s/rows_%s_np%d.out", tmp, opt, np);
     snprintf(name, sizeof name, "dlrm_table_rows_%s_np%d_runs", opt, np);
     if (!dt_test_expect(name, run_dlrm(np, flags, out, NULL, 0) == 0, "see %s", out)) return;
-    strcat(dir1, "/embed/step_00000020");
-    strcat(dirn, "/embed/step_00000020");
+    snprintf(dir1 + strlen(dir1), sizeof dir1 - strlen(dir1), "/embed/step_%08d", steps);
+    snprintf(dirn + strlen(dirn), sizeof dirn - strlen(dirn), "/embed/step_%08d", steps);
     for (f = 1; f <= F && ok; f++) {
         int64_t r1, d1, rn, dn, i;
         float *a, *b, *sa = NULL;
@@ -218,15 +223,16 @@ static void table_rows(const char *opt, int np, const char *extra) {
                                      (long long)r1, (long long)d1, np, (long long)rn, (long long)dn);
         } else {
             for (i = 0; i < r1 * d1 && ok; i++) {
-                double diff = fabs((double)a[i] - (double)b[i]), bound = DENSE_REL(20) * (fabs((double)a[i]) + emb_lr);
+                double diff = fabs((double)a[i] - (double)b[i]), bound = DENSE_REL(steps) * (fabs((double)a[i]) + emb_lr);
                 values++;
                 if (diff / (fabs((double)a[i]) + emb_lr) > worst && diff <= bound) worst = diff / (fabs((double)a[i]) + emb_lr);
                 if (diff <= bound) continue;
-                if (!is_sgd && diff <= 2 * emb_lr * 20) { beyond++; continue; } /* a rounding-noise Adagrad step */
+                if (!is_sgd && sa[i] < 1e-6 * steps && diff <= 2 * emb_lr * steps) { beyond++; continue; } /* noise */
                 snprintf(name, sizeof name, "dlrm_table_rows_%s_np%d_equal_np1", opt, np);
                 dt_test_fail(name, "%s row %lld col %lld: np 1 %.9g, np %d %.9g (|diff| %.3g > %.3g%s)", t,
                              (long long)(i / d1), (long long)(i % d1), a[i], np, b[i], diff, bound,
-                             is_sgd ? "" : "; beyond Adagrad's largest movement 2 lr steps");
+                             is_sgd ? "" : sa[i] < 1e-6 * steps ? "; beyond Adagrad's largest movement 2 lr steps" :
+                             "; its Adagrad sum is not near 0");
                 ok = 0;
             }
         }
