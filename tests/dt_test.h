@@ -242,6 +242,16 @@ DT_TEST__FN int dt_test_quick(void) {
     return q && q[0] == '1';
 }
 
+/* 1 when a driver of examples' binaries should keep to its 2-rank runs: under quick, and in the
+   sanitizer build, which instruments the driver, not the example it starts (a plain binary). */
+DT_TEST__FN int dt_test_short_run(void) {
+#ifdef __SANITIZE_ADDRESS__
+    return 1;
+#else
+    return dt_test_quick();
+#endif
+}
+
 /* The exit status for main: 0 iff no check failed, on any rank. With MPI running it is
    collective: call it on every rank, before MPI_Finalize. */
 DT_TEST__FN int dt_test_finish(void) {

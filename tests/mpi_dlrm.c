@@ -18,14 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The sanitizer build instruments this driver, not build/examples/dlrm (the plain run's binary):
-   there, and under tests/run.sh quick, the driver keeps to its 2-rank runs. */
-#ifdef __SANITIZE_ADDRESS__
-#define SHORT_RUN 1
-#else
-#define SHORT_RUN dt_test_quick()
-#endif
-
 #define STEPS 20
 /* The dense grads are summed over ranks in rank order, one process sums its whole batch in GEMM
    order (and the BLAS picks its own blocking: OPENBLAS_CORETYPE, the thread count, even the
@@ -68,7 +60,7 @@ static void equal_at_every_np(const char *name, const char *flags) {
     char cmd[2048], log[512], out[512], check[160];
     int np, s;
     const char *tmp = dt_test_tmpdir();
-    for (np = 1; np <= (SHORT_RUN ? 2 : 4); np++) {
+    for (np = 1; np <= (dt_test_short_run() ? 2 : 4); np++) {
         double worst = 0;
         int worst_step = 0, n;
         snprintf(log, sizeof log, "%s/%s_np%d.jsonl", tmp, name, np);
@@ -177,7 +169,7 @@ int main(void) {
     equal_at_every_np("dlrm_mixed_plan", "--rows 100000 --row-wise-over 50000");
     equal_at_every_np("dcn", "--arch dcn --rows 4096");
     equal_at_every_np("dlrm_accum2_sgd", "--accum 2 --opt sgd --rows 4096");
-    if (SHORT_RUN) return dt_test_finish();
+    if (dt_test_short_run()) return dt_test_finish();
     resume_continues("dlrm_resume_same_np", 2, 2, 0);
     resume_continues("dlrm_resume_np4_to_np2", 4, 2, step_bound(10));
     tsv_errors();

@@ -79,14 +79,6 @@ static char *slurp(const char *path) {
     return s;
 }
 
-/* The sanitizer build instruments this driver, not build/examples/dlrm (the plain run's binary):
-   there, and under tests/run.sh quick, the driver keeps to its 2-rank runs. */
-#ifdef __SANITIZE_ADDRESS__
-#define SHORT_RUN 1
-#else
-#define SHORT_RUN dt_test_quick()
-#endif
-
 /* The relative fp32 bound on the dense part after t steps (tests/mpi_dlrm.c's step_bound): sums
    of at most 512 terms, 10 chained per step, u = 2^-24. */
 #define DENSE_REL(t) ((double)(t) * 10 * 512 * 5.9604644775390625e-8)
@@ -463,7 +455,7 @@ int main(void) {
         return dt_test_finish();
     }
     fclose(fp);
-    if (SHORT_RUN) { /* the tables' equivalence at 2 ranks only */
+    if (dt_test_short_run()) { /* the tables' equivalence at 2 ranks only */
         table_rows("sgd", 2, "--rows 100000 --row-wise-over 50000");
         table_rows("adagrad", 2, "--rows 100000 --row-wise-over 50000");
         return dt_test_finish();

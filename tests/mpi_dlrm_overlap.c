@@ -42,21 +42,13 @@ static int losses(const char *path, double *out, int n) {
     return k;
 }
 
-/* The sanitizer build instruments this driver, not build/examples/dlrm (the plain run's binary):
-   there, and under tests/run.sh quick, the driver keeps to its 2-rank runs. */
-#ifdef __SANITIZE_ADDRESS__
-#define SHORT_RUN 1
-#else
-#define SHORT_RUN dt_test_quick()
-#endif
-
 /* --overlap 1 against --overlap 0 at np 2 and 4: every step's logged loss equal. */
 static void overlap_equal(const char *name, const char *flags) {
     double a[STEPS], b[STEPS];
     char cmd[2048], log[512], out[512], check[160];
     int np, ov, s, n[2] = {0, 0};
     const char *tmp = dt_test_tmpdir();
-    for (np = 2; np <= (SHORT_RUN ? 2 : 4); np += 2) {
+    for (np = 2; np <= (dt_test_short_run() ? 2 : 4); np += 2) {
         for (ov = 0; ov < 2; ov++) {
             snprintf(log, sizeof log, "%s/%s_np%d_ov%d.jsonl", tmp, name, np, ov);
             snprintf(out, sizeof out, "%s/%s_np%d_ov%d.out", tmp, name, np, ov);
