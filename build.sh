@@ -268,23 +268,35 @@ build_cuda_program() {
 }
 
 # build/kernels/*.o and build/kernels/libdt_kernels.a from kernels/*.cu, when nvcc exists.
+# build_kernel CU OBJ: one nvcc compile; its log, and its failure shown, as build_program's.
+build_kernel() {
+    local cu=$1 obj=$2 log
+    log=build/logs/kernel_$(basename "$cu").log
+    if "$DT_NVCC" -c $DT_NVCC_FLAGS -I"$ROOT" -I"$ROOT/kernels" "$cu" -o "$obj" >"$log" 2>&1; then
+        echo "built $obj"
+    else
+        echo "FAILED $cu (log: $log)"
+        head -n 40 "$log"
+        rm -f "$obj"
+        return 1
+    fi
+}
+
+# Every kernels/*.cu, nproc at a time (nvcc runs one file on one core for tens of seconds).
 build_kernels() {
-    local cu obj ok=0 objs=()
+    local cu obj ok=0 objs=() max_jobs failed=build/logs/kernels_failed
+    max_jobs=$(nproc 2>/dev/null || echo 2)
+    mkdir -p build/kernels build/logs
+    rm -f "$failed"
     for cu in kernels/*.cu; do
         obj=build/kernels/$(basename "${cu%.cu}").o
         objs+=("$obj")
         up_to_date "$obj" "$cu" kernels/*.h kernels/*.cuh dt_*.h build.sh && continue
-        mkdir -p build/kernels build/logs
-        if "$DT_NVCC" -c $DT_NVCC_FLAGS -I"$ROOT" -I"$ROOT/kernels" "$cu" -o "$obj" \
-            >"build/logs/kernel_$(basename "$cu").log" 2>&1; then
-            echo "built $obj"
-        else
-            echo "FAILED $cu (log: build/logs/kernel_$(basename "$cu").log)"
-            head -n 40 "build/logs/kernel_$(basename "$cu").log"
-            rm -f "$obj"
-            ok=1
-        fi
+        while [ "$(jobs -rp | wc -l)" -ge "$max_jobs" ]; do wait -n || true; done
+        { build_kernel "$cu" "$obj" || echo "$cu" >>"$failed"; } &
     done
+    wait
+    [ -f "$failed" ] && ok=1
     if [ $ok -eq 0 ] && [ ${#objs[@]} -gt 0 ]; then
         rm -f build/kernels/libdt_kernels.a
         ar rcs build/kernels/libdt_kernels.a "${objs[@]}"

@@ -628,15 +628,16 @@ run_emu() {
         modes=$(sed -n 's|^//[[:space:]]*emu-modes:[[:space:]]*\([a-z:0-9 ]*\).*|\1|p' "tests/cuda_emu/$name.cpp" | head -n 1)
         [ -n "$modes" ] || modes="${EMU_MODES[*]}"
         for mode in $modes; do
-            run_prog "$name [$mode]" "" " [$mode]" env DT_EMU_MODE="$mode" "$E/$name"
+            run_bg "$name [$mode]" "" " [$mode]" env DT_EMU_MODE="$mode" "$E/$name"
         done
     done
     for name in "${EMU_TESTS[@]}"; do
         emu_no_tsan "tests/cuda_emu/$name.cpp" && continue
         step_ok "tsan:$name" "$E/tsan/$name" "emu_tsan_$name" || continue
-        run_prog "tsan:$name" "tsan:" "" env DT_EMU_MODE=parallel DT_K_SMALL=1 \
+        run_bg "tsan:$name" "tsan:" "" env DT_EMU_MODE=parallel DT_K_SMALL=1 \
             TSAN_OPTIONS="halt_on_error=0:exitcode=66:history_size=4" "$E/tsan/$name" tsan
     done
+    run_bg_flush
 }
 
 # --- running -----------------------------------------------------------------------------------
@@ -665,19 +666,60 @@ probe_sanitizers() {
 # named LABEL, when the program crashed, timed out, exited non-zero without a FAIL line, or
 # printed no check line at all.
 run_prog() {
-    local label=$1 prefix=$2 suffix=$3
-    shift 3
-    local safe=${label// \[np=/.np} # "mpi_x [np=2]" -> mpi_x.np2, "asan:test_x" -> asan_test_x
+    run_exec "$1" "${@:4}"
+    run_report "$1" "$2" "$3"
+}
+
+# run_log LABEL: the log of a run ("mpi_x [np=2]" -> run_mpi_x.np2.log, "asan:test_x" ->
+# run_asan_test_x.log); run_exec leaves its exit status and seconds beside it (.rc, .secs).
+run_log() {
+    local safe=${1// \[np=/.np}
     safe=${safe//]/}
     safe=${safe//[^A-Za-z0-9_.-]/_}
-    local log=$L/run_$safe.log tmp=$ROOT/$T/tmp/$safe t0=$EPOCHREALTIME rc
+    echo "$L/run_$safe.log"
+}
+
+# run_exec LABEL CMD...: runs CMD (timeout, no stdin, its own scratch DT_TEST_TMPDIR) into its log.
+run_exec() {
+    local label=$1
+    shift
+    local log tmp t0=$EPOCHREALTIME rc
+    log=$(run_log "$label")
+    tmp=$ROOT/$T/tmp/$(basename "${log%.log}")
     rm -rf "$tmp" && mkdir -p "$tmp"
     # The subshell (kept from exec'ing timeout by the "exit") takes bash's own "Segmentation
     # fault" notice to /dev/null: the crash is reported below, with the program's name.
     (DT_TEST_TMPDIR=$tmp timeout -k 10 "$TIMEOUT" "$@" </dev/null >"$log" 2>&1; exit $?) 2>/dev/null
     rc=$?
-    local secs
-    secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f", b - a}')
+    echo "$rc" >"$log.rc"
+    awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f\n", b - a}' >"$log.secs"
+}
+
+# Runs of one-process programs that neither time themselves nor share files go JOBS at a time
+# (the emulator's runs: 2 cores halve their time); run_bg_flush reports them in start order.
+BG_RUNS=()
+run_bg() {
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+    run_exec "$1" "${@:4}" &
+    BG_RUNS+=("$1"$'\t'"$2"$'\t'"$3")
+}
+run_bg_flush() {
+    local row label prefix suffix
+    wait
+    for row in "${BG_RUNS[@]}"; do
+        IFS=$'\t' read -r label prefix suffix <<<"$row"
+        run_report "$label" "$prefix" "$suffix"
+    done
+    BG_RUNS=()
+}
+
+# run_report LABEL PREFIX SUFFIX: the checks of a finished run, each name PREFIX name SUFFIX, and
+# a failure of its own when it crashed, timed out, or printed no check.
+run_report() {
+    local label=$1 prefix=$2 suffix=$3 log rc secs
+    log=$(run_log "$label")
+    rc=$(cat "$log.rc" 2>/dev/null || echo 1)
+    secs=$(cat "$log.secs" 2>/dev/null || echo 0)
     echo "-- $label (${secs}s)"
     RUNTIMES+=("$secs $label")
 
