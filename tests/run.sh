@@ -517,6 +517,19 @@ spawn_emu_objects() {
     emu_stale "$E/tsan/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp
     spawn step emu_runtime_tsan "$E/tsan/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp \
         $EMU_CXX -O2 -DDT_EMU_TSAN $EMU_INC -c tests/cuda_emu/cuda_emu.cpp -o "$E/tsan/cuda_emu.o"
+    # the five implementations (tests/dt_impl.c as C++), without and with DT_CUDA, plain and TSan:
+    # linked into each k_*.cpp that does not define DT_IMPLEMENTATION itself (emu_impl)
+    selected cuda_emu && for o in plain cuda; do
+        mkdir -p "$E/impl/tsan"
+        local def=
+        [ $o = cuda ] && def=-DDT_CUDA
+        emu_stale "$E/impl/$o.o" tests/dt_impl.c
+        spawn step "emu_impl_$o" "$E/impl/$o.o" tests/dt_impl.c $EMU_CXX -O1 $def $EMU_INC -x c++ -c tests/dt_impl.c \
+            -o "$E/impl/$o.o"
+        emu_stale "$E/impl/tsan/$o.o" tests/dt_impl.c
+        spawn step "emu_impl_tsan_$o" "$E/impl/tsan/$o.o" tests/dt_impl.c $EMU_CXX -O1 $EMU_TSAN $def $EMU_INC -x c++ \
+            -c tests/dt_impl.c -o "$E/impl/tsan/$o.o"
+    done
     for cu in kernels/*.cu; do
         o=$(basename "${cu%.cu}").o
         emu_stale "$E/obj/$o" "$cu"
@@ -531,18 +544,31 @@ spawn_emu_objects() {
 # TSan costs minutes).
 emu_no_tsan() { grep -qE '^//[[:space:]]*emu-tsan:[[:space:]]*skip' "$1"; }
 
+# emu_impl SRC: the implementation object a k_*.cpp links (empty when it defines
+# DT_IMPLEMENTATION itself, or includes an example's .c that does): $E/impl/cuda.o when it
+# defines DT_CUDA, else $E/impl/plain.o; with "tsan", the ThreadSanitizer one.
+emu_impl() {
+    grep -qE '^#[[:space:]]*define[[:space:]]+DT_IMPLEMENTATION|^#[[:space:]]*include[[:space:]]+"[^"]*\.c"' "$1" && return 0
+    local dir=$E/impl
+    [ "${2:-}" = tsan ] && dir=$E/impl/tsan
+    if grep -qE '^#[[:space:]]*define[[:space:]]+DT_CUDA' "$1"; then echo "$dir/cuda.o"; else echo "$dir/plain.o"; fi
+}
+
 # After the objects: each test program, linked with all of them.
 spawn_emu_tests() {
-    local src name
+    local src name impl
     selected cuda_emu || return 0
     for src in tests/cuda_emu/k_*.cpp; do
         name=$(basename "${src%.cpp}")
         EMU_TESTS+=("$name")
-        emu_stale "$E/$name" "$E"/obj/*.o
-        spawn step "emu_$name" "$E/$name" "$src" $EMU_CXX -O1 $EMU_INC "$src" "$E"/obj/*.o -o "$E/$name" $DT_LIBS -lpthread
+        impl=$(emu_impl "$src")
+        emu_stale "$E/$name" "$E"/obj/*.o $impl
+        spawn step "emu_$name" "$E/$name" "$src" $EMU_CXX -O1 $EMU_INC "$src" $impl "$E"/obj/*.o -o "$E/$name" $DT_LIBS \
+            -lpthread
         emu_no_tsan "$src" && continue
-        emu_stale "$E/tsan/$name" "$E"/tsan/*.o
-        spawn step "emu_tsan_$name" "$E/tsan/$name" "$src" $EMU_CXX -O1 $EMU_TSAN $EMU_INC "$src" "$E"/tsan/*.o \
+        impl=$(emu_impl "$src" tsan)
+        emu_stale "$E/tsan/$name" "$E"/tsan/*.o $impl
+        spawn step "emu_tsan_$name" "$E/tsan/$name" "$src" $EMU_CXX -O1 $EMU_TSAN $EMU_INC "$src" $impl "$E"/tsan/*.o \
             -o "$E/tsan/$name" $DT_LIBS -lpthread
     done
 }

@@ -4,7 +4,6 @@
 // size over 64 (the backward's 16-row tiles); the fused backward is also the same bits twice.
 #include <cuda_runtime.h>
 #include <vector>
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "kernels/dt_kernels.h"
 #include "tests/dt_test.h"

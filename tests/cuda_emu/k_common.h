@@ -1,6 +1,7 @@
 /* tests/cuda_emu/k_common.h - what the emulated kernel tests (tests/cuda_emu/k_*.cpp) share:
    device buffers, random inputs and CPU tensors for the reference ops of dt_tensor.h.
-   The test file defines DT_IMPLEMENTATION before including dt_tensor.h, then includes this. */
+   The test file includes dt_tensor.h, then this; tests/run.sh links the implementations
+   (tests/dt_impl.c, compiled once for the emulator, with DT_CUDA when the test defines it). */
 #ifndef DT_K_COMMON_H
 #define DT_K_COMMON_H
 

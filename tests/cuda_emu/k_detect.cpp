@@ -8,7 +8,6 @@
    planted kernel has a control: the same code without the bug, which must pass in that mode.
    Also the parts of the runtime kern's kernels lean on: atomics, ballots, cuBLAS through CBLAS.
    tests/run.sh runs it in every DT_EMU_MODE, and built with TSan with the argument "tsan". */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "k_common.h"
 #include "dt_cuda.cuh"

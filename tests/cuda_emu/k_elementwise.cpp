@@ -1,7 +1,6 @@
 /* tests/cuda_emu/k_elementwise.cpp - kernels/dt_elementwise.cu on the CUDA emulator against the
    dt_tensor.h CPU ops on random inputs (tests/run.sh runs it in every DT_EMU_MODE and under TSan).
    Elementwise kernels do the CPU's float arithmetic per element, so most checks are near-exact. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "k_common.h"
 

@@ -6,7 +6,6 @@
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <vector>
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

@@ -3,7 +3,6 @@
 // same ranges (the CPU path of dt_embed.h copies them one by one).
 #include <cuda_runtime.h>
 #include <vector>
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "kernels/dt_kernels.h"
 #include "tests/dt_test.h"

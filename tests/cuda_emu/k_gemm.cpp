@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 #include <vector>
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "kernels/dt_kernels.h"
 #include "tests/dt_test.h"

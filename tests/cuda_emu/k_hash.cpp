@@ -10,7 +10,6 @@
 #include <map>
 #include <unordered_map>
 #include <vector>
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

@@ -5,7 +5,6 @@
 #include <math.h>
 #include <vector>
 #define DT_CUDA
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "tests/dt_test.h"
 

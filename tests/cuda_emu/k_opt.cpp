@@ -4,7 +4,6 @@
 // with f32 master weights, and bf16 / f16 values without.
 #include <cuda_runtime.h>
 #include <vector>
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

@@ -14,7 +14,6 @@
 #include <cuda_runtime.h>
 #include <vector>
 #define DT_CUDA
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

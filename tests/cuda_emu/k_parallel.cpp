@@ -7,11 +7,11 @@
 #include <math.h>
 #include <vector>
 #define DT_CUDA
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"
 #include "dt_parallel.h"
+#include "dt_kernels.h" /* the launchers it calls directly (the implementation includes it too) */
 #include "tests/dt_test.h"
 
 static dt_ctx ctx;

@@ -2,7 +2,6 @@
    dt_tensor.h's CPU ops on random inputs, in every DT_EMU_MODE and under TSan. The kernels sum
    in a different order than the CPU (trees of warps), so values agree to a relative 1e-5; the
    dw/db column sums are the CPU's own order and agree to 1e-6. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "k_common.h"
 

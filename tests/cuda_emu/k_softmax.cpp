@@ -2,7 +2,6 @@
    emulator against dt_softmax_xent_fwd / _bwd of dt_tensor.h, in every DT_EMU_MODE and under
    TSan. The forward keeps a logsumexp per row, the probabilities are written from it: loss and
    gradient must be the CPU's (relative 1e-5). */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "k_common.h"
 
