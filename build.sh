@@ -329,8 +329,11 @@ build_all() {
     elif [ -n "$DT_NVCC" ]; then
         build_kernels || kernels_ok=1
         # examples/<dir>/<name>.c -> build/examples/cuda/<name>, -DDT_CUDA (they run on a GPU
-        # when one is present and their code asks for it; the CPU path is the same program)
+        # when one is present and their code asks for it; the CPU path is the same program). Only
+        # the examples with a CUDA path (their code names DT_CUDA: gpt, dlrm, mlp): built with
+        # -DDT_CUDA, the others (examples/tutorial) would be their CPU program again.
         for src in examples/*/*.c; do
+            grep -q DT_CUDA "$src" || continue
             name=$(basename "${src%.c}")
             while [ "$(jobs -rp | wc -l)" -ge "$max_jobs" ]; do wait -n || true; done
             { build_cuda_program "$src" "build/examples/cuda/$name" || echo "examples/cuda/$name" >>"$failed_list"; } &
