@@ -206,6 +206,19 @@ typedef struct dt_ctx_desc {
 
 #define DT_ERROR_MAX 512
 
+/* What a ctx asked of the device since dt_ctx_counters_reset: the proof that a training step
+   stays on the GPU. Every device allocation, free, host<->device copy and host wait that dt makes
+   goes through the dt_cuda_* calls below, which count here (a CPU ctx keeps zeros). */
+typedef struct dt_cuda_counters {
+    int64_t syncs;                /* waits of the host for the device */
+    int64_t allocs, frees;        /* cudaMalloc / cudaFree */
+    int64_t h2d_bytes, h2d_calls; /* host -> device copies */
+    int64_t d2h_bytes, d2h_calls; /* device -> host copies */
+} dt_cuda_counters;
+
+#define DT_CUDA_SCRATCH_CHUNKS 8
+#define DT_CUDA_CHECK_SITES 64
+
 typedef struct dt_ctx {
     dt_device device;
     int cuda_device;
@@ -221,6 +234,19 @@ typedef struct dt_ctx {
     float *scratch;        /* scratch of per-step ops (GEMM packing, attention bwd), grown on demand */
     size_t scratch_floats;
     int initialised;
+    dt_cuda_counters counters;  /* what this ctx asked of the device (dt_ctx_counters_reset) */
+    /* CUDA only (see >>ctx's "CUDA memory"): the stream-ordered scratch, the status word the
+       device checks write, and the names of the checks that may write it */
+    void *cuda_scratch[DT_CUDA_SCRATCH_CHUNKS];
+    size_t cuda_scratch_size[DT_CUDA_SCRATCH_CHUNKS];
+    int cuda_scratch_chunks;
+    size_t cuda_scratch_top;    /* bytes handed out of the last chunk */
+    size_t cuda_scratch_want;   /* bytes of the one chunk that replaces several at the next begin */
+    int cuda_scratch_depth;
+    void *cuda_status;          /* device int64[8]: check word [0..4], loss (double) [5], n_valid [6] */
+    const char *cuda_check_fn[DT_CUDA_CHECK_SITES], *cuda_check_arg[DT_CUDA_CHECK_SITES];
+    int cuda_check_sites;
+    int cuda_checks_pending;    /* checks queued since the status word was last read */
 } dt_ctx;
 
 DT_API dt_status dt_ctx_init(dt_ctx *ctx, const dt_ctx_desc *desc); /* desc may be NULL */
@@ -240,6 +266,44 @@ DT_API void *dt_alloc(dt_ctx *ctx, size_t bytes);
 /* dt_alloc with every byte zero: a struct that starts with nothing set, or an array of counts. */
 DT_API void *dt_alloc_zeroed(dt_ctx *ctx, size_t bytes);
 DT_API void dt_release(dt_ctx *ctx, void *ptr);
+
+/* CUDA memory and waits (each a DT_ERR_DEVICE without DT_CUDA). A training step on CUDA tensors
+   allocates nothing after its first run, copies only its inputs up, and waits for the device at
+   most once: where the loss is read. These are the calls that allocate, copy and wait, each
+   counted in ctx->counters; the other dt headers use them, and so may a user's own CUDA code.
+     dt_cuda_alloc / _release    cudaMalloc / cudaFree (release of NULL is a no-op)
+     dt_cuda_memcpy              a copy on ctx's stream; to the host it waits (one sync) so the
+                                 bytes are there when it returns; host to device and device to
+                                 device do not wait. The devices say the direction.
+     dt_cuda_memset              cudaMemsetAsync on ctx's stream (no count: it moves no bytes)
+     dt_cuda_scratch             device memory for the kernels of one op, valid between
+                                 dt_cuda_scratch_begin and _end (a stack: ops nest). Ordered by
+                                 the stream, so taking it never waits; it grows during the first
+                                 step (counted allocations) and then reuses one block.
+     dt_ctx_sync                 waits for ctx's stream; then reports a device-side check that
+                                 failed since the last report (an id out of range: DT_ERR_RANGE
+                                 naming the op, the argument, the index and the value).
+     dt_ctx_counters_reset       zeroes ctx->counters. */
+DT_API void dt_ctx_counters_reset(dt_ctx *ctx);
+DT_API dt_status dt_ctx_sync(dt_ctx *ctx);
+DT_API dt_status dt_cuda_alloc(dt_ctx *ctx, void **ptr, size_t bytes, const char *fn);
+DT_API void dt_cuda_release(dt_ctx *ctx, void *ptr);
+DT_API dt_status dt_cuda_memcpy(dt_ctx *ctx, void *dst, dt_device dst_device, const void *src, dt_device src_device,
+                                size_t bytes, const char *fn);
+DT_API dt_status dt_cuda_memset(dt_ctx *ctx, void *ptr, int value, size_t bytes, const char *fn);
+DT_API size_t dt_cuda_scratch_begin(dt_ctx *ctx);
+DT_API void *dt_cuda_scratch(dt_ctx *ctx, size_t bytes, const char *fn); /* 256-byte aligned; NULL + error on failure */
+DT_API void dt_cuda_scratch_end(dt_ctx *ctx, size_t mark);
+/* Queues the device check "every ids[i] (i32 or i64 by ids_dtype, n of them) is in [lo, hi) or
+   is skip (when has_skip)"; a failure is reported by the next dt_ctx_sync or dt_cuda_read_loss
+   as "fn: arg[i] = v is outside [lo, hi)". fn and arg must outlive the ctx (string literals). */
+DT_API dt_status dt_cuda_check_range(dt_ctx *ctx, const void *ids, dt_dtype ids_dtype, int64_t n, int64_t lo,
+                                     int64_t hi, int has_skip, int64_t skip, const char *fn, const char *arg);
+/* Loss kernels leave the loss (as a double) and its count in the ctx's status block; this reads
+   both with the check word in one copy and one wait (the logging step's read). loss and n_valid
+   may be NULL. */
+DT_API double *dt_cuda_loss_slot(dt_ctx *ctx); /* device double[2]: loss, then n_valid */
+DT_API dt_status dt_cuda_read_loss(dt_ctx *ctx, float *loss, int64_t *n_valid, const char *fn);
 
 /* ==== >>tensors: create, view, copy, fill, cast, sizes ======================================== */
 
@@ -810,10 +874,30 @@ DT_API dt_status dt_ctx_init(dt_ctx *ctx, const dt_ctx_desc *desc) {
     ctx->cuda_device = d.cuda_device;
 #ifdef DT_CUDA
     if (ctx->device == DT_CUDA_DEVICE) {
-        cudaError_t e = cudaSetDevice(d.cuda_device);
+        /* each start-up step named: a machine without a GPU or a driver, a wrong ordinal, a
+           device that is busy or out of memory all say which */
+        int count = 0;
+        cudaError_t e = cudaGetDeviceCount(&count);
         if (e != cudaSuccess)
-            return dt_ctx_set_error(ctx, DT_ERR_CUDA, "dt_ctx_init: cudaSetDevice(%d): %s",
-                                    d.cuda_device, cudaGetErrorString(e));
+            return dt_ctx_set_error(ctx, DT_ERR_CUDA, "dt_ctx_init: no usable CUDA device: cudaGetDeviceCount: %s (%s)"
+                                    "; is there a GPU and an NVIDIA driver (nvidia-smi)?", cudaGetErrorString(e),
+                                    cudaGetErrorName(e));
+        if (count == 0)
+            return dt_ctx_set_error(ctx, DT_ERR_CUDA, "dt_ctx_init: cudaGetDeviceCount found no CUDA device");
+        if (d.cuda_device < 0 || d.cuda_device >= count)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_ctx_init: desc.cuda_device = %d; this machine has %d CUDA "
+                                    "device%s (0..%d)", d.cuda_device, count, count == 1 ? "" : "s", count - 1);
+        e = cudaSetDevice(d.cuda_device);
+        if (e != cudaSuccess)
+            return dt_ctx_set_error(ctx, DT_ERR_CUDA, "dt_ctx_init: cudaSetDevice(%d): %s (%s)",
+                                    d.cuda_device, cudaGetErrorString(e), cudaGetErrorName(e));
+        if (dt_cuda_alloc(ctx, &ctx->cuda_status, 8 * sizeof(int64_t), "dt_ctx_init (the device status block)"))
+            return ctx->last_status;
+        if (dt_cuda_memset(ctx, ctx->cuda_status, 0, 8 * sizeof(int64_t), "dt_ctx_init")) {
+            dt_cuda_release(ctx, ctx->cuda_status);
+            ctx->cuda_status = NULL;
+            return ctx->last_status;
+        }
     }
 #else
     if (ctx->device == DT_CUDA_DEVICE)
@@ -866,15 +950,270 @@ DT_API void dt_release(dt_ctx *ctx, void *ptr) {
 }
 
 DT_API void dt_ctx_shutdown(dt_ctx *ctx) {
+    int i;
     if (!ctx) return;
 #ifdef DT_CUDA
     if (ctx->cublas) cublasDestroy((cublasHandle_t)ctx->cublas);
     ctx->cublas = NULL;
 #endif
+    for (i = 0; i < ctx->cuda_scratch_chunks; i++) dt_cuda_release(ctx, ctx->cuda_scratch[i]);
+    ctx->cuda_scratch_chunks = 0;
+    dt_cuda_release(ctx, ctx->cuda_status);
+    ctx->cuda_status = NULL;
     dt_release(ctx, ctx->scratch);
     ctx->scratch = NULL;
     ctx->scratch_floats = 0;
     ctx->initialised = 0;
+}
+
+/* ---------------------------------------------------------------- CUDA memory and waits
+
+   The only places dt allocates device memory, copies across PCIe or waits for the device: each
+   counts in ctx->counters, so a test can prove a step does none of it. */
+DT_API void dt_ctx_counters_reset(dt_ctx *ctx) {
+    if (ctx) memset(&ctx->counters, 0, sizeof ctx->counters);
+}
+
+#ifdef DT_CUDA
+static dt_status dt__cuda_err(dt_ctx *ctx, cudaError_t e, const char *fn, const char *call) {
+    if (e == cudaSuccess) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: %s: %s (%s)", fn ? fn : "dt", call, cudaGetErrorString(e),
+                            cudaGetErrorName(e));
+}
+/* A launcher's status (0, or a cudaError_t / 1000 + cublasStatus_t) as DT_ERR_CUDA naming it. */
+static dt_status dt__cuda_kstatus(dt_ctx *ctx, int st, const char *fn, const char *launcher) {
+    if (st == 0) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: %s failed: %s", fn, launcher, dt_k_error_string(st));
+}
+#else
+static dt_status dt__no_cuda(dt_ctx *ctx, const char *fn) {
+    return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: a CUDA call, but dt was built without DT_CUDA; rebuild with "
+                            "-DDT_CUDA", fn ? fn : "dt");
+}
+#endif
+
+DT_API dt_status dt_cuda_alloc(dt_ctx *ctx, void **ptr, size_t bytes, const char *fn) {
+    if (!ctx) return DT_ERR_ARG;
+    if (!ptr) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dt_cuda_alloc: ptr is NULL", fn ? fn : "dt");
+    *ptr = NULL;
+#ifdef DT_CUDA
+    {
+        cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 1);
+        if (e != cudaSuccess) {
+            *ptr = NULL;
+            (void)cudaGetLastError(); /* an allocation failure is not sticky: clear it */
+            return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: cudaMalloc(%zu bytes): %s", fn ? fn : "dt", bytes,
+                                    cudaGetErrorString(e));
+        }
+        ctx->counters.allocs++;
+        return DT_OK;
+    }
+#else
+    (void)bytes;
+    return dt__no_cuda(ctx, fn);
+#endif
+}
+
+DT_API void dt_cuda_release(dt_ctx *ctx, void *ptr) {
+    if (!ctx || !ptr) return;
+#ifdef DT_CUDA
+    cudaFree(ptr);
+    ctx->counters.frees++;
+#endif
+}
+
+DT_API dt_status dt_cuda_memcpy(dt_ctx *ctx, void *dst, dt_device dst_device, const void *src, dt_device src_device,
+                                size_t bytes, const char *fn) {
+    if (!ctx) return DT_ERR_ARG;
+    if (bytes == 0 || dst == src) return DT_OK;
+    if (!dst || !src)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a copy of %zu bytes with dst %s and src %s", fn ? fn : "dt",
+                                bytes, dst ? "set" : "NULL", src ? "set" : "NULL");
+#ifdef DT_CUDA
+    {
+        int up = dst_device == DT_CUDA_DEVICE, down = src_device == DT_CUDA_DEVICE;
+        cudaStream_t s = (cudaStream_t)ctx->cuda_stream;
+        enum cudaMemcpyKind k = up ? (down ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                                   : (down ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+        cudaError_t e;
+        if (!up && !down) { memmove(dst, src, bytes); return DT_OK; }
+        e = cudaMemcpyAsync(dst, src, bytes, k, s);
+        if (up && !down) { ctx->counters.h2d_bytes += (int64_t)bytes; ctx->counters.h2d_calls++; }
+        if (down && !up) {
+            ctx->counters.d2h_bytes += (int64_t)bytes;
+            ctx->counters.d2h_calls++;
+            /* the bytes must be there when the call returns (the caller reads them next) */
+            if (e == cudaSuccess) { e = cudaStreamSynchronize(s); ctx->counters.syncs++; }
+        }
+        return dt__cuda_err(ctx, e, fn, "cudaMemcpyAsync");
+    }
+#else
+    if (dst_device != DT_CUDA_DEVICE && src_device != DT_CUDA_DEVICE) { memmove(dst, src, bytes); return DT_OK; }
+    return dt__no_cuda(ctx, fn);
+#endif
+}
+
+DT_API dt_status dt_cuda_memset(dt_ctx *ctx, void *ptr, int value, size_t bytes, const char *fn) {
+    if (!ctx) return DT_ERR_ARG;
+    if (bytes == 0) return DT_OK;
+#ifdef DT_CUDA
+    return dt__cuda_err(ctx, cudaMemsetAsync(ptr, value, bytes, (cudaStream_t)ctx->cuda_stream), fn,
+                        "cudaMemsetAsync");
+#else
+    (void)ptr; (void)value;
+    return dt__no_cuda(ctx, fn);
+#endif
+}
+
+/* The scratch is a stack over at most DT_CUDA_SCRATCH_CHUNKS device blocks. While an op holds
+   scratch, a request that does not fit the last block opens a new one (the old ones stay: their
+   pointers are in use). At the next outermost begin, several blocks are replaced by one that
+   holds them all, so from the second step on one block serves every op and nothing is allocated.
+   A block is reused by the next op without a wait: both ops' kernels run in order on one stream. */
+DT_API size_t dt_cuda_scratch_begin(dt_ctx *ctx) {
+    int i;
+    if (!ctx) return 0;
+    if (ctx->cuda_scratch_depth++ == 0) {
+        if (ctx->cuda_scratch_chunks > 1) {
+            for (i = 0; i < ctx->cuda_scratch_chunks; i++) dt_cuda_release(ctx, ctx->cuda_scratch[i]);
+            ctx->cuda_scratch_chunks = 0;
+        }
+        ctx->cuda_scratch_top = 0;
+    }
+    return ctx->cuda_scratch_top | ((size_t)ctx->cuda_scratch_chunks << 56);
+}
+
+DT_API void *dt_cuda_scratch(dt_ctx *ctx, size_t bytes, const char *fn) {
+    size_t need, cap;
+    int c;
+    void *p;
+    if (!ctx) return NULL;
+    if (ctx->cuda_scratch_depth <= 0) {
+        dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dt_cuda_scratch outside dt_cuda_scratch_begin / _end", fn ? fn : "dt");
+        return NULL;
+    }
+    if (bytes > ((size_t)1 << 48)) {
+        dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: %zu bytes of device scratch is too large", fn ? fn : "dt", bytes);
+        return NULL;
+    }
+    need = (bytes + 255) & ~(size_t)255;
+    c = ctx->cuda_scratch_chunks;
+    if (c > 0 && ctx->cuda_scratch_top + need <= ctx->cuda_scratch_size[c - 1]) {
+        p = (char *)ctx->cuda_scratch[c - 1] + ctx->cuda_scratch_top;
+        ctx->cuda_scratch_top += need;
+        return p;
+    }
+    if (c == DT_CUDA_SCRATCH_CHUNKS) {
+        dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: device scratch: %d blocks in use by nested ops; expected fewer",
+                         fn ? fn : "dt", c);
+        return NULL;
+    }
+    /* a new block: big enough for this request and for what the step used before (so the
+       replacement at the next begin holds everything) */
+    cap = need > ctx->cuda_scratch_want ? need : ctx->cuda_scratch_want;
+    if (cap < ((size_t)1 << 20)) cap = (size_t)1 << 20;
+    if (dt_cuda_alloc(ctx, &p, cap, fn)) return NULL;
+    ctx->cuda_scratch[c] = p;
+    ctx->cuda_scratch_size[c] = cap;
+    ctx->cuda_scratch_chunks = c + 1;
+    ctx->cuda_scratch_top = need;
+    {
+        size_t total = 0;
+        int i;
+        for (i = 0; i <= c; i++) total += ctx->cuda_scratch_size[i];
+        if (total > ctx->cuda_scratch_want) ctx->cuda_scratch_want = total;
+    }
+    return p;
+}
+
+DT_API void dt_cuda_scratch_end(dt_ctx *ctx, size_t mark) {
+    if (!ctx || ctx->cuda_scratch_depth <= 0) return;
+    ctx->cuda_scratch_depth--;
+    /* back to the mark when its block is still the last one; else the blocks opened since stay
+       until the outermost begin merges them */
+    if ((int)(mark >> 56) == ctx->cuda_scratch_chunks) ctx->cuda_scratch_top = mark & (((size_t)1 << 56) - 1);
+}
+
+/* The status block: int64 [0..4] the check word (site + 1, index, value, lo, hi), [5..6] the loss
+   and its count as doubles. Made by dt_ctx_init on a CUDA ctx. */
+#define DT__STATUS_WORDS 8
+DT_API double *dt_cuda_loss_slot(dt_ctx *ctx) {
+    return ctx && ctx->cuda_status ? (double *)((int64_t *)ctx->cuda_status + 5) : NULL;
+}
+
+DT_API dt_status dt_cuda_check_range(dt_ctx *ctx, const void *ids, dt_dtype ids_dtype, int64_t n, int64_t lo,
+                                     int64_t hi, int has_skip, int64_t skip, const char *fn, const char *arg) {
+    int site;
+    if (!ctx) return DT_ERR_ARG;
+    if (ids_dtype != DT_I32 && ids_dtype != DT_I64)
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: %s has dtype %s; expected i32 or i64", fn, arg,
+                                dt_dtype_name(ids_dtype));
+#ifdef DT_CUDA
+    if (!ctx->cuda_status) return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: %s is on cuda but the ctx is not a cuda "
+                                                   "ctx (dt_ctx_desc.device = DT_CUDA_DEVICE)", fn, arg);
+    for (site = 0; site < ctx->cuda_check_sites; site++)
+        if (ctx->cuda_check_fn[site] == fn && ctx->cuda_check_arg[site] == arg) break;
+    if (site == ctx->cuda_check_sites) {
+        if (site == DT_CUDA_CHECK_SITES) site--; /* more sites than names: the last name is shared */
+        else ctx->cuda_check_sites++;
+        ctx->cuda_check_fn[site] = fn;
+        ctx->cuda_check_arg[site] = arg;
+    }
+    ctx->cuda_checks_pending = 1;
+    {
+        int e = dt_k_check_range((int64_t *)ctx->cuda_status, ids, ids_dtype == DT_I64, n, lo, hi, has_skip, skip,
+                                 site + 1, ctx->cuda_stream);
+        return dt__cuda_kstatus(ctx, e, fn, "dt_k_check_range");
+    }
+#else
+    (void)ids; (void)n; (void)lo; (void)hi; (void)has_skip; (void)skip; (void)site;
+    return dt__no_cuda(ctx, fn);
+#endif
+}
+
+/* The check word as read from the device: a failure becomes the error of the check's op. */
+static dt_status dt__cuda_report(dt_ctx *ctx, int64_t *w) {
+#ifdef DT_CUDA
+    if (w[0] > 0 && w[0] <= ctx->cuda_check_sites) {
+        int site = (int)w[0] - 1;
+        dt_status st;
+        dt_cuda_memset(ctx, ctx->cuda_status, 0, 5 * sizeof(int64_t), "dt_ctx_sync"); /* reported once */
+        st = dt_ctx_set_error(ctx, DT_ERR_RANGE, "%s: %s[%lld] = %lld is outside [%lld, %lld) (found on the "
+                              "device; reported at the next synchronisation)", ctx->cuda_check_fn[site],
+                              ctx->cuda_check_arg[site], (long long)w[1], (long long)w[2], (long long)w[3],
+                              (long long)w[4]);
+        return st;
+    }
+#endif
+    (void)ctx; (void)w;
+    return DT_OK;
+}
+
+DT_API dt_status dt_cuda_read_loss(dt_ctx *ctx, float *loss, int64_t *n_valid, const char *fn) {
+    int64_t w[DT__STATUS_WORDS] = {0};
+    double d[2] = {0, 0};
+    if (!ctx) return DT_ERR_ARG;
+    if (!ctx->cuda_status) return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: not a cuda ctx", fn);
+    DT__TRY(dt_cuda_memcpy(ctx, w, DT_CPU, ctx->cuda_status, DT_CUDA_DEVICE, sizeof w, fn));
+    ctx->cuda_checks_pending = 0;
+    DT__TRY(dt__cuda_report(ctx, w));
+    memcpy(d, &w[5], sizeof d);
+    if (loss) *loss = (float)d[0];
+    if (n_valid) *n_valid = (int64_t)d[1];
+    return DT_OK;
+}
+
+DT_API dt_status dt_ctx_sync(dt_ctx *ctx) {
+    if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (ctx->device != DT_CUDA_DEVICE && !ctx->cuda_status) return DT_OK;
+    if (ctx->cuda_checks_pending) return dt_cuda_read_loss(ctx, NULL, NULL, "dt_ctx_sync"); /* one copy, one wait */
+    ctx->counters.syncs++;
+    return dt__cuda_err(ctx, cudaStreamSynchronize((cudaStream_t)ctx->cuda_stream), "dt_ctx_sync",
+                        "cudaStreamSynchronize");
+#else
+    return DT_OK;
+#endif
 }
 
 /* ---------------------------------------------------------------- sizes */
@@ -1002,15 +1341,10 @@ static dt_status dt__alloc_data(dt_ctx *ctx, dt_tensor *t, size_t bytes, const c
     if (t->device == DT_CUDA_DEVICE) {
 #ifdef DT_CUDA
         void *p = NULL;
-        cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
-        if (e != cudaSuccess)
-            return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: cudaMalloc(%zu bytes): %s", fn, bytes,
-                                    cudaGetErrorString(e));
-        e = cudaMemsetAsync(p, 0, bytes, (cudaStream_t)ctx->cuda_stream);
-        if (e != cudaSuccess) {
-            cudaFree(p);
-            return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemsetAsync(%zu bytes): %s", fn, bytes,
-                                    cudaGetErrorString(e));
+        DT__TRY(dt_cuda_alloc(ctx, &p, bytes, fn));
+        if (dt_cuda_memset(ctx, p, 0, bytes, fn)) {
+            dt_cuda_release(ctx, p);
+            return ctx->last_status;
         }
         t->data = p;
         ctx->bytes_in_use += bytes;
@@ -1066,7 +1400,7 @@ DT_API void dt_tensor_free(dt_ctx *ctx, dt_tensor *t) {
         if (t->device == DT_CUDA_DEVICE) {
 #ifdef DT_CUDA
             size_t bytes = dt_tensor_bytes(t);
-            cudaFree(t->data);
+            dt_cuda_release(ctx, t->data);
             ctx->bytes_in_use -= bytes;
 #endif
         } else {
@@ -1177,13 +1511,6 @@ DT_API dt_status dt_check_tensor(dt_ctx *ctx, const dt_tensor *t, dt_dtype dtype
     return DT_OK;
 }
 
-#ifdef DT_CUDA
-static enum cudaMemcpyKind dt__memcpy_kind(dt_device dst, dt_device src) {
-    if (dst == DT_CUDA_DEVICE) return src == DT_CUDA_DEVICE ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
-    return src == DT_CUDA_DEVICE ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost;
-}
-#endif
-
 DT_API dt_status dt_tensor_copy(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *src) {
     size_t bytes;
     if (!ctx) return DT_ERR_ARG;
@@ -1199,15 +1526,9 @@ DT_API dt_status dt_tensor_copy(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *sr
     if (bytes == 0 || dst->data == src->data) return DT_OK;
     if (dst->device == DT_CUDA_DEVICE || src->device == DT_CUDA_DEVICE) {
 #ifdef DT_CUDA
-        cudaError_t e = cudaMemcpyAsync(dst->data, src->data, bytes,
-                                        dt__memcpy_kind(dst->device, src->device),
-                                        (cudaStream_t)ctx->cuda_stream);
-        if (e == cudaSuccess) e = cudaStreamSynchronize((cudaStream_t)ctx->cuda_stream);
-        if (e != cudaSuccess)
-            return dt_ctx_set_error(ctx, DT_ERR_CUDA, "dt_tensor_copy: cudaMemcpy of %zu bytes %s->%s: %s",
-                                    bytes, dt_device_name(src->device), dt_device_name(dst->device),
-                                    cudaGetErrorString(e));
-        return DT_OK;
+        /* on the ctx's stream: device to device and host to device do not wait, device to host
+           waits for its bytes (dt_cuda_memcpy) */
+        return dt_cuda_memcpy(ctx, dst->data, dst->device, src->data, src->device, bytes, "dt_tensor_copy");
 #else
         return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "dt_tensor_copy: a cuda tensor, but dt was built "
                                 "without DT_CUDA");
@@ -1344,6 +1665,16 @@ DT_API dt_status dt_tensor_fill(dt_ctx *ctx, dt_tensor *t, double value) {
     if (dt__int_range(t->dtype, &lo, &hi) && !(value >= lo && value <= hi))
         return dt_ctx_set_error(ctx, DT_ERR_RANGE, "dt_tensor_fill: value %g does not fit a %s tensor "
                                 "(range [%.0f, %.0f])", value, dt_dtype_name(t->dtype), lo, hi);
+#ifdef DT_CUDA
+    if (t->device == DT_CUDA_DEVICE) { /* on the device, in stream order: no host copy, no wait */
+        uint64_t bits = 0;
+        size_t elem = dt_dtype_size(t->dtype);
+        dt__set(&bits, t->dtype, 0, value);
+        if (bits == 0) return dt_cuda_memset(ctx, t->data, 0, dt_tensor_bytes(t), "dt_tensor_fill");
+        return dt__cuda_kstatus(ctx, dt_k_fill(t->data, bits, (int)elem, t->numel, ctx->cuda_stream), "dt_tensor_fill",
+                                "dt_k_fill");
+    }
+#endif
     return dt__on_host(ctx, t, dt__fill_host, &value);
 }
 

@@ -188,3 +188,60 @@ int dt_k_tensor_cast(void *dst, int dst_dtype, const void *src, int src_dtype, i
     }
     DT_K__LAUNCH_N(dt_k__cast, n, stream, dst, dst_dtype, src, src_dtype, n);
 }
+
+/* ---------------------------------------------------------------- fill and the device checks */
+
+/* Element i = the `elem`-byte pattern `bits` (elem 1, 2, 4 or 8): dt_tensor_fill of any dtype
+   without a host copy (a zero fill is a cudaMemsetAsync and never comes here). */
+__global__ void dt_k__fill(void *p, uint64_t bits, int elem, int64_t n) {
+    DT_K__GRID_STRIDE(i, n) {
+        if (elem == 4) ((uint32_t *)p)[i] = (uint32_t)bits;
+        else if (elem == 2) ((uint16_t *)p)[i] = (uint16_t)bits;
+        else if (elem == 8) ((uint64_t *)p)[i] = bits;
+        else ((uint8_t *)p)[i] = (uint8_t)bits;
+    }
+}
+
+int dt_k_fill(void *p, uint64_t bits, int elem, int64_t n, void *stream) {
+    if (elem != 1 && elem != 2 && elem != 4 && elem != 8) return (int)cudaErrorInvalidValue;
+    DT_K__LAUNCH_N(dt_k__fill, n, stream, p, bits, elem, n);
+}
+
+/* One block: the smallest i with ids[i] outside [lo, hi) (and != skip when has_skip), found by a
+   block-wide minimum, so the index reported does not depend on thread timing. The first failing
+   check of a step wins: a later one sees word[0] != 0 and leaves the word alone. Stream order
+   makes "later" well defined: one check runs after another. */
+#define DT_K__CHECK_THREADS 1024
+__global__ void dt_k__check_range(int64_t *word, const void *ids, int ids_i64, int64_t n, int64_t lo, int64_t hi,
+                                  int has_skip, int64_t skip, int64_t site) {
+    __shared__ int64_t best[DT_K__CHECK_THREADS];
+    int64_t mine = INT64_MAX;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        int64_t v = ids_i64 ? ((const int64_t *)ids)[i] : (int64_t)((const int32_t *)ids)[i];
+        if ((v < lo || v >= hi) && !(has_skip && v == skip)) { mine = i; break; }
+    }
+    best[threadIdx.x] = mine;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s /= 2) {
+        if ((int)threadIdx.x < s && best[threadIdx.x + s] < best[threadIdx.x]) best[threadIdx.x] = best[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0 && best[0] != INT64_MAX && word[0] == 0) {
+        int64_t i = best[0];
+        word[0] = site;
+        word[1] = i;
+        word[2] = ids_i64 ? ((const int64_t *)ids)[i] : (int64_t)((const int32_t *)ids)[i];
+        word[3] = lo;
+        word[4] = hi;
+    }
+}
+
+int dt_k_check_range(int64_t *word, const void *ids, int ids_i64, int64_t n, int64_t lo, int64_t hi, int has_skip,
+                     int64_t skip, int64_t site, void *stream) {
+    int threads = DT_K__CHECK_THREADS;
+    if (n < 0 || site <= 0) return (int)cudaErrorInvalidValue;
+    if (n == 0) return 0;
+    while (threads > 32 && (int64_t)threads / 2 >= n) threads /= 2; /* small checks, small blocks (the emulator too) */
+    DT_K_LAUNCH(dt_k__check_range, 1, threads, 0, stream, word, ids, ids_i64, n, lo, hi, has_skip, skip, site);
+    return DT_K_CHECK();
+}

@@ -60,6 +60,14 @@ int dt_k_mul_bwd(float *da, float *db, const float *dout, const float *a, const 
    DT_F16 = 3 (bf16 <-> f16 goes through f32); round to nearest even, NaN stays NaN, as
    dt_tensor_cast. Other dtypes: cudaErrorInvalidValue. */
 int dt_k_tensor_cast(void *dst, int dst_dtype, const void *src, int src_dtype, int64_t n, void *stream);
+/* p[i] = the elem-byte pattern bits (elem 1, 2, 4, 8) for i < n: dt_tensor_fill on the device. */
+int dt_k_fill(void *p, uint64_t bits, int elem, int64_t n, void *stream);
+/* The device-side range check of ids (i32, or i64 when ids_i64) against [lo, hi), skip allowed
+   when has_skip: the smallest failing index i writes word[0..4] = site, i, ids[i], lo, hi, unless
+   word[0] is already set (the first failure is kept). One block; dt_tensor.h reads the word
+   where the step synchronises anyway (dt_ctx_sync, a loss read). site > 0. */
+int dt_k_check_range(int64_t *word, const void *ids, int ids_i64, int64_t n, int64_t lo, int64_t hi, int has_skip,
+                     int64_t skip, int64_t site, void *stream);
 
 /* ==== >>reduce: reductions and layernorm (dt_reduce.cu) ======================================= */
 

@@ -658,7 +658,9 @@ const char *cudaGetErrorString(cudaError_t e) {
         if (error_names[i].e == e) return error_names[i].text;
     return "unrecognized error code";
 }
+static void count(long long dt_emu_counters::*field, long long by);
 cudaError_t cudaDeviceSynchronize(void) {
+    count(&dt_emu_counters::syncs, 1);
     drain_all(false);
     return cudaSuccess;
 }
@@ -729,9 +731,22 @@ int dt_emu_device_range(const void *p, size_t bytes, char *why, size_t why_len) 
     return 0;
 }
 
+static dt_emu_counters counts; /* under G.lock */
+static void count(long long dt_emu_counters::*field, long long by) {
+    emu_lock(&G.lock);
+    counts.*field += by;
+    emu_unlock(&G.lock);
+}
+void dt_emu_get_counters(dt_emu_counters *c) {
+    emu_lock(&G.lock);
+    *c = counts;
+    emu_unlock(&G.lock);
+}
+
 cudaError_t dt_emu_malloc(const char *file, int line, void **ptr, size_t bytes) {
     if (!ptr) { report("cudaMalloc at %s:%d: ptr is NULL", file, line); return fail(cudaErrorInvalidValue); }
     *ptr = NULL;
+    count(&dt_emu_counters::allocs, 1);
     if (bytes == 0) return cudaSuccess;
     void *p = malloc(bytes);
     if (!p) return fail(cudaErrorMemoryAllocation);
@@ -745,6 +760,7 @@ cudaError_t dt_emu_malloc(const char *file, int line, void **ptr, size_t bytes) 
 
 cudaError_t dt_emu_free(const char *file, int line, void *ptr) {
     if (!ptr) return cudaSuccess;
+    count(&dt_emu_counters::frees, 1);
     emu_lock(&G.lock);
     bool known = G.allocs.erase((uintptr_t)ptr) == 1;
     emu_unlock(&G.lock);
@@ -797,11 +813,19 @@ cudaError_t dt_emu_memcpy(const char *file, int line, void *dst, const void *src
                bad[0] == 'd' ? dst : src, why.c_str());
         return fail(cudaErrorInvalidValue);
     }
+    if (want_dst && !want_src) count(&dt_emu_counters::h2d_bytes, (long long)bytes), count(&dt_emu_counters::h2d_calls, 1);
+    if (want_src && !want_dst) count(&dt_emu_counters::d2h_bytes, (long long)bytes), count(&dt_emu_counters::d2h_calls, 1);
     return dt_emu_enqueue(stream, "cudaMemcpyAsync", [=](bool *done) {
         *done = true;
         memmove(dst, src, bytes);
         return cudaSuccess;
     });
+}
+
+cudaError_t dt_emu_memcpy_blocking(const char *file, int line, void *dst, const void *src, size_t bytes,
+                                   cudaMemcpyKind kind) {
+    if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToHost) count(&dt_emu_counters::syncs, 1);
+    return dt_emu_memcpy(file, line, dst, src, bytes, kind, 0);
 }
 
 cudaError_t dt_emu_memset(const char *file, int line, void *dst, int value, size_t bytes, cudaStream_t stream) {
@@ -976,6 +1000,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     bool reached;
     if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+    count(&dt_emu_counters::syncs, 1);
     if (!stream) {
         drain_all(true);
         return cudaSuccess;
@@ -1027,7 +1052,10 @@ static cudaError_t event_wait(cudaEvent_t event, bool block) {
     if (e) return fail(e);
     return reached ? cudaSuccess : cudaErrorNotReady;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t event) { return event_wait(event, true); }
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    count(&dt_emu_counters::syncs, 1);
+    return event_wait(event, true);
+}
 cudaError_t cudaEventQuery(cudaEvent_t event) { return event_wait(event, false); }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
     if (!ms) return fail(cudaErrorInvalidValue);

@@ -111,12 +111,14 @@ cudaError_t cudaSetDevice(int device);
 cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device);
 cudaError_t dt_emu_malloc(const char *file, int line, void **ptr, size_t bytes);
 cudaError_t dt_emu_free(const char *file, int line, void *ptr);
+cudaError_t dt_emu_memcpy_blocking(const char *file, int line, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
 cudaError_t dt_emu_memcpy(const char *file, int line, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
                           cudaStream_t stream);
 cudaError_t dt_emu_memset(const char *file, int line, void *dst, int value, size_t bytes, cudaStream_t stream);
 #define cudaMalloc(ptr, bytes) dt_emu_malloc(__FILE__, __LINE__, (void **)(ptr), (bytes))
 #define cudaFree(ptr) dt_emu_free(__FILE__, __LINE__, (void *)(ptr))
-#define cudaMemcpy(dst, src, bytes, kind) dt_emu_memcpy(__FILE__, __LINE__, (dst), (src), (bytes), (kind), 0)
+/* cudaMemcpy to or from the host waits for the device, as on a GPU: counted as a sync */
+#define cudaMemcpy(dst, src, bytes, kind) dt_emu_memcpy_blocking(__FILE__, __LINE__, (dst), (src), (bytes), (kind))
 #define cudaMemcpyAsync(dst, src, bytes, kind, ...) \
     dt_emu_memcpy(__FILE__, __LINE__, (dst), (src), (bytes), (kind), dt_emu_stream_arg(__VA_ARGS__))
 #define cudaMemset(dst, value, bytes) dt_emu_memset(__FILE__, __LINE__, (dst), (value), (bytes), 0)
@@ -236,6 +238,13 @@ static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f
    "random:SEED"); and the emulator's reports: how many so far, the text of the last one. */
 const char *dt_emu_mode(void);
 int dt_emu_report_count(void);
+/* What the program asked of the "device" so far, counted by the runtime itself (what dt's own
+   ctx->counters must agree with): host waits (stream, device and event synchronisations),
+   cudaMalloc / cudaFree, and copies by direction (bytes and calls). */
+typedef struct dt_emu_counters {
+    long long syncs, allocs, frees, h2d_bytes, h2d_calls, d2h_bytes, d2h_calls;
+} dt_emu_counters;
+void dt_emu_get_counters(dt_emu_counters *c);
 const char *dt_emu_last_report(void);
 /* DT_EMU_STREAMS: "immediate" (default) or "deferred" (work on created streams waits until
    something waits for it; see cuda_emu.cpp). */
