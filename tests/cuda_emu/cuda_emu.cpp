@@ -68,6 +68,7 @@
    Cost: one host thread per CUDA thread, tens of microseconds per thread per barrier (more on a
    loaded machine): keep grids small.
                                                         MIT licence (see dt_tensor.h) */
+#include <memory> /* before the fake runtime: it defines __noinline__ */
 #include "cuda_runtime.h"
 #include "cublas_v2.h"
 
@@ -815,6 +816,17 @@ cudaError_t dt_emu_memcpy(const char *file, int line, void *dst, const void *src
     }
     if (want_dst && !want_src) count(&dt_emu_counters::h2d_bytes, (long long)bytes), count(&dt_emu_counters::h2d_calls, 1);
     if (want_src && !want_dst) count(&dt_emu_counters::d2h_bytes, (long long)bytes), count(&dt_emu_counters::d2h_calls, 1);
+    if (want_dst && !want_src) {
+        /* from pageable host memory CUDA stages the bytes before the call returns: the caller may
+           reuse its buffer at once, even when the copy itself runs later (deferred streams) */
+        std::shared_ptr<std::vector<unsigned char>> staged =
+            std::make_shared<std::vector<unsigned char>>((const unsigned char *)src, (const unsigned char *)src + bytes);
+        return dt_emu_enqueue(stream, "cudaMemcpyAsync", [=](bool *done) {
+            *done = true;
+            memcpy(dst, staged->data(), bytes);
+            return cudaSuccess;
+        });
+    }
     return dt_emu_enqueue(stream, "cudaMemcpyAsync", [=](bool *done) {
         *done = true;
         memmove(dst, src, bytes);
