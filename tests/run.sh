@@ -560,6 +560,8 @@ spawn_emu_tests() {
     selected cuda_emu || return 0
     for src in tests/cuda_emu/k_*.cpp; do
         name=$(basename "${src%.cpp}")
+        # DT_EMU_ONLY="k_core k_ops": only those programs (while iterating on a few kernels)
+        if [ -n "${DT_EMU_ONLY:-}" ] && [[ " $DT_EMU_ONLY " != *" $name "* ]]; then continue; fi
         EMU_TESTS+=("$name")
         impl=$(emu_impl "$src")
         emu_stale "$E/$name" "$E"/obj/*.o $impl

@@ -749,7 +749,8 @@ cudaError_t dt_emu_malloc(const char *file, int line, void **ptr, size_t bytes) 
     *ptr = NULL;
     count(&dt_emu_counters::allocs, 1);
     if (bytes == 0) return cudaSuccess;
-    void *p = malloc(bytes);
+    /* cudaMalloc returns 256-byte aligned memory: kernels' vector loads and dt's scratch rely on it */
+    void *p = aligned_alloc(256, (bytes + 255) / 256 * 256);
     if (!p) return fail(cudaErrorMemoryAllocation);
     memset(p, 0xff, bytes); /* cudaMalloc memory is not zeroed: reading it before writing shows */
     emu_lock(&G.lock);
