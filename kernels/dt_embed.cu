@@ -71,21 +71,25 @@ static __global__ void dt_k__emb_fwd(float *out, const float *table, const void 
 static __global__ void dt_k__emb_bwd(float *dtable, const float *dout, const void *ids, int i64, int64_t N, int64_t V,
                                      int64_t D, int64_t S) {
     __shared__ int64_t tile[DT_K__EMB_TILE];
-    int64_t s = blockIdx.y, ny = blockDim.y, ty = threadIdx.y;
+    __shared__ int owner[DT_K__EMB_TILE]; /* the thread row that adds tile[k], or -1: decided once per tile */
+    int64_t s = blockIdx.y, ny = blockDim.y;
+    int ty = (int)threadIdx.y;
     int64_t nthreads = (int64_t)blockDim.x * blockDim.y, tid = (int64_t)threadIdx.y * blockDim.x + threadIdx.x;
     for (int64_t c0 = (int64_t)blockIdx.x * 32; c0 < D; c0 += (int64_t)gridDim.x * 32) {
         int64_t d = c0 + threadIdx.x;
         for (int64_t n0 = 0; n0 < N; n0 += DT_K__EMB_TILE) {
             int64_t m = N - n0 < DT_K__EMB_TILE ? N - n0 : DT_K__EMB_TILE;
             __syncthreads(); /* every thread is done with the previous tile */
-            for (int64_t k = tid; k < m; k += nthreads) tile[k] = dt_k__id(ids, i64, n0 + k);
+            for (int64_t k = tid; k < m; k += nthreads) {
+                int64_t id = dt_k__id(ids, i64, n0 + k);
+                tile[k] = id;
+                /* a bad id belongs to no one (the device check reports it) */
+                owner[k] = id < 0 || id >= V || id % S != s ? -1 : (int)((id / S) % ny);
+            }
             __syncthreads();
             if (d >= D) continue;
-            for (int64_t k = 0; k < m; k++) {
-                int64_t id = tile[k];
-                if (id < 0 || id >= V || id % S != s || (id / S) % ny != ty) continue; /* bad ids: the device check's */
-                dtable[id * D + d] += dout[(n0 + k) * D + d];
-            }
+            for (int64_t k = 0; k < m; k++)
+                if (owner[k] == ty) dtable[tile[k] * D + d] += dout[(n0 + k) * D + d];
         }
     }
 }
