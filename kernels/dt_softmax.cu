@@ -136,7 +136,6 @@ __global__ void dt_k__softmax_xent_fwd(float *losses, float *probs, const float 
             float *p = probs + r * V;
             for (int64_t v = threadIdx.x; v < V; v += blockDim.x) p[v] = expf(z[v] - l);
         }
-        __syncthreads(); /* the next row's block reductions reuse the shared partials */
     }
 }
 
