@@ -460,15 +460,22 @@ DT_API dt_status dt_layernorm_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_
 /* Fused softmax + cross entropy. logits [N,V], targets i32 [N]; a target == ignore_index is
    skipped. *loss = mean over non-ignored targets (0 when none), *n_valid (may be NULL) their
    count. probs [N,V] receives the softmax for the backward.
-   bwd: dlogits += dloss / n_valid * (probs - onehot(target)) on non-ignored rows.
-   probs may be logits (in place), dlogits may be probs. exp within 1 ulp; row sums in float. */
+   loss NULL: nothing is read back; on CUDA the loss stays on the device, dt_cuda_read_loss
+   reads the last one (a CUDA op reads it, one copy and one wait, only when loss or n_valid is
+   set; a target out of range is then reported by the next dt_ctx_sync / dt_cuda_read_loss).
+   bwd: dlogits += dloss / n_valid * (probs - onehot(target)) on non-ignored rows (on CUDA
+   n_valid is counted on the device: nothing waits).
+   probs may be logits (in place), dlogits may be probs. exp within 1 ulp; row sums in float;
+   on CUDA the mean is a fixed-order two-stage sum (the same bits every run, not the CPU's). */
 DT_API dt_status dt_softmax_xent_fwd(dt_ctx *ctx, float *loss, int64_t *n_valid, dt_tensor *probs,
                                      const dt_tensor *logits, const dt_tensor *targets,
                                      int ignore_index);
 DT_API dt_status dt_softmax_xent_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_tensor *probs,
                                      const dt_tensor *targets, int ignore_index, float dloss);
 /* Binary cross entropy with logits, mean over all N elements (stable form).
-   bwd: dlogits += dloss / N * (sigmoid(z) - y). */
+   bwd: dlogits += dloss / N * (sigmoid(z) - y).
+   loss NULL: nothing is read back; on CUDA the loss stays on the device, dt_cuda_read_loss
+   reads the last one. On CUDA, labels may be on the host: copied up (the step's input). */
 DT_API dt_status dt_bce_logits_fwd(dt_ctx *ctx, float *loss, const dt_tensor *logits,
                                    const dt_tensor *labels);
 DT_API dt_status dt_bce_logits_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_tensor *logits,
@@ -483,11 +490,14 @@ DT_API dt_status dt_mul_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, con
 DT_API dt_status dt_mul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, const dt_tensor *dout,
                             const dt_tensor *a, const dt_tensor *b);
 DT_API dt_status dt_axpy(dt_ctx *ctx, dt_tensor *y, float alpha, const dt_tensor *x);
-/* Reductions in double, fixed order (deterministic). */
+/* Reductions in double, fixed order (deterministic). On CUDA: a two-stage device sum (not the
+   CPU's order, the same bits every run) and one copy of the double to the host, which waits. */
 DT_API dt_status dt_sum(dt_ctx *ctx, double *out, const dt_tensor *x);
 DT_API dt_status dt_sumsq(dt_ctx *ctx, double *out, const dt_tensor *x);
 /* Dense embedding: out[N,D] = table[ids[n], :], ids i32 or i64 [N] (any shape, N = numel).
-   bwd: dtable[ids[n], :] += dout[n, :]. An id outside [0, V) is DT_ERR_RANGE naming it. */
+   bwd: dtable[ids[n], :] += dout[n, :]. An id outside [0, V) is DT_ERR_RANGE naming it (on
+   CUDA found on the device and reported by the next dt_ctx_sync or dt_cuda_read_loss; the op
+   skips it). */
 DT_API dt_status dt_embedding_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *table,
                                   const dt_tensor *ids);
 DT_API dt_status dt_embedding_bwd(dt_ctx *ctx, dt_tensor *dtable, const dt_tensor *dout,
@@ -2143,8 +2153,12 @@ static dt_status dt__dim(dt_ctx *ctx, int64_t got, int64_t want, const char *fn,
    checks read shapes and dtypes, never data), so both paths name the same problems the same
    way. Every operand must be on cuda (DT_ERR_DEVICE names the one that is not); a failing
    launch is DT_ERR_CUDA naming the launcher and the CUDA / cuBLAS error. Ops with a CUDA path:
-   matmul, linear, bias_add, relu, gelu, layernorm, attention, embedding, softmax_xent (each _fwd
-   and _bwd), and axpy; concat and split (_fwd, _bwd: f32, kernels/dt_parallel.cu's dt_k_concat). */
+   matmul, linear, bias_add, relu, gelu, layernorm, attention, embedding, softmax_xent, bce_logits,
+   mul, dot_interaction (each _fwd and _bwd), add, scale, axpy, sum, sumsq, tensor_cast; concat
+   and split (_fwd, _bwd: f32, kernels/dt_parallel.cu's dt_k_concat).
+   None of them allocates, copies to the host or waits, except dt_sum / dt_sumsq (their result
+   is a host double) and a loss op asked for its loss: temporaries come from dt_cuda_scratch, ids
+   and targets are checked on the device (dt_cuda_check_range), losses stay in the loss slot. */
 #ifdef DT_CUDA
 static int dt__cu(const dt_tensor *t) { return t && t->device == DT_CUDA_DEVICE; }
 
@@ -2207,6 +2221,8 @@ static dt_status dt__cu_dot(dt_ctx *, dt_tensor *, dt_tensor *, const dt_tensor 
                             const dt_tensor *, int bwd);
 static dt_status dt__cu_concat(dt_ctx *, dt_tensor *, dt_tensor *const *, int, int, int, const char *);
 static dt_status dt__cu_bce(dt_ctx *, float *, dt_tensor *, const dt_tensor *, const dt_tensor *, float, int bwd);
+static dt_status dt__cu_sum(dt_ctx *, double *, const dt_tensor *, int sq, const char *);
+static dt_status dt__cu_scale(dt_ctx *, dt_tensor *, float);
 #endif
 
 /* ---------------------------------------------------------------- matmul */
@@ -2793,13 +2809,19 @@ DT_API dt_status dt_layernorm_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_
 
 /* ---------------------------------------------------------------- losses */
 
+/* The shapes and dtypes (the CUDA path checks the values on the device). */
+static dt_status dt__xent_shapes(dt_ctx *ctx, const dt_tensor *probs, const dt_tensor *targets, const char *fn,
+                                 const char *pn) {
+    DT__TRY(dt__f32(ctx, probs, fn, pn));
+    DT__TRY(dt_check_tensor(ctx, targets, DT_I32, fn, "targets"));
+    return dt__dim(ctx, targets->numel, dt__rows(probs), fn, "targets numel", "logits rows");
+}
+
 static dt_status dt__xent_check(dt_ctx *ctx, const dt_tensor *probs, const dt_tensor *targets,
                                 int ignore_index, const char *fn, const char *pn) {
     int64_t r, V, R;
-    DT__TRY(dt__f32(ctx, probs, fn, pn));
-    DT__TRY(dt_check_tensor(ctx, targets, DT_I32, fn, "targets"));
+    DT__TRY(dt__xent_shapes(ctx, probs, targets, fn, pn));
     V = dt__last(probs); R = dt__rows(probs);
-    DT__TRY(dt__dim(ctx, targets->numel, R, fn, "targets numel", "logits rows"));
     for (r = 0; r < R; r++) {
         int32_t t = ((const int32_t *)targets->data)[r];
         if (t != ignore_index && (t < 0 || t >= V))
@@ -2845,7 +2867,6 @@ DT_API dt_status dt_softmax_xent_fwd(dt_ctx *ctx, float *loss, int64_t *n_valid,
     if (loss) *loss = 0;
     if (n_valid) *n_valid = 0;
     if (!ctx) return DT_ERR_ARG;
-    if (!loss) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: loss is NULL", fn);
 #ifdef DT_CUDA
     if (dt__cu(probs) || dt__cu(logits) || dt__cu(targets))
         return dt__cu_softmax_xent_fwd(ctx, loss, n_valid, probs, logits, targets, ignore_index);
@@ -2864,7 +2885,7 @@ DT_API dt_status dt_softmax_xent_fwd(dt_ctx *ctx, float *loss, int64_t *n_valid,
         /* = -log softmax, no underflow; max - z[t] first, so log(sum) survives huge logits */
         if (t != ignore_index) { total += log((double)sum) + ((double)mx - zt); n++; }
     }
-    *loss = n ? (float)(total / (double)n) : 0.0f;
+    if (loss) *loss = n ? (float)(total / (double)n) : 0.0f;
     if (n_valid) *n_valid = n;
     return DT_OK;
 }
@@ -2915,7 +2936,6 @@ DT_API dt_status dt_bce_logits_fwd(dt_ctx *ctx, float *loss, const dt_tensor *lo
     double total = 0;
     if (loss) *loss = 0;
     if (!ctx) return DT_ERR_ARG;
-    if (!loss) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: loss is NULL", fn);
 #ifdef DT_CUDA
     if (dt__cu(logits) || dt__cu(labels)) return dt__cu_bce(ctx, loss, NULL, logits, labels, 0, 0);
 #endif
@@ -2924,7 +2944,7 @@ DT_API dt_status dt_bce_logits_fwd(dt_ctx *ctx, float *loss, const dt_tensor *lo
         double z = DT__CF(logits)[i], y = DT__CF(labels)[i];
         total += (z > 0 ? z : 0) - z * y + log1p(exp(-fabs(z))); /* never exp of a large positive */
     }
-    *loss = logits->numel ? (float)(total / (double)logits->numel) : 0.0f;
+    if (loss) *loss = logits->numel ? (float)(total / (double)logits->numel) : 0.0f;
     return DT_OK;
 }
 
@@ -3004,6 +3024,9 @@ DT_API dt_status dt_mul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, const dt_
 
 DT_API dt_status dt_scale(dt_ctx *ctx, dt_tensor *x, float alpha) {
     if (!ctx) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    if (dt__cu(x)) return dt__cu_scale(ctx, x, alpha);
+#endif
     DT__TRY(dt__f32(ctx, x, "dt_scale", "x"));
     DT__BLOCKS(x->numel, DT__CF(x), NULL, DT__F(x), o[j] = alpha * a[j]);
     return DT_OK;
@@ -3028,6 +3051,9 @@ static dt_status dt__sum(dt_ctx *ctx, double *out, const dt_tensor *x, int sq, c
     if (out) *out = 0;
     if (!ctx) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+#ifdef DT_CUDA
+    if (dt__cu(x)) return dt__cu_sum(ctx, out, x, sq, fn);
+#endif
     DT__TRY(dt__f32(ctx, x, fn, "x"));
     for (i = 0; i < x->numel; i++) { double v = DT__CF(x)[i]; s += sq ? v * v : v; }
     *out = s;
@@ -3039,14 +3065,16 @@ DT_API dt_status dt_sumsq(dt_ctx *ctx, double *out, const dt_tensor *x) { return
 
 /* ---------------------------------------------------------------- embedding */
 
-static dt_status dt__ids_check(dt_ctx *ctx, const dt_tensor *ids, int64_t V, const char *fn) {
+/* values 1: every id is checked against [0, V) here (the CPU); 0: dtype only (CUDA checks them
+   on the device). */
+static dt_status dt__ids_check(dt_ctx *ctx, const dt_tensor *ids, int64_t V, const char *fn, int values) {
     int64_t i;
     DT__TRY(dt__valid(ctx, ids, fn, "ids"));
     if (ids->dtype != DT_I32 && ids->dtype != DT_I64)
         return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: ids has dtype %s; expected i32 or i64", fn,
                                 dt_dtype_name(ids->dtype));
     DT__TRY(dt_check_tensor(ctx, ids, ids->dtype, fn, "ids"));
-    for (i = 0; i < ids->numel; i++) {
+    for (i = 0; values && i < ids->numel; i++) {
         int64_t id = ids->dtype == DT_I32 ? ((const int32_t *)ids->data)[i] : ((const int64_t *)ids->data)[i];
         if (id < 0 || id >= V)
             return dt_ctx_set_error(ctx, DT_ERR_RANGE, "%s: ids[%lld] = %lld is outside the table's rows "
@@ -3060,11 +3088,11 @@ static int64_t dt__id(const dt_tensor *ids, int64_t i) {
 }
 
 static dt_status dt__emb_check(dt_ctx *ctx, const dt_tensor *rows, const dt_tensor *table,
-                               const dt_tensor *ids, const char *fn, const char *rn, const char *tn) {
+                               const dt_tensor *ids, const char *fn, const char *rn, const char *tn, int values) {
     DT__TRY(dt__f32(ctx, table, fn, tn));
     DT__TRY(dt__f32(ctx, rows, fn, rn));
     DT__TRY(dt__ndim(ctx, table, 2, 2, fn, tn));
-    DT__TRY(dt__ids_check(ctx, ids, table->shape[0], fn));
+    DT__TRY(dt__ids_check(ctx, ids, table->shape[0], fn, values));
     if (dt__last(rows) != table->shape[1] || dt__rows(rows) != ids->numel) {
         char s[96];
         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s; expected %lld rows (ids numel) of %lld (%s.shape[1])",
@@ -3080,7 +3108,7 @@ DT_API dt_status dt_embedding_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *
 #ifdef DT_CUDA
     if (dt__cu(out) || dt__cu(table) || dt__cu(ids)) return dt__cu_embedding(ctx, out, table, ids, 0);
 #endif
-    DT__TRY(dt__emb_check(ctx, out, table, ids, "dt_embedding_fwd", "out", "table"));
+    DT__TRY(dt__emb_check(ctx, out, table, ids, "dt_embedding_fwd", "out", "table", 1));
     D = table->shape[1];
     for (n = 0; n < ids->numel; n++)
         memcpy(DT__F(out) + n * D, DT__CF(table) + dt__id(ids, n) * D, (size_t)D * sizeof(float));
@@ -3094,7 +3122,7 @@ DT_API dt_status dt_embedding_bwd(dt_ctx *ctx, dt_tensor *dtable, const dt_tenso
     if (dt__cu(dtable) || dt__cu(dout) || dt__cu(ids)) return dt__cu_embedding(ctx, dtable, dout, ids, 1);
 #endif
     if (!dtable) return dt__f32(ctx, dout, "dt_embedding_bwd", "dout");
-    DT__TRY(dt__emb_check(ctx, dout, dtable, ids, "dt_embedding_bwd", "dout", "dtable"));
+    DT__TRY(dt__emb_check(ctx, dout, dtable, ids, "dt_embedding_bwd", "dout", "dtable", 1));
     D = dtable->shape[1];
     for (n = 0; n < ids->numel; n++) { /* in id order: deterministic even with repeated ids */
         float *row = DT__F(dtable) + dt__id(ids, n) * D;
@@ -3580,13 +3608,11 @@ static dt_status dt__cu_layernorm_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw,
                                                  ctx->cuda_stream), fn, "dt_k_layernorm_bwd");
 }
 
-/* The ids are copied to the host for the CPU path's check (which names a bad id and its index);
-   the kernels would only skip it. fwd: rows = out, table; bwd: rows = dout, table = dtable. */
+/* The CPU path's shape checks on shadows; the ids' values are checked on the device
+   (dt_cuda_check_range: reported by the next dt_ctx_sync or loss read, naming the index and the
+   value; the kernels skip a bad id). fwd: rows = out, table; bwd: rows = dout, table = dtable. */
 static dt_status dt__cu_embedding(dt_ctx *ctx, dt_tensor *t, const dt_tensor *u, const dt_tensor *ids, int bwd) {
     const char *fn = bwd ? "dt_embedding_bwd" : "dt_embedding_fwd";
-    dt_tensor hid;
-    dt_status st;
-    cudaError_t e;
     DT__CU_SH(s0, t, bwd ? "dtable" : "out");
     DT__CU_SH(s1, u, bwd ? "dout" : "table");
     DT__CU_SH(si, ids, "ids");
@@ -3595,18 +3621,11 @@ static dt_status dt__cu_embedding(dt_ctx *ctx, dt_tensor *t, const dt_tensor *u,
         if (!bwd) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
         return dt__f32(ctx, s1, fn, "dout");
     }
-    if (si->dtype != DT_I32 && si->dtype != DT_I64)
-        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: ids has dtype %s; expected i32 or i64", fn,
-                                dt_dtype_name(si->dtype));
-    DT__TRY(dt_tensor_create_like(ctx, &hid, ids, DT_DTYPE_DEFAULT, DT_CPU));
-    e = cudaMemcpy(hid.data, ids->data, dt_tensor_bytes(ids), cudaMemcpyDeviceToHost);
-    if (e != cudaSuccess) {
-        dt_tensor_free(ctx, &hid);
-        return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemcpy of the ids to the host: %s", fn, cudaGetErrorString(e));
-    }
-    st = bwd ? dt__emb_check(ctx, s1, s0, &hid, fn, "dout", "dtable") : dt__emb_check(ctx, s0, s1, &hid, fn, "out", "table");
-    dt_tensor_free(ctx, &hid);
-    if (st) return st;
+    DT__TRY(bwd ? dt__emb_check(ctx, s1, s0, si, fn, "dout", "dtable", 0)
+                : dt__emb_check(ctx, s0, s1, si, fn, "out", "table", 0));
+    if (ids->numel > 0)
+        DT__TRY(dt_cuda_check_range(ctx, ids->data, ids->dtype, ids->numel, 0, bwd ? t->shape[0] : u->shape[0], 0, 0, fn,
+                                    "ids"));
     if (bwd)
         return dt__cu_status(ctx, dt_k_embedding_bwd(DT__CU_F(t), (const float *)u->data, ids->data, ids->dtype == DT_I64,
                                                      ids->numel, t->shape[0], t->shape[1], NULL, ctx->cuda_stream),
@@ -3680,117 +3699,102 @@ static dt_status dt__cu_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_ten
     DT__TRY(dt__f32(ctx, sd, fn, "dqkv"));
     DT__TRY(dt__same(ctx, sd, sq, fn, "dqkv", "qkv"));
     if (!sa) { /* the fused backward: out and lse recomputed by the fused forward, into scratch */
-        dt_tensor o, lse;
-        dt_tensor_desc ld;
-        dt_status st;
         int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
-        memset(&ld, 0, sizeof ld);
-        ld.dtype = DT_F32; ld.device = DT_CUDA_DEVICE; ld.ndim = 3;
-        ld.shape[0] = B; ld.shape[1] = n_head; ld.shape[2] = T;
-        DT__TRY(dt_tensor_create_like(ctx, &o, dout, DT_F32, DT_CUDA_DEVICE));
-        if ((st = dt_tensor_create(ctx, &lse, &ld))) { dt_tensor_free(ctx, &o); return st; }
-        st = dt__cu_status(ctx, dt_k_attention_fwd_flash(DT__CU_F(&o), DT__CU_F(&lse), (const float *)qkv->data, B, T, C,
-                                                         n_head, ctx->cuda_stream), fn, "dt_k_attention_fwd_flash");
+        size_t mark = dt_cuda_scratch_begin(ctx), nrow = (size_t)(B * n_head * T);
+        float *o = (float *)dt_cuda_scratch(ctx, (size_t)dout->numel * sizeof(float), fn);
+        float *lse = o ? (float *)dt_cuda_scratch(ctx, nrow * sizeof(float), fn) : NULL;
+        float *dd = lse ? (float *)dt_cuda_scratch(ctx, nrow * sizeof(float), fn) : NULL;
+        dt_status st = dd ? DT_OK : ctx->last_status;
+        if (!st)
+            st = dt__cu_status(ctx, dt_k_attention_fwd_flash(o, lse, (const float *)qkv->data, B, T, C, n_head,
+                                                             ctx->cuda_stream), fn, "dt_k_attention_fwd_flash");
         if (!st)
             st = dt__cu_status(ctx, dt_k_attention_bwd_flash(DT__CU_F(dqkv), (const float *)dout->data,
-                                                             (const float *)qkv->data, DT__CU_F(&o), DT__CU_F(&lse), B,
-                                                             T, C, n_head, ctx->cuda_stream),
+                                                             (const float *)qkv->data, o, lse, B, T, C, n_head, dd,
+                                                             ctx->cuda_stream),
                                fn, "dt_k_attention_bwd_flash");
-        dt_tensor_free(ctx, &o);
-        dt_tensor_free(ctx, &lse);
+        dt_cuda_scratch_end(ctx, mark);
         return st;
     }
-    return dt__cu_status(ctx, dt_k_attention_bwd(DT__CU_F(dqkv), (const float *)dout->data, (const float *)qkv->data,
-                                                 (const float *)att->data, qkv->shape[0], qkv->shape[1],
-                                                 qkv->shape[2] / 3, n_head, ctx->cuda_stream),
-                         fn, "dt_k_attention_bwd");
-}
-/* softmax_xent keeps the API's probabilities: the fused kernel's per-row loss and logsumexp,
-   then probs = exp(logits - lse). The targets are copied to the host for the CPU path's check (a
-   target out of range is DT_ERR_RANGE naming its row, as on the CPU) and for n_valid; the row
-   losses come back to the host and are summed there in double, in row order, as the CPU does. */
-static dt_status dt__cu_xent_targets(dt_ctx *ctx, dt_tensor *host, dt_tensor *shadow, const char *fn) {
-    cudaError_t e;
-    memset(host, 0, sizeof *host);
-    if (!shadow || shadow->dtype != DT_I32 || !shadow->numel) return DT_OK; /* the check names it */
-    DT__TRY(dt_tensor_create_like(ctx, host, shadow, DT_DTYPE_DEFAULT, DT_CPU));
-    e = cudaMemcpy(host->data, shadow->data, dt_tensor_bytes(shadow), cudaMemcpyDeviceToHost);
-    if (e != cudaSuccess) {
-        dt_tensor_free(ctx, host);
-        return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemcpy of the targets to the host: %s", fn,
-                                cudaGetErrorString(e));
+    {
+        size_t mark = dt_cuda_scratch_begin(ctx);
+        float *dpre = (float *)dt_cuda_scratch(ctx, (size_t)att->numel * sizeof(float), fn);
+        dt_status st = dpre ? DT_OK : ctx->last_status;
+        if (!st)
+            st = dt__cu_status(ctx, dt_k_attention_bwd(DT__CU_F(dqkv), (const float *)dout->data,
+                                                       (const float *)qkv->data, (const float *)att->data,
+                                                       qkv->shape[0], qkv->shape[1], qkv->shape[2] / 3, n_head, dpre,
+                                                       ctx->cuda_stream),
+                               fn, "dt_k_attention_bwd");
+        dt_cuda_scratch_end(ctx, mark);
+        return st;
     }
-    shadow->data = host->data;
-    return DT_OK;
+}
+/* softmax_xent keeps the API's probabilities, and the loss on the device: one kernel per row
+   writes the row's loss and its probabilities, a two-stage sum puts the mean and n_valid into the
+   ctx's loss slot, read (one copy, one wait) only when the caller asks for loss or n_valid. The
+   targets are checked on the device (dt_cuda_check_range, ignore_index allowed), the backward
+   counts n_valid on the device. Temporaries come from the stream-ordered scratch. */
+static dt_status dt__cu_loss_ctx(dt_ctx *ctx, const char *fn) {
+    if (dt_cuda_loss_slot(ctx)) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: the tensors are on cuda but the ctx is not a cuda ctx (its "
+                            "dt_ctx_desc.device is cpu): a device loss needs the cuda ctx's status block", fn);
 }
 
 static dt_status dt__cu_softmax_xent_fwd(dt_ctx *ctx, float *loss, int64_t *n_valid, dt_tensor *probs,
                                          const dt_tensor *logits, const dt_tensor *targets, int ignore_index) {
     const char *fn = "dt_softmax_xent_fwd";
-    dt_tensor ht, scratch;
-    dt_tensor_desc sd;
-    float *hl = NULL;
-    double total = 0;
-    int64_t r, R, V, n = 0;
+    int64_t R, V;
+    size_t mark;
+    void *scratch;
     dt_status st;
-    cudaError_t e;
     DT__CU_SH(sp, probs, "probs");
     DT__CU_SH(sz, logits, "logits");
     DT__CU_SH(stg, targets, "targets");
-    memset(&scratch, 0, sizeof scratch);
-    memset(&sd, 0, sizeof sd);
     DT__TRY(dt__f32(ctx, sz, fn, "logits"));
-    DT__TRY(dt__cu_xent_targets(ctx, &ht, stg ? &stg_s : NULL, fn));
-    st = dt__xent_check(ctx, sz, stg, ignore_index, fn, "logits");
-    if (!st) st = dt__f32(ctx, sp, fn, "probs");
-    if (!st) st = dt__same(ctx, sp, sz, fn, "probs", "logits");
+    DT__TRY(dt__xent_shapes(ctx, sz, stg, fn, "logits"));
+    DT__TRY(dt__f32(ctx, sp, fn, "probs"));
+    DT__TRY(dt__same(ctx, sp, sz, fn, "probs", "logits"));
+    DT__TRY(dt__cu_loss_ctx(ctx, fn));
     V = dt__last(sz); R = dt__rows(sz);
-    for (r = 0; !st && r < R; r++) n += ((const int32_t *)ht.data)[r] != ignore_index;
-    if (st || R * V == 0) goto done; /* V = 0: every target was ignore_index (the check), n = 0 */
-    sd.dtype = DT_F32; sd.device = DT_CUDA_DEVICE; sd.shape[0] = 2; sd.shape[1] = R; /* losses | lse */
-    if ((st = dt_tensor_create(ctx, &scratch, &sd))) goto done;
-    if (!(hl = (float *)dt_alloc(ctx, (size_t)R * sizeof(float)))) { st = DT_ERR_OOM; goto done; }
-    st = dt__cu_status(ctx, dt_k_softmax_xent_fwd(DT__CU_F(&scratch), DT__CU_F(&scratch) + R, DT__CU_F(logits),
-                                                  (const int32_t *)targets->data, ignore_index, R, V, ctx->cuda_stream),
-                       fn, "dt_k_softmax_xent_fwd");
-    if (!st) /* after the fwd, which read logits[r, target]: probs may be logits */
-        st = dt__cu_status(ctx, dt_k_softmax_xent_probs(DT__CU_F(probs), DT__CU_F(logits), DT__CU_F(&scratch) + R, R, V,
-                                                        ctx->cuda_stream), fn, "dt_k_softmax_xent_probs");
-    if (!st && (e = cudaMemcpy(hl, scratch.data, (size_t)R * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess)
-        st = dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemcpy of the row losses to the host: %s", fn,
-                              cudaGetErrorString(e));
-    for (r = 0; !st && r < R; r++)
-        if (((const int32_t *)ht.data)[r] != ignore_index) total += (double)hl[r];
-done:
-    dt_release(ctx, hl);
-    dt_tensor_free(ctx, &scratch);
-    dt_tensor_free(ctx, &ht);
-    if (st) return st;
-    *loss = n ? (float)(total / (double)n) : 0.0f;
-    if (n_valid) *n_valid = n;
-    return DT_OK;
+    if (R > 0) DT__TRY(dt_cuda_check_range(ctx, targets->data, DT_I32, R, 0, V, 1, ignore_index, fn, "targets"));
+    mark = dt_cuda_scratch_begin(ctx);
+    scratch = dt_cuda_scratch(ctx, dt_k_loss_scratch_bytes(R), fn);
+    st = scratch ? DT_OK : ctx->last_status;
+    if (!st)
+        st = dt__cu_status(ctx, dt_k_softmax_xent_fwd(dt_cuda_loss_slot(ctx), DT__CU_F(probs), DT__CU_F(logits),
+                                                      (const int32_t *)targets->data, ignore_index, R, V, scratch,
+                                                      ctx->cuda_stream), fn, "dt_k_softmax_xent_fwd");
+    dt_cuda_scratch_end(ctx, mark);
+    if (st || (!loss && !n_valid)) return st;
+    return dt_cuda_read_loss(ctx, loss, n_valid, fn);
 }
 
 static dt_status dt__cu_softmax_xent_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_tensor *probs,
                                          const dt_tensor *targets, int ignore_index, float dloss) {
     const char *fn = "dt_softmax_xent_bwd";
-    dt_tensor ht;
-    int64_t r, R, V, n = 0;
+    int64_t R, V;
+    size_t mark;
+    void *scratch;
     dt_status st;
     DT__CU_SH(sg, dlogits, "dlogits");
     DT__CU_SH(sp, probs, "probs");
     DT__CU_SH(stg, targets, "targets");
-    DT__TRY(dt__cu_xent_targets(ctx, &ht, stg ? &stg_s : NULL, fn));
-    st = dt__xent_check(ctx, sp, stg, ignore_index, fn, "probs");
-    if (!st && sg) st = dt__f32(ctx, sg, fn, "dlogits");
-    if (!st && sg) st = dt__same(ctx, sg, sp, fn, "dlogits", "probs");
-    V = st ? 0 : dt__last(sp); R = st ? 0 : dt__rows(sp);
-    for (r = 0; r < R; r++) n += ((const int32_t *)ht.data)[r] != ignore_index;
-    dt_tensor_free(ctx, &ht);
-    if (st || !sg) return st;
-    return dt__cu_status(ctx, dt_k_softmax_xent_bwd_probs(DT__CU_F(dlogits), (const float *)probs->data,
-                                                          (const int32_t *)targets->data, ignore_index, dloss, n, R, V,
-                                                          ctx->cuda_stream), fn, "dt_k_softmax_xent_bwd_probs");
+    DT__TRY(dt__xent_shapes(ctx, sp, stg, fn, "probs"));
+    if (sg) DT__TRY(dt__f32(ctx, sg, fn, "dlogits"));
+    if (sg) DT__TRY(dt__same(ctx, sg, sp, fn, "dlogits", "probs"));
+    V = dt__last(sp); R = dt__rows(sp);
+    if (R > 0) DT__TRY(dt_cuda_check_range(ctx, targets->data, DT_I32, R, 0, V, 1, ignore_index, fn, "targets"));
+    if (!sg || R * V == 0) return DT_OK;
+    mark = dt_cuda_scratch_begin(ctx);
+    scratch = dt_cuda_scratch(ctx, dt_k_loss_scratch_bytes(R), fn);
+    st = scratch ? DT_OK : ctx->last_status;
+    if (!st)
+        st = dt__cu_status(ctx, dt_k_softmax_xent_bwd(DT__CU_F(dlogits), (const float *)probs->data,
+                                                      (const int32_t *)targets->data, ignore_index, dloss, R, V, scratch,
+                                                      ctx->cuda_stream), fn, "dt_k_softmax_xent_bwd");
+    dt_cuda_scratch_end(ctx, mark);
+    return st;
 }
 
 /* y += alpha x (an SGD step on CUDA parameters: dt_axpy(ctx, &p->value, -lr, &p->grad)). */
@@ -3912,33 +3916,80 @@ static dt_status dt__cu_concat(dt_ctx *ctx, dt_tensor *whole, dt_tensor *const *
     return DT_OK;
 }
 
-/* dt_bce_logits_fwd / _bwd on cuda tensors: through host copies (a [B, 1] logit column is a few
-   KiB; no kernel for it yet), so the values are the CPU op's. */
+/* dt_bce_logits_fwd / _bwd on cuda tensors: the elementwise kernels, the mean into the loss
+   slot (read only when loss is set). logits (and dlogits) on the device; labels there too, or on
+   the host (a batch's labels as loaded): then copied up into scratch, the step's input upload. */
 static dt_status dt__cu_bce(dt_ctx *ctx, float *loss, dt_tensor *dlogits, const dt_tensor *logits,
                             const dt_tensor *labels, float dloss, int bwd) {
     const char *fn = bwd ? "dt_bce_logits_bwd" : "dt_bce_logits_fwd";
-    const dt_tensor *src[3];
-    dt_tensor h[3];
-    int i;
+    dt_tensor lab;
+    const float *y;
+    size_t mark;
+    void *scratch = NULL;
     dt_status st = DT_OK;
-    src[0] = logits; src[1] = labels; src[2] = bwd ? dlogits : NULL;
-    memset(h, 0, sizeof h);
-    for (i = 0; i < 3; i++) {
-        if (!src[i]) continue;
-        DT__TRY(dt__valid(ctx, src[i], fn, i == 0 ? "logits" : i == 1 ? "labels" : "dlogits"));
-        if (src[i]->device != DT_CUDA_DEVICE) { h[i] = *src[i]; h[i].owns = 0; continue; }
-        st = dt_tensor_create_like(ctx, &h[i], src[i], DT_DTYPE_DEFAULT, DT_CPU);
-        if (!st) st = dt_tensor_copy(ctx, &h[i], src[i]);
-        if (st) break;
+    DT__CU_SH(sz, logits, "logits");
+    DT__CU_SH(sg, dlogits, "dlogits");
+    if (!sz) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: logits is NULL", fn);
+    if (!labels) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: labels is NULL", fn);
+    DT__TRY(dt__valid(ctx, labels, fn, "labels"));
+    lab = *labels;
+    lab.device = DT_CPU; /* a shadow for the checks, as the others */
+    DT__TRY(dt__bce_check(ctx, sz, &lab, fn));
+    if (sg) {
+        DT__TRY(dt__f32(ctx, sg, fn, "dlogits"));
+        DT__TRY(dt__same_numel(ctx, sg, sz, fn, "dlogits", "logits"));
     }
-    if (!st && !src[0]) st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: logits is NULL", fn);
-    if (!st && !src[1]) st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: labels is NULL", fn);
-    if (!st && !bwd) st = dt_bce_logits_fwd(ctx, loss, &h[0], &h[1]);
-    if (!st && bwd) st = dt_bce_logits_bwd(ctx, dlogits ? &h[2] : NULL, &h[0], &h[1], dloss);
-    if (!st && bwd && dlogits && dlogits->device == DT_CUDA_DEVICE) st = dt_tensor_copy(ctx, dlogits, &h[2]);
-    for (i = 0; i < 3; i++)
-        if (src[i] && src[i]->device == DT_CUDA_DEVICE) dt_tensor_free(ctx, &h[i]);
+    if (!bwd) DT__TRY(dt__cu_loss_ctx(ctx, fn));
+    if (bwd && (!sg || logits->numel == 0)) return DT_OK;
+    mark = dt_cuda_scratch_begin(ctx);
+    y = (const float *)labels->data;
+    if (labels->device != DT_CUDA_DEVICE && logits->numel > 0) {
+        float *up = (float *)dt_cuda_scratch(ctx, (size_t)logits->numel * sizeof(float), fn);
+        st = up ? dt_cuda_memcpy(ctx, up, DT_CUDA_DEVICE, labels->data, labels->device,
+                                 (size_t)logits->numel * sizeof(float), fn) : ctx->last_status;
+        y = up;
+    }
+    if (!st && !bwd) {
+        scratch = dt_cuda_scratch(ctx, dt_k_loss_scratch_bytes(0), fn);
+        st = scratch ? dt__cu_status(ctx, dt_k_bce_logits_fwd(dt_cuda_loss_slot(ctx), (const float *)logits->data, y,
+                                                              logits->numel, scratch, ctx->cuda_stream),
+                                     fn, "dt_k_bce_logits_fwd")
+                     : ctx->last_status;
+    }
+    if (!st && bwd)
+        st = dt__cu_status(ctx, dt_k_bce_logits_bwd(DT__CU_F(dlogits), (const float *)logits->data, y, dloss,
+                                                    logits->numel, ctx->cuda_stream), fn, "dt_k_bce_logits_bwd");
+    dt_cuda_scratch_end(ctx, mark);
+    if (st || bwd || !loss) return st;
+    return dt_cuda_read_loss(ctx, loss, NULL, fn);
+}
+
+/* dt_sum / dt_sumsq: the two-stage device sum into scratch, then the double itself comes back
+   (the output is a host value: this one copy and its wait are the op's). */
+static dt_status dt__cu_sum(dt_ctx *ctx, double *out, const dt_tensor *x, int sq, const char *fn) {
+    size_t mark;
+    double *d, r[2] = {0, 0};
+    void *scratch;
+    dt_status st;
+    DT__CU_SH(sx, x, "x");
+    DT__TRY(dt__f32(ctx, sx, fn, "x"));
+    mark = dt_cuda_scratch_begin(ctx);
+    d = (double *)dt_cuda_scratch(ctx, 2 * sizeof(double), fn);
+    scratch = d ? dt_cuda_scratch(ctx, dt_k_loss_scratch_bytes(0), fn) : NULL;
+    st = scratch ? dt__cu_status(ctx, dt_k_sum(d, (const float *)x->data, x->numel, sq, scratch, ctx->cuda_stream), fn,
+                                 "dt_k_sum")
+                 : ctx->last_status;
+    if (!st) st = dt_cuda_memcpy(ctx, r, DT_CPU, d, DT_CUDA_DEVICE, sizeof(double), fn);
+    dt_cuda_scratch_end(ctx, mark);
+    if (!st) *out = r[0];
     return st;
+}
+
+static dt_status dt__cu_scale(dt_ctx *ctx, dt_tensor *x, float alpha) {
+    const char *fn = "dt_scale";
+    DT__CU_SH(sx, x, "x");
+    DT__TRY(dt__f32(ctx, sx, fn, "x"));
+    return dt__cu_status(ctx, dt_k_scale(DT__CU_F(x), alpha, x->numel, ctx->cuda_stream), fn, "dt_k_scale");
 }
 
 #undef DT__CU_SH

@@ -146,16 +146,16 @@ extern "C" int dt_k_attention_fwd(float *out, float *att, const float *qkv, int6
 }
 
 extern "C" int dt_k_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *att, int64_t B,
-                                  int64_t T, int64_t C, int n_head, void *stream) {
+                                  int64_t T, int64_t C, int n_head, float *scratch, void *stream) {
     int64_t hs, rows;
-    float *dpre = NULL;
+    float *dpre = scratch; /* the caller's, stream-ordered: nothing to free, nothing to wait for */
     int st;
     if (!dt_k__att_args(B, T, C, n_head) || (uint64_t)T * sizeof(float) > DT_K__SMEM_MAX)
         return (int)cudaErrorInvalidValue;
     hs = C / n_head;
     rows = B * n_head * T;
     if (rows == 0 || hs == 0 || !dqkv) return 0; /* C = 0: no gradient to write */
-    if ((st = (int)cudaMalloc((void **)&dpre, (size_t)(rows * T) * sizeof(float)))) return st;
+    if (!dpre) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__att_bwd_q, (unsigned)rows, dt_k__threads(T, 256), (size_t)T * sizeof(float), stream, dqkv, dpre,
                 dout, qkv, att, T, C, n_head, hs, dt_k__att_scale(hs));
     st = DT_K_CHECK();
@@ -164,8 +164,6 @@ extern "C" int dt_k_attention_bwd(float *dqkv, const float *dout, const float *q
                     T, C, n_head, hs);
         st = DT_K_CHECK();
     }
-    if (!st) st = (int)cudaStreamSynchronize((cudaStream_t)stream); /* before the scratch goes */
-    cudaFree(dpre);
     return st;
 }
 
@@ -353,9 +351,10 @@ static __global__ void dt_k__att_flash_bwd(float *__restrict__ dqkv, const float
 }
 
 extern "C" int dt_k_attention_bwd_flash(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                        const float *lse, int64_t B, int64_t T, int64_t C, int n_head, void *stream) {
+                                        const float *lse, int64_t B, int64_t T, int64_t C, int n_head, float *scratch,
+                                        void *stream) {
     int64_t hs, rows, blocks;
-    float *D = NULL;
+    float *D = scratch; /* the caller's, stream-ordered */
     int st, bt;
     if (!dt_k__att_args(B, T, C, n_head)) return (int)cudaErrorInvalidValue;
     hs = C / n_head;
@@ -363,8 +362,7 @@ extern "C" int dt_k_attention_bwd_flash(float *dqkv, const float *dout, const fl
     if ((uint64_t)(6 * bt * hs) * sizeof(float) > DT_K__SMEM_MAX) return (int)cudaErrorInvalidValue;
     rows = B * n_head * T;
     if (rows == 0 || hs == 0 || !dqkv) return 0; /* C = 0: no gradient to write */
-    if (!dout || !qkv || !out || !lse) return (int)cudaErrorInvalidValue;
-    if ((st = (int)cudaMalloc((void **)&D, (size_t)rows * sizeof(float)))) return st;
+    if (!dout || !qkv || !out || !lse || !D) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__att_flash_d, (unsigned)((rows + 255) / 256 < 65535 ? (rows + 255) / 256 : 65535), 256, 0,
                 stream, D, dout, out, rows, T, C, n_head, hs);
     st = DT_K_CHECK();
@@ -379,7 +377,5 @@ extern "C" int dt_k_attention_bwd_flash(float *dqkv, const float *dout, const fl
                     dout, qkv, lse, D, T, C, n_head, hs, dt_k__att_scale(hs));
         st = DT_K_CHECK();
     }
-    if (!st) st = (int)cudaStreamSynchronize((cudaStream_t)stream); /* before the scratch goes */
-    cudaFree(D);
     return st;
 }

@@ -7,7 +7,7 @@
    does, so the pooled vectors are the CPU's bits. The sparse update sums each row's gradient
    contributions in one order, fixed by a STABLE sort of the rows (equal rows keep the order the
    caller gave: dt_embed.h's (sample, feature, position) order), so it is the same bits every
-   run. Only dt_k_embedding_bwd / dt_k_embed_pool_bwd_dense add with atomicAdd (order varies).
+   run. Only dt_k_embed_pool_bwd_dense adds with atomicAdd (order varies).
 
    Sorting without CUB: counting passes. A pass puts n keys into nb buckets stably in three
    launches (a grid-wide prefix needs a grid-wide sync): (1) each block counts the keys of its
@@ -62,16 +62,42 @@ static __global__ void dt_k__emb_fwd(float *out, const float *table, const void 
     }
 }
 
+/* Block (c, s) sums into columns [32c, 32c + 32) (a warp's coalesced row segment; grid-stride
+   over column chunks) of the table rows id with id % S == s; its thread row ty owns the ids of
+   that class with (id / S) % ny == ty. The ids go through shared memory in tiles and every thread
+   walks each whole tile in order, so each (id, column) is summed by one thread, in id order from
+   the value it had: no atomics, the CPU op's order and bits, whatever the timing. */
+#define DT_K__EMB_TILE 256
 static __global__ void dt_k__emb_bwd(float *dtable, const float *dout, const void *ids, int i64, int64_t N, int64_t V,
-                              int64_t D, int *bad) {
-    int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; x < N * D; x += (int64_t)gridDim.x * blockDim.x) {
-        int64_t n = x / D, d = x % D, id = dt_k__id(ids, i64, n);
-        if (id < 0 || id >= V) {
-            if (bad) atomicMax(bad, 1);
-            continue;
+                                     int64_t D, int64_t S) {
+    __shared__ int64_t tile[DT_K__EMB_TILE];
+    __shared__ int owner[DT_K__EMB_TILE]; /* the thread row that adds tile[k], or -1: decided once per tile */
+    int64_t s = blockIdx.y, ny = blockDim.y;
+    int ty = (int)threadIdx.y;
+    int64_t nthreads = (int64_t)blockDim.x * blockDim.y, tid = (int64_t)threadIdx.y * blockDim.x + threadIdx.x;
+    for (int64_t c0 = (int64_t)blockIdx.x * 32; c0 < D; c0 += (int64_t)gridDim.x * 32) {
+        int64_t d = c0 + threadIdx.x;
+        for (int64_t n0 = 0; n0 < N; n0 += DT_K__EMB_TILE) {
+            int64_t m = N - n0 < DT_K__EMB_TILE ? N - n0 : DT_K__EMB_TILE;
+            __syncthreads(); /* every thread is done with the previous tile */
+            for (int64_t k = tid; k < m; k += nthreads) {
+                int64_t id = dt_k__id(ids, i64, n0 + k);
+                tile[k] = id;
+                /* a bad id belongs to no one (the device check reports it) */
+                owner[k] = id < 0 || id >= V || id % S != s ? -1 : (int)((id / S) % ny);
+            }
+            __syncthreads();
+            if (d >= D) continue;
+            for (int64_t k = 0; k < m; k++)
+                if (owner[k] == ty) dtable[tile[k] * D + d] += dout[(n0 + k) * D + d];
         }
-        atomicAdd(dtable + id * D + d, dout[x]);
+    }
+}
+
+static __global__ void dt_k__emb_bad(const void *ids, int i64, int64_t N, int64_t V, int *bad) {
+    for (int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; n < N; n += (int64_t)gridDim.x * blockDim.x) {
+        int64_t id = dt_k__id(ids, i64, n);
+        if (id < 0 || id >= V) atomicMax(bad, 1);
     }
 }
 
@@ -89,9 +115,21 @@ extern "C" int dt_k_embedding_fwd(float *out, const float *table, const void *id
 
 extern "C" int dt_k_embedding_bwd(float *dtable, const float *dout, const void *ids, int ids_i64, int64_t N,
                                   int64_t V, int64_t D, int *bad_id, void *stream) {
+    int64_t cols, S, ny;
     if (!dt_k__emb_args(ids_i64, N, V, D)) return (int)cudaErrorInvalidValue;
-    if (N * D == 0 || !dtable) return 0;
-    DT_K_LAUNCH(dt_k__emb_bwd, dt_k__grid(N * D, 256), 256, 0, stream, dtable, dout, ids, ids_i64, N, V, D, bad_id);
+    if (N * D == 0 || V == 0 || !dtable) return 0;
+    if (bad_id) { /* the backward skips them; say so as the forward does */
+        DT_K_LAUNCH(dt_k__emb_bad, dt_k__grid(N, 256), 256, 0, stream, ids, ids_i64, N, V, bad_id);
+        if (int st = DT_K_CHECK()) return st;
+    }
+    /* S row classes x column chunks: enough blocks to fill a GPU (~256) without each thread's walk
+       over the N ids dominating; ny thread rows share a block's class by (id / S) % ny */
+    cols = (D + 31) / 32;
+    S = 256 / cols;
+    S = S < 1 ? 1 : S > V ? V : S > 65535 ? 65535 : S;
+    ny = 4;
+    DT_K_LAUNCH(dt_k__emb_bwd, dim3((unsigned)(cols < 65535 ? cols : 65535), (unsigned)S), dim3(32, (unsigned)ny), 0,
+                stream, dtable, dout, ids, ids_i64, N, V, D, S);
     return DT_K_CHECK();
 }
 

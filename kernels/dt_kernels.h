@@ -20,7 +20,7 @@
    Contents (each marker finds this line and its section; the kernels are in the .cu file named):
        >>elementwise   bias, relu, gelu, add, axpy, mul, casts              dt_elementwise.cu
        >>reduce        layernorm                                            dt_reduce.cu
-       >>xent          fused softmax + cross entropy                        dt_softmax.cu
+       >>xent          softmax + cross entropy, bce, sums (device losses)   dt_softmax.cu
        >>attention     causal attention, plain and flash                    dt_attention.cu
        >>embedding     embedding, sharded tables, GPU hash map, dot         dt_embed.cu, dt_hash.cu
        >>opt           SGD, Adam, Adagrad updates, the gradient pass        dt_opt.cu
@@ -81,20 +81,36 @@ int dt_k_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const
 
 /* ==== >>xent: softmax and cross entropy (dt_softmax.cu) ======================================= */
 
-/* Softmax + cross entropy, forward: logits [rows, V], targets i32 [rows]. Writes losses[r] =
-   logsumexp(row) - logits[r, t] (0 on a row whose target is ignore_index; NaN when the target
-   is outside [0, V), which dt_softmax_xent_fwd reports as DT_ERR_RANGE) and lse[r] = the row's
-   logsumexp. The mean loss of the CPU op is the sum of losses over n_valid (the rows not ignored). */
-int dt_k_softmax_xent_fwd(float *losses, float *lse, const float *logits, const int32_t *targets, int ignore_index,
-                          int64_t rows, int64_t V, void *stream);
-/* For dt_softmax_xent_fwd / _bwd's API, which keeps the probabilities: probs[r, :] =
-   exp(logits[r, :] - lse[r]) from the fwd's lse (probs may be logits); and the backward from them,
-   dlogits += dloss / n_valid * (probs - onehot(target)) on the rows not ignored, op for op the
-   CPU's (dlogits may be probs). */
-int dt_k_softmax_xent_probs(float *probs, const float *logits, const float *lse, int64_t rows, int64_t V,
-                            void *stream);
-int dt_k_softmax_xent_bwd_probs(float *dlogits, const float *probs, const int32_t *targets, int ignore_index,
-                                float dloss, int64_t n_valid, int64_t rows, int64_t V, void *stream);
+/* The losses never come back to the host by themselves: a loss launcher writes loss_slot[0] =
+   the mean loss and loss_slot[1] = its count (doubles: dt_cuda_loss_slot, read by
+   dt_cuda_read_loss only on a logging step), through a two-stage fixed-order reduction (the same
+   bits every run; not the CPU's serial sum, within fp32 reassociation of it). scratch: device
+   memory of dt_k_loss_scratch_bytes(rows) bytes (rows: 0 for bce and the sums), 256-aligned.
+   Ids / targets are not checked here: dt_tensor.h queues dt_k_check_range first. */
+size_t dt_k_loss_scratch_bytes(int64_t rows);
+/* Softmax + cross entropy, forward: logits [rows, V], targets i32 [rows]. One block per row:
+   lse = logsumexp(row) in float, the row's loss lse - logits[r, t] (NaN for a target outside
+   [0, V), not counted as ignored), and probs[r, :] = exp(logits[r, :] - lse) (probs may be NULL,
+   or logits: in place); then the mean over the rows whose target is not ignore_index, and that
+   count, into loss_slot (0 and 0 when every row is ignored). */
+int dt_k_softmax_xent_fwd(double *loss_slot, float *probs, const float *logits, const int32_t *targets,
+                          int ignore_index, int64_t rows, int64_t V, void *scratch, void *stream);
+/* Its backward from the probabilities: n_valid counted on the device (never read back), then
+   one block per row: dlogits += dloss / n_valid * (probs - onehot(target)) on the rows not
+   ignored, the CPU op's operations (dlogits may be probs). */
+int dt_k_softmax_xent_bwd(float *dlogits, const float *probs, const int32_t *targets, int ignore_index, float dloss,
+                          int64_t rows, int64_t V, void *scratch, void *stream);
+/* Binary cross entropy with logits over n elements, as dt_bce_logits_fwd / _bwd: the stable
+   element loss in double, its mean (and n) into loss_slot; bwd: dlogits += dloss / n *
+   (sigmoid(z) - y), the CPU's float operations. */
+int dt_k_bce_logits_fwd(double *loss_slot, const float *logits, const float *labels, int64_t n, void *scratch,
+                        void *stream);
+int dt_k_bce_logits_bwd(float *dlogits, const float *logits, const float *labels, float dloss, int64_t n,
+                        void *stream);
+/* dt_sum / dt_sumsq: out[0] = the sum of x (of x * x when sq) in double, out[1] = n; the same
+   two stages. dt_scale: x *= alpha. */
+int dt_k_sum(double *out, const float *x, int64_t n, int sq, void *scratch, void *stream);
+int dt_k_scale(float *x, float alpha, int64_t n, void *stream);
 
 /* ==== >>attention: attention (dt_attention.cu) ================================================ */
 
@@ -102,12 +118,12 @@ int dt_k_softmax_xent_bwd_probs(float *dlogits, const float *probs, const int32_
    out [B,T,C], att [B,H,T,T] the softmaxed scores (zeros above the diagonal), H = n_head
    dividing C. The baseline: one block per score row (dot products, masked softmax through
    block reductions), then one thread per output element for the weighted sum of v.
-   bwd: dqkv += the gradient (accumulates); it needs B*H*T*T floats of device scratch, which it
-   cudaMallocs and frees (a baseline: correct first). */
+   bwd: dqkv += the gradient (accumulates); scratch: B*H*T*T device floats of the caller's
+   (dt_cuda_scratch, ordered by the stream), so the launcher neither allocates nor waits. */
 int dt_k_attention_fwd(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t C, int n_head,
                        void *stream);
 int dt_k_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *att, int64_t B, int64_t T,
-                       int64_t C, int n_head, void *stream);
+                       int64_t C, int n_head, float *scratch, void *stream);
 /* The fused forward (flash attention's online softmax): one block per (b, h, 32 queries); q, k,
    v tiles of 32 rows in shared memory; never stores att. lse [B,H,T] (may be NULL) receives each
    row's log-sum-exp of the scaled scores (max + log(sum)), what a fused backward would need.
@@ -116,21 +132,22 @@ int dt_k_attention_fwd_flash(float *out, float *lse, const float *qkv, int64_t B
                              int n_head, void *stream);
 /* Its backward (FlashAttention-2): dqkv += the gradient, from dout, qkv and the fused forward's
    out and lse; the probabilities recomputed per tile, never stored. D = rowsum(dout * out) first
-   (B*H*T floats of device scratch, cudaMalloc'd and freed), then one pass per key tile (dk, dv)
+   (into scratch: B*H*T device floats of the caller's), then one pass per key tile (dk, dv)
    and one per query tile (dq): each output element summed by one thread in a fixed order, no
    atomics, the same bits every run. Tiles of 32 rows (16 when C / n_head > 64); C / n_head >
    128: cudaErrorInvalidValue. Equals dt_k_attention_bwd to fp32 reassociation (~1e-6). */
 int dt_k_attention_bwd_flash(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                             int64_t B, int64_t T, int64_t C, int n_head, void *stream);
+                             int64_t B, int64_t T, int64_t C, int n_head, float *scratch, void *stream);
 
 /* ==== >>embedding: embedding (dt_embed.cu, dt_hash.cu) ======================================== */
 
 /* dt_embedding_fwd / _bwd: out[n,:] = table[ids[n],:]; dtable[ids[n],:] += dout[n,:]. ids are
    int32 (ids_i64 = 0) or int64 (1). An id outside [0, V) gathers zeros, is skipped in the
-   backward and sets *bad_id = 1 (bad_id, a device int, may be NULL): the caller checks ids on
-   the host first, as the CPU op does. The backward adds with atomicAdd: the order of repeated
-   ids' contributions, and so the last bits, vary from run to run (the deterministic path is
-   dt_k_embed_dedup + dt_k_embed_sparse_update). */
+   backward and sets *bad_id = 1 (bad_id, a device int, may be NULL): dt_tensor.h checks the ids
+   on the device first (dt_k_check_range). The backward needs no sort and no float atomics: a
+   block owns a chunk of columns and the table rows id % S == s, and each of its threads walks
+   all N ids in order, adding the rows of its ids to its column: every (id, column) is summed by
+   one thread in id order, the CPU op's order, so the same bits as the CPU, every run. */
 int dt_k_embedding_fwd(float *out, const float *table, const void *ids, int ids_i64, int64_t N, int64_t V,
                        int64_t D, int *bad_id, void *stream);
 int dt_k_embedding_bwd(float *dtable, const float *dout, const void *ids, int ids_i64, int64_t N, int64_t V,

@@ -1,8 +1,19 @@
-/* kernels/dt_softmax.cu - softmax + cross entropy (kernels/dt_kernels.h, "softmax and cross
-   entropy"): the forward keeps one logsumexp per row, the probabilities are written from it
-   (dt_softmax_xent_fwd's API keeps them), and the backward reads them, op for op the CPU's.
-                                                                    MIT licence (see dt_tensor.h) */
+/* kernels/dt_softmax.cu - the losses and sums of dt_tensor.h on the device (kernels/dt_kernels.h,
+   ">>xent"): softmax + cross entropy, binary cross entropy with logits, and the sums dt_sum /
+   dt_sumsq, all ending in one two-stage reduction so a training step never waits for a loss.
+
+   The reduction: stage 1 cuts the n items into nb = dt_k__loss_blocks(n) contiguous chunks, one
+   block each; its threads sum their items in double (thread t: items t, t + 256, ... of the
+   chunk), then the block's tree (dt_k_block_sum) gives partial[b] and the chunk's count. Stage 2
+   is one block that combines the nb partials the same way. nb and every tree depend on n only,
+   so the result is the same bits run after run, whatever the timing; it is not the CPU's serial
+   order (the tests bound the difference). Everything is written, nothing accumulated: the slot
+   need not be zeroed.                                           MIT licence (see dt_tensor.h) */
 #include "dt_cuda.cuh"
+#include <math.h>
+
+#define DT_K__LOSS_THREADS 256
+#define DT_K__LOSS_MAX_BLOCKS 256 /* stage 2: one item per thread */
 
 /* Threads per row: enough warps to cover V once, at most 512. */
 static int dt_k__xent_threads(int64_t V) {
@@ -10,9 +21,100 @@ static int dt_k__xent_threads(int64_t V) {
     return t < 32 ? 32 : t > 512 ? 512 : (int)t;
 }
 
-/* One block per row (grid-stride over rows): the max, then the sum of exp(z - max) in float
-   (each term <= 1, the largest exactly 1, so the sum is accurate), lse = max + log(sum). */
-__global__ void dt_k__softmax_xent_fwd(float *losses, float *lse, const float *__restrict__ logits,
+/* Stage-1 blocks for n items: about 4 items per thread, at most DT_K__LOSS_MAX_BLOCKS. */
+static int64_t dt_k__loss_blocks(int64_t n) {
+    int64_t b = (n + 4 * DT_K__LOSS_THREADS - 1) / (4 * DT_K__LOSS_THREADS);
+    return b < 1 ? 1 : b > DT_K__LOSS_MAX_BLOCKS ? DT_K__LOSS_MAX_BLOCKS : b;
+}
+
+extern "C" size_t dt_k_loss_scratch_bytes(int64_t rows) {
+    size_t r = rows > 0 ? (size_t)rows : 0;
+    /* row losses (floats), rounded up to 256 bytes, then the partials: (sum, count) per block */
+    return (r * sizeof(float) + 255) / 256 * 256 + 2 * DT_K__LOSS_MAX_BLOCKS * sizeof(double) + 2 * sizeof(double);
+}
+
+/* What stage 1 sums, per item i: */
+enum {
+    DT_K__SUM_ROWLOSS = 0, /* xent: a[i] (a row's loss) where targets[i] != ignore; counted there */
+    DT_K__SUM_COUNT = 1,   /* xent backward: only the count of targets[i] != ignore */
+    DT_K__SUM_BCE = 2,     /* bce: the stable element loss of logits a[i], labels b[i]; every item counted */
+    DT_K__SUM_PLAIN = 3,   /* dt_sum: a[i] */
+    DT_K__SUM_SQ = 4       /* dt_sumsq: a[i] * a[i] */
+};
+
+static __device__ __forceinline__ void dt_k__sum_item(int mode, const float *a, const float *b, const int32_t *t,
+                                                      int ignore, int64_t i, double *s, double *c) {
+    if (mode == DT_K__SUM_ROWLOSS || mode == DT_K__SUM_COUNT) {
+        if (t[i] == ignore) return;
+        if (mode == DT_K__SUM_ROWLOSS) *s += (double)a[i];
+        *c += 1.0;
+    } else if (mode == DT_K__SUM_BCE) {
+        double z = a[i], y = b[i];
+        *s += (z > 0 ? z : 0) - z * y + log1p(exp(-fabs(z))); /* dt_bce_logits_fwd's, never exp of a large z */
+        *c += 1.0;
+    } else {
+        double v = a[i];
+        *s += mode == DT_K__SUM_SQ ? v * v : v;
+        *c += 1.0;
+    }
+}
+
+/* Stage 1: partial[2b], partial[2b + 1] = the sum and count of chunk b (the chunk is n / nb
+   items rounded up; the last may be shorter or empty). */
+__global__ void dt_k__sum_stage1(double *partial, int mode, const float *a, const float *b, const int32_t *t,
+                                 int ignore, int64_t n, int64_t chunk) {
+    int64_t lo = (int64_t)blockIdx.x * chunk, hi = lo + chunk < n ? lo + chunk : n;
+    double s = 0.0, c = 0.0;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) dt_k__sum_item(mode, a, b, t, ignore, i, &s, &c);
+    s = dt_k_block_sum(s);
+    c = dt_k_block_sum(c);
+    if (threadIdx.x == 0) {
+        partial[2 * blockIdx.x] = s;
+        partial[2 * blockIdx.x + 1] = c;
+    }
+}
+
+/* Stage 2, one block: out[0] = sum (mean: sum / count, 0 when the count is 0), out[1] = count. */
+__global__ void dt_k__sum_stage2(double *out, const double *partial, int64_t nb, int mean) {
+    double s = 0.0, c = 0.0;
+    for (int64_t i = threadIdx.x; i < nb; i += blockDim.x) {
+        s += partial[2 * i];
+        c += partial[2 * i + 1];
+    }
+    s = dt_k_block_sum(s);
+    c = dt_k_block_sum(c);
+    if (threadIdx.x == 0) {
+        out[0] = mean ? (c > 0 ? s / c : 0.0) : s;
+        out[1] = c;
+    }
+}
+
+/* The two stages over n items into out[0..1]; partial: 2 * DT_K__LOSS_MAX_BLOCKS doubles. */
+static int dt_k__sum(double *out, double *partial, int mode, const float *a, const float *b, const int32_t *t,
+                     int ignore, int64_t n, int mean, void *stream) {
+    int64_t nb = dt_k__loss_blocks(n), chunk = n > 0 ? (n + nb - 1) / nb : 0;
+    int st;
+    DT_K_LAUNCH(dt_k__sum_stage1, (unsigned)nb, DT_K__LOSS_THREADS, 0, stream, partial, mode, a, b, t, ignore, n,
+                chunk);
+    if ((st = DT_K_CHECK())) return st;
+    DT_K_LAUNCH(dt_k__sum_stage2, 1, DT_K__LOSS_THREADS, 0, stream, out, (const double *)partial, nb, mean);
+    return DT_K_CHECK();
+}
+
+/* Where the pieces of a loss scratch lie: row losses, partials, and (the backward) its count. */
+static float *dt_k__scratch_rows(void *scratch) { return (float *)scratch; }
+static double *dt_k__scratch_partial(void *scratch, int64_t rows) {
+    return (double *)((char *)scratch + ((size_t)rows * sizeof(float) + 255) / 256 * 256);
+}
+
+/* ---------------------------------------------------------------- softmax + cross entropy */
+
+/* One block per row (grid-stride over rows), reading the row coalesced: the max, the sum of
+   exp(z - max) in float (each term <= 1, the largest exactly 1, so the sum is accurate), lse =
+   max + log(sum); losses[r] = lse - z[t] (0 when ignored, NaN for a target outside [0, V): the
+   device check dt_tensor.h queued reports it); then probs = exp(z - lse). probs may be logits:
+   z[t] is read, and every thread is past its reads of the row (the barrier), before any write. */
+__global__ void dt_k__softmax_xent_fwd(float *losses, float *probs, const float *logits,
                                        const int32_t *__restrict__ targets, int ignore_index, int64_t rows,
                                        int64_t V) {
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -25,58 +127,111 @@ __global__ void dt_k__softmax_xent_fwd(float *losses, float *lse, const float *_
         l = mx + logf(s);
         if (threadIdx.x == 0) {
             int32_t t = targets[r];
-            lse[r] = l;
             if (t == ignore_index) losses[r] = 0.0f;
-            else if (t < 0 || (int64_t)t >= V) losses[r] = NAN; /* the CPU op's DT_ERR_RANGE */
+            else if (t < 0 || (int64_t)t >= V) losses[r] = NAN;
             else losses[r] = l - z[t];
+        }
+        __syncthreads();
+        if (probs) {
+            float *p = probs + r * V;
+            for (int64_t v = threadIdx.x; v < V; v += blockDim.x) p[v] = expf(z[v] - l);
         }
     }
 }
 
-/* Elementwise: probs[r, v] = exp(z - lse[r]). probs may be logits: each thread reads its one
-   element before it writes it. */
-__global__ void dt_k__softmax_xent_probs(float *probs, const float *logits, const float *__restrict__ lse, int64_t n,
-                                         int64_t V) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        probs[i] = expf(logits[i] - lse[i / V]);
-}
-
-/* The CPU op's backward from stored probabilities, op for op: g += s p, and on the target column
-   g + s (p - 1). dlogits may be probs (same element, read before written). */
-__global__ void dt_k__softmax_xent_bwd_probs(float *dlogits, const float *probs, const int32_t *__restrict__ targets,
-                                             int ignore_index, float s, int64_t n, int64_t V) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = i / V, v = i - r * V;
+/* One block per row: dlogits += s p, and on the target column s (p - 1), s = dloss / n_valid with
+   n_valid the device count (count[1]); the CPU op's operations. Ignored rows and targets outside
+   [0, V) (reported by the device check) add nothing. dlogits may be probs (same element, read
+   before written by the same thread). */
+__global__ void dt_k__softmax_xent_bwd(float *dlogits, const float *probs, const int32_t *__restrict__ targets,
+                                       int ignore_index, float dloss, const double *count, int64_t rows, int64_t V) {
+    int64_t n = (int64_t)count[1];
+    float s;
+    if (n == 0) return;
+    s = dloss / (float)n;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         int32_t t = targets[r];
+        const float *p = probs + r * V;
+        float *g = dlogits + r * V;
         if (t == ignore_index || t < 0 || (int64_t)t >= V) continue;
-        dlogits[i] = v == t ? dlogits[i] + s * (probs[i] - 1.0f) : dlogits[i] + s * probs[i];
+        for (int64_t v = threadIdx.x; v < V; v += blockDim.x) g[v] = v == t ? g[v] + s * (p[v] - 1.0f) : g[v] + s * p[v];
     }
 }
 
-int dt_k_softmax_xent_fwd(float *losses, float *lse, const float *logits, const int32_t *targets, int ignore_index,
-                          int64_t rows, int64_t V, void *stream) {
-    if (rows < 0 || V < 0 || (V && rows > INT64_MAX / V)) return (int)cudaErrorInvalidValue;
-    if (rows == 0) return 0;
-    DT_K_LAUNCH(dt_k__softmax_xent_fwd, rows > 65535 ? 65535u : (unsigned int)rows, dt_k__xent_threads(V), 0, stream,
-                losses, lse, logits, targets, ignore_index, rows, V);
+static int dt_k__xent_args(int64_t rows, int64_t V) { return rows >= 0 && V >= 0 && (V == 0 || rows <= INT64_MAX / V); }
+
+extern "C" int dt_k_softmax_xent_fwd(double *loss_slot, float *probs, const float *logits, const int32_t *targets,
+                                     int ignore_index, int64_t rows, int64_t V, void *scratch, void *stream) {
+    int st;
+    if (!dt_k__xent_args(rows, V) || !loss_slot || !scratch) return (int)cudaErrorInvalidValue;
+    if (rows > 0 && V > 0) {
+        DT_K_LAUNCH(dt_k__softmax_xent_fwd, rows > 65535 ? 65535u : (unsigned int)rows, dt_k__xent_threads(V), 0,
+                    stream, dt_k__scratch_rows(scratch), probs, logits, targets, ignore_index, rows, V);
+        if ((st = DT_K_CHECK())) return st;
+    }
+    /* V = 0: no row has a valid target (the check says so); counted as the CPU does, loss 0 */
+    return dt_k__sum(loss_slot, dt_k__scratch_partial(scratch, rows), V > 0 ? DT_K__SUM_ROWLOSS : DT_K__SUM_COUNT,
+                     dt_k__scratch_rows(scratch), NULL, targets, ignore_index, rows, 1, stream);
+}
+
+extern "C" int dt_k_softmax_xent_bwd(float *dlogits, const float *probs, const int32_t *targets, int ignore_index,
+                                     float dloss, int64_t rows, int64_t V, void *scratch, void *stream) {
+    double *partial, *count;
+    int st;
+    if (!dt_k__xent_args(rows, V) || !scratch) return (int)cudaErrorInvalidValue;
+    if (rows * V == 0 || !dlogits) return 0;
+    partial = dt_k__scratch_partial(scratch, rows);
+    count = partial + 2 * DT_K__LOSS_MAX_BLOCKS;
+    if ((st = dt_k__sum(count, partial, DT_K__SUM_COUNT, NULL, NULL, targets, ignore_index, rows, 0, stream)))
+        return st;
+    DT_K_LAUNCH(dt_k__softmax_xent_bwd, rows > 65535 ? 65535u : (unsigned int)rows, dt_k__xent_threads(V), 0, stream,
+                dlogits, probs, targets, ignore_index, dloss, (const double *)count, rows, V);
     return DT_K_CHECK();
 }
 
-int dt_k_softmax_xent_probs(float *probs, const float *logits, const float *lse, int64_t rows, int64_t V,
-                            void *stream) {
-    if (rows < 0 || V < 0 || (V && rows > INT64_MAX / V)) return (int)cudaErrorInvalidValue;
-    if (rows * V == 0) return 0;
-    DT_K_LAUNCH(dt_k__softmax_xent_probs, dt_k__blocks(rows * V, 256, 4096u), 256, 0, stream, probs, logits, lse,
-                rows * V, V);
+/* ---------------------------------------------------------------- binary cross entropy */
+
+/* dlogits += s (sigmoid(z) - y), s = dloss / n, the CPU op's float operations. */
+__global__ void dt_k__bce_bwd(float *dlogits, const float *logits, const float *labels, float s, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float z = logits[i];
+        float sig = z >= 0 ? 1.0f / (1.0f + expf(-z)) : expf(z) / (1.0f + expf(z));
+        dlogits[i] += s * (sig - labels[i]);
+    }
+}
+
+extern "C" int dt_k_bce_logits_fwd(double *loss_slot, const float *logits, const float *labels, int64_t n,
+                                   void *scratch, void *stream) {
+    if (n < 0 || !loss_slot || !scratch) return (int)cudaErrorInvalidValue;
+    return dt_k__sum(loss_slot, dt_k__scratch_partial(scratch, 0), DT_K__SUM_BCE, logits, labels, NULL, 0, n, 1,
+                     stream);
+}
+
+extern "C" int dt_k_bce_logits_bwd(float *dlogits, const float *logits, const float *labels, float dloss, int64_t n,
+                                   void *stream) {
+    if (n < 0) return (int)cudaErrorInvalidValue;
+    if (n == 0 || !dlogits) return 0;
+    DT_K_LAUNCH(dt_k__bce_bwd, dt_k__blocks(n, 256, 4096u), 256, 0, stream, dlogits, logits, labels,
+                dloss / (float)n, n);
     return DT_K_CHECK();
 }
 
-int dt_k_softmax_xent_bwd_probs(float *dlogits, const float *probs, const int32_t *targets, int ignore_index,
-                                float dloss, int64_t n_valid, int64_t rows, int64_t V, void *stream) {
-    if (rows < 0 || V < 0 || n_valid < 0 || n_valid > rows || (V && rows > INT64_MAX / V))
-        return (int)cudaErrorInvalidValue;
-    if (n_valid == 0 || rows * V == 0) return 0;
-    DT_K_LAUNCH(dt_k__softmax_xent_bwd_probs, dt_k__blocks(rows * V, 256, 4096u), 256, 0, stream, dlogits, probs,
-                targets, ignore_index, dloss / (float)n_valid, rows * V, V);
+/* ---------------------------------------------------------------- sums, scale */
+
+extern "C" int dt_k_sum(double *out, const float *x, int64_t n, int sq, void *scratch, void *stream) {
+    if (n < 0 || !out || !scratch) return (int)cudaErrorInvalidValue;
+    return dt_k__sum(out, dt_k__scratch_partial(scratch, 0), sq ? DT_K__SUM_SQ : DT_K__SUM_PLAIN, x, NULL, NULL, 0, n,
+                     0, stream);
+}
+
+__global__ void dt_k__scale(float *x, float alpha, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = alpha * x[i];
+}
+
+extern "C" int dt_k_scale(float *x, float alpha, int64_t n, void *stream) {
+    if (n < 0) return (int)cudaErrorInvalidValue;
+    if (n == 0) return 0;
+    DT_K_LAUNCH(dt_k__scale, dt_k__blocks(n, 256, 4096u), 256, 0, stream, x, alpha, n);
     return DT_K_CHECK();
 }

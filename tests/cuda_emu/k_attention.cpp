@@ -2,6 +2,8 @@
 // dt_attention_fwd / _bwd (the CPU op), and the fused forward and backward against the baseline
 // kernels and the CPU op: T not a multiple of the tile, one and several heads, B 1 and 2, a head
 // size over 64 (the backward's 16-row tiles); the fused backward is also the same bits twice.
+// The backward launchers take their scratch from the caller (dt_cuda_scratch in dt_tensor.h): a
+// missing one is an error, and neither allocates (the emulator's counters).
 #include <cuda_runtime.h>
 #include <vector>
 #include "dt_tensor.h"
@@ -62,7 +64,15 @@ static void check(dt_ctx *ctx, const char *tag, int64_t B, int64_t T, int64_t C,
     snprintf(name, sizeof name, "attention_fwd_att_matches_cpu_with_zeros_above_diagonal_%s", tag);
     dt_test_allclose(name, host(d_att, na).data(), att.data(), na, 1e-7, 1e-5);
 
-    st = dt_k_attention_bwd(d_dqkv, d_dout, d_qkv, d_att, B, T, C, H, NULL);
+    float *d_scr = dev(std::vector<float>(na, 7.0f)); /* B*H*T*T: the baseline's; B*H*T: the fused one's */
+    dt_emu_counters c0, c1;
+    dt_emu_get_counters(&c0);
+    st = dt_k_attention_bwd(d_dqkv, d_dout, d_qkv, d_att, B, T, C, H, d_scr, NULL);
+    dt_emu_get_counters(&c1);
+    snprintf(name, sizeof name, "attention_bwd_allocates_nothing_and_never_waits_%s", tag);
+    if (c1.allocs == c0.allocs && c1.frees == c0.frees && c1.syncs == c0.syncs) dt_test_pass(name);
+    else dt_test_fail(name, "allocs %lld, frees %lld, syncs %lld during the launch; want 0", c1.allocs - c0.allocs,
+                      c1.frees - c0.frees, c1.syncs - c0.syncs);
     snprintf(name, sizeof name, "attention_bwd_dqkv_accumulates_as_cpu_%s", tag);
     if (DT_TEST_CHECK(name, st == 0)) {
         snprintf(name, sizeof name, "attention_bwd_dqkv_matches_cpu_%s", tag);
@@ -102,7 +112,13 @@ static void check(dt_ctx *ctx, const char *tag, int64_t B, int64_t T, int64_t C,
     { /* the fused backward from the fused forward's out and lse, onto the same initial dqkv */
         float *d_fdq = dev(dqkv0), *d_fdq2 = dev(dqkv0);
         std::vector<float> base = host(d_dqkv, nq);
-        st = dt_k_attention_bwd_flash(d_fdq, d_dout, d_qkv, d_fl, d_lse, B, T, C, H, NULL);
+        dt_emu_get_counters(&c0);
+        st = dt_k_attention_bwd_flash(d_fdq, d_dout, d_qkv, d_fl, d_lse, B, T, C, H, d_scr, NULL);
+        dt_emu_get_counters(&c1);
+        snprintf(name, sizeof name, "attention_bwd_flash_allocates_nothing_and_never_waits_%s", tag);
+        if (c1.allocs == c0.allocs && c1.frees == c0.frees && c1.syncs == c0.syncs) dt_test_pass(name);
+        else dt_test_fail(name, "allocs %lld, frees %lld, syncs %lld during the launch; want 0", c1.allocs - c0.allocs,
+                          c1.frees - c0.frees, c1.syncs - c0.syncs);
         snprintf(name, sizeof name, "attention_bwd_flash_returns_0_%s", tag);
         if (DT_TEST_CHECK(name, st == 0)) {
             std::vector<float> got = host(d_fdq, nq);
@@ -110,14 +126,14 @@ static void check(dt_ctx *ctx, const char *tag, int64_t B, int64_t T, int64_t C,
             dt_test_allclose(name, got.data(), dqkv.data(), nq, 1e-6, 1e-5);
             snprintf(name, sizeof name, "attention_bwd_flash_dqkv_matches_baseline_kernel_%s", tag);
             dt_test_allclose(name, got.data(), base.data(), nq, 1e-6, 1e-5);
-            dt_k_attention_bwd_flash(d_fdq2, d_dout, d_qkv, d_fl, d_lse, B, T, C, H, NULL);
+            dt_k_attention_bwd_flash(d_fdq2, d_dout, d_qkv, d_fl, d_lse, B, T, C, H, d_scr, NULL);
             snprintf(name, sizeof name, "attention_bwd_flash_same_bits_every_run_%s", tag);
             dt_test_allclose(name, host(d_fdq2, nq).data(), got.data(), nq, 0, 0);
         }
         cudaFree(d_fdq); cudaFree(d_fdq2);
     }
     cudaFree(d_qkv); cudaFree(d_out); cudaFree(d_att); cudaFree(d_dout); cudaFree(d_dqkv); cudaFree(d_fl);
-    cudaFree(d_lse);
+    cudaFree(d_lse); cudaFree(d_scr);
 }
 
 int main(void) {
@@ -134,19 +150,23 @@ int main(void) {
         DT_TEST_CHECK("attention_fwd_n_head_not_dividing_C_is_invalid_value",
                       dt_k_attention_fwd(d, d, d, 1, 2, 8, 3, NULL) == (int)cudaErrorInvalidValue);
         DT_TEST_CHECK("attention_bwd_n_head_0_is_invalid_value",
-                      dt_k_attention_bwd(d, d, d, d, 1, 2, 8, 0, NULL) == (int)cudaErrorInvalidValue);
+                      dt_k_attention_bwd(d, d, d, d, 1, 2, 8, 0, d, NULL) == (int)cudaErrorInvalidValue);
+        DT_TEST_CHECK("attention_bwd_no_scratch_is_invalid_value",
+                      dt_k_attention_bwd(d, d, d, d, 1, 2, 8, 2, NULL, NULL) == (int)cudaErrorInvalidValue);
+        DT_TEST_CHECK("attention_bwd_flash_no_scratch_is_invalid_value",
+                      dt_k_attention_bwd_flash(d, d, d, d, d, 1, 2, 8, 2, NULL, NULL) == (int)cudaErrorInvalidValue);
         DT_TEST_CHECK("attention_fwd_flash_head_size_over_96_is_invalid_value",
                       dt_k_attention_fwd_flash(d, NULL, d, 1, 1, 97, 1, NULL) == (int)cudaErrorInvalidValue);
         DT_TEST_CHECK("attention_fwd_flash_negative_T_is_invalid_value",
                       dt_k_attention_fwd_flash(d, NULL, d, 1, -1, 8, 2, NULL) == (int)cudaErrorInvalidValue);
         DT_TEST_CHECK("attention_bwd_flash_head_size_over_128_is_invalid_value",
-                      dt_k_attention_bwd_flash(d, d, d, d, d, 1, 1, 129, 1, NULL) == (int)cudaErrorInvalidValue);
+                      dt_k_attention_bwd_flash(d, d, d, d, d, 1, 1, 129, 1, d, NULL) == (int)cudaErrorInvalidValue);
         DT_TEST_CHECK("attention_bwd_flash_null_lse_is_invalid_value",
-                      dt_k_attention_bwd_flash(d, d, d, d, NULL, 1, 2, 8, 2, NULL) == (int)cudaErrorInvalidValue);
-        DT_TEST_CHECK("attention_bwd_flash_empty_batch_is_ok", dt_k_attention_bwd_flash(d, d, d, d, d, 0, 4, 8, 2, NULL) == 0);
+                      dt_k_attention_bwd_flash(d, d, d, d, NULL, 1, 2, 8, 2, d, NULL) == (int)cudaErrorInvalidValue);
+        DT_TEST_CHECK("attention_bwd_flash_empty_batch_is_ok", dt_k_attention_bwd_flash(d, d, d, d, d, 0, 4, 8, 2, d, NULL) == 0);
         DT_TEST_CHECK("attention_fwd_empty_batch_is_ok", dt_k_attention_fwd(d, d, d, 0, 4, 8, 2, NULL) == 0 &&
                                                              dt_k_attention_fwd_flash(d, d, d, 0, 4, 8, 2, NULL) == 0 &&
-                                                             dt_k_attention_bwd(d, d, d, d, 0, 4, 8, 2, NULL) == 0);
+                                                             dt_k_attention_bwd(d, d, d, d, 0, 4, 8, 2, d, NULL) == 0);
         cudaFree(d);
     }
     dt_ctx_shutdown(&ctx);

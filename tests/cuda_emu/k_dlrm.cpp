@@ -131,8 +131,10 @@ static void check(const char *arch, const char *opt, const char *shard, int step
 
 // The ops dlrm needs that gained a cuda dispatch (dt_tensor.h): add, mul fwd/bwd, concat / split,
 // dot interaction fwd/bwd, bce with logits fwd/bwd, each on cuda tensors against the cpu op on
-// the same inputs (bitwise: the kernels and the host-staged bce do the cpu's operations), and
-// the bad inputs (a cpu operand among cuda ones, concat widths that do not add up).
+// the same inputs (bitwise: the kernels do the cpu's operations; but the bce loss, whose double
+// element losses the device sums in another order: within 2 u |loss| after the cast to float,
+// u = 2^-24), and the bad inputs (a cpu operand among cuda ones, concat widths that do not add
+// up). A cuda ctx: the device loss lives in its status block.
 static dt_tensor mk(dt_ctx *ctx, dt_device dev, int64_t d0, int64_t d1, int64_t d2, const std::vector<float> &v) {
     dt_tensor t;
     dt_tensor_desc d;
@@ -159,7 +161,10 @@ static std::vector<float> rnd(size_t n) {
 
 static void check_ops(void) {
     dt_ctx ctx;
-    dt_ctx_init(&ctx, NULL);
+    dt_ctx_desc cd;
+    memset(&cd, 0, sizeof cd);
+    cd.device = DT_CUDA_DEVICE;
+    CHECK(dt_ctx_init(&ctx, &cd));
     g_ctx = &ctx;
     const int64_t B = 3, Fv = 2, D = 4, W = D + (Fv + 1) * Fv / 2;
     std::vector<float> a = rnd(B * D), b = rnd(B * D), g = rnd(B * D), e = rnd(B * Fv * D), go = rnd(B * W);
@@ -214,7 +219,7 @@ static void check_ops(void) {
         if (r[0][i].size() == r[1][i].size()) dt_test_equal_bytes(name, r[1][i].data(), r[0][i].data(), r[0][i].size() * 4);
         else dt_test_fail(name, "sizes %zu / %zu", r[1][i].size(), r[0][i].size());
     }
-    dt_test_close("cuda_bce_logits_fwd_equals_cpu", loss[1], loss[0], 0);
+    dt_test_close("cuda_bce_logits_fwd_within_2u_of_cpu", loss[1], loss[0], 2.0 / 16777216.0 * fabs(loss[0]));
     dt_ctx_shutdown(&ctx);
 }
 

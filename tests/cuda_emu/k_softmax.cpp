@@ -1,84 +1,184 @@
-/* tests/cuda_emu/k_softmax.cpp - kernels/dt_softmax.cu (softmax + cross entropy) on the CUDA
-   emulator against dt_softmax_xent_fwd / _bwd of dt_tensor.h, in every DT_EMU_MODE and under
-   TSan. The forward keeps a logsumexp per row, the probabilities are written from it: loss and
-   gradient must be the CPU's (relative 1e-5). */
+/* tests/cuda_emu/k_softmax.cpp - kernels/dt_softmax.cu (the device losses and sums) on the CUDA
+   emulator against dt_tensor.h's CPU ops, in every DT_EMU_MODE and under TSan: softmax + cross
+   entropy (loss and n_valid into a loss slot, probabilities, the backward with n_valid counted
+   on the device), binary cross entropy with logits, dt_sum / dt_sumsq's two-stage sum.
+
+   Tolerances, u = 2^-24 (float), ud = 2^-53 (double). A row of softmax xent: s = the float sum
+   of V terms exp(z - max) in (0, 1] (each within 2 ulp) has relative error <= (V + 2) u, so
+   log s is within (V + 3) u + u |log s|; lse = max + log s and loss = lse - z[t] round once
+   each: |err_row| <= u (V + 3 + |log s| + |lse| + |loss|). The CPU's own row has the same
+   bound (8-lane float sums), the means in double add nothing visible: |gpu - cpu| <= 2 max_row
+   bound. probs = exp(z - lse): relative error <= |err(lse)| + u |z - lse| + 2u, twice for the
+   two sides. The bce loss: the same double element losses, summed in another order: within
+   n ud sum|l| of each other before the cast to float, so within 2 u |loss| after. Sums: within
+   n ud sum|x| (sumsq: sum x^2) of the exact sum. The backward kernels do the CPU's float
+   operations: bitwise equal given the same probabilities. Every result is also checked bitwise
+   against a second run (the reductions' order is fixed by n, not by timing). */
 #include "dt_tensor.h"
 #include "k_common.h"
+#include <math.h>
 
 static dt_ctx ctx;
 static const int IGNORE = -100;
+static const double U = 1.0 / 16777216.0, UD = 1.0 / 9007199254740992.0;
+
+static void *scratch_for(int64_t rows) {
+    void *p = NULL;
+    if (cudaMalloc(&p, dt_k_loss_scratch_bytes(rows)) != cudaSuccess) exit(2);
+    k_allocs.push_back(p);
+    return p;
+}
+
+static dt_tensor i32_cpu(const std::vector<int32_t> &t) {
+    dt_tensor x;
+    dt_tensor_desc td;
+    memset(&td, 0, sizeof td);
+    td.dtype = DT_I32, td.shape[0] = (int64_t)t.size(), td.ndim = 1;
+    dt_tensor_create(&ctx, &x, &td);
+    memcpy(x.data, t.data(), t.size() * sizeof(int32_t));
+    return x;
+}
 
 static void check_xent(const char *tag, int64_t R, int64_t V, float scale) {
     char name[128];
     std::vector<float> z = k_random(R * V, -scale, scale), g0 = k_random(R * V, -0.1f, 0.1f);
     std::vector<int32_t> t(R);
     for (int64_t r = 0; r < R; r++) t[r] = (int32_t)(k_uniform(0, 1) * (float)V) % (int32_t)V;
-    t[1] = IGNORE; /* ignored rows: no loss, no gradient */
+    t[1] = IGNORE; /* ignored rows: no loss, no gradient, not counted */
     if (R > 3) t[R - 1] = IGNORE;
-    float *d_z = k_upload(z), *d_loss = k_upload(std::vector<float>(R, 0)), *d_lse = k_upload(std::vector<float>(R, 0));
-    float *d_g = k_upload(g0), *d_p = k_upload(std::vector<float>(R * V, 0));
+    float *d_z = k_upload(z), *d_p = k_upload(std::vector<float>(R * V, 0)), *d_g = k_upload(g0);
     int32_t *d_t = k_upload(t);
+    double *d_slot = k_upload(std::vector<double>(2, -1.0));
+    void *scratch = scratch_for(R);
 
     dt_tensor t_z = k_cpu(&ctx, z, R, V), t_p = k_cpu(&ctx, std::vector<float>(R * V, 0), R, V), t_g = k_cpu(&ctx, g0, R, V);
-    dt_tensor t_t;
-    dt_tensor_desc td;
-    memset(&td, 0, sizeof td);
-    td.dtype = DT_I32, td.shape[0] = R, td.ndim = 1;
-    dt_tensor_create(&ctx, &t_t, &td);
-    memcpy(t_t.data, t.data(), R * sizeof(int32_t));
+    dt_tensor t_t = i32_cpu(t);
     float loss = 0;
     int64_t n_valid = 0;
     dt_softmax_xent_fwd(&ctx, &loss, &n_valid, &t_p, &t_z, &t_t, IGNORE);
 
-    snprintf(name, sizeof name, "softmax_xent_fwd_mean_loss_matches_cpu_%s", tag);
-    if (k_ok(name, dt_k_softmax_xent_fwd(d_loss, d_lse, d_z, d_t, IGNORE, R, V, NULL))) {
-        std::vector<float> losses = k_download(d_loss, R), lse = k_download(d_lse, R);
-        double sum = 0, worst = 0;
-        int zero_ignored = 1;
-        for (int64_t r = 0; r < R; r++) {
-            sum += losses[r];
-            if (t[r] == IGNORE && losses[r] != 0.0f) zero_ignored = 0;
-            double mx = -INFINITY, s = 0; /* logsumexp in double, directly */
-            for (int64_t v = 0; v < V; v++) mx = z[r * V + v] > mx ? z[r * V + v] : mx;
-            for (int64_t v = 0; v < V; v++) s += exp(z[r * V + v] - mx);
-            double want = mx + log(s);
-            worst = fmax(worst, fabs(lse[r] - want) / fmax(1.0, fabs(want)));
-        }
-        dt_test_close(name, sum / (double)n_valid, loss, 1e-5 * fabs(loss) + 1e-6);
-        snprintf(name, sizeof name, "softmax_xent_fwd_lse_is_logsumexp_%s", tag);
-        if (worst <= 1e-6) dt_test_pass(name);
-        else dt_test_fail(name, "largest relative difference from a double logsumexp %.3g > 1e-6", worst);
-        snprintf(name, sizeof name, "softmax_xent_fwd_ignored_rows_have_zero_loss_%s", tag);
-        DT_TEST_CHECK(name, zero_ignored);
+    /* the derived bound, from a double reference per row */
+    double bound = 0, prob_rtol = 0;
+    for (int64_t r = 0; r < R; r++) {
+        double mx = -INFINITY, s = 0;
+        for (int64_t v = 0; v < V; v++) mx = fmax(mx, z[r * V + v]);
+        for (int64_t v = 0; v < V; v++) s += exp(z[r * V + v] - mx);
+        double lse = mx + log(s), zmax = 0;
+        double lr = t[r] == IGNORE ? 0 : lse - z[r * V + t[r]];
+        for (int64_t v = 0; v < V; v++) zmax = fmax(zmax, fabs(z[r * V + v] - lse));
+        double row = U * ((double)V + 3 + fabs(log(s)) + fabs(lse) + fabs(lr));
+        bound = fmax(bound, 2 * row);
+        prob_rtol = fmax(prob_rtol, 2 * (row + U * zmax + 2 * U));
     }
-    snprintf(name, sizeof name, "softmax_xent_bwd_accumulates_like_cpu_%s", tag);
+
+    snprintf(name, sizeof name, "softmax_xent_fwd_mean_loss_within_derived_bound_of_cpu_%s", tag);
+    if (k_ok(name, dt_k_softmax_xent_fwd(d_slot, d_p, d_z, d_t, IGNORE, R, V, scratch, NULL))) {
+        std::vector<double> slot = k_download(d_slot, 2);
+        std::vector<float> p = k_download(d_p, R * V);
+        dt_test_close(name, (float)slot[0], loss, bound + U * fabs(loss)); /* + the cast to float */
+        snprintf(name, sizeof name, "softmax_xent_fwd_n_valid_counts_rows_not_ignored_%s", tag);
+        if (slot[1] == (double)n_valid) dt_test_pass(name);
+        else dt_test_fail(name, "n_valid %g on the device, %lld on the cpu", slot[1], (long long)n_valid);
+        snprintf(name, sizeof name, "softmax_xent_fwd_probs_within_derived_bound_of_cpu_%s", tag);
+        dt_test_allclose(name, p.data(), (float *)t_p.data, R * V, 1e-30, prob_rtol);
+        /* determinism: the same bits again, and in place (probs = logits) the same probs */
+        snprintf(name, sizeof name, "softmax_xent_fwd_same_bits_every_run_and_in_place_%s", tag);
+        float *d_z2 = k_upload(z);
+        if (k_ok(name, dt_k_softmax_xent_fwd(d_slot, d_z2, d_z2, d_t, IGNORE, R, V, scratch, NULL))) {
+            std::vector<double> slot2 = k_download(d_slot, 2);
+            std::vector<float> p2 = k_download(d_z2, R * V);
+            if (memcmp(slot.data(), slot2.data(), 16) == 0 && memcmp(p.data(), p2.data(), p.size() * 4) == 0)
+                dt_test_pass(name);
+            else dt_test_fail(name, "loss %.17g then %.17g, or the probabilities differ", slot[0], slot2[0]);
+        }
+    }
+    /* the backward from the cpu's probabilities: the cpu's float operations, bitwise */
+    snprintf(name, sizeof name, "softmax_xent_bwd_equals_cpu_bitwise_%s", tag);
     dt_softmax_xent_bwd(&ctx, &t_g, &t_p, &t_t, IGNORE, 0.75f);
-    if (k_ok(name, dt_k_softmax_xent_probs(d_p, d_z, d_lse, R, V, NULL)) &&
-        k_ok(name, dt_k_softmax_xent_bwd_probs(d_g, d_p, d_t, IGNORE, 0.75f, n_valid, R, V, NULL)))
-        dt_test_allclose(name, k_download(d_g, R * V).data(), (float *)t_g.data, R * V, 1e-6, 1e-5);
+    float *d_pc = k_upload(k_values(t_p));
+    if (k_ok(name, dt_k_softmax_xent_bwd(d_g, d_pc, d_t, IGNORE, 0.75f, R, V, scratch, NULL)))
+        dt_test_allclose(name, k_download(d_g, R * V).data(), (float *)t_g.data, R * V, 0, 0);
     dt_tensor_free(&ctx, &t_z), dt_tensor_free(&ctx, &t_p), dt_tensor_free(&ctx, &t_g), dt_tensor_free(&ctx, &t_t);
 }
 
-static void check_edges(void) {
+static void check_xent_edges(void) {
     const int64_t R = 3, V = 40;
     std::vector<float> z = k_random(R * V), g0(R * V, 0.5f);
-    std::vector<int32_t> t = {5, 40, -1}; /* 40 and -1: outside [0, V) and not ignored */
-    float *d_z = k_upload(z), *d_loss = k_upload(std::vector<float>(R, 0)), *d_lse = k_upload(std::vector<float>(R, 0));
-    float *d_g = k_upload(g0);
-    int32_t *d_t = k_upload(t);
-    if (k_ok("softmax_xent_fwd_target_outside_v_gives_nan_loss", dt_k_softmax_xent_fwd(d_loss, d_lse, d_z, d_t, IGNORE, R, V, NULL))) {
-        std::vector<float> l = k_download(d_loss, R);
-        if (l[0] == l[0] && l[1] != l[1] && l[2] != l[2]) dt_test_pass("softmax_xent_fwd_target_outside_v_gives_nan_loss");
-        else dt_test_fail("softmax_xent_fwd_target_outside_v_gives_nan_loss", "losses %g %g %g; want finite, NaN, NaN",
-                          l[0], l[1], l[2]);
+    std::vector<int32_t> t = {5, 40, -1}, ign = {IGNORE, IGNORE, IGNORE};
+    float *d_z = k_upload(z), *d_g = k_upload(g0), *d_p = k_upload(std::vector<float>(R * V, 0));
+    int32_t *d_t = k_upload(t), *d_ign = k_upload(ign);
+    double *d_slot = k_upload(std::vector<double>(2, -1.0));
+    void *scratch = scratch_for(R);
+    if (k_ok("softmax_xent_fwd_target_outside_v_gives_nan_loss",
+             dt_k_softmax_xent_fwd(d_slot, d_p, d_z, d_t, IGNORE, R, V, scratch, NULL))) {
+        std::vector<double> l = k_download(d_slot, 2);
+        if (l[0] != l[0] && l[1] == 3) dt_test_pass("softmax_xent_fwd_target_outside_v_gives_nan_loss");
+        else dt_test_fail("softmax_xent_fwd_target_outside_v_gives_nan_loss", "loss %g, n %g; want NaN, 3", l[0], l[1]);
+    }
+    if (k_ok("softmax_xent_fwd_all_ignored_is_zero_loss_zero_count",
+             dt_k_softmax_xent_fwd(d_slot, NULL, d_z, d_ign, IGNORE, R, V, scratch, NULL))) {
+        std::vector<double> l = k_download(d_slot, 2);
+        DT_TEST_CHECK("softmax_xent_fwd_all_ignored_is_zero_loss_zero_count", l[0] == 0 && l[1] == 0);
     }
     if (k_ok("softmax_xent_bwd_no_valid_rows_adds_nothing",
-             dt_k_softmax_xent_bwd_probs(d_g, d_z, d_t, IGNORE, 1.0f, 0, R, V, NULL)))
+             dt_k_softmax_xent_bwd(d_g, d_z, d_ign, IGNORE, 1.0f, R, V, scratch, NULL)))
         dt_test_allclose("softmax_xent_bwd_no_valid_rows_adds_nothing", k_download(d_g, R * V).data(), g0.data(), R * V, 0, 0);
-    DT_TEST_CHECK("softmax_xent_bwd_n_valid_above_rows_is_invalid_value",
-                  dt_k_softmax_xent_bwd_probs(d_g, d_z, d_t, IGNORE, 1.0f, R + 1, R, V, NULL) == cudaErrorInvalidValue);
     DT_TEST_CHECK("softmax_xent_fwd_negative_rows_is_invalid_value",
-                  dt_k_softmax_xent_fwd(d_loss, d_lse, d_z, d_t, IGNORE, -1, V, NULL) == cudaErrorInvalidValue);
+                  dt_k_softmax_xent_fwd(d_slot, d_p, d_z, d_t, IGNORE, -1, V, scratch, NULL) == cudaErrorInvalidValue);
+    DT_TEST_CHECK("softmax_xent_fwd_no_scratch_is_invalid_value",
+                  dt_k_softmax_xent_fwd(d_slot, d_p, d_z, d_t, IGNORE, R, V, NULL, NULL) == cudaErrorInvalidValue);
+}
+
+static void check_bce(const char *tag, int64_t n) {
+    char name[128];
+    std::vector<float> z = k_random(n, -30.0f, 30.0f), y(n), g0 = k_random(n, -0.1f, 0.1f);
+    for (int64_t i = 0; i < n; i++) y[i] = k_uniform(0, 1) < 0.5f ? 0.0f : 1.0f;
+    float *d_z = k_upload(z), *d_y = k_upload(y), *d_g = k_upload(g0);
+    double *d_slot = k_upload(std::vector<double>(2, -1.0));
+    void *scratch = scratch_for(0);
+    dt_tensor t_z = k_cpu(&ctx, z, n), t_y = k_cpu(&ctx, y, n), t_g = k_cpu(&ctx, g0, n);
+    float loss = 0;
+    dt_bce_logits_fwd(&ctx, &loss, &t_z, &t_y);
+    dt_bce_logits_bwd(&ctx, &t_g, &t_z, &t_y, 0.5f);
+    snprintf(name, sizeof name, "bce_logits_fwd_mean_within_derived_bound_of_cpu_%s", tag);
+    if (k_ok(name, dt_k_bce_logits_fwd(d_slot, d_z, d_y, n, scratch, NULL))) {
+        std::vector<double> s = k_download(d_slot, 2);
+        dt_test_close(name, (float)s[0], loss, 2 * U * fabs(loss));
+        snprintf(name, sizeof name, "bce_logits_fwd_counts_every_element_%s", tag);
+        DT_TEST_CHECK(name, s[1] == (double)n);
+        snprintf(name, sizeof name, "bce_logits_fwd_same_bits_every_run_%s", tag);
+        dt_k_bce_logits_fwd(d_slot, d_z, d_y, n, scratch, NULL);
+        std::vector<double> s2 = k_download(d_slot, 2);
+        dt_test_equal_bytes(name, s2.data(), s.data(), 16);
+    }
+    snprintf(name, sizeof name, "bce_logits_bwd_equals_cpu_bitwise_%s", tag);
+    if (k_ok(name, dt_k_bce_logits_bwd(d_g, d_z, d_y, 0.5f, n, NULL)))
+        dt_test_allclose(name, k_download(d_g, n).data(), (float *)t_g.data, n, 0, 0);
+    dt_tensor_free(&ctx, &t_z), dt_tensor_free(&ctx, &t_y), dt_tensor_free(&ctx, &t_g);
+}
+
+static void check_sum(const char *tag, int64_t n) {
+    char name[128];
+    std::vector<float> x = k_random(n, -3.0f, 3.0f);
+    float *d_x = k_upload(x);
+    double *d_out = k_upload(std::vector<double>(2, -1.0));
+    void *scratch = scratch_for(0);
+    for (int sq = 0; sq < 2; sq++) {
+        long double exact = 0, mag = 0;
+        for (int64_t i = 0; i < n; i++) {
+            long double v = sq ? (long double)x[i] * x[i] : (long double)x[i];
+            exact += v, mag += fabsl(v);
+        }
+        snprintf(name, sizeof name, "%s_two_stage_within_n_ud_sum_abs_of_exact_%s", sq ? "sumsq" : "sum", tag);
+        if (k_ok(name, dt_k_sum(d_out, d_x, n, sq, scratch, NULL))) {
+            std::vector<double> o = k_download(d_out, 2);
+            dt_test_close(name, o[0], (double)exact, (double)n * UD * (double)mag);
+            snprintf(name, sizeof name, "%s_two_stage_same_bits_every_run_%s", sq ? "sumsq" : "sum", tag);
+            dt_k_sum(d_out, d_x, n, sq, scratch, NULL);
+            std::vector<double> o2 = k_download(d_out, 2);
+            dt_test_equal_bytes(name, o2.data(), o.data(), 16);
+        }
+    }
 }
 
 int main(int argc, char **argv) {
@@ -87,7 +187,11 @@ int main(int argc, char **argv) {
     check_xent("v300", k_size(6, 3), 300, 4.0f);     /* 320 threads: the last warp part-filled */
     check_xent("v37", k_size(5, 4), 37, 4.0f);       /* one warp and a few lanes idle */
     check_xent("large_logits", 4, 64, 1000.0f);      /* exp would overflow without the max */
-    check_edges();
+    check_xent_edges();
+    check_bce("n37", 37);
+    check_bce("n3000", k_size(3000, 1100));          /* several stage-1 blocks */
+    check_sum("n1", 1);
+    check_sum("n5000", k_size(5000, 1100));
     k_free_all();
     dt_ctx_shutdown(&ctx);
     return dt_test_finish();
