@@ -3573,11 +3573,20 @@ static dt_status dt__cu_layernorm_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw,
     if (sdx) { DT__TRY(dt__f32(ctx, sdx, fn, "dx")); DT__TRY(dt__same(ctx, sdx, sx, fn, "dx", "x")); }
     if (sdw) { DT__TRY(dt__f32(ctx, sdw, fn, "dw")); DT__TRY(dt__same_numel(ctx, sdw, sw, fn, "dw", "w")); }
     if (sdb) { DT__TRY(dt__f32(ctx, sdb, fn, "db")); DT__TRY(dt__dim(ctx, sdb->numel, C, fn, "db numel", "x.shape[-1]")); }
-    return dt__cu_status(ctx, dt_k_layernorm_bwd(dx ? DT__CU_F(dx) : NULL, dw ? DT__CU_F(dw) : NULL,
-                                                 db ? DT__CU_F(db) : NULL, (const float *)dout->data,
-                                                 (const float *)x->data, (const float *)w->data,
-                                                 (const float *)mean->data, (const float *)rstd->data, dt__rows(sx), C,
-                                                 ctx->cuda_stream), fn, "dt_k_layernorm_bwd");
+    {
+        /* dw and db: two-stage column sums, their partials in the ctx's scratch */
+        size_t mark = dt_cuda_scratch_begin(ctx), bytes = dw || db ? dt_k_layernorm_bwd_scratch(dt__rows(sx), C) : 0;
+        void *part = bytes ? dt_cuda_scratch(ctx, bytes, fn) : NULL;
+        dt_status st = bytes && !part ? ctx->last_status
+                     : dt__cu_status(ctx, dt_k_layernorm_bwd(dx ? DT__CU_F(dx) : NULL, dw ? DT__CU_F(dw) : NULL,
+                                                             db ? DT__CU_F(db) : NULL, (const float *)dout->data,
+                                                             (const float *)x->data, (const float *)w->data,
+                                                             (const float *)mean->data, (const float *)rstd->data,
+                                                             dt__rows(sx), C, part, ctx->cuda_stream),
+                                     fn, "dt_k_layernorm_bwd");
+        dt_cuda_scratch_end(ctx, mark);
+        return st;
+    }
 }
 
 /* The ids are copied to the host for the CPU path's check (which names a bad id and its index);
