@@ -3487,6 +3487,17 @@ static dt_status dt__cu_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor 
                          fn, "dt_k_bias_add_fwd");
 }
 
+/* dbias[C] += column sums of dout[R, C]; the kernels' partials in the ctx's scratch. */
+static dt_status dt__cu_bias_bwd(dt_ctx *ctx, float *dbias, const float *dout, int64_t R, int64_t C, const char *fn) {
+    size_t mark = dt_cuda_scratch_begin(ctx), bytes = dt_k_bias_add_bwd_scratch(R, C);
+    void *part = bytes ? dt_cuda_scratch(ctx, bytes, fn) : NULL;
+    dt_status st = bytes && !part ? ctx->last_status
+                                  : dt__cu_status(ctx, dt_k_bias_add_bwd(dbias, dout, R, C, part, ctx->cuda_stream), fn,
+                                                  "dt_k_bias_add_bwd");
+    dt_cuda_scratch_end(ctx, mark);
+    return st;
+}
+
 static dt_status dt__cu_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias, const dt_tensor *dout,
                                    const dt_tensor *x, const dt_tensor *w) {
     const char *fn = "dt_linear_bwd";
@@ -3511,8 +3522,7 @@ static dt_status dt__cu_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt
         DT__TRY(dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(dw), dout->data, x->data, 1, 1, Out, In, N, 1,
                                                    0, 0, 0, 0, 1.0f, 1.0f, 0, ctx->cuda_stream), fn, "dt_k_matmul_fwd"));
     if (!dbias) return DT_OK;
-    return dt__cu_status(ctx, dt_k_bias_add_bwd(DT__CU_F(dbias), (const float *)dout->data, N, Out, ctx->cuda_stream),
-                         fn, "dt_k_bias_add_bwd");
+    return dt__cu_bias_bwd(ctx, DT__CU_F(dbias), (const float *)dout->data, N, Out, fn);
 }
 
 /* fwd: t = out[rows, C] += u = bias[C]; bwd: t = dbias[C] += column sums of u = dout. */
@@ -3528,9 +3538,7 @@ static dt_status dt__cu_bias_add(dt_ctx *ctx, dt_tensor *t, const dt_tensor *u, 
     C = dt__last(bwd ? su : st); R = dt__rows(bwd ? su : st);
     DT__TRY(dt__dim(ctx, (bwd ? st : su)->numel, C, fn, bwd ? "dbias numel" : "bias numel",
                     bwd ? "dout.shape[-1]" : "out.shape[-1]"));
-    if (bwd)
-        return dt__cu_status(ctx, dt_k_bias_add_bwd(DT__CU_F(t), (const float *)u->data, R, C, ctx->cuda_stream), fn,
-                             "dt_k_bias_add_bwd");
+    if (bwd) return dt__cu_bias_bwd(ctx, DT__CU_F(t), (const float *)u->data, R, C, fn);
     return dt__cu_status(ctx, dt_k_bias_add_fwd(DT__CU_F(t), (const float *)u->data, R, C, ctx->cuda_stream), fn,
                          "dt_k_bias_add_fwd");
 }
@@ -3601,11 +3609,20 @@ static dt_status dt__cu_layernorm_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw,
     if (sdx) { DT__TRY(dt__f32(ctx, sdx, fn, "dx")); DT__TRY(dt__same(ctx, sdx, sx, fn, "dx", "x")); }
     if (sdw) { DT__TRY(dt__f32(ctx, sdw, fn, "dw")); DT__TRY(dt__same_numel(ctx, sdw, sw, fn, "dw", "w")); }
     if (sdb) { DT__TRY(dt__f32(ctx, sdb, fn, "db")); DT__TRY(dt__dim(ctx, sdb->numel, C, fn, "db numel", "x.shape[-1]")); }
-    return dt__cu_status(ctx, dt_k_layernorm_bwd(dx ? DT__CU_F(dx) : NULL, dw ? DT__CU_F(dw) : NULL,
-                                                 db ? DT__CU_F(db) : NULL, (const float *)dout->data,
-                                                 (const float *)x->data, (const float *)w->data,
-                                                 (const float *)mean->data, (const float *)rstd->data, dt__rows(sx), C,
-                                                 ctx->cuda_stream), fn, "dt_k_layernorm_bwd");
+    {
+        /* dw and db: two-stage column sums, their partials in the ctx's scratch */
+        size_t mark = dt_cuda_scratch_begin(ctx), bytes = dw || db ? dt_k_layernorm_bwd_scratch(dt__rows(sx), C) : 0;
+        void *part = bytes ? dt_cuda_scratch(ctx, bytes, fn) : NULL;
+        dt_status st = bytes && !part ? ctx->last_status
+                     : dt__cu_status(ctx, dt_k_layernorm_bwd(dx ? DT__CU_F(dx) : NULL, dw ? DT__CU_F(dw) : NULL,
+                                                             db ? DT__CU_F(db) : NULL, (const float *)dout->data,
+                                                             (const float *)x->data, (const float *)w->data,
+                                                             (const float *)mean->data, (const float *)rstd->data,
+                                                             dt__rows(sx), C, part, ctx->cuda_stream),
+                                     fn, "dt_k_layernorm_bwd");
+        dt_cuda_scratch_end(ctx, mark);
+        return st;
+    }
 }
 
 /* The CPU path's shape checks on shadows; the ids' values are checked on the device

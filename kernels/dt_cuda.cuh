@@ -88,6 +88,37 @@ static __device__ __forceinline__ uint16_t dt_k_f32_to_f16(float f) {
     return (uint16_t)(sign | (((a + 0xfffu + ((a >> 13) & 1u)) >> 13) - ((127u - 15u) << 10)));
 }
 
+/* ---------------------------------------------------------------- vector loads and stores */
+
+/* One access of sizeof(V) bytes (float4, int4, uint4: 16; float2, uint2: 8): a memory-bound
+   kernel moves 16 bytes per instruction instead of 4. p must be sizeof(V)-aligned, or the GPU
+   faults (cudaErrorMisalignedAddress): a launcher takes the vector path only when every pointer
+   is aligned (dt_k_aligned), else the scalar one (a view at an odd offset). The emulator checks
+   the alignment of each access, and copies bytes so that the host never traps. */
+template <typename V> static __device__ __forceinline__ V dt_k_load_vec(const void *p) {
+#ifdef DT_CUDA_EMU
+    V v;
+    dt_emu_vector_access(p, sizeof(V), 0);
+    memcpy(&v, p, sizeof(V));
+    return v;
+#else
+    return *(const V *)p;
+#endif
+}
+template <typename V> static __device__ __forceinline__ void dt_k_store_vec(void *p, V v) {
+#ifdef DT_CUDA_EMU
+    dt_emu_vector_access(p, sizeof(V), 1);
+    memcpy(p, &v, sizeof(V));
+#else
+    *(V *)p = v;
+#endif
+}
+static __device__ __forceinline__ float4 dt_k_load4(const float *p) { return dt_k_load_vec<float4>(p); }
+static __device__ __forceinline__ void dt_k_store4(float *p, float4 v) { dt_k_store_vec<float4>(p, v); }
+
+/* Host side: p is a multiple of `bytes` (NULL counts as aligned: an absent operand). */
+static inline int dt_k_aligned(const void *p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
+
 /* ---------------------------------------------------------------- warp and block reductions */
 
 /* Butterfly (xor) reductions over the full warp: every lane ends with the same bits, because

@@ -44,9 +44,16 @@ const char *dt_k_error_string(int status);
 /* ==== >>elementwise: elementwise and casts (dt_elementwise.cu) ================================ */
 
 /* Each as its dt_tensor.h op, on n (or rows x C) floats; out may alias an input where the CPU op
-   allows it. bias_add_bwd sums each column in double, row by row: bit for bit the CPU's sum. */
+   allows it. The elementwise ones and the casts load and store 16 bytes at a time when every
+   pointer is 16-byte aligned (8 for a 16-bit side), one element at a time otherwise: the same
+   bits either way. bias_add_bwd sums each column in two stages (chunks of rows into float
+   partials, then the partials in chunk order): the same bits every run, within
+   ((64 - 1) + (chunks - 1) + 1) u sum|dout| of the exact sum (u = 2^-24), not the CPU's (a double
+   sum). It needs dt_k_bias_add_bwd_scratch(rows, C) bytes of device scratch (0: scratch may be
+   NULL), free from the launch until the kernels have run (stream order). */
 int dt_k_bias_add_fwd(float *out, const float *bias, int64_t rows, int64_t C, void *stream);
-int dt_k_bias_add_bwd(float *dbias, const float *dout, int64_t rows, int64_t C, void *stream);
+size_t dt_k_bias_add_bwd_scratch(int64_t rows, int64_t C);
+int dt_k_bias_add_bwd(float *dbias, const float *dout, int64_t rows, int64_t C, void *scratch, void *stream);
 int dt_k_relu_fwd(float *out, const float *x, int64_t n, void *stream);
 int dt_k_relu_bwd(float *dx, const float *dout, const float *x, int64_t n, void *stream);
 int dt_k_gelu_fwd(float *out, const float *x, int64_t n, void *stream);
@@ -74,10 +81,15 @@ int dt_k_check_range(int64_t *word, const void *ids, int ids_i64, int64_t n, int
 /* LayerNorm over rows of C (one block per row); mean, rstd and b may be NULL. eps > 0. */
 int dt_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
                        float eps, int64_t rows, int64_t C, void *stream);
-/* dx, dw, db += (each may be NULL); mean and rstd from the forward. dw and db are summed over the
-   rows in row order by one thread per column: deterministic, as the CPU's. */
+/* dx, dw, db += (each may be NULL); mean and rstd from the forward; dx one block per row. dw and
+   db are summed over the rows in two stages (chunks of 64 rows into partials, then the partials
+   in chunk order): the same bits every run, within ((64 - 1) + (chunks - 1) + 1) u sum|terms| of
+   the exact sum (u = 2^-24), not the CPU's row-order bits. They need
+   dt_k_layernorm_bwd_scratch(rows, C) bytes of device scratch (0: scratch may be NULL), free
+   from the launch until the kernels have run (stream order). */
+size_t dt_k_layernorm_bwd_scratch(int64_t rows, int64_t C);
 int dt_k_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
-                       const float *mean, const float *rstd, int64_t rows, int64_t C, void *stream);
+                       const float *mean, const float *rstd, int64_t rows, int64_t C, void *scratch, void *stream);
 
 /* ==== >>xent: softmax and cross entropy (dt_softmax.cu) ======================================= */
 

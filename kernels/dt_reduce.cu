@@ -1,6 +1,7 @@
 /* kernels/dt_reduce.cu - reductions and layernorm (kernels/dt_kernels.h, "reductions and
    layernorm"): dt_k_layernorm_fwd / _bwd.
-   Every sum has a fixed order (no atomics), so a result does not change from run to run.
+   Every sum has a fixed order (no atomics), so a result does not change from run to run; a sum
+   over rows is two-stage (per-chunk partials in the caller's scratch, then their sum).
                                                                     MIT licence (see dt_tensor.h) */
 #include "dt_cuda.cuh"
 
@@ -74,36 +75,91 @@ __global__ void dt_k__layernorm_bwd_dx(float *dx, const float *__restrict__ dout
     }
 }
 
-/* dw[c] += sum over rows of nrm * g, db[c] += sum of g: one thread per column walks the rows in
-   order, adding into the float as the CPU does, so the sums are the CPU's own. */
-__global__ void dt_k__layernorm_bwd_dwdb(float *dw, float *db, const float *__restrict__ dout,
-                                         const float *__restrict__ x, const float *__restrict__ mean,
-                                         const float *__restrict__ rstd, int64_t rows, int64_t C) {
-    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x) {
-        float aw = dw ? dw[c] : 0.0f, ab = db ? db[c] : 0.0f;
-        for (int64_t r = 0; r < rows; r++) {
+/* dw[c] += sum over rows of nrm * g, db[c] += sum of g, in two stages (a grid-wide sum is two
+   launches): stage 1, block (x, y) sums the rows of chunk y (DT_K_LN_BWD_ROWS of them) for its
+   columns, one thread per column, row by row, into the chunk's partials (a warp reads 32
+   consecutive floats of a row); stage 2, one thread per column adds the chunks' partials in chunk
+   order and adds the total into dw / db. Each sum has one order whatever the timing, so the bits
+   are the same every run; they are not the CPU's (a row-order sum), only within
+   ((R - 1) + (nchunks - 1) + 1) u sum|terms| of the exact sum (R rows a chunk, u = 2^-24). With
+   one chunk, stage 1 adds into dw / db itself: 0 + p = p, so the bits are those of two stages. */
+#define DT_K_LN_BWD_ROWS 64
+
+static __host__ __device__ __forceinline__ int64_t dt_k__ln_bwd_chunks(int64_t rows) {
+    return (rows + DT_K_LN_BWD_ROWS - 1) / DT_K_LN_BWD_ROWS;
+}
+
+/* pw, pb: [nchunks, C] partials, or (direct) dw, db themselves, added to. */
+__global__ void dt_k__layernorm_bwd_dwdb_part(float *pw, float *pb, int direct, const float *__restrict__ dout,
+                                              const float *__restrict__ x, const float *__restrict__ mean,
+                                              const float *__restrict__ rstd, int64_t rows, int64_t C) {
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, nchunks = dt_k__ln_bwd_chunks(rows);
+    if (c >= C) return;
+    for (int64_t k = blockIdx.y; k < nchunks; k += gridDim.y) {
+        int64_t r0 = k * DT_K_LN_BWD_ROWS, r1 = r0 + DT_K_LN_BWD_ROWS < rows ? r0 + DT_K_LN_BWD_ROWS : rows;
+        float aw = 0.0f, ab = 0.0f;
+        for (int64_t r = r0; r < r1; r++) {
             float g = dout[r * C + c];
             ab += g;
             aw += (x[r * C + c] - mean[r]) * rstd[r] * g;
         }
-        if (dw) dw[c] = aw;
-        if (db) db[c] = ab;
+        if (direct) {
+            if (pw) pw[c] += aw;
+            if (pb) pb[c] += ab;
+        } else {
+            if (pw) pw[k * C + c] = aw;
+            if (pb) pb[k * C + c] = ab;
+        }
     }
 }
 
+__global__ void dt_k__layernorm_bwd_dwdb_sum(float *dw, float *db, const float *__restrict__ pw,
+                                             const float *__restrict__ pb, int64_t nchunks, int64_t C) {
+    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x) {
+        float sw = 0.0f, sb = 0.0f;
+        for (int64_t k = 0; k < nchunks; k++) {
+            if (dw) sw += pw[k * C + c];
+            if (db) sb += pb[k * C + c];
+        }
+        if (dw) dw[c] += sw;
+        if (db) db[c] += sb;
+    }
+}
+
+size_t dt_k_layernorm_bwd_scratch(int64_t rows, int64_t C) {
+    int64_t nchunks;
+    if (rows <= 0 || C <= 0 || rows > INT64_MAX / C) return 0;
+    nchunks = dt_k__ln_bwd_chunks(rows);
+    return nchunks > 1 ? (size_t)nchunks * (size_t)C * 2 * sizeof(float) : 0;
+}
+
 int dt_k_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
-                       const float *mean, const float *rstd, int64_t rows, int64_t C, void *stream) {
+                       const float *mean, const float *rstd, int64_t rows, int64_t C, void *scratch, void *stream) {
     int st;
     if (rows < 0 || C < 0 || (C && rows > INT64_MAX / C) || !mean || !rstd) return (int)cudaErrorInvalidValue;
     if (rows == 0 || C == 0) return 0;
+    if ((dw || db) && dt_k_layernorm_bwd_scratch(rows, C) && !scratch) return (int)cudaErrorInvalidValue;
     if (dx) {
         DT_K_LAUNCH(dt_k__layernorm_bwd_dx, rows > 65535 ? 65535u : (unsigned int)rows, dt_k__ln_threads(C), 0, stream,
                     dx, dout, x, w, mean, rstd, rows, C);
         if ((st = DT_K_CHECK())) return st;
     }
     if (dw || db) {
-        DT_K_LAUNCH(dt_k__layernorm_bwd_dwdb, dt_k__blocks(C, 128, 65535u), 128, 0, stream, dw, db, dout, x, mean, rstd,
-                    rows, C);
+        int threads = dt_k__ln_threads(C);
+        int64_t nchunks = dt_k__ln_bwd_chunks(rows), cols = (C + threads - 1) / threads;
+        float *pw = (float *)scratch, *pb = nchunks > 1 ? pw + nchunks * C : NULL;
+        unsigned int gy = nchunks > 65535 ? 65535u : (unsigned int)nchunks; /* gridDim.y; the kernel loops */
+        if (cols > 2147483647) return (int)cudaErrorInvalidValue; /* gridDim.x */
+        if (nchunks == 1) {
+            DT_K_LAUNCH(dt_k__layernorm_bwd_dwdb_part, dim3((unsigned int)cols, 1), threads, 0, stream, dw, db, 1, dout,
+                        x, mean, rstd, rows, C);
+            return DT_K_CHECK();
+        }
+        DT_K_LAUNCH(dt_k__layernorm_bwd_dwdb_part, dim3((unsigned int)cols, gy), threads, 0, stream, dw ? pw : NULL,
+                    db ? pb : NULL, 0, dout, x, mean, rstd, rows, C);
+        if ((st = DT_K_CHECK())) return st;
+        DT_K_LAUNCH(dt_k__layernorm_bwd_dwdb_sum, dt_k__blocks(C, 128, 65535u), 128, 0, stream, dw, db, pw, pb, nchunks,
+                    C);
         return DT_K_CHECK();
     }
     return 0;

@@ -31,6 +31,8 @@
                      __syncthreads then makes some thread read shared memory before the thread
                      that should write it has run: the result changes (and is the same every run
                      of a seed). Blocks also run in reverse / shuffled order in those modes.
+   dt_emu_set_mode switches the order inside one process, for tests that compare a kernel's bits
+   across orders.
    Checks, each a report on stderr ("dt_emu: ...") that makes the launch fail with
    cudaErrorLaunchFailure (dt_emu_last_report() returns the last one):
      - shared memory (static and dynamic) is filled with NaN bytes (0xff) at each block start,
@@ -42,6 +44,9 @@
        different source lines (a barrier in divergent code);
      - a warp operation whose mask names lanes that never arrive (returned, or beyond blockDim),
        or does not name the calling lane, or lanes meeting at different kinds of operation;
+     - a vector load or store (dt_k_load_vec / dt_k_store_vec: float4, int4, uint4, float2...)
+       at an address that is not a multiple of its size: a GPU faults, so the launch fails with
+       cudaErrorMisalignedAddress, as it would there;
      - cudaMemcpy / cudaMemset outside a cudaMalloc allocation, in the wrong direction, of NULL;
        cudaFree of a pointer cudaMalloc did not return; a destroyed or unknown stream; cuBLAS
        matrices outside their allocation; bad launch configurations (cudaErrorInvalidConfiguration).
@@ -136,7 +141,8 @@ static struct {
     std::map<uintptr_t, size_t> allocs; /* cudaMalloc: base -> bytes */
     std::set<void *> streams, events, handles;
     unsigned char *dyn_shared;
-} G = {0, 0, 0, 0, {0}, PTHREAD_MUTEX_INITIALIZER, 0, std::string(), cudaSuccess, {}, {}, {}, {}, NULL};
+    cudaError_t fault; /* what the running launch fails with when it reports (a GPU's own fault code) */
+} G = {0, 0, 0, 0, {0}, PTHREAD_MUTEX_INITIALIZER, 0, std::string(), cudaSuccess, {}, {}, {}, {}, NULL, cudaSuccess};
 
 static void report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void report(const char *fmt, ...) {
@@ -166,27 +172,43 @@ static unsigned long long emu_rand(void) {
     return z ^ (z >> 31);
 }
 
+/* MODE_BAD for a name that is not a mode; *seed set for random. */
+static int parse_mode(const char *m, unsigned long long *seed) {
+    *seed = 0;
+    if (!strcmp(m, "parallel")) return MODE_PARALLEL;
+    if (!strcmp(m, "forward")) return MODE_FORWARD;
+    if (!strcmp(m, "reverse")) return MODE_REVERSE;
+    if (!strcmp(m, "random")) return *seed = 1, MODE_RANDOM;
+    if (!strncmp(m, "random:", 7) && m[7]) {
+        char *end;
+        *seed = strtoull(m + 7, &end, 10);
+        return *end ? MODE_BAD : MODE_RANDOM;
+    }
+    return MODE_BAD;
+}
+
 static void init_mode(void) {
     const char *m = getenv("DT_EMU_MODE");
     if (G.mode_set) return;
     G.mode_set = 1;
     if (!m || !*m) m = "parallel";
     snprintf(G.mode_name, sizeof G.mode_name, "%s", m);
-    if (!strcmp(m, "parallel")) G.mode = MODE_PARALLEL;
-    else if (!strcmp(m, "forward")) G.mode = MODE_FORWARD;
-    else if (!strcmp(m, "reverse")) G.mode = MODE_REVERSE;
-    else if (!strcmp(m, "random")) G.mode = MODE_RANDOM, G.seed = 1;
-    else if (!strncmp(m, "random:", 7) && m[7]) {
-        char *end;
-        G.seed = strtoull(m + 7, &end, 10);
-        G.mode = *end ? MODE_BAD : MODE_RANDOM;
-    } else G.mode = MODE_BAD;
+    G.mode = parse_mode(m, &G.seed);
     G.rng = G.seed;
     if (G.mode == MODE_BAD)
         report("DT_EMU_MODE = \"%s\"; expected parallel, forward, reverse or random:SEED", m);
 }
 
 const char *dt_emu_mode(void) { init_mode(); return G.mode_name; }
+int dt_emu_set_mode(const char *m) {
+    unsigned long long seed;
+    int mode;
+    init_mode();
+    if (!m || (mode = parse_mode(m, &seed)) == MODE_BAD) return -1;
+    snprintf(G.mode_name, sizeof G.mode_name, "%s", m);
+    G.mode = mode, G.seed = seed, G.rng = seed;
+    return 0;
+}
 int dt_emu_report_count(void) { return G.reports; }
 const char *dt_emu_last_report(void) { return G.last_report.c_str(); }
 
@@ -595,6 +617,7 @@ static cudaError_t run_grid(const char *kernel, const char *file, int line, dim3
                             const std::function<void()> &body) {
     unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
     int before = G.reports;
+    G.fault = cudaSuccess;
     std::vector<unsigned char> dyn(shmem_bytes + 16);
     G.dyn_shared = dyn.data();
     unsigned long long nblocks = (unsigned long long)grid.x * grid.y * grid.z;
@@ -617,12 +640,34 @@ static cudaError_t run_grid(const char *kernel, const char *file, int line, dim3
         if (b.aborted) break;
     }
     G.dyn_shared = NULL;
-    return G.reports > before ? fail(cudaErrorLaunchFailure) : cudaSuccess;
+    if (G.reports == before) return cudaSuccess;
+    return fail(G.fault != cudaSuccess ? G.fault : cudaErrorLaunchFailure);
 }
 
 void *dt_emu_dynamic_shared(void) {
     if (!G.dyn_shared) report("DT_K_SHARED_DYNAMIC outside a kernel");
     return G.dyn_shared;
+}
+
+/* The access itself is done by the caller with memcpy (a misaligned one too, so the host does not
+   trap on an aligned vector instruction): this only checks. */
+static long long vector_accesses;
+long long dt_emu_vector_accesses(void) { return __atomic_load_n(&vector_accesses, __ATOMIC_RELAXED); }
+void dt_emu_vector_access(const void *p, size_t bytes, int store) {
+    size_t off = (size_t)((uintptr_t)p % bytes);
+    __atomic_fetch_add(&vector_accesses, 1, __ATOMIC_RELAXED);
+    if (!off) return;
+    emu_lock(&G.lock);
+    bool first = G.fault != cudaErrorMisalignedAddress; /* a GPU stops at the first fault: one report a launch */
+    G.fault = cudaErrorMisalignedAddress;
+    emu_unlock(&G.lock);
+    if (!first) return;
+    if (self)
+        report("misaligned %zu-byte vector %s at %p (%zu bytes past a %zu-byte boundary) by thread %d of %s: a GPU "
+               "faults (cudaErrorMisalignedAddress); take the scalar path unless the pointer is aligned",
+               bytes, store ? "store" : "load", p, off, bytes, self->id, where_block(self->b).c_str());
+    else
+        report("misaligned %zu-byte vector %s at %p outside a kernel", bytes, store ? "store" : "load", p);
 }
 
 /* ---------------------------------------------------------------- errors, device */
@@ -647,6 +692,7 @@ static const struct { cudaError_t e; const char *name, *text; } error_names[] = 
     {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
     {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
     {cudaErrorIllegalAddress, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
+    {cudaErrorMisalignedAddress, "cudaErrorMisalignedAddress", "misaligned address"},
     {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
 };
 const char *cudaGetErrorName(cudaError_t e) {
@@ -749,8 +795,8 @@ cudaError_t dt_emu_malloc(const char *file, int line, void **ptr, size_t bytes) 
     *ptr = NULL;
     count(&dt_emu_counters::allocs, 1);
     if (bytes == 0) return cudaSuccess;
-    /* cudaMalloc returns 256-byte aligned memory: kernels' vector loads and dt's scratch rely on it */
-    void *p = aligned_alloc(256, (bytes + 255) / 256 * 256);
+    /* 256-byte aligned, as cudaMalloc's: a vector path's alignment test sees what a GPU gives */
+    void *p = bytes > SIZE_MAX - 255 ? NULL : aligned_alloc(256, (bytes + 255) & ~(size_t)255);
     if (!p) return fail(cudaErrorMemoryAllocation);
     memset(p, 0xff, bytes); /* cudaMalloc memory is not zeroed: reading it before writing shows */
     emu_lock(&G.lock);

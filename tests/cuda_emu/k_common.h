@@ -9,8 +9,10 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
+#include <string>
 #include <vector>
 
 #include "dt_kernels.h"
@@ -86,6 +88,56 @@ static inline int k_ok(const char *name, int status) {
     if (status == 0) return 1;
     dt_test_fail(name, "launcher returned %d (%s)", status, dt_k_error_string(status));
     return 0;
+}
+
+/* ---------------------------------------------------------------- reductions: bounds and bits */
+
+/* u = 2^-24, the unit roundoff of float; gamma(k) = k u / (1 - k u) bounds the relative error of
+   k roundings in a row: a float sum of n terms in any order (a tree, chunks, then their sum)
+   whose longest chain of additions is k is within gamma(k) sum|x_i| of the exact sum. */
+static inline double k_gamma(double k) {
+    const double u = 1.0 / 16777216.0;
+    return k * u / (1.0 - k * u);
+}
+
+/* PASS iff |got[i] - want[i]| <= bound[i] for every i; the FAIL line names the first i outside
+   its bound with both values, the difference and the bound, and how many were outside. */
+static inline int k_within_bound(const char *name, const float *got, const float *want, const double *bound,
+                                 size_t n) {
+    size_t i, bad = 0, first = 0;
+    for (i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (!(d <= bound[i]) && bad++ == 0) first = i;
+    }
+    if (!bad) return dt_test_pass(name);
+    return dt_test_fail(name, "%zu of %zu outside the bound; first [%zu]: got %.9g, want %.9g, |diff| %.3g > %.3g",
+                        bad, n, first, (double)got[first], (double)want[first],
+                        fabs((double)got[first] - (double)want[first]), bound[first]);
+}
+
+/* Runs `run` (a launch from the same inputs each time, returning its output) twice in the
+   process's own thread order, then once in each of the emulator's orders (dt_emu_set_mode), and
+   back: PASS iff every result has the bits of the first. A sum whose order depended on thread
+   timing would differ between the serial orders. */
+template <typename F> static int k_same_bits_in_every_order(const char *name, F run) {
+    static const char *const modes[] = {"parallel", "forward", "reverse", "random:1", "random:2", "random:7"};
+    std::string own = dt_emu_mode();
+    std::vector<float> first = run(), again = run();
+    if (again.size() != first.size() || memcmp(again.data(), first.data(), first.size() * sizeof(float)))
+        return dt_test_fail(name, "two runs in the order %s differ", own.c_str());
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+        dt_emu_set_mode(modes[i]);
+        std::vector<float> got = run();
+        dt_emu_set_mode(own.c_str());
+        if (got.size() != first.size())
+            return dt_test_fail(name, "order %s: %zu values, want %zu", modes[i], got.size(), first.size());
+        for (size_t j = 0; j < first.size(); j++)
+            if (memcmp(&got[j], &first[j], sizeof(float)))
+                return dt_test_fail(name, "order %s: [%zu] = %.9g (bits 0x%08x); order %s gave %.9g (0x%08x)",
+                                    modes[i], j, (double)got[j], __float_as_uint(got[j]), own.c_str(),
+                                    (double)first[j], __float_as_uint(first[j]));
+    }
+    return dt_test_pass(name);
 }
 
 #endif /* DT_K_COMMON_H */

@@ -4,8 +4,9 @@
    barrier of its block sum removed) as a wrong result in the serial modes and, in the TSan build,
    as a data race; a __syncthreads that part of the block never reaches; barriers at two source
    lines; a shuffle whose mask names lanes that never arrive; a deadlock, reported with its
-   source lines; copies outside an allocation or in the wrong direction; bad launches. Each
-   planted kernel has a control: the same code without the bug, which must pass in that mode.
+   source lines; a misaligned float4 load (cudaErrorMisalignedAddress, as a GPU faults); copies
+   outside an allocation or in the wrong direction; bad launches. Each planted kernel has a
+   control: the same code without the bug, which must pass in that mode.
    Also the parts of the runtime kern's kernels lean on: atomics, ballots, cuBLAS through CBLAS.
    tests/run.sh runs it in every DT_EMU_MODE, and built with TSan with the argument "tsan". */
 #include "dt_tensor.h"
@@ -251,6 +252,33 @@ static void check_shared(void) {
     DT_TEST_CHECK("dynamic_shared_memory_is_the_blocks", DT_K_CHECK() == 0 && got[0] == 63.0f && got[63] == 0.0f);
 }
 
+/* ---------------------------------------------------------------- vector loads */
+
+/* out[4t..4t+3] = in[4t + off..]: a float4 load at in + off (the planted bug: off = 1, 4 bytes past
+   a 16-byte boundary, which a GPU faults on) and a float4 store. */
+__global__ void vector_copy(float *out, const float *in, int off) {
+    dt_k_store4(out + 4 * threadIdx.x, dt_k_load4(in + off + 4 * threadIdx.x));
+}
+
+static void check_vector_loads(void) {
+    std::vector<float> h(132);
+    for (int i = 0; i < 132; i++) h[i] = (float)i;
+    float *in = k_upload(h), *out = k_upload(std::vector<float>(128, 0));
+    int before = dt_emu_report_count();
+    DT_K_LAUNCH(vector_copy, 1, 32, 0, NULL, out, in, 4); /* control: 16 bytes in, aligned */
+    int st = DT_K_CHECK();
+    std::vector<float> got = k_download(out, 128);
+    DT_TEST_CHECK("aligned_float4_loads_and_stores_are_quiet",
+                  st == 0 && dt_emu_report_count() == before && got[0] == 4.0f && got[127] == 131.0f);
+    before = dt_emu_report_count();
+    DT_K_LAUNCH(vector_copy, 1, 32, 0, NULL, out, in, 1);
+    expect_report("misaligned_float4_load_faults_as_on_a_gpu", DT_K_CHECK(), cudaErrorMisalignedAddress, before,
+                  "misaligned 16-byte vector load|4 bytes past a 16-byte boundary|vector_copy", 0);
+    DT_TEST_CHECK("misaligned_float4_load_is_reported_once_a_launch", dt_emu_report_count() == before + 1);
+    DT_TEST_CHECK("cuda_error_misaligned_address_is_named",
+                  !strcmp(cudaGetErrorName(cudaErrorMisalignedAddress), "cudaErrorMisalignedAddress"));
+}
+
 /* ---------------------------------------------------------------- copies, launches */
 
 static void check_host_api(void) {
@@ -351,6 +379,7 @@ int main(int argc, char **argv) {
     check_missing_syncthreads(tsan);
     check_barrier_bugs();
     check_shared();
+    check_vector_loads();
     check_host_api();
     check_atomics_and_cublas();
     k_free_all();

@@ -53,6 +53,13 @@ struct __align__(8) uint2 { unsigned int x, y; };
 struct __align__(16) uint4 { unsigned int x, y, z, w; };
 static inline float2 make_float2(float x, float y) { float2 v = {x, y}; return v; }
 static inline float4 make_float4(float x, float y, float z, float w) { float4 v = {x, y, z, w}; return v; }
+static inline int2 make_int2(int x, int y) { int2 v = {x, y}; return v; }
+static inline int4 make_int4(int x, int y, int z, int w) { int4 v = {x, y, z, w}; return v; }
+static inline uint2 make_uint2(unsigned int x, unsigned int y) { uint2 v = {x, y}; return v; }
+static inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) {
+    uint4 v = {x, y, z, w};
+    return v;
+}
 
 /* Each emulated CUDA thread is a host thread: its indices live in thread-local storage. */
 extern thread_local uint3 dt_emu_threadIdx, dt_emu_blockIdx;
@@ -78,6 +85,7 @@ typedef enum cudaError {
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
+    cudaErrorMisalignedAddress = 716,
     cudaErrorLaunchFailure = 719
 } cudaError_t;
 
@@ -148,6 +156,12 @@ cudaError_t dt_emu_launch(const char *kernel, const char *file, int line, dim3 g
                           size_t shmem_bytes, cudaStream_t stream, const std::function<void()> &body);
 /* The block's dynamic shared memory (DT_K_SHARED_DYNAMIC), poisoned with NaN at each block start. */
 void *dt_emu_dynamic_shared(void);
+/* A vector access of `bytes` bytes at p (dt_k_load_vec / dt_k_store_vec in kernels/dt_cuda.cuh):
+   a GPU faults unless p is `bytes`-aligned, so a misaligned one is reported and fails the launch
+   with cudaErrorMisalignedAddress, as it would on a GPU. */
+void dt_emu_vector_access(const void *p, size_t bytes, int store);
+/* How many vector accesses the kernels made so far (a test sees which path a launcher took). */
+long long dt_emu_vector_accesses(void);
 
 /* ---------------------------------------------------------------- barriers and warp operations */
 
@@ -237,6 +251,10 @@ static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f
 /* The mode this process runs kernels in (DT_EMU_MODE: "parallel", "forward", "reverse",
    "random:SEED"); and the emulator's reports: how many so far, the text of the last one. */
 const char *dt_emu_mode(void);
+/* Switches the thread order of the launches that follow (a mode name as DT_EMU_MODE; the
+   random:SEED order restarts from its seed): 0, or -1 for a name that is not a mode (nothing
+   changes). For tests that compare one kernel's bits across orders inside one process. */
+int dt_emu_set_mode(const char *mode);
 int dt_emu_report_count(void);
 /* What the program asked of the "device" so far, counted by the runtime itself (what dt's own
    ctx->counters must agree with): host waits (stream, device and event synchronisations),
