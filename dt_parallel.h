@@ -1227,6 +1227,8 @@ struct dt_zero {
     dt_tensor sval[DT_DTYPE_COUNT];       /* stage 3 */
     size_t base_param, base_grad, live_param, live_grad, live_comm, peak;
     char formula[96];                     /* dt_zero_memory.formula points here */
+    dt_tensor *pool;                      /* on cuda: unit buffers given back, kept for the next take */
+    int pool_n, pool_cap;
 };
 
 /* Memory bookkeeping: what the stage holds besides its persistent buffers. */
@@ -1240,14 +1242,28 @@ static void dt__pl_znote(dt_zero *z) {
     }
     if (t > z->peak) z->peak = t;
 }
+/* A unit buffer of numel zeros. On cuda the buffers a step gives back stay in z->pool and the
+   next take of the same dtype and size reuses one (zeroed on the stream): the units of a model
+   repeat a few sizes, so after the first step gathers, releases and reduce-scatters allocate and
+   free nothing (cudaMalloc and cudaFree synchronise the device). The pool holds at most what
+   was live at once; the memory figures count what is live. */
 static dt_status dt__pl_ztake(dt_zero *z, dt_tensor *t, dt_dtype dtype, int64_t numel, size_t *counter) {
     dt_tensor_desc td;
-    memset(&td, 0, sizeof td);
-    td.dtype = dtype;
-    td.device = z->a->device;
-    td.ndim = 1;
-    td.shape[0] = numel;
-    DT__TRY(dt_tensor_create(z->ctx, t, &td));
+    int k;
+    for (k = 0; k < z->pool_n; k++)
+        if (z->pool[k].dtype == dtype && z->pool[k].numel == numel) break;
+    if (k < z->pool_n) {
+        DT__TRY(dt_tensor_fill(z->ctx, &z->pool[k], 0.0));
+        *t = z->pool[k];
+        z->pool[k] = z->pool[--z->pool_n];
+    } else {
+        memset(&td, 0, sizeof td);
+        td.dtype = dtype;
+        td.device = z->a->device;
+        td.ndim = 1;
+        td.shape[0] = numel;
+        DT__TRY(dt_tensor_create(z->ctx, t, &td));
+    }
     *counter += dt_tensor_bytes(t);
     dt__pl_znote(z);
     return DT_OK;
@@ -1255,6 +1271,23 @@ static dt_status dt__pl_ztake(dt_zero *z, dt_tensor *t, dt_dtype dtype, int64_t 
 static void dt__pl_zgive(dt_zero *z, dt_tensor *t, size_t *counter) {
     if (!t->data) return;
     *counter -= dt_tensor_bytes(t);
+    if (t->device == DT_CUDA_DEVICE && t->owns) {
+        if (z->pool_n == z->pool_cap) { /* grows during the first step only */
+            int cap = z->pool_cap ? 2 * z->pool_cap : 16;
+            dt_tensor *np = (dt_tensor *)dt_alloc(z->ctx, (size_t)cap * sizeof *np);
+            if (np) {
+                if (z->pool_n) memcpy(np, z->pool, (size_t)z->pool_n * sizeof *np);
+                dt_release(z->ctx, z->pool);
+                z->pool = np;
+                z->pool_cap = cap;
+            }
+        }
+        if (z->pool_n < z->pool_cap) {
+            z->pool[z->pool_n++] = *t;
+            memset(t, 0, sizeof *t);
+            return;
+        }
+    }
     dt_tensor_free(z->ctx, t);
 }
 
@@ -1511,6 +1544,8 @@ static void dt__pl_zero_release(dt_zero *z) {
     dt_params_free(z->ctx, &z->shard); /* views: only the dt_param structs are freed */
     dt_tensor_free(z->ctx, &z->sgrad);
     for (t = 0; t < DT_DTYPE_COUNT; t++) dt_tensor_free(z->ctx, &z->sval[t]);
+    for (k = 0; k < z->pool_n; k++) dt_tensor_free(z->ctx, &z->pool[k]);
+    dt_release(z->ctx, z->pool);
     dt_release(z->ctx, z->param_comms);
     dt_release(z->ctx, z->zp);
     dt_release(z->ctx, z->zu);

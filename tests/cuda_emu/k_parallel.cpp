@@ -402,6 +402,72 @@ static void arena() {
     dt_params_free(&ctx, &ps);
 }
 
+/* ZeRO 0..3 on CUDA parameters (one rank): after a first step, a step's gathers, releases, grad
+   readiness and dt_zero_step (its reduce-scatters and all-gathers; the update is plain SGD
+   without clipping, which reads nothing back) allocate, free, copy down and wait for nothing. */
+static void zero_counters(dt_layout *l) {
+    for (int stage = 0; stage <= 3; stage++) {
+        dt_params ps;
+        dt_param *p = NULL;
+        dt_param_desc d;
+        dt_arena *a = NULL;
+        dt_zero *z = NULL;
+        dt_zero_desc zd;
+        dt_arena_desc ad;
+        const int units[4] = {0, 0, 1, 1};
+        const char *names[4] = {"u0.w", "u0.b", "u1.w", "u1.b"};
+        char nm[96];
+        memset(&ps, 0, sizeof ps);
+        memset(&zd, 0, sizeof zd);
+        memset(&ad, 0, sizeof ad);
+        for (int i = 0; i < 4; i++) {
+            memset(&d, 0, sizeof d);
+            d.name = names[i]; d.shape[0] = 6; d.shape[1] = i % 2 ? 0 : 5;
+            d.init.kind = DT_INIT_NORMAL; d.init.std = 1; d.init.seed = (uint64_t)(40 + i);
+            d.device = DT_CUDA_DEVICE;
+            dt_params_add(&ctx, &ps, &p, &d);
+        }
+        ad.units = units;
+        zd.stage = stage;
+        zd.opt.kind = DT_OPT_SGD;
+        dt_status st = dt_arena_create(&ctx, &a, &ps, &ad);
+        if (!st) st = dt_zero_create(l, &z, a, &zd);
+        dt_emu_counters e0 = {0, 0, 0, 0, 0, 0, 0}, e1 = e0;
+        for (int step = 0; step < 2 && !st; step++) {
+            if (step == 1) { dt_ctx_counters_reset(&ctx); dt_emu_get_counters(&e0); }
+            for (int u = 0; u < 2 && !st; u++) {
+                st = dt_zero_gather(z, u);
+                if (!st) st = dt_zero_release(z, u);
+            }
+            if (!st) st = dt_zero_backward_begin(z);
+            for (int u = 1; u >= 0 && !st; u--) {
+                st = dt_zero_gather(z, u);
+                for (int i = 0; i < 4 && !st; i++) /* the unit's grads: one grad per element */
+                    if (units[i] == u) st = dt_tensor_fill(&ctx, &ps.items[i]->grad, 0.5);
+                if (!st) st = dt_zero_grad_ready(z, u);
+                if (!st) st = dt_zero_release(z, u);
+            }
+            if (!st) st = dt_zero_step(z, NULL);
+            if (step == 1) dt_emu_get_counters(&e1);
+        }
+        dt_cuda_counters c = ctx.counters;
+        snprintf(nm, sizeof nm, "zero%d_cuda_step_runs", stage);
+        if (!DT_TEST_CHECK(nm, st == DT_OK)) fprintf(stderr, "%s\n", dt_ctx_error(&ctx));
+        snprintf(nm, sizeof nm, "zero%d_cuda_step_allocates_copies_and_waits_for_nothing", stage);
+        dt_test_check_all(nm, c.allocs == 0 && c.frees == 0 && c.d2h_calls == 0 && c.syncs == 0 && c.h2d_calls == 0 &&
+                                  e1.allocs == e0.allocs && e1.frees == e0.frees && e1.d2h_calls == e0.d2h_calls &&
+                                  e1.syncs == e0.syncs && e1.h2d_calls == e0.h2d_calls,
+                          "ctx: allocs %lld frees %lld d2h %lld syncs %lld h2d %lld; runtime deltas: allocs %lld frees "
+                          "%lld d2h %lld syncs %lld h2d %lld", (long long)c.allocs, (long long)c.frees,
+                          (long long)c.d2h_calls, (long long)c.syncs, (long long)c.h2d_calls, e1.allocs - e0.allocs,
+                          e1.frees - e0.frees, e1.d2h_calls - e0.d2h_calls, e1.syncs - e0.syncs,
+                          e1.h2d_calls - e0.h2d_calls);
+        dt_zero_free(z);
+        dt_arena_free(a);
+        dt_params_free(&ctx, &ps);
+    }
+}
+
 int main(void) {
     dt_ctx_desc cd;
     dt_comm *world = NULL;
@@ -416,6 +482,7 @@ int main(void) {
     xent(l);
     concat();
     arena();
+    zero_counters(l);
     dt_layout_free(l);
     dt_comm_free(world);
     dt_ctx_shutdown(&ctx);
