@@ -63,11 +63,14 @@
                            keeps its buffers on the device, dt_zero packs and syncs them there
                            (dt_tensor_copy / dt_axpy of views, dt_comm on device tensors), and the
                            tp layers run on CUDA tensors, the vocab-parallel embedding and cross
-                           entropy through kernels/dt_parallel.cu (link its object). ids and
-                           targets are copied to the host to be checked, as dt_tensor.h's CUDA
-                           ops do; the cross entropy's per-row sums over tp are staged through
-                           the host (3 doubles a row, never the logits). Checked on the emulator
-                           (tests/cuda_emu/k_parallel.cpp, k_gpt.cpp) at one rank.
+                           entropy through kernels/dt_parallel.cu (link its object). A step
+                           stays on the device: ids and targets are checked there (reported at
+                           the next dt_ctx_sync or loss read), the cross entropy's per-row values
+                           cross tp through dt_comm's device all-reduce (3 floats a row, never
+                           the logits) and its loss is read only when asked for, ZeRO reuses
+                           its unit buffers (no cudaMalloc / cudaFree after the first step).
+                           Checked on the emulator (tests/cuda_emu/k_parallel.cpp, k_gpt.cpp)
+                           at one rank, mpi_gpt.cpp at two.
 
    Memory: every buffer comes from the ctx allocator (dt_zero_memory_get says what a stage
    holds, next to DeepSpeed's formula). Errors: a dt_status, and dt_ctx_error naming the
@@ -320,7 +323,8 @@ DT_API dt_status dt_zero_checkpoint_load(dt_zero *z, dt_train_state *state, cons
    Sum order: every sum over tp goes through dt_comm (rank order, the same on every rank), so the
    results are bitwise the same on every tp rank and from run to run; they equal the
    single-process op within fp32 reassociation. With tp = 1 no function communicates and each
-   equals the plain dt_tensor.h op bitwise (the cross entropy within 1e-6: see dt_tp_xent_fwd).
+   equals the plain dt_tensor.h op bitwise (the cross entropy within 1e-6, on cuda within the
+   bound of its float sums: see dt_tp_xent_fwd).
    Every argument is checked before the first collective, and the checks depend only on what
    the ranks share (shapes, ids, targets), so a bad call fails on every tp rank alike and none is
    left waiting in a collective.
