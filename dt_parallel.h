@@ -327,7 +327,9 @@ DT_API dt_status dt_zero_checkpoint_load(dt_zero *z, dt_train_state *state, cons
    bound of its float sums: see dt_tp_xent_fwd).
    Every argument is checked before the first collective, and the checks depend only on what
    the ranks share (shapes, ids, targets), so a bad call fails on every tp rank alike and none is
-   left waiting in a collective.
+   left waiting in a collective. (On cuda the ids and targets are checked on the device: the
+   collectives run, an id or target out of range contributes nothing, and every rank reports it
+   at its next dt_ctx_sync or loss read.)
 
    Laying out the weights. Column-parallel weights, their biases, the vocab-parallel embedding and
    a vocab-parallel head are cut by rows (dim 0); row-parallel weights by columns (dim 1).
