@@ -14,8 +14,8 @@
    element, so the sums are the CPU's bit for bit, with no atomics.
    The cross entropy is one block per row, reading the row coalesced: the block's max, then its
    sum of exp(z - max) (each term <= 1; per-thread partial sums, then the fixed tree of
-   dt_k_block_sum: deterministic, within (Vl / threads + log2(threads)) ulps of the exact sum, not
-   the CPU's column-order double sum). Across tp the local sum is rescaled to the global max. The
+   dt_k_block_sum: deterministic, within (nv / threads + 10) ulps of the exact sum, not the CPU's
+   column-order double sum). Across tp the local sum is rescaled to the global max. The
    loss is the mean of the rows' losses, summed in double by one block in a fixed order.
                                                                     MIT licence (see dt_tensor.h) */
 #include "dt_cuda.cuh"
@@ -26,10 +26,10 @@ static __device__ __forceinline__ int64_t dt_k__pl_id(const void *ids, int ids_i
     return ids_i64 ? ((const int64_t *)ids)[n] : (int64_t)((const int32_t *)ids)[n];
 }
 
-/* Threads per row of n columns: enough warps to cover it once, 32..512 (block reductions need
-   whole warps). */
+/* Threads per row of n columns: whole warps (the block reductions need them), about 8 columns
+   each, 32..512: a GPT vocab gets 512 threads, a small one a warp rather than idle threads. */
 static int dt_k__pl_threads(int64_t n) {
-    int64_t t = (n + 31) / 32 * 32;
+    int64_t t = ((n + 7) / 8 + 31) / 32 * 32;
     return t < 32 ? 32 : t > 512 ? 512 : (int)t;
 }
 
@@ -235,7 +235,7 @@ int dt_k_tp_xent_loss(double *slot, float *stats, const float *mglob, const floa
                       int ignore_index, int64_t N, void *stream) {
     if (N < 0 || !slot) return (int)cudaErrorInvalidValue;
     /* also for N = 0: the slot says (0, 0) */
-    DT_K_LAUNCH(dt_k__tp_xent_loss, 1, dt_k__pl_threads(N < 1024 ? N : 1024), 0, stream, slot, stats, mglob, sz,
+    DT_K_LAUNCH(dt_k__tp_xent_loss, 1, dt_k__pl_threads(N < 4096 ? N : 4096), 0, stream, slot, stats, mglob, sz,
                 targets, ignore_index, N);
     return DT_K_CHECK();
 }
@@ -244,7 +244,7 @@ int dt_k_tp_xent_bwd(float *dlogits, const float *logits, const float *stats, co
                      float dloss, double *count, int64_t N, int64_t Vl, int64_t nv, int64_t vocab_start, void *stream) {
     if (dt_k__pl_bad(N, Vl) || nv < 0 || nv > Vl || !count) return (int)cudaErrorInvalidValue;
     if (N * Vl == 0) return 0;
-    DT_K_LAUNCH(dt_k__tp_xent_count, 1, dt_k__pl_threads(N < 1024 ? N : 1024), 0, stream, count, targets, ignore_index,
+    DT_K_LAUNCH(dt_k__tp_xent_count, 1, dt_k__pl_threads(N < 4096 ? N : 4096), 0, stream, count, targets, ignore_index,
                 N);
     DT_K_LAUNCH(dt_k__tp_xent_bwd, N > 65535 ? 65535u : (unsigned int)N, dt_k__pl_threads(nv), 0, stream, dlogits,
                 logits, stats, targets, ignore_index, dloss, (const double *)count, N, Vl, nv, vocab_start);

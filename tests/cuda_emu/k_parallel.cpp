@@ -170,11 +170,11 @@ static void embedding(dt_layout *l) {
 /* The error bound of the device's per-row sum of exp (float) against the CPU's (double): every
    term is the CPU's (the same expf of the same difference), each <= 1, and the sum runs through
    at most ceil(nv / T) sequential adds per thread and 10 levels of the block's tree (5 in the
-   warp, 5 across warps), T = the kernel's threads (nv rounded up to whole warps, at most 512).
+   warp, 5 across warps), T = the kernel's threads (nv / 8 rounded up to whole warps, 32..512).
    So |s - s_cpu| <= k u s with k = ceil(nv / T) + 10, u = 2^-24, and log s, the row's loss and
    their mean are off by at most 1.01 k u (plus one rounding of the float result: u |value|). */
 static double xent_k(int64_t nv) {
-    int64_t T = (nv + 31) / 32 * 32;
+    int64_t T = ((nv + 7) / 8 + 31) / 32 * 32;
     T = T < 32 ? 32 : T > 512 ? 512 : T;
     return (double)((nv + T - 1) / T + 10);
 }
@@ -259,6 +259,12 @@ static void xent(dt_layout *l) {
         std::vector<float> s2 = down(stats.d);
         DT_TEST_CHECK("tp_xent_fwd_cuda_loss_deterministic_bitwise", memcmp(&l2, &lg, sizeof l2) == 0);
         dt_test_equal_bytes("tp_xent_fwd_cuda_stats_deterministic_bitwise", s2.data(), s1.data(), s1.size() * 4);
+    }
+    {   /* loss may be NULL on the host too (the stats are still written) */
+        int64_t n_host = 0;
+        DT_TEST_CHECK("tp_xent_fwd_cpu_without_loss_counts_and_runs",
+                      dt_tp_xent_fwd(l, NULL, &n_host, &stats.h, &logits.h, &tg.h, 0, V, -1) == DT_OK &&
+                          n_host == N - 2);
     }
     xent_two_ranks(logits, tg, N, Vp, V, lc, (const float *)stats.h.data);
     /* the backward: g += s (p - onehot), p = exp(z - lse) with the device's lse (off by at most
