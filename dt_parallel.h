@@ -63,11 +63,14 @@
                            keeps its buffers on the device, dt_zero packs and syncs them there
                            (dt_tensor_copy / dt_axpy of views, dt_comm on device tensors), and the
                            tp layers run on CUDA tensors, the vocab-parallel embedding and cross
-                           entropy through kernels/dt_parallel.cu (link its object). ids and
-                           targets are copied to the host to be checked, as dt_tensor.h's CUDA
-                           ops do; the cross entropy's per-row sums over tp are staged through
-                           the host (3 doubles a row, never the logits). Checked on the emulator
-                           (tests/cuda_emu/k_parallel.cpp, k_gpt.cpp) at one rank.
+                           entropy through kernels/dt_parallel.cu (link its object). A step
+                           stays on the device: ids and targets are checked there (reported at
+                           the next dt_ctx_sync or loss read), the cross entropy's per-row values
+                           cross tp through dt_comm's device all-reduce (3 floats a row, never
+                           the logits) and its loss is read only when asked for, ZeRO reuses
+                           its unit buffers (no cudaMalloc / cudaFree after the first step).
+                           Checked on the emulator (tests/cuda_emu/k_parallel.cpp, k_gpt.cpp)
+                           at one rank, mpi_gpt.cpp at two.
 
    Memory: every buffer comes from the ctx allocator (dt_zero_memory_get says what a stage
    holds, next to DeepSpeed's formula). Errors: a dt_status, and dt_ctx_error naming the
@@ -320,10 +323,13 @@ DT_API dt_status dt_zero_checkpoint_load(dt_zero *z, dt_train_state *state, cons
    Sum order: every sum over tp goes through dt_comm (rank order, the same on every rank), so the
    results are bitwise the same on every tp rank and from run to run; they equal the
    single-process op within fp32 reassociation. With tp = 1 no function communicates and each
-   equals the plain dt_tensor.h op bitwise (the cross entropy within 1e-6: see dt_tp_xent_fwd).
+   equals the plain dt_tensor.h op bitwise (the cross entropy within 1e-6, on cuda within the
+   bound of its float sums: see dt_tp_xent_fwd).
    Every argument is checked before the first collective, and the checks depend only on what
    the ranks share (shapes, ids, targets), so a bad call fails on every tp rank alike and none is
-   left waiting in a collective.
+   left waiting in a collective. (On cuda the ids and targets are checked on the device: the
+   collectives run, an id or target out of range contributes nothing, and every rank reports it
+   at its next dt_ctx_sync or loss read.)
 
    Laying out the weights. Column-parallel weights, their biases, the vocab-parallel embedding and
    a vocab-parallel head are cut by rows (dim 0); row-parallel weights by columns (dim 1).
@@ -396,8 +402,10 @@ DT_API dt_status dt_tp_row_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw
    bwd: dtable[id - vocab_start] += dout_all[n] for the ids in range (sp 1: dout gathered into
    doutbuf [N, C]). An id outside [0, vocab) is DT_ERR_RANGE.
    V here is the padded vocab tp * table rows (>= vocab, rows >= vocab are padding no id reaches);
-   vocab_start must be tp_rank * table rows. ids may also be i64. Each output row has one
-   non-zero contribution, so the sum over tp is exact: the result equals dt_embedding_fwd bitwise.
+   vocab_start must be tp_rank * table rows. ids may also be i64 (on cuda they are checked on the
+   device, and an id out of range is reported by the next dt_ctx_sync or loss read). Each output
+   row has one non-zero contribution, so the sum over tp is exact: the result equals
+   dt_embedding_fwd bitwise, and the backward adds each row's grads in id order on cuda too.
    partial may be NULL under sp 0 or when tp = 1, doutbuf under sp 0 or when tp = 1. */
 DT_API dt_status dt_tp_embedding_fwd(dt_layout *l, dt_tensor *out, dt_tensor *partial, const dt_tensor *table,
                                      const dt_tensor *ids, int64_t vocab_start, int64_t vocab, int sp);
@@ -411,11 +419,17 @@ DT_API dt_status dt_tp_embedding_bwd(dt_layout *l, dt_tensor *dtable, dt_tensor 
    bwd: dlogits += dloss / n_valid * (softmax - onehot(target)) on this rank's columns.
    The definition is dt_softmax_xent_fwd's on the first `vocab` columns of the gathered logits
    (0 when no target counts). vocab_start must be tp_rank * (Vp/tp); 1 <= vocab <= Vp; a target
-   outside [0, vocab) that is not ignore_index is DT_ERR_RANGE. The reductions run in double
-   through dt_comm_allreduce_f64 (the max, then the target logit and the sum of exp together in
-   one call), so every tp rank gets bitwise the same loss. stats may be NULL in the forward (no
-   backward to follow); n_valid may be NULL. The backward communicates nothing, and padding
-   columns get no gradient. */
+   outside [0, vocab) that is not ignore_index is DT_ERR_RANGE. On the host the reductions run in
+   double through dt_comm_allreduce_f64 (the max, then the target logit and the sum of exp
+   together in one call); on cuda they stay on the device (f32 per-row values through dt_comm's
+   device all-reduce, each rank's sum of exp moved to the global max between the two, the loss
+   summed in double by one block), within (columns per thread + log2 threads) ulps of the host's
+   per-row sums. Either way every tp rank gets bitwise the same loss. loss and n_valid may be
+   NULL; on cuda the loss is left in dt_cuda_loss_slot (loss, then n_valid, as doubles) and is
+   read back, with one wait, only when loss is not NULL (*n_valid is filled with it), so a step
+   that does not log passes NULL and does not wait. stats may be NULL in the forward (no
+   backward to follow). The backward communicates nothing, counts n_valid itself (on the device
+   on cuda) and gives padding columns no gradient. */
 DT_API dt_status dt_tp_xent_fwd(dt_layout *l, float *loss, int64_t *n_valid, dt_tensor *stats,
                                 const dt_tensor *logits, const dt_tensor *targets, int64_t vocab_start,
                                 int64_t vocab, int ignore_index);
@@ -1219,6 +1233,8 @@ struct dt_zero {
     dt_tensor sval[DT_DTYPE_COUNT];       /* stage 3 */
     size_t base_param, base_grad, live_param, live_grad, live_comm, peak;
     char formula[96];                     /* dt_zero_memory.formula points here */
+    dt_tensor *pool;                      /* on cuda: unit buffers given back, kept for the next take */
+    int pool_n, pool_cap;
 };
 
 /* Memory bookkeeping: what the stage holds besides its persistent buffers. */
@@ -1232,14 +1248,28 @@ static void dt__pl_znote(dt_zero *z) {
     }
     if (t > z->peak) z->peak = t;
 }
+/* A unit buffer of numel zeros. On cuda the buffers a step gives back stay in z->pool and the
+   next take of the same dtype and size reuses one (zeroed on the stream): the units of a model
+   repeat a few sizes, so after the first step gathers, releases and reduce-scatters allocate and
+   free nothing (cudaMalloc and cudaFree synchronise the device). The pool holds at most what
+   was live at once; the memory figures count what is live. */
 static dt_status dt__pl_ztake(dt_zero *z, dt_tensor *t, dt_dtype dtype, int64_t numel, size_t *counter) {
     dt_tensor_desc td;
-    memset(&td, 0, sizeof td);
-    td.dtype = dtype;
-    td.device = z->a->device;
-    td.ndim = 1;
-    td.shape[0] = numel;
-    DT__TRY(dt_tensor_create(z->ctx, t, &td));
+    int k;
+    for (k = 0; k < z->pool_n; k++)
+        if (z->pool[k].dtype == dtype && z->pool[k].numel == numel) break;
+    if (k < z->pool_n) {
+        DT__TRY(dt_tensor_fill(z->ctx, &z->pool[k], 0.0));
+        *t = z->pool[k];
+        z->pool[k] = z->pool[--z->pool_n];
+    } else {
+        memset(&td, 0, sizeof td);
+        td.dtype = dtype;
+        td.device = z->a->device;
+        td.ndim = 1;
+        td.shape[0] = numel;
+        DT__TRY(dt_tensor_create(z->ctx, t, &td));
+    }
     *counter += dt_tensor_bytes(t);
     dt__pl_znote(z);
     return DT_OK;
@@ -1247,6 +1277,23 @@ static dt_status dt__pl_ztake(dt_zero *z, dt_tensor *t, dt_dtype dtype, int64_t 
 static void dt__pl_zgive(dt_zero *z, dt_tensor *t, size_t *counter) {
     if (!t->data) return;
     *counter -= dt_tensor_bytes(t);
+    if (t->device == DT_CUDA_DEVICE && t->owns) {
+        if (z->pool_n == z->pool_cap) { /* grows during the first step only */
+            int cap = z->pool_cap ? 2 * z->pool_cap : 16;
+            dt_tensor *np = (dt_tensor *)dt_alloc(z->ctx, (size_t)cap * sizeof *np);
+            if (np) {
+                if (z->pool_n) memcpy(np, z->pool, (size_t)z->pool_n * sizeof *np);
+                dt_release(z->ctx, z->pool);
+                z->pool = np;
+                z->pool_cap = cap;
+            }
+        }
+        if (z->pool_n < z->pool_cap) {
+            z->pool[z->pool_n++] = *t;
+            memset(t, 0, sizeof *t);
+            return;
+        }
+    }
     dt_tensor_free(z->ctx, t);
 }
 
@@ -1503,6 +1550,8 @@ static void dt__pl_zero_release(dt_zero *z) {
     dt_params_free(z->ctx, &z->shard); /* views: only the dt_param structs are freed */
     dt_tensor_free(z->ctx, &z->sgrad);
     for (t = 0; t < DT_DTYPE_COUNT; t++) dt_tensor_free(z->ctx, &z->sval[t]);
+    for (k = 0; k < z->pool_n; k++) dt_tensor_free(z->ctx, &z->pool[k]);
+    dt_release(z->ctx, z->pool);
     dt_release(z->ctx, z->param_comms);
     dt_release(z->ctx, z->zp);
     dt_release(z->ctx, z->zu);
@@ -2005,20 +2054,6 @@ static dt_status dt__tp_chk(dt_ctx *ctx, const dt_tensor *t, dt_dtype dtype, con
     return dt_check_tensor(ctx, &s, dtype, fn, arg);
 }
 
-/* *h = a cpu copy of t when t is on cuda (ids and targets, checked on the host as dt_tensor.h's
-   cuda ops do); else *h = t itself (owns 0). Free with dt_tensor_free. */
-static dt_status dt__tp_host(dt_ctx *ctx, dt_tensor *h, const dt_tensor *t, const char *fn, const char *arg) {
-    dt_status st;
-    DT__TRY(dt__tp_chk(ctx, t, t ? t->dtype : DT_I32, fn, arg));
-    *h = *t;
-    h->owns = 0;
-    if (t->device != DT_CUDA_DEVICE) return DT_OK;
-    DT__TRY(dt_tensor_create_like(ctx, h, t, DT_DTYPE_DEFAULT, DT_CPU));
-    st = dt_tensor_copy(ctx, h, t);
-    if (st) dt_tensor_free(ctx, h);
-    return st;
-}
-
 /* Every tensor of a list (NULLs skipped) on the device of the first: else DT_ERR_DEVICE naming it. */
 static dt_status dt__tp_same_device(dt_ctx *ctx, const char *fn, const dt_tensor *first, const char *first_name,
                                     const dt_tensor *t, const char *name) {
@@ -2368,24 +2403,24 @@ static dt_status dt__tp_vocab(dt_layout *l, int64_t Vl, int64_t vocab_start, int
     return DT_OK;
 }
 
-/* ids valid (i32 / i64, in the vocab); on cuda they are read from a host copy. */
-static dt_status dt__tp_ids(dt_layout *l, const dt_tensor *ids_any, int64_t vocab, const char *fn) {
+/* ids valid (i32 / i64, in the vocab). On cuda the check runs on the device and a failure is
+   reported by the next dt_ctx_sync or loss read (the kernels give an id out of range nothing):
+   reading the ids here would stop the step. */
+static dt_status dt__tp_ids(dt_layout *l, const dt_tensor *ids, int64_t vocab, const char *fn) {
     int64_t i;
-    dt_tensor h, *ids = &h;
-    dt_status st = DT_OK;
-    DT__TRY(dt__tp_chk(l->ctx, ids_any, ids_any ? ids_any->dtype : DT_I32, fn, "ids"));
-    if (ids_any->dtype != DT_I32 && ids_any->dtype != DT_I64)
+    DT__TRY(dt__tp_chk(l->ctx, ids, ids ? ids->dtype : DT_I32, fn, "ids"));
+    if (ids->dtype != DT_I32 && ids->dtype != DT_I64)
         return dt_ctx_set_error(l->ctx, DT_ERR_DTYPE, "%s: ids has dtype %s; expected i32 or i64", fn,
-                                dt_dtype_name(ids_any->dtype));
-    DT__TRY(dt__tp_host(l->ctx, &h, ids_any, fn, "ids"));
-    for (i = 0; i < ids->numel && !st; i++) {
+                                dt_dtype_name(ids->dtype));
+    if (ids->device == DT_CUDA_DEVICE)
+        return dt_cuda_check_range(l->ctx, ids->data, ids->dtype, ids->numel, 0, vocab, 0, 0, fn, "ids");
+    for (i = 0; i < ids->numel; i++) {
         int64_t id = dt__tp_id(ids, i);
         if (id < 0 || id >= vocab)
-            st = dt_ctx_set_error(l->ctx, DT_ERR_RANGE, "%s: ids[%lld] = %lld is outside the vocab [0, %lld)", fn,
-                                  (long long)i, (long long)id, (long long)vocab);
+            return dt_ctx_set_error(l->ctx, DT_ERR_RANGE, "%s: ids[%lld] = %lld is outside the vocab [0, %lld)", fn,
+                                    (long long)i, (long long)id, (long long)vocab);
     }
-    dt_tensor_free(l->ctx, &h);
-    return st;
+    return DT_OK;
 }
 
 /* What the embedding's forward and backward check alike, in this order: tab (table or dtable,
@@ -2456,8 +2491,19 @@ DT_API dt_status dt_tp_embedding_bwd(dt_layout *l, dt_tensor *dtable, dt_tensor 
     DT__TRY(dt__tp_same_device(l->ctx, fn, dtable, "dtable", ids, "ids"));
     if (dtable->device == DT_CUDA_DEVICE) {
 #ifdef DT_CUDA
-        int e = dt_k_tp_embedding_bwd((float *)dtable->data, (const float *)dall->data, ids->data, ids->dtype == DT_I64,
-                                      N, Vl, C, vocab_start, l->ctx->cuda_stream);
+        size_t mark, bytes = dt_k_tp_embedding_bwd_scratch(N);
+        void *keys;
+        int e;
+        if (N > 0 && (bytes == 0 || Vl >= 0xffffffffll))
+            return dt_ctx_set_error(l->ctx, DT_ERR_UNSUPPORTED, "%s: %lld ids and %lld rows on cuda; expected fewer "
+                                    "than 2^32 of each (the backward sorts (row, position) pairs in 64 bits)", fn,
+                                    (long long)N, (long long)Vl);
+        mark = dt_cuda_scratch_begin(l->ctx);
+        keys = dt_cuda_scratch(l->ctx, bytes, fn);
+        e = keys ? dt_k_tp_embedding_bwd((float *)dtable->data, (const float *)dall->data, ids->data,
+                                         ids->dtype == DT_I64, N, Vl, C, vocab_start, keys, l->ctx->cuda_stream) : 0;
+        dt_cuda_scratch_end(l->ctx, mark);
+        if (!keys) return l->ctx->last_status;
         if (e) return dt_ctx_set_error(l->ctx, DT_ERR_CUDA, "%s: dt_k_tp_embedding_bwd failed: %s", fn, dt_k_error_string(e));
 #else
         return dt_ctx_set_error(l->ctx, DT_ERR_DEVICE, "%s: a cuda tensor, but dt was built without DT_CUDA", fn);
@@ -2477,14 +2523,13 @@ DT_API dt_status dt_tp_embedding_bwd(dt_layout *l, dt_tensor *dtable, dt_tensor 
 
 /* ---- vocab-parallel cross entropy */
 
-/* The arguments, and the targets in range (read from a host copy on cuda); *n_valid (may be NULL)
-   = the targets not ignored. */
+/* The arguments, and the targets in range (on cuda: queued on the device, reported by the next
+   dt_ctx_sync or loss read; the kernels give a target out of range nothing); on the host *n_valid
+   (may be NULL) = the targets not ignored. */
 static dt_status dt__tp_xent_check(dt_layout *l, const dt_tensor *logits, const dt_tensor *targets,
                                    int64_t vocab_start, int64_t vocab, int ignore_index, const char *fn,
                                    int64_t *n_valid) {
     int64_t N, r, nv = 0;
-    dt_tensor h;
-    dt_status st = DT_OK;
     DT__TRY(dt__tp_begin(l, 0, fn));
     DT__TRY(dt__tp_chk(l->ctx, logits, DT_F32, fn, "logits"));
     if (logits->ndim < 1)
@@ -2499,73 +2544,73 @@ static dt_status dt__tp_xent_check(dt_layout *l, const dt_tensor *logits, const 
         return dt_ctx_set_error(l->ctx, DT_ERR_UNSUPPORTED, "%s: %lld rows; at most 1073741823 (two doubles per row "
                                 "go through dt_comm_allreduce_f64)", fn, (long long)N);
     DT__TRY(dt__tp_same_device(l->ctx, fn, logits, "logits", targets, "targets"));
-    DT__TRY(dt__tp_host(l->ctx, &h, targets, fn, "targets"));
-    for (r = 0; r < N && !st; r++) {
-        int32_t t = ((const int32_t *)h.data)[r];
+    if (targets->device == DT_CUDA_DEVICE)
+        return dt_cuda_check_range(l->ctx, targets->data, DT_I32, N, 0, vocab, 1, ignore_index, fn, "targets");
+    for (r = 0; r < N; r++) {
+        int32_t t = ((const int32_t *)targets->data)[r];
         if (t != ignore_index && (t < 0 || t >= vocab))
-            st = dt_ctx_set_error(l->ctx, DT_ERR_RANGE, "%s: targets[%lld] = %d is outside [0, %lld) (vocab) and is "
-                                  "not ignore_index = %d", fn, (long long)r, t, (long long)vocab, ignore_index);
+            return dt_ctx_set_error(l->ctx, DT_ERR_RANGE, "%s: targets[%lld] = %d is outside [0, %lld) (vocab) and is "
+                                    "not ignore_index = %d", fn, (long long)r, t, (long long)vocab, ignore_index);
         nv += t != ignore_index;
     }
-    dt_tensor_free(l->ctx, &h);
     if (n_valid) *n_valid = nv;
-    return st;
+    return DT_OK;
 }
 
 #ifdef DT_CUDA
-/* dt_tp_xent_fwd on cuda: dt_k_tp_xent_fwd's three phases on a device buffer of 3N doubles (an
-   i64 tensor: dt has no f64 dtype), the two sums over tp staged through the host (N and 2N
-   doubles: per-row statistics, never the logits), and the rows' losses summed on the host in
-   row order, as the CPU function does. */
-static dt_status dt__tp_xent_fwd_cuda(dt_layout *l, double *total, int64_t *n, dt_tensor *stats, const dt_tensor *logits,
-                                      const dt_tensor *targets, int64_t vocab_start, int ignore_index, int64_t N,
-                                      int64_t Vl, int64_t nv, const char *fn) {
+/* A 1-D f32 device tensor over n floats of scratch: what dt_comm reduces. */
+static dt_tensor dt__tp_dev_f32(float *p, int64_t n) {
+    dt_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = p;
+    t.dtype = DT_F32;
+    t.device = DT_CUDA_DEVICE;
+    t.ndim = 1;
+    t.shape[0] = t.numel = n;
+    return t;
+}
+
+/* dt_tp_xent_fwd on cuda, all on the device (dt_k_tp_xent_*): per row, this rank's max, sum of
+   exp and target logit; the max over tp, each rank's sum moved to that max, the sums over tp
+   (device all-reduces, 3N floats); then the stats and the mean loss into dt_cuda_loss_slot. The
+   all-reduce gives every rank the same per-row values, and the loss kernel sums them in a fixed
+   order: every tp rank has bitwise the same loss. */
+static dt_status dt__tp_xent_fwd_cuda(dt_layout *l, dt_tensor *stats, const dt_tensor *logits, const dt_tensor *targets,
+                                      int64_t vocab_start, int ignore_index, int64_t N, int64_t Vl, int64_t nv,
+                                      const char *fn) {
     dt_ctx *ctx = l->ctx;
-    dt_tensor dbuf, hbuf, ht, dv, hv;
-    dt_tensor_desc td;
-    dt_status st;
-    int phase, e = 0;
-    int64_t r, len;
-    memset(&td, 0, sizeof td);
-    td.dtype = DT_I64;
-    td.ndim = 1;
-    td.shape[0] = 3 * N;
-    td.device = DT_CUDA_DEVICE;
-    DT__TRY(dt__tp_same_device(ctx, fn, logits, "logits", stats, "stats"));
-    DT__TRY(dt_tensor_create(ctx, &dbuf, &td));
-    td.device = DT_CPU;
-    st = dt_tensor_create(ctx, &hbuf, &td);
-    if (st) { dt_tensor_free(ctx, &dbuf); return st; }
-    st = dt__tp_host(ctx, &ht, targets, fn, "targets");
-    for (phase = 0; phase < 3 && !st; phase++) {
-        e = dt_k_tp_xent_fwd((double *)dbuf.data, stats ? (float *)stats->data : NULL, (const float *)logits->data,
-                             (const int32_t *)targets->data, ignore_index, N, Vl, nv, vocab_start, phase,
-                             ctx->cuda_stream);
-        if (e) {
-            st = dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: dt_k_tp_xent_fwd (phase %d) failed: %s", fn, phase,
-                                  dt_k_error_string(e));
-            break;
-        }
-        if (phase == 2 || l->tp == 1) continue;
-        /* the max (phase 0: N) or the target logits and sums (phase 1: 2N) over tp */
-        len = phase == 0 ? N : 2 * N;
-        st = dt_tensor_view(ctx, &dv, &dbuf, phase == 0 ? 0 : N, 1, &len);
-        if (!st) st = dt_tensor_view(ctx, &hv, &hbuf, phase == 0 ? 0 : N, 1, &len);
-        if (!st) st = dt_tensor_copy(ctx, &hv, &dv);
-        if (!st) st = dt_comm_allreduce_f64(l->tp_comm, (double *)hv.data, (int)len,
-                                            phase == 0 ? DT_REDUCE_MAX : DT_REDUCE_SUM);
-        if (!st) st = dt_tensor_copy(ctx, &dv, &hv);
+    size_t mark;
+    float *mloc, *mglob, *sz;
+    dt_tensor tm, tsz;
+    dt_status st = DT_OK;
+    int e = 0;
+    const char *what = "dt_k_tp_xent_fwd";
+    if (!dt_cuda_loss_slot(ctx))
+        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: logits is on cuda but the ctx is not a cuda ctx "
+                                "(dt_ctx_desc.device = DT_CUDA_DEVICE)", fn);
+    mark = dt_cuda_scratch_begin(ctx);
+    mloc = (float *)dt_cuda_scratch(ctx, sizeof(float) * (size_t)N, fn);
+    mglob = mloc ? (float *)dt_cuda_scratch(ctx, sizeof(float) * (size_t)N, fn) : NULL;
+    sz = mglob ? (float *)dt_cuda_scratch(ctx, sizeof(float) * 2 * (size_t)N, fn) : NULL;
+    /* before any collective; the other ranks time out naming this one */
+    if (!sz) st = ctx->last_status ? ctx->last_status : DT_ERR_OOM;
+    if (!st) e = dt_k_tp_xent_fwd(mloc, mglob, sz, (const float *)logits->data, (const int32_t *)targets->data,
+                                  ignore_index, N, Vl, nv, vocab_start, ctx->cuda_stream);
+    if (!st && !e && l->tp > 1) {
+        tm = dt__tp_dev_f32(mglob, N);
+        tsz = dt__tp_dev_f32(sz, 2 * N);
+        st = dt_comm_allreduce(l->tp_comm, &tm, DT_REDUCE_MAX);
+        if (!st) what = "dt_k_tp_xent_rescale", e = dt_k_tp_xent_rescale(sz, mloc, mglob, N, ctx->cuda_stream);
+        if (!st && !e) st = dt_comm_allreduce(l->tp_comm, &tsz, DT_REDUCE_SUM);
     }
-    len = N;
-    if (!st) st = dt_tensor_view(ctx, &dv, &dbuf, 0, 1, &len);
-    if (!st) st = dt_tensor_view(ctx, &hv, &hbuf, 0, 1, &len);
-    if (!st) st = dt_tensor_copy(ctx, &hv, &dv);
-    for (r = 0; r < N && !st; r++)
-        if (((const int32_t *)ht.data)[r] != ignore_index) { *total += ((const double *)hv.data)[r]; (*n)++; }
-    dt_tensor_free(ctx, &ht);
-    dt_tensor_free(ctx, &hbuf);
-    dt_tensor_free(ctx, &dbuf);
-    return st;
+    if (!st && !e)
+        what = "dt_k_tp_xent_loss",
+        e = dt_k_tp_xent_loss(dt_cuda_loss_slot(ctx), stats ? (float *)stats->data : NULL, mglob, sz,
+                              (const int32_t *)targets->data, ignore_index, N, ctx->cuda_stream);
+    dt_cuda_scratch_end(ctx, mark);
+    if (st) return st;
+    if (e) return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: %s failed: %s", fn, what, dt_k_error_string(e));
+    return DT_OK;
 }
 #endif
 
@@ -2583,7 +2628,6 @@ DT_API dt_status dt_tp_xent_fwd(dt_layout *l, float *loss, int64_t *n_valid, dt_
     if (loss) *loss = 0;
     if (n_valid) *n_valid = 0;
     if (!l || !l->ctx) return DT_ERR_ARG;
-    if (!loss) return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: loss is NULL", fn);
     DT__TRY(dt__tp_xent_check(l, logits, targets, vocab_start, vocab, ignore_index, fn, NULL));
     N = dt__tp_rows(logits); Vl = dt__tp_last(logits);
     if (stats) DT__TRY(dt__tp_mat(l->ctx, stats, N, 2, fn, "stats", "each row's max and log-sum-exp"));
@@ -2591,13 +2635,13 @@ DT_API dt_status dt_tp_xent_fwd(dt_layout *l, float *loss, int64_t *n_valid, dt_
     nv = nv < 0 ? 0 : nv > Vl ? Vl : nv;
     if (logits->device == DT_CUDA_DEVICE) {
 #ifdef DT_CUDA
-        DT__TRY(dt__tp_xent_fwd_cuda(l, &total, &n, stats, logits, targets, vocab_start, ignore_index, N, Vl, nv, fn));
+        DT__TRY(dt__tp_same_device(l->ctx, fn, logits, "logits", stats, "stats"));
+        DT__TRY(dt__tp_xent_fwd_cuda(l, stats, logits, targets, vocab_start, ignore_index, N, Vl, nv, fn));
+        /* the logging step's one wait; otherwise the loss stays on the device */
+        return loss ? dt_cuda_read_loss(l->ctx, loss, n_valid, fn) : DT_OK;
 #else
         return dt_ctx_set_error(l->ctx, DT_ERR_DEVICE, "%s: a cuda tensor, but dt was built without DT_CUDA", fn);
 #endif
-        *loss = n ? (float)(total / (double)n) : 0.0f;
-        if (n_valid) *n_valid = n;
-        return DT_OK;
     }
     buf = (double *)dt_alloc(l->ctx, sizeof(double) * (size_t)(3 * N + 1));
     if (!buf) return DT_ERR_OOM; /* before any collective; the other ranks time out naming this one */
@@ -2628,7 +2672,7 @@ DT_API dt_status dt_tp_xent_fwd(dt_layout *l, float *loss, int64_t *n_valid, dt_
     }
     dt_release(l->ctx, buf);
     if (st) return st;
-    *loss = n ? (float)(total / (double)n) : 0.0f;
+    if (loss) *loss = n ? (float)(total / (double)n) : 0.0f;
     if (n_valid) *n_valid = n;
     return DT_OK;
 }
@@ -2646,21 +2690,26 @@ DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tenso
     DT__TRY(dt__tp_mat(l->ctx, dlogits, N, Vl, fn, "dlogits", "as logits"));
     DT__TRY(dt__tp_same_device(l->ctx, fn, logits, "logits", stats, "stats"));
     DT__TRY(dt__tp_same_device(l->ctx, fn, logits, "logits", dlogits, "dlogits"));
-    if (n == 0) return DT_OK;
-    s = dloss / (float)n;
     nv = vocab - vocab_start;
     nv = nv < 0 ? 0 : nv > Vl ? Vl : nv;
     if (logits->device == DT_CUDA_DEVICE) {
 #ifdef DT_CUDA
-        int e = dt_k_tp_xent_bwd((float *)dlogits->data, (const float *)logits->data, (const float *)stats->data,
-                                 (const int32_t *)targets->data, ignore_index, dloss, n, N, Vl, nv, vocab_start,
-                                 l->ctx->cuda_stream);
+        /* n_valid is counted on the device, by the kernel's first launch: no wait for it here */
+        size_t mark = dt_cuda_scratch_begin(l->ctx);
+        double *count = (double *)dt_cuda_scratch(l->ctx, sizeof(double), fn);
+        int e = count ? dt_k_tp_xent_bwd((float *)dlogits->data, (const float *)logits->data,
+                                         (const float *)stats->data, (const int32_t *)targets->data, ignore_index,
+                                         dloss, count, N, Vl, nv, vocab_start, l->ctx->cuda_stream) : 0;
+        dt_cuda_scratch_end(l->ctx, mark);
+        if (!count) return l->ctx->last_status;
         if (e) return dt_ctx_set_error(l->ctx, DT_ERR_CUDA, "%s: dt_k_tp_xent_bwd failed: %s", fn, dt_k_error_string(e));
 #else
         return dt_ctx_set_error(l->ctx, DT_ERR_DEVICE, "%s: a cuda tensor, but dt was built without DT_CUDA", fn);
 #endif
         return DT_OK;
     }
+    if (n == 0) return DT_OK;
+    s = dloss / (float)n;
     for (r = 0; r < N; r++) { /* softmax = exp(z - lse): local, no communication */
         const float *z = (const float *)logits->data + r * Vl;
         float *g = (float *)dlogits->data + r * Vl, lse = ((const float *)stats->data)[2 * r + 1];

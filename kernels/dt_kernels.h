@@ -312,28 +312,38 @@ int dt_k_matmul_bwd(void *cublas, float *da, float *db, const float *dout, const
 
 /* ==== >>tp: tensor parallel (dt_parallel.cu) =====================================================
 
-   dt_parallel.h's vocab-parallel layers on CUDA tensors, the CPU functions' arithmetic in their
-   order. ids (i32, or i64 with ids_i64 = 1) are checked on the host first, as dt_tensor.h does.
+   dt_parallel.h's vocab-parallel layers on CUDA tensors. ids (i32, or i64 with ids_i64 = 1) and
+   targets are checked on the device by the caller (dt_cuda_check_range); an id or target outside
+   the rank's range only contributes nothing here. Nothing waits or allocates: scratch is the
+   caller's.
    tp_embedding_fwd: out[n,:] = table[ids[n] - vocab_start, :] for this rank's Vl rows, else 0.
-   tp_embedding_bwd: dtable[ids[n] - vocab_start, :] += dout[n,:], each column by one thread in
-   id order (deterministic, the CPU's sums bit for bit).
-   tp_xent_fwd: one thread per row of logits [N, Vl] (nv <= Vl real columns); buf is 3N device
-   doubles: phase 0 writes buf[r] = the row max (as float); phase 1 (after the max is reduced over
-   tp) buf[N + 2r] = the target's logit or 0, buf[N + 2r + 1] = sum of expf(z - max) in double;
-   phase 2 (after those are summed over tp) stats[2r], stats[2r+1] = max, log-sum-exp (floats;
-   stats may be NULL) and buf[r] = the row's loss in double.
-   tp_xent_bwd: dlogits += dloss / n_valid (exp(z - lse) - onehot) on real columns, rows not ignored.
+   tp_embedding_bwd: dtable[ids[n] - vocab_start, :] += dout[n,:] for this rank's rows: the ids are
+   sorted with their positions (scratch: dt_k_tp_embedding_bwd_scratch(N) bytes, 8-byte aligned;
+   0 when N is too large: N < 2^32, Vl < 2^32 - 1), then each row adds its dout rows in position
+   order, one thread per column: the CPU's sums bit for bit, no atomics.
+   tp_xent_fwd: block per row of logits [N, Vl] (nv <= Vl real columns): mloc[r] = mglob[r] = the
+   row max (-inf without a real column), sz[2r] = sum of expf(z - max) (float, a fixed tree),
+   sz[2r+1] = the target's logit or 0. Between the launches the caller reduces over tp: mglob by
+   max, then (after tp_xent_rescale turned sz[2r] into the sum relative to mglob[r]) sz by sum.
+   tp_xent_loss (one block; also for N = 0): stats[2r], stats[2r+1] = max, log-sum-exp (stats may
+   be NULL), slot[0] = the mean over the rows not ignored of log s + max - z_target, slot[1] their
+   count (doubles, summed in a fixed order: dt_cuda_loss_slot).
+   tp_xent_bwd: dlogits += dloss / n_valid (exp(z - lse) - onehot) on real columns of rows not
+   ignored, block per row; n_valid is counted on the device into *count (scratch, one double).
    concat: columns [col0, col0 + C) of whole [R, W] and part [R, C]: to_whole 1 copies part into
    whole, 0 whole into part; accumulate 1 adds instead (dt_concat_fwd / _bwd, dt_split_fwd / _bwd). */
 int dt_k_tp_embedding_fwd(float *out, const float *table, const void *ids, int ids_i64, int64_t N, int64_t Vl,
                           int64_t C, int64_t vocab_start, void *stream);
+size_t dt_k_tp_embedding_bwd_scratch(int64_t N);
 int dt_k_tp_embedding_bwd(float *dtable, const float *dout, const void *ids, int ids_i64, int64_t N, int64_t Vl,
-                          int64_t C, int64_t vocab_start, void *stream);
-int dt_k_tp_xent_fwd(double *buf, float *stats, const float *logits, const int32_t *targets, int ignore_index,
-                     int64_t N, int64_t Vl, int64_t nv, int64_t vocab_start, int phase, void *stream);
+                          int64_t C, int64_t vocab_start, void *scratch, void *stream);
+int dt_k_tp_xent_fwd(float *mloc, float *mglob, float *sz, const float *logits, const int32_t *targets,
+                     int ignore_index, int64_t N, int64_t Vl, int64_t nv, int64_t vocab_start, void *stream);
+int dt_k_tp_xent_rescale(float *sz, const float *mloc, const float *mglob, int64_t N, void *stream);
+int dt_k_tp_xent_loss(double *slot, float *stats, const float *mglob, const float *sz, const int32_t *targets,
+                      int ignore_index, int64_t N, void *stream);
 int dt_k_tp_xent_bwd(float *dlogits, const float *logits, const float *stats, const int32_t *targets, int ignore_index,
-                     float dloss, int64_t n_valid, int64_t N, int64_t Vl, int64_t nv, int64_t vocab_start,
-                     void *stream);
+                     float dloss, double *count, int64_t N, int64_t Vl, int64_t nv, int64_t vocab_start, void *stream);
 int dt_k_concat(float *whole, float *part, int64_t R, int64_t W, int64_t col0, int64_t C, int to_whole, int accumulate,
                 void *stream);
 

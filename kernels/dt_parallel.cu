@@ -1,21 +1,36 @@
 /* kernels/dt_parallel.cu - the kernels of dt_parallel.h's tensor-parallel layers on CUDA tensors
    (kernels/dt_kernels.h, "tensor parallel"): the vocab-parallel embedding (rows outside this
    rank's vocab range give zeros, the sum over tp fills them) and cross entropy (per row the max,
-   the target logit and the sum of exp in double; the logits never leave the device), and the
-   column copies of dt_concat / dt_split (qkv packing of examples/gpt).
+   the sum of exp and the target logit; the logits never leave the device, the loss is written to
+   the device), and the column copies of dt_concat / dt_split (qkv packing of examples/gpt).
 
-   Exactness first: each one does the CPU function's arithmetic in the CPU function's order, so a
-   CUDA run of examples/gpt equals its CPU run within the exp's rounding. The backward of the
-   embedding gives each column to one thread, which adds the rows in id order (no atomics: the
-   same sums, bit for bit, every run); the cross entropy's row sums are one thread per row, a
-   loop over the row in column order, in double. Both are O(rows) or O(columns) per thread:
-   right for the sizes tp leaves on a rank, not tuned.                MIT licence (see dt_tensor.h) */
+   Nothing here waits for the host or allocates: scratch comes from the caller (dt_parallel.h
+   takes it from dt_cuda_scratch), and the per-row values cross the tp ranks through dt_comm on
+   device buffers between the launches.
+   The embedding backward must not race on a row that several ids share, and must not depend on
+   timing: the (row, position) pairs are sorted (one block, bitonic: the key holds the position,
+   so the order is unique), then the first position of each row's run adds the run's dout rows in
+   position order into that row, one thread per column. That is the CPU loop's order for every
+   element, so the sums are the CPU's bit for bit, with no atomics.
+   The cross entropy is one block per row, reading the row coalesced: the block's max, then its
+   sum of exp(z - max) (each term <= 1; per-thread partial sums, then the fixed tree of
+   dt_k_block_sum: deterministic, within (nv / threads + 10) ulps of the exact sum, not the CPU's
+   column-order double sum). Across tp the local sum is rescaled to the global max. The
+   loss is the mean of the rows' losses, summed in double by one block in a fixed order.
+                                                                    MIT licence (see dt_tensor.h) */
 #include "dt_cuda.cuh"
 #include <math.h>
 #include <stdint.h>
 
 static __device__ __forceinline__ int64_t dt_k__pl_id(const void *ids, int ids_i64, int64_t n) {
     return ids_i64 ? ((const int64_t *)ids)[n] : (int64_t)((const int32_t *)ids)[n];
+}
+
+/* Threads per row of n columns: whole warps (the block reductions need them), about 8 columns
+   each, 32..512: a GPT vocab gets 512 threads, a small one a warp rather than idle threads. */
+static int dt_k__pl_threads(int64_t n) {
+    int64_t t = ((n + 7) / 8 + 31) / 32 * 32;
+    return t < 32 ? 32 : t > 512 ? 512 : (int)t;
 }
 
 /* out[n, :] = table[ids[n] - vocab_start, :] when that row is this rank's, else 0. */
@@ -27,58 +42,128 @@ static __global__ void dt_k__tp_embedding_fwd(float *out, const float *__restric
     }
 }
 
-/* dtable[ids[n] - vocab_start, c] += dout[n, c] for this rank's rows: thread c adds column c,
-   n = 0, 1, ... in order (the CPU loop's order for every element). */
-static __global__ void dt_k__tp_embedding_bwd(float *dtable, const float *__restrict__ dout, const void *ids,
-                                              int ids_i64, int64_t N, int64_t Vl, int64_t C, int64_t vocab_start) {
-    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x)
-        for (int64_t n = 0; n < N; n++) {
-            int64_t r = dt_k__pl_id(ids, ids_i64, n) - vocab_start;
-            if (r >= 0 && r < Vl) dtable[r * C + c] += dout[n * C + c];
+#define DT_K__PL_NONE 0xffffffffffffffffull /* the key of an id another rank holds: sorts last */
+
+/* One block: keys[i] = (row << 32) | i for the ids of this rank (i < N), DT_K__PL_NONE for the
+   others and the padding up to P (a power of two), then a bitonic sort of the P keys in place.
+   Keys are unique, so the result does not depend on the compare order. */
+static __global__ void dt_k__tp_embedding_sort(uint64_t *keys, const void *ids, int ids_i64, int64_t N, int64_t P,
+                                               int64_t Vl, int64_t vocab_start) {
+    for (int64_t i = threadIdx.x; i < P; i += blockDim.x) {
+        int64_t r = i < N ? dt_k__pl_id(ids, ids_i64, i) - vocab_start : -1;
+        keys[i] = r >= 0 && r < Vl ? ((uint64_t)r << 32) | (uint64_t)i : DT_K__PL_NONE;
+    }
+    for (int64_t k = 2; k <= P; k <<= 1)
+        for (int64_t j = k >> 1; j > 0; j >>= 1) {
+            __syncthreads(); /* the block's global writes of the last round are seen */
+            for (int64_t i = threadIdx.x; i < P; i += blockDim.x) {
+                int64_t m = i ^ j;
+                if (m <= i) continue;
+                uint64_t a = keys[i], b = keys[m];
+                if ((a > b) == ((i & k) == 0)) { keys[i] = b; keys[m] = a; }
+            }
         }
 }
 
-/* One thread per row r of logits [N, Vl] (nv real columns). buf: [N] maxima, then [N] pairs.
-   phase 0: buf[r] = max of the row (-inf without a real column);
-   phase 1: buf[N + 2r] = the target's logit (0 when another rank holds it or it is ignored),
-            buf[N + 2r + 1] = sum of exp(z - buf[r]) in double, column order;
-   phase 2: stats[r] = (max, log s + max) as floats, buf[r] = log s + max - z_target (double). */
-static __global__ void dt_k__tp_xent_fwd(double *buf, float *stats, const float *__restrict__ logits,
-                                         const int32_t *__restrict__ targets, int ignore_index, int64_t N, int64_t Vl,
-                                         int64_t nv, int64_t vocab_start, int phase) {
-    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < N; r += (int64_t)gridDim.x * blockDim.x) {
-        const float *z = logits + r * Vl;
-        if (phase == 0) {
-            float mx = -INFINITY;
-            for (int64_t c = 0; c < nv; c++) if (z[c] > mx) mx = z[c];
-            buf[r] = mx;
-        } else if (phase == 1) {
-            float mx = (float)buf[r]; /* a float that went through a double: exact */
-            int64_t t = (int64_t)targets[r] - vocab_start;
-            double s = 0;
-            for (int64_t c = 0; c < nv; c++) s += expf(z[c] - mx);
-            buf[N + 2 * r] = targets[r] != ignore_index && t >= 0 && t < nv ? (double)z[t] : 0.0;
-            buf[N + 2 * r + 1] = s;
-        } else {
-            double mx = buf[r], zt = buf[N + 2 * r], ls = log(buf[N + 2 * r + 1]);
-            if (stats) {
-                stats[2 * r] = (float)mx;
-                stats[2 * r + 1] = (float)(ls + mx);
-            }
-            buf[r] = ls + mx - zt;
+/* Block per sorted position i that starts a row's run: dtable[row, c] += dout[n, c] for the run's
+   positions n, in increasing n (the CPU's order), each column by one thread. */
+static __global__ void dt_k__tp_embedding_bwd(float *dtable, const float *__restrict__ dout,
+                                              const uint64_t *__restrict__ keys, int64_t N, int64_t C) {
+    for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
+        uint64_t key = keys[i], row = key >> 32;
+        if (key == DT_K__PL_NONE || (i > 0 && keys[i - 1] >> 32 == row)) continue;
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+            float acc = dtable[(int64_t)row * C + c];
+            for (int64_t j = i; j < N && keys[j] != DT_K__PL_NONE && keys[j] >> 32 == row; j++)
+                acc += dout[(int64_t)(keys[j] & 0xffffffffu) * C + c];
+            dtable[(int64_t)row * C + c] = acc;
         }
     }
 }
 
-/* dlogits[r, c] += s (exp(z - lse[r]) - [c == target]) on the real columns of rows not ignored. */
+/* Block per row r of logits [N, Vl] (nv real columns): mloc[r] = mglob[r] = the max of the real
+   columns (-inf without one), sz[2r] = sum of exp(z - max), sz[2r+1] = the target's logit (0 when
+   another rank holds it or it is ignored). */
+static __global__ void dt_k__tp_xent_rows(float *mloc, float *mglob, float *sz, const float *__restrict__ logits,
+                                          const int32_t *__restrict__ targets, int ignore_index, int64_t N,
+                                          int64_t Vl, int64_t nv, int64_t vocab_start) {
+    for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+        const float *z = logits + r * Vl;
+        float mx = -INFINITY, s = 0.0f;
+        for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) mx = fmaxf(mx, z[c]);
+        mx = dt_k_block_max(mx);
+        for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) s += expf(z[c] - mx);
+        s = dt_k_block_sum(s);
+        if (threadIdx.x == 0) {
+            int64_t t = (int64_t)targets[r] - vocab_start;
+            mloc[r] = mglob[r] = mx;
+            sz[2 * r] = s;
+            sz[2 * r + 1] = targets[r] != ignore_index && t >= 0 && t < nv ? z[t] : 0.0f;
+        }
+    }
+}
+
+/* After the max over tp: each rank's sum of exp(z - its max) becomes a sum of exp(z - the max). */
+static __global__ void dt_k__tp_xent_rescale(float *sz, const float *__restrict__ mloc, const float *__restrict__ mglob,
+                                             int64_t N) {
+    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < N; r += (int64_t)gridDim.x * blockDim.x) {
+        if (mloc[r] == -INFINITY) sz[2 * r] = 0.0f; /* no real column here */
+        else if (mloc[r] != mglob[r]) sz[2 * r] *= expf(mloc[r] - mglob[r]);
+    }
+}
+
+/* One block: stats[r] = (max, log s + max), and slot = (mean over the rows not ignored of
+   log s + max - z_target, their count), both sums in double in a fixed order. */
+static __global__ void dt_k__tp_xent_loss(double *slot, float *stats, const float *__restrict__ mglob,
+                                          const float *__restrict__ sz, const int32_t *__restrict__ targets,
+                                          int ignore_index, int64_t N) {
+    double sum = 0.0, cnt = 0.0;
+    for (int64_t r = threadIdx.x; r < N; r += blockDim.x) {
+        double mx = mglob[r], ls = log((double)sz[2 * r]);
+        if (stats) {
+            stats[2 * r] = (float)mx;
+            stats[2 * r + 1] = (float)(ls + mx);
+        }
+        if (targets[r] != ignore_index) {
+            sum += ls + mx - (double)sz[2 * r + 1];
+            cnt += 1.0;
+        }
+    }
+    sum = dt_k_block_sum(sum);
+    cnt = dt_k_block_sum(cnt);
+    if (threadIdx.x == 0) {
+        slot[0] = cnt > 0 ? sum / cnt : 0.0;
+        slot[1] = cnt;
+    }
+}
+
+/* One block: *count = the targets not ignored (exact: integers in double). */
+static __global__ void dt_k__tp_xent_count(double *count, const int32_t *__restrict__ targets, int ignore_index,
+                                           int64_t N) {
+    double c = 0.0;
+    for (int64_t r = threadIdx.x; r < N; r += blockDim.x) c += targets[r] != ignore_index ? 1.0 : 0.0;
+    c = dt_k_block_sum(c);
+    if (threadIdx.x == 0) *count = c;
+}
+
+/* Block per row: dlogits[r, c] += s (exp(z - lse[r]) - [c == target]) on the real columns of rows
+   not ignored, s = dloss / n_valid with n_valid read from the device (the CPU's scale, computed
+   the same way). */
 static __global__ void dt_k__tp_xent_bwd(float *dlogits, const float *__restrict__ logits, const float *__restrict__ stats,
-                                         const int32_t *__restrict__ targets, int ignore_index, float s, int64_t N,
-                                         int64_t Vl, int64_t nv, int64_t vocab_start) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < N * Vl; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = i / Vl, c = i - r * Vl, t = targets[r];
-        if (c >= nv || t == ignore_index) continue;
+                                         const int32_t *__restrict__ targets, int ignore_index, float dloss,
+                                         const double *__restrict__ count, int64_t N, int64_t Vl, int64_t nv,
+                                         int64_t vocab_start) {
+    int64_t n = (int64_t)*count;
+    float s;
+    if (n == 0) return;
+    s = dloss / (float)n;
+    for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+        const float *z = logits + r * Vl;
+        float *g = dlogits + r * Vl, lse = stats[2 * r + 1];
+        int64_t t = targets[r];
+        if (t == ignore_index) continue;
         t -= vocab_start;
-        dlogits[i] += s * (expf(logits[i] - stats[2 * r + 1]) - (c == t ? 1.0f : 0.0f));
+        for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) g[c] += s * (expf(z[c] - lse) - (c == t ? 1.0f : 0.0f));
     }
 }
 
@@ -95,6 +180,13 @@ static __global__ void dt_k__concat(float *whole, float *part, int64_t R, int64_
 
 static int dt_k__pl_bad(int64_t a, int64_t b) { return a < 0 || b < 0 || (b && a > INT64_MAX / b); }
 
+/* The sort's key count: N rounded up to a power of two (1 for N <= 1). */
+static int64_t dt_k__pl_pow2(int64_t N) {
+    int64_t p = 1;
+    while (p < N) p <<= 1;
+    return p;
+}
+
 int dt_k_tp_embedding_fwd(float *out, const float *table, const void *ids, int ids_i64, int64_t N, int64_t Vl,
                           int64_t C, int64_t vocab_start, void *stream) {
     if (dt_k__pl_bad(N, C) || dt_k__pl_bad(Vl, C) || (ids_i64 != 0 && ids_i64 != 1)) return (int)cudaErrorInvalidValue;
@@ -104,32 +196,58 @@ int dt_k_tp_embedding_fwd(float *out, const float *table, const void *ids, int i
     return DT_K_CHECK();
 }
 
+size_t dt_k_tp_embedding_bwd_scratch(int64_t N) {
+    return N < 0 || N > 0xffffffffll ? 0 : (size_t)dt_k__pl_pow2(N) * sizeof(uint64_t);
+}
+
 int dt_k_tp_embedding_bwd(float *dtable, const float *dout, const void *ids, int ids_i64, int64_t N, int64_t Vl,
-                          int64_t C, int64_t vocab_start, void *stream) {
-    if (dt_k__pl_bad(N, C) || dt_k__pl_bad(Vl, C) || (ids_i64 != 0 && ids_i64 != 1)) return (int)cudaErrorInvalidValue;
+                          int64_t C, int64_t vocab_start, void *scratch, void *stream) {
+    int64_t P;
+    if (dt_k__pl_bad(N, C) || dt_k__pl_bad(Vl, C) || (ids_i64 != 0 && ids_i64 != 1) || N > 0xffffffffll ||
+        Vl >= 0xffffffffll || (N && !scratch))
+        return (int)cudaErrorInvalidValue;
     if (N * C == 0) return 0;
-    DT_K_LAUNCH(dt_k__tp_embedding_bwd, dt_k__blocks(C, 64, 4096u), 64, 0, stream, dtable, dout, ids, ids_i64, N, Vl, C,
-                vocab_start);
+    P = dt_k__pl_pow2(N);
+    DT_K_LAUNCH(dt_k__tp_embedding_sort, 1, P / 2 < 32 ? 32 : P / 2 > 1024 ? 1024 : (int)(P / 2), 0, stream,
+                (uint64_t *)scratch, ids, ids_i64, N, P, Vl, vocab_start);
+    DT_K_LAUNCH(dt_k__tp_embedding_bwd, N > 65535 ? 65535u : (unsigned int)N, dt_k__pl_threads(C), 0, stream, dtable,
+                dout, (const uint64_t *)scratch, N, C);
     return DT_K_CHECK();
 }
 
-int dt_k_tp_xent_fwd(double *buf, float *stats, const float *logits, const int32_t *targets, int ignore_index,
-                     int64_t N, int64_t Vl, int64_t nv, int64_t vocab_start, int phase, void *stream) {
-    if (dt_k__pl_bad(N, Vl) || nv < 0 || nv > Vl || phase < 0 || phase > 2) return (int)cudaErrorInvalidValue;
+int dt_k_tp_xent_fwd(float *mloc, float *mglob, float *sz, const float *logits, const int32_t *targets,
+                     int ignore_index, int64_t N, int64_t Vl, int64_t nv, int64_t vocab_start, void *stream) {
+    if (dt_k__pl_bad(N, Vl) || nv < 0 || nv > Vl) return (int)cudaErrorInvalidValue;
     if (N == 0) return 0;
-    DT_K_LAUNCH(dt_k__tp_xent_fwd, dt_k__blocks(N, 64, 4096u), 64, 0, stream, buf, stats, logits, targets, ignore_index,
-                N, Vl, nv, vocab_start, phase);
+    DT_K_LAUNCH(dt_k__tp_xent_rows, N > 65535 ? 65535u : (unsigned int)N, dt_k__pl_threads(nv), 0, stream, mloc, mglob,
+                sz, logits, targets, ignore_index, N, Vl, nv, vocab_start);
+    return DT_K_CHECK();
+}
+
+int dt_k_tp_xent_rescale(float *sz, const float *mloc, const float *mglob, int64_t N, void *stream) {
+    if (N < 0) return (int)cudaErrorInvalidValue;
+    if (N == 0) return 0;
+    DT_K_LAUNCH(dt_k__tp_xent_rescale, dt_k__blocks(N, 256, 4096u), 256, 0, stream, sz, mloc, mglob, N);
+    return DT_K_CHECK();
+}
+
+int dt_k_tp_xent_loss(double *slot, float *stats, const float *mglob, const float *sz, const int32_t *targets,
+                      int ignore_index, int64_t N, void *stream) {
+    if (N < 0 || !slot) return (int)cudaErrorInvalidValue;
+    /* also for N = 0: the slot says (0, 0) */
+    DT_K_LAUNCH(dt_k__tp_xent_loss, 1, dt_k__pl_threads(N < 4096 ? N : 4096), 0, stream, slot, stats, mglob, sz,
+                targets, ignore_index, N);
     return DT_K_CHECK();
 }
 
 int dt_k_tp_xent_bwd(float *dlogits, const float *logits, const float *stats, const int32_t *targets, int ignore_index,
-                     float dloss, int64_t n_valid, int64_t N, int64_t Vl, int64_t nv, int64_t vocab_start,
-                     void *stream) {
-    if (dt_k__pl_bad(N, Vl) || nv < 0 || nv > Vl || n_valid < 0 || n_valid > N) return (int)cudaErrorInvalidValue;
-    if (n_valid == 0 || N * Vl == 0) return 0;
-    /* the CPU's scale, computed the same way */
-    DT_K_LAUNCH(dt_k__tp_xent_bwd, dt_k__blocks(N * Vl, 256, 4096u), 256, 0, stream, dlogits, logits, stats, targets,
-                ignore_index, dloss / (float)n_valid, N, Vl, nv, vocab_start);
+                     float dloss, double *count, int64_t N, int64_t Vl, int64_t nv, int64_t vocab_start, void *stream) {
+    if (dt_k__pl_bad(N, Vl) || nv < 0 || nv > Vl || !count) return (int)cudaErrorInvalidValue;
+    if (N * Vl == 0) return 0;
+    DT_K_LAUNCH(dt_k__tp_xent_count, 1, dt_k__pl_threads(N < 4096 ? N : 4096), 0, stream, count, targets, ignore_index,
+                N);
+    DT_K_LAUNCH(dt_k__tp_xent_bwd, N > 65535 ? 65535u : (unsigned int)N, dt_k__pl_threads(nv), 0, stream, dlogits,
+                logits, stats, targets, ignore_index, dloss, (const double *)count, N, Vl, nv, vocab_start);
     return DT_K_CHECK();
 }
 
