@@ -27,7 +27,7 @@
 
 #define DT_K__OPT_THREADS 128
 #define DT_K__OPT_PER_THREAD 16 /* elements per thread and block chunk: a block sums 2048 */
-#define DT_K__OPT_MAX_BLOCKS 1024
+#define DT_K__OPT_MAX_BLOCKS 2048 /* 128-thread blocks: every thread slot of an H100 */
 
 /* The blocks of a pass over n elements (the partials' count): a function of n alone. */
 extern "C" int dt_k_opt_blocks(int64_t n) {
@@ -64,28 +64,34 @@ __device__ static int64_t dt_k__seg_end(const dt_k_opt_seg *seg, int n_seg, int 
    double per norm class: partials[b * (n_cls + 1) + c], and the block's flag at [.. + n_cls]. */
 static __global__ void dt_k__grad_pass(const dt_k_opt_seg *__restrict__ seg, int n_seg, int64_t n, int n_cls,
                                        double *partials, float mul, int scale) {
-    double acc[DT_K_OPT_MAX_CLS];
-    int64_t lo, hi, i, end;
-    int s, c, bad = 0;
+    double acc[DT_K_OPT_MAX_CLS], a = 0.0; /* a: the current parameter's sum, added to its class at its end */
+    int64_t lo, hi, i, end, start = 0;
+    int s, c, cls = 0, bad = 0;
+    float *g = 0;
     for (c = 0; c < n_cls; c++) acc[c] = 0.0;
     dt_k__chunk(n, &lo, &hi);
     i = lo + threadIdx.x;
     if (i < hi) {
         s = dt_k__seg(seg, n_seg, i);
         end = dt_k__seg_end(seg, n_seg, s, n);
+        g = seg[s].g; start = seg[s].start; cls = seg[s].cls;
         for (; i < hi; i += blockDim.x) {
-            float *g;
             float x;
-            while (i >= end) end = dt_k__seg_end(seg, n_seg, ++s, n);
-            g = seg[s].g + (i - seg[s].start);
-            x = *g;
+            if (i >= end) {
+                acc[cls] += a;
+                a = 0.0;
+                while (i >= end) end = dt_k__seg_end(seg, n_seg, ++s, n);
+                g = seg[s].g; start = seg[s].start; cls = seg[s].cls;
+            }
+            x = g[i - start];
             if (scale) {
                 x *= mul;
-                *g = x;
+                g[i - start] = x;
             }
             bad |= (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
-            acc[seg[s].cls] += (double)x * (double)x;
+            a += (double)x * (double)x;
         }
+        acc[cls] += a;
     }
     for (c = 0; c < n_cls; c++) { /* every thread calls the block sum (it holds barriers) */
         double t = dt_k_block_sum(acc[c]);
@@ -271,6 +277,7 @@ static __global__ void dt_k__opt_update(const dt_k_opt_seg *__restrict__ seg, in
     int s;
     float gm;
     dt_k__scal k;
+    dt_k_opt_seg cur; /* the parameter's pointers in registers: the stores below cannot alias them */
     if (skip && *skip) return;
     gm = grad_mul ? *grad_mul : 1.0f;
     dt_k__chunk(n, &lo, &hi);
@@ -278,13 +285,15 @@ static __global__ void dt_k__opt_update(const dt_k_opt_seg *__restrict__ seg, in
     if (i >= hi) return;
     s = dt_k__seg(seg, n_seg, i);
     end = dt_k__seg_end(seg, n_seg, s, n);
-    k = dt_k__scalars(h, seg[s]);
+    cur = seg[s];
+    k = dt_k__scalars(h, cur);
     for (; i < hi; i += blockDim.x) {
         if (i >= end) {
             while (i >= end) end = dt_k__seg_end(seg, n_seg, ++s, n);
-            k = dt_k__scalars(h, seg[s]);
+            cur = seg[s];
+            k = dt_k__scalars(h, cur);
         }
-        dt_k__update_one(h, k, seg[s], i - seg[s].start, gm);
+        dt_k__update_one(h, k, cur, i - cur.start, gm);
     }
 }
 

@@ -190,23 +190,32 @@ static double mirror_block_sum(const std::vector<double> &t) { /* t: 128 threads
     for (int w = 0; w < 4; w++) part[w] = mirror_warp(std::vector<double>(t.begin() + 32 * w, t.begin() + 32 * w + 32));
     return mirror_warp(part);
 }
-/* cls[c] as dt_k_opt_grad_pass computes it: block b of nb sums its chunk (thread j the elements
-   lo + j, lo + j + 128, ... in order), then one block adds the partials (thread j the blocks j,
-   j + 128, ...). */
-static std::vector<double> mirror_pass(const std::vector<float> &g, const std::vector<int> &cls_of, int n_cls) {
+/* cls[c] as dt_k_opt_grad_pass computes it: block b of nb sums its chunk, thread j the elements
+   lo + j, lo + j + 128, ... in order, each parameter's run apart, added to its class's sum when
+   the thread leaves it; then one block adds the partials (thread j the blocks j, j + 128, ...). */
+static std::vector<double> mirror_pass(const std::vector<float> &g, const std::vector<int> &seg_of,
+                                       const std::vector<int> &cls_of, int n_cls) {
     int64_t n = (int64_t)g.size();
     int nb = dt_k_opt_blocks(n);
     int64_t chunk = (n + nb - 1) / nb;
     std::vector<std::vector<double>> part(nb, std::vector<double>(n_cls, 0.0));
-    for (int b = 0; b < nb; b++)
-        for (int c = 0; c < n_cls; c++) {
-            std::vector<double> t(128, 0.0);
-            int64_t lo = b * chunk, hi = std::min(n, lo + chunk);
-            for (int j = 0; j < 128; j++)
-                for (int64_t i = lo + j; i < hi; i += 128)
-                    if (cls_of[i] == c) t[j] += (double)g[i] * (double)g[i];
-            part[b][c] = mirror_block_sum(t);
+    for (int b = 0; b < nb; b++) {
+        std::vector<std::vector<double>> t(n_cls, std::vector<double>(128, 0.0));
+        int64_t lo = b * chunk, hi = std::min(n, lo + chunk);
+        for (int j = 0; j < 128; j++) {
+            double a = 0;
+            int64_t i = lo + j;
+            for (; i < hi; i += 128) {
+                if (i - 128 >= lo && seg_of[i] != seg_of[i - 128]) {
+                    t[cls_of[i - 128]][j] += a;
+                    a = 0;
+                }
+                a += (double)g[i] * (double)g[i];
+            }
+            if (lo + j < hi) t[cls_of[i - 128]][j] += a;
         }
+        for (int c = 0; c < n_cls; c++) part[b][c] = mirror_block_sum(t[c]);
+    }
     std::vector<double> out(n_cls);
     for (int c = 0; c < n_cls; c++) {
         std::vector<double> t(128, 0.0);
@@ -223,12 +232,12 @@ static void grad_pass_checks(void) {
     const int NS = 4, NCLS = 2;
     int64_t n = 0;
     std::vector<dt_k_opt_seg> seg(NS);
-    std::vector<int> cls_of;
+    std::vector<int> cls_of, seg_of;
     for (int i = 0; i < NS; i++) {
         memset(&seg[i], 0, sizeof seg[i]);
         seg[i].start = n;
         seg[i].cls = i == 2;
-        for (int64_t k = 0; k < sizes[i]; k++) cls_of.push_back(seg[i].cls);
+        for (int64_t k = 0; k < sizes[i]; k++) cls_of.push_back(seg[i].cls), seg_of.push_back(i);
         n += sizes[i];
     }
     /* magnitudes 2^-5 .. 2^5 with 24 significant bits: the sums of squares round, so their order shows */
@@ -259,7 +268,7 @@ static void grad_pass_checks(void) {
         g = host(d_g, n);
         dt_test_allclose("opt_grad_pass_unscale_bitwise_cpu", g.data(), want.data(), (size_t)n, 0, 0);
     }
-    std::vector<double> got = host(d_cls, NCLS), mirror = mirror_pass(g, cls_of, NCLS);
+    std::vector<double> got = host(d_cls, NCLS), mirror = mirror_pass(g, seg_of, cls_of, NCLS);
     for (int c = 0; c < NCLS; c++) {
         /* each x * x is exact in double; a sum of m non-negative terms in any order is within
            (m - 1) 2^-53 of the exact sum, so two orders differ by at most 2 (m - 1) 2^-53 sum */
