@@ -37,6 +37,7 @@
        each step               dt_params_zero_grad; per micro-step dt_opt_micro_begin (the seed;
                                the bucketer syncs on the last one), forward, backward;
                                dt_opt_step (unscale, agree on inf/nan, clip, update); dt_opt_lr
+                               (CUDA with loss scaling: dt_opt_sync reads the device's step first)
        dt_checkpoint_save      every N steps; dt_train_state_set / _get for your own keys
        dt_opt_free
      building blocks: dt_sgd_update / dt_adam_update / dt_adagrad_update (float arrays; the CUDA
@@ -61,7 +62,8 @@
                        clipping and overflow agreement; without it every comm is a world of one
                        and everything still runs
        DT_CUDA         dt_opt_step on CUDA parameters through kernels/dt_opt.cu: everything the
-                       CPU path does (link the kernels' objects, as for dt_tensor.h)
+                       CPU path does, on the device without a wait (link the kernels' objects,
+                       as for dt_tensor.h; see dt_opt_step for what reads back)
        DT_OPT_NO_SIMD  plain C loops instead of SSE2 in the Adam / Adagrad updates and the
                        gradient pass (same results, bit for bit: the lanes do the scalar ops)
        DT_OPT_NO_THREADS  dt_checkpoint_save computes its checksum in the calling thread

@@ -23,7 +23,7 @@
        >>xent          fused softmax + cross entropy                        dt_softmax.cu
        >>attention     causal attention, plain and flash                    dt_attention.cu
        >>embedding     embedding, sharded tables, GPU hash map, dot         dt_embed.cu, dt_hash.cu
-       >>opt           SGD, Adam, Adagrad updates, the gradient pass        dt_opt.cu
+       >>opt           grads' pass, step decisions, multi-tensor updates    dt_opt.cu
        >>embcopies     the owner side of dt_embed's CUDA forward: copies    dt_embed_copies.cu
        >>gemm          matmul through cuBLAS                                dt_gemm.cu
        >>tp            vocab-parallel embedding and cross entropy, concat   dt_parallel.cu
