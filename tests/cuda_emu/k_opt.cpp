@@ -130,26 +130,27 @@ static void check(int kind, int wdt, int use_master) {
     }
     snprintf(name, sizeof name, "%s_3_steps_return_0_%s", kn[kind], tag);
     DT_TEST_CHECK(name, ok);
-    /* the kernels do the CPU's float ops in its order and g++ contracts no FMA: bitwise */
+    /* the kernels do the CPU's float ops in its order (bitwise on the emulator: g++ contracts no
+       FMA; nvcc may, so a GPU can differ in the last bit: 1e-6 relative over three steps) */
     if (wdt == DT_F32) {
-        snprintf(name, sizeof name, "%s_w_bitwise_cpu_%s", kn[kind], tag);
-        dt_test_allclose(name, host((float *)d_w, N).data(), w.data(), N, 0, 0);
+        snprintf(name, sizeof name, "%s_w_matches_cpu_%s", kn[kind], tag);
+        dt_test_allclose(name, host((float *)d_w, N).data(), w.data(), N, 1e-7, 1e-6);
     } else {
         std::vector<uint16_t> got = host((uint16_t *)d_w, N);
         std::vector<float> gw(N), want(N);
         for (int64_t i = 0; i < N; i++) { gw[i] = from16(got[i], wdt); want[i] = from16(to16(w[i], wdt), wdt); }
         snprintf(name, sizeof name, "%s_16bit_w_is_rounded_cpu_update_%s", kn[kind], tag);
-        dt_test_allclose(name, gw.data(), want.data(), N, 0, 0);
+        dt_test_allclose(name, gw.data(), want.data(), N, 1e-7, wdt == DT_BF16 ? 1e-2 : 1e-3);
     }
     if (use_master) {
-        snprintf(name, sizeof name, "%s_master_bitwise_cpu_%s", kn[kind], tag);
-        dt_test_allclose(name, host(d_m, N).data(), w.data(), N, 0, 0);
+        snprintf(name, sizeof name, "%s_master_matches_cpu_%s", kn[kind], tag);
+        dt_test_allclose(name, host(d_m, N).data(), w.data(), N, 1e-7, 1e-6);
     }
-    snprintf(name, sizeof name, "%s_state_bitwise_cpu_%s", kn[kind], tag);
-    dt_test_allclose(name, host(d_s1, N).data(), s1.data(), N, 0, 0);
+    snprintf(name, sizeof name, "%s_state_matches_cpu_%s", kn[kind], tag);
+    dt_test_allclose(name, host(d_s1, N).data(), s1.data(), N, 1e-7, 1e-6);
     if (kind == ADAM || kind == ADAMW) {
-        snprintf(name, sizeof name, "%s_second_moment_bitwise_cpu_%s", kn[kind], tag);
-        dt_test_allclose(name, host(d_s2, N).data(), s2.data(), N, 0, 0);
+        snprintf(name, sizeof name, "%s_second_moment_matches_cpu_%s", kn[kind], tag);
+        dt_test_allclose(name, host(d_s2, N).data(), s2.data(), N, 1e-9, 1e-6);
     }
     { /* a step with *skip = 1 (found_inf) writes nothing */
         std::vector<int> one(1, 1);
