@@ -483,7 +483,8 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info);
    device after the last dt_opt_step (one copy back and one wait when a step ran since they were
    last read). Nothing to do otherwise. */
 DT_API dt_status dt_opt_sync(dt_optimizer *opt);
-/* The scheduled lr of the next update. */
+/* The scheduled lr of the next update (CUDA parameters with loss scaling: of opt->step as last
+   read from the device; dt_opt_sync reads it). */
 DT_API double dt_opt_lr(const dt_optimizer *opt);
 
 /* ==== >>ckpt: checkpoints: train state, save, load, XXH64 ===================================== */
