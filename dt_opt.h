@@ -37,6 +37,7 @@
        each step               dt_params_zero_grad; per micro-step dt_opt_micro_begin (the seed;
                                the bucketer syncs on the last one), forward, backward;
                                dt_opt_step (unscale, agree on inf/nan, clip, update); dt_opt_lr
+                               (CUDA with loss scaling: dt_opt_sync reads the device's step first)
        dt_checkpoint_save      every N steps; dt_train_state_set / _get for your own keys
        dt_opt_free
      building blocks: dt_sgd_update / dt_adam_update / dt_adagrad_update (float arrays; the CUDA
@@ -61,7 +62,8 @@
                        clipping and overflow agreement; without it every comm is a world of one
                        and everything still runs
        DT_CUDA         dt_opt_step on CUDA parameters through kernels/dt_opt.cu: everything the
-                       CPU path does (link the kernels' objects, as for dt_tensor.h)
+                       CPU path does, on the device without a wait (link the kernels' objects,
+                       as for dt_tensor.h; see dt_opt_step for what reads back)
        DT_OPT_NO_SIMD  plain C loops instead of SSE2 in the Adam / Adagrad updates and the
                        gradient pass (same results, bit for bit: the lanes do the scalar ops)
        DT_OPT_NO_THREADS  dt_checkpoint_save computes its checksum in the calling thread
@@ -371,6 +373,7 @@ typedef enum dt_opt_kind {
    AdamW's weight_decay, a group's weight_decay). Any float computation sees it as 0. */
 #define DT_OPT_ZERO 1e-300
 #define DT_OPT_MAX_GROUPS 16
+#define DT_OPT_CUDA_CLS 8   /* distinct comms of the norm, plus one, that the CUDA optimizer handles */
 
 typedef struct dt_opt_group {
     double lr_scale;      /* lr of this group = scheduled lr * lr_scale; 0 = 1 */
@@ -418,8 +421,14 @@ typedef struct dt_optimizer {
     int n_slots;
     double *sumsq;          /* per-parameter sums of squares of one step, kept: no allocation per step */
     int norm_collective;    /* 1: desc.norm sums over other ranks, so every step computes the norm */
-    dt_tensor cuda_tab;     /* CUDA parameters: the device tables of dt_opt_step (unused otherwise) */
-    void **cuda_grads;      /* and the grad pointers the device table holds (a bucketer may move grads) */
+    /* CUDA parameters only (dt_opt.h's private fields): */
+    dt_tensor cuda_tab;     /* the device state, norm sums and parameter table of dt_opt_step */
+    void *cuda_segs;        /* the table's host copy (a bucketer may move grads: then re-sent) */
+    int64_t cuda_numel;     /* elements of all parameters */
+    dt_comm *cuda_cls_comm[DT_OPT_CUDA_CLS]; /* the norm's comms: [0] NULL (local), then each distinct one */
+    int cuda_n_cls;
+    int cuda_pending;       /* 1: a step with scaling ran on the device since step / scaler were read */
+    int cuda_dirty;         /* 1: step / scaler changed on the host (a load): sent before the next step */
 } dt_optimizer;
 
 typedef struct dt_opt_step_info {
@@ -432,7 +441,8 @@ typedef struct dt_opt_step_info {
 /* Creates the state for every parameter of ps (which must not change afterwards), on the
    parameters' device. CPU params; or, built with DT_CUDA, a set whose every parameter is a CUDA
    tensor (f32, bf16 or f16 value, f32 grad): the master weights and the state then live on the
-   device and dt_opt_step runs kernels/dt_opt.cu (see dt_opt_step). */
+   device, with a table of the parameters made here (the one device allocation and upload of
+   the optimizer), and dt_opt_step runs kernels/dt_opt.cu (see dt_opt_step). */
 DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, const dt_opt_desc *desc);
 DT_API void dt_opt_free(dt_optimizer *opt);
 /* Start of micro-step `micro` (0 .. accum_steps - 1) of gradient accumulation: switches the
@@ -449,14 +459,32 @@ DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, float *dloss, dt_bucketer
    and no result; with info, a norm that no other rank takes part in is computed locally.
    On an error (a failed collective) the grads may already be unscaled: do not call it again
    on the same grads; end the run or redo the step from the forward.
-   CUDA parameters: the same steps on the device, with the same results (the grad pass sums in
-   the CPU's order, so the norm has its bits; the update kernels do its float ops in its order,
-   bit for bit where the compiler contracts no FMA); only the sums of squares and the inf/nan
-   flag come to the host, for the all-reduces and the decisions. One difference: the clip
-   factor is applied as the update reads the grads, so the grads stay unclipped (unscaled, as
-   on the CPU). */
+   CUDA parameters: the same steps on the device, queued on the ctx's stream with no copy to the
+   host, no allocation after the first step and no wait: the pass over the grads (unscale,
+   inf/nan flag, sums of squares) is a two-stage reduction over all parameters in a fixed order
+   (deterministic, but not the CPU's order: the norm differs from the CPU's by at most
+   2 (n - 1) 2^-53 of norm^2, n the elements); the all-reduces of the flag and the norm run on
+   device memory (dt_comm_allreduce: NCCL, or dt_comm's staging), the norm's parts over other
+   ranks as floats (dt_comm has no f64 device tensors: the norm is then within a float rounding
+   per rank of the CPU's, finer than the f32 clip factor it feeds); the skip, the clip factor, the
+   loss scale and the step count are decided by a device thread and read by the one update
+   launch from device memory (the update does the CPU's float ops in its order). The clip factor
+   is applied as the update reads the grads, so the grads stay unclipped (unscaled, as on the
+   CPU). What reads back and waits (one small copy, one synchronisation each):
+     - info != NULL: skipped and grad_norm come from the device, so pass info on logging steps
+       only (info NULL = nothing read back; the norm is still computed when clipping needs it);
+     - with loss scaling (DYNAMIC or STATIC) the device decides skips, so opt->step and
+       opt->scaler are stale after a step until read: dt_opt_micro_begin (its seed is the
+       scale), dt_opt_sync, dt_checkpoint_save, and a dt_opt_step called with no
+       dt_opt_micro_begin since, read them first. Without scaling no step is skipped and
+       nothing is read. */
 DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info);
-/* The scheduled lr of the next update. */
+/* CUDA parameters with loss scaling: makes opt->step and opt->scaler (so dt_opt_lr) those of the
+   device after the last dt_opt_step (one copy back and one wait when a step ran since they were
+   last read). Nothing to do otherwise. */
+DT_API dt_status dt_opt_sync(dt_optimizer *opt);
+/* The scheduled lr of the next update (CUDA parameters with loss scaling: of opt->step as last
+   read from the device; dt_opt_sync reads it). */
 DT_API double dt_opt_lr(const dt_optimizer *opt);
 
 /* ==== >>ckpt: checkpoints: train state, save, load, XXH64 ===================================== */
@@ -1227,51 +1255,110 @@ static dt_status dt__opt_check_params(dt_ctx *ctx, dt_params *ps, const dt_opt_d
 }
 
 #ifdef DT_CUDA
-/* The device tables of CUDA parameters, one allocation (opt->cuda_tab), n = n_slots:
-   sq[n] | found_inf (8 bytes) | seg_wd[n] | seg_end[n] (= numel: each parameter one segment of
-   the update kernels) | grad pointers[n]. sq and the flag sit together: one copy back per step. */
-#define DT__OPT_TAB_SQ(n) 0
-#define DT__OPT_TAB_FLAG(n) (8 * (size_t)(n))
-#define DT__OPT_TAB_WD(n) (8 * (size_t)(n) + 8)
-#define DT__OPT_TAB_END(n) (16 * (size_t)(n) + 8)
-#define DT__OPT_TAB_G(n) (24 * (size_t)(n) + 8)
-#define DT__OPT_TAB_BYTES(n) (32 * (size_t)(n) + 8)
+/* The device side of an optimizer of CUDA parameters, one allocation (opt->cuda_tab) made by
+   dt_opt_create: the step's decisions (dt_k_opt_state), the norm classes' sums, and the
+   parameter table of the multi-tensor kernels (dt_k_opt_seg per parameter). The table is sent
+   once, and again only when a grad moves (dt__opt_cuda_grads); opt->cuda_segs is its host copy. */
+#define DT__OPT_TAB_CLS 64 /* after the state (64 bytes): double cls[], then float clsf[] */
+#define DT__OPT_TAB_CLSF (DT__OPT_TAB_CLS + 8 * DT_K_OPT_MAX_CLS)
+#define DT__OPT_TAB_SEG (DT__OPT_TAB_CLSF + 8 * DT_K_OPT_MAX_CLS)
+#define DT__OPT_TAB_BYTES(n) (DT__OPT_TAB_SEG + (size_t)(n) * sizeof(dt_k_opt_seg))
+typedef char dt__opt_state_fits[sizeof(dt_k_opt_state) <= DT__OPT_TAB_CLS ? 1 : -1];
+typedef char dt__opt_cls_fits[DT_K_OPT_MAX_CLS == DT_OPT_CUDA_CLS ? 1 : -1];
+
+static dt_k_opt_state *dt__opt_dstate(const dt_optimizer *opt) { return (dt_k_opt_state *)opt->cuda_tab.data; }
+static double *dt__opt_dcls(const dt_optimizer *opt) {
+    return (double *)((unsigned char *)opt->cuda_tab.data + DT__OPT_TAB_CLS);
+}
+static float *dt__opt_dclsf(const dt_optimizer *opt) {
+    return (float *)((unsigned char *)opt->cuda_tab.data + DT__OPT_TAB_CLSF);
+}
+static dt_k_opt_seg *dt__opt_dseg(const dt_optimizer *opt) {
+    return (dt_k_opt_seg *)((unsigned char *)opt->cuda_tab.data + DT__OPT_TAB_SEG);
+}
+
+static dt_status dt__opt_settle(dt_optimizer *opt, const char *fn);
 
 static dt_status dt__opt_cuda_err(dt_ctx *ctx, const char *fn, const char *call, int k) {
     return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: %s failed: %s", fn, call, dt_k_error_string(k));
 }
 
-/* Fills the tables once: the parameters and their weight decays do not change after
+/* The norm classes: 0 for the parameters summed here only, then each distinct comm of the
+   norm in the order dt__norm_combine all-reduces them (shard_comm first), so every rank of a
+   comm joins the same all-reduces in the same order as on the CPU. */
+static dt_status dt__opt_cuda_classes(dt_optimizer *opt, const char *fn) {
+    const dt_grad_norm_desc *d = &opt->desc.norm;
+    dt_params *ps = opt->params;
+    int i, c;
+    opt->cuda_n_cls = 1;
+    opt->cuda_cls_comm[0] = NULL;
+    for (i = -1; i < ps->count; i++) {
+        dt_comm *cm = i < 0 ? d->shard_comm : ps->items[i]->sharded ? dt__param_comm(d, i) : NULL;
+        if (!cm) continue;
+        for (c = 1; c < opt->cuda_n_cls && opt->cuda_cls_comm[c] != cm; c++) {}
+        if (c < opt->cuda_n_cls) continue;
+        if (c == DT_OPT_CUDA_CLS)
+            return dt_ctx_set_error(opt->ctx, DT_ERR_ARG, "%s: desc.norm names more than %d distinct comms (shard_comm "
+                                    "and param_comms); the CUDA optimizer sums the norm over at most that many", fn,
+                                    DT_OPT_CUDA_CLS - 1);
+        opt->cuda_cls_comm[opt->cuda_n_cls++] = cm;
+    }
+    return DT_OK;
+}
+
+/* The host's scaler and step as the device state (sent at create, and after a checkpoint load
+   changed them: opt->cuda_dirty). */
+static dt_status dt__opt_cuda_push(dt_optimizer *opt, const char *fn) {
+    dt_k_opt_state st;
+    memset(&st, 0, sizeof st);
+    st.scale = opt->scaler.scale;
+    st.step = opt->step;
+    st.skipped = opt->scaler.skipped;
+    st.growth_tracker = opt->scaler.growth_tracker;
+    st.grad_mul = 1.0f;
+    DT__TRY(dt_cuda_memcpy(opt->ctx, dt__opt_dstate(opt), DT_CUDA_DEVICE, &st, DT_CPU, sizeof st, fn));
+    opt->cuda_dirty = 0;
+    opt->cuda_pending = 0;
+    return DT_OK;
+}
+
+/* Builds the tables once: the parameters, their state and weight decays do not change after
    dt_opt_create. Grads may move (a bucketer created or freed later makes them views into its
-   buckets or gives them their own memory back): dt__opt_cuda_grads re-sends the pointers then. */
+   buckets or gives them their own memory back): dt__opt_cuda_grads re-sends the table then. */
 static dt_status dt__opt_cuda_init(dt_optimizer *opt, const char *fn) {
     dt_ctx *ctx = opt->ctx;
     dt_tensor_desc td;
-    unsigned char *h;
+    dt_k_opt_seg *seg;
+    int64_t start = 0;
     int i, n = opt->n_slots;
-    cudaError_t e;
+    DT__TRY(dt__opt_cuda_classes(opt, fn));
     memset(&td, 0, sizeof td);
     td.dtype = DT_U8; td.device = DT_CUDA_DEVICE; td.shape[0] = (int64_t)DT__OPT_TAB_BYTES(n); td.ndim = 1;
     DT__TRY(dt_tensor_create(ctx, &opt->cuda_tab, &td));
-    if (!(opt->cuda_grads = (void **)dt__ocalloc(ctx, n ? n : 1, sizeof(void *)))) return DT_ERR_OOM;
-    if (!(h = (unsigned char *)dt__ocalloc(ctx, DT__OPT_TAB_BYTES(n), 1))) return DT_ERR_OOM;
+    if (!(opt->cuda_segs = dt__ocalloc(ctx, n ? n : 1, sizeof(dt_k_opt_seg)))) return DT_ERR_OOM;
+    seg = (dt_k_opt_seg *)opt->cuda_segs;
     for (i = 0; i < n; i++) {
-        const dt_param *p = opt->slots[i].param;
+        const dt_opt_slot *s = &opt->slots[i];
+        const dt_param *p = s->param;
         const dt_opt_group *g = &opt->desc.groups[p->group];
-        double wd = p->no_decay ? 0.0 : g->weight_decay; /* dt__opt_update_slot's */
-        int64_t numel = p->value.numel;
-        void *gp = p->grad.data;
-        opt->cuda_grads[i] = gp;
-        memcpy(h + DT__OPT_TAB_WD(n) + 8 * (size_t)i, &wd, 8);
-        memcpy(h + DT__OPT_TAB_END(n) + 8 * (size_t)i, &numel, 8);
-        memcpy(h + DT__OPT_TAB_G(n) + 8 * (size_t)i, &gp, sizeof gp);
+        int c = 0;
+        if (p->sharded)
+            for (c = 1; c < opt->cuda_n_cls && opt->cuda_cls_comm[c] != dt__param_comm(&opt->desc.norm, i); c++) {}
+        seg[i].w = p->value.data;
+        seg[i].master = (float *)s->master.data;
+        seg[i].g = (float *)p->grad.data;
+        seg[i].s0 = (float *)s->state[0].data;
+        seg[i].s1 = (float *)s->state[1].data;
+        seg[i].start = start;
+        seg[i].wd = p->no_decay ? 0.0 : g->weight_decay; /* dt__opt_update_slot's */
+        seg[i].lr_scale = g->lr_scale;
+        seg[i].w_dtype = (int)p->value.dtype;
+        seg[i].cls = c;
+        start += p->value.numel;
     }
-    e = cudaMemcpy(opt->cuda_tab.data, h, DT__OPT_TAB_BYTES(n), cudaMemcpyHostToDevice);
-    dt_release(ctx, h);
-    if (e != cudaSuccess)
-        return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemcpy of the optimizer's device tables: %s", fn,
-                                cudaGetErrorString(e));
-    return DT_OK;
+    opt->cuda_numel = start;
+    DT__TRY(dt_cuda_memcpy(ctx, dt__opt_dseg(opt), DT_CUDA_DEVICE, seg, DT_CPU, (size_t)n * sizeof(dt_k_opt_seg), fn));
+    return dt__opt_cuda_push(opt, fn);
 }
 #endif
 
@@ -1299,7 +1386,7 @@ DT_API void dt_opt_free(dt_optimizer *opt) {
     dt_release(ctx, opt->slots);
     dt_release(ctx, opt->sumsq);
     dt_tensor_free(ctx, &opt->cuda_tab);
-    dt_release(ctx, opt->cuda_grads);
+    dt_release(ctx, opt->cuda_segs);
     dt_release(ctx, opt);
 }
 
@@ -1376,6 +1463,9 @@ DT_API dt_status dt_opt_micro_begin(dt_optimizer *opt, float *dloss, dt_bucketer
         return dt_ctx_set_error(opt->ctx, DT_ERR_RANGE, "dt_opt_micro_begin: micro = %d; expected 0 <= micro < "
                                 "accum_steps (%d)", micro, n);
     if (b) dt_bucketer_set_sync(b, micro == n - 1);
+#ifdef DT_CUDA
+    if (dloss) DT__TRY(dt__opt_settle(opt, "dt_opt_micro_begin")); /* the seed carries the device's scale */
+#endif
     if (dloss) *dloss = (float)(opt->scaler.scale / n);
     return DT_OK;
 }
@@ -1421,12 +1511,12 @@ static void dt__opt_update_slot(dt_optimizer *opt, dt_opt_slot *s, double lr_bas
 }
 
 #ifdef DT_CUDA
-/* The grads' device pointers as they are now: checked on the host every step (n pointers), sent
-   to the device table only when one moved. */
+/* The grads' device pointers as they are now: checked on the host every step (n pointers), the
+   table sent to the device only when one moved. */
 static dt_status dt__opt_cuda_grads(dt_optimizer *opt, const char *fn) {
     dt_ctx *ctx = opt->ctx;
+    dt_k_opt_seg *seg = (dt_k_opt_seg *)opt->cuda_segs;
     int i, n = opt->n_slots, moved = 0;
-    cudaError_t e;
     for (i = 0; i < n; i++) {
         const dt_param *p = opt->slots[i].param;
         if (p->grad.device != DT_CUDA_DEVICE || p->grad.dtype != DT_F32 || p->grad.numel != p->value.numel ||
@@ -1436,87 +1526,132 @@ static dt_status dt__opt_cuda_grads(dt_optimizer *opt, const char *fn) {
                                     dt_dtype_name(p->grad.dtype), dt_device_name(p->grad.device),
                                     (long long)p->grad.numel, p->grad.data ? "set" : "NULL",
                                     (long long)p->value.numel);
-        moved |= opt->cuda_grads[i] != p->grad.data;
-        opt->cuda_grads[i] = p->grad.data;
+        moved |= seg[i].g != (float *)p->grad.data;
+        seg[i].g = (float *)p->grad.data;
     }
     if (!moved) return DT_OK;
-    e = cudaMemcpy((unsigned char *)opt->cuda_tab.data + DT__OPT_TAB_G(n), opt->cuda_grads, (size_t)n * sizeof(void *),
-                   cudaMemcpyHostToDevice);
-    if (e != cudaSuccess)
-        return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemcpy of the grad pointers: %s", fn, cudaGetErrorString(e));
-    return DT_OK;
+    return dt_cuda_memcpy(ctx, dt__opt_dseg(opt), DT_CUDA_DEVICE, seg, DT_CPU, (size_t)n * sizeof(dt_k_opt_seg), fn);
 }
 
-/* CUDA parameters: dt__unscale's pass on the device (dt_k_grad_pass_lanes: the CPU's multiply,
-   flag and sum order), then sq[] and the flag in one copy to the host; the flag agreed over comm
-   as dt__unscale does. Without scaling the grads are only read and *found_inf = 0. */
-static dt_status dt__opt_cuda_unscale(dt_optimizer *opt, int scaling, double *sq, int *found_inf, const char *fn) {
-    dt_ctx *ctx = opt->ctx;
-    const dt_loss_scaler *s = &opt->scaler;
-    const float mul = scaling ? (float)(1.0 / s->scale) : 1.0f; /* GradScaler's inv_scale, as dt__unscale */
-    unsigned char *tab = (unsigned char *)opt->cuda_tab.data;
-    int n = opt->n_slots, bad = 0, k;
-    cudaError_t e;
-    *found_inf = 0;
-    if ((e = cudaMemsetAsync(tab + DT__OPT_TAB_FLAG(n), 0, sizeof(int), (cudaStream_t)ctx->cuda_stream)) != cudaSuccess)
-        return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cudaMemsetAsync of the inf/nan flag: %s", fn, cudaGetErrorString(e));
-    k = dt_k_grad_pass_lanes((float *const *)(tab + DT__OPT_TAB_G(n)), (const int64_t *)(tab + DT__OPT_TAB_END(n)), n,
-                             (int *)(tab + DT__OPT_TAB_FLAG(n)), (double *)(tab + DT__OPT_TAB_SQ(n)), mul,
-                             scaling && s->scale != 1.0, ctx->cuda_stream);
-    if (k) return dt__opt_cuda_err(ctx, fn, "dt_k_grad_pass_lanes", k);
-    e = cudaMemcpyAsync(sq, tab, DT__OPT_TAB_FLAG(n), cudaMemcpyDeviceToHost, (cudaStream_t)ctx->cuda_stream);
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync(&bad, tab + DT__OPT_TAB_FLAG(n), sizeof bad, cudaMemcpyDeviceToHost,
-                            (cudaStream_t)ctx->cuda_stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize((cudaStream_t)ctx->cuda_stream);
-    if (e != cudaSuccess)
-        return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: copying the grads' sums of squares to the host: %s", fn,
-                                cudaGetErrorString(e));
-    if (!scaling) return DT_OK;
-    DT__TRY(dt__agree_flag(opt->desc.comm, &bad));
-    *found_inf = bad;
-    return DT_OK;
-}
-
-/* The update of CUDA parameters: dt__opt_update_slot's lr and decay (the decay in the device
-   table), then the kernel of the optimizer (the CPU update's math, op for op) with each
-   parameter as one segment; bf16 / f16 values from their device master, rounded as dt_convert.
-   grad_mul is the clip factor (1: none), which the CPU multiplies into the grads first. */
-static dt_status dt__opt_cuda_update(dt_optimizer *opt, double lr_base, float grad_mul, const char *fn) {
-    const dt_opt_desc *d = &opt->desc;
-    dt_ctx *ctx = opt->ctx;
-    unsigned char *tab = (unsigned char *)opt->cuda_tab.data;
-    int64_t t = opt->step + 1;
-    int i, k = 0, n_slots = opt->n_slots;
-    const char *call = "";
-    for (i = 0; i < n_slots && !k; i++) {
-        dt_opt_slot *s = &opt->slots[i];
-        dt_param *p = s->param;
-        double lr = lr_base * d->groups[p->group].lr_scale;
-        const int64_t *seg = (const int64_t *)(tab + DT__OPT_TAB_END(n_slots)) + i;
-        const double *wd = (const double *)(tab + DT__OPT_TAB_WD(n_slots)) + i;
-        int64_t n = p->value.numel;
-        float *s0 = (float *)s->state[0].data, *s1 = (float *)s->state[1].data, *m = (float *)s->master.data;
-        const float *gr = (const float *)p->grad.data;
-        switch (d->kind) {
-        case DT_OPT_SGD:
-            call = "dt_k_sgd_update";
-            k = dt_k_sgd_update(p->value.data, (int)p->value.dtype, m, gr, s0, n, seg, wd, 1, lr, d->momentum,
-                                d->dampening, d->nesterov, t == 1, grad_mul, NULL, ctx->cuda_stream);
-            break;
-        case DT_OPT_ADAM: case DT_OPT_ADAMW:
-            call = "dt_k_adam_update";
-            k = dt_k_adam_update(p->value.data, (int)p->value.dtype, m, gr, s0, s1, n, seg, wd, 1, lr, d->beta1,
-                                 d->beta2, d->eps, d->kind == DT_OPT_ADAMW, t, grad_mul, NULL, ctx->cuda_stream);
-            break;
-        default:
-            call = "dt_k_adagrad_update";
-            k = dt_k_adagrad_update(p->value.data, (int)p->value.dtype, m, gr, s0, n, seg, wd, 1, lr, d->lr_decay,
-                                    d->eps, t, grad_mul, NULL, ctx->cuda_stream);
-            break;
-        }
+/* Reads the device state (one copy, one wait) into *out; with scaling the device decides the
+   skip, the scale and the step, so the host's scaler and step are brought up to date. */
+static dt_status dt__opt_cuda_pull(dt_optimizer *opt, dt_k_opt_state *out, const char *fn) {
+    dt_k_opt_state st;
+    DT__TRY(dt_cuda_memcpy(opt->ctx, &st, DT_CPU, dt__opt_dstate(opt), DT_CUDA_DEVICE, sizeof st, fn));
+    if (opt->cuda_pending) {
+        opt->step = st.step;
+        opt->scaler.scale = st.scale;
+        opt->scaler.growth_tracker = st.growth_tracker;
+        opt->scaler.skipped = st.skipped;
+        opt->cuda_pending = 0;
     }
-    return k ? dt__opt_cuda_err(ctx, fn, call, k) : DT_OK;
+    if (out) *out = st;
+    return DT_OK;
+}
+
+/* The host's copy of the step and scaler made current: read back when a step with scaling ran
+   since the last read (opt->cuda_pending), nothing otherwise. */
+static dt_status dt__opt_settle(dt_optimizer *opt, const char *fn) {
+    if (!opt || !opt->cuda_tab.data || !opt->cuda_pending) return DT_OK;
+    return dt__opt_cuda_pull(opt, NULL, fn);
+}
+
+/* A one-element view of a device float (a norm class, the flag), for dt_comm_allreduce. */
+static dt_tensor dt__opt_dview(float *p) {
+    dt_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = p; t.dtype = DT_F32; t.device = DT_CUDA_DEVICE; t.ndim = 1; t.shape[0] = 1; t.numel = 1;
+    return t;
+}
+
+/* dt_opt_step on CUDA parameters (see dt_opt_step): the pass, the all-reduces on device memory,
+   the decisions and the update, all queued on the ctx's stream without a wait. */
+static dt_status dt__opt_cuda_step(dt_optimizer *opt, dt_opt_step_info *info, const char *fn) {
+    dt_ctx *ctx = opt->ctx;
+    const dt_opt_desc *d = &opt->desc;
+    dt_k_opt_state *st;
+    dt_k_opt_finish_args fa;
+    dt_k_opt_hyper h;
+    dt_opt_step_info inf;
+    dt_tensor v;
+    const int scaling = opt->scaler.mode != DT_LOSS_SCALE_NONE;
+    const int want_norm = d->clip_norm > 0 || opt->norm_collective || info != NULL; /* as on the CPU */
+    const int stages = d->norm.stage_comm && dt_comm_size(d->norm.stage_comm) > 1;
+    int c, k;
+    DT__TRY(dt__opt_settle(opt, fn)); /* a step with scaling before it, and no dt_opt_micro_begin since */
+    if (opt->cuda_dirty) DT__TRY(dt__opt_cuda_push(opt, fn));
+    DT__TRY(dt__opt_cuda_grads(opt, fn));
+    st = dt__opt_dstate(opt);
+    memset(&inf, 0, sizeof inf);
+    inf.lr = dt_opt_lr(opt);
+    inf.loss_scale = opt->scaler.scale;
+    if (scaling || want_norm) {
+        /* 1. the pass: unscale, flag, per-class sums (GradScaler's inv_scale, as dt__unscale) */
+        const float mul = scaling ? (float)(1.0 / opt->scaler.scale) : 1.0f;
+        size_t mark = dt_cuda_scratch_begin(ctx);
+        double *part = (double *)dt_cuda_scratch(ctx, (size_t)dt_k_opt_blocks(opt->cuda_numel) *
+                                                          (size_t)(opt->cuda_n_cls + 1) * sizeof(double) + 8, fn);
+        k = part ? dt_k_opt_grad_pass(dt__opt_dseg(opt), opt->n_slots, opt->cuda_numel, opt->cuda_n_cls, part,
+                                      dt__opt_dcls(opt), dt__opt_dclsf(opt), st, mul, scaling && opt->scaler.scale != 1.0,
+                                      ctx->cuda_stream)
+                 : -1;
+        dt_cuda_scratch_end(ctx, mark);
+        if (k < 0) return DT_ERR_OOM;
+        if (k) return dt__opt_cuda_err(ctx, fn, "dt_k_opt_grad_pass", k);
+        /* 2. the collectives, on device memory, in the CPU's order: the flag, then the norm */
+        if (scaling && dt__comm_size(d->comm) > 1) {
+            v = dt__opt_dview(&st->found_inf);
+            DT__TRY(dt_comm_allreduce(d->comm, &v, DT_REDUCE_MAX));
+        }
+        memset(&fa, 0, sizeof fa);
+        for (c = 1; want_norm && c < opt->cuda_n_cls; c++)
+            if (dt_comm_size(opt->cuda_cls_comm[c]) > 1) {
+                v = dt__opt_dview(dt__opt_dclsf(opt) + c);
+                DT__TRY(dt_comm_allreduce(opt->cuda_cls_comm[c], &v, DT_REDUCE_SUM));
+                fa.reduced |= 1 << c;
+            }
+        /* 3. the decisions on the device: skip, clip factor, scale, step */
+        fa.scaling = scaling;
+        fa.dynamic = opt->scaler.mode == DT_LOSS_SCALE_DYNAMIC;
+        fa.want_norm = want_norm;
+        fa.growth_interval = opt->scaler.growth_interval;
+        fa.clip_norm = d->clip_norm;
+        fa.growth_factor = opt->scaler.growth_factor;
+        fa.backoff_factor = opt->scaler.backoff_factor;
+        if (want_norm && stages) {
+            if ((k = dt_k_opt_finish(st, dt__opt_dcls(opt), dt__opt_dclsf(opt), opt->cuda_n_cls, 1, &fa,
+                                     ctx->cuda_stream)))
+                return dt__opt_cuda_err(ctx, fn, "dt_k_opt_finish", k);
+            v = dt__opt_dview(&st->sumsq_f);
+            DT__TRY(dt_comm_allreduce(d->norm.stage_comm, &v, DT_REDUCE_SUM));
+        }
+        if ((k = dt_k_opt_finish(st, dt__opt_dcls(opt), dt__opt_dclsf(opt), opt->cuda_n_cls,
+                                 want_norm && stages ? 2 : 0, &fa, ctx->cuda_stream)))
+            return dt__opt_cuda_err(ctx, fn, "dt_k_opt_finish", k);
+    }
+    /* 4. one launch updates every parameter, reading the clip factor and the skip on the device */
+    memset(&h, 0, sizeof h);
+    h.kind = d->kind == DT_OPT_SGD ? 1 : d->kind == DT_OPT_ADAM ? 2 : d->kind == DT_OPT_ADAMW ? 3 : 4;
+    h.t = opt->step + 1;
+    h.first = h.t == 1;
+    h.nesterov = d->nesterov;
+    h.lr = inf.lr;
+    h.momentum = d->momentum; h.dampening = d->dampening;
+    h.beta1 = d->beta1; h.beta2 = d->beta2; h.eps = d->eps; h.lr_decay = d->lr_decay;
+    k = dt_k_opt_update(dt__opt_dseg(opt), opt->n_slots, opt->cuda_numel, &h,
+                        scaling || want_norm ? &st->grad_mul : NULL, scaling ? &st->skip : NULL, ctx->cuda_stream);
+    if (k) return dt__opt_cuda_err(ctx, fn, "dt_k_opt_update", k);
+    /* without scaling no step is skipped: the host knows the step; with it the device does */
+    if (scaling) opt->cuda_pending = 1;
+    else opt->step++;
+    if (info) { /* asked for: one copy back, one wait */
+        dt_k_opt_state s;
+        DT__TRY(dt__opt_cuda_pull(opt, &s, fn));
+        inf.skipped = s.skip;
+        inf.grad_norm = s.grad_norm;
+        *info = inf;
+    }
+    return DT_OK;
 }
 #endif
 
@@ -1526,7 +1661,7 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     dt_params *ps;
     dt_ctx *ctx;
     double *sq, lr;
-    int i, bad = 0, scaling, want_norm, cuda = 0;
+    int i, bad = 0, scaling, want_norm;
     dt_status st = DT_OK;
     if (info) memset(info, 0, sizeof *info); /* written on every path; filled at the end */
     if (!opt) return DT_ERR_ARG;
@@ -1534,8 +1669,7 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     ps = opt->params;
     DT__TRY(dt__opt_check_state(opt, fn));
 #ifdef DT_CUDA
-    cuda = opt->n_slots && opt->slots[0].param->value.device == DT_CUDA_DEVICE; /* then all are (dt_opt_create) */
-    if (cuda) DT__TRY(dt__opt_cuda_grads(opt, fn));
+    if (opt->cuda_tab.data) return dt__opt_cuda_step(opt, info, fn); /* CUDA parameters (dt_opt_create) */
 #endif
     memset(&inf, 0, sizeof inf);
     lr = dt_opt_lr(opt);
@@ -1550,10 +1684,6 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     /* 1. one pass over the grads: unscale, inf/nan agreed over desc.comm, sums of squares (none
        without scaling or a norm: the update is then the only pass) */
     if (scaling || want_norm) {
-#ifdef DT_CUDA
-        if (cuda) st = dt__opt_cuda_unscale(opt, scaling, sq, &bad, fn);
-        else
-#endif
         st = dt__unscale(scaling ? &opt->scaler : NULL, ps, sq, &bad, opt->desc.comm);
         if (!st && bad) {
             dt_loss_scaler_update(&opt->scaler, 1);
@@ -1564,23 +1694,22 @@ DT_API dt_status dt_opt_step(dt_optimizer *opt, dt_opt_step_info *info) {
     /* 2. global norm, 3. clip, 4. update */
     if (!st && !inf.skipped && want_norm) st = dt__norm_combine(ctx, ps, &opt->desc.norm, sq, &inf.grad_norm, fn);
     if (!st && !inf.skipped) {
-        if (opt->desc.clip_norm > 0 && !cuda) dt__clip(ps, opt->desc.clip_norm, inf.grad_norm);
-#ifdef DT_CUDA
-        if (cuda) { /* dt__clip's factor, applied as the update reads the grads */
-            double coef = opt->desc.clip_norm > 0 ? opt->desc.clip_norm / (inf.grad_norm + 1e-6) : 1.0;
-            float gm = dt__ofinite(inf.grad_norm) && coef < 1.0 ? (float)coef : 1.0f;
-            if ((st = dt__opt_cuda_update(opt, lr, gm, fn))) {
-                if (info) *info = inf;
-                return st;
-            }
-        }
-#endif
-        for (i = 0; i < opt->n_slots && !cuda; i++) dt__opt_update_slot(opt, &opt->slots[i], lr);
+        if (opt->desc.clip_norm > 0) dt__clip(ps, opt->desc.clip_norm, inf.grad_norm);
+        for (i = 0; i < opt->n_slots; i++) dt__opt_update_slot(opt, &opt->slots[i], lr);
         opt->step++;
         if (scaling) dt_loss_scaler_update(&opt->scaler, 0);
     }
     if (info) *info = inf;
     return st;
+}
+
+DT_API dt_status dt_opt_sync(dt_optimizer *opt) {
+    if (!opt) return DT_ERR_ARG;
+#ifdef DT_CUDA
+    return dt__opt_settle(opt, "dt_opt_sync");
+#else
+    return DT_OK;
+#endif
 }
 
 /* ==== >>ckpt: checkpoints: XXH64, train state, helpers, plan, write, load ===================== */
@@ -2593,6 +2722,9 @@ DT_API dt_status dt_checkpoint_save(dt_ctx *ctx, dt_params *ps, dt_optimizer *op
     c = desc->comm;
     rank = c ? dt_comm_rank(c) : 0;
     size = dt__comm_size(c);
+#ifdef DT_CUDA
+    if (opt) DT__TRY(dt__opt_settle(opt, fn)); /* the step and scale the device holds (a broken device: this rank) */
+#endif
     step = state ? state->step : opt ? opt->step : 0;
     if (step < 0) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: state.step = %lld; expected >= 0", fn, (long long)step);
     if (strlen(desc->dir) + 64 >= DT__CK_PATH)
@@ -3137,6 +3269,8 @@ static dt_status dt__ck_commit(dt_ctx *ctx, dt__ck_load *L, dt_optimizer *opt, d
     if (opt) {
         opt->step = L->opt_step;
         opt->scaler = L->scaler;
+        opt->cuda_pending = 0; /* the loaded step and scale replace the device's at the next step */
+        opt->cuda_dirty = opt->cuda_tab.data != NULL;
     }
     if (state) *state = L->ts;
     return DT_OK;

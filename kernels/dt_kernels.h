@@ -23,7 +23,7 @@
        >>xent          softmax + cross entropy, bce, sums (device losses)   dt_softmax.cu
        >>attention     causal attention, plain and flash                    dt_attention.cu
        >>embedding     embedding, sharded tables, GPU hash map, dot         dt_embed.cu, dt_hash.cu
-       >>opt           SGD, Adam, Adagrad updates, the gradient pass        dt_opt.cu
+       >>opt           grads' pass, step decisions, multi-tensor updates    dt_opt.cu
        >>embcopies     the owner side of dt_embed's CUDA forward: copies    dt_embed_copies.cu
        >>gemm          matmul through cuBLAS                                dt_gemm.cu
        >>tp            vocab-parallel embedding and cross entropy, concat   dt_parallel.cu
@@ -249,35 +249,80 @@ int dt_k_dot_interaction_bwd(float *ddense, float *demb, const float *dout, cons
 
 /* ==== >>opt: optimizer (dt_opt.cu) ============================================================ */
 
-/* The flat arena (dt_opt.h, llm.c): n elements; w holds the values (w_dtype 1 f32, 2 bf16,
-   3 f16, as dt_dtype), master the f32 master weights or NULL. With master: the update runs on
-   master and w = master rounded (nearest even); without, a bf16 / f16 w is widened, updated and
-   rounded back. Parameters are the n_seg segments [seg_end[i-1], seg_end[i]) (device int64)
-   with weight decay seg_wd[i] (device double; 0 for no_decay). g is read as g * grad_mul (1 = as
-   is: clipping). skip (a device int, may be NULL): when *skip != 0 nothing is written (the
-   found_inf of the unscale pass: the step is skipped without a round trip to the host).
-   The math is dt_sgd_update / dt_adam_update / dt_adagrad_update's, op for op (the per-step
-   scalars in double on the host, rounded to float once). nvcc may contract a*b+c into an FMA,
-   so a GPU can differ from the CPU in the last bit; the emulator (g++, x86-64) does not. */
-int dt_k_sgd_update(void *w, int w_dtype, float *master, const float *g, float *buf, int64_t n,
-                    const int64_t *seg_end, const double *seg_wd, int n_seg, double lr, double momentum,
-                    double dampening, int nesterov, int first, float grad_mul, const int *skip, void *stream);
-int dt_k_adam_update(void *w, int w_dtype, float *master, const float *g, float *m, float *v, int64_t n,
-                     const int64_t *seg_end, const double *seg_wd, int n_seg, double lr, double beta1, double beta2,
-                     double eps, int decoupled, int64_t t, float grad_mul, const int *skip, void *stream);
-int dt_k_adagrad_update(void *w, int w_dtype, float *master, const float *g, float *sum, int64_t n,
-                        const int64_t *seg_end, const double *seg_wd, int n_seg, double lr, double lr_decay,
-                        double eps, int64_t t, float grad_mul, const int *skip, void *stream);
+/* The optimizer of dt_opt.h over all parameters at once (kernels/dt_opt.cu): no host round trip
+   in a step. The parameters are a device array of dt_k_opt_seg, built once (dt_opt_create, or
+   when a grad moves): one flat index space, parameter s covering [seg[s].start, seg[s + 1].start)
+   (the last one up to n). Values: w_dtype 1 f32, 2 bf16, 3 f16 (as dt_dtype); master the f32
+   master weights or NULL. With master: the update runs on master and w = master rounded (nearest
+   even); without, a bf16 / f16 w is widened, updated and rounded back. cls: the parameter's norm
+   class, 0 <= cls < n_cls (0: summed here only; k > 0: summed over the k-th comm of dt_opt.h). */
+#define DT_K_OPT_MAX_CLS 8
+typedef struct dt_k_opt_seg {
+    void *w;
+    float *master;
+    float *g;          /* f32 grad */
+    float *s0, *s1;    /* state: momentum_buffer / exp_avg / sum, exp_avg_sq; NULL when unused */
+    int64_t start;
+    double wd;         /* weight decay (0: no_decay) */
+    double lr_scale;   /* its group's lr scale */
+    int w_dtype;
+    int cls;
+} dt_k_opt_seg;
 
-/* The one pass over the grads (dt_loss_scaler_unscale + dt_grad_norm) with dt_opt.h's CPU sum
-   order, so sumsq has the CPU's bits: over n_t tensors in one launch (g, n, sumsq: device arrays
-   of n_t device pointers / sizes / doubles), tensor j: g[j][i] *= mul when scale is 1 (GradScaler's
-   1 / scale), *found_inf |= an inf or NaN (may be NULL; never cleared
-   here), sumsq[j] = (l0 + l1) + (l2 + l3), lane l the double sum of x * x over i % 4 == l in
-   element order. The lanes are serial (4 threads per tensor): O(max n / 4) time, the price of
-   those bits. dt_opt_step uses it for CUDA parameters. */
-int dt_k_grad_pass_lanes(float *const *g, const int64_t *n, int n_t, int *found_inf, double *sumsq, float mul,
-                         int scale, void *stream);
+/* What a step decides on the device (one per optimizer, in device memory; the host reads it only
+   when it asks: dt_opt.h says when). */
+typedef struct dt_k_opt_state {
+    double scale;          /* the loss scale (1 without scaling) */
+    double sumsq;          /* the global sum of squares of this step's grads */
+    double grad_norm;      /* its sqrt; HUGE_VAL when the step was skipped; 0 when not computed */
+    int64_t step;          /* updates applied */
+    int64_t skipped;       /* steps skipped for inf / NaN */
+    int growth_tracker;    /* the scaler's clean steps */
+    int skip;              /* 1: this step is skipped (the update reads it) */
+    float grad_mul;        /* the clip factor of this step (1: none) */
+    float found_inf;       /* 1: an inf / NaN in this rank's grads (f32: dt_comm all-reduces it, MAX) */
+    float sumsq_f;         /* phase 1's sum, as f32 for an all-reduce over the pipeline stages */
+    int pad;
+} dt_k_opt_state;
+
+/* The grads' pass, two launches: block b of dt_k_opt_blocks(n) multiplies its fixed chunk by mul
+   when scale is 1 (GradScaler's 1 / scale), flags inf / NaN and sums x * x in double per class
+   into partials (scratch of dt_k_opt_blocks(n) * (n_cls + 1) doubles); one block then adds the
+   partials in a fixed order: cls[c] (device, n_cls doubles), clsf[c] = (float)cls[c] (what an
+   all-reduce over ranks carries: dt_comm has no f64 device tensors) and st->found_inf.
+   Deterministic; not the CPU's sum order. */
+int dt_k_opt_blocks(int64_t n);
+int dt_k_opt_grad_pass(const dt_k_opt_seg *seg, int n_seg, int64_t n, int n_cls, double *partials, double *cls,
+                       float *clsf, dt_k_opt_state *st, float mul, int scale, void *stream);
+
+/* The decisions (one device thread): phase 0: norm^2 = the sum over c of cls[c], or of clsf[c]
+   where bit c of reduced is set (the caller all-reduced clsf[c] over other ranks); phase 1: only
+   st->sumsq_f = that sum (to all-reduce it over pipeline stages), then phase 2 takes st->sumsq_f.
+   Then, as dt_opt_step on the host: skip = scaling && found_inf; grad_norm; grad_mul =
+   clip_norm / (norm + 1e-6) when clip_norm > 0, the norm finite and that < 1; step++ unless
+   skipped; dt_loss_scaler_update on scale / growth_tracker / skipped when scaling. */
+typedef struct dt_k_opt_finish_args {
+    int scaling, dynamic, want_norm, growth_interval, reduced;
+    double clip_norm, growth_factor, backoff_factor;
+} dt_k_opt_finish_args;
+int dt_k_opt_finish(dt_k_opt_state *st, const double *cls, const float *clsf, int n_cls, int phase,
+                    const dt_k_opt_finish_args *args, void *stream);
+
+/* Multi-tensor SGD / Adam / AdamW / Adagrad: one launch over every parameter of seg. kind 1 sgd,
+   2 adam, 3 adamw, 4 adagrad (as dt_opt_kind); t the 1-based update number; lr the scheduled lr
+   (each parameter multiplies its lr_scale). g is read as g * *grad_mul (grad_mul: device float,
+   may be NULL = 1: the clip factor dt_k_opt_finish wrote); when *skip != 0 (device int, may be
+   NULL) nothing is written. The math is dt_sgd_update / dt_adam_update / dt_adagrad_update's,
+   op for op, with the per-parameter scalars in double rounded to float once. nvcc may contract
+   a*b+c into an FMA, so a GPU can differ from the CPU in the last bit; the emulator does not. */
+typedef struct dt_k_opt_hyper {
+    int kind, nesterov, first;          /* first: 1 on SGD's first update (b = g) */
+    int64_t t;
+    double lr, momentum, dampening, beta1, beta2, eps, lr_decay;
+    double bc1, bc2, lr_den;            /* set by the launcher */
+} dt_k_opt_hyper;
+int dt_k_opt_update(const dt_k_opt_seg *seg, int n_seg, int64_t n, const dt_k_opt_hyper *hyper, const float *grad_mul,
+                    const int *skip, void *stream);
 
 /* ==== >>embcopies: embedding response copies (dt_embed_copies.cu) ============================ */
 

@@ -1,208 +1,315 @@
-/* kernels/dt_opt.cu - the optimizer over dt_opt.h's flat arena: fused multi-tensor SGD / AdamW /
-   Adagrad (one launch for every parameter), bf16 / f16 values with optional f32 master weights,
-   and the grads' one pass (unscale, inf/nan flag, sum of squares for the global norm).
+/* kernels/dt_opt.cu - the optimizer of dt_opt.h on the device, with no host round trip in a step:
+   the grads' one pass (unscale, inf/nan flag, sums of squares for the global norm) as a two-stage
+   reduction over all parameters, the decisions (skip, clip factor, loss scale) in a one-thread
+   kernel, and multi-tensor SGD / Adam(W) / Adagrad: one launch for every parameter.
+
+       grads (n_seg tensors, one flat index space)
+         --dt_k__grad_pass: block b sums its fixed chunk, per norm class--> partials[b][cls]
+         --dt_k__grad_combine: one block adds the partials in a fixed order--> cls[c], found_inf
+         (dt_opt.h all-reduces clsf[c] = (float)cls[c] / found_inf on the device over other ranks)
+         --dt_k__opt_finish (one thread)--> skip, grad_mul (the clip factor), scale, step
+         --dt_k__opt_update: reads skip and grad_mul from device memory--> w, master, state
+
+   The sum order depends on the number of elements only (the chunk of a block is fixed by it),
+   never on timing: deterministic run to run, but not the CPU's four-lane order. Both sum exact
+   products (a float squared is exact in double), so they differ by at most 2 (n - 1) 2^-53 of
+   the sum of squares (n the elements): the tests' bound.
 
    The update math is dt_sgd_update / dt_adam_update / dt_adagrad_update's, operation for
-   operation in the same order, with the per-step scalars computed in double on the host and
-   rounded to float once, as there. Each element finds its parameter (segment) by a binary
-   search of seg_end: log2(parameters) cached loads, cheaper than one launch per parameter.
-   dt_k_grad_pass_lanes, the grads' pass, has the CPU's bits: its sums keep the CPU's four-lane
-   order, so they are serial per tensor. */
+   operation in the same order; each parameter's float scalars (its group's lr, the bias
+   corrections, the decay) are computed in double, as dt_opt.h computes them on the host, once
+   per parameter a thread enters. Each thread walks the parameters (segments) of its block's
+   chunk in order, so finding a segment costs one comparison per element. */
 #include "dt_cuda.cuh"
 #include <math.h>
+#include <float.h>
 #include <stdint.h>
 
-#define DT_K__OPT_THREADS 256
+#define DT_K__OPT_THREADS 128
+#define DT_K__OPT_PER_THREAD 16 /* elements per thread and block chunk: a block sums 2048 */
+#define DT_K__OPT_MAX_BLOCKS 2048 /* 128-thread blocks: every thread slot of an H100 */
 
-/* The segment (parameter) that element i belongs to: the first s with i < seg_end[s]. */
-__device__ static int dt_k__seg(const int64_t *seg_end, int n_seg, int64_t i) {
+/* The blocks of a pass over n elements (the partials' count): a function of n alone. */
+extern "C" int dt_k_opt_blocks(int64_t n) {
+    int64_t per = (int64_t)DT_K__OPT_THREADS * DT_K__OPT_PER_THREAD, b = (n + per - 1) / per;
+    return n <= 0 ? 0 : b > DT_K__OPT_MAX_BLOCKS ? DT_K__OPT_MAX_BLOCKS : (int)b;
+}
+
+/* Block b's chunk of [0, n): [b * chunk, min(n, (b + 1) * chunk)). */
+__device__ static void dt_k__chunk(int64_t n, int64_t *lo, int64_t *hi) {
+    int64_t chunk = (n + gridDim.x - 1) / gridDim.x;
+    *lo = (int64_t)blockIdx.x * chunk;
+    *hi = *lo + chunk < n ? *lo + chunk : n;
+}
+
+/* The segment that flat index i belongs to: the last s with seg[s].start <= i. */
+__device__ static int dt_k__seg(const dt_k_opt_seg *seg, int n_seg, int64_t i) {
     int lo = 0, hi = n_seg - 1;
     while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (i < seg_end[mid]) hi = mid;
-        else lo = mid + 1;
+        int mid = (lo + hi + 1) / 2;
+        if (seg[mid].start <= i) lo = mid;
+        else hi = mid - 1;
     }
     return lo;
 }
 
-__device__ static float dt_k__load_w(const void *w, int dt, const float *master, int64_t i) {
-    if (master) return master[i];
-    if (dt == 2) return dt_k_bf16_to_f32(((const uint16_t *)w)[i]);
-    if (dt == 3) return dt_k_f16_to_f32(((const uint16_t *)w)[i]);
-    return ((const float *)w)[i];
+/* The end of segment s: where the next one starts, or n. */
+__device__ static int64_t dt_k__seg_end(const dt_k_opt_seg *seg, int n_seg, int s, int64_t n) {
+    return s + 1 < n_seg ? seg[s + 1].start : n;
 }
 
-__device__ static void dt_k__store_w(void *w, int dt, float *master, int64_t i, float x) {
-    if (master) master[i] = x;
-    if (dt == 2) ((uint16_t *)w)[i] = dt_k_f32_to_bf16(x);
-    else if (dt == 3) ((uint16_t *)w)[i] = dt_k_f32_to_f16(x);
-    else if (w && (float *)w != master) ((float *)w)[i] = x;
-}
+/* ---------------------------------------------------------------- the grads' pass */
 
-/* The per-step scalars, as the CPU functions compute them. */
-struct dt_k__sgd { float lrf, mom, damp; int nesterov, first; };
-struct dt_k__adam { float step_size, bc2_sqrt, b1, omb1, b2, omb2, epsf; double lr; int decoupled; };
-struct dt_k__adagrad { float clr, epsf; };
-
-/* One element of dt_sgd_update (wd is this parameter's weight decay, as (float) there). */
-__device__ static float dt_k__step(const dt_k__sgd &k, float w, float g, float wd, float *buf) {
-    float d = g;
-    if (wd != 0.0f) d += wd * w;
-    if (k.mom != 0.0f) {
-        float b = k.first ? d : k.mom * *buf + k.damp * d;
-        *buf = b;
-        d = k.nesterov ? d + k.mom * b : b;
-    }
-    return w - k.lrf * d;
-}
-
-static __global__ void dt_k__sgd_kernel(void *w, int wdt, float *master, const float *__restrict__ g, float *buf, int64_t n,
-                                 const int64_t *__restrict__ seg_end, const double *__restrict__ seg_wd, int n_seg,
-                                 dt_k__sgd k, float gm, const int *skip) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (skip && *skip) return;
-    for (; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float wd = (float)seg_wd[dt_k__seg(seg_end, n_seg, i)], x = dt_k__load_w(w, wdt, master, i);
-        float b0 = 0.0f, *b = buf ? buf + i : &b0;
-        x = dt_k__step(k, x, gm == 1.0f ? g[i] : g[i] * gm, wd, b);
-        dt_k__store_w(w, wdt, master, i, x);
-    }
-}
-
-static __global__ void dt_k__adam_kernel(void *w, int wdt, float *master, const float *__restrict__ g, float *m, float *v,
-                                  int64_t n, const int64_t *__restrict__ seg_end, const double *__restrict__ seg_wd,
-                                  int n_seg, dt_k__adam k, float gm, const int *skip) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (skip && *skip) return;
-    for (; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        double wd = seg_wd[dt_k__seg(seg_end, n_seg, i)];
-        float l2 = k.decoupled ? 0.0f : (float)wd, decay = (float)(1.0 - k.lr * wd);
-        float wi = dt_k__load_w(w, wdt, master, i), gi = gm == 1.0f ? g[i] : g[i] * gm, mi, vi, denom;
-        if (l2 != 0.0f) gi += l2 * wi;
-        if (k.decoupled && wd != 0.0) wi *= decay;
-        mi = k.b1 * m[i] + k.omb1 * gi;
-        vi = k.b2 * v[i] + k.omb2 * (gi * gi);
-        m[i] = mi;
-        v[i] = vi;
-        denom = sqrtf(vi) / k.bc2_sqrt + k.epsf;
-        dt_k__store_w(w, wdt, master, i, wi - k.step_size * (mi / denom));
-    }
-}
-
-static __global__ void dt_k__adagrad_kernel(void *w, int wdt, float *master, const float *__restrict__ g, float *sum,
-                                     int64_t n, const int64_t *__restrict__ seg_end,
-                                     const double *__restrict__ seg_wd, int n_seg, dt_k__adagrad k, float gm,
-                                     const int *skip) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (skip && *skip) return;
-    for (; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float wd = (float)seg_wd[dt_k__seg(seg_end, n_seg, i)];
-        float wi = dt_k__load_w(w, wdt, master, i), gi = gm == 1.0f ? g[i] : g[i] * gm, s;
-        if (wd != 0.0f) gi += wd * wi;
-        s = sum[i] + gi * gi;
-        sum[i] = s;
-        dt_k__store_w(w, wdt, master, i, wi - k.clr * (gi / (sqrtf(s) + k.epsf)));
-    }
-}
-
-static unsigned dt_k__opt_grid(int64_t n) {
-    int64_t b = (n + DT_K__OPT_THREADS - 1) / DT_K__OPT_THREADS;
-    return (unsigned)(b > 4096 ? 4096 : b); /* grid-stride beyond */
-}
-
-static int dt_k__opt_args(const void *w, int wdt, const float *master, const float *g, int64_t n,
-                          const int64_t *seg_end, const double *seg_wd, int n_seg) {
-    if (n < 0 || wdt < 1 || wdt > 3 || (wdt != 1 && !w && !master)) return 0;
-    if (n > 0 && (!g || !seg_end || !seg_wd || n_seg <= 0 || (!w && !master))) return 0;
-    return 1;
-}
-
-extern "C" int dt_k_sgd_update(void *w, int w_dtype, float *master, const float *g, float *buf, int64_t n,
-                               const int64_t *seg_end, const double *seg_wd, int n_seg, double lr, double momentum,
-                               double dampening, int nesterov, int first, float grad_mul, const int *skip,
-                               void *stream) {
-    dt_k__sgd k;
-    if (!dt_k__opt_args(w, w_dtype, master, g, n, seg_end, seg_wd, n_seg) || (nesterov != 0 && nesterov != 1) ||
-        (first != 0 && first != 1) || (momentum != 0.0 && !buf && n > 0))
-        return (int)cudaErrorInvalidValue;
-    if (n == 0) return 0;
-    k.lrf = (float)lr; k.mom = (float)momentum; k.damp = (float)(1.0 - dampening);
-    k.nesterov = nesterov; k.first = first;
-    DT_K_LAUNCH(dt_k__sgd_kernel, dt_k__opt_grid(n), DT_K__OPT_THREADS, 0, stream, w, w_dtype, master, g, buf, n,
-                seg_end, seg_wd, n_seg, k, grad_mul, skip);
-    return DT_K_CHECK();
-}
-
-extern "C" int dt_k_adam_update(void *w, int w_dtype, float *master, const float *g, float *m, float *v, int64_t n,
-                                const int64_t *seg_end, const double *seg_wd, int n_seg, double lr, double beta1,
-                                double beta2, double eps, int decoupled, int64_t t, float grad_mul, const int *skip,
-                                void *stream) {
-    dt_k__adam k;
-    double bc1, bc2;
-    if (!dt_k__opt_args(w, w_dtype, master, g, n, seg_end, seg_wd, n_seg) || (decoupled != 0 && decoupled != 1) ||
-        t < 1 || (n > 0 && (!m || !v)))
-        return (int)cudaErrorInvalidValue;
-    if (n == 0) return 0;
-    bc1 = 1.0 - pow(beta1, (double)t);
-    bc2 = 1.0 - pow(beta2, (double)t);
-    k.step_size = (float)(lr / bc1); k.bc2_sqrt = (float)sqrt(bc2);
-    k.b1 = (float)beta1; k.omb1 = (float)(1.0 - beta1); k.b2 = (float)beta2; k.omb2 = (float)(1.0 - beta2);
-    k.epsf = (float)eps; k.lr = lr; k.decoupled = decoupled;
-    DT_K_LAUNCH(dt_k__adam_kernel, dt_k__opt_grid(n), DT_K__OPT_THREADS, 0, stream, w, w_dtype, master, g, m, v, n,
-                seg_end, seg_wd, n_seg, k, grad_mul, skip);
-    return DT_K_CHECK();
-}
-
-extern "C" int dt_k_adagrad_update(void *w, int w_dtype, float *master, const float *g, float *sum, int64_t n,
-                                   const int64_t *seg_end, const double *seg_wd, int n_seg, double lr, double lr_decay,
-                                   double eps, int64_t t, float grad_mul, const int *skip, void *stream) {
-    dt_k__adagrad k;
-    if (!dt_k__opt_args(w, w_dtype, master, g, n, seg_end, seg_wd, n_seg) || t < 1 || (n > 0 && !sum))
-        return (int)cudaErrorInvalidValue;
-    if (n == 0) return 0;
-    k.clr = (float)(lr / (1.0 + (double)(t - 1) * lr_decay));
-    k.epsf = (float)eps;
-    DT_K_LAUNCH(dt_k__adagrad_kernel, dt_k__opt_grid(n), DT_K__OPT_THREADS, 0, stream, w, w_dtype, master, g, sum, n,
-                seg_end, seg_wd, n_seg, k, grad_mul, skip);
-    return DT_K_CHECK();
-}
-
-/* dt_opt.h's CPU pass (dt__grad_pass), bit for bit, over n_t tensors in one launch, one block per
-   tensor. First every thread of the block multiplies and flags a stride of elements (parallel,
-   no sums); then lane l = thread l < 4 adds (double)x * x over the elements i with i % 4 == l
-   in element order, as the CPU's lane l does, and thread 0 combines (l0 + l1) + (l2 + l3).
-   Those lane sums are serial: a double addition's rounding depends on the order, and keeping
-   the CPU's order is what makes a CUDA run's norm, and so its clipping, the CPU run's. */
-#define DT_K__LANE_THREADS 32
-static __global__ void dt_k__grad_pass_lanes(float *const *gs, const int64_t *ns, int *found_inf, double *sumsq,
-                                             float mul, int scale) {
-    __shared__ double lane[4];
-    float *g = gs[blockIdx.x];
-    int64_t n = ns[blockIdx.x], i;
-    int bad = 0;
-    for (i = threadIdx.x; i < n; i += blockDim.x) {
-        float x = g[i];
-        if (scale) {
-            x *= mul;
-            g[i] = x;
+/* Stage 1: block b multiplies its chunk by mul (when scale), flags inf / NaN, and sums x * x in
+   double per norm class: partials[b * (n_cls + 1) + c], and the block's flag at [.. + n_cls]. */
+static __global__ void dt_k__grad_pass(const dt_k_opt_seg *__restrict__ seg, int n_seg, int64_t n, int n_cls,
+                                       double *partials, float mul, int scale) {
+    double acc[DT_K_OPT_MAX_CLS], a = 0.0; /* a: the current parameter's sum, added to its class at its end */
+    int64_t lo, hi, i, end, start = 0;
+    int s, c, cls = 0, bad = 0;
+    float *g = 0;
+    for (c = 0; c < n_cls; c++) acc[c] = 0.0;
+    dt_k__chunk(n, &lo, &hi);
+    i = lo + threadIdx.x;
+    if (i < hi) {
+        s = dt_k__seg(seg, n_seg, i);
+        end = dt_k__seg_end(seg, n_seg, s, n);
+        g = seg[s].g; start = seg[s].start; cls = seg[s].cls;
+        for (; i < hi; i += blockDim.x) {
+            float x;
+            if (i >= end) {
+                acc[cls] += a;
+                a = 0.0;
+                while (i >= end) end = dt_k__seg_end(seg, n_seg, ++s, n);
+                g = seg[s].g; start = seg[s].start; cls = seg[s].cls;
+            }
+            x = g[i - start];
+            if (scale) {
+                x *= mul;
+                g[i - start] = x;
+            }
+            bad |= (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
+            a += (double)x * (double)x;
         }
-        bad |= (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
+        acc[cls] += a;
     }
-    if (bad && found_inf) atomicMax(found_inf, 1);
-    __syncthreads(); /* the multiplied grads, written by every thread, read by the four lanes */
-    if (threadIdx.x < 4) {
-        double s = 0.0;
-        for (i = threadIdx.x; i < n; i += 4) s += (double)g[i] * (double)g[i];
-        lane[threadIdx.x] = s;
+    for (c = 0; c < n_cls; c++) { /* every thread calls the block sum (it holds barriers) */
+        double t = dt_k_block_sum(acc[c]);
+        if (threadIdx.x == 0) partials[(int64_t)blockIdx.x * (n_cls + 1) + c] = t;
     }
-    __syncthreads();
-    if (threadIdx.x == 0) sumsq[blockIdx.x] = (lane[0] + lane[1]) + (lane[2] + lane[3]);
+    {
+        double t = dt_k_block_sum(bad ? 1.0 : 0.0);
+        if (threadIdx.x == 0) partials[(int64_t)blockIdx.x * (n_cls + 1) + n_cls] = t;
+    }
 }
 
-extern "C" int dt_k_grad_pass_lanes(float *const *g, const int64_t *n, int n_t, int *found_inf, double *sumsq,
-                                    float mul, int scale, void *stream) {
-    if (n_t < 0 || (scale != 0 && scale != 1) || (n_t > 0 && (!g || !n || !sumsq))) return (int)cudaErrorInvalidValue;
-    if (n_t == 0) return 0;
-    DT_K_LAUNCH(dt_k__grad_pass_lanes, (unsigned)n_t, DT_K__LANE_THREADS, 0, stream, g, n, found_inf, sumsq, mul, scale);
+/* Stage 2, one block: cls[c] = the partials of class c added in a fixed order (thread t the
+   blocks t, t + blockDim, ..., then the block sum), st->found_inf = any block's flag. */
+static __global__ void dt_k__grad_combine(const double *partials, int n_blocks, int n_cls, double *cls, float *clsf,
+                                          dt_k_opt_state *st) {
+    int c, b;
+    for (c = 0; c <= n_cls; c++) {
+        double v = 0.0, t;
+        for (b = threadIdx.x; b < n_blocks; b += blockDim.x) v += partials[(int64_t)b * (n_cls + 1) + c];
+        t = dt_k_block_sum(v);
+        if (threadIdx.x == 0) {
+            if (c < n_cls) {
+                cls[c] = t;
+                clsf[c] = (float)t;
+            } else {
+                st->found_inf = t > 0.0 ? 1.0f : 0.0f;
+            }
+        }
+    }
+}
+
+extern "C" int dt_k_opt_grad_pass(const dt_k_opt_seg *seg, int n_seg, int64_t n, int n_cls, double *partials,
+                                  double *cls, float *clsf, dt_k_opt_state *st, float mul, int scale, void *stream) {
+    int nb = dt_k_opt_blocks(n);
+    if (n < 0 || n_seg < 0 || n_cls < 1 || n_cls > DT_K_OPT_MAX_CLS || (scale != 0 && scale != 1) || !cls || !clsf || !st ||
+        (n > 0 && (!seg || n_seg == 0 || !partials)))
+        return (int)cudaErrorInvalidValue;
+    if (n == 0) { /* no grads: no sums, no flag */
+        cudaError_t e = cudaMemsetAsync(cls, 0, sizeof(double) * (size_t)n_cls, (cudaStream_t)stream);
+        if (e == cudaSuccess) e = cudaMemsetAsync(clsf, 0, sizeof(float) * (size_t)n_cls, (cudaStream_t)stream);
+        if (e == cudaSuccess)
+            e = cudaMemsetAsync(&st->found_inf, 0, sizeof st->found_inf, (cudaStream_t)stream);
+        return (int)e;
+    }
+    DT_K_LAUNCH(dt_k__grad_pass, (unsigned)nb, DT_K__OPT_THREADS, 0, stream, seg, n_seg, n, n_cls, partials, mul, scale);
+    DT_K_LAUNCH(dt_k__grad_combine, 1, DT_K__OPT_THREADS, 0, stream, partials, nb, n_cls, cls, clsf, st);
+    return DT_K_CHECK();
+}
+
+/* ---------------------------------------------------------------- the decisions of a step */
+
+/* One thread, the host's dt_opt_step between the pass and the update: the norm (sum of the
+   classes in order, or st->sumsq when phase 2 and the caller all-reduced it over the stages),
+   the clip factor of torch.nn.utils.clip_grad_norm_, the skip when scaling found an inf / NaN,
+   dt_loss_scaler_update, the step count. Phase 1 only writes st->sumsq (for that all-reduce). */
+static __global__ void dt_k__opt_finish(dt_k_opt_state *st, const double *cls, const float *clsf, int n_cls,
+                                        int phase, dt_k_opt_finish_args a) {
+    double total = 0.0;
+    int c, found;
+    if (phase != 2)
+        for (c = 0; c < n_cls; c++) total += (a.reduced >> c) & 1 ? (double)clsf[c] : cls[c];
+    if (phase == 1) {
+        st->sumsq_f = (float)total;
+        return;
+    }
+    if (phase == 2) total = (double)st->sumsq_f;
+    st->sumsq = total;
+    found = a.scaling && st->found_inf != 0.0f;
+    st->skip = found;
+    st->grad_mul = 1.0f;
+    if (found) {
+        st->grad_norm = HUGE_VAL;
+    } else if (a.want_norm) {
+        double norm = sqrt(total), coef = a.clip_norm > 0 ? a.clip_norm / (norm + 1e-6) : 1.0;
+        st->grad_norm = norm;
+        if (isfinite(norm) && coef < 1.0) st->grad_mul = (float)coef;
+    } else {
+        st->grad_norm = 0.0;
+    }
+    if (!found) st->step++;
+    if (!a.scaling) return;
+    /* dt_loss_scaler_update, line for line */
+    if (found && st->skipped < INT64_MAX) st->skipped++;
+    if (!a.dynamic) return;
+    if (found) {
+        double backed = st->scale * a.backoff_factor;
+        if (backed >= FLT_MIN) st->scale = backed;
+        st->growth_tracker = 0;
+    } else if ((int64_t)st->growth_tracker + 1 >= a.growth_interval) {
+        double grown = st->scale * a.growth_factor;
+        if (grown <= FLT_MAX) st->scale = grown;
+        st->growth_tracker = 0;
+    } else {
+        st->growth_tracker++;
+    }
+}
+
+extern "C" int dt_k_opt_finish(dt_k_opt_state *st, const double *cls, const float *clsf, int n_cls, int phase,
+                               const dt_k_opt_finish_args *args, void *stream) {
+    if (!st || !args || phase < 0 || phase > 2 || n_cls < 0 || n_cls > DT_K_OPT_MAX_CLS ||
+        (n_cls > 0 && (!cls || !clsf)))
+        return (int)cudaErrorInvalidValue;
+    DT_K_LAUNCH(dt_k__opt_finish, 1, 1, 0, stream, st, cls, clsf, n_cls, phase, *args);
+    return DT_K_CHECK();
+}
+
+/* ---------------------------------------------------------------- the updates */
+
+__device__ static float dt_k__load_w(const dt_k_opt_seg &s, int64_t i) {
+    if (s.master) return s.master[i];
+    if (s.w_dtype == 2) return dt_k_bf16_to_f32(((const uint16_t *)s.w)[i]);
+    if (s.w_dtype == 3) return dt_k_f16_to_f32(((const uint16_t *)s.w)[i]);
+    return ((const float *)s.w)[i];
+}
+
+__device__ static void dt_k__store_w(const dt_k_opt_seg &s, int64_t i, float x) {
+    if (s.master) s.master[i] = x;
+    if (s.w_dtype == 2) ((uint16_t *)s.w)[i] = dt_k_f32_to_bf16(x);
+    else if (s.w_dtype == 3) ((uint16_t *)s.w)[i] = dt_k_f32_to_f16(x);
+    else if (s.w && (float *)s.w != s.master) ((float *)s.w)[i] = x;
+}
+
+/* A segment's float scalars, as the CPU function computes them from its (double) arguments. */
+struct dt_k__scal {
+    float lrf, wdf, mom, damp;     /* sgd: lr, wd, momentum, 1 - dampening */
+    float step_size, bc2_sqrt, b1, omb1, b2, omb2, epsf, l2, decay; /* adam */
+    float clr;                     /* adagrad */
+    int decoupled, wd_nonzero;
+};
+
+__device__ static dt_k__scal dt_k__scalars(const dt_k_opt_hyper &h, const dt_k_opt_seg &s) {
+    dt_k__scal k;
+    double lr = h.lr * s.lr_scale;
+    k.lrf = (float)lr; k.wdf = (float)s.wd;
+    k.mom = (float)h.momentum; k.damp = (float)(1.0 - h.dampening);
+    k.step_size = (float)(lr / h.bc1); k.bc2_sqrt = (float)sqrt(h.bc2);
+    k.b1 = (float)h.beta1; k.omb1 = (float)(1.0 - h.beta1); k.b2 = (float)h.beta2; k.omb2 = (float)(1.0 - h.beta2);
+    k.epsf = (float)h.eps;
+    k.decoupled = h.kind == 3;
+    k.l2 = k.decoupled ? 0.0f : (float)s.wd;
+    k.decay = (float)(1.0 - lr * s.wd);
+    k.wd_nonzero = s.wd != 0.0;
+    k.clr = (float)(lr / h.lr_den);
+    return k;
+}
+
+/* One element of dt_sgd_update / dt_adam_update / dt_adagrad_update. */
+__device__ static void dt_k__update_one(const dt_k_opt_hyper &h, const dt_k__scal &k, const dt_k_opt_seg &s,
+                                        int64_t i, float gm) {
+    float w = dt_k__load_w(s, i), g = gm == 1.0f ? s.g[i] : s.g[i] * gm;
+    if (h.kind == 1) {
+        float d = g;
+        if (k.wdf != 0.0f) d += k.wdf * w;
+        if (k.mom != 0.0f) {
+            float b = h.first ? d : k.mom * s.s0[i] + k.damp * d;
+            s.s0[i] = b;
+            d = h.nesterov ? d + k.mom * b : b;
+        }
+        w = w - k.lrf * d;
+    } else if (h.kind == 4) {
+        float sum;
+        if (k.wdf != 0.0f) g += k.wdf * w;
+        sum = s.s0[i] + g * g;
+        s.s0[i] = sum;
+        w = w - k.clr * (g / (sqrtf(sum) + k.epsf));
+    } else {
+        float m, v, denom;
+        if (k.l2 != 0.0f) g += k.l2 * w;
+        if (k.decoupled && k.wd_nonzero) w *= k.decay;
+        m = k.b1 * s.s0[i] + k.omb1 * g;
+        v = k.b2 * s.s1[i] + k.omb2 * (g * g);
+        s.s0[i] = m;
+        s.s1[i] = v;
+        denom = sqrtf(v) / k.bc2_sqrt + k.epsf;
+        w = w - k.step_size * (m / denom);
+    }
+    dt_k__store_w(s, i, w);
+}
+
+static __global__ void dt_k__opt_update(const dt_k_opt_seg *__restrict__ seg, int n_seg, int64_t n, dt_k_opt_hyper h,
+                                        const float *grad_mul, const int *skip) {
+    int64_t lo, hi, i, end;
+    int s;
+    float gm;
+    dt_k__scal k;
+    dt_k_opt_seg cur; /* the parameter's pointers in registers: the stores below cannot alias them */
+    if (skip && *skip) return;
+    gm = grad_mul ? *grad_mul : 1.0f;
+    dt_k__chunk(n, &lo, &hi);
+    i = lo + threadIdx.x;
+    if (i >= hi) return;
+    s = dt_k__seg(seg, n_seg, i);
+    end = dt_k__seg_end(seg, n_seg, s, n);
+    cur = seg[s];
+    k = dt_k__scalars(h, cur);
+    for (; i < hi; i += blockDim.x) {
+        if (i >= end) {
+            while (i >= end) end = dt_k__seg_end(seg, n_seg, ++s, n);
+            cur = seg[s];
+            k = dt_k__scalars(h, cur);
+        }
+        dt_k__update_one(h, k, cur, i - cur.start, gm);
+    }
+}
+
+extern "C" int dt_k_opt_update(const dt_k_opt_seg *seg, int n_seg, int64_t n, const dt_k_opt_hyper *hyper,
+                               const float *grad_mul, const int *skip, void *stream) {
+    dt_k_opt_hyper h;
+    if (!hyper || n < 0 || n_seg < 0 || (n > 0 && (!seg || n_seg == 0))) return (int)cudaErrorInvalidValue;
+    h = *hyper;
+    if (h.kind < 1 || h.kind > 4 || h.t < 1 || (h.nesterov != 0 && h.nesterov != 1) || (h.first != 0 && h.first != 1))
+        return (int)cudaErrorInvalidValue;
+    if (n == 0) return 0;
+    /* the per-step scalars that do not depend on the parameter, in double as on the host */
+    h.bc1 = 1.0 - pow(h.beta1, (double)h.t);
+    h.bc2 = 1.0 - pow(h.beta2, (double)h.t);
+    h.lr_den = 1.0 + (double)(h.t - 1) * h.lr_decay;
+    DT_K_LAUNCH(dt_k__opt_update, (unsigned)dt_k_opt_blocks(n), DT_K__OPT_THREADS, 0, stream, seg, n_seg, n, h, grad_mul,
+                skip);
     return DT_K_CHECK();
 }
