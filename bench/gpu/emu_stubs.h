@@ -21,6 +21,9 @@
 #define DT_EMU_STUBS 1
 
 #ifdef __cplusplus
+/* what the emulator's <cuda_runtime.h> brings in besides C's headers (libstdc++'s <functional>
+   pulls <vector> in too): a test that compiles against it compiles here */
+#include <functional>
 extern "C" {
 #endif
 

@@ -146,8 +146,8 @@ template <typename F> static double time_ms(const char *name, F fn) {
         CK(cudaEventRecord(b, g_stream));
         cudaError_t e = cudaEventSynchronize(b);
         if (st || e != cudaSuccess) {
-            printf("fail\t%s\tstatus %d (%s), event %s\n", name, st, st >= 1000 || st < 0 ? "cuBLAS / dt" : cudaGetErrorString((cudaError_t)st),
-                   cudaGetErrorString(e));
+            // st: a dt_status (its message printed by DTF), a cudaError_t or 1000 + a cublasStatus_t
+            printf("fail\t%s\tstatus %d, event %s\n", name, st, cudaGetErrorString(e));
             g_failures++;
             cudaGetLastError();
             cudaEventDestroy(a);
@@ -360,7 +360,10 @@ int main(int argc, char **argv) {
                        m > 0 ? (double)d / m : (double)d);
                 fflush(stdout);
             }
-            CK(cudaFree(A)), CK(cudaFree(Bm)), CK(cudaFree(Cd)), CK(cudaFree(Cc));
+            CK(cudaFree(A));
+            CK(cudaFree(Bm));
+            CK(cudaFree(Cd));
+            CK(cudaFree(Cc));
         }
     }
     CK(cudaFree(dmax));

@@ -39,7 +39,9 @@
 #
 # Environment: DT_GPU_BUDGET_S (420: seconds for the whole run, build included, before steps are
 # skipped), DT_GPU_BUILD_TIMEOUT (240; --build-only 1500), DT_GPU_JOBS (compilers at a time, nproc), DT_GPU_ARCH
-# (sm_XY to build for; default: the GPU's, else sm_90), DT_GPU_LOSS_RTOL (1e-5).
+# (sm_XY to build for; default: the GPU's, else sm_90), DT_GPU_LOSS_RTOL (1e-5), DT_GPU_PRETEND=1
+# (for testing this script where there is no GPU: it goes on as if there were one, and every
+# step that needs the GPU fails, so the failure paths and their summary can be read).
 # Flag variables (DT_CFLAGS...) are word lists, expanded unquoted on purpose.
 # shellcheck disable=SC2086
 set -uo pipefail
@@ -76,7 +78,12 @@ lim() { local l; l=$(left); if [ "$l" -lt "$1" ]; then echo $((l > 10 ? l : 10))
 # phase NAME SECONDS: 0 when the budget still has that much, else records the skip
 phase() {
     local l; l=$(left)
-    if [ "$l" -lt "$2" ]; then res "skip:$1" "$l s of the budget left, the step wants $2"; echo "== $1: SKIPPED ($l s left)"; return 1; fi
+    if [ "$l" -lt "$2" ]; then
+        res "skip:$1" "$l s of the budget left, the step wants $2"
+        FAILS+=("skipped:${1// /_}")
+        echo "== $1: SKIPPED ($l s left)"
+        return 1
+    fi
     echo "== $1 ($l s left of ${BUDGET})"
 }
 
@@ -137,8 +144,8 @@ summary() {
         echo "| examples/gpt cpu vs cuda, loss per step (rtol $RTOL) | $(get gpt_losses) |"
         echo "| examples/dlrm cpu vs cuda, loss per step (rtol $RTOL) | $(get dlrm_losses) |"
         local k
-        for k in $(awk -F'\t' '$1 ~ /^skip:/ { print substr($1, 6) }' "$RES" | sort -u); do
-            echo "| $k | skipped: $(get "skip:$k") |"
+        awk -F'\t' '$1 ~ /^skip:/ { print substr($1, 6) }' "$RES" | while IFS= read -r k; do
+            echo "| $k | **skipped**: $(get "skip:$k") |"
         done
         echo
         if [ -s "$p" ] && grep -q '^copy' "$p"; then
@@ -250,7 +257,8 @@ fi
 : >"$RES"
 have_smi=0
 if command -v nvidia-smi >/dev/null && timeout 30 nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then have_smi=1; fi
-if [ "$MODE" = run ] && [ $have_smi = 0 ]; then
+PRETEND=${DT_GPU_PRETEND:-0}
+if [ "$MODE" = run ] && [ $have_smi = 0 ] && [ "$PRETEND" != 1 ]; then
     if command -v nvidia-smi >/dev/null; then
         echo "build.sh gpu: no GPU here: nvidia-smi lists none ($(timeout 30 nvidia-smi -L 2>&1 | head -n 1)). Nothing was run;" \
             "./build.sh gpu --build-only checks the builds without one."
@@ -303,6 +311,7 @@ if [ "$MODE" = run ]; then
         { echo "build.sh gpu: bench/gpu/device.c does not build ($L/device_build.log)"; cat "$L/device_build.log"; exit 4; }
     timeout 60 "$G/device" >"$G/device.txt" 2>&1
     rc=$?
+    [ "$PRETEND" = 1 ] && rc=0 && echo "name: none (DT_GPU_PRETEND=1)" >>"$G/device.txt"
     if [ $rc -ne 0 ]; then
         echo "build.sh gpu: nvidia-smi lists a GPU, but the CUDA runtime cannot use it: $(head -n 1 "$G/device.txt"). Nothing was run."
         exit 3
@@ -310,12 +319,12 @@ if [ "$MODE" = run ]; then
     { nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit,pcie.link.gen.current,pcie.link.width.current,temperature.gpu \
           --format=csv,noheader 2>/dev/null | head -n 1 | awk -F', ' '{ printf("driver_version: %s\nsmi_clocks: SM %s (max %s), memory %s (max %s)\npower_limit: %s\npcie: gen %s x%s\ntemperature: %s C\n", $1, $2, $3, $4, $5, $6, $7, $8, $9) }'
       nvidia-smi -L 2>/dev/null | sed 's/^/smi: /'; } >>"$G/device.txt"
-    [ -n "${DT_GPU_ARCH:-}" ] || ARCH=$(sed -n 's/^arch: //p' "$G/device.txt")
+    [ -n "${DT_GPU_ARCH:-}" ] || ARCH=$(sed -n 's/^arch: //p' "$G/device.txt" | grep . || echo "$ARCH")
     echo "== device"
     cat "$G/device.txt"
 fi
 res arch "$ARCH"
-res notes "$(printf '%s; ' "${NOTES[@]}")"
+[ ${#NOTES[@]} -eq 0 ] || res notes "$(printf '%s; ' "${NOTES[@]}")"
 NVCC_FLAGS="-O2 -Werror all-warnings -gencode arch=compute_${ARCH#sm_},code=$ARCH"
 JOBS=${DT_GPU_JOBS:-$(nproc 2>/dev/null || echo 2)}
 HAVE_MPI=0
@@ -326,7 +335,10 @@ if [ -n "${DT_MPICC:-}" ] && command -v mpirun >/dev/null; then HAVE_MPI=1; fi
 # fresh OUT DEP...: OUT was made by a command that finished (OUT.ok, written after it) since
 # every DEP and every shared input last changed (a second call on a warm machine, or ./build.sh
 # test after ./build.sh gpu, rebuilds only what changed; a compile the timeout cut is redone)
-INPUTS=(dt_*.h kernels/*.h kernels/*.cuh bench/gpu/emu_stubs.h bench/gpu/run.sh tests/dt_test.h tests/cuda_emu/k_common.h)
+INPUTS=(dt_*.h kernels/*.h kernels/*.cuh "$G/flags.txt")
+# the settings every command uses: a change (another arch, no OpenBLAS here) rebuilds everything
+echo "$ARCH|$NVCC_FLAGS|$DT_CC|$DT_CXX|$DT_CFLAGS|$DT_CPPFLAGS|$DT_LIBS|$DT_CUDA_LDFLAGS|$HAVE_MPI|$DT_NCCL_DEFS" >"$G/flags.new"
+if cmp -s "$G/flags.new" "$G/flags.txt"; then rm -f "$G/flags.new"; else mv "$G/flags.new" "$G/flags.txt"; fi
 fresh() {
     local out=$1 f
     shift
@@ -386,7 +398,7 @@ build_everything() {
     done
     job impl_cpu "$G/obj/impl_cpu.o" "tests/dt_impl.c" $DT_CC $DT_CFLAGS $DT_CPPFLAGS -c tests/dt_impl.c -o "$G/obj/impl_cpu.o"
     job impl_cuda "$G/obj/impl_cuda.o" "tests/dt_impl.c" $DT_CC $DT_CFLAGS $DT_CPPFLAGS -DDT_CUDA $CUDA_INC -c tests/dt_impl.c -o "$G/obj/impl_cuda.o"
-    job emu_stubs "$G/obj/emu_stubs.o" "bench/gpu/emu_stubs.c" $DT_CC $DT_CFLAGS -c bench/gpu/emu_stubs.c -o "$G/obj/emu_stubs.o"
+    job emu_stubs "$G/obj/emu_stubs.o" "bench/gpu/emu_stubs.c bench/gpu/emu_stubs.h" $DT_CC $DT_CFLAGS -c bench/gpu/emu_stubs.c -o "$G/obj/emu_stubs.o"
     job mkshard "$G/mkshard" "bench/gpu/mkshard.c" $DT_CC $DT_CFLAGS bench/gpu/mkshard.c -o "$G/mkshard"
     job device "$G/device" "bench/gpu/device.c" $DT_CC $DT_CFLAGS $CUDA_INC bench/gpu/device.c -o "$G/device" $DT_CUDA_LDFLAGS -lcudart
     for n in gpt dlrm; do
@@ -407,11 +419,11 @@ build_everything() {
     for src in tests/cuda_emu/k_*.cpp; do
         n=$(basename "$src" .cpp)
         [[ " ${k_skip[*]} " == *" $n "* ]] && continue
-        job "$n" "$G/k/$n" "$src $G/libdt_kernels.a $G/obj/impl_cuda.o $G/obj/impl_cpu.o $G/obj/emu_stubs.o examples/*/*.c examples/*/*.h" k_build "$src" "$G/k/$n"
+        job "$n" "$G/k/$n" "$src $G/libdt_kernels.a $G/obj/impl_cuda.o $G/obj/impl_cpu.o $G/obj/emu_stubs.o bench/gpu/emu_stubs.h tests/dt_test.h tests/cuda_emu/k_common.h examples/*/*.c examples/*/*.h" k_build "$src" "$G/k/$n"
     done
     local cc=$DT_CC defs= libs=
     if [ $HAVE_MPI = 1 ]; then cc=$DT_MPICC defs="-DDT_MPI $DT_NCCL_DEFS" libs=$DT_NCCL_LIBS; fi
-    job gpu_comm "$G/gpu_comm" "tests/gpu_comm.c $G/libdt_kernels.a" $cc $DT_CFLAGS $DT_CPPFLAGS -DDT_CUDA $defs $CUDA_INC -I"$ROOT/kernels" \
+    job gpu_comm "$G/gpu_comm" "tests/gpu_comm.c tests/dt_test.h $G/libdt_kernels.a" $cc $DT_CFLAGS $DT_CPPFLAGS -DDT_CUDA $defs $CUDA_INC -I"$ROOT/kernels" \
         -I"$ROOT/tests" tests/gpu_comm.c -o "$G/gpu_comm" "$G/libdt_kernels.a" $DT_CUDA_LDFLAGS -lcublas -lcudart $libs -lstdc++ $DT_LIBS
     job probe "$G/probe" "bench/gpu/probe.cu $G/libdt_kernels.a $G/obj/impl_cuda.o" "$DT_NVCC" -O2 -std=c++17 $NVCC_FLAGS -DDT_CUDA $DT_CPPFLAGS \
         -I"$ROOT/kernels" bench/gpu/probe.cu "$G/obj/impl_cuda.o" "$G/libdt_kernels.a" -o "$G/probe" -lcublas $DT_LIBS
@@ -483,11 +495,13 @@ if phase "k_* tests on the GPU" 30; then
         if [ "$rc" -eq 0 ] && [ "$f" -eq 0 ] && [ "$p" -gt 0 ]; then np=$((np + 1))
         else
             nf=$((nf + 1))
-            why="$f FAIL"
-            [ "$rc" -eq 124 ] && why="timed out"
-            [ "$rc" -gt 128 ] && [ "$rc" -ne 124 ] && why="signal $((rc - 128))"
-            list+=" $n ($why, $p PASS)"
-            echo "FAILED $n: rc $rc, $f FAIL lines: $(grep -m 2 '^FAIL' "$L/run_$n.log" | cut -c1-160 | tr '\n' ' ')"
+            if [ "$rc" -eq 124 ]; then why="timed out"
+            elif [ "$rc" -gt 128 ]; then why="signal $((rc - 128))"
+            elif [ "$f" -gt 0 ]; then why="$f FAIL"
+            else why="exit $rc: $(tail -n 1 "$L/run_$n.log" | cut -c1-100 | tr '|' '/')"
+            fi
+            list+=" $n ($why, $p PASS);"
+            echo "FAILED $n: rc $rc, $f FAIL lines: $( (grep -m 2 '^FAIL' "$L/run_$n.log" || tail -n 1 "$L/run_$n.log") | cut -c1-160 | tr '\n' ' ')"
         fi
     done
     res k_tests "$((np + nf)) programs: $np passed, $nf failed${list:+:$list} (logs: build/gpu/logs/run_k_*.log)"
@@ -502,7 +516,10 @@ if phase "tests/gpu_comm.c" 20; then
         else timeout "$(lim 90)" "$G/gpu_comm" >"$L/run_gpu_comm_np$np.log" 2>&1; fi
         rc=$?
         read -r p f s < <(counts "$L/run_gpu_comm_np$np.log")
-        if [ $rc -eq 0 ] && [ "$f" -eq 0 ] && [ "$p" -gt 0 ]; then res "gpu_comm_np$np" "PASS, $p checks${s:+, $s skipped}"
+        if [ $rc -eq 0 ] && [ "$f" -eq 0 ] && [ "$p" -gt 0 ]; then res "gpu_comm_np$np" "PASS, $p checks, $s skipped"
+        elif [ $rc -eq 0 ] && [ "$f" -eq 0 ] && [ "$s" -gt 0 ]; then
+            res "gpu_comm_np$np" "**SKIP**: $(grep -m 1 '^SKIP' "$L/run_gpu_comm_np$np.log" | cut -c6-)"
+            fail "gpu_comm_np$np" "it skipped: $(grep -m 1 '^SKIP' "$L/run_gpu_comm_np$np.log")"
         else res "gpu_comm_np$np" "**FAIL**: rc $rc, $f FAIL lines"; fail "gpu_comm_np$np" "rc $rc, $f FAIL lines"; fi
     done
 fi
@@ -533,17 +550,20 @@ fi
 
 # ---------------------------------------------------------------- probe
 
-if phase "kernel probe" 60 && [ -x "$G/probe" ]; then
+if phase "kernel probe" 60; then
+  if [ ! -x "$G/probe" ]; then res probe "not built"; fail probe "not built"
+  else
     PROBE_BUDGET_S=$(( $(left) > 260 ? 100 : 60 )) timeout "$(lim 150)" "$G/probe" >"$G/probe.txt" 2>&1
     rc=$?
     [ $rc -eq 0 ] || fail probe "rc $rc: $(grep -m 2 '^fail' "$G/probe.txt" | tr '\t\n' '  ')"
     res probe "rc $rc ($G/probe.txt)"
     grep -v '^#' "$G/probe.txt"
+  fi
 fi
 
 # ---------------------------------------------------------------- end to end
 
-if phase "GPT-2 124M" 90 && [ -x "$G/gpt_cuda" ]; then
+if phase "GPT-2 124M" 90 && { [ -x "$G/gpt_cuda" ] || { res gpt2 "not built"; fail gpt2 "not built"; false; }; }; then
     "$G/mkshard" "$G/gpt2_synth_000001.bin" 2000000 1
     GPT2=(--layers 12 --heads 12 --width 768 --seq 1024 --batch 8 --shards "$G/gpt2_synth_*.bin" --warmup 2 --lr 6e-4 --clip 1 --device cuda)
     timeout "$(lim 150)" "$G/gpt_cuda" "${GPT2[@]}" --steps 8 --print-every 1 --log "$L/gpt2.jsonl" >"$L/gpt2.log" 2>&1
