@@ -326,11 +326,13 @@ spawn_compile_checks() {
 
 KERNELS=()
 spawn_kernels() {
-    local cu name
+    local cu name src gpu_tests=0
     [ -n "$DT_NVCC" ] || return 0
+    # the GPU tests link the kernels' archive: selecting one (tests/run.sh gpu) builds them too
+    for src in tests/gpu_*.c tests/gpu_*.cu; do selected "$(basename "${src%.*}")" && gpu_tests=1; done
     for cu in kernels/*.cu; do
         name=$(basename "$cu")
-        selected "kernel:$name" || continue
+        selected "kernel:$name" || [ $gpu_tests = 1 ] || continue
         KERNELS+=("$cu")
         spawn step "kernel_$name" "build/kernels/${name%.cu}.o" "$cu" build_kernel "$cu" "build/kernels/${name%.cu}.o"
     done
