@@ -478,6 +478,9 @@ fi
 
 # ---------------------------------------------------------------- tests on the GPU
 
+# nothing of an earlier run may pass for this one's
+rm -f "$G/probe.txt" "$G/profile.txt" "$G/summary.md" "$L"/*.jsonl "$L"/run_*
+
 if phase "k_* tests on the GPU" 30; then
     np=0 nf=0 list=
     for t in "$G"/k/k_*; do
@@ -550,20 +553,22 @@ fi
 
 # ---------------------------------------------------------------- probe
 
-if phase "kernel probe" 60; then
-  if [ ! -x "$G/probe" ]; then res probe "not built"; fail probe "not built"
-  else
+run_probe() {
     PROBE_BUDGET_S=$(( $(left) > 260 ? 100 : 60 )) timeout "$(lim 150)" "$G/probe" >"$G/probe.txt" 2>&1
     rc=$?
     [ $rc -eq 0 ] || fail probe "rc $rc: $(grep -m 2 '^fail' "$G/probe.txt" | tr '\t\n' '  ')"
     res probe "rc $rc ($G/probe.txt)"
     grep -v '^#' "$G/probe.txt"
-  fi
+}
+if phase "kernel probe" 60; then
+    if [ -x "$G/probe" ]; then run_probe; else res probe "not built"; fail probe "not built"; fi
 fi
 
 # ---------------------------------------------------------------- end to end
 
-if phase "GPT-2 124M" 90 && { [ -x "$G/gpt_cuda" ] || { res gpt2 "not built"; fail gpt2 "not built"; false; }; }; then
+# GPT-2 124M: 8 steps, the rate of steps 3-8, then 4 steps under --profile for gpt's table
+run_gpt2() {
+    local tps rc
     "$G/mkshard" "$G/gpt2_synth_000001.bin" 2000000 1
     GPT2=(--layers 12 --heads 12 --width 768 --seq 1024 --batch 8 --shards "$G/gpt2_synth_*.bin" --warmup 2 --lr 6e-4 --clip 1 --device cuda)
     timeout "$(lim 150)" "$G/gpt_cuda" "${GPT2[@]}" --steps 8 --print-every 1 --log "$L/gpt2.jsonl" >"$L/gpt2.log" 2>&1
@@ -571,29 +576,36 @@ if phase "GPT-2 124M" 90 && { [ -x "$G/gpt_cuda" ] || { res gpt2 "not built"; fa
     tps=$(steady "$L/gpt2.jsonl" tokens_per_s 2 8192 2>/dev/null)
     [ -n "$tps" ] || tps=$(steady "$L/gpt2.jsonl" tokens_per_s 1 8192 2>/dev/null)
     res gpt2_losses "$(sed -n 's/.*"loss":\([^,]*\).*/\1/p' "$L/gpt2.jsonl" 2>/dev/null | awk '{ printf("%.4f ", $1) }')"
-    if [ -n "$tps" ]; then
-        res gpt2_tok_s "$tps"
-        echo "GPT-2 124M: $tps tok/s (steady), MFU $(mfu "$tps" "$(sed -n 's/^peak_bf16_tflops: //p' "$G/device.txt")")% of bf16 dense"
-    else
+    if [ -z "$tps" ]; then
         res gpt2 "**no figure**: rc $rc ($L/gpt2.log): $(tail -n 2 "$L/gpt2.log" | tr '\n' ' ')"
         fail gpt2 "rc $rc: $(tail -n 2 "$L/gpt2.log" | tr '\n' ' ')"
+        return
     fi
-    if [ -n "$tps" ] && phase "GPT-2 124M --profile" 45; then
-        timeout "$(lim 100)" "$G/gpt_cuda" "${GPT2[@]}" --steps 4 --print-every 1 --profile >"$L/gpt2_profile.log" 2>&1
-        awk '/^profile/ { p = 1 } p && /^final:/ { exit } p' "$L/gpt2_profile.log" | head -n 50 >"$G/profile.txt"
-        grep -q . "$G/profile.txt" || echo "(no profile table: $(tail -n 1 "$L/gpt2_profile.log"))" >"$G/profile.txt"
-    fi
+    res gpt2_tok_s "$tps"
+    echo "GPT-2 124M: $tps tok/s (steady), MFU $(mfu "$tps" "$(sed -n 's/^peak_bf16_tflops: //p' "$G/device.txt")")% of bf16 dense"
+    phase "GPT-2 124M --profile" 45 || return
+    timeout "$(lim 100)" "$G/gpt_cuda" "${GPT2[@]}" --steps 4 --print-every 1 --profile >"$L/gpt2_profile.log" 2>&1
+    awk '/^profile/ { p = 1 } p && /^final:/ { exit } p' "$L/gpt2_profile.log" | head -n 50 >"$G/profile.txt"
+    grep -q . "$G/profile.txt" || echo "(no profile table: $(tail -n 1 "$L/gpt2_profile.log"))" >"$G/profile.txt"
+}
+if phase "GPT-2 124M" 90; then
+    if [ -x "$G/gpt_cuda" ]; then run_gpt2; else res gpt2 "not built"; fail gpt2 "not built"; fi
 fi
-if phase "DLRM samples/s" 60; then
+
+# DLRM at MLPerf's widths, 30 steps on each device: the rate of steps 6-30
+run_dlrm() {
+    local dev=$1 sps rc
     DL=(--steps 30 --batch 4096 --rows 100000 --dim 128 --bottom 512,256 --top 1024,1024,512,256 --print-every 10
         --eval-every 1000000 --eval-samples 1024)
+    timeout "$(lim 90)" "$G/dlrm_$dev" "${DL[@]}" --device "$dev" --log "$L/dlrm_$dev.jsonl" >"$L/dlrm_$dev.log" 2>&1
+    rc=$?
+    sps=$(steady "$L/dlrm_$dev.jsonl" samples_per_s 5 4096 2>/dev/null)
+    if [ -n "$sps" ]; then res "dlrm_${dev}_sps" "$sps"; echo "DLRM --device $dev: $sps samples/s (steps 6 on)"
+    else res "dlrm_$dev" "**no figure**: rc $rc ($L/dlrm_$dev.log)"; fail "dlrm_$dev" "rc $rc: $(tail -n 1 "$L/dlrm_$dev.log")"; fi
+}
+if phase "DLRM samples/s" 60; then
     for dev in cuda cpu; do
-        if [ ! -x "$G/dlrm_$dev" ]; then res "dlrm_$dev" "not built"; continue; fi
-        timeout "$(lim 90)" "$G/dlrm_$dev" "${DL[@]}" --device $dev --log "$L/dlrm_$dev.jsonl" >"$L/dlrm_$dev.log" 2>&1
-        rc=$?
-        sps=$(steady "$L/dlrm_$dev.jsonl" samples_per_s 5 4096 2>/dev/null)
-        if [ -n "$sps" ]; then res "dlrm_${dev}_sps" "$sps"; echo "DLRM --device $dev: $sps samples/s (steps 6 on)"
-        else res "dlrm_$dev" "**no figure**: rc $rc ($L/dlrm_$dev.log)"; fail "dlrm_$dev" "rc $rc: $(tail -n 1 "$L/dlrm_$dev.log")"; fi
+        if [ -x "$G/dlrm_$dev" ]; then run_dlrm "$dev"; else res "dlrm_$dev" "not built"; fail "dlrm_$dev" "not built"; fi
     done
 fi
 
