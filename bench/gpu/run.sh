@@ -43,7 +43,7 @@
 # (for testing this script where there is no GPU: it goes on as if there were one, and every
 # step that needs the GPU fails, so the failure paths and their summary can be read).
 # Flag variables (DT_CFLAGS...) are word lists, expanded unquoted on purpose.
-# shellcheck disable=SC2086
+# shellcheck disable=SC2086,SC2054
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 ROOT=$PWD
@@ -379,7 +379,7 @@ k_build() {
 # an example: CPU (plain) or CUDA (-DDT_CUDA, the kernels, cuBLAS, NCCL), with mpicc -DDT_MPI
 # when there is one (else a world of one rank), as build.sh builds them
 example() {
-    local src=$1 out=$2 cuda=$3 cc=$DT_CC defs= libs=
+    local src=$1 out=$2 cuda=$3 cc=$DT_CC defs='' libs=''
     if [ $HAVE_MPI = 1 ]; then cc=$DT_MPICC defs=-DDT_MPI; fi
     if [ "$cuda" = 1 ]; then
         defs+=" -DDT_CUDA $CUDA_INC -I$ROOT/kernels" libs="$G/libdt_kernels.a $DT_CUDA_LDFLAGS -lcublas -lcudart -lstdc++"
@@ -421,7 +421,7 @@ build_everything() {
         [[ " ${k_skip[*]} " == *" $n "* ]] && continue
         job "$n" "$G/k/$n" "$src $G/libdt_kernels.a $G/obj/impl_cuda.o $G/obj/impl_cpu.o $G/obj/emu_stubs.o bench/gpu/emu_stubs.h tests/dt_test.h tests/cuda_emu/k_common.h examples/*/*.c examples/*/*.h" k_build "$src" "$G/k/$n"
     done
-    local cc=$DT_CC defs= libs=
+    local cc=$DT_CC defs='' libs=''
     if [ $HAVE_MPI = 1 ]; then cc=$DT_MPICC defs="-DDT_MPI $DT_NCCL_DEFS" libs=$DT_NCCL_LIBS; fi
     job gpu_comm "$G/gpu_comm" "tests/gpu_comm.c tests/dt_test.h $G/libdt_kernels.a" $cc $DT_CFLAGS $DT_CPPFLAGS -DDT_CUDA $defs $CUDA_INC -I"$ROOT/kernels" \
         -I"$ROOT/tests" tests/gpu_comm.c -o "$G/gpu_comm" "$G/libdt_kernels.a" $DT_CUDA_LDFLAGS -lcublas -lcudart $libs -lstdc++ $DT_LIBS
@@ -441,7 +441,8 @@ timeout "$BUILD_TIMEOUT" bash -c 'INPUTS=('"${INPUTS[*]}"'); build_everything'
 rc=$?
 res build_s $((SECONDS - t0))
 nk=$(ls kernels/*.cu | wc -l)
-nt=$(ls "$G"/k/k_* 2>/dev/null | grep -vcE '\.(o|ok)$')
+nt=0
+for t in "$G"/k/k_*; do [[ -x $t && $t != *.o && $t != *.ok ]] && nt=$((nt + 1)); done
 if [ $rc -eq 0 ]; then
     res build "ok in $((SECONDS - t0)) s: $nk kernel files, 4 examples, $nt k_* tests, gpu_comm$([ $HAVE_MPI = 1 ] || echo ' (no MPI: one rank)'), probe"
     echo "ok: build in $((SECONDS - t0)) s ($nk kernel files, $nt k_* tests)"
