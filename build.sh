@@ -12,6 +12,8 @@
 #   ./build.sh demo     the same, then train examples/dlrm on one process, then on 4 ranks with
 #                       mpirun, and compare the two step by step
 #   ./build.sh bench    the same, then run every benchmark (build/bench/*, bench/*.py)
+#   ./build.sh gpu      on a machine with a GPU: build, test and measure there in one command
+#                       (bench/gpu/run.sh; --build-only needs only nvcc; summary in build/gpu/)
 #   ./build.sh clean    remove build/
 #   ./build.sh env      print the toolchain settings as shell exports (tests/run.sh reads them)
 #
@@ -449,8 +451,10 @@ case "$cmd" in
     clean) rm -rf --one-file-system build; exit 0 ;; # never into a mount (tests/fresh_debian.sh)
     env) setup_toolchain; print_env; exit 0 ;;
     build|test|demo|bench) ;;
-    -h|--help|help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown command '$cmd' (build, test, demo, bench, clean, env)" ;;
+    # no dependency install: a GPU machine may have no network, and the script says what it lacks
+    gpu) setup_toolchain; exec bash bench/gpu/run.sh "${@:2}" ;;
+    -h|--help|help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown command '$cmd' (build, test, demo, bench, gpu, clean, env)" ;;
 esac
 
 check_deps

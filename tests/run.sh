@@ -46,6 +46,9 @@
 #                             the one-process run's within a derived fp32 bound (tests/tutorial.sh)
 #   dlrm_reference            build/examples/dlrm (from ./build.sh) against an independent NumPy
 #                             DLRM / DCNv2 fed its checkpoints and batches (tests/dlrm_reference.py)
+#   gpu:...                   ./build.sh gpu where there is no GPU: bench/gpu/selftest.sh (exit 3,
+#                             arguments, the summary's parsing, the shard writer) and
+#                             --build-only (every GPU build, with nvcc; SKIP without it)
 #   tests/test_*.c            one process, -DDT_CBLAS; run once as built and once built with
 #                             ASan+UBSan (its names prefixed "asan:"). A first line "// mpi"
 #                             builds it with mpicc -DDT_MPI and runs it as 1 rank under mpirun
@@ -323,11 +326,13 @@ spawn_compile_checks() {
 
 KERNELS=()
 spawn_kernels() {
-    local cu name
+    local cu name src gpu_tests=0
     [ -n "$DT_NVCC" ] || return 0
+    # the GPU tests link the kernels' archive: selecting one (tests/run.sh gpu) builds them too
+    for src in tests/gpu_*.c tests/gpu_*.cu; do selected "$(basename "${src%.*}")" && gpu_tests=1; done
     for cu in kernels/*.cu; do
         name=$(basename "$cu")
-        selected "kernel:$name" || continue
+        selected "kernel:$name" || [ $gpu_tests = 1 ] || continue
         KERNELS+=("$cu")
         spawn step "kernel_$name" "build/kernels/${name%.cu}.o" "$cu" build_kernel "$cu" "build/kernels/${name%.cu}.o"
     done
@@ -914,6 +919,18 @@ if selected dlrm_reference; then
     [ -x "$py" ] || py=$(command -v python3)
     if [ -n "$py" ]; then run_prog dlrm_reference "" "" "$py" tests/dlrm_reference.py
     else report "SKIP dlrm_reference: no python3 (./build.sh installs it)"
+    fi
+fi
+
+# ./build.sh gpu without a GPU (bench/gpu/selftest.sh: exit 3, arguments, the summary from made-up
+# logs, the shard writer), then its builds (--build-only: the kernels for sm_90 with -Xptxas -v,
+# the CUDA examples, every tests/cuda_emu/k_*.cpp against the real CUDA runtime, gpu_comm, the
+# probe), so that the one command a GPU machine runs first cannot rot where no GPU is.
+if selected "gpu:selftest gpu:build-only"; then
+    section "./build.sh gpu without a GPU (bench/gpu/selftest.sh, then --build-only)"
+    run_prog gpu:selftest "" "" bash bench/gpu/selftest.sh
+    if [ -z "$DT_NVCC" ]; then report "SKIP gpu:build-only: nvcc not found"
+    else TIMEOUT=${DT_TEST_GPU_TIMEOUT:-1800} run_prog gpu:build-only "" "" bash bench/gpu/run.sh --build-only
     fi
 fi
 
