@@ -3,7 +3,8 @@
 # PASS/FAIL/SKIP <name>[: details]; the failures are listed again at the end, and the last line
 # is "N passed, N failed, N skipped". Exit status: non-zero iff something failed.
 #
-#   tests/run.sh [WORD...]   only the groups whose name contains a WORD (test_tensor, mpi_,
+#   tests/run.sh [WORD...]   only the groups whose name contains a WORD (test_tensor, mpi_, k_gpt (one
+#                            emulator program: cuda_emu:k_gpt),
 #                            compile:dt_comm, kernel:, readme, gpu_, fresh, build:)
 #   tests/run.sh quick [WORD...]   while iterating (./build.sh test quick): tests/test_*.c,
 #                            tests/mpi_*.c and the tutorial only, plain builds (no ASan), each multi-rank test at
@@ -498,19 +499,41 @@ source tests/cuda_emu/emu_build.sh
 EMU_MODES=(parallel forward reverse random:1 random:2)
 EMU_TESTS=()
 
+# A program of the group runs when the group is selected, or a word of its name is
+# (tests/run.sh k_gpt: "cuda_emu:k_gpt" alone, with the objects it links, no TSan builds when it
+# has no TSan run).
+# DT_EMU_ONLY="k_core k_ops": only those programs (while iterating on a few kernels).
+emu_selected() {
+    if [ -n "${DT_EMU_ONLY:-}" ] && [[ " $DT_EMU_ONLY " != *" $1 "* ]]; then return 1; fi
+    selected "cuda_emu:$1"
+}
+emu_any() {
+    local src
+    for src in tests/cuda_emu/k_*.cpp; do emu_selected "$(basename "${src%.cpp}")" && return 0; done
+    return 1
+}
+emu_any_tsan() {
+    local src
+    for src in tests/cuda_emu/k_*.cpp; do
+        emu_selected "$(basename "${src%.cpp}")" && ! emu_no_tsan "$src" && return 0
+    done
+    return 1
+}
+
 # The runtime (never instrumented: under TSan only its barriers may order the kernel's threads)
 # and every kernel file, plain and with TSan.
 spawn_emu_objects() {
-    local cu o
-    selected cuda_emu || selected cuda_emu_comm || return 0
+    local cu o tsan=0
+    emu_any || selected cuda_emu_comm || return 0
+    emu_any_tsan && tsan=1
     mkdir -p "$E/obj" "$E/tsan"
     emu_stale "$E/obj/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp
     spawn step emu_runtime "$E/obj/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp emu_runtime "$E/obj/cuda_emu.o"
     emu_stale "$E/tsan/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp
-    spawn step emu_runtime_tsan "$E/tsan/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp emu_runtime "$E/tsan/cuda_emu.o" tsan
+    [ $tsan = 1 ] && spawn step emu_runtime_tsan "$E/tsan/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp emu_runtime "$E/tsan/cuda_emu.o" tsan
     # the five implementations (tests/dt_impl.c as C++), without and with DT_CUDA, plain and TSan:
     # linked into each k_*.cpp that does not define DT_IMPLEMENTATION itself (emu_impl)
-    selected cuda_emu && for o in plain cuda; do
+    emu_any && for o in plain cuda; do
         mkdir -p "$E/impl/tsan"
         local def=
         [ $o = cuda ] && def=-DDT_CUDA
@@ -518,7 +541,7 @@ spawn_emu_objects() {
         spawn step "emu_impl_$o" "$E/impl/$o.o" tests/dt_impl.c $EMU_CXX -O1 $def $EMU_INC -x c++ -c tests/dt_impl.c \
             -o "$E/impl/$o.o"
         emu_stale "$E/impl/tsan/$o.o" tests/dt_impl.c
-        spawn step "emu_impl_tsan_$o" "$E/impl/tsan/$o.o" tests/dt_impl.c $EMU_CXX -O1 $EMU_TSAN $def $EMU_INC -x c++ \
+        [ $tsan = 1 ] && spawn step "emu_impl_tsan_$o" "$E/impl/tsan/$o.o" tests/dt_impl.c $EMU_CXX -O1 $EMU_TSAN $def $EMU_INC -x c++ \
             -c tests/dt_impl.c -o "$E/impl/tsan/$o.o"
     done
     for cu in kernels/*.cu; do
@@ -526,8 +549,9 @@ spawn_emu_objects() {
         emu_stale "$E/obj/$o" "$cu"
         spawn step "emu_$o" "$E/obj/$o" "$cu" emu_kernel "$cu" "$E/obj/$o"
         emu_stale "$E/tsan/$o" "$cu"
-        spawn step "emu_tsan_$o" "$E/tsan/$o" "$cu" emu_kernel "$cu" "$E/tsan/$o" tsan
+        [ $tsan = 1 ] && spawn step "emu_tsan_$o" "$E/tsan/$o" "$cu" emu_kernel "$cu" "$E/tsan/$o" tsan
     done
+    return 0
 }
 
 # A line "// emu-tsan: skip" in a program leaves it out of the ThreadSanitizer build and run (the
@@ -548,11 +572,10 @@ emu_impl() {
 # After the objects: each test program, linked with all of them.
 spawn_emu_tests() {
     local src name impl
-    selected cuda_emu || return 0
+    emu_any || return 0
     for src in tests/cuda_emu/k_*.cpp; do
         name=$(basename "${src%.cpp}")
-        # DT_EMU_ONLY="k_core k_ops": only those programs (while iterating on a few kernels)
-        if [ -n "${DT_EMU_ONLY:-}" ] && [[ " $DT_EMU_ONLY " != *" $name "* ]]; then continue; fi
+        emu_selected "$name" || continue
         EMU_TESTS+=("$name")
         impl=$(emu_impl "$src")
         emu_stale "$E/$name" "$E"/obj/*.o $impl
@@ -630,7 +653,7 @@ run_emu_comm() {
 
 run_emu() {
     local cu o name mode
-    selected cuda_emu || return 0
+    emu_any || return 0
     section "CUDA kernels on the CPU emulator (tests/cuda_emu: ${EMU_MODES[*]}, then ThreadSanitizer)"
     step_result "cuda_emu:build:cuda_emu.cpp" emu_runtime "$E/obj/cuda_emu.o"
     for cu in kernels/*.cu; do
