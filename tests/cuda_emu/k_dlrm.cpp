@@ -5,7 +5,8 @@
 // device is cuda (MLPs, interaction, activations, optimizer step and the 26 tables' shards on
 // the device; dt_embed desc.device cuda) against the same code on a cpu ctx, 5 steps of a tiny
 // model (dim 4, rows capped at 16, batch 16), for DLRM with SGD and table-wise tables, and DCNv2
-// with Adagrad and data-parallel tables: every step's loss within 1e-5 relative, and the table
+// with Adagrad and data-parallel tables: every step's loss within LOSS_RTOL relative (derived
+// below), and the table
 // rows after training within 1e-5 relative + 1e-7 absolute (the dense GEMMs are cuBLAS-on-OpenBLAS
 // against the CPU's GEMM, so the gradients reaching the tables differ in the last bits; the
 // embedding path itself is bitwise, tests/cuda_emu/k_embed_tables.cpp). One rank. With the
@@ -23,6 +24,17 @@
 #include "tests/dt_test.h"
 
 enum { STEPS = 5 };
+
+// The losses' tolerance, derived: the kernels sum in fixed orders of their own, not the CPU's
+// (u = 2^-24). BCE's derivative in the logit is sigmoid(z) - y, at most 1 in size, so the loss
+// moves by at most the logit's own error. Along the longest chain of sums to a logit, DLRM's:
+// the bottom MLP over 13 then 8 inputs, the dot interaction over D = 4, the top MLP over
+// 4 + 27 x 26 / 2 = 355 then 8 (DCNv2's: 13, 8, the cross layer over 4 + 26 x 4 = 108, the top
+// over 108 and 8: less), 388 terms in all. Each layer's sum in another order differs by at most
+// 2 K u of its sum of |w h|, which the init keeps at the logit's scale (|z| <= ~1 here): so
+// |d loss| <= 2 x 388 u = 4.6e-5, 6.7e-5 of the initial loss ln 2. Later steps add the weights'
+// difference, which the optimizers keep to ~lr x the gradients' relative rounding: below that.
+static const double LOSS_RTOL = 7e-5;
 
 // The loop of dlrm.c's main, without accumulation, checkpoints or eval: per-step losses, and
 // every table's shard copied to the host after the last step.
@@ -113,7 +125,7 @@ static void check(const char *arch, const char *opt, const char *shard, int step
     printf("dlrm %s/%s/%s on cuda vs cpu, %d steps: loss %.9g / %.9g at step 1, %.9g / %.9g at step %d; largest "
            "relative difference %.3g\n", arch, opt, shard, steps, lg[0], lc[0], lg[steps - 1], lc[steps - 1], steps, worst);
     snprintf(name, sizeof name, "dlrm_cuda_losses_equal_cpu_run_%s_%s_%s", arch, opt, shard);
-    dt_test_check_all(name, worst <= 1e-5, "step %d of %d: loss %.9g on cuda, %.9g on cpu (rel diff %.3g > 1e-5)", at + 1,
+    dt_test_check_all(name, worst <= LOSS_RTOL, "step %d of %d: loss %.9g on cuda, %.9g on cpu (rel diff %.3g > 7e-5)", at + 1,
                       steps, lg[at], lc[at], worst);
     snprintf(name, sizeof name, "dlrm_cuda_has_every_table_%s_%s_%s", arch, opt, shard);
     if (!DT_TEST_CHECK(name, tc.size() == (size_t)F && tg.size() == (size_t)F)) return;
