@@ -136,7 +136,9 @@ static void compare(int zero, const char *recompute, int steps, const char *seq 
 // ctx->counters against the emulator's own counts (dt_emu_get_counters), step by step: what dt
 // says a step asked of the device is what the runtime saw, so nothing (a launcher's own
 // cudaMalloc, a stray cudaMemcpy or sync) hides from the counters tests/cuda_counters.sh checks.
-// Every count, every step (logging or not: --print-every 2 of 4 steps makes both kinds).
+// Every count, every step: steps 1 and 3 log (the first and the last), step 2 does not. The
+// tsan run's tiny model (width 16, one sequence of 8): the counts do not depend on the sizes,
+// and the runner's 300 s already hold the two 5-step comparisons.
 struct step_counts {
     dt_cuda_counters ctx0;
     dt_emu_counters emu0;
@@ -166,14 +168,14 @@ static void on_step(int begin, const dt_ctx *ctx, int64_t step, int logging) {
     printf("\n");
 }
 static void check_counters(void) {
-    const char *argv[] = {"gpt", "--device", "cuda", "--layers", "1", "--width", "32", "--heads", "2", "--seq", "16",
-                          "--batch", "2", "--steps", "4", "--warmup", "1", "--print-every", "2", NULL};
+    const char *argv[] = {"gpt", "--device", "cuda", "--layers", "1", "--width", "16", "--heads", "2", "--seq", "8",
+                          "--batch", "1", "--steps", "3", "--warmup", "1", "--print-every", "1000", NULL};
     memset(&g_sc, 0, sizeof g_sc);
     g_on_step = on_step;
     gpt_main((int)(sizeof argv / sizeof argv[0]) - 1, (char **)argv);
     g_on_step = NULL;
-    dt_test_check_all("gpt_cuda_ctx_counters_equal_the_emulators_over_each_step", g_sc.steps == 4 && g_sc.mismatches == 0,
-                      "%d steps seen (4 expected), %d counts differ; first: %s", g_sc.steps, g_sc.mismatches, g_sc.first);
+    dt_test_check_all("gpt_cuda_ctx_counters_equal_the_emulators_over_each_step", g_sc.steps == 3 && g_sc.mismatches == 0,
+                      "%d steps seen (3 expected), %d counts differ; first: %s", g_sc.steps, g_sc.mismatches, g_sc.first);
 }
 
 int main(int argc, char **argv) {
