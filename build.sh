@@ -489,7 +489,7 @@ case "$cmd" in
     clean) rm -rf --one-file-system build; exit 0 ;; # never into a mount (tests/fresh_debian.sh)
     env) setup_toolchain; print_env; exit 0 ;;
     build|test|demo|bench) ;;
-    -h|--help|help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help|help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown command '$cmd' (build, test, demo, bench, clean, env)" ;;
 esac
 
