@@ -149,8 +149,9 @@ static void prof_free(void) {}
 
 /* --device cuda: what each training step asked of the device (ctx->counters, dt_tensor.h),
    the largest of each count over the steps after the first (which allocates the scratch and
-   uploads what the run keeps); a logging step's loss read is counted apart (g_read), so the
-   numbers are those of a step that logs nothing. Printed by every rank under --profile. */
+   uploads what the run keeps); a logging step's reads (the loss op and the optimizer step that
+   fills the log line's info) are counted apart (g_read), so the numbers are those of a step that
+   logs nothing. Printed by every rank under --profile. */
 static dt_cuda_counters g_read, g_worst;
 static void counters_add(dt_cuda_counters *acc, const dt_cuda_counters *now_, const dt_cuda_counters *then, int sign) {
     acc->syncs += sign * (now_->syncs - then->syncs);
@@ -1421,7 +1422,12 @@ static void train_step(trainer *t, dt_opt_step_info *info) {
         load_tokens(&t->a, o, &t->data, t->step * o->batch + t->local_first + mi * t->per_micro, t->per_micro);
         sums[0] += train_micro(&t->m, &t->a, dloss, o->recompute, t->logging);
     }
-    OP("optimizer step (dt_zero_step)", dt_zero_step(t->m.z, info));
+    {   /* info (the grad norm, the lr) only for a logging step's line: its read counted apart too;
+           the same optimizer step without it is measured on the steps that do not log */
+        dt_cuda_counters b = t->ctx.counters;
+        OP("optimizer step (dt_zero_step)", dt_zero_step(t->m.z, t->logging ? info : NULL));
+        if (t->logging) counters_add(&g_read, &t->ctx.counters, &b, 1);
+    }
     memset(&step, 0, sizeof step); /* this step's counts less its loss reads */
     counters_add(&step, &t->ctx.counters, &before, 1);
     counters_add(&step, &g_read, &none, -1);
