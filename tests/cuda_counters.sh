@@ -4,7 +4,8 @@
 # the examples against the CPU emulator) train a few steps of a tiny model with --device cuda
 # --profile, and every rank's line
 #     cuda counters per step: syncs S allocs A frees F h2d_bytes B h2d_calls C d2h_bytes D d2h_calls E
-# (the most any step after the first asked of the device; a logging step's loss read apart) must
+# (the most any step after the first asked of the device; a logging step's loss read, and gpt's optimizer step
+# that fills the log line's info, apart) must
 # say: no device allocation or free, host-to-device bytes equal to the step's inputs, nothing copied
 # to the host, at most one wait. --print-every is above --steps, so steps 2 .. N-1 log nothing and
 # step N's loss read is counted apart. Layouts: gpt at dp 1 and tp 2 x dp 1 on 2 ranks, each at

@@ -227,7 +227,7 @@ static const char *HELP =
     "  --print-every N   a progress line every N steps (10); --quiet: only the final line\n"
     "  --profile         time every op of the step; rank 0 prints a table (ms per step) at the end; with\n"
     "                    --device cuda every rank also prints \"cuda counters per step: syncs S allocs A ...\"\n"
-    "                    (the most any step after the first asked of the device, its loss read apart)\n"
+    "                    (the most any step after the first asked of the device; a logging step's reads apart)\n"
     "  --help            this text\n";
 
 static void usage(const char *why) {
