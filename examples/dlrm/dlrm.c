@@ -951,6 +951,18 @@ static int local_rank(void) {
     return 0;
 }
 
+/* The device of this rank: one per rank of a host (NCCL wants distinct devices), shared round
+   robin when a host has fewer (dt_comm then stages through the host); dt_ctx_init names the
+   error when there is none. */
+static int local_device(void) {
+    int r = local_rank();
+#ifdef DT_CUDA
+    int n = 0;
+    if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) return r % n;
+#endif
+    return r;
+}
+
 /* The flags, the ctx (on --device), the world, the data, the model, its dense optimizer and
    bucketer. */
 static void setup(trainer *t, int argc, char **argv) {
@@ -962,7 +974,7 @@ static void setup(trainer *t, int argc, char **argv) {
     memset(&bd, 0, sizeof bd);
     parse(&t->o, argc, argv);
     cdesc.device = !strcmp(t->o.device, "cuda") ? DT_CUDA_DEVICE : DT_CPU; /* parameters, activations, tables */
-    cdesc.cuda_device = local_rank(); /* one GPU per rank of a host (NCCL wants distinct devices) */
+    cdesc.cuda_device = local_device();
     g_ctx = &t->ctx; /* so that a failing dt_ctx_init is reported with its own message */
     CHECK(dt_ctx_init(&t->ctx, &cdesc));
     CHECK(dt_comm_create_world(&t->ctx, &t->world, NULL));

@@ -1185,6 +1185,18 @@ static int local_rank(void) {
     return 0;
 }
 
+/* The device of this rank: one per rank of a host (NCCL wants distinct devices), shared round
+   robin when a host has fewer (dt_comm then stages through the host); dt_ctx_init names the
+   error when there is none. */
+static int local_device(void) {
+    int r = local_rank();
+#ifdef DT_CUDA
+    int n = 0;
+    if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) return r % n;
+#endif
+    return r;
+}
+
 /* The ctx (on --device), the world, the flags and the data. */
 static void setup(trainer *t, int argc, char **argv) {
     dt_ctx_desc cdesc;
@@ -1195,7 +1207,7 @@ static void setup(trainer *t, int argc, char **argv) {
 #ifndef DT_CUDA
     cdesc.device = DT_CPU; /* parse names the error */
 #endif
-    cdesc.cuda_device = local_rank(); /* one GPU per rank of a host (NCCL wants distinct devices) */
+    cdesc.cuda_device = local_device();
     g_ctx = &t->ctx; /* so that a failing dt_ctx_init is reported with its own message */
     CHECK(dt_ctx_init(&t->ctx, &cdesc));
     CHECK(dt_comm_create_world(&t->ctx, &t->world, NULL));
