@@ -3,7 +3,9 @@
 #
 #   ./build.sh          check dependencies, build examples/*/*.c and bench/*.c into build/
 #                       (examples/gpt/gpt.c -> build/examples/gpt; a program is rebuilt when its
-#                       own directory's *.h / *.inc change too)
+#                       own directory's *.h / *.inc change too); the examples with a CUDA path
+#                       also against the CPU emulator: build/examples/emu/{gpt,dlrm,mlp}, which
+#                       run --device cuda without a GPU (and build/examples/cuda/ with nvcc)
 #   ./build.sh test     the same, then run tests/run.sh (ends with "N passed, N failed, N skipped")
 #   ./build.sh test quick   while iterating (under 3 minutes on 2 cores): only examples/*/*.c
 #                       (the programs the tests drive; no benchmarks, no CUDA builds), then
@@ -306,6 +308,40 @@ build_kernels() {
     return $ok
 }
 
+# build/examples/emu/<name>: the examples with a CUDA path (gpt, dlrm, mlp) built against the CPU
+# emulator (tests/cuda_emu: the kernels compiled by g++, a fake CUDA runtime and a fake NCCL over
+# MPI), so their --device cuda runs here without a GPU, under mpirun too; tests/cuda_counters.sh
+# checks what their steps ask of the "device". The objects and commands are tests/run.sh's
+# (tests/cuda_emu/emu_build.sh). Names each program that fails in $failed_list.
+build_emu_examples() {
+    local failed_list=$1 src name out log max_jobs
+    max_jobs=$(nproc 2>/dev/null || echo 2)
+    # shellcheck source=tests/cuda_emu/emu_build.sh
+    source tests/cuda_emu/emu_build.sh
+    if ! emu_objects; then
+        for src in examples/*/*.c; do
+            grep -q DT_CUDA "$src" && echo "examples/emu/$(basename "${src%.c}")" >>"$failed_list"
+        done
+        return 1
+    fi
+    mkdir -p build/examples/emu
+    for src in examples/*/*.c; do
+        grep -q DT_CUDA "$src" || continue
+        name=$(basename "${src%.c}")
+        out=build/examples/emu/$name
+        log=build/logs/examples_emu_$name.log
+        up_to_date "$out" "$src" "$(dirname "$src")"/*.h dt_*.h kernels/*.h "$E"/obj/*.o "$E"/comm/*.o build.sh \
+            tests/cuda_emu/emu_build.sh && continue
+        while [ "$(jobs -rp | wc -l)" -ge "$max_jobs" ]; do wait -n || true; done
+        {
+            if emu_example "$src" "$out" >"$log" 2>&1; then echo "built $out"
+            else echo "FAILED $src -> $out (emulator build; log: $log)"; head -n 40 "$log"; rm -f "$out"
+                 echo "examples/emu/$name" >>"$failed_list"; fi
+        } &
+    done
+    wait
+}
+
 # Builds everything, as many compilers at a time as there are cores. The programs that failed
 # to build are listed in BUILD_FAILED (tests/run.sh reports each as a failure).
 BUILD_FAILED=
@@ -326,6 +362,10 @@ build_all() {
     [ -f "$failed_list" ] && BUILD_FAILED=$(sort "$failed_list" | tr '\n' ' ' | sed 's/ $//')
 
     local kernels_ok=0
+    if [ "$quick" != quick ]; then
+        build_emu_examples "$failed_list" || true
+        [ -f "$failed_list" ] && BUILD_FAILED=$(sort "$failed_list" | tr '\n' ' ' | sed 's/ $//')
+    fi
     if [ "$quick" = quick ]; then
         :
     elif [ -n "$DT_NVCC" ]; then
@@ -453,7 +493,7 @@ case "$cmd" in
     build|test|demo|bench) ;;
     # no dependency install: a GPU machine may have no network, and the script says what it lacks
     gpu) setup_toolchain; exec bash bench/gpu/run.sh "${@:2}" ;;
-    -h|--help|help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help|help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown command '$cmd' (build, test, demo, bench, gpu, clean, env)" ;;
 esac
 

@@ -3,7 +3,8 @@
 # PASS/FAIL/SKIP <name>[: details]; the failures are listed again at the end, and the last line
 # is "N passed, N failed, N skipped". Exit status: non-zero iff something failed.
 #
-#   tests/run.sh [WORD...]   only the groups whose name contains a WORD (test_tensor, mpi_,
+#   tests/run.sh [WORD...]   only the groups whose name contains a WORD (test_tensor, mpi_, k_gpt (one
+#                            emulator program: cuda_emu:k_gpt),
 #                            compile:dt_comm, kernel:, readme, gpu_, fresh, build:)
 #   tests/run.sh quick [WORD...]   while iterating (./build.sh test quick): tests/test_*.c,
 #                            tests/mpi_*.c and the tutorial only, plain builds (no ASan), each multi-rank test at
@@ -44,6 +45,10 @@
 #                             program (tests/readme_snippets.sh says how blocks are marked)
 #   tutorial                  examples/tutorial's five steps at np 1 and 2, each step's loss against
 #                             the one-process run's within a derived fp32 bound (tests/tutorial.sh)
+#   cuda_counters             build/examples/emu/gpt and dlrm (from ./build.sh, against the emulator)
+#                             with --device cuda --profile: per step after the first, 0 device
+#                             allocations and frees, host-to-device bytes = the inputs, 0 bytes
+#                             down, <= 1 wait (tests/cuda_counters.sh)
 #   dlrm_reference            build/examples/dlrm (from ./build.sh) against an independent NumPy
 #                             DLRM / DCNv2 fed its checkpoints and batches (tests/dlrm_reference.py)
 #   gpu:...                   ./build.sh gpu where there is no GPU: bench/gpu/selftest.sh (exit 3,
@@ -493,38 +498,47 @@ spawn_gpu_builds() {
 # "// emu-modes: M..." in the program names fewer: the end-to-end ones run one or two), then
 # once built with ThreadSanitizer, on small inputs (DT_K_SMALL=1), with the argument "tsan" (names
 # prefixed "tsan:"; a TSan report is a failure, except the one k_detect.cpp plants and expects).
-E=build/cuda_emu
+# E, EMU_CXX, EMU_INC, EMU_TSAN, EMU_MPICXX, emu_stale and the compile commands (emu_runtime,
+# emu_kernel, emu_nccl) are shared with build.sh's build/examples/emu/ (tests/cuda_emu/emu_build.sh).
+source tests/cuda_emu/emu_build.sh
 EMU_MODES=(parallel forward reverse random:1 random:2)
-EMU_CXX="$DT_CXX -std=c++17 -g -Wall -Wextra -Werror -Wno-unknown-pragmas"
-EMU_INC="-I$ROOT -I$ROOT/tests/cuda_emu/include -I$ROOT/kernels -I$ROOT/tests -I$ROOT/tests/cuda_emu $DT_CPPFLAGS"
-EMU_TSAN="-fsanitize=thread -fno-omit-frame-pointer"
 EMU_TESTS=()
 
-# emu_stale OUT DEP...: removes OUT when a DEP or an emulator header is newer (step then redoes it).
-emu_stale() {
-    local out=$1 f
-    shift
-    [ -e "$out" ] || return 0
-    for f in "$@" tests/cuda_emu/include/*.h tests/cuda_emu/k_common.h; do
-        [ "$f" -nt "$out" ] && { rm -f "$out"; return 0; }
+# A program of the group runs when the group is selected, or a word of its name is
+# (tests/run.sh k_gpt: "cuda_emu:k_gpt" alone, with the objects it links, no TSan builds when it
+# has no TSan run).
+# DT_EMU_ONLY="k_core k_ops": only those programs (while iterating on a few kernels).
+emu_selected() {
+    if [ -n "${DT_EMU_ONLY:-}" ] && [[ " $DT_EMU_ONLY " != *" $1 "* ]]; then return 1; fi
+    selected "cuda_emu:$1"
+}
+emu_any() {
+    local src
+    for src in tests/cuda_emu/k_*.cpp; do emu_selected "$(basename "${src%.cpp}")" && return 0; done
+    return 1
+}
+emu_any_tsan() {
+    local src
+    for src in tests/cuda_emu/k_*.cpp; do
+        emu_selected "$(basename "${src%.cpp}")" && ! emu_no_tsan "$src" && return 0
     done
+    return 1
 }
 
 # The runtime (never instrumented: under TSan only its barriers may order the kernel's threads)
 # and every kernel file, plain and with TSan.
 spawn_emu_objects() {
-    local cu o
-    selected cuda_emu || selected cuda_emu_comm || return 0
+    local cu o tsan=0
+    emu_any || selected cuda_emu_comm || return 0
+    emu_any_tsan && tsan=1
     mkdir -p "$E/obj" "$E/tsan"
     emu_stale "$E/obj/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp
-    spawn step emu_runtime "$E/obj/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp \
-        $EMU_CXX -O2 $EMU_INC -c tests/cuda_emu/cuda_emu.cpp -o "$E/obj/cuda_emu.o"
+    spawn step emu_runtime "$E/obj/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp emu_runtime "$E/obj/cuda_emu.o"
     emu_stale "$E/tsan/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp
-    spawn step emu_runtime_tsan "$E/tsan/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp \
-        $EMU_CXX -O2 -DDT_EMU_TSAN $EMU_INC -c tests/cuda_emu/cuda_emu.cpp -o "$E/tsan/cuda_emu.o"
+    [ $tsan = 1 ] && spawn step emu_runtime_tsan "$E/tsan/cuda_emu.o" tests/cuda_emu/cuda_emu.cpp emu_runtime "$E/tsan/cuda_emu.o" tsan
     # the five implementations (tests/dt_impl.c as C++), without and with DT_CUDA, plain and TSan:
     # linked into each k_*.cpp that does not define DT_IMPLEMENTATION itself (emu_impl)
-    selected cuda_emu && for o in plain cuda; do
+    emu_any && for o in plain cuda; do
         mkdir -p "$E/impl/tsan"
         local def=
         [ $o = cuda ] && def=-DDT_CUDA
@@ -532,16 +546,17 @@ spawn_emu_objects() {
         spawn step "emu_impl_$o" "$E/impl/$o.o" tests/dt_impl.c $EMU_CXX -O1 $def $EMU_INC -x c++ -c tests/dt_impl.c \
             -o "$E/impl/$o.o"
         emu_stale "$E/impl/tsan/$o.o" tests/dt_impl.c
-        spawn step "emu_impl_tsan_$o" "$E/impl/tsan/$o.o" tests/dt_impl.c $EMU_CXX -O1 $EMU_TSAN $def $EMU_INC -x c++ \
+        [ $tsan = 1 ] && spawn step "emu_impl_tsan_$o" "$E/impl/tsan/$o.o" tests/dt_impl.c $EMU_CXX -O1 $EMU_TSAN $def $EMU_INC -x c++ \
             -c tests/dt_impl.c -o "$E/impl/tsan/$o.o"
     done
     for cu in kernels/*.cu; do
         o=$(basename "${cu%.cu}").o
         emu_stale "$E/obj/$o" "$cu"
-        spawn step "emu_$o" "$E/obj/$o" "$cu" $EMU_CXX -O1 $EMU_INC -x c++ -c "$cu" -o "$E/obj/$o"
+        spawn step "emu_$o" "$E/obj/$o" "$cu" emu_kernel "$cu" "$E/obj/$o"
         emu_stale "$E/tsan/$o" "$cu"
-        spawn step "emu_tsan_$o" "$E/tsan/$o" "$cu" $EMU_CXX -O1 $EMU_TSAN $EMU_INC -x c++ -c "$cu" -o "$E/tsan/$o"
+        [ $tsan = 1 ] && spawn step "emu_tsan_$o" "$E/tsan/$o" "$cu" emu_kernel "$cu" "$E/tsan/$o" tsan
     done
+    return 0
 }
 
 # A line "// emu-tsan: skip" in a program leaves it out of the ThreadSanitizer build and run (the
@@ -562,11 +577,10 @@ emu_impl() {
 # After the objects: each test program, linked with all of them.
 spawn_emu_tests() {
     local src name impl
-    selected cuda_emu || return 0
+    emu_any || return 0
     for src in tests/cuda_emu/k_*.cpp; do
         name=$(basename "${src%.cpp}")
-        # DT_EMU_ONLY="k_core k_ops": only those programs (while iterating on a few kernels)
-        if [ -n "${DT_EMU_ONLY:-}" ] && [[ " $DT_EMU_ONLY " != *" $name "* ]]; then continue; fi
+        emu_selected "$name" || continue
         EMU_TESTS+=("$name")
         impl=$(emu_impl "$src")
         emu_stale "$E/$name" "$E"/obj/*.o $impl
@@ -585,7 +599,6 @@ spawn_emu_tests() {
 # (tests/cuda_emu/nccl_emu.cpp: NCCL over MPI), linked with every emulated kernel; run at each np
 # of its first line with 4 emulated devices (one per rank), in both stream modes
 # (DT_EMU_STREAMS=immediate and deferred: see cuda_emu.cpp). Names: "emu:<check> [np=N, mode]".
-EMU_MPICXX=$(command -v mpicxx || command -v mpic++ || true)
 spawn_emu_comm() {
     selected cuda_emu_comm || return 0
     [ -n "$DT_MPICC" ] && [ -n "$EMU_MPICXX" ] || return 0
@@ -595,8 +608,7 @@ spawn_emu_comm() {
     spawn step emu_gpu_comm "$E/comm/gpu_comm" tests/gpu_comm.c build_emu_comm
 }
 build_emu_comm() {
-    $EMU_MPICXX -std=c++17 -O1 -g -Wall -Wextra -Werror -I"$ROOT/tests/cuda_emu/include" \
-        -c tests/cuda_emu/nccl_emu.cpp -o "$E/comm/nccl_emu.o" || return 1
+    emu_nccl "$E/comm/nccl_emu.o" || return 1
     $EMU_MPICXX -std=c++17 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -O1 -x c++ -DDT_MPI -DDT_CUDA -DDT_NCCL $EMU_INC tests/gpu_comm.c -x none \
         "$E/comm/nccl_emu.o" "$E"/obj/*.o -o "$E/comm/gpu_comm" $DT_LIBS -lpthread
 }
@@ -646,7 +658,7 @@ run_emu_comm() {
 
 run_emu() {
     local cu o name mode
-    selected cuda_emu || return 0
+    emu_any || return 0
     section "CUDA kernels on the CPU emulator (tests/cuda_emu: ${EMU_MODES[*]}, then ThreadSanitizer)"
     step_result "cuda_emu:build:cuda_emu.cpp" emu_runtime "$E/obj/cuda_emu.o"
     for cu in kernels/*.cu; do
@@ -911,6 +923,14 @@ fi
 if selected tutorial; then
     section "examples/tutorial at np 1 and 2 against the one-process losses (tests/tutorial.sh)"
     run_prog tutorial "" "" bash tests/tutorial.sh
+fi
+
+# cuda_counters: build/examples/emu/{gpt,dlrm} (./build.sh) train with --device cuda on the emulator,
+# and each step after the first allocates nothing, uploads its inputs only, copies nothing down and
+# waits at most once (tests/cuda_counters.sh; six emulated runs: a longer timeout)
+if selected cuda_counters; then
+    section "a CUDA step stays on the device: examples/gpt and dlrm's counters on the emulator (tests/cuda_counters.sh)"
+    TIMEOUT=$((TIMEOUT * 3)) run_prog cuda_counters "" "" bash tests/cuda_counters.sh
 fi
 
 if selected dlrm_reference; then

@@ -12,9 +12,14 @@
           --table-sizes N|n1,...,n26 (the tables' rows, one for all or one per feature; default
           min(Criteo Kaggle's cardinality, --rows); TSV ids are hashed into them)
           --shard auto|row|table|data --row-wise-over ROWS (pin bigger tables row-wise) --quiet
-          --device cpu|cuda (cuda: a -DDT_CUDA build, build/examples/cuda/dlrm: MLPs, interaction,
-          activations and the tables' shards on the GPU; the loss through a host copy of the
-          logits; tests/cuda_emu/k_dlrm.cpp checks it against the cpu run on the emulator)
+          --device cpu|cuda (cuda: a -DDT_CUDA build, build/examples/cuda/dlrm, or
+          build/examples/emu/dlrm on the CPU emulator: MLPs, interaction, BCE, activations and the
+          tables' shards on the GPU; the inputs go up once per step and the loss is read only on
+          the steps that print, log or checkpoint it; tests/cuda_emu/k_dlrm.cpp checks it against
+          the cpu run on the emulator)
+          --profile (with --device cuda every rank prints, at the end, "cuda counters per step:
+          syncs S allocs A frees F h2d_bytes B h2d_calls C d2h_bytes D d2h_calls E": the most any
+          step after the first asked of the device, a logging step's loss read apart)
           --overlap 0|1 (the next batch's id exchange during this batch's dense work; default 0)
           --dump-batches DIR (rank 0 writes each step's global batch, see below)
    last line: "final: loss L auc A" (L the training loss of the last step, A the held-out AUC).
@@ -92,7 +97,7 @@ typedef struct opts {
     const char *table_sizes;       /* the --table-sizes text, NULL when not given */
     uint64_t seed;
     const char *data, *arch, *opt, *log, *ckpt, *shard, *device, *dump;
-    int dim, cross, cross_rank, accum, eval_every, print_every, ckpt_every, resume, skip_bad, quiet, overlap;
+    int dim, cross, cross_rank, accum, eval_every, print_every, ckpt_every, resume, skip_bad, quiet, overlap, profile;
     int bottom[MAX_LAYERS], n_bottom, top[MAX_LAYERS], n_top;
     double lr, emb_lr;
 } opts;
@@ -113,7 +118,7 @@ static void usage(const char *why) {
                     "--emb-lr LR --accum N --eval-every N --eval-samples N --print-every N --log FILE "
                     "--ckpt DIR --ckpt-every N --resume --rows N --table-sizes N|n1,...,n26 --skip-bad "
                     "--shard auto|row|table|data --row-wise-over ROWS "
-                    "--device cpu|cuda --quiet --overlap 0|1 --dump-batches DIR\n", why);
+                    "--device cpu|cuda --quiet --overlap 0|1 --dump-batches DIR --profile\n", why);
     exit(2);
 }
 
@@ -235,6 +240,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--resume")) { o->resume = 1; takes = 0; }
         else if (!strcmp(a, "--skip-bad")) { o->skip_bad = 1; takes = 0; }
         else if (!strcmp(a, "--quiet")) { o->quiet = 1; takes = 0; }
+        else if (!strcmp(a, "--profile")) { o->profile = 1; takes = 0; }
         else { char why[160]; snprintf(why, sizeof why, "unknown flag '%s'", a); usage(why); }
         if (takes && !v) { char why[160]; snprintf(why, sizeof why, "%s needs a value", a); usage(why); }
         i += takes;
@@ -911,18 +917,66 @@ typedef struct trainer {
        no step was ever trained); auc, logloss: the last evaluation's (nan: one-class labels) */
     double loss, auc, logloss;
     double t0, comm_s, eval_s;            /* seconds: since the first step, in the step's sync, evaluating */
+    int logging;                          /* this step reads its loss (is_logging_step) */
+    dt_tensor labels;                     /* --device cuda: the micro-batch's labels, uploaded once */
+    /* --device cuda: what a step asked of the device (ctx->counters), the most of each count over
+       the steps after the first; the loss reads of logging steps apart (read). --profile prints it. */
+    dt_cuda_counters worst, read;
 } trainer;
+
+/* acc += sign * (a - b), count by count. */
+static void counters_add(dt_cuda_counters *acc, const dt_cuda_counters *a, const dt_cuda_counters *b, int sign) {
+    acc->syncs += sign * (a->syncs - b->syncs);
+    acc->allocs += sign * (a->allocs - b->allocs);
+    acc->frees += sign * (a->frees - b->frees);
+    acc->h2d_bytes += sign * (a->h2d_bytes - b->h2d_bytes);
+    acc->h2d_calls += sign * (a->h2d_calls - b->h2d_calls);
+    acc->d2h_bytes += sign * (a->d2h_bytes - b->d2h_bytes);
+    acc->d2h_calls += sign * (a->d2h_calls - b->d2h_calls);
+}
+static void counters_max(dt_cuda_counters *w, const dt_cuda_counters *c) {
+#define DLRM_MAX_(f) if (c->f > w->f) w->f = c->f
+    DLRM_MAX_(syncs); DLRM_MAX_(allocs); DLRM_MAX_(frees); DLRM_MAX_(h2d_bytes); DLRM_MAX_(h2d_calls);
+    DLRM_MAX_(d2h_bytes); DLRM_MAX_(d2h_calls);
+#undef DLRM_MAX_
+}
+
+/* This process's rank among those of its host, from the launcher's environment (Open MPI,
+   MPICH, Slurm; 0 without one): the ctx is made before the world, so MPI cannot say yet. */
+static int local_rank(void) {
+    const char *v[3];
+    int i;
+    v[0] = getenv("OMPI_COMM_WORLD_LOCAL_RANK"); v[1] = getenv("MPI_LOCALRANKID"); v[2] = getenv("SLURM_LOCALID");
+    for (i = 0; i < 3; i++) if (v[i] && *v[i]) return atoi(v[i]);
+    return 0;
+}
+
+/* The device of this rank: one per rank of a host (NCCL wants distinct devices), shared round
+   robin when a host has fewer (dt_comm then stages through the host); dt_ctx_init names the
+   error when there is none. */
+static int local_device(void) {
+    int r = local_rank();
+#ifdef DT_CUDA
+    int n = 0;
+    if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) return r % n;
+#endif
+    return r;
+}
 
 /* The flags, the ctx (on --device), the world, the data, the model, its dense optimizer and
    bucketer. */
 static void setup(trainer *t, int argc, char **argv) {
-    dt_ctx_desc cdesc = {0};
-    dt_opt_desc od = {0};
-    dt_bucketer_desc bd = {0};
+    dt_ctx_desc cdesc;
+    dt_opt_desc od;
+    dt_bucketer_desc bd;
+    memset(&cdesc, 0, sizeof cdesc); /* not = {0}: build/examples/emu/dlrm compiles this file as C++ */
+    memset(&od, 0, sizeof od);
+    memset(&bd, 0, sizeof bd);
     parse(&t->o, argc, argv);
     cdesc.device = !strcmp(t->o.device, "cuda") ? DT_CUDA_DEVICE : DT_CPU; /* parameters, activations, tables */
+    cdesc.cuda_device = local_device();
+    g_ctx = &t->ctx; /* so that a failing dt_ctx_init is reported with its own message */
     CHECK(dt_ctx_init(&t->ctx, &cdesc));
-    g_ctx = &t->ctx;
     CHECK(dt_comm_create_world(&t->ctx, &t->world, NULL));
     g_rank = dt_comm_rank(t->world);
     t->W = dt_comm_size(t->world);
@@ -977,23 +1031,37 @@ static double train_micro(trainer *t, int mi, int ahead) {
     views v = {0};
     dt_tensor *logits, *dlogits;
     dt_dlrm_batch *next = NULL;
-    float l;
+    const dt_tensor *labels;
+    float l = 0;
     double sum;
     int last = mi == o->accum - 1;
     if (!t->begun) data_batch(&t->d, t->batch, t->step * o->accum + mi, micro, g_rank, t->W);
+    labels = &t->batch->labels;
     if (o->overlap && (!last || ahead)) { /* the next micro-batch (of this step or the next) */
         next = t->batch == &t->batches[0] ? &t->batches[1] : &t->batches[0];
         data_batch(&t->d, next, t->step * o->accum + mi + 1, micro, g_rank, t->W);
     }
     CHECK(dt_bucketer_set_sync(t->bk, last));
     CHECK(dt_embed_set_sync(t->m.emb, last));
+    if (t->ctx.device == DT_CUDA_DEVICE) { /* the labels go up once, for the loss and its gradient */
+        if (t->labels.numel != t->batch->labels.numel) {
+            dt_tensor_free(&t->ctx, &t->labels);
+            CHECK(dt_tensor_create_like(&t->ctx, &t->labels, &t->batch->labels, DT_DTYPE_DEFAULT, DT_CUDA_DEVICE));
+        }
+        CHECK(dt_tensor_copy(&t->ctx, &t->labels, &t->batch->labels));
+        labels = &t->labels;
+    }
     logits = forward(&v, &t->m, &t->a, t->batch, &t->kb, t->begun, o->overlap ? next : NULL);
-    CHECK(dt_bce_logits_fwd(&t->ctx, &l, logits, &t->batch->labels));
+    {   /* the loss only on a logging step: read, it is the step's one wait (counted apart) */
+        dt_cuda_counters before = t->ctx.counters;
+        CHECK(dt_bce_logits_fwd(&t->ctx, t->logging ? &l : NULL, logits, labels));
+        if (t->logging) counters_add(&t->read, &t->ctx.counters, &before, 1);
+    }
     sum = (double)l * (double)t->batch->size;
     dlogits = rows(&v, &t->a.top_dh[t->m.top.n - 1], t->batch->size);
     CHECK(dt_tensor_fill(&t->ctx, dlogits, 0.0));
     /* mean over the rank's rows x rows / B = this rank's share of the global mean */
-    CHECK(dt_bce_logits_bwd(&t->ctx, dlogits, logits, &t->batch->labels, (float)t->batch->size / (float)o->batch));
+    CHECK(dt_bce_logits_bwd(&t->ctx, dlogits, logits, labels, (float)t->batch->size / (float)o->batch));
     backward(&v, &t->m, &t->a, t->batch->size, t->bk);
     g_progress = NULL;
     t->begun = o->overlap && next != NULL;
@@ -1001,12 +1069,27 @@ static double train_micro(trainer *t, int mi, int ahead) {
     return sum;
 }
 
-/* One optimizer step: its micro-batches, the dense sync and update, and the global batch's mean
-   loss into t->loss. */
+/* A step whose loss someone reads: printed (--print-every, the last), written (--log: every
+   step) or checkpointed. The others leave the loss on the device, and on CUDA do not wait for
+   it. The same on every rank. */
+static int is_logging_step(const trainer *t) {
+    const opts *o = &t->o;
+    int64_t n = t->step + 1;
+    return o->log || n == o->steps || (!o->quiet && o->print_every && n % o->print_every == 0) ||
+           (o->ckpt && o->ckpt_every && n % o->ckpt_every == 0);
+}
+
+/* One optimizer step: its micro-batches, the dense sync and update, and on a logging step the
+   global batch's mean loss into t->loss. */
 static void train_step(trainer *t) {
     const opts *o = &t->o;
     double sums[1] = {0}, tc;
     int mi;
+    dt_cuda_counters before = t->ctx.counters, step, none;
+    memset(&t->read, 0, sizeof t->read);
+    memset(&step, 0, sizeof step);
+    memset(&none, 0, sizeof none);
+    t->logging = is_logging_step(t);
     /* --overlap: the next micro-batch's exchange is posted during this one, except into a step
        that evaluates or checkpoints (they need the embedding idle) */
     int ahead = o->overlap && t->step + 1 < o->steps && (t->step + 1) % o->eval_every != 0 &&
@@ -1017,9 +1100,13 @@ static void train_step(trainer *t) {
     CHECK(dt_bucketer_finish(t->bk));
     CHECK(dt_opt_step(t->opt, NULL));
     dt_params_zero_grad(&t->ctx, &t->m.ps);
-    CHECK(dt_comm_allreduce_f64(t->world, sums, 1, DT_REDUCE_SUM));
+    counters_add(&step, &t->ctx.counters, &before, 1); /* this step's counts less its loss reads */
+    counters_add(&step, &t->read, &none, -1);
+    if (t->step > t->first_step) counters_max(&t->worst, &step);
+    else dt_ctx_counters_reset(&t->ctx); /* the first step sets up what the others reuse */
+    if (t->logging) CHECK(dt_comm_allreduce_f64(t->world, sums, 1, DT_REDUCE_SUM));
     t->comm_s += now() - tc;
-    t->loss = sums[0] / (double)o->batch;
+    if (t->logging) t->loss = sums[0] / (double)o->batch;
 }
 
 /* The held-out AUC and log loss of the model after `step` steps, printed by rank 0. */
@@ -1037,7 +1124,7 @@ static void log_step(trainer *t, int evaluated) {
     const opts *o = &t->o;
     double el = now() - t->t0 - t->eval_s, done = (double)(t->step + 1 - t->first_step);
     double sps = done * (double)o->batch / (el > 0 ? el : 1e-9), eta = el / done * (double)(o->steps - t->step - 1);
-    if (g_rank != 0) return;
+    if (g_rank != 0 || !t->logging) return;
     if (!o->quiet && ((o->print_every && (t->step + 1) % o->print_every == 0) || t->step + 1 == o->steps))
         printf("step %lld/%lld  loss %.6f  %.0f samples/s  eta %.0fs\n", (long long)(t->step + 1),
                (long long)o->steps, t->loss, sps, eta);
@@ -1066,6 +1153,7 @@ static void teardown(trainer *t) {
     dt_dlrm_batch_free(&t->ctx, &t->batches[0]);
     dt_dlrm_batch_free(&t->ctx, &t->batches[1]);
     dt_release(&t->ctx, t->kb.lengths);
+    dt_tensor_free(&t->ctx, &t->labels);
     if (!t->d.synthetic) dt_dlrm_bin_close(&t->ctx, &t->d.bin);
     dt_params_free(&t->ctx, &t->m.ps);
     dt_comm_free(t->world);
@@ -1101,6 +1189,13 @@ int main(int argc, char **argv) {
         save(&t.m, t.opt, o, t.world, o->steps, t.loss);
     if (t.first_step == o->steps) /* nothing trained (--steps 0, or resumed at --steps): the model's AUC */
         eval_step(&t, o->steps);
+    if (o->profile && t.ctx.device == DT_CUDA_DEVICE && o->steps > t.first_step + 1) { /* every rank (tests/cuda_counters.sh) */
+        printf("cuda counters per step: syncs %lld allocs %lld frees %lld h2d_bytes %lld h2d_calls %lld d2h_bytes %lld "
+               "d2h_calls %lld\n", (long long)t.worst.syncs, (long long)t.worst.allocs, (long long)t.worst.frees,
+               (long long)t.worst.h2d_bytes, (long long)t.worst.h2d_calls, (long long)t.worst.d2h_bytes,
+               (long long)t.worst.d2h_calls);
+        fflush(stdout);
+    }
     if (g_rank == 0) printf("final: loss %.9g auc %.4f\n", t.loss, t.auc);
     teardown(&t);
     return 0;

@@ -80,7 +80,11 @@ static double now(void) {
 }
 
 /* --profile: seconds per op kind over the run (rank 0 prints the table). OP runs a dt call like
-   CHECK, timed under `name` when profiling. */
+   CHECK, timed under `name` when profiling. On a CUDA ctx the host clock would time the launch,
+   not the kernels, and a dt_ctx_sync around each op would add the waits a step must not have
+   (the counters below): so each op is bracketed by two CUDA events on the ctx's stream, and their
+   times are read later, once the device has passed them (prof_flush: after the step's own wait,
+   the loss read, and at the end after one dt_ctx_sync). */
 typedef struct prof_row { const char *name; double seconds; int64_t calls; } prof_row;
 static prof_row g_prof[48];
 static int g_nprof, g_profile;
@@ -91,7 +95,79 @@ static void prof_add(const char *name, double s) {
     g_prof[i].seconds += s;
     g_prof[i].calls++;
 }
-#define OP(name, call) do { double t_ = g_profile ? now() : 0; CHECK(call); if (g_profile) prof_add(name, now() - t_); } while (0)
+#ifdef DT_CUDA
+typedef struct prof_ev { const char *name; cudaEvent_t begin, end; } prof_ev;
+static prof_ev *g_ev;      /* the pairs recorded and not yet read; created once, reused */
+static int g_nev, g_cev;   /* in use, created */
+static int prof_cuda(void) { return g_ctx && g_ctx->device == DT_CUDA_DEVICE; }
+/* The pair for the next op, its begin recorded; -1 when none could be had (the op goes untimed). */
+static int prof_begin(void) {
+    if (g_nev == g_cev) {
+        prof_ev *n = (prof_ev *)realloc(g_ev, (size_t)(g_cev + 64) * sizeof *n);
+        if (!n) return -1;
+        g_ev = n;
+        for (; g_cev < g_nev + 64; g_cev++)
+            if (cudaEventCreate(&g_ev[g_cev].begin) != cudaSuccess || cudaEventCreate(&g_ev[g_cev].end) != cudaSuccess)
+                return -1;
+    }
+    if (cudaEventRecord(g_ev[g_nev].begin, (cudaStream_t)g_ctx->cuda_stream) != cudaSuccess) return -1;
+    return g_nev++;
+}
+static void prof_end(int i, const char *name) {
+    if (i < 0) return;
+    g_ev[i].name = name;
+    cudaEventRecord(g_ev[i].end, (cudaStream_t)g_ctx->cuda_stream);
+}
+/* Adds the time of every pair the device has passed (no wait: cudaEventQuery) and keeps the rest. */
+static void prof_flush(void) {
+    int i, k = 0;
+    for (i = 0; i < g_nev; i++) {
+        float ms = 0;
+        if (cudaEventQuery(g_ev[i].end) == cudaSuccess && cudaEventElapsedTime(&ms, g_ev[i].begin, g_ev[i].end) == cudaSuccess)
+            prof_add(g_ev[i].name, ms * 1e-3);
+        else { prof_ev e = g_ev[k]; g_ev[k++] = g_ev[i]; g_ev[i] = e; }
+    }
+    g_nev = k;
+}
+static void prof_free(void) {
+    int i;
+    for (i = 0; i < g_cev; i++) { cudaEventDestroy(g_ev[i].begin); cudaEventDestroy(g_ev[i].end); }
+    free(g_ev);
+    g_ev = NULL; g_nev = g_cev = 0;
+}
+#else
+static int prof_cuda(void) { return 0; }
+static int prof_begin(void) { return -1; }
+static void prof_end(int i, const char *name) { (void)i; (void)name; }
+static void prof_flush(void) {}
+static void prof_free(void) {}
+#endif
+#define TIMED(name, stmt) do { if (!g_profile) { stmt; break; } \
+    if (prof_cuda()) { int e_ = prof_begin(); stmt; prof_end(e_, name); } \
+    else { double t_ = now(); stmt; prof_add(name, now() - t_); } } while (0)
+#define OP(name, call) TIMED(name, CHECK(call))
+
+/* --device cuda: what each training step asked of the device (ctx->counters, dt_tensor.h),
+   the largest of each count over the steps after the first (which allocates the scratch and
+   uploads what the run keeps); a logging step's reads (the loss op and the optimizer step that
+   fills the log line's info) are counted apart (g_read), so the numbers are those of a step that
+   logs nothing. Printed by every rank under --profile. */
+static dt_cuda_counters g_read, g_worst;
+static void counters_add(dt_cuda_counters *acc, const dt_cuda_counters *now_, const dt_cuda_counters *then, int sign) {
+    acc->syncs += sign * (now_->syncs - then->syncs);
+    acc->allocs += sign * (now_->allocs - then->allocs);
+    acc->frees += sign * (now_->frees - then->frees);
+    acc->h2d_bytes += sign * (now_->h2d_bytes - then->h2d_bytes);
+    acc->h2d_calls += sign * (now_->h2d_calls - then->h2d_calls);
+    acc->d2h_bytes += sign * (now_->d2h_bytes - then->d2h_bytes);
+    acc->d2h_calls += sign * (now_->d2h_calls - then->d2h_calls);
+}
+static void counters_max(dt_cuda_counters *w, const dt_cuda_counters *c) {
+#define GPT_MAX_(f) if (c->f > w->f) w->f = c->f
+    GPT_MAX_(syncs); GPT_MAX_(allocs); GPT_MAX_(frees); GPT_MAX_(h2d_bytes); GPT_MAX_(h2d_calls);
+    GPT_MAX_(d2h_bytes); GPT_MAX_(d2h_calls);
+#undef GPT_MAX_
+}
 /* A purely local op (no collective inside): also a compute span of the --trace timeline, so
    dt_trace_overlap tells how much communication ran beside compute. The tp layers, whose
    collectives are blocking, are left unspanned: their communication is exposed time. */
@@ -149,7 +225,9 @@ static const char *HELP =
     "  --trace FILE      Chrome trace (Perfetto) of compute and collectives, every rank\n"
     "  --sample N        generate N tokens from the final model and print them\n"
     "  --print-every N   a progress line every N steps (10); --quiet: only the final line\n"
-    "  --profile         time every op of the step; rank 0 prints a table (ms per step) at the end\n"
+    "  --profile         time every op of the step; rank 0 prints a table (ms per step) at the end; with\n"
+    "                    --device cuda every rank also prints \"cuda counters per step: syncs S allocs A ...\"\n"
+    "                    (the most any step after the first asked of the device; a logging step's reads apart)\n"
     "  --help            this text\n";
 
 static void usage(const char *why) {
@@ -428,6 +506,7 @@ typedef struct acts {
     dt_tensor dres, dln, dxbuf, dall, doutbuf, dqkv, dq, dk, dv, datty, dfch, dgelu, dlogits;
     dt_tensor dsp, dwpe, dlnf;          /* sp: partial grads of one block / wpe / ln_f */
     dt_tensor gath1, gath2;             /* sp: ln1 / ln2 rows gathered over tp [N, C], shared */
+    dt_tensor hids, htargets;           /* --device cuda: the host side of ids / targets (load_tokens) */
     int64_t bytes;                      /* what these tensors hold */
 } acts;
 
@@ -550,7 +629,7 @@ static void block_fwd(model *m, acts *a, bacts *x, int l, dt_tensor *y) {
     COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->q, xall, VAL(m, BP(m, l, QW)), VAL(m, BP(m, l, QB))));
     COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->k, xall, VAL(m, BP(m, l, KW)), VAL(m, BP(m, l, KB))));
     COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->v, xall, VAL(m, BP(m, l, VW)), VAL(m, BP(m, l, VB))));
-    { double t_ = g_profile ? now() : 0; pack_qkv(a, &x->qkv, m); if (g_profile) prof_add("qkv pack / unpack", now() - t_); }
+    TIMED("qkv pack / unpack", pack_qkv(a, &x->qkv, m));
     s3[0] = a->b; s3[1] = m->T; s3[2] = m->Cl;
     CHECK(dt_tensor_reshape(g_ctx, &atty3, &x->atty, 3, s3));
     COMPUTE("attention fwd", dt_attention_fwd(g_ctx, &atty3, &x->att, &x->qkv, (int)m->Hl));
@@ -641,7 +720,7 @@ static void block_bwd_part(model *m, acts *a, bacts *x, int l, int recompute, in
     fill0(&a->dqkv);
     CHECK(dt_tensor_reshape(g_ctx, &datty3, &a->datty, 3, s3));
     COMPUTE("attention bwd", dt_attention_bwd(g_ctx, &a->dqkv, &datty3, &x->qkv, &x->att, (int)m->Hl));
-    { double t_ = g_profile ? now() : 0; unpack_dqkv(a, m); if (g_profile) prof_add("qkv pack / unpack", now() - t_); }
+    TIMED("qkv pack / unpack", unpack_dqkv(a, m));
     /* q, k, v: column-parallel by hand, so that the three input grads make one sum over tp */
     fill0(&a->dall);
     if (!w) { keep(a, &x->g_q, &a->dq); keep(a, &x->g_k, &a->dk); keep(a, &x->g_v, &a->dv); }
@@ -751,13 +830,24 @@ static void forward_logits(model *m, acts *a) {
     head_fwd(m, a);
 }
 
-/* Forward + loss + backward of one micro-batch (ids, targets filled); returns the loss. */
-static float train_micro(model *m, acts *a, float dloss, int recompute) {
-    float loss;
-    int64_t n_valid;
+/* The cross entropy forward; the loss into *loss only when loss is not NULL (a logging step:
+   on CUDA that is the step's one wait for the device, counted apart in g_read). */
+static void xent_fwd(model *m, acts *a, float *loss) {
+    dt_cuda_counters before = g_ctx->counters;
+    OP("cross entropy fwd", dt_tp_xent_fwd(m->lay, loss, NULL, &a->stats, &a->logits, &a->targets, (int64_t)m->tp_rank * m->Vl, m->V, -1));
+    if (loss) {
+        counters_add(&g_read, &g_ctx->counters, &before, 1);
+        prof_flush(); /* the device has passed every op before this one */
+    }
+}
+
+/* Forward + loss + backward of one micro-batch (ids, targets filled); returns the loss when
+   `logging` (else 0: the loss stays on the device, nothing waits for it). */
+static float train_micro(model *m, acts *a, float dloss, int recompute, int logging) {
+    float loss = 0;
     int l;
     forward_logits(m, a);
-    OP("cross entropy fwd", dt_tp_xent_fwd(m->lay, &loss, &n_valid, &a->stats, &a->logits, &a->targets, (int64_t)m->tp_rank * m->Vl, m->V, -1));
+    xent_fwd(m, a, logging ? &loss : NULL);
     release(m, m->eunit);
     CHECK(dt_zero_backward_begin(m->z));
     gather(m, m->eunit);
@@ -782,9 +872,11 @@ static void load_tokens(acts *a, const opts *o, dt_gpt_data *data, int64_t first
     dt_tensor hi = a->ids, ht = a->targets;
     int64_t i, T = o->seq;
     int dev = a->ids.device != DT_CPU;
-    if (dev) {
-        CHECK(dt_tensor_create_like(g_ctx, &hi, &a->ids, DT_DTYPE_DEFAULT, DT_CPU));
-        CHECK(dt_tensor_create_like(g_ctx, &ht, &a->targets, DT_DTYPE_DEFAULT, DT_CPU));
+    if (dev) { /* host buffers made once, kept with the acts: a step allocates nothing */
+        if (!a->hids.data) CHECK(dt_tensor_create_like(g_ctx, &a->hids, &a->ids, DT_DTYPE_DEFAULT, DT_CPU));
+        if (!a->htargets.data) CHECK(dt_tensor_create_like(g_ctx, &a->htargets, &a->targets, DT_DTYPE_DEFAULT, DT_CPU));
+        hi = a->hids;
+        ht = a->htargets;
     }
     for (i = 0; i < count; i++) {
         dt_tensor in, out;
@@ -792,11 +884,9 @@ static void load_tokens(acts *a, const opts *o, dt_gpt_data *data, int64_t first
         CHECK(dt_tensor_view(g_ctx, &out, &ht, i * T, 1, &T));
         CHECK(dt_gpt_data_window(g_ctx, &in, &out, data, o->seed, first + i));
     }
-    if (dev) {
+    if (dev) { /* the step's inputs: one copy each, not waited for */
         CHECK(dt_tensor_copy(g_ctx, &a->ids, &hi));
         CHECK(dt_tensor_copy(g_ctx, &a->targets, &ht));
-        dt_tensor_free(g_ctx, &hi);
-        dt_tensor_free(g_ctx, &ht);
     }
 }
 
@@ -812,6 +902,7 @@ typedef struct pstate {
     dt_gpt_data *data;
     int64_t per_micro, local_first, step;
     float dloss;
+    int logging;            /* this step reads its loss (log_step) */
     acts *act;              /* [v * micro], by chunk * micro + micro-batch */
     double loss_sum;        /* the last stage: this step's micro-batch losses */
     dt_comm *emb;           /* the embedding group: the stages of one (dp, tp), rank = stage */
@@ -844,11 +935,10 @@ static dt_status pipe_forward(void *user, int c, int i, dt_tensor *out, const dt
     }
     if (k < m->nvs - 1) return dt_tensor_copy(g_ctx, out, &a->xL);
     {
-        float loss;
-        int64_t n_valid;
+        float loss = 0;
         gather(m, m->eunit);
         head_fwd(m, a);
-        OP("cross entropy fwd", dt_tp_xent_fwd(m->lay, &loss, &n_valid, &a->stats, &a->logits, &a->targets, (int64_t)m->tp_rank * m->Vl, m->V, -1));
+        xent_fwd(m, a, S->logging ? &loss : NULL);
         release(m, m->eunit);
         S->loss_sum += loss;
     }
@@ -976,9 +1066,14 @@ static double gemm_peak(void) {
     d.shape[0] = 512; d.shape[1] = 512;
     CHECK(dt_tensor_create(g_ctx, &a, &d)); CHECK(dt_tensor_create(g_ctx, &b, &d)); CHECK(dt_tensor_create(g_ctx, &c, &d));
     CHECK(dt_tensor_fill(g_ctx, &a, 0.5)); CHECK(dt_tensor_fill(g_ctx, &b, 0.25));
+    /* on CUDA a GEMM returns when it is queued: dt_ctx_sync before the clock starts (the fills
+       done) and before it stops (the GEMM done), so the time is the GEMM's (before the training
+       steps, outside their counters; a no-op on the CPU) */
+    CHECK(dt_ctx_sync(g_ctx));
     for (i = 0; i < 4; i++) {
         double t = now();
         CHECK(dt_matmul_fwd(g_ctx, &c, &a, &b, 0, 0, 1.0f, 0.0f));
+        CHECK(dt_ctx_sync(g_ctx));
         t = now() - t;
         if (t < best) best = t;
     }
@@ -1047,6 +1142,10 @@ static void open_data(dt_gpt_data *d, const opts *o) {
 /* For a test that includes this file with GPT_NO_MAIN (tests/cuda_emu/k_gpt.cpp) and calls
    gpt_main: each step's loss (indexed by step), and the model just before it is freed. */
 static double *g_step_losses;
+/* ... and at the start (begin 1) and the end (begin 0) of each training step, on the step's ctx
+   (before the first step's end resets its counters): k_gpt.cpp compares ctx->counters with the
+   emulator's own counts over a step. */
+static void (*g_on_step)(int begin, const dt_ctx *ctx, int64_t step, int logging);
 static void (*g_on_done)(model *m, void *user);
 static void *g_on_done_user;
 
@@ -1073,7 +1172,30 @@ typedef struct trainer {
     int64_t step, first_step, last_step;
     double loss;                        /* the last step's (or the checkpoint's) */
     double peak_flops, flops_per_token, n_params, t0, act_peak, base;
+    int logging;                        /* this step reads its loss (is_logging_step) */
 } trainer;
+
+/* This process's rank among those of its host, from the launcher's environment (Open MPI,
+   MPICH, Slurm; 0 without one): the ctx is made before the world, so MPI cannot say yet. */
+static int local_rank(void) {
+    const char *v[3];
+    int i;
+    v[0] = getenv("OMPI_COMM_WORLD_LOCAL_RANK"); v[1] = getenv("MPI_LOCALRANKID"); v[2] = getenv("SLURM_LOCALID");
+    for (i = 0; i < 3; i++) if (v[i] && *v[i]) return atoi(v[i]);
+    return 0;
+}
+
+/* The device of this rank: one per rank of a host (NCCL wants distinct devices), shared round
+   robin when a host has fewer (dt_comm then stages through the host); dt_ctx_init names the
+   error when there is none. */
+static int local_device(void) {
+    int r = local_rank();
+#ifdef DT_CUDA
+    int n = 0;
+    if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) return r % n;
+#endif
+    return r;
+}
 
 /* The ctx (on --device), the world, the flags and the data. */
 static void setup(trainer *t, int argc, char **argv) {
@@ -1085,8 +1207,9 @@ static void setup(trainer *t, int argc, char **argv) {
 #ifndef DT_CUDA
     cdesc.device = DT_CPU; /* parse names the error */
 #endif
+    cdesc.cuda_device = local_device();
+    g_ctx = &t->ctx; /* so that a failing dt_ctx_init is reported with its own message */
     CHECK(dt_ctx_init(&t->ctx, &cdesc));
-    g_ctx = &t->ctx;
     CHECK(dt_comm_create_world(&t->ctx, &t->world, NULL));
     g_rank = dt_comm_rank(t->world);
     t->W = dt_comm_size(t->world);
@@ -1261,6 +1384,7 @@ static double pipeline_step(trainer *t) {
     pl->dloss = dloss;
     pl->step = t->step;
     pl->loss_sum = 0;
+    pl->logging = t->logging;
     if (m->has_embed) { /* the tied head's weight for the last stage */
         gather(m, m->eunit);
         CHECK(dt_comm_send(pl->emb, VAL(m, m->wte), t->o.pp - 1, 2));
@@ -1280,22 +1404,53 @@ static double pipeline_step(trainer *t) {
 
 /* One optimizer step: its micro-batches forward and backward, the gradient sync and update
    (dt_zero_step), and the global batch's mean loss into t->loss. */
+/* A step whose loss someone reads: printed (--print-every, the first and the last), written
+   (--log: every step), checkpointed, or wanted by a test (g_step_losses). The others leave the
+   loss on the device, and on CUDA do not wait for it. The same on every rank. */
+static int is_logging_step(const trainer *t) {
+    const opts *o = &t->o;
+    int64_t n = t->step + 1;
+    return g_step_losses || o->log || n == t->last_step || n == o->steps ||
+           (!o->quiet && (t->step == t->first_step || (o->print_every && n % o->print_every == 0))) ||
+           (o->ckpt && o->ckpt_every && n % o->ckpt_every == 0);
+}
+
+/* One optimizer step: its micro-batches forward and backward, the gradient sync and update
+   (dt_zero_step), and on a logging step the global batch's mean loss into t->loss. */
 static void train_step(trainer *t, dt_opt_step_info *info) {
     const opts *o = &t->o;
     double sums[1] = {0};
     int mi;
+    dt_cuda_counters before = t->ctx.counters, step, none;
     memset(info, 0, sizeof *info);
+    memset(&none, 0, sizeof none);
+    memset(&g_read, 0, sizeof g_read);
+    t->logging = is_logging_step(t);
+    if (g_on_step) g_on_step(1, &t->ctx, t->step, t->logging);
     if (o->pp > 1) sums[0] = pipeline_step(t);
     for (mi = 0; mi < o->micro && o->pp == 1; mi++) {
         float dloss = 0;
         CHECK(dt_zero_micro_begin(t->m.z, &dloss, mi));
         load_tokens(&t->a, o, &t->data, t->step * o->batch + t->local_first + mi * t->per_micro, t->per_micro);
-        sums[0] += train_micro(&t->m, &t->a, dloss, o->recompute);
+        sums[0] += train_micro(&t->m, &t->a, dloss, o->recompute, t->logging);
     }
-    OP("optimizer step (dt_zero_step)", dt_zero_step(t->m.z, info));
-    CHECK(dt_comm_allreduce_f64(o->pp > 1 ? t->world : t->lay->dp_comm, sums, 1, DT_REDUCE_SUM));
-    t->loss = sums[0] / ((double)o->micro * t->lay->dp);
-    if (g_step_losses) g_step_losses[t->step] = t->loss;
+    {   /* info (the grad norm, the lr) only for a logging step's line: its read counted apart too;
+           the same optimizer step without it is measured on the steps that do not log */
+        dt_cuda_counters b = t->ctx.counters;
+        OP("optimizer step (dt_zero_step)", dt_zero_step(t->m.z, t->logging ? info : NULL));
+        if (t->logging) counters_add(&g_read, &t->ctx.counters, &b, 1);
+    }
+    memset(&step, 0, sizeof step); /* this step's counts less its loss reads */
+    counters_add(&step, &t->ctx.counters, &before, 1);
+    counters_add(&step, &g_read, &none, -1);
+    if (g_on_step) g_on_step(0, &t->ctx, t->step, t->logging);
+    if (t->step > t->first_step) counters_max(&g_worst, &step);
+    else dt_ctx_counters_reset(&t->ctx); /* the first step sets up what the others reuse */
+    if (t->logging) {
+        CHECK(dt_comm_allreduce_f64(o->pp > 1 ? t->world : t->lay->dp_comm, sums, 1, DT_REDUCE_SUM));
+        t->loss = sums[0] / ((double)o->micro * t->lay->dp);
+        if (g_step_losses) g_step_losses[t->step] = t->loss;
+    }
     if (t->step == t->first_step) t->act_peak = (double)dt_peak_bytes(&t->ctx) - t->base;
 }
 
@@ -1316,7 +1471,7 @@ static void log_step(trainer *t, const dt_opt_step_info *info) {
     const opts *o = &t->o;
     double el = now() - t->t0, done = (double)(t->step + 1 - t->first_step);
     double tps = done * (double)o->batch * (double)o->seq / (el > 0 ? el : 1e-9);
-    if (g_rank != 0) return;
+    if (g_rank != 0 || !t->logging) return;
     if (!o->quiet && o->print_every && ((t->step + 1) % o->print_every == 0 || t->step + 1 == o->steps ||
                                         t->step == t->first_step))
         printf("step %lld/%lld  loss %.4f  lr %.2e  norm %.3f  %.0f tok/s  MFU %.1f%%  eta %.0fs\n",
@@ -1346,6 +1501,17 @@ static void report(trainer *t) {
     if (o->pp > 1 && g_rank == 0 && !o->quiet && trained)
         printf("pipeline: stage 0 held at most %d micro-batches' activations (the schedule's bound %d), %.2f MB of "
                "them and the runtime's buffers at its peak\n", t->pp_peak, t->rs.bound, t->rs.peak_ctx_bytes / 1e6);
+    if (g_profile && trained) { /* the events not yet read: the device has passed them all after this */
+        CHECK(dt_ctx_sync(&t->ctx));
+        prof_flush();
+    }
+    if (g_profile && trained && t->ctx.device == DT_CUDA_DEVICE) { /* every rank: tests/cuda_counters.sh reads them */
+        printf("cuda counters per step: syncs %lld allocs %lld frees %lld h2d_bytes %lld h2d_calls %lld d2h_bytes %lld "
+               "d2h_calls %lld\n", (long long)g_worst.syncs, (long long)g_worst.allocs, (long long)g_worst.frees,
+               (long long)g_worst.h2d_bytes, (long long)g_worst.h2d_calls, (long long)g_worst.d2h_bytes,
+               (long long)g_worst.d2h_calls);
+        fflush(stdout);
+    }
     if (g_profile && g_rank == 0 && trained) {
         double total = 0, per = 1e3 / (double)(t->last_step - t->first_step), wall = (now() - t->t0) * per;
         int r;
@@ -1394,6 +1560,7 @@ static void teardown(trainer *t) {
     dt_gpt_data_close(&t->ctx, &t->data);
     dt_layout_free(t->lay);
     dt_comm_free(t->world);
+    prof_free();
     dt_ctx_shutdown(&t->ctx);
 }
 

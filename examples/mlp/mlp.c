@@ -209,6 +209,10 @@ int main(int argc, char **argv) {
         } else { fprintf(stderr, "mlp: unknown flag %s\n", argv[i]); return 2; }
     }
     if (bad_device) { fprintf(stderr, "mlp: --device must be cpu or cuda\n"); return 2; }
+    { /* one GPU per rank of a host (NCCL wants distinct devices): the launcher's local rank */
+        const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+        cd.cuda_device = lr && *lr ? atoi(lr) : 0;
+    }
     if (dt_ctx_init(ctx, &cd)) { fprintf(stderr, "mlp: %s\n", dt_ctx_error(ctx)); return 1; }
     CHECK(dt_comm_create_world(ctx, &world, NULL)); /* MPI_Init under mpirun; else a world of one */
     if (i != argc || o.steps < 1 || o.batch < dt_comm_size(world) || o.hidden < 1 || !(o.lr > 0)) {

@@ -1,8 +1,10 @@
 /* tests/cuda_emu/cuda_emu.cpp - a CUDA emulator for tests: the .cu files of kernels/, compiled by g++, run on the
    host, so CI checks every kernel without a GPU. Test-only; never shipped in kernels/.
 
-   Devices: DT_EMU_DEVICES=N (default 1) devices, each with its own PCI bus id; the fake NCCL
-   (tests/cuda_emu/nccl_emu.cpp, include/nccl.h) runs its operations on these streams.
+   Devices: DT_EMU_DEVICES=N (default 1) devices, each with its own PCI bus id (0: none, as on a
+   machine without a GPU); the fake NCCL (tests/cuda_emu/nccl_emu.cpp, include/nccl.h) runs its
+   operations on these streams. DT_EMU_TRACE=1 prints where each allocation, free, host<->device
+   copy and host wait came from (see trace()).
 
    Build (tests/run.sh, group "cuda_emu", does this):
        g++ -x c++ -Itests/cuda_emu/include -Ikernels -c kernels/dt_x.cu     (each kernel file)
@@ -85,6 +87,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <dlfcn.h>
+#include <execinfo.h>
 
 #include <algorithm>
 #include <deque>
@@ -706,24 +711,74 @@ const char *cudaGetErrorString(cudaError_t e) {
     return "unrecognized error code";
 }
 static void count(long long dt_emu_counters::*field, long long by);
+
+/* DT_EMU_TRACE=1: every counted event (cudaMalloc, cudaFree, a host<->device copy, a host wait)
+   printed on stderr with the call site the fake header recorded and the program's frames above
+   it (addr2line of the return addresses), so a counter that a step should keep at 0 names where
+   it comes from:
+       dt_emu trace 12: cudaMemcpy device to host 64 bytes at dt_tensor.h:1196
+           <- dt_cuda_read_loss (dt_tensor.h:1196) <- dt_tp_xent_fwd (dt_parallel.h:2598) <- ...
+   Slow (one addr2line per event): for finding, not for the tests' runs. */
+static bool trace_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DT_EMU_TRACE");
+        on = e && *e && strcmp(e, "0") != 0;
+    }
+    return on == 1;
+}
+static void trace(const char *what, size_t bytes, const char *file, int line) {
+    static long long n;
+    void *frames[32];
+    char head[512], cmd[4096], fn[512], at[1024];
+    int k, i, shown = 0;
+    size_t len;
+    if (!trace_on()) return;
+    k = backtrace(frames, 32);
+    snprintf(head, sizeof head, "dt_emu trace %lld: %s", ++n, what);
+    if (bytes) snprintf(head + strlen(head), sizeof head - strlen(head), " %zu bytes", bytes);
+    if (file) snprintf(head + strlen(head), sizeof head - strlen(head), " at %s:%d", file, line);
+    std::string out = std::string(head) + "\n   ";
+    /* frames 0 and 1 are this function and the emulator's entry point; the return addresses,
+       less one, are inside the calls (PIE objects: addr2line wants offsets into the file) */
+    for (i = 2; i < k && shown < 12; i++) {
+        Dl_info info;
+        if (!dladdr(frames[i], &info) || !info.dli_fname || strstr(info.dli_fname, "libc.so")) continue;
+        snprintf(cmd, sizeof cmd, "addr2line -f -s -C -e '%s' %#lx 2>/dev/null", info.dli_fname,
+                 (unsigned long)((uintptr_t)frames[i] - 1 - (uintptr_t)info.dli_fbase));
+        FILE *p = popen(cmd, "r");
+        if (!p) continue;
+        if (fgets(fn, sizeof fn, p) && fgets(at, sizeof at, p) && at[0] != '?') {
+            len = strlen(fn); if (len && fn[len - 1] == '\n') fn[len - 1] = 0;
+            len = strlen(at); if (len && at[len - 1] == '\n') at[len - 1] = 0;
+            out += std::string(" <- ") + fn + " (" + at + ")";
+            shown++;
+        }
+        pclose(p);
+    }
+    fprintf(stderr, "%s\n", out.c_str());
+}
+
 cudaError_t cudaDeviceSynchronize(void) {
     count(&dt_emu_counters::syncs, 1);
+    trace("cudaDeviceSynchronize", 0, NULL, 0);
     drain_all(false);
     return cudaSuccess;
 }
 /* DT_EMU_DEVICES=N: the process sees N devices (default 1), all in host memory; their PCI bus
    ids differ, so ranks of one host that pick different devices are on different "GPUs" (what
-   NCCL and dt_comm.h check), and ranks that pick the same one share it. */
+   NCCL and dt_comm.h check), and ranks that pick the same one share it. N = 0 is a machine
+   without a GPU: cudaGetDeviceCount fails as CUDA's does there (cudaErrorNoDevice, count 0). */
 static int current_device = 0;
 static int device_count(void) {
     const char *e = getenv("DT_EMU_DEVICES");
     int n = e && *e ? atoi(e) : 1;
-    return n >= 1 && n <= 64 ? n : 1;
+    return n >= 0 && n <= 64 ? n : 1;
 }
 cudaError_t cudaGetDeviceCount(int *count) {
     if (!count) return fail(cudaErrorInvalidValue);
     *count = device_count();
-    return cudaSuccess;
+    return *count ? cudaSuccess : fail(cudaErrorNoDevice);
 }
 cudaError_t cudaGetDevice(int *device) {
     if (!device) return fail(cudaErrorInvalidValue);
@@ -794,6 +849,7 @@ cudaError_t dt_emu_malloc(const char *file, int line, void **ptr, size_t bytes) 
     if (!ptr) { report("cudaMalloc at %s:%d: ptr is NULL", file, line); return fail(cudaErrorInvalidValue); }
     *ptr = NULL;
     count(&dt_emu_counters::allocs, 1);
+    trace("cudaMalloc", bytes, file, line);
     if (bytes == 0) return cudaSuccess;
     /* 256-byte aligned, as cudaMalloc's: a vector path's alignment test sees what a GPU gives */
     void *p = bytes > SIZE_MAX - 255 ? NULL : aligned_alloc(256, (bytes + 255) & ~(size_t)255);
@@ -809,6 +865,7 @@ cudaError_t dt_emu_malloc(const char *file, int line, void **ptr, size_t bytes) 
 cudaError_t dt_emu_free(const char *file, int line, void *ptr) {
     if (!ptr) return cudaSuccess;
     count(&dt_emu_counters::frees, 1);
+    trace("cudaFree", 0, file, line);
     emu_lock(&G.lock);
     bool known = G.allocs.erase((uintptr_t)ptr) == 1;
     emu_unlock(&G.lock);
@@ -863,6 +920,7 @@ cudaError_t dt_emu_memcpy(const char *file, int line, void *dst, const void *src
     }
     if (want_dst && !want_src) count(&dt_emu_counters::h2d_bytes, (long long)bytes), count(&dt_emu_counters::h2d_calls, 1);
     if (want_src && !want_dst) count(&dt_emu_counters::d2h_bytes, (long long)bytes), count(&dt_emu_counters::d2h_calls, 1);
+    if (want_dst != want_src) trace(want_dst ? "cudaMemcpy host to device" : "cudaMemcpy device to host", bytes, file, line);
     if (want_dst && !want_src) {
         /* from pageable host memory CUDA stages the bytes before the call returns: the caller may
            reuse its buffer at once, even when the copy itself runs later (deferred streams) */
@@ -883,7 +941,10 @@ cudaError_t dt_emu_memcpy(const char *file, int line, void *dst, const void *src
 
 cudaError_t dt_emu_memcpy_blocking(const char *file, int line, void *dst, const void *src, size_t bytes,
                                    cudaMemcpyKind kind) {
-    if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToHost) count(&dt_emu_counters::syncs, 1);
+    if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToHost) {
+        count(&dt_emu_counters::syncs, 1);
+        trace("cudaMemcpy (blocking: a host wait)", 0, file, line);
+    }
     return dt_emu_memcpy(file, line, dst, src, bytes, kind, 0);
 }
 
@@ -1060,6 +1121,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     bool reached;
     if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
     count(&dt_emu_counters::syncs, 1);
+    trace("cudaStreamSynchronize", 0, NULL, 0);
     if (!stream) {
         drain_all(true);
         return cudaSuccess;
@@ -1113,6 +1175,7 @@ static cudaError_t event_wait(cudaEvent_t event, bool block) {
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     count(&dt_emu_counters::syncs, 1);
+    trace("cudaEventSynchronize", 0, NULL, 0);
     return event_wait(event, true);
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) { return event_wait(event, false); }

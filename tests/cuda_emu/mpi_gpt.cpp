@@ -2,7 +2,8 @@
 // tests/cuda_emu/mpi_gpt.cpp - examples/gpt on CUDA tensors over MPI ranks, on the emulator: gpt's
 // own main (GPT_NO_MAIN) with --device cuda under dp 2 (ZeRO 2, 3), tp 2 + sp and pp 2 (1F1B) (the staged dt_comm
 // path: device buffers through host memory and MPI; built without DT_NCCL) gives, step by step,
-// the losses of the same layout with --device cpu within 1e-5 relative, and final weights within
+// the losses of the same layout with --device cpu within 2e-5 relative (the tiny GPT of
+// tests/cuda_emu/k_gpt.cpp, whose LOSS_RTOL derives the bound), and final weights within
 // 1e-5 of their norm (attn.k.b: against Adam's bound, as tests/cuda_emu/k_gpt.cpp says why). The
 // cpu runs of these layouts equal the 1-rank run (tests/mpi_gpt.c); tests/run.sh runs it at np 2
 // (np 1 is tests/cuda_emu/k_gpt.cpp's); at np 1 it runs the 1 x 1 layout. A tiny GPT: 1 block, width 32, 2 heads, context 16, batch 4, 3 steps, clipping at 1.0.
@@ -22,6 +23,10 @@
 #include <vector>
 
 enum { STEPS = 3 };
+// tests/cuda_emu/k_gpt.cpp's LOSS_RTOL: the same width, vocab and context (its derivation holds
+// per token, whatever the batch; a tp or dp split only reorders the same sums once more, inside
+// the same 2 (2 V + 58) u bound, as the CPU runs of tests/mpi_gpt.c show)
+static const double LOSS_RTOL = 2e-5;
 
 struct weights {
     std::vector<std::string> names;
@@ -80,7 +85,7 @@ static void compare(const char *tag, int tp, int sp, int zero, int pp) {
         printf("gpt %s on cuda vs cpu: loss %.9g / %.9g at step 1, %.9g / %.9g at step %d; largest relative "
                "difference %.3g\n", tag, l_cuda[0], l_cpu[0], l_cuda[STEPS - 1], l_cpu[STEPS - 1], (int)STEPS, worst);
     snprintf(name, sizeof name, "gpt_cuda_%s_losses_equal_cpu_run", tag);
-    dt_test_check_all(name, worst <= 1e-5, "step %d: loss %.9g on cuda, %.9g on cpu (rel diff %.3g > 1e-5)", at + 1,
+    dt_test_check_all(name, worst <= LOSS_RTOL, "step %d: loss %.9g on cuda, %.9g on cpu (rel diff %.3g > 2e-5)", at + 1,
                       l_cuda[at], l_cpu[at], worst);
     snprintf(name, sizeof name, "gpt_cuda_%s_has_the_cpu_run_parameters", tag);
     if (!dt_test_check_all(name, w_cpu.values.size() == w_cuda.values.size() && !w_cpu.values.empty(),
