@@ -721,7 +721,20 @@ struct dt_embed {
     int64_t *cu_st_row;
     struct dt_k_hash *cu_hs;     /* the dynamic tables' GPU id tables, one per local shard, in table order */
     int64_t cu_hs_n;
+    /* the device path (no sequence feature; see "CUDA tables"): the pooled output, each step's
+       index arrays (the owner's requests kept from forward to backward, the scatter of the
+       returned rows, the requests' gradient layout, the data-parallel bags) and the gradients
+       received */
+    dt_tensor cu_pooled, cu_meta, cu_metaf, cu_smeta, cu_smetaf, cu_dmeta, cu_dmetaf, cu_dtmp, cu_gin;
+    struct dt__em_cutab *cu_tm;  /* per table: its requests' arrays in cu_meta (the last forward) */
+    int64_t cu_tm_cap, cu_fR, cu_fS, cu_fmax, cu_bmax, cu_seen_cap;
+    unsigned char *cu_seen;      /* a bit per local row: the unique rows of a table's requests */
 };
+
+/* One table's requests of the last forward on the device path: n ids (rows, weights), nb
+   requests (offsets, response offsets); element offsets into cu_meta / cu_metaf / cu_tmp, and
+   the unique rows among them (stats.rows_updated). */
+typedef struct dt__em_cutab { int64_t n, nb, rows, offs, dst, src, len, w, tmp, uniq; } dt__em_cutab;
 
 /* The CUDA tables (their section is at the end): stubs returning DT_ERR_DEVICE without DT_CUDA. */
 static dt_status dt__em_cuda_check_desc(dt_ctx *ctx, const dt_embed_desc *desc);
@@ -737,6 +750,9 @@ static dt_status dt__em_cuda_flush(dt_embed *e);
 static void dt__em_cuda_free(dt_embed *e);
 static dt_status dt__em_cuda_dyn_translate(dt_embed *e, int64_t *rin, int64_t total);
 static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti);
+static int dt__em_cuda_dev(const dt_embed *e);
+static dt_status dt__em_cuda_end(dt_embed *e, dt_tensor *out, int64_t tot);
+static dt_status dt__em_cuda_backward(dt_embed *e, const dt_tensor *dout, int64_t *ncon);
 
 /* ==== >>ids: id maps, the id hash, owners, exchange helpers =================================== */
 
@@ -2622,6 +2638,13 @@ static dt_status dt__em_end(dt_embed *e, dt_tensor *out) {
     for (r = 0; r < W; r++)
         if (r != e->rank) e->stats.bytes_sent_fwd += 4.0 * (double)cnt[5 * W + r];
     if (st) { e->phase = 0; return st; }
+    if (dt__em_cuda_dev(e)) { /* the same scatter on the device, into out */
+        DT__TRY(dt__em_cuda_end(e, out, tot));
+        e->phase = 2;
+        e->stats.forwards++;
+        e->stats.seconds_fwd += dt__em_now() - t0;
+        return DT_OK;
+    }
     /* scatter, in generation order: a row-wise bag adds its rows in bag order */
     for (k = 0; k < e->n_segs; k++) {
         const dt__em_seg *s = &e->segs[k];
@@ -2960,7 +2983,10 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
     const float *dd = NULL;
     dt_status st = DT_OK;
     double t0 = dt__em_now(), flag[1];
+    int dev;
     if (!e) return DT_ERR_ARG;
+    /* the device path: nothing accumulated (sync 0 keeps its rows on the host) */
+    dev = e->sync && e->n_pend == 0 && dt__em_cuda_dev(e);
     W = e->size;
     cnt = e->cnt;
     if (e->phase != 2) st = dt_ctx_set_error(e->ctx, DT_ERR_STATE, "%s: no dt_embed_forward since the last backward", fn);
@@ -2973,7 +2999,8 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
             st = dt_ctx_set_error(e->ctx, DT_ERR_SHAPE, "%s: dout is %s; expected [%lld, %lld] (local batch, pooled dim)",
                                   fn, dt_shape_str(dout, s1, sizeof s1), (long long)e->B, (long long)e->pooled_dim);
         }
-        if (!st && e->cuda) st = dt__em_cuda_host_dout(e, &dd, dout); /* a host copy: the gradients are sorted there */
+        if (!st && e->cuda && (!dev || e->any_dp)) /* a host copy: the gradients are sorted there */
+            st = dt__em_cuda_host_dout(e, &dd, dout);
         else if (!st) dd = (const float *)dout->data;
     }
     flag[0] = st ? 1 : 0;
@@ -2988,6 +3015,15 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
     e->phase = 3; /* the sequence views stay readable until the next forward */
     if (e->sync) for (i = 0; i < e->n_tabs; i++) e->tabs[i].t++; /* t counts updates */
     e->acc_open = !e->sync;
+    if (dev) {
+        DT__TRY(dt__em_cuda_backward(e, dout, &ncon));
+        if (e->any_dp) DT__TRY(dt__em_dp_grads(e, dd, &ncon));
+        DT__TRY(dt__em_sort(e, ncon));
+        DT__TRY(dt__em_apply(e, ncon));
+        e->stats.backwards++;
+        e->stats.seconds_bwd += dt__em_now() - t0;
+        return DT_OK;
+    }
     /* gradients of every request, laid out as its result was (the res buffer is free now) */
     for (k = 0; k < e->n_segs; k++) {
         const dt__em_seg *s = &e->segs[k];
@@ -3519,21 +3555,27 @@ static dt_status dt__em_cuda_need(dt_embed *e, dt_tensor *t, dt_dtype dtype, int
     return dt__em_need_on(e, t, dtype, n, DT_CUDA_DEVICE);
 }
 
-/* Copies in the ctx's stream order (after the launches that read the buffer before), then
-   waiting: the host staging is reused at once. */
-static dt_status dt__em_cuda_copy(dt_embed *e, void *dst, const void *src, size_t bytes, int kind) {
-    cudaStream_t s = (cudaStream_t)e->ctx->cuda_stream;
-    cudaError_t c;
-    if (!bytes) return DT_OK;
-    c = cudaMemcpyAsync(dst, src, bytes, (enum cudaMemcpyKind)kind, s);
-    if (c == cudaSuccess) c = cudaStreamSynchronize(s);
-    return dt__em_cuda_err(e, (int)c, "cudaMemcpyAsync");
-}
+/* Copies through dt_tensor.h's counted calls: up and device to device in stream order without
+   a wait (the bytes of a host buffer are taken when the copy is queued, so it can be reused
+   at once); down waits (one sync), as the host reads the bytes next. */
 static dt_status dt__em_cuda_put(dt_embed *e, void *dst, const void *src, size_t bytes) {
-    return dt__em_cuda_copy(e, dst, src, bytes, (int)cudaMemcpyHostToDevice);
+    return dt_cuda_memcpy(e->ctx, dst, DT_CUDA_DEVICE, src, DT_CPU, bytes, "dt_embed");
 }
 static dt_status dt__em_cuda_get(dt_embed *e, void *dst, const void *src, size_t bytes) {
-    return dt__em_cuda_copy(e, dst, src, bytes, (int)cudaMemcpyDeviceToHost);
+    return dt_cuda_memcpy(e->ctx, dst, DT_CPU, src, DT_CUDA_DEVICE, bytes, "dt_embed");
+}
+static dt_status dt__em_cuda_d2d(dt_embed *e, void *dst, const void *src, size_t bytes) {
+    return dt_cuda_memcpy(e->ctx, dst, DT_CUDA_DEVICE, src, DT_CUDA_DEVICE, bytes, "dt_embed");
+}
+
+/* The device path: every feature pooled (a sequence feature's rows are host views, so a batch
+   with one keeps the host scatter: see "CUDA" at the top). */
+static int dt__em_cuda_dev(const dt_embed *e) {
+    int f;
+    if (!e->cuda) return 0;
+    for (f = 0; f < e->n_feat; f++)
+        if (e->tabs[e->feat_tab[f]].pooling == DT_POOL_NONE) return 0;
+    return 1;
 }
 
 /* The host shard, initialised by dt__em_alloc_shard, moves to the device. */
@@ -3585,8 +3627,7 @@ static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, int64_t x, int
     char name[DT_NAME_MAX + 32];
     int64_t nc = t->c1 - t->c0;
     size_t es = dt_dtype_size(t->w.dtype);
-    cudaStream_t s = (cudaStream_t)e->ctx->cuda_stream;
-    cudaError_t c = cudaSuccess;
+    const char *fn = "dt_embed_forward";
     dt_status st;
     memset(&d, 0, sizeof d);
     d.dtype = t->w.dtype; d.device = DT_CPU; d.ndim = 2; d.shape[0] = 1; d.shape[1] = nc;
@@ -3599,11 +3640,10 @@ static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, int64_t x, int
     if (!st) st = dt__em_cuda_put(e, (char *)t->w.data + (size_t)(x * nc) * es, v.data, (size_t)nc * es);
     dt_tensor_free(e->ctx, &v);
     if (st) return st;
-    if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) c = cudaMemsetAsync((float *)t->s1.data + x, 0, sizeof(float), s);
-    else if (t->s1.data) c = cudaMemsetAsync((float *)t->s1.data + x * nc, 0, (size_t)nc * sizeof(float), s);
-    if (c == cudaSuccess && t->s2.data) c = cudaMemsetAsync((float *)t->s2.data + x * nc, 0, (size_t)nc * sizeof(float), s);
-    if (c == cudaSuccess) c = cudaStreamSynchronize(s);
-    return dt__em_cuda_err(e, (int)c, "cudaMemsetAsync");
+    if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) st = dt_cuda_memset(e->ctx, (float *)t->s1.data + x, 0, sizeof(float), fn);
+    else if (t->s1.data) st = dt_cuda_memset(e->ctx, (float *)t->s1.data + x * nc, 0, (size_t)nc * sizeof(float), fn);
+    if (!st && t->s2.data) st = dt_cuda_memset(e->ctx, (float *)t->s2.data + x * nc, 0, (size_t)nc * sizeof(float), fn);
+    return st;
 }
 
 /* One shard's batch of m ids, replaced by their global rows (or -1) by dt_k_hash_lookup; then the host mirrors of slot_id / slot_stamp are refreshed
@@ -3703,7 +3743,6 @@ static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti) {
         int64_t *key = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(2 * mc + 2 * n));
         int *full = (int *)dt_alloc(e->ctx, sizeof(int) * (size_t)mc);
         dt_status st = DT_OK;
-        cudaError_t c;
         if (!key || !full) { dt_release(e->ctx, key); dt_release(e->ctx, full); return DT_ERR_OOM; }
         memset(full, 0, sizeof(int) * (size_t)mc);
         for (k = 0; k < y->used; k++) {
@@ -3728,8 +3767,7 @@ static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti) {
         if (!st) st = dt__em_cuda_put(e, hh->hdr, hdr, sizeof hdr);
         dt_release(e->ctx, key); dt_release(e->ctx, full);
         if (st) return st;
-        c = cudaMemset(hh->seen_full, 0, (size_t)hh->seen_cap * sizeof(int));
-        DT__TRY(dt__em_cuda_err(e, (int)c, "cudaMemset"));
+        DT__TRY(dt_cuda_memset(e->ctx, hh->seen_full, 0, (size_t)hh->seen_cap * sizeof(int), "dt_embed_checkpoint_load"));
     }
     return DT_OK;
 }
@@ -3753,7 +3791,7 @@ static dt_status dt__em_cuda_stage_buf(dt_embed *e, int64_t n, int64_t m) {
 }
 
 /* Pools n_bags bags of t (local rows rows[], bag offsets offs[n_bags + 1], weights or NULL; all
-   host arrays) into e->cu_tmp [n_bags, nc] on the device. */
+   host arrays) into e->cu_tmp [n_bags, nc] on the device (the path with a sequence feature). */
 static dt_status dt__em_cuda_pool(dt_embed *e, const dt__em_tab *t, const int64_t *rows, const int64_t *offs,
                                   const float *w, int64_t n_bags, int64_t nc) {
     int64_t n = offs[n_bags], nt;
@@ -3771,11 +3809,71 @@ static dt_status dt__em_cuda_pool(dt_embed *e, const dt__em_tab *t, const int64_
                                                   e->ctx->cuda_stream), "dt_k_embed_pool_fwd");
 }
 
+/* Data-parallel features on the device path: every such feature's bags pooled (one launch per
+   feature, into cu_dtmp) and placed into the device's pooled output (one dt_k_embed_gather_sum),
+   after the output is zeroed. The index arrays (rows, bag offsets, runs; weights) go up in one
+   copy each. */
+static dt_status dt__em_cuda_dp_dev(dt_embed *e) {
+    int64_t B = e->B, ni = 0, nf = 0, nt = 0, nr = 0, b, j, oi, of, ot, orun, maxd = 0, *h, k;
+    int f;
+    DT__TRY(dt__em_cuda_need(e, &e->cu_pooled, DT_F32, B * e->pooled_dim + 1));
+    DT__TRY(dt_cuda_memset(e->ctx, e->cu_pooled.data, 0, (size_t)(B * e->pooled_dim) * sizeof(float), "dt_embed_forward"));
+    if (!e->any_dp || B == 0) return DT_OK;
+    for (f = 0; f < e->n_feat; f++) {
+        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        int64_t n = e->offs[(int64_t)(f + 1) * B] - e->offs[(int64_t)f * B];
+        if (t->shard != DT_SHARD_DATA) continue;
+        ni += n + B + 1 + 6 * B; nf += n; nt += B * t->dim; nr += B;
+        if (t->dim > maxd) maxd = t->dim;
+    }
+    if (nr == 0) return DT_OK;
+    DT__TRY(dt__em_cuda_stage_buf(e, ni, nf));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_dmeta, DT_I64, ni + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_dmetaf, DT_F32, nf + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_dtmp, DT_F32, nt + 1));
+    /* per feature: rows [n], offs [B + 1]; then all the runs [3 nr], all the segments [3 nr] */
+    h = e->cu_hi; oi = 0; of = 0; ot = 0; orun = 0;
+    for (f = 0; f < e->n_feat; f++) {
+        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        int64_t i0 = e->offs[(int64_t)f * B], n = e->offs[(int64_t)(f + 1) * B] - i0;
+        if (t->shard != DT_SHARD_DATA) continue;
+        for (j = 0; j < n; j++) { h[oi + j] = e->rows[i0 + j] - t->r0; e->cu_hf[of + j] = e->wts[i0 + j]; }
+        for (b = 0; b <= B; b++) h[oi + n + b] = e->offs[(int64_t)f * B + b] - i0;
+        for (b = 0; b < B; b++) {
+            int64_t *rn = h + (ni - 6 * nr) + 3 * (orun + b), *sg = h + (ni - 3 * nr) + 3 * (orun + b);
+            rn[0] = b * e->pooled_dim + e->feat_off[f]; rn[1] = t->dim; rn[2] = orun + b;
+            sg[0] = ot + b * t->dim; sg[1] = 0; sg[2] = t->dim;
+        }
+        oi += n + B + 1; of += n; ot += B * t->dim; orun += B;
+    }
+    DT__TRY(dt__em_cuda_put(e, e->cu_dmeta.data, h, (size_t)ni * sizeof(int64_t)));
+    if (e->any_weighted) DT__TRY(dt__em_cuda_put(e, e->cu_dmetaf.data, e->cu_hf, (size_t)nf * sizeof(float)));
+    oi = 0; of = 0; ot = 0;
+    for (f = 0; f < e->n_feat; f++) {
+        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        int64_t n = e->offs[(int64_t)(f + 1) * B] - e->offs[(int64_t)f * B];
+        const int64_t *dm = (const int64_t *)e->cu_dmeta.data + oi;
+        if (t->shard != DT_SHARD_DATA) continue;
+        DT__TRY(dt__em_cuda_err(e, dt_k_embed_pool_fwd((float *)e->cu_dtmp.data + ot, t->w.data, (int)t->dtype, dm,
+                                                        t->weighted ? (const float *)e->cu_dmetaf.data + of : NULL,
+                                                        dm + n, B, t->dim, t->c1 - t->c0, 0, e->ctx->cuda_stream),
+                                "dt_k_embed_pool_fwd"));
+        oi += n + B + 1; of += n; ot += B * t->dim;
+    }
+    k = ni - 6 * nr;
+    return dt__em_cuda_err(e, dt_k_embed_gather_sum((float *)e->cu_pooled.data, (const float *)e->cu_dtmp.data,
+                                                     (const int64_t *)e->cu_dmeta.data + k,
+                                                     (const int64_t *)e->cu_dmeta.data + k + 3 * nr, NULL, nr, nr,
+                                                     maxd, 0, e->ctx->cuda_stream), "dt_k_embed_gather_sum");
+}
+
 /* Data-parallel features: each feature's bags in one launch, copied down into the pooled
-   buffer (or the sequence rows) where the CPU path writes them. */
+   buffer (or the sequence rows) where the CPU path writes them; on the device path, into the
+   device's pooled output (dt__em_cuda_dp_dev). */
 static dt_status dt__em_cuda_dp_pool(dt_embed *e) {
     int f;
     int64_t B = e->B, b, j;
+    if (dt__em_cuda_dev(e)) return dt__em_cuda_dp_dev(e);
     for (f = 0; f < e->n_feat; f++) {
         const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
         int64_t i0 = e->offs[(int64_t)f * B], n = e->offs[(int64_t)(f + 1) * B] - i0;
@@ -3797,78 +3895,238 @@ static dt_status dt__em_cuda_dp_pool(dt_embed *e) {
     return DT_OK;
 }
 
-/* Owner side of the forward (dt__em_serve's walk): the requests of each table pooled in one
-   launch, then moved to their places in the response (e->cu_resp, tot_res floats) by one
-   dt_k_embed_copies. */
+/* Owner side of the forward (dt__em_serve's walk). Every table's requests as index arrays on
+   the host: local rows [n] (-1: a dynamic id not admitted), request offsets [nb + 1], and the
+   copies into the response: destination [nb] (where the request's result goes, which is also
+   where its gradient arrives in the backward), source [nb], length [nb]; weights [n]. They go
+   up in one copy (and one for the weights), stay on the device for the backward (e->cu_tm says
+   where), and each table is pooled in one launch into its part of cu_tmp, then moved into the
+   response (e->cu_resp, tot_res floats) by one dt_k_embed_copies. */
 static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
     const int64_t *rin = (const int64_t *)e->rbuf_i.data, *cnt_i = e->cnt + 3 * e->size;
     const float *rfl = (const float *)e->rbuf_f.data;
-    int64_t end = 0, ti;
+    int64_t end = 0, ti, ni = 0, nf = 0, nt = 0, maxrows = 0;
+    dt__em_cutab *tm;
     int s;
     for (s = 0; s < e->size; s++) end += cnt_i[s];
     DT__TRY(dt__em_cuda_need(e, &e->cu_resp, DT_F32, tot_res + 1));
-    for (ti = 0; ti < e->n_tabs; ti++) {
-        const dt__em_tab *t = &e->tabs[ti];
-        int64_t nc = t->c1 - t->c0, p = 0, q = 0, o = 0, nb = 0, n = 0, k;
-        /* count, then fill: rows [n], offsets [nb + 1], weights [n]; copies dst, src, len [nb] each */
+    DT__TRY(dt_grow(e->ctx, (void **)&e->cu_tm, &e->cu_tm_cap, e->n_tabs + 1, sizeof(dt__em_cutab), "dt_embed cuda tables"));
+    tm = e->cu_tm;
+    for (ti = 0; ti < e->n_tabs; ti++) { /* count: ids and requests of each table */
+        int64_t p = 0;
+        memset(&tm[ti], 0, sizeof tm[ti]);
         while (p < end) {
-            int f = (int)rin[p];
-            if (e->feat_tab[f] == ti) { nb++; n += rin[p + 3]; }
+            if (e->feat_tab[rin[p]] == ti) { tm[ti].nb++; tm[ti].n += rin[p + 3]; }
             p += DT__EM_HDR + rin[p + 3];
         }
-        if (nb == 0) continue;
-        if (nb > 2147483647) return dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "dt_embed_forward: %lld requests "
-                                                     "for table %s in one forward (cuda: at most 2^31 - 1)",
-                                                     (long long)nb, t->name);
-        DT__TRY(dt__em_cuda_stage_buf(e, n + 4 * nb + 1, n));
-        DT__TRY(dt__em_cuda_need(e, &e->cu_i, DT_I64, n + 3 * nb + 1)); /* the pool's, then the copies' offsets */
-        {
-            int64_t *rows = e->cu_hi, *offs = rows + n, *dst = offs + nb + 1, *src = dst + nb, *len = src + nb;
-            int64_t jb = 0, jn = 0;
-            p = 0; offs[0] = 0;
-            while (p < end) {
-                int f = (int)rin[p];
-                int64_t m = rin[p + 3], j;
-                const dt__em_tab *tf = &e->tabs[e->feat_tab[f]];
-                if (e->feat_tab[f] == ti) {
-                    for (j = 0; j < m; j++) {
-                        int64_t r = rin[p + DT__EM_HDR + j];
-                        rows[jn] = r < 0 ? -1 : r - t->r0;
-                        e->cu_hf[jn++] = e->any_weighted ? rfl[q + j] : 1.0f;
-                    }
-                    offs[jb + 1] = jn;
-                    dst[jb] = o; src[jb] = jb * nc; len[jb] = nc;
-                    jb++;
-                }
-                o += tf->c1 - tf->c0;
-                p += DT__EM_HDR + m;
-                if (e->any_weighted) q += m;
+        if (tm[ti].nb > 2147483647) return dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "dt_embed_forward: %lld "
+                                                            "requests for table %s in one forward (cuda: at most "
+                                                            "2^31 - 1)", (long long)tm[ti].nb, e->tabs[ti].name);
+        tm[ti].rows = ni; tm[ti].offs = ni + tm[ti].n; tm[ti].dst = tm[ti].offs + tm[ti].nb + 1;
+        tm[ti].src = tm[ti].dst + tm[ti].nb; tm[ti].len = tm[ti].src + tm[ti].nb; tm[ti].w = nf; tm[ti].tmp = nt;
+        ni = tm[ti].len + tm[ti].nb;
+        nf += tm[ti].n;
+        nt += tm[ti].nb * (e->tabs[ti].c1 - e->tabs[ti].c0);
+        if (e->tabs[ti].r1 - e->tabs[ti].r0 > maxrows) maxrows = e->tabs[ti].r1 - e->tabs[ti].r0;
+    }
+    if (ni == 0) return DT_OK;
+    DT__TRY(dt__em_cuda_stage_buf(e, ni, nf));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_meta, DT_I64, ni + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_metaf, DT_F32, nf + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_tmp, DT_F32, nt + 1));
+    DT__TRY(dt_grow(e->ctx, (void **)&e->cu_seen, &e->cu_seen_cap, maxrows / 8 + 1, 1, "dt_embed cuda rows"));
+    { /* fill, in one walk over the requests (the order of each table's ids: the backward's order) */
+        int64_t p = 0, q = 0, o = 0, *jn, *jb;
+        if (!(jn = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(2 * e->n_tabs)))) return DT_ERR_OOM;
+        jb = jn + e->n_tabs;
+        for (ti = 0; ti < e->n_tabs; ti++) { jn[ti] = 0; jb[ti] = 0; e->cu_hi[tm[ti].offs] = 0; }
+        while (p < end) {
+            int f = (int)rin[p];
+            int64_t m = rin[p + 3], j, nc;
+            const dt__em_tab *t;
+            dt__em_cutab *c;
+            ti = e->feat_tab[f];
+            t = &e->tabs[ti]; c = &tm[ti];
+            nc = t->c1 - t->c0;
+            for (j = 0; j < m; j++) {
+                int64_t r = rin[p + DT__EM_HDR + j];
+                e->cu_hi[c->rows + jn[ti]] = r < 0 ? -1 : r - t->r0;
+                e->cu_hf[c->w + jn[ti]] = e->any_weighted ? rfl[q + j] : 1.0f;
+                jn[ti]++;
             }
-            DT__TRY(dt__em_cuda_pool(e, t, rows, offs, t->weighted ? e->cu_hf : NULL, nb, nc));
-            /* the copies' offsets reuse the front of cu_i (the pool is done with it) */
-            DT__TRY(dt__em_cuda_put(e, e->cu_i.data, dst, (size_t)(3 * nb) * sizeof(int64_t)));
-            k = (int64_t)nb;
-            DT__TRY(dt__em_cuda_err(e, dt_k_embed_copies(e->cu_resp.data, e->cu_tmp.data, (const int64_t *)e->cu_i.data,
-                                                          (const int64_t *)e->cu_i.data + k,
-                                                          (const int64_t *)e->cu_i.data + 2 * k, (int)k, nc, 4,
-                                                          e->ctx->cuda_stream), "dt_k_embed_copies"));
+            e->cu_hi[c->offs + jb[ti] + 1] = jn[ti];
+            e->cu_hi[c->dst + jb[ti]] = o; e->cu_hi[c->src + jb[ti]] = jb[ti] * nc; e->cu_hi[c->len + jb[ti]] = nc;
+            jb[ti]++;
+            o += nc;
+            p += DT__EM_HDR + m;
+            if (e->any_weighted) q += m;
         }
+        dt_release(e->ctx, jn);
+    }
+    for (ti = 0; ti < e->n_tabs; ti++) { /* the unique rows of each table (stats.rows_updated at the backward) */
+        const int64_t *r = e->cu_hi + tm[ti].rows;
+        int64_t j;
+        for (j = 0; j < tm[ti].n; j++)
+            if (r[j] >= 0 && !(e->cu_seen[r[j] >> 3] & (1u << (r[j] & 7)))) {
+                e->cu_seen[r[j] >> 3] |= (unsigned char)(1u << (r[j] & 7));
+                tm[ti].uniq++;
+            }
+        for (j = 0; j < tm[ti].n; j++) if (r[j] >= 0) e->cu_seen[r[j] >> 3] = 0;
+    }
+    DT__TRY(dt__em_cuda_put(e, e->cu_meta.data, e->cu_hi, (size_t)ni * sizeof(int64_t)));
+    if (e->any_weighted) DT__TRY(dt__em_cuda_put(e, e->cu_metaf.data, e->cu_hf, (size_t)nf * sizeof(float)));
+    for (ti = 0; ti < e->n_tabs; ti++) {
+        const dt__em_tab *t = &e->tabs[ti];
+        const dt__em_cutab *c = &tm[ti];
+        const int64_t *dm = (const int64_t *)e->cu_meta.data;
+        int64_t nc = t->c1 - t->c0;
+        float *tmp = (float *)e->cu_tmp.data + c->tmp;
+        if (c->nb == 0) continue;
+        DT__TRY(dt__em_cuda_err(e, dt_k_embed_pool_fwd(tmp, t->w.data, (int)t->dtype, dm + c->rows,
+                                                        t->weighted ? (const float *)e->cu_metaf.data + c->w : NULL,
+                                                        dm + c->offs, c->nb, nc, nc, 0, e->ctx->cuda_stream),
+                                "dt_k_embed_pool_fwd"));
+        DT__TRY(dt__em_cuda_err(e, dt_k_embed_copies(e->cu_resp.data, tmp, dm + c->dst, dm + c->src, dm + c->len,
+                                                      (int)c->nb, nc, 4, e->ctx->cuda_stream), "dt_k_embed_copies"));
     }
     return DT_OK;
 }
 
-/* The return all-to-all on device tensors, then the rows copied down into e->res (tot floats),
-   where the CPU path's bag-order scatter reads them. */
+/* The return all-to-all on device tensors (NCCL, or dt_comm's staged path), then, with a
+   sequence feature, the rows copied down into e->res (tot floats), where the CPU path's
+   bag-order scatter reads them; on the device path they stay (dt__em_cuda_end). */
 static dt_status dt__em_cuda_return(dt_embed *e, int64_t tot) {
     int W = e->size;
     int64_t *cnt = e->cnt;
     DT__TRY(dt__em_cuda_need(e, &e->cu_res, DT_F32, tot + 1));
-    if (!e->comm) {
-        if (cnt[5 * W] > 0)
-            DT__TRY(dt__em_cuda_copy(e, e->cu_res.data, e->cu_resp.data, (size_t)cnt[5 * W] * sizeof(float),
-                                      (int)cudaMemcpyDeviceToDevice));
-    } else DT__TRY(dt_comm_alltoallv(e->comm, &e->cu_res, cnt + 2 * W, &e->cu_resp, cnt + 5 * W));
+    if (!e->comm) DT__TRY(dt__em_cuda_d2d(e, e->cu_res.data, e->cu_resp.data, (size_t)cnt[5 * W] * sizeof(float)));
+    else DT__TRY(dt_comm_alltoallv(e->comm, &e->cu_res, cnt + 2 * W, &e->cu_resp, cnt + 5 * W));
+    if (dt__em_cuda_dev(e)) return DT_OK;
     return dt__em_cuda_get(e, e->res.data, e->cu_res.data, (size_t)tot * sizeof(float));
+}
+
+/* The end of a forward on the device path: the returned rows (cu_res) added into the pooled
+   output in the CPU's order (every bag's results in generation order: a row-wise bag's rows in
+   bag order) and divided by the length for mean, by one dt_k_embed_gather_sum; then copied
+   into out. The index arrays of this scatter and of the backward's (each request's gradient:
+   its slice of dout, / length for mean, laid out as its result was) go up in one copy, and
+   one for the divisors. */
+static dt_status dt__em_cuda_end(dt_embed *e, dt_tensor *out, int64_t tot) {
+    int64_t B = e->B, F = e->n_feat, S = e->n_segs, R = F * B, k, r, *h, *start, ni, maxd = 0, maxnc = 0;
+    float *dv;
+    int f;
+    (void)tot;
+    if (B == 0 || e->pooled_dim == 0) return DT_OK;
+    ni = 3 * R + 9 * S;
+    DT__TRY(dt__em_cuda_stage_buf(e, ni + R + 1, R + S));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_smeta, DT_I64, ni + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_smetaf, DT_F32, R + S + 1));
+    h = e->cu_hi; dv = e->cu_hf;
+    start = h + ni; /* R + 1 counts: each run's first segment (a stable counting sort by (f, b)) */
+    for (r = 0; r <= R; r++) start[r] = 0;
+    for (k = 0; k < S; k++) start[(int64_t)e->segs[k].f * B + e->segs[k].b + 1]++;
+    for (r = 0; r < R; r++) start[r + 1] += start[r];
+    for (f = 0; f < F; f++) {
+        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        int64_t b;
+        if (t->dim > maxd) maxd = t->dim;
+        for (b = 0; b < B; b++) {
+            int64_t n = e->offs[(int64_t)f * B + b + 1] - e->offs[(int64_t)f * B + b];
+            r = (int64_t)f * B + b;
+            h[3 * r] = b * e->pooled_dim + e->feat_off[f]; h[3 * r + 1] = t->dim; h[3 * r + 2] = start[r];
+            dv[r] = t->pooling == DT_POOL_MEAN && n > 0 ? (float)n : 1.0f;
+        }
+    }
+    for (k = 0; k < S; k++) {
+        const dt__em_seg *sg = &e->segs[k];
+        const dt__em_tab *t = &e->tabs[e->feat_tab[sg->f]];
+        int64_t n = e->offs[(int64_t)sg->f * B + sg->b + 1] - e->offs[(int64_t)sg->f * B + sg->b];
+        int64_t *fs = h + 3 * R + 3 * start[(int64_t)sg->f * B + sg->b]++; /* forward segment */
+        int64_t *br = h + 3 * R + 3 * S + 3 * k, *bs = h + 3 * R + 6 * S + 3 * k; /* backward run, segment */
+        fs[0] = sg->res; fs[1] = sg->c0; fs[2] = sg->nc;
+        br[0] = sg->res; br[1] = sg->nc; br[2] = k;
+        bs[0] = sg->b * e->pooled_dim + e->feat_off[sg->f] + sg->c0; bs[1] = 0; bs[2] = sg->nc;
+        dv[R + k] = t->pooling == DT_POOL_MEAN && n > 0 ? (float)n : 1.0f;
+        if (sg->nc > maxnc) maxnc = sg->nc;
+    }
+    e->cu_fR = R; e->cu_fS = S; e->cu_fmax = maxd; e->cu_bmax = maxnc;
+    DT__TRY(dt__em_cuda_put(e, e->cu_smeta.data, h, (size_t)ni * sizeof(int64_t)));
+    DT__TRY(dt__em_cuda_put(e, e->cu_smetaf.data, dv, (size_t)(R + S) * sizeof(float)));
+    DT__TRY(dt__em_cuda_err(e, dt_k_embed_gather_sum((float *)e->cu_pooled.data, (const float *)e->cu_res.data,
+                                                      (const int64_t *)e->cu_smeta.data,
+                                                      (const int64_t *)e->cu_smeta.data + 3 * R,
+                                                      (const float *)e->cu_smetaf.data, R, S, maxd, 1,
+                                                      e->ctx->cuda_stream), "dt_k_embed_gather_sum"));
+    return dt__em_cuda_d2d(e, out->data, e->cu_pooled.data, (size_t)(B * e->pooled_dim) * sizeof(float));
+}
+
+/* The backward on the device path (sync 1, nothing accumulated): each request's gradient
+   gathered from dout on the device (dt_k_embed_gather_sum with the layout dt__em_cuda_end sent
+   up), the all-to-all to the owners on device tensors; each owner, per table: every id's
+   gradient row (w x its request's, dt_k_embed_pool_bwd), sorted by row stably
+   (dt_k_embed_dedup: the ids arrive in (global sample, feature, position) order, so each row's
+   run is in the CPU's sum order), summed and applied by the sparse optimizer kernel. Nothing
+   is read back. Data-parallel tables go the host way (their contributions into e->con). */
+static dt_status dt__em_cuda_backward(dt_embed *e, const dt_tensor *dout, int64_t *ncon) {
+    int W = e->size, r;
+    int64_t *cnt = e->cnt, tot_in = 0, S = e->cu_fS, R = e->cu_fR, ti;
+    const char *fn = "dt_embed_backward";
+    (void)ncon;
+    for (r = 0; r < W; r++) tot_in += cnt[5 * W + r];
+    if (S > 0) {
+        const int64_t *sm = (const int64_t *)e->cu_smeta.data;
+        DT__TRY(dt__em_cuda_err(e, dt_k_embed_gather_sum((float *)e->cu_res.data, (const float *)dout->data,
+                                                          sm + 3 * R + 3 * S, sm + 3 * R + 6 * S,
+                                                          (const float *)e->cu_smetaf.data + R, S, S, e->cu_bmax, 0,
+                                                          e->ctx->cuda_stream), "dt_k_embed_gather_sum"));
+    }
+    DT__TRY(dt__em_cuda_need(e, &e->cu_gin, DT_F32, tot_in + 1));
+    if (!e->comm) DT__TRY(dt__em_cuda_d2d(e, e->cu_gin.data, e->cu_res.data, (size_t)tot_in * sizeof(float)));
+    else DT__TRY(dt_comm_alltoallv(e->comm, &e->cu_gin, cnt + 5 * W, &e->cu_res, cnt + 2 * W));
+    for (r = 0; r < W; r++)
+        if (r != e->rank) e->stats.bytes_sent_bwd += 4.0 * (double)cnt[2 * W + r];
+    for (ti = 0; ti < e->n_tabs && e->cu_tm; ti++) {
+        dt__em_tab *t = &e->tabs[ti];
+        const dt__em_cutab *c = &e->cu_tm[ti];
+        const int64_t *dm = (const int64_t *)e->cu_meta.data;
+        int64_t nc = t->c1 - t->c0, n = c->n;
+        size_t mark;
+        float *g;
+        int64_t *order, *seg, *nu;
+        void *scr;
+        dt_status st = DT_OK;
+        if (n == 0 || nc == 0 || t->shard == DT_SHARD_DATA) continue;
+        mark = dt_cuda_scratch_begin(e->ctx);
+        g = (float *)dt_cuda_scratch(e->ctx, (size_t)(n * nc) * sizeof(float), fn);
+        order = (int64_t *)dt_cuda_scratch(e->ctx, (size_t)(2 * n + 2) * sizeof(int64_t), fn);
+        scr = dt_cuda_scratch(e->ctx, dt_k_embed_dedup_scratch(n), fn);
+        if (!g || !order || !scr) st = DT_ERR_OOM;
+        seg = order + n; nu = seg + n + 1;
+        if (!st)
+            st = dt__em_cuda_err(e, dt_k_embed_pool_bwd(g, (const float *)e->cu_gin.data, dm + c->dst,
+                                                        t->weighted ? (const float *)e->cu_metaf.data + c->w : NULL,
+                                                        dm + c->offs, c->nb, nc, 0, e->ctx->cuda_stream),
+                                 "dt_k_embed_pool_bwd");
+        if (!st)
+            st = dt__em_cuda_err(e, dt_k_embed_dedup(order, seg, nu, dm + c->rows, n, t->r1 - t->r0, scr,
+                                                     e->ctx->cuda_stream), "dt_k_embed_dedup");
+        if (!st && t->kind == DT_EMBED_ADAM)
+            st = dt__em_cuda_err(e, dt_k_embed_sparse_adam(t->w.data, (int)t->dtype, (float *)t->s1.data,
+                                                           (float *)t->s2.data, g, dm + c->rows, order, seg, nu, n, nc,
+                                                           nc, t->lr, t->b1, t->b2, t->eps, t->t, e->ctx->cuda_stream),
+                                 "dt_k_embed_sparse_adam");
+        else if (!st)
+            st = dt__em_cuda_err(e, dt_k_embed_sparse_update(t->w.data, (int)t->dtype, (float *)t->s1.data, g,
+                                                             dm + c->rows, order, seg, nu, n, nc, nc,
+                                                             t->kind == DT_EMBED_ADAGRAD ? 2 :
+                                                             t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 3 : 1,
+                                                             t->lr, t->eps, e->ctx->cuda_stream),
+                                 "dt_k_embed_sparse_update");
+        dt_cuda_scratch_end(e->ctx, mark);
+        if (st) return st;
+        e->stats.rows_updated += c->uniq;
+    }
+    return DT_OK;
 }
 
 static dt_status dt__em_cuda_host_dout(dt_embed *e, const float **dd, const dt_tensor *dout) {
@@ -3948,6 +4206,10 @@ static void dt__em_cuda_free(dt_embed *e) {
     dt_release(e->ctx, e->cu_st_t); dt_release(e->ctx, e->cu_st_row);
     while (e->cu_hs && e->cu_hs_n > 0) dt_k_hash_free(&e->cu_hs[--e->cu_hs_n]);
     dt_release(e->ctx, e->cu_hs);
+    dt_tensor_free(e->ctx, &e->cu_pooled); dt_tensor_free(e->ctx, &e->cu_meta); dt_tensor_free(e->ctx, &e->cu_metaf);
+    dt_tensor_free(e->ctx, &e->cu_smeta); dt_tensor_free(e->ctx, &e->cu_smetaf); dt_tensor_free(e->ctx, &e->cu_dmeta);
+    dt_tensor_free(e->ctx, &e->cu_dmetaf); dt_tensor_free(e->ctx, &e->cu_dtmp); dt_tensor_free(e->ctx, &e->cu_gin);
+    dt_release(e->ctx, e->cu_tm); dt_release(e->ctx, e->cu_seen);
 }
 
 #else /* without DT_CUDA: desc.device cuda is refused at create, so only the first and last run */
@@ -3991,6 +4253,15 @@ static dt_status dt__em_cuda_dyn_translate(dt_embed *e, int64_t *rin, int64_t to
     return dt__em_cuda_off(e);
 }
 static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti) { (void)ti; return dt__em_cuda_off(e); }
+static int dt__em_cuda_dev(const dt_embed *e) { (void)e; return 0; }
+static dt_status dt__em_cuda_end(dt_embed *e, dt_tensor *out, int64_t tot) {
+    (void)out; (void)tot;
+    return dt__em_cuda_off(e);
+}
+static dt_status dt__em_cuda_backward(dt_embed *e, const dt_tensor *dout, int64_t *ncon) {
+    (void)dout; (void)ncon;
+    return dt__em_cuda_off(e);
+}
 
 #endif /* DT_CUDA */
 
