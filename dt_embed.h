@@ -2999,7 +2999,7 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
             st = dt_ctx_set_error(e->ctx, DT_ERR_SHAPE, "%s: dout is %s; expected [%lld, %lld] (local batch, pooled dim)",
                                   fn, dt_shape_str(dout, s1, sizeof s1), (long long)e->B, (long long)e->pooled_dim);
         }
-        if (!st && e->cuda && (!dev || e->any_dp)) /* a host copy: the gradients are sorted there */
+        if (!st && e->cuda && !dev) /* a host copy: the gradients are sorted there */
             st = dt__em_cuda_host_dout(e, &dd, dout);
         else if (!st) dd = (const float *)dout->data;
     }
@@ -3017,9 +3017,6 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
     e->acc_open = !e->sync;
     if (dev) {
         DT__TRY(dt__em_cuda_backward(e, dout, &ncon));
-        if (e->any_dp) DT__TRY(dt__em_dp_grads(e, dd, &ncon));
-        DT__TRY(dt__em_sort(e, ncon));
-        DT__TRY(dt__em_apply(e, ncon));
         e->stats.backwards++;
         e->stats.seconds_bwd += dt__em_now() - t0;
         return DT_OK;
@@ -4060,13 +4057,223 @@ static dt_status dt__em_cuda_end(dt_embed *e, dt_tensor *out, int64_t tot) {
     return dt__em_cuda_d2d(e, out->data, e->cu_pooled.data, (size_t)(B * e->pooled_dim) * sizeof(float));
 }
 
+/* Data-parallel tables on the device path: every rank applies every rank's gradients (a sparse
+   all-reduce), in the CPU's order (rank, then (sample, feature, position)). Each rank's
+   contributions, table by table (a table's in (sample, feature, position) order): the rows on
+   the host (known from the batch), each id's gradient row (w x its bag's, / length for mean) by
+   dt_k_embed_pool_bwd on the device. The counts go round (one host all-reduce), the rows by a
+   host all-to-all, the gradient rows by the device all-to-all (this rank's block sent to every
+   rank); one dt_k_embed_copies puts them table-major, and each table is deduplicated and
+   updated as the sharded ones. */
+static dt_status dt__em_cuda_dp_backward(dt_embed *e, const dt_tensor *dout) {
+    const char *fn = "dt_embed_backward";
+    int W = e->size, f, r, T = e->n_tabs, ti;
+    int64_t B = e->B, b, j, nl = 0, fl = 0, nb = 0, ni, N = 0, FN = 0, k, *h, *cnt = e->cnt, *nrt, *ot, *ft;
+    double *v;
+    dt_status st = DT_OK;
+    size_t mark;
+    float *gl, *gt;
+    /* this rank's ids and floats per table */
+    if (!(v = (double *)dt_alloc(e->ctx, sizeof(double) * (size_t)(W * T)))) return DT_ERR_OOM;
+    memset(v, 0, sizeof(double) * (size_t)(W * T));
+    for (f = 0; f < e->n_feat; f++) {
+        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        if (t->shard != DT_SHARD_DATA) continue;
+        v[e->rank * T + e->feat_tab[f]] += (double)(e->offs[(int64_t)(f + 1) * B] - e->offs[(int64_t)f * B]);
+        nb += B;
+    }
+    st = dt__em_sum_f64(e, v, W * T);
+    /* nrt[r * T + t]: rank r's ids of table t; ot / ft: table t's first id / float, table-major */
+    if (!st && !(nrt = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(W * T + 2 * T + 2)))) st = DT_ERR_OOM;
+    if (st) { dt_release(e->ctx, v); return st; }
+    ot = nrt + W * T; ft = ot + T + 1;
+    for (k = 0; k < W * T; k++) nrt[k] = (int64_t)v[k];
+    dt_release(e->ctx, v);
+    for (ti = 0; ti < T; ti++) {
+        ot[ti] = N; ft[ti] = FN;
+        for (r = 0; r < W; r++) { N += nrt[r * T + ti]; FN += nrt[r * T + ti] * e->tabs[ti].dim; }
+        nl += nrt[e->rank * T + ti]; fl += nrt[e->rank * T + ti] * e->tabs[ti].dim;
+    }
+    ot[T] = N;
+    /* the rows: this rank's, table by table, sent to every rank (host all-to-all) */
+    st = dt__em_need(e, &e->dp_i, DT_I64, nl * W + 1);
+    if (!st) st = dt__em_need(e, &e->dp_ri, DT_I64, N + 1);
+    if (!st) { /* host layout of the upload: rows table-major [N], then per table its bags' offsets, dout offsets,
+                  weights (as floats, below); then the copies' dst, src, len [W * T] */
+        int64_t *rw = (int64_t *)e->dp_i.data, o = 0;
+        for (ti = 0; ti < T; ti++)
+            for (b = 0; b < B; b++)
+                for (f = 0; f < e->n_feat; f++) {
+                    const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+                    int64_t i0 = e->offs[(int64_t)f * B + b], n = e->offs[(int64_t)f * B + b + 1] - i0;
+                    if (e->feat_tab[f] != ti || t->shard != DT_SHARD_DATA) continue;
+                    for (j = 0; j < n; j++) rw[o++] = e->rows[i0 + j] - t->r0;
+                }
+        for (r = 1; r < W; r++) memcpy(rw + r * nl, rw, (size_t)nl * sizeof(int64_t));
+        if (e->comm) {
+            int64_t *sc = cnt, *rc = cnt + W; /* cnt's send counts are free in the backward */
+            for (r = 0; r < W; r++) {
+                sc[r] = nl;
+                rc[r] = 0;
+                for (ti = 0; ti < T; ti++) rc[r] += nrt[r * T + ti];
+            }
+            st = dt__em_a2av(e, &e->dp_ri, &e->dp_i, sc, rc);
+        } else memcpy(e->dp_ri.data, rw, (size_t)nl * sizeof(int64_t));
+    }
+    if (st) { dt_release(e->ctx, nrt); return st; }
+    ni = N + 2 * nb + T + 3 * W * T; /* rows, per table its bag offsets [nbt + 1] and dout offsets [nbt], copies */
+    st = dt__em_cuda_stage_buf(e, ni + 1, nl + 1);
+    if (!st) st = dt__em_cuda_need(e, &e->cu_dmeta, DT_I64, ni + 1);
+    if (!st) st = dt__em_cuda_need(e, &e->cu_dmetaf, DT_F32, nl + 1);
+    if (!st) st = dt__em_cuda_need(e, &e->cu_dtmp, DT_F32, fl * W + FN + 1); /* W copies of this rank's block, then received */
+    if (st) { dt_release(e->ctx, nrt); return st; }
+    h = e->cu_hi;
+    { /* rows table-major: rank r's rows of table t sit at (rank r's start) + (its earlier tables) */
+        const int64_t *rr = (const int64_t *)e->dp_ri.data;
+        int64_t rs = 0;
+        for (r = 0; r < W; r++) {
+            int64_t o = rs;
+            for (ti = 0; ti < T; ti++) {
+                int64_t n = nrt[r * T + ti], d = ot[ti];
+                for (k = 0; k < r; k++) d += nrt[k * T + ti];
+                memcpy(h + d, rr + o, (size_t)n * sizeof(int64_t));
+                o += n;
+            }
+            rs = o;
+        }
+    }
+    { /* this rank's bags, per table in (sample, feature) order: offsets from its first id [nbt + 1], dout
+         offsets [nbt]; the weights */
+        int64_t o = N, jn = 0;
+        for (ti = 0; ti < T; ti++) {
+            int64_t nbt = 0, jt = 0, *offs = h + o, *doff;
+            for (f = 0; f < e->n_feat; f++) nbt += e->feat_tab[f] == ti && e->tabs[ti].shard == DT_SHARD_DATA ? B : 0;
+            if (nbt == 0) continue;
+            doff = offs + nbt + 1;
+            offs[0] = 0;
+            for (b = 0; b < B; b++)
+                for (f = 0; f < e->n_feat; f++) {
+                    int64_t i0 = e->offs[(int64_t)f * B + b], n = e->offs[(int64_t)f * B + b + 1] - i0;
+                    if (e->feat_tab[f] != ti) continue;
+                    for (j = 0; j < n; j++) e->cu_hf[jn++] = e->wts[i0 + j];
+                    jt += n;
+                    *++offs = jt;
+                    *doff++ = b * e->pooled_dim + e->feat_off[f];
+                }
+            o += 2 * nbt + 1;
+        }
+    }
+    { /* the copies from the received (rank-major) floats to table-major */
+        int64_t *dst = h + N + 2 * nb + T, *src = dst + W * T, *len = src + W * T, rs = 0;
+        for (r = 0; r < W; r++)
+            for (ti = 0; ti < T; ti++) {
+                int64_t d = ft[ti], n = nrt[r * T + ti] * e->tabs[ti].dim;
+                for (k = 0; k < r; k++) d += nrt[k * T + ti] * e->tabs[ti].dim;
+                dst[r * T + ti] = d; src[r * T + ti] = rs; len[r * T + ti] = n;
+                rs += n;
+            }
+    }
+    st = dt__em_cuda_put(e, e->cu_dmeta.data, h, (size_t)ni * sizeof(int64_t));
+    if (!st && e->any_weighted) st = dt__em_cuda_put(e, e->cu_dmetaf.data, e->cu_hf, (size_t)nl * sizeof(float));
+    if (st) { dt_release(e->ctx, nrt); return st; }
+    mark = dt_cuda_scratch_begin(e->ctx);
+    gl = (float *)e->cu_dtmp.data; /* this rank's block, then its copies for the other ranks */
+    gt = (float *)dt_cuda_scratch(e->ctx, (size_t)(FN + 1) * sizeof(float), fn);
+    if (!gt) st = DT_ERR_OOM;
+    { /* each table's gradient rows (one launch per table) */
+        const int64_t *dm = (const int64_t *)e->cu_dmeta.data + N;
+        int64_t o = 0, wo = 0;
+        for (ti = 0; !st && ti < T; ti++) {
+            const dt__em_tab *t = &e->tabs[ti];
+            int64_t nbt = 0, n = nrt[e->rank * T + ti];
+            for (f = 0; f < e->n_feat; f++) nbt += e->feat_tab[f] == ti && t->shard == DT_SHARD_DATA ? B : 0;
+            if (nbt == 0) continue;
+            st = dt__em_cuda_err(e, dt_k_embed_pool_bwd(gl + o, (const float *)dout->data, dm + nbt + 1,
+                                                        t->weighted ? (const float *)e->cu_dmetaf.data + wo : NULL,
+                                                        dm, nbt, t->dim, t->pooling == DT_POOL_MEAN,
+                                                        e->ctx->cuda_stream), "dt_k_embed_pool_bwd");
+            dm += 2 * nbt + 1; o += n * t->dim; wo += n;
+        }
+    }
+    if (!st && W > 1) { /* the block to every rank (cnt's send counts are free in the backward) */
+        int64_t *sc = cnt, *rc = cnt + W, rt;
+        dt_tensor sv, rv;
+        int64_t sh[1];
+        for (r = 1; !st && r < W; r++) st = dt__em_cuda_d2d(e, gl + r * fl, gl, (size_t)fl * sizeof(float));
+        if (!st) {
+            rt = 0;
+            for (r = 0; r < W; r++) {
+                sc[r] = fl;
+                rc[r] = 0;
+                for (ti = 0; ti < T; ti++) rc[r] += nrt[r * T + ti] * e->tabs[ti].dim;
+                rt += rc[r];
+            }
+            sh[0] = fl * W;
+            st = dt_tensor_view(e->ctx, &sv, &e->cu_dtmp, 0, 1, sh);
+            sh[0] = rt;
+            if (!st) st = dt_tensor_view(e->ctx, &rv, &e->cu_dtmp, fl * W, 1, sh);
+            if (!st) st = dt_comm_alltoallv(e->comm, &rv, rc, &sv, sc);
+        }
+        for (r = 0; r < W; r++)
+            if (r != e->rank) e->stats.bytes_sent_bwd += 8.0 * (double)nl + 4.0 * (double)fl;
+    }
+    if (!st) { /* table-major */
+        const int64_t *dm = (const int64_t *)e->cu_dmeta.data + N + 2 * nb + T;
+        int64_t maxlen = 0;
+        for (k = 0; k < W * T; k++) if (h[N + 2 * nb + T + 2 * W * T + k] > maxlen) maxlen = h[N + 2 * nb + T + 2 * W * T + k];
+        st = dt__em_cuda_err(e, dt_k_embed_copies(gt, W > 1 ? gl + fl * W : gl, dm, dm + W * T, dm + 2 * W * T, W * T,
+                                                   maxlen, 4, e->ctx->cuda_stream), "dt_k_embed_copies");
+    }
+    for (ti = 0; !st && ti < T; ti++) {
+        dt__em_tab *t = &e->tabs[ti];
+        int64_t n = ot[ti + 1] - ot[ti], *order, *seg, *nu, uq = 0;
+        const int64_t *rows = (const int64_t *)e->cu_dmeta.data + ot[ti];
+        float *g = gt + ft[ti];
+        void *scr;
+        if (t->shard != DT_SHARD_DATA || n == 0) continue;
+        order = (int64_t *)dt_cuda_scratch(e->ctx, (size_t)(2 * n + 2) * sizeof(int64_t), fn);
+        scr = dt_cuda_scratch(e->ctx, dt_k_embed_dedup_scratch(n), fn);
+        if (!order || !scr) { st = DT_ERR_OOM; break; }
+        seg = order + n; nu = seg + n + 1;
+        st = dt__em_cuda_err(e, dt_k_embed_dedup(order, seg, nu, rows, n, t->r1 - t->r0, scr, e->ctx->cuda_stream),
+                             "dt_k_embed_dedup");
+        if (!st && t->kind == DT_EMBED_ADAM)
+            st = dt__em_cuda_err(e, dt_k_embed_sparse_adam(t->w.data, (int)t->dtype, (float *)t->s1.data,
+                                                           (float *)t->s2.data, g, rows, order, seg, nu, n, t->dim,
+                                                           t->dim, t->lr, t->b1, t->b2, t->eps, t->t,
+                                                           e->ctx->cuda_stream), "dt_k_embed_sparse_adam");
+        else if (!st)
+            st = dt__em_cuda_err(e, dt_k_embed_sparse_update(t->w.data, (int)t->dtype, (float *)t->s1.data, g, rows,
+                                                             order, seg, nu, n, t->dim, t->dim,
+                                                             t->kind == DT_EMBED_ADAGRAD ? 2 :
+                                                             t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 3 : 1,
+                                                             t->lr, t->eps, e->ctx->cuda_stream),
+                                 "dt_k_embed_sparse_update");
+        /* the unique rows (stats) from the host's copy of the rows */
+        if (!st && !(st = dt_grow(e->ctx, (void **)&e->cu_seen, &e->cu_seen_cap, (t->r1 - t->r0) / 8 + 1, 1,
+                                  "dt_embed cuda rows"))) {
+            const int64_t *hr = h + ot[ti];
+            for (k = 0; k < n; k++)
+                if (!(e->cu_seen[hr[k] >> 3] & (1u << (hr[k] & 7)))) {
+                    e->cu_seen[hr[k] >> 3] |= (unsigned char)(1u << (hr[k] & 7));
+                    uq++;
+                }
+            for (k = 0; k < n; k++) e->cu_seen[hr[k] >> 3] = 0;
+            e->stats.rows_updated += uq;
+        }
+    }
+    dt_cuda_scratch_end(e->ctx, mark);
+    dt_release(e->ctx, nrt);
+    return st;
+}
+
 /* The backward on the device path (sync 1, nothing accumulated): each request's gradient
    gathered from dout on the device (dt_k_embed_gather_sum with the layout dt__em_cuda_end sent
    up), the all-to-all to the owners on device tensors; each owner, per table: every id's
    gradient row (w x its request's, dt_k_embed_pool_bwd), sorted by row stably
    (dt_k_embed_dedup: the ids arrive in (global sample, feature, position) order, so each row's
    run is in the CPU's sum order), summed and applied by the sparse optimizer kernel. Nothing
-   is read back. Data-parallel tables go the host way (their contributions into e->con). */
+   is read back. Data-parallel tables: dt__em_cuda_dp_backward. */
 static dt_status dt__em_cuda_backward(dt_embed *e, const dt_tensor *dout, int64_t *ncon) {
     int W = e->size, r;
     int64_t *cnt = e->cnt, tot_in = 0, S = e->cu_fS, R = e->cu_fR, ti;
@@ -4126,7 +4333,7 @@ static dt_status dt__em_cuda_backward(dt_embed *e, const dt_tensor *dout, int64_
         if (st) return st;
         e->stats.rows_updated += c->uniq;
     }
-    return DT_OK;
+    return e->any_dp ? dt__em_cuda_dp_backward(e, dout) : DT_OK;
 }
 
 static dt_status dt__em_cuda_host_dout(dt_embed *e, const float **dd, const dt_tensor *dout) {

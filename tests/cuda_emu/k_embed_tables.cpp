@@ -440,9 +440,8 @@ static void check_bad_inputs(dt_ctx *ctx) {
 }
 
 // The device path's second forward + backward on the same batch (the first one grew every
-// buffer): no allocation, no free; nothing read back and no wait without data-parallel tables;
-// with them, dout comes down once (their gradients are summed on the host: B x pooled dim
-// floats, one wait). ctx->counters and the emulator's own counts must agree. A CUDA ctx (its
+// buffer): no allocation, no free, nothing read back, no wait (every sharding). ctx->counters
+// and the emulator's own counts must agree. A CUDA ctx (its
 // dt_ctx_sync waits for real, and would be counted).
 static void check_counters(dt_embed_sharding sh, dt_embed_optim opt) {
     dt_ctx cctx, *ctx = &cctx;
@@ -484,7 +483,7 @@ static void check_counters(dt_embed_sharding sh, dt_embed_optim opt) {
     snprintf(name, sizeof name, "embed_cuda_counters_steps_run_%s", tag);
     if (!DT_TEST_CHECK(name, ok)) fprintf(stderr, "  %s\n", dt_ctx_error(ctx));
     dt_cuda_counters k2 = ctx->counters;
-    long long want_d2h = sh == DT_SHARD_DATA ? (long long)(B * dt_embed_pooled_dim(e) * 4) : 0;
+    long long want_d2h = 0;
     snprintf(name, sizeof name, "embed_cuda_second_step_allocates_and_frees_nothing_%s", tag);
     dt_test_check_all(name, k2.allocs == 0 && k2.frees == 0 && c1.allocs == c0.allocs && c1.frees == c0.frees,
                       "ctx allocs %lld frees %lld; runtime allocs %lld frees %lld", (long long)k2.allocs,
