@@ -607,6 +607,7 @@ typedef struct dt__em_tab {
     int64_t *dlist, n_dirty, dcap;
     /* dynamic tables */
     int dynamic, admit_after, n_hs;
+    int cu_stale;                /* cuda: the GPU id tables moved on since slot_id / slot_stamp were copied down */
     int *hs_owner;               /* id-hash shard -> rank */
     struct dt__em_dyn *hs;       /* this rank's shards (first hs_first) */
     int hs_first, hs_count;
@@ -729,6 +730,7 @@ struct dt_embed {
     struct dt__em_cutab *cu_tm;  /* per table: its requests' arrays in cu_meta (the last forward) */
     int64_t cu_tm_cap, cu_fR, cu_fS, cu_fmax, cu_bmax, cu_seen_cap;
     unsigned char *cu_seen;      /* a bit per local row: the unique rows of a table's requests */
+    int64_t *cu_dyn_hi, cu_dyn_cap; /* the admitted rows' copies (dt__em_cuda_dyn_fill) */
 };
 
 /* One table's requests of the last forward on the device path: n ids (rows, weights), nb
@@ -751,6 +753,7 @@ static void dt__em_cuda_free(dt_embed *e);
 static dt_status dt__em_cuda_dyn_translate(dt_embed *e, int64_t *rin, int64_t total);
 static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti);
 static int dt__em_cuda_dev(const dt_embed *e);
+static dt_status dt__em_cuda_dyn_pull(dt_embed *e);
 static dt_status dt__em_cuda_end(dt_embed *e, dt_tensor *out, int64_t tot);
 static dt_status dt__em_cuda_backward(dt_embed *e, const dt_tensor *dout, int64_t *ncon);
 
@@ -3163,6 +3166,7 @@ DT_API dt_status dt_embed_checkpoint_save(dt_embed *e, const dt_train_state *sta
     dt_status st;
     if (!e) return DT_ERR_ARG;
     DT__TRY(dt__em_ckpt_desc(e, &d, desc, "dt_embed_checkpoint_save"));
+    if (e->cuda) DT__TRY(dt__em_cuda_dyn_pull(e));
     memset(&steps, 0, sizeof steps);
     st = dt__em_params(e, &ps, &store, &steps);
     if (!st) st = dt_checkpoint_save(e->ctx, &ps, NULL, state, &d);
@@ -3615,107 +3619,177 @@ static dt_k_hash *dt__em_cuda_hs(dt_embed *e, int ti) {
     return &e->cu_hs[b];
 }
 
-/* dt__em_dyn_fill on the device: the row is initialised on the host (the same Philox stream and
-   name "<table>#<id>") and copied up; its optimizer state is zeroed. */
-static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, int64_t x, int64_t id) {
+/* dt__em_dyn_fill on the device for a batch's admitted rows (pairs [2 na]: local row, id): each
+   row initialised on the host (the same Philox stream and name "<table>#<id>"), all of them up
+   in one copy and moved into place by one dt_k_embed_copies; their optimizer state zeroed the
+   same way (copies of a zeroed row). */
+static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, const int64_t *pairs, int64_t na) {
+    const char *fn = "dt_embed_forward";
     dt_tensor v;
     dt_tensor_desc d;
     dt_init_desc in = t->init;
     char name[DT_NAME_MAX + 32];
-    int64_t nc = t->c1 - t->c0;
-    size_t es = dt_dtype_size(t->w.dtype);
-    const char *fn = "dt_embed_forward";
+    int64_t nc = t->c1 - t->c0, k, *hm, s1n = t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : nc;
+    size_t es = dt_dtype_size(t->w.dtype), mark;
+    char *vals, *dvals;
+    int64_t *dm;
+    float *zero;
     dt_status st;
+    if (na == 0 || nc == 0) return DT_OK;
+    DT__TRY(dt_grow(e->ctx, (void **)&e->cu_stg, &e->cu_stg_cap, (int64_t)(((size_t)(na * nc) * es + 3) / 4) + 1,
+                     sizeof(float), "dt_embed cuda rows"));
+    DT__TRY(dt_grow(e->ctx, (void **)&e->cu_dyn_hi, &e->cu_dyn_cap, 6 * na + 1, sizeof(int64_t), "dt_embed cuda rows"));
+    vals = (char *)e->cu_stg; hm = e->cu_dyn_hi;
     memset(&d, 0, sizeof d);
     d.dtype = t->w.dtype; d.device = DT_CPU; d.ndim = 2; d.shape[0] = 1; d.shape[1] = nc;
     DT__TRY(dt_tensor_create(e->ctx, &v, &d));
-    snprintf(name, sizeof name, "%s#%lld", t->name, (long long)id);
-    in.name = name;
     memset(in.global_shape, 0, sizeof in.global_shape);
     memset(in.start, 0, sizeof in.start);
-    st = dt_tensor_init(e->ctx, &v, &in);
-    if (!st) st = dt__em_cuda_put(e, (char *)t->w.data + (size_t)(x * nc) * es, v.data, (size_t)nc * es);
+    st = DT_OK;
+    for (k = 0; !st && k < na; k++) {
+        int64_t x = pairs[2 * k];
+        snprintf(name, sizeof name, "%s#%lld", t->name, (long long)pairs[2 * k + 1]);
+        in.name = name;
+        st = dt_tensor_init(e->ctx, &v, &in);
+        if (!st) memcpy(vals + (size_t)(k * nc) * es, v.data, (size_t)nc * es);
+        hm[k] = x * nc; hm[na + k] = k * nc; hm[2 * na + k] = nc; /* the row: dst, src, len */
+        hm[3 * na + k] = x * s1n; hm[4 * na + k] = 0; hm[5 * na + k] = s1n; /* its state: dst (s1), src (zeros), len */
+        if (!st) st = dt__em_mark(e, t, x);
+    }
     dt_tensor_free(e->ctx, &v);
     if (st) return st;
-    if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) st = dt_cuda_memset(e->ctx, (float *)t->s1.data + x, 0, sizeof(float), fn);
-    else if (t->s1.data) st = dt_cuda_memset(e->ctx, (float *)t->s1.data + x * nc, 0, (size_t)nc * sizeof(float), fn);
-    if (!st && t->s2.data) st = dt_cuda_memset(e->ctx, (float *)t->s2.data + x * nc, 0, (size_t)nc * sizeof(float), fn);
+    mark = dt_cuda_scratch_begin(e->ctx);
+    dvals = (char *)dt_cuda_scratch(e->ctx, (size_t)(na * nc) * es, fn);
+    dm = (int64_t *)dt_cuda_scratch(e->ctx, (size_t)(6 * na + 1) * sizeof(int64_t), fn);
+    zero = (float *)dt_cuda_scratch(e->ctx, (size_t)nc * sizeof(float), fn);
+    if (!dvals || !dm || !zero) st = DT_ERR_OOM;
+    if (!st) st = dt__em_cuda_put(e, dvals, vals, (size_t)(na * nc) * es);
+    if (!st) st = dt__em_cuda_put(e, dm, hm, (size_t)(6 * na) * sizeof(int64_t));
+    if (!st) st = dt_cuda_memset(e->ctx, zero, 0, (size_t)nc * sizeof(float), fn);
+    if (!st) st = dt__em_cuda_err(e, dt_k_embed_copies(t->w.data, dvals, dm, dm + na, dm + 2 * na, (int)na, nc, (int)es,
+                                                        e->ctx->cuda_stream), "dt_k_embed_copies");
+    if (!st && t->s1.data) /* row-wise Adagrad: one float per row */
+        st = dt__em_cuda_err(e, dt_k_embed_copies(t->s1.data, zero, dm + 3 * na, dm + 4 * na, dm + 5 * na, (int)na, s1n,
+                                                   4, e->ctx->cuda_stream), "dt_k_embed_copies");
+    if (!st && t->s2.data)
+        st = dt__em_cuda_err(e, dt_k_embed_copies(t->s2.data, zero, dm, dm + 4 * na, dm + 2 * na, (int)na, nc, 4,
+                                                   e->ctx->cuda_stream), "dt_k_embed_copies");
+    dt_cuda_scratch_end(e->ctx, mark);
     return st;
 }
 
-/* One shard's batch of m ids, replaced by their global rows (or -1) by dt_k_hash_lookup; then the host mirrors of slot_id / slot_stamp are refreshed
-   and each slot whose id changed (or that was empty) gets its new row. A slot is admitted at
-   most once per batch (a row used by the batch is never evicted by it). */
-static dt_status dt__em_cuda_dyn_shard(dt_embed *e, dt__em_tab *t, dt_k_hash *hh, dt__em_dyn *y, int64_t *ids,
-                                       int64_t m) {
-    int64_t hc[4] = {0, 0, 0, 0}, *sid = (int64_t *)t->slot_id.data, *stamp = (int64_t *)t->slot_stamp.data;
-    int64_t *nw, k, *dv;
-    int ov = 0;
-    dt_status st;
-    DT__TRY(dt__em_cuda_need(e, &e->cu_i, DT_I64, 2 * m + 4));
-    dv = (int64_t *)e->cu_i.data;
-    DT__TRY(dt__em_cuda_put(e, dv, ids, (size_t)m * sizeof(int64_t)));
-    DT__TRY(dt__em_cuda_put(e, dv + 2 * m, hc, sizeof hc)); /* counts, then the overflow flag (an int) */
-    DT__TRY(dt__em_cuda_err(e, dt_k_hash_lookup(hh, dv + m, dv + 2 * m, (int *)(dv + 2 * m + 3), dv, m, t->admit_after,
-                                                 e->ctx->cuda_stream), "dt_k_hash_lookup"));
-    DT__TRY(dt__em_cuda_get(e, ids, dv + m, (size_t)m * sizeof(int64_t)));
-    DT__TRY(dt__em_cuda_get(e, hc, dv + 2 * m, sizeof hc));
-    memcpy(&ov, &hc[3], sizeof ov);
-    if (ov)
-        return dt_ctx_set_error(e->ctx, DT_ERR_RANGE, "dt_embed_forward: dynamic table \"%s\" on cuda: an id-hash shard "
-                                "saw more than %lld distinct ids not admitted (the GPU table's seen_cap); expected "
-                                "fewer (use a smaller admit_after or more rows)", t->name, (long long)hh->seen_cap);
-    for (k = 0; k < m; k++) ids[k] = ids[k] < 0 ? -1 : t->r0 + y->x0 + ids[k];
-    e->stats.step_admitted += hc[0]; e->stats.step_evicted += hc[1]; e->stats.step_rejected += hc[2];
-    if (!(nw = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(2 * y->n + 1)))) return DT_ERR_OOM;
-    st = dt__em_cuda_get(e, nw, hh->slot_id, (size_t)y->n * sizeof(int64_t));
-    if (!st) st = dt__em_cuda_get(e, nw + y->n, hh->slot_stamp, (size_t)y->n * sizeof(int64_t));
-    for (k = 0; !st && k < y->n; k++) {
-        int64_t x = y->x0 + k;
-        if (nw[y->n + k] != 0 && (stamp[x] == 0 || sid[x] != nw[k])) {
-            st = dt__em_cuda_dyn_fill(e, t, x, nw[k]);
-            if (!st) st = dt__em_mark(e, t, x);
+/* The host mirrors of the dynamic tables' slots (slot_id, slot_stamp), copied down from the GPU
+   id tables when a checkpoint needs them (they change every forward; the step never reads them). */
+static dt_status dt__em_cuda_dyn_pull(dt_embed *e) {
+    int i, h;
+    for (i = 0; e->cuda && i < e->n_tabs; i++) {
+        dt__em_tab *t = &e->tabs[i];
+        dt_k_hash *hs;
+        if (!t->dynamic || !t->cu_stale || t->hs_count <= 0) continue;
+        hs = dt__em_cuda_hs(e, i);
+        for (h = 0; h < t->hs_count; h++) {
+            dt__em_dyn *y = &t->hs[h];
+            DT__TRY(dt__em_cuda_get(e, (int64_t *)t->slot_id.data + y->x0, hs[h].slot_id, (size_t)y->n * sizeof(int64_t)));
+            DT__TRY(dt__em_cuda_get(e, (int64_t *)t->slot_stamp.data + y->x0, hs[h].slot_stamp,
+                                    (size_t)y->n * sizeof(int64_t)));
         }
-        sid[x] = nw[k]; stamp[x] = nw[y->n + k];
+        t->cu_stale = 0;
     }
-    dt_release(e->ctx, nw);
-    return st;
+    return DT_OK;
 }
 
 /* dt__em_dyn_translate with the id tables on the device: each local shard's ids, in the order
    the requests arrived (the global (sample, feature, position) order), go through its GPU
-   table in one batch; the decisions are the host map's (kernels/dt_hash.cu). */
+   table in one batch; the decisions are the host map's (kernels/dt_hash.cu). Every shard of
+   every dynamic table in one go: the ids up in one copy, one lookup per shard, then ONE copy
+   down of what the host needs (each id's slot, each shard's counts and overflow flag, the
+   admitted (slot, id) pairs): the slots make the owner's request rows (built on the host), the
+   pairs say which rows to initialise. The slot table itself stays on the device (the host's
+   slot_id / slot_stamp are refreshed only for a checkpoint: dt__em_cuda_dyn_pull). */
 static dt_status dt__em_cuda_dyn_translate(dt_embed *e, int64_t *rin, int64_t total) {
-    int64_t p, j, n_all = 0;
+    int64_t p, j, n_all = 0, m = 0, nsh = 0, *dv, *pos, *ids, *hb, k, na = 0;
     int i, h;
+    dt_status st = DT_OK;
     e->stats.step_admitted = e->stats.step_evicted = e->stats.step_rejected = 0;
     for (p = 0; p < total; p += DT__EM_HDR + rin[p + 3])
         if (e->tabs[e->feat_tab[(int)rin[p]]].dynamic) n_all += rin[p + 3];
-    DT__TRY(dt__em_cuda_stage_buf(e, 2 * n_all + 1, 0));
+    for (i = 0; i < e->n_tabs; i++) if (e->tabs[i].dynamic) nsh += e->tabs[i].hs_count > 0 ? e->tabs[i].hs_count : 0;
+    if (n_all == 0) return DT_OK;
+    /* host: ids [n_all], their places in rin [n_all], each shard's first id [nsh + 1]; the copy down: slots
+       [n_all], counts + overflow [4 nsh], admitted pairs [2 n_all] */
+    DT__TRY(dt__em_cuda_stage_buf(e, 2 * n_all + nsh + 1 + 3 * n_all + 4 * nsh, 0));
+    ids = e->cu_hi; pos = ids + n_all; hb = pos + n_all;
+    k = 0;
     for (i = 0; i < e->n_tabs; i++) {
         dt__em_tab *t = &e->tabs[i];
         if (!t->dynamic || t->hs_count <= 0) continue;
-        /* gather every shard's ids first (the rows are written back into rin only at the end) */
-        int64_t m = 0, m0;
         for (h = 0; h < t->hs_count; h++) {
-            m0 = m;
+            hb[k++] = m;
             for (p = 0; p < total; p += DT__EM_HDR + rin[p + 3]) {
                 if (e->feat_tab[(int)rin[p]] != i) continue;
                 for (j = 0; j < rin[p + 3]; j++) {
                     int64_t id = rin[p + DT__EM_HDR + j];
                     if ((int)(dt_embed_hash_id(id) % (uint64_t)t->n_hs) - t->hs_first != h) continue;
-                    e->cu_hi[m] = id;
-                    e->cu_hi[n_all + m++] = p + DT__EM_HDR + j;
+                    ids[m] = id;
+                    pos[m++] = p + DT__EM_HDR + j;
                 }
             }
-            if (m > m0) DT__TRY(dt__em_cuda_dyn_shard(e, t, dt__em_cuda_hs(e, i) + h, &t->hs[h], e->cu_hi + m0, m - m0));
         }
-        for (j = 0; j < m; j++) rin[e->cu_hi[n_all + j]] = e->cu_hi[j];
+    }
+    hb[k] = m;
+    /* device: ids [m], then the block copied down: slots [m], counts [4 nsh], pairs [2 m] */
+    DT__TRY(dt__em_cuda_need(e, &e->cu_i, DT_I64, 4 * m + 4 * nsh + 1));
+    dv = (int64_t *)e->cu_i.data;
+    DT__TRY(dt__em_cuda_put(e, dv, ids, (size_t)m * sizeof(int64_t)));
+    DT__TRY(dt_cuda_memset(e->ctx, dv + 2 * m, 0, (size_t)(4 * nsh) * sizeof(int64_t), "dt_embed_forward"));
+    k = 0;
+    for (i = 0; i < e->n_tabs; i++) {
+        dt__em_tab *t = &e->tabs[i];
+        if (!t->dynamic || t->hs_count <= 0) continue;
+        for (h = 0; h < t->hs_count; h++, k++) {
+            int64_t a = hb[k], n = hb[k + 1] - hb[k], *c = dv + 2 * m + 4 * k;
+            if (n == 0) continue;
+            DT__TRY(dt__em_cuda_err(e, dt_k_hash_lookup(dt__em_cuda_hs(e, i) + h, dv + m + a, c, (int *)(c + 3),
+                                                         dv + 2 * m + 4 * nsh + 2 * a, dv + a, n, t->admit_after,
+                                                         e->ctx->cuda_stream), "dt_k_hash_lookup"));
+        }
+    }
+    { /* the one copy down */
+        int64_t *back = hb + nsh + 1, *sl = back, *cn = back + m, *pr = cn + 4 * nsh;
+        DT__TRY(dt__em_cuda_get(e, back, dv + m, (size_t)(3 * m + 4 * nsh) * sizeof(int64_t)));
+        k = 0;
+        for (i = 0; i < e->n_tabs && !st; i++) {
+            dt__em_tab *t = &e->tabs[i];
+            if (!t->dynamic || t->hs_count <= 0) continue;
+            for (h = 0; h < t->hs_count; h++, k++) {
+                dt__em_dyn *y = &t->hs[h];
+                int64_t *c = cn + 4 * k, a = hb[k], n = hb[k + 1] - hb[k];
+                int ov = 0;
+                memcpy(&ov, &c[3], sizeof ov);
+                if (ov)
+                    return dt_ctx_set_error(e->ctx, DT_ERR_RANGE, "dt_embed_forward: dynamic table \"%s\" on cuda: an "
+                                            "id-hash shard saw more than %lld distinct ids not admitted (the GPU table's "
+                                            "seen_cap); expected fewer (use a smaller admit_after or more rows)", t->name,
+                                            (long long)dt__em_cuda_hs(e, i)[h].seen_cap);
+                for (j = 0; j < n; j++) rin[pos[a + j]] = sl[a + j] < 0 ? -1 : t->r0 + y->x0 + sl[a + j];
+                e->stats.step_admitted += c[0]; e->stats.step_evicted += c[1]; e->stats.step_rejected += c[2];
+                for (j = 0; j < c[0]; j++) { /* the admitted pairs, as (local row, id) */
+                    pr[2 * na] = y->x0 + pr[2 * (a + j)];
+                    pr[2 * na + 1] = pr[2 * (a + j) + 1];
+                    na++;
+                }
+                t->cu_stale = 1;
+            }
+            if (na > 0) { /* this table's new rows */
+                st = dt__em_cuda_dyn_fill(e, t, pr, na);
+                na = 0;
+            }
+        }
     }
     e->stats.admitted += e->stats.step_admitted;
     e->stats.evicted += e->stats.step_evicted;
     e->stats.rejected += e->stats.step_rejected;
-    return DT_OK;
+    return st;
 }
 
 static uint64_t dt__em_cuda_hmix(int64_t id) { /* kernels/dt_hash.cu's dt_k__hmix */
@@ -4416,7 +4490,7 @@ static void dt__em_cuda_free(dt_embed *e) {
     dt_tensor_free(e->ctx, &e->cu_pooled); dt_tensor_free(e->ctx, &e->cu_meta); dt_tensor_free(e->ctx, &e->cu_metaf);
     dt_tensor_free(e->ctx, &e->cu_smeta); dt_tensor_free(e->ctx, &e->cu_smetaf); dt_tensor_free(e->ctx, &e->cu_dmeta);
     dt_tensor_free(e->ctx, &e->cu_dmetaf); dt_tensor_free(e->ctx, &e->cu_dtmp); dt_tensor_free(e->ctx, &e->cu_gin);
-    dt_release(e->ctx, e->cu_tm); dt_release(e->ctx, e->cu_seen);
+    dt_release(e->ctx, e->cu_tm); dt_release(e->ctx, e->cu_seen); dt_release(e->ctx, e->cu_dyn_hi);
 }
 
 #else /* without DT_CUDA: desc.device cuda is refused at create, so only the first and last run */
@@ -4461,6 +4535,7 @@ static dt_status dt__em_cuda_dyn_translate(dt_embed *e, int64_t *rin, int64_t to
 }
 static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti) { (void)ti; return dt__em_cuda_off(e); }
 static int dt__em_cuda_dev(const dt_embed *e) { (void)e; return 0; }
+static dt_status dt__em_cuda_dyn_pull(dt_embed *e) { return dt__em_cuda_off(e); }
 static dt_status dt__em_cuda_end(dt_embed *e, dt_tensor *out, int64_t tot) {
     (void)out; (void)tot;
     return dt__em_cuda_off(e);

@@ -214,10 +214,12 @@ void dt_k_hash_free(dt_k_hash *h);
 /* One batch of n ids (device int64, in the host map's order): slots[i] = the slot of ids[i] or
    -1 (rejected: looks up zeros); counts[3] (device int64) += admitted, evicted, rejected;
    *overflow (device int) = 1 when a table ran out of cells (seen_cap too small: the result is
-   then not the host map's). A probe launch (one thread per id) then a commit launch (one
-   thread: the decisions in batch order, each depends on the earlier ones). */
-int dt_k_hash_lookup(const dt_k_hash *h, int64_t *slots, int64_t *counts, int *overflow, const int64_t *ids,
-                     int64_t n, int admit_after, void *stream);
+   then not the host map's). admitted (device int64 [2 n], may be NULL): the (slot, id) pairs
+   this batch admitted, in order (as many as it adds to counts[0]), so the caller initialises
+   those rows without reading the slot table back. A probe launch (one thread per id) then a
+   commit launch (one thread: the decisions in batch order, each depends on the earlier ones). */
+int dt_k_hash_lookup(const dt_k_hash *h, int64_t *slots, int64_t *counts, int *overflow, int64_t *admitted,
+                     const int64_t *ids, int64_t n, int admit_after, void *stream);
 
 /* DLRM dot interaction, as dt_dot_interaction_fwd / _bwd: dense [B,D], emb [B,F,D], out / dout
    [B, D + (F+1)F/2]. One block per sample, its F+1 vectors in shared memory ((F+1) D floats,

@@ -440,10 +440,12 @@ static void check_bad_inputs(dt_ctx *ctx) {
 }
 
 // The device path's second forward + backward on the same batch (the first one grew every
-// buffer): no allocation, no free, nothing read back, no wait (every sharding). ctx->counters
-// and the emulator's own counts must agree. A CUDA ctx (its
+// buffer): no allocation, no free, nothing read back, no wait (every sharding). With table "a"
+// dynamic (4 id-hash shards): one copy down, one wait: each of its m ids' slot, 4 counts per
+// shard, the admitted pairs (2 per id): (3 m + 16) x 8 bytes. ctx->counters and the emulator's
+// own counts must agree. A CUDA ctx (its
 // dt_ctx_sync waits for real, and would be counted).
-static void check_counters(dt_embed_sharding sh, dt_embed_optim opt) {
+static void check_counters(dt_embed_sharding sh, dt_embed_optim opt, int dyn = 0) {
     dt_ctx cctx, *ctx = &cctx;
     dt_ctx_desc cd;
     memset(&cd, 0, sizeof cd);
@@ -457,7 +459,8 @@ static void check_counters(dt_embed_sharding sh, dt_embed_optim opt) {
     g_dev_path = 1;
     make_setup(&sg, sh, opt, DT_F32, DT_CUDA_DEVICE);
     g_dev_path = saved;
-    snprintf(tag, sizeof tag, "%s_%s", shard_name(sh), opt_name(opt));
+    if (dyn) { sg.tabs[0].dynamic = 1; sg.tabs[0].hash_shards = 4; sg.tabs[0].admit_after = 1; rows[0] = rows[3] = 60; }
+    snprintf(tag, sizeof tag, "%s_%s%s", shard_name(sh), opt_name(opt), dyn ? "_dynamic" : "");
     snprintf(name, sizeof name, "embed_cuda_counters_create_%s", tag);
     if (!DT_TEST_CHECK(name, !dt_embed_create(ctx, &e, &sg.desc))) { dt_ctx_shutdown(ctx); return; }
     batch k = make_batch(rows);
@@ -484,6 +487,11 @@ static void check_counters(dt_embed_sharding sh, dt_embed_optim opt) {
     if (!DT_TEST_CHECK(name, ok)) fprintf(stderr, "  %s\n", dt_ctx_error(ctx));
     dt_cuda_counters k2 = ctx->counters;
     long long want_d2h = 0;
+    if (dyn) {
+        long long m = 0;
+        for (int b = 0; b < B; b++) m += k.lengths[0 * B + b] + k.lengths[3 * B + b]; /* features 0 and 3 read "a" */
+        want_d2h = (3 * m + 16) * 8;
+    }
     snprintf(name, sizeof name, "embed_cuda_second_step_allocates_and_frees_nothing_%s", tag);
     dt_test_check_all(name, k2.allocs == 0 && k2.frees == 0 && c1.allocs == c0.allocs && c1.frees == c0.frees,
                       "ctx allocs %lld frees %lld; runtime allocs %lld frees %lld", (long long)k2.allocs,
@@ -540,6 +548,7 @@ int main(int argc, char **argv) {
         check_dynamic(&ctx, 3, 4);
         g_dev_path = 0;
         for (int i = 0; i < 4; i++) check_counters(shs[i], i == 1 ? DT_EMBED_ROWWISE_ADAGRAD : DT_EMBED_ADAM);
+        check_counters(DT_SHARD_ROW, DT_EMBED_ADAM, 1);
     }
     dt_ctx_shutdown(&ctx);
     return dt_test_finish();
