@@ -250,23 +250,36 @@
 
    desc.device = DT_CUDA_DEVICE (a DT_CUDA build; link kernels/dt_embed.cu, dt_embed_copies.cu):
    each rank's shards and optimizer state are CUDA tensors; forward takes a cuda `out`, backward
-   a cuda `dout` (a cpu one is DT_ERR_DEVICE). The ids stay on the host (validation, requests,
-   id exchange). On the device: the owners' pooling, the data-parallel lookups, the return
-   all-to-all (dt_comm on device tensors) and the fused sparse update of every optimizer. On
-   the host: the bag-order sums of row-wise bags and the sorted per-row gradient sums (dout is
-   copied down, each row's gradient up once). So the outputs and rows are the cpu path's bit
-   for bit (the emulator, tests/cuda_emu/k_embed_tables.cpp; row-wise Adagrad within 1e-6: its
-   sum of squares is a tree on the device; a real GPU may fuse a multiply-add, ~1 ulp).
-   Sequence views (dt_embed_sequence) stay host tensors; dt_embed_local_shard gives a cuda
-   view; checkpoints go through dt_opt.h's host copies (saved on cuda, they load on cpu and
-   back). Dynamic tables (LRU): each local id-hash shard's id -> slot map is a GPU table
-   (kernels/dt_hash.cu; link it too): a forward's ids go through it per shard in the host's
-   order, so slots, admitted / evicted / rejected counts and rows equal the cpu run's; admitted
-   rows are initialised on the host from (seed, "<table>#<id>") and copied up, their optimizer
-   state zeroed. slot_id / slot_stamp are host mirrors (copied down after every forward: O(rows)
-   per step), so checkpoints load into cpu dynamic tables and back. A shard's ids seen and not
-   admitted are bounded (8 x its slots, at least 4096): beyond, forward is DT_ERR_RANGE. Not
-   yet: dt_embed_export_changed of cuda tables (DT_ERR_UNSUPPORTED).
+   a cuda `dout` (a cpu one is DT_ERR_DEVICE). The ids are the host batch (dt_kjt): they are
+   validated, bucketized and exchanged there, and each step sends its index arrays up (the
+   owner's request rows and offsets, the scatter of the returned rows, the requests' gradient
+   layout, the data-parallel bags: a few copies per step, none of them waited for). Everything
+   with floats stays on the device: the owners' pooling, the data-parallel lookups, the return
+   all-to-all (dt_comm on device tensors: NCCL, or its staged path), the bag-order sums into
+   `out` (dt_k_embed_gather_sum), the gradients taken from dout, their all-to-all to the owners,
+   the per-row sums (dt_k_embed_pool_bwd, dt_k_embed_dedup: a stable sort, so each row's
+   contributions are summed in the CPU's (global sample, feature, position) order) and the fused
+   sparse update of every optimizer. A step reads nothing back and waits for nothing
+   (tests/cuda_emu/k_embed_tables.cpp counts it), except with dynamic tables (below). The
+   outputs and rows are the cpu path's bit for bit on the emulator (row-wise Adagrad within
+   1e-6: its sum of squares is a tree on the device; a real GPU may fuse a multiply-add, ~1 ulp).
+   Two cases keep the host round trip of earlier versions: a sequence feature (pooling NONE: its
+   views, dt_embed_sequence, are host tensors, so the returned rows come down and dout's
+   gradients are summed on the host) and accumulation (dt_embed_set_sync(e, 0): the pending
+   rows are host lists). dt_embed_local_shard gives a cuda view; checkpoints go through dt_opt.h's
+   host copies (saved on cuda, they load on cpu and back). Dynamic tables (LRU): each local
+   id-hash shard's id -> slot map is a GPU table (kernels/dt_hash.cu; link it too): a forward's
+   ids go through it per shard in the host's order, so slots, admitted / evicted / rejected
+   counts and rows equal the cpu run's. The host builds the owners' request rows from the
+   slots, so a forward copies down one block for all dynamic tables (each id's slot, each
+   shard's counts, the (slot, id) pairs admitted: (3 ids + 4 shards) x 8 bytes, one wait);
+   admitted rows are initialised on the host from (seed, "<table>#<id>") and go up in one copy,
+   their optimizer state zeroed on the device. slot_id / slot_stamp stay on the device and come
+   down when a checkpoint is saved, so checkpoints load into cpu dynamic tables and back. The
+   id table's decisions run on one GPU thread per shard in batch order (each depends on the
+   earlier ones; see kernels/dt_hash.cu). A shard's ids seen and not admitted are bounded (8 x
+   its slots, at least 4096): beyond, forward is DT_ERR_RANGE. Not yet: dt_embed_export_changed
+   of cuda tables (DT_ERR_UNSUPPORTED).
 
    Memory: tables, optimizer state and every buffer come from the ctx allocator; buffers are
    kept and grown (dt_grow) so steps do not allocate after the first ones. The change tracking
@@ -3517,20 +3530,24 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
 
 /* desc.device = DT_CUDA_DEVICE: each rank's shards (weights and optimizer state) are CUDA
    tensors, initialised on the host with the same Philox stream and copied up. The ids stay
-   host arrays: validation, requests and the id exchange are the CPU path's. On the device: the
-   owner's pooling (dt_k_embed_pool_fwd, one launch per table per forward, then one
-   dt_k_embed_copies into the response), the data-parallel lookups, the return all-to-all (through
-   dt_comm on device tensors: NCCL, or staged through the host) and the fused sparse update
-   (dt_k_embed_sparse_update / _sparse_adam on the rows of each table, one launch per table).
-   On the host: the bag-order sums of row-wise bags (the returned rows are copied down and added
-   in bag order as on the CPU), the sort of the gradient contributions and the per-row sums
-   (dout is copied down; a row's summed gradient goes up once). So the kernels see the CPU's
-   operands in the CPU's order: pooled outputs and SGD / Adagrad / Adam rows are the CPU
-   path's bit for bit on the emulator; row-wise Adagrad's sum of squares is a tree in double on
-   the device (a sequential loop on the CPU): within 1e-6 relative. On a real GPU nvcc may fuse
-   a multiply-add (about 1 ulp). Dynamic tables: the id -> slot decisions on the device
-   (dt_k_hash_lookup, one per local shard per forward), row initialisation on the host (see
-   "CUDA" at the top). Export: DT_ERR_UNSUPPORTED. */
+   host arrays: validation, requests and the id exchange are the CPU path's; what the device
+   needs of them goes up as index arrays (dt__em_cuda_serve, _dp_dev, _end). The device path
+   (every feature pooled, dt__em_cuda_dev): the owner pools each table's requests in one launch
+   (dt_k_embed_pool_fwd) and moves them into the response (dt_k_embed_copies); the return
+   all-to-all on device tensors; dt_k_embed_gather_sum adds every bag's results into the output
+   in generation order (the CPU's scatter) and divides the means. The backward reverses it
+   (dt__em_cuda_backward): the requests' gradients gathered from dout, the all-to-all to the
+   owners, then per table pool_bwd (w x the request's gradient, one row per id), dedup (a stable
+   sort by row: the ids arrived in (global sample, feature, position) order, so each row's run
+   is in the CPU's sum order) and the sparse optimizer kernel. So the kernels see the CPU's
+   operands in the CPU's order: pooled outputs and SGD / Adagrad / Adam rows are the CPU path's
+   bit for bit on the emulator; row-wise Adagrad's sum of squares is a tree in double on the
+   device (a sequential loop on the CPU): within 1e-6 relative. On a real GPU nvcc may fuse a
+   multiply-add (about 1 ulp). With a sequence feature, or rows accumulated (sync 0), the
+   returned rows and dout come down and the CPU path sums them (dt__em_cuda_stage / _flush
+   apply the rows on the device). Dynamic tables: the id -> slot decisions on the device
+   (dt_k_hash_lookup, one per local shard per forward, one copy down for all of them), row
+   initialisation on the host (see "CUDA" at the top). Export: DT_ERR_UNSUPPORTED. */
 #ifdef DT_CUDA
 
 static dt_status dt__em_cuda_err(dt_embed *e, int st, const char *what) {
