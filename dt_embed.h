@@ -4104,6 +4104,7 @@ static dt_status dt__em_cuda_end(dt_embed *e, dt_tensor *out, int64_t tot) {
     float *dv;
     int f;
     (void)tot;
+    e->cu_fR = e->cu_fS = 0; /* the backward's layout: none unless set below */
     if (B == 0 || e->pooled_dim == 0) return DT_OK;
     ni = 3 * R + 9 * S;
     DT__TRY(dt__em_cuda_stage_buf(e, ni + R + 1, R + S));
