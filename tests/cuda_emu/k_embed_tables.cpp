@@ -439,6 +439,48 @@ static void check_bad_inputs(dt_ctx *ctx) {
     }
 }
 
+// Accumulation on the device path (dt_embed_set_sync 0 on every other backward: its rows wait
+// on the host, the next sync-1 backward applies them): outputs and rows equal the CPU's.
+static void check_accumulate(dt_ctx *ctx, dt_embed_sharding sh, dt_embed_optim opt) {
+    setup sc, sg;
+    dt_embed *ec = NULL, *eg = NULL;
+    char tag[96], name[192];
+    int64_t rows[NF] = {20, 12, 10, 20};
+    int saved = g_dev_path, ok = 1;
+    g_dev_path = 1;
+    make_setup(&sc, sh, opt, DT_F32, DT_CPU);
+    make_setup(&sg, sh, opt, DT_F32, DT_CUDA_DEVICE);
+    snprintf(tag, sizeof tag, "%s_%s", shard_name(sh), opt_name(opt));
+    snprintf(name, sizeof name, "embed_cuda_accumulate_create_%s", tag);
+    if (DT_TEST_CHECK(name, !dt_embed_create(ctx, &ec, &sc.desc) && !dt_embed_create(ctx, &eg, &sg.desc))) {
+        for (int s = 0; s < 4 && ok; s++) {
+            batch k = make_batch(rows);
+            std::vector<float> dout(B * dt_embed_pooled_dim(ec)), sgr(64), oc, og, qc, qg;
+            for (size_t i = 0; i < dout.size(); i++) dout[i] = next_f();
+            dt_embed_set_sync(ec, s % 2);
+            dt_embed_set_sync(eg, s % 2);
+            ok = !step(ctx, ec, k, dout, sgr, &oc, &qc) && !step(ctx, eg, k, dout, sgr, &og, &qg) && oc == og;
+            snprintf(name, sizeof name, "embed_cuda_accumulate_forward_equals_cpu_bitwise_%s_step_%d", tag, s + 1);
+            if (!ok) dt_test_fail(name, "%s", oc.size() == og.size() ? "outputs differ" : dt_ctx_error(ctx));
+        }
+        snprintf(name, sizeof name, "embed_cuda_accumulate_sync_0_then_1_forward_equals_cpu_bitwise_%s", tag);
+        if (ok) dt_test_pass(name);
+        for (int t = 0; ok && t < 3; t++) {
+            dt_tensor vc, vg;
+            int64_t r0, c0;
+            dt_embed_local_shard(ec, &vc, &r0, &c0, t);
+            dt_embed_local_shard(eg, &vg, &r0, &c0, t);
+            std::vector<float> hc = host_copy(ctx, &vc), hg = host_copy(ctx, &vg);
+            snprintf(name, sizeof name, "embed_cuda_accumulate_table_%c_rows_equal_cpu_%s", 'a' + t, tag);
+            if (DT_TEST_CHECK(name, hc.size() == hg.size() && !hc.empty()))
+                dt_test_allclose(name, hg.data(), hc.data(), hc.size(), 0, opt == DT_EMBED_ROWWISE_ADAGRAD ? 1e-6 : 0);
+        }
+    }
+    dt_embed_free(ec);
+    dt_embed_free(eg);
+    g_dev_path = saved;
+}
+
 // The device path's second forward + backward on the same batch (the first one grew every
 // buffer): no allocation, no free, nothing read back, no wait (every sharding). With table "a"
 // dynamic (4 id-hash shards): one copy down, one wait: each of its m ids' slot, 4 counts per
@@ -549,6 +591,8 @@ int main(int argc, char **argv) {
         g_dev_path = 0;
         for (int i = 0; i < 4; i++) check_counters(shs[i], i == 1 ? DT_EMBED_ROWWISE_ADAGRAD : DT_EMBED_ADAM);
         check_counters(DT_SHARD_ROW, DT_EMBED_ADAM, 1);
+        check_accumulate(&ctx, DT_SHARD_ROW, DT_EMBED_ADAGRAD);
+        check_accumulate(&ctx, DT_SHARD_DATA, DT_EMBED_ADAM);
     }
     dt_ctx_shutdown(&ctx);
     return dt_test_finish();
