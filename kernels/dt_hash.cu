@@ -14,7 +14,9 @@
      2. commit (ONE thread, the ids in batch order): the decisions. A probed slot still holding
         its id is a hit at once (O(1)); the rest (new ids, and ids evicted earlier in the batch)
         re-probe and are admitted or rejected there. Deletions shift the probe run back (no
-        tombstones), so a table never fills with dead entries.
+        tombstones), so a table never fills with dead entries. Each admission is also listed as
+        a (slot, id) pair, so dt_embed.h initialises the new rows without reading the slot
+        table back.
    The commit is sequential on purpose: each decision depends on every earlier one (an eviction
    can remove an id the batch uses later), and the host's order is the contract. Its cost is
    O(batch) on one thread: fine for the few thousand ids a shard sees per step, not a design for

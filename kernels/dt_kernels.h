@@ -149,8 +149,9 @@ int dt_k_embed_pool_fwd(float *out, const void *table, int table_dtype, const in
    bag). dt_embed.h's CUDA backward: the owner's rows before dedup + sparse update. */
 int dt_k_embed_pool_bwd(float *grads, const float *dout, const int64_t *dout_offsets, const float *weights,
                         const int64_t *offsets, int64_t n_bags, int64_t D, int mean, void *stream);
-/* The same backward scattered into a dense f32 gradient table: dtable[rows[i], :] += grads
-   (atomicAdd; rows < 0 skipped). */
+/* Not called by dt_embed.h (its sums are ordered: pool_bwd + dedup + sparse update).
+   The same backward scattered into a dense f32 gradient table: dtable[rows[i], :] += grads
+   (atomicAdd, so the order of a row's adds varies; rows < 0 skipped). */
 int dt_k_embed_pool_bwd_dense(float *dtable, const float *dout, const int64_t *rows, const float *weights,
                               const int64_t *offsets, int64_t n_bags, int64_t D, int mean, void *stream);
 /* Sums of column slices in a fixed order, dt_embed.h's scatter of returned rows into the pooled
