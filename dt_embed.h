@@ -250,23 +250,36 @@
 
    desc.device = DT_CUDA_DEVICE (a DT_CUDA build; link kernels/dt_embed.cu, dt_embed_copies.cu):
    each rank's shards and optimizer state are CUDA tensors; forward takes a cuda `out`, backward
-   a cuda `dout` (a cpu one is DT_ERR_DEVICE). The ids stay on the host (validation, requests,
-   id exchange). On the device: the owners' pooling, the data-parallel lookups, the return
-   all-to-all (dt_comm on device tensors) and the fused sparse update of every optimizer. On
-   the host: the bag-order sums of row-wise bags and the sorted per-row gradient sums (dout is
-   copied down, each row's gradient up once). So the outputs and rows are the cpu path's bit
-   for bit (the emulator, tests/cuda_emu/k_embed_tables.cpp; row-wise Adagrad within 1e-6: its
-   sum of squares is a tree on the device; a real GPU may fuse a multiply-add, ~1 ulp).
-   Sequence views (dt_embed_sequence) stay host tensors; dt_embed_local_shard gives a cuda
-   view; checkpoints go through dt_opt.h's host copies (saved on cuda, they load on cpu and
-   back). Dynamic tables (LRU): each local id-hash shard's id -> slot map is a GPU table
-   (kernels/dt_hash.cu; link it too): a forward's ids go through it per shard in the host's
-   order, so slots, admitted / evicted / rejected counts and rows equal the cpu run's; admitted
-   rows are initialised on the host from (seed, "<table>#<id>") and copied up, their optimizer
-   state zeroed. slot_id / slot_stamp are host mirrors (copied down after every forward: O(rows)
-   per step), so checkpoints load into cpu dynamic tables and back. A shard's ids seen and not
-   admitted are bounded (8 x its slots, at least 4096): beyond, forward is DT_ERR_RANGE. Not
-   yet: dt_embed_export_changed of cuda tables (DT_ERR_UNSUPPORTED).
+   a cuda `dout` (a cpu one is DT_ERR_DEVICE). The ids are the host batch (dt_kjt): they are
+   validated, bucketized and exchanged there, and each step sends its index arrays up (the
+   owner's request rows and offsets, the scatter of the returned rows, the requests' gradient
+   layout, the data-parallel bags: a few copies per step, none of them waited for). Everything
+   with floats stays on the device: the owners' pooling, the data-parallel lookups, the return
+   all-to-all (dt_comm on device tensors: NCCL, or its staged path), the bag-order sums into
+   `out` (dt_k_embed_gather_sum), the gradients taken from dout, their all-to-all to the owners,
+   the per-row sums (dt_k_embed_pool_bwd, dt_k_embed_dedup: a stable sort, so each row's
+   contributions are summed in the CPU's (global sample, feature, position) order) and the fused
+   sparse update of every optimizer. A step reads nothing back and waits for nothing
+   (tests/cuda_emu/k_embed_tables.cpp counts it), except with dynamic tables (below). The
+   outputs and rows are the cpu path's bit for bit on the emulator (row-wise Adagrad within
+   1e-6: its sum of squares is a tree on the device; a real GPU may fuse a multiply-add, ~1 ulp).
+   Two cases keep the host round trip of earlier versions: a sequence feature (pooling NONE: its
+   views, dt_embed_sequence, are host tensors, so the returned rows come down and dout's
+   gradients are summed on the host) and accumulation (dt_embed_set_sync(e, 0): the pending
+   rows are host lists). dt_embed_local_shard gives a cuda view; checkpoints go through dt_opt.h's
+   host copies (saved on cuda, they load on cpu and back). Dynamic tables (LRU): each local
+   id-hash shard's id -> slot map is a GPU table (kernels/dt_hash.cu; link it too): a forward's
+   ids go through it per shard in the host's order, so slots, admitted / evicted / rejected
+   counts and rows equal the cpu run's. The host builds the owners' request rows from the
+   slots, so a forward copies down one block for all dynamic tables (each id's slot, each
+   shard's counts, the (slot, id) pairs admitted: (3 ids + 4 shards) x 8 bytes, one wait);
+   admitted rows are initialised on the host from (seed, "<table>#<id>") and go up in one copy,
+   their optimizer state zeroed on the device. slot_id / slot_stamp stay on the device and come
+   down when a checkpoint is saved, so checkpoints load into cpu dynamic tables and back. The
+   id table's decisions run on one GPU thread per shard in batch order (each depends on the
+   earlier ones; see kernels/dt_hash.cu). A shard's ids seen and not admitted are bounded (8 x
+   its slots, at least 4096): beyond, forward is DT_ERR_RANGE. Not yet: dt_embed_export_changed
+   of cuda tables (DT_ERR_UNSUPPORTED).
 
    Memory: tables, optimizer state and every buffer come from the ctx allocator; buffers are
    kept and grown (dt_grow) so steps do not allocate after the first ones. The change tracking
@@ -607,6 +620,7 @@ typedef struct dt__em_tab {
     int64_t *dlist, n_dirty, dcap;
     /* dynamic tables */
     int dynamic, admit_after, n_hs;
+    int cu_stale;                /* cuda: the GPU id tables moved on since slot_id / slot_stamp were copied down */
     int *hs_owner;               /* id-hash shard -> rank */
     struct dt__em_dyn *hs;       /* this rank's shards (first hs_first) */
     int hs_first, hs_count;
@@ -721,7 +735,21 @@ struct dt_embed {
     int64_t *cu_st_row;
     struct dt_k_hash *cu_hs;     /* the dynamic tables' GPU id tables, one per local shard, in table order */
     int64_t cu_hs_n;
+    /* the device path (no sequence feature; see "CUDA tables"): the pooled output, each step's
+       index arrays (the owner's requests kept from forward to backward, the scatter of the
+       returned rows, the requests' gradient layout, the data-parallel bags) and the gradients
+       received */
+    dt_tensor cu_pooled, cu_meta, cu_metaf, cu_smeta, cu_smetaf, cu_dmeta, cu_dmetaf, cu_dtmp, cu_gin;
+    struct dt__em_cutab *cu_tm;  /* per table: its requests' arrays in cu_meta (the last forward) */
+    int64_t cu_tm_cap, cu_fR, cu_fS, cu_fmax, cu_bmax, cu_seen_cap;
+    unsigned char *cu_seen;      /* a bit per local row: the unique rows of a table's requests */
+    int64_t *cu_dyn_hi, cu_dyn_cap; /* the admitted rows' copies (dt__em_cuda_dyn_fill) */
 };
+
+/* One table's requests of the last forward on the device path: n ids (rows, weights), nb
+   requests (offsets, response offsets); element offsets into cu_meta / cu_metaf / cu_tmp, and
+   the unique rows among them (stats.rows_updated). */
+typedef struct dt__em_cutab { int64_t n, nb, rows, offs, dst, src, len, w, tmp, uniq; } dt__em_cutab;
 
 /* The CUDA tables (their section is at the end): stubs returning DT_ERR_DEVICE without DT_CUDA. */
 static dt_status dt__em_cuda_check_desc(dt_ctx *ctx, const dt_embed_desc *desc);
@@ -737,6 +765,10 @@ static dt_status dt__em_cuda_flush(dt_embed *e);
 static void dt__em_cuda_free(dt_embed *e);
 static dt_status dt__em_cuda_dyn_translate(dt_embed *e, int64_t *rin, int64_t total);
 static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti);
+static int dt__em_cuda_dev(const dt_embed *e);
+static dt_status dt__em_cuda_dyn_pull(dt_embed *e);
+static dt_status dt__em_cuda_end(dt_embed *e, dt_tensor *out, int64_t tot);
+static dt_status dt__em_cuda_backward(dt_embed *e, const dt_tensor *dout, int64_t *ncon);
 
 /* ==== >>ids: id maps, the id hash, owners, exchange helpers =================================== */
 
@@ -2622,6 +2654,13 @@ static dt_status dt__em_end(dt_embed *e, dt_tensor *out) {
     for (r = 0; r < W; r++)
         if (r != e->rank) e->stats.bytes_sent_fwd += 4.0 * (double)cnt[5 * W + r];
     if (st) { e->phase = 0; return st; }
+    if (dt__em_cuda_dev(e)) { /* the same scatter on the device, into out */
+        DT__TRY(dt__em_cuda_end(e, out, tot));
+        e->phase = 2;
+        e->stats.forwards++;
+        e->stats.seconds_fwd += dt__em_now() - t0;
+        return DT_OK;
+    }
     /* scatter, in generation order: a row-wise bag adds its rows in bag order */
     for (k = 0; k < e->n_segs; k++) {
         const dt__em_seg *s = &e->segs[k];
@@ -2960,7 +2999,10 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
     const float *dd = NULL;
     dt_status st = DT_OK;
     double t0 = dt__em_now(), flag[1];
+    int dev;
     if (!e) return DT_ERR_ARG;
+    /* the device path: nothing accumulated (sync 0 keeps its rows on the host) */
+    dev = e->sync && e->n_pend == 0 && dt__em_cuda_dev(e);
     W = e->size;
     cnt = e->cnt;
     if (e->phase != 2) st = dt_ctx_set_error(e->ctx, DT_ERR_STATE, "%s: no dt_embed_forward since the last backward", fn);
@@ -2973,7 +3015,8 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
             st = dt_ctx_set_error(e->ctx, DT_ERR_SHAPE, "%s: dout is %s; expected [%lld, %lld] (local batch, pooled dim)",
                                   fn, dt_shape_str(dout, s1, sizeof s1), (long long)e->B, (long long)e->pooled_dim);
         }
-        if (!st && e->cuda) st = dt__em_cuda_host_dout(e, &dd, dout); /* a host copy: the gradients are sorted there */
+        if (!st && e->cuda && !dev) /* a host copy: the gradients are sorted there */
+            st = dt__em_cuda_host_dout(e, &dd, dout);
         else if (!st) dd = (const float *)dout->data;
     }
     flag[0] = st ? 1 : 0;
@@ -2988,6 +3031,12 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
     e->phase = 3; /* the sequence views stay readable until the next forward */
     if (e->sync) for (i = 0; i < e->n_tabs; i++) e->tabs[i].t++; /* t counts updates */
     e->acc_open = !e->sync;
+    if (dev) {
+        DT__TRY(dt__em_cuda_backward(e, dout, &ncon));
+        e->stats.backwards++;
+        e->stats.seconds_bwd += dt__em_now() - t0;
+        return DT_OK;
+    }
     /* gradients of every request, laid out as its result was (the res buffer is free now) */
     for (k = 0; k < e->n_segs; k++) {
         const dt__em_seg *s = &e->segs[k];
@@ -3130,6 +3179,7 @@ DT_API dt_status dt_embed_checkpoint_save(dt_embed *e, const dt_train_state *sta
     dt_status st;
     if (!e) return DT_ERR_ARG;
     DT__TRY(dt__em_ckpt_desc(e, &d, desc, "dt_embed_checkpoint_save"));
+    if (e->cuda) DT__TRY(dt__em_cuda_dyn_pull(e));
     memset(&steps, 0, sizeof steps);
     st = dt__em_params(e, &ps, &store, &steps);
     if (!st) st = dt_checkpoint_save(e->ctx, &ps, NULL, state, &d);
@@ -3480,20 +3530,24 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
 
 /* desc.device = DT_CUDA_DEVICE: each rank's shards (weights and optimizer state) are CUDA
    tensors, initialised on the host with the same Philox stream and copied up. The ids stay
-   host arrays: validation, requests and the id exchange are the CPU path's. On the device: the
-   owner's pooling (dt_k_embed_pool_fwd, one launch per table per forward, then one
-   dt_k_embed_copies into the response), the data-parallel lookups, the return all-to-all (through
-   dt_comm on device tensors: NCCL, or staged through the host) and the fused sparse update
-   (dt_k_embed_sparse_update / _sparse_adam on the rows of each table, one launch per table).
-   On the host: the bag-order sums of row-wise bags (the returned rows are copied down and added
-   in bag order as on the CPU), the sort of the gradient contributions and the per-row sums
-   (dout is copied down; a row's summed gradient goes up once). So the kernels see the CPU's
-   operands in the CPU's order: pooled outputs and SGD / Adagrad / Adam rows are the CPU
-   path's bit for bit on the emulator; row-wise Adagrad's sum of squares is a tree in double on
-   the device (a sequential loop on the CPU): within 1e-6 relative. On a real GPU nvcc may fuse
-   a multiply-add (about 1 ulp). Dynamic tables: the id -> slot decisions on the device
-   (dt_k_hash_lookup, one per local shard per forward), row initialisation on the host (see
-   "CUDA" at the top). Export: DT_ERR_UNSUPPORTED. */
+   host arrays: validation, requests and the id exchange are the CPU path's; what the device
+   needs of them goes up as index arrays (dt__em_cuda_serve, _dp_dev, _end). The device path
+   (every feature pooled, dt__em_cuda_dev): the owner pools each table's requests in one launch
+   (dt_k_embed_pool_fwd) and moves them into the response (dt_k_embed_copies); the return
+   all-to-all on device tensors; dt_k_embed_gather_sum adds every bag's results into the output
+   in generation order (the CPU's scatter) and divides the means. The backward reverses it
+   (dt__em_cuda_backward): the requests' gradients gathered from dout, the all-to-all to the
+   owners, then per table pool_bwd (w x the request's gradient, one row per id), dedup (a stable
+   sort by row: the ids arrived in (global sample, feature, position) order, so each row's run
+   is in the CPU's sum order) and the sparse optimizer kernel. So the kernels see the CPU's
+   operands in the CPU's order: pooled outputs and SGD / Adagrad / Adam rows are the CPU path's
+   bit for bit on the emulator; row-wise Adagrad's sum of squares is a tree in double on the
+   device (a sequential loop on the CPU): within 1e-6 relative. On a real GPU nvcc may fuse a
+   multiply-add (about 1 ulp). With a sequence feature, or rows accumulated (sync 0), the
+   returned rows and dout come down and the CPU path sums them (dt__em_cuda_stage / _flush
+   apply the rows on the device). Dynamic tables: the id -> slot decisions on the device
+   (dt_k_hash_lookup, one per local shard per forward, one copy down for all of them), row
+   initialisation on the host (see "CUDA" at the top). Export: DT_ERR_UNSUPPORTED. */
 #ifdef DT_CUDA
 
 static dt_status dt__em_cuda_err(dt_embed *e, int st, const char *what) {
@@ -3519,21 +3573,27 @@ static dt_status dt__em_cuda_need(dt_embed *e, dt_tensor *t, dt_dtype dtype, int
     return dt__em_need_on(e, t, dtype, n, DT_CUDA_DEVICE);
 }
 
-/* Copies in the ctx's stream order (after the launches that read the buffer before), then
-   waiting: the host staging is reused at once. */
-static dt_status dt__em_cuda_copy(dt_embed *e, void *dst, const void *src, size_t bytes, int kind) {
-    cudaStream_t s = (cudaStream_t)e->ctx->cuda_stream;
-    cudaError_t c;
-    if (!bytes) return DT_OK;
-    c = cudaMemcpyAsync(dst, src, bytes, (enum cudaMemcpyKind)kind, s);
-    if (c == cudaSuccess) c = cudaStreamSynchronize(s);
-    return dt__em_cuda_err(e, (int)c, "cudaMemcpyAsync");
-}
+/* Copies through dt_tensor.h's counted calls: up and device to device in stream order without
+   a wait (the bytes of a host buffer are taken when the copy is queued, so it can be reused
+   at once); down waits (one sync), as the host reads the bytes next. */
 static dt_status dt__em_cuda_put(dt_embed *e, void *dst, const void *src, size_t bytes) {
-    return dt__em_cuda_copy(e, dst, src, bytes, (int)cudaMemcpyHostToDevice);
+    return dt_cuda_memcpy(e->ctx, dst, DT_CUDA_DEVICE, src, DT_CPU, bytes, "dt_embed");
 }
 static dt_status dt__em_cuda_get(dt_embed *e, void *dst, const void *src, size_t bytes) {
-    return dt__em_cuda_copy(e, dst, src, bytes, (int)cudaMemcpyDeviceToHost);
+    return dt_cuda_memcpy(e->ctx, dst, DT_CPU, src, DT_CUDA_DEVICE, bytes, "dt_embed");
+}
+static dt_status dt__em_cuda_d2d(dt_embed *e, void *dst, const void *src, size_t bytes) {
+    return dt_cuda_memcpy(e->ctx, dst, DT_CUDA_DEVICE, src, DT_CUDA_DEVICE, bytes, "dt_embed");
+}
+
+/* The device path: every feature pooled (a sequence feature's rows are host views, so a batch
+   with one keeps the host scatter: see "CUDA" at the top). */
+static int dt__em_cuda_dev(const dt_embed *e) {
+    int f;
+    if (!e->cuda) return 0;
+    for (f = 0; f < e->n_feat; f++)
+        if (e->tabs[e->feat_tab[f]].pooling == DT_POOL_NONE) return 0;
+    return 1;
 }
 
 /* The host shard, initialised by dt__em_alloc_shard, moves to the device. */
@@ -3576,109 +3636,177 @@ static dt_k_hash *dt__em_cuda_hs(dt_embed *e, int ti) {
     return &e->cu_hs[b];
 }
 
-/* dt__em_dyn_fill on the device: the row is initialised on the host (the same Philox stream and
-   name "<table>#<id>") and copied up; its optimizer state is zeroed. */
-static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, int64_t x, int64_t id) {
+/* dt__em_dyn_fill on the device for a batch's admitted rows (pairs [2 na]: local row, id): each
+   row initialised on the host (the same Philox stream and name "<table>#<id>"), all of them up
+   in one copy and moved into place by one dt_k_embed_copies; their optimizer state zeroed the
+   same way (copies of a zeroed row). */
+static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, const int64_t *pairs, int64_t na) {
+    const char *fn = "dt_embed_forward";
     dt_tensor v;
     dt_tensor_desc d;
     dt_init_desc in = t->init;
     char name[DT_NAME_MAX + 32];
-    int64_t nc = t->c1 - t->c0;
-    size_t es = dt_dtype_size(t->w.dtype);
-    cudaStream_t s = (cudaStream_t)e->ctx->cuda_stream;
-    cudaError_t c = cudaSuccess;
+    int64_t nc = t->c1 - t->c0, k, *hm, s1n = t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : nc;
+    size_t es = dt_dtype_size(t->w.dtype), mark;
+    char *vals, *dvals;
+    int64_t *dm;
+    float *zero;
     dt_status st;
+    if (na == 0 || nc == 0) return DT_OK;
+    DT__TRY(dt_grow(e->ctx, (void **)&e->cu_stg, &e->cu_stg_cap, (int64_t)(((size_t)(na * nc) * es + 3) / 4) + 1,
+                     sizeof(float), "dt_embed cuda rows"));
+    DT__TRY(dt_grow(e->ctx, (void **)&e->cu_dyn_hi, &e->cu_dyn_cap, 6 * na + 1, sizeof(int64_t), "dt_embed cuda rows"));
+    vals = (char *)e->cu_stg; hm = e->cu_dyn_hi;
     memset(&d, 0, sizeof d);
     d.dtype = t->w.dtype; d.device = DT_CPU; d.ndim = 2; d.shape[0] = 1; d.shape[1] = nc;
     DT__TRY(dt_tensor_create(e->ctx, &v, &d));
-    snprintf(name, sizeof name, "%s#%lld", t->name, (long long)id);
-    in.name = name;
     memset(in.global_shape, 0, sizeof in.global_shape);
     memset(in.start, 0, sizeof in.start);
-    st = dt_tensor_init(e->ctx, &v, &in);
-    if (!st) st = dt__em_cuda_put(e, (char *)t->w.data + (size_t)(x * nc) * es, v.data, (size_t)nc * es);
+    st = DT_OK;
+    for (k = 0; !st && k < na; k++) {
+        int64_t x = pairs[2 * k];
+        snprintf(name, sizeof name, "%s#%lld", t->name, (long long)pairs[2 * k + 1]);
+        in.name = name;
+        st = dt_tensor_init(e->ctx, &v, &in);
+        if (!st) memcpy(vals + (size_t)(k * nc) * es, v.data, (size_t)nc * es);
+        hm[k] = x * nc; hm[na + k] = k * nc; hm[2 * na + k] = nc; /* the row: dst, src, len */
+        hm[3 * na + k] = x * s1n; hm[4 * na + k] = 0; hm[5 * na + k] = s1n; /* its state: dst (s1), src (zeros), len */
+        if (!st) st = dt__em_mark(e, t, x);
+    }
     dt_tensor_free(e->ctx, &v);
     if (st) return st;
-    if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) c = cudaMemsetAsync((float *)t->s1.data + x, 0, sizeof(float), s);
-    else if (t->s1.data) c = cudaMemsetAsync((float *)t->s1.data + x * nc, 0, (size_t)nc * sizeof(float), s);
-    if (c == cudaSuccess && t->s2.data) c = cudaMemsetAsync((float *)t->s2.data + x * nc, 0, (size_t)nc * sizeof(float), s);
-    if (c == cudaSuccess) c = cudaStreamSynchronize(s);
-    return dt__em_cuda_err(e, (int)c, "cudaMemsetAsync");
+    mark = dt_cuda_scratch_begin(e->ctx);
+    dvals = (char *)dt_cuda_scratch(e->ctx, (size_t)(na * nc) * es, fn);
+    dm = (int64_t *)dt_cuda_scratch(e->ctx, (size_t)(6 * na + 1) * sizeof(int64_t), fn);
+    zero = (float *)dt_cuda_scratch(e->ctx, (size_t)nc * sizeof(float), fn);
+    if (!dvals || !dm || !zero) st = DT_ERR_OOM;
+    if (!st) st = dt__em_cuda_put(e, dvals, vals, (size_t)(na * nc) * es);
+    if (!st) st = dt__em_cuda_put(e, dm, hm, (size_t)(6 * na) * sizeof(int64_t));
+    if (!st) st = dt_cuda_memset(e->ctx, zero, 0, (size_t)nc * sizeof(float), fn);
+    if (!st) st = dt__em_cuda_err(e, dt_k_embed_copies(t->w.data, dvals, dm, dm + na, dm + 2 * na, (int)na, nc, (int)es,
+                                                        e->ctx->cuda_stream), "dt_k_embed_copies");
+    if (!st && t->s1.data) /* row-wise Adagrad: one float per row */
+        st = dt__em_cuda_err(e, dt_k_embed_copies(t->s1.data, zero, dm + 3 * na, dm + 4 * na, dm + 5 * na, (int)na, s1n,
+                                                   4, e->ctx->cuda_stream), "dt_k_embed_copies");
+    if (!st && t->s2.data)
+        st = dt__em_cuda_err(e, dt_k_embed_copies(t->s2.data, zero, dm, dm + 4 * na, dm + 2 * na, (int)na, nc, 4,
+                                                   e->ctx->cuda_stream), "dt_k_embed_copies");
+    dt_cuda_scratch_end(e->ctx, mark);
+    return st;
 }
 
-/* One shard's batch of m ids, replaced by their global rows (or -1) by dt_k_hash_lookup; then the host mirrors of slot_id / slot_stamp are refreshed
-   and each slot whose id changed (or that was empty) gets its new row. A slot is admitted at
-   most once per batch (a row used by the batch is never evicted by it). */
-static dt_status dt__em_cuda_dyn_shard(dt_embed *e, dt__em_tab *t, dt_k_hash *hh, dt__em_dyn *y, int64_t *ids,
-                                       int64_t m) {
-    int64_t hc[4] = {0, 0, 0, 0}, *sid = (int64_t *)t->slot_id.data, *stamp = (int64_t *)t->slot_stamp.data;
-    int64_t *nw, k, *dv;
-    int ov = 0;
-    dt_status st;
-    DT__TRY(dt__em_cuda_need(e, &e->cu_i, DT_I64, 2 * m + 4));
-    dv = (int64_t *)e->cu_i.data;
-    DT__TRY(dt__em_cuda_put(e, dv, ids, (size_t)m * sizeof(int64_t)));
-    DT__TRY(dt__em_cuda_put(e, dv + 2 * m, hc, sizeof hc)); /* counts, then the overflow flag (an int) */
-    DT__TRY(dt__em_cuda_err(e, dt_k_hash_lookup(hh, dv + m, dv + 2 * m, (int *)(dv + 2 * m + 3), dv, m, t->admit_after,
-                                                 e->ctx->cuda_stream), "dt_k_hash_lookup"));
-    DT__TRY(dt__em_cuda_get(e, ids, dv + m, (size_t)m * sizeof(int64_t)));
-    DT__TRY(dt__em_cuda_get(e, hc, dv + 2 * m, sizeof hc));
-    memcpy(&ov, &hc[3], sizeof ov);
-    if (ov)
-        return dt_ctx_set_error(e->ctx, DT_ERR_RANGE, "dt_embed_forward: dynamic table \"%s\" on cuda: an id-hash shard "
-                                "saw more than %lld distinct ids not admitted (the GPU table's seen_cap); expected "
-                                "fewer (use a smaller admit_after or more rows)", t->name, (long long)hh->seen_cap);
-    for (k = 0; k < m; k++) ids[k] = ids[k] < 0 ? -1 : t->r0 + y->x0 + ids[k];
-    e->stats.step_admitted += hc[0]; e->stats.step_evicted += hc[1]; e->stats.step_rejected += hc[2];
-    if (!(nw = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(2 * y->n + 1)))) return DT_ERR_OOM;
-    st = dt__em_cuda_get(e, nw, hh->slot_id, (size_t)y->n * sizeof(int64_t));
-    if (!st) st = dt__em_cuda_get(e, nw + y->n, hh->slot_stamp, (size_t)y->n * sizeof(int64_t));
-    for (k = 0; !st && k < y->n; k++) {
-        int64_t x = y->x0 + k;
-        if (nw[y->n + k] != 0 && (stamp[x] == 0 || sid[x] != nw[k])) {
-            st = dt__em_cuda_dyn_fill(e, t, x, nw[k]);
-            if (!st) st = dt__em_mark(e, t, x);
+/* The host mirrors of the dynamic tables' slots (slot_id, slot_stamp), copied down from the GPU
+   id tables when a checkpoint needs them (they change every forward; the step never reads them). */
+static dt_status dt__em_cuda_dyn_pull(dt_embed *e) {
+    int i, h;
+    for (i = 0; e->cuda && i < e->n_tabs; i++) {
+        dt__em_tab *t = &e->tabs[i];
+        dt_k_hash *hs;
+        if (!t->dynamic || !t->cu_stale || t->hs_count <= 0) continue;
+        hs = dt__em_cuda_hs(e, i);
+        for (h = 0; h < t->hs_count; h++) {
+            dt__em_dyn *y = &t->hs[h];
+            DT__TRY(dt__em_cuda_get(e, (int64_t *)t->slot_id.data + y->x0, hs[h].slot_id, (size_t)y->n * sizeof(int64_t)));
+            DT__TRY(dt__em_cuda_get(e, (int64_t *)t->slot_stamp.data + y->x0, hs[h].slot_stamp,
+                                    (size_t)y->n * sizeof(int64_t)));
         }
-        sid[x] = nw[k]; stamp[x] = nw[y->n + k];
+        t->cu_stale = 0;
     }
-    dt_release(e->ctx, nw);
-    return st;
+    return DT_OK;
 }
 
 /* dt__em_dyn_translate with the id tables on the device: each local shard's ids, in the order
    the requests arrived (the global (sample, feature, position) order), go through its GPU
-   table in one batch; the decisions are the host map's (kernels/dt_hash.cu). */
+   table in one batch; the decisions are the host map's (kernels/dt_hash.cu). Every shard of
+   every dynamic table in one go: the ids up in one copy, one lookup per shard, then ONE copy
+   down of what the host needs (each id's slot, each shard's counts and overflow flag, the
+   admitted (slot, id) pairs): the slots make the owner's request rows (built on the host), the
+   pairs say which rows to initialise. The slot table itself stays on the device (the host's
+   slot_id / slot_stamp are refreshed only for a checkpoint: dt__em_cuda_dyn_pull). */
 static dt_status dt__em_cuda_dyn_translate(dt_embed *e, int64_t *rin, int64_t total) {
-    int64_t p, j, n_all = 0;
+    int64_t p, j, n_all = 0, m = 0, nsh = 0, *dv, *pos, *ids, *hb, k, na = 0;
     int i, h;
+    dt_status st = DT_OK;
     e->stats.step_admitted = e->stats.step_evicted = e->stats.step_rejected = 0;
     for (p = 0; p < total; p += DT__EM_HDR + rin[p + 3])
         if (e->tabs[e->feat_tab[(int)rin[p]]].dynamic) n_all += rin[p + 3];
-    DT__TRY(dt__em_cuda_stage_buf(e, 2 * n_all + 1, 0));
+    for (i = 0; i < e->n_tabs; i++) if (e->tabs[i].dynamic) nsh += e->tabs[i].hs_count > 0 ? e->tabs[i].hs_count : 0;
+    if (n_all == 0) return DT_OK;
+    /* host: ids [n_all], their places in rin [n_all], each shard's first id [nsh + 1]; the copy down: slots
+       [n_all], counts + overflow [4 nsh], admitted pairs [2 n_all] */
+    DT__TRY(dt__em_cuda_stage_buf(e, 2 * n_all + nsh + 1 + 3 * n_all + 4 * nsh, 0));
+    ids = e->cu_hi; pos = ids + n_all; hb = pos + n_all;
+    k = 0;
     for (i = 0; i < e->n_tabs; i++) {
         dt__em_tab *t = &e->tabs[i];
         if (!t->dynamic || t->hs_count <= 0) continue;
-        /* gather every shard's ids first (the rows are written back into rin only at the end) */
-        int64_t m = 0, m0;
         for (h = 0; h < t->hs_count; h++) {
-            m0 = m;
+            hb[k++] = m;
             for (p = 0; p < total; p += DT__EM_HDR + rin[p + 3]) {
                 if (e->feat_tab[(int)rin[p]] != i) continue;
                 for (j = 0; j < rin[p + 3]; j++) {
                     int64_t id = rin[p + DT__EM_HDR + j];
                     if ((int)(dt_embed_hash_id(id) % (uint64_t)t->n_hs) - t->hs_first != h) continue;
-                    e->cu_hi[m] = id;
-                    e->cu_hi[n_all + m++] = p + DT__EM_HDR + j;
+                    ids[m] = id;
+                    pos[m++] = p + DT__EM_HDR + j;
                 }
             }
-            if (m > m0) DT__TRY(dt__em_cuda_dyn_shard(e, t, dt__em_cuda_hs(e, i) + h, &t->hs[h], e->cu_hi + m0, m - m0));
         }
-        for (j = 0; j < m; j++) rin[e->cu_hi[n_all + j]] = e->cu_hi[j];
+    }
+    hb[k] = m;
+    /* device: ids [m], then the block copied down: slots [m], counts [4 nsh], pairs [2 m] */
+    DT__TRY(dt__em_cuda_need(e, &e->cu_i, DT_I64, 4 * m + 4 * nsh + 1));
+    dv = (int64_t *)e->cu_i.data;
+    DT__TRY(dt__em_cuda_put(e, dv, ids, (size_t)m * sizeof(int64_t)));
+    DT__TRY(dt_cuda_memset(e->ctx, dv + 2 * m, 0, (size_t)(4 * nsh) * sizeof(int64_t), "dt_embed_forward"));
+    k = 0;
+    for (i = 0; i < e->n_tabs; i++) {
+        dt__em_tab *t = &e->tabs[i];
+        if (!t->dynamic || t->hs_count <= 0) continue;
+        for (h = 0; h < t->hs_count; h++, k++) {
+            int64_t a = hb[k], n = hb[k + 1] - hb[k], *c = dv + 2 * m + 4 * k;
+            if (n == 0) continue;
+            DT__TRY(dt__em_cuda_err(e, dt_k_hash_lookup(dt__em_cuda_hs(e, i) + h, dv + m + a, c, (int *)(c + 3),
+                                                         dv + 2 * m + 4 * nsh + 2 * a, dv + a, n, t->admit_after,
+                                                         e->ctx->cuda_stream), "dt_k_hash_lookup"));
+        }
+    }
+    { /* the one copy down */
+        int64_t *back = hb + nsh + 1, *sl = back, *cn = back + m, *pr = cn + 4 * nsh;
+        DT__TRY(dt__em_cuda_get(e, back, dv + m, (size_t)(3 * m + 4 * nsh) * sizeof(int64_t)));
+        k = 0;
+        for (i = 0; i < e->n_tabs && !st; i++) {
+            dt__em_tab *t = &e->tabs[i];
+            if (!t->dynamic || t->hs_count <= 0) continue;
+            for (h = 0; h < t->hs_count; h++, k++) {
+                dt__em_dyn *y = &t->hs[h];
+                int64_t *c = cn + 4 * k, a = hb[k], n = hb[k + 1] - hb[k];
+                int ov = 0;
+                memcpy(&ov, &c[3], sizeof ov);
+                if (ov)
+                    return dt_ctx_set_error(e->ctx, DT_ERR_RANGE, "dt_embed_forward: dynamic table \"%s\" on cuda: an "
+                                            "id-hash shard saw more than %lld distinct ids not admitted (the GPU table's "
+                                            "seen_cap); expected fewer (use a smaller admit_after or more rows)", t->name,
+                                            (long long)dt__em_cuda_hs(e, i)[h].seen_cap);
+                for (j = 0; j < n; j++) rin[pos[a + j]] = sl[a + j] < 0 ? -1 : t->r0 + y->x0 + sl[a + j];
+                e->stats.step_admitted += c[0]; e->stats.step_evicted += c[1]; e->stats.step_rejected += c[2];
+                for (j = 0; j < c[0]; j++) { /* the admitted pairs, as (local row, id) */
+                    pr[2 * na] = y->x0 + pr[2 * (a + j)];
+                    pr[2 * na + 1] = pr[2 * (a + j) + 1];
+                    na++;
+                }
+                t->cu_stale = 1;
+            }
+            if (na > 0) { /* this table's new rows */
+                st = dt__em_cuda_dyn_fill(e, t, pr, na);
+                na = 0;
+            }
+        }
     }
     e->stats.admitted += e->stats.step_admitted;
     e->stats.evicted += e->stats.step_evicted;
     e->stats.rejected += e->stats.step_rejected;
-    return DT_OK;
+    return st;
 }
 
 static uint64_t dt__em_cuda_hmix(int64_t id) { /* kernels/dt_hash.cu's dt_k__hmix */
@@ -3703,7 +3831,6 @@ static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti) {
         int64_t *key = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(2 * mc + 2 * n));
         int *full = (int *)dt_alloc(e->ctx, sizeof(int) * (size_t)mc);
         dt_status st = DT_OK;
-        cudaError_t c;
         if (!key || !full) { dt_release(e->ctx, key); dt_release(e->ctx, full); return DT_ERR_OOM; }
         memset(full, 0, sizeof(int) * (size_t)mc);
         for (k = 0; k < y->used; k++) {
@@ -3728,8 +3855,7 @@ static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti) {
         if (!st) st = dt__em_cuda_put(e, hh->hdr, hdr, sizeof hdr);
         dt_release(e->ctx, key); dt_release(e->ctx, full);
         if (st) return st;
-        c = cudaMemset(hh->seen_full, 0, (size_t)hh->seen_cap * sizeof(int));
-        DT__TRY(dt__em_cuda_err(e, (int)c, "cudaMemset"));
+        DT__TRY(dt_cuda_memset(e->ctx, hh->seen_full, 0, (size_t)hh->seen_cap * sizeof(int), "dt_embed_checkpoint_load"));
     }
     return DT_OK;
 }
@@ -3753,7 +3879,7 @@ static dt_status dt__em_cuda_stage_buf(dt_embed *e, int64_t n, int64_t m) {
 }
 
 /* Pools n_bags bags of t (local rows rows[], bag offsets offs[n_bags + 1], weights or NULL; all
-   host arrays) into e->cu_tmp [n_bags, nc] on the device. */
+   host arrays) into e->cu_tmp [n_bags, nc] on the device (the path with a sequence feature). */
 static dt_status dt__em_cuda_pool(dt_embed *e, const dt__em_tab *t, const int64_t *rows, const int64_t *offs,
                                   const float *w, int64_t n_bags, int64_t nc) {
     int64_t n = offs[n_bags], nt;
@@ -3771,11 +3897,71 @@ static dt_status dt__em_cuda_pool(dt_embed *e, const dt__em_tab *t, const int64_
                                                   e->ctx->cuda_stream), "dt_k_embed_pool_fwd");
 }
 
+/* Data-parallel features on the device path: every such feature's bags pooled (one launch per
+   feature, into cu_dtmp) and placed into the device's pooled output (one dt_k_embed_gather_sum),
+   after the output is zeroed. The index arrays (rows, bag offsets, runs; weights) go up in one
+   copy each. */
+static dt_status dt__em_cuda_dp_dev(dt_embed *e) {
+    int64_t B = e->B, ni = 0, nf = 0, nt = 0, nr = 0, b, j, oi, of, ot, orun, maxd = 0, *h, k;
+    int f;
+    DT__TRY(dt__em_cuda_need(e, &e->cu_pooled, DT_F32, B * e->pooled_dim + 1));
+    DT__TRY(dt_cuda_memset(e->ctx, e->cu_pooled.data, 0, (size_t)(B * e->pooled_dim) * sizeof(float), "dt_embed_forward"));
+    if (!e->any_dp || B == 0) return DT_OK;
+    for (f = 0; f < e->n_feat; f++) {
+        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        int64_t n = e->offs[(int64_t)(f + 1) * B] - e->offs[(int64_t)f * B];
+        if (t->shard != DT_SHARD_DATA) continue;
+        ni += n + B + 1 + 6 * B; nf += n; nt += B * t->dim; nr += B;
+        if (t->dim > maxd) maxd = t->dim;
+    }
+    if (nr == 0) return DT_OK;
+    DT__TRY(dt__em_cuda_stage_buf(e, ni, nf));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_dmeta, DT_I64, ni + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_dmetaf, DT_F32, nf + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_dtmp, DT_F32, nt + 1));
+    /* per feature: rows [n], offs [B + 1]; then all the runs [3 nr], all the segments [3 nr] */
+    h = e->cu_hi; oi = 0; of = 0; ot = 0; orun = 0;
+    for (f = 0; f < e->n_feat; f++) {
+        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        int64_t i0 = e->offs[(int64_t)f * B], n = e->offs[(int64_t)(f + 1) * B] - i0;
+        if (t->shard != DT_SHARD_DATA) continue;
+        for (j = 0; j < n; j++) { h[oi + j] = e->rows[i0 + j] - t->r0; e->cu_hf[of + j] = e->wts[i0 + j]; }
+        for (b = 0; b <= B; b++) h[oi + n + b] = e->offs[(int64_t)f * B + b] - i0;
+        for (b = 0; b < B; b++) {
+            int64_t *rn = h + (ni - 6 * nr) + 3 * (orun + b), *sg = h + (ni - 3 * nr) + 3 * (orun + b);
+            rn[0] = b * e->pooled_dim + e->feat_off[f]; rn[1] = t->dim; rn[2] = orun + b;
+            sg[0] = ot + b * t->dim; sg[1] = 0; sg[2] = t->dim;
+        }
+        oi += n + B + 1; of += n; ot += B * t->dim; orun += B;
+    }
+    DT__TRY(dt__em_cuda_put(e, e->cu_dmeta.data, h, (size_t)ni * sizeof(int64_t)));
+    if (e->any_weighted) DT__TRY(dt__em_cuda_put(e, e->cu_dmetaf.data, e->cu_hf, (size_t)nf * sizeof(float)));
+    oi = 0; of = 0; ot = 0;
+    for (f = 0; f < e->n_feat; f++) {
+        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        int64_t n = e->offs[(int64_t)(f + 1) * B] - e->offs[(int64_t)f * B];
+        const int64_t *dm = (const int64_t *)e->cu_dmeta.data + oi;
+        if (t->shard != DT_SHARD_DATA) continue;
+        DT__TRY(dt__em_cuda_err(e, dt_k_embed_pool_fwd((float *)e->cu_dtmp.data + ot, t->w.data, (int)t->dtype, dm,
+                                                        t->weighted ? (const float *)e->cu_dmetaf.data + of : NULL,
+                                                        dm + n, B, t->dim, t->c1 - t->c0, 0, e->ctx->cuda_stream),
+                                "dt_k_embed_pool_fwd"));
+        oi += n + B + 1; of += n; ot += B * t->dim;
+    }
+    k = ni - 6 * nr;
+    return dt__em_cuda_err(e, dt_k_embed_gather_sum((float *)e->cu_pooled.data, (const float *)e->cu_dtmp.data,
+                                                     (const int64_t *)e->cu_dmeta.data + k,
+                                                     (const int64_t *)e->cu_dmeta.data + k + 3 * nr, NULL, nr, nr,
+                                                     maxd, 0, e->ctx->cuda_stream), "dt_k_embed_gather_sum");
+}
+
 /* Data-parallel features: each feature's bags in one launch, copied down into the pooled
-   buffer (or the sequence rows) where the CPU path writes them. */
+   buffer (or the sequence rows) where the CPU path writes them; on the device path, into the
+   device's pooled output (dt__em_cuda_dp_dev). */
 static dt_status dt__em_cuda_dp_pool(dt_embed *e) {
     int f;
     int64_t B = e->B, b, j;
+    if (dt__em_cuda_dev(e)) return dt__em_cuda_dp_dev(e);
     for (f = 0; f < e->n_feat; f++) {
         const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
         int64_t i0 = e->offs[(int64_t)f * B], n = e->offs[(int64_t)(f + 1) * B] - i0;
@@ -3797,78 +3983,449 @@ static dt_status dt__em_cuda_dp_pool(dt_embed *e) {
     return DT_OK;
 }
 
-/* Owner side of the forward (dt__em_serve's walk): the requests of each table pooled in one
-   launch, then moved to their places in the response (e->cu_resp, tot_res floats) by one
-   dt_k_embed_copies. */
+/* Owner side of the forward (dt__em_serve's walk). Every table's requests as index arrays on
+   the host: local rows [n] (-1: a dynamic id not admitted), request offsets [nb + 1], and the
+   copies into the response: destination [nb] (where the request's result goes, which is also
+   where its gradient arrives in the backward), source [nb], length [nb]; weights [n]. They go
+   up in one copy (and one for the weights), stay on the device for the backward (e->cu_tm says
+   where), and each table is pooled in one launch into its part of cu_tmp, then moved into the
+   response (e->cu_resp, tot_res floats) by one dt_k_embed_copies. */
 static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
     const int64_t *rin = (const int64_t *)e->rbuf_i.data, *cnt_i = e->cnt + 3 * e->size;
     const float *rfl = (const float *)e->rbuf_f.data;
-    int64_t end = 0, ti;
+    int64_t end = 0, ti, ni = 0, nf = 0, nt = 0, maxrows = 0;
+    dt__em_cutab *tm;
     int s;
     for (s = 0; s < e->size; s++) end += cnt_i[s];
     DT__TRY(dt__em_cuda_need(e, &e->cu_resp, DT_F32, tot_res + 1));
-    for (ti = 0; ti < e->n_tabs; ti++) {
-        const dt__em_tab *t = &e->tabs[ti];
-        int64_t nc = t->c1 - t->c0, p = 0, q = 0, o = 0, nb = 0, n = 0, k;
-        /* count, then fill: rows [n], offsets [nb + 1], weights [n]; copies dst, src, len [nb] each */
+    DT__TRY(dt_grow(e->ctx, (void **)&e->cu_tm, &e->cu_tm_cap, e->n_tabs + 1, sizeof(dt__em_cutab), "dt_embed cuda tables"));
+    tm = e->cu_tm;
+    for (ti = 0; ti < e->n_tabs; ti++) { /* count: ids and requests of each table */
+        int64_t p = 0;
+        memset(&tm[ti], 0, sizeof tm[ti]);
         while (p < end) {
-            int f = (int)rin[p];
-            if (e->feat_tab[f] == ti) { nb++; n += rin[p + 3]; }
+            if (e->feat_tab[rin[p]] == ti) { tm[ti].nb++; tm[ti].n += rin[p + 3]; }
             p += DT__EM_HDR + rin[p + 3];
         }
-        if (nb == 0) continue;
-        if (nb > 2147483647) return dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "dt_embed_forward: %lld requests "
-                                                     "for table %s in one forward (cuda: at most 2^31 - 1)",
-                                                     (long long)nb, t->name);
-        DT__TRY(dt__em_cuda_stage_buf(e, n + 4 * nb + 1, n));
-        DT__TRY(dt__em_cuda_need(e, &e->cu_i, DT_I64, n + 3 * nb + 1)); /* the pool's, then the copies' offsets */
-        {
-            int64_t *rows = e->cu_hi, *offs = rows + n, *dst = offs + nb + 1, *src = dst + nb, *len = src + nb;
-            int64_t jb = 0, jn = 0;
-            p = 0; offs[0] = 0;
-            while (p < end) {
-                int f = (int)rin[p];
-                int64_t m = rin[p + 3], j;
-                const dt__em_tab *tf = &e->tabs[e->feat_tab[f]];
-                if (e->feat_tab[f] == ti) {
-                    for (j = 0; j < m; j++) {
-                        int64_t r = rin[p + DT__EM_HDR + j];
-                        rows[jn] = r < 0 ? -1 : r - t->r0;
-                        e->cu_hf[jn++] = e->any_weighted ? rfl[q + j] : 1.0f;
-                    }
-                    offs[jb + 1] = jn;
-                    dst[jb] = o; src[jb] = jb * nc; len[jb] = nc;
-                    jb++;
-                }
-                o += tf->c1 - tf->c0;
-                p += DT__EM_HDR + m;
-                if (e->any_weighted) q += m;
+        if (tm[ti].nb > 2147483647) return dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "dt_embed_forward: %lld "
+                                                            "requests for table %s in one forward (cuda: at most "
+                                                            "2^31 - 1)", (long long)tm[ti].nb, e->tabs[ti].name);
+        tm[ti].rows = ni; tm[ti].offs = ni + tm[ti].n; tm[ti].dst = tm[ti].offs + tm[ti].nb + 1;
+        tm[ti].src = tm[ti].dst + tm[ti].nb; tm[ti].len = tm[ti].src + tm[ti].nb; tm[ti].w = nf; tm[ti].tmp = nt;
+        ni = tm[ti].len + tm[ti].nb;
+        nf += tm[ti].n;
+        nt += tm[ti].nb * (e->tabs[ti].c1 - e->tabs[ti].c0);
+        if (e->tabs[ti].r1 - e->tabs[ti].r0 > maxrows) maxrows = e->tabs[ti].r1 - e->tabs[ti].r0;
+    }
+    if (ni == 0) return DT_OK;
+    DT__TRY(dt__em_cuda_stage_buf(e, ni, nf));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_meta, DT_I64, ni + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_metaf, DT_F32, nf + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_tmp, DT_F32, nt + 1));
+    DT__TRY(dt_grow(e->ctx, (void **)&e->cu_seen, &e->cu_seen_cap, maxrows / 8 + 1, 1, "dt_embed cuda rows"));
+    { /* fill, in one walk over the requests (the order of each table's ids: the backward's order) */
+        int64_t p = 0, q = 0, o = 0, *jn, *jb;
+        if (!(jn = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(2 * e->n_tabs)))) return DT_ERR_OOM;
+        jb = jn + e->n_tabs;
+        for (ti = 0; ti < e->n_tabs; ti++) { jn[ti] = 0; jb[ti] = 0; e->cu_hi[tm[ti].offs] = 0; }
+        while (p < end) {
+            int f = (int)rin[p];
+            int64_t m = rin[p + 3], j, nc;
+            const dt__em_tab *t;
+            dt__em_cutab *c;
+            ti = e->feat_tab[f];
+            t = &e->tabs[ti]; c = &tm[ti];
+            nc = t->c1 - t->c0;
+            for (j = 0; j < m; j++) {
+                int64_t r = rin[p + DT__EM_HDR + j];
+                e->cu_hi[c->rows + jn[ti]] = r < 0 ? -1 : r - t->r0;
+                e->cu_hf[c->w + jn[ti]] = e->any_weighted ? rfl[q + j] : 1.0f;
+                jn[ti]++;
             }
-            DT__TRY(dt__em_cuda_pool(e, t, rows, offs, t->weighted ? e->cu_hf : NULL, nb, nc));
-            /* the copies' offsets reuse the front of cu_i (the pool is done with it) */
-            DT__TRY(dt__em_cuda_put(e, e->cu_i.data, dst, (size_t)(3 * nb) * sizeof(int64_t)));
-            k = (int64_t)nb;
-            DT__TRY(dt__em_cuda_err(e, dt_k_embed_copies(e->cu_resp.data, e->cu_tmp.data, (const int64_t *)e->cu_i.data,
-                                                          (const int64_t *)e->cu_i.data + k,
-                                                          (const int64_t *)e->cu_i.data + 2 * k, (int)k, nc, 4,
-                                                          e->ctx->cuda_stream), "dt_k_embed_copies"));
+            e->cu_hi[c->offs + jb[ti] + 1] = jn[ti];
+            e->cu_hi[c->dst + jb[ti]] = o; e->cu_hi[c->src + jb[ti]] = jb[ti] * nc; e->cu_hi[c->len + jb[ti]] = nc;
+            jb[ti]++;
+            o += nc;
+            p += DT__EM_HDR + m;
+            if (e->any_weighted) q += m;
         }
+        dt_release(e->ctx, jn);
+    }
+    for (ti = 0; ti < e->n_tabs; ti++) { /* the unique rows of each table (stats.rows_updated at the backward) */
+        const int64_t *r = e->cu_hi + tm[ti].rows;
+        int64_t j;
+        for (j = 0; j < tm[ti].n; j++)
+            if (r[j] >= 0 && !(e->cu_seen[r[j] >> 3] & (1u << (r[j] & 7)))) {
+                e->cu_seen[r[j] >> 3] |= (unsigned char)(1u << (r[j] & 7));
+                tm[ti].uniq++;
+            }
+        for (j = 0; j < tm[ti].n; j++) if (r[j] >= 0) e->cu_seen[r[j] >> 3] = 0;
+    }
+    DT__TRY(dt__em_cuda_put(e, e->cu_meta.data, e->cu_hi, (size_t)ni * sizeof(int64_t)));
+    if (e->any_weighted) DT__TRY(dt__em_cuda_put(e, e->cu_metaf.data, e->cu_hf, (size_t)nf * sizeof(float)));
+    for (ti = 0; ti < e->n_tabs; ti++) {
+        const dt__em_tab *t = &e->tabs[ti];
+        const dt__em_cutab *c = &tm[ti];
+        const int64_t *dm = (const int64_t *)e->cu_meta.data;
+        int64_t nc = t->c1 - t->c0;
+        float *tmp = (float *)e->cu_tmp.data + c->tmp;
+        if (c->nb == 0) continue;
+        DT__TRY(dt__em_cuda_err(e, dt_k_embed_pool_fwd(tmp, t->w.data, (int)t->dtype, dm + c->rows,
+                                                        t->weighted ? (const float *)e->cu_metaf.data + c->w : NULL,
+                                                        dm + c->offs, c->nb, nc, nc, 0, e->ctx->cuda_stream),
+                                "dt_k_embed_pool_fwd"));
+        DT__TRY(dt__em_cuda_err(e, dt_k_embed_copies(e->cu_resp.data, tmp, dm + c->dst, dm + c->src, dm + c->len,
+                                                      (int)c->nb, nc, 4, e->ctx->cuda_stream), "dt_k_embed_copies"));
     }
     return DT_OK;
 }
 
-/* The return all-to-all on device tensors, then the rows copied down into e->res (tot floats),
-   where the CPU path's bag-order scatter reads them. */
+/* The return all-to-all on device tensors (NCCL, or dt_comm's staged path), then, with a
+   sequence feature, the rows copied down into e->res (tot floats), where the CPU path's
+   bag-order scatter reads them; on the device path they stay (dt__em_cuda_end). */
 static dt_status dt__em_cuda_return(dt_embed *e, int64_t tot) {
     int W = e->size;
     int64_t *cnt = e->cnt;
     DT__TRY(dt__em_cuda_need(e, &e->cu_res, DT_F32, tot + 1));
-    if (!e->comm) {
-        if (cnt[5 * W] > 0)
-            DT__TRY(dt__em_cuda_copy(e, e->cu_res.data, e->cu_resp.data, (size_t)cnt[5 * W] * sizeof(float),
-                                      (int)cudaMemcpyDeviceToDevice));
-    } else DT__TRY(dt_comm_alltoallv(e->comm, &e->cu_res, cnt + 2 * W, &e->cu_resp, cnt + 5 * W));
+    if (!e->comm) DT__TRY(dt__em_cuda_d2d(e, e->cu_res.data, e->cu_resp.data, (size_t)cnt[5 * W] * sizeof(float)));
+    else DT__TRY(dt_comm_alltoallv(e->comm, &e->cu_res, cnt + 2 * W, &e->cu_resp, cnt + 5 * W));
+    if (dt__em_cuda_dev(e)) return DT_OK;
     return dt__em_cuda_get(e, e->res.data, e->cu_res.data, (size_t)tot * sizeof(float));
+}
+
+/* The end of a forward on the device path: the returned rows (cu_res) added into the pooled
+   output in the CPU's order (every bag's results in generation order: a row-wise bag's rows in
+   bag order) and divided by the length for mean, by one dt_k_embed_gather_sum; then copied
+   into out. The index arrays of this scatter and of the backward's (each request's gradient:
+   its slice of dout, / length for mean, laid out as its result was) go up in one copy, and
+   one for the divisors. */
+static dt_status dt__em_cuda_end(dt_embed *e, dt_tensor *out, int64_t tot) {
+    int64_t B = e->B, F = e->n_feat, S = e->n_segs, R = F * B, k, r, *h, *start, ni, maxd = 0, maxnc = 0;
+    float *dv;
+    int f;
+    (void)tot;
+    e->cu_fR = e->cu_fS = 0; /* the backward's layout: none unless set below */
+    if (B == 0 || e->pooled_dim == 0) return DT_OK;
+    ni = 3 * R + 9 * S;
+    DT__TRY(dt__em_cuda_stage_buf(e, ni + R + 1, R + S));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_smeta, DT_I64, ni + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_smetaf, DT_F32, R + S + 1));
+    h = e->cu_hi; dv = e->cu_hf;
+    start = h + ni; /* R + 1 counts: each run's first segment (a stable counting sort by (f, b)) */
+    for (r = 0; r <= R; r++) start[r] = 0;
+    for (k = 0; k < S; k++) start[(int64_t)e->segs[k].f * B + e->segs[k].b + 1]++;
+    for (r = 0; r < R; r++) start[r + 1] += start[r];
+    for (f = 0; f < F; f++) {
+        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        int64_t b;
+        if (t->dim > maxd) maxd = t->dim;
+        for (b = 0; b < B; b++) {
+            int64_t n = e->offs[(int64_t)f * B + b + 1] - e->offs[(int64_t)f * B + b];
+            r = (int64_t)f * B + b;
+            h[3 * r] = b * e->pooled_dim + e->feat_off[f]; h[3 * r + 1] = t->dim; h[3 * r + 2] = start[r];
+            dv[r] = t->pooling == DT_POOL_MEAN && n > 0 ? (float)n : 1.0f;
+        }
+    }
+    for (k = 0; k < S; k++) {
+        const dt__em_seg *sg = &e->segs[k];
+        const dt__em_tab *t = &e->tabs[e->feat_tab[sg->f]];
+        int64_t n = e->offs[(int64_t)sg->f * B + sg->b + 1] - e->offs[(int64_t)sg->f * B + sg->b];
+        int64_t *fs = h + 3 * R + 3 * start[(int64_t)sg->f * B + sg->b]++; /* forward segment */
+        int64_t *br = h + 3 * R + 3 * S + 3 * k, *bs = h + 3 * R + 6 * S + 3 * k; /* backward run, segment */
+        fs[0] = sg->res; fs[1] = sg->c0; fs[2] = sg->nc;
+        br[0] = sg->res; br[1] = sg->nc; br[2] = k;
+        bs[0] = sg->b * e->pooled_dim + e->feat_off[sg->f] + sg->c0; bs[1] = 0; bs[2] = sg->nc;
+        dv[R + k] = t->pooling == DT_POOL_MEAN && n > 0 ? (float)n : 1.0f;
+        if (sg->nc > maxnc) maxnc = sg->nc;
+    }
+    e->cu_fR = R; e->cu_fS = S; e->cu_fmax = maxd; e->cu_bmax = maxnc;
+    DT__TRY(dt__em_cuda_put(e, e->cu_smeta.data, h, (size_t)ni * sizeof(int64_t)));
+    DT__TRY(dt__em_cuda_put(e, e->cu_smetaf.data, dv, (size_t)(R + S) * sizeof(float)));
+    DT__TRY(dt__em_cuda_err(e, dt_k_embed_gather_sum((float *)e->cu_pooled.data, (const float *)e->cu_res.data,
+                                                      (const int64_t *)e->cu_smeta.data,
+                                                      (const int64_t *)e->cu_smeta.data + 3 * R,
+                                                      (const float *)e->cu_smetaf.data, R, S, maxd, 1,
+                                                      e->ctx->cuda_stream), "dt_k_embed_gather_sum"));
+    return dt__em_cuda_d2d(e, out->data, e->cu_pooled.data, (size_t)(B * e->pooled_dim) * sizeof(float));
+}
+
+/* Data-parallel tables on the device path: every rank applies every rank's gradients (a sparse
+   all-reduce), in the CPU's order (rank, then (sample, feature, position)). Each rank's
+   contributions, table by table (a table's in (sample, feature, position) order): the rows on
+   the host (known from the batch), each id's gradient row (w x its bag's, / length for mean) by
+   dt_k_embed_pool_bwd on the device. The counts go round (one host all-reduce), the rows by a
+   host all-to-all, the gradient rows by the device all-to-all (this rank's block sent to every
+   rank); one dt_k_embed_copies puts them table-major, and each table is deduplicated and
+   updated as the sharded ones. */
+static dt_status dt__em_cuda_dp_backward(dt_embed *e, const dt_tensor *dout) {
+    const char *fn = "dt_embed_backward";
+    int W = e->size, f, r, T = e->n_tabs, ti;
+    int64_t B = e->B, b, j, nl = 0, fl = 0, nb = 0, ni, N = 0, FN = 0, k, *h, *cnt = e->cnt, *nrt, *ot, *ft;
+    double *v;
+    dt_status st = DT_OK;
+    size_t mark;
+    float *gl, *gt;
+    /* this rank's ids and floats per table */
+    if (!(v = (double *)dt_alloc(e->ctx, sizeof(double) * (size_t)(W * T)))) return DT_ERR_OOM;
+    memset(v, 0, sizeof(double) * (size_t)(W * T));
+    for (f = 0; f < e->n_feat; f++) {
+        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        if (t->shard != DT_SHARD_DATA) continue;
+        v[e->rank * T + e->feat_tab[f]] += (double)(e->offs[(int64_t)(f + 1) * B] - e->offs[(int64_t)f * B]);
+        nb += B;
+    }
+    st = dt__em_sum_f64(e, v, W * T);
+    /* nrt[r * T + t]: rank r's ids of table t; ot / ft: table t's first id / float, table-major */
+    if (!st && !(nrt = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(W * T + 2 * T + 2)))) st = DT_ERR_OOM;
+    if (st) { dt_release(e->ctx, v); return st; }
+    ot = nrt + W * T; ft = ot + T + 1;
+    for (k = 0; k < W * T; k++) nrt[k] = (int64_t)v[k];
+    dt_release(e->ctx, v);
+    for (ti = 0; ti < T; ti++) {
+        ot[ti] = N; ft[ti] = FN;
+        for (r = 0; r < W; r++) { N += nrt[r * T + ti]; FN += nrt[r * T + ti] * e->tabs[ti].dim; }
+        nl += nrt[e->rank * T + ti]; fl += nrt[e->rank * T + ti] * e->tabs[ti].dim;
+    }
+    ot[T] = N;
+    /* the rows: this rank's, table by table, sent to every rank (host all-to-all) */
+    st = dt__em_need(e, &e->dp_i, DT_I64, nl * W + 1);
+    if (!st) st = dt__em_need(e, &e->dp_ri, DT_I64, N + 1);
+    if (!st) { /* host layout of the upload: rows table-major [N], then per table its bags' offsets, dout offsets,
+                  weights (as floats, below); then the copies' dst, src, len [W * T] */
+        int64_t *rw = (int64_t *)e->dp_i.data, o = 0;
+        for (ti = 0; ti < T; ti++)
+            for (b = 0; b < B; b++)
+                for (f = 0; f < e->n_feat; f++) {
+                    const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+                    int64_t i0 = e->offs[(int64_t)f * B + b], n = e->offs[(int64_t)f * B + b + 1] - i0;
+                    if (e->feat_tab[f] != ti || t->shard != DT_SHARD_DATA) continue;
+                    for (j = 0; j < n; j++) rw[o++] = e->rows[i0 + j] - t->r0;
+                }
+        for (r = 1; r < W; r++) memcpy(rw + r * nl, rw, (size_t)nl * sizeof(int64_t));
+        if (e->comm) {
+            int64_t *sc = cnt, *rc = cnt + W; /* cnt's send counts are free in the backward */
+            for (r = 0; r < W; r++) {
+                sc[r] = nl;
+                rc[r] = 0;
+                for (ti = 0; ti < T; ti++) rc[r] += nrt[r * T + ti];
+            }
+            st = dt__em_a2av(e, &e->dp_ri, &e->dp_i, sc, rc);
+        } else memcpy(e->dp_ri.data, rw, (size_t)nl * sizeof(int64_t));
+    }
+    if (st) { dt_release(e->ctx, nrt); return st; }
+    ni = N + 2 * nb + T + 3 * W * T; /* rows, per table its bag offsets [nbt + 1] and dout offsets [nbt], copies */
+    st = dt__em_cuda_stage_buf(e, ni + 1, nl + 1);
+    if (!st) st = dt__em_cuda_need(e, &e->cu_dmeta, DT_I64, ni + 1);
+    if (!st) st = dt__em_cuda_need(e, &e->cu_dmetaf, DT_F32, nl + 1);
+    if (!st) st = dt__em_cuda_need(e, &e->cu_dtmp, DT_F32, fl * W + FN + 1); /* W copies of this rank's block, then received */
+    if (st) { dt_release(e->ctx, nrt); return st; }
+    h = e->cu_hi;
+    { /* rows table-major: rank r's rows of table t sit at (rank r's start) + (its earlier tables) */
+        const int64_t *rr = (const int64_t *)e->dp_ri.data;
+        int64_t rs = 0;
+        for (r = 0; r < W; r++) {
+            int64_t o = rs;
+            for (ti = 0; ti < T; ti++) {
+                int64_t n = nrt[r * T + ti], d = ot[ti];
+                for (k = 0; k < r; k++) d += nrt[k * T + ti];
+                memcpy(h + d, rr + o, (size_t)n * sizeof(int64_t));
+                o += n;
+            }
+            rs = o;
+        }
+    }
+    { /* this rank's bags, per table in (sample, feature) order: offsets from its first id [nbt + 1], dout
+         offsets [nbt]; the weights */
+        int64_t o = N, jn = 0;
+        for (ti = 0; ti < T; ti++) {
+            int64_t nbt = 0, jt = 0, *offs = h + o, *doff;
+            for (f = 0; f < e->n_feat; f++) nbt += e->feat_tab[f] == ti && e->tabs[ti].shard == DT_SHARD_DATA ? B : 0;
+            if (nbt == 0) continue;
+            doff = offs + nbt + 1;
+            offs[0] = 0;
+            for (b = 0; b < B; b++)
+                for (f = 0; f < e->n_feat; f++) {
+                    int64_t i0 = e->offs[(int64_t)f * B + b], n = e->offs[(int64_t)f * B + b + 1] - i0;
+                    if (e->feat_tab[f] != ti) continue;
+                    for (j = 0; j < n; j++) e->cu_hf[jn++] = e->wts[i0 + j];
+                    jt += n;
+                    *++offs = jt;
+                    *doff++ = b * e->pooled_dim + e->feat_off[f];
+                }
+            o += 2 * nbt + 1;
+        }
+    }
+    { /* the copies from the received (rank-major) floats to table-major */
+        int64_t *dst = h + N + 2 * nb + T, *src = dst + W * T, *len = src + W * T, rs = 0;
+        for (r = 0; r < W; r++)
+            for (ti = 0; ti < T; ti++) {
+                int64_t d = ft[ti], n = nrt[r * T + ti] * e->tabs[ti].dim;
+                for (k = 0; k < r; k++) d += nrt[k * T + ti] * e->tabs[ti].dim;
+                dst[r * T + ti] = d; src[r * T + ti] = rs; len[r * T + ti] = n;
+                rs += n;
+            }
+    }
+    st = dt__em_cuda_put(e, e->cu_dmeta.data, h, (size_t)ni * sizeof(int64_t));
+    if (!st && e->any_weighted) st = dt__em_cuda_put(e, e->cu_dmetaf.data, e->cu_hf, (size_t)nl * sizeof(float));
+    if (st) { dt_release(e->ctx, nrt); return st; }
+    mark = dt_cuda_scratch_begin(e->ctx);
+    gl = (float *)e->cu_dtmp.data; /* this rank's block, then its copies for the other ranks */
+    gt = (float *)dt_cuda_scratch(e->ctx, (size_t)(FN + 1) * sizeof(float), fn);
+    if (!gt) st = DT_ERR_OOM;
+    { /* each table's gradient rows (one launch per table) */
+        const int64_t *dm = (const int64_t *)e->cu_dmeta.data + N;
+        int64_t o = 0, wo = 0;
+        for (ti = 0; !st && ti < T; ti++) {
+            const dt__em_tab *t = &e->tabs[ti];
+            int64_t nbt = 0, n = nrt[e->rank * T + ti];
+            for (f = 0; f < e->n_feat; f++) nbt += e->feat_tab[f] == ti && t->shard == DT_SHARD_DATA ? B : 0;
+            if (nbt == 0) continue;
+            st = dt__em_cuda_err(e, dt_k_embed_pool_bwd(gl + o, (const float *)dout->data, dm + nbt + 1,
+                                                        t->weighted ? (const float *)e->cu_dmetaf.data + wo : NULL,
+                                                        dm, nbt, t->dim, t->pooling == DT_POOL_MEAN,
+                                                        e->ctx->cuda_stream), "dt_k_embed_pool_bwd");
+            dm += 2 * nbt + 1; o += n * t->dim; wo += n;
+        }
+    }
+    if (!st && W > 1) { /* the block to every rank (cnt's send counts are free in the backward) */
+        int64_t *sc = cnt, *rc = cnt + W, rt;
+        dt_tensor sv, rv;
+        int64_t sh[1];
+        for (r = 1; !st && r < W; r++) st = dt__em_cuda_d2d(e, gl + r * fl, gl, (size_t)fl * sizeof(float));
+        if (!st) {
+            rt = 0;
+            for (r = 0; r < W; r++) {
+                sc[r] = fl;
+                rc[r] = 0;
+                for (ti = 0; ti < T; ti++) rc[r] += nrt[r * T + ti] * e->tabs[ti].dim;
+                rt += rc[r];
+            }
+            sh[0] = fl * W;
+            st = dt_tensor_view(e->ctx, &sv, &e->cu_dtmp, 0, 1, sh);
+            sh[0] = rt;
+            if (!st) st = dt_tensor_view(e->ctx, &rv, &e->cu_dtmp, fl * W, 1, sh);
+            if (!st) st = dt_comm_alltoallv(e->comm, &rv, rc, &sv, sc);
+        }
+        for (r = 0; r < W; r++)
+            if (r != e->rank) e->stats.bytes_sent_bwd += 8.0 * (double)nl + 4.0 * (double)fl;
+    }
+    if (!st) { /* table-major */
+        const int64_t *dm = (const int64_t *)e->cu_dmeta.data + N + 2 * nb + T;
+        int64_t maxlen = 0;
+        for (k = 0; k < W * T; k++) if (h[N + 2 * nb + T + 2 * W * T + k] > maxlen) maxlen = h[N + 2 * nb + T + 2 * W * T + k];
+        st = dt__em_cuda_err(e, dt_k_embed_copies(gt, W > 1 ? gl + fl * W : gl, dm, dm + W * T, dm + 2 * W * T, W * T,
+                                                   maxlen, 4, e->ctx->cuda_stream), "dt_k_embed_copies");
+    }
+    for (ti = 0; !st && ti < T; ti++) {
+        dt__em_tab *t = &e->tabs[ti];
+        int64_t n = ot[ti + 1] - ot[ti], *order, *seg, *nu, uq = 0;
+        const int64_t *rows = (const int64_t *)e->cu_dmeta.data + ot[ti];
+        float *g = gt + ft[ti];
+        void *scr;
+        if (t->shard != DT_SHARD_DATA || n == 0) continue;
+        order = (int64_t *)dt_cuda_scratch(e->ctx, (size_t)(2 * n + 2) * sizeof(int64_t), fn);
+        scr = dt_cuda_scratch(e->ctx, dt_k_embed_dedup_scratch(n), fn);
+        if (!order || !scr) { st = DT_ERR_OOM; break; }
+        seg = order + n; nu = seg + n + 1;
+        st = dt__em_cuda_err(e, dt_k_embed_dedup(order, seg, nu, rows, n, t->r1 - t->r0, scr, e->ctx->cuda_stream),
+                             "dt_k_embed_dedup");
+        if (!st && t->kind == DT_EMBED_ADAM)
+            st = dt__em_cuda_err(e, dt_k_embed_sparse_adam(t->w.data, (int)t->dtype, (float *)t->s1.data,
+                                                           (float *)t->s2.data, g, rows, order, seg, nu, n, t->dim,
+                                                           t->dim, t->lr, t->b1, t->b2, t->eps, t->t,
+                                                           e->ctx->cuda_stream), "dt_k_embed_sparse_adam");
+        else if (!st)
+            st = dt__em_cuda_err(e, dt_k_embed_sparse_update(t->w.data, (int)t->dtype, (float *)t->s1.data, g, rows,
+                                                             order, seg, nu, n, t->dim, t->dim,
+                                                             t->kind == DT_EMBED_ADAGRAD ? 2 :
+                                                             t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 3 : 1,
+                                                             t->lr, t->eps, e->ctx->cuda_stream),
+                                 "dt_k_embed_sparse_update");
+        /* the unique rows (stats) from the host's copy of the rows */
+        if (!st && !(st = dt_grow(e->ctx, (void **)&e->cu_seen, &e->cu_seen_cap, (t->r1 - t->r0) / 8 + 1, 1,
+                                  "dt_embed cuda rows"))) {
+            const int64_t *hr = h + ot[ti];
+            for (k = 0; k < n; k++)
+                if (!(e->cu_seen[hr[k] >> 3] & (1u << (hr[k] & 7)))) {
+                    e->cu_seen[hr[k] >> 3] |= (unsigned char)(1u << (hr[k] & 7));
+                    uq++;
+                }
+            for (k = 0; k < n; k++) e->cu_seen[hr[k] >> 3] = 0;
+            e->stats.rows_updated += uq;
+        }
+    }
+    dt_cuda_scratch_end(e->ctx, mark);
+    dt_release(e->ctx, nrt);
+    return st;
+}
+
+/* The backward on the device path (sync 1, nothing accumulated): each request's gradient
+   gathered from dout on the device (dt_k_embed_gather_sum with the layout dt__em_cuda_end sent
+   up), the all-to-all to the owners on device tensors; each owner, per table: every id's
+   gradient row (w x its request's, dt_k_embed_pool_bwd), sorted by row stably
+   (dt_k_embed_dedup: the ids arrive in (global sample, feature, position) order, so each row's
+   run is in the CPU's sum order), summed and applied by the sparse optimizer kernel. Nothing
+   is read back. Data-parallel tables: dt__em_cuda_dp_backward. */
+static dt_status dt__em_cuda_backward(dt_embed *e, const dt_tensor *dout, int64_t *ncon) {
+    int W = e->size, r;
+    int64_t *cnt = e->cnt, tot_in = 0, S = e->cu_fS, R = e->cu_fR, ti;
+    const char *fn = "dt_embed_backward";
+    (void)ncon;
+    for (r = 0; r < W; r++) tot_in += cnt[5 * W + r];
+    if (S > 0) {
+        const int64_t *sm = (const int64_t *)e->cu_smeta.data;
+        DT__TRY(dt__em_cuda_err(e, dt_k_embed_gather_sum((float *)e->cu_res.data, (const float *)dout->data,
+                                                          sm + 3 * R + 3 * S, sm + 3 * R + 6 * S,
+                                                          (const float *)e->cu_smetaf.data + R, S, S, e->cu_bmax, 0,
+                                                          e->ctx->cuda_stream), "dt_k_embed_gather_sum"));
+    }
+    DT__TRY(dt__em_cuda_need(e, &e->cu_gin, DT_F32, tot_in + 1));
+    if (!e->comm) DT__TRY(dt__em_cuda_d2d(e, e->cu_gin.data, e->cu_res.data, (size_t)tot_in * sizeof(float)));
+    else DT__TRY(dt_comm_alltoallv(e->comm, &e->cu_gin, cnt + 5 * W, &e->cu_res, cnt + 2 * W));
+    for (r = 0; r < W; r++)
+        if (r != e->rank) e->stats.bytes_sent_bwd += 4.0 * (double)cnt[2 * W + r];
+    for (ti = 0; ti < e->n_tabs && e->cu_tm; ti++) {
+        dt__em_tab *t = &e->tabs[ti];
+        const dt__em_cutab *c = &e->cu_tm[ti];
+        const int64_t *dm = (const int64_t *)e->cu_meta.data;
+        int64_t nc = t->c1 - t->c0, n = c->n;
+        size_t mark;
+        float *g;
+        int64_t *order, *seg, *nu;
+        void *scr;
+        dt_status st = DT_OK;
+        if (n == 0 || nc == 0 || t->shard == DT_SHARD_DATA) continue;
+        mark = dt_cuda_scratch_begin(e->ctx);
+        g = (float *)dt_cuda_scratch(e->ctx, (size_t)(n * nc) * sizeof(float), fn);
+        order = (int64_t *)dt_cuda_scratch(e->ctx, (size_t)(2 * n + 2) * sizeof(int64_t), fn);
+        scr = dt_cuda_scratch(e->ctx, dt_k_embed_dedup_scratch(n), fn);
+        if (!g || !order || !scr) st = DT_ERR_OOM;
+        seg = order + n; nu = seg + n + 1;
+        if (!st)
+            st = dt__em_cuda_err(e, dt_k_embed_pool_bwd(g, (const float *)e->cu_gin.data, dm + c->dst,
+                                                        t->weighted ? (const float *)e->cu_metaf.data + c->w : NULL,
+                                                        dm + c->offs, c->nb, nc, 0, e->ctx->cuda_stream),
+                                 "dt_k_embed_pool_bwd");
+        if (!st)
+            st = dt__em_cuda_err(e, dt_k_embed_dedup(order, seg, nu, dm + c->rows, n, t->r1 - t->r0, scr,
+                                                     e->ctx->cuda_stream), "dt_k_embed_dedup");
+        if (!st && t->kind == DT_EMBED_ADAM)
+            st = dt__em_cuda_err(e, dt_k_embed_sparse_adam(t->w.data, (int)t->dtype, (float *)t->s1.data,
+                                                           (float *)t->s2.data, g, dm + c->rows, order, seg, nu, n, nc,
+                                                           nc, t->lr, t->b1, t->b2, t->eps, t->t, e->ctx->cuda_stream),
+                                 "dt_k_embed_sparse_adam");
+        else if (!st)
+            st = dt__em_cuda_err(e, dt_k_embed_sparse_update(t->w.data, (int)t->dtype, (float *)t->s1.data, g,
+                                                             dm + c->rows, order, seg, nu, n, nc, nc,
+                                                             t->kind == DT_EMBED_ADAGRAD ? 2 :
+                                                             t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 3 : 1,
+                                                             t->lr, t->eps, e->ctx->cuda_stream),
+                                 "dt_k_embed_sparse_update");
+        dt_cuda_scratch_end(e->ctx, mark);
+        if (st) return st;
+        e->stats.rows_updated += c->uniq;
+    }
+    return e->any_dp ? dt__em_cuda_dp_backward(e, dout) : DT_OK;
 }
 
 static dt_status dt__em_cuda_host_dout(dt_embed *e, const float **dd, const dt_tensor *dout) {
@@ -3948,6 +4505,10 @@ static void dt__em_cuda_free(dt_embed *e) {
     dt_release(e->ctx, e->cu_st_t); dt_release(e->ctx, e->cu_st_row);
     while (e->cu_hs && e->cu_hs_n > 0) dt_k_hash_free(&e->cu_hs[--e->cu_hs_n]);
     dt_release(e->ctx, e->cu_hs);
+    dt_tensor_free(e->ctx, &e->cu_pooled); dt_tensor_free(e->ctx, &e->cu_meta); dt_tensor_free(e->ctx, &e->cu_metaf);
+    dt_tensor_free(e->ctx, &e->cu_smeta); dt_tensor_free(e->ctx, &e->cu_smetaf); dt_tensor_free(e->ctx, &e->cu_dmeta);
+    dt_tensor_free(e->ctx, &e->cu_dmetaf); dt_tensor_free(e->ctx, &e->cu_dtmp); dt_tensor_free(e->ctx, &e->cu_gin);
+    dt_release(e->ctx, e->cu_tm); dt_release(e->ctx, e->cu_seen); dt_release(e->ctx, e->cu_dyn_hi);
 }
 
 #else /* without DT_CUDA: desc.device cuda is refused at create, so only the first and last run */
@@ -3991,6 +4552,16 @@ static dt_status dt__em_cuda_dyn_translate(dt_embed *e, int64_t *rin, int64_t to
     return dt__em_cuda_off(e);
 }
 static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti) { (void)ti; return dt__em_cuda_off(e); }
+static int dt__em_cuda_dev(const dt_embed *e) { (void)e; return 0; }
+static dt_status dt__em_cuda_dyn_pull(dt_embed *e) { return dt__em_cuda_off(e); }
+static dt_status dt__em_cuda_end(dt_embed *e, dt_tensor *out, int64_t tot) {
+    (void)out; (void)tot;
+    return dt__em_cuda_off(e);
+}
+static dt_status dt__em_cuda_backward(dt_embed *e, const dt_tensor *dout, int64_t *ncon) {
+    (void)dout; (void)ncon;
+    return dt__em_cuda_off(e);
+}
 
 #endif /* DT_CUDA */
 

@@ -152,14 +152,40 @@ static __global__ void dt_k__pool_fwd(float *out, const void *table, int dt, con
     }
 }
 
-/* grads[i, :] = w_i * dout[bag(i), :] (dout / length for mean), one block per bag. */
-static __global__ void dt_k__pool_bwd(float *grads, const float *dout, const float *w, const int64_t *offs, int64_t D,
-                               int mean) {
-    int64_t b = blockIdx.x, j0 = offs[b], j1 = offs[b + 1], c, j;
-    for (c = threadIdx.x; c < D; c += blockDim.x) {
-        float src = dout[b * D + c];
-        if (mean && j1 > j0) src /= (float)(j1 - j0);
-        for (j = j0; j < j1; j++) grads[j * D + c] = w ? w[j] * src : src;
+/* grads[i, :] = w_i * dout[bag(i), :] (dout / length for mean), one block per bag; bag b's
+   gradient row starts at dout_off[b] (NULL: b * D). */
+static __global__ void dt_k__pool_bwd(float *grads, const float *dout, const int64_t *dout_off, const float *w,
+                                      const int64_t *offs, int64_t n_bags, int64_t D, int mean) {
+    int64_t b, j, c;
+    for (b = blockIdx.x; b < n_bags; b += gridDim.x) {
+        int64_t j0 = offs[b], j1 = offs[b + 1], o = dout_off ? dout_off[b] : b * D;
+        for (c = threadIdx.x; c < D; c += blockDim.x) {
+            float src = dout[o + c];
+            if (mean && j1 > j0) src /= (float)(j1 - j0);
+            for (j = j0; j < j1; j++) grads[j * D + c] = w ? w[j] * src : src;
+        }
+    }
+}
+
+/* One block per run r (grid-stride), one thread per column: out[dst + c] = (accum ? out[dst +
+   c] : 0) + the run's segments in their order (a segment covers columns [c0, c0 + nc) of the
+   run, read at src[src_off + c - c0]), then / div[r]. The adds are dst[c] += src[c] in the
+   caller's segment order, as the CPU's scatter does, so the same bits. */
+static __global__ void dt_k__gather_sum(float *out, const float *src, const int64_t *run, const int64_t *seg,
+                                        const float *div, int64_t n_runs, int64_t n_segs, int accum) {
+    int64_t r, c, s;
+    for (r = blockIdx.x; r < n_runs; r += gridDim.x) {
+        int64_t dst = run[3 * r], len = run[3 * r + 1], s0 = run[3 * r + 2];
+        int64_t s1 = r + 1 < n_runs ? run[3 * (r + 1) + 2] : n_segs;
+        for (c = threadIdx.x; c < len; c += blockDim.x) {
+            float acc = accum ? out[dst + c] : 0.0f;
+            for (s = s0; s < s1; s++) {
+                int64_t c0 = seg[3 * s + 1], nc = seg[3 * s + 2];
+                if (c >= c0 && c < c0 + nc) acc += src[seg[3 * s] + c - c0];
+            }
+            if (div) acc /= div[r];
+            out[dst + c] = acc;
+        }
     }
 }
 
@@ -186,11 +212,23 @@ extern "C" int dt_k_embed_pool_fwd(float *out, const void *table, int table_dtyp
     return DT_K_CHECK();
 }
 
-extern "C" int dt_k_embed_pool_bwd(float *grads, const float *dout, const float *weights, const int64_t *offsets,
-                                   int64_t n_bags, int64_t D, int mean, void *stream) {
-    if (n_bags < 0 || n_bags > 2147483647LL || D < 0 || (mean != 0 && mean != 1)) return (int)cudaErrorInvalidValue;
+extern "C" int dt_k_embed_pool_bwd(float *grads, const float *dout, const int64_t *dout_offsets,
+                                   const float *weights, const int64_t *offsets, int64_t n_bags, int64_t D, int mean,
+                                   void *stream) {
+    if (n_bags < 0 || D < 0 || (mean != 0 && mean != 1)) return (int)cudaErrorInvalidValue;
     if (n_bags == 0 || D == 0) return 0;
-    DT_K_LAUNCH(dt_k__pool_bwd, (unsigned)n_bags, dt_k__thr(D, 256), 0, stream, grads, dout, weights, offsets, D, mean);
+    DT_K_LAUNCH(dt_k__pool_bwd, dt_k__grid(n_bags, 1), dt_k__thr(D, 256), 0, stream, grads, dout, dout_offsets,
+                weights, offsets, n_bags, D, mean);
+    return DT_K_CHECK();
+}
+
+extern "C" int dt_k_embed_gather_sum(float *out, const float *src, const int64_t *runs, const int64_t *segs,
+                                     const float *div, int64_t n_runs, int64_t n_segs, int64_t max_len, int accum,
+                                     void *stream) {
+    if (n_runs < 0 || n_segs < 0 || max_len < 0 || (accum != 0 && accum != 1)) return (int)cudaErrorInvalidValue;
+    if (n_runs == 0 || max_len == 0) return 0;
+    DT_K_LAUNCH(dt_k__gather_sum, dt_k__grid(n_runs, 1), dt_k__thr(max_len, 256), 0, stream, out, src, runs, segs,
+                div, n_runs, n_segs, accum);
     return DT_K_CHECK();
 }
 
@@ -206,9 +244,13 @@ extern "C" int dt_k_embed_pool_bwd_dense(float *dtable, const float *dout, const
 /* ---------------------------------------------------------------- counting passes */
 
 /* The bucket of key x: mode 0 the row-wise owner of row x (rows over W ranks; -1 outside
-   [0, rows)), mode 1 byte `shift / 8` of x (masked to nb buckets, a power of two). */
+   [0, rows)), mode 1 byte `shift / 8` of x (masked to nb buckets, a power of two), a negative x
+   read as `rows` (so the rows to skip sort after every real row). */
 __device__ static int dt_k__bucket(int64_t x, int mode, int64_t rows, int W, int shift, int nb) {
-    if (mode == 1) return (int)(((uint64_t)x >> shift) & (uint64_t)(nb - 1)); /* nb: 256, or 1 */
+    if (mode == 1) {
+        uint64_t k = x < 0 ? (uint64_t)rows : (uint64_t)x;
+        return (int)((k >> shift) & (uint64_t)(nb - 1)); /* nb: 256, or 1 */
+    }
     if (x < 0 || x >= rows) return -1;
     {
         int64_t q = rows / W, m = rows % W, big = m * (q + 1);
@@ -304,17 +346,17 @@ static int dt_k__pass(int64_t *dest, int64_t *okeys, int64_t *oidx, int64_t *tot
     return DT_K_CHECK();
 }
 
+extern "C" size_t dt_k_embed_bucketize_scratch(int64_t n, int W) {
+    int64_t nblk = (n + DT_K__CHUNK - 1) / DT_K__CHUNK;
+    return (size_t)(nblk > 0 ? nblk : 1) * (size_t)(W > 0 ? W : 1) * sizeof(int);
+}
+
 extern "C" int dt_k_embed_bucketize(int64_t *counts, int64_t *dest, const int64_t *ids, int64_t n, int64_t rows,
-                                    int W, int *bad_id, void *stream) {
-    int *c = NULL, st;
-    if (n < 0 || n > 2147483647LL || rows < 0 || W < 1 || W > 4096 || !counts) return (int)cudaErrorInvalidValue;
+                                    int W, int *bad_id, void *scratch, void *stream) {
+    if (n < 0 || n > 2147483647LL || rows < 0 || W < 1 || W > 4096 || !counts || (n > 0 && !scratch))
+        return (int)cudaErrorInvalidValue;
     if (n == 0) return (int)cudaMemsetAsync(counts, 0, (size_t)W * sizeof(int64_t), (cudaStream_t)stream);
-    if ((st = (int)cudaMalloc((void **)&c, (size_t)((n + DT_K__CHUNK - 1) / DT_K__CHUNK) * W * sizeof(int))))
-        return st;
-    st = dt_k__pass(dest, NULL, NULL, counts, c, ids, NULL, n, W, 0, rows, W, 0, bad_id, stream);
-    if (!st) st = (int)cudaStreamSynchronize((cudaStream_t)stream);
-    cudaFree(c);
-    return st;
+    return dt_k__pass(dest, NULL, NULL, counts, (int *)scratch, ids, NULL, n, W, 0, rows, W, 0, bad_id, stream);
 }
 
 /* seg and n_uniq from the sorted keys: one block; thread t takes a contiguous chunk, counts its
@@ -343,42 +385,44 @@ static __global__ void dt_k__segments(int64_t *seg, int64_t *n_uniq, const int64
         if (i == 0 || skeys[i] != skeys[i - 1]) seg[c++] = i;
 }
 
+/* keys twice, indices once (the other index buffer is `order`), the block counts */
+extern "C" size_t dt_k_embed_dedup_scratch(int64_t n) {
+    int64_t nblk = (n + DT_K__CHUNK - 1) / DT_K__CHUNK;
+    if (n < 1) n = 1;
+    return (size_t)(3 * n) * sizeof(int64_t) + (size_t)(nblk > 0 ? nblk : 1) * 256 * sizeof(int);
+}
+
 extern "C" int dt_k_embed_dedup(int64_t *order, int64_t *seg, int64_t *n_uniq, const int64_t *rows, int64_t n,
-                                int64_t n_rows, void *stream) {
-    int64_t *buf = NULL, *ka, *kb, *ia, *ib, *t;
+                                int64_t n_rows, void *scratch, void *stream) {
+    int64_t *buf = (int64_t *)scratch, *ka, *kb, *kc, *ia, *ib, *t;
+    const int64_t *src;
     int *counts;
-    int st, shift, passes = 0, nblk;
-    uint64_t top = n_rows > 1 ? (uint64_t)(n_rows - 1) : 0;
-    if (n < 0 || n > 2147483647LL || n_rows < 0 || !order || !seg || !n_uniq) return (int)cudaErrorInvalidValue;
+    int st = 0, shift, passes = 0;
+    uint64_t top = (uint64_t)(n_rows > 0 ? n_rows : 0); /* n_rows itself: a negative row's key */
+    if (n < 0 || n > 2147483647LL || n_rows < 0 || !order || !seg || !n_uniq || (n > 0 && !scratch))
+        return (int)cudaErrorInvalidValue;
     if (n == 0) {
         if ((st = (int)cudaMemsetAsync(n_uniq, 0, sizeof(int64_t), (cudaStream_t)stream))) return st;
         return (int)cudaMemsetAsync(seg, 0, sizeof(int64_t), (cudaStream_t)stream);
     }
     while (top) { passes++; top >>= 8; }
-    nblk = (int)((n + DT_K__CHUNK - 1) / DT_K__CHUNK);
-    /* keys twice, indices once (the other index buffer is `order`), the counts */
-    if ((st = (int)cudaMalloc((void **)&buf, (size_t)(3 * n) * sizeof(int64_t) + (size_t)nblk * 256 * sizeof(int))))
-        return st;
+    if (passes == 0) passes = 1; /* the pass also copies the keys and writes `order` */
     ka = buf; kb = buf + n; ib = buf + 2 * n; counts = (int *)(buf + 3 * n);
     /* the pass count decides which index buffer is first, so the last pass writes `order` */
     ia = passes % 2 ? ib : order;
     ib = passes % 2 ? order : ib;
-    st = (int)cudaMemcpyAsync(ka, rows, (size_t)n * sizeof(int64_t), cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
+    src = rows; /* the first pass reads the caller's rows; then the two key buffers alternate */
     for (shift = 0; !st && shift < 8 * passes; shift += 8) {
-        st = dt_k__pass(NULL, kb, ib, NULL, counts, ka, shift ? ia : NULL, n, 256, 1, 0, 1, shift, NULL, stream);
-        t = ka; ka = kb; kb = t;
+        st = dt_k__pass(NULL, ka, ib, NULL, counts, src, shift ? ia : NULL, n, 256, 1, n_rows, 1, shift, NULL,
+                        stream);
+        src = ka;
+        kc = ka; ka = kb; kb = kc;
         t = ia; ia = ib; ib = t;
     }
-    if (!st && passes == 0) { /* every row is 0: the identity order (written as a 1-bucket pass) */
-        st = dt_k__pass(NULL, kb, order, NULL, counts, ka, NULL, n, 1, 1, 0, 1, 0, NULL, stream);
-        ka = kb;
-    }
     if (!st) {
-        DT_K_LAUNCH(dt_k__segments, 1, dt_k__thr(n, 256), 0, stream, seg, n_uniq, ka, n);
+        DT_K_LAUNCH(dt_k__segments, 1, dt_k__thr(n, 256), 0, stream, seg, n_uniq, src, n);
         st = DT_K_CHECK();
     }
-    if (!st) st = (int)cudaStreamSynchronize((cudaStream_t)stream);
-    cudaFree(buf);
     return st;
 }
 
@@ -396,6 +440,7 @@ static __global__ void dt_k__sparse_update(void *table, int dt, float *state, co
         int64_t j0 = seg[u], j1 = seg[u + 1], row = rows[order[j0]];
         double ss = 0.0;
         float m = 0.0f;
+        if (row < 0) continue; /* a dynamic id not admitted (block-uniform: no barrier skipped by half) */
         for (c = threadIdx.x; c < D; c += blockDim.x) {
             float g = 0.0f;
             for (j = j0; j < j1; j++) g += grads[order[j] * D + c];
@@ -456,6 +501,7 @@ static __global__ void dt_k__sparse_adam(void *table, int dt, float *m, float *v
     int64_t u, c, j, nu = *n_uniq;
     for (u = blockIdx.x; u < nu; u += gridDim.x) {
         int64_t j0 = seg[u], j1 = seg[u + 1], row = rows[order[j0]];
+        if (row < 0) continue; /* a dynamic id not admitted */
         for (c = threadIdx.x; c < D; c += blockDim.x) {
             int64_t x = row * ld + c;
             float g = 0.0f, w = dt_k__ld(table, dt, x), mi, vi, denom;

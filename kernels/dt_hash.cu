@@ -14,7 +14,9 @@
      2. commit (ONE thread, the ids in batch order): the decisions. A probed slot still holding
         its id is a hit at once (O(1)); the rest (new ids, and ids evicted earlier in the batch)
         re-probe and are admitted or rejected there. Deletions shift the probe run back (no
-        tombstones), so a table never fills with dead entries.
+        tombstones), so a table never fills with dead entries. Each admission is also listed as
+        a (slot, id) pair, so dt_embed.h initialises the new rows without reading the slot
+        table back.
    The commit is sequential on purpose: each decision depends on every earlier one (an eviction
    can remove an id the batch uses later), and the host's order is the contract. Its cost is
    O(batch) on one thread: fine for the few thousand ids a shard sees per step, not a design for
@@ -84,8 +86,8 @@ static __global__ void dt_k__hash_probe(int64_t *pre, const int64_t *mkey, const
 }
 
 /* hdr: [0] used, [1] head, [2] tail, [3] stamp, [4] map entries, [5] seen entries. */
-static __global__ void dt_k__hash_commit(int64_t *slots, int64_t *counts, int *overflow, dt_k_hash h,
-                                         const int64_t *ids, int64_t n, int admit_after) {
+static __global__ void dt_k__hash_commit(int64_t *slots, int64_t *counts, int *overflow, int64_t *admitted,
+                                         dt_k_hash h, const int64_t *ids, int64_t n, int admit_after) {
     int64_t *hd = h.hdr, i, step_stamp = h.hdr[3];
     int64_t adm = 0, ev = 0, rej = 0;
     for (i = 0; i < n; i++) {
@@ -120,6 +122,7 @@ static __global__ void dt_k__hash_commit(int64_t *slots, int64_t *counts, int *o
             h.prev[x] = hd[2]; h.next[x] = -1; /* append at the tail */
             if (hd[2] >= 0) h.next[hd[2]] = x; else hd[1] = x;
             hd[2] = x;
+            if (admitted) { admitted[2 * adm] = x; admitted[2 * adm + 1] = id; }
             adm++;
         }
         h.slot_stamp[x] = ++hd[3];
@@ -169,14 +172,14 @@ extern "C" void dt_k_hash_free(dt_k_hash *h) {
     memset(h, 0, sizeof *h);
 }
 
-extern "C" int dt_k_hash_lookup(const dt_k_hash *h, int64_t *slots, int64_t *counts, int *overflow, const int64_t *ids,
-                                int64_t n, int admit_after, void *stream) {
+extern "C" int dt_k_hash_lookup(const dt_k_hash *h, int64_t *slots, int64_t *counts, int *overflow, int64_t *admitted,
+                                const int64_t *ids, int64_t n, int admit_after, void *stream) {
     int threads = 128;
     if (!h || !h->hdr || n < 0 || admit_after < 1 || (n > 0 && (!slots || !counts || !overflow || !ids)))
         return (int)cudaErrorInvalidValue;
     if (n == 0) return 0;
     DT_K_LAUNCH(dt_k__hash_probe, dt_k__blocks(n, threads, 1024), threads, 0, stream, slots, h->map_key, h->map_val,
                 h->map_full, h->map_cap, ids, n);
-    DT_K_LAUNCH(dt_k__hash_commit, 1, 1, 0, stream, slots, counts, overflow, *h, ids, n, admit_after);
+    DT_K_LAUNCH(dt_k__hash_commit, 1, 1, 0, stream, slots, counts, overflow, admitted, *h, ids, n, admit_after);
     return DT_K_CHECK();
 }

@@ -173,34 +173,45 @@ int dt_k_embedding_bwd(float *dtable, const float *dout, const void *ids, int id
    admitted) adds nothing. */
 int dt_k_embed_pool_fwd(float *out, const void *table, int table_dtype, const int64_t *rows, const float *weights,
                         const int64_t *offsets, int64_t n_bags, int64_t D, int64_t ld, int mean, void *stream);
-/* Not yet called by dt_embed.h; kept for the device path (dt_embed's CUDA backward sorts and sums
-   the gradients on the host today).
-   Its backward as per-id gradient rows: grads[i, :] = w_i * dout[bag(i), :] (/ length for mean),
-   bag(i) read from offsets (one block per bag). The rows for dedup + sparse update. */
-int dt_k_embed_pool_bwd(float *grads, const float *dout, const float *weights, const int64_t *offsets,
-                        int64_t n_bags, int64_t D, int mean, void *stream);
-/* Not yet called by dt_embed.h; kept for the device path.
+/* Its backward as per-id gradient rows: grads[i, :] = w_i * dout[dout_offsets[bag(i)] + :]
+   (dout_offsets NULL: bag(i) * D; / length for mean), bag(i) read from offsets (one block per
+   bag). dt_embed.h's CUDA backward: the owner's rows before dedup + sparse update. */
+int dt_k_embed_pool_bwd(float *grads, const float *dout, const int64_t *dout_offsets, const float *weights,
+                        const int64_t *offsets, int64_t n_bags, int64_t D, int mean, void *stream);
+/* Not called by dt_embed.h (its sums are ordered: pool_bwd + dedup + sparse update).
    The same backward scattered into a dense f32 gradient table: dtable[rows[i], :] += grads
-   (atomicAdd; rows < 0 skipped). */
+   (atomicAdd, so the order of a row's adds varies; rows < 0 skipped). */
 int dt_k_embed_pool_bwd_dense(float *dtable, const float *dout, const int64_t *rows, const float *weights,
                               const int64_t *offsets, int64_t n_bags, int64_t D, int mean, void *stream);
+/* Sums of column slices in a fixed order, dt_embed.h's scatter of returned rows into the pooled
+   output (and of the pooled gradient into the requests): runs[3 r + 0..2] = (dst, len, first
+   segment) of run r, segs[3 s + 0..2] = (src, c0, nc); the segments of run r are [first_r,
+   first_(r+1)) (the last run's end: n_segs). out[dst + c] for c < len = (accum ? out[dst + c] :
+   0) + src[src_s + c - c0_s] of each segment s covering c, in segment order, then / div[r]
+   (div NULL: no division). max_len >= every len (sizes the block). Device arrays. */
+int dt_k_embed_gather_sum(float *out, const float *src, const int64_t *runs, const int64_t *segs, const float *div,
+                          int64_t n_runs, int64_t n_segs, int64_t max_len, int accum, void *stream);
 
-/* Not yet called by dt_embed.h; kept for the device path (the ids are bucketized on the host today).
-   Bucketization by owner (row-wise sharding of `rows` rows over W ranks, as dt_embed.h: R =
+/* Bucketization by owner (row-wise sharding of `rows` rows over W ranks, as dt_embed.h: R =
    q*W + m, the first m ranks one row more): counts[W] = ids per owner, dest[i] = where id i
    goes in the owner-major send buffer (owner's start + the number of earlier ids with that
    owner: stable). ids outside [0, rows) set *bad_id = 1 (may be NULL) and get dest -1.
-   Three launches (block counts, one-block scan, stable scatter), device scratch cudaMalloc'd. */
+   Three launches (block counts, one-block scan, stable scatter); nothing allocated, nothing
+   waited for: scratch is dt_k_embed_bucketize_scratch(n, W) bytes of device memory. */
+size_t dt_k_embed_bucketize_scratch(int64_t n, int W);
 int dt_k_embed_bucketize(int64_t *counts, int64_t *dest, const int64_t *ids, int64_t n, int64_t rows, int W,
-                         int *bad_id, void *stream);
-/* Not yet called by dt_embed.h; kept for the device path.
-   Gradient dedup by a stable LSD radix sort (8-bit digits, counting passes as above) of rows[n]
-   (each in [0, n_rows)): order[n] = the indices of rows in sorted order (equal rows keep their
-   input order), seg[n + 1] = the start of each run of equal rows in order[] (seg[u] for u <
-   *n_uniq, then seg[*n_uniq] = n), *n_uniq (a device int64). */
+                         int *bad_id, void *scratch, void *stream);
+/* Gradient dedup by a stable LSD radix sort (8-bit digits, counting passes as above) of rows[n]
+   (each in [0, n_rows), or negative: a row to skip, sorted last): order[n] = the indices of rows
+   in sorted order (equal rows keep their input order), seg[n + 1] = the start of each run of
+   equal rows in order[] (seg[u] for u < *n_uniq, then seg[*n_uniq] = n), *n_uniq (a device
+   int64). scratch: dt_k_embed_dedup_scratch(n) bytes of device memory; nothing allocated or
+   waited for. */
+size_t dt_k_embed_dedup_scratch(int64_t n);
 int dt_k_embed_dedup(int64_t *order, int64_t *seg, int64_t *n_uniq, const int64_t *rows, int64_t n,
-                     int64_t n_rows, void *stream);
-/* The fused sparse update of the deduplicated rows (dt_embed.h's formulas): for each unique row,
+                     int64_t n_rows, void *scratch, void *stream);
+/* The fused sparse update of the deduplicated rows (dt_embed.h's formulas; a run of rows < 0 is
+   skipped): for each unique row,
    g = sum of grads[order[j], :] over its run, in run order from 0; then table row
    rows[order[seg[u]]] (dtype as in pool: f32, or bf16 / f16 widened, updated, rounded back):
      kind 1 SGD: w -= lr g; kind 2 Adagrad: s += g g, w -= lr g / (sqrt(s) + eps) (state [*, ld]);
@@ -233,10 +244,12 @@ void dt_k_hash_free(dt_k_hash *h);
 /* One batch of n ids (device int64, in the host map's order): slots[i] = the slot of ids[i] or
    -1 (rejected: looks up zeros); counts[3] (device int64) += admitted, evicted, rejected;
    *overflow (device int) = 1 when a table ran out of cells (seen_cap too small: the result is
-   then not the host map's). A probe launch (one thread per id) then a commit launch (one
-   thread: the decisions in batch order, each depends on the earlier ones). */
-int dt_k_hash_lookup(const dt_k_hash *h, int64_t *slots, int64_t *counts, int *overflow, const int64_t *ids,
-                     int64_t n, int admit_after, void *stream);
+   then not the host map's). admitted (device int64 [2 n], may be NULL): the (slot, id) pairs
+   this batch admitted, in order (as many as it adds to counts[0]), so the caller initialises
+   those rows without reading the slot table back. A probe launch (one thread per id) then a
+   commit launch (one thread: the decisions in batch order, each depends on the earlier ones). */
+int dt_k_hash_lookup(const dt_k_hash *h, int64_t *slots, int64_t *counts, int *overflow, int64_t *admitted,
+                     const int64_t *ids, int64_t n, int admit_after, void *stream);
 
 /* DLRM dot interaction, as dt_dot_interaction_fwd / _bwd: dense [B,D], emb [B,F,D], out / dout
    [B, D + (F+1)F/2]. One block per sample, its F+1 vectors in shared memory ((F+1) D floats,

@@ -149,7 +149,7 @@ static void check_pool(int dt, int weighted, int mean) {
                         gw[j * D + c] = weighted ? w[j] * src : src;
                         if (rows[j] >= 0) dtab_want[rows[j] * D + c] += gw[j * D + c];
                     }
-            st = dt_k_embed_pool_bwd(d_gr, d_g, d_w, d_off, NB, D, mean, NULL);
+            st = dt_k_embed_pool_bwd(d_gr, d_g, NULL, d_w, d_off, NB, D, mean, NULL);
             snprintf(name, sizeof name, "embed_pool_bwd_per_id_rows_equal_cpu_bitwise_%s", tag);
             if (DT_TEST_CHECK(name, st == 0)) dt_test_equal_bytes(name, host(d_gr, n * D).data(), gw.data(), n * D * 4);
             {
@@ -182,46 +182,68 @@ static void check_bucketize(void) {
     }
     int64_t *d_ids = dev(ids), *d_c = dev(std::vector<int64_t>(W, 7)), *d_d = dev(std::vector<int64_t>(n, 7));
     int *d_bad = dev(zero);
-    int st = dt_k_embed_bucketize(d_c, d_d, d_ids, n, R, W, d_bad, NULL);
+    void *scr = dev(std::vector<char>(dt_k_embed_bucketize_scratch(n, W), 0));
+    dt_emu_counters c0, c1;
+    dt_emu_get_counters(&c0);
+    int st = dt_k_embed_bucketize(d_c, d_d, d_ids, n, R, W, d_bad, scr, NULL);
+    dt_emu_get_counters(&c1);
     DT_TEST_CHECK("embed_bucketize_returns_0", st == 0);
+    dt_test_close("embed_bucketize_launcher_allocates_frees_and_waits_for_nothing",
+                  (double)(c1.allocs - c0.allocs + c1.frees - c0.frees + c1.syncs - c0.syncs), 0, 0);
     dt_test_equal_bytes("embed_bucketize_counts_per_owner", host(d_c, W).data(), want_c.data(), W * 8);
     dt_test_equal_bytes("embed_bucketize_dest_is_stable_owner_major", host(d_d, n).data(), want_d.data(), n * 8);
     DT_TEST_CHECK("embed_bucketize_valid_ids_leave_bad_flag_0", host(d_bad, 1)[0] == 0);
     {
         int64_t bad = R;
         cudaMemcpy(d_ids + 270, &bad, 8, cudaMemcpyHostToDevice);
-        st = dt_k_embed_bucketize(d_c, d_d, d_ids, n, R, W, d_bad, NULL);
+        st = dt_k_embed_bucketize(d_c, d_d, d_ids, n, R, W, d_bad, scr, NULL);
         DT_TEST_CHECK("embed_bucketize_id_past_rows_sets_bad_flag_and_dest_minus_1",
                       st == 0 && host(d_bad, 1)[0] == 1 && host(d_d + 270, 1)[0] == -1);
     }
     DT_TEST_CHECK("embed_bucketize_W_0_is_invalid_value",
-                  dt_k_embed_bucketize(d_c, d_d, d_ids, n, R, 0, NULL, NULL) == (int)cudaErrorInvalidValue);
+                  dt_k_embed_bucketize(d_c, d_d, d_ids, n, R, 0, NULL, scr, NULL) == (int)cudaErrorInvalidValue);
+    DT_TEST_CHECK("embed_bucketize_no_scratch_is_invalid_value",
+                  dt_k_embed_bucketize(d_c, d_d, d_ids, n, R, W, NULL, NULL, NULL) == (int)cudaErrorInvalidValue);
     cudaFree(d_ids); cudaFree(d_c); cudaFree(d_d); cudaFree(d_bad);
 }
 
-/* rows in [0, n_rows) with many repeats; the stable sort's order, runs and count. */
-static void check_dedup(const char *tag, int64_t n, int64_t n_rows, int64_t distinct) {
+/* rows in [0, n_rows) with many repeats, every 7th -1 when skips (a dynamic id not admitted:
+   sorted after every row); the stable sort's order, runs and count. */
+static void check_dedup(const char *tag, int64_t n, int64_t n_rows, int64_t distinct, int skips = 0) {
     std::vector<int64_t> rows(n), order(n), seg;
     char name[160];
-    for (int64_t i = 0; i < n; i++) rows[i] = (irnd(4, i, distinct) * 7919) % n_rows;
+    for (int64_t i = 0; i < n; i++) rows[i] = skips && i % 7 == 3 ? -1 : (irnd(4, i, distinct) * 7919) % n_rows;
+    if (skips) rows[0] = rows[5] = n_rows - 1; /* the last row: all of its key's bits set, as a skip's low bits */
     for (int64_t i = 0; i < n; i++) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return rows[a] < rows[b]; });
+    auto key = [&](int64_t a) { return rows[a] < 0 ? n_rows : rows[a]; };
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key(a) < key(b); });
     for (int64_t i = 0; i < n; i++)
         if (i == 0 || rows[order[i]] != rows[order[i - 1]]) seg.push_back(i);
     int64_t nu = (int64_t)seg.size();
     seg.push_back(n);
     int64_t *d_r = dev(rows), *d_o = dev(std::vector<int64_t>(n, 7)), *d_s = dev(std::vector<int64_t>(n + 1, 7));
     int64_t *d_nu = dev(std::vector<int64_t>(1, 7));
-    int st = dt_k_embed_dedup(d_o, d_s, d_nu, d_r, n, n_rows, NULL);
+    void *scr = dev(std::vector<char>(dt_k_embed_dedup_scratch(n), 0));
+    dt_emu_counters c0, c1;
+    dt_emu_get_counters(&c0);
+    int st = dt_k_embed_dedup(d_o, d_s, d_nu, d_r, n, n_rows, scr, NULL);
+    dt_emu_get_counters(&c1);
     snprintf(name, sizeof name, "embed_dedup_returns_0_%s", tag);
     DT_TEST_CHECK(name, st == 0);
+    snprintf(name, sizeof name, "embed_dedup_launcher_allocates_frees_and_waits_for_nothing_%s", tag);
+    dt_test_close(name, (double)(c1.allocs - c0.allocs + c1.frees - c0.frees + c1.syncs - c0.syncs), 0, 0);
+    {
+        std::vector<int64_t> again = host(d_r, n); /* the caller's rows are read, never written */
+        snprintf(name, sizeof name, "embed_dedup_leaves_rows_unchanged_%s", tag);
+        dt_test_equal_bytes(name, again.data(), rows.data(), n * 8);
+    }
     snprintf(name, sizeof name, "embed_dedup_order_is_stable_sort_%s", tag);
     dt_test_equal_bytes(name, host(d_o, n).data(), order.data(), n * 8);
     snprintf(name, sizeof name, "embed_dedup_n_uniq_counts_distinct_rows_%s", tag);
     dt_test_close(name, (double)host(d_nu, 1)[0], (double)nu, 0);
     snprintf(name, sizeof name, "embed_dedup_seg_starts_each_run_%s", tag);
     dt_test_equal_bytes(name, host(d_s, nu + 1).data(), seg.data(), (nu + 1) * 8);
-    cudaFree(d_r); cudaFree(d_o); cudaFree(d_s); cudaFree(d_nu);
+    cudaFree(d_r); cudaFree(d_o); cudaFree(d_s); cudaFree(d_nu); cudaFree(scr);
 }
 
 /* kind 1 SGD, 2 Adagrad, 3 row-wise Adagrad over a table of dtype dt; two steps. */
@@ -241,11 +263,13 @@ static void check_sparse_update(int kind, int dt) {
     for (int step = 1; step <= 2; step++) {
         std::vector<int64_t> rows(n), order(n);
         std::vector<float> grads = rnd(n * D, 40 + step, -1, 1);
-        for (int64_t i = 0; i < n; i++) rows[i] = irnd(5 + step, i, R);
+        for (int64_t i = 0; i < n; i++) rows[i] = i % 11 == 5 ? -1 : irnd(5 + step, i, R); /* -1: skipped */
         for (int64_t i = 0; i < n; i++) order[i] = i;
-        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return rows[a] < rows[b]; });
+        auto key = [&](int64_t a) { return rows[a] < 0 ? R : rows[a]; };
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key(a) < key(b); });
         for (int64_t i = 0; i < n;) { /* the CPU: each row's g from 0 in order, then dt_embed.h's update */
             int64_t j = i, row = rows[order[i]], c;
+            if (row < 0) break; /* the skipped rows, last */
             std::vector<float> g(D, 0.0f), w(D);
             while (j < n && rows[order[j]] == row) {
                 for (c = 0; c < D; c++) g[c] += grads[order[j] * D + c];
@@ -267,9 +291,10 @@ static void check_sparse_update(int kind, int dt) {
         }
         int64_t *d_r = dev(rows), *d_o = dev(order), *d_s = dev(std::vector<int64_t>(n + 1)), *d_nu = dev(std::vector<int64_t>(1));
         float *d_g = dev(grads);
-        ok &= dt_k_embed_dedup(d_o, d_s, d_nu, d_r, n, R, NULL) == 0;
+        void *scr = dev(std::vector<char>(dt_k_embed_dedup_scratch(n), 0));
+        ok &= dt_k_embed_dedup(d_o, d_s, d_nu, d_r, n, R, scr, NULL) == 0;
         ok &= dt_k_embed_sparse_update(d_t, dt, d_st, d_g, d_r, d_o, d_s, d_nu, n, D, LD, kind, lr, eps, NULL) == 0;
-        cudaFree(d_r); cudaFree(d_o); cudaFree(d_s); cudaFree(d_nu); cudaFree(d_g);
+        cudaFree(d_r); cudaFree(d_o); cudaFree(d_s); cudaFree(d_nu); cudaFree(d_g); cudaFree(scr);
     }
     snprintf(name, sizeof name, "embed_sparse_update_2_steps_return_0_%s", tag);
     DT_TEST_CHECK(name, ok);
@@ -286,6 +311,42 @@ static void check_sparse_update(int kind, int dt) {
         dt_test_allclose(name, host(d_st, st_h.size()).data(), st_h.data(), st_h.size(), 1e-9, 1e-6);
     }
     cudaFree(d_t); cudaFree(d_st);
+}
+
+/* Runs of segments (column slices, in order), with and without accum and div: the CPU's
+   dst[c] += src[c] in segment order, so bitwise. Run 2 has no segment (accum keeps out / div). */
+static void check_gather_sum(void) {
+    const int64_t NR = 4, L = 6, NS = 6;
+    const int64_t runs_h[3 * NR] = {0, L, 0, L, L, 3, 2 * L, L, 3, 3 * L, 4, 3};
+    const int64_t segs_h[3 * NS] = {0, 0, L, 6, 0, 3, 9, 3, 3, 12, 0, L, 18, 0, L, 24, 0, 4};
+    std::vector<int64_t> runs(runs_h, runs_h + 3 * NR), segs(segs_h, segs_h + 3 * NS);
+    std::vector<float> src = rnd(40, 70, -1, 1), out0 = rnd(NR * L, 71, -1, 1), div(NR);
+    div[0] = 1.0f; div[1] = 3.0f; div[2] = 2.0f; div[3] = 7.0f;
+    for (int accum = 0; accum <= 1; accum++)
+        for (int with_div = 0; with_div <= 1; with_div++) {
+            std::vector<float> want = out0;
+            char name[160];
+            for (int64_t r = 0; r < NR; r++) {
+                int64_t s1 = r + 1 < NR ? runs[3 * (r + 1) + 2] : NS;
+                for (int64_t c = 0; c < runs[3 * r + 1]; c++) {
+                    float acc = accum ? out0[runs[3 * r] + c] : 0.0f;
+                    for (int64_t s = runs[3 * r + 2]; s < s1; s++)
+                        if (c >= segs[3 * s + 1] && c < segs[3 * s + 1] + segs[3 * s + 2])
+                            acc += src[segs[3 * s] + c - segs[3 * s + 1]];
+                    if (with_div) acc /= div[r];
+                    want[runs[3 * r] + c] = acc;
+                }
+            }
+            float *d_o = dev(out0), *d_s = dev(src), *d_div = dev(div);
+            int64_t *d_r = dev(runs), *d_g = dev(segs);
+            int st = dt_k_embed_gather_sum(d_o, d_s, d_r, d_g, with_div ? d_div : NULL, NR, NS, L, accum, NULL);
+            snprintf(name, sizeof name, "embed_gather_sum_equals_cpu_segment_order_bitwise%s%s", accum ? "_accum" : "",
+                     with_div ? "_div" : "");
+            if (DT_TEST_CHECK(name, st == 0)) dt_test_equal_bytes(name, host(d_o, NR * L).data(), want.data(), NR * L * 4);
+            cudaFree(d_o); cudaFree(d_s); cudaFree(d_div); cudaFree(d_r); cudaFree(d_g);
+        }
+    DT_TEST_CHECK("embed_gather_sum_accum_2_is_invalid_value",
+                  dt_k_embed_gather_sum(NULL, NULL, NULL, NULL, NULL, 1, 1, 1, 2, NULL) == (int)cudaErrorInvalidValue);
 }
 
 /* ---------------------------------------------------------------- dot interaction */
@@ -330,7 +391,9 @@ int main(void) {
     check_bucketize();
     check_dedup("3_byte_rows_several_blocks", ksz(600, 300), 70000, 120); /* three radix passes (odd) */
     check_dedup("2_byte_rows", ksz(300, 100), 1000, 40);                 /* two passes (even) */
-    check_dedup("one_row", 50, 1, 1);                     /* no pass: the identity order */
+    check_dedup("one_row", 50, 1, 1);                     /* one pass: the identity order */
+    check_dedup("skipped_rows_sort_last", ksz(300, 100), 256, 60, 1); /* -1 is not row 255 */
+    check_gather_sum();
     check_sparse_update(3, DT_F32); /* the one with a barrier (the row's sum of squares) */
     if (ksz(1, 0)) { /* DT_K_SMALL (TSan): the barrier-free kinds once is enough */
         check_sparse_update(1, DT_F32);
@@ -351,7 +414,7 @@ int main(void) {
         DT_TEST_CHECK("dot_interaction_fwd_vectors_past_48KiB_shared_is_invalid_value",
                       dt_k_dot_interaction_fwd(d, d, d, 1, 100, 200, NULL) == (int)cudaErrorInvalidValue);
         DT_TEST_CHECK("embed_dedup_negative_n_is_invalid_value",
-                      dt_k_embed_dedup((int64_t *)d, (int64_t *)d, (int64_t *)d, (const int64_t *)d, -1, 4, NULL) ==
+                      dt_k_embed_dedup((int64_t *)d, (int64_t *)d, (int64_t *)d, (const int64_t *)d, -1, 4, d, NULL) ==
                           (int)cudaErrorInvalidValue);
         cudaFree(d);
     }

@@ -22,6 +22,9 @@
 #include "tests/dt_test.h"
 
 enum { B = 4, NF = 4 };
+// 1: table "c" pools (sum) instead of giving a sequence, so every feature is pooled and the CUDA
+// tables take the device path (nothing read back); 0: the sequence feature's host path.
+static int g_dev_path = 0;
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint64_t next_u(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }
@@ -99,7 +102,7 @@ static void make_setup(setup *s, dt_embed_sharding sh, dt_embed_optim opt, dt_dt
     s->tabs[1].pooling = DT_POOL_MEAN;
     s->tabs[1].weighted = 1;
     s->tabs[1].dtype = b_dtype;
-    s->tabs[2].pooling = DT_POOL_NONE;
+    s->tabs[2].pooling = g_dev_path ? DT_POOL_SUM : DT_POOL_NONE;
     int ft[NF] = {0, 1, 2, 0};
     for (int f = 0; f < NF; f++) s->feats[f].name = names[ft[f]], s->feats[f].table = ft[f];
     s->desc.tables = s->tabs;
@@ -132,10 +135,12 @@ static int step(dt_ctx *ctx, dt_embed *e, const batch &k, const std::vector<floa
     if (dt_tensor_create(ctx, &o, &td) || dt_tensor_create(ctx, &d, &td)) return 1;
     if (dt_embed_forward(e, &o, &kjt)) { fprintf(stderr, "forward: %s\n", dt_ctx_error(ctx)); return 1; }
     *out = host_copy(ctx, &o);
-    if (dt_embed_sequence(e, &sv, 2) || dt_embed_sequence_grad(e, &gv, 2)) return 1;
-    seq->assign((float *)sv.data, (float *)sv.data + sv.numel);
-    if ((size_t)gv.numel > sg.size()) return 1;
-    memcpy(gv.data, sg.data(), (size_t)gv.numel * sizeof(float));
+    if (!g_dev_path) {
+        if (dt_embed_sequence(e, &sv, 2) || dt_embed_sequence_grad(e, &gv, 2)) return 1;
+        seq->assign((float *)sv.data, (float *)sv.data + sv.numel);
+        if ((size_t)gv.numel > sg.size()) return 1;
+        memcpy(gv.data, sg.data(), (size_t)gv.numel * sizeof(float));
+    }
     if (cuda) cudaMemcpy(d.data, dout.data(), dout.size() * sizeof(float), cudaMemcpyHostToDevice);
     else memcpy(d.data, dout.data(), dout.size() * sizeof(float));
     if (dt_embed_backward(e, &d)) { fprintf(stderr, "backward: %s\n", dt_ctx_error(ctx)); return 1; }
@@ -150,7 +155,8 @@ static void check_config(dt_ctx *ctx, dt_embed_sharding sh, dt_embed_optim opt, 
     char tag[96], name[192];
     int64_t rows[NF] = {20, 12, 10, 20};
     double rtol = opt == DT_EMBED_ROWWISE_ADAGRAD ? 1e-6 : 0;
-    snprintf(tag, sizeof tag, "%s_%s%s", shard_name(sh), opt_name(opt), b_dtype == DT_BF16 ? "_bf16" : "");
+    snprintf(tag, sizeof tag, "%s_%s%s%s", shard_name(sh), opt_name(opt), b_dtype == DT_BF16 ? "_bf16" : "",
+             g_dev_path ? "_device_path" : "");
     make_setup(&sc, sh, opt, b_dtype, DT_CPU);
     make_setup(&sg, sh, opt, b_dtype, DT_CUDA_DEVICE);
     snprintf(name, sizeof name, "embed_cuda_create_%s", tag);
@@ -326,7 +332,7 @@ static void check_dynamic(dt_ctx *ctx, int admit_after, int steps) {
     int64_t rows[NF] = {admit_after == 1 ? 60 : 30, 12, 10, admit_after == 1 ? 60 : 30};
     char tag[96], dir[512], dir2[512];
     dt_checkpoint_desc cd;
-    snprintf(tag, sizeof tag, "embed_cuda_dynamic_admit_after_%d", admit_after);
+    snprintf(tag, sizeof tag, "embed_cuda_dynamic_admit_after_%d%s", admit_after, g_dev_path ? "_device_path" : "");
     make_setup(&sc, DT_SHARD_ROW, DT_EMBED_ADAM, DT_F32, DT_CPU);
     make_setup(&sg, DT_SHARD_ROW, DT_EMBED_ADAM, DT_F32, DT_CUDA_DEVICE);
     sc.tabs[0].dynamic = sg.tabs[0].dynamic = 1;
@@ -433,6 +439,123 @@ static void check_bad_inputs(dt_ctx *ctx) {
     }
 }
 
+// Accumulation on the device path (dt_embed_set_sync 0 on every other backward: its rows wait
+// on the host, the next sync-1 backward applies them): outputs and rows equal the CPU's.
+static void check_accumulate(dt_ctx *ctx, dt_embed_sharding sh, dt_embed_optim opt) {
+    setup sc, sg;
+    dt_embed *ec = NULL, *eg = NULL;
+    char tag[96], name[192];
+    int64_t rows[NF] = {20, 12, 10, 20};
+    int saved = g_dev_path, ok = 1;
+    g_dev_path = 1;
+    make_setup(&sc, sh, opt, DT_F32, DT_CPU);
+    make_setup(&sg, sh, opt, DT_F32, DT_CUDA_DEVICE);
+    snprintf(tag, sizeof tag, "%s_%s", shard_name(sh), opt_name(opt));
+    snprintf(name, sizeof name, "embed_cuda_accumulate_create_%s", tag);
+    if (DT_TEST_CHECK(name, !dt_embed_create(ctx, &ec, &sc.desc) && !dt_embed_create(ctx, &eg, &sg.desc))) {
+        for (int s = 0; s < 4 && ok; s++) {
+            batch k = make_batch(rows);
+            std::vector<float> dout(B * dt_embed_pooled_dim(ec)), sgr(64), oc, og, qc, qg;
+            for (size_t i = 0; i < dout.size(); i++) dout[i] = next_f();
+            dt_embed_set_sync(ec, s % 2);
+            dt_embed_set_sync(eg, s % 2);
+            ok = !step(ctx, ec, k, dout, sgr, &oc, &qc) && !step(ctx, eg, k, dout, sgr, &og, &qg) && oc == og;
+            snprintf(name, sizeof name, "embed_cuda_accumulate_forward_equals_cpu_bitwise_%s_step_%d", tag, s + 1);
+            if (!ok) dt_test_fail(name, "%s", oc.size() == og.size() ? "outputs differ" : dt_ctx_error(ctx));
+        }
+        snprintf(name, sizeof name, "embed_cuda_accumulate_sync_0_then_1_forward_equals_cpu_bitwise_%s", tag);
+        if (ok) dt_test_pass(name);
+        for (int t = 0; ok && t < 3; t++) {
+            dt_tensor vc, vg;
+            int64_t r0, c0;
+            dt_embed_local_shard(ec, &vc, &r0, &c0, t);
+            dt_embed_local_shard(eg, &vg, &r0, &c0, t);
+            std::vector<float> hc = host_copy(ctx, &vc), hg = host_copy(ctx, &vg);
+            snprintf(name, sizeof name, "embed_cuda_accumulate_table_%c_rows_equal_cpu_%s", 'a' + t, tag);
+            if (DT_TEST_CHECK(name, hc.size() == hg.size() && !hc.empty()))
+                dt_test_allclose(name, hg.data(), hc.data(), hc.size(), 0, opt == DT_EMBED_ROWWISE_ADAGRAD ? 1e-6 : 0);
+        }
+    }
+    dt_embed_free(ec);
+    dt_embed_free(eg);
+    g_dev_path = saved;
+}
+
+// The device path's second forward + backward on the same batch (the first one grew every
+// buffer): no allocation, no free, nothing read back, no wait (every sharding). With table "a"
+// dynamic (4 id-hash shards): one copy down, one wait: each of its m ids' slot, 4 counts per
+// shard, the admitted pairs (2 per id): (3 m + 16) x 8 bytes. ctx->counters and the emulator's
+// own counts must agree. A CUDA ctx (its
+// dt_ctx_sync waits for real, and would be counted).
+static void check_counters(dt_embed_sharding sh, dt_embed_optim opt, int dyn = 0) {
+    dt_ctx cctx, *ctx = &cctx;
+    dt_ctx_desc cd;
+    memset(&cd, 0, sizeof cd);
+    cd.device = DT_CUDA_DEVICE;
+    if (!DT_TEST_CHECK("embed_cuda_counters_ctx_init", !dt_ctx_init(ctx, &cd))) return;
+    setup sg;
+    dt_embed *e = NULL;
+    char tag[96], name[192];
+    int64_t rows[NF] = {20, 12, 10, 20};
+    int saved = g_dev_path;
+    g_dev_path = 1;
+    make_setup(&sg, sh, opt, DT_F32, DT_CUDA_DEVICE);
+    g_dev_path = saved;
+    if (dyn) { sg.tabs[0].dynamic = 1; sg.tabs[0].hash_shards = 4; sg.tabs[0].admit_after = 1; rows[0] = rows[3] = 60; }
+    snprintf(tag, sizeof tag, "%s_%s%s", shard_name(sh), opt_name(opt), dyn ? "_dynamic" : "");
+    snprintf(name, sizeof name, "embed_cuda_counters_create_%s", tag);
+    if (!DT_TEST_CHECK(name, !dt_embed_create(ctx, &e, &sg.desc))) { dt_ctx_shutdown(ctx); return; }
+    batch k = make_batch(rows);
+    dt_kjt kjt;
+    dt_tensor o, d;
+    dt_tensor_desc td;
+    memset(&kjt, 0, sizeof kjt);
+    kjt.n_features = NF; kjt.batch = B;
+    kjt.lengths = k.lengths.data(); kjt.ids = k.ids.data(); kjt.weights = k.weights.data();
+    memset(&td, 0, sizeof td);
+    td.dtype = DT_F32; td.ndim = 2; td.shape[0] = B; td.shape[1] = dt_embed_pooled_dim(e); td.device = DT_CUDA_DEVICE;
+    dt_tensor_create(ctx, &o, &td);
+    dt_tensor_create(ctx, &d, &td);
+    std::vector<float> dout(B * dt_embed_pooled_dim(e));
+    for (size_t i = 0; i < dout.size(); i++) dout[i] = next_f();
+    cudaMemcpy(d.data, dout.data(), dout.size() * sizeof(float), cudaMemcpyHostToDevice);
+    int ok = !dt_embed_forward(e, &o, &kjt) && !dt_embed_backward(e, &d);
+    dt_emu_counters c0, c1;
+    dt_ctx_counters_reset(ctx);
+    dt_emu_get_counters(&c0);
+    ok = ok && !dt_embed_forward(e, &o, &kjt) && !dt_embed_backward(e, &d);
+    dt_emu_get_counters(&c1);
+    snprintf(name, sizeof name, "embed_cuda_counters_steps_run_%s", tag);
+    if (!DT_TEST_CHECK(name, ok)) fprintf(stderr, "  %s\n", dt_ctx_error(ctx));
+    dt_cuda_counters k2 = ctx->counters;
+    long long want_d2h = 0;
+    if (dyn) {
+        long long m = 0;
+        for (int b = 0; b < B; b++) m += k.lengths[0 * B + b] + k.lengths[3 * B + b]; /* features 0 and 3 read "a" */
+        want_d2h = (3 * m + 16) * 8;
+    }
+    snprintf(name, sizeof name, "embed_cuda_second_step_allocates_and_frees_nothing_%s", tag);
+    dt_test_check_all(name, k2.allocs == 0 && k2.frees == 0 && c1.allocs == c0.allocs && c1.frees == c0.frees,
+                      "ctx allocs %lld frees %lld; runtime allocs %lld frees %lld", (long long)k2.allocs,
+                      (long long)k2.frees, c1.allocs - c0.allocs, c1.frees - c0.frees);
+    snprintf(name, sizeof name, "embed_cuda_second_step_d2h_bytes_exact_%s", tag);
+    dt_test_check_all(name, k2.d2h_bytes == want_d2h && c1.d2h_bytes - c0.d2h_bytes == want_d2h,
+                      "ctx d2h %lld bytes, runtime %lld; expected %lld", (long long)k2.d2h_bytes,
+                      c1.d2h_bytes - c0.d2h_bytes, want_d2h);
+    snprintf(name, sizeof name, "embed_cuda_second_step_syncs_%s_%s", want_d2h ? "1" : "0", tag);
+    dt_test_check_all(name, k2.syncs == (want_d2h ? 1 : 0) && c1.syncs - c0.syncs == k2.syncs,
+                      "ctx syncs %lld, runtime %lld; expected %d", (long long)k2.syncs, c1.syncs - c0.syncs,
+                      want_d2h ? 1 : 0);
+    snprintf(name, sizeof name, "embed_cuda_second_step_h2d_counted_%s", tag);
+    dt_test_check_all(name, k2.h2d_bytes == c1.h2d_bytes - c0.h2d_bytes && k2.h2d_calls == c1.h2d_calls - c0.h2d_calls,
+                      "ctx h2d %lld bytes in %lld calls, runtime %lld in %lld", (long long)k2.h2d_bytes,
+                      (long long)k2.h2d_calls, c1.h2d_bytes - c0.h2d_bytes, c1.h2d_calls - c0.h2d_calls);
+    dt_tensor_free(ctx, &o);
+    dt_tensor_free(ctx, &d);
+    dt_embed_free(e);
+    dt_ctx_shutdown(ctx);
+}
+
 int main(int argc, char **argv) {
     int tsan = argc > 1 && !strcmp(argv[1], "tsan");
     dt_ctx ctx;
@@ -441,6 +564,10 @@ int main(int argc, char **argv) {
         check_config(&ctx, DT_SHARD_ROW, DT_EMBED_ROWWISE_ADAGRAD, DT_F32, 2); /* the kernel with a barrier */
         check_config(&ctx, DT_SHARD_DATA, DT_EMBED_ADAM, DT_F32, 2);
         check_dynamic(&ctx, 3, 2);
+        g_dev_path = 1;
+        check_config(&ctx, DT_SHARD_ROW, DT_EMBED_ROWWISE_ADAGRAD, DT_F32, 2);
+        check_dynamic(&ctx, 3, 2);
+        g_dev_path = 0;
     } else {
         dt_embed_sharding shs[4] = {DT_SHARD_TABLE, DT_SHARD_ROW, DT_SHARD_COLUMN, DT_SHARD_DATA};
         dt_embed_optim opts[4] = {DT_EMBED_SGD, DT_EMBED_ADAGRAD, DT_EMBED_ROWWISE_ADAGRAD, DT_EMBED_ADAM};
@@ -453,6 +580,19 @@ int main(int argc, char **argv) {
         check_dynamic(&ctx, 1, 4);
         check_dynamic(&ctx, 3, 4);
         check_bad_inputs(&ctx);
+        g_dev_path = 1; /* every sharding and optimizer again, on the device path */
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++)
+                if (!(shs[i] == DT_SHARD_COLUMN && opts[j] == DT_EMBED_ROWWISE_ADAGRAD))
+                    check_config(&ctx, shs[i], opts[j], DT_F32, 3);
+        check_config(&ctx, DT_SHARD_ROW, DT_EMBED_ADAGRAD, DT_BF16, 3);
+        check_dynamic(&ctx, 1, 4);
+        check_dynamic(&ctx, 3, 4);
+        g_dev_path = 0;
+        for (int i = 0; i < 4; i++) check_counters(shs[i], i == 1 ? DT_EMBED_ROWWISE_ADAGRAD : DT_EMBED_ADAM);
+        check_counters(DT_SHARD_ROW, DT_EMBED_ADAM, 1);
+        check_accumulate(&ctx, DT_SHARD_ROW, DT_EMBED_ADAGRAD);
+        check_accumulate(&ctx, DT_SHARD_DATA, DT_EMBED_ADAM);
     }
     dt_ctx_shutdown(&ctx);
     return dt_test_finish();

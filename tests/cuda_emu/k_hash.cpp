@@ -6,6 +6,7 @@
 // hash shard, one rank) fed the same stream counts the same admitted / evicted / rejected per
 // batch. Then the bad arguments and a too-small sightings table (overflow flag).
 #include <cuda_runtime.h>
+#include <algorithm>
 #include <list>
 #include <map>
 #include <unordered_map>
@@ -104,6 +105,10 @@ static void check_stream(int admit_after, int batches, int n, int64_t cap) {
     cudaMalloc((void **)&d_slots, sizeof(int64_t) * (size_t)n);
     cudaMalloc((void **)&d_counts, sizeof(int64_t) * 3);
     cudaMalloc((void **)&d_over, sizeof(int));
+    int64_t *d_adm = NULL;
+    cudaMalloc((void **)&d_adm, sizeof(int64_t) * (size_t)(2 * n));
+    std::vector<int64_t> prev_sid(cap, 0), prev_sst(cap, 0);
+    int adm_bad = -1;
     cudaMemset(d_counts, 0, sizeof(int64_t) * 3);
     cudaMemset(d_over, 0, sizeof(int));
     int64_t prev_c[3] = {0, 0, 0};
@@ -111,7 +116,7 @@ static void check_stream(int admit_after, int batches, int n, int64_t cap) {
         std::vector<int64_t> ids = make_batch(n), got(n);
         ref.batch(ids, &want_slots);
         cudaMemcpy(d_ids, ids.data(), sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice);
-        int st = dt_k_hash_lookup(&h, d_slots, d_counts, d_over, d_ids, n, admit_after, NULL);
+        int st = dt_k_hash_lookup(&h, d_slots, d_counts, d_over, d_adm, d_ids, n, admit_after, NULL);
         if (st) { dt_test_fail("hash_lookup_runs", "batch %d: %s", b, dt_k_error_string(st)); break; }
         cudaMemcpy(got.data(), d_slots, sizeof(int64_t) * (size_t)n, cudaMemcpyDeviceToHost);
         cudaMemcpy(got_c.data(), d_counts, sizeof(int64_t) * 3, cudaMemcpyDeviceToHost);
@@ -135,6 +140,24 @@ static void check_stream(int admit_after, int batches, int n, int64_t cap) {
         std::vector<int64_t> sid(cap), sst(cap);
         cudaMemcpy(sid.data(), h.slot_id, sizeof(int64_t) * (size_t)cap, cudaMemcpyDeviceToHost);
         cudaMemcpy(sst.data(), h.slot_stamp, sizeof(int64_t) * (size_t)cap, cudaMemcpyDeviceToHost);
+        { /* the admitted (slot, id) pairs: exactly the slots that took a new id this batch */
+            int64_t na = got_c[0] - prev_c[0];
+            std::vector<int64_t> adm((size_t)(2 * na > 0 ? 2 * na : 1)), want, gotp;
+            if (na > 0) cudaMemcpy(adm.data(), d_adm, sizeof(int64_t) * (size_t)(2 * na), cudaMemcpyDeviceToHost);
+            for (int64_t x = 0; x < cap; x++)
+                if (sst[x] != 0 && (prev_sst[x] == 0 || prev_sid[x] != sid[x])) { want.push_back(x); want.push_back(sid[x]); }
+            std::vector<std::pair<int64_t, int64_t> > pr;
+            for (int64_t k = 0; k < na; k++) pr.push_back(std::make_pair(adm[2 * k], adm[2 * k + 1]));
+            std::sort(pr.begin(), pr.end());
+            for (size_t k = 0; k < pr.size(); k++) { gotp.push_back(pr[k].first); gotp.push_back(pr[k].second); }
+            if (adm_bad < 0 && gotp != want) {
+                adm_bad = b;
+                snprintf(name, sizeof name, "hash_admitted_pairs_are_the_slots_with_new_ids_admit_after_%d", admit_after);
+                dt_test_fail(name, "batch %d: %zu pairs listed, %zu slots took a new id", b, gotp.size() / 2,
+                             want.size() / 2);
+            }
+            prev_sid = sid; prev_sst = sst;
+        }
         if (ids_bad < 0 && (sid != ref.slot_id || sst != ref.slot_stamp)) {
             ids_bad = b;
             snprintf(name, sizeof name, "hash_ids_in_slots_equal_host_rules_admit_after_%d", admit_after);
@@ -181,13 +204,15 @@ static void check_stream(int admit_after, int batches, int n, int64_t cap) {
     if (counts_bad < 0) dt_test_pass(name);
     snprintf(name, sizeof name, "hash_ids_and_stamps_in_slots_equal_host_rules_admit_after_%d", admit_after);
     if (ids_bad < 0) dt_test_pass(name);
+    snprintf(name, sizeof name, "hash_admitted_pairs_are_the_slots_with_new_ids_admit_after_%d", admit_after);
+    if (adm_bad < 0) dt_test_pass(name);
     snprintf(name, sizeof name, "hash_counts_equal_dt_embed_host_table_admit_after_%d", admit_after);
     if (emb && emb_bad < 0) dt_test_pass(name);
     snprintf(name, sizeof name, "hash_stream_exercised_evictions%s_admit_after_%d_capacity_%lld",
              cap < n ? "_and_rejections" : "", admit_after, (long long)cap);
     dt_test_check_all(name, ref.counts[1] > 0 && (ref.counts[2] > 0 || cap >= n) && !over, "evicted %lld, rejected %lld, overflow %d",
                       (long long)ref.counts[1], (long long)ref.counts[2], over);
-    cudaFree(d_ids); cudaFree(d_slots); cudaFree(d_counts); cudaFree(d_over);
+    cudaFree(d_ids); cudaFree(d_slots); cudaFree(d_counts); cudaFree(d_over); cudaFree(d_adm);
     dt_k_hash_free(&h);
     dt_embed_free(emb);
     dt_ctx_shutdown(&ctx);
@@ -206,11 +231,11 @@ static void check_bad(void) {
     cudaMemset(over, 0, sizeof(int));
     cudaMemset(d, 0, 64 * sizeof(int64_t));
     DT_TEST_CHECK("hash_lookup_admit_after_0_is_invalid_value",
-                  dt_k_hash_lookup(&h, d, d + 40, over, d + 20, 4, 0, NULL) == (int)cudaErrorInvalidValue);
+                  dt_k_hash_lookup(&h, d, d + 40, over, NULL, d + 20, 4, 0, NULL) == (int)cudaErrorInvalidValue);
     { /* admit_after 5: 8 distinct ids seen once each fill a 4-cell sightings table */
         std::vector<int64_t> ids = {11, 12, 13, 14, 15, 16, 17, 18};
         cudaMemcpy(d + 20, ids.data(), ids.size() * sizeof(int64_t), cudaMemcpyHostToDevice);
-        DT_TEST_CHECK("hash_lookup_sightings_overflow_runs", dt_k_hash_lookup(&h, d, d + 40, over, d + 20, 8, 5, NULL) == 0);
+        DT_TEST_CHECK("hash_lookup_sightings_overflow_runs", dt_k_hash_lookup(&h, d, d + 40, over, NULL, d + 20, 8, 5, NULL) == 0);
         cudaMemcpy(&o, over, sizeof o, cudaMemcpyDeviceToHost);
         DT_TEST_CHECK("hash_lookup_sightings_table_full_sets_overflow", o == 1);
     }

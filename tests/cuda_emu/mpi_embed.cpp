@@ -84,6 +84,62 @@ static int step(dt_ctx *ctx, dt_embed *e, dt_device dev, const dt_kjt *kjt, cons
     return st;
 }
 
+// A step on the CUDA tables repeated on the same batch (the first grew the buffers): no device
+// allocation or free (ctx and runtime). At np 1 (no exchange to stage) exactly one copy down and
+// one wait: the dynamic table's block, (3 ids + 4 shards x 4) x 8 bytes, as ctx->counters and the
+// emulator both count. Across ranks dt_comm stages the device all-to-alls through the host
+// (no NCCL here): their copies are dt_comm's, so only the allocations are checked.
+static void check_counters(dt_ctx *ctx, dt_embed *e, int W, int R) {
+    char name[160];
+    std::vector<int64_t> lengths, ids;
+    std::vector<float> weights;
+    for (int f = 0; f < NT; f++)
+        for (int b = 0; b < B; b++) {
+            int64_t n = 1 + (int64_t)(next_u() % 3);
+            lengths.push_back(n);
+            for (int64_t j = 0; j < n; j++) ids.push_back((int64_t)(next_u() % (uint64_t)IDS[f])), weights.push_back(next_f());
+        }
+    dt_kjt kjt;
+    memset(&kjt, 0, sizeof kjt);
+    kjt.n_features = NT; kjt.batch = B;
+    kjt.lengths = lengths.data(); kjt.ids = ids.data(); kjt.weights = weights.data();
+    dt_tensor o, d;
+    dt_tensor_desc td;
+    memset(&td, 0, sizeof td);
+    td.dtype = DT_F32; td.ndim = 2; td.shape[0] = B; td.shape[1] = dt_embed_pooled_dim(e); td.device = DT_CUDA_DEVICE;
+    if (dt_tensor_create(ctx, &o, &td) || dt_tensor_create(ctx, &d, &td)) return;
+    std::vector<float> dout((size_t)B * (size_t)dt_embed_pooled_dim(e));
+    for (size_t i = 0; i < dout.size(); i++) dout[i] = next_f();
+    cudaMemcpy(d.data, dout.data(), dout.size() * 4, cudaMemcpyHostToDevice);
+    int ok = !dt_embed_forward(e, &o, &kjt) && !dt_embed_backward(e, &d);
+    dt_emu_counters c0, c1;
+    dt_ctx_counters_reset(ctx);
+    dt_emu_get_counters(&c0);
+    ok = ok && !dt_embed_forward(e, &o, &kjt) && !dt_embed_backward(e, &d);
+    dt_emu_get_counters(&c1);
+    dt_cuda_counters k = ctx->counters;
+    snprintf(name, sizeof name, "mpi_embed_cuda_np%d_rank%d_counters_steps_run", W, R);
+    if (!DT_TEST_CHECK(name, ok)) fprintf(stderr, "  %s\n", dt_ctx_error(ctx));
+    snprintf(name, sizeof name, "mpi_embed_cuda_np%d_rank%d_second_step_allocates_and_frees_nothing", W, R);
+    dt_test_check_all(name, k.allocs == 0 && k.frees == 0 && c1.allocs == c0.allocs && c1.frees == c0.frees,
+                      "ctx allocs %lld frees %lld; runtime allocs %lld frees %lld", (long long)k.allocs,
+                      (long long)k.frees, c1.allocs - c0.allocs, c1.frees - c0.frees);
+    if (W == 1) {
+        long long m = 0, want;
+        for (int b = 0; b < B; b++) m += lengths[4 * B + b]; /* feature 4 reads the dynamic table */
+        want = (3 * m + 16) * 8;
+        snprintf(name, sizeof name, "mpi_embed_cuda_np1_second_step_one_copy_down_of_the_dynamic_block");
+        dt_test_check_all(name, k.d2h_bytes == want && k.d2h_calls == 1 && c1.d2h_bytes - c0.d2h_bytes == want,
+                          "ctx %lld bytes in %lld calls, runtime %lld bytes; expected %lld in 1", (long long)k.d2h_bytes,
+                          (long long)k.d2h_calls, c1.d2h_bytes - c0.d2h_bytes, want);
+        snprintf(name, sizeof name, "mpi_embed_cuda_np1_second_step_syncs_1");
+        dt_test_check_all(name, k.syncs == 1 && c1.syncs - c0.syncs == 1, "ctx %lld, runtime %lld", (long long)k.syncs,
+                          c1.syncs - c0.syncs);
+    }
+    dt_tensor_free(ctx, &o);
+    dt_tensor_free(ctx, &d);
+}
+
 int main(void) {
     dt_ctx ctx;
     dt_comm *world;
@@ -147,6 +203,7 @@ int main(void) {
         snprintf(name, sizeof name, "mpi_embed_cuda_np%d_rank%d_table_%d_rows_after_3_steps_equal_cpu", W, R, t);
         dt_test_allclose(name, hg.data(), hc.data(), hc.size(), 0, t == 3 ? 1e-6 : 0);
     }
+    if (ok) check_counters(&ctx, eg, W, R);
     dt_embed_free(ec);
     dt_embed_free(eg);
     dt_comm_free(world);
