@@ -12,6 +12,9 @@
      dt_emu_report_count()  0 and dt_emu_last_report() "": nothing watches the kernels (a test that
                             expects a planted bug to be reported fails, as it should: k_detect.cpp,
                             which checks the emulator itself, is not built for the GPU at all)
+     dt_emu_set_mode()      a no-op returning 0: a "same bits in every order" check reruns in the
+                            hardware's order, which still checks run-to-run determinism
+     dt_emu_vector_accesses()  -1: which path a launch took is not observable on a GPU
      dt_emu_get_counters()  every count -1: the real runtime does not count for us, so a check
                             that compares dt's ctx->counters with the runtime's own cannot pass by
                             accident; such a test can say `#ifdef DT_EMU_STUBS` and skip it.
@@ -36,6 +39,8 @@ const char *dt_emu_streams_mode(void);
 int dt_emu_report_count(void);
 const char *dt_emu_last_report(void);
 void dt_emu_get_counters(dt_emu_counters *c);
+int dt_emu_set_mode(const char *mode);     /* 0, a no-op: the hardware has one order */
+long long dt_emu_vector_accesses(void);    /* -1: not observable (a test checks DT_EMU_STUBS) */
 
 #ifdef __cplusplus
 }

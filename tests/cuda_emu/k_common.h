@@ -119,6 +119,13 @@ static inline int k_within_bound(const char *name, const float *got, const float
    process's own thread order, then once in each of the emulator's orders (dt_emu_set_mode), and
    back: PASS iff every result has the bits of the first. A sum whose order depended on thread
    timing would differ between the serial orders. */
+/* A float's bits, on the host (the device's __float_as_uint is not host code on a GPU build). */
+static inline unsigned k_bits(float f) {
+    unsigned u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
 template <typename F> static int k_same_bits_in_every_order(const char *name, F run) {
     static const char *const modes[] = {"parallel", "forward", "reverse", "random:1", "random:2", "random:7"};
     std::string own = dt_emu_mode();
@@ -134,8 +141,8 @@ template <typename F> static int k_same_bits_in_every_order(const char *name, F 
         for (size_t j = 0; j < first.size(); j++)
             if (memcmp(&got[j], &first[j], sizeof(float)))
                 return dt_test_fail(name, "order %s: [%zu] = %.9g (bits 0x%08x); order %s gave %.9g (0x%08x)",
-                                    modes[i], j, (double)got[j], __float_as_uint(got[j]), own.c_str(),
-                                    (double)first[j], __float_as_uint(first[j]));
+                                    modes[i], j, (double)got[j], k_bits(got[j]), own.c_str(),
+                                    (double)first[j], k_bits(first[j]));
     }
     return dt_test_pass(name);
 }

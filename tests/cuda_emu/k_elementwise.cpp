@@ -17,6 +17,10 @@ struct k_path {
     int reports0;
     k_path() : vec0(dt_emu_vector_accesses()), reports0(dt_emu_report_count()) {}
     void check(const char *name, bool want_vector) const {
+#ifdef DT_EMU_STUBS /* a GPU: the path is not observable (a misaligned vector access faults there) */
+        dt_test_skip(name, "the launch's path is observable on the emulator only");
+        return;
+#endif
         long long nvec = dt_emu_vector_accesses() - vec0;
         int nrep = dt_emu_report_count() - reports0;
         if ((nvec > 0) == want_vector && nrep == 0) dt_test_pass(name);
