@@ -1209,7 +1209,7 @@ DT_API dt_status dt_cuda_read_loss(dt_ctx *ctx, float *loss, int64_t *n_valid, c
     DT__TRY(dt__cuda_report(ctx, w));
     memcpy(d, &w[5], sizeof d);
     if (loss) *loss = (float)d[0];
-    if (n_valid) *n_valid = (int64_t)d[1];
+    if (n_valid) *n_valid = d[1] >= 0 && d[1] < 9.0e18 ? (int64_t)d[1] : 0; /* a count; never a cast of NaN */
     return DT_OK;
 }
 
