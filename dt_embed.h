@@ -674,6 +674,8 @@ typedef struct dt__em_bst {
     dt_comm_req **reqs;
     dt_tensor *rviews;
     int n_reqs;
+    dt_tensor cu_kl, cu_kid, cu_kw;
+    int cu_k64;
 } dt__em_bst;
 
 struct dt_embed {
@@ -744,6 +746,14 @@ struct dt_embed {
     int64_t cu_tm_cap, cu_fR, cu_fS, cu_fmax, cu_bmax, cu_seen_cap;
     unsigned char *cu_seen;      /* a bit per local row: the unique rows of a table's requests */
     int64_t *cu_dyn_hi, cu_dyn_cap; /* the admitted rows' copies (dt__em_cuda_dyn_fill) */
+    /* the batch on the device (dt__em_cuda_batch): lengths [n_in B] then their prefix sums
+       [n_in B + 1]; the ids as given (i64 when cu_k64, else i32); the weights. Per table its
+       data-parallel features (kjt input, pooled column) then every table's dim, uploaded once
+       (cu_tdesc; cu_tdo[t] its first pair, cu_tdm[t] how many). The unique rows updated by the
+       data-parallel backward, counted on the device (cu_uniq; read by dt_embed_stats_get). */
+    dt_tensor cu_kl, cu_kid, cu_kw, cu_tdesc, cu_uniq;
+    int cu_k64;
+    int64_t *cu_tdo, *cu_tdm;
 };
 
 /* One table's requests of the last forward on the device path: n ids (rows, weights), nb
@@ -755,6 +765,10 @@ typedef struct dt__em_cutab { int64_t n, nb, rows, offs, dst, src, len, w, tmp, 
 static dt_status dt__em_cuda_check_desc(dt_ctx *ctx, const dt_embed_desc *desc);
 static dt_status dt__em_cuda_to_device(dt_embed *e, dt__em_tab *t);
 static dt_status dt__em_cuda_dp_pool(dt_embed *e);
+static dt_status dt__em_cuda_batch(dt_embed *e, const dt_kjt *k);
+#ifdef DT_CUDA
+static dt_status dt__em_cuda_get(dt_embed *e, void *dst, const void *src, size_t bytes);
+#endif
 static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res);
 static dt_status dt__em_cuda_return(dt_embed *e, int64_t tot);
 static dt_status dt__em_cuda_check(dt_embed *e, const dt_tensor *t, const char *fn, const char *arg);
@@ -2442,7 +2456,8 @@ static void dt__em_swap(dt_embed *e) {
     DT__EM_SW(e->seq_cap, a->seq_cap); DT__EM_SW(e->seq_off, a->seq_off); DT__EM_SW(e->sbuf_i, a->sbuf_i);
     DT__EM_SW(e->sbuf_f, a->sbuf_f); DT__EM_SW(e->rbuf_i, a->rbuf_i); DT__EM_SW(e->rbuf_f, a->rbuf_f);
     DT__EM_SW(e->pooled, a->pooled); DT__EM_SW(e->reqs, a->reqs); DT__EM_SW(e->rviews, a->rviews);
-    DT__EM_SW(e->n_reqs, a->n_reqs);
+    DT__EM_SW(e->n_reqs, a->n_reqs); DT__EM_SW(e->cu_kl, a->cu_kl); DT__EM_SW(e->cu_kid, a->cu_kid);
+    DT__EM_SW(e->cu_kw, a->cu_kw); DT__EM_SW(e->cu_k64, a->cu_k64);
 }
 #undef DT__EM_SW
 
@@ -2596,6 +2611,7 @@ static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
         DT__TRY(dt__em_need(e, &e->pooled, DT_F32, nb + 1));
         memset(e->pooled.data, 0, (size_t)nb * sizeof(float));
         DT__TRY(dt__em_seq_layout(e));
+        if (e->cuda) DT__TRY(dt__em_cuda_batch(e, kjt));
         if (!e->dp_late) DT__TRY(dt__em_dp_lookup(e));
     }
     e->phase = 1;
@@ -3092,6 +3108,13 @@ DT_API dt_status dt_embed_stats_get(const dt_embed *e, dt_embed_stats *out) {
     if (out) memset(out, 0, sizeof *out);
     if (!e || !out) return DT_ERR_ARG;
     *out = e->stats;
+#ifdef DT_CUDA
+    if (e->cu_uniq.data) { /* the data-parallel backward counts its unique rows on the device */
+        int64_t u = 0;
+        DT__TRY(dt__em_cuda_get((dt_embed *)e, &u, e->cu_uniq.data, sizeof u));
+        out->rows_updated += u;
+    }
+#endif
     return DT_OK;
 }
 
@@ -3897,62 +3920,122 @@ static dt_status dt__em_cuda_pool(dt_embed *e, const dt__em_tab *t, const int64_
                                                   e->ctx->cuda_stream), "dt_k_embed_pool_fwd");
 }
 
-/* Data-parallel features on the device path: every such feature's bags pooled (one launch per
-   feature, into cu_dtmp) and placed into the device's pooled output (one dt_k_embed_gather_sum),
-   after the output is zeroed. The index arrays (rows, bag offsets, runs; weights) go up in one
-   copy each. */
-static dt_status dt__em_cuda_dp_dev(dt_embed *e) {
-    int64_t B = e->B, ni = 0, nf = 0, nt = 0, nr = 0, b, j, oi, of, ot, orun, maxd = 0, *h, k;
+/* The feature lists of the data-parallel tables on the device (once): per table its features'
+   (kjt input, pooled column) pairs, then every table's dim (dt_k_embed_bags, _dp_copies). */
+static dt_status dt__em_cuda_tdesc(dt_embed *e) {
+    int T = e->n_tabs, ti, f;
+    int64_t n = 0, *h;
+    dt_status st;
+    if (e->cu_tdo) return DT_OK;
+    if (!(e->cu_tdo = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(2 * T)))) return DT_ERR_OOM;
+    e->cu_tdm = e->cu_tdo + T;
+    for (ti = 0; ti < T; ti++) {
+        e->cu_tdo[ti] = n; e->cu_tdm[ti] = 0;
+        for (f = 0; f < e->n_feat; f++)
+            if (e->feat_tab[f] == ti && e->tabs[ti].shard == DT_SHARD_DATA) { n++; e->cu_tdm[ti]++; }
+    }
+    if (!(h = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(2 * n + T + 1)))) return DT_ERR_OOM;
+    for (ti = 0; ti < T; ti++) {
+        int64_t k = e->cu_tdo[ti];
+        for (f = 0; f < e->n_feat; f++)
+            if (e->feat_tab[f] == ti && e->tabs[ti].shard == DT_SHARD_DATA) {
+                h[2 * k] = e->feat_in[f]; h[2 * k + 1] = e->feat_off[f];
+                k++;
+            }
+        h[2 * n + ti] = e->tabs[ti].dim;
+    }
+    st = dt__em_cuda_need(e, &e->cu_tdesc, DT_I64, 2 * n + T + 1);
+    if (!st) st = dt__em_cuda_put(e, e->cu_tdesc.data, h, (size_t)(2 * n + T) * sizeof(int64_t));
+    dt_release(e->ctx, h);
+    return st;
+}
+
+/* Whether a data-parallel table is weighted (its weights go up with the batch). */
+static int dt__em_cuda_dp_weighted(const dt_embed *e) {
+    int ti;
+    for (ti = 0; ti < e->n_tabs; ti++)
+        if (e->tabs[ti].shard == DT_SHARD_DATA && e->tabs[ti].weighted) return 1;
+    return 0;
+}
+
+/* The batch up, for the device path's data-parallel tables: lengths, the ids as given and (a
+   weighted data-parallel table) the weights, the only bytes of their step that cross PCIe (the
+   ids were checked on the host as the batch was read, dt__em_read_batch); the kjt's bag offsets
+   then on the device. Called at begin; the batch begun ahead keeps its own copy (dt__em_swap). */
+static dt_status dt__em_cuda_batch(dt_embed *e, const dt_kjt *k) {
+    int64_t ni = (int64_t)e->n_in * e->B, nid = ni > 0 ? e->in_offs[ni] : 0;
+    size_t es;
+    if (!dt__em_cuda_dev(e) || !e->any_dp) return DT_OK;
+    DT__TRY(dt__em_cuda_tdesc(e));
+    e->cu_k64 = k->ids_dtype != DT_I32;
+    es = e->cu_k64 ? sizeof(int64_t) : sizeof(int32_t);
+    DT__TRY(dt__em_cuda_need(e, &e->cu_kl, DT_I64, 2 * ni + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_kid, DT_I64, nid + 1));
+    if (ni > 0) DT__TRY(dt__em_cuda_put(e, e->cu_kl.data, k->lengths, (size_t)ni * sizeof(int64_t)));
+    if (nid > 0) DT__TRY(dt__em_cuda_put(e, e->cu_kid.data, k->ids, (size_t)nid * es));
+    if (nid > 0 && k->weights && dt__em_cuda_dp_weighted(e)) {
+        DT__TRY(dt__em_cuda_need(e, &e->cu_kw, DT_F32, nid + 1));
+        DT__TRY(dt__em_cuda_put(e, e->cu_kw.data, k->weights, (size_t)nid * sizeof(float)));
+    }
+    return dt__em_cuda_err(e, dt_k_embed_kjt_offsets((int64_t *)e->cu_kl.data + ni, (const int64_t *)e->cu_kl.data,
+                                                      ni, e->ctx->cuda_stream), "dt_k_embed_kjt_offsets");
+}
+
+/* The ids of data-parallel table ti in this rank's batch (host, from the bag offsets). */
+static int64_t dt__em_cuda_dp_ids(const dt_embed *e, int ti) {
+    int64_t n = 0, B = e->B;
     int f;
+    for (f = 0; f < e->n_feat; f++)
+        if (e->feat_tab[f] == ti && e->tabs[ti].shard == DT_SHARD_DATA)
+            n += e->offs[(int64_t)(f + 1) * B] - e->offs[(int64_t)f * B];
+    return n;
+}
+
+/* Table ti's bags from the uploaded batch, in (sample, feature) order (dt_k_embed_bags): rows
+   [n], weights [n] (a weighted table), offsets [m B + 1], places in the pooled output [m B]. */
+static dt_status dt__em_cuda_dp_bags(dt_embed *e, int ti, int64_t *rows, float *w, int64_t *offs, int64_t *doff,
+                                     int64_t *total) {
+    const dt__em_tab *t = &e->tabs[ti];
+    int64_t ni = (int64_t)e->n_in * e->B;
+    return dt__em_cuda_err(e, dt_k_embed_bags(rows, t->weighted ? w : NULL, offs, doff, total,
+                                               (const int64_t *)e->cu_kl.data + ni, e->cu_kid.data, e->cu_k64,
+                                               t->weighted ? (const float *)e->cu_kw.data : NULL,
+                                               (const int64_t *)e->cu_tdesc.data + 2 * e->cu_tdo[ti],
+                                               (int)e->cu_tdm[ti], e->B, t->r0,
+                                               t->ids == DT_IDS_HASH ? t->rows : 0, e->pooled_dim, e->ctx->cuda_stream),
+                           "dt_k_embed_bags");
+}
+
+/* Data-parallel features on the device path, from the batch on the device: per table its bags
+   (dt__em_cuda_dp_bags) pooled in one launch straight into their columns of the pooled output
+   (divided there for mean), after the output is zeroed. Nothing goes up. */
+static dt_status dt__em_cuda_dp_dev(dt_embed *e) {
+    int64_t B = e->B, ni = 0, nf = 0, oi = 0, of = 0;
+    int ti;
     DT__TRY(dt__em_cuda_need(e, &e->cu_pooled, DT_F32, B * e->pooled_dim + 1));
     DT__TRY(dt_cuda_memset(e->ctx, e->cu_pooled.data, 0, (size_t)(B * e->pooled_dim) * sizeof(float), "dt_embed_forward"));
     if (!e->any_dp || B == 0) return DT_OK;
-    for (f = 0; f < e->n_feat; f++) {
-        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
-        int64_t n = e->offs[(int64_t)(f + 1) * B] - e->offs[(int64_t)f * B];
-        if (t->shard != DT_SHARD_DATA) continue;
-        ni += n + B + 1 + 6 * B; nf += n; nt += B * t->dim; nr += B;
-        if (t->dim > maxd) maxd = t->dim;
+    for (ti = 0; ti < e->n_tabs; ti++) {
+        int64_t m = e->cu_tdm[ti], n = dt__em_cuda_dp_ids(e, ti);
+        if (m == 0) continue;
+        ni += n + 2 * m * B + 1; nf += n;
     }
-    if (nr == 0) return DT_OK;
-    DT__TRY(dt__em_cuda_stage_buf(e, ni, nf));
     DT__TRY(dt__em_cuda_need(e, &e->cu_dmeta, DT_I64, ni + 1));
     DT__TRY(dt__em_cuda_need(e, &e->cu_dmetaf, DT_F32, nf + 1));
-    DT__TRY(dt__em_cuda_need(e, &e->cu_dtmp, DT_F32, nt + 1));
-    /* per feature: rows [n], offs [B + 1]; then all the runs [3 nr], all the segments [3 nr] */
-    h = e->cu_hi; oi = 0; of = 0; ot = 0; orun = 0;
-    for (f = 0; f < e->n_feat; f++) {
-        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
-        int64_t i0 = e->offs[(int64_t)f * B], n = e->offs[(int64_t)(f + 1) * B] - i0;
-        if (t->shard != DT_SHARD_DATA) continue;
-        for (j = 0; j < n; j++) { h[oi + j] = e->rows[i0 + j] - t->r0; e->cu_hf[of + j] = e->wts[i0 + j]; }
-        for (b = 0; b <= B; b++) h[oi + n + b] = e->offs[(int64_t)f * B + b] - i0;
-        for (b = 0; b < B; b++) {
-            int64_t *rn = h + (ni - 6 * nr) + 3 * (orun + b), *sg = h + (ni - 3 * nr) + 3 * (orun + b);
-            rn[0] = b * e->pooled_dim + e->feat_off[f]; rn[1] = t->dim; rn[2] = orun + b;
-            sg[0] = ot + b * t->dim; sg[1] = 0; sg[2] = t->dim;
-        }
-        oi += n + B + 1; of += n; ot += B * t->dim; orun += B;
+    for (ti = 0; ti < e->n_tabs; ti++) {
+        const dt__em_tab *t = &e->tabs[ti];
+        int64_t m = e->cu_tdm[ti], n = dt__em_cuda_dp_ids(e, ti);
+        int64_t *rows = (int64_t *)e->cu_dmeta.data + oi, *offs = rows + n, *doff = offs + m * B + 1;
+        float *w = (float *)e->cu_dmetaf.data + of;
+        if (m == 0) continue;
+        DT__TRY(dt__em_cuda_dp_bags(e, ti, rows, w, offs, doff, NULL));
+        DT__TRY(dt__em_cuda_err(e, dt_k_embed_pool_fwd_at((float *)e->cu_pooled.data, doff, t->w.data, (int)t->dtype,
+                                                           rows, t->weighted ? w : NULL, offs, m * B, t->dim,
+                                                           t->c1 - t->c0, t->pooling == DT_POOL_MEAN,
+                                                           e->ctx->cuda_stream), "dt_k_embed_pool_fwd_at"));
+        oi += n + 2 * m * B + 1; of += n;
     }
-    DT__TRY(dt__em_cuda_put(e, e->cu_dmeta.data, h, (size_t)ni * sizeof(int64_t)));
-    if (e->any_weighted) DT__TRY(dt__em_cuda_put(e, e->cu_dmetaf.data, e->cu_hf, (size_t)nf * sizeof(float)));
-    oi = 0; of = 0; ot = 0;
-    for (f = 0; f < e->n_feat; f++) {
-        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
-        int64_t n = e->offs[(int64_t)(f + 1) * B] - e->offs[(int64_t)f * B];
-        const int64_t *dm = (const int64_t *)e->cu_dmeta.data + oi;
-        if (t->shard != DT_SHARD_DATA) continue;
-        DT__TRY(dt__em_cuda_err(e, dt_k_embed_pool_fwd((float *)e->cu_dtmp.data + ot, t->w.data, (int)t->dtype, dm,
-                                                        t->weighted ? (const float *)e->cu_dmetaf.data + of : NULL,
-                                                        dm + n, B, t->dim, t->c1 - t->c0, 0, e->ctx->cuda_stream),
-                                "dt_k_embed_pool_fwd"));
-        oi += n + B + 1; of += n; ot += B * t->dim;
-    }
-    k = ni - 6 * nr;
-    return dt__em_cuda_err(e, dt_k_embed_gather_sum((float *)e->cu_pooled.data, (const float *)e->cu_dtmp.data,
-                                                     (const int64_t *)e->cu_dmeta.data + k,
-                                                     (const int64_t *)e->cu_dmeta.data + k + 3 * nr, NULL, nr, nr,
-                                                     maxd, 0, e->ctx->cuda_stream), "dt_k_embed_gather_sum");
+    return DT_OK;
 }
 
 /* Data-parallel features: each feature's bags in one launch, copied down into the pooled
@@ -4017,7 +4100,8 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
         nt += tm[ti].nb * (e->tabs[ti].c1 - e->tabs[ti].c0);
         if (e->tabs[ti].r1 - e->tabs[ti].r0 > maxrows) maxrows = e->tabs[ti].r1 - e->tabs[ti].r0;
     }
-    if (ni == 0) return DT_OK;
+    for (ti = 0; ti < e->n_tabs && tm[ti].nb == 0; ti++) {}
+    if (ti == e->n_tabs) return DT_OK; /* no requests (every table data-parallel): nothing to send up */
     DT__TRY(dt__em_cuda_stage_buf(e, ni, nf));
     DT__TRY(dt__em_cuda_need(e, &e->cu_meta, DT_I64, ni + 1));
     DT__TRY(dt__em_cuda_need(e, &e->cu_metaf, DT_F32, nf + 1));
@@ -4106,6 +4190,9 @@ static dt_status dt__em_cuda_end(dt_embed *e, dt_tensor *out, int64_t tot) {
     (void)tot;
     e->cu_fR = e->cu_fS = 0; /* the backward's layout: none unless set below */
     if (B == 0 || e->pooled_dim == 0) return DT_OK;
+    for (f = 0; f < F && e->tabs[e->feat_tab[f]].shard == DT_SHARD_DATA; f++) {}
+    if (f == F) /* data-parallel only: pooled (and divided) on the device already */
+        return dt__em_cuda_d2d(e, out->data, e->cu_pooled.data, (size_t)(B * e->pooled_dim) * sizeof(float));
     ni = 3 * R + 9 * S;
     DT__TRY(dt__em_cuda_stage_buf(e, ni + R + 1, R + S));
     DT__TRY(dt__em_cuda_need(e, &e->cu_smeta, DT_I64, ni + 1));
@@ -4123,7 +4210,7 @@ static dt_status dt__em_cuda_end(dt_embed *e, dt_tensor *out, int64_t tot) {
             int64_t n = e->offs[(int64_t)f * B + b + 1] - e->offs[(int64_t)f * B + b];
             r = (int64_t)f * B + b;
             h[3 * r] = b * e->pooled_dim + e->feat_off[f]; h[3 * r + 1] = t->dim; h[3 * r + 2] = start[r];
-            dv[r] = t->pooling == DT_POOL_MEAN && n > 0 ? (float)n : 1.0f;
+            dv[r] = t->pooling == DT_POOL_MEAN && n > 0 && t->shard != DT_SHARD_DATA ? (float)n : 1.0f;
         }
     }
     for (k = 0; k < S; k++) {
@@ -4151,29 +4238,29 @@ static dt_status dt__em_cuda_end(dt_embed *e, dt_tensor *out, int64_t tot) {
 
 /* Data-parallel tables on the device path: every rank applies every rank's gradients (a sparse
    all-reduce), in the CPU's order (rank, then (sample, feature, position)). Each rank's
-   contributions, table by table (a table's in (sample, feature, position) order): the rows on
-   the host (known from the batch), each id's gradient row (w x its bag's, / length for mean) by
-   dt_k_embed_pool_bwd on the device. The counts go round (one host all-reduce), the rows by a
-   host all-to-all, the gradient rows by the device all-to-all (this rank's block sent to every
-   rank); one dt_k_embed_copies puts them table-major, and each table is deduplicated and
-   updated as the sharded ones. */
+   contributions, table by table (a table's in (sample, feature, position) order), built on the
+   device from its uploaded batch: the rows and each id's gradient row (w x its bag's, / length
+   for mean, dt_k_embed_pool_bwd). The counts per (rank, table) are known on the host too (one
+   host all-reduce: they size the buffers and the exchange), but the device reads its own: each
+   rank's int block is [its T counts][its rows], sent to every rank with its gradient rows by two
+   device all-to-alls; dt_k_embed_dp_copies derives from the received counts the copies that put
+   them table-major (two dt_k_embed_copies), and each table is deduplicated and updated as the
+   sharded ones. Nothing crosses PCIe; the unique rows are counted on the device (cu_uniq). */
 static dt_status dt__em_cuda_dp_backward(dt_embed *e, const dt_tensor *dout) {
     const char *fn = "dt_embed_backward";
     int W = e->size, f, r, T = e->n_tabs, ti;
-    int64_t B = e->B, b, j, nl = 0, fl = 0, nb = 0, ni, N = 0, FN = 0, k, *h, *cnt = e->cnt, *nrt, *ot, *ft;
+    int64_t B = e->B, nl = 0, fl = 0, nb2 = 0, ni, N = 0, FN = 0, k, *cnt = e->cnt, *nrt, *ot, *ft, mr = 0, mf = 0;
+    int64_t *snd, *rcv, *rtm, *desc, *bag;
     double *v;
     dt_status st = DT_OK;
     size_t mark;
-    float *gl, *gt;
-    /* this rank's ids and floats per table */
+    float *gl, *gt, *gr;
+    /* every rank's ids per table (host: sizes) */
     if (!(v = (double *)dt_alloc(e->ctx, sizeof(double) * (size_t)(W * T)))) return DT_ERR_OOM;
     memset(v, 0, sizeof(double) * (size_t)(W * T));
-    for (f = 0; f < e->n_feat; f++) {
-        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
-        if (t->shard != DT_SHARD_DATA) continue;
-        v[e->rank * T + e->feat_tab[f]] += (double)(e->offs[(int64_t)(f + 1) * B] - e->offs[(int64_t)f * B]);
-        nb += B;
-    }
+    for (f = 0; f < e->n_feat; f++)
+        if (e->tabs[e->feat_tab[f]].shard == DT_SHARD_DATA)
+            v[e->rank * T + e->feat_tab[f]] += (double)(e->offs[(int64_t)(f + 1) * B] - e->offs[(int64_t)f * B]);
     st = dt__em_sum_f64(e, v, W * T);
     /* nrt[r * T + t]: rank r's ids of table t; ot / ft: table t's first id / float, table-major */
     if (!st && !(nrt = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(W * T + 2 * T + 2)))) st = DT_ERR_OOM;
@@ -4183,143 +4270,93 @@ static dt_status dt__em_cuda_dp_backward(dt_embed *e, const dt_tensor *dout) {
     dt_release(e->ctx, v);
     for (ti = 0; ti < T; ti++) {
         ot[ti] = N; ft[ti] = FN;
-        for (r = 0; r < W; r++) { N += nrt[r * T + ti]; FN += nrt[r * T + ti] * e->tabs[ti].dim; }
+        for (r = 0; r < W; r++) {
+            int64_t c = nrt[r * T + ti];
+            N += c; FN += c * e->tabs[ti].dim;
+            if (c > mr) mr = c;
+            if (c * e->tabs[ti].dim > mf) mf = c * e->tabs[ti].dim;
+        }
         nl += nrt[e->rank * T + ti]; fl += nrt[e->rank * T + ti] * e->tabs[ti].dim;
+        nb2 += 2 * e->cu_tdm[ti] * B + 1;
     }
     ot[T] = N;
-    /* the rows: this rank's, table by table, sent to every rank (host all-to-all) */
-    st = dt__em_need(e, &e->dp_i, DT_I64, nl * W + 1);
-    if (!st) st = dt__em_need(e, &e->dp_ri, DT_I64, N + 1);
-    if (!st) { /* host layout of the upload: rows table-major [N], then per table its bags' offsets, dout offsets,
-                  weights (as floats, below); then the copies' dst, src, len [W * T] */
-        int64_t *rw = (int64_t *)e->dp_i.data, o = 0;
-        for (ti = 0; ti < T; ti++)
-            for (b = 0; b < B; b++)
-                for (f = 0; f < e->n_feat; f++) {
-                    const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
-                    int64_t i0 = e->offs[(int64_t)f * B + b], n = e->offs[(int64_t)f * B + b + 1] - i0;
-                    if (e->feat_tab[f] != ti || t->shard != DT_SHARD_DATA) continue;
-                    for (j = 0; j < n; j++) rw[o++] = e->rows[i0 + j] - t->r0;
-                }
-        for (r = 1; r < W; r++) memcpy(rw + r * nl, rw, (size_t)nl * sizeof(int64_t));
-        if (e->comm) {
-            int64_t *sc = cnt, *rc = cnt + W; /* cnt's send counts are free in the backward */
-            for (r = 0; r < W; r++) {
-                sc[r] = nl;
-                rc[r] = 0;
-                for (ti = 0; ti < T; ti++) rc[r] += nrt[r * T + ti];
-            }
-            st = dt__em_a2av(e, &e->dp_ri, &e->dp_i, sc, rc);
-        } else memcpy(e->dp_ri.data, rw, (size_t)nl * sizeof(int64_t));
-    }
-    if (st) { dt_release(e->ctx, nrt); return st; }
-    ni = N + 2 * nb + T + 3 * W * T; /* rows, per table its bag offsets [nbt + 1] and dout offsets [nbt], copies */
-    st = dt__em_cuda_stage_buf(e, ni + 1, nl + 1);
-    if (!st) st = dt__em_cuda_need(e, &e->cu_dmeta, DT_I64, ni + 1);
+    /* ints: this rank's block x W (sent), the received blocks, rows table-major, the copies, the bags */
+    ni = (T + nl) * W + (W * T + N) + N + 6 * W * T + nb2;
+    st = dt__em_cuda_need(e, &e->cu_dmeta, DT_I64, ni + 1);
     if (!st) st = dt__em_cuda_need(e, &e->cu_dmetaf, DT_F32, nl + 1);
     if (!st) st = dt__em_cuda_need(e, &e->cu_dtmp, DT_F32, fl * W + FN + 1); /* W copies of this rank's block, then received */
+    if (!st && !e->cu_uniq.data) {
+        st = dt__em_cuda_need(e, &e->cu_uniq, DT_I64, 1);
+        if (!st) st = dt_cuda_memset(e->ctx, e->cu_uniq.data, 0, e->cu_uniq.numel * sizeof(int64_t), fn);
+    }
     if (st) { dt_release(e->ctx, nrt); return st; }
-    h = e->cu_hi;
-    { /* rows table-major: rank r's rows of table t sit at (rank r's start) + (its earlier tables) */
-        const int64_t *rr = (const int64_t *)e->dp_ri.data;
-        int64_t rs = 0;
-        for (r = 0; r < W; r++) {
-            int64_t o = rs;
-            for (ti = 0; ti < T; ti++) {
-                int64_t n = nrt[r * T + ti], d = ot[ti];
-                for (k = 0; k < r; k++) d += nrt[k * T + ti];
-                memcpy(h + d, rr + o, (size_t)n * sizeof(int64_t));
-                o += n;
-            }
-            rs = o;
-        }
-    }
-    { /* this rank's bags, per table in (sample, feature) order: offsets from its first id [nbt + 1], dout
-         offsets [nbt]; the weights */
-        int64_t o = N, jn = 0;
-        for (ti = 0; ti < T; ti++) {
-            int64_t nbt = 0, jt = 0, *offs = h + o, *doff;
-            for (f = 0; f < e->n_feat; f++) nbt += e->feat_tab[f] == ti && e->tabs[ti].shard == DT_SHARD_DATA ? B : 0;
-            if (nbt == 0) continue;
-            doff = offs + nbt + 1;
-            offs[0] = 0;
-            for (b = 0; b < B; b++)
-                for (f = 0; f < e->n_feat; f++) {
-                    int64_t i0 = e->offs[(int64_t)f * B + b], n = e->offs[(int64_t)f * B + b + 1] - i0;
-                    if (e->feat_tab[f] != ti) continue;
-                    for (j = 0; j < n; j++) e->cu_hf[jn++] = e->wts[i0 + j];
-                    jt += n;
-                    *++offs = jt;
-                    *doff++ = b * e->pooled_dim + e->feat_off[f];
-                }
-            o += 2 * nbt + 1;
-        }
-    }
-    { /* the copies from the received (rank-major) floats to table-major */
-        int64_t *dst = h + N + 2 * nb + T, *src = dst + W * T, *len = src + W * T, rs = 0;
-        for (r = 0; r < W; r++)
-            for (ti = 0; ti < T; ti++) {
-                int64_t d = ft[ti], n = nrt[r * T + ti] * e->tabs[ti].dim;
-                for (k = 0; k < r; k++) d += nrt[k * T + ti] * e->tabs[ti].dim;
-                dst[r * T + ti] = d; src[r * T + ti] = rs; len[r * T + ti] = n;
-                rs += n;
-            }
-    }
-    st = dt__em_cuda_put(e, e->cu_dmeta.data, h, (size_t)ni * sizeof(int64_t));
-    if (!st && e->any_weighted) st = dt__em_cuda_put(e, e->cu_dmetaf.data, e->cu_hf, (size_t)nl * sizeof(float));
-    if (st) { dt_release(e->ctx, nrt); return st; }
-    mark = dt_cuda_scratch_begin(e->ctx);
-    gl = (float *)e->cu_dtmp.data; /* this rank's block, then its copies for the other ranks */
-    gt = (float *)dt_cuda_scratch(e->ctx, (size_t)(FN + 1) * sizeof(float), fn);
-    if (!gt) st = DT_ERR_OOM;
-    { /* each table's gradient rows (one launch per table) */
-        const int64_t *dm = (const int64_t *)e->cu_dmeta.data + N;
-        int64_t o = 0, wo = 0;
+    snd = (int64_t *)e->cu_dmeta.data; rcv = snd + (T + nl) * W; rtm = rcv + W * T + N; desc = rtm + N; bag = desc + 6 * W * T;
+    gl = (float *)e->cu_dtmp.data; gr = W > 1 ? gl + fl * W : gl;
+    st = dt_cuda_memset(e->ctx, snd, 0, (size_t)T * sizeof(int64_t), fn); /* counts of the tables with no such feature */
+    { /* this rank's block: per table its counts, rows and gradient rows */
+        int64_t o = 0, fo = 0;
         for (ti = 0; !st && ti < T; ti++) {
             const dt__em_tab *t = &e->tabs[ti];
-            int64_t nbt = 0, n = nrt[e->rank * T + ti];
-            for (f = 0; f < e->n_feat; f++) nbt += e->feat_tab[f] == ti && t->shard == DT_SHARD_DATA ? B : 0;
-            if (nbt == 0) continue;
-            st = dt__em_cuda_err(e, dt_k_embed_pool_bwd(gl + o, (const float *)dout->data, dm + nbt + 1,
-                                                        t->weighted ? (const float *)e->cu_dmetaf.data + wo : NULL,
-                                                        dm, nbt, t->dim, t->pooling == DT_POOL_MEAN,
-                                                        e->ctx->cuda_stream), "dt_k_embed_pool_bwd");
-            dm += 2 * nbt + 1; o += n * t->dim; wo += n;
+            int64_t m = e->cu_tdm[ti], *offs = bag, *doff = offs + m * B + 1;
+            if (m == 0) continue;
+            st = dt__em_cuda_dp_bags(e, ti, snd + T + o, (float *)e->cu_dmetaf.data + o, offs, doff, snd + ti);
+            if (!st)
+                st = dt__em_cuda_err(e, dt_k_embed_pool_bwd(gl + fo, (const float *)dout->data, doff,
+                                                            t->weighted ? (const float *)e->cu_dmetaf.data + o : NULL,
+                                                            offs, m * B, t->dim, t->pooling == DT_POOL_MEAN,
+                                                            e->ctx->cuda_stream), "dt_k_embed_pool_bwd");
+            bag += 2 * m * B + 1; o += nrt[e->rank * T + ti]; fo += nrt[e->rank * T + ti] * t->dim;
         }
     }
-    if (!st && W > 1) { /* the block to every rank (cnt's send counts are free in the backward) */
-        int64_t *sc = cnt, *rc = cnt + W, rt;
+    if (!st && W > 1) { /* both blocks to every rank (cnt's send counts are free in the backward) */
+        int64_t *sc = cnt, *rc = cnt + W, rt = 0;
         dt_tensor sv, rv;
         int64_t sh[1];
+        for (r = 1; !st && r < W; r++) st = dt__em_cuda_d2d(e, snd + r * (T + nl), snd, (size_t)(T + nl) * sizeof(int64_t));
         for (r = 1; !st && r < W; r++) st = dt__em_cuda_d2d(e, gl + r * fl, gl, (size_t)fl * sizeof(float));
-        if (!st) {
-            rt = 0;
-            for (r = 0; r < W; r++) {
-                sc[r] = fl;
-                rc[r] = 0;
-                for (ti = 0; ti < T; ti++) rc[r] += nrt[r * T + ti] * e->tabs[ti].dim;
-                rt += rc[r];
-            }
-            sh[0] = fl * W;
-            st = dt_tensor_view(e->ctx, &sv, &e->cu_dtmp, 0, 1, sh);
-            sh[0] = rt;
-            if (!st) st = dt_tensor_view(e->ctx, &rv, &e->cu_dtmp, fl * W, 1, sh);
-            if (!st) st = dt_comm_alltoallv(e->comm, &rv, rc, &sv, sc);
+        for (r = 0; r < W; r++) {
+            sc[r] = T + nl;
+            rc[r] = T;
+            for (ti = 0; ti < T; ti++) rc[r] += nrt[r * T + ti];
+            rt += rc[r];
         }
+        sh[0] = (T + nl) * W;
+        if (!st) st = dt_tensor_view(e->ctx, &sv, &e->cu_dmeta, 0, 1, sh);
+        sh[0] = rt;
+        if (!st) st = dt_tensor_view(e->ctx, &rv, &e->cu_dmeta, (T + nl) * W, 1, sh);
+        if (!st) st = dt_comm_alltoallv(e->comm, &rv, rc, &sv, sc);
+        rt = 0;
+        for (r = 0; r < W; r++) {
+            sc[r] = fl;
+            rc[r] = 0;
+            for (ti = 0; ti < T; ti++) rc[r] += nrt[r * T + ti] * e->tabs[ti].dim;
+            rt += rc[r];
+        }
+        sh[0] = fl * W;
+        if (!st) st = dt_tensor_view(e->ctx, &sv, &e->cu_dtmp, 0, 1, sh);
+        sh[0] = rt;
+        if (!st) st = dt_tensor_view(e->ctx, &rv, &e->cu_dtmp, fl * W, 1, sh);
+        if (!st) st = dt_comm_alltoallv(e->comm, &rv, rc, &sv, sc);
         for (r = 0; r < W; r++)
-            if (r != e->rank) e->stats.bytes_sent_bwd += 8.0 * (double)nl + 4.0 * (double)fl;
-    }
-    if (!st) { /* table-major */
-        const int64_t *dm = (const int64_t *)e->cu_dmeta.data + N + 2 * nb + T;
-        int64_t maxlen = 0;
-        for (k = 0; k < W * T; k++) if (h[N + 2 * nb + T + 2 * W * T + k] > maxlen) maxlen = h[N + 2 * nb + T + 2 * W * T + k];
-        st = dt__em_cuda_err(e, dt_k_embed_copies(gt, W > 1 ? gl + fl * W : gl, dm, dm + W * T, dm + 2 * W * T, W * T,
-                                                   maxlen, 4, e->ctx->cuda_stream), "dt_k_embed_copies");
-    }
+            if (r != e->rank) e->stats.bytes_sent_bwd += 8.0 * (double)(T + nl) + 4.0 * (double)fl;
+    } else if (!st) rcv = snd; /* one rank: its own block */
+    mark = dt_cuda_scratch_begin(e->ctx);
+    gt = (float *)dt_cuda_scratch(e->ctx, (size_t)(FN + 1) * sizeof(float), fn);
+    if (!st && !gt) st = DT_ERR_OOM;
+    if (!st) /* table-major */
+        st = dt__em_cuda_err(e, dt_k_embed_dp_copies(desc, rcv, (const int64_t *)e->cu_tdesc.data +
+                                                     2 * (e->cu_tdo[T - 1] + e->cu_tdm[T - 1]), W, T,
+                                                     e->ctx->cuda_stream), "dt_k_embed_dp_copies");
+    if (!st)
+        st = dt__em_cuda_err(e, dt_k_embed_copies(rtm, rcv, desc, desc + W * T, desc + 2 * W * T, W * T, mr, 8,
+                                                   e->ctx->cuda_stream), "dt_k_embed_copies");
+    if (!st)
+        st = dt__em_cuda_err(e, dt_k_embed_copies(gt, gr, desc + 3 * W * T, desc + 4 * W * T, desc + 5 * W * T, W * T,
+                                                   mf, 4, e->ctx->cuda_stream), "dt_k_embed_copies");
     for (ti = 0; !st && ti < T; ti++) {
         dt__em_tab *t = &e->tabs[ti];
-        int64_t n = ot[ti + 1] - ot[ti], *order, *seg, *nu, uq = 0;
-        const int64_t *rows = (const int64_t *)e->cu_dmeta.data + ot[ti];
+        int64_t n = ot[ti + 1] - ot[ti], *order, *seg, *nu;
+        const int64_t *rows = rtm + ot[ti];
         float *g = gt + ft[ti];
         void *scr;
         if (t->shard != DT_SHARD_DATA || n == 0) continue;
@@ -4341,18 +4378,9 @@ static dt_status dt__em_cuda_dp_backward(dt_embed *e, const dt_tensor *dout) {
                                                              t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 3 : 1,
                                                              t->lr, t->eps, e->ctx->cuda_stream),
                                  "dt_k_embed_sparse_update");
-        /* the unique rows (stats) from the host's copy of the rows */
-        if (!st && !(st = dt_grow(e->ctx, (void **)&e->cu_seen, &e->cu_seen_cap, (t->r1 - t->r0) / 8 + 1, 1,
-                                  "dt_embed cuda rows"))) {
-            const int64_t *hr = h + ot[ti];
-            for (k = 0; k < n; k++)
-                if (!(e->cu_seen[hr[k] >> 3] & (1u << (hr[k] & 7)))) {
-                    e->cu_seen[hr[k] >> 3] |= (unsigned char)(1u << (hr[k] & 7));
-                    uq++;
-                }
-            for (k = 0; k < n; k++) e->cu_seen[hr[k] >> 3] = 0;
-            e->stats.rows_updated += uq;
-        }
+        if (!st) /* the unique rows (stats), on the device */
+            st = dt__em_cuda_err(e, dt_k_embed_add_i64((int64_t *)e->cu_uniq.data, nu, e->ctx->cuda_stream),
+                                 "dt_k_embed_add_i64");
     }
     dt_cuda_scratch_end(e->ctx, mark);
     dt_release(e->ctx, nrt);
@@ -4509,6 +4537,10 @@ static void dt__em_cuda_free(dt_embed *e) {
     dt_tensor_free(e->ctx, &e->cu_smeta); dt_tensor_free(e->ctx, &e->cu_smetaf); dt_tensor_free(e->ctx, &e->cu_dmeta);
     dt_tensor_free(e->ctx, &e->cu_dmetaf); dt_tensor_free(e->ctx, &e->cu_dtmp); dt_tensor_free(e->ctx, &e->cu_gin);
     dt_release(e->ctx, e->cu_tm); dt_release(e->ctx, e->cu_seen); dt_release(e->ctx, e->cu_dyn_hi);
+    dt_tensor_free(e->ctx, &e->cu_kl); dt_tensor_free(e->ctx, &e->cu_kid); dt_tensor_free(e->ctx, &e->cu_kw);
+    dt_tensor_free(e->ctx, &e->aside.cu_kl); dt_tensor_free(e->ctx, &e->aside.cu_kid);
+    dt_tensor_free(e->ctx, &e->aside.cu_kw); dt_tensor_free(e->ctx, &e->cu_tdesc); dt_tensor_free(e->ctx, &e->cu_uniq);
+    dt_release(e->ctx, e->cu_tdo);
 }
 
 #else /* without DT_CUDA: desc.device cuda is refused at create, so only the first and last run */
@@ -4527,6 +4559,7 @@ static dt_status dt__em_cuda_off(dt_embed *e) {
 }
 static dt_status dt__em_cuda_to_device(dt_embed *e, dt__em_tab *t) { (void)t; return dt__em_cuda_off(e); }
 static dt_status dt__em_cuda_dp_pool(dt_embed *e) { return dt__em_cuda_off(e); }
+static dt_status dt__em_cuda_batch(dt_embed *e, const dt_kjt *k) { (void)k; return dt__em_cuda_off(e); }
 static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) { (void)tot_res; return dt__em_cuda_off(e); }
 static dt_status dt__em_cuda_return(dt_embed *e, int64_t tot) { (void)tot; return dt__em_cuda_off(e); }
 static dt_status dt__em_cuda_check(dt_embed *e, const dt_tensor *t, const char *fn, const char *arg) {

@@ -136,9 +136,10 @@ extern "C" int dt_k_embedding_bwd(float *dtable, const float *dout, const void *
 /* ---------------------------------------------------------------- pooling */
 
 /* One block per bag, one thread per column: the bag in order, from 0, as the CPU. */
-static __global__ void dt_k__pool_fwd(float *out, const void *table, int dt, const int64_t *rows, const float *w,
-                               const int64_t *offs, int64_t D, int64_t ld, int mean) {
-    int64_t b = blockIdx.x, j0 = offs[b], j1 = offs[b + 1], c, j;
+static __global__ void dt_k__pool_fwd(float *out, const int64_t *out_off, const void *table, int dt,
+                                      const int64_t *rows, const float *w, const int64_t *offs, int64_t D, int64_t ld,
+                                      int mean) {
+    int64_t b = blockIdx.x, j0 = offs[b], j1 = offs[b + 1], c, j, o = out_off ? out_off[b] : b * D;
     for (c = threadIdx.x; c < D; c += blockDim.x) {
         float acc = 0.0f;
         for (j = j0; j < j1; j++) {
@@ -148,7 +149,7 @@ static __global__ void dt_k__pool_fwd(float *out, const void *table, int dt, con
             acc += w ? w[j] * v : v;
         }
         if (mean && j1 > j0) acc /= (float)(j1 - j0);
-        out[b * D + c] = acc;
+        out[o + c] = acc;
     }
 }
 
@@ -200,16 +201,22 @@ static __global__ void dt_k__pool_bwd_dense(float *dtable, const float *dout, co
     }
 }
 
-extern "C" int dt_k_embed_pool_fwd(float *out, const void *table, int table_dtype, const int64_t *rows,
-                                   const float *weights, const int64_t *offsets, int64_t n_bags, int64_t D,
-                                   int64_t ld, int mean, void *stream) {
+extern "C" int dt_k_embed_pool_fwd_at(float *out, const int64_t *out_offsets, const void *table, int table_dtype,
+                                      const int64_t *rows, const float *weights, const int64_t *offsets,
+                                      int64_t n_bags, int64_t D, int64_t ld, int mean, void *stream) {
     if (n_bags < 0 || n_bags > 2147483647LL || D < 0 || ld < D || table_dtype < 1 || table_dtype > 3 ||
         (mean != 0 && mean != 1))
         return (int)cudaErrorInvalidValue;
     if (n_bags == 0 || D == 0) return 0;
-    DT_K_LAUNCH(dt_k__pool_fwd, (unsigned)n_bags, dt_k__thr(D, 256), 0, stream, out, table, table_dtype, rows, weights,
-                offsets, D, ld, mean);
+    DT_K_LAUNCH(dt_k__pool_fwd, (unsigned)n_bags, dt_k__thr(D, 256), 0, stream, out, out_offsets, table, table_dtype,
+                rows, weights, offsets, D, ld, mean);
     return DT_K_CHECK();
+}
+
+extern "C" int dt_k_embed_pool_fwd(float *out, const void *table, int table_dtype, const int64_t *rows,
+                                   const float *weights, const int64_t *offsets, int64_t n_bags, int64_t D,
+                                   int64_t ld, int mean, void *stream) {
+    return dt_k_embed_pool_fwd_at(out, NULL, table, table_dtype, rows, weights, offsets, n_bags, D, ld, mean, stream);
 }
 
 extern "C" int dt_k_embed_pool_bwd(float *grads, const float *dout, const int64_t *dout_offsets,
@@ -238,6 +245,140 @@ extern "C" int dt_k_embed_pool_bwd_dense(float *dtable, const float *dout, const
     if (n_bags == 0 || D == 0) return 0;
     DT_K_LAUNCH(dt_k__pool_bwd_dense, (unsigned)n_bags, dt_k__thr(D, 256), 0, stream, dtable, dout, rows, weights,
                 offsets, D, mean);
+    return DT_K_CHECK();
+}
+
+/* ---------------------------------------------------------------- the batch on the device */
+
+/* dt_embed_hash_id: one splitmix64 step (the id as a uint64 plus the golden ratio, then the
+   finaliser), as dt_embed.h. */
+__device__ static uint64_t dt_k__embed_hash(int64_t id) {
+    uint64_t z = (uint64_t)id + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The length of item q: lengths[q], or (desc != NULL) bag q = b m + k of a group of m features
+   read from the kjt, feature k's input desc[2 k]: in_offs[fin B + b + 1] - in_offs[fin B + b]. */
+__device__ static int64_t dt_k__bag_len(int64_t q, const int64_t *lengths, const int64_t *in_offs,
+                                        const int64_t *desc, int m, int64_t B) {
+    int64_t b, x;
+    if (!desc) return lengths[q];
+    b = q / m;
+    x = desc[2 * (q % m)] * B + b;
+    return in_offs[x + 1] - in_offs[x];
+}
+
+/* offs[0..n]: the exclusive prefix sums of the n lengths, and *total = offs[n] when total is not
+   NULL. One block: each thread sums a contiguous chunk, thread 0 scans the 256 partials, each
+   thread writes its chunk. Integer sums: exact in any order. */
+static __global__ void dt_k__scan_len(int64_t *offs, int64_t *total, const int64_t *lengths, const int64_t *in_offs,
+                                      const int64_t *desc, int m, int64_t B, int64_t n) {
+    __shared__ int64_t part[256];
+    int64_t per = (n + blockDim.x - 1) / blockDim.x, i0 = threadIdx.x * per, i1 = i0 + per, s = 0, i;
+    if (i0 > n) i0 = n;
+    if (i1 > n) i1 = n;
+    for (i = i0; i < i1; i++) s += dt_k__bag_len(i, lengths, in_offs, desc, m, B);
+    part[threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int64_t acc = 0, v;
+        unsigned k;
+        for (k = 0; k < blockDim.x; k++) { v = part[k]; part[k] = acc; acc += v; }
+        offs[n] = acc;
+        if (total) *total = acc;
+    }
+    __syncthreads();
+    s = part[threadIdx.x];
+    for (i = i0; i < i1; i++) {
+        offs[i] = s;
+        s += dt_k__bag_len(i, lengths, in_offs, desc, m, B);
+    }
+}
+
+/* Bag q = b m + k of the group: its ids as rows (the id, or its hash mod hash_rows, minus row0),
+   its weights (1 without), and where its pooled vector sits: b ldo + desc[2 k + 1]. A block
+   per bag, threads over its ids. */
+static __global__ void dt_k__bags(int64_t *rows, float *w, int64_t *doff, const int64_t *offs, const int64_t *in_offs,
+                                  const void *ids, int i64, const float *weights, const int64_t *desc, int m,
+                                  int64_t B, int64_t row0, int64_t hash_rows, int64_t ldo) {
+    int64_t q, j;
+    for (q = blockIdx.x; q < m * B; q += gridDim.x) {
+        int64_t b = q / m, k = q % m, src = in_offs[desc[2 * k] * B + b], o = offs[q], n = offs[q + 1] - o;
+        for (j = threadIdx.x; j < n; j += blockDim.x) {
+            int64_t id = dt_k__id(ids, i64, src + j);
+            rows[o + j] = (hash_rows > 0 ? (int64_t)(dt_k__embed_hash(id) % (uint64_t)hash_rows) : id) - row0;
+            if (w) w[o + j] = weights ? weights[src + j] : 1.0f;
+        }
+        if (threadIdx.x == 0 && doff) doff[q] = b * ldo + desc[2 * k + 1];
+    }
+}
+
+extern "C" int dt_k_embed_kjt_offsets(int64_t *in_offs, const int64_t *lengths, int64_t n, void *stream) {
+    if (n < 0 || !in_offs || (n > 0 && !lengths)) return (int)cudaErrorInvalidValue;
+    DT_K_LAUNCH(dt_k__scan_len, 1, 256, 0, stream, in_offs, (int64_t *)NULL, lengths, (const int64_t *)NULL,
+                (const int64_t *)NULL, 1, (int64_t)0, n);
+    return DT_K_CHECK();
+}
+
+extern "C" int dt_k_embed_bags(int64_t *rows, float *weights_out, int64_t *offs, int64_t *dout_offs, int64_t *total,
+                               const int64_t *in_offs, const void *ids, int ids_i64, const float *weights,
+                               const int64_t *desc, int m, int64_t B, int64_t row0, int64_t hash_rows, int64_t ldo,
+                               void *stream) {
+    int64_t nb;
+    int st;
+    if (m < 1 || B < 0 || hash_rows < 0 || !offs || !in_offs || !desc || !rows || (ids_i64 != 0 && ids_i64 != 1) ||
+        B > (((int64_t)1 << 40) / m))
+        return (int)cudaErrorInvalidValue;
+    nb = (int64_t)m * B;
+    DT_K_LAUNCH(dt_k__scan_len, 1, 256, 0, stream, offs, total, (const int64_t *)NULL, in_offs, desc, m, B, nb);
+    if ((st = DT_K_CHECK()) || nb == 0) return st;
+    DT_K_LAUNCH(dt_k__bags, dt_k__grid(nb, 1), 64, 0, stream, rows, weights_out, dout_offs, offs, in_offs, ids, ids_i64,
+                weights, desc, m, B, row0, hash_rows, ldo);
+    return DT_K_CHECK();
+}
+
+/* One thread: the table-major copies of a data-parallel backward from the received blocks (rank
+   r's: [T counts][its rows, table by table]) and its floats (rank r's: each table's counts x
+   dims[t] floats): desc = rows dst, src, len, then floats dst, src, len, W T each, (rank, table)
+   at r T + t; the destinations table-major (table, then rank). */
+static __global__ void dt_k__dp_copies(int64_t *desc, const int64_t *blocks, const int64_t *dims, int W, int T) {
+    int64_t *rd = desc, *rs = rd + W * T, *rl = rs + W * T, *fd = rl + W * T, *fs = fd + W * T, *fl = fs + W * T;
+    int64_t base = 0, fbase = 0, o = 0, fo = 0;
+    int r, t;
+    if (threadIdx.x || blockIdx.x) return;
+    for (r = 0; r < W; r++) {
+        int64_t p = base + T, fp = fbase;
+        for (t = 0; t < T; t++) {
+            int64_t c = blocks[base + t];
+            rl[r * T + t] = c; rs[r * T + t] = p; p += c;
+            fl[r * T + t] = c * dims[t]; fs[r * T + t] = fp; fp += c * dims[t];
+        }
+        base = p; fbase = fp;
+    }
+    for (t = 0; t < T; t++)
+        for (r = 0; r < W; r++) {
+            rd[r * T + t] = o; o += rl[r * T + t];
+            fd[r * T + t] = fo; fo += fl[r * T + t];
+        }
+}
+
+extern "C" int dt_k_embed_dp_copies(int64_t *desc, const int64_t *blocks, const int64_t *dims, int W, int T,
+                                    void *stream) {
+    if (W < 1 || T < 1 || !desc || !blocks || !dims) return (int)cudaErrorInvalidValue;
+    DT_K_LAUNCH(dt_k__dp_copies, 1, 32, 0, stream, desc, blocks, dims, W, T);
+    return DT_K_CHECK();
+}
+
+/* *acc += *x (one thread): device counters read only when asked (dt_embed's stats). */
+static __global__ void dt_k__add_i64(int64_t *acc, const int64_t *x) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) *acc += *x;
+}
+
+extern "C" int dt_k_embed_add_i64(int64_t *acc, const int64_t *x, void *stream) {
+    if (!acc || !x) return (int)cudaErrorInvalidValue;
+    DT_K_LAUNCH(dt_k__add_i64, 1, 32, 0, stream, acc, x);
     return DT_K_CHECK();
 }
 

@@ -173,6 +173,11 @@ int dt_k_embedding_bwd(float *dtable, const float *dout, const void *ids, int id
    admitted) adds nothing. */
 int dt_k_embed_pool_fwd(float *out, const void *table, int table_dtype, const int64_t *rows, const float *weights,
                         const int64_t *offsets, int64_t n_bags, int64_t D, int64_t ld, int mean, void *stream);
+/* The same, bag b written at out + out_offsets[b] (NULL: b * D): pooled vectors straight into
+   their columns of a wider output. */
+int dt_k_embed_pool_fwd_at(float *out, const int64_t *out_offsets, const void *table, int table_dtype,
+                           const int64_t *rows, const float *weights, const int64_t *offsets, int64_t n_bags,
+                           int64_t D, int64_t ld, int mean, void *stream);
 /* Its backward as per-id gradient rows: grads[i, :] = w_i * dout[dout_offsets[bag(i)] + :]
    (dout_offsets NULL: bag(i) * D; / length for mean), bag(i) read from offsets (one block per
    bag). dt_embed.h's CUDA backward: the owner's rows before dedup + sparse update. */
@@ -191,6 +196,27 @@ int dt_k_embed_pool_bwd_dense(float *dtable, const float *dout, const int64_t *r
    (div NULL: no division). max_len >= every len (sizes the block). Device arrays. */
 int dt_k_embed_gather_sum(float *out, const float *src, const int64_t *runs, const int64_t *segs, const float *div,
                           int64_t n_runs, int64_t n_segs, int64_t max_len, int accum, void *stream);
+
+/* dt_embed.h's batch on the device (its data-parallel tables read the uploaded dt_kjt, so only
+   the batch crosses PCIe). dt_k_embed_kjt_offsets: in_offs[0..n] = exclusive prefix sums of
+   lengths[n] (the kjt's bags). dt_k_embed_bags: the m B bags of a group of m features (desc[2 k],
+   desc[2 k + 1] = feature k's kjt input and its column in the pooled output; device array), in
+   (sample, feature) order: offs[m B + 1] (prefix sums of the bag lengths; *total = offs[m B]
+   when total is not NULL), each id's row (rows: the id, or dt_embed_hash_id(id) mod hash_rows
+   when hash_rows > 0; minus row0), its weight (weights_out, when not NULL: weights[id] or 1),
+   and each bag's place in the pooled output (dout_offs, when not NULL: b ldo + desc[2 k + 1]).
+   ids are i64 (ids_i64 = 1) or i32. Ids are checked on the host, where the batch is read. */
+int dt_k_embed_kjt_offsets(int64_t *in_offs, const int64_t *lengths, int64_t n, void *stream);
+int dt_k_embed_bags(int64_t *rows, float *weights_out, int64_t *offs, int64_t *dout_offs, int64_t *total,
+                    const int64_t *in_offs, const void *ids, int ids_i64, const float *weights, const int64_t *desc,
+                    int m, int64_t B, int64_t row0, int64_t hash_rows, int64_t ldo, void *stream);
+/* The copies that put a data-parallel backward's received contributions table-major (one
+   thread): blocks = the received ints, rank r's block [T counts][its rows, table by table];
+   dims[T] the tables' dims. desc[6 W T] = rows dst, src, len, then floats dst, src, len (W T
+   each, entry r T + t), for dt_k_embed_copies. */
+int dt_k_embed_dp_copies(int64_t *desc, const int64_t *blocks, const int64_t *dims, int W, int T, void *stream);
+/* *acc += *x on the device (int64, one thread). */
+int dt_k_embed_add_i64(int64_t *acc, const int64_t *x, void *stream);
 
 /* Bucketization by owner (row-wise sharding of `rows` rows over W ranks, as dt_embed.h: R =
    q*W + m, the first m ranks one row more): counts[W] = ids per owner, dest[i] = where id i

@@ -204,6 +204,15 @@ static void check_config(dt_ctx *ctx, dt_embed_sharding sh, dt_embed_optim opt, 
         if (ok)
             dt_test_allclose(name, hg.data(), hc.data(), hc.size(), 0, rtol);
     }
+    if (sh == DT_SHARD_DATA) { /* the unique rows updated, counted on the device (the sharded device path's
+                                   count, made on the host from the requests, differs from the CPU's: open) */
+        dt_embed_stats a, g;
+        dt_embed_stats_get(ec, &a);
+        dt_embed_stats_get(eg, &g);
+        snprintf(name, sizeof name, "embed_cuda_stats_rows_updated_equal_cpu_%s", tag);
+        dt_test_check_all(name, a.rows_updated == g.rows_updated && a.rows_updated > 0,
+                          "rows updated cuda %lld, cpu %lld", (long long)g.rows_updated, (long long)a.rows_updated);
+    }
     dt_embed_free(ec);
     dt_embed_free(eg);
 }
@@ -300,14 +309,16 @@ static void run_both(dt_ctx *ctx, dt_embed *ec, dt_embed *eg, const int64_t *row
         }
         if (sc.step_admitted != sg.step_admitted || sc.step_evicted != sg.step_evicted ||
             sc.step_rejected != sg.step_rejected || sc.admitted != sg.admitted || sc.evicted != sg.evicted ||
-            sc.rejected != sg.rejected) {
+            sc.rejected != sg.rejected || sc.rows_updated != sg.rows_updated) {
             ok = 0;
             snprintf(name, sizeof name, "%s_stats_equal_cpu_step_%d", tag, s + 1);
             dt_test_fail(name, "admitted/evicted/rejected cuda %lld/%lld/%lld (step %lld/%lld/%lld), cpu %lld/%lld/%lld "
-                         "(step %lld/%lld/%lld)", (long long)sg.admitted, (long long)sg.evicted, (long long)sg.rejected,
-                         (long long)sg.step_admitted, (long long)sg.step_evicted, (long long)sg.step_rejected,
-                         (long long)sc.admitted, (long long)sc.evicted, (long long)sc.rejected,
-                         (long long)sc.step_admitted, (long long)sc.step_evicted, (long long)sc.step_rejected);
+                         "(step %lld/%lld/%lld); rows updated cuda %lld, cpu %lld", (long long)sg.admitted,
+                         (long long)sg.evicted, (long long)sg.rejected, (long long)sg.step_admitted,
+                         (long long)sg.step_evicted, (long long)sg.step_rejected, (long long)sc.admitted,
+                         (long long)sc.evicted, (long long)sc.rejected, (long long)sc.step_admitted,
+                         (long long)sc.step_evicted, (long long)sc.step_rejected, (long long)sg.rows_updated,
+                         (long long)sc.rows_updated);
         }
     }
     if (ok) {
@@ -546,6 +557,14 @@ static void check_counters(dt_embed_sharding sh, dt_embed_optim opt, int dyn = 0
     dt_test_check_all(name, k2.syncs == (want_d2h ? 1 : 0) && c1.syncs - c0.syncs == k2.syncs,
                       "ctx syncs %lld, runtime %lld; expected %d", (long long)k2.syncs, c1.syncs - c0.syncs,
                       want_d2h ? 1 : 0);
+    if (sh == DT_SHARD_DATA) { /* every table data-parallel: only the batch goes up (lengths, ids, weights) */
+        long long nid = 0;
+        for (int i = 0; i < NF * B; i++) nid += k.lengths[i];
+        long long want_h2d = (long long)NF * B * 8 + nid * 8 + nid * 4;
+        snprintf(name, sizeof name, "embed_cuda_second_step_uploads_only_the_batch_%s", tag);
+        dt_test_check_all(name, k2.h2d_bytes == want_h2d, "h2d %lld bytes; expected %lld (lengths %d x 8, ids %lld x 8, "
+                          "weights %lld x 4)", (long long)k2.h2d_bytes, want_h2d, NF * B, nid, nid);
+    }
     snprintf(name, sizeof name, "embed_cuda_second_step_h2d_counted_%s", tag);
     dt_test_check_all(name, k2.h2d_bytes == c1.h2d_bytes - c0.h2d_bytes && k2.h2d_calls == c1.h2d_calls - c0.h2d_calls,
                       "ctx h2d %lld bytes in %lld calls, runtime %lld in %lld", (long long)k2.h2d_bytes,
