@@ -674,8 +674,9 @@ typedef struct dt__em_bst {
     dt_comm_req **reqs;
     dt_tensor *rviews;
     int n_reqs;
-    dt_tensor cu_kl, cu_kid, cu_kw;
-    int cu_k64;
+    dt_tensor cu_kl, cu_kid, cu_kw, cu_rq, cu_rqf, cu_smeta, cu_smetaf;
+    int cu_k64, cu_devreq;
+    int64_t cu_fR, cu_fS, cu_fmax, cu_bmax, *cu_cx, cu_cx_cap;
 } dt__em_bst;
 
 struct dt_embed {
@@ -754,6 +755,13 @@ struct dt_embed {
     dt_tensor cu_kl, cu_kid, cu_kw, cu_tdesc, cu_uniq;
     int cu_k64;
     int64_t *cu_tdo, *cu_tdm;
+    /* the requests made on the device (dt__em_cuda_requests: static tables, every feature
+       pooled): sent then received headers and rows (cu_rq), weights (cu_rqf); the features'
+       descriptors (cu_fdesc, once); per source the counts received at begin (cu_cx: ints,
+       floats, requests, results, then per table ids and requests) */
+    dt_tensor cu_rq, cu_rqf, cu_fdesc;
+    int64_t *cu_cx, cu_cx_cap;
+    int cu_devreq;               /* this batch's requests were made on the device */
 };
 
 /* One table's requests of the last forward on the device path: n ids (rows, weights), nb
@@ -766,6 +774,10 @@ static dt_status dt__em_cuda_check_desc(dt_ctx *ctx, const dt_embed_desc *desc);
 static dt_status dt__em_cuda_to_device(dt_embed *e, dt__em_tab *t);
 static dt_status dt__em_cuda_dp_pool(dt_embed *e);
 static dt_status dt__em_cuda_batch(dt_embed *e, const dt_kjt *k);
+static int dt__em_cuda_devreq(const dt_embed *e);
+static dt_status dt__em_cuda_requests(dt_embed *e);
+static dt_status dt__em_cuda_host_requests(dt_embed *e);
+static dt_status dt__em_cuda_serve_dev(dt_embed *e, int64_t tot_res);
 #ifdef DT_CUDA
 static dt_status dt__em_cuda_get(dt_embed *e, void *dst, const void *src, size_t bytes);
 #endif
@@ -1830,6 +1842,8 @@ static void dt__em_pool(const dt__em_tab *t, float *acc, const int64_t *rows, co
 typedef struct dt__em_gen {
     int64_t *ni, *nf, *nr;       /* per dest: ints, floats, result floats (counting pass) */
     int fill;
+    int64_t *nq;                 /* counting pass, or NULL: per dest requests, then per (dest, table) ids and
+                                    requests (nq + W + 2 (dest T + table)); ids sent counted in the stats */
 } dt__em_gen;
 
 static dt_status dt__em_add_seg(dt_embed *e, dt__em_gen *g, int dest, int f, int64_t b, int64_t pos, int64_t c0,
@@ -1849,6 +1863,12 @@ static dt_status dt__em_add_seg(dt_embed *e, dt__em_gen *g, int dest, int f, int
     ni[dest] += DT__EM_HDR + n;
     if (e->any_weighted) nf[dest] += n;
     nr[dest] += nc;
+    if (g->nq) {
+        int64_t *pt = g->nq + e->size + 2 * ((int64_t)dest * e->n_tabs + e->feat_tab[f]);
+        g->nq[dest]++;
+        pt[0] += n; pt[1]++;
+        if (dest != e->rank) e->stats.ids_sent += n;
+    }
     return DT_OK;
 }
 
@@ -2457,7 +2477,11 @@ static void dt__em_swap(dt_embed *e) {
     DT__EM_SW(e->sbuf_f, a->sbuf_f); DT__EM_SW(e->rbuf_i, a->rbuf_i); DT__EM_SW(e->rbuf_f, a->rbuf_f);
     DT__EM_SW(e->pooled, a->pooled); DT__EM_SW(e->reqs, a->reqs); DT__EM_SW(e->rviews, a->rviews);
     DT__EM_SW(e->n_reqs, a->n_reqs); DT__EM_SW(e->cu_kl, a->cu_kl); DT__EM_SW(e->cu_kid, a->cu_kid);
-    DT__EM_SW(e->cu_kw, a->cu_kw); DT__EM_SW(e->cu_k64, a->cu_k64);
+    DT__EM_SW(e->cu_kw, a->cu_kw); DT__EM_SW(e->cu_k64, a->cu_k64); DT__EM_SW(e->cu_rq, a->cu_rq);
+    DT__EM_SW(e->cu_rqf, a->cu_rqf); DT__EM_SW(e->cu_smeta, a->cu_smeta); DT__EM_SW(e->cu_smetaf, a->cu_smetaf);
+    DT__EM_SW(e->cu_fR, a->cu_fR); DT__EM_SW(e->cu_fS, a->cu_fS); DT__EM_SW(e->cu_fmax, a->cu_fmax);
+    DT__EM_SW(e->cu_bmax, a->cu_bmax); DT__EM_SW(e->cu_cx, a->cu_cx); DT__EM_SW(e->cu_cx_cap, a->cu_cx_cap);
+    DT__EM_SW(e->cu_devreq, a->cu_devreq);
 }
 #undef DT__EM_SW
 
@@ -2525,7 +2549,7 @@ DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
 static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
     const char *fn = "dt_embed_forward";
     int W, r, bad = 0;
-    int64_t *cnt, tot_i = 0, tot_f = 0, tot_r = 0;
+    int64_t *cnt, tot_i = 0, tot_f = 0, tot_r = 0, K;
     (void)tot_r;
     dt__em_gen g;
     dt_status st;
@@ -2557,16 +2581,24 @@ static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
     e->g0 = 0;
     for (r = 0; r < e->rank; r++) e->g0 += (int64_t)v[r];
     dt_release(e->ctx, v);
-    /* requests: count, size the buffers, fill */
+    /* requests: count, size the buffers, fill (on the device: dt__em_cuda_requests) */
+    e->cu_devreq = e->cuda && dt__em_cuda_devreq(e);
+    K = e->cu_devreq ? 4 + 2 * (int64_t)e->n_tabs : 2;
     memset(cnt, 0, sizeof(int64_t) * (size_t)(6 * W));
-    g.ni = cnt; g.nf = cnt + W; g.nr = cnt + 2 * W; g.fill = 0;
+    g.ni = cnt; g.nf = cnt + W; g.nr = cnt + 2 * W; g.fill = 0; g.nq = NULL;
+    if (e->cu_devreq) { /* requests per dest, ids and requests per (dest, table); then what arrives (K per rank) */
+        int64_t nx = W + 2 * (int64_t)W * e->n_tabs;
+        DT__TRY(dt_grow(e->ctx, (void **)&e->cu_cx, &e->cu_cx_cap, nx + K * W, sizeof(int64_t), "dt_embed counts"));
+        memset(e->cu_cx, 0, sizeof(int64_t) * (size_t)nx);
+        g.nq = e->cu_cx;
+    }
     DT__TRY(dt__em_generate(e, &g));
     for (r = 0; r < W; r++) { tot_i += cnt[r]; tot_f += cnt[W + r]; tot_r += cnt[2 * W + r]; }
-    DT__TRY(dt__em_need(e, &e->sbuf_i, DT_I64, tot_i + 1));
-    DT__TRY(dt__em_need(e, &e->sbuf_f, DT_F32, tot_f + 1));
-    {   /* fill: per-dest cursors start at the dest's displacement */
+    if (!e->cu_devreq) {
         int64_t *di = cnt + 3 * W, *df = cnt + 4 * W, *dr = cnt + 5 * W, oi = 0, of = 0, orr = 0;
-        for (r = 0; r < W; r++) {
+        DT__TRY(dt__em_need(e, &e->sbuf_i, DT_I64, tot_i + 1));
+        DT__TRY(dt__em_need(e, &e->sbuf_f, DT_F32, tot_f + 1));
+        for (r = 0; r < W; r++) { /* fill: per-dest cursors start at the dest's displacement */
             di[r] = oi; df[r] = of; dr[r] = orr;
             oi += cnt[r]; of += cnt[W + r]; orr += cnt[2 * W + r];
         }
@@ -2576,33 +2608,48 @@ static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
     e->stats.ids += e->n_ids;
     for (r = 0; r < W; r++)
         if (r != e->rank) e->stats.bytes_sent_fwd += 8.0 * (double)cnt[r] + 4.0 * (double)cnt[W + r];
-    /* exchange the requests: counts first (all-to-all of 2 per rank), then ids and weights */
+    if (e->cuda) DT__TRY(dt__em_cuda_batch(e, kjt));
+    /* exchange the requests: counts first (all-to-all of K per rank: ints, floats; with requests made
+       on the device also requests, results, and per table ids and requests), then ids and weights */
     {
-        int64_t *rc = cnt + 3 * W, *rf = cnt + 4 * W, tr_i = 0, tr_f = 0;
-        DT__TRY(dt__em_need(e, &e->dp_i, DT_I64, 4 * W));
+        int64_t *rc = cnt + 3 * W, *rf = cnt + 4 * W, tr_i = 0, tr_f = 0, *x;
+        DT__TRY(dt__em_need(e, &e->dp_i, DT_I64, 2 * K * W));
+        x = (int64_t *)e->dp_i.data;
         for (r = 0; r < W; r++) {
-            ((int64_t *)e->dp_i.data)[2 * r] = cnt[r];
-            ((int64_t *)e->dp_i.data)[2 * r + 1] = cnt[W + r];
+            x[K * r] = cnt[r];
+            x[K * r + 1] = cnt[W + r];
+            if (e->cu_devreq) {
+                x[K * r + 2] = e->cu_cx[r];
+                x[K * r + 3] = cnt[2 * W + r];
+                memcpy(x + K * r + 4, e->cu_cx + W + 2 * (int64_t)r * e->n_tabs, sizeof(int64_t) * 2 * (size_t)e->n_tabs);
+            }
         }
         if (e->comm) {
             dt_tensor a, bb;
             int64_t sh[1];
-            sh[0] = 2 * W;
+            sh[0] = K * W;
             DT__TRY(dt_tensor_view(e->ctx, &a, &e->dp_i, 0, 1, sh));
-            DT__TRY(dt_tensor_view(e->ctx, &bb, &e->dp_i, 2 * W, 1, sh));
+            DT__TRY(dt_tensor_view(e->ctx, &bb, &e->dp_i, K * W, 1, sh));
             DT__TRY(dt_comm_alltoall(e->comm, &bb, &a));
-        } else memcpy((int64_t *)e->dp_i.data + 2, e->dp_i.data, 2 * sizeof(int64_t));
+        } else memcpy(x + K, x, sizeof(int64_t) * (size_t)K);
         for (r = 0; r < W; r++) {
-            rc[r] = ((int64_t *)e->dp_i.data)[2 * W + 2 * r];
-            rf[r] = ((int64_t *)e->dp_i.data)[2 * W + 2 * r + 1];
+            rc[r] = x[K * W + K * r];
+            rf[r] = x[K * W + K * r + 1];
             tr_i += rc[r]; tr_f += rf[r];
+            if (e->cu_devreq) { /* what this rank serves; its responses' sizes are known now */
+                memcpy(e->cu_cx + W + 2 * (int64_t)W * e->n_tabs + K * r, x + K * W + K * r, sizeof(int64_t) * (size_t)K);
+                cnt[5 * W + r] = x[K * W + K * r + 3];
+            }
         }
-        DT__TRY(dt__em_need(e, &e->rbuf_i, DT_I64, tr_i + 1));
-        DT__TRY(dt__em_need(e, &e->rbuf_f, DT_F32, tr_f + 1));
         e->n_reqs = 0;
         e->rbuf_n = tr_i;
-        DT__TRY(dt__em_post(e, &e->sbuf_i, &e->rbuf_i, cnt, rc, DT__EM_TAG_IDS));
-        if (e->any_weighted) DT__TRY(dt__em_post(e, &e->sbuf_f, &e->rbuf_f, cnt + W, rf, DT__EM_TAG_WTS));
+        if (e->cu_devreq) DT__TRY(dt__em_cuda_requests(e));
+        else {
+            DT__TRY(dt__em_need(e, &e->rbuf_i, DT_I64, tr_i + 1));
+            DT__TRY(dt__em_need(e, &e->rbuf_f, DT_F32, tr_f + 1));
+            DT__TRY(dt__em_post(e, &e->sbuf_i, &e->rbuf_i, cnt, rc, DT__EM_TAG_IDS));
+            if (e->any_weighted) DT__TRY(dt__em_post(e, &e->sbuf_f, &e->rbuf_f, cnt + W, rf, DT__EM_TAG_WTS));
+        }
     }
     /* local: data-parallel lookups (at the end when begun ahead of a backward) */
     {
@@ -2611,7 +2658,6 @@ static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
         DT__TRY(dt__em_need(e, &e->pooled, DT_F32, nb + 1));
         memset(e->pooled.data, 0, (size_t)nb * sizeof(float));
         DT__TRY(dt__em_seq_layout(e));
-        if (e->cuda) DT__TRY(dt__em_cuda_batch(e, kjt));
         if (!e->dp_late) DT__TRY(dt__em_dp_lookup(e));
     }
     e->phase = 1;
@@ -2653,11 +2699,13 @@ static dt_status dt__em_end(dt_embed *e, dt_tensor *out) {
         if (e->dp_late) { e->dp_late = 0; DT__TRY(dt__em_dp_lookup(e)); }
         if (e->any_dyn) DT__TRY(e->cuda ? dt__em_cuda_dyn_translate(e, (int64_t *)e->rbuf_i.data, e->rbuf_n)
                                          : dt__em_dyn_translate(e, (int64_t *)e->rbuf_i.data, e->rbuf_n));
-        DT__TRY(dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W,
-                              cnt + 5 * W, NULL)); /* counts only */
+        if (!e->cu_devreq) /* (requests made on the device: the counts came at begin) */
+            DT__TRY(dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W,
+                                  cnt + 5 * W, NULL)); /* counts only */
         for (r = 0; r < W; r++) tot_res += cnt[5 * W + r];
         DT__TRY(dt__em_need(e, &e->resp, DT_F32, tot_res + 1));
-        if (e->cuda) DT__TRY(dt__em_cuda_serve(e, tot_res)); /* pools into e->cu_resp on the device */
+        if (e->cuda) /* pools into e->cu_resp on the device */
+            DT__TRY(e->cu_devreq ? dt__em_cuda_serve_dev(e, tot_res) : dt__em_cuda_serve(e, tot_res));
         else DT__TRY(dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, cnt + 3 * W,
                                    cnt + 5 * W, (float *)e->resp.data));
     }
@@ -3033,6 +3081,7 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
         }
         if (!st && e->cuda && !dev) /* a host copy: the gradients are sorted there */
             st = dt__em_cuda_host_dout(e, &dd, dout);
+        if (!st && e->cu_devreq && !dev) st = dt__em_cuda_host_requests(e);
         else if (!st) dd = (const float *)dout->data;
     }
     flag[0] = st ? 1 : 0;
@@ -3592,8 +3641,11 @@ static dt_status dt__em_cuda_check_desc(dt_ctx *ctx, const dt_embed_desc *desc) 
     return DT_OK;
 }
 
+/* Device buffers start at twice the first step's need: how many requests, ids and results reach
+   an owner varies from batch to batch (row-wise tables), and a step that allocates waits for the
+   device; doubling on growth (dt__em_need_on) makes later growth rare. */
 static dt_status dt__em_cuda_need(dt_embed *e, dt_tensor *t, dt_dtype dtype, int64_t n) {
-    return dt__em_need_on(e, t, dtype, n, DT_CUDA_DEVICE);
+    return dt__em_need_on(e, t, dtype, t->data || n > ((int64_t)1 << 50) ? n : 2 * n, DT_CUDA_DEVICE);
 }
 
 /* Copies through dt_tensor.h's counted calls: up and device to device in stream order without
@@ -3920,6 +3972,30 @@ static dt_status dt__em_cuda_pool(dt_embed *e, const dt__em_tab *t, const int64_
                                                   e->ctx->cuda_stream), "dt_k_embed_pool_fwd");
 }
 
+/* The features' descriptors for the requests made on the device (DT_K_EMBED_FD each, see
+   kernels/dt_kernels.h), once. */
+static dt_status dt__em_cuda_fdesc(dt_embed *e) {
+    int F = e->n_feat, f;
+    int64_t *h;
+    dt_status st;
+    if (!(h = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(F * DT_K_EMBED_FD)))) return DT_ERR_OOM;
+    memset(h, 0, sizeof(int64_t) * (size_t)(F * DT_K_EMBED_FD));
+    for (f = 0; f < F; f++) {
+        const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        int64_t *d = h + (int64_t)f * DT_K_EMBED_FD;
+        d[0] = t->shard == DT_SHARD_TABLE ? 1 : t->shard == DT_SHARD_ROW ? 2 : t->shard == DT_SHARD_TABLE_ROW ? 3 :
+               t->shard == DT_SHARD_COLUMN ? 4 : 0;
+        d[1] = t->shard == DT_SHARD_TABLE ? t->owner : t->gfirst;
+        d[2] = t->gsize; d[3] = t->rows; d[4] = t->dim; d[5] = t->ids == DT_IDS_HASH;
+        d[6] = e->feat_in[f]; d[7] = e->feat_off[f]; d[8] = t->pooling == DT_POOL_MEAN; d[9] = t->weighted;
+        d[10] = e->feat_tab[f]; d[11] = t->c1 - t->c0; d[12] = t->r0;
+    }
+    st = dt__em_cuda_need(e, &e->cu_fdesc, DT_I64, (int64_t)F * DT_K_EMBED_FD);
+    if (!st) st = dt__em_cuda_put(e, e->cu_fdesc.data, h, sizeof(int64_t) * (size_t)(F * DT_K_EMBED_FD));
+    dt_release(e->ctx, h);
+    return st;
+}
+
 /* The feature lists of the data-parallel tables on the device (once): per table its features'
    (kjt input, pooled column) pairs, then every table's dim (dt_k_embed_bags, _dp_copies). */
 static dt_status dt__em_cuda_tdesc(dt_embed *e) {
@@ -3947,6 +4023,7 @@ static dt_status dt__em_cuda_tdesc(dt_embed *e) {
     st = dt__em_cuda_need(e, &e->cu_tdesc, DT_I64, 2 * n + T + 1);
     if (!st) st = dt__em_cuda_put(e, e->cu_tdesc.data, h, (size_t)(2 * n + T) * sizeof(int64_t));
     dt_release(e->ctx, h);
+    if (!st) st = dt__em_cuda_fdesc(e);
     return st;
 }
 
@@ -3965,7 +4042,7 @@ static int dt__em_cuda_dp_weighted(const dt_embed *e) {
 static dt_status dt__em_cuda_batch(dt_embed *e, const dt_kjt *k) {
     int64_t ni = (int64_t)e->n_in * e->B, nid = ni > 0 ? e->in_offs[ni] : 0;
     size_t es;
-    if (!dt__em_cuda_dev(e) || !e->any_dp) return DT_OK;
+    if (!dt__em_cuda_dev(e) || (!e->any_dp && !e->cu_devreq)) return DT_OK;
     DT__TRY(dt__em_cuda_tdesc(e));
     e->cu_k64 = k->ids_dtype != DT_I32;
     es = e->cu_k64 ? sizeof(int64_t) : sizeof(int32_t);
@@ -3973,7 +4050,7 @@ static dt_status dt__em_cuda_batch(dt_embed *e, const dt_kjt *k) {
     DT__TRY(dt__em_cuda_need(e, &e->cu_kid, DT_I64, nid + 1));
     if (ni > 0) DT__TRY(dt__em_cuda_put(e, e->cu_kl.data, k->lengths, (size_t)ni * sizeof(int64_t)));
     if (nid > 0) DT__TRY(dt__em_cuda_put(e, e->cu_kid.data, k->ids, (size_t)nid * es));
-    if (nid > 0 && k->weights && dt__em_cuda_dp_weighted(e)) {
+    if (nid > 0 && k->weights && (dt__em_cuda_dp_weighted(e) || (e->cu_devreq && e->any_weighted))) {
         DT__TRY(dt__em_cuda_need(e, &e->cu_kw, DT_F32, nid + 1));
         DT__TRY(dt__em_cuda_put(e, e->cu_kw.data, k->weights, (size_t)nid * sizeof(float)));
     }
@@ -4063,6 +4140,176 @@ static dt_status dt__em_cuda_dp_pool(dt_embed *e) {
                        (size_t)t->dim * sizeof(float));
         }
     }
+    return DT_OK;
+}
+
+/* Requests made on the device: the device path (every feature pooled) with static tables only
+   (a dynamic table's ids become slots on the owner through the GPU id tables and a copy down:
+   that path keeps the host's requests). */
+static int dt__em_cuda_devreq(const dt_embed *e) {
+    return dt__em_cuda_dev(e) && !e->any_dyn;
+}
+
+/* Where the requests of this batch sit in cu_rq / cu_rqf: sent headers [4 S], rows [n]; received
+   headers [4 Q], rows [m] (cnt: ints per dest, HDR + ids per request; cu_cx: what arrives). */
+typedef struct dt__em_rqlay { int64_t S, n, Q, m; int64_t *sh, *sp, *rh, *rp; float *sf, *rf; } dt__em_rqlay;
+static void dt__em_cuda_rqlay(dt_embed *e, dt__em_rqlay *l) {
+    int W = e->size, r;
+    int64_t K = 4 + 2 * (int64_t)e->n_tabs, *rx = e->cu_cx + W + 2 * (int64_t)W * e->n_tabs;
+    l->S = l->n = l->Q = l->m = 0;
+    for (r = 0; r < W; r++) {
+        l->S += e->cu_cx[r]; l->n += e->cnt[r] - DT__EM_HDR * e->cu_cx[r];
+        l->Q += rx[K * r + 2]; l->m += rx[K * r] - DT__EM_HDR * rx[K * r + 2];
+    }
+    l->sh = (int64_t *)e->cu_rq.data; l->sp = l->sh + 4 * l->S; l->rh = l->sp + l->n; l->rp = l->rh + 4 * l->Q;
+    l->sf = e->any_weighted ? (float *)e->cu_rqf.data : NULL; l->rf = l->sf ? l->sf + l->n : NULL;
+}
+
+/* The requester side of a forward on the device (dt_k_embed_requests: the host's generation,
+   rule for rule, from the uploaded batch): the requests, destination-major, and this batch's
+   scatter (runs, segments, divisors: kept to its backward); then the id exchange on device
+   tensors (headers, rows, weights: three all-to-alls, NCCL or dt_comm's staged path). The host
+   counted the same requests (dt__em_generate's counting pass), which sizes everything. */
+static dt_status dt__em_cuda_requests(dt_embed *e) {
+    int W = e->size, f, r, k;
+    int64_t K = 4 + 2 * (int64_t)e->n_tabs, *rx = e->cu_cx + W + 2 * (int64_t)W * e->n_tabs, B = e->B, R = e->n_feat * B;
+    int64_t maxd = 0, *c, ni = (int64_t)e->n_in * B;
+    dt__em_rqlay l;
+    dt_status st = DT_OK;
+    for (f = 0; f < e->n_feat; f++) if (e->tabs[e->feat_tab[f]].dim > maxd) maxd = e->tabs[e->feat_tab[f]].dim;
+    dt__em_cuda_rqlay(e, &l); /* sizes (the pointers are set again below, once the buffers exist) */
+    DT__TRY(dt__em_cuda_need(e, &e->cu_rq, DT_I64, 4 * (l.S + l.Q) + l.n + l.m + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_rqf, DT_F32, e->any_weighted ? l.n + l.m + 1 : 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_smeta, DT_I64, 3 * R + 9 * l.S + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_smetaf, DT_F32, R + l.S + 1));
+    dt__em_cuda_rqlay(e, &l);
+    e->cu_fR = R; e->cu_fS = l.S; e->cu_fmax = e->cu_bmax = maxd;
+    if (B > 0) {
+        int64_t *sm = (int64_t *)e->cu_smeta.data;
+        DT__TRY(dt__em_cuda_err(e, dt_k_embed_requests(l.sh, l.sp, l.sf, sm, sm + 3 * R, sm + 3 * R + 3 * l.S,
+                                                        sm + 3 * R + 6 * l.S, (float *)e->cu_smetaf.data,
+                                                        (const int64_t *)e->cu_kl.data + ni, e->cu_kid.data, e->cu_k64,
+                                                        e->cu_kw.data ? (const float *)e->cu_kw.data : NULL,
+                                                        (const int64_t *)e->cu_fdesc.data, e->n_feat, B, W, e->g0,
+                                                        e->pooled_dim, e->ctx->cuda_stream), "dt_k_embed_requests"));
+    }
+    if (!e->comm) { /* a world of one: received = sent */
+        DT__TRY(dt__em_cuda_d2d(e, l.rh, l.sh, (size_t)(4 * l.S) * sizeof(int64_t)));
+        DT__TRY(dt__em_cuda_d2d(e, l.rp, l.sp, (size_t)l.n * sizeof(int64_t)));
+        if (l.sf) DT__TRY(dt__em_cuda_d2d(e, l.rf, l.sf, (size_t)l.n * sizeof(float)));
+        return DT_OK;
+    }
+    if (!(c = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(2 * W)))) return DT_ERR_OOM;
+    for (k = 0; k < 3 && !st; k++) {
+        dt_tensor sv, rv;
+        dt_tensor *buf = k == 2 ? &e->cu_rqf : &e->cu_rq;
+        int64_t so = k == 0 ? 0 : k == 1 ? 4 * l.S : 0, ro, sn = 0, rn = 0, sh[1];
+        if (k == 2 && !l.sf) break;
+        for (r = 0; r < W; r++) {
+            int64_t q = e->cu_cx[r], rq = rx[K * r + 2];
+            c[r] = k == 0 ? 4 * q : k == 1 ? e->cnt[r] - DT__EM_HDR * q : e->cnt[W + r];
+            c[W + r] = k == 0 ? 4 * rq : k == 1 ? rx[K * r] - DT__EM_HDR * rq : rx[K * r + 1];
+            sn += c[r]; rn += c[W + r];
+        }
+        ro = k == 0 ? 4 * l.S + l.n : k == 1 ? 4 * (l.S + l.Q) + l.n : l.n;
+        sh[0] = sn;
+        st = dt_tensor_view(e->ctx, &sv, buf, so, 1, sh);
+        sh[0] = rn;
+        if (!st) st = dt_tensor_view(e->ctx, &rv, buf, ro, 1, sh);
+        if (!st) st = dt_comm_alltoallv(e->comm, &rv, c + W, &sv, c);
+    }
+    dt_release(e->ctx, c);
+    return st;
+}
+
+/* The owner side of a forward whose requests were made on the device: the received requests
+   laid out per table (dt_k_embed_serve_layout: rows, bag offsets, the results' places; the
+   sizes per table came with the counts at begin), then each table's bags pooled in one launch
+   straight into their places in the response. Nothing crosses PCIe. */
+static dt_status dt__em_cuda_serve_dev(dt_embed *e, int64_t tot_res) {
+    int W = e->size, T = e->n_tabs, r, ti;
+    int64_t K = 4 + 2 * (int64_t)T, *rx = e->cu_cx + W + 2 * (int64_t)W * T, ni = 0, nf = 0, any = 0;
+    dt__em_cutab *tm;
+    dt__em_rqlay l;
+    size_t mark;
+    int64_t *scr;
+    dt_status st = DT_OK;
+    DT__TRY(dt__em_cuda_need(e, &e->cu_resp, DT_F32, tot_res + 1));
+    DT__TRY(dt_grow(e->ctx, (void **)&e->cu_tm, &e->cu_tm_cap, T + 1, sizeof(dt__em_cutab), "dt_embed cuda tables"));
+    tm = e->cu_tm;
+    for (ti = 0; ti < T; ti++) {
+        memset(&tm[ti], 0, sizeof tm[ti]);
+        for (r = 0; r < W; r++) { tm[ti].n += rx[K * r + 4 + 2 * ti]; tm[ti].nb += rx[K * r + 5 + 2 * ti]; }
+        tm[ti].rows = ni; tm[ti].offs = ni + tm[ti].n; tm[ti].dst = tm[ti].offs + tm[ti].nb + 1; tm[ti].w = nf;
+        ni += tm[ti].n + 2 * tm[ti].nb + 1; nf += tm[ti].n;
+        any += tm[ti].nb;
+    }
+    if (any == 0) return DT_OK;
+    DT__TRY(dt__em_cuda_need(e, &e->cu_meta, DT_I64, ni + 1));
+    DT__TRY(dt__em_cuda_need(e, &e->cu_metaf, DT_F32, nf + 1));
+    dt__em_cuda_rqlay(e, &l);
+    mark = dt_cuda_scratch_begin(e->ctx);
+    scr = (int64_t *)dt_cuda_scratch(e->ctx, (size_t)(4 * l.Q + 1) * sizeof(int64_t), "dt_embed_forward"); /* x 2: headroom */
+    if (!scr) st = DT_ERR_OOM;
+    if (!st)
+        st = dt__em_cuda_err(e, dt_k_embed_serve_layout((int64_t *)e->cu_meta.data, (float *)e->cu_metaf.data, scr, l.rh,
+                                                         l.rp, l.rf, (const int64_t *)e->cu_fdesc.data, l.Q, T,
+                                                         e->ctx->cuda_stream), "dt_k_embed_serve_layout");
+    dt_cuda_scratch_end(e->ctx, mark);
+    for (ti = 0; !st && ti < T; ti++) {
+        const dt__em_tab *t = &e->tabs[ti];
+        const dt__em_cutab *c = &tm[ti];
+        const int64_t *dm = (const int64_t *)e->cu_meta.data;
+        int64_t nc = t->c1 - t->c0;
+        if (c->nb == 0) continue;
+        st = dt__em_cuda_err(e, dt_k_embed_pool_fwd_at((float *)e->cu_resp.data, dm + c->dst, t->w.data, (int)t->dtype,
+                                                        dm + c->rows,
+                                                        t->weighted ? (const float *)e->cu_metaf.data + c->w : NULL,
+                                                        dm + c->offs, c->nb, nc, nc, 0, e->ctx->cuda_stream),
+                             "dt_k_embed_pool_fwd_at");
+    }
+    return st;
+}
+
+/* A batch whose requests were made on the device, backward on the host (sync 0, or rows
+   pending): the host's requests and segments (the generation's fill pass) and the received
+   requests (copied down, in the host's layout: header then ids), as the host path leaves them. */
+static dt_status dt__em_cuda_host_requests(dt_embed *e) {
+    int W = e->size, r;
+    int64_t *cnt = e->cnt, *cur, oi = 0, of = 0, orr = 0, q, p = 0, j, *h;
+    dt__em_gen g;
+    dt__em_rqlay l;
+    dt_status st;
+    dt__em_cuda_rqlay(e, &l);
+    DT__TRY(dt__em_need(e, &e->sbuf_i, DT_I64, 4 * l.S + l.n + 1));
+    DT__TRY(dt__em_need(e, &e->sbuf_f, DT_F32, l.n + 1));
+    DT__TRY(dt__em_need(e, &e->rbuf_i, DT_I64, 4 * l.Q + l.m + 1));
+    DT__TRY(dt__em_need(e, &e->rbuf_f, DT_F32, l.m + 1));
+    if (!(cur = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(3 * W)))) return DT_ERR_OOM;
+    for (r = 0; r < W; r++) {
+        cur[r] = oi; cur[W + r] = of; cur[2 * W + r] = orr;
+        oi += cnt[r]; of += cnt[W + r]; orr += cnt[2 * W + r];
+    }
+    memset(&g, 0, sizeof g);
+    g.ni = cur; g.nf = cur + W; g.nr = cur + 2 * W; g.fill = 1;
+    e->n_segs = 0;
+    st = dt__em_generate(e, &g);
+    dt_release(e->ctx, cur);
+    if (st) return st;
+    for (r = 0; r < W; r++) /* the fill pass counted these once more */
+        if (r != e->rank) e->stats.ids_sent -= cnt[r] - DT__EM_HDR * e->cu_cx[r];
+    h = (int64_t *)e->sbuf_i.data; /* free here: the received headers and ids come down through it */
+    DT__TRY(dt__em_need(e, &e->sbuf_i, DT_I64, 4 * l.Q + l.m + 1));
+    h = (int64_t *)e->sbuf_i.data;
+    DT__TRY(dt__em_cuda_get(e, h, l.rh, (size_t)(4 * l.Q + l.m) * sizeof(int64_t)));
+    if (l.rf) DT__TRY(dt__em_cuda_get(e, e->rbuf_f.data, l.rf, (size_t)l.m * sizeof(float)));
+    for (q = 0; q < l.Q; q++) {
+        int64_t *o = (int64_t *)e->rbuf_i.data + p, m = h[4 * q + 3];
+        memcpy(o, h + 4 * q, DT__EM_HDR * sizeof(int64_t));
+        for (j = 0; j < m; j++) o[DT__EM_HDR + j] = h[4 * l.Q + (p - DT__EM_HDR * q) + j];
+        p += DT__EM_HDR + m;
+    }
+    e->cu_devreq = 0; /* the host's state is complete now */
     return DT_OK;
 }
 
@@ -4188,11 +4435,20 @@ static dt_status dt__em_cuda_end(dt_embed *e, dt_tensor *out, int64_t tot) {
     float *dv;
     int f;
     (void)tot;
-    e->cu_fR = e->cu_fS = 0; /* the backward's layout: none unless set below */
+    if (!e->cu_devreq) e->cu_fR = e->cu_fS = 0; /* the backward's layout: none unless set below (or at begin) */
     if (B == 0 || e->pooled_dim == 0) return DT_OK;
     for (f = 0; f < F && e->tabs[e->feat_tab[f]].shard == DT_SHARD_DATA; f++) {}
     if (f == F) /* data-parallel only: pooled (and divided) on the device already */
         return dt__em_cuda_d2d(e, out->data, e->cu_pooled.data, (size_t)(B * e->pooled_dim) * sizeof(float));
+    if (e->cu_devreq) { /* the scatter's layout was made with the requests (dt__em_cuda_requests) */
+        S = e->cu_fS;
+        DT__TRY(dt__em_cuda_err(e, dt_k_embed_gather_sum((float *)e->cu_pooled.data, (const float *)e->cu_res.data,
+                                                          (const int64_t *)e->cu_smeta.data,
+                                                          (const int64_t *)e->cu_smeta.data + 3 * R,
+                                                          (const float *)e->cu_smetaf.data, R, S, e->cu_fmax, 1,
+                                                          e->ctx->cuda_stream), "dt_k_embed_gather_sum"));
+        return dt__em_cuda_d2d(e, out->data, e->cu_pooled.data, (size_t)(B * e->pooled_dim) * sizeof(float));
+    }
     ni = 3 * R + 9 * S;
     DT__TRY(dt__em_cuda_stage_buf(e, ni + R + 1, R + S));
     DT__TRY(dt__em_cuda_need(e, &e->cu_smeta, DT_I64, ni + 1));
@@ -4400,6 +4656,10 @@ static dt_status dt__em_cuda_backward(dt_embed *e, const dt_tensor *dout, int64_
     const char *fn = "dt_embed_backward";
     (void)ncon;
     for (r = 0; r < W; r++) tot_in += cnt[5 * W + r];
+    if (e->cu_devreq && !e->cu_uniq.data) {
+        DT__TRY(dt__em_cuda_need(e, &e->cu_uniq, DT_I64, 1));
+        DT__TRY(dt_cuda_memset(e->ctx, e->cu_uniq.data, 0, sizeof(int64_t), fn));
+    }
     if (S > 0) {
         const int64_t *sm = (const int64_t *)e->cu_smeta.data;
         DT__TRY(dt__em_cuda_err(e, dt_k_embed_gather_sum((float *)e->cu_res.data, (const float *)dout->data,
@@ -4423,10 +4683,10 @@ static dt_status dt__em_cuda_backward(dt_embed *e, const dt_tensor *dout, int64_
         void *scr;
         dt_status st = DT_OK;
         if (n == 0 || nc == 0 || t->shard == DT_SHARD_DATA) continue;
-        mark = dt_cuda_scratch_begin(e->ctx);
-        g = (float *)dt_cuda_scratch(e->ctx, (size_t)(n * nc) * sizeof(float), fn);
-        order = (int64_t *)dt_cuda_scratch(e->ctx, (size_t)(2 * n + 2) * sizeof(int64_t), fn);
-        scr = dt_cuda_scratch(e->ctx, dt_k_embed_dedup_scratch(n), fn);
+        mark = dt_cuda_scratch_begin(e->ctx); /* twice the need: an owner's ids vary by batch (dt__em_cuda_need) */
+        g = (float *)dt_cuda_scratch(e->ctx, (size_t)(2 * n * nc) * sizeof(float), fn);
+        order = (int64_t *)dt_cuda_scratch(e->ctx, (size_t)(4 * n + 2) * sizeof(int64_t), fn);
+        scr = dt_cuda_scratch(e->ctx, dt_k_embed_dedup_scratch(2 * n), fn);
         if (!g || !order || !scr) st = DT_ERR_OOM;
         seg = order + n; nu = seg + n + 1;
         if (!st)
@@ -4449,6 +4709,9 @@ static dt_status dt__em_cuda_backward(dt_embed *e, const dt_tensor *dout, int64_
                                                              t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 3 : 1,
                                                              t->lr, t->eps, e->ctx->cuda_stream),
                                  "dt_k_embed_sparse_update");
+        if (!st && e->cu_devreq) /* the unique rows (stats), counted on the device */
+            st = dt__em_cuda_err(e, dt_k_embed_add_i64((int64_t *)e->cu_uniq.data, nu, e->ctx->cuda_stream),
+                                 "dt_k_embed_add_i64");
         dt_cuda_scratch_end(e->ctx, mark);
         if (st) return st;
         e->stats.rows_updated += c->uniq;
@@ -4541,6 +4804,10 @@ static void dt__em_cuda_free(dt_embed *e) {
     dt_tensor_free(e->ctx, &e->aside.cu_kl); dt_tensor_free(e->ctx, &e->aside.cu_kid);
     dt_tensor_free(e->ctx, &e->aside.cu_kw); dt_tensor_free(e->ctx, &e->cu_tdesc); dt_tensor_free(e->ctx, &e->cu_uniq);
     dt_release(e->ctx, e->cu_tdo);
+    dt_tensor_free(e->ctx, &e->cu_rq); dt_tensor_free(e->ctx, &e->cu_rqf); dt_tensor_free(e->ctx, &e->cu_fdesc);
+    dt_tensor_free(e->ctx, &e->aside.cu_rq); dt_tensor_free(e->ctx, &e->aside.cu_rqf);
+    dt_tensor_free(e->ctx, &e->aside.cu_smeta); dt_tensor_free(e->ctx, &e->aside.cu_smetaf);
+    dt_release(e->ctx, e->cu_cx); dt_release(e->ctx, e->aside.cu_cx);
 }
 
 #else /* without DT_CUDA: desc.device cuda is refused at create, so only the first and last run */
@@ -4560,6 +4827,10 @@ static dt_status dt__em_cuda_off(dt_embed *e) {
 static dt_status dt__em_cuda_to_device(dt_embed *e, dt__em_tab *t) { (void)t; return dt__em_cuda_off(e); }
 static dt_status dt__em_cuda_dp_pool(dt_embed *e) { return dt__em_cuda_off(e); }
 static dt_status dt__em_cuda_batch(dt_embed *e, const dt_kjt *k) { (void)k; return dt__em_cuda_off(e); }
+static int dt__em_cuda_devreq(const dt_embed *e) { (void)e; return 0; }
+static dt_status dt__em_cuda_requests(dt_embed *e) { return dt__em_cuda_off(e); }
+static dt_status dt__em_cuda_host_requests(dt_embed *e) { return dt__em_cuda_off(e); }
+static dt_status dt__em_cuda_serve_dev(dt_embed *e, int64_t tot_res) { (void)tot_res; return dt__em_cuda_off(e); }
 static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) { (void)tot_res; return dt__em_cuda_off(e); }
 static dt_status dt__em_cuda_return(dt_embed *e, int64_t tot) { (void)tot; return dt__em_cuda_off(e); }
 static dt_status dt__em_cuda_check(dt_embed *e, const dt_tensor *t, const char *fn, const char *arg) {

@@ -371,6 +371,205 @@ extern "C" int dt_k_embed_dp_copies(int64_t *desc, const int64_t *blocks, const 
     return DT_K_CHECK();
 }
 
+/* Sums of three values over a block (256 threads at most): each thread's exclusive prefix in
+   ex[3], the block's totals in tot[3] (shared). Thread 0 scans sequentially: integers, exact. */
+__device__ static void dt_k__scan3(int64_t (*part)[256], int64_t *tot, const int64_t *v, int64_t *ex) {
+    int k;
+    for (k = 0; k < 3; k++) part[k][threadIdx.x] = v[k];
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (k = 0; k < 3; k++) {
+            int64_t acc = 0, x;
+            unsigned i;
+            for (i = 0; i < blockDim.x; i++) { x = part[k][i]; part[k][i] = acc; acc += x; }
+            tot[k] = acc;
+        }
+    __syncthreads();
+    for (k = 0; k < 3; k++) ex[k] = part[k][threadIdx.x];
+    __syncthreads(); /* part is reused by the next scan */
+}
+
+__device__ static int dt_k__row_owner(int64_t rows, int W, int64_t x) {
+    int64_t q = rows / W, m = rows % W, big = m * (q + 1);
+    return x < big ? (int)(x / (q + 1)) : (int)(m + (x - big) / q);
+}
+
+/* The requests of one bag (dt_embed.h's dt__em_generate, rule for rule): how many, and the u-th's
+   destination, ids (m, first in the kjt), position in the bag, columns [c0, c0 + nc). fd is the
+   feature's descriptor (DT_K_EMBED_FD int64: see dt_kernels.h). */
+__device__ static int64_t dt_k__units(const int64_t *fd, int64_t n, int W) {
+    int64_t u = 0;
+    int k;
+    switch (fd[0]) {
+    case 1: return 1;
+    case 2: case 3: return n;
+    case 4:
+        for (k = 0; k < W; k++) u += fd[4] * (k + 1) / W - fd[4] * k / W > 0;
+        return u;
+    default: return 0;
+    }
+}
+__device__ static int64_t dt_k__rowof(const int64_t *fd, int64_t id) {
+    return fd[5] ? (int64_t)(dt_k__embed_hash(id) % (uint64_t)fd[3]) : id;
+}
+__device__ static void dt_k__unit(const int64_t *fd, int64_t u, int64_t src, int64_t n, const void *ids, int i64,
+                                  int W, int *dest, int64_t *m, int64_t *pos, int64_t *c0, int64_t *nc,
+                                  int64_t *first) {
+    int k;
+    *m = n; *pos = 0; *c0 = 0; *nc = fd[4]; *first = src;
+    if (fd[0] == 1) *dest = (int)fd[1];
+    else if (fd[0] == 2 || fd[0] == 3) {
+        int64_t row = dt_k__rowof(fd, dt_k__id(ids, i64, src + u));
+        *dest = fd[0] == 2 ? dt_k__row_owner(fd[3], W, row) : (int)fd[1] + dt_k__row_owner(fd[3], (int)fd[2], row);
+        *m = 1; *pos = u; *first = src + u;
+    } else {
+        for (k = 0; k < W; k++) {
+            int64_t a = fd[4] * k / W, b = fd[4] * (k + 1) / W;
+            if (b - a == 0) continue;
+            if (u-- == 0) { *dest = k; *c0 = a; *nc = b - a; return; }
+        }
+    }
+}
+
+/* One block. Phase 0: the forward's runs (feature-major bag r = f B + b: its place in the
+   pooled output, its dim, its first segment) and divisors. Phase 1, destination by
+   destination: each thread counts its chunk's requests to d (bags in sample-major order, the
+   generation order), a block scan gives their places, and the chunk is written: headers (f,
+   global sample, position, ids), rows, weights, and each request's segment records. */
+static __global__ void dt_k__requests(int64_t *sh, int64_t *sp, float *sf, int64_t *runs, int64_t *fseg,
+                                      int64_t *brun, int64_t *bseg, float *dv, const int64_t *in_offs,
+                                      const void *ids, int i64, const float *weights, const int64_t *fdesc, int F,
+                                      int64_t B, int W, int64_t g0, int64_t ldo) {
+    __shared__ int64_t part[3][256];
+    __shared__ int64_t tot[3], base[3];
+    int64_t R = (int64_t)F * B, per = (R + blockDim.x - 1) / blockDim.x, q0 = threadIdx.x * per, q1 = q0 + per;
+    int64_t v[3], ex[3], q, u;
+    int d;
+    if (q0 > R) q0 = R;
+    if (q1 > R) q1 = R;
+    v[0] = v[1] = v[2] = 0;
+    for (q = q0; q < q1; q++) {
+        const int64_t *fd = fdesc + (q / B) * DT_K_EMBED_FD;
+        int64_t x = fd[6] * B + q % B;
+        v[0] += dt_k__units(fd, in_offs[x + 1] - in_offs[x], W);
+    }
+    dt_k__scan3(part, tot, v, ex);
+    for (q = q0; q < q1; q++) {
+        const int64_t *fd = fdesc + (q / B) * DT_K_EMBED_FD;
+        int64_t b = q % B, x = fd[6] * B + b, n = in_offs[x + 1] - in_offs[x];
+        runs[3 * q] = b * ldo + fd[7]; runs[3 * q + 1] = fd[4]; runs[3 * q + 2] = ex[0];
+        dv[q] = fd[8] && n > 0 && fd[0] != 0 ? (float)n : 1.0f;
+        ex[0] += dt_k__units(fd, n, W);
+    }
+    if (threadIdx.x == 0) base[0] = base[1] = base[2] = 0;
+    __syncthreads(); /* the runs' first segments are read below */
+    for (d = 0; d < W; d++) {
+        int pass;
+        v[0] = v[1] = v[2] = 0;
+        for (pass = 0; pass < 2; pass++) {
+            if (pass == 1) dt_k__scan3(part, tot, v, ex);
+            for (q = q0; q < q1; q++) { /* sample-major: q = b F + f */
+                int64_t b = q / F, f = q % F;
+                const int64_t *fd = fdesc + f * DT_K_EMBED_FD;
+                int64_t x = fd[6] * B + b, src = in_offs[x], n = in_offs[x + 1] - src, nu = dt_k__units(fd, n, W);
+                for (u = 0; u < nu; u++) {
+                    int dest = -1;
+                    int64_t m, pos, c0, nc, first, j, k, hq, pp, rr;
+                    dt_k__unit(fd, u, src, n, ids, i64, W, &dest, &m, &pos, &c0, &nc, &first);
+                    if (dest != d) continue;
+                    if (pass == 0) { v[0]++; v[1] += m; v[2] += nc; continue; }
+                    hq = base[0] + ex[0]; pp = base[1] + ex[1]; rr = base[2] + ex[2];
+                    sh[4 * hq] = f; sh[4 * hq + 1] = g0 + b; sh[4 * hq + 2] = pos; sh[4 * hq + 3] = m;
+                    for (j = 0; j < m; j++) {
+                        sp[pp + j] = dt_k__rowof(fd, dt_k__id(ids, i64, first + j));
+                        if (sf) sf[pp + j] = fd[9] && weights ? weights[first + j] : 1.0f;
+                    }
+                    k = runs[3 * (f * B + b) + 2] + u;
+                    fseg[3 * k] = rr; fseg[3 * k + 1] = c0; fseg[3 * k + 2] = nc;
+                    brun[3 * k] = rr; brun[3 * k + 1] = nc; brun[3 * k + 2] = k;
+                    bseg[3 * k] = b * ldo + fd[7] + c0; bseg[3 * k + 1] = 0; bseg[3 * k + 2] = nc;
+                    dv[R + k] = fd[8] && n > 0 ? (float)n : 1.0f;
+                    ex[0]++; ex[1] += m; ex[2] += nc;
+                }
+            }
+        }
+        __syncthreads(); /* every thread has written with the old bases */
+        if (threadIdx.x == 0) { base[0] += tot[0]; base[1] += tot[1]; base[2] += tot[2]; }
+        __syncthreads();
+    }
+}
+
+extern "C" int dt_k_embed_requests(int64_t *send_hdr, int64_t *send_rows, float *send_w, int64_t *runs,
+                                   int64_t *fsegs, int64_t *bruns, int64_t *bsegs, float *div, const int64_t *in_offs,
+                                   const void *ids, int ids_i64, const float *weights, const int64_t *fdesc, int F,
+                                   int64_t B, int W, int64_t g0, int64_t ldo, void *stream) {
+    if (F < 1 || B < 0 || W < 1 || !in_offs || !fdesc || !runs || !div || (ids_i64 != 0 && ids_i64 != 1))
+        return (int)cudaErrorInvalidValue;
+    if (B == 0) return 0;
+    DT_K_LAUNCH(dt_k__requests, 1, 256, 0, stream, send_hdr, send_rows, send_w, runs, fsegs, bruns, bsegs, div, in_offs,
+                ids, ids_i64, weights, fdesc, F, B, W, g0, ldo);
+    return DT_K_CHECK();
+}
+
+/* One block. Each received request's first id (a scan of the lengths) and its result's place in
+   the response (a scan of the owner's columns), then, table by table, its requests in arrival
+   order (the CPU's (global sample, feature, position) order): rows (local), bag offsets, the
+   results' places, weights. */
+static __global__ void dt_k__serve_layout(int64_t *meta, float *mw, int64_t *scr, const int64_t *rh, const int64_t *rp,
+                                          const float *rf, const int64_t *fdesc, int64_t nq, int T) {
+    __shared__ int64_t part[3][256];
+    __shared__ int64_t tot[3], ib, wb;
+    int64_t per = (nq + blockDim.x - 1) / blockDim.x, q0 = threadIdx.x * per, q1 = q0 + per, v[3], ex[3], q, j;
+    int t;
+    if (q0 > nq) q0 = nq;
+    if (q1 > nq) q1 = nq;
+    v[0] = v[1] = v[2] = 0;
+    for (q = q0; q < q1; q++) { v[0] += rh[4 * q + 3]; v[1] += fdesc[rh[4 * q] * DT_K_EMBED_FD + 11]; }
+    dt_k__scan3(part, tot, v, ex);
+    for (q = q0; q < q1; q++) {
+        scr[q] = ex[0]; scr[nq + q] = ex[1];
+        ex[0] += rh[4 * q + 3]; ex[1] += fdesc[rh[4 * q] * DT_K_EMBED_FD + 11];
+    }
+    if (threadIdx.x == 0) ib = wb = 0;
+    __syncthreads();
+    for (t = 0; t < T; t++) {
+        int pass;
+        v[0] = v[1] = v[2] = 0;
+        for (pass = 0; pass < 2; pass++) {
+            if (pass == 1) dt_k__scan3(part, tot, v, ex);
+            for (q = q0; q < q1; q++) {
+                const int64_t *fd = fdesc + rh[4 * q] * DT_K_EMBED_FD;
+                int64_t m = rh[4 * q + 3], *rows, *offs, *dst;
+                if (fd[10] != t) continue;
+                if (pass == 0) { v[0]++; v[1] += m; continue; }
+                rows = meta + ib; offs = rows + tot[1]; dst = offs + tot[0] + 1;
+                offs[ex[0]] = ex[1]; dst[ex[0]] = scr[nq + q];
+                for (j = 0; j < m; j++) {
+                    rows[ex[1] + j] = rp[scr[q] + j] - fd[12];
+                    mw[wb + ex[1] + j] = rf ? rf[scr[q] + j] : 1.0f;
+                }
+                ex[0]++; ex[1] += m;
+            }
+        }
+        __syncthreads(); /* every thread has written with the old bases */
+        if (threadIdx.x == 0) {
+            meta[ib + tot[1] + tot[0]] = tot[1]; /* offs[nb] = n */
+            ib += tot[1] + 2 * tot[0] + 1; wb += tot[1];
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" int dt_k_embed_serve_layout(int64_t *meta, float *weights_out, int64_t *scratch, const int64_t *recv_hdr,
+                                       const int64_t *recv_rows, const float *recv_w, const int64_t *fdesc,
+                                       int64_t n_requests, int T, void *stream) {
+    if (n_requests < 0 || T < 1 || !meta || !weights_out || !fdesc || (n_requests > 0 && (!scratch || !recv_hdr)))
+        return (int)cudaErrorInvalidValue;
+    DT_K_LAUNCH(dt_k__serve_layout, 1, 256, 0, stream, meta, weights_out, scratch, recv_hdr, recv_rows, recv_w, fdesc,
+                n_requests, T);
+    return DT_K_CHECK();
+}
+
 /* *acc += *x (one thread): device counters read only when asked (dt_embed's stats). */
 static __global__ void dt_k__add_i64(int64_t *acc, const int64_t *x) {
     if (threadIdx.x == 0 && blockIdx.x == 0) *acc += *x;

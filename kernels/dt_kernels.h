@@ -215,6 +215,30 @@ int dt_k_embed_bags(int64_t *rows, float *weights_out, int64_t *offs, int64_t *d
    dims[T] the tables' dims. desc[6 W T] = rows dst, src, len, then floats dst, src, len (W T
    each, entry r T + t), for dt_k_embed_copies. */
 int dt_k_embed_dp_copies(int64_t *desc, const int64_t *blocks, const int64_t *dims, int W, int T, void *stream);
+/* dt_embed.h's sharded tables on the device. A feature's descriptor, DT_K_EMBED_FD int64: [0]
+   sharding (0 data-parallel, 1 table, 2 row, 3 table-row, 4 column), [1] owner (table) or first
+   rank of the group (table-row), [2] group size, [3] rows, [4] dim, [5] 1: ids hashed mod rows,
+   [6] kjt input, [7] pooled column, [8] 1: mean, [9] 1: weighted, [10] table, and this rank's
+   shard of the table: [11] columns, [12] first row.
+   dt_k_embed_requests (the requester, one block; dt_embed.h's dt__em_generate rule for rule):
+   every request of the batch, destination-major, each destination's in generation order
+   (sample-major bags; a row-wise bag one request per id, a column-wise one per column block):
+   headers send_hdr[4 per request] = (feature, g0 + sample, position, ids), rows send_rows[ids],
+   weights send_w (NULL: none); the forward scatter's runs[3 F B] (feature-major bags: pooled
+   place, dim, first segment) and segments fsegs[3 S] (result offset, c0, nc), the backward's
+   bruns / bsegs [3 S], div[F B + S] (mean: the bag's length, else 1; data-parallel bags 1).
+   dt_k_embed_serve_layout (the owner, one block): from the received headers and rows (and
+   weights, or NULL), per table in table order: rows - first row [n], bag offsets [nb + 1], the
+   results' places in the response [nb] (meta, n + 2 nb + 1 a table), weights [n]
+   (weights_out); scratch 2 n_requests int64. Nothing allocated or waited for. */
+#define DT_K_EMBED_FD 16
+int dt_k_embed_requests(int64_t *send_hdr, int64_t *send_rows, float *send_w, int64_t *runs, int64_t *fsegs,
+                        int64_t *bruns, int64_t *bsegs, float *div, const int64_t *in_offs, const void *ids, int ids_i64,
+                        const float *weights, const int64_t *fdesc, int F, int64_t B, int W, int64_t g0, int64_t ldo,
+                        void *stream);
+int dt_k_embed_serve_layout(int64_t *meta, float *weights_out, int64_t *scratch, const int64_t *recv_hdr,
+                            const int64_t *recv_rows, const float *recv_w, const int64_t *fdesc, int64_t n_requests,
+                            int T, void *stream);
 /* *acc += *x on the device (int64, one thread). */
 int dt_k_embed_add_i64(int64_t *acc, const int64_t *x, void *stream);
 
