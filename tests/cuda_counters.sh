@@ -9,7 +9,8 @@
 # say: no device allocation or free, host-to-device bytes equal to the step's inputs, nothing copied
 # to the host, at most one wait. --print-every is above --steps, so steps 2 .. N-1 log nothing and
 # step N's loss read is counted apart. Layouts: gpt at dp 1 and tp 2 x dp 1 on 2 ranks, each at
-# ZeRO 0 and 3; dlrm at np 1 and 2. Run by tests/run.sh (group cuda_counters); by hand:
+# ZeRO 0 and 3; dlrm at np 1, 2 and 3 with
+# data-parallel, mixed and row-wise plans. Run by tests/run.sh (group cuda_counters); by hand:
 #     bash tests/cuda_counters.sh            (after ./build.sh)
 # A failing count is found with the emulator's trace: DT_EMU_TRACE=1 build/examples/emu/gpt ...
 # prints where each allocation, copy and wait came from (tests/cuda_emu/cuda_emu.cpp).
@@ -32,7 +33,7 @@ fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
 
 # check NAME LOG RANKS EXPECTED_H2D WHAT: each of the RANKS counter lines in LOG against the bounds.
 check() {
-    local name=$1 log=$2 ranks=$3 want=$4 what=$5 known_gap=${6:-} n r=0 line syncs allocs frees h2d h2dc d2h d2hc bad
+    local name=$1 log=$2 ranks=$3 want=$4 what=$5 n r=0 line syncs allocs frees h2d h2dc d2h d2hc bad
     n=$(grep -c '^cuda counters per step:' "$log")
     if [ "$n" -ne "$ranks" ]; then
         fail "${name}_prints_one_counter_line_per_rank" "$n lines for $ranks ranks; the run's end:"
@@ -47,18 +48,26 @@ check() {
         bad=
         [ "$allocs" -eq 0 ] || bad+=" allocs $allocs (expected 0);"
         [ "$frees" -eq 0 ] || bad+=" frees $frees (expected 0);"
-        if [ -n "$known_gap" ]; then
-            if [ "$h2d" -eq "$want" ]; then pass "${name}_uploads_only_the_inputs [line $((r + 1))]"
-            else echo "SKIP ${name}_uploads_only_the_inputs [line $((r + 1))]: h2d_bytes $h2d, inputs $want ($what): $known_gap"; fi
-        else
-            [ "$h2d" -eq "$want" ] || bad+=" h2d_bytes $h2d (expected $want: $what);"
-        fi
+        [ "$h2d" -eq "$want" ] || bad+=" h2d_bytes $h2d (expected $want: $what);"
         [ "$d2h" -eq 0 ] || bad+=" d2h_bytes $d2h in $d2hc calls (expected 0);"
         [ "$syncs" -le 1 ] || bad+=" syncs $syncs (expected <= 1);"
         if [ -z "$bad" ]; then pass "${name}_step_stays_on_the_device [line $((r + 1))]"
         else bad=${bad%;}; fail "${name}_step_stays_on_the_device [line $((r + 1))]" "${bad# }; DT_EMU_TRACE=1 names where each comes from"; fi
         r=$((r + 1))
     done < <(grep '^cuda counters per step:' "$log")
+}
+
+# check_uneven NAME LOG RANKS H2D_A H2D_B WHAT: check, each line's upload being one of two sizes.
+check_uneven() {
+    local name=$1 log=$2 ranks=$3 a=$4 b=$5 what=$6 line h2d k=0 sub
+    sub=$TMP/$name.line
+    while read -r line; do
+        h2d=$(echo "$line" | sed -n 's/.* h2d_bytes \([0-9-]*\) .*/\1/p')
+        k=$((k + 1))
+        echo "$line" >"$sub"
+        if [ "$h2d" = "$b" ]; then check "$name.$k" "$sub" 1 "$b" "$what"; else check "$name.$k" "$sub" 1 "$a" "$what"; fi
+    done < <(grep '^cuda counters per step:' "$log")
+    [ "$k" -eq "$ranks" ] || fail "${name}_prints_one_counter_line_per_rank" "$k lines for $ranks ranks"
 }
 
 # run NP LOG CMD...: CMD at NP ranks (np 1 without mpirun), a device per rank (the fake NCCL, as
@@ -92,25 +101,30 @@ done
 
 # dlrm: a rank's Bl = B / np samples, one-hot (synthetic data's default): 13 dense f32, 1 label
 # f32, and per feature (26) one id and its length, i64 each (dt_kjt): (13 + 1) x 4 + 26 x 2 x 8
-# bytes a sample.
+# bytes a sample. Plans: tiny tables (every table data-parallel), larger ones (the planner's mix of
+# table-wise and data-parallel), and every table row-wise (an owner's requests vary by batch).
 DB=16
-for np in 1 2; do
-    name=dlrm_cuda_np$np
+for cfg in "1 dp --rows 16" "2 dp --rows 16" "2 mixed --rows 100000 --dim 16" "2 row --rows 1000 --shard row" \
+           "3 row --rows 1000 --shard row"; do
+    read -r np plan extra <<<"$cfg"
+    name=dlrm_cuda_np${np}_$plan
     log=$TMP/$name.log
     if [ ! -x "$DLRM" ]; then fail "$name" "$DLRM does not exist (./build.sh builds it)"; continue; fi
-    if ! run "$np" "$log" "$DLRM" --device cuda --dim 4 --rows 16 --batch $DB --bottom 8 --top 8 --steps $STEPS \
-        --eval-every 1000 --eval-samples 16 --print-every 1000 --profile; then
+    if ! run "$np" "$log" "$DLRM" --device cuda --dim 4 --batch $DB --bottom 8 --top 8 --steps $STEPS \
+        --eval-every 1000 --eval-samples 16 --print-every 1000 --profile $extra; then
         fail "${name}_runs" "exit status non-zero; the end of its output:"
         tail -n 15 "$log" | sed 's/^/    | /'
         continue
     fi
+    # a rank's samples: B / np, the first B mod np ranks one more; the lines come in any rank order,
+    # so with an uneven split every line must be one of the two sizes (both np here divide 16 but 3)
     bl=$((DB / np))
-    # dt_embed still bucketizes ids on the host and uploads its index arrays (rows, bag offsets and
-    # the placement runs, which depend only on the batch size) each step: more than the ids and
-    # lengths themselves. Until the device bucketize (issue 17's open part) that check is a SKIP
-    # naming the bytes; every other bound holds and is checked.
-    check "$name" "$log" "$np" $(((14 * 4 + 26 * 2 * 8) * bl)) "dense 13 x 4 + label 4 + ids 26 x 8 + lengths 26 x 8, x $bl samples" \
-        "dt_embed uploads host-bucketized index arrays (device bucketize not done yet)"
+    if [ $((DB % np)) -eq 0 ]; then
+        check "$name" "$log" "$np" $(((14 * 4 + 26 * 2 * 8) * bl)) "dense 13 x 4 + label 4 + ids 26 x 8 + lengths 26 x 8, x $bl samples"
+    else
+        check_uneven "$name" "$log" "$np" $(((14 * 4 + 26 * 2 * 8) * bl)) $(((14 * 4 + 26 * 2 * 8) * (bl + 1))) \
+            "(13 x 4 + 4 + 26 x 8 + 26 x 8) x $bl or $((bl + 1)) samples"
+    fi
 done
 
 # dt_ctx_init's failure is named (no GPU: the emulator with no device), not "ctx is NULL"
