@@ -432,7 +432,11 @@ DT_API dt_status dt_tp_embedding_bwd(dt_layout *l, dt_tensor *dtable, dt_tensor 
    read back, with one wait, only when loss is not NULL (*n_valid is filled with it), so a step
    that does not log passes NULL and does not wait. stats may be NULL in the forward (no
    backward to follow). The backward communicates nothing, counts n_valid itself (on the device
-   on cuda) and gives padding columns no gradient. */
+   on cuda) and WRITES dlogits (it does not add to it, unlike dt's other backward ops, so the
+   caller need not zero it): dloss / n_valid (softmax - onehot) on the real columns of the rows
+   not ignored, 0 on padding columns and ignored rows. It reads each logit before writing its
+   gradient, so dlogits may be logits itself (in place, as llm.c's classifier: the logits are
+   gone after it). On cuda it is one pass, a block per row. */
 DT_API dt_status dt_tp_xent_fwd(dt_layout *l, float *loss, int64_t *n_valid, dt_tensor *stats,
                                 const dt_tensor *logits, const dt_tensor *targets, int64_t vocab_start,
                                 int64_t vocab, int ignore_index);
@@ -2719,15 +2723,15 @@ DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tenso
 #endif
         return DT_OK;
     }
-    if (n == 0) return DT_OK;
-    s = dloss / (float)n;
+    s = n ? dloss / (float)n : 0.0f;
     for (r = 0; r < N; r++) { /* softmax = exp(z - lse): local, no communication */
         const float *z = (const float *)logits->data + r * Vl;
         float *g = (float *)dlogits->data + r * Vl, lse = ((const float *)stats->data)[2 * r + 1];
         int64_t t = ((const int32_t *)targets->data)[r];
-        if (t == ignore_index) continue;
+        int skip = n == 0 || t == ignore_index;
         t -= vocab_start;
-        for (c = 0; c < nv; c++) g[c] += s * (expf(z[c] - lse) - (c == t ? 1.0f : 0.0f));
+        /* z[c] is read before g[c] is written: dlogits may be logits */
+        for (c = 0; c < Vl; c++) g[c] = skip || c >= nv ? 0.0f : s * (expf(z[c] - lse) - (c == t ? 1.0f : 0.0f));
     }
     return DT_OK;
 }
