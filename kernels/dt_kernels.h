@@ -356,7 +356,9 @@ int dt_k_embed_copies(void *dst, const void *src, const int64_t *dst_off, const 
    in_dtype (1 f32, 2 bf16, 3 f16: bf16 / f16 accumulate in f32 through cublasGemmEx);
    stride_a / stride_b / stride_out: elements between batches (stride_b 0: b shared).
    tf32 = 1 lets f32 inputs use TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32; about 1e-3
-   relative). cublas is a cublasHandle_t (dt_ctx.cublas); its stream is set to `stream`.
+   relative). cublas is a cublasHandle_t (dt_ctx.cublas); its stream is set to `stream` when it
+   is another (only then: cublasSetStream drops the handle's cublasSetWorkspace workspace, so a
+   caller that gives it one sets the stream first, as dt_tensor.h does).
    Returns 1000 + the cublasStatus_t of a failing call, cudaErrorInvalidValue for bad sizes. */
 int dt_k_matmul_fwd(void *cublas, float *out, const void *a, const void *b, int in_dtype, int64_t batch, int64_t M,
                     int64_t N, int64_t K, int trans_a, int trans_b, int64_t stride_a, int64_t stride_b,
