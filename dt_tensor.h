@@ -2206,9 +2206,10 @@ static dt_status dt__cu_blas(dt_ctx *ctx, const char *fn) {
             return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cublasCreate failed: %s", fn,
                                     dt_k_error_string(1000 + (int)st));
         if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
             major = 0; /* unknown: the smaller size */
-        (void)cudaGetLastError();
+            (void)cudaGetLastError(); /* the failed query's error is not the next call's */
+        }
         bytes = (size_t)(major >= 9 ? 32 : 4) << 20;
         if (dt_cuda_alloc(ctx, &ctx->cublas_workspace, bytes, fn)) {
             cublasDestroy(h);
