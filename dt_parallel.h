@@ -103,6 +103,8 @@ typedef struct dt_layout_desc {
 } dt_layout_desc;
 
 /* Read the fields; every comm is non-NULL (a group of one where the size is 1). */
+struct dt__pp_keep;
+
 typedef struct dt_layout {
     dt_ctx *ctx;
     dt_comm *world;
@@ -113,6 +115,7 @@ typedef struct dt_layout {
     dt_comm *tp_comm;    /* same (dp, pp), tp varies: tensor-parallel collectives */
     dt_comm *pp_comm;    /* same (dp, tp), pp varies: stage-to-stage send / recv (rank = pp_rank) */
     dt_comm *dptp_comm;  /* same pp: the dp x tp ranks of one stage (ZeRO shards of tp shards) */
+    struct dt__pp_keep *pp_keep; /* private: dt_pp_run's buffers, kept from one run to the next */
 } dt_layout;
 
 /* Collective over world. Sizes that do not divide the world are DT_ERR_ARG naming them. Every
@@ -429,7 +432,11 @@ DT_API dt_status dt_tp_embedding_bwd(dt_layout *l, dt_tensor *dtable, dt_tensor 
    read back, with one wait, only when loss is not NULL (*n_valid is filled with it), so a step
    that does not log passes NULL and does not wait. stats may be NULL in the forward (no
    backward to follow). The backward communicates nothing, counts n_valid itself (on the device
-   on cuda) and gives padding columns no gradient. */
+   on cuda) and WRITES dlogits (it does not add to it, unlike dt's other backward ops, so the
+   caller need not zero it): dloss / n_valid (softmax - onehot) on the real columns of the rows
+   not ignored, 0 on padding columns and ignored rows. It reads each logit before writing its
+   gradient, so dlogits may be logits itself (in place, as llm.c's classifier: the logits are
+   gone after it). On cuda it is one pass, a block per row. */
 DT_API dt_status dt_tp_xent_fwd(dt_layout *l, float *loss, int64_t *n_valid, dt_tensor *stats,
                                 const dt_tensor *logits, const dt_tensor *targets, int64_t vocab_start,
                                 int64_t vocab, int ignore_index);
@@ -658,7 +665,10 @@ DT_API dt_status dt_trace_overlap(const dt_trace *t, double *comm_seconds, doubl
      din  (the input gradient the backward writes): zeroed before the call, gradients ACCUMULATE
           into it as everywhere in dt; NULL on the first virtual stage and for part WEIGHT.
    A buffer goes back to the pool (is reused, not freed) as soon as its lifetime ends, so the
-   activations a stage holds follow the schedule's bound; the pool is freed when the run returns.
+   activations a stage holds follow the schedule's bound. The pool outlives the run: it is kept
+   in the layout and reused by the next dt_pp_run (a step after the first allocates and frees
+   nothing, on the host or the device), grows when a run needs a buffer it lacks (another shape),
+   and is freed by dt_layout_free.
    The model's own saved tensors (pre-activations, ...) are the model's to free: at B, or at BW
    under the zero-bubble split.
 
@@ -680,8 +690,10 @@ DT_API dt_status dt_trace_overlap(const dt_trace *t, double *comm_seconds, doubl
    shape, an action of any stage's list with a field out of range, as the simulator's "fields")
    are named before anything is sent, identically on every rank. An error inside a run (a
    callback's status, a comm error) is returned with the action named; the other stages then see
-   their receives time out (the comm's timeout), and this rank's posted receives keep their
-   buffers (they are not freed while MPI may still write into them): treat the pipeline as broken. */
+   their receives time out (the comm's timeout). The pool stays in the layout, except when a
+   receive or send of the failed run is still posted: then the layout lets go of it (never
+   freed while MPI may still write into it) and the next run makes a new one. Treat the
+   pipeline as broken. */
 
 typedef enum dt_pp_part {
     DT_PP_PART_DEFAULT = 0, /* = DT_PP_PART_FULL */
@@ -784,8 +796,11 @@ extern "C" {
 #define DT__PL_HOST_MAX 64 /* bytes of a host name in dt_layout_describe's records */
 #define DT__PL_REC (16 + DT__PL_HOST_MAX) /* rank, dp, tp, pp as 4 little-endian u32, then the host */
 
+static void dt__pp_keep_free(dt_ctx *ctx, struct dt__pp_keep *k);
+
 /* Frees the groups of l (split from l->world, so they go first; world is the caller's). */
 static void dt__pl_layout_release(dt_layout *l) {
+    dt__pp_keep_free(l->ctx, l->pp_keep);
     dt_comm_free(l->dptp_comm);
     dt_comm_free(l->pp_comm);
     dt_comm_free(l->tp_comm);
@@ -2708,15 +2723,15 @@ DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tenso
 #endif
         return DT_OK;
     }
-    if (n == 0) return DT_OK;
-    s = dloss / (float)n;
+    s = n ? dloss / (float)n : 0.0f;
     for (r = 0; r < N; r++) { /* softmax = exp(z - lse): local, no communication */
         const float *z = (const float *)logits->data + r * Vl;
         float *g = (float *)dlogits->data + r * Vl, lse = ((const float *)stats->data)[2 * r + 1];
         int64_t t = ((const int32_t *)targets->data)[r];
-        if (t == ignore_index) continue;
+        int skip = n == 0 || t == ignore_index;
         t -= vocab_start;
-        for (c = 0; c < nv; c++) g[c] += s * (expf(z[c] - lse) - (c == t ? 1.0f : 0.0f));
+        /* z[c] is read before g[c] is written: dlogits may be logits */
+        for (c = 0; c < Vl; c++) g[c] = skip || c >= nv ? 0.0f : s * (expf(z[c] - lse) - (c == t ? 1.0f : 0.0f));
     }
     return DT_OK;
 }
@@ -3807,7 +3822,14 @@ DT_API dt_status dt_trace_write(dt_trace *t, const char *path) {
 
    State of a run: per (chunk, micro) the received activation (in) and gradient (dout), each a
    pool buffer plus the request that fills it; a list of sends in flight; the pool itself (one
-   entry per buffer ever made, reused when a buffer of the same numel and dtype is free). */
+   entry per buffer ever made, reused when a buffer of the same numel and dtype is free).
+
+   The pool and the run's host arrays live in the layout (l->pp_keep) from one run to the next:
+   a step after the first makes no device allocation or free (a CUDA step stays on the device)
+   and no host one; they grow only when a run needs more (a new shape, a longer list) and go
+   with dt_layout_free. A buffer made by a run is zero-filled; a reused one holds whatever its
+   last user left, which nothing reads: a received or forward output buffer is written whole
+   before it is read, and din is zeroed before every backward (gradients accumulate). */
 
 typedef struct dt__pp_buf {
     dt_tensor t;
@@ -3842,6 +3864,32 @@ typedef struct dt__pp_rt {
     size_t held, base_ctx;
     dt_pp_run_stats *out;
 } dt__pp_rt;
+
+/* What l->pp_keep holds between runs: the pool and the capacities of the host arrays. */
+typedef struct dt__pp_keep {
+    dt__pp_buf **pool;
+    int64_t n_pool, cap_pool;
+    dt__pp_slot *slots;     /* in and dout, 2 x chunks x micro */
+    dt__pp_send *sends;
+    int *last_bwd;
+    dt_tensor_desc *acts;
+    int64_t cap_slots, cap_sends, cap_last_bwd, cap_acts;
+} dt__pp_keep;
+
+static void dt__pp_keep_free(dt_ctx *ctx, dt__pp_keep *k) {
+    int64_t j;
+    if (!k) return;
+    for (j = 0; j < k->n_pool; j++) {
+        dt_tensor_free(ctx, &k->pool[j]->t);
+        dt_release(ctx, k->pool[j]);
+    }
+    dt_release(ctx, k->pool);
+    dt_release(ctx, k->slots);
+    dt_release(ctx, k->sends);
+    dt_release(ctx, k->last_bwd);
+    dt_release(ctx, k->acts);
+    dt_release(ctx, k);
+}
 
 static dt_status dt__pp_buf_get(dt__pp_rt *r, int k, int zero, int *idx) {
     const dt_tensor_desc *d = &r->acts[k];
@@ -4117,10 +4165,12 @@ static dt_status dt__pp_execute(dt__pp_rt *r) {
 DT_API dt_status dt_pp_run(dt_layout *l, dt_pp_run_stats *out, const dt_pp_schedule *s, const dt_pp_model *m,
                            const dt_pp_run_desc *desc) {
     dt__pp_rt r;
+    dt__pp_keep *kp;
     dt_pp_run_stats mine;
     dt_ctx *ctx;
-    int64_t from = 0, k, cm = 0, n_send = 0;
+    int64_t from = 0, k, cm = 0, n_send = 0, V;
     int j, pending = 0;
+    size_t pool_bytes = 0;
     double t0 = dt_comm_now();
     dt_status st;
     if (!l) return DT_ERR_ARG;
@@ -4134,53 +4184,54 @@ DT_API dt_status dt_pp_run(dt_layout *l, dt_pp_run_stats *out, const dt_pp_sched
     r.out->stage = r.st;
     st = dt__pp_check(l, s, m);
     if (st) return st;
-    r.acts = (dt_tensor_desc *)dt__pl_alloc_n(ctx, (int64_t)s->stages * s->chunks, sizeof(dt_tensor_desc),
-                                              "dt_pp_run", "activation shapes");
-    if (!r.acts) return DT_ERR_OOM;
-    st = dt__pp_check_acts(l, s, m, r.acts);
-    if (st) {
-        dt_release(ctx, r.acts);
-        return st;
+    if (!l->pp_keep) {
+        l->pp_keep = (dt__pp_keep *)dt_alloc_zeroed(ctx, sizeof(dt__pp_keep));
+        if (!l->pp_keep) return dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_pp_run: out of memory for the runtime's state");
     }
+    kp = l->pp_keep;
+    V = (int64_t)s->stages * s->chunks;
+    DT__TRY(dt_grow(ctx, (void **)&kp->acts, &kp->cap_acts, V, sizeof(dt_tensor_desc), "dt_pp_run: activation shapes"));
+    r.acts = kp->acts;
+    DT__TRY(dt__pp_check_acts(l, s, m, r.acts));
     r.p = s->stages, r.v = s->chunks, r.M = s->micro, r.V = r.p * r.v;
     r.out->bound = s->bound[r.st];
     cm = (int64_t)r.v * r.M;
     for (j = 0; j < s->count[r.st]; j++) /* a send in flight per SEND of the list at most, however edited */
         if (s->actions[r.st][j].op == DT_PP_SEND_ACT || s->actions[r.st][j].op == DT_PP_SEND_GRAD) n_send++;
-    r.in = (dt__pp_slot *)dt__pl_alloc_n(ctx, 2 * cm, sizeof(dt__pp_slot), "dt_pp_run", "slots");
-    r.sends = (dt__pp_send *)dt__pl_alloc_n(ctx, n_send, sizeof(dt__pp_send), "dt_pp_run", "sends");
-    r.last_bwd = (int *)dt__pl_alloc_n(ctx, r.v, sizeof(int), "dt_pp_run", "chunks");
-    st = r.in && r.sends && r.last_bwd ? DT_OK : DT_ERR_OOM;
-    if (!st) {
-        r.dout = r.in + cm;
-        for (k = 0; k < 2 * cm; k++) r.in[k].buf = -1, r.in[k].req = NULL;
-        for (j = 0; j < r.v; j++) r.last_bwd[j] = -1;
-        for (j = 0; j < s->count[r.st]; j++) {
-            dt_pp_op op = s->actions[r.st][j].op;
-            if (op == DT_PP_B || op == DT_PP_BI || op == DT_PP_BW) r.last_bwd[s->actions[r.st][j].chunk] = j;
-        }
-        if (r.trace) {
-            st = dt_trace_attach(r.trace, l->pp_comm);
-            from = r.trace->n;
-        }
+    DT__TRY(dt_grow(ctx, (void **)&kp->slots, &kp->cap_slots, 2 * cm, sizeof(dt__pp_slot), "dt_pp_run: slots"));
+    DT__TRY(dt_grow(ctx, (void **)&kp->sends, &kp->cap_sends, n_send, sizeof(dt__pp_send), "dt_pp_run: sends"));
+    DT__TRY(dt_grow(ctx, (void **)&kp->last_bwd, &kp->cap_last_bwd, r.v, sizeof(int), "dt_pp_run: chunks"));
+    r.in = kp->slots, r.sends = kp->sends, r.last_bwd = kp->last_bwd;
+    r.pool = kp->pool, r.n_pool = kp->n_pool, r.cap_pool = kp->cap_pool;
+    for (j = 0; j < r.n_pool; j++) { /* free between runs (a failed one may have left some in use) */
+        r.pool[j]->used = 0;
+        pool_bytes += dt_tensor_bytes(&r.pool[j]->t);
     }
-    r.base_ctx = ctx->bytes_in_use;
+    r.dout = r.in + cm;
+    for (k = 0; k < 2 * cm; k++) r.in[k].buf = -1, r.in[k].req = NULL;
+    for (j = 0; j < r.v; j++) r.last_bwd[j] = -1;
+    for (j = 0; j < s->count[r.st]; j++) {
+        dt_pp_op op = s->actions[r.st][j].op;
+        if (op == DT_PP_B || op == DT_PP_BI || op == DT_PP_BW) r.last_bwd[s->actions[r.st][j].chunk] = j;
+    }
+    if (r.trace) {
+        st = dt_trace_attach(r.trace, l->pp_comm);
+        from = r.trace->n;
+    }
+    /* the pool made by earlier runs counts as this run's, as if it had been made now */
+    r.base_ctx = ctx->bytes_in_use > pool_bytes ? ctx->bytes_in_use - pool_bytes : 0;
     if (!st) st = dt__pp_execute(&r);
-    for (k = 0; r.in && k < 2 * cm; k++)
-        if (r.in[k].req) pending = 1;
-    for (j = 0; r.sends && j < r.n_sends; j++)
-        if (r.sends[j].req) pending = 1;
-    if (!pending) {
-        for (j = 0; j < r.n_pool; j++) {
-            dt_tensor_free(ctx, &r.pool[j]->t);
-            dt_release(ctx, r.pool[j]);
-        }
-        dt_release(ctx, r.pool);
-        dt_release(ctx, r.in);
-        dt_release(ctx, r.sends);
-    } /* else (a failed run): MPI may still write into the buffers (see the header) */
-    dt_release(ctx, r.last_bwd);
-    dt_release(ctx, r.acts);
+    kp->pool = r.pool, kp->n_pool = r.n_pool, kp->cap_pool = r.cap_pool; /* it may have grown */
+    if (st) {
+        for (k = 0; k < 2 * cm; k++)
+            if (r.in[k].req) pending = 1;
+        for (j = 0; j < r.n_sends; j++)
+            if (r.sends[j].req) pending = 1;
+        /* with a receive or send of a failed run still posted, MPI may still write into its
+           buffers (see the header): the layout lets go of them (never freed), and the next run
+           starts a new pool */
+        if (pending) l->pp_keep = NULL;
+    }
     if (r.trace) dt__pp_trace_busy(r.trace, from, r.out);
     r.out->seconds = dt_comm_now() - t0;
     return st;

@@ -224,6 +224,8 @@ typedef struct dt_ctx {
     int cuda_device;
     void *cuda_stream;     /* cudaStream_t under DT_CUDA (NULL = default stream) */
     void *cublas;          /* cublasHandle_t, created by the CUDA backend on first use */
+    void *cublas_workspace; /* its workspace (dt_cuda_alloc, counted; freed by dt_ctx_shutdown) */
+    size_t cublas_workspace_bytes;
     dt_allocator allocator;
     dt_log_fn log;
     void *log_user;
@@ -965,6 +967,9 @@ DT_API void dt_ctx_shutdown(dt_ctx *ctx) {
 #ifdef DT_CUDA
     if (ctx->cublas) cublasDestroy((cublasHandle_t)ctx->cublas);
     ctx->cublas = NULL;
+    dt_cuda_release(ctx, ctx->cublas_workspace); /* after the handle: its last GEMMs are queued before */
+    ctx->cublas_workspace = NULL;
+    ctx->cublas_workspace_bytes = 0;
 #endif
     for (i = 0; i < ctx->cuda_scratch_chunks; i++) dt_cuda_release(ctx, ctx->cuda_scratch[i]);
     ctx->cuda_scratch_chunks = 0;
@@ -2182,16 +2187,50 @@ static dt_status dt__cu_status(dt_ctx *ctx, int st, const char *fn, const char *
     return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: %s failed: %s", fn, call, dt_k_error_string(st));
 }
 
-/* The cuBLAS handle of the ctx, created on first use (dt_ctx_shutdown destroys it). */
+/* The cuBLAS handle of the ctx, created on first use (dt_ctx_shutdown destroys it), with a
+   workspace of dt's: cuBLAS would otherwise cudaMalloc its own inside the first GEMM of a shape
+   (uncounted, inside a step). 32 MiB on Hopper and later, 4 MiB before (as llm.c and PyTorch).
+   cublasSetStream drops the workspace, so both are set again whenever ctx->cuda_stream is not
+   the handle's stream any more (the launchers set the stream only when it differs). */
 static dt_status dt__cu_blas(dt_ctx *ctx, const char *fn) {
-    cublasHandle_t h = NULL;
-    cublasStatus_t st;
-    if (ctx->cublas) return DT_OK;
-    st = cublasCreate(&h);
+    cublasHandle_t h = (cublasHandle_t)ctx->cublas;
+    cudaStream_t cur = NULL;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    const char *call = "cublasCreate";
+    int fresh = !h;
+    if (fresh) {
+        int dev = 0, major = 0;
+        size_t bytes;
+        st = cublasCreate(&h);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cublasCreate failed: %s", fn,
+                                    dt_k_error_string(1000 + (int)st));
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+            major = 0; /* unknown: the smaller size */
+            (void)cudaGetLastError(); /* the failed query's error is not the next call's */
+        }
+        bytes = (size_t)(major >= 9 ? 32 : 4) << 20;
+        if (dt_cuda_alloc(ctx, &ctx->cublas_workspace, bytes, fn)) {
+            cublasDestroy(h);
+            return ctx->last_status;
+        }
+        ctx->cublas_workspace_bytes = bytes;
+        ctx->cublas = h;
+    } else {
+        call = "cublasGetStream";
+        st = cublasGetStream(h, &cur);
+    }
+    if (st == CUBLAS_STATUS_SUCCESS && (fresh || cur != (cudaStream_t)ctx->cuda_stream)) {
+        call = "cublasSetStream";
+        st = cublasSetStream(h, (cudaStream_t)ctx->cuda_stream);
+        if (st == CUBLAS_STATUS_SUCCESS) {
+            call = "cublasSetWorkspace";
+            st = cublasSetWorkspace(h, ctx->cublas_workspace, ctx->cublas_workspace_bytes);
+        }
+    }
     if (st != CUBLAS_STATUS_SUCCESS)
-        return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cublasCreate failed: %s", fn,
-                                dt_k_error_string(1000 + (int)st));
-    ctx->cublas = h;
+        return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: %s failed: %s", fn, call, dt_k_error_string(1000 + (int)st));
     return DT_OK;
 }
 

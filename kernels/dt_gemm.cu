@@ -45,6 +45,16 @@ static int dt_k__gemm(cublasHandle_t h, int ta, int tb, int64_t M, int64_t N, in
     return 0;
 }
 
+/* The handle's stream, set only when it differs: cublasSetStream also drops a workspace given
+   by cublasSetWorkspace (cuBLAS then takes its own, a cudaMalloc nobody counts), and dt gives
+   the handle its stream and workspace once, when it makes it. */
+static int dt_k__stream(cublasHandle_t h, void *stream) {
+    cudaStream_t cur = NULL;
+    int st = dt_k__blas(cublasGetStream(h, &cur));
+    if (st || cur == (cudaStream_t)stream) return st;
+    return dt_k__blas(cublasSetStream(h, (cudaStream_t)stream));
+}
+
 static int dt_k__sizes_ok(int64_t batch, int64_t M, int64_t N, int64_t K) {
     return batch >= 0 && M >= 0 && N >= 0 && K >= 0 && M <= DT_K__INT_MAX && N <= DT_K__INT_MAX &&
            K <= DT_K__INT_MAX;
@@ -59,7 +69,7 @@ extern "C" int dt_k_matmul_fwd(void *cublas, float *out, const void *a, const vo
     if (!h || !dt_k__sizes_ok(batch, M, N, K) || (in_dtype < 1 || in_dtype > 3) || (tf32 != 0 && tf32 != 1) ||
         (trans_a != 0 && trans_a != 1) || (trans_b != 0 && trans_b != 1))
         return (int)cudaErrorInvalidValue;
-    if ((st = dt_k__blas(cublasSetStream(h, (cudaStream_t)stream)))) return st;
+    if ((st = dt_k__stream(h, stream))) return st;
     if (M == 0 || N == 0 || batch == 0) return 0;
     /* K == 0: cuBLAS scales C by beta, as the CPU op does */
     return dt_k__gemm(h, trans_a, trans_b, M, N, K, alpha, a, trans_a ? M : K, stride_a, b, trans_b ? K : N,
@@ -77,7 +87,7 @@ extern "C" int dt_k_matmul_bwd(void *cublas, float *da, float *db, const float *
     if (!h || !dt_k__sizes_ok(batch, M, N, K) || (tf32 != 0 && tf32 != 1) || (trans_a != 0 && trans_a != 1) ||
         (trans_b != 0 && trans_b != 1))
         return (int)cudaErrorInvalidValue;
-    if ((st = dt_k__blas(cublasSetStream(h, (cudaStream_t)stream)))) return st;
+    if ((st = dt_k__stream(h, stream))) return st;
     for (i = 0; i < batch; i++) {
         const float *A = a + i * stride_a, *B = b + i * stride_b, *D = dout + i * M * N;
         if (da) {

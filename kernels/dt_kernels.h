@@ -406,7 +406,9 @@ int dt_k_embed_copies(void *dst, const void *src, const int64_t *dst_off, const 
    in_dtype (1 f32, 2 bf16, 3 f16: bf16 / f16 accumulate in f32 through cublasGemmEx);
    stride_a / stride_b / stride_out: elements between batches (stride_b 0: b shared).
    tf32 = 1 lets f32 inputs use TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32; about 1e-3
-   relative). cublas is a cublasHandle_t (dt_ctx.cublas); its stream is set to `stream`.
+   relative). cublas is a cublasHandle_t (dt_ctx.cublas); its stream is set to `stream` when it
+   is another (only then: cublasSetStream drops the handle's cublasSetWorkspace workspace, so a
+   caller that gives it one sets the stream first, as dt_tensor.h does).
    Returns 1000 + the cublasStatus_t of a failing call, cudaErrorInvalidValue for bad sizes. */
 int dt_k_matmul_fwd(void *cublas, float *out, const void *a, const void *b, int in_dtype, int64_t batch, int64_t M,
                     int64_t N, int64_t K, int trans_a, int trans_b, int64_t stride_a, int64_t stride_b,
@@ -436,8 +438,11 @@ int dt_k_matmul_bwd(void *cublas, float *da, float *db, const float *dout, const
    tp_xent_loss (one block; also for N = 0): stats[2r], stats[2r+1] = max, log-sum-exp (stats may
    be NULL), slot[0] = the mean over the rows not ignored of log s + max - z_target, slot[1] their
    count (doubles, summed in a fixed order: dt_cuda_loss_slot).
-   tp_xent_bwd: dlogits += dloss / n_valid (exp(z - lse) - onehot) on real columns of rows not
-   ignored, block per row; n_valid is counted on the device into *count (scratch, one double).
+   tp_xent_bwd: dlogits = dloss / n_valid (exp(z - lse) - onehot) on real columns of rows not
+   ignored and 0 everywhere else (padding columns, ignored rows, n_valid 0): written, not added,
+   in one pass, block per row (float4 when Vl % 4 == 0 and both pointers are 16-byte aligned);
+   dlogits may be logits (in place); n_valid is counted on the device into *count (scratch, one
+   double).
    concat: columns [col0, col0 + C) of whole [R, W] and part [R, C]: to_whole 1 copies part into
    whole, 0 whole into part; accumulate 1 adds instead (dt_concat_fwd / _bwd, dt_split_fwd / _bwd). */
 int dt_k_tp_embedding_fwd(float *out, const float *table, const void *ids, int ids_i64, int64_t N, int64_t Vl,

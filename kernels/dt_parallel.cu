@@ -146,24 +146,43 @@ static __global__ void dt_k__tp_xent_count(double *count, const int32_t *__restr
     if (threadIdx.x == 0) *count = c;
 }
 
-/* Block per row: dlogits[r, c] += s (exp(z - lse[r]) - [c == target]) on the real columns of rows
-   not ignored, s = dloss / n_valid with n_valid read from the device (the CPU's scale, computed
-   the same way). */
-static __global__ void dt_k__tp_xent_bwd(float *dlogits, const float *__restrict__ logits, const float *__restrict__ stats,
+/* dlogits[r, c] = s (exp(z - lse) - [c == t]) on a real column (c < nv) of a row not ignored
+   (skip = 0), else 0: every element is written, so the caller zero-fills nothing. */
+static __device__ __forceinline__ float dt_k__xent_g(float z, float lse, float s, int64_t c, int64_t t, int64_t nv,
+                                                     int skip) {
+    return skip || c >= nv ? 0.0f : s * (expf(z - lse) - (c == t ? 1.0f : 0.0f));
+}
+
+/* Block per row, one pass: read the row's logits, its lse and target, write its dlogits (as
+   llm.c's fused classifier), s = dloss / n_valid with n_valid read from the device (the CPU's
+   scale, computed the same way). Threads over columns, coalesced; vec = 1 (the launcher checked
+   that Vl is a multiple of 4 and both pointers 16-byte aligned, so every row is): one float4 per
+   thread and step. Each element is read before it is written by the same thread, so dlogits may
+   be logits itself (no __restrict__ on them). */
+static __global__ void dt_k__tp_xent_bwd(float *dlogits, const float *logits, const float *__restrict__ stats,
                                          const int32_t *__restrict__ targets, int ignore_index, float dloss,
                                          const double *__restrict__ count, int64_t N, int64_t Vl, int64_t nv,
-                                         int64_t vocab_start) {
+                                         int64_t vocab_start, int vec) {
     int64_t n = (int64_t)*count;
-    float s;
-    if (n == 0) return;
-    s = dloss / (float)n;
+    float s = n ? dloss / (float)n : 0.0f;
     for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
         const float *z = logits + r * Vl;
         float *g = dlogits + r * Vl, lse = stats[2 * r + 1];
         int64_t t = targets[r];
-        if (t == ignore_index) continue;
+        int skip = n == 0 || t == ignore_index;
         t -= vocab_start;
-        for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) g[c] += s * (expf(z[c] - lse) - (c == t ? 1.0f : 0.0f));
+        if (vec) {
+            for (int64_t c = 4 * (int64_t)threadIdx.x; c < Vl; c += 4 * (int64_t)blockDim.x) {
+                float4 v = dt_k_load4(z + c);
+                v.x = dt_k__xent_g(v.x, lse, s, c, t, nv, skip);
+                v.y = dt_k__xent_g(v.y, lse, s, c + 1, t, nv, skip);
+                v.z = dt_k__xent_g(v.z, lse, s, c + 2, t, nv, skip);
+                v.w = dt_k__xent_g(v.w, lse, s, c + 3, t, nv, skip);
+                dt_k_store4(g + c, v);
+            }
+        } else {
+            for (int64_t c = threadIdx.x; c < Vl; c += blockDim.x) g[c] = dt_k__xent_g(z[c], lse, s, c, t, nv, skip);
+        }
     }
 }
 
@@ -242,12 +261,15 @@ int dt_k_tp_xent_loss(double *slot, float *stats, const float *mglob, const floa
 
 int dt_k_tp_xent_bwd(float *dlogits, const float *logits, const float *stats, const int32_t *targets, int ignore_index,
                      float dloss, double *count, int64_t N, int64_t Vl, int64_t nv, int64_t vocab_start, void *stream) {
+    int vec;
     if (dt_k__pl_bad(N, Vl) || nv < 0 || nv > Vl || !count) return (int)cudaErrorInvalidValue;
     if (N * Vl == 0) return 0;
     DT_K_LAUNCH(dt_k__tp_xent_count, 1, dt_k__pl_threads(N < 4096 ? N : 4096), 0, stream, count, targets, ignore_index,
                 N);
-    DT_K_LAUNCH(dt_k__tp_xent_bwd, N > 65535 ? 65535u : (unsigned int)N, dt_k__pl_threads(nv), 0, stream, dlogits,
-                logits, stats, targets, ignore_index, dloss, (const double *)count, N, Vl, nv, vocab_start);
+    vec = Vl % 4 == 0 && dt_k_aligned(dlogits, 16) && dt_k_aligned(logits, 16);
+    DT_K_LAUNCH(dt_k__tp_xent_bwd, N > 65535 ? 65535u : (unsigned int)N, dt_k__pl_threads(vec ? Vl / 4 : Vl), 0, stream,
+                dlogits, logits, stats, targets, ignore_index, dloss, (const double *)count, N, Vl, nv, vocab_start,
+                vec);
     return DT_K_CHECK();
 }
 

@@ -19,7 +19,8 @@
      - the vocab-parallel cross entropy against dt_softmax_xent_fwd/_bwd on the gathered real
        columns (padding columns hold large logits and must be ignored, ignore_index rows
        skipped, a rank whose shard is only padding), bitwise the same loss on every rank, and its
-       gradient against central finite differences of a double-precision loss;
+       gradient (written over what dlogits held: 0 on padding columns) against central finite
+       differences of a double-precision loss;
      - bad inputs named (wrong shard shapes, N not divisible by tp under sp, sp = 2, missing
        scratch, vocab_start and vocab out of place, targets out of range, bad param kinds). */
 #include "dt_tensor.h"
@@ -490,11 +491,11 @@ static void test_xent(dt_layout *l) {
                           "differs; worst log-sum-exp relative difference %.3g", (long long)at, worst);
     }
     CK(dt_tp_xent_bwd(l, dz, z, stats, &tg, k * Vl, V, ignore, dloss));
-    {   /* real columns: 0.25 + the reference grad; padding columns: untouched */
-        dt_tensor *want = fill(m2(N, Vl), 0.25);
+    {   /* written over the 0.25 there before: real columns the reference grad, padding columns 0 */
+        dt_tensor *want = fill(m2(N, Vl), 0.0);
         for (r = 0; r < N; r++)
             for (c = 0; c < Vl; c++)
-                if (k * Vl + c < V) F(want)[r * Vl + c] += F(dZ)[r * V + k * Vl + c];
+                if (k * Vl + c < V) F(want)[r * Vl + c] = F(dZ)[r * V + k * Vl + c];
         cmp("vocab_xent_bwd_matches_softmax_xent_bwd", F(dz), F(want), N * Vl, 1e-5);
     }
     /* finite differences of the double loss; the owner of each column gives its grad */
@@ -506,7 +507,7 @@ static void test_xent(dt_layout *l) {
         zd[fd_r[i] * VP + fd_c[i]] = z0 - h; lm = xent_double(zd, tgv, V, ignore);
         zd[fd_r[i] * VP + fd_c[i]] = z0;
         fd[i] = (lp - lm) / (2 * h);
-        F(got)[i] = fd_c[i] / Vl == k ? (F(dz)[fd_r[i] * Vl + fd_c[i] % Vl] - 0.25f) / dloss : 0.0f;
+        F(got)[i] = fd_c[i] / Vl == k ? F(dz)[fd_r[i] * Vl + fd_c[i] % Vl] / dloss : 0.0f;
     }
     CK(dt_tp_allreduce(l, got)); /* one rank holds each entry, the others add 0 */
     for (ok = 1, i = 0; i < NFD && ok; i++) ok = fabs(F(got)[i] - fd[i]) <= 1e-5 * fabs(fd[i]) + 1e-7;

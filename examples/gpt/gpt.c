@@ -793,7 +793,7 @@ static void head_bwd(model *m, acts *a, float dloss) {
     int part = m->sp && m->tp > 1;
     dt_tensor t1, t2;
     int64_t s[1];
-    fill0(&a->dlogits);
+    /* dt_tp_xent_bwd writes every element of dlogits: nothing to zero first */
     OP("cross entropy bwd", dt_tp_xent_bwd(m->lay, &a->dlogits, &a->logits, &a->stats, &a->targets, (int64_t)m->tp_rank * m->Vl, m->V, -1, dloss));
     fill0(&a->dln);
     OP("column linear bwd", dt_tp_column_linear_bwd(m->lay, &a->dln, HEADG(m), NULL, &a->dxbuf, &a->dlogits,

@@ -796,6 +796,15 @@ cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device) {
     snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", device + 1);
     return cudaSuccess;
 }
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) {
+    if (!value) return fail(cudaErrorInvalidValue);
+    if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+    switch (attr) {
+    case cudaDevAttrComputeCapabilityMajor: *value = 8; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
+    }
+    return fail(cudaErrorInvalidValue);
+}
 
 /* ---------------------------------------------------------------- memory and its registry */
 
@@ -1195,12 +1204,18 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 
 /* ---------------------------------------------------------------- cuBLAS through CBLAS */
 
-struct dt_emu_cublas { cudaStream_t stream; };
+struct dt_emu_cublas {
+    cudaStream_t stream;
+    void *workspace; /* NULL: cuBLAS's own pool */
+    size_t workspace_bytes;
+};
 
 cublasStatus_t cublasCreate(cublasHandle_t *handle) {
     if (!handle) return CUBLAS_STATUS_INVALID_VALUE;
     *handle = new dt_emu_cublas();
     (*handle)->stream = 0;
+    (*handle)->workspace = NULL;
+    (*handle)->workspace_bytes = 0;
     G.handles.insert((void *)*handle);
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -1213,6 +1228,32 @@ cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
     if (!handle || !G.handles.count((void *)handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (!valid_stream(stream)) return CUBLAS_STATUS_INVALID_VALUE;
     handle->stream = stream;
+    handle->workspace = NULL; /* as cuBLAS: setting the stream resets the workspace to its own pool */
+    handle->workspace_bytes = 0;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t *stream) {
+    if (!handle || !G.handles.count((void *)handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!stream) return CUBLAS_STATUS_INVALID_VALUE;
+    *stream = handle->stream;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void *workspace, size_t workspaceSizeInBytes) {
+    std::string why;
+    if (!handle || !G.handles.count((void *)handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (workspaceSizeInBytes && (!workspace || !in_alloc(workspace, workspaceSizeInBytes, &why))) {
+        report("cublasSetWorkspace: workspace %p (%zu bytes) %s", workspace, workspaceSizeInBytes,
+               workspace ? why.c_str() : "is NULL");
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    handle->workspace = workspaceSizeInBytes ? workspace : NULL;
+    handle->workspace_bytes = workspaceSizeInBytes;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t dt_emu_cublas_workspace(cublasHandle_t handle, void **workspace, size_t *bytes) {
+    if (!handle || !G.handles.count((void *)handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (workspace) *workspace = handle->workspace;
+    if (bytes) *bytes = handle->workspace_bytes;
     return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -1,9 +1,13 @@
 // tests/cuda_emu/k_gemm.cpp - kernels/dt_gemm.cu (cuBLAS, mapped to CBLAS by the emulator)
 // against dt_matmul_fwd / _bwd: the row-major <-> column-major operand swap, every transpose
-// pair, batches (b shared or batched), alpha / beta, bf16 / f16 inputs, TF32.
+// pair, batches (b shared or batched), alpha / beta, bf16 / f16 inputs, TF32. And the handle of a
+// CUDA ctx: cuBLAS's workspace is dt's, allocated once at the first GEMM through dt_cuda_alloc
+// (counted), kept by the handle through later GEMMs and a change of the ctx's stream, freed by
+// dt_ctx_shutdown.
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 #include <vector>
+#define DT_CUDA
 #include "dt_tensor.h"
 #include "kernels/dt_kernels.h"
 #include "tests/dt_test.h"
@@ -89,6 +93,99 @@ static void check(dt_ctx *ctx, cublasHandle_t h, int64_t batch, int shared_b, in
     cudaFree(d_a); cudaFree(d_b); cudaFree(d_o);
 }
 
+/* A [r, c] f32 CUDA tensor of values in [-1, 1). */
+static dt_tensor cuda_mat(dt_ctx *c, int64_t r, int64_t cols, uint64_t seed) {
+    dt_tensor t;
+    dt_tensor_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = DT_F32, d.ndim = 2, d.shape[0] = r, d.shape[1] = cols, d.device = DT_CUDA_DEVICE;
+    memset(&t, 0, sizeof t);
+    if (dt_tensor_create(c, &t, &d) == DT_OK) {
+        std::vector<float> v = rnd((size_t)(r * cols), seed);
+        cudaMemcpy(t.data, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice);
+    }
+    return t;
+}
+
+/* The workspace the handle holds now: the emulator knows it; on a GPU it is not observable (the
+   check then takes dt's word for it). */
+static int handle_holds(dt_ctx *c) {
+#ifdef DT_CUDA_EMU
+    void *ws = NULL;
+    size_t n = 0;
+    return dt_emu_cublas_workspace((cublasHandle_t)c->cublas, &ws, &n) == CUBLAS_STATUS_SUCCESS &&
+           ws == c->cublas_workspace && n == c->cublas_workspace_bytes;
+#else
+    return c->cublas_workspace != NULL;
+#endif
+}
+
+static void workspace(void) {
+    dt_ctx c;
+    dt_ctx_desc cd;
+    cudaStream_t s2 = NULL;
+    int dev = 0, major = 0;
+    memset(&cd, 0, sizeof cd);
+    cd.device = DT_CUDA_DEVICE;
+    if (dt_ctx_init(&c, &cd)) {
+        dt_test_fail("cuda_ctx_init", "%s", dt_ctx_error(&c));
+        return;
+    }
+    dt_tensor a = cuda_mat(&c, 4, 8, 41), b = cuda_mat(&c, 8, 5, 42), o = cuda_mat(&c, 4, 5, 43);
+    dt_tensor da = cuda_mat(&c, 4, 8, 44), db = cuda_mat(&c, 8, 5, 45);
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    const size_t want = (size_t)(major >= 9 ? 32 : 4) << 20; /* Hopper and later: 32 MiB */
+    dt_ctx_counters_reset(&c);
+    dt_status st = dt_matmul_fwd(&c, &o, &a, &b, 0, 0, 1.0f, 0.0f);
+    if (!dt_test_check_all("cublas_workspace_is_dts_counted_allocation_at_the_first_gemm",
+                           st == DT_OK && c.counters.allocs == 1 && c.cublas_workspace &&
+                               c.cublas_workspace_bytes == want && handle_holds(&c),
+                           "status %d (%s), allocs %lld, workspace %p of %zu bytes (want %zu), held by the handle %d",
+                           (int)st, dt_ctx_error(&c), (long long)c.counters.allocs, c.cublas_workspace,
+                           c.cublas_workspace_bytes, want, c.cublas ? handle_holds(&c) : -1)) {
+        dt_ctx_shutdown(&c);
+        return;
+    }
+    /* later GEMMs (a backward, another shape) allocate nothing and keep the workspace: a
+       launcher that called cublasSetStream each time would drop it back to cuBLAS's pool */
+    dt_ctx_counters_reset(&c);
+    st = dt_matmul_bwd(&c, &da, &db, &o, &a, &b, 0, 0, 1.0f);
+    if (!st) st = dt_matmul_fwd(&c, &o, &a, &b, 0, 0, 0.5f, 1.0f);
+    dt_test_check_all("cublas_workspace_kept_through_later_gemms",
+                      st == DT_OK && c.counters.allocs == 0 && c.counters.frees == 0 && handle_holds(&c),
+                      "status %d, allocs %lld, frees %lld, held by the handle %d", (int)st,
+                      (long long)c.counters.allocs, (long long)c.counters.frees, handle_holds(&c));
+    /* the ctx moves to another stream: the handle follows with the same workspace */
+    if (cudaStreamCreate(&s2) == cudaSuccess) {
+        cudaStream_t cur = NULL;
+        c.cuda_stream = s2;
+        st = dt_matmul_fwd(&c, &o, &a, &b, 0, 0, 1.0f, 0.0f);
+        cublasGetStream((cublasHandle_t)c.cublas, &cur);
+        dt_test_check_all("cublas_workspace_follows_the_ctx_to_a_new_stream",
+                          st == DT_OK && cur == s2 && handle_holds(&c), "status %d, stream %s, held %d", (int)st,
+                          cur == s2 ? "the new one" : "another", handle_holds(&c));
+        dt_ctx_sync(&c);
+        c.cuda_stream = NULL;
+        st = dt_matmul_fwd(&c, &o, &a, &b, 0, 0, 1.0f, 0.0f);
+        dt_ctx_sync(&c);
+        cudaStreamDestroy(s2);
+        DT_TEST_CHECK("cublas_back_on_the_default_stream_keeps_the_workspace", st == DT_OK && handle_holds(&c));
+    }
+    dt_tensor_free(&c, &a), dt_tensor_free(&c, &b), dt_tensor_free(&c, &o);
+    dt_tensor_free(&c, &da), dt_tensor_free(&c, &db);
+#ifdef DT_CUDA_EMU
+    {
+        void *ws = c.cublas_workspace;
+        char why[256];
+        dt_ctx_shutdown(&c);
+        DT_TEST_CHECK("cublas_workspace_freed_by_ctx_shutdown", !dt_emu_device_range(ws, 1, why, sizeof why));
+    }
+#else
+    dt_ctx_shutdown(&c);
+#endif
+}
+
 int main(void) {
     dt_ctx ctx;
     cublasHandle_t h = NULL;
@@ -126,5 +223,6 @@ int main(void) {
     }
     cublasDestroy(h);
     dt_ctx_shutdown(&ctx);
+    workspace();
     return dt_test_finish();
 }

@@ -267,39 +267,82 @@ static void xent(dt_layout *l) {
                           n_host == N - 2);
     }
     xent_two_ranks(logits, tg, N, Vp, V, lc, (const float *)stats.h.data);
-    /* the backward: g += s (p - onehot), p = exp(z - lse) with the device's lse (off by at most
-       1.01 k u + u |lse| from the CPU's), so |dg| <= |s| p (1.01 k u + u |lse| + 2u) + 2u |g|;
-       p <= 1 and |lse| < 8 here */
+    /* the backward writes g = s (p - onehot), p = exp(z - lse) with the device's lse (off by at
+       most 1.01 k u + u |lse| from the CPU's), so |dg| <= |s| p (1.01 k u + u |lse| + 2u) + 2u |g|;
+       p <= 1 and |lse| < 8 here. dl holds random values before: a write must not see them. */
     {
         const float dloss = 0.75f;
         const double s = dloss / (double)nc;
-        std::vector<float> g0 = down(dl.d);
         if (ok2("tp_xent_bwd_cuda_runs", dt_tp_xent_bwd(l, &dl.h, &logits.h, &stats.h, &tg.h, 0, V, -1, dloss),
                 dt_tp_xent_bwd(l, &dl.d, &logits.d, &stats.d, &tg.d, 0, V, -1, dloss))) {
             std::vector<float> g = down(dl.d);
-            dt_test_allclose("tp_xent_bwd_cuda_accumulates_as_cpu_within_bound", g.data(), (const float *)dl.h.data,
+            int64_t nz = 0;
+            dt_test_allclose("tp_xent_bwd_cuda_writes_as_cpu_within_bound", g.data(), (const float *)dl.h.data,
                              g.size(), s * (1.01 * k + 8 + 2) * U24, 2 * U24);
-            /* again from the same start: the same bits */
-            dt_tensor gt = dl.d;
-            cudaMemcpy(gt.data, g0.data(), g0.size() * 4, cudaMemcpyHostToDevice);
+            for (int64_t r = 0; r < N; r++) /* padding columns and ignored rows: written 0, exactly */
+                for (int64_t c = 0; c < Vp; c++)
+                    if ((c >= V || r == 4 || r == 17) && g[(size_t)(r * Vp + c)] != 0.0f) nz++;
+            DT_TEST_CHECK("tp_xent_bwd_cuda_writes_zeros_on_padding_and_ignored_rows", nz == 0);
+            /* again over NaNs: the same bits (nothing of what was there is read) */
+            dt_tensor_fill(&ctx, &dl.d, NAN);
+#ifdef DT_CUDA_EMU
+            long long v0 = dt_emu_vector_accesses();
+#endif
             dt_tp_xent_bwd(l, &dl.d, &logits.d, &stats.d, &tg.d, 0, V, -1, dloss);
+#ifdef DT_CUDA_EMU
+            /* rows of 48 columns, aligned: one float4 load and one store per 4 columns */
+            DT_TEST_CHECK("tp_xent_bwd_cuda_moves_float4", dt_emu_vector_accesses() - v0 == 2 * N * Vp / 4);
+#endif
             std::vector<float> g2 = down(dl.d);
-            dt_test_equal_bytes("tp_xent_bwd_cuda_deterministic_bitwise", g2.data(), g.data(), g.size() * 4);
+            dt_test_equal_bytes("tp_xent_bwd_cuda_deterministic_bitwise_over_any_start", g2.data(), g.data(),
+                                g.size() * 4);
+            /* in place over the logits (as llm.c): the bits of the separate buffer */
+            pair_t zin = make(DT_F32, 2, N, Vp, 11);
+            DT_TEST_CHECK("tp_xent_bwd_cuda_in_place_runs",
+                          dt_tp_xent_bwd(l, &zin.d, &zin.d, &stats.d, &tg.d, 0, V, -1, dloss) == DT_OK);
+            std::vector<float> g3 = down(zin.d);
+            dt_test_equal_bytes("tp_xent_bwd_cuda_in_place_equals_out_of_place", g3.data(), g.data(), g.size() * 4);
+            DT_TEST_CHECK("tp_xent_bwd_cpu_in_place_runs",
+                          dt_tp_xent_bwd(l, &zin.h, &zin.h, &stats.h, &tg.h, 0, V, -1, dloss) == DT_OK);
+            dt_test_equal_bytes("tp_xent_bwd_cpu_in_place_equals_out_of_place", zin.h.data, dl.h.data, g.size() * 4);
+            release(zin);
         }
     }
-    /* no target counts: loss 0, n_valid 0, the backward adds nothing */
+    /* a row length that is no multiple of 4 (the scalar path of the same pass), with padding */
+    {
+        const int64_t V2 = 41, Vp2 = 43;
+        const double k2 = xent_k(V2);
+        pair_t z2 = make(DT_F32, 2, N, Vp2, 21), t2 = make(DT_I32, 1, N, 0, 22, V2), s2 = make(DT_F32, 2, N, 2, 23);
+        pair_t d2 = make(DT_F32, 2, N, Vp2, 24);
+        int64_t n2 = 0, nz = 0;
+        dt_status sh = dt_tp_xent_fwd(l, NULL, &n2, &s2.h, &z2.h, &t2.h, 0, V2, -1), sd;
+        if (!sh) sh = dt_tp_xent_bwd(l, &d2.h, &z2.h, &s2.h, &t2.h, 0, V2, -1, 1.0f);
+        sd = dt_tp_xent_fwd(l, NULL, NULL, &s2.d, &z2.d, &t2.d, 0, V2, -1);
+        if (!sd) sd = dt_tp_xent_bwd(l, &d2.d, &z2.d, &s2.d, &t2.d, 0, V2, -1, 1.0f);
+        if (ok2("tp_xent_bwd_cuda_odd_row_runs", sh, sd)) {
+            std::vector<float> g = down(d2.d);
+            dt_test_allclose("tp_xent_bwd_cuda_odd_row_writes_as_cpu_within_bound", g.data(), (const float *)d2.h.data,
+                             g.size(), (1.0 / (double)n2) * (1.01 * k2 + 8 + 2) * U24, 2 * U24);
+            for (int64_t r = 0; r < N; r++)
+                for (int64_t c = V2; c < Vp2; c++)
+                    if (g[(size_t)(r * Vp2 + c)] != 0.0f) nz++;
+            DT_TEST_CHECK("tp_xent_bwd_cuda_odd_row_writes_zeros_on_padding", nz == 0);
+        }
+        release(z2); release(t2); release(s2); release(d2);
+    }
+    /* no target counts: loss 0, n_valid 0, the backward writes zeros */
     {
         pair_t none = make(DT_I32, 1, N, 0, 15, V);
         float l0 = 1;
         int64_t n0 = 1;
         dt_tensor_fill(&ctx, &none.d, -1.0);
-        std::vector<float> before = down(dl.d);
         DT_TEST_CHECK("tp_xent_fwd_cuda_all_ignored_runs",
                       dt_tp_xent_fwd(l, &l0, &n0, &stats.d, &logits.d, &none.d, 0, V, -1) == DT_OK);
         DT_TEST_CHECK("tp_xent_fwd_cuda_all_ignored_is_zero", l0 == 0.0f && n0 == 0);
+        dt_tensor_fill(&ctx, &dl.d, 3.0);
         dt_tp_xent_bwd(l, &dl.d, &logits.d, &stats.d, &none.d, 0, V, -1, 1.0f);
-        std::vector<float> after = down(dl.d);
-        dt_test_equal_bytes("tp_xent_bwd_cuda_all_ignored_adds_nothing", after.data(), before.data(), after.size() * 4);
+        std::vector<float> after = down(dl.d), zeros(after.size(), 0.0f);
+        dt_test_equal_bytes("tp_xent_bwd_cuda_all_ignored_writes_zeros", after.data(), zeros.data(), after.size() * 4);
         release(none);
     }
     /* a step that does not log: loss NULL; after a first call, nothing is allocated, freed, copied

@@ -48,6 +48,12 @@ typedef struct dt_emu_cublas *cublasHandle_t;
 cublasStatus_t cublasCreate(cublasHandle_t *handle);
 cublasStatus_t cublasDestroy(cublasHandle_t handle);
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
+cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t *stream);
+/* A workspace from cudaMalloc (inside one allocation) for the handle's GEMMs; as cuBLAS does,
+   cublasSetStream drops it again (back to the library's own pool). */
+cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void *workspace, size_t workspaceSizeInBytes);
+/* Test hook: the workspace the handle holds now (NULL, 0 = cuBLAS's own pool). */
+cublasStatus_t dt_emu_cublas_workspace(cublasHandle_t handle, void **workspace, size_t *bytes);
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                            int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
                            const float *beta, float *C, int ldc);

@@ -117,6 +117,12 @@ cudaError_t cudaGetDeviceCount(int *count);
 cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device);
+/* The attributes dt asks for; the emulated devices say compute capability 8.0 (not Hopper). */
+typedef enum cudaDeviceAttr {
+    cudaDevAttrComputeCapabilityMajor = 75,
+    cudaDevAttrComputeCapabilityMinor = 76
+} cudaDeviceAttr;
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device);
 cudaError_t dt_emu_malloc(const char *file, int line, void **ptr, size_t bytes);
 cudaError_t dt_emu_free(const char *file, int line, void *ptr);
 cudaError_t dt_emu_memcpy_blocking(const char *file, int line, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
