@@ -2114,6 +2114,10 @@ static void dt__cm_free_kids(dt_comm_req *q) {
 static dt_status dt__cm_wait(dt_comm_req *q) {
     dt_comm *c = q->c;
     double start = dt__cm_now(), next_serve = start + DT__CM_SERVE_S;
+#ifdef DT_NCCL
+    /* the host polls until the device has run the collective: a wait like dt_ctx_sync's */
+    if (q->path == DT__CM_NCCL && !dt__cm_done(q)) c->ctx->counters.syncs++;
+#endif
     for (;;) {
         double t;
         dt__cm_progress(c);
