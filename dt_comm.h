@@ -167,8 +167,9 @@
    it (cudaStreamWaitEvent), so what the caller queues next, and any copy to the host, sees the
    result, and the host never waits for the device inside a training step. The call's
    statistics and observer follow at a later call on the group (dt_comm_stats, a barrier and
-   dt_comm_free wait for them: a host wait, counted in ctx->counters.syncs, as is dt_comm_wait's
-   on an NCCL request). Its timeout still runs from its start, checked at each later call. Making the NCCL communicator is collective, a send is not: a device
+   dt_comm_free wait for them: a host wait, counted in ctx->counters.syncs). Its timeout still
+   runs from its start, checked at each later call. dt_comm_wait on an NCCL request does the
+   same: the request is complete for the caller in stream order. Making the NCCL communicator is collective, a send is not: a device
    send/recv before the group's first device collective is DT_ERR_STATE.
    Ranks sharing a GPU: the exchange that carries the NCCL id also carries each rank's host and
    PCI bus id. NCCL refuses a group with two ranks on one GPU, so dt does not create one: with
@@ -357,7 +358,10 @@ DT_API dt_status dt_comm_isend(dt_comm *c, const dt_tensor *t, int dst, int tag,
 DT_API dt_status dt_comm_irecv(dt_comm *c, dt_tensor *t, int src, int tag, dt_comm_req **req);
 /* Makes progress; *done = 1 when req is complete. Returns the request's error if it failed. */
 DT_API dt_status dt_comm_test(dt_comm_req *req, int *done);
-/* Waits (up to the comm's timeout, counted from this call), frees req, returns its status. */
+/* Waits (up to the comm's timeout, counted from this call), frees req, returns its status. A
+   request on NCCL (device tensors) completes in stream order, as a blocking call does (see
+   "NCCL" at the top): the ctx stream waits for it and the host does not; its error, if NCCL
+   fails later, is returned by the next call on the group. */
 DT_API dt_status dt_comm_wait(dt_comm_req *req);
 
 /* ==== >>split: groups: dt_comm_split ========================================================== */
@@ -2190,24 +2194,26 @@ static dt_status dt__cm_wait(dt_comm_req *q) { return dt__cm_wait_until(q, 0); }
    queues next sees the result, and the host does not wait for the device. The request then
    lives on the heap, in c->late, until the device has run it: progress completes it as for an
    async one (statistics, observer, event), its timeout still counts from its start, an NCCL
-   error is kept and returned by the next call on c (dt__cm_usable), and dt__cm_reap frees it. */
-static int dt__cm_detach(dt_comm_req *q) {
+   error is kept and returned by the next call on c (dt__cm_usable), and dt__cm_reap frees it.
+   dt_comm_wait does the same with an async request (on_heap: it is there already). */
+static int dt__cm_detach(dt_comm_req *q, int on_heap) {
 #ifdef DT_NCCL
     dt_comm *c = q->c;
-    dt_comm_req *h, **pp;
+    dt_comm_req *h = q, **pp;
     if (!dt__cm_deferrable(q)) return 0;
-    h = (dt_comm_req *)dt_alloc(c->ctx, sizeof *h);
-    if (!h) return 0; /* the host waits instead */
+    if (!on_heap && (h = (dt_comm_req *)dt_alloc(c->ctx, sizeof *h)) == NULL) return 0; /* the host waits instead */
     if (cudaStreamWaitEvent((cudaStream_t)c->ctx->cuda_stream, q->ev, 0) != cudaSuccess) {
-        dt_release(c->ctx, h);
+        if (!on_heap) dt_release(c->ctx, h);
         return 0;
     }
-    *h = *q;
-    for (pp = &c->fifo; *pp; pp = &(*pp)->next)
-        if (*pp == q) {
-            *pp = h;
-            break;
-        }
+    if (!on_heap) {
+        *h = *q;
+        for (pp = &c->fifo; *pp; pp = &(*pp)->next)
+            if (*pp == q) {
+                *pp = h;
+                break;
+            }
+    }
     h->detached = 1;
     h->late_next = NULL;
     dt__cm_drop_gate(h); /* its verdict is in: the data was posted */
@@ -2216,6 +2222,7 @@ static int dt__cm_detach(dt_comm_req *q) {
     return 1;
 #else
     (void)q;
+    (void)on_heap;
     return 0;
 #endif
 }
@@ -3097,7 +3104,7 @@ static dt_status dt__cm_finish_call(dt_comm_req *q, dt_status st, dt_comm_req **
     }
     /* NCCL: the host waits for the header (and an all-to-allv's counts), not for the device */
     if (!st && q->path == DT__CM_NCCL && !dt__cm_done(q) && !dt__cm_wait_until(q, 1) && !dt__cm_done(q) &&
-        dt__cm_detach(q))
+        dt__cm_detach(q, 0))
         return DT_OK;
     if (!st) st = dt__cm_said(q, dt__cm_done(q) ? q->status : dt__cm_wait(q));
     dt__cm_free_kids(q);
@@ -3542,6 +3549,10 @@ DT_API dt_status dt_comm_wait(dt_comm_req *req) {
     dt_ctx *ctx;
     if (!req) return DT_ERR_ARG;
     ctx = req->c->ctx;
+    /* NCCL: complete for the caller in stream order, as a blocking call (dt__cm_detach) */
+    if (req->path == DT__CM_NCCL && !dt__cm_done(req) && !dt__cm_wait_until(req, 1) && !dt__cm_done(req) &&
+        dt__cm_detach(req, 1))
+        return DT_OK;
     st = dt__cm_said(req, dt__cm_done(req) ? req->status : dt__cm_wait(req));
     if (st == DT_ERR_STATE && req->c->broken && ctx->last_status != DT_ERR_STATE)
         dt_ctx_set_error(ctx, DT_ERR_STATE, "dt_comm_wait: %s was abandoned: group %s is unusable: %s",
