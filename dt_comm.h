@@ -165,12 +165,12 @@
    the ctx stream; send/recv pairs match in call order (NCCL has no tags). A blocking call
    returns once its collective is queued, not when the GPU has run it: the ctx stream waits for
    it (cudaStreamWaitEvent), so what the caller queues next, and any copy to the host, sees the
-   result, and the host never waits for the device inside a training step. The call's
-   statistics and observer follow at a later call on the group (dt_comm_stats, a barrier and
-   dt_comm_free wait for them: a host wait, counted in ctx->counters.syncs). Its timeout still
-   runs from its start, checked at each later call. dt_comm_wait on an NCCL request does the
-   same: the request is complete for the caller in stream order. Making the NCCL communicator is collective, a send is not: a device
-   send/recv before the group's first device collective is DT_ERR_STATE.
+   result, while the host goes on without waiting for the device (a tensor-parallel layer makes
+   several such calls). dt_comm_wait on an NCCL request does the same. The call's statistics
+   and observer follow at a later call on the group (dt_comm_stats, a barrier and dt_comm_free
+   wait for them: a host wait, counted in ctx->counters.syncs); its timeout still runs from its
+   start, checked at each later call. Making the NCCL communicator is collective, a send is
+   not: a device send/recv before the group's first device collective is DT_ERR_STATE.
    Ranks sharing a GPU: the exchange that carries the NCCL id also carries each rank's host and
    PCI bus id. NCCL refuses a group with two ranks on one GPU, so dt does not create one: with
    use_nccl 0 the group stages its device tensors through host memory and MPI from then on (every
@@ -2233,8 +2233,11 @@ static int dt__cm_detach(dt_comm_req *q, int on_heap) {
    broken communicator gives them up (dt_comm_free). A failure is kept in c->late_st. */
 static void dt__cm_reap(dt_comm *c, int mode) {
     dt_comm_req *q, **pp;
+    double t;
     if (!c->late) return;
     dt__cm_progress(c);
+    t = dt__cm_now();
+    if (!mode) dt__cm_serve(c);
     for (q = c->late; q; q = q->late_next) {
         dt_status st = DT_OK;
         if (q->done) continue;
@@ -2247,8 +2250,6 @@ static void dt__cm_reap(dt_comm *c, int mode) {
         }
         if (mode) st = dt__cm_wait(q);
         else {
-            double t = dt__cm_now();
-            dt__cm_serve(c);
             if (q->seq > 0 && c->failed_seq > 0 && q->seq >= c->failed_seq) st = dt__cm_abandon(q, c->failed_rank);
             else if (c->timeout > 0 && t - q->t0 > c->timeout)
                 st = q->seq > 0 ? dt__cm_abandon(q, -1) : dt__cm_p2p_timeout(q);
