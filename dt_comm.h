@@ -162,9 +162,15 @@
    NCCL: the NCCL communicator is created on the first device collective, on the device that is
    current then (create the ctx with cuda_device = dt_comm_local_rank(world), or call
    cudaSetDevice, before it). Collectives run on a communication stream that first waits for
-   the ctx stream; blocking calls return when they are complete; send/recv pairs match in call
-   order (NCCL has no tags). Making the NCCL communicator is collective, a send is not: a device
-   send/recv before the group's first device collective is DT_ERR_STATE.
+   the ctx stream; send/recv pairs match in call order (NCCL has no tags). A blocking call
+   returns once its collective is queued, not when the GPU has run it: the ctx stream waits for
+   it (cudaStreamWaitEvent), so what the caller queues next, and any copy to the host, sees the
+   result, while the host goes on without waiting for the device (a tensor-parallel layer makes
+   several such calls). dt_comm_wait on an NCCL request does the same. The call's statistics
+   and observer follow at a later call on the group (dt_comm_stats, a barrier and dt_comm_free
+   wait for them: a host wait, counted in ctx->counters.syncs); its timeout still runs from its
+   start, checked at each later call. Making the NCCL communicator is collective, a send is
+   not: a device send/recv before the group's first device collective is DT_ERR_STATE.
    Ranks sharing a GPU: the exchange that carries the NCCL id also carries each rank's host and
    PCI bus id. NCCL refuses a group with two ranks on one GPU, so dt does not create one: with
    use_nccl 0 the group stages its device tensors through host memory and MPI from then on (every
@@ -172,8 +178,12 @@
    ranks. Errors: a failing NCCL call is DT_ERR_COMM naming it and NCCL's reason
        dt_comm_allreduce: ncclAllReduce (allreduce on group world, size 2): invalid argument ...
    and a failing CUDA call DT_ERR_CUDA naming it; an asynchronous NCCL error (seen through
-   ncclCommGetAsyncError while waiting) aborts the NCCL communicator and makes the group
-   unusable (DT_ERR_STATE afterwards). Checked without a GPU: tests/gpu_comm.c runs on the CUDA
+   ncclCommGetAsyncError while waiting, or for a blocking call that returned, at the next call
+   on the group, which returns it: "an earlier blocking call on group tp failed after it
+   returned: ... allreduce(sum) of 1024 x f32 at seq 9 failed in NCCL ...") aborts the NCCL
+   communicator and makes the group unusable (DT_ERR_STATE afterwards). Until then the ctx
+   stream waits behind the failed collective: a copy to the host before the next dt_comm call
+   waits as long as NCCL does. Checked without a GPU: tests/gpu_comm.c runs on the CUDA
    emulator with a fake NCCL over MPI (tests/cuda_emu/nccl_emu.cpp), also in its deferred-streams
    mode, where a collective that does not wait for the ctx stream reads stale data.
 
@@ -348,7 +358,10 @@ DT_API dt_status dt_comm_isend(dt_comm *c, const dt_tensor *t, int dst, int tag,
 DT_API dt_status dt_comm_irecv(dt_comm *c, dt_tensor *t, int src, int tag, dt_comm_req **req);
 /* Makes progress; *done = 1 when req is complete. Returns the request's error if it failed. */
 DT_API dt_status dt_comm_test(dt_comm_req *req, int *done);
-/* Waits (up to the comm's timeout, counted from this call), frees req, returns its status. */
+/* Waits (up to the comm's timeout, counted from this call), frees req, returns its status. A
+   request on NCCL (device tensors) completes in stream order, as a blocking call does (see
+   "NCCL" at the top): the ctx stream waits for it and the host does not; its error, if NCCL
+   fails later, is returned by the next call on the group. */
 DT_API dt_status dt_comm_wait(dt_comm_req *req);
 
 /* ==== >>split: groups: dt_comm_split ========================================================== */
@@ -398,7 +411,10 @@ DT_API void dt_bucketer_free(dt_bucketer *b);
 /* Per kind of collective on one communicator. bytes follow nccl-tests: the buffer for
    all-reduce and broadcast, the whole (size x block) buffer for reduce-scatter, all-gather and
    all-to-all, the bytes sent for all-to-allv, the message for send/recv. seconds run from post
-   to completion. algbw = bytes / seconds, busbw = algbw * dt_coll_bus_factor (GB/s, 1e9). */
+   to completion (as dt saw it: a blocking NCCL call, which returns once queued, at a later call
+   on c). algbw = bytes / seconds, busbw = algbw * dt_coll_bus_factor (GB/s, 1e9). Reading them
+   (dt_comm_stats, _format, _reset) first waits for such calls still on the device, so each call
+   is counted exactly once, by then. */
 typedef struct dt_comm_stat {
     int64_t calls;
     double bytes;
@@ -424,7 +440,8 @@ DT_API void dt_comm_stats_print(const dt_comm *c); /* the table on stdout */
 /* Called on this rank when an operation of c completes, blocking or async, successful or not:
    kind and bytes as in the statistics, t_post when it was posted and t_done when dt saw it
    complete (dt_comm_now seconds; for an async operation that is the dt_comm_test or
-   dt_comm_wait that found it done, so a span can end later than the wire went quiet).
+   dt_comm_wait that found it done, for a blocking call on NCCL a later call on c, so a span
+   can end later than the wire went quiet).
    Internal pieces of an operation (the chunks of a large all-reduce, header exchanges) are
    not reported, only the operation the caller asked for. The callback runs inside the dt call
    and must not call c. */
@@ -573,6 +590,9 @@ struct dt_comm {
     void *observer_user;
     dt__cm_buf pool[DT__CM_POOL];
     dt_comm_req *fifo;               /* operations in flight, in posting order */
+    dt_comm_req *late;               /* blocking NCCL calls that returned before the device ran them */
+    dt_status late_st;               /* the first of them to fail, reported by the next call */
+    char late_msg[DT_ERROR_MAX];
     dt__cm_msg *selfq;
 #ifdef DT_MPI
     MPI_Comm mc[DT__CM_STAGES];      /* data: stage s of every operation runs on mc[s] */
@@ -627,6 +647,8 @@ struct dt_comm_req {
     dt_comm_req **kids;              /* a large all-reduce runs as chunks, each its own operation */
     int nkids, internal;             /* internal: a chunk (counted in its parent's statistics) */
     int64_t part_off, part_len;      /* a chunk of an all-to-all: this slice of every block */
+    int detached;                    /* a blocking NCCL call that returned: on the heap, in c->late */
+    dt_comm_req *late_next;
     dt_comm_req *next;
 #ifdef DT_MPI
     MPI_Request mreq;
@@ -1197,8 +1219,11 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
     return DT_OK;
 }
 
+static void dt__cm_reap(dt_comm *c, int mode);
+
 DT_API void dt_comm_free(dt_comm *c) {
     if (!c) return;
+    dt__cm_reap(c, 2); /* blocking NCCL calls still running on the device */
     if (c->is_world) dt__cm_worlds_alive--;
     dt__cm_release_all(c); /* MPI stays up: another copy of dt may still use it (see the top) */
 }
@@ -1564,8 +1589,8 @@ static void dt__cm_complete(dt_comm_req *q) {
         st = dt_tensor_copy(c->ctx, &q->tout, &hv);
     }
 #ifdef DT_NCCL
-    if (q->ev) {
-        if (c->ctx->cuda_stream) cudaStreamWaitEvent((cudaStream_t)c->ctx->cuda_stream, q->ev, 0);
+    if (q->ev) { /* (a detached call's ctx stream waits on it already) */
+        if (c->ctx->cuda_stream && !q->detached) cudaStreamWaitEvent((cudaStream_t)c->ctx->cuda_stream, q->ev, 0);
         cudaEventDestroy(q->ev);
         q->ev = NULL;
     }
@@ -1583,6 +1608,16 @@ static void dt__cm_complete(dt_comm_req *q) {
     q->pending = 0;
     q->status = st;
     q->done = 1;
+}
+
+/* A detached call (see "Blocking calls on NCCL" in the engine) failed after it returned: keep its
+   error for the next call on c, the first one only (what follows from it adds nothing). */
+static void dt__cm_late(dt_comm_req *q, dt_status st) {
+    dt_comm *c = q->c;
+    if (!q->detached || !st || c->late_st) return;
+    c->late_st = st;
+    memcpy(c->late_msg, c->ctx->last_error, sizeof c->late_msg);
+    c->late_msg[sizeof c->late_msg - 1] = 0;
 }
 
 /* The status a request ends with; when its gate failed, the gate's message is the error (set
@@ -1964,23 +1999,28 @@ static void dt__cm_advance(dt_comm_req *q, int may_post0, int may_post) {
                 {   /* NCCL's operations never complete now: abort them; the group is unusable */
                     char what[96];
                     int64_t rec[DT__CM_REC];
-                    dt_status st2 = dt_ctx_set_error(c->ctx, DT_ERR_COMM, "%s: NCCL failed on group %s (size %d): "
-                                                     "ncclCommGetAsyncError: %s %s; the communicator is unusable now",
-                                                     q->fn, c->name, c->size, ncclGetErrorString(ar),
-                                                     dt__cm_nccl_why(c->nccl));
+                    dt_status st2;
                     dt__cm_record(q, rec);
+                    dt__cm_describe(rec, what, sizeof what);
+                    st2 = dt_ctx_set_error(c->ctx, DT_ERR_COMM, "%s: %s at seq %lld failed in NCCL on group %s (size "
+                                           "%d): ncclCommGetAsyncError: %s %s; the communicator is unusable now", q->fn,
+                                           what, (long long)q->seq, c->name, c->size, ncclGetErrorString(ar),
+                                           dt__cm_nccl_why(c->nccl));
                     ncclCommAbort(c->nccl);
                     c->nccl = NULL;
                     c->broken = 1;
-                    snprintf(c->broken_msg, sizeof c->broken_msg, "%s at seq %lld failed in NCCL (%s)",
-                             dt__cm_describe(rec, what, sizeof what), (long long)q->seq, ncclGetErrorString(ar));
+                    snprintf(c->broken_msg, sizeof c->broken_msg, "%s at seq %lld failed in NCCL (%s)", what,
+                             (long long)q->seq, ncclGetErrorString(ar));
                     dt__cm_fail(q, st2);
+                    dt__cm_late(q, st2);
                 }
                 return;
             }
             if (e != cudaSuccess) {
-                dt__cm_fail(q, dt_ctx_set_error(c->ctx, DT_ERR_CUDA, "%s: waiting for NCCL on group %s: %s", q->fn,
-                                                c->name, cudaGetErrorString(e)));
+                dt_status st2 = dt_ctx_set_error(c->ctx, DT_ERR_CUDA, "%s: waiting for NCCL (%s) on group %s: %s", q->fn,
+                                                 dt_coll_name((dt_coll)q->kind), c->name, cudaGetErrorString(e));
+                dt__cm_fail(q, st2);
+                dt__cm_late(q, st2);
                 return;
             }
             q->pending = 0;
@@ -2110,14 +2150,32 @@ static void dt__cm_free_kids(dt_comm_req *q) {
     q->nkids = 0;
 }
 
-/* Waits for q with the comm's timeout, reading notices every few milliseconds. */
-static dt_status dt__cm_wait(dt_comm_req *q) {
+/* Whether q may return to a blocking caller before it completes: an NCCL operation whose last
+   stage is queued on the communication stream, without an error of its own to return. */
+static int dt__cm_deferrable(const dt_comm_req *q) {
+#ifdef DT_NCCL
+    return q->path == DT__CM_NCCL && !q->done && !q->nkids && !q->status && q->ev && q->pending &&
+           q->stage == q->last_stage;
+#else
+    (void)q;
+    return 0;
+#endif
+}
+
+/* Waits for q with the comm's timeout, reading notices every few milliseconds; until_queued: only
+   until q is deferrable (the host waits for MPI's part, the header and counts, not the device). */
+static dt_status dt__cm_wait_until(dt_comm_req *q, int until_queued) {
     dt_comm *c = q->c;
     double start = dt__cm_now(), next_serve = start + DT__CM_SERVE_S;
+#ifdef DT_NCCL
+    /* the host polls until the device has run the collective: a wait like dt_ctx_sync's */
+    if (!until_queued && q->path == DT__CM_NCCL && !dt__cm_done(q)) c->ctx->counters.syncs++;
+#endif
     for (;;) {
         double t;
+        if (until_queued && dt__cm_deferrable(q)) break; /* (before progress looks at its event) */
         dt__cm_progress(c);
-        if (dt__cm_done(q)) break;
+        if (dt__cm_done(q) || (until_queued && dt__cm_deferrable(q))) break;
         t = dt__cm_now();
         if (t >= next_serve) {
             next_serve = t + DT__CM_SERVE_S;
@@ -2128,6 +2186,90 @@ static dt_status dt__cm_wait(dt_comm_req *q) {
             return q->seq > 0 ? dt__cm_abandon(q, -1) : dt__cm_p2p_timeout(q);
     }
     return q->status;
+}
+static dt_status dt__cm_wait(dt_comm_req *q) { return dt__cm_wait_until(q, 0); }
+
+/* Blocking calls on NCCL. A blocking call whose data goes through NCCL returns once its work is
+   queued: the ctx stream waits for its event (cudaStreamWaitEvent), so everything the caller
+   queues next sees the result, and the host does not wait for the device. The request then
+   lives on the heap, in c->late, until the device has run it: progress completes it as for an
+   async one (statistics, observer, event), its timeout still counts from its start, an NCCL
+   error is kept and returned by the next call on c (dt__cm_usable), and dt__cm_reap frees it.
+   dt_comm_wait does the same with an async request (on_heap: it is there already). */
+static int dt__cm_detach(dt_comm_req *q, int on_heap) {
+#ifdef DT_NCCL
+    dt_comm *c = q->c;
+    dt_comm_req *h = q, **pp;
+    if (!dt__cm_deferrable(q)) return 0;
+    if (!on_heap && (h = (dt_comm_req *)dt_alloc(c->ctx, sizeof *h)) == NULL) return 0; /* the host waits instead */
+    if (cudaStreamWaitEvent((cudaStream_t)c->ctx->cuda_stream, q->ev, 0) != cudaSuccess) {
+        if (!on_heap) dt_release(c->ctx, h);
+        return 0;
+    }
+    if (!on_heap) {
+        *h = *q;
+        for (pp = &c->fifo; *pp; pp = &(*pp)->next)
+            if (*pp == q) {
+                *pp = h;
+                break;
+            }
+    }
+    h->detached = 1;
+    h->late_next = NULL;
+    dt__cm_drop_gate(h); /* its verdict is in: the data was posted */
+    for (pp = &c->late; *pp; pp = &(*pp)->late_next) {}
+    *pp = h;
+    return 1;
+#else
+    (void)q;
+    (void)on_heap;
+    return 0;
+#endif
+}
+
+/* Finishes c's detached calls that are complete and frees them. mode 0: only looks (a call
+   past its timeout, or one another rank gave up on, is abandoned as a waiting call would be);
+   1: the host waits for each (a counted sync when it is still running); 2: waits, or on a
+   broken communicator gives them up (dt_comm_free). A failure is kept in c->late_st. */
+static void dt__cm_reap(dt_comm *c, int mode) {
+    dt_comm_req *q, **pp;
+    double t;
+    if (!c->late) return;
+    dt__cm_progress(c);
+    t = dt__cm_now();
+    if (!mode) dt__cm_serve(c);
+    for (q = c->late; q; q = q->late_next) {
+        dt_status st = DT_OK;
+        if (q->done) continue;
+        if (c->broken) {
+            if (mode < 2) continue;
+            dt__cm_fifo_unlink(c, q);
+            q->done = 1;
+            q->status = DT_ERR_STATE;
+            continue;
+        }
+        if (mode) st = dt__cm_wait(q);
+        else {
+            if (q->seq > 0 && c->failed_seq > 0 && q->seq >= c->failed_seq) st = dt__cm_abandon(q, c->failed_rank);
+            else if (c->timeout > 0 && t - q->t0 > c->timeout)
+                st = q->seq > 0 ? dt__cm_abandon(q, -1) : dt__cm_p2p_timeout(q);
+        }
+        dt__cm_late(q, st);
+    }
+    pp = &c->late;
+    while ((q = *pp) != NULL) {
+        if (!q->done) {
+            pp = &q->late_next;
+            continue;
+        }
+        *pp = q->late_next;
+        dt__cm_fifo_unlink(c, q);
+#ifdef DT_NCCL
+        if (q->ev) cudaEventDestroy(q->ev);
+#endif
+        dt__cm_release_req_bufs(q);
+        dt_release(c->ctx, q);
+    }
 }
 
 #ifdef DT_MPI
@@ -2231,6 +2373,13 @@ static dt_status dt__cm_enter(dt_comm_req *q, dt_status local_st) {
 
 static dt_status dt__cm_usable(dt_comm *c, const char *fn) {
     if (!c) return DT_ERR_ARG;
+    dt__cm_reap(c, 0);
+    if (c->late_st) {
+        dt_status st = c->late_st;
+        c->late_st = DT_OK;
+        return dt_ctx_set_error(c->ctx, st, "%s: an earlier blocking call on group %s failed after it returned (a "
+                                "device collective completes in stream order): %s", fn, c->name, c->late_msg);
+    }
     if (c->broken)
         return dt_ctx_set_error(c->ctx, DT_ERR_STATE, "%s: group %s (size %d) is unusable: %s", fn, c->name, c->size,
                                 c->broken_msg);
@@ -2940,7 +3089,8 @@ static dt_status dt__cm_nccl_post(dt_comm_req *q) {
 
 /* ==== >>coll: collectives ===================================================================== */
 
-/* Runs a prepared request: blocking (out == NULL: waits on the stack request) or async. */
+/* Runs a prepared request: blocking (out == NULL: waits on the stack request, or for NCCL hands
+   it to the ctx stream, see dt__cm_detach) or async. */
 static dt_status dt__cm_finish_call(dt_comm_req *q, dt_status st, dt_comm_req **out) {
     if (out) {
         if (st) {
@@ -2953,6 +3103,10 @@ static dt_status dt__cm_finish_call(dt_comm_req *q, dt_status st, dt_comm_req **
         *out = q;
         return DT_OK;
     }
+    /* NCCL: the host waits for the header (and an all-to-allv's counts), not for the device */
+    if (!st && q->path == DT__CM_NCCL && !dt__cm_done(q) && !dt__cm_wait_until(q, 1) && !dt__cm_done(q) &&
+        dt__cm_detach(q, 0))
+        return DT_OK;
     if (!st) st = dt__cm_said(q, dt__cm_done(q) ? q->status : dt__cm_wait(q));
     dt__cm_free_kids(q);
     dt__cm_release_req_bufs(q);
@@ -3269,7 +3423,9 @@ DT_API dt_status dt_comm_alltoallv(dt_comm *c, dt_tensor *outt, const int64_t *r
 DT_API dt_status dt_comm_barrier(dt_comm *c) {
     const char *fn = "dt_comm_barrier";
     dt_comm_req sq, *q;
-    dt_status st = dt__cm_open(c, &sq, NULL, 0, DT_COLL_BARRIER, fn, &q);
+    dt_status st;
+    if (c) dt__cm_reap(c, 1); /* past a barrier, every earlier call of this rank has completed */
+    st = dt__cm_open(c, &sq, NULL, 0, DT_COLL_BARRIER, fn, &q);
     return st ? st : dt__cm_run(q, DT_OK, 0, NULL);
 }
 
@@ -3394,6 +3550,10 @@ DT_API dt_status dt_comm_wait(dt_comm_req *req) {
     dt_ctx *ctx;
     if (!req) return DT_ERR_ARG;
     ctx = req->c->ctx;
+    /* NCCL: complete for the caller in stream order, as a blocking call (dt__cm_detach) */
+    if (req->path == DT__CM_NCCL && !dt__cm_done(req) && !dt__cm_wait_until(req, 1) && !dt__cm_done(req) &&
+        dt__cm_detach(req, 1))
+        return DT_OK;
     st = dt__cm_said(req, dt__cm_done(req) ? req->status : dt__cm_wait(req));
     if (st == DT_ERR_STATE && req->c->broken && ctx->last_status != DT_ERR_STATE)
         dt_ctx_set_error(ctx, DT_ERR_STATE, "dt_comm_wait: %s was abandoned: group %s is unusable: %s",
@@ -3844,6 +4004,7 @@ DT_API dt_status dt_bucketer_finish(dt_bucketer *b) {
 DT_API dt_status dt_comm_stats(const dt_comm *c, dt_comm_stat *out, dt_coll kind) {
     if (out) memset(out, 0, sizeof *out);
     if (!c) return DT_ERR_ARG;
+    dt__cm_reap((dt_comm *)c, 1); /* blocking NCCL calls count once they have run (a wait if they still run) */
     if (!out) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_stats: out is NULL");
     if ((int)kind < 0 || kind >= DT_COLL_COUNT)
         return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_stats: kind = %d is not a dt_coll", (int)kind);
@@ -3867,6 +4028,7 @@ DT_API double dt_comm_now(void) { return dt__cm_now(); }
 
 DT_API void dt_comm_stats_reset(dt_comm *c) {
     if (!c) return;
+    dt__cm_reap(c, 1); /* the calls made before count before */
     memset(c->stat_calls, 0, sizeof c->stat_calls);
     memset(c->stat_nccl, 0, sizeof c->stat_nccl);
     memset(c->stat_bytes, 0, sizeof c->stat_bytes);
@@ -3879,6 +4041,7 @@ DT_API size_t dt_comm_stats_format(const dt_comm *c, char *buf, size_t n) {
     char tmp[160];
     if (buf && n) buf[0] = 0;
     if (!c) return 0;
+    dt__cm_reap((dt_comm *)c, 1);
 #define DT__CM_PUT(...)                                                                            \
     do {                                                                                           \
         int w_ = snprintf(tmp, sizeof tmp, __VA_ARGS__);                                           \

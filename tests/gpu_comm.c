@@ -327,20 +327,95 @@ static void nccl_call_fails(dt_comm *c) {
     dt_tensor_free(&ctx, &out);
 }
 
-/* An asynchronous NCCL failure (a lost peer): the collective fails naming it, every later call
-   is DT_ERR_STATE. */
+/* A blocking all-reduce on NCCL does not wait on the host: it returns once queued, and the ctx
+   stream waits for it. Three in a row (each on the result of the one before): no counted sync in
+   ctx->counters nor in the runtime's own count, the values right once dt_ctx_sync has waited,
+   and the statistics and the observer see each call exactly once. Values are small integers:
+   exact in any sum order. On a stream of the ctx's own: the emulator runs work on the legacy
+   stream at once, so a wait queued there would be a hidden host wait. */
+static int observed;
+static void count_observed(const dt_comm *c, dt_coll kind, double bytes, double t0, double t1, void *user) {
+    (void)c; (void)bytes; (void)t0; (void)t1; (void)user;
+    if (kind == DT_COLL_ALLREDUCE) observed++;
+}
+static void nccl_blocking_stays_on_the_device(dt_comm *c) {
+    enum { M = 300 };
+    float v[M], w[M];
+    dt_tensor a = dev(DT_F32, M);
+    dt_comm_stat s0, s1;
+    dt_emu_counters e0, e1;
+    dt_status st = DT_OK;
+    int k, i, seen;
+    int64_t syncs;
+    long long p = 1;
+    cudaStream_t cs = NULL;
+    if (cudaStreamCreate(&cs) != cudaSuccess) {
+        dt_test_fail("nccl_blocking_stays_on_the_device", "cudaStreamCreate failed");
+        return;
+    }
+    ctx.cuda_stream = cs;
+    for (k = 0; k < M; k++) v[k] = (float)(R + k % 7);
+    upload(&a, v);
+    dt_comm_stats(c, &s0, DT_COLL_ALLREDUCE);
+    dt_comm_set_observer(c, count_observed, NULL);
+    observed = 0;
+    dt_ctx_sync(&ctx);
+    dt_ctx_counters_reset(&ctx);
+    dt_emu_get_counters(&e0);
+    for (i = 0; i < 3 && !st; i++) st = dt_comm_allreduce(c, &a, DT_REDUCE_SUM);
+    syncs = ctx.counters.syncs;
+    dt_emu_get_counters(&e1);
+    dt_test_check_all("nccl_blocking_allreduce_returns_without_a_sync", st == DT_OK && syncs == 0 &&
+                      e1.syncs == e0.syncs && ctx.counters.d2h_calls == 0, "status %s, ctx syncs %lld, runtime syncs "
+                      "%lld, d2h calls %lld (want 0 each): %.200s", dt_status_name(st), (long long)syncs,
+                      e1.syncs - e0.syncs, (long long)ctx.counters.d2h_calls, st ? dt_ctx_error(&ctx) : "");
+    /* element k: the first sum is S = sum_r (r + k % 7), the second N S, the third N^2 S */
+    for (i = 1; i < 3; i++) p *= N;
+    for (k = 0; k < M; k++) w[k] = (float)(p * (long long)(N * (N - 1) / 2 + N * (k % 7)));
+    if (!st) st = dt_ctx_sync(&ctx);
+    expect("nccl", "blocking_allreduce_right_after_dt_ctx_sync", st, &a, w);
+    seen = observed; /* whatever progress has finished so far: never more than the calls */
+    dt_comm_stats(c, &s1, DT_COLL_ALLREDUCE);
+    dt_test_check_all("nccl_blocking_allreduce_counted_once", s1.calls - s0.calls == 3 &&
+                      s1.nccl_calls - s0.nccl_calls == 3 && seen <= 3 && observed == 3, "calls +%lld, nccl_calls "
+                      "+%lld, observer %d then %d (want 3 each)", (long long)(s1.calls - s0.calls),
+                      (long long)(s1.nccl_calls - s0.nccl_calls), seen, observed);
+    dt_comm_set_observer(c, NULL, NULL);
+    dt_tensor_free(&ctx, &a);
+    ctx.cuda_stream = NULL;
+    cudaStreamDestroy(cs);
+}
+
+/* An asynchronous NCCL failure (a lost peer): the blocking all-reduce returned once queued, so
+   the next call on the group fails naming the collective, the group and NCCL's error; every later
+   call is DT_ERR_STATE. (The ctx stream is one of its own, which waits behind the stuck
+   collective; on the emulator's legacy stream the wait would block the host.) */
 static void nccl_async_failure(dt_comm *c) {
     dt_tensor a = dev(DT_F32, 64);
-    dt_status st;
+    dt_status st, first;
+    const char *e;
+    cudaStream_t cs = NULL;
+    if (cudaStreamCreate(&cs) != cudaSuccess) {
+        dt_test_fail("nccl_async_failure", "cudaStreamCreate failed");
+        return;
+    }
+    ctx.cuda_stream = cs;
     dt_emu_nccl_fail_async(ncclRemoteError);
-    st = dt_comm_allreduce(c, &a, DT_REDUCE_SUM);
-    dt_test_check_all("nccl_async_error_is_named", st == DT_ERR_COMM && strstr(dt_ctx_error(&ctx), "ncclCommGetAsyncError") &&
-                          strstr(dt_ctx_error(&ctx), "network error"),
-                      "status %s (want DT_ERR_COMM): %.200s", dt_status_name(st), dt_ctx_error(&ctx));
+    first = dt_comm_allreduce(c, &a, DT_REDUCE_SUM);
+    st = dt_comm_broadcast(c, &a, 0); /* not a D2H copy: the ctx stream waits behind the stuck collective */
+    e = dt_ctx_error(&ctx);
+    dt_test_check_all("nccl_async_error_is_named_by_the_next_call", first == DT_OK && st == DT_ERR_COMM &&
+                          strstr(e, "dt_comm_broadcast: an earlier blocking call on group nccl failed") &&
+                          strstr(e, "allreduce(sum) of 64 x f32") && strstr(e, "ncclCommGetAsyncError") &&
+                          strstr(e, "network error"),
+                      "first call %s (want DT_OK), next %s (want DT_ERR_COMM): %.300s", dt_status_name(first),
+                      dt_status_name(st), e);
     st = dt_comm_allreduce(c, &a, DT_REDUCE_SUM);
     dt_test_check_all("nccl_after_async_error_comm_is_unusable", st == DT_ERR_STATE,
                       "status %s (want DT_ERR_STATE): %.200s", dt_status_name(st), dt_ctx_error(&ctx));
     dt_tensor_free(&ctx, &a);
+    ctx.cuda_stream = NULL;
+    cudaStreamDestroy(cs); /* (its wait ends: the aborted collective lets go) */
 }
 
 /* ncclCommInitRank fails on every rank: every rank returns DT_ERR_COMM naming it (no hang), and
@@ -536,6 +611,7 @@ int main(void) {
         if (N > 1) mismatch(nccl, "nccl", 1);
 #ifdef DT_CUDA_EMU
         nccl_call_fails(nccl);
+        nccl_blocking_stays_on_the_device(nccl);
         nccl_async_failure(nccl);
 #endif
         dt_comm_free(nccl);

@@ -1034,7 +1034,8 @@ static double now_ms(void) {
    (an NCCL operation whose peers have not come); else return with *reached = false. A failed
    piece counts as finished; its error is kept in s->err. */
 static void drive(dt_emu_stream *s, unsigned long long target, bool block, bool *reached) {
-    *reached = false;
+    *reached = s->finished >= target;
+    if (*reached) return; /* already run: a wait on it is no cycle, even from inside s's own work */
     if (s->busy) { /* a wait on itself, through events: it can never complete */
         report("stream %p waits for its own later work (a cycle of cudaStreamWaitEvent)", (void *)s);
         s->err = cudaErrorLaunchFailure;
