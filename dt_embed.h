@@ -250,27 +250,31 @@
 
    desc.device = DT_CUDA_DEVICE (a DT_CUDA build; link kernels/dt_embed.cu, dt_embed_copies.cu):
    each rank's shards and optimizer state are CUDA tensors; forward takes a cuda `out`, backward
-   a cuda `dout` (a cpu one is DT_ERR_DEVICE). The ids are the host batch (dt_kjt): they are
-   validated, bucketized and exchanged there, and each step sends its index arrays up (the
-   owner's request rows and offsets, the scatter of the returned rows, the requests' gradient
-   layout, the data-parallel bags: a few copies per step, none of them waited for). Everything
-   with floats stays on the device: the owners' pooling, the data-parallel lookups, the return
-   all-to-all (dt_comm on device tensors: NCCL, or its staged path), the bag-order sums into
-   `out` (dt_k_embed_gather_sum), the gradients taken from dout, their all-to-all to the owners,
-   the per-row sums (dt_k_embed_pool_bwd, dt_k_embed_dedup: a stable sort, so each row's
-   contributions are summed in the CPU's (global sample, feature, position) order) and the fused
-   sparse update of every optimizer. A step reads nothing back and waits for nothing
+   a cuda `dout` (a cpu one is DT_ERR_DEVICE). The batch (dt_kjt) is read and validated on the
+   host, which also counts its requests (per destination and table: these counts, exchanged
+   between the hosts, size every buffer and all-to-all); forward_begin then sends the batch up
+   once (lengths, ids, weights: the only bytes of a step that cross PCIe) and everything else
+   runs on the device from it: the data-parallel bags (dt_k_embed_bags), the requests in the
+   host's generation order (dt_k_embed_requests), their all-to-alls (dt_comm on device tensors:
+   NCCL, or its staged path), the owners' per-table layout (dt_k_embed_serve_layout) and pooling,
+   the return all-to-all, the bag-order sums into `out` (dt_k_embed_gather_sum), the gradients
+   taken from dout, their all-to-all to the owners, the per-row sums (dt_k_embed_pool_bwd,
+   dt_k_embed_dedup: a stable sort, so each row's contributions are summed in the CPU's (global
+   sample, feature, position) order) and the fused sparse update of every optimizer. A step
+   reads nothing back and waits for nothing
    (tests/cuda_emu/k_embed_tables.cpp counts it), except with dynamic tables (below). The
    outputs and rows are the cpu path's bit for bit on the emulator (row-wise Adagrad within
    1e-6: its sum of squares is a tree on the device; a real GPU may fuse a multiply-add, ~1 ulp).
    Two cases keep the host round trip of earlier versions: a sequence feature (pooling NONE: its
    views, dt_embed_sequence, are host tensors, so the returned rows come down and dout's
    gradients are summed on the host) and accumulation (dt_embed_set_sync(e, 0): the pending
-   rows are host lists). dt_embed_local_shard gives a cuda view; checkpoints go through dt_opt.h's
+   rows are host lists; a batch whose requests were made on the device copies them down for
+   it). Device buffers start at twice the first step's need (an owner's share of a batch varies). dt_embed_local_shard gives a cuda view; checkpoints go through dt_opt.h's
    host copies (saved on cuda, they load on cpu and back). Dynamic tables (LRU): each local
    id-hash shard's id -> slot map is a GPU table (kernels/dt_hash.cu; link it too): a forward's
    ids go through it per shard in the host's order, so slots, admitted / evicted / rejected
-   counts and rows equal the cpu run's. The host builds the owners' request rows from the
+   counts and rows equal the cpu run's. With a dynamic table the requests are the host's (its
+   index arrays go up each step): the host builds the owners' request rows from the
    slots, so a forward copies down one block for all dynamic tables (each id's slot, each
    shard's counts, the (slot, id) pairs admitted: (3 ids + 4 shards) x 8 bytes, one wait);
    admitted rows are initialised on the host from (seed, "<table>#<id>") and go up in one copy,
@@ -3601,25 +3605,27 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
 /* ==== >>cuda: CUDA tables (implementation only) =============================================== */
 
 /* desc.device = DT_CUDA_DEVICE: each rank's shards (weights and optimizer state) are CUDA
-   tensors, initialised on the host with the same Philox stream and copied up. The ids stay
-   host arrays: validation, requests and the id exchange are the CPU path's; what the device
-   needs of them goes up as index arrays (dt__em_cuda_serve, _dp_dev, _end). The device path
-   (every feature pooled, dt__em_cuda_dev): the owner pools each table's requests in one launch
-   (dt_k_embed_pool_fwd) and moves them into the response (dt_k_embed_copies); the return
-   all-to-all on device tensors; dt_k_embed_gather_sum adds every bag's results into the output
-   in generation order (the CPU's scatter) and divides the means. The backward reverses it
-   (dt__em_cuda_backward): the requests' gradients gathered from dout, the all-to-all to the
-   owners, then per table pool_bwd (w x the request's gradient, one row per id), dedup (a stable
-   sort by row: the ids arrived in (global sample, feature, position) order, so each row's run
-   is in the CPU's sum order) and the sparse optimizer kernel. So the kernels see the CPU's
-   operands in the CPU's order: pooled outputs and SGD / Adagrad / Adam rows are the CPU path's
-   bit for bit on the emulator; row-wise Adagrad's sum of squares is a tree in double on the
-   device (a sequential loop on the CPU): within 1e-6 relative. On a real GPU nvcc may fuse a
-   multiply-add (about 1 ulp). With a sequence feature, or rows accumulated (sync 0), the
-   returned rows and dout come down and the CPU path sums them (dt__em_cuda_stage / _flush
-   apply the rows on the device). Dynamic tables: the id -> slot decisions on the device
-   (dt_k_hash_lookup, one per local shard per forward, one copy down for all of them), row
-   initialisation on the host (see "CUDA" at the top). Export: DT_ERR_UNSUPPORTED. */
+   tensors, initialised on the host with the same Philox stream and copied up. The batch is read,
+   validated and counted on the host, and goes up once (dt__em_cuda_batch); the device path
+   (every feature pooled, dt__em_cuda_dev) then makes everything else from it: data-parallel bags
+   (dt__em_cuda_dp_dev, _dp_backward), and with static tables (dt__em_cuda_devreq) the requests
+   and the scatter's layout at begin (dt__em_cuda_requests), the owners' layout and pooling at
+   end (dt__em_cuda_serve_dev), the return all-to-all and dt_k_embed_gather_sum into the output
+   (dt__em_cuda_end). The backward reverses it (dt__em_cuda_backward): the requests' gradients
+   gathered from dout, the all-to-all to the owners, then per table pool_bwd (w x the request's
+   gradient, one row per id), dedup (a stable sort by row: the ids arrived in (global sample,
+   feature, position) order, so each row's run is in the CPU's sum order) and the sparse
+   optimizer kernel. So the kernels see the CPU's operands in the CPU's order: pooled outputs
+   and SGD / Adagrad / Adam rows are the CPU path's bit for bit on the emulator; row-wise
+   Adagrad's sum of squares is a tree in double on the device (a sequential loop on the CPU):
+   within 1e-6 relative. On a real GPU nvcc may fuse a multiply-add (about 1 ulp). With a
+   dynamic table the requests stay the host's (dt__em_cuda_serve sends the owner's index arrays
+   up): the id -> slot decisions on the device (dt_k_hash_lookup, one per local shard per
+   forward, one copy down for all of them), row initialisation on the host (see "CUDA" at the
+   top). With a sequence feature, or rows accumulated (sync 0), the returned rows and dout come
+   down and the CPU path sums them (dt__em_cuda_stage / _flush apply the rows on the device; a
+   batch with device-made requests rebuilds the host's first, dt__em_cuda_host_requests).
+   Export: DT_ERR_UNSUPPORTED. */
 #ifdef DT_CUDA
 
 static dt_status dt__em_cuda_err(dt_embed *e, int st, const char *what) {
