@@ -3647,10 +3647,15 @@ static dt_status dt__em_cuda_check_desc(dt_ctx *ctx, const dt_embed_desc *desc) 
     return DT_OK;
 }
 
-/* Device buffers start at twice the first step's need: how many requests, ids and results reach
-   an owner varies from batch to batch (row-wise tables), and a step that allocates waits for the
-   device; doubling on growth (dt__em_need_on) makes later growth rare. */
 static dt_status dt__em_cuda_need(dt_embed *e, dt_tensor *t, dt_dtype dtype, int64_t n) {
+    return dt__em_need_on(e, t, dtype, n, DT_CUDA_DEVICE);
+}
+
+/* The buffers of requests made on the device start at twice the first step's need: how many
+   requests, ids and results reach an owner varies from batch to batch (row-wise tables), and a
+   step that allocates waits for the device; doubling on growth (dt__em_need_on) makes later
+   growth rare. */
+static dt_status dt__em_cuda_need2(dt_embed *e, dt_tensor *t, dt_dtype dtype, int64_t n) {
     return dt__em_need_on(e, t, dtype, t->data || n > ((int64_t)1 << 50) ? n : 2 * n, DT_CUDA_DEVICE);
 }
 
@@ -4184,10 +4189,10 @@ static dt_status dt__em_cuda_requests(dt_embed *e) {
     dt_status st = DT_OK;
     for (f = 0; f < e->n_feat; f++) if (e->tabs[e->feat_tab[f]].dim > maxd) maxd = e->tabs[e->feat_tab[f]].dim;
     dt__em_cuda_rqlay(e, &l); /* sizes (the pointers are set again below, once the buffers exist) */
-    DT__TRY(dt__em_cuda_need(e, &e->cu_rq, DT_I64, 4 * (l.S + l.Q) + l.n + l.m + 1));
-    DT__TRY(dt__em_cuda_need(e, &e->cu_rqf, DT_F32, e->any_weighted ? l.n + l.m + 1 : 1));
-    DT__TRY(dt__em_cuda_need(e, &e->cu_smeta, DT_I64, 3 * R + 9 * l.S + 1));
-    DT__TRY(dt__em_cuda_need(e, &e->cu_smetaf, DT_F32, R + l.S + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_rq, DT_I64, 4 * (l.S + l.Q) + l.n + l.m + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_rqf, DT_F32, e->any_weighted ? l.n + l.m + 1 : 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_smeta, DT_I64, 3 * R + 9 * l.S + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_smetaf, DT_F32, R + l.S + 1));
     dt__em_cuda_rqlay(e, &l);
     e->cu_fR = R; e->cu_fS = l.S; e->cu_fmax = e->cu_bmax = maxd;
     if (B > 0) {
@@ -4240,7 +4245,7 @@ static dt_status dt__em_cuda_serve_dev(dt_embed *e, int64_t tot_res) {
     size_t mark;
     int64_t *scr;
     dt_status st = DT_OK;
-    DT__TRY(dt__em_cuda_need(e, &e->cu_resp, DT_F32, tot_res + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_resp, DT_F32, tot_res + 1));
     DT__TRY(dt_grow(e->ctx, (void **)&e->cu_tm, &e->cu_tm_cap, T + 1, sizeof(dt__em_cutab), "dt_embed cuda tables"));
     tm = e->cu_tm;
     for (ti = 0; ti < T; ti++) {
@@ -4251,8 +4256,8 @@ static dt_status dt__em_cuda_serve_dev(dt_embed *e, int64_t tot_res) {
         any += tm[ti].nb;
     }
     if (any == 0) return DT_OK;
-    DT__TRY(dt__em_cuda_need(e, &e->cu_meta, DT_I64, ni + 1));
-    DT__TRY(dt__em_cuda_need(e, &e->cu_metaf, DT_F32, nf + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_meta, DT_I64, ni + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_metaf, DT_F32, nf + 1));
     dt__em_cuda_rqlay(e, &l);
     mark = dt_cuda_scratch_begin(e->ctx);
     scr = (int64_t *)dt_cuda_scratch(e->ctx, (size_t)(4 * l.Q + 1) * sizeof(int64_t), "dt_embed_forward"); /* x 2: headroom */
@@ -4423,7 +4428,7 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
 static dt_status dt__em_cuda_return(dt_embed *e, int64_t tot) {
     int W = e->size;
     int64_t *cnt = e->cnt;
-    DT__TRY(dt__em_cuda_need(e, &e->cu_res, DT_F32, tot + 1));
+    DT__TRY((e->cu_devreq ? dt__em_cuda_need2 : dt__em_cuda_need)(e, &e->cu_res, DT_F32, tot + 1));
     if (!e->comm) DT__TRY(dt__em_cuda_d2d(e, e->cu_res.data, e->cu_resp.data, (size_t)cnt[5 * W] * sizeof(float)));
     else DT__TRY(dt_comm_alltoallv(e->comm, &e->cu_res, cnt + 2 * W, &e->cu_resp, cnt + 5 * W));
     if (dt__em_cuda_dev(e)) return DT_OK;
@@ -4673,7 +4678,7 @@ static dt_status dt__em_cuda_backward(dt_embed *e, const dt_tensor *dout, int64_
                                                           (const float *)e->cu_smetaf.data + R, S, S, e->cu_bmax, 0,
                                                           e->ctx->cuda_stream), "dt_k_embed_gather_sum"));
     }
-    DT__TRY(dt__em_cuda_need(e, &e->cu_gin, DT_F32, tot_in + 1));
+    DT__TRY((e->cu_devreq ? dt__em_cuda_need2 : dt__em_cuda_need)(e, &e->cu_gin, DT_F32, tot_in + 1));
     if (!e->comm) DT__TRY(dt__em_cuda_d2d(e, e->cu_gin.data, e->cu_res.data, (size_t)tot_in * sizeof(float)));
     else DT__TRY(dt_comm_alltoallv(e->comm, &e->cu_gin, cnt + 5 * W, &e->cu_res, cnt + 2 * W));
     for (r = 0; r < W; r++)
