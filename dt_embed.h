@@ -265,11 +265,13 @@
    (tests/cuda_emu/k_embed_tables.cpp counts it), except with dynamic tables (below). The
    outputs and rows are the cpu path's bit for bit on the emulator (row-wise Adagrad within
    1e-6: its sum of squares is a tree on the device; a real GPU may fuse a multiply-add, ~1 ulp).
-   Two cases keep the host round trip of earlier versions: a sequence feature (pooling NONE: its
-   views, dt_embed_sequence, are host tensors, so the returned rows come down and dout's
-   gradients are summed on the host) and accumulation (dt_embed_set_sync(e, 0): the pending
-   rows are host lists; a batch whose requests were made on the device copies them down for
-   it). Device buffers start at twice the first step's need (an owner's share of a batch varies). dt_embed_local_shard gives a cuda view; checkpoints go through dt_opt.h's
+   Accumulation (dt_embed_set_sync(e, 0)) stays on the device too: each backward's rows and
+   gradient rows wait in a device window, and the next sync-1 backward puts a table's pieces
+   before its own contributions and updates once (the CPU's pending sums, bit for bit). One case
+   keeps the host round trip of earlier versions: a sequence feature (pooling NONE: its views,
+   dt_embed_sequence, are host tensors, so the returned rows come down and dout's gradients are
+   summed on the host). Device buffers start at twice the first step's need (an owner's share of
+   a batch varies), the accumulation window at twice the first window's. dt_embed_local_shard gives a cuda view; checkpoints go through dt_opt.h's
    host copies (saved on cuda, they load on cpu and back). Dynamic tables (LRU): each local
    id-hash shard's id -> slot map is a GPU table (kernels/dt_hash.cu; link it too): a forward's
    ids go through it per shard in the host's order, so slots, admitted / evicted / rejected
@@ -683,6 +685,9 @@ typedef struct dt__em_bst {
     int64_t cu_fR, cu_fS, cu_fmax, cu_bmax, *cu_cx, cu_cx_cap;
 } dt__em_bst;
 
+/* a piece of the device's accumulation window: table t's rows [r, r + n) and floats from f */
+typedef struct dt__em_accp { int64_t t, r, f, n; } dt__em_accp;
+
 struct dt_embed {
     dt_ctx *ctx;
     dt_comm *comm;
@@ -766,6 +771,14 @@ struct dt_embed {
     dt_tensor cu_rq, cu_rqf, cu_fdesc;
     int64_t *cu_cx, cu_cx_cap;
     int cu_devreq;               /* this batch's requests were made on the device */
+    /* accumulation on the device (dt_embed_set_sync(e, 0), dt__em_cuda_apply): the contributions
+       kept since the last update, in one window for every table: rows (cu_accr) and gradient rows
+       (cu_accg), piece after piece (a piece: one table's of one backward; cu_accp on the host:
+       table, first row, first float, rows), cu_accn rows and cu_accf floats used; cu_accw the
+       windows closed so far (the first sizes the buffers for the rest, dt__em_cuda_acc_close) */
+    dt_tensor cu_accr, cu_accg;
+    dt__em_accp *cu_accp;
+    int64_t cu_naccp, cu_accp_cap, cu_accn, cu_accf, cu_accw;
 };
 
 /* One table's requests of the last forward on the device path: n ids (rows, weights), nb
@@ -780,7 +793,6 @@ static dt_status dt__em_cuda_dp_pool(dt_embed *e);
 static dt_status dt__em_cuda_batch(dt_embed *e, const dt_kjt *k);
 static int dt__em_cuda_devreq(const dt_embed *e);
 static dt_status dt__em_cuda_requests(dt_embed *e);
-static dt_status dt__em_cuda_host_requests(dt_embed *e);
 static dt_status dt__em_cuda_serve_dev(dt_embed *e, int64_t tot_res);
 #ifdef DT_CUDA
 static dt_status dt__em_cuda_get(dt_embed *e, void *dst, const void *src, size_t bytes);
@@ -3069,8 +3081,8 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
     double t0 = dt__em_now(), flag[1];
     int dev;
     if (!e) return DT_ERR_ARG;
-    /* the device path: nothing accumulated (sync 0 keeps its rows on the host) */
-    dev = e->sync && e->n_pend == 0 && dt__em_cuda_dev(e);
+    /* the device path (accumulating on the device too, dt__em_cuda_apply) */
+    dev = e->n_pend == 0 && dt__em_cuda_dev(e);
     W = e->size;
     cnt = e->cnt;
     if (e->phase != 2) st = dt_ctx_set_error(e->ctx, DT_ERR_STATE, "%s: no dt_embed_forward since the last backward", fn);
@@ -3085,7 +3097,6 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
         }
         if (!st && e->cuda && !dev) /* a host copy: the gradients are sorted there */
             st = dt__em_cuda_host_dout(e, &dd, dout);
-        if (!st && e->cu_devreq && !dev) st = dt__em_cuda_host_requests(e);
         else if (!st) dd = (const float *)dout->data;
     }
     flag[0] = st ? 1 : 0;
@@ -3505,6 +3516,7 @@ DT_API dt_status dt_embed_checkpoint_load(dt_embed *e, dt_train_state *state, co
         }
         e->phase = 0;
         e->n_pend = 0; e->acc_open = 0; /* pending gradients belonged to the slots before the load */
+        e->cu_naccp = e->cu_accn = e->cu_accf = 0; /* so did the device's window (sync 0) */
         for (i = 0; e->any_dyn && i < e->n_tabs; i++) {
             dt__em_tab *t = &e->tabs[i];
             if (!t->dynamic) continue;
@@ -3622,9 +3634,9 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
    dynamic table the requests stay the host's (dt__em_cuda_serve sends the owner's index arrays
    up): the id -> slot decisions on the device (dt_k_hash_lookup, one per local shard per
    forward, one copy down for all of them), row initialisation on the host (see "CUDA" at the
-   top). With a sequence feature, or rows accumulated (sync 0), the returned rows and dout come
-   down and the CPU path sums them (dt__em_cuda_stage / _flush apply the rows on the device; a
-   batch with device-made requests rebuilds the host's first, dt__em_cuda_host_requests).
+   top). With a sequence feature the returned rows and dout come down and the CPU path sums them
+   (dt__em_cuda_stage / _flush apply the rows on the device). Accumulation (sync 0): the
+   device's window (dt__em_cuda_apply, dt__em_cuda_acc_close).
    Export: DT_ERR_UNSUPPORTED. */
 #ifdef DT_CUDA
 
@@ -4282,48 +4294,6 @@ static dt_status dt__em_cuda_serve_dev(dt_embed *e, int64_t tot_res) {
     return st;
 }
 
-/* A batch whose requests were made on the device, backward on the host (sync 0, or rows
-   pending): the host's requests and segments (the generation's fill pass) and the received
-   requests (copied down, in the host's layout: header then ids), as the host path leaves them. */
-static dt_status dt__em_cuda_host_requests(dt_embed *e) {
-    int W = e->size, r;
-    int64_t *cnt = e->cnt, *cur, oi = 0, of = 0, orr = 0, q, p = 0, j, *h;
-    dt__em_gen g;
-    dt__em_rqlay l;
-    dt_status st;
-    dt__em_cuda_rqlay(e, &l);
-    DT__TRY(dt__em_need(e, &e->sbuf_i, DT_I64, 4 * l.S + l.n + 1));
-    DT__TRY(dt__em_need(e, &e->sbuf_f, DT_F32, l.n + 1));
-    DT__TRY(dt__em_need(e, &e->rbuf_i, DT_I64, 4 * l.Q + l.m + 1));
-    DT__TRY(dt__em_need(e, &e->rbuf_f, DT_F32, l.m + 1));
-    if (!(cur = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(3 * W)))) return DT_ERR_OOM;
-    for (r = 0; r < W; r++) {
-        cur[r] = oi; cur[W + r] = of; cur[2 * W + r] = orr;
-        oi += cnt[r]; of += cnt[W + r]; orr += cnt[2 * W + r];
-    }
-    memset(&g, 0, sizeof g);
-    g.ni = cur; g.nf = cur + W; g.nr = cur + 2 * W; g.fill = 1;
-    e->n_segs = 0;
-    st = dt__em_generate(e, &g);
-    dt_release(e->ctx, cur);
-    if (st) return st;
-    for (r = 0; r < W; r++) /* the fill pass counted these once more */
-        if (r != e->rank) e->stats.ids_sent -= cnt[r] - DT__EM_HDR * e->cu_cx[r];
-    h = (int64_t *)e->sbuf_i.data; /* free here: the received headers and ids come down through it */
-    DT__TRY(dt__em_need(e, &e->sbuf_i, DT_I64, 4 * l.Q + l.m + 1));
-    h = (int64_t *)e->sbuf_i.data;
-    DT__TRY(dt__em_cuda_get(e, h, l.rh, (size_t)(4 * l.Q + l.m) * sizeof(int64_t)));
-    if (l.rf) DT__TRY(dt__em_cuda_get(e, e->rbuf_f.data, l.rf, (size_t)l.m * sizeof(float)));
-    for (q = 0; q < l.Q; q++) {
-        int64_t *o = (int64_t *)e->rbuf_i.data + p, m = h[4 * q + 3];
-        memcpy(o, h + 4 * q, DT__EM_HDR * sizeof(int64_t));
-        for (j = 0; j < m; j++) o[DT__EM_HDR + j] = h[4 * l.Q + (p - DT__EM_HDR * q) + j];
-        p += DT__EM_HDR + m;
-    }
-    e->cu_devreq = 0; /* the host's state is complete now */
-    return DT_OK;
-}
-
 /* Owner side of the forward (dt__em_serve's walk). Every table's requests as index arrays on
    the host: local rows [n] (-1: a dynamic id not admitted), request offsets [nb + 1], and the
    copies into the response: destination [nb] (where the request's result goes, which is also
@@ -4364,7 +4334,11 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
     DT__TRY(dt__em_cuda_need(e, &e->cu_meta, DT_I64, ni + 1));
     DT__TRY(dt__em_cuda_need(e, &e->cu_metaf, DT_F32, nf + 1));
     DT__TRY(dt__em_cuda_need(e, &e->cu_tmp, DT_F32, nt + 1));
-    DT__TRY(dt_grow(e->ctx, (void **)&e->cu_seen, &e->cu_seen_cap, maxrows / 8 + 1, 1, "dt_embed cuda rows"));
+    { /* dt_grow leaves the new bytes as they come: the bits start clear */
+        int64_t had = e->cu_seen ? e->cu_seen_cap : 0;
+        DT__TRY(dt_grow(e->ctx, (void **)&e->cu_seen, &e->cu_seen_cap, maxrows / 8 + 1, 1, "dt_embed cuda rows"));
+        memset(e->cu_seen + had, 0, (size_t)(e->cu_seen_cap - had));
+    }
     { /* fill, in one walk over the requests (the order of each table's ids: the backward's order) */
         int64_t p = 0, q = 0, o = 0, *jn, *jb;
         if (!(jn = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)(2 * e->n_tabs)))) return DT_ERR_OOM;
@@ -4503,6 +4477,123 @@ static dt_status dt__em_cuda_end(dt_embed *e, dt_tensor *out, int64_t tot) {
     return dt__em_cuda_d2d(e, out->data, e->cu_pooled.data, (size_t)(B * e->pooled_dim) * sizeof(float));
 }
 
+/* Grows a device buffer to hold n elements, keeping its first `keep` (the window's pieces so far). */
+static dt_status dt__em_cuda_keep_grow(dt_embed *e, dt_tensor *t, dt_dtype dtype, int64_t keep, int64_t n) {
+    dt_tensor old = *t;
+    dt_status st;
+    if (t->data && t->numel >= n) return DT_OK;
+    memset(t, 0, sizeof *t);
+    st = dt__em_need_on(e, t, dtype, old.numel * 2 > n ? old.numel * 2 : n, DT_CUDA_DEVICE);
+    if (!st && keep > 0) st = dt__em_cuda_d2d(e, t->data, old.data, (size_t)keep * dt_dtype_size(dtype));
+    if (st) { dt_tensor_free(e->ctx, t); *t = old; return st; }
+    dt_tensor_free(e->ctx, &old);
+    return DT_OK;
+}
+
+/* Whether the window holds a piece of table ti. */
+static int dt__em_cuda_acc_has(const dt_embed *e, int ti) {
+    int64_t i;
+    for (i = 0; i < e->cu_naccp; i++) if (e->cu_accp[i].t == ti) return 1;
+    return 0;
+}
+
+/* Table ti's gradient contributions of this backward on the device (rows [n] local, gradient
+   rows g [n, nc], in the CPU's sum order). sync 0 appends them to the window as a piece. sync 1
+   puts the window's pieces of ti before them (one copy each, in order) and then deduplicates
+   (dt_k_embed_dedup, a stable sort: each row's run in order) and applies the sparse optimizer.
+   The CPU's pending row starts from the earlier micro-batches' sum and adds this one's
+   contributions in order: the same adds as one run over the pieces, so the same bits. count:
+   the unique rows go into the device's stats counter (cu_uniq; always for a window's update). */
+static dt_status dt__em_cuda_apply(dt_embed *e, int ti, const int64_t *rows, const float *g, int64_t n, int64_t nc,
+                                   int count) {
+    const char *fn = "dt_embed_backward";
+    dt__em_tab *t = &e->tabs[ti];
+    int64_t *order, *seg, *nu, N = n, i;
+    size_t mark;
+    void *scr;
+    dt_status st = DT_OK;
+    if (!e->sync) { /* a piece of the window */
+        if (n == 0) return DT_OK;
+        DT__TRY(dt_grow(e->ctx, (void **)&e->cu_accp, &e->cu_accp_cap, e->cu_naccp + 1, sizeof *e->cu_accp,
+                        "dt_embed accumulation pieces"));
+        DT__TRY(dt__em_cuda_keep_grow(e, &e->cu_accr, DT_I64, e->cu_accn, e->cu_accn + n));
+        DT__TRY(dt__em_cuda_keep_grow(e, &e->cu_accg, DT_F32, e->cu_accf, e->cu_accf + n * nc));
+        DT__TRY(dt__em_cuda_d2d(e, (int64_t *)e->cu_accr.data + e->cu_accn, rows, (size_t)n * sizeof(int64_t)));
+        DT__TRY(dt__em_cuda_d2d(e, (float *)e->cu_accg.data + e->cu_accf, g, (size_t)(n * nc) * sizeof(float)));
+        e->cu_accp[e->cu_naccp].t = ti; e->cu_accp[e->cu_naccp].r = e->cu_accn;
+        e->cu_accp[e->cu_naccp].f = e->cu_accf; e->cu_accp[e->cu_naccp].n = n;
+        e->cu_naccp++; e->cu_accn += n; e->cu_accf += n * nc;
+        return DT_OK;
+    }
+    for (i = 0; i < e->cu_naccp; i++) if (e->cu_accp[i].t == ti) N += e->cu_accp[i].n;
+    if (N == 0) return DT_OK;
+    if (N > n) count = 1; /* a window's unique rows are known only after its dedup */
+    mark = dt_cuda_scratch_begin(e->ctx); /* twice the need: an owner's ids vary by batch (dt__em_cuda_need) */
+    if (N > n) { /* the window's pieces of ti, then this backward's */
+        int64_t *wr = (int64_t *)dt_cuda_scratch(e->ctx, (size_t)N * sizeof(int64_t), fn), o = 0;
+        float *wg = (float *)dt_cuda_scratch(e->ctx, (size_t)(N * nc) * sizeof(float), fn);
+        if (!wr || !wg) st = DT_ERR_OOM;
+        for (i = 0; !st && i <= e->cu_naccp; i++) {
+            const dt__em_accp *pc = i < e->cu_naccp ? &e->cu_accp[i] : NULL;
+            const int64_t *r = pc ? (const int64_t *)e->cu_accr.data + pc->r : rows;
+            const float *gs = pc ? (const float *)e->cu_accg.data + pc->f : g;
+            int64_t m = pc ? pc->n : n;
+            if ((pc && pc->t != ti) || m == 0) continue;
+            st = dt__em_cuda_d2d(e, wr + o, r, (size_t)m * sizeof(int64_t));
+            if (!st) st = dt__em_cuda_d2d(e, wg + o * nc, gs, (size_t)(m * nc) * sizeof(float));
+            o += m;
+        }
+        rows = wr; g = wg; n = N;
+    }
+    order = (int64_t *)dt_cuda_scratch(e->ctx, (size_t)(4 * n + 2) * sizeof(int64_t), fn);
+    scr = dt_cuda_scratch(e->ctx, dt_k_embed_dedup_scratch(2 * n), fn);
+    if (!st && (!order || !scr)) st = DT_ERR_OOM;
+    if (!st && count && !e->cu_uniq.data) {
+        st = dt__em_cuda_need(e, &e->cu_uniq, DT_I64, 1);
+        if (!st) st = dt_cuda_memset(e->ctx, e->cu_uniq.data, 0, e->cu_uniq.numel * sizeof(int64_t), fn);
+    }
+    seg = order + n; nu = seg + n + 1;
+    if (!st)
+        st = dt__em_cuda_err(e, dt_k_embed_dedup(order, seg, nu, rows, n, t->r1 - t->r0, scr, e->ctx->cuda_stream),
+                             "dt_k_embed_dedup");
+    if (!st && t->kind == DT_EMBED_ADAM)
+        st = dt__em_cuda_err(e, dt_k_embed_sparse_adam(t->w.data, (int)t->dtype, (float *)t->s1.data, (float *)t->s2.data,
+                                                       g, rows, order, seg, nu, n, nc, nc, t->lr, t->b1, t->b2, t->eps,
+                                                       t->t, e->ctx->cuda_stream), "dt_k_embed_sparse_adam");
+    else if (!st)
+        st = dt__em_cuda_err(e, dt_k_embed_sparse_update(t->w.data, (int)t->dtype, (float *)t->s1.data, g, rows, order,
+                                                         seg, nu, n, nc, nc,
+                                                         t->kind == DT_EMBED_ADAGRAD ? 2 :
+                                                         t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 3 : 1,
+                                                         t->lr, t->eps, e->ctx->cuda_stream), "dt_k_embed_sparse_update");
+    if (!st && count) /* the unique rows (stats), counted on the device */
+        st = dt__em_cuda_err(e, dt_k_embed_add_i64((int64_t *)e->cu_uniq.data, nu, e->ctx->cuda_stream),
+                             "dt_k_embed_add_i64");
+    dt_cuda_scratch_end(e->ctx, mark);
+    return st;
+}
+
+/* After a sync-1 backward: the window is spent. The first one to close sizes the buffers at
+   twice what it used (contents spent: nothing to copy), as the request buffers are sized at
+   twice their first need (dt__em_cuda_need2), so the windows that follow, whose pieces vary
+   with the batches, fit without allocating inside a step. */
+static dt_status dt__em_cuda_acc_close(dt_embed *e) {
+    int64_t nr = e->cu_accn, nf = e->cu_accf;
+    dt_status st = DT_OK;
+    if (e->cu_naccp == 0 && e->cu_accw > 0) return DT_OK;
+    e->cu_naccp = e->cu_accn = e->cu_accf = 0;
+    if (nr == 0 || e->cu_accw++ > 0) return DT_OK;
+    if (e->cu_accr.numel < 2 * nr) {
+        dt_tensor_free(e->ctx, &e->cu_accr);
+        st = dt__em_need_on(e, &e->cu_accr, DT_I64, 2 * nr, DT_CUDA_DEVICE);
+    }
+    if (!st && e->cu_accg.numel < 2 * nf) {
+        dt_tensor_free(e->ctx, &e->cu_accg);
+        st = dt__em_need_on(e, &e->cu_accg, DT_F32, 2 * nf, DT_CUDA_DEVICE);
+    }
+    return st;
+}
+
 /* Data-parallel tables on the device path: every rank applies every rank's gradients (a sparse
    all-reduce), in the CPU's order (rank, then (sample, feature, position)). Each rank's
    contributions, table by table (a table's in (sample, feature, position) order), built on the
@@ -4620,41 +4711,15 @@ static dt_status dt__em_cuda_dp_backward(dt_embed *e, const dt_tensor *dout) {
     if (!st)
         st = dt__em_cuda_err(e, dt_k_embed_copies(gt, gr, desc + 3 * W * T, desc + 4 * W * T, desc + 5 * W * T, W * T,
                                                    mf, 4, e->ctx->cuda_stream), "dt_k_embed_copies");
-    for (ti = 0; !st && ti < T; ti++) {
-        dt__em_tab *t = &e->tabs[ti];
-        int64_t n = ot[ti + 1] - ot[ti], *order, *seg, *nu;
-        const int64_t *rows = rtm + ot[ti];
-        float *g = gt + ft[ti];
-        void *scr;
-        if (t->shard != DT_SHARD_DATA || n == 0) continue;
-        order = (int64_t *)dt_cuda_scratch(e->ctx, (size_t)(2 * n + 2) * sizeof(int64_t), fn);
-        scr = dt_cuda_scratch(e->ctx, dt_k_embed_dedup_scratch(n), fn);
-        if (!order || !scr) { st = DT_ERR_OOM; break; }
-        seg = order + n; nu = seg + n + 1;
-        st = dt__em_cuda_err(e, dt_k_embed_dedup(order, seg, nu, rows, n, t->r1 - t->r0, scr, e->ctx->cuda_stream),
-                             "dt_k_embed_dedup");
-        if (!st && t->kind == DT_EMBED_ADAM)
-            st = dt__em_cuda_err(e, dt_k_embed_sparse_adam(t->w.data, (int)t->dtype, (float *)t->s1.data,
-                                                           (float *)t->s2.data, g, rows, order, seg, nu, n, t->dim,
-                                                           t->dim, t->lr, t->b1, t->b2, t->eps, t->t,
-                                                           e->ctx->cuda_stream), "dt_k_embed_sparse_adam");
-        else if (!st)
-            st = dt__em_cuda_err(e, dt_k_embed_sparse_update(t->w.data, (int)t->dtype, (float *)t->s1.data, g, rows,
-                                                             order, seg, nu, n, t->dim, t->dim,
-                                                             t->kind == DT_EMBED_ADAGRAD ? 2 :
-                                                             t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 3 : 1,
-                                                             t->lr, t->eps, e->ctx->cuda_stream),
-                                 "dt_k_embed_sparse_update");
-        if (!st) /* the unique rows (stats), on the device */
-            st = dt__em_cuda_err(e, dt_k_embed_add_i64((int64_t *)e->cu_uniq.data, nu, e->ctx->cuda_stream),
-                                 "dt_k_embed_add_i64");
-    }
+    for (ti = 0; !st && ti < T; ti++) /* dedup and update (or keep, sync 0) */
+        if (e->tabs[ti].shard == DT_SHARD_DATA)
+            st = dt__em_cuda_apply(e, ti, rtm + ot[ti], gt + ft[ti], ot[ti + 1] - ot[ti], e->tabs[ti].dim, 1);
     dt_cuda_scratch_end(e->ctx, mark);
     dt_release(e->ctx, nrt);
     return st;
 }
 
-/* The backward on the device path (sync 1, nothing accumulated): each request's gradient
+/* The backward on the device path (sync 0 keeps the contributions in the window): each request's gradient
    gathered from dout on the device (dt_k_embed_gather_sum with the layout dt__em_cuda_end sent
    up), the all-to-all to the owners on device tensors; each owner, per table: every id's
    gradient row (w x its request's, dt_k_embed_pool_bwd), sorted by row stably
@@ -4690,44 +4755,24 @@ static dt_status dt__em_cuda_backward(dt_embed *e, const dt_tensor *dout, int64_
         int64_t nc = t->c1 - t->c0, n = c->n;
         size_t mark;
         float *g;
-        int64_t *order, *seg, *nu;
-        void *scr;
         dt_status st = DT_OK;
-        if (n == 0 || nc == 0 || t->shard == DT_SHARD_DATA) continue;
+        int win = e->sync && dt__em_cuda_acc_has(e, (int)ti);
+        if (nc == 0 || t->shard == DT_SHARD_DATA || (n == 0 && !win)) continue;
         mark = dt_cuda_scratch_begin(e->ctx); /* twice the need: an owner's ids vary by batch (dt__em_cuda_need) */
-        g = (float *)dt_cuda_scratch(e->ctx, (size_t)(2 * n * nc) * sizeof(float), fn);
-        order = (int64_t *)dt_cuda_scratch(e->ctx, (size_t)(4 * n + 2) * sizeof(int64_t), fn);
-        scr = dt_cuda_scratch(e->ctx, dt_k_embed_dedup_scratch(2 * n), fn);
-        if (!g || !order || !scr) st = DT_ERR_OOM;
-        seg = order + n; nu = seg + n + 1;
-        if (!st)
+        g = (float *)dt_cuda_scratch(e->ctx, (size_t)(2 * n * nc + 1) * sizeof(float), fn);
+        if (!g) st = DT_ERR_OOM;
+        if (!st && n > 0)
             st = dt__em_cuda_err(e, dt_k_embed_pool_bwd(g, (const float *)e->cu_gin.data, dm + c->dst,
                                                         t->weighted ? (const float *)e->cu_metaf.data + c->w : NULL,
                                                         dm + c->offs, c->nb, nc, 0, e->ctx->cuda_stream),
                                  "dt_k_embed_pool_bwd");
-        if (!st)
-            st = dt__em_cuda_err(e, dt_k_embed_dedup(order, seg, nu, dm + c->rows, n, t->r1 - t->r0, scr,
-                                                     e->ctx->cuda_stream), "dt_k_embed_dedup");
-        if (!st && t->kind == DT_EMBED_ADAM)
-            st = dt__em_cuda_err(e, dt_k_embed_sparse_adam(t->w.data, (int)t->dtype, (float *)t->s1.data,
-                                                           (float *)t->s2.data, g, dm + c->rows, order, seg, nu, n, nc,
-                                                           nc, t->lr, t->b1, t->b2, t->eps, t->t, e->ctx->cuda_stream),
-                                 "dt_k_embed_sparse_adam");
-        else if (!st)
-            st = dt__em_cuda_err(e, dt_k_embed_sparse_update(t->w.data, (int)t->dtype, (float *)t->s1.data, g,
-                                                             dm + c->rows, order, seg, nu, n, nc, nc,
-                                                             t->kind == DT_EMBED_ADAGRAD ? 2 :
-                                                             t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 3 : 1,
-                                                             t->lr, t->eps, e->ctx->cuda_stream),
-                                 "dt_k_embed_sparse_update");
-        if (!st && e->cu_devreq) /* the unique rows (stats), counted on the device */
-            st = dt__em_cuda_err(e, dt_k_embed_add_i64((int64_t *)e->cu_uniq.data, nu, e->ctx->cuda_stream),
-                                 "dt_k_embed_add_i64");
+        if (!st) st = dt__em_cuda_apply(e, (int)ti, dm + c->rows, g, n, nc, e->cu_devreq);
         dt_cuda_scratch_end(e->ctx, mark);
         if (st) return st;
-        e->stats.rows_updated += c->uniq;
+        if (e->sync && !e->cu_devreq && !win) e->stats.rows_updated += c->uniq; /* else counted on the device */
     }
-    return e->any_dp ? dt__em_cuda_dp_backward(e, dout) : DT_OK;
+    if (e->any_dp) DT__TRY(dt__em_cuda_dp_backward(e, dout));
+    return e->sync ? dt__em_cuda_acc_close(e) : DT_OK;
 }
 
 static dt_status dt__em_cuda_host_dout(dt_embed *e, const float **dd, const dt_tensor *dout) {
@@ -4819,6 +4864,7 @@ static void dt__em_cuda_free(dt_embed *e) {
     dt_tensor_free(e->ctx, &e->aside.cu_rq); dt_tensor_free(e->ctx, &e->aside.cu_rqf);
     dt_tensor_free(e->ctx, &e->aside.cu_smeta); dt_tensor_free(e->ctx, &e->aside.cu_smetaf);
     dt_release(e->ctx, e->cu_cx); dt_release(e->ctx, e->aside.cu_cx);
+    dt_tensor_free(e->ctx, &e->cu_accr); dt_tensor_free(e->ctx, &e->cu_accg); dt_release(e->ctx, e->cu_accp);
 }
 
 #else /* without DT_CUDA: desc.device cuda is refused at create, so only the first and last run */
@@ -4840,7 +4886,6 @@ static dt_status dt__em_cuda_dp_pool(dt_embed *e) { return dt__em_cuda_off(e); }
 static dt_status dt__em_cuda_batch(dt_embed *e, const dt_kjt *k) { (void)k; return dt__em_cuda_off(e); }
 static int dt__em_cuda_devreq(const dt_embed *e) { (void)e; return 0; }
 static dt_status dt__em_cuda_requests(dt_embed *e) { return dt__em_cuda_off(e); }
-static dt_status dt__em_cuda_host_requests(dt_embed *e) { return dt__em_cuda_off(e); }
 static dt_status dt__em_cuda_serve_dev(dt_embed *e, int64_t tot_res) { (void)tot_res; return dt__em_cuda_off(e); }
 static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) { (void)tot_res; return dt__em_cuda_off(e); }
 static dt_status dt__em_cuda_return(dt_embed *e, int64_t tot) { (void)tot; return dt__em_cuda_off(e); }

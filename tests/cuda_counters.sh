@@ -103,9 +103,13 @@ done
 # f32, and per feature (26) one id and its length, i64 each (dt_kjt): (13 + 1) x 4 + 26 x 2 x 8
 # bytes a sample. Plans: tiny tables (every table data-parallel), larger ones (the planner's mix of
 # table-wise and data-parallel), and every table row-wise (an owner's requests vary by batch).
+# With --accum 2 (the embedding's contributions wait in the device's window, dt_embed_set_sync 0)
+# a step uploads the same bytes, in two micro-batches, and its final loss must equal the CPU
+# run's within k_dlrm.cpp's derived LOSS_RTOL (7e-5 relative: the dense side's sums differ in order).
 DB=16
 for cfg in "1 dp --rows 16" "2 dp --rows 16" "2 mixed --rows 100000 --dim 16" "2 row --rows 1000 --shard row" \
-           "3 row --rows 1000 --shard row"; do
+           "3 row --rows 1000 --shard row" "2 mixed_accum2 --rows 100000 --dim 16 --accum 2" \
+           "2 row_accum2 --rows 1000 --shard row --accum 2"; do
     read -r np plan extra <<<"$cfg"
     name=dlrm_cuda_np${np}_$plan
     log=$TMP/$name.log
@@ -125,6 +129,16 @@ for cfg in "1 dp --rows 16" "2 dp --rows 16" "2 mixed --rows 100000 --dim 16" "2
         check_uneven "$name" "$log" "$np" $(((14 * 4 + 26 * 2 * 8) * bl)) $(((14 * 4 + 26 * 2 * 8) * (bl + 1))) \
             "(13 x 4 + 4 + 26 x 8 + 26 x 8) x $bl or $((bl + 1)) samples"
     fi
+    case $plan in *accum*)
+        cpu=$TMP/$name.cpu.log
+        if run "$np" "$cpu" build/examples/dlrm --dim 4 --batch $DB --bottom 8 --top 8 --steps $STEPS --eval-every 1000 \
+            --eval-samples 16 --print-every 1000 $extra; then
+            lg=$(sed -n 's/^final: loss \([^ ]*\) .*/\1/p' "$log"); lc=$(sed -n 's/^final: loss \([^ ]*\) .*/\1/p' "$cpu")
+            if awk -v g="$lg" -v c="$lc" 'BEGIN { d = g - c; if (d < 0) d = -d; a = c < 0 ? -c : c; exit !(g != "" && c != "" && d <= 7e-5 * a) }'; then
+                pass "${name}_final_loss_equals_cpu [cuda $lg, cpu $lc]"
+            else fail "${name}_final_loss_equals_cpu" "cuda $lg, cpu $lc (tolerance 7e-5 relative)"; fi
+        else fail "${name}_cpu_run" "build/examples/dlrm exit status non-zero"; fi ;;
+    esac
 done
 
 # dt_ctx_init's failure is named (no GPU: the emulator with no device), not "ctx is NULL"

@@ -450,8 +450,9 @@ static void check_bad_inputs(dt_ctx *ctx) {
     }
 }
 
-// Accumulation on the device path (dt_embed_set_sync 0 on every other backward: its rows wait
-// on the host, the next sync-1 backward applies them): outputs and rows equal the CPU's.
+// Accumulation on the device path (dt_embed_set_sync 0: the contributions wait in the device's
+// window, the next sync-1 backward applies them): windows of 3, 2 and 1 backwards, outputs, rows
+// and the unique rows updated (stats) equal the CPU's.
 static void check_accumulate(dt_ctx *ctx, dt_embed_sharding sh, dt_embed_optim opt) {
     setup sc, sg;
     dt_embed *ec = NULL, *eg = NULL;
@@ -464,12 +465,13 @@ static void check_accumulate(dt_ctx *ctx, dt_embed_sharding sh, dt_embed_optim o
     snprintf(tag, sizeof tag, "%s_%s", shard_name(sh), opt_name(opt));
     snprintf(name, sizeof name, "embed_cuda_accumulate_create_%s", tag);
     if (DT_TEST_CHECK(name, !dt_embed_create(ctx, &ec, &sc.desc) && !dt_embed_create(ctx, &eg, &sg.desc))) {
-        for (int s = 0; s < 4 && ok; s++) {
+        const int syncs[6] = {0, 0, 1, 0, 1, 1};
+        for (int s = 0; s < 6 && ok; s++) {
             batch k = make_batch(rows);
             std::vector<float> dout(B * dt_embed_pooled_dim(ec)), sgr(64), oc, og, qc, qg;
             for (size_t i = 0; i < dout.size(); i++) dout[i] = next_f();
-            dt_embed_set_sync(ec, s % 2);
-            dt_embed_set_sync(eg, s % 2);
+            dt_embed_set_sync(ec, syncs[s]);
+            dt_embed_set_sync(eg, syncs[s]);
             ok = !step(ctx, ec, k, dout, sgr, &oc, &qc) && !step(ctx, eg, k, dout, sgr, &og, &qg) && oc == og;
             snprintf(name, sizeof name, "embed_cuda_accumulate_forward_equals_cpu_bitwise_%s_step_%d", tag, s + 1);
             if (!ok) dt_test_fail(name, "%s", oc.size() == og.size() ? "outputs differ" : dt_ctx_error(ctx));
@@ -486,6 +488,12 @@ static void check_accumulate(dt_ctx *ctx, dt_embed_sharding sh, dt_embed_optim o
             if (DT_TEST_CHECK(name, hc.size() == hg.size() && !hc.empty()))
                 dt_test_allclose(name, hg.data(), hc.data(), hc.size(), 0, opt == DT_EMBED_ROWWISE_ADAGRAD ? 1e-6 : 0);
         }
+        dt_embed_stats a, g;
+        if (ok && !dt_embed_stats_get(ec, &a) && !dt_embed_stats_get(eg, &g)) {
+            snprintf(name, sizeof name, "embed_cuda_accumulate_rows_updated_equal_cpu_%s", tag);
+            dt_test_check_all(name, a.rows_updated == g.rows_updated && a.rows_updated > 0,
+                              "rows updated cuda %lld, cpu %lld", (long long)g.rows_updated, (long long)a.rows_updated);
+        }
     }
     dt_embed_free(ec);
     dt_embed_free(eg);
@@ -498,7 +506,9 @@ static void check_accumulate(dt_ctx *ctx, dt_embed_sharding sh, dt_embed_optim o
 // shard, the admitted pairs (2 per id): (3 m + 16) x 8 bytes. ctx->counters and the emulator's
 // own counts must agree. A CUDA ctx (its
 // dt_ctx_sync waits for real, and would be counted).
-static void check_counters(dt_embed_sharding sh, dt_embed_optim opt, int dyn = 0) {
+// accum: each counted step is a window of two (sync 0 then 1), after a first window that sized the
+// device's accumulation buffers: nothing allocated, read back or waited for either.
+static void check_counters(dt_embed_sharding sh, dt_embed_optim opt, int dyn = 0, int accum = 0) {
     dt_ctx cctx, *ctx = &cctx;
     dt_ctx_desc cd;
     memset(&cd, 0, sizeof cd);
@@ -513,7 +523,8 @@ static void check_counters(dt_embed_sharding sh, dt_embed_optim opt, int dyn = 0
     make_setup(&sg, sh, opt, DT_F32, DT_CUDA_DEVICE);
     g_dev_path = saved;
     if (dyn) { sg.tabs[0].dynamic = 1; sg.tabs[0].hash_shards = 4; sg.tabs[0].admit_after = 1; rows[0] = rows[3] = 60; }
-    snprintf(tag, sizeof tag, "%s_%s%s", shard_name(sh), opt_name(opt), dyn ? "_dynamic" : "");
+    snprintf(tag, sizeof tag, "%s_%s%s%s", shard_name(sh), opt_name(opt), dyn ? "_dynamic" : "",
+             accum ? "_accumulating" : "");
     snprintf(name, sizeof name, "embed_cuda_counters_create_%s", tag);
     if (!DT_TEST_CHECK(name, !dt_embed_create(ctx, &e, &sg.desc))) { dt_ctx_shutdown(ctx); return; }
     batch k = make_batch(rows);
@@ -530,11 +541,18 @@ static void check_counters(dt_embed_sharding sh, dt_embed_optim opt, int dyn = 0
     std::vector<float> dout(B * dt_embed_pooled_dim(e));
     for (size_t i = 0; i < dout.size(); i++) dout[i] = next_f();
     cudaMemcpy(d.data, dout.data(), dout.size() * sizeof(float), cudaMemcpyHostToDevice);
-    int ok = !dt_embed_forward(e, &o, &kjt) && !dt_embed_backward(e, &d);
+    int ok = 1, passes = accum ? 2 : 1;
+    for (int p = 0; p < passes; p++) {
+        dt_embed_set_sync(e, p == passes - 1);
+        ok = ok && !dt_embed_forward(e, &o, &kjt) && !dt_embed_backward(e, &d);
+    }
     dt_emu_counters c0, c1;
     dt_ctx_counters_reset(ctx);
     dt_emu_get_counters(&c0);
-    ok = ok && !dt_embed_forward(e, &o, &kjt) && !dt_embed_backward(e, &d);
+    for (int p = 0; p < passes; p++) {
+        dt_embed_set_sync(e, p == passes - 1);
+        ok = ok && !dt_embed_forward(e, &o, &kjt) && !dt_embed_backward(e, &d);
+    }
     dt_emu_get_counters(&c1);
     snprintf(name, sizeof name, "embed_cuda_counters_steps_run_%s", tag);
     if (!DT_TEST_CHECK(name, ok)) fprintf(stderr, "  %s\n", dt_ctx_error(ctx));
@@ -560,7 +578,7 @@ static void check_counters(dt_embed_sharding sh, dt_embed_optim opt, int dyn = 0
     if (sh == DT_SHARD_DATA) { /* every table data-parallel: only the batch goes up (lengths, ids, weights) */
         long long nid = 0;
         for (int i = 0; i < NF * B; i++) nid += k.lengths[i];
-        long long want_h2d = (long long)NF * B * 8 + nid * 8 + nid * 4;
+        long long want_h2d = passes * ((long long)NF * B * 8 + nid * 8 + nid * 4);
         snprintf(name, sizeof name, "embed_cuda_second_step_uploads_only_the_batch_%s", tag);
         dt_test_check_all(name, k2.h2d_bytes == want_h2d, "h2d %lld bytes; expected %lld (lengths %d x 8, ids %lld x 8, "
                           "weights %lld x 4)", (long long)k2.h2d_bytes, want_h2d, NF * B, nid, nid);
@@ -610,7 +628,10 @@ int main(int argc, char **argv) {
         g_dev_path = 0;
         for (int i = 0; i < 4; i++) check_counters(shs[i], i == 1 ? DT_EMBED_ROWWISE_ADAGRAD : DT_EMBED_ADAM);
         check_counters(DT_SHARD_ROW, DT_EMBED_ADAM, 1);
+        check_counters(DT_SHARD_ROW, DT_EMBED_ADAGRAD, 0, 1);
+        check_counters(DT_SHARD_DATA, DT_EMBED_ADAM, 0, 1);
         check_accumulate(&ctx, DT_SHARD_ROW, DT_EMBED_ADAGRAD);
+        check_accumulate(&ctx, DT_SHARD_TABLE, DT_EMBED_ROWWISE_ADAGRAD);
         check_accumulate(&ctx, DT_SHARD_DATA, DT_EMBED_ADAM);
     }
     dt_ctx_shutdown(&ctx);
