@@ -651,6 +651,12 @@ DT_API dt_status dt_trace_overlap(const dt_trace *t, double *comm_seconds, doubl
                            done; whatever is left is waited at the end of the step
    so a stage computes while its messages travel. With one stage (p = 1) a chunk's output is
    the next chunk's input in memory and nothing is sent.
+   On CUDA, l->pp_comm must stage its device tensors through host memory and MPI (a world made
+   with desc.use_nccl = -1): NCCL runs a group's operations in call order on one stream and has
+   no tags, so the receives posted ahead and the crossing sends of 1F1B (stage s sends an
+   activation while s + 1 sends a gradient) would wait on each other. Through NCCL the first
+   device receive fails at once (DT_ERR_STATE, dt_comm.h "NCCL"). A pipeline on NCCL (paired
+   send / recv groups per step, as Megatron's batched p2p) is not written yet.
 
    Buffers and their lifetimes (what the callbacks may rely on):
      in   (forward's input, the activation received): valid from F(c, i) until the last backward

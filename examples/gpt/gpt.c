@@ -99,6 +99,7 @@ static void prof_add(const char *name, double s) {
 typedef struct prof_ev { const char *name; cudaEvent_t begin, end; } prof_ev;
 static prof_ev *g_ev;      /* the pairs recorded and not yet read; created once, reused */
 static int g_nev, g_cev;   /* in use, created */
+static int g_open;         /* ops begun and not ended (OP nests: the pipeline's run holds its ops) */
 static int prof_cuda(void) { return g_ctx && g_ctx->device == DT_CUDA_DEVICE; }
 /* The pair for the next op, its begin recorded; -1 when none could be had (the op goes untimed). */
 static int prof_begin(void) {
@@ -111,16 +112,21 @@ static int prof_begin(void) {
                 return -1;
     }
     if (cudaEventRecord(g_ev[g_nev].begin, (cudaStream_t)g_ctx->cuda_stream) != cudaSuccess) return -1;
+    g_open++;
     return g_nev++;
 }
 static void prof_end(int i, const char *name) {
     if (i < 0) return;
     g_ev[i].name = name;
     cudaEventRecord(g_ev[i].end, (cudaStream_t)g_ctx->cuda_stream);
+    g_open--;
 }
-/* Adds the time of every pair the device has passed (no wait: cudaEventQuery) and keeps the rest. */
+/* Adds the time of every pair the device has passed (no wait: cudaEventQuery) and keeps the rest.
+   Not while an op is open (a loss read inside the pipeline's run): its pair has no end yet, and
+   the compaction below would move the pair its caller holds by index. */
 static void prof_flush(void) {
     int i, k = 0;
+    if (g_open > 0) return;
     for (i = 0; i < g_nev; i++) {
         float ms = 0;
         if (cudaEventQuery(g_ev[i].end) == cudaSuccess && cudaEventElapsedTime(&ms, g_ev[i].begin, g_ev[i].end) == cudaSuccess)
@@ -1210,7 +1216,13 @@ static void setup(trainer *t, int argc, char **argv) {
     cdesc.cuda_device = local_device();
     g_ctx = &t->ctx; /* so that a failing dt_ctx_init is reported with its own message */
     CHECK(dt_ctx_init(&t->ctx, &cdesc));
-    CHECK(dt_comm_create_world(&t->ctx, &t->world, NULL));
+    {
+        dt_comm_desc wd;
+        memset(&wd, 0, sizeof wd);
+        for (i = 1; i + 1 < argc; i++) /* the pipeline on CUDA stages its sends (dt_parallel.h, dt_pp_run) */
+            if (!strcmp(argv[i], "--pp") && atoi(argv[i + 1]) > 1 && cdesc.device == DT_CUDA_DEVICE) wd.use_nccl = -1;
+        CHECK(dt_comm_create_world(&t->ctx, &t->world, &wd));
+    }
     g_rank = dt_comm_rank(t->world);
     t->W = dt_comm_size(t->world);
     parse(&t->o, argc, argv);
