@@ -55,13 +55,14 @@ typedef struct { float x[4]; } dt_mma_frag_c;    /* C and D: 4 floats */
 /* ---------------------------------------------------------------- the layout (PTX ISA, above) */
 
 /* Element i of lane's fragment of A, B or C/D: its row and column (host too, for tests). */
-
-static __host__ __device__ __forceinline__ int dt_mma_a_row(int lane, int i) { return (lane >> 2) + ((i >> 1) & 1) * 8; }
-static __host__ __device__ __forceinline__ int dt_mma_a_col(int lane, int i) { return (lane & 3) * 2 + (i & 1) + (i >> 2) * 8; }
-static __host__ __device__ __forceinline__ int dt_mma_b_row(int lane, int i) { return (lane & 3) * 2 + (i & 1) + (i >> 1) * 8; }
-static __host__ __device__ __forceinline__ int dt_mma_b_col(int lane, int i) { (void)i; return lane >> 2; }
-static __host__ __device__ __forceinline__ int dt_mma_c_row(int lane, int i) { return (lane >> 2) + (i >> 1) * 8; }
-static __host__ __device__ __forceinline__ int dt_mma_c_col(int lane, int i) { return (lane & 3) * 2 + (i & 1); }
+#define DT_MMA__LAYOUT static __host__ __device__ __forceinline__ int
+DT_MMA__LAYOUT dt_mma_a_row(int lane, int i) { return (lane >> 2) + ((i >> 1) & 1) * 8; }
+DT_MMA__LAYOUT dt_mma_a_col(int lane, int i) { return (lane & 3) * 2 + (i & 1) + (i >> 2) * 8; }
+DT_MMA__LAYOUT dt_mma_b_row(int lane, int i) { return (lane & 3) * 2 + (i & 1) + (i >> 1) * 8; }
+DT_MMA__LAYOUT dt_mma_b_col(int lane, int i) { (void)i; return lane >> 2; }
+DT_MMA__LAYOUT dt_mma_c_row(int lane, int i) { return (lane >> 2) + (i >> 1) * 8; }
+DT_MMA__LAYOUT dt_mma_c_col(int lane, int i) { return (lane & 3) * 2 + (i & 1); }
+#undef DT_MMA__LAYOUT
 
 /* The calling thread's lane: its linear index in the block, mod 32 (warps are cut from it). */
 static __device__ __forceinline__ int dt_mma_lane(void) {
@@ -93,8 +94,10 @@ static inline void dt_mma__emu(dt_mma_frag_c *d, const dt_mma_frag_a &a, const d
     memcpy(mine.a, a.x, sizeof mine.a), memcpy(mine.b, b.x, sizeof mine.b), memcpy(mine.c, c.x, sizeof mine.c);
     dt_emu_warp_gather(file, line, what, 0xffffffffu, &mine, all, sizeof mine);
     for (int l = 0; l < 32; l++) {
-        for (int i = 0; i < 8; i++) A[dt_mma_a_row(l, i)][dt_mma_a_col(l, i)] = dt_mma__elem(all[l].a[i >> 1], i & 1, f16);
-        for (int i = 0; i < 4; i++) B[dt_mma_b_row(l, i)][dt_mma_b_col(l, i)] = dt_mma__elem(all[l].b[i >> 1], i & 1, f16);
+        for (int i = 0; i < 8; i++)
+            A[dt_mma_a_row(l, i)][dt_mma_a_col(l, i)] = dt_mma__elem(all[l].a[i >> 1], i & 1, f16);
+        for (int i = 0; i < 4; i++)
+            B[dt_mma_b_row(l, i)][dt_mma_b_col(l, i)] = dt_mma__elem(all[l].b[i >> 1], i & 1, f16);
     }
     for (int i = 0; i < 4; i++) {
         int r = dt_mma_c_row(lane, i), col = dt_mma_c_col(lane, i);

@@ -10,7 +10,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
 [ -n "${DT_NVCC:-}" ] || eval "$(bash ./build.sh env)"
 [ -n "${DT_NVCC:-}" ] || { echo "SKIP ptx:dt_mma: nvcc not found"; exit 0; }
-DT_NVCC_FLAGS=${DT_NVCC_FLAGS:-"-O2 -Werror all-warnings -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90"}
+DT_NVCC_FLAGS=${DT_NVCC_FLAGS:-"-O2 -Werror all-warnings -gencode arch=compute_80,code=sm_80 \
+    -gencode arch=compute_90,code=sm_90"}
 out=build/ptx
 src=tests/cuda_emu/k_mma_kernels.cuh
 mkdir -p "$out"

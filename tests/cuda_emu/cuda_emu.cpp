@@ -340,7 +340,8 @@ static void gather(emu_block *b, int w, unsigned int M, unsigned int absent) {
         for (int j = 0; j < 32; j++) {
             unsigned char *dst = (unsigned char *)u.gather_dst + (size_t)j * u.gather_bytes;
             const emu_thread *v = (M >> j & 1) && !(absent >> j & 1) ? &b->t[base + j] : NULL;
-            if (v && v->op == DT_EMU_GATHER && v->gather_bytes == u.gather_bytes) memcpy(dst, v->gather_src, u.gather_bytes);
+            if (v && v->op == DT_EMU_GATHER && v->gather_bytes == u.gather_bytes)
+                memcpy(dst, v->gather_src, u.gather_bytes);
             else memset(dst, 0xff, u.gather_bytes);
         }
         const emu_thread &f = b->t[base + (31 - __builtin_clz(M & ~absent))];
@@ -524,15 +525,16 @@ void dt_emu_syncthreads(const char *file, int line) {
 static uint64_t warp_op(const char *file, int line, int op, unsigned int mask, uint64_t value, int arg, int width,
                         const char *what, const void *gsrc, void *gdst, size_t gbytes) {
     emu_thread *t = self;
-    if (!t) { report("%s at %s:%d called outside a kernel", what ? what : op_name(op), file, line); return value; }
+    if (!what) what = op_name(op);
+    if (!t) { report("%s at %s:%d called outside a kernel", what, file, line); return value; }
     emu_block *b = t->b;
     int lane = t->id & 31, w = t->id >> 5;
     if (width < 1 || width > 32 || (width & (width - 1))) {
-        report("%s at %s:%d: width %d; expected a power of two in [1, 32]", what ? what : op_name(op), file, line, width);
+        report("%s at %s:%d: width %d; expected a power of two in [1, 32]", what, file, line, width);
         width = 32;
     }
     if (!(mask >> lane & 1)) {
-        report("%s at %s:%d in %s: mask 0x%08x does not name the calling lane %d (thread %d)", what ? what : op_name(op), file,
+        report("%s at %s:%d in %s: mask 0x%08x does not name the calling lane %d (thread %d)", what, file,
                line, where_block(b).c_str(), mask, lane, t->id);
         mask |= 1u << lane;
     }

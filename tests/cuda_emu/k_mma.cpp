@@ -71,7 +71,8 @@ static void check_conversions(void) {
     /* f32 subnormals, and f16's subnormal range (2^-24 .. 2^-14) with its ties */
     v.clear();
     for (unsigned m = 1; m < 0x800000u; m = m * 3 + 1) v.push_back(from_bits(m)), v.push_back(-from_bits(m));
-    for (int q = 0; q < 2048; q++) v.push_back((float)q * 0.5f / 16777216.0f), v.push_back((float)q * 0.37f / 16777216.0f);
+    for (int q = 0; q < 2048; q++)
+        v.push_back((float)q * 0.5f / 16777216.0f), v.push_back((float)q * 0.37f / 16777216.0f);
     check_conversion_class("subnormals", v);
     v = {INFINITY, -INFINITY, 0.0f, -0.0f};
     check_conversion_class("inf_and_zero", v);

@@ -90,7 +90,8 @@ inline int k_mma_raw_launch(int f16, float *D, const uint16_t *A, const uint16_t
 inline int k_mma_tiles_launch(int bt, int plant, float *C, const __nv_bfloat16 *A, const __nv_bfloat16 *B,
                                      int M, int N, int K) {
     typedef void (*kernel_fn)(float *, const __nv_bfloat16 *, const __nv_bfloat16 *, int, int, int);
-    kernel_fn k = bt ? (plant ? k_mma_tiles<1, 1> : k_mma_tiles<1, 0>) : (plant ? k_mma_tiles<0, 1> : k_mma_tiles<0, 0>);
+    kernel_fn k = bt ? (plant ? k_mma_tiles<1, 1> : k_mma_tiles<1, 0>)
+                     : (plant ? k_mma_tiles<0, 1> : k_mma_tiles<0, 0>);
     dim3 grid((unsigned)(N / K_MMA_BN), (unsigned)(M / K_MMA_BM));
     DT_K_LAUNCH(k, grid, 128, 0, 0, C, A, B, M, N, K);
     return DT_K_CHECK();

@@ -38,12 +38,18 @@ __nv_bfloat16 operator-(const __nv_bfloat16 &, const __nv_bfloat16 &) = delete;
 __nv_bfloat16 operator*(const __nv_bfloat16 &, const __nv_bfloat16 &) = delete;
 __nv_bfloat16 operator/(const __nv_bfloat16 &, const __nv_bfloat16 &) = delete;
 
-static inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { __nv_bfloat16_raw r = {u}; return __nv_bfloat16(r); }
+static inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) {
+    __nv_bfloat16_raw r = {u};
+    return __nv_bfloat16(r);
+}
 static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.__x; }
 static inline __nv_bfloat16 __float2bfloat16(float f) { return __ushort_as_bfloat16(dt_emu_f32_to_bf16_bits(f)); }
 static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __float2bfloat16(f); }
 static inline float __bfloat162float(__nv_bfloat16 h) { return __uint_as_float((unsigned int)h.__x << 16); }
-static inline __nv_bfloat162 __halves2bfloat162(__nv_bfloat16 lo, __nv_bfloat16 hi) { __nv_bfloat162 v = {lo, hi}; return v; }
+static inline __nv_bfloat162 __halves2bfloat162(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+    __nv_bfloat162 v = {lo, hi};
+    return v;
+}
 static inline __nv_bfloat162 make_bfloat162(__nv_bfloat16 x, __nv_bfloat16 y) { return __halves2bfloat162(x, y); }
 static inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
     return __halves2bfloat162(__float2bfloat16(lo), __float2bfloat16(hi));

@@ -61,7 +61,9 @@ static inline __half __float2half_rn(float f) { return __float2half(f); }
 static inline float __half2float(__half h) { return dt_emu_f16_bits_to_f32(h.__x); }
 static inline __half2 __halves2half2(__half lo, __half hi) { __half2 v = {lo, hi}; return v; }
 static inline __half2 make_half2(__half x, __half y) { return __halves2half2(x, y); }
-static inline __half2 __floats2half2_rn(float lo, float hi) { return __halves2half2(__float2half(lo), __float2half(hi)); }
+static inline __half2 __floats2half2_rn(float lo, float hi) {
+    return __halves2half2(__float2half(lo), __float2half(hi));
+}
 static inline __half2 __float22half2_rn(float2 f) { return __floats2half2_rn(f.x, f.y); }
 static inline __half2 __float2half2_rn(float f) { return __floats2half2_rn(f, f); }
 static inline float2 __half22float2(__half2 h) { return make_float2(__half2float(h.x), __half2float(h.y)); }
