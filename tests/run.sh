@@ -578,6 +578,16 @@ emu_impl() {
     if grep -qE '^#[[:space:]]*define[[:space:]]+DT_CUDA' "$1"; then echo "$dir/cuda.o"; else echo "$dir/plain.o"; fi
 }
 
+# emu_deps SRC: SRC and the files of tests/cuda_emu/ it includes ("k_mma_kernels.cuh"), so that
+# an edit of one rebuilds the program.
+emu_deps() {
+    local f deps=$1
+    for f in $(sed -n 's|^#[[:space:]]*include[[:space:]]*"\([^"]*\)".*|\1|p' "$1"); do
+        [ -f "tests/cuda_emu/$f" ] && deps+=" tests/cuda_emu/$f"
+    done
+    echo "$deps"
+}
+
 # After the objects: each test program, linked with all of them.
 spawn_emu_tests() {
     local src name impl
@@ -588,12 +598,12 @@ spawn_emu_tests() {
         EMU_TESTS+=("$name")
         impl=$(emu_impl "$src")
         emu_stale "$E/$name" "$E"/obj/*.o $impl
-        spawn step "emu_$name" "$E/$name" "$src" $EMU_CXX -O1 $EMU_INC "$src" $impl "$E"/obj/*.o -o "$E/$name" $DT_LIBS \
+        spawn step "emu_$name" "$E/$name" "$(emu_deps "$src")" $EMU_CXX -O1 $EMU_INC "$src" $impl "$E"/obj/*.o -o "$E/$name" $DT_LIBS \
             -lpthread
         emu_no_tsan "$src" && continue
         impl=$(emu_impl "$src" tsan)
         emu_stale "$E/tsan/$name" "$E"/tsan/*.o $impl
-        spawn step "emu_tsan_$name" "$E/tsan/$name" "$src" $EMU_CXX -O1 $EMU_TSAN $EMU_INC "$src" $impl "$E"/tsan/*.o \
+        spawn step "emu_tsan_$name" "$E/tsan/$name" "$(emu_deps "$src")" $EMU_CXX -O1 $EMU_TSAN $EMU_INC "$src" $impl "$E"/tsan/*.o \
             -o "$E/tsan/$name" $DT_LIBS -lpthread
     done
 }
