@@ -6,8 +6,11 @@
      g++ -x c++ -Itests/cuda_emu/include ...    the test-only CPU emulator (tests/cuda_emu/), whose
                                                 fake <cuda_runtime.h> defines DT_CUDA_EMU.
    So kernels use only what both understand (THE KERNEL CONTRACT, tests/cuda_emu/cuda_emu.cpp):
-   launch through DT_K_LAUNCH, never <<< >>>; no inline PTX, CUB, cooperative groups, cuda_bf16.h
-   or cuda_fp16.h types, printf, managed memory; a grid-wide sync is two launches.
+   launch through DT_K_LAUNCH, never <<< >>>; no inline PTX outside kernels/dt_mma.cuh (the
+   tensor cores' mma.sync, which the emulator runs as a warp-collective operation), no CUB,
+   cooperative groups, printf, managed memory; a grid-wide sync is two launches. __nv_bfloat16
+   and __half (cuda_bf16.h, cuda_fp16.h) with their conversions, yes; their arithmetic
+   operators, no (the emulator deletes them: compute in float).
 
    Conventions of the kernels (kernels/dt_kernels.h says the ABI): launchers return 0 or the
    cudaError_t of the failing call as an int; gradients accumulate (+=); sizes are int64_t and a

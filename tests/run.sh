@@ -35,6 +35,10 @@
 #   kernel:<file>.cu          nvcc -c of each kernels/*.cu into build/kernels/ (when nvcc exists), for
 #                             sm_80 and sm_90, -Werror all-warnings; -Xptxas -v registers and shared
 #                             memory per kernel in build/kernels/ptxas/
+#   ptx:dt_mma                the tensor cores are reached: tests/cuda_emu/k_mma_kernels.cuh (users
+#                             of kernels/dt_mma.cuh) builds for sm_80 and sm_90, and its PTX holds
+#                             mma.sync m16n8k16 (bf16, f16) and ld.global.v4 (tests/ptx_mma.sh;
+#                             SKIP without nvcc)
 #   cuda_emu                  every kernels/*.cu on the CPU emulator (tests/cuda_emu), each
 #                             tests/cuda_emu/k_*.cpp in 5 thread orders and under ThreadSanitizer
 #   cuda_emu_comm             tests/gpu_comm.c on the emulator with a fake NCCL over MPI, and
@@ -574,6 +578,16 @@ emu_impl() {
     if grep -qE '^#[[:space:]]*define[[:space:]]+DT_CUDA' "$1"; then echo "$dir/cuda.o"; else echo "$dir/plain.o"; fi
 }
 
+# emu_deps SRC: SRC and the files of tests/cuda_emu/ it includes ("k_mma_kernels.cuh"), so that
+# an edit of one rebuilds the program.
+emu_deps() {
+    local f deps=$1
+    for f in $(sed -n 's|^#[[:space:]]*include[[:space:]]*"\([^"]*\)".*|\1|p' "$1"); do
+        [ -f "tests/cuda_emu/$f" ] && deps+=" tests/cuda_emu/$f"
+    done
+    echo "$deps"
+}
+
 # After the objects: each test program, linked with all of them.
 spawn_emu_tests() {
     local src name impl
@@ -584,12 +598,12 @@ spawn_emu_tests() {
         EMU_TESTS+=("$name")
         impl=$(emu_impl "$src")
         emu_stale "$E/$name" "$E"/obj/*.o $impl
-        spawn step "emu_$name" "$E/$name" "$src" $EMU_CXX -O1 $EMU_INC "$src" $impl "$E"/obj/*.o -o "$E/$name" $DT_LIBS \
+        spawn step "emu_$name" "$E/$name" "$(emu_deps "$src")" $EMU_CXX -O1 $EMU_INC "$src" $impl "$E"/obj/*.o -o "$E/$name" $DT_LIBS \
             -lpthread
         emu_no_tsan "$src" && continue
         impl=$(emu_impl "$src" tsan)
         emu_stale "$E/tsan/$name" "$E"/tsan/*.o $impl
-        spawn step "emu_tsan_$name" "$E/tsan/$name" "$src" $EMU_CXX -O1 $EMU_TSAN $EMU_INC "$src" $impl "$E"/tsan/*.o \
+        spawn step "emu_tsan_$name" "$E/tsan/$name" "$(emu_deps "$src")" $EMU_CXX -O1 $EMU_TSAN $EMU_INC "$src" $impl "$E"/tsan/*.o \
             -o "$E/tsan/$name" $DT_LIBS -lpthread
     done
 }
@@ -912,6 +926,12 @@ if [ ${#KERNELS[@]} -gt 0 ]; then
     done
 fi
 
+if selected ptx:dt_mma; then
+    section "tensor-core PTX: kernels/dt_mma.cuh's users for sm_80 and sm_90 (tests/ptx_mma.sh)"
+    if [ -z "$DT_NVCC" ]; then report "SKIP ptx:dt_mma: nvcc not found"
+    else run_prog ptx:dt_mma "" "" bash tests/ptx_mma.sh
+    fi
+fi
 run_emu
 run_emu_comm
 

@@ -19,7 +19,9 @@
    the block is a host thread (pthread). Barriers are where threads meet:
      __syncthreads              waits until every thread of the block is waiting at one;
      shuffles, ballots, votes,  wait until every lane named in the mask is waiting at one; the
-     __syncwarp                 last lane to arrive computes every lane's result.
+     __syncwarp, the gather     last lane to arrive computes every lane's result (the gather,
+     of an emulated mma         dt_emu_warp_gather, hands every lane all 32 lanes' fragments:
+                                kernels/dt_mma.cuh's mma.sync m16n8k16 is built on it).
    A block has one mutex; each thread one condition variable. A thread that arrives at a barrier
    marks itself waiting and calls resolve(), which completes every barrier whose threads are all
    there and wakes them.
@@ -68,7 +70,10 @@
        and events" below) makes work on created streams wait until something waits for it, so
        a consumer not ordered after its producer reads stale data; even then two streams never
        run at the same time (no torn reads), and cuBLAS calls run at once whatever their stream;
-     - tensor cores, the GPU's own rounding (expf, __expf, fused multiply-add, TF32 is only
+     - inside an mma (kernels/dt_mma.cuh), the order and precision of the hardware's sums, which
+       are unspecified: the emulator computes the exact A B + C rounded once (compare with a
+       tolerance); the fragment layout, on the other hand, is the hardware's;
+     - the GPU's own rounding (expf, __expf, fused multiply-add, TF32 is only
        rounded inputs), warp scheduling, bank conflicts, occupancy and speed;
      - out-of-bounds accesses inside kernels (device memory is host memory: an ASan build would
        see them, this one does not).
@@ -232,6 +237,10 @@ struct emu_thread {
     int op, arg, width; /* its warp operation */
     unsigned int mask;
     uint64_t value, result;
+    const void *gather_src; /* DT_EMU_GATHER: this lane's payload, where all 32 go, its size */
+    void *gather_dst;
+    size_t gather_bytes;
+    const char *gather_what;
     unsigned int gen; /* the barrier's generation when it arrived: its TSan sync object */
 };
 
@@ -260,8 +269,13 @@ static thread_local emu_thread *self;
 
 static const char *op_name(int op) {
     static const char *const names[] = {"__syncwarp", "__shfl_sync", "__shfl_xor_sync", "__shfl_down_sync",
-                                        "__shfl_up_sync", "__ballot_sync", "__all_sync", "__any_sync"};
-    return op >= 0 && op < 8 ? names[op] : "?";
+                                        "__shfl_up_sync", "__ballot_sync", "__all_sync", "__any_sync",
+                                        "warp gather"};
+    return op >= 0 && op < 9 ? names[op] : "?";
+}
+/* The name in reports: a gather's own (the mma that made it), else the operation's. */
+static const char *thread_op_name(const emu_thread &t) {
+    return t.op == DT_EMU_GATHER && t.gather_what ? t.gather_what : op_name(t.op);
 }
 
 /* "0-15,32-47": thread ids, compressed */
@@ -295,7 +309,7 @@ static std::string waiting_sites(const emu_block *b, int only_state) {
         char key[512];
         if (t.state == T_RUN || t.state == T_EXITED || (only_state >= 0 && t.state != only_state)) continue;
         if (t.state == T_WAIT_BLOCK) snprintf(key, sizeof key, "__syncthreads at %s:%d", t.file, t.line);
-        else snprintf(key, sizeof key, "%s mask 0x%08x at %s:%d", op_name(t.op), t.mask, t.file, t.line);
+        else snprintf(key, sizeof key, "%s mask 0x%08x at %s:%d", thread_op_name(t), t.mask, t.file, t.line);
         size_t k = std::find(keys.begin(), keys.end(), std::string(key)) - keys.begin();
         if (k == keys.size()) keys.push_back(key), ids.push_back(std::vector<int>());
         ids[k].push_back(i);
@@ -313,13 +327,38 @@ static void release(emu_block *b, emu_thread &t) {
 
 /* The lanes of warp w named in mask M are all waiting at a warp operation with mask M (or gone):
    compute each one's result and let them go. */
+/* DT_EMU_GATHER: every lane present receives every lane's payload (an absent one's as 0xff bytes). */
+static void gather(emu_block *b, int w, unsigned int M, unsigned int absent) {
+    int base = w * 32;
+    /* The copies move data between the lanes' stacks: under TSan they are ordered as the lanes'
+       own accesses are (after every lane's arrival, before every lane's departure). */
+    char *sync = &b->warp_sync[2 * w + (b->warp_gen[w] & 1)];
+    DT_EMU_ACQUIRE(sync);
+    for (int k = 0; k < 32; k++) {
+        if (!(M >> k & 1) || (absent >> k & 1)) continue;
+        emu_thread &u = b->t[base + k];
+        for (int j = 0; j < 32; j++) {
+            unsigned char *dst = (unsigned char *)u.gather_dst + (size_t)j * u.gather_bytes;
+            const emu_thread *v = (M >> j & 1) && !(absent >> j & 1) ? &b->t[base + j] : NULL;
+            if (v && v->op == DT_EMU_GATHER && v->gather_bytes == u.gather_bytes)
+                memcpy(dst, v->gather_src, u.gather_bytes);
+            else memset(dst, 0xff, u.gather_bytes);
+        }
+        const emu_thread &f = b->t[base + (31 - __builtin_clz(M & ~absent))];
+        if (u.gather_bytes != f.gather_bytes)
+            report("%s at %s:%d in %s, warp %d: lanes pass %zu and %zu bytes", thread_op_name(u), u.file, u.line,
+                   where_block(b).c_str(), w, u.gather_bytes, f.gather_bytes);
+    }
+    DT_EMU_RELEASE(sync);
+}
+
 static void complete_warp(emu_block *b, int w, unsigned int M, unsigned int absent, unsigned int exited) {
     int base = w * 32, first = -1;
     for (int k = 0; k < 32; k++)
         if ((M >> k & 1) && !(absent >> k & 1)) { first = base + k; break; }
     const emu_thread &f = b->t[first];
     if (absent)
-        report("%s at %s:%d in %s, warp %d: mask 0x%08x names lanes that never arrive: 0x%08x (%s)", op_name(f.op),
+        report("%s at %s:%d in %s, warp %d: mask 0x%08x names lanes that never arrive: 0x%08x (%s)", thread_op_name(f),
                f.file, f.line, where_block(b).c_str(), w, M, absent,
                exited == absent ? "they returned" : exited ? "some returned, some are beyond blockDim"
                                                            : "beyond blockDim");
@@ -327,10 +366,11 @@ static void complete_warp(emu_block *b, int w, unsigned int M, unsigned int abse
         const emu_thread &u = b->t[base + k < b->n ? base + k : first];
         if ((M >> k & 1) && !(absent >> k & 1) && u.op != f.op) {
             report("lanes of warp %d in %s meet at different warp operations: %s at %s:%d and %s at %s:%d", w,
-                   where_block(b).c_str(), op_name(f.op), f.file, f.line, op_name(u.op), u.file, u.line);
+                   where_block(b).c_str(), thread_op_name(f), f.file, f.line, thread_op_name(u), u.file, u.line);
             break;
         }
     }
+    if (f.op == DT_EMU_GATHER) gather(b, w, M, absent);
     uint64_t vote_or = 0, all = 1, any = 0;
     for (int k = 0; k < 32; k++) {
         if (!(M >> k & 1) || (absent >> k & 1)) continue;
@@ -482,23 +522,26 @@ void dt_emu_syncthreads(const char *file, int line) {
     if (aborted) throw emu_abort();
 }
 
-uint64_t dt_emu_warp(const char *file, int line, int op, unsigned int mask, uint64_t value, int arg, int width) {
+static uint64_t warp_op(const char *file, int line, int op, unsigned int mask, uint64_t value, int arg, int width,
+                        const char *what, const void *gsrc, void *gdst, size_t gbytes) {
     emu_thread *t = self;
-    if (!t) { report("%s at %s:%d called outside a kernel", op_name(op), file, line); return value; }
+    if (!what) what = op_name(op);
+    if (!t) { report("%s at %s:%d called outside a kernel", what, file, line); return value; }
     emu_block *b = t->b;
     int lane = t->id & 31, w = t->id >> 5;
     if (width < 1 || width > 32 || (width & (width - 1))) {
-        report("%s at %s:%d: width %d; expected a power of two in [1, 32]", op_name(op), file, line, width);
+        report("%s at %s:%d: width %d; expected a power of two in [1, 32]", what, file, line, width);
         width = 32;
     }
     if (!(mask >> lane & 1)) {
-        report("%s at %s:%d in %s: mask 0x%08x does not name the calling lane %d (thread %d)", op_name(op), file,
+        report("%s at %s:%d in %s: mask 0x%08x does not name the calling lane %d (thread %d)", what, file,
                line, where_block(b).c_str(), mask, lane, t->id);
         mask |= 1u << lane;
     }
     emu_lock(&b->m);
     t->state = T_WAIT_WARP, t->file = file, t->line = line;
     t->op = op, t->mask = mask, t->value = value, t->arg = arg, t->width = width;
+    t->gather_what = what, t->gather_src = gsrc, t->gather_dst = gdst, t->gather_bytes = gbytes;
     b->nrun--;
     t->gen = b->warp_gen[w];
     DT_EMU_RELEASE(&b->warp_sync[2 * w + (t->gen & 1)]);
@@ -510,6 +553,16 @@ uint64_t dt_emu_warp(const char *file, int line, int op, unsigned int mask, uint
     DT_EMU_ACQUIRE(&b->warp_sync[2 * w + (t->gen & 1)]);
     if (aborted) throw emu_abort();
     return r;
+}
+
+uint64_t dt_emu_warp(const char *file, int line, int op, unsigned int mask, uint64_t value, int arg, int width) {
+    return warp_op(file, line, op, mask, value, arg, width, NULL, NULL, NULL, 0);
+}
+
+void dt_emu_warp_gather(const char *file, int line, const char *what, unsigned int mask, const void *mine, void *all,
+                        size_t bytes) {
+    if (!self) memset(all, 0xff, 32 * bytes); /* reported below */
+    (void)warp_op(file, line, DT_EMU_GATHER, mask, 0, 0, 32, what, mine, all, bytes);
 }
 
 static void *thread_main(void *arg) {

@@ -172,11 +172,19 @@ long long dt_emu_vector_accesses(void);
 /* ---------------------------------------------------------------- barriers and warp operations */
 
 enum dt_emu_warp_op { DT_EMU_SYNCWARP, DT_EMU_SHFL, DT_EMU_SHFL_XOR, DT_EMU_SHFL_DOWN, DT_EMU_SHFL_UP,
-                      DT_EMU_BALLOT, DT_EMU_ALL, DT_EMU_ANY };
+                      DT_EMU_BALLOT, DT_EMU_ALL, DT_EMU_ANY, DT_EMU_GATHER };
 void dt_emu_syncthreads(const char *file, int line);
 /* One warp operation: a barrier of the lanes named in mask; returns this lane's result (the
    payload of its source lane, or the vote). value: the lane's payload (up to 8 bytes). */
 uint64_t dt_emu_warp(const char *file, int line, int op, unsigned int mask, uint64_t value, int arg, int width);
+
+/* A warp-collective exchange of more than a shuffle's 8 bytes (the emulated mma of
+   kernels/dt_mma.cuh): every lane named in mask passes `bytes` bytes at mine and receives all
+   32 lanes' payloads, lane j's at all + j * bytes (a lane not named, or absent, gives 0xff
+   bytes: NaN). One barrier, checked as the other warp operations are; what names the operation
+   in reports (a string literal). */
+void dt_emu_warp_gather(const char *file, int line, const char *what, unsigned int mask, const void *mine, void *all,
+                        size_t bytes);
 
 template <typename T> static inline uint64_t dt_emu_pack(T v) {
     static_assert(sizeof(T) <= 8, "warp shuffles of more than 8 bytes");

@@ -1,0 +1,198 @@
+/* kernels/dt_mma.cuh - warp-level matrix multiply-accumulate on the tensor cores (mma.sync m16n8k16, bf16 or
+   f16 inputs, f32 accumulators), for kernels that include it after dt_cuda.cuh.
+
+   One warp multiplies a 16 x 16 tile of A by a 16 x 8 tile of B and adds a 16 x 8 tile of C:
+   D = A B + C. No lane holds a whole matrix: each holds a fragment, at the places the PTX ISA
+   fixes ("Matrix Fragments for mma.m16n8k16 with floating point type"). With
+       g = lane >> 2 (groupID),  t = lane % 4 (threadID_in_group),
+   A  (16 x 16, .row): a0..a7, two per 32-bit register (lower index in the lower half)
+        row = g      for a0 a1 a4 a5,   g + 8 for a2 a3 a6 a7
+        col = 2t + (i & 1)  for a0..a3,  2t + 8 + (i & 1) for a4..a7
+   B  (16 x 8, .col): b0..b3, two per register
+        row = 2t + (i & 1)  for b0 b1,   2t + 8 + (i & 1) for b2 b3;   col = g
+   C, D (16 x 8, f32): c0..c3
+        row = g for c0 c1,  g + 8 for c2 c3;   col = 2t + (i & 1)
+
+         k:   0 1   2 3   4 5   6 7   8 9  ..  14 15
+   A row g:  [ 4g  | 4g+1| 4g+2| 4g+3| 4g  ..  4g+3 ]   (the lanes holding each pair; row g + 8 alike)
+   B col g:  [ 4g  | 4g+1| 4g+2| 4g+3| 4g  ..  4g+3 ]   (down the column)
+   D:        lane 4g + t holds rows g and g + 8, columns 2t and 2t + 1.
+
+   On a GPU (__CUDA_ARCH__ >= 800) dt_mma_m16n8k16_bf16 / _f16 are the instruction itself (inline
+   PTX). On the emulator (tests/cuda_emu) they are a warp-collective operation: the 32 lanes meet
+   at one barrier (dt_emu_warp_gather), every lane sees the whole warp's fragments, rebuilds A and
+   B by the layout above and computes its own elements of D. So a kernel that loads a fragment
+   from the wrong place gets a wrong D on the emulator, as on the GPU. Like the instruction, every
+   lane of the warp must call it (converged, .aligned); a lane missing is reported.
+
+   What the emulator cannot see: the order and internal precision of the sums inside one mma are
+   unspecified on the hardware; the emulator computes the exact A B + C (in double) rounded once
+   to f32. Compare kernels with a reference within a bound for an f32 sum of K terms (|err| <=
+   gamma(K + 1) (sum_k |a_ik b_kj| + |c_ij|), gamma(k) = k u / (1 - k u), u = 2^-24), never bit
+   for bit; the emulator's own results are the same bits in every thread order.
+
+   The load and store helpers read and write row-major tiles (shared or global memory) at the
+   places above; `lane` is the calling lane (dt_mma_lane()). Pairs are read as one 32-bit load, so
+   a tile's base and its leading dimension ld must keep pairs 4-byte aligned (ld even).
+                                                                  MIT licence (see dt_tensor.h) */
+#ifndef DT_MMA_CUH
+#define DT_MMA_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "dt_cuda.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "kernels/dt_mma.cuh: mma.sync m16n8k16 with bf16 needs sm_80 or newer"
+#endif
+
+typedef struct { uint32_t x[4]; } dt_mma_frag_a; /* A: 8 bf16/f16, pairs a0a1, a2a3, a4a5, a6a7 */
+typedef struct { uint32_t x[2]; } dt_mma_frag_b; /* B: 4 bf16/f16, pairs b0b1, b2b3 */
+typedef struct { float x[4]; } dt_mma_frag_c;    /* C and D: 4 floats */
+
+/* ---------------------------------------------------------------- the layout (PTX ISA, above) */
+
+/* Element i of lane's fragment of A, B or C/D: its row and column (host too, for tests). */
+#define DT_MMA__LAYOUT static __host__ __device__ __forceinline__ int
+DT_MMA__LAYOUT dt_mma_a_row(int lane, int i) { return (lane >> 2) + ((i >> 1) & 1) * 8; }
+DT_MMA__LAYOUT dt_mma_a_col(int lane, int i) { return (lane & 3) * 2 + (i & 1) + (i >> 2) * 8; }
+DT_MMA__LAYOUT dt_mma_b_row(int lane, int i) { return (lane & 3) * 2 + (i & 1) + (i >> 1) * 8; }
+DT_MMA__LAYOUT dt_mma_b_col(int lane, int i) { (void)i; return lane >> 2; }
+DT_MMA__LAYOUT dt_mma_c_row(int lane, int i) { return (lane >> 2) + (i >> 1) * 8; }
+DT_MMA__LAYOUT dt_mma_c_col(int lane, int i) { return (lane & 3) * 2 + (i & 1); }
+#undef DT_MMA__LAYOUT
+
+/* The calling thread's lane: its linear index in the block, mod 32 (warps are cut from it). */
+static __device__ __forceinline__ int dt_mma_lane(void) {
+    return (int)((threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) & 31u);
+}
+
+/* Two 16-bit values in one register, lo in the lower half (the order of a fragment's pairs). */
+static __device__ __forceinline__ uint32_t dt_mma_pack(uint16_t lo, uint16_t hi) {
+    return (uint32_t)lo | ((uint32_t)hi << 16);
+}
+
+/* ---------------------------------------------------------------- mma */
+
+#ifdef DT_CUDA_EMU
+/* Each lane's registers, as the gather hands them to every lane. */
+typedef struct { uint32_t a[4], b[2]; float c[4]; } dt_mma__regs;
+
+static inline float dt_mma__elem(uint32_t reg, int hi, int f16) {
+    uint16_t h = (uint16_t)(hi ? reg >> 16 : reg & 0xffffu);
+    return f16 ? __half2float(__ushort_as_half(h)) : __bfloat162float(__ushort_as_bfloat16(h));
+}
+
+/* D = A B + C, exact in double, rounded once to f32 (the hardware's order is unspecified). */
+static inline void dt_mma__emu(dt_mma_frag_c *d, const dt_mma_frag_a &a, const dt_mma_frag_b &b,
+                               const dt_mma_frag_c &c, int f16, const char *what, const char *file, int line) {
+    dt_mma__regs mine, all[32];
+    float A[16][16], B[16][8];
+    int lane = dt_mma_lane();
+    memcpy(mine.a, a.x, sizeof mine.a), memcpy(mine.b, b.x, sizeof mine.b), memcpy(mine.c, c.x, sizeof mine.c);
+    dt_emu_warp_gather(file, line, what, 0xffffffffu, &mine, all, sizeof mine);
+    for (int l = 0; l < 32; l++) {
+        for (int i = 0; i < 8; i++)
+            A[dt_mma_a_row(l, i)][dt_mma_a_col(l, i)] = dt_mma__elem(all[l].a[i >> 1], i & 1, f16);
+        for (int i = 0; i < 4; i++)
+            B[dt_mma_b_row(l, i)][dt_mma_b_col(l, i)] = dt_mma__elem(all[l].b[i >> 1], i & 1, f16);
+    }
+    for (int i = 0; i < 4; i++) {
+        int r = dt_mma_c_row(lane, i), col = dt_mma_c_col(lane, i);
+        double s = c.x[i];
+        for (int k = 0; k < 16; k++) s += (double)A[r][k] * (double)B[k][col];
+        d->x[i] = (float)s;
+    }
+}
+/* __builtin_FILE/LINE as default arguments: the caller's place, for the emulator's reports. */
+static inline void dt_mma_m16n8k16_bf16(dt_mma_frag_c *d, const dt_mma_frag_a &a, const dt_mma_frag_b &b,
+                                        const dt_mma_frag_c &c, const char *file = __builtin_FILE(),
+                                        int line = __builtin_LINE()) {
+    dt_mma__emu(d, a, b, c, 0, "mma.sync.m16n8k16.bf16", file, line);
+}
+static inline void dt_mma_m16n8k16_f16(dt_mma_frag_c *d, const dt_mma_frag_a &a, const dt_mma_frag_b &b,
+                                       const dt_mma_frag_c &c, const char *file = __builtin_FILE(),
+                                       int line = __builtin_LINE()) {
+    dt_mma__emu(d, a, b, c, 1, "mma.sync.m16n8k16.f16", file, line);
+}
+#else
+#define DT_MMA__ASM(types)                                                                                   \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col." types " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "     \
+                 "{%10,%11,%12,%13};\n"                                                                      \
+                 : "=f"(d->x[0]), "=f"(d->x[1]), "=f"(d->x[2]), "=f"(d->x[3])                                \
+                 : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]),             \
+                   "f"(c.x[0]), "f"(c.x[1]), "f"(c.x[2]), "f"(c.x[3]))
+static __device__ __forceinline__ void dt_mma_m16n8k16_bf16(dt_mma_frag_c *d, const dt_mma_frag_a &a,
+                                                            const dt_mma_frag_b &b, const dt_mma_frag_c &c) {
+#ifdef __CUDA_ARCH__
+    DT_MMA__ASM("f32.bf16.bf16.f32");
+#else
+    (void)d, (void)a, (void)b, (void)c;
+#endif
+}
+static __device__ __forceinline__ void dt_mma_m16n8k16_f16(dt_mma_frag_c *d, const dt_mma_frag_a &a,
+                                                           const dt_mma_frag_b &b, const dt_mma_frag_c &c) {
+#ifdef __CUDA_ARCH__
+    DT_MMA__ASM("f32.f16.f16.f32");
+#else
+    (void)d, (void)a, (void)b, (void)c;
+#endif
+}
+#undef DT_MMA__ASM
+#endif
+
+/* ---------------------------------------------------------------- loads and stores */
+
+/* One pair of 16-bit elements: p must be 4-byte aligned (the emulator checks, a GPU faults). */
+template <typename T> static __device__ __forceinline__ uint32_t dt_mma__pair(const T *p) {
+    static_assert(sizeof(T) == 2, "fragments hold 16-bit elements (__nv_bfloat16, __half, uint16_t)");
+    return dt_k_load_vec<uint32_t>(p);
+}
+
+/* A from a row-major 16 x 16 tile: element (r, k) at tile[r * ld + k]. */
+template <typename T>
+static __device__ __forceinline__ void dt_mma_load_a(dt_mma_frag_a *a, const T *tile, int ld, int lane) {
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        a->x[j] = dt_mma__pair(tile + dt_mma_a_row(lane, 2 * j) * ld + dt_mma_a_col(lane, 2 * j));
+}
+
+/* B from a row-major 16 x 8 tile (k rows, n columns): (k, n) at tile[k * ld + n]. A pair runs
+   down a column here, so it is two 16-bit loads. */
+template <typename T>
+static __device__ __forceinline__ void dt_mma_load_b(dt_mma_frag_b *b, const T *tile, int ld, int lane) {
+    static_assert(sizeof(T) == 2, "fragments hold 16-bit elements (__nv_bfloat16, __half, uint16_t)");
+    const uint16_t *u = (const uint16_t *)tile;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int r = dt_mma_b_row(lane, 2 * j), c = dt_mma_b_col(lane, 2 * j);
+        b->x[j] = dt_mma_pack(u[r * ld + c], u[(r + 1) * ld + c]);
+    }
+}
+
+/* B from its transpose, a row-major 8 x 16 tile (n rows, k columns): (k, n) at tile[n * ld + k],
+   as a linear layer's weight [out, in] or attention's K [keys, head]: one 32-bit load a pair. */
+template <typename T>
+static __device__ __forceinline__ void dt_mma_load_bt(dt_mma_frag_b *b, const T *tile, int ld, int lane) {
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+        b->x[j] = dt_mma__pair(tile + dt_mma_b_col(lane, 2 * j) * ld + dt_mma_b_row(lane, 2 * j));
+}
+
+/* C or D to / from a row-major 16 x 8 f32 tile: (r, n) at tile[r * ld + n]. */
+static __device__ __forceinline__ void dt_mma_load_c(dt_mma_frag_c *c, const float *tile, int ld, int lane) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) c->x[i] = tile[dt_mma_c_row(lane, i) * ld + dt_mma_c_col(lane, i)];
+}
+static __device__ __forceinline__ void dt_mma_store_c(float *tile, int ld, const dt_mma_frag_c &c, int lane) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) tile[dt_mma_c_row(lane, i) * ld + dt_mma_c_col(lane, i)] = c.x[i];
+}
+static __device__ __forceinline__ void dt_mma_zero_c(dt_mma_frag_c *c) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) c->x[i] = 0.0f;
+}
+
+#endif /* DT_MMA_CUH */
