@@ -141,6 +141,23 @@ for cfg in "1 dp --rows 16" "2 dp --rows 16" "2 mixed --rows 100000 --dim 16" "2
     esac
 done
 
+# gpt's pipeline on CUDA (pp 2, 1F1B): its messages are staged through the host (dt_pp_run: NCCL's
+# ordered send/recv cannot carry 1F1B's crossing sends), so no counter bound here, but it must run,
+# --profile included, and end on the CPU run's loss within k_gpt.cpp's LOSS_RTOL (2e-5 relative).
+name=gpt_cuda_np2_pp2
+if [ -x "$GPT" ]; then
+    args="--layers 2 --width 32 --heads 2 --seq $T --batch $B --steps $STEPS --warmup 1 --pp 2 --micro 2 --print-every 1000"
+    if run 2 "$TMP/$name.log" "$GPT" --device cuda --profile $args && run 2 "$TMP/$name.cpu.log" build/examples/gpt $args; then
+        lg=$(sed -n 's/^final: loss \([^ ]*\).*/\1/p' "$TMP/$name.log"); lc=$(sed -n 's/^final: loss \([^ ]*\).*/\1/p' "$TMP/$name.cpu.log")
+        if awk -v g="$lg" -v c="$lc" 'BEGIN { d = g - c; if (d < 0) d = -d; a = c < 0 ? -c : c; exit !(g != "" && c != "" && d <= 2e-5 * a) }'; then
+            pass "${name}_runs_and_final_loss_equals_cpu [cuda $lg, cpu $lc]"
+        else fail "${name}_final_loss_equals_cpu" "cuda $lg, cpu $lc (tolerance 2e-5 relative)"; fi
+    else
+        fail "${name}_runs" "exit status non-zero; the end of its output:"
+        tail -n 8 "$TMP/$name.log" | sed 's/^/    | /'
+    fi
+fi
+
 # dt_ctx_init's failure is named (no GPU: the emulator with no device), not "ctx is NULL"
 name=gpt_cuda_without_a_device_names_the_error
 if [ -x "$GPT" ]; then
