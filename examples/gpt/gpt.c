@@ -910,6 +910,8 @@ typedef struct pstate {
     float dloss;
     int logging;            /* this step reads its loss (log_step) */
     acts *act;              /* [v * micro], by chunk * micro + micro-batch */
+    acts *spare;            /* [v * micro]: chunk c's sets whose micro-batch ended, from c * micro */
+    int *n_spare;           /* [v]: how many of them (taken again by the next forwards) */
     double loss_sum;        /* the last stage: this step's micro-batch losses */
     dt_comm *emb;           /* the embedding group: the stages of one (dp, tp), rank = stage */
     dt_comm_req *head_req;  /* the last stage: its head's wte gradient on the way to stage 0 */
@@ -925,7 +927,10 @@ static dt_status pipe_forward(void *user, int c, int i, dt_tensor *out, const dt
     model *m = S->m;
     int k = c * m->pp + m->st, lo = m->first[k], hi = m->first[k + 1], l;
     acts *a = &S->act[c * S->o->micro + i];
-    acts_make(a, m, S->per_micro, S->o->recompute, lo, hi);
+    /* a set this chunk used before, so that a step after the first makes none (the schedule
+       bounds how many are in flight, and so how many are ever made) */
+    if (S->n_spare[c] > 0) *a = S->spare[c * S->o->micro + --S->n_spare[c]];
+    else acts_make(a, m, S->per_micro, S->o->recompute, lo, hi);
     if (k == 0 || k == m->nvs - 1) pipe_tokens(S, a, i);
     if (k == 0) {
         gather(m, m->eunit);
@@ -987,7 +992,10 @@ static dt_status pipe_backward(void *user, int c, int i, dt_tensor *din, const d
             CHECK(dt_tensor_copy(g_ctx, din, &a->dres));
         }
     }
-    if (part != DT_PP_PART_INPUT) acts_free(a, m->L);
+    if (part != DT_PP_PART_INPUT) { /* the micro-batch is done: its set goes back to the chunk's spares */
+        S->spare[c * S->o->micro + S->n_spare[c]++] = *a;
+        memset(a, 0, sizeof *a);
+    }
     return DT_OK;
 }
 
@@ -1308,6 +1316,10 @@ static void build_pipeline(trainer *t) {
     pl->act = (acts *)dt_alloc(&t->ctx, (size_t)t->m.v * (size_t)o->micro * sizeof(acts));
     if (!pl->act) CHECK(DT_ERR_OOM);
     memset(pl->act, 0, (size_t)t->m.v * (size_t)o->micro * sizeof(acts));
+    pl->spare = (acts *)dt_alloc(&t->ctx, (size_t)t->m.v * (size_t)o->micro * sizeof(acts));
+    pl->n_spare = (int *)dt_alloc(&t->ctx, (size_t)t->m.v * sizeof(int));
+    if (!pl->spare || !pl->n_spare) CHECK(DT_ERR_OOM);
+    memset(pl->n_spare, 0, (size_t)t->m.v * sizeof(int));
     t->pm.user = pl;
     t->pm.forward = pipe_forward;
     t->pm.backward = pipe_backward;
@@ -1555,6 +1567,12 @@ static void teardown(trainer *t) {
     acts_free(&t->a, m->L);
     for (i = 0; t->pl.act && i < (int64_t)m->v * t->o.micro; i++) acts_free(&t->pl.act[i], m->L);
     dt_release(&t->ctx, t->pl.act);
+    for (i = 0; t->pl.spare && i < (int64_t)m->v; i++) {
+        int j;
+        for (j = 0; j < t->pl.n_spare[i]; j++) acts_free(&t->pl.spare[i * t->o.micro + j], m->L);
+    }
+    dt_release(&t->ctx, t->pl.spare);
+    dt_release(&t->ctx, t->pl.n_spare);
     dt_comm_free(t->pl.emb);
     dt_pp_schedule_free(t->sched);
     dt_tensor_free(&t->ctx, &m->wte_head);
