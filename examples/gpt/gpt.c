@@ -1228,7 +1228,7 @@ static void setup(trainer *t, int argc, char **argv) {
         dt_comm_desc wd;
         memset(&wd, 0, sizeof wd);
         for (i = 1; i + 1 < argc; i++) /* the pipeline on CUDA stages its sends (dt_parallel.h, dt_pp_run) */
-            if (!strcmp(argv[i], "--pp") && atoi(argv[i + 1]) > 1 && cdesc.device == DT_CUDA_DEVICE) wd.use_nccl = -1;
+            if (!strcmp(argv[i], "--pp") && strtol(argv[i + 1], NULL, 10) > 1 && cdesc.device == DT_CUDA_DEVICE) wd.use_nccl = -1;
         CHECK(dt_comm_create_world(&t->ctx, &t->world, &wd));
     }
     g_rank = dt_comm_rank(t->world);
