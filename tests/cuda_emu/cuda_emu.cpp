@@ -16,7 +16,8 @@
 
    How it runs a launch. Blocks run one at a time, so a __shared__ array can be one static copy
    (the fake header makes __shared__ a static in the section "dt_emu_shared"). Each CUDA thread of
-   the block is a host thread (pthread). Barriers are where threads meet:
+   the block is a host thread (pthread; a pool made once and reused by every block, run_block).
+   Barriers are where threads meet:
      __syncthreads              waits until every thread of the block is waiting at one;
      shuffles, ballots, votes,  wait until every lane named in the mask is waiting at one; the
      __syncwarp, the gather     last lane to arrive computes every lane's result (the gather,
@@ -77,8 +78,8 @@
        rounded inputs), warp scheduling, bank conflicts, occupancy and speed;
      - out-of-bounds accesses inside kernels (device memory is host memory: an ASan build would
        see them, this one does not).
-   Cost: one host thread per CUDA thread, tens of microseconds per thread per barrier (more on a
-   loaded machine): keep grids small.
+   Cost: a host thread's wake-up per CUDA thread per block, tens of microseconds per thread per
+   barrier (more on a loaded machine): keep grids small.
                                                         MIT licence (see dt_tensor.h) */
 #include <memory> /* before the fake runtime: it defines __noinline__ */
 #include "cuda_runtime.h"
@@ -228,7 +229,6 @@ enum { T_RUN, T_WAIT_BLOCK, T_WAIT_WARP, T_EXITED };
 
 struct emu_block;
 struct emu_thread {
-    pthread_t th;
     pthread_cond_t cv;
     emu_block *b;
     int id, state;
@@ -255,6 +255,7 @@ struct emu_block {
     unsigned int block_gen;
     std::vector<unsigned int> warp_gen;
     char block_sync[2];     /* TSan sync objects, by generation parity */
+    char start_sync, end_sync; /* TSan: the block's start and end (run_block) */
     std::vector<char> warp_sync;
     const std::function<void()> *body;
     uint3 bid;
@@ -565,8 +566,8 @@ void dt_emu_warp_gather(const char *file, int line, const char *what, unsigned i
     (void)warp_op(file, line, DT_EMU_GATHER, mask, 0, 0, 32, what, mine, all, bytes);
 }
 
-static void *thread_main(void *arg) {
-    emu_thread *t = (emu_thread *)arg;
+/* One CUDA thread of a block, run by a pool worker (below) from its first instruction to its exit. */
+static void run_thread(emu_thread *t) {
     emu_block *b = t->b;
     unsigned int bx = b->bdim.x, by = b->bdim.y;
     uint3 tid = {t->id % bx, (t->id / bx) % by, t->id / (bx * by)};
@@ -593,12 +594,69 @@ static void *thread_main(void *arg) {
     after_stop(b, t->id >> 5);
     emu_unlock(&b->m);
     self = NULL;
+}
+
+/* The workers that play a block's CUDA threads: made once, as many as the largest block asked for, and
+   reused by every block after (a host thread made and joined per CUDA thread per block cost more than
+   the kernels: 190 thousand thread starts in one step of the smallest gpt). Worker i plays thread i.
+   Its handoffs go through the emulator's quiet locks, so for ThreadSanitizer the block's start orders
+   exactly what a thread's creation ordered (the launcher's writes before every thread's first
+   instruction: b->start_sync) and its end what a join ordered (b->end_sync), nothing between the
+   threads of one block. */
+struct emu_worker {
+    pthread_t th;
+    pthread_cond_t cv;
+    emu_thread *job; /* the CUDA thread to play; NULL while idle */
+};
+static struct {
+    pthread_mutex_t m;
+    pthread_cond_t done; /* the launcher waits here for the block's last worker */
+    std::vector<emu_worker *> w;
+    int finished; /* workers of the current block that are done with it */
+} P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {}, 0};
+
+static void *worker_main(void *arg) {
+    emu_worker *me = (emu_worker *)arg;
+    for (;;) {
+        emu_lock(&P.m);
+        while (!me->job) emu_wait(&me->cv, &P.m);
+        emu_thread *t = me->job;
+        emu_unlock(&P.m);
+        emu_block *b = t->b;
+        DT_EMU_ACQUIRE(&b->start_sync);
+        run_thread(t);
+        DT_EMU_RELEASE(&b->end_sync);
+        emu_lock(&P.m); /* the last touch of b was above: the launcher may free it once finished counts us */
+        me->job = NULL;
+        P.finished++;
+        emu_signal(&P.done);
+        emu_unlock(&P.m);
+    }
     return NULL;
 }
 
-static void run_block(emu_block *b) {
+/* At least n workers (fewer when the system will not start more): how many there are. */
+static int workers(int n) {
     pthread_attr_t attr;
-    int created = 0;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 512 * 1024);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    while ((int)P.w.size() < n) {
+        emu_worker *w = new emu_worker();
+        pthread_cond_init(&w->cv, NULL);
+        w->job = NULL;
+        if (pthread_create(&w->th, &attr, worker_main, w)) {
+            pthread_cond_destroy(&w->cv);
+            delete w;
+            break;
+        }
+        P.w.push_back(w);
+    }
+    pthread_attr_destroy(&attr);
+    return (int)P.w.size() < n ? (int)P.w.size() : n;
+}
+
+static void run_block(emu_block *b) {
     /* poison: what a block reads before anyone wrote it is NaN */
     memset(__start_dt_emu_shared, 0xff, (size_t)(__stop_dt_emu_shared - __start_dt_emu_shared));
     pthread_mutex_init(&b->m, NULL);
@@ -618,20 +676,22 @@ static void run_block(emu_block *b) {
         make_order(b);
         b->baton = b->order[0];
     }
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 512 * 1024);
-    for (; created < b->n; created++)
-        if (pthread_create(&b->t[created].th, &attr, thread_main, &b->t[created])) break;
-    pthread_attr_destroy(&attr);
-    if (created < b->n) { /* the threads that exist exit at once */
+    int have = workers(b->n);
+    if (have < b->n) { /* the threads that have a worker exit at once */
         report("%s: could not start thread %d of %d (pthread_create failed): use smaller blocks",
-               where_block(b).c_str(), created, b->n);
-        emu_lock(&b->m);
+               where_block(b).c_str(), have, b->n);
         b->aborted = true;
-        for (int i = 0; i < created; i++) emu_signal(&b->t[i].cv);
-        emu_unlock(&b->m);
     }
-    for (int i = 0; i < created; i++) pthread_join(b->t[i].th, NULL);
+    DT_EMU_RELEASE(&b->start_sync);
+    emu_lock(&P.m);
+    P.finished = 0;
+    for (int i = 0; i < have; i++) {
+        P.w[i]->job = &b->t[i];
+        emu_signal(&P.w[i]->cv);
+    }
+    while (P.finished < have) emu_wait(&P.done, &P.m);
+    emu_unlock(&P.m);
+    DT_EMU_ACQUIRE(&b->end_sync);
     for (int i = 0; i < b->n; i++) pthread_cond_destroy(&b->t[i].cv);
     pthread_mutex_destroy(&b->m);
 }
