@@ -1143,12 +1143,19 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
+static int probing; /* > 0: drive() runs for progress_others, where a busy stream is no cycle */
+static void progress_others(dt_emu_stream *self);
+
 /* Runs s's work until `target` pieces are finished. block: wait for work that is not done yet
-   (an NCCL operation whose peers have not come); else return with *reached = false. A failed
-   piece counts as finished; its error is kept in s->err. */
+   (an NCCL operation whose peers have not come), meanwhile running what the other streams can
+   run (a GPU runs them all at once: under deferred streams, a pipeline's receive waits for a peer
+   whose matching send sits on that peer's own link stream, which only runs when something there
+   waits for it, and that peer waits for this one's send the same way); else return with *reached
+   = false. A failed piece counts as finished; its error is kept in s->err. */
 static void drive(dt_emu_stream *s, unsigned long long target, bool block, bool *reached) {
     *reached = s->finished >= target;
     if (*reached) return; /* already run: a wait on it is no cycle, even from inside s's own work */
+    if (s->busy && probing) return; /* it is running further up: progress_others skips it */
     if (s->busy) { /* a wait on itself, through events: it can never complete */
         report("stream %p waits for its own later work (a cycle of cudaStreamWaitEvent)", (void *)s);
         s->err = cudaErrorLaunchFailure;
@@ -1161,6 +1168,7 @@ static void drive(dt_emu_stream *s, unsigned long long target, bool block, bool 
         if (e != cudaSuccess) s->err = e, G.last_error = e, done = true;
         if (!done) {
             if (!block) break;
+            progress_others(s);
             sched_yield();
             continue;
         }
@@ -1169,6 +1177,18 @@ static void drive(dt_emu_stream *s, unsigned long long target, bool block, bool 
     }
     s->busy = false;
     *reached = s->finished >= target;
+}
+
+/* What every other created stream can run now, without waiting (see drive). */
+static void progress_others(dt_emu_stream *self) {
+    std::vector<void *> all(G.streams.begin(), G.streams.end());
+    bool reached;
+    probing++;
+    for (size_t i = 0; i < all.size(); i++) {
+        dt_emu_stream *s = (dt_emu_stream *)all[i];
+        if (s != self && !s->busy && s->finished < s->posted) drive(s, s->posted, false, &reached);
+    }
+    probing--;
 }
 
 /* Finishes the work of every created stream (blocking_only: of those without cudaStreamNonBlocking). */
@@ -1197,7 +1217,10 @@ cudaError_t dt_emu_enqueue(cudaStream_t stream, const char *what, const std::fun
     if (!stream) { /* the legacy stream: after the blocking streams' work, then at once */
         drain_all(true);
         cudaError_t e;
-        while ((e = step(&done)) == cudaSuccess && !done) sched_yield();
+        while ((e = step(&done)) == cudaSuccess && !done) {
+            progress_others(NULL); /* as drive() does while it waits */
+            sched_yield();
+        }
         return fail(e);
     }
     dt_emu_stream *s = stream;
