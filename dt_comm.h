@@ -2795,8 +2795,7 @@ static dt_status dt__cm_start_p2p(dt_comm_req *q) {
     if (q->path == DT__CM_NCCL && !c->nccl)
         return dt_ctx_set_error(c->ctx, DT_ERR_STATE, "%s: a device tensor to or from rank %d of group %s goes through "
                                 "NCCL, whose communicator is made by the group's first collective on device tensors; "
-                                "none has run yet (run one first, e.g. a dt_comm_broadcast of a device tensor; a "
-                                "pipeline, dt_pp_run, needs a world made with desc.use_nccl = -1 instead)",
+                                "none has run yet (run one first, e.g. a dt_comm_broadcast of a device tensor)",
                                 q->fn, q->arg, c->name);
 #endif
     if (!st && q->path == DT__CM_MPI) st = dt__cm_stage(q, q->kind == DT_COLL_SEND, q->kind == DT_COLL_RECV);

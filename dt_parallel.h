@@ -651,12 +651,17 @@ DT_API dt_status dt_trace_overlap(const dt_trace *t, double *comm_seconds, doubl
                            done; whatever is left is waited at the end of the step
    so a stage computes while its messages travel. With one stage (p = 1) a chunk's output is
    the next chunk's input in memory and nothing is sent.
-   On CUDA, l->pp_comm must stage its device tensors through host memory and MPI (a world made
-   with desc.use_nccl = -1): NCCL runs a group's operations in call order on one stream and has
-   no tags, so the receives posted ahead and the crossing sends of 1F1B (stage s sends an
-   activation while s + 1 sends a gradient) would wait on each other. Through NCCL the first
-   device receive fails at once (DT_ERR_STATE, dt_comm.h "NCCL"). A pipeline on NCCL (paired
-   send / recv groups per step, as Megatron's batched p2p) is not written yet.
+   On CUDA with NCCL (a DT_NCCL build, device activations) the messages do not go over
+   l->pp_comm: NCCL runs a group's operations in call order on one stream and has no tags, so the
+   receives posted ahead and 1F1B's crossing sends (stage s sends an activation while s + 1 sends
+   a gradient) would wait on each other. Each directed link (activations s -> s + 1, gradients
+   s -> s - 1, mod p) gets a group of two of its own instead ("pp.act.0>1", ...; made by the first
+   run, collective over l->pp_comm, kept in the layout), so a link's stream carries one way, in
+   the sender's order; a stage posts its receives in its sender's order (one the list places
+   later is posted early, e.g. interleaved 1F1B's last chunk). A step then waits for nothing on the
+   host: the compute stream waits for a receive's event just before its consumer, and a send's
+   buffer is reused only behind its event. Without NCCL (or use_nccl = -1) device tensors are
+   staged through host memory and MPI over l->pp_comm, tagged.
 
    Buffers and their lifetimes (what the callbacks may rely on):
      in   (forward's input, the activation received): valid from F(c, i) until the last backward
@@ -3869,12 +3874,23 @@ typedef struct dt__pp_rt {
     int *last_bwd;          /* per chunk: index of its last backward pass in the list */
     size_t held, base_ctx;
     dt_pp_run_stats *out;
+    dt_comm *(*link)[2];    /* NULL: every message over l->pp_comm; else [act 0 / grad 1][out 0 / in 1] */
+    int *order[2];          /* with links: per kind, the (chunk * M + micro) slots of this stage's
+                               receives in the sender's order, n_order[g] of them; the receives up
+                               to posted[g] are posted */
+    int n_order[2], posted[2];
 } dt__pp_rt;
 
 /* What l->pp_keep holds between runs: the pool and the capacities of the host arrays. */
 typedef struct dt__pp_keep {
     dt__pp_buf **pool;
     int64_t n_pool, cap_pool;
+    dt_comm *link[2][2];    /* device activations through NCCL (dt__pp_links): this stage's groups of
+                               two, [act 0 / grad 1][out 0: it sends / in 1: it receives] */
+    char *made;             /* [kind * p + sender]: that directed link exists (the same on every stage) */
+    int64_t cap_made;
+    int *order[2];          /* dt__pp_rt's, kept for their capacity */
+    int64_t cap_order[2];
     dt__pp_slot *slots;     /* in and dout, 2 x chunks x micro */
     dt__pp_send *sends;
     int *last_bwd;
@@ -3894,6 +3910,13 @@ static void dt__pp_keep_free(dt_ctx *ctx, dt__pp_keep *k) {
     dt_release(ctx, k->sends);
     dt_release(ctx, k->last_bwd);
     dt_release(ctx, k->acts);
+    dt_release(ctx, k->made);
+    dt_release(ctx, k->order[0]);
+    dt_release(ctx, k->order[1]);
+    dt_comm_free(k->link[0][0]);
+    dt_comm_free(k->link[0][1]);
+    dt_comm_free(k->link[1][0]);
+    dt_comm_free(k->link[1][1]);
     dt_release(ctx, k);
 }
 
@@ -4043,21 +4066,40 @@ static dt_status dt__pp_post_send(dt__pp_rt *r, const dt_pp_action *a, int *prod
     x = &r->sends[r->n_sends];
     x->buf = *produced;
     *produced = -1;
-    DT__TRY(dt_comm_isend(r->l->pp_comm, &r->pool[x->buf]->t, a->peer, dt__pp_tag(r, grad, k, a->micro), &x->req));
+    DT__TRY(dt_comm_isend(r->link ? r->link[grad][0] : r->l->pp_comm, &r->pool[x->buf]->t, r->link ? 1 : a->peer,
+                          dt__pp_tag(r, grad, k, a->micro), &x->req));
     r->n_sends++;
     r->out->messages++;
     r->out->bytes_sent += (double)dt_tensor_bytes(&r->pool[x->buf]->t);
     return DT_OK;
 }
 
-static dt_status dt__pp_post_recv(dt__pp_rt *r, const dt_pp_action *a) {
-    int c = a->chunk, i = a->micro, k = c * r->p + r->st, grad = a->op == DT_PP_RECV_GRAD;
+static dt_status dt__pp_post_one(dt__pp_rt *r, int grad, int c, int i, int peer) {
+    int k = c * r->p + r->st;
     dt__pp_slot *x = grad ? &r->dout[c * r->M + i] : &r->in[c * r->M + i];
     if (x->buf >= 0) return DT_ERR_STATE;
     DT__TRY(dt__pp_buf_get(r, grad ? k : k - 1, 0, &x->buf));
     r->out->messages++;
-    return dt_comm_irecv(r->l->pp_comm, &r->pool[x->buf]->t, a->peer, dt__pp_tag(r, grad, grad ? k + 1 : k - 1, i),
-                         &x->req);
+    return dt_comm_irecv(r->link ? r->link[grad][1] : r->l->pp_comm, &r->pool[x->buf]->t, r->link ? 0 : peer,
+                         dt__pp_tag(r, grad, grad ? k + 1 : k - 1, i), &x->req);
+}
+
+/* A receive of the list. Over links (NCCL matches in call order) the receives go out in the
+   sender's order: this one, and first those the sender sends before it that the list places
+   later (interleaved 1F1B's last chunk: stage p - 1 sends chunk 1's gradients before the list of
+   stage 0 receives them); a receive posted early is skipped where the list places it. */
+static dt_status dt__pp_post_recv(dt__pp_rt *r, const dt_pp_action *a) {
+    int grad = a->op == DT_PP_RECV_GRAD, want = a->chunk * r->M + a->micro, j;
+    if (!r->link) return dt__pp_post_one(r, grad, a->chunk, a->micro, a->peer);
+    for (j = 0; j < r->posted[grad]; j++)
+        if (r->order[grad][j] == want) return DT_OK; /* posted early */
+    for (j = r->posted[grad]; j < r->n_order[grad] && r->order[grad][j] != want; j++) {}
+    if (j == r->n_order[grad]) return DT_ERR_STATE; /* the sender never sends it: dt__pp_links ruled this out */
+    for (; r->posted[grad] <= j; r->posted[grad]++) {
+        int slot = r->order[grad][r->posted[grad]];
+        DT__TRY(dt__pp_post_one(r, grad, slot / r->M, slot % r->M, a->peer));
+    }
+    return DT_OK;
 }
 
 static dt_status dt__pp_check(dt_layout *l, const dt_pp_schedule *s, const dt_pp_model *m) {
@@ -4168,6 +4210,107 @@ static dt_status dt__pp_execute(dt__pp_rt *r) {
     return st;
 }
 
+#ifdef DT_NCCL
+/* Device activations through NCCL (see "On CUDA" at dt_pp_run). NCCL matches a group's sends and
+   receives in call order, each call blocking its stream until its peer's matching call: over one
+   group, the receives a stage posts ahead and 1F1B's crossing sends (stage s sends an activation
+   while s + 1 sends a gradient) wait on each other. So each directed link (kind: activation or
+   gradient; sender -> receiver) gets a group of its own, two ranks, one stream each side: a link's
+   messages go one way, in the sender's order, and its receiver posts them in that order (checked
+   here, identically on every stage, before anything is made). Made on the first run that uses a
+   link (a dt_comm_split of l->pp_comm per link, then one device all-reduce of one float per link,
+   in link order on every stage, which makes its NCCL communicator: no cycle of waits) and kept in
+   the layout. */
+static dt_status dt__pp_links(dt__pp_rt *r, dt__pp_keep *kp) {
+    static const char fn[] = "dt_pp_run";
+    static const char *const kind[2] = {"activation", "gradient"};
+    const dt_pp_schedule *s = r->s;
+    int p = r->p, me = r->st, g, snd;
+    int64_t fresh = 0;
+    dt_ctx *ctx = r->ctx;
+    dt_status st = DT_OK;
+    for (g = 0; g < 2; g++) { /* a stage receives at most chunks x micro of each kind */
+        DT__TRY(dt_grow(ctx, (void **)&kp->order[g], &kp->cap_order[g], (int64_t)r->v * r->M, sizeof(int),
+                        "dt_pp_run: links"));
+        r->order[g] = kp->order[g], r->n_order[g] = r->posted[g] = 0;
+    }
+    if (!kp->made) { /* p is the layout's: the same every run */
+        DT__TRY(dt_grow(ctx, (void **)&kp->made, &kp->cap_made, 2 * (int64_t)p, 1, "dt_pp_run: links"));
+        memset(kp->made, 0, (size_t)kp->cap_made); /* dt_grow does not zero */
+    }
+    for (g = 0; g < 2; g++)
+        for (snd = 0; snd < p; snd++) {
+            dt_pp_op so = g ? DT_PP_SEND_GRAD : DT_PP_SEND_ACT, ro = g ? DT_PP_RECV_GRAD : DT_PP_RECV_ACT;
+            int rcv = g ? (snd + p - 1) % p : (snd + 1) % p, ns = s->count[snd], nr = s->count[rcv], a = 0, b = 0;
+            int n = 0;
+            const dt_pp_action *sl = s->actions[snd], *rl = s->actions[rcv];
+            for (;; a++, b++, n++) {
+                int c, k;
+                while (a < ns && sl[a].op != so) a++;
+                while (b < nr && rl[b].op != ro) b++;
+                if (a == ns && b == nr) break;
+                if (a < ns && sl[a].peer != rcv)
+                    return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: stage %d's action %d sends an %s to stage "
+                                            "%d; on NCCL (device activations) a stage sends activations to stage + 1 "
+                                            "and gradients to stage - 1 (mod %d) only", fn, snd, a, kind[g],
+                                            sl[a].peer, p);
+                if (b < nr && rl[b].peer != snd)
+                    return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: stage %d's action %d receives an %s from "
+                                            "stage %d; on NCCL (device activations) a stage receives activations from "
+                                            "stage - 1 and gradients from stage + 1 (mod %d) only", fn, rcv, b,
+                                            kind[g], rl[b].peer, p);
+                if (a == ns || b == nr)
+                    return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: stage %d sends stage %d %s %d %ss but "
+                                            "it receives %s", fn, snd, rcv, a == ns ? "only" : "more than", n,
+                                            kind[g], a == ns ? "more" : "fewer");
+                k = sl[a].chunk * p + snd + (g ? -1 : 1); /* the virtual stage it goes to */
+                c = k / p;
+                if (k < 0 || k >= r->V || c >= r->v || sl[a].micro < 0 || sl[a].micro >= r->M)
+                    return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: stage %d's action %d sends an %s from its chunk "
+                                            "%d micro %d, which goes to no virtual stage", fn, snd, a, kind[g],
+                                            sl[a].chunk, sl[a].micro);
+                if (n >= r->v * r->M)
+                    return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: stage %d sends stage %d more than %d %ss (chunks x "
+                                            "micro-batches)", fn, snd, rcv, r->v * r->M, kind[g]);
+                if (rcv == me) r->order[g][n] = c * r->M + sl[a].micro; /* the sender's order */
+            }
+            if (rcv == me) r->n_order[g] = n, r->posted[g] = 0;
+            if (n && !kp->made[g * p + snd]) kp->made[g * p + snd] = 2; /* 2: to make now */
+        }
+    for (g = 0; g < 2 && !st; g++) /* every stage, in link order: dt_comm_split is collective */
+        for (snd = 0; snd < p && !st; snd++) {
+            int rcv = g ? (snd + p - 1) % p : (snd + 1) % p, in = me == snd || me == rcv;
+            dt_comm *c = NULL;
+            char name[48];
+            if (kp->made[g * p + snd] != 2) continue;
+            st = dt_comm_split(r->l->pp_comm, &c, in ? 0 : -1, me == snd ? 0 : 1);
+            if (!st && c) {
+                snprintf(name, sizeof name, "pp.%s.%d>%d", g ? "grad" : "act", snd, rcv);
+                st = dt_comm_set_name(c, name);
+                kp->link[g][me == snd ? 0 : 1] = c;
+            }
+            fresh++;
+        }
+    if (!st && fresh) { /* their NCCL communicators, in the same order */
+        dt_tensor one;
+        dt_tensor_desc d;
+        memset(&d, 0, sizeof d);
+        d.dtype = DT_F32, d.device = r->acts[0].device, d.ndim = 1, d.shape[0] = 1;
+        st = dt_tensor_create(ctx, &one, &d);
+        for (g = 0; g < 2 && !st; g++)
+            for (snd = 0; snd < p && !st; snd++) {
+                int rcv = g ? (snd + p - 1) % p : (snd + 1) % p;
+                if (kp->made[g * p + snd] != 2) continue;
+                kp->made[g * p + snd] = 1;
+                if (me == snd || me == rcv) st = dt_comm_allreduce(kp->link[g][me == snd ? 0 : 1], &one, DT_REDUCE_SUM);
+            }
+        dt_tensor_free(ctx, &one);
+    }
+    r->link = kp->link;
+    return st;
+}
+#endif
+
 DT_API dt_status dt_pp_run(dt_layout *l, dt_pp_run_stats *out, const dt_pp_schedule *s, const dt_pp_model *m,
                            const dt_pp_run_desc *desc) {
     dt__pp_rt r;
@@ -4220,8 +4363,13 @@ DT_API dt_status dt_pp_run(dt_layout *l, dt_pp_run_stats *out, const dt_pp_sched
         dt_pp_op op = s->actions[r.st][j].op;
         if (op == DT_PP_B || op == DT_PP_BI || op == DT_PP_BW) r.last_bwd[s->actions[r.st][j].chunk] = j;
     }
+#ifdef DT_NCCL
+    if (r.p > 1 && r.acts[0].device == DT_CUDA_DEVICE) DT__TRY(dt__pp_links(&r, kp));
+#endif
     if (r.trace) {
         st = dt_trace_attach(r.trace, l->pp_comm);
+        for (j = 0; r.link && j < 4 && !st; j++)
+            if (r.link[j / 2][j % 2]) st = dt_trace_attach(r.trace, r.link[j / 2][j % 2]);
         from = r.trace->n;
     }
     /* the pool made by earlier runs counts as this run's, as if it had been made now */

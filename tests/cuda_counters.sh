@@ -9,8 +9,8 @@
 # say: no device allocation or free, host-to-device bytes equal to the step's inputs, nothing copied
 # to the host, at most one wait. --print-every is above --steps, so steps 2 .. N-1 log nothing and
 # step N's loss read is counted apart. Layouts: gpt at dp 1 and tp 2 x dp 1 on 2 ranks, each at
-# ZeRO 0 and 3; dlrm at np 1, 2 and 3 with
-# data-parallel, mixed and row-wise plans. Run by tests/run.sh (group cuda_counters); by hand:
+# ZeRO 0 and 3, and its pipeline (pp 2: 1F1B; interleaved under deferred streams); dlrm at np 1, 2
+# and 3 with data-parallel, mixed and row-wise plans. Run by tests/run.sh (group cuda_counters); by hand:
 #     bash tests/cuda_counters.sh            (after ./build.sh)
 # A failing count is found with the emulator's trace: DT_EMU_TRACE=1 build/examples/emu/gpt ...
 # prints where each allocation, copy and wait came from (tests/cuda_emu/cuda_emu.cpp).
@@ -141,22 +141,30 @@ for cfg in "1 dp --rows 16" "2 dp --rows 16" "2 mixed --rows 100000 --dim 16" "2
     esac
 done
 
-# gpt's pipeline on CUDA (pp 2, 1F1B): its messages are staged through the host (dt_pp_run: NCCL's
-# ordered send/recv cannot carry 1F1B's crossing sends), so no counter bound here, but it must run,
-# --profile included, and end on the CPU run's loss within k_gpt.cpp's LOSS_RTOL (2e-5 relative).
-name=gpt_cuda_np2_pp2
-if [ -x "$GPT" ]; then
-    args="--layers 2 --width 32 --heads 2 --seq $T --batch $B --steps $STEPS --warmup 1 --pp 2 --micro 2 --print-every 1000"
-    if run 2 "$TMP/$name.log" "$GPT" --device cuda --profile $args && run 2 "$TMP/$name.cpu.log" build/examples/gpt $args; then
+# gpt's pipeline on CUDA (pp 2): its messages go over NCCL, a group of two per directed link
+# (dt_pp_run), so its step stays on the device as the others' do: each stage uploads the ids and
+# targets of its micro-batches (gpt reads both on every stage), 2 x 4 x B x T bytes. It must also
+# end on the CPU run's loss within k_gpt.cpp's LOSS_RTOL (2e-5 relative). 1F1B as is, and
+# interleaved (its last chunk's gradients come before the list receives them: posted early) under
+# deferred streams, where a consumer not ordered after its receive reads stale data.
+for cfg in "1f1b 2 2 immediate" "interleaved 4 4 deferred"; do
+    read -r sched layers micro streams <<<"$cfg"
+    name=gpt_cuda_np2_pp2_$sched
+    if [ ! -x "$GPT" ]; then fail "$name" "$GPT does not exist (./build.sh builds it)"; continue; fi
+    args="--layers $layers --width 32 --heads 2 --seq $T --batch $micro --steps $STEPS --warmup 1 --pp 2 --micro $micro"
+    args+=" --schedule $sched --print-every 1000"
+    if DT_EMU_STREAMS=$streams run 2 "$TMP/$name.log" "$GPT" --device cuda --profile $args &&
+        run 2 "$TMP/$name.cpu.log" build/examples/gpt $args; then
+        check "$name" "$TMP/$name.log" 2 $((2 * 4 * micro * T)) "ids + targets, 2 x 4 x $micro x $T"
         lg=$(sed -n 's/^final: loss \([^ ]*\).*/\1/p' "$TMP/$name.log"); lc=$(sed -n 's/^final: loss \([^ ]*\).*/\1/p' "$TMP/$name.cpu.log")
         if awk -v g="$lg" -v c="$lc" 'BEGIN { d = g - c; if (d < 0) d = -d; a = c < 0 ? -c : c; exit !(g != "" && c != "" && d <= 2e-5 * a) }'; then
-            pass "${name}_runs_and_final_loss_equals_cpu [cuda $lg, cpu $lc]"
+            pass "${name}_final_loss_equals_cpu [cuda $lg, cpu $lc]"
         else fail "${name}_final_loss_equals_cpu" "cuda $lg, cpu $lc (tolerance 2e-5 relative)"; fi
     else
         fail "${name}_runs" "exit status non-zero; the end of its output:"
         tail -n 8 "$TMP/$name.log" | sed 's/^/    | /'
     fi
-fi
+done
 
 # dt_ctx_init's failure is named (no GPU: the emulator with no device), not "ctx is NULL"
 name=gpt_cuda_without_a_device_names_the_error

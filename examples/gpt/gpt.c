@@ -1224,13 +1224,7 @@ static void setup(trainer *t, int argc, char **argv) {
     cdesc.cuda_device = local_device();
     g_ctx = &t->ctx; /* so that a failing dt_ctx_init is reported with its own message */
     CHECK(dt_ctx_init(&t->ctx, &cdesc));
-    {
-        dt_comm_desc wd;
-        memset(&wd, 0, sizeof wd);
-        for (i = 1; i + 1 < argc; i++) /* the pipeline on CUDA stages its sends (dt_parallel.h, dt_pp_run) */
-            if (!strcmp(argv[i], "--pp") && strtol(argv[i + 1], NULL, 10) > 1 && cdesc.device == DT_CUDA_DEVICE) wd.use_nccl = -1;
-        CHECK(dt_comm_create_world(&t->ctx, &t->world, &wd));
-    }
+    CHECK(dt_comm_create_world(&t->ctx, &t->world, NULL));
     g_rank = dt_comm_rank(t->world);
     t->W = dt_comm_size(t->world);
     parse(&t->o, argc, argv);
@@ -1312,6 +1306,14 @@ static void build_pipeline(trainer *t) {
     /* the embedding group: this (dp, tp)'s stages, a comm of their own so its messages never
        meet the runtime's on pp_comm */
     CHECK(dt_comm_split(t->world, &pl->emb, t->lay->dp_rank * t->lay->tp + t->lay->tp_rank, t->lay->pp_rank));
+    if (t->ctx.device == DT_CUDA_DEVICE) { /* a group's first device collective makes its NCCL communicator,
+                                              which the device sends below need (dt_comm.h, "NCCL") */
+        dt_tensor one;
+        dt_tensor_desc d = {DT_F32, DT_CUDA_DEVICE, {1}, 1};
+        CHECK(dt_tensor_create(&t->ctx, &one, &d));
+        CHECK(dt_comm_allreduce(pl->emb, &one, DT_REDUCE_SUM));
+        dt_tensor_free(&t->ctx, &one);
+    }
     pl->m = &t->m; pl->o = o; pl->data = &t->data; pl->per_micro = t->per_micro; pl->local_first = t->local_first;
     pl->act = (acts *)dt_alloc(&t->ctx, (size_t)t->m.v * (size_t)o->micro * sizeof(acts));
     if (!pl->act) CHECK(DT_ERR_OOM);
