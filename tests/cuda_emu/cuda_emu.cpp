@@ -256,6 +256,10 @@ struct emu_block {
     std::vector<unsigned int> warp_gen;
     char block_sync[2];     /* TSan sync objects, by generation parity */
     char start_sync, end_sync; /* TSan: the block's start and end (run_block) */
+    bool lazy, spawned;     /* run_block: the launcher plays the threads one after another until one
+                               meets a barrier (spawned: then the pool starts all the others) */
+    std::vector<int> seq;   /* lazy: the order it plays them in (the mode's first round) */
+    int next, nspawn;       /* lazy: seq[next] is the next to start; how many went to the pool */
     std::vector<char> warp_sync;
     const std::function<void()> *body;
     uint3 bid;
@@ -506,11 +510,14 @@ static void wait_turn(emu_block *b, emu_thread *t) {
     while (!b->aborted && (t->state != T_RUN || (b->serial && b->baton != t->id))) emu_wait(&t->cv, &b->m);
 }
 
+static void spawn_rest(emu_block *b);
+
 void dt_emu_syncthreads(const char *file, int line) {
     emu_thread *t = self;
     if (!t) { report("__syncthreads at %s:%d called outside a kernel", file, line); return; }
     emu_block *b = t->b;
     emu_lock(&b->m);
+    spawn_rest(b);
     t->state = T_WAIT_BLOCK, t->file = file, t->line = line;
     b->nrun--, b->nwait_block++;
     t->gen = b->block_gen;
@@ -540,6 +547,7 @@ static uint64_t warp_op(const char *file, int line, int op, unsigned int mask, u
         mask |= 1u << lane;
     }
     emu_lock(&b->m);
+    spawn_rest(b);
     t->state = T_WAIT_WARP, t->file = file, t->line = line;
     t->op = op, t->mask = mask, t->value = value, t->arg = arg, t->width = width;
     t->gather_what = what, t->gather_src = gsrc, t->gather_dst = gdst, t->gather_bytes = gbytes;
@@ -598,11 +606,17 @@ static void run_thread(emu_thread *t) {
 
 /* The workers that play a block's CUDA threads: made once, as many as the largest block asked for, and
    reused by every block after (a host thread made and joined per CUDA thread per block cost more than
-   the kernels: 190 thousand thread starts in one step of the smallest gpt). Worker i plays thread i.
-   Its handoffs go through the emulator's quiet locks, so for ThreadSanitizer the block's start orders
-   exactly what a thread's creation ordered (the launcher's writes before every thread's first
-   instruction: b->start_sync) and its end what a join ordered (b->end_sync), nothing between the
-   threads of one block. */
+   the kernels: 190 thousand thread starts in one step of the smallest gpt). Its handoffs go through the
+   emulator's quiet locks, so for ThreadSanitizer a block's start orders exactly what a thread's creation
+   ordered (the launcher's writes before every thread's first instruction: b->start_sync) and its end
+   what a join ordered (b->end_sync), nothing between the threads of one block.
+   Lazy start (every build but TSan's): the launcher itself plays the block's threads one after another,
+   in the mode's order, for as long as none meets a barrier: most kernels have none, and a block of 256
+   threads then costs no wake-up at all. The first thread to meet a barrier (any __syncthreads or warp
+   operation) hands every thread not yet started to the pool (spawn_rest) and waits there as before. It
+   is one legal schedule of the mode: in parallel mode, threads that ran to their end before the others
+   started (as an OS may schedule them); in the serial modes exactly their first round's order. TSan
+   builds start every thread at once, so that TSan sees the threads of a block as concurrent. */
 struct emu_worker {
     pthread_t th;
     pthread_cond_t cv;
@@ -656,6 +670,19 @@ static int workers(int n) {
     return (int)P.w.size() < n ? (int)P.w.size() : n;
 }
 
+/* Under the block's lock: the threads not started yet go to the pool (once; see "Lazy start"). */
+static void spawn_rest(emu_block *b) {
+    if (!b->lazy || b->spawned) return;
+    b->spawned = true;
+    emu_lock(&P.m);
+    for (int j = b->next; j < b->n; j++) {
+        P.w[b->nspawn]->job = &b->t[b->seq[j]];
+        emu_signal(&P.w[b->nspawn++]->cv);
+    }
+    emu_unlock(&P.m);
+    b->next = b->n;
+}
+
 static void run_block(emu_block *b) {
     /* poison: what a block reads before anyone wrote it is NaN */
     memset(__start_dt_emu_shared, 0xff, (size_t)(__stop_dt_emu_shared - __start_dt_emu_shared));
@@ -672,24 +699,48 @@ static void run_block(emu_block *b) {
     b->warp_sync.assign(2 * b->warp_gen.size(), 0);
     b->serial = G.mode != MODE_PARALLEL;
     b->baton = -1;
+    b->seq.resize(b->n);
+    for (int i = 0; i < b->n; i++) b->seq[i] = i;
     if (b->serial) {
         make_order(b);
         b->baton = b->order[0];
+        b->seq = b->order;
     }
+#ifdef DT_EMU_TSAN
+    b->lazy = false;
+#else
+    b->lazy = true;
+#endif
+    b->spawned = false, b->next = 0, b->nspawn = 0;
     int have = workers(b->n);
     if (have < b->n) { /* the threads that have a worker exit at once */
         report("%s: could not start thread %d of %d (pthread_create failed): use smaller blocks",
                where_block(b).c_str(), have, b->n);
-        b->aborted = true;
+        b->aborted = true, b->lazy = false;
     }
     DT_EMU_RELEASE(&b->start_sync);
     emu_lock(&P.m);
     P.finished = 0;
-    for (int i = 0; i < have; i++) {
-        P.w[i]->job = &b->t[i];
-        emu_signal(&P.w[i]->cv);
+    emu_unlock(&P.m);
+    if (b->lazy) {
+        for (;;) {
+            emu_lock(&b->m);
+            emu_thread *t = b->spawned || b->next >= b->n ? NULL : &b->t[b->seq[b->next++]];
+            emu_unlock(&b->m);
+            if (!t) break;
+            run_thread(t); /* here, on the launcher's own thread */
+        }
+    } else {
+        emu_lock(&P.m);
+        for (int i = 0; i < have; i++) {
+            P.w[i]->job = &b->t[i];
+            emu_signal(&P.w[i]->cv);
+        }
+        b->nspawn = have;
+        emu_unlock(&P.m);
     }
-    while (P.finished < have) emu_wait(&P.done, &P.m);
+    emu_lock(&P.m);
+    while (P.finished < b->nspawn) emu_wait(&P.done, &P.m);
     emu_unlock(&P.m);
     DT_EMU_ACQUIRE(&b->end_sync);
     for (int i = 0; i < b->n; i++) pthread_cond_destroy(&b->t[i].cv);
