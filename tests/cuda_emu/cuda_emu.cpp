@@ -78,8 +78,9 @@
        rounded inputs), warp scheduling, bank conflicts, occupancy and speed;
      - out-of-bounds accesses inside kernels (device memory is host memory: an ASan build would
        see them, this one does not).
-   Cost: a host thread's wake-up per CUDA thread per block, tens of microseconds per thread per
-   barrier (more on a loaded machine): keep grids small.
+   Cost: a block without barriers runs its threads one after another on the launching thread
+   (run_block's "lazy start"); a block with them wakes a pooled host thread per CUDA thread and
+   costs tens of microseconds per thread per barrier (more on a loaded machine): keep grids small.
                                                         MIT licence (see dt_tensor.h) */
 #include <memory> /* before the fake runtime: it defines __noinline__ */
 #include "cuda_runtime.h"
