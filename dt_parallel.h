@@ -4216,8 +4216,9 @@ static dt_status dt__pp_execute(dt__pp_rt *r) {
    group, the receives a stage posts ahead and 1F1B's crossing sends (stage s sends an activation
    while s + 1 sends a gradient) wait on each other. So each directed link (kind: activation or
    gradient; sender -> receiver) gets a group of its own, two ranks, one stream each side: a link's
-   messages go one way, in the sender's order, and its receiver posts them in that order (checked
-   here, identically on every stage, before anything is made). Made on the first run that uses a
+   messages go one way, in the sender's order, and its receiver posts them in that order (recorded
+   here into r->order, used by dt__pp_post_recv; the lists' peers and counts are checked here,
+   identically on every stage, before anything is made). Made on the first run that uses a
    link (a dt_comm_split of l->pp_comm per link, then one device all-reduce of one float per link,
    in link order on every stage, which makes its NCCL communicator: no cycle of waits) and kept in
    the layout. */
