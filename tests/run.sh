@@ -499,7 +499,8 @@ spawn_gpu_builds() {
 # (tests/cuda_emu/include/), linked with its runtime (tests/cuda_emu/cuda_emu.cpp) and with each
 # tests/cuda_emu/k_*.cpp, which compares the kernels with dt_tensor.h's CPU ops. No GPU, no nvcc.
 # Each program runs once in every EMU_MODES mode (" [mode]" appended to its check names; a line
-# "// emu-modes: M..." in the program names fewer: the end-to-end ones run one or two), then
+# "// emu-modes: M..." in the program names fewer: the end-to-end ones run one or two), once more
+# in parallel order with host threads instead of fibers (" [threads]", DT_EMU_THREADS=1), then
 # once built with ThreadSanitizer, on small inputs (DT_K_SMALL=1), with the argument "tsan" (names
 # prefixed "tsan:"; a TSan report is a failure, except the one k_detect.cpp plants and expects).
 # E, EMU_CXX, EMU_INC, EMU_TSAN, EMU_MPICXX, emu_stale and the compile commands (emu_runtime,
@@ -685,9 +686,15 @@ run_emu() {
         # own tests run in every order, and a model step costs seconds per emulated order)
         local modes
         modes=$(sed -n 's|^//[[:space:]]*emu-modes:[[:space:]]*\([a-z:0-9 ]*\).*|\1|p' "tests/cuda_emu/$name.cpp" | head -n 1)
-        [ -n "$modes" ] || modes="${EMU_MODES[*]}"
+        [ -n "$modes" ] || modes="${EMU_MODES[*]} threads"
         for mode in $modes; do
-            run_bg "$name [$mode]" "" " [$mode]" env DT_EMU_MODE="$mode" "$E/$name"
+            # threads: the parallel order with a host thread per CUDA thread (DT_EMU_THREADS=1)
+            # instead of fibers, as the TSan build runs them, so that path is checked without TSan too
+            if [ "$mode" = threads ]; then
+                run_bg "$name [$mode]" "" " [$mode]" env DT_EMU_MODE=parallel DT_EMU_THREADS=1 "$E/$name"
+            else
+                run_bg "$name [$mode]" "" " [$mode]" env DT_EMU_MODE="$mode" "$E/$name"
+            fi
         done
     done
     for name in "${EMU_TESTS[@]}"; do

@@ -16,19 +16,23 @@
 
    How it runs a launch. Blocks run one at a time, so a __shared__ array can be one static copy
    (the fake header makes __shared__ a static in the section "dt_emu_shared"). Each CUDA thread of
-   the block is a host thread (pthread; a pool made once and reused by every block, run_block).
-   Barriers are where threads meet:
+   the block is a fiber (ucontext) on the launching host thread, which switches to the next ready
+   thread only where a thread waits (run_fibers); in the ThreadSanitizer build, or with
+   DT_EMU_THREADS=1, each is a host thread instead (pthread; a pool made once and reused by every
+   block, run_block). Barriers are where threads meet:
      __syncthreads              waits until every thread of the block is waiting at one;
      shuffles, ballots, votes,  wait until every lane named in the mask is waiting at one; the
      __syncwarp, the gather     last lane to arrive computes every lane's result (the gather,
      of an emulated mma         dt_emu_warp_gather, hands every lane all 32 lanes' fragments:
                                 kernels/dt_mma.cuh's mma.sync m16n8k16 is built on it).
-   A block has one mutex; each thread one condition variable. A thread that arrives at a barrier
-   marks itself waiting and calls resolve(), which completes every barrier whose threads are all
-   there and wakes them.
+   A thread that arrives at a barrier marks itself waiting and calls resolve(), which completes
+   every barrier whose threads are all there and wakes them (host threads: under the block's mutex,
+   through each thread's condition variable; fibers: into the block's ready queue).
 
    Modes (environment DT_EMU_MODE):
-     parallel        (default) the block's threads run at once, as the OS schedules them.
+     parallel        (default) no imposed order: fibers run in the order they become ready (each
+                     to its next barrier: thread order at the start, then the order of release);
+                     host threads (TSan, DT_EMU_THREADS=1) run at once, as the OS schedules them.
      forward         one thread at a time: a baton passes from thread to thread. Each thread runs
      reverse         its segment up to its next barrier, in thread order 0,1,2... (forward),
      random:SEED     n-1...0 (reverse) or a seeded shuffle, new at every round (random); when all
@@ -78,9 +82,9 @@
        rounded inputs), warp scheduling, bank conflicts, occupancy and speed;
      - out-of-bounds accesses inside kernels (device memory is host memory: an ASan build would
        see them, this one does not).
-   Cost: a block without barriers runs its threads one after another on the launching thread
-   (run_block's "lazy start"); a block with them wakes a pooled host thread per CUDA thread and
-   costs tens of microseconds per thread per barrier (more on a loaded machine): keep grids small.
+   Cost: a fiber switch per thread per barrier (about a microsecond: glibc's swapcontext makes one
+   system call); host threads cost tens of microseconds per thread per barrier (more on a loaded
+   machine). Keep grids small all the same.
                                                         MIT licence (see dt_tensor.h) */
 #include <memory> /* before the fake runtime: it defines __noinline__ */
 #include "cuda_runtime.h"
@@ -96,6 +100,7 @@
 #include <time.h>
 
 #include <dlfcn.h>
+#include <ucontext.h>
 #include <execinfo.h>
 
 #include <algorithm>
@@ -231,6 +236,9 @@ enum { T_RUN, T_WAIT_BLOCK, T_WAIT_WARP, T_EXITED };
 struct emu_block;
 struct emu_thread {
     pthread_cond_t cv;
+    ucontext_t ctx;     /* fiber blocks: where it stopped */
+    void *stack;
+    bool ready, started, finished;
     emu_block *b;
     int id, state;
     const char *file; /* where it waits */
@@ -260,6 +268,9 @@ struct emu_block {
     bool lazy, spawned;     /* run_block: the launcher plays the threads one after another until one
                                meets a barrier (spawned: then the pool starts all the others) */
     std::vector<int> seq;   /* lazy: the order it plays them in (the mode's first round) */
+    bool fiber;             /* the threads are fibers on the launcher's thread (run_block) */
+    ucontext_t sched;
+    std::deque<int> readyq;
     int next, nspawn;       /* lazy: seq[next] is the next to start; how many went to the pool */
     std::vector<char> warp_sync;
     const std::function<void()> *body;
@@ -325,10 +336,23 @@ static std::string waiting_sites(const emu_block *b, int only_state) {
     return s;
 }
 
+/* The block's lock: none in a fiber block (one host thread; a fiber switches only at its waits). */
+static void blk_lock(emu_block *b) { if (!b->fiber) emu_lock(&b->m); }
+static void blk_unlock(emu_block *b) { if (!b->fiber) emu_unlock(&b->m); }
+
+/* A thread of b may go on (its wait's predicate may now hold): a condition variable's signal, or in a
+   fiber block a place in the ready queue. */
+static void blk_signal(emu_block *b, emu_thread *t) {
+    if (!b->fiber) { emu_signal(&t->cv); return; }
+    if (t->ready || t->finished) return;
+    t->ready = true;
+    b->readyq.push_back(t->id);
+}
+
 static void release(emu_block *b, emu_thread &t) {
     t.state = T_RUN;
     b->nrun++;
-    emu_signal(&t.cv);
+    blk_signal(b, &t);
 }
 
 /* The lanes of warp w named in mask M are all waiting at a warp operation with mask M (or gone):
@@ -469,7 +493,7 @@ static void deadlock(emu_block *b) {
     report("deadlock in %s: every live thread waits and no barrier can complete: %s", where_block(b).c_str(),
            waiting_sites(b, -1).c_str());
     b->aborted = true;
-    for (int i = 0; i < b->n; i++) emu_signal(&b->t[i].cv);
+    for (int i = 0; i < b->n; i++) blk_signal(b, &b->t[i]);
 }
 
 static void make_order(emu_block *b) {
@@ -493,7 +517,7 @@ static void after_stop(emu_block *b, int warp) {
     }
     for (b->pos++; b->pos < b->order.size(); b->pos++) { /* the baton goes to the next in order */
         int i = b->order[b->pos];
-        if (b->t[i].state == T_RUN) { b->baton = i; emu_signal(&b->t[i].cv); return; }
+        if (b->t[i].state == T_RUN) { b->baton = i; blk_signal(b, &b->t[i]); return; }
     }
     resolve(b, -1); /* the round is over: complete the barriers, start the next round */
     make_order(b);
@@ -503,12 +527,15 @@ static void after_stop(emu_block *b, int warp) {
         return;
     }
     b->baton = b->order[0];
-    emu_signal(&b->t[b->baton].cv);
+    blk_signal(b, &b->t[b->baton]);
 }
 
 /* Waits (under the lock) until this thread may run again. */
 static void wait_turn(emu_block *b, emu_thread *t) {
-    while (!b->aborted && (t->state != T_RUN || (b->serial && b->baton != t->id))) emu_wait(&t->cv, &b->m);
+    while (!b->aborted && (t->state != T_RUN || (b->serial && b->baton != t->id))) {
+        if (b->fiber) swapcontext(&t->ctx, &b->sched); /* the scheduler resumes it when signalled */
+        else emu_wait(&t->cv, &b->m);
+    }
 }
 
 static void spawn_rest(emu_block *b);
@@ -517,7 +544,7 @@ void dt_emu_syncthreads(const char *file, int line) {
     emu_thread *t = self;
     if (!t) { report("__syncthreads at %s:%d called outside a kernel", file, line); return; }
     emu_block *b = t->b;
-    emu_lock(&b->m);
+    blk_lock(b);
     spawn_rest(b);
     t->state = T_WAIT_BLOCK, t->file = file, t->line = line;
     b->nrun--, b->nwait_block++;
@@ -526,7 +553,7 @@ void dt_emu_syncthreads(const char *file, int line) {
     after_stop(b, -2);
     wait_turn(b, t);
     bool aborted = b->aborted;
-    emu_unlock(&b->m);
+    blk_unlock(b);
     DT_EMU_ACQUIRE(&b->block_sync[t->gen & 1]);
     if (aborted) throw emu_abort();
 }
@@ -547,7 +574,7 @@ static uint64_t warp_op(const char *file, int line, int op, unsigned int mask, u
                line, where_block(b).c_str(), mask, lane, t->id);
         mask |= 1u << lane;
     }
-    emu_lock(&b->m);
+    blk_lock(b);
     spawn_rest(b);
     t->state = T_WAIT_WARP, t->file = file, t->line = line;
     t->op = op, t->mask = mask, t->value = value, t->arg = arg, t->width = width;
@@ -559,7 +586,7 @@ static uint64_t warp_op(const char *file, int line, int op, unsigned int mask, u
     wait_turn(b, t);
     bool aborted = b->aborted;
     uint64_t r = t->result;
-    emu_unlock(&b->m);
+    blk_unlock(b);
     DT_EMU_ACQUIRE(&b->warp_sync[2 * w + (t->gen & 1)]);
     if (aborted) throw emu_abort();
     return r;
@@ -585,23 +612,23 @@ static void run_thread(emu_thread *t) {
     dt_emu_blockDim = b->bdim;
     dt_emu_gridDim = b->gdim;
     self = t;
-    emu_lock(&b->m);
+    blk_lock(b);
     wait_turn(b, t);
     bool run = !b->aborted;
-    emu_unlock(&b->m);
+    blk_unlock(b);
     if (run) {
         try {
             (*b->body)();
         } catch (emu_abort &) {
         }
     }
-    emu_lock(&b->m);
+    blk_lock(b);
     if (t->state == T_RUN) b->nrun--;
     else if (t->state == T_WAIT_BLOCK) b->nwait_block--;
     t->state = T_EXITED;
     b->nexited++;
     after_stop(b, t->id >> 5);
-    emu_unlock(&b->m);
+    blk_unlock(b);
     self = NULL;
 }
 
@@ -611,7 +638,7 @@ static void run_thread(emu_thread *t) {
    emulator's quiet locks, so for ThreadSanitizer a block's start orders exactly what a thread's creation
    ordered (the launcher's writes before every thread's first instruction: b->start_sync) and its end
    what a join ordered (b->end_sync), nothing between the threads of one block.
-   Lazy start (every build but TSan's): the launcher itself plays the block's threads one after another,
+   Lazy start (DT_EMU_THREADS=1 without TSan): the launcher itself plays the block's threads one after another,
    in the mode's order, for as long as none meets a barrier: most kernels have none, and a block of 256
    threads then costs no wake-up at all. The first thread to meet a barrier (any __syncthreads or warp
    operation) hands every thread not yet started to the pool (spawn_rest) and waits there as before. It
@@ -684,6 +711,69 @@ static void spawn_rest(emu_block *b) {
     b->next = b->n;
 }
 
+/* Fiber blocks (every build but TSan's, unless DT_EMU_THREADS=1): each CUDA thread is a fiber
+   (ucontext) on the launcher's thread, so a barrier costs a context switch in user space instead of
+   a host thread's sleep and wake-up (the default gpt's step on the emulator: 316 s with host threads,
+   40 s with fibers). A wait (wait_turn) switches back to this scheduler, a signal (blk_signal) queues
+   the thread, and the scheduler resumes queued threads first in, first out until all have exited;
+   a thread resumed whose wait still holds waits again. The block's lock is then no lock at all
+   (blk_lock): a fiber is switched out only at its waits. A block without barriers runs its threads
+   one after another on one stack; stacks (512 KiB, as the host threads') are kept for later blocks. */
+static std::vector<void *> fiber_stacks;
+static const size_t FIBER_STACK = 512 * 1024;
+
+static void fiber_entry(unsigned int lo, unsigned int hi) {
+    emu_thread *t = (emu_thread *)(((uintptr_t)hi << 32) | (uintptr_t)lo);
+    run_thread(t);
+    t->finished = true; /* returns to b->sched (uc_link) */
+}
+
+static void run_fibers(emu_block *b) {
+    for (int i = 0; i < b->n; i++) {
+        emu_thread *t = &b->t[b->seq[i]];
+        t->ready = true, t->started = t->finished = false, t->stack = NULL;
+        b->readyq.push_back(t->id);
+    }
+    while (!b->readyq.empty()) {
+        emu_thread *t = &b->t[b->readyq.front()];
+        b->readyq.pop_front();
+        t->ready = false;
+        if (t->finished) continue;
+        if (!t->started) {
+            if (fiber_stacks.empty()) fiber_stacks.push_back(malloc(FIBER_STACK));
+            if (!fiber_stacks.back()) { /* the threads already started could not unwind: stop here */
+                fprintf(stderr, "dt_emu: out of memory for a %zu-byte fiber stack (%s)\n", FIBER_STACK,
+                        where_block(b).c_str());
+                abort();
+            }
+            t->stack = fiber_stacks.back();
+            fiber_stacks.pop_back();
+            getcontext(&t->ctx);
+            t->ctx.uc_stack.ss_sp = t->stack, t->ctx.uc_stack.ss_size = FIBER_STACK;
+            t->ctx.uc_link = &b->sched;
+            uintptr_t v = (uintptr_t)t;
+            makecontext(&t->ctx, (void (*)(void))fiber_entry, 2, (unsigned int)(v & 0xffffffffu),
+                        (unsigned int)(v >> 32));
+            t->started = true;
+        }
+        unsigned int bx = b->bdim.x, by = b->bdim.y;
+        dt_emu_threadIdx = {t->id % bx, (t->id / bx) % by, t->id / (bx * by)};
+        self = t;
+        swapcontext(&b->sched, &t->ctx);
+        if (t->finished) {
+            fiber_stacks.push_back(t->stack);
+            t->stack = NULL;
+        }
+    }
+    self = NULL;
+    for (int i = 0; i < b->n; i++)
+        if (!b->t[i].finished && b->t[i].started) {
+            /* cannot happen: after_stop aborts a stuck block and every thread unwinds */
+            report("%s: thread %d never finished (emulator fault)", where_block(b).c_str(), i);
+            break;
+        }
+}
+
 static void run_block(emu_block *b) {
     /* poison: what a block reads before anyone wrote it is NaN */
     memset(__start_dt_emu_shared, 0xff, (size_t)(__stop_dt_emu_shared - __start_dt_emu_shared));
@@ -695,6 +785,14 @@ static void run_block(emu_block *b) {
         t.b = b, t.id = i, t.state = T_RUN, t.file = "", t.line = 0;
     }
     b->nrun = b->n, b->nexited = 0, b->nwait_block = 0, b->aborted = false;
+#ifdef DT_EMU_TSAN
+    b->fiber = false; /* TSan must see the threads of a block as concurrent */
+#else
+    static int threads = -1;
+    if (threads < 0) threads = getenv("DT_EMU_THREADS") && !strcmp(getenv("DT_EMU_THREADS"), "1");
+    b->fiber = !threads;
+#endif
+    b->readyq.clear();
     b->block_gen = 0;
     b->warp_gen.assign((b->n + 31) / 32, 0);
     b->warp_sync.assign(2 * b->warp_gen.size(), 0);
@@ -713,6 +811,13 @@ static void run_block(emu_block *b) {
     b->lazy = true;
 #endif
     b->spawned = false, b->next = 0, b->nspawn = 0;
+    if (b->fiber) {
+        b->lazy = false;
+        run_fibers(b);
+        for (int i = 0; i < b->n; i++) pthread_cond_destroy(&b->t[i].cv);
+        pthread_mutex_destroy(&b->m);
+        return;
+    }
     int have = workers(b->n);
     if (have < b->n) { /* the threads that have a worker exit at once */
         report("%s: could not start thread %d of %d (pthread_create failed): use smaller blocks",
@@ -725,9 +830,9 @@ static void run_block(emu_block *b) {
     emu_unlock(&P.m);
     if (b->lazy) {
         for (;;) {
-            emu_lock(&b->m);
+            blk_lock(b);
             emu_thread *t = b->spawned || b->next >= b->n ? NULL : &b->t[b->seq[b->next++]];
-            emu_unlock(&b->m);
+            blk_unlock(b);
             if (!t) break;
             run_thread(t); /* here, on the launcher's own thread */
         }

@@ -125,8 +125,8 @@ static void check_missing_syncthreads(bool tsan) {
     }
     std::string mode = dt_emu_mode();
     if (mode == "parallel") { /* a race: the OS scheduler may or may not expose it */
-        dt_test_skip("missing_syncthreads_gives_a_wrong_result", "mode parallel is up to the OS scheduler; "
-                     "the serial modes and the TSan build check it");
+        dt_test_skip("missing_syncthreads_gives_a_wrong_result", "mode parallel imposes no order (fibers: the "
+                     "order of release; host threads: the OS); the serial modes and the TSan build check it");
         return;
     }
     double bad = run_planted_layernorm<false>(&st);
