@@ -3920,13 +3920,29 @@ static void dt__pp_keep_free(dt_ctx *ctx, dt__pp_keep *k) {
     dt_release(ctx, k);
 }
 
+static dt_status dt__pp_wait(dt__pp_rt *r, dt_comm_req **req);
+static void dt__pp_buf_put(dt__pp_rt *r, int *idx);
+
 static dt_status dt__pp_buf_get(dt__pp_rt *r, int k, int zero, int *idx) {
     const dt_tensor_desc *d = &r->acts[k];
     int64_t numel = dt_shape_numel(d->ndim, d->shape), i;
+    int j;
     dt__pp_buf *b = NULL;
     for (i = 0; i < r->n_pool; i++) {
         b = r->pool[i];
         if (!b->used && b->t.numel == numel && b->t.dtype == d->dtype && b->t.device == d->device) break;
+    }
+    for (j = 0; i == r->n_pool && r->link && j < r->n_sends; j++) {
+        /* over links a send's wait is stream-ordered (the compute stream waits for it, the host does
+           not): take a buffer still being sent rather than allocate, so the pool does not grow with
+           the timing of later steps */
+        dt__pp_buf *sb = r->pool[r->sends[j].buf];
+        if (sb->t.numel != numel || sb->t.dtype != d->dtype || sb->t.device != d->device) continue;
+        i = r->sends[j].buf;
+        DT__TRY(dt__pp_wait(r, &r->sends[j].req));
+        dt__pp_buf_put(r, &r->sends[j].buf);
+        r->sends[j] = r->sends[--r->n_sends];
+        b = r->pool[i];
     }
     if (i == r->n_pool) {
         dt_status st;

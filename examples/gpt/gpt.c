@@ -66,6 +66,7 @@
 #include <errno.h>
 #include <glob.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static dt_ctx *g_ctx;
 static int g_rank;
@@ -1132,7 +1133,7 @@ static void fail(const char *fmt, ...) {
         vfprintf(stderr, fmt, ap);
         va_end(ap);
         fprintf(stderr, "\n");
-    }
+    } else sleep(10); /* mpirun ends the job at the first exit: give rank 0 the time to say why (it exits at once) */
     exit(1);
 }
 
