@@ -362,6 +362,14 @@ typedef enum dt_embed_eviction { /* dynamic tables: which slot a new id takes wh
     DT_EVICT_COUNT
 } dt_embed_eviction;
 
+typedef enum dt_embed_tier { /* where a table's rows live (see "tiered tables") */
+    DT_TIER_DEFAULT = 0, /* = DT_TIER_NONE */
+    DT_TIER_NONE,        /* resident: the whole shard in memory (host, or device for cuda tables) */
+    DT_TIER_DISK,        /* cpu tables: the shard in a file, a host cache of cache_rows hot rows */
+    DT_TIER_HOST,        /* cuda tables: the shard in pinned host memory under a device cache (not yet) */
+    DT_TIER_COUNT
+} dt_embed_tier;
+
 typedef struct dt_embed_optim_desc {
     dt_embed_optim kind;
     double lr;           /* 0 = 0.01 (SGD, Adagrad, row-wise Adagrad), 1e-3 (Adam) */
@@ -391,6 +399,11 @@ typedef struct dt_embed_table_desc {
     dt_embed_eviction eviction;   /* dynamic: LRU (DEFAULT) or LFU */
     int group_size;               /* table-row sharding (chosen or planned): ranks per group, dividing
                                      the world; 0 = the ranks of this host (dt_comm_local_size) */
+    dt_embed_tier tier;           /* NONE (default): resident; DISK: the shard and its optimizer state in a
+                                     file, a cache of hot rows in memory (see "tiered tables") */
+    int64_t cache_rows;           /* tiered: rows in the fast tier per rank, at least the distinct rows one
+                                     step touches there; 0 = 1/8 of the local shard; more = the shard */
+    dt_embed_eviction cache_eviction; /* tiered: which cached row makes room: LRU (DEFAULT) or LFU */
 } dt_embed_table_desc;
 
 typedef struct dt_embed_feature_desc {
@@ -415,6 +428,8 @@ typedef struct dt_embed_desc {
     int print_plan;               /* 1: rank 0 prints the plan after creation */
     dt_device device;             /* DEFAULT / DT_CPU; DT_CUDA_DEVICE (DT_CUDA builds): shards and
                                      optimizer state on the GPU, see "CUDA" */
+    const char *tier_dir;         /* tier DISK: the directory of each rank's slow-tier files (scratch,
+                                     unlinked at once); NULL = $TMPDIR, else /tmp. May differ per rank */
 } dt_embed_desc;
 
 /* The local batch: see "the batch" above. */
@@ -438,6 +453,18 @@ typedef struct dt_embed_stats {
     int64_t admitted, evicted, rejected;            /* dynamic tables, on this rank's shards, total */
     int64_t step_admitted, step_evicted, step_rejected; /* the same, in the last forward */
 } dt_embed_stats;
+
+/* A tiered table's counters on this rank (dt_embed_tier_stats_get), totals since creation. */
+typedef struct dt_embed_tier_stats {
+    int64_t cache_rows, cached;   /* slots in the fast tier; slots filled */
+    int64_t hits, misses;         /* ids whose row was / was not in the fast tier when the id was first looked
+                                     up (by dt_embed_prefetch, or by the forward of a batch not prefetched) */
+    int64_t fetched, prefetched;  /* rows read from the slow tier by a forward or backward that needed them
+                                     (the caller waited) / by dt_embed_prefetch's helper thread */
+    int64_t evicted, written_back; /* rows that left the cache; those written back (changed since fetched) */
+    double bytes_in, bytes_out;   /* slow -> fast tier (rows + optimizer state), fast -> slow */
+    double seconds_wait;          /* forwards and backwards waiting for prefetched rows not yet arrived */
+} dt_embed_tier_stats;
 
 typedef struct dt_embed dt_embed; /* opaque */
 
@@ -499,6 +526,22 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout);
    must set the same value. A checkpoint saved while gradients are pending does not hold them;
    a load drops them (a failed one keeps them). sync 0 with dynamic tables on cuda: DT_ERR_UNSUPPORTED. */
 DT_API dt_status dt_embed_set_sync(dt_embed *e, int sync);
+
+/* ==== >>tier: tiered tables: prefetch, flush, counters ======================================= */
+
+/* Collective. Begins the forward of `next` (as dt_embed_forward_begin: its ids go to their owners,
+   which wait for them), and each owner starts fetching the rows of tiered tables that `next` needs
+   and its fast tier lacks, on a helper thread, while the caller runs the current step. Call it
+   after a forward and before its backward (or between steps); the next dt_embed_forward must pass
+   the same batch (checked: DT_ERR_ARG on every rank otherwise) and waits only for rows not yet
+   arrived. Rows the current batch uses are never evicted for it. Tables not tiered: the same as
+   forward_begin. */
+DT_API dt_status dt_embed_prefetch(dt_embed *e, const dt_kjt *next);
+/* Not collective. Waits for the prefetch in flight and writes every changed cached row back, so
+   that the slow tier holds the table (dt_embed_local_shard views it). */
+DT_API dt_status dt_embed_flush(dt_embed *e);
+/* Table `table`'s tier counters on this rank (zeros for a table that is not tiered). */
+DT_API dt_status dt_embed_tier_stats_get(const dt_embed *e, int table, dt_embed_tier_stats *out);
 
 /* ==== >>ckpt: checkpoints, export, stats, local shard ========================================= */
 
@@ -562,6 +605,23 @@ extern int madvise(void *addr, size_t len, int advice);
 #endif
 #endif
 
+/* Tiered tables (>>tier): the slow tier is a file mapped into memory (open, ftruncate, mmap), and
+   dt_embed_prefetch copies rows on one helper thread (POSIX threads; DT_EMBED_NO_THREADS: in the
+   calling thread). These headers declare them even under strict -std=c99. Elsewhere tier DISK
+   is DT_ERR_UNSUPPORTED. */
+#if defined(__unix__) || defined(__APPLE__)
+#define DT__EM_POSIX 1
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+#ifndef DT_EMBED_NO_THREADS
+#define DT__EM_THREADS 1
+#include <pthread.h>
+#endif
+#endif
+
 /* stb_ds: the host hash maps of dynamic tables. Its implementation is compiled here unless
    DT_EMBED_NO_STB_DS_IMPLEMENTATION (define it when another file of the program already has
    STB_DS_IMPLEMENTATION). Under DT_STATIC stb_ds is not used at all (it has no static mode: its
@@ -600,6 +660,10 @@ extern "C" {
 #endif
 
 #define DT__EM_HDR 4 /* a request segment: feature, global sample, first position, length; then ids */
+/* how a tiered table's row gets into its cache slot (dt__em_tier_slot) */
+#define DT__EM_NOW 0   /* fetched from the slow tier now */
+#define DT__EM_LATER 1 /* its copies queued for the helper thread (dt_embed_prefetch) */
+#define DT__EM_NONE 2  /* not read: the caller writes the whole row (a dynamic admission) */
 
 /* ==== >>types: internal types ================================================================= */
 
@@ -634,6 +698,11 @@ typedef struct dt__em_tab {
     dt_tensor slot_count;        /* LFU: [local rows] i64, the uses of each slot's id since admission */
     int64_t *prev, *next;        /* LRU: list of the local slots, per shard. LFU: prev[x0 + i] is
                                     the shard's min-heap by (count, stamp), next[x] slot x's place */
+    /* tiered tables: w, s1, s2 view the slow tier; the cache of hot rows (see >>tier) */
+    struct dt__em_tier *tier;
+    dt_embed_tier tier_kind;
+    int64_t cache_rows;
+    dt_embed_eviction cache_evict;
 } dt__em_tab;
 
 typedef struct dt__em_kv { int64_t key, value; } dt__em_kv;
@@ -683,6 +752,7 @@ typedef struct dt__em_bst {
     dt_tensor cu_kl, cu_kid, cu_kw, cu_rq, cu_rqf, cu_smeta, cu_smetaf;
     int cu_k64, cu_devreq;
     int64_t cu_fR, cu_fS, cu_fmax, cu_bmax, *cu_cx, cu_cx_cap;
+    int tier_pf;
 } dt__em_bst;
 
 /* a piece of the device's accumulation window: table t's rows [r, r + n) and floats from f */
@@ -701,7 +771,20 @@ struct dt_embed {
     int64_t *in_offs, in_offs_cap; /* [n_in * B + 1]: the kjt's bags, prefix sums */
     int64_t *feat_off;           /* column in the pooled output, -1 for sequence features */
     int64_t pooled_dim;
-    int any_weighted, any_dp, any_dyn;
+    int any_weighted, any_dp, any_dyn, any_tier;
+    /* tiered tables (>>tier): the epoch (sync-1 backwards so far: a cached row used by the batch in
+       flight is pinned until its epoch ends), the prefetch helper, the forward's deferred error
+       (the owner still joins the return all-to-all), the batch given to dt_embed_prefetch */
+    int64_t epoch, pfq_seen;
+    struct dt__em_pfq *pfq;
+    dt_status tier_st;
+    char tier_msg[DT_ERROR_MAX];
+    char tier_dir[1024];
+    int tier_pf;                 /* the live batch was looked up by dt_embed_prefetch (its hits are counted) */
+    int pf_pending;              /* a batch begun by dt_embed_prefetch awaits its forward */
+    int64_t pf_B, pf_nids;
+    int pf_nf;
+    uint64_t pf_hl, pf_hi;       /* hashes of its lengths, and of its ids and weights */
     /* the last forward */
     int phase;                   /* 0 none, 1 begun, 2 forward done, 3 backward done */
     int64_t B, g0, n_ids;
@@ -788,6 +871,10 @@ typedef struct dt__em_cutab { int64_t n, nb, rows, offs, dst, src, len, w, tmp, 
 
 /* The CUDA tables (their section is at the end): stubs returning DT_ERR_DEVICE without DT_CUDA. */
 static dt_status dt__em_cuda_check_desc(dt_ctx *ctx, const dt_embed_desc *desc);
+static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t);
+static void dt__em_tier_free(dt_embed *e, dt__em_tab *t);
+static void dt__em_tier_dirty(dt__em_tab *t, int64_t k);
+static void dt__em_pfq_free(dt_embed *e);
 static dt_status dt__em_cuda_to_device(dt_embed *e, dt__em_tab *t);
 static dt_status dt__em_cuda_dp_pool(dt_embed *e);
 static dt_status dt__em_cuda_batch(dt_embed *e, const dt_kjt *k);
@@ -1045,6 +1132,25 @@ static dt_status dt__em_check_table(dt_ctx *ctx, const dt_embed_table_desc *d, i
     if (!(d->ids_per_batch >= 0) || d->ids_per_batch > 1e18)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").ids_per_batch = %g; expected >= 0", fn, i,
                                 d->name, d->ids_per_batch);
+    if ((int)d->tier < 0 || d->tier >= DT_TIER_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").tier = %d; expected a dt_embed_tier", fn, i,
+                                d->name, (int)d->tier);
+    {
+        int tiered = d->tier == DT_TIER_DISK || d->tier == DT_TIER_HOST;
+        if (d->cache_rows < 0 || (d->cache_rows > 0 && !tiered))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").cache_rows = %lld; expected >= 0, and 0 "
+                                    "unless the table is tiered", fn, i, d->name, (long long)d->cache_rows);
+        if ((int)d->cache_eviction < 0 || d->cache_eviction >= DT_EVICT_COUNT ||
+            (d->cache_eviction != DT_EVICT_DEFAULT && !tiered))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").cache_eviction = %d; expected a "
+                                    "dt_embed_eviction, and DEFAULT unless the table is tiered", fn, i, d->name,
+                                    (int)d->cache_eviction);
+#ifndef DT__EM_POSIX
+        if (d->tier == DT_TIER_DISK)
+            return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: tables[%d] (\"%s\").tier = DISK needs POSIX files "
+                                    "(mmap); this build has none", fn, i, d->name);
+#endif
+    }
     return DT_OK;
 }
 
@@ -1230,8 +1336,11 @@ static dt_status dt__em_alloc_shard(dt_embed *e, dt__em_tab *t, uint64_t seed) {
     if (nr == 0) return DT_OK;
     memset(&d, 0, sizeof d);
     d.dtype = t->dtype; d.device = DT_CPU; d.shape[0] = nr; d.shape[1] = nc; d.ndim = 2;
-    DT__TRY(dt_tensor_create(e->ctx, &t->w, &d));
-    dt__em_hugepage(t->w.data, dt_tensor_bytes(&t->w));
+    if (t->tier_kind == DT_TIER_DISK) DT__TRY(dt__em_tier_create(e, t)); /* w, s1, s2: the slow tier's views */
+    else {
+        DT__TRY(dt_tensor_create(e->ctx, &t->w, &d));
+        dt__em_hugepage(t->w.data, dt_tensor_bytes(&t->w));
+    }
     in = t->init;
     if (in.kind == DT_INIT_DEFAULT) { /* TorchRec's default: U(-sqrt(1/rows), sqrt(1/rows)) */
         in.kind = DT_INIT_UNIFORM;
@@ -1247,11 +1356,11 @@ static dt_status dt__em_alloc_shard(dt_embed *e, dt__em_tab *t, uint64_t seed) {
     in.start[0] = t->r0; in.start[1] = t->c0;
     DT__TRY(dt_tensor_init(e->ctx, &t->w, &in));
     d.dtype = DT_F32;
-    if (t->kind == DT_EMBED_ADAGRAD || t->kind == DT_EMBED_ADAM) DT__TRY(dt_tensor_create(e->ctx, &t->s1, &d));
-    if (t->kind == DT_EMBED_ADAM) DT__TRY(dt_tensor_create(e->ctx, &t->s2, &d));
-    if (t->s1.data) dt__em_hugepage(t->s1.data, dt_tensor_bytes(&t->s1));
-    if (t->s2.data) dt__em_hugepage(t->s2.data, dt_tensor_bytes(&t->s2));
-    if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) {
+    if (!t->tier && (t->kind == DT_EMBED_ADAGRAD || t->kind == DT_EMBED_ADAM)) DT__TRY(dt_tensor_create(e->ctx, &t->s1, &d));
+    if (!t->tier && t->kind == DT_EMBED_ADAM) DT__TRY(dt_tensor_create(e->ctx, &t->s2, &d));
+    if (t->s1.data && !t->tier) dt__em_hugepage(t->s1.data, dt_tensor_bytes(&t->s1));
+    if (t->s2.data && !t->tier) dt__em_hugepage(t->s2.data, dt_tensor_bytes(&t->s2));
+    if (t->kind == DT_EMBED_ROWWISE_ADAGRAD && !t->tier) {
         d.shape[1] = 0; d.ndim = 1;
         DT__TRY(dt_tensor_create(e->ctx, &t->s1, &d));
     }
@@ -1285,8 +1394,10 @@ DT_API void dt_embed_free(dt_embed *e) {
     int i;
     if (!e) return;
     ctx = e->ctx;
+    dt__em_pfq_free(e); /* the helper thread ends before the caches go */
     for (i = 0; e->tabs && i < e->n_tabs; i++) {
         dt__em_tab *t = &e->tabs[i];
+        dt__em_tier_free(e, t);
         dt_tensor_free(ctx, &t->w); dt_tensor_free(ctx, &t->s1); dt_tensor_free(ctx, &t->s2);
         dt_release(ctx, t->dirty); dt_release(ctx, t->dlist);
         dt_tensor_free(ctx, &t->slot_id); dt_tensor_free(ctx, &t->slot_stamp); dt_tensor_free(ctx, &t->slot_count);
@@ -1367,6 +1478,8 @@ static int dt__em_desc_fields(const dt_embed_desc *desc, dt__em_fld *fl) {
         DT__EM_FI("owner", d->owner); DT__EM_FD("ids_per_batch", d->ids_per_batch); DT__EM_FI("dynamic", d->dynamic);
         DT__EM_FI("admit_after", d->admit_after); DT__EM_FI("hash_shards", d->hash_shards);
         DT__EM_FI("eviction", d->eviction); DT__EM_FI("group_size", d->group_size);
+        DT__EM_FI("tier", d->tier); DT__EM_FI("cache_rows", d->cache_rows);
+        DT__EM_FI("cache_eviction", d->cache_eviction);
     }
     for (i = 0; desc->features && i < desc->n_features; i++) {
         DT__EM_F("name", -1, i, 2, dt__em_text_hash(desc->features[i].name));
@@ -1457,9 +1570,22 @@ static dt_status dt__em_check_desc(dt_ctx *ctx, const dt_embed_desc *desc, int W
     else if (desc->batch_hint < 0 || !(desc->dp_max_bytes == desc->dp_max_bytes))
         st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.batch_hint = %lld; expected >= 0", fn,
                               (long long)desc->batch_hint);
+    else if (desc->tier_dir && (!desc->tier_dir[0] || strlen(desc->tier_dir) > 900))
+        st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.tier_dir is %s; expected NULL or a directory shorter than 900",
+                              fn, desc->tier_dir[0] ? "too long" : "empty");
     if (!st) st = dt__em_cuda_check_desc(ctx, desc);
     for (i = 0; !st && i < desc->n_tables; i++) {
         st = dt__em_check_table(ctx, &desc->tables[i], i, W);
+        if (!st && desc->tables[i].tier == DT_TIER_HOST)
+            st = dt_ctx_set_error(ctx, desc->device == DT_CUDA_DEVICE ? DT_ERR_UNSUPPORTED : DT_ERR_ARG,
+                                  "%s: tables[%d] (\"%s\").tier = HOST: %s", fn, i, desc->tables[i].name,
+                                  desc->device == DT_CUDA_DEVICE ? "cuda tables over pinned host memory are not built "
+                                  "yet; expected NONE on cuda" : "the tier of cuda tables; expected DISK (or NONE) for "
+                                  "cpu tables");
+        if (!st && desc->tables[i].tier == DT_TIER_DISK && desc->device == DT_CUDA_DEVICE)
+            st = dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: tables[%d] (\"%s\").tier = DISK on cuda (desc.device); "
+                                  "expected cpu tables (a device cache over host memory is not built yet)", fn, i,
+                                  desc->tables[i].name);
         for (j = 0; !st && j < i; j++)
             if (strcmp(desc->tables[j].name, desc->tables[i].name) == 0)
                 st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] and tables[%d] are both named \"%s\"; "
@@ -1505,6 +1631,9 @@ static void dt__em_resolve_table(dt__em_tab *t, const dt_embed_table_desc *d) {
     t->n_hs = d->hash_shards ? d->hash_shards : 16;
     t->evict = d->eviction == DT_EVICT_DEFAULT ? DT_EVICT_LRU : d->eviction;
     t->gsize = d->group_size;
+    t->tier_kind = d->tier == DT_TIER_DEFAULT ? DT_TIER_NONE : d->tier;
+    t->cache_rows = d->cache_rows;
+    t->cache_evict = d->cache_eviction == DT_EVICT_DEFAULT ? DT_EVICT_LRU : d->cache_eviction;
 }
 
 /* The object with its per-rank arrays and resolved tables; NULL (everything freed) when out of memory. */
@@ -1515,6 +1644,10 @@ static dt_embed *dt__em_new(dt_ctx *ctx, const dt_embed_desc *desc, int W) {
     e->sync = 1;
     e->cuda = desc->device == DT_CUDA_DEVICE;
     e->ctx = ctx;
+    {   /* tier DISK: where the slow tiers go */
+        const char *dir = desc->tier_dir ? desc->tier_dir : getenv("TMPDIR");
+        snprintf(e->tier_dir, sizeof e->tier_dir, "%s", dir && dir[0] ? dir : "/tmp");
+    }
     e->comm = desc->comm;
     e->rank = desc->comm ? dt_comm_rank(desc->comm) : 0;
     e->size = W;
@@ -1556,6 +1689,7 @@ static dt_status dt__em_build_shards(dt_embed *e, const dt_embed_desc *desc) {
         dt__em_tab *t = &e->tabs[i];
         if (t->shard == DT_SHARD_DATA) e->any_dp = 1;
         if (t->dynamic) e->any_dyn = 1;
+        if (t->tier_kind != DT_TIER_NONE) e->any_tier = 1; /* on every rank: its collectives are every rank's */
         dt__em_shard_bounds(e, t);
         if (t->dynamic) {
             int h, k;
@@ -1809,7 +1943,8 @@ static void dt__em_axpy(float *DT__EM_RESTRICT acc, const float *DT__EM_RESTRICT
 DT__EM_PF_FN void dt__em_pf_row(const dt__em_tab *t, int64_t row, int write) {
     size_t es = dt_dtype_size(t->dtype), bytes, o;
     const char *p;
-    if (row < t->r0 || row >= t->r1) return; /* a rejected dynamic id (-1), or nothing to read */
+    if (row < t->r0 || row >= t->r1 || t->tier) return; /* a rejected dynamic id (-1), nothing to read, or
+                                                           a tiered table (its rows are in the cache) */
     bytes = (size_t)(t->c1 - t->c0) * es;
     p = (const char *)t->w.data + (size_t)(row - t->r0) * bytes;
     for (o = 0; o < bytes; o += 64) {
@@ -1933,56 +2068,84 @@ static dt_status dt__em_generate(dt_embed *e, dt__em_gen *g) {
 
 static dt_status dt__em_mark(dt_embed *e, dt__em_tab *t, int64_t x);
 
-static void dt__em_lru_unlink(dt__em_tab *t, dt__em_dyn *y, int64_t x) {
-    if (t->prev[x] >= 0) t->next[t->prev[x]] = t->next[x]; else y->head = t->next[x];
-    if (t->next[x] >= 0) t->prev[t->next[x]] = t->prev[x]; else y->tail = t->prev[x];
+/* The eviction policies, shared by the slots of a dynamic table's shard and the cache slots of a
+   tiered table (>>tier). p names the per-slot arrays; y holds the list's ends, or the heap's
+   place (p->prev + y->x0) and size (y->used). LRU: a doubly linked list, head = least recently
+   used, a use moves a slot to the tail: O(1). */
+typedef struct dt__em_pol { int64_t *prev, *next; const int64_t *count, *stamp; } dt__em_pol;
+static dt__em_pol dt__em_dyn_pol(const dt__em_tab *t) {
+    dt__em_pol p;
+    p.prev = t->prev; p.next = t->next;
+    p.count = (const int64_t *)t->slot_count.data; p.stamp = (const int64_t *)t->slot_stamp.data;
+    return p;
 }
-static void dt__em_lru_append(dt__em_tab *t, dt__em_dyn *y, int64_t x) {
-    t->prev[x] = y->tail; t->next[x] = -1;
-    if (y->tail >= 0) t->next[y->tail] = x; else y->head = x;
+static void dt__em_lru_unlink(const dt__em_pol *p, dt__em_dyn *y, int64_t x) {
+    if (p->prev[x] >= 0) p->next[p->prev[x]] = p->next[x]; else y->head = p->next[x];
+    if (p->next[x] >= 0) p->prev[p->next[x]] = p->prev[x]; else y->tail = p->prev[x];
+}
+static void dt__em_lru_append(const dt__em_pol *p, dt__em_dyn *y, int64_t x) {
+    p->prev[x] = y->tail; p->next[x] = -1;
+    if (y->tail >= 0) p->next[y->tail] = x; else y->head = x;
     y->tail = x;
 }
 
-/* LFU: each shard's filled slots form a binary min-heap ordered by (count, stamp), so the root is
-   the least frequently used slot and, among equals, the least recently used; a use raises a
-   slot's key (sift down), an admission resets the root's or appends (sift up): O(log n). */
-static int dt__em_lfu_less(const dt__em_tab *t, int64_t a, int64_t b) {
-    const int64_t *cn = (const int64_t *)t->slot_count.data, *st = (const int64_t *)t->slot_stamp.data;
-    return cn[a] < cn[b] || (cn[a] == cn[b] && st[a] < st[b]);
+/* LFU: the slots form a binary min-heap ordered by (count, stamp), so the root is the least
+   frequently used slot and, among equals, the least recently used; a use raises a slot's key
+   (sift down), an admission resets the root's or appends (sift up): O(log n). */
+static int dt__em_lfu_less(const dt__em_pol *p, int64_t a, int64_t b) {
+    return p->count[a] < p->count[b] || (p->count[a] == p->count[b] && p->stamp[a] < p->stamp[b]);
 }
-static void dt__em_lfu_fix(dt__em_tab *t, const dt__em_dyn *y, int64_t i) {
-    int64_t *h = t->prev + y->x0, n = y->used, x = h[i];
-    while (i > 0 && dt__em_lfu_less(t, x, h[(i - 1) / 2])) { /* up */
-        h[i] = h[(i - 1) / 2]; t->next[h[i]] = i;
+static void dt__em_lfu_fix(const dt__em_pol *p, const dt__em_dyn *y, int64_t i) {
+    int64_t *h = p->prev + y->x0, n = y->used, x = h[i];
+    while (i > 0 && dt__em_lfu_less(p, x, h[(i - 1) / 2])) { /* up */
+        h[i] = h[(i - 1) / 2]; p->next[h[i]] = i;
         i = (i - 1) / 2;
     }
     for (;;) { /* down */
         int64_t c = 2 * i + 1;
         if (c >= n) break;
-        if (c + 1 < n && dt__em_lfu_less(t, h[c + 1], h[c])) c++;
-        if (!dt__em_lfu_less(t, h[c], x)) break;
-        h[i] = h[c]; t->next[h[i]] = i;
+        if (c + 1 < n && dt__em_lfu_less(p, h[c + 1], h[c])) c++;
+        if (!dt__em_lfu_less(p, h[c], x)) break;
+        h[i] = h[c]; p->next[h[i]] = i;
         i = c;
     }
-    h[i] = x; t->next[x] = i;
+    h[i] = x; p->next[x] = i;
+}
+static void dt__em_lfu_push(const dt__em_pol *p, dt__em_dyn *y, int64_t x) {
+    int64_t i = y->used++;
+    p->prev[y->x0 + i] = x; p->next[x] = i;
+    dt__em_lfu_fix(p, y, i);
+}
+static void dt__em_lfu_remove(const dt__em_pol *p, dt__em_dyn *y, int64_t x) {
+    int64_t i = p->next[x], last = p->prev[y->x0 + --y->used];
+    if (i == y->used) return;
+    p->prev[y->x0 + i] = last; p->next[last] = i;
+    dt__em_lfu_fix(p, y, i);
 }
 
 /* A new row for id in slot x: values from (seed, table, id), optimizer state zero. */
+static dt_status dt__em_row_at(dt_embed *e, dt__em_tab *t, int64_t x, int mode, int count, char **w, float **s1,
+                               float **s2, int64_t *k);
+static void dt__em_tier_view(dt_tensor *v, void *data, dt_dtype dtype, int64_t rows, int64_t cols);
+
+/* A new row for id in slot x: values from (seed, table, id), optimizer state zero (a tiered
+   table's: in its cache slot, not read from the slow tier first). */
 static dt_status dt__em_dyn_fill(dt_embed *e, dt__em_tab *t, int64_t x, int64_t id) {
     dt_tensor v;
     dt_init_desc in = t->init;
-    char name[DT_NAME_MAX + 32];
-    int64_t nc = t->c1 - t->c0, sh[2];
-    sh[0] = 1; sh[1] = nc;
-    DT__TRY(dt_tensor_view(e->ctx, &v, &t->w, x * nc, 2, sh));
+    char name[DT_NAME_MAX + 32], *w;
+    float *s1, *s2;
+    int64_t nc = t->c1 - t->c0, k;
+    DT__TRY(dt__em_row_at(e, t, x, DT__EM_NONE, 0, &w, &s1, &s2, &k));
+    dt__em_tier_view(&v, w, t->dtype, 1, nc);
     snprintf(name, sizeof name, "%s#%lld", t->name, (long long)id);
     in.name = name;
     memset(in.global_shape, 0, sizeof in.global_shape);
     memset(in.start, 0, sizeof in.start);
     DT__TRY(dt_tensor_init(e->ctx, &v, &in));
-    if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) ((float *)t->s1.data)[x] = 0;
-    else if (t->s1.data) memset((float *)t->s1.data + x * nc, 0, (size_t)nc * sizeof(float));
-    if (t->s2.data) memset((float *)t->s2.data + x * nc, 0, (size_t)nc * sizeof(float));
+    if (s1) memset(s1, 0, (size_t)(t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : nc) * sizeof(float));
+    if (s2) memset(s2, 0, (size_t)nc * sizeof(float));
+    if (k >= 0) dt__em_tier_dirty(t, k);
     return DT_OK;
 }
 
@@ -1993,6 +2156,7 @@ static dt_status dt__em_dyn_fill(dt_embed *e, dt__em_tab *t, int64_t x, int64_t 
 static dt_status dt__em_dyn_slot(dt_embed *e, dt__em_tab *t, dt__em_dyn *y, int64_t id, int64_t *row) {
     int64_t *sid = (int64_t *)t->slot_id.data, *stamp = (int64_t *)t->slot_stamp.data, x, seen = 0;
     int lfu = t->evict == DT_EVICT_LFU;
+    dt__em_pol pol = dt__em_dyn_pol(t);
     if (!dt__em_get(&y->map, id, &x)) {
         int64_t victim = lfu ? (y->used ? t->prev[y->x0] : -1) : y->head;
         (void)dt__em_get(&y->seen, id, &seen);
@@ -2010,7 +2174,7 @@ static dt_status dt__em_dyn_slot(dt_embed *e, dt__em_tab *t, dt__em_dyn *y, int6
         } else {
             x = victim;
             dt__em_del(&y->map, sid[x]);
-            if (!lfu) dt__em_lru_unlink(t, y, x);
+            if (!lfu) dt__em_lru_unlink(&pol, y, x);
             e->stats.step_evicted++;
         }
         dt__em_del(&y->seen, id);
@@ -2019,14 +2183,14 @@ static dt_status dt__em_dyn_slot(dt_embed *e, dt__em_tab *t, dt__em_dyn *y, int6
         DT__TRY(dt__em_dyn_fill(e, t, x, id));
         DT__TRY(dt__em_mark(e, t, x));
         if (lfu) ((int64_t *)t->slot_count.data)[x] = 0;
-        else dt__em_lru_append(t, y, x);
+        else dt__em_lru_append(&pol, y, x);
         e->stats.step_admitted++;
     }
     stamp[x] = ++y->stamp;
     if (lfu) {
         ((int64_t *)t->slot_count.data)[x]++;
-        dt__em_lfu_fix(t, y, t->next[x]);
-    } else if (y->tail != x) { dt__em_lru_unlink(t, y, x); dt__em_lru_append(t, y, x); }
+        dt__em_lfu_fix(&pol, y, t->next[x]);
+    } else if (y->tail != x) { dt__em_lru_unlink(&pol, y, x); dt__em_lru_append(&pol, y, x); }
     *row = t->r0 + x;
     return DT_OK;
 }
@@ -2070,6 +2234,7 @@ static dt_status dt__em_dup_slot(dt_embed *e, const dt__em_tab *t, int64_t id, i
 static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
     int64_t *sid = (int64_t *)t->slot_id.data, *stamp = (int64_t *)t->slot_stamp.data, x, k, v;
     int h;
+    dt__em_pol pol = dt__em_dyn_pol(t);
     for (h = 0; h < t->hs_count; h++) {
         dt__em_dyn *y = &t->hs[h];
         int64_t *order;
@@ -2096,7 +2261,7 @@ static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
                 if (dt__em_get(&y->map, sid[x], &v)) return dt__em_dup_slot(e, t, sid[x], v, x);
                 DT__TRY(dt__em_put(e->ctx, &y->map, sid[x], x));
                 t->prev[x] = x; t->next[x] = x - y->x0;
-                dt__em_lfu_fix(t, y, x - y->x0);
+                dt__em_lfu_fix(&pol, y, x - y->x0);
                 if (stamp[x] > y->stamp) y->stamp = stamp[x];
             }
             y->used = n;
@@ -2117,7 +2282,7 @@ static dt_status dt__em_dyn_rebuild(dt_embed *e, dt__em_tab *t) {
                 return dt__em_dup_slot(e, t, sid[x], v, x);
             }
             DT__TRY(dt__em_put(e->ctx, &y->map, sid[x], x));
-            dt__em_lru_append(t, y, x);
+            dt__em_lru_append(&pol, y, x);
             if (stamp[x] > y->stamp) y->stamp = stamp[x];
         }
         dt_release(e->ctx, order);
@@ -2247,6 +2412,471 @@ static dt_status dt__em_dyn_move(dt_embed *e, dt__em_tab *t) {
     return st;
 }
 
+/* ==== >>tier: tiered tables: the slow tier, the cache of hot rows, prefetch ================== */
+
+/* A tiered table's shard (its rows and optimizer state, t->w, t->s1, t->s2) lives in the slow
+   tier: a file mapped into memory (MAP_SHARED, page-aligned regions; the kernel reads and writes
+   its pages as needed, so it may be far larger than memory). The forward, the update and the
+   dynamic admissions use the cache instead: cap slots of rows and state in host memory, a map
+   local row -> slot, and an eviction policy (LRU or LFU, the dynamic tables' code) over the
+   slots not pinned. A slot is pinned while the batch in flight uses it (pin >= e->epoch: until
+   the update that ends the epoch) and, when dt_embed_prefetch reserved it, through the next
+   epoch; pinned slots leave the policy and come back at the end of their epoch. A row's bytes
+   are only ever copied (slow -> cache at a fetch, cache -> slow when an evicted row changed), so
+   a tiered table trains bit for bit as a resident one. The cold paths (checkpoints, export,
+   dt_embed_local_shard) see t->w after dt__em_tier_settle has written every changed row back.
+
+   Prefetch: the copies of the reserved rows go to one helper thread (POSIX threads; without
+   them, or DT_EMBED_NO_THREADS, the copies run in dt_embed_prefetch). The helper writes only the
+   reserved slots and reads only slow-tier rows that are not cached; the caller's thread touches
+   neither until the slot's copies are done (slot ready <= copies done, under the mutex), so the
+   two never share a byte. */
+
+typedef struct dt__em_tier {
+    int fd;                      /* the slow tier's file: unlinked at once, gone with the process */
+    void *map;
+    size_t map_bytes;
+    int64_t cap, filled;         /* slots; slots filled so far (free slots are taken before any eviction) */
+    int lfu;
+    int64_t rb, sn1, sn2;        /* a row's bytes; floats of its state in s1 (nc, 1 or 0) and in s2 (nc or 0) */
+    char *cw;                    /* slot k: row at cw + k rb, state at cs1 + k sn1 and cs2 + k sn2 */
+    float *cs1, *cs2;
+    dt__em_map where;            /* local row -> slot */
+    int64_t *row_of, *pin, *count, *stamp, *prev, *next, *ready, clock;
+    unsigned char *dirty;        /* per slot: changed since it was fetched (written back at eviction) */
+    int64_t *pins[2], n_pins[2], pins_cap[2]; /* slots pinned until this epoch's end [0], the next's [1] */
+    dt__em_dyn lst;              /* the policy's list ends, or its heap's size (x0 0) */
+    dt_embed_tier_stats st;
+} dt__em_tier;
+
+typedef struct dt__em_cp { char *dst; const char *src; size_t n; } dt__em_cp;
+typedef struct dt__em_pfq {      /* the prefetch's copies, numbered from the first ever (base + i) */
+    dt__em_cp *q;
+    int64_t n, cap, base;        /* the current list: copies base .. base + n - 1 */
+    int64_t done;                /* copies finished (under mu when threaded) */
+    int threaded;
+#ifdef DT__EM_THREADS
+    int stop;
+    int64_t pub, taken;          /* copies published to the helper, taken by it (under mu) */
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+#endif
+} dt__em_pfq;
+
+static dt__em_pol dt__em_tier_pol(const dt__em_tier *c) {
+    dt__em_pol p;
+    p.prev = c->prev; p.next = c->next; p.count = c->count; p.stamp = c->stamp;
+    return p;
+}
+static void dt__em_pol_out(dt__em_tier *c, int64_t k) { /* slot k leaves the policy */
+    dt__em_pol p = dt__em_tier_pol(c);
+    if (c->lfu) dt__em_lfu_remove(&p, &c->lst, k);
+    else dt__em_lru_unlink(&p, &c->lst, k);
+}
+static void dt__em_pol_in(dt__em_tier *c, int64_t k) { /* slot k (re)joins it as the most recent */
+    dt__em_pol p = dt__em_tier_pol(c);
+    if (c->lfu) dt__em_lfu_push(&p, &c->lst, k);
+    else dt__em_lru_append(&p, &c->lst, k);
+}
+
+#ifdef DT__EM_THREADS
+static void *dt__em_pfq_main(void *arg) {
+    dt__em_pfq *q = (dt__em_pfq *)arg;
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        int64_t a, b, i;
+        while (!q->stop && q->taken == q->pub) pthread_cond_wait(&q->cv, &q->mu);
+        if (q->stop) break;
+        a = q->taken;
+        b = q->pub - a > 64 ? a + 64 : q->pub; /* a few rows at a time: the caller waits per row */
+        q->taken = b;
+        pthread_mutex_unlock(&q->mu);
+        for (i = a; i < b; i++) {
+            const dt__em_cp *c = &q->q[i - q->base];
+            memcpy(c->dst, c->src, c->n);
+        }
+        pthread_mutex_lock(&q->mu);
+        q->done = b;
+        pthread_cond_broadcast(&q->cv);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return NULL;
+}
+#endif
+
+static dt_status dt__em_pfq_get(dt_embed *e, dt__em_pfq **out) {
+    dt__em_pfq *q = e->pfq;
+    if (!q) {
+        if (!(q = (dt__em_pfq *)dt_alloc_zeroed(e->ctx, sizeof *q))) return DT_ERR_OOM;
+#ifdef DT__EM_THREADS
+        if (pthread_mutex_init(&q->mu, NULL) == 0) {
+            if (pthread_cond_init(&q->cv, NULL) != 0) pthread_mutex_destroy(&q->mu);
+            else if (pthread_create(&q->th, NULL, dt__em_pfq_main, q) != 0) {
+                pthread_cond_destroy(&q->cv);
+                pthread_mutex_destroy(&q->mu);
+            } else q->threaded = 1;
+        }
+#endif
+        e->pfq = q;
+    }
+    *out = q;
+    return DT_OK;
+}
+
+/* Waits until the copies numbered below `upto` are done (e->pfq_seen: done, as last seen). */
+static void dt__em_pfq_wait(dt_embed *e, int64_t upto) {
+    dt__em_pfq *q = e->pfq;
+    if (upto <= e->pfq_seen || !q) return;
+#ifdef DT__EM_THREADS
+    if (q->threaded) {
+        pthread_mutex_lock(&q->mu);
+        while (q->done < upto) pthread_cond_wait(&q->cv, &q->mu);
+        e->pfq_seen = q->done;
+        pthread_mutex_unlock(&q->mu);
+        return;
+    }
+#endif
+    e->pfq_seen = q->done;
+}
+
+/* Every copy queued so far is done: the helper is idle, the list may be reused. */
+static void dt__em_pfq_drain(dt_embed *e) {
+    dt__em_pfq *q = e->pfq;
+    if (!q) return;
+    dt__em_pfq_wait(e, q->base + q->n);
+    q->base += q->n;
+    q->n = 0;
+}
+
+static void dt__em_pfq_publish(dt__em_pfq *q) {
+#ifdef DT__EM_THREADS
+    if (q->threaded) {
+        pthread_mutex_lock(&q->mu);
+        q->pub = q->base + q->n;
+        pthread_cond_broadcast(&q->cv);
+        pthread_mutex_unlock(&q->mu);
+        return;
+    }
+#endif
+    {
+        int64_t i;
+        for (i = 0; i < q->n; i++) memcpy(q->q[i].dst, q->q[i].src, q->q[i].n);
+        q->done = q->base + q->n;
+    }
+}
+
+static void dt__em_pfq_free(dt_embed *e) {
+    dt__em_pfq *q = e->pfq;
+    if (!q) return;
+#ifdef DT__EM_THREADS
+    if (q->threaded) {
+        pthread_mutex_lock(&q->mu);
+        q->stop = 1;
+        pthread_cond_broadcast(&q->cv);
+        pthread_mutex_unlock(&q->mu);
+        pthread_join(q->th, NULL);
+        pthread_cond_destroy(&q->cv);
+        pthread_mutex_destroy(&q->mu);
+    }
+#endif
+    dt_release(e->ctx, q->q);
+    dt_release(e->ctx, q);
+    e->pfq = NULL;
+}
+
+/* Slot k's row and state <-> the slow tier's local row x. */
+static void dt__em_tier_ptrs(const dt__em_tab *t, int64_t x, char **w, float **s1, float **s2) {
+    const dt__em_tier *c = t->tier;
+    *w = (char *)t->w.data + (size_t)(x * c->rb);
+    *s1 = c->sn1 ? (float *)t->s1.data + x * c->sn1 : NULL;
+    *s2 = c->sn2 ? (float *)t->s2.data + x * c->sn2 : NULL;
+}
+static void dt__em_tier_copy(dt__em_tier *c, const dt__em_tab *t, int64_t k, int64_t x, int out) {
+    char *w;
+    float *s1, *s2;
+    dt__em_tier_ptrs(t, x, &w, &s1, &s2);
+    if (out) {
+        memcpy(w, c->cw + k * c->rb, (size_t)c->rb);
+        if (s1) memcpy(s1, c->cs1 + k * c->sn1, sizeof(float) * (size_t)c->sn1);
+        if (s2) memcpy(s2, c->cs2 + k * c->sn2, sizeof(float) * (size_t)c->sn2);
+    } else {
+        memcpy(c->cw + k * c->rb, w, (size_t)c->rb);
+        if (s1) memcpy(c->cs1 + k * c->sn1, s1, sizeof(float) * (size_t)c->sn1);
+        if (s2) memcpy(c->cs2 + k * c->sn2, s2, sizeof(float) * (size_t)c->sn2);
+    }
+}
+static void dt__em_tier_dirty(dt__em_tab *t, int64_t k) { t->tier->dirty[k] = 1; }
+static double dt__em_tier_row_bytes(const dt__em_tier *c) { return (double)c->rb + 4.0 * (double)(c->sn1 + c->sn2); }
+
+static dt_status dt__em_tier_queue(dt_embed *e, char *dst, const char *src, size_t n) {
+    dt__em_pfq *q = e->pfq;
+    DT__TRY(dt_grow(e->ctx, (void **)&q->q, &q->cap, q->n + 1, sizeof(dt__em_cp), "dt_embed prefetch copies"));
+    q->q[q->n].dst = dst; q->q[q->n].src = src; q->q[q->n].n = n;
+    q->n++;
+    return DT_OK;
+}
+
+/* Pins slot k until the end of epoch `until` (e->epoch or e->epoch + 1). pin[k]: -1 a slot just
+   filled (in no list), 0 <= pin < epoch in the policy, >= epoch pinned. */
+static dt_status dt__em_tier_pin(dt_embed *e, dt__em_tier *c, int64_t k, int64_t until) {
+    int which = until > e->epoch;
+    if (c->pin[k] >= until) return DT_OK;
+    if (c->pin[k] >= 0 && c->pin[k] < e->epoch) dt__em_pol_out(c, k);
+    c->pin[k] = until;
+    DT__TRY(dt_grow(e->ctx, (void **)&c->pins[which], &c->pins_cap[which], c->n_pins[which] + 1, sizeof(int64_t),
+                    "dt_embed pinned rows"));
+    c->pins[which][c->n_pins[which]++] = k;
+    return DT_OK;
+}
+
+/* The epoch ends (an update, or a failed forward): the slots pinned for it rejoin the policy in
+   the order they were pinned, and those reserved by a prefetch become the new epoch's. */
+static void dt__em_tier_advance(dt_embed *e) {
+    int i;
+    for (i = 0; i < e->n_tabs; i++) {
+        dt__em_tier *c = e->tabs[i].tier;
+        int64_t j, *tp, tc;
+        if (!c) continue;
+        for (j = 0; j < c->n_pins[0]; j++) {
+            int64_t k = c->pins[0][j];
+            if (c->pin[k] == e->epoch) dt__em_pol_in(c, k); /* pin < the next epoch: in the policy */
+        }
+        tp = c->pins[0]; c->pins[0] = c->pins[1]; c->pins[1] = tp;
+        tc = c->pins_cap[0]; c->pins_cap[0] = c->pins_cap[1]; c->pins_cap[1] = tc;
+        c->n_pins[0] = c->n_pins[1]; c->n_pins[1] = 0;
+    }
+    e->epoch++;
+}
+
+/* The cache slot of local row x of tiered table t, pinned until the end of epoch `until`: a hit,
+   or a slot made for it (a free one, else the policy's victim, written back first when it
+   changed) and filled by `mode` (DT__EM_NOW, _LATER, _NONE). count: a first lookup of the id
+   (hits and misses). *k = -1 when every slot is pinned: nothing changes. */
+static dt_status dt__em_tier_slot(dt_embed *e, dt__em_tab *t, int64_t x, int64_t until, int mode, int count,
+                                  int64_t *k) {
+    dt__em_tier *c = t->tier;
+    int64_t s;
+    if (dt__em_get(&c->where, x, &s)) {
+        if (count) c->st.hits++;
+        if (mode != DT__EM_LATER && c->ready[s] > e->pfq_seen) { /* still on its way */
+            double t0 = dt__em_now();
+            dt__em_pfq_wait(e, c->ready[s]);
+            c->st.seconds_wait += dt__em_now() - t0;
+        }
+    } else {
+        if (c->filled < c->cap) s = c->filled++;
+        else {
+            s = c->lfu ? (c->lst.used ? c->prev[0] : -1) : c->lst.head;
+            if (s < 0) { *k = -1; return DT_OK; }
+            dt__em_pol_out(c, s);
+            dt__em_pfq_wait(e, c->ready[s]); /* a prefetched row never used (its forward failed) */
+            if (c->dirty[s]) {
+                dt__em_tier_copy(c, t, s, c->row_of[s], 1);
+                c->st.written_back++;
+                c->st.bytes_out += dt__em_tier_row_bytes(c);
+            }
+            dt__em_del(&c->where, c->row_of[s]);
+            c->st.evicted++;
+        }
+        c->pin[s] = -1;
+        c->row_of[s] = x;
+        c->dirty[s] = 0;
+        c->ready[s] = 0;
+        if (c->count) c->count[s] = 0;
+        DT__TRY(dt__em_put(e->ctx, &c->where, x, s));
+        if (count) c->st.misses++;
+        if (mode != DT__EM_NONE) {
+            c->st.bytes_in += dt__em_tier_row_bytes(c);
+            if (mode == DT__EM_NOW) { dt__em_tier_copy(c, t, s, x, 0); c->st.fetched++; }
+            else { /* the helper's copies; the slot is ready once they are done */
+                char *w;
+                float *s1, *s2;
+                dt__em_tier_ptrs(t, x, &w, &s1, &s2);
+                DT__TRY(dt__em_tier_queue(e, c->cw + s * c->rb, w, (size_t)c->rb));
+                if (s1) DT__TRY(dt__em_tier_queue(e, (char *)(c->cs1 + s * c->sn1), (const char *)s1,
+                                                  sizeof(float) * (size_t)c->sn1));
+                if (s2) DT__TRY(dt__em_tier_queue(e, (char *)(c->cs2 + s * c->sn2), (const char *)s2,
+                                                  sizeof(float) * (size_t)c->sn2));
+                c->ready[s] = e->pfq->base + e->pfq->n;
+                c->st.prefetched++;
+            }
+        }
+    }
+    c->stamp[s] = ++c->clock;
+    if (c->count) c->count[s]++;
+    DT__TRY(dt__em_tier_pin(e, c, s, until));
+    *k = s;
+    return DT_OK;
+}
+
+/* A forward's lookup that found no slot: remembered, and reported on every rank at the end of the
+   forward (the owner still serves zeros and joins the return all-to-all). */
+static void dt__em_tier_full(dt_embed *e, const dt__em_tab *t) {
+    if (e->tier_st) return;
+    e->tier_st = DT_ERR_RANGE;
+    snprintf(e->tier_msg, sizeof e->tier_msg, "dt_embed_forward: table \"%s\": its cache_rows = %lld on rank %d is "
+             "smaller than the distinct rows this step needs there (every slot holds a row of the batch in flight%s); "
+             "expected cache_rows >= one step's distinct rows on each rank", t->name, (long long)t->tier->cap, e->rank,
+             e->acc_open ? " or of the micro-batches accumulated since the last update" : "");
+}
+
+/* Where local row x of t is read and written by a forward or an update: its cache slot (pinned
+   for this epoch; *k >= 0), else, when every slot is pinned (*k = -1), the slow tier itself.
+   Resident tables: the shard. */
+static dt_status dt__em_row_at(dt_embed *e, dt__em_tab *t, int64_t x, int mode, int count, char **w, float **s1,
+                               float **s2, int64_t *k) {
+    dt__em_tier *c = t->tier;
+    int64_t nc = t->c1 - t->c0, sn1 = t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : nc;
+    *k = -1;
+    if (c) {
+        DT__TRY(dt__em_tier_slot(e, t, x, e->epoch, mode, count, k));
+        if (*k >= 0) {
+            *w = c->cw + *k * c->rb;
+            *s1 = c->sn1 ? c->cs1 + *k * c->sn1 : NULL;
+            *s2 = c->sn2 ? c->cs2 + *k * c->sn2 : NULL;
+        } else dt__em_tier_ptrs(t, x, w, s1, s2);
+        return DT_OK;
+    }
+    *w = (char *)t->w.data + (size_t)(x * nc) * dt_dtype_size(t->dtype);
+    *s1 = t->s1.data ? (float *)t->s1.data + x * sn1 : NULL;
+    *s2 = t->s2.data ? (float *)t->s2.data + x * nc : NULL;
+    return DT_OK;
+}
+
+/* Waits for the prefetch in flight and writes every changed cached row back: the slow tier then
+   holds each tiered table (for checkpoints, the export, dt_embed_local_shard). */
+static void dt__em_tier_settle(dt_embed *e) {
+    int i;
+    int64_t k;
+    dt__em_pfq_drain(e);
+    for (i = 0; i < e->n_tabs; i++) {
+        dt__em_tier *c = e->tabs[i].tier;
+        for (k = 0; c && k < c->filled; k++)
+            if (c->dirty[k]) {
+                dt__em_tier_copy(c, &e->tabs[i], k, c->row_of[k], 1);
+                c->dirty[k] = 0;
+                c->st.written_back++;
+                c->st.bytes_out += dt__em_tier_row_bytes(c);
+            }
+    }
+}
+
+/* After the slow tier changed under the cache (a checkpoint load): every slot empty. */
+static void dt__em_tier_drop(dt_embed *e) {
+    int i;
+    for (i = 0; i < e->n_tabs; i++) {
+        dt__em_tier *c = e->tabs[i].tier;
+        if (!c) continue;
+        dt__em_mfree(e->ctx, &c->where);
+        c->filled = 0;
+        c->lst.head = c->lst.tail = -1;
+        c->lst.used = 0;
+        c->n_pins[0] = c->n_pins[1] = 0;
+    }
+}
+
+static int dt__em_tier_open(dt_embed *e, const dt__em_tab *t, size_t bytes, void **map) {
+    char path[1200], nm[DT_NAME_MAX];
+    int fd = -1, tries, i;
+    for (i = 0; t->name[i] && i < DT_NAME_MAX - 1; i++) { /* the name as a file name */
+        char ch = t->name[i];
+        nm[i] = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' ? ch : '_';
+    }
+    nm[i] = 0;
+    for (tries = 0; tries < 1000 && fd < 0; tries++) { /* unlinked at once: a name is busy only for a moment */
+        snprintf(path, sizeof path, "%s/dt_embed.%ld.r%d.%s.%d.tier", e->tier_dir, (long)getpid(), e->rank, nm, tries);
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+    }
+    if (fd < 0) {
+        dt_ctx_set_error(e->ctx, DT_ERR_IO, "dt_embed_create: table \"%s\": cannot create its slow tier in \"%s\" "
+                         "(desc.tier_dir) on rank %d; expected a writable directory", t->name, e->tier_dir, e->rank);
+        return -1;
+    }
+    (void)unlink(path); /* scratch: checkpoints are the durable copy */
+    /* sized by its last byte (a sparse file: zeros until written; lseek + write, unlike ftruncate,
+       are declared under strict -std=c99) */
+    if ((off_t)(bytes - 1) != (off_t)(int64_t)(bytes - 1) || lseek(fd, (off_t)(bytes - 1), SEEK_SET) < 0 ||
+        write(fd, "", 1) != 1 ||
+        (*map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+        dt_ctx_set_error(e->ctx, DT_ERR_IO, "dt_embed_create: table \"%s\": its slow tier (%.3g GiB) in \"%s\" "
+                         "(desc.tier_dir) on rank %d could not be sized or mapped; expected that much free disk",
+                         t->name, (double)bytes / 1073741824.0, e->tier_dir, e->rank);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void dt__em_tier_view(dt_tensor *v, void *data, dt_dtype dtype, int64_t rows, int64_t cols) {
+    memset(v, 0, sizeof *v);
+    v->data = data; v->dtype = dtype; v->device = DT_CPU;
+    v->shape[0] = rows; v->numel = rows * (cols ? cols : 1);
+    if (cols) { v->shape[1] = cols; v->ndim = 2; } else v->ndim = 1;
+}
+
+/* The slow tier (a file: rows, then s1, then s2, each region page-aligned) viewed by t->w, t->s1,
+   t->s2, and the cache. The rows' initial values are written by the caller (dt_tensor_init on
+   t->w); the state starts at zero as the file does. */
+static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
+    dt__em_tier *c;
+    int64_t nr = t->r1 - t->r0, nc = t->c1 - t->c0, k, b0, b1, b2, bytes;
+    const int64_t page = 1 << 16; /* a multiple of every page size in use (4 KiB, 16 KiB, 64 KiB) */
+    if (!(c = (dt__em_tier *)dt_alloc_zeroed(e->ctx, sizeof *c))) return DT_ERR_OOM;
+    t->tier = c;
+    c->fd = -1;
+    c->lfu = t->cache_evict == DT_EVICT_LFU;
+    c->rb = nc * (int64_t)dt_dtype_size(t->dtype);
+    c->sn1 = t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : (t->kind == DT_EMBED_ADAGRAD || t->kind == DT_EMBED_ADAM) ? nc : 0;
+    c->sn2 = t->kind == DT_EMBED_ADAM ? nc : 0;
+    c->cap = t->cache_rows > 0 ? (t->cache_rows < nr ? t->cache_rows : nr) : (nr + 7) / 8;
+    c->st.cache_rows = c->cap;
+    /* sizes: rows x bytes fit (dt__em_check_table checked rows x dim x 8) */
+    b0 = ((nr * c->rb + page - 1) / page) * page;
+    b1 = ((nr * c->sn1 * 4 + page - 1) / page) * page;
+    b2 = ((nr * c->sn2 * 4 + page - 1) / page) * page;
+    bytes = b0 + b1 + b2;
+    if ((c->fd = dt__em_tier_open(e, t, (size_t)bytes, &c->map)) < 0) return DT_ERR_IO;
+    c->map_bytes = (size_t)bytes;
+    dt__em_tier_view(&t->w, c->map, t->dtype, nr, nc);
+    if (c->sn1) dt__em_tier_view(&t->s1, (char *)c->map + b0, DT_F32, nr, t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 0 : nc);
+    if (c->sn2) dt__em_tier_view(&t->s2, (char *)c->map + b0 + b1, DT_F32, nr, nc);
+    c->cw = (char *)dt_alloc(e->ctx, (size_t)(c->cap * c->rb));
+    c->cs1 = c->sn1 ? (float *)dt_alloc(e->ctx, sizeof(float) * (size_t)(c->cap * c->sn1)) : NULL;
+    c->cs2 = c->sn2 ? (float *)dt_alloc(e->ctx, sizeof(float) * (size_t)(c->cap * c->sn2)) : NULL;
+    c->row_of = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap);
+    c->pin = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap);
+    c->stamp = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap);
+    c->prev = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap);
+    c->next = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap);
+    c->ready = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap);
+    c->count = c->lfu ? (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap) : NULL;
+    c->dirty = (unsigned char *)dt_alloc(e->ctx, (size_t)c->cap);
+    if (!c->cw || (c->sn1 && !c->cs1) || (c->sn2 && !c->cs2) || !c->row_of || !c->pin || !c->stamp || !c->prev ||
+        !c->next || !c->ready || (c->lfu && !c->count) || !c->dirty)
+        return DT_ERR_OOM;
+    dt__em_hugepage(c->cw, (size_t)(c->cap * c->rb));
+    for (k = 0; k < c->cap; k++) { c->pin[k] = -1; c->ready[k] = 0; c->dirty[k] = 0; c->row_of[k] = -1; }
+    c->lst.head = c->lst.tail = -1;
+    return DT_OK;
+}
+
+static void dt__em_tier_free(dt_embed *e, dt__em_tab *t) {
+    dt__em_tier *c = t->tier;
+    if (!c) return;
+    if (c->map) (void)munmap(c->map, c->map_bytes);
+    if (c->fd >= 0) (void)close(c->fd);
+    memset(&t->w, 0, sizeof t->w); memset(&t->s1, 0, sizeof t->s1); memset(&t->s2, 0, sizeof t->s2);
+    dt__em_mfree(e->ctx, &c->where);
+    dt_release(e->ctx, c->cw); dt_release(e->ctx, c->cs1); dt_release(e->ctx, c->cs2);
+    dt_release(e->ctx, c->row_of); dt_release(e->ctx, c->pin); dt_release(e->ctx, c->stamp);
+    dt_release(e->ctx, c->prev); dt_release(e->ctx, c->next); dt_release(e->ctx, c->ready);
+    dt_release(e->ctx, c->count); dt_release(e->ctx, c->dirty);
+    dt_release(e->ctx, c->pins[0]); dt_release(e->ctx, c->pins[1]);
+    dt_release(e->ctx, c);
+    t->tier = NULL;
+}
+
 /* ==== >>forward: serve, post, begin, end (the general path of every table) ==================== */
 
 /* The owner's gather + pool pass (dt__em_serve) in two loops. The first walks the received
@@ -2344,6 +2974,7 @@ static void dt__em_pool_src(const dt__em_tab *t, float *acc, const dt__em_src *s
    the result floats per source rank in nres either way). */
 static dt_status dt__em_serve(dt_embed *e, const int64_t *rin, const float *rfl, const int64_t *cnt_i, int64_t *nres,
                               float *out) {
+    int64_t k;
     int s;
     int64_t p = 0, q = 0, o = 0, end = 0, n_src = 0;
     for (s = 0; s < e->size; s++) {
@@ -2359,7 +2990,7 @@ static dt_status dt__em_serve(dt_embed *e, const int64_t *rin, const float *rfl,
     end = p;
     DT__TRY(dt_grow(e->ctx, (void **)&e->src, &e->src_cap, end, sizeof(dt__em_src), "dt_embed gather list"));
     for (p = 0; p < end;) { /* every id's row, in request order */
-        const dt__em_tab *t = &e->tabs[e->feat_tab[rin[p]]];
+        dt__em_tab *t = &e->tabs[e->feat_tab[rin[p]]];
         int64_t n = rin[p + 3], j, bytes = (t->c1 - t->c0) * (int64_t)dt_dtype_size(t->dtype);
         const char *base = (const char *)t->w.data;
         for (j = 0; j < n; j++, n_src++) {
@@ -2368,6 +2999,11 @@ static dt_status dt__em_serve(dt_embed *e, const int64_t *rin, const float *rfl,
             /* only a rejected dynamic id (-1) is outside the shard: the requester bucketized by owner */
             d->row = row >= t->r0 && row < t->r1 ? base + (row - t->r0) * bytes : NULL;
             d->bytes = bytes;
+            if (t->tier && d->row) { /* its cache slot (fetched now, or waited for when prefetched) */
+                DT__TRY(dt__em_tier_slot(e, t, row - t->r0, e->epoch, DT__EM_NOW, !e->tier_pf, &k));
+                if (k < 0) { dt__em_tier_full(e, t); d->row = NULL; }
+                else d->row = t->tier->cw + k * bytes;
+            }
         }
         p += DT__EM_HDR + n;
     }
@@ -2497,7 +3133,7 @@ static void dt__em_swap(dt_embed *e) {
     DT__EM_SW(e->cu_rqf, a->cu_rqf); DT__EM_SW(e->cu_smeta, a->cu_smeta); DT__EM_SW(e->cu_smetaf, a->cu_smetaf);
     DT__EM_SW(e->cu_fR, a->cu_fR); DT__EM_SW(e->cu_fS, a->cu_fS); DT__EM_SW(e->cu_fmax, a->cu_fmax);
     DT__EM_SW(e->cu_bmax, a->cu_bmax); DT__EM_SW(e->cu_cx, a->cu_cx); DT__EM_SW(e->cu_cx_cap, a->cu_cx_cap);
-    DT__EM_SW(e->cu_devreq, a->cu_devreq);
+    DT__EM_SW(e->cu_devreq, a->cu_devreq); DT__EM_SW(e->tier_pf, a->tier_pf);
 }
 #undef DT__EM_SW
 
@@ -2513,6 +3149,21 @@ DT_API dt_status dt_embed_progress(dt_embed *e) {
     return DT_OK;
 }
 
+/* A tiered data-parallel table's bag: its rows' cache slots (as dt__em_serve), then the same pooling. */
+static dt_status dt__em_dp_tier_bag(dt_embed *e, dt__em_tab *t, float *acc, const int64_t *rows, const float *w,
+                                    int64_t n) {
+    int64_t j, k, bytes = t->tier->rb;
+    DT__TRY(dt_grow(e->ctx, (void **)&e->src, &e->src_cap, n + 1, sizeof(dt__em_src), "dt_embed gather list"));
+    for (j = 0; j < n; j++) {
+        DT__TRY(dt__em_tier_slot(e, t, rows[j], e->epoch, DT__EM_NOW, !e->tier_pf, &k));
+        if (k < 0) dt__em_tier_full(e, t);
+        e->src[j].row = k < 0 ? NULL : t->tier->cw + k * bytes;
+        e->src[j].bytes = bytes;
+    }
+    dt__em_pool_src(t, acc, e->src, w, n, t->dim, NULL, 0);
+    return DT_OK;
+}
+
 /* Data-parallel lookups: local, straight into the pooled buffer / sequence rows. */
 static dt_status dt__em_dp_lookup(dt_embed *e) {
     int64_t b, j;
@@ -2520,10 +3171,16 @@ static dt_status dt__em_dp_lookup(dt_embed *e) {
     if (e->cuda) return dt__em_cuda_dp_pool(e);
     for (b = 0; b < e->B; b++)
         for (f = 0; f < e->n_feat; f++) {
-            const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+            dt__em_tab *t = &e->tabs[e->feat_tab[f]];
             int64_t i0 = e->offs[(int64_t)f * e->B + b], n = e->offs[(int64_t)f * e->B + b + 1] - i0;
             if (t->shard != DT_SHARD_DATA) continue;
-            if (t->pooling == DT_POOL_NONE)
+            if (t->tier && t->pooling == DT_POOL_NONE)
+                for (j = 0; j < n; j++)
+                    DT__TRY(dt__em_dp_tier_bag(e, t, dt__em_dst(e, f, b, j, NULL, e->seq), e->rows + i0 + j, e->wts + i0 + j, 1));
+            else if (t->tier)
+                DT__TRY(dt__em_dp_tier_bag(e, t, dt__em_dst(e, f, b, -1, (float *)e->pooled.data, NULL), e->rows + i0,
+                                           e->wts + i0, n));
+            else if (t->pooling == DT_POOL_NONE)
                 for (j = 0; j < n; j++)
                     dt__em_pool(t, dt__em_dst(e, f, b, j, NULL, e->seq), e->rows + i0 + j, e->wts + i0 + j, 1, 0, t->dim, 1);
             else dt__em_pool(t, dt__em_dst(e, f, b, -1, (float *)e->pooled.data, NULL), e->rows + i0, e->wts + i0, n, 0,
@@ -2558,6 +3215,7 @@ DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt) {
 
 DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
     if (!e) return DT_ERR_ARG;
+    e->pf_pending = 0;
     if (e->phase != 1 && e->aside.phase == 1) dt__em_swap(e); /* the batch begun ahead */
     return dt__em_end(e, out);
 }
@@ -2575,6 +3233,8 @@ static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
     cnt = e->cnt;
     e->phase = 0;
     e->n_segs = 0;
+    e->tier_pf = 0;
+    e->tier_st = DT_OK;
     st = dt__em_read_batch(e, kjt, &bad);
     if (!st && !bad && pre) st = pre; /* its message is set */
     if (st) bad = st;
@@ -2733,6 +3393,18 @@ static dt_status dt__em_end(dt_embed *e, dt_tensor *out) {
     }
     for (r = 0; r < W; r++)
         if (r != e->rank) e->stats.bytes_sent_fwd += 4.0 * (double)cnt[5 * W + r];
+    if (e->any_tier) { /* a tiered table's cache too small for this step, on any rank: fails on all */
+        double flag[1];
+        flag[0] = e->tier_st ? 1 : 0;
+        DT__TRY(dt__em_sum_f64(e, flag, 1));
+        if (flag[0] > 0 || st) dt__em_tier_advance(e); /* the failed batch's rows are free again */
+        if (flag[0] > 0) {
+            e->phase = 0;
+            if (e->tier_st) return dt_ctx_set_error(e->ctx, e->tier_st, "%s", e->tier_msg);
+            return dt_ctx_set_error(e->ctx, DT_ERR_RANGE, "%s: a tiered table's cache is too small on another rank; see "
+                                    "its message", fn);
+        }
+    }
     if (st) { e->phase = 0; return st; }
     if (dt__em_cuda_dev(e)) { /* the same scatter on the device, into out */
         DT__TRY(dt__em_cuda_end(e, out, tot));
@@ -2768,8 +3440,11 @@ static dt_status dt__em_end(dt_embed *e, dt_tensor *out) {
 }
 
 /* out is checked before begin, on every rank together: a bad out admits and evicts no ids. */
+static dt_status dt__em_pf_forward(dt_embed *e, dt_tensor *out, const dt_kjt *kjt);
+
 DT_API dt_status dt_embed_forward(dt_embed *e, dt_tensor *out, const dt_kjt *kjt) {
     if (!e) return DT_ERR_ARG;
+    if (e->pf_pending) return dt__em_pf_forward(e, out, kjt); /* begun by dt_embed_prefetch */
     DT__TRY(dt__em_fbegin(e, kjt, dt__em_check_out(e, out, kjt ? kjt->batch : 0)));
     return dt_embed_forward_end(e, out);
 }
@@ -2860,20 +3535,21 @@ static dt_status dt__em_mark(dt_embed *e, dt__em_tab *t, int64_t x) {
     return DT_OK;
 }
 
-/* The sparse optimizer on local row x of t with gradient g (the columns of the shard). */
-static void dt__em_update(dt__em_tab *t, int64_t x, const float *g, float *scratch) {
+/* The sparse optimizer on one row of t with gradient g (the columns of the shard): its values at
+   row (storage dtype), its state at s1, s2 (dt__em_row_at: the shard's, or a tiered table's cache). */
+static void dt__em_update(const dt__em_tab *t, char *row, float *s1, float *s2, const float *g, float *scratch) {
     int64_t nc = t->c1 - t->c0, c;
-    float *w = t->dtype == DT_F32 ? (float *)t->w.data + x * nc : scratch;
-    uint16_t *w16 = (uint16_t *)t->w.data + x * nc;
+    float *w = t->dtype == DT_F32 ? (float *)row : scratch;
+    uint16_t *w16 = (uint16_t *)row;
     if (t->dtype == DT_BF16) for (c = 0; c < nc; c++) w[c] = dt_bf16_to_f32(w16[c]);
     if (t->dtype == DT_F16) for (c = 0; c < nc; c++) w[c] = dt_f16_to_f32(w16[c]);
     switch (t->kind) {
     case DT_EMBED_ADAGRAD:
-        dt_adagrad_update(w, g, (float *)t->s1.data + x * nc, nc, t->lr, 0, 0, t->eps, t->t);
+        dt_adagrad_update(w, g, s1, nc, t->lr, 0, 0, t->eps, t->t);
         break;
     case DT_EMBED_ROWWISE_ADAGRAD: {
         double ss = 0;
-        float *s = (float *)t->s1.data + x, m;
+        float *s = s1, m;
         for (c = 0; c < nc; c++) ss += (double)g[c] * (double)g[c];
         *s = *s + (float)(ss / (double)t->dim);
         m = (float)(t->lr / (sqrt((double)*s) + t->eps));
@@ -2881,8 +3557,7 @@ static void dt__em_update(dt__em_tab *t, int64_t x, const float *g, float *scrat
         break;
     }
     case DT_EMBED_ADAM:
-        dt_adam_update(w, g, (float *)t->s1.data + x * nc, (float *)t->s2.data + x * nc, nc, t->lr, t->b1, t->b2,
-                       t->eps, 0, 0, t->t);
+        dt_adam_update(w, g, s1, s2, nc, t->lr, t->b1, t->b2, t->eps, 0, 0, t->t);
         break;
     default:
         dt_sgd_update(w, g, NULL, nc, t->lr, 0, 0, 0, 0, 1);
@@ -2993,6 +3668,7 @@ static int dt__em_before(int ta, int64_t ra, int tb, int64_t rb) { return ta < t
 DT__EM_PF_FN void dt__em_pf_update(const dt__em_tab *t, int64_t x) {
     size_t bytes = (size_t)(t->c1 - t->c0) * sizeof(float), o;
     const char *s1 = NULL, *s2 = NULL;
+    if (t->tier) return; /* the cache slot is found by the update itself */
     dt__em_pf_row(t, x + t->r0, 1);
     if (t->kind == DT_EMBED_ADAGRAD || t->kind == DT_EMBED_ADAM) s1 = (const char *)t->s1.data + (size_t)x * bytes;
     if (t->kind == DT_EMBED_ADAM) s2 = (const char *)t->s2.data + (size_t)x * bytes;
@@ -3041,7 +3717,14 @@ static dt_status dt__em_apply(dt_embed *e, int64_t ncon) {
         dt__em_row_grad(e, &k, ncon, t, row, start, g, nc);
         if (e->sync) {
             if (e->cuda) DT__TRY(dt__em_cuda_stage(e, t, row, g, nc)); /* updated on the device below */
-            else dt__em_update(tab, row, g, e->gtmp + nc);
+            else {
+                char *wr;
+                float *p1, *p2;
+                int64_t k;
+                DT__TRY(dt__em_row_at(e, tab, row, DT__EM_NOW, 0, &wr, &p1, &p2, &k));
+                dt__em_update(tab, wr, p1, p2, g, e->gtmp + nc);
+                if (k >= 0) tab->tier->dirty[k] = 1;
+            }
             DT__TRY(dt__em_mark(e, tab, row));
             e->stats.rows_updated++;
         }
@@ -3161,8 +3844,148 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
     /* dedup by sort, sum each row's contributions in the one order, update (or keep) */
     DT__TRY(dt__em_sort(e, ncon));
     DT__TRY(dt__em_apply(e, ncon));
+    if (e->sync && e->any_tier) dt__em_tier_advance(e); /* the rows of this epoch's batches are free again */
     e->stats.backwards++;
     e->stats.seconds_bwd += dt__em_now() - t0;
+    return DT_OK;
+}
+
+/* ==== >>tier: prefetch, flush, counters (the cache itself: before >>forward) ================= */
+
+/* The batch a prefetch began, as a few numbers, so that the forward can check it is given the
+   same one: its shape, its lengths' hash, then (once the lengths agree, so the ids may be read)
+   its ids' and weights' hash. FNV-1a over the bytes. */
+static uint64_t dt__em_fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    size_t i;
+    for (i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+static int dt__em_pf_same(const dt_embed *e, const dt_kjt *k) {
+    int64_t nl, i, n = 0;
+    uint64_t h = 1469598103934665603ull;
+    if (!k || k->n_features != e->pf_nf || k->batch != e->pf_B || (k->batch > 0 && !k->lengths)) return 0;
+    nl = (int64_t)k->n_features * k->batch;
+    if (nl > 0 && dt__em_fnv(1469598103934665603ull, k->lengths, sizeof(int64_t) * (size_t)nl) != e->pf_hl) return 0;
+    for (i = 0; i < nl; i++) n += k->lengths[i];
+    if (n != e->pf_nids || (n > 0 && !k->ids)) return 0;
+    if (n > 0) h = dt__em_fnv(h, k->ids, (size_t)n * (k->ids_dtype == DT_I32 ? 4u : 8u));
+    if (n > 0 && k->weights) h = dt__em_fnv(h, k->weights, sizeof(float) * (size_t)n);
+    return h == e->pf_hi;
+}
+static void dt__em_pf_remember(dt_embed *e, const dt_kjt *k) {
+    int64_t nl = (int64_t)k->n_features * k->batch, i, n = 0;
+    uint64_t h = 1469598103934665603ull;
+    e->pf_nf = k->n_features; e->pf_B = k->batch;
+    e->pf_hl = nl > 0 ? dt__em_fnv(h, k->lengths, sizeof(int64_t) * (size_t)nl) : 0;
+    for (i = 0; i < nl; i++) n += k->lengths[i];
+    e->pf_nids = n;
+    if (n > 0) h = dt__em_fnv(h, k->ids, (size_t)n * (k->ids_dtype == DT_I32 ? 4u : 8u));
+    if (n > 0 && k->weights) h = dt__em_fnv(h, k->weights, sizeof(float) * (size_t)n);
+    e->pf_hi = h;
+}
+
+/* The live batch (begun, its ids received): the rows of tiered tables it will read, reserved in
+   the cache (pinned through the next epoch) and their copies queued. A row that finds no slot
+   (the batch in flight holds them all) is left to the forward. Dynamic tables: ids that have a
+   slot now (peeked, the policy untouched: admissions happen in the forward's order). */
+static dt_status dt__em_pf_reserve(dt_embed *e) {
+    const int64_t *rin = (const int64_t *)e->rbuf_i.data;
+    int64_t p = 0, j, b, k, x;
+    int f, full;
+    while (p < e->rbuf_n) {
+        int ti = e->feat_tab[rin[p]];
+        dt__em_tab *t = &e->tabs[ti];
+        int64_t n = rin[p + 3];
+        for (j = 0; t->tier && j < n; j++) {
+            int64_t row = rin[p + DT__EM_HDR + j];
+            if (t->dynamic) {
+                int h = (int)(dt_embed_hash_id(row) % (uint64_t)t->n_hs) - t->hs_first;
+                if (!dt__em_get(&t->hs[h].map, row, &x)) continue; /* admitted (and written) by the forward */
+            } else x = row - t->r0;
+            DT__TRY(dt__em_tier_slot(e, t, x, e->epoch + 1, DT__EM_LATER, 1, &k));
+            if (k < 0) break;
+        }
+        p += DT__EM_HDR + n;
+    }
+    for (f = 0; e->any_dp && f < e->n_feat; f++) { /* data-parallel tables: this rank's own ids */
+        dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        if (t->shard != DT_SHARD_DATA || !t->tier) continue;
+        full = 0;
+        for (b = 0; b < e->B && !full; b++)
+            for (j = e->offs[(int64_t)f * e->B + b]; j < e->offs[(int64_t)f * e->B + b + 1]; j++) {
+                DT__TRY(dt__em_tier_slot(e, t, e->rows[j], e->epoch + 1, DT__EM_LATER, 1, &k));
+                if (k < 0) { full = 1; break; }
+            }
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_embed_prefetch(dt_embed *e, const dt_kjt *next) {
+    int ahead;
+    dt_status st;
+    dt__em_pfq *q;
+    if (!e) return DT_ERR_ARG;
+    if (e->cuda) return dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "dt_embed_prefetch: cuda tables (desc.device) "
+                                         "have no tier yet; expected cpu tables");
+    ahead = e->phase == 2;
+    DT__TRY(dt__em_fbegin(e, next, DT_OK)); /* every rank fails alike on a bad batch */
+    e->pf_pending = 1;
+    dt__em_pf_remember(e, next);
+    if (!e->any_tier) return DT_OK;
+    dt__em_pfq_drain(e); /* the last prefetch's copies are done (its forward waited for them) */
+    DT__TRY(dt__em_pfq_get(e, &q));
+    if (ahead) dt__em_swap(e); /* the new batch is the live one for a moment */
+    {
+        double tw = dt__em_now();
+        st = dt__em_wait_all(e); /* its ids, from every rank: the owners need them to know the rows */
+        e->stats.seconds_wait += dt__em_now() - tw;
+    }
+    if (!st) st = dt__em_pf_reserve(e);
+    e->tier_pf = 1;
+    if (ahead) dt__em_swap(e);
+    dt__em_pfq_publish(q); /* what was queued runs, even after a failure (the slots wait for it) */
+    if (st) e->pf_pending = 0;
+    return st;
+}
+
+/* dt_embed_forward of the batch a prefetch began: the same batch (every rank checks, then they
+   agree), then its end. */
+static dt_status dt__em_pf_forward(dt_embed *e, dt_tensor *out, const dt_kjt *kjt) {
+    dt_status st = dt__em_check_out(e, out, kjt ? kjt->batch : 0);
+    double flag[1];
+    if (!st && !dt__em_pf_same(e, kjt))
+        st = dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_forward: kjt is not the batch given to dt_embed_prefetch "
+                              "(its batch size, lengths, ids or weights differ); expected the prefetched batch");
+    flag[0] = st ? 1 : 0;
+    DT__TRY(dt__em_sum_f64(e, flag, 1));
+    e->pf_pending = 0;
+    if (flag[0] > 0) { /* the begun batch is dropped on every rank (its ids all arrived at the prefetch) */
+        if (e->phase == 1) e->phase = 0;
+        else if (e->aside.phase == 1) e->aside.phase = 0;
+        if (st) return st;
+        return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_forward: a bad out or batch on another rank after "
+                                "dt_embed_prefetch; see its message");
+    }
+    return dt_embed_forward_end(e, out);
+}
+
+DT_API dt_status dt_embed_flush(dt_embed *e) {
+    if (!e) return DT_ERR_ARG;
+    dt__em_tier_settle(e);
+    return DT_OK;
+}
+
+DT_API dt_status dt_embed_tier_stats_get(const dt_embed *e, int table, dt_embed_tier_stats *out) {
+    if (!e || !out) return DT_ERR_ARG;
+    if (table < 0 || table >= e->n_tabs)
+        return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_tier_stats_get: table = %d; expected a table in [0, %d)",
+                                table, e->n_tabs);
+    memset(out, 0, sizeof *out);
+    if (e->tabs[table].tier) {
+        *out = e->tabs[table].tier->st;
+        out->cached = e->tabs[table].tier->filled;
+    }
     return DT_OK;
 }
 
@@ -3193,6 +4016,7 @@ DT_API dt_status dt_embed_local_shard(dt_embed *e, dt_tensor *view, int64_t *row
         return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_local_shard: table = %d; expected [0, %d)", table, e->n_tabs);
     t = &e->tabs[table];
     memset(view, 0, sizeof *view);
+    if (t->tier) dt__em_tier_settle(e); /* the slow tier, holding every row (dt_embed_flush) */
     if (t->w.data) *view = t->w;
     else { view->dtype = t->dtype; view->device = DT_CPU; view->ndim = 2; view->shape[1] = 0; }
     view->owns = 0;
@@ -3267,6 +4091,7 @@ DT_API dt_status dt_embed_checkpoint_save(dt_embed *e, const dt_train_state *sta
     if (!e) return DT_ERR_ARG;
     DT__TRY(dt__em_ckpt_desc(e, &d, desc, "dt_embed_checkpoint_save"));
     if (e->cuda) DT__TRY(dt__em_cuda_dyn_pull(e));
+    dt__em_tier_settle(e); /* tiered tables are saved from their slow tier */
     memset(&steps, 0, sizeof steps);
     st = dt__em_params(e, &ps, &store, &steps);
     if (!st) st = dt_checkpoint_save(e->ctx, &ps, NULL, state, &d);
@@ -3494,10 +4319,13 @@ DT_API dt_status dt_embed_checkpoint_load(dt_embed *e, dt_train_state *state, co
     DT__TRY(dt__em_ckpt_desc(e, &d, desc, "dt_embed_checkpoint_load"));
     memset(&steps, 0, sizeof steps);
     memset(&ld, 0, sizeof ld);
+    dt__em_tier_settle(e); /* tiered tables load into their slow tier: first it holds every row */
     st = dt__em_params(e, &ps, &store, &steps);
     ld.e = e; ld.ps = &ps;
     if (!st) st = dt__checkpoint_load_checked(e->ctx, &ps, NULL, state, &d, e->any_dyn ? dt__em_ld_check : NULL, &ld);
     if (!st) {
+        dt__em_tier_drop(e); /* the slow tier changed under the caches */
+        e->pf_pending = 0;
         for (i = 0; i < e->n_tabs; i++) { /* the commit: the checkpoint's slots are in the live tensors now */
             dt__em_tab *t = &e->tabs[i];
             dt__em_ldt *l = ld.tb ? &ld.tb[i] : NULL;
@@ -3551,6 +4379,7 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
     dt_status st = DT_OK;
     double flag[1];
     if (!e) return DT_ERR_ARG;
+    dt__em_tier_settle(e); /* the changed rows are read from the slow tier */
     W = e->size;
     (void)W;
     if (e->cuda) return dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "%s: tables on cuda (desc.device): not "
