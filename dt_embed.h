@@ -402,7 +402,11 @@ typedef struct dt_embed_table_desc {
     dt_embed_tier tier;           /* NONE (default): resident; DISK: the shard and its optimizer state in a
                                      file, a cache of hot rows in memory (see "tiered tables") */
     int64_t cache_rows;           /* tiered: rows in the fast tier per rank, at least the distinct rows one
-                                     step touches there; 0 = 1/8 of the local shard; more = the shard */
+                                     step touches there; 0 = cache_fraction of the local shard; more than
+                                     the shard = the shard */
+    double cache_fraction;        /* tiered, with cache_rows 0: that fraction (0, 1] of the local shard's
+                                     rows, rounded up; 0 = 1/8; never fewer than two batches' ids
+                                     (2 x ids_per_batch: the batch in flight and the prefetched one) */
     dt_embed_eviction cache_eviction; /* tiered: which cached row makes room: LRU (DEFAULT) or LFU */
 } dt_embed_table_desc;
 
@@ -702,6 +706,7 @@ typedef struct dt__em_tab {
     struct dt__em_tier *tier;
     dt_embed_tier tier_kind;
     int64_t cache_rows;
+    double cache_fraction;
     dt_embed_eviction cache_evict;
 } dt__em_tab;
 
@@ -772,16 +777,18 @@ struct dt_embed {
     int64_t *feat_off;           /* column in the pooled output, -1 for sequence features */
     int64_t pooled_dim;
     int any_weighted, any_dp, any_dyn, any_tier;
-    /* tiered tables (>>tier): the epoch (sync-1 backwards so far: a cached row used by the batch in
-       flight is pinned until its epoch ends), the prefetch helper, the forward's deferred error
+    /* tiered tables (>>tier): the epoch (the batches whose lookups have started: a cached row a
+       batch reads is pinned until the next batch's lookups start, after its backward), the
+       prefetch helper, the forward's deferred error
        (the owner still joins the return all-to-all), the batch given to dt_embed_prefetch */
-    int64_t epoch, pfq_seen;
+    int64_t epoch, pfq_seen, batch_hint;
     struct dt__em_pfq *pfq;
     dt_status tier_st;
     char tier_msg[DT_ERROR_MAX];
     char tier_dir[1024];
     int tier_pf;                 /* the live batch was looked up by dt_embed_prefetch (its hits are counted) */
     int pf_pending;              /* a batch begun by dt_embed_prefetch awaits its forward */
+    int pf_ahead;                /* it was begun ahead of the previous batch's backward */
     int64_t pf_B, pf_nids;
     int pf_nf;
     uint64_t pf_hl, pf_hi;       /* hashes of its lengths, and of its ids and weights */
@@ -1140,6 +1147,9 @@ static dt_status dt__em_check_table(dt_ctx *ctx, const dt_embed_table_desc *d, i
         if (d->cache_rows < 0 || (d->cache_rows > 0 && !tiered))
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").cache_rows = %lld; expected >= 0, and 0 "
                                     "unless the table is tiered", fn, i, d->name, (long long)d->cache_rows);
+        if (!(d->cache_fraction >= 0 && d->cache_fraction <= 1) || (d->cache_fraction > 0 && !tiered))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").cache_fraction = %g; expected 0 .. 1, "
+                                    "and 0 unless the table is tiered", fn, i, d->name, d->cache_fraction);
         if ((int)d->cache_eviction < 0 || d->cache_eviction >= DT_EVICT_COUNT ||
             (d->cache_eviction != DT_EVICT_DEFAULT && !tiered))
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").cache_eviction = %d; expected a "
@@ -1479,6 +1489,7 @@ static int dt__em_desc_fields(const dt_embed_desc *desc, dt__em_fld *fl) {
         DT__EM_FI("admit_after", d->admit_after); DT__EM_FI("hash_shards", d->hash_shards);
         DT__EM_FI("eviction", d->eviction); DT__EM_FI("group_size", d->group_size);
         DT__EM_FI("tier", d->tier); DT__EM_FI("cache_rows", d->cache_rows);
+        DT__EM_FD("cache_fraction", d->cache_fraction);
         DT__EM_FI("cache_eviction", d->cache_eviction);
     }
     for (i = 0; desc->features && i < desc->n_features; i++) {
@@ -1633,6 +1644,7 @@ static void dt__em_resolve_table(dt__em_tab *t, const dt_embed_table_desc *d) {
     t->gsize = d->group_size;
     t->tier_kind = d->tier == DT_TIER_DEFAULT ? DT_TIER_NONE : d->tier;
     t->cache_rows = d->cache_rows;
+    t->cache_fraction = d->cache_fraction;
     t->cache_evict = d->cache_eviction == DT_EVICT_DEFAULT ? DT_EVICT_LRU : d->cache_eviction;
 }
 
@@ -1644,6 +1656,7 @@ static dt_embed *dt__em_new(dt_ctx *ctx, const dt_embed_desc *desc, int W) {
     e->sync = 1;
     e->cuda = desc->device == DT_CUDA_DEVICE;
     e->ctx = ctx;
+    e->batch_hint = desc->batch_hint > 0 ? desc->batch_hint : 1024;
     {   /* tier DISK: where the slow tiers go */
         const char *dir = desc->tier_dir ? desc->tier_dir : getenv("TMPDIR");
         snprintf(e->tier_dir, sizeof e->tier_dir, "%s", dir && dir[0] ? dir : "/tmp");
@@ -2419,9 +2432,12 @@ static dt_status dt__em_dyn_move(dt_embed *e, dt__em_tab *t) {
    its pages as needed, so it may be far larger than memory). The forward, the update and the
    dynamic admissions use the cache instead: cap slots of rows and state in host memory, a map
    local row -> slot, and an eviction policy (LRU or LFU, the dynamic tables' code) over the
-   slots not pinned. A slot is pinned while the batch in flight uses it (pin >= e->epoch: until
-   the update that ends the epoch) and, when dt_embed_prefetch reserved it, through the next
-   epoch; pinned slots leave the policy and come back at the end of their epoch. A row's bytes
+   slots not pinned. A slot is pinned while the batch in flight uses it (pin >= e->epoch): from
+   its lookup to the start of the next batch's lookups (dt__em_tier_advance: after the backward;
+   with accumulation a micro-batch's rows are refetched by the update if they left), and from a
+   dt_embed_prefetch's reservation through that batch; pinned slots leave the policy and come
+   back when their epoch ends. Forwards without a backward (evaluation) release their rows at
+   the next forward, so the cache needs room for two batches at most. A row's bytes
    are only ever copied (slow -> cache at a fetch, cache -> slow when an evicted row changed), so
    a tiered table trains bit for bit as a resident one. The cold paths (checkpoints, export,
    dt_embed_local_shard) see t->w after dt__em_tier_settle has written every changed row back.
@@ -2630,8 +2646,9 @@ static dt_status dt__em_tier_pin(dt_embed *e, dt__em_tier *c, int64_t k, int64_t
     return DT_OK;
 }
 
-/* The epoch ends (an update, or a failed forward): the slots pinned for it rejoin the policy in
-   the order they were pinned, and those reserved by a prefetch become the new epoch's. */
+/* A batch's lookups start (its begin, or its end when begun ahead): the epoch of the batch before
+   ends, its slots rejoin the policy in the order they were pinned, and those a prefetch reserved
+   for this batch become the new epoch's. */
 static void dt__em_tier_advance(dt_embed *e) {
     int i;
     for (i = 0; i < e->n_tabs; i++) {
@@ -2829,7 +2846,14 @@ static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
     c->rb = nc * (int64_t)dt_dtype_size(t->dtype);
     c->sn1 = t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : (t->kind == DT_EMBED_ADAGRAD || t->kind == DT_EMBED_ADAM) ? nc : 0;
     c->sn2 = t->kind == DT_EMBED_ADAM ? nc : 0;
-    c->cap = t->cache_rows > 0 ? (t->cache_rows < nr ? t->cache_rows : nr) : (nr + 7) / 8;
+    if (t->cache_rows > 0) c->cap = t->cache_rows < nr ? t->cache_rows : nr;
+    else { /* a fraction, but room for the batch in flight and the next (2 x the planner's ids per batch) */
+        double ids = t->ids_per_batch > 0 ? t->ids_per_batch : (double)e->batch_hint;
+        c->cap = (int64_t)ceil((double)nr * (t->cache_fraction > 0 ? t->cache_fraction : 0.125));
+        if ((double)c->cap < 2 * ids) c->cap = 2 * ids < (double)nr ? (int64_t)ceil(2 * ids) : nr;
+    }
+    if (c->cap < 1) c->cap = 1;
+    if (c->cap > nr) c->cap = nr;
     c->st.cache_rows = c->cap;
     /* sizes: rows x bytes fit (dt__em_check_table checked rows x dim x 8) */
     b0 = ((nr * c->rb + page - 1) / page) * page;
@@ -3334,6 +3358,7 @@ static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
         DT__TRY(dt__em_need(e, &e->pooled, DT_F32, nb + 1));
         memset(e->pooled.data, 0, (size_t)nb * sizeof(float));
         DT__TRY(dt__em_seq_layout(e));
+        if (!e->dp_late && e->any_tier) dt__em_tier_advance(e); /* this batch's lookups start */
         if (!e->dp_late) DT__TRY(dt__em_dp_lookup(e));
     }
     e->phase = 1;
@@ -3372,7 +3397,11 @@ static dt_status dt__em_end(dt_embed *e, dt_tensor *out) {
         int64_t tot_res = 0;
         e->stats.seconds_wait += dt__em_now() - tw;
         if (ws) { e->phase = 0; return ws; }
-        if (e->dp_late) { e->dp_late = 0; DT__TRY(dt__em_dp_lookup(e)); }
+        if (e->dp_late) { /* begun ahead: its lookups start now, after the previous batch's backward */
+            e->dp_late = 0;
+            if (e->any_tier) dt__em_tier_advance(e);
+            DT__TRY(dt__em_dp_lookup(e));
+        }
         if (e->any_dyn) DT__TRY(e->cuda ? dt__em_cuda_dyn_translate(e, (int64_t *)e->rbuf_i.data, e->rbuf_n)
                                          : dt__em_dyn_translate(e, (int64_t *)e->rbuf_i.data, e->rbuf_n));
         if (!e->cu_devreq) /* (requests made on the device: the counts came at begin) */
@@ -3397,7 +3426,6 @@ static dt_status dt__em_end(dt_embed *e, dt_tensor *out) {
         double flag[1];
         flag[0] = e->tier_st ? 1 : 0;
         DT__TRY(dt__em_sum_f64(e, flag, 1));
-        if (flag[0] > 0 || st) dt__em_tier_advance(e); /* the failed batch's rows are free again */
         if (flag[0] > 0) {
             e->phase = 0;
             if (e->tier_st) return dt_ctx_set_error(e->ctx, e->tier_st, "%s", e->tier_msg);
@@ -3844,7 +3872,6 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
     /* dedup by sort, sum each row's contributions in the one order, update (or keep) */
     DT__TRY(dt__em_sort(e, ncon));
     DT__TRY(dt__em_apply(e, ncon));
-    if (e->sync && e->any_tier) dt__em_tier_advance(e); /* the rows of this epoch's batches are free again */
     e->stats.backwards++;
     e->stats.seconds_bwd += dt__em_now() - t0;
     return DT_OK;
@@ -3903,7 +3930,7 @@ static dt_status dt__em_pf_reserve(dt_embed *e) {
                 int h = (int)(dt_embed_hash_id(row) % (uint64_t)t->n_hs) - t->hs_first;
                 if (!dt__em_get(&t->hs[h].map, row, &x)) continue; /* admitted (and written) by the forward */
             } else x = row - t->r0;
-            DT__TRY(dt__em_tier_slot(e, t, x, e->epoch + 1, DT__EM_LATER, 1, &k));
+            DT__TRY(dt__em_tier_slot(e, t, x, e->epoch + e->pf_ahead, DT__EM_LATER, 1, &k));
             if (k < 0) break;
         }
         p += DT__EM_HDR + n;
@@ -3914,7 +3941,7 @@ static dt_status dt__em_pf_reserve(dt_embed *e) {
         full = 0;
         for (b = 0; b < e->B && !full; b++)
             for (j = e->offs[(int64_t)f * e->B + b]; j < e->offs[(int64_t)f * e->B + b + 1]; j++) {
-                DT__TRY(dt__em_tier_slot(e, t, e->rows[j], e->epoch + 1, DT__EM_LATER, 1, &k));
+                DT__TRY(dt__em_tier_slot(e, t, e->rows[j], e->epoch + e->pf_ahead, DT__EM_LATER, 1, &k));
                 if (k < 0) { full = 1; break; }
             }
     }
@@ -3935,6 +3962,7 @@ DT_API dt_status dt_embed_prefetch(dt_embed *e, const dt_kjt *next) {
     if (!e->any_tier) return DT_OK;
     dt__em_pfq_drain(e); /* the last prefetch's copies are done (its forward waited for them) */
     DT__TRY(dt__em_pfq_get(e, &q));
+    e->pf_ahead = ahead; /* its rows are pinned from the next epoch (begun ahead), else from this one */
     if (ahead) dt__em_swap(e); /* the new batch is the live one for a moment */
     {
         double tw = dt__em_now();

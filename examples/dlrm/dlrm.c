@@ -21,6 +21,12 @@
           syncs S allocs A frees F h2d_bytes B h2d_calls C d2h_bytes D d2h_calls E": the most any
           step after the first asked of the device, a logging step's loss read apart)
           --overlap 0|1 (the next batch's id exchange during this batch's dense work; default 0)
+          --tier none|disk|host (disk: each rank's shards and optimizer state in files under
+          --tier-dir DIR, default $TMPDIR or /tmp, a cache of hot rows in memory; host: cuda tables
+          over pinned host memory) --cache-rows N|F (rows of the cache per table and rank, or a
+          fraction 0 < F < 1 of each local shard; default 1/8) --prefetch 0|1 (tiered: the next
+          batch's missing rows fetched on a helper thread during this step; default 1); the end
+          prints each tiered table's hits, misses, evictions, bytes moved and prefetch wait
           --dump-batches DIR (rank 0 writes each step's global batch, see below)
    last line: "final: loss L auc A" (L the training loss of the last step, A the held-out AUC).
    A is nan when the held-out labels are all one class (a warning says so; training goes on).
@@ -98,6 +104,10 @@ typedef struct opts {
     uint64_t seed;
     const char *data, *arch, *opt, *log, *ckpt, *shard, *device, *dump;
     int dim, cross, cross_rank, accum, eval_every, print_every, ckpt_every, resume, skip_bad, quiet, overlap, profile;
+    const char *tier, *tier_dir;   /* --tier none|disk|host, --tier-dir */
+    int64_t cache_rows;            /* --cache-rows N; or cache_frac for a fraction */
+    double cache_frac;
+    int prefetch;                  /* --prefetch (tiered tables): 1 by default */
     int bottom[MAX_LAYERS], n_bottom, top[MAX_LAYERS], n_top;
     double lr, emb_lr;
 } opts;
@@ -105,6 +115,7 @@ typedef struct opts {
 static dt_ctx *g_ctx;
 static int g_rank;
 static dt_embed *g_progress; /* --overlap: an id exchange in flight, moved between dense layers */
+static int g_prefetch;      /* --prefetch: the next batch begins with dt_embed_prefetch (its rows come too) */
 static int g_auc_warned;    /* the held-out labels are all one class: said once */
 /* dt_comm_abort, not exit: an error one rank alone sees ends every rank now */
 #define CHECK(call) do { dt_status s_ = (call); if (s_) { \
@@ -118,7 +129,8 @@ static void usage(const char *why) {
                     "--emb-lr LR --accum N --eval-every N --eval-samples N --print-every N --log FILE "
                     "--ckpt DIR --ckpt-every N --resume --rows N --table-sizes N|n1,...,n26 --skip-bad "
                     "--shard auto|row|table|data --row-wise-over ROWS "
-                    "--device cpu|cuda --quiet --overlap 0|1 --dump-batches DIR --profile\n", why);
+                    "--device cpu|cuda --quiet --overlap 0|1 --dump-batches DIR --profile --tier none|disk|host "
+                    "--tier-dir DIR --cache-rows N|F --prefetch 0|1\n", why);
     exit(2);
 }
 
@@ -204,7 +216,8 @@ static void parse(opts *o, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     o->steps = 300; o->batch = 512; o->seed = 7; o->data = "synthetic"; o->arch = "dlrm"; o->opt = "adagrad";
     o->dim = 16; o->cross = 2; o->accum = 1; o->eval_every = 0; o->eval_samples = 16384; o->print_every = 25;
-    o->rows = 16384; o->lr = 0; o->emb_lr = 0; o->shard = "auto"; o->device = "cpu";
+    o->rows = 16384; o->lr = 0; o->emb_lr = 0; o->shard = "auto"; o->device = "cpu"; o->tier = "none";
+    o->prefetch = -1;
     o->n_bottom = layers("--bottom", "64,32", o->bottom);
     o->n_top = layers("--top", "64,32", o->top);
     for (i = 1; i < argc; i++) {
@@ -237,6 +250,16 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--row-wise-over")) o->row_wise_over = num(a, v, 0, (int64_t)1 << 40);
         else if (!strcmp(a, "--overlap")) o->overlap = (int)num(a, v, 0, 1);
         else if (!strcmp(a, "--dump-batches")) o->dump = path(a, v);
+        else if (!strcmp(a, "--tier")) o->tier = v;
+        else if (!strcmp(a, "--tier-dir")) o->tier_dir = path(a, v);
+        else if (!strcmp(a, "--prefetch")) o->prefetch = (int)num(a, v, 0, 1);
+        else if (!strcmp(a, "--cache-rows")) { /* rows (an integer >= 1) or a fraction in (0, 1) */
+            char *end;
+            double x = v ? strtod(v, &end) : 0;
+            if (!v || *end || !(x > 0) || x > (double)((int64_t)1 << 50) || (x >= 1 && x != floor(x)))
+                usage("--cache-rows wants rows (an integer >= 1) or a fraction 0 < F < 1 of each local shard");
+            if (x < 1) o->cache_frac = x; else o->cache_rows = (int64_t)x;
+        }
         else if (!strcmp(a, "--resume")) { o->resume = 1; takes = 0; }
         else if (!strcmp(a, "--skip-bad")) { o->skip_bad = 1; takes = 0; }
         else if (!strcmp(a, "--quiet")) { o->quiet = 1; takes = 0; }
@@ -258,6 +281,11 @@ static void parse(opts *o, int argc, char **argv) {
     if (o->batch % o->accum) usage("--batch must be a multiple of --accum");
     if (o->ckpt_every && !o->ckpt) usage("--ckpt-every needs --ckpt DIR");
     if (o->resume && !o->ckpt) usage("--resume needs --ckpt DIR");
+    if (!o->tier || (strcmp(o->tier, "none") && strcmp(o->tier, "disk") && strcmp(o->tier, "host")))
+        usage("--tier is none, disk or host");
+    if (!strcmp(o->tier, "none") && (o->cache_rows || o->cache_frac || o->tier_dir || o->prefetch >= 0))
+        usage("--cache-rows, --tier-dir and --prefetch are for tiered tables (--tier disk|host)");
+    if (o->prefetch < 0) o->prefetch = strcmp(o->tier, "none") != 0;
     /* defaults that train stably on the synthetic data: the cross layers multiply activations,
        so DCNv2's dense part wants a smaller step than DLRM's */
     if (o->emb_lr == 0) o->emb_lr = !strcmp(o->opt, "sgd") ? 0.1 : 0.05;
@@ -413,9 +441,8 @@ static void data_batch(data *d, dt_dlrm_batch *b, int64_t g, int64_t size, int r
     CHECK(dt_dlrm_bin_range(g_ctx, &d->bin, b, start, count));
 }
 
-static void data_eval(data *d, dt_dlrm_batch *b, int64_t n, int rank, int world) {
-    int64_t start, count;
-    CHECK(dt_dlrm_split(g_ctx, &start, &count, 0, n, rank, world, -1));
+/* Held-out samples [start, start + count) of the eval set into b. */
+static void data_eval(data *d, dt_dlrm_batch *b, int64_t start, int64_t count) {
     if (d->synthetic) CHECK(dt_dlrm_synth_range(g_ctx, &d->gen, b, EVAL_BASE + start, count));
     else CHECK(dt_dlrm_bin_range(g_ctx, &d->bin, b, d->n_train + start, count));
 }
@@ -504,7 +531,13 @@ static void model_make(model *m, const opts *o, const data *d, dt_comm *world) {
         tabs[f].sharding = !strcmp(o->shard, "row") ? DT_SHARD_ROW : !strcmp(o->shard, "table") ? DT_SHARD_TABLE
                          : !strcmp(o->shard, "data") ? DT_SHARD_DATA : DT_SHARD_AUTO;
         if (o->row_wise_over && tabs[f].rows > o->row_wise_over) tabs[f].sharding = DT_SHARD_ROW; /* pinned */
+        if (strcmp(o->tier, "none")) {
+            tabs[f].tier = !strcmp(o->tier, "disk") ? DT_TIER_DISK : DT_TIER_HOST;
+            tabs[f].cache_rows = o->cache_rows;
+            tabs[f].cache_fraction = o->cache_frac;
+        }
     }
+    ed.tier_dir = o->tier_dir;
     ed.tables = tabs; ed.n_tables = F; ed.comm = world; ed.seed = o->seed;
     ed.batch_hint = o->batch;
     ed.dp_max_bytes = 64.0 * 1024; /* small tables replicated; mid ones whole on one rank; big ones by rows */
@@ -672,8 +705,9 @@ static dt_tensor *forward(views *v, model *m, acts *a, const dt_dlrm_batch *batc
         dt_kjt kn = kjt_of(kb, next);
         e = rows(v, &a->emb, b);
         CHECK(dt_embed_forward_end(m->emb, e));
-        CHECK(dt_embed_forward_begin(m->emb, &kn));
-        g_progress = m->emb;
+        if (g_prefetch) CHECK(dt_embed_prefetch(m->emb, &kn)); /* its ids arrive now, its rows during this step */
+        else CHECK(dt_embed_forward_begin(m->emb, &kn));
+        g_progress = g_prefetch ? NULL : m->emb;
         z = mlp_fwd(v, &m->bottom, dense, a->bot_h, b);
     } else {
         /* the id exchange first, then the bottom MLP, then the pooled exchange (dt_embed's
@@ -769,32 +803,41 @@ static void backward(views *v, model *m, acts *a, int64_t b, dt_bucketer *bk) {
 /* ---------------------------------------------------------------- evaluation */
 
 /* Scores (sigmoid of the logits) of the held-out samples on every rank, gathered in rank order
-   (so the arrays are those of a 1-rank run), then the exact AUC and the logloss. */
+   (so the arrays are those of a 1-rank run), then the exact AUC and the logloss. Tiered tables
+   (--tier): in chunks of a training micro-batch, whose rows the caches are sized for (a cache
+   smaller than one forward's rows is an error); the scores are the same. */
 static void evaluate(model *m, acts *a, data *d, const opts *o, dt_comm *world, kjt_buf *kb,
                      dt_dlrm_batch *batch, double *auc, double *logloss) {
     int W = dt_comm_size(world), r, rank = dt_comm_rank(world);
-    int64_t n = o->eval_samples, pad = (n + W - 1) / W, i, at = 0, pos;
+    int64_t n = o->eval_samples, pad = (n + W - 1) / W, i, at = 0, pos, start, count, chunk, off;
     dt_tensor mine, all;
     dt_tensor_desc td = {DT_DTYPE_DEFAULT};
-    views v = {0};
     float *scores, *labels;
-    dt_tensor *logits, hl = {0};
-    data_eval(d, batch, n, rank, W);
-    logits = forward(&v, m, a, batch, kb, 0, NULL);
+    CHECK(dt_dlrm_split(g_ctx, &start, &count, 0, n, rank, W, -1));
+    chunk = strcmp(o->tier, "none") ? o->batch / o->accum / W : pad; /* the same count of forwards on every rank */
+    if (chunk < 1) chunk = 1;
     td.device = DT_CPU; /* the scores are gathered and ranked on the host */
-    if (logits->device == DT_CUDA_DEVICE) {
-        CHECK(dt_tensor_create_like(g_ctx, &hl, logits, DT_DTYPE_DEFAULT, DT_CPU));
-        CHECK(dt_tensor_copy(g_ctx, &hl, logits));
-        logits = &hl;
-    }
     td.shape[0] = 2 * pad;
     CHECK(dt_tensor_create(g_ctx, &mine, &td));
     td.shape[0] = 2 * pad * W;
     CHECK(dt_tensor_create(g_ctx, &all, &td));
-    for (i = 0; i < batch->size; i++) {
-        float z = ((const float *)logits->data)[i];
-        ((float *)mine.data)[i] = z >= 0 ? 1.0f / (1.0f + expf(-z)) : expf(z) / (1.0f + expf(z));
-        ((float *)mine.data)[pad + i] = ((const float *)batch->labels.data)[i];
+    for (off = 0; off < pad; off += chunk) {
+        int64_t len = count - off < chunk ? count - off : chunk;
+        views v = {0};
+        dt_tensor *logits, hl = {0};
+        data_eval(d, batch, start + off, len > 0 ? len : 0);
+        logits = forward(&v, m, a, batch, kb, 0, NULL);
+        if (logits->device == DT_CUDA_DEVICE) {
+            CHECK(dt_tensor_create_like(g_ctx, &hl, logits, DT_DTYPE_DEFAULT, DT_CPU));
+            CHECK(dt_tensor_copy(g_ctx, &hl, logits));
+            logits = &hl;
+        }
+        for (i = 0; i < batch->size; i++) {
+            float z = ((const float *)logits->data)[i];
+            ((float *)mine.data)[off + i] = z >= 0 ? 1.0f / (1.0f + expf(-z)) : expf(z) / (1.0f + expf(z));
+            ((float *)mine.data)[pad + off + i] = ((const float *)batch->labels.data)[i];
+        }
+        dt_tensor_free(g_ctx, &hl);
     }
     CHECK(dt_comm_allgather(world, &all, &mine));
     scores = (float *)dt_alloc(g_ctx, (size_t)n * 2 * sizeof(float));
@@ -821,7 +864,6 @@ static void evaluate(model *m, acts *a, data *d, const opts *o, dt_comm *world, 
     dt_release(g_ctx, scores);
     dt_tensor_free(g_ctx, &mine);
     dt_tensor_free(g_ctx, &all);
-    dt_tensor_free(g_ctx, &hl);
 }
 
 /* ---------------------------------------------------------------- checkpoints */
@@ -973,6 +1015,8 @@ static void setup(trainer *t, int argc, char **argv) {
     memset(&od, 0, sizeof od);
     memset(&bd, 0, sizeof bd);
     parse(&t->o, argc, argv);
+    if (t->o.prefetch) t->o.overlap = 1; /* the next batch begins (and its rows come) during this one */
+    g_prefetch = t->o.prefetch;
     cdesc.device = !strcmp(t->o.device, "cuda") ? DT_CUDA_DEVICE : DT_CPU; /* parameters, activations, tables */
     cdesc.cuda_device = local_device();
     g_ctx = &t->ctx; /* so that a failing dt_ctx_init is reported with its own message */
@@ -1119,6 +1163,43 @@ static void eval_step(trainer *t, int64_t step) {
                t->logloss, (long long)t->o.eval_samples);
 }
 
+/* This rank's tier counters, summed over the tables. */
+static void tier_sum(dt_embed *e, dt_embed_tier_stats *out) {
+    int f;
+    memset(out, 0, sizeof *out);
+    for (f = 0; f < F; f++) {
+        dt_embed_tier_stats s;
+        CHECK(dt_embed_tier_stats_get(e, f, &s));
+        out->cache_rows += s.cache_rows; out->cached += s.cached; out->hits += s.hits; out->misses += s.misses;
+        out->fetched += s.fetched; out->prefetched += s.prefetched; out->evicted += s.evicted;
+        out->written_back += s.written_back; out->bytes_in += s.bytes_in; out->bytes_out += s.bytes_out;
+        out->seconds_wait += s.seconds_wait;
+    }
+}
+
+/* The end of a tiered run: per table, summed over the ranks, rank 0 prints hits, misses, hit rate,
+   evictions, bytes moved each way and the prefetch wait. Collective. */
+static void tier_report(trainer *t) {
+    double v[F][8];
+    int f;
+    if (!strcmp(t->o.tier, "none")) return;
+    for (f = 0; f < F; f++) {
+        dt_embed_tier_stats s;
+        CHECK(dt_embed_tier_stats_get(t->m.emb, f, &s));
+        v[f][0] = (double)s.cache_rows; v[f][1] = (double)s.hits; v[f][2] = (double)s.misses;
+        v[f][3] = (double)s.evicted; v[f][4] = s.bytes_in; v[f][5] = s.bytes_out; v[f][6] = s.seconds_wait;
+        v[f][7] = (double)s.prefetched;
+    }
+    CHECK(dt_comm_allreduce_f64(t->world, &v[0][0], F * 8, DT_REDUCE_SUM));
+    if (g_rank != 0 || t->o.quiet) return;
+    printf("tier %s (sums over %d ranks)\n  table  cache_rows       hits     misses   hit%%    evicted  prefetched"
+           "    MB in   MB out  wait_s\n", t->o.tier, t->W);
+    for (f = 0; f < F; f++)
+        printf("  C%-4d %11.0f %10.0f %10.0f %6.2f %10.0f %11.0f %8.2f %8.2f %7.3f\n", f + 1, v[f][0], v[f][1], v[f][2],
+               v[f][1] + v[f][2] > 0 ? 100.0 * v[f][1] / (v[f][1] + v[f][2]) : 0.0, v[f][3], v[f][7], v[f][4] / 1e6,
+               v[f][5] / 1e6, v[f][6]);
+}
+
 /* Rank 0: a progress line every --print-every steps, a JSON line every step (--log). */
 static void log_step(trainer *t, int evaluated) {
     const opts *o = &t->o;
@@ -1133,12 +1214,20 @@ static void log_step(trainer *t, int evaluated) {
         char sa[32] = "null", sl[32] = "null";
         if (evaluated && t->auc == t->auc) snprintf(sa, sizeof sa, "%.6f", t->auc);
         if (evaluated && t->logloss == t->logloss) snprintf(sl, sizeof sl, "%.6f", t->logloss);
+        dt_embed_tier_stats ts;
+        char tier[160] = "";
         CHECK(dt_embed_stats_get(t->m.emb, &es));
+        if (strcmp(o->tier, "none")) { /* this rank's tiered tables, summed */
+            tier_sum(t->m.emb, &ts);
+            snprintf(tier, sizeof tier, ",\"tier_hits\":%lld,\"tier_misses\":%lld,\"tier_evicted\":%lld,"
+                     "\"tier_wait_s\":%.6f", (long long)ts.hits, (long long)ts.misses, (long long)ts.evicted,
+                     ts.seconds_wait);
+        }
         fprintf(t->log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%g,\"emb_lr\":%g,\"samples_per_s\":%.1f,"
                         "\"comm_s\":%.6f,\"emb_fwd_s\":%.6f,\"emb_bwd_s\":%.6f,\"emb_wait_s\":%.6f,"
-                        "\"emb_bytes_sent\":%.0f,\"auc\":%s,\"logloss\":%s,\"ranks\":%d}\n",
+                        "\"emb_bytes_sent\":%.0f,\"auc\":%s,\"logloss\":%s,\"ranks\":%d%s}\n",
                 (long long)(t->step + 1), t->loss, dt_opt_lr(t->opt), o->emb_lr, sps, t->comm_s, es.seconds_fwd,
-                es.seconds_bwd, es.seconds_wait, es.bytes_sent_fwd + es.bytes_sent_bwd, sa, sl, t->W);
+                es.seconds_bwd, es.seconds_wait, es.bytes_sent_fwd + es.bytes_sent_bwd, sa, sl, t->W, tier);
         fflush(t->log);
     }
 }
@@ -1196,6 +1285,7 @@ int main(int argc, char **argv) {
                (long long)t.worst.d2h_calls);
         fflush(stdout);
     }
+    tier_report(&t);
     if (g_rank == 0) printf("final: loss %.9g auc %.4f\n", t.loss, t.auc);
     teardown(&t);
     return 0;
