@@ -28,14 +28,16 @@
        >>forward    the forward: begin (ids posted), end (rows gathered, pooled, returned),
                     progress, sequence views; the general path of every table
        >>backward   gradients to the owners, the sparse update, accumulation (set_sync)
+       >>tier       tiered tables: prefetch, flush, counters; in the implementation also
+                    the slow tier and the cache of hot rows                  (before forward)
        >>ckpt       checkpoints, the export of changed rows, stats, the local shard
      and in the implementation only:
        >>requests   the forward's requests: batch checks, pooling loops     (before forward)
        >>dynamic    dynamic tables: admission, LRU / LFU eviction, moves    (before forward)
        >>cuda       CUDA tables                                             (last)
    After the options and an example, this comment holds the reference: the batch, shardings and
-   exactness, ids, dynamic tables, sparse optimizers, the planner, checkpoints and export,
-   overlap, CUDA, then memory, errors and threads.
+   exactness, ids, dynamic tables, tiered tables, sparse optimizers, the planner, checkpoints and
+   export, overlap, CUDA, then memory, errors and threads.
 
    API in one breath, in the order a training program calls it:
        dt_embed_create                 tables + features + the plan (collective);
@@ -50,6 +52,8 @@
                                        accumulate micro-batches)
        dt_embed_checkpoint_save, dt_embed_export_changed, dt_embed_stats_get
        dt_embed_free
+     tiered tables (tier DISK): dt_embed_prefetch(next batch) after each forward,
+       dt_embed_flush, dt_embed_tier_stats_get
      also: dt_embed_table_sharding, dt_embed_local_shard, dt_embed_hash_id
 
    Do this:
@@ -68,6 +72,8 @@
                            prefetched a few ids ahead with __builtin_prefetch (gcc, clang; a hint
                            that changes no value, a no-op elsewhere).
        DT_EMBED_NO_HUGEPAGE  no huge-page advice on large shards (see "Memory" below).
+       DT_EMBED_NO_THREADS   dt_embed_prefetch copies rows in the calling thread instead of a
+                           helper thread (see "tiered tables").
        DT_STB_DS_H         the stb_ds header to include (default <stb/stb_ds.h>, Debian libstb-dev).
        DT_EMBED_NO_STB_DS_IMPLEMENTATION   stb_ds's implementation (STB_DS_IMPLEMENTATION) must be
                            compiled exactly once per program: dt_embed.h's implementation compiles
@@ -175,6 +181,56 @@
    checkpoint or recreate it). cuda tables: another hash_shards is DT_ERR_UNSUPPORTED, naming a
    misplaced id. The sightings of ids not yet admitted are not saved
    (a resumed run admits such an id later than an uninterrupted one would).
+
+   ---------------------------------------------------------------- tiered tables
+
+   table desc tier = DT_TIER_DISK (cpu tables): each rank's shard and its optimizer state live in
+   a file (the slow tier), and cache_rows of its rows in memory (the fast tier):
+        fast tier (memory)    cache: cache_rows slots (row + state), a map row -> slot,
+                              LRU or LFU (cache_eviction) over the slots not pinned
+               | fetch on a miss (or ahead: prefetch)   ^ write-back of a changed row it evicts
+        slow tier (a file)    the whole shard: rows, then state, page-aligned regions of one file
+                              mapped MAP_SHARED (desc.tier_dir, else $TMPDIR, else /tmp; unlinked
+                              at once: scratch, gone with the process; checkpoints are the copy
+                              that lasts)
+   Ids follow a power law, so a cache of a few percent of the rows serves most lookups. Every
+   row a forward reads and every row an update writes goes through the cache; the bytes of a row
+   are only copied between the tiers, so training equals the resident table bit for bit, under
+   every sharding, optimizer, dtype and pooling, dynamic tables (their slots are the rows) and
+   accumulation too (tests/mpi_embed_tier.c, np 1-4). A row the batch in flight uses is pinned
+   from its lookup until the next batch's lookups start (after the backward): the cache must
+   hold one step's distinct rows on each rank (an owner's rows of the global batch; a data-
+   parallel table's rows of the local batch), else the forward is DT_ERR_RANGE on every rank
+   naming cache_rows; with dt_embed_prefetch, two steps' for the prefetch to find room. With
+   cache_rows 0 the cache is cache_fraction (default 1/8) of the local shard, never below two
+   batches' ids (2 x ids_per_batch, else desc.batch_hint). An update whose row finds no slot
+   (a data-parallel table's rows of other ranks' samples, the micro-batches of an accumulation)
+   is applied in the slow tier directly. Forwards without a backward (evaluation) release their
+   rows at the next forward.
+   Prefetch: dt_embed_prefetch(e, next) after forward(s), before backward(s), begins batch s+1
+   (its ids go to the owners, as dt_embed_forward_begin: collective) and each owner looks its ids
+   up at once, reserving a slot for every row not cached (pinned through batch s+1: never evicted
+   for batch s's sake, FBGEMM's known bug when they are) and queueing the copies for a helper
+   thread, which runs them while the caller does batch s's dense work and backward:
+        caller:  forward(s) | prefetch(s+1): ids, look up, reserve | dense(s), backward(s) | forward(s+1)
+        helper:                                copy the misses of s+1 ->  ->  ->  (done) |
+   forward(s+1) must pass the same batch (checked: its lengths, ids and weights hashed; else
+   DT_ERR_ARG on every rank) and waits only for rows whose copies are not done yet (tier stats
+   seconds_wait). Rows no slot was found for are fetched by the forward. A cuda dt_embed: not
+   yet (DT_ERR_UNSUPPORTED).
+   dt_embed_flush writes every changed cached row back: the slow tier then equals the resident
+   table (dt_embed_local_shard of a tiered table flushes and views the slow tier). Checkpoints
+   flush first and save from the slow tier: the same files as a resident table's (load either
+   way, reshard as usual); a load writes the slow tier and empties the caches.
+   dt_embed_tier_stats_get: per table and rank, hits and misses (ids whose row was / was not
+   cached at their first lookup), rows fetched at use and prefetched, evicted and written back,
+   bytes each way, seconds waited for prefetched rows. Memory per slot besides the row and its
+   state: 7 x 8 bytes (LRU) + 8 (LFU) + the map's ~34 bytes (open addressing, load <= 1/2).
+   When to use it: the shards do not fit in memory (or should not: a host's memory shared by
+   other work) and ids are skewed enough that cache_rows rows serve most lookups; bench/embed
+   --tiers measures both on this machine (bench/RESULTS.md). The slow tier's speed is the page
+   cache's while the file fits in it, the disk's beyond. DT_TIER_HOST (cuda tables over pinned
+   host memory under a device cache) is not built yet: DT_ERR_UNSUPPORTED.
 
    ---------------------------------------------------------------- sparse optimizers
 
@@ -607,6 +663,11 @@ extern int madvise(void *addr, size_t len, int advice);
 #else
 #define DT__EM_MADV_COLLAPSE 25
 #endif
+#if defined(MADV_RANDOM) /* tiered tables' files: rows are read at random, readahead would only waste I/O */
+#define DT__EM_MADV_RANDOM MADV_RANDOM
+#else
+#define DT__EM_MADV_RANDOM 1
+#endif
 #endif
 
 /* Tiered tables (>>tier): the slow tier is a file mapped into memory (open, ftruncate, mmap), and
@@ -711,11 +772,12 @@ typedef struct dt__em_tab {
 } dt__em_tab;
 
 typedef struct dt__em_kv { int64_t key, value; } dt__em_kv;
-typedef struct dt__em_map {      /* int64 -> int64: stb_ds's hm, or (DT_STATIC) the private one */
+typedef struct dt__em_map {      /* int64 -> int64: stb_ds's hm, or the open-addressing one (see >>ids) */
     dt__em_kv *hm;
-    dt__em_kv *slots;            /* private: open addressing, linear probing */
+    dt__em_kv *slots;            /* open: linear probing */
     unsigned char *full;
     int64_t cap, n;
+    int open;                    /* 1: the open-addressing map (always under DT_STATIC) */
 } dt__em_map;
 typedef struct dt__em_dyn {      /* one id-hash shard of a dynamic table */
     dt__em_map map;              /* id -> local slot */
@@ -736,6 +798,7 @@ typedef struct dt__em_seg {      /* one request of the last forward, in generati
 typedef struct dt__em_contrib {  /* one gradient contribution to a row, for the sorted update */
     int t, f;
     int64_t row, sample, pos;    /* row: local to the shard */
+    int64_t slot;                /* tiered tables: the row's cache slot at the forward, or -1 */
     float w;
     const float *g;
 } dt__em_contrib;
@@ -758,6 +821,7 @@ typedef struct dt__em_bst {
     int cu_k64, cu_devreq;
     int64_t cu_fR, cu_fS, cu_fmax, cu_bmax, *cu_cx, cu_cx_cap;
     int tier_pf;
+    int64_t *tslot, tslot_cap;
 } dt__em_bst;
 
 /* a piece of the device's accumulation window: table t's rows [r, r + n) and floats from f */
@@ -787,6 +851,8 @@ struct dt_embed {
     char tier_msg[DT_ERROR_MAX];
     char tier_dir[1024];
     int tier_pf;                 /* the live batch was looked up by dt_embed_prefetch (its hits are counted) */
+    int64_t *tslot, tslot_cap;   /* per int of rbuf_i: the cache slot its id's row had when last looked up
+                                    (-1: none), so the forward and the update need not look again */
     int pf_pending;              /* a batch begun by dt_embed_prefetch awaits its forward */
     int pf_ahead;                /* it was begun ahead of the previous batch's backward */
     int64_t pf_B, pf_nids;
@@ -908,56 +974,81 @@ static dt_status dt__em_cuda_backward(dt_embed *e, const dt_tensor *dout, int64_
 
 /* ==== >>ids: id maps, the id hash, owners, exchange helpers =================================== */
 
-#ifdef DT__EM_PRIVATE_MAP
+/* The id maps. Two implementations behind one interface: stb_ds's hm (the default), and a small
+   open-addressing map (linear probing, load <= 1/2, backward-shift deletion) that DT_STATIC
+   builds use for every map (stb_ds has no static mode) and every build uses for the caches of
+   tiered tables (m->open = 1: one probe on int64 keys, where stb_ds compares keys with memcmp;
+   the cache looks up every id of every step). */
+/* A hint: the line where key k's probe starts (the prefetch walks look a few ids ahead). */
+static void dt__em_pf_map(const dt__em_map *m, int64_t k) {
+    if (m->cap) {
+        uint64_t i = dt_embed_hash_id(k) & ((uint64_t)m->cap - 1);
+#if defined(__GNUC__) || defined(__clang__)
+        __builtin_prefetch(&m->slots[i], 0, 1);
+        __builtin_prefetch(&m->full[i], 0, 1);
+#endif
+    }
+}
+
 static int64_t dt__em_mfind(const dt__em_map *m, int64_t k) { /* slot of k, or of the hole it would take */
     uint64_t mask = (uint64_t)m->cap - 1, i = dt_embed_hash_id(k) & mask;
     while (m->full[i] && m->slots[i].key != k) i = (i + 1) & mask;
     return (int64_t)i;
 }
+
+#ifdef DT__EM_PRIVATE_MAP
+#define DT__EM_OPEN(m) 1
+#else
+#define DT__EM_OPEN(m) ((m)->open)
 #endif
 
 static int dt__em_get(const dt__em_map *m, int64_t k, int64_t *v) {
-#ifdef DT__EM_PRIVATE_MAP
-    int64_t i;
-    if (!m->cap) return 0;
-    i = dt__em_mfind(m, k);
-    if (!m->full[i]) return 0;
-    *v = m->slots[i].value;
-    return 1;
-#else
-    ptrdiff_t i = hmgeti(((dt__em_map *)m)->hm, k);
-    if (i < 0) return 0;
-    *v = m->hm[i].value;
-    return 1;
+    if (DT__EM_OPEN(m)) {
+        int64_t i;
+        if (!m->cap) return 0;
+        i = dt__em_mfind(m, k);
+        if (!m->full[i]) return 0;
+        *v = m->slots[i].value;
+        return 1;
+    }
+#ifndef DT__EM_PRIVATE_MAP
+    {
+        ptrdiff_t i = hmgeti(((dt__em_map *)m)->hm, k);
+        if (i < 0) return 0;
+        *v = m->hm[i].value;
+        return 1;
+    }
 #endif
 }
 
 static dt_status dt__em_put(dt_ctx *ctx, dt__em_map *m, int64_t k, int64_t v) {
-#ifdef DT__EM_PRIVATE_MAP
-    int64_t i;
-    if (2 * (m->n + 1) > m->cap) { /* keep the load at most 1/2: rehash into twice the slots */
-        dt__em_map g;
-        int64_t j, cap = m->cap ? 2 * m->cap : 16;
-        memset(&g, 0, sizeof g);
-        g.cap = cap;
-        g.slots = (dt__em_kv *)dt_alloc(ctx, sizeof(dt__em_kv) * (size_t)cap);
-        g.full = (unsigned char *)dt_alloc(ctx, (size_t)cap);
-        if (!g.slots || !g.full) { dt_release(ctx, g.slots); dt_release(ctx, g.full); return DT_ERR_OOM; }
-        memset(g.full, 0, (size_t)cap);
-        for (j = 0; j < m->cap; j++)
-            if (m->full[j]) {
-                int64_t x = dt__em_mfind(&g, m->slots[j].key);
-                g.full[x] = 1; g.slots[x] = m->slots[j]; g.n++;
-            }
-        dt_release(ctx, m->slots); dt_release(ctx, m->full);
-        *m = g;
+    if (DT__EM_OPEN(m)) {
+        int64_t i;
+        if (2 * (m->n + 1) > m->cap) { /* keep the load at most 1/2: rehash into twice the slots */
+            dt__em_map g;
+            int64_t j, cap = m->cap ? 2 * m->cap : 16;
+            memset(&g, 0, sizeof g);
+            g.cap = cap;
+            g.open = m->open;
+            g.slots = (dt__em_kv *)dt_alloc(ctx, sizeof(dt__em_kv) * (size_t)cap);
+            g.full = (unsigned char *)dt_alloc(ctx, (size_t)cap);
+            if (!g.slots || !g.full) { dt_release(ctx, g.slots); dt_release(ctx, g.full); return DT_ERR_OOM; }
+            memset(g.full, 0, (size_t)cap);
+            for (j = 0; j < m->cap; j++)
+                if (m->full[j]) {
+                    int64_t x = dt__em_mfind(&g, m->slots[j].key);
+                    g.full[x] = 1; g.slots[x] = m->slots[j]; g.n++;
+                }
+            dt_release(ctx, m->slots); dt_release(ctx, m->full);
+            *m = g;
+        }
+        i = dt__em_mfind(m, k);
+        if (!m->full[i]) { m->full[i] = 1; m->n++; }
+        m->slots[i].key = k;
+        m->slots[i].value = v;
+        return DT_OK;
     }
-    i = dt__em_mfind(m, k);
-    if (!m->full[i]) { m->full[i] = 1; m->n++; }
-    m->slots[i].key = k;
-    m->slots[i].value = v;
-    return DT_OK;
-#else
+#ifndef DT__EM_PRIVATE_MAP
     (void)ctx;
     hmput(m->hm, k, v);
     return DT_OK;
@@ -965,32 +1056,37 @@ static dt_status dt__em_put(dt_ctx *ctx, dt__em_map *m, int64_t k, int64_t v) {
 }
 
 static void dt__em_del(dt__em_map *m, int64_t k) {
-#ifdef DT__EM_PRIVATE_MAP
-    uint64_t mask, i, j;
-    if (!m->cap) return;
-    mask = (uint64_t)m->cap - 1;
-    i = (uint64_t)dt__em_mfind(m, k);
-    if (!m->full[i]) return;
-    /* backward-shift deletion: move later members of the probe run into the hole */
-    for (j = (i + 1) & mask; m->full[j]; j = (j + 1) & mask) {
-        uint64_t home = dt_embed_hash_id(m->slots[j].key) & mask;
-        if (((j - home) & mask) >= ((j - i) & mask)) { m->slots[i] = m->slots[j]; i = j; }
+    if (DT__EM_OPEN(m)) {
+        uint64_t mask, i, j;
+        if (!m->cap) return;
+        mask = (uint64_t)m->cap - 1;
+        i = (uint64_t)dt__em_mfind(m, k);
+        if (!m->full[i]) return;
+        /* backward-shift deletion: move later members of the probe run into the hole */
+        for (j = (i + 1) & mask; m->full[j]; j = (j + 1) & mask) {
+            uint64_t home = dt_embed_hash_id(m->slots[j].key) & mask;
+            if (((j - home) & mask) >= ((j - i) & mask)) { m->slots[i] = m->slots[j]; i = j; }
+        }
+        m->full[i] = 0;
+        m->n--;
+        return;
     }
-    m->full[i] = 0;
-    m->n--;
-#else
+#ifndef DT__EM_PRIVATE_MAP
     (void)hmdel(m->hm, k);
 #endif
 }
 
 static void dt__em_mfree(dt_ctx *ctx, dt__em_map *m) {
-#ifdef DT__EM_PRIVATE_MAP
-    dt_release(ctx, m->slots); dt_release(ctx, m->full);
-#else
-    (void)ctx;
-    hmfree(m->hm);
+    int open = m->open;
+    if (DT__EM_OPEN(m)) {
+        dt_release(ctx, m->slots); dt_release(ctx, m->full);
+    }
+#ifndef DT__EM_PRIVATE_MAP
+    else hmfree(m->hm);
 #endif
+    (void)ctx;
     memset(m, 0, sizeof *m);
+    m->open = open; /* what kind of map it is stays */
 }
 
 static double dt__em_now(void) {
@@ -1438,6 +1534,7 @@ DT_API void dt_embed_free(dt_embed *e) {
     }
     dt_release(ctx, e->cnt); dt_release(ctx, e->seq); dt_release(ctx, e->seq_grad); dt_release(ctx, e->seq_off);
     dt_release(ctx, e->con); dt_release(ctx, e->con2); dt_release(ctx, e->gtmp); dt_release(ctx, e->src);
+    dt_release(ctx, e->tslot); dt_release(ctx, e->aside.tslot);
     dt_release(ctx, e->pend); dt_release(ctx, e->pend2); dt_release(ctx, e->pvals); dt_release(ctx, e->pvals2);
     dt_tensor_free(ctx, &e->sbuf_i); dt_tensor_free(ctx, &e->sbuf_f); dt_tensor_free(ctx, &e->rbuf_i);
     dt_tensor_free(ctx, &e->rbuf_f); dt_tensor_free(ctx, &e->resp); dt_tensor_free(ctx, &e->res);
@@ -2137,7 +2234,7 @@ static void dt__em_lfu_remove(const dt__em_pol *p, dt__em_dyn *y, int64_t x) {
 }
 
 /* A new row for id in slot x: values from (seed, table, id), optimizer state zero. */
-static dt_status dt__em_row_at(dt_embed *e, dt__em_tab *t, int64_t x, int mode, int count, char **w, float **s1,
+static dt_status dt__em_row_at(dt_embed *e, dt__em_tab *t, int64_t x, int mode, int64_t hint, char **w, float **s1,
                                float **s2, int64_t *k);
 static void dt__em_tier_view(dt_tensor *v, void *data, dt_dtype dtype, int64_t rows, int64_t cols);
 
@@ -2149,7 +2246,7 @@ static dt_status dt__em_dyn_fill(dt_embed *e, dt__em_tab *t, int64_t x, int64_t 
     char name[DT_NAME_MAX + 32], *w;
     float *s1, *s2;
     int64_t nc = t->c1 - t->c0, k;
-    DT__TRY(dt__em_row_at(e, t, x, DT__EM_NONE, 0, &w, &s1, &s2, &k));
+    DT__TRY(dt__em_row_at(e, t, x, DT__EM_NONE, -1, &w, &s1, &s2, &k));
     dt__em_tier_view(&v, w, t->dtype, 1, nc);
     snprintf(name, sizeof name, "%s#%lld", t->name, (long long)id);
     in.name = name;
@@ -2432,11 +2529,14 @@ static dt_status dt__em_dyn_move(dt_embed *e, dt__em_tab *t) {
    its pages as needed, so it may be far larger than memory). The forward, the update and the
    dynamic admissions use the cache instead: cap slots of rows and state in host memory, a map
    local row -> slot, and an eviction policy (LRU or LFU, the dynamic tables' code) over the
-   slots not pinned. A slot is pinned while the batch in flight uses it (pin >= e->epoch): from
+   slots not pinned (LRU: its list holds every slot, and a use moves a slot to the tail, so the
+   pinned ones, all used since the epoch began, are the tail: the head is evictable unless every
+   slot is pinned; LFU: pinned slots leave its heap). A slot is pinned while the batch in flight
+   uses it (pin >= e->epoch): from
    its lookup to the start of the next batch's lookups (dt__em_tier_advance: after the backward;
    with accumulation a micro-batch's rows are refetched by the update if they left), and from a
-   dt_embed_prefetch's reservation through that batch; pinned slots leave the policy and come
-   back when their epoch ends. Forwards without a backward (evaluation) release their rows at
+   dt_embed_prefetch's reservation through that batch; LFU's come back to its heap when their
+   epoch ends. Forwards without a backward (evaluation) release their rows at
    the next forward, so the cache needs room for two batches at most. A row's bytes
    are only ever copied (slow -> cache at a fetch, cache -> slow when an evicted row changed), so
    a tiered table trains bit for bit as a resident one. The cold paths (checkpoints, export,
@@ -2464,6 +2564,12 @@ typedef struct dt__em_tier {
     dt__em_dyn lst;              /* the policy's list ends, or its heap's size (x0 0) */
     dt_embed_tier_stats st;
 } dt__em_tier;
+
+/* A tiered table's slot: the lines dt__em_tier_use reads of it (row_of, pin, stamp, ready). */
+DT__EM_PF_FN void dt__em_pf_slot(const dt__em_tier *c, int64_t k) {
+    if (k < 0 || k >= c->cap) return;
+    DT__EM_PF_W(&c->row_of[k]); DT__EM_PF_W(&c->pin[k]); DT__EM_PF_W(&c->stamp[k]); DT__EM_PF_W(&c->ready[k]);
+}
 
 typedef struct dt__em_cp { char *dst; const char *src; size_t n; } dt__em_cp;
 typedef struct dt__em_pfq {      /* the prefetch's copies, numbered from the first ever (base + i) */
@@ -2638,6 +2744,13 @@ static dt_status dt__em_tier_queue(dt_embed *e, char *dst, const char *src, size
 static dt_status dt__em_tier_pin(dt_embed *e, dt__em_tier *c, int64_t k, int64_t until) {
     int which = until > e->epoch;
     if (c->pin[k] >= until) return DT_OK;
+    if (!c->lfu) { /* LRU keeps every slot in its list, the pinned ones at the tail (see above) */
+        dt__em_pol p = dt__em_tier_pol(c);
+        if (c->pin[k] >= 0) dt__em_lru_unlink(&p, &c->lst, k);
+        dt__em_lru_append(&p, &c->lst, k);
+        c->pin[k] = until;
+        return DT_OK;
+    }
     if (c->pin[k] >= 0 && c->pin[k] < e->epoch) dt__em_pol_out(c, k);
     c->pin[k] = until;
     DT__TRY(dt_grow(e->ctx, (void **)&c->pins[which], &c->pins_cap[which], c->n_pins[which] + 1, sizeof(int64_t),
@@ -2654,7 +2767,7 @@ static void dt__em_tier_advance(dt_embed *e) {
     for (i = 0; i < e->n_tabs; i++) {
         dt__em_tier *c = e->tabs[i].tier;
         int64_t j, *tp, tc;
-        if (!c) continue;
+        if (!c || !c->lfu) continue; /* LRU: its pinned slots are unpinned by the epoch alone */
         for (j = 0; j < c->n_pins[0]; j++) {
             int64_t k = c->pins[0][j];
             if (c->pin[k] == e->epoch) dt__em_pol_in(c, k); /* pin < the next epoch: in the policy */
@@ -2685,6 +2798,7 @@ static dt_status dt__em_tier_slot(dt_embed *e, dt__em_tab *t, int64_t x, int64_t
         if (c->filled < c->cap) s = c->filled++;
         else {
             s = c->lfu ? (c->lst.used ? c->prev[0] : -1) : c->lst.head;
+            if (s >= 0 && !c->lfu && c->pin[s] >= e->epoch) s = -1; /* the least recent is pinned: all are */
             if (s < 0) { *k = -1; return DT_OK; }
             dt__em_pol_out(c, s);
             dt__em_pfq_wait(e, c->ready[s]); /* a prefetched row never used (its forward failed) */
@@ -2738,16 +2852,35 @@ static void dt__em_tier_full(dt_embed *e, const dt__em_tab *t) {
              e->acc_open ? " or of the micro-batches accumulated since the last update" : "");
 }
 
-/* Where local row x of t is read and written by a forward or an update: its cache slot (pinned
-   for this epoch; *k >= 0), else, when every slot is pinned (*k = -1), the slow tier itself.
-   Resident tables: the shard. */
-static dt_status dt__em_row_at(dt_embed *e, dt__em_tab *t, int64_t x, int mode, int count, char **w, float **s1,
+/* dt__em_tier_slot, first trying `hint`: the slot x had when it was last looked up (the
+   prefetch, the forward), still x's if row_of says so: a hit without a map lookup. */
+static dt_status dt__em_tier_use(dt_embed *e, dt__em_tab *t, int64_t x, int64_t hint, int64_t until, int mode, int count,
+                                 int64_t *k) {
+    dt__em_tier *c = t->tier;
+    if (hint < 0 || hint >= c->filled || c->row_of[hint] != x) return dt__em_tier_slot(e, t, x, until, mode, count, k);
+    if (count) c->st.hits++;
+    if (mode != DT__EM_LATER && c->ready[hint] > e->pfq_seen) {
+        double t0 = dt__em_now();
+        dt__em_pfq_wait(e, c->ready[hint]);
+        c->st.seconds_wait += dt__em_now() - t0;
+    }
+    c->stamp[hint] = ++c->clock;
+    if (c->count) c->count[hint]++;
+    DT__TRY(dt__em_tier_pin(e, c, hint, until));
+    *k = hint;
+    return DT_OK;
+}
+
+/* Where local row x of t is read and written by an update or an admission: its cache slot
+   (pinned for this epoch; *k >= 0; hint: as dt__em_tier_use), else, when every slot is pinned
+   (*k = -1), the slow tier itself. Resident tables: the shard. */
+static dt_status dt__em_row_at(dt_embed *e, dt__em_tab *t, int64_t x, int mode, int64_t hint, char **w, float **s1,
                                float **s2, int64_t *k) {
     dt__em_tier *c = t->tier;
     int64_t nc = t->c1 - t->c0, sn1 = t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : nc;
     *k = -1;
     if (c) {
-        DT__TRY(dt__em_tier_slot(e, t, x, e->epoch, mode, count, k));
+        DT__TRY(dt__em_tier_use(e, t, x, hint, e->epoch, mode, 0, k));
         if (*k >= 0) {
             *w = c->cw + *k * c->rb;
             *s1 = c->sn1 ? c->cs1 + *k * c->sn1 : NULL;
@@ -2862,6 +2995,9 @@ static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
     bytes = b0 + b1 + b2;
     if ((c->fd = dt__em_tier_open(e, t, (size_t)bytes, &c->map)) < 0) return DT_ERR_IO;
     c->map_bytes = (size_t)bytes;
+#ifdef DT__EM_MADV_RANDOM
+    (void)madvise(c->map, c->map_bytes, DT__EM_MADV_RANDOM); /* advice: a fault reads its page, no more */
+#endif
     dt__em_tier_view(&t->w, c->map, t->dtype, nr, nc);
     if (c->sn1) dt__em_tier_view(&t->s1, (char *)c->map + b0, DT_F32, nr, t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 0 : nc);
     if (c->sn2) dt__em_tier_view(&t->s2, (char *)c->map + b0 + b1, DT_F32, nr, nc);
@@ -2882,6 +3018,7 @@ static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
     dt__em_hugepage(c->cw, (size_t)(c->cap * c->rb));
     for (k = 0; k < c->cap; k++) { c->pin[k] = -1; c->ready[k] = 0; c->dirty[k] = 0; c->row_of[k] = -1; }
     c->lst.head = c->lst.tail = -1;
+    c->where.open = 1;
     return DT_OK;
 }
 
@@ -3013,6 +3150,10 @@ static dt_status dt__em_serve(dt_embed *e, const int64_t *rin, const float *rfl,
     if (!out) return DT_OK;
     end = p;
     DT__TRY(dt_grow(e->ctx, (void **)&e->src, &e->src_cap, end, sizeof(dt__em_src), "dt_embed gather list"));
+    if (e->any_tier && !e->tier_pf) { /* no prefetch looked these ids up: no hints */
+        DT__TRY(dt_grow(e->ctx, (void **)&e->tslot, &e->tslot_cap, end + 1, sizeof(int64_t), "dt_embed cache slots"));
+        for (k = 0; k < end; k++) e->tslot[k] = -1;
+    }
     for (p = 0; p < end;) { /* every id's row, in request order */
         dt__em_tab *t = &e->tabs[e->feat_tab[rin[p]]];
         int64_t n = rin[p + 3], j, bytes = (t->c1 - t->c0) * (int64_t)dt_dtype_size(t->dtype);
@@ -3024,9 +3165,15 @@ static dt_status dt__em_serve(dt_embed *e, const int64_t *rin, const float *rfl,
             d->row = row >= t->r0 && row < t->r1 ? base + (row - t->r0) * bytes : NULL;
             d->bytes = bytes;
             if (t->tier && d->row) { /* its cache slot (fetched now, or waited for when prefetched) */
-                DT__TRY(dt__em_tier_slot(e, t, row - t->r0, e->epoch, DT__EM_NOW, !e->tier_pf, &k));
+                int64_t *hint = &e->tslot[p + DT__EM_HDR + j];
+                if (j + 8 < n) { /* a few ids ahead: the slot's lines, or the map's */
+                    if (e->tier_pf && hint[8] >= 0) dt__em_pf_slot(t->tier, hint[8]);
+                    else dt__em_pf_map(&t->tier->where, rin[p + DT__EM_HDR + j + 8] - t->r0);
+                }
+                DT__TRY(dt__em_tier_use(e, t, row - t->r0, e->tier_pf ? *hint : -1, e->epoch, DT__EM_NOW, !e->tier_pf, &k));
                 if (k < 0) { dt__em_tier_full(e, t); d->row = NULL; }
                 else d->row = t->tier->cw + k * bytes;
+                *hint = k; /* for the update */
             }
         }
         p += DT__EM_HDR + n;
@@ -3158,6 +3305,7 @@ static void dt__em_swap(dt_embed *e) {
     DT__EM_SW(e->cu_fR, a->cu_fR); DT__EM_SW(e->cu_fS, a->cu_fS); DT__EM_SW(e->cu_fmax, a->cu_fmax);
     DT__EM_SW(e->cu_bmax, a->cu_bmax); DT__EM_SW(e->cu_cx, a->cu_cx); DT__EM_SW(e->cu_cx_cap, a->cu_cx_cap);
     DT__EM_SW(e->cu_devreq, a->cu_devreq); DT__EM_SW(e->tier_pf, a->tier_pf);
+    DT__EM_SW(e->tslot, a->tslot); DT__EM_SW(e->tslot_cap, a->tslot_cap);
 }
 #undef DT__EM_SW
 
@@ -3510,7 +3658,7 @@ static dt_status dt__em_add_con(dt_embed *e, int t, int f, int64_t row, int64_t 
     dt__em_contrib *c;
     DT__TRY(dt_grow(e->ctx, (void **)&e->con, &e->con_cap, *n + 1, sizeof(dt__em_contrib), "dt_embed gradients"));
     c = &e->con[(*n)++];
-    c->t = t; c->f = f; c->row = row; c->sample = sample; c->pos = pos; c->w = w; c->g = g;
+    c->t = t; c->f = f; c->row = row; c->sample = sample; c->pos = pos; c->w = w; c->g = g; c->slot = -1;
     return DT_OK;
 }
 
@@ -3693,21 +3841,29 @@ static void dt__em_row_grad(dt_embed *e, int64_t *k, int64_t ncon, int t, int64_
 static int dt__em_before(int ta, int64_t ra, int tb, int64_t rb) { return ta < tb || (ta == tb && ra < rb); }
 
 /* Prefetch (for writing) what dt__em_update will touch of local row x: the row and its state. */
-DT__EM_PF_FN void dt__em_pf_update(const dt__em_tab *t, int64_t x) {
-    size_t bytes = (size_t)(t->c1 - t->c0) * sizeof(float), o;
-    const char *s1 = NULL, *s2 = NULL;
-    if (t->tier) return; /* the cache slot is found by the update itself */
-    dt__em_pf_row(t, x + t->r0, 1);
-    if (t->kind == DT_EMBED_ADAGRAD || t->kind == DT_EMBED_ADAM) s1 = (const char *)t->s1.data + (size_t)x * bytes;
-    if (t->kind == DT_EMBED_ADAM) s2 = (const char *)t->s2.data + (size_t)x * bytes;
-    if (t->kind == DT_EMBED_ROWWISE_ADAGRAD) { DT__EM_PF_W((const char *)t->s1.data + (size_t)x * sizeof(float)); return; }
-    if (!s1 || !bytes) return;
-    for (o = 0; o < bytes; o += 64) {
-        DT__EM_PF_W(s1 + o);
-        if (s2) DT__EM_PF_W(s2 + o);
+DT__EM_PF_FN void dt__em_pf_lines(const char *p, size_t bytes) { /* for writing */
+    size_t o;
+    if (!p || !bytes) return;
+    for (o = 0; o < bytes; o += 64) DT__EM_PF_W(p + o);
+    DT__EM_PF_W(p + bytes - 1); /* the last line when it is not aligned */
+}
+
+/* Prefetch (for writing) what dt__em_update will touch of local row x: the row and its state; a
+   tiered table's in its cache slot `slot` (the forward's; nothing when unknown). */
+DT__EM_PF_FN void dt__em_pf_update(const dt__em_tab *t, int64_t x, int64_t slot) {
+    const dt__em_tier *c = t->tier;
+    size_t nc = (size_t)(t->c1 - t->c0), sb = (t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : nc) * sizeof(float);
+    if (c) {
+        if (slot < 0 || slot >= c->filled) return;
+        dt__em_pf_slot(c, slot);
+        dt__em_pf_lines(c->cw + slot * c->rb, (size_t)c->rb);
+        if (c->sn1) dt__em_pf_lines((const char *)(c->cs1 + slot * c->sn1), sizeof(float) * (size_t)c->sn1);
+        if (c->sn2) dt__em_pf_lines((const char *)(c->cs2 + slot * c->sn2), sizeof(float) * (size_t)c->sn2);
+        return;
     }
-    DT__EM_PF_W(s1 + bytes - 1); /* the row's last line when it is not aligned */
-    if (s2) DT__EM_PF_W(s2 + bytes - 1);
+    dt__em_pf_row(t, x + t->r0, 1);
+    if (t->s1.data) dt__em_pf_lines((const char *)t->s1.data + (size_t)x * sb, sb);
+    if (t->s2.data) dt__em_pf_lines((const char *)t->s2.data + (size_t)x * nc * sizeof(float), nc * sizeof(float));
 }
 
 /* Merges this backward's sorted contributions with the pending rows (both sorted by (table,
@@ -3730,9 +3886,11 @@ static dt_status dt__em_apply(dt_embed *e, int64_t ncon) {
         int64_t nc = tab->c1 - tab->c0;
         const float *start = NULL;
         float *g;
+        int64_t k0 = k; /* this row's first contribution (its cache slot, for a tiered table) */
         if (from_pend) { start = e->pvals + e->pend[j].off; j++; }
         if (e->sync && k + DT__EM_PF_IDS < ncon) /* a row a few contributions ahead (often the next rows) */
-            dt__em_pf_update(&e->tabs[e->con[k + DT__EM_PF_IDS].t], e->con[k + DT__EM_PF_IDS].row);
+            dt__em_pf_update(&e->tabs[e->con[k + DT__EM_PF_IDS].t], e->con[k + DT__EM_PF_IDS].row,
+                             e->con[k + DT__EM_PF_IDS].slot);
         if (e->sync) {
             if (2 * nc > e->gtmp_cap)
                 DT__TRY(dt_grow(e->ctx, (void **)&e->gtmp, &e->gtmp_cap, 2 * nc, sizeof(float), "dt_embed row gradient"));
@@ -3749,7 +3907,7 @@ static dt_status dt__em_apply(dt_embed *e, int64_t ncon) {
                 char *wr;
                 float *p1, *p2;
                 int64_t k;
-                DT__TRY(dt__em_row_at(e, tab, row, DT__EM_NOW, 0, &wr, &p1, &p2, &k));
+                DT__TRY(dt__em_row_at(e, tab, row, DT__EM_NOW, from_pend ? -1 : e->con[k0].slot, &wr, &p1, &p2, &k));
                 dt__em_update(tab, wr, p1, p2, g, e->gtmp + nc);
                 if (k >= 0) tab->tier->dirty[k] = 1;
             }
@@ -3860,9 +4018,11 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
             int ti = e->feat_tab[f];
             const dt__em_tab *t = &e->tabs[ti];
             for (j = 0; j < n; j++)
-                if (rin[p + DT__EM_HDR + j] >= 0) /* a dynamic id not admitted has no row to update */
+                if (rin[p + DT__EM_HDR + j] >= 0) { /* a dynamic id not admitted has no row to update */
                     DT__TRY(dt__em_add_con(e, ti, f, rin[p + DT__EM_HDR + j] - t->r0, rin[p + 1], rin[p + 2] + j,
                                         e->any_weighted ? rfl[q + j] : 1.0f, gin + o, &ncon));
+                    if (t->tier) e->con[ncon - 1].slot = e->tslot[p + DT__EM_HDR + j];
+                }
             o += t->c1 - t->c0;
             p += DT__EM_HDR + n;
             if (e->any_weighted) q += n;
@@ -3881,11 +4041,18 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
 
 /* The batch a prefetch began, as a few numbers, so that the forward can check it is given the
    same one: its shape, its lengths' hash, then (once the lengths agree, so the ids may be read)
-   its ids' and weights' hash. FNV-1a over the bytes. */
-static uint64_t dt__em_fnv(uint64_t h, const void *p, size_t n) {
+   its ids' and weights' hash: FNV-1a's step over 8-byte words with a shift that mixes the high
+   bits down (it catches a wrong batch passed by mistake; it is no defence against an adversary). */
+static uint64_t dt__em_fnv(uint64_t h, const void *p, size_t n) { /* 8 bytes a round, then the tail */
     const unsigned char *b = (const unsigned char *)p;
-    size_t i;
-    for (i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 1099511628211ull;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
     return h;
 }
 static int dt__em_pf_same(const dt_embed *e, const dt_kjt *k) {
@@ -3920,18 +4087,22 @@ static dt_status dt__em_pf_reserve(dt_embed *e) {
     const int64_t *rin = (const int64_t *)e->rbuf_i.data;
     int64_t p = 0, j, b, k, x;
     int f, full;
+    DT__TRY(dt_grow(e->ctx, (void **)&e->tslot, &e->tslot_cap, e->rbuf_n + 1, sizeof(int64_t), "dt_embed cache slots"));
+    for (j = 0; j < e->rbuf_n; j++) e->tslot[j] = -1;
     while (p < e->rbuf_n) {
         int ti = e->feat_tab[rin[p]];
         dt__em_tab *t = &e->tabs[ti];
         int64_t n = rin[p + 3];
-        for (j = 0; t->tier && j < n; j++) {
+        for (j = 0, full = 0; t->tier && !full && j < n; j++) {
             int64_t row = rin[p + DT__EM_HDR + j];
+            if (j + 8 < n && !t->dynamic) dt__em_pf_map(&t->tier->where, rin[p + DT__EM_HDR + j + 8] - t->r0);
             if (t->dynamic) {
                 int h = (int)(dt_embed_hash_id(row) % (uint64_t)t->n_hs) - t->hs_first;
                 if (!dt__em_get(&t->hs[h].map, row, &x)) continue; /* admitted (and written) by the forward */
             } else x = row - t->r0;
             DT__TRY(dt__em_tier_slot(e, t, x, e->epoch + e->pf_ahead, DT__EM_LATER, 1, &k));
-            if (k < 0) break;
+            if (k < 0) full = 1;
+            else if (!t->dynamic) e->tslot[p + DT__EM_HDR + j] = k; /* (a dynamic id's row is its slot's: later) */
         }
         p += DT__EM_HDR + n;
     }

@@ -12,8 +12,21 @@
    peer; both run one thread), so that the time slices a shared machine gives to other processes
    do not count; their cache and DRAM traffic still does: compare the ratios of one run, not
    absolute figures across runs.
+   Then tiered tables (dt_embed.h tier DISK): a table of G GiB (default 8) in a file with a cache
+   of G/8 GiB in memory, against the same table resident, in one run: one table of dim 64 (f32,
+   row-wise Adagrad) read by 8 features, batch 2048, bags of 1..7 ids drawn from a Zipf law of
+   exponent 1.05 (the synthetic DLRM data's: examples/dlrm/dlrm_data.h) spread over the table by
+   a fixed bijection, a fresh batch every step; each step also runs a dense stand-in (pooled
+   [2048, 512] x [512, 256] forward and backward, the work a DLRM step has beside its tables)
+   that the prefetch can hide behind. Wall-clock samples/s (the prefetch runs on a second
+   thread), rounds interleaved resident / tiered with prefetch / tiered without, median of 3
+   rounds of 48 steps after 96 warm-up steps. The hit rate is the cache's (ids whose row was
+   cached when first looked up), the prefetch wait the share of the tiered steps spent waiting
+   for rows still on their way. Ends with one line:
+       tiered: table T GiB cache C GiB hit H% prefetch-wait W% ratio R (resident = 1)
 
-       build/bench/embed [T R D B L steps]     defaults 8 100000 64 2048 4 20 */
+       build/bench/embed [T R D B L steps]     defaults 8 100000 64 2048 4 20
+       build/bench/embed --tiers [GiB]         the tiered comparison only (default 8 GiB) */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* madvise */
 #include <stdio.h>
@@ -201,6 +214,206 @@ static double torch_run(int T, int64_t R, int D, int64_t B, int L, int steps, co
     return sps;
 }
 
+/* ---------------------------------------------------------------- tiered tables */
+
+static double wall_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#define TB 2048 /* samples per step */
+#define TF 8    /* features reading the one table */
+#define TD 64   /* its dim */
+#define TDENSE 256
+
+/* Step s's batch: TF features x TB bags of 1..7 ids, Zipf(1.05) over the R rows: k + 1 =
+   (1 + u ((R + 1)^(1 - s) - 1))^(1 / (1 - s)) (dlrm_data.h's inverse CDF), then row = (k a + c)
+   mod R, a fixed bijection, so the hot rows are spread over the file as ids hashed into a table
+   would be. */
+static void tier_batch(bbatch *bb, int64_t R, int s) {
+    const double zs = 1.05, za = pow((double)R + 1.0, 1.0 - zs) - 1.0, zi = 1.0 / (1.0 - zs);
+    const uint64_t a = 2654435761u % (uint64_t)R ? 2654435761u % (uint64_t)R : 1, c = 12345 % (uint64_t)R;
+    int64_t i, n = (int64_t)TF * TB, o = 0;
+    for (i = 0; i < n; i++) {
+        bb->lengths[i] = 1 + (int64_t)(dt_rng_uniform(7000 + (uint64_t)s, 1, (uint64_t)i) * 7.0f);
+        if (bb->lengths[i] > 7) bb->lengths[i] = 7;
+        o += bb->lengths[i];
+    }
+    for (i = 0; i < o; i++) {
+        double u = dt_rng_uniform(7000 + (uint64_t)s, 2, (uint64_t)i), k = pow(1.0 + u * za, zi) - 1.0;
+        uint64_t kk = k < 0 ? 0 : k >= (double)R ? (uint64_t)R - 1 : (uint64_t)k;
+        bb->ids[i] = (int64_t)((unsigned __int128)(kk * a + c) % (uint64_t)R); /* no overflow */
+    }
+    bb->n_ids = o;
+    memset(&bb->k, 0, sizeof bb->k);
+    bb->k.n_features = TF; bb->k.batch = TB; bb->k.lengths = bb->lengths; bb->k.ids = bb->ids;
+}
+
+static dt_embed *tier_make(int64_t R, int tiered, int64_t cache) {
+    dt_embed_table_desc t;
+    dt_embed_feature_desc f[TF];
+    dt_embed_desc d;
+    dt_embed *e = NULL;
+    int i;
+    memset(&t, 0, sizeof t);
+    t.name = "big"; t.rows = R; t.dim = TD; t.optim.kind = DT_EMBED_ROWWISE_ADAGRAD;
+    t.init.kind = DT_INIT_CONST; t.init.value = 0.01; /* the values do not change the speed; random ones
+                                                         take dt_tensor_init ~80 s per 8 GiB here */
+    if (tiered) { t.tier = DT_TIER_DISK; t.cache_rows = cache; }
+    memset(f, 0, sizeof f);
+    for (i = 0; i < TF; i++) { f[i].name = "f"; f[i].table = 0; }
+    memset(&d, 0, sizeof d);
+    d.tables = &t; d.n_tables = 1; d.features = f; d.n_features = TF; d.seed = 1;
+    if (dt_embed_create(&C, &e, &d)) die("dt_embed_create (tiers)");
+    return e;
+}
+
+typedef struct tier_run {
+    dt_embed *e;
+    dt_tensor out, dout, h, dh, w, dw;
+    bbatch bb[2];                /* this step's batch and the next (made before the step is timed) */
+    int step;                    /* batches used so far: step i reads batch i */
+    double pf_s;                 /* seconds in dt_embed_prefetch */
+} tier_run;
+
+/* n steps of r's embedding (batches r->step, r->step + 1, ...), the seconds of each into t (if
+   not NULL). With prefetch, each forward is followed by dt_embed_prefetch of the next batch, and
+   the forward of a prefetched batch only ends it; the last step prefetches nothing, so the next
+   call may run without prefetch. */
+static void tier_steps(tier_run *r, int64_t R, int n, int prefetch, double *t) {
+    int i;
+    for (i = 0; i < n; i++) {
+        bbatch *cur = &r->bb[r->step & 1], *nx = &r->bb[(r->step + 1) & 1];
+        double t0;
+        if (!prefetch || i == 0) tier_batch(cur, R, r->step); /* else made (and prefetched) last step */
+        if (prefetch && i + 1 < n) tier_batch(nx, R, r->step + 1);
+        t0 = wall_s();
+        if (dt_embed_forward(r->e, &r->out, &cur->k)) die("tiers forward");
+        if (prefetch && i + 1 < n) {
+            double tp = wall_s();
+            if (dt_embed_prefetch(r->e, &nx->k)) die("tiers prefetch");
+            r->pf_s += wall_s() - tp;
+        }
+        /* the dense stand-in: h = out W, then dW = out^T dh and dout = dh W^T */
+        if (dt_matmul_fwd(&C, &r->h, &r->out, &r->w, 0, 0, 1.0f, 0.0f)) die("dense");
+        memcpy(r->dh.data, r->h.data, dt_tensor_bytes(&r->h));
+        memset(r->dout.data, 0, dt_tensor_bytes(&r->dout));
+        if (dt_matmul_bwd(&C, &r->dout, &r->dw, &r->dh, &r->out, &r->w, 0, 0, 1e-6f)) die("dense bwd");
+        if (dt_embed_backward(r->e, &r->dout)) die("tiers backward");
+        if (t) t[i] = wall_s() - t0;
+        r->step++;
+    }
+}
+
+static void tier_run_init(tier_run *r, dt_embed *e) {
+    dt_tensor_desc td;
+    int64_t i;
+    memset(r, 0, sizeof *r);
+    r->e = e;
+    memset(&td, 0, sizeof td);
+    td.ndim = 2;
+    td.shape[0] = TB; td.shape[1] = TF * TD;
+    if (dt_tensor_create(&C, &r->out, &td) || dt_tensor_create(&C, &r->dout, &td)) die("tensor");
+    td.shape[1] = TDENSE;
+    if (dt_tensor_create(&C, &r->h, &td) || dt_tensor_create(&C, &r->dh, &td)) die("tensor");
+    td.shape[0] = TF * TD;
+    if (dt_tensor_create(&C, &r->w, &td) || dt_tensor_create(&C, &r->dw, &td)) die("tensor");
+    for (i = 0; i < r->w.numel; i++) ((float *)r->w.data)[i] = 0.05f * dt_rng_normal(77, 0, (uint64_t)i);
+    for (i = 0; i < 2; i++) {
+        r->bb[i].lengths = (int64_t *)malloc(sizeof(int64_t) * (size_t)(TF * TB));
+        r->bb[i].ids = (int64_t *)malloc(sizeof(int64_t) * (size_t)(TF * TB * 7));
+    }
+}
+
+static void tier_run_free(tier_run *r) {
+    int i;
+    dt_tensor_free(&C, &r->out); dt_tensor_free(&C, &r->dout); dt_tensor_free(&C, &r->h);
+    dt_tensor_free(&C, &r->dh); dt_tensor_free(&C, &r->w); dt_tensor_free(&C, &r->dw);
+    for (i = 0; i < 2; i++) { free(r->bb[i].lengths); free(r->bb[i].ids); }
+    dt_embed_free(r->e);
+}
+
+/* The resident table and one tiered table (resident 8 GiB + the file's page cache 8 GiB + the
+   cache fit this machine's 24 GiB; two tiered tables would not), in rounds: resident, tiered with
+   prefetch, tiered without. The tiered table first trains until its cache is full (evictions in
+   every measured step: the steady state), the resident one as many steps. */
+static void tiers(double gib) {
+    int64_t R = (int64_t)(gib * 1073741824.0 / (TD * 4.0)), cache = R / 8;
+    const int per = 48, rounds = 3;
+    tier_run res, tie;
+    double *t[3], med[3], t0, hit, wait_share, spent = 0, ms[3][3];
+    dt_embed_tier_stats a, b, cur;
+    dt_embed_stats ea[3], eb[3];
+    int r, v, warm = 0, i;
+    if (R < 1024) { fprintf(stderr, "bench/embed --tiers: %g GiB is too small\n", gib); exit(1); }
+    printf("bench/embed --tiers: one table %lld rows x %d f32 (%.2f GiB, row-wise Adagrad), cache %lld rows (%.2f GiB), "
+           "%d features x batch %d, bags 1..7, Zipf 1.05, dense stand-in [%d, %d] x [%d, %d]\n", (long long)R, TD,
+           (double)R * TD * 4 / 1073741824.0, (long long)cache, (double)cache * TD * 4 / 1073741824.0, TF, TB, TB,
+           TF * TD, TF * TD, TDENSE);
+    fflush(stdout);
+    for (v = 0; v < 3; v++) t[v] = (double *)malloc(sizeof(double) * (size_t)(rounds * per));
+    t0 = wall_s();
+    tier_run_init(&res, tier_make(R, 0, 0));
+    printf("  resident table made in %.1f s\n", wall_s() - t0);
+    t0 = wall_s();
+    tier_run_init(&tie, tier_make(R, 1, cache));
+    printf("  tiered table (a file in $TMPDIR or /tmp) made in %.1f s\n", wall_s() - t0);
+    fflush(stdout);
+    t0 = wall_s();
+    do { /* warm-up: until the cache is full and has evicted for a while (at most 4000 steps) */
+        tier_steps(&tie, R, 16, 1, NULL);
+        warm += 16;
+        dt_embed_tier_stats_get(tie.e, 0, &cur);
+    } while ((cur.cached < cur.cache_rows || cur.evicted < cache / 4) && warm < 4000);
+    tier_steps(&res, R, warm, 0, NULL);
+    printf("  warm-up: %d steps (%.0f s), the cache %lld of %lld rows, %lld evicted so far\n", warm, wall_s() - t0,
+           (long long)cur.cached, (long long)cur.cache_rows, (long long)cur.evicted);
+    fflush(stdout);
+    dt_embed_tier_stats_get(tie.e, 0, &a);
+    for (r = 0; r < rounds; r++)
+        for (v = 0; v < 3; v++) {
+            tier_run *x = v == 0 ? &res : &tie;
+            double pf0 = x->pf_s;
+            dt_embed_stats s0, s1;
+            dt_embed_stats_get(x->e, &s0);
+            tier_steps(x, R, per, v == 1, t[v] + r * per);
+            dt_embed_stats_get(x->e, &s1);
+            if (r == 0) { memset(&ea[v], 0, sizeof ea[v]); memset(ms[v], 0, sizeof ms[v]); }
+            ms[v][0] += (s1.seconds_fwd - s0.seconds_fwd) * 1e3; ms[v][1] += (s1.seconds_bwd - s0.seconds_bwd) * 1e3;
+            ms[v][2] += (x->pf_s - pf0) * 1e3;
+            (void)eb;
+        }
+    dt_embed_tier_stats_get(tie.e, 0, &b);
+    for (v = 0; v < 3; v++) {
+        for (i = 0; i < rounds * per; i++) if (v > 0) spent += t[v][i];
+        med[v] = median(t[v], rounds * per);
+    }
+    hit = 100.0 * (double)(b.hits - a.hits) / (double)(b.hits - a.hits + b.misses - a.misses);
+    wait_share = 100.0 * (b.seconds_wait - a.seconds_wait) / spent;
+    printf("%-52s %12s\n", "figure (median step of 3 interleaved rounds x 48)", "value");
+    printf("%-52s %12.0f\n", "resident, samples/s", TB / med[0]);
+    printf("%-52s %12.0f\n", "tiered with prefetch, samples/s", TB / med[1]);
+    printf("%-52s %12.0f\n", "tiered without prefetch, samples/s", TB / med[2]);
+    printf("%-52s %12.2f   (target >= 0.7)\n", "ratio tiered (prefetch) / resident", med[0] / med[1]);
+    printf("%-52s %12.2f\n", "ratio tiered (no prefetch) / resident", med[0] / med[2]);
+    printf("%-52s %12.1f\n", "cache hit rate, % (ids whose row was cached)", hit);
+    printf("%-52s %12.0f\n", "rows read from the file per step", (double)(b.prefetched - a.prefetched +
+           b.fetched - a.fetched) / (2.0 * rounds * per));
+    printf("%-52s %12.1f\n", "MB in / step", (b.bytes_in - a.bytes_in) / 1e6 / (2.0 * rounds * per));
+    printf("%-52s %12.1f\n", "MB written back / step", (b.bytes_out - a.bytes_out) / 1e6 / (2.0 * rounds * per));
+    printf("%-52s %12.2f\n", "prefetch wait, % of the tiered steps", wait_share);
+    for (v = 0; v < 3; v++)
+        printf("  %-24s a step: embedding forward %6.2f ms, backward %6.2f ms, dt_embed_prefetch %6.2f ms\n",
+               v == 0 ? "resident" : v == 1 ? "tiered, prefetch" : "tiered, no prefetch", ms[v][0] / (rounds * per),
+               ms[v][1] / (rounds * per), ms[v][2] / (rounds * per));
+    printf("tiered: table %.3g GiB cache %.3g GiB hit %.1f%% prefetch-wait %.1f%% ratio %.2f (resident = 1)\n",
+           (double)R * TD * 4 / 1073741824.0, (double)cache * TD * 4 / 1073741824.0, hit, wait_share, med[0] / med[1]);
+    tier_run_free(&res);
+    tier_run_free(&tie);
+    for (v = 0; v < 3; v++) free(t[v]);
+}
+
 int main(int argc, char **argv) {
     int T = 8, D = 64, L = 4, steps = 20, i;
     int64_t R = 100000, B = 2048, ids = 0;
@@ -208,6 +421,14 @@ int main(int argc, char **argv) {
     dt_embed *e;
     double fwd, step, mc, torch_sps = 0, big_step, small_step, f2, gat, gat_h, fwd_h, step_h;
     dt_ctx_desc hd;
+    if (argc > 1 && !strcmp(argv[1], "--tiers")) {
+        double g = argc > 2 ? atof(argv[2]) : 8.0;
+        if (!(g > 0) || g > 1e6) { fprintf(stderr, "bench/embed --tiers: GiB = '%s'; expected > 0\n", argv[2]); return 1; }
+        dt_ctx_init(&C, NULL);
+        tiers(g);
+        dt_ctx_shutdown(&C);
+        return 0;
+    }
     if (argc > 1) T = atoi(argv[1]);
     if (argc > 2) R = atoll(argv[2]);
     if (argc > 3) D = atoi(argv[3]);
@@ -288,6 +509,7 @@ int main(int argc, char **argv) {
         dt_ctx_shutdown(&CH);
     }
     for (i = 0; i < 4; i++) { free(bb[i].lengths); free(bb[i].ids); }
+    tiers(8.0);
     dt_ctx_shutdown(&C);
     return 0;
 }
