@@ -295,10 +295,11 @@
    and the cache: no host wait. dt_embed_prefetch runs its copies on a copy stream that the next
    forward's stream waits for (an event). Rows an update wrote are written back when they leave
    the cache, and at dt_embed_flush, checkpoints and dt_embed_local_shard (a host view of the
-   slow tier), which wait for the device. Training equals the resident cuda tables bit for bit
-   (tests/cuda_emu/mpi_embed_tier_cuda.cpp); checkpoints are the same files. Tier HOST with a
-   dynamic table or sharding DATA, and tier DISK on cuda: DT_ERR_UNSUPPORTED (the planner never
-   replicates a tier HOST table). Not yet: dt_embed_export_changed of cuda tables
+   slow tier), which wait for the device. A dynamic table's slots (the GPU id table's) are its
+   rows here: an admitted row is initialised into its cache slot. Training equals the resident
+   cuda tables bit for bit (tests/cuda_emu/mpi_embed_tier_cuda.cpp); checkpoints are the same
+   files. Tier HOST with sharding DATA, and tier DISK on cuda: DT_ERR_UNSUPPORTED (the planner
+   never replicates a tier HOST table). Not yet: dt_embed_export_changed of cuda tables
    (DT_ERR_UNSUPPORTED).
 
    Memory: tables, optimizer state and every buffer come from the ctx allocator; buffers are
@@ -546,11 +547,10 @@ DT_API dt_status dt_embed_set_sync(dt_embed *e, int sync);
 /* Collective. Begins the forward of `next` (as dt_embed_forward_begin: its ids go to their owners,
    which wait for them), and each owner starts fetching the rows of tiered tables that `next` needs
    and its fast tier lacks, on a helper thread (cuda tables: a copy stream), while the caller runs
-   the current step. Call it
-   after a forward and before its backward (or between steps); the next dt_embed_forward must pass
-   the same batch (checked: DT_ERR_ARG on every rank otherwise) and waits only for rows not yet
-   arrived. Rows the current batch uses are never evicted for it. Tables not tiered: the same as
-   forward_begin. */
+   the current step. Call it after a forward and before its backward (or between steps); the next
+   dt_embed_forward must pass the same batch (checked: DT_ERR_ARG on every rank otherwise) and
+   waits only for rows not yet arrived. Rows the current batch uses are never evicted for it.
+   Tables not tiered: the same as forward_begin. */
 DT_API dt_status dt_embed_prefetch(dt_embed *e, const dt_kjt *next);
 /* Not collective. Waits for the prefetch in flight and writes every changed cached row back, so
    that the slow tier holds the table (dt_embed_local_shard views it). */
@@ -2664,8 +2664,8 @@ static dt_status dt__em_tier_queue(dt_embed *e, char *dst, const char *src, size
     return DT_OK;
 }
 
-/* tier HOST: a row to move between slot k and the slow tier's local row x (out = 0: write-back,
-   1: fetch), run later on the device (dt__em_cuda_tier_run). */
+/* tier HOST: a row to move between slot k and the slow tier's local row x (in = 0: a write-back,
+   slot -> slow tier; 1: a fetch), run later on the device (dt__em_cuda_tier_run). */
 static dt_status dt__em_tier_move(dt_embed *e, dt__em_tier *c, int in, int64_t k, int64_t x) {
     DT__TRY(dt_grow(e->ctx, (void **)&c->mv[in], &c->mv_cap[in], 2 * (c->n_mv[in] + 1), sizeof(int64_t),
                     "dt_embed cache copies"));
@@ -4574,7 +4574,8 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
    device's window (dt__em_cuda_apply, dt__em_cuda_acc_close). Tier HOST: the host's requests
    (dt__em_cuda_serve) map each row to its device cache slot (dt__em_cuda_tier_row), the kernels
    read dt__em_cuda_w / _s1 / _s2 (the cache), and the cache's rows move by
-   dt__em_cuda_tier_issue (see >>tier).
+   dt__em_cuda_tier_issue (see >>tier); a dynamic table's admitted rows are written into their
+   cache slots (dt__em_cuda_dyn_fill).
    Export: DT_ERR_UNSUPPORTED. */
 #ifdef DT_CUDA
 
@@ -4596,11 +4597,7 @@ static dt_status dt__em_cuda_check_desc(dt_ctx *ctx, const dt_embed_desc *desc) 
             return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "dt_embed_create: tables[%d] (\"%s\").eviction = LFU with "
                                     "desc.device cuda; the GPU id table (kernels/dt_hash.cu) evicts LRU only", i, nm);
         /* tier HOST: the owner's requests are the host's, which maps each row to its cache slot;
-           the GPU id table's slots (dynamic) and the device-made data-parallel bags are not */
-        if (d->tier == DT_TIER_HOST && d->dynamic)
-            return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "dt_embed_create: tables[%d] (\"%s\").tier = HOST with "
-                                    "dynamic = 1 on cuda: a dynamic table's slots are decided on the GPU and are not "
-                                    "mapped to the device cache; expected a static table, or tier NONE", i, nm);
+           the device-made data-parallel bags are not */
         if (d->tier == DT_TIER_HOST && d->sharding == DT_SHARD_DATA)
             return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "dt_embed_create: tables[%d] (\"%s\").tier = HOST with "
                                     "sharding DATA on cuda: a replicated table's lookups are made on the device, "
@@ -4860,14 +4857,14 @@ static dt_k_hash *dt__em_cuda_hs(dt_embed *e, int ti) {
 /* dt__em_dyn_fill on the device for a batch's admitted rows (pairs [2 na]: local row, id): each
    row initialised on the host (the same Philox stream and name "<table>#<id>"), all of them up
    in one copy and moved into place by one dt_k_embed_copies; their optimizer state zeroed the
-   same way (copies of a zeroed row). */
+   same way (copies of a zeroed row). Tier HOST: "into place" is the row's cache slot. */
 static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, const int64_t *pairs, int64_t na) {
     const char *fn = "dt_embed_forward";
     dt_tensor v;
     dt_tensor_desc d;
     dt_init_desc in = t->init;
     char name[DT_NAME_MAX + 32];
-    int64_t nc = t->c1 - t->c0, k, *hm, s1n = t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : nc;
+    int64_t nc = t->c1 - t->c0, k, *hm, *slot, s1n = t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : nc, ia = 0, ib, g;
     size_t es = dt_dtype_size(t->w.dtype), mark;
     char *vals, *dvals;
     int64_t *dm;
@@ -4876,8 +4873,18 @@ static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, const int64_t 
     if (na == 0 || nc == 0) return DT_OK;
     DT__TRY(dt_grow(e->ctx, (void **)&e->cu_stg, &e->cu_stg_cap, (int64_t)(((size_t)(na * nc) * es + 3) / 4) + 1,
                      sizeof(float), "dt_embed cuda rows"));
-    DT__TRY(dt_grow(e->ctx, (void **)&e->cu_dyn_hi, &e->cu_dyn_cap, 6 * na + 1, sizeof(int64_t), "dt_embed cuda rows"));
-    vals = (char *)e->cu_stg; hm = e->cu_dyn_hi;
+    DT__TRY(dt_grow(e->ctx, (void **)&e->cu_dyn_hi, &e->cu_dyn_cap, 7 * na + 1, sizeof(int64_t), "dt_embed cuda rows"));
+    vals = (char *)e->cu_stg; hm = e->cu_dyn_hi; slot = hm + 6 * na;
+    /* tier HOST: each new row goes into its cache slot (taken without a fetch: the row is written
+       whole), or into the slow tier when the step holds every slot (the forward then fails, but the
+       id stays admitted); the slots' write-backs run first (they read what is overwritten) */
+    for (k = 0; k < na; k++) {
+        slot[k] = -1;
+        if (t->tier) DT__TRY(dt__em_tier_slot(e, t, pairs[2 * k], e->epoch, DT__EM_NONE, 0, &slot[k]));
+        if (slot[k] >= 0) { t->tier->dirty[slot[k]] = 1; ia++; }
+    }
+    if (t->tier) DT__TRY(dt__em_cuda_tier_run(e, 0));
+    ib = ia; ia = 0; /* cached rows first [0, ia), then the others */
     memset(&d, 0, sizeof d);
     d.dtype = t->w.dtype; d.device = DT_CPU; d.ndim = 2; d.shape[0] = 1; d.shape[1] = nc;
     DT__TRY(dt_tensor_create(e->ctx, &v, &d));
@@ -4885,13 +4892,13 @@ static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, const int64_t 
     memset(in.start, 0, sizeof in.start);
     st = DT_OK;
     for (k = 0; !st && k < na; k++) {
-        int64_t x = pairs[2 * k];
+        int64_t x = pairs[2 * k], at = slot[k] >= 0 ? slot[k] : x, j = slot[k] >= 0 || !t->tier ? ia++ : ib++;
         snprintf(name, sizeof name, "%s#%lld", t->name, (long long)pairs[2 * k + 1]);
         in.name = name;
         st = dt_tensor_init(e->ctx, &v, &in);
         if (!st) memcpy(vals + (size_t)(k * nc) * es, v.data, (size_t)nc * es);
-        hm[k] = x * nc; hm[na + k] = k * nc; hm[2 * na + k] = nc; /* the row: dst, src, len */
-        hm[3 * na + k] = x * s1n; hm[4 * na + k] = 0; hm[5 * na + k] = s1n; /* its state: dst (s1), src (zeros), len */
+        hm[j] = at * nc; hm[na + j] = k * nc; hm[2 * na + j] = nc; /* the row: dst, src, len */
+        hm[3 * na + j] = at * s1n; hm[4 * na + j] = 0; hm[5 * na + j] = s1n; /* its state: dst (s1), src (zeros), len */
         if (!st) st = dt__em_mark(e, t, x);
     }
     dt_tensor_free(e->ctx, &v);
@@ -4904,14 +4911,21 @@ static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, const int64_t 
     if (!st) st = dt__em_cuda_put(e, dvals, vals, (size_t)(na * nc) * es);
     if (!st) st = dt__em_cuda_put(e, dm, hm, (size_t)(6 * na) * sizeof(int64_t));
     if (!st) st = dt_cuda_memset(e->ctx, zero, 0, (size_t)nc * sizeof(float), fn);
-    if (!st) st = dt__em_cuda_err(e, dt_k_embed_copies(t->w.data, dvals, dm, dm + na, dm + 2 * na, (int)na, nc, (int)es,
-                                                        e->ctx->cuda_stream), "dt_k_embed_copies");
-    if (!st && t->s1.data) /* row-wise Adagrad: one float per row */
-        st = dt__em_cuda_err(e, dt_k_embed_copies(t->s1.data, zero, dm + 3 * na, dm + 4 * na, dm + 5 * na, (int)na, s1n,
-                                                   4, e->ctx->cuda_stream), "dt_k_embed_copies");
-    if (!st && t->s2.data)
-        st = dt__em_cuda_err(e, dt_k_embed_copies(t->s2.data, zero, dm, dm + 4 * na, dm + 2 * na, (int)na, nc, 4,
-                                                   e->ctx->cuda_stream), "dt_k_embed_copies");
+    for (g = 0; g < 2 && !st; g++) { /* the device's rows (resident, or the cache), then the slow tier's */
+        int64_t lo = g ? ia : 0, n = g ? na - ia : ia, *x = dm + lo;
+        void *w = g ? (void *)(t->tier ? t->tier->hw : NULL) : dt__em_cuda_w(t);
+        float *s1 = g ? (t->tier ? t->tier->hs1 : NULL) : dt__em_cuda_s1(t);
+        float *s2 = g ? (t->tier ? t->tier->hs2 : NULL) : dt__em_cuda_s2(t);
+        if (n == 0) continue;
+        st = dt__em_cuda_err(e, dt_k_embed_copies(w, dvals, x, x + na, x + 2 * na, (int)n, nc, (int)es,
+                                                  e->ctx->cuda_stream), "dt_k_embed_copies");
+        if (!st && s1) /* row-wise Adagrad: one float per row */
+            st = dt__em_cuda_err(e, dt_k_embed_copies(s1, zero, x + 3 * na, x + 4 * na, x + 5 * na, (int)n, s1n, 4,
+                                                      e->ctx->cuda_stream), "dt_k_embed_copies");
+        if (!st && s2)
+            st = dt__em_cuda_err(e, dt_k_embed_copies(s2, zero, x, x + 4 * na, x + 2 * na, (int)n, nc, 4,
+                                                      e->ctx->cuda_stream), "dt_k_embed_copies");
+    }
     dt_cuda_scratch_end(e->ctx, mark);
     return st;
 }

@@ -3,14 +3,15 @@
 // shard and optimizer state live in pinned host memory under a device cache, against the same
 // cuda tables resident, on the same ranks and plan: row-wise (weighted sum, Adagrad), table-wise
 // (mean, Adam), column-wise (bf16, SGD), table-row (f16, row-wise Adagrad), next to a resident
-// data-parallel table. The pooled outputs (and, with a sequence feature, the sequence rows) must
+// data-parallel table, and a dynamic table (Adam, admit_after 1 or 2, under capacity pressure) tiered
+// too. The pooled outputs (and, with a sequence feature, the sequence rows) must
 // be equal bit for bit at every step and, after dt_embed_flush, every shard, for caches of all
 // rows, 10% and 1% of them (at least one step's ids), LRU and LFU, with dt_embed_prefetch (the
 // copy stream), gradient accumulation, and the host path of a sequence feature; a checkpoint of
 // tiered tables loads into resident ones and back. A cache of exactly one step's distinct rows
 // trains equal to the resident table; one row less is DT_ERR_RANGE on every rank naming
-// cache_rows. What is refused is named: tier HOST with a dynamic table or sharding DATA, tier
-// DISK on cuda; the planner never replicates a tier HOST table. (Resident cuda tables equal the
+// cache_rows. What is refused is named: tier HOST with sharding DATA, tier DISK on cuda; the
+// planner never replicates a tier HOST table. (Resident cuda tables equal the
 // cpu ones: mpi_embed.cpp.) Device tensors go through dt_comm's staged path (-DDT_MPI, no NCCL).
 // Streams run deferred (DT_EMU_STREAMS, unless set): a missing wait for the copy stream shows.
 // emu-modes: parallel
@@ -28,16 +29,19 @@
 static dt_ctx C;
 static int R, W;
 
-enum { GB = 12, NT = 5, MAXL = 3 };
-static const int64_t ROWS[NT] = {4000, 3000, 2000, 3000, 50};
-static const int DIM[NT] = {8, 4, 8, 4, 4};
+enum { GB = 12, NT = 6, MAXL = 3 };
+static const int64_t ROWS[NT] = {4000, 3000, 2000, 3000, 50, 96};
+static const int DIM[NT] = {8, 4, 8, 4, 4, 4};
 
 typedef struct cfg {
     const char *name;
     int frac;                     /* cache_rows = rows / frac (at least a global batch's ids); 1 = all rows */
     dt_embed_eviction evict;
     int prefetch, accum, seq;     /* seq: table 1 is a sequence feature (the host path) */
+    int dyn;                      /* a dynamic table too (table 5; ids from 400 keys, capacity 96) */
 } cfg;
+
+static int n_tabs(const cfg *k) { return k->dyn ? NT : NT - 1; }
 
 static std::vector<float> host_copy(const dt_tensor *t) {
     std::vector<float> v;
@@ -52,7 +56,7 @@ static std::vector<float> host_copy(const dt_tensor *t) {
     return v;
 }
 
-static int pooled_dim(const cfg *k) { return 8 + (k && k->seq ? 0 : 4) + 8 + 4 + 4; }
+static int pooled_dim(const cfg *k) { return 8 + (k->seq ? 0 : 4) + 8 + 4 + 4 + (k->dyn ? 4 : 0); }
 
 static dt_embed *make(dt_comm *c, const cfg *k, int tiered) {
     dt_embed_table_desc t[NT];
@@ -66,11 +70,15 @@ static dt_embed *make(dt_comm *c, const cfg *k, int tiered) {
     t[3].name = "trow"; t[3].sharding = DT_SHARD_TABLE_ROW; t[3].group_size = W % 2 == 0 ? 2 : W;
     t[3].optim.kind = DT_EMBED_ROWWISE_ADAGRAD; t[3].dtype = DT_F16;
     t[4].name = "dp"; t[4].sharding = DT_SHARD_DATA; t[4].optim.kind = DT_EMBED_ADAGRAD; /* resident in both */
+    t[5].name = "dyn"; t[5].dynamic = 1; t[5].hash_shards = 8; t[5].optim.kind = DT_EMBED_ADAM;
+    /* admit_after 2 rejects ids; 1 admits more while a small cache is full of changed rows (and
+       checkpoints hold no sightings: a resumed run would admit later) */
+    t[5].admit_after = k->frac >= 100 ? 1 : 2;
     for (int i = 0; i < NT; i++) {
         t[i].rows = ROWS[i];
         t[i].dim = DIM[i];
         t[i].optim.lr = 0.05;
-        if (tiered && i < 4) {
+        if (tiered && i != 4) {
             int64_t cr = ROWS[i] / k->frac;
             t[i].tier = DT_TIER_HOST;
             t[i].cache_rows = cr < MAXL * GB ? MAXL * GB : cr; /* at least a global batch's ids */
@@ -78,32 +86,34 @@ static dt_embed *make(dt_comm *c, const cfg *k, int tiered) {
         }
     }
     memset(&d, 0, sizeof d);
-    d.tables = t; d.n_tables = NT; d.comm = c; d.seed = 11; d.device = DT_CUDA_DEVICE;
+    d.tables = t; d.n_tables = n_tabs(k); d.comm = c; d.seed = 11; d.device = DT_CUDA_DEVICE;
     if (dt_embed_create(&C, &e, &d)) { fprintf(stderr, "make: %s\n", dt_ctx_error(&C)); exit(2); }
     return e;
 }
 
 /* The batch of step s, samples [b0, b0 + n) of the global batch, into buffer set s % 2 (the batch
    given to dt_embed_prefetch stays intact while the current one is in use). 0..3 ids per bag,
-   power-law: row = u^3 x rows (few hot rows, a long tail). */
+   power-law: row = u^3 x rows (few hot rows, a long tail); the dynamic table's ids uniform over
+   400 keys (its 96 slots are short). */
 static int64_t LEN[2][NT * GB], IDS[2][NT * GB * MAXL];
 static float WTS[2][NT * GB * MAXL];
-static void batch(dt_kjt *k, int s, int64_t b0, int64_t n) {
+static void batch(dt_kjt *k, int s, int64_t b0, int64_t n, int nt) {
     int f, q = s & 1;
     int64_t b, j, o = 0;
-    for (f = 0; f < NT; f++)
+    for (f = 0; f < nt; f++)
         for (b = 0; b < n; b++) {
             int64_t len = (int64_t)(dt_rng_uniform(100 + s, (uint64_t)f, (uint64_t)(b0 + b)) * (MAXL + 1));
             LEN[q][f * n + b] = len;
             for (j = 0; j < len; j++) {
                 float u = dt_rng_uniform(200 + s, (uint64_t)(f * 8 + j), (uint64_t)(b0 + b));
-                IDS[q][o] = (int64_t)(u * u * u * (float)ROWS[f]);
+                int64_t x = f == 5 ? (int64_t)(u * 400.0f) : (int64_t)(u * u * u * (float)ROWS[f]);
+                IDS[q][o] = f == 5 ? (int64_t)((uint64_t)(x + 1) * 0x9E3779B97F4A7C15ull) : x;
                 WTS[q][o] = 0.5f + 0.25f * (float)j;
                 o++;
             }
         }
     memset(k, 0, sizeof *k);
-    k->n_features = NT; k->batch = n; k->lengths = LEN[q]; k->ids = IDS[q]; k->weights = WTS[q];
+    k->n_features = nt; k->batch = n; k->lengths = LEN[q]; k->ids = IDS[q]; k->weights = WTS[q];
 }
 
 static dt_tensor dev2(int64_t r, int64_t c) {
@@ -127,11 +137,11 @@ static int64_t run(dt_embed *e, dt_embed *ref, const cfg *k, int s0, int s1, int
             dt_embed *x = which ? ref : e;
             int pf = !which && k->prefetch;
             int sync = !k->accum || (s & 1);
-            batch(&kj, s, b0, n);
+            batch(&kj, s, b0, n, n_tabs(k));
             if (dt_embed_set_sync(x, sync) || dt_embed_forward(x, which ? &rout : &out, &kj)) goto fail;
             if (pf && s + 1 < s1) { /* the next batch's rows come on the copy stream while this step runs */
                 dt_kjt nx;
-                batch(&nx, s + 1, b0, n);
+                batch(&nx, s + 1, b0, n, n_tabs(k));
                 if (dt_embed_prefetch(x, &nx)) goto fail;
             }
         }
@@ -184,15 +194,32 @@ static void equivalence(dt_comm *world, const cfg *k) {
     double st[5] = {0, 0, 0, 0, 0};
     dt_embed *e = make(world, k, 1), *ref = make(world, k, 0);
     slice(&b0, &n);
-    bad = run(e, ref, k, 0, 6, b0, n);
-    shards = diff_shards(e, ref, NT);
-    for (int t = 0; t < NT; t++) {
+    bad = run(e, ref, k, 0, 10, b0, n);
+    shards = diff_shards(e, ref, n_tabs(k));
+    for (int t = 0; t < n_tabs(k); t++) {
         dt_embed_tier_stats ts;
         dt_embed_tier_stats_get(e, t, &ts);
         st[0] += (double)ts.misses; st[1] += (double)ts.evicted; st[2] += (double)ts.prefetched;
         st[3] += (double)ts.hits; st[4] += (double)ts.written_back;
     }
     dt_comm_allreduce_f64(world, st, 5, DT_REDUCE_SUM);
+    if (k->dyn) { /* the dynamic table's admissions: the same ids, and it was under pressure */
+        dt_embed_stats a, g;
+        double v[3];
+        dt_embed_stats_get(e, &a);
+        dt_embed_stats_get(ref, &g);
+        snprintf(name, sizeof name, "embed_cuda_tier_%s_np%d_dynamic_counts_equal_resident", k->name, W);
+        dt_test_check_all(name, a.admitted == g.admitted && a.evicted == g.evicted && a.rejected == g.rejected,
+                          "admitted/evicted/rejected tiered %lld/%lld/%lld, resident %lld/%lld/%lld",
+                          (long long)a.admitted, (long long)a.evicted, (long long)a.rejected, (long long)g.admitted,
+                          (long long)g.evicted, (long long)g.rejected);
+        v[0] = (double)a.admitted; v[1] = (double)a.evicted; v[2] = (double)a.rejected;
+        dt_comm_allreduce_f64(world, v, 3, DT_REDUCE_SUM);
+        snprintf(name, sizeof name, "embed_cuda_tier_%s_np%d_dynamic_table_under_pressure", k->name, W);
+        dt_test_check_all(name, v[0] > 0 && (k->frac >= 100 ? v[1] > 0 : v[2] > 0), "admitted %g evicted %g "
+                          "rejected %g; expected admissions, and evictions (admit_after 1) or rejections (2)", v[0],
+                          v[1], v[2]);
+    }
     snprintf(name, sizeof name, "embed_cuda_tier_%s_np%d_equals_resident_bit_for_bit", k->name, W);
     dt_test_check_all(name, bad == 0 && shards == 0, "%lld steps' outputs and %lld shards differ from the resident "
                       "tables", (long long)bad, (long long)shards);
@@ -211,7 +238,7 @@ static void equivalence(dt_comm *world, const cfg *k) {
 /* A checkpoint of the tiered tables loads into resident ones (and back) and both continue equal:
    the files are the same. */
 static void checkpoints(dt_comm *world) {
-    cfg k = {"ckpt", 100, DT_EVICT_LRU, 1, 0, 0};
+    cfg k = {"ckpt", 100, DT_EVICT_LRU, 1, 0, 0, 1};
     dt_embed *e = make(world, &k, 1), *ref = make(world, &k, 0);
     dt_checkpoint_desc cd;
     dt_train_state ts;
@@ -238,7 +265,7 @@ static void checkpoints(dt_comm *world) {
     s2 = dt_embed_checkpoint_load(e, NULL, &cd); /* resident -> tiered */
     if (s1 || s2) dt_test_fail("embed_cuda_tier_checkpoint_runs", "%s", dt_ctx_error(&C));
     bad += run(e, ref, &k, 5, 7, b0, n) != 0;
-    bad += diff_shards(e, ref, NT);
+    bad += diff_shards(e, ref, n_tabs(&k));
     snprintf(dir, sizeof dir, "embed_cuda_tier_np%d_checkpoints_load_either_way_and_continue_equal", W);
     dt_test_check_all(dir, bad == 0, "%lld runs or shards differ", (long long)bad);
     dt_embed_free(e);
@@ -313,11 +340,7 @@ static void refusals(dt_comm *world) {
     t.name = "bad"; t.rows = 100; t.dim = 4; t.tier = DT_TIER_HOST;
     memset(&d, 0, sizeof d);
     d.tables = &t; d.n_tables = 1; d.comm = world; d.device = DT_CUDA_DEVICE;
-    t.dynamic = 1;
-    st = dt_embed_create(&C, &e, &d);
-    dt_test_error("embed_cuda_tier_host_dynamic_is_named_unsupported", st, dt_ctx_error(&C), "dynamic");
-    if (st != DT_ERR_UNSUPPORTED) dt_test_fail("embed_cuda_tier_host_dynamic_is_unsupported", "status %d", (int)st);
-    t.dynamic = 0; t.sharding = DT_SHARD_DATA;
+    t.sharding = DT_SHARD_DATA;
     st = dt_embed_create(&C, &e, &d);
     dt_test_error("embed_cuda_tier_host_data_parallel_is_named_unsupported", st, dt_ctx_error(&C), "sharding DATA");
     t.sharding = DT_SHARD_AUTO; t.tier = DT_TIER_DISK;
@@ -340,13 +363,13 @@ int main(void) {
        waits for it, so a forward that read the cache without waiting reads stale rows */
     setenv("DT_EMU_STREAMS", "deferred", 0);
     static const cfg cfgs[] = {
-        {"all_rows", 1, DT_EVICT_LRU, 0, 0, 0},
-        {"tenth", 10, DT_EVICT_LRU, 0, 0, 0},
-        {"hundredth", 100, DT_EVICT_LRU, 0, 0, 0},
-        {"hundredth_prefetch", 100, DT_EVICT_LRU, 1, 0, 0},
-        {"tenth_lfu_prefetch", 10, DT_EVICT_LFU, 1, 0, 0},
-        {"tenth_prefetch_accumulate", 10, DT_EVICT_LRU, 1, 1, 0},
-        {"hundredth_sequence_prefetch", 100, DT_EVICT_LRU, 1, 0, 1},
+        {"all_rows", 1, DT_EVICT_LRU, 0, 0, 0, 1},
+        {"tenth", 10, DT_EVICT_LRU, 0, 0, 0, 1},
+        {"hundredth", 100, DT_EVICT_LRU, 0, 0, 0, 1},
+        {"hundredth_prefetch", 100, DT_EVICT_LRU, 1, 0, 0, 1},
+        {"tenth_lfu_prefetch", 10, DT_EVICT_LFU, 1, 0, 0, 1},
+        {"tenth_prefetch_accumulate", 10, DT_EVICT_LRU, 1, 1, 0, 0}, /* (sync 0: not with dynamic tables on cuda) */
+        {"hundredth_sequence_prefetch", 100, DT_EVICT_LRU, 1, 0, 1, 1},
     };
     dt_ctx_init(&C, NULL);
     if (dt_comm_create_world(&C, &world, NULL)) { fprintf(stderr, "%s\n", dt_ctx_error(&C)); return 2; }
