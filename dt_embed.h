@@ -4611,10 +4611,11 @@ static dt_status dt__em_cuda_need(dt_embed *e, dt_tensor *t, dt_dtype dtype, int
     return dt__em_need_on(e, t, dtype, n, DT_CUDA_DEVICE);
 }
 
-/* The buffers of requests made on the device start at twice the first step's need: how many
-   requests, ids and results reach an owner varies from batch to batch (row-wise tables), and a
-   step that allocates waits for the device; doubling on growth (dt__em_need_on) makes later
-   growth rare. */
+/* The buffers of a step's requests (made on the device, or the host's with dynamic or tiered
+   tables) and of a tiered table's cache copies start at twice the first step's need: how many
+   requests, ids, results and missing rows reach an owner varies from batch to batch (row-wise
+   tables), and a step that allocates waits for the device; doubling on growth
+   (dt__em_need_on) makes later growth rare. */
 static dt_status dt__em_cuda_need2(dt_embed *e, dt_tensor *t, dt_dtype dtype, int64_t n) {
     return dt__em_need_on(e, t, dtype, t->data || n > ((int64_t)1 << 50) ? n : 2 * n, DT_CUDA_DEVICE);
 }
@@ -4701,7 +4702,7 @@ static dt_status dt__em_cuda_tier_issue(dt_embed *e, dt_tensor *buf, void *strea
     }
     if (tot == 0) return DT_OK;
     DT__TRY(dt_grow(e->ctx, (void **)&e->cu_tih, &e->cu_tih_cap, tot, sizeof(int64_t), "dt_embed cache copies"));
-    DT__TRY(dt__em_cuda_need(e, buf, DT_I64, tot));
+    DT__TRY(dt__em_cuda_need2(e, buf, DT_I64, tot)); /* twice the first step's: a later step's misses vary */
     h = e->cu_tih;
     for (i = 0; i < e->n_tabs; i++) { /* per table and direction: rows dst, src, len; state dst, src, len */
         dt__em_tab *t = &e->tabs[i];
@@ -5446,7 +5447,7 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
     dt__em_cutab *tm;
     int s;
     for (s = 0; s < e->size; s++) end += cnt_i[s];
-    DT__TRY(dt__em_cuda_need(e, &e->cu_resp, DT_F32, tot_res + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_resp, DT_F32, tot_res + 1));
     DT__TRY(dt_grow(e->ctx, (void **)&e->cu_tm, &e->cu_tm_cap, e->n_tabs + 1, sizeof(dt__em_cutab), "dt_embed cuda tables"));
     tm = e->cu_tm;
     for (ti = 0; ti < e->n_tabs; ti++) { /* count: ids and requests of each table */
@@ -5469,9 +5470,9 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
     for (ti = 0; ti < e->n_tabs && tm[ti].nb == 0; ti++) {}
     if (ti == e->n_tabs) return DT_OK; /* no requests (every table data-parallel): nothing to send up */
     DT__TRY(dt__em_cuda_stage_buf(e, ni, nf));
-    DT__TRY(dt__em_cuda_need(e, &e->cu_meta, DT_I64, ni + 1));
-    DT__TRY(dt__em_cuda_need(e, &e->cu_metaf, DT_F32, nf + 1));
-    DT__TRY(dt__em_cuda_need(e, &e->cu_tmp, DT_F32, nt + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_meta, DT_I64, ni + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_metaf, DT_F32, nf + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_tmp, DT_F32, nt + 1));
     { /* dt_grow leaves the new bytes as they come: the bits start clear */
         int64_t had = e->cu_seen ? e->cu_seen_cap : 0;
         DT__TRY(dt_grow(e->ctx, (void **)&e->cu_seen, &e->cu_seen_cap, maxrows / 8 + 1, 1, "dt_embed cuda rows"));
@@ -5543,7 +5544,7 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
 static dt_status dt__em_cuda_return(dt_embed *e, int64_t tot) {
     int W = e->size;
     int64_t *cnt = e->cnt;
-    DT__TRY((e->cu_devreq ? dt__em_cuda_need2 : dt__em_cuda_need)(e, &e->cu_res, DT_F32, tot + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_res, DT_F32, tot + 1));
     if (!e->comm) DT__TRY(dt__em_cuda_d2d(e, e->cu_res.data, e->cu_resp.data, (size_t)cnt[5 * W] * sizeof(float)));
     else DT__TRY(dt_comm_alltoallv(e->comm, &e->cu_res, cnt + 2 * W, &e->cu_resp, cnt + 5 * W));
     if (dt__em_cuda_dev(e)) return DT_OK;
@@ -5577,8 +5578,8 @@ static dt_status dt__em_cuda_end(dt_embed *e, dt_tensor *out, int64_t tot) {
     }
     ni = 3 * R + 9 * S;
     DT__TRY(dt__em_cuda_stage_buf(e, ni + R + 1, R + S));
-    DT__TRY(dt__em_cuda_need(e, &e->cu_smeta, DT_I64, ni + 1));
-    DT__TRY(dt__em_cuda_need(e, &e->cu_smetaf, DT_F32, R + S + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_smeta, DT_I64, ni + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_smetaf, DT_F32, R + S + 1));
     h = e->cu_hi; dv = e->cu_hf;
     start = h + ni; /* R + 1 counts: each run's first segment (a stable counting sort by (f, b)) */
     for (r = 0; r <= R; r++) start[r] = 0;
@@ -5885,7 +5886,7 @@ static dt_status dt__em_cuda_backward(dt_embed *e, const dt_tensor *dout, int64_
                                                           (const float *)e->cu_smetaf.data + R, S, S, e->cu_bmax, 0,
                                                           e->ctx->cuda_stream), "dt_k_embed_gather_sum"));
     }
-    DT__TRY((e->cu_devreq ? dt__em_cuda_need2 : dt__em_cuda_need)(e, &e->cu_gin, DT_F32, tot_in + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_gin, DT_F32, tot_in + 1));
     if (!e->comm) DT__TRY(dt__em_cuda_d2d(e, e->cu_gin.data, e->cu_res.data, (size_t)tot_in * sizeof(float)));
     else DT__TRY(dt_comm_alltoallv(e->comm, &e->cu_gin, cnt + 5 * W, &e->cu_res, cnt + 2 * W));
     for (r = 0; r < W; r++)

@@ -331,6 +331,52 @@ static void one_batch(dt_comm *world) {
     dt_tensor_free(&C, &out); dt_tensor_free(&C, &rout);
 }
 
+/* At np 1 (nothing staged through the host by dt_comm), a step of tiered tables with a 1% cache
+   (after a few: the buffers start at twice the first step's need) allocates and frees nothing,
+   copies nothing down and waits for nothing, on the ctx's counters and the emulator's, though
+   its rows miss and evict; with dt_embed_prefetch too (its copy stream is ordered by events,
+   not by the host). */
+static void stays_on_device(dt_comm *world) {
+    char name[160];
+    for (int pf = 0; pf < 2 && W == 1; pf++) {
+        cfg k = {"counters", 100, DT_EVICT_LRU, pf, 0, 0, 0};
+        int PD = pooled_dim(&k), ok = 1, S = 6;
+        dt_embed *e = make(world, &k, 1);
+        dt_tensor out = dev2(GB, PD), dout = dev2(GB, PD);
+        std::vector<float> hd((size_t)(GB * PD), 0.01f);
+        dt_emu_counters c0, c1;
+        dt_embed_tier_stats t0, t1;
+        dt_kjt kj, nx;
+        cudaMemcpy(dout.data, hd.data(), hd.size() * 4, cudaMemcpyHostToDevice);
+        for (int s = 0; s < S && ok; s++) { /* the last step counted */
+            if (s == S - 1) { dt_ctx_counters_reset(&C); dt_emu_get_counters(&c0); dt_embed_tier_stats_get(e, 0, &t0); }
+            batch(&kj, s, 0, GB, n_tabs(&k));
+            ok = !dt_embed_forward(e, &out, &kj);
+            if (ok && pf) { batch(&nx, s + 1, 0, GB, n_tabs(&k)); ok = !dt_embed_prefetch(e, &nx); }
+            ok = ok && !dt_embed_backward(e, &dout);
+        }
+        dt_emu_get_counters(&c1);
+        dt_embed_tier_stats_get(e, 0, &t1);
+        dt_cuda_counters n = C.counters;
+        snprintf(name, sizeof name, "embed_cuda_tier%s_np1_counted_step_misses_and_evicts", pf ? "_prefetch" : "");
+        dt_test_check_all(name, t1.misses > t0.misses && t1.evicted > t0.evicted, "misses %lld evicted %lld in the step",
+                          (long long)(t1.misses - t0.misses), (long long)(t1.evicted - t0.evicted));
+        snprintf(name, sizeof name, "embed_cuda_tier%s_np1_steps_run", pf ? "_prefetch" : "");
+        if (!DT_TEST_CHECK(name, ok)) fprintf(stderr, "  %s\n", dt_ctx_error(&C));
+        snprintf(name, sizeof name, "embed_cuda_tier%s_np1_step_allocates_nothing_copies_nothing_down_waits_for_nothing",
+                 pf ? "_prefetch" : "");
+        dt_test_check_all(name, ok && n.allocs == 0 && n.frees == 0 && n.syncs == 0 && n.d2h_bytes == 0 &&
+                          c1.allocs == c0.allocs && c1.frees == c0.frees && c1.syncs == c0.syncs &&
+                          c1.d2h_bytes == c0.d2h_bytes, "ctx allocs %lld frees %lld syncs %lld d2h %lld bytes; "
+                          "runtime allocs %lld frees %lld syncs %lld d2h %lld bytes", (long long)n.allocs,
+                          (long long)n.frees, (long long)n.syncs, (long long)n.d2h_bytes, c1.allocs - c0.allocs,
+                          c1.frees - c0.frees, c1.syncs - c0.syncs, c1.d2h_bytes - c0.d2h_bytes);
+        if (pf) (void)dt_embed_forward(e, &out, &nx); /* the prefetched batch */
+        dt_tensor_free(&C, &out); dt_tensor_free(&C, &dout);
+        dt_embed_free(e);
+    }
+}
+
 static void refusals(dt_comm *world) {
     dt_embed_table_desc t;
     dt_embed_desc d;
@@ -378,6 +424,7 @@ int main(void) {
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) equivalence(world, &cfgs[i]);
     checkpoints(world);
     one_batch(world);
+    stays_on_device(world);
     refusals(world);
     dt_comm_free(world);
     dt_ctx_shutdown(&C);
