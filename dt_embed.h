@@ -4650,8 +4650,8 @@ static float *dt__em_cuda_s1(const dt__em_tab *t) { return t->tier ? t->tier->cs
 static float *dt__em_cuda_s2(const dt__em_tab *t) { return t->tier ? t->tier->cs2 : (float *)t->s2.data; }
 
 /* tier HOST: the slow tier in pinned host memory, mapped so that kernels read and write it
-   (under unified addressing its device address is its host address), zeroed (the optimizer
-   state starts at 0; the rows are initialised next, on the host); the cache on the device.
+   (under unified addressing its device address is its host address), its optimizer state
+   zeroed (the rows are initialised next, on the host); the cache on the device.
    The cache's rows move by kernels (dt_k_embed_copies between mapped host memory and the
    cache, one launch per array for every row of a step) rather than one cudaMemcpyAsync per
    row: a step misses thousands of rows, and each memcpy call costs microseconds of host time
@@ -4668,7 +4668,7 @@ static dt_status dt__em_cuda_tier_create(dt_embed *e, dt__em_tab *t, size_t b0, 
                                 "free host memory", t->name, (double)c->map_bytes / 1073741824.0, e->rank,
                                 cudaGetErrorString(ce));
     }
-    memset(c->map, 0, c->map_bytes);
+    memset((char *)c->map + b0, 0, c->map_bytes - b0); /* the state (the rows are all written next) */
     ce = cudaHostGetDevicePointer(&dev, c->map, 0);
     if (ce != cudaSuccess) return dt__em_cuda_err(e, (int)ce, "cudaHostGetDevicePointer (tier HOST)");
     c->hw = (char *)dev;
