@@ -1,4 +1,4 @@
-// np: 1 2 4
+// np: 1 2 3 4
 // tests/cuda_emu/mpi_embed_tier_cuda.cpp - dt_embed.h's tier HOST on the emulator: cuda tables whose
 // shard and optimizer state live in pinned host memory under a device cache, against the same
 // cuda tables resident, on the same ranks and plan: row-wise (weighted sum, Adagrad), table-wise
@@ -416,6 +416,7 @@ int main(void) {
         {"tenth_lfu_prefetch", 10, DT_EVICT_LFU, 1, 0, 0, 1},
         {"tenth_prefetch_accumulate", 10, DT_EVICT_LRU, 1, 1, 0, 0}, /* (sync 0: not with dynamic tables on cuda) */
         {"hundredth_sequence_prefetch", 100, DT_EVICT_LRU, 1, 0, 1, 1},
+        {"tenth_sequence_accumulate", 10, DT_EVICT_LFU, 0, 1, 1, 0}, /* the host's pending sums, then slots */
     };
     dt_ctx_init(&C, NULL);
     if (dt_comm_create_world(&C, &world, NULL)) { fprintf(stderr, "%s\n", dt_ctx_error(&C)); return 2; }
