@@ -2897,9 +2897,9 @@ static void dt__em_tier_view(dt_tensor *v, void *data, dt_dtype dtype, int64_t r
     if (cols) { v->shape[1] = cols; v->ndim = 2; } else v->ndim = 1;
 }
 
-/* The slow tier (a file: rows, then s1, then s2, each region page-aligned) viewed by t->w, t->s1,
-   t->s2, and the cache. The rows' initial values are written by the caller (dt_tensor_init on
-   t->w); the state starts at zero as the file does. */
+/* The slow tier (a file, or for tier HOST pinned host memory: rows, then s1, then s2, each region
+   page-aligned) viewed by t->w, t->s1, t->s2, and the cache. The rows' initial values are written
+   by the caller (dt_tensor_init on t->w); the state starts at zero as the file does. */
 static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
     dt__em_tier *c;
     int64_t nr = t->r1 - t->r0, nc = t->c1 - t->c0, k, b0, b1, b2, bytes;
@@ -2920,7 +2920,7 @@ static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
     b2 = ((nr * c->sn2 * 4 + page - 1) / page) * page;
     bytes = b0 + b1 + b2;
     c->map_bytes = (size_t)bytes;
-    if (c->dev) DT__TRY(dt__em_cuda_tier_create(e, t, (size_t)b0, (size_t)b1)); /* pinned, zeroed; the device cache */
+    if (c->dev) DT__TRY(dt__em_cuda_tier_create(e, t, (size_t)b0, (size_t)b1)); /* pinned; the device cache */
     else if ((c->fd = dt__em_tier_open(e, t, (size_t)bytes, &c->map)) < 0) return DT_ERR_IO;
     dt__em_tier_view(&t->w, c->map, t->dtype, nr, nc);
     if (c->sn1) dt__em_tier_view(&t->s1, (char *)c->map + b0, DT_F32, nr, t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 0 : nc);
