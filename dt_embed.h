@@ -3999,7 +3999,9 @@ static dt_status dt__em_pf_reserve(dt_embed *e) {
         int ti = e->feat_tab[rin[p]];
         dt__em_tab *t = &e->tabs[ti];
         int64_t n = rin[p + 3];
-        for (j = 0; t->tier && j < n; j++) {
+        /* (cuda: a dynamic table's id -> slot map is the GPU's, the host's is not kept: its rows
+           come with the forward) */
+        for (j = 0; t->tier && !(t->dynamic && e->cuda) && j < n; j++) {
             int64_t row = rin[p + DT__EM_HDR + j];
             if (t->dynamic) {
                 int h = (int)(dt_embed_hash_id(row) % (uint64_t)t->n_hs) - t->hs_first;
