@@ -340,8 +340,23 @@
    down when a checkpoint is saved, so checkpoints load into cpu dynamic tables and back. The
    id table's decisions run on one GPU thread per shard in batch order (each depends on the
    earlier ones; see kernels/dt_hash.cu). A shard's ids seen and not admitted are bounded (8 x
-   its slots, at least 4096): beyond, forward is DT_ERR_RANGE. Not yet: dt_embed_export_changed
-   of cuda tables (DT_ERR_UNSUPPORTED).
+   its slots, at least 4096): beyond, forward is DT_ERR_RANGE. Tier HOST (table desc tier =
+   DT_TIER_HOST): the shard and its optimizer state live in pinned host memory (cudaHostAlloc,
+   mapped for kernels), cache_rows of its rows in a device cache. The host keeps the cache's
+   books (the same code as tier DISK: LRU or LFU, the rows of the batch in flight pinned), so a
+   tiered table's requests are the host's (as with dynamic tables: the owner's index arrays go
+   up each step, holding cache slots), and the kernels gather, pool and update by slot. A step's
+   missing rows come in stream order before the kernels that read them (changed rows leaving the
+   cache are written back first), one dt_k_embed_copies per array between the mapped host memory
+   and the cache: no host wait. dt_embed_prefetch runs its copies on a copy stream that the next
+   forward's stream waits for (an event). Rows an update wrote are written back when they leave
+   the cache, and at dt_embed_flush, checkpoints and dt_embed_local_shard (a host view of the
+   slow tier), which wait for the device. A dynamic table's slots (the GPU id table's) are its
+   rows here: an admitted row is initialised into its cache slot. Training equals the resident
+   cuda tables bit for bit (tests/cuda_emu/mpi_embed_tier_cuda.cpp); checkpoints are the same
+   files. Tier HOST with sharding DATA, and tier DISK on cuda: DT_ERR_UNSUPPORTED (the planner
+   never replicates a tier HOST table). Not yet: dt_embed_export_changed of cuda tables
+   (DT_ERR_UNSUPPORTED).
 
    Memory: tables, optimizer state and every buffer come from the ctx allocator; buffers are
    kept and grown (dt_grow) so steps do not allocate after the first ones. The change tracking
@@ -422,7 +437,7 @@ typedef enum dt_embed_tier { /* where a table's rows live (see "tiered tables") 
     DT_TIER_DEFAULT = 0, /* = DT_TIER_NONE */
     DT_TIER_NONE,        /* resident: the whole shard in memory (host, or device for cuda tables) */
     DT_TIER_DISK,        /* cpu tables: the shard in a file, a host cache of cache_rows hot rows */
-    DT_TIER_HOST,        /* cuda tables: the shard in pinned host memory under a device cache (not yet) */
+    DT_TIER_HOST,        /* cuda tables: the shard in pinned host memory, a device cache of cache_rows hot rows */
     DT_TIER_COUNT
 } dt_embed_tier;
 
@@ -591,11 +606,11 @@ DT_API dt_status dt_embed_set_sync(dt_embed *e, int sync);
 
 /* Collective. Begins the forward of `next` (as dt_embed_forward_begin: its ids go to their owners,
    which wait for them), and each owner starts fetching the rows of tiered tables that `next` needs
-   and its fast tier lacks, on a helper thread, while the caller runs the current step. Call it
-   after a forward and before its backward (or between steps); the next dt_embed_forward must pass
-   the same batch (checked: DT_ERR_ARG on every rank otherwise) and waits only for rows not yet
-   arrived. Rows the current batch uses are never evicted for it. Tables not tiered: the same as
-   forward_begin. */
+   and its fast tier lacks, on a helper thread (cuda tables: a copy stream), while the caller runs
+   the current step. Call it after a forward and before its backward (or between steps); the next
+   dt_embed_forward must pass the same batch (checked: DT_ERR_ARG on every rank otherwise) and
+   waits only for rows not yet arrived. Rows the current batch uses are never evicted for it.
+   Tables not tiered: the same as forward_begin. */
 DT_API dt_status dt_embed_prefetch(dt_embed *e, const dt_kjt *next);
 /* Not collective. Waits for the prefetch in flight and writes every changed cached row back, so
    that the slow tier holds the table (dt_embed_local_shard views it). */
@@ -935,6 +950,14 @@ struct dt_embed {
     dt_tensor cu_accr, cu_accg;
     dt__em_accp *cu_accp;
     int64_t cu_naccp, cu_accp_cap, cu_accn, cu_accf, cu_accw;
+    /* tier HOST (dt__em_cuda_tier_run): the cache copies' index arrays, staged on the host
+       (cu_tih) and on the device (cu_tix: the compute stream's; cu_tixp: the prefetch's, read by
+       the copy stream cu_cs); cu_evc orders the copy stream after the compute stream, cu_evp the
+       compute stream after the prefetch's copies (cu_pf_wait: not waited for yet) */
+    int64_t *cu_tih, cu_tih_cap;
+    dt_tensor cu_tix, cu_tixp;
+    void *cu_cs, *cu_evc, *cu_evp;
+    int cu_pf_wait;
 };
 
 /* One table's requests of the last forward on the device path: n ids (rows, weights), nb
@@ -965,6 +988,10 @@ static dt_status dt__em_cuda_host_dout(dt_embed *e, const float **dd, const dt_t
 static dt_status dt__em_cuda_stage(dt_embed *e, int t, int64_t row, const float *g, int64_t nc);
 static dt_status dt__em_cuda_flush(dt_embed *e);
 static void dt__em_cuda_free(dt_embed *e);
+static dt_status dt__em_cuda_tier_create(dt_embed *e, dt__em_tab *t, size_t b0, size_t b1);
+static void dt__em_cuda_tier_free(dt_embed *e, struct dt__em_tier *c);
+static dt_status dt__em_cuda_tier_run(dt_embed *e, int wait);
+static dt_status dt__em_cuda_tier_prefetch(dt_embed *e);
 static dt_status dt__em_cuda_dyn_translate(dt_embed *e, int64_t *rin, int64_t total);
 static dt_status dt__em_cuda_dyn_restore(dt_embed *e, int ti);
 static int dt__em_cuda_dev(const dt_embed *e);
@@ -1308,6 +1335,10 @@ static dt_status dt__em_groups(dt_embed *e, const dt_embed_table_desc *td) {
     return DT_OK;
 }
 
+/* A cuda table over pinned host memory is never replicated: its data-parallel lookups would read
+   the device cache by rows made on the device (dt_k_embed_bags), which has no cache slots. */
+static int dt__em_no_dp(const dt_embed *e, const dt__em_tab *t) { return e->cuda && t->tier_kind == DT_TIER_HOST; }
+
 static dt_status dt__em_plan(dt_embed *e, const dt_embed_desc *desc, const dt_embed_table_desc *td) {
     int W = e->size, i, k, n = e->n_tabs;
     double batch = desc->batch_hint > 0 ? (double)desc->batch_hint : 1024.0;
@@ -1325,7 +1356,8 @@ static dt_status dt__em_plan(dt_embed *e, const dt_embed_desc *desc, const dt_em
         if (t->ids_per_batch == 0) t->ids_per_batch = batch * (nfeat[i] ? nfeat[i] : 1);
         if (t->shard == DT_SHARD_AUTO && td[i].pin_owner) t->shard = DT_SHARD_TABLE;
         if (t->dynamic) t->shard = DT_SHARD_ROW; /* over its id-hash shards */
-        if (t->shard == DT_SHARD_AUTO && !(dp_max > 0 && t->plan_bytes <= dp_max)) total += t->plan_bytes;
+        if (t->shard == DT_SHARD_AUTO && !(dp_max > 0 && t->plan_bytes <= dp_max && !dt__em_no_dp(e, t)))
+            total += t->plan_bytes;
     }
     for (i = 0; i < n; i++) order[i] = i;
     for (i = 1; i < n; i++) { /* largest first, stable: every rank computes the same plan */
@@ -1341,7 +1373,7 @@ static dt_status dt__em_plan(dt_embed *e, const dt_embed_desc *desc, const dt_em
             int pinned = t->shard != DT_SHARD_AUTO;
             if ((k == 0) != pinned) continue;
             if (!pinned) {
-                if (dp_max > 0 && t->plan_bytes <= dp_max) t->shard = DT_SHARD_DATA;
+                if (dp_max > 0 && t->plan_bytes <= dp_max && !dt__em_no_dp(e, t)) t->shard = DT_SHARD_DATA;
                 else if (W > 1 && t->plan_bytes > total / W) {
                     t->shard = per_sample > 2 && t->kind != DT_EMBED_ROWWISE_ADAGRAD && t->dim >= W ? DT_SHARD_COLUMN
                                                                                                     : DT_SHARD_ROW;
@@ -1442,7 +1474,7 @@ static dt_status dt__em_alloc_shard(dt_embed *e, dt__em_tab *t, uint64_t seed) {
     if (nr == 0) return DT_OK;
     memset(&d, 0, sizeof d);
     d.dtype = t->dtype; d.device = DT_CPU; d.shape[0] = nr; d.shape[1] = nc; d.ndim = 2;
-    if (t->tier_kind == DT_TIER_DISK) DT__TRY(dt__em_tier_create(e, t)); /* w, s1, s2: the slow tier's views */
+    if (t->tier_kind != DT_TIER_NONE) DT__TRY(dt__em_tier_create(e, t)); /* w, s1, s2: the slow tier's views */
     else {
         DT__TRY(dt_tensor_create(e->ctx, &t->w, &d));
         dt__em_hugepage(t->w.data, dt_tensor_bytes(&t->w));
@@ -1501,6 +1533,7 @@ DT_API void dt_embed_free(dt_embed *e) {
     if (!e) return;
     ctx = e->ctx;
     dt__em_pfq_free(e); /* the helper thread ends before the caches go */
+    if (e->cuda && e->any_tier) (void)dt__em_cuda_tier_run(e, 1); /* and the device's copies, tier HOST */
     for (i = 0; e->tabs && i < e->n_tabs; i++) {
         dt__em_tab *t = &e->tabs[i];
         dt__em_tier_free(e, t);
@@ -1684,16 +1717,13 @@ static dt_status dt__em_check_desc(dt_ctx *ctx, const dt_embed_desc *desc, int W
     if (!st) st = dt__em_cuda_check_desc(ctx, desc);
     for (i = 0; !st && i < desc->n_tables; i++) {
         st = dt__em_check_table(ctx, &desc->tables[i], i, W);
-        if (!st && desc->tables[i].tier == DT_TIER_HOST)
-            st = dt_ctx_set_error(ctx, desc->device == DT_CUDA_DEVICE ? DT_ERR_UNSUPPORTED : DT_ERR_ARG,
-                                  "%s: tables[%d] (\"%s\").tier = HOST: %s", fn, i, desc->tables[i].name,
-                                  desc->device == DT_CUDA_DEVICE ? "cuda tables over pinned host memory are not built "
-                                  "yet; expected NONE on cuda" : "the tier of cuda tables; expected DISK (or NONE) for "
-                                  "cpu tables");
+        if (!st && desc->tables[i].tier == DT_TIER_HOST && desc->device != DT_CUDA_DEVICE)
+            st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").tier = HOST: the tier of cuda tables; "
+                                  "expected DISK (or NONE) for cpu tables", fn, i, desc->tables[i].name);
         if (!st && desc->tables[i].tier == DT_TIER_DISK && desc->device == DT_CUDA_DEVICE)
             st = dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: tables[%d] (\"%s\").tier = DISK on cuda (desc.device); "
-                                  "expected cpu tables (a device cache over host memory is not built yet)", fn, i,
-                                  desc->tables[i].name);
+                                  "expected HOST (pinned host memory under a device cache) or NONE for cuda tables",
+                                  fn, i, desc->tables[i].name);
         for (j = 0; !st && j < i; j++)
             if (strcmp(desc->tables[j].name, desc->tables[i].name) == 0)
                 st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] and tables[%d] are both named \"%s\"; "
@@ -2546,7 +2576,14 @@ static dt_status dt__em_dyn_move(dt_embed *e, dt__em_tab *t) {
    them, or DT_EMBED_NO_THREADS, the copies run in dt_embed_prefetch). The helper writes only the
    reserved slots and reads only slow-tier rows that are not cached; the caller's thread touches
    neither until the slot's copies are done (slot ready <= copies done, under the mutex), so the
-   two never share a byte. */
+   two never share a byte.
+
+   Tier HOST (cuda tables) keeps these books on the host as they are; only the bytes differ: the
+   slow tier is pinned host memory, the cache is on the device, and a row's copies are queued
+   (dt__em_tier_move) and run on the device in stream order by dt__em_cuda_tier_run (the
+   forward, before its kernels; the cold paths, which then wait) or, for a prefetch, on a copy
+   stream (dt__em_cuda_tier_prefetch). The update runs on the device, so the slots the forwards
+   looked up are marked changed at the update (dt__em_tier_touched), not by it. */
 
 typedef struct dt__em_tier {
     int fd;                      /* the slow tier's file: unlinked at once, gone with the process */
@@ -2563,6 +2600,16 @@ typedef struct dt__em_tier {
     int64_t *pins[2], n_pins[2], pins_cap[2]; /* slots pinned until this epoch's end [0], the next's [1] */
     dt__em_dyn lst;              /* the policy's list ends, or its heap's size (x0 0) */
     dt_embed_tier_stats st;
+    /* tier HOST (cuda tables): the slow tier is pinned host memory (map), mapped for kernels at
+       hw, hs1, hs2; cw, cs1, cs2 are device arrays. The rows to move, as (slot, local row) pairs:
+       mv[0] write-backs (slot -> slow tier), mv[1] fetches (slow tier -> slot), queued by
+       dt__em_tier_slot and run by dt__em_cuda_tier_run in stream order, write-backs first. */
+    int dev;
+    char *hw;
+    float *hs1, *hs2;
+    int64_t *mv[2], n_mv[2], mv_cap[2];
+    unsigned char *used;         /* per slot: looked up by a forward since the last update ... */
+    int64_t *ul, n_ul, ul_cap;   /* ... those slots (the update writes them on the device, unseen) */
 } dt__em_tier;
 
 /* A tiered table's slot: the lines dt__em_tier_use reads of it (row_of, pin, stamp, ready). */
@@ -2739,6 +2786,17 @@ static dt_status dt__em_tier_queue(dt_embed *e, char *dst, const char *src, size
     return DT_OK;
 }
 
+/* tier HOST: a row to move between slot k and the slow tier's local row x (in = 0: a write-back,
+   slot -> slow tier; 1: a fetch), run later on the device (dt__em_cuda_tier_run). */
+static dt_status dt__em_tier_move(dt_embed *e, dt__em_tier *c, int in, int64_t k, int64_t x) {
+    DT__TRY(dt_grow(e->ctx, (void **)&c->mv[in], &c->mv_cap[in], 2 * (c->n_mv[in] + 1), sizeof(int64_t),
+                    "dt_embed cache copies"));
+    c->mv[in][2 * c->n_mv[in]] = k;
+    c->mv[in][2 * c->n_mv[in] + 1] = x;
+    c->n_mv[in]++;
+    return DT_OK;
+}
+
 /* Pins slot k until the end of epoch `until` (e->epoch or e->epoch + 1). pin[k]: -1 a slot just
    filled (in no list), 0 <= pin < epoch in the policy, >= epoch pinned. */
 static dt_status dt__em_tier_pin(dt_embed *e, dt__em_tier *c, int64_t k, int64_t until) {
@@ -2779,6 +2837,21 @@ static void dt__em_tier_advance(dt_embed *e) {
     e->epoch++;
 }
 
+/* tier HOST, at an update: the slots looked up by the forwards since the last one are the rows
+   the update wrote, on the device (the host never sees which): changed, written back when they
+   leave the cache. (Marked here, not at the lookup: a flush between a forward and its backward
+   must not clear a mark the update still needs.) */
+static void dt__em_tier_touched(dt_embed *e) {
+    int i;
+    int64_t j;
+    for (i = 0; i < e->n_tabs; i++) {
+        dt__em_tier *c = e->tabs[i].tier;
+        if (!c || !c->dev) continue;
+        for (j = 0; j < c->n_ul; j++) { c->dirty[c->ul[j]] = 1; c->used[c->ul[j]] = 0; }
+        c->n_ul = 0;
+    }
+}
+
 /* The cache slot of local row x of tiered table t, pinned until the end of epoch `until`: a hit,
    or a slot made for it (a free one, else the policy's victim, written back first when it
    changed) and filled by `mode` (DT__EM_NOW, _LATER, _NONE). count: a first lookup of the id
@@ -2803,7 +2876,8 @@ static dt_status dt__em_tier_slot(dt_embed *e, dt__em_tab *t, int64_t x, int64_t
             dt__em_pol_out(c, s);
             dt__em_pfq_wait(e, c->ready[s]); /* a prefetched row never used (its forward failed) */
             if (c->dirty[s]) {
-                dt__em_tier_copy(c, t, s, c->row_of[s], 1);
+                if (c->dev) DT__TRY(dt__em_tier_move(e, c, 0, s, c->row_of[s]));
+                else dt__em_tier_copy(c, t, s, c->row_of[s], 1);
                 c->st.written_back++;
                 c->st.bytes_out += dt__em_tier_row_bytes(c);
             }
@@ -2819,7 +2893,11 @@ static dt_status dt__em_tier_slot(dt_embed *e, dt__em_tab *t, int64_t x, int64_t
         if (count) c->st.misses++;
         if (mode != DT__EM_NONE) {
             c->st.bytes_in += dt__em_tier_row_bytes(c);
-            if (mode == DT__EM_NOW) { dt__em_tier_copy(c, t, s, x, 0); c->st.fetched++; }
+            if (c->dev) { /* a copy on the device, in stream order before the kernels that read the slot */
+                DT__TRY(dt__em_tier_move(e, c, 1, s, x));
+                if (mode == DT__EM_NOW) c->st.fetched++;
+                else c->st.prefetched++;
+            } else if (mode == DT__EM_NOW) { dt__em_tier_copy(c, t, s, x, 0); c->st.fetched++; }
             else { /* the helper's copies; the slot is ready once they are done */
                 char *w;
                 float *s1, *s2;
@@ -2896,7 +2974,7 @@ static dt_status dt__em_row_at(dt_embed *e, dt__em_tab *t, int64_t x, int mode, 
 
 /* Waits for the prefetch in flight and writes every changed cached row back: the slow tier then
    holds each tiered table (for checkpoints, the export, dt_embed_local_shard). */
-static void dt__em_tier_settle(dt_embed *e) {
+static dt_status dt__em_tier_settle(dt_embed *e) {
     int i;
     int64_t k;
     dt__em_pfq_drain(e);
@@ -2904,12 +2982,15 @@ static void dt__em_tier_settle(dt_embed *e) {
         dt__em_tier *c = e->tabs[i].tier;
         for (k = 0; c && k < c->filled; k++)
             if (c->dirty[k]) {
-                dt__em_tier_copy(c, &e->tabs[i], k, c->row_of[k], 1);
+                if (c->dev) DT__TRY(dt__em_tier_move(e, c, 0, k, c->row_of[k]));
+                else dt__em_tier_copy(c, &e->tabs[i], k, c->row_of[k], 1);
                 c->dirty[k] = 0;
                 c->st.written_back++;
                 c->st.bytes_out += dt__em_tier_row_bytes(c);
             }
     }
+    /* tier HOST: the write-backs run on the device, and the host waits for them (a cold path) */
+    return e->cuda && e->any_tier ? dt__em_cuda_tier_run(e, 1) : DT_OK;
 }
 
 /* After the slow tier changed under the cache (a checkpoint load): every slot empty. */
@@ -2923,6 +3004,7 @@ static void dt__em_tier_drop(dt_embed *e) {
         c->lst.head = c->lst.tail = -1;
         c->lst.used = 0;
         c->n_pins[0] = c->n_pins[1] = 0;
+        for (; c->n_ul > 0; c->n_ul--) c->used[c->ul[c->n_ul - 1]] = 0; /* (the pending gradients go too) */
     }
 }
 
@@ -2965,9 +3047,9 @@ static void dt__em_tier_view(dt_tensor *v, void *data, dt_dtype dtype, int64_t r
     if (cols) { v->shape[1] = cols; v->ndim = 2; } else v->ndim = 1;
 }
 
-/* The slow tier (a file: rows, then s1, then s2, each region page-aligned) viewed by t->w, t->s1,
-   t->s2, and the cache. The rows' initial values are written by the caller (dt_tensor_init on
-   t->w); the state starts at zero as the file does. */
+/* The slow tier (a file, or for tier HOST pinned host memory: rows, then s1, then s2, each region
+   page-aligned) viewed by t->w, t->s1, t->s2, and the cache. The rows' initial values are written
+   by the caller (dt_tensor_init on t->w); the state starts at zero as the file does. */
 static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
     dt__em_tier *c;
     int64_t nr = t->r1 - t->r0, nc = t->c1 - t->c0, k, b0, b1, b2, bytes;
@@ -2988,22 +3070,26 @@ static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
     if (c->cap < 1) c->cap = 1;
     if (c->cap > nr) c->cap = nr;
     c->st.cache_rows = c->cap;
+    c->dev = t->tier_kind == DT_TIER_HOST;
     /* sizes: rows x bytes fit (dt__em_check_table checked rows x dim x 8) */
     b0 = ((nr * c->rb + page - 1) / page) * page;
     b1 = ((nr * c->sn1 * 4 + page - 1) / page) * page;
     b2 = ((nr * c->sn2 * 4 + page - 1) / page) * page;
     bytes = b0 + b1 + b2;
-    if ((c->fd = dt__em_tier_open(e, t, (size_t)bytes, &c->map)) < 0) return DT_ERR_IO;
     c->map_bytes = (size_t)bytes;
+    if (c->dev) DT__TRY(dt__em_cuda_tier_create(e, t, (size_t)b0, (size_t)b1)); /* pinned; the device cache */
+    else if ((c->fd = dt__em_tier_open(e, t, (size_t)bytes, &c->map)) < 0) return DT_ERR_IO;
 #ifdef DT__EM_MADV_RANDOM
-    (void)madvise(c->map, c->map_bytes, DT__EM_MADV_RANDOM); /* advice: a fault reads its page, no more */
+    if (!c->dev) (void)madvise(c->map, c->map_bytes, DT__EM_MADV_RANDOM); /* advice: a fault reads its page, no more */
 #endif
     dt__em_tier_view(&t->w, c->map, t->dtype, nr, nc);
     if (c->sn1) dt__em_tier_view(&t->s1, (char *)c->map + b0, DT_F32, nr, t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 0 : nc);
     if (c->sn2) dt__em_tier_view(&t->s2, (char *)c->map + b0 + b1, DT_F32, nr, nc);
-    c->cw = (char *)dt_alloc(e->ctx, (size_t)(c->cap * c->rb));
-    c->cs1 = c->sn1 ? (float *)dt_alloc(e->ctx, sizeof(float) * (size_t)(c->cap * c->sn1)) : NULL;
-    c->cs2 = c->sn2 ? (float *)dt_alloc(e->ctx, sizeof(float) * (size_t)(c->cap * c->sn2)) : NULL;
+    if (!c->dev) {
+        c->cw = (char *)dt_alloc(e->ctx, (size_t)(c->cap * c->rb));
+        c->cs1 = c->sn1 ? (float *)dt_alloc(e->ctx, sizeof(float) * (size_t)(c->cap * c->sn1)) : NULL;
+        c->cs2 = c->sn2 ? (float *)dt_alloc(e->ctx, sizeof(float) * (size_t)(c->cap * c->sn2)) : NULL;
+    }
     c->row_of = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap);
     c->pin = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap);
     c->stamp = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap);
@@ -3012,10 +3098,12 @@ static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
     c->ready = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap);
     c->count = c->lfu ? (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap) : NULL;
     c->dirty = (unsigned char *)dt_alloc(e->ctx, (size_t)c->cap);
-    if (!c->cw || (c->sn1 && !c->cs1) || (c->sn2 && !c->cs2) || !c->row_of || !c->pin || !c->stamp || !c->prev ||
+    c->used = c->dev ? (unsigned char *)dt_alloc_zeroed(e->ctx, (size_t)c->cap) : NULL;
+    if ((c->dev && !c->used) || !c->cw || (c->sn1 && !c->cs1) || (c->sn2 && !c->cs2) || !c->row_of || !c->pin ||
+        !c->stamp || !c->prev ||
         !c->next || !c->ready || (c->lfu && !c->count) || !c->dirty)
         return DT_ERR_OOM;
-    dt__em_hugepage(c->cw, (size_t)(c->cap * c->rb));
+    if (!c->dev) dt__em_hugepage(c->cw, (size_t)(c->cap * c->rb));
     for (k = 0; k < c->cap; k++) { c->pin[k] = -1; c->ready[k] = 0; c->dirty[k] = 0; c->row_of[k] = -1; }
     c->lst.head = c->lst.tail = -1;
     c->where.open = 1;
@@ -3025,11 +3113,15 @@ static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
 static void dt__em_tier_free(dt_embed *e, dt__em_tab *t) {
     dt__em_tier *c = t->tier;
     if (!c) return;
-    if (c->map) (void)munmap(c->map, c->map_bytes);
-    if (c->fd >= 0) (void)close(c->fd);
+    if (c->dev) dt__em_cuda_tier_free(e, c);
+    else {
+        if (c->map) (void)munmap(c->map, c->map_bytes);
+        if (c->fd >= 0) (void)close(c->fd);
+        dt_release(e->ctx, c->cw); dt_release(e->ctx, c->cs1); dt_release(e->ctx, c->cs2);
+    }
     memset(&t->w, 0, sizeof t->w); memset(&t->s1, 0, sizeof t->s1); memset(&t->s2, 0, sizeof t->s2);
     dt__em_mfree(e->ctx, &c->where);
-    dt_release(e->ctx, c->cw); dt_release(e->ctx, c->cs1); dt_release(e->ctx, c->cs2);
+    dt_release(e->ctx, c->mv[0]); dt_release(e->ctx, c->mv[1]); dt_release(e->ctx, c->used); dt_release(e->ctx, c->ul);
     dt_release(e->ctx, c->row_of); dt_release(e->ctx, c->pin); dt_release(e->ctx, c->stamp);
     dt_release(e->ctx, c->prev); dt_release(e->ctx, c->next); dt_release(e->ctx, c->ready);
     dt_release(e->ctx, c->count); dt_release(e->ctx, c->dirty);
@@ -3902,7 +3994,13 @@ static dt_status dt__em_apply(dt_embed *e, int64_t ncon) {
         }
         dt__em_row_grad(e, &k, ncon, t, row, start, g, nc);
         if (e->sync) {
-            if (e->cuda) DT__TRY(dt__em_cuda_stage(e, t, row, g, nc)); /* updated on the device below */
+            if (e->cuda) { /* updated on the device below (tier HOST: in its cache slot, held since its forward) */
+                int64_t x = row;
+                if (tab->tier && !dt__em_get(&tab->tier->where, row, &x))
+                    return dt_ctx_set_error(e->ctx, DT_ERR_STATE, "dt_embed_backward: table \"%s\": local row %lld "
+                                            "left the cache before its update", tab->name, (long long)row);
+                DT__TRY(dt__em_cuda_stage(e, t, x, g, nc));
+            }
             else {
                 char *wr;
                 float *p1, *p2;
@@ -3982,6 +4080,7 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
     e->acc_open = !e->sync;
     if (dev) {
         DT__TRY(dt__em_cuda_backward(e, dout, &ncon));
+        if (e->sync && e->any_tier) dt__em_tier_touched(e); /* the slots the update changed */
         e->stats.backwards++;
         e->stats.seconds_bwd += dt__em_now() - t0;
         return DT_OK;
@@ -4021,7 +4120,7 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
                 if (rin[p + DT__EM_HDR + j] >= 0) { /* a dynamic id not admitted has no row to update */
                     DT__TRY(dt__em_add_con(e, ti, f, rin[p + DT__EM_HDR + j] - t->r0, rin[p + 1], rin[p + 2] + j,
                                         e->any_weighted ? rfl[q + j] : 1.0f, gin + o, &ncon));
-                    if (t->tier) e->con[ncon - 1].slot = e->tslot[p + DT__EM_HDR + j];
+                    if (t->tier && !e->cuda) e->con[ncon - 1].slot = e->tslot[p + DT__EM_HDR + j];
                 }
             o += t->c1 - t->c0;
             p += DT__EM_HDR + n;
@@ -4032,6 +4131,7 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
     /* dedup by sort, sum each row's contributions in the one order, update (or keep) */
     DT__TRY(dt__em_sort(e, ncon));
     DT__TRY(dt__em_apply(e, ncon));
+    if (e->sync && e->any_tier && e->cuda) dt__em_tier_touched(e); /* the slots the update changed */
     e->stats.backwards++;
     e->stats.seconds_bwd += dt__em_now() - t0;
     return DT_OK;
@@ -4093,7 +4193,9 @@ static dt_status dt__em_pf_reserve(dt_embed *e) {
         int ti = e->feat_tab[rin[p]];
         dt__em_tab *t = &e->tabs[ti];
         int64_t n = rin[p + 3];
-        for (j = 0, full = 0; t->tier && !full && j < n; j++) {
+        /* (cuda: a dynamic table's id -> slot map is the GPU's, the host's is not kept: its rows
+           come with the forward) */
+        for (j = 0, full = 0; t->tier && !(t->dynamic && e->cuda) && !full && j < n; j++) {
             int64_t row = rin[p + DT__EM_HDR + j];
             if (j + 8 < n && !t->dynamic) dt__em_pf_map(&t->tier->where, rin[p + DT__EM_HDR + j + 8] - t->r0);
             if (t->dynamic) {
@@ -4122,17 +4224,17 @@ static dt_status dt__em_pf_reserve(dt_embed *e) {
 DT_API dt_status dt_embed_prefetch(dt_embed *e, const dt_kjt *next) {
     int ahead;
     dt_status st;
-    dt__em_pfq *q;
+    dt__em_pfq *q = NULL;
     if (!e) return DT_ERR_ARG;
-    if (e->cuda) return dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "dt_embed_prefetch: cuda tables (desc.device) "
-                                         "have no tier yet; expected cpu tables");
     ahead = e->phase == 2;
     DT__TRY(dt__em_fbegin(e, next, DT_OK)); /* every rank fails alike on a bad batch */
     e->pf_pending = 1;
     dt__em_pf_remember(e, next);
     if (!e->any_tier) return DT_OK;
-    dt__em_pfq_drain(e); /* the last prefetch's copies are done (its forward waited for them) */
-    DT__TRY(dt__em_pfq_get(e, &q));
+    if (!e->cuda) { /* cuda (tier HOST): the copies run on a copy stream instead (dt__em_cuda_tier_prefetch) */
+        dt__em_pfq_drain(e); /* the last prefetch's copies are done (its forward waited for them) */
+        DT__TRY(dt__em_pfq_get(e, &q));
+    }
     e->pf_ahead = ahead; /* its rows are pinned from the next epoch (begun ahead), else from this one */
     if (ahead) dt__em_swap(e); /* the new batch is the live one for a moment */
     {
@@ -4143,7 +4245,10 @@ DT_API dt_status dt_embed_prefetch(dt_embed *e, const dt_kjt *next) {
     if (!st) st = dt__em_pf_reserve(e);
     e->tier_pf = 1;
     if (ahead) dt__em_swap(e);
-    dt__em_pfq_publish(q); /* what was queued runs, even after a failure (the slots wait for it) */
+    if (e->cuda) { /* what was queued runs, even after a failure (the slots hold its rows) */
+        dt_status s2 = dt__em_cuda_tier_prefetch(e);
+        if (!st) st = s2;
+    } else dt__em_pfq_publish(q);
     if (st) e->pf_pending = 0;
     return st;
 }
@@ -4171,8 +4276,7 @@ static dt_status dt__em_pf_forward(dt_embed *e, dt_tensor *out, const dt_kjt *kj
 
 DT_API dt_status dt_embed_flush(dt_embed *e) {
     if (!e) return DT_ERR_ARG;
-    dt__em_tier_settle(e);
-    return DT_OK;
+    return dt__em_tier_settle(e);
 }
 
 DT_API dt_status dt_embed_tier_stats_get(const dt_embed *e, int table, dt_embed_tier_stats *out) {
@@ -4215,7 +4319,7 @@ DT_API dt_status dt_embed_local_shard(dt_embed *e, dt_tensor *view, int64_t *row
         return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_local_shard: table = %d; expected [0, %d)", table, e->n_tabs);
     t = &e->tabs[table];
     memset(view, 0, sizeof *view);
-    if (t->tier) dt__em_tier_settle(e); /* the slow tier, holding every row (dt_embed_flush) */
+    if (t->tier) DT__TRY(dt__em_tier_settle(e)); /* the slow tier, holding every row (dt_embed_flush) */
     if (t->w.data) *view = t->w;
     else { view->dtype = t->dtype; view->device = DT_CPU; view->ndim = 2; view->shape[1] = 0; }
     view->owns = 0;
@@ -4290,9 +4394,10 @@ DT_API dt_status dt_embed_checkpoint_save(dt_embed *e, const dt_train_state *sta
     if (!e) return DT_ERR_ARG;
     DT__TRY(dt__em_ckpt_desc(e, &d, desc, "dt_embed_checkpoint_save"));
     if (e->cuda) DT__TRY(dt__em_cuda_dyn_pull(e));
-    dt__em_tier_settle(e); /* tiered tables are saved from their slow tier */
+    memset(&ps, 0, sizeof ps);
+    st = dt__em_tier_settle(e); /* tiered tables are saved from their slow tier */
     memset(&steps, 0, sizeof steps);
-    st = dt__em_params(e, &ps, &store, &steps);
+    if (!st) st = dt__em_params(e, &ps, &store, &steps);
     if (!st) st = dt_checkpoint_save(e->ctx, &ps, NULL, state, &d);
     dt_release(e->ctx, ps.items);
     dt_release(e->ctx, store);
@@ -4518,8 +4623,9 @@ DT_API dt_status dt_embed_checkpoint_load(dt_embed *e, dt_train_state *state, co
     DT__TRY(dt__em_ckpt_desc(e, &d, desc, "dt_embed_checkpoint_load"));
     memset(&steps, 0, sizeof steps);
     memset(&ld, 0, sizeof ld);
-    dt__em_tier_settle(e); /* tiered tables load into their slow tier: first it holds every row */
-    st = dt__em_params(e, &ps, &store, &steps);
+    memset(&ps, 0, sizeof ps);
+    st = dt__em_tier_settle(e); /* tiered tables load into their slow tier: first it holds every row */
+    if (!st) st = dt__em_params(e, &ps, &store, &steps);
     ld.e = e; ld.ps = &ps;
     if (!st) st = dt__checkpoint_load_checked(e->ctx, &ps, NULL, state, &d, e->any_dyn ? dt__em_ld_check : NULL, &ld);
     if (!st) {
@@ -4578,7 +4684,7 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
     dt_status st = DT_OK;
     double flag[1];
     if (!e) return DT_ERR_ARG;
-    dt__em_tier_settle(e); /* the changed rows are read from the slow tier */
+    DT__TRY(dt__em_tier_settle(e)); /* the changed rows are read from the slow tier */
     W = e->size;
     (void)W;
     if (e->cuda) return dt_ctx_set_error(e->ctx, DT_ERR_UNSUPPORTED, "%s: tables on cuda (desc.device): not "
@@ -4664,7 +4770,11 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
    forward, one copy down for all of them), row initialisation on the host (see "CUDA" at the
    top). With a sequence feature the returned rows and dout come down and the CPU path sums them
    (dt__em_cuda_stage / _flush apply the rows on the device). Accumulation (sync 0): the
-   device's window (dt__em_cuda_apply, dt__em_cuda_acc_close).
+   device's window (dt__em_cuda_apply, dt__em_cuda_acc_close). Tier HOST: the host's requests
+   (dt__em_cuda_serve) map each row to its device cache slot (dt__em_cuda_tier_row), the kernels
+   read dt__em_cuda_w / _s1 / _s2 (the cache), and the cache's rows move by
+   dt__em_cuda_tier_issue (see >>tier); a dynamic table's admitted rows are written into their
+   cache slots (dt__em_cuda_dyn_fill).
    Export: DT_ERR_UNSUPPORTED. */
 #ifdef DT_CUDA
 
@@ -4679,11 +4789,20 @@ static dt_status dt__em_cuda_check_desc(dt_ctx *ctx, const dt_embed_desc *desc) 
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_embed_create: desc.device = %d; expected DEFAULT, DT_CPU or "
                                 "DT_CUDA_DEVICE", (int)desc->device);
     if (desc->device != DT_CUDA_DEVICE || !desc->tables || desc->n_tables < 1) return DT_OK; /* (checked later) */
-    for (i = 0; i < desc->n_tables; i++)
-        if (desc->tables[i].dynamic && desc->tables[i].eviction == DT_EVICT_LFU)
+    for (i = 0; i < desc->n_tables; i++) {
+        const dt_embed_table_desc *d = &desc->tables[i];
+        const char *nm = d->name ? d->name : "";
+        if (d->dynamic && d->eviction == DT_EVICT_LFU)
             return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "dt_embed_create: tables[%d] (\"%s\").eviction = LFU with "
-                                    "desc.device cuda; the GPU id table (kernels/dt_hash.cu) evicts LRU only", i,
-                                    desc->tables[i].name ? desc->tables[i].name : "");
+                                    "desc.device cuda; the GPU id table (kernels/dt_hash.cu) evicts LRU only", i, nm);
+        /* tier HOST: the owner's requests are the host's, which maps each row to its cache slot;
+           the device-made data-parallel bags are not */
+        if (d->tier == DT_TIER_HOST && d->sharding == DT_SHARD_DATA)
+            return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "dt_embed_create: tables[%d] (\"%s\").tier = HOST with "
+                                    "sharding DATA on cuda: a replicated table's lookups are made on the device, "
+                                    "without the cache's slots; expected ROW, TABLE, COLUMN, TABLE_ROW or AUTO (which "
+                                    "never replicates a tier HOST table), or tier NONE", i, nm);
+    }
     return DT_OK;
 }
 
@@ -4691,10 +4810,11 @@ static dt_status dt__em_cuda_need(dt_embed *e, dt_tensor *t, dt_dtype dtype, int
     return dt__em_need_on(e, t, dtype, n, DT_CUDA_DEVICE);
 }
 
-/* The buffers of requests made on the device start at twice the first step's need: how many
-   requests, ids and results reach an owner varies from batch to batch (row-wise tables), and a
-   step that allocates waits for the device; doubling on growth (dt__em_need_on) makes later
-   growth rare. */
+/* The buffers of a step's requests (made on the device, or the host's with dynamic or tiered
+   tables) and of a tiered table's cache copies start at twice the first step's need: how many
+   requests, ids, results and missing rows reach an owner varies from batch to batch (row-wise
+   tables), and a step that allocates waits for the device; doubling on growth
+   (dt__em_need_on) makes later growth rare. */
 static dt_status dt__em_cuda_need2(dt_embed *e, dt_tensor *t, dt_dtype dtype, int64_t n) {
     return dt__em_need_on(e, t, dtype, t->data || n > ((int64_t)1 << 50) ? n : 2 * n, DT_CUDA_DEVICE);
 }
@@ -4722,12 +4842,184 @@ static int dt__em_cuda_dev(const dt_embed *e) {
     return 1;
 }
 
+/* A table's rows and optimizer state as the kernels see them: the shard on the device, or for
+   tier HOST the device cache (the rows of the index arrays are then cache slots). */
+static void *dt__em_cuda_w(const dt__em_tab *t) { return t->tier ? (void *)t->tier->cw : t->w.data; }
+static float *dt__em_cuda_s1(const dt__em_tab *t) { return t->tier ? t->tier->cs1 : (float *)t->s1.data; }
+static float *dt__em_cuda_s2(const dt__em_tab *t) { return t->tier ? t->tier->cs2 : (float *)t->s2.data; }
+
+/* tier HOST: the slow tier in pinned host memory, mapped so that kernels read and write it
+   (under unified addressing its device address is its host address), its optimizer state
+   zeroed (the rows are initialised next, on the host); the cache on the device.
+   The cache's rows move by kernels (dt_k_embed_copies between mapped host memory and the
+   cache, one launch per array for every row of a step) rather than one cudaMemcpyAsync per
+   row: a step misses thousands of rows, and each memcpy call costs microseconds of host time
+   (FBGEMM's UVM-cached tables read mapped host memory from kernels in the same way). */
+static dt_status dt__em_cuda_tier_create(dt_embed *e, dt__em_tab *t, size_t b0, size_t b1) {
+    dt__em_tier *c = t->tier;
+    void *dev = NULL;
+    cudaError_t ce = cudaHostAlloc(&c->map, c->map_bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (ce != cudaSuccess) {
+        c->map = NULL;
+        (void)cudaGetLastError();
+        return dt_ctx_set_error(e->ctx, DT_ERR_OOM, "dt_embed_create: table \"%s\": its slow tier (%.3g GiB of pinned "
+                                "host memory, tier HOST) on rank %d: cudaHostAlloc failed: %s; expected that much "
+                                "free host memory", t->name, (double)c->map_bytes / 1073741824.0, e->rank,
+                                cudaGetErrorString(ce));
+    }
+    memset((char *)c->map + b0, 0, c->map_bytes - b0); /* the state (the rows are all written next) */
+    ce = cudaHostGetDevicePointer(&dev, c->map, 0);
+    if (ce != cudaSuccess) return dt__em_cuda_err(e, (int)ce, "cudaHostGetDevicePointer (tier HOST)");
+    c->hw = (char *)dev;
+    c->hs1 = c->sn1 ? (float *)(c->hw + b0) : NULL;
+    c->hs2 = c->sn2 ? (float *)(c->hw + b0 + b1) : NULL;
+    DT__TRY(dt_cuda_alloc(e->ctx, (void **)&c->cw, (size_t)(c->cap * c->rb), "dt_embed_create (cache rows)"));
+    if (c->sn1) DT__TRY(dt_cuda_alloc(e->ctx, (void **)&c->cs1, sizeof(float) * (size_t)(c->cap * c->sn1),
+                                      "dt_embed_create (cache state)"));
+    if (c->sn2) DT__TRY(dt_cuda_alloc(e->ctx, (void **)&c->cs2, sizeof(float) * (size_t)(c->cap * c->sn2),
+                                      "dt_embed_create (cache state)"));
+    return DT_OK;
+}
+
+static void dt__em_cuda_tier_free(dt_embed *e, dt__em_tier *c) {
+    if (c->map) (void)cudaFreeHost(c->map);
+    dt_cuda_release(e->ctx, c->cw); dt_cuda_release(e->ctx, c->cs1); dt_cuda_release(e->ctx, c->cs2);
+    c->map = NULL; c->cw = NULL; c->cs1 = c->cs2 = NULL;
+}
+
+/* The rows every tier HOST table queued (dt__em_tier_move), moved on `stream`: their index
+   arrays up in one copy into buf (on the compute stream: the caller orders `stream` after it),
+   then per table its write-backs (cache -> slow tier) before its fetches (slow tier -> cache),
+   since a fetch may fill the slot a write-back empties, or read the row it writes. A move is
+   one launch per array (rows, s1, s2): dt_k_embed_copies with (dst, src, length) in elements. */
+static dt_status dt__em_cuda_tier_issue(dt_embed *e, dt_tensor *buf, void *stream) {
+    int64_t tot = 0, o = 0, *h, *dv;
+    int i, d;
+    for (i = 0; i < e->n_tabs; i++) {
+        dt__em_tier *c = e->tabs[i].tier;
+        if (c && c->dev) tot += 6 * (c->n_mv[0] + c->n_mv[1]);
+    }
+    if (tot == 0) return DT_OK;
+    DT__TRY(dt_grow(e->ctx, (void **)&e->cu_tih, &e->cu_tih_cap, tot, sizeof(int64_t), "dt_embed cache copies"));
+    DT__TRY(dt__em_cuda_need2(e, buf, DT_I64, tot)); /* twice the first step's: a later step's misses vary */
+    h = e->cu_tih;
+    for (i = 0; i < e->n_tabs; i++) { /* per table and direction: rows dst, src, len; state dst, src, len */
+        dt__em_tab *t = &e->tabs[i];
+        dt__em_tier *c = t->tier;
+        int64_t nc = t->c1 - t->c0, j;
+        if (!c || !c->dev) continue;
+        for (d = 0; d < 2; d++) {
+            int64_t n = c->n_mv[d], *m = c->mv[d];
+            for (j = 0; j < n; j++) {
+                int64_t k = m[2 * j], x = m[2 * j + 1];
+                h[o + j] = (d ? k : x) * nc; h[o + n + j] = (d ? x : k) * nc; h[o + 2 * n + j] = nc;
+                h[o + 3 * n + j] = (d ? k : x) * c->sn1; h[o + 4 * n + j] = (d ? x : k) * c->sn1;
+                h[o + 5 * n + j] = c->sn1;
+            }
+            o += 6 * n;
+        }
+    }
+    DT__TRY(dt__em_cuda_put(e, buf->data, h, (size_t)tot * sizeof(int64_t)));
+    if (stream != e->ctx->cuda_stream) { /* the copy stream: after the upload (and all the compute stream's work) */
+        cudaError_t ce = cudaEventRecord((cudaEvent_t)e->cu_evc, (cudaStream_t)e->ctx->cuda_stream);
+        if (ce == cudaSuccess) ce = cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)e->cu_evc, 0);
+        if (ce != cudaSuccess) return dt__em_cuda_err(e, (int)ce, "cudaStreamWaitEvent (tier HOST prefetch)");
+    }
+    dv = (int64_t *)buf->data;
+    o = 0;
+    for (i = 0; i < e->n_tabs; i++) {
+        dt__em_tab *t = &e->tabs[i];
+        dt__em_tier *c = t->tier;
+        int64_t nc = t->c1 - t->c0;
+        int es = (int)dt_dtype_size(t->dtype);
+        if (!c || !c->dev) continue;
+        for (d = 0; d < 2; d++) {
+            int64_t n = c->n_mv[d], *x = dv + o;
+            char *wd = d ? c->cw : c->hw, *ws = d ? c->hw : c->cw;
+            float *s1d = d ? c->cs1 : c->hs1, *s1s = d ? c->hs1 : c->cs1;
+            float *s2d = d ? c->cs2 : c->hs2, *s2s = d ? c->hs2 : c->cs2;
+            o += 6 * n;
+            c->n_mv[d] = 0;
+            if (n == 0) continue;
+            DT__TRY(dt__em_cuda_err(e, dt_k_embed_copies(wd, ws, x, x + n, x + 2 * n, (int)n, nc, es, stream),
+                                    "dt_k_embed_copies (tier HOST rows)"));
+            if (c->sn1)
+                DT__TRY(dt__em_cuda_err(e, dt_k_embed_copies(s1d, s1s, x + 3 * n, x + 4 * n, x + 5 * n, (int)n, c->sn1,
+                                                             4, stream), "dt_k_embed_copies (tier HOST state)"));
+            if (c->sn2)
+                DT__TRY(dt__em_cuda_err(e, dt_k_embed_copies(s2d, s2s, x, x + n, x + 2 * n, (int)n, nc, 4, stream),
+                                        "dt_k_embed_copies (tier HOST state)"));
+        }
+    }
+    return DT_OK;
+}
+
+/* The queued moves on the compute stream, after the prefetch's copies (the stream waits for
+   them, the host does not); wait = 1 (cold paths): the host waits until all have run. */
+static dt_status dt__em_cuda_tier_run(dt_embed *e, int wait) {
+    if (e->cu_pf_wait) {
+        cudaError_t ce = cudaStreamWaitEvent((cudaStream_t)e->ctx->cuda_stream, (cudaEvent_t)e->cu_evp, 0);
+        if (ce != cudaSuccess) return dt__em_cuda_err(e, (int)ce, "cudaStreamWaitEvent (tier HOST prefetch)");
+        e->cu_pf_wait = 0;
+    }
+    DT__TRY(dt__em_cuda_tier_issue(e, &e->cu_tix, e->ctx->cuda_stream));
+    return wait ? dt_ctx_sync(e->ctx) : DT_OK;
+}
+
+/* dt_embed_prefetch's moves, on the copy stream (made at the first prefetch): they run while the
+   compute stream runs the current step (whose rows they do not touch: a prefetch fills only
+   unpinned slots and reads only rows not cached), and the next forward's compute stream waits
+   for them (cu_evp) before it reads the cache. */
+static dt_status dt__em_cuda_tier_prefetch(dt_embed *e) {
+    cudaError_t ce = cudaSuccess;
+    if (!e->cu_cs) {
+        cudaStream_t cs = NULL;
+        cudaEvent_t a = NULL, b = NULL;
+        ce = cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);
+        if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&a, cudaEventDisableTiming);
+        if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&b, cudaEventDisableTiming);
+        if (ce != cudaSuccess) {
+            if (b) cudaEventDestroy(b);
+            if (a) cudaEventDestroy(a);
+            if (cs) cudaStreamDestroy(cs);
+            return dt__em_cuda_err(e, (int)ce, "cudaStreamCreateWithFlags (tier HOST prefetch)");
+        }
+        e->cu_cs = (void *)cs; e->cu_evc = (void *)a; e->cu_evp = (void *)b;
+    }
+    if (e->cu_pf_wait) { /* the previous prefetch's copies: before this one's (same buffer) */
+        ce = cudaStreamWaitEvent((cudaStream_t)e->ctx->cuda_stream, (cudaEvent_t)e->cu_evp, 0);
+        if (ce != cudaSuccess) return dt__em_cuda_err(e, (int)ce, "cudaStreamWaitEvent (tier HOST prefetch)");
+        e->cu_pf_wait = 0;
+    }
+    DT__TRY(dt__em_cuda_tier_issue(e, &e->cu_tixp, e->cu_cs));
+    ce = cudaEventRecord((cudaEvent_t)e->cu_evp, (cudaStream_t)e->cu_cs);
+    if (ce != cudaSuccess) return dt__em_cuda_err(e, (int)ce, "cudaEventRecord (tier HOST prefetch)");
+    e->cu_pf_wait = 1;
+    return DT_OK;
+}
+
+/* A forward's lookup of local row *x of tier HOST table t (dt__em_cuda_serve): *x becomes its
+   cache slot (a miss queues its fetch), or -1 (zeros) when every slot is held by the step. */
+static dt_status dt__em_cuda_tier_row(dt_embed *e, dt__em_tab *t, int64_t *x) {
+    dt__em_tier *c = t->tier;
+    int64_t k;
+    DT__TRY(dt__em_tier_slot(e, t, *x, e->epoch, DT__EM_NOW, !e->tier_pf, &k));
+    if (k < 0) dt__em_tier_full(e, t);
+    else if (!c->used[k]) { /* the next update writes it (dt__em_tier_touched) */
+        DT__TRY(dt_grow(e->ctx, (void **)&c->ul, &c->ul_cap, c->n_ul + 1, sizeof(int64_t), "dt_embed cache rows"));
+        c->used[k] = 1;
+        c->ul[c->n_ul++] = k;
+    }
+    *x = k;
+    return DT_OK;
+}
+
 /* The host shard, initialised by dt__em_alloc_shard, moves to the device. */
 static dt_status dt__em_cuda_to_device(dt_embed *e, dt__em_tab *t) {
     dt_tensor *ts[3];
     int k;
     ts[0] = &t->w; ts[1] = &t->s1; ts[2] = &t->s2;
-    for (k = 0; k < 3; k++) {
+    for (k = 0; k < 3 && !t->tier; k++) { /* (tier HOST: the shard stays in pinned host memory) */
         dt_tensor d;
         dt_status st;
         if (!ts[k]->data) continue;
@@ -4765,14 +5057,14 @@ static dt_k_hash *dt__em_cuda_hs(dt_embed *e, int ti) {
 /* dt__em_dyn_fill on the device for a batch's admitted rows (pairs [2 na]: local row, id): each
    row initialised on the host (the same Philox stream and name "<table>#<id>"), all of them up
    in one copy and moved into place by one dt_k_embed_copies; their optimizer state zeroed the
-   same way (copies of a zeroed row). */
+   same way (copies of a zeroed row). Tier HOST: "into place" is the row's cache slot. */
 static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, const int64_t *pairs, int64_t na) {
     const char *fn = "dt_embed_forward";
     dt_tensor v;
     dt_tensor_desc d;
     dt_init_desc in = t->init;
     char name[DT_NAME_MAX + 32];
-    int64_t nc = t->c1 - t->c0, k, *hm, s1n = t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : nc;
+    int64_t nc = t->c1 - t->c0, k, *hm, *slot, s1n = t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : nc, ia = 0, ib, g;
     size_t es = dt_dtype_size(t->w.dtype), mark;
     char *vals, *dvals;
     int64_t *dm;
@@ -4781,8 +5073,18 @@ static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, const int64_t 
     if (na == 0 || nc == 0) return DT_OK;
     DT__TRY(dt_grow(e->ctx, (void **)&e->cu_stg, &e->cu_stg_cap, (int64_t)(((size_t)(na * nc) * es + 3) / 4) + 1,
                      sizeof(float), "dt_embed cuda rows"));
-    DT__TRY(dt_grow(e->ctx, (void **)&e->cu_dyn_hi, &e->cu_dyn_cap, 6 * na + 1, sizeof(int64_t), "dt_embed cuda rows"));
-    vals = (char *)e->cu_stg; hm = e->cu_dyn_hi;
+    DT__TRY(dt_grow(e->ctx, (void **)&e->cu_dyn_hi, &e->cu_dyn_cap, 7 * na + 1, sizeof(int64_t), "dt_embed cuda rows"));
+    vals = (char *)e->cu_stg; hm = e->cu_dyn_hi; slot = hm + 6 * na;
+    /* tier HOST: each new row goes into its cache slot (taken without a fetch: the row is written
+       whole), or into the slow tier when the step holds every slot (the forward then fails, but the
+       id stays admitted); the slots' write-backs run first (they read what is overwritten) */
+    for (k = 0; k < na; k++) {
+        slot[k] = -1;
+        if (t->tier) DT__TRY(dt__em_tier_slot(e, t, pairs[2 * k], e->epoch, DT__EM_NONE, 0, &slot[k]));
+        if (slot[k] >= 0) { t->tier->dirty[slot[k]] = 1; ia++; }
+    }
+    if (t->tier) DT__TRY(dt__em_cuda_tier_run(e, 0));
+    ib = ia; ia = 0; /* cached rows first [0, ia), then the others */
     memset(&d, 0, sizeof d);
     d.dtype = t->w.dtype; d.device = DT_CPU; d.ndim = 2; d.shape[0] = 1; d.shape[1] = nc;
     DT__TRY(dt_tensor_create(e->ctx, &v, &d));
@@ -4790,13 +5092,13 @@ static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, const int64_t 
     memset(in.start, 0, sizeof in.start);
     st = DT_OK;
     for (k = 0; !st && k < na; k++) {
-        int64_t x = pairs[2 * k];
+        int64_t x = pairs[2 * k], at = slot[k] >= 0 ? slot[k] : x, j = slot[k] >= 0 || !t->tier ? ia++ : ib++;
         snprintf(name, sizeof name, "%s#%lld", t->name, (long long)pairs[2 * k + 1]);
         in.name = name;
         st = dt_tensor_init(e->ctx, &v, &in);
         if (!st) memcpy(vals + (size_t)(k * nc) * es, v.data, (size_t)nc * es);
-        hm[k] = x * nc; hm[na + k] = k * nc; hm[2 * na + k] = nc; /* the row: dst, src, len */
-        hm[3 * na + k] = x * s1n; hm[4 * na + k] = 0; hm[5 * na + k] = s1n; /* its state: dst (s1), src (zeros), len */
+        hm[j] = at * nc; hm[na + j] = k * nc; hm[2 * na + j] = nc; /* the row: dst, src, len */
+        hm[3 * na + j] = at * s1n; hm[4 * na + j] = 0; hm[5 * na + j] = s1n; /* its state: dst (s1), src (zeros), len */
         if (!st) st = dt__em_mark(e, t, x);
     }
     dt_tensor_free(e->ctx, &v);
@@ -4809,14 +5111,21 @@ static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, const int64_t 
     if (!st) st = dt__em_cuda_put(e, dvals, vals, (size_t)(na * nc) * es);
     if (!st) st = dt__em_cuda_put(e, dm, hm, (size_t)(6 * na) * sizeof(int64_t));
     if (!st) st = dt_cuda_memset(e->ctx, zero, 0, (size_t)nc * sizeof(float), fn);
-    if (!st) st = dt__em_cuda_err(e, dt_k_embed_copies(t->w.data, dvals, dm, dm + na, dm + 2 * na, (int)na, nc, (int)es,
-                                                        e->ctx->cuda_stream), "dt_k_embed_copies");
-    if (!st && t->s1.data) /* row-wise Adagrad: one float per row */
-        st = dt__em_cuda_err(e, dt_k_embed_copies(t->s1.data, zero, dm + 3 * na, dm + 4 * na, dm + 5 * na, (int)na, s1n,
-                                                   4, e->ctx->cuda_stream), "dt_k_embed_copies");
-    if (!st && t->s2.data)
-        st = dt__em_cuda_err(e, dt_k_embed_copies(t->s2.data, zero, dm, dm + 4 * na, dm + 2 * na, (int)na, nc, 4,
-                                                   e->ctx->cuda_stream), "dt_k_embed_copies");
+    for (g = 0; g < 2 && !st; g++) { /* the device's rows (resident, or the cache), then the slow tier's */
+        int64_t lo = g ? ia : 0, n = g ? na - ia : ia, *x = dm + lo;
+        void *w = g ? (void *)(t->tier ? t->tier->hw : NULL) : dt__em_cuda_w(t);
+        float *s1 = g ? (t->tier ? t->tier->hs1 : NULL) : dt__em_cuda_s1(t);
+        float *s2 = g ? (t->tier ? t->tier->hs2 : NULL) : dt__em_cuda_s2(t);
+        if (n == 0) continue;
+        st = dt__em_cuda_err(e, dt_k_embed_copies(w, dvals, x, x + na, x + 2 * na, (int)n, nc, (int)es,
+                                                  e->ctx->cuda_stream), "dt_k_embed_copies");
+        if (!st && s1) /* row-wise Adagrad: one float per row */
+            st = dt__em_cuda_err(e, dt_k_embed_copies(s1, zero, x + 3 * na, x + 4 * na, x + 5 * na, (int)n, s1n, 4,
+                                                      e->ctx->cuda_stream), "dt_k_embed_copies");
+        if (!st && s2)
+            st = dt__em_cuda_err(e, dt_k_embed_copies(s2, zero, x, x + 4 * na, x + 2 * na, (int)n, nc, 4,
+                                                      e->ctx->cuda_stream), "dt_k_embed_copies");
+    }
     dt_cuda_scratch_end(e->ctx, mark);
     return st;
 }
@@ -5196,9 +5505,10 @@ static dt_status dt__em_cuda_dp_pool(dt_embed *e) {
 
 /* Requests made on the device: the device path (every feature pooled) with static tables only
    (a dynamic table's ids become slots on the owner through the GPU id tables and a copy down:
-   that path keeps the host's requests). */
+   that path keeps the host's requests), none of them tiered (the host's cache bookkeeping maps
+   an owner's rows to cache slots: the requests must be on the host). */
 static int dt__em_cuda_devreq(const dt_embed *e) {
-    return dt__em_cuda_dev(e) && !e->any_dyn;
+    return dt__em_cuda_dev(e) && !e->any_dyn && !e->any_tier;
 }
 
 /* Where the requests of this batch sit in cu_rq / cu_rqf: sent headers [4 S], rows [n]; received
@@ -5336,7 +5646,7 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
     dt__em_cutab *tm;
     int s;
     for (s = 0; s < e->size; s++) end += cnt_i[s];
-    DT__TRY(dt__em_cuda_need(e, &e->cu_resp, DT_F32, tot_res + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_resp, DT_F32, tot_res + 1));
     DT__TRY(dt_grow(e->ctx, (void **)&e->cu_tm, &e->cu_tm_cap, e->n_tabs + 1, sizeof(dt__em_cutab), "dt_embed cuda tables"));
     tm = e->cu_tm;
     for (ti = 0; ti < e->n_tabs; ti++) { /* count: ids and requests of each table */
@@ -5359,9 +5669,9 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
     for (ti = 0; ti < e->n_tabs && tm[ti].nb == 0; ti++) {}
     if (ti == e->n_tabs) return DT_OK; /* no requests (every table data-parallel): nothing to send up */
     DT__TRY(dt__em_cuda_stage_buf(e, ni, nf));
-    DT__TRY(dt__em_cuda_need(e, &e->cu_meta, DT_I64, ni + 1));
-    DT__TRY(dt__em_cuda_need(e, &e->cu_metaf, DT_F32, nf + 1));
-    DT__TRY(dt__em_cuda_need(e, &e->cu_tmp, DT_F32, nt + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_meta, DT_I64, ni + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_metaf, DT_F32, nf + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_tmp, DT_F32, nt + 1));
     { /* dt_grow leaves the new bytes as they come: the bits start clear */
         int64_t had = e->cu_seen ? e->cu_seen_cap : 0;
         DT__TRY(dt_grow(e->ctx, (void **)&e->cu_seen, &e->cu_seen_cap, maxrows / 8 + 1, 1, "dt_embed cuda rows"));
@@ -5375,14 +5685,16 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
         while (p < end) {
             int f = (int)rin[p];
             int64_t m = rin[p + 3], j, nc;
-            const dt__em_tab *t;
+            dt__em_tab *t;
             dt__em_cutab *c;
             ti = e->feat_tab[f];
             t = &e->tabs[ti]; c = &tm[ti];
             nc = t->c1 - t->c0;
             for (j = 0; j < m; j++) {
-                int64_t r = rin[p + DT__EM_HDR + j];
-                e->cu_hi[c->rows + jn[ti]] = r < 0 ? -1 : r - t->r0;
+                int64_t r = rin[p + DT__EM_HDR + j], x = r < 0 ? -1 : r - t->r0;
+                dt_status st = t->tier && x >= 0 ? dt__em_cuda_tier_row(e, t, &x) : DT_OK; /* its cache slot */
+                if (st) { dt_release(e->ctx, jn); return st; }
+                e->cu_hi[c->rows + jn[ti]] = x;
                 e->cu_hf[c->w + jn[ti]] = e->any_weighted ? rfl[q + j] : 1.0f;
                 jn[ti]++;
             }
@@ -5407,6 +5719,7 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
     }
     DT__TRY(dt__em_cuda_put(e, e->cu_meta.data, e->cu_hi, (size_t)ni * sizeof(int64_t)));
     if (e->any_weighted) DT__TRY(dt__em_cuda_put(e, e->cu_metaf.data, e->cu_hf, (size_t)nf * sizeof(float)));
+    if (e->any_tier) DT__TRY(dt__em_cuda_tier_run(e, 0)); /* the missing rows into their slots, first */
     for (ti = 0; ti < e->n_tabs; ti++) {
         const dt__em_tab *t = &e->tabs[ti];
         const dt__em_cutab *c = &tm[ti];
@@ -5414,7 +5727,7 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
         int64_t nc = t->c1 - t->c0;
         float *tmp = (float *)e->cu_tmp.data + c->tmp;
         if (c->nb == 0) continue;
-        DT__TRY(dt__em_cuda_err(e, dt_k_embed_pool_fwd(tmp, t->w.data, (int)t->dtype, dm + c->rows,
+        DT__TRY(dt__em_cuda_err(e, dt_k_embed_pool_fwd(tmp, dt__em_cuda_w(t), (int)t->dtype, dm + c->rows,
                                                         t->weighted ? (const float *)e->cu_metaf.data + c->w : NULL,
                                                         dm + c->offs, c->nb, nc, nc, 0, e->ctx->cuda_stream),
                                 "dt_k_embed_pool_fwd"));
@@ -5430,7 +5743,7 @@ static dt_status dt__em_cuda_serve(dt_embed *e, int64_t tot_res) {
 static dt_status dt__em_cuda_return(dt_embed *e, int64_t tot) {
     int W = e->size;
     int64_t *cnt = e->cnt;
-    DT__TRY((e->cu_devreq ? dt__em_cuda_need2 : dt__em_cuda_need)(e, &e->cu_res, DT_F32, tot + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_res, DT_F32, tot + 1));
     if (!e->comm) DT__TRY(dt__em_cuda_d2d(e, e->cu_res.data, e->cu_resp.data, (size_t)cnt[5 * W] * sizeof(float)));
     else DT__TRY(dt_comm_alltoallv(e->comm, &e->cu_res, cnt + 2 * W, &e->cu_resp, cnt + 5 * W));
     if (dt__em_cuda_dev(e)) return DT_OK;
@@ -5464,8 +5777,8 @@ static dt_status dt__em_cuda_end(dt_embed *e, dt_tensor *out, int64_t tot) {
     }
     ni = 3 * R + 9 * S;
     DT__TRY(dt__em_cuda_stage_buf(e, ni + R + 1, R + S));
-    DT__TRY(dt__em_cuda_need(e, &e->cu_smeta, DT_I64, ni + 1));
-    DT__TRY(dt__em_cuda_need(e, &e->cu_smetaf, DT_F32, R + S + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_smeta, DT_I64, ni + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_smetaf, DT_F32, R + S + 1));
     h = e->cu_hi; dv = e->cu_hf;
     start = h + ni; /* R + 1 counts: each run's first segment (a stable counting sort by (f, b)) */
     for (r = 0; r <= R; r++) start[r] = 0;
@@ -5585,12 +5898,13 @@ static dt_status dt__em_cuda_apply(dt_embed *e, int ti, const int64_t *rows, con
         st = dt__em_cuda_err(e, dt_k_embed_dedup(order, seg, nu, rows, n, t->r1 - t->r0, scr, e->ctx->cuda_stream),
                              "dt_k_embed_dedup");
     if (!st && t->kind == DT_EMBED_ADAM)
-        st = dt__em_cuda_err(e, dt_k_embed_sparse_adam(t->w.data, (int)t->dtype, (float *)t->s1.data, (float *)t->s2.data,
-                                                       g, rows, order, seg, nu, n, nc, nc, t->lr, t->b1, t->b2, t->eps,
-                                                       t->t, e->ctx->cuda_stream), "dt_k_embed_sparse_adam");
+        st = dt__em_cuda_err(e, dt_k_embed_sparse_adam(dt__em_cuda_w(t), (int)t->dtype, dt__em_cuda_s1(t),
+                                                       dt__em_cuda_s2(t), g, rows, order, seg, nu, n, nc, nc, t->lr,
+                                                       t->b1, t->b2, t->eps, t->t, e->ctx->cuda_stream),
+                             "dt_k_embed_sparse_adam");
     else if (!st)
-        st = dt__em_cuda_err(e, dt_k_embed_sparse_update(t->w.data, (int)t->dtype, (float *)t->s1.data, g, rows, order,
-                                                         seg, nu, n, nc, nc,
+        st = dt__em_cuda_err(e, dt_k_embed_sparse_update(dt__em_cuda_w(t), (int)t->dtype, dt__em_cuda_s1(t), g, rows,
+                                                         order, seg, nu, n, nc, nc,
                                                          t->kind == DT_EMBED_ADAGRAD ? 2 :
                                                          t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 3 : 1,
                                                          t->lr, t->eps, e->ctx->cuda_stream), "dt_k_embed_sparse_update");
@@ -5771,7 +6085,7 @@ static dt_status dt__em_cuda_backward(dt_embed *e, const dt_tensor *dout, int64_
                                                           (const float *)e->cu_smetaf.data + R, S, S, e->cu_bmax, 0,
                                                           e->ctx->cuda_stream), "dt_k_embed_gather_sum"));
     }
-    DT__TRY((e->cu_devreq ? dt__em_cuda_need2 : dt__em_cuda_need)(e, &e->cu_gin, DT_F32, tot_in + 1));
+    DT__TRY(dt__em_cuda_need2(e, &e->cu_gin, DT_F32, tot_in + 1));
     if (!e->comm) DT__TRY(dt__em_cuda_d2d(e, e->cu_gin.data, e->cu_res.data, (size_t)tot_in * sizeof(float)));
     else DT__TRY(dt_comm_alltoallv(e->comm, &e->cu_gin, cnt + 5 * W, &e->cu_res, cnt + 2 * W));
     for (r = 0; r < W; r++)
@@ -5853,12 +6167,12 @@ static dt_status dt__em_cuda_flush(dt_embed *e) {
         if (st) break;
         d = (const int64_t *)e->cu_i.data;
         if (t->kind == DT_EMBED_ADAM)
-            st = dt__em_cuda_err(e, dt_k_embed_sparse_adam(t->w.data, (int)t->dtype, (float *)t->s1.data,
-                                                           (float *)t->s2.data, (const float *)e->cu_f.data, d, d + n,
+            st = dt__em_cuda_err(e, dt_k_embed_sparse_adam(dt__em_cuda_w(t), (int)t->dtype, dt__em_cuda_s1(t),
+                                                           dt__em_cuda_s2(t), (const float *)e->cu_f.data, d, d + n,
                                                            d + 2 * n, d + 3 * n + 1, n, nc, nc, t->lr, t->b1, t->b2,
                                                            t->eps, t->t, e->ctx->cuda_stream), "dt_k_embed_sparse_adam");
         else
-            st = dt__em_cuda_err(e, dt_k_embed_sparse_update(t->w.data, (int)t->dtype, (float *)t->s1.data,
+            st = dt__em_cuda_err(e, dt_k_embed_sparse_update(dt__em_cuda_w(t), (int)t->dtype, dt__em_cuda_s1(t),
                                                              (const float *)e->cu_f.data, d, d + n, d + 2 * n,
                                                              d + 3 * n + 1, n, nc, nc,
                                                              t->kind == DT_EMBED_ADAGRAD ? 2 :
@@ -5893,6 +6207,10 @@ static void dt__em_cuda_free(dt_embed *e) {
     dt_tensor_free(e->ctx, &e->aside.cu_smeta); dt_tensor_free(e->ctx, &e->aside.cu_smetaf);
     dt_release(e->ctx, e->cu_cx); dt_release(e->ctx, e->aside.cu_cx);
     dt_tensor_free(e->ctx, &e->cu_accr); dt_tensor_free(e->ctx, &e->cu_accg); dt_release(e->ctx, e->cu_accp);
+    if (e->cu_evp) cudaEventDestroy((cudaEvent_t)e->cu_evp);
+    if (e->cu_evc) cudaEventDestroy((cudaEvent_t)e->cu_evc);
+    if (e->cu_cs) cudaStreamDestroy((cudaStream_t)e->cu_cs);
+    dt_release(e->ctx, e->cu_tih); dt_tensor_free(e->ctx, &e->cu_tix); dt_tensor_free(e->ctx, &e->cu_tixp);
 }
 
 #else /* without DT_CUDA: desc.device cuda is refused at create, so only the first and last run */
@@ -5935,6 +6253,13 @@ static dt_status dt__em_cuda_stage(dt_embed *e, int t, int64_t row, const float 
 }
 static dt_status dt__em_cuda_flush(dt_embed *e) { return dt__em_cuda_off(e); }
 static void dt__em_cuda_free(dt_embed *e) { (void)e; }
+static dt_status dt__em_cuda_tier_create(dt_embed *e, dt__em_tab *t, size_t b0, size_t b1) {
+    (void)t; (void)b0; (void)b1;
+    return dt__em_cuda_off(e);
+}
+static void dt__em_cuda_tier_free(dt_embed *e, struct dt__em_tier *c) { (void)e; (void)c; }
+static dt_status dt__em_cuda_tier_run(dt_embed *e, int wait) { (void)wait; return dt__em_cuda_off(e); }
+static dt_status dt__em_cuda_tier_prefetch(dt_embed *e) { return dt__em_cuda_off(e); }
 static dt_status dt__em_cuda_dyn_translate(dt_embed *e, int64_t *rin, int64_t total) {
     (void)rin; (void)total;
     return dt__em_cuda_off(e);

@@ -156,10 +156,12 @@ static struct {
     std::string last_report;
     cudaError_t last_error;
     std::map<uintptr_t, size_t> allocs; /* cudaMalloc: base -> bytes */
+    std::map<uintptr_t, size_t> pinned; /* cudaHostAlloc / cudaMallocHost: base -> bytes */
     std::set<void *> streams, events, handles;
     unsigned char *dyn_shared;
     cudaError_t fault; /* what the running launch fails with when it reports (a GPU's own fault code) */
-} G = {0, 0, 0, 0, {0}, PTHREAD_MUTEX_INITIALIZER, 0, std::string(), cudaSuccess, {}, {}, {}, {}, NULL, cudaSuccess};
+} G = {0, 0, 0, 0, {0}, PTHREAD_MUTEX_INITIALIZER, 0, std::string(), cudaSuccess, {}, {}, {}, {}, {}, NULL,
+       cudaSuccess};
 
 static void report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void report(const char *fmt, ...) {
@@ -1153,6 +1155,60 @@ cudaError_t dt_emu_free(const char *file, int line, void *ptr) {
         return fail(cudaErrorInvalidValue);
     }
     free(ptr);
+    return cudaSuccess;
+}
+
+/* Pinned host memory (cudaHostAlloc, cudaMallocHost): host memory, as on a GPU machine, also
+   reachable from kernels (mapped: the device pointer is the host pointer, as under unified
+   addressing). Not device memory: a cudaMemcpy's device side must still be a cudaMalloc
+   allocation. Zeroed here (a GPU's is whatever the OS gives, and the OS zeroes it). Counted as
+   an allocation; cudaFreeHost of anything else is a report. */
+cudaError_t dt_emu_host_alloc(const char *file, int line, void **ptr, size_t bytes, unsigned int flags) {
+    (void)flags;
+    if (!ptr) { report("cudaHostAlloc at %s:%d: ptr is NULL", file, line); return fail(cudaErrorInvalidValue); }
+    *ptr = NULL;
+    count(&dt_emu_counters::allocs, 1);
+    trace("cudaHostAlloc", bytes, file, line);
+    if (bytes == 0) return cudaSuccess;
+    void *p = bytes > SIZE_MAX - 4095 ? NULL : aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
+    if (!p) return fail(cudaErrorMemoryAllocation);
+    memset(p, 0, bytes);
+    emu_lock(&G.lock);
+    G.pinned[(uintptr_t)p] = bytes;
+    emu_unlock(&G.lock);
+    *ptr = p;
+    return cudaSuccess;
+}
+
+cudaError_t dt_emu_free_host(const char *file, int line, void *ptr) {
+    if (!ptr) return cudaSuccess;
+    count(&dt_emu_counters::frees, 1);
+    trace("cudaFreeHost", 0, file, line);
+    emu_lock(&G.lock);
+    bool known = G.pinned.erase((uintptr_t)ptr) == 1;
+    emu_unlock(&G.lock);
+    if (!known) {
+        report("cudaFreeHost(%p) at %s:%d: not a pointer cudaHostAlloc returned (or freed already)", ptr, file, line);
+        return fail(cudaErrorInvalidValue);
+    }
+    free(ptr);
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned int flags) {
+    uintptr_t u = (uintptr_t)host;
+    bool known;
+    (void)flags;
+    if (!dev) return fail(cudaErrorInvalidValue);
+    emu_lock(&G.lock);
+    std::map<uintptr_t, size_t>::iterator it = G.pinned.upper_bound(u);
+    known = it != G.pinned.begin() && (--it, u < it->first + it->second);
+    emu_unlock(&G.lock);
+    if (!known) {
+        report("cudaHostGetDevicePointer(%p): not inside a cudaHostAlloc allocation", host);
+        return fail(cudaErrorInvalidValue);
+    }
+    *dev = host;
     return cudaSuccess;
 }
 

@@ -131,6 +131,16 @@ cudaError_t dt_emu_memcpy(const char *file, int line, void *dst, const void *src
 cudaError_t dt_emu_memset(const char *file, int line, void *dst, int value, size_t bytes, cudaStream_t stream);
 #define cudaMalloc(ptr, bytes) dt_emu_malloc(__FILE__, __LINE__, (void **)(ptr), (bytes))
 #define cudaFree(ptr) dt_emu_free(__FILE__, __LINE__, (void *)(ptr))
+/* Pinned host memory, mapped for kernels (the device pointer is the host pointer). */
+#define cudaHostAllocDefault 0x0u
+#define cudaHostAllocPortable 0x1u
+#define cudaHostAllocMapped 0x2u
+cudaError_t dt_emu_host_alloc(const char *file, int line, void **ptr, size_t bytes, unsigned int flags);
+cudaError_t dt_emu_free_host(const char *file, int line, void *ptr);
+cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned int flags);
+#define cudaHostAlloc(ptr, bytes, flags) dt_emu_host_alloc(__FILE__, __LINE__, (void **)(ptr), (bytes), (flags))
+#define cudaMallocHost(ptr, bytes) dt_emu_host_alloc(__FILE__, __LINE__, (void **)(ptr), (bytes), 0u)
+#define cudaFreeHost(ptr) dt_emu_free_host(__FILE__, __LINE__, (void *)(ptr))
 /* cudaMemcpy to or from the host waits for the device, as on a GPU: counted as a sync */
 #define cudaMemcpy(dst, src, bytes, kind) dt_emu_memcpy_blocking(__FILE__, __LINE__, (dst), (src), (bytes), (kind))
 #define cudaMemcpyAsync(dst, src, bytes, kind, ...) \
