@@ -241,7 +241,10 @@ static void tier_batch(bbatch *bb, int64_t R, int s) {
         o += bb->lengths[i];
     }
     for (i = 0; i < o; i++) {
-        double u = dt_rng_uniform(7000 + (uint64_t)s, 2, (uint64_t)i), k = pow(1.0 + u * za, zi) - 1.0;
+        /* u from two draws (48 bits): one float's 24 would leave most of the tail's rows undrawable */
+        double u = ((double)(int64_t)(dt_rng_uniform(7000 + (uint64_t)s, 2, (uint64_t)i) * 16777216.0f) +
+                    (double)dt_rng_uniform(7000 + (uint64_t)s, 3, (uint64_t)i)) / 16777216.0,
+               k = pow(1.0 + u * za, zi) - 1.0;
         uint64_t kk = k < 0 ? 0 : k >= (double)R ? (uint64_t)R - 1 : (uint64_t)k;
         bb->ids[i] = (int64_t)((unsigned __int128)(kk * a + c) % (uint64_t)R); /* no overflow */
     }
