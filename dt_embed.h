@@ -189,10 +189,17 @@
         fast tier (memory)    cache: cache_rows slots (row + state), a map row -> slot,
                               LRU or LFU (cache_eviction) over the slots not pinned
                | fetch on a miss (or ahead: prefetch)   ^ write-back of a changed row it evicts
-        slow tier (a file)    the whole shard: rows, then state, page-aligned regions of one file
-                              mapped MAP_SHARED (desc.tier_dir, else $TMPDIR, else /tmp; unlinked
-                              at once: scratch, gone with the process; checkpoints are the copy
-                              that lasts)
+        slow tier (a file)    the whole shard: rows, then state, then a log of written-back rows,
+                              page-aligned regions of one file mapped MAP_SHARED (desc.tier_dir,
+                              else $TMPDIR, else /tmp; unlinked at once: scratch, gone with the
+                              process; checkpoints are the copy that lasts)
+   A write-back appends the row and its state to the log (sequential: 15 rows of 260 bytes fill
+   a page the disk writes once) instead of rewriting its 4 KiB page in place; reads follow the
+   row to its latest copy. A full log (log_rows records, default the shard's rows) is folded:
+   its rows copied home in row order, each page of the table once. So the file takes up to twice
+   the shard's bytes, and memory 4 bytes a row to find the logged ones. (In place, past the
+   kernel's dirty-page thresholds, each eviction cost a page of disk write: 0.28 of the resident
+   rate at 8 GiB; see >>tier.)
    Ids follow a power law, so a cache of a few percent of the rows serves most lookups. Every
    row a forward reads and every row an update writes goes through the cache; the bytes of a row
    are only copied between the tiers, so training equals the resident table bit for bit, under
@@ -224,7 +231,8 @@
    way, reshard as usual); a load writes the slow tier and empties the caches.
    dt_embed_tier_stats_get: per table and rank, hits and misses (ids whose row was / was not
    cached at their first lookup), rows fetched at use and prefetched, evicted and written back,
-   bytes each way, seconds waited for prefetched rows. Memory per slot besides the row and its
+   bytes each way, seconds waited for prefetched rows, the log's folds (rows folded, seconds).
+   Memory per slot besides the row and its
    state: 7 x 8 bytes (LRU) + 8 (LFU) + the map's ~34 bytes (open addressing, load <= 1/2).
    When to use it: the shards do not fit in memory (or should not: a host's memory shared by
    other work) and ids are skewed enough that cache_rows rows serve most lookups; bench/embed
@@ -480,6 +488,9 @@ typedef struct dt_embed_table_desc {
                                      rows, rounded up; 0 = 1/8; never fewer than two batches' ids
                                      (2 x ids_per_batch: the batch in flight and the prefetched one) */
     dt_embed_eviction cache_eviction; /* tiered: which cached row makes room: LRU (DEFAULT) or LFU */
+    int64_t log_rows;             /* tier DISK: records in the log of written-back rows, folded into the
+                                     table when full (see >>tier); 0 = the local shard's rows (the file
+                                     then takes up to twice the shard's bytes); fewer fold more often */
 } dt_embed_table_desc;
 
 typedef struct dt_embed_feature_desc {
@@ -540,6 +551,9 @@ typedef struct dt_embed_tier_stats {
     int64_t evicted, written_back; /* rows that left the cache; those written back (changed since fetched) */
     double bytes_in, bytes_out;   /* slow -> fast tier (rows + optimizer state), fast -> slow */
     double seconds_wait;          /* forwards and backwards waiting for prefetched rows not yet arrived */
+    int64_t folds, folded;        /* tier DISK: times its log of written-back rows was folded into the table;
+                                     rows those folds copied home (a row logged twice goes home once) */
+    double seconds_fold;          /* ... and the time that took (see >>tier: a fold per log_rows write-backs) */
 } dt_embed_tier_stats;
 
 typedef struct dt_embed dt_embed; /* opaque */
@@ -785,6 +799,7 @@ typedef struct dt__em_tab {
     int64_t cache_rows;
     double cache_fraction;
     dt_embed_eviction cache_evict;
+    int64_t log_rows;
 } dt__em_tab;
 
 typedef struct dt__em_kv { int64_t key, value; } dt__em_kv;
@@ -1048,6 +1063,7 @@ static int dt__em_get(const dt__em_map *m, int64_t k, int64_t *v) {
 #endif
 }
 
+static void dt__em_hugepage(void *p, size_t bytes);
 static dt_status dt__em_put(dt_ctx *ctx, dt__em_map *m, int64_t k, int64_t v) {
     if (DT__EM_OPEN(m)) {
         int64_t i;
@@ -1059,6 +1075,7 @@ static dt_status dt__em_put(dt_ctx *ctx, dt__em_map *m, int64_t k, int64_t v) {
             g.open = m->open;
             g.slots = (dt__em_kv *)dt_alloc(ctx, sizeof(dt__em_kv) * (size_t)cap);
             if (!g.slots) return DT_ERR_OOM;
+            dt__em_hugepage(g.slots, sizeof(dt__em_kv) * (size_t)cap); /* probes are random: fewer TLB misses */
             for (j = 0; j < cap; j++) g.slots[j].value = -1;
             for (j = 0; j < m->cap; j++)
                 if (m->slots[j].value >= 0) {
@@ -1277,6 +1294,9 @@ static dt_status dt__em_check_table(dt_ctx *ctx, const dt_embed_table_desc *d, i
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").cache_eviction = %d; expected a "
                                     "dt_embed_eviction, and DEFAULT unless the table is tiered", fn, i, d->name,
                                     (int)d->cache_eviction);
+        if (d->log_rows < 0 || d->log_rows > INT32_MAX || (d->log_rows > 0 && d->tier != DT_TIER_DISK))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").log_rows = %lld; expected 0 .. 2^31 - 1, "
+                                    "and 0 unless the table's tier is DISK", fn, i, d->name, (long long)d->log_rows);
 #ifndef DT__EM_POSIX
         if (d->tier == DT_TIER_DISK)
             return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: tables[%d] (\"%s\").tier = DISK needs POSIX files "
@@ -1619,7 +1639,7 @@ static int dt__em_desc_fields(const dt_embed_desc *desc, dt__em_fld *fl) {
         DT__EM_FI("eviction", d->eviction); DT__EM_FI("group_size", d->group_size);
         DT__EM_FI("tier", d->tier); DT__EM_FI("cache_rows", d->cache_rows);
         DT__EM_FD("cache_fraction", d->cache_fraction);
-        DT__EM_FI("cache_eviction", d->cache_eviction);
+        DT__EM_FI("cache_eviction", d->cache_eviction); DT__EM_FI("log_rows", d->log_rows);
     }
     for (i = 0; desc->features && i < desc->n_features; i++) {
         DT__EM_F("name", -1, i, 2, dt__em_text_hash(desc->features[i].name));
@@ -1772,6 +1792,7 @@ static void dt__em_resolve_table(dt__em_tab *t, const dt_embed_table_desc *d) {
     t->cache_rows = d->cache_rows;
     t->cache_fraction = d->cache_fraction;
     t->cache_evict = d->cache_eviction == DT_EVICT_DEFAULT ? DT_EVICT_LRU : d->cache_eviction;
+    t->log_rows = d->log_rows;
 }
 
 /* The object with its per-rank arrays and resolved tables; NULL (everything freed) when out of memory. */
@@ -2571,6 +2592,19 @@ static dt_status dt__em_dyn_move(dt_embed *e, dt__em_tab *t) {
    a tiered table trains bit for bit as a resident one. The cold paths (checkpoints, export,
    dt_embed_local_shard) see t->w after dt__em_tier_settle has written every changed row back.
 
+   The log (tier DISK): a changed row leaving the cache is not written to its home in the table
+   region but appended to a log after it (row and state, one record), and loc[x] remembers which
+   record holds local row x's latest copy; reads and in-place writes follow loc. Written home, a
+   260-byte row would dirty a 4 KiB page: past the kernel's dirty thresholds (a table of several
+   GiB) each eviction then costs a page written to disk, 16x the row (bench/embed --tiers 8 ran at
+   0.28 of the resident rate so); appended, 15 rows share a page and the disk writes in order.
+   When the log is full (log_rows records: by default as many as the shard has rows), or at
+   dt__em_tier_settle, it is
+   folded: every logged row copied home in row order (each page of the region written once per
+   fold however many of its rows changed), the log emptied. So the file takes up to twice the
+   table's bytes, loc 4 bytes a row of memory, and a fold costs about one pass over the table
+   once per log_rows write-backs (dt_embed_tier_stats: folds, seconds_fold).
+
    Prefetch: the copies of the reserved rows, and the write-backs of the changed rows their slots
    held, go to one helper thread in order (a slot's write-back before its fetch; POSIX threads;
    without them, or DT_EMBED_NO_THREADS, the copies run in dt_embed_prefetch). The helper writes
@@ -2592,6 +2626,11 @@ typedef struct dt__em_tier {
     int fd;                      /* the slow tier's file: unlinked at once, gone with the process */
     void *map;
     size_t map_bytes;
+    /* tier DISK's log of written-back rows (see "The log" above): record r (row, state) at
+       log + r rec; loc[x] is local row x's record, -1 when the table region holds it */
+    char *log;
+    int32_t *loc;
+    int64_t rec, lcap, ln;       /* a record's bytes; records the log holds; records written since the last fold */
     int64_t cap, filled;         /* slots; slots filled so far (free slots are taken before any eviction) */
     int lfu;
     int64_t rb, sn1, sn2;        /* a row's bytes; floats of its state in s1 (nc, 1 or 0) and in s2 (nc or 0) */
@@ -2716,10 +2755,14 @@ static void dt__em_pfq_wait(dt_embed *e, int64_t upto) {
     e->pfq_seen = q->done;
 }
 
-/* Every copy queued so far is done: the helper is idle, the list may be reused. */
+static void dt__em_pfq_publish(dt__em_pfq *q);
+
+/* Every copy queued so far is done (published first: a fold may drain in the middle of a
+   prefetch): the helper is idle, the list may be reused. */
 static void dt__em_pfq_drain(dt_embed *e) {
     dt__em_pfq *q = e->pfq;
     if (!q) return;
+    if (q->n > 0) dt__em_pfq_publish(q);
     dt__em_pfq_wait(e, q->base + q->n);
     q->base += q->n;
     q->n = 0;
@@ -2738,7 +2781,7 @@ static void dt__em_pfq_publish(dt__em_pfq *q) {
 #endif
     {
         int64_t i;
-        for (i = 0; i < q->n; i++) memcpy(q->q[i].dst, q->q[i].src, q->q[i].n);
+        for (i = q->done - q->base; i < q->n; i++) memcpy(q->q[i].dst, q->q[i].src, q->q[i].n); /* those not yet run */
         q->done = q->base + q->n;
     }
 }
@@ -2765,14 +2808,61 @@ static void dt__em_pfq_free(dt_embed *e) {
 /* Slot k's row and state <-> the slow tier's local row x. */
 static void dt__em_tier_ptrs(const dt__em_tab *t, int64_t x, char **w, float **s1, float **s2) {
     const dt__em_tier *c = t->tier;
+    if (c->loc && c->loc[x] >= 0) { /* its latest copy is a record of the log */
+        char *r = c->log + (size_t)c->loc[x] * (size_t)c->rec;
+        int64_t o = (c->rb + 3) / 4 * 4;
+        *w = r;
+        *s1 = c->sn1 ? (float *)(r + o) : NULL;
+        *s2 = c->sn2 ? (float *)(r + o) + c->sn1 : NULL;
+        return;
+    }
     *w = (char *)t->w.data + (size_t)(x * c->rb);
     *s1 = c->sn1 ? (float *)t->s1.data + x * c->sn1 : NULL;
     *s2 = c->sn2 ? (float *)t->s2.data + x * c->sn2 : NULL;
 }
-static void dt__em_tier_copy(dt__em_tier *c, const dt__em_tab *t, int64_t k, int64_t x, int out) {
+
+/* Folds t's log into its table region: each row whose latest copy is a record is copied home,
+   in row order (so the kernel writes the region's pages back in order, each page once however
+   many of its rows changed), and the log starts again empty. Copies queued for the helper point
+   into records, so they finish first. */
+static void dt__em_tier_fold(dt_embed *e, const dt__em_tab *t) {
+    dt__em_tier *c = t->tier;
+    int64_t x, nr = t->r1 - t->r0, o = (c->rb + 3) / 4 * 4;
+    double t0;
+    if (!c->loc || c->ln == 0) return;
+    t0 = dt__em_now();
+    dt__em_pfq_drain(e);
+    for (x = 0; x < nr; x++) {
+        const char *r;
+        if (c->loc[x] < 0) continue;
+        r = c->log + (size_t)c->loc[x] * (size_t)c->rec;
+        memcpy((char *)t->w.data + (size_t)(x * c->rb), r, (size_t)c->rb);
+        if (c->sn1) memcpy((float *)t->s1.data + x * c->sn1, r + o, sizeof(float) * (size_t)c->sn1);
+        if (c->sn2) memcpy((float *)t->s2.data + x * c->sn2, r + o + 4 * c->sn1, sizeof(float) * (size_t)c->sn2);
+        c->loc[x] = -1;
+        c->st.folded++;
+    }
+    c->ln = 0;
+    c->st.folds++;
+    c->st.seconds_fold += dt__em_now() - t0;
+}
+
+/* Where a write-back of local row x goes: the next record of the log (folded first when full),
+   which becomes x's latest copy; tier HOST, or a table without a log: x's home. */
+static void dt__em_tier_wb_ptrs(dt_embed *e, const dt__em_tab *t, int64_t x, char **w, float **s1, float **s2) {
+    dt__em_tier *c = t->tier;
+    if (c->loc) {
+        if (c->ln == c->lcap) dt__em_tier_fold(e, t);
+        c->loc[x] = (int32_t)c->ln++;
+    }
+    dt__em_tier_ptrs(t, x, w, s1, s2);
+}
+
+static void dt__em_tier_copy(dt_embed *e, dt__em_tier *c, const dt__em_tab *t, int64_t k, int64_t x, int out) {
     char *w;
     float *s1, *s2;
-    dt__em_tier_ptrs(t, x, &w, &s1, &s2);
+    if (out) dt__em_tier_wb_ptrs(e, t, x, &w, &s1, &s2);
+    else dt__em_tier_ptrs(t, x, &w, &s1, &s2);
     if (out) {
         memcpy(w, c->cw + k * c->rb, (size_t)c->rb);
         if (s1) memcpy(s1, c->cs1 + k * c->sn1, sizeof(float) * (size_t)c->sn1);
@@ -2800,7 +2890,8 @@ static dt_status dt__em_tier_queue_row(dt_embed *e, const dt__em_tab *t, int64_t
     dt__em_tier *c = t->tier;
     char *w, *cw = c->cw + k * c->rb, *c1 = (char *)(c->cs1 + k * c->sn1), *c2 = (char *)(c->cs2 + k * c->sn2);
     float *s1, *s2;
-    dt__em_tier_ptrs(t, x, &w, &s1, &s2);
+    if (out) dt__em_tier_wb_ptrs(e, t, x, &w, &s1, &s2);
+    else dt__em_tier_ptrs(t, x, &w, &s1, &s2);
     DT__TRY(dt__em_tier_queue(e, out ? w : cw, out ? cw : w, (size_t)c->rb));
     if (s1) DT__TRY(dt__em_tier_queue(e, out ? (char *)s1 : c1, out ? c1 : (const char *)s1, sizeof(float) * (size_t)c->sn1));
     if (s2) DT__TRY(dt__em_tier_queue(e, out ? (char *)s2 : c2, out ? c2 : (const char *)s2, sizeof(float) * (size_t)c->sn2));
@@ -2900,7 +2991,7 @@ static dt_status dt__em_tier_slot(dt_embed *e, dt__em_tab *t, int64_t x, int64_t
             if (c->dirty[s]) {
                 if (c->dev) DT__TRY(dt__em_tier_move(e, c, 0, s, c->row_of[s]));
                 else if (mode == DT__EM_LATER) DT__TRY(dt__em_tier_queue_row(e, t, s, c->row_of[s], 1));
-                else dt__em_tier_copy(c, t, s, c->row_of[s], 1);
+                else dt__em_tier_copy(e, c, t, s, c->row_of[s], 1);
                 c->st.written_back++;
                 c->st.bytes_out += dt__em_tier_row_bytes(c);
             }
@@ -2922,7 +3013,7 @@ static dt_status dt__em_tier_slot(dt_embed *e, dt__em_tab *t, int64_t x, int64_t
                 else c->st.prefetched++;
             } else if (mode == DT__EM_NOW) {
                 if (e->pfq_wb) dt__em_pfq_drain(e); /* x may be a row the helper is still writing back */
-                dt__em_tier_copy(c, t, s, x, 0);
+                dt__em_tier_copy(e, c, t, s, x, 0);
                 c->st.fetched++;
             } else { /* the helper's copies; the slot is ready once they are done */
                 DT__TRY(dt__em_tier_queue_row(e, t, s, x, 0));
@@ -3003,11 +3094,12 @@ static dt_status dt__em_tier_settle(dt_embed *e) {
         for (k = 0; c && k < c->filled; k++)
             if (c->dirty[k]) {
                 if (c->dev) DT__TRY(dt__em_tier_move(e, c, 0, k, c->row_of[k]));
-                else dt__em_tier_copy(c, &e->tabs[i], k, c->row_of[k], 1);
+                else dt__em_tier_copy(e, c, &e->tabs[i], k, c->row_of[k], 1);
                 c->dirty[k] = 0;
                 c->st.written_back++;
                 c->st.bytes_out += dt__em_tier_row_bytes(c);
             }
+        if (c) dt__em_tier_fold(e, &e->tabs[i]); /* every row home */
     }
     /* tier HOST: the write-backs run on the device, and the host waits for them (a cold path) */
     return e->cuda && e->any_tier ? dt__em_cuda_tier_run(e, 1) : DT_OK;
@@ -3020,6 +3112,11 @@ static void dt__em_tier_drop(dt_embed *e) {
         dt__em_tier *c = e->tabs[i].tier;
         if (!c) continue;
         dt__em_mfree(e->ctx, &c->where);
+        if (c->loc && c->ln > 0) { /* (settled first: the log was empty) */
+            int64_t x;
+            for (x = 0; x < e->tabs[i].r1 - e->tabs[i].r0; x++) c->loc[x] = -1;
+            c->ln = 0;
+        }
         c->filled = 0;
         c->lst.head = c->lst.tail = -1;
         c->lst.used = 0;
@@ -3072,7 +3169,7 @@ static void dt__em_tier_view(dt_tensor *v, void *data, dt_dtype dtype, int64_t r
    by the caller (dt_tensor_init on t->w); the state starts at zero as the file does. */
 static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
     dt__em_tier *c;
-    int64_t nr = t->r1 - t->r0, nc = t->c1 - t->c0, k, b0, b1, b2, bytes;
+    int64_t nr = t->r1 - t->r0, nc = t->c1 - t->c0, k, b0, b1, b2, b3 = 0, bytes;
     const int64_t page = 1 << 16; /* a multiple of every page size in use (4 KiB, 16 KiB, 64 KiB) */
     if (!(c = (dt__em_tier *)dt_alloc_zeroed(e->ctx, sizeof *c))) return DT_ERR_OOM;
     t->tier = c;
@@ -3095,7 +3192,15 @@ static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
     b0 = ((nr * c->rb + page - 1) / page) * page;
     b1 = ((nr * c->sn1 * 4 + page - 1) / page) * page;
     b2 = ((nr * c->sn2 * 4 + page - 1) / page) * page;
-    bytes = b0 + b1 + b2;
+    if (!c->dev) { /* tier DISK: the log after them, as many records as rows (sparse until written) */
+        c->rec = (c->rb + 3) / 4 * 4 + 4 * (c->sn1 + c->sn2);
+        c->lcap = t->log_rows > 0 ? t->log_rows : nr < INT32_MAX ? nr : INT32_MAX;
+        if (!dt_mul_ok(c->lcap, c->rec, &b3) || b3 > INT64_MAX / 4 - page || b0 + b1 + b2 > INT64_MAX / 2)
+            return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_create: table \"%s\": its slow tier (rows %lld x %lld "
+                                    "bytes, and its log) overflows int64 bytes", t->name, (long long)nr, (long long)c->rec);
+        b3 = (b3 + page - 1) / page * page;
+    }
+    bytes = b0 + b1 + b2 + b3;
     c->map_bytes = (size_t)bytes;
     if (c->dev) DT__TRY(dt__em_cuda_tier_create(e, t, (size_t)b0, (size_t)b1)); /* pinned; the device cache */
     else if ((c->fd = dt__em_tier_open(e, t, (size_t)bytes, &c->map)) < 0) return DT_ERR_IO;
@@ -3106,6 +3211,10 @@ static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
     if (c->sn1) dt__em_tier_view(&t->s1, (char *)c->map + b0, DT_F32, nr, t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 0 : nc);
     if (c->sn2) dt__em_tier_view(&t->s2, (char *)c->map + b0 + b1, DT_F32, nr, nc);
     if (!c->dev) {
+        c->log = (char *)c->map + b0 + b1 + b2;
+        if (!(c->loc = (int32_t *)dt_alloc(e->ctx, sizeof(int32_t) * (size_t)nr))) return DT_ERR_OOM;
+        dt__em_hugepage(c->loc, sizeof(int32_t) * (size_t)nr);
+        for (k = 0; k < nr; k++) c->loc[k] = -1;
         c->cw = (char *)dt_alloc(e->ctx, (size_t)(c->cap * c->rb));
         c->cs1 = c->sn1 ? (float *)dt_alloc(e->ctx, sizeof(float) * (size_t)(c->cap * c->sn1)) : NULL;
         c->cs2 = c->sn2 ? (float *)dt_alloc(e->ctx, sizeof(float) * (size_t)(c->cap * c->sn2)) : NULL;
@@ -3123,7 +3232,15 @@ static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
         !c->stamp || !c->prev ||
         !c->next || !c->ready || (c->lfu && !c->count) || !c->dirty)
         return DT_ERR_OOM;
-    if (!c->dev) dt__em_hugepage(c->cw, (size_t)(c->cap * c->rb));
+    if (!c->dev) { /* every per-slot array is read at random, one line a use: huge pages spare the TLB */
+        dt__em_hugepage(c->cw, (size_t)(c->cap * c->rb));
+        if (c->cs1) dt__em_hugepage(c->cs1, sizeof(float) * (size_t)(c->cap * c->sn1));
+        if (c->cs2) dt__em_hugepage(c->cs2, sizeof(float) * (size_t)(c->cap * c->sn2));
+    }
+    dt__em_hugepage(c->row_of, sizeof(int64_t) * (size_t)c->cap); dt__em_hugepage(c->pin, sizeof(int64_t) * (size_t)c->cap);
+    dt__em_hugepage(c->prev, sizeof(int64_t) * (size_t)c->cap); dt__em_hugepage(c->next, sizeof(int64_t) * (size_t)c->cap);
+    dt__em_hugepage(c->ready, sizeof(int64_t) * (size_t)c->cap); dt__em_hugepage(c->dirty, (size_t)c->cap);
+    if (c->lfu) { dt__em_hugepage(c->stamp, sizeof(int64_t) * (size_t)c->cap); dt__em_hugepage(c->count, sizeof(int64_t) * (size_t)c->cap); }
     for (k = 0; k < c->cap; k++) { c->pin[k] = -1; c->ready[k] = 0; c->dirty[k] = 0; c->row_of[k] = -1; }
     c->lst.head = c->lst.tail = -1;
     c->where.open = 1;
@@ -3141,6 +3258,7 @@ static void dt__em_tier_free(dt_embed *e, dt__em_tab *t) {
     }
     memset(&t->w, 0, sizeof t->w); memset(&t->s1, 0, sizeof t->s1); memset(&t->s2, 0, sizeof t->s2);
     dt__em_mfree(e->ctx, &c->where);
+    dt_release(e->ctx, c->loc);
     dt_release(e->ctx, c->mv[0]); dt_release(e->ctx, c->mv[1]); dt_release(e->ctx, c->used); dt_release(e->ctx, c->ul);
     dt_release(e->ctx, c->row_of); dt_release(e->ctx, c->pin); dt_release(e->ctx, c->stamp);
     dt_release(e->ctx, c->prev); dt_release(e->ctx, c->next); dt_release(e->ctx, c->ready);

@@ -420,6 +420,22 @@ static void tiers(double gib) {
         printf("  %-24s a step: embedding forward %6.2f ms, backward %6.2f ms, dt_embed_prefetch %6.2f ms\n",
                v == 0 ? "resident" : v == 1 ? "tiered, prefetch" : "tiered, no prefetch", ms[v][0] / (rounds * per),
                ms[v][1] / (rounds * per), ms[v][2] / (rounds * per));
+    { /* the log's folds: none ran in the rounds (a fold comes every R write-backs); the flush folds
+         what was logged, and its time per row bounds a steady-state fold's from above (a full log's
+         rows share the region's pages 16 to a page; these mostly do not) */
+        dt_embed_tier_stats f;
+        double wb = (double)(b.written_back - a.written_back) / (2.0 * rounds * per), per_row, amort;
+        t0 = wall_s();
+        if (dt_embed_flush(tie.e)) die("tiers flush");
+        dt_embed_tier_stats_get(tie.e, 0, &f);
+        per_row = f.folded > b.folded ? (f.seconds_fold - b.seconds_fold) / (double)(f.folded - b.folded) : 0.0;
+        amort = per_row * wb;
+        printf("%-52s %12lld\n", "log folds during the rounds", (long long)(b.folds - a.folds));
+        printf("  dt_embed_flush: %.1f s, its fold %lld rows home in %.1f s (%.2f us a row); a fold every %.0f steps; "
+               "amortized at most %.2f ms a step: ratio with folds >= %.2f\n", wall_s() - t0,
+               (long long)(f.folded - b.folded), f.seconds_fold - b.seconds_fold, per_row * 1e6,
+               wb > 0 ? (double)R / wb : 0.0, amort * 1e3, med[0] / (med[1] + amort));
+    }
     printf("tiered: table %.3g GiB cache %.3g GiB hit %.1f%% prefetch-wait %.1f%% ratio %.2f (resident = 1)\n",
            (double)R * TD * 4 / 1073741824.0, (double)cache * TD * 4 / 1073741824.0, hit, wait_share, med[0] / med[1]);
     tier_run_free(&tie);

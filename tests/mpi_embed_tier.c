@@ -5,7 +5,8 @@
    optimizer, f32 / bf16 / f16 rows, sum / mean / sequence pooling, weighted ids. The pooled
    outputs, the sequence rows and (after dt_embed_flush) the shards must be equal bit for bit at
    every step, for caches of all rows, 10% and 1% of them, LRU and LFU, with and without
-   dt_embed_prefetch, with gradient accumulation; checkpoints load from tiered into resident
+   dt_embed_prefetch, with gradient accumulation, with logs of written-back rows so short (1 and 7
+   records) that they fold into the table many times a step; checkpoints load from tiered into resident
    tables and back. A cache of exactly one step's distinct rows works; one row less is a named
    error on every rank. Bad descs and a forward of another batch than the prefetched one are
    named errors. (The resident tables equal a single rank's: tests/mpi_embed*.c.) */
@@ -29,6 +30,7 @@ typedef struct cfg {
     int frac;                     /* cache_rows = rows / frac (at least one batch's ids); 1 = all rows */
     dt_embed_eviction evict;
     int prefetch, accum;
+    int64_t log_rows;             /* tier DISK's log of written-back rows (0: as many as rows; small: many folds) */
 } cfg;
 
 static dt_embed *make(dt_comm *c, const cfg *k, dt_status *st_out, const char *dir) {
@@ -54,6 +56,7 @@ static dt_embed *make(dt_comm *c, const cfg *k, dt_status *st_out, const char *d
             t[i].tier = DT_TIER_DISK;
             t[i].cache_rows = cr < 3 * GB ? 3 * GB : cr; /* at least a global batch's ids (<= 3 per bag) */
             t[i].cache_eviction = k->evict;
+            t[i].log_rows = k->log_rows;
         }
     }
     memset(&d, 0, sizeof d);
@@ -149,7 +152,7 @@ static void slice(int64_t *b0, int64_t *n) {
 static void equivalence(dt_comm *world, const cfg *k) {
     char name[160];
     int64_t b0, n, bad, shards;
-    double st[5] = {0, 0, 0, 0, 0};
+    double st[6] = {0, 0, 0, 0, 0, 0};
     int t;
     dt_embed *e = make(world, k, NULL, dt_test_tmpdir()), *ref = make(world, NULL, NULL, NULL);
     slice(&b0, &n);
@@ -159,9 +162,9 @@ static void equivalence(dt_comm *world, const cfg *k) {
         dt_embed_tier_stats ts;
         dt_embed_tier_stats_get(e, t, &ts);
         st[0] += (double)ts.misses; st[1] += (double)ts.evicted; st[2] += (double)ts.prefetched;
-        st[3] += (double)ts.hits; st[4] += (double)ts.written_back;
+        st[3] += (double)ts.hits; st[4] += (double)ts.written_back; st[5] += (double)ts.folds;
     }
-    dt_comm_allreduce_f64(world, st, 5, DT_REDUCE_SUM);
+    dt_comm_allreduce_f64(world, st, 6, DT_REDUCE_SUM);
     snprintf(name, sizeof name, "embed_tier_%s_equals_resident_bit_for_bit", k->name);
     dt_test_check_all(name, bad == 0 && shards == 0, "%lld steps' outputs and %lld shards differ from the resident "
                       "tables", (long long)bad, (long long)shards);
@@ -173,13 +176,18 @@ static void equivalence(dt_comm *world, const cfg *k) {
         dt_test_check_all(name, st[0] > 0 && st[1] > 0 && st[4] > 0 && (!k->prefetch || st[2] > 0),
                           "misses %g evicted %g prefetched %g written back %g; expected all > 0 (prefetched: with "
                           "prefetch)", st[0], st[1], st[2], st[4]);
+    if (k->log_rows > 0) { /* the log filled and was folded while training, not only by the flush */
+        snprintf(name, sizeof name, "embed_tier_%s_folds_while_training", k->name);
+        dt_test_check_all(name, st[5] > (double)NT * W, "folds %g on %d ranks x %d tables; expected more than the "
+                          "flush's one a table", st[5], W, NT);
+    }
     dt_embed_free(e);
     dt_embed_free(ref);
 }
 
 /* A checkpoint of the tiered tables loads into resident ones (and back) and both continue equal. */
 static void checkpoints(dt_comm *world) {
-    cfg k = {"ckpt", 100, DT_EVICT_LRU, 1, 0};
+    cfg k = {"ckpt", 100, DT_EVICT_LRU, 1, 0, 0};
     dt_embed *e = make(world, &k, NULL, dt_test_tmpdir()), *ref = make(world, NULL, NULL, NULL);
     dt_checkpoint_desc cd;
     dt_train_state ts;
@@ -295,12 +303,19 @@ static void bad_inputs(dt_comm *world) {
     t.tier = DT_TIER_HOST;
     st = dt_embed_create(&C, &e, &d);
     dt_test_error("embed_tier_host_on_cpu_tables_is_named", st, dt_ctx_error(&C), "tier = HOST");
+    t.tier = DT_TIER_DISK; t.log_rows = -3;
+    st = dt_embed_create(&C, &e, &d);
+    dt_test_error("embed_tier_negative_log_rows_is_named", st, dt_ctx_error(&C), "log_rows = -3");
+    t.tier = DT_TIER_NONE; t.log_rows = 5;
+    st = dt_embed_create(&C, &e, &d);
+    dt_test_error("embed_tier_log_rows_without_tier_disk_is_named", st, dt_ctx_error(&C), "log_rows = 5");
+    t.log_rows = 0;
     t.tier = DT_TIER_DISK; d.tier_dir = "/nonexistent/dt-tier-dir";
     st = dt_embed_create(&C, &e, &d);
     dt_test_error("embed_tier_unwritable_tier_dir_is_named", st, dt_ctx_error(&C), "tier_dir");
     if (e) dt_embed_free(e);
     {   /* a forward of another batch than the prefetched one: DT_ERR_ARG on every rank */
-        cfg k = {"pf", 10, DT_EVICT_LRU, 1, 0};
+        cfg k = {"pf", 10, DT_EVICT_LRU, 1, 0, 0};
         dt_embed *x = make(world, &k, NULL, dt_test_tmpdir());
         int64_t b0, n;
         dt_kjt k0, k1;
@@ -328,13 +343,15 @@ static void bad_inputs(dt_comm *world) {
 int main(void) {
     dt_comm *world = NULL;
     static const cfg cfgs[] = {
-        {"all_rows", 1, DT_EVICT_LRU, 0, 0},
-        {"tenth", 10, DT_EVICT_LRU, 0, 0},
-        {"hundredth", 100, DT_EVICT_LRU, 0, 0},
-        {"hundredth_prefetch", 100, DT_EVICT_LRU, 1, 0},
-        {"tenth_lfu_prefetch", 10, DT_EVICT_LFU, 1, 0},
-        {"hundredth_lfu", 100, DT_EVICT_LFU, 0, 0},
-        {"tenth_prefetch_accumulate", 10, DT_EVICT_LRU, 1, 1},
+        {"all_rows", 1, DT_EVICT_LRU, 0, 0, 0},
+        {"tenth", 10, DT_EVICT_LRU, 0, 0, 0},
+        {"hundredth", 100, DT_EVICT_LRU, 0, 0, 0},
+        {"hundredth_prefetch", 100, DT_EVICT_LRU, 1, 0, 0},
+        {"tenth_lfu_prefetch", 10, DT_EVICT_LFU, 1, 0, 0},
+        {"hundredth_lfu", 100, DT_EVICT_LFU, 0, 0, 0},
+        {"tenth_prefetch_accumulate", 10, DT_EVICT_LRU, 1, 1, 0},
+        {"hundredth_prefetch_log_7", 100, DT_EVICT_LRU, 1, 0, 7},
+        {"tenth_lfu_log_1", 10, DT_EVICT_LFU, 0, 1, 1},
     };
     size_t i;
     dt_ctx_init(&C, NULL);
