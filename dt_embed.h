@@ -195,9 +195,10 @@
                               process; checkpoints are the copy that lasts)
    A write-back appends the row and its state to the log (sequential: 15 rows of 260 bytes fill
    a page the disk writes once) instead of rewriting its 4 KiB page in place; reads follow the
-   row to its latest copy. A full log (log_rows records, default the shard's rows) is folded:
-   its rows copied home in row order, each page of the table once. So the file takes up to twice
-   the shard's bytes, and memory 4 bytes a row to find the logged ones. (In place, past the
+   row to its latest copy. The log has two halves (log_rows records in all, default the shard's
+   rows); a full half is folded on a thread of its own while the other fills: its rows copied
+   home in row order, each page of the table written once. So the file takes up to twice the
+   shard's bytes, and memory 4 bytes a row to find the logged ones. (In place, past the
    kernel's dirty-page thresholds, each eviction cost a page of disk write: 0.28 of the resident
    rate at 8 GiB; see >>tier.)
    Ids follow a power law, so a cache of a few percent of the rows serves most lookups. Every
@@ -233,7 +234,7 @@
    cached at their first lookup), rows fetched at use and prefetched, evicted and written back,
    bytes each way, seconds waited for prefetched rows, the log's folds (rows folded, seconds).
    Memory per slot besides the row and its
-   state: 7 x 8 bytes (LRU) + 8 (LFU) + the map's ~34 bytes (open addressing, load <= 1/2).
+   state: 64 bytes (its books in one cache line) + the map's ~34 (open addressing, load <= 1/2).
    When to use it: the shards do not fit in memory (or should not: a host's memory shared by
    other work) and ids are skewed enough that cache_rows rows serve most lookups; bench/embed
    --tiers measures both on this machine (bench/RESULTS.md). The slow tier's speed is the page
@@ -488,9 +489,10 @@ typedef struct dt_embed_table_desc {
                                      rows, rounded up; 0 = 1/8; never fewer than two batches' ids
                                      (2 x ids_per_batch: the batch in flight and the prefetched one) */
     dt_embed_eviction cache_eviction; /* tiered: which cached row makes room: LRU (DEFAULT) or LFU */
-    int64_t log_rows;             /* tier DISK: records in the log of written-back rows, folded into the
-                                     table when full (see >>tier); 0 = the local shard's rows (the file
-                                     then takes up to twice the shard's bytes); fewer fold more often */
+    int64_t log_rows;             /* tier DISK: records in the log of written-back rows (two halves: a full
+                                     one folds into the table in the background while the other fills;
+                                     see >>tier); 0 = the local shard's rows (the file then takes up to
+                                     twice the shard's bytes); fewer fold more often */
 } dt_embed_table_desc;
 
 typedef struct dt_embed_feature_desc {
@@ -551,9 +553,9 @@ typedef struct dt_embed_tier_stats {
     int64_t evicted, written_back; /* rows that left the cache; those written back (changed since fetched) */
     double bytes_in, bytes_out;   /* slow -> fast tier (rows + optimizer state), fast -> slow */
     double seconds_wait;          /* forwards and backwards waiting for prefetched rows not yet arrived */
-    int64_t folds, folded;        /* tier DISK: times its log of written-back rows was folded into the table;
-                                     rows those folds copied home (a row logged twice goes home once) */
-    double seconds_fold;          /* ... and the time that took (see >>tier: a fold per log_rows write-backs) */
+    int64_t folds, folded;        /* tier DISK: folds of its log of written-back rows into the table (a half
+                                     in the background, or all at a flush); rows they copied home */
+    double seconds_fold;          /* the caller's time in folds: at flushes, and waiting for a background one */
 } dt_embed_tier_stats;
 
 typedef struct dt_embed dt_embed; /* opaque */
@@ -2232,20 +2234,28 @@ static dt_status dt__em_mark(dt_embed *e, dt__em_tab *t, int64_t x);
    tiered table (>>tier). p names the per-slot arrays; y holds the list's ends, or the heap's
    place (p->prev + y->x0) and size (y->used). LRU: a doubly linked list, head = least recently
    used, a use moves a slot to the tail: O(1). */
-typedef struct dt__em_pol { int64_t *prev, *next; const int64_t *count, *stamp; } dt__em_pol;
+typedef struct dt__em_pol {
+    int64_t *prev, *next;
+    const int64_t *count, *stamp;
+    int64_t s;                   /* the arrays' stride: 1 (a dynamic table's), or a cache slot's 8 (dt__em_slot) */
+} dt__em_pol;
+#define DT__EM_PV(p, x) (p)->prev[(x) * (p)->s]
+#define DT__EM_NX(p, x) (p)->next[(x) * (p)->s]
 static dt__em_pol dt__em_dyn_pol(const dt__em_tab *t) {
     dt__em_pol p;
     p.prev = t->prev; p.next = t->next;
     p.count = (const int64_t *)t->slot_count.data; p.stamp = (const int64_t *)t->slot_stamp.data;
+    p.s = 1;
     return p;
 }
 static void dt__em_lru_unlink(const dt__em_pol *p, dt__em_dyn *y, int64_t x) {
-    if (p->prev[x] >= 0) p->next[p->prev[x]] = p->next[x]; else y->head = p->next[x];
-    if (p->next[x] >= 0) p->prev[p->next[x]] = p->prev[x]; else y->tail = p->prev[x];
+    int64_t a = DT__EM_PV(p, x), b = DT__EM_NX(p, x);
+    if (a >= 0) DT__EM_NX(p, a) = b; else y->head = b;
+    if (b >= 0) DT__EM_PV(p, b) = a; else y->tail = a;
 }
 static void dt__em_lru_append(const dt__em_pol *p, dt__em_dyn *y, int64_t x) {
-    p->prev[x] = y->tail; p->next[x] = -1;
-    if (y->tail >= 0) p->next[y->tail] = x; else y->head = x;
+    DT__EM_PV(p, x) = y->tail; DT__EM_NX(p, x) = -1;
+    if (y->tail >= 0) DT__EM_NX(p, y->tail) = x; else y->head = x;
     y->tail = x;
 }
 
@@ -2253,33 +2263,35 @@ static void dt__em_lru_append(const dt__em_pol *p, dt__em_dyn *y, int64_t x) {
    frequently used slot and, among equals, the least recently used; a use raises a slot's key
    (sift down), an admission resets the root's or appends (sift up): O(log n). */
 static int dt__em_lfu_less(const dt__em_pol *p, int64_t a, int64_t b) {
-    return p->count[a] < p->count[b] || (p->count[a] == p->count[b] && p->stamp[a] < p->stamp[b]);
+    int64_t ca = p->count[a * p->s], cb = p->count[b * p->s];
+    return ca < cb || (ca == cb && p->stamp[a * p->s] < p->stamp[b * p->s]);
 }
+#define DT__EM_H(p, y, i) DT__EM_PV(p, (y)->x0 + (i)) /* the heap's place i */
 static void dt__em_lfu_fix(const dt__em_pol *p, const dt__em_dyn *y, int64_t i) {
-    int64_t *h = p->prev + y->x0, n = y->used, x = h[i];
-    while (i > 0 && dt__em_lfu_less(p, x, h[(i - 1) / 2])) { /* up */
-        h[i] = h[(i - 1) / 2]; p->next[h[i]] = i;
+    int64_t n = y->used, x = DT__EM_H(p, y, i);
+    while (i > 0 && dt__em_lfu_less(p, x, DT__EM_H(p, y, (i - 1) / 2))) { /* up */
+        DT__EM_H(p, y, i) = DT__EM_H(p, y, (i - 1) / 2); DT__EM_NX(p, DT__EM_H(p, y, i)) = i;
         i = (i - 1) / 2;
     }
     for (;;) { /* down */
         int64_t c = 2 * i + 1;
         if (c >= n) break;
-        if (c + 1 < n && dt__em_lfu_less(p, h[c + 1], h[c])) c++;
-        if (!dt__em_lfu_less(p, h[c], x)) break;
-        h[i] = h[c]; p->next[h[i]] = i;
+        if (c + 1 < n && dt__em_lfu_less(p, DT__EM_H(p, y, c + 1), DT__EM_H(p, y, c))) c++;
+        if (!dt__em_lfu_less(p, DT__EM_H(p, y, c), x)) break;
+        DT__EM_H(p, y, i) = DT__EM_H(p, y, c); DT__EM_NX(p, DT__EM_H(p, y, i)) = i;
         i = c;
     }
-    h[i] = x; p->next[x] = i;
+    DT__EM_H(p, y, i) = x; DT__EM_NX(p, x) = i;
 }
 static void dt__em_lfu_push(const dt__em_pol *p, dt__em_dyn *y, int64_t x) {
     int64_t i = y->used++;
-    p->prev[y->x0 + i] = x; p->next[x] = i;
+    DT__EM_H(p, y, i) = x; DT__EM_NX(p, x) = i;
     dt__em_lfu_fix(p, y, i);
 }
 static void dt__em_lfu_remove(const dt__em_pol *p, dt__em_dyn *y, int64_t x) {
-    int64_t i = p->next[x], last = p->prev[y->x0 + --y->used];
+    int64_t i = DT__EM_NX(p, x), last = DT__EM_H(p, y, --y->used);
     if (i == y->used) return;
-    p->prev[y->x0 + i] = last; p->next[last] = i;
+    DT__EM_H(p, y, i) = last; DT__EM_NX(p, last) = i;
     dt__em_lfu_fix(p, y, i);
 }
 
@@ -2598,12 +2610,16 @@ static dt_status dt__em_dyn_move(dt_embed *e, dt__em_tab *t) {
    260-byte row would dirty a 4 KiB page: past the kernel's dirty thresholds (a table of several
    GiB) each eviction then costs a page written to disk, 16x the row (bench/embed --tiers 8 ran at
    0.28 of the resident rate so); appended, 15 rows share a page and the disk writes in order.
-   When the log is full (log_rows records: by default as many as the shard has rows), or at
-   dt__em_tier_settle, it is
-   folded: every logged row copied home in row order (each page of the region written once per
-   fold however many of its rows changed), the log emptied. So the file takes up to twice the
-   table's bytes, loc 4 bytes a row of memory, and a fold costs about one pass over the table
-   once per log_rows write-backs (dt_embed_tier_stats: folds, seconds_fold).
+   The log has two halves of log_rows / 2 records (log_rows: by default as many as the shard
+   has rows). When the active half is full it is folded on a thread of its own (every row whose
+   latest copy is there copied home in row order, so each page of the region is written once
+   per fold however many of its rows changed; loc through atomics) while write-backs fill the
+   other half; a full half waits for the other's fold. dt__em_tier_settle folds everything in
+   the caller's thread. So the file takes up to twice the table's bytes, loc 4 bytes a row of
+   memory, and a fold about one pass over the table per log_rows / 2 write-backs, in the
+   background (dt_embed_tier_stats: folds, rows folded, seconds the caller waited for them). An
+   in-place write to a row in the folding half (an update that found no slot) waits for the
+   fold first.
 
    Prefetch: the copies of the reserved rows, and the write-backs of the changed rows their slots
    held, go to one helper thread in order (a slot's write-back before its fetch; POSIX threads;
@@ -2622,6 +2638,15 @@ static dt_status dt__em_dyn_move(dt_embed *e, dt__em_tab *t) {
    stream (dt__em_cuda_tier_prefetch). The update runs on the device, so the slots the forwards
    looked up are marked changed at the update (dt__em_tier_touched), not by it. */
 
+typedef struct dt__em_slot {     /* a cache slot's books: 64 bytes, one line */
+    int64_t row;                 /* its local row, -1 when empty */
+    int64_t pin;                 /* -1 just filled (in no list); 0 <= pin < epoch: in the policy; >= epoch pinned */
+    int64_t prev, next;          /* LRU: the list; LFU: prev of slot i is the heap's place i, next the slot's place */
+    int64_t ready;               /* the prefetch copy after which its row is there (0: it is) */
+    int64_t stamp, count;        /* LFU: last use, uses since fetched */
+    int64_t dirty;               /* changed since it was fetched (written back at eviction) */
+} dt__em_slot;
+
 typedef struct dt__em_tier {
     int fd;                      /* the slow tier's file: unlinked at once, gone with the process */
     void *map;
@@ -2630,15 +2655,21 @@ typedef struct dt__em_tier {
        log + r rec; loc[x] is local row x's record, -1 when the table region holds it */
     char *log;
     int32_t *loc;
-    int64_t rec, lcap, ln;       /* a record's bytes; records the log holds; records written since the last fold */
+    int64_t rec, lcap, ln;       /* a record's bytes; records a half of the log holds; records in the active half */
+    int64_t lact, fh;            /* the active half (0, 1); the half folding in the background (-1: none) */
+    int64_t fold_rows;           /* rows the background fold copied home (read after its join) */
+    int unfolded;                /* records written since the last full fold */
+#ifdef DT__EM_THREADS
+    pthread_t fth;
+#endif
     int64_t cap, filled;         /* slots; slots filled so far (free slots are taken before any eviction) */
     int lfu;
     int64_t rb, sn1, sn2;        /* a row's bytes; floats of its state in s1 (nc, 1 or 0) and in s2 (nc or 0) */
     char *cw;                    /* slot k: row at cw + k rb, state at cs1 + k sn1 and cs2 + k sn2 */
     float *cs1, *cs2;
     dt__em_map where;            /* local row -> slot */
-    int64_t *row_of, *pin, *count, *stamp, *prev, *next, *ready, clock;
-    unsigned char *dirty;        /* per slot: changed since it was fetched (written back at eviction) */
+    dt__em_slot *sl;             /* per slot, one cache line (a use reads one line, not one per array) */
+    int64_t clock;
     int64_t *pins[2], n_pins[2], pins_cap[2]; /* slots pinned until this epoch's end [0], the next's [1] */
     dt__em_dyn lst;              /* the policy's list ends, or its heap's size (x0 0) */
     dt_embed_tier_stats st;
@@ -2657,8 +2688,7 @@ typedef struct dt__em_tier {
 /* A tiered table's slot: the lines dt__em_tier_use reads of it (row_of, pin, stamp, ready). */
 DT__EM_PF_FN void dt__em_pf_slot(const dt__em_tier *c, int64_t k) {
     if (k < 0 || k >= c->cap) return;
-    DT__EM_PF_W(&c->row_of[k]); DT__EM_PF_W(&c->pin[k]); DT__EM_PF_W(&c->prev[k]); DT__EM_PF_W(&c->next[k]);
-    if (c->lfu) DT__EM_PF_W(&c->stamp[k]);
+    DT__EM_PF_W(&c->sl[k]);
 }
 
 typedef struct dt__em_cp { char *dst; const char *src; size_t n; } dt__em_cp;
@@ -2678,7 +2708,8 @@ typedef struct dt__em_pfq {      /* the prefetch's copies, numbered from the fir
 
 static dt__em_pol dt__em_tier_pol(const dt__em_tier *c) {
     dt__em_pol p;
-    p.prev = c->prev; p.next = c->next; p.count = c->count; p.stamp = c->stamp;
+    p.prev = &c->sl[0].prev; p.next = &c->sl[0].next; p.count = &c->sl[0].count; p.stamp = &c->sl[0].stamp;
+    p.s = (int64_t)(sizeof(dt__em_slot) / sizeof(int64_t));
     return p;
 }
 static void dt__em_pol_out(dt__em_tier *c, int64_t k) { /* slot k leaves the policy */
@@ -2805,11 +2836,21 @@ static void dt__em_pfq_free(dt_embed *e) {
     e->pfq = NULL;
 }
 
+#if defined(DT__EM_THREADS) && (defined(__GNUC__) || defined(__clang__))
+#define DT__EM_BGFOLD 1
+#define DT__EM_LOC_GET(c, x) __atomic_load_n(&(c)->loc[x], __ATOMIC_ACQUIRE)
+#define DT__EM_LOC_SET(c, x, v) __atomic_store_n(&(c)->loc[x], (int32_t)(v), __ATOMIC_RELEASE)
+#else
+#define DT__EM_LOC_GET(c, x) ((c)->loc[x])
+#define DT__EM_LOC_SET(c, x, v) ((c)->loc[x] = (int32_t)(v))
+#endif
+
 /* Slot k's row and state <-> the slow tier's local row x. */
 static void dt__em_tier_ptrs(const dt__em_tab *t, int64_t x, char **w, float **s1, float **s2) {
     const dt__em_tier *c = t->tier;
-    if (c->loc && c->loc[x] >= 0) { /* its latest copy is a record of the log */
-        char *r = c->log + (size_t)c->loc[x] * (size_t)c->rec;
+    int32_t l = c->loc ? DT__EM_LOC_GET(c, x) : -1;
+    if (l >= 0) { /* its latest copy is a record of the log */
+        char *r = c->log + (size_t)l * (size_t)c->rec;
         int64_t o = (c->rb + 3) / 4 * 4;
         *w = r;
         *s1 = c->sn1 ? (float *)(r + o) : NULL;
@@ -2821,39 +2862,107 @@ static void dt__em_tier_ptrs(const dt__em_tab *t, int64_t x, char **w, float **s
     *s2 = c->sn2 ? (float *)t->s2.data + x * c->sn2 : NULL;
 }
 
-/* Folds t's log into its table region: each row whose latest copy is a record is copied home,
-   in row order (so the kernel writes the region's pages back in order, each page once however
-   many of its rows changed), and the log starts again empty. Copies queued for the helper point
-   into records, so they finish first. */
+/* The log's two halves (see "The log" above): write-backs fill the active one (lact) while the
+   other may be folding on a thread of its own (fh: the half folding, -1 none). loc[x] is read
+   and written by both threads, so through atomics where they exist (else folds run in the
+   caller's thread and plain accesses do). */
+
+/* Copies home every row whose latest copy is a record in [lo, hi), in row order (so the kernel
+   writes the table's pages back in order, each once however many of its rows changed), and
+   points the row home (unless a newer record took it meanwhile). Returns the rows copied. */
+static int64_t dt__em_fold_range(const dt__em_tab *t, int64_t lo, int64_t hi) {
+    const dt__em_tier *c = t->tier;
+    int64_t x, nr = t->r1 - t->r0, o = (c->rb + 3) / 4 * 4, n = 0;
+    for (x = 0; x < nr; x++) {
+        int32_t r = DT__EM_LOC_GET(c, x);
+        const char *q;
+        if (r < lo || r >= hi) continue;
+        q = c->log + (size_t)r * (size_t)c->rec;
+        memcpy((char *)t->w.data + (size_t)(x * c->rb), q, (size_t)c->rb);
+        if (c->sn1) memcpy((float *)t->s1.data + x * c->sn1, q + o, sizeof(float) * (size_t)c->sn1);
+        if (c->sn2) memcpy((float *)t->s2.data + x * c->sn2, q + o + 4 * c->sn1, sizeof(float) * (size_t)c->sn2);
+#ifdef DT__EM_BGFOLD
+        (void)__atomic_compare_exchange_n(&t->tier->loc[x], &r, (int32_t)-1, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+#else
+        t->tier->loc[x] = -1;
+#endif
+        n++;
+    }
+    return n;
+}
+
+#ifdef DT__EM_BGFOLD
+static void *dt__em_fold_main(void *arg) {
+    const dt__em_tab *t = (const dt__em_tab *)arg;
+    dt__em_tier *c = t->tier;
+    c->fold_rows = dt__em_fold_range(t, c->fh * c->lcap, (c->fh + 1) * c->lcap);
+    return NULL;
+}
+#endif
+
+/* Waits for the fold running in the background, if any (the caller's wait is counted). */
+static void dt__em_tier_fold_join(dt__em_tier *c) {
+#ifdef DT__EM_BGFOLD
+    if (c->fh >= 0) {
+        double t0 = dt__em_now();
+        pthread_join(c->fth, NULL);
+        c->st.seconds_fold += dt__em_now() - t0;
+        c->st.folded += c->fold_rows;
+        c->fh = -1;
+    }
+#else
+    (void)c;
+#endif
+}
+
+/* The active half is full: the other's fold (if still running) is waited for, the full half
+   starts folding on its own thread (or here, without threads), and write-backs go to the other
+   half. The prefetch's copies are drained first: none may still read a record of the half that
+   is about to be overwritten. */
+static void dt__em_tier_fold_start(dt_embed *e, const dt__em_tab *t) {
+    dt__em_tier *c = t->tier;
+    double t0 = dt__em_now();
+    dt__em_pfq_drain(e);
+    dt__em_tier_fold_join(c);
+    c->st.folds++;
+    c->fh = c->lact;
+#ifdef DT__EM_BGFOLD
+    if (pthread_create(&c->fth, NULL, dt__em_fold_main, (void *)t) != 0)
+#endif
+    {
+        c->st.folded += dt__em_fold_range(t, c->fh * c->lcap, (c->fh + 1) * c->lcap);
+        c->fh = -1;
+    }
+    c->lact ^= 1;
+    c->ln = 0;
+    c->st.seconds_fold += dt__em_now() - t0;
+}
+
+/* Folds the whole log (both halves) in the caller's thread: every row home, the log empty (the
+   cold paths read the table region). */
 static void dt__em_tier_fold(dt_embed *e, const dt__em_tab *t) {
     dt__em_tier *c = t->tier;
-    int64_t x, nr = t->r1 - t->r0, o = (c->rb + 3) / 4 * 4;
     double t0;
-    if (!c->loc || c->ln == 0) return;
+    if (!c->loc) return;
+    dt__em_tier_fold_join(c);
+    if (c->ln == 0 && !c->unfolded) return;
     t0 = dt__em_now();
     dt__em_pfq_drain(e);
-    for (x = 0; x < nr; x++) {
-        const char *r;
-        if (c->loc[x] < 0) continue;
-        r = c->log + (size_t)c->loc[x] * (size_t)c->rec;
-        memcpy((char *)t->w.data + (size_t)(x * c->rb), r, (size_t)c->rb);
-        if (c->sn1) memcpy((float *)t->s1.data + x * c->sn1, r + o, sizeof(float) * (size_t)c->sn1);
-        if (c->sn2) memcpy((float *)t->s2.data + x * c->sn2, r + o + 4 * c->sn1, sizeof(float) * (size_t)c->sn2);
-        c->loc[x] = -1;
-        c->st.folded++;
-    }
+    c->st.folded += dt__em_fold_range(t, 0, 2 * c->lcap);
     c->ln = 0;
+    c->unfolded = 0;
     c->st.folds++;
     c->st.seconds_fold += dt__em_now() - t0;
 }
 
-/* Where a write-back of local row x goes: the next record of the log (folded first when full),
-   which becomes x's latest copy; tier HOST, or a table without a log: x's home. */
+/* Where a write-back of local row x goes: the next record of the log's active half (the halves
+   switched first when it is full), which becomes x's latest copy; tier HOST: x's home. */
 static void dt__em_tier_wb_ptrs(dt_embed *e, const dt__em_tab *t, int64_t x, char **w, float **s1, float **s2) {
     dt__em_tier *c = t->tier;
     if (c->loc) {
-        if (c->ln == c->lcap) dt__em_tier_fold(e, t);
-        c->loc[x] = (int32_t)c->ln++;
+        if (c->ln == c->lcap) dt__em_tier_fold_start(e, t);
+        DT__EM_LOC_SET(c, x, c->lact * c->lcap + c->ln++);
+        c->unfolded = 1;
     }
     dt__em_tier_ptrs(t, x, w, s1, s2);
 }
@@ -2873,7 +2982,7 @@ static void dt__em_tier_copy(dt_embed *e, dt__em_tier *c, const dt__em_tab *t, i
         if (s2) memcpy(c->cs2 + k * c->sn2, s2, sizeof(float) * (size_t)c->sn2);
     }
 }
-static void dt__em_tier_dirty(dt__em_tab *t, int64_t k) { t->tier->dirty[k] = 1; }
+static void dt__em_tier_dirty(dt__em_tab *t, int64_t k) { t->tier->sl[k].dirty = 1; }
 static double dt__em_tier_row_bytes(const dt__em_tier *c) { return (double)c->rb + 4.0 * (double)(c->sn1 + c->sn2); }
 
 static dt_status dt__em_tier_queue(dt_embed *e, char *dst, const char *src, size_t n) {
@@ -2914,16 +3023,16 @@ static dt_status dt__em_tier_move(dt_embed *e, dt__em_tier *c, int in, int64_t k
    filled (in no list), 0 <= pin < epoch in the policy, >= epoch pinned. */
 static dt_status dt__em_tier_pin(dt_embed *e, dt__em_tier *c, int64_t k, int64_t until) {
     int which = until > e->epoch;
-    if (c->pin[k] >= until) return DT_OK;
+    if (c->sl[k].pin >= until) return DT_OK;
     if (!c->lfu) { /* LRU keeps every slot in its list, the pinned ones at the tail (see above) */
         dt__em_pol p = dt__em_tier_pol(c);
-        if (c->pin[k] >= 0) dt__em_lru_unlink(&p, &c->lst, k);
+        if (c->sl[k].pin >= 0) dt__em_lru_unlink(&p, &c->lst, k);
         dt__em_lru_append(&p, &c->lst, k);
-        c->pin[k] = until;
+        c->sl[k].pin = until;
         return DT_OK;
     }
-    if (c->pin[k] >= 0 && c->pin[k] < e->epoch) dt__em_pol_out(c, k);
-    c->pin[k] = until;
+    if (c->sl[k].pin >= 0 && c->sl[k].pin < e->epoch) dt__em_pol_out(c, k);
+    c->sl[k].pin = until;
     DT__TRY(dt_grow(e->ctx, (void **)&c->pins[which], &c->pins_cap[which], c->n_pins[which] + 1, sizeof(int64_t),
                     "dt_embed pinned rows"));
     c->pins[which][c->n_pins[which]++] = k;
@@ -2941,7 +3050,7 @@ static void dt__em_tier_advance(dt_embed *e) {
         if (!c || !c->lfu) continue; /* LRU: its pinned slots are unpinned by the epoch alone */
         for (j = 0; j < c->n_pins[0]; j++) {
             int64_t k = c->pins[0][j];
-            if (c->pin[k] == e->epoch) dt__em_pol_in(c, k); /* pin < the next epoch: in the policy */
+            if (c->sl[k].pin == e->epoch) dt__em_pol_in(c, k); /* pin < the next epoch: in the policy */
         }
         tp = c->pins[0]; c->pins[0] = c->pins[1]; c->pins[1] = tp;
         tc = c->pins_cap[0]; c->pins_cap[0] = c->pins_cap[1]; c->pins_cap[1] = tc;
@@ -2960,9 +3069,23 @@ static void dt__em_tier_touched(dt_embed *e) {
     for (i = 0; i < e->n_tabs; i++) {
         dt__em_tier *c = e->tabs[i].tier;
         if (!c || !c->dev) continue;
-        for (j = 0; j < c->n_ul; j++) { c->dirty[c->ul[j]] = 1; c->used[c->ul[j]] = 0; }
+        for (j = 0; j < c->n_ul; j++) { c->sl[c->ul[j]].dirty = 1; c->used[c->ul[j]] = 0; }
         c->n_ul = 0;
     }
+}
+
+/* LRU evicts the list's head, then the next: while s goes, the lines the next two evictions
+   will touch are fetched ahead (the one after next's slot; the next's map line and log index,
+   its slot being here since the last eviction). Only hints: a use may move them meanwhile. */
+static void dt__em_pf_victims(const dt__em_tier *c, int64_t s) {
+    int64_t n1 = c->sl[s].next, n2, x;
+    if (n1 < 0 || n1 >= c->cap) return;
+    n2 = c->sl[n1].next;
+    if (n2 >= 0 && n2 < c->cap) DT__EM_PF_W(&c->sl[n2]);
+    x = c->sl[n1].row;
+    if (x < 0) return;
+    dt__em_pf_map(&c->where, x);
+    if (c->loc) DT__EM_PF_W(&c->loc[x]);
 }
 
 /* The cache slot of local row x of tiered table t, pinned until the end of epoch `until`: a hit,
@@ -2975,34 +3098,35 @@ static dt_status dt__em_tier_slot(dt_embed *e, dt__em_tab *t, int64_t x, int64_t
     int64_t s;
     if (dt__em_get(&c->where, x, &s)) {
         if (count) c->st.hits++;
-        if (mode != DT__EM_LATER && dt__em_pfq_open(e) && c->ready[s] > e->pfq_seen) { /* still on its way */
+        if (mode != DT__EM_LATER && dt__em_pfq_open(e) && c->sl[s].ready > e->pfq_seen) { /* still on its way */
             double t0 = dt__em_now();
-            dt__em_pfq_wait(e, c->ready[s]);
+            dt__em_pfq_wait(e, c->sl[s].ready);
             c->st.seconds_wait += dt__em_now() - t0;
         }
     } else {
         if (c->filled < c->cap) s = c->filled++;
         else {
-            s = c->lfu ? (c->lst.used ? c->prev[0] : -1) : c->lst.head;
-            if (s >= 0 && !c->lfu && c->pin[s] >= e->epoch) s = -1; /* the least recent is pinned: all are */
+            s = c->lfu ? (c->lst.used ? c->sl[0].prev : -1) : c->lst.head;
+            if (s >= 0 && !c->lfu && c->sl[s].pin >= e->epoch) s = -1; /* the least recent is pinned: all are */
             if (s < 0) { *k = -1; return DT_OK; }
+            if (!c->lfu) dt__em_pf_victims(c, s);
             dt__em_pol_out(c, s);
-            dt__em_pfq_wait(e, c->ready[s]); /* a prefetched row never used (its forward failed) */
-            if (c->dirty[s]) {
-                if (c->dev) DT__TRY(dt__em_tier_move(e, c, 0, s, c->row_of[s]));
-                else if (mode == DT__EM_LATER) DT__TRY(dt__em_tier_queue_row(e, t, s, c->row_of[s], 1));
-                else dt__em_tier_copy(e, c, t, s, c->row_of[s], 1);
+            dt__em_pfq_wait(e, c->sl[s].ready); /* a prefetched row never used (its forward failed) */
+            if (c->sl[s].dirty) {
+                if (c->dev) DT__TRY(dt__em_tier_move(e, c, 0, s, c->sl[s].row));
+                else if (mode == DT__EM_LATER) DT__TRY(dt__em_tier_queue_row(e, t, s, c->sl[s].row, 1));
+                else dt__em_tier_copy(e, c, t, s, c->sl[s].row, 1);
                 c->st.written_back++;
                 c->st.bytes_out += dt__em_tier_row_bytes(c);
             }
-            dt__em_del(&c->where, c->row_of[s]);
+            dt__em_del(&c->where, c->sl[s].row);
             c->st.evicted++;
         }
-        c->pin[s] = -1;
-        c->row_of[s] = x;
-        c->dirty[s] = 0;
-        c->ready[s] = 0;
-        if (c->count) c->count[s] = 0;
+        c->sl[s].pin = -1;
+        c->sl[s].row = x;
+        c->sl[s].dirty = 0;
+        c->sl[s].ready = 0;
+        c->sl[s].count = 0;
         DT__TRY(dt__em_put(e->ctx, &c->where, x, s));
         if (count) c->st.misses++;
         if (mode != DT__EM_NONE) {
@@ -3017,12 +3141,12 @@ static dt_status dt__em_tier_slot(dt_embed *e, dt__em_tab *t, int64_t x, int64_t
                 c->st.fetched++;
             } else { /* the helper's copies; the slot is ready once they are done */
                 DT__TRY(dt__em_tier_queue_row(e, t, s, x, 0));
-                c->ready[s] = e->pfq->base + e->pfq->n;
+                c->sl[s].ready = e->pfq->base + e->pfq->n;
                 c->st.prefetched++;
             }
         }
     }
-    if (c->lfu) { c->stamp[s] = ++c->clock; c->count[s]++; }
+    if (c->lfu) { c->sl[s].stamp = ++c->clock; c->sl[s].count++; }
     DT__TRY(dt__em_tier_pin(e, c, s, until));
     *k = s;
     return DT_OK;
@@ -3044,14 +3168,14 @@ static void dt__em_tier_full(dt_embed *e, const dt__em_tab *t) {
 static dt_status dt__em_tier_use(dt_embed *e, dt__em_tab *t, int64_t x, int64_t hint, int64_t until, int mode, int count,
                                  int64_t *k) {
     dt__em_tier *c = t->tier;
-    if (hint < 0 || hint >= c->filled || c->row_of[hint] != x) return dt__em_tier_slot(e, t, x, until, mode, count, k);
+    if (hint < 0 || hint >= c->filled || c->sl[hint].row != x) return dt__em_tier_slot(e, t, x, until, mode, count, k);
     if (count) c->st.hits++;
-    if (mode != DT__EM_LATER && dt__em_pfq_open(e) && c->ready[hint] > e->pfq_seen) {
+    if (mode != DT__EM_LATER && dt__em_pfq_open(e) && c->sl[hint].ready > e->pfq_seen) {
         double t0 = dt__em_now();
-        dt__em_pfq_wait(e, c->ready[hint]);
+        dt__em_pfq_wait(e, c->sl[hint].ready);
         c->st.seconds_wait += dt__em_now() - t0;
     }
-    if (c->lfu) { c->stamp[hint] = ++c->clock; c->count[hint]++; } /* (LRU's order is its list's) */
+    if (c->lfu) { c->sl[hint].stamp = ++c->clock; c->sl[hint].count++; } /* (LRU's order is its list's) */
     DT__TRY(dt__em_tier_pin(e, c, hint, until));
     *k = hint;
     return DT_OK;
@@ -3073,6 +3197,10 @@ static dt_status dt__em_row_at(dt_embed *e, dt__em_tab *t, int64_t x, int mode, 
             *s2 = c->sn2 ? c->cs2 + *k * c->sn2 : NULL;
         } else {
             if (e->pfq_wb) dt__em_pfq_drain(e); /* the slow tier itself: no write-back may be on its way */
+            if (c->loc && c->fh >= 0) { /* written in place: not in a record the background fold copies */
+                int32_t l = DT__EM_LOC_GET(c, x);
+                if (l >= c->fh * c->lcap && l < (c->fh + 1) * c->lcap) dt__em_tier_fold_join(c);
+            }
             dt__em_tier_ptrs(t, x, w, s1, s2);
         }
         return DT_OK;
@@ -3092,10 +3220,10 @@ static dt_status dt__em_tier_settle(dt_embed *e) {
     for (i = 0; i < e->n_tabs; i++) {
         dt__em_tier *c = e->tabs[i].tier;
         for (k = 0; c && k < c->filled; k++)
-            if (c->dirty[k]) {
-                if (c->dev) DT__TRY(dt__em_tier_move(e, c, 0, k, c->row_of[k]));
-                else dt__em_tier_copy(e, c, &e->tabs[i], k, c->row_of[k], 1);
-                c->dirty[k] = 0;
+            if (c->sl[k].dirty) {
+                if (c->dev) DT__TRY(dt__em_tier_move(e, c, 0, k, c->sl[k].row));
+                else dt__em_tier_copy(e, c, &e->tabs[i], k, c->sl[k].row, 1);
+                c->sl[k].dirty = 0;
                 c->st.written_back++;
                 c->st.bytes_out += dt__em_tier_row_bytes(c);
             }
@@ -3112,10 +3240,13 @@ static void dt__em_tier_drop(dt_embed *e) {
         dt__em_tier *c = e->tabs[i].tier;
         if (!c) continue;
         dt__em_mfree(e->ctx, &c->where);
-        if (c->loc && c->ln > 0) { /* (settled first: the log was empty) */
+        if (c->loc) { /* (settled first: the log is empty) */
             int64_t x;
-            for (x = 0; x < e->tabs[i].r1 - e->tabs[i].r0; x++) c->loc[x] = -1;
+            dt__em_tier_fold_join(c);
+            if (c->ln > 0 || c->unfolded)
+                for (x = 0; x < e->tabs[i].r1 - e->tabs[i].r0; x++) DT__EM_LOC_SET(c, x, -1);
             c->ln = 0;
+            c->unfolded = 0;
         }
         c->filled = 0;
         c->lst.head = c->lst.tail = -1;
@@ -3194,8 +3325,10 @@ static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
     b2 = ((nr * c->sn2 * 4 + page - 1) / page) * page;
     if (!c->dev) { /* tier DISK: the log after them, as many records as rows (sparse until written) */
         c->rec = (c->rb + 3) / 4 * 4 + 4 * (c->sn1 + c->sn2);
-        c->lcap = t->log_rows > 0 ? t->log_rows : nr < INT32_MAX ? nr : INT32_MAX;
-        if (!dt_mul_ok(c->lcap, c->rec, &b3) || b3 > INT64_MAX / 4 - page || b0 + b1 + b2 > INT64_MAX / 2)
+        int64_t L = t->log_rows > 0 ? t->log_rows : nr < INT32_MAX ? nr : INT32_MAX;
+        c->lcap = (L + 1) / 2; /* two halves: one fills while the other folds */
+        c->fh = -1;
+        if (!dt_mul_ok(2 * c->lcap, c->rec, &b3) || b3 > INT64_MAX / 4 - page || b0 + b1 + b2 > INT64_MAX / 2)
             return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_create: table \"%s\": its slow tier (rows %lld x %lld "
                                     "bytes, and its log) overflows int64 bytes", t->name, (long long)nr, (long long)c->rec);
         b3 = (b3 + page - 1) / page * page;
@@ -3219,29 +3352,20 @@ static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
         c->cs1 = c->sn1 ? (float *)dt_alloc(e->ctx, sizeof(float) * (size_t)(c->cap * c->sn1)) : NULL;
         c->cs2 = c->sn2 ? (float *)dt_alloc(e->ctx, sizeof(float) * (size_t)(c->cap * c->sn2)) : NULL;
     }
-    c->row_of = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap);
-    c->pin = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap);
-    c->stamp = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap);
-    c->prev = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap);
-    c->next = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap);
-    c->ready = (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap);
-    c->count = c->lfu ? (int64_t *)dt_alloc(e->ctx, sizeof(int64_t) * (size_t)c->cap) : NULL;
-    c->dirty = (unsigned char *)dt_alloc(e->ctx, (size_t)c->cap);
+    if (!dt_mul_ok(c->cap, (int64_t)sizeof(dt__em_slot), &k)) return DT_ERR_OOM; /* (bounded by the shard's bytes) */
+    c->sl = (dt__em_slot *)dt_alloc(e->ctx, (size_t)k); /* (dt_alloc aligns to 64 bytes: a slot is a line) */
     c->used = c->dev ? (unsigned char *)dt_alloc_zeroed(e->ctx, (size_t)c->cap) : NULL;
-    if ((c->dev && !c->used) || !c->cw || (c->sn1 && !c->cs1) || (c->sn2 && !c->cs2) || !c->row_of || !c->pin ||
-        !c->stamp || !c->prev ||
-        !c->next || !c->ready || (c->lfu && !c->count) || !c->dirty)
-        return DT_ERR_OOM;
-    if (!c->dev) { /* every per-slot array is read at random, one line a use: huge pages spare the TLB */
+    if ((c->dev && !c->used) || !c->cw || (c->sn1 && !c->cs1) || (c->sn2 && !c->cs2) || !c->sl) return DT_ERR_OOM;
+    if (!c->dev) { /* read at random, a line a use: huge pages spare the TLB */
         dt__em_hugepage(c->cw, (size_t)(c->cap * c->rb));
         if (c->cs1) dt__em_hugepage(c->cs1, sizeof(float) * (size_t)(c->cap * c->sn1));
         if (c->cs2) dt__em_hugepage(c->cs2, sizeof(float) * (size_t)(c->cap * c->sn2));
     }
-    dt__em_hugepage(c->row_of, sizeof(int64_t) * (size_t)c->cap); dt__em_hugepage(c->pin, sizeof(int64_t) * (size_t)c->cap);
-    dt__em_hugepage(c->prev, sizeof(int64_t) * (size_t)c->cap); dt__em_hugepage(c->next, sizeof(int64_t) * (size_t)c->cap);
-    dt__em_hugepage(c->ready, sizeof(int64_t) * (size_t)c->cap); dt__em_hugepage(c->dirty, (size_t)c->cap);
-    if (c->lfu) { dt__em_hugepage(c->stamp, sizeof(int64_t) * (size_t)c->cap); dt__em_hugepage(c->count, sizeof(int64_t) * (size_t)c->cap); }
-    for (k = 0; k < c->cap; k++) { c->pin[k] = -1; c->ready[k] = 0; c->dirty[k] = 0; c->row_of[k] = -1; }
+    dt__em_hugepage(c->sl, (size_t)k);
+    for (k = 0; k < c->cap; k++) {
+        memset(&c->sl[k], 0, sizeof c->sl[k]);
+        c->sl[k].pin = -1; c->sl[k].row = -1;
+    }
     c->lst.head = c->lst.tail = -1;
     c->where.open = 1;
     return DT_OK;
@@ -3252,6 +3376,7 @@ static void dt__em_tier_free(dt_embed *e, dt__em_tab *t) {
     if (!c) return;
     if (c->dev) dt__em_cuda_tier_free(e, c);
     else {
+        dt__em_tier_fold_join(c); /* (its thread reads the map) */
         if (c->map) (void)munmap(c->map, c->map_bytes);
         if (c->fd >= 0) (void)close(c->fd);
         dt_release(e->ctx, c->cw); dt_release(e->ctx, c->cs1); dt_release(e->ctx, c->cs2);
@@ -3260,9 +3385,7 @@ static void dt__em_tier_free(dt_embed *e, dt__em_tab *t) {
     dt__em_mfree(e->ctx, &c->where);
     dt_release(e->ctx, c->loc);
     dt_release(e->ctx, c->mv[0]); dt_release(e->ctx, c->mv[1]); dt_release(e->ctx, c->used); dt_release(e->ctx, c->ul);
-    dt_release(e->ctx, c->row_of); dt_release(e->ctx, c->pin); dt_release(e->ctx, c->stamp);
-    dt_release(e->ctx, c->prev); dt_release(e->ctx, c->next); dt_release(e->ctx, c->ready);
-    dt_release(e->ctx, c->count); dt_release(e->ctx, c->dirty);
+    dt_release(e->ctx, c->sl);
     dt_release(e->ctx, c->pins[0]); dt_release(e->ctx, c->pins[1]);
     dt_release(e->ctx, c);
     t->tier = NULL;
@@ -4145,7 +4268,7 @@ static dt_status dt__em_apply(dt_embed *e, int64_t ncon) {
                 int64_t k;
                 DT__TRY(dt__em_row_at(e, tab, row, DT__EM_NOW, from_pend ? -1 : e->con[k0].slot, &wr, &p1, &p2, &k));
                 dt__em_update(tab, wr, p1, p2, g, e->gtmp + nc);
-                if (k >= 0) tab->tier->dirty[k] = 1;
+                if (k >= 0) tab->tier->sl[k].dirty = 1;
             }
             DT__TRY(dt__em_mark(e, tab, row));
             e->stats.rows_updated++;
@@ -4317,6 +4440,25 @@ static void dt__em_pf_remember(dt_embed *e, const dt_kjt *k) {
     e->pf_hi = h;
 }
 
+/* The lines the lookup of ids[j + 2] .. ids[j + 8] will touch, fetched ahead in three stages
+   (each a few ids after the one it waits for): the map's line for j + 8; the slot's line for
+   j + 4 (its map line is here by now); the slot's neighbours in the LRU list for j + 2 (a move
+   to the tail unlinks it). Only hints: the list may change before the id is reached. */
+static void dt__em_pf_look(const dt__em_tab *t, const int64_t *ids, int64_t j, int64_t n) {
+    const dt__em_tier *c = t->tier;
+    int64_t s;
+    if (j + 8 < n) dt__em_pf_map(&c->where, ids[j + 8] - t->r0);
+    if (j + 4 < n) { /* a hit's slot, or a miss's place in the log's index (its fetch reads it) */
+        if (dt__em_get(&c->where, ids[j + 4] - t->r0, &s)) DT__EM_PF_W(&c->sl[s]);
+        else if (c->loc) DT__EM_PF_R(&c->loc[ids[j + 4] - t->r0]);
+    }
+    if (!c->lfu && j + 2 < n && dt__em_get(&c->where, ids[j + 2] - t->r0, &s)) {
+        const dt__em_slot *q = &c->sl[s];
+        if (q->prev >= 0 && q->prev < c->cap) DT__EM_PF_W(&c->sl[q->prev]);
+        if (q->next >= 0 && q->next < c->cap) DT__EM_PF_W(&c->sl[q->next]);
+    }
+}
+
 /* The live batch (begun, its ids received): the rows of tiered tables it will read, reserved in
    the cache (pinned through the next epoch) and their copies queued. A row that finds no slot
    (the batch in flight holds them all) is left to the forward. Dynamic tables: ids that have a
@@ -4335,7 +4477,7 @@ static dt_status dt__em_pf_reserve(dt_embed *e) {
            come with the forward) */
         for (j = 0, full = 0; t->tier && !(t->dynamic && e->cuda) && !full && j < n; j++) {
             int64_t row = rin[p + DT__EM_HDR + j];
-            if (j + 8 < n && !t->dynamic) dt__em_pf_map(&t->tier->where, rin[p + DT__EM_HDR + j + 8] - t->r0);
+            if (!t->dynamic) dt__em_pf_look(t, rin + p + DT__EM_HDR, j, n);
             if (t->dynamic) {
                 int h = (int)(dt_embed_hash_id(row) % (uint64_t)t->n_hs) - t->hs_first;
                 if (!dt__em_get(&t->hs[h].map, row, &x)) continue; /* admitted (and written) by the forward */
@@ -5219,7 +5361,7 @@ static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, const int64_t 
     for (k = 0; k < na; k++) {
         slot[k] = -1;
         if (t->tier) DT__TRY(dt__em_tier_slot(e, t, pairs[2 * k], e->epoch, DT__EM_NONE, 0, &slot[k]));
-        if (slot[k] >= 0) { t->tier->dirty[slot[k]] = 1; ia++; }
+        if (slot[k] >= 0) { t->tier->sl[slot[k]].dirty = 1; ia++; }
     }
     if (t->tier) DT__TRY(dt__em_cuda_tier_run(e, 0));
     ib = ia; ia = 0; /* cached rows first [0, ia), then the others */

@@ -26,7 +26,8 @@
        tiered: table T GiB cache C GiB hit H% prefetch-wait W% ratio R (resident = 1)
 
        build/bench/embed [T R D B L steps]     defaults 8 100000 64 2048 4 20
-       build/bench/embed --tiers [GiB]         the tiered comparison only (default 8 GiB) */
+       build/bench/embed --tiers [GiB [log_rows]]  the tiered comparison only (default 8 GiB; the
+                                                  table's log_rows, default its rows) */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* madvise */
 #include <stdio.h>
@@ -253,6 +254,7 @@ static void tier_batch(bbatch *bb, int64_t R, int s) {
     bb->k.n_features = TF; bb->k.batch = TB; bb->k.lengths = bb->lengths; bb->k.ids = bb->ids;
 }
 
+static int64_t TIER_LOG; /* the tiered table's log_rows (0: the default, its rows) */
 static dt_embed *tier_make(int64_t R, int tiered, int64_t cache) {
     dt_embed_table_desc t;
     dt_embed_feature_desc f[TF];
@@ -263,7 +265,7 @@ static dt_embed *tier_make(int64_t R, int tiered, int64_t cache) {
     t.name = "big"; t.rows = R; t.dim = TD; t.optim.kind = DT_EMBED_ROWWISE_ADAGRAD;
     t.init.kind = DT_INIT_CONST; t.init.value = 0.01; /* the values do not change the speed; random ones
                                                          take dt_tensor_init ~80 s per 8 GiB here */
-    if (tiered) { t.tier = DT_TIER_DISK; t.cache_rows = cache; }
+    if (tiered) { t.tier = DT_TIER_DISK; t.cache_rows = cache; t.log_rows = TIER_LOG; }
     memset(f, 0, sizeof f);
     for (i = 0; i < TF; i++) { f[i].name = "f"; f[i].table = 0; }
     memset(&d, 0, sizeof d);
@@ -420,21 +422,24 @@ static void tiers(double gib) {
         printf("  %-24s a step: embedding forward %6.2f ms, backward %6.2f ms, dt_embed_prefetch %6.2f ms\n",
                v == 0 ? "resident" : v == 1 ? "tiered, prefetch" : "tiered, no prefetch", ms[v][0] / (rounds * per),
                ms[v][1] / (rounds * per), ms[v][2] / (rounds * per));
-    { /* the log's folds: none ran in the rounds (a fold comes every R write-backs); the flush folds
-         what was logged, and its time per row bounds a steady-state fold's from above (a full log's
-         rows share the region's pages 16 to a page; these mostly do not) */
+    { /* the log's folds: a half folds in the background every log_rows / 2 write-backs (with the
+         default log, every R / 2: none in these rounds at 8 GiB; pass a smaller log_rows to see
+         them); the means include any step that waited for one; the flush folds the rest */
         dt_embed_tier_stats f;
-        double wb = (double)(b.written_back - a.written_back) / (2.0 * rounds * per), per_row, amort;
+        double mean[3] = {0, 0, 0}, wb = (double)(b.written_back - a.written_back) / (2.0 * rounds * per);
+        for (v = 0; v < 3; v++) {
+            for (i = 0; i < rounds * per; i++) mean[v] += t[v][i];
+            mean[v] /= rounds * per;
+        }
+        printf("%-52s %12.2f\n", "ratio of the mean steps (prefetch) / resident", mean[0] / mean[1]);
+        printf("%-52s %12lld\n", "log folds during the rounds", (long long)(b.folds - a.folds));
+        printf("%-52s %12.3f\n", "  the caller's seconds in them", b.seconds_fold - a.seconds_fold);
         t0 = wall_s();
         if (dt_embed_flush(tie.e)) die("tiers flush");
         dt_embed_tier_stats_get(tie.e, 0, &f);
-        per_row = f.folded > b.folded ? (f.seconds_fold - b.seconds_fold) / (double)(f.folded - b.folded) : 0.0;
-        amort = per_row * wb;
-        printf("%-52s %12lld\n", "log folds during the rounds", (long long)(b.folds - a.folds));
-        printf("  dt_embed_flush: %.1f s, its fold %lld rows home in %.1f s (%.2f us a row); a fold every %.0f steps; "
-               "amortized at most %.2f ms a step: ratio with folds >= %.2f\n", wall_s() - t0,
-               (long long)(f.folded - b.folded), f.seconds_fold - b.seconds_fold, per_row * 1e6,
-               wb > 0 ? (double)R / wb : 0.0, amort * 1e3, med[0] / (med[1] + amort));
+        printf("  log of %lld records (a half folds every %.0f steps); dt_embed_flush %.1f s, folding %lld rows "
+               "home in %.1f s\n", (long long)(TIER_LOG ? TIER_LOG : R), wb > 0 ? (double)(TIER_LOG ? TIER_LOG : R) / 2 / wb : 0.0,
+               wall_s() - t0, (long long)(f.folded - b.folded), f.seconds_fold - b.seconds_fold);
     }
     printf("tiered: table %.3g GiB cache %.3g GiB hit %.1f%% prefetch-wait %.1f%% ratio %.2f (resident = 1)\n",
            (double)R * TD * 4 / 1073741824.0, (double)cache * TD * 4 / 1073741824.0, hit, wait_share, med[0] / med[1]);
@@ -452,6 +457,14 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--tiers")) {
         double g = argc > 2 ? atof(argv[2]) : 8.0;
         if (!(g > 0) || g > 1e6) { fprintf(stderr, "bench/embed --tiers: GiB = '%s'; expected > 0\n", argv[2]); return 1; }
+        if (argc > 3) {
+            double lr = atof(argv[3]);
+            if (!(lr >= 1 && lr < 2147483648.0)) {
+                fprintf(stderr, "bench/embed --tiers: log_rows = '%s'; expected 1 .. 2^31 - 1\n", argv[3]);
+                return 1;
+            }
+            TIER_LOG = (int64_t)lr;
+        }
         dt_ctx_init(&C, NULL);
         tiers(g);
         dt_ctx_shutdown(&C);
