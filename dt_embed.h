@@ -4440,23 +4440,41 @@ static void dt__em_pf_remember(dt_embed *e, const dt_kjt *k) {
     e->pf_hi = h;
 }
 
-/* The lines the lookup of ids[j + 2] .. ids[j + 8] will touch, fetched ahead in three stages
-   (each a few ids after the one it waits for): the map's line for j + 8; the slot's line for
-   j + 4 (its map line is here by now); the slot's neighbours in the LRU list for j + 2 (a move
-   to the tail unlinks it). Only hints: the list may change before the id is reached. */
-static void dt__em_pf_look(const dt__em_tab *t, const int64_t *ids, int64_t j, int64_t n) {
-    const dt__em_tier *c = t->tier;
-    int64_t s;
-    if (j + 8 < n) dt__em_pf_map(&c->where, ids[j + 8] - t->r0);
-    if (j + 4 < n) { /* a hit's slot, or a miss's place in the log's index (its fetch reads it) */
-        if (dt__em_get(&c->where, ids[j + 4] - t->r0, &s)) DT__EM_PF_W(&c->sl[s]);
-        else if (c->loc) DT__EM_PF_R(&c->loc[ids[j + 4] - t->r0]);
+/* A prefetch's lookups of a static tiered table's rows ids[0, n) (global), their slots into
+   slot[] (-1: none found; the forward fetches). Pipelined, as the lines each lookup touches are
+   far apart in memory: the map's line is fetched 8 ids ahead; 4 ahead the map is probed and the
+   slot's line fetched (a miss: its place in the log's index); 2 ahead the slot's LRU neighbours
+   (a first use this epoch moves it to the tail). The slot probed ahead is only a hint (an
+   eviction in between may take it): dt__em_tier_use checks it, and a hit already pinned for the
+   batch stops there. One probe per hit. */
+static dt_status dt__em_pf_lookups(dt_embed *e, dt__em_tab *t, const int64_t *ids, int64_t *slot, int64_t n) {
+    dt__em_tier *c = t->tier;
+    int64_t ring[8], j, s, k, until = e->epoch + e->pf_ahead;
+    for (j = 0; j < n && j < 4; j++) ring[j] = dt__em_get(&c->where, ids[j] - t->r0, &s) ? s : -1;
+    for (j = 0; j < n; j++) {
+        int64_t x = ids[j] - t->r0, h = ring[j & 7];
+        if (j + 8 < n) dt__em_pf_map(&c->where, ids[j + 8] - t->r0);
+        if (j + 4 < n) {
+            int64_t y = ids[j + 4] - t->r0;
+            ring[(j + 4) & 7] = dt__em_get(&c->where, y, &s) ? s : -1;
+            if (ring[(j + 4) & 7] >= 0) DT__EM_PF_W(&c->sl[s]);
+            else if (c->loc) DT__EM_PF_R(&c->loc[y]);
+        }
+        if (!c->lfu && j + 2 < n && ring[(j + 2) & 7] >= 0) {
+            const dt__em_slot *q = &c->sl[ring[(j + 2) & 7]];
+            if (q->prev >= 0 && q->prev < c->cap) DT__EM_PF_W(&c->sl[q->prev]);
+            if (q->next >= 0 && q->next < c->cap) DT__EM_PF_W(&c->sl[q->next]);
+        }
+        if (!c->lfu && h >= 0 && h < c->filled && c->sl[h].row == x && c->sl[h].pin >= until) { /* pinned already */
+            c->st.hits++;
+            slot[j] = h;
+            continue;
+        }
+        DT__TRY(dt__em_tier_use(e, t, x, h, until, DT__EM_LATER, 1, &k));
+        if (k < 0) return DT_OK; /* every slot is held: the forward fetches the rest (or names it) */
+        slot[j] = k;
     }
-    if (!c->lfu && j + 2 < n && dt__em_get(&c->where, ids[j + 2] - t->r0, &s)) {
-        const dt__em_slot *q = &c->sl[s];
-        if (q->prev >= 0 && q->prev < c->cap) DT__EM_PF_W(&c->sl[q->prev]);
-        if (q->next >= 0 && q->next < c->cap) DT__EM_PF_W(&c->sl[q->next]);
-    }
+    return DT_OK;
 }
 
 /* The live batch (begun, its ids received): the rows of tiered tables it will read, reserved in
@@ -4475,16 +4493,17 @@ static dt_status dt__em_pf_reserve(dt_embed *e) {
         int64_t n = rin[p + 3];
         /* (cuda: a dynamic table's id -> slot map is the GPU's, the host's is not kept: its rows
            come with the forward) */
+        if (t->tier && !t->dynamic) { /* static rows: pipelined (dt__em_pf_lookups) */
+            DT__TRY(dt__em_pf_lookups(e, t, rin + p + DT__EM_HDR, e->tslot + p + DT__EM_HDR, n));
+            p += DT__EM_HDR + n;
+            continue;
+        }
         for (j = 0, full = 0; t->tier && !(t->dynamic && e->cuda) && !full && j < n; j++) {
             int64_t row = rin[p + DT__EM_HDR + j];
-            if (!t->dynamic) dt__em_pf_look(t, rin + p + DT__EM_HDR, j, n);
-            if (t->dynamic) {
-                int h = (int)(dt_embed_hash_id(row) % (uint64_t)t->n_hs) - t->hs_first;
-                if (!dt__em_get(&t->hs[h].map, row, &x)) continue; /* admitted (and written) by the forward */
-            } else x = row - t->r0;
+            int h = (int)(dt_embed_hash_id(row) % (uint64_t)t->n_hs) - t->hs_first;
+            if (!dt__em_get(&t->hs[h].map, row, &x)) continue; /* admitted (and written) by the forward */
             DT__TRY(dt__em_tier_slot(e, t, x, e->epoch + e->pf_ahead, DT__EM_LATER, 1, &k));
-            if (k < 0) full = 1;
-            else if (!t->dynamic) e->tslot[p + DT__EM_HDR + j] = k; /* (a dynamic id's row is its slot's: later) */
+            if (k < 0) full = 1; /* (a dynamic id's row is its slot's: its hint comes later) */
         }
         p += DT__EM_HDR + n;
     }

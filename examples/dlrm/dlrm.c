@@ -1173,14 +1173,15 @@ static void tier_sum(dt_embed *e, dt_embed_tier_stats *out) {
         out->cache_rows += s.cache_rows; out->cached += s.cached; out->hits += s.hits; out->misses += s.misses;
         out->fetched += s.fetched; out->prefetched += s.prefetched; out->evicted += s.evicted;
         out->written_back += s.written_back; out->bytes_in += s.bytes_in; out->bytes_out += s.bytes_out;
-        out->seconds_wait += s.seconds_wait;
+        out->seconds_wait += s.seconds_wait; out->folds += s.folds; out->folded += s.folded;
+        out->seconds_fold += s.seconds_fold;
     }
 }
 
 /* The end of a tiered run: per table, summed over the ranks, rank 0 prints hits, misses, hit rate,
-   evictions, bytes moved each way and the prefetch wait. Collective. */
+   evictions, bytes moved each way, the prefetch wait and the log's folds (tier disk). Collective. */
 static void tier_report(trainer *t) {
-    double v[F][8];
+    double v[F][9];
     int f;
     if (!strcmp(t->o.tier, "none")) return;
     for (f = 0; f < F; f++) {
@@ -1188,16 +1189,16 @@ static void tier_report(trainer *t) {
         CHECK(dt_embed_tier_stats_get(t->m.emb, f, &s));
         v[f][0] = (double)s.cache_rows; v[f][1] = (double)s.hits; v[f][2] = (double)s.misses;
         v[f][3] = (double)s.evicted; v[f][4] = s.bytes_in; v[f][5] = s.bytes_out; v[f][6] = s.seconds_wait;
-        v[f][7] = (double)s.prefetched;
+        v[f][7] = (double)s.prefetched; v[f][8] = (double)s.folds;
     }
-    CHECK(dt_comm_allreduce_f64(t->world, &v[0][0], F * 8, DT_REDUCE_SUM));
+    CHECK(dt_comm_allreduce_f64(t->world, &v[0][0], F * 9, DT_REDUCE_SUM));
     if (g_rank != 0 || t->o.quiet) return;
     printf("tier %s (sums over %d ranks)\n  table  cache_rows       hits     misses   hit%%    evicted  prefetched"
-           "    MB in   MB out  wait_s\n", t->o.tier, t->W);
+           "    MB in   MB out  wait_s  folds\n", t->o.tier, t->W);
     for (f = 0; f < F; f++)
-        printf("  C%-4d %11.0f %10.0f %10.0f %6.2f %10.0f %11.0f %8.2f %8.2f %7.3f\n", f + 1, v[f][0], v[f][1], v[f][2],
-               v[f][1] + v[f][2] > 0 ? 100.0 * v[f][1] / (v[f][1] + v[f][2]) : 0.0, v[f][3], v[f][7], v[f][4] / 1e6,
-               v[f][5] / 1e6, v[f][6]);
+        printf("  C%-4d %11.0f %10.0f %10.0f %6.2f %10.0f %11.0f %8.2f %8.2f %7.3f %6.0f\n", f + 1, v[f][0], v[f][1],
+               v[f][2], v[f][1] + v[f][2] > 0 ? 100.0 * v[f][1] / (v[f][1] + v[f][2]) : 0.0, v[f][3], v[f][7],
+               v[f][4] / 1e6, v[f][5] / 1e6, v[f][6], v[f][8]);
 }
 
 /* Rank 0: a progress line every --print-every steps, a JSON line every step (--log). */
@@ -1215,13 +1216,13 @@ static void log_step(trainer *t, int evaluated) {
         if (evaluated && t->auc == t->auc) snprintf(sa, sizeof sa, "%.6f", t->auc);
         if (evaluated && t->logloss == t->logloss) snprintf(sl, sizeof sl, "%.6f", t->logloss);
         dt_embed_tier_stats ts;
-        char tier[160] = "";
+        char tier[224] = "";
         CHECK(dt_embed_stats_get(t->m.emb, &es));
         if (strcmp(o->tier, "none")) { /* this rank's tiered tables, summed */
             tier_sum(t->m.emb, &ts);
             snprintf(tier, sizeof tier, ",\"tier_hits\":%lld,\"tier_misses\":%lld,\"tier_evicted\":%lld,"
-                     "\"tier_wait_s\":%.6f", (long long)ts.hits, (long long)ts.misses, (long long)ts.evicted,
-                     ts.seconds_wait);
+                     "\"tier_wait_s\":%.6f,\"tier_folds\":%lld,\"tier_fold_s\":%.6f", (long long)ts.hits,
+                     (long long)ts.misses, (long long)ts.evicted, ts.seconds_wait, (long long)ts.folds, ts.seconds_fold);
         }
         fprintf(t->log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%g,\"emb_lr\":%g,\"samples_per_s\":%.1f,"
                         "\"comm_s\":%.6f,\"emb_fwd_s\":%.6f,\"emb_bwd_s\":%.6f,\"emb_wait_s\":%.6f,"
