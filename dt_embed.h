@@ -363,8 +363,11 @@
    slow tier), which wait for the device. A dynamic table's slots (the GPU id table's) are its
    rows here: an admitted row is initialised into its cache slot. Training equals the resident
    cuda tables bit for bit (tests/cuda_emu/mpi_embed_tier_cuda.cpp); checkpoints are the same
-   files. Tier HOST with sharding DATA, and tier DISK on cuda: DT_ERR_UNSUPPORTED (the planner
-   never replicates a tier HOST table). Not yet: dt_embed_export_changed of cuda tables
+   files. Tier HOST with sharding DATA (asked for: the planner never replicates a tier HOST
+   table) has no cache: its lookups and updates are made on the device from the batch, so the
+   kernels read and update the host memory itself over the bus (every rank holds the whole
+   table there; TorchRec's UVM kernels without caching work so); cache_rows or cache_fraction
+   is then DT_ERR_ARG. Tier DISK on cuda: DT_ERR_UNSUPPORTED. Not yet: dt_embed_export_changed of cuda tables
    (DT_ERR_UNSUPPORTED).
 
    Memory: tables, optimizer state and every buffer come from the ctx allocator; buffers are
@@ -2870,12 +2873,33 @@ static void dt__em_tier_ptrs(const dt__em_tab *t, int64_t x, char **w, float **s
 /* Copies home every row whose latest copy is a record in [lo, hi), in row order (so the kernel
    writes the table's pages back in order, each once however many of its rows changed), and
    points the row home (unless a newer record took it meanwhile). Returns the rows copied. */
-static int64_t dt__em_fold_range(const dt__em_tab *t, int64_t lo, int64_t hi) {
+static void dt__em_fold_sync(const dt__em_tab *t, int64_t x0, int64_t x1) {
     const dt__em_tier *c = t->tier;
-    int64_t x, nr = t->r1 - t->r0, o = (c->rb + 3) / 4 * 4, n = 0;
+    const uintptr_t pg = 4096;
+    int k;
+    for (k = 0; k < 3; k++) { /* the rows' pages of w, s1, s2: written out now (each region page-aligned) */
+        int64_t b = k == 0 ? c->rb : 4 * (k == 1 ? c->sn1 : c->sn2);
+        char *base = k == 0 ? (char *)t->w.data : k == 1 ? (char *)t->s1.data : (char *)t->s2.data;
+        uintptr_t a, z;
+        if (!base || b == 0) continue;
+        a = (uintptr_t)(base + x0 * b) & ~(pg - 1);
+        z = (uintptr_t)(base + x1 * b);
+        (void)msync((void *)a, (size_t)(z - a), MS_SYNC);
+    }
+}
+
+/* sync 1 (a fold in the background): every 64 MiB of the table's rows passed, their dirtied
+   pages are written out and waited for (msync), by the folding thread: the dirty pages stay
+   under the kernel's thresholds, so the training thread, which also dirties pages (the log's),
+   is not throttled while a fold writes the table (a fold of an 8 GiB table that did not: the
+   steps during it ran 1.7x slower). */
+static int64_t dt__em_fold_range(const dt__em_tab *t, int64_t lo, int64_t hi, int sync) {
+    const dt__em_tier *c = t->tier;
+    int64_t x, nr = t->r1 - t->r0, o = (c->rb + 3) / 4 * 4, n = 0, xs = 0, chunk = ((int64_t)64 << 20) / c->rb + 1;
     for (x = 0; x < nr; x++) {
         int32_t r = DT__EM_LOC_GET(c, x);
         const char *q;
+        if (sync && x - xs >= chunk) { dt__em_fold_sync(t, xs, x); xs = x; }
         if (r < lo || r >= hi) continue;
         q = c->log + (size_t)r * (size_t)c->rec;
         memcpy((char *)t->w.data + (size_t)(x * c->rb), q, (size_t)c->rb);
@@ -2895,7 +2919,7 @@ static int64_t dt__em_fold_range(const dt__em_tab *t, int64_t lo, int64_t hi) {
 static void *dt__em_fold_main(void *arg) {
     const dt__em_tab *t = (const dt__em_tab *)arg;
     dt__em_tier *c = t->tier;
-    c->fold_rows = dt__em_fold_range(t, c->fh * c->lcap, (c->fh + 1) * c->lcap);
+    c->fold_rows = dt__em_fold_range(t, c->fh * c->lcap, (c->fh + 1) * c->lcap, 1);
     return NULL;
 }
 #endif
@@ -2930,7 +2954,7 @@ static void dt__em_tier_fold_start(dt_embed *e, const dt__em_tab *t) {
     if (pthread_create(&c->fth, NULL, dt__em_fold_main, (void *)t) != 0)
 #endif
     {
-        c->st.folded += dt__em_fold_range(t, c->fh * c->lcap, (c->fh + 1) * c->lcap);
+        c->st.folded += dt__em_fold_range(t, c->fh * c->lcap, (c->fh + 1) * c->lcap, 0);
         c->fh = -1;
     }
     c->lact ^= 1;
@@ -2948,7 +2972,7 @@ static void dt__em_tier_fold(dt_embed *e, const dt__em_tab *t) {
     if (c->ln == 0 && !c->unfolded) return;
     t0 = dt__em_now();
     dt__em_pfq_drain(e);
-    c->st.folded += dt__em_fold_range(t, 0, 2 * c->lcap);
+    c->st.folded += dt__em_fold_range(t, 0, 2 * c->lcap, 0);
     c->ln = 0;
     c->unfolded = 0;
     c->st.folds++;
@@ -3317,7 +3341,8 @@ static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
     }
     if (c->cap < 1) c->cap = 1;
     if (c->cap > nr) c->cap = nr;
-    c->st.cache_rows = c->cap;
+    if (t->tier_kind == DT_TIER_HOST && t->shard == DT_SHARD_DATA) c->cap = 1; /* no cache (dt__em_cuda_w): a slot */
+    c->st.cache_rows = t->tier_kind == DT_TIER_HOST && t->shard == DT_SHARD_DATA ? 0 : c->cap;
     c->dev = t->tier_kind == DT_TIER_HOST;
     /* sizes: rows x bytes fit (dt__em_check_table checked rows x dim x 8) */
     b0 = ((nr * c->rb + page - 1) / page) * page;
@@ -4257,7 +4282,8 @@ static dt_status dt__em_apply(dt_embed *e, int64_t ncon) {
         if (e->sync) {
             if (e->cuda) { /* updated on the device below (tier HOST: in its cache slot, held since its forward) */
                 int64_t x = row;
-                if (tab->tier && !dt__em_get(&tab->tier->where, row, &x))
+                if (tab->tier && tab->shard != DT_SHARD_DATA && !dt__em_get(&tab->tier->where, row, &x)) /* (data-
+                                                                       parallel: rows, in the host memory) */
                     return dt_ctx_set_error(e->ctx, DT_ERR_STATE, "dt_embed_backward: table \"%s\": local row %lld "
                                             "left the cache before its update", tab->name, (long long)row);
                 DT__TRY(dt__em_cuda_stage(e, t, x, g, nc));
@@ -4507,7 +4533,8 @@ static dt_status dt__em_pf_reserve(dt_embed *e) {
         }
         p += DT__EM_HDR + n;
     }
-    for (f = 0; e->any_dp && f < e->n_feat; f++) { /* data-parallel tables: this rank's own ids */
+    for (f = 0; e->any_dp && !e->cuda && f < e->n_feat; f++) { /* data-parallel tables: this rank's own ids
+                                                                    (cuda: no cache, see dt__em_cuda_w) */
         dt__em_tab *t = &e->tabs[e->feat_tab[f]];
         if (t->shard != DT_SHARD_DATA || !t->tier) continue;
         full = 0;
@@ -5094,13 +5121,14 @@ static dt_status dt__em_cuda_check_desc(dt_ctx *ctx, const dt_embed_desc *desc) 
         if (d->dynamic && d->eviction == DT_EVICT_LFU)
             return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "dt_embed_create: tables[%d] (\"%s\").eviction = LFU with "
                                     "desc.device cuda; the GPU id table (kernels/dt_hash.cu) evicts LRU only", i, nm);
-        /* tier HOST: the owner's requests are the host's, which maps each row to its cache slot;
-           the device-made data-parallel bags are not */
-        if (d->tier == DT_TIER_HOST && d->sharding == DT_SHARD_DATA)
-            return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "dt_embed_create: tables[%d] (\"%s\").tier = HOST with "
-                                    "sharding DATA on cuda: a replicated table's lookups are made on the device, "
-                                    "without the cache's slots; expected ROW, TABLE, COLUMN, TABLE_ROW or AUTO (which "
-                                    "never replicates a tier HOST table), or tier NONE", i, nm);
+        /* tier HOST with sharding DATA: the kernels read and update the host memory itself (its
+           lookups are made on the device, without the cache's slots): no cache to size */
+        if (d->tier == DT_TIER_HOST && d->sharding == DT_SHARD_DATA && (d->cache_rows > 0 || d->cache_fraction > 0))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_embed_create: tables[%d] (\"%s\"): cache_rows = %lld, "
+                                    "cache_fraction = %g with tier HOST and sharding DATA on cuda; expected 0: a "
+                                    "replicated table in host memory is read and updated there by the kernels, "
+                                    "without a cache (its lookups are made on the device)", i, nm,
+                                    (long long)d->cache_rows, d->cache_fraction);
     }
     return DT_OK;
 }
@@ -5143,9 +5171,18 @@ static int dt__em_cuda_dev(const dt_embed *e) {
 
 /* A table's rows and optimizer state as the kernels see them: the shard on the device, or for
    tier HOST the device cache (the rows of the index arrays are then cache slots). */
-static void *dt__em_cuda_w(const dt__em_tab *t) { return t->tier ? (void *)t->tier->cw : t->w.data; }
-static float *dt__em_cuda_s1(const dt__em_tab *t) { return t->tier ? t->tier->cs1 : (float *)t->s1.data; }
-static float *dt__em_cuda_s2(const dt__em_tab *t) { return t->tier ? t->tier->cs2 : (float *)t->s2.data; }
+/* Where the kernels read and write t: the shard; a tiered table's cache (its rows are slots); a
+   tiered data-parallel table's host memory itself, mapped for kernels (no cache: see "CUDA"). */
+static int dt__em_cuda_uva(const dt__em_tab *t) { return t->tier && t->shard == DT_SHARD_DATA; }
+static void *dt__em_cuda_w(const dt__em_tab *t) {
+    return dt__em_cuda_uva(t) ? (void *)t->tier->hw : t->tier ? (void *)t->tier->cw : t->w.data;
+}
+static float *dt__em_cuda_s1(const dt__em_tab *t) {
+    return dt__em_cuda_uva(t) ? t->tier->hs1 : t->tier ? t->tier->cs1 : (float *)t->s1.data;
+}
+static float *dt__em_cuda_s2(const dt__em_tab *t) {
+    return dt__em_cuda_uva(t) ? t->tier->hs2 : t->tier ? t->tier->cs2 : (float *)t->s2.data;
+}
 
 /* tier HOST: the slow tier in pinned host memory, mapped so that kernels read and write it
    (under unified addressing its device address is its host address), its optimizer state
@@ -5625,7 +5662,7 @@ static dt_status dt__em_cuda_pool(dt_embed *e, const dt__em_tab *t, const int64_
     DT__TRY(dt__em_cuda_put(e, e->cu_i.data, rows, (size_t)n * sizeof(int64_t)));
     DT__TRY(dt__em_cuda_put(e, (int64_t *)e->cu_i.data + n, offs, (size_t)(n_bags + 1) * sizeof(int64_t)));
     if (w) DT__TRY(dt__em_cuda_put(e, e->cu_f.data, w, (size_t)n * sizeof(float)));
-    return dt__em_cuda_err(e, dt_k_embed_pool_fwd((float *)e->cu_tmp.data, t->w.data, (int)t->dtype,
+    return dt__em_cuda_err(e, dt_k_embed_pool_fwd((float *)e->cu_tmp.data, dt__em_cuda_w(t), (int)t->dtype,
                                                   (const int64_t *)e->cu_i.data, w ? (const float *)e->cu_f.data : NULL,
                                                   (const int64_t *)e->cu_i.data + n, n_bags, nc, t->c1 - t->c0, 0,
                                                   e->ctx->cuda_stream), "dt_k_embed_pool_fwd");
@@ -5765,7 +5802,7 @@ static dt_status dt__em_cuda_dp_dev(dt_embed *e) {
         float *w = (float *)e->cu_dmetaf.data + of;
         if (m == 0) continue;
         DT__TRY(dt__em_cuda_dp_bags(e, ti, rows, w, offs, doff, NULL));
-        DT__TRY(dt__em_cuda_err(e, dt_k_embed_pool_fwd_at((float *)e->cu_pooled.data, doff, t->w.data, (int)t->dtype,
+        DT__TRY(dt__em_cuda_err(e, dt_k_embed_pool_fwd_at((float *)e->cu_pooled.data, doff, dt__em_cuda_w(t), (int)t->dtype,
                                                            rows, t->weighted ? w : NULL, offs, m * B, t->dim,
                                                            t->c1 - t->c0, t->pooling == DT_POOL_MEAN,
                                                            e->ctx->cuda_stream), "dt_k_embed_pool_fwd_at"));

@@ -2,16 +2,16 @@
 // tests/cuda_emu/mpi_embed_tier_cuda.cpp - dt_embed.h's tier HOST on the emulator: cuda tables whose
 // shard and optimizer state live in pinned host memory under a device cache, against the same
 // cuda tables resident, on the same ranks and plan: row-wise (weighted sum, Adagrad), table-wise
-// (mean, Adam), column-wise (bf16, SGD), table-row (f16, row-wise Adagrad), next to a resident
-// data-parallel table, and a dynamic table (Adam, admit_after 1 or 2, under capacity pressure) tiered
+// (mean, Adam), column-wise (bf16, SGD), table-row (f16, row-wise Adagrad), data-parallel
+// (Adagrad: tier HOST without a cache, the kernels on the host memory), and a dynamic table (Adam, admit_after 1 or 2, under capacity pressure) tiered
 // too. The pooled outputs (and, with a sequence feature, the sequence rows) must
 // be equal bit for bit at every step and, after dt_embed_flush, every shard, for caches of all
 // rows, 10% and 1% of them (at least one step's ids), LRU and LFU, with dt_embed_prefetch (the
 // copy stream), gradient accumulation, and the host path of a sequence feature; a checkpoint of
 // tiered tables loads into resident ones and back. A cache of exactly one step's distinct rows
 // trains equal to the resident table; one row less is DT_ERR_RANGE on every rank naming
-// cache_rows. What is refused is named: tier HOST with sharding DATA, tier DISK on cuda; the
-// planner never replicates a tier HOST table. (Resident cuda tables equal the
+// cache_rows. What is refused is named: a cache asked for a data-parallel tier HOST table, tier
+// DISK on cuda; the planner never replicates a tier HOST table. (Resident cuda tables equal the
 // cpu ones: mpi_embed.cpp.) Device tensors go through dt_comm's staged path (-DDT_MPI, no NCCL).
 // Streams run deferred (DT_EMU_STREAMS, unless set): a missing wait for the copy stream shows.
 // emu-modes: parallel
@@ -69,7 +69,7 @@ static dt_embed *make(dt_comm *c, const cfg *k, int tiered) {
     t[2].name = "col"; t[2].sharding = DT_SHARD_COLUMN; t[2].dtype = DT_BF16;
     t[3].name = "trow"; t[3].sharding = DT_SHARD_TABLE_ROW; t[3].group_size = W % 2 == 0 ? 2 : W;
     t[3].optim.kind = DT_EMBED_ROWWISE_ADAGRAD; t[3].dtype = DT_F16;
-    t[4].name = "dp"; t[4].sharding = DT_SHARD_DATA; t[4].optim.kind = DT_EMBED_ADAGRAD; /* resident in both */
+    t[4].name = "dp"; t[4].sharding = DT_SHARD_DATA; t[4].optim.kind = DT_EMBED_ADAGRAD; /* tiered: no cache */
     t[5].name = "dyn"; t[5].dynamic = 1; t[5].hash_shards = 8; t[5].optim.kind = DT_EMBED_ADAM;
     /* admit_after 2 rejects ids; 1 admits more while a small cache is full of changed rows (and
        checkpoints hold no sightings: a resumed run would admit later) */
@@ -78,7 +78,8 @@ static dt_embed *make(dt_comm *c, const cfg *k, int tiered) {
         t[i].rows = ROWS[i];
         t[i].dim = DIM[i];
         t[i].optim.lr = 0.05;
-        if (tiered && i != 4) {
+        if (tiered && i == 4) t[i].tier = DT_TIER_HOST; /* data-parallel: the host memory itself */
+        else if (tiered) {
             int64_t cr = ROWS[i] / k->frac;
             t[i].tier = DT_TIER_HOST;
             t[i].cache_rows = cr < MAXL * GB ? MAXL * GB : cr; /* at least a global batch's ids */
@@ -203,6 +204,14 @@ static void equivalence(dt_comm *world, const cfg *k) {
         st[3] += (double)ts.hits; st[4] += (double)ts.written_back;
     }
     dt_comm_allreduce_f64(world, st, 5, DT_REDUCE_SUM);
+    { /* the data-parallel table is tiered without a cache: its rows never pass through one */
+        dt_embed_tier_stats ts;
+        dt_embed_tier_stats_get(e, 4, &ts);
+        snprintf(name, sizeof name, "embed_cuda_tier_%s_np%d_data_parallel_table_has_no_cache", k->name, W);
+        dt_test_check_all(name, ts.cache_rows == 0 && ts.hits + ts.misses == 0, "cache_rows %lld hits %lld misses "
+                          "%lld; expected 0 (the kernels use the host memory itself)", (long long)ts.cache_rows,
+                          (long long)ts.hits, (long long)ts.misses);
+    }
     if (k->dyn) { /* the dynamic table's admissions: the same ids, and it was under pressure */
         dt_embed_stats a, g;
         double v[3];
@@ -386,9 +395,10 @@ static void refusals(dt_comm *world) {
     t.name = "bad"; t.rows = 100; t.dim = 4; t.tier = DT_TIER_HOST;
     memset(&d, 0, sizeof d);
     d.tables = &t; d.n_tables = 1; d.comm = world; d.device = DT_CUDA_DEVICE;
-    t.sharding = DT_SHARD_DATA;
+    t.sharding = DT_SHARD_DATA; t.cache_rows = 10;
     st = dt_embed_create(&C, &e, &d);
-    dt_test_error("embed_cuda_tier_host_data_parallel_is_named_unsupported", st, dt_ctx_error(&C), "sharding DATA");
+    dt_test_error("embed_cuda_tier_host_data_parallel_with_a_cache_is_named", st, dt_ctx_error(&C), "cache_rows = 10");
+    t.cache_rows = 0;
     t.sharding = DT_SHARD_AUTO; t.tier = DT_TIER_DISK;
     st = dt_embed_create(&C, &e, &d);
     dt_test_error("embed_cuda_tier_disk_is_named_unsupported", st, dt_ctx_error(&C), "tier = DISK on cuda");
