@@ -2694,7 +2694,16 @@ DT__EM_PF_FN void dt__em_pf_slot(const dt__em_tier *c, int64_t k) {
     DT__EM_PF_W(&c->sl[k]);
 }
 
-typedef struct dt__em_cp { char *dst; const char *src; size_t n; } dt__em_cp;
+typedef struct dt__em_cp {       /* one row's copies: its bytes, its state in s1 and s2 (n 0: none) */
+    char *dst[3];
+    const char *src[3];
+    size_t n[3];
+} dt__em_cp;
+static void dt__em_cp_run(const dt__em_cp *c) {
+    int k;
+    for (k = 0; k < 3; k++)
+        if (c->n[k]) memcpy(c->dst[k], c->src[k], c->n[k]);
+}
 typedef struct dt__em_pfq {      /* the prefetch's copies, numbered from the first ever (base + i) */
     dt__em_cp *q;
     int64_t n, cap, base;        /* the current list: copies base .. base + n - 1 */
@@ -2739,8 +2748,7 @@ static void *dt__em_pfq_main(void *arg) {
         q->taken = b;
         pthread_mutex_unlock(&q->mu);
         for (i = a; i < b; i++) {
-            const dt__em_cp *c = &q->q[i - q->base];
-            memcpy(c->dst, c->src, c->n);
+            dt__em_cp_run(&q->q[i - q->base]);
         }
         pthread_mutex_lock(&q->mu);
         q->done = b;
@@ -2815,7 +2823,7 @@ static void dt__em_pfq_publish(dt__em_pfq *q) {
 #endif
     {
         int64_t i;
-        for (i = q->done - q->base; i < q->n; i++) memcpy(q->q[i].dst, q->q[i].src, q->q[i].n); /* those not yet run */
+        for (i = q->done - q->base; i < q->n; i++) dt__em_cp_run(&q->q[i]); /* those not yet run */
         q->done = q->base + q->n;
     }
 }
@@ -3009,11 +3017,10 @@ static void dt__em_tier_copy(dt_embed *e, dt__em_tier *c, const dt__em_tab *t, i
 static void dt__em_tier_dirty(dt__em_tab *t, int64_t k) { t->tier->sl[k].dirty = 1; }
 static double dt__em_tier_row_bytes(const dt__em_tier *c) { return (double)c->rb + 4.0 * (double)(c->sn1 + c->sn2); }
 
-static dt_status dt__em_tier_queue(dt_embed *e, char *dst, const char *src, size_t n) {
+static dt_status dt__em_tier_queue(dt_embed *e, const dt__em_cp *c) {
     dt__em_pfq *q = e->pfq;
     DT__TRY(dt_grow(e->ctx, (void **)&q->q, &q->cap, q->n + 1, sizeof(dt__em_cp), "dt_embed prefetch copies"));
-    q->q[q->n].dst = dst; q->q[q->n].src = src; q->q[q->n].n = n;
-    q->n++;
+    q->q[q->n++] = *c;
     return DT_OK;
 }
 /* Slot k <-> the slow tier's local row x, by the helper (out 1: a write-back, queued before the
@@ -3023,11 +3030,14 @@ static dt_status dt__em_tier_queue_row(dt_embed *e, const dt__em_tab *t, int64_t
     dt__em_tier *c = t->tier;
     char *w, *cw = c->cw + k * c->rb, *c1 = (char *)(c->cs1 + k * c->sn1), *c2 = (char *)(c->cs2 + k * c->sn2);
     float *s1, *s2;
+    dt__em_cp r;
     if (out) dt__em_tier_wb_ptrs(e, t, x, &w, &s1, &s2);
     else dt__em_tier_ptrs(t, x, &w, &s1, &s2);
-    DT__TRY(dt__em_tier_queue(e, out ? w : cw, out ? cw : w, (size_t)c->rb));
-    if (s1) DT__TRY(dt__em_tier_queue(e, out ? (char *)s1 : c1, out ? c1 : (const char *)s1, sizeof(float) * (size_t)c->sn1));
-    if (s2) DT__TRY(dt__em_tier_queue(e, out ? (char *)s2 : c2, out ? c2 : (const char *)s2, sizeof(float) * (size_t)c->sn2));
+    memset(&r, 0, sizeof r);
+    r.dst[0] = out ? w : cw; r.src[0] = out ? cw : w; r.n[0] = (size_t)c->rb;
+    if (s1) { r.dst[1] = out ? (char *)s1 : c1; r.src[1] = out ? c1 : (const char *)s1; r.n[1] = sizeof(float) * (size_t)c->sn1; }
+    if (s2) { r.dst[2] = out ? (char *)s2 : c2; r.src[2] = out ? c2 : (const char *)s2; r.n[2] = sizeof(float) * (size_t)c->sn2; }
+    DT__TRY(dt__em_tier_queue(e, &r));
     if (out) e->pfq_wb = 1;
     return DT_OK;
 }
