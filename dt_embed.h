@@ -3339,6 +3339,7 @@ static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
     if (!(c = (dt__em_tier *)dt_alloc_zeroed(e->ctx, sizeof *c))) return DT_ERR_OOM;
     t->tier = c;
     c->fd = -1;
+    c->fh = -1; /* no fold running (tier HOST has no log) */
     c->lfu = t->cache_evict == DT_EVICT_LFU;
     c->rb = nc * (int64_t)dt_dtype_size(t->dtype);
     c->sn1 = t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : (t->kind == DT_EMBED_ADAGRAD || t->kind == DT_EMBED_ADAM) ? nc : 0;
@@ -3362,7 +3363,6 @@ static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
         c->rec = (c->rb + 3) / 4 * 4 + 4 * (c->sn1 + c->sn2);
         int64_t L = t->log_rows > 0 ? t->log_rows : nr < INT32_MAX ? nr : INT32_MAX;
         c->lcap = (L + 1) / 2; /* two halves: one fills while the other folds */
-        c->fh = -1;
         if (!dt_mul_ok(2 * c->lcap, c->rec, &b3) || b3 > INT64_MAX / 4 - page || b0 + b1 + b2 > INT64_MAX / 2)
             return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_create: table \"%s\": its slow tier (rows %lld x %lld "
                                     "bytes, and its log) overflows int64 bytes", t->name, (long long)nr, (long long)c->rec);
