@@ -891,6 +891,9 @@ struct dt_embed {
                                     (-1: none), so the forward and the update need not look again */
     int pf_pending;              /* a batch begun by dt_embed_prefetch awaits its forward */
     int pf_ahead;                /* it was begun ahead of the previous batch's backward */
+    int pfj;                     /* its lookups run on the helper thread until dt__em_pf_join (dt__em_pf_post): */
+    const int64_t *pfj_rin;      /* the requests served (its rbuf_i), pfj_n ints, their slots into pfj_slot */
+    int64_t pfj_n, *pfj_slot;
     int64_t pf_B, pf_nids;
     int pf_nf;
     uint64_t pf_hl, pf_hi;       /* hashes of its lengths, and of its ids and weights */
@@ -992,6 +995,7 @@ static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t);
 static void dt__em_tier_free(dt_embed *e, dt__em_tab *t);
 static void dt__em_tier_dirty(dt__em_tab *t, int64_t k);
 static void dt__em_pfq_free(dt_embed *e);
+static void dt__em_pf_join(dt_embed *e, int count);
 static dt_status dt__em_cuda_to_device(dt_embed *e, dt__em_tab *t);
 static dt_status dt__em_cuda_dp_pool(dt_embed *e);
 static dt_status dt__em_cuda_batch(dt_embed *e, const dt_kjt *k);
@@ -1069,27 +1073,35 @@ static int dt__em_get(const dt__em_map *m, int64_t k, int64_t *v) {
 }
 
 static void dt__em_hugepage(void *p, size_t bytes);
+/* An open map with room for n keys at a load of at most 1/2 (rehashed into more slots, doubling,
+   if it has less): puts of up to n keys then allocate nothing. */
+static dt_status dt__em_map_fit(dt_ctx *ctx, dt__em_map *m, int64_t n) {
+    dt__em_map g;
+    int64_t j, cap = m->cap ? m->cap : 16;
+    if (2 * n <= m->cap) return DT_OK;
+    while (2 * n > cap) cap *= 2;
+    memset(&g, 0, sizeof g);
+    g.cap = cap;
+    g.open = m->open;
+    g.slots = (dt__em_kv *)dt_alloc(ctx, sizeof(dt__em_kv) * (size_t)cap);
+    if (!g.slots) return DT_ERR_OOM;
+    dt__em_hugepage(g.slots, sizeof(dt__em_kv) * (size_t)cap); /* probes are random: fewer TLB misses */
+    for (j = 0; j < cap; j++) g.slots[j].value = -1;
+    for (j = 0; j < m->cap; j++)
+        if (m->slots[j].value >= 0) {
+            int64_t x = dt__em_mfind(&g, m->slots[j].key);
+            g.slots[x] = m->slots[j]; g.n++;
+        }
+    dt_release(ctx, m->slots);
+    *m = g;
+    return DT_OK;
+}
+
 static dt_status dt__em_put(dt_ctx *ctx, dt__em_map *m, int64_t k, int64_t v) {
     if (DT__EM_OPEN(m)) {
         int64_t i;
-        if (2 * (m->n + 1) > m->cap) { /* keep the load at most 1/2: rehash into twice the slots */
-            dt__em_map g;
-            int64_t j, cap = m->cap ? 2 * m->cap : 16;
-            memset(&g, 0, sizeof g);
-            g.cap = cap;
-            g.open = m->open;
-            g.slots = (dt__em_kv *)dt_alloc(ctx, sizeof(dt__em_kv) * (size_t)cap);
-            if (!g.slots) return DT_ERR_OOM;
-            dt__em_hugepage(g.slots, sizeof(dt__em_kv) * (size_t)cap); /* probes are random: fewer TLB misses */
-            for (j = 0; j < cap; j++) g.slots[j].value = -1;
-            for (j = 0; j < m->cap; j++)
-                if (m->slots[j].value >= 0) {
-                    int64_t x = dt__em_mfind(&g, m->slots[j].key);
-                    g.slots[x] = m->slots[j]; g.n++;
-                }
-            dt_release(ctx, m->slots);
-            *m = g;
-        }
+        if (2 * (m->n + 1) > m->cap) /* the load kept at most 1/2: rehashed into twice the slots */
+            DT__TRY(dt__em_map_fit(ctx, m, m->cap ? m->cap : 8));
         i = dt__em_mfind(m, k);
         if (m->slots[i].value < 0) m->n++;
         m->slots[i].key = k;
@@ -1556,6 +1568,7 @@ DT_API void dt_embed_free(dt_embed *e) {
     int i;
     if (!e) return;
     ctx = e->ctx;
+    dt__em_pf_join(e, 0);
     dt__em_pfq_free(e); /* the helper thread ends before the caches go */
     if (e->cuda && e->any_tier) (void)dt__em_cuda_tier_run(e, 1); /* and the device's copies, tier HOST */
     for (i = 0; e->tabs && i < e->n_tabs; i++) {
@@ -2667,6 +2680,7 @@ typedef struct dt__em_tier {
 #endif
     int64_t cap, filled;         /* slots; slots filled so far (free slots are taken before any eviction) */
     int lfu;
+    int pfa;                     /* a prefetch's lookups may run on the helper (static, LRU, not data-parallel) */
     int64_t rb, sn1, sn2;        /* a row's bytes; floats of its state in s1 (nc, 1 or 0) and in s2 (nc or 0) */
     char *cw;                    /* slot k: row at cw + k rb, state at cs1 + k sn1 and cs2 + k sn2 */
     float *cs1, *cs2;
@@ -2709,8 +2723,13 @@ typedef struct dt__em_pfq {      /* the prefetch's copies, numbered from the fir
     int64_t n, cap, base;        /* the current list: copies base .. base + n - 1 */
     int64_t done;                /* copies finished (under mu when threaded) */
     int threaded;
+    int inl;                     /* the helper runs a prefetch's lookups (dt__em_pf_job): the copies run
+                                    there, in queue order, when published or waited for */
 #ifdef DT__EM_THREADS
     int stop;
+    int job;                     /* the lookups posted to the helper: 1 posted, 2 running, 0 done (under mu) */
+    dt_status job_st;            /* their status */
+    struct dt_embed *e;
     int64_t pub, taken;          /* copies published to the helper, taken by it (under mu) */
     pthread_t th;
     pthread_mutex_t mu;
@@ -2736,13 +2755,26 @@ static void dt__em_pol_in(dt__em_tier *c, int64_t k) { /* slot k (re)joins it as
 }
 
 #ifdef DT__EM_THREADS
+static dt_status dt__em_pf_job(dt_embed *e);
 static void *dt__em_pfq_main(void *arg) {
     dt__em_pfq *q = (dt__em_pfq *)arg;
     pthread_mutex_lock(&q->mu);
     for (;;) {
         int64_t a, b, i;
-        while (!q->stop && q->taken == q->pub) pthread_cond_wait(&q->cv, &q->mu);
+        while (!q->stop && q->taken == q->pub && q->job != 1) pthread_cond_wait(&q->cv, &q->mu);
         if (q->stop) break;
+        if (q->job == 1) { /* a prefetch's lookups, then their copies (dt__em_pf_post) */
+            dt_status st;
+            q->job = 2;
+            pthread_mutex_unlock(&q->mu);
+            st = dt__em_pf_job(q->e);
+            pthread_mutex_lock(&q->mu);
+            q->job_st = st;
+            q->job = 0;
+            q->pub = q->taken = q->done; /* (it ran every copy it queued) */
+            pthread_cond_broadcast(&q->cv);
+            continue;
+        }
         a = q->taken;
         b = q->pub - a > 64 ? a + 64 : q->pub; /* a few rows at a time: the caller waits per row */
         q->taken = b;
@@ -2764,6 +2796,7 @@ static dt_status dt__em_pfq_get(dt_embed *e, dt__em_pfq **out) {
     if (!q) {
         if (!(q = (dt__em_pfq *)dt_alloc_zeroed(e->ctx, sizeof *q))) return DT_ERR_OOM;
 #ifdef DT__EM_THREADS
+        q->e = e;
         if (pthread_mutex_init(&q->mu, NULL) == 0) {
             if (pthread_cond_init(&q->cv, NULL) != 0) pthread_mutex_destroy(&q->mu);
             else if (pthread_create(&q->th, NULL, dt__em_pfq_main, q) != 0) {
@@ -2781,12 +2814,15 @@ static dt_status dt__em_pfq_get(dt_embed *e, dt__em_pfq **out) {
 /* Whether copies queued may still be running (else no slot's ready needs a look). */
 static int dt__em_pfq_open(const dt_embed *e) { return e->pfq && e->pfq_seen < e->pfq->base + e->pfq->n; }
 
+static void dt__em_pfq_publish(dt__em_pfq *q);
+
 /* Waits until the copies numbered below `upto` are done (e->pfq_seen: done, as last seen). */
 static void dt__em_pfq_wait(dt_embed *e, int64_t upto) {
     dt__em_pfq *q = e->pfq;
     if (upto <= e->pfq_seen || !q) return;
+    if (q->inl) dt__em_pfq_publish(q); /* on the helper, in a prefetch's lookups: the copies run here */
 #ifdef DT__EM_THREADS
-    if (q->threaded) {
+    else if (q->threaded) {
         pthread_mutex_lock(&q->mu);
         while (q->done < upto) pthread_cond_wait(&q->cv, &q->mu);
         e->pfq_seen = q->done;
@@ -2796,8 +2832,6 @@ static void dt__em_pfq_wait(dt_embed *e, int64_t upto) {
 #endif
     e->pfq_seen = q->done;
 }
-
-static void dt__em_pfq_publish(dt__em_pfq *q);
 
 /* Every copy queued so far is done (published first: a fold may drain in the middle of a
    prefetch): the helper is idle, the list may be reused. */
@@ -2813,7 +2847,7 @@ static void dt__em_pfq_drain(dt_embed *e) {
 
 static void dt__em_pfq_publish(dt__em_pfq *q) {
 #ifdef DT__EM_THREADS
-    if (q->threaded) {
+    if (q->threaded && !q->inl) {
         pthread_mutex_lock(&q->mu);
         q->pub = q->base + q->n;
         pthread_cond_broadcast(&q->cv);
@@ -3223,6 +3257,18 @@ static dt_status dt__em_row_at(dt_embed *e, dt__em_tab *t, int64_t x, int mode, 
     dt__em_tier *c = t->tier;
     int64_t nc = t->c1 - t->c0, sn1 = t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : nc;
     *k = -1;
+    if (c && e->pfj) { /* a prefetch's lookups run on the helper: a row of the batch in flight is in the
+                          slot its forward found (pinned); anything else waits for them (dt__em_pf_async) */
+        if (hint >= 0 && hint < c->cap && c->sl[hint].row == x) { /* (as dt__em_tier_use: the pin holds) */
+            if (c->lfu) { c->sl[hint].stamp = ++c->clock; c->sl[hint].count++; }
+            *k = hint;
+            *w = c->cw + hint * c->rb;
+            *s1 = c->sn1 ? c->cs1 + hint * c->sn1 : NULL;
+            *s2 = c->sn2 ? c->cs2 + hint * c->sn2 : NULL;
+            return DT_OK;
+        }
+        dt__em_pf_join(e, 0);
+    }
     if (c) {
         DT__TRY(dt__em_tier_use(e, t, x, hint, e->epoch, mode, 0, k));
         if (*k >= 0) {
@@ -3341,6 +3387,7 @@ static dt_status dt__em_tier_create(dt_embed *e, dt__em_tab *t) {
     c->fd = -1;
     c->fh = -1; /* no fold running (tier HOST has no log) */
     c->lfu = t->cache_evict == DT_EVICT_LFU;
+    c->pfa = !t->dynamic && !c->lfu && t->shard != DT_SHARD_DATA;
     c->rb = nc * (int64_t)dt_dtype_size(t->dtype);
     c->sn1 = t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : (t->kind == DT_EMBED_ADAGRAD || t->kind == DT_EMBED_ADAM) ? nc : 0;
     c->sn2 = t->kind == DT_EMBED_ADAM ? nc : 0;
@@ -3770,11 +3817,13 @@ static dt_status dt__em_fbegin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
 
 DT_API dt_status dt_embed_forward_begin(dt_embed *e, const dt_kjt *kjt) {
     if (!e) return DT_ERR_ARG;
+    dt__em_pf_join(e, 0);
     return dt__em_fbegin(e, kjt, DT_OK);
 }
 
 DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
     if (!e) return DT_ERR_ARG;
+    dt__em_pf_join(e, 1); /* the prefetch's lookups (the forward waits for them: its prefetch wait) */
     e->pf_pending = 0;
     if (e->phase != 1 && e->aside.phase == 1) dt__em_swap(e); /* the batch begun ahead */
     return dt__em_end(e, out);
@@ -4008,6 +4057,7 @@ static dt_status dt__em_pf_forward(dt_embed *e, dt_tensor *out, const dt_kjt *kj
 
 DT_API dt_status dt_embed_forward(dt_embed *e, dt_tensor *out, const dt_kjt *kjt) {
     if (!e) return DT_ERR_ARG;
+    dt__em_pf_join(e, 1);
     if (e->pf_pending) return dt__em_pf_forward(e, out, kjt); /* begun by dt_embed_prefetch */
     DT__TRY(dt__em_fbegin(e, kjt, dt__em_check_out(e, out, kjt ? kjt->batch : 0)));
     return dt_embed_forward_end(e, out);
@@ -4242,7 +4292,7 @@ DT__EM_PF_FN void dt__em_pf_update(const dt__em_tab *t, int64_t x, int64_t slot)
     const dt__em_tier *c = t->tier;
     size_t nc = (size_t)(t->c1 - t->c0), sb = (t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : nc) * sizeof(float);
     if (c) {
-        if (slot < 0 || slot >= c->filled) return;
+        if (slot < 0 || slot >= c->cap) return; /* (cap, not filled: the helper may be filling slots) */
         dt__em_pf_slot(c, slot);
         dt__em_pf_lines(c->cw + slot * c->rb, (size_t)c->rb);
         if (c->sn1) dt__em_pf_lines((const char *)(c->cs1 + slot * c->sn1), sizeof(float) * (size_t)c->sn1);
@@ -4513,11 +4563,12 @@ static dt_status dt__em_pf_lookups(dt_embed *e, dt__em_tab *t, const int64_t *id
     return DT_OK;
 }
 
-/* The live batch (begun, its ids received): the rows of tiered tables it will read, reserved in
-   the cache (pinned through the next epoch) and their copies queued. A row that finds no slot
+/* The live batch (begun, its ids received): the rows of tiered tables it will read (skip_pfa: but
+   those the helper looks up, dt__em_pf_post), reserved in the cache (pinned through the next
+   epoch) and their copies queued. A row that finds no slot
    (the batch in flight holds them all) is left to the forward. Dynamic tables: ids that have a
    slot now (peeked, the policy untouched: admissions happen in the forward's order). */
-static dt_status dt__em_pf_reserve(dt_embed *e) {
+static dt_status dt__em_pf_reserve(dt_embed *e, int skip_pfa) {
     const int64_t *rin = (const int64_t *)e->rbuf_i.data;
     int64_t p = 0, j, b, k, x;
     int f, full;
@@ -4527,6 +4578,7 @@ static dt_status dt__em_pf_reserve(dt_embed *e) {
         int ti = e->feat_tab[rin[p]];
         dt__em_tab *t = &e->tabs[ti];
         int64_t n = rin[p + 3];
+        if (skip_pfa && t->tier && t->tier->pfa) { p += DT__EM_HDR + n; continue; } /* (the helper's: dt__em_pf_job) */
         /* (cuda: a dynamic table's id -> slot map is the GPU's, the host's is not kept: its rows
            come with the forward) */
         if (t->tier && !t->dynamic) { /* static rows: pipelined (dt__em_pf_lookups) */
@@ -4557,11 +4609,110 @@ static dt_status dt__em_pf_reserve(dt_embed *e) {
     return DT_OK;
 }
 
+/* The prefetch's lookups on the helper thread (dt__em_pf_post): with POSIX threads, on the CPU,
+   those of the tiered tables that are static, LRU and not data-parallel (c->pfa; the others'
+   stay in the caller's thread, dt__em_pf_reserve, before the post: LFU's pin lists allocate, a
+   dynamic table's admissions are the forward's, a data-parallel table's ids are the live
+   batch's books). The lookups and then every queued copy run while the caller computes the batch
+   in flight. Until their join (dt__em_pf_join: the next forward, or any call but the backward)
+   the caller touches no cache book but one line of each slot the forward of the batch in flight
+   found, pinned, which the helper neither evicts nor fills: the update reads the slot's row and
+   writes its bytes, its dirty mark (and LFU's use count, of a table the helper does not look up;
+   dt__em_row_at: anything else joins first); the helper may read the slot's row and move its pin
+   and list links (a hit of the next batch): other fields of the line. Nothing the helper does
+   allocates (the map and the copy list are sized before) or reports an error (its status comes
+   with the join). bench/embed --tiers: the prefetch's ~16 ms a step of lookups left the
+   training thread. */
+static int dt__em_pf_async(const dt_embed *e) {
+#ifdef DT__EM_THREADS
+    int i;
+    if (e->cuda || !e->pfq || !e->pfq->threaded || getenv("DT_EMBED_PREFETCH_SYNC")) return 0;
+    for (i = 0; i < e->n_tabs; i++)
+        if (e->tabs[i].tier && e->tabs[i].tier->pfa) return 1;
+    return 0;
+#else
+    (void)e;
+    return 0;
+#endif
+}
+
+/* On the helper: the posted lookups (dt__em_pf_lookups of each tiered table's requests), then
+   their copies, in queue order (q->inl: a drain in between, a fold's, runs them here too). */
+static dt_status dt__em_pf_job(dt_embed *e) {
+    dt__em_pfq *q = e->pfq;
+    const int64_t *rin = e->pfj_rin;
+    int64_t p = 0;
+    dt_status st = DT_OK;
+    q->inl = 1;
+    while (!st && p < e->pfj_n) {
+        dt__em_tab *t = &e->tabs[e->feat_tab[rin[p]]];
+        int64_t n = rin[p + 3];
+        if (t->tier && t->tier->pfa) st = dt__em_pf_lookups(e, t, rin + p + DT__EM_HDR, e->pfj_slot + p + DT__EM_HDR, n);
+        p += DT__EM_HDR + n;
+    }
+    dt__em_pfq_publish(q);
+    q->inl = 0;
+    return st;
+}
+
+/* The live batch's lookups of c->pfa tables posted to the helper (after dt__em_pf_reserve of the
+   others): what they may allocate, allocated here first (each map room for a full cache, the
+   copy list room for a write-back and a fetch per id). */
+static dt_status dt__em_pf_post(dt_embed *e, dt__em_pfq *q) {
+    int i;
+    for (i = 0; i < e->n_tabs; i++)
+        if (e->tabs[i].tier && e->tabs[i].tier->pfa) DT__TRY(dt__em_map_fit(e->ctx, &e->tabs[i].tier->where, e->tabs[i].tier->cap));
+    DT__TRY(dt_grow(e->ctx, (void **)&q->q, &q->cap, q->n + 2 * e->rbuf_n + 1, sizeof(dt__em_cp), "dt_embed prefetch copies"));
+    e->pfj_rin = (const int64_t *)e->rbuf_i.data;
+    e->pfj_n = e->rbuf_n;
+    e->pfj_slot = e->tslot;
+#ifdef DT__EM_THREADS
+    pthread_mutex_lock(&q->mu);
+    q->job = 1;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    e->pfj = 1;
+#endif
+    return DT_OK;
+}
+
+/* Waits for the lookups posted to the helper, if any; count 1 (a forward): the wait is each
+   tiered table's prefetch wait. A failure (none is known: nothing there allocates) is the
+   prefetched batch's forward's, on every rank (as a cache too small); the rows not reserved are
+   looked up by the forward. */
+static void dt__em_pf_join(dt_embed *e, int count) {
+#ifdef DT__EM_THREADS
+    dt__em_pfq *q = e->pfq;
+    dt_status st;
+    double t0, w;
+    int i;
+    if (!e->pfj) return;
+    t0 = dt__em_now();
+    pthread_mutex_lock(&q->mu);
+    while (q->job) pthread_cond_wait(&q->cv, &q->mu);
+    st = q->job_st;
+    e->pfq_seen = q->done;
+    pthread_mutex_unlock(&q->mu);
+    e->pfj = 0;
+    w = dt__em_now() - t0;
+    for (i = 0; count && i < e->n_tabs; i++)
+        if (e->tabs[i].tier) e->tabs[i].tier->st.seconds_wait += w;
+    if (st && !e->tier_st) {
+        e->tier_st = st;
+        snprintf(e->tier_msg, sizeof e->tier_msg, "dt_embed_prefetch: its lookups on the helper thread failed (%s)",
+                 dt_status_name(st));
+    }
+#else
+    (void)e; (void)count;
+#endif
+}
+
 DT_API dt_status dt_embed_prefetch(dt_embed *e, const dt_kjt *next) {
     int ahead;
     dt_status st;
     dt__em_pfq *q = NULL;
     if (!e) return DT_ERR_ARG;
+    dt__em_pf_join(e, 0); /* the last prefetch's, when no forward came between */
     ahead = e->phase == 2;
     DT__TRY(dt__em_fbegin(e, next, DT_OK)); /* every rank fails alike on a bad batch */
     e->pf_pending = 1;
@@ -4578,13 +4729,17 @@ DT_API dt_status dt_embed_prefetch(dt_embed *e, const dt_kjt *next) {
         st = dt__em_wait_all(e); /* its ids, from every rank: the owners need them to know the rows */
         e->stats.seconds_wait += dt__em_now() - tw;
     }
-    if (!st) st = dt__em_pf_reserve(e);
+    if (!st) {
+        int a = dt__em_pf_async(e);
+        st = dt__em_pf_reserve(e, a); /* (tslot set to -1: the job's tables are left to it) */
+        if (!st && a) st = dt__em_pf_post(e, q);
+    }
     e->tier_pf = 1;
     if (ahead) dt__em_swap(e);
     if (e->cuda) { /* what was queued runs, even after a failure (the slots hold its rows) */
         dt_status s2 = dt__em_cuda_tier_prefetch(e);
         if (!st) st = s2;
-    } else dt__em_pfq_publish(q);
+    } else if (!e->pfj) dt__em_pfq_publish(q);
     if (st) e->pf_pending = 0;
     return st;
 }
@@ -4612,11 +4767,13 @@ static dt_status dt__em_pf_forward(dt_embed *e, dt_tensor *out, const dt_kjt *kj
 
 DT_API dt_status dt_embed_flush(dt_embed *e) {
     if (!e) return DT_ERR_ARG;
+    dt__em_pf_join(e, 0);
     return dt__em_tier_settle(e);
 }
 
 DT_API dt_status dt_embed_tier_stats_get(const dt_embed *e, int table, dt_embed_tier_stats *out) {
     if (!e || !out) return DT_ERR_ARG;
+    dt__em_pf_join((dt_embed *)e, 0); /* (the counters the helper moves) */
     if (table < 0 || table >= e->n_tabs)
         return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_tier_stats_get: table = %d; expected a table in [0, %d)",
                                 table, e->n_tabs);
@@ -4650,6 +4807,7 @@ DT_API dt_status dt_embed_local_shard(dt_embed *e, dt_tensor *view, int64_t *row
     if (row0) *row0 = 0;
     if (col0) *col0 = 0;
     if (!e) return DT_ERR_ARG;
+    dt__em_pf_join(e, 0);
     if (!view) return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_local_shard: view is NULL");
     if (table < 0 || table >= e->n_tabs)
         return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "dt_embed_local_shard: table = %d; expected [0, %d)", table, e->n_tabs);
@@ -4728,6 +4886,7 @@ DT_API dt_status dt_embed_checkpoint_save(dt_embed *e, const dt_train_state *sta
     dt_checkpoint_desc d;
     dt_status st;
     if (!e) return DT_ERR_ARG;
+    dt__em_pf_join(e, 0);
     DT__TRY(dt__em_ckpt_desc(e, &d, desc, "dt_embed_checkpoint_save"));
     if (e->cuda) DT__TRY(dt__em_cuda_dyn_pull(e));
     memset(&ps, 0, sizeof ps);
@@ -4956,6 +5115,7 @@ DT_API dt_status dt_embed_checkpoint_load(dt_embed *e, dt_train_state *state, co
     dt_status st;
     int i, h;
     if (!e) return DT_ERR_ARG;
+    dt__em_pf_join(e, 0);
     DT__TRY(dt__em_ckpt_desc(e, &d, desc, "dt_embed_checkpoint_load"));
     memset(&steps, 0, sizeof steps);
     memset(&ld, 0, sizeof ld);
@@ -5020,6 +5180,7 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
     dt_status st = DT_OK;
     double flag[1];
     if (!e) return DT_ERR_ARG;
+    dt__em_pf_join(e, 0);
     DT__TRY(dt__em_tier_settle(e)); /* the changed rows are read from the slow tier */
     W = e->size;
     (void)W;
