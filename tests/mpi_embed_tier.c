@@ -1,4 +1,5 @@
 // np: 1 2 3 4
+// tsan: 2
 /* tests/mpi_embed_tier.c - tiered tables (tier DISK: each rank's shard and optimizer state in a
    file, a cache of hot rows in memory) against the same tables resident, on the same ranks and
    plan: every kind of sharding (row, table, column, data-parallel, table-row, dynamic), every

@@ -68,6 +68,9 @@
 #                             When the sanitizer runs are on, the plain build runs at one N
 #                             only (2, or the least listed): the ASan runs repeat its checks
 #                             at every N
+#                             A line "// tsan: N" (the threads a header starts: dt_embed's
+#                             prefetch helper) adds a ThreadSanitizer build run at N ranks
+#                             ("tsan:"; a report is a failure; with the sanitizer runs)
 #                             First line "// mpi-driver": run directly, once; it starts
 #                             $DT_MPIRUN itself (jobs it kills on purpose, say)
 #                             A line "// with: FILE..." among the first three of a test adds
@@ -411,6 +414,16 @@ build_test() {
     $cc $cflags $DT_CPPFLAGS $defs -I"$ROOT/tests" "$src" $(extra_sources "$src") $obj -o "$out" $DT_LIBS
 }
 
+# tsan_np SRC: N of a line "// tsan: N" (the program's ThreadSanitizer run at N ranks), or nothing.
+tsan_np() { sed -nE 's|^//[[:space:]]*tsan:[[:space:]]*([0-9]+)[[:space:]]*$|\1|p' "$1" | head -1; }
+# build_tsan MPI SRC OUT: the program and tests/dt_impl.c, whole, with ThreadSanitizer (-O1).
+build_tsan() {
+    local mpi=$1 src=$2 out=$3 cc=$DT_CC defs=
+    if [ "$mpi" = 1 ]; then cc=$DT_MPICC defs=-DDT_MPI; fi
+    $cc -std=c99 -O1 -g -fsanitize=thread $DT_CPPFLAGS $defs -I"$ROOT/tests" "$src" $(extra_sources "$src") \
+        tests/dt_impl.c -o "$out" $DT_LIBS -lpthread
+}
+
 # build_gpu_test MPI SRC OUT: -DDT_CUDA, linked with the kernels, cuBLAS and the CUDA runtime;
 # MPI=1: with mpicc -DDT_MPI, and -DDT_NCCL with NCCL when it is installed. A .cu test is one
 # process, built by nvcc.
@@ -460,6 +473,9 @@ spawn_test_builds() {
     for row in "${PROGRAMS[@]}"; do
         read -r kind name src mpi _ <<<"$row"
         [ "$kind" = gpu ] && continue # built after the kernels, below
+        if [ "$phase" = 1 ] && [ "$ASAN" = 1 ] && [ -n "$(tsan_np "$src")" ]; then
+            spawn step "tsan_$name" "$T/tsan/$name" "$src tests/dt_impl.c" build_tsan "$mpi" "$src" "$T/tsan/$name"
+        fi
         for san in 0 1; do
             [ $san = 1 ] && [ "$ASAN" != 1 ] && continue
             if [ $san = 1 ]; then cflags=$ASAN_CFLAGS out=$T/asan/$name id=asan_$name
@@ -850,6 +866,14 @@ run_program() {
         fi
     done
     [ "$kind" = gpu ] && return
+    local tnp
+    tnp=$(tsan_np "$src")
+    if [ -n "$tnp" ] && [ "$ASAN" = 1 ]; then # (deadlock reports off: Open MPI's own lock order trips them)
+        if step_ok "tsan:$name" "$T/tsan/$name" "tsan_$name"; then
+            run_prog "tsan:$name [np=$tnp]" "tsan:" " [np=$tnp]" env TSAN_OPTIONS="halt_on_error=0:exitcode=66:detect_deadlocks=0" \
+                $DT_MPIRUN -np "$tnp" "$T/tsan/$name"
+        fi
+    fi
     if [ "$ASAN_RUN" != 1 ]; then
         [ "$ASAN" = 1 ] && report "SKIP asan:$name: $ASAN_WHY"
         return
