@@ -72,8 +72,8 @@
                            prefetched a few ids ahead with __builtin_prefetch (gcc, clang; a hint
                            that changes no value, a no-op elsewhere).
        DT_EMBED_NO_HUGEPAGE  no huge-page advice on large shards (see "Memory" below).
-       DT_EMBED_NO_THREADS   dt_embed_prefetch copies rows in the calling thread instead of a
-                           helper thread (see "tiered tables").
+       DT_EMBED_NO_THREADS   dt_embed_prefetch looks up and copies rows in the calling thread
+                           instead of a helper thread (see "tiered tables").
        DT_STB_DS_H         the stb_ds header to include (default <stb/stb_ds.h>, Debian libstb-dev).
        DT_EMBED_NO_STB_DS_IMPLEMENTATION   stb_ds's implementation (STB_DS_IMPLEMENTATION) must be
                            compiled exactly once per program: dt_embed.h's implementation compiles
@@ -217,15 +217,19 @@
    rows at the next forward.
    Prefetch: dt_embed_prefetch(e, next) after forward(s), before backward(s), begins batch s+1
    (its ids go to the owners, as dt_embed_forward_begin: collective) and each owner looks its ids
-   up at once, reserving a slot for every row not cached (pinned through batch s+1: never evicted
-   for batch s's sake, FBGEMM's known bug when they are) and queueing the copies for a helper
-   thread, which runs them while the caller does batch s's dense work and backward:
-        caller:  forward(s) | prefetch(s+1): ids, look up, reserve | dense(s), backward(s) | forward(s+1)
-        helper:                                copy the misses of s+1 ->  ->  ->  (done) |
+   up, reserving a slot for every row not cached (pinned through batch s+1: never evicted for
+   batch s's sake, FBGEMM's known bug when they are) and copying the misses in. Static LRU
+   tables that are not data-parallel are looked up by a helper thread, which then copies,
+   while the caller does batch s's dense work and backward (the update writes only batch s's
+   own pinned slots meanwhile):
+        caller:  forward(s) | prefetch(s+1): ids | dense(s), backward(s)        | forward(s+1)
+        helper:                 look up s+1, reserve, copy its misses .. (done) |
+   (LFU, dynamic and data-parallel tiered tables: looked up in dt_embed_prefetch, the copies
+   still on the helper; DT_EMBED_PREFETCH_SYNC=1 in the environment: every lookup there.)
    forward(s+1) must pass the same batch (checked: its lengths, ids and weights hashed; else
-   DT_ERR_ARG on every rank) and waits only for rows whose copies are not done yet (tier stats
-   seconds_wait). Rows no slot was found for are fetched by the forward. Cuda tables (tier
-   HOST): the copies run on a copy stream instead (see "CUDA").
+   DT_ERR_ARG on every rank) and waits for what is not done yet (tier stats seconds_wait). Rows
+   no slot was found for are fetched by the forward. Cuda tables (tier HOST): the copies run on
+   a copy stream instead (see "CUDA").
    dt_embed_flush writes every changed cached row back: the slow tier then equals the resident
    table (dt_embed_local_shard of a tiered table flushes and views the slow tier). Checkpoints
    flush first and save from the slow tier: the same files as a resident table's (load either
@@ -555,7 +559,8 @@ typedef struct dt_embed_tier_stats {
                                      (the caller waited) / by dt_embed_prefetch's helper thread */
     int64_t evicted, written_back; /* rows that left the cache; those written back (changed since fetched) */
     double bytes_in, bytes_out;   /* slow -> fast tier (rows + optimizer state), fast -> slow */
-    double seconds_wait;          /* forwards and backwards waiting for prefetched rows not yet arrived */
+    double seconds_wait;          /* forwards and backwards waiting for prefetched rows not yet arrived (the
+                                     helper's lookups of several tables: each counts the whole wait) */
     int64_t folds, folded;        /* tier DISK: folds of its log of written-back rows into the table (a half
                                      in the background, or all at a flush); rows they copied home */
     double seconds_fold;          /* the caller's time in folds: at flushes, and waiting for a background one */
@@ -706,8 +711,8 @@ extern int madvise(void *addr, size_t len, int advice);
 #endif
 
 /* Tiered tables (>>tier): the slow tier is a file mapped into memory (open, ftruncate, mmap), and
-   dt_embed_prefetch copies rows on one helper thread (POSIX threads; DT_EMBED_NO_THREADS: in the
-   calling thread). These headers declare them even under strict -std=c99. Elsewhere tier DISK
+   dt_embed_prefetch looks up and copies rows on one helper thread (POSIX threads;
+   DT_EMBED_NO_THREADS: in the calling thread). These headers declare them even under strict -std=c99. Elsewhere tier DISK
    is DT_ERR_UNSUPPORTED. */
 #if defined(__unix__) || defined(__APPLE__)
 #define DT__EM_POSIX 1
@@ -2644,8 +2649,10 @@ static dt_status dt__em_dyn_move(dt_embed *e, dt__em_tab *t) {
    slow-tier rows not cached; the caller's thread touches a reserved slot only once its copies
    are done (ready <= copies done, under the mutex), and no slow-tier row while write-backs are
    queued (e->pfq_wb: a fetch at use or a write-through first drains the queue), so the two never
-   share a byte (tests/mpi_embed_tier.c runs clean under ThreadSanitizer). Moving the write-backs
-   off the caller's thread took bench/embed --tiers 0.25 from 0.63 to 0.72 of the resident rate.
+   share a byte (tests/mpi_embed_tier.c runs clean under ThreadSanitizer, in the suite). Moving
+   the write-backs off the caller's thread took bench/embed --tiers 0.25 from 0.63 to 0.72 of the
+   resident rate. The lookups of most tables go there too (dt__em_pf_async, below >>tier: the
+   rules of that overlap), which took --tiers 2 from 0.77 to 0.98.
 
    Tier HOST (cuda tables) keeps these books on the host as they are; only the bytes differ: the
    slow tier is pinned host memory, the cache is on the device, and a row's copies are queued
@@ -2763,15 +2770,16 @@ static void *dt__em_pfq_main(void *arg) {
         int64_t a, b, i;
         while (!q->stop && q->taken == q->pub && q->job != 1) pthread_cond_wait(&q->cv, &q->mu);
         if (q->stop) break;
-        if (q->job == 1) { /* a prefetch's lookups, then their copies (dt__em_pf_post) */
+        if (q->job == 1) { /* a prefetch's lookups (dt__em_pf_post), then their copies */
             dt_status st;
             q->job = 2;
             pthread_mutex_unlock(&q->mu);
             st = dt__em_pf_job(q->e);
             pthread_mutex_lock(&q->mu);
             q->job_st = st;
-            q->job = 0;
-            q->pub = q->taken = q->done; /* (it ran every copy it queued) */
+            q->job = 0; /* the forward may start: it waits per row for the copies, run next */
+            q->taken = q->done;
+            q->pub = q->base + q->n;
             pthread_cond_broadcast(&q->cv);
             continue;
         }
@@ -4636,8 +4644,9 @@ static int dt__em_pf_async(const dt_embed *e) {
 #endif
 }
 
-/* On the helper: the posted lookups (dt__em_pf_lookups of each tiered table's requests), then
-   their copies, in queue order (q->inl: a drain in between, a fold's, runs them here too). */
+/* On the helper: the posted lookups (dt__em_pf_lookups of each tiered table's requests; q->inl:
+   a drain in between, a fold's, runs the copies queued so far here). The copies queued are then
+   published: the helper runs them after the join, while the forward waits per row. */
 static dt_status dt__em_pf_job(dt_embed *e) {
     dt__em_pfq *q = e->pfq;
     const int64_t *rin = e->pfj_rin;
@@ -4650,7 +4659,6 @@ static dt_status dt__em_pf_job(dt_embed *e) {
         if (t->tier && t->tier->pfa) st = dt__em_pf_lookups(e, t, rin + p + DT__EM_HDR, e->pfj_slot + p + DT__EM_HDR, n);
         p += DT__EM_HDR + n;
     }
-    dt__em_pfq_publish(q);
     q->inl = 0;
     return st;
 }
