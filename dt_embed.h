@@ -724,6 +724,9 @@ extern int madvise(void *addr, size_t len, int advice);
 #ifndef DT_EMBED_NO_THREADS
 #define DT__EM_THREADS 1
 #include <pthread.h>
+#ifdef __linux__
+#include <sys/resource.h> /* the fold's thread lowers its own priority (Linux: a thread's nice) */
+#endif
 #endif
 #endif
 
@@ -2969,6 +2972,9 @@ static int64_t dt__em_fold_range(const dt__em_tab *t, int64_t lo, int64_t hi, in
 static void *dt__em_fold_main(void *arg) {
     const dt__em_tab *t = (const dt__em_tab *)arg;
     dt__em_tier *c = t->tier;
+#ifdef __linux__
+    (void)setpriority(PRIO_PROCESS, 0, 10); /* this thread's (NPTL): training and the prefetch first */
+#endif
     c->fold_rows = dt__em_fold_range(t, c->fh * c->lcap, (c->fh + 1) * c->lcap, 1);
     return NULL;
 }
