@@ -10,7 +10,10 @@
    records) that they fold into the table many times a step; checkpoints load from tiered into resident
    tables and back. A cache of exactly one step's distinct rows works; one row less is a named
    error on every rank. Bad descs and a forward of another batch than the prefetched one are
-   named errors. (The resident tables equal a single rank's: tests/mpi_embed*.c.) */
+   named errors. (The resident tables equal a single rank's: tests/mpi_embed*.c.) The prefetch's
+   lookups of static LRU tables run on its helper thread beside the update (the suite also runs
+   this program under ThreadSanitizer: "// tsan: 2"); one config keeps them in the caller's. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"
@@ -360,6 +363,12 @@ int main(void) {
     R = dt_comm_rank(world);
     W = dt_comm_size(world);
     for (i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) equivalence(world, &cfgs[i]);
+    { /* every lookup in dt_embed_prefetch's own thread (as LFU's are): the same rows */
+        static const cfg k = {"hundredth_prefetch_lookups_in_caller", 100, DT_EVICT_LRU, 1, 0, 0};
+        setenv("DT_EMBED_PREFETCH_SYNC", "1", 1);
+        equivalence(world, &k);
+        unsetenv("DT_EMBED_PREFETCH_SYNC");
+    }
     checkpoints(world);
     one_batch(world);
     bad_inputs(world);
