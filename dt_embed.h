@@ -4653,6 +4653,7 @@ static int dt__em_pf_async(const dt_embed *e) {
 /* On the helper: the posted lookups (dt__em_pf_lookups of each tiered table's requests; q->inl:
    a drain in between, a fold's, runs the copies queued so far here). The copies queued are then
    published: the helper runs them after the join, while the forward waits per row. */
+#ifdef DT__EM_THREADS
 static dt_status dt__em_pf_job(dt_embed *e) {
     dt__em_pfq *q = e->pfq;
     const int64_t *rin = e->pfj_rin;
@@ -4668,6 +4669,7 @@ static dt_status dt__em_pf_job(dt_embed *e) {
     q->inl = 0;
     return st;
 }
+#endif
 
 /* The live batch's lookups of c->pfa tables posted to the helper (after dt__em_pf_reserve of the
    others): what they may allocate, allocated here first (each map room for a full cache, the
