@@ -13,7 +13,9 @@
 #                       plain builds only (no compile checks, sanitizers, kernels or emulator)
 #   ./build.sh demo     the same, then train examples/dlrm on one process, then on 4 ranks with
 #                       mpirun, and compare the two step by step
-#   ./build.sh bench    the same, then run every benchmark (build/bench/*, bench/*.py)
+#   ./build.sh bench    the same, then run every benchmark (build/bench/*, bench/*.py); the
+#                       Python ones in build/peers, a venv of the pinned peers (torch, TorchRec,
+#                       FBGEMM: bench/peers*.txt) made once from PyPI, about 6 GB
 #   ./build.sh gpu      on a machine with a GPU: build, test and measure there in one command
 #                       (bench/gpu/run.sh; --build-only needs only nvcc; summary in build/gpu/)
 #   ./build.sh clean    remove build/
@@ -78,6 +80,11 @@ missing_deps() {
     [ -x /usr/bin/python3 ] || m+=(python3)
     # the tests run Debian's interpreter, /usr/bin/python3, where python3-numpy installs
     [ -f /usr/lib/python3/dist-packages/numpy/__init__.py ] || m+=(python3-numpy)
+    if [ "${cmd:-}" = bench ]; then # the peers' venv (peers_venv) and torch.compile's C++ wrappers
+        /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || m+=(python3-venv)
+        [ -f "$(/usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)/Python.h" ] ||
+            m+=(python3-dev)
+    fi
     echo "${m[*]}"
 }
 
@@ -463,9 +470,33 @@ run_demo() {
 # First-line comment "// np: N ..." in a benchmark's source: run it under mpirun -np N.
 bench_ranks() { head -n 1 "$1" | sed -n 's|^//[[:space:]]*np:[[:space:]]*\([0-9]*\).*|\1|p'; }
 
+# The benchmark peers: a venv at build/peers with bench/peers.txt (and bench/peers-nodeps.txt
+# without dependencies), made once; remade when those files change. Prints the interpreter to
+# run bench/*.py with: the venv's, or /usr/bin/python3 (the scripts then say what they skip).
+PEERS=build/peers
+peers_venv() {
+    local want
+    want=$(cat bench/peers.txt bench/peers-nodeps.txt | sha256sum | cut -c1-16)
+    if [ "$(cat "$PEERS/.made" 2>/dev/null)" != "$want" ]; then
+        echo "build.sh bench: making $PEERS (pip from PyPI: bench/peers.txt, bench/peers-nodeps.txt; once)" >&2
+        rm -rf "$PEERS"
+        if ! { /usr/bin/python3 -m venv "$PEERS" && "$PEERS/bin/pip" install -q -r bench/peers.txt &&
+            "$PEERS/bin/pip" install -q --no-deps -r bench/peers-nodeps.txt; } >&2; then
+            echo "build.sh bench: $PEERS failed (no network to PyPI?); the Python benches run with /usr/bin/python3" >&2
+            rm -rf "$PEERS"
+            echo /usr/bin/python3
+            return
+        fi
+        echo "$want" >"$PEERS/.made"
+    fi
+    echo "$ROOT/$PEERS/bin/python"
+}
+
 run_bench() {
     build_what_builds
-    local exe np failed
+    local exe np failed py
+    py=$(peers_venv)
+    export DT_PEERS_PYTHON=$py # (bench/embed runs its torch peer with it)
     read -r -a failed <<<"$BUILD_FAILED"
     for exe in build/bench/*; do
         # only programs whose source is still there (build/ may hold old ones)
@@ -480,8 +511,8 @@ run_bench() {
         fi
     done
     for exe in bench/*.py; do
-        echo "== /usr/bin/python3 $exe"
-        /usr/bin/python3 "$exe" || failed+=("$exe")
+        echo "== $py $exe"
+        OPENBLAS_NUM_THREADS=1 "$py" "$exe" || failed+=("$exe")
     done
     [ ${#failed[@]} -eq 0 ] || die "did not build or did not finish: ${failed[*]}"
 }

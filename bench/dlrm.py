@@ -15,7 +15,7 @@ and all-reduces their sparse grads, as TorchRec-less PyTorch does. Data: dt's bu
 generator runs inside its timed training loop; so PyTorch generates each of its batches inside
 its timed loop too (numpy: uniform dense features and labels, ids floor(u^2 x rows), a power law
 that is cheap to draw: 0.5 ms of CPU a batch of 2048 here, against 1.8 ms for dt's generator;
-numpy's zipf(1.05) took 114 ms and would have measured numpy). Each side pays for making its own batches; neither gets pre-made ones. Needs python3-torch
+numpy's zipf(1.05) took 114 ms and would have measured numpy). Each side pays for making its own batches; neither gets pre-made ones. Needs PyTorch (./build.sh bench: build/peers)
 (Debian) and ./build.sh having built build/examples/dlrm. Medians of --repeat runs.
 """
 import argparse
@@ -153,7 +153,7 @@ def main():
     try:
         import torch  # noqa: F401
     except ImportError:
-        print("bench/dlrm.py: PyTorch is not installed (apt-get install python3-torch); skipped")
+        print("bench/dlrm.py: PyTorch is not installed here (./build.sh bench runs this with build/peers, a venv of the pinned peers); skipped")
         return 0
     if not os.path.exists(os.path.join(ROOT, "build", "examples", "dlrm")):
         print("bench/dlrm.py: build/examples/dlrm is missing; run ./build.sh first")

@@ -200,12 +200,15 @@ static double memcpy_gbs(size_t bytes) {
     return (double)bytes / median(t, 7) / 1e9;
 }
 
-/* samples/s of bench/embed_torch.py on these shapes (0: not run) */
+/* samples/s of bench/embed_torch.py on these shapes (0: not run), with $DT_PEERS_PYTHON (./build.sh
+   bench: the pinned peers' venv, build/peers) or /usr/bin/python3 */
 static double torch_run(int T, int64_t R, int D, int64_t B, int L, int steps, const char *opt) {
-    char cmd[512], line[256];
+    char cmd[1400], line[256];
+    const char *py = getenv("DT_PEERS_PYTHON");
     double sps = 0;
     FILE *p;
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 bench/embed_torch.py %d %lld %d %lld %d %d %s 2>&1", T, (long long)R, D,
+    if (!py || !*py || strlen(py) > 1000 || strchr(py, '\'') || strchr(py, ' ')) py = "/usr/bin/python3";
+    snprintf(cmd, sizeof cmd, "%s bench/embed_torch.py %d %lld %d %lld %d %d %s 2>&1", py, T, (long long)R, D,
              (long long)B, L, steps, opt);
     if ((p = popen(cmd, "r"))) {
         while (fgets(line, sizeof line, p))
@@ -501,7 +504,7 @@ int main(int argc, char **argv) {
     if (torch_sps > 0) {
         printf("%-52s %12.0f\n", "torch EmbeddingBag + sparse Adagrad, samples/s", torch_sps);
         printf("%-52s %12.2f   (target >= 1.5)\n", "ratio dt / torch", (double)B / step / torch_sps);
-    } else printf("%-52s %12s\n", "torch peer", "not run (needs /usr/bin/python3 with torch)");
+    } else printf("%-52s %12s\n", "torch peer", "not run (needs $DT_PEERS_PYTHON or /usr/bin/python3 with torch)");
     printf("%-52s %12.2f\n", "gather + pool pass: rows gathered, GB/s", (double)ids * D * 4 / gat / 1e9);
     printf("%-52s %12.2f\n", "whole forward: rows gathered, GB/s", (double)ids * D * 4 / fwd / 1e9);
     printf("%-52s %12.2f\n", "memcpy 256 MiB, GB/s (bytes copied)", mc);

@@ -7,13 +7,13 @@ Times are the thread's CPU time (time.thread_time(), as bench/embed.c uses
 CLOCK_THREAD_CPUTIME_ID): one thread does all the work. Prints one line: "torch samples/s X"
 (median of the timed steps).
 
-    /usr/bin/python3 bench/embed_torch.py [T R D B L steps [adagrad|sgd]]"""
+    build/peers/bin/python bench/embed_torch.py [T R D B L steps [adagrad|sgd]]   (./build.sh bench makes build/peers)"""
 import sys, time
 import numpy as np
 try:
     import torch
 except ImportError:  # ./build.sh bench runs every bench/*.py; PyTorch is for peers only
-    print("bench/embed_torch.py: PyTorch is not installed (apt-get install python3-torch); skipped")
+    print("bench/embed_torch.py: PyTorch is not installed here (./build.sh bench runs this with build/peers, a venv of the pinned peers); skipped")
     sys.exit(0)
 
 def main():

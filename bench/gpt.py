@@ -1,8 +1,12 @@
 """bench/gpt.py - examples/gpt against an independent GPT-2 written in PyTorch.
 
-  /usr/bin/python3 bench/gpt.py            speed: tokens/s of build/examples/gpt (1 rank, fp32)
-                                           and of the same model, batch and AdamW step in
-                                           PyTorch with the same threads; prints the ratio
+  build/peers/bin/python bench/gpt.py      speed: tokens/s of build/examples/gpt (1 rank, fp32)
+                                           and of the same model, batches and AdamW step in
+                                           PyTorch, eager and torch.compile (inductor, CPU),
+                                           with the same threads, from the same weights (dt's
+                                           after its first step: the same first loss printed);
+                                           rounds interleaved, medians; prints the ratios
+                                           (./build.sh bench makes build/peers: pinned torch)
   /usr/bin/python3 bench/gpt.py --check    correctness: trains 3 steps of a tiny model with
                                            examples/gpt, loads its step-2 checkpoint (plain
                                            safetensors, read with numpy), draws step 2's batch
@@ -15,7 +19,7 @@ wte [Vp, C] tied with the head, wpe, pre-LN blocks, tanh GELU, causal attention 
 1/sqrt(head size), cross entropy over the real vocab (dt pads it as llm.c does). Without
 PyTorch it prints one SKIP line and exits 0 (./build.sh bench runs every bench/*.py).
 """
-import argparse, glob, json, math, os, struct, subprocess, sys, time
+import argparse, glob, json, math, os, statistics, struct, subprocess, sys, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPT_BIN = os.path.join(ROOT, "build", "examples", "gpt")
@@ -76,6 +80,7 @@ class GPT(torch.nn.Module):
     def __init__(self, L, H, C, T, Vp):
         super().__init__()
         self.L, self.H, self.C = L, H, C
+        self.sdpa = False  # the check spells attention out; the speed runs use the fused one
         P = lambda *s: torch.nn.Parameter(torch.zeros(*s))  # noqa: E731
         self.wte, self.wpe = P(Vp, C), P(T, C)
         self.lnf_w, self.lnf_b = P(C), P(C)
@@ -113,9 +118,12 @@ class GPT(torch.nn.Module):
             h = F.layer_norm(x, (C,), b.ln1_w, b.ln1_b, 1e-5)
             q, k, v = F.linear(h, b.attn_w, b.attn_b).split(C, dim=2)
             q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(C // H)
-            att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
-            y = (att @ v).transpose(1, 2).reshape(B, T, C)
+            if self.sdpa:  # what a user of torch 2.x writes (nanoGPT): the fused causal attention
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+            else:
+                att = (q @ k.transpose(-2, -1)) / math.sqrt(C // H)
+                att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+                y = (att @ v).transpose(1, 2).reshape(B, T, C)
             x = x + F.linear(y, b.proj_w, b.proj_b)
             h = F.layer_norm(x, (C,), b.ln2_w, b.ln2_b, 1e-5)
             x = x + F.linear(F.gelu(F.linear(h, b.fc_w, b.fc_b), approximate="tanh"), b.mproj_w, b.mproj_b)
@@ -227,52 +235,81 @@ def check(a):
 
 
 def speed(a):
+    """dt against torch eager and torch.compile (inductor, CPU) on the same model, batches and AdamW
+    step, rounds interleaved (dt, eager, compiled; --repeat of them), medians. Both sides start
+    from dt's weights after its first step (its checkpoint) and train on dt's batches (its data
+    windows, re-drawn here), so the first loss each prints is the same number."""
     os.makedirs(a.workdir, exist_ok=True)
     L, H, C, T, B, steps = a.layers, a.heads, a.width, a.seq, a.batch, a.steps
-    log = os.path.join(a.workdir, "gpt_speed.jsonl")
-    model = ["--steps", str(steps), "--layers", str(L), "--heads", str(H), "--width", str(C), "--seq", str(T),
-             "--batch", str(B), "--warmup", "2", "--data", a.data]
-    prof = run_dt(model + ["--log", log, "--profile", "--print-every", "0"], a.threads, ROOT)
-    lines = read_log(log)
-    dt_tps = lines[-1]["tokens_per_s"]
-    scaling = []
-    if not a.no_scaling:  # np 2 (one BLAS thread per rank): tp 2, dp 2
+    seed, load0 = 1, os.getloadavg()[0]
+    log, ck = os.path.join(a.workdir, "gpt_speed.jsonl"), os.path.join(a.workdir, "gpt_speed_ckpt")
+    model = ["--layers", str(L), "--heads", str(H), "--width", str(C), "--seq", str(T), "--batch", str(B),
+             "--warmup", "2", "--seed", str(seed), "--data", a.data]
+    # dt's step 1 -> its weights; dt's step-2 loss is the first loss both sides print
+    run_dt(model + ["--steps", "2", "--ckpt", ck, "--ckpt-every", "1", "--log", log, "--quiet"], 1, ROOT)
+    dt_first = read_log(log)[1]["loss"]
+    params = load_checkpoint(os.path.join(ck, "step_00000001"))
+    tokens = np.frombuffer(open(a.data, "rb").read(), dtype=np.uint8).astype(np.int64)
+    batches = []
+    for s_ in range(1, 1 + steps + 3):  # dt's batches of steps 2, 3, ...: windows s B .. s B + B - 1
+        xs, ys = zip(*(window(tokens, T, seed, s_ * B + i) for i in range(B)))
+        batches.append((torch.tensor(np.stack(xs)), torch.tensor(np.stack(ys))))
+    torch.set_num_threads(a.threads)
+    peers = {}
+    for name in ("eager", "compile"):
+        m = GPT(L, H, C, T, 256)
+        m.sdpa = True
+        m.load_dt(params)
+        decay = [p for p in m.parameters() if p.dim() == 2]
+        rest = [p for p in m.parameters() if p.dim() != 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                                lr=1e-3, betas=(0.9, 0.95))
+        fwd = torch.compile(m) if name == "compile" else m
+        with torch.no_grad():
+            first = fwd(batches[0][0], batches[0][1], 256).item()
+        peers[name] = (m, opt, fwd, first)
+
+    def torch_run(name):
+        m, opt, fwd, _ = peers[name]
+        def step(x, y):
+            opt.zero_grad(set_to_none=True)
+            loss = fwd(x, y, 256)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            opt.step()
+        for i in range(3):  # warm-up (and the compiler's first graphs)
+            step(*batches[i])
+        t = time.perf_counter()
+        for i in range(steps):
+            step(*batches[3 + i])
+        return steps * B * T / (time.perf_counter() - t)
+
+    runs = {"dt": [], "eager": [], "compile": []}
+    for r in range(a.repeat):
+        run_dt(model + ["--steps", str(steps), "--log", log, "--print-every", "0"], a.threads, ROOT)
+        runs["dt"].append(read_log(log)[-1]["tokens_per_s"])
+        for name in ("eager", "compile"):
+            runs[name].append(torch_run(name))
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    best = max(med["eager"], med["compile"])
+    print(f"GPT L{L} C{C} H{H} T{T} B{B}, fp32, 1 rank, {a.threads} thread(s), {steps} steps a run, "
+          f"{a.repeat} rounds interleaved (dt, eager, compile), torch {torch.__version__}")
+    print(f"first loss (dt's weights after step 1, its step-2 batch): dt {dt_first:.6f}   torch eager "
+          f"{peers['eager'][3]:.6f}   torch.compile {peers['compile'][3]:.6f}")
+    print(f"{'':14s} {'tokens/s (median)':>18s}   runs")
+    for k in ("dt", "eager", "compile"):
+        print(f"{k if k == 'dt' else 'torch ' + k:14s} {med[k]:18.0f}   {', '.join(f'{v:.0f}' for v in runs[k])}")
+    print(f"ratio dt / torch eager {med['dt'] / med['eager']:.2f}x, dt / torch.compile {med['dt'] / med['compile']:.2f}x, "
+          f"dt / the faster {med['dt'] / best:.2f}x (target >= 1.3x)")
+    print(f"machine load (1-min average) before {load0:.2f}, after {os.getloadavg()[0]:.2f}")
+    if not a.no_scaling and a.threads == 1:  # np 2 (one BLAS thread per rank): tp 2, dp 2
         for name, flags in (("tp 2", ["--tp", "2"]), ("dp 2", ["--tp", "1"])):
             log2 = os.path.join(a.workdir, "gpt_speed_np2.jsonl")
-            run_dt(model + ["--log", log2, "--quiet"] + flags, 1, ROOT, 2)
-            scaling.append((name, read_log(log2)[-1]["tokens_per_s"]))
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
-    m = GPT(L, H, C, T, 256)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.normal_(0, 0.02) if p.dim() == 2 else p.fill_(1.0 if p.shape[0] == C else 0.0)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
-    tokens = np.frombuffer(open(a.data, "rb").read(), dtype=np.uint8).astype(np.int64)
-    x = torch.tensor(np.stack([tokens[i * 97:i * 97 + T] for i in range(B)]))
-    y = torch.tensor(np.stack([tokens[i * 97 + 1:i * 97 + T + 1] for i in range(B)]))
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = m(x, y, 256)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-        opt.step()
-    for _ in range(3):
-        step()
-    t = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch_tps = steps * B * T / (time.perf_counter() - t)
-    print(f"GPT L{L} C{C} H{H} T{T} B{B}, fp32, 1 rank, {a.threads} thread(s), {steps} steps")
-    print(f"{'':12s} {'tokens/s':>12s}")
-    print(f"{'dt':12s} {dt_tps:12.0f}")
-    print(f"{'pytorch':12s} {torch_tps:12.0f}")
-    print(f"ratio dt / pytorch: {dt_tps / torch_tps:.2f}x (target >= 1.2x)")
-    if a.threads == 1:
-        for name, tps in scaling:
-            print(f"np 2, {name}: {tps:.0f} tokens/s, scaling efficiency {tps / (2 * dt_tps):.2f} (vs 2 x np 1)")
-    print("where a dt step goes (examples/gpt --profile, 1 rank):")
+            run_dt(model + ["--steps", str(steps), "--log", log2, "--quiet"] + flags, 1, ROOT, 2)
+            tps = read_log(log2)[-1]["tokens_per_s"]
+            print(f"np 2, {name}: {tps:.0f} tokens/s, scaling efficiency {tps / (2 * med['dt']):.2f} (vs 2 x np 1)")
+    prof = run_dt(model + ["--steps", str(steps), "--log", log, "--print-every", "0", "--profile"], a.threads, ROOT)
+    print("where a dt step goes (examples/gpt --profile, 1 rank, a run of its own):")
     print("".join(line + "\n" for line in prof.splitlines() if line.startswith("  ")), end="")
     return 0
 
@@ -290,6 +327,7 @@ def main():
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=3, help="rounds (dt, eager, compile), interleaved; medians")
     ap.add_argument("--no-scaling", action="store_true", help="skip the np 2 runs")
     a = ap.parse_args()
     if not os.path.exists(GPT_BIN):

@@ -8,12 +8,12 @@ What differs: torch allocates its outputs, dt writes into buffers it is given an
 gradients (+=, one more read); dt's softmax_xent writes the probabilities, torch the log-softmax.
 Times are the thread's CPU time (time.thread_time), as bench/ops.c's: the machine is shared.
 
-    /usr/bin/python3 bench/ops_torch.py [reps]"""
+    build/peers/bin/python bench/ops_torch.py [reps]   (./build.sh bench makes build/peers)"""
 import os, subprocess, sys, time
 try:
     import torch
 except ImportError:  # ./build.sh bench runs every bench/*.py; PyTorch is for peers only
-    print("bench/ops_torch.py: PyTorch is not installed (apt-get install python3-torch); skipped")
+    print("bench/ops_torch.py: PyTorch is not installed here (./build.sh bench runs this with build/peers, a venv of the pinned peers); skipped")
     sys.exit(0)
 
 # (op, rows, cols) as bench/ops.c section 1 prints them
