@@ -27,7 +27,9 @@
 
        build/bench/embed [T R D B L steps]     defaults 8 100000 64 2048 4 20
        build/bench/embed --tiers [GiB [log_rows]]  the tiered comparison only (default 8 GiB; the
-                                                  table's log_rows, default its rows) */
+                                                  table's log_rows, default its rows)
+       build/bench/embed --single [steps]      the single-table step against FBGEMM's TBE and torch's
+                                               EmbeddingBag only (issue 25; peers: $DT_PEERS_PYTHON) */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* madvise */
 #include <stdio.h>
@@ -202,20 +204,74 @@ static double memcpy_gbs(size_t bytes) {
 
 /* samples/s of bench/embed_torch.py on these shapes (0: not run), with $DT_PEERS_PYTHON (./build.sh
    bench: the pinned peers' venv, build/peers) or /usr/bin/python3 */
-static double torch_run(int T, int64_t R, int D, int64_t B, int L, int steps, const char *opt) {
+static double torch_run(int T, int64_t R, int D, int64_t B, int L, int steps, const char *opt, const char *peer) {
     char cmd[1400], line[256];
     const char *py = getenv("DT_PEERS_PYTHON");
     double sps = 0;
     FILE *p;
     if (!py || !*py || strlen(py) > 1000 || strchr(py, '\'') || strchr(py, ' ')) py = "/usr/bin/python3";
-    snprintf(cmd, sizeof cmd, "%s bench/embed_torch.py %d %lld %d %lld %d %d %s 2>&1", py, T, (long long)R, D,
-             (long long)B, L, steps, opt);
+    snprintf(cmd, sizeof cmd, "%s bench/embed_torch.py %d %lld %d %lld %d %d %s %s 2>&1", py, T, (long long)R, D,
+             (long long)B, L, steps, opt, peer);
     if ((p = popen(cmd, "r"))) {
         while (fgets(line, sizeof line, p))
             if (sscanf(line, "torch samples/s %lf", &sps) == 1) break;
         pclose(p);
     }
     return sps;
+}
+
+/* ---------------------------------------------------------------- the single-table step */
+
+/* One table of R rows x D (f32, sum pooling), batch 2048, bags of 1..7 power-law ids, 1 thread:
+   dt_embed's forward + backward + update against FBGEMM's CPU TBE (one op, the update fused in
+   its backward) and torch's EmbeddingBag + sparse optimizer, for R 100k and 10M, D 16 and 128,
+   SGD and Adagrad; rounds interleaved (dt, tbe, bag; 3 of them), each side's median step, then
+   the median over rounds. dt's table is made each round (constant values: they change no
+   memory access; random ones take ~50 s at 10M x 128) and freed before the peers run, so the
+   three never hold their tables at once. */
+static void single_grid(int steps) {
+    static const int64_t Rs[2] = {100000, 10000000};
+    static const int Ds[2] = {16, 128};
+    const int64_t B = 2048;
+    const int L = 4, rounds = 3;
+    int ri, di, oi, r, i;
+    printf("bench/embed --single: one table, dt_embed vs FBGEMM TBE (CPU) and torch EmbeddingBag, batch %lld, bags "
+           "1..%d, 1 thread, %d rounds interleaved, medians; step ms\n", (long long)B, 2 * L - 1, rounds);
+    printf("%-9s %4s %-8s %9s %9s %9s %10s %10s\n", "rows", "dim", "optim", "dt", "tbe", "bag", "tbe / dt", "bag / dt");
+    for (ri = 0; ri < 2; ri++) {
+        bbatch bb[4];
+        for (i = 0; i < 4; i++) make_batch(&bb[i], 1, Rs[ri], B, L, 300 + (uint64_t)i);
+        for (di = 0; di < 2; di++)
+            for (oi = 0; oi < 2; oi++) {
+                double td[3], tt[3], tg[3], f, m[3];
+                const char *on = oi ? "adagrad" : "sgd";
+                for (r = 0; r < rounds; r++) {
+                    dt_embed_table_desc t;
+                    dt_embed_desc d;
+                    dt_embed *e = NULL;
+                    double sps;
+                    memset(&t, 0, sizeof t);
+                    t.name = "t"; t.rows = Rs[ri]; t.dim = Ds[di];
+                    t.optim.kind = oi ? DT_EMBED_ADAGRAD : DT_EMBED_SGD;
+                    t.init.kind = DT_INIT_CONST; t.init.value = 0.01;
+                    memset(&d, 0, sizeof d);
+                    d.tables = &t; d.n_tables = 1; d.seed = 1;
+                    if (dt_embed_create(&C, &e, &d)) die("dt_embed_create (single)");
+                    run(e, bb, 4, steps, &f, &td[r]);
+                    dt_embed_free(e);
+                    sps = torch_run(1, Rs[ri], Ds[di], B, L, steps, on, "tbe");
+                    tt[r] = sps > 0 ? (double)B / sps : 0;
+                    sps = torch_run(1, Rs[ri], Ds[di], B, L, steps, on, "bag");
+                    tg[r] = sps > 0 ? (double)B / sps : 0;
+                }
+                m[0] = median(td, rounds); m[1] = median(tt, rounds); m[2] = median(tg, rounds);
+                printf("%-9lld %4d %-8s %9.3f %9.3f %9.3f %10.2f %10.2f\n", (long long)Rs[ri], Ds[di], on, m[0] * 1e3,
+                       m[1] * 1e3, m[2] * 1e3, m[1] / m[0], m[2] / m[0]);
+                fflush(stdout);
+            }
+        for (i = 0; i < 4; i++) { free(bb[i].lengths); free(bb[i].ids); }
+    }
+    printf("(a peer's 0.000: it did not run; ratios > 1: dt is faster; issue 25's target tbe / dt >= 1.0)\n");
 }
 
 /* ---------------------------------------------------------------- tiered tables */
@@ -457,6 +513,12 @@ int main(int argc, char **argv) {
     dt_embed *e;
     double fwd, step, mc, torch_sps = 0, big_step, small_step, f2, gat, gat_h, fwd_h, step_h;
     dt_ctx_desc hd;
+    if (argc > 1 && !strcmp(argv[1], "--single")) {
+        dt_ctx_init(&C, NULL);
+        single_grid(argc > 2 ? atoi(argv[2]) > 0 ? atoi(argv[2]) : 20 : 20);
+        dt_ctx_shutdown(&C);
+        return 0;
+    }
     if (argc > 1 && !strcmp(argv[1], "--tiers")) {
         double g = argc > 2 ? atof(argv[2]) : 8.0;
         if (!(g > 0) || g > 1e6) { fprintf(stderr, "bench/embed --tiers: GiB = '%s'; expected > 0\n", argv[2]); return 1; }
@@ -497,7 +559,7 @@ int main(int argc, char **argv) {
     run(e, bb, 4, steps, &fwd_h, &step_h);
     gat_h = gather_pass(e, bb, 4, steps);
     dt_embed_free(e);
-    torch_sps = torch_run(T, R, D, B, L, steps, "adagrad"); /* the PyTorch peer, same shapes, now */
+    torch_sps = torch_run(T, R, D, B, L, steps, "adagrad", "bag"); /* the PyTorch peer, same shapes, now */
     printf("%-52s %12s\n", "figure", "value");
     printf("%-52s %12.0f\n", "dt_embed fwd+bwd+Adagrad, samples/s", (double)B / step);
     printf("%-52s %12.0f\n", "the same, tables in 2 MiB pages (huge_alloc)", (double)B / step_h);
@@ -543,7 +605,8 @@ int main(int argc, char **argv) {
         printf("%-52s %12.2f\n", "ratio 10M / 100k, 2 MiB pages", big_h / small_h);
         { /* the peer on the same two tables (one table, dim 16, sparse SGD): what the memory system
              charges a 10M-row table there */
-            double tb = torch_run(1, 10000000, 16, B, L, steps, "sgd"), tsm = torch_run(1, 100000, 16, B, L, steps, "sgd");
+            double tb = torch_run(1, 10000000, 16, B, L, steps, "sgd", "bag"),
+                   tsm = torch_run(1, 100000, 16, B, L, steps, "sgd", "bag");
             if (tb > 0 && tsm > 0) {
                 printf("%-52s %12.3f\n", "torch step on 10M rows (SGD), ms", (double)B / tb * 1e3);
                 printf("%-52s %12.3f\n", "torch step on 100k rows (SGD), ms", (double)B / tsm * 1e3);
@@ -553,6 +616,7 @@ int main(int argc, char **argv) {
         dt_ctx_shutdown(&CH);
     }
     for (i = 0; i < 4; i++) { free(bb[i].lengths); free(bb[i].ids); }
+    single_grid(steps);
     tiers(8.0);
     dt_ctx_shutdown(&C);
     return 0;
