@@ -4305,6 +4305,7 @@ DT__EM_PF_FN void dt__em_pf_lines(const char *p, size_t bytes) { /* for writing 
 DT__EM_PF_FN void dt__em_pf_update(const dt__em_tab *t, int64_t x, int64_t slot) {
     const dt__em_tier *c = t->tier;
     size_t nc = (size_t)(t->c1 - t->c0), sb = (t->kind == DT_EMBED_ROWWISE_ADAGRAD ? 1 : nc) * sizeof(float);
+    if (t->dirty) DT__EM_PF_W(&t->dirty[x >> 3]); /* its bit in the changed-rows map (dt__em_mark) */
     if (c) {
         if (slot < 0 || slot >= c->cap) return; /* (cap, not filled: the helper may be filling slots) */
         dt__em_pf_slot(c, slot);
