@@ -650,7 +650,15 @@ DT_API void dt_sgd_update(float *w, const float *g, float *buf, int64_t n, doubl
                           double dampening, double weight_decay, int nesterov, int first) {
     const float lrf = (float)lr, mom = (float)momentum, damp = (float)(1.0 - dampening);
     const float wd = (float)weight_decay;
-    int64_t i;
+    int64_t i = 0;
+    if (wd == 0.0f && mom == 0.0f) { /* plain SGD (a sparse table's rows): w -= lr g, the lanes rounding as the loop */
+#ifdef DT__OPT_SSE2
+        const __m128 l = _mm_set1_ps(lrf);
+        for (; i + 4 <= n; i += 4) _mm_storeu_ps(w + i, _mm_sub_ps(_mm_loadu_ps(w + i), _mm_mul_ps(l, _mm_loadu_ps(g + i))));
+#endif
+        for (; i < n; i++) w[i] -= lrf * g[i];
+        return;
+    }
     for (i = 0; i < n; i++) {
         float d = g[i];
         if (wd != 0.0f) d += wd * w[i];
