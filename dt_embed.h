@@ -225,7 +225,8 @@
         caller:  forward(s) | prefetch(s+1): ids | dense(s), backward(s)        | forward(s+1)
         helper:                 look up s+1, reserve, copy its misses .. (done) |
    (LFU, dynamic and data-parallel tiered tables: looked up in dt_embed_prefetch, the copies
-   still on the helper; DT_EMBED_PREFETCH_SYNC=1 in the environment: every lookup there.)
+   still on the helper; DT_EMBED_PREFETCH_SYNC=1 in the environment at dt_embed_create:
+   every lookup there.)
    forward(s+1) must pass the same batch (checked: its lengths, ids and weights hashed; else
    DT_ERR_ARG on every rank) and waits for what is not done yet (tier stats seconds_wait). Rows
    no slot was found for are fetched by the forward. Cuda tables (tier HOST): the copies run on
@@ -899,6 +900,7 @@ struct dt_embed {
                                     (-1: none), so the forward and the update need not look again */
     int pf_pending;              /* a batch begun by dt_embed_prefetch awaits its forward */
     int pf_ahead;                /* it was begun ahead of the previous batch's backward */
+    int pf_sync;                 /* DT_EMBED_PREFETCH_SYNC=1 at creation: every lookup in the caller */
     int pfj;                     /* its lookups run on the helper thread until dt__em_pf_join (dt__em_pf_post): */
     const int64_t *pfj_rin;      /* the requests served (its rbuf_i), pfj_n ints, their slots into pfj_slot */
     int64_t pfj_n, *pfj_slot;
@@ -1833,6 +1835,7 @@ static dt_embed *dt__em_new(dt_ctx *ctx, const dt_embed_desc *desc, int W) {
     {   /* tier DISK: where the slow tiers go */
         const char *dir = desc->tier_dir ? desc->tier_dir : getenv("TMPDIR");
         snprintf(e->tier_dir, sizeof e->tier_dir, "%s", dir && dir[0] ? dir : "/tmp");
+        e->pf_sync = getenv("DT_EMBED_PREFETCH_SYNC") != NULL; /* (read once, not each prefetch) */
     }
     e->comm = desc->comm;
     e->rank = desc->comm ? dt_comm_rank(desc->comm) : 0;
@@ -4641,7 +4644,7 @@ static dt_status dt__em_pf_reserve(dt_embed *e, int skip_pfa) {
 static int dt__em_pf_async(const dt_embed *e) {
 #ifdef DT__EM_THREADS
     int i;
-    if (e->cuda || !e->pfq || !e->pfq->threaded || getenv("DT_EMBED_PREFETCH_SYNC")) return 0;
+    if (e->cuda || !e->pfq || !e->pfq->threaded || e->pf_sync) return 0;
     for (i = 0; i < e->n_tabs; i++)
         if (e->tabs[i].tier && e->tabs[i].tier->pfa) return 1;
     return 0;
