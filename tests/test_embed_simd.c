@@ -125,7 +125,8 @@ static void dot_ref(float *out, float *gd, float *ge, const float *dense, const 
 }
 
 static void test_dot(void) {
-    static const int64_t shapes[][3] = {{3, 1, 1}, {2, 3, 5}, {4, 4, 16}, {3, 26, 16}, {2, 7, 13}, {2, 5, 37}, {1, 0, 3}};
+    static const int64_t shapes[][3] = {{3, 1, 1}, {2, 3, 5}, {4, 4, 16}, {3, 26, 16}, {2, 7, 13}, {2, 5, 37}, {1, 0, 3},
+                                        {2, 40, 16}, {2, 33, 20}, {3, 26, 7}, {1, 2, 36}};
     int s;
     for (s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++) {
         int64_t B = shapes[s][0], F = shapes[s][1], D = shapes[s][2], W = D + (F + 1) * F / 2, i;

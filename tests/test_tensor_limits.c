@@ -1307,8 +1307,9 @@ static void test_null_grads(void) {
         dt_tensor_free(&C, &dx); dt_tensor_free(&C, &dw); dt_tensor_free(&C, &db);
         dt_tensor_free(&C, &dx1); dt_tensor_free(&C, &dw1); dt_tensor_free(&C, &db1);
     }
-    {   /* dot interaction: ddense, demb, each alone */
-        dt_tensor dense = mk(DT_F32, 2, SH(2, 3)), emb = mk(DT_F32, 3, SH(2, 3, 3)), g = mk(DT_F32, 2, SH(2, 9));
+    {   /* dot interaction: ddense, demb, each alone (D 21: the 16-, 4- and 1-wide paths; F 4: vectors in pairs
+           and one alone either way) */
+        dt_tensor dense = mk(DT_F32, 2, SH(2, 21)), emb = mk(DT_F32, 3, SH(2, 4, 21)), g = mk(DT_F32, 2, SH(2, 31));
         dt_tensor dd, de, dd1, de1;
         rnd(&dense, "dense"); rnd(&emb, "emb"); rnd(&g, "g");
         dd = like(&dense, 0.25f); de = like(&emb, 0.25f); dd1 = like(&dense, 0.25f); de1 = like(&emb, 0.25f);
