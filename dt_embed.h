@@ -810,6 +810,8 @@ typedef struct dt__em_tab {
     /* tiered tables: w, s1, s2 view the slow tier; the cache of hot rows (see >>tier) */
     struct dt__em_tier *tier;
     dt_embed_tier tier_kind;
+    int local;                   /* looked up and updated in place here, no requests: data-parallel, or
+                                    (one rank) a resident cpu table whose shard is the whole table */
     int64_t cache_rows;
     double cache_fraction;
     dt_embed_eviction cache_evict;
@@ -839,13 +841,13 @@ typedef struct dt__em_seg {      /* one request of the last forward, in generati
     int64_t res;                 /* offset of its result in the response buffer (floats) */
 } dt__em_seg;
 
-typedef struct dt__em_contrib {  /* one gradient contribution to a row, for the sorted update */
-    int t, f;
-    int64_t row, sample, pos;    /* row: local to the shard */
+typedef struct dt__em_contrib {  /* one gradient contribution to a row, for the sorted update: 32 bytes */
+    int t;                       /* the table */
+    float w;                     /* the id's weight (1: unweighted) */
+    int64_t row;                 /* local to the shard */
     int64_t slot;                /* tiered tables: the row's cache slot at the forward, or -1 */
-    float w;
-    const float *g;
-} dt__em_contrib;
+    const float *g;              /* its gradient (the shard's columns) */
+} dt__em_contrib; /* (its (sample, feature, position) is its place in the list: they arrive in that order) */
 
 typedef struct dt__em_pend { int t; int64_t row, off; } dt__em_pend;
 
@@ -1876,10 +1878,18 @@ static dt_status dt__em_build_shards(dt_embed *e, const dt_embed_desc *desc) {
     int i, W = e->size;
     for (i = 0; !st && i < e->n_tabs; i++) {
         dt__em_tab *t = &e->tabs[i];
-        if (t->shard == DT_SHARD_DATA) e->any_dp = 1;
         if (t->dynamic) e->any_dyn = 1;
         if (t->tier_kind != DT_TIER_NONE) e->any_tier = 1; /* on every rank: its collectives are every rank's */
         dt__em_shard_bounds(e, t);
+        /* One rank holds every table whole, whatever the plan says of it: its lookups pool straight
+           from the shard and its gradients are read where they lie (the data-parallel path), with the
+           same sums in the same order, so the results are the requests' bits; the requests and
+           responses, their copies and the gradients' copy are skipped (bench/RESULTS.md, issue 25:
+           a 100k x 16 SGD step ~17% faster). Not for tiered tables (their prefetch serves the
+           requests' path) nor dynamic ones (ids hashed to slots) nor cuda (its own paths). */
+        t->local = t->shard == DT_SHARD_DATA || (W == 1 && !e->cuda && !t->dynamic && t->tier_kind == DT_TIER_NONE &&
+                                                 t->r0 == 0 && t->r1 == t->rows && t->c0 == 0 && t->c1 == t->dim);
+        if (t->local) e->any_dp = 1;
         if (t->dynamic) {
             int h, k;
             if (!(t->hs_owner = (int *)dt_alloc(ctx, sizeof(int) * (size_t)t->n_hs))) { st = DT_ERR_OOM; break; }
@@ -2220,7 +2230,7 @@ static dt_status dt__em_generate(dt_embed *e, dt__em_gen *g) {
             const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
             int64_t i0 = e->offs[(int64_t)f * B + b], n = e->offs[(int64_t)f * B + b + 1] - i0;
             int seq = t->pooling == DT_POOL_NONE;
-            switch (t->shard) {
+            switch (t->local ? DT_SHARD_DATA : t->shard) {
             case DT_SHARD_TABLE:
                 if (seq) for (j = 0; j < n; j++) DT__TRY(dt__em_add_seg(e, g, t->owner, f, b, j, 0, t->dim, i0 + j, 1));
                 else DT__TRY(dt__em_add_seg(e, g, t->owner, f, b, -1, 0, t->dim, i0, n));
@@ -3797,7 +3807,7 @@ static dt_status dt__em_dp_lookup(dt_embed *e) {
         for (f = 0; f < e->n_feat; f++) {
             dt__em_tab *t = &e->tabs[e->feat_tab[f]];
             int64_t i0 = e->offs[(int64_t)f * e->B + b], n = e->offs[(int64_t)f * e->B + b + 1] - i0;
-            if (t->shard != DT_SHARD_DATA) continue;
+            if (!t->local) continue;
             if (t->tier && t->pooling == DT_POOL_NONE)
                 for (j = 0; j < n; j++)
                     DT__TRY(dt__em_dp_tier_bag(e, t, dt__em_dst(e, f, b, j, NULL, e->seq), e->rows + i0 + j, e->wts + i0 + j, 1));
@@ -4108,12 +4118,12 @@ DT_API dt_status dt_embed_sequence_grad(dt_embed *e, dt_tensor *view, int f) {
 
 /* ==== >>backward: gradients to owners, sparse update ========================================== */
 
-static dt_status dt__em_add_con(dt_embed *e, int t, int f, int64_t row, int64_t sample, int64_t pos, float w,
-                                const float *g, int64_t *n) {
+static dt_status dt__em_add_con(dt_embed *e, int t, int64_t row, float w, const float *g, int64_t *n) {
     dt__em_contrib *c;
-    DT__TRY(dt_grow(e->ctx, (void **)&e->con, &e->con_cap, *n + 1, sizeof(dt__em_contrib), "dt_embed gradients"));
+    if (*n >= e->con_cap) /* (the test inline: one call a step, not one an id) */
+        DT__TRY(dt_grow(e->ctx, (void **)&e->con, &e->con_cap, *n + 1, sizeof(dt__em_contrib), "dt_embed gradients"));
     c = &e->con[(*n)++];
-    c->t = t; c->f = f; c->row = row; c->sample = sample; c->pos = pos; c->w = w; c->g = g; c->slot = -1;
+    c->t = t; c->row = row; c->w = w; c->g = g; c->slot = -1;
     return DT_OK;
 }
 
@@ -4211,10 +4221,37 @@ static dt_status dt__em_dp_grads(dt_embed *e, const float *dout, int64_t *ncon) 
     int W = e->size, f, r;
     int64_t b, j, ni = 0, nf = 0, oi, of, tri = 0, trf = 0, *cnt = e->cnt;
     double *v;
+    if (W == 1) { /* one rank: its own pairs, in the same order, each gradient read where it is (sum
+                     pooling: the dout row itself; sequences: seq_grad; mean: scaled into dp_f once a bag) */
+        for (f = 0; f < e->n_feat; f++) {
+            const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+            if (t->local && t->pooling == DT_POOL_MEAN) nf += t->dim * e->B;
+        }
+        DT__TRY(dt__em_need(e, &e->dp_f, DT_F32, nf + 1));
+        of = 0;
+        for (b = 0; b < e->B; b++)
+            for (f = 0; f < e->n_feat; f++) {
+                const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+                int64_t i0 = e->offs[(int64_t)f * e->B + b], n = e->offs[(int64_t)f * e->B + b + 1] - i0;
+                const float *g = dout ? dout + b * e->pooled_dim + e->feat_off[f] : NULL;
+                if (!t->local || n == 0) continue;
+                if (t->pooling == DT_POOL_MEAN) {
+                    float *q = (float *)e->dp_f.data + of;
+                    dt__em_bag_grad(e, dout, f, b, q);
+                    g = q;
+                    of += t->dim;
+                }
+                for (j = 0; j < n; j++)
+                    DT__TRY(dt__em_add_con(e, e->feat_tab[f], e->rows[i0 + j], e->wts[i0 + j],
+                                           t->pooling == DT_POOL_NONE ? dt__em_dst(e, f, b, j, NULL, e->seq_grad) : g,
+                                           ncon));
+            }
+        return DT_OK;
+    }
     for (f = 0; f < e->n_feat; f++) {
         const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
         int64_t n = e->offs[(int64_t)(f + 1) * e->B] - e->offs[(int64_t)f * e->B];
-        if (t->shard != DT_SHARD_DATA) continue;
+        if (!t->local) continue;
         ni += 5 * n;
         nf += (1 + t->dim) * n;
     }
@@ -4225,7 +4262,7 @@ static dt_status dt__em_dp_grads(dt_embed *e, const float *dout, int64_t *ncon) 
         for (f = 0; f < e->n_feat; f++) {
             const dt__em_tab *t = &e->tabs[e->feat_tab[f]];
             int64_t i0 = e->offs[(int64_t)f * e->B + b], n = e->offs[(int64_t)f * e->B + b + 1] - i0;
-            if (t->shard != DT_SHARD_DATA) continue;
+            if (!t->local) continue;
             for (j = 0; j < n; j++) {
                 int64_t *pi = (int64_t *)e->dp_i.data + oi;
                 float *pf = (float *)e->dp_f.data + of;
@@ -4264,7 +4301,7 @@ static dt_status dt__em_dp_grads(dt_embed *e, const float *dout, int64_t *ncon) 
     while (oi < tri) {
         const int64_t *pi = (const int64_t *)e->dp_ri.data + oi;
         const float *pf = (const float *)e->dp_rf.data + of;
-        DT__TRY(dt__em_add_con(e, (int)pi[0], (int)pi[3], pi[1], pi[2], pi[4], pf[0], pf + 1, ncon));
+        DT__TRY(dt__em_add_con(e, (int)pi[0], pi[1], pf[0], pf + 1, ncon));
         oi += 5; of += 1 + e->tabs[pi[0]].dim;
     }
     return DT_OK;
@@ -4483,8 +4520,8 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
             const dt__em_tab *t = &e->tabs[ti];
             for (j = 0; j < n; j++)
                 if (rin[p + DT__EM_HDR + j] >= 0) { /* a dynamic id not admitted has no row to update */
-                    DT__TRY(dt__em_add_con(e, ti, f, rin[p + DT__EM_HDR + j] - t->r0, rin[p + 1], rin[p + 2] + j,
-                                        e->any_weighted ? rfl[q + j] : 1.0f, gin + o, &ncon));
+                    DT__TRY(dt__em_add_con(e, ti, rin[p + DT__EM_HDR + j] - t->r0,
+                                           e->any_weighted ? rfl[q + j] : 1.0f, gin + o, &ncon));
                     if (t->tier && !e->cuda) e->con[ncon - 1].slot = e->tslot[p + DT__EM_HDR + j];
                 }
             o += t->c1 - t->c0;

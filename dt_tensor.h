@@ -1650,10 +1650,10 @@ static dt_status dt__on_host(dt_ctx *ctx, dt_tensor *t, dt__host_fn fn, const vo
 }
 
 static dt_status dt__fill_host(dt_ctx *ctx, dt_tensor *t, const void *arg) {
-    double v = *(const double *)arg;
+    double v = *(const double *)arg, zero = 0.0;
     int64_t i;
     (void)ctx;
-    if (v == 0.0 && !signbit(v)) { /* +0 is all-zero bits in every dtype: memset's wide stores (zeroing
+    if (memcmp(&v, &zero, sizeof v) == 0) { /* +0 is all-zero bits in every dtype: memset's wide stores (zeroing
                                       gradients before an accumulating backward: 4% of a DLRM step) */
         if (t->numel > 0) memset(t->data, 0, (size_t)t->numel * dt_dtype_size(t->dtype));
         return DT_OK;
