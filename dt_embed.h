@@ -121,6 +121,9 @@
                                  naming group_size). The group is the planner's (least loaded),
                                  or pin_owner = 1 pins it: the group holding rank `owner`.
    AUTO (the default)            the planner chooses (below).
+   On one rank every resident cpu table with rows of up to 64 bytes (dim 16 f32) is whole whatever
+   its sharding, and runs the data-parallel path (pooled in place, gradients read where they lie):
+   no requests, the same sums in the same order; the plan still reports the sharding chosen.
 
    Exactness: the parallel result equals the single-rank result bit for bit, at any world size
    and under any plan. How: a pooled bag is always summed in bag order, starting from 0, in f32:
@@ -1885,10 +1888,14 @@ static dt_status dt__em_build_shards(dt_embed *e, const dt_embed_desc *desc) {
            from the shard and its gradients are read where they lie (the data-parallel path), with the
            same sums in the same order, so the results are the requests' bits; the requests and
            responses, their copies and the gradients' copy are skipped (bench/RESULTS.md, issue 25:
-           a 100k x 16 SGD step ~17% faster). Not for tiered tables (their prefetch serves the
-           requests' path) nor dynamic ones (ids hashed to slots) nor cuda (its own paths). */
-        t->local = t->shard == DT_SHARD_DATA || (W == 1 && !e->cuda && !t->dynamic && t->tier_kind == DT_TIER_NONE &&
-                                                 t->r0 == 0 && t->r1 == t->rows && t->c0 == 0 && t->c1 == t->dim);
+           a 100k x 16 SGD step ~17% faster). Measured faster for rows of one cache line (64
+           bytes: dim 16 f32) and slower for wider ones (dim 64: 2.3 -> 2.9 ms a 100k-row Adagrad
+           step, its gradient sums stalling on their reads; not understood yet), so only those.
+           Not for tiered tables (their prefetch serves the requests' path) nor dynamic ones (ids
+           hashed to slots) nor cuda (its own paths). */
+        t->local = t->shard == DT_SHARD_DATA ||
+                   (W == 1 && !e->cuda && !t->dynamic && t->tier_kind == DT_TIER_NONE && t->r0 == 0 && t->r1 == t->rows &&
+                    t->c0 == 0 && t->c1 == t->dim && t->dim * (int64_t)dt_dtype_size(t->dtype) <= 64);
         if (t->local) e->any_dp = 1;
         if (t->dynamic) {
             int h, k;
@@ -3803,22 +3810,35 @@ static dt_status dt__em_dp_lookup(dt_embed *e) {
     int64_t b, j;
     int f;
     if (e->cuda) return dt__em_cuda_dp_pool(e);
+    /* resident tables a feature at a time: its ids are contiguous, so a cursor prefetches the rows
+       DT__EM_PF_IDS ids ahead across bags (bags are short: a prefetch inside one comes too late).
+       Each bag is its own sum from 0, so their order changes no bits. */
+    for (f = 0; f < e->n_feat; f++) {
+        dt__em_tab *t = &e->tabs[e->feat_tab[f]];
+        int64_t hi = e->offs[(int64_t)(f + 1) * e->B], pf = e->offs[(int64_t)f * e->B];
+        if (!t->local || t->tier) continue;
+        for (b = 0; b < e->B; b++) {
+            int64_t i0 = e->offs[(int64_t)f * e->B + b], n = e->offs[(int64_t)f * e->B + b + 1] - i0;
+            for (; pf < hi && pf < i0 + n + DT__EM_PF_IDS; pf++) dt__em_pf_row(t, e->rows[pf], 0);
+            if (t->pooling == DT_POOL_NONE)
+                for (j = 0; j < n; j++)
+                    dt__em_pool(t, dt__em_dst(e, f, b, j, NULL, e->seq), e->rows + i0 + j, e->wts + i0 + j, 1, 0, t->dim, 0);
+            else dt__em_pool(t, dt__em_dst(e, f, b, -1, (float *)e->pooled.data, NULL), e->rows + i0, e->wts + i0, n, 0,
+                             t->dim, 0);
+        }
+    }
+    /* tiered tables in the batch's order (their cache's recency follows it) */
     for (b = 0; b < e->B; b++)
         for (f = 0; f < e->n_feat; f++) {
             dt__em_tab *t = &e->tabs[e->feat_tab[f]];
             int64_t i0 = e->offs[(int64_t)f * e->B + b], n = e->offs[(int64_t)f * e->B + b + 1] - i0;
-            if (!t->local) continue;
-            if (t->tier && t->pooling == DT_POOL_NONE)
+            if (!t->local || !t->tier) continue;
+            if (t->pooling == DT_POOL_NONE)
                 for (j = 0; j < n; j++)
                     DT__TRY(dt__em_dp_tier_bag(e, t, dt__em_dst(e, f, b, j, NULL, e->seq), e->rows + i0 + j, e->wts + i0 + j, 1));
-            else if (t->tier)
+            else
                 DT__TRY(dt__em_dp_tier_bag(e, t, dt__em_dst(e, f, b, -1, (float *)e->pooled.data, NULL), e->rows + i0,
                                            e->wts + i0, n));
-            else if (t->pooling == DT_POOL_NONE)
-                for (j = 0; j < n; j++)
-                    dt__em_pool(t, dt__em_dst(e, f, b, j, NULL, e->seq), e->rows + i0 + j, e->wts + i0 + j, 1, 0, t->dim, 1);
-            else dt__em_pool(t, dt__em_dst(e, f, b, -1, (float *)e->pooled.data, NULL), e->rows + i0, e->wts + i0, n, 0,
-                             t->dim, 1);
         }
     return DT_OK;
 }

@@ -130,7 +130,9 @@ static dt_embed *make(dt_ctx *ctx, int T, int64_t R, int D, dt_embed_optim kind)
 /* Median seconds of the gather + pool pass alone over `steps` forwards: forward_begin (at one
    rank it also delivers the requests), then the owner's pooling of them, timed (the rows cold
    as in a real forward: the previous step gathered another batch), then forward_end and the
-   backward as usual. */
+   backward as usual. One rank pools its resident tables in place (no requests: dt_embed.h,
+   "shardings"): there the pass timed is that pooling, run a second time after begin's (the
+   rows warm from the first: an upper bound on the pass's speed). */
 static double gather_pass(dt_embed *e, bbatch *bb, int nb, int steps) {
     int64_t D = dt_embed_pooled_dim(e), B = bb[0].k.batch, tot = 0;
     dt_tensor out, dout;
@@ -144,6 +146,14 @@ static double gather_pass(dt_embed *e, bbatch *bb, int nb, int steps) {
     for (s = 0; s < steps + 2; s++) {
         double t0;
         if (dt_embed_forward_begin(e, &bb[s % nb].k)) die("forward_begin");
+        if (e->tabs[0].local) { /* one rank: the tables are pooled in place (the local path), no requests */
+            t0 = now_s();
+            if (dt__em_dp_lookup(e)) die("local lookup"); /* again: it writes its bags, does not add */
+            if (s >= 2) tg[s - 2] = now_s() - t0;
+            if (dt_embed_forward_end(e, &out)) die("forward_end");
+            if (dt_embed_backward(e, &dout)) die("backward");
+            continue;
+        }
         if (dt__em_serve(e, (const int64_t *)e->rbuf_i.data, (const float *)e->rbuf_f.data, e->cnt + 3 * W,
                          e->cnt + 5 * W, NULL)) /* counts the result floats, as forward_end does */
             die("serve");
@@ -511,7 +521,7 @@ int main(int argc, char **argv) {
     int64_t R = 100000, B = 2048, ids = 0;
     bbatch bb[4];
     dt_embed *e;
-    double fwd, step, mc, torch_sps = 0, big_step, small_step, f2, gat, gat_h, fwd_h, step_h;
+    double fwd, step, mc, torch_sps = 0, tbe_sps = 0, big_step, small_step, f2, gat, gat_h, fwd_h, step_h;
     dt_ctx_desc hd;
     if (argc > 1 && !strcmp(argv[1], "--single")) {
         dt_ctx_init(&C, NULL);
@@ -560,6 +570,7 @@ int main(int argc, char **argv) {
     gat_h = gather_pass(e, bb, 4, steps);
     dt_embed_free(e);
     torch_sps = torch_run(T, R, D, B, L, steps, "adagrad", "bag"); /* the PyTorch peer, same shapes, now */
+    tbe_sps = torch_run(T, R, D, B, L, steps, "adagrad", "tbe");   /* FBGEMM's table-batched kernel, TorchRec's */
     printf("%-52s %12s\n", "figure", "value");
     printf("%-52s %12.0f\n", "dt_embed fwd+bwd+Adagrad, samples/s", (double)B / step);
     printf("%-52s %12.0f\n", "the same, tables in 2 MiB pages (huge_alloc)", (double)B / step_h);
@@ -567,6 +578,10 @@ int main(int argc, char **argv) {
         printf("%-52s %12.0f\n", "torch EmbeddingBag + sparse Adagrad, samples/s", torch_sps);
         printf("%-52s %12.2f   (target >= 1.5)\n", "ratio dt / torch", (double)B / step / torch_sps);
     } else printf("%-52s %12s\n", "torch peer", "not run (needs $DT_PEERS_PYTHON or /usr/bin/python3 with torch)");
+    if (tbe_sps > 0) {
+        printf("%-52s %12.0f\n", "FBGEMM TBE (CPU) + exact Adagrad, samples/s", tbe_sps);
+        printf("%-52s %12.2f\n", "ratio dt / FBGEMM TBE", (double)B / step / tbe_sps);
+    } else printf("%-52s %12s\n", "FBGEMM TBE peer", "not run (needs fbgemm-gpu-cpu: ./build.sh bench's build/peers)");
     printf("%-52s %12.2f\n", "gather + pool pass: rows gathered, GB/s", (double)ids * D * 4 / gat / 1e9);
     printf("%-52s %12.2f\n", "whole forward: rows gathered, GB/s", (double)ids * D * 4 / fwd / 1e9);
     printf("%-52s %12.2f\n", "memcpy 256 MiB, GB/s (bytes copied)", mc);
