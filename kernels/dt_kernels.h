@@ -21,7 +21,7 @@
        >>elementwise   bias, relu, gelu, add, axpy, mul, casts              dt_elementwise.cu
        >>reduce        layernorm                                            dt_reduce.cu
        >>xent          softmax + cross entropy, bce, sums (device losses)   dt_softmax.cu
-       >>attention     causal attention, plain and flash                    dt_attention.cu
+       >>attention     causal attention, plain and flash; on tensor cores   dt_attention.cu, dt_flash.cu
        >>embedding     embedding, sharded tables, GPU hash map, dot         dt_embed.cu, dt_hash.cu
        >>opt           grads' pass, step decisions, multi-tensor updates    dt_opt.cu
        >>embcopies     the owner side of dt_embed's CUDA forward: copies    dt_embed_copies.cu
@@ -124,7 +124,7 @@ int dt_k_bce_logits_bwd(float *dlogits, const float *logits, const float *labels
 int dt_k_sum(double *out, const float *x, int64_t n, int sq, void *scratch, void *stream);
 int dt_k_scale(float *x, float alpha, int64_t n, void *stream);
 
-/* ==== >>attention: attention (dt_attention.cu) ================================================ */
+/* ==== >>attention: attention (dt_attention.cu, dt_flash.cu) =================================== */
 
 /* Causal multi-head self-attention, as dt_attention_fwd / _bwd: qkv [B,T,3C] packed q|k|v,
    out [B,T,C], att [B,H,T,T] the softmaxed scores (zeros above the diagonal), H = n_head
@@ -150,6 +150,33 @@ int dt_k_attention_fwd_flash(float *out, float *lse, const float *qkv, int64_t B
    128: cudaErrorInvalidValue. Equals dt_k_attention_bwd to fp32 reassociation (~1e-6). */
 int dt_k_attention_bwd_flash(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                              int64_t B, int64_t T, int64_t C, int n_head, float *scratch, void *stream);
+
+/* Causal attention on the tensor cores (dt_flash.cu, FlashAttention-2 on mma.sync m16n8k16): q,
+   k, v in bf16 (uint16_t bits), f32 accumulation, softmax statistics and outputs. Row (b, t) of
+   q is at q + (b T + t) q_stride, head h at + h hs; k and v alike (kv_stride) with H_kv heads,
+   query head h reading K/V head h / (H / H_kv) (grouped-query attention; H_kv = H: multi-head).
+   hs is 16, 32, 64, 96 or 128; strides are multiples of 8 and q, k, v 16-byte aligned (16-byte
+   loads). fwd: out (f32, out_stride per row) = softmax(q k^T / sqrt(hs), causal) v, and lse
+   [B, H, T] the natural log-sum-exp of each row's scaled scores. bwd: dq, dk, dv += the
+   gradient (f32, dq_stride / dkv_stride per row) from dout (f32, out_stride), out and lse as
+   the forward left them; scratch: dt_k_flash_bwd_scratch(B, T, H, hs) device bytes of the
+   caller's. No atomics: the same bits every run. Compute capability < 8.0:
+   cudaErrorNotSupported; a shape or pointer outside the above: cudaErrorInvalidValue. */
+typedef struct dt_k_flash {
+    int64_t B, T;
+    int H, H_kv, hs;
+    const uint16_t *q, *k, *v;
+    int64_t q_stride, kv_stride;
+    float *out, *lse;
+    int64_t out_stride;
+    const float *dout;                 /* bwd only, from here down */
+    float *dq, *dk, *dv;
+    int64_t dq_stride, dkv_stride;
+    void *scratch;
+} dt_k_flash;
+int dt_k_flash_fwd(const dt_k_flash *a, void *stream);
+size_t dt_k_flash_bwd_scratch(int64_t B, int64_t T, int H, int hs);
+int dt_k_flash_bwd(const dt_k_flash *a, void *stream);
 
 /* ==== >>embedding: embedding (dt_embed.cu, dt_hash.cu) ======================================== */
 

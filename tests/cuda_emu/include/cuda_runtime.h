@@ -86,7 +86,8 @@ typedef enum cudaError {
     cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
     cudaErrorMisalignedAddress = 716,
-    cudaErrorLaunchFailure = 719
+    cudaErrorLaunchFailure = 719,
+    cudaErrorNotSupported = 801
 } cudaError_t;
 
 typedef enum cudaMemcpyKind {

@@ -1,0 +1,462 @@
+/* kernels/dt_flash.cu - causal attention on the tensor cores: FlashAttention-2 (Dao 2023) with bf16
+   q, k, v, f32 accumulation and statistics, mma.sync m16n8k16 through kernels/dt_mma.cuh.
+
+   Forward, one block of 4 warps per (64 queries, b, h); warp w owns queries q0 + 16w .. +15:
+
+        Q tile --(once)--> registers (A fragments, 16 x hs per warp)
+        for each K/V tile of 64 keys up to the diagonal (tiles above it never load):
+            K, V tile --16-byte loads--> shared memory, rows padded by 8 (no bank conflicts)
+            S  = Q K^T          mma, K read as B's transpose            16 x 64 per warp, f32
+            m' = max(m, rowmax S), P = exp(S - m'), l = l e^(m - m') + rowsum P, O = O e^(m - m')
+            O += P V            P's accumulators ARE the A fragments of the next mma (bf16)
+        out = O / l,  lse = m + log l   (natural log of the scaled scores: what ring attention merges)
+
+   The rows of S a lane holds (g and g + 8, columns 2t, 2t + 1 of each 8-column block) are the
+   rows and columns its A fragment of P needs (dt_mma.cuh's layout), so P never leaves the
+   registers; a row's max and sum are finished over the 4 lanes that share it (xor 1, 2).
+
+   Backward (FlashAttention-2's, deterministic): a prep pass D = rowsum(dout * out) (f32) and
+   dout in bf16; then one pass per 64 keys (dk, dv: a warp per 16 keys, looping over the query
+   tiles at and under the diagonal and over the query heads sharing the K/V head) and one pass
+   per 64 queries (dq), each recomputing P = exp(S - lse) from q, k and the forward's lse:
+        dV += P^T dO,   dP = dO V^T,   dS = P (dP - D) scale,   dK += dS^T Q,   dQ += dS K.
+   Every output element is summed by one lane in a fixed order: no atomics, the same bits every
+   run. Two passes recompute S twice, the price of no atomics.
+
+   Grouped-query attention: H query heads share H_kv K/V heads (head h reads K/V head
+   h / (H / H_kv)); the dk/dv pass sums the group's query heads in order.
+
+   Precision: P and dS are rounded to bf16 before their mma (as FlashAttention-2), dO too; the
+   rest is f32. Against an f64 reference on the same bf16 inputs the error is some 1e-3
+   relative (tests/cuda_emu/k_flash.cpp states the bound it checks).
+
+   Needs compute capability 8.0 (mma.sync with bf16): the launchers return cudaErrorNotSupported
+   below it, and an sm_75 build (DT_CUDA_ARCH) compiles these kernels empty.
+                                                                  MIT licence (see dt_tensor.h) */
+#include "dt_cuda.cuh"
+#include <math.h>
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define DT_K__FLASH_MMA 1
+#include "dt_mma.cuh"
+#else
+#define DT_K__FLASH_MMA 0
+#endif
+
+#define DT_K__FL_WARPS 4
+#define DT_K__FL_ROWS 64      /* queries of a forward / dq block, keys of a dk/dv block: 16 a warp */
+#define DT_K__FL_KEYS 64      /* keys of a forward K/V tile */
+#define DT_K__FL_BWD_TILE 32  /* keys of a dq pass tile, queries of a dk/dv pass tile */
+#define DT_K__FL_LOG2E 1.4426950408889634f
+#ifndef DT_K__FL_PLANT /* tests/cuda_emu/k_flash.cpp builds a copy with a bug planted: 1 a fragment, 2 a barrier */
+#define DT_K__FL_PLANT 0
+#endif
+
+/* The shared-memory row of a tile: hs + 8 bf16. Lanes g = 0..7 read rows g at column 2t: with
+   rows (hs + 8) / 2 words apart (hs % 16 == 0), row g starts at bank 4g (mod 32) + the row's
+   offset, so the 32 lanes hit 32 banks; and a row is a multiple of 16 bytes, so 16-byte stores
+   stay aligned. */
+#define DT_K__FL_LD(hs) ((hs) + 8)
+
+#if DT_K__FLASH_MMA
+/* rows [r0, r0 + n) of a tensor (row r at src + r * stride, hs bf16 each) into tile (ld), 16
+   bytes a thread a step; rows at or past T are zeros. The block's threads share the work. */
+template <int HS>
+static __device__ __forceinline__ void dt_k__fl_tile(uint16_t *tile, const uint16_t *__restrict__ src,
+                                                     int64_t stride, int64_t r0, int n, int64_t T) {
+    const int per_row = HS / 8;
+    for (int i = threadIdx.x; i < n * per_row; i += blockDim.x) {
+        int r = i / per_row, c = (i % per_row) * 8;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r0 + r < T) v = dt_k_load_vec<uint4>(src + (r0 + r) * stride + c);
+        dt_k_store_vec<uint4>(tile + r * DT_K__FL_LD(HS) + c, v);
+    }
+}
+
+/* The A fragment (16 x 16, k = columns 16j .. 16j + 15) of a 16-row block whose f32 values are
+   in accumulators s[2j] (columns 16j .. +7) and s[2j + 1] (+8 .. +15), rounded to bf16. */
+static __device__ __forceinline__ void dt_k__fl_c_to_a(dt_mma_frag_a *a, const dt_mma_frag_c &lo,
+                                                       const dt_mma_frag_c &hi) {
+    a->x[0] = dt_mma_pack(dt_k_f32_to_bf16(lo.x[0]), dt_k_f32_to_bf16(lo.x[1]));
+#if DT_K__FL_PLANT == 1 /* rows g + 8 and g, k pairs 0-7 and 8-15 traded */
+    a->x[2] = dt_mma_pack(dt_k_f32_to_bf16(lo.x[2]), dt_k_f32_to_bf16(lo.x[3]));
+    a->x[1] = dt_mma_pack(dt_k_f32_to_bf16(hi.x[0]), dt_k_f32_to_bf16(hi.x[1]));
+#else
+    a->x[1] = dt_mma_pack(dt_k_f32_to_bf16(lo.x[2]), dt_k_f32_to_bf16(lo.x[3]));
+    a->x[2] = dt_mma_pack(dt_k_f32_to_bf16(hi.x[0]), dt_k_f32_to_bf16(hi.x[1]));
+#endif
+    a->x[3] = dt_mma_pack(dt_k_f32_to_bf16(hi.x[2]), dt_k_f32_to_bf16(hi.x[3]));
+}
+
+/* acc[n] (n < N / 8) = A B^T over hs: A the warp's 16 rows (fragments a[hs / 16]), B the tile's
+   rows 8n .. 8n + 7 (ld): scores of 16 rows against N rows of a tile. */
+template <int HS, int N>
+static __device__ __forceinline__ void dt_k__fl_abt(dt_mma_frag_c *acc, const dt_mma_frag_a *a, const uint16_t *tile,
+                                                    int lane) {
+#pragma unroll
+    for (int n = 0; n < N / 8; n++) {
+        dt_mma_zero_c(&acc[n]);
+#pragma unroll
+        for (int kk = 0; kk < HS / 16; kk++) {
+            dt_mma_frag_b b;
+            dt_mma_load_bt(&b, tile + n * 8 * DT_K__FL_LD(HS) + kk * 16, DT_K__FL_LD(HS), lane);
+            dt_mma_m16n8k16_bf16(&acc[n], a[kk], b, acc[n]);
+        }
+    }
+}
+
+/* o[n] (n < hs / 8) += P V: P the warp's 16 x K values in accumulators p[K / 8] (rounded to
+   bf16 here), V the tile's K rows of hs (ld). */
+template <int HS, int K>
+static __device__ __forceinline__ void dt_k__fl_pv(dt_mma_frag_c *o, const dt_mma_frag_c *p, const uint16_t *tile,
+                                                   int lane) {
+#pragma unroll
+    for (int j = 0; j < K / 16; j++) {
+        dt_mma_frag_a a;
+        dt_k__fl_c_to_a(&a, p[2 * j], p[2 * j + 1]);
+#pragma unroll
+        for (int n = 0; n < HS / 8; n++) {
+            dt_mma_frag_b b;
+            dt_mma_load_b(&b, tile + j * 16 * DT_K__FL_LD(HS) + n * 8, DT_K__FL_LD(HS), lane);
+            dt_mma_m16n8k16_bf16(&o[n], a, b, o[n]);
+        }
+    }
+}
+
+/* The warp's 16 rows of a tile (row0 of the tile) as A fragments. */
+template <int HS>
+static __device__ __forceinline__ void dt_k__fl_rows_a(dt_mma_frag_a *a, const uint16_t *tile, int row0, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++)
+        dt_mma_load_a(&a[kk], tile + row0 * DT_K__FL_LD(HS) + kk * 16, DT_K__FL_LD(HS), lane);
+}
+
+/* Accumulators (16 rows x hs) added to f32 rows dst[r * stride + c] for rows r0 + r < T. */
+template <int HS>
+static __device__ __forceinline__ void dt_k__fl_add_rows(float *dst, int64_t stride, const dt_mma_frag_c *acc,
+                                                         int64_t r0, int64_t T, int lane) {
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int64_t r = r0 + dt_mma_c_row(lane, i);
+            if (r < T) dst[r * stride + n * 8 + dt_mma_c_col(lane, i)] += acc[n].x[i];
+        }
+}
+#endif
+
+/* ---------------------------------------------------------------- forward */
+
+template <int HS>
+static __global__ void dt_k__fl_fwd(dt_k_flash a, float scale2) {
+#if DT_K__FLASH_MMA
+    DT_K_SHARED_DYNAMIC(uint16_t, sm);
+    const int LD = DT_K__FL_LD(HS);
+    uint16_t *sk = sm, *sv = sm + DT_K__FL_KEYS * LD;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t T = a.T, q0 = (int64_t)blockIdx.x * DT_K__FL_ROWS, bh = blockIdx.y, b = bh / a.H;
+    const int h = (int)(bh % a.H), hk = h / (a.H / a.H_kv);
+    const uint16_t *qb = a.q + b * T * a.q_stride + (int64_t)h * HS;
+    const uint16_t *kb = a.k + b * T * a.kv_stride + (int64_t)hk * HS;
+    const uint16_t *vb = a.v + b * T * a.kv_stride + (int64_t)hk * HS;
+    const int64_t rw = q0 + warp * 16; /* the warp's first query */
+    dt_mma_frag_a qf[HS / 16];
+    dt_mma_frag_c o[HS / 8], s[DT_K__FL_KEYS / 8];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    dt_k__fl_tile<HS>(sk, qb, a.q_stride, q0, DT_K__FL_ROWS, T); /* Q staged through the K tile */
+    __syncthreads();
+    dt_k__fl_rows_a<HS>(qf, sk, warp * 16, lane);
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++) dt_mma_zero_c(&o[n]);
+    for (int64_t k0 = 0; k0 < T && k0 < q0 + DT_K__FL_ROWS; k0 += DT_K__FL_KEYS) {
+        __syncthreads(); /* the previous tile (or Q) is read by every warp */
+        dt_k__fl_tile<HS>(sk, kb, a.kv_stride, k0, DT_K__FL_KEYS, T);
+        dt_k__fl_tile<HS>(sv, vb, a.kv_stride, k0, DT_K__FL_KEYS, T);
+#if DT_K__FL_PLANT != 2
+        __syncthreads();
+#endif
+        dt_k__fl_abt<HS, DT_K__FL_KEYS>(s, qf, sk, lane);
+        float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f}, mn[2], alpha[2];
+#pragma unroll
+        for (int n = 0; n < DT_K__FL_KEYS / 8; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) { /* scale (log2 units), the causal mask and the end of the keys */
+                int64_t r = rw + dt_mma_c_row(lane, i), c = k0 + n * 8 + dt_mma_c_col(lane, i);
+                float x = c <= r && c < T ? s[n].x[i] * scale2 : -INFINITY;
+                s[n].x[i] = x;
+                mx[i >> 1] = fmaxf(mx[i >> 1], x);
+            }
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 1));
+            mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 2));
+            mn[j] = fmaxf(m[j], mx[j]);
+            /* a row with no key yet (mn = -inf) keeps O = 0, l = 0: no -inf - -inf */
+            alpha[j] = mn[j] == -INFINITY ? 1.0f : exp2f(m[j] - mn[j]);
+        }
+#pragma unroll
+        for (int n = 0; n < DT_K__FL_KEYS / 8; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float p = mn[i >> 1] == -INFINITY ? 0.0f : exp2f(s[n].x[i] - mn[i >> 1]);
+                s[n].x[i] = p;
+                sum[i >> 1] += p;
+            }
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], 1);
+            sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], 2);
+            l[j] = l[j] * alpha[j] + sum[j];
+            m[j] = mn[j];
+        }
+#pragma unroll
+        for (int n = 0; n < HS / 8; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) o[n].x[i] *= alpha[i >> 1];
+        dt_k__fl_pv<HS, DT_K__FL_KEYS>(o, s, sv, lane);
+    }
+    float *ob = a.out + b * T * a.out_stride + (int64_t)h * HS;
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int64_t r = rw + dt_mma_c_row(lane, i);
+            if (r < T) ob[r * a.out_stride + n * 8 + dt_mma_c_col(lane, i)] = o[n].x[i] / l[i >> 1];
+        }
+    if (a.lse && (lane & 3) == 0)
+        for (int j = 0; j < 2; j++) {
+            int64_t r = rw + (lane >> 2) + 8 * j;
+            if (r < T) a.lse[bh * T + r] = (m[j] + log2f(l[j])) * 0.69314718055994531f;
+        }
+#else
+    (void)a, (void)scale2;
+#endif
+}
+
+/* ---------------------------------------------------------------- backward */
+
+/* dout rounded to bf16 into d16 [B, T, H hs], and D[bh, t] = sum over the head of that dout times
+   out (f32, a warp per row, the warp tree's order). */
+static __global__ void dt_k__fl_prep(dt_k_flash a, uint16_t *d16, float *D) {
+    const int64_t rows = a.B * a.T * a.H, hs = a.hs;
+    const int lane = threadIdx.x & 31;
+    for (int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows;
+         row += ((int64_t)gridDim.x * blockDim.x) >> 5) {
+        const int64_t h = row % a.H, bt = row / a.H, t = bt % a.T, b = bt / a.T;
+        const float *dr = a.dout + bt * a.out_stride + h * hs, *orow = a.out + bt * a.out_stride + h * hs;
+        uint16_t *d = d16 + (bt * a.H + h) * hs;
+        float acc = 0.0f;
+        for (int64_t c = lane; c < hs; c += 32) { /* D from the rounded dout the mma sees: sum_u P (dP - D) = 0 */
+            uint16_t h16 = dt_k_f32_to_bf16(dr[c]);
+            acc += dt_k_bf16_to_f32(h16) * orow[c];
+            d[c] = h16;
+        }
+        acc = dt_k_warp_sum(acc);
+        if (lane == 0) D[(b * a.H + h) * a.T + t] = acc;
+    }
+}
+
+/* dk, dv for 64 keys of (b, K/V head hk): warp w holds keys k0 + 16w .. +15 as A fragments
+   (K and V), and per query tile of 32 (at and under the diagonal) computes the transposed
+   scores S^T = K Q^T, P^T = exp(S^T scale - lse), then dV += P^T dO, dP^T = V dO^T,
+   dS^T = P^T (dP^T - D) scale, dK += dS^T Q; over the query heads of the group in order. */
+template <int HS>
+static __global__ void dt_k__fl_dkdv(dt_k_flash a, const uint16_t *d16, const float *D, float scale) {
+#if DT_K__FLASH_MMA
+    DT_K_SHARED_DYNAMIC(uint16_t, sm);
+    const int LD = DT_K__FL_LD(HS), NQ = DT_K__FL_BWD_TILE;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = a.H / a.H_kv;
+    const int64_t T = a.T, k0 = (int64_t)blockIdx.x * DT_K__FL_ROWS, bk = blockIdx.y, b = bk / a.H_kv;
+    const int hk = (int)(bk % a.H_kv);
+    const int64_t kw = k0 + warp * 16; /* the warp's first key */
+    const uint16_t *kb = a.k + b * T * a.kv_stride + (int64_t)hk * HS;
+    const uint16_t *vb = a.v + b * T * a.kv_stride + (int64_t)hk * HS;
+    uint16_t *sq = sm, *sd = sm + NQ * LD;
+    float *slse = (float *)(sm + 2 * NQ * LD), *sD = slse + NQ;
+    dt_mma_frag_a kf[HS / 16], vf[HS / 16];
+    dt_mma_frag_c dk[HS / 8], dv[HS / 8], s[NQ / 8], dp[NQ / 8];
+    /* K and V rows through shared memory (64 rows each: the tiles' space, before it is theirs) */
+    dt_k__fl_tile<HS>(sm, kb, a.kv_stride, k0, DT_K__FL_ROWS, T);
+    dt_k__fl_tile<HS>(sm + DT_K__FL_ROWS * LD, vb, a.kv_stride, k0, DT_K__FL_ROWS, T);
+    __syncthreads();
+    dt_k__fl_rows_a<HS>(kf, sm, warp * 16, lane);
+    dt_k__fl_rows_a<HS>(vf, sm + DT_K__FL_ROWS * LD, warp * 16, lane);
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++) dt_mma_zero_c(&dk[n]), dt_mma_zero_c(&dv[n]);
+    for (int h = hk * group; h < (hk + 1) * group; h++) {
+        const uint16_t *qb = a.q + b * T * a.q_stride + (int64_t)h * HS, *db = d16 + (b * T * a.H + h) * HS;
+        const float *lb = a.lse + (b * a.H + h) * T, *Db = D + (b * a.H + h) * T;
+        for (int64_t q0 = k0 / NQ * NQ; q0 < T; q0 += NQ) {
+            __syncthreads(); /* every warp is done with the previous tiles */
+            dt_k__fl_tile<HS>(sq, qb, a.q_stride, q0, NQ, T);
+            dt_k__fl_tile<HS>(sd, db, (int64_t)a.H * HS, q0, NQ, T);
+            for (int i = threadIdx.x; i < NQ; i += blockDim.x) {
+                int64_t r = q0 + i;
+                slse[i] = r < T ? lb[r] * DT_K__FL_LOG2E : 0.0f;
+                sD[i] = r < T ? Db[r] : 0.0f;
+            }
+            __syncthreads();
+            dt_k__fl_abt<HS, NQ>(s, kf, sq, lane);  /* S^T: keys x queries */
+            dt_k__fl_abt<HS, NQ>(dp, vf, sd, lane); /* dP^T = V dO^T */
+#pragma unroll
+            for (int n = 0; n < NQ / 8; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int64_t key = kw + dt_mma_c_row(lane, i);
+                    int qi = n * 8 + dt_mma_c_col(lane, i);
+                    int64_t qr = q0 + qi;
+                    float p = key <= qr && qr < T ? exp2f(s[n].x[i] * scale * DT_K__FL_LOG2E - slse[qi]) : 0.0f;
+                    s[n].x[i] = p;
+                    dp[n].x[i] = p * (dp[n].x[i] - sD[qi]) * scale;
+                }
+            dt_k__fl_pv<HS, NQ>(dv, s, sd, lane);  /* dV += P^T dO */
+            dt_k__fl_pv<HS, NQ>(dk, dp, sq, lane); /* dK += dS^T Q */
+        }
+    }
+    dt_k__fl_add_rows<HS>(a.dk + b * T * a.dkv_stride + (int64_t)hk * HS, a.dkv_stride, dk, kw, T, lane);
+    dt_k__fl_add_rows<HS>(a.dv + b * T * a.dkv_stride + (int64_t)hk * HS, a.dkv_stride, dv, kw, T, lane);
+#else
+    (void)a, (void)d16, (void)D, (void)scale;
+#endif
+}
+
+/* dq for 64 queries of (b, h): warp w holds its 16 queries' q and dO as A fragments and, per
+   K/V tile of 32 keys up to the diagonal, S = Q K^T, P = exp(S scale - lse), dP = dO V^T,
+   dS = P (dP - D) scale, dQ += dS K. */
+template <int HS>
+static __global__ void dt_k__fl_dq(dt_k_flash a, const uint16_t *d16, const float *D, float scale) {
+#if DT_K__FLASH_MMA
+    DT_K_SHARED_DYNAMIC(uint16_t, sm);
+    const int LD = DT_K__FL_LD(HS), NK = DT_K__FL_BWD_TILE;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t T = a.T, q0 = (int64_t)blockIdx.x * DT_K__FL_ROWS, bh = blockIdx.y, b = bh / a.H;
+    const int h = (int)(bh % a.H), hk = h / (a.H / a.H_kv);
+    const int64_t rw = q0 + warp * 16;
+    const uint16_t *qb = a.q + b * T * a.q_stride + (int64_t)h * HS, *db = d16 + (b * T * a.H + h) * HS;
+    const uint16_t *kb = a.k + b * T * a.kv_stride + (int64_t)hk * HS;
+    const uint16_t *vb = a.v + b * T * a.kv_stride + (int64_t)hk * HS;
+    uint16_t *sk = sm, *sv = sm + NK * LD;
+    dt_mma_frag_a qf[HS / 16], df[HS / 16];
+    dt_mma_frag_c dq[HS / 8], s[NK / 8], dp[NK / 8];
+    float lse2[2], Dr[2];
+    dt_k__fl_tile<HS>(sm, qb, a.q_stride, q0, DT_K__FL_ROWS, T);
+    dt_k__fl_tile<HS>(sm + DT_K__FL_ROWS * LD, db, (int64_t)a.H * HS, q0, DT_K__FL_ROWS, T);
+    __syncthreads();
+    dt_k__fl_rows_a<HS>(qf, sm, warp * 16, lane);
+    dt_k__fl_rows_a<HS>(df, sm + DT_K__FL_ROWS * LD, warp * 16, lane);
+    for (int j = 0; j < 2; j++) {
+        int64_t r = rw + (lane >> 2) + 8 * j;
+        lse2[j] = r < T ? a.lse[bh * T + r] * DT_K__FL_LOG2E : 0.0f;
+        Dr[j] = r < T ? D[bh * T + r] : 0.0f;
+    }
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++) dt_mma_zero_c(&dq[n]);
+    for (int64_t k0 = 0; k0 < T && k0 < q0 + DT_K__FL_ROWS; k0 += NK) {
+        __syncthreads();
+        dt_k__fl_tile<HS>(sk, kb, a.kv_stride, k0, NK, T);
+        dt_k__fl_tile<HS>(sv, vb, a.kv_stride, k0, NK, T);
+        __syncthreads();
+        dt_k__fl_abt<HS, NK>(s, qf, sk, lane);  /* S = Q K^T */
+        dt_k__fl_abt<HS, NK>(dp, df, sv, lane); /* dP = dO V^T */
+#pragma unroll
+        for (int n = 0; n < NK / 8; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int64_t r = rw + dt_mma_c_row(lane, i), c = k0 + n * 8 + dt_mma_c_col(lane, i);
+                float p = c <= r && r < T ? exp2f(s[n].x[i] * scale * DT_K__FL_LOG2E - lse2[i >> 1]) : 0.0f;
+                dp[n].x[i] = p * (dp[n].x[i] - Dr[i >> 1]) * scale;
+            }
+        dt_k__fl_pv<HS, NK>(dq, dp, sk, lane); /* dQ += dS K */
+    }
+    dt_k__fl_add_rows<HS>(a.dq + b * T * a.dq_stride + (int64_t)h * HS, a.dq_stride, dq, rw, T, lane);
+#else
+    (void)a, (void)d16, (void)D, (void)scale;
+#endif
+}
+
+/* ---------------------------------------------------------------- launchers */
+
+/* The checks both launchers make: sizes, heads, head size, strides and alignment (16-byte
+   loads), compute capability >= 8.0. */
+static int dt_k__fl_check(const dt_k_flash *a, int bwd) {
+    int dev = 0, major = 0;
+    if (!a || a->B < 0 || a->T < 0 || a->H <= 0 || a->H_kv <= 0 || a->H % a->H_kv) return (int)cudaErrorInvalidValue;
+    if (a->hs != 16 && a->hs != 32 && a->hs != 64 && a->hs != 96 && a->hs != 128) return (int)cudaErrorInvalidValue;
+    if (a->q_stride < (int64_t)a->H * a->hs || a->kv_stride < (int64_t)a->H_kv * a->hs ||
+        a->out_stride < (int64_t)a->H * a->hs || a->q_stride % 8 || a->kv_stride % 8)
+        return (int)cudaErrorInvalidValue;
+    {
+        const int64_t st[5] = {a->q_stride, a->kv_stride, a->out_stride, a->dq_stride, a->dkv_stride};
+        int64_t mx = 1;
+        for (int i = 0; i < 5; i++) {
+            if (st[i] < 0 || st[i] > ((int64_t)1 << 40)) return (int)cudaErrorInvalidValue;
+            mx = st[i] > mx ? st[i] : mx;
+        }
+        /* grid y = B H <= 65535; every (b T + t) stride within int64 */
+        if (a->B > 65535 / a->H || (a->B && a->T > INT64_MAX / 4 / a->B / mx)) return (int)cudaErrorInvalidValue;
+    }
+    if (a->T > (int64_t)DT_K__FL_ROWS * 2147483647) return (int)cudaErrorInvalidValue; /* grid x */
+    if (!a->q || !a->k || !a->v || !a->out || !a->lse || !dt_k_aligned(a->q, 16) || !dt_k_aligned(a->k, 16) ||
+        !dt_k_aligned(a->v, 16))
+        return (int)cudaErrorInvalidValue;
+    if (bwd && (!a->dout || !a->dq || !a->dk || !a->dv || !a->scratch || !dt_k_aligned(a->scratch, 16) ||
+                a->dq_stride < (int64_t)a->H * a->hs || a->dkv_stride < (int64_t)a->H_kv * a->hs))
+        return (int)cudaErrorInvalidValue;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+        return (int)cudaErrorInvalidDevice;
+    return major < 8 ? (int)cudaErrorNotSupported : 0;
+}
+
+static size_t dt_k__fl_smem(int hs, int rows) { return (size_t)(2 * rows * DT_K__FL_LD(hs)) * sizeof(uint16_t); }
+
+#define DT_K__FL_HS(X) X(16) X(32) X(64) X(96) X(128)
+
+extern "C" int dt_k_flash_fwd(const dt_k_flash *a, void *stream) {
+    int st = dt_k__fl_check(a, 0);
+    if (st || !a->B || !a->T) return st;
+    dim3 grid((unsigned)((a->T + DT_K__FL_ROWS - 1) / DT_K__FL_ROWS), (unsigned)(a->B * a->H));
+    float scale2 = 1.0f / sqrtf((float)a->hs) * DT_K__FL_LOG2E;
+    switch (a->hs) {
+#define DT_K__FL_CASE(hs)                                                                                    \
+    case hs:                                                                                                 \
+        DT_K_LAUNCH(dt_k__fl_fwd<hs>, grid, 32 * DT_K__FL_WARPS, dt_k__fl_smem(hs, DT_K__FL_KEYS), stream, *a, \
+                    scale2);                                                                                 \
+        break;
+        DT_K__FL_HS(DT_K__FL_CASE)
+#undef DT_K__FL_CASE
+    }
+    return DT_K_CHECK();
+}
+
+/* dout in bf16 [B, T, H hs], 16-byte aligned, then D [B, H, T] f32; 0 on a size that overflows. */
+extern "C" size_t dt_k_flash_bwd_scratch(int64_t B, int64_t T, int H, int hs) {
+    if (B < 0 || T < 0 || H < 0 || hs < 0 || (B && T && T > INT64_MAX / 8 / B / ((int64_t)H * (hs + 1) + 1))) return 0;
+    return (size_t)((B * T * H * hs * 2 + 15) / 16 * 16 + B * H * T * 4);
+}
+
+extern "C" int dt_k_flash_bwd(const dt_k_flash *a, void *stream) {
+    int st = dt_k__fl_check(a, 1);
+    if (st || !a->B || !a->T) return st;
+    const int64_t n16 = a->B * a->T * a->H * a->hs, rows = a->B * a->T * a->H;
+    uint16_t *d16 = (uint16_t *)a->scratch;
+    float *D = (float *)((char *)a->scratch + (n16 * 2 + 15) / 16 * 16);
+    float scale = 1.0f / sqrtf((float)a->hs);
+    unsigned tiles = (unsigned)((a->T + DT_K__FL_ROWS - 1) / DT_K__FL_ROWS);
+    DT_K_LAUNCH(dt_k__fl_prep, dt_k__blocks(rows * 32, 256, 65535), 256, 0, stream, *a, d16, (float *)D);
+    if ((st = DT_K_CHECK())) return st;
+    switch (a->hs) {
+#define DT_K__FL_CASE(hs)                                                                                         \
+    case hs:                                                                                                      \
+        DT_K_LAUNCH(dt_k__fl_dkdv<hs>, dim3(tiles, (unsigned)(a->B * a->H_kv)), 32 * DT_K__FL_WARPS,              \
+                    dt_k__fl_smem(hs, DT_K__FL_ROWS) + 2 * DT_K__FL_BWD_TILE * sizeof(float), stream, *a, d16, D, \
+                    scale);                                                                                       \
+        if ((st = DT_K_CHECK())) return st;                                                                       \
+        DT_K_LAUNCH(dt_k__fl_dq<hs>, dim3(tiles, (unsigned)(a->B * a->H)), 32 * DT_K__FL_WARPS,                   \
+                    dt_k__fl_smem(hs, DT_K__FL_ROWS), stream, *a, d16, D, scale);                                 \
+        break;
+        DT_K__FL_HS(DT_K__FL_CASE)
+#undef DT_K__FL_CASE
+    }
+    return DT_K_CHECK();
+}
