@@ -508,7 +508,9 @@ DT_API dt_status dt_embedding_bwd(dt_ctx *ctx, dt_tensor *dtable, const dt_tenso
    att [B,H,T,T] receives the softmaxed scores for the backward (0 above the diagonal: the mask).
    Both run per (batch, head) on GEMMs (dt_matmul's), the backward with a [T,T] ctx scratch.
    On CUDA tensors att may be NULL: the fused (flash) kernels, nothing [T,T] stored, the
-   backward recomputing the forward (head size <= 96; see dt__cu_attention_fwd). */
+   backward recomputing the forward (head size <= 96; see dt__cu_attention_fwd). A bf16 qkv on
+   CUDA (att NULL; out, dout and dqkv f32) runs on the tensor cores: FlashAttention-2 on
+   mma.sync, f32 accumulation, head size 16, 32, 64, 96 or 128, compute capability >= 8.0. */
 DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv,
                                   int n_head);
 DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor *dout,
@@ -3824,12 +3826,83 @@ static dt_status dt__cu_att_check(dt_ctx *ctx, const dt_tensor *y, const dt_tens
     return dt__cu_att_like(ctx, &like, y, sq, n_head, fn, yn);
 }
 
+/* bf16 qkv (CUDA, att NULL): the tensor-core kernels of kernels/dt_flash.cu (FlashAttention-2 on
+   mma.sync: bf16 q, k, v, f32 accumulation and softmax statistics; out and the gradients f32;
+   compute capability >= 8.0, head size 16, 32, 64, 96 or 128). y is out (fwd) or dout (bwd:
+   dqkv f32 +=, NULL checks only; the forward rerun into scratch for out and lse). The error of bf16
+   attention is bounded in tests/cuda_emu/k_flash.cpp. */
+static dt_status dt__cu_attention_tc(dt_ctx *ctx, const dt_tensor *y, const dt_tensor *att, const dt_tensor *qkv,
+                                     int n_head, int bwd, dt_tensor *dqkv, const char *fn, const char *yn) {
+    int64_t B, T, C, hs;
+    dt_k_flash a;
+    size_t mark;
+    dt_status st;
+    if (att)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: qkv is bf16 (the tensor-core kernels, which store no [T,T] "
+                                "scores): att must be NULL", fn);
+    DT__TRY(dt__ndim(ctx, qkv, 3, 3, fn, "qkv"));
+    DT__TRY(dt__f32(ctx, y, fn, yn));
+    B = qkv->shape[0]; T = qkv->shape[1]; C = qkv->shape[2] / 3;
+    if (qkv->shape[2] % 3)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: qkv.shape[2] = %lld is not 3*C", fn, (long long)qkv->shape[2]);
+    if (n_head <= 0 || C % n_head)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n_head = %d must be > 0 and divide C = %lld", fn, n_head,
+                                (long long)C);
+    DT__TRY(dt__ndim(ctx, y, 3, 3, fn, yn));
+    if (y->shape[0] != B || y->shape[1] != T || y->shape[2] != C) {
+        char sh[96];
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s; expected [%lld, %lld, %lld]", fn, yn,
+                                dt_shape_str(y, sh, sizeof sh), (long long)B, (long long)T, (long long)C);
+    }
+    if (dqkv) {
+        DT__TRY(dt__f32(ctx, dqkv, fn, "dqkv"));
+        DT__TRY(dt__ndim(ctx, dqkv, 3, 3, fn, "dqkv"));
+        if (dqkv->shape[0] != B || dqkv->shape[1] != T || dqkv->shape[2] != 3 * C)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: dqkv must have qkv's shape [%lld, %lld, %lld]", fn,
+                                    (long long)B, (long long)T, (long long)(3 * C));
+    }
+    hs = C / n_head;
+    if (hs != 16 && hs != 32 && hs != 64 && hs != 96 && hs != 128)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: qkv is bf16 with head size C / n_head = %lld; the "
+                                "tensor-core kernels take 16, 32, 64, 96 or 128", fn, (long long)hs);
+    if ((uintptr_t)qkv->data % 16)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: qkv's data is not 16-byte aligned (a view at an odd "
+                                "offset); the tensor-core kernels load 16 bytes at a time", fn);
+    if (n_head > 65535 / (B ? B : 1))
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: B * n_head = %lld * %d: the kernels take at most 65535",
+                                fn, (long long)B, n_head);
+    if (!B || !T || (bwd && !dqkv)) return DT_OK;
+    memset(&a, 0, sizeof a);
+    a.B = B, a.T = T, a.H = a.H_kv = n_head, a.hs = (int)hs;
+    a.q = (const uint16_t *)qkv->data, a.k = a.q + C, a.v = a.q + 2 * C;
+    a.q_stride = a.kv_stride = 3 * C, a.out_stride = C;
+    mark = dt_cuda_scratch_begin(ctx);
+    a.lse = (float *)dt_cuda_scratch(ctx, (size_t)(B * n_head * T) * sizeof(float), fn);
+    if (!bwd) a.out = DT__CU_F(y);
+    else if (a.lse) a.out = (float *)dt_cuda_scratch(ctx, (size_t)y->numel * sizeof(float), fn);
+    st = a.lse && a.out ? DT_OK : ctx->last_status;
+    if (!st) st = dt__cu_status(ctx, dt_k_flash_fwd(&a, ctx->cuda_stream), fn, "dt_k_flash_fwd");
+    if (!st && bwd) {
+        a.dout = (const float *)y->data;
+        a.dq = DT__CU_F(dqkv), a.dk = a.dq + C, a.dv = a.dq + 2 * C, a.dq_stride = a.dkv_stride = 3 * C;
+        a.scratch = dt_cuda_scratch(ctx, dt_k_flash_bwd_scratch(B, T, n_head, (int)hs), fn);
+        st = a.scratch ? dt__cu_status(ctx, dt_k_flash_bwd(&a, ctx->cuda_stream), fn, "dt_k_flash_bwd")
+                       : ctx->last_status;
+    }
+    dt_cuda_scratch_end(ctx, mark);
+    if (st && ctx->last_status == DT_ERR_CUDA && strstr(dt_ctx_error(ctx), "not supported"))
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: qkv is bf16, whose tensor-core kernels need compute "
+                                "capability 8.0 or newer (mma.sync with bf16); cast qkv to f32", fn);
+    return st;
+}
+
 static dt_status dt__cu_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv, int n_head) {
     const char *fn = "dt_attention_fwd";
     DT__CU_SH(so, out, "out");
     DT__CU_SH(sa, att, "att");
     DT__CU_SH(sq, qkv, "qkv");
     if (!so || !sq) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out and qkv must be non-NULL", fn);
+    if (sq->dtype == DT_BF16) return dt__cu_attention_tc(ctx, so, sa, sq, n_head, 0, NULL, fn, "out");
     DT__TRY(dt__cu_att_check(ctx, so, sa, sq, n_head, fn, "out"));
     if (!sa)
         return dt__cu_status(ctx, dt_k_attention_fwd_flash(DT__CU_F(out), NULL, (const float *)qkv->data, qkv->shape[0],
@@ -3848,6 +3921,7 @@ static dt_status dt__cu_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_ten
     DT__CU_SH(sq, qkv, "qkv");
     DT__CU_SH(sa, att, "att");
     if (!sg || !sq) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dout and qkv must be non-NULL", fn);
+    if (sq->dtype == DT_BF16) return dt__cu_attention_tc(ctx, sg, sa, sq, n_head, 1, (dt_tensor *)sd, fn, "dout");
     DT__TRY(dt__cu_att_check(ctx, sg, sa, sq, n_head, fn, "dout"));
     if (!sd) return DT_OK;
     DT__TRY(dt__f32(ctx, sd, fn, "dqkv"));

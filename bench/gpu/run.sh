@@ -366,12 +366,12 @@ k_impl() {
     if grep -qE '^#[[:space:]]*define[[:space:]]+DT_CUDA' "$1"; then echo "$G/obj/impl_cuda.o"; else echo "$G/obj/impl_cpu.o"; fi
 }
 # k_build SRC OUT: against the real <cuda_runtime.h> (not tests/cuda_emu/include), the stubs
-# force-included; g++, or nvcc when the test holds kernels of its own
+# force-included; g++, or nvcc when the test holds kernels of its own (or includes a kernels/*.cu)
 K_LIBS="$G/libdt_kernels.a $DT_CUDA_LDFLAGS -lcublas -lcudart $DT_LIBS -lpthread"
 k_build() {
     local src=$1 out=$2 cxx="$DT_CXX -std=c++17 -O1" impl
     impl=$(k_impl "$src")
-    grep -q '__global__' "$src" && cxx="$DT_NVCC -x cu -std=c++17 -O1 -gencode arch=compute_${ARCH#sm_},code=$ARCH"
+    grep -qE '__global__|^#[[:space:]]*include[[:space:]]+"[^"]*\.cu"' "$src" && cxx="$DT_NVCC -x cu -std=c++17 -O1 -gencode arch=compute_${ARCH#sm_},code=$ARCH"
     $cxx -include "$ROOT/bench/gpu/emu_stubs.h" -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/tests" -I"$ROOT/tests/cuda_emu" \
         $CUDA_INC $DT_CPPFLAGS -c "$src" -o "$out.o" &&
         $DT_CXX "$out.o" $impl "$G/obj/emu_stubs.o" -o "$out" $K_LIBS

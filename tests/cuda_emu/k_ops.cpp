@@ -248,6 +248,58 @@ int main(void) {
         pair_t *all[] = {&qkv, &out, &att, &dqkv, &dout, &big, &bigo};
         for (pair_t *p : all) release(*p);
     }
+    { /* attention with a bf16 qkv on cuda: the tensor-core kernels (kernels/dt_flash.cu, bounded
+         element by element in k_flash.cpp), against the CPU op on the same (bf16-rounded) values.
+         This checks the wiring (heads, strides, scratch, +=): a misplaced row or head is an error
+         of the size of the values; bf16's own is some 1e-2 of |want| + rms, allowed 5e-2 here. */
+        const int64_t B = 2, T = 70, C = 64; /* 2 heads of 32; T past one tile of 64 */
+        pair_t qkv = make(DT_F32, 3, B, T, 3 * C, 0, 70), out = make(DT_F32, 3, B, T, C, 0, 71);
+        pair_t att = make(DT_F32, 4, B, 2, T, T, 72), dqkv = make(DT_F32, 3, B, T, 3 * C, 0, 73);
+        pair_t dout = make(DT_F32, 3, B, T, C, 0, 74);
+        dt_tensor q16, q16h;
+        dt_tensor_create_like(&ctx, &q16, &qkv.d, DT_BF16, DT_CUDA_DEVICE);
+        dt_tensor_create_like(&ctx, &q16h, &qkv.h, DT_BF16, DT_CPU);
+        dt_tensor_cast(&ctx, &q16h, &qkv.h); /* the CPU reference runs on the rounded values */
+        dt_tensor_cast(&ctx, &qkv.h, &q16h);
+        dt_tensor_cast(&ctx, &q16, &qkv.d);
+        auto near = [&](const char *name, pair_t &p) {
+            std::vector<float> got((size_t)p.h.numel);
+            cudaMemcpy(got.data(), p.d.data, got.size() * sizeof(float), cudaMemcpyDeviceToHost);
+            const float *want = (const float *)p.h.data;
+            double ss = 0.0, worst = 0.0;
+            size_t at = 0;
+            for (size_t i = 0; i < got.size(); i++) ss += (double)want[i] * want[i];
+            double rms = sqrt(ss / (double)got.size());
+            for (size_t i = 0; i < got.size(); i++) {
+                double e = fabs((double)got[i] - want[i]) / (fabs((double)want[i]) + rms);
+                if (!(e <= worst)) worst = e != e ? INFINITY : e, at = i;
+            }
+            dt_test_check_all(name, worst <= 5e-2, "[%zu] cuda %.7g, cpu %.7g: %.3g of |cpu| + rms (allowed 5e-2)",
+                              at, (double)got[at], (double)want[at], worst);
+        };
+        if (ok2("attention_fwd_bf16_qkv_cuda_tensor_cores_match_cpu",
+                dt_attention_fwd(&ctx, &out.h, &att.h, &qkv.h, 2), dt_attention_fwd(&ctx, &out.d, NULL, &q16, 2)))
+            near("attention_fwd_bf16_qkv_cuda_tensor_cores_match_cpu", out);
+        if (ok2("attention_bwd_bf16_qkv_cuda_tensor_cores_accumulate_as_cpu",
+                dt_attention_bwd(&ctx, &dqkv.h, &dout.h, &qkv.h, &att.h, 2),
+                dt_attention_bwd(&ctx, &dqkv.d, &dout.d, &q16, NULL, 2)))
+            near("attention_bwd_bf16_qkv_cuda_tensor_cores_accumulate_as_cpu", dqkv);
+        on_device_only("attention_bf16_fwd_bwd_cuda_second_call_stays_on_device", [&] {
+            dt_status st = dt_attention_fwd(&ctx, &out.d, NULL, &q16, 2);
+            return st ? st : dt_attention_bwd(&ctx, &dqkv.d, &dout.d, &q16, NULL, 2);
+        });
+        dt_test_error("attention_fwd_bf16_qkv_with_att_is_named", dt_attention_fwd(&ctx, &out.d, &att.d, &q16, 2),
+                      dt_ctx_error(&ctx), "att must be NULL");
+        dt_test_error("attention_fwd_bf16_qkv_head_size_8_is_named", dt_attention_fwd(&ctx, &out.d, NULL, &q16, 8),
+                      dt_ctx_error(&ctx), "head size C / n_head = 8");
+        dt_test_error("attention_bwd_bf16_qkv_dqkv_shape_is_named",
+                      dt_attention_bwd(&ctx, &dout.d, &dout.d, &q16, NULL, 2), dt_ctx_error(&ctx), "dqkv");
+        dt_test_error("attention_fwd_bf16_qkv_on_cpu_is_named", dt_attention_fwd(&ctx, &out.h, &att.h, &q16h, 2),
+                      dt_ctx_error(&ctx), "qkv");
+        dt_tensor_free(&ctx, &q16), dt_tensor_free(&ctx, &q16h);
+        pair_t *all[] = {&qkv, &out, &att, &dqkv, &dout};
+        for (pair_t *p : all) release(*p);
+    }
     { /* softmax_xent keeps probs on cuda as on the cpu; the loss stays on the device unless asked for */
         const int64_t R = 6, V = 37; /* V not a multiple of 4 or 32: the CPU's padded lanes, a partial warp */
         pair_t z = make(DT_F32, 2, R, V, 0, 0, 40), p = make(DT_F32, 2, R, V, 0, 0, 41), t = make(DT_I32, 1, R, 0, 0, 0, 42, V);
