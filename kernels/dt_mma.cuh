@@ -20,8 +20,9 @@
 
    On a GPU (__CUDA_ARCH__ >= 800) dt_mma_m16n8k16_bf16 / _f16 are the instruction itself (inline
    PTX). On the emulator (tests/cuda_emu) they are a warp-collective operation: the 32 lanes meet
-   at one barrier (dt_emu_warp_gather), every lane sees the whole warp's fragments, rebuilds A and
-   B by the layout above and computes its own elements of D. So a kernel that loads a fragment
+   at one barrier (dt_emu_warp_gather), every lane sees the whole warp's fragments, reads the rows
+   of A and columns of B it needs where the layout above puts them, and computes its own elements
+   of D. So a kernel that loads a fragment
    from the wrong place gets a wrong D on the emulator, as on the GPU. Like the instruction, every
    lane of the warp must call it (converged, .aligned); a lane missing is reported.
 
@@ -85,24 +86,37 @@ static inline float dt_mma__elem(uint32_t reg, int hi, int f16) {
     return f16 ? __half2float(__ushort_as_half(h)) : __bfloat162float(__ushort_as_bfloat16(h));
 }
 
-/* D = A B + C, exact in double, rounded once to f32 (the hardware's order is unspecified). */
+/* Where each element of A (16 x 16) and B (16 x 8) is held: lane * 8 + element, the inverse of
+   the layout functions above (built from them once, so they stay the one statement of the layout). */
+struct dt_mma__where {
+    unsigned char a[16][16], b[16][8];
+    dt_mma__where() {
+        for (int l = 0; l < 32; l++) {
+            for (int i = 0; i < 8; i++) a[dt_mma_a_row(l, i)][dt_mma_a_col(l, i)] = (unsigned char)(l * 8 + i);
+            for (int i = 0; i < 4; i++) b[dt_mma_b_row(l, i)][dt_mma_b_col(l, i)] = (unsigned char)(l * 8 + i);
+        }
+    }
+};
+
+/* D = A B + C, exact in double, rounded once to f32 (the hardware's order is unspecified). A lane
+   reads the rows of A and the columns of B its four elements of D need from the lanes that hold
+   them (as the layout says), so a fragment loaded from the wrong place gives a wrong D. */
 static inline void dt_mma__emu(dt_mma_frag_c *d, const dt_mma_frag_a &a, const dt_mma_frag_b &b,
                                const dt_mma_frag_c &c, int f16, const char *what, const char *file, int line) {
+    static const dt_mma__where where;
     dt_mma__regs mine, all[32];
-    float A[16][16], B[16][8];
     int lane = dt_mma_lane();
     memcpy(mine.a, a.x, sizeof mine.a), memcpy(mine.b, b.x, sizeof mine.b), memcpy(mine.c, c.x, sizeof mine.c);
     dt_emu_warp_gather(file, line, what, 0xffffffffu, &mine, all, sizeof mine);
-    for (int l = 0; l < 32; l++) {
-        for (int i = 0; i < 8; i++)
-            A[dt_mma_a_row(l, i)][dt_mma_a_col(l, i)] = dt_mma__elem(all[l].a[i >> 1], i & 1, f16);
-        for (int i = 0; i < 4; i++)
-            B[dt_mma_b_row(l, i)][dt_mma_b_col(l, i)] = dt_mma__elem(all[l].b[i >> 1], i & 1, f16);
-    }
     for (int i = 0; i < 4; i++) {
         int r = dt_mma_c_row(lane, i), col = dt_mma_c_col(lane, i);
         double s = c.x[i];
-        for (int k = 0; k < 16; k++) s += (double)A[r][k] * (double)B[k][col];
+        for (int k = 0; k < 16; k++) {
+            int wa = where.a[r][k], wb = where.b[k][col];
+            float av = dt_mma__elem(all[wa >> 3].a[(wa & 7) >> 1], wa & 1, f16);
+            float bv = dt_mma__elem(all[wb >> 3].b[(wb & 7) >> 1], wb & 1, f16);
+            s += (double)av * (double)bv;
+        }
         d->x[i] = (float)s;
     }
 }

@@ -82,9 +82,10 @@
        rounded inputs), warp scheduling, bank conflicts, occupancy and speed;
      - out-of-bounds accesses inside kernels (device memory is host memory: an ASan build would
        see them, this one does not).
-   Cost: a fiber switch per thread per barrier (about a microsecond: glibc's swapcontext makes one
-   system call); host threads cost tens of microseconds per thread per barrier (more on a loaded
-   machine). Keep grids small all the same.
+   Cost: a fiber switch per thread per barrier (tens of nanoseconds on x86-64, dt_emu_fswitch;
+   about a microsecond with glibc's swapcontext, which makes a system call, elsewhere); host
+   threads cost tens of microseconds per thread per barrier (more on a loaded machine). Keep grids
+   small all the same.
                                                         MIT licence (see dt_tensor.h) */
 #include <memory> /* before the fake runtime: it defines __noinline__ */
 #include "cuda_runtime.h"
@@ -233,12 +234,36 @@ const char *dt_emu_last_report(void) { return G.last_report.c_str(); }
 
 /* ---------------------------------------------------------------- blocks and threads */
 
+/* The fibers' switch. glibc's swapcontext saves and restores the signal mask with a system call
+   at every switch (a third of the emulator's time in an mma-heavy kernel); on x86-64 the switch is
+   these few instructions instead: push the callee-saved registers, swap stack pointers, pop, ret
+   (a fiber starts by "returning" into fiber_start from a stack made to look so). Same thread, so
+   nothing else needs saving (the signal mask, MXCSR and the x87 control word stay as they are).
+   DT_EMU_UCONTEXT=1 at build time keeps swapcontext (any other machine does). */
+#if defined(__x86_64__) && !defined(DT_EMU_UCONTEXT)
+#define EMU_FSWITCH 1
+extern "C" void dt_emu_fswitch(void **save_sp, void *to_sp);
+__asm__(".text\n"
+        ".globl dt_emu_fswitch\n"
+        ".type dt_emu_fswitch,@function\n"
+        "dt_emu_fswitch:\n"
+        "    pushq %rbp\n    pushq %rbx\n    pushq %r12\n    pushq %r13\n    pushq %r14\n    pushq %r15\n"
+        "    movq %rsp, (%rdi)\n"
+        "    movq %rsi, %rsp\n"
+        "    popq %r15\n    popq %r14\n    popq %r13\n    popq %r12\n    popq %rbx\n    popq %rbp\n"
+        "    ret\n"
+        ".size dt_emu_fswitch, .-dt_emu_fswitch\n");
+#else
+#define EMU_FSWITCH 0
+#endif
+
 enum { T_RUN, T_WAIT_BLOCK, T_WAIT_WARP, T_EXITED };
 
 struct emu_block;
 struct emu_thread {
     pthread_cond_t cv;
-    ucontext_t ctx;     /* fiber blocks: where it stopped */
+    ucontext_t ctx;     /* fiber blocks: where it stopped (ucontext's switch) */
+    void *sp;           /* fiber blocks: its saved stack pointer (x86-64's switch, emu_fswitch) */
     void *stack;
     bool ready, started, finished;
     emu_block *b;
@@ -272,6 +297,7 @@ struct emu_block {
     std::vector<int> seq;   /* lazy: the order it plays them in (the mode's first round) */
     bool fiber;             /* the threads are fibers on the launcher's thread (run_block) */
     ucontext_t sched;
+    void *sched_sp;
     std::deque<int> readyq;
     int next, nspawn;       /* lazy: seq[next] is the next to start; how many went to the pool */
     std::vector<char> warp_sync;
@@ -437,10 +463,14 @@ static void complete_warp(emu_block *b, int w, unsigned int M, unsigned int abse
 static bool resolve_warp(emu_block *b, int w) {
     int base = w * 32, nl = std::min(32, b->n - base);
     bool any = false;
+    unsigned int failed[32];
+    int nfailed = 0;
     for (int l = 0; l < nl; l++) {
         if (b->t[base + l].state != T_WAIT_WARP) continue;
         unsigned int M = b->t[base + l].mask, absent = 0, exited = 0;
-        bool ok = true;
+        bool ok = true, seen = false;
+        for (int f = 0; f < nfailed && !seen; f++) seen = failed[f] == M; /* a mask that cannot complete yet */
+        if (seen) continue;
         for (int k = 0; k < 32 && ok; k++) {
             if (!(M >> k & 1)) continue;
             if (k >= nl) { absent |= 1u << k; continue; }
@@ -448,7 +478,10 @@ static bool resolve_warp(emu_block *b, int w) {
             if (u.state == T_EXITED) absent |= 1u << k, exited |= 1u << k;
             else if (u.state != T_WAIT_WARP || u.mask != M) ok = false;
         }
-        if (!ok) continue;
+        if (!ok) {
+            failed[nfailed++] = M;
+            continue;
+        }
         complete_warp(b, w, M, absent, exited);
         any = true;
     }
@@ -535,7 +568,13 @@ static void after_stop(emu_block *b, int warp) {
 /* Waits (under the lock) until this thread may run again. */
 static void wait_turn(emu_block *b, emu_thread *t) {
     while (!b->aborted && (t->state != T_RUN || (b->serial && b->baton != t->id))) {
-        if (b->fiber) swapcontext(&t->ctx, &b->sched); /* the scheduler resumes it when signalled */
+        if (b->fiber) { /* the scheduler resumes it when signalled */
+#if EMU_FSWITCH
+            dt_emu_fswitch(&t->sp, b->sched_sp);
+#else
+            swapcontext(&t->ctx, &b->sched);
+#endif
+        }
         else emu_wait(&t->cv, &b->m);
     }
 }
@@ -724,11 +763,23 @@ static void spawn_rest(emu_block *b) {
 static std::vector<void *> fiber_stacks;
 static const size_t FIBER_STACK = 512 * 1024;
 
+#if EMU_FSWITCH
+/* A fiber's first instruction (the "return address" its new stack holds): self is its thread. It
+   ends by switching to the scheduler for good (its stack goes back to the pool). */
+static void fiber_start(void) {
+    emu_thread *t = self;
+    run_thread(t);
+    t->finished = true;
+    dt_emu_fswitch(&t->sp, t->b->sched_sp);
+    abort(); /* never resumed */
+}
+#else
 static void fiber_entry(unsigned int lo, unsigned int hi) {
     emu_thread *t = (emu_thread *)(((uintptr_t)hi << 32) | (uintptr_t)lo);
     run_thread(t);
     t->finished = true; /* returns to b->sched (uc_link) */
 }
+#endif
 
 static void run_fibers(emu_block *b) {
     for (int i = 0; i < b->n; i++) {
@@ -750,18 +801,33 @@ static void run_fibers(emu_block *b) {
             }
             t->stack = fiber_stacks.back();
             fiber_stacks.pop_back();
+#if EMU_FSWITCH
+            { /* the six registers dt_emu_fswitch pops, then fiber_start as the return address; at
+                 fiber_start's entry rsp = 8 mod 16, as after a call */
+                uintptr_t *sp = (uintptr_t *)(((uintptr_t)t->stack + FIBER_STACK) & ~(uintptr_t)15);
+                *--sp = 0;
+                *--sp = (uintptr_t)fiber_start;
+                for (int r = 0; r < 6; r++) *--sp = 0;
+                t->sp = sp;
+            }
+#else
             getcontext(&t->ctx);
             t->ctx.uc_stack.ss_sp = t->stack, t->ctx.uc_stack.ss_size = FIBER_STACK;
             t->ctx.uc_link = &b->sched;
             uintptr_t v = (uintptr_t)t;
             makecontext(&t->ctx, (void (*)(void))fiber_entry, 2, (unsigned int)(v & 0xffffffffu),
                         (unsigned int)(v >> 32));
+#endif
             t->started = true;
         }
         unsigned int bx = b->bdim.x, by = b->bdim.y;
         dt_emu_threadIdx = {t->id % bx, (t->id / bx) % by, t->id / (bx * by)};
         self = t;
+#if EMU_FSWITCH
+        dt_emu_fswitch(&b->sched_sp, t->sp);
+#else
         swapcontext(&b->sched, &t->ctx);
+#endif
         if (t->finished) {
             fiber_stacks.push_back(t->stack);
             t->stack = NULL;
