@@ -338,8 +338,8 @@ static void parse(opts *o, int argc, char **argv) {
     if (o->device == DT_CUDA_DEVICE) usage("--device cuda: this gpt was built without DT_CUDA (build it with -DDT_CUDA "
                                            "and link kernels/*.cu, or use --device cpu)");
 #endif
-    /* the casts of bf16 / f16 working copies (dt_tensor_cast) run on CPU tensors only */
-    if (o->device == DT_CUDA_DEVICE && o->dtype != DT_F32) usage("--device cuda trains --dtype f32 only");
+    /* f16 on cuda would need the f32 path's attention and the loss scaler's device checks tested */
+    if (o->device == DT_CUDA_DEVICE && o->dtype == DT_F16) usage("--device cuda trains --dtype f32 or bf16");
     if (o->clip < 0) o->clip = 1.0;
     if (!o->data && !o->shards) { /* a text that ships with Debian, else with the project */
         o->data = "/usr/share/common-licenses/GPL-3";
@@ -359,6 +359,7 @@ static const int SP_PARTIAL[6] = {LN1W, LN1B, AOB, LN2W, LN2B, PB};
 
 typedef struct model {
     int L, H, C, tp, tp_rank, sp;
+    int tc_att;                         /* --device cuda --dtype bf16: attention on the tensor cores */
     int64_t T, V, Vp, Vl, Cl, Hl, Fl;   /* Vl, Cl, Hl, Fl: this rank's vocab rows, width, heads, 4C */
     dt_params ps;
     int wte, wpe, lnfw, lnfb;           /* param indices */
@@ -414,6 +415,7 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
     memset(m, 0, sizeof *m);
     m->L = o->layers; m->H = o->heads; m->C = o->width; m->T = o->seq; m->V = V; m->Vp = Vp;
     m->tp = lay->tp; m->tp_rank = lay->tp_rank; m->sp = o->sp; m->lay = lay;
+    m->tc_att = o->device == DT_CUDA_DEVICE && o->dtype == DT_BF16;
     m->Vl = Vp / tp; m->Cl = C / tp; m->Hl = o->heads / tp; m->Fl = 4 * C / tp;
     m->pp = lay->pp; m->st = lay->pp_rank; m->v = lay->pp > 1 ? o->chunks : 1; m->nvs = m->pp * m->v;
     m->blk = (int *)dt_alloc(g_ctx, (size_t)m->L * NBP * sizeof(int));
@@ -510,6 +512,7 @@ typedef struct acts {
     bacts shared;                       /* full / selective: the tensors the blocks share */
     dt_tensor xL, lnf, lnfm, lnfr, lnfall, logits, stats, ids, targets, partial, y_scratch;
     dt_tensor q, k, v;                  /* [N, Cl] forward scratch, packed into qkv */
+    dt_tensor qkv16;                    /* m->tc_att: qkv in bf16 for the tensor-core attention */
     dt_tensor dres, dln, dxbuf, dall, doutbuf, dqkv, dq, dk, dv, datty, dfch, dgelu, dlogits;
     dt_tensor dsp, dwpe, dlnf;          /* sp: partial grads of one block / wpe / ln_f */
     dt_tensor gath1, gath2;             /* sp: ln1 / ln2 rows gathered over tp [N, C], shared */
@@ -550,7 +553,10 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
         mk(a, &x->atty, N, m->Cl, 0, 0, DT_F32);
         mk(a, &x->res1, Nl, C, 0, 0, DT_F32);
         mk(a, &x->fch, N, m->Fl, 0, 0, DT_F32);
-        if (recompute != 2 || l == m->L) { mk(a, &x->att, b, m->Hl, m->T, m->T, DT_F32); mk(a, &x->gelu, N, m->Fl, 0, 0, DT_F32); }
+        if (recompute != 2 || l == m->L) { /* the tensor-core attention stores no [T, T] scores */
+            if (!m->tc_att) mk(a, &x->att, b, m->Hl, m->T, m->T, DT_F32);
+            mk(a, &x->gelu, N, m->Fl, 0, 0, DT_F32);
+        }
     }
     for (l = lo; l < hi && recompute; l++) { /* the shared tensors, as views */
         bacts *x = &a->blk[l], *s = &a->shared;
@@ -581,6 +587,7 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
     mk(a, &a->ids, N, 0, 0, 0, DT_I32); mk(a, &a->targets, N, 0, 0, 0, DT_I32);
     mk(a, &a->partial, N, C, 0, 0, DT_F32); mk(a, &a->y_scratch, Nl, C, 0, 0, DT_F32);
     mk(a, &a->q, N, m->Cl, 0, 0, DT_F32); mk(a, &a->k, N, m->Cl, 0, 0, DT_F32); mk(a, &a->v, N, m->Cl, 0, 0, DT_F32);
+    if (m->tc_att) mk(a, &a->qkv16, b, m->T, 3 * m->Cl, 0, DT_BF16);
     mk(a, &a->dres, Nl, C, 0, 0, DT_F32); mk(a, &a->dln, Nl, C, 0, 0, DT_F32);
     mk(a, &a->dxbuf, N, C, 0, 0, DT_F32); mk(a, &a->dall, N, C, 0, 0, DT_F32); mk(a, &a->doutbuf, N, C, 0, 0, DT_F32);
     mk(a, &a->dqkv, b, m->T, 3 * m->Cl, 0, DT_F32);
@@ -624,6 +631,20 @@ static void unpack_dqkv(acts *a, const model *m) {
     CHECK(dt_split_fwd(g_ctx, parts, 3, &a->dqkv));
 }
 
+/* Attention of the block's qkv into out (atty as [b, T, Cl]) and back (dqkv +=). With m->tc_att
+   (--device cuda --dtype bf16) qkv goes to bf16 first and dt_attention runs on the tensor cores
+   (FlashAttention-2, nothing [T, T] kept: the backward recomputes); else the op keeps att. */
+static void attn_fwd(model *m, acts *a, bacts *x, dt_tensor *out) {
+    if (!m->tc_att) { COMPUTE("attention fwd", dt_attention_fwd(g_ctx, out, &x->att, &x->qkv, (int)m->Hl)); return; }
+    COMPUTE("attention fwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
+    COMPUTE("attention fwd", dt_attention_fwd(g_ctx, out, NULL, &a->qkv16, (int)m->Hl));
+}
+static void attn_bwd(model *m, acts *a, bacts *x, dt_tensor *dout) {
+    if (!m->tc_att) { COMPUTE("attention bwd", dt_attention_bwd(g_ctx, &a->dqkv, dout, &x->qkv, &x->att, (int)m->Hl)); return; }
+    COMPUTE("attention bwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
+    COMPUTE("attention bwd", dt_attention_bwd(g_ctx, &a->dqkv, dout, &a->qkv16, NULL, (int)m->Hl));
+}
+
 /* Block l: y = x + attn(ln1(x)); y += mlp(ln2(y)). Reads x->in, writes y. */
 static void block_fwd(model *m, acts *a, bacts *x, int l, dt_tensor *y) {
     dt_layout *lay = m->lay;
@@ -639,7 +660,7 @@ static void block_fwd(model *m, acts *a, bacts *x, int l, dt_tensor *y) {
     TIMED("qkv pack / unpack", pack_qkv(a, &x->qkv, m));
     s3[0] = a->b; s3[1] = m->T; s3[2] = m->Cl;
     CHECK(dt_tensor_reshape(g_ctx, &atty3, &x->atty, 3, s3));
-    COMPUTE("attention fwd", dt_attention_fwd(g_ctx, &atty3, &x->att, &x->qkv, (int)m->Hl));
+    attn_fwd(m, a, x, &atty3);
     OP("row linear fwd", dt_tp_row_linear_fwd(lay, &x->res1, &a->partial, &x->atty, VAL(m, BP(m, l, AOW)), VAL(m, BP(m, l, AOB)), m->sp));
     COMPUTE("residual add", dt_axpy(g_ctx, &x->res1, 1.0f, &x->in)); /* res1 + in, as dt_add: on either device */
     COMPUTE("layernorm fwd", dt_layernorm_fwd(g_ctx, &x->ln2, &x->ln2m, &x->ln2r, &x->res1, VAL(m, BP(m, l, LN2W)), VAL(m, BP(m, l, LN2B)), 1e-5f));
@@ -702,7 +723,7 @@ static void block_bwd_part(model *m, acts *a, bacts *x, int l, int recompute, in
     s3[0] = a->b; s3[1] = m->T; s3[2] = m->Cl;
     CHECK(dt_tensor_reshape(g_ctx, &atty3, &x->atty, 3, s3));
     if (recompute == 2) { /* the two tensors selective recompute did not keep */
-        COMPUTE("attention fwd", dt_attention_fwd(g_ctx, &atty3, &x->att, &x->qkv, (int)m->Hl));
+        attn_fwd(m, a, x, &atty3);
         COMPUTE("gelu fwd", dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
     }
     if (m->sp && m->tp > 1) fill0(&a->dsp);
@@ -726,7 +747,7 @@ static void block_bwd_part(model *m, acts *a, bacts *x, int l, int recompute, in
                                VAL(m, BP(m, l, AOW)), m->sp));
     fill0(&a->dqkv);
     CHECK(dt_tensor_reshape(g_ctx, &datty3, &a->datty, 3, s3));
-    COMPUTE("attention bwd", dt_attention_bwd(g_ctx, &a->dqkv, &datty3, &x->qkv, &x->att, (int)m->Hl));
+    attn_bwd(m, a, x, &datty3);
     TIMED("qkv pack / unpack", unpack_dqkv(a, m));
     /* q, k, v: column-parallel by hand, so that the three input grads make one sum over tp */
     fill0(&a->dall);
