@@ -9,7 +9,9 @@
 //                      against cublasSgemm / cublasGemmEx called directly on the same handle,
 //                      stream, buffers and shapes; the ratio of their times (target >= 0.97 in
 //                      f32) and the largest difference of their outputs.
-//   attention          the fused (flash) forward and backward in TFLOP/s (information).
+//   attention          the fused (flash) forward and backward in TFLOP/s (information), and the
+//                      tensor-core kernels (bf16 qkv) beside cuBLAS's bf16 GEMM TFLOP/s (target: the
+//                      attention >= 50% of the GEMM).
 // Every figure is the median of event-timed repetitions after two warm-ups (cudaEventElapsedTime
 // on the stream the work runs on), over buffers much larger than the L2.
 //
@@ -301,7 +303,50 @@ int main(int argc, char **argv) {
             double ms = time_ms("attention_bwd", DTF(dt_attention_bwd(&g_ctx, &dqkv, &dout, &qkv, NULL, (int)H)));
             if (ms > 0) printf("flops\tattention_bwd flash\t%.4f\t%.2f\n", ms, 2 * fl / (ms * 1e-3) / 1e12);
         }
+        // the tensor cores (kernels/dt_flash.cu): the same shapes with a bf16 qkv, what gpt --dtype bf16 runs
+        dt_tensor q16 = tensor(B, T, DT_BF16, 3 * C);
+        DT(dt_tensor_cast(&g_ctx, &q16, &qkv));
+        if (selected("attention_fwd tensor cores bf16")) {
+            double ms = time_ms("attention_fwd_tc", DTF(dt_attention_fwd(&g_ctx, &out, NULL, &q16, (int)H)));
+            if (ms > 0) printf("flops\tattention_fwd tensor cores bf16\t%.4f\t%.2f\n", ms, fl / (ms * 1e-3) / 1e12);
+        }
+        if (selected("attention_bwd tensor cores bf16")) { // the backward reruns the forward: 3 x its FLOPs
+            double ms = time_ms("attention_bwd_tc", DTF(dt_attention_bwd(&g_ctx, &dqkv, &dout, &q16, NULL, (int)H)));
+            if (ms > 0) printf("flops\tattention_bwd tensor cores bf16 (+ its forward)\t%.4f\t%.2f\n", ms,
+                               3 * fl / (ms * 1e-3) / 1e12);
+        }
+        dt_tensor_free(&g_ctx, &q16);
         dt_tensor_free(&g_ctx, &qkv), dt_tensor_free(&g_ctx, &out), dt_tensor_free(&g_ctx, &dout), dt_tensor_free(&g_ctx, &dqkv);
+    }
+    // what the tensor-core attention is judged against (issue 19: >= 50%): cuBLAS's bf16 GEMM
+    // (bf16 in, f32 accumulate and out) at the MLP's shape [N, C] x [C, 4C]
+    if (selected("cublas bf16 gemm")) {
+        cublasHandle_t hb;
+        void *A = NULL, *Bm = NULL, *Cm = NULL;
+        const int64_t M = N, Nn = 4 * C, K = C;
+        float one = 1.0f, zero = 0.0f;
+        if (cublasCreate(&hb) != CUBLAS_STATUS_SUCCESS || cublasSetStream(hb, g_stream) != CUBLAS_STATUS_SUCCESS) {
+            printf("fail\tcublas bf16 gemm\tno cuBLAS handle\n");
+            g_failures++;
+        } else {
+            CK(cudaMalloc(&A, (size_t)(M * K) * 2));
+            CK(cudaMalloc(&Bm, (size_t)(K * Nn) * 2));
+            CK(cudaMalloc(&Cm, (size_t)(M * Nn) * 4));
+            CK(cudaMemsetAsync(A, 0x3c, (size_t)(M * K) * 2, g_stream)); // bf16 0x3c3c: ~0.0115
+            CK(cudaMemsetAsync(Bm, 0x3c, (size_t)(K * Nn) * 2, g_stream));
+            double ms = time_ms("cublas bf16 gemm", [&] {
+                return (int)cublasGemmEx(hb, CUBLAS_OP_N, CUBLAS_OP_N, (int)Nn, (int)M, (int)K, &one, Bm, CUDA_R_16BF,
+                                         (int)Nn, A, CUDA_R_16BF, (int)K, &zero, Cm, CUDA_R_32F, (int)Nn,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            });
+            if (ms > 0)
+                printf("flops\tcublas bf16 gemm [N,C]x[C,4C] (f32 out)\t%.4f\t%.2f\n", ms,
+                       2.0 * (double)M * (double)Nn * (double)K / (ms * 1e-3) / 1e12);
+            CK(cudaFree(A));
+            CK(cudaFree(Bm));
+            CK(cudaFree(Cm));
+            cublasDestroy(hb);
+        }
     }
 
     // ---------------------------------------------------------------- GEMM: dt against cuBLAS direct

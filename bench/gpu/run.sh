@@ -31,7 +31,8 @@
 #            tokens/s of the steps after the first two (each logging step reads the loss, so
 #            the device has finished the step when its time is taken), MFU against the card's
 #            dense bf16 datasheet peak (llm.c's convention: 6N + 6LTC FLOPs a token); then a
-#            --profile run and its table (gpt's op timers)
+#            --profile run and its table (gpt's op timers); then 8 steps of --dtype bf16 (attention on
+#            the tensor cores, kernels/dt_flash.cu)
 #   dlrm     DLRM at MLPerf's widths, samples/s with --device cuda and on the CPU
 # Outputs in build/gpu/: summary.md (pasteable into bench/RESULTS.md), device.txt, probe.txt,
 # ptxas/, logs/ (one per build and per run). Exit: 0 all passed, 1 something failed (the summary
@@ -160,7 +161,8 @@ summary() {
             echo "|---|---|---|---|---|---|"
             awk -F'\t' '$1 == "gemm" { t = $2 ~ /^f32/ ? ($8 >= 0.97 ? "met" : "**not met**") : "-";
                 printf("| %s (%s) | %.1f | %.1f | %.3f | %s | %s |\n", $2, $3, $5, $7, $8, t, $9) }' "$p"
-            awk -F'\t' '$1 == "flops" { printf("\n%s: %.3f ms, %.1f TFLOP/s (causal FLOPs)", $2, $3, $4) } END { print "" }' "$p"
+            awk -F'\t' '$1 == "flops" { printf("\n%s: %.3f ms, %.1f TFLOP/s%s", $2, $3, $4, $2 ~ /^attention/ ? " (causal FLOPs)" : "") }
+                       END { print "" }' "$p"
             awk -F'\t' '$1 == "fail" || $1 == "skip" { printf("- probe %s: %s %s\n", $1, $2, $3) }' "$p"
             echo
         else
@@ -176,6 +178,10 @@ summary() {
         or() { if [ -n "$1" ]; then echo "$1"; else echo "$2"; fi; }
         echo "| GPT-2 124M, f32, B 8, T 1024, --device cuda | $(or "${tps:+$tps tok/s, MFU ${m:-?}% of $(dv peak_bf16_tflops) TFLOP/s bf16 dense (llm.c, bf16: ~460k tok/s on one H100)}" "$(get gpt2)") |"
         echo "| GPT-2 124M step losses | $(get gpt2_losses) |"
+        tps=$(get gpt2_bf16_tok_s)
+        m=$(mfu "$tps" "$(dv peak_bf16_tflops)")
+        echo "| GPT-2 124M, --dtype bf16 (attention on the tensor cores, f32 GEMMs) | $(or "${tps:+$tps tok/s, MFU ${m:-?}%}" "$(get gpt2_bf16)") |"
+        echo "| GPT-2 124M bf16 step losses | $(get gpt2_bf16_losses) |"
         local sg sc
         sg=$(get dlrm_cuda_sps) sc=$(get dlrm_cpu_sps)
         echo "| DLRM (MLPerf widths, B 4096, 26 tables x 100k rows, dim 128), --device cuda | $(or "${sg:+$sg samples/s}" "$(get dlrm_cuda)") |"
@@ -210,6 +216,8 @@ if [ "$MODE" = dry ]; then
     printf 'gemm\tf32 fc fwd [N,C]x[C,4C]\t8192x3072x768\t1.0000\t38.65\t0.9800\t39.44\t0.980\t0\n' >>"$G/probe.txt"
     printf 'gemm\ttf32 fc fwd [N,C]x[C,4C]\t8192x3072x768\t0.2000\t193.27\t0.1000\t386.55\t0.500\t1e-06\n' >>"$G/probe.txt"
     printf 'flops\tattention_fwd flash\t2.0000\t17.20\nskip\tadamw dt_opt_step 124M\tbudget\n' >>"$G/probe.txt"
+    printf 'flops\tattention_fwd tensor cores bf16\t0.5000\t200.00\nflops\tcublas bf16 gemm [N,C]x[C,4C] (f32 out)\t0.2000\t600.00\n' \
+        >>"$G/probe.txt"
     # two runs whose losses differ by 1e-6 at most (at step 3), and cumulative rates as gpt and dlrm log them:
     # the first step takes 10 s, the next ones 0.5 s each (16384 tokens: 32768 tok/s steady)
     for k in 1 2 3 4 5 6; do
@@ -233,6 +241,8 @@ if [ "$MODE" = dry ]; then
     res dlrm_losses "largest relative difference 0 at step 0 of 5: PASS (fake)"
     res gpt2_tok_s "$(steady "$L/a.jsonl" tokens_per_s 2 16384)"
     res gpt2_losses "10.9 10.8 10.7 (fake)"
+    res gpt2_bf16_tok_s 40000.0
+    res gpt2_bf16_losses "10.9 10.8 10.7 (fake)"
     res dlrm_cuda_sps 1000000.0
     res dlrm_cpu_sps 50000.0
     res skip:llm.c "not part of this script (fake)"
@@ -592,6 +602,25 @@ run_gpt2() {
 if phase "GPT-2 124M" 90; then
     if [ -x "$G/gpt_cuda" ]; then run_gpt2; else res gpt2 "not built"; fail gpt2 "not built"; fi
 fi
+
+# the same in --dtype bf16: bf16 parameters (f32 masters), attention on the tensor cores
+# (kernels/dt_flash.cu); the GEMMs are still f32 (issue 19's cuBLASLt bf16 GEMMs come next)
+run_gpt2_bf16() {
+    local tps rc
+    timeout "$(lim 120)" "$G/gpt_cuda" "${GPT2[@]}" --dtype bf16 --steps 8 --print-every 1 --log "$L/gpt2_bf16.jsonl" \
+        >"$L/gpt2_bf16.log" 2>&1
+    rc=$?
+    tps=$(steady "$L/gpt2_bf16.jsonl" tokens_per_s 2 8192 2>/dev/null)
+    res gpt2_bf16_losses "$(sed -n 's/.*"loss":\([^,]*\).*/\1/p' "$L/gpt2_bf16.jsonl" 2>/dev/null | awk '{ printf("%.4f ", $1) }')"
+    if [ -z "$tps" ]; then
+        res gpt2_bf16 "**no figure**: rc $rc ($L/gpt2_bf16.log): $(tail -n 2 "$L/gpt2_bf16.log" | tr '\n' ' ')"
+        fail gpt2_bf16 "rc $rc: $(tail -n 2 "$L/gpt2_bf16.log" | tr '\n' ' ')"
+        return
+    fi
+    res gpt2_bf16_tok_s "$tps"
+    echo "GPT-2 124M bf16: $tps tok/s (steady)"
+}
+if [ -n "${GPT2[*]:-}" ] && phase "GPT-2 124M bf16" 60; then run_gpt2_bf16; fi
 
 # DLRM at MLPerf's widths, 30 steps on each device: the rate of steps 6-30
 run_dlrm() {
