@@ -202,6 +202,9 @@ typedef struct dt_ctx_desc {
     dt_allocator allocator;/* host memory; zero = malloc/free */
     dt_log_fn log;         /* sees every error message; NULL = silent */
     void *log_user;
+    int tf32;              /* CUDA: f32 GEMMs (dt_matmul, dt_linear) may run on TF32 tensor cores
+                              (inputs rounded to 10 mantissa bits, f32 sums: ~1e-3 relative). 0, the
+                              default: exact f32, as the CPU path (PyTorch's allow_tf32 = False) */
 } dt_ctx_desc;
 
 #define DT_ERROR_MAX 512
@@ -222,6 +225,7 @@ typedef struct dt_cuda_counters {
 typedef struct dt_ctx {
     dt_device device;
     int cuda_device;
+    int tf32;              /* dt_ctx_desc.tf32 (0 or 1) */
     void *cuda_stream;     /* cudaStream_t under DT_CUDA (NULL = default stream) */
     void *cublas;          /* cublasHandle_t, created by the CUDA backend on first use */
     void *cublas_workspace; /* its workspace (dt_cuda_alloc, counted; freed by dt_ctx_shutdown) */
@@ -886,6 +890,7 @@ DT_API dt_status dt_ctx_init(dt_ctx *ctx, const dt_ctx_desc *desc) {
                                 (int)d.device);
     ctx->device = d.device == DT_DEVICE_DEFAULT ? DT_CPU : d.device;
     ctx->cuda_device = d.cuda_device;
+    ctx->tf32 = d.tf32 != 0;
 #ifdef DT_CUDA
     if (ctx->device == DT_CUDA_DEVICE) {
         /* each start-up step named: a machine without a GPU or a driver, a wrong ordinal, a
@@ -3580,7 +3585,7 @@ static dt_status dt__cu_matmul_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor 
     DT__TRY(dt__mm_shapes(ctx, &m, so, sa, sb, ta, tb, fn));
     DT__TRY(dt__cu_blas(ctx, fn));
     return dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(out), a->data, b->data, 1, m.batch, m.M, m.N, m.K,
-                                              ta, tb, m.sa, m.sb, m.sc, alpha, beta, 0, ctx->cuda_stream),
+                                              ta, tb, m.sa, m.sb, m.sc, alpha, beta, ctx->tf32, ctx->cuda_stream),
                          fn, "dt_k_matmul_fwd");
 }
 
@@ -3602,7 +3607,7 @@ static dt_status dt__cu_matmul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, co
     return dt__cu_status(ctx, dt_k_matmul_bwd(ctx->cublas, da ? DT__CU_F(da) : NULL, db ? DT__CU_F(db) : NULL,
                                               (const float *)dout->data, (const float *)a->data,
                                               (const float *)b->data, m.batch, m.M, m.N, m.K, ta, tb, m.sa, m.sb,
-                                              alpha, 0, ctx->cuda_stream),
+                                              alpha, ctx->tf32, ctx->cuda_stream),
                          fn, "dt_k_matmul_bwd");
 }
 
@@ -3620,7 +3625,7 @@ static dt_status dt__cu_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor 
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
     DT__TRY(dt__cu_blas(ctx, fn));
     DT__TRY(dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(out), x->data, w->data, 1, 1, N, Out, In, 0, 1, 0, 0,
-                                               0, 1.0f, 0.0f, 0, ctx->cuda_stream), fn, "dt_k_matmul_fwd"));
+                                               0, 1.0f, 0.0f, ctx->tf32, ctx->cuda_stream), fn, "dt_k_matmul_fwd"));
     if (!bias) return DT_OK;
     return dt__cu_status(ctx, dt_k_bias_add_fwd(DT__CU_F(out), (const float *)bias->data, N, Out, ctx->cuda_stream),
                          fn, "dt_k_bias_add_fwd");
@@ -3656,10 +3661,10 @@ static dt_status dt__cu_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt
     if (dx || dw) DT__TRY(dt__cu_blas(ctx, fn));
     if (dx) /* dx += dout w */
         DT__TRY(dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(dx), dout->data, w->data, 1, 1, N, In, Out, 0,
-                                                   0, 0, 0, 0, 1.0f, 1.0f, 0, ctx->cuda_stream), fn, "dt_k_matmul_fwd"));
+                                                   0, 0, 0, 0, 1.0f, 1.0f, ctx->tf32, ctx->cuda_stream), fn, "dt_k_matmul_fwd"));
     if (dw) /* dw += dout^T x */
         DT__TRY(dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(dw), dout->data, x->data, 1, 1, Out, In, N, 1,
-                                                   0, 0, 0, 0, 1.0f, 1.0f, 0, ctx->cuda_stream), fn, "dt_k_matmul_fwd"));
+                                                   0, 0, 0, 0, 1.0f, 1.0f, ctx->tf32, ctx->cuda_stream), fn, "dt_k_matmul_fwd"));
     if (!dbias) return DT_OK;
     return dt__cu_bias_bwd(ctx, DT__CU_F(dbias), (const float *)dout->data, N, Out, fn);
 }

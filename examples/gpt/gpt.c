@@ -191,6 +191,7 @@ typedef struct opts {
     dt_pp_kind schedule;  /* --schedule (pp > 1) */
     int chunks;           /* model chunks per stage: 2 for interleaved, else 1 */
     int recompute;        /* 0 none, 1 full, 2 selective */
+    int tf32;             /* --tf32: f32 GEMMs on TF32 tensor cores (cuda) */
     dt_dtype dtype;
     dt_device device;     /* --device: where parameters, activations and the optimizer live */
     double lr, min_lr_frac, wd, clip;
@@ -219,8 +220,10 @@ static const char *HELP =
     "  --micro N         micro-batches per step (1): gradient accumulation, and the pipeline's m; the loss\n"
     "                    does not depend on it\n"
     "  --recompute none|full|selective   activation recompute (none)\n"
-    "  --dtype f32|bf16|f16   parameter dtype; f32 masters inside the optimizer (f32)\n"
-    "  --device cpu|cuda tensors and ops on the CPU or on the GPU (cpu); cuda needs a -DDT_CUDA build, f32\n"
+    "  --dtype f32|bf16|f16   parameter dtype; f32 masters inside the optimizer (f32); cuda: f32 or bf16\n"
+    "                    (bf16: attention on the tensor cores)\n"
+    "  --tf32 0|1        cuda: f32 GEMMs on TF32 tensor cores, ~1e-3 relative (0: exact f32, as the CPU)\n"
+    "  --device cpu|cuda tensors and ops on the CPU or on the GPU (cpu); cuda needs a -DDT_CUDA build\n"
     "  --data FILE       a text file, read as bytes (vocab 256); default /usr/share/common-licenses/GPL-3,\n"
     "                    else README.md\n"
     "  --shards PATTERN  llm.c token shards (glob, e.g. 'data/tinyshakespeare_train*.bin'), GPT-2 vocab\n"
@@ -304,6 +307,9 @@ static void parse(opts *o, int argc, char **argv) {
             else if (v && !strcmp(v, "full")) o->recompute = 1;
             else if (v && !strcmp(v, "selective")) o->recompute = 2;
             else usage("--recompute is none, full or selective");
+        } else if (!strcmp(a, "--tf32")) {
+            if (v && (!strcmp(v, "0") || !strcmp(v, "1"))) o->tf32 = v[0] == '1';
+            else usage("--tf32 is 0 or 1");
         } else if (!strcmp(a, "--dtype")) {
             if (v && !strcmp(v, "f32")) o->dtype = DT_F32;
             else if (v && !strcmp(v, "bf16")) o->dtype = DT_BF16;
@@ -1238,8 +1244,10 @@ static void setup(trainer *t, int argc, char **argv) {
     dt_ctx_desc cdesc;
     int i;
     memset(&cdesc, 0, sizeof cdesc);
-    for (i = 1; i + 1 < argc; i++) /* the ctx's device before anything is made (parse checks the flag) */
+    for (i = 1; i + 1 < argc; i++) { /* the ctx's device and GEMMs before anything is made (parse checks) */
         if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cuda")) cdesc.device = DT_CUDA_DEVICE;
+        if (!strcmp(argv[i], "--tf32") && !strcmp(argv[i + 1], "1")) cdesc.tf32 = 1;
+    }
 #ifndef DT_CUDA
     cdesc.device = DT_CPU; /* parse names the error */
 #endif

@@ -113,6 +113,44 @@ int main(void) {
                       dt_matmul_fwd(&ctx, &o.d, &a.d, &b.d, 0, 1, 1.0f, 0.0f), dt_ctx_error(&ctx), "inner dims differ");
         release(a); release(b); release(o); release(da); release(db);
     }
+    { /* dt_ctx_desc.tf32 = 1: dt_linear's GEMMs on TF32 (inputs rounded to 10 mantissa bits). Each
+         output within the bound of two TF32 roundings of every product plus an f32 sum of K terms,
+         (2 u_tf32 + u_tf32^2 + gamma(K)) sum_k |x w| with u_tf32 = 2^-11; some output must also lie
+         outside the f32 bound gamma(K) sum |x w| (else TF32 was not used); with tf32 = 0 the same
+         GEMM equals the CPU's f32 within the f32 bound. */
+        const int64_t N = 16, I = 40, O = 24;
+        pair_t x = make(DT_F32, 2, N, I, 0, 0, 80), w = make(DT_F32, 2, O, I, 0, 0, 81), y = make(DT_F32, 2, N, O, 0, 0, 82);
+        std::vector<double> mag((size_t)(N * O), 0.0);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t o = 0; o < O; o++)
+                for (int64_t i = 0; i < I; i++)
+                    mag[(size_t)(n * O + o)] += fabs((double)((float *)x.h.data)[n * I + i] * ((float *)w.h.data)[o * I + i]);
+        const double ut = 1.0 / 2048.0, g32 = I * (1.0 / 16777216.0) / (1.0 - I / 16777216.0);
+        for (int tf = 0; tf <= 1; tf++) {
+            char name[96];
+            ctx.tf32 = tf;
+            snprintf(name, sizeof name, "linear_fwd_cuda_tf32_%d_within_its_bound", tf);
+            if (!ok2(name, dt_linear_fwd(&ctx, &y.h, &x.h, &w.h, NULL), dt_linear_fwd(&ctx, &y.d, &x.d, &w.d, NULL)))
+                continue;
+            std::vector<float> got((size_t)y.h.numel);
+            cudaMemcpy(got.data(), y.d.data, got.size() * sizeof(float), cudaMemcpyDeviceToHost);
+            size_t bad = 0, past_f32 = 0, first = 0;
+            for (size_t i = 0; i < got.size(); i++) {
+                double d = fabs((double)got[i] - ((float *)y.h.data)[i]);
+                double bound = ((tf ? 2 * ut + ut * ut : 0.0) + 2 * g32) * mag[i];
+                if (!(d <= bound) && bad++ == 0) first = i;
+                past_f32 += d > 2 * g32 * mag[i];
+            }
+            dt_test_check_all(name, !bad, "%zu of %zu outside; first [%zu]: cuda %.9g, cpu %.9g", bad, got.size(), first,
+                              (double)got[first], (double)((float *)y.h.data)[first]);
+            if (tf) {
+                snprintf(name, sizeof name, "linear_fwd_cuda_tf32_1_rounds_to_tf32");
+                dt_test_check_all(name, past_f32 > 0, "no output differs from f32 by more than the f32 bound");
+            }
+        }
+        ctx.tf32 = 0;
+        release(x); release(w); release(y);
+    }
     { /* linear (+ bias), gelu, layernorm: forward then backward, as in an MLP block */
         const int64_t N = 6, I = 5, O = 7;
         pair_t x = make(DT_F32, 2, N, I, 0, 0, 10), w = make(DT_F32, 2, O, I, 0, 0, 11), bias = make(DT_F32, 1, O, 0, 0, 0, 12);
