@@ -438,7 +438,9 @@ DT_API dt_status dt_matmul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, const 
 DT_API dt_status dt_gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K,
                                   float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                                   float beta, float *C, int64_t ldc);
-/* Linear layer, PyTorch layout: out[N,O] = x[N,I] @ w[O,I]^T + bias[O] (bias may be NULL). */
+/* Linear layer, PyTorch layout: out[N,O] = x[N,I] @ w[O,I]^T + bias[O] (bias may be NULL). On
+   CUDA, w may be bf16: the GEMMs (fwd and bwd) then run in bf16 on the tensor cores with f32
+   accumulation and f32 outputs, x and dout rounded to bf16 on the way in (as torch.autocast). */
 DT_API dt_status dt_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, const dt_tensor *w,
                                const dt_tensor *bias);
 DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
@@ -3611,21 +3613,51 @@ static dt_status dt__cu_matmul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, co
                          fn, "dt_k_matmul_bwd");
 }
 
+/* A bf16 weight (CUDA): the GEMMs run on the tensor cores in bf16 with f32 accumulation and f32
+   outputs (cublasGemmEx), their f32 operands (x, dout) rounded to bf16 into ctx scratch first,
+   as an autocast does. *wf: w's shape as f32, for the checks the f32 path makes. */
+static int dt__cu_bf16_w(const dt_tensor *w, dt_tensor *wf) {
+    if (!w || w->dtype != DT_BF16) return 0;
+    *wf = *w;
+    wf->dtype = DT_F32;
+    return 1;
+}
+static void *dt__cu_to_bf16(dt_ctx *ctx, const dt_tensor *t, const char *fn) {
+    void *p = dt_cuda_scratch(ctx, (size_t)t->numel * 2, fn);
+    if (p && dt__cu_status(ctx, dt_k_tensor_cast(p, DT_BF16, t->data, DT_F32, t->numel, ctx->cuda_stream), fn,
+                           "dt_k_tensor_cast"))
+        return NULL;
+    return p;
+}
+
 /* out[N,O] = x[N,I] w[O,I]^T: one GEMM (trans_b), then the bias kernel. */
 static dt_status dt__cu_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, const dt_tensor *w,
                                    const dt_tensor *bias) {
     const char *fn = "dt_linear_fwd";
     int64_t N, In, Out;
+    dt_tensor wf;
+    int bf;
     DT__CU_SH(so, out, "out");
     DT__CU_SH(sx, x, "x");
     DT__CU_SH(sw, w, "w");
     DT__CU_SH(sbias, bias, "bias");
     if (!so || !sx || !sw) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out, x and w must be non-NULL", fn);
-    DT__TRY(dt__linear_check(ctx, so, sx, sw, sbias, fn, "out"));
+    bf = dt__cu_bf16_w(sw, &wf);
+    DT__TRY(dt__linear_check(ctx, so, sx, bf ? &wf : sw, sbias, fn, "out"));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
     DT__TRY(dt__cu_blas(ctx, fn));
-    DT__TRY(dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(out), x->data, w->data, 1, 1, N, Out, In, 0, 1, 0, 0,
-                                               0, 1.0f, 0.0f, ctx->tf32, ctx->cuda_stream), fn, "dt_k_matmul_fwd"));
+    if (bf) {
+        size_t mark = dt_cuda_scratch_begin(ctx);
+        void *xb = dt__cu_to_bf16(ctx, x, fn);
+        dt_status st = xb ? dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(out), xb, w->data, DT_BF16, 1, N, Out,
+                                                               In, 0, 1, 0, 0, 0, 1.0f, 0.0f, 0, ctx->cuda_stream),
+                                          fn, "dt_k_matmul_fwd")
+                          : ctx->last_status;
+        dt_cuda_scratch_end(ctx, mark);
+        DT__TRY(st);
+    } else
+        DT__TRY(dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(out), x->data, w->data, 1, 1, N, Out, In, 0, 1, 0,
+                                                   0, 0, 1.0f, 0.0f, ctx->tf32, ctx->cuda_stream), fn, "dt_k_matmul_fwd"));
     if (!bias) return DT_OK;
     return dt__cu_status(ctx, dt_k_bias_add_fwd(DT__CU_F(out), (const float *)bias->data, N, Out, ctx->cuda_stream),
                          fn, "dt_k_bias_add_fwd");
@@ -3646,6 +3678,11 @@ static dt_status dt__cu_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt
                                    const dt_tensor *x, const dt_tensor *w) {
     const char *fn = "dt_linear_bwd";
     int64_t N, In, Out;
+    dt_tensor wf;
+    int bf, dt_in;
+    size_t mark;
+    const void *g, *xa, *wa;
+    dt_status st = DT_OK;
     DT__CU_SH(sg, dout, "dout");
     DT__CU_SH(sx, x, "x");
     DT__CU_SH(sw, w, "w");
@@ -3653,18 +3690,27 @@ static dt_status dt__cu_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt
     DT__CU_SH(sdw, dw, "dw");
     DT__CU_SH(sdb, dbias, "dbias");
     if (!sg || !sx || !sw) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dout, x and w must be non-NULL", fn);
-    DT__TRY(dt__linear_check(ctx, sg, sx, sw, NULL, fn, "dout"));
+    bf = dt__cu_bf16_w(sw, &wf);
+    DT__TRY(dt__linear_check(ctx, sg, sx, bf ? &wf : sw, NULL, fn, "dout"));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
     if (sdx) { DT__TRY(dt__f32(ctx, sdx, fn, "dx")); DT__TRY(dt__same_numel(ctx, sdx, sx, fn, "dx", "x")); }
-    if (sdw) { DT__TRY(dt__f32(ctx, sdw, fn, "dw")); DT__TRY(dt__same(ctx, sdw, sw, fn, "dw", "w")); }
+    if (sdw) { DT__TRY(dt__f32(ctx, sdw, fn, "dw")); DT__TRY(dt__same(ctx, sdw, bf ? &wf : sw, fn, "dw", "w")); }
     if (sdb) { DT__TRY(dt__f32(ctx, sdb, fn, "dbias")); DT__TRY(dt__dim(ctx, sdb->numel, Out, fn, "dbias numel", "w.shape[0]")); }
     if (dx || dw) DT__TRY(dt__cu_blas(ctx, fn));
-    if (dx) /* dx += dout w */
-        DT__TRY(dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(dx), dout->data, w->data, 1, 1, N, In, Out, 0,
-                                                   0, 0, 0, 0, 1.0f, 1.0f, ctx->tf32, ctx->cuda_stream), fn, "dt_k_matmul_fwd"));
-    if (dw) /* dw += dout^T x */
-        DT__TRY(dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(dw), dout->data, x->data, 1, 1, Out, In, N, 1,
-                                                   0, 0, 0, 0, 1.0f, 1.0f, ctx->tf32, ctx->cuda_stream), fn, "dt_k_matmul_fwd"));
+    /* a bf16 w: dout (and x, for dw) rounded to bf16 in scratch, the GEMMs bf16 in, f32 out */
+    mark = dt_cuda_scratch_begin(ctx);
+    dt_in = bf ? DT_BF16 : 1;
+    g = dout->data, xa = x->data, wa = w->data;
+    if (bf && (dx || dw) && !(g = dt__cu_to_bf16(ctx, dout, fn))) st = ctx->last_status;
+    if (!st && bf && dw && !(xa = dt__cu_to_bf16(ctx, x, fn))) st = ctx->last_status;
+    if (!st && dx) /* dx += dout w */
+        st = dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(dx), g, wa, dt_in, 1, N, In, Out, 0, 0, 0, 0, 0,
+                                                1.0f, 1.0f, bf ? 0 : ctx->tf32, ctx->cuda_stream), fn, "dt_k_matmul_fwd");
+    if (!st && dw) /* dw += dout^T x */
+        st = dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(dw), g, xa, dt_in, 1, Out, In, N, 1, 0, 0, 0, 0,
+                                                1.0f, 1.0f, bf ? 0 : ctx->tf32, ctx->cuda_stream), fn, "dt_k_matmul_fwd");
+    dt_cuda_scratch_end(ctx, mark);
+    DT__TRY(st);
     if (!dbias) return DT_OK;
     return dt__cu_bias_bwd(ctx, DT__CU_F(dbias), (const float *)dout->data, N, Out, fn);
 }

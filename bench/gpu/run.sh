@@ -31,8 +31,8 @@
 #            tokens/s of the steps after the first two (each logging step reads the loss, so
 #            the device has finished the step when its time is taken), MFU against the card's
 #            dense bf16 datasheet peak (llm.c's convention: 6N + 6LTC FLOPs a token); then a
-#            --profile run and its table (gpt's op timers); then 8 steps of --dtype bf16 (attention on
-#            the tensor cores, kernels/dt_flash.cu)
+#            --profile run and its table (gpt's op timers); then 8 steps of --dtype bf16 (GEMMs and
+#            attention on the tensor cores)
 #   dlrm     DLRM at MLPerf's widths, samples/s with --device cuda and on the CPU
 # Outputs in build/gpu/: summary.md (pasteable into bench/RESULTS.md), device.txt, probe.txt,
 # ptxas/, logs/ (one per build and per run). Exit: 0 all passed, 1 something failed (the summary
@@ -180,7 +180,7 @@ summary() {
         echo "| GPT-2 124M step losses | $(get gpt2_losses) |"
         tps=$(get gpt2_bf16_tok_s)
         m=$(mfu "$tps" "$(dv peak_bf16_tflops)")
-        echo "| GPT-2 124M, --dtype bf16 (attention on the tensor cores, f32 GEMMs) | $(or "${tps:+$tps tok/s, MFU ${m:-?}%}" "$(get gpt2_bf16)") |"
+        echo "| GPT-2 124M, --dtype bf16 (GEMMs and attention on the tensor cores, f32 activations) | $(or "${tps:+$tps tok/s, MFU ${m:-?}%}" "$(get gpt2_bf16)") |"
         echo "| GPT-2 124M bf16 step losses | $(get gpt2_bf16_losses) |"
         local sg sc
         sg=$(get dlrm_cuda_sps) sc=$(get dlrm_cpu_sps)
@@ -603,8 +603,8 @@ if phase "GPT-2 124M" 90; then
     if [ -x "$G/gpt_cuda" ]; then run_gpt2; else res gpt2 "not built"; fail gpt2 "not built"; fi
 fi
 
-# the same in --dtype bf16: bf16 parameters (f32 masters), attention on the tensor cores
-# (kernels/dt_flash.cu); the GEMMs are still f32 (issue 19's cuBLASLt bf16 GEMMs come next)
+# the same in --dtype bf16: bf16 parameters (f32 masters), attention (kernels/dt_flash.cu) and the
+# GEMMs (cublasGemmEx, bf16 in, f32 out) on the tensor cores; activations f32
 run_gpt2_bf16() {
     local tps rc
     timeout "$(lim 120)" "$G/gpt_cuda" "${GPT2[@]}" --dtype bf16 --steps 8 --print-every 1 --log "$L/gpt2_bf16.jsonl" \

@@ -365,7 +365,7 @@ static const int SP_PARTIAL[6] = {LN1W, LN1B, AOB, LN2W, LN2B, PB};
 
 typedef struct model {
     int L, H, C, tp, tp_rank, sp;
-    int tc_att;                         /* --device cuda --dtype bf16: attention on the tensor cores */
+    int tc;                             /* --device cuda --dtype bf16: GEMMs and attention on tensor cores */
     int64_t T, V, Vp, Vl, Cl, Hl, Fl;   /* Vl, Cl, Hl, Fl: this rank's vocab rows, width, heads, 4C */
     dt_params ps;
     int wte, wpe, lnfw, lnfb;           /* param indices */
@@ -390,7 +390,10 @@ static dt_tensor *VAL(model *m, int i) { return m->f32[i].data ? &m->f32[i] : &P
 static dt_tensor *GRD(model *m, int i) { return &P(m, i)->grad; }
 static int BP(model *m, int l, int k) { return m->blk[l * NBP + k]; }
 /* The head's weight (wte, tied) and where its gradient goes: wte itself where this stage holds it. */
-static dt_tensor *HEADW(model *m) { return m->wte >= 0 ? VAL(m, m->wte) : &m->wte_head; }
+/* A linear's weight: under m->tc (--device cuda --dtype bf16) the bf16 value itself, so that
+   dt_linear runs its GEMMs in bf16 on the tensor cores (f32 accumulation); else VAL. */
+static dt_tensor *WVAL(model *m, int i) { return m->tc ? &P(m, i)->value : VAL(m, i); }
+static dt_tensor *HEADW(model *m) { return m->wte >= 0 ? WVAL(m, m->wte) : &m->wte_head; }
 static dt_tensor *HEADG(model *m) { return m->wte >= 0 ? GRD(m, m->wte) : &m->wte_head_grad; }
 
 /* One parameter, [rows, cols] whole (cols 0: a vector), cut over tp as `kind`
@@ -421,7 +424,7 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
     memset(m, 0, sizeof *m);
     m->L = o->layers; m->H = o->heads; m->C = o->width; m->T = o->seq; m->V = V; m->Vp = Vp;
     m->tp = lay->tp; m->tp_rank = lay->tp_rank; m->sp = o->sp; m->lay = lay;
-    m->tc_att = o->device == DT_CUDA_DEVICE && o->dtype == DT_BF16;
+    m->tc = o->device == DT_CUDA_DEVICE && o->dtype == DT_BF16;
     m->Vl = Vp / tp; m->Cl = C / tp; m->Hl = o->heads / tp; m->Fl = 4 * C / tp;
     m->pp = lay->pp; m->st = lay->pp_rank; m->v = lay->pp > 1 ? o->chunks : 1; m->nvs = m->pp * m->v;
     m->blk = (int *)dt_alloc(g_ctx, (size_t)m->L * NBP * sizeof(int));
@@ -518,7 +521,7 @@ typedef struct acts {
     bacts shared;                       /* full / selective: the tensors the blocks share */
     dt_tensor xL, lnf, lnfm, lnfr, lnfall, logits, stats, ids, targets, partial, y_scratch;
     dt_tensor q, k, v;                  /* [N, Cl] forward scratch, packed into qkv */
-    dt_tensor qkv16;                    /* m->tc_att: qkv in bf16 for the tensor-core attention */
+    dt_tensor qkv16;                    /* m->tc: qkv in bf16 for the tensor-core attention */
     dt_tensor dres, dln, dxbuf, dall, doutbuf, dqkv, dq, dk, dv, datty, dfch, dgelu, dlogits;
     dt_tensor dsp, dwpe, dlnf;          /* sp: partial grads of one block / wpe / ln_f */
     dt_tensor gath1, gath2;             /* sp: ln1 / ln2 rows gathered over tp [N, C], shared */
@@ -560,7 +563,7 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
         mk(a, &x->res1, Nl, C, 0, 0, DT_F32);
         mk(a, &x->fch, N, m->Fl, 0, 0, DT_F32);
         if (recompute != 2 || l == m->L) { /* the tensor-core attention stores no [T, T] scores */
-            if (!m->tc_att) mk(a, &x->att, b, m->Hl, m->T, m->T, DT_F32);
+            if (!m->tc) mk(a, &x->att, b, m->Hl, m->T, m->T, DT_F32);
             mk(a, &x->gelu, N, m->Fl, 0, 0, DT_F32);
         }
     }
@@ -593,7 +596,7 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
     mk(a, &a->ids, N, 0, 0, 0, DT_I32); mk(a, &a->targets, N, 0, 0, 0, DT_I32);
     mk(a, &a->partial, N, C, 0, 0, DT_F32); mk(a, &a->y_scratch, Nl, C, 0, 0, DT_F32);
     mk(a, &a->q, N, m->Cl, 0, 0, DT_F32); mk(a, &a->k, N, m->Cl, 0, 0, DT_F32); mk(a, &a->v, N, m->Cl, 0, 0, DT_F32);
-    if (m->tc_att) mk(a, &a->qkv16, b, m->T, 3 * m->Cl, 0, DT_BF16);
+    if (m->tc) mk(a, &a->qkv16, b, m->T, 3 * m->Cl, 0, DT_BF16);
     mk(a, &a->dres, Nl, C, 0, 0, DT_F32); mk(a, &a->dln, Nl, C, 0, 0, DT_F32);
     mk(a, &a->dxbuf, N, C, 0, 0, DT_F32); mk(a, &a->dall, N, C, 0, 0, DT_F32); mk(a, &a->doutbuf, N, C, 0, 0, DT_F32);
     mk(a, &a->dqkv, b, m->T, 3 * m->Cl, 0, DT_F32);
@@ -637,16 +640,16 @@ static void unpack_dqkv(acts *a, const model *m) {
     CHECK(dt_split_fwd(g_ctx, parts, 3, &a->dqkv));
 }
 
-/* Attention of the block's qkv into out (atty as [b, T, Cl]) and back (dqkv +=). With m->tc_att
+/* Attention of the block's qkv into out (atty as [b, T, Cl]) and back (dqkv +=). With m->tc
    (--device cuda --dtype bf16) qkv goes to bf16 first and dt_attention runs on the tensor cores
    (FlashAttention-2, nothing [T, T] kept: the backward recomputes); else the op keeps att. */
 static void attn_fwd(model *m, acts *a, bacts *x, dt_tensor *out) {
-    if (!m->tc_att) { COMPUTE("attention fwd", dt_attention_fwd(g_ctx, out, &x->att, &x->qkv, (int)m->Hl)); return; }
+    if (!m->tc) { COMPUTE("attention fwd", dt_attention_fwd(g_ctx, out, &x->att, &x->qkv, (int)m->Hl)); return; }
     COMPUTE("attention fwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
     COMPUTE("attention fwd", dt_attention_fwd(g_ctx, out, NULL, &a->qkv16, (int)m->Hl));
 }
 static void attn_bwd(model *m, acts *a, bacts *x, dt_tensor *dout) {
-    if (!m->tc_att) { COMPUTE("attention bwd", dt_attention_bwd(g_ctx, &a->dqkv, dout, &x->qkv, &x->att, (int)m->Hl)); return; }
+    if (!m->tc) { COMPUTE("attention bwd", dt_attention_bwd(g_ctx, &a->dqkv, dout, &x->qkv, &x->att, (int)m->Hl)); return; }
     COMPUTE("attention bwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
     COMPUTE("attention bwd", dt_attention_bwd(g_ctx, &a->dqkv, dout, &a->qkv16, NULL, (int)m->Hl));
 }
@@ -660,19 +663,19 @@ static void block_fwd(model *m, acts *a, bacts *x, int l, dt_tensor *y) {
     COMPUTE("layernorm fwd", dt_layernorm_fwd(g_ctx, &x->ln1, &x->ln1m, &x->ln1r, &x->in, VAL(m, BP(m, l, LN1W)), VAL(m, BP(m, l, LN1B)), 1e-5f));
     /* q, k, v: column-parallel, one gather of the rows for the three (sp) */
     if (m->sp) OP("sp gather", dt_sp_gather_rows(lay, &x->ln1all, &x->ln1));
-    COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->q, xall, VAL(m, BP(m, l, QW)), VAL(m, BP(m, l, QB))));
-    COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->k, xall, VAL(m, BP(m, l, KW)), VAL(m, BP(m, l, KB))));
-    COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->v, xall, VAL(m, BP(m, l, VW)), VAL(m, BP(m, l, VB))));
+    COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->q, xall, WVAL(m, BP(m, l, QW)), VAL(m, BP(m, l, QB))));
+    COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->k, xall, WVAL(m, BP(m, l, KW)), VAL(m, BP(m, l, KB))));
+    COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->v, xall, WVAL(m, BP(m, l, VW)), VAL(m, BP(m, l, VB))));
     TIMED("qkv pack / unpack", pack_qkv(a, &x->qkv, m));
     s3[0] = a->b; s3[1] = m->T; s3[2] = m->Cl;
     CHECK(dt_tensor_reshape(g_ctx, &atty3, &x->atty, 3, s3));
     attn_fwd(m, a, x, &atty3);
-    OP("row linear fwd", dt_tp_row_linear_fwd(lay, &x->res1, &a->partial, &x->atty, VAL(m, BP(m, l, AOW)), VAL(m, BP(m, l, AOB)), m->sp));
+    OP("row linear fwd", dt_tp_row_linear_fwd(lay, &x->res1, &a->partial, &x->atty, WVAL(m, BP(m, l, AOW)), VAL(m, BP(m, l, AOB)), m->sp));
     COMPUTE("residual add", dt_axpy(g_ctx, &x->res1, 1.0f, &x->in)); /* res1 + in, as dt_add: on either device */
     COMPUTE("layernorm fwd", dt_layernorm_fwd(g_ctx, &x->ln2, &x->ln2m, &x->ln2r, &x->res1, VAL(m, BP(m, l, LN2W)), VAL(m, BP(m, l, LN2B)), 1e-5f));
-    OP("column linear fwd", dt_tp_column_linear_fwd(lay, &x->fch, m->sp ? &x->ln2all : NULL, &x->ln2, VAL(m, BP(m, l, FCW)), VAL(m, BP(m, l, FCB)), m->sp));
+    OP("column linear fwd", dt_tp_column_linear_fwd(lay, &x->fch, m->sp ? &x->ln2all : NULL, &x->ln2, WVAL(m, BP(m, l, FCW)), VAL(m, BP(m, l, FCB)), m->sp));
     COMPUTE("gelu fwd", dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
-    OP("row linear fwd", dt_tp_row_linear_fwd(lay, y, &a->partial, &x->gelu, VAL(m, BP(m, l, PW)), VAL(m, BP(m, l, PB)), m->sp));
+    OP("row linear fwd", dt_tp_row_linear_fwd(lay, y, &a->partial, &x->gelu, WVAL(m, BP(m, l, PW)), VAL(m, BP(m, l, PB)), m->sp));
     COMPUTE("residual add", dt_axpy(g_ctx, y, 1.0f, &x->res1));
 }
 
@@ -693,14 +696,14 @@ static dt_tensor *GT(model *m, acts *a, int l, int k, dt_tensor *tmp) {
 /* The weights' half of block l's backward (part 2 of block_bwd): from the output gradients the
    input half saved, the same dt_linear_bwd / dt_bias_add_bwd calls the tp layers make (sp 0). */
 static void block_bwd_weights(model *m, bacts *x, int l) {
-    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, PW)), NULL, &x->g_mlp, &x->gelu, VAL(m, BP(m, l, PW))));
+    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, PW)), NULL, &x->g_mlp, &x->gelu, WVAL(m, BP(m, l, PW))));
     COMPUTE("linear bwd (weights)", dt_bias_add_bwd(g_ctx, GRD(m, BP(m, l, PB)), &x->g_mlp));
-    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, FCW)), GRD(m, BP(m, l, FCB)), &x->g_fch, &x->ln2, VAL(m, BP(m, l, FCW))));
-    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, AOW)), NULL, &x->g_attn, &x->atty, VAL(m, BP(m, l, AOW))));
+    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, FCW)), GRD(m, BP(m, l, FCB)), &x->g_fch, &x->ln2, WVAL(m, BP(m, l, FCW))));
+    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, AOW)), NULL, &x->g_attn, &x->atty, WVAL(m, BP(m, l, AOW))));
     COMPUTE("linear bwd (weights)", dt_bias_add_bwd(g_ctx, GRD(m, BP(m, l, AOB)), &x->g_attn));
-    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, QW)), GRD(m, BP(m, l, QB)), &x->g_q, &x->ln1, VAL(m, BP(m, l, QW))));
-    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, KW)), GRD(m, BP(m, l, KB)), &x->g_k, &x->ln1, VAL(m, BP(m, l, KW))));
-    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, VW)), GRD(m, BP(m, l, VB)), &x->g_v, &x->ln1, VAL(m, BP(m, l, VW))));
+    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, QW)), GRD(m, BP(m, l, QB)), &x->g_q, &x->ln1, WVAL(m, BP(m, l, QW))));
+    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, KW)), GRD(m, BP(m, l, KB)), &x->g_k, &x->ln1, WVAL(m, BP(m, l, KW))));
+    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, VW)), GRD(m, BP(m, l, VB)), &x->g_v, &x->ln1, WVAL(m, BP(m, l, VW))));
 }
 
 /* A copy of t kept for the weight pass (the input pass's scratch is reused by the next block). */
@@ -737,20 +740,20 @@ static void block_bwd_part(model *m, acts *a, bacts *x, int l, int recompute, in
     fill0(&a->dgelu);
     if (!w) keep(a, &x->g_mlp, &a->dres);
     OP("row linear bwd", dt_tp_row_linear_bwd(lay, &a->dgelu, w ? GRD(m, BP(m, l, PW)) : NULL, w ? GT(m, a, l, PB, &t1) : NULL, &a->doutbuf, &a->dres, &x->gelu,
-                               VAL(m, BP(m, l, PW)), m->sp));
+                               WVAL(m, BP(m, l, PW)), m->sp));
     fill0(&a->dfch);
     COMPUTE("gelu bwd", dt_gelu_bwd(g_ctx, &a->dfch, &a->dgelu, &x->fch));
     fill0(&a->dln);
     if (!w) keep(a, &x->g_fch, &a->dfch);
     OP("column linear bwd", dt_tp_column_linear_bwd(lay, &a->dln, w ? GRD(m, BP(m, l, FCW)) : NULL, w ? GRD(m, BP(m, l, FCB)) : NULL, &a->dxbuf, &a->dfch,
-                                  m->sp ? &x->ln2all : &x->ln2, VAL(m, BP(m, l, FCW)), m->sp));
+                                  m->sp ? &x->ln2all : &x->ln2, WVAL(m, BP(m, l, FCW)), m->sp));
     COMPUTE("layernorm bwd", dt_layernorm_bwd(g_ctx, &a->dres, GT(m, a, l, LN2W, &t1), GT(m, a, l, LN2B, &t2), &a->dln, &x->res1,
                            VAL(m, BP(m, l, LN2W)), &x->ln2m, &x->ln2r));
     /* attention */
     fill0(&a->datty);
     if (!w) keep(a, &x->g_attn, &a->dres);
     OP("row linear bwd", dt_tp_row_linear_bwd(lay, &a->datty, w ? GRD(m, BP(m, l, AOW)) : NULL, w ? GT(m, a, l, AOB, &t1) : NULL, &a->doutbuf, &a->dres, &x->atty,
-                               VAL(m, BP(m, l, AOW)), m->sp));
+                               WVAL(m, BP(m, l, AOW)), m->sp));
     fill0(&a->dqkv);
     CHECK(dt_tensor_reshape(g_ctx, &datty3, &a->datty, 3, s3));
     attn_bwd(m, a, x, &datty3);
@@ -758,9 +761,9 @@ static void block_bwd_part(model *m, acts *a, bacts *x, int l, int recompute, in
     /* q, k, v: column-parallel by hand, so that the three input grads make one sum over tp */
     fill0(&a->dall);
     if (!w) { keep(a, &x->g_q, &a->dq); keep(a, &x->g_k, &a->dk); keep(a, &x->g_v, &a->dv); }
-    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, w ? GRD(m, BP(m, l, QW)) : NULL, w ? GRD(m, BP(m, l, QB)) : NULL, &a->dq, xall, VAL(m, BP(m, l, QW))));
-    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, w ? GRD(m, BP(m, l, KW)) : NULL, w ? GRD(m, BP(m, l, KB)) : NULL, &a->dk, xall, VAL(m, BP(m, l, KW))));
-    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, w ? GRD(m, BP(m, l, VW)) : NULL, w ? GRD(m, BP(m, l, VB)) : NULL, &a->dv, xall, VAL(m, BP(m, l, VW))));
+    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, w ? GRD(m, BP(m, l, QW)) : NULL, w ? GRD(m, BP(m, l, QB)) : NULL, &a->dq, xall, WVAL(m, BP(m, l, QW))));
+    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, w ? GRD(m, BP(m, l, KW)) : NULL, w ? GRD(m, BP(m, l, KB)) : NULL, &a->dk, xall, WVAL(m, BP(m, l, KW))));
+    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, w ? GRD(m, BP(m, l, VW)) : NULL, w ? GRD(m, BP(m, l, VB)) : NULL, &a->dv, xall, WVAL(m, BP(m, l, VW))));
     if (m->sp) OP("sp scatter", dt_sp_scatter_rows(lay, &a->dln, &a->dall));
     else {
         OP("tp allreduce", dt_tp_allreduce(lay, &a->dall));

@@ -12,7 +12,7 @@
 // with full recompute, one rank (dt_comm without MPI). Only in the emulator's parallel mode; the other
 // modes train 2 steps of ZeRO 1 with full recompute, and the ThreadSanitizer run (argument "tsan")
 // the same on one sequence of 8 tokens at width 16. The parallel mode also trains --dtype bf16 on
-// cuda (attention on the tensor cores) against the CPU's bf16 run (compare_bf16).
+// cuda (GEMMs and attention on the tensor cores) against the CPU's bf16 run (compare_bf16).
 #include <math.h>
 #include <cuda_runtime.h>
 #ifndef DT_CUDA
@@ -135,11 +135,11 @@ static void compare(int zero, const char *recompute, int steps, const char *seq 
     }
 }
 
-// --dtype bf16 on cuda (bf16 parameters, f32 masters and compute, attention on the tensor cores:
-// dt_flash.cu with q, k, v, P, dS and dout rounded to bf16) against the CPU's bf16 run (the same
-// bf16 parameters, attention in f32): the losses within 1e-2 relative at every step (issue 19's
-// criterion; the attention's bf16 roundings, bounded in k_flash.cpp, are all that differs), and
-// it learns.
+// --dtype bf16 on cuda (bf16 parameters, f32 masters and activations; attention on the tensor
+// cores, dt_flash.cu with q, k, v, P, dS and dout rounded to bf16; the linears' GEMMs in bf16 with
+// their f32 inputs rounded) against the CPU's bf16 run (the same bf16 parameters, everything
+// computed in f32): the losses within 1e-2 relative at every step (issue 19's criterion; those
+// roundings, bounded in k_flash.cpp and k_ops.cpp, are all that differs), and it learns.
 static void compare_bf16(int zero, const char *recompute, int steps) {
     double l_cpu[STEPS], l_cuda[STEPS], worst = 0;
     char name[128];
@@ -152,7 +152,7 @@ static void compare_bf16(int zero, const char *recompute, int steps) {
         double d = fabs(l_cuda[i] - l_cpu[i]) / fabs(l_cpu[i]);
         if (!(d <= worst)) worst = d, at = i;
     }
-    printf("gpt bf16 zero%d_recompute_%s on cuda (tensor-core attention) vs cpu, %d steps: loss %.9g / %.9g at step "
+    printf("gpt bf16 zero%d_recompute_%s on cuda (tensor cores) vs cpu, %d steps: loss %.9g / %.9g at step "
            "%d; largest relative difference %.3g (step %d)\n", zero, recompute, steps, l_cuda[steps - 1],
            l_cpu[steps - 1], steps, worst, at + 1);
     snprintf(name, sizeof name, "gpt_cuda_bf16_zero%d_recompute_%s_losses_within_1e-2_of_cpu_bf16", zero, recompute);

@@ -151,6 +151,68 @@ int main(void) {
         ctx.tf32 = 0;
         release(x); release(w); release(y);
     }
+    { /* a bf16 weight on cuda: dt_linear's GEMMs in bf16 on the tensor cores (cublasGemmEx, f32
+         accumulate), x and dout rounded to bf16 on the way in. Against the CPU's f32 linear on the
+         same (bf16) weight, element by element within the roundings' bound: fwd u_b sum_i |x w|,
+         dx u_b sum_o |dout w|, dw 2 u_b sum_n |dout x| (u_b = 2^-8), plus f32 sums (2 gamma(K))
+         and the accumulation into the initial dx, dw; some element must leave the f32 bound. */
+        const int64_t N = 16, I = 40, O = 24;
+        pair_t x = make(DT_F32, 2, N, I, 0, 0, 90), w = make(DT_F32, 2, O, I, 0, 0, 91), b = make(DT_F32, 1, O, 0, 0, 0, 92);
+        pair_t y = make(DT_F32, 2, N, O, 0, 0, 93), g = make(DT_F32, 2, N, O, 0, 0, 94), dx = make(DT_F32, 2, N, I, 0, 0, 95);
+        pair_t dw = make(DT_F32, 2, O, I, 0, 0, 96), db = make(DT_F32, 1, O, 0, 0, 0, 97);
+        dt_tensor w16, w16h;
+        dt_tensor_create_like(&ctx, &w16, &w.d, DT_BF16, DT_CUDA_DEVICE);
+        dt_tensor_create_like(&ctx, &w16h, &w.h, DT_BF16, DT_CPU);
+        dt_tensor_cast(&ctx, &w16h, &w.h);
+        dt_tensor_cast(&ctx, &w.h, &w16h); /* the CPU's weight: the bf16 values */
+        dt_tensor_copy(&ctx, &w16, &w16h);
+        const float *X = (const float *)x.h.data, *W = (const float *)w.h.data, *G = (const float *)g.h.data;
+        const double ub = 1.0 / 256.0, u = 1.0 / 16777216.0;
+        std::vector<float> dx0((const float *)dx.h.data, (const float *)dx.h.data + dx.h.numel);
+        std::vector<float> dw0((const float *)dw.h.data, (const float *)dw.h.data + dw.h.numel);
+        auto check = [&](const char *name, pair_t &p, const std::vector<double> &mag, double rel, int64_t K,
+                         const std::vector<float> *init) {
+            std::vector<float> got((size_t)p.h.numel);
+            cudaMemcpy(got.data(), p.d.data, got.size() * sizeof(float), cudaMemcpyDeviceToHost);
+            size_t bad = 0, past = 0, first = 0;
+            double gk = 2.0 * K * u / (1.0 - K * u);
+            for (size_t i = 0; i < got.size(); i++) {
+                double want = ((const float *)p.h.data)[i], d = fabs(got[i] - want);
+                double f32b = gk * mag[i] + (init ? 2 * u * (fabs((*init)[i]) + fabs(want)) : 0.0);
+                if (!(d <= rel * mag[i] + f32b) && bad++ == 0) first = i;
+                past += d > f32b;
+            }
+            dt_test_check_all(name, !bad && past > 0, "%zu of %zu outside (first [%zu]: cuda %.9g, cpu %.9g); %zu past "
+                              "the f32 bound (want > 0)", bad, got.size(), first, (double)got[first],
+                              (double)((const float *)p.h.data)[first], past);
+        };
+        if (ok2("linear_fwd_bf16_w_cuda_within_bf16_bound", dt_linear_fwd(&ctx, &y.h, &x.h, &w.h, &b.h),
+                dt_linear_fwd(&ctx, &y.d, &x.d, &w16, &b.d))) {
+            std::vector<double> mag((size_t)(N * O), 0.0);
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t o = 0; o < O; o++)
+                    for (int64_t i = 0; i < I; i++) mag[(size_t)(n * O + o)] += fabs((double)X[n * I + i] * W[o * I + i]);
+            check("linear_fwd_bf16_w_cuda_within_bf16_bound", y, mag, ub, I, NULL);
+        }
+        if (ok2("linear_bwd_bf16_w_cuda_within_bf16_bound", dt_linear_bwd(&ctx, &dx.h, &dw.h, &db.h, &g.h, &x.h, &w.h),
+                dt_linear_bwd(&ctx, &dx.d, &dw.d, &db.d, &g.d, &x.d, &w16))) {
+            std::vector<double> mx((size_t)(N * I), 0.0), mw((size_t)(O * I), 0.0);
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t o = 0; o < O; o++)
+                    for (int64_t i = 0; i < I; i++) {
+                        mx[(size_t)(n * I + i)] += fabs((double)G[n * O + o] * W[o * I + i]);
+                        mw[(size_t)(o * I + i)] += fabs((double)G[n * O + o] * X[n * I + i]);
+                    }
+            check("linear_bwd_dx_bf16_w_cuda_within_bf16_bound", dx, mx, ub, O, &dx0);
+            check("linear_bwd_dw_bf16_w_cuda_within_bf16_bound", dw, mw, 2 * ub + ub * ub, N, &dw0);
+            same("linear_bwd_dbias_bf16_w_cuda_equals_f32_path", db, 1e-5); /* dout's column sums, in f32 */
+        }
+        dt_test_error("linear_fwd_bf16_w_on_cpu_is_named", dt_linear_fwd(&ctx, &y.h, &x.h, &w16h, NULL),
+                      dt_ctx_error(&ctx), "w");
+        dt_tensor_free(&ctx, &w16), dt_tensor_free(&ctx, &w16h);
+        pair_t *all[] = {&x, &w, &b, &y, &g, &dx, &dw, &db};
+        for (pair_t *p : all) release(*p);
+    }
     { /* linear (+ bias), gelu, layernorm: forward then backward, as in an MLP block */
         const int64_t N = 6, I = 5, O = 7;
         pair_t x = make(DT_F32, 2, N, I, 0, 0, 10), w = make(DT_F32, 2, O, I, 0, 0, 11), bias = make(DT_F32, 1, O, 0, 0, 0, 12);

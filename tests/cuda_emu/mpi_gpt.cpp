@@ -7,8 +7,8 @@
 // 1e-5 of their norm (attn.k.b: against Adam's bound, as tests/cuda_emu/k_gpt.cpp says why). The
 // cpu runs of these layouts equal the 1-rank run (tests/mpi_gpt.c); tests/run.sh runs it at np 2
 // (np 1 is tests/cuda_emu/k_gpt.cpp's); at np 1 it runs the 1 x 1 layout. A tiny GPT: 1 block, width
-// 32, 2 heads, context 16, batch 4, 3 steps, clipping at 1.0. And --dtype bf16 at tp 2, dp 2 ZeRO 1
-// and pp 2: cuda (attention on the tensor cores) within 1e-2 of the CPU bf16 run.
+// 32, 2 heads, context 16, batch 4, 3 steps, clipping at 1.0. And --dtype bf16 at tp 2 (sp 0, 1), dp 2
+// ZeRO 1 and pp 2: cuda (attention and GEMMs on the tensor cores) within 1e-2 of the CPU bf16 run.
 // Build (tests/run.sh's emulator MPI group, or by hand):
 //   mpicxx -std=c++17 -O1 -DDT_MPI -DDT_CBLAS -I. -Itests/cuda_emu/include -Ikernels -Itests -Itests/cuda_emu
 //       tests/cuda_emu/mpi_gpt.cpp build/cuda_emu/obj/*.o -lopenblas -lpthread     (one line)
@@ -161,6 +161,7 @@ int main(int argc, char **argv) {
         if (!only || !strcmp(only, "tp2_sp")) compare("tp2_sp", 2, 1, 0, 1);
         if (!only || !strcmp(only, "pp2_1f1b")) compare("pp2_1f1b", 1, 0, 0, 2);
         if (!only || !strcmp(only, "bf16_tp2")) compare_bf16("tp2", 2, 0, 0, 1);
+        if (!only || !strcmp(only, "bf16_tp2_sp")) compare_bf16("tp2_sp", 2, 1, 0, 1);
         if (!only || !strcmp(only, "bf16_dp2_zero1")) compare_bf16("dp2_zero1", 1, 0, 1, 1);
         if (!only || !strcmp(only, "bf16_pp2_1f1b")) compare_bf16("pp2_1f1b", 1, 0, 0, 2);
     }
