@@ -9,7 +9,7 @@
 # say: no device allocation or free, host-to-device bytes equal to the step's inputs, nothing copied
 # to the host, at most one wait. --print-every is above --steps, so steps 2 .. N-1 log nothing and
 # step N's loss read is counted apart. Layouts: gpt at dp 1 and tp 2 x dp 1 on 2 ranks, each at
-# ZeRO 0 and 3, and its pipeline (pp 2: 1F1B; interleaved under deferred streams); dlrm at np 1, 2
+# ZeRO 0 and 3, in f32 and bf16, and its pipeline (pp 2: 1F1B; interleaved under deferred streams); dlrm at np 1, 2
 # and 3 with data-parallel, mixed and row-wise plans. Run by tests/run.sh (group cuda_counters); by hand:
 #     bash tests/cuda_counters.sh            (after ./build.sh)
 # A failing count is found with the emulator's trace: DT_EMU_TRACE=1 build/examples/emu/gpt ...
@@ -81,15 +81,17 @@ run() {
 
 # gpt: B sequences of T tokens; a tp group's ranks all see the dp rank's batch, ids and targets
 # i32 each: 2 x 4 x (B / dp) x T bytes up per step.
+# --dtype bf16 (GEMMs and attention on the tensor cores: their bf16 operands in ctx scratch) too.
 B=2 T=16
-for layout in "1 1" "2 2"; do
-    read -r np tp <<<"$layout"
+for layout in "1 1 f32" "2 2 f32" "1 1 bf16" "2 2 bf16"; do
+    read -r np tp dtype <<<"$layout"
     for zero in 0 3; do
         name=gpt_cuda_np${np}_tp${tp}_zero${zero}
+        [ "$dtype" = f32 ] || name=${name}_$dtype
         log=$TMP/$name.log
         if [ ! -x "$GPT" ]; then fail "$name" "$GPT does not exist (./build.sh builds it)"; continue; fi
         if ! run "$np" "$log" "$GPT" --device cuda --layers 1 --width 32 --heads 2 --seq $T --batch $B --steps $STEPS \
-            --warmup 1 --tp "$tp" --zero "$zero" --print-every 1000 --profile; then
+            --warmup 1 --tp "$tp" --zero "$zero" --dtype "$dtype" --print-every 1000 --profile; then
             fail "${name}_runs" "exit status non-zero; the end of its output:"
             tail -n 15 "$log" | sed 's/^/    | /'
             continue
