@@ -20,7 +20,9 @@
    vocab-parallel (rows [r Vp/tp, (r+1) Vp/tp)) both as the embedding and as the head, and the
    cross entropy never gathers the logits. q, k and v are three parameters rather than one
    [3C, C]: a rank's heads are then a contiguous slice of each, so every parameter is a box of
-   its logical tensor and checkpoints reshard between tp sizes. Sequence parallel (--sp 1): the
+   its logical tensor and checkpoints reshard between tp sizes. They are registered one after
+   the other, so their values (and grads) lie back to back as one [3Cl, C] matrix and one GEMM
+   computes them (qkv_lin_get). Sequence parallel (--sp 1): the
    residual stream, layernorms and wpe are split by rows over tp; the layernorm, wpe and
    row-parallel-bias grads are then partial per rank and summed over tp (a scratch per block,
    so the sum never double-counts accumulated micro-steps).
@@ -372,7 +374,8 @@ typedef struct model {
     int *blk;                           /* [L][NBP] param indices */
     int *units;                         /* per param: its arena unit */
     int64_t units_cap;
-    dt_tensor *f32;                     /* per param: f32 working copy of a bf16 / f16 value */
+    dt_tensor *f32;                     /* per param: f32 working copy of a bf16 / f16 value (a view) */
+    dt_tensor f32buf;                   /* the working copies, in registration order as the arena */
     dt_layout *lay;
     dt_zero *z;
     dt_trace *tr;
@@ -482,9 +485,22 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
     m->f32 = (dt_tensor *)dt_alloc(g_ctx, (size_t)m->ps.count * sizeof(dt_tensor));
     if (!m->f32) CHECK(DT_ERR_OOM);
     memset(m->f32, 0, (size_t)m->ps.count * sizeof(dt_tensor));
-    if (o->dtype != DT_F32) /* the ops compute in f32: a working copy, refreshed at each gather */
-        for (i = 0; i < m->ps.count; i++)
-            CHECK(dt_tensor_create_like(g_ctx, &m->f32[i], &P(m, i)->value, DT_F32, DT_DEVICE_DEFAULT));
+    /* the ops compute in f32: a working copy of a bf16 / f16 value, refreshed at each gather, all
+       in one buffer laid out as the arena's (so q, k, v are adjacent there too: span3) */
+    if (o->dtype != DT_F32 && m->ps.count) {
+        dt_tensor_desc d;
+        int64_t at = 0;
+        memset(&d, 0, sizeof d);
+        for (i = 0; i < m->ps.count; i++) d.shape[0] += P(m, i)->value.numel;
+        d.device = P(m, 0)->value.device;
+        d.dtype = DT_F32;
+        CHECK(dt_tensor_create(g_ctx, &m->f32buf, &d));
+        for (i = 0; i < m->ps.count; i++) {
+            const dt_tensor *v = &P(m, i)->value;
+            CHECK(dt_tensor_view(g_ctx, &m->f32[i], &m->f32buf, at, v->ndim, v->shape));
+            at += v->numel;
+        }
+    }
 }
 
 /* dt_zero_gather, then the f32 copies of a bf16 / f16 unit. */
@@ -512,7 +528,7 @@ typedef struct bacts {
     dt_tensor fch, gelu;                /* [N, Fl] */
     /* the zero-bubble split (--schedule zb, sp 0, no recompute): what the input-gradient pass
        leaves for the weight pass, the output gradient of each linear */
-    dt_tensor g_mlp, g_fch, g_attn, g_q, g_k, g_v; /* [N, C], [N, Fl], [N, C], [N, Cl] x 3 */
+    dt_tensor g_mlp, g_fch, g_attn, g_qkv;   /* [N, C], [N, Fl], [N, C], [b, T, 3Cl] */
 } bacts;
 
 typedef struct acts {
@@ -520,9 +536,8 @@ typedef struct acts {
     bacts *blk;                         /* [L] (views where shared) */
     bacts shared;                       /* full / selective: the tensors the blocks share */
     dt_tensor xL, lnf, lnfm, lnfr, lnfall, logits, stats, ids, targets, partial, y_scratch;
-    dt_tensor q, k, v;                  /* [N, Cl] forward scratch, packed into qkv */
     dt_tensor qkv16;                    /* m->tc: qkv in bf16 for the tensor-core attention */
-    dt_tensor dres, dln, dxbuf, dall, doutbuf, dqkv, dq, dk, dv, datty, dfch, dgelu, dlogits;
+    dt_tensor dres, dln, dxbuf, dall, doutbuf, dqkv, datty, dfch, dgelu, dlogits;
     dt_tensor dsp, dwpe, dlnf;          /* sp: partial grads of one block / wpe / ln_f */
     dt_tensor gath1, gath2;             /* sp: ln1 / ln2 rows gathered over tp [N, C], shared */
     dt_tensor hids, htargets;           /* --device cuda: the host side of ids / targets (load_tokens) */
@@ -595,12 +610,10 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
     mk(a, &a->logits, N, m->Vl, 0, 0, DT_F32); mk(a, &a->stats, N, 2, 0, 0, DT_F32);
     mk(a, &a->ids, N, 0, 0, 0, DT_I32); mk(a, &a->targets, N, 0, 0, 0, DT_I32);
     mk(a, &a->partial, N, C, 0, 0, DT_F32); mk(a, &a->y_scratch, Nl, C, 0, 0, DT_F32);
-    mk(a, &a->q, N, m->Cl, 0, 0, DT_F32); mk(a, &a->k, N, m->Cl, 0, 0, DT_F32); mk(a, &a->v, N, m->Cl, 0, 0, DT_F32);
     if (m->tc) mk(a, &a->qkv16, b, m->T, 3 * m->Cl, 0, DT_BF16);
     mk(a, &a->dres, Nl, C, 0, 0, DT_F32); mk(a, &a->dln, Nl, C, 0, 0, DT_F32);
     mk(a, &a->dxbuf, N, C, 0, 0, DT_F32); mk(a, &a->dall, N, C, 0, 0, DT_F32); mk(a, &a->doutbuf, N, C, 0, 0, DT_F32);
     mk(a, &a->dqkv, b, m->T, 3 * m->Cl, 0, DT_F32);
-    mk(a, &a->dq, N, m->Cl, 0, 0, DT_F32); mk(a, &a->dk, N, m->Cl, 0, 0, DT_F32); mk(a, &a->dv, N, m->Cl, 0, 0, DT_F32);
     mk(a, &a->datty, N, m->Cl, 0, 0, DT_F32);
     mk(a, &a->dfch, N, m->Fl, 0, 0, DT_F32); mk(a, &a->dgelu, N, m->Fl, 0, 0, DT_F32);
     mk(a, &a->dlogits, N, m->Vl, 0, 0, DT_F32);
@@ -626,18 +639,47 @@ static void fill0(dt_tensor *t) { COMPUTE("zero fill", dt_tensor_fill(g_ctx, t, 
 /* The first row of this rank's residual-stream rows in the micro-batch (sp: its slice). */
 static int64_t row0(const model *m, const acts *a) { return m->sp ? (int64_t)m->tp_rank * a->Nl : 0; }
 
-/* qkv [b, T, 3Cl] = [q | k | v] per row (dt_attention's packing); and back (grads, +=). */
-static void pack_qkv(acts *a, dt_tensor *qkv, const model *m) {
-    const dt_tensor *parts[3];
-    parts[0] = &a->q; parts[1] = &a->k; parts[2] = &a->v;
-    (void)m;
-    CHECK(dt_concat_fwd(g_ctx, qkv, parts, 3));
+/* One [3 rows, ...] tensor over a, b, c when they lie back to back in memory (same shape, dtype
+   and device), as QW, KW, VW (and QB, KB, VB) do in the arena and in the working copies: the
+   parameters are registered in that order and laid out in it with no gap, values and grads
+   alike, at every ZeRO stage (a unit's full buffer keeps the order). Returns 0 where they do not. */
+static int span3(dt_tensor *out, const dt_tensor *a, const dt_tensor *b, const dt_tensor *c) {
+    size_t n = dt_tensor_bytes(a);
+    if (!a->data || (char *)b->data != (char *)a->data + n || (char *)c->data != (char *)b->data + n ||
+        dt_tensor_bytes(b) != n || dt_tensor_bytes(c) != n || b->dtype != a->dtype || c->dtype != a->dtype ||
+        b->device != a->device || c->device != a->device || a->ndim < 1)
+        return 0;
+    *out = *a;
+    out->owns = 0;
+    out->shape[0] *= 3;
+    out->numel *= 3;
+    return 1;
 }
-static void unpack_dqkv(acts *a, const model *m) {
-    dt_tensor *parts[3];
-    parts[0] = &a->dq; parts[1] = &a->dk; parts[2] = &a->dv;
-    (void)m;
-    CHECK(dt_split_fwd(g_ctx, parts, 3, &a->dqkv));
+
+/* Block l's q, k and v as one linear [3Cl, C] (and bias [3Cl]), so one GEMM makes the row
+   [q | k | v] that dt_attention reads from qkv, and one takes its gradient back. Q, K, V
+   adjacent in memory is how model_make lays them out (span3); a layout that broke it would
+   be a bug here, so it is named rather than worked around. */
+typedef struct qkv_lin { dt_tensor w, b, gw, gb; } qkv_lin;
+static void qkv_lin_get(model *m, int l, qkv_lin *q, int grads) {
+    int ok = span3(&q->w, WVAL(m, BP(m, l, QW)), WVAL(m, BP(m, l, KW)), WVAL(m, BP(m, l, VW))) &&
+             span3(&q->b, VAL(m, BP(m, l, QB)), VAL(m, BP(m, l, KB)), VAL(m, BP(m, l, VB)));
+    if (ok && grads)
+        ok = span3(&q->gw, GRD(m, BP(m, l, QW)), GRD(m, BP(m, l, KW)), GRD(m, BP(m, l, VW))) &&
+             span3(&q->gb, GRD(m, BP(m, l, QB)), GRD(m, BP(m, l, KB)), GRD(m, BP(m, l, VB)));
+    if (!ok) {
+        fprintf(stderr, "gpt [rank %d]: block %d's q, k, v %s are not adjacent in memory (one [3C, C] "
+                "linear needs them so)\n", g_rank, l, grads ? "values or grads" : "values");
+        dt_comm_abort(NULL, 1);
+    }
+}
+/* [N, 3Cl]: the rows of qkv / dqkv for the linear */
+static dt_tensor rows3(const model *m, const acts *a, const dt_tensor *t) {
+    dt_tensor v;
+    int64_t s[2];
+    s[0] = a->N; s[1] = 3 * m->Cl;
+    CHECK(dt_tensor_reshape(g_ctx, &v, t, 2, s));
+    return v;
 }
 
 /* Attention of the block's qkv into out (atty as [b, T, Cl]) and back (dqkv +=). With m->tc
@@ -658,15 +700,15 @@ static void attn_bwd(model *m, acts *a, bacts *x, dt_tensor *dout) {
 static void block_fwd(model *m, acts *a, bacts *x, int l, dt_tensor *y) {
     dt_layout *lay = m->lay;
     const dt_tensor *xall = m->sp ? &x->ln1all : &x->ln1;
-    dt_tensor atty3;
+    dt_tensor atty3, qkv2;
+    qkv_lin ql;
     int64_t s3[3];
     COMPUTE("layernorm fwd", dt_layernorm_fwd(g_ctx, &x->ln1, &x->ln1m, &x->ln1r, &x->in, VAL(m, BP(m, l, LN1W)), VAL(m, BP(m, l, LN1B)), 1e-5f));
     /* q, k, v: column-parallel, one gather of the rows for the three (sp) */
     if (m->sp) OP("sp gather", dt_sp_gather_rows(lay, &x->ln1all, &x->ln1));
-    COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->q, xall, WVAL(m, BP(m, l, QW)), VAL(m, BP(m, l, QB))));
-    COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->k, xall, WVAL(m, BP(m, l, KW)), VAL(m, BP(m, l, KB))));
-    COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &a->v, xall, WVAL(m, BP(m, l, VW)), VAL(m, BP(m, l, VB))));
-    TIMED("qkv pack / unpack", pack_qkv(a, &x->qkv, m));
+    qkv_lin_get(m, l, &ql, 0);
+    qkv2 = rows3(m, a, &x->qkv);
+    COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &qkv2, xall, &ql.w, &ql.b));
     s3[0] = a->b; s3[1] = m->T; s3[2] = m->Cl;
     CHECK(dt_tensor_reshape(g_ctx, &atty3, &x->atty, 3, s3));
     attn_fwd(m, a, x, &atty3);
@@ -696,14 +738,18 @@ static dt_tensor *GT(model *m, acts *a, int l, int k, dt_tensor *tmp) {
 /* The weights' half of block l's backward (part 2 of block_bwd): from the output gradients the
    input half saved, the same dt_linear_bwd / dt_bias_add_bwd calls the tp layers make (sp 0). */
 static void block_bwd_weights(model *m, bacts *x, int l) {
+    qkv_lin ql;
+    dt_tensor g_qkv;
+    int64_t s2[2];
+    s2[0] = x->g_qkv.shape[0] * x->g_qkv.shape[1]; s2[1] = x->g_qkv.shape[2];
+    CHECK(dt_tensor_reshape(g_ctx, &g_qkv, &x->g_qkv, 2, s2));
     COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, PW)), NULL, &x->g_mlp, &x->gelu, WVAL(m, BP(m, l, PW))));
     COMPUTE("linear bwd (weights)", dt_bias_add_bwd(g_ctx, GRD(m, BP(m, l, PB)), &x->g_mlp));
     COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, FCW)), GRD(m, BP(m, l, FCB)), &x->g_fch, &x->ln2, WVAL(m, BP(m, l, FCW))));
     COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, AOW)), NULL, &x->g_attn, &x->atty, WVAL(m, BP(m, l, AOW))));
     COMPUTE("linear bwd (weights)", dt_bias_add_bwd(g_ctx, GRD(m, BP(m, l, AOB)), &x->g_attn));
-    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, QW)), GRD(m, BP(m, l, QB)), &x->g_q, &x->ln1, WVAL(m, BP(m, l, QW))));
-    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, KW)), GRD(m, BP(m, l, KB)), &x->g_k, &x->ln1, WVAL(m, BP(m, l, KW))));
-    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, GRD(m, BP(m, l, VW)), GRD(m, BP(m, l, VB)), &x->g_v, &x->ln1, WVAL(m, BP(m, l, VW))));
+    qkv_lin_get(m, l, &ql, 1);
+    COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, &ql.gw, &ql.gb, &g_qkv, &x->ln1, &ql.w));
 }
 
 /* A copy of t kept for the weight pass (the input pass's scratch is reused by the next block). */
@@ -721,7 +767,8 @@ static void block_bwd_part(model *m, acts *a, bacts *x, int l, int recompute, in
     int w = part == 0; /* the weight gradients now */
     dt_layout *lay = m->lay;
     const dt_tensor *xall = m->sp ? &x->ln1all : &x->ln1;
-    dt_tensor t1, t2, atty3, datty3;
+    dt_tensor t1, t2, atty3, datty3, dqkv2;
+    qkv_lin ql;
     int64_t s3[3];
     int j;
     if (recompute == 1) block_fwd(m, a, x, l, &a->y_scratch);
@@ -757,13 +804,13 @@ static void block_bwd_part(model *m, acts *a, bacts *x, int l, int recompute, in
     fill0(&a->dqkv);
     CHECK(dt_tensor_reshape(g_ctx, &datty3, &a->datty, 3, s3));
     attn_bwd(m, a, x, &datty3);
-    TIMED("qkv pack / unpack", unpack_dqkv(a, m));
-    /* q, k, v: column-parallel by hand, so that the three input grads make one sum over tp */
+    /* q, k, v: column-parallel by hand (one linear of this rank's 3Cl rows), so that the input
+       grad is one sum over tp */
     fill0(&a->dall);
-    if (!w) { keep(a, &x->g_q, &a->dq); keep(a, &x->g_k, &a->dk); keep(a, &x->g_v, &a->dv); }
-    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, w ? GRD(m, BP(m, l, QW)) : NULL, w ? GRD(m, BP(m, l, QB)) : NULL, &a->dq, xall, WVAL(m, BP(m, l, QW))));
-    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, w ? GRD(m, BP(m, l, KW)) : NULL, w ? GRD(m, BP(m, l, KB)) : NULL, &a->dk, xall, WVAL(m, BP(m, l, KW))));
-    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, w ? GRD(m, BP(m, l, VW)) : NULL, w ? GRD(m, BP(m, l, VB)) : NULL, &a->dv, xall, WVAL(m, BP(m, l, VW))));
+    if (!w) keep(a, &x->g_qkv, &a->dqkv);
+    qkv_lin_get(m, l, &ql, w);
+    dqkv2 = rows3(m, a, &a->dqkv);
+    COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, w ? &ql.gw : NULL, w ? &ql.gb : NULL, &dqkv2, xall, &ql.w));
     if (m->sp) OP("sp scatter", dt_sp_scatter_rows(lay, &a->dln, &a->dall));
     else {
         OP("tp allreduce", dt_tp_allreduce(lay, &a->dall));
@@ -1616,7 +1663,7 @@ static void teardown(trainer *t) {
     dt_release(&t->ctx, m->first);
     dt_zero_free(m->z);
     dt_trace_free(m->tr);
-    for (i = 0; i < m->ps.count; i++) dt_tensor_free(&t->ctx, &m->f32[i]);
+    dt_tensor_free(&t->ctx, &m->f32buf);
     dt_release(&t->ctx, m->f32);
     dt_release(&t->ctx, m->blk);
     dt_release(&t->ctx, m->units);
