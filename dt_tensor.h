@@ -3936,9 +3936,12 @@ static dt_status dt__cu_attention_tc(dt_ctx *ctx, const dt_tensor *y, const dt_t
     if (!st && bwd) {
         a.dout = (const float *)y->data;
         a.dq = DT__CU_F(dqkv), a.dk = a.dq + C, a.dv = a.dq + 2 * C, a.dq_stride = a.dkv_stride = 3 * C;
-        a.scratch = dt_cuda_scratch(ctx, dt_k_flash_bwd_scratch(B, T, n_head, (int)hs), fn);
-        st = a.scratch ? dt__cu_status(ctx, dt_k_flash_bwd(&a, ctx->cuda_stream), fn, "dt_k_flash_bwd")
-                       : ctx->last_status;
+        size_t bytes = dt_k_flash_bwd_scratch(B, T, n_head, (int)hs); /* 0: a size past size_t */
+        a.scratch = bytes ? dt_cuda_scratch(ctx, bytes, fn) : NULL;
+        if (!bytes) st = dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: B * T * C = %lld * %lld * %lld: the backward's "
+                                          "scratch overflows", fn, (long long)B, (long long)T, (long long)C);
+        else st = a.scratch ? dt__cu_status(ctx, dt_k_flash_bwd(&a, ctx->cuda_stream), fn, "dt_k_flash_bwd")
+                            : ctx->last_status;
     }
     dt_cuda_scratch_end(ctx, mark);
     if (st && ctx->last_status == DT_ERR_CUDA && strstr(dt_ctx_error(ctx), "not supported"))
