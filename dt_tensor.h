@@ -69,6 +69,9 @@
                        attention's softmax and the dot interaction (same results, bit for bit:
                        the lanes do the scalar ops). Neither needs more than -lm: the exp is this
                        file's own (see "4-lane vectors").
+       DT_TENSOR_NO_AVX2  gelu on 4 lanes even where the CPU has AVX2 (by default, on x86-64
+                       under GCC or Clang, it takes 8 when the CPU has them; the same bits
+                       either way: see "8-lane vectors").
 
    Conventions (every dt header follows them, and so should code that extends dt):
      - Argument order: the ctx, or the handle that carries one (dt_comm, dt_optimizer,
@@ -740,6 +743,11 @@ DT_API void dt_safetensors_close(dt_ctx *ctx, dt_st_file *f);
    "4-lane vectors" below */
 #define DT__TENSOR_SSE2 1
 #include <emmintrin.h>
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(DT_TENSOR_NO_AVX2)
+/* and gelu on 8 lanes where the CPU has AVX2, chosen at run time: see "8-lane vectors" */
+#define DT__TENSOR_AVX2 1
+#include <immintrin.h>
+#endif
 #endif
 
 #if !defined(__cplusplus) && (defined(__unix__) || defined(__APPLE__))
@@ -2633,30 +2641,79 @@ static inline void dt__v_st(float *p, int64_t c, int64_t n, dt__v4 a) {
         if ((c) < (n)) __VA_ARGS__                                         \
     } while (0)
 
+/* ---------------------------------------------------------------- 8-lane vectors
+
+   On x86-64 under GCC or Clang, gelu also has a copy on dt__v8 (8 floats, AVX2; its ops are
+   dt__w_*, as dt__v4's are dt__v_*), taken when the CPU has AVX2: __builtin_cpu_supports at each
+   call (a load and a bit test of the CPU model libgcc reads at start-up), so one binary runs on
+   every x86-64. Only these functions are built for AVX2 (target("avx2"), not "fma": without FMA
+   the compiler cannot contract a multiply and an add), and each lane does the IEEE operation the
+   4-lane and scalar code do: the three give the same bits (tests/test_tensor_ops_simd.c). A
+   function is written once and defined for both widths by a DT__DEF_ macro. DT_TENSOR_NO_AVX2
+   keeps the 4-lane path (DT_TENSOR_NO_SIMD the scalar one). */
+#ifdef DT__TENSOR_AVX2
+#define DT__AVX2 __attribute__((target("avx2")))
+typedef __m256 dt__v8;
+static inline DT__AVX2 dt__v8 dt__w_set(float a) { return _mm256_set1_ps(a); }
+static inline DT__AVX2 dt__v8 dt__w_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline DT__AVX2 void dt__w_store(float *p, dt__v8 a) { _mm256_storeu_ps(p, a); }
+static inline DT__AVX2 dt__v8 dt__w_add(dt__v8 a, dt__v8 b) { return _mm256_add_ps(a, b); }
+static inline DT__AVX2 dt__v8 dt__w_sub(dt__v8 a, dt__v8 b) { return _mm256_sub_ps(a, b); }
+static inline DT__AVX2 dt__v8 dt__w_mul(dt__v8 a, dt__v8 b) { return _mm256_mul_ps(a, b); }
+static inline DT__AVX2 dt__v8 dt__w_div(dt__v8 a, dt__v8 b) { return _mm256_div_ps(a, b); }
+/* VMINPS / VMAXPS: b when either is NaN, as MINPS / MAXPS */
+static inline DT__AVX2 dt__v8 dt__w_min(dt__v8 a, dt__v8 b) { return _mm256_min_ps(a, b); }
+static inline DT__AVX2 dt__v8 dt__w_max(dt__v8 a, dt__v8 b) { return _mm256_max_ps(a, b); }
+static inline DT__AVX2 dt__v8 dt__w_pow2(dt__v8 k, dt__v8 *n) { /* as dt__v_pow2 */
+    *n = _mm256_sub_ps(k, _mm256_set1_ps(12582912.0f));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_castps_si256(k), _mm256_set1_epi32(127 - 0x4B400000)), 23));
+}
+static inline DT__AVX2 dt__v8 dt__w_ld(const float *p, int64_t c, int64_t n, float pad) { /* as dt__v_ld */
+    float t[8];
+    int j;
+    if (c + 8 <= n) return dt__w_load(p + c);
+    for (j = 0; j < 8; j++) t[j] = c + j < n ? p[c + j] : pad;
+    return dt__w_load(t);
+}
+static inline DT__AVX2 void dt__w_st(float *p, int64_t c, int64_t n, dt__v8 a) {
+    float t[8];
+    int j;
+    if (c + 8 <= n) { dt__w_store(p + c, a); return; }
+    dt__w_store(t, a);
+    for (j = 0; j < 8 && c + j < n; j++) p[c + j] = t[j];
+}
+static inline int dt__have_avx2(void) { return __builtin_cpu_supports("avx2") != 0; }
+#endif
+
 #define DT__EXP_HI 88.0f  /* exp saturates here, at 1.65e38: never inf */
 #define DT__EXP_LO -88.0f /* n = -127 from here down: 2^n is +0, and so is exp */
 
-/* exp, Cephes' expf on 4 lanes: n = round(x / ln 2) (by adding 1.5 * 2^23), r = x - n ln 2 in two
+/* exp, Cephes' expf on 4 lanes (dt__v_exp; dt__w_exp on 8): n = round(x / ln 2) (by adding 1.5 * 2^23), r = x - n ln 2 in two
    parts (Cody-Waite, exact for |n| <= 127), exp(r) by Cephes' degree-7 minimax polynomial on
    [-ln2/2, ln2/2], times 2^n from the exponent bits: within 1 ulp of exp() in double
    (tests/test_tensor_ops_simd.c checks it on [-87.3, 88] and [-1, 1]). Below x = -87.68 (exp < 8e-39, subnormal) the result
    is +0 (libm gives subnormals there), down to -87.68 subnormals; NaN stays NaN. */
-static inline dt__v4 dt__v_exp(dt__v4 x) {
-    dt__v4 xc = dt__v_max(dt__v_set(DT__EXP_LO), dt__v_min(dt__v_set(DT__EXP_HI), x)); /* NaN passes */
-    dt__v4 n, s, r, z, y;
-    s = dt__v_pow2(dt__v_add(dt__v_mul(xc, dt__v_set(1.44269504088896341f)), dt__v_set(12582912.0f)), &n);
-    r = dt__v_sub(xc, dt__v_mul(n, dt__v_set(0.693359375f)));
-    r = dt__v_sub(r, dt__v_mul(n, dt__v_set(-2.12194440e-4f)));
-    z = dt__v_mul(r, r);
-    y = dt__v_set(1.9875691500e-4f);
-    y = dt__v_add(dt__v_mul(y, r), dt__v_set(1.3981999507e-3f));
-    y = dt__v_add(dt__v_mul(y, r), dt__v_set(8.3334519073e-3f));
-    y = dt__v_add(dt__v_mul(y, r), dt__v_set(4.1665795894e-2f));
-    y = dt__v_add(dt__v_mul(y, r), dt__v_set(1.6666665459e-1f));
-    y = dt__v_add(dt__v_mul(y, r), dt__v_set(5.0000001201e-1f));
-    y = dt__v_add(dt__v_add(dt__v_mul(y, z), r), dt__v_set(1.0f));
-    return dt__v_mul(y, s);
-}
+#define DT__DEF_EXP(A, V, P)                                                                    \
+    static inline A V P##exp(V x) {                                                             \
+        V xc = P##max(P##set(DT__EXP_LO), P##min(P##set(DT__EXP_HI), x)); /* NaN passes */      \
+        V n, s, r, z, y;                                                                        \
+        s = P##pow2(P##add(P##mul(xc, P##set(1.44269504088896341f)), P##set(12582912.0f)), &n); \
+        r = P##sub(xc, P##mul(n, P##set(0.693359375f)));                                        \
+        r = P##sub(r, P##mul(n, P##set(-2.12194440e-4f)));                                      \
+        z = P##mul(r, r);                                                                       \
+        y = P##set(1.9875691500e-4f);                                                           \
+        y = P##add(P##mul(y, r), P##set(1.3981999507e-3f));                                     \
+        y = P##add(P##mul(y, r), P##set(8.3334519073e-3f));                                     \
+        y = P##add(P##mul(y, r), P##set(4.1665795894e-2f));                                     \
+        y = P##add(P##mul(y, r), P##set(1.6666665459e-1f));                                     \
+        y = P##add(P##mul(y, r), P##set(5.0000001201e-1f));                                     \
+        y = P##add(P##add(P##mul(y, z), r), P##set(1.0f));                                      \
+        return P##mul(y, s);                                                                    \
+    }
+DT__DEF_EXP(, dt__v4, dt__v_)
+#ifdef DT__TENSOR_AVX2
+DT__DEF_EXP(DT__AVX2, dt__v8, dt__w_)
+#endif
 
 /* ---------------------------------------------------------------- activations */
 
@@ -2685,38 +2742,50 @@ DT_API dt_status dt_relu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
 #define DT__GELU_M2SC -0.0713548162726f     /* -2 sqrt(2/pi) 0.044715 */
 #define DT__GELU_2S3C 0.2140644488178f      /* 2 sqrt(2/pi) 3 0.044715 */
 
-static inline dt__v4 dt__v_gelu_e(dt__v4 v) { /* exp(-2u) */
-    return dt__v_exp(dt__v_mul(v, dt__v_add(dt__v_set(DT__GELU_M2S), dt__v_mul(dt__v_set(DT__GELU_M2SC), dt__v_mul(v, v)))));
-}
+/* gelu'(v) = 0.5 (1 + tanh u) + 0.5 v (1 - tanh^2 u) du/dv = s + v s (1 - s) 2 sqrt(2/pi)
+   (1 + 3 0.044715 v^2), with s = sigmoid(2u) = 1 / (1 + e) and 1 - s = e s (no cancellation).
+   The rows of gelu_fwd (out may be x: each block is read before it is written) and gelu_bwd
+   (dp += gelu'(x) gp), on W lanes of type V with the ops P##*. */
+#define DT__DEF_GELU(A, V, P, W)                                                                       \
+    static inline A V P##gelu_e(V v) { /* exp(-2u) */                                                 \
+        return P##exp(P##mul(v, P##add(P##set(DT__GELU_M2S), P##mul(P##set(DT__GELU_M2SC), P##mul(v, v))))); \
+    }                                                                                                  \
+    static A void P##gelu_fwd_rows(float *op, const float *xp, int64_t n) {                           \
+        int64_t i;                                                                                     \
+        DT__ROW_LOOP(i, n, W, {                                                                        \
+            V v = P##ld(xp, i, n, 0.0f);                                                               \
+            P##st(op, i, n, P##div(v, P##add(P##set(1.0f), P##gelu_e(v))));                           \
+        });                                                                                            \
+    }                                                                                                  \
+    static A void P##gelu_bwd_rows(float *dp, const float *gp, const float *xp, int64_t n) {          \
+        int64_t i;                                                                                     \
+        DT__ROW_LOOP(i, n, W, {                                                                        \
+            V v = P##ld(xp, i, n, 0.0f), e = P##gelu_e(v);                                             \
+            V s = P##div(P##set(1.0f), P##add(P##set(1.0f), e));                                       \
+            V q = P##add(P##set(-DT__GELU_M2S), P##mul(P##set(DT__GELU_2S3C), P##mul(v, v)));          \
+            V g = P##add(s, P##mul(P##mul(v, s), P##mul(P##mul(e, s), q)));                           \
+            P##st(dp, i, n, P##add(P##ld(dp, i, n, 0.0f), P##mul(g, P##ld(gp, i, n, 0.0f))));          \
+        });                                                                                            \
+    }
+DT__DEF_GELU(, dt__v4, dt__v_, 4)
+#ifdef DT__TENSOR_AVX2
+DT__DEF_GELU(DT__AVX2, dt__v8, dt__w_, 8)
+#endif
 
 DT_API dt_status dt_gelu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
-    const float *xp;
-    float *op;
-    int64_t i, n;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
     if (dt__cu(out) || dt__cu(x)) return dt__cu_unary(ctx, out, NULL, x, 0, 0);
 #endif
     DT__TRY(dt__unary_check(ctx, out, x, "dt_gelu_fwd", "out"));
-    xp = DT__CF(x); op = DT__F(out); n = x->numel;
-    DT__ROW_LOOP(i, n, 4, { /* out may be x: each block is read before it is written */
-        dt__v4 v = dt__v_ld(xp, i, n, 0.0f);
-        dt__v_st(op, i, n, dt__v_div(v, dt__v_add(dt__v_set(1.0f), dt__v_gelu_e(v))));
-    });
+#ifdef DT__TENSOR_AVX2
+    if (dt__have_avx2()) {
+        dt__w_gelu_fwd_rows(DT__F(out), DT__CF(x), x->numel);
+        return DT_OK;
+    }
+#endif
+    dt__v_gelu_fwd_rows(DT__F(out), DT__CF(x), x->numel);
     return DT_OK;
-}
-
-/* gelu'(v) = 0.5 (1 + tanh u) + 0.5 v (1 - tanh^2 u) du/dv = s + v s (1 - s) 2 sqrt(2/pi)
-   (1 + 3 0.044715 v^2), with s = sigmoid(2u) = 1 / (1 + e) and 1 - s = e s (no cancellation). */
-static void dt__gelu_bwd_rows(float *dp, const float *gp, const float *xp, int64_t n) {
-    int64_t i;
-    DT__ROW_LOOP(i, n, 4, {
-        dt__v4 v = dt__v_ld(xp, i, n, 0.0f), e = dt__v_gelu_e(v);
-        dt__v4 s = dt__v_div(dt__v_set(1.0f), dt__v_add(dt__v_set(1.0f), e));
-        dt__v4 q = dt__v_add(dt__v_set(-DT__GELU_M2S), dt__v_mul(dt__v_set(DT__GELU_2S3C), dt__v_mul(v, v)));
-        dt__v4 g = dt__v_add(s, dt__v_mul(dt__v_mul(v, s), dt__v_mul(dt__v_mul(e, s), q)));
-        dt__v_st(dp, i, n, dt__v_add(dt__v_ld(dp, i, n, 0.0f), dt__v_mul(g, dt__v_ld(gp, i, n, 0.0f))));
-    });
 }
 
 /* relu_bwd and gelu_bwd: the same checks and dispatch, then their own rows. */
@@ -2730,7 +2799,13 @@ static dt_status dt__act_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, 
     if (!dx) return DT_OK;
     DT__TRY(dt__unary_check(ctx, dx, x, fn, "dx"));
     if (!relu) {
-        dt__gelu_bwd_rows(DT__F(dx), DT__CF(dout), DT__CF(x), x->numel);
+#ifdef DT__TENSOR_AVX2
+        if (dt__have_avx2()) {
+            dt__w_gelu_bwd_rows(DT__F(dx), DT__CF(dout), DT__CF(x), x->numel);
+            return DT_OK;
+        }
+#endif
+        dt__v_gelu_bwd_rows(DT__F(dx), DT__CF(dout), DT__CF(x), x->numel);
         return DT_OK;
     }
     /* the gradient passes where the forward passed x through: x > 0, and NaN (PyTorch's

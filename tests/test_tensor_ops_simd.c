@@ -1,7 +1,8 @@
 // with: tests/tensor_ops_nosimd.c
 /* tests/test_tensor_ops_simd.c - gelu, layernorm and softmax_xent on 4-lane vectors (SSE2 here,
-   on x86-64) against (1) the same ops built with DT_TENSOR_NO_SIMD in another translation unit
-   (tests/tensor_ops_nosimd.c): the same bits, since every lane does the scalar IEEE operation;
+   on x86-64; gelu on 8, AVX2, where the CPU has it) against (1) the same ops built with
+   DT_TENSOR_NO_SIMD in another translation unit (tests/tensor_ops_nosimd.c), and gelu's 8 lanes
+   against its 4: the same bits, since every lane does the scalar IEEE operation;
    (2) references computed in double with libm's exp and tanh, within the bounds dt_tensor.h
    states (the errors measured are printed as "info:" lines); (3) special values, in-place
    calls, rows that give the same bits wherever they sit, and bad inputs that are named.
@@ -193,6 +194,87 @@ static void test_gelu(void) {
     }
     dt_tensor_free(&C, &xt); dt_tensor_free(&C, &yt); dt_tensor_free(&C, &gt); dt_tensor_free(&C, &dxt);
     free(x); free(y); free(y2); free(g); free(dx); free(dx2); free(old); free(want);
+}
+
+/* The 8-lane gelu (AVX2) against the 4-lane one (SSE2) and the plain C twin, bit for bit: each
+   lane does the same IEEE operations in the same order. Lengths around the vector widths (every
+   tail of the 4- and 8-lane loops, and none), values where the arithmetic is awkward: NaN, the
+   infinities, +-0, subnormals, the exp's clamps (+-88 in 2u), the float range's ends, and a
+   spread of ordinary ones; in place too (out = x), and the backward accumulating into dx. Two
+   NaNs of different payloads meeting in one operation (the exp's 2^n bits of a NaN lane) leave
+   IEEE 754 free to return either, and a compiler free to commute a commutative intrinsic (Clang
+   14 -O2 does: -nan on one path, nan on the other; GCC 12 gives the same bits): so a NaN matches
+   any NaN, and every other value bitwise. */
+static const float GELU_ODD[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-45f, -1e-45f, 1.1754942e-38f,
+                                 -1.1754942e-38f, 3.4028235e38f, -3.4028235e38f, 1e20f, -1e20f, 88.0f, -88.0f,
+                                 9.3f, -9.3f, 9.2f, -9.26f, 30.0f, -30.0f, 1e-8f, -1e-8f, 0.75f, -0.75f, 1.0f, -1.0f};
+
+/* want and got equal as bits, or both NaN; the first index where not, or -1 */
+static int64_t first_unequal(const float *got, const float *want, int64_t n) {
+    int64_t i;
+    for (i = 0; i < n; i++)
+        if (memcmp(&got[i], &want[i], sizeof(float)) && !(got[i] != got[i] && want[i] != want[i])) return i;
+    return -1;
+}
+
+static unsigned bits(float f) { uint32_t u; memcpy(&u, &f, sizeof u); return (unsigned)u; }
+
+/* 1 when got matches want (see first_unequal), else a failure of `name` naming the element */
+static int expect_same(const char *name, const float *got, const float *want, int64_t n, const char *what) {
+    int64_t at = first_unequal(got, want, n);
+    if (at < 0) return 1;
+    dt_test_fail(name, "length %lld: %s [%lld] = %.9g (0x%08x), want %.9g (0x%08x)", (long long)n, what, (long long)at,
+                 (double)got[at], bits(got[at]), (double)want[at], bits(want[at]));
+    return 0;
+}
+
+static void test_gelu_avx2(void) {
+#ifdef DT__TENSOR_AVX2
+    static const int64_t lens[] = {0, 1, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 23, 31, 33, 63, 65, 773, 4099};
+    const int64_t nl = (int64_t)(sizeof lens / sizeof lens[0]), nodd = (int64_t)(sizeof GELU_ODD / sizeof GELU_ODD[0]);
+    int64_t k, i, worst_n = 4099;
+    float *x = fbuf(worst_n), *g = fbuf(worst_n), *y4 = fbuf(worst_n), *y8 = fbuf(worst_n), *y1 = fbuf(worst_n);
+    float *d4 = fbuf(worst_n), *d8 = fbuf(worst_n), *d1 = fbuf(worst_n), *d0 = fbuf(worst_n);
+    int ok = 1;
+    const char *name = "gelu_avx2_equals_sse2_and_scalar_bitwise";
+    uint64_t rng_saved = rng_state; /* the later tests draw what they drew before this one */
+    if (!dt__have_avx2()) {
+        dt_test_skip(name, "this CPU has no AVX2 (the 4-lane path runs)");
+        free(x); free(g); free(y4); free(y8); free(y1); free(d4); free(d8); free(d1); free(d0);
+        return;
+    }
+    for (k = 0; k < nl; k++) {
+        int64_t n = lens[k];
+        fill_normal(x, n, 0.0, 4.0);
+        fill_normal(g, n, 0.0, 1.0);
+        fill_normal(d0, n, 0.0, 1.0);
+        for (i = 0; i < n; i++) /* the odd values, spread over the lanes (and the tails) */
+            if ((i * 7 + k) % 3 == 0) x[i] = GELU_ODD[(i + k) % nodd];
+        for (i = 0; i < n; i += 5) g[i] = GELU_ODD[(i * 3 + k) % nodd] * (i % 2 ? 1.0f : 1e-30f);
+        dt__v_gelu_fwd_rows(y4, x, n);
+        dt__w_gelu_fwd_rows(y8, x, n);
+        nosimd_gelu_fwd(y1, x, n);
+        ok &= expect_same(name, y8, y4, n, "fwd avx2 vs sse2");
+        ok &= expect_same(name, y8, y1, n, "fwd avx2 vs scalar");
+        memcpy(y8, x, (size_t)n * sizeof(float));
+        dt__w_gelu_fwd_rows(y8, y8, n); /* in place */
+        ok &= expect_same(name, y8, y4, n, "fwd avx2 in place vs sse2");
+        memcpy(d4, d0, (size_t)n * sizeof(float)); memcpy(d8, d0, (size_t)n * sizeof(float)); memcpy(d1, d0, (size_t)n * sizeof(float));
+        dt__v_gelu_bwd_rows(d4, g, x, n);
+        dt__w_gelu_bwd_rows(d8, g, x, n);
+        nosimd_gelu_bwd(d1, g, x, n);
+        ok &= expect_same(name, d8, d4, n, "bwd avx2 vs sse2");
+        ok &= expect_same(name, d8, d1, n, "bwd avx2 vs scalar");
+    }
+    rng_state = rng_saved;
+    if (ok) dt_test_pass(name);
+    printf("info: %s: %lld lengths from 0 to %lld, %lld odd values among normal ones\n", name, (long long)nl,
+           (long long)worst_n, (long long)nodd);
+    free(x); free(g); free(y4); free(y8); free(y1); free(d4); free(d8); free(d1); free(d0);
+#else
+    dt_test_skip("gelu_avx2_equals_sse2_and_scalar_bitwise", "built without the 8-lane path (not x86-64 with GCC or "
+                 "Clang, or DT_TENSOR_NO_SIMD / DT_TENSOR_NO_AVX2)");
+#endif
 }
 
 /* ---------------------------------------------------------------- layernorm */
@@ -404,6 +486,7 @@ int main(void) {
     DT_TEST_CHECK("nosimd_copy_is_plain_c", !nosimd_has_sse2());
     test_exp();
     test_gelu();
+    test_gelu_avx2();
     test_layernorm();
     test_softmax_xent();
     nosimd_shutdown();
