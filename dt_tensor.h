@@ -524,6 +524,33 @@ DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, c
                                   int n_head);
 DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor *dout,
                                   const dt_tensor *qkv, const dt_tensor *att, int n_head);
+/* Attention of a block of query rows against a block of key / value rows, with the logsumexp of
+   each row, merged into what earlier blocks gave (the online softmax): the piece context
+   parallelism computes at each step of its ring (dt_parallel.h's dt_cp_attention_*). dt_attention
+   over [0, T) equals the blocks of any split of [0, T) merged in any order (to rounding; one block
+   of every key gives its bits).
+     q    [B, Tq, Wq]          the queries are each row's first H*hs columns (a packed qkv row, as
+                               dt_attention reads, works as it is: its q part)
+     kv   [B, Tk, 2*Hkv*hs]    each row the keys of the Hkv heads, then their values; query head h
+                               reads kv head h / (H / Hkv) (grouped-query attention)
+     out  [B, Tq, H*hs]        f32, merged: start it at 0 ...
+     lse  [B, H, Tq]           ... and lse at -INFINITY (no key seen yet); natural log
+   d picks rows and positions: query row q_row + i sits at sequence position q_pos + i, key row
+   k_row + j at k_pos + j, and key position kp is seen by query position qp when kp <= qp (the
+   causal mask), so a block entirely above the diagonal is a no-op. Rows outside the ranges are
+   not touched. The backward takes the final (merged) out and lse and adds the block's part of
+   the gradients: dq (q's layout; only the first H*hs columns of each row) and dkv (kv's layout).
+   f32 on the CPU; CUDA tensors are DT_ERR_UNSUPPORTED for now. */
+typedef struct dt_attn_block {
+    int n_head, n_kv_head;        /* H; Hkv (0 = H) must divide H */
+    int64_t q_row, q_rows, q_pos; /* rows [q_row, q_row + q_rows) of q, the first at position q_pos */
+    int64_t k_row, k_rows, k_pos; /* rows [k_row, k_row + k_rows) of kv, the first at position k_pos */
+} dt_attn_block;
+DT_API dt_status dt_attention_block_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *lse, const dt_tensor *q,
+                                        const dt_tensor *kv, const dt_attn_block *d);
+DT_API dt_status dt_attention_block_bwd(dt_ctx *ctx, dt_tensor *dq, dt_tensor *dkv, const dt_tensor *dout,
+                                        const dt_tensor *q, const dt_tensor *kv, const dt_tensor *out,
+                                        const dt_tensor *lse, const dt_attn_block *d);
 /* DLRM dot interaction: dense [B,D], emb [B,F,D]. With T = [dense; emb_1..emb_F] (F+1 vectors),
    out [B, D + (F+1)F/2] = [dense, <T_i,T_j> for i = 1..F, j = 0..i-1] (the order of the
    reference DLRM "dot" interaction without self terms). */
@@ -3393,6 +3420,223 @@ DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor 
                                  dv + r0 * 3 * C, 3 * C));
                 DT__TRY(dt__gemm(ctx, 1, 0, r1 - r0, hs, T - r0, 1.0f, ds + r0 * T + r0, T, q + r0 * 3 * C, 3 * C,
                                  1.0f, dk + r0 * 3 * C, 3 * C));
+            }
+        }
+    return DT_OK;
+}
+
+/* ---------------------------------------------------------------- attention blocks (online softmax)
+
+   dt_attention_block_fwd / _bwd: one (query block, key block) pair of FlashAttention's loop on the
+   CPU's GEMMs. Per (batch, head) and DT__ATT_RB query rows at a time: S = scale Q K^T over the
+   keys the last row sees, each row's softmax over its own visible keys (dt__softmax_row, as
+   dt_attention), the block's logsumexp l_b = max + log(sum), O_b = P V; then the merge with what
+   the row holds (O, l): l' = log(e^l + e^l_b), O' = e^(l - l') O + e^(l_b - l') O_b. The
+   backward recomputes P = exp(S - lse) from the final lse and uses D = rowsum(dO * O) for
+   rowsum(P * dP), which holds over all the blocks together (O = sum_b P_b V_b). */
+
+typedef struct dt__ablk {
+    int64_t B, Tq, Tk, Wq, Wkv, C, Ckv, hs;
+    int H, Hkv;
+    float scale;
+} dt__ablk;
+
+static int dt__ablk_dev(const dt_tensor *t) { return t && t->device != DT_CPU; }
+
+/* Keys the query row i of the block sees: key rows [0, n) of its block. */
+static int64_t dt__ablk_nvis(const dt_attn_block *d, int64_t i) {
+    int64_t n = d->q_pos + i - d->k_pos + 1; /* positions are < 2^62: no overflow */
+    return n < 0 ? 0 : n > d->k_rows ? d->k_rows : n;
+}
+
+static dt_status dt__ablk_range(dt_ctx *ctx, const char *fn, const char *what, int64_t row, int64_t rows,
+                                int64_t pos, int64_t T) {
+    if (row < 0 || rows < 0 || row > T || rows > T - row || pos < 0 || pos > ((int64_t)1 << 62) - rows)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: d.%s_row = %lld, d.%s_rows = %lld, d.%s_pos = %lld; expected "
+                                "rows within [0, %lld) and positions in [0, 2^62)", fn, what, (long long)row, what,
+                                (long long)rows, what, (long long)pos, (long long)T);
+    return DT_OK;
+}
+
+static dt_status dt__ablk_check(dt_ctx *ctx, dt__ablk *g, const dt_tensor *out, const dt_tensor *lse,
+                                const dt_tensor *q, const dt_tensor *kv, const dt_attn_block *d, const char *fn,
+                                const char *on) {
+    char s[96];
+    if (!d) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: d is NULL", fn);
+    if (dt__ablk_dev(out) || dt__ablk_dev(lse) || dt__ablk_dev(q) || dt__ablk_dev(kv))
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: CUDA tensors; the block attention runs on the CPU "
+                                "(dt_attention has the CUDA kernels)", fn);
+    DT__TRY(dt__f32(ctx, q, fn, "q"));
+    DT__TRY(dt__f32(ctx, kv, fn, "kv"));
+    DT__TRY(dt__f32(ctx, out, fn, on));
+    DT__TRY(dt__f32(ctx, lse, fn, "lse"));
+    DT__TRY(dt__ndim(ctx, q, 3, 3, fn, "q"));
+    DT__TRY(dt__ndim(ctx, kv, 3, 3, fn, "kv"));
+    g->H = d->n_head;
+    g->Hkv = d->n_kv_head ? d->n_kv_head : d->n_head;
+    if (g->H <= 0 || g->Hkv <= 0 || g->H % g->Hkv)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: d.n_head = %d, d.n_kv_head = %d; expected n_head > 0 and "
+                                "n_kv_head (0 = n_head) > 0 dividing it", fn, d->n_head, d->n_kv_head);
+    g->B = q->shape[0]; g->Tq = q->shape[1]; g->Wq = q->shape[2];
+    g->Tk = kv->shape[1]; g->Wkv = kv->shape[2];
+    if (kv->shape[0] != g->B)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: kv.shape[0] = %lld; expected q.shape[0] = %lld", fn,
+                                (long long)kv->shape[0], (long long)g->B);
+    if (g->Wkv % (2 * (int64_t)g->Hkv))
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: kv.shape[2] = %lld; expected 2 x n_kv_head (%d) x head size",
+                                fn, (long long)g->Wkv, g->Hkv);
+    g->hs = g->Wkv / (2 * (int64_t)g->Hkv);
+    g->Ckv = g->Hkv * g->hs;
+    g->C = g->H * g->hs; /* <= Wkv x H / 2: fits */
+    if (g->C > g->Wq)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: q.shape[2] = %lld; expected >= n_head x head size = %d x %lld",
+                                fn, (long long)g->Wq, g->H, (long long)g->hs);
+    DT__TRY(dt__ndim(ctx, out, 3, 3, fn, on));
+    if (out->shape[0] != g->B || out->shape[1] != g->Tq || out->shape[2] != g->C)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s; expected [%lld, %lld, %lld]", fn, on,
+                                dt_shape_str(out, s, sizeof s), (long long)g->B, (long long)g->Tq, (long long)g->C);
+    if (lse->ndim != 3 || lse->shape[0] != g->B || lse->shape[1] != g->H || lse->shape[2] != g->Tq)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: lse shape %s; expected [%lld, %d, %lld]", fn,
+                                dt_shape_str(lse, s, sizeof s), (long long)g->B, g->H, (long long)g->Tq);
+    DT__TRY(dt__ablk_range(ctx, fn, "q", d->q_row, d->q_rows, d->q_pos, g->Tq));
+    DT__TRY(dt__ablk_range(ctx, fn, "k", d->k_row, d->k_rows, d->k_pos, g->Tk));
+    g->scale = g->hs ? 1.0f / sqrtf((float)g->hs) : 0.0f;
+    return DT_OK;
+}
+
+/* Merges the block's row (ob [hs], lb) into the held row (o [hs], *l). */
+static void dt__ablk_merge(float *o, float *l, const float *ob, float lb, int64_t hs) {
+    int64_t c;
+    float m, ln, wa, wb;
+    if (lb == -INFINITY) return; /* the block gave this row nothing */
+    if (*l == -INFINITY) {       /* the first block this row sees: its values as they are */
+        memcpy(o, ob, (size_t)hs * sizeof(float));
+        *l = lb;
+        return;
+    }
+    m = *l > lb ? *l : lb;
+    ln = m + logf(expf(*l - m) + expf(lb - m));
+    wa = expf(*l - ln);
+    wb = expf(lb - ln);
+    for (c = 0; c < hs; c++) o[c] = wa * o[c] + wb * ob[c];
+    *l = ln;
+}
+
+DT_API dt_status dt_attention_block_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *lse, const dt_tensor *q,
+                                        const dt_tensor *kv, const dt_attn_block *d) {
+    const char *fn = "dt_attention_block_fwd";
+    dt__ablk g;
+    int64_t b, r0, i, nmax, need;
+    int h;
+    float *sc, *ob, *bl;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__ablk_check(ctx, &g, out, lse, q, kv, d, fn, "out"));
+    if (!g.B || !d->q_rows || !d->k_rows || !dt__ablk_nvis(d, d->q_rows - 1)) return DT_OK;
+    /* past the GEMM's packing: scores [RB, k_rows], the block's output [RB, hs] and lse [RB] */
+    if (!dt_mul_ok(DT__ATT_RB, d->k_rows + g.hs + 1, &need) || !dt__scratch(ctx, DT__GEMM_SCRATCH + (size_t)need))
+        return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: no scratch for %d x (k_rows %lld + head size %lld + 1) floats", fn,
+                                DT__ATT_RB, (long long)d->k_rows, (long long)g.hs);
+    sc = ctx->scratch + DT__GEMM_SCRATCH;
+    ob = sc + (size_t)DT__ATT_RB * (size_t)d->k_rows;
+    bl = ob + (size_t)DT__ATT_RB * (size_t)g.hs;
+    for (b = 0; b < g.B; b++)
+        for (h = 0; h < g.H; h++) {
+            int hk = h / (g.H / g.Hkv);
+            const float *qp = DT__CF(q) + (b * g.Tq + d->q_row) * g.Wq + h * g.hs;
+            const float *kp = DT__CF(kv) + (b * g.Tk + d->k_row) * g.Wkv + hk * g.hs, *vp = kp + g.Ckv;
+            float *op = DT__F(out) + (b * g.Tq + d->q_row) * g.C + h * g.hs;
+            float *lp = DT__F(lse) + (b * g.H + h) * g.Tq + d->q_row;
+            for (r0 = 0; r0 < d->q_rows; r0 += DT__ATT_RB) {
+                int64_t r1 = d->q_rows - r0 < DT__ATT_RB ? d->q_rows : r0 + DT__ATT_RB;
+                nmax = dt__ablk_nvis(d, r1 - 1); /* the rows see prefixes that grow with the row */
+                if (!nmax) continue;
+                DT__TRY(dt__gemm(ctx, 0, 1, r1 - r0, nmax, g.hs, g.scale, qp + r0 * g.Wq, g.Wq, kp, g.Wkv, 0.0f, sc, nmax));
+                for (i = r0; i < r1; i++) {
+                    float *row = sc + (i - r0) * nmax, mx = 0;
+                    int64_t n = dt__ablk_nvis(d, i);
+                    bl[i - r0] = -INFINITY;
+                    if (n) {
+                        float sum = dt__softmax_row(row, row, n, &mx);
+                        bl[i - r0] = mx + logf(sum);
+                    }
+                    if (n < nmax) memset(row + n, 0, (size_t)(nmax - n) * sizeof(float));
+                }
+                DT__TRY(dt__gemm(ctx, 0, 0, r1 - r0, g.hs, nmax, 1.0f, sc, nmax, vp, g.Wkv, 0.0f, ob, g.hs));
+                for (i = r0; i < r1; i++) dt__ablk_merge(op + i * g.C, lp + i, ob + (i - r0) * g.hs, bl[i - r0], g.hs);
+            }
+        }
+    return DT_OK;
+}
+
+DT_API dt_status dt_attention_block_bwd(dt_ctx *ctx, dt_tensor *dq, dt_tensor *dkv, const dt_tensor *dout,
+                                        const dt_tensor *q, const dt_tensor *kv, const dt_tensor *out,
+                                        const dt_tensor *lse, const dt_attn_block *d) {
+    const char *fn = "dt_attention_block_bwd";
+    dt__ablk g;
+    int64_t b, r0, i, c, nmax, need;
+    int h;
+    float *sc, *dp;
+    if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__ablk_check(ctx, &g, dout, lse, q, kv, d, fn, "dout"));
+    DT__TRY(dt__f32(ctx, out, fn, "out"));
+    DT__TRY(dt__same(ctx, out, dout, fn, "out", "dout"));
+    if (dq) {
+        DT__TRY(dt__f32(ctx, dq, fn, "dq"));
+        DT__TRY(dt__same(ctx, dq, q, fn, "dq", "q"));
+    }
+    if (dkv) {
+        DT__TRY(dt__f32(ctx, dkv, fn, "dkv"));
+        DT__TRY(dt__same(ctx, dkv, kv, fn, "dkv", "kv"));
+    }
+    if (dt__ablk_dev(out) || dt__ablk_dev(dq) || dt__ablk_dev(dkv))
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: CUDA tensors; the block attention runs on the CPU", fn);
+    if ((!dq && !dkv) || !g.B || !d->q_rows || !d->k_rows || !dt__ablk_nvis(d, d->q_rows - 1)) return DT_OK;
+    /* past the GEMM's packing: P [RB, k_rows] and dP, then dS in its place */
+    if (!dt_mul_ok(2 * DT__ATT_RB, d->k_rows, &need) || !dt__scratch(ctx, DT__GEMM_SCRATCH + (size_t)need))
+        return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: no scratch for 2 x %d x k_rows %lld floats", fn, DT__ATT_RB,
+                                (long long)d->k_rows);
+    sc = ctx->scratch + DT__GEMM_SCRATCH;
+    dp = sc + (size_t)DT__ATT_RB * (size_t)d->k_rows;
+    for (b = 0; b < g.B; b++)
+        for (h = 0; h < g.H; h++) {
+            int hk = h / (g.H / g.Hkv);
+            const float *qp = DT__CF(q) + (b * g.Tq + d->q_row) * g.Wq + h * g.hs;
+            const float *kp = DT__CF(kv) + (b * g.Tk + d->k_row) * g.Wkv + hk * g.hs, *vp = kp + g.Ckv;
+            const float *go = DT__CF(dout) + (b * g.Tq + d->q_row) * g.C + h * g.hs;
+            const float *oo = DT__CF(out) + (b * g.Tq + d->q_row) * g.C + h * g.hs;
+            const float *lp = DT__CF(lse) + (b * g.H + h) * g.Tq + d->q_row;
+            for (r0 = 0; r0 < d->q_rows; r0 += DT__ATT_RB) {
+                int64_t r1 = d->q_rows - r0 < DT__ATT_RB ? d->q_rows : r0 + DT__ATT_RB, rb = r1 - r0;
+                nmax = dt__ablk_nvis(d, r1 - 1);
+                if (!nmax) continue;
+                DT__TRY(dt__gemm(ctx, 0, 1, rb, nmax, g.hs, g.scale, qp + r0 * g.Wq, g.Wq, kp, g.Wkv, 0.0f, sc, nmax));
+                DT__TRY(dt__gemm(ctx, 0, 1, rb, nmax, g.hs, 1.0f, go + r0 * g.C, g.C, vp, g.Wkv, 0.0f, dp, nmax));
+                for (i = r0; i < r1; i++) { /* P = exp(S - lse); dS = P (dP - D) scale, D = dO . O */
+                    float *pr = sc + (i - r0) * nmax, *dr = dp + (i - r0) * nmax;
+                    int64_t n = dt__ablk_nvis(d, i);
+                    double D = 0;
+                    dt__v4 lv, Dv, sv = dt__v_set(g.scale);
+                    for (c = 0; c < g.hs; c++) D += (double)go[i * g.C + c] * (double)oo[i * g.C + c];
+                    lv = dt__v_set(lp[i]);
+                    Dv = dt__v_set((float)D);
+                    DT__ROW_LOOP(c, n, 4, {
+                        dt__v4 p = dt__v_exp(dt__v_sub(dt__v_ld(pr, c, n, -INFINITY), lv));
+                        dt__v_st(dr, c, n, dt__v_mul(dt__v_mul(p, dt__v_sub(dt__v_ld(dr, c, n, 0.0f), Dv)), sv));
+                        dt__v_st(pr, c, n, p);
+                    });
+                    if (n < nmax) {
+                        memset(pr + n, 0, (size_t)(nmax - n) * sizeof(float));
+                        memset(dr + n, 0, (size_t)(nmax - n) * sizeof(float));
+                    }
+                }
+                if (dq) DT__TRY(dt__gemm(ctx, 0, 0, rb, g.hs, nmax, 1.0f, dp, nmax, kp, g.Wkv, 1.0f,
+                                         DT__F(dq) + (b * g.Tq + d->q_row + r0) * g.Wq + h * g.hs, g.Wq));
+                if (dkv) {
+                    float *dkp = DT__F(dkv) + (b * g.Tk + d->k_row) * g.Wkv + hk * g.hs;
+                    DT__TRY(dt__gemm(ctx, 1, 0, nmax, g.hs, rb, 1.0f, dp, nmax, qp + r0 * g.Wq, g.Wq, 1.0f, dkp, g.Wkv));
+                    DT__TRY(dt__gemm(ctx, 1, 0, nmax, g.hs, rb, 1.0f, sc, nmax, go + r0 * g.C, g.C, 1.0f, dkp + g.Ckv,
+                                     g.Wkv));
+                }
             }
         }
     return DT_OK;
