@@ -1,10 +1,11 @@
-/* dt_parallel.h - the dense half of hybrid parallelism for the dt toolkit: the dp x tp x pp
+/* dt_parallel.h - the dense half of hybrid parallelism for the dt toolkit: the dp x cp x tp x pp
    process grid, a flat parameter arena, DDP and ZeRO 1-3, Megatron tensor and sequence parallel
    layers, pipeline schedules and their runtime, a Chrome-trace timeline.  v0.1, MIT licence
 
-   The lesson. A world of dp x tp x pp ranks is a grid, and each axis splits different work.
-   Megatron's rank order puts tp innermost, so a tp group is neighbours on one host:
-       rank = tp_rank + TP * (dp_rank + DP * pp_rank)
+   The lesson. A world of dp x cp x tp x pp ranks is a grid, and each axis splits different work.
+   Megatron's rank order puts tp innermost, then cp, so a tp group is neighbours on one host:
+       rank = tp_rank + TP * (cp_rank + CP * (dp_rank + DP * pp_rank))
+   (with cp = 1, the picture below: rank = tp_rank + TP * (dp_rank + DP * pp_rank))
 
                  pp stage 0       pp stage 1         dp 2 x tp 2 x pp 2 = 8 ranks
                  tp 0   tp 1      tp 0   tp 1
@@ -14,9 +15,12 @@
 
    tp: a column-parallel linear feeds a row-parallel one, so an MLP needs one all-reduce:
         X --> X A_k --> GeLU --> (.) B_k --> Z_k --all-reduce over tp--> Z      (on tp rank k)
+   cp: the ranks of a cp group hold the same weights and split each sequence's tokens; attention
+   passes K/V around the cp ring (cp_comm). To the gradients they are one more data-parallel
+   axis: dt_zero averages and shards over dp x cp (dpcp_comm, rank cp_rank + CP * dp_rank).
    dp: stage 0 is DDP (bucketed all-reduce during backward); ZeRO 1 shards optimizer
-   state over dp, 2 also gradients (reduce-scatter per unit), 3 also parameters (gather a unit
-   before use, release after).
+   state over dp x cp, 2 also gradients (reduce-scatter per unit), 3 also parameters (gather a
+   unit before use, release after).
    pp: micro-batches flow through the stages; 1F1B keeps at most p - s in flight on s:
         stage 0:  F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7          (p = 4, m = 8)
         stage 3:  F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7
@@ -32,10 +36,10 @@
        >>implementation  where the implementation starts
 
    API in one breath, in the order a training program calls it:
-       dt_layout_create          the grid and its dp / tp / pp comms (collective over world)
-       dt_layout_batch_range     the global samples this dp rank reads
+       dt_layout_create          the grid and its dp / cp / tp / pp comms (collective over world)
+       dt_layout_batch_range     the global samples this dp rank reads (its cp ranks alike)
        dt_arena_create           the parameters into flat buffers, grouped into units
-       dt_zero_create            stage 0-3 over the dp group, with the optimizer inside
+       dt_zero_create            stage 0-3 over the dp x cp group, with the optimizer inside
        each step                 dt_zero_micro_begin; forward: dt_zero_gather / _release per
                                  unit; dt_zero_backward_begin; backward, last unit first:
                                  gather, dt_zero_grad_ready, release; dt_zero_step
@@ -90,31 +94,41 @@
 extern "C" {
 #endif
 
-/* ==== >>grid: dp x tp x pp, Megatron rank order ==================================================
+/* ==== >>grid: dp x cp x tp x pp, Megatron rank order =============================================
 
-   world = dp x tp x pp ranks in Megatron's order, tp innermost:
-       rank = tp_rank + TP * (dp_rank + DP * pp_rank)
-   so the ranks of a tensor-parallel group are neighbours (one host, the fastest links). */
+   world = dp x cp x tp x pp ranks in Megatron's order, tp innermost, then cp:
+       rank = tp_rank + TP * (cp_rank + CP * (dp_rank + DP * pp_rank))
+   so the ranks of a tensor-parallel group are neighbours (one host, the fastest links), and the
+   ring of context parallelism comes next. cp ranks hold the same weights but different tokens of
+   the same samples: they read the samples of their dp rank, and their gradients are averaged
+   together with dp's, over dpcp_comm. With cp = 1 the order is rank = tp + TP * (dp + DP * pp). */
 
 typedef struct dt_layout_desc {
-    int dp;   /* 0 = world size / (tp * pp) */
+    int dp;   /* 0 = world size / (cp * tp * pp) */
     int tp;   /* 0 = 1 */
     int pp;   /* 0 = 1 */
+    int cp;   /* 0 = 1 (after pp, so a {dp, tp, pp} initialiser still reads as before) */
 } dt_layout_desc;
 
-/* Read the fields; every comm is non-NULL (a group of one where the size is 1). */
+/* Read the fields; every comm is non-NULL (a group of one where the size is 1), and each is its
+   own comm (none aliases another, even where two hold the same ranks). */
 struct dt__pp_keep;
 
 typedef struct dt_layout {
     dt_ctx *ctx;
     dt_comm *world;
     int size, rank;                /* of world */
-    int dp, tp, pp;                /* resolved sizes, dp * tp * pp = size */
-    int dp_rank, tp_rank, pp_rank; /* this rank's coordinates */
-    dt_comm *dp_comm;    /* same (tp, pp), dp varies: gradient sync and ZeRO shards */
-    dt_comm *tp_comm;    /* same (dp, pp), tp varies: tensor-parallel collectives */
-    dt_comm *pp_comm;    /* same (dp, tp), pp varies: stage-to-stage send / recv (rank = pp_rank) */
-    dt_comm *dptp_comm;  /* same pp: the dp x tp ranks of one stage (ZeRO shards of tp shards) */
+    int dp, tp, pp, cp;            /* resolved sizes, dp * cp * tp * pp = size */
+    int dp_rank, tp_rank, pp_rank, cp_rank; /* this rank's coordinates */
+    int dpcp, dpcp_rank;           /* dp * cp, and cp_rank + cp * dp_rank: the gradient group */
+    dt_comm *dp_comm;    /* same (cp, tp, pp), dp varies: the replicas that read different samples */
+    dt_comm *tp_comm;    /* same (dp, cp, pp), tp varies: tensor-parallel collectives */
+    dt_comm *pp_comm;    /* same (dp, cp, tp), pp varies: stage-to-stage send / recv (rank = pp_rank) */
+    dt_comm *cp_comm;    /* same (dp, tp, pp), cp varies: the ring of context parallelism (rank = cp_rank) */
+    dt_comm *dpcp_comm;  /* same (tp, pp): the dp x cp ranks (rank = dpcp_rank), gradient sync and ZeRO
+                            shards (cp ranks hold the same weights, different tokens) */
+    dt_comm *dptp_comm;  /* same pp: the dp x cp x tp ranks of one stage, rank tp + TP * (cp + CP * dp)
+                            (ZeRO shards of tp shards) */
     struct dt__pp_keep *pp_keep; /* private: dt_pp_run's buffers, kept from one run to the next */
 } dt_layout;
 
@@ -123,15 +137,17 @@ typedef struct dt_layout {
    naming the first size that differs and the ranks (one all-reduce checks it). */
 DT_API dt_status dt_layout_create(dt_comm *world, dt_layout **out, const dt_layout_desc *desc);
 DT_API void dt_layout_free(dt_layout *l);
-/* World rank of the coordinates (-1 when one is out of range). */
+/* World rank of the coordinates (-1 when one is out of range); rank_of is rank_at at cp_rank 0. */
 DT_API int dt_layout_rank_of(const dt_layout *l, int dp_rank, int tp_rank, int pp_rank);
+DT_API int dt_layout_rank_at(const dt_layout *l, int dp_rank, int cp_rank, int tp_rank, int pp_rank);
 /* Collective over world: a picture of the grid (every rank's coordinates and host) into out. */
 DT_API dt_status dt_layout_describe(dt_layout *l, dt_strbuf *out);
-/* "dp=2,tp=2,pp=1" into buf (for dt_checkpoint_desc.layout); returns buf. */
+/* "dp=2,tp=2,pp=1" (cp = 1) or "dp=1,cp=2,tp=2,pp=1" (cp > 1) into buf (for
+   dt_checkpoint_desc.layout); returns buf. */
 DT_API const char *dt_layout_string(const dt_layout *l, char *buf, size_t n);
 /* Samples [*first, *first + *count) of a global batch of `global_batch` samples are this dp rank's
-   (a contiguous block; the global batch is the same at any dp). global_batch not divisible by dp
-   is DT_ERR_ARG. */
+   (a contiguous block; the global batch is the same at any dp; the cp ranks of a dp rank read the
+   same samples and split their tokens). global_batch not divisible by dp is DT_ERR_ARG. */
 DT_API dt_status dt_layout_batch_range(const dt_layout *l, int64_t global_batch, int64_t *first, int64_t *count);
 
 /* ==== >>arena: one flat buffer for values, one for grads =========================================
@@ -167,10 +183,12 @@ DT_API void dt_arena_free(dt_arena *a);
 
 /* ==== >>zero: data parallel: DDP (stage 0) and ZeRO 1-3 ==========================================
 
-   One object syncs gradients over the dp group and owns the optimizer:
-     stage 0  DDP: grads all-reduced (averaged over dp) in buckets, launched by
+   One object syncs gradients over the data-parallel group and owns the optimizer. That group is
+   l->dpcp_comm, the dp x cp ranks of one (tp, pp) place: cp ranks hold the same weights and see
+   different tokens, so to the gradients they are data parallel too (with cp = 1 it is the dp group).
+     stage 0  DDP: grads all-reduced (averaged over dp x cp) in buckets, launched by
               dt_zero_grad_ready during backward; the optimizer updates every full parameter.
-     stage 1  optimizer state (and the f32 master of bf16/f16 values) sharded over dp: grads are
+     stage 1  optimizer state (and the f32 master of bf16/f16 values) sharded over dp x cp: grads are
               reduce-scattered at the step, each rank updates its shard, parameters all-gathered.
      stage 2  as 1, and grads reduce-scattered per unit during backward; only the shard is kept.
      stage 3  as 2, and parameters sharded too (FSDP): dt_zero_gather brings a unit's full
@@ -180,7 +198,7 @@ DT_API void dt_arena_free(dt_arena *a);
    box of its logical tensor, so dt_opt.h's checkpoints save and reshard them unchanged (a run at
    ZeRO-3 on 4 ranks resumes at ZeRO-0 on 1).
 
-   The design, in detail (stages 1-3; N = dp, r = this rank's dp rank):
+   The design, in detail (stages 1-3; N = l->dpcp = dp x cp, r = l->dpcp_rank):
      - A tensor of R rows: rank r holds rows [r*c, min(R, (r+1)*c)), c = ceil(R / N). A slice may be
        empty ([3, 5] over 4 ranks: 1, 1, 1 and 0 rows); it is a tensor with a 0 dim all the same.
      - The optimizer (dt_opt.h, created inside from desc.opt) runs on a "shard set": one dt_param
@@ -188,8 +206,8 @@ DT_API void dt_arena_free(dt_arena *a);
        logical tensor's, start = the parameter's own start (it may already be a tensor-parallel
        slice) plus the row offset, sharded = 1. So clipping, loss scaling, master weights of
        bf16 / f16 values and resharding checkpoints work unchanged. desc.opt's comm becomes the
-       world (loss scaling agrees there), norm.param_comms the dp group (l->dptp_comm for a
-       parameter that is tensor-parallel sharded), norm.stage_comm l->pp_comm; at stage 0 the
+       world (loss scaling agrees there), norm.param_comms l->dpcp_comm (l->dptp_comm, dp x cp x tp,
+       for a parameter that is tensor-parallel sharded), norm.stage_comm l->pp_comm; at stage 0 the
        shard set is the whole parameters and only tensor-parallel ones sum over l->tp_comm.
      - Collectives work on flat ranges: a unit's shards are packed rank-major (rank 0's rows of
        every tensor of the unit, then rank 1's, ...; each padded to c rows so the N blocks are
@@ -197,7 +215,8 @@ DT_API void dt_arena_free(dt_arena *a);
        layout and the per-tensor contiguous arena. Cost: one copy of the unit each way per
        collective (memory bandwidth, small beside the network) and a transient packed buffer of
        N blocks of the unit (the padding is at most N - 1 rows per tensor).
-     - Gradients are averaged over dp (the loss is a mean over each rank's local batch).
+     - Gradients are averaged over dp x cp (the loss is a mean over each rank's local batch, and
+       cp ranks hold equal shares of its tokens, so that average is the global batch's mean).
      - Stage 0 is dt_comm.h's dt_bucketer, the one bucketed all-reduce (mlp and dlrm use it on
        plain parameter sets; it needs no layout, so it sits below this header), over the arena's
        grads in place (desc.flat: its buckets are views of the arena, no copy): dt_zero_grad_ready
@@ -244,7 +263,7 @@ typedef struct dt_zero_memory {
     size_t param_bytes, grad_bytes, master_bytes, state_bytes, total_bytes;
     size_t peak_bytes;         /* the most this rank held at once (total_bytes plus the transient
                                   gather / reduce-scatter buffers and unit buffers, since create) */
-    double formula_bytes;      /* the stage's formula for psi and N = dp */
+    double formula_bytes;      /* the stage's formula for psi and N = dp x cp */
     const char *formula;       /* "4psi + 12psi/N", ...: points into the dt_zero (valid while it lives) */
 } dt_zero_memory;
 
@@ -637,8 +656,8 @@ DT_API dt_status dt_trace_overlap(const dt_trace *t, double *comm_seconds, doubl
    dt_pp_run executes this rank's list of a dt_pp_schedule (stage l->pp_rank) for one training
    step, calling the model through dt_pp_model's callbacks and exchanging activations and their
    gradients with the neighbouring stages over l->pp_comm (dt_comm_isend / dt_comm_irecv).
-   Every rank of a pp group calls it with the same schedule and model shapes; each dp x tp
-   replica runs its own pipeline.
+   Every rank of a pp group calls it with the same schedule and model shapes; each dp x cp x tp
+   place runs its own pipeline.
 
    How the list is executed:
      RECV_ACT / RECV_GRAD  posted (irecv) where the schedule places them, recv_ahead messages
@@ -788,7 +807,7 @@ DT_API dt_status dt_pp_split(dt_ctx *ctx, int *first, int n_layers, int n_parts)
 extern "C" {
 #endif
 
-/* ==== >>grid: dp x tp x pp, Megatron rank order =============================================== */
+/* ==== >>grid: dp x cp x tp x pp, Megatron rank order ========================================== */
 
 #if !defined(__cplusplus) && (defined(__unix__) || defined(__APPLE__))
 /* POSIX, declared here because strict -std=c99 hides it in <unistd.h> (as dt_tensor.h does
@@ -805,7 +824,7 @@ extern "C" {
 /* dt_tensor.h's DT__TRY is private to its implementation (which may be in another file) */
 
 #define DT__PL_HOST_MAX 64 /* bytes of a host name in dt_layout_describe's records */
-#define DT__PL_REC (16 + DT__PL_HOST_MAX) /* rank, dp, tp, pp as 4 little-endian u32, then the host */
+#define DT__PL_REC (20 + DT__PL_HOST_MAX) /* rank, dp, cp, tp, pp as 5 little-endian u32, then the host */
 
 static void dt__pp_keep_free(dt_ctx *ctx, struct dt__pp_keep *k);
 
@@ -813,6 +832,8 @@ static void dt__pp_keep_free(dt_ctx *ctx, struct dt__pp_keep *k);
 static void dt__pl_layout_release(dt_layout *l) {
     dt__pp_keep_free(l->ctx, l->pp_keep);
     dt_comm_free(l->dptp_comm);
+    dt_comm_free(l->dpcp_comm);
+    dt_comm_free(l->cp_comm);
     dt_comm_free(l->pp_comm);
     dt_comm_free(l->tp_comm);
     dt_comm_free(l->dp_comm);
@@ -827,30 +848,31 @@ static dt_status dt__pl_split(dt_layout *l, dt_comm **out, int color, int key, c
 
 /* dt_layout_create, step 1 (local): the desc's own values. */
 static dt_status dt__pl_layout_check(dt_ctx *ctx, const dt_layout_desc *d, const char *fn) {
-    if (d->dp < 0 || d->tp < 0 || d->pp < 0)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.dp = %d, desc.tp = %d, desc.pp = %d; expected sizes >= 0 "
-                                "(0 = default)", fn, d->dp, d->tp, d->pp);
+    if (d->dp < 0 || d->cp < 0 || d->tp < 0 || d->pp < 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.dp = %d, desc.cp = %d, desc.tp = %d, desc.pp = %d; expected "
+                                "sizes >= 0 (0 = default)", fn, d->dp, d->cp, d->tp, d->pp);
     return DT_OK;
 }
 
 /* Step 2 (local): the defaults filled in; the sizes must multiply to the world size. */
 static dt_status dt__pl_layout_resolve(dt_ctx *ctx, dt_layout_desc *d, int size, const char *fn) {
-    int64_t tpp = 0, all = 0;
+    int64_t ctp = 0, ctpp = 0, all = 0;
+    int fits;
+    if (!d->cp) d->cp = 1;
     if (!d->tp) d->tp = 1;
     if (!d->pp) d->pp = 1;
-    dt_mul_ok(d->tp, d->pp, &tpp); /* two ints: always fits */
+    fits = dt_mul_ok(d->cp, d->tp, &ctp) && dt_mul_ok(ctp, d->pp, &ctpp);
     if (!d->dp) {
-        if (size % tpp)
-            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tp x pp = %d x %d = %lld does not divide the world size %d, "
-                                    "so dp cannot be derived; expected world size = dp x tp x pp", fn, d->tp, d->pp,
-                                    (long long)tpp, size);
-        d->dp = (int)(size / tpp);
+        if (!fits || ctpp > size || size % ctpp)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: cp x tp x pp = %d x %d x %d = %.0f does not divide the world "
+                                    "size %d, so dp cannot be derived; expected world size = dp x cp x tp x pp", fn,
+                                    d->cp, d->tp, d->pp, (double)d->cp * d->tp * d->pp, size);
+        d->dp = (int)(size / ctpp);
     }
-    dt_mul_ok(tpp, d->dp, &all); /* each factor is < 2^31: 2^62 fits */
-    if (all != size)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dp x tp x pp = %d x %d x %d = %lld does not equal the world size "
-                                "%d; expected sizes whose product is the world size", fn, d->dp, d->tp, d->pp,
-                                (long long)all, size);
+    if (!fits || !dt_mul_ok(ctpp, d->dp, &all) || all != size)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dp x cp x tp x pp = %d x %d x %d x %d = %.0f does not equal the "
+                                "world size %d; expected sizes whose product is the world size", fn, d->dp, d->cp,
+                                d->tp, d->pp, (double)d->dp * d->cp * d->tp * d->pp, size);
     return DT_OK;
 }
 
@@ -859,14 +881,15 @@ static dt_status dt__pl_layout_resolve(dt_ctx *ctx, dt_layout_desc *d, int size,
    every rank fails, naming the first size that differs; a rank whose own desc failed steps 1-2
    passes st, so the others fail too instead of waiting in the splits. */
 static dt_status dt__pl_layout_same(dt_comm *world, const dt_layout_desc *d, dt_status st, const char *fn) {
-    static const char *const what[3] = {"dp", "tp", "pp"};
+    static const char *const what[4] = {"dp", "cp", "tp", "pp"};
     dt_comm_same_diff df;
-    uint64_t v[3];
+    uint64_t v[4];
     dt_status s2;
     v[0] = (uint64_t)d->dp;
-    v[1] = (uint64_t)d->tp;
-    v[2] = (uint64_t)d->pp;
-    s2 = dt_comm_check_same(world, v, 3, st, &df);
+    v[1] = (uint64_t)d->cp;
+    v[2] = (uint64_t)d->tp;
+    v[3] = (uint64_t)d->pp;
+    s2 = dt_comm_check_same(world, v, 4, st, &df);
     if (s2 == st || s2 != DT_ERR_ARG) return s2; /* this rank's own error, a comm error, or DT_OK */
     if (df.failed)
         return dt_ctx_set_error(dt_comm_ctx(world), DT_ERR_ARG, "%s: the desc of another rank failed its checks; see "
@@ -888,17 +911,25 @@ static dt_status dt__pl_layout_build(dt_comm *world, dt_layout **out, const dt_l
     l->size = dt_comm_size(world);
     l->rank = rank;
     l->dp = d->dp;
+    l->cp = d->cp;
     l->tp = d->tp;
     l->pp = d->pp;
-    /* rank = tp + TP * (dp + DP * pp) */
+    /* rank = tp + TP * (cp + CP * (dp + DP * pp)) */
     l->tp_rank = rank % l->tp;
-    l->dp_rank = (rank / l->tp) % l->dp;
-    l->pp_rank = rank / (l->tp * l->dp);
-    /* every rank splits in the same order; a group's key is the coordinate that varies in it */
-    st = dt__pl_split(l, &l->dp_comm, l->tp_rank + l->tp * l->pp_rank, l->dp_rank, "dp");
-    if (!st) st = dt__pl_split(l, &l->tp_comm, l->dp_rank + l->dp * l->pp_rank, l->tp_rank, "tp");
-    if (!st) st = dt__pl_split(l, &l->pp_comm, l->tp_rank + l->tp * l->dp_rank, l->pp_rank, "pp");
-    if (!st) st = dt__pl_split(l, &l->dptp_comm, l->pp_rank, l->tp_rank + l->tp * l->dp_rank, "dptp");
+    l->cp_rank = (rank / l->tp) % l->cp;
+    l->dp_rank = (rank / (l->tp * l->cp)) % l->dp;
+    l->pp_rank = rank / (l->tp * l->cp * l->dp);
+    l->dpcp = l->dp * l->cp;
+    l->dpcp_rank = l->cp_rank + l->cp * l->dp_rank;
+    /* every rank splits in the same order; a group's color is the coordinates that stay, its key
+       the ones that vary (so its rank is the coordinate, or dpcp_rank, or tp + TP * dpcp_rank) */
+    st = dt__pl_split(l, &l->dp_comm, l->tp_rank + l->tp * (l->cp_rank + l->cp * l->pp_rank), l->dp_rank, "dp");
+    if (!st) st = dt__pl_split(l, &l->tp_comm, l->dpcp_rank + l->dpcp * l->pp_rank, l->tp_rank, "tp");
+    if (!st) st = dt__pl_split(l, &l->pp_comm, l->tp_rank + l->tp * l->dpcp_rank, l->pp_rank, "pp");
+    if (!st)
+        st = dt__pl_split(l, &l->cp_comm, l->tp_rank + l->tp * (l->dp_rank + l->dp * l->pp_rank), l->cp_rank, "cp");
+    if (!st) st = dt__pl_split(l, &l->dpcp_comm, l->tp_rank + l->tp * l->pp_rank, l->dpcp_rank, "dpcp");
+    if (!st) st = dt__pl_split(l, &l->dptp_comm, l->pp_rank, l->tp_rank + l->tp * l->dpcp_rank, "dptp");
     if (st) {
         dt__pl_layout_release(l);
         return st;
@@ -928,16 +959,22 @@ DT_API void dt_layout_free(dt_layout *l) {
     if (l) dt__pl_layout_release(l);
 }
 
-DT_API int dt_layout_rank_of(const dt_layout *l, int dp_rank, int tp_rank, int pp_rank) {
-    if (!l || dp_rank < 0 || dp_rank >= l->dp || tp_rank < 0 || tp_rank >= l->tp || pp_rank < 0 || pp_rank >= l->pp)
+DT_API int dt_layout_rank_at(const dt_layout *l, int dp_rank, int cp_rank, int tp_rank, int pp_rank) {
+    if (!l || dp_rank < 0 || dp_rank >= l->dp || cp_rank < 0 || cp_rank >= l->cp || tp_rank < 0 || tp_rank >= l->tp ||
+        pp_rank < 0 || pp_rank >= l->pp)
         return -1;
-    return tp_rank + l->tp * (dp_rank + l->dp * pp_rank);
+    return tp_rank + l->tp * (cp_rank + l->cp * (dp_rank + l->dp * pp_rank));
+}
+
+DT_API int dt_layout_rank_of(const dt_layout *l, int dp_rank, int tp_rank, int pp_rank) {
+    return dt_layout_rank_at(l, dp_rank, 0, tp_rank, pp_rank);
 }
 
 DT_API const char *dt_layout_string(const dt_layout *l, char *buf, size_t n) {
     if (!buf || !n) return buf;
     if (!l) snprintf(buf, n, "(null)");
-    else snprintf(buf, n, "dp=%d,tp=%d,pp=%d", l->dp, l->tp, l->pp);
+    else if (l->cp == 1) snprintf(buf, n, "dp=%d,tp=%d,pp=%d", l->dp, l->tp, l->pp); /* as before cp existed */
+    else snprintf(buf, n, "dp=%d,cp=%d,tp=%d,pp=%d", l->dp, l->cp, l->tp, l->pp);
     return buf;
 }
 
@@ -957,7 +994,7 @@ DT_API dt_status dt_layout_describe(dt_layout *l, dt_strbuf *out) {
     dt_tensor_desc td;
     unsigned char *rec;
     char lay[64];
-    int r, dp, tp, pp;
+    int r, dp, cp, tp, pp;
     dt_status st;
     if (!l) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: out is NULL", fn);
@@ -976,14 +1013,15 @@ DT_API dt_status dt_layout_describe(dt_layout *l, dt_strbuf *out) {
     rec = (unsigned char *)mine.data;
     dt__pl_put_u32(rec, (uint32_t)l->rank);
     dt__pl_put_u32(rec + 4, (uint32_t)l->dp_rank);
-    dt__pl_put_u32(rec + 8, (uint32_t)l->tp_rank);
-    dt__pl_put_u32(rec + 12, (uint32_t)l->pp_rank);
+    dt__pl_put_u32(rec + 8, (uint32_t)l->cp_rank);
+    dt__pl_put_u32(rec + 12, (uint32_t)l->tp_rank);
+    dt__pl_put_u32(rec + 16, (uint32_t)l->pp_rank);
 #ifdef DT__PL_HOSTNAME
-    if (gethostname((char *)rec + 16, DT__PL_HOST_MAX - 1) != 0) snprintf((char *)rec + 16, DT__PL_HOST_MAX, "?");
+    if (gethostname((char *)rec + 20, DT__PL_HOST_MAX - 1) != 0) snprintf((char *)rec + 20, DT__PL_HOST_MAX, "?");
 #else
-    snprintf((char *)rec + 16, DT__PL_HOST_MAX, "?");
+    snprintf((char *)rec + 20, DT__PL_HOST_MAX, "?");
 #endif
-    rec[16 + DT__PL_HOST_MAX - 1] = 0;
+    rec[20 + DT__PL_HOST_MAX - 1] = 0;
     st = dt_comm_allgather(l->world, &all, &mine);
     dt_tensor_free(l->ctx, &mine);
     if (st) {
@@ -991,24 +1029,32 @@ DT_API dt_status dt_layout_describe(dt_layout *l, dt_strbuf *out) {
         return st;
     }
     rec = (unsigned char *)all.data;
-    dt_strbuf_printf(out, "layout %s over %d rank%s (rank = tp + %d * (dp + %d * pp))\n",
-                     dt_layout_string(l, lay, sizeof lay), l->size, l->size == 1 ? "" : "s", l->tp, l->dp);
-    dt_strbuf_printf(out, "  rank  host                  dp  tp  pp\n");
+    if (l->cp > 1)
+        dt_strbuf_printf(out, "layout %s over %d rank%s (rank = tp + %d * (cp + %d * (dp + %d * pp)))\n",
+                         dt_layout_string(l, lay, sizeof lay), l->size, l->size == 1 ? "" : "s", l->tp, l->cp, l->dp);
+    else /* as before cp existed */
+        dt_strbuf_printf(out, "layout %s over %d rank%s (rank = tp + %d * (dp + %d * pp))\n",
+                         dt_layout_string(l, lay, sizeof lay), l->size, l->size == 1 ? "" : "s", l->tp, l->dp);
+    dt_strbuf_printf(out, "  rank  host                  dp  cp  tp  pp\n");
     for (r = 0; r < l->size; r++) {
         const unsigned char *q = rec + (size_t)r * DT__PL_REC;
-        dt_strbuf_printf(out, "  %4d  %-20.20s %3d %3d %3d\n", dt__pl_get_u32(q), (const char *)q + 16,
-                         dt__pl_get_u32(q + 4), dt__pl_get_u32(q + 8), dt__pl_get_u32(q + 12));
+        dt_strbuf_printf(out, "  %4d  %-20.20s %3d %3d %3d %3d\n", dt__pl_get_u32(q), (const char *)q + 20,
+                         dt__pl_get_u32(q + 4), dt__pl_get_u32(q + 8), dt__pl_get_u32(q + 12), dt__pl_get_u32(q + 16));
     }
-    /* the grid: per pipeline stage, which world rank sits at (dp, tp) */
+    /* the grid: per pipeline stage, which world rank sits at ((dp, cp), tp) */
     for (pp = 0; pp < l->pp; pp++) {
-        dt_strbuf_printf(out, "  stage pp=%d: world rank at (dp row, tp column)\n        ", pp);
+        dt_strbuf_printf(out, "  stage pp=%d: world rank at (%s row, tp column)\n        ", pp,
+                         l->cp > 1 ? "dp cp" : "dp");
+        if (l->cp > 1) dt_strbuf_printf(out, "      ");
         for (tp = 0; tp < l->tp; tp++) dt_strbuf_printf(out, " tp%-3d", tp);
         dt_strbuf_printf(out, "\n");
-        for (dp = 0; dp < l->dp; dp++) {
-            dt_strbuf_printf(out, "   dp%-3d", dp);
-            for (tp = 0; tp < l->tp; tp++) dt_strbuf_printf(out, " %5d", dt_layout_rank_of(l, dp, tp, pp));
-            dt_strbuf_printf(out, "\n");
-        }
+        for (dp = 0; dp < l->dp; dp++)
+            for (cp = 0; cp < l->cp; cp++) {
+                if (l->cp > 1) dt_strbuf_printf(out, "   dp%-3d cp%-3d", dp, cp);
+                else dt_strbuf_printf(out, "   dp%-3d", dp);
+                for (tp = 0; tp < l->tp; tp++) dt_strbuf_printf(out, " %5d", dt_layout_rank_at(l, dp, cp, tp, pp));
+                dt_strbuf_printf(out, "\n");
+            }
     }
     dt_tensor_free(l->ctx, &all);
     if (out->failed) return dt_ctx_set_error(l->ctx, DT_ERR_OOM, "%s: out of memory for the text", fn);
@@ -1210,7 +1256,7 @@ DT_API void dt_arena_free(dt_arena *a) {
 
 /* ==== >>zero: data parallel: DDP (stage 0) and ZeRO 1-3 ==========================================
 
-   Geometry. N = the dp size (1 at stage 0, which shards nothing), r = this rank's dp rank. A
+   Geometry. N = dp x cp (1 at stage 0, which shards nothing), r = this rank's dpcp_rank. A
    parameter of R rows (dim 0) of e elements each: every rank's block holds c = ceil(R / N)
    rows, rank j owns rows [min(R, j c), min(R, (j+1) c)). A unit's grads travel as one buffer of
    N blocks of B elements (rank-major; in a block each parameter of the unit at gpk, c rows,
@@ -1247,7 +1293,7 @@ struct dt_zero {
     dt_ctx *ctx;
     dt_layout *l;
     dt_arena *a;
-    dt_comm *dp;
+    dt_comm *dpcp;                        /* l->dpcp_comm: the group gradients are averaged over */
     int stage, N, r, n_params, n_units, prefetch, sync, backward;
     dt__pl_zp *zp;
     dt__pl_zu *zu;
@@ -1400,7 +1446,7 @@ static dt_status dt__pl_zrs_post(dt_zero *z, dt__pl_zu *u) {
     }
     dt__pl_zgive(z, &u->gfull, &z->live_grad);
     for (i = u->first; i < u->last; i++) z->a->params->items[i]->grad.data = NULL;
-    st = dt_comm_ireduce_scatter(z->dp, &u->gout, &u->gpack, DT_REDUCE_AVG, &u->greq);
+    st = dt_comm_ireduce_scatter(z->dpcp, &u->gout, &u->gpack, DT_REDUCE_AVG, &u->greq);
     if (st) {
         dt__pl_zgive(z, &u->gpack, &z->live_comm);
         dt__pl_zgive(z, &u->gout, &z->live_comm);
@@ -1432,14 +1478,14 @@ static dt_status dt__pl_zpoll(dt_zero *z) {
     return DT_OK;
 }
 
-/* Stage 1 at the step: unit u's accumulated full grads, averaged over dp, this rank's rows
+/* Stage 1 at the step: unit u's accumulated full grads, averaged over dp x cp, this rank's rows
    written into the arena (blocking). */
 static dt_status dt__pl_zrs_stage1(dt_zero *z, dt__pl_zu *u) {
     dt_status st;
     DT__TRY(dt__pl_ztake(z, &u->gpack, DT_F32, (int64_t)z->N * u->gblock, &z->live_comm));
     st = dt__pl_ztake(z, &u->gout, DT_F32, u->gblock, &z->live_comm);
     if (!st) st = dt__pl_zrank_major(z, u, -1);
-    if (!st) st = dt_comm_reduce_scatter(z->dp, &u->gout, &u->gpack, DT_REDUCE_AVG);
+    if (!st) st = dt_comm_reduce_scatter(z->dpcp, &u->gout, &u->gpack, DT_REDUCE_AVG);
     if (!st) st = dt__pl_zgrads_in(z, u, &u->gout, 0);
     dt__pl_zgive(z, &u->gpack, &z->live_comm);
     dt__pl_zgive(z, &u->gout, &z->live_comm);
@@ -1466,7 +1512,7 @@ static dt_status dt__pl_zag_post(dt_zero *z, dt__pl_zu *u, int t) {
     }
     if (!st && own) mine = u->vmine[t];
     else if (!st) st = dt_tensor_view(z->ctx, &mine, &u->vpack[t], (int64_t)z->r * u->vblock[t], 1, &u->vblock[t]);
-    if (!st) st = dt_comm_iallgather(z->dp, &u->vpack[t], &mine, &u->vreq[t]);
+    if (!st) st = dt_comm_iallgather(z->dpcp, &u->vpack[t], &mine, &u->vreq[t]);
     if (st) {
         dt__pl_zgive(z, &u->vpack[t], &z->live_comm);
         dt__pl_zgive(z, &u->vmine[t], &z->live_comm);
@@ -1669,7 +1715,7 @@ static dt_status dt__pl_zshard_set(dt_zero *z) {
         /* stage 3: this rank's rows become its copy of the values (the arena's go at the end) */
         if (z->stage == 3) DT__TRY(dt__pl_copy(z->ctx, &sp->value, 0, &bp->value, p->lo * p->row_elems, sp->value.numel, 0));
         z->param_comms[i] = z->stage == 0 ? (bp->sharded ? z->l->tp_comm : NULL)
-                                          : (bp->sharded ? z->l->dptp_comm : z->l->dp_comm);
+                                          : (bp->sharded ? z->l->dptp_comm : z->l->dpcp_comm);
     }
     return DT_OK;
 }
@@ -1707,10 +1753,10 @@ static dt_zero *dt__pl_zero_new(dt_layout *l, dt_arena *a, const dt_zero_desc *d
     z->ctx = ctx;
     z->l = l;
     z->a = a;
-    z->dp = l->dp_comm;
+    z->dpcp = l->dpcp_comm;
     z->stage = d->stage;
-    z->N = d->stage == 0 ? 1 : l->dp;
-    z->r = d->stage == 0 ? 0 : l->dp_rank;
+    z->N = d->stage == 0 ? 1 : l->dpcp;
+    z->r = d->stage == 0 ? 0 : l->dpcp_rank;
     z->n_params = a->params->count;
     z->n_units = a->n_units;
     z->prefetch = d->prefetch != -1;
@@ -1756,11 +1802,11 @@ static dt_status dt__pl_zero_opt(dt_zero *z, const dt_zero_desc *d) {
         memset(&bd, 0, sizeof bd);
         bd.bucket_bytes = bd.first_bucket_bytes = d->bucket_bytes;
         bd.flat = &z->a->grads;
-        DT__TRY(dt_bucketer_create(z->dp, &z->ddp, z->a->params, &bd));
+        DT__TRY(dt_bucketer_create(z->dpcp, &z->ddp, z->a->params, &bd));
     }
     od = d->opt;
     od.comm = z->l->world;
-    od.norm.shard_comm = z->stage == 0 ? z->l->tp_comm : z->l->dp_comm;
+    od.norm.shard_comm = z->stage == 0 ? z->l->tp_comm : z->l->dpcp_comm;
     od.norm.param_comms = z->param_comms;
     od.norm.stage_comm = z->l->pp_comm;
     return dt_opt_create(z->ctx, &z->opt, &z->shard, &od);
@@ -2007,7 +2053,7 @@ DT_API dt_status dt_zero_memory_get(dt_zero *z, dt_zero_memory *out) {
     m.total_bytes = m.param_bytes + m.grad_bytes + m.master_bytes + m.state_bytes + z->live_comm;
     m.peak_bytes = z->peak > m.total_bytes ? z->peak : m.total_bytes;
     /* per psi: values cv, grads 4 (dt's grads are f32), master + state cm */
-    N = z->l->dp;
+    N = z->l->dpcp;
     cv = psi > 0 ? vb / psi : 0;
     cg = 4;
     cm = psi > 0 ? (mb + sb) / psi : 0;
