@@ -30,6 +30,7 @@
        >>arena           one flat buffer per dtype for values, one f32 buffer for gradients
        >>zero            data parallel: DDP (stage 0) and ZeRO 1-3, the optimizer inside
        >>tp              tensor and sequence parallel: column / row linear, vocab embedding, xent
+       >>cp              context parallel attention: the zigzag ring and Ulysses' all-to-all
        >>pp              pipeline schedules and the simulator that proves a schedule sound
        >>trace           timeline: compute spans and collectives as one Chrome trace
        >>pprun           pipeline runtime: dt_pp_run runs a schedule through model callbacks
@@ -45,7 +46,8 @@
                                  gather, dt_zero_grad_ready, release; dt_zero_step
        in the model              dt_tp_column_linear_fwd/_bwd, dt_tp_row_linear_fwd/_bwd,
                                  dt_sp_gather_rows / _scatter_rows, dt_tp_embedding_fwd/_bwd,
-                                 dt_tp_xent_fwd/_bwd, dt_tp_allreduce
+                                 dt_tp_xent_fwd/_bwd, dt_tp_allreduce; at cp > 1 attention is
+                                 dt_cp_attention_fwd/_bwd (ring) or dt_cp_ulysses_fwd/_bwd
        pipelines                 dt_pp_schedule_create (+ _simulate, _format), dt_pp_split,
                                  dt_pp_run once per step
        timeline                  dt_trace_create, _attach, _begin / _end, _write, _overlap
@@ -113,6 +115,7 @@ typedef struct dt_layout_desc {
 /* Read the fields; every comm is non-NULL (a group of one where the size is 1), and each is its
    own comm (none aliases another, even where two hold the same ranks). */
 struct dt__pp_keep;
+struct dt__cp_keep;
 
 typedef struct dt_layout {
     dt_ctx *ctx;
@@ -130,6 +133,7 @@ typedef struct dt_layout {
     dt_comm *dptp_comm;  /* same pp: the dp x cp x tp ranks of one stage, rank tp + TP * (cp + CP * dp)
                             (ZeRO shards of tp shards) */
     struct dt__pp_keep *pp_keep; /* private: dt_pp_run's buffers, kept from one run to the next */
+    struct dt__cp_keep *cp_keep; /* private: the cp attention's buffers, kept likewise */
 } dt_layout;
 
 /* Collective over world. Sizes that do not divide the world are DT_ERR_ARG naming them. Every
@@ -462,6 +466,83 @@ DT_API dt_status dt_tp_xent_fwd(dt_layout *l, float *loss, int64_t *n_valid, dt_
 DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tensor *logits, const dt_tensor *stats,
                                 const dt_tensor *targets, int64_t vocab_start, int64_t vocab, int ignore_index,
                                 float dloss);
+
+/* ==== >>cp: context parallel attention: the zigzag ring and Ulysses =============================
+
+   Context parallelism splits the sequence. Every op of a transformer but attention works on its
+   own tokens, so a cp rank keeps T / CP tokens of each sequence from the embedding to the loss
+   and its activation memory drops by CP; attention needs every earlier token's K and V, and that
+   is all cp exchanges. Which tokens: the sequence in 2 CP chunks of c = T / (2 CP), rank r holding
+   chunks r and 2CP-1-r (the "zigzag"), so that under the causal mask every rank has the same work:
+
+       T = 16, CP = 2: chunks of 4         chunk:  0    1    2    3
+                                           rank:   r0   r1   r1   r0
+       rank 0 holds positions 0-3 and 12-15, rank 1 positions 4-11; local row j of rank r sits at
+       dt_cp_position(CP, r, T, j). Attention pairs (query, key <= query) per sequence and head:
+       rank 0: 10 (chunk 0) + 58 (chunk 3) = 68, rank 1: 26 + 42 = 68.   (2CP - 1) c^2 + 2 c(c+1)/2
+
+   The ring (dt_cp_attention_fwd; Liu et al. 2023, balanced as Megatron-LM's context parallel):
+   K/V blocks travel r -> r+1 around the cp group while each rank keeps its queries. At step s
+   rank r holds the K/V of rank r - s; it posts the send of that block to r+1 and the receive of
+   the next from r-1, then computes its two query chunks against the block's two key chunks
+   (dt_attention_block_fwd: a block above the diagonal is skipped, one on it is half), merging each
+   into out with the block's logsumexp (the online softmax), and waits for the transfer last:
+
+       step 0: q{r, 2CP-1-r} x kv of r       (the diagonal: 2 half blocks + 1 whole)
+       step s: q{r, 2CP-1-r} x kv of r - s   (2 whole blocks, whichever side r - s lies on)
+       CP - 1 hops of one block (2 x T/CP x h_kv floats): 2 S h_kv (CP-1)/CP per rank and layer
+
+   Backward (dt_cp_attention_bwd): the same ring with K/V again; a rank adds the dK/dV of its
+   queries for the block it holds to the partial sum that came from r-1 (f32) and sends it on, so
+   after CP hops every block's dK/dV arrives at its owner summed over all queries (in the ring's
+   order). dQ stays local. The backward needs only out and lse (the logsumexp of each row) from
+   the forward: nothing [T, T] is kept. Per rank: (CP-1) K/V hops + CP dK/dV hops.
+
+   Ulysses (dt_cp_ulysses_fwd; Jacobs et al. 2023): an all-to-all turns the sequence shards of
+   q, k, v into head shards (each rank gets H / CP heads of the whole sequence), attention runs
+   as at cp 1 on those heads (dt_attention_fwd, causal by position), and a second all-to-all turns
+   the output back. Per rank and layer, (2h + 2h_kv) (S/CP) (CP-1)/CP floats forward (q, k, v
+   out, the output back), the same backward. Heads must divide by CP.
+
+   Which wins: per rank the ring sends 2 S h_kv (CP-1)/CP, which tends to 2 S h_kv as CP grows and
+   hides behind the block compute; Ulysses sends (2h + 2h_kv) S (CP-1)/CP^2, CP/2 times less for
+   MHA (equal at CP 2, half at 4, a quarter at 8), in all-to-alls that cannot overlap attention,
+   and CP is capped by the heads. Ulysses inside a fast node with heads to spare; the ring for
+   more ranks than heads, for slow links (its hops overlap), and with GQA (h_kv << h).
+
+   Sizes: qkv is this rank's [B, T/CP, W] packed rows (the column-parallel qkv of tp, local row
+   order, zigzag): W = (H + 2 Hkv) hs, q | k | v, H query heads of head size hs, Hkv key / value
+   heads (0 = H; Hkv divides H). out [B, T/CP, H hs]; lse [B, H, T/CP]. f32 CPU tensors; CUDA
+   tensors are DT_ERR_UNSUPPORTED for now (the ring needs the flash kernel's lse). Every check
+   depends only on shapes the cp ranks share, so a bad call fails on every rank before any
+   message. At cp 1 both kinds are plain causal attention. */
+
+/* The sequence position of local row j (0 <= j < T/cp) of cp rank r: chunk r or 2cp-1-r of
+   2cp chunks of T/(2cp). -1 for arguments out of range (cp < 1, r, j, T not a multiple of 2cp). */
+DT_API int64_t dt_cp_position(int cp, int cp_rank, int64_t T, int64_t j);
+/* (query, key) pairs under the causal mask that cp rank r's ring forward computes per sequence and
+   head, counted over the blocks the ring runs (the same schedule): (2cp - 1) c^2 + c (c + 1) with
+   c = T / (2cp), the same on every rank. -1 for arguments out of range. */
+DT_API int64_t dt_cp_attention_pairs(int cp, int cp_rank, int64_t T);
+/* Ring attention over l->cp_comm: out [B, T/CP, H hs] and lse [B, H, T/CP] (written, not added)
+   from qkv [B, T/CP, (H + 2 Hkv) hs] (n_kv_head 0 = n_head). */
+DT_API dt_status dt_cp_attention_fwd(dt_layout *l, dt_tensor *out, dt_tensor *lse, const dt_tensor *qkv, int n_head,
+                                     int n_kv_head);
+/* dqkv += the gradient of qkv, from dout and the forward's qkv, out and lse. */
+DT_API dt_status dt_cp_attention_bwd(dt_layout *l, dt_tensor *dqkv, const dt_tensor *dout, const dt_tensor *qkv,
+                                     const dt_tensor *out, const dt_tensor *lse, int n_head, int n_kv_head);
+/* Ulysses over l->cp_comm (n_head % CP == 0, else DT_ERR_ARG): uqkv [B, T, 3 C/CP] receives this
+   rank's heads (h = cp_rank H/CP ...) of the whole sequence in position order, att [B, H/CP, T, T]
+   their scores (both kept for the backward), out [B, T/CP, C] (written) this rank's rows of every
+   head; qkv [B, T/CP, 3C] (C = H hs). */
+DT_API dt_status dt_cp_ulysses_fwd(dt_layout *l, dt_tensor *out, dt_tensor *uqkv, dt_tensor *att,
+                                   const dt_tensor *qkv, int n_head);
+/* dqkv += the gradient of qkv, from dout and the forward's uqkv and att. */
+DT_API dt_status dt_cp_ulysses_bwd(dt_layout *l, dt_tensor *dqkv, const dt_tensor *dout, const dt_tensor *uqkv,
+                                   const dt_tensor *att, int n_head);
+/* What this rank's last ring forward computed: (query, key) pairs per sequence and head, summed
+   over the blocks it ran (0 before one). */
+DT_API int64_t dt_cp_pairs_done(const dt_layout *l);
 
 /* ==== >>pp: pipeline schedules: GPipe, 1F1B, interleaved, ZB-H1, simulator =======================
 
@@ -827,10 +908,12 @@ extern "C" {
 #define DT__PL_REC (20 + DT__PL_HOST_MAX) /* rank, dp, cp, tp, pp as 5 little-endian u32, then the host */
 
 static void dt__pp_keep_free(dt_ctx *ctx, struct dt__pp_keep *k);
+static void dt__cp_keep_free(dt_ctx *ctx, struct dt__cp_keep *k);
 
 /* Frees the groups of l (split from l->world, so they go first; world is the caller's). */
 static void dt__pl_layout_release(dt_layout *l) {
     dt__pp_keep_free(l->ctx, l->pp_keep);
+    dt__cp_keep_free(l->ctx, l->cp_keep);
     dt_comm_free(l->dptp_comm);
     dt_comm_free(l->dpcp_comm);
     dt_comm_free(l->cp_comm);
@@ -2799,6 +2882,447 @@ DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tenso
     return DT_OK;
 }
 
+
+/* ==== >>cp: context parallel attention ========================================================= */
+
+#define DT__CP_TAG_KV 1   /* the forward's K/V blocks */
+#define DT__CP_TAG_KVB 2  /* the backward's K/V blocks */
+#define DT__CP_TAG_DKV 3  /* the backward's partial dK/dV sums */
+
+/* What l->cp_keep holds from one call to the next (grown, never shrunk; freed with the layout). */
+typedef struct dt__cp_keep {
+    dt_tensor kv[2];       /* ring: the K/V block held and the one arriving, [B, T/CP, 2 Ckv] */
+    dt_tensor dkv[2];      /* ring backward: this rank's partial dK/dV sums, sent on in turn */
+    dt_tensor din;         /* ring backward: the partial sum arriving from r - 1 */
+    dt_tensor snd, rcv;    /* ulysses: the all-to-all's blocks (flat, as many floats as qkv) */
+    dt_tensor uo, duqkv;   /* ulysses: [B, T, C/CP] output (or its gradient), [B, T, 3C/CP] */
+    int64_t pairs;         /* dt_cp_pairs_done */
+} dt__cp_keep;
+
+static void dt__cp_keep_free(dt_ctx *ctx, dt__cp_keep *k) {
+    if (!k) return;
+    dt_tensor_free(ctx, &k->kv[0]);
+    dt_tensor_free(ctx, &k->kv[1]);
+    dt_tensor_free(ctx, &k->dkv[0]);
+    dt_tensor_free(ctx, &k->dkv[1]);
+    dt_tensor_free(ctx, &k->din);
+    dt_tensor_free(ctx, &k->snd);
+    dt_tensor_free(ctx, &k->rcv);
+    dt_tensor_free(ctx, &k->uo);
+    dt_tensor_free(ctx, &k->duqkv);
+    dt_release(ctx, k);
+}
+
+/* The sizes of a call. */
+typedef struct dt__cp_dim {
+    int64_t B, Tl, T, W, C, Ckv, hs, c; /* c: rows of a chunk (Tl / 2; Tl at cp 1) */
+    int H, Hkv, cp, r, nch;             /* nch: chunks a rank holds (2; 1 at cp 1) */
+} dt__cp_dim;
+
+/* Chunk a (0, 1) of rank r: its first local row and its index among the sequence's chunks. */
+static int64_t dt__cp_chunk(int cp, int r, int a) { return a == 0 ? r : 2 * (int64_t)cp - 1 - r; }
+
+DT_API int64_t dt_cp_position(int cp, int cp_rank, int64_t T, int64_t j) {
+    int64_t c;
+    if (cp < 1 || cp_rank < 0 || cp_rank >= cp || T < 0 || j < 0 || (cp > 1 && T % (2 * (int64_t)cp)) || j >= T / cp)
+        return -1;
+    if (cp == 1) return j;
+    c = T / (2 * (int64_t)cp);
+    return dt__cp_chunk(cp, cp_rank, j >= c) * c + j % c;
+}
+
+/* The block of the ring at which rank r's query chunk a meets key chunk b of rank src. */
+static void dt__cp_block(dt_attn_block *d, const dt__cp_dim *g, int src, int a, int b) {
+    d->n_head = g->H;
+    d->n_kv_head = g->Hkv;
+    d->q_row = a * g->c;
+    d->q_rows = g->c;
+    d->q_pos = dt__cp_chunk(g->cp, g->r, a) * g->c;
+    d->k_row = b * g->c;
+    d->k_rows = g->c;
+    d->k_pos = dt__cp_chunk(g->cp, src, b) * g->c;
+}
+
+/* (query, key) pairs of a block under the causal mask, counted row by row. */
+static int64_t dt__cp_block_pairs(const dt_attn_block *d) {
+    int64_t i, n = 0;
+    for (i = 0; i < d->q_rows; i++) {
+        int64_t v = d->q_pos + i - d->k_pos + 1;
+        n += v < 0 ? 0 : v > d->k_rows ? d->k_rows : v;
+    }
+    return n;
+}
+
+DT_API int64_t dt_cp_attention_pairs(int cp, int cp_rank, int64_t T) {
+    dt__cp_dim g;
+    dt_attn_block d;
+    int s, a, b;
+    int64_t n = 0;
+    if (cp < 1 || cp_rank < 0 || cp_rank >= cp || T < 0 || (cp > 1 && T % (2 * (int64_t)cp))) return -1;
+    memset(&g, 0, sizeof g);
+    g.cp = cp;
+    g.r = cp_rank;
+    g.nch = cp > 1 ? 2 : 1;
+    g.c = T / cp / g.nch;
+    for (s = 0; s < cp; s++) /* the ring's schedule, as dt_cp_attention_fwd runs it */
+        for (a = 0; a < g.nch; a++)
+            for (b = 0; b < g.nch; b++) {
+                dt__cp_block(&d, &g, (cp_rank - s + cp) % cp, a, b);
+                n += dt__cp_block_pairs(&d);
+            }
+    return n;
+}
+
+DT_API int64_t dt_cp_pairs_done(const dt_layout *l) { return l && l->cp_keep ? l->cp_keep->pairs : 0; }
+
+/* t is [d0, d1, d2] f32 on the CPU: kept when it already is, else made anew. */
+static dt_status dt__cp_buf(dt_ctx *ctx, dt_tensor *t, int64_t d0, int64_t d1, int64_t d2) {
+    dt_tensor_desc td;
+    if (t->data && t->ndim == 3 && t->shape[0] == d0 && t->shape[1] == d1 && t->shape[2] == d2) return DT_OK;
+    dt_tensor_free(ctx, t);
+    memset(&td, 0, sizeof td);
+    td.dtype = DT_F32;
+    td.ndim = 3;
+    td.shape[0] = d0;
+    td.shape[1] = d1;
+    td.shape[2] = d2;
+    return dt_tensor_create(ctx, t, &td);
+}
+
+/* The layout has a cp group; l->cp_keep exists. */
+static dt_status dt__cp_begin(dt_layout *l, const char *fn) {
+    if (!l || !l->ctx) return DT_ERR_ARG;
+    if (!l->cp_comm || l->cp < 1 || l->cp_rank < 0 || l->cp_rank >= l->cp || dt_comm_size(l->cp_comm) != l->cp)
+        return dt_ctx_set_error(l->ctx, DT_ERR_STATE, "%s: the layout has no usable cp group (cp = %d, cp_rank = %d, "
+                                "cp_comm %s); make it with dt_layout_create", fn, l->cp, l->cp_rank,
+                                l->cp_comm ? "present" : "NULL");
+    if (!l->cp_keep) {
+        l->cp_keep = (dt__cp_keep *)dt_alloc_zeroed(l->ctx, sizeof *l->cp_keep);
+        if (!l->cp_keep) return dt_ctx_set_error(l->ctx, DT_ERR_OOM, "%s: out of memory for the ring's state", fn);
+    }
+    return DT_OK;
+}
+
+/* An f32 CPU tensor (CUDA is not there yet: a named DT_ERR_UNSUPPORTED). */
+static dt_status dt__cp_f32(dt_ctx *ctx, const dt_tensor *t, const char *fn, const char *arg) {
+    if (t && t->device == DT_CUDA_DEVICE)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: %s is on cuda; context-parallel attention runs on cpu "
+                                "tensors for now (its blocks are dt_attention_block_fwd's, CPU only)", fn, arg);
+    return dt_check_tensor(ctx, t, DT_F32, fn, arg);
+}
+
+/* t has shape [d0, d1, d2]. */
+static dt_status dt__cp_shape(dt_ctx *ctx, const dt_tensor *t, int64_t d0, int64_t d1, int64_t d2, const char *fn,
+                              const char *arg, const char *why) {
+    char s[96];
+    if (t->ndim == 3 && t->shape[0] == d0 && t->shape[1] == d1 && t->shape[2] == d2) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s; expected [%lld, %lld, %lld] (%s)", fn, arg,
+                            dt_shape_str(t, s, sizeof s), (long long)d0, (long long)d1, (long long)d2, why);
+}
+
+/* qkv [B, Tl, (H + 2 Hkv) hs] and the sizes that follow from it (ulysses: Hkv = H, H % cp == 0). */
+static dt_status dt__cp_qkv(dt_layout *l, dt__cp_dim *g, const dt_tensor *qkv, int n_head, int n_kv_head,
+                            int ulysses, const char *fn) {
+    dt_ctx *ctx = l->ctx;
+    char s[96];
+    int64_t per;
+    memset(g, 0, sizeof *g);
+    DT__TRY(dt__cp_f32(ctx, qkv, fn, "qkv"));
+    g->H = n_head;
+    g->Hkv = n_kv_head ? n_kv_head : n_head;
+    if (n_head <= 0 || g->Hkv <= 0 || n_head % g->Hkv || (ulysses && g->Hkv != n_head))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n_head = %d, n_kv_head = %d; expected n_head > 0 and n_kv_head "
+                                "(0 = n_head) %s", fn, n_head, n_kv_head,
+                                ulysses ? "= n_head (Ulysses takes a packed q | k | v of equal widths)"
+                                        : "> 0 dividing it");
+    g->cp = l->cp;
+    g->r = l->cp_rank;
+    if (ulysses && n_head % g->cp)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n_head = %d heads do not divide over cp = %d; Ulysses gives each "
+                                "cp rank n_head / cp heads (use the ring, dt_cp_attention_fwd)", fn, n_head, g->cp);
+    per = (int64_t)g->H + 2 * (int64_t)g->Hkv;
+    if (qkv->ndim != 3 || qkv->shape[2] % per)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: qkv shape %s; expected [B, T / cp, (n_head + 2 n_kv_head) x "
+                                "head size] = [B, T / cp, %lld x head size]", fn, dt_shape_str(qkv, s, sizeof s),
+                                (long long)per);
+    g->B = qkv->shape[0];
+    g->Tl = qkv->shape[1];
+    g->W = qkv->shape[2];
+    g->hs = g->W / per;
+    g->C = g->H * g->hs;
+    g->Ckv = g->Hkv * g->hs;
+    g->nch = g->cp > 1 ? 2 : 1;
+    if (g->Tl % g->nch || !dt_mul_ok(g->Tl, g->cp, &g->T))
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: qkv.shape[1] = %lld rows of each sequence on this rank; "
+                                "expected an even number (chunks %d and %d of the 2 cp = %d chunks, equal sizes) and "
+                                "T = rows x cp within int64", fn, (long long)g->Tl, g->r, 2 * g->cp - 1 - g->r, 2 * g->cp);
+    g->c = g->Tl / g->nch;
+    return DT_OK;
+}
+
+/* kv[b, t, :] = the k | v columns of qkv[b, t, :]. */
+static void dt__cp_pack_kv(dt_tensor *kv, const dt_tensor *qkv, const dt__cp_dim *g) {
+    int64_t n, rows = g->B * g->Tl;
+    for (n = 0; n < rows; n++)
+        memcpy((float *)kv->data + n * 2 * g->Ckv, (const float *)qkv->data + n * g->W + g->C,
+               (size_t)(2 * g->Ckv) * sizeof(float));
+}
+
+/* Waits for a posted request (if any) and keeps the first error in *st. */
+static void dt__cp_wait(dt_comm_req **rq, dt_status *st) {
+    dt_status s2;
+    if (!*rq) return;
+    s2 = dt_comm_wait(*rq);
+    *rq = NULL;
+    if (!*st) *st = s2;
+}
+
+static dt_status dt__cp_ring_check(dt_layout *l, dt__cp_dim *g, const dt_tensor *o, const char *on,
+                                   const dt_tensor *lse, const dt_tensor *qkv, int n_head, int n_kv_head,
+                                   const char *fn) {
+    DT__TRY(dt__cp_begin(l, fn));
+    DT__TRY(dt__cp_qkv(l, g, qkv, n_head, n_kv_head, 0, fn));
+    DT__TRY(dt__cp_f32(l->ctx, o, fn, on));
+    DT__TRY(dt__cp_f32(l->ctx, lse, fn, "lse"));
+    DT__TRY(dt__cp_shape(l->ctx, o, g->B, g->Tl, g->C, fn, on, "B, T / cp, n_head x head size"));
+    return dt__cp_shape(l->ctx, lse, g->B, g->H, g->Tl, fn, "lse", "B, n_head, T / cp");
+}
+
+DT_API dt_status dt_cp_attention_fwd(dt_layout *l, dt_tensor *out, dt_tensor *lse, const dt_tensor *qkv, int n_head,
+                                     int n_kv_head) {
+    const char *fn = "dt_cp_attention_fwd";
+    dt__cp_dim g;
+    dt__cp_keep *k;
+    dt_status mst = DT_OK, cst = DT_OK; /* the messages' status, the compute's */
+    int s, a, b, cur = 0;
+    DT__TRY(dt__cp_ring_check(l, &g, out, "out", lse, qkv, n_head, n_kv_head, fn));
+    k = l->cp_keep;
+    DT__TRY(dt__cp_buf(l->ctx, &k->kv[0], g.B, g.Tl, 2 * g.Ckv));
+    DT__TRY(dt__cp_buf(l->ctx, &k->kv[1], g.B, g.Tl, 2 * g.Ckv));
+    DT__TRY(dt_tensor_fill(l->ctx, out, 0.0));
+    DT__TRY(dt_tensor_fill(l->ctx, lse, -INFINITY));
+    dt__cp_pack_kv(&k->kv[0], qkv, &g);
+    k->pairs = 0;
+    for (s = 0; s < g.cp; s++) {
+        dt_comm_req *rq = NULL, *sq = NULL;
+        int src = (g.r - s + g.cp) % g.cp; /* whose K/V this rank holds at step s */
+        if (s + 1 < g.cp && !mst) { /* the next block is on its way while this one is computed */
+            mst = dt_comm_irecv(l->cp_comm, &k->kv[cur ^ 1], (g.r + g.cp - 1) % g.cp, DT__CP_TAG_KV, &rq);
+            if (!mst) mst = dt_comm_isend(l->cp_comm, &k->kv[cur], (g.r + 1) % g.cp, DT__CP_TAG_KV, &sq);
+        }
+        for (a = 0; a < g.nch; a++) /* a failed block keeps the ring going, so no rank waits forever */
+            for (b = 0; b < g.nch && !cst; b++) {
+                dt_attn_block d;
+                dt__cp_block(&d, &g, src, a, b);
+                cst = dt_attention_block_fwd(l->ctx, out, lse, qkv, &k->kv[cur], &d);
+                k->pairs += dt__cp_block_pairs(&d);
+            }
+        dt__cp_wait(&rq, &mst);
+        dt__cp_wait(&sq, &mst);
+        if (mst) break;
+        cur ^= 1;
+    }
+    return mst ? mst : cst;
+}
+
+/* y[b, t, off + j] += x[b, t, j] for the x.shape[2] columns j of each row. */
+static void dt__cp_add_cols(dt_tensor *y, int64_t off, const dt_tensor *x) {
+    int64_t n, j, rows = x->shape[0] * x->shape[1], w = x->shape[2], W = y->shape[2];
+    for (n = 0; n < rows; n++) {
+        float *yr = (float *)y->data + n * W + off;
+        const float *xr = (const float *)x->data + n * w;
+        for (j = 0; j < w; j++) yr[j] += xr[j];
+    }
+}
+
+DT_API dt_status dt_cp_attention_bwd(dt_layout *l, dt_tensor *dqkv, const dt_tensor *dout, const dt_tensor *qkv,
+                                     const dt_tensor *out, const dt_tensor *lse, int n_head, int n_kv_head) {
+    const char *fn = "dt_cp_attention_bwd";
+    dt__cp_dim g;
+    dt__cp_keep *k;
+    dt_comm_req *dsq[2] = {NULL, NULL}; /* the sends of dkv[0], dkv[1] */
+    dt_status mst = DT_OK, cst = DT_OK;
+    int s, a, b, cur = 0, prev, next;
+    DT__TRY(dt__cp_ring_check(l, &g, dout, "dout", lse, qkv, n_head, n_kv_head, fn));
+    DT__TRY(dt__cp_f32(l->ctx, out, fn, "out"));
+    DT__TRY(dt__cp_shape(l->ctx, out, g.B, g.Tl, g.C, fn, "out", "dout's"));
+    DT__TRY(dt__cp_f32(l->ctx, dqkv, fn, "dqkv"));
+    DT__TRY(dt__cp_shape(l->ctx, dqkv, g.B, g.Tl, g.W, fn, "dqkv", "qkv's"));
+    k = l->cp_keep;
+    DT__TRY(dt__cp_buf(l->ctx, &k->kv[0], g.B, g.Tl, 2 * g.Ckv));
+    DT__TRY(dt__cp_buf(l->ctx, &k->kv[1], g.B, g.Tl, 2 * g.Ckv));
+    DT__TRY(dt__cp_buf(l->ctx, &k->dkv[0], g.B, g.Tl, 2 * g.Ckv));
+    DT__TRY(dt__cp_buf(l->ctx, &k->dkv[1], g.B, g.Tl, 2 * g.Ckv));
+    DT__TRY(dt__cp_buf(l->ctx, &k->din, g.B, g.Tl, 2 * g.Ckv));
+    dt__cp_pack_kv(&k->kv[0], qkv, &g);
+    prev = (g.r + g.cp - 1) % g.cp;
+    next = (g.r + 1) % g.cp;
+    for (s = 0; s < g.cp && !mst; s++) {
+        dt_comm_req *rq = NULL, *sq = NULL, *drq = NULL;
+        int src = (g.r - s + g.cp) % g.cp, d = s & 1;
+        if (s + 1 < g.cp) {
+            mst = dt_comm_irecv(l->cp_comm, &k->kv[cur ^ 1], prev, DT__CP_TAG_KVB, &rq);
+            if (!mst) mst = dt_comm_isend(l->cp_comm, &k->kv[cur], next, DT__CP_TAG_KVB, &sq);
+        }
+        /* the partial dK/dV of src's block, summed by ranks src .. r - 1 */
+        if (s > 0 && !mst) mst = dt_comm_irecv(l->cp_comm, &k->din, prev, DT__CP_TAG_DKV, &drq);
+        dt__cp_wait(&dsq[d], &mst); /* dkv[d] left two steps ago */
+        if (!cst) cst = dt_tensor_fill(l->ctx, &k->dkv[d], 0.0);
+        for (a = 0; a < g.nch; a++)
+            for (b = 0; b < g.nch && !cst; b++) {
+                dt_attn_block bd;
+                dt__cp_block(&bd, &g, src, a, b);
+                cst = dt_attention_block_bwd(l->ctx, dqkv, &k->dkv[d], dout, qkv, &k->kv[cur], out, lse, &bd);
+            }
+        dt__cp_wait(&rq, &mst);
+        dt__cp_wait(&sq, &mst);
+        dt__cp_wait(&drq, &mst);
+        if (mst) break;
+        if (s > 0) dt__cp_add_cols(&k->dkv[d], 0, &k->din);
+        if (g.cp > 1) mst = dt_comm_isend(l->cp_comm, &k->dkv[d], next, DT__CP_TAG_DKV, &dsq[d]);
+        cur ^= 1;
+    }
+    if (g.cp > 1 && !mst) { /* this rank's own block, summed over every rank's queries */
+        mst = dt_comm_recv(l->cp_comm, &k->din, prev, DT__CP_TAG_DKV);
+        if (!mst && !cst) dt__cp_add_cols(dqkv, g.C, &k->din);
+    } else if (g.cp == 1 && !cst) {
+        dt__cp_add_cols(dqkv, g.C, &k->dkv[0]);
+    }
+    dt__cp_wait(&dsq[0], &mst);
+    dt__cp_wait(&dsq[1], &mst);
+    return mst ? mst : cst;
+}
+
+/* ---- Ulysses: the two all-to-alls and the row moves around them */
+
+/* Sequence shards to head shards. snd block j (to cp rank j): this rank's rows, the columns
+   off + j w + [0, w) of each of the `parts` column groups of width C (stride C) of x [B, Tl, parts C]
+   -> a block of [B, Tl, parts w]. */
+static void dt__uly_pack_cols(float *snd, const dt_tensor *x, const dt__cp_dim *g, int parts, int64_t w) {
+    int64_t j, n, p, rows = g->B * g->Tl, W = x->shape[2];
+    for (j = 0; j < g->cp; j++)
+        for (n = 0; n < rows; n++)
+            for (p = 0; p < parts; p++)
+                memcpy(snd + ((j * rows + n) * parts + p) * w, (const float *)x->data + n * W + p * g->C + j * w,
+                       (size_t)w * sizeof(float));
+}
+
+/* rcv block i (from cp rank i: its rows, width w each) into the rows of y [B, T, w] at their positions. */
+static void dt__uly_unpack_rows(dt_tensor *y, const float *rcv, const dt__cp_dim *g, int64_t w) {
+    int64_t i, b, t;
+    for (i = 0; i < g->cp; i++)
+        for (b = 0; b < g->B; b++)
+            for (t = 0; t < g->Tl; t++)
+                memcpy((float *)y->data + (b * g->T + dt_cp_position(g->cp, (int)i, g->T, t)) * w,
+                       rcv + ((i * g->B + b) * g->Tl + t) * w, (size_t)w * sizeof(float));
+}
+
+/* Head shards back to sequence shards: snd block i = the rows of cp rank i's positions of x [B, T, w]. */
+static void dt__uly_pack_rows(float *snd, const dt_tensor *x, const dt__cp_dim *g, int64_t w) {
+    int64_t i, b, t;
+    for (i = 0; i < g->cp; i++)
+        for (b = 0; b < g->B; b++)
+            for (t = 0; t < g->Tl; t++)
+                memcpy(snd + ((i * g->B + b) * g->Tl + t) * w,
+                       (const float *)x->data + (b * g->T + dt_cp_position(g->cp, (int)i, g->T, t)) * w,
+                       (size_t)w * sizeof(float));
+}
+
+/* rcv block j (head group j of this rank's rows, [B, Tl, parts w]) into the columns of y
+   [B, Tl, parts C]: written (add = 0) or added. */
+static void dt__uly_unpack_cols(dt_tensor *y, const float *rcv, const dt__cp_dim *g, int parts, int64_t w, int add) {
+    int64_t j, n, p, c, rows = g->B * g->Tl, W = y->shape[2];
+    for (j = 0; j < g->cp; j++)
+        for (n = 0; n < rows; n++)
+            for (p = 0; p < parts; p++) {
+                float *yr = (float *)y->data + n * W + p * g->C + j * w;
+                const float *xr = rcv + ((j * rows + n) * parts + p) * w;
+                if (!add) memcpy(yr, xr, (size_t)w * sizeof(float));
+                else for (c = 0; c < w; c++) yr[c] += xr[c];
+            }
+}
+
+/* The all-to-all of the first `numel` floats of k->snd into k->rcv. */
+static dt_status dt__uly_a2a(dt_layout *l, int64_t numel) {
+    dt_tensor in, out;
+    DT__TRY(dt_tensor_view(l->ctx, &in, &l->cp_keep->snd, 0, 1, &numel));
+    DT__TRY(dt_tensor_view(l->ctx, &out, &l->cp_keep->rcv, 0, 1, &numel));
+    return dt_comm_alltoall(l->cp_comm, &out, &in);
+}
+
+/* Checks and buffers of both directions: uqkv [B, T, 3 Cu], att [B, H/cp, T, T]. */
+static dt_status dt__uly_setup(dt_layout *l, dt__cp_dim *g, const dt_tensor *x, const char *xn, int64_t xw,
+                               const dt_tensor *uqkv, const dt_tensor *att, const dt_tensor *qkv_like, int n_head,
+                               const char *fn) {
+    dt__cp_keep *k;
+    int64_t Cu;
+    DT__TRY(dt__cp_begin(l, fn));
+    DT__TRY(dt__cp_qkv(l, g, qkv_like, n_head, 0, 1, fn));
+    Cu = g->C / g->cp;
+    DT__TRY(dt__cp_f32(l->ctx, x, fn, xn));
+    DT__TRY(dt__cp_shape(l->ctx, x, g->B, g->Tl, xw, fn, xn, "B, T / cp and qkv's or its output's width"));
+    DT__TRY(dt__cp_f32(l->ctx, uqkv, fn, "uqkv"));
+    DT__TRY(dt__cp_shape(l->ctx, uqkv, g->B, g->T, 3 * Cu, fn, "uqkv", "B, T, 3 C / cp"));
+    DT__TRY(dt__cp_f32(l->ctx, att, fn, "att"));
+    if (att->ndim != 4 || att->shape[0] != g->B || att->shape[1] != g->H / g->cp || att->shape[2] != g->T ||
+        att->shape[3] != g->T) {
+        char s[96];
+        return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: att shape %s; expected [%lld, %d, %lld, %lld] (B, n_head / "
+                                "cp, T, T)", fn, dt_shape_str(att, s, sizeof s), (long long)g->B, g->H / g->cp,
+                                (long long)g->T, (long long)g->T);
+    }
+    k = l->cp_keep;
+    DT__TRY(dt__cp_buf(l->ctx, &k->snd, 1, 1, qkv_like->numel));
+    DT__TRY(dt__cp_buf(l->ctx, &k->rcv, 1, 1, qkv_like->numel));
+    return dt__cp_buf(l->ctx, &k->uo, g->B, g->T, Cu);
+}
+
+DT_API dt_status dt_cp_ulysses_fwd(dt_layout *l, dt_tensor *out, dt_tensor *uqkv, dt_tensor *att,
+                                   const dt_tensor *qkv, int n_head) {
+    const char *fn = "dt_cp_ulysses_fwd";
+    dt__cp_dim g;
+    dt__cp_keep *k;
+    dt_status st;
+    int64_t Cu;
+    DT__TRY(dt__uly_setup(l, &g, qkv, "qkv", qkv ? qkv->shape[2] : 0, uqkv, att, qkv, n_head, fn));
+    DT__TRY(dt__cp_f32(l->ctx, out, fn, "out"));
+    DT__TRY(dt__cp_shape(l->ctx, out, g.B, g.Tl, g.C, fn, "out", "B, T / cp, n_head x head size"));
+    k = l->cp_keep;
+    Cu = g.C / g.cp;
+    /* q, k, v of head group j to rank j; this rank's heads of every rank's rows, by position */
+    dt__uly_pack_cols((float *)k->snd.data, qkv, &g, 3, Cu);
+    DT__TRY(dt__uly_a2a(l, qkv->numel));
+    dt__uly_unpack_rows(uqkv, (const float *)k->rcv.data, &g, 3 * Cu);
+    /* the whole sequence's causal attention on H / cp heads; a failure still runs the all-to-all
+       back, so no rank waits for this one */
+    st = dt_attention_fwd(l->ctx, &k->uo, att, uqkv, g.H / g.cp);
+    dt__uly_pack_rows((float *)k->snd.data, &k->uo, &g, Cu);
+    DT__TRY(dt__uly_a2a(l, out->numel));
+    dt__uly_unpack_cols(out, (const float *)k->rcv.data, &g, 1, Cu, 0);
+    return st;
+}
+
+DT_API dt_status dt_cp_ulysses_bwd(dt_layout *l, dt_tensor *dqkv, const dt_tensor *dout, const dt_tensor *uqkv,
+                                   const dt_tensor *att, int n_head) {
+    const char *fn = "dt_cp_ulysses_bwd";
+    dt__cp_dim g;
+    dt__cp_keep *k;
+    dt_status st;
+    int64_t Cu;
+    DT__TRY(dt__uly_setup(l, &g, dout, "dout", dqkv ? dqkv->shape[2] / 3 : 0, uqkv, att, dqkv, n_head, fn));
+    k = l->cp_keep;
+    Cu = g.C / g.cp;
+    DT__TRY(dt__cp_buf(l->ctx, &k->duqkv, g.B, g.T, 3 * Cu));
+    dt__uly_pack_cols((float *)k->snd.data, dout, &g, 1, Cu);
+    DT__TRY(dt__uly_a2a(l, dout->numel));
+    dt__uly_unpack_rows(&k->uo, (const float *)k->rcv.data, &g, Cu);
+    st = dt_tensor_fill(l->ctx, &k->duqkv, 0.0);
+    if (!st) st = dt_attention_bwd(l->ctx, &k->duqkv, &k->uo, uqkv, att, g.H / g.cp);
+    dt__uly_pack_rows((float *)k->snd.data, &k->duqkv, &g, 3 * Cu);
+    DT__TRY(dt__uly_a2a(l, dqkv->numel));
+    dt__uly_unpack_cols(dqkv, (const float *)k->rcv.data, &g, 3, Cu, 1);
+    return st;
+}
 
 /* ==== >>pp: pipeline schedules ================================================================ */
 
