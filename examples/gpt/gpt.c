@@ -189,10 +189,11 @@ static dt_trace *g_tr;
 typedef struct opts {
     int64_t steps, batch, seq, sample, stop_at;
     uint64_t seed;
-    int layers, heads, width, tp, pp, zero, micro, sp, print_every, ckpt_every, resume, quiet;
+    int layers, heads, width, tp, pp, cp, zero, micro, sp, print_every, ckpt_every, resume, quiet;
     dt_pp_kind schedule;  /* --schedule (pp > 1) */
     int chunks;           /* model chunks per stage: 2 for interleaved, else 1 */
     int recompute;        /* 0 none, 1 full, 2 selective */
+    int ulysses;          /* --cp-kind: 0 ring, 1 ulysses */
     int tf32;             /* --tf32: f32 GEMMs on TF32 tensor cores (cuda) */
     dt_dtype dtype;
     dt_device device;     /* --device: where parameters, activations and the optimizer live */
@@ -216,6 +217,10 @@ static const char *HELP =
     "  --clip C          clip the gradient norm to C, 0 = off (1)\n"
     "  --tp N            tensor-parallel ranks (1); dp = world / (tp x pp)\n"
     "  --pp N            pipeline stages (1); the blocks split over them, embedding first, head and loss last\n"
+    "  --cp N            context-parallel ranks (1): each holds T / N tokens of every sequence (chunks r and\n"
+    "                    2N-1-r of 2N), attention by ring over them; --seq a multiple of 2N\n"
+    "  --cp-kind K       how cp attention gets the other ranks' tokens (ring): ring passes K/V around the cp\n"
+    "                    ranks; ulysses trades sequence shards for head shards by all-to-all (heads / tp / cp)\n"
     "  --schedule S      pipeline schedule: gpipe, 1f1b, interleaved (2 chunks per stage) or zb (ZB-H1) (1f1b)\n"
     "  --zero N          0 DDP, 1-3 ZeRO stage (0)\n"
     "  --sp 0|1          sequence parallel over the tp group (0)\n"
@@ -275,7 +280,7 @@ static void parse(opts *o, int argc, char **argv) {
     FILE *fp;
     memset(o, 0, sizeof *o);
     o->steps = 200; o->batch = 8; o->seq = 64; o->seed = 1; o->layers = 4; o->heads = 4; o->width = 128;
-    o->lr = 1e-3; o->clip = -1; o->warmup = 10; o->wd = 0.1; o->min_lr_frac = 0.1; o->tp = 1; o->pp = 1; o->micro = 1;
+    o->lr = 1e-3; o->clip = -1; o->warmup = 10; o->wd = 0.1; o->min_lr_frac = 0.1; o->tp = 1; o->pp = 1; o->cp = 1; o->micro = 1;
     o->print_every = 10; o->dtype = DT_F32; o->schedule = DT_PP_1F1B; o->device = DT_CPU;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -294,6 +299,12 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--clip")) o->clip = real(a, v, 0, 1e30);
         else if (!strcmp(a, "--tp")) o->tp = (int)num(a, v, 1, 1 << 16);
         else if (!strcmp(a, "--pp")) o->pp = (int)num(a, v, 1, 1 << 16);
+        else if (!strcmp(a, "--cp")) o->cp = (int)num(a, v, 1, 1 << 16);
+        else if (!strcmp(a, "--cp-kind")) {
+            if (v && !strcmp(v, "ring")) o->ulysses = 0;
+            else if (v && !strcmp(v, "ulysses")) o->ulysses = 1;
+            else usage("--cp-kind is ring or ulysses");
+        }
         else if (!strcmp(a, "--zero")) o->zero = (int)num(a, v, 0, 3);
         else if (!strcmp(a, "--sp")) o->sp = (int)num(a, v, 0, 1);
         else if (!strcmp(a, "--micro")) o->micro = (int)num(a, v, 1, 1 << 16);
@@ -366,9 +377,11 @@ static const char *BLOCK_NAMES[NBP] = {"ln1.w", "ln1.b", "attn.q.w", "attn.k.w",
 static const int SP_PARTIAL[6] = {LN1W, LN1B, AOB, LN2W, LN2B, PB};
 
 typedef struct model {
-    int L, H, C, tp, tp_rank, sp;
+    int L, H, C, tp, tp_rank, sp, cp, cp_rank;  /* cp: context-parallel ranks (the sequence split) */
+    int ulysses;                        /* cp > 1: Ulysses' all-to-all instead of the ring */
     int tc;                             /* --device cuda --dtype bf16: GEMMs and attention on tensor cores */
-    int64_t T, V, Vp, Vl, Cl, Hl, Fl;   /* Vl, Cl, Hl, Fl: this rank's vocab rows, width, heads, 4C */
+    int64_t T, Tl, V, Vp, Vl, Cl, Hl, Fl;  /* Tl = T / cp: a sequence's rows here; Vl, Cl, Hl, Fl: this rank's
+                                          vocab rows, width, heads, 4C */
     dt_params ps;
     int wte, wpe, lnfw, lnfb;           /* param indices */
     int *blk;                           /* [L][NBP] param indices */
@@ -426,6 +439,7 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
     double std = 0.02, pstd = 0.02 / sqrt(2.0 * o->layers);
     memset(m, 0, sizeof *m);
     m->L = o->layers; m->H = o->heads; m->C = o->width; m->T = o->seq; m->V = V; m->Vp = Vp;
+    m->cp = lay->cp; m->cp_rank = lay->cp_rank; m->Tl = m->T / m->cp; m->ulysses = m->cp > 1 && o->ulysses;
     m->tp = lay->tp; m->tp_rank = lay->tp_rank; m->sp = o->sp; m->lay = lay;
     m->tc = o->device == DT_CUDA_DEVICE && o->dtype == DT_BF16;
     m->Vl = Vp / tp; m->Cl = C / tp; m->Hl = o->heads / tp; m->Fl = 4 * C / tp;
@@ -522,7 +536,10 @@ static void release(model *m, int unit) { CHECK(dt_zero_release(m->z, unit)); }
 typedef struct bacts {
     dt_tensor in;                       /* [Nl, C] block input (the residual stream) */
     dt_tensor ln1, ln1m, ln1r, ln1all;  /* ln1all [N, C]: gathered rows (sp) */
-    dt_tensor qkv, att, atty;           /* [b, T, 3Cl], [b, Hl, T, T], [N, Cl] */
+    dt_tensor qkv, att, atty;           /* [b, Tl, 3Cl], [b, Hl, T, T], [N, Cl] */
+    dt_tensor lse;                      /* --cp > 1, ring: [b, Hl, Tl], the logsumexp of each row (no att) */
+    dt_tensor uqkv;                     /* ulysses: [b, T, 3Cl/cp] this rank's heads of the whole sequence
+                                           (att is then [b, Hl/cp, T, T]) */
     dt_tensor res1;                     /* [Nl, C] x + attention */
     dt_tensor ln2, ln2m, ln2r, ln2all;
     dt_tensor fch, gelu;                /* [N, Fl] */
@@ -541,6 +558,7 @@ typedef struct acts {
     dt_tensor dsp, dwpe, dlnf;          /* sp: partial grads of one block / wpe / ln_f */
     dt_tensor gath1, gath2;             /* sp: ln1 / ln2 rows gathered over tp [N, C], shared */
     dt_tensor hids, htargets;           /* --device cuda: the host side of ids / targets (load_tokens) */
+    dt_tensor wids, wtargets;           /* --cp > 1: one whole window [T] (load_tokens takes its chunks) */
     int64_t bytes;                      /* what these tensors hold */
 } acts;
 
@@ -558,7 +576,7 @@ static dt_tensor share(const dt_tensor *t) { dt_tensor v = *t; v.owns = 0; retur
 /* The activations of one micro-batch of b sequences through blocks [lo, hi) (a pipeline chunk;
    0, L at pp 1) and the head's and embedding's tensors. */
 static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int hi) {
-    int64_t N = b * m->T, Nl = m->sp ? N / m->tp : N, C = m->C;
+    int64_t N = b * m->Tl, Nl = m->sp ? N / m->tp : N, C = m->C;
     int l;
     memset(a, 0, sizeof *a);
     a->b = b; a->N = N; a->Nl = Nl;
@@ -573,12 +591,16 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
         if (!own_all && recompute == 1 && l < m->L) continue; /* full: the input only */
         mk(a, &x->ln1, Nl, C, 0, 0, DT_F32); mk(a, &x->ln1m, Nl, 0, 0, 0, DT_F32); mk(a, &x->ln1r, Nl, 0, 0, 0, DT_F32);
         mk(a, &x->ln2, Nl, C, 0, 0, DT_F32); mk(a, &x->ln2m, Nl, 0, 0, 0, DT_F32); mk(a, &x->ln2r, Nl, 0, 0, 0, DT_F32);
-        mk(a, &x->qkv, b, m->T, 3 * m->Cl, 0, DT_F32);
+        mk(a, &x->qkv, b, m->Tl, 3 * m->Cl, 0, DT_F32);
         mk(a, &x->atty, N, m->Cl, 0, 0, DT_F32);
         mk(a, &x->res1, Nl, C, 0, 0, DT_F32);
         mk(a, &x->fch, N, m->Fl, 0, 0, DT_F32);
         if (recompute != 2 || l == m->L) { /* the tensor-core attention stores no [T, T] scores */
-            if (!m->tc) mk(a, &x->att, b, m->Hl, m->T, m->T, DT_F32);
+            if (m->ulysses) {
+                mk(a, &x->uqkv, b, m->T, 3 * m->Cl / m->cp, 0, DT_F32);
+                mk(a, &x->att, b, m->Hl / m->cp, m->T, m->T, DT_F32);
+            } else if (m->cp > 1) mk(a, &x->lse, b, m->Hl, m->Tl, 0, DT_F32); /* ring attention: no [T, T] */
+            else if (!m->tc) mk(a, &x->att, b, m->Hl, m->T, m->T, DT_F32);
             mk(a, &x->gelu, N, m->Fl, 0, 0, DT_F32);
         }
     }
@@ -592,7 +614,7 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
             x->ln2 = share(&s->ln2); x->ln2m = share(&s->ln2m); x->ln2r = share(&s->ln2r); x->ln2all = share(&s->ln2all);
             x->qkv = share(&s->qkv); x->atty = share(&s->atty); x->res1 = share(&s->res1); x->fch = share(&s->fch);
         }
-        x->att = share(&s->att); x->gelu = share(&s->gelu);
+        x->att = share(&s->att); x->lse = share(&s->lse); x->uqkv = share(&s->uqkv); x->gelu = share(&s->gelu);
     }
     if (m->sp) { /* the gathered rows: one copy for all blocks, gathered again in the backward
                     (Megatron-SP keeps only the row shard per block: the point of sp's memory) */
@@ -610,10 +632,10 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
     mk(a, &a->logits, N, m->Vl, 0, 0, DT_F32); mk(a, &a->stats, N, 2, 0, 0, DT_F32);
     mk(a, &a->ids, N, 0, 0, 0, DT_I32); mk(a, &a->targets, N, 0, 0, 0, DT_I32);
     mk(a, &a->partial, N, C, 0, 0, DT_F32); mk(a, &a->y_scratch, Nl, C, 0, 0, DT_F32);
-    if (m->tc) mk(a, &a->qkv16, b, m->T, 3 * m->Cl, 0, DT_BF16);
+    if (m->tc) mk(a, &a->qkv16, b, m->Tl, 3 * m->Cl, 0, DT_BF16);
     mk(a, &a->dres, Nl, C, 0, 0, DT_F32); mk(a, &a->dln, Nl, C, 0, 0, DT_F32);
     mk(a, &a->dxbuf, N, C, 0, 0, DT_F32); mk(a, &a->dall, N, C, 0, 0, DT_F32); mk(a, &a->doutbuf, N, C, 0, 0, DT_F32);
-    mk(a, &a->dqkv, b, m->T, 3 * m->Cl, 0, DT_F32);
+    mk(a, &a->dqkv, b, m->Tl, 3 * m->Cl, 0, DT_F32);
     mk(a, &a->datty, N, m->Cl, 0, 0, DT_F32);
     mk(a, &a->dfch, N, m->Fl, 0, 0, DT_F32); mk(a, &a->dgelu, N, m->Fl, 0, 0, DT_F32);
     mk(a, &a->dlogits, N, m->Vl, 0, 0, DT_F32);
@@ -686,11 +708,28 @@ static dt_tensor rows3(const model *m, const acts *a, const dt_tensor *t) {
    (--device cuda --dtype bf16) qkv goes to bf16 first and dt_attention runs on the tensor cores
    (FlashAttention-2, nothing [T, T] kept: the backward recomputes); else the op keeps att. */
 static void attn_fwd(model *m, acts *a, bacts *x, dt_tensor *out) {
+    if (m->ulysses) { /* heads for sequence: all-to-all, whole-sequence attention, all-to-all back */
+        OP("cp attention fwd", dt_cp_ulysses_fwd(m->lay, out, &x->uqkv, &x->att, &x->qkv, (int)m->Hl));
+        return;
+    }
+    if (m->cp > 1) { /* ring attention over the cp group: the other ranks' K/V come to this one */
+        OP("cp attention fwd", dt_cp_attention_fwd(m->lay, out, &x->lse, &x->qkv, (int)m->Hl, 0));
+        return;
+    }
     if (!m->tc) { COMPUTE("attention fwd", dt_attention_fwd(g_ctx, out, &x->att, &x->qkv, (int)m->Hl)); return; }
     COMPUTE("attention fwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
     COMPUTE("attention fwd", dt_attention_fwd(g_ctx, out, NULL, &a->qkv16, (int)m->Hl));
 }
-static void attn_bwd(model *m, acts *a, bacts *x, dt_tensor *dout) {
+static void attn_bwd(model *m, acts *a, bacts *x, dt_tensor *dout, const dt_tensor *out) {
+    (void)out; /* only the ring reads the forward's output */
+    if (m->ulysses) {
+        OP("cp attention bwd", dt_cp_ulysses_bwd(m->lay, &a->dqkv, dout, &x->uqkv, &x->att, (int)m->Hl));
+        return;
+    }
+    if (m->cp > 1) {
+        OP("cp attention bwd", dt_cp_attention_bwd(m->lay, &a->dqkv, dout, &x->qkv, out, &x->lse, (int)m->Hl, 0));
+        return;
+    }
     if (!m->tc) { COMPUTE("attention bwd", dt_attention_bwd(g_ctx, &a->dqkv, dout, &x->qkv, &x->att, (int)m->Hl)); return; }
     COMPUTE("attention bwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
     COMPUTE("attention bwd", dt_attention_bwd(g_ctx, &a->dqkv, dout, &a->qkv16, NULL, (int)m->Hl));
@@ -709,7 +748,7 @@ static void block_fwd(model *m, acts *a, bacts *x, int l, dt_tensor *y) {
     qkv_lin_get(m, l, &ql, 0);
     qkv2 = rows3(m, a, &x->qkv);
     COMPUTE("qkv linear fwd", dt_linear_fwd(g_ctx, &qkv2, xall, &ql.w, &ql.b));
-    s3[0] = a->b; s3[1] = m->T; s3[2] = m->Cl;
+    s3[0] = a->b; s3[1] = m->Tl; s3[2] = m->Cl;
     CHECK(dt_tensor_reshape(g_ctx, &atty3, &x->atty, 3, s3));
     attn_fwd(m, a, x, &atty3);
     OP("row linear fwd", dt_tp_row_linear_fwd(lay, &x->res1, &a->partial, &x->atty, WVAL(m, BP(m, l, AOW)), VAL(m, BP(m, l, AOB)), m->sp));
@@ -776,7 +815,7 @@ static void block_bwd_part(model *m, acts *a, bacts *x, int l, int recompute, in
         OP("sp gather", dt_sp_gather_rows(lay, &x->ln1all, &x->ln1));
         OP("sp gather", dt_sp_gather_rows(lay, &x->ln2all, &x->ln2));
     }
-    s3[0] = a->b; s3[1] = m->T; s3[2] = m->Cl;
+    s3[0] = a->b; s3[1] = m->Tl; s3[2] = m->Cl;
     CHECK(dt_tensor_reshape(g_ctx, &atty3, &x->atty, 3, s3));
     if (recompute == 2) { /* the two tensors selective recompute did not keep */
         attn_fwd(m, a, x, &atty3);
@@ -803,7 +842,7 @@ static void block_bwd_part(model *m, acts *a, bacts *x, int l, int recompute, in
                                WVAL(m, BP(m, l, AOW)), m->sp));
     fill0(&a->dqkv);
     CHECK(dt_tensor_reshape(g_ctx, &datty3, &a->datty, 3, s3));
-    attn_bwd(m, a, x, &datty3);
+    attn_bwd(m, a, x, &datty3, &atty3);
     /* q, k, v: column-parallel by hand (one linear of this rank's 3Cl rows), so that the input
        grad is one sum over tp */
     fill0(&a->dall);
@@ -830,14 +869,24 @@ static void block_bwd_part(model *m, acts *a, bacts *x, int l, int recompute, in
     }
 }
 
-/* rows += wpe[pos] (bwd: dwpe[pos] += rows) for this rank's rows, position (r0 + r) % T: one
-   dt_axpy per run of consecutive positions (a sequence's rows), in row order as a loop would. */
+/* The sequence position of a sequence's local row j (0 <= j < Tl), and how many rows from j on
+   have consecutive positions: at cp 1 the row itself and the rest of the sequence; at cp > 1 the
+   zigzag's (chunks cp_rank and 2cp-1-cp_rank of 2cp, dt_cp_position) and the rest of j's chunk. */
+static int64_t seq_pos(const model *m, int64_t j, int64_t *run) {
+    int64_t c = m->Tl / 2;
+    if (m->cp == 1) { *run = m->Tl - j; return j; }
+    *run = c - j % c;
+    return dt_cp_position(m->cp, m->cp_rank, m->T, j);
+}
+
+/* rows += wpe[pos] (bwd: dwpe[pos] += rows) for this rank's rows, local row (r0 + r) % Tl of its
+   sequence (seq_pos): one dt_axpy per run of consecutive positions, in row order as a loop would. */
 static void wpe_rows(model *m, acts *a, dt_tensor *rows, const dt_tensor *wpe, int bwd) {
     int64_t r, C = m->C, r0 = row0(m, a), n;
     for (r = 0; r < a->Nl; r += n) {
-        int64_t pos = (r0 + r) % m->T;
+        int64_t run, pos = seq_pos(m, (r0 + r) % m->Tl, &run);
         dt_tensor x, p;
-        n = m->T - pos < a->Nl - r ? m->T - pos : a->Nl - r;
+        n = run < a->Nl - r ? run : a->Nl - r;
         n *= C;
         CHECK(dt_tensor_view(g_ctx, &x, rows, r * C, 1, &n));
         CHECK(dt_tensor_view(g_ctx, &p, wpe, pos * C, 1, &n));
@@ -951,10 +1000,11 @@ static float train_micro(model *m, acts *a, float dloss, int recompute, int logg
 }
 
 /* The tokens of `count` samples from global sample `first` into a->ids / a->targets: written on
-   the host (gpt_data.h reads files), then copied once to the device where the acts live. */
-static void load_tokens(acts *a, const opts *o, dt_gpt_data *data, int64_t first, int64_t count) {
+   the host (gpt_data.h reads files), then copied once to the device where the acts live. At
+   cp > 1 each sample's window is read whole and this rank keeps its two chunks of it. */
+static void load_tokens(model *m, acts *a, const opts *o, dt_gpt_data *data, int64_t first, int64_t count) {
     dt_tensor hi = a->ids, ht = a->targets;
-    int64_t i, T = o->seq;
+    int64_t i, T = m->Tl;
     int dev = a->ids.device != DT_CPU;
     if (dev) { /* host buffers made once, kept with the acts: a step allocates nothing */
         if (!a->hids.data) CHECK(dt_tensor_create_like(g_ctx, &a->hids, &a->ids, DT_DTYPE_DEFAULT, DT_CPU));
@@ -962,11 +1012,28 @@ static void load_tokens(acts *a, const opts *o, dt_gpt_data *data, int64_t first
         hi = a->hids;
         ht = a->htargets;
     }
+    if (m->cp > 1 && !a->wids.data) {
+        dt_tensor_desc d;
+        memset(&d, 0, sizeof d);
+        d.dtype = DT_I32; d.shape[0] = m->T;
+        CHECK(dt_tensor_create(g_ctx, &a->wids, &d));
+        CHECK(dt_tensor_create(g_ctx, &a->wtargets, &d));
+    }
     for (i = 0; i < count; i++) {
         dt_tensor in, out;
+        int64_t j, run;
         CHECK(dt_tensor_view(g_ctx, &in, &hi, i * T, 1, &T));
         CHECK(dt_tensor_view(g_ctx, &out, &ht, i * T, 1, &T));
-        CHECK(dt_gpt_data_window(g_ctx, &in, &out, data, o->seed, first + i));
+        if (m->cp == 1) {
+            CHECK(dt_gpt_data_window(g_ctx, &in, &out, data, o->seed, first + i));
+            continue;
+        }
+        CHECK(dt_gpt_data_window(g_ctx, &a->wids, &a->wtargets, data, o->seed, first + i));
+        for (j = 0; j < T; j += run) { /* the zigzag's chunks, in local row order */
+            int64_t pos = seq_pos(m, j, &run);
+            memcpy((int32_t *)in.data + j, (const int32_t *)a->wids.data + pos, (size_t)run * sizeof(int32_t));
+            memcpy((int32_t *)out.data + j, (const int32_t *)a->wtargets.data + pos, (size_t)run * sizeof(int32_t));
+        }
     }
     if (dev) { /* the step's inputs: one copy each, not waited for */
         CHECK(dt_tensor_copy(g_ctx, &a->ids, &hi));
@@ -997,7 +1064,7 @@ typedef struct pstate {
 
 /* The tokens of micro-batch i of this step (the same sequences as at pp 1). */
 static void pipe_tokens(pstate *S, acts *a, int i) {
-    load_tokens(a, S->o, S->data, S->step * S->o->batch + S->local_first + i * S->per_micro, S->per_micro);
+    load_tokens(S->m, a, S->o, S->data, S->step * S->o->batch + S->local_first + i * S->per_micro, S->per_micro);
 }
 
 static dt_status pipe_forward(void *user, int c, int i, dt_tensor *out, const dt_tensor *in) {
@@ -1175,11 +1242,12 @@ static double gemm_peak(void) {
 
 /* Seconds this rank has spent in collectives on the layout's comms (dt_comm's statistics). */
 static double comm_seconds(dt_layout *l) {
-    dt_comm *cs[4];
+    dt_comm *cs[6];
     double s = 0;
     int i, k;
     cs[0] = l->tp_comm; cs[1] = l->dp_comm; cs[2] = l->world; cs[3] = l->pp > 1 ? l->pp_comm : NULL;
-    for (i = 0; i < 4; i++) {
+    cs[4] = l->cp > 1 ? l->cp_comm : NULL; cs[5] = l->cp > 1 ? l->dpcp_comm : NULL;
+    for (i = 0; i < 6; i++) {
         for (k = 0; k < DT_COLL_COUNT; k++) {
             dt_comm_stat st;
             if (cs[i] && dt_comm_stats(cs[i], &st, (dt_coll)k) == DT_OK) s += st.seconds;
@@ -1314,17 +1382,30 @@ static void setup(trainer *t, int argc, char **argv) {
 /* The layout's sizes, checked here with names before any collective; the pipeline's schedule. */
 static void check_sizes(trainer *t) {
     const opts *o = &t->o;
-    int W = t->W, dp = W / o->tp / o->pp;
-    if (W % (o->tp * o->pp)) fail("--tp %d x --pp %d does not divide the world size %d", o->tp, o->pp, W);
+    int W = t->W, dp = W / o->tp / o->pp / o->cp;
+    int64_t Tl = o->seq / o->cp;
+    if (W % ((int64_t)o->tp * o->pp * o->cp) && o->cp == 1)
+        fail("--tp %d x --pp %d does not divide the world size %d", o->tp, o->pp, W);
+    if (W % ((int64_t)o->tp * o->pp * o->cp))
+        fail("--tp %d x --cp %d x --pp %d does not divide the world size %d", o->tp, o->cp, o->pp, W);
+    if (o->seq % (2 * (int64_t)o->cp))
+        fail("--seq %lld is not a multiple of 2 x --cp = %d (each cp rank holds two chunks of T / (2 cp))",
+             (long long)o->seq, 2 * o->cp);
+    if (o->cp > 1 && o->device != DT_CPU)
+        fail("--cp %d with --device cuda: ring attention runs on CPU tensors for now (dt_attention_block_fwd)", o->cp);
+    if (o->cp > 1 && o->sample) fail("--sample with --cp %d: sampling runs at --cp 1 only", o->cp);
+    if (o->cp > 1 && o->ulysses && (o->heads / o->tp) % o->cp)
+        fail("--cp-kind ulysses: --heads %d / --tp %d = %d heads per tp rank do not divide over --cp %d", o->heads, o->tp,
+             o->heads / o->tp, o->cp);
     if (o->heads % o->tp) fail("--tp %d does not divide --heads %d", o->tp, o->heads);
     if (o->width % o->heads) fail("--heads %d does not divide --width %d", o->heads, o->width);
     if (t->data.vocab_padded % o->tp)
         fail("--tp %d does not divide the padded vocab %lld", o->tp, (long long)t->data.vocab_padded);
     if (o->batch % ((int64_t)dp * o->micro))
         fail("--batch %lld is not a multiple of dp x micro = %d x %d", (long long)o->batch, dp, o->micro);
-    if (o->sp && (o->batch / dp / o->micro * o->seq) % o->tp)
-        fail("--sp 1: a micro-batch's %lld rows (sequences x --seq) are not a multiple of --tp %d",
-             (long long)(o->batch / dp / o->micro * o->seq), o->tp);
+    if (o->sp && (o->batch / dp / o->micro * Tl) % o->tp)
+        fail("--sp 1: a micro-batch's %lld rows (sequences x --seq / --cp) are not a multiple of --tp %d",
+             (long long)(o->batch / dp / o->micro * Tl), o->tp);
     if (o->pp > 1) {
         dt_pp_desc sd;
         memset(&sd, 0, sizeof sd);
@@ -1350,13 +1431,17 @@ static void build_model(trainer *t) {
     memset(&ld, 0, sizeof ld);
     memset(&ad, 0, sizeof ad);
     memset(&zd, 0, sizeof zd);
-    ld.tp = o->tp; ld.pp = o->pp;
+    ld.tp = o->tp; ld.pp = o->pp; ld.cp = o->cp;
     CHECK(dt_layout_create(t->world, &t->lay, &ld));
     model_make(&t->m, o, t->data.vocab, t->data.vocab_padded, t->lay);
     if (o->trace) {
         CHECK(dt_trace_create(t->world, &t->m.tr));
         CHECK(dt_trace_attach(t->m.tr, t->lay->tp_comm));
         CHECK(dt_trace_attach(t->m.tr, t->lay->dp_comm));
+        if (t->lay->cp > 1) {
+            CHECK(dt_trace_attach(t->m.tr, t->lay->cp_comm));
+            CHECK(dt_trace_attach(t->m.tr, t->lay->dpcp_comm));
+        }
         if (t->lay->dptp_comm != t->lay->dp_comm) CHECK(dt_trace_attach(t->m.tr, t->lay->dptp_comm)); /* ZeRO of tp shards */
         g_tr = t->m.tr;
     }
@@ -1382,10 +1467,11 @@ static void build_model(trainer *t) {
 static void build_pipeline(trainer *t) {
     const opts *o = &t->o;
     pstate *pl = &t->pl;
-    int64_t N = t->per_micro * o->seq;
+    int64_t N = t->per_micro * (o->seq / o->cp);
     /* the embedding group: this (dp, tp)'s stages, a comm of their own so its messages never
        meet the runtime's on pp_comm */
-    CHECK(dt_comm_split(t->world, &pl->emb, t->lay->dp_rank * t->lay->tp + t->lay->tp_rank, t->lay->pp_rank));
+    CHECK(dt_comm_split(t->world, &pl->emb, (t->lay->dp_rank * t->lay->cp + t->lay->cp_rank) * t->lay->tp + t->lay->tp_rank,
+                        t->lay->pp_rank));
     if (t->ctx.device == DT_CUDA_DEVICE) { /* a group's first device collective makes its NCCL communicator,
                                               which the device sends below need (dt_comm.h, "NCCL") */
         dt_tensor one;
@@ -1466,6 +1552,20 @@ static void print_plan(trainer *t) {
            "tokens; GEMM peak %.1f GFLOP/s (all ranks)\n", dt_layout_string(t->lay, lstr, sizeof lstr), t->W, o->zero,
            o->sp, o->micro, o->recompute == 1 ? "full" : o->recompute == 2 ? "selective" : "none",
            dt_dtype_name(o->dtype), (long long)o->batch, (long long)o->seq, t->peak_flops / 1e9);
+    if (o->cp > 1 && o->ulysses) /* dt_parallel.h's >>cp: q, k, v out and the output back, (CP-1)/CP of each */
+        printf("context parallel: cp %d (ulysses), %lld tokens of each sequence per rank (chunks %d and %d of %d), %lld "
+               "heads of the whole sequence in attention; all-to-all sent per rank and layer: %.3f MB forward, %.3f MB "
+               "backward\n", o->cp, (long long)(o->seq / o->cp), t->lay->cp_rank, 2 * o->cp - 1 - t->lay->cp_rank, 2 * o->cp,
+               (long long)(o->heads / o->tp / o->cp),
+               4.0 * (double)(o->cp - 1) / o->cp * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)(o->width / o->tp) * 4 / 1e6,
+               4.0 * (double)(o->cp - 1) / o->cp * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)(o->width / o->tp) * 4 / 1e6);
+    else if (o->cp > 1) /* dt_parallel.h's >>cp: K/V of the two chunks, CP - 1 hops; the backward twice that */
+        printf("context parallel: cp %d (ring), %lld tokens of each sequence per rank (chunks %d and %d of %d); K/V "
+               "sent per rank and layer: %.3f MB forward, %.3f MB backward; attention pairs per rank %lld (%s)\n", o->cp,
+               (long long)(o->seq / o->cp), t->lay->cp_rank, 2 * o->cp - 1 - t->lay->cp_rank, 2 * o->cp,
+               2.0 * (o->cp - 1) * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)(o->width / o->tp) * 4 / 1e6,
+               4.0 * (o->cp - 1) * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)(o->width / o->tp) * 4 / 1e6,
+               (long long)dt_cp_attention_pairs(o->cp, t->lay->cp_rank, o->seq), "per sequence and head, equal on every cp rank");
     if (o->pp > 1) {
         printf("pipeline: pp %d, schedule %s, %d chunk%s per stage, %d micro-batches; blocks per virtual stage:",
                o->pp, dt_pp_kind_name(o->schedule), m->v, m->v > 1 ? "s" : "", o->micro);
@@ -1537,7 +1637,7 @@ static void train_step(trainer *t, dt_opt_step_info *info) {
     for (mi = 0; mi < o->micro && o->pp == 1; mi++) {
         float dloss = 0;
         CHECK(dt_zero_micro_begin(t->m.z, &dloss, mi));
-        load_tokens(&t->a, o, &t->data, t->step * o->batch + t->local_first + mi * t->per_micro, t->per_micro);
+        load_tokens(&t->m, &t->a, o, &t->data, t->step * o->batch + t->local_first + mi * t->per_micro, t->per_micro);
         sums[0] += train_micro(&t->m, &t->a, dloss, o->recompute, t->logging);
     }
     {   /* info (the grad norm, the lr) only for a logging step's line: its read counted apart too;
@@ -1553,8 +1653,9 @@ static void train_step(trainer *t, dt_opt_step_info *info) {
     if (t->step > t->first_step) counters_max(&g_worst, &step);
     else dt_ctx_counters_reset(&t->ctx); /* the first step sets up what the others reuse */
     if (t->logging) {
-        CHECK(dt_comm_allreduce_f64(o->pp > 1 ? t->world : t->lay->dp_comm, sums, 1, DT_REDUCE_SUM));
-        t->loss = sums[0] / ((double)o->micro * t->lay->dp);
+        /* each rank's loss is the mean over its tokens, and every rank of dp x cp holds as many */
+        CHECK(dt_comm_allreduce_f64(o->pp > 1 ? t->world : t->lay->dpcp_comm, sums, 1, DT_REDUCE_SUM));
+        t->loss = sums[0] / ((double)o->micro * t->lay->dp * t->lay->cp);
         if (g_step_losses) g_step_losses[t->step] = t->loss;
     }
     if (t->step == t->first_step) t->act_peak = (double)dt_peak_bytes(&t->ctx) - t->base;
