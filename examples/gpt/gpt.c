@@ -1559,12 +1559,12 @@ static void print_plan(trainer *t) {
                (long long)(o->heads / o->tp / o->cp),
                4.0 * (double)(o->cp - 1) / o->cp * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)(o->width / o->tp) * 4 / 1e6,
                4.0 * (double)(o->cp - 1) / o->cp * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)(o->width / o->tp) * 4 / 1e6);
-    else if (o->cp > 1) /* dt_parallel.h's >>cp: K/V of the two chunks, CP - 1 hops; the backward twice that */
+    else if (o->cp > 1) /* dt_parallel.h's >>cp: K/V of the two chunks, CP - 1 hops; backward K/V again and CP hops of dK/dV */
         printf("context parallel: cp %d (ring), %lld tokens of each sequence per rank (chunks %d and %d of %d); K/V "
                "sent per rank and layer: %.3f MB forward, %.3f MB backward; attention pairs per rank %lld (%s)\n", o->cp,
                (long long)(o->seq / o->cp), t->lay->cp_rank, 2 * o->cp - 1 - t->lay->cp_rank, 2 * o->cp,
                2.0 * (o->cp - 1) * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)(o->width / o->tp) * 4 / 1e6,
-               4.0 * (o->cp - 1) * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)(o->width / o->tp) * 4 / 1e6,
+               2.0 * (2 * o->cp - 1) * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)(o->width / o->tp) * 4 / 1e6,
                (long long)dt_cp_attention_pairs(o->cp, t->lay->cp_rank, o->seq), "per sequence and head, equal on every cp rank");
     if (o->pp > 1) {
         printf("pipeline: pp %d, schedule %s, %d chunk%s per stage, %d micro-batches; blocks per virtual stage:",
