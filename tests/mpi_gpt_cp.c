@@ -7,7 +7,9 @@
    checkpoint within Adam's per-element bound. Layouts: cp 2 and cp 4 alone, cp 2 x tp 2 (with
    and without sequence parallelism), cp 2 x dp 2 with ZeRO 1 and 3, cp 2 with ZeRO 2, full and
    selective recompute, 2 micro-batches, cp 2 x pp 2; the same for Ulysses (--cp-kind ulysses)
-   at cp 2 and 4, with tp 2 and with pp 2. A checkpoint saved at cp 4 resumes at cp 1
+   at cp 2 and 4, with tp 2 and with pp 2; --recompute gemm-last (layernorm and gelu recomputed from
+   the GEMM outputs kept, attention's lse kept instead of its scores) at np 1, with cp 2 (and pp 2),
+   tp 2 with sp and ZeRO 2, and Ulysses cp 4. A checkpoint saved at cp 4 resumes at cp 1
    and one saved at cp 1 resumes at cp 4, both to the straight run's loss and weights (cp changes
    nothing in the weights). Bad cp sizes exit 1 naming the problem. Each rank's attention work
    (pairs scored, printed in the plan line) is the same on every cp rank.
@@ -155,7 +157,12 @@ int main(void) {
     equal_to_np1(2, "--cp 2");
     equal_to_np1(2, "--cp 2 --zero 2 --recompute selective");
     equal_to_np1(2, "--cp 2 --cp-kind ulysses");
+    equal_to_np1(1, "--recompute gemm-last");
+    equal_to_np1(2, "--cp 2 --recompute gemm-last");
     if (!quick) {
+        equal_to_np1(4, "--tp 2 --sp 1 --zero 2 --recompute gemm-last");
+        equal_to_np1(4, "--cp 2 --pp 2 --micro 2 --recompute gemm-last");
+        equal_to_np1(4, "--cp 4 --cp-kind ulysses --zero 1 --recompute gemm-last");
         equal_to_np1(4, "--cp 4");
         equal_to_np1(4, "--cp 2 --tp 2");
         equal_to_np1(4, "--cp 2 --tp 2 --sp 1 --zero 1");

@@ -186,13 +186,15 @@ static dt_trace *g_tr;
 
 /* ---------------------------------------------------------------- flags */
 
+static const char *const RECOMPUTE_NAMES[4] = {"none", "full", "selective", "gemm-last"};
+
 typedef struct opts {
     int64_t steps, batch, seq, sample, stop_at;
     uint64_t seed;
     int layers, heads, width, tp, pp, cp, zero, micro, sp, print_every, ckpt_every, resume, quiet;
     dt_pp_kind schedule;  /* --schedule (pp > 1) */
     int chunks;           /* model chunks per stage: 2 for interleaved, else 1 */
-    int recompute;        /* 0 none, 1 full, 2 selective */
+    int recompute;        /* 0 none, 1 full, 2 selective, 3 gemm-last */
     int ulysses;          /* --cp-kind: 0 ring, 1 ulysses */
     int tf32;             /* --tf32: f32 GEMMs on TF32 tensor cores (cuda) */
     dt_dtype dtype;
@@ -226,7 +228,9 @@ static const char *HELP =
     "  --sp 0|1          sequence parallel over the tp group (0)\n"
     "  --micro N         micro-batches per step (1): gradient accumulation, and the pipeline's m; the loss\n"
     "                    does not depend on it\n"
-    "  --recompute none|full|selective   activation recompute (none)\n"
+    "  --recompute none|full|selective|gemm-last   activation recompute (none); gemm-last keeps every\n"
+    "                    GEMM's output and recomputes only the cheap ops between (layernorm, gelu) and,\n"
+    "                    on the CPU, keeps attention's logsumexp instead of its [T, T] scores\n"
     "  --dtype f32|bf16|f16   parameter dtype; f32 masters inside the optimizer (f32); cuda: f32 or bf16\n"
     "                    (bf16: attention on the tensor cores)\n"
     "  --tf32 0|1        cuda: f32 GEMMs on TF32 tensor cores, ~1e-3 relative (0: exact f32, as the CPU)\n"
@@ -319,7 +323,8 @@ static void parse(opts *o, int argc, char **argv) {
             if (v && !strcmp(v, "none")) o->recompute = 0;
             else if (v && !strcmp(v, "full")) o->recompute = 1;
             else if (v && !strcmp(v, "selective")) o->recompute = 2;
-            else usage("--recompute is none, full or selective");
+            else if (v && !strcmp(v, "gemm-last")) o->recompute = 3;
+            else usage("--recompute is none, full, selective or gemm-last");
         } else if (!strcmp(a, "--tf32")) {
             if (v && (!strcmp(v, "0") || !strcmp(v, "1"))) o->tf32 = v[0] == '1';
             else usage("--tf32 is 0 or 1");
@@ -379,6 +384,8 @@ static const int SP_PARTIAL[6] = {LN1W, LN1B, AOB, LN2W, LN2B, PB};
 typedef struct model {
     int L, H, C, tp, tp_rank, sp, cp, cp_rank;  /* cp: context-parallel ranks (the sequence split) */
     int ulysses;                        /* cp > 1: Ulysses' all-to-all instead of the ring */
+    int lse_attn;                       /* attention through dt_cp_attention_fwd / _bwd (keeps lse, not
+                                           att): the ring at cp > 1, and gemm-last on the CPU at cp 1 */
     int tc;                             /* --device cuda --dtype bf16: GEMMs and attention on tensor cores */
     int64_t T, Tl, V, Vp, Vl, Cl, Hl, Fl;  /* Tl = T / cp: a sequence's rows here; Vl, Cl, Hl, Fl: this rank's
                                           vocab rows, width, heads, 4C */
@@ -440,6 +447,7 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
     memset(m, 0, sizeof *m);
     m->L = o->layers; m->H = o->heads; m->C = o->width; m->T = o->seq; m->V = V; m->Vp = Vp;
     m->cp = lay->cp; m->cp_rank = lay->cp_rank; m->Tl = m->T / m->cp; m->ulysses = m->cp > 1 && o->ulysses;
+    m->lse_attn = !m->ulysses && (m->cp > 1 || (o->recompute == 3 && o->device == DT_CPU));
     m->tp = lay->tp; m->tp_rank = lay->tp_rank; m->sp = o->sp; m->lay = lay;
     m->tc = o->device == DT_CUDA_DEVICE && o->dtype == DT_BF16;
     m->Vl = Vp / tp; m->Cl = C / tp; m->Hl = o->heads / tp; m->Fl = 4 * C / tp;
@@ -531,13 +539,15 @@ static void release(model *m, int unit) { CHECK(dt_zero_release(m->z, unit)); }
    For a local micro-batch of b sequences: N = b T rows, Nl = N / tp under sequence parallelism
    (the rows of the residual stream this rank holds), else N. Per block, what the backward
    reads; --recompute full keeps only each block's input (the rest is one shared set the
-   backward refills), selective shares att [b, H/tp, T, T] and the GELU output. */
+   backward refills), selective shares att [b, H/tp, T, T] and the GELU output, gemm-last shares
+   the inputs of the GEMMs that cheap ops make (ln1, ln2: layernorm; gelu) and keeps the outputs
+   of the GEMMs (qkv, atty, res1, fch) and attention's lse instead of att. */
 
 typedef struct bacts {
     dt_tensor in;                       /* [Nl, C] block input (the residual stream) */
     dt_tensor ln1, ln1m, ln1r, ln1all;  /* ln1all [N, C]: gathered rows (sp) */
     dt_tensor qkv, att, atty;           /* [b, Tl, 3Cl], [b, Hl, T, T], [N, Cl] */
-    dt_tensor lse;                      /* --cp > 1, ring: [b, Hl, Tl], the logsumexp of each row (no att) */
+    dt_tensor lse;                      /* m->lse_attn: [b, Hl, Tl], the logsumexp of each row (no att) */
     dt_tensor uqkv;                     /* ulysses: [b, T, 3Cl/cp] this rank's heads of the whole sequence
                                            (att is then [b, Hl/cp, T, T]) */
     dt_tensor res1;                     /* [Nl, C] x + attention */
@@ -551,7 +561,7 @@ typedef struct bacts {
 typedef struct acts {
     int64_t b, N, Nl;
     bacts *blk;                         /* [L] (views where shared) */
-    bacts shared;                       /* full / selective: the tensors the blocks share */
+    bacts shared;                       /* full / selective / gemm-last: the tensors the blocks share */
     dt_tensor xL, lnf, lnfm, lnfr, lnfall, logits, stats, ids, targets, partial, y_scratch;
     dt_tensor qkv16;                    /* m->tc: qkv in bf16 for the tensor-core attention */
     dt_tensor dres, dln, dxbuf, dall, doutbuf, dqkv, datty, dfch, dgelu, dlogits;
@@ -560,6 +570,7 @@ typedef struct acts {
     dt_tensor hids, htargets;           /* --device cuda: the host side of ids / targets (load_tokens) */
     dt_tensor wids, wtargets;           /* --cp > 1: one whole window [T] (load_tokens takes its chunks) */
     int64_t bytes;                      /* what these tensors hold */
+    int64_t blk_bytes;                  /* of it, what the blocks keep for the backward (the recompute's target) */
 } acts;
 
 static void mk(acts *a, dt_tensor *t, int64_t d0, int64_t d1, int64_t d2, int64_t d3, dt_dtype dt) {
@@ -581,16 +592,23 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
     memset(a, 0, sizeof *a);
     a->b = b; a->N = N; a->Nl = Nl;
     a->blk = (bacts *)dt_alloc(g_ctx, (size_t)m->L * sizeof(bacts));
+    a->blk_bytes = -a->bytes;
     if (!a->blk) CHECK(DT_ERR_OOM);
     memset(a->blk, 0, (size_t)m->L * sizeof(bacts));
     for (l = 0; l < m->L + (recompute ? 1 : 0); l++) {
-        int own_all = recompute == 0 || (recompute == 2 && l < m->L) ;
+        int own_all = recompute == 0 || ((recompute == 2 || recompute == 3) && l < m->L), gl = recompute == 3;
         bacts *x = l < m->L ? &a->blk[l] : &a->shared;
         if (l < m->L && (l < lo || l >= hi)) continue; /* another chunk's */
         if (l < m->L) mk(a, &x->in, Nl, C, 0, 0, DT_F32);
         if (!own_all && recompute == 1 && l < m->L) continue; /* full: the input only */
-        mk(a, &x->ln1, Nl, C, 0, 0, DT_F32); mk(a, &x->ln1m, Nl, 0, 0, 0, DT_F32); mk(a, &x->ln1r, Nl, 0, 0, 0, DT_F32);
-        mk(a, &x->ln2, Nl, C, 0, 0, DT_F32); mk(a, &x->ln2m, Nl, 0, 0, 0, DT_F32); mk(a, &x->ln2r, Nl, 0, 0, 0, DT_F32);
+        if (gl && l == m->L) { /* gemm-last: what the cheap ops remake, one set for all blocks */
+            mk(a, &x->ln1, Nl, C, 0, 0, DT_F32); mk(a, &x->ln2, Nl, C, 0, 0, DT_F32); mk(a, &x->gelu, N, m->Fl, 0, 0, DT_F32);
+            continue;
+        }
+        if (!gl) mk(a, &x->ln1, Nl, C, 0, 0, DT_F32);
+        mk(a, &x->ln1m, Nl, 0, 0, 0, DT_F32); mk(a, &x->ln1r, Nl, 0, 0, 0, DT_F32);
+        if (!gl) mk(a, &x->ln2, Nl, C, 0, 0, DT_F32);
+        mk(a, &x->ln2m, Nl, 0, 0, 0, DT_F32); mk(a, &x->ln2r, Nl, 0, 0, 0, DT_F32);
         mk(a, &x->qkv, b, m->Tl, 3 * m->Cl, 0, DT_F32);
         mk(a, &x->atty, N, m->Cl, 0, 0, DT_F32);
         mk(a, &x->res1, Nl, C, 0, 0, DT_F32);
@@ -599,13 +617,18 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
             if (m->ulysses) {
                 mk(a, &x->uqkv, b, m->T, 3 * m->Cl / m->cp, 0, DT_F32);
                 mk(a, &x->att, b, m->Hl / m->cp, m->T, m->T, DT_F32);
-            } else if (m->cp > 1) mk(a, &x->lse, b, m->Hl, m->Tl, 0, DT_F32); /* ring attention: no [T, T] */
+            } else if (m->lse_attn) mk(a, &x->lse, b, m->Hl, m->Tl, 0, DT_F32); /* ring / lse attention: no [T, T] */
             else if (!m->tc) mk(a, &x->att, b, m->Hl, m->T, m->T, DT_F32);
-            mk(a, &x->gelu, N, m->Fl, 0, 0, DT_F32);
+            if (!gl) mk(a, &x->gelu, N, m->Fl, 0, 0, DT_F32);
         }
     }
+    a->blk_bytes += a->bytes;
     for (l = lo; l < hi && recompute; l++) { /* the shared tensors, as views */
         bacts *x = &a->blk[l], *s = &a->shared;
+        if (recompute == 3) { /* gemm-last: each block keeps the rest */
+            x->ln1 = share(&s->ln1); x->ln2 = share(&s->ln2); x->gelu = share(&s->gelu);
+            continue;
+        }
         if (recompute == 1) {
             dt_tensor in = x->in;
             *x = *s;
@@ -712,7 +735,8 @@ static void attn_fwd(model *m, acts *a, bacts *x, dt_tensor *out) {
         OP("cp attention fwd", dt_cp_ulysses_fwd(m->lay, out, &x->uqkv, &x->att, &x->qkv, (int)m->Hl));
         return;
     }
-    if (m->cp > 1) { /* ring attention over the cp group: the other ranks' K/V come to this one */
+    if (m->lse_attn) { /* ring attention over the cp group (the other ranks' K/V come to this one); at
+                          cp 1 the same code is causal attention keeping lse, not the [T, T] scores */
         OP("cp attention fwd", dt_cp_attention_fwd(m->lay, out, &x->lse, &x->qkv, (int)m->Hl, 0));
         return;
     }
@@ -726,7 +750,7 @@ static void attn_bwd(model *m, acts *a, bacts *x, dt_tensor *dout, const dt_tens
         OP("cp attention bwd", dt_cp_ulysses_bwd(m->lay, &a->dqkv, dout, &x->uqkv, &x->att, (int)m->Hl));
         return;
     }
-    if (m->cp > 1) {
+    if (m->lse_attn) {
         OP("cp attention bwd", dt_cp_attention_bwd(m->lay, &a->dqkv, dout, &x->qkv, out, &x->lse, (int)m->Hl, 0));
         return;
     }
@@ -810,6 +834,11 @@ static void block_bwd_part(model *m, acts *a, bacts *x, int l, int recompute, in
     qkv_lin ql;
     int64_t s3[3];
     int j;
+    if (recompute == 3) { /* gemm-last: the GEMMs' inputs the cheap ops made, from the outputs kept */
+        COMPUTE("layernorm fwd", dt_layernorm_fwd(g_ctx, &x->ln1, &x->ln1m, &x->ln1r, &x->in, VAL(m, BP(m, l, LN1W)), VAL(m, BP(m, l, LN1B)), 1e-5f));
+        COMPUTE("layernorm fwd", dt_layernorm_fwd(g_ctx, &x->ln2, &x->ln2m, &x->ln2r, &x->res1, VAL(m, BP(m, l, LN2W)), VAL(m, BP(m, l, LN2B)), 1e-5f));
+        COMPUTE("gelu fwd", dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
+    }
     if (recompute == 1) block_fwd(m, a, x, l, &a->y_scratch);
     else if (m->sp) { /* the blocks share one gathered copy: this block's rows again */
         OP("sp gather", dt_sp_gather_rows(lay, &x->ln1all, &x->ln1));
@@ -1550,8 +1579,19 @@ static void print_plan(trainer *t) {
            (long long)t->data.n_tokens);
     printf("layout %s on %d ranks, zero %d, sp %d, micro %d, recompute %s, dtype %s; global batch %lld x %lld "
            "tokens; GEMM peak %.1f GFLOP/s (all ranks)\n", dt_layout_string(t->lay, lstr, sizeof lstr), t->W, o->zero,
-           o->sp, o->micro, o->recompute == 1 ? "full" : o->recompute == 2 ? "selective" : "none",
+           o->sp, o->micro, RECOMPUTE_NAMES[o->recompute],
            dt_dtype_name(o->dtype), (long long)o->batch, (long long)o->seq, t->peak_flops / 1e9);
+    if (o->recompute || m->lse_attn) { /* what the backward computes twice, in llm.c's units: GEMM FLOPs (the
+                                          block's 12C^2 + 13C params twice per token, attention's 2CT), the
+                                          elementwise ops (layernorm, gelu, softmax's exp) not counted */
+        double L = o->layers, C = o->width, T = (double)o->seq, blk = 2.0 * L * (12.0 * C * C + 13.0 * C);
+        double again = o->recompute == 1 ? blk + 2.0 * L * C * T : o->recompute == 2 ? 2.0 * L * C * T : 0.0;
+        double qk = m->lse_attn ? L * C * T : 0.0; /* lse attention's backward makes P from Q K^T again */
+        printf("recompute %s: the backward computes again %.3g GFLOP per step, %.2f%% of the step's %.3g GFLOP "
+               "(6N + 6LCT per token)%s\n", RECOMPUTE_NAMES[o->recompute], (again + qk) * (double)o->batch * T / 1e9,
+               100.0 * (again + qk) / t->flops_per_token, t->flops_per_token * (double)o->batch * T / 1e9,
+               qk > 0 ? "; of it Q K^T in attention's backward (lse kept, not the [T, T] scores): LCT per token" : "");
+    }
     if (o->cp > 1 && o->ulysses) /* dt_parallel.h's >>cp: q, k, v out and the output back, (CP-1)/CP of each */
         printf("context parallel: cp %d (ulysses), %lld tokens of each sequence per rank (chunks %d and %d of %d), %lld "
                "heads of the whole sequence in attention; all-to-all sent per rank and layer: %.3f MB forward, %.3f MB "
@@ -1702,9 +1742,9 @@ static void report(trainer *t) {
     CHECK(dt_zero_memory_get(t->m.z, &zm));
     if (g_rank == 0 && !o->quiet && trained)
         printf("activation memory per rank: %.2f MB peak above the model and optimizer in step 1 (dt_peak_bytes; "
-               "recompute %s, sp %d; the activation tensors %.2f MB, ZeRO's transient buffers the rest); "
-               "dt_zero's peak %.2f MB\n", t->act_peak / 1e6, o->recompute == 1 ? "full" : o->recompute == 2 ?
-               "selective" : "none", o->sp, t->a.bytes / 1e6, zm.peak_bytes / 1e6);
+               "recompute %s, sp %d; the activation tensors %.2f MB, of them the blocks' saved for the backward "
+               "%.2f MB; ZeRO's transient buffers the rest); dt_zero's peak %.2f MB\n", t->act_peak / 1e6,
+               RECOMPUTE_NAMES[o->recompute], o->sp, t->a.bytes / 1e6, t->a.blk_bytes / 1e6, zm.peak_bytes / 1e6);
     if (o->pp > 1 && g_rank == 0 && !o->quiet && trained)
         printf("pipeline: stage 0 held at most %d micro-batches' activations (the schedule's bound %d), %.2f MB of "
                "them and the runtime's buffers at its peak\n", t->pp_peak, t->rs.bound, t->rs.peak_ctx_bytes / 1e6);
