@@ -524,6 +524,15 @@ DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, c
                                   int n_head);
 DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor *dout,
                                   const dt_tensor *qkv, const dt_tensor *att, int n_head);
+/* Grouped-query attention (n_kv_head K dividing n_head H; K = H is dt_attention_fwd): qkv
+   [B, T, (H + 2K) hs] holds each row's H query heads, then K key heads, then K value heads;
+   query head h reads kv head h / (H / K). out [B, T, H hs], att [B, H, T, T] as above; the
+   backward adds each group's query heads into their one dK, dV in head order. CPU tensors;
+   on CUDA K != H is DT_ERR_UNSUPPORTED for now (the kernels are multi-head only). */
+DT_API dt_status dt_attention_gqa_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv,
+                                      int n_head, int n_kv_head);
+DT_API dt_status dt_attention_gqa_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor *dout,
+                                      const dt_tensor *qkv, const dt_tensor *att, int n_head, int n_kv_head);
 /* Attention of a block of query rows against a block of key / value rows, with the logsumexp of
    each row, merged into what earlier blocks gave (the online softmax): the piece context
    parallelism computes at each step of its ring (dt_parallel.h's dt_cp_attention_*). dt_attention
@@ -3289,19 +3298,38 @@ DT_API dt_status dt_embedding_bwd(dt_ctx *ctx, dt_tensor *dtable, const dt_tenso
 
 /* ---------------------------------------------------------------- attention */
 
+/* The sizes of an attention call: qkv [B, T, W], W = (H + 2 Hkv) hs; C = H hs (q and out), Ckv = Hkv hs. */
+typedef struct dt__attn_dim { int64_t B, T, W, C, Ckv, hs; int H, Hkv; } dt__attn_dim;
+
 static dt_status dt__attn_check(dt_ctx *ctx, const dt_tensor *o, const dt_tensor *att, const dt_tensor *qkv,
-                                int n_head, const char *fn, const char *on) {
+                                int n_head, int n_kv_head, const char *fn, const char *on, dt__attn_dim *g) {
     int64_t B, T, C;
     DT__TRY(dt__f32(ctx, qkv, fn, "qkv"));
     DT__TRY(dt__f32(ctx, o, fn, on));
     DT__TRY(dt__f32(ctx, att, fn, "att"));
     DT__TRY(dt__ndim(ctx, qkv, 3, 3, fn, "qkv"));
-    B = qkv->shape[0]; T = qkv->shape[1]; C = qkv->shape[2] / 3;
-    if (qkv->shape[2] % 3)
-        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: qkv.shape[2] = %lld is not 3*C", fn, (long long)qkv->shape[2]);
-    if (n_head <= 0 || C % n_head)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n_head = %d must be > 0 and divide C = %lld", fn, n_head,
-                                (long long)C);
+    B = qkv->shape[0]; T = qkv->shape[1];
+    if (n_kv_head == n_head) { /* the packed q | k | v of equal widths */
+        C = qkv->shape[2] / 3;
+        if (qkv->shape[2] % 3)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: qkv.shape[2] = %lld is not 3*C", fn, (long long)qkv->shape[2]);
+        if (n_head <= 0 || C % n_head)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n_head = %d must be > 0 and divide C = %lld", fn, n_head,
+                                    (long long)C);
+        g->hs = C / n_head;
+    } else {
+        int64_t per = (int64_t)n_head + 2 * (int64_t)n_kv_head;
+        if (n_head <= 0 || n_kv_head <= 0 || n_head % n_kv_head)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n_head = %d, n_kv_head = %d; expected n_head > 0 and n_kv_head "
+                                    "> 0 dividing it", fn, n_head, n_kv_head);
+        if (qkv->shape[2] % per)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: qkv.shape[2] = %lld is not (n_head + 2 n_kv_head) x head "
+                                    "size = %lld x head size", fn, (long long)qkv->shape[2], (long long)per);
+        g->hs = qkv->shape[2] / per;
+        C = g->hs * n_head;
+    }
+    g->B = B; g->T = T; g->W = qkv->shape[2]; g->C = C; g->H = n_head; g->Hkv = n_kv_head;
+    g->Ckv = g->hs * n_kv_head;
     DT__TRY(dt__ndim(ctx, o, 3, 3, fn, on));
     if (o->shape[0] != B || o->shape[1] != T || o->shape[2] != C) {
         char s[96];
@@ -3352,27 +3380,46 @@ static void dt__att_softmax_bwd_row(float *d, const float *p, int64_t t, int64_t
     if (m < n) memset(d + m, 0, (size_t)(n - m) * sizeof(float));
 }
 
+#ifdef DT_CUDA
+/* A CUDA tensor with n_kv_head != n_head: the kernels are MHA only for now. */
+static dt_status dt__attn_gqa_cuda(dt_ctx *ctx, int n_head, int n_kv_head, const char *fn) {
+    return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: n_kv_head = %d != n_head = %d on cuda tensors; the CUDA "
+                            "attention kernels are multi-head only for now (grouped-query runs on the CPU)", fn,
+                            n_kv_head, n_head);
+}
+#endif
+
 DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv, int n_head) {
-    int64_t B, T, C, hs, b, r0, t;
+    return dt_attention_gqa_fwd(ctx, out, att, qkv, n_head, n_head);
+}
+
+DT_API dt_status dt_attention_gqa_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv, int n_head,
+                                      int n_kv_head) {
+    const char *fn = n_kv_head == n_head ? "dt_attention_fwd" : "dt_attention_gqa_fwd";
+    dt__attn_dim g;
+    int64_t T, W, C, hs, b, r0, t;
     int h;
     float scale;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
-    if (dt__cu(out) || dt__cu(att) || dt__cu(qkv)) return dt__cu_attention_fwd(ctx, out, att, qkv, n_head);
+    if (dt__cu(out) || dt__cu(att) || dt__cu(qkv)) {
+        if (n_kv_head != n_head) return dt__attn_gqa_cuda(ctx, n_head, n_kv_head, fn);
+        return dt__cu_attention_fwd(ctx, out, att, qkv, n_head);
+    }
 #endif
-    DT__TRY(dt__attn_check(ctx, out, att, qkv, n_head, "dt_attention_fwd", "out"));
-    B = qkv->shape[0]; T = qkv->shape[1]; C = qkv->shape[2] / 3; hs = C / n_head;
+    DT__TRY(dt__attn_check(ctx, out, att, qkv, n_head, n_kv_head, fn, "out", &g));
+    T = g.T; W = g.W; C = g.C; hs = g.hs;
     scale = hs ? 1.0f / sqrtf((float)hs) : 0.0f; /* C = 0: no features, uniform attention */
-    for (b = 0; b < B; b++)
-        for (h = 0; h < n_head; h++) {
-            const float *q = DT__CF(qkv) + b * T * 3 * C + h * hs, *k = q + C, *v = q + 2 * C;
+    for (b = 0; b < g.B; b++)
+        for (h = 0; h < n_head; h++) { /* query head h reads kv head h / (H / Hkv) */
+            const float *q = DT__CF(qkv) + b * T * W + h * hs;
+            const float *k = DT__CF(qkv) + b * T * W + C + (h / (n_head / n_kv_head)) * hs, *v = k + g.Ckv;
             float *a = DT__F(att) + (b * n_head + h) * T * T, *o = DT__F(out) + b * T * C + h * hs;
             for (r0 = 0; r0 < T; r0 += DT__ATT_RB) { /* rows r0..r1-1 see keys 0..r1-1 */
                 int64_t r1 = T - r0 < DT__ATT_RB ? T : r0 + DT__ATT_RB;
-                DT__TRY(dt__gemm(ctx, 0, 1, r1 - r0, r1, hs, scale, q + r0 * 3 * C, 3 * C, k, 3 * C, 0.0f,
-                                 a + r0 * T, T));
+                DT__TRY(dt__gemm(ctx, 0, 1, r1 - r0, r1, hs, scale, q + r0 * W, W, k, W, 0.0f, a + r0 * T, T));
                 for (t = r0; t < r1; t++) dt__att_softmax_row(a + t * T, t, T);
-                DT__TRY(dt__gemm(ctx, 0, 0, r1 - r0, hs, r1, 1.0f, a + r0 * T, T, v, 3 * C, 0.0f, o + r0 * C, C));
+                DT__TRY(dt__gemm(ctx, 0, 0, r1 - r0, hs, r1, 1.0f, a + r0 * T, T, v, W, 0.0f, o + r0 * C, C));
             }
         }
     return DT_OK;
@@ -3384,20 +3431,31 @@ DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, c
    once the scratch has grown. */
 DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor *dout, const dt_tensor *qkv,
                                   const dt_tensor *att, int n_head) {
-    const char *fn = "dt_attention_bwd";
-    int64_t B, T, C, hs, b, r0, t;
+    return dt_attention_gqa_bwd(ctx, dqkv, dout, qkv, att, n_head, n_head);
+}
+
+/* Under grouped-query attention the H / Hkv query heads of a group add into one dK, dV, head after
+   head (h in order), so the sums are in a fixed order. */
+DT_API dt_status dt_attention_gqa_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor *dout, const dt_tensor *qkv,
+                                      const dt_tensor *att, int n_head, int n_kv_head) {
+    const char *fn = n_kv_head == n_head ? "dt_attention_bwd" : "dt_attention_gqa_bwd";
+    dt__attn_dim g;
+    int64_t B, T, W, C, hs, b, r0, t;
     size_t TT;
     int h;
     float scale, *ds;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
-    if (dt__cu(dqkv) || dt__cu(dout) || dt__cu(qkv) || dt__cu(att)) return dt__cu_attention_bwd(ctx, dqkv, dout, qkv, att, n_head);
+    if (dt__cu(dqkv) || dt__cu(dout) || dt__cu(qkv) || dt__cu(att)) {
+        if (n_kv_head != n_head) return dt__attn_gqa_cuda(ctx, n_head, n_kv_head, fn);
+        return dt__cu_attention_bwd(ctx, dqkv, dout, qkv, att, n_head);
+    }
 #endif
-    DT__TRY(dt__attn_check(ctx, dout, att, qkv, n_head, fn, "dout"));
+    DT__TRY(dt__attn_check(ctx, dout, att, qkv, n_head, n_kv_head, fn, "dout", &g));
     if (!dqkv) return DT_OK;
     DT__TRY(dt__f32(ctx, dqkv, fn, "dqkv"));
     DT__TRY(dt__same(ctx, dqkv, qkv, fn, "dqkv", "qkv"));
-    B = qkv->shape[0]; T = qkv->shape[1]; C = qkv->shape[2] / 3; hs = C / n_head;
+    B = g.B; T = g.T; W = g.W; C = g.C; hs = g.hs;
     if (B == 0 || T == 0) return DT_OK;
     scale = hs ? 1.0f / sqrtf((float)hs) : 0.0f; /* C = 0: no features, uniform attention */
     TT = (size_t)T * (size_t)T; /* fits: att has B*H*T*T elements */
@@ -3405,21 +3463,22 @@ DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor 
     ds = ctx->scratch + DT__GEMM_SCRATCH;
     for (b = 0; b < B; b++)
         for (h = 0; h < n_head; h++) {
-            const float *q = DT__CF(qkv) + b * T * 3 * C + h * hs, *k = q + C, *v = q + 2 * C;
-            const float *p = DT__CF(att) + (b * n_head + h) * T * T, *g = DT__CF(dout) + b * T * C + h * hs;
-            float *dq = DT__F(dqkv) + b * T * 3 * C + h * hs, *dk = dq + C, *dv = dq + 2 * C;
+            int64_t kvo = C + (h / (n_head / n_kv_head)) * hs; /* this head's k column in a row */
+            const float *q = DT__CF(qkv) + b * T * W + h * hs, *k = DT__CF(qkv) + b * T * W + kvo, *v = k + g.Ckv;
+            const float *p = DT__CF(att) + (b * n_head + h) * T * T, *gr = DT__CF(dout) + b * T * C + h * hs;
+            float *dq = DT__F(dqkv) + b * T * W + h * hs, *dk = DT__F(dqkv) + b * T * W + kvo, *dv = dk + g.Ckv;
             for (r0 = 0; r0 < T; r0 += DT__ATT_RB) { /* query rows r0..r1-1, key columns 0..r1-1 */
                 int64_t r1 = T - r0 < DT__ATT_RB ? T : r0 + DT__ATT_RB;
-                DT__TRY(dt__gemm(ctx, 0, 1, r1 - r0, r1, hs, 1.0f, g + r0 * C, C, v, 3 * C, 0.0f, ds + r0 * T, T));
+                DT__TRY(dt__gemm(ctx, 0, 1, r1 - r0, r1, hs, 1.0f, gr + r0 * C, C, v, W, 0.0f, ds + r0 * T, T));
                 for (t = r0; t < r1; t++) dt__att_softmax_bwd_row(ds + t * T, p + t * T, t, r1, scale);
-                DT__TRY(dt__gemm(ctx, 0, 0, r1 - r0, hs, r1, 1.0f, ds + r0 * T, T, k, 3 * C, 1.0f, dq + r0 * 3 * C, 3 * C));
+                DT__TRY(dt__gemm(ctx, 0, 0, r1 - r0, hs, r1, 1.0f, ds + r0 * T, T, k, W, 1.0f, dq + r0 * W, W));
             }
             for (r0 = 0; r0 < T; r0 += DT__ATT_RB) { /* key rows r0..r1-1 see query rows r0..T-1 */
                 int64_t r1 = T - r0 < DT__ATT_RB ? T : r0 + DT__ATT_RB;
-                DT__TRY(dt__gemm(ctx, 1, 0, r1 - r0, hs, T - r0, 1.0f, p + r0 * T + r0, T, g + r0 * C, C, 1.0f,
-                                 dv + r0 * 3 * C, 3 * C));
-                DT__TRY(dt__gemm(ctx, 1, 0, r1 - r0, hs, T - r0, 1.0f, ds + r0 * T + r0, T, q + r0 * 3 * C, 3 * C,
-                                 1.0f, dk + r0 * 3 * C, 3 * C));
+                DT__TRY(dt__gemm(ctx, 1, 0, r1 - r0, hs, T - r0, 1.0f, p + r0 * T + r0, T, gr + r0 * C, C, 1.0f,
+                                 dv + r0 * W, W));
+                DT__TRY(dt__gemm(ctx, 1, 0, r1 - r0, hs, T - r0, 1.0f, ds + r0 * T + r0, T, q + r0 * W, W,
+                                 1.0f, dk + r0 * W, W));
             }
         }
     return DT_OK;
@@ -4180,7 +4239,10 @@ static dt_status dt__cu_att_like(dt_ctx *ctx, dt_tensor *like, const dt_tensor *
         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: qkv has B = %lld, T = %lld: B * n_head * T * T overflows int64",
                                 fn, (long long)qkv->shape[0], (long long)qkv->shape[1]);
     if (like->numel < 0) like->shape[0] = like->shape[1] = like->shape[2] = like->shape[3] = like->numel = 0;
-    DT__TRY(dt__attn_check(ctx, o, like, qkv, n_head, fn, on));
+    {
+        dt__attn_dim g;
+        DT__TRY(dt__attn_check(ctx, o, like, qkv, n_head, n_head, fn, on, &g));
+    }
     hs = qkv->shape[2] / 3 / n_head;
     if (hs > 96)
         return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: att is NULL (the fused kernels) with head size C / n_head "
@@ -4192,7 +4254,8 @@ static dt_status dt__cu_att_like(dt_ctx *ctx, dt_tensor *like, const dt_tensor *
 static dt_status dt__cu_att_check(dt_ctx *ctx, const dt_tensor *y, const dt_tensor *sa, const dt_tensor *sq, int n_head,
                                   const char *fn, const char *yn) {
     dt_tensor like;
-    if (sa) return dt__attn_check(ctx, y, sa, sq, n_head, fn, yn);
+    dt__attn_dim g;
+    if (sa) return dt__attn_check(ctx, y, sa, sq, n_head, n_head, fn, yn, &g);
     return dt__cu_att_like(ctx, &like, y, sq, n_head, fn, yn);
 }
 
