@@ -531,15 +531,16 @@ DT_API dt_status dt_cp_attention_fwd(dt_layout *l, dt_tensor *out, dt_tensor *ls
 /* dqkv += the gradient of qkv, from dout and the forward's qkv, out and lse. */
 DT_API dt_status dt_cp_attention_bwd(dt_layout *l, dt_tensor *dqkv, const dt_tensor *dout, const dt_tensor *qkv,
                                      const dt_tensor *out, const dt_tensor *lse, int n_head, int n_kv_head);
-/* Ulysses over l->cp_comm (n_head % CP == 0, else DT_ERR_ARG): uqkv [B, T, 3 C/CP] receives this
-   rank's heads (h = cp_rank H/CP ...) of the whole sequence in position order, att [B, H/CP, T, T]
-   their scores (both kept for the backward), out [B, T/CP, C] (written) this rank's rows of every
-   head; qkv [B, T/CP, 3C] (C = H hs). */
+/* Ulysses over l->cp_comm (n_head and n_kv_head divisible by CP, else DT_ERR_ARG): uqkv
+   [B, T, (H + 2 Hkv) hs / CP] receives this rank's query heads (cp_rank H/CP ...) and kv heads
+   (cp_rank Hkv/CP ...) of the whole sequence in position order, att [B, H/CP, T, T] their scores
+   (both kept for the backward), out [B, T/CP, H hs] (written) this rank's rows of every head;
+   qkv [B, T/CP, (H + 2 Hkv) hs] (n_kv_head 0 = n_head). Attention is dt_attention_gqa_fwd's. */
 DT_API dt_status dt_cp_ulysses_fwd(dt_layout *l, dt_tensor *out, dt_tensor *uqkv, dt_tensor *att,
-                                   const dt_tensor *qkv, int n_head);
+                                   const dt_tensor *qkv, int n_head, int n_kv_head);
 /* dqkv += the gradient of qkv, from dout and the forward's uqkv and att. */
 DT_API dt_status dt_cp_ulysses_bwd(dt_layout *l, dt_tensor *dqkv, const dt_tensor *dout, const dt_tensor *uqkv,
-                                   const dt_tensor *att, int n_head);
+                                   const dt_tensor *att, int n_head, int n_kv_head);
 /* What this rank's last ring forward computed: (query, key) pairs per sequence and head, summed
    over the blocks it ran (0 before one). */
 DT_API int64_t dt_cp_pairs_done(const dt_layout *l);
@@ -3030,16 +3031,15 @@ static dt_status dt__cp_qkv(dt_layout *l, dt__cp_dim *g, const dt_tensor *qkv, i
     DT__TRY(dt__cp_f32(ctx, qkv, fn, "qkv"));
     g->H = n_head;
     g->Hkv = n_kv_head ? n_kv_head : n_head;
-    if (n_head <= 0 || g->Hkv <= 0 || n_head % g->Hkv || (ulysses && g->Hkv != n_head))
+    if (n_head <= 0 || g->Hkv <= 0 || n_head % g->Hkv)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n_head = %d, n_kv_head = %d; expected n_head > 0 and n_kv_head "
-                                "(0 = n_head) %s", fn, n_head, n_kv_head,
-                                ulysses ? "= n_head (Ulysses takes a packed q | k | v of equal widths)"
-                                        : "> 0 dividing it");
+                                "(0 = n_head) > 0 dividing it", fn, n_head, n_kv_head);
     g->cp = l->cp;
     g->r = l->cp_rank;
-    if (ulysses && n_head % g->cp)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n_head = %d heads do not divide over cp = %d; Ulysses gives each "
-                                "cp rank n_head / cp heads (use the ring, dt_cp_attention_fwd)", fn, n_head, g->cp);
+    if (ulysses && (n_head % g->cp || g->Hkv % g->cp))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n_head = %d, n_kv_head = %d heads do not divide over cp = %d; "
+                                "Ulysses gives each cp rank n_head / cp query and n_kv_head / cp kv heads (use the "
+                                "ring, dt_cp_attention_fwd)", fn, n_head, g->Hkv, g->cp);
     per = (int64_t)g->H + 2 * (int64_t)g->Hkv;
     if (qkv->ndim != 3 || qkv->shape[2] % per)
         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: qkv shape %s; expected [B, T / cp, (n_head + 2 n_kv_head) x "
@@ -3195,16 +3195,30 @@ DT_API dt_status dt_cp_attention_bwd(dt_layout *l, dt_tensor *dqkv, const dt_ten
 
 /* ---- Ulysses: the two all-to-alls and the row moves around them */
 
-/* Sequence shards to head shards. snd block j (to cp rank j): this rank's rows, the columns
-   off + j w + [0, w) of each of the `parts` column groups of width C (stride C) of x [B, Tl, parts C]
-   -> a block of [B, Tl, parts w]. */
-static void dt__uly_pack_cols(float *snd, const dt_tensor *x, const dt__cp_dim *g, int parts, int64_t w) {
-    int64_t j, n, p, rows = g->B * g->Tl, W = x->shape[2];
-    for (j = 0; j < g->cp; j++)
+/* Head group j's columns of a row: of a qkv row (qkv = 1) its q, k and v heads, three parts; of an
+   out row its heads, one part. Returns the parts; off[] their columns in the row, w[] widths. */
+static int dt__uly_parts(const dt__cp_dim *g, int qkv, int64_t j, int64_t *off, int64_t *w) {
+    int64_t Cu = g->C / g->cp, Ku = g->Ckv / g->cp;
+    off[0] = j * Cu; w[0] = Cu;
+    if (!qkv) return 1;
+    off[1] = g->C + j * Ku; w[1] = Ku;
+    off[2] = g->C + g->Ckv + j * Ku; w[2] = Ku;
+    return 3;
+}
+
+/* Sequence shards to head shards. snd block j (to cp rank j): this rank's rows [B, Tl], each
+   row's columns of head group j (dt__uly_parts), packed: [B, Tl, width of the parts]. */
+static void dt__uly_pack_cols(float *snd, const dt_tensor *x, const dt__cp_dim *g, int qkv) {
+    int64_t j, n, off[3], w[3], rows = g->B * g->Tl, W = x->shape[2];
+    int p, np;
+    for (j = 0; j < g->cp; j++) {
+        np = dt__uly_parts(g, qkv, j, off, w);
         for (n = 0; n < rows; n++)
-            for (p = 0; p < parts; p++)
-                memcpy(snd + ((j * rows + n) * parts + p) * w, (const float *)x->data + n * W + p * g->C + j * w,
-                       (size_t)w * sizeof(float));
+            for (p = 0; p < np; p++) {
+                memcpy(snd, (const float *)x->data + n * W + off[p], (size_t)w[p] * sizeof(float));
+                snd += w[p];
+            }
+    }
 }
 
 /* rcv block i (from cp rank i: its rows, width w each) into the rows of y [B, T, w] at their positions. */
@@ -3228,18 +3242,21 @@ static void dt__uly_pack_rows(float *snd, const dt_tensor *x, const dt__cp_dim *
                        (size_t)w * sizeof(float));
 }
 
-/* rcv block j (head group j of this rank's rows, [B, Tl, parts w]) into the columns of y
-   [B, Tl, parts C]: written (add = 0) or added. */
-static void dt__uly_unpack_cols(dt_tensor *y, const float *rcv, const dt__cp_dim *g, int parts, int64_t w, int add) {
-    int64_t j, n, p, c, rows = g->B * g->Tl, W = y->shape[2];
-    for (j = 0; j < g->cp; j++)
+/* rcv block j (head group j of this rank's rows, as dt__uly_pack_cols packs them) into the
+   columns of y [B, Tl, W]: written (add = 0) or added. */
+static void dt__uly_unpack_cols(dt_tensor *y, const float *rcv, const dt__cp_dim *g, int qkv, int add) {
+    int64_t j, n, c, off[3], w[3], rows = g->B * g->Tl, W = y->shape[2];
+    int p, np;
+    for (j = 0; j < g->cp; j++) {
+        np = dt__uly_parts(g, qkv, j, off, w);
         for (n = 0; n < rows; n++)
-            for (p = 0; p < parts; p++) {
-                float *yr = (float *)y->data + n * W + p * g->C + j * w;
-                const float *xr = rcv + ((j * rows + n) * parts + p) * w;
-                if (!add) memcpy(yr, xr, (size_t)w * sizeof(float));
-                else for (c = 0; c < w; c++) yr[c] += xr[c];
+            for (p = 0; p < np; p++) {
+                float *yr = (float *)y->data + n * W + off[p];
+                if (!add) memcpy(yr, rcv, (size_t)w[p] * sizeof(float));
+                else for (c = 0; c < w[p]; c++) yr[c] += rcv[c];
+                rcv += w[p];
             }
+    }
 }
 
 /* The all-to-all of the first `numel` floats of k->snd into k->rcv. */
@@ -3250,19 +3267,20 @@ static dt_status dt__uly_a2a(dt_layout *l, int64_t numel) {
     return dt_comm_alltoall(l->cp_comm, &out, &in);
 }
 
-/* Checks and buffers of both directions: uqkv [B, T, 3 Cu], att [B, H/cp, T, T]. */
-static dt_status dt__uly_setup(dt_layout *l, dt__cp_dim *g, const dt_tensor *x, const char *xn, int64_t xw,
+/* Checks and buffers of both directions: uqkv [B, T, W / cp], att [B, H/cp, T, T]. */
+static dt_status dt__uly_setup(dt_layout *l, dt__cp_dim *g, const dt_tensor *x, const char *xn, int out_like,
                                const dt_tensor *uqkv, const dt_tensor *att, const dt_tensor *qkv_like, int n_head,
-                               const char *fn) {
+                               int n_kv_head, const char *fn) {
     dt__cp_keep *k;
     int64_t Cu;
     DT__TRY(dt__cp_begin(l, fn));
-    DT__TRY(dt__cp_qkv(l, g, qkv_like, n_head, 0, 1, fn));
+    DT__TRY(dt__cp_qkv(l, g, qkv_like, n_head, n_kv_head, 1, fn));
     Cu = g->C / g->cp;
     DT__TRY(dt__cp_f32(l->ctx, x, fn, xn));
-    DT__TRY(dt__cp_shape(l->ctx, x, g->B, g->Tl, xw, fn, xn, "B, T / cp and qkv's or its output's width"));
+    DT__TRY(dt__cp_shape(l->ctx, x, g->B, g->Tl, out_like ? g->C : g->W, fn, xn,
+                         out_like ? "B, T / cp, n_head x head size" : "B, T / cp, (n_head + 2 n_kv_head) x head size"));
     DT__TRY(dt__cp_f32(l->ctx, uqkv, fn, "uqkv"));
-    DT__TRY(dt__cp_shape(l->ctx, uqkv, g->B, g->T, 3 * Cu, fn, "uqkv", "B, T, 3 C / cp"));
+    DT__TRY(dt__cp_shape(l->ctx, uqkv, g->B, g->T, g->W / g->cp, fn, "uqkv", "B, T, (n_head + 2 n_kv_head) x head size / cp"));
     DT__TRY(dt__cp_f32(l->ctx, att, fn, "att"));
     if (att->ndim != 4 || att->shape[0] != g->B || att->shape[1] != g->H / g->cp || att->shape[2] != g->T ||
         att->shape[3] != g->T) {
@@ -3278,49 +3296,49 @@ static dt_status dt__uly_setup(dt_layout *l, dt__cp_dim *g, const dt_tensor *x, 
 }
 
 DT_API dt_status dt_cp_ulysses_fwd(dt_layout *l, dt_tensor *out, dt_tensor *uqkv, dt_tensor *att,
-                                   const dt_tensor *qkv, int n_head) {
+                                   const dt_tensor *qkv, int n_head, int n_kv_head) {
     const char *fn = "dt_cp_ulysses_fwd";
     dt__cp_dim g;
     dt__cp_keep *k;
     dt_status st;
     int64_t Cu;
-    DT__TRY(dt__uly_setup(l, &g, qkv, "qkv", qkv ? qkv->shape[2] : 0, uqkv, att, qkv, n_head, fn));
+    DT__TRY(dt__uly_setup(l, &g, qkv, "qkv", 0, uqkv, att, qkv, n_head, n_kv_head, fn));
     DT__TRY(dt__cp_f32(l->ctx, out, fn, "out"));
     DT__TRY(dt__cp_shape(l->ctx, out, g.B, g.Tl, g.C, fn, "out", "B, T / cp, n_head x head size"));
     k = l->cp_keep;
     Cu = g.C / g.cp;
     /* q, k, v of head group j to rank j; this rank's heads of every rank's rows, by position */
-    dt__uly_pack_cols((float *)k->snd.data, qkv, &g, 3, Cu);
+    dt__uly_pack_cols((float *)k->snd.data, qkv, &g, 1);
     DT__TRY(dt__uly_a2a(l, qkv->numel));
-    dt__uly_unpack_rows(uqkv, (const float *)k->rcv.data, &g, 3 * Cu);
+    dt__uly_unpack_rows(uqkv, (const float *)k->rcv.data, &g, g.W / g.cp);
     /* the whole sequence's causal attention on H / cp heads; a failure still runs the all-to-all
        back, so no rank waits for this one */
-    st = dt_attention_fwd(l->ctx, &k->uo, att, uqkv, g.H / g.cp);
+    st = dt_attention_gqa_fwd(l->ctx, &k->uo, att, uqkv, g.H / g.cp, g.Hkv / g.cp);
     dt__uly_pack_rows((float *)k->snd.data, &k->uo, &g, Cu);
     DT__TRY(dt__uly_a2a(l, out->numel));
-    dt__uly_unpack_cols(out, (const float *)k->rcv.data, &g, 1, Cu, 0);
+    dt__uly_unpack_cols(out, (const float *)k->rcv.data, &g, 0, 0);
     return st;
 }
 
 DT_API dt_status dt_cp_ulysses_bwd(dt_layout *l, dt_tensor *dqkv, const dt_tensor *dout, const dt_tensor *uqkv,
-                                   const dt_tensor *att, int n_head) {
+                                   const dt_tensor *att, int n_head, int n_kv_head) {
     const char *fn = "dt_cp_ulysses_bwd";
     dt__cp_dim g;
     dt__cp_keep *k;
     dt_status st;
     int64_t Cu;
-    DT__TRY(dt__uly_setup(l, &g, dout, "dout", dqkv ? dqkv->shape[2] / 3 : 0, uqkv, att, dqkv, n_head, fn));
+    DT__TRY(dt__uly_setup(l, &g, dout, "dout", 1, uqkv, att, dqkv, n_head, n_kv_head, fn));
     k = l->cp_keep;
     Cu = g.C / g.cp;
-    DT__TRY(dt__cp_buf(l->ctx, &k->duqkv, g.B, g.T, 3 * Cu));
-    dt__uly_pack_cols((float *)k->snd.data, dout, &g, 1, Cu);
+    DT__TRY(dt__cp_buf(l->ctx, &k->duqkv, g.B, g.T, g.W / g.cp));
+    dt__uly_pack_cols((float *)k->snd.data, dout, &g, 0);
     DT__TRY(dt__uly_a2a(l, dout->numel));
     dt__uly_unpack_rows(&k->uo, (const float *)k->rcv.data, &g, Cu);
     st = dt_tensor_fill(l->ctx, &k->duqkv, 0.0);
-    if (!st) st = dt_attention_bwd(l->ctx, &k->duqkv, &k->uo, uqkv, att, g.H / g.cp);
-    dt__uly_pack_rows((float *)k->snd.data, &k->duqkv, &g, 3 * Cu);
+    if (!st) st = dt_attention_gqa_bwd(l->ctx, &k->duqkv, &k->uo, uqkv, att, g.H / g.cp, g.Hkv / g.cp);
+    dt__uly_pack_rows((float *)k->snd.data, &k->duqkv, &g, g.W / g.cp);
     DT__TRY(dt__uly_a2a(l, dqkv->numel));
-    dt__uly_unpack_cols(dqkv, (const float *)k->rcv.data, &g, 3, Cu, 1);
+    dt__uly_unpack_cols(dqkv, (const float *)k->rcv.data, &g, 1, 1);
     return st;
 }
 

@@ -56,7 +56,8 @@ static int file_has(const char *path, const char *needle) {
 }
 
 /* The shape of the GPT a test runs (examples/gpt's --layers, --width, padded vocab, --seq). */
-typedef struct gpt_shape { int layers; int64_t width, vp, tctx; } gpt_shape;
+typedef struct gpt_shape { int layers; int64_t width, vp, tctx, kvw; } gpt_shape; /* kvw: the k / v rows
+                                                                                     (--kv-heads x head size; 0 = width) */
 
 /* The model's parameters, whole (global shapes), by name: what a checkpoint of any layout
    reassembles into. */
@@ -64,8 +65,8 @@ static void whole_params(dt_params *ps, gpt_shape s) {
     static const char *names[16] = {"ln1.w", "ln1.b", "attn.q.w", "attn.k.w", "attn.v.w", "attn.q.b", "attn.k.b",
                                     "attn.v.b", "attn.proj.w", "attn.proj.b", "ln2.w", "ln2.b", "mlp.fc.w",
                                     "mlp.fc.b", "mlp.proj.w", "mlp.proj.b"};
-    const int64_t w = s.width;
-    const int64_t shapes[16][2] = {{w, 0}, {w, 0}, {w, w}, {w, w}, {w, w}, {w, 0}, {w, 0}, {w, 0}, {w, w},
+    const int64_t w = s.width, kv = s.kvw ? s.kvw : s.width;
+    const int64_t shapes[16][2] = {{w, 0}, {w, 0}, {w, w}, {kv, w}, {kv, w}, {w, 0}, {kv, 0}, {kv, 0}, {w, w},
                                    {w, 0}, {w, 0}, {w, 0}, {4 * w, w}, {4 * w, 0}, {w, 4 * w}, {w, 0}};
     char name[64];
     int l, k;

@@ -38,7 +38,7 @@ static const char *TINY = "--seed 3 --quiet --layers 2 --width 32 --heads 4 --se
 
 #include "gpt_driver.h"
 
-static const gpt_shape SHAPE = {L, C, VP, TCTX}; /* the model TINY asks for */
+static const gpt_shape SHAPE = {L, C, VP, TCTX, 0}; /* the model TINY asks for */
 
 /* ---------------------------------------------------------------- parallel equivalence */
 

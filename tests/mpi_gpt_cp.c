@@ -31,11 +31,28 @@ static const char *TINY = "--seed 3 --quiet --layers 2 --width 32 --heads 4 --se
 
 #include "gpt_driver.h"
 
-static const gpt_shape SHAPE = {2, 32, 256, 16};
+static gpt_shape SHAPE = {2, 32, 256, 16, 0};
 
+/* The shape of a model's checkpoint: --kv-heads K gives k and v K x head size (8) rows. */
+static gpt_shape model_shape(const char *model) {
+    gpt_shape s = {2, 32, 256, 16, 0};
+    const char *at = strstr(model, "--kv-heads ");
+    if (at) s.kvw = 8 * atoi(at + strlen("--kv-heads "));
+    return s;
+}
+
+/* The np-1 run a layout must equal: the MHA model's, or a grouped-query one's (--kv-heads). */
+typedef struct refrun {
+    double loss, wbound;
+    dt_params w;
+    char log[512], model[64];
+    int ok;
+} refrun;
+static refrun refs[3];
 static double ref_loss, ref_wbound;
 static dt_params ref_w;
 static char ref_log[512];
+
 
 /* "--cp 2 --zero 1" -> "cp_2_zero_1" */
 static void tag_of(char *tag, size_t n, const char *flags) {
@@ -44,6 +61,33 @@ static void tag_of(char *tag, size_t n, const char *flags) {
         if (flags[i] != '-') tag[k++] = flags[i] == ' ' ? '_' : flags[i];
     tag[k] = 0;
     if (k && tag[0] == '_') memmove(tag, tag + 1, k);
+}
+
+/* The np-1 reference of a model ("" or "--kv-heads K"); the globals above point at the one in use. */
+static int use_ref(int i, const char *model) {
+    refrun *r = &refs[i];
+    if (!r->ok) {
+        char out[512], dir[512], flags[2048], name[160], tag[64];
+        tag_of(tag, sizeof tag, model);
+        snprintf(out, sizeof out, "%s/np1%s.out", dt_test_tmpdir(), tag);
+        snprintf(dir, sizeof dir, "%s/ckpt_np1%s", dt_test_tmpdir(), tag);
+        snprintf(r->log, sizeof r->log, "%s/np1%s.jsonl", dt_test_tmpdir(), tag);
+        snprintf(flags, sizeof flags, "%s --steps 5 %s --ckpt %s --log %s", TINY, model, dir, r->log);
+        snprintf(name, sizeof name, "gpt_np1%s%s_reference_runs", *tag ? "_" : "", tag);
+        if (!dt_test_expect(name, run(1, flags, out) == 0, "output in %s", out)) return 0;
+        r->loss = final_loss(out, NULL, 0);
+        r->wbound = weight_bound_of(r->log);
+        snprintf(name, sizeof name, "gpt_np1%s%s_checkpoint_loads", *tag ? "_" : "", tag);
+        if (!dt_test_expect(name, load_weights(&r->w, dir, model_shape(model)), "checkpoint %s does not load", dir)) return 0;
+        printf("  np 1 %s final loss %.9g\n", model, r->loss);
+        r->ok = 1;
+    }
+    ref_loss = r->loss;
+    ref_wbound = r->wbound;
+    ref_w = r->w;
+    SHAPE = model_shape(model);
+    snprintf(ref_log, sizeof ref_log, "%s", r->log);
+    return 1;
 }
 
 /* One run at np ranks with flags: its per-step losses and final weights against np 1's. */
@@ -136,7 +180,7 @@ static void balance(void) {
 }
 
 int main(void) {
-    char out[512], dir[512], flags[2048];
+    int i;
     int quick = dt_test_quick();
     FILE *probe = fopen(GPT, "rb");
     dt_ctx_init(&g_ctx, NULL);
@@ -145,15 +189,7 @@ int main(void) {
         return dt_test_finish();
     }
     fclose(probe);
-    snprintf(out, sizeof out, "%s/np1.out", dt_test_tmpdir());
-    snprintf(dir, sizeof dir, "%s/ckpt_np1", dt_test_tmpdir());
-    snprintf(ref_log, sizeof ref_log, "%s/np1.jsonl", dt_test_tmpdir());
-    snprintf(flags, sizeof flags, "%s --steps 5 --ckpt %s --log %s", TINY, dir, ref_log);
-    if (!DT_TEST_CHECK("gpt_np1_reference_runs", run(1, flags, out) == 0)) return dt_test_finish();
-    ref_loss = final_loss(out, NULL, 0);
-    ref_wbound = weight_bound_of(ref_log);
-    if (!DT_TEST_CHECK("gpt_np1_checkpoint_loads", load_weights(&ref_w, dir, SHAPE))) return dt_test_finish();
-    printf("  np 1 final loss %.9g\n", ref_loss);
+    if (!use_ref(0, "")) return dt_test_finish();
     equal_to_np1(2, "--cp 2");
     equal_to_np1(2, "--cp 2 --zero 2 --recompute selective");
     equal_to_np1(2, "--cp 2 --cp-kind ulysses");
@@ -176,12 +212,33 @@ int main(void) {
         reshard(1, "--cp 1", 4, "--cp 4");
         balance();
     }
+    /* grouped-query attention (--kv-heads): its own np-1 model, every layout equal to it; the
+       ring's K/V traffic drops by heads / kv heads (mpi_parallel_cp_attn counts it) */
+    if (use_ref(1, "--kv-heads 2")) {
+        equal_to_np1(2, "--kv-heads 2 --cp 2");
+        if (!quick) {
+            equal_to_np1(4, "--kv-heads 2 --cp 2 --tp 2");
+            equal_to_np1(4, "--kv-heads 2 --cp 2 --cp-kind ulysses --zero 1");
+            equal_to_np1(4, "--kv-heads 2 --tp 2 --zero 3");
+        }
+    }
+    if (!quick && use_ref(2, "--kv-heads 1")) {
+        equal_to_np1(1, "--kv-heads 1 --recompute gemm-last");
+        equal_to_np1(2, "--kv-heads 1 --cp 2");
+        equal_to_np1(4, "--kv-heads 1 --cp 4");
+        equal_to_np1(4, "--kv-heads 1 --pp 2 --micro 2 --cp 2 --recompute gemm-last");
+    }
     named_error("gpt_cp_not_dividing_world_named", 2, "--cp 3", "does not divide the world size 2");
     named_error("gpt_seq_not_multiple_of_2cp_named", 2, "--cp 2 --seq 18", "--seq 18 is not a multiple of 2 x --cp = 4");
     named_error("gpt_cp_kind_unknown_named", 1, "--cp-kind star", "--cp-kind is");
     named_error("gpt_ulysses_heads_not_dividing_cp_named", 2, "--cp 2 --heads 1 --cp-kind ulysses",
                 "heads per tp rank do not divide over --cp 2");
-    dt_params_free(&g_ctx, &ref_w);
+    named_error("gpt_kv_heads_not_dividing_heads_named", 1, "--kv-heads 3", "--kv-heads 3 does not divide --heads 4");
+    named_error("gpt_kv_heads_below_tp_named", 2, "--kv-heads 1 --tp 2", "--kv-heads 1 is not a multiple of --tp 2");
+    named_error("gpt_ulysses_kv_heads_not_dividing_cp_named", 2, "--kv-heads 1 --cp 2 --cp-kind ulysses",
+                "kv heads per tp rank do not divide over --cp 2");
+    for (i = 0; i < 3; i++)
+        if (refs[i].ok) dt_params_free(&g_ctx, &refs[i].w);
     dt_ctx_shutdown(&g_ctx);
     return dt_test_finish();
 }

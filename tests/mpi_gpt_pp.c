@@ -37,7 +37,7 @@ static const char *BASE = "--steps 5 --seed 3 --micro 4 --quiet"; /* the issue's
 
 /* The default model (width 128, padded vocab 256, context 64) with `layers` blocks. */
 static gpt_shape shape_of(int layers) {
-    gpt_shape s = {layers, 128, 256, 64};
+    gpt_shape s = {layers, 128, 256, 64, 0};
     return s;
 }
 

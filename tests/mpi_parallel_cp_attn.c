@@ -2,7 +2,8 @@
 /* tests/mpi_parallel_cp_attn.c - dt_parallel.h's context-parallel attention against a causal
    attention computed here in double over the whole sequence (a loop per query, nothing of dt's):
    the ring (dt_cp_attention_fwd / _bwd) with n_kv_head = n_head, 2 and 1 (grouped-query) and
-   Ulysses (dt_cp_ulysses_fwd / _bwd), cp = world size (1, 2, 4). Each rank holds the zigzag rows
+   Ulysses (dt_cp_ulysses_fwd / _bwd; n_kv_head 4, and 2 where cp divides it), cp = world size
+   (1, 2, 4). Each rank holds the zigzag rows
    of dt_cp_position; out within 2e-6 + 2e-5 |ref|, lse within 1e-5 + 1e-5 |ref|, every column of
    dqkv (added to what it held) within 1e-5 + 1e-4 |ref|. Counted, not timed: the pairs each rank's
    forward scored (dt_cp_pairs_done) equal dt_cp_attention_pairs and the closed form (2cp-1) c^2 +
@@ -146,10 +147,10 @@ static void run_case(dt_layout *l, int ulysses, int hkv) {
         }
     OK(dt_tensor_fill(&C, &dqkv, 0.5)); /* the backward adds to it */
     OK(dt_tensor_fill(&C, &out, 7.0));  /* the forward writes it */
-    uqkv = mk(B, T, 3 * Cq / cp, 0);
+    uqkv = mk(B, T, Wd / cp, 0);
     att = mk(B, H / cp, T, T);
     dt_comm_stats_reset(l->cp_comm);
-    if (ulysses) OK(dt_cp_ulysses_fwd(l, &out, &uqkv, &att, &qkv, H));
+    if (ulysses) OK(dt_cp_ulysses_fwd(l, &out, &uqkv, &att, &qkv, H, hkv == H ? 0 : hkv));
     else OK(dt_cp_attention_fwd(l, &out, &lse, &qkv, H, hkv == H ? 0 : hkv));
     /* traffic of the forward, per rank, against the formula */
     if (ulysses) {
@@ -188,7 +189,7 @@ static void run_case(dt_layout *l, int ulysses, int hkv) {
         }
     }
     dt_comm_stats_reset(l->cp_comm);
-    if (ulysses) OK(dt_cp_ulysses_bwd(l, &dqkv, &dout, &uqkv, &att, H));
+    if (ulysses) OK(dt_cp_ulysses_bwd(l, &dqkv, &dout, &uqkv, &att, H, hkv == H ? 0 : hkv));
     else OK(dt_cp_attention_bwd(l, &dqkv, &dout, &qkv, &out, &lse, H, hkv == H ? 0 : hkv));
     if (ulysses) {
         bytes = stat_of(l->cp_comm, DT_COLL_ALLTOALL).bytes * (cp - 1) / cp;
@@ -272,7 +273,7 @@ static void bad_inputs(dt_layout *l) {
     if (cp > 1) {
         dt_tensor lo = mk(B, H, 3, 0), oo = mk(B, 3, H * HS, 0);
         bad("odd_rows_at_cp_named", dt_cp_attention_fwd(l, &oo, &lo, &odd, H, 0), DT_ERR_SHAPE, "expected an even number");
-        bad("ulysses_heads_not_dividing_cp_named", dt_cp_ulysses_fwd(l, &o1, &u1, &a1, &q1, 1), DT_ERR_ARG,
+        bad("ulysses_heads_not_dividing_cp_named", dt_cp_ulysses_fwd(l, &o1, &u1, &a1, &q1, 1, 0), DT_ERR_ARG,
             "do not divide over cp");
         dt_tensor_free(&C, &lo);
         dt_tensor_free(&C, &oo);
@@ -299,6 +300,8 @@ int main(void) {
     run_case(l, 0, 2);
     run_case(l, 0, 1);
     run_case(l, 1, H);
+    if (2 % W == 0) run_case(l, 1, 2); /* Ulysses with grouped-query heads: kv heads divide over cp */
+    if (W == 1) run_case(l, 1, 1);
     balance();
     bad_inputs(l);
     dt_layout_free(l);

@@ -191,7 +191,7 @@ static const char *const RECOMPUTE_NAMES[4] = {"none", "full", "selective", "gem
 typedef struct opts {
     int64_t steps, batch, seq, sample, stop_at;
     uint64_t seed;
-    int layers, heads, width, tp, pp, cp, zero, micro, sp, print_every, ckpt_every, resume, quiet;
+    int layers, heads, kv_heads, width, tp, pp, cp, zero, micro, sp, print_every, ckpt_every, resume, quiet;
     dt_pp_kind schedule;  /* --schedule (pp > 1) */
     int chunks;           /* model chunks per stage: 2 for interleaved, else 1 */
     int recompute;        /* 0 none, 1 full, 2 selective, 3 gemm-last */
@@ -212,6 +212,8 @@ static const char *HELP =
     "  --seq T           context length (64)\n"
     "  --layers L        transformer blocks (4)\n"
     "  --heads H         attention heads (4); tp must divide it\n"
+    "  --kv-heads K      key / value heads (= --heads): K < H is grouped-query attention, query head h reading\n"
+    "                    kv head h / (H / K); K divides H, tp divides K (the kv heads split over tp)\n"
     "  --width C         model width (128); H must divide it\n"
     "  --lr LR           peak learning rate of AdamW (1e-3)\n"
     "  --warmup N        linear warmup steps, then cosine decay to lr/10 at --steps (10)\n"
@@ -296,6 +298,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--seq")) o->seq = num(a, v, 1, 1 << 16);
         else if (!strcmp(a, "--layers")) o->layers = (int)num(a, v, 1, 1024);
         else if (!strcmp(a, "--heads")) o->heads = (int)num(a, v, 1, 1024);
+        else if (!strcmp(a, "--kv-heads")) o->kv_heads = (int)num(a, v, 1, 1024);
         else if (!strcmp(a, "--width")) o->width = (int)num(a, v, 1, 1 << 16);
         else if (!strcmp(a, "--lr")) o->lr = real(a, v, 0, 10);
         else if (!strcmp(a, "--warmup")) o->warmup = num(a, v, 0, (int64_t)1 << 40);
@@ -387,6 +390,7 @@ typedef struct model {
     int lse_attn;                       /* attention through dt_cp_attention_fwd / _bwd (keeps lse, not
                                            att): the ring at cp > 1, and gemm-last on the CPU at cp 1 */
     int tc;                             /* --device cuda --dtype bf16: GEMMs and attention on tensor cores */
+    int64_t Hkvl, Ckvl, Wl;              /* this rank's kv heads, their width, the qkv row Cl + 2 Ckvl */
     int64_t T, Tl, V, Vp, Vl, Cl, Hl, Fl;  /* Tl = T / cp: a sequence's rows here; Vl, Cl, Hl, Fl: this rank's
                                           vocab rows, width, heads, 4C */
     dt_params ps;
@@ -451,6 +455,9 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
     m->tp = lay->tp; m->tp_rank = lay->tp_rank; m->sp = o->sp; m->lay = lay;
     m->tc = o->device == DT_CUDA_DEVICE && o->dtype == DT_BF16;
     m->Vl = Vp / tp; m->Cl = C / tp; m->Hl = o->heads / tp; m->Fl = 4 * C / tp;
+    m->Hkvl = (o->kv_heads ? o->kv_heads : o->heads) / tp;
+    m->Ckvl = m->Hkvl * (C / o->heads);
+    m->Wl = m->Cl + 2 * m->Ckvl;
     m->pp = lay->pp; m->st = lay->pp_rank; m->v = lay->pp > 1 ? o->chunks : 1; m->nvs = m->pp * m->v;
     m->blk = (int *)dt_alloc(g_ctx, (size_t)m->L * NBP * sizeof(int));
     m->bunit = (int *)dt_alloc(g_ctx, (size_t)m->L * sizeof(int));
@@ -494,8 +501,10 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
             switch (k) {
             case LN1W: case LN2W: init = DT_INIT_CONST; sv = 1.0; break;
             case LN1B: case LN2B: case AOB: case PB: break;                       /* whole, zeros */
-            case QW: case KW: case VW: kind = DT_TP_COLUMN; cols = C; init = DT_INIT_NORMAL; sv = std; break;
-            case QB: case KB: case VB: kind = DT_TP_COLUMN; break;
+            case QW: case KW: case VW: kind = DT_TP_COLUMN; cols = C; init = DT_INIT_NORMAL; sv = std;
+                if (k != QW) rows = m->Ckvl * tp; /* the kv heads' rows (all of them at --kv-heads = --heads) */
+                break;
+            case QB: case KB: case VB: kind = DT_TP_COLUMN; if (k != QB) rows = m->Ckvl * tp; break;
             case AOW: kind = DT_TP_ROW; cols = C; init = DT_INIT_NORMAL; sv = pstd; break;
             case FCW: kind = DT_TP_COLUMN; rows = 4 * C; cols = C; init = DT_INIT_NORMAL; sv = std; break;
             case FCB: kind = DT_TP_COLUMN; rows = 4 * C; break;
@@ -609,13 +618,13 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
         mk(a, &x->ln1m, Nl, 0, 0, 0, DT_F32); mk(a, &x->ln1r, Nl, 0, 0, 0, DT_F32);
         if (!gl) mk(a, &x->ln2, Nl, C, 0, 0, DT_F32);
         mk(a, &x->ln2m, Nl, 0, 0, 0, DT_F32); mk(a, &x->ln2r, Nl, 0, 0, 0, DT_F32);
-        mk(a, &x->qkv, b, m->Tl, 3 * m->Cl, 0, DT_F32);
+        mk(a, &x->qkv, b, m->Tl, m->Wl, 0, DT_F32);
         mk(a, &x->atty, N, m->Cl, 0, 0, DT_F32);
         mk(a, &x->res1, Nl, C, 0, 0, DT_F32);
         mk(a, &x->fch, N, m->Fl, 0, 0, DT_F32);
         if (recompute != 2 || l == m->L) { /* the tensor-core attention stores no [T, T] scores */
             if (m->ulysses) {
-                mk(a, &x->uqkv, b, m->T, 3 * m->Cl / m->cp, 0, DT_F32);
+                mk(a, &x->uqkv, b, m->T, m->Wl / m->cp, 0, DT_F32);
                 mk(a, &x->att, b, m->Hl / m->cp, m->T, m->T, DT_F32);
             } else if (m->lse_attn) mk(a, &x->lse, b, m->Hl, m->Tl, 0, DT_F32); /* ring / lse attention: no [T, T] */
             else if (!m->tc) mk(a, &x->att, b, m->Hl, m->T, m->T, DT_F32);
@@ -655,10 +664,10 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
     mk(a, &a->logits, N, m->Vl, 0, 0, DT_F32); mk(a, &a->stats, N, 2, 0, 0, DT_F32);
     mk(a, &a->ids, N, 0, 0, 0, DT_I32); mk(a, &a->targets, N, 0, 0, 0, DT_I32);
     mk(a, &a->partial, N, C, 0, 0, DT_F32); mk(a, &a->y_scratch, Nl, C, 0, 0, DT_F32);
-    if (m->tc) mk(a, &a->qkv16, b, m->Tl, 3 * m->Cl, 0, DT_BF16);
+    if (m->tc) mk(a, &a->qkv16, b, m->Tl, m->Wl, 0, DT_BF16);
     mk(a, &a->dres, Nl, C, 0, 0, DT_F32); mk(a, &a->dln, Nl, C, 0, 0, DT_F32);
     mk(a, &a->dxbuf, N, C, 0, 0, DT_F32); mk(a, &a->dall, N, C, 0, 0, DT_F32); mk(a, &a->doutbuf, N, C, 0, 0, DT_F32);
-    mk(a, &a->dqkv, b, m->Tl, 3 * m->Cl, 0, DT_F32);
+    mk(a, &a->dqkv, b, m->Tl, m->Wl, 0, DT_F32);
     mk(a, &a->datty, N, m->Cl, 0, 0, DT_F32);
     mk(a, &a->dfch, N, m->Fl, 0, 0, DT_F32); mk(a, &a->dgelu, N, m->Fl, 0, 0, DT_F32);
     mk(a, &a->dlogits, N, m->Vl, 0, 0, DT_F32);
@@ -688,16 +697,18 @@ static int64_t row0(const model *m, const acts *a) { return m->sp ? (int64_t)m->
    and device), as QW, KW, VW (and QB, KB, VB) do in the arena and in the working copies: the
    parameters are registered in that order and laid out in it with no gap, values and grads
    alike, at every ZeRO stage (a unit's full buffer keeps the order). Returns 0 where they do not. */
+/* q (a), k (b) and v (c) back to back in memory, k and v alike (fewer rows than q under GQA):
+   one tensor of their rows. */
 static int span3(dt_tensor *out, const dt_tensor *a, const dt_tensor *b, const dt_tensor *c) {
-    size_t n = dt_tensor_bytes(a);
-    if (!a->data || (char *)b->data != (char *)a->data + n || (char *)c->data != (char *)b->data + n ||
-        dt_tensor_bytes(b) != n || dt_tensor_bytes(c) != n || b->dtype != a->dtype || c->dtype != a->dtype ||
-        b->device != a->device || c->device != a->device || a->ndim < 1)
+    size_t n = dt_tensor_bytes(a), nk = dt_tensor_bytes(b);
+    if (!a->data || (char *)b->data != (char *)a->data + n || (char *)c->data != (char *)b->data + nk ||
+        dt_tensor_bytes(c) != nk || b->dtype != a->dtype || c->dtype != a->dtype || b->device != a->device ||
+        c->device != a->device || a->ndim < 1 || b->ndim != a->ndim || (a->ndim == 2 && b->shape[1] != a->shape[1]))
         return 0;
     *out = *a;
     out->owns = 0;
-    out->shape[0] *= 3;
-    out->numel *= 3;
+    out->shape[0] += 2 * b->shape[0];
+    out->numel += 2 * b->numel;
     return 1;
 }
 
@@ -722,7 +733,7 @@ static void qkv_lin_get(model *m, int l, qkv_lin *q, int grads) {
 static dt_tensor rows3(const model *m, const acts *a, const dt_tensor *t) {
     dt_tensor v;
     int64_t s[2];
-    s[0] = a->N; s[1] = 3 * m->Cl;
+    s[0] = a->N; s[1] = m->Wl;
     CHECK(dt_tensor_reshape(g_ctx, &v, t, 2, s));
     return v;
 }
@@ -732,29 +743,29 @@ static dt_tensor rows3(const model *m, const acts *a, const dt_tensor *t) {
    (FlashAttention-2, nothing [T, T] kept: the backward recomputes); else the op keeps att. */
 static void attn_fwd(model *m, acts *a, bacts *x, dt_tensor *out) {
     if (m->ulysses) { /* heads for sequence: all-to-all, whole-sequence attention, all-to-all back */
-        OP("cp attention fwd", dt_cp_ulysses_fwd(m->lay, out, &x->uqkv, &x->att, &x->qkv, (int)m->Hl));
+        OP("cp attention fwd", dt_cp_ulysses_fwd(m->lay, out, &x->uqkv, &x->att, &x->qkv, (int)m->Hl, (int)m->Hkvl));
         return;
     }
     if (m->lse_attn) { /* ring attention over the cp group (the other ranks' K/V come to this one); at
                           cp 1 the same code is causal attention keeping lse, not the [T, T] scores */
-        OP("cp attention fwd", dt_cp_attention_fwd(m->lay, out, &x->lse, &x->qkv, (int)m->Hl, 0));
+        OP("cp attention fwd", dt_cp_attention_fwd(m->lay, out, &x->lse, &x->qkv, (int)m->Hl, (int)m->Hkvl));
         return;
     }
-    if (!m->tc) { COMPUTE("attention fwd", dt_attention_fwd(g_ctx, out, &x->att, &x->qkv, (int)m->Hl)); return; }
+    if (!m->tc) { COMPUTE("attention fwd", dt_attention_gqa_fwd(g_ctx, out, &x->att, &x->qkv, (int)m->Hl, (int)m->Hkvl)); return; }
     COMPUTE("attention fwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
     COMPUTE("attention fwd", dt_attention_fwd(g_ctx, out, NULL, &a->qkv16, (int)m->Hl));
 }
 static void attn_bwd(model *m, acts *a, bacts *x, dt_tensor *dout, const dt_tensor *out) {
     (void)out; /* only the ring reads the forward's output */
     if (m->ulysses) {
-        OP("cp attention bwd", dt_cp_ulysses_bwd(m->lay, &a->dqkv, dout, &x->uqkv, &x->att, (int)m->Hl));
+        OP("cp attention bwd", dt_cp_ulysses_bwd(m->lay, &a->dqkv, dout, &x->uqkv, &x->att, (int)m->Hl, (int)m->Hkvl));
         return;
     }
     if (m->lse_attn) {
-        OP("cp attention bwd", dt_cp_attention_bwd(m->lay, &a->dqkv, dout, &x->qkv, out, &x->lse, (int)m->Hl, 0));
+        OP("cp attention bwd", dt_cp_attention_bwd(m->lay, &a->dqkv, dout, &x->qkv, out, &x->lse, (int)m->Hl, (int)m->Hkvl));
         return;
     }
-    if (!m->tc) { COMPUTE("attention bwd", dt_attention_bwd(g_ctx, &a->dqkv, dout, &x->qkv, &x->att, (int)m->Hl)); return; }
+    if (!m->tc) { COMPUTE("attention bwd", dt_attention_gqa_bwd(g_ctx, &a->dqkv, dout, &x->qkv, &x->att, (int)m->Hl, (int)m->Hkvl)); return; }
     COMPUTE("attention bwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
     COMPUTE("attention bwd", dt_attention_bwd(g_ctx, &a->dqkv, dout, &a->qkv16, NULL, (int)m->Hl));
 }
@@ -1426,6 +1437,18 @@ static void check_sizes(trainer *t) {
     if (o->cp > 1 && o->ulysses && (o->heads / o->tp) % o->cp)
         fail("--cp-kind ulysses: --heads %d / --tp %d = %d heads per tp rank do not divide over --cp %d", o->heads, o->tp,
              o->heads / o->tp, o->cp);
+    if (o->kv_heads && o->heads % o->kv_heads)
+        fail("--kv-heads %d does not divide --heads %d (each kv head serves heads / kv-heads query heads)", o->kv_heads,
+             o->heads);
+    if (o->kv_heads && o->kv_heads % o->tp)
+        fail("--kv-heads %d is not a multiple of --tp %d: the kv heads split over tp; replicating them on every tp rank "
+             "is not built yet", o->kv_heads, o->tp);
+    if (o->kv_heads && o->kv_heads != o->heads && o->device != DT_CPU)
+        fail("--kv-heads %d < --heads %d with --device cuda: the CUDA attention kernels are multi-head only for now",
+             o->kv_heads, o->heads);
+    if (o->cp > 1 && o->ulysses && o->kv_heads && (o->kv_heads / o->tp) % o->cp)
+        fail("--cp-kind ulysses: --kv-heads %d / --tp %d = %d kv heads per tp rank do not divide over --cp %d",
+             o->kv_heads, o->tp, o->kv_heads / o->tp, o->cp);
     if (o->heads % o->tp) fail("--tp %d does not divide --heads %d", o->tp, o->heads);
     if (o->width % o->heads) fail("--heads %d does not divide --width %d", o->heads, o->width);
     if (t->data.vocab_padded % o->tp)
@@ -1573,8 +1596,9 @@ static void print_plan(trainer *t) {
     t->flops_per_token = 6.0 * t->n_params + 6.0 * o->layers * o->width * (double)o->seq; /* llm.c's count, fwd + bwd */
     CHECK(dt_zero_memory_get(m->z, &zm));
     if (g_rank != 0 || o->quiet) return;
-    printf("gpt: %d layers, %d heads, width %d, context %lld, vocab %lld (padded %lld), %lld params; data %s "
-           "(%lld tokens)\n", o->layers, o->heads, o->width, (long long)o->seq, (long long)t->data.vocab,
+    printf("gpt: %d layers, %d heads (%d kv heads%s), width %d, context %lld, vocab %lld (padded %lld), %lld params; "
+           "data %s (%lld tokens)\n", o->layers, o->heads, o->kv_heads ? o->kv_heads : o->heads,
+           o->kv_heads && o->kv_heads != o->heads ? ", grouped-query" : "", o->width, (long long)o->seq, (long long)t->data.vocab,
            (long long)t->data.vocab_padded, (long long)t->n_params, o->shards ? o->shards : o->data,
            (long long)t->data.n_tokens);
     printf("layout %s on %d ranks, zero %d, sp %d, micro %d, recompute %s, dtype %s; global batch %lld x %lld "
@@ -1597,14 +1621,14 @@ static void print_plan(trainer *t) {
                "heads of the whole sequence in attention; all-to-all sent per rank and layer: %.3f MB forward, %.3f MB "
                "backward\n", o->cp, (long long)(o->seq / o->cp), t->lay->cp_rank, 2 * o->cp - 1 - t->lay->cp_rank, 2 * o->cp,
                (long long)(o->heads / o->tp / o->cp),
-               4.0 * (double)(o->cp - 1) / o->cp * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)(o->width / o->tp) * 4 / 1e6,
-               4.0 * (double)(o->cp - 1) / o->cp * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)(o->width / o->tp) * 4 / 1e6);
+               (double)(o->cp - 1) / o->cp * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)(m->Wl + m->Cl) * 4 / 1e6,
+               (double)(o->cp - 1) / o->cp * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)(m->Wl + m->Cl) * 4 / 1e6);
     else if (o->cp > 1) /* dt_parallel.h's >>cp: K/V of the two chunks, CP - 1 hops; backward K/V again and CP hops of dK/dV */
         printf("context parallel: cp %d (ring), %lld tokens of each sequence per rank (chunks %d and %d of %d); K/V "
                "sent per rank and layer: %.3f MB forward, %.3f MB backward; attention pairs per rank %lld (%s)\n", o->cp,
                (long long)(o->seq / o->cp), t->lay->cp_rank, 2 * o->cp - 1 - t->lay->cp_rank, 2 * o->cp,
-               2.0 * (o->cp - 1) * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)(o->width / o->tp) * 4 / 1e6,
-               2.0 * (2 * o->cp - 1) * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)(o->width / o->tp) * 4 / 1e6,
+               2.0 * (o->cp - 1) * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)m->Ckvl * 4 / 1e6,
+               2.0 * (2 * o->cp - 1) * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)m->Ckvl * 4 / 1e6,
                (long long)dt_cp_attention_pairs(o->cp, t->lay->cp_rank, o->seq), "per sequence and head, equal on every cp rank");
     if (o->pp > 1) {
         printf("pipeline: pp %d, schedule %s, %d chunk%s per stage, %d micro-batches; blocks per virtual stage:",
