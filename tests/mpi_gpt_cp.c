@@ -9,7 +9,9 @@
    selective recompute, 2 micro-batches, cp 2 x pp 2; the same for Ulysses (--cp-kind ulysses)
    at cp 2 and 4, with tp 2 and with pp 2; --recompute gemm-last (layernorm and gelu recomputed from
    the GEMM outputs kept, attention's lse kept instead of its scores) at np 1, with cp 2 (and pp 2),
-   tp 2 with sp and ZeRO 2, and Ulysses cp 4. A checkpoint saved at cp 4 resumes at cp 1
+   tp 2 with sp and ZeRO 2, and Ulysses cp 4; --offload-activations (blocks' saved tensors to host
+   and back) at np 1, with cp 2 and selective recompute, cp 2 x pp 2, tp 2 sp ZeRO 3 gemm-last, and
+   its peak: 4 blocks offloaded with 2 slots resident drop dt_peak_bytes by 2 blocks. A checkpoint saved at cp 4 resumes at cp 1
    and one saved at cp 1 resumes at cp 4, both to the straight run's loss and weights (cp changes
    nothing in the weights). Bad cp sizes exit 1 naming the problem. Each rank's attention work
    (pairs scored, printed in the plan line) is the same on every cp rank.
@@ -179,6 +181,41 @@ static void balance(void) {
                    "in %s)", pairs, out);
 }
 
+/* --offload-activations 1 on a 4-layer model: the activation peak (dt_peak_bytes) drops by the two
+   blocks beyond the two slots that stay, as the offload line states a block's bytes. */
+static double number_after(const char *path, const char *key) {
+    char line[4096];
+    double v = -1;
+    FILE *fp = fopen(path, "r");
+    if (!fp) return -1;
+    while (fgets(line, sizeof line, fp)) {
+        const char *at = strstr(line, key);
+        if (at) v = atof(at + strlen(key));
+    }
+    fclose(fp);
+    return v;
+}
+static void offload_memory(void) {
+    char out0[512], out1[512], flags[1024];
+    double p0, p1, blk;
+    snprintf(out0, sizeof out0, "%s/offload0.out", dt_test_tmpdir());
+    snprintf(out1, sizeof out1, "%s/offload1.out", dt_test_tmpdir());
+    snprintf(flags, sizeof flags, "--seed 3 --layers 4 --width 32 --heads 4 --seq 16 --batch 8 --steps 3");
+    if (!dt_test_expect("gpt_offload_baseline_runs", run(1, flags, out0) == 0, "output in %s", out0)) return;
+    strcat(flags, " --offload-activations 1");
+    if (!dt_test_expect("gpt_offload_runs", run(1, flags, out1) == 0, "output in %s", out1)) return;
+    p0 = number_after(out0, "activation memory per rank: ");
+    p1 = number_after(out1, "activation memory per rank: ");
+    blk = number_after(out1, "blocks, ");
+    /* the same arithmetic on the same numbers: the loss to the last printed digit (a block that
+       came back with another's tensors would not) */
+    dt_test_expect("gpt_offload_4_blocks_same_loss", final_loss(out1, NULL, 0) == final_loss(out0, NULL, 0),
+                   "final loss %.9g with offload, %.9g without", final_loss(out1, NULL, 0), final_loss(out0, NULL, 0));
+    dt_test_expect("gpt_offload_4_blocks_drops_the_peak_by_2_blocks", blk > 0 && fabs((p0 - p1) - 2 * blk) <= 0.02 + 1e-3 * p0,
+                   "peak %.2f MB without, %.2f MB with offload, a block %.2f MB: expected a drop of 2 blocks (outputs %s, %s)",
+                   p0, p1, blk, out0, out1);
+}
+
 int main(void) {
     int i;
     int quick = dt_test_quick();
@@ -195,7 +232,12 @@ int main(void) {
     equal_to_np1(2, "--cp 2 --cp-kind ulysses");
     equal_to_np1(1, "--recompute gemm-last");
     equal_to_np1(2, "--cp 2 --recompute gemm-last");
+    equal_to_np1(1, "--offload-activations 1");
+    offload_memory();
     if (!quick) {
+        equal_to_np1(2, "--cp 2 --offload-activations 1 --recompute selective");
+        equal_to_np1(4, "--cp 2 --pp 2 --micro 2 --offload-activations 1");
+        equal_to_np1(4, "--tp 2 --sp 1 --zero 3 --offload-activations 0.5 --recompute gemm-last");
         equal_to_np1(4, "--tp 2 --sp 1 --zero 2 --recompute gemm-last");
         equal_to_np1(4, "--cp 2 --pp 2 --micro 2 --recompute gemm-last");
         equal_to_np1(4, "--cp 4 --cp-kind ulysses --zero 1 --recompute gemm-last");

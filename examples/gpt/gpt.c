@@ -196,6 +196,7 @@ typedef struct opts {
     int chunks;           /* model chunks per stage: 2 for interleaved, else 1 */
     int recompute;        /* 0 none, 1 full, 2 selective, 3 gemm-last */
     int ulysses;          /* --cp-kind: 0 ring, 1 ulysses */
+    double offload;       /* --offload-activations: the fraction of each chunk's blocks offloaded */
     int tf32;             /* --tf32: f32 GEMMs on TF32 tensor cores (cuda) */
     dt_dtype dtype;
     dt_device device;     /* --device: where parameters, activations and the optimizer live */
@@ -212,6 +213,8 @@ static const char *HELP =
     "  --seq T           context length (64)\n"
     "  --layers L        transformer blocks (4)\n"
     "  --heads H         attention heads (4); tp must divide it\n"
+    "  --offload-activations F   the first F x blocks of each chunk keep their saved activations in host\n"
+    "                    memory between forward and backward (two blocks' slots stay on the device) (0)\n"
     "  --kv-heads K      key / value heads (= --heads): K < H is grouped-query attention, query head h reading\n"
     "                    kv head h / (H / K); K divides H, tp divides K (the kv heads split over tp)\n"
     "  --width C         model width (128); H must divide it\n"
@@ -299,6 +302,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--layers")) o->layers = (int)num(a, v, 1, 1024);
         else if (!strcmp(a, "--heads")) o->heads = (int)num(a, v, 1, 1024);
         else if (!strcmp(a, "--kv-heads")) o->kv_heads = (int)num(a, v, 1, 1024);
+        else if (!strcmp(a, "--offload-activations")) o->offload = real(a, v, 0, 1);
         else if (!strcmp(a, "--width")) o->width = (int)num(a, v, 1, 1 << 16);
         else if (!strcmp(a, "--lr")) o->lr = real(a, v, 0, 10);
         else if (!strcmp(a, "--warmup")) o->warmup = num(a, v, 0, (int64_t)1 << 40);
@@ -387,6 +391,7 @@ static const int SP_PARTIAL[6] = {LN1W, LN1B, AOB, LN2W, LN2B, PB};
 typedef struct model {
     int L, H, C, tp, tp_rank, sp, cp, cp_rank;  /* cp: context-parallel ranks (the sequence split) */
     int ulysses;                        /* cp > 1: Ulysses' all-to-all instead of the ring */
+    double off_frac;                    /* --offload-activations */
     int lse_attn;                       /* attention through dt_cp_attention_fwd / _bwd (keeps lse, not
                                            att): the ring at cp > 1, and gemm-last on the CPU at cp 1 */
     int tc;                             /* --device cuda --dtype bf16: GEMMs and attention on tensor cores */
@@ -452,6 +457,7 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
     m->L = o->layers; m->H = o->heads; m->C = o->width; m->T = o->seq; m->V = V; m->Vp = Vp;
     m->cp = lay->cp; m->cp_rank = lay->cp_rank; m->Tl = m->T / m->cp; m->ulysses = m->cp > 1 && o->ulysses;
     m->lse_attn = !m->ulysses && (m->cp > 1 || (o->recompute == 3 && o->device == DT_CPU));
+    m->off_frac = o->offload;
     m->tp = lay->tp; m->tp_rank = lay->tp_rank; m->sp = o->sp; m->lay = lay;
     m->tc = o->device == DT_CUDA_DEVICE && o->dtype == DT_BF16;
     m->Vl = Vp / tp; m->Cl = C / tp; m->Hl = o->heads / tp; m->Fl = 4 * C / tp;
@@ -571,6 +577,15 @@ typedef struct acts {
     int64_t b, N, Nl;
     bacts *blk;                         /* [L] (views where shared) */
     bacts shared;                       /* full / selective / gemm-last: the tensors the blocks share */
+    /* --offload-activations: blocks [off_lo, off_hi) own no memory of their own: their tensors are
+       views into one of two slots (block l uses slot l % 2), copied to host[l - off_lo] after the
+       block's forward and back before its backward, so two blocks' worth stay resident */
+    int off_lo, off_hi, recording;
+    int64_t off_elems;                  /* floats of one block's own tensors */
+    int64_t off_at[sizeof(bacts) / sizeof(dt_tensor)]; /* each own tensor's offset in a slot, -1: not own */
+    dt_tensor slot[2];
+    dt_tensor *host;                    /* [off_hi - off_lo], outside the ctx's accounting (malloc) */
+    double off_seconds;                 /* spent copying, this acts' share */
     dt_tensor xL, lnf, lnfm, lnfr, lnfall, logits, stats, ids, targets, partial, y_scratch;
     dt_tensor qkv16;                    /* m->tc: qkv in bf16 for the tensor-core attention */
     dt_tensor dres, dln, dxbuf, dall, doutbuf, dqkv, datty, dfch, dgelu, dlogits;
@@ -584,6 +599,16 @@ typedef struct acts {
 
 static void mk(acts *a, dt_tensor *t, int64_t d0, int64_t d1, int64_t d2, int64_t d3, dt_dtype dt) {
     dt_tensor_desc d;
+    if (a->recording) { /* an offloaded block's: the shape now, the memory a slot's (offload_bind) */
+        int64_t dims[4];
+        int k;
+        dims[0] = d0; dims[1] = d1; dims[2] = d2; dims[3] = d3;
+        memset(t, 0, sizeof *t);
+        t->dtype = dt; t->device = g_ctx->device;
+        for (k = 0; k < 4 && dims[k]; k++) t->shape[t->ndim++] = dims[k];
+        t->numel = dt_shape_numel(t->ndim, t->shape);
+        return;
+    }
     memset(&d, 0, sizeof d);
     d.dtype = dt; d.shape[0] = d0; d.shape[1] = d1; d.shape[2] = d2; d.shape[3] = d3;
     CHECK(dt_tensor_create(g_ctx, t, &d));
@@ -593,6 +618,76 @@ static void mk(acts *a, dt_tensor *t, int64_t d0, int64_t d1, int64_t d2, int64_
 /* A view of the whole of t (owns 0), for the tensors blocks share. */
 static dt_tensor share(const dt_tensor *t) { dt_tensor v = *t; v.owns = 0; return v; }
 
+/* ---- activation offload (--offload-activations F): the first n_off = F x blocks of a chunk
+
+   After block l's forward its own tensors (what its backward reads; under recompute, what the
+   mode keeps per block) go to host memory and come back before its backward. They live in one
+   of two device slots, l % 2: while block l computes in one, the other holds block l - 1's
+   outgoing (or, backward, block l - 1's incoming) copy, so the device keeps two blocks' worth
+   instead of n_off. Block l's forward writes block l + 1's input, so l + 1 is bound to its slot
+   before l runs (offload_fwd_begin). The copies are dt_tensor_copy on the ctx's stream: on the
+   CPU host to host (the same code, tested everywhere), on CUDA device to host and back, in
+   stream order; the host side is malloc'ed, outside the ctx's accounting, so dt_peak_bytes
+   (the device's peak on CUDA) drops by (n_off - 2) blocks. Not yet: a side stream to overlap
+   the copies with the next block's compute, pinned host memory. */
+
+/* The own tensors of an offloaded block get their place in a slot: the order of bacts' fields. */
+static void offload_make(acts *a, const model *m, int lo, int hi) {
+    size_t i, n = sizeof(bacts) / sizeof(dt_tensor);
+    int64_t at = 0;
+    int l, k;
+    (void)m; (void)hi;
+    if (a->off_hi <= a->off_lo) return;
+    for (i = 0; i < n; i++) {
+        const dt_tensor *t = (const dt_tensor *)&a->blk[lo] + i;
+        a->off_at[i] = -1;
+        if (t->dtype && !t->data && t->numel > 0) { a->off_at[i] = at; at += t->numel; }
+    }
+    a->off_elems = at;
+    for (k = 0; k < 2 && k < a->off_hi - a->off_lo; k++) mk(a, &a->slot[k], at, 0, 0, 0, DT_F32);
+    a->host = (dt_tensor *)calloc((size_t)(a->off_hi - a->off_lo), sizeof(dt_tensor));
+    if (!a->host) CHECK(DT_ERR_OOM);
+    for (l = 0; l < a->off_hi - a->off_lo; l++) {
+        dt_tensor *h = &a->host[l];
+        h->data = malloc((size_t)at * sizeof(float) + 1);
+        if (!h->data) CHECK(DT_ERR_OOM);
+        h->dtype = DT_F32; h->device = DT_CPU; h->ndim = 1; h->shape[0] = at; h->numel = at; h->owns = 0;
+    }
+}
+
+static int offloaded(const acts *a, int l) { return l >= a->off_lo && l < a->off_hi; }
+
+/* Block l's own tensors as views into slot l % 2. */
+static void offload_bind(acts *a, int l) {
+    size_t i, n = sizeof(bacts) / sizeof(dt_tensor);
+    const dt_tensor *s = &a->slot[(l - a->off_lo) % 2];
+    for (i = 0; i < n; i++)
+        if (a->off_at[i] >= 0) ((dt_tensor *)&a->blk[l] + i)->data = (float *)s->data + a->off_at[i];
+}
+
+/* Before block l's forward: it and the block it writes the input of in their slots. */
+static void offload_fwd_begin(acts *a, int l) {
+    if (offloaded(a, l)) offload_bind(a, l);
+    if (offloaded(a, l + 1)) offload_bind(a, l + 1);
+}
+/* After block l's forward: its slot to host. */
+static void offload_fwd_end(acts *a, int l) {
+    double t0;
+    if (!offloaded(a, l)) return;
+    t0 = dt_comm_now();
+    OP("offload to host", dt_tensor_copy(g_ctx, &a->host[l - a->off_lo], &a->slot[(l - a->off_lo) % 2]));
+    a->off_seconds += dt_comm_now() - t0;
+}
+/* Before block l's backward: back from host into its slot. */
+static void offload_bwd_begin(acts *a, int l) {
+    double t0;
+    if (!offloaded(a, l)) return;
+    t0 = dt_comm_now();
+    offload_bind(a, l);
+    OP("offload from host", dt_tensor_copy(g_ctx, &a->slot[(l - a->off_lo) % 2], &a->host[l - a->off_lo]));
+    a->off_seconds += dt_comm_now() - t0;
+}
+
 /* The activations of one micro-batch of b sequences through blocks [lo, hi) (a pipeline chunk;
    0, L at pp 1) and the head's and embedding's tensors. */
 static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int hi) {
@@ -600,6 +695,8 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
     int l;
     memset(a, 0, sizeof *a);
     a->b = b; a->N = N; a->Nl = Nl;
+    a->off_lo = lo;
+    a->off_hi = lo + (int)floor(m->off_frac * (hi - lo) + 0.5);
     a->blk = (bacts *)dt_alloc(g_ctx, (size_t)m->L * sizeof(bacts));
     a->blk_bytes = -a->bytes;
     if (!a->blk) CHECK(DT_ERR_OOM);
@@ -608,6 +705,7 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
         int own_all = recompute == 0 || ((recompute == 2 || recompute == 3) && l < m->L), gl = recompute == 3;
         bacts *x = l < m->L ? &a->blk[l] : &a->shared;
         if (l < m->L && (l < lo || l >= hi)) continue; /* another chunk's */
+        a->recording = l < m->L && l < a->off_hi;
         if (l < m->L) mk(a, &x->in, Nl, C, 0, 0, DT_F32);
         if (!own_all && recompute == 1 && l < m->L) continue; /* full: the input only */
         if (gl && l == m->L) { /* gemm-last: what the cheap ops remake, one set for all blocks */
@@ -631,6 +729,8 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
             if (!gl) mk(a, &x->gelu, N, m->Fl, 0, 0, DT_F32);
         }
     }
+    a->recording = 0;
+    offload_make(a, m, lo, hi);
     a->blk_bytes += a->bytes;
     for (l = lo; l < hi && recompute; l++) { /* the shared tensors, as views */
         bacts *x = &a->blk[l], *s = &a->shared;
@@ -680,8 +780,13 @@ static void acts_free(acts *a, int L) {
     size_t i, n = sizeof(bacts) / sizeof(dt_tensor);
     for (l = 0; l < L && a->blk; l++) for (t = &a->blk[l].in, i = 0; i < n; i++) dt_tensor_free(g_ctx, &t[i]);
     for (t = &a->shared.in, i = 0; i < n; i++) dt_tensor_free(g_ctx, &t[i]);
-    n = (sizeof *a - offsetof(acts, xL) - sizeof(int64_t)) / sizeof(dt_tensor);
+    n = (offsetof(acts, bytes) - offsetof(acts, xL)) / sizeof(dt_tensor);
     for (t = &a->xL, i = 0; i < n; i++) dt_tensor_free(g_ctx, &t[i]);
+    dt_tensor_free(g_ctx, &a->slot[0]);
+    dt_tensor_free(g_ctx, &a->slot[1]);
+    for (l = 0; a->host && l < a->off_hi - a->off_lo; l++) free(a->host[l].data);
+    free(a->host);
+    a->host = NULL;
     dt_release(g_ctx, a->blk);
     a->blk = NULL;
 }
@@ -992,11 +1097,14 @@ static void head_bwd(model *m, acts *a, float dloss) {
 static void forward_logits(model *m, acts *a) {
     int l;
     gather(m, m->eunit);
+    if (offloaded(a, 0)) offload_bind(a, 0); /* the embedding writes block 0's input */
     embed_fwd(m, a);
     release(m, m->eunit);
     for (l = 0; l < m->L; l++) {
         gather(m, m->bunit[l]);
+        offload_fwd_begin(a, l);
         block_fwd(m, a, &a->blk[l], l, l + 1 < m->L ? &a->blk[l + 1].in : &a->xL);
+        offload_fwd_end(a, l);
         release(m, m->bunit[l]);
     }
     gather(m, m->eunit);
@@ -1028,6 +1136,7 @@ static float train_micro(model *m, acts *a, float dloss, int recompute, int logg
     release(m, m->eunit);
     for (l = m->L - 1; l >= 0; l--) {
         gather(m, m->bunit[l]);
+        offload_bwd_begin(a, l);
         block_bwd(m, a, &a->blk[l], l, recompute);
         CHECK(dt_zero_grad_ready(m->z, m->bunit[l]));
         release(m, m->bunit[l]);
@@ -1117,6 +1226,7 @@ static dt_status pipe_forward(void *user, int c, int i, dt_tensor *out, const dt
     if (S->n_spare[c] > 0) *a = S->spare[c * S->o->micro + --S->n_spare[c]];
     else acts_make(a, m, S->per_micro, S->o->recompute, lo, hi);
     if (k == 0 || k == m->nvs - 1) pipe_tokens(S, a, i);
+    if (offloaded(a, lo)) offload_bind(a, lo); /* the chunk's input goes into its first block */
     if (k == 0) {
         gather(m, m->eunit);
         embed_fwd(m, a);
@@ -1126,7 +1236,9 @@ static dt_status pipe_forward(void *user, int c, int i, dt_tensor *out, const dt
     }
     for (l = lo; l < hi; l++) {
         gather(m, m->bunit[l]);
+        offload_fwd_begin(a, l);
         block_fwd(m, a, &a->blk[l], l, l + 1 < hi ? &a->blk[l + 1].in : &a->xL);
+        offload_fwd_end(a, l);
         release(m, m->bunit[l]);
     }
     if (k < m->nvs - 1) return dt_tensor_copy(g_ctx, out, &a->xL);
@@ -1166,6 +1278,7 @@ static dt_status pipe_backward(void *user, int c, int i, dt_tensor *din, const d
         }
         for (l = hi - 1; l >= lo; l--) {
             gather(m, m->bunit[l]);
+            offload_bwd_begin(a, l);
             block_bwd_part(m, a, &a->blk[l], l, S->o->recompute, split);
             release(m, m->bunit[l]);
         }
@@ -1437,6 +1550,9 @@ static void check_sizes(trainer *t) {
     if (o->cp > 1 && o->ulysses && (o->heads / o->tp) % o->cp)
         fail("--cp-kind ulysses: --heads %d / --tp %d = %d heads per tp rank do not divide over --cp %d", o->heads, o->tp,
              o->heads / o->tp, o->cp);
+    if (o->offload > 0 && o->pp > 1 && o->schedule == DT_PP_ZB_H1 && !o->sp && !o->recompute)
+        fail("--offload-activations with --schedule zb: the zero-bubble weight pass reads a block's activations "
+             "after its input pass, when its slot holds another block's; use 1f1b or interleaved");
     if (o->kv_heads && o->heads % o->kv_heads)
         fail("--kv-heads %d does not divide --heads %d (each kv head serves heads / kv-heads query heads)", o->kv_heads,
              o->heads);
@@ -1769,6 +1885,11 @@ static void report(trainer *t) {
                "recompute %s, sp %d; the activation tensors %.2f MB, of them the blocks' saved for the backward "
                "%.2f MB; ZeRO's transient buffers the rest); dt_zero's peak %.2f MB\n", t->act_peak / 1e6,
                RECOMPUTE_NAMES[o->recompute], o->sp, t->a.bytes / 1e6, t->a.blk_bytes / 1e6, zm.peak_bytes / 1e6);
+    if (g_rank == 0 && !o->quiet && trained && o->pp == 1 && t->a.off_hi > t->a.off_lo)
+        printf("activation offload: %d of %d blocks, %.2f MB each to host and back per micro-batch (%.2f MB in all; two "
+               "slots of %.2f MB stay on the device); the copies took %.3f s of the run\n", t->a.off_hi - t->a.off_lo,
+               t->m.L, t->a.off_elems * 4.0 / 1e6, (t->a.off_hi - t->a.off_lo) * t->a.off_elems * 4.0 / 1e6,
+               t->a.off_elems * 4.0 / 1e6, t->a.off_seconds);
     if (o->pp > 1 && g_rank == 0 && !o->quiet && trained)
         printf("pipeline: stage 0 held at most %d micro-batches' activations (the schedule's bound %d), %.2f MB of "
                "them and the runtime's buffers at its peak\n", t->pp_peak, t->rs.bound, t->rs.peak_ctx_bytes / 1e6);
