@@ -396,6 +396,10 @@ typedef struct model {
                                            att): the ring at cp > 1, and gemm-last on the CPU at cp 1 */
     int tc;                             /* --device cuda --dtype bf16: GEMMs and attention on tensor cores */
     int64_t Hkvl, Ckvl, Wl;              /* this rank's kv heads, their width, the qkv row Cl + 2 Ckvl */
+    int kv_rep, kv_g;                   /* --kv-heads < --tp: k, v weights whole on every tp rank, which uses
+                                           kv head kv_g only (the one its query heads read) */
+    dt_tensor rw, rb, rgw, rgb;         /* kv_rep: this rank's [Wl, C] / [Wl] qkv weight, bias and grads */
+    dt_tensor kvgw, kvgb;               /* kv_rep: [2, Ckv, C] / [2, Ckv] k, v grads summed over tp */
     int64_t T, Tl, V, Vp, Vl, Cl, Hl, Fl;  /* Tl = T / cp: a sequence's rows here; Vl, Cl, Hl, Fl: this rank's
                                           vocab rows, width, heads, 4C */
     dt_params ps;
@@ -462,6 +466,11 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
     m->tc = o->device == DT_CUDA_DEVICE && o->dtype == DT_BF16;
     m->Vl = Vp / tp; m->Cl = C / tp; m->Hl = o->heads / tp; m->Fl = 4 * C / tp;
     m->Hkvl = (o->kv_heads ? o->kv_heads : o->heads) / tp;
+    if (o->kv_heads && o->kv_heads < tp) { /* replicated: one kv head per rank, all its query heads' */
+        m->kv_rep = 1;
+        m->Hkvl = 1;
+        m->kv_g = (int)(m->tp_rank * m->Hl / (o->heads / o->kv_heads));
+    }
     m->Ckvl = m->Hkvl * (C / o->heads);
     m->Wl = m->Cl + 2 * m->Ckvl;
     m->pp = lay->pp; m->st = lay->pp_rank; m->v = lay->pp > 1 ? o->chunks : 1; m->nvs = m->pp * m->v;
@@ -508,9 +517,14 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
             case LN1W: case LN2W: init = DT_INIT_CONST; sv = 1.0; break;
             case LN1B: case LN2B: case AOB: case PB: break;                       /* whole, zeros */
             case QW: case KW: case VW: kind = DT_TP_COLUMN; cols = C; init = DT_INIT_NORMAL; sv = std;
-                if (k != QW) rows = m->Ckvl * tp; /* the kv heads' rows (all of them at --kv-heads = --heads) */
+                if (k != QW) rows = m->kv_rep ? (int64_t)o->kv_heads * (C / o->heads) : m->Ckvl * tp; /* the kv
+                                                   heads' rows (all of them at --kv-heads = --heads) */
+                if (k != QW && m->kv_rep) kind = DT_TP_REPLICATED;
                 break;
-            case QB: case KB: case VB: kind = DT_TP_COLUMN; if (k != QB) rows = m->Ckvl * tp; break;
+            case QB: case KB: case VB: kind = DT_TP_COLUMN;
+                if (k != QB) rows = m->kv_rep ? (int64_t)o->kv_heads * (C / o->heads) : m->Ckvl * tp;
+                if (k != QB && m->kv_rep) kind = DT_TP_REPLICATED;
+                break;
             case AOW: kind = DT_TP_ROW; cols = C; init = DT_INIT_NORMAL; sv = pstd; break;
             case FCW: kind = DT_TP_COLUMN; rows = 4 * C; cols = C; init = DT_INIT_NORMAL; sv = std; break;
             case FCB: kind = DT_TP_COLUMN; rows = 4 * C; break;
@@ -822,8 +836,73 @@ static int span3(dt_tensor *out, const dt_tensor *a, const dt_tensor *b, const d
    adjacent in memory is how model_make lays them out (span3); a layout that broke it would
    be a bug here, so it is named rather than worked around. */
 typedef struct qkv_lin { dt_tensor w, b, gw, gb; } qkv_lin;
+
+/* dst rows [d0, d0 + n) = src rows [s0, s0 + n) (rows of `cols`; cols 0: a vector), or += with add. */
+static void copy_rows(dt_tensor *dst, int64_t d0, const dt_tensor *src, int64_t s0, int64_t n, int64_t cols, int add) {
+    dt_tensor dv, sv;
+    int64_t e = n * (cols ? cols : 1);
+    CHECK(dt_tensor_view(g_ctx, &dv, dst, d0 * (cols ? cols : 1), 1, &e));
+    CHECK(dt_tensor_view(g_ctx, &sv, src, s0 * (cols ? cols : 1), 1, &e));
+    if (add) CHECK(dt_axpy(g_ctx, &dv, 1.0f, &sv));
+    else CHECK(dt_tensor_copy(g_ctx, &dv, &sv));
+}
+
+/* kv_rep: this rank's linear is its q rows and the rows of kv head kv_g of the whole k and v. */
+static void qkv_rep_get(model *m, int l, qkv_lin *q, int grads) {
+    int64_t C = m->C, hs = m->Ckvl;
+    if (!m->rw.data) {
+        dt_tensor_desc d;
+        memset(&d, 0, sizeof d);
+        d.dtype = DT_F32; d.shape[0] = m->Wl; d.shape[1] = C;
+        CHECK(dt_tensor_create(g_ctx, &m->rw, &d)); CHECK(dt_tensor_create(g_ctx, &m->rgw, &d));
+        d.shape[1] = 0;
+        CHECK(dt_tensor_create(g_ctx, &m->rb, &d)); CHECK(dt_tensor_create(g_ctx, &m->rgb, &d));
+        d.shape[0] = 2; d.shape[1] = P(m, BP(m, l, KW))->value.shape[0]; d.shape[2] = C;
+        CHECK(dt_tensor_create(g_ctx, &m->kvgw, &d));
+        d.shape[2] = 0;
+        CHECK(dt_tensor_create(g_ctx, &m->kvgb, &d));
+    }
+    copy_rows(&m->rw, 0, VAL(m, BP(m, l, QW)), 0, m->Cl, C, 0);
+    copy_rows(&m->rw, m->Cl, VAL(m, BP(m, l, KW)), m->kv_g * hs, hs, C, 0);
+    copy_rows(&m->rw, m->Cl + hs, VAL(m, BP(m, l, VW)), m->kv_g * hs, hs, C, 0);
+    copy_rows(&m->rb, 0, VAL(m, BP(m, l, QB)), 0, m->Cl, 0, 0);
+    copy_rows(&m->rb, m->Cl, VAL(m, BP(m, l, KB)), m->kv_g * hs, hs, 0, 0);
+    copy_rows(&m->rb, m->Cl + hs, VAL(m, BP(m, l, VB)), m->kv_g * hs, hs, 0, 0);
+    q->w = share(&m->rw);
+    q->b = share(&m->rb);
+    if (grads) {
+        fill0(&m->rgw);
+        fill0(&m->rgb);
+        q->gw = share(&m->rgw);
+        q->gb = share(&m->rgb);
+    }
+}
+
+/* kv_rep, after the linear's backward: q's grads to q; k's and v's rows of kv head kv_g summed over
+   tp (the ranks that share a kv head add into the same rows) before they join the grads, so a
+   gradient accumulated over micro-batches is summed once. */
+static void qkv_rep_put(model *m, int l) {
+    int64_t C = m->C, hs = m->Ckvl, Ckv = m->kvgw.shape[1];
+    copy_rows(GRD(m, BP(m, l, QW)), 0, &m->rgw, 0, m->Cl, C, 1);
+    copy_rows(GRD(m, BP(m, l, QB)), 0, &m->rgb, 0, m->Cl, 0, 1);
+    fill0(&m->kvgw);
+    fill0(&m->kvgb);
+    copy_rows(&m->kvgw, m->kv_g * hs, &m->rgw, m->Cl, hs, C, 0);
+    copy_rows(&m->kvgw, Ckv + m->kv_g * hs, &m->rgw, m->Cl + hs, hs, C, 0);
+    copy_rows(&m->kvgb, m->kv_g * hs, &m->rgb, m->Cl, hs, 0, 0);
+    copy_rows(&m->kvgb, Ckv + m->kv_g * hs, &m->rgb, m->Cl + hs, hs, 0, 0);
+    OP("tp allreduce", dt_tp_allreduce(m->lay, &m->kvgw));
+    OP("tp allreduce", dt_tp_allreduce(m->lay, &m->kvgb));
+    copy_rows(GRD(m, BP(m, l, KW)), 0, &m->kvgw, 0, Ckv, C, 1);
+    copy_rows(GRD(m, BP(m, l, VW)), 0, &m->kvgw, Ckv, Ckv, C, 1);
+    copy_rows(GRD(m, BP(m, l, KB)), 0, &m->kvgb, 0, Ckv, 0, 1);
+    copy_rows(GRD(m, BP(m, l, VB)), 0, &m->kvgb, Ckv, Ckv, 0, 1);
+}
+
 static void qkv_lin_get(model *m, int l, qkv_lin *q, int grads) {
-    int ok = span3(&q->w, WVAL(m, BP(m, l, QW)), WVAL(m, BP(m, l, KW)), WVAL(m, BP(m, l, VW))) &&
+    int ok;
+    if (m->kv_rep) { qkv_rep_get(m, l, q, grads); return; }
+    ok = span3(&q->w, WVAL(m, BP(m, l, QW)), WVAL(m, BP(m, l, KW)), WVAL(m, BP(m, l, VW))) &&
              span3(&q->b, VAL(m, BP(m, l, QB)), VAL(m, BP(m, l, KB)), VAL(m, BP(m, l, VB)));
     if (ok && grads)
         ok = span3(&q->gw, GRD(m, BP(m, l, QW)), GRD(m, BP(m, l, KW)), GRD(m, BP(m, l, VW))) &&
@@ -929,6 +1008,7 @@ static void block_bwd_weights(model *m, bacts *x, int l) {
     COMPUTE("linear bwd (weights)", dt_bias_add_bwd(g_ctx, GRD(m, BP(m, l, AOB)), &x->g_attn));
     qkv_lin_get(m, l, &ql, 1);
     COMPUTE("linear bwd (weights)", dt_linear_bwd(g_ctx, NULL, &ql.gw, &ql.gb, &g_qkv, &x->ln1, &ql.w));
+    if (m->kv_rep) qkv_rep_put(m, l);
 }
 
 /* A copy of t kept for the weight pass (the input pass's scratch is reused by the next block). */
@@ -995,6 +1075,7 @@ static void block_bwd_part(model *m, acts *a, bacts *x, int l, int recompute, in
     qkv_lin_get(m, l, &ql, w);
     dqkv2 = rows3(m, a, &a->dqkv);
     COMPUTE("qkv linear bwd", dt_linear_bwd(g_ctx, &a->dall, w ? &ql.gw : NULL, w ? &ql.gb : NULL, &dqkv2, xall, &ql.w));
+    if (m->kv_rep && w) qkv_rep_put(m, l);
     if (m->sp) OP("sp scatter", dt_sp_scatter_rows(lay, &a->dln, &a->dall));
     else {
         OP("tp allreduce", dt_tp_allreduce(lay, &a->dall));
@@ -1556,15 +1637,15 @@ static void check_sizes(trainer *t) {
     if (o->kv_heads && o->heads % o->kv_heads)
         fail("--kv-heads %d does not divide --heads %d (each kv head serves heads / kv-heads query heads)", o->kv_heads,
              o->heads);
-    if (o->kv_heads && o->kv_heads % o->tp)
-        fail("--kv-heads %d is not a multiple of --tp %d: the kv heads split over tp; replicating them on every tp rank "
-             "is not built yet", o->kv_heads, o->tp);
+    if (o->kv_heads && o->kv_heads % o->tp && o->tp % o->kv_heads)
+        fail("--kv-heads %d and --tp %d: expected a multiple of tp (the kv heads split over tp) or a divisor of it (each "
+             "kv head replicated on tp / kv-heads ranks)", o->kv_heads, o->tp);
     if (o->kv_heads && o->kv_heads != o->heads && o->device != DT_CPU)
         fail("--kv-heads %d < --heads %d with --device cuda: the CUDA attention kernels are multi-head only for now",
              o->kv_heads, o->heads);
-    if (o->cp > 1 && o->ulysses && o->kv_heads && (o->kv_heads / o->tp) % o->cp)
-        fail("--cp-kind ulysses: --kv-heads %d / --tp %d = %d kv heads per tp rank do not divide over --cp %d",
-             o->kv_heads, o->tp, o->kv_heads / o->tp, o->cp);
+    if (o->cp > 1 && o->ulysses && o->kv_heads && (o->kv_heads < o->tp || (o->kv_heads / o->tp) % o->cp))
+        fail("--cp-kind ulysses: --kv-heads %d over --tp %d leaves %d kv heads per tp rank, which do not divide over "
+             "--cp %d", o->kv_heads, o->tp, o->kv_heads < o->tp ? 1 : o->kv_heads / o->tp, o->cp);
     if (o->heads % o->tp) fail("--tp %d does not divide --heads %d", o->tp, o->heads);
     if (o->width % o->heads) fail("--heads %d does not divide --width %d", o->heads, o->width);
     if (t->data.vocab_padded % o->tp)
@@ -1714,7 +1795,8 @@ static void print_plan(trainer *t) {
     if (g_rank != 0 || o->quiet) return;
     printf("gpt: %d layers, %d heads (%d kv heads%s), width %d, context %lld, vocab %lld (padded %lld), %lld params; "
            "data %s (%lld tokens)\n", o->layers, o->heads, o->kv_heads ? o->kv_heads : o->heads,
-           o->kv_heads && o->kv_heads != o->heads ? ", grouped-query" : "", o->width, (long long)o->seq, (long long)t->data.vocab,
+           o->kv_heads && o->kv_heads != o->heads ? (o->kv_heads < o->tp ? ", grouped-query, each kv head whole on "
+           "tp / kv-heads ranks" : ", grouped-query") : "", o->width, (long long)o->seq, (long long)t->data.vocab,
            (long long)t->data.vocab_padded, (long long)t->n_params, o->shards ? o->shards : o->data,
            (long long)t->data.n_tokens);
     printf("layout %s on %d ranks, zero %d, sp %d, micro %d, recompute %s, dtype %s; global batch %lld x %lld "
