@@ -522,7 +522,7 @@ DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tenso
 DT_API int64_t dt_cp_position(int cp, int cp_rank, int64_t T, int64_t j);
 /* (query, key) pairs under the causal mask that cp rank r's ring forward computes per sequence and
    head, counted over the blocks the ring runs (the same schedule): (2cp - 1) c^2 + c (c + 1) with
-   c = T / (2cp), the same on every rank. -1 for arguments out of range. */
+   c = T / (2cp), the same on every rank. -1 for arguments out of range (T above 2^31 too). */
 DT_API int64_t dt_cp_attention_pairs(int cp, int cp_rank, int64_t T);
 /* Ring attention over l->cp_comm: out [B, T/CP, H hs] and lse [B, H, T/CP] (written, not added)
    from qkv [B, T/CP, (H + 2 Hkv) hs] (n_kv_head 0 = n_head). */
@@ -2944,14 +2944,16 @@ static void dt__cp_block(dt_attn_block *d, const dt__cp_dim *g, int src, int a, 
     d->k_pos = dt__cp_chunk(g->cp, src, b) * g->c;
 }
 
-/* (query, key) pairs of a block under the causal mask, counted row by row. */
+/* (query, key) pairs of a block under the causal mask: query row i sees min(max(e + i, 0), K) keys
+   (e = q_pos - k_pos + 1, K = k_rows), summed over the rows in closed form: none before row lo,
+   e + i from lo to hi, all K after (positions < 2^31, so no product overflows). */
 static int64_t dt__cp_block_pairs(const dt_attn_block *d) {
-    int64_t i, n = 0;
-    for (i = 0; i < d->q_rows; i++) {
-        int64_t v = d->q_pos + i - d->k_pos + 1;
-        n += v < 0 ? 0 : v > d->k_rows ? d->k_rows : v;
-    }
-    return n;
+    int64_t e = d->q_pos - d->k_pos + 1, n = d->q_rows, K = d->k_rows, lo, hi;
+    lo = 1 - e > 0 ? 1 - e : 0;
+    if (lo > n) lo = n;
+    hi = K - e < n ? K - e : n;
+    if (hi < lo) hi = lo;
+    return (hi - lo) * e + (lo + hi - 1) * (hi - lo) / 2 + (n - hi) * K;
 }
 
 DT_API int64_t dt_cp_attention_pairs(int cp, int cp_rank, int64_t T) {
@@ -2959,7 +2961,8 @@ DT_API int64_t dt_cp_attention_pairs(int cp, int cp_rank, int64_t T) {
     dt_attn_block d;
     int s, a, b;
     int64_t n = 0;
-    if (cp < 1 || cp_rank < 0 || cp_rank >= cp || T < 0 || (cp > 1 && T % (2 * (int64_t)cp))) return -1;
+    if (cp < 1 || cp_rank < 0 || cp_rank >= cp || T < 0 || T > ((int64_t)1 << 31) || (cp > 1 && T % (2 * (int64_t)cp)))
+        return -1;
     memset(&g, 0, sizeof g);
     g.cp = cp;
     g.r = cp_rank;

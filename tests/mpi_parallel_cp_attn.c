@@ -240,6 +240,12 @@ static void balance(void) {
             dt_test_expect(name, sum == Tq * (Tq + 1) / 2, "sum %lld, T (T+1)/2 = %lld", (long long)sum,
                            (long long)(Tq * (Tq + 1) / 2));
         }
+    { /* the count is closed-form: T = 2^31 at cp 4 is as quick, and still every pair once */
+        int64_t Tb = (int64_t)1 << 31, sum = 0;
+        for (r = 0; r < 4; r++) sum += dt_cp_attention_pairs(4, r, Tb);
+        dt_test_expect("pairs_at_T_2pow31_sum_to_every_causal_pair", sum == Tb / 2 * (Tb + 1), "sum %lld", (long long)sum);
+        DT_TEST_CHECK("pairs_above_2pow31_is_minus_1", dt_cp_attention_pairs(4, 0, Tb + 8) == -1);
+    }
     DT_TEST_CHECK("position_cp2_r0_is_chunks_0_and_3", dt_cp_position(2, 0, 16, 3) == 3 && dt_cp_position(2, 0, 16, 4) == 12);
     DT_TEST_CHECK("position_cp2_r1_is_chunks_1_and_2", dt_cp_position(2, 1, 16, 0) == 4 && dt_cp_position(2, 1, 16, 7) == 11);
     DT_TEST_CHECK("position_cp1_is_the_row_any_T", dt_cp_position(1, 0, 7, 6) == 6);
