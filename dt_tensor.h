@@ -549,7 +549,8 @@ DT_API dt_status dt_attention_gqa_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_ten
    causal mask), so a block entirely above the diagonal is a no-op. Rows outside the ranges are
    not touched. The backward takes the final (merged) out and lse and adds the block's part of
    the gradients: dq (q's layout; only the first H*hs columns of each row) and dkv (kv's layout).
-   f32 on the CPU; CUDA tensors are DT_ERR_UNSUPPORTED for now. */
+   f32, on the CPU or (under DT_CUDA, every operand on cuda) through kernels/dt_attention.cu's
+   dt_k_attention_block_fwd / _bwd: one thread per row, deterministic, simple rather than fast. */
 typedef struct dt_attn_block {
     int n_head, n_kv_head;        /* H; Hkv (0 = H) must divide H */
     int64_t q_row, q_rows, q_pos; /* rows [q_row, q_row + q_rows) of q, the first at position q_pos */
@@ -2306,6 +2307,10 @@ static dt_status dt__cu_layernorm_bwd(dt_ctx *, dt_tensor *, dt_tensor *, dt_ten
                                       const dt_tensor *, const dt_tensor *, const dt_tensor *, const dt_tensor *);
 static dt_status dt__cu_embedding(dt_ctx *, dt_tensor *, const dt_tensor *, const dt_tensor *, int bwd);
 static dt_status dt__cu_attention_fwd(dt_ctx *, dt_tensor *, dt_tensor *, const dt_tensor *, int);
+struct dt__ablk;
+static dt_status dt__cu_ablk(dt_ctx *, const struct dt__ablk *, const dt_attn_block *, dt_tensor *, dt_tensor *,
+                             const dt_tensor *, const dt_tensor *, dt_tensor *, dt_tensor *, const dt_tensor *,
+                             const char *);
 static dt_status dt__cu_attention_bwd(dt_ctx *, dt_tensor *, const dt_tensor *, const dt_tensor *,
                                       const dt_tensor *, int);
 static dt_status dt__cu_softmax_xent_fwd(dt_ctx *, float *, int64_t *, dt_tensor *, const dt_tensor *,
@@ -3498,6 +3503,7 @@ typedef struct dt__ablk {
     int64_t B, Tq, Tk, Wq, Wkv, C, Ckv, hs;
     int H, Hkv;
     float scale;
+    int dev; /* the operands are on cuda: kernels/dt_attention.cu's dt_k_attention_block_* */
 } dt__ablk;
 
 static int dt__ablk_dev(const dt_tensor *t) { return t && t->device != DT_CPU; }
@@ -3521,10 +3527,32 @@ static dt_status dt__ablk_check(dt_ctx *ctx, dt__ablk *g, const dt_tensor *out, 
                                 const dt_tensor *q, const dt_tensor *kv, const dt_attn_block *d, const char *fn,
                                 const char *on) {
     char s[96];
+#ifdef DT_CUDA
+    dt_tensor so, sl, sq, sk; /* cpu shadows of cuda tensors, for the checks (the data stays) */
+#endif
     if (!d) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: d is NULL", fn);
-    if (dt__ablk_dev(out) || dt__ablk_dev(lse) || dt__ablk_dev(q) || dt__ablk_dev(kv))
-        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: CUDA tensors; the block attention runs on the CPU "
-                                "(dt_attention has the CUDA kernels)", fn);
+    if (dt__ablk_dev(out) || dt__ablk_dev(lse) || dt__ablk_dev(q) || dt__ablk_dev(kv)) {
+#ifdef DT_CUDA
+        const dt_tensor *all[4];
+        dt_tensor *sh[4];
+        const char *nm[4];
+        int k;
+        all[0] = out; all[1] = lse; all[2] = q; all[3] = kv;
+        sh[0] = &so; sh[1] = &sl; sh[2] = &sq; sh[3] = &sk;
+        nm[0] = on; nm[1] = "lse"; nm[2] = "q"; nm[3] = "kv";
+        for (k = 0; k < 4; k++) {
+            if (!all[k] || all[k]->device != DT_CUDA_DEVICE)
+                return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: %s is %s but another operand is on cuda; expected "
+                                        "one device", fn, nm[k], all[k] ? dt_device_name(all[k]->device) : "NULL");
+            *sh[k] = *all[k];
+            sh[k]->device = DT_CPU;
+        }
+        out = &so; lse = &sl; q = &sq; kv = &sk;
+        g->dev = 1;
+#else
+        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: CUDA tensors in a build without DT_CUDA", fn);
+#endif
+    }
     DT__TRY(dt__f32(ctx, q, fn, "q"));
     DT__TRY(dt__f32(ctx, kv, fn, "kv"));
     DT__TRY(dt__f32(ctx, out, fn, on));
@@ -3589,7 +3617,11 @@ DT_API dt_status dt_attention_block_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *
     int h;
     float *sc, *ob, *bl;
     if (!ctx) return DT_ERR_ARG;
+    memset(&g, 0, sizeof g);
     DT__TRY(dt__ablk_check(ctx, &g, out, lse, q, kv, d, fn, "out"));
+#ifdef DT_CUDA
+    if (g.dev) return dt__cu_ablk(ctx, &g, d, out, lse, q, kv, NULL, NULL, NULL, fn);
+#endif
     if (!g.B || !d->q_rows || !d->k_rows || !dt__ablk_nvis(d, d->q_rows - 1)) return DT_OK;
     /* past the GEMM's packing: scores [RB, k_rows], the block's output [RB, hs] and lse [RB] */
     if (!dt_mul_ok(DT__ATT_RB, d->k_rows + g.hs + 1, &need) || !dt__scratch(ctx, DT__GEMM_SCRATCH + (size_t)need))
@@ -3636,7 +3668,35 @@ DT_API dt_status dt_attention_block_bwd(dt_ctx *ctx, dt_tensor *dq, dt_tensor *d
     int h;
     float *sc, *dp;
     if (!ctx) return DT_ERR_ARG;
+    memset(&g, 0, sizeof g);
     DT__TRY(dt__ablk_check(ctx, &g, dout, lse, q, kv, d, fn, "dout"));
+    if (g.dev) { /* out, dq, dkv on cuda too, checked as their cpu shadows */
+        const dt_tensor *all[3];
+        const char *nm[3];
+        int k;
+        all[0] = out; all[1] = dq; all[2] = dkv;
+        nm[0] = "out"; nm[1] = "dq"; nm[2] = "dkv";
+        for (k = 0; k < 3; k++) {
+            dt_tensor sh;
+            if (!all[k] && k) continue;
+            if (!all[k] || all[k]->device != DT_CUDA_DEVICE)
+                return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: %s is %s but dout is on cuda; expected one device", fn,
+                                        nm[k], all[k] ? dt_device_name(all[k]->device) : "NULL");
+            sh = *all[k];
+            sh.device = DT_CPU;
+            DT__TRY(dt__f32(ctx, &sh, fn, nm[k]));
+            DT__TRY(dt__ndim(ctx, &sh, 3, 3, fn, nm[k]));
+            if (sh.shape[0] != g.B || sh.shape[1] != (k == 2 ? g.Tk : g.Tq) ||
+                sh.shape[2] != (k == 0 ? g.C : k == 1 ? g.Wq : g.Wkv)) {
+                char s[96];
+                return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s; expected %s's", fn, nm[k],
+                                        dt_shape_str(&sh, s, sizeof s), k == 0 ? "dout" : k == 1 ? "q" : "kv");
+            }
+        }
+#ifdef DT_CUDA
+        return dt__cu_ablk(ctx, &g, d, (dt_tensor *)out, (dt_tensor *)lse, q, kv, dq, dkv, dout, fn);
+#endif
+    }
     DT__TRY(dt__f32(ctx, out, fn, "out"));
     DT__TRY(dt__same(ctx, out, dout, fn, "out", "dout"));
     if (dq) {
@@ -3647,8 +3707,6 @@ DT_API dt_status dt_attention_block_bwd(dt_ctx *ctx, dt_tensor *dq, dt_tensor *d
         DT__TRY(dt__f32(ctx, dkv, fn, "dkv"));
         DT__TRY(dt__same(ctx, dkv, kv, fn, "dkv", "kv"));
     }
-    if (dt__ablk_dev(out) || dt__ablk_dev(dq) || dt__ablk_dev(dkv))
-        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: CUDA tensors; the block attention runs on the CPU", fn);
     if ((!dq && !dkv) || !g.B || !d->q_rows || !d->k_rows || !dt__ablk_nvis(d, d->q_rows - 1)) return DT_OK;
     /* past the GEMM's packing: P [RB, k_rows] and dP, then dS in its place */
     if (!dt_mul_ok(2 * DT__ATT_RB, d->k_rows, &need) || !dt__scratch(ctx, DT__GEMM_SCRATCH + (size_t)need))
@@ -4330,6 +4388,25 @@ static dt_status dt__cu_attention_tc(dt_ctx *ctx, const dt_tensor *y, const dt_t
         return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: qkv is bf16, whose tensor-core kernels need compute "
                                 "capability 8.0 or newer (mma.sync with bf16); cast qkv to f32", fn);
     return st;
+}
+
+/* dt_attention_block_fwd (dq, dkv, dout NULL) / _bwd on cuda tensors, checked by the caller. */
+static dt_status dt__cu_ablk(dt_ctx *ctx, const struct dt__ablk *g, const dt_attn_block *d, dt_tensor *out,
+                             dt_tensor *lse, const dt_tensor *q, const dt_tensor *kv, dt_tensor *dq, dt_tensor *dkv,
+                             const dt_tensor *dout, const char *fn) {
+    dt_k_attn_block a;
+    a.B = g->B; a.Tq = g->Tq; a.Wq = g->Wq; a.Tk = g->Tk; a.Wkv = g->Wkv; a.hs = g->hs; a.H = g->H; a.Hkv = g->Hkv;
+    a.q_row = d->q_row; a.q_rows = d->q_rows; a.q_pos = d->q_pos;
+    a.k_row = d->k_row; a.k_rows = d->k_rows; a.k_pos = d->k_pos;
+    if (!dout)
+        return dt__cu_status(ctx, dt_k_attention_block_fwd(DT__CU_F(out), DT__CU_F(lse), (const float *)q->data,
+                                                           (const float *)kv->data, &a, ctx->cuda_stream),
+                             fn, "dt_k_attention_block_fwd");
+    return dt__cu_status(ctx, dt_k_attention_block_bwd(dq ? DT__CU_F(dq) : NULL, dkv ? DT__CU_F(dkv) : NULL,
+                                                       (const float *)dout->data, (const float *)q->data,
+                                                       (const float *)kv->data, (const float *)out->data,
+                                                       (const float *)lse->data, &a, ctx->cuda_stream),
+                         fn, "dt_k_attention_block_bwd");
 }
 
 static dt_status dt__cu_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv, int n_head) {

@@ -379,3 +379,167 @@ extern "C" int dt_k_attention_bwd_flash(float *dqkv, const float *dout, const fl
     }
     return st;
 }
+
+/* ---- one (query block, key block) pair with its logsumexp: dt_attention_block_fwd / _bwd on the
+   device (context parallelism's ring step). One thread per (b, h, query row) forward and for dq,
+   one per (b, kv head, key row) for dk and dv: every output row summed by one thread in key (or
+   head, query) order, no atomics, the same bits every run. The scores are recomputed where they
+   are needed instead of kept (two dot products per pair forward, three backward): simple, not
+   fast; the tensor-core kernels of dt_flash.cu are where speed lives. */
+
+/* Keys [0, n) of the block that query row i sees. */
+static __device__ int64_t dt_k__ablk_nvis(const dt_k_attn_block *a, int64_t i) {
+    int64_t n = a->q_pos + i - a->k_pos + 1;
+    return n < 0 ? 0 : n > a->k_rows ? a->k_rows : n;
+}
+
+static __device__ float dt_k__dot(const float *x, const float *y, int64_t n) {
+    float s = 0.0f;
+    int64_t c;
+    for (c = 0; c < n; c++) s += x[c] * y[c];
+    return s;
+}
+
+static __global__ void dt_k__ablk_fwd(float *__restrict__ out, float *__restrict__ lse, const float *__restrict__ q,
+                                      const float *__restrict__ kv, dt_k_attn_block a, float scale) {
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, i, b, j, c, n;
+    int h, hk;
+    const float *qp, *kp, *vp;
+    float *op, *lp, m = -INFINITY, sum = 0.0f, lb, ln, wa, wb;
+    if (idx >= a.B * a.H * a.q_rows) return;
+    i = idx % a.q_rows;
+    h = (int)((idx / a.q_rows) % a.H);
+    b = idx / a.q_rows / a.H;
+    hk = h / (a.H / a.Hkv);
+    n = dt_k__ablk_nvis(&a, i);
+    if (!n) return;
+    qp = q + (b * a.Tq + a.q_row + i) * a.Wq + h * a.hs;
+    kp = kv + (b * a.Tk + a.k_row) * a.Wkv + hk * a.hs;
+    vp = kp + a.Hkv * a.hs;
+    op = out + (b * a.Tq + a.q_row + i) * (a.H * a.hs) + h * a.hs;
+    lp = lse + (b * a.H + h) * a.Tq + a.q_row + i;
+    for (j = 0; j < n; j++) { /* the block's max and sum */
+        float s = dt_k__dot(qp, kp + j * a.Wkv, a.hs) * scale;
+        if (s > m) { sum = sum * expf(m - s) + 1.0f; m = s; }
+        else sum += expf(s - m);
+    }
+    lb = m + logf(sum);
+    if (*lp == -INFINITY) { ln = lb; wa = 0.0f; }
+    else {
+        float mx = *lp > lb ? *lp : lb;
+        ln = mx + logf(expf(*lp - mx) + expf(lb - mx));
+        wa = expf(*lp - ln);
+    }
+    wb = expf(lb - ln);
+    for (c = 0; c < a.hs; c++) op[c] = wa > 0.0f ? op[c] * wa : 0.0f; /* what the row held, weighted (nothing
+                                                                          yet: 0), then the block's rows */
+    for (j = 0; j < n; j++) {
+        float p = expf(dt_k__dot(qp, kp + j * a.Wkv, a.hs) * scale - lb) * wb;
+        const float *v = vp + j * a.Wkv;
+        for (c = 0; c < a.hs; c++) op[c] += p * v[c];
+    }
+    *lp = ln;
+}
+
+/* dq (q's layout) += per query row: p = exp(s - lse), dp = dout . v, ds = p (dp - D) scale. */
+static __global__ void dt_k__ablk_dq(float *__restrict__ dq, const float *__restrict__ dout,
+                                     const float *__restrict__ q, const float *__restrict__ kv,
+                                     const float *__restrict__ out, const float *__restrict__ lse, dt_k_attn_block a,
+                                     float scale) {
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, i, b, j, c, n, C = a.H * a.hs, row;
+    int h, hk;
+    const float *qp, *kp, *vp, *gp;
+    float *dqp, D, l;
+    if (idx >= a.B * a.H * a.q_rows) return;
+    i = idx % a.q_rows;
+    h = (int)((idx / a.q_rows) % a.H);
+    b = idx / a.q_rows / a.H;
+    hk = h / (a.H / a.Hkv);
+    n = dt_k__ablk_nvis(&a, i);
+    if (!n) return;
+    row = b * a.Tq + a.q_row + i;
+    qp = q + row * a.Wq + h * a.hs;
+    dqp = dq + row * a.Wq + h * a.hs;
+    gp = dout + row * C + h * a.hs;
+    D = dt_k__dot(gp, out + row * C + h * a.hs, a.hs);
+    l = lse[(b * a.H + h) * a.Tq + a.q_row + i];
+    kp = kv + (b * a.Tk + a.k_row) * a.Wkv + hk * a.hs;
+    vp = kp + a.Hkv * a.hs;
+    for (j = 0; j < n; j++) {
+        float p = expf(dt_k__dot(qp, kp + j * a.Wkv, a.hs) * scale - l);
+        float ds = p * (dt_k__dot(gp, vp + j * a.Wkv, a.hs) - D) * scale;
+        for (c = 0; c < a.hs; c++) dqp[c] += ds * kp[j * a.Wkv + c];
+    }
+}
+
+/* dk, dv (kv's layout) += per key row, over the query heads of its group and the rows that see it. */
+static __global__ void dt_k__ablk_dkv(float *__restrict__ dkv, const float *__restrict__ dout,
+                                      const float *__restrict__ q, const float *__restrict__ kv,
+                                      const float *__restrict__ out, const float *__restrict__ lse, dt_k_attn_block a,
+                                      float scale) {
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, j, b, i, i0, c, C = a.H * a.hs, krow;
+    int hk, h, g = a.H / a.Hkv;
+    const float *kp, *vp;
+    float *dkp, *dvp;
+    if (idx >= a.B * a.Hkv * a.k_rows) return;
+    j = idx % a.k_rows;
+    hk = (int)((idx / a.k_rows) % a.Hkv);
+    b = idx / a.k_rows / a.Hkv;
+    krow = b * a.Tk + a.k_row + j;
+    kp = kv + krow * a.Wkv + hk * a.hs;
+    vp = kp + a.Hkv * a.hs;
+    dkp = dkv + krow * a.Wkv + hk * a.hs;
+    dvp = dkp + a.Hkv * a.hs;
+    i0 = a.k_pos + j - a.q_pos; /* the first query row that sees key j */
+    if (i0 < 0) i0 = 0;
+    for (h = hk * g; h < (hk + 1) * g; h++)
+        for (i = i0; i < a.q_rows; i++) {
+            int64_t row = b * a.Tq + a.q_row + i;
+            const float *qp = q + row * a.Wq + h * a.hs, *gp = dout + row * C + h * a.hs;
+            float D = dt_k__dot(gp, out + row * C + h * a.hs, a.hs);
+            float p = expf(dt_k__dot(qp, kp, a.hs) * scale - lse[(b * a.H + h) * a.Tq + a.q_row + i]);
+            float ds = p * (dt_k__dot(gp, vp, a.hs) - D) * scale;
+            for (c = 0; c < a.hs; c++) {
+                dkp[c] += ds * qp[c];
+                dvp[c] += p * gp[c];
+            }
+        }
+}
+
+static int dt_k__ablk_ok(const dt_k_attn_block *a) {
+    return a && a->B >= 0 && a->H > 0 && a->Hkv > 0 && a->H % a->Hkv == 0 && a->hs >= 0 && a->q_rows >= 0 &&
+           a->k_rows >= 0 && a->q_row >= 0 && a->k_row >= 0 && a->q_row + a->q_rows <= a->Tq &&
+           a->k_row + a->k_rows <= a->Tk && a->Wq >= a->H * a->hs && a->Wkv == 2 * a->Hkv * a->hs;
+}
+
+extern "C" int dt_k_attention_block_fwd(float *out, float *lse, const float *q, const float *kv,
+                                        const dt_k_attn_block *a, void *stream) {
+    int64_t n;
+    if (!dt_k__ablk_ok(a)) return (int)cudaErrorInvalidValue;
+    n = a->B * a->H * a->q_rows;
+    if (!n || !a->k_rows) return 0;
+    DT_K_LAUNCH(dt_k__ablk_fwd, (unsigned)((n + 127) / 128), 128, 0, stream, out, lse, q, kv, *a,
+                dt_k__att_scale(a->hs));
+    return DT_K_CHECK();
+}
+
+extern "C" int dt_k_attention_block_bwd(float *dq, float *dkv, const float *dout, const float *q, const float *kv,
+                                        const float *out, const float *lse, const dt_k_attn_block *a, void *stream) {
+    int64_t n;
+    int st = 0;
+    if (!dt_k__ablk_ok(a)) return (int)cudaErrorInvalidValue;
+    if (!a->B || !a->q_rows || !a->k_rows) return 0;
+    if (dq) {
+        n = a->B * a->H * a->q_rows;
+        DT_K_LAUNCH(dt_k__ablk_dq, (unsigned)((n + 127) / 128), 128, 0, stream, dq, dout, q, kv, out, lse, *a,
+                    dt_k__att_scale(a->hs));
+        st = DT_K_CHECK();
+    }
+    if (dkv && !st) {
+        n = a->B * a->Hkv * a->k_rows;
+        DT_K_LAUNCH(dt_k__ablk_dkv, (unsigned)((n + 127) / 128), 128, 0, stream, dkv, dout, q, kv, out, lse, *a,
+                    dt_k__att_scale(a->hs));
+        st = DT_K_CHECK();
+    }
+    return st;
+}

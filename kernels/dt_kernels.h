@@ -151,6 +151,23 @@ int dt_k_attention_fwd_flash(float *out, float *lse, const float *qkv, int64_t B
 int dt_k_attention_bwd_flash(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                              int64_t B, int64_t T, int64_t C, int n_head, float *scratch, void *stream);
 
+/* One (query block, key block) pair of the online softmax with its logsumexp, as dt_tensor.h's
+   dt_attention_block_fwd / _bwd (context parallelism's ring step): q rows of Wq floats (the
+   first H hs used), kv rows of 2 Hkv hs (keys then values), out [B, Tq, H hs] and lse [B, H, Tq]
+   merged in place; query row q_row + i at position q_pos + i sees key row k_row + j at
+   k_pos + j when k_pos + j <= q_pos + i. bwd: dq (q's layout) and dkv (kv's) += the block's
+   part of the gradients, from the final out and lse; either may be NULL. One thread per row,
+   scores recomputed: simple, deterministic, not fast. Bad sizes: cudaErrorInvalidValue. */
+typedef struct dt_k_attn_block {
+    int64_t B, Tq, Wq, Tk, Wkv, hs;
+    int H, Hkv;
+    int64_t q_row, q_rows, q_pos, k_row, k_rows, k_pos;
+} dt_k_attn_block;
+int dt_k_attention_block_fwd(float *out, float *lse, const float *q, const float *kv, const dt_k_attn_block *a,
+                             void *stream);
+int dt_k_attention_block_bwd(float *dq, float *dkv, const float *dout, const float *q, const float *kv,
+                             const float *out, const float *lse, const dt_k_attn_block *a, void *stream);
+
 /* Causal attention on the tensor cores (dt_flash.cu, FlashAttention-2 on mma.sync m16n8k16): q,
    k, v in bf16 (uint16_t bits), f32 accumulation, softmax statistics and outputs. Row (b, t) of
    q is at q + (b T + t) q_stride, head h at + h hs; k and v alike (kv_stride) with H_kv heads,

@@ -136,6 +136,75 @@ static void check(dt_ctx *ctx, const char *tag, int64_t B, int64_t T, int64_t C,
     cudaFree(d_lse); cudaFree(d_scr);
 }
 
+/* dt_k_attention_block_fwd / _bwd (one ring step of context parallelism) against the CPU's
+   dt_attention_block_fwd / _bwd on the same operands: out and lse merged into a random state
+   (rows with a held value and rows still at -inf), the gradients added to random ones; within
+   1e-5 + 1e-5 |ref| (the kernel sums in key order one row per thread, the CPU through GEMMs). */
+static double worst_of(const std::vector<float> &got, const std::vector<float> &want, double abs_, double rel,
+                       size_t *at) {
+    double w = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        double e = fabs((double)got[i] - (double)want[i]) / (abs_ + rel * fabs((double)want[i]));
+        if (!(e <= w)) { w = e; *at = i; }
+    }
+    return w;
+}
+static void check_block(dt_ctx *ctx, const char *tag, int64_t B, int H, int Hkv, int64_t hs, int64_t Tq, int64_t Tk,
+                        int64_t q_row, int64_t q_rows, int64_t q_pos, int64_t k_row, int64_t k_rows, int64_t k_pos) {
+    char name[160];
+    int64_t Wq = (H + 2 * Hkv) * hs + 3, Wkv = 2 * Hkv * hs, C = H * hs; /* Wq: q rows wider than H hs */
+    size_t nq = (size_t)(B * Tq * Wq), nk = (size_t)(B * Tk * Wkv), no = (size_t)(B * Tq * C), nl = (size_t)(B * H * Tq);
+    std::vector<float> q = rnd(nq, 11, -1, 1), kv = rnd(nk, 12, -1, 1), out = rnd(no, 13, -1, 1), lse(nl);
+    std::vector<float> dout = rnd(no, 14, -1, 1), dq = rnd(nq, 15, -0.5f, 0.5f), dkv = rnd(nk, 16, -0.5f, 0.5f);
+    for (size_t i = 0; i < nl; i++) lse[i] = i % 3 ? 0.5f + dt_rng_uniform(7, 17, i) : -INFINITY;
+    for (size_t i = 0; i < nl; i++) /* a row at -inf holds nothing yet: its out is 0, as the contract says */
+        if (lse[i] == -INFINITY) {
+            int64_t bh = (int64_t)i / Tq, t = (int64_t)i % Tq, b = bh / H, h = bh % H;
+            for (int64_t c = 0; c < hs; c++) out[(size_t)((b * Tq + t) * C + h * hs + c)] = 0.0f;
+        }
+    float *d_q = dev(q), *d_kv = dev(kv), *d_out = dev(out), *d_lse = dev(lse), *d_dout = dev(dout), *d_dq = dev(dq),
+          *d_dkv = dev(dkv);
+    std::vector<float> c_out = out, c_lse = lse, c_dq = dq, c_dkv = dkv;
+    dt_tensor tq = wrap(q, 3, B, Tq, Wq, 0), tk = wrap(kv, 3, B, Tk, Wkv, 0), to = wrap(c_out, 3, B, Tq, C, 0);
+    dt_tensor tl = wrap(c_lse, 3, B, H, Tq, 0), tg = wrap(dout, 3, B, Tq, C, 0), tdq = wrap(c_dq, 3, B, Tq, Wq, 0);
+    dt_tensor tdk = wrap(c_dkv, 3, B, Tk, Wkv, 0);
+    dt_attn_block d;
+    dt_k_attn_block a;
+    size_t at = 0;
+    double w;
+    memset(&d, 0, sizeof d);
+    d.n_head = H; d.n_kv_head = Hkv; d.q_row = q_row; d.q_rows = q_rows; d.q_pos = q_pos;
+    d.k_row = k_row; d.k_rows = k_rows; d.k_pos = k_pos;
+    a.B = B; a.Tq = Tq; a.Wq = Wq; a.Tk = Tk; a.Wkv = Wkv; a.hs = hs; a.H = H; a.Hkv = Hkv;
+    a.q_row = q_row; a.q_rows = q_rows; a.q_pos = q_pos; a.k_row = k_row; a.k_rows = k_rows; a.k_pos = k_pos;
+    if (dt_attention_block_fwd(ctx, &to, &tl, &tq, &tk, &d) ||
+        dt_attention_block_bwd(ctx, &tdq, &tdk, &tg, &tq, &tk, &to, &tl, &d)) {
+        dt_test_fail("block_cpu_reference_runs", "%s", dt_ctx_error(ctx));
+        return;
+    }
+    snprintf(name, sizeof name, "block_fwd_returns_0_%s", tag);
+    DT_TEST_CHECK(name, dt_k_attention_block_fwd(d_out, d_lse, d_q, d_kv, &a, NULL) == 0);
+    w = worst_of(host(d_out, no), c_out, 1e-5, 1e-5, &at);
+    snprintf(name, sizeof name, "block_fwd_out_equals_cpu_%s", tag);
+    dt_test_expect(name, w <= 1, "element %zu: %.9g, cpu %.9g", at, host(d_out, no)[at], c_out[at]);
+    w = worst_of(host(d_lse, nl), c_lse, 1e-5, 1e-5, &at);
+    snprintf(name, sizeof name, "block_fwd_lse_equals_cpu_%s", tag);
+    dt_test_expect(name, w <= 1 || (c_lse[at] == -INFINITY && host(d_lse, nl)[at] == -INFINITY),
+                   "element %zu: %.9g, cpu %.9g", at, host(d_lse, nl)[at], c_lse[at]);
+    /* the backward from the CPU's final out and lse (the same on both sides) */
+    cudaMemcpy(d_out, c_out.data(), no * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_lse, c_lse.data(), nl * sizeof(float), cudaMemcpyHostToDevice);
+    snprintf(name, sizeof name, "block_bwd_returns_0_%s", tag);
+    DT_TEST_CHECK(name, dt_k_attention_block_bwd(d_dq, d_dkv, d_dout, d_q, d_kv, d_out, d_lse, &a, NULL) == 0);
+    w = worst_of(host(d_dq, nq), c_dq, 1e-5, 1e-5, &at);
+    snprintf(name, sizeof name, "block_bwd_dq_equals_cpu_%s", tag);
+    dt_test_expect(name, w <= 1, "element %zu: %.9g, cpu %.9g", at, host(d_dq, nq)[at], c_dq[at]);
+    w = worst_of(host(d_dkv, nk), c_dkv, 1e-5, 1e-5, &at);
+    snprintf(name, sizeof name, "block_bwd_dkv_equals_cpu_%s", tag);
+    dt_test_expect(name, w <= 1, "element %zu: %.9g, cpu %.9g", at, host(d_dkv, nk)[at], c_dkv[at]);
+    cudaFree(d_q); cudaFree(d_kv); cudaFree(d_out); cudaFree(d_lse); cudaFree(d_dout); cudaFree(d_dq); cudaFree(d_dkv);
+}
+
 int main(void) {
     dt_ctx ctx;
     dt_ctx_init(&ctx, NULL);
@@ -144,6 +213,12 @@ int main(void) {
     check(&ctx, "B2_T5_C6_H3", 2, 5, 6, 3);
     check(&ctx, "B2_T35_C4_H1_one_head", 2, ksz(35, 33), 4, 1);
     check(&ctx, "hs72_tile16_T20", 1, ksz(20, 18), 72, 1); /* the backward's 16-row tiles, partial */
+    /* the blocks of a ring: the diagonal, a whole block below it, one above (a no-op), an offset
+       that cuts the block, grouped-query heads, rows inside larger tensors */
+    check_block(&ctx, "diagonal_B2_H2", 2, 2, 2, 4, 8, 8, 0, 8, 16, 0, 8, 16);
+    check_block(&ctx, "whole_below_gqa_H4_K2", 1, 4, 2, 4, 8, 8, 4, 4, 40, 0, 8, 8);
+    check_block(&ctx, "above_is_noop_K1", 1, 4, 1, 4, 8, 8, 0, 4, 0, 2, 4, 20);
+    check_block(&ctx, "cut_by_the_mask_rows_inside", 2, 3, 3, 5, 10, 12, 3, 6, 7, 2, 9, 5);
     { /* bad arguments are statuses, never a launch */
         float *d = NULL;
         cudaMalloc((void **)&d, 64 * sizeof(float));
@@ -164,6 +239,16 @@ int main(void) {
         DT_TEST_CHECK("attention_bwd_flash_null_lse_is_invalid_value",
                       dt_k_attention_bwd_flash(d, d, d, d, NULL, 1, 2, 8, 2, d, NULL) == (int)cudaErrorInvalidValue);
         DT_TEST_CHECK("attention_bwd_flash_empty_batch_is_ok", dt_k_attention_bwd_flash(d, d, d, d, d, 0, 4, 8, 2, d, NULL) == 0);
+        {
+            dt_k_attn_block a;
+            memset(&a, 0, sizeof a);
+            a.B = 1; a.Tq = 4; a.Wq = 24; a.Tk = 4; a.Wkv = 16; a.hs = 4; a.H = 4; a.Hkv = 3; a.q_rows = 4; a.k_rows = 4;
+            DT_TEST_CHECK("block_fwd_kv_heads_not_dividing_is_invalid_value",
+                          dt_k_attention_block_fwd(d, d, d, d, &a, NULL) == (int)cudaErrorInvalidValue);
+            a.Hkv = 2; a.q_row = 1;
+            DT_TEST_CHECK("block_bwd_rows_past_the_tensor_is_invalid_value",
+                          dt_k_attention_block_bwd(d, d, d, d, d, d, d, &a, NULL) == (int)cudaErrorInvalidValue);
+        }
         DT_TEST_CHECK("attention_fwd_empty_batch_is_ok", dt_k_attention_fwd(d, d, d, 0, 4, 8, 2, NULL) == 0 &&
                                                              dt_k_attention_fwd_flash(d, d, d, 0, 4, 8, 2, NULL) == 0 &&
                                                              dt_k_attention_bwd(d, d, d, d, 0, 4, 8, 2, d, NULL) == 0);
