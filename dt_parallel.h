@@ -2898,6 +2898,7 @@ typedef struct dt__cp_keep {
     dt_tensor snd, rcv;    /* ulysses: the all-to-all's blocks (flat, as many floats as qkv) */
     dt_tensor uo, duqkv;   /* ulysses: [B, T, C/CP] output (or its gradient), [B, T, 3C/CP] */
     int64_t pairs;         /* dt_cp_pairs_done */
+    int nccl_ready;        /* cp_comm has run a device collective (NCCL's send / recv need one first) */
 } dt__cp_keep;
 
 static void dt__cp_keep_free(dt_ctx *ctx, dt__cp_keep *k) {
@@ -2918,6 +2919,7 @@ static void dt__cp_keep_free(dt_ctx *ctx, dt__cp_keep *k) {
 typedef struct dt__cp_dim {
     int64_t B, Tl, T, W, C, Ckv, hs, c; /* c: rows of a chunk (Tl / 2; Tl at cp 1) */
     int H, Hkv, cp, r, nch;             /* nch: chunks a rank holds (2; 1 at cp 1) */
+    dt_device dev;                      /* qkv's: every operand's */
 } dt__cp_dim;
 
 /* Chunk a (0, 1) of rank r: its first local row and its index among the sequence's chunks. */
@@ -2979,12 +2981,14 @@ DT_API int64_t dt_cp_attention_pairs(int cp, int cp_rank, int64_t T) {
 
 DT_API int64_t dt_cp_pairs_done(const dt_layout *l) { return l && l->cp_keep ? l->cp_keep->pairs : 0; }
 
-/* t is [d0, d1, d2] f32 on the CPU: kept when it already is, else made anew. */
-static dt_status dt__cp_buf(dt_ctx *ctx, dt_tensor *t, int64_t d0, int64_t d1, int64_t d2) {
+/* t is [d0, d1, d2] f32 on dev: kept when it already is, else made anew. */
+static dt_status dt__cp_buf(dt_ctx *ctx, dt_tensor *t, dt_device dev, int64_t d0, int64_t d1, int64_t d2) {
     dt_tensor_desc td;
-    if (t->data && t->ndim == 3 && t->shape[0] == d0 && t->shape[1] == d1 && t->shape[2] == d2) return DT_OK;
+    if (t->data && t->device == dev && t->ndim == 3 && t->shape[0] == d0 && t->shape[1] == d1 && t->shape[2] == d2)
+        return DT_OK;
     dt_tensor_free(ctx, t);
     memset(&td, 0, sizeof td);
+    td.device = dev;
     td.dtype = DT_F32;
     td.ndim = 3;
     td.shape[0] = d0;
@@ -3007,12 +3011,16 @@ static dt_status dt__cp_begin(dt_layout *l, const char *fn) {
     return DT_OK;
 }
 
-/* An f32 CPU tensor (CUDA is not there yet: a named DT_ERR_UNSUPPORTED). */
-static dt_status dt__cp_f32(dt_ctx *ctx, const dt_tensor *t, const char *fn, const char *arg) {
-    if (t && t->device == DT_CUDA_DEVICE)
-        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: %s is on cuda; context-parallel attention runs on cpu "
-                                "tensors for now (its blocks are dt_attention_block_fwd's, CPU only)", fn, arg);
-    return dt_check_tensor(ctx, t, DT_F32, fn, arg);
+/* An f32 tensor on dev (the ring runs on cuda tensors too under DT_CUDA, Ulysses on the CPU only). */
+static dt_status dt__cp_f32(dt_ctx *ctx, const dt_tensor *t, dt_device dev, const char *fn, const char *arg) {
+    dt_tensor sh;
+    if (t && t->device != dev)
+        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: %s is on %s but qkv on %s; expected one device", fn, arg,
+                                dt_device_name(t->device), dt_device_name(dev));
+    if (!t || t->device != DT_CUDA_DEVICE) return dt_check_tensor(ctx, t, DT_F32, fn, arg);
+    sh = *t; /* checked as its cpu shadow: dtype and shape; the data stays */
+    sh.device = DT_CPU;
+    return dt_check_tensor(ctx, &sh, DT_F32, fn, arg);
 }
 
 /* t has shape [d0, d1, d2]. */
@@ -3031,7 +3039,16 @@ static dt_status dt__cp_qkv(dt_layout *l, dt__cp_dim *g, const dt_tensor *qkv, i
     char s[96];
     int64_t per;
     memset(g, 0, sizeof *g);
-    DT__TRY(dt__cp_f32(ctx, qkv, fn, "qkv"));
+    if (!qkv) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: qkv is NULL", fn);
+    g->dev = qkv->device;
+#ifndef DT_CUDA
+    if (g->dev == DT_CUDA_DEVICE)
+        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: qkv is on cuda in a build without DT_CUDA", fn);
+#endif
+    if (ulysses && g->dev == DT_CUDA_DEVICE)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: qkv is on cuda; Ulysses runs on cpu tensors for now (its "
+                                "row moves are host loops); the ring, dt_cp_attention_fwd, runs on cuda", fn);
+    DT__TRY(dt__cp_f32(ctx, qkv, g->dev, fn, "qkv"));
     g->H = n_head;
     g->Hkv = n_kv_head ? n_kv_head : n_head;
     if (n_head <= 0 || g->Hkv <= 0 || n_head % g->Hkv)
@@ -3064,11 +3081,55 @@ static dt_status dt__cp_qkv(dt_layout *l, dt__cp_dim *g, const dt_tensor *qkv, i
 }
 
 /* kv[b, t, :] = the k | v columns of qkv[b, t, :]. */
-static void dt__cp_pack_kv(dt_tensor *kv, const dt_tensor *qkv, const dt__cp_dim *g) {
+static dt_status dt__cp_pack_kv(dt_ctx *ctx, dt_tensor *kv, const dt_tensor *qkv, const dt__cp_dim *g) {
     int64_t n, rows = g->B * g->Tl;
+#ifdef DT_CUDA
+    if (g->dev == DT_CUDA_DEVICE) { /* kernels/dt_parallel.cu's column copy: qkv's columns [C, C + 2 Ckv) out */
+        int e = dt_k_concat((float *)qkv->data, (float *)kv->data, rows, g->W, g->C, 2 * g->Ckv, 0, 0, ctx->cuda_stream);
+        if (e) return dt_ctx_set_error(ctx, DT_ERR_CUDA, "dt_cp_attention: dt_k_concat failed: %s", dt_k_error_string(e));
+        return DT_OK;
+    }
+#endif
+    (void)ctx;
     for (n = 0; n < rows; n++)
         memcpy((float *)kv->data + n * 2 * g->Ckv, (const float *)qkv->data + n * g->W + g->C,
                (size_t)(2 * g->Ckv) * sizeof(float));
+    return DT_OK;
+}
+
+/* Posts this step's receive from r - 1 and send to r + 1. On NCCL a send and a receive are queued
+   in order on one stream and each waits for its peer, so a ring where every rank receives first
+   would wait on itself: at an even cp the even ranks send first and the odd ones receive first
+   (pairs), at an odd cp rank 0 sends first and the rest receive first (a chain). MPI does not
+   mind the order. The first device use runs one collective on cp_comm: NCCL's send / recv need
+   the communicator it makes (dt_comm.h, "NCCL"). */
+static dt_status dt__cp_post(dt_layout *l, const dt__cp_dim *g, dt_tensor *snd, dt_tensor *rcv, int tag,
+                             dt_comm_req **sq, dt_comm_req **rq) {
+    int prev = (g->r + g->cp - 1) % g->cp, next = (g->r + 1) % g->cp;
+    int send_first = g->cp % 2 == 0 ? g->r % 2 == 0 : g->r == 0;
+    if (g->dev == DT_CUDA_DEVICE && !l->cp_keep->nccl_ready) {
+        dt_tensor one;
+        int64_t n = 1;
+        DT__TRY(dt_tensor_view(l->ctx, &one, snd, 0, 1, &n));
+        {   /* a sum of one element into a copy: snd keeps its values */
+            dt_tensor tmp;
+            dt_tensor_desc d;
+            dt_status st;
+            memset(&d, 0, sizeof d);
+            d.dtype = DT_F32; d.device = DT_CUDA_DEVICE; d.shape[0] = 1;
+            DT__TRY(dt_tensor_create(l->ctx, &tmp, &d));
+            st = dt_comm_allreduce(l->cp_comm, &tmp, DT_REDUCE_SUM);
+            dt_tensor_free(l->ctx, &tmp);
+            DT__TRY(st);
+        }
+        l->cp_keep->nccl_ready = 1;
+    }
+    if (send_first) {
+        DT__TRY(dt_comm_isend(l->cp_comm, snd, next, tag, sq));
+        return dt_comm_irecv(l->cp_comm, rcv, prev, tag, rq);
+    }
+    DT__TRY(dt_comm_irecv(l->cp_comm, rcv, prev, tag, rq));
+    return dt_comm_isend(l->cp_comm, snd, next, tag, sq);
 }
 
 /* Waits for a posted request (if any) and keeps the first error in *st. */
@@ -3085,8 +3146,8 @@ static dt_status dt__cp_ring_check(dt_layout *l, dt__cp_dim *g, const dt_tensor 
                                    const char *fn) {
     DT__TRY(dt__cp_begin(l, fn));
     DT__TRY(dt__cp_qkv(l, g, qkv, n_head, n_kv_head, 0, fn));
-    DT__TRY(dt__cp_f32(l->ctx, o, fn, on));
-    DT__TRY(dt__cp_f32(l->ctx, lse, fn, "lse"));
+    DT__TRY(dt__cp_f32(l->ctx, o, g->dev, fn, on));
+    DT__TRY(dt__cp_f32(l->ctx, lse, g->dev, fn, "lse"));
     DT__TRY(dt__cp_shape(l->ctx, o, g->B, g->Tl, g->C, fn, on, "B, T / cp, n_head x head size"));
     return dt__cp_shape(l->ctx, lse, g->B, g->H, g->Tl, fn, "lse", "B, n_head, T / cp");
 }
@@ -3100,19 +3161,17 @@ DT_API dt_status dt_cp_attention_fwd(dt_layout *l, dt_tensor *out, dt_tensor *ls
     int s, a, b, cur = 0;
     DT__TRY(dt__cp_ring_check(l, &g, out, "out", lse, qkv, n_head, n_kv_head, fn));
     k = l->cp_keep;
-    DT__TRY(dt__cp_buf(l->ctx, &k->kv[0], g.B, g.Tl, 2 * g.Ckv));
-    DT__TRY(dt__cp_buf(l->ctx, &k->kv[1], g.B, g.Tl, 2 * g.Ckv));
+    DT__TRY(dt__cp_buf(l->ctx, &k->kv[0], g.dev, g.B, g.Tl, 2 * g.Ckv));
+    DT__TRY(dt__cp_buf(l->ctx, &k->kv[1], g.dev, g.B, g.Tl, 2 * g.Ckv));
     DT__TRY(dt_tensor_fill(l->ctx, out, 0.0));
     DT__TRY(dt_tensor_fill(l->ctx, lse, -INFINITY));
-    dt__cp_pack_kv(&k->kv[0], qkv, &g);
+    DT__TRY(dt__cp_pack_kv(l->ctx, &k->kv[0], qkv, &g));
     k->pairs = 0;
     for (s = 0; s < g.cp; s++) {
         dt_comm_req *rq = NULL, *sq = NULL;
         int src = (g.r - s + g.cp) % g.cp; /* whose K/V this rank holds at step s */
-        if (s + 1 < g.cp && !mst) { /* the next block is on its way while this one is computed */
-            mst = dt_comm_irecv(l->cp_comm, &k->kv[cur ^ 1], (g.r + g.cp - 1) % g.cp, DT__CP_TAG_KV, &rq);
-            if (!mst) mst = dt_comm_isend(l->cp_comm, &k->kv[cur], (g.r + 1) % g.cp, DT__CP_TAG_KV, &sq);
-        }
+        if (s + 1 < g.cp && !mst) /* the next block is on its way while this one is computed */
+            mst = dt__cp_post(l, &g, &k->kv[cur], &k->kv[cur ^ 1], DT__CP_TAG_KV, &sq, &rq);
         for (a = 0; a < g.nch; a++) /* a failed block keeps the ring going, so no rank waits forever */
             for (b = 0; b < g.nch && !cst; b++) {
                 dt_attn_block d;
@@ -3129,13 +3188,22 @@ DT_API dt_status dt_cp_attention_fwd(dt_layout *l, dt_tensor *out, dt_tensor *ls
 }
 
 /* y[b, t, off + j] += x[b, t, j] for the x.shape[2] columns j of each row. */
-static void dt__cp_add_cols(dt_tensor *y, int64_t off, const dt_tensor *x) {
+static dt_status dt__cp_add_cols(dt_ctx *ctx, dt_tensor *y, int64_t off, const dt_tensor *x) {
     int64_t n, j, rows = x->shape[0] * x->shape[1], w = x->shape[2], W = y->shape[2];
+#ifdef DT_CUDA
+    if (y->device == DT_CUDA_DEVICE) {
+        int e = dt_k_concat((float *)y->data, (float *)x->data, rows, W, off, w, 1, 1, ctx->cuda_stream);
+        if (e) return dt_ctx_set_error(ctx, DT_ERR_CUDA, "dt_cp_attention_bwd: dt_k_concat failed: %s", dt_k_error_string(e));
+        return DT_OK;
+    }
+#endif
+    (void)ctx;
     for (n = 0; n < rows; n++) {
         float *yr = (float *)y->data + n * W + off;
         const float *xr = (const float *)x->data + n * w;
         for (j = 0; j < w; j++) yr[j] += xr[j];
     }
+    return DT_OK;
 }
 
 DT_API dt_status dt_cp_attention_bwd(dt_layout *l, dt_tensor *dqkv, const dt_tensor *dout, const dt_tensor *qkv,
@@ -3145,31 +3213,28 @@ DT_API dt_status dt_cp_attention_bwd(dt_layout *l, dt_tensor *dqkv, const dt_ten
     dt__cp_keep *k;
     dt_comm_req *dsq[2] = {NULL, NULL}; /* the sends of dkv[0], dkv[1] */
     dt_status mst = DT_OK, cst = DT_OK;
-    int s, a, b, cur = 0, prev, next;
+    int s, a, b, cur = 0;
     DT__TRY(dt__cp_ring_check(l, &g, dout, "dout", lse, qkv, n_head, n_kv_head, fn));
-    DT__TRY(dt__cp_f32(l->ctx, out, fn, "out"));
+    DT__TRY(dt__cp_f32(l->ctx, out, g.dev, fn, "out"));
     DT__TRY(dt__cp_shape(l->ctx, out, g.B, g.Tl, g.C, fn, "out", "dout's"));
-    DT__TRY(dt__cp_f32(l->ctx, dqkv, fn, "dqkv"));
+    DT__TRY(dt__cp_f32(l->ctx, dqkv, g.dev, fn, "dqkv"));
     DT__TRY(dt__cp_shape(l->ctx, dqkv, g.B, g.Tl, g.W, fn, "dqkv", "qkv's"));
     k = l->cp_keep;
-    DT__TRY(dt__cp_buf(l->ctx, &k->kv[0], g.B, g.Tl, 2 * g.Ckv));
-    DT__TRY(dt__cp_buf(l->ctx, &k->kv[1], g.B, g.Tl, 2 * g.Ckv));
-    DT__TRY(dt__cp_buf(l->ctx, &k->dkv[0], g.B, g.Tl, 2 * g.Ckv));
-    DT__TRY(dt__cp_buf(l->ctx, &k->dkv[1], g.B, g.Tl, 2 * g.Ckv));
-    DT__TRY(dt__cp_buf(l->ctx, &k->din, g.B, g.Tl, 2 * g.Ckv));
-    dt__cp_pack_kv(&k->kv[0], qkv, &g);
-    prev = (g.r + g.cp - 1) % g.cp;
-    next = (g.r + 1) % g.cp;
+    DT__TRY(dt__cp_buf(l->ctx, &k->kv[0], g.dev, g.B, g.Tl, 2 * g.Ckv));
+    DT__TRY(dt__cp_buf(l->ctx, &k->kv[1], g.dev, g.B, g.Tl, 2 * g.Ckv));
+    DT__TRY(dt__cp_buf(l->ctx, &k->dkv[0], g.dev, g.B, g.Tl, 2 * g.Ckv));
+    DT__TRY(dt__cp_buf(l->ctx, &k->dkv[1], g.dev, g.B, g.Tl, 2 * g.Ckv));
+    DT__TRY(dt__cp_buf(l->ctx, &k->din, g.dev, g.B, g.Tl, 2 * g.Ckv));
+    DT__TRY(dt__cp_pack_kv(l->ctx, &k->kv[0], qkv, &g));
     for (s = 0; s < g.cp && !mst; s++) {
         dt_comm_req *rq = NULL, *sq = NULL, *drq = NULL;
         int src = (g.r - s + g.cp) % g.cp, d = s & 1;
-        if (s + 1 < g.cp) {
-            mst = dt_comm_irecv(l->cp_comm, &k->kv[cur ^ 1], prev, DT__CP_TAG_KVB, &rq);
-            if (!mst) mst = dt_comm_isend(l->cp_comm, &k->kv[cur], next, DT__CP_TAG_KVB, &sq);
-        }
-        /* the partial dK/dV of src's block, summed by ranks src .. r - 1 */
-        if (s > 0 && !mst) mst = dt_comm_irecv(l->cp_comm, &k->din, prev, DT__CP_TAG_DKV, &drq);
-        dt__cp_wait(&dsq[d], &mst); /* dkv[d] left two steps ago */
+        if (s + 1 < g.cp) mst = dt__cp_post(l, &g, &k->kv[cur], &k->kv[cur ^ 1], DT__CP_TAG_KVB, &sq, &rq);
+        /* the partial dK/dV sums travel while this step computes: last step's (dkv[d ^ 1]: the
+           block of r - s + 1, summed by its ranks up to this one) to r + 1, and from r - 1 the
+           block this step holds, summed by ranks src .. r - 1 */
+        if (s > 0 && !mst) mst = dt__cp_post(l, &g, &k->dkv[d ^ 1], &k->din, DT__CP_TAG_DKV, &dsq[d ^ 1], &drq);
+        dt__cp_wait(&dsq[d], &mst); /* dkv[d] left last step */
         if (!cst) cst = dt_tensor_fill(l->ctx, &k->dkv[d], 0.0);
         for (a = 0; a < g.nch; a++)
             for (b = 0; b < g.nch && !cst; b++) {
@@ -3181,15 +3246,18 @@ DT_API dt_status dt_cp_attention_bwd(dt_layout *l, dt_tensor *dqkv, const dt_ten
         dt__cp_wait(&sq, &mst);
         dt__cp_wait(&drq, &mst);
         if (mst) break;
-        if (s > 0) dt__cp_add_cols(&k->dkv[d], 0, &k->din);
-        if (g.cp > 1) mst = dt_comm_isend(l->cp_comm, &k->dkv[d], next, DT__CP_TAG_DKV, &dsq[d]);
+        if (s > 0 && !cst) cst = dt__cp_add_cols(l->ctx, &k->dkv[d], 0, &k->din); /* mine + the earlier ranks' */
         cur ^= 1;
     }
-    if (g.cp > 1 && !mst) { /* this rank's own block, summed over every rank's queries */
-        mst = dt_comm_recv(l->cp_comm, &k->din, prev, DT__CP_TAG_DKV);
-        if (!mst && !cst) dt__cp_add_cols(dqkv, g.C, &k->din);
+    if (g.cp > 1 && !mst) { /* the last partial sum to its owner; this rank's own block, summed over
+                               every rank's queries, comes in */
+        dt_comm_req *drq = NULL;
+        int d = (g.cp - 1) & 1;
+        mst = dt__cp_post(l, &g, &k->dkv[d], &k->din, DT__CP_TAG_DKV, &dsq[d], &drq);
+        dt__cp_wait(&drq, &mst);
+        if (!mst && !cst) cst = dt__cp_add_cols(l->ctx, dqkv, g.C, &k->din);
     } else if (g.cp == 1 && !cst) {
-        dt__cp_add_cols(dqkv, g.C, &k->dkv[0]);
+        cst = dt__cp_add_cols(l->ctx, dqkv, g.C, &k->dkv[0]);
     }
     dt__cp_wait(&dsq[0], &mst);
     dt__cp_wait(&dsq[1], &mst);
@@ -3279,12 +3347,12 @@ static dt_status dt__uly_setup(dt_layout *l, dt__cp_dim *g, const dt_tensor *x, 
     DT__TRY(dt__cp_begin(l, fn));
     DT__TRY(dt__cp_qkv(l, g, qkv_like, n_head, n_kv_head, 1, fn));
     Cu = g->C / g->cp;
-    DT__TRY(dt__cp_f32(l->ctx, x, fn, xn));
+    DT__TRY(dt__cp_f32(l->ctx, x, g->dev, fn, xn));
     DT__TRY(dt__cp_shape(l->ctx, x, g->B, g->Tl, out_like ? g->C : g->W, fn, xn,
                          out_like ? "B, T / cp, n_head x head size" : "B, T / cp, (n_head + 2 n_kv_head) x head size"));
-    DT__TRY(dt__cp_f32(l->ctx, uqkv, fn, "uqkv"));
+    DT__TRY(dt__cp_f32(l->ctx, uqkv, g->dev, fn, "uqkv"));
     DT__TRY(dt__cp_shape(l->ctx, uqkv, g->B, g->T, g->W / g->cp, fn, "uqkv", "B, T, (n_head + 2 n_kv_head) x head size / cp"));
-    DT__TRY(dt__cp_f32(l->ctx, att, fn, "att"));
+    DT__TRY(dt__cp_f32(l->ctx, att, g->dev, fn, "att"));
     if (att->ndim != 4 || att->shape[0] != g->B || att->shape[1] != g->H / g->cp || att->shape[2] != g->T ||
         att->shape[3] != g->T) {
         char s[96];
@@ -3293,9 +3361,9 @@ static dt_status dt__uly_setup(dt_layout *l, dt__cp_dim *g, const dt_tensor *x, 
                                 (long long)g->T, (long long)g->T);
     }
     k = l->cp_keep;
-    DT__TRY(dt__cp_buf(l->ctx, &k->snd, 1, 1, qkv_like->numel));
-    DT__TRY(dt__cp_buf(l->ctx, &k->rcv, 1, 1, qkv_like->numel));
-    return dt__cp_buf(l->ctx, &k->uo, g->B, g->T, Cu);
+    DT__TRY(dt__cp_buf(l->ctx, &k->snd, DT_CPU, 1, 1, qkv_like->numel));
+    DT__TRY(dt__cp_buf(l->ctx, &k->rcv, DT_CPU, 1, 1, qkv_like->numel));
+    return dt__cp_buf(l->ctx, &k->uo, DT_CPU, g->B, g->T, Cu);
 }
 
 DT_API dt_status dt_cp_ulysses_fwd(dt_layout *l, dt_tensor *out, dt_tensor *uqkv, dt_tensor *att,
@@ -3306,7 +3374,7 @@ DT_API dt_status dt_cp_ulysses_fwd(dt_layout *l, dt_tensor *out, dt_tensor *uqkv
     dt_status st;
     int64_t Cu;
     DT__TRY(dt__uly_setup(l, &g, qkv, "qkv", 0, uqkv, att, qkv, n_head, n_kv_head, fn));
-    DT__TRY(dt__cp_f32(l->ctx, out, fn, "out"));
+    DT__TRY(dt__cp_f32(l->ctx, out, g.dev, fn, "out"));
     DT__TRY(dt__cp_shape(l->ctx, out, g.B, g.Tl, g.C, fn, "out", "B, T / cp, n_head x head size"));
     k = l->cp_keep;
     Cu = g.C / g.cp;
@@ -3333,7 +3401,7 @@ DT_API dt_status dt_cp_ulysses_bwd(dt_layout *l, dt_tensor *dqkv, const dt_tenso
     DT__TRY(dt__uly_setup(l, &g, dout, "dout", 1, uqkv, att, dqkv, n_head, n_kv_head, fn));
     k = l->cp_keep;
     Cu = g.C / g.cp;
-    DT__TRY(dt__cp_buf(l->ctx, &k->duqkv, g.B, g.T, g.W / g.cp));
+    DT__TRY(dt__cp_buf(l->ctx, &k->duqkv, DT_CPU, g.B, g.T, g.W / g.cp));
     dt__uly_pack_cols((float *)k->snd.data, dout, &g, 0);
     DT__TRY(dt__uly_a2a(l, dout->numel));
     dt__uly_unpack_rows(&k->uo, (const float *)k->rcv.data, &g, Cu);

@@ -601,6 +601,7 @@ emu_deps() {
     local f deps=$1
     for f in $(sed -n 's|^#[[:space:]]*include[[:space:]]*"\([^"]*\)".*|\1|p' "$1"); do
         [ -f "tests/cuda_emu/$f" ] && deps+=" tests/cuda_emu/$f"
+        case $f in examples/*) [ -f "$f" ] && deps+=" $f $(dirname "$f")/*.h" ;; esac # an example it includes
     done
     echo "$deps"
 }
@@ -657,7 +658,7 @@ spawn_emu_mpi() {
         name=$(basename "${src%.cpp}")
         EMU_MPI_TESTS+=("$src")
         emu_stale "$E/comm/$name" "$E"/obj/*.o
-        spawn step "emu_$name" "$E/comm/$name" "$src" $EMU_MPICXX -std=c++17 -O1 -g -Wall -Wextra -Werror \
+        spawn step "emu_$name" "$E/comm/$name" "$(emu_deps "$src")" $EMU_MPICXX -std=c++17 -O1 -g -Wall -Wextra -Werror \
             -Wno-unknown-pragmas -DDT_MPI $EMU_INC "$src" "$E"/obj/*.o -o "$E/comm/$name" $DT_LIBS -lpthread
     done
 }

@@ -1245,7 +1245,7 @@ static void load_tokens(model *m, acts *a, const opts *o, dt_gpt_data *data, int
     if (m->cp > 1 && !a->wids.data) {
         dt_tensor_desc d;
         memset(&d, 0, sizeof d);
-        d.dtype = DT_I32; d.shape[0] = m->T;
+        d.dtype = DT_I32; d.shape[0] = m->T; d.device = DT_CPU; /* read on the host, as hids */
         CHECK(dt_tensor_create(g_ctx, &a->wids, &d));
         CHECK(dt_tensor_create(g_ctx, &a->wtargets, &d));
     }
@@ -1625,8 +1625,9 @@ static void check_sizes(trainer *t) {
     if (o->seq % (2 * (int64_t)o->cp))
         fail("--seq %lld is not a multiple of 2 x --cp = %d (each cp rank holds two chunks of T / (2 cp))",
              (long long)o->seq, 2 * o->cp);
-    if (o->cp > 1 && o->device != DT_CPU)
-        fail("--cp %d with --device cuda: ring attention runs on CPU tensors for now (dt_attention_block_fwd)", o->cp);
+    if (o->cp > 1 && o->device != DT_CPU && (o->ulysses || o->dtype != DT_F32))
+        fail("--cp %d with --device cuda: the ring runs on f32 cuda tensors (dt_attention_block's kernels); %s", o->cp,
+             o->ulysses ? "--cp-kind ulysses runs on the CPU only for now" : "--dtype bf16 is not built for it yet");
     if (o->cp > 1 && o->sample) fail("--sample with --cp %d: sampling runs at --cp 1 only", o->cp);
     if (o->cp > 1 && o->ulysses && (o->heads / o->tp) % o->cp)
         fail("--cp-kind ulysses: --heads %d / --tp %d = %d heads per tp rank do not divide over --cp %d", o->heads, o->tp,

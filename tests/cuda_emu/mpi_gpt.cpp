@@ -1,6 +1,7 @@
 // np: 2
 // tests/cuda_emu/mpi_gpt.cpp - examples/gpt on CUDA tensors over MPI ranks, on the emulator: gpt's
-// own main (GPT_NO_MAIN) with --device cuda under dp 2 (ZeRO 2, 3), tp 2 + sp and pp 2 (1F1B) (the staged dt_comm
+// own main (GPT_NO_MAIN) with --device cuda under dp 2 (ZeRO 2, 3), tp 2 + sp, pp 2 (1F1B) and cp 2 (the ring
+// attention of dt_parallel.h's >>cp on the device) (the staged dt_comm
 // path: device buffers through host memory and MPI; built without DT_NCCL) gives, step by step,
 // the losses of the same layout with --device cpu within 2e-5 relative (the tiny GPT of
 // tests/cuda_emu/k_gpt.cpp, whose LOSS_RTOL derives the bound), and final weights within
@@ -52,6 +53,7 @@ static void grab(model *m, void *user) {
 }
 
 static const char *g_dtype = "f32"; /* --dtype of the runs */
+static const char *g_cp = "1";      /* --cp of the runs */
 static void run(const char *device, int tp, int sp, int zero, int pp, double *losses, weights *w) {
     char t[8], s[8], z[8], st[8], p[8];
     snprintf(t, sizeof t, "%d", tp);
@@ -64,7 +66,7 @@ static void run(const char *device, int tp, int sp, int zero, int pp, double *lo
     const char *argv[] = {"gpt", "--device", device, "--layers", pp > 1 ? "2" : "1", "--width", "32", "--heads", "2",
                           "--seq", "16", "--batch", "4", "--steps", st, "--warmup", "1", "--tp", t, "--sp", s,
                           "--zero", z, "--pp", p, "--schedule", "1f1b", "--micro", pp > 1 ? "2" : "1", "--dtype",
-                          g_dtype, "--quiet", NULL};
+                          g_dtype, "--cp", g_cp, "--quiet", NULL};
     g_step_losses = losses;
     g_on_done = w ? grab : NULL;
     g_on_done_user = w;
@@ -160,6 +162,12 @@ int main(int argc, char **argv) {
         if (!only || !strcmp(only, "dp2_zero3")) compare("dp2_zero3", 1, 0, 3, 1);
         if (!only || !strcmp(only, "tp2_sp")) compare("tp2_sp", 2, 1, 0, 1);
         if (!only || !strcmp(only, "pp2_1f1b")) compare("pp2_1f1b", 1, 0, 0, 2);
+        if (!only || !strcmp(only, "cp2_ring")) { /* the ring on cuda tensors: dt_attention_block's kernels,
+                                                     K/V and dK/dV blocks between the ranks' devices */
+            g_cp = "2";
+            compare("cp2_ring", 1, 0, 0, 1);
+            g_cp = "1";
+        }
         if (!only || !strcmp(only, "bf16_tp2")) compare_bf16("tp2", 2, 0, 0, 1);
         if (!only || !strcmp(only, "bf16_tp2_sp")) compare_bf16("tp2_sp", 2, 1, 0, 1);
         if (!only || !strcmp(only, "bf16_dp2_zero1")) compare_bf16("dp2_zero1", 1, 0, 1, 1);
