@@ -527,8 +527,9 @@ DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor 
 /* Grouped-query attention (n_kv_head K dividing n_head H; K = H is dt_attention_fwd): qkv
    [B, T, (H + 2K) hs] holds each row's H query heads, then K key heads, then K value heads;
    query head h reads kv head h / (H / K). out [B, T, H hs], att [B, H, T, T] as above; the
-   backward adds each group's query heads into their one dK, dV in head order. CPU tensors;
-   on CUDA K != H is DT_ERR_UNSUPPORTED for now (the kernels are multi-head only). */
+   backward adds each group's query heads into their one dK, dV in head order. CPU tensors, or
+   on CUDA a bf16 qkv with att NULL (the tensor-core kernels, which take kv heads); an f32 qkv on
+   CUDA with K != H is DT_ERR_UNSUPPORTED (those kernels are multi-head only). */
 DT_API dt_status dt_attention_gqa_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv,
                                       int n_head, int n_kv_head);
 DT_API dt_status dt_attention_gqa_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor *dout,
@@ -2307,6 +2308,8 @@ static dt_status dt__cu_layernorm_bwd(dt_ctx *, dt_tensor *, dt_tensor *, dt_ten
                                       const dt_tensor *, const dt_tensor *, const dt_tensor *, const dt_tensor *);
 static dt_status dt__cu_embedding(dt_ctx *, dt_tensor *, const dt_tensor *, const dt_tensor *, int bwd);
 static dt_status dt__cu_attention_fwd(dt_ctx *, dt_tensor *, dt_tensor *, const dt_tensor *, int);
+static dt_status dt__cu_attention_gqa_tc(dt_ctx *, const dt_tensor *, const dt_tensor *, int, int, int, dt_tensor *,
+                                         const char *, const char *);
 struct dt__ablk;
 static dt_status dt__cu_ablk(dt_ctx *, const struct dt__ablk *, const dt_attn_block *, dt_tensor *, dt_tensor *,
                              const dt_tensor *, const dt_tensor *, dt_tensor *, dt_tensor *, const dt_tensor *,
@@ -3388,9 +3391,9 @@ static void dt__att_softmax_bwd_row(float *d, const float *p, int64_t t, int64_t
 #ifdef DT_CUDA
 /* A CUDA tensor with n_kv_head != n_head: the kernels are MHA only for now. */
 static dt_status dt__attn_gqa_cuda(dt_ctx *ctx, int n_head, int n_kv_head, const char *fn) {
-    return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: n_kv_head = %d != n_head = %d on cuda tensors; the CUDA "
-                            "attention kernels are multi-head only for now (grouped-query runs on the CPU)", fn,
-                            n_kv_head, n_head);
+    return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: n_kv_head = %d != n_head = %d on f32 cuda tensors; the f32 "
+                            "CUDA attention kernels are multi-head only (grouped-query runs on the CPU, on cuda with a "
+                            "bf16 qkv and att NULL, and through dt_attention_block_fwd)", fn, n_kv_head, n_head);
 }
 #endif
 
@@ -3408,8 +3411,10 @@ DT_API dt_status dt_attention_gqa_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *at
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
     if (dt__cu(out) || dt__cu(att) || dt__cu(qkv)) {
-        if (n_kv_head != n_head) return dt__attn_gqa_cuda(ctx, n_head, n_kv_head, fn);
-        return dt__cu_attention_fwd(ctx, out, att, qkv, n_head);
+        if (n_kv_head == n_head) return dt__cu_attention_fwd(ctx, out, att, qkv, n_head);
+        if (!att && qkv && qkv->dtype == DT_BF16) /* the tensor-core kernels take kv heads */
+            return dt__cu_attention_gqa_tc(ctx, out, qkv, n_head, n_kv_head, 0, NULL, fn, "out");
+        return dt__attn_gqa_cuda(ctx, n_head, n_kv_head, fn);
     }
 #endif
     DT__TRY(dt__attn_check(ctx, out, att, qkv, n_head, n_kv_head, fn, "out", &g));
@@ -3452,8 +3457,10 @@ DT_API dt_status dt_attention_gqa_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_ten
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
     if (dt__cu(dqkv) || dt__cu(dout) || dt__cu(qkv) || dt__cu(att)) {
-        if (n_kv_head != n_head) return dt__attn_gqa_cuda(ctx, n_head, n_kv_head, fn);
-        return dt__cu_attention_bwd(ctx, dqkv, dout, qkv, att, n_head);
+        if (n_kv_head == n_head) return dt__cu_attention_bwd(ctx, dqkv, dout, qkv, att, n_head);
+        if (!att && qkv && qkv->dtype == DT_BF16)
+            return dt__cu_attention_gqa_tc(ctx, dout, qkv, n_head, n_kv_head, 1, dqkv, fn, "dout");
+        return dt__attn_gqa_cuda(ctx, n_head, n_kv_head, fn);
     }
 #endif
     DT__TRY(dt__attn_check(ctx, dout, att, qkv, n_head, n_kv_head, fn, "dout", &g));
@@ -4323,8 +4330,8 @@ static dt_status dt__cu_att_check(dt_ctx *ctx, const dt_tensor *y, const dt_tens
    dqkv f32 +=, NULL checks only; the forward rerun into scratch for out and lse). The error of bf16
    attention is bounded in tests/cuda_emu/k_flash.cpp. */
 static dt_status dt__cu_attention_tc(dt_ctx *ctx, const dt_tensor *y, const dt_tensor *att, const dt_tensor *qkv,
-                                     int n_head, int bwd, dt_tensor *dqkv, const char *fn, const char *yn) {
-    int64_t B, T, C, hs;
+                                     int n_head, int n_kv_head, int bwd, dt_tensor *dqkv, const char *fn, const char *yn) {
+    int64_t B, T, C, hs, W, Ckv;
     dt_k_flash a;
     size_t mark;
     dt_status st;
@@ -4333,12 +4340,25 @@ static dt_status dt__cu_attention_tc(dt_ctx *ctx, const dt_tensor *y, const dt_t
                                 "scores): att must be NULL", fn);
     DT__TRY(dt__ndim(ctx, qkv, 3, 3, fn, "qkv"));
     DT__TRY(dt__f32(ctx, y, fn, yn));
-    B = qkv->shape[0]; T = qkv->shape[1]; C = qkv->shape[2] / 3;
-    if (qkv->shape[2] % 3)
-        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: qkv.shape[2] = %lld is not 3*C", fn, (long long)qkv->shape[2]);
-    if (n_head <= 0 || C % n_head)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n_head = %d must be > 0 and divide C = %lld", fn, n_head,
-                                (long long)C);
+    B = qkv->shape[0]; T = qkv->shape[1]; W = qkv->shape[2];
+    if (n_kv_head == n_head) {
+        C = W / 3;
+        if (W % 3)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: qkv.shape[2] = %lld is not 3*C", fn, (long long)W);
+        if (n_head <= 0 || C % n_head)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n_head = %d must be > 0 and divide C = %lld", fn, n_head,
+                                    (long long)C);
+    } else { /* grouped-query: q of n_head heads, then k and v of n_kv_head (dt_attention_gqa_fwd) */
+        int64_t per = (int64_t)n_head + 2 * (int64_t)n_kv_head;
+        if (n_head <= 0 || n_kv_head <= 0 || n_head % n_kv_head)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n_head = %d, n_kv_head = %d; expected n_head > 0 and n_kv_head "
+                                    "> 0 dividing it", fn, n_head, n_kv_head);
+        if (W % per)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: qkv.shape[2] = %lld is not (n_head + 2 n_kv_head) x head "
+                                    "size = %lld x head size", fn, (long long)W, (long long)per);
+        C = W / per * n_head;
+    }
+    Ckv = C / n_head * n_kv_head;
     DT__TRY(dt__ndim(ctx, y, 3, 3, fn, yn));
     if (y->shape[0] != B || y->shape[1] != T || y->shape[2] != C) {
         char sh[96];
@@ -4348,9 +4368,9 @@ static dt_status dt__cu_attention_tc(dt_ctx *ctx, const dt_tensor *y, const dt_t
     if (dqkv) {
         DT__TRY(dt__f32(ctx, dqkv, fn, "dqkv"));
         DT__TRY(dt__ndim(ctx, dqkv, 3, 3, fn, "dqkv"));
-        if (dqkv->shape[0] != B || dqkv->shape[1] != T || dqkv->shape[2] != 3 * C)
+        if (dqkv->shape[0] != B || dqkv->shape[1] != T || dqkv->shape[2] != W)
             return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: dqkv must have qkv's shape [%lld, %lld, %lld]", fn,
-                                    (long long)B, (long long)T, (long long)(3 * C));
+                                    (long long)B, (long long)T, (long long)W);
     }
     hs = C / n_head;
     if (hs != 16 && hs != 32 && hs != 64 && hs != 96 && hs != 128)
@@ -4364,9 +4384,9 @@ static dt_status dt__cu_attention_tc(dt_ctx *ctx, const dt_tensor *y, const dt_t
                                 fn, (long long)B, n_head);
     if (!B || !T || (bwd && !dqkv)) return DT_OK;
     memset(&a, 0, sizeof a);
-    a.B = B, a.T = T, a.H = a.H_kv = n_head, a.hs = (int)hs;
-    a.q = (const uint16_t *)qkv->data, a.k = a.q + C, a.v = a.q + 2 * C;
-    a.q_stride = a.kv_stride = 3 * C, a.out_stride = C;
+    a.B = B, a.T = T, a.H = n_head, a.H_kv = n_kv_head, a.hs = (int)hs;
+    a.q = (const uint16_t *)qkv->data, a.k = a.q + C, a.v = a.q + C + Ckv;
+    a.q_stride = a.kv_stride = W, a.out_stride = C;
     mark = dt_cuda_scratch_begin(ctx);
     a.lse = (float *)dt_cuda_scratch(ctx, (size_t)(B * n_head * T) * sizeof(float), fn);
     if (!bwd) a.out = DT__CU_F(y);
@@ -4375,7 +4395,7 @@ static dt_status dt__cu_attention_tc(dt_ctx *ctx, const dt_tensor *y, const dt_t
     if (!st) st = dt__cu_status(ctx, dt_k_flash_fwd(&a, ctx->cuda_stream), fn, "dt_k_flash_fwd");
     if (!st && bwd) {
         a.dout = (const float *)y->data;
-        a.dq = DT__CU_F(dqkv), a.dk = a.dq + C, a.dv = a.dq + 2 * C, a.dq_stride = a.dkv_stride = 3 * C;
+        a.dq = DT__CU_F(dqkv), a.dk = a.dq + C, a.dv = a.dq + C + Ckv, a.dq_stride = a.dkv_stride = W;
         size_t bytes = dt_k_flash_bwd_scratch(B, T, n_head, (int)hs); /* 0: a size past size_t */
         a.scratch = bytes ? dt_cuda_scratch(ctx, bytes, fn) : NULL;
         if (!bytes) st = dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: B * T * C = %lld * %lld * %lld: the backward's "
@@ -4388,6 +4408,16 @@ static dt_status dt__cu_attention_tc(dt_ctx *ctx, const dt_tensor *y, const dt_t
         return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: qkv is bf16, whose tensor-core kernels need compute "
                                 "capability 8.0 or newer (mma.sync with bf16); cast qkv to f32", fn);
     return st;
+}
+
+/* dt_attention_gqa_fwd / _bwd with a bf16 qkv on cuda (att NULL): the tensor-core kernels. */
+static dt_status dt__cu_attention_gqa_tc(dt_ctx *ctx, const dt_tensor *y, const dt_tensor *qkv, int n_head,
+                                         int n_kv_head, int bwd, dt_tensor *dqkv, const char *fn, const char *yn) {
+    DT__CU_SH(sy, y, yn);
+    DT__CU_SH(sq, qkv, "qkv");
+    DT__CU_SH(sd, dqkv, "dqkv");
+    if (!sy || !sq) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s and qkv must be non-NULL", fn, yn);
+    return dt__cu_attention_tc(ctx, sy, NULL, sq, n_head, n_kv_head, bwd, (dt_tensor *)sd, fn, yn);
 }
 
 /* dt_attention_block_fwd (dq, dkv, dout NULL) / _bwd on cuda tensors, checked by the caller. */
@@ -4415,7 +4445,7 @@ static dt_status dt__cu_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *at
     DT__CU_SH(sa, att, "att");
     DT__CU_SH(sq, qkv, "qkv");
     if (!so || !sq) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out and qkv must be non-NULL", fn);
-    if (sq->dtype == DT_BF16) return dt__cu_attention_tc(ctx, so, sa, sq, n_head, 0, NULL, fn, "out");
+    if (sq->dtype == DT_BF16) return dt__cu_attention_tc(ctx, so, sa, sq, n_head, n_head, 0, NULL, fn, "out");
     DT__TRY(dt__cu_att_check(ctx, so, sa, sq, n_head, fn, "out"));
     if (!sa)
         return dt__cu_status(ctx, dt_k_attention_fwd_flash(DT__CU_F(out), NULL, (const float *)qkv->data, qkv->shape[0],
@@ -4434,7 +4464,7 @@ static dt_status dt__cu_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_ten
     DT__CU_SH(sq, qkv, "qkv");
     DT__CU_SH(sa, att, "att");
     if (!sg || !sq) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dout and qkv must be non-NULL", fn);
-    if (sq->dtype == DT_BF16) return dt__cu_attention_tc(ctx, sg, sa, sq, n_head, 1, (dt_tensor *)sd, fn, "dout");
+    if (sq->dtype == DT_BF16) return dt__cu_attention_tc(ctx, sg, sa, sq, n_head, n_head, 1, (dt_tensor *)sd, fn, "dout");
     DT__TRY(dt__cu_att_check(ctx, sg, sa, sq, n_head, fn, "dout"));
     if (!sd) return DT_OK;
     DT__TRY(dt__f32(ctx, sd, fn, "dqkv"));

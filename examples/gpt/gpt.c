@@ -473,6 +473,8 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
     }
     m->Ckvl = m->Hkvl * (C / o->heads);
     m->Wl = m->Cl + 2 * m->Ckvl;
+    if (m->Hkvl != m->Hl && o->device != DT_CPU && !m->tc && !m->ulysses)
+        m->lse_attn = 1; /* grouped-query on f32 cuda: dt_attention_block's kernels (the f32 ones are multi-head) */
     m->pp = lay->pp; m->st = lay->pp_rank; m->v = lay->pp > 1 ? o->chunks : 1; m->nvs = m->pp * m->v;
     m->blk = (int *)dt_alloc(g_ctx, (size_t)m->L * NBP * sizeof(int));
     m->bunit = (int *)dt_alloc(g_ctx, (size_t)m->L * sizeof(int));
@@ -937,7 +939,7 @@ static void attn_fwd(model *m, acts *a, bacts *x, dt_tensor *out) {
     }
     if (!m->tc) { COMPUTE("attention fwd", dt_attention_gqa_fwd(g_ctx, out, &x->att, &x->qkv, (int)m->Hl, (int)m->Hkvl)); return; }
     COMPUTE("attention fwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
-    COMPUTE("attention fwd", dt_attention_fwd(g_ctx, out, NULL, &a->qkv16, (int)m->Hl));
+    COMPUTE("attention fwd", dt_attention_gqa_fwd(g_ctx, out, NULL, &a->qkv16, (int)m->Hl, (int)m->Hkvl));
 }
 static void attn_bwd(model *m, acts *a, bacts *x, dt_tensor *dout, const dt_tensor *out) {
     (void)out; /* only the ring reads the forward's output */
@@ -951,7 +953,7 @@ static void attn_bwd(model *m, acts *a, bacts *x, dt_tensor *dout, const dt_tens
     }
     if (!m->tc) { COMPUTE("attention bwd", dt_attention_gqa_bwd(g_ctx, &a->dqkv, dout, &x->qkv, &x->att, (int)m->Hl, (int)m->Hkvl)); return; }
     COMPUTE("attention bwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
-    COMPUTE("attention bwd", dt_attention_bwd(g_ctx, &a->dqkv, dout, &a->qkv16, NULL, (int)m->Hl));
+    COMPUTE("attention bwd", dt_attention_gqa_bwd(g_ctx, &a->dqkv, dout, &a->qkv16, NULL, (int)m->Hl, (int)m->Hkvl));
 }
 
 /* Block l: y = x + attn(ln1(x)); y += mlp(ln2(y)). Reads x->in, writes y. */
@@ -1641,9 +1643,6 @@ static void check_sizes(trainer *t) {
     if (o->kv_heads && o->kv_heads % o->tp && o->tp % o->kv_heads)
         fail("--kv-heads %d and --tp %d: expected a multiple of tp (the kv heads split over tp) or a divisor of it (each "
              "kv head replicated on tp / kv-heads ranks)", o->kv_heads, o->tp);
-    if (o->kv_heads && o->kv_heads != o->heads && o->device != DT_CPU)
-        fail("--kv-heads %d < --heads %d with --device cuda: the CUDA attention kernels are multi-head only for now",
-             o->kv_heads, o->heads);
     if (o->cp > 1 && o->ulysses && o->kv_heads && (o->kv_heads < o->tp || (o->kv_heads / o->tp) % o->cp))
         fail("--cp-kind ulysses: --kv-heads %d over --tp %d leaves %d kv heads per tp rank, which do not divide over "
              "--cp %d", o->kv_heads, o->tp, o->kv_heads < o->tp ? 1 : o->kv_heads / o->tp, o->cp);

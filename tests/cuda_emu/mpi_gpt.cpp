@@ -1,7 +1,8 @@
 // np: 2
 // tests/cuda_emu/mpi_gpt.cpp - examples/gpt on CUDA tensors over MPI ranks, on the emulator: gpt's
 // own main (GPT_NO_MAIN) with --device cuda under dp 2 (ZeRO 2, 3), tp 2 + sp, pp 2 (1F1B) and cp 2 (the ring
-// attention of dt_parallel.h's >>cp on the device) (the staged dt_comm
+// attention of dt_parallel.h's >>cp on the device), and grouped-query attention (--kv-heads 1, f32
+// and bf16) at dp 2 (the staged dt_comm
 // path: device buffers through host memory and MPI; built without DT_NCCL) gives, step by step,
 // the losses of the same layout with --device cpu within 2e-5 relative (the tiny GPT of
 // tests/cuda_emu/k_gpt.cpp, whose LOSS_RTOL derives the bound), and final weights within
@@ -54,6 +55,7 @@ static void grab(model *m, void *user) {
 
 static const char *g_dtype = "f32"; /* --dtype of the runs */
 static const char *g_cp = "1";      /* --cp of the runs */
+static const char *g_kv = "2";      /* --kv-heads of the runs (2 = --heads: multi-head) */
 static void run(const char *device, int tp, int sp, int zero, int pp, double *losses, weights *w) {
     char t[8], s[8], z[8], st[8], p[8];
     snprintf(t, sizeof t, "%d", tp);
@@ -66,7 +68,7 @@ static void run(const char *device, int tp, int sp, int zero, int pp, double *lo
     const char *argv[] = {"gpt", "--device", device, "--layers", pp > 1 ? "2" : "1", "--width", "32", "--heads", "2",
                           "--seq", "16", "--batch", "4", "--steps", st, "--warmup", "1", "--tp", t, "--sp", s,
                           "--zero", z, "--pp", p, "--schedule", "1f1b", "--micro", pp > 1 ? "2" : "1", "--dtype",
-                          g_dtype, "--cp", g_cp, "--quiet", NULL};
+                          g_dtype, "--cp", g_cp, "--kv-heads", g_kv, "--quiet", NULL};
     g_step_losses = losses;
     g_on_done = w ? grab : NULL;
     g_on_done_user = w;
@@ -167,6 +169,14 @@ int main(int argc, char **argv) {
             g_cp = "2";
             compare("cp2_ring", 1, 0, 0, 1);
             g_cp = "1";
+        }
+        if (!only || !strcmp(only, "gqa")) { /* grouped-query attention: one kv head for the two query heads,
+                                                f32 through dt_attention_block's kernels, bf16 through the
+                                                tensor-core kernels' kv heads */
+            g_kv = "1";
+            compare("gqa_kv1_dp2", 1, 0, 0, 1);
+            compare_bf16("gqa_kv1_dp2", 1, 0, 1, 1);
+            g_kv = "2";
         }
         if (!only || !strcmp(only, "bf16_tp2")) compare_bf16("tp2", 2, 0, 0, 1);
         if (!only || !strcmp(only, "bf16_tp2_sp")) compare_bf16("tp2_sp", 2, 1, 0, 1);
