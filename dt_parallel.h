@@ -512,10 +512,13 @@ DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tenso
 
    Sizes: qkv is this rank's [B, T/CP, W] packed rows (the column-parallel qkv of tp, local row
    order, zigzag): W = (H + 2 Hkv) hs, q | k | v, H query heads of head size hs, Hkv key / value
-   heads (0 = H; Hkv divides H). out [B, T/CP, H hs]; lse [B, H, T/CP]. f32 CPU tensors; CUDA
-   tensors are DT_ERR_UNSUPPORTED for now (the ring needs the flash kernel's lse). Every check
-   depends only on shapes the cp ranks share, so a bad call fails on every rank before any
-   message. At cp 1 both kinds are plain causal attention. */
+   heads (0 = H; Hkv divides H). out [B, T/CP, H hs]; lse [B, H, T/CP]. f32, every operand on one
+   device: the ring runs on CPU tensors and (under DT_CUDA) on CUDA tensors, its blocks through
+   dt_attention_block's kernels, K/V packed and dK/dV added by kernels/dt_parallel.cu's column copy,
+   each step's send and receive ordered so NCCL cannot deadlock (below); Ulysses runs on the CPU
+   (CUDA tensors are DT_ERR_UNSUPPORTED: its row moves are host loops). Every check depends only
+   on shapes the cp ranks share, so a bad call fails on every rank before any message. At cp 1
+   both kinds are plain causal attention. */
 
 /* The sequence position of local row j (0 <= j < T/cp) of cp rank r: chunk r or 2cp-1-r of
    2cp chunks of T/(2cp). -1 for arguments out of range (cp < 1, r, j, T not a multiple of 2cp). */
