@@ -256,6 +256,10 @@ typedef struct dt_ctx {
     const char *cuda_check_fn[DT_CUDA_CHECK_SITES], *cuda_check_arg[DT_CUDA_CHECK_SITES];
     int cuda_check_sites;
     int cuda_checks_pending;    /* checks queued since the status word was last read */
+    /* dt_tensor_copy_side: the side stream, the events of its last DT_SIDE_EVENTS copies, the event
+       it waits on (the ctx stream's work so far), the copies made */
+    void *side_stream, *side_ev[16], *side_dep;
+    uint64_t side_next;
 } dt_ctx;
 
 DT_API dt_status dt_ctx_init(dt_ctx *ctx, const dt_ctx_desc *desc); /* desc may be NULL */
@@ -372,6 +376,17 @@ DT_API dt_status dt_tensor_reshape(dt_ctx *ctx, dt_tensor *view, const dt_tensor
                                    int ndim, const int64_t *shape);
 /* dst = src; same dtype and numel, any device pair (CPU<->CUDA needs DT_CUDA). */
 DT_API dt_status dt_tensor_copy(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *src);
+/* Copies that overlap compute (activation offload). dt_tensor_copy_side copies src into dst (same
+   dtype and numel) on the ctx's side stream, after everything queued on the ctx stream so far
+   (so it copies what those ops wrote), and returns at once; *ticket names the copy.
+   dt_side_wait(ctx, ticket) makes the ctx stream wait for that copy and every earlier one (the
+   side stream runs in order); the host does not wait. Until then the caller neither writes src
+   nor reads dst. A host buffer should be pinned (cudaMallocHost) for the copy to run beside the
+   compute; pageable memory still gives the right bytes. Without a CUDA tensor among the two the
+   copy is dt_tensor_copy's, done at once (ticket 0; its wait returns at once). Bytes count in
+   ctx->counters as dt_tensor_copy's; no host wait. */
+DT_API dt_status dt_tensor_copy_side(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *src, uint64_t *ticket);
+DT_API dt_status dt_side_wait(dt_ctx *ctx, uint64_t ticket);
 DT_API dt_status dt_tensor_fill(dt_ctx *ctx, dt_tensor *t, double value);
 /* dst = (dst.dtype) src; f32 <-> bf16 / f16 (round to nearest even), and any pair of
    f32/i32/i64/u8. Same numel, CPU; under DT_CUDA both on cuda for f32/bf16/f16 (the same bits). */
@@ -1020,6 +1035,13 @@ DT_API void dt_ctx_shutdown(dt_ctx *ctx) {
     int i;
     if (!ctx) return;
 #ifdef DT_CUDA
+    if (ctx->side_stream) { /* its copies are done before their buffers go */
+        cudaStreamSynchronize((cudaStream_t)ctx->side_stream);
+        for (i = 0; i < 16; i++) cudaEventDestroy((cudaEvent_t)ctx->side_ev[i]);
+        cudaEventDestroy((cudaEvent_t)ctx->side_dep);
+        cudaStreamDestroy((cudaStream_t)ctx->side_stream);
+        ctx->side_stream = NULL;
+    }
     if (ctx->cublas) cublasDestroy((cublasHandle_t)ctx->cublas);
     ctx->cublas = NULL;
     dt_cuda_release(ctx, ctx->cublas_workspace); /* after the handle: its last GEMMs are queued before */
@@ -1607,6 +1629,68 @@ DT_API dt_status dt_tensor_copy(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *sr
     memmove(dst->data, src->data, bytes);
     return DT_OK;
 }
+
+DT_API dt_status dt_tensor_copy_side(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *src, uint64_t *ticket) {
+    const char *fn = "dt_tensor_copy_side";
+    if (ticket) *ticket = 0;
+    if (!ctx) return DT_ERR_ARG;
+    if (!ticket) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ticket is NULL", fn);
+    if (!dst || !src || (dst->device != DT_CUDA_DEVICE && src->device != DT_CUDA_DEVICE))
+        return dt_tensor_copy(ctx, dst, src); /* its checks and its copy, now */
+#ifdef DT_CUDA
+    {
+        cudaStream_t cs = (cudaStream_t)ctx->cuda_stream, ss;
+        int up = dst->device == DT_CUDA_DEVICE, down = src->device == DT_CUDA_DEVICE, i;
+        enum cudaMemcpyKind k = up ? (down ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice) : cudaMemcpyDeviceToHost;
+        size_t bytes = dt_tensor_bytes(src);
+        cudaError_t e = cudaSuccess;
+        DT__TRY(dt__valid(ctx, dst, fn, "dst"));
+        DT__TRY(dt__valid(ctx, src, fn, "src"));
+        if (dst->dtype != src->dtype || dst->numel != src->numel)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: dst is %lld x %s, src %lld x %s; expected the same", fn,
+                                    (long long)dst->numel, dt_dtype_name(dst->dtype), (long long)src->numel,
+                                    dt_dtype_name(src->dtype));
+        if (!ctx->side_stream) {
+            cudaStream_t made;
+            e = cudaStreamCreateWithFlags(&made, cudaStreamNonBlocking);
+            for (i = 0; e == cudaSuccess && i < 16; i++)
+                e = cudaEventCreateWithFlags((cudaEvent_t *)&ctx->side_ev[i], cudaEventDisableTiming);
+            if (e == cudaSuccess) e = cudaEventCreateWithFlags((cudaEvent_t *)&ctx->side_dep, cudaEventDisableTiming);
+            DT__TRY(dt__cuda_err(ctx, e, fn, "cudaStreamCreateWithFlags / cudaEventCreateWithFlags"));
+            ctx->side_stream = (void *)made;
+        }
+        ss = (cudaStream_t)ctx->side_stream;
+        e = cudaEventRecord((cudaEvent_t)ctx->side_dep, cs); /* after the ctx stream's work so far */
+        if (e == cudaSuccess) e = cudaStreamWaitEvent(ss, (cudaEvent_t)ctx->side_dep, 0);
+        if (e == cudaSuccess && bytes) e = cudaMemcpyAsync(dst->data, src->data, bytes, k, ss);
+        if (e == cudaSuccess) e = cudaEventRecord((cudaEvent_t)ctx->side_ev[ctx->side_next % 16], ss);
+        DT__TRY(dt__cuda_err(ctx, e, fn, "cudaMemcpyAsync on the side stream"));
+        if (up && !down) { ctx->counters.h2d_bytes += (int64_t)bytes; ctx->counters.h2d_calls++; }
+        if (down && !up) { ctx->counters.d2h_bytes += (int64_t)bytes; ctx->counters.d2h_calls++; }
+        *ticket = ++ctx->side_next;
+        return DT_OK;
+    }
+#else
+    return dt__no_cuda(ctx, fn);
+#endif
+}
+
+DT_API dt_status dt_side_wait(dt_ctx *ctx, uint64_t ticket) {
+    if (!ctx) return DT_ERR_ARG;
+    if (!ticket) return DT_OK;
+    if (ticket > ctx->side_next)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_side_wait: ticket %llu; expected one dt_tensor_copy_side gave "
+                                "(%llu so far)", (unsigned long long)ticket, (unsigned long long)ctx->side_next);
+#ifdef DT_CUDA
+    /* the event of that copy, or of a later one that reused it: in order, so at least as late */
+    return dt__cuda_err(ctx, cudaStreamWaitEvent((cudaStream_t)ctx->cuda_stream,
+                                                 (cudaEvent_t)ctx->side_ev[(ticket - 1) % 16], 0),
+                        "dt_side_wait", "cudaStreamWaitEvent");
+#else
+    return DT_OK;
+#endif
+}
+
 
 /* Conversions out of double that C leaves undefined outside the target's range are defined
    here: to an integer, saturate at the type's limits and NaN -> 0 (the comparisons are with

@@ -594,13 +594,16 @@ typedef struct acts {
     bacts *blk;                         /* [L] (views where shared) */
     bacts shared;                       /* full / selective / gemm-last: the tensors the blocks share */
     /* --offload-activations: blocks [off_lo, off_hi) own no memory of their own: their tensors are
-       views into one of two slots (block l uses slot l % 2), copied to host[l - off_lo] after the
-       block's forward and back before its backward, so two blocks' worth stay resident */
-    int off_lo, off_hi, recording;
+       views into one of nslot slots (block l uses slot (l - off_lo) % nslot), copied to
+       host[l - off_lo] after the block's forward and back before its backward, so nslot blocks'
+       worth stay resident */
+    int off_lo, off_hi, recording, nslot;
     int64_t off_elems;                  /* floats of one block's own tensors */
     int64_t off_at[sizeof(bacts) / sizeof(dt_tensor)]; /* each own tensor's offset in a slot, -1: not own */
-    dt_tensor slot[2];
-    dt_tensor *host;                    /* [off_hi - off_lo], outside the ctx's accounting (malloc) */
+    dt_tensor slot[3];
+    dt_tensor *host;                    /* [off_hi - off_lo], outside the ctx's accounting (malloc, or
+                                           cudaMallocHost: pinned, so the copies run beside compute) */
+    uint64_t *tick_out, *tick_in;       /* [off_hi - off_lo]: each block's side-stream copies (0: none) */
     double off_seconds;                 /* spent copying, this acts' share */
     dt_tensor xL, lnf, lnfm, lnfr, lnfall, logits, stats, ids, targets, partial, y_scratch;
     dt_tensor qkv16;                    /* m->tc: qkv in bf16 for the tensor-core attention */
@@ -634,73 +637,106 @@ static void mk(acts *a, dt_tensor *t, int64_t d0, int64_t d1, int64_t d2, int64_
 /* A view of the whole of t (owns 0), for the tensors blocks share. */
 static dt_tensor share(const dt_tensor *t) { dt_tensor v = *t; v.owns = 0; return v; }
 
-/* ---- activation offload (--offload-activations F): the first n_off = F x blocks of a chunk
+/* ---- activation offload (--offload-activations F): the first F x blocks of a chunk
 
    After block l's forward its own tensors (what its backward reads; under recompute, what the
    mode keeps per block) go to host memory and come back before its backward. They live in one
-   of two device slots, l % 2: while block l computes in one, the other holds block l - 1's
-   outgoing (or, backward, block l - 1's incoming) copy, so the device keeps two blocks' worth
-   instead of n_off. Block l's forward writes block l + 1's input, so l + 1 is bound to its slot
-   before l runs (offload_fwd_begin). The copies are dt_tensor_copy on the ctx's stream: on the
-   CPU host to host (the same code, tested everywhere), on CUDA device to host and back, in
-   stream order; the host side is malloc'ed, outside the ctx's accounting, so dt_peak_bytes
-   (the device's peak on CUDA) drops by (n_off - 2) blocks. Not yet: a side stream to overlap
-   the copies with the next block's compute, pinned host memory. */
+   of nslot device slots, (l - lo) % nslot, so the device keeps nslot blocks' worth instead of
+   all. The copies run on the ctx's side stream (dt_tensor_copy_side) beside the compute: on
+   CUDA three slots, so that block l - 1's copy out overlaps block l's forward (block l writes
+   block l + 1's input, in the slot of l - 2, whose copy has had a block's time to finish; it is
+   waited for, dt_side_wait, before l starts), and backward block l - 1's copy in overlaps block
+   l's backward (a prefetch into the slot block l + 2 left). On the CPU a copy is done at once,
+   so two slots do (the same code, tested everywhere). The host side is outside the ctx's
+   accounting, so dt_peak_bytes (the device's peak on CUDA) drops by n_off - nslot blocks; on
+   CUDA it is pinned (cudaMallocHost) so the copies are asynchronous. */
+
+static void *host_alloc(size_t bytes) {
+#ifdef DT_CUDA
+    if (g_ctx->device == DT_CUDA_DEVICE) {
+        void *p = NULL;
+        return cudaMallocHost(&p, bytes) == cudaSuccess ? p : NULL;
+    }
+#endif
+    return malloc(bytes);
+}
+static void host_free(void *p) {
+#ifdef DT_CUDA
+    if (g_ctx->device == DT_CUDA_DEVICE) { if (p) cudaFreeHost(p); return; }
+#endif
+    free(p);
+}
 
 /* The own tensors of an offloaded block get their place in a slot: the order of bacts' fields. */
 static void offload_make(acts *a, const model *m, int lo, int hi) {
     size_t i, n = sizeof(bacts) / sizeof(dt_tensor);
     int64_t at = 0;
-    int l, k;
+    int l, k, cnt = a->off_hi - a->off_lo;
     (void)m; (void)hi;
-    if (a->off_hi <= a->off_lo) return;
+    if (cnt <= 0) return;
     for (i = 0; i < n; i++) {
         const dt_tensor *t = (const dt_tensor *)&a->blk[lo] + i;
         a->off_at[i] = -1;
         if (t->dtype && !t->data && t->numel > 0) { a->off_at[i] = at; at += t->numel; }
     }
     a->off_elems = at;
-    for (k = 0; k < 2 && k < a->off_hi - a->off_lo; k++) mk(a, &a->slot[k], at, 0, 0, 0, DT_F32);
-    a->host = (dt_tensor *)calloc((size_t)(a->off_hi - a->off_lo), sizeof(dt_tensor));
-    if (!a->host) CHECK(DT_ERR_OOM);
-    for (l = 0; l < a->off_hi - a->off_lo; l++) {
+    a->nslot = g_ctx->device == DT_CUDA_DEVICE ? 3 : 2;
+    if (a->nslot > cnt) a->nslot = cnt;
+    for (k = 0; k < a->nslot; k++) mk(a, &a->slot[k], at, 0, 0, 0, DT_F32);
+    a->host = (dt_tensor *)calloc((size_t)cnt, sizeof(dt_tensor));
+    a->tick_out = (uint64_t *)calloc((size_t)cnt, sizeof(uint64_t));
+    a->tick_in = (uint64_t *)calloc((size_t)cnt, sizeof(uint64_t));
+    if (!a->host || !a->tick_out || !a->tick_in) CHECK(DT_ERR_OOM);
+    for (l = 0; l < cnt; l++) {
         dt_tensor *h = &a->host[l];
-        h->data = malloc((size_t)at * sizeof(float) + 1);
+        h->data = host_alloc((size_t)at * sizeof(float) + 1);
         if (!h->data) CHECK(DT_ERR_OOM);
         h->dtype = DT_F32; h->device = DT_CPU; h->ndim = 1; h->shape[0] = at; h->numel = at; h->owns = 0;
     }
 }
 
 static int offloaded(const acts *a, int l) { return l >= a->off_lo && l < a->off_hi; }
+static dt_tensor *slot_of(acts *a, int l) { return &a->slot[(l - a->off_lo) % a->nslot]; }
 
-/* Block l's own tensors as views into slot l % 2. */
+/* Block l's own tensors as views into its slot. */
 static void offload_bind(acts *a, int l) {
     size_t i, n = sizeof(bacts) / sizeof(dt_tensor);
-    const dt_tensor *s = &a->slot[(l - a->off_lo) % 2];
+    const dt_tensor *s = slot_of(a, l);
     for (i = 0; i < n; i++)
         if (a->off_at[i] >= 0) ((dt_tensor *)&a->blk[l] + i)->data = (float *)s->data + a->off_at[i];
 }
 
-/* Before block l's forward: it and the block it writes the input of in their slots. */
+/* Before block l's forward: it and the block it writes the input of in their slots, the copies out
+   of those slots' previous blocks done (the ctx stream waits; the host does not). */
 static void offload_fwd_begin(acts *a, int l) {
+    int prev = l + 1 - a->nslot; /* the last block before l + 1 in l + 1's slot */
+    if (offloaded(a, l + 1) && offloaded(a, prev)) OP("offload wait", dt_side_wait(g_ctx, a->tick_out[prev - a->off_lo]));
+    else if (offloaded(a, l) && offloaded(a, l - a->nslot)) OP("offload wait", dt_side_wait(g_ctx, a->tick_out[l - a->nslot - a->off_lo]));
     if (offloaded(a, l)) offload_bind(a, l);
     if (offloaded(a, l + 1)) offload_bind(a, l + 1);
 }
-/* After block l's forward: its slot to host. */
+/* After block l's forward: its slot to host, on the side stream. */
 static void offload_fwd_end(acts *a, int l) {
     double t0;
     if (!offloaded(a, l)) return;
     t0 = dt_comm_now();
-    OP("offload to host", dt_tensor_copy(g_ctx, &a->host[l - a->off_lo], &a->slot[(l - a->off_lo) % 2]));
+    OP("offload to host", dt_tensor_copy_side(g_ctx, &a->host[l - a->off_lo], slot_of(a, l), &a->tick_out[l - a->off_lo]));
     a->off_seconds += dt_comm_now() - t0;
 }
-/* Before block l's backward: back from host into its slot. */
+/* Before block l's backward: its tensors back (prefetched during block l + 1's backward, or now),
+   and block l - 1's prefetch into the slot block l - 1 + nslot has left. */
 static void offload_bwd_begin(acts *a, int l) {
     double t0;
     if (!offloaded(a, l)) return;
     t0 = dt_comm_now();
+    if (!a->tick_in[l - a->off_lo])
+        OP("offload from host", dt_tensor_copy_side(g_ctx, slot_of(a, l), &a->host[l - a->off_lo], &a->tick_in[l - a->off_lo]));
+    OP("offload wait", dt_side_wait(g_ctx, a->tick_in[l - a->off_lo]));
+    a->tick_in[l - a->off_lo] = 0;
     offload_bind(a, l);
-    OP("offload from host", dt_tensor_copy(g_ctx, &a->slot[(l - a->off_lo) % 2], &a->host[l - a->off_lo]));
+    if (offloaded(a, l - 1) && a->nslot > 1) /* block l's slot is not block l - 1's */
+        OP("offload from host", dt_tensor_copy_side(g_ctx, slot_of(a, l - 1), &a->host[l - 1 - a->off_lo],
+                                                    &a->tick_in[l - 1 - a->off_lo]));
     a->off_seconds += dt_comm_now() - t0;
 }
 
@@ -798,11 +834,13 @@ static void acts_free(acts *a, int L) {
     for (t = &a->shared.in, i = 0; i < n; i++) dt_tensor_free(g_ctx, &t[i]);
     n = (offsetof(acts, bytes) - offsetof(acts, xL)) / sizeof(dt_tensor);
     for (t = &a->xL, i = 0; i < n; i++) dt_tensor_free(g_ctx, &t[i]);
-    dt_tensor_free(g_ctx, &a->slot[0]);
-    dt_tensor_free(g_ctx, &a->slot[1]);
-    for (l = 0; a->host && l < a->off_hi - a->off_lo; l++) free(a->host[l].data);
+    for (l = 0; l < 3; l++) dt_tensor_free(g_ctx, &a->slot[l]);
+    for (l = 0; a->host && l < a->off_hi - a->off_lo; l++) host_free(a->host[l].data);
     free(a->host);
+    free(a->tick_out);
+    free(a->tick_in);
     a->host = NULL;
+    a->tick_out = a->tick_in = NULL;
     dt_release(g_ctx, a->blk);
     a->blk = NULL;
 }
@@ -1968,10 +2006,11 @@ static void report(trainer *t) {
                "%.2f MB; ZeRO's transient buffers the rest); dt_zero's peak %.2f MB\n", t->act_peak / 1e6,
                RECOMPUTE_NAMES[o->recompute], o->sp, t->a.bytes / 1e6, t->a.blk_bytes / 1e6, zm.peak_bytes / 1e6);
     if (g_rank == 0 && !o->quiet && trained && o->pp == 1 && t->a.off_hi > t->a.off_lo)
-        printf("activation offload: %d of %d blocks, %.2f MB each to host and back per micro-batch (%.2f MB in all; two "
-               "slots of %.2f MB stay on the device); the copies took %.3f s of the run\n", t->a.off_hi - t->a.off_lo,
-               t->m.L, t->a.off_elems * 4.0 / 1e6, (t->a.off_hi - t->a.off_lo) * t->a.off_elems * 4.0 / 1e6,
-               t->a.off_elems * 4.0 / 1e6, t->a.off_seconds);
+        printf("activation offload: %d of %d blocks, %.2f MB each to host and back per micro-batch (%.2f MB in all; %d "
+               "slots of %.2f MB stay on the device); posting the copies took %.3f s of the run\n",
+               t->a.off_hi - t->a.off_lo, t->m.L, t->a.off_elems * 4.0 / 1e6,
+               (t->a.off_hi - t->a.off_lo) * t->a.off_elems * 4.0 / 1e6, t->a.nslot, t->a.off_elems * 4.0 / 1e6,
+               t->a.off_seconds);
     if (o->pp > 1 && g_rank == 0 && !o->quiet && trained)
         printf("pipeline: stage 0 held at most %d micro-batches' activations (the schedule's bound %d), %.2f MB of "
                "them and the runtime's buffers at its peak\n", t->pp_peak, t->rs.bound, t->rs.peak_ctx_bytes / 1e6);

@@ -1279,6 +1279,17 @@ cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned int flags)
     return cudaSuccess;
 }
 
+/* [p, p + bytes) lies inside one cudaHostAlloc / cudaMallocHost allocation. */
+static bool host_pinned(const void *p, size_t bytes) {
+    uintptr_t u = (uintptr_t)p;
+    bool in;
+    emu_lock(&G.lock);
+    std::map<uintptr_t, size_t>::iterator it = G.pinned.upper_bound(u);
+    in = it != G.pinned.begin() && (--it, u + bytes <= it->first + it->second);
+    emu_unlock(&G.lock);
+    return in;
+}
+
 static const char *kind_name(int k) {
     static const char *const names[] = {"cudaMemcpyHostToHost", "cudaMemcpyHostToDevice", "cudaMemcpyDeviceToHost",
                                         "cudaMemcpyDeviceToDevice", "cudaMemcpyDefault"};
@@ -1323,6 +1334,16 @@ cudaError_t dt_emu_memcpy(const char *file, int line, void *dst, const void *src
     if (want_dst && !want_src) count(&dt_emu_counters::h2d_bytes, (long long)bytes), count(&dt_emu_counters::h2d_calls, 1);
     if (want_src && !want_dst) count(&dt_emu_counters::d2h_bytes, (long long)bytes), count(&dt_emu_counters::d2h_calls, 1);
     if (want_dst != want_src) trace(want_dst ? "cudaMemcpy host to device" : "cudaMemcpy device to host", bytes, file, line);
+    if (want_dst && !want_src && host_pinned(src, bytes)) {
+        /* from pinned memory (cudaMallocHost / cudaHostAlloc) the DMA reads the bytes when the copy
+           runs, in stream order: a copy queued after another that fills the buffer (a device to
+           host copy on the same stream) sends what that one wrote */
+        return dt_emu_enqueue(stream, "cudaMemcpyAsync", [=](bool *done) {
+            *done = true;
+            memcpy(dst, src, bytes);
+            return cudaSuccess;
+        });
+    }
     if (want_dst && !want_src) {
         /* from pageable host memory CUDA stages the bytes before the call returns: the caller may
            reuse its buffer at once, even when the copy itself runs later (deferred streams) */

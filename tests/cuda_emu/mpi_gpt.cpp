@@ -2,7 +2,8 @@
 // tests/cuda_emu/mpi_gpt.cpp - examples/gpt on CUDA tensors over MPI ranks, on the emulator: gpt's
 // own main (GPT_NO_MAIN) with --device cuda under dp 2 (ZeRO 2, 3), tp 2 + sp, pp 2 (1F1B) and cp 2 (the ring
 // attention of dt_parallel.h's >>cp on the device), and grouped-query attention (--kv-heads 1, f32
-// and bf16) at dp 2 (the staged dt_comm
+// and bf16) and activation offload (5 blocks through 3 slots, the copies on the side stream) at dp 2
+// (the staged dt_comm
 // path: device buffers through host memory and MPI; built without DT_NCCL) gives, step by step,
 // the losses of the same layout with --device cpu within 2e-5 relative (the tiny GPT of
 // tests/cuda_emu/k_gpt.cpp, whose LOSS_RTOL derives the bound), and final weights within
@@ -56,6 +57,8 @@ static void grab(model *m, void *user) {
 static const char *g_dtype = "f32"; /* --dtype of the runs */
 static const char *g_cp = "1";      /* --cp of the runs */
 static const char *g_kv = "2";      /* --kv-heads of the runs (2 = --heads: multi-head) */
+static const char *g_off = "0";     /* --offload-activations of the runs */
+static const char *g_layers = NULL; /* --layers of the runs (NULL: 1, or 2 at pp 2) */
 static void run(const char *device, int tp, int sp, int zero, int pp, double *losses, weights *w) {
     char t[8], s[8], z[8], st[8], p[8];
     snprintf(t, sizeof t, "%d", tp);
@@ -65,10 +68,11 @@ static void run(const char *device, int tp, int sp, int zero, int pp, double *lo
     snprintf(p, sizeof p, "%d", pp);
     /* pp 2: two blocks, one per stage, 1F1B over 2 micro-batches (the pipeline runtime's
        activations and grads cross ranks as device tensors) */
-    const char *argv[] = {"gpt", "--device", device, "--layers", pp > 1 ? "2" : "1", "--width", "32", "--heads", "2",
+    const char *argv[] = {"gpt", "--device", device, "--layers", g_layers ? g_layers : pp > 1 ? "2" : "1", "--width",
+                          "32", "--heads", "2",
                           "--seq", "16", "--batch", "4", "--steps", st, "--warmup", "1", "--tp", t, "--sp", s,
                           "--zero", z, "--pp", p, "--schedule", "1f1b", "--micro", pp > 1 ? "2" : "1", "--dtype",
-                          g_dtype, "--cp", g_cp, "--kv-heads", g_kv, "--quiet", NULL};
+                          g_dtype, "--cp", g_cp, "--kv-heads", g_kv, "--offload-activations", g_off, "--quiet", NULL};
     g_step_losses = losses;
     g_on_done = w ? grab : NULL;
     g_on_done_user = w;
@@ -120,6 +124,30 @@ static void compare(const char *tag, int tp, int sp, int zero, int pp) {
     snprintf(name, sizeof name, "gpt_cuda_%s_key_bias_stays_within_adams_bound", tag);
     dt_test_check_all(name, kb <= STEPS * 1e-3 * 1.01, "largest |attn.k.b| %.3g > %d steps x lr 1e-3", kb,
                       (int)STEPS);
+}
+
+/* --offload-activations 1 on cuda, 5 blocks: their activations go to pinned host memory and back on
+   the side stream through three device slots; the same arithmetic on the same numbers as without,
+   so every step's loss and every final weight bit for bit (a copy read before it landed, or a slot
+   overwritten too early, changes them; under DT_EMU_STREAMS=deferred a missing dt_side_wait does). */
+static void compare_offload(void) {
+    double l0[STEPS], l1[STEPS];
+    weights w0, w1;
+    size_t differ = 0, first = 0;
+    g_layers = "5";
+    run("cuda", 1, 0, 0, 1, l0, &w0);
+    g_off = "1";
+    run("cuda", 1, 0, 0, 1, l1, &w1);
+    g_off = "0";
+    g_layers = NULL;
+    dt_test_check_all("gpt_cuda_offload_5_blocks_losses_bitwise_equal_without",
+                      !memcmp(l0, l1, sizeof l0), "last step: %.9g with offload, %.9g without", l1[STEPS - 1],
+                      l0[STEPS - 1]);
+    for (size_t i = 0; i < w0.values.size() && i < w1.values.size(); i++)
+        if (w0.values[i] != w1.values[i] && !differ++) first = i;
+    dt_test_check_all("gpt_cuda_offload_5_blocks_weights_bitwise_equal_without",
+                      w0.values.size() == w1.values.size() && !differ, "%zu parameters differ, the first %s", differ,
+                      differ ? w0.names[first].c_str() : "-");
 }
 
 /* --dtype bf16 on cuda (attention on the tensor cores) against the layout's CPU bf16 run: losses
@@ -178,6 +206,7 @@ int main(int argc, char **argv) {
             compare_bf16("gqa_kv1_dp2", 1, 0, 1, 1);
             g_kv = "2";
         }
+        if (!only || !strcmp(only, "offload")) compare_offload();
         if (!only || !strcmp(only, "bf16_tp2")) compare_bf16("tp2", 2, 0, 0, 1);
         if (!only || !strcmp(only, "bf16_tp2_sp")) compare_bf16("tp2_sp", 2, 1, 0, 1);
         if (!only || !strcmp(only, "bf16_dp2_zero1")) compare_bf16("dp2_zero1", 1, 0, 1, 1);
