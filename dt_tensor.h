@@ -543,8 +543,9 @@ DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor 
    [B, T, (H + 2K) hs] holds each row's H query heads, then K key heads, then K value heads;
    query head h reads kv head h / (H / K). out [B, T, H hs], att [B, H, T, T] as above; the
    backward adds each group's query heads into their one dK, dV in head order. CPU tensors, or
-   on CUDA a bf16 qkv with att NULL (the tensor-core kernels, which take kv heads); an f32 qkv on
-   CUDA with K != H is DT_ERR_UNSUPPORTED (those kernels are multi-head only). */
+   on CUDA a bf16 qkv with att NULL (the tensor-core kernels, which take kv heads) or an f32 qkv
+   with att (the kv heads repeated into a multi-head qkv in device scratch for dt_attention's
+   kernels); an f32 qkv on CUDA with att NULL and K != H is DT_ERR_UNSUPPORTED. */
 DT_API dt_status dt_attention_gqa_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv,
                                       int n_head, int n_kv_head);
 DT_API dt_status dt_attention_gqa_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor *dout,
@@ -2394,6 +2395,8 @@ static dt_status dt__cu_embedding(dt_ctx *, dt_tensor *, const dt_tensor *, cons
 static dt_status dt__cu_attention_fwd(dt_ctx *, dt_tensor *, dt_tensor *, const dt_tensor *, int);
 static dt_status dt__cu_attention_gqa_tc(dt_ctx *, const dt_tensor *, const dt_tensor *, int, int, int, dt_tensor *,
                                          const char *, const char *);
+static dt_status dt__cu_attention_gqa_f32(dt_ctx *, dt_tensor *, dt_tensor *, const dt_tensor *, int, int, int,
+                                          dt_tensor *, const char *);
 struct dt__ablk;
 static dt_status dt__cu_ablk(dt_ctx *, const struct dt__ablk *, const dt_attn_block *, dt_tensor *, dt_tensor *,
                              const dt_tensor *, const dt_tensor *, dt_tensor *, dt_tensor *, const dt_tensor *,
@@ -3475,9 +3478,9 @@ static void dt__att_softmax_bwd_row(float *d, const float *p, int64_t t, int64_t
 #ifdef DT_CUDA
 /* A CUDA tensor with n_kv_head != n_head: the kernels are MHA only for now. */
 static dt_status dt__attn_gqa_cuda(dt_ctx *ctx, int n_head, int n_kv_head, const char *fn) {
-    return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: n_kv_head = %d != n_head = %d on f32 cuda tensors; the f32 "
-                            "CUDA attention kernels are multi-head only (grouped-query runs on the CPU, on cuda with a "
-                            "bf16 qkv and att NULL, and through dt_attention_block_fwd)", fn, n_kv_head, n_head);
+    return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: n_kv_head = %d != n_head = %d with an f32 qkv on cuda and att "
+                            "NULL; pass att (the kv heads are repeated into the multi-head kernels) or a bf16 qkv (the "
+                            "tensor-core kernels)", fn, n_kv_head, n_head);
 }
 #endif
 
@@ -3498,6 +3501,7 @@ DT_API dt_status dt_attention_gqa_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *at
         if (n_kv_head == n_head) return dt__cu_attention_fwd(ctx, out, att, qkv, n_head);
         if (!att && qkv && qkv->dtype == DT_BF16) /* the tensor-core kernels take kv heads */
             return dt__cu_attention_gqa_tc(ctx, out, qkv, n_head, n_kv_head, 0, NULL, fn, "out");
+        if (att) return dt__cu_attention_gqa_f32(ctx, out, att, qkv, n_head, n_kv_head, 0, NULL, fn);
         return dt__attn_gqa_cuda(ctx, n_head, n_kv_head, fn);
     }
 #endif
@@ -3544,6 +3548,8 @@ DT_API dt_status dt_attention_gqa_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_ten
         if (n_kv_head == n_head) return dt__cu_attention_bwd(ctx, dqkv, dout, qkv, att, n_head);
         if (!att && qkv && qkv->dtype == DT_BF16)
             return dt__cu_attention_gqa_tc(ctx, dout, qkv, n_head, n_kv_head, 1, dqkv, fn, "dout");
+        if (att) return dt__cu_attention_gqa_f32(ctx, (dt_tensor *)dout, (dt_tensor *)att, qkv, n_head, n_kv_head, 1,
+                                                 dqkv, fn);
         return dt__attn_gqa_cuda(ctx, n_head, n_kv_head, fn);
     }
 #endif
@@ -4502,6 +4508,67 @@ static dt_status dt__cu_attention_gqa_tc(dt_ctx *ctx, const dt_tensor *y, const 
     DT__CU_SH(sd, dqkv, "dqkv");
     if (!sy || !sq) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s and qkv must be non-NULL", fn, yn);
     return dt__cu_attention_tc(ctx, sy, NULL, sq, n_head, n_kv_head, bwd, (dt_tensor *)sd, fn, yn);
+}
+
+/* dt_attention_gqa_fwd / _bwd with an f32 qkv on cuda and att: each kv head repeated for its
+   query heads into a multi-head [B, T, 3C] qkv in device scratch (kernels/dt_parallel.cu's column
+   copy), dt_attention's kernels on it; backward, the dk, dv of a group's query heads added back
+   into their kv head in head order (as the CPU op adds them). */
+static dt_status dt__cu_attention_gqa_f32(dt_ctx *ctx, dt_tensor *y, dt_tensor *att, const dt_tensor *qkv, int H,
+                                          int K, int bwd, dt_tensor *dqkv, const char *fn) {
+    const char *yn = bwd ? "dout" : "out";
+    dt__attn_dim g;
+    dt_tensor full, dfull;
+    size_t mark;
+    int64_t R, C, W, hs, Ckv;
+    int h, part;
+    float *tmp;
+    dt_status st = DT_OK;
+    DT__CU_SH(sy, y, yn);
+    DT__CU_SH(sa, att, "att");
+    DT__CU_SH(sq, qkv, "qkv");
+    DT__TRY(dt__attn_check(ctx, sy, sa, sq, H, K, fn, yn, &g));
+    if (bwd && !dqkv) return DT_OK;
+    if (bwd) {
+        DT__CU_SH(sd, dqkv, "dqkv");
+        DT__TRY(dt__f32(ctx, sd, fn, "dqkv"));
+        DT__TRY(dt__same(ctx, sd, sq, fn, "dqkv", "qkv"));
+    }
+    R = g.B * g.T; C = g.C; W = g.W; hs = g.hs; Ckv = g.Ckv;
+    if (!R) return DT_OK;
+    memset(&full, 0, sizeof full);
+    full.dtype = DT_F32; full.device = DT_CUDA_DEVICE; full.ndim = 3;
+    full.shape[0] = g.B; full.shape[1] = g.T; full.shape[2] = 3 * C; full.numel = R * 3 * C;
+    dfull = full;
+    mark = dt_cuda_scratch_begin(ctx);
+    full.data = dt_cuda_scratch(ctx, (size_t)(R * 3 * C) * sizeof(float), fn);
+    tmp = (float *)dt_cuda_scratch(ctx, (size_t)(R * C) * sizeof(float), fn); /* one column block in transit */
+    if (bwd) dfull.data = dt_cuda_scratch(ctx, (size_t)(R * 3 * C) * sizeof(float), fn);
+    if (!full.data || !tmp || (bwd && !dfull.data)) { dt_cuda_scratch_end(ctx, mark); return ctx->last_status; }
+#define DT__GQA_CP(whole, Ww, col, n, to, acc) \
+    if (!st) st = dt__cu_status(ctx, dt_k_concat((float *)(whole), tmp, R, Ww, col, n, to, acc, ctx->cuda_stream), fn, "dt_k_concat")
+    DT__GQA_CP(qkv->data, W, 0, C, 0, 0); /* q as it is */
+    DT__GQA_CP(full.data, 3 * C, 0, C, 1, 0);
+    for (h = 0; h < H; h++)
+        for (part = 1; part <= 2; part++) { /* k, then v, of kv head h / (H / K) */
+            DT__GQA_CP(qkv->data, W, C + (part - 1) * Ckv + (h / (H / K)) * hs, hs, 0, 0);
+            DT__GQA_CP(full.data, 3 * C, part * C + h * hs, hs, 1, 0);
+        }
+    if (!st && !bwd) st = dt__cu_attention_fwd(ctx, y, att, &full, H);
+    if (!st && bwd) {
+        st = dt_cuda_memset(ctx, dfull.data, 0, (size_t)(R * 3 * C) * sizeof(float), fn);
+        if (!st) st = dt__cu_attention_bwd(ctx, &dfull, y, &full, att, H);
+        DT__GQA_CP(dfull.data, 3 * C, 0, C, 0, 0); /* dq added as it is */
+        DT__GQA_CP(dqkv->data, W, 0, C, 1, 1);
+        for (h = 0; h < H; h++)
+            for (part = 1; part <= 2; part++) {
+                DT__GQA_CP(dfull.data, 3 * C, part * C + h * hs, hs, 0, 0);
+                DT__GQA_CP(dqkv->data, W, C + (part - 1) * Ckv + (h / (H / K)) * hs, hs, 1, 1);
+            }
+    }
+#undef DT__GQA_CP
+    dt_cuda_scratch_end(ctx, mark);
+    return st;
 }
 
 /* dt_attention_block_fwd (dq, dkv, dout NULL) / _bwd on cuda tensors, checked by the caller. */

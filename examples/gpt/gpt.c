@@ -473,8 +473,6 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
     }
     m->Ckvl = m->Hkvl * (C / o->heads);
     m->Wl = m->Cl + 2 * m->Ckvl;
-    if (m->Hkvl != m->Hl && o->device != DT_CPU && !m->tc && !m->ulysses)
-        m->lse_attn = 1; /* grouped-query on f32 cuda: dt_attention_block's kernels (the f32 ones are multi-head) */
     m->pp = lay->pp; m->st = lay->pp_rank; m->v = lay->pp > 1 ? o->chunks : 1; m->nvs = m->pp * m->v;
     m->blk = (int *)dt_alloc(g_ctx, (size_t)m->L * NBP * sizeof(int));
     m->bunit = (int *)dt_alloc(g_ctx, (size_t)m->L * sizeof(int));

@@ -272,6 +272,26 @@ int main(void) {
         if (ok2("attention_bwd_cuda_tensors_match_cpu", dt_attention_bwd(&ctx, &dqkv.h, &out.h, &qkv.h, &att.h, 2),
                 dt_attention_bwd(&ctx, &dqkv.d, &out.d, &qkv.d, &att.d, 2)))
             same("attention_bwd_cuda_tensors_match_cpu", dqkv, 1e-5);
+        { /* grouped-query, f32 with att: the kv head repeated into the multi-head kernels, its dk, dv
+             summed back over the two query heads */
+            pair_t gq = make(DT_F32, 3, 2, 5, 12, 0, 40), go = make(DT_F32, 3, 2, 5, 6, 0, 41);
+            pair_t ga = make(DT_F32, 4, 2, 2, 5, 5, 42), gd = make(DT_F32, 3, 2, 5, 12, 0, 43);
+            if (ok2("attention_gqa_fwd_cuda_tensors_match_cpu", dt_attention_gqa_fwd(&ctx, &go.h, &ga.h, &gq.h, 2, 1),
+                    dt_attention_gqa_fwd(&ctx, &go.d, &ga.d, &gq.d, 2, 1))) {
+                same("attention_gqa_fwd_cuda_tensors_match_cpu", go, 1e-5);
+                same("attention_gqa_fwd_att_cuda_tensors_match_cpu", ga, 1e-5);
+            }
+            if (ok2("attention_gqa_bwd_cuda_tensors_match_cpu", dt_attention_gqa_bwd(&ctx, &gd.h, &go.h, &gq.h, &ga.h, 2, 1),
+                    dt_attention_gqa_bwd(&ctx, &gd.d, &go.d, &gq.d, &ga.d, 2, 1)))
+                same("attention_gqa_bwd_cuda_tensors_match_cpu", gd, 1e-5);
+            on_device_only("attention_gqa_fwd_bwd_cuda_second_call_stays_on_device", [&] {
+                dt_status st = dt_attention_gqa_fwd(&ctx, &go.d, &ga.d, &gq.d, 2, 1);
+                return st ? st : dt_attention_gqa_bwd(&ctx, &gd.d, &go.d, &gq.d, &ga.d, 2, 1);
+            });
+            dt_test_error("attention_gqa_f32_cuda_without_att_is_named", dt_attention_gqa_fwd(&ctx, &go.d, NULL, &gq.d, 2, 1),
+                          dt_ctx_error(&ctx), "pass att");
+            release(gq); release(go); release(ga); release(gd);
+        }
         on_device_only("attention_fwd_bwd_cuda_second_call_stays_on_device", [&] {
             dt_status st = dt_attention_fwd(&ctx, &out.d, &att.d, &qkv.d, 2);
             return st ? st : dt_attention_bwd(&ctx, &dqkv.d, &out.d, &qkv.d, &att.d, 2);
