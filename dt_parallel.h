@@ -3036,22 +3036,22 @@ static dt_status dt__cp_shape(dt_ctx *ctx, const dt_tensor *t, int64_t d0, int64
 }
 
 /* qkv [B, Tl, (H + 2 Hkv) hs] and the sizes that follow from it (ulysses: Hkv = H, H % cp == 0). */
-static dt_status dt__cp_qkv(dt_layout *l, dt__cp_dim *g, const dt_tensor *qkv, int n_head, int n_kv_head,
-                            int ulysses, const char *fn) {
+static dt_status dt__cp_qkv(dt_layout *l, dt__cp_dim *g, const dt_tensor *qkv, const char *qn, int n_head,
+                            int n_kv_head, int ulysses, const char *fn) {
     dt_ctx *ctx = l->ctx;
     char s[96];
     int64_t per;
     memset(g, 0, sizeof *g);
-    if (!qkv) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: qkv is NULL", fn);
+    if (!qkv) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, qn);
     g->dev = qkv->device;
 #ifndef DT_CUDA
     if (g->dev == DT_CUDA_DEVICE)
-        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: qkv is on cuda in a build without DT_CUDA", fn);
+        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: %s is on cuda in a build without DT_CUDA", fn, qn);
 #endif
     if (ulysses && g->dev == DT_CUDA_DEVICE)
-        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: qkv is on cuda; Ulysses runs on cpu tensors for now (its "
-                                "row moves are host loops); the ring, dt_cp_attention_fwd, runs on cuda", fn);
-    DT__TRY(dt__cp_f32(ctx, qkv, g->dev, fn, "qkv"));
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: %s is on cuda; Ulysses runs on cpu tensors for now (its "
+                                "row moves are host loops); the ring, dt_cp_attention_fwd, runs on cuda", fn, qn);
+    DT__TRY(dt__cp_f32(ctx, qkv, g->dev, fn, qn));
     g->H = n_head;
     g->Hkv = n_kv_head ? n_kv_head : n_head;
     if (n_head <= 0 || g->Hkv <= 0 || n_head % g->Hkv)
@@ -3065,8 +3065,8 @@ static dt_status dt__cp_qkv(dt_layout *l, dt__cp_dim *g, const dt_tensor *qkv, i
                                 "ring, dt_cp_attention_fwd)", fn, n_head, g->Hkv, g->cp);
     per = (int64_t)g->H + 2 * (int64_t)g->Hkv;
     if (qkv->ndim != 3 || qkv->shape[2] % per)
-        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: qkv shape %s; expected [B, T / cp, (n_head + 2 n_kv_head) x "
-                                "head size] = [B, T / cp, %lld x head size]", fn, dt_shape_str(qkv, s, sizeof s),
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s; expected [B, T / cp, (n_head + 2 n_kv_head) x "
+                                "head size] = [B, T / cp, %lld x head size]", fn, qn, dt_shape_str(qkv, s, sizeof s),
                                 (long long)per);
     g->B = qkv->shape[0];
     g->Tl = qkv->shape[1];
@@ -3076,9 +3076,9 @@ static dt_status dt__cp_qkv(dt_layout *l, dt__cp_dim *g, const dt_tensor *qkv, i
     g->Ckv = g->Hkv * g->hs;
     g->nch = g->cp > 1 ? 2 : 1;
     if (g->Tl % g->nch || !dt_mul_ok(g->Tl, g->cp, &g->T))
-        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: qkv.shape[1] = %lld rows of each sequence on this rank; "
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s.shape[1] = %lld rows of each sequence on this rank; "
                                 "expected an even number (chunks %d and %d of the 2 cp = %d chunks, equal sizes) and "
-                                "T = rows x cp within int64", fn, (long long)g->Tl, g->r, 2 * g->cp - 1 - g->r, 2 * g->cp);
+                                "T = rows x cp within int64", fn, qn, (long long)g->Tl, g->r, 2 * g->cp - 1 - g->r, 2 * g->cp);
     g->c = g->Tl / g->nch;
     return DT_OK;
 }
@@ -3111,20 +3111,15 @@ static dt_status dt__cp_post(dt_layout *l, const dt__cp_dim *g, dt_tensor *snd, 
     int prev = (g->r + g->cp - 1) % g->cp, next = (g->r + 1) % g->cp;
     int send_first = g->cp % 2 == 0 ? g->r % 2 == 0 : g->r == 0;
     if (g->dev == DT_CUDA_DEVICE && !l->cp_keep->nccl_ready) {
-        dt_tensor one;
-        int64_t n = 1;
-        DT__TRY(dt_tensor_view(l->ctx, &one, snd, 0, 1, &n));
-        {   /* a sum of one element into a copy: snd keeps its values */
-            dt_tensor tmp;
-            dt_tensor_desc d;
-            dt_status st;
-            memset(&d, 0, sizeof d);
-            d.dtype = DT_F32; d.device = DT_CUDA_DEVICE; d.shape[0] = 1;
-            DT__TRY(dt_tensor_create(l->ctx, &tmp, &d));
-            st = dt_comm_allreduce(l->cp_comm, &tmp, DT_REDUCE_SUM);
-            dt_tensor_free(l->ctx, &tmp);
-            DT__TRY(st);
-        }
+        dt_tensor one; /* a sum of one element of its own: the collective that makes the communicator */
+        dt_tensor_desc d;
+        dt_status st;
+        memset(&d, 0, sizeof d);
+        d.dtype = DT_F32; d.device = DT_CUDA_DEVICE; d.shape[0] = 1;
+        DT__TRY(dt_tensor_create(l->ctx, &one, &d));
+        st = dt_comm_allreduce(l->cp_comm, &one, DT_REDUCE_SUM);
+        dt_tensor_free(l->ctx, &one);
+        DT__TRY(st);
         l->cp_keep->nccl_ready = 1;
     }
     if (send_first) {
@@ -3148,7 +3143,7 @@ static dt_status dt__cp_ring_check(dt_layout *l, dt__cp_dim *g, const dt_tensor 
                                    const dt_tensor *lse, const dt_tensor *qkv, int n_head, int n_kv_head,
                                    const char *fn) {
     DT__TRY(dt__cp_begin(l, fn));
-    DT__TRY(dt__cp_qkv(l, g, qkv, n_head, n_kv_head, 0, fn));
+    DT__TRY(dt__cp_qkv(l, g, qkv, "qkv", n_head, n_kv_head, 0, fn));
     DT__TRY(dt__cp_f32(l->ctx, o, g->dev, fn, on));
     DT__TRY(dt__cp_f32(l->ctx, lse, g->dev, fn, "lse"));
     DT__TRY(dt__cp_shape(l->ctx, o, g->B, g->Tl, g->C, fn, on, "B, T / cp, n_head x head size"));
@@ -3343,12 +3338,12 @@ static dt_status dt__uly_a2a(dt_layout *l, int64_t numel) {
 
 /* Checks and buffers of both directions: uqkv [B, T, W / cp], att [B, H/cp, T, T]. */
 static dt_status dt__uly_setup(dt_layout *l, dt__cp_dim *g, const dt_tensor *x, const char *xn, int out_like,
-                               const dt_tensor *uqkv, const dt_tensor *att, const dt_tensor *qkv_like, int n_head,
-                               int n_kv_head, const char *fn) {
+                               const dt_tensor *uqkv, const dt_tensor *att, const dt_tensor *qkv_like,
+                               const char *qn, int n_head, int n_kv_head, const char *fn) {
     dt__cp_keep *k;
     int64_t Cu;
     DT__TRY(dt__cp_begin(l, fn));
-    DT__TRY(dt__cp_qkv(l, g, qkv_like, n_head, n_kv_head, 1, fn));
+    DT__TRY(dt__cp_qkv(l, g, qkv_like, qn, n_head, n_kv_head, 1, fn));
     Cu = g->C / g->cp;
     DT__TRY(dt__cp_f32(l->ctx, x, g->dev, fn, xn));
     DT__TRY(dt__cp_shape(l->ctx, x, g->B, g->Tl, out_like ? g->C : g->W, fn, xn,
@@ -3376,7 +3371,7 @@ DT_API dt_status dt_cp_ulysses_fwd(dt_layout *l, dt_tensor *out, dt_tensor *uqkv
     dt__cp_keep *k;
     dt_status st;
     int64_t Cu;
-    DT__TRY(dt__uly_setup(l, &g, qkv, "qkv", 0, uqkv, att, qkv, n_head, n_kv_head, fn));
+    DT__TRY(dt__uly_setup(l, &g, qkv, "qkv", 0, uqkv, att, qkv, "qkv", n_head, n_kv_head, fn));
     DT__TRY(dt__cp_f32(l->ctx, out, g.dev, fn, "out"));
     DT__TRY(dt__cp_shape(l->ctx, out, g.B, g.Tl, g.C, fn, "out", "B, T / cp, n_head x head size"));
     k = l->cp_keep;
@@ -3401,7 +3396,7 @@ DT_API dt_status dt_cp_ulysses_bwd(dt_layout *l, dt_tensor *dqkv, const dt_tenso
     dt__cp_keep *k;
     dt_status st;
     int64_t Cu;
-    DT__TRY(dt__uly_setup(l, &g, dout, "dout", 1, uqkv, att, dqkv, n_head, n_kv_head, fn));
+    DT__TRY(dt__uly_setup(l, &g, dout, "dout", 1, uqkv, att, dqkv, "dqkv", n_head, n_kv_head, fn));
     k = l->cp_keep;
     Cu = g.C / g.cp;
     DT__TRY(dt__cp_buf(l->ctx, &k->duqkv, DT_CPU, g.B, g.T, g.W / g.cp));

@@ -393,6 +393,18 @@ static __device__ int64_t dt_k__ablk_nvis(const dt_k_attn_block *a, int64_t i) {
     return n < 0 ? 0 : n > a->k_rows ? a->k_rows : n;
 }
 
+/* Thread idx's query row: batch *b, head *h (and its kv head *hk), row *i of the block; the keys it
+   sees. 0 when idx is past the rows or the row sees no key of the block. */
+static __device__ int64_t dt_k__ablk_row(const dt_k_attn_block *a, int64_t idx, int64_t *b, int *h, int *hk,
+                                         int64_t *i) {
+    if (idx >= a->B * a->H * a->q_rows) return 0;
+    *i = idx % a->q_rows;
+    *h = (int)((idx / a->q_rows) % a->H);
+    *b = idx / a->q_rows / a->H;
+    *hk = *h / (a->H / a->Hkv);
+    return dt_k__ablk_nvis(a, *i);
+}
+
 static __device__ float dt_k__dot(const float *x, const float *y, int64_t n) {
     float s = 0.0f;
     int64_t c;
@@ -406,12 +418,7 @@ static __global__ void dt_k__ablk_fwd(float *__restrict__ out, float *__restrict
     int h, hk;
     const float *qp, *kp, *vp;
     float *op, *lp, m = -INFINITY, sum = 0.0f, lb, ln, wa, wb;
-    if (idx >= a.B * a.H * a.q_rows) return;
-    i = idx % a.q_rows;
-    h = (int)((idx / a.q_rows) % a.H);
-    b = idx / a.q_rows / a.H;
-    hk = h / (a.H / a.Hkv);
-    n = dt_k__ablk_nvis(&a, i);
+    n = dt_k__ablk_row(&a, idx, &b, &h, &hk, &i);
     if (!n) return;
     qp = q + (b * a.Tq + a.q_row + i) * a.Wq + h * a.hs;
     kp = kv + (b * a.Tk + a.k_row) * a.Wkv + hk * a.hs;
@@ -450,12 +457,7 @@ static __global__ void dt_k__ablk_dq(float *__restrict__ dq, const float *__rest
     int h, hk;
     const float *qp, *kp, *vp, *gp;
     float *dqp, D, l;
-    if (idx >= a.B * a.H * a.q_rows) return;
-    i = idx % a.q_rows;
-    h = (int)((idx / a.q_rows) % a.H);
-    b = idx / a.q_rows / a.H;
-    hk = h / (a.H / a.Hkv);
-    n = dt_k__ablk_nvis(&a, i);
+    n = dt_k__ablk_row(&a, idx, &b, &h, &hk, &i);
     if (!n) return;
     row = b * a.Tq + a.q_row + i;
     qp = q + row * a.Wq + h * a.hs;

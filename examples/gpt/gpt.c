@@ -666,11 +666,10 @@ static void host_free(void *p) {
 }
 
 /* The own tensors of an offloaded block get their place in a slot: the order of bacts' fields. */
-static void offload_make(acts *a, const model *m, int lo, int hi) {
+static void offload_make(acts *a, int lo) {
     size_t i, n = sizeof(bacts) / sizeof(dt_tensor);
     int64_t at = 0;
     int l, k, cnt = a->off_hi - a->off_lo;
-    (void)m; (void)hi;
     if (cnt <= 0) return;
     for (i = 0; i < n; i++) {
         const dt_tensor *t = (const dt_tensor *)&a->blk[lo] + i;
@@ -780,7 +779,7 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
         }
     }
     a->recording = 0;
-    offload_make(a, m, lo, hi);
+    offload_make(a, lo);
     a->blk_bytes += a->bytes;
     for (l = lo; l < hi && recompute; l++) { /* the shared tensors, as views */
         bacts *x = &a->blk[l], *s = &a->shared;
