@@ -31,6 +31,7 @@
        >>zero            data parallel: DDP (stage 0) and ZeRO 1-3, the optimizer inside
        >>tp              tensor and sequence parallel: column / row linear, vocab embedding, xent
        >>cp              context parallel attention: the zigzag ring and Ulysses' all-to-all
+       >>moe             mixture of experts: router, top-k, capacity, dispatch / combine over ep
        >>pp              pipeline schedules and the simulator that proves a schedule sound
        >>trace           timeline: compute spans and collectives as one Chrome trace
        >>pprun           pipeline runtime: dt_pp_run runs a schedule through model callbacks
@@ -110,6 +111,7 @@ typedef struct dt_layout_desc {
     int tp;   /* 0 = 1 */
     int pp;   /* 0 = 1 */
     int cp;   /* 0 = 1 (after pp, so a {dp, tp, pp} initialiser still reads as before) */
+    int ep;   /* 0 = 1: expert parallel, inside dp x cp (it must divide dp * cp; see >>moe) */
 } dt_layout_desc;
 
 /* Read the fields; every comm is non-NULL (a group of one where the size is 1), and each is its
@@ -124,6 +126,7 @@ typedef struct dt_layout {
     int dp, tp, pp, cp;            /* resolved sizes, dp * cp * tp * pp = size */
     int dp_rank, tp_rank, pp_rank, cp_rank; /* this rank's coordinates */
     int dpcp, dpcp_rank;           /* dp * cp, and cp_rank + cp * dp_rank: the gradient group */
+    int ep, ep_rank, edp, edp_rank; /* experts (>>moe): ep x edp = dp x cp, dpcp_rank = ep_rank + ep * edp_rank */
     dt_comm *dp_comm;    /* same (cp, tp, pp), dp varies: the replicas that read different samples */
     dt_comm *tp_comm;    /* same (dp, cp, pp), tp varies: tensor-parallel collectives */
     dt_comm *pp_comm;    /* same (dp, cp, tp), pp varies: stage-to-stage send / recv (rank = pp_rank) */
@@ -132,6 +135,12 @@ typedef struct dt_layout {
                             shards (cp ranks hold the same weights, different tokens) */
     dt_comm *dptp_comm;  /* same pp: the dp x cp x tp ranks of one stage, rank tp + TP * (cp + CP * dp)
                             (ZeRO shards of tp shards) */
+    dt_comm *ep_comm;    /* same (tp, pp, edp_rank): the ranks whose experts a token may visit (rank = ep_rank);
+                            MoE's dispatch and combine all-to-alls */
+    dt_comm *edp_comm;   /* same (tp, pp, ep_rank): the replicas of one set of experts (rank = edp_rank),
+                            where their grads are averaged and ZeRO-sharded */
+    dt_comm *eptp_comm;  /* same (pp, edp_rank): ep x tp, rank tp + TP * ep_rank (the norm of expert weights
+                            at ZeRO 0: distinct over ep, and over tp where they are split) */
     struct dt__pp_keep *pp_keep; /* private: dt_pp_run's buffers, kept from one run to the next */
     struct dt__cp_keep *cp_keep; /* private: the cp attention's buffers, kept likewise */
 } dt_layout;
@@ -255,6 +264,12 @@ typedef struct dt_zero_desc {
                                   first, then 25 MB) */
     int prefetch;              /* stage 3: 0 = default (on), -1 = off */
     dt_opt_desc opt;           /* the optimizer; its comm and norm comms are filled in from the layout */
+    const int *expert_units;   /* optional, one entry per arena unit: nonzero = the unit holds this ep rank's
+                                  experts (>>moe: dim 0 of each of its params is the expert, split over ep; a
+                                  later dim split means tp). Their grads are averaged and ZeRO-sharded over
+                                  l->edp_comm, the ranks holding the same experts, instead of dp x cp (the
+                                  MoE layer writes their grads already divided by ep, so that average is
+                                  the global batch's mean); NULL = none */
 } dt_zero_desc;
 
 typedef struct dt_zero dt_zero; /* opaque */
@@ -547,6 +562,111 @@ DT_API dt_status dt_cp_ulysses_bwd(dt_layout *l, dt_tensor *dqkv, const dt_tenso
 /* What this rank's last ring forward computed: (query, key) pairs per sequence and head, summed
    over the blocks it ran (0 before one). */
 DT_API int64_t dt_cp_pairs_done(const dt_layout *l);
+
+/* ==== >>moe: mixture of experts, expert parallel ================================================
+
+   The MLP of a block becomes E experts (each C -> F -> GELU -> C, as the dense MLP) and a router
+   sends each token to k of them. The experts live on the ep ranks of l->ep_comm (E / ep each,
+   expert e on ep rank e / (E / ep)); tokens travel there and back by all-to-all:
+
+        rank 0 tokens --router--> top-k --+                      +--> experts 0..E/ep-1 --+
+                                          |  dispatch            |   (one GEMM each, over |
+        rank 1 tokens --router--> top-k --+--all-to-allv-------->+    its tokens)         |
+                                                                                          |
+        y_t = sum_j g_tj out_tj  <---- combine: the reverse all-to-allv <-----------------+
+
+   Router: logits = x W_r^T (W_r [E, C], f32), p = softmax(logits); the k largest of p (plus the
+   balancing bias, below) are chosen, ties broken by the lower expert index; gates g = p of the
+   chosen (renorm: divided by their sum, as Mixtral; else as they are, as Switch).
+   Capacity (per sequence, so no layout changes which tokens are dropped): each expert keeps at
+   most ceil(capacity * seq * k / E) of a sequence's assignments, filled as GShard does (every
+   token's first choice in sequence order, then every second choice, ...); a dropped assignment
+   adds nothing (the token's residual passes it by). capacity 0: dropless.
+   Balance: DT_MOE_AUX adds Switch / GShard's aux loss  coef * E * sum_e f_e P_e  with f_e the
+   share of the step's assignments routed to e and P_e the mean of p_e, both over the global
+   batch (every dp, cp and micro-batch's tokens), so neither value nor gradient changes with the
+   layout; its gradient needs f of the whole step, so every forward of a step runs before its
+   first backward (GPipe, or one micro-batch): otherwise dt_moe_bwd is DT_ERR_STATE. DT_MOE_BIAS
+   is DeepSeek-V3's aux-loss-free balance: a per-expert bias added to p for the choice only,
+   bias_e += rate * sign(mean load - load_e) after each step (dt_moe_step_end), over the global
+   batch likewise.
+   Tensor parallel: each expert is cut over tp as the dense MLP (fc by rows, proj by columns);
+   every tp rank sees the same rows, so routing and dispatch are the same there, and the output
+   is a partial sum the caller all-reduces over tp (as after dt_tp_row_linear_fwd without its
+   all-reduce). The experts' second bias is added on tp rank 0 only.
+   Grads: expert weights get (1/ep) x the sum over the tokens that reached them, so averaging
+   them over l->edp_comm (dt_zero's expert_units) gives the global batch's mean; the router is a
+   dense parameter (averaged over dp x cp as any other).
+   Traffic per rank and layer: dispatch and combine each move the assignments it sends away,
+   about N k C (ep - 1) / ep floats forward, the same again backward.
+   Memory: E / ep experts of 2 C F / tp + F / tp + C values each; per micro-batch the kept
+   assignments' inputs, hidden and GELU values and outputs (at most N k ep rows when dropless
+   and every token goes to one rank, N k on average).
+   CPU tensors only for now (CUDA is DT_ERR_UNSUPPORTED). */
+
+typedef enum dt_moe_balance {
+    DT_MOE_BALANCE_DEFAULT = 0, /* DT_MOE_AUX */
+    DT_MOE_AUX,                 /* Switch / GShard auxiliary loss over the global batch */
+    DT_MOE_BIAS,                /* DeepSeek-V3's aux-loss-free bias, updated per step */
+    DT_MOE_NONE
+} dt_moe_balance;
+
+typedef struct dt_moe_desc {
+    int experts;            /* E, a multiple of l->ep */
+    int top_k;              /* k, 1 <= k <= E; 0 = 2 */
+    int64_t width;          /* C, the rows' width */
+    int64_t hidden;         /* F of each expert, whole (cut over tp); 0 = 4 C */
+    int64_t seq;            /* rows of one sequence (the capacity's group); every x has whole sequences */
+    double capacity;        /* capacity factor per sequence (>= 0); 0 = dropless */
+    int renorm;             /* 1: gates renormalised over the chosen k */
+    dt_moe_balance balance;
+    double aux_coef;        /* DT_MOE_AUX's coefficient; 0 = 0.01 */
+    double bias_rate;       /* DT_MOE_BIAS's update rate; 0 = 0.001 */
+    int micro;              /* forwards per step and rank (micro-batches); 0 = 1 */
+} dt_moe_desc;
+
+typedef struct dt_moe dt_moe;           /* one MoE layer: its config, balance state and step counts */
+typedef struct dt_moe_acts dt_moe_acts; /* what one micro-batch's backward needs (grows as needed) */
+
+/* The step's routing, over the global batch (after dt_moe_step_end). */
+typedef struct dt_moe_stats {
+    double aux;             /* coef * E * sum_e f_e P_e (also under BIAS / NONE, for the log) */
+    int64_t assigned;       /* token x choice pairs routed (global tokens x k) */
+    int64_t dropped;        /* of them, over capacity */
+    uint64_t drop_print;    /* a fingerprint of which (token, choice) pairs were dropped: equal
+                               fingerprints, equal sets (with high probability) */
+    double load_max, load_mean; /* assignments per expert: the most and the mean */
+    const int64_t *load;    /* [E] assignments per expert (valid until the next step_end) */
+} dt_moe_stats;
+
+/* Collective over nothing; desc checked (E not a multiple of ep, k out of range, ...: DT_ERR_ARG
+   naming the field). */
+DT_API dt_status dt_moe_create(dt_layout *l, dt_moe **out, const dt_moe_desc *desc);
+DT_API void dt_moe_free(dt_moe *m);
+DT_API dt_status dt_moe_acts_create(dt_moe *m, dt_moe_acts **out);
+DT_API void dt_moe_acts_free(dt_moe_acts *a);
+/* y[N, C] = this tp rank's partial of sum_j g_tj expert_tj(x_t) (written, not accumulated); x [N, C]
+   (N = whole sequences, the first being global sequence seq0: names the dropped tokens),
+   router [E, C], fc_w [E/ep, F/tp, C], fc_b [E/ep, F/tp], proj_w [E/ep, C, F/tp], proj_b [E/ep, C].
+   Collective over l->ep_comm. Adds this micro-batch's routing to the step's counts. */
+DT_API dt_status dt_moe_fwd(dt_moe *m, dt_moe_acts *a, dt_tensor *y, const dt_tensor *x, int64_t seq0,
+                            const dt_tensor *router, const dt_tensor *fc_w, const dt_tensor *fc_b,
+                            const dt_tensor *proj_w, const dt_tensor *proj_b);
+/* dx += d/dx (partial over tp: the caller's tp all-reduce sums it, as for a column-parallel
+   linear), the grads += (expert ones x 1/ep), from dy [N, C] (whole, the same on every tp rank).
+   loss_scale: the factor dy carries (fp16 loss scaling, micro-batch averaging aside), which the
+   aux loss's gradient takes too. Collective over l->ep_comm and l->tp_comm; the step's first
+   backward (under DT_MOE_AUX) also over l->dpcp_comm. */
+DT_API dt_status dt_moe_bwd(dt_moe *m, dt_moe_acts *a, dt_tensor *dx, dt_tensor *d_router, dt_tensor *d_fc_w,
+                            dt_tensor *d_fc_b, dt_tensor *d_proj_w, dt_tensor *d_proj_b, const dt_tensor *dy,
+                            const dt_tensor *x, const dt_tensor *router, const dt_tensor *fc_w,
+                            const dt_tensor *proj_w, float loss_scale);
+/* After the step's last backward (collective over l->dpcp_comm): the step's stats, the bias
+   update (DT_MOE_BIAS), and the counts reset. stats may be NULL. */
+DT_API dt_status dt_moe_step_end(dt_moe *m, dt_moe_stats *stats);
+/* The balancing bias, [E] (DT_MOE_BIAS; zeros otherwise): read to checkpoint it, write to restore. */
+DT_API float *dt_moe_bias(dt_moe *m);
+DT_API const char *dt_moe_balance_name(dt_moe_balance b); /* "aux", "bias", "none" */
 
 /* ==== >>pp: pipeline schedules: GPipe, 1F1B, interleaved, ZB-H1, simulator =======================
 
@@ -918,6 +1038,9 @@ static void dt__cp_keep_free(dt_ctx *ctx, struct dt__cp_keep *k);
 static void dt__pl_layout_release(dt_layout *l) {
     dt__pp_keep_free(l->ctx, l->pp_keep);
     dt__cp_keep_free(l->ctx, l->cp_keep);
+    dt_comm_free(l->eptp_comm);
+    dt_comm_free(l->edp_comm);
+    dt_comm_free(l->ep_comm);
     dt_comm_free(l->dptp_comm);
     dt_comm_free(l->dpcp_comm);
     dt_comm_free(l->cp_comm);
@@ -938,6 +1061,8 @@ static dt_status dt__pl_layout_check(dt_ctx *ctx, const dt_layout_desc *d, const
     if (d->dp < 0 || d->cp < 0 || d->tp < 0 || d->pp < 0)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.dp = %d, desc.cp = %d, desc.tp = %d, desc.pp = %d; expected "
                                 "sizes >= 0 (0 = default)", fn, d->dp, d->cp, d->tp, d->pp);
+    if (d->ep < 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.ep = %d; expected >= 0 (0 = 1)", fn, d->ep);
     return DT_OK;
 }
 
@@ -960,6 +1085,11 @@ static dt_status dt__pl_layout_resolve(dt_ctx *ctx, dt_layout_desc *d, int size,
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dp x cp x tp x pp = %d x %d x %d x %d = %.0f does not equal the "
                                 "world size %d; expected sizes whose product is the world size", fn, d->dp, d->cp,
                                 d->tp, d->pp, (double)d->dp * d->cp * d->tp * d->pp, size);
+    if (!d->ep) d->ep = 1;
+    if (((int64_t)d->dp * d->cp) % d->ep)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.ep = %d does not divide dp x cp = %d x %d = %lld; expert "
+                                "parallelism lives inside the data-parallel ranks (ep x edp = dp x cp)", fn, d->ep,
+                                d->dp, d->cp, (long long)d->dp * d->cp);
     return DT_OK;
 }
 
@@ -968,15 +1098,16 @@ static dt_status dt__pl_layout_resolve(dt_ctx *ctx, dt_layout_desc *d, int size,
    every rank fails, naming the first size that differs; a rank whose own desc failed steps 1-2
    passes st, so the others fail too instead of waiting in the splits. */
 static dt_status dt__pl_layout_same(dt_comm *world, const dt_layout_desc *d, dt_status st, const char *fn) {
-    static const char *const what[4] = {"dp", "cp", "tp", "pp"};
+    static const char *const what[5] = {"dp", "cp", "tp", "pp", "ep"};
     dt_comm_same_diff df;
-    uint64_t v[4];
+    uint64_t v[5];
     dt_status s2;
     v[0] = (uint64_t)d->dp;
     v[1] = (uint64_t)d->cp;
     v[2] = (uint64_t)d->tp;
     v[3] = (uint64_t)d->pp;
-    s2 = dt_comm_check_same(world, v, 4, st, &df);
+    v[4] = (uint64_t)d->ep;
+    s2 = dt_comm_check_same(world, v, 5, st, &df);
     if (s2 == st || s2 != DT_ERR_ARG) return s2; /* this rank's own error, a comm error, or DT_OK */
     if (df.failed)
         return dt_ctx_set_error(dt_comm_ctx(world), DT_ERR_ARG, "%s: the desc of another rank failed its checks; see "
@@ -1008,6 +1139,10 @@ static dt_status dt__pl_layout_build(dt_comm *world, dt_layout **out, const dt_l
     l->pp_rank = rank / (l->tp * l->cp * l->dp);
     l->dpcp = l->dp * l->cp;
     l->dpcp_rank = l->cp_rank + l->cp * l->dp_rank;
+    l->ep = d->ep;
+    l->edp = l->dpcp / l->ep;
+    l->ep_rank = l->dpcp_rank % l->ep;  /* consecutive dp x cp ranks share their tokens' experts */
+    l->edp_rank = l->dpcp_rank / l->ep;
     /* every rank splits in the same order; a group's color is the coordinates that stay, its key
        the ones that vary (so its rank is the coordinate, or dpcp_rank, or tp + TP * dpcp_rank) */
     st = dt__pl_split(l, &l->dp_comm, l->tp_rank + l->tp * (l->cp_rank + l->cp * l->pp_rank), l->dp_rank, "dp");
@@ -1017,6 +1152,11 @@ static dt_status dt__pl_layout_build(dt_comm *world, dt_layout **out, const dt_l
         st = dt__pl_split(l, &l->cp_comm, l->tp_rank + l->tp * (l->dp_rank + l->dp * l->pp_rank), l->cp_rank, "cp");
     if (!st) st = dt__pl_split(l, &l->dpcp_comm, l->tp_rank + l->tp * l->pp_rank, l->dpcp_rank, "dpcp");
     if (!st) st = dt__pl_split(l, &l->dptp_comm, l->pp_rank, l->tp_rank + l->tp * l->dpcp_rank, "dptp");
+    if (!st)
+        st = dt__pl_split(l, &l->ep_comm, l->tp_rank + l->tp * (l->pp_rank + l->pp * l->edp_rank), l->ep_rank, "ep");
+    if (!st)
+        st = dt__pl_split(l, &l->edp_comm, l->tp_rank + l->tp * (l->pp_rank + l->pp * l->ep_rank), l->edp_rank, "edp");
+    if (!st) st = dt__pl_split(l, &l->eptp_comm, l->pp_rank + l->pp * l->edp_rank, l->tp_rank + l->tp * l->ep_rank, "eptp");
     if (st) {
         dt__pl_layout_release(l);
         return st;
@@ -1060,8 +1200,9 @@ DT_API int dt_layout_rank_of(const dt_layout *l, int dp_rank, int tp_rank, int p
 DT_API const char *dt_layout_string(const dt_layout *l, char *buf, size_t n) {
     if (!buf || !n) return buf;
     if (!l) snprintf(buf, n, "(null)");
-    else if (l->cp == 1) snprintf(buf, n, "dp=%d,tp=%d,pp=%d", l->dp, l->tp, l->pp); /* as before cp existed */
-    else snprintf(buf, n, "dp=%d,cp=%d,tp=%d,pp=%d", l->dp, l->cp, l->tp, l->pp);
+    else if (l->cp == 1 && l->ep == 1) snprintf(buf, n, "dp=%d,tp=%d,pp=%d", l->dp, l->tp, l->pp); /* as before cp */
+    else if (l->ep == 1) snprintf(buf, n, "dp=%d,cp=%d,tp=%d,pp=%d", l->dp, l->cp, l->tp, l->pp);
+    else snprintf(buf, n, "dp=%d,cp=%d,tp=%d,pp=%d,ep=%d", l->dp, l->cp, l->tp, l->pp, l->ep);
     return buf;
 }
 
@@ -1366,6 +1507,9 @@ typedef struct dt__pl_zu {
     int refs;                             /* stage 3: gathers not yet released */
     int ready;                            /* dt_zero_grad_ready seen in this backward */
     int used;                             /* dt_zero_gather in this backward since its grad_ready */
+    int expert;                           /* desc.expert_units: synced over edp, not dp x cp */
+    dt_comm *comm;                        /* the group its grads are averaged and sharded over */
+    int N, r;                             /* that group's size and this rank's place (1, 0 at stage 0) */
     dt_tensor vfull[DT_DTYPE_COUNT];      /* stage 3: the gathered values */
     dt_tensor vpack[DT_DTYPE_COUNT];      /* stage 3: an all-gather in flight (prefetch) */
     dt_tensor vmine[DT_DTYPE_COUNT];      /* on cuda: this rank's block, sent from its own buffer */
@@ -1384,7 +1528,9 @@ struct dt_zero {
     int stage, N, r, n_params, n_units, prefetch, sync, backward;
     dt__pl_zp *zp;
     dt__pl_zu *zu;
-    dt_bucketer *ddp;                     /* stage 0 */
+    dt_bucketer *ddp;                     /* stage 0 (with expert units: the dense params') */
+    dt_bucketer *eddp;                    /* stage 0, expert units: their params' buckets, over edp */
+    dt_params dense_ps, expert_ps;        /* stage 0 with expert units: the two bucketers' params (views) */
     dt_params shard;                      /* what the optimizer updates: this rank's rows */
     dt_comm **param_comms;
     dt_optimizer *opt;
@@ -1494,7 +1640,7 @@ static dt_status dt__pl_zrank_major(dt_zero *z, dt__pl_zu *u, int t) {
     const dt_tensor *pack = t < 0 ? &u->gpack : &u->vpack[t];
     int64_t block = t < 0 ? u->gblock : u->vblock[t];
     int i, j;
-    for (j = 0; j < z->N; j++)
+    for (j = 0; j < u->N; j++)
         for (i = u->first; i < u->last; i++) {
             const dt__pl_zp *p = &z->zp[i];
             const dt_param *bp = z->a->params->items[i];
@@ -1522,7 +1668,7 @@ static dt_status dt__pl_zgrads_in(dt_zero *z, dt__pl_zu *u, const dt_tensor *out
 static dt_status dt__pl_zrs_post(dt_zero *z, dt__pl_zu *u) {
     dt_status st;
     int i;
-    DT__TRY(dt__pl_ztake(z, &u->gpack, DT_F32, (int64_t)z->N * u->gblock, &z->live_comm));
+    DT__TRY(dt__pl_ztake(z, &u->gpack, DT_F32, (int64_t)u->N * u->gblock, &z->live_comm));
     st = dt__pl_ztake(z, &u->gout, DT_F32, u->gblock, &z->live_comm);
     if (st) { dt__pl_zgive(z, &u->gpack, &z->live_comm); return st; }
     st = dt__pl_zrank_major(z, u, -1);
@@ -1533,7 +1679,7 @@ static dt_status dt__pl_zrs_post(dt_zero *z, dt__pl_zu *u) {
     }
     dt__pl_zgive(z, &u->gfull, &z->live_grad);
     for (i = u->first; i < u->last; i++) z->a->params->items[i]->grad.data = NULL;
-    st = dt_comm_ireduce_scatter(z->dpcp, &u->gout, &u->gpack, DT_REDUCE_AVG, &u->greq);
+    st = dt_comm_ireduce_scatter(u->comm, &u->gout, &u->gpack, DT_REDUCE_AVG, &u->greq);
     if (st) {
         dt__pl_zgive(z, &u->gpack, &z->live_comm);
         dt__pl_zgive(z, &u->gout, &z->live_comm);
@@ -1569,10 +1715,10 @@ static dt_status dt__pl_zpoll(dt_zero *z) {
    written into the arena (blocking). */
 static dt_status dt__pl_zrs_stage1(dt_zero *z, dt__pl_zu *u) {
     dt_status st;
-    DT__TRY(dt__pl_ztake(z, &u->gpack, DT_F32, (int64_t)z->N * u->gblock, &z->live_comm));
+    DT__TRY(dt__pl_ztake(z, &u->gpack, DT_F32, (int64_t)u->N * u->gblock, &z->live_comm));
     st = dt__pl_ztake(z, &u->gout, DT_F32, u->gblock, &z->live_comm);
     if (!st) st = dt__pl_zrank_major(z, u, -1);
-    if (!st) st = dt_comm_reduce_scatter(z->dpcp, &u->gout, &u->gpack, DT_REDUCE_AVG);
+    if (!st) st = dt_comm_reduce_scatter(u->comm, &u->gout, &u->gpack, DT_REDUCE_AVG);
     if (!st) st = dt__pl_zgrads_in(z, u, &u->gout, 0);
     dt__pl_zgive(z, &u->gpack, &z->live_comm);
     dt__pl_zgive(z, &u->gout, &z->live_comm);
@@ -1586,7 +1732,7 @@ static dt_status dt__pl_zag_post(dt_zero *z, dt__pl_zu *u, int t) {
     int i, own = z->a->device != DT_CPU;
     dt_status st = DT_OK;
     memset(&mine, 0, sizeof mine);
-    DT__TRY(dt__pl_ztake(z, &u->vpack[t], (dt_dtype)t, (int64_t)z->N * u->vblock[t], &z->live_comm));
+    DT__TRY(dt__pl_ztake(z, &u->vpack[t], (dt_dtype)t, (int64_t)u->N * u->vblock[t], &z->live_comm));
     /* on the host the block goes in place; on cuda from a buffer of its own (dt_comm's staging of
        an in-place all-gather on device tensors sizes its buffer by the input: rank 0 overflowed it) */
     if (own) st = dt__pl_ztake(z, &u->vmine[t], (dt_dtype)t, u->vblock[t], &z->live_comm);
@@ -1594,12 +1740,12 @@ static dt_status dt__pl_zag_post(dt_zero *z, dt__pl_zu *u, int t) {
         const dt__pl_zp *p = &z->zp[i];
         const dt_param *sp = z->shard.items[i];
         if ((int)sp->value.dtype == t)
-            st = dt__pl_copy(z->ctx, own ? &u->vmine[t] : &u->vpack[t], (own ? 0 : (int64_t)z->r * u->vblock[t]) + p->vpk,
+            st = dt__pl_copy(z->ctx, own ? &u->vmine[t] : &u->vpack[t], (own ? 0 : (int64_t)u->r * u->vblock[t]) + p->vpk,
                              &sp->value, 0, sp->value.numel, 0);
     }
     if (!st && own) mine = u->vmine[t];
-    else if (!st) st = dt_tensor_view(z->ctx, &mine, &u->vpack[t], (int64_t)z->r * u->vblock[t], 1, &u->vblock[t]);
-    if (!st) st = dt_comm_iallgather(z->dpcp, &u->vpack[t], &mine, &u->vreq[t]);
+    else if (!st) st = dt_tensor_view(z->ctx, &mine, &u->vpack[t], (int64_t)u->r * u->vblock[t], 1, &u->vblock[t]);
+    if (!st) st = dt_comm_iallgather(u->comm, &u->vpack[t], &mine, &u->vreq[t]);
     if (st) {
         dt__pl_zgive(z, &u->vpack[t], &z->live_comm);
         dt__pl_zgive(z, &u->vmine[t], &z->live_comm);
@@ -1656,11 +1802,10 @@ static void dt__pl_zvalues_drop(dt_zero *z, dt__pl_zu *u) {
 static dt_status dt__pl_zallgather_all(dt_zero *z) {
     int k, t;
     dt_status st = DT_OK;
-    if (z->N == 1) return DT_OK;
     for (k = 0; k < z->n_units && !st; k++) {
         dt__pl_zu *u = &z->zu[k];
         for (t = 1; t < DT_DTYPE_COUNT && !st; t++) {
-            if (!u->has[t]) continue;
+            if (!u->has[t] || u->N == 1) continue;
             st = dt__pl_zag_post(z, u, t);
             if (!st) {
                 st = dt_comm_wait(u->vreq[t]);
@@ -1689,6 +1834,9 @@ static void dt__pl_zero_release(dt_zero *z) {
     int k, t, i;
     dt__pl_zdrain(z);
     dt_bucketer_free(z->ddp); /* waits for its buckets; the arena's grads stay where they are */
+    dt_bucketer_free(z->eddp);
+    dt_release(z->ctx, z->dense_ps.items); /* the params are the arena's */
+    dt_release(z->ctx, z->expert_ps.items);
     for (k = 0; k < z->n_units && z->zu; k++) {
         dt__pl_zu *u = &z->zu[k];
         for (t = 0; t < DT_DTYPE_COUNT; t++) {
@@ -1736,8 +1884,8 @@ static dt_status dt__pl_zgeometry(dt_zero *z, const char *fn) {
             for (d = 1; d < bp->value.ndim; d++) e *= bp->value.shape[d]; /* a factor of numel: fits */
             p->rows = bp->value.ndim ? bp->value.shape[0] : 1;
             p->row_elems = e;
-            p->c = (p->rows + z->N - 1) / z->N;
-            dt__pl_zrows(p, z->r, &p->lo, &d);
+            p->c = (p->rows + u->N - 1) / u->N;
+            dt__pl_zrows(p, u->r, &p->lo, &d);
             p->n = d - p->lo;
             if (!dt_mul_ok(p->c, e, &blk))
                 return dt_ctx_set_error(z->ctx, DT_ERR_ARG, "%s: \"%s\": %lld rows x %lld elements overflow", fn,
@@ -1756,9 +1904,9 @@ static dt_status dt__pl_zgeometry(dt_zero *z, const char *fn) {
             sg += p->n * e;
             sv[t] += p->n * e;
         }
-        if (!dt_mul_ok(u->gblock, z->N, &tot) || tot > ((int64_t)1 << 40))
+        if (!dt_mul_ok(u->gblock, u->N, &tot) || tot > ((int64_t)1 << 40))
             return dt_ctx_set_error(z->ctx, DT_ERR_ARG, "%s: unit %d: %d blocks of %lld elements are too many for one "
-                                    "collective", fn, k, z->N, (long long)u->gblock);
+                                    "collective", fn, k, u->N, (long long)u->gblock);
     }
     return DT_OK;
 }
@@ -1786,7 +1934,8 @@ static dt_status dt__pl_zshard_set(dt_zero *z) {
         }
         shape[0] = p->n;
         sp->start[0] += p->lo;
-        sp->sharded = bp->sharded || z->N > 1; /* the same on every rank, even where this slice is whole */
+        sp->sharded = bp->sharded || z->zu[z->a->unit[i]].N > 1; /* the same on every rank, even where this
+                                                                      slice is whole */
         sp->no_decay = bp->no_decay;
         sp->group = bp->group;
         if (z->stage == 3)
@@ -1801,8 +1950,14 @@ static dt_status dt__pl_zshard_set(dt_zero *z) {
         if (st) return st;
         /* stage 3: this rank's rows become its copy of the values (the arena's go at the end) */
         if (z->stage == 3) DT__TRY(dt__pl_copy(z->ctx, &sp->value, 0, &bp->value, p->lo * p->row_elems, sp->value.numel, 0));
-        z->param_comms[i] = z->stage == 0 ? (bp->sharded ? z->l->tp_comm : NULL)
-                                          : (bp->sharded ? z->l->dptp_comm : z->l->dpcp_comm);
+        if (z->zu[z->a->unit[i]].expert) { /* distinct over ep, and over tp where a later dim is split */
+            int tps = 0;
+            for (d = 1; d < bp->value.ndim; d++) tps |= bp->global_shape[d] && bp->value.shape[d] < bp->global_shape[d];
+            z->param_comms[i] = z->stage == 0 ? (tps ? z->l->eptp_comm : z->l->ep_comm)
+                                              : (tps ? z->l->dptp_comm : z->l->dpcp_comm);
+        } else
+            z->param_comms[i] = z->stage == 0 ? (bp->sharded ? z->l->tp_comm : NULL)
+                                              : (bp->sharded ? z->l->dptp_comm : z->l->dpcp_comm);
     }
     return DT_OK;
 }
@@ -1836,6 +1991,7 @@ static dt_status dt__pl_zero_check(dt_ctx *ctx, const dt_arena *a, const dt_zero
 static dt_zero *dt__pl_zero_new(dt_layout *l, dt_arena *a, const dt_zero_desc *d, const char *fn) {
     dt_ctx *ctx = l->ctx;
     dt_zero *z = (dt_zero *)dt_alloc_zeroed(ctx, sizeof *z);
+    int k;
     if (!z) return NULL;
     z->ctx = ctx;
     z->l = l;
@@ -1855,6 +2011,13 @@ static dt_zero *dt__pl_zero_new(dt_layout *l, dt_arena *a, const dt_zero_desc *d
         z->stage = -1; /* nothing of the arena was taken */
         dt__pl_zero_release(z);
         return NULL;
+    }
+    for (k = 0; k < z->n_units; k++) {
+        dt__pl_zu *u = &z->zu[k];
+        u->expert = d->expert_units && d->expert_units[k];
+        u->comm = u->expert ? l->edp_comm : l->dpcp_comm;
+        u->N = d->stage == 0 ? 1 : u->expert ? l->edp : l->dpcp;
+        u->r = d->stage == 0 ? 0 : u->expert ? l->edp_rank : l->dpcp_rank;
     }
     return z;
 }
@@ -1886,10 +2049,30 @@ static dt_status dt__pl_zero_opt(dt_zero *z, const dt_zero_desc *d) {
     dt_opt_desc od;
     if (z->stage == 0) {
         dt_bucketer_desc bd;
+        int k, i, experts = 0;
         memset(&bd, 0, sizeof bd);
         bd.bucket_bytes = bd.first_bucket_bytes = d->bucket_bytes;
-        bd.flat = &z->a->grads;
-        DT__TRY(dt_bucketer_create(z->dpcp, &z->ddp, z->a->params, &bd));
+        for (k = 0; k < z->n_units; k++) experts |= z->zu[k].expert;
+        if (!experts) {
+            bd.flat = &z->a->grads;
+            DT__TRY(dt_bucketer_create(z->dpcp, &z->ddp, z->a->params, &bd));
+        } else { /* two groups: each bucketer copies its params' grads in and out (they interleave) */
+            dt_params *two[2];
+            two[0] = &z->dense_ps;
+            two[1] = &z->expert_ps;
+            for (k = 0; k < 2; k++) {
+                two[k]->items = (dt_param **)dt__pl_alloc_n(z->ctx, z->n_params, sizeof(dt_param *), "dt_zero_create",
+                                                            "params");
+                if (!two[k]->items) return DT_ERR_OOM;
+                two[k]->capacity = z->n_params;
+            }
+            for (i = 0; i < z->n_params; i++) {
+                dt_params *to = two[z->zu[z->a->unit[i]].expert];
+                to->items[to->count++] = z->a->params->items[i];
+            }
+            DT__TRY(dt_bucketer_create(z->dpcp, &z->ddp, &z->dense_ps, &bd));
+            DT__TRY(dt_bucketer_create(z->l->edp_comm, &z->eddp, &z->expert_ps, &bd));
+        }
     }
     od = d->opt;
     od.comm = z->l->world;
@@ -2060,7 +2243,8 @@ DT_API dt_status dt_zero_grad_ready(dt_zero *z, int unit) {
         int i;
         u->ready = 1;
         if (!z->sync) return DT_OK; /* an accumulation micro-step: grads stay local */
-        for (i = u->first; i < u->last; i++) DT__TRY(dt_bucketer_mark_ready(z->ddp, z->a->params->items[i]));
+        for (i = u->first; i < u->last; i++)
+            DT__TRY(dt_bucketer_mark_ready(u->expert ? z->eddp : z->ddp, z->a->params->items[i]));
         return DT_OK;
     }
     u->ready = 1;
@@ -2082,6 +2266,7 @@ DT_API dt_status dt_zero_step(dt_zero *z, dt_opt_step_info *info) {
     /* 1. finish the gradient sync */
     if (z->stage == 0) {
         st = dt_bucketer_finish(z->ddp);
+        if (!st && z->eddp) st = dt_bucketer_finish(z->eddp);
     } else if (z->stage == 1) {
         for (k = 0; k < z->n_units && !st; k++) st = dt__pl_zrs_stage1(z, &z->zu[k]);
     } else {
@@ -3409,6 +3594,704 @@ DT_API dt_status dt_cp_ulysses_bwd(dt_layout *l, dt_tensor *dqkv, const dt_tenso
     DT__TRY(dt__uly_a2a(l, dqkv->numel));
     dt__uly_unpack_cols(dqkv, (const float *)k->rcv.data, &g, 1, 1);
     return st;
+}
+
+/* ==== >>moe: mixture of experts, expert parallel ================================================
+
+   One forward, in the order it runs: the router's logits by one GEMM, the softmax and the top-k
+   per row on the host, the capacity per sequence, then the kept assignments sorted by expert and
+   token (a counting sort: the send order, so rank p's block is the assignments to its experts),
+   one all-to-all of the counts per (rank, expert), one all-to-allv of the rows, the received rows
+   regrouped expert-major (for each local expert, the rows of rank 0, then rank 1, ...: one GEMM
+   per expert over contiguous rows, in an order that does not depend on timing), the experts, the
+   outputs regrouped back and returned by the reverse all-to-allv, and the combine: each token's
+   outputs summed in choice order (j = 0 .. k-1), so no result depends on ep or arrival. */
+
+struct dt_moe {
+    dt_ctx *ctx;
+    dt_layout *l;
+    dt_moe_desc d;                /* resolved */
+    int E, El, k;
+    int64_t C, Fl, cap;           /* cap: assignments an expert keeps per sequence; 0 = all */
+    float *bias;                  /* [E] */
+    double *acc;                  /* [2E + 3] this step: counts, sums of p, dropped, fingerprint, tokens (then global) */
+    double *f;                    /* [E] the global f_e, once synced */
+    int64_t *load;                /* [E] for the stats */
+    double aux;
+    int n_fwd, synced;
+    dt_tensor cnt_send, cnt_recv; /* I64 [E]: assignments per (rank, local expert), sent and received */
+    dt_tensor bufs[4];            /* f32 scratch: packed rows, received rows, expert-major rows, columns */
+    dt_tensor dgt;                /* f32 [N k]: the gates' grads (summed over tp) */
+    dt_tensor dz;                 /* f32 [N, E]: the router logits' grads */
+};
+
+struct dt_moe_acts {
+    dt_moe *m;
+    int64_t N, S, R;              /* rows, assignments kept (sent), rows received */
+    dt_tensor probs;              /* f32 [N, E] */
+    int *idx;                     /* [N k] chosen experts */
+    float *gate;                  /* [N k] */
+    int64_t *slot;                /* [N k] row in the send order, -1: dropped */
+    int64_t *send_n, *recv_n;     /* [ep] rows to / from each ep rank */
+    int64_t *eoff;                /* [El + 1] each local expert's first expert-major row */
+    int64_t *perm;                /* [R] expert-major row -> received row */
+    int64_t cap_idx, cap_slot, cap_gate, cap_perm;
+    dt_tensor xin, h, act, ret;   /* [R, C], [R, Fl], [R, Fl] expert-major; [S, C] returned outputs */
+};
+
+DT_API const char *dt_moe_balance_name(dt_moe_balance b) {
+    return b == DT_MOE_AUX ? "aux" : b == DT_MOE_BIAS ? "bias" : b == DT_MOE_NONE ? "none" : "?";
+}
+
+/* A 1-D f32 (or I64) buffer of at least n elements, kept from call to call (grows by half). */
+static dt_status dt__moe_fit(dt_ctx *ctx, dt_tensor *buf, int64_t n, dt_dtype dtype) {
+    dt_tensor_desc td;
+    if (buf->data && buf->numel >= n && buf->dtype == dtype) return DT_OK;
+    if (n > ((int64_t)1 << 40))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_moe: a buffer of %lld elements; expected at most 2^40",
+                                (long long)n);
+    dt_tensor_free(ctx, buf);
+    memset(&td, 0, sizeof td);
+    td.dtype = dtype;
+    td.ndim = 1;
+    td.shape[0] = n + n / 2 + 1;
+    return dt_tensor_create(ctx, buf, &td);
+}
+
+/* Rows [r0, r0 + rows) of a [*, cols] matrix kept flat in buf. */
+static dt_status dt__moe_rows(dt_ctx *ctx, dt_tensor *v, const dt_tensor *buf, int64_t r0, int64_t rows, int64_t cols) {
+    int64_t s[2];
+    s[0] = rows;
+    s[1] = cols;
+    return dt_tensor_view(ctx, v, buf, r0 * cols, 2, s);
+}
+
+/* Expert e's slice of a per-expert parameter [El, a, b] (b 0: [El, a]). */
+static dt_status dt__moe_expert(dt_ctx *ctx, dt_tensor *v, const dt_tensor *t, int e) {
+    int64_t s[2], per;
+    s[0] = t->shape[1];
+    s[1] = t->ndim > 2 ? t->shape[2] : 0;
+    per = t->ndim > 2 ? s[0] * s[1] : s[0];
+    return dt_tensor_view(ctx, v, t, (int64_t)e * per, t->ndim - 1, s);
+}
+
+static dt_status dt__moe_check(dt_ctx *ctx, const dt_layout *l, const dt_moe_desc *d, const char *fn) {
+    if (d->experts < 1 || d->experts % l->ep)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.experts = %d; expected a positive multiple of ep = %d (each ep "
+                                "rank holds experts / ep of them)", fn, d->experts, l->ep);
+    if (d->top_k < 0 || d->top_k > d->experts)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.top_k = %d; expected 1 <= top_k <= experts = %d (0 = 2)", fn,
+                                d->top_k, d->experts);
+    if (d->width < 1 || d->hidden < 0 || d->seq < 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.width = %lld, hidden = %lld, seq = %lld; expected width >= 1, "
+                                "hidden >= 0 (0 = 4 width), seq >= 1", fn, (long long)d->width, (long long)d->hidden,
+                                (long long)d->seq);
+    if (!(d->capacity >= 0 && d->capacity <= 1e6) || !(d->aux_coef >= 0 && d->aux_coef < 1e30) ||
+        !(d->bias_rate >= 0 && d->bias_rate < 1e30))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.capacity = %g, aux_coef = %g, bias_rate = %g; expected finite "
+                                "values >= 0 (capacity <= 1e6)", fn, d->capacity, d->aux_coef, d->bias_rate);
+    if ((int)d->balance < 0 || d->balance > DT_MOE_NONE)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.balance = %d; expected a dt_moe_balance", fn, (int)d->balance);
+    if (d->micro < 0 || d->renorm < 0 || d->renorm > 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.micro = %d, renorm = %d; expected micro >= 0, renorm 0 or 1",
+                                fn, d->micro, d->renorm);
+    return DT_OK;
+}
+
+DT_API dt_status dt_moe_create(dt_layout *l, dt_moe **out, const dt_moe_desc *desc) {
+    const char *fn = "dt_moe_create";
+    dt_moe_desc d;
+    dt_moe *m;
+    int64_t F;
+    double capd;
+    if (out) *out = NULL;
+    if (!l) return DT_ERR_ARG;
+    if (!out || !desc) return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: %s is NULL", fn, out ? "desc" : "out");
+    d = *desc;
+    DT__TRY(dt__moe_check(l->ctx, l, &d, fn));
+    if (!d.top_k) d.top_k = 2;
+    if (!d.hidden && !dt_mul_ok(4, d.width, &d.hidden))
+        return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: 4 x width overflows", fn);
+    if (!d.balance) d.balance = DT_MOE_AUX;
+    if (d.aux_coef == 0) d.aux_coef = 0.01;
+    if (d.bias_rate == 0) d.bias_rate = 0.001;
+    if (!d.micro) d.micro = 1;
+    F = d.hidden;
+    if (F % l->tp)
+        return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: desc.hidden = %lld is not divisible by tp = %d", fn,
+                                (long long)F, l->tp);
+    m = (dt_moe *)dt_alloc_zeroed(l->ctx, sizeof *m);
+    if (!m) return DT_ERR_OOM;
+    m->ctx = l->ctx;
+    m->l = l;
+    m->d = d;
+    m->E = d.experts;
+    m->El = d.experts / l->ep;
+    m->k = d.top_k;
+    m->C = d.width;
+    m->Fl = F / l->tp;
+    capd = ceil(d.capacity * (double)d.seq * d.top_k / d.experts); /* <= 1e6 x seq x 1: fits */
+    m->cap = d.capacity > 0 ? (capd < 1 ? 1 : (int64_t)capd) : 0;
+    m->bias = (float *)dt_alloc_zeroed(l->ctx, (size_t)m->E * sizeof(float));
+    m->acc = (double *)dt_alloc_zeroed(l->ctx, (size_t)(2 * m->E + 3) * sizeof(double));
+    m->f = (double *)dt_alloc_zeroed(l->ctx, (size_t)m->E * sizeof(double));
+    m->load = (int64_t *)dt_alloc_zeroed(l->ctx, (size_t)m->E * sizeof(int64_t));
+    if (!m->bias || !m->acc || !m->f || !m->load || dt__moe_fit(l->ctx, &m->cnt_send, m->E, DT_I64) ||
+        dt__moe_fit(l->ctx, &m->cnt_recv, m->E, DT_I64)) {
+        dt_moe_free(m);
+        return DT_ERR_OOM;
+    }
+    *out = m;
+    return DT_OK;
+}
+
+DT_API void dt_moe_free(dt_moe *m) {
+    int i;
+    if (!m) return;
+    dt_release(m->ctx, m->bias);
+    dt_release(m->ctx, m->acc);
+    dt_release(m->ctx, m->f);
+    dt_release(m->ctx, m->load);
+    dt_tensor_free(m->ctx, &m->cnt_send);
+    dt_tensor_free(m->ctx, &m->cnt_recv);
+    for (i = 0; i < 4; i++) dt_tensor_free(m->ctx, &m->bufs[i]);
+    dt_tensor_free(m->ctx, &m->dgt);
+    dt_tensor_free(m->ctx, &m->dz);
+    dt_release(m->ctx, m);
+}
+
+DT_API float *dt_moe_bias(dt_moe *m) { return m ? m->bias : NULL; }
+
+DT_API dt_status dt_moe_acts_create(dt_moe *m, dt_moe_acts **out) {
+    dt_moe_acts *a;
+    if (out) *out = NULL;
+    if (!m) return DT_ERR_ARG;
+    if (!out) return dt_ctx_set_error(m->ctx, DT_ERR_ARG, "dt_moe_acts_create: out is NULL");
+    a = (dt_moe_acts *)dt_alloc_zeroed(m->ctx, sizeof *a);
+    if (!a) return DT_ERR_OOM;
+    a->m = m;
+    a->send_n = (int64_t *)dt_alloc_zeroed(m->ctx, (size_t)m->l->ep * sizeof(int64_t));
+    a->recv_n = (int64_t *)dt_alloc_zeroed(m->ctx, (size_t)m->l->ep * sizeof(int64_t));
+    a->eoff = (int64_t *)dt_alloc_zeroed(m->ctx, (size_t)(m->El + 1) * sizeof(int64_t));
+    if (!a->send_n || !a->recv_n || !a->eoff) {
+        dt_moe_acts_free(a);
+        return DT_ERR_OOM;
+    }
+    *out = a;
+    return DT_OK;
+}
+
+DT_API void dt_moe_acts_free(dt_moe_acts *a) {
+    dt_ctx *ctx;
+    if (!a) return;
+    ctx = a->m->ctx;
+    dt_tensor_free(ctx, &a->probs);
+    dt_tensor_free(ctx, &a->xin);
+    dt_tensor_free(ctx, &a->h);
+    dt_tensor_free(ctx, &a->act);
+    dt_tensor_free(ctx, &a->ret);
+    dt_release(ctx, a->idx);
+    dt_release(ctx, a->gate);
+    dt_release(ctx, a->slot);
+    dt_release(ctx, a->perm);
+    dt_release(ctx, a->send_n);
+    dt_release(ctx, a->recv_n);
+    dt_release(ctx, a->eoff);
+    dt_release(ctx, a);
+}
+
+/* A tensor argument: CPU f32 of the given dims (-1: any). */
+static dt_status dt__moe_arg(dt_ctx *ctx, const dt_tensor *t, const char *name, int ndim, int64_t d0, int64_t d1,
+                             int64_t d2, const char *fn) {
+    int64_t want[3];
+    int i;
+    want[0] = d0;
+    want[1] = d1;
+    want[2] = d2;
+    if (!t || !t->data) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL or has no data", fn, name);
+    if (t->device != DT_CPU)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: %s is on %s; the MoE layer runs on CPU tensors only (yet)",
+                                fn, name, dt_device_name(t->device));
+    if (t->dtype != DT_F32)
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: %s is %s; expected f32", fn, name, dt_dtype_name(t->dtype));
+    if (t->ndim != ndim)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s has %d dims; expected %d", fn, name, t->ndim, ndim);
+    for (i = 0; i < ndim; i++)
+        if (want[i] >= 0 && t->shape[i] != want[i])
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s's dim %d is %lld; expected %lld", fn, name, i,
+                                    (long long)t->shape[i], (long long)want[i]);
+    return DT_OK;
+}
+
+static dt_status dt__moe_weights(dt_moe *m, const dt_tensor *router, const dt_tensor *fc_w, const dt_tensor *fc_b,
+                                 const dt_tensor *proj_w, const dt_tensor *proj_b, const char *fn, const char *const *nm) {
+    dt_ctx *ctx = m->ctx;
+    DT__TRY(dt__moe_arg(ctx, router, nm[0], 2, m->E, m->C, 0, fn));
+    DT__TRY(dt__moe_arg(ctx, fc_w, nm[1], 3, m->El, m->Fl, m->C, fn));
+    if (fc_b) DT__TRY(dt__moe_arg(ctx, fc_b, nm[2], 2, m->El, m->Fl, 0, fn));
+    DT__TRY(dt__moe_arg(ctx, proj_w, nm[3], 3, m->El, m->C, m->Fl, fn));
+    if (proj_b) DT__TRY(dt__moe_arg(ctx, proj_b, nm[4], 2, m->El, m->C, 0, fn));
+    return DT_OK;
+}
+
+/* splitmix64's finaliser: the fingerprint of one dropped (token, choice) pair */
+static uint64_t dt__moe_mix(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Router: p = softmax(x W_r^T) per row (f32, max subtracted, the sum in double), the k largest of
+   p + bias (ties: the lower index), the gates, and the step's counts. */
+static dt_status dt__moe_route(dt_moe *m, dt_moe_acts *a, const dt_tensor *x, const dt_tensor *router) {
+    dt_tensor pv;
+    int64_t t, N = a->N;
+    int E = m->E, k = m->k, e, j;
+    DT__TRY(dt__moe_fit(m->ctx, &a->probs, N * E, DT_F32));
+    DT__TRY(dt__moe_rows(m->ctx, &pv, &a->probs, 0, N, E));
+    DT__TRY(dt_matmul_fwd(m->ctx, &pv, x, router, 0, 1, 1.0f, 0.0f));
+    for (t = 0; t < N; t++) {
+        float *p = (float *)pv.data + t * E, mx = p[0];
+        double sum = 0, sel = 0;
+        for (e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+        for (e = 0; e < E; e++) sum += (p[e] = expf(p[e] - mx));
+        for (e = 0; e < E; e++) {
+            p[e] = (float)(p[e] / sum);
+            m->acc[E + e] += p[e];
+        }
+        for (j = 0; j < k; j++) { /* the j-th largest score among those not chosen yet */
+            int best = -1, i;
+            float bs = 0;
+            for (e = 0; e < E; e++) {
+                float s = m->d.balance == DT_MOE_BIAS ? p[e] + m->bias[e] : p[e];
+                for (i = 0; i < j && a->idx[t * k + i] != e; i++) {}
+                if (i < j) continue;
+                if (best < 0 || s > bs) { best = e; bs = s; }
+            }
+            a->idx[t * k + j] = best;
+            a->gate[t * k + j] = p[best];
+            sel += p[best];
+            m->acc[best] += 1;
+        }
+        if (m->d.renorm)
+            for (j = 0; j < k; j++) a->gate[t * k + j] = (float)(a->gate[t * k + j] / sel);
+    }
+    m->acc[2 * E + 2] += (double)N;
+    return DT_OK;
+}
+
+/* Capacity per sequence (GShard's order: first choices in sequence order, then second ...), then
+   the send order: kept assignments sorted by expert, then token. */
+static dt_status dt__moe_assign(dt_moe *m, dt_moe_acts *a, int64_t seq0, int64_t *ecnt) {
+    int64_t s, t, T = m->d.seq, N = a->N, run = 0;
+    int E = m->E, k = m->k, e, j, p;
+    for (e = 0; e < E; e++) ecnt[e] = 0;
+    for (s = 0; s < N / T; s++) {
+        int64_t *used = (int64_t *)m->cnt_recv.data; /* scratch [E] here */
+        for (e = 0; e < E; e++) used[e] = 0;
+        for (j = 0; j < k; j++)
+            for (t = s * T; t < (s + 1) * T; t++) {
+                e = a->idx[t * k + j];
+                if (!m->cap || used[e] < m->cap) {
+                    used[e]++;
+                    ecnt[e]++;
+                    a->slot[t * k + j] = 0;
+                } else {
+                    uint64_t id = (uint64_t)(seq0 + s) * (uint64_t)T + (uint64_t)(t - s * T);
+                    a->slot[t * k + j] = -1;
+                    m->acc[2 * E] += 1;
+                    m->acc[2 * E + 1] += (double)(dt__moe_mix(id * (uint64_t)k + (uint64_t)j) & 0xffffffffu);
+                }
+            }
+    }
+    /* ecnt becomes each expert's first row in the send order, then its end */
+    for (e = 0; e < E; e++) {
+        int64_t c = ecnt[e];
+        ecnt[e] = run;
+        run += c;
+    }
+    a->S = run;
+    for (t = 0; t < N; t++)
+        for (j = 0; j < k; j++)
+            if (a->slot[t * k + j] >= 0) a->slot[t * k + j] = ecnt[a->idx[t * k + j]]++;
+    for (p = 0; p < m->l->ep; p++) a->send_n[p] = 0;
+    for (e = E - 1; e >= 0; e--) { /* back to counts: end - start */
+        int64_t start = e ? ecnt[e - 1] : 0;
+        ecnt[e] -= start;
+        a->send_n[e / m->El] += ecnt[e];
+    }
+    return DT_OK;
+}
+
+/* Rows between the received order (rank-major, then expert, then token) and expert-major: to = 1:
+   dst[i] = src[perm[i]] (received -> expert-major), 0: dst[perm[i]] = src[i]. */
+static void dt__moe_permute(const dt_moe_acts *a, float *dst, const float *src, int64_t C, int to) {
+    int64_t i;
+    for (i = 0; i < a->R; i++) {
+        if (to) memcpy(dst + i * C, src + a->perm[i] * C, (size_t)C * sizeof(float));
+        else memcpy(dst + a->perm[i] * C, src + i * C, (size_t)C * sizeof(float));
+    }
+}
+
+/* The counts of every (rank, local expert) arrive; then the expert-major offsets and perm. */
+static dt_status dt__moe_layout_rows(dt_moe *m, dt_moe_acts *a, const int64_t *ecnt) {
+    int ep = m->l->ep, El = m->El, q, e;
+    int64_t *cs = (int64_t *)m->cnt_send.data, *cr, at = 0, i, nE = m->E;
+    dt_tensor s, r;
+    for (e = 0; e < m->E; e++) cs[e] = ecnt[e];
+    DT__TRY(dt_tensor_view(m->ctx, &s, &m->cnt_send, 0, 1, &nE));
+    DT__TRY(dt_tensor_view(m->ctx, &r, &m->cnt_recv, 0, 1, &nE));
+    DT__TRY(dt_comm_alltoall(m->l->ep_comm, &r, &s));
+    cr = (int64_t *)m->cnt_recv.data; /* [q * El + e]: rank q's rows for local expert e */
+    a->R = 0;
+    for (q = 0; q < ep; q++) {
+        a->recv_n[q] = 0;
+        for (e = 0; e < El; e++) a->recv_n[q] += cr[q * El + e];
+        a->R += a->recv_n[q];
+    }
+    DT__TRY(dt_grow(m->ctx, (void **)&a->perm, &a->cap_perm, a->R ? a->R : 1, sizeof(int64_t), "dt_moe perm"));
+    for (e = 0; e < El; e++) {
+        int64_t qstart = 0;
+        a->eoff[e] = at;
+        for (q = 0; q < ep; q++) {
+            int64_t off = qstart;
+            int e2;
+            for (e2 = 0; e2 < e; e2++) off += cr[q * El + e2];
+            for (i = 0; i < cr[q * El + e]; i++) a->perm[at++] = off + i;
+            qstart += a->recv_n[q];
+        }
+    }
+    a->eoff[El] = at;
+    return DT_OK;
+}
+
+/* rows out through the ep all-to-allv: fwd = 1 from the send order (send_n) to the received
+   order (recv_n); 0 back. */
+static dt_status dt__moe_exchange(dt_moe *m, dt_moe_acts *a, dt_tensor *dst, const dt_tensor *src, int fwd) {
+    int64_t sc[64], rc[64], *scp = sc, *rcp = rc, ns = fwd ? a->S : a->R, nr = fwd ? a->R : a->S;
+    int q, ep = m->l->ep;
+    dt_tensor in, out;
+    dt_status st;
+    if (ep > 64) {
+        scp = (int64_t *)dt_alloc(m->ctx, (size_t)ep * 2 * sizeof(int64_t));
+        if (!scp) return DT_ERR_OOM;
+        rcp = scp + ep;
+    }
+    for (q = 0; q < ep; q++) {
+        scp[q] = (fwd ? a->send_n[q] : a->recv_n[q]) * m->C;
+        rcp[q] = (fwd ? a->recv_n[q] : a->send_n[q]) * m->C;
+    }
+    ns = (ns ? ns : 1) * m->C; /* the buffers hold at least one row more than they carry */
+    nr = (nr ? nr : 1) * m->C;
+    st = dt_tensor_view(m->ctx, &in, src, 0, 1, &ns);
+    if (!st) st = dt_tensor_view(m->ctx, &out, dst, 0, 1, &nr);
+    if (!st) st = dt_comm_alltoallv(m->l->ep_comm, &out, rcp, &in, scp);
+    if (scp != sc) dt_release(m->ctx, scp);
+    return st;
+}
+
+DT_API dt_status dt_moe_fwd(dt_moe *m, dt_moe_acts *a, dt_tensor *y, const dt_tensor *x, int64_t seq0,
+                            const dt_tensor *router, const dt_tensor *fc_w, const dt_tensor *fc_b,
+                            const dt_tensor *proj_w, const dt_tensor *proj_b) {
+    static const char *const nm[5] = {"router", "fc_w", "fc_b", "proj_w", "proj_b"};
+    const char *fn = "dt_moe_fwd";
+    dt_ctx *ctx;
+    int64_t N, C, Fl, t, *ecnt, ek[64];
+    int e, j, k;
+    dt_status st = DT_OK;
+    float *send, *yd;
+    if (!m) return DT_ERR_ARG;
+    ctx = m->ctx;
+    if (!a || a->m != m) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a is NULL or another layer's acts", fn);
+    DT__TRY(dt__moe_arg(ctx, x, "x", 2, -1, m->C, 0, fn));
+    if (x->shape[0] % m->d.seq)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: x has %lld rows; expected whole sequences of desc.seq = %lld", fn,
+                                (long long)x->shape[0], (long long)m->d.seq);
+    DT__TRY(dt__moe_arg(ctx, y, "y", 2, x->shape[0], m->C, 0, fn));
+    DT__TRY(dt__moe_weights(m, router, fc_w, fc_b, proj_w, proj_b, fn, nm));
+    if (seq0 < 0) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: seq0 = %lld; expected >= 0", fn, (long long)seq0);
+    if (y->data == x->data) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: y and x are the same memory", fn);
+    N = a->N = x->shape[0];
+    C = m->C;
+    Fl = m->Fl;
+    k = m->k;
+    DT__TRY(dt_grow(ctx, (void **)&a->idx, &a->cap_idx, N * k + 1, sizeof(int), "dt_moe idx"));
+    DT__TRY(dt_grow(ctx, (void **)&a->gate, &a->cap_gate, N * k + 1, sizeof(float), "dt_moe gate"));
+    DT__TRY(dt_grow(ctx, (void **)&a->slot, &a->cap_slot, N * k + 1, sizeof(int64_t), "dt_moe slot"));
+    ecnt = m->E <= 64 ? ek : (int64_t *)dt_alloc(ctx, (size_t)m->E * sizeof(int64_t));
+    if (!ecnt) return DT_ERR_OOM;
+    st = dt__moe_route(m, a, x, router);
+    if (!st) st = dt__moe_assign(m, a, seq0, ecnt);
+    if (!st) st = dt__moe_layout_rows(m, a, ecnt);
+    if (ecnt != ek) dt_release(ctx, ecnt);
+    if (st) return st;
+    m->n_fwd++;
+    /* dispatch: x's rows in the send order, across, then expert-major into xin */
+    DT__TRY(dt__moe_fit(ctx, &m->bufs[0], ((a->S > a->R ? a->S : a->R) + 1) * C, DT_F32));
+    DT__TRY(dt__moe_fit(ctx, &m->bufs[1], ((a->S > a->R ? a->S : a->R) + 1) * C, DT_F32));
+    DT__TRY(dt__moe_fit(ctx, &a->xin, (a->R + 1) * C, DT_F32));
+    DT__TRY(dt__moe_fit(ctx, &a->h, (a->R + 1) * Fl, DT_F32));
+    DT__TRY(dt__moe_fit(ctx, &a->act, (a->R + 1) * Fl, DT_F32));
+    DT__TRY(dt__moe_fit(ctx, &a->ret, (a->S + 1) * C, DT_F32));
+    send = (float *)m->bufs[0].data;
+    for (t = 0; t < N; t++)
+        for (j = 0; j < k; j++)
+            if (a->slot[t * k + j] >= 0)
+                memcpy(send + a->slot[t * k + j] * C, (const float *)x->data + t * C, (size_t)C * sizeof(float));
+    DT__TRY(dt__moe_exchange(m, a, &m->bufs[1], &m->bufs[0], 1));
+    dt__moe_permute(a, (float *)a->xin.data, (const float *)m->bufs[1].data, C, 1);
+    /* the experts, one GEMM pair each over its rows (expert-major outputs into bufs[0]) */
+    for (e = 0; e < m->El && !st; e++) {
+        int64_t r0 = a->eoff[e], n = a->eoff[e + 1] - a->eoff[e];
+        dt_tensor X, H, A, O, w1, b1, w2, b2;
+        if (!n) continue;
+        st = dt__moe_rows(ctx, &X, &a->xin, r0, n, C);
+        if (!st) st = dt__moe_rows(ctx, &H, &a->h, r0, n, Fl);
+        if (!st) st = dt__moe_rows(ctx, &A, &a->act, r0, n, Fl);
+        if (!st) st = dt__moe_rows(ctx, &O, &m->bufs[0], r0, n, C);
+        if (!st) st = dt__moe_expert(ctx, &w1, fc_w, e);
+        if (!st && fc_b) st = dt__moe_expert(ctx, &b1, fc_b, e);
+        if (!st) st = dt__moe_expert(ctx, &w2, proj_w, e);
+        if (!st && proj_b) st = dt__moe_expert(ctx, &b2, proj_b, e);
+        if (!st) st = dt_linear_fwd(ctx, &H, &X, &w1, fc_b ? &b1 : NULL);
+        if (!st) st = dt_gelu_fwd(ctx, &A, &H);
+        /* proj's bias once over tp: the tp ranks' outputs are summed */
+        if (!st) st = dt_linear_fwd(ctx, &O, &A, &w2, proj_b && m->l->tp_rank == 0 ? &b2 : NULL);
+    }
+    if (st) return st;
+    /* back to the received order, across, and the combine in choice order */
+    dt__moe_permute(a, (float *)m->bufs[1].data, (const float *)m->bufs[0].data, C, 0);
+    DT__TRY(dt__moe_exchange(m, a, &a->ret, &m->bufs[1], 0));
+    yd = (float *)y->data;
+    memset(yd, 0, (size_t)(N * C) * sizeof(float));
+    for (t = 0; t < N; t++)
+        for (j = 0; j < k; j++) {
+            int64_t s = a->slot[t * k + j], c;
+            const float *o;
+            float g = a->gate[t * k + j];
+            if (s < 0) continue;
+            o = (const float *)a->ret.data + s * C;
+            for (c = 0; c < C; c++) yd[t * C + c] += g * o[c];
+        }
+    return DT_OK;
+}
+
+/* The step's counts over dp x cp (every rank of a stage with its tp place): f_e, P_e, the aux loss. */
+static dt_status dt__moe_sync(dt_moe *m) {
+    int E = m->E, e;
+    double n, aux = 0;
+    if (m->synced) return DT_OK;
+    DT__TRY(dt_comm_allreduce_f64(m->l->dpcp_comm, m->acc, 2 * E + 3, DT_REDUCE_SUM));
+    n = m->acc[2 * E + 2];
+    for (e = 0; e < E; e++) {
+        m->f[e] = n > 0 ? m->acc[e] / (n * m->k) : 0;
+        aux += m->f[e] * (n > 0 ? m->acc[E + e] / n : 0);
+    }
+    m->aux = m->d.aux_coef * E * aux;
+    m->synced = 1;
+    return DT_OK;
+}
+
+/* sum over rows of g [rows, n], times alpha, into db [n] (through a scratch row of bufs[3]) */
+static dt_status dt__moe_bias_grad(dt_moe *m, dt_tensor *db, const dt_tensor *g, float alpha) {
+    dt_tensor tmp;
+    DT__TRY(dt__moe_fit(m->ctx, &m->bufs[3], db->numel, DT_F32));
+    DT__TRY(dt_tensor_view(m->ctx, &tmp, &m->bufs[3], 0, 1, &db->numel));
+    DT__TRY(dt_tensor_fill(m->ctx, &tmp, 0.0));
+    DT__TRY(dt_bias_add_bwd(m->ctx, &tmp, g));
+    return dt_axpy(m->ctx, db, alpha, &tmp);
+}
+
+/* One expert's backward over its rows: dO [n, C] -> weight grads (x 1/ep) and dX [n, C]. */
+static dt_status dt__moe_expert_bwd(dt_moe *m, dt_moe_acts *a, int e, dt_tensor *dX, const dt_tensor *dO,
+                                    dt_tensor *d_fc_w, dt_tensor *d_fc_b, dt_tensor *d_proj_w, dt_tensor *d_proj_b,
+                                    const dt_tensor *fc_w, const dt_tensor *proj_w) {
+    dt_ctx *ctx = m->ctx;
+    int64_t r0 = a->eoff[e], n = a->eoff[e + 1] - a->eoff[e];
+    float s = 1.0f / (float)m->l->ep;
+    dt_tensor X, H, A, dA, w1, w2, gw1, gw2, gb;
+    DT__TRY(dt__moe_rows(ctx, &X, &a->xin, r0, n, m->C));
+    DT__TRY(dt__moe_rows(ctx, &H, &a->h, r0, n, m->Fl));
+    DT__TRY(dt__moe_rows(ctx, &A, &a->act, r0, n, m->Fl));
+    DT__TRY(dt__moe_fit(ctx, &m->bufs[2], 2 * n * m->Fl + 1, DT_F32));
+    DT__TRY(dt__moe_rows(ctx, &dA, &m->bufs[2], 0, n, m->Fl));
+    DT__TRY(dt__moe_expert(ctx, &w1, fc_w, e));
+    DT__TRY(dt__moe_expert(ctx, &w2, proj_w, e));
+    DT__TRY(dt__moe_expert(ctx, &gw1, d_fc_w, e));
+    DT__TRY(dt__moe_expert(ctx, &gw2, d_proj_w, e));
+    /* proj: its grads from dO (the whole output's: the bias's grad is the same on every tp rank) */
+    if (d_proj_b) {
+        DT__TRY(dt__moe_expert(ctx, &gb, d_proj_b, e));
+        DT__TRY(dt__moe_bias_grad(m, &gb, dO, s));
+    }
+    DT__TRY(dt_matmul_fwd(ctx, &gw2, dO, &A, 1, 0, s, 1.0f));
+    DT__TRY(dt_tensor_fill(ctx, &dA, 0.0));
+    DT__TRY(dt_linear_bwd(ctx, &dA, NULL, NULL, dO, &A, &w2));
+    /* gelu, in place of the act rows' grads: dH into the second half of bufs[2] */
+    {
+        dt_tensor dH;
+        DT__TRY(dt__moe_rows(ctx, &dH, &m->bufs[2], n, n, m->Fl));
+        DT__TRY(dt_tensor_fill(ctx, &dH, 0.0));
+        DT__TRY(dt_gelu_bwd(ctx, &dH, &dA, &H));
+        if (d_fc_b) {
+            DT__TRY(dt__moe_expert(ctx, &gb, d_fc_b, e));
+            DT__TRY(dt__moe_bias_grad(m, &gb, &dH, s));
+        }
+        DT__TRY(dt_matmul_fwd(ctx, &gw1, &dH, &X, 1, 0, s, 1.0f));
+        DT__TRY(dt_tensor_fill(ctx, dX, 0.0));
+        DT__TRY(dt_linear_bwd(ctx, dX, NULL, NULL, &dH, &X, &w1));
+    }
+    return DT_OK;
+}
+
+/* The router's backward: the gates' grads dg (summed over tp), the aux loss's, through the
+   softmax into dz [N, E]; then d_router += dz^T x and (tp rank 0) dx += dz W_r. */
+static dt_status dt__moe_router_bwd(dt_moe *m, dt_moe_acts *a, dt_tensor *dx, dt_tensor *d_router, const dt_tensor *x,
+                                    const dt_tensor *router, const float *dg, float loss_scale) {
+    int64_t t, N = a->N;
+    int E = m->E, k = m->k, e, j;
+    double auxg = 0;
+    dt_tensor dz, pv;
+    float *dzd;
+    DT__TRY(dt__moe_fit(m->ctx, &m->dz, N * E, DT_F32));
+    DT__TRY(dt__moe_rows(m->ctx, &dz, &m->dz, 0, N, E));
+    DT__TRY(dt__moe_rows(m->ctx, &pv, &a->probs, 0, N, E));
+    dzd = (float *)dz.data;
+    /* d aux / d p_te = coef E f_e / N_global, and the ranks' grads are averaged over dp x cp */
+    if (m->d.balance == DT_MOE_AUX && m->acc[2 * E + 2] > 0)
+        auxg = m->d.aux_coef * E * (double)m->l->dpcp / m->acc[2 * E + 2] * loss_scale;
+    for (t = 0; t < N; t++) {
+        const float *p = (const float *)pv.data + t * E;
+        float *d = dzd + t * E;
+        double dot = 0, sel = 0, gd = 0;
+        for (e = 0; e < E; e++) d[e] = (float)(auxg * m->f[e]);
+        if (m->d.renorm) { /* g_j = p_j / S: dp_j = (dg_j - sum_i dg_i g_i) / S */
+            for (j = 0; j < k; j++) {
+                sel += p[a->idx[t * k + j]];
+                gd += (double)dg[t * k + j] * a->gate[t * k + j];
+            }
+            for (j = 0; j < k; j++) d[a->idx[t * k + j]] += (float)((dg[t * k + j] - gd) / sel);
+        } else
+            for (j = 0; j < k; j++) d[a->idx[t * k + j]] += dg[t * k + j];
+        for (e = 0; e < E; e++) dot += (double)p[e] * d[e];
+        for (e = 0; e < E; e++) d[e] = (float)(p[e] * (d[e] - dot));
+    }
+    DT__TRY(dt_matmul_fwd(m->ctx, d_router, &dz, x, 1, 0, 1.0f, 1.0f));
+    if (m->l->tp_rank == 0) DT__TRY(dt_matmul_fwd(m->ctx, dx, &dz, router, 0, 0, 1.0f, 1.0f));
+    return DT_OK;
+}
+
+DT_API dt_status dt_moe_bwd(dt_moe *m, dt_moe_acts *a, dt_tensor *dx, dt_tensor *d_router, dt_tensor *d_fc_w,
+                            dt_tensor *d_fc_b, dt_tensor *d_proj_w, dt_tensor *d_proj_b, const dt_tensor *dy,
+                            const dt_tensor *x, const dt_tensor *router, const dt_tensor *fc_w,
+                            const dt_tensor *proj_w, float loss_scale) {
+    static const char *const nm[5] = {"router", "fc_w", "fc_b", "proj_w", "proj_b"};
+    static const char *const gn[5] = {"d_router", "d_fc_w", "d_fc_b", "d_proj_w", "d_proj_b"};
+    const char *fn = "dt_moe_bwd";
+    dt_ctx *ctx;
+    int64_t N, C, t, i;
+    int j, k, e;
+    float *dret, *dgd;
+    dt_tensor dgv;
+    if (!m) return DT_ERR_ARG;
+    ctx = m->ctx;
+    if (!a || a->m != m) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a is NULL or another layer's acts", fn);
+    if (!a->probs.data) return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: no dt_moe_fwd for these acts", fn);
+    N = a->N;
+    C = m->C;
+    k = m->k;
+    DT__TRY(dt__moe_arg(ctx, x, "x", 2, N, C, 0, fn));
+    DT__TRY(dt__moe_arg(ctx, dy, "dy", 2, N, C, 0, fn));
+    DT__TRY(dt__moe_arg(ctx, dx, "dx", 2, N, C, 0, fn));
+    DT__TRY(dt__moe_weights(m, router, fc_w, NULL, proj_w, NULL, fn, nm));
+    DT__TRY(dt__moe_weights(m, d_router, d_fc_w, d_fc_b, d_proj_w, d_proj_b, fn, gn));
+    if (!(loss_scale > 0) || !isfinite(loss_scale))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: loss_scale = %g; expected a finite value > 0", fn, loss_scale);
+    if (m->d.balance == DT_MOE_AUX && !m->synced) {
+        if (m->n_fwd < m->d.micro)
+            return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: the aux loss needs f over the step's whole batch, but only %d "
+                                    "of desc.micro = %d forwards ran before this backward; run every forward of a step "
+                                    "before its first backward (GPipe, or one micro-batch), or balance by DT_MOE_BIAS",
+                                    fn, m->n_fwd, m->d.micro);
+        DT__TRY(dt__moe_sync(m));
+    }
+    /* the gates' grads dg = dy . out (partial over tp, summed), and the outputs' grads g dy in the
+       send order */
+    DT__TRY(dt__moe_fit(ctx, &m->dgt, N * k + 1, DT_F32));
+    DT__TRY(dt__moe_fit(ctx, &m->bufs[0], ((a->S > a->R ? a->S : a->R) + 1) * C, DT_F32));
+    DT__TRY(dt__moe_fit(ctx, &m->bufs[1], ((a->S > a->R ? a->S : a->R) + 1) * C, DT_F32));
+    dgd = (float *)m->dgt.data;
+    dret = (float *)m->bufs[0].data;
+    for (t = 0; t < N; t++)
+        for (j = 0; j < k; j++) {
+            int64_t s = a->slot[t * k + j], c;
+            const float *o, *g = (const float *)dy->data + t * C;
+            double dot = 0;
+            dgd[t * k + j] = 0;
+            if (s < 0) continue;
+            o = (const float *)a->ret.data + s * C;
+            for (c = 0; c < C; c++) {
+                dot += (double)g[c] * o[c];
+                dret[s * C + c] = a->gate[t * k + j] * g[c];
+            }
+            dgd[t * k + j] = (float)dot;
+        }
+    t = N * k;
+    DT__TRY(dt_tensor_view(ctx, &dgv, &m->dgt, 0, 1, &t));
+    if (m->l->tp > 1) DT__TRY(dt_comm_allreduce(m->l->tp_comm, &dgv, DT_REDUCE_SUM));
+    /* to the experts, their backward, and back */
+    DT__TRY(dt__moe_exchange(m, a, &m->bufs[1], &m->bufs[0], 1));
+    dt__moe_permute(a, (float *)m->bufs[0].data, (const float *)m->bufs[1].data, C, 1); /* dO expert-major */
+    for (e = 0; e < m->El; e++) {
+        int64_t r0 = a->eoff[e], n = a->eoff[e + 1] - r0;
+        dt_tensor dO, dX;
+        if (!n) continue;
+        DT__TRY(dt__moe_rows(ctx, &dO, &m->bufs[0], r0, n, C));
+        DT__TRY(dt__moe_rows(ctx, &dX, &m->bufs[1], r0, n, C)); /* the received rows are read: reuse */
+        DT__TRY(dt__moe_expert_bwd(m, a, e, &dX, &dO, d_fc_w, d_fc_b, d_proj_w, d_proj_b, fc_w, proj_w));
+    }
+    dt__moe_permute(a, (float *)m->bufs[0].data, (const float *)m->bufs[1].data, C, 0);
+    DT__TRY(dt__moe_exchange(m, a, &m->bufs[1], &m->bufs[0], 0));
+    for (t = 0; t < N; t++) /* dx_t += its experts' input grads, in choice order */
+        for (j = 0; j < k; j++) {
+            int64_t s = a->slot[t * k + j];
+            float *d = (float *)dx->data + t * C;
+            const float *g = (const float *)m->bufs[1].data + s * C;
+            if (s < 0) continue;
+            for (i = 0; i < C; i++) d[i] += g[i];
+        }
+    return dt__moe_router_bwd(m, a, dx, d_router, x, router, dgd, loss_scale);
+}
+
+DT_API dt_status dt_moe_step_end(dt_moe *m, dt_moe_stats *stats) {
+    int E, e;
+    double mean = 0, mx = 0;
+    if (stats) memset(stats, 0, sizeof *stats);
+    if (!m) return DT_ERR_ARG;
+    E = m->E;
+    DT__TRY(dt__moe_sync(m));
+    for (e = 0; e < E; e++) {
+        m->load[e] = (int64_t)m->acc[e];
+        mean += m->acc[e] / E;
+        mx = m->acc[e] > mx ? m->acc[e] : mx;
+    }
+    if (m->d.balance == DT_MOE_BIAS) /* DeepSeek-V3: raise the underloaded, lower the overloaded */
+        for (e = 0; e < E; e++)
+            m->bias[e] += (float)(m->d.bias_rate * (m->acc[e] < mean ? 1 : m->acc[e] > mean ? -1 : 0));
+    if (stats) {
+        stats->aux = m->aux;
+        stats->assigned = (int64_t)(m->acc[2 * E + 2] * m->k);
+        stats->dropped = (int64_t)m->acc[2 * E];
+        stats->drop_print = (uint64_t)m->acc[2 * E + 1];
+        stats->load_max = mx;
+        stats->load_mean = mean;
+        stats->load = m->load;
+    }
+    memset(m->acc, 0, (size_t)(2 * E + 3) * sizeof(double));
+    m->n_fwd = 0;
+    m->synced = 0;
+    return DT_OK;
 }
 
 /* ==== >>pp: pipeline schedules ================================================================ */

@@ -215,7 +215,7 @@ int main(void) {
     CK(dt_comm_split(world, &pair, WR < 2 ? 0 : -1, WR));
 
     if (WR == 0) {
-        dt_layout_desc d = {1, 1, 1, 1}; /* dp, tp, pp, cp */
+        dt_layout_desc d = {1, 1, 1, 1, 1}; /* dp, tp, pp, cp, ep */
         block_make(&b, NULL, 0);
         single = measure(&b, solo);
         block_free(&b);
@@ -227,7 +227,7 @@ int main(void) {
     }
     sleepy_barrier();
     if (size >= 2 && WR < 2) {
-        dt_layout_desc d = {1, 2, 1, 1}; /* dp, tp, pp, cp */
+        dt_layout_desc d = {1, 2, 1, 1, 1}; /* dp, tp, pp, cp, ep */
         CK(dt_layout_create(pair, &l2, &d));
         for (sp = 0; sp <= 1; sp++) {
             block_make(&b, l2, sp);

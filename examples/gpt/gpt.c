@@ -197,6 +197,10 @@ typedef struct opts {
     int recompute;        /* 0 none, 1 full, 2 selective, 3 gemm-last */
     int ulysses;          /* --cp-kind: 0 ring, 1 ulysses */
     double offload;       /* --offload-activations: the fraction of each chunk's blocks offloaded */
+    int schedule_given;   /* --schedule was on the command line */
+    int moe_experts, moe_topk, ep, moe_every, moe_renorm, moe_shared; /* --moe-*: 0 experts = dense */
+    double moe_capacity, moe_aux;
+    dt_moe_balance moe_balance;
     int tf32;             /* --tf32: f32 GEMMs on TF32 tensor cores (cuda) */
     dt_dtype dtype;
     dt_device device;     /* --device: where parameters, activations and the optimizer live */
@@ -254,6 +258,18 @@ static const char *HELP =
     "  --profile         time every op of the step; rank 0 prints a table (ms per step) at the end; with\n"
     "                    --device cuda every rank also prints \"cuda counters per step: syncs S allocs A ...\"\n"
     "                    (the most any step after the first asked of the device; a logging step's reads apart)\n"
+    "  --moe-experts E   mixture of experts: the MLP of every --moe-every-th block becomes E experts and a\n"
+    "                    router (0: dense) (dt_parallel.h's >>moe)\n"
+    "  --moe-topk K      experts per token (2)\n"
+    "  --ep N            expert-parallel ranks (1): the experts split over N of the dp ranks (N divides dp)\n"
+    "  --moe-capacity F  per sequence, an expert keeps at most ceil(F x seq x K / E) tokens; the rest pass\n"
+    "                    through the residual; 0 = dropless (1.25)\n"
+    "  --moe-balance B   aux (Switch / GShard's aux loss over the global batch) or bias (DeepSeek-V3's\n"
+    "                    aux-loss-free bias) (aux)\n"
+    "  --moe-aux C       the aux loss's coefficient (0.01)\n"
+    "  --moe-every N     every N-th block is MoE: blocks N-1, 2N-1, ... (1)\n"
+    "  --moe-renorm 0|1  gates renormalised over the chosen K (Mixtral) or the raw probabilities (Switch) (1)\n"
+    "  --moe-shared 0|1  keep the dense MLP beside the experts as a shared expert (0)\n"
     "  --help            this text\n";
 
 static void usage(const char *why) {
@@ -291,6 +307,8 @@ static void parse(opts *o, int argc, char **argv) {
     o->steps = 200; o->batch = 8; o->seq = 64; o->seed = 1; o->layers = 4; o->heads = 4; o->width = 128;
     o->lr = 1e-3; o->clip = -1; o->warmup = 10; o->wd = 0.1; o->min_lr_frac = 0.1; o->tp = 1; o->pp = 1; o->cp = 1; o->micro = 1;
     o->print_every = 10; o->dtype = DT_F32; o->schedule = DT_PP_1F1B; o->device = DT_CPU;
+    o->moe_topk = 2; o->ep = 1; o->moe_capacity = 1.25; o->moe_aux = 0.01; o->moe_every = 1; o->moe_renorm = 1;
+    o->moe_balance = DT_MOE_AUX;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int takes = 1;
@@ -320,6 +338,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--sp")) o->sp = (int)num(a, v, 0, 1);
         else if (!strcmp(a, "--micro")) o->micro = (int)num(a, v, 1, 1 << 16);
         else if (!strcmp(a, "--schedule")) {
+            o->schedule_given = 1;
             if (v && !strcmp(v, "gpipe")) o->schedule = DT_PP_GPIPE;
             else if (v && !strcmp(v, "1f1b")) o->schedule = DT_PP_1F1B;
             else if (v && !strcmp(v, "interleaved")) o->schedule = DT_PP_INTERLEAVED;
@@ -345,6 +364,19 @@ static void parse(opts *o, int argc, char **argv) {
             else if (v && !strcmp(v, "cuda")) o->device = DT_CUDA_DEVICE;
             else usage("--device is cpu or cuda");
         }
+        else if (!strcmp(a, "--moe-experts")) o->moe_experts = (int)num(a, v, 0, 1 << 16);
+        else if (!strcmp(a, "--moe-topk")) o->moe_topk = (int)num(a, v, 1, 1 << 16);
+        else if (!strcmp(a, "--ep")) o->ep = (int)num(a, v, 1, 1 << 16);
+        else if (!strcmp(a, "--moe-capacity")) o->moe_capacity = real(a, v, 0, 1e6);
+        else if (!strcmp(a, "--moe-aux")) o->moe_aux = real(a, v, 0, 1e6);
+        else if (!strcmp(a, "--moe-every")) o->moe_every = (int)num(a, v, 1, 1 << 16);
+        else if (!strcmp(a, "--moe-renorm")) o->moe_renorm = (int)num(a, v, 0, 1);
+        else if (!strcmp(a, "--moe-shared")) o->moe_shared = (int)num(a, v, 0, 1);
+        else if (!strcmp(a, "--moe-balance")) {
+            if (v && !strcmp(v, "aux")) o->moe_balance = DT_MOE_AUX;
+            else if (v && !strcmp(v, "bias")) o->moe_balance = DT_MOE_BIAS;
+            else usage("--moe-balance is aux or bias");
+        }
         else if (!strcmp(a, "--data")) o->data = v;
         else if (!strcmp(a, "--shards")) o->shards = v;
         else if (!strcmp(a, "--ckpt")) o->ckpt = v;
@@ -362,6 +394,8 @@ static void parse(opts *o, int argc, char **argv) {
         i += takes;
     }
     if (o->data && o->shards) usage("give --data FILE or --shards PATTERN, not both");
+    /* the aux loss's gradient needs every forward of a step first: GPipe, unless asked otherwise */
+    if (o->moe_experts && o->moe_balance == DT_MOE_AUX && o->pp > 1 && !o->schedule_given) o->schedule = DT_PP_GPIPE;
     o->chunks = o->schedule == DT_PP_INTERLEAVED ? 2 : 1;
     if (o->ckpt_every && !o->ckpt) usage("--ckpt-every needs --ckpt DIR");
     if (o->resume && !o->ckpt) usage("--resume needs --ckpt DIR");
@@ -418,6 +452,14 @@ typedef struct model {
     int has_embed, has_head;            /* holds virtual stage 0 / V - 1 */
     int eunit;                          /* unit of wte, wpe, ln_f here (-1: none) */
     int *bunit;                         /* [L]: unit of block l here (-1: another stage's) */
+    /* --moe-experts: block l's MLP is a MoE layer where moe[l] (NULL: dense, or another stage's);
+       its router sits in the block's unit, its experts in unit xunit[l] = bunit[l] + 1 (dt_zero's
+       expert_units: synced over edp) */
+    dt_moe **moe;                       /* [L] */
+    int *xunit;                         /* [L] (-1: none) */
+    int *mp;                            /* [L][5] param indices: router, fc.w, fc.b, proj.w, proj.b */
+    int moe_shared;                     /* the dense MLP stays beside the experts */
+    float moe_scale;                    /* dt_moe_bwd's loss_scale: the backward seed x micro-batches */
     dt_tensor wte_head, wte_head_grad;  /* last stage at pp > 1: stage 0's wte (values) and the head's grad */
 } model;
 
@@ -452,6 +494,59 @@ static int add_param(model *m, const opts *o, const char *name, int unit, dt_tp_
     return m->ps.count - 1;
 }
 
+/* Block l is a MoE block: every --moe-every-th, the first being block N - 1. */
+static int moe_block(const opts *o, int l) { return o->moe_experts && l % o->moe_every == o->moe_every - 1; }
+
+/* An expert parameter [E, d1, d2] whole (d2 0: [E, d1]): this rank's box holds the experts
+   [ep_rank E/ep, (ep_rank + 1) E/ep) (dim 0) and, where cut is 1 or 2, its tp slice of that dim,
+   so a checkpoint reshards between ep (and tp) sizes by index. */
+static int add_expert(model *m, const opts *o, const char *name, int unit, int64_t d1, int64_t d2, int cut,
+                      dt_init_kind init, double std) {
+    dt_param_desc d;
+    dt_param *p;
+    int64_t g[3];
+    int i, El = o->moe_experts / o->ep;
+    memset(&d, 0, sizeof d);
+    g[0] = o->moe_experts; g[1] = d1; g[2] = d2;
+    d.ndim = d2 ? 3 : 2;
+    for (i = 0; i < d.ndim; i++) { d.global_shape[i] = d.shape[i] = g[i]; d.start[i] = 0; }
+    d.shape[0] = El;
+    d.start[0] = (int64_t)m->lay->ep_rank * El;
+    if (cut) {
+        d.shape[cut] = g[cut] / m->tp;
+        d.start[cut] = d.shape[cut] * m->tp_rank;
+    }
+    d.name = name; d.dtype = o->dtype;
+    d.init.kind = init; d.init.seed = o->seed; d.init.std = std;
+    d.no_decay = d2 == 0;
+    CHECK(dt_params_add(g_ctx, &m->ps, &p, &d));
+    CHECK(dt_grow(g_ctx, (void **)&m->units, &m->units_cap, m->ps.count, sizeof(int), "units"));
+    m->units[m->ps.count - 1] = unit;
+    return m->ps.count - 1;
+}
+
+/* Block l's MoE parameters: the router (a dense parameter, in the block's unit) and the experts
+   (E / ep of them here, in the next unit): fc [E, 4C, C] cut by rows over tp, proj [E, C, 4C] by
+   columns, as the dense MLP. */
+static int moe_params(model *m, const opts *o, int l, int unit) {
+    char name[64];
+    int64_t C = m->C;
+    double std = 0.02, pstd = 0.02 / sqrt(2.0 * o->layers);
+    snprintf(name, sizeof name, "h.%d.moe.router.w", l);
+    m->mp[l * 5] = add_param(m, o, name, unit, DT_TP_REPLICATED, o->moe_experts, C, DT_INIT_NORMAL, std);
+    unit++;
+    m->xunit[l] = unit;
+    snprintf(name, sizeof name, "h.%d.moe.fc.w", l);
+    m->mp[l * 5 + 1] = add_expert(m, o, name, unit, 4 * C, C, 1, DT_INIT_NORMAL, std);
+    snprintf(name, sizeof name, "h.%d.moe.fc.b", l);
+    m->mp[l * 5 + 2] = add_expert(m, o, name, unit, 4 * C, 0, 1, DT_INIT_ZEROS, 0);
+    snprintf(name, sizeof name, "h.%d.moe.proj.w", l);
+    m->mp[l * 5 + 3] = add_expert(m, o, name, unit, C, 4 * C, 2, DT_INIT_NORMAL, pstd);
+    snprintf(name, sizeof name, "h.%d.moe.proj.b", l);
+    m->mp[l * 5 + 4] = add_expert(m, o, name, unit, C, 0, 0, DT_INIT_ZEROS, 0);
+    return unit;
+}
+
 static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout *lay) {
     int l, k, i, c, unit = 0;
     char name[64];
@@ -477,7 +572,13 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
     m->blk = (int *)dt_alloc(g_ctx, (size_t)m->L * NBP * sizeof(int));
     m->bunit = (int *)dt_alloc(g_ctx, (size_t)m->L * sizeof(int));
     m->first = (int *)dt_alloc(g_ctx, (size_t)(m->nvs + 1) * sizeof(int));
-    if (!m->blk || !m->bunit || !m->first) CHECK(DT_ERR_OOM);
+    m->moe = (dt_moe **)dt_alloc_zeroed(g_ctx, (size_t)m->L * sizeof(dt_moe *));
+    m->xunit = (int *)dt_alloc(g_ctx, (size_t)m->L * sizeof(int));
+    m->mp = (int *)dt_alloc(g_ctx, (size_t)m->L * 5 * sizeof(int));
+    if (!m->blk || !m->bunit || !m->first || !m->moe || !m->xunit || !m->mp) CHECK(DT_ERR_OOM);
+    m->moe_shared = o->moe_shared;
+    for (i = 0; i < m->L; i++) m->xunit[i] = -1;
+    for (i = 0; i < m->L * 5; i++) m->mp[i] = -1;
     CHECK(dt_pp_split(g_ctx, m->first, m->L, m->nvs));
     for (l = 0; l < m->L; l++) m->bunit[l] = -1;
     for (i = 0; i < m->L * NBP; i++) m->blk[i] = -1;
@@ -508,6 +609,7 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
         for (l = m->first[c * m->pp + m->st]; l < m->first[c * m->pp + m->st + 1]; l++, unit++) {
         m->bunit[l] = unit;
         for (k = 0; k < NBP; k++) {
+            if (moe_block(o, l) && !o->moe_shared && k >= FCW) break; /* the experts replace the MLP */
             int64_t rows = C, cols = 0;
             dt_tp_kind kind = DT_TP_REPLICATED;
             dt_init_kind init = DT_INIT_ZEROS;
@@ -532,6 +634,7 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
             }
             m->blk[l * NBP + k] = add_param(m, o, name, unit, kind, rows, cols, init, sv);
         }
+        if (moe_block(o, l)) unit = moe_params(m, o, l, unit);
         }
     m->f32 = (dt_tensor *)dt_alloc(g_ctx, (size_t)m->ps.count * sizeof(dt_tensor));
     if (!m->f32) CHECK(DT_ERR_OOM);
@@ -562,6 +665,27 @@ static void gather(model *m, int unit) {
         if (m->units[i] == unit && m->f32[i].data) CHECK(dt_tensor_cast(g_ctx, &m->f32[i], &P(m, i)->value));
 }
 static void release(model *m, int unit) { CHECK(dt_zero_release(m->z, unit)); }
+/* Block l's units: its own and, for a MoE block, its experts' (the next one; gathered first in
+   the backward, which walks the units down). */
+static void gather_block(model *m, int l, int backward) {
+    if (backward && m->xunit[l] >= 0) gather(m, m->xunit[l]);
+    gather(m, m->bunit[l]);
+    if (!backward && m->xunit[l] >= 0) gather(m, m->xunit[l]);
+}
+static void release_block(model *m, int l) {
+    if (m->xunit[l] >= 0) release(m, m->xunit[l]);
+    release(m, m->bunit[l]);
+}
+static int moe_unit(const model *m, int unit) {
+    int l;
+    for (l = 0; l < m->L; l++)
+        if (m->xunit[l] == unit) return 1;
+    return 0;
+}
+static void ready_block(model *m, int l) {
+    if (m->xunit[l] >= 0) CHECK(dt_zero_grad_ready(m->z, m->xunit[l]));
+    CHECK(dt_zero_grad_ready(m->z, m->bunit[l]));
+}
 
 /* ---------------------------------------------------------------- activations
 
@@ -610,8 +734,12 @@ typedef struct acts {
     dt_tensor gath1, gath2;             /* sp: ln1 / ln2 rows gathered over tp [N, C], shared */
     dt_tensor hids, htargets;           /* --device cuda: the host side of ids / targets (load_tokens) */
     dt_tensor wids, wtargets;           /* --cp > 1: one whole window [T] (load_tokens takes its chunks) */
+    dt_tensor moefull, moedy, moeout;   /* MoE: [N, C] the layer's partial output (then its input grad),
+                                           [N, C] the output's grad gathered (sp), [Nl, C] this rank's rows */
     int64_t bytes;                      /* what these tensors hold */
     int64_t blk_bytes;                  /* of it, what the blocks keep for the backward (the recompute's target) */
+    dt_moe_acts **moe;                  /* [L]: a MoE block's routing and experts' activations (NULL: dense) */
+    int64_t seq0;                       /* the global index of the micro-batch's first sequence */
 } acts;
 
 static void mk(acts *a, dt_tensor *t, int64_t d0, int64_t d1, int64_t d2, int64_t d3, dt_dtype dt) {
@@ -821,6 +949,15 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
     mk(a, &a->dfch, N, m->Fl, 0, 0, DT_F32); mk(a, &a->dgelu, N, m->Fl, 0, 0, DT_F32);
     mk(a, &a->dlogits, N, m->Vl, 0, 0, DT_F32);
     if (m->sp && m->tp > 1) { mk(a, &a->dsp, 6, C, 0, 0, DT_F32); mk(a, &a->dwpe, m->T, C, 0, 0, DT_F32); mk(a, &a->dlnf, 2, C, 0, 0, DT_F32); }
+    for (l = lo; l < hi; l++)
+        if (m->moe[l]) {
+            if (!a->moe) {
+                a->moe = (dt_moe_acts **)dt_alloc_zeroed(g_ctx, (size_t)m->L * sizeof(dt_moe_acts *));
+                if (!a->moe) CHECK(DT_ERR_OOM);
+                mk(a, &a->moefull, N, C, 0, 0, DT_F32); mk(a, &a->moedy, N, C, 0, 0, DT_F32); mk(a, &a->moeout, Nl, C, 0, 0, DT_F32);
+            }
+            CHECK(dt_moe_acts_create(m->moe[l], &a->moe[l])); /* its buffers grow with the tokens routed */
+        }
 }
 
 static void acts_free(acts *a, int L) {
@@ -828,6 +965,9 @@ static void acts_free(acts *a, int L) {
     dt_tensor *t;
     size_t i, n = sizeof(bacts) / sizeof(dt_tensor);
     for (l = 0; l < L && a->blk; l++) for (t = &a->blk[l].in, i = 0; i < n; i++) dt_tensor_free(g_ctx, &t[i]);
+    for (l = 0; l < L && a->moe; l++) dt_moe_acts_free(a->moe[l]);
+    dt_release(g_ctx, a->moe);
+    a->moe = NULL;
     for (t = &a->shared.in, i = 0; i < n; i++) dt_tensor_free(g_ctx, &t[i]);
     n = (offsetof(acts, bytes) - offsetof(acts, xL)) / sizeof(dt_tensor);
     for (t = &a->xL, i = 0; i < n; i++) dt_tensor_free(g_ctx, &t[i]);
@@ -991,6 +1131,50 @@ static void attn_bwd(model *m, acts *a, bacts *x, dt_tensor *dout, const dt_tens
     COMPUTE("attention bwd", dt_attention_gqa_bwd(g_ctx, &a->dqkv, dout, &a->qkv16, NULL, (int)m->Hl, (int)m->Hkvl));
 }
 
+/* The MoE layer of block l on ln2's rows (all of them: gathered under sp), its tp partial summed
+   (all-reduce, or reduce-scatter to this rank's rows under sp), written into y, or added to the
+   shared expert's output there. */
+static void moe_fwd(model *m, acts *a, bacts *x, int l, dt_tensor *y) {
+    dt_layout *lay = m->lay;
+    const dt_tensor *in = &x->ln2, *out = &a->moefull;
+    const int *p = m->mp + l * 5;
+    if (m->sp) {
+        if (!m->moe_shared) OP("sp gather", dt_sp_gather_rows(lay, &x->ln2all, &x->ln2)); /* else the fc's gathered them */
+        in = &x->ln2all;
+    }
+    OP("moe fwd", dt_moe_fwd(m->moe[l], a->moe[l], &a->moefull, in, a->seq0, VAL(m, p[0]), VAL(m, p[1]), VAL(m, p[2]),
+                             VAL(m, p[3]), VAL(m, p[4])));
+    if (m->sp) {
+        OP("sp scatter", dt_sp_scatter_rows(lay, &a->moeout, &a->moefull));
+        out = &a->moeout;
+    } else if (m->tp > 1)
+        OP("tp allreduce", dt_tp_allreduce(lay, &a->moefull));
+    if (m->moe_shared) COMPUTE("residual add", dt_axpy(g_ctx, y, 1.0f, out));
+    else CHECK(dt_tensor_copy(g_ctx, y, out));
+}
+
+/* Its backward from a->dres (this rank's rows of the block output's grad): the input grad,
+   summed over tp as moe_fwd's output was, added into a->dln. */
+static void moe_bwd(model *m, acts *a, bacts *x, int l) {
+    dt_layout *lay = m->lay;
+    const dt_tensor *in = m->sp ? &x->ln2all : &x->ln2, *dy = &a->dres;
+    const int *p = m->mp + l * 5;
+    if (m->sp) {
+        OP("sp gather", dt_sp_gather_rows(lay, &a->moedy, &a->dres));
+        dy = &a->moedy;
+    }
+    fill0(&a->moefull);
+    OP("moe bwd", dt_moe_bwd(m->moe[l], a->moe[l], &a->moefull, GRD(m, p[0]), GRD(m, p[1]), GRD(m, p[2]), GRD(m, p[3]),
+                             GRD(m, p[4]), dy, in, VAL(m, p[0]), VAL(m, p[1]), VAL(m, p[3]), m->moe_scale));
+    if (m->sp) {
+        OP("sp scatter", dt_sp_scatter_rows(lay, &a->moeout, &a->moefull));
+        COMPUTE("residual add", dt_axpy(g_ctx, &a->dln, 1.0f, &a->moeout));
+    } else {
+        if (m->tp > 1) OP("tp allreduce", dt_tp_allreduce(lay, &a->moefull));
+        COMPUTE("residual add", dt_axpy(g_ctx, &a->dln, 1.0f, &a->moefull));
+    }
+}
+
 /* Block l: y = x + attn(ln1(x)); y += mlp(ln2(y)). Reads x->in, writes y. */
 static void block_fwd(model *m, acts *a, bacts *x, int l, dt_tensor *y) {
     dt_layout *lay = m->lay;
@@ -1010,9 +1194,12 @@ static void block_fwd(model *m, acts *a, bacts *x, int l, dt_tensor *y) {
     OP("row linear fwd", dt_tp_row_linear_fwd(lay, &x->res1, &a->partial, &x->atty, WVAL(m, BP(m, l, AOW)), VAL(m, BP(m, l, AOB)), m->sp));
     COMPUTE("residual add", dt_axpy(g_ctx, &x->res1, 1.0f, &x->in)); /* res1 + in, as dt_add: on either device */
     COMPUTE("layernorm fwd", dt_layernorm_fwd(g_ctx, &x->ln2, &x->ln2m, &x->ln2r, &x->res1, VAL(m, BP(m, l, LN2W)), VAL(m, BP(m, l, LN2B)), 1e-5f));
-    OP("column linear fwd", dt_tp_column_linear_fwd(lay, &x->fch, m->sp ? &x->ln2all : NULL, &x->ln2, WVAL(m, BP(m, l, FCW)), VAL(m, BP(m, l, FCB)), m->sp));
-    COMPUTE("gelu fwd", dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
-    OP("row linear fwd", dt_tp_row_linear_fwd(lay, y, &a->partial, &x->gelu, WVAL(m, BP(m, l, PW)), VAL(m, BP(m, l, PB)), m->sp));
+    if (!m->moe[l] || m->moe_shared) {
+        OP("column linear fwd", dt_tp_column_linear_fwd(lay, &x->fch, m->sp ? &x->ln2all : NULL, &x->ln2, WVAL(m, BP(m, l, FCW)), VAL(m, BP(m, l, FCB)), m->sp));
+        COMPUTE("gelu fwd", dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
+        OP("row linear fwd", dt_tp_row_linear_fwd(lay, y, &a->partial, &x->gelu, WVAL(m, BP(m, l, PW)), VAL(m, BP(m, l, PB)), m->sp));
+    }
+    if (m->moe[l]) moe_fwd(m, a, x, l, y);
     COMPUTE("residual add", dt_axpy(g_ctx, y, 1.0f, &x->res1));
 }
 
@@ -1084,17 +1271,21 @@ static void block_bwd_part(model *m, acts *a, bacts *x, int l, int recompute, in
         COMPUTE("gelu fwd", dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
     }
     if (m->sp && m->tp > 1) fill0(&a->dsp);
-    /* mlp */
-    fill0(&a->dgelu);
-    if (!w) keep(a, &x->g_mlp, &a->dres);
-    OP("row linear bwd", dt_tp_row_linear_bwd(lay, &a->dgelu, w ? GRD(m, BP(m, l, PW)) : NULL, w ? GT(m, a, l, PB, &t1) : NULL, &a->doutbuf, &a->dres, &x->gelu,
-                               WVAL(m, BP(m, l, PW)), m->sp));
-    fill0(&a->dfch);
-    COMPUTE("gelu bwd", dt_gelu_bwd(g_ctx, &a->dfch, &a->dgelu, &x->fch));
-    fill0(&a->dln);
-    if (!w) keep(a, &x->g_fch, &a->dfch);
-    OP("column linear bwd", dt_tp_column_linear_bwd(lay, &a->dln, w ? GRD(m, BP(m, l, FCW)) : NULL, w ? GRD(m, BP(m, l, FCB)) : NULL, &a->dxbuf, &a->dfch,
-                                  m->sp ? &x->ln2all : &x->ln2, WVAL(m, BP(m, l, FCW)), m->sp));
+    /* mlp (and / or the experts) */
+    if (!m->moe[l] || m->moe_shared) {
+        fill0(&a->dgelu);
+        if (!w) keep(a, &x->g_mlp, &a->dres);
+        OP("row linear bwd", dt_tp_row_linear_bwd(lay, &a->dgelu, w ? GRD(m, BP(m, l, PW)) : NULL, w ? GT(m, a, l, PB, &t1) : NULL, &a->doutbuf, &a->dres, &x->gelu,
+                                   WVAL(m, BP(m, l, PW)), m->sp));
+        fill0(&a->dfch);
+        COMPUTE("gelu bwd", dt_gelu_bwd(g_ctx, &a->dfch, &a->dgelu, &x->fch));
+        fill0(&a->dln);
+        if (!w) keep(a, &x->g_fch, &a->dfch);
+        OP("column linear bwd", dt_tp_column_linear_bwd(lay, &a->dln, w ? GRD(m, BP(m, l, FCW)) : NULL, w ? GRD(m, BP(m, l, FCB)) : NULL, &a->dxbuf, &a->dfch,
+                                      m->sp ? &x->ln2all : &x->ln2, WVAL(m, BP(m, l, FCW)), m->sp));
+    } else
+        fill0(&a->dln);
+    if (m->moe[l]) moe_bwd(m, a, x, l);
     COMPUTE("layernorm bwd", dt_layernorm_bwd(g_ctx, &a->dres, GT(m, a, l, LN2W, &t1), GT(m, a, l, LN2B, &t2), &a->dln, &x->res1,
                            VAL(m, BP(m, l, LN2W)), &x->ln2m, &x->ln2r));
     /* attention */
@@ -1125,6 +1316,7 @@ static void block_bwd_part(model *m, acts *a, bacts *x, int l, int recompute, in
         for (j = 0; j < 6; j++) {
             dt_tensor v;
             int64_t s[1];
+            if (BP(m, l, SP_PARTIAL[j]) < 0) continue; /* a MoE block's absent mlp.proj.b */
             s[0] = m->C;
             CHECK(dt_tensor_view(g_ctx, &v, &a->dsp, j * m->C, 1, s));
             CHECK(dt_axpy(g_ctx, GRD(m, BP(m, l, SP_PARTIAL[j])), 1.0f, &v));
@@ -1219,11 +1411,11 @@ static void forward_logits(model *m, acts *a) {
     embed_fwd(m, a);
     release(m, m->eunit);
     for (l = 0; l < m->L; l++) {
-        gather(m, m->bunit[l]);
+        gather_block(m, l, 0);
         offload_fwd_begin(a, l);
         block_fwd(m, a, &a->blk[l], l, l + 1 < m->L ? &a->blk[l + 1].in : &a->xL);
         offload_fwd_end(a, l);
-        release(m, m->bunit[l]);
+        release_block(m, l);
     }
     gather(m, m->eunit);
     head_fwd(m, a);
@@ -1253,11 +1445,11 @@ static float train_micro(model *m, acts *a, float dloss, int recompute, int logg
     head_bwd(m, a, dloss);
     release(m, m->eunit);
     for (l = m->L - 1; l >= 0; l--) {
-        gather(m, m->bunit[l]);
+        gather_block(m, l, 1);
         offload_bwd_begin(a, l);
         block_bwd(m, a, &a->blk[l], l, recompute);
-        CHECK(dt_zero_grad_ready(m->z, m->bunit[l]));
-        release(m, m->bunit[l]);
+        ready_block(m, l);
+        release_block(m, l);
     }
     gather(m, m->eunit);
     embed_bwd(m, a);
@@ -1273,6 +1465,7 @@ static void load_tokens(model *m, acts *a, const opts *o, dt_gpt_data *data, int
     dt_tensor hi = a->ids, ht = a->targets;
     int64_t i, T = m->Tl;
     int dev = a->ids.device != DT_CPU;
+    a->seq0 = first;
     if (dev) { /* host buffers made once, kept with the acts: a step allocates nothing */
         if (!a->hids.data) CHECK(dt_tensor_create_like(g_ctx, &a->hids, &a->ids, DT_DTYPE_DEFAULT, DT_CPU));
         if (!a->htargets.data) CHECK(dt_tensor_create_like(g_ctx, &a->htargets, &a->targets, DT_DTYPE_DEFAULT, DT_CPU));
@@ -1344,6 +1537,7 @@ static dt_status pipe_forward(void *user, int c, int i, dt_tensor *out, const dt
     if (S->n_spare[c] > 0) *a = S->spare[c * S->o->micro + --S->n_spare[c]];
     else acts_make(a, m, S->per_micro, S->o->recompute, lo, hi);
     if (k == 0 || k == m->nvs - 1) pipe_tokens(S, a, i);
+    a->seq0 = S->step * S->o->batch + S->local_first + i * S->per_micro; /* the MoE's drop fingerprint */
     if (offloaded(a, lo)) offload_bind(a, lo); /* the chunk's input goes into its first block */
     if (k == 0) {
         gather(m, m->eunit);
@@ -1353,11 +1547,11 @@ static dt_status pipe_forward(void *user, int c, int i, dt_tensor *out, const dt
         CHECK(dt_tensor_copy(g_ctx, &a->blk[lo].in, in));
     }
     for (l = lo; l < hi; l++) {
-        gather(m, m->bunit[l]);
+        gather_block(m, l, 0);
         offload_fwd_begin(a, l);
         block_fwd(m, a, &a->blk[l], l, l + 1 < hi ? &a->blk[l + 1].in : &a->xL);
         offload_fwd_end(a, l);
-        release(m, m->bunit[l]);
+        release_block(m, l);
     }
     if (k < m->nvs - 1) return dt_tensor_copy(g_ctx, out, &a->xL);
     {
@@ -1395,10 +1589,10 @@ static dt_status pipe_backward(void *user, int c, int i, dt_tensor *din, const d
             CHECK(dt_tensor_copy(g_ctx, &a->dres, dout));
         }
         for (l = hi - 1; l >= lo; l--) {
-            gather(m, m->bunit[l]);
+            gather_block(m, l, 1);
             offload_bwd_begin(a, l);
             block_bwd_part(m, a, &a->blk[l], l, S->o->recompute, split);
-            release(m, m->bunit[l]);
+            release_block(m, l);
         }
         if (k == 0) {
             gather(m, m->eunit);
@@ -1424,7 +1618,7 @@ static dt_status pipe_grads_done(void *user, int c) {
     int k = c * m->pp + m->st, l;
     if (k == m->nvs - 1 && !m->has_embed)
         CHECK(dt_comm_isend(S->emb, &m->wte_head_grad, 0, 1, &S->head_req));
-    for (l = m->first[k + 1] - 1; l >= m->first[k]; l--) CHECK(dt_zero_grad_ready(m->z, m->bunit[l]));
+    for (l = m->first[k + 1] - 1; l >= m->first[k]; l--) ready_block(m, l);
     if (k == 0 && !m->has_head) {
         CHECK(dt_comm_recv(S->emb, &m->wte_head_grad, m->pp - 1, 1));
         CHECK(dt_axpy(g_ctx, GRD(m, m->wte), 1.0f, &m->wte_head_grad));
@@ -1604,6 +1798,8 @@ typedef struct trainer {
     double loss;                        /* the last step's (or the checkpoint's) */
     double peak_flops, flops_per_token, n_params, t0, act_peak, base;
     int logging;                        /* this step reads its loss (is_logging_step) */
+    double moe_aux, moe_dropped, moe_print, moe_lmax; /* MoE: the last logging step's, over every layer */
+    double *moe_hist;                   /* MoE: [L][E] assignments per expert, summed over the run */
 } trainer;
 
 /* This process's rank among those of its host, from the launcher's environment (Open MPI,
@@ -1681,6 +1877,40 @@ static void check_sizes(trainer *t) {
     if (o->cp > 1 && o->ulysses && o->kv_heads && (o->kv_heads < o->tp || (o->kv_heads / o->tp) % o->cp))
         fail("--cp-kind ulysses: --kv-heads %d over --tp %d leaves %d kv heads per tp rank, which do not divide over "
              "--cp %d", o->kv_heads, o->tp, o->kv_heads < o->tp ? 1 : o->kv_heads / o->tp, o->cp);
+    if (o->ep > 1 && !o->moe_experts) fail("--ep %d without --moe-experts: expert parallelism splits experts", o->ep);
+    if (o->moe_experts) {
+        int nmoe = o->layers / o->moe_every;
+        if ((dp * o->cp) % o->ep)
+            fail("--ep %d does not divide dp x cp = %d x %d (expert parallelism lives inside the data-parallel ranks)",
+                 o->ep, dp, o->cp);
+        if (o->moe_experts % o->ep)
+            fail("--moe-experts %d is not a multiple of --ep %d (each ep rank holds experts / ep of them)",
+                 o->moe_experts, o->ep);
+        if (o->moe_topk > o->moe_experts) fail("--moe-topk %d exceeds --moe-experts %d", o->moe_topk, o->moe_experts);
+        if (o->device != DT_CPU) fail("--moe-experts with --device cuda: the MoE layer runs on the CPU only for now");
+        if (o->cp > 1)
+            fail("--moe-experts with --cp %d: capacity is counted per sequence, which cp splits over ranks; not built "
+                 "yet", o->cp);
+        if (o->recompute)
+            fail("--moe-experts with --recompute %s: recomputing a block would route its tokens again (and count "
+                 "them twice); use --recompute none", RECOMPUTE_NAMES[o->recompute]);
+        if (o->offload > 0) fail("--moe-experts with --offload-activations: not built yet");
+        if (o->pp > 1 && o->schedule == DT_PP_ZB_H1)
+            fail("--moe-experts with --schedule zb: the weight pass is not split for the experts; use gpipe, 1f1b or "
+                 "interleaved");
+        if (o->moe_balance == DT_MOE_AUX && o->pp > 1 && o->schedule != DT_PP_GPIPE)
+            fail("--moe-balance aux with --schedule %s: the aux loss's gradient uses f over the step's whole batch, so "
+                 "every forward must run before the first backward: --schedule gpipe (the default with MoE), or "
+                 "--moe-balance bias", dt_pp_kind_name(o->schedule));
+        if (o->moe_balance == DT_MOE_AUX && o->pp == 1 && o->micro > 1)
+            fail("--moe-balance aux with --micro %d at --pp 1: a micro-batch's backward would run before the next "
+                 "one's forward, but the aux loss's gradient uses f over the whole batch; use --micro 1, --moe-balance "
+                 "bias, or --pp > 1 with --schedule gpipe", o->micro);
+        if (o->moe_balance == DT_MOE_BIAS && o->ckpt && nmoe * ((o->moe_experts + 7) / 8) > 24)
+            fail("--moe-balance bias with --ckpt: the biases ride in the checkpoint's train state, 8 experts a key, "
+                 "at most 24 keys; %d MoE blocks x %d experts need %d", nmoe, o->moe_experts,
+                 nmoe * ((o->moe_experts + 7) / 8));
+    }
     if (o->heads % o->tp) fail("--tp %d does not divide --heads %d", o->tp, o->heads);
     if (o->width % o->heads) fail("--heads %d does not divide --width %d", o->heads, o->width);
     if (t->data.vocab_padded % o->tp)
@@ -1705,6 +1935,48 @@ static void check_sizes(trainer *t) {
     }
 }
 
+/* The MoE layers of this stage's MoE blocks, and the run's routing totals (--moe-experts). */
+static void moe_make(trainer *t) {
+    const opts *o = &t->o;
+    model *m = &t->m;
+    dt_moe_desc md;
+    int l;
+    if (!o->moe_experts) return;
+    memset(&md, 0, sizeof md);
+    md.experts = o->moe_experts; md.top_k = o->moe_topk; md.width = o->width; md.hidden = 4 * (int64_t)o->width;
+    md.seq = o->seq; md.capacity = o->moe_capacity; md.renorm = o->moe_renorm; md.balance = o->moe_balance;
+    md.aux_coef = o->moe_aux; md.micro = o->micro;
+    if (o->moe_aux == 0 && o->moe_balance == DT_MOE_AUX) md.balance = DT_MOE_NONE; /* --moe-aux 0: no balancing */
+    for (l = 0; l < m->L; l++)
+        if (m->xunit[l] >= 0) CHECK(dt_moe_create(t->lay, &m->moe[l], &md));
+    t->moe_hist = (double *)dt_alloc_zeroed(&t->ctx, (size_t)m->L * (size_t)o->moe_experts * sizeof(double));
+    if (!t->moe_hist) CHECK(DT_ERR_OOM);
+}
+
+/* After the optimizer step: each MoE layer's step (the bias update, its counts reset); on a
+   logging step the totals over the stages' layers: the aux loss, the tokens dropped and the most
+   loaded expert over the mean. Collective over the stage's dp x cp, then (logging) pp. */
+static void moe_step(trainer *t) {
+    model *m = &t->m;
+    double v[4] = {0, 0, 0, 0};
+    int l, e, E = t->o.moe_experts;
+    if (!E) return;
+    for (l = 0; l < m->L; l++) {
+        dt_moe_stats st;
+        if (!m->moe[l]) continue;
+        CHECK(dt_moe_step_end(m->moe[l], &st));
+        v[0] += st.aux;
+        v[1] += (double)st.dropped;
+        v[2] += (double)st.drop_print;
+        if (st.load_mean > 0 && st.load_max / st.load_mean > v[3]) v[3] = st.load_max / st.load_mean;
+        for (e = 0; e < E; e++) t->moe_hist[l * E + e] += (double)st.load[e];
+    }
+    if (!t->logging) return;
+    CHECK(dt_comm_allreduce_f64(t->lay->pp_comm, v, 3, DT_REDUCE_SUM));
+    CHECK(dt_comm_allreduce_f64(t->lay->pp_comm, v + 3, 1, DT_REDUCE_MAX));
+    t->moe_aux = v[0]; t->moe_dropped = v[1]; t->moe_print = v[2]; t->moe_lmax = v[3];
+}
+
 /* The layout, this rank's share of the model, its arena and the ZeRO object (with AdamW inside). */
 static void build_model(trainer *t) {
     const opts *o = &t->o;
@@ -1715,9 +1987,10 @@ static void build_model(trainer *t) {
     memset(&ld, 0, sizeof ld);
     memset(&ad, 0, sizeof ad);
     memset(&zd, 0, sizeof zd);
-    ld.tp = o->tp; ld.pp = o->pp; ld.cp = o->cp;
+    ld.tp = o->tp; ld.pp = o->pp; ld.cp = o->cp; ld.ep = o->ep;
     CHECK(dt_layout_create(t->world, &t->lay, &ld));
     model_make(&t->m, o, t->data.vocab, t->data.vocab_padded, t->lay);
+    moe_make(t);
     if (o->trace) {
         CHECK(dt_trace_create(t->world, &t->m.tr));
         CHECK(dt_trace_attach(t->m.tr, t->lay->tp_comm));
@@ -1731,6 +2004,13 @@ static void build_model(trainer *t) {
     }
     ad.units = t->m.units;
     CHECK(dt_arena_create(&t->ctx, &t->arena, &t->m.ps, &ad));
+    if (o->moe_experts) { /* the experts' units sync over the ranks that hold the same experts */
+        int l, *ex = (int *)dt_alloc_zeroed(&t->ctx, (size_t)(t->arena->n_units + 1) * sizeof(int));
+        if (!ex) CHECK(DT_ERR_OOM);
+        for (l = 0; l < t->m.L; l++)
+            if (t->m.xunit[l] >= 0) ex[t->m.xunit[l]] = 1;
+        zd.expert_units = ex;
+    }
     zd.stage = o->zero;
     zd.opt.kind = DT_OPT_ADAMW;
     zd.opt.lr = o->lr;
@@ -1743,6 +2023,7 @@ static void build_model(trainer *t) {
     zd.opt.schedule.total_steps = o->steps > 0 ? o->steps : 1;
     zd.opt.schedule.min_lr = o->lr * o->min_lr_frac;
     CHECK(dt_zero_create(t->lay, &t->m.z, t->arena, &zd));
+    dt_release(&t->ctx, (void *)zd.expert_units);
     CHECK(dt_layout_batch_range(t->lay, o->batch, &t->local_first, &local_count));
     t->per_micro = local_count / o->micro;
 }
@@ -1781,6 +2062,8 @@ static void build_pipeline(trainer *t) {
     t->rd.trace = t->m.tr;
 }
 
+static void moe_bias_load(trainer *t, const dt_train_state *st);
+
 /* --ckpt's directory (rank 0), --resume's checkpoint, --log's file; 0 when one cannot be had. */
 static int open_outputs(trainer *t) {
     opts *o = &t->o;
@@ -1796,6 +2079,7 @@ static int open_outputs(trainer *t) {
         cd.dir = o->ckpt;
         CHECK(dt_zero_checkpoint_load(t->m.z, &st, &cd));
         t->step = st.step;
+        moe_bias_load(t, &st);
         if (dt_train_state_get(&st, "loss")) t->loss = strtod(dt_train_state_get(&st, "loss"), NULL); /* a run with no step left */
         if (st.rng_seed != o->seed) {
             if (g_rank == 0) fprintf(stderr, "gpt: --seed %llu, the checkpoint was trained with seed %llu: resuming with %llu\n",
@@ -1826,6 +2110,16 @@ static void print_plan(trainer *t) {
         t->n_params += e;
     }
     t->flops_per_token = 6.0 * t->n_params + 6.0 * o->layers * o->width * (double)o->seq; /* llm.c's count, fwd + bwd */
+    if (o->moe_experts) { /* a token visits k of the E experts: count those, not all */
+        double ex = 0;
+        for (i = 0; i < m->ps.count; i++)
+            if (moe_unit(m, m->units[i])) {
+                double e = 1;
+                for (k = 0; k < m->ps.items[i]->value.ndim; k++) e *= (double)m->ps.items[i]->global_shape[k];
+                ex += e;
+            }
+        t->flops_per_token -= 6.0 * ex * (o->moe_experts - o->moe_topk) / o->moe_experts;
+    }
     CHECK(dt_zero_memory_get(m->z, &zm));
     if (g_rank != 0 || o->quiet) return;
     printf("gpt: %d layers, %d heads (%d kv heads%s), width %d, context %lld, vocab %lld (padded %lld), %lld params; "
@@ -1863,6 +2157,20 @@ static void print_plan(trainer *t) {
                2.0 * (o->cp - 1) * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)m->Ckvl * 4 / 1e6,
                2.0 * (2 * o->cp - 1) * (double)(o->batch / t->lay->dp) * (double)(o->seq / o->cp) * (double)m->Ckvl * 4 / 1e6,
                (long long)dt_cp_attention_pairs(o->cp, t->lay->cp_rank, o->seq), "per sequence and head, equal on every cp rank");
+    if (o->moe_experts) { /* dt_parallel.h's >>moe: the kept assignments travel, (ep-1)/ep of them off-rank */
+        double El = (double)o->moe_experts / o->ep, C = o->width, rows = (double)(o->batch / t->lay->dp / t->lay->cp) * o->seq;
+        printf("moe: %d experts in %d of %d blocks (every %d), top-%d%s, %s, balance %s; ep %d x edp %d: %.0f experts "
+               "per rank, %.2f MB of their values; all-to-all per rank and MoE block: about %.3f MB each way forward "
+               "and backward (tokens x k x C x 4 B x (ep-1)/ep, capacity aside)\n", o->moe_experts,
+               o->layers / o->moe_every, o->layers, o->moe_every, o->moe_topk, o->moe_renorm ? " renormalised" : "",
+               o->moe_capacity > 0 ? "capacity per sequence" : "dropless", dt_moe_balance_name(o->moe_balance),
+               t->lay->ep, t->lay->edp, El, El * (8.0 * C * C + 5.0 * C) / o->tp * dt_dtype_size(o->dtype) / 1e6,
+               rows * o->moe_topk * C * 4 * (o->ep - 1) / o->ep / 1e6);
+        if (o->moe_capacity > 0)
+            printf("moe: capacity factor %g: each expert keeps at most %lld of a sequence's %lld x %d assignments\n",
+                   o->moe_capacity, (long long)ceil(o->moe_capacity * (double)o->seq * o->moe_topk / o->moe_experts),
+                   (long long)o->seq, o->moe_topk);
+    }
     if (o->pp > 1) {
         printf("pipeline: pp %d, schedule %s, %d chunk%s per stage, %d micro-batches; blocks per virtual stage:",
                o->pp, dt_pp_kind_name(o->schedule), m->v, m->v > 1 ? "s" : "", o->micro);
@@ -1885,6 +2193,7 @@ static double pipeline_step(trainer *t) {
     float dloss = 0;
     CHECK(dt_zero_micro_begin(m->z, &dloss, t->o.micro - 1));
     pl->dloss = dloss;
+    m->moe_scale = dloss * (float)t->o.micro;
     pl->step = t->step;
     pl->loss_sum = 0;
     pl->logging = t->logging;
@@ -1934,6 +2243,7 @@ static void train_step(trainer *t, dt_opt_step_info *info) {
     for (mi = 0; mi < o->micro && o->pp == 1; mi++) {
         float dloss = 0;
         CHECK(dt_zero_micro_begin(t->m.z, &dloss, mi));
+        t->m.moe_scale = dloss * (float)o->micro;
         load_tokens(&t->m, &t->a, o, &t->data, t->step * o->batch + t->local_first + mi * t->per_micro, t->per_micro);
         sums[0] += train_micro(&t->m, &t->a, dloss, o->recompute, t->logging);
     }
@@ -1943,6 +2253,7 @@ static void train_step(trainer *t, dt_opt_step_info *info) {
         OP("optimizer step (dt_zero_step)", dt_zero_step(t->m.z, t->logging ? info : NULL));
         if (t->logging) counters_add(&g_read, &t->ctx.counters, &b, 1);
     }
+    moe_step(t);
     memset(&step, 0, sizeof step); /* this step's counts less its loss reads */
     counters_add(&step, &t->ctx.counters, &before, 1);
     counters_add(&step, &g_read, &none, -1);
@@ -1958,6 +2269,55 @@ static void train_step(trainer *t, dt_opt_step_info *info) {
     if (t->step == t->first_step) t->act_peak = (double)dt_peak_bytes(&t->ctx) - t->base;
 }
 
+/* --moe-balance bias: every MoE layer's bias (every stage's, gathered over pp: rank 0's train
+   state is the one saved) as keys "moe_bias.<block>.<part>" of 8 floats each ("%a": exact). */
+static void moe_bias_save(trainer *t, dt_train_state *st) {
+    model *m = &t->m;
+    int l, e, E = t->o.moe_experts;
+    double *b;
+    if (!E || t->o.moe_balance != DT_MOE_BIAS) return;
+    b = (double *)dt_alloc_zeroed(&t->ctx, (size_t)m->L * (size_t)E * sizeof(double));
+    if (!b) CHECK(DT_ERR_OOM);
+    for (l = 0; l < m->L; l++)
+        for (e = 0; m->moe[l] && e < E; e++) b[l * E + e] = dt_moe_bias(m->moe[l])[e];
+    CHECK(dt_comm_allreduce_f64(t->lay->pp_comm, b, m->L * E, DT_REDUCE_SUM)); /* one stage holds each */
+    for (l = 0; l < m->L; l++) {
+        int part;
+        if (!moe_block(&t->o, l)) continue;
+        for (part = 0; part * 8 < E; part++) {
+            char key[64], val[DT_CKPT_VALUE_MAX];
+            size_t at = 0;
+            for (e = part * 8; e < E && e < part * 8 + 8; e++)
+                at += (size_t)snprintf(val + at, sizeof val - at, "%s%a", e > part * 8 ? "," : "", (double)(float)b[l * E + e]);
+            snprintf(key, sizeof key, "moe_bias.%d.%d", l, part);
+            CHECK(dt_train_state_set(&t->ctx, st, key, val));
+        }
+    }
+    dt_release(&t->ctx, b);
+}
+
+/* ... and back, into this stage's layers (a checkpoint without them: the biases stay 0). */
+static void moe_bias_load(trainer *t, const dt_train_state *st) {
+    model *m = &t->m;
+    int l, e, E = t->o.moe_experts;
+    if (!E || t->o.moe_balance != DT_MOE_BIAS) return;
+    for (l = 0; l < m->L; l++) {
+        int part;
+        if (!m->moe[l]) continue;
+        for (part = 0; part * 8 < E; part++) {
+            char key[64];
+            const char *v;
+            snprintf(key, sizeof key, "moe_bias.%d.%d", l, part);
+            if (!(v = dt_train_state_get(st, key))) break;
+            for (e = part * 8; e < E && e < part * 8 + 8 && *v; e++) {
+                char *end;
+                dt_moe_bias(m->moe[l])[e] = (float)strtod(v, &end);
+                v = *end == ',' ? end + 1 : end;
+            }
+        }
+    }
+}
+
 /* The checkpoint of `step` steps into --ckpt (the last step's loss rides along: save_loss). */
 static void save_checkpoint(trainer *t, int64_t step) {
     dt_train_state st;
@@ -1966,6 +2326,7 @@ static void save_checkpoint(trainer *t, int64_t step) {
     memset(&st, 0, sizeof st);
     st.step = step; st.rng_seed = t->o.seed; st.data_cursor = step * t->o.batch;
     save_loss(&st, t->loss);
+    moe_bias_save(t, &st);
     cd.dir = t->o.ckpt;
     CHECK(dt_zero_checkpoint_save(t->m.z, &st, &cd));
 }
@@ -1981,13 +2342,42 @@ static void log_step(trainer *t, const dt_opt_step_info *info) {
         printf("step %lld/%lld  loss %.4f  lr %.2e  norm %.3f  %.0f tok/s  MFU %.1f%%  eta %.0fs\n",
                (long long)(t->step + 1), (long long)o->steps, t->loss, info->lr, info->grad_norm, tps,
                100.0 * tps * t->flops_per_token / t->peak_flops, el / done * (double)(o->steps - t->step - 1));
+    if (!o->quiet && o->moe_experts && o->print_every && ((t->step + 1) % o->print_every == 0 ||
+                                                          t->step + 1 == o->steps || t->step == t->first_step))
+        printf("  moe: aux %.6f  dropped %.0f  load max/mean %.3f\n", t->moe_aux, t->moe_dropped, t->moe_lmax);
     if (t->log) {
         fprintf(t->log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,"
-                        "\"loss_scale\":%g,\"comm_s\":%.6f,\"skipped\":%d}\n", (long long)(t->step + 1), t->loss,
+                        "\"loss_scale\":%g,\"comm_s\":%.6f,\"skipped\":%d", (long long)(t->step + 1), t->loss,
                 info->lr, info->grad_norm, tps, info->loss_scale, comm_seconds(t->lay), info->skipped);
+        if (o->moe_experts)
+            fprintf(t->log, ",\"moe_aux\":%.9g,\"moe_dropped\":%.0f,\"moe_drop_print\":%.0f,\"moe_load_max_over_mean\":%.6g",
+                    t->moe_aux, t->moe_dropped, t->moe_print, t->moe_lmax);
+        fprintf(t->log, "}\n");
         fflush(t->log);
     }
     fflush(stdout);
+}
+
+/* The run's expert load per MoE block (every stage's, summed over pp to rank 0): a bar per expert,
+   its share of the block's assignments (1/E each when balanced). */
+static void moe_histogram(trainer *t) {
+    model *m = &t->m;
+    int l, e, E = t->o.moe_experts;
+    CHECK(dt_comm_allreduce_f64(t->lay->pp_comm, t->moe_hist, m->L * E, DT_REDUCE_SUM));
+    if (g_rank != 0 || t->o.quiet) return;
+    printf("moe: expert load over the run (share of each block's assignments; balanced = %.3f)\n", 1.0 / E);
+    for (l = 0; l < m->L; l++) {
+        double sum = 0;
+        if (!moe_block(&t->o, l)) continue;
+        for (e = 0; e < E; e++) sum += t->moe_hist[l * E + e];
+        for (e = 0; e < E; e++) {
+            double share = sum > 0 ? t->moe_hist[l * E + e] / sum : 0;
+            int n = (int)(share * E * 20 + 0.5), i;
+            printf("  block %2d expert %3d  %.3f  ", l, e, share);
+            for (i = 0; i < n && i < 60; i++) putchar('#');
+            putchar('\n');
+        }
+    }
 }
 
 /* After the last step: memory peaks, the --profile table, the --trace file, --sample's text and
@@ -2040,6 +2430,7 @@ static void report(trainer *t) {
             printf("trace: %s (Perfetto / chrome://tracing); rank 0: %.3f s in collectives, %.0f%% of it overlapped "
                    "with compute\n", o->trace, cs, cs > 0 ? 100.0 * ov / cs : 0.0);
     }
+    if (o->moe_experts && trained) moe_histogram(t);
     if (o->sample) sample_text(&t->m, o->sample, o->seed, t->data.vocab == 256);
     if (g_rank == 0) printf("final: loss %.9g\n", t->loss);
 }
@@ -2065,6 +2456,11 @@ static void teardown(trainer *t) {
     dt_tensor_free(&t->ctx, &m->wte_head_grad);
     dt_release(&t->ctx, m->bunit);
     dt_release(&t->ctx, m->first);
+    for (i = 0; m->moe && i < m->L; i++) dt_moe_free(m->moe[i]);
+    dt_release(&t->ctx, m->moe);
+    dt_release(&t->ctx, m->xunit);
+    dt_release(&t->ctx, m->mp);
+    dt_release(&t->ctx, t->moe_hist);
     dt_zero_free(m->z);
     dt_trace_free(m->tr);
     dt_tensor_free(&t->ctx, &m->f32buf);
