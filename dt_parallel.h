@@ -637,6 +637,12 @@ typedef struct dt_moe_stats {
                                fingerprints, equal sets (with high probability) */
     double load_max, load_mean; /* assignments per expert: the most and the mean */
     const int64_t *load;    /* [E] assignments per expert (valid until the next step_end) */
+    /* this rank's seconds in the step's forwards and backwards, by phase (wall clock: on CUDA the
+       host's side of launches, not the device's time) */
+    double router_s;        /* router GEMM, softmax, top-k, capacity; backward: the router's */
+    double dispatch_s;      /* the counts' all-to-all, packing, the rows' all-to-allv, regrouping */
+    double experts_s;       /* the experts' GEMMs and GELU */
+    double combine_s;       /* the outputs back (all-to-allv) and the weighted sum; backward: their mirror */
 } dt_moe_stats;
 
 /* Collective over nothing; desc checked (E not a multiple of ep, k out of range, ...: DT_ERR_ARG
@@ -3618,6 +3624,7 @@ struct dt_moe {
     double *f;                    /* [E] the global f_e, once synced */
     int64_t *load;                /* [E] for the stats */
     double aux;
+    double secs[4];               /* router, dispatch, experts, combine: this step, this rank */
     int n_fwd, synced;
     dt_tensor cnt_send, cnt_recv; /* I64 [E]: assignments per (rank, local expert), sent and received */
     dt_tensor bufs[4];            /* f32 scratch: packed rows, received rows, expert-major rows, columns */
@@ -4001,6 +4008,7 @@ DT_API dt_status dt_moe_fwd(dt_moe *m, dt_moe_acts *a, dt_tensor *y, const dt_te
     int e, j, k;
     dt_status st = DT_OK;
     float *send, *yd;
+    double t0, t1;
     if (!m) return DT_ERR_ARG;
     ctx = m->ctx;
     if (!a || a->m != m) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a is NULL or another layer's acts", fn);
@@ -4021,8 +4029,11 @@ DT_API dt_status dt_moe_fwd(dt_moe *m, dt_moe_acts *a, dt_tensor *y, const dt_te
     DT__TRY(dt_grow(ctx, (void **)&a->slot, &a->cap_slot, N * k + 1, sizeof(int64_t), "dt_moe slot"));
     ecnt = m->E <= 64 ? ek : (int64_t *)dt_alloc(ctx, (size_t)m->E * sizeof(int64_t));
     if (!ecnt) return DT_ERR_OOM;
+    t0 = dt_comm_now();
     st = dt__moe_route(m, a, x, router);
     if (!st) st = dt__moe_assign(m, a, seq0, ecnt);
+    t1 = dt_comm_now();
+    m->secs[0] += t1 - t0;
     if (!st) st = dt__moe_layout_rows(m, a, ecnt);
     if (ecnt != ek) dt_release(ctx, ecnt);
     if (st) return st;
@@ -4041,6 +4052,8 @@ DT_API dt_status dt_moe_fwd(dt_moe *m, dt_moe_acts *a, dt_tensor *y, const dt_te
                 memcpy(send + a->slot[t * k + j] * C, (const float *)x->data + t * C, (size_t)C * sizeof(float));
     DT__TRY(dt__moe_exchange(m, a, &m->bufs[1], &m->bufs[0], 1));
     dt__moe_permute(a, (float *)a->xin.data, (const float *)m->bufs[1].data, C, 1);
+    t0 = dt_comm_now();
+    m->secs[1] += t0 - t1;
     /* the experts, one GEMM pair each over its rows (expert-major outputs into bufs[0]) */
     for (e = 0; e < m->El && !st; e++) {
         int64_t r0 = a->eoff[e], n = a->eoff[e + 1] - a->eoff[e];
@@ -4060,6 +4073,8 @@ DT_API dt_status dt_moe_fwd(dt_moe *m, dt_moe_acts *a, dt_tensor *y, const dt_te
         if (!st) st = dt_linear_fwd(ctx, &O, &A, &w2, proj_b && m->l->tp_rank == 0 ? &b2 : NULL);
     }
     if (st) return st;
+    t1 = dt_comm_now();
+    m->secs[2] += t1 - t0;
     /* back to the received order, across, and the combine in choice order */
     dt__moe_permute(a, (float *)m->bufs[1].data, (const float *)m->bufs[0].data, C, 0);
     DT__TRY(dt__moe_exchange(m, a, &a->ret, &m->bufs[1], 0));
@@ -4074,6 +4089,7 @@ DT_API dt_status dt_moe_fwd(dt_moe *m, dt_moe_acts *a, dt_tensor *y, const dt_te
             o = (const float *)a->ret.data + s * C;
             for (c = 0; c < C; c++) yd[t * C + c] += g * o[c];
         }
+    m->secs[3] += dt_comm_now() - t1;
     return DT_OK;
 }
 
@@ -4194,6 +4210,7 @@ DT_API dt_status dt_moe_bwd(dt_moe *m, dt_moe_acts *a, dt_tensor *dx, dt_tensor 
     int j, k, e;
     float *dret, *dgd;
     dt_tensor dgv;
+    double t0 = dt_comm_now(), t1;
     if (!m) return DT_ERR_ARG;
     ctx = m->ctx;
     if (!a || a->m != m) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a is NULL or another layer's acts", fn);
@@ -4243,6 +4260,8 @@ DT_API dt_status dt_moe_bwd(dt_moe *m, dt_moe_acts *a, dt_tensor *dx, dt_tensor 
     /* to the experts, their backward, and back */
     DT__TRY(dt__moe_exchange(m, a, &m->bufs[1], &m->bufs[0], 1));
     dt__moe_permute(a, (float *)m->bufs[0].data, (const float *)m->bufs[1].data, C, 1); /* dO expert-major */
+    t1 = dt_comm_now();
+    m->secs[3] += t1 - t0; /* the combine's mirror: the outputs' grads back to the experts */
     for (e = 0; e < m->El; e++) {
         int64_t r0 = a->eoff[e], n = a->eoff[e + 1] - r0;
         dt_tensor dO, dX;
@@ -4251,6 +4270,8 @@ DT_API dt_status dt_moe_bwd(dt_moe *m, dt_moe_acts *a, dt_tensor *dx, dt_tensor 
         DT__TRY(dt__moe_rows(ctx, &dX, &m->bufs[1], r0, n, C)); /* the received rows are read: reuse */
         DT__TRY(dt__moe_expert_bwd(m, a, e, &dX, &dO, d_fc_w, d_fc_b, d_proj_w, d_proj_b, fc_w, proj_w));
     }
+    t0 = dt_comm_now();
+    m->secs[2] += t0 - t1;
     dt__moe_permute(a, (float *)m->bufs[0].data, (const float *)m->bufs[1].data, C, 0);
     DT__TRY(dt__moe_exchange(m, a, &m->bufs[1], &m->bufs[0], 0));
     for (t = 0; t < N; t++) /* dx_t += its experts' input grads, in choice order */
@@ -4261,7 +4282,11 @@ DT_API dt_status dt_moe_bwd(dt_moe *m, dt_moe_acts *a, dt_tensor *dx, dt_tensor 
             if (s < 0) continue;
             for (i = 0; i < C; i++) d[i] += g[i];
         }
-    return dt__moe_router_bwd(m, a, dx, d_router, x, router, dgd, loss_scale);
+    t1 = dt_comm_now();
+    m->secs[1] += t1 - t0; /* the dispatch's mirror: the inputs' grads back to the tokens */
+    DT__TRY(dt__moe_router_bwd(m, a, dx, d_router, x, router, dgd, loss_scale));
+    m->secs[0] += dt_comm_now() - t1;
+    return DT_OK;
 }
 
 DT_API dt_status dt_moe_step_end(dt_moe *m, dt_moe_stats *stats) {
@@ -4287,7 +4312,12 @@ DT_API dt_status dt_moe_step_end(dt_moe *m, dt_moe_stats *stats) {
         stats->load_max = mx;
         stats->load_mean = mean;
         stats->load = m->load;
+        stats->router_s = m->secs[0];
+        stats->dispatch_s = m->secs[1];
+        stats->experts_s = m->secs[2];
+        stats->combine_s = m->secs[3];
     }
+    memset(m->secs, 0, sizeof m->secs);
     memset(m->acc, 0, (size_t)(2 * E + 3) * sizeof(double));
     m->n_fwd = 0;
     m->synced = 0;
