@@ -602,7 +602,10 @@ DT_API int64_t dt_cp_pairs_done(const dt_layout *l);
    Memory: E / ep experts of 2 C F / tp + F / tp + C values each; per micro-batch the kept
    assignments' inputs, hidden and GELU values and outputs (at most N k ep rows when dropless
    and every token goes to one rank, N k on average).
-   CPU tensors only for now (CUDA is DT_ERR_UNSUPPORTED). */
+   CPU or CUDA tensors (all of a call's on x's device): on CUDA the routing, capacity, slots, row
+   copies and combine are kernels/dt_moe.cu (each output in the CPU loop's order), the experts
+   dt_tensor.h's cuBLAS GEMMs, one pair per local expert; a forward reads E counts back from the
+   device once (the all-to-all's sizes: a synchronisation the dense layers do not make). */
 
 typedef enum dt_moe_balance {
     DT_MOE_BALANCE_DEFAULT = 0, /* DT_MOE_AUX */
@@ -3630,6 +3633,11 @@ struct dt_moe {
     dt_tensor bufs[4];            /* f32 scratch: packed rows, received rows, expert-major rows, columns */
     dt_tensor dgt;                /* f32 [N k]: the gates' grads (summed over tp) */
     dt_tensor dz;                 /* f32 [N, E]: the router logits' grads */
+    dt_device dev;                /* the device of the call in progress (x's) */
+    /* CUDA: the routing's counts on the device and their host copy (I64 [3E + 2S]: per expert
+       routed, sum of p, kept as doubles, then per sequence dropped and fingerprint), the
+       capacity's scratch, the bias / the aux loss's per-expert grads going up, perm going up */
+    dt_tensor dstat, hstat, dused, dbias, hbias, dauxd, hauxd, hperm;
 };
 
 struct dt_moe_acts {
@@ -3644,6 +3652,7 @@ struct dt_moe_acts {
     int64_t *perm;                /* [R] expert-major row -> received row */
     int64_t cap_idx, cap_slot, cap_gate, cap_perm;
     dt_tensor xin, h, act, ret;   /* [R, C], [R, Fl], [R, Fl] expert-major; [S, C] returned outputs */
+    dt_tensor didx, dgate, dslot, dperm; /* CUDA: idx, gate, slot and perm on the device */
 };
 
 DT_API const char *dt_moe_balance_name(dt_moe_balance b) {
@@ -3651,15 +3660,16 @@ DT_API const char *dt_moe_balance_name(dt_moe_balance b) {
 }
 
 /* A 1-D f32 (or I64) buffer of at least n elements, kept from call to call (grows by half). */
-static dt_status dt__moe_fit(dt_ctx *ctx, dt_tensor *buf, int64_t n, dt_dtype dtype) {
+static dt_status dt__moe_fit(dt_ctx *ctx, dt_tensor *buf, int64_t n, dt_dtype dtype, dt_device dev) {
     dt_tensor_desc td;
-    if (buf->data && buf->numel >= n && buf->dtype == dtype) return DT_OK;
+    if (buf->data && buf->numel >= n && buf->dtype == dtype && buf->device == dev) return DT_OK;
     if (n > ((int64_t)1 << 40))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_moe: a buffer of %lld elements; expected at most 2^40",
                                 (long long)n);
     dt_tensor_free(ctx, buf);
     memset(&td, 0, sizeof td);
     td.dtype = dtype;
+    td.device = dev;
     td.ndim = 1;
     td.shape[0] = n + n / 2 + 1;
     return dt_tensor_create(ctx, buf, &td);
@@ -3743,8 +3753,8 @@ DT_API dt_status dt_moe_create(dt_layout *l, dt_moe **out, const dt_moe_desc *de
     m->acc = (double *)dt_alloc_zeroed(l->ctx, (size_t)(2 * m->E + 3) * sizeof(double));
     m->f = (double *)dt_alloc_zeroed(l->ctx, (size_t)m->E * sizeof(double));
     m->load = (int64_t *)dt_alloc_zeroed(l->ctx, (size_t)m->E * sizeof(int64_t));
-    if (!m->bias || !m->acc || !m->f || !m->load || dt__moe_fit(l->ctx, &m->cnt_send, m->E, DT_I64) ||
-        dt__moe_fit(l->ctx, &m->cnt_recv, m->E, DT_I64)) {
+    if (!m->bias || !m->acc || !m->f || !m->load || dt__moe_fit(l->ctx, &m->cnt_send, m->E, DT_I64, DT_CPU) ||
+        dt__moe_fit(l->ctx, &m->cnt_recv, m->E, DT_I64, DT_CPU)) {
         dt_moe_free(m);
         return DT_ERR_OOM;
     }
@@ -3764,6 +3774,14 @@ DT_API void dt_moe_free(dt_moe *m) {
     for (i = 0; i < 4; i++) dt_tensor_free(m->ctx, &m->bufs[i]);
     dt_tensor_free(m->ctx, &m->dgt);
     dt_tensor_free(m->ctx, &m->dz);
+    dt_tensor_free(m->ctx, &m->dstat);
+    dt_tensor_free(m->ctx, &m->hstat);
+    dt_tensor_free(m->ctx, &m->dused);
+    dt_tensor_free(m->ctx, &m->dbias);
+    dt_tensor_free(m->ctx, &m->hbias);
+    dt_tensor_free(m->ctx, &m->dauxd);
+    dt_tensor_free(m->ctx, &m->hauxd);
+    dt_tensor_free(m->ctx, &m->hperm);
     dt_release(m->ctx, m);
 }
 
@@ -3797,6 +3815,10 @@ DT_API void dt_moe_acts_free(dt_moe_acts *a) {
     dt_tensor_free(ctx, &a->h);
     dt_tensor_free(ctx, &a->act);
     dt_tensor_free(ctx, &a->ret);
+    dt_tensor_free(ctx, &a->didx);
+    dt_tensor_free(ctx, &a->dgate);
+    dt_tensor_free(ctx, &a->dslot);
+    dt_tensor_free(ctx, &a->dperm);
     dt_release(ctx, a->idx);
     dt_release(ctx, a->gate);
     dt_release(ctx, a->slot);
@@ -3809,16 +3831,16 @@ DT_API void dt_moe_acts_free(dt_moe_acts *a) {
 
 /* A tensor argument: CPU f32 of the given dims (-1: any). */
 static dt_status dt__moe_arg(dt_ctx *ctx, const dt_tensor *t, const char *name, int ndim, int64_t d0, int64_t d1,
-                             int64_t d2, const char *fn) {
+                             int64_t d2, const char *fn, dt_device dev) {
     int64_t want[3];
     int i;
     want[0] = d0;
     want[1] = d1;
     want[2] = d2;
     if (!t || !t->data) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL or has no data", fn, name);
-    if (t->device != DT_CPU)
-        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: %s is on %s; the MoE layer runs on CPU tensors only (yet)",
-                                fn, name, dt_device_name(t->device));
+    if (t->device != dev)
+        return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: %s is on %s; expected %s (x's device)", fn, name,
+                                dt_device_name(t->device), dt_device_name(dev));
     if (t->dtype != DT_F32)
         return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: %s is %s; expected f32", fn, name, dt_dtype_name(t->dtype));
     if (t->ndim != ndim)
@@ -3833,11 +3855,11 @@ static dt_status dt__moe_arg(dt_ctx *ctx, const dt_tensor *t, const char *name, 
 static dt_status dt__moe_weights(dt_moe *m, const dt_tensor *router, const dt_tensor *fc_w, const dt_tensor *fc_b,
                                  const dt_tensor *proj_w, const dt_tensor *proj_b, const char *fn, const char *const *nm) {
     dt_ctx *ctx = m->ctx;
-    DT__TRY(dt__moe_arg(ctx, router, nm[0], 2, m->E, m->C, 0, fn));
-    DT__TRY(dt__moe_arg(ctx, fc_w, nm[1], 3, m->El, m->Fl, m->C, fn));
-    if (fc_b) DT__TRY(dt__moe_arg(ctx, fc_b, nm[2], 2, m->El, m->Fl, 0, fn));
-    DT__TRY(dt__moe_arg(ctx, proj_w, nm[3], 3, m->El, m->C, m->Fl, fn));
-    if (proj_b) DT__TRY(dt__moe_arg(ctx, proj_b, nm[4], 2, m->El, m->C, 0, fn));
+    DT__TRY(dt__moe_arg(ctx, router, nm[0], 2, m->E, m->C, 0, fn, m->dev));
+    DT__TRY(dt__moe_arg(ctx, fc_w, nm[1], 3, m->El, m->Fl, m->C, fn, m->dev));
+    if (fc_b) DT__TRY(dt__moe_arg(ctx, fc_b, nm[2], 2, m->El, m->Fl, 0, fn, m->dev));
+    DT__TRY(dt__moe_arg(ctx, proj_w, nm[3], 3, m->El, m->C, m->Fl, fn, m->dev));
+    if (proj_b) DT__TRY(dt__moe_arg(ctx, proj_b, nm[4], 2, m->El, m->C, 0, fn, m->dev));
     return DT_OK;
 }
 
@@ -3855,7 +3877,7 @@ static dt_status dt__moe_route(dt_moe *m, dt_moe_acts *a, const dt_tensor *x, co
     dt_tensor pv;
     int64_t t, N = a->N;
     int E = m->E, k = m->k, e, j;
-    DT__TRY(dt__moe_fit(m->ctx, &a->probs, N * E, DT_F32));
+    DT__TRY(dt__moe_fit(m->ctx, &a->probs, N * E, DT_F32, m->dev));
     DT__TRY(dt__moe_rows(m->ctx, &pv, &a->probs, 0, N, E));
     DT__TRY(dt_matmul_fwd(m->ctx, &pv, x, router, 0, 1, 1.0f, 0.0f));
     for (t = 0; t < N; t++) {
@@ -3998,25 +4020,212 @@ static dt_status dt__moe_exchange(dt_moe *m, dt_moe_acts *a, dt_tensor *dst, con
     return st;
 }
 
+/* ---- the host loops' CUDA twins: each step below runs one way or the other (kernels/dt_moe.cu
+   computes each output in the loop's order) */
+
+#ifdef DT_CUDA
+static int dt__moe_on_cuda(const dt_moe *m) { return m->dev == DT_CUDA_DEVICE; }
+
+static dt_status dt__moe_kerr(dt_moe *m, int e, const char *what) {
+    return e ? dt_ctx_set_error(m->ctx, DT_ERR_CUDA, "dt_moe: %s failed: %s", what, dt_k_error_string(e)) : DT_OK;
+}
+
+/* n elements of src into dst (either device; dt_tensor_copy of 1-D views) */
+static dt_status dt__moe_copy(dt_ctx *ctx, const dt_tensor *dst, const dt_tensor *src, int64_t n) {
+    dt_tensor d, s;
+    if (n <= 0) return DT_OK;
+    DT__TRY(dt_tensor_view(ctx, &d, dst, 0, 1, &n));
+    DT__TRY(dt_tensor_view(ctx, &s, src, 0, 1, &n));
+    return dt_tensor_copy(ctx, &d, &s);
+}
+
+/* The router, the capacity and the send slots on the device, as dt__moe_route and
+   dt__moe_assign; the counts come back (the forward's one read: the all-to-all's sizes) into
+   the step's totals, ecnt and send_n. */
+static dt_status dt__moe_route_cuda(dt_moe *m, dt_moe_acts *a, const dt_tensor *x, const dt_tensor *router,
+                                    int64_t seq0, int64_t *ecnt) {
+    dt_ctx *ctx = m->ctx;
+    int64_t N = a->N, S = N / m->d.seq, i, ns;
+    int E = m->E, k = m->k, e, err, bias = m->d.balance == DT_MOE_BIAS;
+    dt_tensor pv;
+    const double *stat;
+    const int64_t *seq;
+    void *st = ctx->cuda_stream;
+    ns = 3 * (int64_t)E + 2 * S;
+    DT__TRY(dt__moe_fit(ctx, &a->probs, N * E, DT_F32, m->dev));
+    DT__TRY(dt__moe_fit(ctx, &a->didx, N * k, DT_I32, m->dev));
+    DT__TRY(dt__moe_fit(ctx, &a->dgate, N * k, DT_F32, m->dev));
+    DT__TRY(dt__moe_fit(ctx, &a->dslot, N * k, DT_I64, m->dev));
+    DT__TRY(dt__moe_fit(ctx, &m->dstat, ns, DT_I64, m->dev));
+    DT__TRY(dt__moe_fit(ctx, &m->hstat, ns, DT_I64, DT_CPU));
+    DT__TRY(dt__moe_fit(ctx, &m->dused, S * E, DT_I64, m->dev));
+    DT__TRY(dt__moe_rows(ctx, &pv, &a->probs, 0, N, E));
+    DT__TRY(dt_matmul_fwd(ctx, &pv, x, router, 0, 1, 1.0f, 0.0f));
+    if (bias) { /* the host's bias as it is now (dt_moe_bias may have written it) */
+        DT__TRY(dt__moe_fit(ctx, &m->hbias, E, DT_F32, DT_CPU));
+        DT__TRY(dt__moe_fit(ctx, &m->dbias, E, DT_F32, m->dev));
+        memcpy(m->hbias.data, m->bias, (size_t)E * sizeof(float));
+        DT__TRY(dt__moe_copy(ctx, &m->dbias, &m->hbias, E));
+    }
+    err = dt_k_moe_route((float *)pv.data, (int *)a->didx.data, (float *)a->dgate.data,
+                         bias ? (const float *)m->dbias.data : NULL, N, E, k, m->d.renorm, st);
+    if (!err)
+        err = dt_k_moe_capacity((int64_t *)a->dslot.data, (int64_t *)m->dstat.data + 3 * E, (int64_t *)m->dused.data,
+                                (const int *)a->didx.data, S, m->d.seq, E, k, m->cap, seq0, st);
+    if (!err)
+        err = dt_k_moe_counts((double *)m->dstat.data, (const int *)a->didx.data, (const int64_t *)a->dslot.data,
+                              (const float *)pv.data, N, E, k, st);
+    if (!err)
+        err = dt_k_moe_slots((int64_t *)a->dslot.data, (const int *)a->didx.data, (const double *)m->dstat.data, N, E, k,
+                             st);
+    DT__TRY(dt__moe_kerr(m, err, "the routing kernels"));
+    DT__TRY(dt__moe_copy(ctx, &m->hstat, &m->dstat, ns));
+    stat = (const double *)m->hstat.data;
+    seq = (const int64_t *)m->hstat.data + 3 * E;
+    for (e = 0; e < m->l->ep; e++) a->send_n[e] = 0;
+    for (e = 0, a->S = 0; e < E; e++) {
+        m->acc[e] += stat[e];
+        m->acc[E + e] += stat[E + e];
+        ecnt[e] = (int64_t)stat[2 * E + e];
+        a->S += ecnt[e];
+        a->send_n[e / m->El] += ecnt[e];
+    }
+    for (i = 0; i < S; i++) {
+        m->acc[2 * E] += (double)seq[2 * i];
+        m->acc[2 * E + 1] += (double)seq[2 * i + 1];
+    }
+    m->acc[2 * E + 2] += (double)N;
+    return DT_OK;
+}
+#endif
+
+/* The received order's rows to expert-major (to 1) or back, on either device. */
+static dt_status dt__moe_regroup(dt_moe *m, dt_moe_acts *a, dt_tensor *dst, const dt_tensor *src, int to) {
+#ifdef DT_CUDA
+    if (dt__moe_on_cuda(m))
+        return dt__moe_kerr(m, dt_k_moe_permute((float *)dst->data, (const float *)src->data,
+                                                (const int64_t *)a->dperm.data, a->R, m->C, to, m->ctx->cuda_stream),
+                            "dt_k_moe_permute");
+#endif
+    dt__moe_permute(a, (float *)dst->data, (const float *)src->data, m->C, to);
+    return DT_OK;
+}
+
+/* x's rows of the kept assignments into the send order (bufs[0]). */
+static dt_status dt__moe_pack(dt_moe *m, dt_moe_acts *a, const dt_tensor *x) {
+    int64_t t, C = m->C;
+    int j, k = m->k;
+    float *send = (float *)m->bufs[0].data;
+#ifdef DT_CUDA
+    if (dt__moe_on_cuda(m)) {
+        DT__TRY(dt__moe_fit(m->ctx, &a->dperm, a->R + 1, DT_I64, m->dev));
+        DT__TRY(dt__moe_fit(m->ctx, &m->hperm, a->R + 1, DT_I64, DT_CPU));
+        memcpy(m->hperm.data, a->perm, (size_t)a->R * sizeof(int64_t));
+        DT__TRY(dt__moe_copy(m->ctx, &a->dperm, &m->hperm, a->R)); /* the regrouping's map, up once */
+        return dt__moe_kerr(m, dt_k_moe_pack(send, (const float *)x->data, (const int64_t *)a->dslot.data, a->N, k, C,
+                                             m->ctx->cuda_stream), "dt_k_moe_pack");
+    }
+#endif
+    for (t = 0; t < a->N; t++)
+        for (j = 0; j < k; j++)
+            if (a->slot[t * k + j] >= 0)
+                memcpy(send + a->slot[t * k + j] * C, (const float *)x->data + t * C, (size_t)C * sizeof(float));
+    return DT_OK;
+}
+
+/* y = sum over j in order of the kept g_tj ret[slot_tj] (written). */
+static dt_status dt__moe_combine(dt_moe *m, dt_moe_acts *a, dt_tensor *y) {
+    int64_t t, N = a->N, C = m->C;
+    int j, k = m->k;
+    float *yd = (float *)y->data;
+#ifdef DT_CUDA
+    if (dt__moe_on_cuda(m))
+        return dt__moe_kerr(m, dt_k_moe_combine(yd, (const float *)a->ret.data, (const int64_t *)a->dslot.data,
+                                                (const float *)a->dgate.data, N, k, C, m->ctx->cuda_stream),
+                            "dt_k_moe_combine");
+#endif
+    memset(yd, 0, (size_t)(N * C) * sizeof(float));
+    for (t = 0; t < N; t++)
+        for (j = 0; j < k; j++) {
+            int64_t s = a->slot[t * k + j], c;
+            const float *o;
+            float g = a->gate[t * k + j];
+            if (s < 0) continue;
+            o = (const float *)a->ret.data + s * C;
+            for (c = 0; c < C; c++) yd[t * C + c] += g * o[c];
+        }
+    return DT_OK;
+}
+
+/* The combine's backward: the outputs' grads g dy in the send order (bufs[0]) and the gates'
+   grads dg = dy . out (dgt; partial over tp). */
+static dt_status dt__moe_combine_bwd(dt_moe *m, dt_moe_acts *a, const dt_tensor *dy) {
+    int64_t t, N = a->N, C = m->C;
+    int j, k = m->k;
+    float *dret = (float *)m->bufs[0].data, *dgd = (float *)m->dgt.data;
+#ifdef DT_CUDA
+    if (dt__moe_on_cuda(m))
+        return dt__moe_kerr(m, dt_k_moe_combine_bwd(dret, dgd, (const float *)dy->data, (const float *)a->ret.data,
+                                                    (const int64_t *)a->dslot.data, (const float *)a->dgate.data, N, k,
+                                                    C, m->ctx->cuda_stream), "dt_k_moe_combine_bwd");
+#endif
+    for (t = 0; t < N; t++)
+        for (j = 0; j < k; j++) {
+            int64_t s = a->slot[t * k + j], c;
+            const float *o, *g = (const float *)dy->data + t * C;
+            double dot = 0;
+            dgd[t * k + j] = 0;
+            if (s < 0) continue;
+            o = (const float *)a->ret.data + s * C;
+            for (c = 0; c < C; c++) {
+                dot += (double)g[c] * o[c];
+                dret[s * C + c] = a->gate[t * k + j] * g[c];
+            }
+            dgd[t * k + j] = (float)dot;
+        }
+    return DT_OK;
+}
+
+/* dx_t += its experts' input grads (back, the send order), in choice order. */
+static dt_status dt__moe_dispatch_bwd(dt_moe *m, dt_moe_acts *a, dt_tensor *dx, const dt_tensor *back) {
+    int64_t t, i, N = a->N, C = m->C;
+    int j, k = m->k;
+#ifdef DT_CUDA
+    if (dt__moe_on_cuda(m))
+        return dt__moe_kerr(m, dt_k_moe_dispatch_bwd((float *)dx->data, (const float *)back->data,
+                                                     (const int64_t *)a->dslot.data, N, k, C, m->ctx->cuda_stream),
+                            "dt_k_moe_dispatch_bwd");
+#endif
+    for (t = 0; t < N; t++)
+        for (j = 0; j < k; j++) {
+            int64_t s = a->slot[t * k + j];
+            float *d = (float *)dx->data + t * C;
+            const float *g = (const float *)back->data + s * C;
+            if (s < 0) continue;
+            for (i = 0; i < C; i++) d[i] += g[i];
+        }
+    return DT_OK;
+}
+
 DT_API dt_status dt_moe_fwd(dt_moe *m, dt_moe_acts *a, dt_tensor *y, const dt_tensor *x, int64_t seq0,
                             const dt_tensor *router, const dt_tensor *fc_w, const dt_tensor *fc_b,
                             const dt_tensor *proj_w, const dt_tensor *proj_b) {
     static const char *const nm[5] = {"router", "fc_w", "fc_b", "proj_w", "proj_b"};
     const char *fn = "dt_moe_fwd";
     dt_ctx *ctx;
-    int64_t N, C, Fl, t, *ecnt, ek[64];
-    int e, j, k;
+    int64_t N, C, Fl, *ecnt, ek[64];
+    int e, k;
     dt_status st = DT_OK;
-    float *send, *yd;
     double t0, t1;
     if (!m) return DT_ERR_ARG;
     ctx = m->ctx;
     if (!a || a->m != m) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a is NULL or another layer's acts", fn);
-    DT__TRY(dt__moe_arg(ctx, x, "x", 2, -1, m->C, 0, fn));
+    DT__TRY(dt__moe_arg(ctx, x, "x", 2, -1, m->C, 0, fn, x ? x->device : DT_CPU));
+    m->dev = x->device;
     if (x->shape[0] % m->d.seq)
         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: x has %lld rows; expected whole sequences of desc.seq = %lld", fn,
                                 (long long)x->shape[0], (long long)m->d.seq);
-    DT__TRY(dt__moe_arg(ctx, y, "y", 2, x->shape[0], m->C, 0, fn));
+    DT__TRY(dt__moe_arg(ctx, y, "y", 2, x->shape[0], m->C, 0, fn, m->dev));
     DT__TRY(dt__moe_weights(m, router, fc_w, fc_b, proj_w, proj_b, fn, nm));
     if (seq0 < 0) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: seq0 = %lld; expected >= 0", fn, (long long)seq0);
     if (y->data == x->data) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: y and x are the same memory", fn);
@@ -4030,8 +4239,14 @@ DT_API dt_status dt_moe_fwd(dt_moe *m, dt_moe_acts *a, dt_tensor *y, const dt_te
     ecnt = m->E <= 64 ? ek : (int64_t *)dt_alloc(ctx, (size_t)m->E * sizeof(int64_t));
     if (!ecnt) return DT_ERR_OOM;
     t0 = dt_comm_now();
-    st = dt__moe_route(m, a, x, router);
-    if (!st) st = dt__moe_assign(m, a, seq0, ecnt);
+#ifdef DT_CUDA
+    if (dt__moe_on_cuda(m)) st = dt__moe_route_cuda(m, a, x, router, seq0, ecnt);
+    else
+#endif
+    {
+        st = dt__moe_route(m, a, x, router);
+        if (!st) st = dt__moe_assign(m, a, seq0, ecnt);
+    }
     t1 = dt_comm_now();
     m->secs[0] += t1 - t0;
     if (!st) st = dt__moe_layout_rows(m, a, ecnt);
@@ -4039,19 +4254,15 @@ DT_API dt_status dt_moe_fwd(dt_moe *m, dt_moe_acts *a, dt_tensor *y, const dt_te
     if (st) return st;
     m->n_fwd++;
     /* dispatch: x's rows in the send order, across, then expert-major into xin */
-    DT__TRY(dt__moe_fit(ctx, &m->bufs[0], ((a->S > a->R ? a->S : a->R) + 1) * C, DT_F32));
-    DT__TRY(dt__moe_fit(ctx, &m->bufs[1], ((a->S > a->R ? a->S : a->R) + 1) * C, DT_F32));
-    DT__TRY(dt__moe_fit(ctx, &a->xin, (a->R + 1) * C, DT_F32));
-    DT__TRY(dt__moe_fit(ctx, &a->h, (a->R + 1) * Fl, DT_F32));
-    DT__TRY(dt__moe_fit(ctx, &a->act, (a->R + 1) * Fl, DT_F32));
-    DT__TRY(dt__moe_fit(ctx, &a->ret, (a->S + 1) * C, DT_F32));
-    send = (float *)m->bufs[0].data;
-    for (t = 0; t < N; t++)
-        for (j = 0; j < k; j++)
-            if (a->slot[t * k + j] >= 0)
-                memcpy(send + a->slot[t * k + j] * C, (const float *)x->data + t * C, (size_t)C * sizeof(float));
+    DT__TRY(dt__moe_fit(ctx, &m->bufs[0], ((a->S > a->R ? a->S : a->R) + 1) * C, DT_F32, m->dev));
+    DT__TRY(dt__moe_fit(ctx, &m->bufs[1], ((a->S > a->R ? a->S : a->R) + 1) * C, DT_F32, m->dev));
+    DT__TRY(dt__moe_fit(ctx, &a->xin, (a->R + 1) * C, DT_F32, m->dev));
+    DT__TRY(dt__moe_fit(ctx, &a->h, (a->R + 1) * Fl, DT_F32, m->dev));
+    DT__TRY(dt__moe_fit(ctx, &a->act, (a->R + 1) * Fl, DT_F32, m->dev));
+    DT__TRY(dt__moe_fit(ctx, &a->ret, (a->S + 1) * C, DT_F32, m->dev));
+    DT__TRY(dt__moe_pack(m, a, x));
     DT__TRY(dt__moe_exchange(m, a, &m->bufs[1], &m->bufs[0], 1));
-    dt__moe_permute(a, (float *)a->xin.data, (const float *)m->bufs[1].data, C, 1);
+    DT__TRY(dt__moe_regroup(m, a, &a->xin, &m->bufs[1], 1));
     t0 = dt_comm_now();
     m->secs[1] += t0 - t1;
     /* the experts, one GEMM pair each over its rows (expert-major outputs into bufs[0]) */
@@ -4076,19 +4287,9 @@ DT_API dt_status dt_moe_fwd(dt_moe *m, dt_moe_acts *a, dt_tensor *y, const dt_te
     t1 = dt_comm_now();
     m->secs[2] += t1 - t0;
     /* back to the received order, across, and the combine in choice order */
-    dt__moe_permute(a, (float *)m->bufs[1].data, (const float *)m->bufs[0].data, C, 0);
+    DT__TRY(dt__moe_regroup(m, a, &m->bufs[1], &m->bufs[0], 0));
     DT__TRY(dt__moe_exchange(m, a, &a->ret, &m->bufs[1], 0));
-    yd = (float *)y->data;
-    memset(yd, 0, (size_t)(N * C) * sizeof(float));
-    for (t = 0; t < N; t++)
-        for (j = 0; j < k; j++) {
-            int64_t s = a->slot[t * k + j], c;
-            const float *o;
-            float g = a->gate[t * k + j];
-            if (s < 0) continue;
-            o = (const float *)a->ret.data + s * C;
-            for (c = 0; c < C; c++) yd[t * C + c] += g * o[c];
-        }
+    DT__TRY(dt__moe_combine(m, a, y));
     m->secs[3] += dt_comm_now() - t1;
     return DT_OK;
 }
@@ -4112,7 +4313,7 @@ static dt_status dt__moe_sync(dt_moe *m) {
 /* sum over rows of g [rows, n], times alpha, into db [n] (through a scratch row of bufs[3]) */
 static dt_status dt__moe_bias_grad(dt_moe *m, dt_tensor *db, const dt_tensor *g, float alpha) {
     dt_tensor tmp;
-    DT__TRY(dt__moe_fit(m->ctx, &m->bufs[3], db->numel, DT_F32));
+    DT__TRY(dt__moe_fit(m->ctx, &m->bufs[3], db->numel, DT_F32, m->dev));
     DT__TRY(dt_tensor_view(m->ctx, &tmp, &m->bufs[3], 0, 1, &db->numel));
     DT__TRY(dt_tensor_fill(m->ctx, &tmp, 0.0));
     DT__TRY(dt_bias_add_bwd(m->ctx, &tmp, g));
@@ -4130,7 +4331,7 @@ static dt_status dt__moe_expert_bwd(dt_moe *m, dt_moe_acts *a, int e, dt_tensor 
     DT__TRY(dt__moe_rows(ctx, &X, &a->xin, r0, n, m->C));
     DT__TRY(dt__moe_rows(ctx, &H, &a->h, r0, n, m->Fl));
     DT__TRY(dt__moe_rows(ctx, &A, &a->act, r0, n, m->Fl));
-    DT__TRY(dt__moe_fit(ctx, &m->bufs[2], 2 * n * m->Fl + 1, DT_F32));
+    DT__TRY(dt__moe_fit(ctx, &m->bufs[2], 2 * n * m->Fl + 1, DT_F32, m->dev));
     DT__TRY(dt__moe_rows(ctx, &dA, &m->bufs[2], 0, n, m->Fl));
     DT__TRY(dt__moe_expert(ctx, &w1, fc_w, e));
     DT__TRY(dt__moe_expert(ctx, &w2, proj_w, e));
@@ -4170,14 +4371,28 @@ static dt_status dt__moe_router_bwd(dt_moe *m, dt_moe_acts *a, dt_tensor *dx, dt
     double auxg = 0;
     dt_tensor dz, pv;
     float *dzd;
-    DT__TRY(dt__moe_fit(m->ctx, &m->dz, N * E, DT_F32));
+    DT__TRY(dt__moe_fit(m->ctx, &m->dz, N * E, DT_F32, m->dev));
     DT__TRY(dt__moe_rows(m->ctx, &dz, &m->dz, 0, N, E));
     DT__TRY(dt__moe_rows(m->ctx, &pv, &a->probs, 0, N, E));
     dzd = (float *)dz.data;
     /* d aux / d p_te = coef E f_e / N_global, and the ranks' grads are averaged over dp x cp */
     if (m->d.balance == DT_MOE_AUX && m->acc[2 * E + 2] > 0)
         auxg = m->d.aux_coef * E * (double)m->l->dpcp / m->acc[2 * E + 2] * loss_scale;
-    for (t = 0; t < N; t++) {
+#ifdef DT_CUDA
+    if (dt__moe_on_cuda(m)) { /* the aux loss's per-expert grads go up (E floats), then one thread per token */
+        int err;
+        DT__TRY(dt__moe_fit(m->ctx, &m->hauxd, E, DT_F32, DT_CPU));
+        DT__TRY(dt__moe_fit(m->ctx, &m->dauxd, E, DT_F32, m->dev));
+        for (e = 0; e < E; e++) ((float *)m->hauxd.data)[e] = (float)(auxg * m->f[e]);
+        DT__TRY(dt__moe_copy(m->ctx, &m->dauxd, &m->hauxd, E));
+        err = dt_k_moe_router_bwd(dzd, (const float *)pv.data, (const int *)a->didx.data, (const float *)a->dgate.data,
+                                  dg, (const float *)m->dauxd.data, N, E, k, m->d.renorm, m->ctx->cuda_stream);
+        DT__TRY(dt__moe_kerr(m, err, "dt_k_moe_router_bwd"));
+        t = N; /* skip the host loop */
+    } else
+#endif
+        t = 0;
+    for (; t < N; t++) {
         const float *p = (const float *)pv.data + t * E;
         float *d = dzd + t * E;
         double dot = 0, sel = 0, gd = 0;
@@ -4206,21 +4421,21 @@ DT_API dt_status dt_moe_bwd(dt_moe *m, dt_moe_acts *a, dt_tensor *dx, dt_tensor 
     static const char *const gn[5] = {"d_router", "d_fc_w", "d_fc_b", "d_proj_w", "d_proj_b"};
     const char *fn = "dt_moe_bwd";
     dt_ctx *ctx;
-    int64_t N, C, t, i;
-    int j, k, e;
-    float *dret, *dgd;
+    int64_t N, C, t;
+    int k, e;
     dt_tensor dgv;
     double t0 = dt_comm_now(), t1;
     if (!m) return DT_ERR_ARG;
     ctx = m->ctx;
     if (!a || a->m != m) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a is NULL or another layer's acts", fn);
     if (!a->probs.data) return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: no dt_moe_fwd for these acts", fn);
+    if (x) m->dev = x->device;
     N = a->N;
     C = m->C;
     k = m->k;
-    DT__TRY(dt__moe_arg(ctx, x, "x", 2, N, C, 0, fn));
-    DT__TRY(dt__moe_arg(ctx, dy, "dy", 2, N, C, 0, fn));
-    DT__TRY(dt__moe_arg(ctx, dx, "dx", 2, N, C, 0, fn));
+    DT__TRY(dt__moe_arg(ctx, x, "x", 2, N, C, 0, fn, m->dev));
+    DT__TRY(dt__moe_arg(ctx, dy, "dy", 2, N, C, 0, fn, m->dev));
+    DT__TRY(dt__moe_arg(ctx, dx, "dx", 2, N, C, 0, fn, m->dev));
     DT__TRY(dt__moe_weights(m, router, fc_w, NULL, proj_w, NULL, fn, nm));
     DT__TRY(dt__moe_weights(m, d_router, d_fc_w, d_fc_b, d_proj_w, d_proj_b, fn, gn));
     if (!(loss_scale > 0) || !isfinite(loss_scale))
@@ -4235,31 +4450,16 @@ DT_API dt_status dt_moe_bwd(dt_moe *m, dt_moe_acts *a, dt_tensor *dx, dt_tensor 
     }
     /* the gates' grads dg = dy . out (partial over tp, summed), and the outputs' grads g dy in the
        send order */
-    DT__TRY(dt__moe_fit(ctx, &m->dgt, N * k + 1, DT_F32));
-    DT__TRY(dt__moe_fit(ctx, &m->bufs[0], ((a->S > a->R ? a->S : a->R) + 1) * C, DT_F32));
-    DT__TRY(dt__moe_fit(ctx, &m->bufs[1], ((a->S > a->R ? a->S : a->R) + 1) * C, DT_F32));
-    dgd = (float *)m->dgt.data;
-    dret = (float *)m->bufs[0].data;
-    for (t = 0; t < N; t++)
-        for (j = 0; j < k; j++) {
-            int64_t s = a->slot[t * k + j], c;
-            const float *o, *g = (const float *)dy->data + t * C;
-            double dot = 0;
-            dgd[t * k + j] = 0;
-            if (s < 0) continue;
-            o = (const float *)a->ret.data + s * C;
-            for (c = 0; c < C; c++) {
-                dot += (double)g[c] * o[c];
-                dret[s * C + c] = a->gate[t * k + j] * g[c];
-            }
-            dgd[t * k + j] = (float)dot;
-        }
+    DT__TRY(dt__moe_fit(ctx, &m->dgt, N * k + 1, DT_F32, m->dev));
+    DT__TRY(dt__moe_fit(ctx, &m->bufs[0], ((a->S > a->R ? a->S : a->R) + 1) * C, DT_F32, m->dev));
+    DT__TRY(dt__moe_fit(ctx, &m->bufs[1], ((a->S > a->R ? a->S : a->R) + 1) * C, DT_F32, m->dev));
+    DT__TRY(dt__moe_combine_bwd(m, a, dy));
     t = N * k;
     DT__TRY(dt_tensor_view(ctx, &dgv, &m->dgt, 0, 1, &t));
     if (m->l->tp > 1) DT__TRY(dt_comm_allreduce(m->l->tp_comm, &dgv, DT_REDUCE_SUM));
     /* to the experts, their backward, and back */
     DT__TRY(dt__moe_exchange(m, a, &m->bufs[1], &m->bufs[0], 1));
-    dt__moe_permute(a, (float *)m->bufs[0].data, (const float *)m->bufs[1].data, C, 1); /* dO expert-major */
+    DT__TRY(dt__moe_regroup(m, a, &m->bufs[0], &m->bufs[1], 1)); /* dO expert-major */
     t1 = dt_comm_now();
     m->secs[3] += t1 - t0; /* the combine's mirror: the outputs' grads back to the experts */
     for (e = 0; e < m->El; e++) {
@@ -4272,19 +4472,12 @@ DT_API dt_status dt_moe_bwd(dt_moe *m, dt_moe_acts *a, dt_tensor *dx, dt_tensor 
     }
     t0 = dt_comm_now();
     m->secs[2] += t0 - t1;
-    dt__moe_permute(a, (float *)m->bufs[0].data, (const float *)m->bufs[1].data, C, 0);
+    DT__TRY(dt__moe_regroup(m, a, &m->bufs[0], &m->bufs[1], 0));
     DT__TRY(dt__moe_exchange(m, a, &m->bufs[1], &m->bufs[0], 0));
-    for (t = 0; t < N; t++) /* dx_t += its experts' input grads, in choice order */
-        for (j = 0; j < k; j++) {
-            int64_t s = a->slot[t * k + j];
-            float *d = (float *)dx->data + t * C;
-            const float *g = (const float *)m->bufs[1].data + s * C;
-            if (s < 0) continue;
-            for (i = 0; i < C; i++) d[i] += g[i];
-        }
+    DT__TRY(dt__moe_dispatch_bwd(m, a, dx, &m->bufs[1]));
     t1 = dt_comm_now();
     m->secs[1] += t1 - t0; /* the dispatch's mirror: the inputs' grads back to the tokens */
-    DT__TRY(dt__moe_router_bwd(m, a, dx, d_router, x, router, dgd, loss_scale));
+    DT__TRY(dt__moe_router_bwd(m, a, dx, d_router, x, router, (const float *)m->dgt.data, loss_scale));
     m->secs[0] += dt_comm_now() - t1;
     return DT_OK;
 }

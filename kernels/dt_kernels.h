@@ -27,6 +27,7 @@
        >>embcopies     the owner side of dt_embed's CUDA forward: copies    dt_embed_copies.cu
        >>gemm          matmul through cuBLAS                                dt_gemm.cu
        >>tp            vocab-parallel embedding and cross entropy, concat   dt_parallel.cu
+       >>moe           router top-k, capacity, dispatch / combine copies    dt_moe.cu
 */
 #ifndef DT_KERNELS_H
 #define DT_KERNELS_H
@@ -503,6 +504,40 @@ int dt_k_tp_xent_bwd(float *dlogits, const float *logits, const float *stats, co
                      float dloss, double *count, int64_t N, int64_t Vl, int64_t nv, int64_t vocab_start, void *stream);
 int dt_k_concat(float *whole, float *part, int64_t R, int64_t W, int64_t col0, int64_t C, int to_whole, int accumulate,
                 void *stream);
+
+/* ==== >>moe: mixture of experts (dt_moe.cu) ======================================================
+
+   dt_parallel.h's >>moe on CUDA tensors, each kernel in the CPU path's order (one thread per
+   token, sequence or expert walking its items in order; no atomics), so the routing, the counts,
+   the slots, the copies and the combine are the CPU's bit for bit on the same probabilities (the
+   softmax's expf is the device's).
+   route: probs [N, E] holds the router's logits, becomes the softmax; idx / gate [N, k] the k
+   largest of p (+ bias [E] when not NULL), ties to the lower index, gates p (renorm: / their sum).
+   capacity: S sequences of T tokens: slot [N, k] = 0 kept, -1 dropped (GShard's order, cap per
+   expert and sequence, 0 = all); seqstat [2 S]: per sequence dropped, and the sum of the dropped
+   pairs' 32-bit fingerprints (global token (seq0 + s) T + t, choice j); used: [S, E] scratch.
+   counts: stat [3 E] doubles: per expert routed, sum of p (token order), kept.
+   slots: the kept slots become send rows, sorted by expert then token (reads stat's kept).
+   pack: send[slot] = x[t]; permute: to 1 dst[i] = src[perm[i]], 0 dst[perm[i]] = src[i];
+   combine: y[t] = sum_j g ret[slot] (written); combine_bwd: dret[slot] = g dy[t] and dg [N, k] =
+   dy[t] . ret[slot] (double over the columns); dispatch_bwd: dx[t] += back[slot] in j order;
+   router_bwd: dz [N, E] from dg (and renorm) plus auxd [E], through the softmax. */
+int dt_k_moe_route(float *probs, int *idx, float *gate, const float *bias, int64_t N, int E, int k, int renorm,
+                   void *stream);
+int dt_k_moe_capacity(int64_t *slot, int64_t *seqstat, int64_t *used, const int *idx, int64_t S, int64_t T, int E,
+                      int k, int64_t cap, int64_t seq0, void *stream);
+int dt_k_moe_counts(double *stat, const int *idx, const int64_t *slot, const float *probs, int64_t N, int E, int k,
+                    void *stream);
+int dt_k_moe_slots(int64_t *slot, const int *idx, const double *stat, int64_t N, int E, int k, void *stream);
+int dt_k_moe_pack(float *send, const float *x, const int64_t *slot, int64_t N, int k, int64_t C, void *stream);
+int dt_k_moe_permute(float *dst, const float *src, const int64_t *perm, int64_t R, int64_t C, int to, void *stream);
+int dt_k_moe_combine(float *y, const float *ret, const int64_t *slot, const float *gate, int64_t N, int k, int64_t C,
+                     void *stream);
+int dt_k_moe_combine_bwd(float *dret, float *dg, const float *dy, const float *ret, const int64_t *slot,
+                         const float *gate, int64_t N, int k, int64_t C, void *stream);
+int dt_k_moe_dispatch_bwd(float *dx, const float *back, const int64_t *slot, int64_t N, int k, int64_t C, void *stream);
+int dt_k_moe_router_bwd(float *dz, const float *probs, const int *idx, const float *gate, const float *dg,
+                        const float *auxd, int64_t N, int E, int k, int renorm, void *stream);
 
 #ifdef __cplusplus
 }

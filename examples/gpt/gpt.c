@@ -1887,7 +1887,9 @@ static void check_sizes(trainer *t) {
             fail("--moe-experts %d is not a multiple of --ep %d (each ep rank holds experts / ep of them)",
                  o->moe_experts, o->ep);
         if (o->moe_topk > o->moe_experts) fail("--moe-topk %d exceeds --moe-experts %d", o->moe_topk, o->moe_experts);
-        if (o->device != DT_CPU) fail("--moe-experts with --device cuda: the MoE layer runs on the CPU only for now");
+        if (o->device != DT_CPU && o->dtype != DT_F32)
+            fail("--moe-experts with --device cuda --dtype %s: the experts run in f32 on cuda for now",
+                 dt_dtype_name(o->dtype));
         if (o->cp > 1)
             fail("--moe-experts with --cp %d: capacity is counted per sequence, which cp splits over ranks; not built "
                  "yet", o->cp);

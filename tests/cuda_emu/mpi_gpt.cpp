@@ -2,7 +2,8 @@
 // tests/cuda_emu/mpi_gpt.cpp - examples/gpt on CUDA tensors over MPI ranks, on the emulator: gpt's
 // own main (GPT_NO_MAIN) with --device cuda under dp 2 (ZeRO 2, 3), tp 2 + sp, pp 2 (1F1B) and cp 2 (the ring
 // attention of dt_parallel.h's >>cp on the device), and grouped-query attention (--kv-heads 1, f32
-// and bf16) and activation offload (5 blocks through 3 slots, the copies on the side stream) at dp 2
+// and bf16) and activation offload (5 blocks through 3 slots, the copies on the side stream) at dp 2,
+// mixture of experts (4 experts, ep 2, ZeRO 1: kernels/dt_moe.cu, device rows through the all-to-alls)
 // (the staged dt_comm
 // path: device buffers through host memory and MPI; built without DT_NCCL) gives, step by step,
 // the losses of the same layout with --device cpu within 2e-5 relative (the tiny GPT of
@@ -59,6 +60,8 @@ static const char *g_cp = "1";      /* --cp of the runs */
 static const char *g_kv = "2";      /* --kv-heads of the runs (2 = --heads: multi-head) */
 static const char *g_off = "0";     /* --offload-activations of the runs */
 static const char *g_layers = NULL; /* --layers of the runs (NULL: 1, or 2 at pp 2) */
+static const char *g_moe = "0";     /* --moe-experts of the runs (0: dense) */
+static const char *g_ep = "1";      /* --ep of the runs */
 static void run(const char *device, int tp, int sp, int zero, int pp, double *losses, weights *w) {
     char t[8], s[8], z[8], st[8], p[8];
     snprintf(t, sizeof t, "%d", tp);
@@ -72,7 +75,8 @@ static void run(const char *device, int tp, int sp, int zero, int pp, double *lo
                           "32", "--heads", "2",
                           "--seq", "16", "--batch", "4", "--steps", st, "--warmup", "1", "--tp", t, "--sp", s,
                           "--zero", z, "--pp", p, "--schedule", "1f1b", "--micro", pp > 1 ? "2" : "1", "--dtype",
-                          g_dtype, "--cp", g_cp, "--kv-heads", g_kv, "--offload-activations", g_off, "--quiet", NULL};
+                          g_dtype, "--cp", g_cp, "--kv-heads", g_kv, "--offload-activations", g_off, "--moe-experts",
+                          g_moe, "--ep", g_ep, "--quiet", NULL};
     g_step_losses = losses;
     g_on_done = w ? grab : NULL;
     g_on_done_user = w;
@@ -207,6 +211,15 @@ int main(int argc, char **argv) {
             g_kv = "2";
         }
         if (!only || !strcmp(only, "offload")) compare_offload();
+        if (!only || !strcmp(only, "moe_ep2")) { /* mixture of experts, 4 experts over ep 2 (dp 2, ZeRO 1): the
+                                                    routing and combine kernels (kernels/dt_moe.cu), the all-to-alls
+                                                    of device rows, the experts' grads over edp */
+            g_moe = "4";
+            g_ep = "2";
+            compare("moe_ep2_zero1", 1, 0, 1, 1);
+            g_moe = "0";
+            g_ep = "1";
+        }
         if (!only || !strcmp(only, "bf16_tp2")) compare_bf16("tp2", 2, 0, 0, 1);
         if (!only || !strcmp(only, "bf16_tp2_sp")) compare_bf16("tp2_sp", 2, 1, 0, 1);
         if (!only || !strcmp(only, "bf16_dp2_zero1")) compare_bf16("dp2_zero1", 1, 0, 1, 1);
