@@ -1,6 +1,7 @@
 /* dt_parallel.h - the dense half of hybrid parallelism for the dt toolkit: the dp x cp x tp x pp
-   process grid, a flat parameter arena, DDP and ZeRO 1-3, Megatron tensor and sequence parallel
-   layers, pipeline schedules and their runtime, a Chrome-trace timeline.  v0.1, MIT licence
+   process grid (with ep inside dp x cp), a flat parameter arena, DDP and ZeRO 1-3, Megatron tensor
+   and sequence parallel layers, context parallel attention, mixture of experts over ep, pipeline
+   schedules and their runtime, a Chrome-trace timeline.  v0.1, MIT licence
 
    The lesson. A world of dp x cp x tp x pp ranks is a grid, and each axis splits different work.
    Megatron's rank order puts tp innermost, then cp, so a tp group is neighbours on one host:
@@ -18,6 +19,9 @@
    cp: the ranks of a cp group hold the same weights and split each sequence's tokens; attention
    passes K/V around the cp ring (cp_comm). To the gradients they are one more data-parallel
    axis: dt_zero averages and shards over dp x cp (dpcp_comm, rank cp_rank + CP * dp_rank).
+   ep: a MoE layer's experts split over ep of the dp x cp ranks (ep x edp = dp x cp); tokens go
+   to their top-k experts and back by all-to-all over ep_comm, the experts' grads average over
+   the edp ranks that hold the same experts.
    dp: stage 0 is DDP (bucketed all-reduce during backward); ZeRO 1 shards optimizer
    state over dp x cp, 2 also gradients (reduce-scatter per unit), 3 also parameters (gather a
    unit before use, release after).
@@ -48,7 +52,9 @@
        in the model              dt_tp_column_linear_fwd/_bwd, dt_tp_row_linear_fwd/_bwd,
                                  dt_sp_gather_rows / _scatter_rows, dt_tp_embedding_fwd/_bwd,
                                  dt_tp_xent_fwd/_bwd, dt_tp_allreduce; at cp > 1 attention is
-                                 dt_cp_attention_fwd/_bwd (ring) or dt_cp_ulysses_fwd/_bwd
+                                 dt_cp_attention_fwd/_bwd (ring) or dt_cp_ulysses_fwd/_bwd;
+                                 a MoE MLP is dt_moe_fwd/_bwd (dt_moe_create per layer,
+                                 dt_moe_acts_create per micro-batch, dt_moe_step_end each step)
        pipelines                 dt_pp_schedule_create (+ _simulate, _format), dt_pp_split,
                                  dt_pp_run once per step
        timeline                  dt_trace_create, _attach, _begin / _end, _write, _overlap
@@ -581,7 +587,8 @@ DT_API int64_t dt_cp_pairs_done(const dt_layout *l);
    Capacity (per sequence, so no layout changes which tokens are dropped): each expert keeps at
    most ceil(capacity * seq * k / E) of a sequence's assignments, filled as GShard does (every
    token's first choice in sequence order, then every second choice, ...); a dropped assignment
-   adds nothing (the token's residual passes it by). capacity 0: dropless.
+   adds nothing (the token's residual passes it by). capacity 0: dropless (the only choice at
+   cp > 1, where a sequence's tokens are on several ranks; seq is then the rows here, T / cp).
    Balance: DT_MOE_AUX adds Switch / GShard's aux loss  coef * E * sum_e f_e P_e  with f_e the
    share of the step's assignments routed to e and P_e the mean of p_e, both over the global
    batch (every dp, cp and micro-batch's tokens), so neither value nor gradient changes with the
@@ -1272,6 +1279,9 @@ DT_API dt_status dt_layout_describe(dt_layout *l, dt_strbuf *out) {
     else /* as before cp existed */
         dt_strbuf_printf(out, "layout %s over %d rank%s (rank = tp + %d * (dp + %d * pp))\n",
                          dt_layout_string(l, lay, sizeof lay), l->size, l->size == 1 ? "" : "s", l->tp, l->dp);
+    if (l->ep > 1)
+        dt_strbuf_printf(out, "  experts: ep %d x edp %d over the dp x cp ranks of a stage (ep_rank = dpcp_rank %% %d, "
+                         "edp_rank = dpcp_rank / %d)\n", l->ep, l->edp, l->ep, l->ep);
     dt_strbuf_printf(out, "  rank  host                  dp  cp  tp  pp\n");
     for (r = 0; r < l->size; r++) {
         const unsigned char *q = rec + (size_t)r * DT__PL_REC;
@@ -2334,15 +2344,20 @@ DT_API dt_status dt_zero_memory_get(dt_zero *z, dt_zero_memory *out) {
     m.total_bytes = m.param_bytes + m.grad_bytes + m.master_bytes + m.state_bytes + z->live_comm;
     m.peak_bytes = z->peak > m.total_bytes ? z->peak : m.total_bytes;
     /* per psi: values cv, grads 4 (dt's grads are f32), master + state cm */
-    N = z->l->dpcp;
     cv = psi > 0 ? vb / psi : 0;
     cg = 4;
     cm = psi > 0 ? (mb + sb) / psi : 0;
-    switch (z->stage) {
-    case 0: m.formula_bytes = psi * (cv + cg + cm); break;
-    case 1: m.formula_bytes = psi * (cv + cg) + psi * cm / N; break;
-    case 2: m.formula_bytes = psi * cv + psi * (cg + cm) / N; break;
-    default: m.formula_bytes = psi * (cv + cg + cm) / N; break;
+    for (k = 0; k < 2; k++) { /* the dense params over dp x cp, the experts' (desc.expert_units) over edp */
+        double p = 0;
+        N = k ? z->l->edp : z->l->dpcp;
+        for (i = 0; i < z->n_params; i++)
+            if (z->zu[z->a->unit[i]].expert == k) p += (double)z->a->params->items[i]->value.numel;
+        switch (z->stage) {
+        case 0: m.formula_bytes += p * (cv + cg + cm); break;
+        case 1: m.formula_bytes += p * (cv + cg) + p * cm / N; break;
+        case 2: m.formula_bytes += p * cv + p * (cg + cm) / N; break;
+        default: m.formula_bytes += p * (cv + cg + cm) / N; break;
+        }
     }
     switch (z->stage) {
     case 0: snprintf(z->formula, sizeof z->formula, "%gpsi", cv + cg + cm); break;
@@ -3737,6 +3752,10 @@ DT_API dt_status dt_moe_create(dt_layout *l, dt_moe **out, const dt_moe_desc *de
     if (F % l->tp)
         return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: desc.hidden = %lld is not divisible by tp = %d", fn,
                                 (long long)F, l->tp);
+    if (l->cp > 1 && d.capacity > 0) /* a sequence's tokens are on cp ranks: its capacity would need their counts */
+        return dt_ctx_set_error(l->ctx, DT_ERR_UNSUPPORTED, "%s: desc.capacity = %g with cp = %d: capacity is counted "
+                                "per sequence, whose tokens cp splits over ranks; use capacity 0 (dropless) at cp > 1",
+                                fn, d.capacity, l->cp);
     m = (dt_moe *)dt_alloc_zeroed(l->ctx, sizeof *m);
     if (!m) return DT_ERR_OOM;
     m->ctx = l->ctx;

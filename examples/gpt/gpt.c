@@ -49,7 +49,14 @@
    block backward and the weight pass (BW) only frees the micro-batch: the order and memory are
    ZB-H1's, the split of the tp layers' backward is not done here (tests/mpi_pp_runtime shows the
    split on dt_linear_bwd). --pp > 1 takes ZeRO 0 or 1 (stages 2-3 would free the grad buffer
-   the head's gradient is added to) and no --sample. */
+   the head's gradient is added to) and no --sample.
+   Mixture of experts (--moe-experts E, dt_parallel.h's >>moe): every --moe-every-th block's MLP
+   becomes E experts and a router (its dense MLP stays beside them with --moe-shared 1); the
+   router is a block parameter, the experts a unit of their own after the block's (dt_zero's
+   expert_units: their grads average over the edp ranks holding the same experts). --ep N puts
+   E / N experts on each of N dp x cp ranks; each expert is cut over tp as the dense MLP. With
+   the aux loss (--moe-balance aux) every forward of a step runs before its first backward: GPipe
+   at pp > 1 (the default then), --micro 1 at pp 1. */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, glob, mkdir */
 #endif
@@ -1890,9 +1897,9 @@ static void check_sizes(trainer *t) {
         if (o->device != DT_CPU && o->dtype != DT_F32)
             fail("--moe-experts with --device cuda --dtype %s: the experts run in f32 on cuda for now",
                  dt_dtype_name(o->dtype));
-        if (o->cp > 1)
-            fail("--moe-experts with --cp %d: capacity is counted per sequence, which cp splits over ranks; not built "
-                 "yet", o->cp);
+        if (o->cp > 1 && o->moe_capacity > 0)
+            fail("--moe-experts with --cp %d and --moe-capacity %g: capacity is counted per sequence, which cp splits "
+                 "over ranks; use --moe-capacity 0 (dropless) with --cp", o->cp, o->moe_capacity);
         if (o->recompute)
             fail("--moe-experts with --recompute %s: recomputing a block would route its tokens again (and count "
                  "them twice); use --recompute none", RECOMPUTE_NAMES[o->recompute]);
@@ -1946,7 +1953,7 @@ static void moe_make(trainer *t) {
     if (!o->moe_experts) return;
     memset(&md, 0, sizeof md);
     md.experts = o->moe_experts; md.top_k = o->moe_topk; md.width = o->width; md.hidden = 4 * (int64_t)o->width;
-    md.seq = o->seq; md.capacity = o->moe_capacity; md.renorm = o->moe_renorm; md.balance = o->moe_balance;
+    md.seq = o->seq / o->cp; md.capacity = o->moe_capacity; md.renorm = o->moe_renorm; md.balance = o->moe_balance;
     md.aux_coef = o->moe_aux; md.micro = o->micro;
     if (o->moe_aux == 0 && o->moe_balance == DT_MOE_AUX) md.balance = DT_MOE_NONE; /* --moe-aux 0: no balancing */
     for (l = 0; l < m->L; l++)
