@@ -11,7 +11,8 @@
    the GEMM outputs kept, attention's lse kept instead of its scores) at np 1, with cp 2 (and pp 2),
    tp 2 with sp and ZeRO 2, and Ulysses cp 4; --offload-activations (blocks' saved tensors to host
    and back) at np 1, with cp 2 and selective recompute, cp 2 x pp 2, tp 2 sp ZeRO 3 gemm-last, and
-   its peak: 4 blocks offloaded with 2 slots resident drop dt_peak_bytes by 2 blocks. A checkpoint saved at cp 4 resumes at cp 1
+   its peak: 4 blocks offloaded with 2 slots resident drop dt_peak_bytes by 2 blocks, and only 2
+   come back from host (the forward's last 2 stay in their slots). A checkpoint saved at cp 4 resumes at cp 1
    and one saved at cp 1 resumes at cp 4, both to the straight run's loss and weights (cp changes
    nothing in the weights). Bad cp sizes exit 1 naming the problem. Each rank's attention work
    (pairs scored, printed in the plan line) is the same on every cp rank.
@@ -211,6 +212,10 @@ static void offload_memory(void) {
        came back with another's tensors would not) */
     dt_test_expect("gpt_offload_4_blocks_same_loss", final_loss(out1, NULL, 0) == final_loss(out0, NULL, 0),
                    "final loss %.9g with offload, %.9g without", final_loss(out1, NULL, 0), final_loss(out0, NULL, 0));
+    /* the backward starts with the 2 blocks the slots still hold: only the other 2 come back */
+    dt_test_expect("gpt_offload_4_blocks_copies_back_only_the_2_not_resident", number_after(out1, "copied back ") == 2.0,
+                   "copied back %.2f blocks per micro-batch, expected 2 (4 offloaded, the last 2 resident; output %s)",
+                   number_after(out1, "copied back "), out1);
     dt_test_expect("gpt_offload_4_blocks_drops_the_peak_by_2_blocks", blk > 0 && fabs((p0 - p1) - 2 * blk) <= 0.02 + 1e-3 * p0,
                    "peak %.2f MB without, %.2f MB with offload, a block %.2f MB: expected a drop of 2 blocks (outputs %s, %s)",
                    p0, p1, blk, out0, out1);

@@ -733,6 +733,10 @@ typedef struct acts {
     dt_tensor *host;                    /* [off_hi - off_lo], outside the ctx's accounting (malloc, or
                                            cudaMallocHost: pinned, so the copies run beside compute) */
     uint64_t *tick_out, *tick_in;       /* [off_hi - off_lo]: each block's side-stream copies (0: none) */
+    int resident[3];                    /* the block whose tensors each slot holds (-1: none), or will once
+                                           its tick_in is waited for: the forward's last nslot blocks stay
+                                           there for the backward, which starts with them, copying nothing */
+    int64_t off_ins;                    /* copies back from host, this acts' share */
     double off_seconds;                 /* spent copying, this acts' share */
     dt_tensor xL, lnf, lnfm, lnfr, lnfall, logits, stats, ids, targets, partial, y_scratch;
     dt_tensor qkv16;                    /* m->tc: qkv in bf16 for the tensor-core attention */
@@ -779,7 +783,11 @@ static dt_tensor share(const dt_tensor *t) { dt_tensor v = *t; v.owns = 0; retur
    CUDA three slots, so that block l - 1's copy out overlaps block l's forward (block l writes
    block l + 1's input, in the slot of l - 2, whose copy has had a block's time to finish; it is
    waited for, dt_side_wait, before l starts), and backward block l - 1's copy in overlaps block
-   l's backward (a prefetch into the slot block l + 2 left). On the CPU a copy is done at once,
+   l's backward (a prefetch into the slot block l + 2 left). The forward's last nslot blocks are
+   still in their slots when the backward starts with them, so they are not copied back at all,
+   and their backward is the copy window of the first block that is (in a pipeline the time
+   between a micro-batch's forward and its backward only lengthens the copies out's window; a
+   block that is not offloaded prefetches the offloaded one below it). On the CPU a copy is done at once,
    so two slots do (the same code, tested everywhere). The host side is outside the ctx's
    accounting, so dt_peak_bytes (the device's peak on CUDA) drops by n_off - nslot blocks; on
    CUDA it is pinned (cudaMallocHost) so the copies are asynchronous. */
@@ -814,6 +822,7 @@ static void offload_make(acts *a, int lo) {
     a->off_elems = at;
     a->nslot = g_ctx->device == DT_CUDA_DEVICE ? 3 : 2;
     if (a->nslot > cnt) a->nslot = cnt;
+    for (k = 0; k < 3; k++) a->resident[k] = -1;
     for (k = 0; k < a->nslot; k++) mk(a, &a->slot[k], at, 0, 0, 0, DT_F32);
     a->host = (dt_tensor *)calloc((size_t)cnt, sizeof(dt_tensor));
     a->tick_out = (uint64_t *)calloc((size_t)cnt, sizeof(uint64_t));
@@ -830,10 +839,11 @@ static void offload_make(acts *a, int lo) {
 static int offloaded(const acts *a, int l) { return l >= a->off_lo && l < a->off_hi; }
 static dt_tensor *slot_of(acts *a, int l) { return &a->slot[(l - a->off_lo) % a->nslot]; }
 
-/* Block l's own tensors as views into its slot. */
+/* Block l's own tensors as views into its slot, which holds (or is about to hold) block l. */
 static void offload_bind(acts *a, int l) {
     size_t i, n = sizeof(bacts) / sizeof(dt_tensor);
     const dt_tensor *s = slot_of(a, l);
+    a->resident[(l - a->off_lo) % a->nslot] = l;
     for (i = 0; i < n; i++)
         if (a->off_at[i] >= 0) ((dt_tensor *)&a->blk[l] + i)->data = (float *)s->data + a->off_at[i];
 }
@@ -855,20 +865,28 @@ static void offload_fwd_end(acts *a, int l) {
     OP("offload to host", dt_tensor_copy_side(g_ctx, &a->host[l - a->off_lo], slot_of(a, l), &a->tick_out[l - a->off_lo]));
     a->off_seconds += dt_comm_now() - t0;
 }
-/* Before block l's backward: its tensors back (prefetched during block l + 1's backward, or now),
-   and block l - 1's prefetch into the slot block l - 1 + nslot has left. */
+/* Block j's tensors back from host into its slot, on the side stream, unless the slot still holds
+   them (the forward's last blocks never left) or they are on their way. The slot's previous block
+   is j + nslot, whose backward has run; its copy out went first on the same stream. */
+static void offload_fetch(acts *a, int j) {
+    if (!offloaded(a, j) || a->resident[(j - a->off_lo) % a->nslot] == j) return;
+    OP("offload from host", dt_tensor_copy_side(g_ctx, slot_of(a, j), &a->host[j - a->off_lo], &a->tick_in[j - a->off_lo]));
+    a->resident[(j - a->off_lo) % a->nslot] = j; /* once tick_in is waited for (0: the copy is done) */
+    a->off_ins++;
+}
+/* Before block l's backward: its tensors in its slot (resident since the forward, prefetched during
+   block l + 1's backward, or fetched now), and block l - 1's prefetch into the slot block
+   l - 1 + nslot has left. A block that is not offloaded prefetches l - 1 too: the first offloaded
+   block of the backward then overlaps the last one that was not. */
 static void offload_bwd_begin(acts *a, int l) {
-    double t0;
-    if (!offloaded(a, l)) return;
-    t0 = dt_comm_now();
-    if (!a->tick_in[l - a->off_lo])
-        OP("offload from host", dt_tensor_copy_side(g_ctx, slot_of(a, l), &a->host[l - a->off_lo], &a->tick_in[l - a->off_lo]));
-    OP("offload wait", dt_side_wait(g_ctx, a->tick_in[l - a->off_lo]));
-    a->tick_in[l - a->off_lo] = 0;
-    offload_bind(a, l);
-    if (offloaded(a, l - 1) && a->nslot > 1) /* block l's slot is not block l - 1's */
-        OP("offload from host", dt_tensor_copy_side(g_ctx, slot_of(a, l - 1), &a->host[l - 1 - a->off_lo],
-                                                    &a->tick_in[l - 1 - a->off_lo]));
+    double t0 = dt_comm_now();
+    if (offloaded(a, l)) {
+        offload_fetch(a, l);
+        if (a->tick_in[l - a->off_lo]) OP("offload wait", dt_side_wait(g_ctx, a->tick_in[l - a->off_lo]));
+        a->tick_in[l - a->off_lo] = 0;
+        offload_bind(a, l);
+    }
+    if (a->nslot > 1 || !offloaded(a, l)) offload_fetch(a, l - 1); /* not into the slot block l is reading */
     a->off_seconds += dt_comm_now() - t0;
 }
 
@@ -2403,10 +2421,11 @@ static void report(trainer *t) {
                RECOMPUTE_NAMES[o->recompute], o->sp, t->a.bytes / 1e6, t->a.blk_bytes / 1e6, zm.peak_bytes / 1e6);
     if (g_rank == 0 && !o->quiet && trained && o->pp == 1 && t->a.off_hi > t->a.off_lo)
         printf("activation offload: %d of %d blocks, %.2f MB each to host and back per micro-batch (%.2f MB in all; %d "
-               "slots of %.2f MB stay on the device); posting the copies took %.3f s of the run\n",
+               "slots of %.2f MB stay on the device); copied back %.2f blocks per micro-batch (the forward's last %d "
+               "stay in their slots for the backward); posting the copies took %.3f s of the run\n",
                t->a.off_hi - t->a.off_lo, t->m.L, t->a.off_elems * 4.0 / 1e6,
                (t->a.off_hi - t->a.off_lo) * t->a.off_elems * 4.0 / 1e6, t->a.nslot, t->a.off_elems * 4.0 / 1e6,
-               t->a.off_seconds);
+               (double)t->a.off_ins / ((double)(t->last_step - t->first_step) * o->micro), t->a.nslot, t->a.off_seconds);
     if (o->pp > 1 && g_rank == 0 && !o->quiet && trained)
         printf("pipeline: stage 0 held at most %d micro-batches' activations (the schedule's bound %d), %.2f MB of "
                "them and the runtime's buffers at its peak\n", t->pp_peak, t->rs.bound, t->rs.peak_ctx_bytes / 1e6);
