@@ -270,6 +270,7 @@ int main(void) {
         equal_to_np1(2, "--ep 2 --zero 3");
         if (!quick) {
             equal_to_np1(4, "--ep 4 --zero 1");
+            equal_to_np1(4, "--ep 2 --zero 2");
             equal_to_np1(4, "--ep 2 --tp 2 --sp 1");
             equal_to_np1(4, "--ep 2 --pp 2 --micro 2 --zero 1");
         }
