@@ -3631,6 +3631,8 @@ DT_API dt_status dt_cp_ulysses_bwd(dt_layout *l, dt_tensor *dqkv, const dt_tenso
    outputs regrouped back and returned by the reverse all-to-allv, and the combine: each token's
    outputs summed in choice order (j = 0 .. k-1), so no result depends on ep or arrival. */
 
+#define DT__MOE_GMAX 256 /* experts per rank the CUDA path groups (dt_k_gemm_grouped's limit) */
+
 struct dt_moe {
     dt_ctx *ctx;
     dt_layout *l;
@@ -3653,6 +3655,7 @@ struct dt_moe {
        routed, sum of p, kept as doubles, then per sequence dropped and fingerprint), the
        capacity's scratch, the bias / the aux loss's per-expert grads going up, perm going up */
     dt_tensor dstat, hstat, dused, dbias, hbias, dauxd, hauxd, hperm;
+    dt_tensor hptr, dptr;         /* CUDA: the grouped GEMMs' pointer arrays and eoff, host and device */
 };
 
 struct dt_moe_acts {
@@ -3801,6 +3804,8 @@ DT_API void dt_moe_free(dt_moe *m) {
     dt_tensor_free(m->ctx, &m->dauxd);
     dt_tensor_free(m->ctx, &m->hauxd);
     dt_tensor_free(m->ctx, &m->hperm);
+    dt_tensor_free(m->ctx, &m->hptr);
+    dt_tensor_free(m->ctx, &m->dptr);
     dt_release(m->ctx, m);
 }
 
@@ -4118,6 +4123,150 @@ static dt_status dt__moe_route_cuda(dt_moe *m, dt_moe_acts *a, const dt_tensor *
 }
 #endif
 
+#ifdef DT_CUDA
+/* The CUDA experts: each GEMM of every local expert with tokens in one grouped cuBLAS call
+   (dt_k_gemm_grouped), the biases by segment (kernels/dt_moe.cu), GELU over all rows at once.
+   The grouped calls' device pointer arrays and the experts' row offsets go up in one copy. */
+typedef struct dt__moe_grp {
+    int n;                        /* experts with rows */
+    int64_t M[DT__MOE_GMAX], e[DT__MOE_GMAX];
+    const int64_t *deoff;         /* eoff on the device */
+    const float *const *dp;       /* the uploaded pointer arrays, n each */
+} dt__moe_grp;
+
+/* The problem list and the upload: nptr pointers per problem (filled by ptr(e, j)), then eoff. */
+static dt_status dt__moe_grp_make(dt_moe *m, dt_moe_acts *a, dt__moe_grp *g, int nptr,
+                                  const void *(*ptr)(void *u, int e, int j), void *u) {
+    int e, j, i;
+    int64_t *h;
+    g->n = 0;
+    for (e = 0; e < m->El; e++)
+        if (a->eoff[e + 1] > a->eoff[e]) {
+            g->M[g->n] = a->eoff[e + 1] - a->eoff[e];
+            g->e[g->n++] = e;
+        }
+    DT__TRY(dt__moe_fit(m->ctx, &m->hptr, (int64_t)nptr * g->n + m->El + 1, DT_I64, DT_CPU));
+    DT__TRY(dt__moe_fit(m->ctx, &m->dptr, (int64_t)nptr * g->n + m->El + 1, DT_I64, m->dev));
+    h = (int64_t *)m->hptr.data;
+    for (j = 0; j < nptr; j++)
+        for (i = 0; i < g->n; i++) h[j * g->n + i] = (int64_t)(intptr_t)ptr(u, (int)g->e[i], j);
+    for (e = 0; e <= m->El; e++) h[nptr * g->n + e] = a->eoff[e];
+    DT__TRY(dt__moe_copy(m->ctx, &m->dptr, &m->hptr, (int64_t)nptr * g->n + m->El + 1));
+    g->dp = (const float *const *)m->dptr.data;
+    g->deoff = (const int64_t *)m->dptr.data + nptr * g->n;
+    return DT_OK;
+}
+
+/* One grouped GEMM over g's problems: pointer arrays j0, j0 + 1, j0 + 2 of the upload; M per problem
+   (mrows) or fixed, likewise N, K (krows: K is the problem's rows). */
+static dt_status dt__moe_grp_gemm(dt_moe *m, const dt__moe_grp *g, int j0, int ta, int tb, int64_t M, int64_t N,
+                                  int64_t K, float alpha, float beta) {
+    int64_t Ms[DT__MOE_GMAX], Ns[DT__MOE_GMAX], Ks[DT__MOE_GMAX];
+    int i;
+    for (i = 0; i < g->n; i++) {
+        Ms[i] = M ? M : g->M[i];
+        Ns[i] = N;
+        Ks[i] = K ? K : g->M[i];
+    }
+    return dt__moe_kerr(m, dt_k_gemm_grouped(m->ctx->cublas, g->n, ta, tb, Ms, Ns, Ks, alpha, beta, g->dp + j0 * g->n,
+                                             g->dp + (j0 + 1) * g->n, (float *const *)(g->dp + (j0 + 2) * g->n),
+                                             m->ctx->cuda_stream),
+                        "dt_k_gemm_grouped");
+}
+
+typedef struct dt__moe_fwdp { dt_moe *m; dt_moe_acts *a; const dt_tensor *w1, *w2; } dt__moe_fwdp;
+static const void *dt__moe_fwd_ptr(void *u, int e, int j) {
+    const dt__moe_fwdp *q = (const dt__moe_fwdp *)u;
+    int64_t r0 = q->a->eoff[e], C = q->m->C, Fl = q->m->Fl;
+    switch (j) {
+    case 0: return (const float *)q->a->xin.data + r0 * C;               /* fc: X_e [n, C] */
+    case 1: return (const float *)q->w1->data + (int64_t)e * Fl * C;     /*     W1_e [Fl, C] */
+    case 2: return (float *)q->a->h.data + r0 * Fl;                      /*     H_e */
+    case 3: return (const float *)q->a->act.data + r0 * Fl;              /* proj: A_e [n, Fl] */
+    case 4: return (const float *)q->w2->data + (int64_t)e * C * Fl;     /*       W2_e [C, Fl] */
+    default: return (float *)q->m->bufs[0].data + r0 * C;                /*       O_e */
+    }
+}
+
+static dt_status dt__moe_experts_fwd_cuda(dt_moe *m, dt_moe_acts *a, const dt_tensor *fc_w, const dt_tensor *fc_b,
+                                          const dt_tensor *proj_w, const dt_tensor *proj_b) {
+    dt__moe_grp g;
+    dt__moe_fwdp q;
+    dt_tensor H, A;
+    void *st = m->ctx->cuda_stream;
+    if (!a->R) return DT_OK;
+    q.m = m; q.a = a; q.w1 = fc_w; q.w2 = proj_w;
+    DT__TRY(dt__moe_grp_make(m, a, &g, 6, dt__moe_fwd_ptr, &q));
+    DT__TRY(dt__moe_grp_gemm(m, &g, 0, 0, 1, 0, m->Fl, m->C, 1.0f, 0.0f));
+    if (fc_b) DT__TRY(dt__moe_kerr(m, dt_k_moe_bias_rows((float *)a->h.data, (const float *)fc_b->data, g.deoff, m->El,
+                                                         m->Fl, st), "dt_k_moe_bias_rows"));
+    DT__TRY(dt__moe_rows(m->ctx, &H, &a->h, 0, a->R, m->Fl));
+    DT__TRY(dt__moe_rows(m->ctx, &A, &a->act, 0, a->R, m->Fl));
+    DT__TRY(dt_gelu_fwd(m->ctx, &A, &H));
+    DT__TRY(dt__moe_grp_gemm(m, &g, 3, 0, 1, 0, m->C, m->Fl, 1.0f, 0.0f));
+    if (proj_b && m->l->tp_rank == 0) /* proj's bias once over tp */
+        DT__TRY(dt__moe_kerr(m, dt_k_moe_bias_rows((float *)m->bufs[0].data, (const float *)proj_b->data, g.deoff,
+                                                   m->El, m->C, st), "dt_k_moe_bias_rows"));
+    return DT_OK;
+}
+
+typedef struct dt__moe_bwdp {
+    dt_moe *m; dt_moe_acts *a; const dt_tensor *w1, *w2, *gw1, *gw2; float *dA, *dH, *dO, *dX;
+} dt__moe_bwdp;
+static const void *dt__moe_bwd_ptr(void *u, int e, int j) {
+    const dt__moe_bwdp *q = (const dt__moe_bwdp *)u;
+    int64_t r0 = q->a->eoff[e], C = q->m->C, Fl = q->m->Fl;
+    switch (j) {
+    case 0: return q->dO + r0 * C;                                        /* dA = dO W2 */
+    case 1: return (const float *)q->w2->data + (int64_t)e * C * Fl;
+    case 2: return q->dA + r0 * Fl;
+    case 3: return q->dO + r0 * C;                                        /* dW2 += dO^T A */
+    case 4: return (const float *)q->a->act.data + r0 * Fl;
+    case 5: return (float *)q->gw2->data + (int64_t)e * C * Fl;
+    case 6: return q->dH + r0 * Fl;                                       /* dW1 += dH^T X */
+    case 7: return (const float *)q->a->xin.data + r0 * C;
+    case 8: return (float *)q->gw1->data + (int64_t)e * Fl * C;
+    case 9: return q->dH + r0 * Fl;                                       /* dX = dH W1 */
+    case 10: return (const float *)q->w1->data + (int64_t)e * Fl * C;
+    default: return q->dX + r0 * C;
+    }
+}
+
+/* dO (bufs[0], expert-major) -> the weight grads (x 1/ep) and dX (bufs[1]); dA and dH in bufs[2]. */
+static dt_status dt__moe_experts_bwd_cuda(dt_moe *m, dt_moe_acts *a, dt_tensor *d_fc_w, dt_tensor *d_fc_b,
+                                          dt_tensor *d_proj_w, dt_tensor *d_proj_b, const dt_tensor *fc_w,
+                                          const dt_tensor *proj_w) {
+    dt__moe_grp g;
+    dt__moe_bwdp q;
+    dt_tensor dA, dH, H;
+    float s = 1.0f / (float)m->l->ep;
+    void *st = m->ctx->cuda_stream;
+    if (!a->R) return DT_OK;
+    DT__TRY(dt__moe_fit(m->ctx, &m->bufs[2], 2 * a->R * m->Fl + 1, DT_F32, m->dev));
+    q.m = m; q.a = a; q.w1 = fc_w; q.w2 = proj_w; q.gw1 = d_fc_w; q.gw2 = d_proj_w;
+    q.dA = (float *)m->bufs[2].data;
+    q.dH = q.dA + a->R * m->Fl;
+    q.dO = (float *)m->bufs[0].data;
+    q.dX = (float *)m->bufs[1].data;
+    DT__TRY(dt__moe_grp_make(m, a, &g, 12, dt__moe_bwd_ptr, &q));
+    if (d_proj_b)
+        DT__TRY(dt__moe_kerr(m, dt_k_moe_bias_grad((float *)d_proj_b->data, q.dO, g.deoff, m->El, m->C, s, st),
+                             "dt_k_moe_bias_grad"));
+    DT__TRY(dt__moe_grp_gemm(m, &g, 3, 1, 0, m->C, m->Fl, 0, s, 1.0f));   /* dW2 */
+    DT__TRY(dt__moe_grp_gemm(m, &g, 0, 0, 0, 0, m->Fl, m->C, 1.0f, 0.0f)); /* dA */
+    DT__TRY(dt__moe_rows(m->ctx, &dA, &m->bufs[2], 0, a->R, m->Fl));
+    DT__TRY(dt__moe_rows(m->ctx, &dH, &m->bufs[2], a->R, a->R, m->Fl));
+    DT__TRY(dt__moe_rows(m->ctx, &H, &a->h, 0, a->R, m->Fl));
+    DT__TRY(dt_tensor_fill(m->ctx, &dH, 0.0));
+    DT__TRY(dt_gelu_bwd(m->ctx, &dH, &dA, &H));
+    if (d_fc_b)
+        DT__TRY(dt__moe_kerr(m, dt_k_moe_bias_grad((float *)d_fc_b->data, q.dH, g.deoff, m->El, m->Fl, s, st),
+                             "dt_k_moe_bias_grad"));
+    DT__TRY(dt__moe_grp_gemm(m, &g, 6, 1, 0, m->Fl, m->C, 0, s, 1.0f));   /* dW1 */
+    return dt__moe_grp_gemm(m, &g, 9, 0, 0, 0, m->C, m->Fl, 1.0f, 0.0f);  /* dX */
+}
+#endif
+
 /* The received order's rows to expert-major (to 1) or back, on either device. */
 static dt_status dt__moe_regroup(dt_moe *m, dt_moe_acts *a, dt_tensor *dst, const dt_tensor *src, int to) {
 #ifdef DT_CUDA
@@ -4241,6 +4390,9 @@ DT_API dt_status dt_moe_fwd(dt_moe *m, dt_moe_acts *a, dt_tensor *y, const dt_te
     if (!a || a->m != m) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a is NULL or another layer's acts", fn);
     DT__TRY(dt__moe_arg(ctx, x, "x", 2, -1, m->C, 0, fn, x ? x->device : DT_CPU));
     m->dev = x->device;
+    if (m->dev == DT_CUDA_DEVICE && m->El > DT__MOE_GMAX)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: %d experts per rank on cuda; the grouped GEMM takes at "
+                                "most %d (raise ep)", fn, m->El, DT__MOE_GMAX);
     if (x->shape[0] % m->d.seq)
         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: x has %lld rows; expected whole sequences of desc.seq = %lld", fn,
                                 (long long)x->shape[0], (long long)m->d.seq);
@@ -4285,6 +4437,10 @@ DT_API dt_status dt_moe_fwd(dt_moe *m, dt_moe_acts *a, dt_tensor *y, const dt_te
     t0 = dt_comm_now();
     m->secs[1] += t0 - t1;
     /* the experts, one GEMM pair each over its rows (expert-major outputs into bufs[0]) */
+#ifdef DT_CUDA
+    if (dt__moe_on_cuda(m)) st = dt__moe_experts_fwd_cuda(m, a, fc_w, fc_b, proj_w, proj_b);
+    else
+#endif
     for (e = 0; e < m->El && !st; e++) {
         int64_t r0 = a->eoff[e], n = a->eoff[e + 1] - a->eoff[e];
         dt_tensor X, H, A, O, w1, b1, w2, b2;
@@ -4481,6 +4637,10 @@ DT_API dt_status dt_moe_bwd(dt_moe *m, dt_moe_acts *a, dt_tensor *dx, dt_tensor 
     DT__TRY(dt__moe_regroup(m, a, &m->bufs[0], &m->bufs[1], 1)); /* dO expert-major */
     t1 = dt_comm_now();
     m->secs[3] += t1 - t0; /* the combine's mirror: the outputs' grads back to the experts */
+#ifdef DT_CUDA
+    if (dt__moe_on_cuda(m)) DT__TRY(dt__moe_experts_bwd_cuda(m, a, d_fc_w, d_fc_b, d_proj_w, d_proj_b, fc_w, proj_w));
+    else
+#endif
     for (e = 0; e < m->El; e++) {
         int64_t r0 = a->eoff[e], n = a->eoff[e + 1] - r0;
         dt_tensor dO, dX;

@@ -105,3 +105,36 @@ extern "C" int dt_k_matmul_bwd(void *cublas, float *da, float *db, const float *
     }
     return 0;
 }
+
+/* The grouped GEMM of count row-major problems C_i[M_i, N_i] = alpha op(A_i) op(B_i) + beta C_i
+   (sizes per problem, host arrays; A, B, C device arrays of device pointers), one
+   cublasSgemmGroupedBatched call with a group per problem (the operands swapped as above). */
+#define DT_K__GROUPED_MAX 256
+extern "C" int dt_k_gemm_grouped(void *cublas, int count, int trans_a, int trans_b, const int64_t *M, const int64_t *N,
+                                 const int64_t *K, float alpha, float beta, const float *const *A,
+                                 const float *const *B, float *const *C, void *stream) {
+    cublasHandle_t h = (cublasHandle_t)cublas;
+    cublasOperation_t oa[DT_K__GROUPED_MAX], ob[DT_K__GROUPED_MAX];
+    int m[DT_K__GROUPED_MAX], n[DT_K__GROUPED_MAX], k[DT_K__GROUPED_MAX], lda[DT_K__GROUPED_MAX],
+        ldb[DT_K__GROUPED_MAX], ldc[DT_K__GROUPED_MAX], gs[DT_K__GROUPED_MAX], i, st;
+    float al[DT_K__GROUPED_MAX], be[DT_K__GROUPED_MAX];
+    if (!h || count < 0 || count > DT_K__GROUPED_MAX || (trans_a != 0 && trans_a != 1) || (trans_b != 0 && trans_b != 1))
+        return (int)cudaErrorInvalidValue;
+    for (i = 0; i < count; i++) {
+        if (!dt_k__sizes_ok(1, M[i], N[i], K[i]) || M[i] < 1 || N[i] < 1) return (int)cudaErrorInvalidValue;
+        oa[i] = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLAS's A is our B (column-major C^T = B^T A^T) */
+        ob[i] = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+        m[i] = (int)N[i];
+        n[i] = (int)M[i];
+        k[i] = (int)K[i];
+        lda[i] = (int)(trans_b ? (K[i] ? K[i] : 1) : N[i]);
+        ldb[i] = (int)(trans_a ? M[i] : (K[i] ? K[i] : 1));
+        ldc[i] = (int)N[i];
+        gs[i] = 1;
+        al[i] = alpha;
+        be[i] = beta;
+    }
+    if ((st = dt_k__stream(h, stream))) return st;
+    if (!count) return 0;
+    return dt_k__blas(cublasSgemmGroupedBatched(h, oa, ob, m, n, k, al, B, lda, A, ldb, be, C, ldc, count, gs));
+}

@@ -524,6 +524,17 @@ int dt_k_concat(float *whole, float *part, int64_t R, int64_t W, int64_t col0, i
    router_bwd: dz [N, E] from dg (and renorm) plus auxd [E], through the softmax. */
 int dt_k_moe_route(float *probs, int *idx, float *gate, const float *bias, int64_t N, int E, int k, int renorm,
                    void *stream);
+/* bias_rows: out[r, :] += bias[e, :] for the rows [eoff[e], eoff[e+1]) of each of El experts
+   (eoff on the device); bias_grad: db[e, :] += alpha x (float)(the double sum over those rows of
+   g, in row order): the CPU's dt_bias_add_bwd then dt_axpy. */
+int dt_k_moe_bias_rows(float *out, const float *bias, const int64_t *eoff, int El, int64_t cols, void *stream);
+int dt_k_moe_bias_grad(float *db, const float *g, const int64_t *eoff, int El, int64_t cols, float alpha, void *stream);
+/* (dt_gemm.cu) The grouped GEMM of count <= 256 row-major problems C_i[M_i, N_i] = alpha op(A_i)
+   op(B_i) + beta C_i, M_i, N_i >= 1 (sizes: host arrays; A, B, C: device arrays of device
+   pointers): cuBLAS's cublasSgemmGroupedBatched, one group per problem. */
+int dt_k_gemm_grouped(void *cublas, int count, int trans_a, int trans_b, const int64_t *M, const int64_t *N,
+                      const int64_t *K, float alpha, float beta, const float *const *A, const float *const *B,
+                      float *const *C, void *stream);
 int dt_k_moe_capacity(int64_t *slot, int64_t *seqstat, int64_t *used, const int *idx, int64_t S, int64_t T, int E,
                       int k, int64_t cap, int64_t seq0, void *stream);
 int dt_k_moe_counts(double *stat, const int *idx, const int64_t *slot, const float *probs, int64_t N, int E, int k,

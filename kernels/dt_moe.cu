@@ -199,6 +199,49 @@ static __global__ void dt_k__moe_router_bwd(float *dz, const float *__restrict__
     }
 }
 
+/* out[r, c] += bias[e, c] for the expert e whose rows [eoff[e], eoff[e+1]) hold r (a binary search). */
+static __global__ void dt_k__moe_bias_rows(float *out, const float *__restrict__ bias, const int64_t *__restrict__ eoff,
+                                           int El, int64_t cols) {
+    int64_t R = eoff[El];
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < R * cols; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / cols, c = i - r * cols;
+        int lo = 0, hi = El - 1;
+        while (lo < hi) { /* the last e with eoff[e] <= r */
+            int mid = (lo + hi + 1) / 2;
+            if (eoff[mid] <= r) lo = mid;
+            else hi = mid - 1;
+        }
+        out[i] += bias[(int64_t)lo * cols + c];
+    }
+}
+
+/* One thread per (expert, column): the column's sum over the expert's rows in order, in double,
+   rounded, then db += alpha x that (as dt_bias_add_bwd into a zeroed row, then dt_axpy). */
+static __global__ void dt_k__moe_bias_grad(float *db, const float *__restrict__ g, const int64_t *__restrict__ eoff,
+                                           int El, int64_t cols, float alpha) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (int64_t)El * cols;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t e = i / cols, c = i - e * cols;
+        double sum = 0;
+        for (int64_t r = eoff[e]; r < eoff[e + 1]; r++) sum += g[r * cols + c];
+        db[i] += alpha * (float)sum;
+    }
+}
+
+int dt_k_moe_bias_rows(float *out, const float *bias, const int64_t *eoff, int El, int64_t cols, void *stream) {
+    if (El < 1 || cols < 0) return (int)cudaErrorInvalidValue;
+    DT_K_LAUNCH(dt_k__moe_bias_rows, 256u, 256, 0, stream, out, bias, eoff, El, cols);
+    return DT_K_CHECK();
+}
+
+int dt_k_moe_bias_grad(float *db, const float *g, const int64_t *eoff, int El, int64_t cols, float alpha, void *stream) {
+    if (El < 1 || cols < 0) return (int)cudaErrorInvalidValue;
+    if (!cols) return 0;
+    DT_K_LAUNCH(dt_k__moe_bias_grad, dt_k__blocks((int64_t)El * cols, 128, 4096u), 128, 0, stream, db, g, eoff, El,
+                cols, alpha);
+    return DT_K_CHECK();
+}
+
 int dt_k_moe_route(float *probs, int *idx, float *gate, const float *bias, int64_t N, int E, int k, int renorm,
                    void *stream) {
     if (dt_k__moe_bad(N, E) || E < 1 || k < 1 || k > E) return (int)cudaErrorInvalidValue;

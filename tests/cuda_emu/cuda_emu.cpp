@@ -1820,6 +1820,40 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
     return CUBLAS_STATUS_SUCCESS;
 }
 
+/* Each problem as cublasSgemm, in order; the pointer arrays must be device memory (as cuBLAS reads
+   them on the device), the rest host arrays. */
+cublasStatus_t cublasSgemmGroupedBatched(cublasHandle_t handle, const cublasOperation_t transa_array[],
+                                         const cublasOperation_t transb_array[], const int m_array[],
+                                         const int n_array[], const int k_array[], const float alpha_array[],
+                                         const float *const Aarray[], const int lda_array[],
+                                         const float *const Barray[], const int ldb_array[],
+                                         const float beta_array[], float *const Carray[], const int ldc_array[],
+                                         int group_count, const int group_size[]) {
+    std::string why;
+    int p = 0, total = 0;
+    if (group_count < 0 || (group_count && !group_size)) return CUBLAS_STATUS_INVALID_VALUE;
+    for (int g = 0; g < group_count; g++) {
+        if (group_size[g] < 0) return CUBLAS_STATUS_INVALID_VALUE;
+        total += group_size[g];
+    }
+    if (total && (!in_alloc(Aarray, (size_t)total * sizeof(void *), &why) ||
+                  !in_alloc(Barray, (size_t)total * sizeof(void *), &why) ||
+                  !in_alloc(Carray, (size_t)total * sizeof(void *), &why))) {
+        report("cublasSgemmGroupedBatched: a pointer array of %d problems %s (they are read on the device)", total,
+               why.c_str());
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    for (int g = 0; g < group_count; g++)
+        for (int i = 0; i < group_size[g]; i++, p++) {
+            cublasStatus_t st = gemm("cublasSgemmGroupedBatched", handle, transa_array[g], transb_array[g], m_array[g],
+                                     n_array[g], k_array[g], &alpha_array[g], Aarray[p], CUDA_R_32F, lda_array[g],
+                                     Barray[p], CUDA_R_32F, ldb_array[g], &beta_array[g], Carray[p], CUDA_R_32F,
+                                     ldc_array[g], false);
+            if (st) return st;
+        }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                             int k, const void *alpha, const void *A, cudaDataType Atype, int lda, const void *B,
                             cudaDataType Btype, int ldb, const void *beta, void *C, cudaDataType Ctype, int ldc,

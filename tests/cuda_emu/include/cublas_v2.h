@@ -61,6 +61,15 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          int m, int n, int k, const float *alpha, const float *A, int lda,
                                          long long strideA, const float *B, int ldb, long long strideB,
                                          const float *beta, float *C, int ldc, long long strideC, int batchCount);
+/* cuBLAS 12.5's grouped GEMM: group g's group_size[g] problems share its ops, sizes, lds and scalars
+   (host arrays); Aarray, Barray, Carray are device arrays of device pointers, one per problem. */
+cublasStatus_t cublasSgemmGroupedBatched(cublasHandle_t handle, const cublasOperation_t transa_array[],
+                                         const cublasOperation_t transb_array[], const int m_array[],
+                                         const int n_array[], const int k_array[], const float alpha_array[],
+                                         const float *const Aarray[], const int lda_array[],
+                                         const float *const Barray[], const int ldb_array[],
+                                         const float beta_array[], float *const Carray[], const int ldc_array[],
+                                         int group_count, const int group_size[]);
 cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                             int k, const void *alpha, const void *A, cudaDataType Atype, int lda, const void *B,
                             cudaDataType Btype, int ldb, const void *beta, void *C, cudaDataType Ctype, int ldc,
