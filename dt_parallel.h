@@ -610,9 +610,10 @@ DT_API int64_t dt_cp_pairs_done(const dt_layout *l);
    assignments' inputs, hidden and GELU values and outputs (at most N k ep rows when dropless
    and every token goes to one rank, N k on average).
    CPU or CUDA tensors (all of a call's on x's device): on CUDA the routing, capacity, slots, row
-   copies and combine are kernels/dt_moe.cu (each output in the CPU loop's order), the experts
-   dt_tensor.h's cuBLAS GEMMs, one pair per local expert; a forward reads E counts back from the
-   device once (the all-to-all's sizes: a synchronisation the dense layers do not make). */
+   copies and combine are kernels/dt_moe.cu (each output in the CPU loop's order), each of the
+   experts' six GEMMs one grouped cuBLAS call over the local experts (dt_k_gemm_grouped; at most 256
+   experts per rank); a forward reads E counts back from the device once (the all-to-all's sizes:
+   a synchronisation the dense layers do not make). */
 
 typedef enum dt_moe_balance {
     DT_MOE_BALANCE_DEFAULT = 0, /* DT_MOE_AUX */

@@ -1,7 +1,8 @@
 /* kernels/dt_moe.cu - the kernels of dt_parallel.h's mixture-of-experts layer on CUDA tensors
    (kernels/dt_kernels.h, ">>moe"): the router's softmax and top-k, the capacity per sequence, the
    per-expert counts and send slots, the row copies of dispatch and combine, and their backward.
-   The experts' GEMMs are dt_tensor.h's ops (cuBLAS) on views, one pair per local expert.
+   The experts' GEMMs are dt_gemm.cu's grouped cuBLAS call (one per GEMM over all local experts),
+   their biases added and summed by expert segment here.
 
    Every kernel computes each output in the CPU path's order (dt_parallel.h, >>moe): a token's
    softmax and choice by one thread, a sequence's capacity by one thread walking it in GShard's
