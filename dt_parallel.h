@@ -3718,10 +3718,11 @@ static dt_status dt__moe_check(dt_ctx *ctx, const dt_layout *l, const dt_moe_des
     if (d->top_k < 0 || d->top_k > d->experts)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.top_k = %d; expected 1 <= top_k <= experts = %d (0 = 2)", fn,
                                 d->top_k, d->experts);
-    if (d->width < 1 || d->hidden < 0 || d->seq < 1)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.width = %lld, hidden = %lld, seq = %lld; expected width >= 1, "
-                                "hidden >= 0 (0 = 4 width), seq >= 1", fn, (long long)d->width, (long long)d->hidden,
-                                (long long)d->seq);
+    if (d->width < 1 || d->hidden < 0 || d->seq < 1 || d->width > ((int64_t)1 << 30) || d->hidden > ((int64_t)1 << 32) ||
+        d->seq > ((int64_t)1 << 40))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.width = %lld, hidden = %lld, seq = %lld; expected 1 <= width "
+                                "<= 2^30, 0 <= hidden <= 2^32 (0 = 4 width), 1 <= seq <= 2^40", fn, (long long)d->width,
+                                (long long)d->hidden, (long long)d->seq);
     if (!(d->capacity >= 0 && d->capacity <= 1e6) || !(d->aux_coef >= 0 && d->aux_coef < 1e30) ||
         !(d->bias_rate >= 0 && d->bias_rate < 1e30))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.capacity = %g, aux_coef = %g, bias_rate = %g; expected finite "
@@ -3770,8 +3771,9 @@ DT_API dt_status dt_moe_create(dt_layout *l, dt_moe **out, const dt_moe_desc *de
     m->k = d.top_k;
     m->C = d.width;
     m->Fl = F / l->tp;
-    capd = ceil(d.capacity * (double)d.seq * d.top_k / d.experts); /* <= 1e6 x seq x 1: fits */
-    m->cap = d.capacity > 0 ? (capd < 1 ? 1 : (int64_t)capd) : 0;
+    capd = ceil(d.capacity * (double)d.seq * d.top_k / d.experts);
+    /* a cap of a sequence's k assignments or more drops nothing: the cast stays defined */
+    m->cap = d.capacity > 0 ? (capd < 1 ? 1 : capd >= (double)d.seq * d.top_k ? d.seq * d.top_k : (int64_t)capd) : 0;
     m->bias = (float *)dt_alloc_zeroed(l->ctx, (size_t)m->E * sizeof(float));
     m->acc = (double *)dt_alloc_zeroed(l->ctx, (size_t)(2 * m->E + 3) * sizeof(double));
     m->f = (double *)dt_alloc_zeroed(l->ctx, (size_t)m->E * sizeof(double));
@@ -4401,6 +4403,14 @@ DT_API dt_status dt_moe_fwd(dt_moe *m, dt_moe_acts *a, dt_tensor *y, const dt_te
     DT__TRY(dt__moe_weights(m, router, fc_w, fc_b, proj_w, proj_b, fn, nm));
     if (seq0 < 0) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: seq0 = %lld; expected >= 0", fn, (long long)seq0);
     if (y->data == x->data) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: y and x are the same memory", fn);
+    {   /* the routing's arrays and the rows that may travel (k per token, C each) stay well inside int64 */
+        int64_t nk = 0, ne = 0, nkc = 0;
+        if (!dt_mul_ok(x->shape[0], m->k, &nk) || !dt_mul_ok(x->shape[0], m->E, &ne) || !dt_mul_ok(nk + 1, m->C, &nkc) ||
+            nkc > ((int64_t)1 << 40) || ne > ((int64_t)1 << 40))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: x has %lld rows: x k = %d assignments of %lld columns (or x E "
+                                    "= %d probabilities) exceed 2^40 elements", fn, (long long)x->shape[0], m->k,
+                                    (long long)m->C, m->E);
+    }
     N = a->N = x->shape[0];
     C = m->C;
     Fl = m->Fl;
