@@ -1233,6 +1233,35 @@ static int dt__pl_get_u32(const unsigned char *p) {
     return (int)((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24));
 }
 
+/* The hosts of the records (world rank order), and a warning for each tp (and cp) group whose
+   ranks are on more than one host: tp all-reduces every layer, cp passes K/V every layer, so
+   both belong inside a host (Megatron's order puts them innermost for that; a host holding fewer
+   ranks than tp x cp breaks it). */
+static void dt__pl_describe_hosts(const dt_layout *l, dt_strbuf *out, const unsigned char *rec) {
+    int r, q, hosts = 0, warned = 0, g;
+    for (r = 0; r < l->size; r++) { /* distinct host names, counted at their first rank */
+        for (q = 0; q < r; q++)
+            if (!strcmp((const char *)rec + (size_t)q * DT__PL_REC + 20, (const char *)rec + (size_t)r * DT__PL_REC + 20)) break;
+        hosts += q == r;
+    }
+    dt_strbuf_printf(out, "  hosts: %d, %d ranks on average each\n", hosts, l->size / (hosts ? hosts : 1));
+    for (g = 0; g < 2; g++) { /* g 0: tp groups (consecutive ranks), 1: tp x cp blocks */
+        int span = g ? l->tp * l->cp : l->tp;
+        if (span == 1 || (g && l->cp == 1)) continue;
+        for (r = 0; r < l->size && warned < 4; r += span) {
+            const char *h0 = (const char *)rec + (size_t)r * DT__PL_REC + 20;
+            for (q = r + 1; q < r + span; q++)
+                if (strcmp(h0, (const char *)rec + (size_t)q * DT__PL_REC + 20)) break;
+            if (q == r + span) continue;
+            dt_strbuf_printf(out, "  warning: the %s of world ranks %d..%d spans hosts (%.20s and %.20s): its every-layer "
+                             "collectives cross the network; expected ranks per host to be a multiple of %s = %d\n",
+                             g ? "tp x cp block" : "tp group", r, r + span - 1, h0,
+                             (const char *)rec + (size_t)q * DT__PL_REC + 20, g ? "tp x cp" : "tp", span);
+            warned++;
+        }
+    }
+}
+
 DT_API dt_status dt_layout_describe(dt_layout *l, dt_strbuf *out) {
     const char *fn = "dt_layout_describe";
     dt_tensor mine, all;
@@ -1304,6 +1333,7 @@ DT_API dt_status dt_layout_describe(dt_layout *l, dt_strbuf *out) {
                 dt_strbuf_printf(out, "\n");
             }
     }
+    dt__pl_describe_hosts(l, out, rec);
     dt_tensor_free(l->ctx, &all);
     if (out->failed) return dt_ctx_set_error(l->ctx, DT_ERR_OOM, "%s: out of memory for the text", fn);
     return DT_OK;

@@ -55,6 +55,8 @@
 #                             down, <= 1 wait (tests/cuda_counters.sh)
 #   dlrm_reference            build/examples/dlrm (from ./build.sh) against an independent NumPy
 #                             DLRM / DCNv2 fed its checkpoints and batches (tests/dlrm_reference.py)
+#   multihost                 gpt and dlrm across 2 and 3 hosts made as network namespaces, equal to
+#                             np 1 (tests/multihost.sh; root only, else one SKIP line)
 #   gpu:...                   ./build.sh gpu where there is no GPU: bench/gpu/selftest.sh (exit 3,
 #                             arguments, the summary's parsing, the shard writer) and
 #                             --build-only (every GPU build, with nvcc; SKIP without it)
@@ -992,6 +994,13 @@ if selected dlrm_reference; then
     if [ -n "$py" ]; then run_prog dlrm_reference "" "" "$py" tests/dlrm_reference.py
     else report "SKIP dlrm_reference: no python3 (./build.sh installs it)"
     fi
+fi
+
+# multihost: examples/gpt and dlrm across 2 and 3 hosts made as network namespaces (root only:
+# otherwise one SKIP line saying why), each run equal to np 1 (tests/multihost.sh)
+if selected multihost; then
+    section "across hosts: network namespaces, mpirun -H over TCP (tests/multihost.sh)"
+    TIMEOUT=$((TIMEOUT * 3)) run_prog multihost "" "" bash tests/multihost.sh
 fi
 
 # ./build.sh gpu without a GPU (bench/gpu/selftest.sh: exit 3, arguments, the summary from made-up

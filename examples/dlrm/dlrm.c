@@ -11,7 +11,8 @@
           --ckpt DIR --ckpt-every N --resume --rows N (cap on table rows, 16384) --skip-bad
           --table-sizes N|n1,...,n26 (the tables' rows, one for all or one per feature; default
           min(Criteo Kaggle's cardinality, --rows); TSV ids are hashed into them)
-          --shard auto|row|table|data --row-wise-over ROWS (pin bigger tables row-wise) --quiet
+          --shard auto|row|table|column|table-row|data (table-row: each table row-wise over the ranks
+          of one host, TorchRec's TWRW) --row-wise-over ROWS (pin bigger tables row-wise) --quiet
           --device cpu|cuda (cuda: a -DDT_CUDA build, build/examples/cuda/dlrm, or
           build/examples/emu/dlrm on the CPU emulator: MLPs, interaction, BCE, activations and the
           tables' shards on the GPU; the inputs go up once per step and the loss is read only on
@@ -78,7 +79,7 @@
    batch: "dense" f32 [B, 13] (after log1p), "labels" f32 [B], "lengths" i32 [26, B] and "ids"
    i64 [nnz] (rows after hashing, feature-major). Step s's logged loss is that batch's mean BCE
    under checkpoint s - 1's weights. */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, gethostname */
 #define DT_IMPLEMENTATION
 #include "../../dt_tensor.h"
 #include "../../dt_comm.h"
@@ -92,6 +93,7 @@
 #include <math.h>
 #include <errno.h>
 #include <sys/stat.h>
+#include <unistd.h> /* gethostname */
 
 #define F DT_DLRM_SPARSE
 #define MAX_LAYERS 8
@@ -128,7 +130,7 @@ static void usage(const char *why) {
                     "--arch dlrm|dcn --dim D --bottom 64,32 --top 64,32 --cross L --cross-rank R --opt sgd|adagrad --lr LR "
                     "--emb-lr LR --accum N --eval-every N --eval-samples N --print-every N --log FILE "
                     "--ckpt DIR --ckpt-every N --resume --rows N --table-sizes N|n1,...,n26 --skip-bad "
-                    "--shard auto|row|table|data --row-wise-over ROWS "
+                    "--shard auto|row|table|column|table-row|data --row-wise-over ROWS "
                     "--device cpu|cuda --quiet --overlap 0|1 --dump-batches DIR --profile --tier none|disk|host "
                     "--tier-dir DIR --cache-rows N|F --prefetch 0|1\n", why);
     exit(2);
@@ -275,8 +277,9 @@ static void parse(opts *o, int argc, char **argv) {
 #endif
     if (strcmp(o->arch, "dlrm") && strcmp(o->arch, "dcn")) usage("--arch is dlrm or dcn");
     if (strcmp(o->opt, "sgd") && strcmp(o->opt, "adagrad")) usage("--opt is sgd or adagrad");
-    if (strcmp(o->shard, "auto") && strcmp(o->shard, "row") && strcmp(o->shard, "table") && strcmp(o->shard, "data"))
-        usage("--shard is auto, row, table or data");
+    if (strcmp(o->shard, "auto") && strcmp(o->shard, "row") && strcmp(o->shard, "table") && strcmp(o->shard, "data") &&
+        strcmp(o->shard, "column") && strcmp(o->shard, "table-row"))
+        usage("--shard is auto, row, table, column, table-row or data");
     if (!(o->lr >= 0) || !(o->emb_lr >= 0) || o->lr > 100 || o->emb_lr > 100) usage("--lr and --emb-lr are in [0, 100]");
     if (o->batch % o->accum) usage("--batch must be a multiple of --accum");
     if (o->ckpt_every && !o->ckpt) usage("--ckpt-every needs --ckpt DIR");
@@ -529,7 +532,8 @@ static void model_make(model *m, const opts *o, const data *d, dt_comm *world) {
         tabs[f].optim.kind = !strcmp(o->opt, "sgd") ? DT_EMBED_SGD : DT_EMBED_ADAGRAD;
         tabs[f].optim.lr = o->emb_lr;
         tabs[f].sharding = !strcmp(o->shard, "row") ? DT_SHARD_ROW : !strcmp(o->shard, "table") ? DT_SHARD_TABLE
-                         : !strcmp(o->shard, "data") ? DT_SHARD_DATA : DT_SHARD_AUTO;
+                         : !strcmp(o->shard, "data") ? DT_SHARD_DATA : !strcmp(o->shard, "column") ? DT_SHARD_COLUMN
+                         : !strcmp(o->shard, "table-row") ? DT_SHARD_TABLE_ROW : DT_SHARD_AUTO;
         if (o->row_wise_over && tabs[f].rows > o->row_wise_over) tabs[f].sharding = DT_SHARD_ROW; /* pinned */
         if (strcmp(o->tier, "none")) {
             tabs[f].tier = !strcmp(o->tier, "disk") ? DT_TIER_DISK : DT_TIER_HOST;
@@ -1005,6 +1009,38 @@ static int local_device(void) {
     return r;
 }
 
+/* The host grid at start (collective): each host's name and its ranks (a table-row table is
+   row-wise over one host's ranks, so this is where its all-to-alls stay). */
+static void print_hosts(dt_comm *world) {
+    enum { HN = 64 };
+    dt_tensor mine, all;
+    dt_tensor_desc td;
+    int r, q, W = dt_comm_size(world);
+    memset(&td, 0, sizeof td);
+    td.dtype = DT_U8; td.device = DT_CPU; td.shape[0] = HN;
+    CHECK(dt_tensor_create(g_ctx, &mine, &td));
+    td.shape[0] = (int64_t)HN * W;
+    CHECK(dt_tensor_create(g_ctx, &all, &td));
+    memset(mine.data, 0, HN);
+    if (gethostname((char *)mine.data, HN - 1) != 0) snprintf((char *)mine.data, HN, "?");
+    CHECK(dt_comm_allgather(world, &all, &mine));
+    if (g_rank == 0) {
+        const char *h = (const char *)all.data;
+        printf("hosts (%d ranks, %d on this host):", W, dt_comm_local_size(world));
+        for (r = 0; r < W; r++) {
+            for (q = 0; q < r && strcmp(h + (size_t)q * HN, h + (size_t)r * HN); q++) {}
+            if (q < r) continue; /* listed with its first rank */
+            printf(" %s [", h + (size_t)r * HN);
+            for (q = r; q < W; q++)
+                if (!strcmp(h + (size_t)q * HN, h + (size_t)r * HN)) printf("%s%d", q == r ? "" : " ", q);
+            printf("]");
+        }
+        printf("\n");
+    }
+    dt_tensor_free(g_ctx, &mine);
+    dt_tensor_free(g_ctx, &all);
+}
+
 /* The flags, the ctx (on --device), the world, the data, the model, its dense optimizer and
    bucketer. */
 static void setup(trainer *t, int argc, char **argv) {
@@ -1024,6 +1060,7 @@ static void setup(trainer *t, int argc, char **argv) {
     CHECK(dt_comm_create_world(&t->ctx, &t->world, NULL));
     g_rank = dt_comm_rank(t->world);
     t->W = dt_comm_size(t->world);
+    if (!t->o.quiet) print_hosts(t->world);
     data_open(&t->d, &t->o, t->world);
     model_make(&t->m, &t->o, &t->d, t->world);
     t->batch = &t->batches[0];

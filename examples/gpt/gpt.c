@@ -2148,6 +2148,14 @@ static void print_plan(trainer *t) {
         t->flops_per_token -= 6.0 * ex * (o->moe_experts - o->moe_topk) / o->moe_experts;
     }
     CHECK(dt_zero_memory_get(m->z, &zm));
+    if (!o->quiet) { /* the host grid (collective), with a warning where a tp group spans hosts */
+        dt_strbuf sb;
+        memset(&sb, 0, sizeof sb);
+        sb.ctx = g_ctx;
+        CHECK(dt_layout_describe(t->lay, &sb));
+        if (g_rank == 0 && sb.text) fputs(sb.text, stdout);
+        dt_strbuf_free(&sb);
+    }
     if (g_rank != 0 || o->quiet) return;
     printf("gpt: %d layers, %d heads (%d kv heads%s), width %d, context %lld, vocab %lld (padded %lld), %lld params; "
            "data %s (%lld tokens)\n", o->layers, o->heads, o->kv_heads ? o->kv_heads : o->heads,
