@@ -58,8 +58,24 @@ down() {
     done
     ip link del "$BR" 2>/dev/null || true
 }
+# A run goes in the background and the script waits for it, so a signal is handled at once (bash
+# runs a trap only after a foreground command ends); the trap stops the run, then removes the hosts.
+CHILD=
+bg_run() {
+    "$@" &
+    CHILD=$!
+    wait "$CHILD"
+    local rc=$?
+    CHILD=
+    return $rc
+}
+stop() {
+    [ -n "$CHILD" ] && kill -TERM "$CHILD" 2>/dev/null
+    down
+    exit 130
+}
 trap 'down' EXIT
-trap 'down; exit 130' INT TERM
+trap 'stop' INT TERM
 
 up() { # N hosts (any made before are removed first)
     local n=$1 k ns
@@ -88,11 +104,11 @@ across() {
     local n=$1 s=$2 out=$3 hosts= k
     shift 3
     for ((k = 1; k <= n; k++)); do hosts+="${hosts:+,}$NET.$k:$s"; done
-    timeout -k 5 180 mpirun --allow-run-as-root -H "$hosts" -np $((n * s)) --mca plm_rsh_agent "bash $SELF agent" \
+    bg_run timeout -k 5 180 mpirun --allow-run-as-root -H "$hosts" -np $((n * s)) --mca plm_rsh_agent "bash $SELF agent" \
         --mca oob_tcp_if_include "$NET.0/24" --mca btl_tcp_if_include "$NET.0/24" --mca btl tcp,self,vader \
         "$@" >"$out" 2>&1
 }
-local1() { local out=$1; shift; timeout -k 5 180 "$@" >"$out" 2>&1; }
+local1() { local out=$1; shift; bg_run timeout -k 5 180 "$@" >"$out" 2>&1; }
 final() { sed -n 's/^final: loss \([^ ]*\).*/\1/p' "$1" | tail -n 1; }
 close() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b;
                                                     exit !(a != "" && b != "" && d <= t * m) }'; }
@@ -130,7 +146,7 @@ if ! across 2 1 "$pre" hostname || ! grep -q "^${PFX}0$" "$pre" || ! grep -q "^$
 fi
 check_case gpt_2hosts_tp2_in_host_dp2_across_zero1 2 2 1e-5 "$TINY" $GPT $TINY --tp 2 --zero 1
 one=$TMP/one_host_tp2_zero1.out
-if timeout -k 5 180 $DT_MPIRUN -np 4 $GPT $TINY --tp 2 --zero 1 >"$one" 2>&1 &&
+if bg_run timeout -k 5 180 $DT_MPIRUN -np 4 $GPT $TINY --tp 2 --zero 1 >"$one" 2>&1 &&
     [ "$(final "$one")" = "$(final "$TMP/gpt_2hosts_tp2_in_host_dp2_across_zero1.out")" ]; then
     pass "gpt_2hosts_tp2_zero1_bitwise_equals_one_host [$(final "$one")]"
 else fail gpt_2hosts_tp2_zero1_bitwise_equals_one_host "one host $(final "$one"), two $(final "$TMP/gpt_2hosts_tp2_in_host_dp2_across_zero1.out")"; fi
