@@ -491,6 +491,7 @@ DT_API double dt_comm_now(void);
    dt_tensor.h does for fsync). CLOCK_MONOTONIC is 1 on Linux. */
 #if defined(CLOCK_MONOTONIC)
 #define DT__CM_CLOCK 1
+#include <sched.h> /* sched_yield: POSIX is on, as for clock_gettime */
 #elif defined(__linux__) && !defined(__cplusplus)
 #define DT__CM_CLOCK 2
 struct dt__cm_timespec {
@@ -498,6 +499,8 @@ struct dt__cm_timespec {
     long tv_nsec;
 };
 extern int clock_gettime(int clock_id, struct dt__cm_timespec *ts);
+extern int nanosleep(const struct dt__cm_timespec *req, struct dt__cm_timespec *rem);
+extern int sched_yield(void);
 #else
 #include <sys/time.h> /* elsewhere without POSIX clocks: the wall clock */
 #endif
@@ -2162,11 +2165,41 @@ static int dt__cm_deferrable(const dt_comm_req *q) {
 #endif
 }
 
+/* A wait loop's pause after a look that found its operation not done: none for the first 64
+   looks (a small collective completes in microseconds), then the core is given away, by
+   sched_yield until the wait is 1 ms old, then 50 us sleeps. MPI (Open MPI's TCP and shared
+   memory) moves data only inside MPI calls, so the loop must keep looking; but a rank that
+   spins keeps the core from the rank it waits for when ranks share cores (oversubscribed), and
+   from the OS's TCP work. The pause adds at most ~50 us to a wait already 1 ms old. */
+static void dt__cm_backoff(unsigned *looks, double waited) {
+    if (++*looks <= 64) return;
+#if defined(DT__CM_CLOCK) && DT__CM_CLOCK == 1
+    if (waited < 1e-3) sched_yield();
+    else {
+        struct timespec ts;
+        ts.tv_sec = 0;
+        ts.tv_nsec = 50000;
+        nanosleep(&ts, NULL);
+    }
+#elif defined(DT__CM_CLOCK) && DT__CM_CLOCK == 2
+    if (waited < 1e-3) sched_yield();
+    else {
+        struct dt__cm_timespec ts;
+        ts.tv_sec = 0;
+        ts.tv_nsec = 50000;
+        nanosleep(&ts, NULL);
+    }
+#else
+    (void)waited; /* no POSIX clocks: keep looking */
+#endif
+}
+
 /* Waits for q with the comm's timeout, reading notices every few milliseconds; until_queued: only
    until q is deferrable (the host waits for MPI's part, the header and counts, not the device). */
 static dt_status dt__cm_wait_until(dt_comm_req *q, int until_queued) {
     dt_comm *c = q->c;
     double start = dt__cm_now(), next_serve = start + DT__CM_SERVE_S;
+    unsigned looks = 0;
 #ifdef DT_NCCL
     /* the host polls until the device has run the collective: a wait like dt_ctx_sync's */
     if (!until_queued && q->path == DT__CM_NCCL && !dt__cm_done(q)) c->ctx->counters.syncs++;
@@ -2184,6 +2217,7 @@ static dt_status dt__cm_wait_until(dt_comm_req *q, int until_queued) {
         }
         if (c->timeout > 0 && t - start > c->timeout)
             return q->seq > 0 ? dt__cm_abandon(q, -1) : dt__cm_p2p_timeout(q);
+        dt__cm_backoff(&looks, t - start);
     }
     return q->status;
 }
@@ -2278,6 +2312,7 @@ static void dt__cm_reap(dt_comm *c, int mode) {
 static dt_status dt__cm_wait_ctl(dt_comm_req *q, MPI_Request *r, const char *what) {
     dt_comm *c = q->c;
     double start = dt__cm_now(), next_serve = start + DT__CM_SERVE_S;
+    unsigned looks = 0;
     for (;;) {
         int flag = 0, rc;
         double t;
@@ -2292,6 +2327,7 @@ static dt_status dt__cm_wait_ctl(dt_comm_req *q, MPI_Request *r, const char *wha
             if (c->failed_seq > 0 && q->seq >= c->failed_seq) return dt__cm_abandon(q, c->failed_rank);
         }
         if (c->timeout > 0 && t - start > c->timeout) return dt__cm_abandon(q, -1);
+        dt__cm_backoff(&looks, t - start);
     }
 }
 

@@ -644,8 +644,9 @@ typedef struct dt_moe_stats {
     double aux;             /* coef * E * sum_e f_e P_e (also under BIAS / NONE, for the log) */
     int64_t assigned;       /* token x choice pairs routed (global tokens x k) */
     int64_t dropped;        /* of them, over capacity */
-    uint64_t drop_print;    /* a fingerprint of which (token, choice) pairs were dropped: equal
-                               fingerprints, equal sets (with high probability) */
+    uint64_t drop_print;    /* a fingerprint of which (token, choice) pairs were dropped (the sum of
+                               a 20-bit hash of each: exact to 2^33 drops a step): equal fingerprints,
+                               equal sets (with high probability) */
     double load_max, load_mean; /* assignments per expert: the most and the mean */
     const int64_t *load;    /* [E] assignments per expert (valid until the next step_end) */
     /* this rank's seconds in the step's forwards and backwards, by phase (wall clock: on CUDA the
@@ -3702,6 +3703,8 @@ struct dt_moe_acts {
     int64_t cap_idx, cap_slot, cap_gate, cap_perm;
     dt_tensor xin, h, act, ret;   /* [R, C], [R, Fl], [R, Fl] expert-major; [S, C] returned outputs */
     dt_tensor didx, dgate, dslot, dperm; /* CUDA: idx, gate, slot and perm on the device */
+    dt_device dev;                /* the forward's device, and the x it read (the backward's must be both) */
+    const void *xdata;
 };
 
 DT_API const char *dt_moe_balance_name(dt_moe_balance b) {
@@ -3742,12 +3745,12 @@ static dt_status dt__moe_expert(dt_ctx *ctx, dt_tensor *v, const dt_tensor *t, i
 }
 
 static dt_status dt__moe_check(dt_ctx *ctx, const dt_layout *l, const dt_moe_desc *d, const char *fn) {
-    if (d->experts < 1 || d->experts % l->ep)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.experts = %d; expected a positive multiple of ep = %d (each ep "
-                                "rank holds experts / ep of them)", fn, d->experts, l->ep);
-    if (d->top_k < 0 || d->top_k > d->experts)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.top_k = %d; expected 1 <= top_k <= experts = %d (0 = 2)", fn,
-                                d->top_k, d->experts);
+    if (d->experts < 1 || d->experts > (1 << 24) || d->experts % l->ep)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.experts = %d; expected a multiple of ep = %d (each ep rank "
+                                "holds experts / ep of them), 1 .. 2^24", fn, d->experts, l->ep);
+    if (d->top_k < 0 || d->top_k > d->experts || (!d->top_k && d->experts < 2))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.top_k = %d; expected 1 <= top_k <= experts = %d (0 = 2, which "
+                                "needs 2 experts)", fn, d->top_k, d->experts);
     if (d->width < 1 || d->hidden < 0 || d->seq < 1 || d->width > ((int64_t)1 << 30) || d->hidden > ((int64_t)1 << 32) ||
         d->seq > ((int64_t)1 << 40))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.width = %lld, hidden = %lld, seq = %lld; expected 1 <= width "
@@ -3960,7 +3963,7 @@ static dt_status dt__moe_route(dt_moe *m, dt_moe_acts *a, const dt_tensor *x, co
             sel += p[best];
             m->acc[best] += 1;
         }
-        if (m->d.renorm)
+        if (m->d.renorm && sel > 0) /* (the bias may choose experts whose p underflowed to 0: gates 0 then) */
             for (j = 0; j < k; j++) a->gate[t * k + j] = (float)(a->gate[t * k + j] / sel);
     }
     m->acc[2 * E + 2] += (double)N;
@@ -3987,7 +3990,7 @@ static dt_status dt__moe_assign(dt_moe *m, dt_moe_acts *a, int64_t seq0, int64_t
                     uint64_t id = (uint64_t)(seq0 + s) * (uint64_t)T + (uint64_t)(t - s * T);
                     a->slot[t * k + j] = -1;
                     m->acc[2 * E] += 1;
-                    m->acc[2 * E + 1] += (double)(dt__moe_mix(id * (uint64_t)k + (uint64_t)j) & 0xffffffffu);
+                    m->acc[2 * E + 1] += (double)(dt__moe_mix(id * (uint64_t)k + (uint64_t)j) & 0xfffffu);
                 }
             }
     }
@@ -4414,7 +4417,7 @@ DT_API dt_status dt_moe_fwd(dt_moe *m, dt_moe_acts *a, dt_tensor *y, const dt_te
     static const char *const nm[5] = {"router", "fc_w", "fc_b", "proj_w", "proj_b"};
     const char *fn = "dt_moe_fwd";
     dt_ctx *ctx;
-    int64_t N, C, Fl, *ecnt, ek[64];
+    int64_t N, C, Fl, *ecnt, ek[64], t0i = 0;
     int e, k;
     dt_status st = DT_OK;
     double t0, t1;
@@ -4432,6 +4435,10 @@ DT_API dt_status dt_moe_fwd(dt_moe *m, dt_moe_acts *a, dt_tensor *y, const dt_te
     DT__TRY(dt__moe_arg(ctx, y, "y", 2, x->shape[0], m->C, 0, fn, m->dev));
     DT__TRY(dt__moe_weights(m, router, fc_w, fc_b, proj_w, proj_b, fn, nm));
     if (seq0 < 0) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: seq0 = %lld; expected >= 0", fn, (long long)seq0);
+    if (m->d.balance == DT_MOE_AUX && m->synced)
+        return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: a forward after this step's first backward (the aux loss's f "
+                                "over the step is fixed by then); call dt_moe_step_end after the step's last backward",
+                                fn);
     if (y->data == x->data) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: y and x are the same memory", fn);
     {   /* the routing's arrays and the rows that may travel (k per token, C each) stay well inside int64 */
         int64_t nk = 0, ne = 0, nkc = 0;
@@ -4463,8 +4470,13 @@ DT_API dt_status dt_moe_fwd(dt_moe *m, dt_moe_acts *a, dt_tensor *y, const dt_te
     m->secs[0] += t1 - t0;
     if (!st) st = dt__moe_layout_rows(m, a, ecnt);
     if (ecnt != ek) dt_release(ctx, ecnt);
+    if (!st && (!dt_mul_ok(a->R + 1, m->C > Fl ? m->C : Fl, &t0i) || t0i > ((int64_t)1 << 40)))
+        st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %lld rows reached this rank's experts: x %lld columns exceeds 2^40 "
+                              "elements", fn, (long long)a->R, (long long)(m->C > Fl ? m->C : Fl));
     if (st) return st;
     m->n_fwd++;
+    a->dev = m->dev;
+    a->xdata = x->data;
     /* dispatch: x's rows in the send order, across, then expert-major into xin */
     DT__TRY(dt__moe_fit(ctx, &m->bufs[0], ((a->S > a->R ? a->S : a->R) + 1) * C, DT_F32, m->dev));
     DT__TRY(dt__moe_fit(ctx, &m->bufs[1], ((a->S > a->R ? a->S : a->R) + 1) * C, DT_F32, m->dev));
@@ -4613,12 +4625,12 @@ static dt_status dt__moe_router_bwd(dt_moe *m, dt_moe_acts *a, dt_tensor *dx, dt
         float *d = dzd + t * E;
         double dot = 0, sel = 0, gd = 0;
         for (e = 0; e < E; e++) d[e] = (float)(auxg * m->f[e]);
-        if (m->d.renorm) { /* g_j = p_j / S: dp_j = (dg_j - sum_i dg_i g_i) / S */
+        if (m->d.renorm) { /* g_j = p_j / S: dp_j = (dg_j - sum_i dg_i g_i) / S (S = 0: gates 0, no gradient) */
             for (j = 0; j < k; j++) {
                 sel += p[a->idx[t * k + j]];
                 gd += (double)dg[t * k + j] * a->gate[t * k + j];
             }
-            for (j = 0; j < k; j++) d[a->idx[t * k + j]] += (float)((dg[t * k + j] - gd) / sel);
+            for (j = 0; j < k && sel > 0; j++) d[a->idx[t * k + j]] += (float)((dg[t * k + j] - gd) / sel);
         } else
             for (j = 0; j < k; j++) d[a->idx[t * k + j]] += dg[t * k + j];
         for (e = 0; e < E; e++) dot += (double)p[e] * d[e];
@@ -4645,7 +4657,11 @@ DT_API dt_status dt_moe_bwd(dt_moe *m, dt_moe_acts *a, dt_tensor *dx, dt_tensor 
     ctx = m->ctx;
     if (!a || a->m != m) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a is NULL or another layer's acts", fn);
     if (!a->probs.data) return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: no dt_moe_fwd for these acts", fn);
-    if (x) m->dev = x->device;
+    if (x && (x->device != a->dev || x->data != a->xdata))
+        return dt_ctx_set_error(ctx, x->device != a->dev ? DT_ERR_DEVICE : DT_ERR_ARG, "%s: x (on %s) is not the tensor "
+                                "these acts' forward read (on %s); the backward needs that forward's x", fn,
+                                dt_device_name(x->device), dt_device_name(a->dev));
+    m->dev = a->dev;
     N = a->N;
     C = m->C;
     k = m->k;
@@ -4657,11 +4673,11 @@ DT_API dt_status dt_moe_bwd(dt_moe *m, dt_moe_acts *a, dt_tensor *dx, dt_tensor 
     if (!(loss_scale > 0) || !isfinite(loss_scale))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: loss_scale = %g; expected a finite value > 0", fn, loss_scale);
     if (m->d.balance == DT_MOE_AUX && !m->synced) {
-        if (m->n_fwd < m->d.micro)
-            return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: the aux loss needs f over the step's whole batch, but only %d "
-                                    "of desc.micro = %d forwards ran before this backward; run every forward of a step "
-                                    "before its first backward (GPipe, or one micro-batch), or balance by DT_MOE_BIAS",
-                                    fn, m->n_fwd, m->d.micro);
+        if (m->n_fwd != m->d.micro)
+            return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: the aux loss needs f over the step's whole batch, but %d "
+                                    "forwards of desc.micro = %d ran before this backward; run every forward of a step "
+                                    "(desc.micro of them) before its first backward (GPipe, or one micro-batch), or "
+                                    "balance by DT_MOE_BIAS", fn, m->n_fwd, m->d.micro);
         DT__TRY(dt__moe_sync(m));
     }
     /* the gates' grads dg = dy . out (partial over tp, summed), and the outputs' grads g dy in the

@@ -515,7 +515,7 @@ int dt_k_concat(float *whole, float *part, int64_t R, int64_t W, int64_t col0, i
    largest of p (+ bias [E] when not NULL), ties to the lower index, gates p (renorm: / their sum).
    capacity: S sequences of T tokens: slot [N, k] = 0 kept, -1 dropped (GShard's order, cap per
    expert and sequence, 0 = all); seqstat [2 S]: per sequence dropped, and the sum of the dropped
-   pairs' 32-bit fingerprints (global token (seq0 + s) T + t, choice j); used: [S, E] scratch.
+   pairs' 20-bit fingerprints (global token (seq0 + s) T + t, choice j); used: [S, E] scratch.
    counts: stat [3 E] doubles: per expert routed, sum of p (token order), kept.
    slots: the kept slots become send rows, sorted by expert then token (reads stat's kept).
    pack: send[slot] = x[t]; permute: to 1 dst[i] = src[perm[i]], 0 dst[perm[i]] = src[i];

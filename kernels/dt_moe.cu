@@ -8,8 +8,8 @@
    softmax and choice by one thread, a sequence's capacity by one thread walking it in GShard's
    order, an expert's slots by one thread walking the tokens in order, a token's combine over its
    choices j = 0 .. k-1, the gates' grads as double sums over the columns in order. So the same
-   inputs give the CPU's results: bit for bit where the CPU's own arithmetic is used (the copies,
-   the combine, the counts, the slots), within the device expf's ulps in the softmax. No atomics,
+   inputs give the CPU's choices, counts, slots and copies exactly, and its values within the
+   device expf's ulps in the softmax and nvcc's fused multiply-adds (the combine). No atomics,
    no allocation, no wait for the host (dt_parallel.h reads the counts back: the all-to-all's
    sizes).                                                           MIT licence (see dt_tensor.h) */
 #include "dt_cuda.cuh"
@@ -42,7 +42,7 @@ static __global__ void dt_k__moe_route(float *probs, int *idx, float *gate, cons
             gate[t * k + j] = p[best];
             sel += p[best];
         }
-        if (renorm)
+        if (renorm && sel > 0)
             for (int j = 0; j < k; j++) gate[t * k + j] = (float)(gate[t * k + j] / sel);
     }
 }
@@ -56,7 +56,7 @@ static __device__ uint64_t dt_k__moe_mix(uint64_t z) {
 
 /* One thread per sequence s: its first choices in order, then its second ..., each kept while its
    expert has taken fewer than cap (slot 0) or dropped (slot -1); seqstat[2 s] dropped,
-   [2 s + 1] the sum of the dropped pairs' 32-bit fingerprints. used: [S, E] scratch. */
+   [2 s + 1] the sum of the dropped pairs' 20-bit fingerprints. used: [S, E] scratch. */
 static __global__ void dt_k__moe_capacity(int64_t *slot, int64_t *seqstat, int64_t *used, const int *__restrict__ idx,
                                           int64_t S, int64_t T, int E, int k, int64_t cap, int64_t seq0) {
     for (int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; s < S; s += (int64_t)gridDim.x * blockDim.x) {
@@ -72,7 +72,7 @@ static __global__ void dt_k__moe_capacity(int64_t *slot, int64_t *seqstat, int64
                     uint64_t id = (uint64_t)(seq0 + s) * (uint64_t)T + (uint64_t)(t - s * T);
                     slot[t * k + j] = -1;
                     dropped++;
-                    print += (int64_t)(dt_k__moe_mix(id * (uint64_t)k + (uint64_t)j) & 0xffffffffu);
+                    print += (int64_t)(dt_k__moe_mix(id * (uint64_t)k + (uint64_t)j) & 0xfffffu);
                 }
             }
         seqstat[2 * s] = dropped;
@@ -192,7 +192,7 @@ static __global__ void dt_k__moe_router_bwd(float *dz, const float *__restrict__
                 sel += p[idx[t * k + j]];
                 gd += (double)dg[t * k + j] * gate[t * k + j];
             }
-            for (int j = 0; j < k; j++) d[idx[t * k + j]] += (float)((dg[t * k + j] - gd) / sel);
+            for (int j = 0; j < k && sel > 0; j++) d[idx[t * k + j]] += (float)((dg[t * k + j] - gd) / sel);
         } else
             for (int j = 0; j < k; j++) d[idx[t * k + j]] += dg[t * k + j];
         for (int e = 0; e < E; e++) dot += (double)p[e] * d[e];

@@ -184,7 +184,7 @@ static void reference(double capacity, int renorm, int balance, double coef, con
                 if (RF.kept[t][j]) used[e]++;
                 else {
                     RF.dropped++;
-                    RF.print += mix((uint64_t)t * K + j) & 0xffffffffu;
+                    RF.print += mix((uint64_t)t * K + j) & 0xfffffu;
                 }
             }
     }
@@ -459,17 +459,57 @@ static void bad_inputs(void) {
         /* one forward of micro = 2, then a backward: the aux loss's f is not known yet */
         dt_test_error("aux_backward_before_every_forward_is_named",
                       dt_moe_bwd(m, a, &dx, &drt, &dw1, NULL, &dw2, NULL, &y, &x, &rt, &w1, &w2, 1.0f), dt_ctx_error(&C),
-                      "only 1 of desc.micro = 2 forwards");
+                      "1 forwards of desc.micro = 2");
         dt_test_error("bad_loss_scale_is_named",
                       dt_moe_bwd(m, a, &dx, &drt, &dw1, NULL, &dw2, NULL, &y, &x, &rt, &w1, &w2, 0.0f), dt_ctx_error(&C),
                       "loss_scale = 0");
         OK(dt_moe_fwd(m, a, &y, &x, 0, &rt, &w1, NULL, &w2, NULL));
         DT_TEST_CHECK("bwd_after_every_forward_works",
                       dt_moe_bwd(m, a, &dx, &drt, &dw1, NULL, &dw2, NULL, &y, &x, &rt, &w1, &w2, 1.0f) == DT_OK);
+        dt_test_error("aux_forward_after_the_steps_backward_is_named",
+                      dt_moe_fwd(m, a, &y, &x, 0, &rt, &w1, NULL, &w2, NULL), dt_ctx_error(&C),
+                      "a forward after this step's first backward");
+        dt_test_error("bwd_with_another_x_is_named",
+                      dt_moe_bwd(m, a, &dx, &drt, &dw1, NULL, &dw2, NULL, &y, &y, &rt, &w1, &w2, 1.0f), dt_ctx_error(&C),
+                      "is not the tensor these acts' forward read");
         OK(dt_moe_step_end(m, NULL));
         dt_tensor_free(&C, &x); dt_tensor_free(&C, &odd); dt_tensor_free(&C, &y); dt_tensor_free(&C, &dx);
         dt_tensor_free(&C, &rt); dt_tensor_free(&C, &w1); dt_tensor_free(&C, &w2); dt_tensor_free(&C, &w2bad);
         dt_tensor_free(&C, &drt); dt_tensor_free(&C, &dw1); dt_tensor_free(&C, &dw2);
+    }
+    dt_moe_acts_free(a);
+    dt_moe_free(m);
+    if (W == 1) {
+        memset(&md, 0, sizeof md);
+        md.experts = 1; md.width = CW; md.seq = T;
+        dt_test_error("default_top_k_with_one_expert_is_named", dt_moe_create(l, &m, &md), dt_ctx_error(&C),
+                      "desc.top_k = 0");
+    }
+    /* the bias chooses experts whose probability underflowed to 0: renormalised gates stay 0, not
+       0/0 */
+    memset(&md, 0, sizeof md);
+    md.experts = E; md.top_k = 2; md.width = CW; md.seq = T; md.renorm = 1; md.balance = DT_MOE_BIAS;
+    OK(dt_moe_create(l, &m, &md));
+    OK(dt_moe_acts_create(m, &a));
+    {
+        int El = E / W, i, finite = 1;
+        dt_tensor x = mk(2, T, CW, 0), y = mk(2, T, CW, 0), dx = mk(2, T, CW, 0), rt = mk(2, E, CW, 0);
+        dt_tensor w1 = mk(3, El, 4 * CW, CW), w2 = mk(3, El, CW, 4 * CW), drt = mk(2, E, CW, 0);
+        dt_tensor dw1 = mk(3, El, 4 * CW, CW), dw2 = mk(3, El, CW, 4 * CW);
+        for (i = 0; i < T * CW; i++) Fp(&x)[i] = 1.0f;
+        for (i = 0; i < CW; i++) Fp(&rt)[i] = 100.0f; /* expert 0's logit 1600, the others 0: p = 1, 0, ... */
+        for (i = 0; i < El * 4 * CW * CW; i++) { Fp(&w1)[i] = 0.01f; Fp(&w2)[i] = 0.01f; }
+        dt_moe_bias(m)[0] = -2.0f; dt_moe_bias(m)[1] = 1.0f; dt_moe_bias(m)[2] = 1.0f;
+        OK(dt_moe_fwd(m, a, &y, &x, 0, &rt, &w1, NULL, &w2, NULL));
+        OK(dt_moe_bwd(m, a, &dx, &drt, &dw1, NULL, &dw2, NULL, &y, &x, &rt, &w1, &w2, 1.0f));
+        for (i = 0; i < T * CW; i++) finite &= isfinite(Fp(&y)[i]) && isfinite(Fp(&dx)[i]);
+        for (i = 0; i < E * CW; i++) finite &= isfinite(Fp(&drt)[i]);
+        dt_test_check_all("renorm_gates_of_zero_probability_experts_stay_finite", finite, "y, dx or the router grad is "
+                          "not finite");
+        OK(dt_moe_step_end(m, NULL));
+        dt_tensor_free(&C, &x); dt_tensor_free(&C, &y); dt_tensor_free(&C, &dx); dt_tensor_free(&C, &rt);
+        dt_tensor_free(&C, &w1); dt_tensor_free(&C, &w2); dt_tensor_free(&C, &drt); dt_tensor_free(&C, &dw1);
+        dt_tensor_free(&C, &dw2);
     }
     dt_moe_acts_free(a);
     dt_moe_free(m);

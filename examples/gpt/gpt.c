@@ -268,7 +268,7 @@ static const char *HELP =
     "  --moe-experts E   mixture of experts: the MLP of every --moe-every-th block becomes E experts and a\n"
     "                    router (0: dense) (dt_parallel.h's >>moe)\n"
     "  --moe-topk K      experts per token (2)\n"
-    "  --ep N            expert-parallel ranks (1): the experts split over N of the dp ranks (N divides dp)\n"
+    "  --ep N            expert-parallel ranks (1): the experts split over N of the dp x cp ranks (N divides dp x cp)\n"
     "  --moe-capacity F  per sequence, an expert keeps at most ceil(F x seq x K / E) tokens; the rest pass\n"
     "                    through the residual; 0 = dropless (1.25)\n"
     "  --moe-balance B   aux (Switch / GShard's aux loss over the global batch) or bias (DeepSeek-V3's\n"
