@@ -284,6 +284,10 @@ DT_API dt_status dt_comm_set_name(dt_comm *c, const char *name);
 /* Local: each rank may set its own timeout (seconds; 0 = 300 s, < 0 = never; NaN is DT_ERR_ARG). */
 DT_API dt_status dt_comm_set_timeout(dt_comm *c, double seconds);
 DT_API double dt_comm_timeout(const dt_comm *c);
+/* Seconds this rank has spent blocked in c's waits (a blocking call, dt_comm_wait) since c was
+   made: the time it waited for the others (unlike dt_comm_stats' seconds, which run from post to
+   completion and so include the compute an async operation overlapped). */
+DT_API double dt_comm_wait_seconds(const dt_comm *c);
 /* Checking mode on (1) or off (0); other values are DT_ERR_ARG and change nothing. Every rank
    must switch it at the same point. */
 DT_API dt_status dt_comm_set_check(dt_comm *c, int on);
@@ -578,6 +582,7 @@ struct dt_comm {
     int is_world;
     int check, nccl_mode;
     double timeout;
+    double wait_s;                   /* dt_comm_wait_seconds */
     int broken;
     char broken_msg[300];
     int64_t seq;                     /* collectives entered */
@@ -1243,6 +1248,7 @@ DT_API dt_ctx *dt_comm_ctx(const dt_comm *c) { return c ? c->ctx : NULL; }
 DT_API int64_t dt_comm_seq(const dt_comm *c) { return c ? c->seq : 0; }
 DT_API int dt_comm_ok(const dt_comm *c) { return c && !c->broken; }
 DT_API double dt_comm_timeout(const dt_comm *c) { return c ? c->timeout : 0.0; }
+DT_API double dt_comm_wait_seconds(const dt_comm *c) { return c ? c->wait_s : 0.0; }
 DT_API dt_status dt_comm_set_timeout(dt_comm *c, double seconds) {
     if (!c) return DT_ERR_ARG;
     if (seconds != seconds)
@@ -2196,7 +2202,15 @@ static void dt__cm_backoff(unsigned *looks, double waited) {
 
 /* Waits for q with the comm's timeout, reading notices every few milliseconds; until_queued: only
    until q is deferrable (the host waits for MPI's part, the header and counts, not the device). */
+static dt_status dt__cm_wait_loop(dt_comm_req *q, int until_queued);
 static dt_status dt__cm_wait_until(dt_comm_req *q, int until_queued) {
+    dt_comm *c = q->c;
+    double t0 = dt__cm_now();
+    dt_status st = dt__cm_wait_loop(q, until_queued);
+    c->wait_s += dt__cm_now() - t0;
+    return st;
+}
+static dt_status dt__cm_wait_loop(dt_comm_req *q, int until_queued) {
     dt_comm *c = q->c;
     double start = dt__cm_now(), next_serve = start + DT__CM_SERVE_S;
     unsigned looks = 0;
@@ -2309,7 +2323,15 @@ static void dt__cm_reap(dt_comm *c, int mode) {
 #ifdef DT_MPI
 /* Waits for one MPI request outside the stage machine (checks, splits, NCCL ids), with the
    same timeout and reports, blamed on q. */
+static dt_status dt__cm_wait_ctl_loop(dt_comm_req *q, MPI_Request *r, const char *what);
 static dt_status dt__cm_wait_ctl(dt_comm_req *q, MPI_Request *r, const char *what) {
+    dt_comm *c = q->c;
+    double t0 = dt__cm_now();
+    dt_status st = dt__cm_wait_ctl_loop(q, r, what);
+    c->wait_s += dt__cm_now() - t0;
+    return st;
+}
+static dt_status dt__cm_wait_ctl_loop(dt_comm_req *q, MPI_Request *r, const char *what) {
     dt_comm *c = q->c;
     double start = dt__cm_now(), next_serve = start + DT__CM_SERVE_S;
     unsigned looks = 0;

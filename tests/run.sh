@@ -55,6 +55,7 @@
 #                             down, <= 1 wait (tests/cuda_counters.sh)
 #   dlrm_reference            build/examples/dlrm (from ./build.sh) against an independent NumPy
 #                             DLRM / DCNv2 fed its checkpoints and batches (tests/dlrm_reference.py)
+#   slow_rank                 gpt --slow-every names a rank slowed by a busy loop on its core
 #   multihost                 gpt and dlrm across 2 and 3 hosts made as network namespaces, equal to
 #                             np 1 (tests/multihost.sh; root only, else one SKIP line)
 #   gpu:...                   ./build.sh gpu where there is no GPU: bench/gpu/selftest.sh (exit 3,
@@ -994,6 +995,12 @@ if selected dlrm_reference; then
     if [ -n "$py" ]; then run_prog dlrm_reference "" "" "$py" tests/dlrm_reference.py
     else report "SKIP dlrm_reference: no python3 (./build.sh installs it)"
     fi
+fi
+
+# slow_rank: examples/gpt names a rank slowed by a busy loop on its core (tests/slow_rank.sh)
+if selected slow_rank; then
+    section "a slow rank named: gpt --slow-every with a CPU hog beside rank 1 (tests/slow_rank.sh)"
+    run_prog slow_rank "" "" bash tests/slow_rank.sh
 fi
 
 # multihost: examples/gpt and dlrm across 2 and 3 hosts made as network namespaces (root only:

@@ -205,6 +205,8 @@ typedef struct opts {
     int ulysses;          /* --cp-kind: 0 ring, 1 ulysses */
     double offload;       /* --offload-activations: the fraction of each chunk's blocks offloaded */
     int schedule_given;   /* --schedule was on the command line */
+    int slow_every;       /* --slow-every K: each K steps, name ranks whose compute is slow (0: off) */
+    double slow_factor;   /* --slow-factor F: slow = compute above F x the median rank's */
     int moe_experts, moe_topk, ep, moe_every, moe_renorm, moe_shared; /* --moe-*: 0 experts = dense */
     double moe_capacity, moe_aux;
     dt_moe_balance moe_balance;
@@ -277,6 +279,10 @@ static const char *HELP =
     "  --moe-every N     every N-th block is MoE: blocks N-1, 2N-1, ... (1)\n"
     "  --moe-renorm 0|1  gates renormalised over the chosen K (Mixtral) or the raw probabilities (Switch) (1)\n"
     "  --moe-shared 0|1  keep the dense MLP beside the experts as a shared expert (0)\n"
+    "  --slow-every K    every K steps, gather each rank's compute time (the step less its time in\n"
+    "                    collectives) and name the ranks above --slow-factor x the median, with their host,\n"
+    "                    on stdout and in --log's line (\"slow_ranks\"); 0 = off (10 on cpu, 0 on cuda)\n"
+    "  --slow-factor F   (1.5)\n"
     "  --help            this text\n";
 
 static void usage(const char *why) {
@@ -316,6 +322,7 @@ static void parse(opts *o, int argc, char **argv) {
     o->print_every = 10; o->dtype = DT_F32; o->schedule = DT_PP_1F1B; o->device = DT_CPU;
     o->moe_topk = 2; o->ep = 1; o->moe_capacity = 1.25; o->moe_aux = 0.01; o->moe_every = 1; o->moe_renorm = 1;
     o->moe_balance = DT_MOE_AUX;
+    o->slow_every = -1; o->slow_factor = 1.5;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int takes = 1;
@@ -371,6 +378,8 @@ static void parse(opts *o, int argc, char **argv) {
             else if (v && !strcmp(v, "cuda")) o->device = DT_CUDA_DEVICE;
             else usage("--device is cpu or cuda");
         }
+        else if (!strcmp(a, "--slow-every")) o->slow_every = (int)num(a, v, 0, 1 << 30);
+        else if (!strcmp(a, "--slow-factor")) o->slow_factor = real(a, v, 1, 1e6);
         else if (!strcmp(a, "--moe-experts")) o->moe_experts = (int)num(a, v, 0, 1 << 16);
         else if (!strcmp(a, "--moe-topk")) o->moe_topk = (int)num(a, v, 1, 1 << 16);
         else if (!strcmp(a, "--ep")) o->ep = (int)num(a, v, 1, 1 << 16);
@@ -413,6 +422,9 @@ static void parse(opts *o, int argc, char **argv) {
     /* f16 on cuda would need the f32 path's attention and the loss scaler's device checks tested */
     if (o->device == DT_CUDA_DEVICE && o->dtype == DT_F16) usage("--device cuda trains --dtype f32 or bf16");
     if (o->clip < 0) o->clip = 1.0;
+    /* on cuda a step's time means waiting for the device (and NCCL's statistics wait too): off
+       there unless asked for */
+    if (o->slow_every < 0) o->slow_every = o->device == DT_CPU ? 10 : 0;
     if (!o->data && !o->shards) { /* a text that ships with Debian, else with the project */
         o->data = "/usr/share/common-licenses/GPL-3";
         if (!(fp = fopen(o->data, "rb"))) o->data = "README.md";
@@ -1731,18 +1743,33 @@ static double gemm_peak(void) {
 }
 
 /* Seconds this rank has spent in collectives on the layout's comms (dt_comm's statistics). */
-static double comm_seconds(dt_layout *l) {
-    dt_comm *cs[6];
+static double comm_seconds(dt_layout *l, dt_comm *emb) {
+    dt_comm *cs[11];
     double s = 0;
     int i, k;
-    cs[0] = l->tp_comm; cs[1] = l->dp_comm; cs[2] = l->world; cs[3] = l->pp > 1 ? l->pp_comm : NULL;
-    cs[4] = l->cp > 1 ? l->cp_comm : NULL; cs[5] = l->cp > 1 ? l->dpcp_comm : NULL;
-    for (i = 0; i < 6; i++) {
+    /* every group of the layout (each its own comm: ZeRO's dp x cp, the norm's dp x cp x tp, the
+       experts' ep / edp / ep x tp), the world, and the pipeline's embedding group */
+    cs[0] = l->tp_comm; cs[1] = l->dp_comm; cs[2] = l->world; cs[3] = l->pp_comm; cs[4] = l->cp_comm;
+    cs[5] = l->dpcp_comm; cs[6] = l->dptp_comm; cs[7] = l->ep_comm; cs[8] = l->edp_comm; cs[9] = l->eptp_comm;
+    cs[10] = emb;
+    for (i = 0; i < 11; i++) {
         for (k = 0; k < DT_COLL_COUNT; k++) {
             dt_comm_stat st;
             if (cs[i] && dt_comm_stats(cs[i], &st, (dt_coll)k) == DT_OK) s += st.seconds;
         }
     }
+    return s;
+}
+
+/* Seconds this rank has waited, blocked, in every group's collectives (dt_comm_wait_seconds). */
+static double wait_seconds(dt_layout *l, dt_comm *emb) {
+    dt_comm *cs[11];
+    double s = 0;
+    int i;
+    cs[0] = l->tp_comm; cs[1] = l->dp_comm; cs[2] = l->world; cs[3] = l->pp_comm; cs[4] = l->cp_comm;
+    cs[5] = l->dpcp_comm; cs[6] = l->dptp_comm; cs[7] = l->ep_comm; cs[8] = l->edp_comm; cs[9] = l->eptp_comm;
+    cs[10] = emb;
+    for (i = 0; i < 11; i++) s += dt_comm_wait_seconds(cs[i]);
     return s;
 }
 
@@ -1825,6 +1852,11 @@ typedef struct trainer {
     int logging;                        /* this step reads its loss (is_logging_step) */
     double moe_aux, moe_dropped, moe_print, moe_lmax; /* MoE: the last logging step's, over every layer */
     double *moe_hist;                   /* MoE: [L][E] assignments per expert, summed over the run */
+    /* --slow-every: this window's compute and collective seconds, the last check's verdict */
+    double win_compute, win_comm, comm_before, step_t0;
+    int win_steps, n_slow, slow[8];     /* the slow ranks the last check named (at most 8 listed) */
+    double slow_median;                 /* that check's median compute per step, seconds */
+    char (*hosts)[64];                  /* [W] each rank's host name (gathered at the first check) */
 } trainer;
 
 /* This process's rank among those of its host, from the launcher's environment (Open MPI,
@@ -2366,6 +2398,75 @@ static void save_checkpoint(trainer *t, int64_t step) {
     CHECK(dt_zero_checkpoint_save(t->m.z, &st, &cd));
 }
 
+/* ---- slow ranks (--slow-every K): a rank that computes slower than the others makes every rank's
+   step longer, as they wait for it in the collectives, so the step time names nobody. Each rank
+   counts its step less its seconds blocked in collectives (every group's); every K steps
+   the world gathers those, and a rank above --slow-factor x the median (and 1 ms a step above
+   it: timer noise) is named with its host. Collective over the world, every K steps. */
+static void slow_begin(trainer *t) {
+    t->step_t0 = now();
+    t->comm_before = wait_seconds(t->lay, t->pl.emb);
+}
+static void slow_end(trainer *t) {
+    const opts *o = &t->o;
+    double c = wait_seconds(t->lay, t->pl.emb) - t->comm_before, *all, *sorted, med;
+    dt_tensor mine, every;
+    dt_tensor_desc td;
+    int r, i, j, W = t->W;
+    if (!o->slow_every) return;
+    t->win_comm += c;
+    t->win_compute += now() - t->step_t0 - c;
+    if (++t->win_steps < o->slow_every) return;
+    memset(&td, 0, sizeof td);
+    td.dtype = DT_F32; td.device = DT_CPU; td.shape[0] = 2;
+    CHECK(dt_tensor_create(g_ctx, &mine, &td));
+    td.shape[0] = 2 * (int64_t)W;
+    CHECK(dt_tensor_create(g_ctx, &every, &td));
+    ((float *)mine.data)[0] = (float)(t->win_compute / t->win_steps);
+    ((float *)mine.data)[1] = (float)(t->win_comm / t->win_steps);
+    CHECK(dt_comm_allgather(t->world, &every, &mine));
+    if (!t->hosts) { /* once: each rank's host */
+        dt_tensor hm, ha;
+        td.dtype = DT_U8; td.shape[0] = 64;
+        CHECK(dt_tensor_create(g_ctx, &hm, &td));
+        td.shape[0] = 64 * (int64_t)W;
+        CHECK(dt_tensor_create(g_ctx, &ha, &td));
+        memset(hm.data, 0, 64);
+        if (gethostname((char *)hm.data, 63) != 0) snprintf((char *)hm.data, 64, "?");
+        CHECK(dt_comm_allgather(t->world, &ha, &hm));
+        t->hosts = (char (*)[64])malloc((size_t)W * 64);
+        if (!t->hosts) CHECK(DT_ERR_OOM);
+        memcpy(t->hosts, ha.data, (size_t)W * 64);
+        dt_tensor_free(g_ctx, &hm);
+        dt_tensor_free(g_ctx, &ha);
+    }
+    all = (double *)malloc((size_t)W * 2 * sizeof(double));
+    if (!all) CHECK(DT_ERR_OOM);
+    sorted = all + W;
+    for (r = 0; r < W; r++) all[r] = sorted[r] = ((const float *)every.data)[2 * r];
+    for (i = 1; i < W; i++) /* insertion sort: W is small */
+        for (j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) { double x = sorted[j]; sorted[j] = sorted[j - 1]; sorted[j - 1] = x; }
+    med = sorted[(W - 1) / 2]; /* the lower median: at 2 ranks the faster one, not the pair's mean */
+    t->n_slow = 0;
+    t->slow_median = med;
+    for (r = 0; r < W; r++)
+        if (all[r] > o->slow_factor * med && all[r] - med > 1e-3) {
+            if (t->n_slow < 8) t->slow[t->n_slow] = r;
+            t->n_slow++;
+            if (g_rank == 0)
+                printf("slow rank: %d on host %s computes %.2f ms a step, %.2fx the median rank's %.2f ms (steps %lld-%lld; "
+                       "it waited %.2f ms a step in collectives)\n", r, t->hosts[r], all[r] * 1e3, med > 0 ? all[r] / med : 0.0,
+                       med * 1e3, (long long)(t->step + 2 - t->win_steps), (long long)(t->step + 1),
+                       ((const float *)every.data)[2 * r + 1] * 1e3);
+        }
+    if (g_rank == 0) fflush(stdout);
+    free(all);
+    dt_tensor_free(g_ctx, &mine);
+    dt_tensor_free(g_ctx, &every);
+    t->win_compute = t->win_comm = 0;
+    t->win_steps = 0;
+}
+
 /* Rank 0: the progress line every --print-every steps, the JSON line of every step (--log). */
 static void log_step(trainer *t, const dt_opt_step_info *info) {
     const opts *o = &t->o;
@@ -2383,7 +2484,13 @@ static void log_step(trainer *t, const dt_opt_step_info *info) {
     if (t->log) {
         fprintf(t->log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,"
                         "\"loss_scale\":%g,\"comm_s\":%.6f,\"skipped\":%d", (long long)(t->step + 1), t->loss,
-                info->lr, info->grad_norm, tps, info->loss_scale, comm_seconds(t->lay), info->skipped);
+                info->lr, info->grad_norm, tps, info->loss_scale, comm_seconds(t->lay, t->pl.emb), info->skipped);
+        if (o->slow_every && t->win_steps == 0) { /* the step that ended a --slow-every window */
+            int i;
+            fprintf(t->log, ",\"compute_s_median\":%.6f,\"slow_ranks\":[", t->slow_median);
+            for (i = 0; i < t->n_slow && i < 8; i++) fprintf(t->log, "%s%d", i ? "," : "", t->slow[i]);
+            fprintf(t->log, "]");
+        }
         if (o->moe_experts)
             fprintf(t->log, ",\"moe_aux\":%.9g,\"moe_dropped\":%.0f,\"moe_drop_print\":%.0f,\"moe_load_max_over_mean\":%.6g",
                     t->moe_aux, t->moe_dropped, t->moe_print, t->moe_lmax);
@@ -2497,6 +2604,7 @@ static void teardown(trainer *t) {
     dt_release(&t->ctx, m->xunit);
     dt_release(&t->ctx, m->mp);
     dt_release(&t->ctx, t->moe_hist);
+    free(t->hosts);
     dt_zero_free(m->z);
     dt_trace_free(m->tr);
     dt_tensor_free(&t->ctx, &m->f32buf);
@@ -2535,7 +2643,9 @@ int main(int argc, char **argv) {
     t.last_step = o->stop_at && o->stop_at < o->steps ? o->stop_at : o->steps;
     t.t0 = now();
     for (; t.step < t.last_step; t.step++) {
+        slow_begin(&t);
         train_step(&t, &info);
+        slow_end(&t);
         if (o->ckpt && o->ckpt_every && (t.step + 1) % o->ckpt_every == 0) save_checkpoint(&t, t.step + 1);
         log_step(&t, &info);
     }
