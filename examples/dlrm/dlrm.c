@@ -105,6 +105,7 @@ typedef struct opts {
     const char *table_sizes;       /* the --table-sizes text, NULL when not given */
     uint64_t seed;
     const char *data, *arch, *opt, *log, *ckpt, *shard, *device, *dump;
+    double timeout;         /* --timeout S: a collective not done in S seconds is a named error (0: dt's 300) */
     int dim, cross, cross_rank, accum, eval_every, print_every, ckpt_every, resume, skip_bad, quiet, overlap, profile;
     const char *tier, *tier_dir;   /* --tier none|disk|host, --tier-dir */
     int64_t cache_rows;            /* --cache-rows N; or cache_frac for a fraction */
@@ -130,7 +131,7 @@ static void usage(const char *why) {
                     "--arch dlrm|dcn --dim D --bottom 64,32 --top 64,32 --cross L --cross-rank R --opt sgd|adagrad --lr LR "
                     "--emb-lr LR --accum N --eval-every N --eval-samples N --print-every N --log FILE "
                     "--ckpt DIR --ckpt-every N --resume --rows N --table-sizes N|n1,...,n26 --skip-bad "
-                    "--shard auto|row|table|column|table-row|data --row-wise-over ROWS "
+                    "--shard auto|row|table|column|table-row|data --row-wise-over ROWS --timeout S "
                     "--device cpu|cuda --quiet --overlap 0|1 --dump-batches DIR --profile --tier none|disk|host "
                     "--tier-dir DIR --cache-rows N|F --prefetch 0|1\n", why);
     exit(2);
@@ -248,6 +249,10 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--rows")) o->rows = num(a, v, 1, (int64_t)1 << 40);
         else if (!strcmp(a, "--table-sizes")) o->table_sizes = v;
         else if (!strcmp(a, "--shard")) o->shard = v;
+        else if (!strcmp(a, "--timeout")) {
+            o->timeout = v ? atof(v) : 0;
+            if (!(o->timeout > 0 && o->timeout < 1e9)) usage("--timeout wants seconds > 0");
+        }
         else if (!strcmp(a, "--device")) o->device = v;
         else if (!strcmp(a, "--row-wise-over")) o->row_wise_over = num(a, v, 0, (int64_t)1 << 40);
         else if (!strcmp(a, "--overlap")) o->overlap = (int)num(a, v, 0, 1);
@@ -1060,6 +1065,7 @@ static void setup(trainer *t, int argc, char **argv) {
     CHECK(dt_comm_create_world(&t->ctx, &t->world, NULL));
     g_rank = dt_comm_rank(t->world);
     t->W = dt_comm_size(t->world);
+    if (t->o.timeout > 0) CHECK(dt_comm_set_timeout(t->world, t->o.timeout)); /* comms split from it inherit it */
     if (!t->o.quiet) print_hosts(t->world);
     data_open(&t->d, &t->o, t->world);
     model_make(&t->m, &t->o, &t->d, t->world);

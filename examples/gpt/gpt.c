@@ -207,6 +207,7 @@ typedef struct opts {
     int schedule_given;   /* --schedule was on the command line */
     int slow_every;       /* --slow-every K: each K steps, name ranks whose compute is slow (0: off) */
     double slow_factor;   /* --slow-factor F: slow = compute above F x the median rank's */
+    double timeout;       /* --timeout S: a collective not done in S seconds is a named error (0: dt's 300) */
     int moe_experts, moe_topk, ep, moe_every, moe_renorm, moe_shared; /* --moe-*: 0 experts = dense */
     double moe_capacity, moe_aux;
     dt_moe_balance moe_balance;
@@ -279,6 +280,10 @@ static const char *HELP =
     "  --moe-every N     every N-th block is MoE: blocks N-1, 2N-1, ... (1)\n"
     "  --moe-renorm 0|1  gates renormalised over the chosen K (Mixtral) or the raw probabilities (Switch) (1)\n"
     "  --moe-shared 0|1  keep the dense MLP beside the experts as a shared expert (0)\n"
+    "  --timeout S       a collective that has not completed S seconds after it began fails on every\n"
+    "                    rank that waits for it, naming the collective, its group and the ranks that did not\n"
+    "                    arrive; the run then ends (dt's default 300). mpirun notices a dead host sooner with\n"
+    "                    --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3\n"
     "  --slow-every K    every K steps, gather each rank's compute time (the step less its time in\n"
     "                    collectives) and name the ranks above --slow-factor x the median, with their host,\n"
     "                    on stdout and in --log's line (\"slow_ranks\"); 0 = off (10 on cpu, 0 on cuda)\n"
@@ -378,6 +383,7 @@ static void parse(opts *o, int argc, char **argv) {
             else if (v && !strcmp(v, "cuda")) o->device = DT_CUDA_DEVICE;
             else usage("--device is cpu or cuda");
         }
+        else if (!strcmp(a, "--timeout")) o->timeout = real(a, v, 0.001, 1e9);
         else if (!strcmp(a, "--slow-every")) o->slow_every = (int)num(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--slow-factor")) o->slow_factor = real(a, v, 1, 1e6);
         else if (!strcmp(a, "--moe-experts")) o->moe_experts = (int)num(a, v, 0, 1 << 16);
@@ -1900,6 +1906,7 @@ static void setup(trainer *t, int argc, char **argv) {
     g_rank = dt_comm_rank(t->world);
     t->W = dt_comm_size(t->world);
     parse(&t->o, argc, argv);
+    if (t->o.timeout > 0) CHECK(dt_comm_set_timeout(t->world, t->o.timeout)); /* the layout's groups inherit it */
     open_data(&t->data, &t->o);
 }
 
