@@ -4670,7 +4670,7 @@ DT_API dt_status dt_moe_bwd(dt_moe *m, dt_moe_acts *a, dt_tensor *dx, dt_tensor 
     DT__TRY(dt__moe_arg(ctx, dx, "dx", 2, N, C, 0, fn, m->dev));
     DT__TRY(dt__moe_weights(m, router, fc_w, NULL, proj_w, NULL, fn, nm));
     DT__TRY(dt__moe_weights(m, d_router, d_fc_w, d_fc_b, d_proj_w, d_proj_b, fn, gn));
-    if (!(loss_scale > 0) || !isfinite(loss_scale))
+    if (!(loss_scale > 0 && loss_scale < HUGE_VALF)) /* (not isfinite: a C++ template exported under DT_STATIC) */
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: loss_scale = %g; expected a finite value > 0", fn, loss_scale);
     if (m->d.balance == DT_MOE_AUX && !m->synced) {
         if (m->n_fwd != m->d.micro)
