@@ -11,6 +11,9 @@
 #        a tp group spread over 2 hosts is warned about (tp 2 on 2 hosts x 1 rank);
 #   dlrm --shard table-row (each table row-wise over one host's ranks) on 2 and 3 hosts: the
 #        final loss within 1e-6 relative of np 1 (its all-to-all sums in a fixed order).
+#   examples/launch.sh: host 1's link cut after a checkpoint; the launcher finds host 0 alone
+#        answering, restarts there on 2 ranks with --resume, and training ends at the loss of a
+#        run stopped at that checkpoint on 4 ranks and resumed by hand on 2 (1e-6).
 # Every namespace, veth, bridge and qdisc it made is removed at the end, also when interrupted.
 # Needs root, iproute2 and unshare: otherwise one SKIP line with the reason. Ends with
 # "N passed, N failed, N skipped" (tests/run.sh reads the PASS / FAIL / SKIP lines).
@@ -168,6 +171,34 @@ out=$TMP/tp_spans.out
 if across 2 1 "$out" $GPT $TINY --tp 2 && grep -q "warning: the tp group of world ranks 0..1 spans hosts" "$out"; then
     pass gpt_tp_group_spanning_hosts_is_warned_about
 else fail gpt_tp_group_spanning_hosts_is_warned_about "no warning in $out"; fi
+
+# ---- elastic restart (examples/launch.sh): host 1's link cut after a checkpoint; the launcher
+# restarts on host 0's 2 ranks from the last checkpoint, and training ends at the loss of a run
+# stopped at that checkpoint (4 ranks) and resumed by hand at 2
+if ! up 2; then fail multihost_up_2_hosts_again "could not make the namespaces"; summary; exit 1; fi
+ck=$TMP/elastic_ckpt
+rm -rf "$ck"
+(   export OMPI_MCA_plm_rsh_agent="bash $SELF agent" OMPI_MCA_oob_tcp_if_include="$NET.0/24" \
+           OMPI_MCA_btl_tcp_if_include="$NET.0/24" OMPI_MCA_btl=tcp,self,vader
+    exec timeout -k 5 300 bash examples/launch.sh -H "$NET.1:2,$NET.2:2" --min-ranks 2 --probe-timeout 5 -- \
+        $GPT $TINY --steps 60 --ckpt "$ck" --ckpt-every 5 --timeout 8 --quiet ) >"$TMP/elastic.out" 2>&1 &
+lpid=$!
+for _ in $(seq 240); do [ -e "$ck/latest" ] && [ "$(cat "$ck/latest")" != step_00000005 ] && break; sleep 0.25; done
+ip link set "${PFX}v1" down
+wait $lpid
+lrc=$?
+from=$(sed -n 's|.*resuming from .*/step_0*\([0-9]*\)$|\1|p' "$TMP/elastic.out" | head -n 1)
+got=$(final "$TMP/elastic.out")
+if [ $lrc -eq 0 ] && grep -q "restart 1 after exit" "$TMP/elastic.out" && [ -n "$from" ]; then
+    manual=$TMP/elastic_manual
+    rm -rf "$manual"
+    if bg_run timeout -k 5 180 $DT_MPIRUN -np 4 $GPT $TINY --steps 60 --stop-at "$from" --ckpt "$manual" --quiet \
+            >"$TMP/elastic_m1.out" 2>&1 &&
+        bg_run timeout -k 5 180 $DT_MPIRUN -np 2 $GPT $TINY --steps 60 --ckpt "$manual" --resume --quiet >"$TMP/elastic_m2.out" 2>&1 &&
+        close "$got" "$(final "$TMP/elastic_m2.out")" 1e-6; then
+        pass "elastic_restart_after_a_host_dies_equals_a_manual_resume [resumed at step $from on 2 ranks: $got]"
+    else fail elastic_restart_after_a_host_dies_equals_a_manual_resume "launcher $got, by hand $(final "$TMP/elastic_m2.out") (from step $from)"; fi
+else fail elastic_restart_after_a_host_dies "launcher exit $lrc, resumed from '$from'; its log: $(grep 'launch.sh' "$TMP/elastic.out" | tr '\n' ' ')"; fi
 
 # ---- 3 hosts x 2 ranks
 if ! up 3; then fail multihost_up_3_hosts "could not make the namespaces"; summary; exit 1; fi
