@@ -5,15 +5,15 @@
    loss and the step-1 grad norm within tests/gpt_driver.h's derived fp32 bounds, the final loss
    within 1e-5 relative, every weight of the final checkpoint (the experts reassembled by index)
    within Adam's per-element bound, and every step's aux loss within 1e-6 relative, tokens dropped
-   and their fingerprint (which (token, choice) pairs) equal. Models: capacity 1.25 with the aux
-   loss (Switch's gates), capacity 1.25 with the aux loss and renormalised gates, dropless with
-   DeepSeek-V3's bias; layouts: ep 2 and ep 4 alone, ep 2 x tp 2 (also with sequence parallel),
-   ep 2 x dp 2 with ZeRO 1 and 3 (edp 2: the experts' grads averaged over their replicas), ep 2 x
-   pp 2 (GPipe, the default for the aux loss; 1F1B for the bias), 2 micro-batches (bias), a shared
-   expert, and dropless at cp 2 (a sequence's tokens on two ranks: the aux loss's f and the bias's
-   load are sums over dp x cp) with ep 2 and 4, tp 2, ZeRO 3 and pp 2. A checkpoint saved at ep 4 resumes at ep 2 and ep 1 (experts resharded by index; the
-   bias rides in the train state) to the straight run's loss and weights. Bad flags exit 1 naming
-   the problem.
+   and their fingerprint (which (token, choice) pairs) equal. Models: capacity 1.25 and dropless,
+   each with the aux loss and with DeepSeek-V3's bias, Switch's and renormalised gates, a shared
+   expert. Layouts: ep 2 and ep 4 alone, ep 2 x tp 2 (also with sequence parallel), ep 2 x dp 2
+   with ZeRO 1, 2 and 3 (edp 2: the experts' grads averaged over their replicas), ep 2 x pp 2
+   (GPipe, the default for the aux loss; 1F1B for the bias), 2 micro-batches (bias), and dropless
+   at cp 2 (a sequence's tokens on two ranks: the aux loss's f and the bias's load are sums over
+   dp x cp) with ep 2 and 4, tp 2, ZeRO 3 and pp 2. A checkpoint saved at ep 4 resumes at ep 2
+   and ep 1 (experts resharded by index; the bias rides in the train state) to the straight run's
+   loss and weights. Bad flags exit 1 naming the problem.
 
    Run directly (not under mpirun): it starts $DT_MPIRUN -np N build/examples/gpt itself. */
 #define _POSIX_C_SOURCE 200809L
@@ -89,7 +89,7 @@ typedef struct refrun {
     char log[512], model[128];
     int ok, shared, every;
 } refrun;
-static refrun refs[5], *REF;
+static refrun refs[6], *REF;
 
 static void tag_of(char *tag, size_t n, const char *flags) {
     size_t i, k = 0;
@@ -291,9 +291,22 @@ int main(void) {
     }
     /* dropless with the aux loss, and its f over the global batch at cp > 1 */
     if (!quick && use_ref(4, "--moe-capacity 0")) {
+        equal_to_np1(2, "--ep 2");
+        equal_to_np1(4, "--ep 4");
+        equal_to_np1(4, "--ep 2 --tp 2");
+        equal_to_np1(4, "--ep 2 --zero 1");
         equal_to_np1(2, "--cp 2");
         equal_to_np1(4, "--cp 2 --ep 4 --zero 3");
         equal_to_np1(4, "--cp 2 --ep 2 --pp 2 --micro 2");
+    }
+    /* capacity 1.25 with the bias */
+    if (!quick && use_ref(5, "--moe-balance bias")) {
+        equal_to_np1(2, "--ep 2");
+        equal_to_np1(4, "--ep 4");
+        equal_to_np1(4, "--ep 2 --tp 2");
+        equal_to_np1(4, "--ep 2 --zero 1");
+        equal_to_np1(4, "--ep 2 --zero 3");
+        equal_to_np1(4, "--ep 2 --pp 2 --micro 2");
     }
     /* a shared expert beside the routed ones, capacity 1.25 */
     if (!quick && use_ref(3, "--moe-shared 1 --moe-every 2")) {
@@ -312,7 +325,7 @@ int main(void) {
     named_error("gpt_moe_with_recompute_named", 1, "--recompute full", "--moe-experts with --recompute full");
     named_error("gpt_ep_without_moe_named", 2, "--moe-experts 0 --ep 2", "--ep 2 without --moe-experts");
     named_error("gpt_moe_balance_unknown_named", 1, "--moe-balance loss", "--moe-balance is aux or bias");
-    for (i = 0; i < 5; i++)
+    for (i = 0; i < 6; i++)
         if (refs[i].ok) dt_params_free(&g_ctx, &refs[i].w);
     dt_ctx_shutdown(&g_ctx);
     return dt_test_finish();
