@@ -99,6 +99,18 @@ static int load_weights(dt_params *ps, const char *dir, gpt_shape s) {
     return 1;
 }
 
+/* A run of gpt at np with `base --steps 1 flags` that must fail: exit status non-zero and a
+   message containing needle, checked as `name` (its output in the test's tmpdir). */
+static void gd_named_error(const char *name, int np, const char *base, const char *flags, const char *needle) {
+    char out[512], full[1024];
+    int st;
+    snprintf(out, sizeof out, "%s/%s.out", dt_test_tmpdir(), name);
+    snprintf(full, sizeof full, "%s --steps 1 %s", base, flags);
+    st = run(np, full, out);
+    dt_test_expect(name, st != 0 && file_has(out, needle), "np %d gpt %s: exit status %d, expected non-zero and a message "
+                   "containing '%s' (output in %s)", np, full, st, needle, out);
+}
+
 /* ---------------------------------------------------------------- tolerances
 
    Two layouts run the same arithmetic with the sums in another order: tp splits inner products

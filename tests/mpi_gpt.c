@@ -127,13 +127,7 @@ static void resume_checks(void) {
 /* ---------------------------------------------------------------- bad input */
 
 static void named_error(const char *name, int np, const char *flags, const char *needle) {
-    char out[512], full[1024];
-    int st;
-    snprintf(out, sizeof out, "%s/%s.out", dt_test_tmpdir(), name);
-    snprintf(full, sizeof full, "%s --steps 1 %s", TINY, flags);
-    st = run(np, full, out);
-    dt_test_expect(name, st != 0 && file_has(out, needle), "np %d gpt %s: exit status %d, expected non-zero and a message "
-           "containing '%s' (output in %s)", np, full, st, needle, out);
+    gd_named_error(name, np, TINY, flags, needle);
 }
 
 static void write_shard(const char *path, int32_t magic, int32_t version, int32_t count, int body_tokens, uint16_t tok) {

@@ -111,13 +111,7 @@ static void resume_across_pp(const ref *r) {
 }
 
 static void named_error(const char *name, int np, const char *flags, const char *needle) {
-    char out[512], full[1024];
-    int st;
-    snprintf(out, sizeof out, "%s/%s.out", dt_test_tmpdir(), name);
-    snprintf(full, sizeof full, "--steps 1 --quiet %s", flags);
-    st = run(np, full, out);
-    dt_test_expect(name, st != 0 && file_has(out, needle), "np %d gpt %s: exit status %d, expected non-zero and a message "
-           "containing '%s' (output in %s)", np, full, st, needle, out);
+    gd_named_error(name, np, "--quiet", flags, needle);
 }
 
 static void bad_input(void) {
