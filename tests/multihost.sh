@@ -181,9 +181,9 @@ rm -rf "$ck"
 (   export OMPI_MCA_plm_rsh_agent="bash $SELF agent" OMPI_MCA_oob_tcp_if_include="$NET.0/24" \
            OMPI_MCA_btl_tcp_if_include="$NET.0/24" OMPI_MCA_btl=tcp,self,vader
     exec timeout -k 5 300 bash examples/launch.sh -H "$NET.1:2,$NET.2:2" --min-ranks 2 --probe-timeout 5 -- \
-        $GPT $TINY --steps 60 --ckpt "$ck" --ckpt-every 5 --timeout 8 --quiet ) >"$TMP/elastic.out" 2>&1 &
+        $GPT $TINY --steps 600 --ckpt "$ck" --ckpt-every 5 --timeout 8 --quiet ) >"$TMP/elastic.out" 2>&1 &
 lpid=$!
-for _ in $(seq 240); do [ -e "$ck/latest" ] && [ "$(cat "$ck/latest")" != step_00000005 ] && break; sleep 0.25; done
+for _ in $(seq 1200); do [ -e "$ck/latest" ] && break; sleep 0.05; done # the first checkpoint: cut at once
 ip link set "${PFX}v1" down
 wait $lpid
 lrc=$?
@@ -192,9 +192,9 @@ got=$(final "$TMP/elastic.out")
 if [ $lrc -eq 0 ] && grep -q "restart 1 after exit" "$TMP/elastic.out" && [ -n "$from" ]; then
     manual=$TMP/elastic_manual
     rm -rf "$manual"
-    if bg_run timeout -k 5 180 $DT_MPIRUN -np 4 $GPT $TINY --steps 60 --stop-at "$from" --ckpt "$manual" --quiet \
+    if bg_run timeout -k 5 180 $DT_MPIRUN -np 4 $GPT $TINY --steps 600 --stop-at "$from" --ckpt "$manual" --quiet \
             >"$TMP/elastic_m1.out" 2>&1 &&
-        bg_run timeout -k 5 180 $DT_MPIRUN -np 2 $GPT $TINY --steps 60 --ckpt "$manual" --resume --quiet >"$TMP/elastic_m2.out" 2>&1 &&
+        bg_run timeout -k 5 180 $DT_MPIRUN -np 2 $GPT $TINY --steps 600 --ckpt "$manual" --resume --quiet >"$TMP/elastic_m2.out" 2>&1 &&
         close "$got" "$(final "$TMP/elastic_m2.out")" 1e-6; then
         pass "elastic_restart_after_a_host_dies_equals_a_manual_resume [resumed at step $from on 2 ranks: $got]"
     else fail elastic_restart_after_a_host_dies_equals_a_manual_resume "launcher $got, by hand $(final "$TMP/elastic_m2.out") (from step $from)"; fi
