@@ -18,6 +18,7 @@
 # Needs root, iproute2 and unshare: otherwise one SKIP line with the reason. Ends with
 # "N passed, N failed, N skipped" (tests/run.sh reads the PASS / FAIL / SKIP lines).
 #   bash tests/multihost.sh            (after ./build.sh; as root)
+#   DT_MULTIHOST_ONLY=elastic bash tests/multihost.sh    (one part: 2hosts, elastic or 3hosts)
 set -uo pipefail
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
 NET=10.78.9 # a /24 of its own: its traffic stays between its namespaces and its bridge
@@ -136,7 +137,8 @@ if [ ! -x "$GPT" ] || [ ! -x "$DLRM" ]; then
     exit 1
 fi
 
-# ---- 2 hosts x 2 ranks
+only() { [ -z "${DT_MULTIHOST_ONLY:-}" ] || [ "$DT_MULTIHOST_ONLY" = "$1" ]; }
+
 if ! up 2; then fail multihost_up_2_hosts "could not make the namespaces"; summary; exit 1; fi
 # the machinery itself first (not dt): mpirun starts a plain program on both hosts; where a
 # container forbids what it needs, that is a SKIP with the reason, not a failure of dt
@@ -147,6 +149,9 @@ if ! across 2 1 "$pre" hostname || ! grep -q "^${PFX}0$" "$pre" || ! grep -q "^$
     summary
     exit 0
 fi
+
+# ---- 2 hosts x 2 ranks
+if only 2hosts; then
 check_case gpt_2hosts_tp2_in_host_dp2_across_zero1 2 2 1e-5 "$TINY" $GPT $TINY --tp 2 --zero 1
 one=$TMP/one_host_tp2_zero1.out
 if bg_run timeout -k 5 180 $DT_MPIRUN -np 4 $GPT $TINY --tp 2 --zero 1 >"$one" 2>&1 &&
@@ -172,9 +177,12 @@ if across 2 1 "$out" $GPT $TINY --tp 2 && grep -q "warning: the tp group of worl
     pass gpt_tp_group_spanning_hosts_is_warned_about
 else fail gpt_tp_group_spanning_hosts_is_warned_about "no warning in $out"; fi
 
+fi # 2hosts
+
 # ---- elastic restart (examples/launch.sh): host 1's link cut after a checkpoint; the launcher
 # restarts on host 0's 2 ranks from the last checkpoint, and training ends at the loss of a run
 # stopped at that checkpoint (4 ranks) and resumed by hand at 2
+if only elastic; then
 if ! up 2; then fail multihost_up_2_hosts_again "could not make the namespaces"; summary; exit 1; fi
 ck=$TMP/elastic_ckpt
 rm -rf "$ck"
@@ -200,11 +208,15 @@ if [ $lrc -eq 0 ] && grep -q "restart 1 after exit" "$TMP/elastic.out" && [ -n "
     else fail elastic_restart_after_a_host_dies_equals_a_manual_resume "launcher $got, by hand $(final "$TMP/elastic_m2.out") (from step $from)"; fi
 else fail elastic_restart_after_a_host_dies "launcher exit $lrc, resumed from '$from'; its log: $(grep 'launch.sh' "$TMP/elastic.out" | tr '\n' ' ')"; fi
 
+fi # elastic
+
 # ---- 3 hosts x 2 ranks
+if only 3hosts; then
 if ! up 3; then fail multihost_up_3_hosts "could not make the namespaces"; summary; exit 1; fi
 check_case gpt_3hosts_tp2_in_host_dp3_across_zero3 3 2 1e-5 "$TINY --batch 6" $GPT $TINY --batch 6 --tp 2 --zero 3
 check_case gpt_3hosts_moe_ep3_tp2 3 2 1e-5 "$TINY --batch 6 --moe-experts 6" $GPT $TINY --batch 6 --moe-experts 6 --ep 3 --tp 2
 check_case dlrm_3hosts_table_row 3 2 1e-6 "--steps 5 --batch 240" $DLRM --steps 5 --batch 240 --shard table-row
+fi # 3hosts
 
 down
 left=$(ip -o link show | grep -cE ": (${PFX}v[0-9]+|$BR)[@:]")

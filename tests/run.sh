@@ -56,6 +56,8 @@
 #   dlrm_reference            build/examples/dlrm (from ./build.sh) against an independent NumPy
 #                             DLRM / DCNv2 fed its checkpoints and batches (tests/dlrm_reference.py)
 #   slow_rank                 gpt --slow-every names a rank slowed by a busy loop on its core
+#   launch                    examples/launch.sh (elastic restart) against a stand-in mpirun: a hung
+#                             job killed after --abort-grace, restarts, exit codes (tests/launch.sh)
 #   multihost                 gpt and dlrm across 2 and 3 hosts made as network namespaces, equal to
 #                             np 1 (tests/multihost.sh; root only, else one SKIP line)
 #   gpu:...                   ./build.sh gpu where there is no GPU: bench/gpu/selftest.sh (exit 3,
@@ -1001,6 +1003,12 @@ fi
 if selected slow_rank; then
     section "a slow rank named: gpt --slow-every with a CPU hog beside rank 1 (tests/slow_rank.sh)"
     run_prog slow_rank "" "" bash tests/slow_rank.sh
+fi
+
+# launch: examples/launch.sh's restart paths, with a stand-in mpirun (tests/launch.sh)
+if selected launch; then
+    section "elastic restart: examples/launch.sh against a stand-in mpirun (tests/launch.sh)"
+    run_prog launch "" "" bash tests/launch.sh
 fi
 
 # multihost: examples/gpt and dlrm across 2 and 3 hosts made as network namespaces (root only:
