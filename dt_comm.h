@@ -36,7 +36,8 @@
 
    API in one breath, in the order a program calls it:
        dt_comm_create_world       every process of the run; dt_comm_rank, _size, _local_rank
-                                  (the GPU to use), _world_rank, _seq
+                                  (the GPU to use), _world_rank, _seq, _hosts,
+                                  _ranks_per_host (see "Across hosts")
        dt_comm_split              sub-groups (dt_parallel.h makes the dp / tp / pp groups)
        dt_comm_allreduce (sum, avg, max, min; in place), dt_comm_allreduce_f64 (host scalars),
        dt_comm_reduce_scatter, _allgather, _broadcast, _alltoall, _alltoallv (counts exchanged
@@ -49,7 +50,7 @@
        dt_comm_stats / _format / _print: calls, bytes, seconds, algbw and busbw (nccl-tests)
        dt_comm_set_observer       a callback per completed operation (dt_parallel.h's timeline)
        dt_comm_check_same         every rank passed the same desc (a digest; names the field)
-       dt_comm_set_name / _set_timeout / _set_check; dt_bucketer_free; dt_comm_free, groups
+       dt_comm_set_name / _set_timeout / _set_check / _set_hier; dt_bucketer_free; dt_comm_free, groups
                                   before the world
        dt_comm_abort              end every rank on an error that only some ranks see
 
@@ -93,6 +94,27 @@
    avg is defined for floating types only.
    NCCL reduces in its own order (ring or tree, in its own precision): results agree with the MPI
    path within floating-point reassociation, not bitwise.
+
+   Across hosts. A flat all-reduce sends 2(n-1)/n of the message from every rank, most of it to
+   other hosts, over the slowest link. When a group spans H hosts with the same number L > 1 of
+   its ranks on each (dt_comm_hosts, dt_comm_ranks_per_host; hosts by host name, or modelled
+   with desc.host_size), a large all-reduce goes in two levels instead:
+        host A: r0 r1   reduce-scatter in the host  ->  r0 holds A's sum of half 0, r1 of half 1
+        host B: r2 r3   (same)                      ->  r2: B's half 0, r3: B's half 1
+        across: r0 <-> r2 all-reduce half 0, r1 <-> r3 half 1 (each its own slice, in parallel)
+        host A, host B: all-gather in the host      ->  every rank holds the whole sum
+   Bytes that cross hosts: 2(H-1) x the message in all, against 2(H-1)L x for the flat one
+   (1/L: half with 2 ranks per host). Order: each host's ranks in rank order, then the hosts'
+   partial sums in host order (hosts numbered by their first rank in the group):
+   ((x0 + x1) + (x2 + x3)) where the flat one adds ((x0 + x1) + x2) + x3; avg divides the total
+   once. On such a group every f32 and f64 sum takes this order whatever path carries it (inline,
+   all-gather, two levels, chunks), so all the bitwise promises above hold there too, and the
+   result equals the flat one within fp32 reassociation. Integers, max and min have no order
+   (equal bitwise); bf16 and f16 stay flat (two levels would round to 16 bits in between).
+   desc.hier (dt_comm_set_hier): 0 = auto (two levels above the all-gather path's size, i.e.
+   where the flat one would take its all-to-all), 1 = for every all-reduce not carried in its
+   header, -1 = never (flat transport and rank order). Reduce-scatter and all-gather stay flat
+   (a reduce-scatter adds in the group's order); NCCL does its own topology.
 
    Hangs and mismatches. Every communicator numbers its collectives (seq 1, 2, ...). A call that
    does not complete within desc.timeout_s (default 300 s) returns DT_ERR_TIMEOUT with a message
@@ -237,6 +259,11 @@ typedef struct dt_comm_desc {
                            share a GPU); 1 = the same, and an error when built without it or when
                            ranks share a GPU; -1 = never (stage through host memory) */
     const char *name;   /* the group's name in messages; NULL = "world" */
+    int hier;           /* host-aware all-reduce (see "Across hosts"): 0 = auto, 1 = for every
+                           all-reduce that does not ride in its header, -1 = never (flat) */
+    int host_size;      /* 0 = hosts are host names (MPI_Get_processor_name); k > 0: every k
+                           consecutive world ranks count as one host for the collectives (a
+                           cluster modelled on one machine; local ranks stay by host name) */
 } dt_comm_desc;
 
 /* ==== >>comm: communicators: the world, rank, size, settings ================================== */
@@ -274,6 +301,15 @@ DT_API int dt_comm_local_rank(const dt_comm *c);
 DT_API int dt_comm_local_size(const dt_comm *c);
 /* World rank of the group's rank `rank` (-1 when out of range). */
 DT_API int dt_comm_world_rank(const dt_comm *c, int rank);
+/* Hosts the group spans (desc.host_size's hosts where set), and its ranks on each when that is
+   the same on every host (0 when it differs): a group with hosts > 1 and ranks per host > 1 can
+   take the host-aware all-reduce. */
+DT_API int dt_comm_hosts(const dt_comm *c);
+DT_API int dt_comm_ranks_per_host(const dt_comm *c);
+/* The all-reduce's choice on c (as desc.hier: 0 auto, 1 on, -1 never); every rank must set the
+   same at the same point. Groups split from c later inherit it. */
+DT_API dt_status dt_comm_set_hier(dt_comm *c, int mode);
+DT_API int dt_comm_hier(const dt_comm *c);
 DT_API const char *dt_comm_name(const dt_comm *c);
 DT_API dt_ctx *dt_comm_ctx(const dt_comm *c);
 /* Number of collectives this rank has entered on c (the seq of the last one). */
@@ -559,7 +595,7 @@ extern "C" {
 
 /* paths: one rank; all-gather + local sum; all-to-all + sums + all-gather; the data in the
    header exchange (inline); a plain MPI collective; NCCL */
-enum { DT__CM_LOCAL = 0, DT__CM_GATHER, DT__CM_A2A, DT__CM_INL, DT__CM_MPI, DT__CM_NCCL };
+enum { DT__CM_LOCAL = 0, DT__CM_GATHER, DT__CM_A2A, DT__CM_INL, DT__CM_MPI, DT__CM_NCCL, DT__CM_HIER };
 
 typedef struct dt__cm_buf {
     void *p;
@@ -579,6 +615,12 @@ struct dt_comm {
     char name[64];
     int rank, size, local_rank, local_size;
     int *world_ranks;                /* group rank -> world rank */
+    int *host_of;                    /* group rank -> host (world's numbering) */
+    int hosts, per_host;             /* hosts the group spans; ranks on each (0: not the same) */
+    int host_index, host_local;      /* this rank's host among them (by first rank); rank on it */
+    int hier;                        /* desc.hier */
+    int *by_host;                    /* hosts x per_host: the group ranks on each host, in order */
+    void *hier_tmp;                  /* the host-order sum's partials (dt__cm_reduce_group) */
     int is_world;
     int check, nccl_mode;
     double timeout;
@@ -606,6 +648,8 @@ struct dt_comm {
     MPI_Comm mc[DT__CM_STAGES];      /* data: stage s of every operation runs on mc[s] */
     MPI_Comm hc;                     /* header exchanges (see the engine) */
     MPI_Comm ctl;                    /* checks, splits, notices */
+    MPI_Comm hh[2], hx;              /* host-aware all-reduce: this host's ranks (stage 0, stage
+                                        3), the ranks at this rank's place on every host (1, 2) */
     int tag_ub;
     int64_t *note_out;               /* size x DT__CM_NOTE send buffers, one per destination */
     MPI_Request *note_req;
@@ -900,6 +944,49 @@ static void dt__cm_combine(float *DT__CM_RESTRICT acc, const float *DT__CM_RESTR
    the rows (each block is read whole before it is written). This one function is the whole
    arithmetic of every host all-reduce and reduce-scatter, which is what makes their results
    independent of message size and layout. */
+static void dt__cm_reduce(void *dst, const void *const *rows, int n, int64_t count, int et, dt_reduce_op op);
+
+/* The sum order of c (see "Across hosts"): rows[r] is group rank r's contribution. On a group
+   that takes the host-aware all-reduce, f32 and f64 sums go host by host: each host's ranks in
+   rank order, then the hosts' partial sums in host order, whatever path carried the data, so
+   that the result never depends on the message's size; otherwise (and for max, min, integers,
+   whose result has no order, and bf16 / f16) rank order. */
+static int dt__cm_host_order(const dt_comm *c, int et, dt_reduce_op op) {
+    return c->by_host && c->hier >= 0 && (et == DT_F32 || et == DT__CM_F64) && op != DT_REDUCE_MAX &&
+           op != DT_REDUCE_MIN;
+}
+
+static void dt__cm_reduce_group(const dt_comm *c, void *dst, const void *const *rows, int64_t count, int et,
+                                dt_reduce_op op) {
+    int H = c->hosts, L = c->per_host, k, i;
+    size_t es = et == DT_F32 ? sizeof(float) : sizeof(double);
+    char *part = (char *)c->hier_tmp;
+    const void **prow = (const void **)(void *)(part + (size_t)H * DT__CM_BLOCK * sizeof(double)), **hrow = prow + H;
+    int64_t b, j;
+    if (!dt__cm_host_order(c, et, op)) {
+        dt__cm_reduce(dst, rows, c->size, count, et, op);
+        return;
+    }
+    for (k = 0; k < H; k++) prow[k] = part + (size_t)k * DT__CM_BLOCK * sizeof(double);
+    for (b = 0; b < count; b += DT__CM_BLOCK) {
+        int64_t len = count - b < DT__CM_BLOCK ? count - b : DT__CM_BLOCK;
+        char *d = (char *)dst + (size_t)b * es;
+        for (k = 0; k < H; k++) {
+            for (i = 0; i < L; i++) hrow[i] = (const char *)rows[c->by_host[k * L + i]] + (size_t)b * es;
+            dt__cm_reduce((void *)(uintptr_t)prow[k], hrow, L, len, et, DT_REDUCE_SUM);
+        }
+        dt__cm_reduce(d, prow, H, len, et, DT_REDUCE_SUM);
+        if (op != DT_REDUCE_AVG) continue;
+        if (et == DT_F32) {
+            float fn = (float)c->size, *x = (float *)(void *)d;
+            for (j = 0; j < len; j++) x[j] = x[j] / fn;
+        } else {
+            double *x = (double *)(void *)d;
+            for (j = 0; j < len; j++) x[j] = x[j] / (double)c->size;
+        }
+    }
+}
+
 static void dt__cm_reduce(void *dst, const void *const *rows, int n, int64_t count, int et, dt_reduce_op op) {
     int64_t i, j;
     int r;
@@ -994,7 +1081,7 @@ static dt_comm *dt__cm_new(dt_ctx *ctx) {
     {
         int s;
         for (s = 0; s < DT__CM_STAGES; s++) c->mc[s] = MPI_COMM_NULL;
-        c->hc = c->ctl = MPI_COMM_NULL;
+        c->hc = c->ctl = c->hh[0] = c->hh[1] = c->hx = MPI_COMM_NULL;
     }
 #endif
     return c;
@@ -1030,8 +1117,9 @@ static dt_status dt__cm_mpi_setup(dt_comm *c, MPI_Comm base, const char *fn) {
     return DT_OK;
 }
 
-/* Local rank: the ranks of this group on the same host, by host name. */
-static dt_status dt__cm_mpi_local(dt_comm *c, const char *fn) {
+/* Local rank: the ranks of this group on the same host, by host name. For the world, also each
+   rank's host (host_size > 0: world rank / host_size; else hosts numbered by first rank). */
+static dt_status dt__cm_mpi_local(dt_comm *c, int host_size, const char *fn) {
     char me[MPI_MAX_PROCESSOR_NAME + 1];
     char *all;
     int len = 0, r, rc;
@@ -1051,7 +1139,76 @@ static dt_status dt__cm_mpi_local(dt_comm *c, const char *fn) {
         c->local_size++;
         if (r < c->rank) c->local_rank++;
     }
+    if (c->is_world) {
+        c->host_of = (int *)dt_alloc(c->ctx, (size_t)c->size * sizeof(int));
+        if (!c->host_of) {
+            dt_release(c->ctx, all);
+            return DT_ERR_OOM;
+        }
+        for (r = 0; r < c->size; r++) {
+            int k = 0;
+            if (host_size > 0) {
+                c->host_of[r] = r / host_size;
+                continue;
+            }
+            while (k < r && strcmp(all + (size_t)k * sizeof me, all + (size_t)r * sizeof me) != 0) k++;
+            c->host_of[r] = k < r ? c->host_of[k] : r; /* a host's number: its first world rank */
+        }
+    }
     dt_release(c->ctx, all);
+    return DT_OK;
+}
+
+/* The group's hosts from host_of; when it spans several with the same number of ranks (more
+   than one) on each, the communicators of the host-aware all-reduce: this host's ranks in rank
+   order (two: stage 0 and stage 3) and the ranks at this rank's place on each host, in host
+   order (stages 1 and 2; hosts ordered by their first rank in the group). */
+static dt_status dt__cm_mpi_hosts(dt_comm *c, const char *fn) {
+    int r, k, rc, mine = c->host_of[c->rank];
+    int *first = (int *)dt_alloc(c->ctx, (size_t)c->size * 2 * sizeof(int)), *count;
+    if (!first) return DT_ERR_OOM;
+    count = first + c->size;
+    c->hosts = 0;
+    for (r = 0; r < c->size; r++) { /* first[k]: the k-th host's first group rank */
+        for (k = 0; k < c->hosts && c->host_of[first[k]] != c->host_of[r]; k++) {}
+        if (k == c->hosts) {
+            first[c->hosts] = r;
+            count[c->hosts++] = 0;
+        }
+        count[k]++;
+        if (c->host_of[r] == mine) {
+            c->host_index = k;
+            if (r < c->rank) c->host_local++;
+        }
+    }
+    c->per_host = count[0];
+    for (k = 1; k < c->hosts; k++)
+        if (count[k] != count[0]) c->per_host = 0;
+    if (c->hosts < 2 || c->per_host < 2) {
+        dt_release(c->ctx, first);
+        return DT_OK;
+    }
+    c->by_host = (int *)dt_alloc(c->ctx, (size_t)c->size * sizeof(int));
+    c->hier_tmp = dt_alloc(c->ctx, (size_t)c->hosts * (DT__CM_BLOCK * sizeof(double) + sizeof(void *)) +
+                                       (size_t)c->per_host * sizeof(void *));
+    if (!c->by_host || !c->hier_tmp) {
+        dt_release(c->ctx, first);
+        return DT_ERR_OOM;
+    }
+    for (k = 0; k < c->hosts; k++) { /* host k's ranks, in rank order */
+        int i = 0;
+        for (r = first[k]; r < c->size; r++)
+            if (c->host_of[r] == c->host_of[first[k]]) c->by_host[k * c->per_host + i++] = r;
+    }
+    dt_release(c->ctx, first);
+    for (k = 0; k < 2; k++) {
+        rc = MPI_Comm_split(c->ctl, c->host_index, c->rank, &c->hh[k]);
+        if (rc != MPI_SUCCESS) return dt__cm_mpi_error(c, rc, fn, "MPI_Comm_split by host");
+        MPI_Comm_set_errhandler(c->hh[k], MPI_ERRORS_RETURN);
+    }
+    rc = MPI_Comm_split(c->ctl, c->host_local, c->host_index, &c->hx);
+    if (rc != MPI_SUCCESS) return dt__cm_mpi_error(c, rc, fn, "MPI_Comm_split across hosts");
+    MPI_Comm_set_errhandler(c->hx, MPI_ERRORS_RETURN);
     return DT_OK;
 }
 #endif
@@ -1076,6 +1233,9 @@ static void dt__cm_release_all(dt_comm *c) {
             if (c->mc[s] != MPI_COMM_NULL) MPI_Comm_free(&c->mc[s]);
         if (c->hc != MPI_COMM_NULL) MPI_Comm_free(&c->hc);
         if (c->ctl != MPI_COMM_NULL) MPI_Comm_free(&c->ctl);
+        for (s = 0; s < 2; s++)
+            if (c->hh[s] != MPI_COMM_NULL) MPI_Comm_free(&c->hh[s]);
+        if (c->hx != MPI_COMM_NULL) MPI_Comm_free(&c->hx);
     }
     if (!lost_notes) dt_release(ctx, c->note_out);
     dt_release(ctx, c->note_req);
@@ -1095,6 +1255,9 @@ static void dt__cm_release_all(dt_comm *c) {
         dt_release(ctx, m);
     }
     dt_release(ctx, c->world_ranks);
+    dt_release(ctx, c->host_of);
+    dt_release(ctx, c->by_host);
+    dt_release(ctx, c->hier_tmp);
     dt_release(ctx, c->notes);
     dt_release(ctx, c->recv_counts);
     dt_release(ctx, c);
@@ -1171,6 +1334,12 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
     if (d.use_nccl < -1 || d.use_nccl > 1)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.use_nccl = %d; expected -1 (never), 0 (default) "
                                 "or 1 (required)", fn, d.use_nccl);
+    if (d.hier < -1 || d.hier > 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.hier = %d; expected -1 (never), 0 (auto) or 1 (on)",
+                                fn, d.hier);
+    if (d.host_size < 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.host_size = %d; expected 0 (hosts by name) or the "
+                                "world ranks per modelled host (> 0)", fn, d.host_size);
 #ifndef DT_NCCL
     if (d.use_nccl == 1)
         return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: desc.use_nccl = 1, but dt was built without "
@@ -1185,9 +1354,11 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
     c->timeout = d.timeout_s == 0 ? 300.0 : d.timeout_s;
     c->check = d.check_mismatch;
     c->nccl_mode = d.use_nccl < 0 ? 0 : d.use_nccl == 1 ? 2 : 1; /* never, when built with it, required */
+    c->hier = d.hier;
     dt__cm_set_name(c, d.name && d.name[0] ? d.name : "world");
     c->size = 1;
     c->local_size = 1;
+    c->hosts = c->per_host = 1;
 #ifdef DT_MPI
     {
         int init = 0, fin = 0, provided = 0, rc;
@@ -1209,7 +1380,8 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
             dt__cm_we_inited_mpi = 1;
         }
         st = dt__cm_mpi_setup(c, MPI_COMM_WORLD, fn);
-        if (!st) st = dt__cm_mpi_local(c, fn);
+        if (!st) st = dt__cm_mpi_local(c, d.host_size, fn);
+        if (!st) st = dt__cm_mpi_hosts(c, fn);
         if (st) {
             dt__cm_release_all(c);
             return st;
@@ -1240,6 +1412,17 @@ DT_API int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }
 DT_API int dt_comm_size(const dt_comm *c) { return c ? c->size : 0; }
 DT_API int dt_comm_local_rank(const dt_comm *c) { return c ? c->local_rank : 0; }
 DT_API int dt_comm_local_size(const dt_comm *c) { return c ? c->local_size : 0; }
+DT_API int dt_comm_hosts(const dt_comm *c) { return c ? c->hosts : 0; }
+DT_API int dt_comm_ranks_per_host(const dt_comm *c) { return c ? c->per_host : 0; }
+DT_API int dt_comm_hier(const dt_comm *c) { return c ? c->hier : 0; }
+DT_API dt_status dt_comm_set_hier(dt_comm *c, int mode) {
+    if (!c) return DT_ERR_ARG;
+    if (mode < -1 || mode > 1)
+        return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_set_hier: mode = %d; expected -1 (never), 0 (auto) or "
+                                "1 (on)", mode);
+    c->hier = mode;
+    return DT_OK;
+}
 DT_API int dt_comm_world_rank(const dt_comm *c, int rank) {
     return c && rank >= 0 && rank < c->size ? c->world_ranks[rank] : -1;
 }
@@ -1772,12 +1955,12 @@ static dt_status dt__cm_inline(dt_comm_req *q) {
     switch (q->kind) {
     case DT_COLL_ALLREDUCE:
         for (r = 0; r < n; r++) rows[r] = DT__CM_PAYLOAD(r);
-        dt__cm_reduce(q->hout, rows, n, q->count, q->et, q->op);
+        dt__cm_reduce_group(c, q->hout, rows, q->count, q->et, q->op);
         break;
     case DT_COLL_REDUCE_SCATTER: {
         int64_t m = q->tout.numel;
         for (r = 0; r < n; r++) rows[r] = DT__CM_PAYLOAD(r) + (size_t)c->rank * (size_t)m * es;
-        dt__cm_reduce(q->hout, rows, n, m, q->et, q->op);
+        dt__cm_reduce_group(c, q->hout, rows, m, q->et, q->op);
         break;
     }
     case DT_COLL_ALLGATHER: {
@@ -1919,7 +2102,33 @@ static dt_status dt__cm_after_stage(dt_comm_req *q) {
         for (r = 0; r < n; r++)
             rows[r] = r == c->rank ? (const void *)mine
                                    : (const void *)((const char *)q->scratch + (size_t)(rd ? rd[r] : (int64_t)r * m) * es);
-        dt__cm_reduce(dst, rows, n, m, q->et, q->op);
+        dt__cm_reduce_group(c, dst, rows, m, q->et, q->op);
+    } else if (q->path == DT__CM_HIER && q->stage <= 1) {
+        /* stage 0: the host's ranks' slices, in rank order; stage 1: the hosts' partial sums of
+           the sub-slice, in host order, then avg's division by the group's size */
+        const void *stack_rows[64];
+        const void **rows = DT__CM_ROWS(q, stack_rows);
+        int k, m = q->stage == 0 ? c->per_host : c->hosts, me = q->stage == 0 ? c->host_local : c->host_index;
+        int *w = q->stage == 0 ? q->cnt : q->cnt + 4 * c->per_host;
+        int64_t len = q->stage == 0 ? q->count / m + (me < q->count % m) : 0;
+        char *mine = (char *)q->hout + (size_t)w[m + me] * es;
+        if (q->stage == 1) {
+            int64_t m0 = q->count / c->per_host + (c->host_local < q->count % c->per_host);
+            len = m0 / m + (me < m0 % m);
+        }
+        for (k = 0; k < m; k++)
+            rows[k] = k == me ? (const void *)mine : (const void *)((const char *)q->scratch + (size_t)w[3 * m + k] * es);
+        dt__cm_reduce(mine, rows, m, len, q->et, q->op == DT_REDUCE_AVG ? DT_REDUCE_SUM : q->op);
+        if (q->stage == 1 && q->op == DT_REDUCE_AVG) {
+            int64_t i;
+            if (q->et == DT_F32) {
+                float fn = (float)n, *x = (float *)mine;
+                for (i = 0; i < len; i++) x[i] = x[i] / fn;
+            } else {
+                double *x = (double *)mine;
+                for (i = 0; i < len; i++) x[i] = x[i] / (double)n;
+            }
+        }
     } else if (q->kind == DT_COLL_ALLTOALLV && q->stage == 0) {
         dt__cm_a2av_counts(q);
     } else if (q->kind == DT_COLL_ALLTOALLV && q->stage == 1) {
@@ -2571,6 +2780,65 @@ static int dt__cm_path(const dt_comm_req *q) {
     return c->size == 1 ? DT__CM_LOCAL : DT__CM_MPI;
 }
 
+/* The host-aware all-reduce (see "Across hosts"): on a group that spans hosts with the same
+   number of ranks on each (dt__cm_mpi_hosts made its communicators), for f32, f64 and integers
+   (bf16 and f16 would be rounded between the levels), when c->hier asks for it: always (1), or
+   where a flat all-reduce would take its all-to-all path (0, auto). */
+static int dt__cm_hier_pays(const dt_comm_req *q) {
+    const dt_comm *c = q->c;
+#ifdef DT_MPI
+    if (c->hx == MPI_COMM_NULL || c->hier < 0 || q->et == DT_BF16 || q->et == DT_F16) return 0;
+    return c->hier == 1 ||
+           (double)q->count * (double)dt__cm_esize(q->et) * c->size > (double)DT_COMM_GATHER_MAX_BYTES;
+#else
+    (void)c;
+    return 0;
+#endif
+}
+
+/* Its counts (q->cnt: 4 x per_host for the host stages, then 4 x hosts for the stages across):
+   the buffer is cut into per_host slices, slice j to the host's rank j; rank j's slice is cut
+   into hosts sub-slices, sub-slice k to host k. Counts and offsets are in elements of the whole
+   buffer; the rank's own part never leaves it (count 0), as in the flat all-to-all. */
+static dt_status dt__cm_hier_prepare(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    int L = c->per_host, H = c->hosts, j = c->host_local, h = c->host_index, i, *a, *b;
+    int64_t n = q->count, off = 0, m0, m1, need;
+    size_t es = dt__cm_esize(q->et);
+    q->path = DT__CM_HIER;
+    q->last_stage = 3;
+    q->cnt = (int *)dt_alloc(c->ctx, (size_t)4 * (size_t)(L + H) * sizeof(int));
+    if (!q->cnt) return DT_ERR_OOM;
+    a = q->cnt;
+    b = q->cnt + 4 * L;
+    for (i = 0; i < L; i++) {
+        a[i] = (int)(n / L + (i < n % L));
+        a[L + i] = (int)off;
+        off += a[i];
+    }
+    m0 = a[j];
+    off = a[L + j];
+    for (i = 0; i < L; i++) {
+        a[2 * L + i] = i == j ? 0 : (int)m0;
+        a[3 * L + i] = (int)((i < j ? i : i - 1) * m0);
+    }
+    a[j] = 0;
+    for (i = 0; i < H; i++) {
+        b[i] = (int)(m0 / H + (i < m0 % H));
+        b[H + i] = (int)off;
+        off += b[i];
+    }
+    m1 = b[h];
+    for (i = 0; i < H; i++) {
+        b[2 * H + i] = i == h ? 0 : (int)m1;
+        b[3 * H + i] = (int)((i < h ? i : i - 1) * m1);
+    }
+    b[h] = 0;
+    need = (L - 1) * m0 > (H - 1) * m1 ? (L - 1) * m0 : (H - 1) * m1;
+    q->scratch = dt__cm_take(c, (size_t)need * es, &q->slot_scratch);
+    return q->scratch || !need ? DT_OK : DT_ERR_OOM;
+}
+
 /* Takes everything q will need before its header goes out (a failure here is announced in the
    header instead of leaving the others waiting): host staging copies, the path, scratch, the
    MPI counts. All sizes are bounded: every tensor has at most INT_MAX elements
@@ -2590,6 +2858,10 @@ static dt_status dt__cm_prepare(dt_comm_req *q) {
             q->path = DT__CM_INL;
             reduce = q->kind == DT_COLL_ALLREDUCE;
         } else if (q->kind == DT_COLL_BROADCAST) {
+        } else if (dt__cm_hier_pays(q)) {
+            reduce = 1;
+            st = dt__cm_hier_prepare(q);
+            if (st) return st;
         } else if ((double)q->count * (double)es * n <= (double)DT_COMM_GATHER_MAX_BYTES) {
             q->path = DT__CM_GATHER;
             reduce = 1;
@@ -2870,7 +3142,25 @@ static dt_status dt__cm_mpi_post(dt_comm_req *q) {
     const char *what = "MPI";
     switch (q->kind) {
     case DT_COLL_ALLREDUCE:
-        if (q->path == DT__CM_GATHER) {
+        if (q->path == DT__CM_HIER) { /* host: all-to-all, across: all-to-all, all-gather; host: all-gather */
+            int L = c->per_host, H = c->hosts, *a = q->cnt, *b = q->cnt + 4 * L;
+            int64_t m0 = q->count / L + (c->host_local < q->count % L);
+            if (q->stage == 0) {
+                what = "MPI_Ialltoallv in the host";
+                rc = MPI_Ialltoallv(q->hout, a, a + L, T, q->scratch, a + 2 * L, a + 3 * L, T, c->hh[0], &q->mreq);
+            } else if (q->stage == 1) {
+                what = "MPI_Ialltoallv across hosts";
+                rc = MPI_Ialltoallv(q->hout, b, b + H, T, q->scratch, b + 2 * H, b + 3 * H, T, c->hx, &q->mreq);
+            } else if (q->stage == 2) {
+                b[c->host_index] = (int)(m0 / H + (c->host_index < m0 % H));
+                what = "MPI_Iallgatherv across hosts";
+                rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, T, q->hout, b, b + H, T, c->hx, &q->mreq);
+            } else {
+                a[c->host_local] = (int)m0;
+                what = "MPI_Iallgatherv in the host";
+                rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, T, q->hout, a, a + L, T, c->hh[1], &q->mreq);
+            }
+        } else if (q->path == DT__CM_GATHER) {
             what = "MPI_Iallgather";
             rc = MPI_Iallgather(q->hout, (int)q->count, T, q->scratch, (int)q->count, T, mc, &q->mreq);
         } else if (q->stage == 0) {
@@ -3656,10 +3946,11 @@ static dt_status dt__cm_split_mpi(dt_comm *parent, dt_comm_req *q, int color, in
         return DT_ERR_OOM;
     }
     st = dt__cm_mpi_setup(c, nc, fn);
-    if (!st) st = dt__cm_mpi_local(c, fn);
+    if (!st) st = dt__cm_mpi_local(c, 0, fn);
     if (!st) {
         c->world_ranks = (int *)dt_alloc(parent->ctx, (size_t)c->size * 2 * sizeof(int));
-        if (!c->world_ranks) st = DT_ERR_OOM;
+        c->host_of = (int *)dt_alloc(parent->ctx, (size_t)c->size * sizeof(int));
+        if (!c->world_ranks || !c->host_of) st = DT_ERR_OOM;
     }
     if (!st) { /* group rank -> parent rank -> world rank */
         idx = c->world_ranks + c->size;
@@ -3669,7 +3960,11 @@ static dt_status dt__cm_split_mpi(dt_comm *parent, dt_comm_req *q, int color, in
         MPI_Group_translate_ranks(cg, c->size, idx, pg, c->world_ranks);
         MPI_Group_free(&cg);
         MPI_Group_free(&pg);
-        for (i = 0; i < c->size; i++) c->world_ranks[i] = parent->world_ranks[c->world_ranks[i]];
+        for (i = 0; i < c->size; i++) {
+            c->host_of[i] = parent->host_of[c->world_ranks[i]];
+            c->world_ranks[i] = parent->world_ranks[c->world_ranks[i]];
+        }
+        st = dt__cm_mpi_hosts(c, fn);
     }
     MPI_Comm_free(&nc);
     if (st) {
@@ -3689,6 +3984,7 @@ static dt_status dt__cm_split_self(dt_comm *parent, int color, dt_comm **out) {
     if (!c) return DT_ERR_OOM;
     c->size = 1;
     c->local_size = 1;
+    c->hosts = c->per_host = 1;
     c->world_ranks = (int *)dt_alloc(parent->ctx, sizeof(int));
     if (!c->world_ranks) {
         dt__cm_release_all(c);
@@ -3723,6 +4019,7 @@ DT_API dt_status dt_comm_split(dt_comm *parent, dt_comm **out, int color, int ke
     c->timeout = parent->timeout;
     c->check = parent->check;
     c->nccl_mode = parent->nccl_mode;
+    c->hier = parent->hier;
     snprintf(name, sizeof name, "%s.%d", parent->name, color);
     dt__cm_set_name(c, name);
     *out = c;

@@ -1246,6 +1246,24 @@ static void dt__pl_describe_hosts(const dt_layout *l, dt_strbuf *out, const unsi
         hosts += q == r;
     }
     dt_strbuf_printf(out, "  hosts: %d, %d ranks on average each\n", hosts, l->size / (hosts ? hosts : 1));
+    if (dt_comm_hosts(l->world) != hosts)
+        dt_strbuf_printf(out, "  hosts as the collectives see them: %d (modelled: dt_comm_desc.host_size)\n",
+                         dt_comm_hosts(l->world));
+    { /* the gradient groups of this rank: how their all-reduce crosses hosts (dt_comm.h, "Across hosts") */
+        dt_comm *gs[2];
+        const char *names[2] = {"dp x cp", "dp x cp x tp"};
+        gs[0] = l->dpcp_comm;
+        gs[1] = l->dptp_comm;
+        for (g = 0; g < 2; g++) {
+            int h = dt_comm_hosts(gs[g]), per = dt_comm_ranks_per_host(gs[g]);
+            if (!gs[g] || h < 2 || (g == 1 && l->tp == 1)) continue;
+            dt_strbuf_printf(out, "  rank %d's %s group spans %d hosts, %s: its all-reduce %s\n", l->rank, names[g], h,
+                             per ? (per == 1 ? "1 rank on each" : "the same ranks on each") : "uneven",
+                             per > 1 && dt_comm_hier(gs[g]) >= 0 ? "goes in two levels (in each host, then across; "
+                                                                    "sums in host order)"
+                                     : "is flat (one level)");
+        }
+    }
     for (g = 0; g < 2; g++) { /* g 0: tp groups (consecutive ranks), 1: tp x cp blocks */
         int span = g ? l->tp * l->cp : l->tp;
         if (span == 1 || (g && l->cp == 1)) continue;

@@ -18,7 +18,7 @@
 # Needs root, iproute2 and unshare: otherwise one SKIP line with the reason. Ends with
 # "N passed, N failed, N skipped" (tests/run.sh reads the PASS / FAIL / SKIP lines).
 #   bash tests/multihost.sh            (after ./build.sh; as root)
-#   DT_MULTIHOST_ONLY=elastic bash tests/multihost.sh    (one part: 2hosts, elastic or 3hosts)
+#   DT_MULTIHOST_ONLY=elastic bash tests/multihost.sh    (one part: 2hosts, elastic, hier or 3hosts)
 set -uo pipefail
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
 NET=10.78.9 # a /24 of its own: its traffic stays between its namespaces and its bridge
@@ -209,6 +209,38 @@ if [ $lrc -eq 0 ] && grep -q "restart 1 after exit" "$TMP/elastic.out" && [ -n "
 else fail elastic_restart_after_a_host_dies "launcher exit $lrc, resumed from '$from'; its log: $(grep 'launch.sh' "$TMP/elastic.out" | tr '\n' ' ')"; fi
 
 fi # elastic
+
+# ---- the host-aware all-reduce (dt_comm.h "Across hosts"): gpt dp 4 over 2 hosts x 2 ranks
+# takes it (auto); it equals np 1, and bit for bit the same 4 ranks on one host with --host-size 2
+# (the same sum order); and the bytes through host 0's link per step (veth counters, the
+# difference of a 13- and a 3-step run over 10 steps) are <= 0.55x those of --hier off
+if only hier; then
+if ! up 2; then fail multihost_up_2_hosts_hier "could not make the namespaces"; summary; exit 1; fi
+check_case gpt_2hosts_dp4_across_two_level 2 2 1e-5 "$TINY" $GPT $TINY --log "$TMP/hier_across.json"
+one=$TMP/hier_one_host.out
+if bg_run timeout -k 5 180 $DT_MPIRUN -np 4 $GPT $TINY --host-size 2 --log "$TMP/hier_one.json" >"$one" 2>&1 &&
+    [ -n "$(final "$one")" ] && cmp -s <(sed 's/"tokens_per_s".*//' "$TMP/hier_one.json") \
+        <(sed 's/"tokens_per_s".*//' "$TMP/hier_across.json"); then
+    pass "gpt_two_level_across_hosts_bitwise_equals_host_size_2_on_one_host [$(final "$one")]"
+else fail gpt_two_level_across_hosts_bitwise_equals_host_size_2_on_one_host "losses and grad norms differ: $TMP/hier_one.json $TMP/hier_across.json"; fi
+if grep -q "all-reduce goes in two levels" "$TMP/gpt_2hosts_dp4_across_two_level.out"; then pass gpt_says_its_all_reduce_goes_in_two_levels
+else fail gpt_says_its_all_reduce_goes_in_two_levels "no such line in $TMP/gpt_2hosts_dp4_across_two_level.out"; fi
+link_bytes() { echo $(($(cat /sys/class/net/${PFX}v0/statistics/tx_bytes) + $(cat /sys/class/net/${PFX}v0/statistics/rx_bytes))); }
+BIG="--seed 3 --layers 2 --width 128 --heads 4 --seq 16 --quiet"
+per_step=()
+for mode in on off; do
+    b=()
+    for steps in 3 13; do
+        b0=$(link_bytes)
+        across 2 2 "$TMP/bytes_${mode}_$steps.out" $GPT $BIG --steps $steps --hier $mode
+        b+=($(($(link_bytes) - b0)))
+    done
+    per_step+=($(((b[1] - b[0]) / 10)))
+done
+if awk -v h="${per_step[0]}" -v f="${per_step[1]}" 'BEGIN { exit !(f > 0 && h > 0 && h <= 0.55 * f) }'; then
+    pass "two_level_all_reduce_halves_the_bytes_between_hosts [$(awk -v h="${per_step[0]}" -v f="${per_step[1]}" 'BEGIN { printf "%.0f vs %.0f bytes a step through host 0 link: %.3fx", h, f, h / f }')]"
+else fail two_level_all_reduce_halves_the_bytes_between_hosts "two levels ${per_step[0]} bytes a step, flat ${per_step[1]}; expected <= 0.55x"; fi
+fi # hier
 
 # ---- 3 hosts x 2 ranks
 if only 3hosts; then

@@ -208,6 +208,8 @@ typedef struct opts {
     int slow_every;       /* --slow-every K: each K steps, name ranks whose compute is slow (0: off) */
     double slow_factor;   /* --slow-factor F: slow = compute above F x the median rank's */
     double timeout;       /* --timeout S: a collective not done in S seconds is a named error (0: dt's 300) */
+    int hier;             /* --hier auto|on|off: dt_comm_desc.hier (0, 1, -1) */
+    int host_size;        /* --host-size K: dt_comm_desc.host_size (0: hosts by name) */
     int moe_experts, moe_topk, ep, moe_every, moe_renorm, moe_shared; /* --moe-*: 0 experts = dense */
     double moe_capacity, moe_aux;
     dt_moe_balance moe_balance;
@@ -284,6 +286,10 @@ static const char *HELP =
     "                    rank that waits for it, naming the collective, its group and the ranks that did not\n"
     "                    arrive; the run then ends (dt's default 300). mpirun notices a dead host sooner with\n"
     "                    --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3\n"
+    "  --hier auto|on|off  all-reduce of groups that span hosts in two levels: in each host, then across\n"
+    "                    (dt_comm.h \"Across hosts\"): auto = for large messages (auto)\n"
+    "  --host-size K     count every K consecutive ranks as one host (a cluster modelled on one machine);\n"
+    "                    0 = hosts by name (0)\n"
     "  --slow-every K    every K steps, gather each rank's compute time (the step less its time in\n"
     "                    collectives) and name the ranks above --slow-factor x the median, with their host,\n"
     "                    on stdout and in --log's line (\"slow_ranks\"); 0 = off (10 on cpu, 0 on cuda)\n"
@@ -384,6 +390,13 @@ static void parse(opts *o, int argc, char **argv) {
             else usage("--device is cpu or cuda");
         }
         else if (!strcmp(a, "--timeout")) o->timeout = real(a, v, 0.001, 1e9);
+        else if (!strcmp(a, "--host-size")) o->host_size = (int)num(a, v, 0, 1 << 20);
+        else if (!strcmp(a, "--hier")) {
+            if (v && !strcmp(v, "auto")) o->hier = 0;
+            else if (v && !strcmp(v, "on")) o->hier = 1;
+            else if (v && !strcmp(v, "off")) o->hier = -1;
+            else usage("--hier is auto, on or off");
+        }
         else if (!strcmp(a, "--slow-every")) o->slow_every = (int)num(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--slow-factor")) o->slow_factor = real(a, v, 1, 1e6);
         else if (!strcmp(a, "--moe-experts")) o->moe_experts = (int)num(a, v, 0, 1 << 16);
@@ -1902,7 +1915,20 @@ static void setup(trainer *t, int argc, char **argv) {
     cdesc.cuda_device = local_device();
     g_ctx = &t->ctx; /* so that a failing dt_ctx_init is reported with its own message */
     CHECK(dt_ctx_init(&t->ctx, &cdesc));
-    CHECK(dt_comm_create_world(&t->ctx, &t->world, NULL));
+    { /* the world's settings come from two flags, read before the others (parse checks them) */
+        dt_comm_desc wd;
+        int i;
+        memset(&wd, 0, sizeof wd);
+        for (i = 1; i + 1 < argc; i++) {
+            if (!strcmp(argv[i], "--host-size")) {
+                char *end = NULL;
+                long k = strtol(argv[i + 1], &end, 10);
+                wd.host_size = end != argv[i + 1] && !*end && k > 0 && k <= 1 << 20 ? (int)k : 0;
+            }
+            if (!strcmp(argv[i], "--hier")) wd.hier = !strcmp(argv[i + 1], "on") ? 1 : !strcmp(argv[i + 1], "off") ? -1 : 0;
+        }
+        CHECK(dt_comm_create_world(&t->ctx, &t->world, &wd));
+    }
     g_rank = dt_comm_rank(t->world);
     t->W = dt_comm_size(t->world);
     parse(&t->o, argc, argv);

@@ -1,0 +1,379 @@
+// np: 4 6 8
+/* tests/mpi_comm_hier.c - the host-aware all-reduce (dt_comm.h, "Across hosts") on hosts
+   modelled with desc.host_size (every k consecutive world ranks one host): what rank r
+   contributes at element i is a pure function of (r, i), so each rank computes both orders
+   dt promises in f32 itself: host by host (each host's ranks in rank order, then the hosts'
+   partial sums in host order) where the group spans hosts with the same number of ranks (> 1)
+   on each, rank order otherwise and with hier = -1; and compares bitwise. Every size takes the
+   same order (inline, gather, the two-level transport, chunks), so a bucket equals one call per
+   tensor and reduce-scatter + all-gather equals all-reduce; integers, max and min equal the flat
+   result; bf16 keeps rank order. Also: async forms mixed with flat ones, split groups (hosts,
+   ranks per host), and bad settings named. */
+#include "dt_tensor.h"
+#include "dt_comm.h"
+#include "dt_test.h"
+
+static dt_ctx ctx;
+static int R, N; /* world rank and size */
+
+static float val(int r, int64_t i, int salt) {
+    /* magnitudes that differ by 2^10, so that the two orders round differently */
+    float f = dt_rng_normal((uint64_t)(7000 + salt), (uint64_t)r, (uint64_t)i);
+    return (r % 3 == 0 ? 1024.0f : 1.0f) * f;
+}
+
+static dt_tensor make(dt_dtype dt, int64_t n) {
+    dt_tensor t;
+    dt_tensor_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = dt;
+    d.shape[0] = n;
+    if (dt_tensor_create(&ctx, &t, &d)) memset(&t, 0, sizeof t);
+    return t;
+}
+
+/* The sum of ranks[0..n) at element i, left to right in f32 (as dt adds: (x0 + x1) + x2 ...). */
+static float fold(const int *ranks, int n, int64_t i, int salt) {
+    float a = val(ranks[0], i, salt);
+    int j;
+    for (j = 1; j < n; j++) a = a + val(ranks[j], i, salt);
+    return a;
+}
+
+/* ranks: the group's world ranks in group order; host k = world rank / hs (hs 0: one host).
+   Host order when the hosts are > 1 with the same count > 1 on each, else rank order. */
+static float expect(const int *ranks, int n, int hs, int64_t i, int salt, int avg, int flat) {
+    int hosts[64], cnt[64] = {0}, by[64][64], H = 0, k, j, L, same = 1;
+    float part[64], a;
+    for (j = 0; j < n; j++) {
+        int h = hs ? ranks[j] / hs : 0;
+        for (k = 0; k < H && hosts[k] != h; k++) {}
+        if (k == H) {
+            hosts[H] = h;
+            cnt[H++] = 0;
+        }
+        by[k][cnt[k]++] = ranks[j];
+    }
+    L = cnt[0];
+    for (k = 1; k < H; k++) same = same && cnt[k] == L;
+    if (flat || H < 2 || L < 2 || !same) a = fold(ranks, n, i, salt);
+    else {
+        for (k = 0; k < H; k++) part[k] = fold(by[k], L, i, salt);
+        a = part[0];
+        for (k = 1; k < H; k++) a = a + part[k];
+    }
+    return avg ? a / (float)n : a;
+}
+
+/* t (count elements from element base) against expect(); why gets the first difference */
+static int check(const dt_tensor *t, const int *ranks, int n, int hs, int64_t base, int salt, int avg, int flat,
+                 char *why, size_t size) {
+    int64_t i;
+    for (i = 0; i < t->numel; i++) {
+        float want = expect(ranks, n, hs, base + i, salt, avg, flat), got = ((const float *)t->data)[i];
+        if (memcmp(&want, &got, sizeof got) != 0) {
+            snprintf(why, size, "element %lld: %.9g, want %.9g (%s order)", (long long)(base + i), got, want,
+                     flat ? "rank" : "host");
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static dt_status fill(dt_comm *c, dt_tensor *t, int64_t base, int salt) {
+    int64_t i;
+    (void)c;
+    for (i = 0; i < t->numel; i++) ((float *)t->data)[i] = val(R, base + i, salt);
+    return DT_OK;
+}
+
+static dt_comm *world(int hs, int hier) {
+    dt_comm_desc d;
+    dt_comm *w = NULL;
+    memset(&d, 0, sizeof d);
+    d.host_size = hs;
+    d.hier = hier;
+    if (dt_comm_create_world(&ctx, &w, &d)) fprintf(stderr, "dt_comm_create_world: %s\n", dt_ctx_error(&ctx));
+    return w;
+}
+
+/* f32 sum and avg at every size (inline, gather, two-level, chunked), hier auto, on and off */
+static void allreduce_orders(int hs) {
+    static const int64_t sizes[] = {5, 1000, 30011, 400009};
+    int ranks[64], j, mode, s, avg, ok = 1, differ = 0;
+    char why[200] = "", name[96];
+    for (j = 0; j < N; j++) ranks[j] = j;
+    for (mode = -1; mode <= 1; mode++) {
+        dt_comm *w = world(hs, mode);
+        ok = w != NULL;
+        for (s = 0; s < 4 && ok; s++)
+            for (avg = 0; avg < 2 && ok; avg++) {
+                dt_tensor t = make(DT_F32, sizes[s]);
+                dt_status st = fill(w, &t, 0, s);
+                if (!st) st = dt_comm_allreduce(w, &t, avg ? DT_REDUCE_AVG : DT_REDUCE_SUM);
+                if (st) {
+                    snprintf(why, sizeof why, "%s", dt_ctx_error(&ctx));
+                    ok = 0;
+                } else
+                    ok = check(&t, ranks, N, hs, 0, s, avg, mode < 0, why, sizeof why);
+                if (mode == 0 && s == 3) { /* the two orders really differ on these values */
+                    int64_t i;
+                    for (i = 0; i < 1000; i++) {
+                        float a = expect(ranks, N, hs, i, s, avg, 0), b = expect(ranks, N, hs, i, s, avg, 1);
+                        differ += memcmp(&a, &b, sizeof a) != 0;
+                    }
+                }
+                if (!ok) snprintf(why + strlen(why), sizeof why - strlen(why), " (size %lld, %s)",
+                                  (long long)sizes[s], avg ? "avg" : "sum");
+                dt_tensor_free(&ctx, &t);
+            }
+        if (w) dt_comm_free(w);
+        snprintf(name, sizeof name, "allreduce_f32_hosts_of_%d_hier_%s_%s_order_bitwise", hs,
+                 mode < 0 ? "off" : mode ? "on" : "auto", mode >= 0 && hs > 1 && hs < N && N % hs == 0 ? "host" : "rank");
+        dt_test_check_all(name, ok, "%s", why);
+    }
+    if (hs && hs < N && N % hs == 0 && hs > 1)
+        dt_test_check_all("host_and_rank_orders_differ_on_the_test_values", differ > 0,
+                          "%d of 1000 elements differ: the test could not tell the orders apart", differ);
+}
+
+/* integers, max and min: the same as rank order; bf16 keeps rank order (summed in f32, rounded once) */
+static void other_types_and_ops(int hs) {
+    dt_comm *w = world(hs, 1);
+    int ok = w != NULL, k;
+    char why[200] = "";
+    int64_t n = 20011, i;
+    for (k = 0; k < 4 && ok; k++) {
+        dt_tensor t = make(k == 0 ? DT_I32 : k == 3 ? DT_BF16 : DT_F32, n);
+        dt_reduce_op op = k == 1 ? DT_REDUCE_MAX : k == 2 ? DT_REDUCE_MIN : DT_REDUCE_SUM;
+        for (i = 0; i < n; i++) {
+            float v = val(R, i, 50 + k);
+            if (k == 0) ((int32_t *)t.data)[i] = (int32_t)(v * 1e6f);
+            else if (k == 3) ((uint16_t *)t.data)[i] = dt_f32_to_bf16(v);
+            else ((float *)t.data)[i] = v;
+        }
+        if (dt_comm_allreduce(w, &t, op)) {
+            snprintf(why, sizeof why, "%s", dt_ctx_error(&ctx));
+            ok = 0;
+        }
+        for (i = 0; i < n && ok; i++) {
+            int r;
+            if (k == 0) {
+                uint32_t a = 0;
+                for (r = 0; r < N; r++) a += (uint32_t)(int32_t)(val(r, i, 50 + k) * 1e6f);
+                ok = ((int32_t *)t.data)[i] == (int32_t)a;
+            } else if (k == 3) {
+                float a = dt_bf16_to_f32(dt_f32_to_bf16(val(0, i, 50 + k)));
+                for (r = 1; r < N; r++) a = a + dt_bf16_to_f32(dt_f32_to_bf16(val(r, i, 50 + k)));
+                ok = ((uint16_t *)t.data)[i] == dt_f32_to_bf16(a);
+            } else {
+                float a = val(0, i, 50 + k);
+                for (r = 1; r < N; r++) {
+                    float v = val(r, i, 50 + k);
+                    a = k == 1 ? (v > a ? v : a) : (v < a ? v : a);
+                }
+                ok = ((float *)t.data)[i] == a;
+            }
+            if (!ok) snprintf(why, sizeof why, "%s at element %lld", k == 0 ? "i32 sum" : k == 1 ? "max" : k == 2 ? "min" : "bf16 sum",
+                              (long long)i);
+        }
+        dt_tensor_free(&ctx, &t);
+    }
+    if (w) dt_comm_free(w);
+    {
+        char name[96];
+        snprintf(name, sizeof name, "hosts_of_%d_i32_max_min_bf16_equal_rank_order", hs);
+        dt_test_check_all(name, ok, "%s", why);
+    }
+}
+
+/* reduce-scatter + all-gather = all-reduce; async two-level, gather and flat reduce-scatter in
+   flight together, waited in reverse; a bucketer's buckets = one all-reduce per tensor */
+static void forms_agree(int hs) {
+    dt_comm *w = world(hs, 0);
+    int ranks[64], j, ok = w != NULL;
+    char why[200] = "";
+    int64_t m = 7001;
+    dt_status st = DT_OK;
+    for (j = 0; j < N; j++) ranks[j] = j;
+    if (ok) {
+        dt_tensor in = make(DT_F32, m * N), part = make(DT_F32, m), all = make(DT_F32, m * N);
+        st = fill(w, &in, 0, 9);
+        if (!st) st = dt_comm_reduce_scatter(w, &part, &in, DT_REDUCE_SUM);
+        if (!st) st = dt_comm_allgather(w, &all, &part);
+        ok = !st && check(&all, ranks, N, hs, 0, 9, 0, 0, why, sizeof why);
+        if (st) snprintf(why, sizeof why, "%s", dt_ctx_error(&ctx));
+        dt_tensor_free(&ctx, &in);
+        dt_tensor_free(&ctx, &part);
+        dt_tensor_free(&ctx, &all);
+    }
+    {
+        char name[96];
+        snprintf(name, sizeof name, "hosts_of_%d_reduce_scatter_then_allgather_equals_host_order", hs);
+        dt_test_check_all(name, ok, "%s", why);
+    }
+    if (w) { /* async */
+        dt_tensor a = make(DT_F32, 300007), b = make(DT_F32, 600), in = make(DT_F32, 4001 * N), part = make(DT_F32, 4001);
+        dt_comm_req *qa = NULL, *qb = NULL, *qc = NULL;
+        st = fill(w, &a, 0, 11);
+        if (!st) st = fill(w, &b, 0, 12);
+        if (!st) st = fill(w, &in, 0, 13);
+        if (!st) st = dt_comm_iallreduce(w, &a, DT_REDUCE_AVG, &qa);
+        if (!st) st = dt_comm_iallreduce(w, &b, DT_REDUCE_SUM, &qb);
+        if (!st) st = dt_comm_ireduce_scatter(w, &part, &in, DT_REDUCE_SUM, &qc);
+        if (!st) st = dt_comm_wait(qc);
+        if (!st) st = dt_comm_wait(qb);
+        if (!st) st = dt_comm_wait(qa);
+        ok = !st && check(&a, ranks, N, hs, 0, 11, 1, 0, why, sizeof why) &&
+             check(&b, ranks, N, hs, 0, 12, 0, 0, why, sizeof why) &&
+             check(&part, ranks, N, hs, (int64_t)R * 4001, 13, 0, 0, why, sizeof why);
+        if (st) snprintf(why, sizeof why, "%s", dt_ctx_error(&ctx));
+        dt_tensor_free(&ctx, &a);
+        dt_tensor_free(&ctx, &b);
+        dt_tensor_free(&ctx, &in);
+        dt_tensor_free(&ctx, &part);
+        {
+            char name[96];
+            snprintf(name, sizeof name, "hosts_of_%d_async_waited_in_reverse_bitwise", hs);
+            dt_test_check_all(name, ok, "%s", why);
+        }
+    }
+    if (w) { /* bucketer */
+        dt_params ps;
+        dt_bucketer *bk = NULL;
+        dt_bucketer_desc bd;
+        int i, np = 12;
+        memset(&ps, 0, sizeof ps);
+        memset(&bd, 0, sizeof bd);
+        st = DT_OK;
+        for (i = 0; i < np && !st; i++) {
+            dt_param_desc d;
+            char name[16];
+            memset(&d, 0, sizeof d);
+            snprintf(name, sizeof name, "w%d", i);
+            d.name = name;
+            d.shape[0] = 1 + (int64_t)(dt_rng_uniform(5, 0, (uint64_t)i) * 9000);
+            st = dt_params_add(&ctx, &ps, NULL, &d);
+        }
+        bd.bucket_bytes = 16 * 1024;
+        bd.first_bucket_bytes = 4 * 1024;
+        if (!st) st = dt_bucketer_create(w, &bk, &ps, &bd);
+        for (i = 0; i < np && !st; i++) st = fill(w, &ps.items[i]->grad, 0, 100 + i);
+        for (i = np - 1; i >= 0 && !st; i--) st = dt_bucketer_mark_ready(bk, ps.items[i]);
+        if (!st) st = dt_bucketer_finish(bk);
+        ok = !st;
+        for (i = 0; i < np && ok; i++) ok = check(&ps.items[i]->grad, ranks, N, hs, 0, 100 + i, 1, 0, why, sizeof why);
+        if (st) snprintf(why, sizeof why, "%s", dt_ctx_error(&ctx));
+        dt_bucketer_free(bk);
+        dt_params_free(&ctx, &ps);
+        {
+            char name[96];
+            snprintf(name, sizeof name, "hosts_of_%d_bucketer_avg_equals_host_order", hs);
+            dt_test_check_all(name, ok, "%s", why);
+        }
+    }
+    if (w) dt_comm_free(w);
+}
+
+/* split groups: their hosts and ranks per host, and the order of their sums */
+static void groups(int hs) {
+    dt_comm *w = world(hs, 0), *g = NULL;
+    int ranks[64], n = 0, j, ok = w != NULL, color;
+    char why[200] = "";
+    for (color = 0; color < 2 && ok; color++) { /* 0: even world ranks; 1: every rank, reversed */
+        dt_status st = dt_comm_split(w, &g, color == 0 ? R % 2 : 0, color == 0 ? R : N - R);
+        int want_h = 0, want_l = 0;
+        n = 0;
+        if (color == 0)
+            for (j = R % 2; j < N; j += 2) ranks[n++] = j;
+        else
+            for (j = N - 1; j >= 0; j--) ranks[n++] = j;
+        { /* hosts and ranks per host, from the world's host of each rank */
+            int seen[64], cnt[64] = {0}, k;
+            for (j = 0; j < n; j++) {
+                int h = ranks[j] / hs;
+                for (k = 0; k < want_h && seen[k] != h; k++) {}
+                if (k == want_h) { seen[want_h] = h; cnt[want_h++] = 0; }
+                cnt[k]++;
+            }
+            want_l = cnt[0];
+            for (k = 1; k < want_h; k++)
+                if (cnt[k] != cnt[0]) want_l = 0;
+        }
+        if (st || !g) {
+            snprintf(why, sizeof why, "split: %s", dt_ctx_error(&ctx));
+            ok = 0;
+            break;
+        }
+        if (dt_comm_hosts(g) != want_h || dt_comm_ranks_per_host(g) != want_l) {
+            snprintf(why, sizeof why, "group %d: hosts %d, ranks per host %d; want %d, %d", color, dt_comm_hosts(g),
+                     dt_comm_ranks_per_host(g), want_h, want_l);
+            ok = 0;
+        }
+        if (ok) {
+            dt_tensor t = make(DT_F32, 50021);
+            st = fill(g, &t, 0, 20 + color);
+            if (!st) st = dt_comm_allreduce(g, &t, DT_REDUCE_SUM);
+            ok = !st && check(&t, ranks, n, hs, 0, 20 + color, 0, 0, why, sizeof why);
+            if (st) snprintf(why, sizeof why, "%s", dt_ctx_error(&ctx));
+            dt_tensor_free(&ctx, &t);
+        }
+        dt_comm_free(g);
+        g = NULL;
+    }
+    if (w) dt_comm_free(w);
+    {
+        char name[96];
+        snprintf(name, sizeof name, "hosts_of_%d_split_groups_know_their_hosts_and_order", hs);
+        dt_test_check_all(name, ok, "%s", why);
+    }
+}
+
+static void bad_settings(void) {
+    dt_comm_desc d;
+    dt_comm *w = NULL;
+    dt_status st;
+    int ok;
+    memset(&d, 0, sizeof d);
+    d.hier = 2;
+    st = dt_comm_create_world(&ctx, &w, &d);
+    ok = st == DT_ERR_ARG && strstr(dt_ctx_error(&ctx), "desc.hier = 2") && !w;
+    dt_test_check_all("bad_hier_is_named", ok, "status %d: %s", st, dt_ctx_error(&ctx));
+    d.hier = 0;
+    d.host_size = -3;
+    st = dt_comm_create_world(&ctx, &w, &d);
+    ok = st == DT_ERR_ARG && strstr(dt_ctx_error(&ctx), "desc.host_size = -3") && !w;
+    dt_test_check_all("bad_host_size_is_named", ok, "status %d: %s", st, dt_ctx_error(&ctx));
+    w = world(0, 0);
+    st = w ? dt_comm_set_hier(w, 7) : DT_ERR_STATE;
+    ok = st == DT_ERR_ARG && strstr(dt_ctx_error(&ctx), "mode = 7");
+    dt_test_check_all("bad_set_hier_is_named", ok, "status %d: %s", st, dt_ctx_error(&ctx));
+    /* one host (every rank here): nothing to do across hosts */
+    ok = w && dt_comm_hosts(w) == 1 && dt_comm_ranks_per_host(w) == N;
+    dt_test_check_all("one_host_by_name", ok, "hosts %d, ranks per host %d", dt_comm_hosts(w), dt_comm_ranks_per_host(w));
+    dt_comm_free(w);
+}
+
+int main(void) {
+    int hs;
+    dt_comm *w;
+    dt_ctx_init(&ctx, NULL);
+    w = world(0, 0); /* MPI up; the rank and size */
+    if (!w) return 1;
+    R = dt_comm_rank(w);
+    N = dt_comm_size(w);
+    dt_comm_free(w);
+    bad_settings();
+    for (hs = 1; hs <= N; hs++) {
+        if (hs != 1 && hs != N && N % hs != 0 && hs != 3) continue; /* divisors, and 3 (unequal hosts) */
+        allreduce_orders(hs);
+        if (hs > 1 && hs < N) {
+            other_types_and_ops(hs);
+            forms_agree(hs);
+            groups(hs);
+        }
+    }
+    dt_test_check_all("every_byte_comes_back", ctx.bytes_in_use == 0, "%lld bytes still held", (long long)ctx.bytes_in_use);
+    dt_ctx_shutdown(&ctx);
+    return dt_test_finish();
+}
