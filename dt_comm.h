@@ -320,6 +320,13 @@ DT_API dt_status dt_comm_set_name(dt_comm *c, const char *name);
 /* Local: each rank may set its own timeout (seconds; 0 = 300 s, < 0 = never; NaN is DT_ERR_ARG). */
 DT_API dt_status dt_comm_set_timeout(dt_comm *c, double seconds);
 DT_API double dt_comm_timeout(const dt_comm *c);
+/* A deadline for a whole step, not one call: from now + seconds, every wait on c's world and on
+   every group split from it (before or after) fails as a timeout does, naming the collective,
+   its group and the ranks that did not arrive, and saying "deadline". A timeout bounds each
+   call; a link too slow to finish a step, whose every call still makes progress, is caught only
+   by this. Local (each rank sets its own); seconds 0 clears it; negative or NaN is DT_ERR_ARG.
+   Set it at the start of a step, clear it at the end (examples/gpt --timeout does). */
+DT_API dt_status dt_comm_set_deadline(dt_comm *c, double seconds);
 /* Seconds this rank has spent blocked in c's waits (a blocking call, dt_comm_wait) since c was
    made: the time it waited for the others (unlike dt_comm_stats' seconds, which run from post to
    completion and so include the compute an async operation overlapped). */
@@ -624,6 +631,8 @@ struct dt_comm {
     int is_world;
     int check, nccl_mode;
     double timeout;
+    double *deadline;                /* the world's: [0] the time waits fail after (0: none), [1] the
+                                        seconds it was set for (dt_comm_set_deadline) */
     double wait_s;                   /* dt_comm_wait_seconds */
     int broken;
     char broken_msg[300];
@@ -1254,6 +1263,7 @@ static void dt__cm_release_all(dt_comm *c) {
         next = m->next;
         dt_release(ctx, m);
     }
+    if (c->is_world) dt_release(ctx, c->deadline);
     dt_release(ctx, c->world_ranks);
     dt_release(ctx, c->host_of);
     dt_release(ctx, c->by_host);
@@ -1389,7 +1399,8 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
     }
 #endif
     c->world_ranks = (int *)dt_alloc(ctx, (size_t)c->size * sizeof(int));
-    if (!c->world_ranks) {
+    c->deadline = (double *)dt_alloc_zeroed(ctx, 2 * sizeof(double));
+    if (!c->world_ranks || !c->deadline) {
         dt__cm_release_all(c);
         return DT_ERR_OOM;
     }
@@ -1431,6 +1442,15 @@ DT_API dt_ctx *dt_comm_ctx(const dt_comm *c) { return c ? c->ctx : NULL; }
 DT_API int64_t dt_comm_seq(const dt_comm *c) { return c ? c->seq : 0; }
 DT_API int dt_comm_ok(const dt_comm *c) { return c && !c->broken; }
 DT_API double dt_comm_timeout(const dt_comm *c) { return c ? c->timeout : 0.0; }
+DT_API dt_status dt_comm_set_deadline(dt_comm *c, double seconds) {
+    if (!c) return DT_ERR_ARG;
+    if (!(seconds >= 0) || seconds > 1e9)
+        return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_set_deadline: seconds = %g; expected 0 (none) or "
+                                "seconds from now (up to 1e9)", seconds);
+    c->deadline[0] = seconds > 0 ? dt__cm_now() + seconds : 0.0;
+    c->deadline[1] = seconds;
+    return DT_OK;
+}
 DT_API double dt_comm_wait_seconds(const dt_comm *c) { return c ? c->wait_s : 0.0; }
 DT_API dt_status dt_comm_set_timeout(dt_comm *c, double seconds) {
     if (!c) return DT_ERR_ARG;
@@ -1636,8 +1656,14 @@ static void dt__cm_report(dt_comm_req *q, const int64_t *rec, char *msg, size_t 
 }
 #endif
 
-/* Abandons q (and everything else in flight on c) after a timeout, or because rank `because`
-   gave up on it first, and writes the report. */
+/* Whether a wait that began at `start` has run out at t: 1 its timeout, 2 the step's deadline. */
+static int dt__cm_expired(const dt_comm *c, double start, double t) {
+    if (c->deadline && c->deadline[0] > 0 && t > c->deadline[0]) return 2;
+    return c->timeout > 0 && t - start > c->timeout;
+}
+
+/* Abandons q (and everything else in flight on c) after a timeout (because -1) or the deadline
+   (-2), or because rank `because` gave up on it first, and writes the report. */
 static dt_status dt__cm_abandon(dt_comm_req *q, int because) {
     dt_comm *c = q->c;
     char msg[DT_ERROR_MAX], what[96];
@@ -1649,6 +1675,10 @@ static dt_status dt__cm_abandon(dt_comm_req *q, int because) {
     if (because >= 0)
         dt__cm_cat(msg, sizeof msg, "%s: %s at seq %lld on group %s (size %d) was abandoned: rank %d timed out on it",
                    q->fn, what, (long long)q->seq, c->name, c->size, because);
+    else if (because == -2)
+        dt__cm_cat(msg, sizeof msg, "%s: %s at seq %lld on group %s (size %d) did not complete by the deadline set "
+                   "%.3g s before (dt_comm_set_deadline: the step ran out of time)", q->fn, what, (long long)q->seq,
+                   c->name, c->size, c->deadline[1]);
     else
         dt__cm_cat(msg, sizeof msg, "%s: %s at seq %lld on group %s (size %d) did not complete within %.3g s", q->fn,
                    what, (long long)q->seq, c->name, c->size, c->timeout);
@@ -2307,7 +2337,7 @@ static void dt__cm_progress(dt_comm *c) {
     }
 }
 
-static dt_status dt__cm_p2p_timeout(dt_comm_req *q) {
+static dt_status dt__cm_p2p_timeout(dt_comm_req *q, int why) {
     dt_comm *c = q->c;
     const char *fn = q->fn;
     int to = q->kind == DT_COLL_SEND;
@@ -2331,10 +2361,11 @@ static dt_status dt__cm_p2p_timeout(dt_comm_req *q) {
 #endif
     dt__cm_fail(q, DT_ERR_TIMEOUT);
     return dt_ctx_set_error(c->ctx, DT_ERR_TIMEOUT, "%s: %s of %lld x %s %s rank %d (tag %d) on group %s (size %d) "
-                            "did not complete within %.3g s (no matching %s on rank %d)", fn,
+                            "did not complete %s %.3g s%s (no matching %s on rank %d)", fn,
                             dt_coll_name((dt_coll)q->kind), (long long)q->count, dt__cm_ename(q->et),
-                            to ? "to" : "from", q->arg, q->tag, c->name, c->size, c->timeout,
-                            to ? "dt_comm_recv" : "dt_comm_send", q->arg);
+                            to ? "to" : "from", q->arg, q->tag, c->name, c->size,
+                            why == 2 ? "by the deadline set" : "within", why == 2 ? c->deadline[1] : c->timeout,
+                            why == 2 ? " before (dt_comm_set_deadline)" : "", to ? "dt_comm_recv" : "dt_comm_send", q->arg);
 }
 
 /* Whether q is complete; a chunked operation is when all its chunks are (it then takes the
@@ -2423,6 +2454,7 @@ static dt_status dt__cm_wait_loop(dt_comm_req *q, int until_queued) {
     dt_comm *c = q->c;
     double start = dt__cm_now(), next_serve = start + DT__CM_SERVE_S;
     unsigned looks = 0;
+    int why;
 #ifdef DT_NCCL
     /* the host polls until the device has run the collective: a wait like dt_ctx_sync's */
     if (!until_queued && q->path == DT__CM_NCCL && !dt__cm_done(q)) c->ctx->counters.syncs++;
@@ -2438,8 +2470,8 @@ static dt_status dt__cm_wait_loop(dt_comm_req *q, int until_queued) {
             dt__cm_serve(c);
             if (q->seq > 0 && c->failed_seq > 0 && q->seq >= c->failed_seq) return dt__cm_abandon(q, c->failed_rank);
         }
-        if (c->timeout > 0 && t - start > c->timeout)
-            return q->seq > 0 ? dt__cm_abandon(q, -1) : dt__cm_p2p_timeout(q);
+        if ((why = dt__cm_expired(c, start, t)) != 0)
+            return q->seq > 0 ? dt__cm_abandon(q, -why) : dt__cm_p2p_timeout(q, why);
         dt__cm_backoff(&looks, t - start);
     }
     return q->status;
@@ -2508,8 +2540,10 @@ static void dt__cm_reap(dt_comm *c, int mode) {
         if (mode) st = dt__cm_wait(q);
         else {
             if (q->seq > 0 && c->failed_seq > 0 && q->seq >= c->failed_seq) st = dt__cm_abandon(q, c->failed_rank);
-            else if (c->timeout > 0 && t - q->t0 > c->timeout)
-                st = q->seq > 0 ? dt__cm_abandon(q, -1) : dt__cm_p2p_timeout(q);
+            else if (dt__cm_expired(c, q->t0, t)) {
+                int why = dt__cm_expired(c, q->t0, t);
+                st = q->seq > 0 ? dt__cm_abandon(q, -why) : dt__cm_p2p_timeout(q, why);
+            }
         }
         dt__cm_late(q, st);
     }
@@ -2557,7 +2591,7 @@ static dt_status dt__cm_wait_ctl_loop(dt_comm_req *q, MPI_Request *r, const char
             dt__cm_serve(c);
             if (c->failed_seq > 0 && q->seq >= c->failed_seq) return dt__cm_abandon(q, c->failed_rank);
         }
-        if (c->timeout > 0 && t - start > c->timeout) return dt__cm_abandon(q, -1);
+        if (dt__cm_expired(c, start, t)) return dt__cm_abandon(q, -dt__cm_expired(c, start, t));
         dt__cm_backoff(&looks, t - start);
     }
 }
@@ -4017,6 +4051,7 @@ DT_API dt_status dt_comm_split(dt_comm *parent, dt_comm **out, int color, int ke
 #endif
     if (!c) return DT_OK; /* a negative color: in no group */
     c->timeout = parent->timeout;
+    c->deadline = parent->deadline;
     c->check = parent->check;
     c->nccl_mode = parent->nccl_mode;
     c->hier = parent->hier;

@@ -55,6 +55,14 @@ failed_line='\[rank [0-9]+\]: .* failed: |MPI_ABORT was invoked|lost communicati
 log=$(mktemp "${TMPDIR:-/tmp}/launch.XXXXXX")
 trap 'rm -f "$log"; [ -n "${job:-}" ] && kill -KILL "$job" 2>/dev/null' EXIT
 trap 'exit 130' INT TERM
+children_of() { # the pids whose parent is $1 (from /proc: no procps needed)
+    local p st
+    for p in /proc/[0-9]*; do
+        st=$(cat "$p/stat" 2>/dev/null) || continue
+        st=${st##*) } # past the command name, which may hold spaces
+        [ "$(echo "$st" | cut -d' ' -f2)" = "$1" ] && echo "${p#/proc/}"
+    done
+}
 run_job() {
     local seen=0 failed_at='' size
     : >"$log"
@@ -71,7 +79,10 @@ run_job() {
             seen=$size
         elif [ $((SECONDS - failed_at)) -ge "$abort_grace" ]; then
             say "a rank failed and mpirun has not ended after --abort-grace ${abort_grace}s: killing it"
-            kill -KILL "$job" 2>/dev/null
+            # its children too (the ssh or agent of each host: they hold our output open)
+            # shellcheck disable=SC2046
+            kill -KILL "$job" $(children_of "$job") 2>/dev/null
+            break
         fi
     done
     wait "$job"

@@ -5,7 +5,9 @@
    rank that calls a different collective or size, or passes bad arguments; a recv with no
    sender times out and leaves the communicator usable; a rank that runs out of memory in a
    chunked all-reduce is named on every rank; all-to-allv counts that overflow int64 or MPI's
-   int are named errors before anything is allocated or read. Short timeouts keep it quick.
+   int are named errors before anything is allocated or read; a rank late to every call of a
+   step, each within its timeout, is named once the step's deadline passes
+   (dt_comm_set_deadline). Short timeouts keep it quick.
    (Mismatched sizes, dtypes and collectives: tests/mpi_comm_mismatch.c.) */
 #include "dt_tensor.h"
 #include "dt_comm.h"
@@ -69,6 +71,53 @@ static void skipped_collective_is_named(void) {
     }
     dt_comm_free(tc);
     /* t is not freed: the abandoned all-reduce may still own it (documented). */
+}
+
+static void pause_for(double s) {
+    double end = now() + s;
+    while (now() < end) {}
+}
+
+/* One rank 0.15 s late to each of 6 all-reduces: every call completes within its 2 s timeout,
+   so without a deadline the run goes on (slowly); with a 0.5 s deadline (dt_comm_set_deadline
+   on the world, which the group shares) every rank fails with a named timeout within about
+   the deadline plus the report's grace. */
+static void slow_rank_is_caught_by_the_deadline(void) {
+    int slow = N - 1, round, ok, k;
+    for (round = 0; round < 2; round++) {
+        dt_comm *tc = NULL;
+        dt_tensor t = make(1000, 1.0f); /* not freed: an abandoned all-reduce may still own it */
+        dt_status st = DT_OK;
+        double t0, took;
+        dt_comm_split(W, &tc, 0, R);
+        dt_comm_set_timeout(tc, 2.0);
+        dt_comm_barrier(tc);
+        if (round == 1) dt_comm_set_deadline(tc, 0.5);
+        t0 = now();
+        for (k = 0; k < 6 && !st; k++) {
+            if (R == slow) pause_for(0.15);
+            st = dt_comm_allreduce(tc, &t, DT_REDUCE_SUM);
+        }
+        took = now() - t0;
+        if (round == 0)
+            ok = st == DT_OK;
+        else
+            ok = st == DT_ERR_TIMEOUT && took < 0.5 + 1.5 &&
+                 (R == slow ? strstr(dt_ctx_error(&ctx), "allreduce(sum)") != NULL
+                            : strstr(dt_ctx_error(&ctx), "did not complete by the deadline set 0.5 s before") != NULL &&
+                                  strstr(dt_ctx_error(&ctx), "group world.0") != NULL);
+        dt_test_check_all(round ? "slow_rank_is_named_when_the_step_deadline_passes"
+                                : "slow_rank_within_each_calls_timeout_completes_without_a_deadline",
+                          ok, "status %d after %.2f s, %d calls: %.160s", st, took, k, st ? dt_ctx_error(&ctx) : "");
+        dt_comm_set_deadline(W, 0);
+        dt_comm_free(tc);
+        if (round == 0) dt_tensor_free(&ctx, &t);
+    }
+    {
+        dt_status st = dt_comm_set_deadline(W, -1.0);
+        ok = st == DT_ERR_ARG && strstr(dt_ctx_error(&ctx), "seconds = -1");
+        dt_test_check_all("negative_deadline_is_named", ok, "status %d: %s", st, dt_ctx_error(&ctx));
+    }
 }
 
 static void checking_mode_names_the_odd_rank(void) {
@@ -286,6 +335,7 @@ int main(void) {
         alltoallv_counts_that_overflow();
         out_of_memory_in_chunked_allreduce();
         recv_without_sender_times_out();
+        slow_rank_is_caught_by_the_deadline();
         skipped_collective_is_named();
     }
     failed = dt_test_finish();

@@ -18,7 +18,7 @@
 # Needs root, iproute2 and unshare: otherwise one SKIP line with the reason. Ends with
 # "N passed, N failed, N skipped" (tests/run.sh reads the PASS / FAIL / SKIP lines).
 #   bash tests/multihost.sh            (after ./build.sh; as root)
-#   DT_MULTIHOST_ONLY=elastic bash tests/multihost.sh    (one part: 2hosts, elastic, hier or 3hosts)
+#   DT_MULTIHOST_ONLY=elastic bash tests/multihost.sh    (one part: 2hosts, elastic, hier, faults or 3hosts)
 set -uo pipefail
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
 NET=10.78.9 # a /24 of its own: its traffic stays between its namespaces and its bridge
@@ -241,6 +241,64 @@ if awk -v h="${per_step[0]}" -v f="${per_step[1]}" 'BEGIN { exit !(f > 0 && h > 
     pass "two_level_all_reduce_halves_the_bytes_between_hosts [$(awk -v h="${per_step[0]}" -v f="${per_step[1]}" 'BEGIN { printf "%.0f vs %.0f bytes a step through host 0 link: %.3fx", h, f, h / f }')]"
 else fail two_level_all_reduce_halves_the_bytes_between_hosts "two levels ${per_step[0]} bytes a step, flat ${per_step[1]}; expected <= 0.55x"; fi
 fi # hier
+
+# ---- faults on host 1 of 2 (2 ranks each) while gpt trains under examples/launch.sh (no restart,
+# --timeout 3): its link cut, a rank stopped (SIGSTOP), a rank killed (SIGKILL), its link at
+# 20 kbit/s. Host 0's ranks name the error (which collective, which group, which ranks did not
+# arrive) within timeout + 2 s of the fault, except after SIGKILL, where mpirun itself names the
+# rank that died and ends the job; the launcher ends within timeout + grace + 5 s either way.
+# Lines are stamped as they come (the stamp is when the launcher's output reached this script).
+if only faults; then
+FT=3 GRACE=5
+stamp() { local line; while IFS= read -r line; do printf '%s %s\n' "$EPOCHREALTIME" "$line"; done; }
+gpt_pid_on() { ip netns pids "$PFX$1" 2>/dev/null | xargs -r ps -o pid=,comm= -p 2>/dev/null | awk '$2 == "gpt" { print $1; exit }'; }
+fault_case() {
+    local name=$1 out=$TMP/fault_$1.out t_fault t_end k r first late named='' why=''
+    if ! up 2; then fail "multihost_up_2_hosts_fault_$name" "could not make the namespaces"; return; fi
+    rm -rf "$TMP/fault_ckpt"
+    (   export OMPI_MCA_plm_rsh_agent="bash $SELF agent" OMPI_MCA_oob_tcp_if_include="$NET.0/24" \
+               OMPI_MCA_btl_tcp_if_include="$NET.0/24" OMPI_MCA_btl=tcp,self,vader
+        timeout -k 5 120 bash examples/launch.sh -H "$NET.1:2,$NET.2:2" --max-restarts 0 --abort-grace $GRACE \
+            --probe-timeout 2 -- $GPT $TINY --steps 1000000 --print-every 200 --ckpt "$TMP/fault_ckpt" \
+            --ckpt-every 100000000 --timeout $FT 2>&1 | stamp >"$out" ) &
+    CHILD=$!
+    for k in $(seq 600); do grep -q " step 200/" "$out" 2>/dev/null && break; sleep 0.05; done
+    sleep 0.0$((RANDOM % 10)) # somewhere in a step
+    case $name in
+    link_down) ip link set "${PFX}v1" down ;;
+    sigstop) kill -STOP "$(gpt_pid_on 1)" ;;
+    sigkill) kill -KILL "$(gpt_pid_on 1)" ;;
+    slow_20kbit)
+        tc qdisc add dev "${PFX}v1" root tbf rate 20kbit burst 1600 limit 3000 &&
+            ip netns exec "${PFX}1" tc qdisc add dev eth0 root tbf rate 20kbit burst 1600 limit 3000 ;;
+    esac
+    t_fault=$EPOCHREALTIME
+    wait "$CHILD"
+    CHILD=
+    t_end=$EPOCHREALTIME
+    if [ "$name" = sigkill ]; then
+        grep -qE "exited on signal 9|rank [23] .*(Killed|signal 9)" "$out" || why="mpirun did not name the killed rank"
+    else
+        for r in 0 1; do
+            first=$(grep -m1 -E "gpt \[rank $r\]: .* failed: .* on group [^ ]+ \(size [0-9]+\) (did not complete|was abandoned)" "$out" | cut -d' ' -f1)
+            if [ -z "$first" ]; then why+="rank $r named nothing; "; continue; fi
+            late=$(awk -v a="$first" -v b="$t_fault" 'BEGIN { printf "%.2f", a - b }')
+            named+=", rank $r named it after ${late}s"
+            awk -v l="$late" -v t=$FT 'BEGIN { exit !(l <= t + 2) }' || why+="rank $r named it after ${late}s; "
+        done
+    fi
+    awk -v a="$t_end" -v b="$t_fault" -v t=$((FT + GRACE + 5)) 'BEGIN { exit !(a - b <= t) }' ||
+        why+="the launcher ended $(awk -v a="$t_end" -v b="$t_fault" 'BEGIN { printf "%.1f", a - b }')s after the fault; "
+    if [ -z "$why" ]; then
+        pass "fault_${name}_on_one_host_is_named_and_the_job_ends [$(awk -v a="$t_end" -v b="$t_fault" 'BEGIN { printf "ended after %.1fs", a - b }')$named]"
+    else fail "fault_${name}_on_one_host_is_named_and_the_job_ends" "$why; log: $out $(grep -m2 'failed:\|signal' "$out" | cut -c1-300 | tr '\n' ' ')"; fi
+}
+if command -v tc >/dev/null; then fault_case slow_20kbit
+else echo "SKIP fault_slow_20kbit_on_one_host: no tc (iproute2)"; skipped=$((skipped + 1)); fi
+fault_case link_down
+fault_case sigstop
+fault_case sigkill
+fi # faults
 
 # ---- 3 hosts x 2 ranks
 if only 3hosts; then

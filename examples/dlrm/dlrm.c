@@ -1309,7 +1309,9 @@ int main(int argc, char **argv) {
     t.t0 = now();
     for (; t.step < o->steps; t.step++) {
         int evaluate_now = (t.step + 1) % o->eval_every == 0 || t.step + 1 == o->steps;
+        if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, o->timeout)); /* the whole step, not each call */
         train_step(&t);
+        if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, 0));
         if (o->ckpt && o->ckpt_every && (t.step + 1) % o->ckpt_every == 0)
             save(&t.m, t.opt, o, t.world, t.step + 1, t.loss);
         if (evaluate_now) eval_step(&t, t.step + 1);

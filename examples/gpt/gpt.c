@@ -284,7 +284,9 @@ static const char *HELP =
     "  --moe-shared 0|1  keep the dense MLP beside the experts as a shared expert (0)\n"
     "  --timeout S       a collective that has not completed S seconds after it began fails on every\n"
     "                    rank that waits for it, naming the collective, its group and the ranks that did not\n"
-    "                    arrive; the run then ends (dt's default 300). mpirun notices a dead host sooner with\n"
+    "                    arrive; the run then ends (dt's default 300). A step not done in S seconds fails the\n"
+    "                    same way (dt_comm_set_deadline), so a link too slow for a step is named too.\n"
+    "                    mpirun notices a dead host sooner with\n"
     "                    --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3\n"
     "  --hier auto|on|off  all-reduce of groups that span hosts in two levels: in each host, then across\n"
     "                    (dt_comm.h \"Across hosts\"): auto = for large messages (auto)\n"
@@ -2676,9 +2678,11 @@ int main(int argc, char **argv) {
     t.last_step = o->stop_at && o->stop_at < o->steps ? o->stop_at : o->steps;
     t.t0 = now();
     for (; t.step < t.last_step; t.step++) {
+        if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, o->timeout)); /* the whole step, not each call */
         slow_begin(&t);
         train_step(&t, &info);
         slow_end(&t);
+        if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, 0));
         if (o->ckpt && o->ckpt_every && (t.step + 1) % o->ckpt_every == 0) save_checkpoint(&t, t.step + 1);
         log_step(&t, &info);
     }
