@@ -139,6 +139,43 @@ fi
 
 only() { [ -z "${DT_MULTIHOST_ONLY:-}" ] || [ "$DT_MULTIHOST_ONLY" = "$1" ]; }
 
+# ---- bench/hosts.sh (DT_MULTIHOST_ONLY=bench only, never in the suite): gpt dp 4 over 2 hosts x
+# 2 ranks with every host link at 1 gbit/s (tc tbf on both ends), the two-level all-reduce
+# against the flat one, interleaved, 3 rounds: bytes through host 0's link a step (a 25- less a
+# 5-step run, over 20), the median step time of steps 5..25 and its share in collectives
+if [ "${DT_MULTIHOST_ONLY:-}" = bench ]; then
+    up 2 || { echo "could not make the namespaces"; exit 1; }
+    for k in 0 1; do
+        tc qdisc add dev "${PFX}v$k" root tbf rate 1gbit burst 256kb latency 5ms
+        ip netns exec "$PFX$k" tc qdisc add dev eth0 root tbf rate 1gbit burst 256kb latency 5ms
+    done
+    link_bytes() { echo $(($(cat /sys/class/net/${PFX}v0/statistics/tx_bytes) + $(cat /sys/class/net/${PFX}v0/statistics/rx_bytes))); }
+    MODEL=${DT_BENCH_MODEL:-"--seed 3 --layers 4 --width 256 --heads 8 --seq 64 --batch 8"}
+    echo "gpt $MODEL, dp 4 over 2 hosts x 2 ranks, 1 gbit/s links (tc tbf), $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
+    for round in 1 2 3; do
+        for mode in on off; do
+            b0=$(link_bytes)
+            across 2 2 "$TMP/b5.out" $GPT $MODEL --steps 5 --quiet --hier $mode
+            b1=$(link_bytes)
+            across 2 2 "$TMP/b25.out" $GPT $MODEL --steps 25 --quiet --hier $mode --log "$TMP/b25.json"
+            b2=$(link_bytes)
+            python3 - "$TMP/b25.json" "$mode" "$round" $(((b2 - b1 - (b1 - b0)) / 20)) "$MODEL" <<'PY'
+import json, sys
+a = sys.argv[5].split()
+tokens = int(a[a.index("--batch") + 1]) * int(a[a.index("--seq") + 1])
+rows = {r["step"]: r for r in (json.loads(l) for l in open(sys.argv[1]) if l.startswith("{"))}
+el = {k: k * tokens / rows[k]["tokens_per_s"] for k in (5, 25)}  # tokens_per_s and comm_s run from the start
+step = (el[25] - el[5]) / 20
+comm = (rows[25]["comm_s"] - rows[5]["comm_s"]) / 20
+print(f"round {sys.argv[3]} hier {sys.argv[2]:3}: {int(sys.argv[4]) / 1e6:7.2f} MB a step through host 0's link, "
+      f"step {step * 1e3:7.1f} ms, in collectives {comm * 1e3:7.1f} ms ({100 * comm / step:4.1f}%)")
+PY
+        done
+    done
+    down
+    exit 0
+fi
+
 if ! up 2; then fail multihost_up_2_hosts "could not make the namespaces"; summary; exit 1; fi
 # the machinery itself first (not dt): mpirun starts a plain program on both hosts; where a
 # container forbids what it needs, that is a SKIP with the reason, not a failure of dt
