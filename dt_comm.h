@@ -169,7 +169,19 @@
    every request of a communicator before freeing it.
 
    Threads: a dt_comm (and its requests and bucketer) belongs to one thread at a time. MPI is
-   initialised with MPI_THREAD_FUNNELED when dt initialises it.
+   initialised with MPI_THREAD_FUNNELED when dt initialises it (MPI_THREAD_MULTIPLE with a
+   progress thread, below).
+
+   Progress while the rank computes. An MPI library moves a posted operation only inside MPI
+   calls (Open MPI has no progress thread of its own on TCP or shared memory), so a DDP bucket
+   posted during the backward mostly moves at the next dt call. desc.progress_us > 0 starts one
+   thread per world that calls into MPI's progress engine (an MPI_Iprobe on MPI_COMM_SELF, which
+   touches no dt state) every progress_us microseconds, so transfers go on while the rank
+   computes; dt's own stages (the next stage of an all-reduce) still advance at dt calls, which
+   the layers make between ops (dt_bucketer_mark_ready polls). It needs MPI_THREAD_MULTIPLE:
+   dt asks for it when it initialises MPI, and a world over an MPI that gives less is
+   DT_ERR_STATE. The thread sleeps between looks, yet it costs CPU time that ranks sharing a
+   core would otherwise compute with; measure (gpt --progress-us, --trace).
 
    MPI and several copies of dt. A program may hold two copies of dt (DT_STATIC, or two
    libraries that each vendor it); MPI is one per process. Each copy asks MPI whether it is
@@ -261,6 +273,9 @@ typedef struct dt_comm_desc {
     const char *name;   /* the group's name in messages; NULL = "world" */
     int hier;           /* host-aware all-reduce (see "Across hosts"): 0 = auto, 1 = for every
                            all-reduce that does not ride in its header, -1 = never (flat) */
+    int progress_us;    /* > 0: a thread drives MPI's progress every progress_us microseconds
+                           while the rank computes (see "Progress while the rank computes");
+                           0 = none. World only; at most 1000000. */
     int host_size;      /* 0 = hosts are host names (MPI_Get_processor_name); k > 0: every k
                            consecutive world ranks count as one host for the collectives (a
                            cluster modelled on one machine; local ranks stay by host name) */
@@ -551,6 +566,10 @@ extern int sched_yield(void);
 #else
 #include <sys/time.h> /* elsewhere without POSIX clocks: the wall clock */
 #endif
+#if defined(DT_MPI) && defined(DT__CM_CLOCK)
+#include <pthread.h> /* the progress thread (desc.progress_us) */
+#define DT__CM_THREADS 1
+#endif
 #ifdef DT_MPI
 #if defined(__cplusplus) && !defined(OMPI_SKIP_MPICXX)
 #define OMPI_SKIP_MPICXX 1 /* the deprecated MPI C++ bindings: not used, and noisy under -Wextra */
@@ -660,6 +679,11 @@ struct dt_comm {
     MPI_Comm hh[2], hx;              /* host-aware all-reduce: this host's ranks (stage 0, stage
                                         3), the ranks at this rank's place on every host (1, 2) */
     int tag_ub;
+#ifdef DT__CM_THREADS
+    pthread_t progress;              /* the world's progress thread (desc.progress_us) */
+    pthread_mutex_t progress_mu;     /* guards progress_stop */
+    int progress_on, progress_stop, progress_us;
+#endif
     int64_t *note_out;               /* size x DT__CM_NOTE send buffers, one per destination */
     MPI_Request *note_req;
 #endif
@@ -1227,6 +1251,16 @@ static void dt__cm_release_all(dt_comm *c) {
     dt__cm_msg *m, *next;
     dt_ctx *ctx = c->ctx;
     int lost_notes = 0;
+#ifdef DT__CM_THREADS
+    if (c->progress_on) {
+        pthread_mutex_lock(&c->progress_mu);
+        c->progress_stop = 1;
+        pthread_mutex_unlock(&c->progress_mu);
+        pthread_join(c->progress, NULL);
+        pthread_mutex_destroy(&c->progress_mu);
+        c->progress_on = 0;
+    }
+#endif
 #ifdef DT_MPI
     if (dt__cm_mpi_live()) {
         int s;
@@ -1325,6 +1359,32 @@ DT_API void dt_comm_abort(dt_comm *c, int code) {
     exit(code);
 }
 
+#ifdef DT__CM_THREADS
+/* The progress thread: MPI_Iprobe on MPI_COMM_SELF (no message ever matches; the call runs the
+   progress engine of every transport), then a sleep. */
+static void *dt__cm_progress_main(void *arg) {
+    dt_comm *c = (dt_comm *)arg;
+    int flag = 0;
+#if DT__CM_CLOCK == 1
+    struct timespec ts;
+#else
+    struct dt__cm_timespec ts;
+#endif
+    ts.tv_sec = c->progress_us / 1000000;
+    ts.tv_nsec = (long)(c->progress_us % 1000000) * 1000;
+    for (;;) {
+        int stop;
+        pthread_mutex_lock(&c->progress_mu);
+        stop = c->progress_stop;
+        pthread_mutex_unlock(&c->progress_mu);
+        if (stop) break;
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+#endif
+
 DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_comm_desc *desc) {
     const char *fn = "dt_comm_create_world";
     dt_comm_desc d;
@@ -1350,6 +1410,9 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
     if (d.host_size < 0)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.host_size = %d; expected 0 (hosts by name) or the "
                                 "world ranks per modelled host (> 0)", fn, d.host_size);
+    if (d.progress_us < 0 || d.progress_us > 1000000)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.progress_us = %d; expected 0 (no progress thread) or "
+                                "1..1000000 microseconds", fn, d.progress_us);
 #ifndef DT_NCCL
     if (d.use_nccl == 1)
         return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: desc.use_nccl = 1, but dt was built without "
@@ -1381,7 +1444,8 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
                                     "initialised only once per process", fn);
         }
         if (!init) {
-            rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+            rc = MPI_Init_thread(NULL, NULL, d.progress_us > 0 ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED,
+                                 &provided);
             if (rc != MPI_SUCCESS) {
                 dt_release(ctx, c);
                 return dt_ctx_set_error(ctx, DT_ERR_COMM, "%s: MPI_Init_thread failed (error %d)", fn, rc);
@@ -1392,6 +1456,29 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
         st = dt__cm_mpi_setup(c, MPI_COMM_WORLD, fn);
         if (!st) st = dt__cm_mpi_local(c, d.host_size, fn);
         if (!st) st = dt__cm_mpi_hosts(c, fn);
+        if (!st && d.progress_us > 0) {
+#ifdef DT__CM_THREADS
+            MPI_Query_thread(&provided);
+            if (provided < MPI_THREAD_MULTIPLE)
+                st = dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: desc.progress_us = %d needs MPI_THREAD_MULTIPLE, but "
+                                      "MPI gives level %d (initialised %s); leave progress_us 0 or initialise MPI "
+                                      "with MPI_THREAD_MULTIPLE", fn, d.progress_us, provided,
+                                      init ? "by the program" : "by dt, which asked for it");
+            else {
+                c->progress_us = d.progress_us;
+                if (pthread_mutex_init(&c->progress_mu, NULL) != 0)
+                    st = dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: desc.progress_us: pthread_mutex_init failed", fn);
+                else if (pthread_create(&c->progress, NULL, dt__cm_progress_main, c) != 0) {
+                    pthread_mutex_destroy(&c->progress_mu);
+                    st = dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: desc.progress_us: pthread_create failed", fn);
+                } else
+                    c->progress_on = 1;
+            }
+#else
+            st = dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: desc.progress_us = %d needs POSIX threads and "
+                                  "clocks, which this build does not have", fn, d.progress_us);
+#endif
+        }
         if (st) {
             dt__cm_release_all(c);
             return st;
@@ -3172,7 +3259,7 @@ static dt_status dt__cm_mpi_post(dt_comm_req *q) {
     int n = c->size, rc = MPI_SUCCESS;
     size_t es = dt__cm_esize(q->et);
     MPI_Datatype T = dt__cm_mpi_type(q->et);
-    MPI_Comm mc = c->mc[q->stage];
+    MPI_Comm mc = q->stage < DT__CM_STAGES ? c->mc[q->stage] : MPI_COMM_NULL; /* (the two-level path's own) */
     const char *what = "MPI";
     switch (q->kind) {
     case DT_COLL_ALLREDUCE:

@@ -148,7 +148,7 @@ static void other_types_and_ops(int hs) {
         dt_reduce_op op = k == 1 ? DT_REDUCE_MAX : k == 2 ? DT_REDUCE_MIN : DT_REDUCE_SUM;
         for (i = 0; i < n; i++) {
             float v = val(R, i, 50 + k);
-            if (k == 0) ((int32_t *)t.data)[i] = (int32_t)(v * 1e6f);
+            if (k == 0) ((int32_t *)t.data)[i] = (int32_t)(v * 1e4f);
             else if (k == 3) ((uint16_t *)t.data)[i] = dt_f32_to_bf16(v);
             else ((float *)t.data)[i] = v;
         }
@@ -160,7 +160,7 @@ static void other_types_and_ops(int hs) {
             int r;
             if (k == 0) {
                 uint32_t a = 0;
-                for (r = 0; r < N; r++) a += (uint32_t)(int32_t)(val(r, i, 50 + k) * 1e6f);
+                for (r = 0; r < N; r++) a += (uint32_t)(int32_t)(val(r, i, 50 + k) * 1e4f);
                 ok = ((int32_t *)t.data)[i] == (int32_t)a;
             } else if (k == 3) {
                 float a = dt_bf16_to_f32(dt_f32_to_bf16(val(0, i, 50 + k)));

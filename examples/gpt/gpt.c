@@ -79,9 +79,20 @@
 
 static dt_ctx *g_ctx;
 static int g_rank;
-/* dt_comm_abort, not exit: an error one rank alone sees ends every rank now */
+/* dt_comm_abort, not exit: an error one rank alone sees ends every rank now. After a timeout every
+   rank still waiting writes its own report (dt_comm.h, "Hangs"), a moment after the first:
+   wait a second so that each names what it saw before MPI_Abort ends them. */
+static void abort_run(dt_status s) {
+    if (s == DT_ERR_TIMEOUT) {
+        struct timespec ts;
+        ts.tv_sec = 1;
+        ts.tv_nsec = 0;
+        nanosleep(&ts, NULL);
+    }
+    dt_comm_abort(NULL, 1);
+}
 #define CHECK(call) do { dt_status s_ = (call); if (s_) { \
-    fprintf(stderr, "gpt [rank %d]: %s failed: %s\n", g_rank, #call, dt_ctx_error(g_ctx)); dt_comm_abort(NULL, 1); } } while (0)
+    fprintf(stderr, "gpt [rank %d]: %s failed: %s\n", g_rank, #call, dt_ctx_error(g_ctx)); abort_run(s_); } } while (0)
 
 static double now(void) {
     struct timespec t;
@@ -210,6 +221,7 @@ typedef struct opts {
     double timeout;       /* --timeout S: a collective not done in S seconds is a named error (0: dt's 300) */
     int hier;             /* --hier auto|on|off: dt_comm_desc.hier (0, 1, -1) */
     int host_size;        /* --host-size K: dt_comm_desc.host_size (0: hosts by name) */
+    int progress_us;      /* --progress-us N: dt_comm_desc.progress_us (0: no progress thread) */
     int moe_experts, moe_topk, ep, moe_every, moe_renorm, moe_shared; /* --moe-*: 0 experts = dense */
     double moe_capacity, moe_aux;
     dt_moe_balance moe_balance;
@@ -290,6 +302,8 @@ static const char *HELP =
     "                    --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3\n"
     "  --hier auto|on|off  all-reduce of groups that span hosts in two levels: in each host, then across\n"
     "                    (dt_comm.h \"Across hosts\"): auto = for large messages (auto)\n"
+    "  --progress-us N   a thread drives MPI's progress every N us while the rank computes, so posted\n"
+    "                    collectives move during the backward (dt_comm.h \"Progress\"); 0 = none (0)\n"
     "  --host-size K     count every K consecutive ranks as one host (a cluster modelled on one machine);\n"
     "                    0 = hosts by name (0)\n"
     "  --slow-every K    every K steps, gather each rank's compute time (the step less its time in\n"
@@ -393,6 +407,7 @@ static void parse(opts *o, int argc, char **argv) {
         }
         else if (!strcmp(a, "--timeout")) o->timeout = real(a, v, 0.001, 1e9);
         else if (!strcmp(a, "--host-size")) o->host_size = (int)num(a, v, 0, 1 << 20);
+        else if (!strcmp(a, "--progress-us")) o->progress_us = (int)num(a, v, 0, 1000000);
         else if (!strcmp(a, "--hier")) {
             if (v && !strcmp(v, "auto")) o->hier = 0;
             else if (v && !strcmp(v, "on")) o->hier = 1;
@@ -1928,6 +1943,11 @@ static void setup(trainer *t, int argc, char **argv) {
                 wd.host_size = end != argv[i + 1] && !*end && k > 0 && k <= 1 << 20 ? (int)k : 0;
             }
             if (!strcmp(argv[i], "--hier")) wd.hier = !strcmp(argv[i + 1], "on") ? 1 : !strcmp(argv[i + 1], "off") ? -1 : 0;
+            if (!strcmp(argv[i], "--progress-us")) {
+                char *end = NULL;
+                long k = strtol(argv[i + 1], &end, 10);
+                wd.progress_us = end != argv[i + 1] && !*end && k > 0 && k <= 1000000 ? (int)k : 0;
+            }
         }
         CHECK(dt_comm_create_world(&t->ctx, &t->world, &wd));
     }
@@ -2089,10 +2109,8 @@ static void build_model(trainer *t) {
         CHECK(dt_trace_create(t->world, &t->m.tr));
         CHECK(dt_trace_attach(t->m.tr, t->lay->tp_comm));
         CHECK(dt_trace_attach(t->m.tr, t->lay->dp_comm));
-        if (t->lay->cp > 1) {
-            CHECK(dt_trace_attach(t->m.tr, t->lay->cp_comm));
-            CHECK(dt_trace_attach(t->m.tr, t->lay->dpcp_comm));
-        }
+        CHECK(dt_trace_attach(t->m.tr, t->lay->dpcp_comm)); /* the gradients' group, also at cp 1 */
+        if (t->lay->cp > 1) CHECK(dt_trace_attach(t->m.tr, t->lay->cp_comm));
         if (t->lay->dptp_comm != t->lay->dp_comm) CHECK(dt_trace_attach(t->m.tr, t->lay->dptp_comm)); /* ZeRO of tp shards */
         g_tr = t->m.tr;
     }
@@ -2606,7 +2624,9 @@ static void report(trainer *t) {
         CHECK(dt_trace_write(t->m.tr, o->trace));
         if (g_rank == 0 && !o->quiet)
             printf("trace: %s (Perfetto / chrome://tracing); rank 0: %.3f s in collectives, %.0f%% of it overlapped "
-                   "with compute\n", o->trace, cs, cs > 0 ? 100.0 * ov / cs : 0.0);
+                   "with compute; blocked in waits %.3f s (hidden: %.0f%% of the collectives' time)\n", o->trace, cs,
+                   cs > 0 ? 100.0 * ov / cs : 0.0, wait_seconds(t->lay, t->pl.emb),
+                   cs > 0 ? 100.0 * (1.0 - wait_seconds(t->lay, t->pl.emb) / cs) : 0.0);
     }
     if (o->moe_experts && trained) moe_histogram(t);
     if (o->sample) sample_text(&t->m, o->sample, o->seed, t->data.vocab == 256);
