@@ -1460,10 +1460,11 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
 #ifdef DT__CM_THREADS
             MPI_Query_thread(&provided);
             if (provided < MPI_THREAD_MULTIPLE)
-                st = dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: desc.progress_us = %d needs MPI_THREAD_MULTIPLE, but "
-                                      "MPI gives level %d (initialised %s); leave progress_us 0 or initialise MPI "
-                                      "with MPI_THREAD_MULTIPLE", fn, d.progress_us, provided,
-                                      init ? "by the program" : "by dt, which asked for it");
+                st = dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: desc.progress_us = %d needs MPI_THREAD_MULTIPLE (level "
+                                      "%d), but MPI gives level %d (%s); leave progress_us 0, or make the first "
+                                      "world with it, or initialise MPI with MPI_THREAD_MULTIPLE", fn, d.progress_us,
+                                      MPI_THREAD_MULTIPLE, provided,
+                                      init ? "MPI was initialised before this world" : "asked for by dt");
             else {
                 c->progress_us = d.progress_us;
                 if (pthread_mutex_init(&c->progress_mu, NULL) != 0)

@@ -331,7 +331,7 @@ static void groups(int hs) {
 
 static void bad_settings(void) {
     dt_comm_desc d;
-    dt_comm *w = NULL;
+    dt_comm *w = NULL, *w2 = NULL;
     dt_status st;
     int ok;
     memset(&d, 0, sizeof d);
@@ -344,7 +344,12 @@ static void bad_settings(void) {
     st = dt_comm_create_world(&ctx, &w, &d);
     ok = st == DT_ERR_ARG && strstr(dt_ctx_error(&ctx), "desc.host_size = -3") && !w;
     dt_test_check_all("bad_host_size_is_named", ok, "status %d: %s", st, dt_ctx_error(&ctx));
-    w = world(0, 0);
+    w = world(0, 0); /* MPI is up, at MPI_THREAD_FUNNELED: a progress thread cannot be had now */
+    d.host_size = 0;
+    d.progress_us = 100;
+    st = dt_comm_create_world(&ctx, &w2, &d);
+    ok = st == DT_ERR_STATE && strstr(dt_ctx_error(&ctx), "needs MPI_THREAD_MULTIPLE") && !w2;
+    dt_test_check_all("progress_thread_over_funneled_mpi_is_named", ok, "status %d: %s", st, dt_ctx_error(&ctx));
     st = w ? dt_comm_set_hier(w, 7) : DT_ERR_STATE;
     ok = st == DT_ERR_ARG && strstr(dt_ctx_error(&ctx), "mode = 7");
     dt_test_check_all("bad_set_hier_is_named", ok, "status %d: %s", st, dt_ctx_error(&ctx));
