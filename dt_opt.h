@@ -2224,9 +2224,17 @@ static dt_status dt__ck_agree(dt_ctx *ctx, dt_comm *c, dt_status st, const char 
     double v;
     dt_status cst, fs;
     if (size == 1) return st;
+    if (st && !dt_comm_ok(c)) return st; /* a timeout broke c: its message is the one to keep */
     rank = dt_comm_rank(c);
     v = st ? (double)rank * 64 + (double)st : (double)size * 64;
-    cst = dt_comm_allreduce_f64(c, &v, 1, DT_REDUCE_MIN);
+    if (st) { /* this rank's own message survives a failing agreement */
+        char saved[DT_ERROR_MAX];
+        memcpy(saved, ctx->last_error, sizeof saved);
+        cst = dt_comm_allreduce_f64(c, &v, 1, DT_REDUCE_MIN);
+        memcpy(ctx->last_error, saved, sizeof saved);
+        ctx->last_status = st;
+    } else
+        cst = dt_comm_allreduce_f64(c, &v, 1, DT_REDUCE_MIN);
     if (cst) return st ? st : cst;
     if (v >= (double)size * 64) return DT_OK;
     if (st) return st;
@@ -2287,6 +2295,7 @@ static dt_status dt__ck_gather(dt_ctx *ctx, dt_comm *c, const dt_strbuf *mine, d
         *stride = mine->len + 1;
         return DT_OK;
     }
+    if (st_in && !dt_comm_ok(c)) return st_in; /* a timeout broke c: keep its message */
     lens = (double *)dt__ocalloc(ctx, size, sizeof(double));
     if (!lens) return DT_ERR_OOM; /* the other ranks then time out in the all-reduce, naming this rank */
     lens[rank] = st_in ? -1.0 : (double)mine->len;

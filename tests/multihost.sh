@@ -280,27 +280,33 @@ else fail two_level_all_reduce_halves_the_bytes_between_hosts "two levels ${per_
 fi # hier
 
 # ---- faults on host 1 of 2 (2 ranks each) while gpt trains under examples/launch.sh (no restart,
-# --timeout 3): its link cut, a rank stopped (SIGSTOP), a rank killed (SIGKILL), its link at
-# 20 kbit/s. Host 0's ranks name the error (which collective, which group, which ranks did not
-# arrive) within timeout + 2 s of the fault, except after SIGKILL, where mpirun itself names the
-# rank that died and ends the job; the launcher ends within timeout + grace + 5 s either way.
+# --timeout 3, a checkpoint every 20 steps): its link cut and a rank stopped (SIGSTOP), each at 3
+# points of a step (0, 1/3 and 2/3 of a step's time after a step ended), a rank killed
+# (SIGKILL), its link at 20 kbit/s. Host 0's ranks name the error (which collective, which group,
+# which ranks did not arrive) within timeout + 2 s of the fault, except after SIGKILL, where
+# mpirun itself names the rank that died and ends the job; the launcher ends within timeout +
+# grace + 5 s either way; after the cut link, the last checkpoint resumes on host 0's 2 ranks.
 # Lines are stamped as they come (the stamp is when the launcher's output reached this script).
 if only faults; then
 FT=3 GRACE=5
+FMODEL="--seed 3 --layers 2 --width 64 --heads 4 --seq 32 --batch 8"
 stamp() { local line; while IFS= read -r line; do printf '%s %s\n' "$EPOCHREALTIME" "$line"; done; }
 gpt_pid_on() { ip netns pids "$PFX$1" 2>/dev/null | xargs -r ps -o pid=,comm= -p 2>/dev/null | awk '$2 == "gpt" { print $1; exit }'; }
-fault_case() {
-    local name=$1 out=$TMP/fault_$1.out t_fault t_end k r first late named='' why=''
+fault_case() { # NAME POINT (thirds of a step after one ended)
+    local name=$1 point=$2 out=$TMP/fault_$1_$2.out t_fault t_end k r first late named='' why='' tps step
     if ! up 2; then fail "multihost_up_2_hosts_fault_$name" "could not make the namespaces"; return; fi
     rm -rf "$TMP/fault_ckpt"
     (   export OMPI_MCA_plm_rsh_agent="bash $SELF agent" OMPI_MCA_oob_tcp_if_include="$NET.0/24" \
                OMPI_MCA_btl_tcp_if_include="$NET.0/24" OMPI_MCA_btl=tcp,self,vader
         timeout -k 5 120 bash examples/launch.sh -H "$NET.1:2,$NET.2:2" --max-restarts 0 --abort-grace $GRACE \
-            --probe-timeout 2 -- $GPT $TINY --steps 1000000 --print-every 200 --ckpt "$TMP/fault_ckpt" \
-            --ckpt-every 100000000 --timeout $FT 2>&1 | stamp >"$out" ) &
+            --probe-timeout 2 -- $GPT $FMODEL --steps 1000000 --print-every 10 --ckpt "$TMP/fault_ckpt" \
+            --ckpt-every 20 --timeout $FT 2>&1 | stamp >"$out" ) &
     CHILD=$!
-    for k in $(seq 600); do grep -q " step 200/" "$out" 2>/dev/null && break; sleep 0.05; done
-    sleep 0.0$((RANDOM % 10)) # somewhere in a step
+    for k in $(seq 600); do grep -q " step 50/" "$out" 2>/dev/null && break; sleep 0.05; done
+    tps=$(grep " step 50/" "$out" | sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p')
+    step=$(awk -v t="${tps:-0}" 'BEGIN { printf "%.4f", t > 0 ? 8 * 32 / t : 0.01 }')
+    for k in $(seq 100); do [ "$(grep -c " step [0-9]*/" "$out")" -gt 5 ] && break; sleep 0.01; done
+    sleep "$(awk -v s="$step" -v p="$point" 'BEGIN { printf "%.4f", s * p / 3 }')"
     case $name in
     link_down) ip link set "${PFX}v1" down ;;
     sigstop) kill -STOP "$(gpt_pid_on 1)" ;;
@@ -320,21 +326,32 @@ fault_case() {
             first=$(grep -m1 -E "gpt \[rank $r\]: .* failed: .* on group [^ ]+ \(size [0-9]+\) (did not complete|was abandoned)" "$out" | cut -d' ' -f1)
             if [ -z "$first" ]; then why+="rank $r named nothing; "; continue; fi
             late=$(awk -v a="$first" -v b="$t_fault" 'BEGIN { printf "%.2f", a - b }')
-            named+=", rank $r named it after ${late}s"
+            named+=", rank $r after ${late}s"
             awk -v l="$late" -v t=$FT 'BEGIN { exit !(l <= t + 2) }' || why+="rank $r named it after ${late}s; "
         done
     fi
     awk -v a="$t_end" -v b="$t_fault" -v t=$((FT + GRACE + 5)) 'BEGIN { exit !(a - b <= t) }' ||
         why+="the launcher ended $(awk -v a="$t_end" -v b="$t_fault" 'BEGIN { printf "%.1f", a - b }')s after the fault; "
+    if [ "$name" = link_down ]; then # the last checkpoint is whole and resumes at 2 ranks
+        local last
+        last=$(sed -n 's/^step_0*\([0-9]*\)$/\1/p' "$TMP/fault_ckpt/latest" 2>/dev/null)
+        if [ -z "$last" ]; then why+="no checkpoint was written; "
+        elif ! bg_run timeout -k 5 120 $DT_MPIRUN -np 2 $GPT $FMODEL --steps $((last + 2)) --ckpt "$TMP/fault_ckpt" \
+            --resume --quiet >"$out.resume" 2>&1 || [ -z "$(final "$out.resume")" ]; then
+            why+="the checkpoint of step $last did not resume at 2 ranks: $(tail -n 2 "$out.resume" | tr '\n' ' '); "
+        else named+="; step $last resumed at 2 ranks"; fi
+    fi
     if [ -z "$why" ]; then
-        pass "fault_${name}_on_one_host_is_named_and_the_job_ends [$(awk -v a="$t_end" -v b="$t_fault" 'BEGIN { printf "ended after %.1fs", a - b }')$named]"
-    else fail "fault_${name}_on_one_host_is_named_and_the_job_ends" "$why; log: $out $(grep -m2 'failed:\|signal' "$out" | cut -c1-300 | tr '\n' ' ')"; fi
+        pass "fault_${name}_at_${point}_thirds_of_a_step_is_named_and_the_job_ends [$(awk -v a="$t_end" -v b="$t_fault" 'BEGIN { printf "ended after %.1fs", a - b }')$named]"
+    else fail "fault_${name}_at_${point}_thirds_of_a_step_is_named_and_the_job_ends" "$why; log: $out $(grep -m2 'failed:\|signal' "$out" | cut -c1-300 | tr '\n' ' ')"; fi
 }
-if command -v tc >/dev/null; then fault_case slow_20kbit
+if command -v tc >/dev/null; then fault_case slow_20kbit 1
 else echo "SKIP fault_slow_20kbit_on_one_host: no tc (iproute2)"; skipped=$((skipped + 1)); fi
-fault_case link_down
-fault_case sigstop
-fault_case sigkill
+for point in 0 1 2; do
+    fault_case link_down $point
+    fault_case sigstop $point
+done
+fault_case sigkill 1
 fi # faults
 
 # ---- 3 hosts x 2 ranks

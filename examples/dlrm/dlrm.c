@@ -121,12 +121,13 @@ static dt_embed *g_progress; /* --overlap: an id exchange in flight, moved betwe
 static int g_prefetch;      /* --prefetch: the next batch begins with dt_embed_prefetch (its rows come too) */
 static int g_auc_warned;    /* the held-out labels are all one class: said once */
 /* dt_comm_abort, not exit: an error one rank alone sees ends every rank now. After a timeout every
-   rank still waiting writes its own report (dt_comm.h, "Hangs"), a moment after the first:
-   wait a second so that each names what it saw before MPI_Abort ends them. */
+   rank still waiting writes its own report (dt_comm.h, "Hangs") once it reaches a wait (a rank
+   busy writing a checkpoint comes later): wait three seconds so that each names what it saw
+   before MPI_Abort ends them. */
 static void abort_run(dt_status s) {
     if (s == DT_ERR_TIMEOUT) {
         struct timespec ts;
-        ts.tv_sec = 1;
+        ts.tv_sec = 3;
         ts.tv_nsec = 0;
         nanosleep(&ts, NULL);
     }
@@ -1320,11 +1321,12 @@ int main(int argc, char **argv) {
     t.t0 = now();
     for (; t.step < o->steps; t.step++) {
         int evaluate_now = (t.step + 1) % o->eval_every == 0 || t.step + 1 == o->steps;
-        if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, o->timeout)); /* the whole step, not each call */
+        /* the whole step with its checkpoint, not each call (the evaluation has its own time) */
+        if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, o->timeout));
         train_step(&t);
-        if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, 0));
         if (o->ckpt && o->ckpt_every && (t.step + 1) % o->ckpt_every == 0)
             save(&t.m, t.opt, o, t.world, t.step + 1, t.loss);
+        if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, 0));
         if (evaluate_now) eval_step(&t, t.step + 1);
         log_step(&t, evaluate_now);
     }

@@ -80,12 +80,13 @@
 static dt_ctx *g_ctx;
 static int g_rank;
 /* dt_comm_abort, not exit: an error one rank alone sees ends every rank now. After a timeout every
-   rank still waiting writes its own report (dt_comm.h, "Hangs"), a moment after the first:
-   wait a second so that each names what it saw before MPI_Abort ends them. */
+   rank still waiting writes its own report (dt_comm.h, "Hangs") once it reaches a wait (a rank
+   busy writing a checkpoint comes later): wait three seconds so that each names what it saw
+   before MPI_Abort ends them. */
 static void abort_run(dt_status s) {
     if (s == DT_ERR_TIMEOUT) {
         struct timespec ts;
-        ts.tv_sec = 1;
+        ts.tv_sec = 3;
         ts.tv_nsec = 0;
         nanosleep(&ts, NULL);
     }
@@ -296,8 +297,9 @@ static const char *HELP =
     "  --moe-shared 0|1  keep the dense MLP beside the experts as a shared expert (0)\n"
     "  --timeout S       a collective that has not completed S seconds after it began fails on every\n"
     "                    rank that waits for it, naming the collective, its group and the ranks that did not\n"
-    "                    arrive; the run then ends (dt's default 300). A step not done in S seconds fails the\n"
-    "                    same way (dt_comm_set_deadline), so a link too slow for a step is named too.\n"
+    "                    arrive; the run then ends (dt's default 300). A step (with its checkpoint) not done\n"
+    "                    in S seconds fails the same way (dt_comm_set_deadline), so a link too slow for a\n"
+    "                    step is named too.\n"
     "                    mpirun notices a dead host sooner with\n"
     "                    --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3\n"
     "  --hier auto|on|off  all-reduce of groups that span hosts in two levels: in each host, then across\n"
@@ -2698,14 +2700,16 @@ int main(int argc, char **argv) {
     t.last_step = o->stop_at && o->stop_at < o->steps ? o->stop_at : o->steps;
     t.t0 = now();
     for (; t.step < t.last_step; t.step++) {
-        if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, o->timeout)); /* the whole step, not each call */
+        /* the whole step with its checkpoint, not each call: a fault anywhere in it is named
+           within --timeout of the step's start (plus the report's grace) */
+        if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, o->timeout));
         slow_begin(&t);
         train_step(&t, &info);
         slow_end(&t);
-        if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, 0));
         if (o->ckpt && o->ckpt_every && (t.step + 1) % o->ckpt_every == 0) save_checkpoint(&t, t.step + 1);
         log_step(&t, &info);
     }
+    if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, 0));
     if (o->ckpt && t.last_step > t.first_step && (!o->ckpt_every || t.last_step % o->ckpt_every))
         save_checkpoint(&t, t.last_step);
 
