@@ -304,7 +304,7 @@ fault_case() { # NAME POINT (thirds of a step after one ended)
     CHILD=$!
     for k in $(seq 600); do grep -q " step 50/" "$out" 2>/dev/null && break; sleep 0.05; done
     tps=$(grep " step 50/" "$out" | sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p')
-    step=$(awk -v t="${tps:-0}" 'BEGIN { printf "%.4f", t > 0 ? 8 * 32 / t : 0.01 }')
+    step=$(awk -v t="${tps:-0}" 'BEGIN { printf "%.4f", (t > 0 ? 8 * 32 / t : 0.01) }')
     for k in $(seq 100); do [ "$(grep -c " step [0-9]*/" "$out")" -gt 5 ] && break; sleep 0.01; done
     sleep "$(awk -v s="$step" -v p="$point" 'BEGIN { printf "%.4f", s * p / 3 }')"
     case $name in
