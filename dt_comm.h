@@ -70,6 +70,8 @@
                    memory and MPI.
        DT_CUDA                 as in dt_tensor.h.
        DT_COMM_GATHER_MAX_BYTES  all-reduce path switch, see "Sum order" (default 64 KiB).
+       DT_COMM_A2A_HIER_MAX_BYTES, DT_COMM_A2A_HIER_RANKS  all-to-all in two levels up to this
+                   mean block, or from this many ranks a host, see "Across hosts" (16 KiB, 4).
 
    Tensors: f32, bf16, f16, i32, i64 (and u8 for everything but avg). Sizes are element counts of
    the tensors, any shape. A device tensor goes through NCCL when the communicator has it, else
@@ -115,6 +117,21 @@
    where the flat one would take its all-to-all), 1 = for every all-reduce not carried in its
    header, -1 = never (flat transport and rank order). Reduce-scatter and all-gather stay flat
    (a reduce-scatter adds in the group's order); NCCL does its own topology.
+   The all-to-all (alltoall, alltoallv: the embedding's and the experts' exchanges) goes in two
+   levels on the same groups:
+        host A: r0 r1   in the host: r0 gets the blocks for place 0 of every host, r1 for place 1
+        host B: r2 r3   (same)
+        across: r0 <-> r2 exchange what their host has for each other, r1 <-> r3 the same
+   No third step: the first already sorted the blocks by the place they go to. Every block
+   crosses hosts once, as in the flat one, but in H - 1 messages a rank instead of (H - 1) L,
+   and the result is the flat one's bitwise (blocks are moved, never combined). An alltoallv
+   first exchanges its counts the same way (in the host, then across), then agrees as the flat
+   one does, so a rank whose out is too small still fails alone. hier 0 (auto) takes it for
+   blocks averaging up to DT_COMM_A2A_HIER_MAX_BYTES (16 KiB: the number of messages, not
+   their bytes, sets the time) and at every size from DT_COMM_A2A_HIER_RANKS (4) ranks a host
+   (the flat one's L x L flows through a host's link lose packets; measured at 1 gbit/s: 0.24x
+   the flat one's time at 256 KiB blocks on 2 hosts x 4 ranks, 1.35x at 2 x 2, which auto
+   therefore leaves flat). dt_comm_stat.hier_calls counts the calls that went in two levels.
 
    Hangs and mismatches. Every communicator numbers its collectives (seq 1, 2, ...). A call that
    does not complete within desc.timeout_s (default 300 s) returns DT_ERR_TIMEOUT with a message
@@ -226,6 +243,14 @@
 #ifndef DT_COMM_H
 #define DT_COMM_H
 
+/* the all-to-all's auto choice (see "Across hosts"; public: the tests read them) */
+#ifndef DT_COMM_A2A_HIER_MAX_BYTES
+#define DT_COMM_A2A_HIER_MAX_BYTES (16 * 1024)
+#endif
+#ifndef DT_COMM_A2A_HIER_RANKS
+#define DT_COMM_A2A_HIER_RANKS 4
+#endif
+
 #ifndef DT_TENSOR_H
 #include "dt_tensor.h"
 #endif
@@ -271,8 +296,9 @@ typedef struct dt_comm_desc {
                            share a GPU); 1 = the same, and an error when built without it or when
                            ranks share a GPU; -1 = never (stage through host memory) */
     const char *name;   /* the group's name in messages; NULL = "world" */
-    int hier;           /* host-aware all-reduce (see "Across hosts"): 0 = auto, 1 = for every
-                           all-reduce that does not ride in its header, -1 = never (flat) */
+    int hier;           /* host-aware all-reduce and all-to-all (see "Across hosts"): 0 = auto,
+                           1 = for every all-reduce that does not ride in its header and every
+                           all-to-all, -1 = never (flat) */
     int progress_us;    /* > 0: a thread drives MPI's progress every progress_us microseconds
                            while the rank computes (see "Progress while the rank computes");
                            0 = none. World only; at most 1000000. */
@@ -485,6 +511,8 @@ typedef struct dt_comm_stat {
     double busbw;
     int64_t nccl_calls; /* of calls, those whose data went through NCCL (device tensors, DT_NCCL);
                            dt_comm_stats_format marks their rows "(device, NCCL: n)" */
+    int64_t hier_calls; /* of calls, those that went in two levels across hosts ("Across hosts";
+                           rows marked "(two levels: n)") */
 } dt_comm_stat;
 
 DT_API dt_status dt_comm_stats(const dt_comm *c, dt_comm_stat *out, dt_coll kind);
@@ -664,6 +692,7 @@ struct dt_comm {
     int64_t *recv_counts;            /* counts of the last alltoallv */
     double stat_calls[DT_COLL_COUNT], stat_bytes[DT_COLL_COUNT], stat_secs[DT_COLL_COUNT];
     double stat_nccl[DT_COLL_COUNT]; /* calls carried by NCCL */
+    double stat_hier[DT_COLL_COUNT]; /* calls carried in two levels (a chunked call: its chunks) */
     dt_comm_observer_fn observer;    /* dt_comm_set_observer */
     void *observer_user;
     dt__cm_buf pool[DT__CM_POOL];
@@ -732,6 +761,8 @@ struct dt_comm_req {
     dt_comm_req **kids;              /* a large all-reduce runs as chunks, each its own operation */
     int nkids, internal;             /* internal: a chunk (counted in its parent's statistics) */
     int64_t part_off, part_len;      /* a chunk of an all-to-all: this slice of every block */
+    int64_t a2av_sum;                /* a gate of an alltoallv: every rank's total, summed */
+    int64_t hier_x;                  /* the two-level all-to-all: elements in scratch's first part */
     int detached;                    /* a blocking NCCL call that returned: on the heap, in c->late */
     dt_comm_req *late_next;
     dt_comm_req *next;
@@ -1909,6 +1940,7 @@ static void dt__cm_complete(dt_comm_req *q) {
         double now = dt__cm_now();
         c->stat_calls[q->kind] += 1;
         if (q->path == DT__CM_NCCL) c->stat_nccl[q->kind] += 1;
+        if (q->path == DT__CM_HIER) c->stat_hier[q->kind] += 1;
         c->stat_bytes[q->kind] += q->stat_bytes;
         c->stat_secs[q->kind] += now - q->t0;
         if (c->observer) c->observer(c, (dt_coll)q->kind, q->stat_bytes, q->t0, now, c->observer_user);
@@ -2010,7 +2042,10 @@ static dt_status dt__cm_verdict(dt_comm_req *g) {
     const int64_t no_part = DT__CM_NO_PART | (int64_t)0xff00;
     for (r = 0; r < n; r++) {
         int64_t *a = all + (size_t)r * hw;
-        if (a[1] == DT_COLL_ALLTOALLV) a[3] = 0; /* the per-rank total of an all-to-allv may differ */
+        if (a[1] == DT_COLL_ALLTOALLV) { /* the per-rank total of an all-to-allv may differ */
+            if (a[3] > 0) g->a2av_sum += a[3]; /* (each at most INT_MAX: no overflow) */
+            a[3] = 0;
+        }
         if (a[5] & DT__CM_NO_PART) out = 1;
         if (memcmp(a, all, 5 * sizeof(int64_t)) != 0 || (a[5] & ~no_part) != (all[5] & ~no_part)) differ = 1;
     }
@@ -2151,7 +2186,7 @@ static void dt__cm_a2av_counts(dt_comm_req *q) {
         /* total * es fits a 64-bit size_t (total <= INT_MAX); a 32-bit one may not hold it */
         q->hout = (uint64_t)total * es <= (uint64_t)(size_t)-1 ? dt__cm_take(c, (size_t)total * es, &q->slot_out) : NULL;
         if (!q->hout) v[0] = 2 | (int64_t)DT_ERR_OOM << 8;
-    } else if (q->path == DT__CM_MPI && (st = dt__cm_stage(q, 0, 1)) != DT_OK)
+    } else if ((q->path == DT__CM_MPI || q->path == DT__CM_HIER) && (st = dt__cm_stage(q, 0, 1)) != DT_OK)
         v[0] = 2 | (int64_t)st << 8;
 }
 
@@ -2188,6 +2223,236 @@ static dt_status dt__cm_a2av_verdict(dt_comm_req *q) {
     return DT_OK;
 }
 
+/* ---------------------------------------------------------------- the two-level all-to-all */
+
+/* See "Across hosts". On a group of H hosts with L > 1 ranks on each (c->by_host: group rank
+   of place l on host h at [h * L + l]), an all-to-all may go in two levels: in the host, each
+   rank hands the host's rank at place l the blocks for place l of every host; across hosts,
+   the ranks at place l exchange what their host has for each other. Every block that crosses
+   hosts crosses once, as in the flat one, but in H - 1 messages a rank instead of (H - 1) L;
+   blocks are moved, never combined, so the result is the flat one's bitwise. q->scratch holds
+   X (q->hier_x elements) then Y:
+     in -> X by (destination place, destination host); in the host X -> Y, which arrives by
+     (source place, destination host); Y -> X by (destination host, source place); across
+     hosts X -> Y, which arrives by (source host, source place); Y -> out by group rank.
+   alltoall: two stages (the blocks are m each). alltoallv: stage 0 the counts in the host,
+   1 the counts across hosts (every rank now knows what each sends it), 2 the verdicts (as the
+   flat one's), 3 and 4 the data. q->c64 past the flat one's 4n + 2 words: sc0 (what this rank
+   sends to each place, by place then host), rc0 (what each place of this host sends to this
+   rank's place on each host), sc1 (by host then place), rc1 (what each rank sends here, by
+   host then place), then n words of offsets. */
+
+/* Whether q (an alltoall of `block_bytes` per rank, or an alltoallv whose blocks average it)
+   takes two levels: c->hier 1 always; 0 (auto) for blocks up to DT_COMM_A2A_HIER_MAX_BYTES,
+   where the number of messages, not their bytes, sets the time, and at every size from
+   DT_COMM_A2A_HIER_RANKS ranks a host, where the flat one's L x L flows through a host's link
+   lose packets and wait for TCP's retransmissions (bench/RESULTS.md, "the all-to-all across
+   hosts": 0.24x the flat one's time at 256 KB blocks on 2 hosts x 4 ranks, 1.35x at 2 x 2). */
+static int dt__cm_a2a_hier_pays(const dt_comm_req *q, int64_t block_bytes) {
+#ifdef DT_MPI
+    const dt_comm *c = q->c;
+    if (!c->by_host || c->hx == MPI_COMM_NULL || c->hier < 0) return 0;
+    return c->hier == 1 || c->per_host >= DT_COMM_A2A_HIER_RANKS || block_bytes <= DT_COMM_A2A_HIER_MAX_BYTES;
+#else
+    (void)q;
+    (void)block_bytes;
+    return 0;
+#endif
+}
+
+/* An alltoall in two levels: scratch for X and Y, in packed into X (the call's data is there). */
+static dt_status dt__cm_a2a_hier_prepare(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    int L = c->per_host, H = c->hosts, l, h;
+    size_t es = dt__cm_esize(q->et), b = (size_t)(q->tin.numel / c->size) * es;
+    char *x;
+    q->path = DT__CM_HIER;
+    q->last_stage = 1;
+    q->hier_x = q->tin.numel;
+    if ((uint64_t)q->tin.numel * es > (uint64_t)((size_t)-1) / 2) return DT_ERR_OOM; /* (a 32-bit size_t) */
+    q->scratch = dt__cm_take(c, 2 * (size_t)q->tin.numel * es, &q->slot_scratch);
+    if (!q->scratch) return q->tin.numel ? DT_ERR_OOM : DT_OK;
+    x = (char *)q->scratch;
+    for (l = 0; l < L && b; l++)
+        for (h = 0; h < H; h++)
+            memcpy(x + (size_t)(l * H + h) * b, (const char *)q->hin + (size_t)c->by_host[h * L + l] * b, b);
+    return DT_OK;
+}
+
+/* An alltoallv whose header exchange is done: two levels when its blocks average small (every
+   rank saw every total in the headers, so all choose alike) and every relay fits an int (what a
+   rank passes on is at most all the totals together). Fills sc0 from the send counts. */
+static void dt__cm_a2av_hier_choose(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    int n = c->size, L = c->per_host, H = c->hosts, l, h;
+    int64_t sum = q->gate->a2av_sum, *sc0;
+    double mean = (double)sum * (double)dt__cm_esize(q->et) / ((double)n * (double)n);
+    if (!c->by_host || sum > 2147483647 || !dt__cm_a2a_hier_pays(q, mean < 1e18 ? (int64_t)mean : INT64_MAX)) return;
+    q->path = DT__CM_HIER;
+    q->last_stage = 4;
+    sc0 = q->c64 + 4 * n + 2;
+    for (l = 0; l < L; l++)
+        for (h = 0; h < H; h++) sc0[l * H + h] = q->c64[c->by_host[h * L + l]];
+}
+
+/* The local work after each stage of the two-level path (see above). */
+static dt_status dt__cm_a2a_hier_after(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    int n = c->size, L = c->per_host, H = c->hosts, l, h, r;
+    size_t es = dt__cm_esize(q->et);
+    char *x = (char *)q->scratch, *y = x ? x + (size_t)q->hier_x * es : NULL;
+    int64_t *sc0, *rc0, *sc1, *rc1, *off, *rcv = q->c64 ? q->c64 + n : NULL, pos;
+    if (q->kind == DT_COLL_ALLTOALL) {
+        size_t b = (size_t)(q->tin.numel / n) * es;
+        if (!b) return DT_OK;
+        if (q->stage == 0) /* Y by (source place, destination host) -> X by (host, place) */
+            for (l = 0; l < L; l++)
+                for (h = 0; h < H; h++) memcpy(x + (size_t)(h * L + l) * b, y + (size_t)(l * H + h) * b, b);
+        else /* Y by (source host, place) -> out by group rank */
+            for (h = 0; h < H; h++)
+                for (l = 0; l < L; l++) memcpy((char *)q->hout + (size_t)c->by_host[h * L + l] * b, y + (size_t)(h * L + l) * b, b);
+        return DT_OK;
+    }
+    sc0 = q->c64 + 4 * n + 2;
+    rc0 = sc0 + n;
+    sc1 = rc0 + n;
+    rc1 = sc1 + n;
+    off = rc1 + n;
+    switch (q->stage) {
+    case 0: /* what this host's places send to this place on each host, to that host's same place */
+        for (l = 0; l < L; l++)
+            for (h = 0; h < H; h++) sc1[h * L + l] = rc0[l * H + h];
+        return DT_OK;
+    case 1: { /* every rank's count to this one is known: the flat path's checks, then scratch */
+        int64_t relay = 0, total = 0, xs, ys, *v = q->c64 + 2 * n;
+        for (h = 0; h < H; h++)
+            for (l = 0; l < L; l++) rcv[c->by_host[h * L + l]] = rc1[h * L + l];
+        dt__cm_a2av_counts(q);
+        if (v[0]) return DT_OK;
+        for (r = 0; r < n; r++) {
+            relay += rc0[r]; /* each at most INT_MAX, and n of them: no overflow */
+            total += rcv[r];
+        }
+        xs = q->count > relay ? q->count : relay;
+        ys = relay > total ? relay : total;
+        q->hier_x = xs;
+        q->scratch = dt__cm_take(c, (size_t)(xs + ys) * es, &q->slot_scratch); /* <= 2^32 x 8 bytes */
+        if (!q->scratch && xs + ys) {
+            v[0] = 2 | (int64_t)DT_ERR_OOM << 8;
+            v[1] = total;
+        }
+        return DT_OK;
+    }
+    case 2: { /* the verdicts: then the data stages' counts (every sum fits an int: see choose) */
+        int *a = q->cnt, *b = q->cnt + 4 * L;
+        dt_status st = dt__cm_a2av_verdict(q);
+        if (st) return st;
+        for (pos = 0, r = 0; r < n; r++) { /* where each destination's block starts in in */
+            off[r] = pos;
+            pos += q->c64[r];
+        }
+        for (pos = 0, l = 0; l < L; l++) { /* in -> X by (destination place, host) */
+            a[L + l] = (int)pos;
+            for (h = 0; h < H; h++) {
+                int g = c->by_host[h * L + l];
+                if (q->c64[g]) memcpy(x + (size_t)pos * es, (const char *)q->hin + (size_t)off[g] * es, (size_t)q->c64[g] * es);
+                pos += q->c64[g];
+            }
+            a[l] = (int)(pos - a[L + l]);
+        }
+        for (pos = 0, l = 0; l < L; l++) { /* from place l: its blocks for this place, by host */
+            a[3 * L + l] = (int)pos;
+            for (h = 0; h < H; h++) pos += rc0[l * H + h];
+            a[2 * L + l] = (int)(pos - a[3 * L + l]);
+        }
+        for (pos = 0, h = 0; h < H; h++) { /* to host h: each place's block for it */
+            b[H + h] = (int)pos;
+            for (l = 0; l < L; l++) pos += rc0[l * H + h];
+            b[h] = (int)(pos - b[H + h]);
+        }
+        for (pos = 0, h = 0; h < H; h++) { /* from host h: its places' blocks for this rank */
+            b[3 * H + h] = (int)pos;
+            for (l = 0; l < L; l++) pos += rc1[h * L + l];
+            b[2 * H + h] = (int)(pos - b[3 * H + h]);
+        }
+        return DT_OK;
+    }
+    case 3: { /* Y by (source place, destination host) -> X by (host, place) */
+        int *b = q->cnt + 4 * L;
+        for (h = 0; h < H; h++) off[h] = b[H + h];
+        for (pos = 0, l = 0; l < L; l++)
+            for (h = 0; h < H; h++) {
+                int64_t k = rc0[l * H + h];
+                if (k) memcpy(x + (size_t)off[h] * es, y + (size_t)pos * es, (size_t)k * es);
+                off[h] += k;
+                pos += k;
+            }
+        return DT_OK;
+    }
+    default: /* Y by (source host, place) -> out by group rank */
+        for (pos = 0, r = 0; r < n; r++) {
+            off[r] = pos;
+            pos += rcv[r];
+        }
+        for (pos = 0, h = 0; h < H; h++)
+            for (l = 0; l < L; l++) {
+                int64_t k = rc1[h * L + l];
+                if (k) memcpy((char *)q->hout + (size_t)off[c->by_host[h * L + l]] * es, y + (size_t)pos * es, (size_t)k * es);
+                pos += k;
+            }
+        return DT_OK;
+    }
+}
+
+#ifdef DT_MPI
+/* Posts stage q->stage of the two-level path (see above). */
+static dt_status dt__cm_a2a_hier_post(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    int n = c->size, L = c->per_host, H = c->hosts, rc;
+    MPI_Datatype T = dt__cm_mpi_type(q->et);
+    char *x = (char *)q->scratch, *y = x ? x + (size_t)q->hier_x * dt__cm_esize(q->et) : NULL;
+    const char *what;
+    if (q->kind == DT_COLL_ALLTOALL) {
+        int m = (int)(q->tin.numel / n);
+        if (q->stage == 0) {
+            what = "MPI_Ialltoall in the host";
+            rc = MPI_Ialltoall(x, H * m, T, y, H * m, T, c->hh[0], &q->mreq);
+        } else {
+            what = "MPI_Ialltoall across hosts";
+            rc = MPI_Ialltoall(x, L * m, T, y, L * m, T, c->hx, &q->mreq);
+        }
+    } else {
+        int64_t *k = q->c64 + 4 * n + 2;
+        int *a = q->cnt, *b = q->cnt + 4 * L;
+        switch (q->stage) {
+        case 0:
+            what = "MPI_Ialltoall of the counts in the host";
+            rc = MPI_Ialltoall(k, H, MPI_INT64_T, k + n, H, MPI_INT64_T, c->hh[0], &q->mreq);
+            break;
+        case 1:
+            what = "MPI_Ialltoall of the counts across hosts";
+            rc = MPI_Ialltoall(k + 2 * n, L, MPI_INT64_T, k + 3 * n, L, MPI_INT64_T, c->hx, &q->mreq);
+            break;
+        case 2:
+            what = "MPI_Iallgather of the verdicts";
+            rc = MPI_Iallgather(q->c64 + 2 * n, 2, MPI_INT64_T, q->c64 + 2 * n + 2, 2, MPI_INT64_T, c->mc[1], &q->mreq);
+            break;
+        case 3:
+            what = "MPI_Ialltoallv in the host";
+            rc = MPI_Ialltoallv(x, a, a + L, T, y, a + 2 * L, a + 3 * L, T, c->hh[1], &q->mreq);
+            break;
+        default:
+            what = "MPI_Ialltoallv across hosts";
+            rc = MPI_Ialltoallv(x, b, b + H, T, y, b + 2 * H, b + 3 * H, T, c->hx, &q->mreq);
+            break;
+        }
+    }
+    if (rc != MPI_SUCCESS) return dt__cm_mpi_error(c, rc, q->fn, what);
+    q->pending = 1;
+    return DT_OK;
+}
+#endif
+
 /* Work between stages, and after the last one. */
 static dt_status dt__cm_after_stage(dt_comm_req *q) {
     dt_comm *c = q->c;
@@ -2221,6 +2486,8 @@ static dt_status dt__cm_after_stage(dt_comm_req *q) {
             rows[r] = r == c->rank ? (const void *)mine
                                    : (const void *)((const char *)q->scratch + (size_t)(rd ? rd[r] : (int64_t)r * m) * es);
         dt__cm_reduce_group(c, dst, rows, m, q->et, q->op);
+    } else if (q->path == DT__CM_HIER && q->kind != DT_COLL_ALLREDUCE) {
+        return dt__cm_a2a_hier_after(q);
     } else if (q->path == DT__CM_HIER && q->stage <= 1) {
         /* stage 0: the host's ranks' slices, in rank order; stage 1: the hosts' partial sums of
            the sub-slice, in host order, then avg's division by the group's size */
@@ -2319,6 +2586,7 @@ static void dt__cm_advance(dt_comm_req *q, int may_post0, int may_post) {
             dt__cm_fail(q, DT_ERR_STATE);
             return;
         }
+        if (q->kind == DT_COLL_ALLTOALLV && q->path == DT__CM_MPI && q->gate) dt__cm_a2av_hier_choose(q);
         q->stage = 0;
         st = dt__cm_post(q);
         if (st) dt__cm_fail(q, st);
@@ -2470,6 +2738,7 @@ static int dt__cm_done(dt_comm_req *q) {
         q->c->stat_calls[q->kind] += 1;
         q->c->stat_bytes[q->kind] += q->stat_bytes;
         q->c->stat_secs[q->kind] += now - q->t0;
+        if (q->kids[0]->path == DT__CM_HIER) q->c->stat_hier[q->kind] += 1;
         if (q->c->observer) q->c->observer(q->c, (dt_coll)q->kind, q->stat_bytes, q->t0, now, q->c->observer_user);
     }
     return 1;
@@ -3037,6 +3306,8 @@ static dt_status dt__cm_prepare(dt_comm_req *q) {
         break;
     case DT_COLL_ALLTOALL:
         if ((st = dt__cm_stage(q, 1, 1)) != DT_OK) return st;
+        if (q->path == DT__CM_MPI && !q->part_len && dt__cm_a2a_hier_pays(q, q->tin.numel / n * (int64_t)es))
+            return dt__cm_a2a_hier_prepare(q);
         if (q->part_len) { /* a chunk: the same slice of every block */
             int64_t m = q->tin.numel / n;
             q->cnt = (int *)dt_alloc(c->ctx, (size_t)2 * n * sizeof(int));
@@ -3051,7 +3322,8 @@ static dt_status dt__cm_prepare(dt_comm_req *q) {
         int64_t off = 0;
         q->last_stage = 2;
         q->cnt = (int *)dt_alloc(c->ctx, (size_t)4 * n * sizeof(int));
-        q->c64 = (int64_t *)dt_alloc(c->ctx, ((size_t)4 * n + 2) * sizeof(int64_t));
+        /* (and the two-level path's counts, 6 x size more, where it may be chosen) */
+        q->c64 = (int64_t *)dt_alloc(c->ctx, ((size_t)(c->by_host ? 10 : 4) * n + 2) * sizeof(int64_t));
         if (!q->cnt || !q->c64) return DT_ERR_OOM;
         for (r = 0; r < n; r++) { /* checked by dt_comm_alltoallv: every count and offset fits an int */
             q->c64[r] = q->want_send[r];
@@ -3086,6 +3358,7 @@ static int dt__cm_chunks(const dt_comm_req *q) {
     if (q->path != DT__CM_MPI || c->size == 1) return 1;
     if (q->kind == DT_COLL_ALLTOALL) {
         if (dt__cm_on_device(&q->tin) || dt__cm_on_device(&q->tout)) return 1;
+        if (dt__cm_a2a_hier_pays(q, (int64_t)(q->stat_bytes / c->size))) return 1;
         k = (int)(q->stat_bytes / c->size / DT__CM_CHUNK_MIN);
     }
     k = k > DT__CM_CHUNKS ? DT__CM_CHUNKS : k;
@@ -3311,26 +3584,27 @@ static dt_status dt__cm_mpi_post(dt_comm_req *q) {
         what = "MPI_Ibcast";
         rc = MPI_Ibcast(q->hout, (int)q->count, T, q->arg, mc, &q->mreq);
         break;
-    case DT_COLL_ALLTOALL:
-        if (q->part_len) {
+    case DT_COLL_ALLTOALL: case DT_COLL_ALLTOALLV:
+        if (q->path == DT__CM_HIER) return dt__cm_a2a_hier_post(q);
+        if (q->kind == DT_COLL_ALLTOALLV) {
+            if (q->stage == 0) {
+                what = "MPI_Ialltoall of the counts";
+                rc = MPI_Ialltoall(q->c64, 1, MPI_INT64_T, q->c64 + n, 1, MPI_INT64_T, mc, &q->mreq);
+            } else if (q->stage == 1) {
+                what = "MPI_Iallgather of the verdicts";
+                rc = MPI_Iallgather(q->c64 + 2 * n, 2, MPI_INT64_T, q->c64 + 2 * n + 2, 2, MPI_INT64_T, mc, &q->mreq);
+            } else {
+                what = "MPI_Ialltoallv";
+                rc = MPI_Ialltoallv(q->hin, q->cnt, q->cnt + n, T, q->hout, q->cnt + 2 * n, q->cnt + 3 * n, T, mc,
+                                    &q->mreq);
+            }
+        } else if (q->part_len) {
             what = "MPI_Ialltoallv";
             rc = MPI_Ialltoallv(q->hin, q->cnt, q->cnt + n, T, q->hout, q->cnt, q->cnt + n, T, mc, &q->mreq);
         } else {
             int m = (int)(q->tin.numel / n);
             what = "MPI_Ialltoall";
             rc = MPI_Ialltoall(q->hin, m, T, q->hout, m, T, mc, &q->mreq);
-        }
-        break;
-    case DT_COLL_ALLTOALLV:
-        if (q->stage == 0) {
-            what = "MPI_Ialltoall of the counts";
-            rc = MPI_Ialltoall(q->c64, 1, MPI_INT64_T, q->c64 + n, 1, MPI_INT64_T, mc, &q->mreq);
-        } else if (q->stage == 1) {
-            what = "MPI_Iallgather of the verdicts";
-            rc = MPI_Iallgather(q->c64 + 2 * n, 2, MPI_INT64_T, q->c64 + 2 * n + 2, 2, MPI_INT64_T, mc, &q->mreq);
-        } else {
-            what = "MPI_Ialltoallv";
-            rc = MPI_Ialltoallv(q->hin, q->cnt, q->cnt + n, T, q->hout, q->cnt + 2 * n, q->cnt + 3 * n, T, mc, &q->mreq);
         }
         break;
     case DT_COLL_SEND:
@@ -4488,6 +4762,7 @@ DT_API dt_status dt_comm_stats(const dt_comm *c, dt_comm_stat *out, dt_coll kind
         return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_stats: kind = %d is not a dt_coll", (int)kind);
     out->calls = (int64_t)c->stat_calls[kind];
     out->nccl_calls = (int64_t)c->stat_nccl[kind];
+    out->hier_calls = (int64_t)c->stat_hier[kind];
     out->bytes = c->stat_bytes[kind];
     out->seconds = c->stat_secs[kind];
     out->algbw = out->seconds > 0 ? out->bytes / out->seconds / 1e9 : 0.0;
@@ -4509,6 +4784,7 @@ DT_API void dt_comm_stats_reset(dt_comm *c) {
     dt__cm_reap(c, 1); /* the calls made before count before */
     memset(c->stat_calls, 0, sizeof c->stat_calls);
     memset(c->stat_nccl, 0, sizeof c->stat_nccl);
+    memset(c->stat_hier, 0, sizeof c->stat_hier);
     memset(c->stat_bytes, 0, sizeof c->stat_bytes);
     memset(c->stat_secs, 0, sizeof c->stat_secs);
 }
@@ -4536,6 +4812,7 @@ DT_API size_t dt_comm_stats_format(const dt_comm *c, char *buf, size_t n) {
         DT__CM_PUT("  %-15s %10lld %14.0f %11.4f %11.3f %11.3f", dt_coll_name((dt_coll)k), (long long)s.calls,
                    s.bytes, s.seconds, s.algbw, s.busbw);
         if (s.nccl_calls) DT__CM_PUT("  (device, NCCL: %lld)", (long long)s.nccl_calls);
+        if (s.hier_calls) DT__CM_PUT("  (two levels: %lld)", (long long)s.hier_calls);
         DT__CM_PUT("\n");
     }
 #undef DT__CM_PUT

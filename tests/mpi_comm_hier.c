@@ -329,6 +329,227 @@ static void groups(int hs) {
     }
 }
 
+/* ---------------------------------------------------------------- all-to-all in two levels */
+
+/* What group rank src sends group rank dst (salt picks the case; big: blocks averaging past
+   DT_COMM_A2A_HIER_MAX_BYTES in i32), about a fifth of them empty; and its element j, which
+   names src, dst and j so that a block in the wrong place or order shows. */
+static int64_t a2a_count(int src, int dst, int salt, int big) {
+    uint64_t h = ((uint64_t)src * 2654435761u) ^ ((uint64_t)dst * 40503u) ^ ((uint64_t)salt * 97u);
+    h = (h ^ (h >> 13)) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+    if (h % 5 == 0) return 0;
+    return big ? 6000 + (int64_t)(h % 5000) : 1 + (int64_t)(h % 300);
+}
+static int32_t a2a_val(int src, int dst, int64_t j) { return (int32_t)(((uint32_t)src << 22) | ((uint32_t)dst << 16) | (uint32_t)(j & 0xffff)); }
+
+/* The ranks a host when the group of n ranks (world ranks `ranks`, hosts of hs) spans hosts
+   with the same number of ranks, more than one, on each (the two-level path applies); else 0. */
+static int spans_hosts_evenly(const int *ranks, int n, int hs) {
+    int seen[64], cnt[64] = {0}, H = 0, j, k;
+    for (j = 0; j < n; j++) {
+        int h = hs ? ranks[j] / hs : 0;
+        for (k = 0; k < H && seen[k] != h; k++) {}
+        if (k == H) { seen[H] = h; cnt[H++] = 0; }
+        cnt[k]++;
+    }
+    for (k = 1; k < H; k++)
+        if (cnt[k] != cnt[0]) return 0;
+    return H > 1 && cnt[0] > 1 ? cnt[0] : 0;
+}
+
+/* One alltoallv (i32 or bf16) and one alltoall on g against the blocks computed here; *two:
+   the calls the statistics say went in two levels. */
+static int a2a_case(dt_comm *g, int salt, int big, dt_dtype dt, int give_recv, int64_t *two, char *why, size_t size) {
+    int n = dt_comm_size(g), me = dt_comm_rank(g), r, ok = 1;
+    int64_t send[64], recv[64], ts = 0, tr = 0, j, k, m = big ? 6000 : salt % 3 == 0 ? 1 : 37;
+    size_t es = dt_dtype_size(dt);
+    dt_tensor in, out, ain, aout;
+    dt_comm_stat s0, s1, u0, u1;
+    const int64_t *rc;
+    dt_status st;
+    for (r = 0; r < n; r++) {
+        ts += send[r] = a2a_count(me, r, salt, big);
+        tr += recv[r] = a2a_count(r, me, salt, big);
+    }
+    in = make(dt, ts > 0 ? ts : 1);
+    out = make(dt, tr + 5);
+    ain = make(dt, m * n);
+    aout = make(dt, m * n);
+    for (k = 0, r = 0; r < n; r++) /* block for r: its values, truncated to the element's size */
+        for (j = 0; j < send[r]; j++, k++) {
+            int32_t v = a2a_val(me, r, j);
+            memcpy((char *)in.data + (size_t)k * es, &v, es);
+        }
+    for (r = 0; r < n; r++)
+        for (j = 0; j < m; j++) {
+            int32_t v = a2a_val(me, r, j);
+            memcpy((char *)ain.data + (size_t)(r * m + j) * es, &v, es);
+        }
+    dt_comm_stats(g, &s0, DT_COLL_ALLTOALLV);
+    dt_comm_stats(g, &u0, DT_COLL_ALLTOALL);
+    st = dt_comm_alltoallv(g, &out, give_recv ? recv : NULL, &in, send);
+    if (!st) st = dt_comm_alltoall(g, &aout, &ain);
+    if (st) {
+        snprintf(why, size, "salt %d: %s", salt, dt_ctx_error(&ctx));
+        ok = 0;
+    }
+    rc = dt_comm_recv_counts(g);
+    for (k = 0, r = 0; ok && r < n; r++) {
+        if (!rc || rc[r] != recv[r]) {
+            snprintf(why, size, "salt %d: recv_counts[%d] = %lld, want %lld", salt, r, rc ? (long long)rc[r] : -1LL,
+                     (long long)recv[r]);
+            ok = 0;
+        }
+        for (j = 0; ok && j < recv[r]; j++, k++) {
+            int32_t v = a2a_val(r, me, j);
+            if (memcmp((char *)out.data + (size_t)k * es, &v, es) != 0) {
+                snprintf(why, size, "salt %d (%s): alltoallv element %lld of the block from %d differs", salt,
+                         dt_dtype_name(dt), (long long)j, r);
+                ok = 0;
+            }
+        }
+        for (j = 0; ok && j < m; j++) {
+            int32_t v = a2a_val(r, me, j);
+            if (memcmp((char *)aout.data + (size_t)(r * m + j) * es, &v, es) != 0) {
+                snprintf(why, size, "salt %d (%s): alltoall element %lld of the block from %d differs", salt,
+                         dt_dtype_name(dt), (long long)j, r);
+                ok = 0;
+            }
+        }
+    }
+    dt_comm_stats(g, &s1, DT_COLL_ALLTOALLV);
+    dt_comm_stats(g, &u1, DT_COLL_ALLTOALL);
+    two[0] += s1.hier_calls - s0.hier_calls;
+    two[1] += u1.hier_calls - u0.hier_calls;
+    dt_tensor_free(&ctx, &in);
+    dt_tensor_free(&ctx, &out);
+    dt_tensor_free(&ctx, &ain);
+    dt_tensor_free(&ctx, &aout);
+    return ok;
+}
+
+/* alltoallv and alltoall on the world and on split groups (every other rank; all, reversed),
+   hier off, auto and on, small and large blocks, i32 and bf16, recv_counts given and not:
+   every block where the flat exchange puts it, and the two-level path taken exactly where it
+   applies (hier 1; auto for blocks averaging up to DT_COMM_A2A_HIER_MAX_BYTES). Then a rank
+   whose out is too small fails alone while the others receive, async all-reduces in flight
+   across the exchanges keep their order, and the group stays usable. */
+static void alltoalls(int hs) {
+    int hier, color, ok = 1, j, n;
+    char why[300] = "";
+    for (hier = -1; hier <= 1 && ok; hier++) {
+        dt_comm *w = world(hs, hier), *g = NULL;
+        ok = w != NULL;
+        /* -1: the world; 0: every other rank; 1: reversed; 2: by place on the host, so that a
+           host's ranks are not next to each other in the group */
+        for (color = -1; color < 3 && ok; color++) {
+            int ranks[64], big, salt, dtk, a, key = color == 0 ? R : color == 1 ? N - R : (R % hs) * N + R;
+            n = 0;
+            if (color < 0) {
+                g = w;
+                for (j = 0; j < N; j++) ranks[n++] = j;
+            } else {
+                if (dt_comm_split(w, &g, color == 0 ? R % 2 : 0, key) || !g) {
+                    snprintf(why, sizeof why, "split: %s", dt_ctx_error(&ctx));
+                    ok = 0;
+                    break;
+                }
+                if (color == 0)
+                    for (j = R % 2; j < N; j += 2) ranks[n++] = j;
+                else if (color == 1)
+                    for (j = N - 1; j >= 0; j--) ranks[n++] = j;
+                else
+                    for (a = 0; a < hs; a++)
+                        for (j = a; j < N; j += hs) ranks[n++] = j;
+            }
+            for (big = 0; big < 2 && ok; big++)
+                for (dtk = 0; dtk < 2 && ok; dtk++)
+                    for (salt = 1; salt <= 3 && ok; salt++) {
+                        int even = spans_hosts_evenly(ranks, n, hs), sl = salt + 10 * color + 100 * big, b;
+                        int64_t two[2] = {0, 0}, want[2], sum = 0, m = big ? 6000 : sl % 3 == 0 ? 1 : 37, k2; /* as a2a_case */
+                        size_t es = dtk ? 2 : 4;
+                        for (a = 0; a < n; a++)
+                            for (b = 0; b < n; b++) sum += a2a_count(a, b, sl, big);
+                        /* two levels where the group spans hosts evenly, for hier 1, and for auto
+                           when the blocks (alltoallv: on average, in bytes) are small or a host
+                           has DT_COMM_A2A_HIER_RANKS ranks */
+                        int many = even >= DT_COMM_A2A_HIER_RANKS;
+                        want[0] = even && (hier == 1 || (hier == 0 && (many || (double)sum * (double)es /
+                                                                       ((double)n * n) <= DT_COMM_A2A_HIER_MAX_BYTES)));
+                        want[1] = even && (hier == 1 || (hier == 0 && (many || (double)m * (double)es <=
+                                                                                 DT_COMM_A2A_HIER_MAX_BYTES)));
+                        ok = a2a_case(g, sl, big, dtk ? DT_BF16 : DT_I32, salt != 2, two, why, sizeof why);
+                        for (k2 = 0; ok && k2 < 2; k2++)
+                            if (two[k2] != want[k2]) {
+                                snprintf(why, sizeof why, "hier %d, group %d (%d ranks), %s blocks of %s: %lld %s calls in "
+                                         "two levels, want %lld", hier, color, n, big ? "large" : "small",
+                                         dtk ? "bf16" : "i32", (long long)two[k2], k2 ? "alltoall" : "alltoallv",
+                                         (long long)want[k2]);
+                                ok = 0;
+                            }
+                    }
+            if (color >= 0) dt_comm_free(g);
+            g = NULL;
+        }
+        if (w && ok && hier == 1) { /* a rank whose out is too small; async all-reduces around */
+            int me = dt_comm_rank(w), r;
+            int64_t send[64], recv[64], ts = 0, tr = 0, k;
+            dt_tensor in, out, a = make(DT_F32, 300007), b = make(DT_F32, 600);
+            dt_comm_req *qa = NULL, *qb = NULL;
+            dt_status st, sa;
+            for (r = 0; r < N; r++) {
+                ts += send[r] = a2a_count(me, r, 77, 0);
+                tr += recv[r] = a2a_count(r, me, 77, 0);
+            }
+            in = make(DT_I32, ts > 0 ? ts : 1);
+            out = make(DT_I32, me == 0 ? (tr > 0 ? tr - 1 : 0) : tr + 1);
+            for (k = 0, r = 0; r < N; r++)
+                for (j = 0; j < send[r]; j++, k++) ((int32_t *)in.data)[k] = a2a_val(me, r, j);
+            sa = fill(w, &a, 0, 31);
+            if (!sa) sa = fill(w, &b, 0, 32);
+            if (!sa) sa = dt_comm_iallreduce(w, &a, DT_REDUCE_SUM, &qa);
+            st = dt_comm_alltoallv(w, &out, NULL, &in, send);
+            if (!sa) sa = dt_comm_iallreduce(w, &b, DT_REDUCE_SUM, &qb);
+            if (!sa) sa = dt_comm_wait(qa);
+            if (!sa) sa = dt_comm_wait(qb);
+            if (sa) {
+                snprintf(why, sizeof why, "async all-reduce beside the alltoallv: %s", dt_ctx_error(&ctx));
+                ok = 0;
+            } else if (me == 0 ? st != DT_ERR_SHAPE || !strstr(dt_ctx_error(&ctx), "out has") : st != DT_OK) {
+                snprintf(why, sizeof why, "rank %d, out %s: status %d: %s", me, me == 0 ? "too small" : "fits", st,
+                         dt_ctx_error(&ctx));
+                ok = 0;
+            }
+            for (k = 0, r = 0; ok && me != 0 && r < N; r++)
+                for (j = 0; ok && j < recv[r]; j++, k++)
+                    if (((int32_t *)out.data)[k] != a2a_val(r, me, j)) {
+                        snprintf(why, sizeof why, "beside a failing rank: element %lld from %d differs", (long long)j, r);
+                        ok = 0;
+                    }
+            if (ok) {
+                int all[64];
+                for (j = 0; j < N; j++) all[j] = j;
+                ok = check(&a, all, N, hs, 0, 31, 0, 0, why, sizeof why) && check(&b, all, N, hs, 0, 32, 0, 0, why, sizeof why);
+            }
+            if (ok) { /* still usable */
+                int64_t two[2] = {0, 0};
+                ok = a2a_case(w, 5, 0, DT_I32, 1, two, why, sizeof why);
+            }
+            dt_tensor_free(&ctx, &in);
+            dt_tensor_free(&ctx, &out);
+            dt_tensor_free(&ctx, &a);
+            dt_tensor_free(&ctx, &b);
+        }
+        if (w) dt_comm_free(w);
+    }
+    {
+        char name[96];
+        snprintf(name, sizeof name, "hosts_of_%d_alltoalls_move_every_block_and_take_two_levels_where_they_apply", hs);
+        dt_test_check_all(name, ok, "%s", why);
+    }
+}
+
 static void bad_settings(void) {
     dt_comm_desc d;
     dt_comm *w = NULL, *w2 = NULL;
@@ -377,6 +598,7 @@ int main(void) {
             forms_agree(hs);
             groups(hs);
         }
+        if (hs > 1) alltoalls(hs);
     }
     dt_test_check_all("every_byte_comes_back", ctx.bytes_in_use == 0, "%lld bytes still held", (long long)ctx.bytes_in_use);
     dt_ctx_shutdown(&ctx);

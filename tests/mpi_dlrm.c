@@ -5,7 +5,8 @@
    fp32 bound per step, see step_bound), for
    DLRM with a mixed plan (row-wise, table-wise, data-parallel tables), for DCNv2, and with
    gradient accumulation; a resumed run continues bitwise (same np) or within the same tolerance
-   (saved at np 4, resumed at np 2); a malformed TSV line is a named error naming file, line
+   (saved at np 4, resumed at np 2); on hosts modelled (--host-size 2) the all-to-alls in two
+   levels (--hier on) change nothing (hosts_modelled); a malformed TSV line is a named error naming file, line
    and field, and --skip-bad counts it.
 
    Run directly (not under mpirun): it starts $DT_MPIRUN -np N build/examples/dlrm itself and
@@ -124,6 +125,51 @@ static void resume_continues(const char *name, int np_save, int np_resume, doubl
     }
 }
 
+/* Hosts modelled (--host-size 2 at np 4): the embedding's all-to-alls in two levels (--hier on:
+   every one, as the end's line says; off: none) move the same rows, so every logged loss is
+   bitwise the same as with auto (both sum the dense grads host by host) and, with --hier off
+   (rank order), bitwise the plain 4-rank run's; on against off differs only by the dense sum's
+   order: within the per-step fp32 bound. */
+static void hosts_modelled(void) {
+    static const char *modes[4] = {"on", "auto", "off", "plain"};
+    double l[4][STEPS];
+    char cmd[2048], log[512], out[4][512], check[160], want[64];
+    int k, s, n[4];
+    const char *tmp = dt_test_tmpdir();
+    for (k = 0; k < 4; k++) {
+        char extra[64] = "";
+        if (k < 3) snprintf(extra, sizeof extra, "--host-size 2 --hier %s", modes[k]);
+        snprintf(log, sizeof log, "%s/hosts_%s.jsonl", tmp, modes[k]);
+        snprintf(out[k], sizeof out[k], "%s/hosts_%s.out", tmp, modes[k]);
+        snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=1 %s -np 4 %s --steps %d --seed 7 --batch 256 --print-every 0 "
+                 "--eval-every 1000 --eval-samples 512 --rows 100000 --row-wise-over 50000 --log %s %s", dt_test_mpirun(),
+                 DLRM, STEPS, log, extra);
+        snprintf(check, sizeof check, "dlrm_hosts_hier_%s_runs", modes[k]);
+        if (!DT_TEST_CHECK(check, run(cmd, out[k]) == 0)) { fprintf(stderr, "  command: %s (output in %s)\n", cmd, out[k]); return; }
+        n[k] = losses(log, l[k], STEPS);
+    }
+    for (k = 0; k < 3; k += 2) { /* the end's line: every all-to-all in two levels with on, none with off */
+        FILE *fp = fopen(out[k], "r");
+        char line[512];
+        long long a = -1, b = -2;
+        while (fp && fgets(line, sizeof line, fp))
+            if (sscanf(line, "all-to-alls across 2 hosts x 2 ranks: %lld of %lld", &a, &b) == 2) break;
+        if (fp) fclose(fp);
+        snprintf(want, sizeof want, k == 0 ? "all %lld" : "none of %lld", b);
+        snprintf(check, sizeof check, "dlrm_hosts_hier_%s_says_how_its_all_to_alls_went", modes[k]);
+        dt_test_expect(check, b > 0 && a == (k == 0 ? b : 0), "%lld of %lld in two levels, want %s (%s)", a, b, want, out[k]);
+    }
+    for (s = 0; s < STEPS && n[0] == STEPS && n[1] == STEPS && l[0][s] == l[1][s]; s++) {}
+    dt_test_expect("dlrm_hosts_hier_on_bitwise_equals_auto", s == STEPS, "step %d: on %.9g, auto %.9g (%d, %d lines)",
+                   s + 1, s < STEPS ? l[0][s] : 0, s < STEPS ? l[1][s] : 0, n[0], n[1]);
+    for (s = 0; s < STEPS && n[2] == STEPS && n[3] == STEPS && l[2][s] == l[3][s]; s++) {}
+    dt_test_expect("dlrm_hosts_hier_off_bitwise_equals_one_host", s == STEPS, "step %d: off %.9g, one host %.9g",
+                   s + 1, s < STEPS ? l[2][s] : 0, s < STEPS ? l[3][s] : 0);
+    for (s = 0; s < STEPS && n[0] == STEPS && fabs(l[0][s] - l[2][s]) <= step_bound(s + 1) * fabs(l[2][s]); s++) {}
+    dt_test_expect("dlrm_hosts_hier_on_equals_off_within_fp32", s == STEPS, "step %d: on %.9g, off %.9g (bound %.3g "
+                   "relative)", s + 1, s < STEPS ? l[0][s] : 0, s < STEPS ? l[2][s] : 0, step_bound(s + 1));
+}
+
 /* A TSV with one malformed line: a named error by default, counted and skipped with --skip-bad. */
 static void tsv_errors(void) {
     char path[512], cmd[2048], out[512], text[4096];
@@ -169,6 +215,7 @@ int main(void) {
     equal_at_every_np("dlrm_mixed_plan", "--rows 100000 --row-wise-over 50000");
     equal_at_every_np("dcn", "--arch dcn --rows 4096");
     equal_at_every_np("dlrm_accum2_sgd", "--accum 2 --opt sgd --rows 4096");
+    hosts_modelled();
     if (dt_test_short_run()) return dt_test_finish();
     resume_continues("dlrm_resume_same_np", 2, 2, 0);
     resume_continues("dlrm_resume_np4_to_np2", 4, 2, step_bound(10));

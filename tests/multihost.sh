@@ -10,7 +10,8 @@
 #        per step; this is the issue's end-to-end check), the host grid printed with no warning;
 #        a tp group spread over 2 hosts is warned about (tp 2 on 2 hosts x 1 rank);
 #   dlrm --shard table-row (each table row-wise over one host's ranks) on 2 and 3 hosts: the
-#        final loss within 1e-6 relative of np 1 (its all-to-all sums in a fixed order).
+#        final loss within 1e-6 relative of np 1 (its all-to-all sums in a fixed order); and
+#        with every all-to-all in two levels (--hier on), which it says.
 #   examples/launch.sh: host 1's link cut after a checkpoint; the launcher finds host 0 alone
 #        answering, restarts there on 2 ranks with --resume, and training ends at the loss of a
 #        run stopped at that checkpoint on 4 ranks and resumed by hand on 2 (1e-6).
@@ -176,6 +177,24 @@ PY
     exit 0
 fi
 
+# ---- bench/hosts.sh a2a (DT_MULTIHOST_ONLY=bench_a2a only, never in the suite): build/bench/a2a
+# (dt's all-to-all flat, in two levels, and raw MPI_Alltoallv) over 2 hosts x 2 and x 4 ranks
+# with 1 gbit/s links
+if [ "${DT_MULTIHOST_ONLY:-}" = bench_a2a ]; then
+    up 2 || { echo "could not make the namespaces"; exit 1; }
+    for k in 0 1; do
+        tc qdisc add dev "${PFX}v$k" root tbf rate 1gbit burst 256kb latency 5ms
+        ip netns exec "$PFX$k" tc qdisc add dev eth0 root tbf rate 1gbit burst 256kb latency 5ms
+    done
+    echo "1 gbit/s links (tc tbf), $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
+    for s in 2 4; do
+        across 2 "$s" "$TMP/a2a$s.out" build/bench/a2a
+        cat "$TMP/a2a$s.out"
+    done
+    down
+    exit 0
+fi
+
 if ! up 2; then fail multihost_up_2_hosts "could not make the namespaces"; summary; exit 1; fi
 # the machinery itself first (not dt): mpirun starts a plain program on both hosts; where a
 # container forbids what it needs, that is a SKIP with the reason, not a failure of dt
@@ -207,6 +226,11 @@ check_case dlrm_2hosts_table_row 2 2 1e-6 "--steps 5 --batch 256" $DLRM --steps 
 if grep -q "table-row" "$TMP/dlrm_2hosts_table_row.out" && grep -q "hosts (4 ranks" "$TMP/dlrm_2hosts_table_row.out"; then
     pass dlrm_prints_hosts_and_table_row_plan
 else fail dlrm_prints_hosts_and_table_row_plan "no 'hosts (4 ranks' line or no table-row table in $TMP/dlrm_2hosts_table_row.out"; fi
+# the embedding's all-to-alls in two levels (every one, --hier on): the same loss, and it says so
+check_case dlrm_2hosts_a2a_two_levels 2 2 1e-6 "--steps 5 --batch 256" $DLRM --steps 5 --batch 256 --hier on
+if grep -qE "^all-to-alls across 2 hosts x 2 ranks: ([0-9]+) of \1 in two levels" "$TMP/dlrm_2hosts_a2a_two_levels.out"; then
+    pass dlrm_2hosts_every_all_to_all_in_two_levels
+else fail dlrm_2hosts_every_all_to_all_in_two_levels "$(grep -m1 '^all-to-alls' "$TMP/dlrm_2hosts_a2a_two_levels.out" || echo 'no all-to-alls line')"; fi
 
 # ---- 2 hosts x 1 rank: tp spread over hosts is warned about
 out=$TMP/tp_spans.out

@@ -28,6 +28,9 @@
           fraction 0 < F < 1 of each local shard; default 1/8) --prefetch 0|1 (tiered: the next
           batch's missing rows fetched on a helper thread during this step; default 1); the end
           prints each tiered table's hits, misses, evictions, bytes moved and prefetch wait
+          --hier auto|on|off (the embedding's all-to-alls over hosts in two levels, dt_comm.h
+          "Across hosts"; the end prints how many went so) --host-size K (every K consecutive
+          ranks one host: hosts modelled on one machine; 0 = by host name)
           --dump-batches DIR (rank 0 writes each step's global batch, see below)
    last line: "final: loss L auc A" (L the training loss of the last step, A the held-out AUC).
    A is nan when the held-out labels are all one class (a warning says so; training goes on).
@@ -111,6 +114,7 @@ typedef struct opts {
     int64_t cache_rows;            /* --cache-rows N; or cache_frac for a fraction */
     double cache_frac;
     int prefetch;                  /* --prefetch (tiered tables): 1 by default */
+    int hier, host_size;           /* --hier auto|on|off (dt_comm_desc.hier 0, 1, -1), --host-size K */
     int bottom[MAX_LAYERS], n_bottom, top[MAX_LAYERS], n_top;
     double lr, emb_lr;
 } opts;
@@ -145,7 +149,7 @@ static void usage(const char *why) {
                     "--ckpt DIR --ckpt-every N --resume --rows N --table-sizes N|n1,...,n26 --skip-bad "
                     "--shard auto|row|table|column|table-row|data --row-wise-over ROWS --timeout S "
                     "--device cpu|cuda --quiet --overlap 0|1 --dump-batches DIR --profile --tier none|disk|host "
-                    "--tier-dir DIR --cache-rows N|F --prefetch 0|1\n", why);
+                    "--tier-dir DIR --cache-rows N|F --prefetch 0|1 --hier auto|on|off --host-size K\n", why);
     exit(2);
 }
 
@@ -272,6 +276,13 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--tier")) o->tier = v;
         else if (!strcmp(a, "--tier-dir")) o->tier_dir = path(a, v);
         else if (!strcmp(a, "--prefetch")) o->prefetch = (int)num(a, v, 0, 1);
+        else if (!strcmp(a, "--hier")) {
+            if (v && !strcmp(v, "auto")) o->hier = 0;
+            else if (v && !strcmp(v, "on")) o->hier = 1;
+            else if (v && !strcmp(v, "off")) o->hier = -1;
+            else usage("--hier is auto, on or off");
+        }
+        else if (!strcmp(a, "--host-size")) o->host_size = (int)num(a, v, 0, 1 << 20);
         else if (!strcmp(a, "--cache-rows")) { /* rows (an integer >= 1) or a fraction in (0, 1) */
             char *end;
             double x = v ? strtod(v, &end) : 0;
@@ -1074,7 +1085,13 @@ static void setup(trainer *t, int argc, char **argv) {
     cdesc.cuda_device = local_device();
     g_ctx = &t->ctx; /* so that a failing dt_ctx_init is reported with its own message */
     CHECK(dt_ctx_init(&t->ctx, &cdesc));
-    CHECK(dt_comm_create_world(&t->ctx, &t->world, NULL));
+    {
+        dt_comm_desc wd;
+        memset(&wd, 0, sizeof wd);
+        wd.hier = t->o.hier;
+        wd.host_size = t->o.host_size;
+        CHECK(dt_comm_create_world(&t->ctx, &t->world, &wd));
+    }
     g_rank = dt_comm_rank(t->world);
     t->W = dt_comm_size(t->world);
     if (t->o.timeout > 0) CHECK(dt_comm_set_timeout(t->world, t->o.timeout)); /* comms split from it inherit it */
@@ -1321,14 +1338,20 @@ int main(int argc, char **argv) {
     t.t0 = now();
     for (; t.step < o->steps; t.step++) {
         int evaluate_now = (t.step + 1) % o->eval_every == 0 || t.step + 1 == o->steps;
-        /* the whole step with its checkpoint, not each call (the evaluation has its own time) */
+        int save_now = o->ckpt && o->ckpt_every && (t.step + 1) % o->ckpt_every == 0;
+        /* the whole step, then its checkpoint, not each call (the evaluation has its own time) */
         if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, o->timeout));
         train_step(&t);
-        if (o->ckpt && o->ckpt_every && (t.step + 1) % o->ckpt_every == 0)
-            save(&t.m, t.opt, o, t.world, t.step + 1, t.loss);
         if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, 0));
         if (evaluate_now) eval_step(&t, t.step + 1);
+        /* the log line before the checkpoint: a run killed after a checkpoint has logged every
+           step it holds, so the resumed run's lines complete the log */
         log_step(&t, evaluate_now);
+        if (save_now) {
+            if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, o->timeout));
+            save(&t.m, t.opt, o, t.world, t.step + 1, t.loss);
+            if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, 0));
+        }
     }
 
     /* the last checkpoint (--steps 0 without --resume: the initial model, step 0) */
@@ -1345,6 +1368,14 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     tier_report(&t);
+    if (g_rank == 0 && !o->quiet && dt_comm_hosts(t.world) > 1) { /* the embedding's exchanges (dt_comm.h, "Across hosts") */
+        dt_comm_stat a, v;
+        CHECK(dt_comm_stats(t.world, &a, DT_COLL_ALLTOALL));
+        CHECK(dt_comm_stats(t.world, &v, DT_COLL_ALLTOALLV));
+        printf("all-to-alls across %d hosts x %d ranks: %lld of %lld in two levels (--hier %s)\n", dt_comm_hosts(t.world),
+               dt_comm_ranks_per_host(t.world), (long long)(a.hier_calls + v.hier_calls), (long long)(a.calls + v.calls),
+               o->hier > 0 ? "on" : o->hier < 0 ? "off" : "auto");
+    }
     if (g_rank == 0) printf("final: loss %.9g auc %.4f\n", t.loss, t.auc);
     teardown(&t);
     return 0;

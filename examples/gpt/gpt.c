@@ -2706,8 +2706,10 @@ int main(int argc, char **argv) {
         slow_begin(&t);
         train_step(&t, &info);
         slow_end(&t);
-        if (o->ckpt && o->ckpt_every && (t.step + 1) % o->ckpt_every == 0) save_checkpoint(&t, t.step + 1);
+        /* the log line before the checkpoint: a run killed after a checkpoint has logged every
+           step it holds, so the resumed run's lines complete the log */
         log_step(&t, &info);
+        if (o->ckpt && o->ckpt_every && (t.step + 1) % o->ckpt_every == 0) save_checkpoint(&t, t.step + 1);
     }
     if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, 0));
     if (o->ckpt && t.last_step > t.first_step && (!o->ckpt_every || t.last_step % o->ckpt_every))
