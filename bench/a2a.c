@@ -5,7 +5,8 @@
    Each rep (interleaved: flat, two levels, raw) is one dt_comm_alltoallv of equal blocks, as an
    embedding exchange with balanced ids, timed from a barrier to the slowest rank's return;
    medians of the reps. The last column is what dt's auto setting (desc.hier 0) takes at that
-   size (two levels up to DT_COMM_A2A_HIER_MAX_BYTES a block). The hosts are the ranks' host
+   size (two levels up to DT_COMM_A2A_HIER_MAX_BYTES a block, and at every size from
+   DT_COMM_A2A_HIER_RANKS ranks a host). The hosts are the ranks' host
    names; on one machine with a single host name they are modelled (DT_BENCH_HOST_SIZE ranks a
    host, default 2), which measures the cost of the extra step in shared memory, not a network.
 
@@ -110,7 +111,7 @@ int main(void) {
         if (R == 0)
             printf("  %10lld %8d %12.1f %12.1f %12.1f %8.2fx %8.2fx  %s\n", (long long)blocks[k], reps, med[0] * 1e6,
                    med[1] * 1e6, med[2] * 1e6, med[1] / med[0], med[0] / med[2],
-                   blocks[k] <= DT_COMM_A2A_HIER_MAX_BYTES ? "two levels" : "flat");
+                   blocks[k] <= DT_COMM_A2A_HIER_MAX_BYTES || L >= DT_COMM_A2A_HIER_RANKS ? "two levels" : "flat");
         dt_tensor_free(&ctx, &in);
         dt_tensor_free(&ctx, &out);
     }

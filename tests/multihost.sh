@@ -177,6 +177,31 @@ PY
     exit 0
 fi
 
+# ---- bench/hosts.sh hidden (DT_MULTIHOST_ONLY=bench_hidden only, never in the suite): gpt dp 4
+# over 2 hosts x 2 ranks at 1 gbit/s, two-level all-reduce, --trace: rank 0's time in collectives,
+# the share of it overlapped with compute and of it not blocked in waits, as the global batch
+# grows (more compute a step, the same gradients to send)
+if [ "${DT_MULTIHOST_ONLY:-}" = bench_hidden ]; then
+    up 2 || { echo "could not make the namespaces"; exit 1; }
+    for k in 0 1; do
+        tc qdisc add dev "${PFX}v$k" root tbf rate 1gbit burst 256kb latency 5ms
+        ip netns exec "$PFX$k" tc qdisc add dev eth0 root tbf rate 1gbit burst 256kb latency 5ms
+    done
+    MODEL=${DT_BENCH_MODEL:-"--seed 3 --layers 4 --width 256 --heads 8 --seq 64"}
+    echo "gpt $MODEL, dp 4 over 2 hosts x 2 ranks, --hier on, 1 gbit/s links (tc tbf), $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
+    for b in ${DT_BENCH_BATCHES:-8 32 64 128}; do
+        across 2 2 "$TMP/h$b.out" $GPT $MODEL --batch "$b" --steps 12 --print-every 0 --hier on --trace "$TMP/h$b.json" \
+            --log "$TMP/h$b.jsonl"
+        python3 - "$TMP/h$b.jsonl" "$b" "$(grep -m1 '^trace:' "$TMP/h$b.out")" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+print(f"batch {sys.argv[2]:>4}: {rows[-1]['tokens_per_s']:8.0f} tok/s; {sys.argv[3].split(': ', 1)[-1] if sys.argv[3] else 'no trace line'}")
+PY
+    done
+    down
+    exit 0
+fi
+
 # ---- bench/hosts.sh a2a (DT_MULTIHOST_ONLY=bench_a2a only, never in the suite): build/bench/a2a
 # (dt's all-to-all flat, in two levels, and raw MPI_Alltoallv) over 2 hosts x 2 and x 4 ranks
 # with 1 gbit/s links
