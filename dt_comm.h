@@ -129,9 +129,11 @@
    one does, so a rank whose out is too small still fails alone. hier 0 (auto) takes it for
    blocks averaging up to DT_COMM_A2A_HIER_MAX_BYTES (16 KiB: the number of messages, not
    their bytes, sets the time) and at every size from DT_COMM_A2A_HIER_RANKS (4) ranks a host
-   (the flat one's L x L flows through a host's link lose packets; measured at 1 gbit/s: 0.24x
-   the flat one's time at 256 KiB blocks on 2 hosts x 4 ranks, 1.35x at 2 x 2, which auto
-   therefore leaves flat). dt_comm_stat.hier_calls counts the calls that went in two levels.
+   (the flat one's L x L flows through a host's link lose packets; measured at 1 gbit/s: 0.21-
+   0.24x the flat one's time at 256 KiB blocks on 2 hosts x 4 ranks, up to 1.47x at 2 x 2,
+   which auto therefore leaves flat). The scratch it needs (what a rank sends, passes on and
+   receives) is taken after the header exchange; where a rank has no room, every rank goes flat.
+   dt_comm_stat.hier_calls counts the calls that went in two levels.
 
    Hangs and mismatches. Every communicator numbers its collectives (seq 1, 2, ...). A call that
    does not complete within desc.timeout_s (default 300 s) returns DT_ERR_TIMEOUT with a message
@@ -298,7 +300,9 @@ typedef struct dt_comm_desc {
     const char *name;   /* the group's name in messages; NULL = "world" */
     int hier;           /* host-aware all-reduce and all-to-all (see "Across hosts"): 0 = auto,
                            1 = for every all-reduce that does not ride in its header and every
-                           all-to-all, -1 = never (flat) */
+                           all-to-all (but an alltoallv of more than INT_MAX elements over all
+                           ranks, or one with no room for its scratch), -1 = never (flat). The
+                           same on every rank of a group: the headers compare it */
     int progress_us;    /* > 0: a thread drives MPI's progress every progress_us microseconds
                            while the rank computes (see "Progress while the rank computes");
                            0 = none. World only; at most 1000000. */
@@ -347,8 +351,10 @@ DT_API int dt_comm_world_rank(const dt_comm *c, int rank);
    take the host-aware all-reduce. */
 DT_API int dt_comm_hosts(const dt_comm *c);
 DT_API int dt_comm_ranks_per_host(const dt_comm *c);
-/* The all-reduce's choice on c (as desc.hier: 0 auto, 1 on, -1 never); every rank must set the
-   same at the same point. Groups split from c later inherit it. */
+/* The all-reduce's and the all-to-all's choice on c (as desc.hier: 0 auto, 1 on, -1 never);
+   every rank must set the same at the same point (on a group that spans hosts, a collective
+   called with different settings fails on every rank naming them, nothing sent). Groups split
+   from c later inherit it. */
 DT_API dt_status dt_comm_set_hier(dt_comm *c, int mode);
 DT_API int dt_comm_hier(const dt_comm *c);
 DT_API const char *dt_comm_name(const dt_comm *c);
@@ -511,8 +517,8 @@ typedef struct dt_comm_stat {
     double busbw;
     int64_t nccl_calls; /* of calls, those whose data went through NCCL (device tensors, DT_NCCL);
                            dt_comm_stats_format marks their rows "(device, NCCL: n)" */
-    int64_t hier_calls; /* of calls, those that went in two levels across hosts ("Across hosts";
-                           rows marked "(two levels: n)") */
+    int64_t hier_calls; /* of calls, those that went in two levels across hosts (all-reduce,
+                           all-to-all: "Across hosts"; rows marked "(two levels: n)") */
 } dt_comm_stat;
 
 DT_API dt_status dt_comm_stats(const dt_comm *c, dt_comm_stat *out, dt_coll kind);
@@ -638,6 +644,8 @@ extern "C" {
 #define DT__CM_BAD_ARGS 1            /* the rank's arguments were invalid (checking mode) */
 #define DT__CM_NO_PART 2             /* the rank cannot take part; bits 8..15: its status */
 #define DT__CM_ON_NCCL 4             /* the rank's data goes through NCCL */
+#define DT__CM_A2A_FLAT 8            /* an alltoall with no room for two levels: all go flat (not compared) */
+#define DT__CM_HIER_SHIFT 16         /* bits 16..17: the group's hier setting + 2, where it spans hosts */
 #define DT__CM_NOTE 10               /* a notice: type, seq, entered, record[6], sender */
 #define DT__CM_TAG 0x7d7             /* tag of notices on the control communicator */
 #define DT__CM_GAVE_UP 1
@@ -692,7 +700,7 @@ struct dt_comm {
     int64_t *recv_counts;            /* counts of the last alltoallv */
     double stat_calls[DT_COLL_COUNT], stat_bytes[DT_COLL_COUNT], stat_secs[DT_COLL_COUNT];
     double stat_nccl[DT_COLL_COUNT]; /* calls carried by NCCL */
-    double stat_hier[DT_COLL_COUNT]; /* calls carried in two levels (a chunked call: its chunks) */
+    double stat_hier[DT_COLL_COUNT]; /* calls carried in two levels (a chunked call counts once) */
     dt_comm_observer_fn observer;    /* dt_comm_set_observer */
     void *observer_user;
     dt__cm_buf pool[DT__CM_POOL];
@@ -763,6 +771,7 @@ struct dt_comm_req {
     int64_t part_off, part_len;      /* a chunk of an all-to-all: this slice of every block */
     int64_t a2av_sum;                /* a gate of an alltoallv: every rank's total, summed */
     int64_t hier_x;                  /* the two-level all-to-all: elements in scratch's first part */
+    int hier_flat;                   /* ... which had no room for its scratch on some rank: flat */
     int detached;                    /* a blocking NCCL call that returned: on the heap, in c->late */
     dt_comm_req *late_next;
     dt_comm_req *next;
@@ -869,6 +878,8 @@ static const char *dt__cm_describe(const int64_t *rec, char *buf, size_t n) {
     default: snprintf(buf, n, "%s of %lld x %s", dt_coll_name((dt_coll)kind), count, dt__cm_ename(et)); break;
     }
     if (rec[5] & DT__CM_ON_NCCL) dt__cm_cat(buf, n, " (device, NCCL)");
+    if ((rec[5] >> DT__CM_HIER_SHIFT) & 3)
+        dt__cm_cat(buf, n, " with hier %d", (int)((rec[5] >> DT__CM_HIER_SHIFT) & 3) - 2);
     if (rec[5] & DT__CM_NO_PART)
         dt__cm_cat(buf, n, " but could not take part (%s)", dt_status_name((dt_status)((rec[5] >> 8) & 0xff)));
     return buf;
@@ -1940,7 +1951,7 @@ static void dt__cm_complete(dt_comm_req *q) {
         double now = dt__cm_now();
         c->stat_calls[q->kind] += 1;
         if (q->path == DT__CM_NCCL) c->stat_nccl[q->kind] += 1;
-        if (q->path == DT__CM_HIER) c->stat_hier[q->kind] += 1;
+        if (q->path == DT__CM_HIER && !q->hier_flat) c->stat_hier[q->kind] += 1;
         c->stat_bytes[q->kind] += q->stat_bytes;
         c->stat_secs[q->kind] += now - q->t0;
         if (c->observer) c->observer(c, (dt_coll)q->kind, q->stat_bytes, q->t0, now, c->observer_user);
@@ -2039,7 +2050,7 @@ static dt_status dt__cm_verdict(dt_comm_req *g) {
     dt_comm *c = g->c;
     int n = c->size, r, differ = 0, out = 0, hw = dt__cm_hdr_words(c);
     int64_t *all = g->hdr + hw;
-    const int64_t no_part = DT__CM_NO_PART | (int64_t)0xff00;
+    const int64_t no_part = DT__CM_NO_PART | (int64_t)0xff00 | DT__CM_A2A_FLAT;
     for (r = 0; r < n; r++) {
         int64_t *a = all + (size_t)r * hw;
         if (a[1] == DT_COLL_ALLTOALLV) { /* the per-rank total of an all-to-allv may differ */
@@ -2135,7 +2146,8 @@ static dt_status dt__cm_inline(dt_comm_req *q) {
    give this rank's verdict for stage 1, which shows every rank every verdict, so that all stop
    together when one cannot receive: {0, total} it can; {1, total} more elements than MPI's int
    counts and displacements carry; {2 | status << 8, total} it could not take part (memory, a
-   staging copy); {3, peer} a peer sent an impossible count. A rank whose out is too small (or
+   staging copy); {3, peer} a peer sent an impossible count; {4, total} (two levels) no room for
+   the scratch: every rank goes flat instead. A rank whose out is too small (or
    whose recv_counts disagree) fails alone, as documented, but still receives, into scratch. */
 static void dt__cm_a2av_counts(dt_comm_req *q) {
     dt_comm *c = q->c;
@@ -2200,7 +2212,7 @@ static dt_status dt__cm_a2av_verdict(dt_comm_req *q) {
     for (r = 0; r < n; r++) {
         int64_t code = all[2 * r] & 0xff, val = all[2 * r + 1];
         dt_status mine = (dt_status)((all[2 * r] >> 8) & 0xff);
-        if (!code) continue;
+        if (!code || code == 4) continue; /* 4: no room for two levels (dt__cm_a2a_hier_after) */
         q->agreed = 1;
         if (code == 1)
             return dt_ctx_set_error(c->ctx, r == c->rank ? DT_ERR_UNSUPPORTED : DT_ERR_COMM, "%s: rank %d would "
@@ -2248,11 +2260,11 @@ static dt_status dt__cm_a2av_verdict(dt_comm_req *q) {
    DT_COMM_A2A_HIER_RANKS ranks a host, where the flat one's L x L flows through a host's link
    lose packets and wait for TCP's retransmissions (bench/RESULTS.md, "the all-to-all across
    hosts": 0.24x the flat one's time at 256 KB blocks on 2 hosts x 4 ranks, 1.35x at 2 x 2). */
-static int dt__cm_a2a_hier_pays(const dt_comm_req *q, int64_t block_bytes) {
+static int dt__cm_a2a_hier_pays(const dt_comm_req *q, double block_bytes) {
 #ifdef DT_MPI
     const dt_comm *c = q->c;
     if (!c->by_host || c->hx == MPI_COMM_NULL || c->hier < 0) return 0;
-    return c->hier == 1 || c->per_host >= DT_COMM_A2A_HIER_RANKS || block_bytes <= DT_COMM_A2A_HIER_MAX_BYTES;
+    return c->hier == 1 || c->per_host >= DT_COMM_A2A_HIER_RANKS || block_bytes <= (double)DT_COMM_A2A_HIER_MAX_BYTES;
 #else
     (void)q;
     (void)block_bytes;
@@ -2260,23 +2272,43 @@ static int dt__cm_a2a_hier_pays(const dt_comm_req *q, int64_t block_bytes) {
 #endif
 }
 
-/* An alltoall in two levels: scratch for X and Y, in packed into X (the call's data is there). */
+/* An alltoall in two levels: scratch for X and Y, in packed into X (the call's data is there).
+   No room for the scratch: this rank stays flat and says so in its header, and all go flat
+   (dt__cm_advance), as they would have without two levels. */
 static dt_status dt__cm_a2a_hier_prepare(dt_comm_req *q) {
     dt_comm *c = q->c;
     int L = c->per_host, H = c->hosts, l, h;
     size_t es = dt__cm_esize(q->et), b = (size_t)(q->tin.numel / c->size) * es;
     char *x;
+    q->hier_x = q->tin.numel;
+    if ((uint64_t)q->tin.numel * es <= (uint64_t)((size_t)-1) / 2) /* (a 32-bit size_t may not hold it) */
+        q->scratch = dt__cm_take(c, 2 * (size_t)q->tin.numel * es, &q->slot_scratch);
+    if (!q->scratch && q->tin.numel) {
+        q->hier_flat = 1;
+        return DT_OK;
+    }
     q->path = DT__CM_HIER;
     q->last_stage = 1;
-    q->hier_x = q->tin.numel;
-    if ((uint64_t)q->tin.numel * es > (uint64_t)((size_t)-1) / 2) return DT_ERR_OOM; /* (a 32-bit size_t) */
-    q->scratch = dt__cm_take(c, 2 * (size_t)q->tin.numel * es, &q->slot_scratch);
-    if (!q->scratch) return q->tin.numel ? DT_ERR_OOM : DT_OK;
+    if (!q->scratch) return DT_OK;
     x = (char *)q->scratch;
     for (l = 0; l < L && b; l++)
         for (h = 0; h < H; h++)
             memcpy(x + (size_t)(l * H + h) * b, (const char *)q->hin + (size_t)c->by_host[h * L + l] * b, b);
     return DT_OK;
+}
+
+/* An alltoall in two levels whose header exchange is done: when a rank had no room for its
+   scratch (its header says so), every rank goes flat. */
+static void dt__cm_a2a_hier_room(dt_comm_req *q) {
+    dt_comm *c = q->c;
+    int r, hw = dt__cm_hdr_words(c);
+    for (r = 0; r < c->size && !(q->gate->hdr[(size_t)(r + 1) * hw + 5] & DT__CM_A2A_FLAT); r++) {}
+    if (r == c->size) return;
+    dt__cm_give(c, q->slot_scratch, q->scratch, 0);
+    q->slot_scratch = -2;
+    q->scratch = NULL;
+    q->path = DT__CM_MPI;
+    q->last_stage = 0;
 }
 
 /* An alltoallv whose header exchange is done: two levels when its blocks average small (every
@@ -2287,7 +2319,7 @@ static void dt__cm_a2av_hier_choose(dt_comm_req *q) {
     int n = c->size, L = c->per_host, H = c->hosts, l, h;
     int64_t sum = q->gate->a2av_sum, *sc0;
     double mean = (double)sum * (double)dt__cm_esize(q->et) / ((double)n * (double)n);
-    if (!c->by_host || sum > 2147483647 || !dt__cm_a2a_hier_pays(q, mean < 1e18 ? (int64_t)mean : INT64_MAX)) return;
+    if (!c->by_host || sum > 2147483647 || !dt__cm_a2a_hier_pays(q, mean)) return;
     q->path = DT__CM_HIER;
     q->last_stage = 4;
     sc0 = q->c64 + 4 * n + 2;
@@ -2336,17 +2368,22 @@ static dt_status dt__cm_a2a_hier_after(dt_comm_req *q) {
         xs = q->count > relay ? q->count : relay;
         ys = relay > total ? relay : total;
         q->hier_x = xs;
-        q->scratch = dt__cm_take(c, (size_t)(xs + ys) * es, &q->slot_scratch); /* <= 2^32 x 8 bytes */
-        if (!q->scratch && xs + ys) {
-            v[0] = 2 | (int64_t)DT_ERR_OOM << 8;
-            v[1] = total;
-        }
+        if ((uint64_t)(xs + ys) * es <= (uint64_t)(size_t)-1) /* (<= 2^32 x 8 bytes: a 32-bit size_t may not hold it) */
+            q->scratch = dt__cm_take(c, (size_t)(xs + ys) * es, &q->slot_scratch);
+        if (!q->scratch && xs + ys) v[0] = 4; /* no room for two levels: all go flat (stage 2) */
         return DT_OK;
     }
     case 2: { /* the verdicts: then the data stages' counts (every sum fits an int: see choose) */
         int *a = q->cnt, *b = q->cnt + 4 * L;
+        const int64_t *all = q->c64 + 2 * n + 2;
         dt_status st = dt__cm_a2av_verdict(q);
         if (st) return st;
+        for (r = 0; r < n && (all[2 * r] & 0xff) != 4; r++) {}
+        if (r < n) { /* a rank had no room for the scratch: the flat exchange as stage 3, the last */
+            q->hier_flat = 1;
+            q->last_stage = 3;
+            return DT_OK;
+        }
         for (pos = 0, r = 0; r < n; r++) { /* where each destination's block starts in in */
             off[r] = pos;
             pos += q->c64[r];
@@ -2379,6 +2416,7 @@ static dt_status dt__cm_a2a_hier_after(dt_comm_req *q) {
     }
     case 3: { /* Y by (source place, destination host) -> X by (host, place) */
         int *b = q->cnt + 4 * L;
+        if (q->hier_flat) return DT_OK;
         for (h = 0; h < H; h++) off[h] = b[H + h];
         for (pos = 0, l = 0; l < L; l++)
             for (h = 0; h < H; h++) {
@@ -2438,6 +2476,12 @@ static dt_status dt__cm_a2a_hier_post(dt_comm_req *q) {
             rc = MPI_Iallgather(q->c64 + 2 * n, 2, MPI_INT64_T, q->c64 + 2 * n + 2, 2, MPI_INT64_T, c->mc[1], &q->mreq);
             break;
         case 3:
+            if (q->hier_flat) { /* (as the flat path's stage 2, on its communicator) */
+                what = "MPI_Ialltoallv";
+                rc = MPI_Ialltoallv(q->hin, q->cnt, q->cnt + n, T, q->hout, q->cnt + 2 * n, q->cnt + 3 * n, T, c->mc[2],
+                                    &q->mreq);
+                break;
+            }
             what = "MPI_Ialltoallv in the host";
             rc = MPI_Ialltoallv(x, a, a + L, T, y, a + 2 * L, a + 3 * L, T, c->hh[1], &q->mreq);
             break;
@@ -2587,6 +2631,7 @@ static void dt__cm_advance(dt_comm_req *q, int may_post0, int may_post) {
             return;
         }
         if (q->kind == DT_COLL_ALLTOALLV && q->path == DT__CM_MPI && q->gate) dt__cm_a2av_hier_choose(q);
+        if (q->kind == DT_COLL_ALLTOALL && q->path == DT__CM_HIER && q->gate) dt__cm_a2a_hier_room(q);
         q->stage = 0;
         st = dt__cm_post(q);
         if (st) dt__cm_fail(q, st);
@@ -3306,7 +3351,7 @@ static dt_status dt__cm_prepare(dt_comm_req *q) {
         break;
     case DT_COLL_ALLTOALL:
         if ((st = dt__cm_stage(q, 1, 1)) != DT_OK) return st;
-        if (q->path == DT__CM_MPI && !q->part_len && dt__cm_a2a_hier_pays(q, q->tin.numel / n * (int64_t)es))
+        if (q->path == DT__CM_MPI && !q->part_len && dt__cm_a2a_hier_pays(q, (double)(q->tin.numel / n) * (double)es))
             return dt__cm_a2a_hier_prepare(q);
         if (q->part_len) { /* a chunk: the same slice of every block */
             int64_t m = q->tin.numel / n;
@@ -3358,7 +3403,7 @@ static int dt__cm_chunks(const dt_comm_req *q) {
     if (q->path != DT__CM_MPI || c->size == 1) return 1;
     if (q->kind == DT_COLL_ALLTOALL) {
         if (dt__cm_on_device(&q->tin) || dt__cm_on_device(&q->tout)) return 1;
-        if (dt__cm_a2a_hier_pays(q, (int64_t)(q->stat_bytes / c->size))) return 1;
+        if (dt__cm_a2a_hier_pays(q, q->stat_bytes / c->size)) return 1;
         k = (int)(q->stat_bytes / c->size / DT__CM_CHUNK_MIN);
     }
     k = k > DT__CM_CHUNKS ? DT__CM_CHUNKS : k;
@@ -3467,6 +3512,9 @@ static dt_status dt__cm_start(dt_comm_req *q, int may_chunk) {
         memset(h, 0, (size_t)hw * sizeof(int64_t));
         dt__cm_record(q, h);
         if (q->path == DT__CM_NCCL) h[5] |= DT__CM_ON_NCCL;
+        /* the paths across hosts depend on it: ranks set differently would post different stages */
+        if (c->by_host) h[5] |= (int64_t)(c->hier + 2) << DT__CM_HIER_SHIFT;
+        if (q->hier_flat) h[5] |= DT__CM_A2A_FLAT;
         if (st) h[5] |= DT__CM_NO_PART | (int64_t)st << 8;
         else if (q->path == DT__CM_INL) { /* the data rides in the header */
             const void *src = q->kind == DT_COLL_ALLREDUCE || q->kind == DT_COLL_BROADCAST ? q->hout : q->hin;

@@ -550,6 +550,118 @@ static void alltoalls(int hs) {
     }
 }
 
+/* An allocator that refuses blocks of big_fail bytes and more (0: none), on the ranks that set it. */
+static size_t big_fail = 0;
+static void *big_alloc(size_t n, void *u) {
+    (void)u;
+    return big_fail && n >= big_fail ? NULL : malloc(n);
+}
+static void big_release(void *p, void *u) {
+    (void)u;
+    free(p);
+}
+
+/* hier 1 on hosts of hs, the last rank unable to allocate 1 MB: its alltoall and alltoallv
+   (scratch of 2-3 MB for two levels) go flat on every rank, every block arrives, and the
+   statistics count no call in two levels; with room again, both go in two levels. Then ranks
+   set to different hier: every rank fails naming the settings, nothing sent, and the group
+   works once they agree. */
+static void no_room_and_mismatch(int hs) {
+    dt_ctx fctx;
+    dt_ctx_desc cd;
+    dt_comm_desc d;
+    dt_comm *w = NULL;
+    int ok = 1, round, r;
+    char why[300] = "";
+    memset(&cd, 0, sizeof cd);
+    cd.allocator.alloc_fn = big_alloc;
+    cd.allocator.release_fn = big_release;
+    dt_ctx_init(&fctx, &cd);
+    memset(&d, 0, sizeof d);
+    d.host_size = hs;
+    d.hier = 1;
+    if (dt_comm_create_world(&fctx, &w, &d)) {
+        snprintf(why, sizeof why, "world: %s", dt_ctx_error(&fctx));
+        ok = 0;
+    }
+    for (round = 0; round < 2 && ok; round++) { /* 0: no room on the last rank; 1: room */
+        int64_t m = 100000, send[64], two = 0, j, k;
+        dt_tensor in = make(DT_I32, m * N), out = make(DT_I32, m * N);
+        dt_comm_stat s0, s1, u0, u1;
+        dt_status st;
+        for (r = 0; r < N; r++) {
+            send[r] = m - 1 - r; /* uneven, as an alltoallv's */
+            for (j = 0; j < m; j++) ((int32_t *)in.data)[r * m + j] = a2a_val(R, r, j);
+        }
+        dt_comm_stats(w, &s0, DT_COLL_ALLTOALLV);
+        dt_comm_stats(w, &u0, DT_COLL_ALLTOALL);
+        big_fail = round == 0 && R == N - 1 ? (size_t)1 << 20 : 0;
+        st = dt_comm_alltoall(w, &out, &in);
+        for (k = 0, r = 0; !st && ok && r < N; r++)
+            for (j = 0; ok && j < m; j++, k++)
+                if (((int32_t *)out.data)[k] != a2a_val(r, R, j)) {
+                    snprintf(why, sizeof why, "round %d: alltoall element %lld from %d differs", round, (long long)j, r);
+                    ok = 0;
+                }
+        { /* the alltoallv: block r of in holds send[r] elements at r * (m - 1) - ... packed */
+            int64_t off = 0;
+            for (r = 0; r < N; r++) {
+                for (j = 0; j < send[r]; j++) ((int32_t *)in.data)[off + j] = a2a_val(R, r, j);
+                off += send[r];
+            }
+        }
+        if (!st) st = dt_comm_alltoallv(w, &out, NULL, &in, send);
+        big_fail = 0;
+        for (k = 0, r = 0; !st && ok && r < N; r++)
+            for (j = 0; ok && j < m - 1 - R; j++, k++)
+                if (((int32_t *)out.data)[k] != a2a_val(r, R, j)) {
+                    snprintf(why, sizeof why, "round %d: alltoallv element %lld from %d differs", round, (long long)j, r);
+                    ok = 0;
+                }
+        if (st) {
+            snprintf(why, sizeof why, "round %d: status %d: %s", round, st, dt_ctx_error(&fctx));
+            ok = 0;
+        }
+        dt_comm_stats(w, &s1, DT_COLL_ALLTOALLV);
+        dt_comm_stats(w, &u1, DT_COLL_ALLTOALL);
+        two = (s1.hier_calls - s0.hier_calls) + (u1.hier_calls - u0.hier_calls);
+        if (ok && two != (round == 0 ? 0 : 2)) {
+            snprintf(why, sizeof why, "round %d: %lld calls in two levels, want %d", round, (long long)two, round ? 2 : 0);
+            ok = 0;
+        }
+        dt_tensor_free(&ctx, &in);
+        dt_tensor_free(&ctx, &out);
+    }
+    if (ok) { /* rank 0 set to flat, the others to two levels */
+        dt_tensor in = make(DT_I32, 8 * N), out = make(DT_I32, 8 * N);
+        int64_t send[64];
+        dt_status st;
+        for (r = 0; r < N; r++) send[r] = 8;
+        dt_comm_set_hier(w, R == 0 ? -1 : 1);
+        st = dt_comm_alltoallv(w, &out, NULL, &in, send);
+        if (!(st == DT_ERR_COMM && strstr(dt_ctx_error(&fctx), "with hier -1") && strstr(dt_ctx_error(&fctx), "with hier 1") &&
+              strstr(dt_ctx_error(&fctx), "nothing was sent"))) {
+            snprintf(why, sizeof why, "mixed hier: status %d: %.200s", st, dt_ctx_error(&fctx));
+            ok = 0;
+        }
+        dt_comm_set_hier(w, 0);
+        st = dt_comm_alltoallv(w, &out, NULL, &in, send);
+        if (ok && st) {
+            snprintf(why, sizeof why, "after the mixed call: status %d: %.200s", st, dt_ctx_error(&fctx));
+            ok = 0;
+        }
+        dt_tensor_free(&ctx, &in);
+        dt_tensor_free(&ctx, &out);
+    }
+    if (w) dt_comm_free(w);
+    {
+        char name[96];
+        snprintf(name, sizeof name, "hosts_of_%d_no_room_for_two_levels_goes_flat_and_mixed_hier_is_named", hs);
+        dt_test_check_all(name, ok, "%s", why);
+    }
+    dt_ctx_shutdown(&fctx);
+}
+
 static void bad_settings(void) {
     dt_comm_desc d;
     dt_comm *w = NULL, *w2 = NULL;
@@ -599,6 +711,7 @@ int main(void) {
             groups(hs);
         }
         if (hs > 1) alltoalls(hs);
+        if (hs > 1 && hs < N && N % hs == 0) no_room_and_mismatch(hs);
     }
     dt_test_check_all("every_byte_comes_back", ctx.bytes_in_use == 0, "%lld bytes still held", (long long)ctx.bytes_in_use);
     dt_ctx_shutdown(&ctx);
