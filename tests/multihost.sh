@@ -140,16 +140,22 @@ fi
 
 only() { [ -z "${DT_MULTIHOST_ONLY:-}" ] || [ "$DT_MULTIHOST_ONLY" = "$1" ]; }
 
-# ---- bench/hosts.sh (DT_MULTIHOST_ONLY=bench only, never in the suite): gpt dp 4 over 2 hosts x
-# 2 ranks with every host link at 1 gbit/s (tc tbf on both ends), the two-level all-reduce
-# against the flat one, interleaved, 3 rounds: bytes through host 0's link a step (a 25- less a
-# 5-step run, over 20), the median step time of steps 5..25 and its share in collectives
-if [ "${DT_MULTIHOST_ONLY:-}" = bench ]; then
+# the bench parts' hosts: 2, every host link shaped to 1 gbit/s (tc tbf at both ends)
+up_1gbit() {
+    local k
     up 2 || { echo "could not make the namespaces"; exit 1; }
     for k in 0 1; do
         tc qdisc add dev "${PFX}v$k" root tbf rate 1gbit burst 256kb latency 5ms
         ip netns exec "$PFX$k" tc qdisc add dev eth0 root tbf rate 1gbit burst 256kb latency 5ms
     done
+}
+
+# ---- bench/hosts.sh (DT_MULTIHOST_ONLY=bench only, never in the suite): gpt dp 4 over 2 hosts x
+# 2 ranks with every host link at 1 gbit/s (tc tbf on both ends), the two-level all-reduce
+# against the flat one, interleaved, 3 rounds: bytes through host 0's link a step (a 25- less a
+# 5-step run, over 20), the median step time of steps 5..25 and its share in collectives
+if [ "${DT_MULTIHOST_ONLY:-}" = bench ]; then
+    up_1gbit
     link_bytes() { echo $(($(cat /sys/class/net/${PFX}v0/statistics/tx_bytes) + $(cat /sys/class/net/${PFX}v0/statistics/rx_bytes))); }
     MODEL=${DT_BENCH_MODEL:-"--seed 3 --layers 4 --width 256 --heads 8 --seq 64 --batch 8"}
     echo "gpt $MODEL, dp 4 over 2 hosts x 2 ranks, 1 gbit/s links (tc tbf), $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
@@ -182,11 +188,7 @@ fi
 # the share of it overlapped with compute and of it not blocked in waits, as the global batch
 # grows (more compute a step, the same gradients to send)
 if [ "${DT_MULTIHOST_ONLY:-}" = bench_hidden ]; then
-    up 2 || { echo "could not make the namespaces"; exit 1; }
-    for k in 0 1; do
-        tc qdisc add dev "${PFX}v$k" root tbf rate 1gbit burst 256kb latency 5ms
-        ip netns exec "$PFX$k" tc qdisc add dev eth0 root tbf rate 1gbit burst 256kb latency 5ms
-    done
+    up_1gbit
     MODEL=${DT_BENCH_MODEL:-"--seed 3 --layers 4 --width 256 --heads 8 --seq 64"}
     echo "gpt $MODEL, dp 4 over 2 hosts x 2 ranks, --hier on, 1 gbit/s links (tc tbf), $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
     for b in ${DT_BENCH_BATCHES:-8 32 64 128}; do
@@ -206,11 +208,7 @@ fi
 # (dt's all-to-all flat, in two levels, and raw MPI_Alltoallv) over 2 hosts x 2 and x 4 ranks
 # with 1 gbit/s links
 if [ "${DT_MULTIHOST_ONLY:-}" = bench_a2a ]; then
-    up 2 || { echo "could not make the namespaces"; exit 1; }
-    for k in 0 1; do
-        tc qdisc add dev "${PFX}v$k" root tbf rate 1gbit burst 256kb latency 5ms
-        ip netns exec "$PFX$k" tc qdisc add dev eth0 root tbf rate 1gbit burst 256kb latency 5ms
-    done
+    up_1gbit
     echo "1 gbit/s links (tc tbf), $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
     for s in 2 4; do
         across 2 "$s" "$TMP/a2a$s.out" build/bench/a2a
