@@ -328,7 +328,10 @@ DT_API dt_status dt_comm_create_world(dt_ctx *ctx, dt_comm **world, const dt_com
    dt returns on every rank) ends cleanly by freeing what was made (dt_comm_free last) and
    returning non-zero from main; an error only some ranks see (a file one rank cannot open, a
    NaN in one rank's loss) cannot: the others would wait in their next collective until its
-   timeout. Call dt_comm_abort there. */
+   timeout. Call dt_comm_abort there.
+   After a timeout (DT_ERR_TIMEOUT from any call of this copy of dt), it first waits until
+   DT__CM_ABORT_GRACE (3 s) after that timeout: the other ranks still waiting each write their
+   own report once they give up too (see "Hangs"), and MPI_Abort would end them before. */
 DT_API void dt_comm_abort(dt_comm *c, int code)
 #if defined(__GNUC__) || defined(__clang__)
     __attribute__((noreturn)) /* the caller's compiler knows what follows is not reached */
@@ -787,6 +790,10 @@ struct dt_comm_req {
    dt), and these two belong to this copy alone: the worlds it created and not yet freed, and
    whether it initialised MPI. See "MPI and several copies of dt" at the top. */
 static int dt__cm_worlds_alive = 0;
+/* When a call of this copy last timed out (dt__cm_now; 0: never): dt_comm_abort's grace. */
+static double dt__cm_timed_out_at = 0;
+#define DT__CM_ABORT_GRACE 3.0
+static void dt__cm_backoff(unsigned *looks, double waited);
 #ifdef DT_MPI
 static int dt__cm_we_inited_mpi = 0;
 #endif
@@ -1390,6 +1397,10 @@ DT_API void dt_comm_abort(dt_comm *c, int code) {
     (void)c; /* every rank of the job goes: MPI_Abort on any of its comms ends them all */
     fflush(stdout);
     fflush(stderr);
+    if (dt__cm_timed_out_at > 0) { /* the others' reports first (see above) */
+        unsigned looks = 64;
+        while (dt__cm_now() < dt__cm_timed_out_at + DT__CM_ABORT_GRACE) dt__cm_backoff(&looks, 1.0);
+    }
 #ifdef DT_MPI
     {
         int init = 0, fin = 0;
@@ -1837,6 +1848,7 @@ static dt_status dt__cm_abandon(dt_comm_req *q, int because) {
     dt__cm_lose_bufs(q);
     q->done = 1;
     q->status = DT_ERR_TIMEOUT;
+    dt__cm_timed_out_at = dt__cm_now();
     return dt_ctx_set_error(c->ctx, DT_ERR_TIMEOUT, "%s", msg);
 }
 
@@ -2258,8 +2270,9 @@ static dt_status dt__cm_a2av_verdict(dt_comm_req *q) {
    takes two levels: c->hier 1 always; 0 (auto) for blocks up to DT_COMM_A2A_HIER_MAX_BYTES,
    where the number of messages, not their bytes, sets the time, and at every size from
    DT_COMM_A2A_HIER_RANKS ranks a host, where the flat one's L x L flows through a host's link
-   lose packets and wait for TCP's retransmissions (bench/RESULTS.md, "the all-to-all across
-   hosts": 0.24x the flat one's time at 256 KB blocks on 2 hosts x 4 ranks, 1.35x at 2 x 2). */
+   lose packets and wait for TCP's retransmissions (bench/RESULTS.md, "the all-to-all in two
+   levels": 0.21-0.24x the flat one's time at 256 KiB blocks on 2 hosts x 4 ranks, up to 1.47x
+   at 2 x 2). */
 static int dt__cm_a2a_hier_pays(const dt_comm_req *q, double block_bytes) {
 #ifdef DT_MPI
     const dt_comm *c = q->c;
@@ -2761,6 +2774,7 @@ static dt_status dt__cm_p2p_timeout(dt_comm_req *q, int why) {
     }
 #endif
     dt__cm_fail(q, DT_ERR_TIMEOUT);
+    dt__cm_timed_out_at = dt__cm_now();
     return dt_ctx_set_error(c->ctx, DT_ERR_TIMEOUT, "%s: %s of %lld x %s %s rank %d (tag %d) on group %s (size %d) "
                             "did not complete %s %.3g s%s (no matching %s on rank %d)", fn,
                             dt_coll_name((dt_coll)q->kind), (long long)q->count, dt__cm_ename(q->et),

@@ -6,7 +6,11 @@
    whose rank 1 meets an error only it sees, prints a line without a newline and calls
    dt_comm_abort(world, 3), while rank 0 waits in a barrier whose timeout is 10 minutes. The
    job must end within seconds (not at rank 0's timeout) with exit status 3, and rank 1's line
-   must have been flushed. */
+   must have been flushed.
+   Then `worker-timeout`: rank 0's barrier times out after 0.5 s (rank 1 is busy for 1 s) and
+   rank 0 calls dt_comm_abort(world, 4) at once; the abort waits out its grace after a timeout,
+   so rank 1, reaching the barrier later, still writes its own report before the job ends with
+   status 4. Without the grace MPI_Abort ended rank 1 before it could say anything. */
 #define _POSIX_C_SOURCE 200809L
 #include "dt_tensor.h"
 #include "dt_comm.h"
@@ -33,6 +37,27 @@ static int worker(void) {
     return 0;
 }
 
+static int worker_timeout(void) {
+    dt_ctx ctx;
+    dt_comm *world;
+    dt_comm_desc d;
+    dt_status st;
+    dt_ctx_init(&ctx, NULL);
+    memset(&d, 0, sizeof d);
+    d.timeout_s = 0.5;
+    if (dt_comm_create_world(&ctx, &world, &d)) { fprintf(stderr, "%s\n", dt_ctx_error(&ctx)); return 2; }
+    if (dt_comm_rank(world) == 1) {
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL); /* busy elsewhere */
+    }
+    st = dt_comm_barrier(world);
+    printf("rank %d: status %d: %s\n", dt_comm_rank(world), (int)st, st ? dt_ctx_error(&ctx) : "ok");
+    if (st) dt_comm_abort(world, 4);
+    dt_comm_free(world);
+    dt_ctx_shutdown(&ctx);
+    return 0;
+}
+
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -47,6 +72,7 @@ int main(int argc, char **argv) {
     size_t n = 0;
     FILE *fp;
     if (argc == 2 && strcmp(argv[1], "worker") == 0) return worker();
+    if (argc == 2 && strcmp(argv[1], "worker-timeout") == 0) return worker_timeout();
     tmp = dt_test_tmpdir();
     snprintf(log, sizeof log, "%s/abort.log", tmp);
     /* timeout: a job that does not end is this check's failure, not a hang of the whole run */
@@ -64,5 +90,19 @@ int main(int argc, char **argv) {
     dt_test_expect("abort_ends_every_rank_with_the_code", code == 3, "exit status %d, want 3; output: %.600s", code, text);
     dt_test_expect("abort_ends_the_job_promptly", took < 30.0, "took %.1f s (rank 0 waits 600 s on its own)", took);
     dt_test_expect("abort_flushes_stdout", strstr(text, "rank 1 cannot go on") != NULL, "output: %.600s", text);
+
+    snprintf(cmd, sizeof cmd, "timeout 120 %s -np 2 '%s' worker-timeout > '%s' 2>&1 < /dev/null", dt_test_mpirun(), argv[0],
+             log);
+    status = system(cmd);
+    code = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    text[0] = 0;
+    if ((fp = fopen(log, "r")) != NULL) {
+        n = fread(text, 1, sizeof text - 1, fp);
+        text[n] = 0;
+        fclose(fp);
+    }
+    dt_test_expect("abort_after_a_timeout_lets_the_others_report_first",
+                   code == 4 && strstr(text, "rank 0: status") && strstr(text, "rank 1: status"),
+                   "exit status %d (want 4), both ranks' reports wanted; output: %.900s", code, text);
     return dt_test_finish();
 }

@@ -79,21 +79,10 @@
 
 static dt_ctx *g_ctx;
 static int g_rank;
-/* dt_comm_abort, not exit: an error one rank alone sees ends every rank now. After a timeout every
-   rank still waiting writes its own report (dt_comm.h, "Hangs") once it reaches a wait (a rank
-   busy writing a checkpoint comes later): wait three seconds so that each names what it saw
-   before MPI_Abort ends them. */
-static void abort_run(dt_status s) {
-    if (s == DT_ERR_TIMEOUT) {
-        struct timespec ts;
-        ts.tv_sec = 3;
-        ts.tv_nsec = 0;
-        nanosleep(&ts, NULL);
-    }
-    dt_comm_abort(NULL, 1);
-}
+/* dt_comm_abort, not exit: an error one rank alone sees ends every rank now (after a timeout it
+   first gives the ranks still waiting the time to write their own reports). */
 #define CHECK(call) do { dt_status s_ = (call); if (s_) { \
-    fprintf(stderr, "gpt [rank %d]: %s failed: %s\n", g_rank, #call, dt_ctx_error(g_ctx)); abort_run(s_); } } while (0)
+    fprintf(stderr, "gpt [rank %d]: %s failed: %s\n", g_rank, #call, dt_ctx_error(g_ctx)); dt_comm_abort(NULL, 1); } } while (0)
 
 static double now(void) {
     struct timespec t;
