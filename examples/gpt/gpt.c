@@ -2610,14 +2610,13 @@ static void report(trainer *t) {
         printf("  %-32s %9.3f  %5.1f%%\n", "(not in an op above)", wall - total * per, 100.0 - 100.0 * total * per / wall);
     }
     if (o->trace) {
-        double cs = 0, ov = 0;
+        double cs = 0, ov = 0, blocked = wait_seconds(t->lay, t->pl.emb);
         CHECK(dt_trace_overlap(t->m.tr, &cs, &ov));
         CHECK(dt_trace_write(t->m.tr, o->trace));
         if (g_rank == 0 && !o->quiet)
             printf("trace: %s (Perfetto / chrome://tracing); rank 0: %.3f s in collectives, %.0f%% of it overlapped "
                    "with compute; blocked in waits %.3f s (hidden: %.0f%% of the collectives' time)\n", o->trace, cs,
-                   cs > 0 ? 100.0 * ov / cs : 0.0, wait_seconds(t->lay, t->pl.emb),
-                   cs > 0 ? 100.0 * (1.0 - wait_seconds(t->lay, t->pl.emb) / cs) : 0.0);
+                   cs > 0 ? 100.0 * ov / cs : 0.0, blocked, cs > 0 ? 100.0 * (1.0 - blocked / cs) : 0.0);
     }
     if (o->moe_experts && trained) moe_histogram(t);
     if (o->sample) sample_text(&t->m, o->sample, o->seed, t->data.vocab == 256);
