@@ -34,13 +34,16 @@
 #            --profile run and its table (gpt's op timers); then 8 steps of --dtype bf16 (GEMMs and
 #            attention on the tensor cores)
 #   dlrm     DLRM at MLPerf's widths, samples/s with --device cuda and on the CPU
+#   llm.c    with DT_GPU_LLMC=SRC (a checkout of karpathy/llm.c, never part of dt): its
+#            train_gpt2.cu built during dt's build and run at the same shape on the same shard
+#            (bench/gpu/llmc.sh), the peer of the bf16 row: dt bf16 tok/s / llm.c tok/s
 # Outputs in build/gpu/: summary.md (pasteable into bench/RESULTS.md), device.txt, probe.txt,
 # ptxas/, logs/ (one per build and per run). Exit: 0 all passed, 1 something failed (the summary
 # says what), 2 bad arguments, 3 no usable GPU, 4 no nvcc.
 #
 # Environment: DT_GPU_BUDGET_S (420: seconds for the whole run, build included, before steps are
 # skipped), DT_GPU_BUILD_TIMEOUT (240; --build-only 1500), DT_GPU_JOBS (compilers at a time, nproc), DT_GPU_ARCH
-# (sm_XY to build for; default: the GPU's, else sm_90), DT_GPU_LOSS_RTOL (1e-5), DT_GPU_PRETEND=1
+# (sm_XY to build for; default: the GPU's, else sm_90), DT_GPU_LOSS_RTOL (1e-5), DT_GPU_LLMC (above), DT_GPU_PRETEND=1
 # (for testing this script where there is no GPU: it goes on as if there were one, and every
 # step that needs the GPU fails, so the failure paths and their summary can be read).
 # Flag variables (DT_CFLAGS...) are word lists, expanded unquoted on purpose.
@@ -182,6 +185,10 @@ summary() {
         m=$(mfu "$tps" "$(dv peak_bf16_tflops)")
         echo "| GPT-2 124M, --dtype bf16 (GEMMs and attention on the tensor cores, f32 activations) | $(or "${tps:+$tps tok/s, MFU ${m:-?}%}" "$(get gpt2_bf16)") |"
         echo "| GPT-2 124M bf16 step losses | $(get gpt2_bf16_losses) |"
+        local lc
+        lc=$(get llmc_tok_s)
+        echo "| llm.c train_gpt2.cu (bf16, B 8, T 1024, the same shard; DT_GPU_LLMC) | $(or "${lc:+$lc tok/s, MFU $(mfu "$lc" "$(dv peak_bf16_tflops)")%}" "$(or "$(get llmc)" "not run (DT_GPU_LLMC unset)")") |"
+        [ -n "$lc" ] && [ -n "$tps" ] && echo "| dt bf16 / llm.c (target >= 0.9) | $(awk -v a="$tps" -v b="$lc" 'BEGIN { printf("%.2f", a / b) }') |"
         local sg sc
         sg=$(get dlrm_cuda_sps) sc=$(get dlrm_cpu_sps)
         echo "| DLRM (MLPerf widths, B 4096, 26 tables x 100k rows, dim 128), --device cuda | $(or "${sg:+$sg samples/s}" "$(get dlrm_cuda)") |"
@@ -243,6 +250,7 @@ if [ "$MODE" = dry ]; then
     res gpt2_losses "10.9 10.8 10.7 (fake)"
     res gpt2_bf16_tok_s 40000.0
     res gpt2_bf16_losses "10.9 10.8 10.7 (fake)"
+    res llmc_tok_s 400000
     res dlrm_cuda_sps 1000000.0
     res dlrm_cpu_sps 50000.0
     res skip:llm.c "not part of this script (fake)"
@@ -441,6 +449,16 @@ build_everything() {
     [ ! -e "$L/failed" ]
 }
 
+LLMC=${DT_GPU_LLMC:-}
+LLMC_PID=
+if [ "$MODE" = run ] && [ -n "$LLMC" ]; then
+    if [ -f "$LLMC/train_gpt2.cu" ]; then
+        bash bench/gpu/llmc.sh "$LLMC" build >"$L/llmc_build.log" 2>&1 &
+        LLMC_PID=$!
+    else
+        res llmc "**not run**: DT_GPU_LLMC=$LLMC holds no train_gpt2.cu"
+    fi
+fi
 echo "== build (kernels for $ARCH, $JOBS at a time; logs in $L)"
 t0=$SECONDS
 export -f build_everything job fresh kernel k_impl k_build example
@@ -637,6 +655,20 @@ if phase "DLRM samples/s" 60; then
     for dev in cuda cpu; do
         if [ -x "$G/dlrm_$dev" ]; then run_dlrm "$dev"; else res "dlrm_$dev" "not built"; fail "dlrm_$dev" "not built"; fi
     done
+fi
+
+# llm.c on the same shard, last: its build ran beside dt's, its run times nothing of dt's
+if [ -n "$LLMC_PID" ] && phase "llm.c" 40; then
+    if ! wait "$LLMC_PID"; then
+        res llmc "**not built**: $(tail -n 2 "$L/llmc_build.log" | tr '\n|' ' /')"
+    elif [ ! -f "$G/gpt2_synth_000001.bin" ]; then
+        res llmc "not run: no shard (the GPT-2 step did not run)"
+    else
+        timeout "$(lim 150)" bash bench/gpu/llmc.sh "$LLMC" run "$G/gpt2_synth_000001.bin" >"$L/llmc.txt" 2>&1
+        lc=$(sed -n 's/^llmc_tok_s //p' "$L/llmc.txt")
+        if [ -n "$lc" ]; then res llmc_tok_s "$lc"; echo "llm.c: $lc tok/s"
+        else res llmc "**no figure**: $(tail -n 1 "$L/llmc.txt" | tr '|' '/')"; fi
+    fi
 fi
 
 res total_s $((SECONDS - START))
