@@ -796,6 +796,10 @@ typedef struct dt_pp_sim_desc {
     double bi;    /* input-gradient half: 0 = b / 2 */
     double bw;    /* weight-gradient half: 0 = b - bi */
     double comm;  /* from a send's completion to the data's arrival: 0 = none */
+    const double *stage_f, *stage_b; /* optional, [stages]: stage s's own f and b (the first stage's
+                                        embedding, the last one's head, an uneven split); its bi and
+                                        bw keep the bi / b and bw / b of the fields above. NULL =
+                                        every stage f and b */
 } dt_pp_sim_desc;
 
 /* Read the fields; actions[s][0 .. count[s]) is stage s's list (a test may edit the actions in
@@ -5087,6 +5091,7 @@ typedef struct dt__pp_sim {
     dt_pp_schedule *s;
     int p, m, v, V;
     double f, b, bi, bw, comm;           /* per chunk */
+    const double *sf, *sb;               /* per stage, whole stage (desc's stage_f, stage_b), or NULL */
     /* per (virtual stage k, micro i) at k * m + i; -1 = not yet */
     double *f_end, *bi_end, *w_end;      /* F; B or BI (input grad); B or BW (weight grad) */
     double *act_post, *act_arr;          /* the receive of k's input activation: posted, arrived */
@@ -5133,7 +5138,7 @@ static int dt__pp_step(dt__pp_sim *S, int st) {
             }
             ready = S->act_arr[x];
         }
-        cost = S->f;
+        cost = S->sf ? S->sf[st] / S->v : S->f;
         break;
     case DT_PP_B:
     case DT_PP_BI:
@@ -5151,12 +5156,14 @@ static int dt__pp_step(dt__pp_sim *S, int st) {
             ready = S->grad_arr[x];
         }
         cost = a->op == DT_PP_B ? S->b : S->bi;
+        if (S->sb) cost *= S->sb[st] / S->v / S->b;
         break;
     case DT_PP_BW:
         if (S->bkind[x] == 1) return dt__pp_bad(S, st, "count", "a BW after a full B (its weight gradient is done)");
         if (S->bkind[x] == 0) return dt__pp_bad(S, st, "order", "a BW before its BI");
         if (S->w_end[x] >= 0) return dt__pp_bad(S, st, "count", "a second BW of this chunk and micro-batch");
         cost = S->bw;
+        if (S->sb) cost *= S->sb[st] / S->v / S->b;
         break;
     case DT_PP_SEND_ACT:
     case DT_PP_SEND_GRAD: {
@@ -5333,6 +5340,17 @@ DT_API dt_status dt_pp_schedule_simulate(dt_pp_schedule *s, dt_pp_stats *out, co
     S.V = p * s->chunks;
     /* a chunk holds 1/v of a stage's layers */
     S.f = c[0] / S.v, S.b = c[1] / S.v, S.bi = c[2] / S.v, S.bw = c[3] / S.v, S.comm = c[4];
+    if (desc && (desc->stage_f || desc->stage_b)) {
+        if (!desc->stage_f || !desc->stage_b)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_pp_schedule_simulate: desc->stage_f = %p, stage_b = %p: expected "
+                                    "both or neither", (const void *)desc->stage_f, (const void *)desc->stage_b);
+        for (st = 0; st < p; st++)
+            if (!(desc->stage_f[st] >= 0.0 && desc->stage_f[st] <= 1e300 && desc->stage_b[st] >= 0.0 &&
+                  desc->stage_b[st] <= 1e300))
+                return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_pp_schedule_simulate: desc->stage_f[%d] = %g, stage_b[%d] = "
+                                        "%g, expected finite costs >= 0", st, desc->stage_f[st], st, desc->stage_b[st]);
+        S.sf = desc->stage_f, S.sb = desc->stage_b;
+    }
     n = (size_t)S.V * (size_t)S.m;
     block = (double *)dt_alloc(ctx, sizeof(double) * (7 * n + (size_t)p) + n + sizeof(int) * 2 * (size_t)p +
                                         (size_t)p * DT__PP_WHY);
