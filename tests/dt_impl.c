@@ -14,3 +14,4 @@
 #include "dt_opt.h"
 #include "dt_parallel.h"
 #include "dt_embed.h"
+#include "dt_plan.h"

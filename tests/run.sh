@@ -222,6 +222,7 @@ needs() {
         dt_comm.h) echo dt_tensor.h ;;
         dt_opt.h) echo dt_tensor.h dt_comm.h ;;
         dt_parallel.h | dt_embed.h) echo dt_tensor.h dt_comm.h dt_opt.h ;;
+        dt_plan.h) echo dt_tensor.h dt_comm.h dt_opt.h dt_parallel.h ;;
         *) for h in dt_tensor.h dt_comm.h dt_opt.h; do [ -f "$h" ] && echo "$h"; done ;;
     esac
 }
@@ -229,9 +230,9 @@ needs() {
 # The headers to check: the known ones in include order, then any other dt_*.h.
 headers() {
     local h
-    for h in dt_tensor.h dt_comm.h dt_opt.h dt_parallel.h dt_embed.h; do [ -f "$h" ] && echo "$h"; done
+    for h in dt_tensor.h dt_comm.h dt_opt.h dt_parallel.h dt_embed.h dt_plan.h; do [ -f "$h" ] && echo "$h"; done
     for h in dt_*.h; do
-        case $h in dt_tensor.h | dt_comm.h | dt_opt.h | dt_parallel.h | dt_embed.h) ;; *) echo "$h" ;; esac
+        case $h in dt_tensor.h | dt_comm.h | dt_opt.h | dt_parallel.h | dt_embed.h | dt_plan.h) ;; *) echo "$h" ;; esac
     done
     # the examples' own headers (examples/dlrm/dlrm_data.h) are written like the library's
     for h in examples/*/*.h; do [ -f "$h" ] && echo "$h"; done

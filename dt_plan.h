@@ -1,0 +1,1674 @@
+/* dt_plan.h - the planner for the dt toolkit: one cost model of a transformer training step for
+   every layout dt can run, fed by a profile measured on the machine, and a search over layouts.
+   v0.1, MIT licence
+
+   The lesson. Trying layouts costs a cluster hours; counting FLOPs misses everything that is not a
+   GEMM at peak. What works (Proteus, Charon, Megatron's and DeepSpeed's autotuners) is to measure
+   the pieces once, where they will run, and add them up per layout:
+
+       measure once (dt_plan_profile_measure, every rank at once, as the step will run them)
+         one transformer block's forward and backward at each (tp, cp, sp) split the layouts give
+         it, at the smallest and largest micro-batch they give it (time is affine in the rows);
+         the embedding and the head; the optimizer per parameter; each collective as
+         latency + bytes / bandwidth per group size; how much of a posted collective hides
+                                         |
+       model each layout (dt_plan_predict)        step = pipeline(makespan of the micro-batches,
+         per micro-batch: blocks x (F + B + recompute)  dt_pp_schedule_simulate with each
+         + embedding / head on the first / last stage   stage's own F and B)
+         + data-parallel sync not hidden + optimizer    memory = weights, grads, master, optimizer
+                                         |               state per ZeRO stage + activations of the
+       search (dt_plan_search)                          micro-batches in flight + transients
+         every valid layout of the world, ranked by predicted tokens / s, within a memory budget
+
+   The block it times is examples/gpt's block, op for op (dt_tensor.h's and dt_parallel.h's tp and
+   cp ops at the split's shapes, including their collectives), so its tp and cp communication is
+   measured, not modelled. What is modelled: the data-parallel sync (DDP buckets during the
+   backward, ZeRO's reduce-scatters and gathers), the pipeline's sends and bubble, the optimizer
+   step, and memory, from the same accounting as examples/gpt's activations and dt_zero_memory.
+
+   Contents (each marker finds this line, its declarations and its implementation):
+       >>model           what is trained: dt_plan_model; what runs it: dt_plan_layout, its check
+       >>profile         the machine's measured pieces: dt_plan_profile, measure, save, load
+       >>predict         one layout's step time and memory: dt_plan_predict
+       >>search          every valid layout ranked: dt_plan_search, dt_plan_format
+       >>implementation  where the implementation starts
+
+   API in one breath:
+       dt_plan_layout_check    a layout against a model and a world size (named errors)
+       dt_plan_profile_measure collective over the world: measures what the model's layouts need
+       dt_plan_profile_save / _load   the profile as JSON (a bad file is named, field and value)
+       dt_plan_predict         step time split (compute, exposed comm, bubble, optimizer), memory
+       dt_plan_search          all valid layouts of a world size, best first
+       dt_plan_format          the top n as a table
+
+   Do this:
+       #define DT_PLAN_IMPLEMENTATION    (or DT_IMPLEMENTATION for every dt header)
+   before you include this file in *one* C or C++ file to create the implementation.
+   Include order: dt_tensor.h, dt_comm.h, dt_opt.h, dt_parallel.h, dt_plan.h. Why a header of its
+   own: a training program needs none of it, and it needs all of dt_parallel.h (layouts, the tp
+   and cp ops it times, the pipeline simulator); it sits on top, as a tool.
+
+   Memory: from the ctx allocator; the profile is a plain struct (no pointers), copied freely.
+   Errors: a dt_status and dt_ctx_error naming the argument, the value and what was expected.
+   Threads: a profile is read-only to predict and search, so they may run on many threads.
+
+   The licence (MIT) is at the end of this file.
+*/
+#ifndef DT_PLAN_H
+#define DT_PLAN_H
+
+#if !defined(DT_PARALLEL_H)
+#error "dt_plan.h needs dt_tensor.h, dt_comm.h, dt_opt.h and dt_parallel.h included before it"
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ==== >>model: what is trained and how it is laid out ============================================
+
+   A GPT: layers x (attention of heads (kv_heads for K and V), MLP 4 x width), a vocab-parallel
+   embedding tied to the head, learned positions; AdamW with clipping; activations in f32 (the
+   CPU path's), parameters in dtype with f32 masters. The layout is examples/gpt's options. */
+
+typedef struct dt_plan_model {
+    int layers, width, heads;
+    int kv_heads;          /* 0 = heads */
+    int64_t vocab;         /* the padded vocab (the logits' columns): 256 for bytes, 50304 for GPT-2 */
+    int64_t seq;           /* context length T */
+    int64_t batch;         /* global batch, sequences per step */
+    dt_dtype dtype;        /* parameters: DT_F32 (0 = f32) or DT_BF16 */
+} dt_plan_model;
+
+typedef enum dt_plan_recompute {
+    DT_PLAN_RECOMPUTE_NONE = 0,
+    DT_PLAN_RECOMPUTE_FULL,       /* keep each block's input, run its forward again in the backward */
+    DT_PLAN_RECOMPUTE_SELECTIVE,  /* attention and gelu again (Korthikanti et al.) */
+    DT_PLAN_RECOMPUTE_GEMM_LAST,  /* keep the GEMMs' outputs, layernorm and gelu again; attention keeps lse */
+    DT_PLAN_RECOMPUTE_COUNT
+} dt_plan_recompute;
+
+typedef struct dt_plan_layout {
+    int dp, tp, pp, cp;    /* dp 0 = world / (tp cp pp); tp, pp, cp 0 = 1 */
+    int zero;              /* 0 DDP, 1-3 ZeRO (1 at most with pp > 1) */
+    int micro;             /* micro-batches per step, 0 = 1 */
+    int sp;                /* sequence parallel over tp */
+    dt_pp_kind schedule;   /* pp > 1: 0 = 1F1B */
+    int chunks;            /* model chunks per stage: 2 for interleaved, else 1 (0 = so) */
+    dt_plan_recompute recompute;
+} dt_plan_layout;
+
+/* The layout's fields resolved (zeros to their defaults) and checked against the model and a
+   world of `world` ranks as examples/gpt checks them: DT_ERR_ARG naming the field, its value and
+   what was expected. out may be NULL; it may be layout itself. */
+DT_API dt_status dt_plan_layout_check(dt_ctx *ctx, const dt_plan_model *m, int world, const dt_plan_layout *layout,
+                                      dt_plan_layout *out);
+/* "dp 2 tp 1 pp 2 cp 1, 1f1b x 4, zero 1, sp 0, recompute none": examples/gpt's options */
+DT_API const char *dt_plan_layout_string(const dt_plan_layout *l, char *buf, size_t n);
+DT_API const char *dt_plan_recompute_name(dt_plan_recompute r); /* "none", "full", "selective", "gemm-last" */
+
+/* ==== >>profile: the machine's measured pieces ====================================================
+
+   Every rank measures at once, so what ranks sharing cores or a network do to each other is in
+   the figures. A split's times are the slowest rank's median, at two micro-batch sizes (rows =
+   sequences x T / cp), read between them as a line. Collectives: time = alpha + bytes x beta for
+   groups of `size` consecutive ranks (cross: the group spans hosts), all groups of that size at
+   once; bytes is the whole buffer (an all-gather's output, a reduce-scatter's input). */
+
+#define DT_PLAN_MAX_SPLITS 48
+#define DT_PLAN_MAX_COLLS 64
+#define DT_PLAN_MAX_PIPES 16
+
+typedef struct dt_plan_split {
+    int tp, cp, sp, lse;         /* lse: attention keeps the logsumexp, not [T, T] (cp > 1 or gemm-last) */
+    int64_t rows[2];             /* the two sizes measured (equal: one) */
+    double fwd[2], bwd[2];       /* one block, its tp / cp collectives included, seconds */
+    double attn[2];              /* of fwd: attention (selective recompute runs it again) */
+    double cheap[2];             /* of fwd: gelu (selective), and the two layernorms (gemm-last) */
+    double gelu[2];
+    double embed_fwd[2], embed_bwd[2]; /* the first stage's embedding */
+    double head_fwd[2], head_bwd[2];   /* the last stage's ln_f, logits and cross entropy */
+    double extra[2];             /* bytes the ops hold above their tensors at their peak: the ctx's
+                                    scratch (GEMM packing, attention's rows), the ring's K/V, the
+                                    comm's pool for tp / cp collectives */
+} dt_plan_split;
+
+typedef enum dt_plan_coll_kind {
+    DT_PLAN_ALLREDUCE = 0, DT_PLAN_ALLGATHER, DT_PLAN_REDUCE_SCATTER, DT_PLAN_SENDRECV, DT_PLAN_COLL_KINDS
+} dt_plan_coll_kind;
+
+typedef struct dt_plan_coll {
+    dt_plan_coll_kind kind;
+    int size, cross;
+    double alpha, beta;          /* seconds, seconds per byte */
+} dt_plan_coll;
+
+/* A pipeline's message as dt_pp_run delivers it between stages that compute: MPI moves a message
+   only while both ends are inside MPI (no progress thread), so its delay is measured with the
+   runtime itself, stages spinning for the block times between its tests, and read as the `comm`
+   of dt_pp_schedule_simulate that reproduces the run's makespan. At two message sizes. */
+typedef struct dt_plan_pipe {
+    int pp;
+    double bytes[2], delay[2];
+} dt_plan_pipe;
+
+typedef struct dt_plan_profile {
+    char machine[96];            /* host name of rank 0, cores */
+    int world, hosts, cores;     /* ranks measured with, hosts they span, cores of rank 0's host */
+    dt_plan_model model;         /* the model whose shapes were measured */
+    double opt_s_per_param;      /* the optimizer's step (AdamW, clipping) per element of a shard */
+    double copy_s_per_byte;      /* ZeRO's packing copies */
+    double overlap;              /* of a collective posted before compute, the share hidden by it */
+    double measure_s;            /* how long the measuring took */
+    int n_splits, n_colls, n_pipes;
+    dt_plan_split splits[DT_PLAN_MAX_SPLITS];
+    dt_plan_coll colls[DT_PLAN_MAX_COLLS];
+    dt_plan_pipe pipes[DT_PLAN_MAX_PIPES];
+} dt_plan_profile;
+
+typedef struct dt_plan_measure_desc {
+    double budget_s;             /* 0 = 50: measuring fewer repeats past it (it never stops short) */
+    int repeats;                 /* of each timing, the median kept: 0 = 3 */
+} dt_plan_measure_desc;
+
+/* Collective over world (every rank calls it with the same model): measures what the model's
+   valid layouts on this world need. desc may be NULL. */
+DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m, const dt_plan_measure_desc *desc,
+                                         dt_plan_profile *out);
+/* JSON, one file: written by rank 0 only when called on every rank is fine (it writes what it
+   is given). Load checks every field: a missing or bad one is DT_ERR_FORMAT naming it and the
+   file. */
+DT_API dt_status dt_plan_profile_save(dt_ctx *ctx, const dt_plan_profile *p, const char *path);
+DT_API dt_status dt_plan_profile_load(dt_ctx *ctx, dt_plan_profile *p, const char *path);
+
+/* ==== >>predict: one layout's step ================================================================ */
+
+typedef struct dt_plan_prediction {
+    dt_plan_layout layout;       /* resolved */
+    double step_s, tokens_per_s;
+    double compute_s;            /* the busiest stage's forward, backward and recompute (tp / cp comm included) */
+    double comm_s;               /* data-parallel and pipeline communication not hidden */
+    double bubble_s;             /* the pipeline's idle time on the busiest stage */
+    double optimizer_s;          /* the optimizer step and ZeRO's copies */
+    /* bytes, the largest rank's (the stage that holds most) */
+    double mem_params, mem_grads, mem_optimizer, mem_activations, mem_transient, mem_total;
+    int in_flight;               /* micro-batches whose activations the fullest stage holds at once */
+} dt_plan_prediction;
+
+/* The step of `layout` on profile's machine and world (its model). DT_ERR_ARG for a layout the
+   model or world does not allow (dt_plan_layout_check's message), DT_ERR_STATE when the profile
+   lacks a split the layout needs (measure with this model and world). */
+DT_API dt_status dt_plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt_plan_layout *layout,
+                                 dt_plan_prediction *out);
+
+/* ==== >>search: every valid layout, best first ==================================================== */
+
+typedef struct dt_plan_search_desc {
+    double mem_budget;           /* bytes a rank may hold; 0 = no limit */
+    int max_micro;               /* micro-batches tried: 1, 2, 4, ... up to this; 0 = 16 */
+    int recompute;               /* 1: try the recompute modes too (0: none only) */
+} dt_plan_search_desc;
+
+/* Fills out[0 .. *count) with the best max layouts by predicted tokens / s (ties: less memory),
+   *total with how many were valid and fit. desc may be NULL. */
+DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_plan_search_desc *desc,
+                                dt_plan_prediction *out, int max, int *count, int *total);
+/* A table of n predictions, ranked as given: layout, tokens / s, step split, memory. */
+DT_API void dt_plan_format(const dt_plan_prediction *pr, int n, dt_strbuf *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_PLAN_H */
+
+/* ==== >>implementation: everything below needs DT_PLAN_IMPLEMENTATION ========================== */
+
+#if (defined(DT_PLAN_IMPLEMENTATION) || defined(DT_IMPLEMENTATION)) && !defined(DT_PLAN_IMPLEMENTATION_DONE)
+#define DT_PLAN_IMPLEMENTATION_DONE
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>      /* sysconf */
+#include <sys/utsname.h> /* uname: the host's name (gethostname is hidden under strict C99) */
+
+/* ==== >>model ==================================================================================== */
+
+static const char *const dt__plan_rec_names[DT_PLAN_RECOMPUTE_COUNT] = {"none", "full", "selective", "gemm-last"};
+
+DT_API const char *dt_plan_recompute_name(dt_plan_recompute r) {
+    return (int)r >= 0 && r < DT_PLAN_RECOMPUTE_COUNT ? dt__plan_rec_names[r] : "?";
+}
+
+DT_API const char *dt_plan_layout_string(const dt_plan_layout *l, char *buf, size_t n) {
+    char pp[48] = "";
+    if (!buf || !n) return "";
+    if (!l) { snprintf(buf, n, "(null)"); return buf; }
+    if (l->pp > 1) snprintf(pp, sizeof pp, ", %s", dt_pp_kind_name(l->schedule));
+    snprintf(buf, n, "dp %d tp %d pp %d cp %d%s, micro %d, zero %d, sp %d, recompute %s", l->dp, l->tp, l->pp, l->cp,
+             pp, l->micro, l->zero, l->sp, dt_plan_recompute_name(l->recompute));
+    return buf;
+}
+
+static dt_status dt__plan_model_check(dt_ctx *ctx, const char *fn, const dt_plan_model *m) {
+    int kv;
+    if (!m) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model is NULL", fn);
+    kv = m->kv_heads ? m->kv_heads : m->heads;
+    if (m->layers < 1 || m->layers > 100000)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->layers = %d, expected 1 .. 100000", fn, m->layers);
+    if (m->heads < 1 || m->width < 1 || m->width % m->heads)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->width = %d, heads = %d: expected heads >= 1 dividing width",
+                                fn, m->width, m->heads);
+    if (kv < 1 || m->heads % kv)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->kv_heads = %d, expected a divisor of heads %d (0 = heads)",
+                                fn, m->kv_heads, m->heads);
+    if (m->vocab < 1 || m->seq < 2 || m->batch < 1 || m->vocab > ((int64_t)1 << 40) || m->seq > ((int64_t)1 << 30) ||
+        m->batch > ((int64_t)1 << 30) || m->width > (1 << 20))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model vocab %lld, seq %lld, batch %lld, width %d: expected vocab "
+                                ">= 1, seq >= 2, batch >= 1, each within 2^40 / 2^30 / 2^30 / 2^20", fn,
+                                (long long)m->vocab, (long long)m->seq, (long long)m->batch, m->width);
+    if (m->dtype != 0 && m->dtype != DT_F32 && m->dtype != DT_BF16)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->dtype = %s, expected f32 or bf16", fn,
+                                dt_dtype_name(m->dtype));
+    return DT_OK;
+}
+
+DT_API dt_status dt_plan_layout_check(dt_ctx *ctx, const dt_plan_model *m, int world, const dt_plan_layout *layout,
+                                      dt_plan_layout *out) {
+    static const char *fn = "dt_plan_layout_check";
+    dt_plan_layout l;
+    int64_t rows, kv;
+    dt_status err = dt__plan_model_check(ctx, fn, m);
+    if (err) return err;
+    if (!layout) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: layout is NULL", fn);
+    if (world < 1) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: world = %d, expected >= 1", fn, world);
+    l = *layout;
+    if (!l.tp) l.tp = 1;
+    if (!l.pp) l.pp = 1;
+    if (!l.cp) l.cp = 1;
+    if (!l.micro) l.micro = 1;
+    if (l.tp < 1 || l.pp < 1 || l.cp < 1 || l.dp < 0 || l.micro < 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: layout dp %d tp %d pp %d cp %d micro %d: expected sizes >= 1 "
+                                "(dp 0 = the rest of the world)", fn, l.dp, l.tp, l.pp, l.cp, l.micro);
+    if (world % ((int64_t)l.tp * l.pp * l.cp))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tp %d x cp %d x pp %d does not divide the world size %d", fn, l.tp,
+                                l.cp, l.pp, world);
+    if (!l.dp) l.dp = world / (l.tp * l.pp * l.cp);
+    if ((int64_t)l.dp * l.tp * l.pp * l.cp != world)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dp %d x tp %d x cp %d x pp %d = %lld, expected the world size %d",
+                                fn, l.dp, l.tp, l.cp, l.pp, (long long)l.dp * l.tp * l.pp * l.cp, world);
+    kv = m->kv_heads ? m->kv_heads : m->heads;
+    if (m->heads % l.tp) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tp %d does not divide heads %d", fn, l.tp, m->heads);
+    if (kv % l.tp)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tp %d does not divide kv heads %lld (the planner does not model "
+                                "kv heads replicated over tp)", fn, l.tp, (long long)kv);
+    if (m->vocab % l.tp)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tp %d does not divide the padded vocab %lld", fn, l.tp,
+                                (long long)m->vocab);
+    if (m->seq % (2 * (int64_t)l.cp))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: seq %lld is not a multiple of 2 x cp = %d", fn, (long long)m->seq,
+                                2 * l.cp);
+    if (m->batch % ((int64_t)l.dp * l.micro))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: batch %lld is not a multiple of dp x micro = %d x %d", fn,
+                                (long long)m->batch, l.dp, l.micro);
+    if (l.zero < 0 || l.zero > 3)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: zero = %d, expected 0 .. 3", fn, l.zero);
+    if (l.sp != 0 && l.sp != 1) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: sp = %d, expected 0 or 1", fn, l.sp);
+    if (l.sp && l.tp == 1) l.sp = 0; /* nothing to split */
+    rows = m->batch / l.dp / l.micro * (m->seq / l.cp);
+    if (l.sp && rows % l.tp)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: sp 1: a micro-batch's %lld rows are not a multiple of tp %d", fn,
+                                (long long)rows, l.tp);
+    if ((int)l.recompute < 0 || l.recompute >= DT_PLAN_RECOMPUTE_COUNT)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: recompute = %d, expected 0 .. %d", fn, (int)l.recompute,
+                                DT_PLAN_RECOMPUTE_COUNT - 1);
+    if (l.pp == 1) {
+        l.schedule = DT_PP_DEFAULT;
+        l.chunks = 1;
+    } else {
+        if (l.schedule == DT_PP_DEFAULT) l.schedule = DT_PP_1F1B;
+        if ((int)l.schedule < 0 || l.schedule >= DT_PP_KIND_COUNT)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: schedule = %d, expected a dt_pp_kind", fn, (int)l.schedule);
+        l.chunks = l.schedule == DT_PP_INTERLEAVED ? 2 : 1;
+        if (m->layers < l.pp * l.chunks)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: pp %d x %d chunks = %d virtual stages, but %d layers", fn, l.pp,
+                                    l.chunks, l.pp * l.chunks, m->layers);
+        if (l.schedule == DT_PP_INTERLEAVED && l.micro % l.pp)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: interleaved: micro %d is not a multiple of pp %d", fn, l.micro,
+                                    l.pp);
+        if (l.zero > 1)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: zero %d with pp %d: the pipeline takes ZeRO 0 or 1", fn,
+                                    l.zero, l.pp);
+    }
+    if (out) *out = l;
+    return DT_OK;
+}
+
+/* ---- what one rank holds: parameters, and one micro-batch's activations (examples/gpt's) ---- */
+
+/* Parameters of one block on one tp rank: ln 2 x 2C, qkv (C + 2 Ckv) x (C + 1) / tp, attention
+   projection C x C / tp + C, fc 4C x (C + 1) / tp, projection C x 4C / tp + C. */
+static double dt__plan_block_params(const dt_plan_model *m, int tp) {
+    double C = m->width, Ckv = (double)(m->kv_heads ? m->kv_heads : m->heads) * (m->width / m->heads);
+    return 4 * C + (C + 2 * Ckv) * (C + 1) / tp + C * C / tp + C + 4 * C * (C + 1) / tp + 4 * C * C / tp + C;
+}
+
+/* The activation bytes of one micro-batch set (examples/gpt's acts_make) of nb blocks on a stage:
+   each block's kept tensors for the recompute mode, the one shared set recompute uses, sp's
+   gathered rows, and the head / backward scratch every set carries. f32, ids and targets i32. */
+static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *l, int nb) {
+    double b = (double)(m->batch / l->dp / l->micro), T = (double)m->seq, Tl = T / l->cp, N = b * Tl;
+    double Nl = l->sp ? N / l->tp : N, C = m->width, Cl = C / l->tp, Fl = 4 * C / l->tp;
+    double Hl = (double)m->heads / l->tp, Ckvl = (double)(m->kv_heads ? m->kv_heads : m->heads) / l->tp * (C / m->heads);
+    double Wl = Cl + 2 * Ckvl, Vl = (double)m->vocab / l->tp;
+    int lse = l->cp > 1 || l->recompute == DT_PLAN_RECOMPUTE_GEMM_LAST, r = (int)l->recompute;
+    double att = lse ? b * Hl * Tl : b * Hl * T * T;
+    double ln = Nl * C + 2 * Nl;                          /* ln and its mean, rstd */
+    double core = Nl * C + 2 * Nl + Nl * C + 2 * Nl + N * Wl + N * Cl + Nl * C + N * Fl; /* ln1 .. fch */
+    double blk, shared = 0, e;
+    switch (r) {
+    case DT_PLAN_RECOMPUTE_FULL: blk = Nl * C; shared = core + att + N * Fl; break;
+    case DT_PLAN_RECOMPUTE_SELECTIVE: blk = Nl * C + core; shared = core + att + N * Fl; break;
+    case DT_PLAN_RECOMPUTE_GEMM_LAST: blk = Nl * C + core - 2 * Nl * C + att; shared = 2 * Nl * C + N * Fl; break;
+    default: blk = Nl * C + core + att + N * Fl; break;
+    }
+    (void)ln;
+    if (l->pp > 1 && l->schedule == DT_PP_ZB_H1) blk += 2 * Nl * C + N * Fl + N * Wl; /* the weight pass's kept grads */
+    e = nb * blk + shared;
+    if (l->sp) e += 2 * N * C + N * C;                    /* gath1, gath2, lnfall */
+    e += Nl * C * 2 + 2 * Nl + N * Vl + 2 * N + 2 * N;    /* xL, lnf (+ mean, rstd), logits, stats, ids, targets */
+    e += N * C + Nl * C;                                  /* partial, y_scratch */
+    e += Nl * C * 2 + N * C * 3 + N * Wl + N * Cl + N * Fl * 2 + N * Vl; /* the backward's scratch */
+    if (l->sp && l->tp > 1) e += 6 * C + T * C + 2 * C;
+    return 4 * e;
+}
+
+/* ==== >>profile ================================================================================== */
+
+/* One block's tensors at a split, for b sequences: examples/gpt's block_fwd / block_bwd op for op. */
+typedef struct dt__plan_blk {
+    dt_ctx *ctx;
+    dt_layout *lay;
+    int64_t b, T, Tl, N, Nl, C, Cl, Fl, Wl, Vl;
+    int Hl, Hkvl, sp, lse;
+    dt_tensor w[12], g[12];  /* ln1 w b, qkv w b, proj w b, ln2 w b, fc w b, fcproj w b */
+    dt_tensor in, ln1, ln1m, ln1r, ln1all, qkv, att, lse_t, atty, res1, ln2, ln2m, ln2r, ln2all, fch, gelu, y, partial;
+    dt_tensor dres, dln, dgelu, dfch, dxbuf, doutbuf, datty, dqkv, dall;
+    /* embedding and head */
+    dt_tensor wte, wpe, lnfw, lnfb, gwte, gwpe, glnfw, glnfb, ids, targets, x0, xL, lnf, lnfm, lnfr, lnfall, logits,
+        stats, dlogits;
+} dt__plan_blk;
+
+static dt_status dt__plan_mk(dt__plan_blk *k, dt_tensor *t, int64_t d0, int64_t d1, int64_t d2, dt_dtype dt) {
+    dt_tensor_desc d;
+    dt_status err;
+    memset(&d, 0, sizeof d);
+    d.dtype = dt ? dt : DT_F32;
+    d.shape[0] = d0; d.shape[1] = d1; d.shape[2] = d2;
+    err = dt_tensor_create(k->ctx, t, &d);
+    if (err) return err;
+    if (dt_tensor_bytes(t) && t->dtype == DT_F32) { /* small values: no overflow, no denormals */
+        int64_t i;
+        float *p = (float *)t->data;
+        for (i = 0; i < t->numel; i++) p[i] = 0.01f * (float)((i * 7919) % 101 - 50) / 50.0f;
+    }
+    return DT_OK;
+}
+
+static void dt__plan_blk_free(dt__plan_blk *k) {
+    dt_tensor *t = (dt_tensor *)&k->w[0], *end = (dt_tensor *)(&k->dlogits + 1);
+    for (; t < end; t++) dt_tensor_free(k->ctx, t);
+}
+
+#define DT__PLAN_TRY(x) do { err = (x); if (err) goto fail; } while (0)
+
+static dt_status dt__plan_blk_make(dt__plan_blk *k, dt_layout *lay, const dt_plan_model *m, int64_t b, int sp, int lse) {
+    dt_status err;
+    int i;
+    int64_t kv = m->kv_heads ? m->kv_heads : m->heads, rows[12], cols[12];
+    memset(k, 0, sizeof *k);
+    k->ctx = lay->ctx; k->lay = lay;
+    k->b = b; k->T = m->seq; k->Tl = m->seq / lay->cp; k->N = b * k->Tl; k->sp = sp && lay->tp > 1; k->lse = lse;
+    k->Nl = k->sp ? k->N / lay->tp : k->N;
+    k->C = m->width; k->Cl = m->width / lay->tp; k->Fl = 4 * (int64_t)m->width / lay->tp;
+    k->Hl = m->heads / lay->tp; k->Hkvl = (int)(kv / lay->tp);
+    k->Wl = k->Cl + 2 * (int64_t)k->Hkvl * (m->width / m->heads);
+    k->Vl = m->vocab / lay->tp;
+    rows[0] = rows[1] = k->C; cols[0] = cols[1] = 0;
+    rows[2] = k->Wl; cols[2] = k->C; rows[3] = k->Wl; cols[3] = 0;
+    rows[4] = k->C; cols[4] = k->Cl; rows[5] = k->C; cols[5] = 0;
+    rows[6] = rows[7] = k->C; cols[6] = cols[7] = 0;
+    rows[8] = k->Fl; cols[8] = k->C; rows[9] = k->Fl; cols[9] = 0;
+    rows[10] = k->C; cols[10] = k->Fl; rows[11] = k->C; cols[11] = 0;
+    for (i = 0; i < 12; i++) {
+        DT__PLAN_TRY(dt__plan_mk(k, &k->w[i], rows[i], cols[i], 0, DT_F32));
+        DT__PLAN_TRY(dt__plan_mk(k, &k->g[i], rows[i], cols[i], 0, DT_F32));
+    }
+    DT__PLAN_TRY(dt__plan_mk(k, &k->in, k->Nl, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->ln1, k->Nl, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->ln1m, k->Nl, 0, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->ln1r, k->Nl, 0, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->ln2, k->Nl, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->ln2m, k->Nl, 0, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->ln2r, k->Nl, 0, 0, DT_F32));
+    if (k->sp) {
+        DT__PLAN_TRY(dt__plan_mk(k, &k->ln1all, k->N, k->C, 0, DT_F32));
+        DT__PLAN_TRY(dt__plan_mk(k, &k->ln2all, k->N, k->C, 0, DT_F32));
+        DT__PLAN_TRY(dt__plan_mk(k, &k->lnfall, k->N, k->C, 0, DT_F32));
+    }
+    DT__PLAN_TRY(dt__plan_mk(k, &k->qkv, b, k->Tl, k->Wl, DT_F32));
+    if (lse) DT__PLAN_TRY(dt__plan_mk(k, &k->lse_t, b, k->Hl, k->Tl, DT_F32));
+    else {
+        dt_tensor_desc d;
+        memset(&d, 0, sizeof d);
+        d.shape[0] = b; d.shape[1] = k->Hl; d.shape[2] = k->T; d.shape[3] = k->T;
+        DT__PLAN_TRY(dt_tensor_create(k->ctx, &k->att, &d));
+    }
+    DT__PLAN_TRY(dt__plan_mk(k, &k->atty, k->N, k->Cl, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->res1, k->Nl, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->fch, k->N, k->Fl, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->gelu, k->N, k->Fl, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->y, k->Nl, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->partial, k->N, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->dres, k->Nl, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->dln, k->Nl, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->dgelu, k->N, k->Fl, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->dfch, k->N, k->Fl, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->dxbuf, k->N, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->doutbuf, k->N, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->datty, k->N, k->Cl, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->dqkv, b, k->Tl, k->Wl, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->dall, k->N, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->wte, k->Vl, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->gwte, k->Vl, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->wpe, k->T, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->gwpe, k->T, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->lnfw, k->C, 0, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->lnfb, k->C, 0, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->glnfw, k->C, 0, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->glnfb, k->C, 0, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->ids, k->N, 0, 0, DT_I32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->targets, k->N, 0, 0, DT_I32));
+    for (i = 0; i < k->N; i++) {
+        ((int32_t *)k->ids.data)[i] = (int32_t)((i * 2654435761u) % (uint64_t)m->vocab);
+        ((int32_t *)k->targets.data)[i] = (int32_t)((i * 40503u + 7) % (uint64_t)m->vocab);
+    }
+    DT__PLAN_TRY(dt__plan_mk(k, &k->x0, k->Nl, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->xL, k->Nl, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->lnf, k->Nl, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->lnfm, k->Nl, 0, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->lnfr, k->Nl, 0, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->logits, k->N, k->Vl, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->stats, k->N, 2, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &k->dlogits, k->N, k->Vl, 0, DT_F32));
+    for (i = 0; i < 12; i += 6) dt_tensor_fill(k->ctx, &k->w[i], 1.0); /* layernorm weights 1 */
+    dt_tensor_fill(k->ctx, &k->lnfw, 1.0);
+    return DT_OK;
+fail:
+    dt__plan_blk_free(k);
+    return err;
+}
+
+static dt_status dt__plan_attn_fwd(dt__plan_blk *k) {
+    dt_tensor a3;
+    int64_t s3[3];
+    dt_status err;
+    s3[0] = k->b; s3[1] = k->Tl; s3[2] = k->Cl;
+    err = dt_tensor_reshape(k->ctx, &a3, &k->atty, 3, s3);
+    if (err) return err;
+    if (k->lse) return dt_cp_attention_fwd(k->lay, &a3, &k->lse_t, &k->qkv, k->Hl, k->Hkvl);
+    return dt_attention_gqa_fwd(k->ctx, &a3, &k->att, &k->qkv, k->Hl, k->Hkvl);
+}
+
+static dt_status dt__plan_qkv2(dt__plan_blk *k, dt_tensor *out, dt_tensor *t) {
+    int64_t s[2];
+    s[0] = k->N; s[1] = k->Wl;
+    return dt_tensor_reshape(k->ctx, out, t, 2, s);
+}
+
+/* examples/gpt's block_fwd (dense, no MoE). */
+static dt_status dt__plan_blk_fwd(dt__plan_blk *k) {
+    dt_ctx *c = k->ctx;
+    dt_tensor q2;
+    dt_status err;
+    DT__PLAN_TRY(dt_layernorm_fwd(c, &k->ln1, &k->ln1m, &k->ln1r, &k->in, &k->w[0], &k->w[1], 1e-5f));
+    if (k->sp) DT__PLAN_TRY(dt_sp_gather_rows(k->lay, &k->ln1all, &k->ln1));
+    DT__PLAN_TRY(dt__plan_qkv2(k, &q2, &k->qkv));
+    DT__PLAN_TRY(dt_linear_fwd(c, &q2, k->sp ? &k->ln1all : &k->ln1, &k->w[2], &k->w[3]));
+    DT__PLAN_TRY(dt__plan_attn_fwd(k));
+    DT__PLAN_TRY(dt_tp_row_linear_fwd(k->lay, &k->res1, &k->partial, &k->atty, &k->w[4], &k->w[5], k->sp));
+    DT__PLAN_TRY(dt_axpy(c, &k->res1, 1.0f, &k->in));
+    DT__PLAN_TRY(dt_layernorm_fwd(c, &k->ln2, &k->ln2m, &k->ln2r, &k->res1, &k->w[6], &k->w[7], 1e-5f));
+    DT__PLAN_TRY(dt_tp_column_linear_fwd(k->lay, &k->fch, k->sp ? &k->ln2all : NULL, &k->ln2, &k->w[8], &k->w[9], k->sp));
+    DT__PLAN_TRY(dt_gelu_fwd(c, &k->gelu, &k->fch));
+    DT__PLAN_TRY(dt_tp_row_linear_fwd(k->lay, &k->y, &k->partial, &k->gelu, &k->w[10], &k->w[11], k->sp));
+    DT__PLAN_TRY(dt_axpy(c, &k->y, 1.0f, &k->res1));
+fail:
+    return err;
+}
+
+/* examples/gpt's block_bwd (part 0, no recompute: what recompute adds is timed apart). */
+static dt_status dt__plan_blk_bwd(dt__plan_blk *k) {
+    dt_ctx *c = k->ctx;
+    dt_tensor q2, dq2, a3, da3;
+    int64_t s3[3];
+    dt_status err;
+    s3[0] = k->b; s3[1] = k->Tl; s3[2] = k->Cl;
+    if (k->sp) {
+        DT__PLAN_TRY(dt_sp_gather_rows(k->lay, &k->ln1all, &k->ln1));
+        DT__PLAN_TRY(dt_sp_gather_rows(k->lay, &k->ln2all, &k->ln2));
+    }
+    DT__PLAN_TRY(dt_tensor_fill(c, &k->dgelu, 0));
+    DT__PLAN_TRY(dt_tp_row_linear_bwd(k->lay, &k->dgelu, &k->g[10], &k->g[11], &k->doutbuf, &k->dres, &k->gelu, &k->w[10],
+                                    k->sp));
+    DT__PLAN_TRY(dt_tensor_fill(c, &k->dfch, 0));
+    DT__PLAN_TRY(dt_gelu_bwd(c, &k->dfch, &k->dgelu, &k->fch));
+    DT__PLAN_TRY(dt_tensor_fill(c, &k->dln, 0));
+    DT__PLAN_TRY(dt_tp_column_linear_bwd(k->lay, &k->dln, &k->g[8], &k->g[9], &k->dxbuf, &k->dfch,
+                                       k->sp ? &k->ln2all : &k->ln2, &k->w[8], k->sp));
+    DT__PLAN_TRY(dt_layernorm_bwd(c, &k->dres, &k->g[6], &k->g[7], &k->dln, &k->res1, &k->w[6], &k->ln2m, &k->ln2r));
+    DT__PLAN_TRY(dt_tensor_fill(c, &k->datty, 0));
+    DT__PLAN_TRY(dt_tp_row_linear_bwd(k->lay, &k->datty, &k->g[4], &k->g[5], &k->doutbuf, &k->dres, &k->atty, &k->w[4],
+                                    k->sp));
+    DT__PLAN_TRY(dt_tensor_fill(c, &k->dqkv, 0));
+    DT__PLAN_TRY(dt_tensor_reshape(c, &a3, &k->atty, 3, s3));
+    DT__PLAN_TRY(dt_tensor_reshape(c, &da3, &k->datty, 3, s3));
+    if (k->lse) DT__PLAN_TRY(dt_cp_attention_bwd(k->lay, &k->dqkv, &da3, &k->qkv, &a3, &k->lse_t, k->Hl, k->Hkvl));
+    else DT__PLAN_TRY(dt_attention_gqa_bwd(c, &k->dqkv, &da3, &k->qkv, &k->att, k->Hl, k->Hkvl));
+    DT__PLAN_TRY(dt_tensor_fill(c, &k->dall, 0));
+    DT__PLAN_TRY(dt__plan_qkv2(k, &q2, &k->qkv));
+    DT__PLAN_TRY(dt__plan_qkv2(k, &dq2, &k->dqkv));
+    (void)q2;
+    DT__PLAN_TRY(dt_linear_bwd(c, &k->dall, &k->g[2], &k->g[3], &dq2, k->sp ? &k->ln1all : &k->ln1, &k->w[2]));
+    if (k->sp) DT__PLAN_TRY(dt_sp_scatter_rows(k->lay, &k->dln, &k->dall));
+    else {
+        DT__PLAN_TRY(dt_tp_allreduce(k->lay, &k->dall));
+        DT__PLAN_TRY(dt_tensor_copy(c, &k->dln, &k->dall));
+    }
+    DT__PLAN_TRY(dt_layernorm_bwd(c, &k->dres, &k->g[0], &k->g[1], &k->dln, &k->in, &k->w[0], &k->ln1m, &k->ln1r));
+fail:
+    return err;
+}
+
+static dt_status dt__plan_embed_fwd(dt__plan_blk *k) {
+    dt_status err = dt_tp_embedding_fwd(k->lay, &k->x0, &k->partial, &k->wte, &k->ids,
+                                        (int64_t)k->lay->tp_rank * k->Vl, k->Vl * k->lay->tp, k->sp);
+    if (!err) err = dt_axpy(k->ctx, &k->x0, 1.0f, &k->xL); /* the positions: one pass over the rows */
+    return err;
+}
+static dt_status dt__plan_embed_bwd(dt__plan_blk *k) {
+    dt_status err = dt_tp_embedding_bwd(k->lay, &k->gwte, &k->doutbuf, &k->dres, &k->ids,
+                                        (int64_t)k->lay->tp_rank * k->Vl, k->Vl * k->lay->tp, k->sp);
+    if (!err) err = dt_axpy(k->ctx, &k->xL, 1.0f, &k->dres);
+    return err;
+}
+static dt_status dt__plan_head_fwd(dt__plan_blk *k) {
+    dt_status err;
+    DT__PLAN_TRY(dt_layernorm_fwd(k->ctx, &k->lnf, &k->lnfm, &k->lnfr, &k->xL, &k->lnfw, &k->lnfb, 1e-5f));
+    DT__PLAN_TRY(dt_tp_column_linear_fwd(k->lay, &k->logits, k->sp ? &k->lnfall : NULL, &k->lnf, &k->wte, NULL, k->sp));
+    DT__PLAN_TRY(dt_tp_xent_fwd(k->lay, NULL, NULL, &k->stats, &k->logits, &k->targets,
+                              (int64_t)k->lay->tp_rank * k->Vl, k->Vl * k->lay->tp, -1));
+fail:
+    return err;
+}
+static dt_status dt__plan_head_bwd(dt__plan_blk *k) {
+    dt_status err;
+    DT__PLAN_TRY(dt_tp_xent_bwd(k->lay, &k->dlogits, &k->logits, &k->stats, &k->targets,
+                              (int64_t)k->lay->tp_rank * k->Vl, k->Vl * k->lay->tp, -1, 1.0f));
+    DT__PLAN_TRY(dt_tensor_fill(k->ctx, &k->dln, 0));
+    DT__PLAN_TRY(dt_tp_column_linear_bwd(k->lay, &k->dln, &k->gwte, NULL, &k->dxbuf, &k->dlogits,
+                                       k->sp ? &k->lnfall : &k->lnf, &k->wte, k->sp));
+    DT__PLAN_TRY(dt_tensor_fill(k->ctx, &k->dres, 0));
+    DT__PLAN_TRY(dt_layernorm_bwd(k->ctx, &k->dres, &k->glnfw, &k->glnfb, &k->dln, &k->xL, &k->lnfw, &k->lnfm, &k->lnfr));
+fail:
+    return err;
+}
+static dt_status dt__plan_cheap_fwd(dt__plan_blk *k) { /* gemm-last's remade inputs */
+    dt_status err;
+    DT__PLAN_TRY(dt_layernorm_fwd(k->ctx, &k->ln1, &k->ln1m, &k->ln1r, &k->in, &k->w[0], &k->w[1], 1e-5f));
+    DT__PLAN_TRY(dt_layernorm_fwd(k->ctx, &k->ln2, &k->ln2m, &k->ln2r, &k->res1, &k->w[6], &k->w[7], 1e-5f));
+    DT__PLAN_TRY(dt_gelu_fwd(k->ctx, &k->gelu, &k->fch));
+fail:
+    return err;
+}
+static dt_status dt__plan_gelu_fwd(dt__plan_blk *k) { return dt_gelu_fwd(k->ctx, &k->gelu, &k->fch); }
+
+/* The median over `reps` of the slowest rank's time of fn(k), every rank starting together. */
+/* The median over `reps` of the slowest rank's time of fn over the n copies (in order, or from the
+   last under `reverse`, as a backward runs), per copy; every rank starting together. The copies
+   are the blocks of a stage: each with its own weights and activations, so the caches hold what
+   they hold in the step, not one block's tensors touched again and again. */
+static dt_status dt__plan_time(dt_comm *world, dt__plan_blk *k, int n, int reverse, dt_status (*fn)(dt__plan_blk *),
+                               int reps, double *out) {
+    double t[16], v;
+    int i, j, c;
+    dt_status err;
+    if (reps > 16) reps = 16;
+    for (i = 0; i < reps; i++) {
+        err = dt_comm_barrier(world);
+        if (err) return err;
+        v = dt_comm_now();
+        for (c = 0; c < n; c++)
+            if ((err = fn(&k[reverse ? n - 1 - c : c]))) return err;
+        v = (dt_comm_now() - v) / n;
+        err = dt_comm_allreduce_f64(world, &v, 1, DT_REDUCE_MAX);
+        if (err) return err;
+        for (j = i; j > 0 && t[j - 1] > v; j--) t[j] = t[j - 1];
+        t[j] = v;
+    }
+    *out = t[reps / 2];
+    return DT_OK;
+}
+
+/* The splits and rows the model's layouts on this world need: every (tp, cp, sp, lse) with the
+   smallest and largest rows a micro-batch takes there. */
+static int dt__plan_find_split(const dt_plan_profile *p, int tp, int cp, int sp, int lse) {
+    int i;
+    for (i = 0; i < p->n_splits; i++)
+        if (p->splits[i].tp == tp && p->splits[i].cp == cp && p->splits[i].sp == sp && p->splits[i].lse == lse) return i;
+    return -1;
+}
+
+static void dt__plan_need(dt_plan_profile *p, const dt_plan_model *m, int world) {
+    int tp, cp, pp, sp, lse;
+    int64_t dp, micro, rows;
+    for (tp = 1; tp <= world; tp++)
+        for (cp = 1; tp * cp <= world; cp++)
+            for (pp = 1; tp * cp * pp <= world; pp++) {
+                dt_plan_layout l;
+                if (world % (tp * cp * pp)) continue;
+                dp = world / (tp * cp * pp);
+                for (micro = 1; micro <= m->batch / dp; micro *= 2)
+                    for (sp = 0; sp <= (tp > 1); sp++)
+                        for (lse = 0; lse <= 1; lse++) {
+                            int i;
+                            memset(&l, 0, sizeof l);
+                            l.tp = tp; l.cp = cp; l.pp = pp; l.micro = (int)micro; l.sp = sp;
+                            l.recompute = lse ? DT_PLAN_RECOMPUTE_GEMM_LAST : DT_PLAN_RECOMPUTE_NONE;
+                            if (cp > 1 && !lse) continue; /* the ring keeps lse */
+                            if (dt_plan_layout_check(NULL, m, world, &l, NULL)) continue;
+                            rows = m->batch / dp / micro * (m->seq / cp);
+                            i = dt__plan_find_split(p, tp, cp, sp, lse || cp > 1);
+                            if (i < 0) {
+                                if (p->n_splits >= DT_PLAN_MAX_SPLITS) continue;
+                                i = p->n_splits++;
+                                memset(&p->splits[i], 0, sizeof p->splits[i]);
+                                p->splits[i].tp = tp; p->splits[i].cp = cp; p->splits[i].sp = sp;
+                                p->splits[i].lse = lse || cp > 1;
+                                p->splits[i].rows[0] = p->splits[i].rows[1] = rows;
+                            }
+                            if (rows < p->splits[i].rows[0]) p->splits[i].rows[0] = rows;
+                            if (rows > p->splits[i].rows[1]) p->splits[i].rows[1] = rows;
+                        }
+            }
+}
+
+#define DT__PLAN_COPIES 4
+
+static dt_status dt__plan_measure_split(dt_comm *world, const dt_plan_model *m, dt_plan_split *s, int reps) {
+    dt_ctx *ctx = dt_comm_ctx(world);
+    dt_layout *lay = NULL;
+    dt_layout_desc ld;
+    dt_status err;
+    int j, c;
+    memset(&ld, 0, sizeof ld);
+    ld.tp = s->tp; ld.cp = s->cp;
+    err = dt_layout_create(world, &lay, &ld);
+    if (err) return err;
+    for (j = 0; j < 2; j++) {
+        dt__plan_blk k[DT__PLAN_COPIES];
+        int64_t b = s->rows[j] / (m->seq / s->cp);
+        int n = m->layers < DT__PLAN_COPIES ? m->layers : DT__PLAN_COPIES;
+        size_t before = ctx->bytes_in_use;
+        double nd;
+        if (j == 1 && s->rows[1] == s->rows[0]) { /* one size: copy */
+            s->fwd[1] = s->fwd[0]; s->bwd[1] = s->bwd[0]; s->attn[1] = s->attn[0]; s->cheap[1] = s->cheap[0];
+            s->gelu[1] = s->gelu[0]; s->embed_fwd[1] = s->embed_fwd[0]; s->embed_bwd[1] = s->embed_bwd[0];
+            s->head_fwd[1] = s->head_fwd[0]; s->head_bwd[1] = s->head_bwd[0]; s->extra[1] = s->extra[0];
+            break;
+        }
+        /* the stage's blocks, as many as fit in 1 GB (at least one); the same count on every rank */
+        for (c = 0; c < n; c++) {
+            if ((err = dt__plan_blk_make(&k[c], lay, m, b, s->sp, s->lse))) break;
+            if (c == 0 && ctx->bytes_in_use - before > 0) {
+                nd = 1e9 / (double)(ctx->bytes_in_use - before);
+                if ((err = dt_comm_allreduce_f64(world, &nd, 1, DT_REDUCE_MIN))) { c++; break; }
+                if (nd < n) n = nd < 1 ? 1 : (int)nd;
+            }
+        }
+        if (err) { while (c-- > 0) dt__plan_blk_free(&k[c]); break; }
+        /* a warm-up of each, which also finds what the ops hold above the tensors (the ctx's
+           scratch counts though an earlier split made it: it is part of what these ops need) */
+        {
+            size_t made = ctx->bytes_in_use, scratch = ctx->scratch_floats * sizeof(float);
+            dt_reset_peak_bytes(ctx);
+            if (!(err = dt__plan_blk_fwd(&k[0])) && !(err = dt__plan_blk_bwd(&k[0])) && !(err = dt__plan_head_fwd(&k[0])) &&
+                !(err = dt__plan_head_bwd(&k[0])) && !(err = dt__plan_embed_fwd(&k[0])))
+                err = dt__plan_embed_bwd(&k[0]);
+            s->extra[j] = (double)(dt_peak_bytes(ctx) - made + scratch);
+            if (!err) err = dt_comm_allreduce_f64(world, &s->extra[j], 1, DT_REDUCE_MAX);
+        }
+        if (!err &&
+            !(err = dt__plan_time(world, k, n, 0, dt__plan_blk_fwd, reps, &s->fwd[j])) &&
+            !(err = dt__plan_time(world, k, n, 1, dt__plan_blk_bwd, reps, &s->bwd[j])) &&
+            !(err = dt__plan_time(world, k, n, 0, dt__plan_attn_fwd, reps, &s->attn[j])) &&
+            !(err = dt__plan_time(world, k, n, 0, dt__plan_cheap_fwd, reps, &s->cheap[j])) &&
+            !(err = dt__plan_time(world, k, n, 0, dt__plan_gelu_fwd, reps, &s->gelu[j])) &&
+            !(err = dt__plan_time(world, k, 1, 0, dt__plan_embed_fwd, reps, &s->embed_fwd[j])) &&
+            !(err = dt__plan_time(world, k, 1, 0, dt__plan_embed_bwd, reps, &s->embed_bwd[j])) &&
+            !(err = dt__plan_time(world, k, 1, 0, dt__plan_head_fwd, reps, &s->head_fwd[j])))
+            err = dt__plan_time(world, k, 1, 0, dt__plan_head_bwd, reps, &s->head_bwd[j]);
+        for (c = 0; c < n; c++) dt__plan_blk_free(&k[c]);
+        if (err) break;
+    }
+    dt_layout_free(lay);
+    return err;
+}
+
+/* time of one collective of `bytes` (whole buffer) on groups of `size` consecutive ranks, all at once */
+static dt_status dt__plan_coll_once(dt_comm *world, dt_comm *g, dt_plan_coll_kind kind, int64_t elems, int reps,
+                                  double *out) {
+    dt_ctx *ctx = dt_comm_ctx(world);
+    dt_tensor a, b;
+    dt_tensor_desc d;
+    dt_status err;
+    int n = dt_comm_size(g), r = dt_comm_rank(g), i, j;
+    double t[16], v;
+    memset(&a, 0, sizeof a); memset(&b, 0, sizeof b);
+    memset(&d, 0, sizeof d);
+    elems = (elems + n - 1) / n * n;
+    d.shape[0] = elems;
+    if ((err = dt_tensor_create(ctx, &a, &d))) return err;
+    if (kind == DT_PLAN_ALLGATHER || kind == DT_PLAN_REDUCE_SCATTER) d.shape[0] = elems / n;
+    if ((err = dt_tensor_create(ctx, &b, &d))) { dt_tensor_free(ctx, &a); return err; }
+    dt_tensor_fill(ctx, &a, 1.0); dt_tensor_fill(ctx, &b, 1.0);
+    if (reps > 16) reps = 16;
+    for (i = 0; i <= reps; i++) { /* the first is a warm-up */
+        if ((err = dt_comm_barrier(world))) break;
+        v = dt_comm_now();
+        switch (kind) {
+        case DT_PLAN_ALLREDUCE: err = dt_comm_allreduce(g, &a, DT_REDUCE_SUM); break;
+        case DT_PLAN_ALLGATHER: err = dt_comm_allgather(g, &a, &b); break;
+        case DT_PLAN_REDUCE_SCATTER: err = dt_comm_reduce_scatter(g, &b, &a, DT_REDUCE_SUM); break;
+        default: /* a ring step, as the pipeline's neighbours exchange */
+            if (n > 1) {
+                dt_comm_req *rq = NULL;
+                err = dt_comm_irecv(g, &b, (r + n - 1) % n, 7, &rq);
+                if (!err) err = dt_comm_send(g, &a, (r + 1) % n, 7);
+                if (!err) err = dt_comm_wait(rq);
+            }
+            break;
+        }
+        if (err) break;
+        v = dt_comm_now() - v;
+        if ((err = dt_comm_allreduce_f64(world, &v, 1, DT_REDUCE_MAX))) break;
+        if (i == 0) continue;
+        for (j = i - 1; j > 0 && t[j - 1] > v; j--) t[j] = t[j - 1];
+        t[j] = v;
+    }
+    dt_tensor_free(ctx, &a);
+    dt_tensor_free(ctx, &b);
+    if (!err) *out = t[reps / 2];
+    return err;
+}
+
+static dt_status dt__plan_measure_colls(dt_comm *world, dt_plan_profile *p, int reps) {
+    int W = dt_comm_size(world), size, kind;
+    dt_status err = DT_OK;
+    for (size = 2; size <= W; size++) {
+        dt_comm *g = NULL;
+        if (W % size) continue;
+        err = dt_comm_split(world, &g, dt_comm_rank(world) / size, dt_comm_rank(world));
+        if (err) return err;
+        for (kind = 0; kind < DT_PLAN_COLL_KINDS && !err; kind++) {
+            double t0 = 0, t1 = 0;
+            int64_t e0 = 1024, e1 = 1 << 20; /* 4 KB and 4 MB */
+            dt_plan_coll *c;
+            if (p->n_colls >= DT_PLAN_MAX_COLLS) break;
+            if ((err = dt__plan_coll_once(world, g, (dt_plan_coll_kind)kind, e0, reps, &t0))) break;
+            if ((err = dt__plan_coll_once(world, g, (dt_plan_coll_kind)kind, e1, reps, &t1))) break;
+            c = &p->colls[p->n_colls++];
+            c->kind = (dt_plan_coll_kind)kind;
+            c->size = size;
+            c->cross = dt_comm_hosts(g) > 1;
+            c->beta = t1 > t0 ? (t1 - t0) / (4.0 * (double)(e1 - e0)) : 0.0;
+            c->alpha = t0 - c->beta * 4.0 * (double)e0;
+            if (c->alpha < 0) c->alpha = 0;
+        }
+        dt_comm_free(g);
+    }
+    return err;
+}
+
+/* AdamW with clipping over n elements (as dt_zero_step runs it on a shard), and a copy's speed;
+   then how much of an all-reduce hides behind a GEMM posted after it. */
+/* The optimizer step as a DDP rank runs it: dt_zero_step (stage 0) on a one-rank layout of n
+   parameters in an arena (the clipping norm, AdamW, the grads zeroed), every rank at once. */
+static dt_status dt__plan_measure_opt(dt_comm *world, int reps, int64_t n, double *best) {
+    dt_ctx *ctx = dt_comm_ctx(world);
+    dt_comm *self = NULL;
+    dt_layout *lay = NULL;
+    dt_layout_desc ld;
+    dt_params ps;
+    dt_param *prm = NULL;
+    dt_param_desc pd;
+    dt_arena *ar = NULL;
+    dt_zero *z = NULL;
+    dt_zero_desc zd;
+    dt_opt_step_info info;
+    dt_status err;
+    float dloss = 1;
+    double t;
+    int i;
+    *best = 1e30;
+    memset(&ps, 0, sizeof ps);
+    memset(&pd, 0, sizeof pd);
+    memset(&ld, 0, sizeof ld);
+    memset(&zd, 0, sizeof zd);
+    if ((err = dt_comm_split(world, &self, dt_comm_rank(world), 0))) return err;
+    if ((err = dt_layout_create(self, &lay, &ld))) goto done;
+    pd.name = "plan"; pd.shape[0] = n; pd.ndim = 1;
+    if ((err = dt_params_add(ctx, &ps, &prm, &pd))) goto done;
+    if ((err = dt_arena_create(ctx, &ar, &ps, NULL))) goto done;
+    zd.opt.kind = DT_OPT_ADAMW; zd.opt.clip_norm = 1.0;
+    if ((err = dt_zero_create(lay, &z, ar, &zd))) goto done;
+    for (i = 0; i <= reps && !err; i++) {
+        if ((err = dt_zero_micro_begin(z, &dloss, 0)) || (err = dt_zero_backward_begin(z))) break;
+        dt_tensor_fill(ctx, &ar->grads, 0.001);
+        if ((err = dt_comm_barrier(world))) break;
+        t = dt_comm_now();
+        if ((err = dt_zero_step(z, &info))) break;
+        t = dt_comm_now() - t;
+        if ((err = dt_comm_allreduce_f64(world, &t, 1, DT_REDUCE_MAX))) break;
+        if (i && t < *best) *best = t;
+    }
+done:
+    dt_zero_free(z);
+    dt_arena_free(ar);
+    dt_params_free(ctx, &ps);
+    dt_layout_free(lay);
+    dt_comm_free(self);
+    return err;
+}
+
+/* The optimizer per parameter, a copy's speed, and how much of an all-reduce hides behind GEMMs
+   posted after it. */
+static dt_status dt__plan_measure_misc(dt_comm *world, dt_plan_profile *p, int reps, int64_t n) {
+    dt_ctx *ctx = dt_comm_ctx(world);
+    dt_tensor a, b, x, w, y, big;
+    dt_tensor_desc d;
+    dt_status err;
+    double t, best = 1e30, tc = 1e30, tg = 1e30, tb = 1e30, tboth = 1e30;
+    int i;
+    memset(&a, 0, sizeof a); memset(&b, 0, sizeof b); memset(&x, 0, sizeof x);
+    memset(&w, 0, sizeof w); memset(&y, 0, sizeof y); memset(&big, 0, sizeof big);
+    if ((err = dt__plan_measure_opt(world, reps, n, &best))) return err;
+    p->opt_s_per_param = best / (double)n;
+    memset(&d, 0, sizeof d);
+    d.shape[0] = 4 << 20; /* 16 MB */
+    if ((err = dt_tensor_create(ctx, &a, &d)) || (err = dt_tensor_create(ctx, &b, &d))) goto fail;
+    dt_tensor_fill(ctx, &a, 1.0);
+    for (i = 0; i <= reps; i++) {
+        t = dt_comm_now();
+        if ((err = dt_tensor_copy(ctx, &b, &a))) goto fail;
+        t = dt_comm_now() - t;
+        if (i && t < tc) tc = t;
+    }
+    if ((err = dt_comm_allreduce_f64(world, &tc, 1, DT_REDUCE_MAX))) goto fail; /* the same on every rank */
+    p->copy_s_per_byte = tc / (16.0 * (double)(1 << 20));
+    /* overlap: a 4 MB all-reduce over the world posted, a GEMM, the wait; against each alone */
+    d.shape[0] = 256; d.shape[1] = 256;
+    if ((err = dt_tensor_create(ctx, &x, &d)) || (err = dt_tensor_create(ctx, &w, &d)) ||
+        (err = dt_tensor_create(ctx, &y, &d)))
+        goto fail;
+    dt_tensor_fill(ctx, &x, 0.01); dt_tensor_fill(ctx, &w, 0.01);
+    memset(&d, 0, sizeof d);
+    d.shape[0] = 1 << 20; /* 4 MB */
+    if ((err = dt_tensor_create(ctx, &big, &d))) goto fail;
+    dt_tensor_fill(ctx, &big, 1.0);
+    p->overlap = 0;
+    if (dt_comm_size(world) > 1) {
+        for (i = 0; i <= reps; i++) {
+            int k;
+            dt_comm_req *rq = NULL;
+            if ((err = dt_comm_barrier(world))) goto fail;
+            t = dt_comm_now();
+            for (k = 0; k < 8; k++) if ((err = dt_matmul_fwd(ctx, &y, &x, &w, 0, 0, 1.0f, 0.0f))) goto fail;
+            t = dt_comm_now() - t;
+            if ((err = dt_comm_allreduce_f64(world, &t, 1, DT_REDUCE_MAX))) goto fail;
+            if (i && t < tg) tg = t;
+            if ((err = dt_comm_barrier(world))) goto fail;
+            t = dt_comm_now();
+            if ((err = dt_comm_allreduce(world, &big, DT_REDUCE_SUM))) goto fail;
+            t = dt_comm_now() - t;
+            if ((err = dt_comm_allreduce_f64(world, &t, 1, DT_REDUCE_MAX))) goto fail;
+            if (i && t < tb) tb = t;
+            if ((err = dt_comm_barrier(world))) goto fail;
+            t = dt_comm_now();
+            if ((err = dt_comm_iallreduce(world, &big, DT_REDUCE_SUM, &rq))) goto fail;
+            for (k = 0; k < 8; k++) if ((err = dt_matmul_fwd(ctx, &y, &x, &w, 0, 0, 1.0f, 0.0f))) goto fail;
+            if ((err = dt_comm_wait(rq))) goto fail;
+            t = dt_comm_now() - t;
+            if ((err = dt_comm_allreduce_f64(world, &t, 1, DT_REDUCE_MAX))) goto fail;
+            if (i && t < tboth) tboth = t;
+        }
+        t = tg < tb ? tg : tb;
+        p->overlap = t > 0 ? (tg + tb - tboth) / t : 0;
+        if (p->overlap < 0) p->overlap = 0;
+        if (p->overlap > 1) p->overlap = 1;
+    }
+fail:
+    dt_tensor_free(ctx, &a); dt_tensor_free(ctx, &b); dt_tensor_free(ctx, &x);
+    dt_tensor_free(ctx, &w); dt_tensor_free(ctx, &y); dt_tensor_free(ctx, &big);
+    return err;
+}
+
+/* ---- the pipeline's messages: dt_pp_run with stages that spin for the block times ---- */
+
+static double dt__plan_at(const int64_t r[2], const double v[2], double rows);
+
+typedef struct dt__plan_spin {
+    double f, b; /* CPU seconds a forward / a full backward of one (chunk, micro) spins */
+} dt__plan_spin;
+
+/* Compute that calls no MPI, as a block's does, for s seconds of this process's CPU time: where
+   ranks share cores it takes longer on the wall clock, as the block would. */
+static void dt__plan_spin_for(double s) {
+    clock_t t0 = clock();
+    while ((double)(clock() - t0) / CLOCKS_PER_SEC < s) {
+    }
+}
+static dt_status dt__plan_spin_fwd(void *u, int c, int i, dt_tensor *out, const dt_tensor *in) {
+    (void)c; (void)i; (void)out; (void)in;
+    dt__plan_spin_for(((const dt__plan_spin *)u)->f);
+    return DT_OK;
+}
+static dt_status dt__plan_spin_bwd(void *u, int c, int i, dt_tensor *din, const dt_tensor *dout, dt_pp_part part) {
+    (void)c; (void)i; (void)din; (void)dout;
+    dt__plan_spin_for(((const dt__plan_spin *)u)->b * (part == DT_PP_PART_FULL || part == DT_PP_PART_DEFAULT ? 1 : 0.5));
+    return DT_OK;
+}
+
+/* The pipeline's step: schedule s simulated with stage s's costs fst[s], bst[s] (timed with every
+   rank computing) and message delay d. Where a host has more ranks (rph) than cores, the blocks
+   were timed at a share min(1, cores / rph) of a core, but in a pipeline only the busy share u of
+   the ranks computes at a time and gets the cores the waiting ones give up (dt_comm's waits
+   yield): a block's time scales to the share min(1, cores / (u rph)). u comes out of the
+   simulation, so a few rounds find the fixed point. fst, bst are scaled in place. */
+static dt_status dt__plan_simulate(dt_pp_schedule *s, double *fst, double *bst, double d, double rph, double cores,
+                                   dt_pp_stats *out) {
+    dt_pp_sim_desc sd;
+    double sb = rph > cores ? cores / rph : 1, k = 1;
+    int st, it;
+    dt_status err;
+    memset(&sd, 0, sizeof sd);
+    for (st = 0; st < s->stages; st++) { sd.f += fst[st] / s->stages; sd.b += bst[st] / s->stages; }
+    if (!(sd.f > 0)) sd.f = 1e-12;
+    if (!(sd.b > 0)) sd.b = 2e-12;
+    sd.comm = d;
+    sd.stage_f = fst; sd.stage_b = bst;
+    err = dt_pp_schedule_simulate(s, out, &sd);
+    for (it = 0; !err && sb < 1 && it < 4; it++) {
+        double u = 1 - out->bubble, su = u > 0 ? cores / (u * rph) : 1, kn;
+        if (su > 1) su = 1;
+        kn = sb / su;
+        for (st = 0; st < s->stages; st++) { fst[st] *= kn / k; bst[st] *= kn / k; }
+        sd.f *= kn / k; sd.b *= kn / k;
+        k = kn;
+        err = dt_pp_schedule_simulate(s, out, &sd);
+    }
+    return err;
+}
+
+/* the makespan of a pipeline of uniform stages (f, b each) and message delay d; -1 on an error */
+static double dt__plan_sim(dt_pp_schedule *s, double f, double b, double d, double rph, double cores) {
+    double fst[64], bst[64];
+    dt_pp_stats st;
+    int i;
+    if (s->stages > 64) return -1;
+    for (i = 0; i < s->stages; i++) { fst[i] = f; bst[i] = b; }
+    return dt__plan_simulate(s, fst, bst, d, rph, cores, &st) ? -1 : st.makespan;
+}
+
+static dt_status dt__plan_measure_pipe(dt_comm *world, const dt_plan_model *m, dt_plan_profile *p, int pp, int reps) {
+    dt_ctx *ctx = dt_comm_ctx(world);
+    dt_layout *lay = NULL;
+    dt_layout_desc ld;
+    dt_pp_schedule *sch = NULL;
+    dt_pp_desc pd;
+    dt_pp_model pm;
+    dt__plan_spin sp, spin;
+    dt_plan_pipe *pi;
+    double rph = 1, cpu;
+    dt_status err;
+    int W = dt_comm_size(world), dp = W / pp, si = dt__plan_find_split(p, 1, 1, 0, 0), j, i, micro = 2 * pp;
+    int64_t micro_max = 1;
+    if (si < 0 || p->n_pipes >= DT_PLAN_MAX_PIPES) return DT_OK; /* nothing to scale the compute by */
+    while (micro_max * 2 <= 16 && m->batch % (dp * micro_max * 2) == 0) micro_max *= 2;
+    pi = &p->pipes[p->n_pipes];
+    memset(pi, 0, sizeof *pi);
+    pi->pp = pp;
+    memset(&ld, 0, sizeof ld);
+    ld.pp = pp;
+    if ((err = dt_layout_create(world, &lay, &ld))) return err;
+    memset(&pd, 0, sizeof pd);
+    pd.kind = DT_PP_1F1B; pd.stages = pp; pd.micro = micro;
+    if ((err = dt_pp_schedule_create(ctx, &sch, &pd))) { dt_layout_free(lay); return err; }
+    for (j = 0; j < 2 && !err; j++) {
+        double rows = (double)(m->batch / dp / (j ? 1 : micro_max)) * (double)m->seq, t[16], meas, lo = 0, hi, blocks;
+        const dt_plan_split *s = &p->splits[si];
+        memset(&pm, 0, sizeof pm);
+        blocks = (double)m->layers / pp;
+        sp.f = blocks * dt__plan_at(s->rows, s->fwd, rows);
+        sp.b = blocks * dt__plan_at(s->rows, s->bwd, rows);
+        rph = (double)W / dt_comm_hosts(world);
+        if ((sp.f + sp.b) * (micro + pp - 1) > 1.0) { /* at most a second a run */
+            double k = 1.0 / ((sp.f + sp.b) * (micro + pp - 1));
+            sp.f *= k; sp.b *= k;
+        }
+        /* the spin is CPU time: the block's wall time times the share of a core it was timed at */
+        cpu = rph > p->cores ? p->cores / rph : 1;
+        spin.f = sp.f * cpu; spin.b = sp.b * cpu;
+        pm.user = &spin; pm.forward = dt__plan_spin_fwd; pm.backward = dt__plan_spin_bwd;
+        pm.act.shape[0] = (int64_t)rows; pm.act.shape[1] = m->width;
+        pi->bytes[j] = rows * m->width * 4;
+        for (i = 0; i <= reps && !err; i++) {
+            dt_pp_run_stats rs;
+            double v;
+            if ((err = dt_comm_barrier(world))) break;
+            v = dt_comm_now();
+            if ((err = dt_pp_run(lay, &rs, sch, &pm, NULL))) break;
+            v = dt_comm_now() - v;
+            if ((err = dt_comm_allreduce_f64(world, &v, 1, DT_REDUCE_MAX))) break;
+            if (i) {
+                int q;
+                for (q = i - 1; q > 0 && t[q - 1] > v; q--) t[q] = t[q - 1];
+                t[q] = v;
+            }
+        }
+        if (err) break;
+        meas = t[reps / 2];
+        /* the delay that makes the simulation's makespan the measured one */
+        hi = meas;
+        if (dt__plan_sim(sch, sp.f, sp.b, 0, rph, p->cores) >= meas) hi = 0;
+        for (i = 0; i < 40 && hi > 0; i++) {
+            double mid = 0.5 * (lo + hi);
+            if (dt__plan_sim(sch, sp.f, sp.b, mid, rph, p->cores) < meas) lo = mid;
+            else hi = mid;
+        }
+        pi->delay[j] = hi;
+    }
+    dt_pp_schedule_free(sch);
+    dt_layout_free(lay);
+    if (!err) p->n_pipes++;
+    return err;
+}
+
+DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m, const dt_plan_measure_desc *desc,
+                                         dt_plan_profile *out) {
+    static const char *fn = "dt_plan_profile_measure";
+    dt_ctx *ctx;
+    dt_plan_measure_desc md;
+    dt_status err;
+    double t0 = dt_comm_now();
+    int i, reps;
+    struct utsname un;
+    if (!world || !out) return DT_ERR_ARG;
+    ctx = dt_comm_ctx(world);
+    err = dt__plan_model_check(ctx, fn, m);
+    if (err) return err;
+    if (desc) md = *desc;
+    else memset(&md, 0, sizeof md);
+    if (md.budget_s <= 0) md.budget_s = 50;
+    reps = md.repeats > 0 ? md.repeats : 3;
+    memset(out, 0, sizeof *out);
+    out->model = *m;
+    if (!out->model.kv_heads) out->model.kv_heads = m->heads;
+    if (!out->model.dtype) out->model.dtype = DT_F32;
+    out->world = dt_comm_size(world);
+    out->hosts = dt_comm_hosts(world);
+    out->cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+
+    snprintf(out->machine, sizeof out->machine, "%.60s, %d cores", uname(&un) == 0 ? un.nodename : "?", out->cores);
+    dt__plan_need(out, &out->model, out->world);
+    if (!out->n_splits)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: no layout of this model fits a world of %d ranks", fn, out->world);
+    { /* the optimizer at the most parameters a rank holds (one rank, the whole model): its four
+         f32 streams at their real size, past the caches as in the step; at most 64M */
+        double psi = m->layers * dt__plan_block_params(&out->model, 1) + (double)m->vocab * m->width +
+                     (double)m->seq * m->width;
+        if (psi > 64e6) psi = 64e6;
+        if ((err = dt__plan_measure_misc(world, out, reps, (int64_t)psi))) return err;
+    }
+    if ((err = dt__plan_measure_colls(world, out, reps))) return err;
+    for (i = 0; i < out->n_splits; i++) { /* largest rows last: past the budget, one repeat */
+        int r = dt_comm_now() - t0 > md.budget_s * 0.5 ? 1 : reps;
+        double el = dt_comm_now() - t0;
+        if ((err = dt_comm_allreduce_f64(world, &el, 1, DT_REDUCE_MAX))) return err;
+        r = el > md.budget_s * 0.5 ? 1 : reps;
+        if ((err = dt__plan_measure_split(world, &out->model, &out->splits[i], r))) return err;
+    }
+    for (i = 2; i <= out->world && i <= m->layers && i <= 64; i++) /* after the splits: their block times set the spins */
+        if (out->world % i == 0 && (err = dt__plan_measure_pipe(world, &out->model, out, i, reps))) return err;
+    out->measure_s = dt_comm_now() - t0;
+    return DT_OK;
+}
+
+/* ---- JSON ---- */
+
+#define DT__PLAN_SPLIT_FIELDS(X) \
+    X(fwd) X(bwd) X(attn) X(cheap) X(gelu) X(embed_fwd) X(embed_bwd) X(head_fwd) X(head_bwd) X(extra)
+
+DT_API dt_status dt_plan_profile_save(dt_ctx *ctx, const dt_plan_profile *p, const char *path) {
+    dt_strbuf b;
+    FILE *f;
+    int i;
+    const dt_plan_model *m;
+    if (!p || !path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_profile_save: %s is NULL", p ? "path" : "p");
+    m = &p->model;
+    memset(&b, 0, sizeof b);
+    b.ctx = ctx;
+    dt_strbuf_str(&b, "{\"dt_plan_profile\": 1, \"machine\": ");
+    dt_strbuf_json(&b, p->machine);
+    dt_strbuf_printf(&b, ", \"world\": %d, \"hosts\": %d, \"cores\": %d,\n \"model\": {\"layers\": %d, \"width\": %d, "
+                     "\"heads\": %d, \"kv_heads\": %d, \"vocab\": %lld, \"seq\": %lld, \"batch\": %lld, \"dtype\": \"%s\"},\n"
+                     " \"opt_s_per_param\": %.9g, \"copy_s_per_byte\": %.9g, \"overlap\": %.6g, \"measure_s\": %.3f,\n"
+                     " \"splits\": [", p->world, p->hosts, p->cores, m->layers, m->width, m->heads, m->kv_heads,
+                     (long long)m->vocab, (long long)m->seq, (long long)m->batch, dt_dtype_name(m->dtype),
+                     p->opt_s_per_param, p->copy_s_per_byte, p->overlap, p->measure_s);
+    for (i = 0; i < p->n_splits; i++) {
+        const dt_plan_split *s = &p->splits[i];
+        dt_strbuf_printf(&b, "%s\n  {\"tp\": %d, \"cp\": %d, \"sp\": %d, \"lse\": %d, \"rows\": [%lld, %lld]", i ? "," : "",
+                         s->tp, s->cp, s->sp, s->lse, (long long)s->rows[0], (long long)s->rows[1]);
+#define DT__PLAN_W(f) dt_strbuf_printf(&b, ", \"" #f "\": [%.9g, %.9g]", s->f[0], s->f[1]);
+        DT__PLAN_SPLIT_FIELDS(DT__PLAN_W)
+#undef DT__PLAN_W
+        dt_strbuf_str(&b, "}");
+    }
+    dt_strbuf_str(&b, "],\n \"collectives\": [");
+    for (i = 0; i < p->n_colls; i++) {
+        static const char *const kn[DT_PLAN_COLL_KINDS] = {"allreduce", "allgather", "reduce_scatter", "sendrecv"};
+        const dt_plan_coll *c = &p->colls[i];
+        dt_strbuf_printf(&b, "%s\n  {\"kind\": \"%s\", \"size\": %d, \"cross\": %d, \"alpha\": %.9g, \"beta\": %.9g}",
+                         i ? "," : "", kn[c->kind], c->size, c->cross, c->alpha, c->beta);
+    }
+    dt_strbuf_str(&b, "],\n \"pipes\": [");
+    for (i = 0; i < p->n_pipes; i++)
+        dt_strbuf_printf(&b, "%s\n  {\"pp\": %d, \"bytes\": [%.9g, %.9g], \"delay\": [%.9g, %.9g]}", i ? "," : "",
+                         p->pipes[i].pp, p->pipes[i].bytes[0], p->pipes[i].bytes[1], p->pipes[i].delay[0],
+                         p->pipes[i].delay[1]);
+    dt_strbuf_str(&b, "]}\n");
+    if (b.failed) { dt_strbuf_free(&b); return dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_plan_profile_save: out of memory"); }
+    f = fopen(path, "wb");
+    if (!f || fwrite(b.text, 1, b.len, f) != b.len || fclose(f)) {
+        if (f) fclose(f);
+        dt_strbuf_free(&b);
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "dt_plan_profile_save: cannot write %s", path);
+    }
+    dt_strbuf_free(&b);
+    return DT_OK;
+}
+
+/* a number field of obj within [lo, hi], named in the error */
+static dt_status dt__plan_num(dt_ctx *ctx, const char *path, const dt_json *obj, const char *where, const char *key,
+                            double lo, double hi, double *out) {
+    const dt_json *j = dt_json_get(obj, key);
+    if (!j || j->type != DT_JSON_NUMBER || !(j->number >= lo && j->number <= hi))
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_plan_profile_load: %s: %s%s = %s, expected a number in "
+                                "[%g, %g]", path, where, key, !j ? "(missing)" : j->type == DT_JSON_NUMBER ? "out of range"
+                                : "not a number", lo, hi);
+    *out = j->number;
+    return DT_OK;
+}
+static dt_status dt__plan_pair(dt_ctx *ctx, const char *path, const dt_json *obj, const char *where, const char *key,
+                             double hi, double out[2]) {
+    const dt_json *j = dt_json_get(obj, key);
+    int i;
+    if (!j || j->type != DT_JSON_ARRAY || j->count != 2)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_plan_profile_load: %s: %s%s: expected an array of 2 numbers", path,
+                                where, key);
+    for (i = 0; i < 2; i++)
+        if (j->items[i].type != DT_JSON_NUMBER || !(j->items[i].number >= 0 && j->items[i].number <= hi))
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_plan_profile_load: %s: %s%s[%d]: expected a number in "
+                                    "[0, %g]", path, where, key, i, hi);
+        else out[i] = j->items[i].number;
+    return DT_OK;
+}
+
+DT_API dt_status dt_plan_profile_load(dt_ctx *ctx, dt_plan_profile *p, const char *path) {
+    static const char *fn = "dt_plan_profile_load";
+    FILE *f;
+    char *text = NULL, where[48];
+    long len;
+    dt_json *root = NULL;
+    const dt_json *j, *mo, *arr;
+    dt_status err;
+    double v;
+    int i;
+    if (!p || !path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, p ? "path" : "p");
+    memset(p, 0, sizeof *p);
+    f = fopen(path, "rb");
+    if (!f) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot open %s", fn, path);
+    if (fseek(f, 0, SEEK_END) || (len = ftell(f)) < 0 || len > (64L << 20) || fseek(f, 0, SEEK_SET)) {
+        fclose(f);
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: not a readable file of at most 64 MB", fn, path);
+    }
+    text = (char *)dt_alloc(ctx, (size_t)len + 1);
+    if (!text) { fclose(f); return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: out of memory for %s", fn, path); }
+    if (fread(text, 1, (size_t)len, f) != (size_t)len) {
+        fclose(f);
+        dt_release(ctx, text);
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot read %s", fn, path);
+    }
+    fclose(f);
+    err = dt_json_parse(ctx, &root, text, (size_t)len);
+    dt_release(ctx, text);
+    if (err) return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s", fn, path, dt_ctx_error(ctx));
+#define DT__PLAN_N(obj, w, key, lo, hi, dst) \
+    do { if ((err = dt__plan_num(ctx, path, obj, w, key, lo, hi, &v))) goto done; dst = v; } while (0)
+    if (root->type != DT_JSON_OBJECT || !dt_json_get(root, "dt_plan_profile")) {
+        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: not a dt_plan profile (no \"dt_plan_profile\" key)", fn, path);
+        goto done;
+    }
+    j = dt_json_get(root, "machine");
+    if (j && j->type == DT_JSON_STRING) snprintf(p->machine, sizeof p->machine, "%s", j->string);
+    DT__PLAN_N(root, "", "world", 1, 1 << 24, p->world);
+    DT__PLAN_N(root, "", "hosts", 1, 1 << 24, p->hosts);
+    DT__PLAN_N(root, "", "cores", 1, 1 << 20, p->cores);
+    mo = dt_json_get(root, "model");
+    if (!mo || mo->type != DT_JSON_OBJECT) {
+        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: model: expected an object", fn, path);
+        goto done;
+    }
+    DT__PLAN_N(mo, "model.", "layers", 1, 100000, p->model.layers);
+    DT__PLAN_N(mo, "model.", "width", 1, 1 << 20, p->model.width);
+    DT__PLAN_N(mo, "model.", "heads", 1, 1 << 20, p->model.heads);
+    DT__PLAN_N(mo, "model.", "kv_heads", 1, 1 << 20, p->model.kv_heads);
+    DT__PLAN_N(mo, "model.", "vocab", 1, 1099511627776.0, p->model.vocab);
+    DT__PLAN_N(mo, "model.", "seq", 2, 1 << 30, p->model.seq);
+    DT__PLAN_N(mo, "model.", "batch", 1, 1 << 30, p->model.batch);
+    j = dt_json_get(mo, "dtype");
+    p->model.dtype = j && j->type == DT_JSON_STRING && !strcmp(j->string, "bf16") ? DT_BF16 : DT_F32;
+    if (!j || j->type != DT_JSON_STRING || (strcmp(j->string, "bf16") && strcmp(j->string, "f32"))) {
+        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: model.dtype: expected \"f32\" or \"bf16\"", fn, path);
+        goto done;
+    }
+    if ((err = dt__plan_model_check(ctx, fn, &p->model))) goto done;
+    DT__PLAN_N(root, "", "opt_s_per_param", 0, 1, p->opt_s_per_param);
+    DT__PLAN_N(root, "", "copy_s_per_byte", 0, 1, p->copy_s_per_byte);
+    DT__PLAN_N(root, "", "overlap", 0, 1, p->overlap);
+    DT__PLAN_N(root, "", "measure_s", 0, 1e9, p->measure_s);
+    arr = dt_json_get(root, "splits");
+    if (!arr || arr->type != DT_JSON_ARRAY || arr->count < 1 || arr->count > DT_PLAN_MAX_SPLITS) {
+        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: splits: expected an array of 1 .. %d", fn, path,
+                               DT_PLAN_MAX_SPLITS);
+        goto done;
+    }
+    for (i = 0; i < arr->count; i++) {
+        dt_plan_split *s = &p->splits[i];
+        const dt_json *o = &arr->items[i];
+        double r[2];
+        snprintf(where, sizeof where, "splits[%d].", i);
+        DT__PLAN_N(o, where, "tp", 1, 1 << 20, s->tp);
+        DT__PLAN_N(o, where, "cp", 1, 1 << 20, s->cp);
+        DT__PLAN_N(o, where, "sp", 0, 1, s->sp);
+        DT__PLAN_N(o, where, "lse", 0, 1, s->lse);
+        if ((err = dt__plan_pair(ctx, path, o, where, "rows", 1099511627776.0, r))) goto done;
+        s->rows[0] = (int64_t)r[0]; s->rows[1] = (int64_t)r[1];
+        if (s->rows[0] < 1 || s->rows[1] < s->rows[0]) {
+            err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %srows = [%lld, %lld], expected 1 <= rows[0] <= rows[1]",
+                                   fn, path, where, (long long)s->rows[0], (long long)s->rows[1]);
+            goto done;
+        }
+#define DT__PLAN_R(f) if ((err = dt__plan_pair(ctx, path, o, where, #f, 1e18, s->f))) goto done;
+        DT__PLAN_SPLIT_FIELDS(DT__PLAN_R)
+#undef DT__PLAN_R
+        p->n_splits++;
+    }
+    arr = dt_json_get(root, "collectives");
+    if (!arr || arr->type != DT_JSON_ARRAY || arr->count > DT_PLAN_MAX_COLLS) {
+        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: collectives: expected an array of at most %d", fn, path,
+                               DT_PLAN_MAX_COLLS);
+        goto done;
+    }
+    for (i = 0; i < arr->count; i++) {
+        static const char *const kn[DT_PLAN_COLL_KINDS] = {"allreduce", "allgather", "reduce_scatter", "sendrecv"};
+        dt_plan_coll *c = &p->colls[i];
+        const dt_json *o = &arr->items[i], *k = dt_json_get(o, "kind");
+        int q;
+        snprintf(where, sizeof where, "collectives[%d].", i);
+        for (q = 0; q < DT_PLAN_COLL_KINDS; q++)
+            if (k && k->type == DT_JSON_STRING && !strcmp(k->string, kn[q])) break;
+        if (q == DT_PLAN_COLL_KINDS) {
+            err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %skind: expected allreduce, allgather, reduce_scatter or "
+                                   "sendrecv", fn, path, where);
+            goto done;
+        }
+        c->kind = (dt_plan_coll_kind)q;
+        DT__PLAN_N(o, where, "size", 2, 1 << 24, c->size);
+        DT__PLAN_N(o, where, "cross", 0, 1, c->cross);
+        DT__PLAN_N(o, where, "alpha", 0, 1e3, c->alpha);
+        DT__PLAN_N(o, where, "beta", 0, 1, c->beta);
+        p->n_colls++;
+    }
+    arr = dt_json_get(root, "pipes");
+    if (!arr || arr->type != DT_JSON_ARRAY || arr->count > DT_PLAN_MAX_PIPES) {
+        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: pipes: expected an array of at most %d", fn, path,
+                               DT_PLAN_MAX_PIPES);
+        goto done;
+    }
+    for (i = 0; i < arr->count; i++) {
+        dt_plan_pipe *q = &p->pipes[i];
+        const dt_json *o = &arr->items[i];
+        snprintf(where, sizeof where, "pipes[%d].", i);
+        DT__PLAN_N(o, where, "pp", 2, 1 << 24, q->pp);
+        if ((err = dt__plan_pair(ctx, path, o, where, "bytes", 1e18, q->bytes))) goto done;
+        if ((err = dt__plan_pair(ctx, path, o, where, "delay", 1e6, q->delay))) goto done;
+        p->n_pipes++;
+    }
+#undef DT__PLAN_N
+    err = DT_OK;
+done:
+    dt_json_free(ctx, root);
+    if (err) memset(p, 0, sizeof *p);
+    return err;
+}
+
+/* ==== >>predict ================================================================================== */
+
+/* time of a collective of `bytes` on a group of `size`: the measured size, else the nearest
+   larger one measured (a smaller group is not slower), else the largest scaled by the ring's
+   2 (n - 1) / n steps. 0 for a group of one. */
+static double dt__plan_coll(const dt_plan_profile *p, dt_plan_coll_kind kind, int size, double bytes) {
+    const dt_plan_coll *best = NULL, *big = NULL;
+    int i;
+    if (size <= 1 || bytes <= 0) return 0;
+    for (i = 0; i < p->n_colls; i++) {
+        const dt_plan_coll *c = &p->colls[i];
+        if (c->kind != kind) continue;
+        if (c->size >= size && (!best || c->size < best->size)) best = c;
+        if (!big || c->size > big->size) big = c;
+    }
+    if (best) return best->alpha + best->beta * bytes;
+    if (big) {
+        double f = (2.0 * (size - 1) / size) / (2.0 * (big->size - 1) / big->size);
+        return big->alpha * size / big->size + big->beta * bytes * f;
+    }
+    return 0;
+}
+
+/* a pipeline message of `bytes` between stages of a pp-stage pipeline: the measured delay (the
+   pipe of that pp, else the nearest), on the line through its two sizes; else the bare send */
+static double dt__plan_pipe_delay(const dt_plan_profile *p, int pp, double bytes) {
+    const dt_plan_pipe *best = NULL;
+    int i;
+    for (i = 0; i < p->n_pipes; i++)
+        if (!best || abs(p->pipes[i].pp - pp) < abs(best->pp - pp)) best = &p->pipes[i];
+    if (!best) return dt__plan_coll(p, DT_PLAN_SENDRECV, 2, bytes);
+    if (best->bytes[1] == best->bytes[0]) return best->delay[0];
+    {
+        double d = best->delay[0] + (best->delay[1] - best->delay[0]) * (bytes - best->bytes[0]) /
+                                        (best->bytes[1] - best->bytes[0]);
+        return d > 0 ? d : 0;
+    }
+}
+
+/* a split's figure at `rows` rows, on the line through its two measured sizes */
+static double dt__plan_at(const int64_t r[2], const double v[2], double rows) {
+    if (r[1] == r[0]) return v[0] * rows / (double)r[0];
+    return v[0] + (v[1] - v[0]) * (rows - (double)r[0]) / (double)(r[1] - r[0]);
+}
+
+/* What dt_zero and its collectives hold above the persistent buffers at their peak, on the CPU,
+   at examples/gpt's call order (pp 1: unit 0 = the embedding and tied head, gathered first in the
+   backward and released last; units 1 .. L the blocks). Bytes, per rank; N = dp x cp, K bytes a
+   value, n0 / nb elements of unit 0 / a block, gb = n / N a rank's rows of a unit:
+     reduce-scatter of a unit   RS(n) = 4 gb (N + 1)        (the packed grads and this rank's block)
+     its comm pool slot         1.125 x 4 gb (N - 1)        (dt_comm's borrowed scratch, grown by 1/8)
+     stage 0   every DDP bucket's slot: none finishes before the step (overlap 0 on one host's MPI)
+     stage 1   one unit's RS and slot at a time, at the step
+     stage 2   unit 0's full grads the whole backward, a block's, and every unit's RS and slot
+               (polled only inside dt_zero_grad_ready: on the CPU none completes early)
+     stage 3   the gathered values and the prefetch, unit 0's and a block's grads, and the last three
+               units' RS and slots (a wait for the next gather moves MPI along)
+   Derived from dt_parallel.h's >>zero and checked against examples/gpt's peaks (stages 1, 2 to the
+   byte; stage 3 depends on MPI's progress: three units in flight was what the runs showed). */
+static double dt__plan_zero_transient(const dt_plan_model *m, const dt_plan_layout *l, double K, int nb) {
+    double N = (double)l->dp * l->cp, C = m->width, n0 = (double)m->vocab / l->tp * C + (double)m->seq * C + 2 * C;
+    double b = dt__plan_block_params(m, l->tp), psi = nb * b + n0, big = n0 > b ? n0 : b;
+    double rs0 = 4 * n0 / N * (N + 1), rsb = 4 * b / N * (N + 1), sl0 = 1.125 * 4 * n0 / N * (N - 1);
+    double slb = 1.125 * 4 * b / N * (N - 1), micro2 = l->micro > 1 ? 1 : 0;
+    if (N <= 1) return 0;
+    switch (l->zero) {
+    case 0: return 1.125 * 4 * psi / N * (N - 1);
+    case 1: return 4 * big / N * (N + 1) + 1.125 * 4 * big / N * (N - 1);
+    case 2: return 4 * n0 + (micro2 ? 4 * b + rs0 : (4 * b > rs0 ? 4 * b : rs0)) + nb * rsb + sl0 + nb * slb;
+    default: return 2 * K * b + 4 * n0 + K * b + 4 * b + (3 + 3 * micro2) * rsb + 3 * slb;
+    }
+}
+
+DT_API dt_status dt_plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt_plan_layout *layout,
+                                 dt_plan_prediction *out) {
+    static const char *fn = "dt_plan_predict";
+    const dt_plan_model *m;
+    const dt_plan_split *s;
+    dt_plan_layout l;
+    dt_status err;
+    double rows, F, B, R, ef, eb, hf, hb, K, psi_max = 0, grads_b, N;
+    double dpsync, exposed, opt, step, makespan, bubble, busy;
+    int si, lse, st, first[4097], dpcp, nb_max = 0;
+    if (!p || !layout || !out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: p, layout and out must not be NULL", fn);
+    m = &p->model;
+    memset(out, 0, sizeof *out);
+    err = dt_plan_layout_check(ctx, m, p->world, layout, &l);
+    if (err) return err;
+    if (l.pp > 4096) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: pp %d, expected at most 4096", fn, l.pp);
+    lse = l.cp > 1 || l.recompute == DT_PLAN_RECOMPUTE_GEMM_LAST;
+    si = dt__plan_find_split(p, l.tp, l.cp, l.sp, lse);
+    if (si < 0)
+        return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: the profile has no block timed at tp %d cp %d sp %d %s (measure it "
+                                "with this model on a world of %d)", fn, l.tp, l.cp, l.sp,
+                                lse ? "keeping lse" : "keeping [T, T]", p->world);
+    s = &p->splits[si];
+    out->layout = l;
+    dpcp = l.dp * l.cp;
+    K = m->dtype == DT_BF16 ? 2 : 4;
+    rows = (double)(m->batch / l.dp / l.micro) * (double)(m->seq / l.cp);
+    F = dt__plan_at(s->rows, s->fwd, rows);
+    B = dt__plan_at(s->rows, s->bwd, rows);
+    switch (l.recompute) {
+    case DT_PLAN_RECOMPUTE_FULL: R = F; break;
+    case DT_PLAN_RECOMPUTE_SELECTIVE: R = dt__plan_at(s->rows, s->attn, rows) + dt__plan_at(s->rows, s->gelu, rows); break;
+    case DT_PLAN_RECOMPUTE_GEMM_LAST: R = dt__plan_at(s->rows, s->cheap, rows); break;
+    default: R = 0; break;
+    }
+    ef = dt__plan_at(s->rows, s->embed_fwd, rows); eb = dt__plan_at(s->rows, s->embed_bwd, rows);
+    hf = dt__plan_at(s->rows, s->head_fwd, rows); hb = dt__plan_at(s->rows, s->head_bwd, rows);
+    if ((err = dt_pp_split(ctx, first, m->layers, l.pp * l.chunks))) return err;
+    /* per stage: compute per micro-batch and parameters */
+    {
+        double fst[4096], bst[4096], bp = dt__plan_block_params(m, l.tp), C = m->width;
+        double emb = (double)m->vocab / l.tp * C + (double)m->seq * C, head = 2 * C;
+        for (st = 0; st < l.pp; st++) {
+            int c, nb = 0;
+            double psi;
+            for (c = 0; c < l.chunks; c++) nb += first[c * l.pp + st + 1] - first[c * l.pp + st];
+            if (nb > nb_max) nb_max = nb;
+            fst[st] = nb * F;
+            bst[st] = nb * (B + R);
+            psi = nb * bp;
+            if (st == 0) { fst[st] += ef; bst[st] += eb; psi += emb; }
+            if (st == l.pp - 1) { fst[st] += hf; bst[st] += hb; psi += head; }
+            if (psi > psi_max) psi_max = psi;
+        }
+        if (l.pp == 1) {
+            makespan = l.micro * (fst[0] + bst[0]);
+            busy = makespan;
+            bubble = 0;
+            out->in_flight = 1;
+        } else {
+            dt_pp_desc pd;
+            dt_pp_schedule *sch = NULL;
+            dt_pp_stats stt;
+            double send;
+            memset(&pd, 0, sizeof pd);
+            pd.kind = l.schedule; pd.stages = l.pp; pd.micro = l.micro; pd.chunks = l.chunks; pd.n_layers = m->layers;
+            if ((err = dt_pp_schedule_create(ctx, &sch, &pd))) return err;
+            /* a stage whose blocks call MPI (tp's all-reduces, cp's ring) moves its messages along
+               inside those calls: the bare send; one that only computes, the measured delay */
+            send = l.tp > 1 || l.cp > 1 ? dt__plan_coll(p, DT_PLAN_SENDRECV, 2, rows / (l.sp ? l.tp : 1) * C * 4)
+                                        : dt__plan_pipe_delay(p, l.pp, rows * C * 4);
+            err = dt__plan_simulate(sch, fst, bst, send, (double)p->world / (p->hosts > 0 ? p->hosts : 1), p->cores,
+                                    &stt);
+            if (!err) {
+                makespan = stt.makespan;
+                busy = 0;
+                for (st = 0; st < l.pp; st++) if (sch->busy[st] > busy) busy = sch->busy[st];
+                bubble = makespan - busy;
+                out->in_flight = stt.peak_max;
+            }
+            dt_pp_schedule_free(sch);
+            if (err) return err;
+            /* the tied head: stage 0 sends wte to the last stage and its gradient comes back, each step */
+            makespan += 2 * dt__plan_coll(p, DT_PLAN_SENDRECV, 2, (double)m->vocab / l.tp * C * 4);
+        }
+    }
+    /* data-parallel sync over dp x cp: grads f32, values K bytes a parameter */
+    N = dpcp;
+    grads_b = psi_max * 4;
+    dpsync = 0, exposed = 0;
+    if (dpcp > 1) {
+        double ar = dt__plan_coll(p, DT_PLAN_ALLREDUCE, dpcp, grads_b), rs = dt__plan_coll(p, DT_PLAN_REDUCE_SCATTER, dpcp, grads_b);
+        double ag = dt__plan_coll(p, DT_PLAN_ALLGATHER, dpcp, psi_max * K);
+        switch (l.zero) {
+        case 0: /* buckets during the last micro-batch's backward */
+            dpsync = ar;
+            exposed = ar - p->overlap * (ar < B * nb_max ? ar : B * nb_max);
+            break;
+        case 1: dpsync = rs + ag; exposed = dpsync; break; /* at the step */
+        case 2: /* reduce-scatter per unit during every micro-batch's backward, gather at the step */
+            dpsync = l.micro * rs + ag;
+            exposed = l.micro * (rs - p->overlap * (rs < B * nb_max ? rs : B * nb_max)) + ag;
+            break;
+        default: /* 3: gathers before each unit forward and backward, reduce-scatters after */
+            dpsync = l.micro * (2 * ag + rs);
+            exposed = l.micro * (2 * ag + rs) * (1 - p->overlap);
+            break;
+        }
+    }
+    /* the optimizer over this rank's shard, ZeRO's pack / unpack copies, the loss and norm */
+    opt = p->opt_s_per_param * (l.zero >= 1 ? psi_max / N : psi_max);
+    if (l.zero >= 1) opt += p->copy_s_per_byte * psi_max * (4 + K) * 2;
+    opt += 2 * dt__plan_coll(p, DT_PLAN_ALLREDUCE, p->world, 8);
+    step = makespan + exposed + opt;
+    out->step_s = step;
+    out->tokens_per_s = (double)m->batch * (double)m->seq / step;
+    out->compute_s = busy;
+    out->comm_s = exposed;
+    out->bubble_s = bubble;
+    out->optimizer_s = opt;
+    (void)dpsync;
+    /* memory of the fullest stage: dt_zero_memory's accounting, examples/gpt's activations */
+    {
+        double psi = psi_max, shard = l.zero >= 1 ? psi / N : psi;
+        double sets = l.pp == 1 ? 1 : out->in_flight;
+        double master = m->dtype == DT_BF16 ? 4 : 0;
+        out->mem_params = (l.zero == 3 ? psi / N : psi) * K + (m->dtype == DT_BF16 ? 4 * psi : 0); /* + f32 working copy */
+        out->mem_grads = 4 * (l.zero >= 2 ? psi / N : psi);
+        out->mem_optimizer = (8 + master) * shard;
+        out->mem_activations = sets * dt__plan_acts_bytes(m, &l, nb_max);
+        if (l.pp > 1) out->mem_params += 2.0 * (double)m->vocab / l.tp * m->width * 4; /* the tied head's copy, grad */
+        out->mem_transient = dt__plan_at(s->rows, s->extra, rows) + dt__plan_zero_transient(m, &l, K, nb_max);
+        out->mem_total = out->mem_params + out->mem_grads + out->mem_optimizer + out->mem_activations + out->mem_transient;
+    }
+    return DT_OK;
+}
+
+/* ==== >>search =================================================================================== */
+
+static int dt__plan_better(const dt_plan_prediction *a, const dt_plan_prediction *b) {
+    if (a->tokens_per_s != b->tokens_per_s) return a->tokens_per_s > b->tokens_per_s;
+    return a->mem_total < b->mem_total;
+}
+
+DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_plan_search_desc *desc,
+                                dt_plan_prediction *out, int max, int *count, int *total) {
+    dt_plan_search_desc sd;
+    int W, tp, cp, pp, zero, sp, rec, sch, n = 0, all = 0;
+    int64_t micro;
+    if (!p || !out || max < 1 || !count)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_search: p, out and count must not be NULL, max >= 1 (max = %d)",
+                                max);
+    if (desc) sd = *desc;
+    else memset(&sd, 0, sizeof sd);
+    if (sd.max_micro <= 0) sd.max_micro = 16;
+    W = p->world;
+    for (tp = 1; tp <= W; tp++)
+        for (cp = 1; tp * cp <= W; cp++)
+            for (pp = 1; tp * cp * pp <= W; pp++) {
+                if (W % (tp * cp * pp)) continue;
+                for (micro = 1; micro <= sd.max_micro; micro *= 2)
+                    for (sch = pp > 1 ? DT_PP_GPIPE : 0; sch <= (pp > 1 ? DT_PP_ZB_H1 : 0); sch++)
+                        for (zero = 0; zero <= 3; zero++)
+                            for (sp = 0; sp <= (tp > 1); sp++)
+                                for (rec = 0; rec <= (sd.recompute ? DT_PLAN_RECOMPUTE_GEMM_LAST : 0); rec++) {
+                                    dt_plan_layout l;
+                                    dt_plan_prediction pr;
+                                    int i;
+                                    memset(&l, 0, sizeof l);
+                                    l.tp = tp; l.cp = cp; l.pp = pp; l.micro = (int)micro; l.zero = zero; l.sp = sp;
+                                    l.schedule = (dt_pp_kind)sch; l.recompute = (dt_plan_recompute)rec;
+                                    if (dt_plan_layout_check(NULL, &p->model, W, &l, NULL)) continue;
+                                    if (dt_plan_predict(ctx, p, &l, &pr)) continue;
+                                    if (sd.mem_budget > 0 && pr.mem_total > sd.mem_budget) continue;
+                                    all++;
+                                    /* insert, keeping out[0 .. n) best first */
+                                    for (i = n < max ? n : max - 1; i > 0 && dt__plan_better(&pr, &out[i - 1]); i--)
+                                        if (i < max) out[i] = out[i - 1];
+                                    if (n < max || dt__plan_better(&pr, &out[max - 1]) || i < max - 1) {
+                                        if (i < max) out[i] = pr;
+                                        if (n < max) n++;
+                                    }
+                                }
+            }
+    *count = n;
+    if (total) *total = all;
+    return DT_OK;
+}
+
+DT_API void dt_plan_format(const dt_plan_prediction *pr, int n, dt_strbuf *out) {
+    int i;
+    char ls[160];
+    if (!out) return;
+    dt_strbuf_printf(out, "%-4s %-76s %10s %9s %9s %9s %9s %9s %10s\n", "rank", "layout", "tokens/s", "step ms",
+                     "compute", "comm", "bubble", "optim", "memory MB");
+    for (i = 0; i < n; i++)
+        dt_strbuf_printf(out, "%-4d %-76s %10.0f %9.2f %9.2f %9.2f %9.2f %9.2f %10.2f\n", i + 1,
+                         dt_plan_layout_string(&pr[i].layout, ls, sizeof ls), pr[i].tokens_per_s, pr[i].step_s * 1e3,
+                         pr[i].compute_s * 1e3, pr[i].comm_s * 1e3, pr[i].bubble_s * 1e3, pr[i].optimizer_s * 1e3,
+                         pr[i].mem_total / 1e6);
+}
+
+#endif /* DT_PLAN_IMPLEMENTATION */
+
+/*
+MIT License
+
+Copyright (c) 2026 the dt authors
+
+Permission is hereby granted, free of charge, to any person obtaining a copy of this software and
+associated documentation files (the "Software"), to deal in the Software without restriction,
+including without limitation the rights to use, copy, modify, merge, publish, distribute,
+sublicense, and/or sell copies of the Software, and to permit persons to whom the Software is
+furnished to do so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all copies or
+substantial portions of the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING BUT
+NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND
+NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM,
+DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM, OUT
+OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+*/

@@ -1,0 +1,78 @@
+// np: 1 2
+/* tests/mpi_plan.c - dt_plan_profile_measure on real ranks: the figures are there and sane (every
+   time positive, a larger micro-batch no faster, the collectives' latency and bandwidth
+   positive), every rank holds the same profile (so every rank's search picks the same layout,
+   which --layout auto relies on), and a profile that has been saved and read back plans alike. */
+#define DT_IMPLEMENTATION
+#include "dt_tensor.h"
+#include "dt_comm.h"
+#include "dt_opt.h"
+#include "dt_parallel.h"
+#include "dt_plan.h"
+#include "dt_test.h"
+
+/* FNV-1a over the numbers of the profile (not its host name, which differs between hosts) */
+static double digest(const dt_plan_profile *p) {
+    const unsigned char *b = (const unsigned char *)&p->splits[0];
+    size_t n = (size_t)((const unsigned char *)&p->pipes[DT_PLAN_MAX_PIPES] - b), i;
+    uint64_t h = 1469598103934665603ULL;
+    for (i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
+    h ^= (uint64_t)(p->opt_s_per_param * 1e18) ^ (uint64_t)(p->copy_s_per_byte * 1e18);
+    return (double)(h >> 12);
+}
+
+int main(void) {
+    dt_ctx ctx;
+    dt_comm *w = NULL;
+    dt_plan_model m;
+    dt_plan_profile *p = (dt_plan_profile *)calloc(1, sizeof *p), *q = (dt_plan_profile *)calloc(1, sizeof *q);
+    dt_plan_prediction top[3], top2[3];
+    int n = 0, total = 0, n2 = 0, i, ok;
+    double d[2], t0;
+    char path[512];
+    dt_ctx_init(&ctx, NULL);
+    if (dt_comm_create_world(&ctx, &w, NULL) || !p || !q) { printf("FAIL plan_world: %s\n", dt_ctx_error(&ctx)); return 1; }
+    memset(&m, 0, sizeof m);
+    m.layers = 2; m.width = 64; m.heads = 4; m.vocab = 256; m.seq = 32; m.batch = 8;
+    t0 = dt_comm_now();
+    if (!DT_TEST_CHECK("plan_profile_measures", dt_plan_profile_measure(w, &m, NULL, p) == DT_OK)) {
+        if (dt_comm_rank(w) == 0) printf("  %s\n", dt_ctx_error(&ctx));
+        return dt_test_finish();
+    }
+    if (dt_comm_rank(w) == 0) printf("  (measured %d splits, %d collectives, %d pipes in %.2f s)\n", p->n_splits,
+                                     p->n_colls, p->n_pipes, dt_comm_now() - t0);
+    DT_TEST_CHECK("plan_profile_knows_its_world", p->world == dt_comm_size(w) && p->hosts >= 1 && p->cores >= 1);
+    for (i = 0, ok = p->n_splits > 0; i < p->n_splits; i++) {
+        const dt_plan_split *s = &p->splits[i];
+        ok = ok && s->rows[0] >= 1 && s->rows[1] >= s->rows[0] && s->fwd[0] > 0 && s->bwd[0] > 0 && s->head_bwd[0] > 0 &&
+             s->extra[0] > 0 && s->fwd[1] >= 0.5 * s->fwd[0] && s->bwd[1] >= 0.5 * s->bwd[0];
+    }
+    DT_TEST_CHECK("plan_profile_block_times_are_positive_and_grow_with_rows", ok);
+    for (i = 0, ok = 1; i < p->n_colls; i++) ok = ok && p->colls[i].alpha >= 0 && p->colls[i].beta >= 0 && p->colls[i].alpha + p->colls[i].beta > 0;
+    DT_TEST_CHECK("plan_profile_collectives_are_measured", ok && p->n_colls == (dt_comm_size(w) > 1 ? 4 : 0));
+    DT_TEST_CHECK("plan_profile_optimizer_is_measured", p->opt_s_per_param > 0 && p->copy_s_per_byte > 0);
+    d[0] = digest(p); d[1] = -d[0];
+    dt_comm_allreduce_f64(w, d, 2, DT_REDUCE_MAX);
+    DT_TEST_CHECK("plan_profile_is_the_same_on_every_rank", d[0] == -d[1]);
+    dt_plan_search(&ctx, p, NULL, top, 3, &n, &total);
+    d[0] = top[0].step_s; d[1] = -top[0].step_s;
+    dt_comm_allreduce_f64(w, d, 2, DT_REDUCE_MAX);
+    DT_TEST_CHECK("plan_search_picks_the_same_layout_on_every_rank", n > 0 && d[0] == -d[1]);
+    snprintf(path, sizeof path, "%s/profile_%d.json", dt_test_tmpdir(), dt_comm_rank(w));
+    if (dt_plan_profile_save(&ctx, p, path) || dt_plan_profile_load(&ctx, q, path)) {
+        dt_test_fail("plan_profile_file_plans_alike", "%s", dt_ctx_error(&ctx));
+    } else {
+        dt_plan_search(&ctx, q, NULL, top2, 3, &n2, NULL);
+        ok = n2 == n;
+        for (i = 0; ok && i < n; i++)
+            ok = !memcmp(&top[i].layout, &top2[i].layout, sizeof top[i].layout) &&
+                 fabs(top[i].step_s - top2[i].step_s) <= 1e-8 * top[i].step_s;
+        DT_TEST_CHECK("plan_profile_file_plans_alike", ok);
+    }
+    free(p);
+    free(q);
+    ok = dt_test_finish();
+    dt_comm_free(w);
+    dt_ctx_shutdown(&ctx);
+    return ok;
+}

@@ -1,0 +1,393 @@
+/* tests/test_plan.c - dt_plan.h's model on hand-derived cases: a profile written by hand (every
+   figure chosen), the step and memory each layout must get from it worked out here from the
+   formulas the header states, and the bad layouts and profile files it must name. */
+#define DT_IMPLEMENTATION
+#include "dt_tensor.h"
+#include "dt_comm.h"
+#include "dt_opt.h"
+#include "dt_parallel.h"
+#include "dt_plan.h"
+#include "dt_test.h"
+#include <time.h>
+
+static dt_ctx g_ctx;
+
+/* a model of 4 layers, width 64, 4 heads, vocab 256, T 32, batch 16 */
+static dt_plan_model model(void) {
+    dt_plan_model m;
+    memset(&m, 0, sizeof m);
+    m.layers = 4; m.width = 64; m.heads = 4; m.kv_heads = 4; m.vocab = 256; m.seq = 32; m.batch = 16; m.dtype = DT_F32;
+    return m;
+}
+
+/* block params on one tp rank, by hand: ln 4C, qkv 3C(C+1)/tp, proj C C/tp + C, fc 4C(C+1)/tp, proj 4C C/tp + C */
+static double block_params(double C, double tp) {
+    return 4 * C + 3 * C * (C + 1) / tp + C * C / tp + C + 4 * C * (C + 1) / tp + 4 * C * C / tp + C;
+}
+
+/* A profile by hand: a block's forward costs 1 ms per 1000 rows, its backward 2, attention 0.3,
+   the layernorms and gelu 0.1, gelu alone 0.05, embedding 0.01 / 0.02, head 0.2 / 0.4 (all
+   linear in rows through 0); collectives alpha 1e-4 s + 1e-9 s per byte; no overlap; the
+   optimizer 2e-9 s a parameter, copies 1e-10 s a byte; pipelines without message delay. */
+static void hand_profile_upto(dt_plan_profile *p, int world, const dt_plan_model *m, int max_tp, int max_cp) {
+    int tp, cp, sp, lse, k, size;
+    memset(p, 0, sizeof *p);
+    snprintf(p->machine, sizeof p->machine, "by hand");
+    p->world = world; p->hosts = 1; p->cores = 2;
+    p->model = *m;
+    p->opt_s_per_param = 2e-9; p->copy_s_per_byte = 1e-10; p->overlap = 0;
+    for (tp = 1; tp <= world && tp <= max_tp; tp *= 2)
+        for (cp = 1; cp * tp <= world && cp <= max_cp; cp *= 2)
+            for (sp = 0; sp <= 1; sp++)
+                for (lse = 0; lse <= 1; lse++) {
+                    dt_plan_split *s = &p->splits[p->n_splits++];
+                    int j;
+                    s->tp = tp; s->cp = cp; s->sp = sp; s->lse = lse;
+                    s->rows[0] = 16; s->rows[1] = 512;
+                    for (j = 0; j < 2; j++) {
+                        double r = (double)s->rows[j] / 1000.0;
+                        s->fwd[j] = 1e-3 * r; s->bwd[j] = 2e-3 * r; s->attn[j] = 0.3e-3 * r; s->cheap[j] = 0.1e-3 * r;
+                        s->gelu[j] = 0.05e-3 * r; s->embed_fwd[j] = 0.01e-3 * r; s->embed_bwd[j] = 0.02e-3 * r;
+                        s->head_fwd[j] = 0.2e-3 * r; s->head_bwd[j] = 0.4e-3 * r;
+                    }
+                }
+    for (size = 2; size <= world; size *= 2)
+        for (k = 0; k < DT_PLAN_COLL_KINDS; k++) {
+            dt_plan_coll *c = &p->colls[p->n_colls++];
+            c->kind = (dt_plan_coll_kind)k; c->size = size; c->alpha = 1e-4; c->beta = 1e-9;
+        }
+}
+
+static void hand_profile(dt_plan_profile *p, int world, const dt_plan_model *m) { hand_profile_upto(p, world, m, 4, 4); }
+
+static double coll(double bytes) { return 1e-4 + 1e-9 * bytes; }
+
+static void pure_dp_step(void) {
+    dt_plan_model m = model();
+    dt_plan_profile p;
+    dt_plan_layout l;
+    dt_plan_prediction pr;
+    double rows, F, B, psi, want;
+    hand_profile(&p, 2, &m);
+    memset(&l, 0, sizeof l);
+    l.dp = 2; l.micro = 2;
+    if (!DT_TEST_CHECK("plan_pure_dp_predicts", dt_plan_predict(&g_ctx, &p, &l, &pr) == DT_OK)) {
+        printf("  %s\n", dt_ctx_error(&g_ctx));
+        return;
+    }
+    /* per micro-batch: 16 / 2 / 2 = 4 sequences of 32 = 128 rows; 4 blocks + embedding + head */
+    rows = 128;
+    F = 4 * 1e-3 * rows / 1000 + 0.01e-3 * rows / 1000 + 0.2e-3 * rows / 1000;
+    B = 4 * 2e-3 * rows / 1000 + 0.02e-3 * rows / 1000 + 0.4e-3 * rows / 1000;
+    psi = 4 * block_params(64, 1) + 256 * 64 + 32 * 64 + 2 * 64;
+    /* DDP: the all-reduce of 4 psi bytes, none hidden (overlap 0); AdamW on psi; loss and norm all-reduces */
+    want = 2 * (F + B) + coll(4 * psi) + 2e-9 * psi + 2 * coll(8);
+    dt_test_close("plan_pure_dp_step_is_the_hand_sum", pr.step_s, want, 1e-12);
+    dt_test_close("plan_pure_dp_tokens_per_s", pr.tokens_per_s, 16.0 * 32 / want, 1e-6);
+    dt_test_close("plan_pure_dp_compute_split", pr.compute_s, 2 * (F + B), 1e-12);
+    dt_test_close("plan_pure_dp_exposed_comm_is_the_allreduce", pr.comm_s, coll(4 * psi), 1e-12);
+    DT_TEST_CHECK("plan_pure_dp_has_no_bubble", pr.bubble_s == 0);
+    /* half the all-reduce hidden behind the last backward (it is shorter than that window here) */
+    p.overlap = 0.5;
+    dt_plan_predict(&g_ctx, &p, &l, &pr);
+    dt_test_close("plan_overlap_hides_its_share_of_the_allreduce", pr.comm_s, 0.5 * coll(4 * psi), 1e-12);
+}
+
+static void pipeline_stage_times(void) {
+    dt_plan_model m = model();
+    dt_plan_profile p;
+    dt_plan_layout l;
+    dt_plan_prediction pr;
+    double rows, f, b, f0, b0, f1, b1, want;
+    hand_profile(&p, 2, &m);
+    /* no embedding or head cost, no message cost: every stage alike, so 1F1B's makespan is the
+       textbook (m + p - 1)(F + B) */
+    {
+        int i, j;
+        for (i = 0; i < p.n_splits; i++)
+            for (j = 0; j < 2; j++)
+                p.splits[i].embed_fwd[j] = p.splits[i].embed_bwd[j] = p.splits[i].head_fwd[j] = p.splits[i].head_bwd[j] = 0;
+        for (i = 0; i < p.n_colls; i++)
+            if (p.colls[i].kind == DT_PLAN_SENDRECV) p.colls[i].alpha = p.colls[i].beta = 0;
+    }
+    memset(&l, 0, sizeof l);
+    l.pp = 2; l.micro = 4; l.schedule = DT_PP_1F1B;
+    if (!DT_TEST_CHECK("plan_pipeline_predicts", dt_plan_predict(&g_ctx, &p, &l, &pr) == DT_OK)) {
+        printf("  %s\n", dt_ctx_error(&g_ctx));
+        return;
+    }
+    rows = 16.0 / 4 * 32; /* dp 1, 4 micro-batches of 4 sequences */
+    f = 2 * 1e-3 * rows / 1000; /* two blocks a stage */
+    b = 2 * 2e-3 * rows / 1000;
+    want = (4 + 2 - 1) * (f + b);
+    /* the step adds the optimizer over the larger stage's params and the loss / norm all-reduces */
+    {
+        double psi0 = 2 * block_params(64, 1) + 256 * 64 + 32 * 64, psi1 = 2 * block_params(64, 1) + 2 * 64;
+        double psi = psi0 > psi1 ? psi0 : psi1;
+        dt_test_close("plan_1f1b_makespan_is_m_plus_p_minus_1_stages", pr.step_s - 2e-9 * psi - 2 * coll(8), want,
+                      1e-12);
+        dt_test_close("plan_1f1b_bubble_is_p_minus_1_stage_steps", pr.bubble_s, (2 - 1) * (f + b), 1e-12);
+    }
+    /* a heavier last stage (the head): stage 1 costs f1, b1; the simulator with those stage times
+       (stage_f / stage_b) gives what one works out by hand for 1F1B at p = 2, m = 2: stage 1 runs
+       F0 B0 F1 B1 back to back from f0 on, and stage 0's B1 follows it: f0 + 2 f1 + 2 b1 + b0 (the
+       mean stage would give 1.5 (f0 + f1 + b0 + b1)) */
+    {
+        int i, j;
+        for (i = 0; i < p.n_splits; i++)
+            for (j = 0; j < 2; j++) {
+                p.splits[i].head_fwd[j] = 3e-3 * (double)p.splits[i].rows[j] / 1000;
+                p.splits[i].head_bwd[j] = 5e-3 * (double)p.splits[i].rows[j] / 1000;
+            }
+    }
+    l.micro = 2;
+    dt_plan_predict(&g_ctx, &p, &l, &pr);
+    rows = 8.0 * 32;
+    f0 = 2 * 1e-3 * rows / 1000; b0 = 2 * 2e-3 * rows / 1000;
+    f1 = f0 + 3e-3 * rows / 1000; b1 = b0 + 5e-3 * rows / 1000;
+    {
+        double psi0 = 2 * block_params(64, 1) + 256 * 64 + 32 * 64, psi1 = 2 * block_params(64, 1) + 2 * 64;
+        double psi = psi0 > psi1 ? psi0 : psi1;
+        dt_test_close("plan_pipeline_uses_each_stages_own_time", pr.step_s - 2e-9 * psi - 2 * coll(8),
+                      f0 + 2 * f1 + 2 * b1 + b0, 1e-12);
+    }
+}
+
+/* dt_zero_memory's formulas (dt_parallel.h >>zero): f32 Adam 16psi, 8psi + 8psi/N, 4psi + 12psi/N,
+   16psi/N; bf16 values 18psi, 6psi + 12psi/N, 2psi + 16psi/N, 18psi/N (+ the f32 working copy
+   examples/gpt keeps of bf16 values, 4psi) */
+static void zero_memory(void) {
+    dt_plan_model m = model();
+    dt_plan_profile p;
+    dt_plan_layout l;
+    dt_plan_prediction pr;
+    double psi = 4 * block_params(64, 1) + 256 * 64 + 32 * 64 + 2 * 64, N = 4;
+    static const double f32[4][2] = {{16, 0}, {8, 8}, {4, 12}, {0, 16}}, bf16[4][2] = {{18, 0}, {6, 12}, {2, 16}, {0, 18}};
+    int z, d;
+    char name[96];
+    for (d = 0; d < 2; d++) {
+        m.dtype = d ? DT_BF16 : DT_F32;
+        hand_profile(&p, 4, &m);
+        for (z = 0; z < 4; z++) {
+            const double *f = d ? bf16[z] : f32[z];
+            memset(&l, 0, sizeof l);
+            l.dp = 4; l.zero = z;
+            dt_plan_predict(&g_ctx, &p, &l, &pr);
+            snprintf(name, sizeof name, "plan_zero%d_%s_memory_is_deepspeeds_formula", z, d ? "bf16" : "f32");
+            dt_test_close(name, pr.mem_params + pr.mem_grads + pr.mem_optimizer - (d ? 4 * psi : 0),
+                          f[0] * psi + f[1] * psi / N, 1e-6);
+        }
+    }
+}
+
+static void activations(void) {
+    dt_plan_model m = model();
+    dt_plan_profile p;
+    dt_plan_layout l;
+    dt_plan_prediction a, b, c;
+    hand_profile(&p, 2, &m);
+    memset(&l, 0, sizeof l);
+    l.dp = 2;
+    dt_plan_predict(&g_ctx, &p, &l, &a);
+    l.micro = 2;
+    dt_plan_predict(&g_ctx, &p, &l, &b);
+    l.micro = 1; l.recompute = DT_PLAN_RECOMPUTE_FULL;
+    dt_plan_predict(&g_ctx, &p, &l, &c);
+    /* T = 32 < C = 64: every activation term is linear in the rows, so half the rows is half the bytes */
+    dt_test_close("plan_activations_halve_with_twice_the_micro_batches", b.mem_activations, a.mem_activations / 2, 1e-3);
+    DT_TEST_CHECK("plan_full_recompute_keeps_less", c.mem_activations < a.mem_activations);
+    DT_TEST_CHECK("plan_full_recompute_costs_a_forward_more", c.compute_s > a.compute_s);
+}
+
+static void search(void) {
+    dt_plan_model m = model();
+    dt_plan_profile *p = (dt_plan_profile *)calloc(1, sizeof *p);
+    dt_plan_prediction top[5];
+    dt_plan_search_desc sd;
+    int n = 0, total = 0, i, sorted = 1;
+    double t0;
+    hand_profile(p, 4, &m);
+    DT_TEST_CHECK("plan_search_runs", dt_plan_search(&g_ctx, p, NULL, top, 5, &n, &total) == DT_OK);
+    for (i = 1; i < n; i++) if (top[i].tokens_per_s > top[i - 1].tokens_per_s) sorted = 0;
+    DT_TEST_CHECK("plan_search_returns_five_best_first", n == 5 && total >= 5 && sorted);
+    /* every layout it returns predicts the same again on its own */
+    for (i = 0; i < n; i++) {
+        dt_plan_prediction again;
+        dt_plan_predict(&g_ctx, p, &top[i].layout, &again);
+        if (again.step_s != top[i].step_s) sorted = 0;
+    }
+    DT_TEST_CHECK("plan_search_rows_are_the_layouts_predictions", sorted);
+    /* a budget below the best's memory: everything returned fits it */
+    memset(&sd, 0, sizeof sd);
+    sd.mem_budget = top[0].mem_total * 0.6;
+    dt_plan_search(&g_ctx, p, &sd, top, 5, &n, &total);
+    for (i = 0, sorted = n > 0; i < n; i++) if (top[i].mem_total > sd.mem_budget) sorted = 0;
+    DT_TEST_CHECK("plan_search_keeps_within_the_memory_budget", sorted);
+    sd.mem_budget = 1;
+    dt_plan_search(&g_ctx, p, &sd, top, 5, &n, &total);
+    DT_TEST_CHECK("plan_search_with_no_room_finds_nothing", n == 0 && total == 0);
+    /* 1024 ranks (splits up to tp 1024 by hand): the time is printed, not asserted */
+    free(p);
+    p = (dt_plan_profile *)calloc(1, sizeof *p);
+    m.layers = 96; m.width = 12288; m.heads = 96; m.kv_heads = 96; m.vocab = 51200; m.seq = 2048; m.batch = 1536;
+    hand_profile_upto(p, 1024, &m, 8, 4);
+    t0 = dt_comm_now();
+    dt_plan_search(&g_ctx, p, NULL, top, 5, &n, &total);
+    printf("  (a search over %d layouts of 1024 ranks took %.3f s)\n", total, dt_comm_now() - t0);
+    DT_TEST_CHECK("plan_search_answers_for_1024_ranks", n == 5);
+    free(p);
+}
+
+static void bad_layouts(void) {
+    dt_plan_model m = model();
+    dt_plan_layout l;
+    dt_status st;
+    memset(&l, 0, sizeof l);
+    l.tp = 3;
+    st = dt_plan_layout_check(&g_ctx, &m, 6, &l, NULL);
+    dt_test_error("plan_tp_not_dividing_heads_is_named", st, dt_ctx_error(&g_ctx), "tp 3 does not divide heads 4");
+    memset(&l, 0, sizeof l);
+    l.tp = 2;
+    st = dt_plan_layout_check(&g_ctx, &m, 3, &l, NULL);
+    dt_test_error("plan_layout_not_dividing_world_is_named", st, dt_ctx_error(&g_ctx), "does not divide the world size 3");
+    memset(&l, 0, sizeof l);
+    l.micro = 3;
+    st = dt_plan_layout_check(&g_ctx, &m, 2, &l, NULL);
+    dt_test_error("plan_batch_not_multiple_is_named", st, dt_ctx_error(&g_ctx), "batch 16 is not a multiple of dp x micro = 2 x 3");
+    memset(&l, 0, sizeof l);
+    l.pp = 2; l.zero = 2;
+    st = dt_plan_layout_check(&g_ctx, &m, 2, &l, NULL);
+    dt_test_error("plan_zero2_with_pipeline_is_named", st, dt_ctx_error(&g_ctx), "zero 2 with pp 2");
+    memset(&l, 0, sizeof l);
+    l.pp = 2; l.micro = 3; l.schedule = DT_PP_INTERLEAVED;
+    m.batch = 48;
+    st = dt_plan_layout_check(&g_ctx, &m, 2, &l, NULL);
+    dt_test_error("plan_interleaved_micro_is_named", st, dt_ctx_error(&g_ctx), "micro 3 is not a multiple of pp 2");
+    m = model();
+    memset(&l, 0, sizeof l);
+    l.cp = 3;
+    st = dt_plan_layout_check(&g_ctx, &m, 3, &l, NULL);
+    dt_test_error("plan_seq_not_multiple_of_2cp_is_named", st, dt_ctx_error(&g_ctx), "seq 32 is not a multiple of 2 x cp = 6");
+    m.width = 66;
+    memset(&l, 0, sizeof l);
+    st = dt_plan_layout_check(&g_ctx, &m, 1, &l, NULL);
+    dt_test_error("plan_bad_model_is_named", st, dt_ctx_error(&g_ctx), "model->width = 66, heads = 4");
+    m = model();
+    memset(&l, 0, sizeof l);
+    l.zero = 4;
+    st = dt_plan_layout_check(&g_ctx, &m, 1, &l, NULL);
+    dt_test_error("plan_zero_out_of_range_is_named", st, dt_ctx_error(&g_ctx), "zero = 4, expected 0 .. 3");
+    {
+        dt_plan_profile p;
+        dt_plan_prediction pr;
+        hand_profile(&p, 2, &m);
+        p.n_splits = 1; /* tp 1 cp 1 sp 0 lse 0 only */
+        memset(&l, 0, sizeof l);
+        l.tp = 2;
+        st = dt_plan_predict(&g_ctx, &p, &l, &pr);
+        dt_test_error("plan_missing_split_is_a_named_state_error", st == DT_ERR_STATE ? st : 0, dt_ctx_error(&g_ctx),
+                      "no block timed at tp 2 cp 1 sp 0");
+    }
+}
+
+/* dt_pp_sim_desc.stage_f / stage_b (dt_parallel.h), which the planner feeds: both or neither,
+   finite and >= 0, each named */
+static void simulator_stage_costs(void) {
+    dt_pp_desc pd;
+    dt_pp_schedule *s = NULL;
+    dt_pp_sim_desc sd;
+    dt_pp_stats st;
+    double f[2] = {1, 3}, b[2] = {2, 6}, bad[2] = {1, -1};
+    dt_status e;
+    memset(&pd, 0, sizeof pd);
+    pd.kind = DT_PP_GPIPE; pd.stages = 2; pd.micro = 1;
+    if (!DT_TEST_CHECK("plan_simulator_schedule_builds", dt_pp_schedule_create(&g_ctx, &s, &pd) == DT_OK)) return;
+    memset(&sd, 0, sizeof sd);
+    sd.stage_f = f; sd.stage_b = b;
+    e = dt_pp_schedule_simulate(s, &st, &sd);
+    /* one micro-batch through two stages: F0 F1 B1 B0 in a row */
+    dt_test_close("plan_simulator_takes_each_stages_costs", e ? -1 : st.makespan, 1 + 3 + 6 + 2, 1e-12);
+    sd.stage_b = NULL;
+    e = dt_pp_schedule_simulate(s, &st, &sd);
+    dt_test_error("plan_simulator_stage_f_without_stage_b_is_named", e, dt_ctx_error(&g_ctx), "expected both or neither");
+    sd.stage_b = bad;
+    e = dt_pp_schedule_simulate(s, &st, &sd);
+    dt_test_error("plan_simulator_negative_stage_cost_is_named", e, dt_ctx_error(&g_ctx), "stage_b[1] = -1");
+    dt_pp_schedule_free(s);
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (f) { fputs(text, f); fclose(f); }
+}
+
+static void files(void) {
+    dt_plan_model m = model();
+    dt_plan_profile a, b;
+    dt_status st;
+    char path[512];
+    static char text[1 << 16];
+    const char *d = dt_test_tmpdir();
+    hand_profile(&a, 2, &m);
+    a.n_pipes = 1; a.pipes[0].pp = 2; a.pipes[0].bytes[0] = 1000; a.pipes[0].bytes[1] = 2000;
+    a.pipes[0].delay[0] = 1e-3; a.pipes[0].delay[1] = 3e-3;
+    snprintf(path, sizeof path, "%s/prof.json", d);
+    DT_TEST_CHECK("plan_profile_saves", dt_plan_profile_save(&g_ctx, &a, path) == DT_OK);
+    st = dt_plan_profile_load(&g_ctx, &b, path);
+    if (DT_TEST_CHECK("plan_profile_loads_what_it_saved", st == DT_OK)) {
+        int same = a.world == b.world && a.n_splits == b.n_splits && a.n_colls == b.n_colls && a.n_pipes == b.n_pipes &&
+                   !memcmp(&a.model, &b.model, sizeof a.model), i;
+        for (i = 0; same && i < a.n_splits; i++)
+            same = a.splits[i].tp == b.splits[i].tp && a.splits[i].rows[1] == b.splits[i].rows[1] &&
+                   fabs(a.splits[i].bwd[1] - b.splits[i].bwd[1]) <= 1e-9 * a.splits[i].bwd[1];
+        for (i = 0; same && i < a.n_colls; i++)
+            same = a.colls[i].kind == b.colls[i].kind && fabs(a.colls[i].beta - b.colls[i].beta) <= 1e-17;
+        same = same && fabs(b.pipes[0].delay[1] - 3e-3) < 1e-12;
+        DT_TEST_CHECK("plan_profile_round_trips", same);
+    } else
+        printf("  %s\n", dt_ctx_error(&g_ctx));
+    snprintf(path, sizeof path, "%s/none.json", d);
+    st = dt_plan_profile_load(&g_ctx, &b, path);
+    dt_test_error("plan_profile_missing_file_is_named", st, dt_ctx_error(&g_ctx), "cannot open");
+    snprintf(path, sizeof path, "%s/bad.json", d);
+    write_file(path, "{\"dt_plan_profile\": 1, \"world\": ");
+    st = dt_plan_profile_load(&g_ctx, &b, path);
+    dt_test_error("plan_profile_truncated_json_is_named", st, dt_ctx_error(&g_ctx), "bad.json");
+    write_file(path, "{\"world\": 2}");
+    st = dt_plan_profile_load(&g_ctx, &b, path);
+    dt_test_error("plan_profile_foreign_json_is_named", st, dt_ctx_error(&g_ctx), "not a dt_plan profile");
+    /* a saved file with one field broken: a negative alpha */
+    snprintf(path, sizeof path, "%s/prof.json", d);
+    {
+        FILE *f = fopen(path, "rb");
+        size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+        char *at;
+        if (f) fclose(f);
+        text[n] = '\0';
+        at = strstr(text, "\"alpha\": ");
+        if (at) { memmove(at + 10, at + 9, strlen(at + 9) + 1); at[9] = '-'; }
+        snprintf(path, sizeof path, "%s/neg.json", d);
+        write_file(path, text);
+        st = dt_plan_profile_load(&g_ctx, &b, path);
+        dt_test_error("plan_profile_negative_alpha_is_named", st, dt_ctx_error(&g_ctx), "collectives[0].alpha");
+        at = strstr(text, "\"layers\": 4");
+        if (at) at[10] = 'x';
+        write_file(path, text);
+        st = dt_plan_profile_load(&g_ctx, &b, path);
+        dt_test_error("plan_profile_bad_model_field_is_named", st, dt_ctx_error(&g_ctx), "neg.json");
+    }
+}
+
+int main(void) {
+    dt_ctx_init(&g_ctx, NULL);
+    pure_dp_step();
+    pipeline_stage_times();
+    zero_memory();
+    activations();
+    search();
+    bad_layouts();
+    simulator_stage_costs();
+    files();
+    dt_ctx_shutdown(&g_ctx);
+    return dt_test_finish();
+}
