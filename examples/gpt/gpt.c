@@ -65,6 +65,7 @@
 #include "../../dt_comm.h"
 #include "../../dt_opt.h"
 #include "../../dt_parallel.h"
+#include "../../dt_plan.h"
 #include "gpt_data.h"
 #include <stdio.h>
 #include <stdarg.h>
@@ -221,6 +222,10 @@ typedef struct opts {
     double lr, min_lr_frac, wd, clip;
     int64_t warmup;
     const char *data, *shards, *ckpt, *log, *trace;
+    int plan;             /* --plan: print the planner's best layouts and this one's prediction, then exit */
+    int layout_auto;      /* --layout auto: train on the layout the planner ranks first */
+    const char *plan_profile; /* --plan-profile FILE: read it, or measure and write it */
+    double plan_memory;   /* --plan-memory MB: the most a rank may hold (0: no limit) */
 } opts;
 
 static const char *HELP =
@@ -265,7 +270,8 @@ static const char *HELP =
     "  --resume          continue from the newest checkpoint in --ckpt (any layout)\n"
     "  --stop-at N       stop after step N (saving a checkpoint), as a preempted job would; the\n"
     "                    schedule still spans --steps\n"
-    "  --log FILE        JSON lines per step: step, loss, lr, grad_norm, tokens_per_s, loss_scale, comm_s\n"
+    "  --log FILE        JSON lines per step: step, loss, lr, grad_norm, tokens_per_s, loss_scale, comm_s,\n"
+    "                    step_s (this step's seconds on rank 0)\n"
     "  --trace FILE      Chrome trace (Perfetto) of compute and collectives, every rank\n"
     "  --sample N        generate N tokens from the final model and print them\n"
     "  --print-every N   a progress line every N steps (10); --quiet: only the final line\n"
@@ -301,6 +307,13 @@ static const char *HELP =
     "                    collectives) and name the ranks above --slow-factor x the median, with their host,\n"
     "                    on stdout and in --log's line (\"slow_ranks\"); 0 = off (10 on cpu, 0 on cuda)\n"
     "  --slow-factor F   (1.5)\n"
+    "  --plan            measure this machine at this world size (or read --plan-profile), print the planner's\n"
+    "                    best layouts for this model and batch and its prediction for the layout given, then\n"
+    "                    exit (dt_plan.h; dense models on the CPU)\n"
+    "  --layout auto     train on the layout the planner ranks first: it chooses --tp --pp --cp --zero --micro\n"
+    "                    --sp --schedule --recompute; the model, batch and world stay as given\n"
+    "  --plan-profile F  the planner's profile: read F when it exists, else measure (seconds) and write it\n"
+    "  --plan-memory MB  plan within MB per rank (0: no limit) (0)\n"
     "  --help            this text\n";
 
 static void usage(const char *why) {
@@ -432,6 +445,13 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--resume")) { o->resume = 1; takes = 0; }
         else if (!strcmp(a, "--quiet")) { o->quiet = 1; takes = 0; }
         else if (!strcmp(a, "--profile")) { g_profile = 1; takes = 0; }
+        else if (!strcmp(a, "--plan")) { o->plan = 1; takes = 0; }
+        else if (!strcmp(a, "--layout")) {
+            if (v && !strcmp(v, "auto")) o->layout_auto = 1;
+            else usage("--layout is auto (the planner's first choice); give --tp / --pp / ... for your own");
+        }
+        else if (!strcmp(a, "--plan-profile")) o->plan_profile = v;
+        else if (!strcmp(a, "--plan-memory")) o->plan_memory = real(a, v, 0, 1e12);
         else { char why[200]; snprintf(why, sizeof why, "unknown flag '%s'", a); usage(why); }
         if (takes && !v) { char why[200]; snprintf(why, sizeof why, "%s needs a value", a); usage(why); }
         i += takes;
@@ -1876,6 +1896,7 @@ typedef struct trainer {
     int64_t step, first_step, last_step;
     double loss;                        /* the last step's (or the checkpoint's) */
     double peak_flops, flops_per_token, n_params, t0, act_peak, base;
+    double step_s;              /* the last step's wall time on this rank (--log's step_s) */
     int logging;                        /* this step reads its loss (is_logging_step) */
     double moe_aux, moe_dropped, moe_print, moe_lmax; /* MoE: the last logging step's, over every layer */
     double *moe_hist;                   /* MoE: [L][E] assignments per expert, summed over the run */
@@ -1947,6 +1968,97 @@ static void setup(trainer *t, int argc, char **argv) {
     parse(&t->o, argc, argv);
     if (t->o.timeout > 0) CHECK(dt_comm_set_timeout(t->world, t->o.timeout)); /* the layout's groups inherit it */
     open_data(&t->data, &t->o);
+}
+
+/* The layout as the planner sees it (dt_plan.h), from the flags. */
+static dt_plan_layout plan_given(const opts *o) {
+    dt_plan_layout l;
+    memset(&l, 0, sizeof l);
+    l.tp = o->tp; l.pp = o->pp; l.cp = o->cp; l.zero = o->zero; l.micro = o->micro; l.sp = o->sp;
+    l.schedule = o->schedule; l.recompute = (dt_plan_recompute)o->recompute;
+    return l;
+}
+
+/* --plan and --layout auto: the profile (read, or measured by every rank at once), the search,
+   rank 0's table; --layout auto then takes the first layout into the flags (every rank computes
+   the same search from the same profile: measured figures are the slowest rank's). */
+static void plan_layout(trainer *t) {
+    opts *o = &t->o;
+    dt_plan_model pm;
+    dt_plan_profile *pf;
+    dt_plan_prediction top[5], mine;
+    dt_plan_search_desc sd;
+    dt_plan_layout given = plan_given(o);
+    int n = 0, total = 0, have = 0, r, mine_ok;
+    char ls[160];
+    FILE *f;
+    if (!o->plan && !o->layout_auto) return;
+    if (o->moe_experts || o->device != DT_CPU || o->offload > 0 || o->ulysses || (o->kv_heads && o->kv_heads < o->tp) ||
+        o->dtype == DT_F16)
+        fail("--plan / --layout auto: the planner models dense models on the CPU in f32 or bf16 (no --moe-experts, "
+             "--offload-activations, --cp-kind ulysses, --device cuda, --dtype f16) for now");
+    memset(&pm, 0, sizeof pm);
+    pm.layers = o->layers; pm.width = o->width; pm.heads = o->heads; pm.kv_heads = o->kv_heads ? o->kv_heads : o->heads;
+    pm.vocab = t->data.vocab_padded; pm.seq = o->seq; pm.batch = o->batch; pm.dtype = o->dtype;
+    pf = (dt_plan_profile *)malloc(sizeof *pf);
+    if (!pf) CHECK(DT_ERR_OOM);
+    if (o->plan_profile && (f = fopen(o->plan_profile, "rb"))) { fclose(f); have = 1; }
+    if (have) {
+        CHECK(dt_plan_profile_load(g_ctx, pf, o->plan_profile));
+        if (pf->world != t->W || memcmp(&pf->model, &pm, sizeof pm))
+            fail("--plan-profile %s was measured for %d ranks and a model of %d layers, width %d, heads %d / %d, vocab "
+                 "%lld, seq %lld, batch %lld, %s; this run has %d ranks and %d, %d, %d / %d, %lld, %lld, %lld, %s: remove "
+                 "the file to measure again", o->plan_profile, pf->world, pf->model.layers, pf->model.width,
+                 pf->model.heads, pf->model.kv_heads, (long long)pf->model.vocab, (long long)pf->model.seq,
+                 (long long)pf->model.batch, dt_dtype_name(pf->model.dtype), t->W, pm.layers, pm.width, pm.heads,
+                 pm.kv_heads, (long long)pm.vocab, (long long)pm.seq, (long long)pm.batch, dt_dtype_name(pm.dtype));
+    } else {
+        CHECK(dt_plan_profile_measure(t->world, &pm, NULL, pf));
+        if (o->plan_profile && g_rank == 0) CHECK(dt_plan_profile_save(g_ctx, pf, o->plan_profile));
+    }
+    memset(&sd, 0, sizeof sd);
+    sd.mem_budget = o->plan_memory * 1e6;
+    sd.recompute = 1;
+    CHECK(dt_plan_search(g_ctx, pf, &sd, top, 5, &n, &total));
+    mine_ok = n > 0 && o->layout_auto ? (mine = top[0], 1) : dt_plan_predict(g_ctx, pf, &given, &mine) == DT_OK;
+    if (g_rank == 0) {
+        dt_strbuf sb;
+        memset(&sb, 0, sizeof sb);
+        sb.ctx = g_ctx;
+        printf("plan: profile of %s, %d ranks on %d host%s, %s in %.1f s; %d layouts valid%s\n", pf->machine, pf->world,
+               pf->hosts, pf->hosts > 1 ? "s" : "", have ? "read from --plan-profile, measured" : "measured",
+               pf->measure_s, total, o->plan_memory > 0 ? " within --plan-memory" : "");
+        dt_plan_format(top, n, &sb);
+        if (sb.text) fputs(sb.text, stdout);
+        dt_strbuf_free(&sb);
+        if (mine_ok) /* one line the validation bench reads */
+            printf("plan: the layout %s (%s): predicted step %.6f s, %.0f tokens/s (compute %.2f ms, comm %.2f ms, "
+                   "bubble %.2f ms, optimizer %.2f ms), memory %.3f MB per rank (params %.2f, grads %.2f, optimizer "
+                   "%.2f, activations %.2f, transient %.2f)\n", o->layout_auto ? "chosen" : "given",
+                   dt_plan_layout_string(&mine.layout, ls, sizeof ls),
+                   mine.step_s, mine.tokens_per_s, mine.compute_s * 1e3, mine.comm_s * 1e3, mine.bubble_s * 1e3,
+                   mine.optimizer_s * 1e3, mine.mem_total / 1e6, mine.mem_params / 1e6, mine.mem_grads / 1e6,
+                   mine.mem_optimizer / 1e6, mine.mem_activations / 1e6, mine.mem_transient / 1e6);
+        else printf("plan: the layout given: %s\n", dt_ctx_error(g_ctx));
+        fflush(stdout);
+    }
+    if (!n) fail("--plan: no layout of this model fits %d ranks%s", t->W, o->plan_memory > 0 ? " within --plan-memory" : "");
+    if (o->layout_auto) { /* the flags of the first layout */
+        const dt_plan_layout *b = &top[0].layout;
+        o->tp = b->tp; o->pp = b->pp; o->cp = b->cp; o->zero = b->zero; o->micro = b->micro; o->sp = b->sp;
+        o->recompute = (int)b->recompute;
+        if (b->pp > 1) o->schedule = b->schedule;
+        o->chunks = o->schedule == DT_PP_INTERLEAVED && o->pp > 1 ? 2 : 1;
+        if (g_rank == 0)
+            printf("layout auto: %s (predicted %.0f tokens/s)\n", dt_plan_layout_string(b, ls, sizeof ls), top[0].tokens_per_s);
+    }
+    free(pf);
+    if (o->plan) {
+        r = 0;
+        dt_comm_free(t->world);
+        dt_ctx_shutdown(&t->ctx);
+        exit(r);
+    }
 }
 
 /* The layout's sizes, checked here with names before any collective; the pipeline's schedule. */
@@ -2527,8 +2639,8 @@ static void log_step(trainer *t, const dt_opt_step_info *info) {
         printf("  moe: aux %.6f  dropped %.0f  load max/mean %.3f\n", t->moe_aux, t->moe_dropped, t->moe_lmax);
     if (t->log) {
         fprintf(t->log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,"
-                        "\"loss_scale\":%g,\"comm_s\":%.6f,\"skipped\":%d", (long long)(t->step + 1), t->loss,
-                info->lr, info->grad_norm, tps, info->loss_scale, comm_seconds(t->lay, t->pl.emb), info->skipped);
+                        "\"loss_scale\":%g,\"comm_s\":%.6f,\"skipped\":%d,\"step_s\":%.6f", (long long)(t->step + 1), t->loss,
+                info->lr, info->grad_norm, tps, info->loss_scale, comm_seconds(t->lay, t->pl.emb), info->skipped, t->step_s);
         if (o->slow_every && t->win_steps == 0) { /* the step that ended a --slow-every window */
             int i;
             fprintf(t->log, ",\"compute_s_median\":%.6f,\"slow_ranks\":[", t->slow_median);
@@ -2619,6 +2731,13 @@ static void report(trainer *t) {
                    cs > 0 ? 100.0 * ov / cs : 0.0, blocked, cs > 0 ? 100.0 * (1.0 - blocked / cs) : 0.0);
     }
     if (o->moe_experts && trained) moe_histogram(t);
+    { /* the largest rank's high-water mark since the model was built (model, optimizer, activations,
+         transients): what dt_plan_predict's memory is checked against */
+        double pk = (double)dt_peak_bytes(&t->ctx);
+        CHECK(dt_comm_allreduce_f64(t->world, &pk, 1, DT_REDUCE_MAX));
+        if (g_rank == 0 && !o->quiet && trained)
+            printf("peak memory per rank: %.3f MB (the largest rank's dt_peak_bytes since the model was built)\n", pk / 1e6);
+    }
     if (o->sample) sample_text(&t->m, o->sample, o->seed, t->data.vocab == 256);
     if (g_rank == 0) printf("final: loss %.9g\n", t->loss);
 }
@@ -2676,6 +2795,7 @@ int main(int argc, char **argv) {
 
     memset(&t, 0, sizeof t);
     setup(&t, argc, argv);
+    plan_layout(&t);
     check_sizes(&t);
     build_model(&t);
     if (o->pp > 1) build_pipeline(&t);
@@ -2690,10 +2810,12 @@ int main(int argc, char **argv) {
     for (; t.step < t.last_step; t.step++) {
         /* the whole step with its checkpoint, not each call: a fault anywhere in it is named
            within --timeout of the step's start (plus the report's grace) */
+        double ts = now();
         if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, o->timeout));
         slow_begin(&t);
         train_step(&t, &info);
         slow_end(&t);
+        t.step_s = now() - ts;
         /* the log line before the checkpoint: a run killed after a checkpoint has logged every
            step it holds, so the resumed run's lines complete the log */
         log_step(&t, &info);

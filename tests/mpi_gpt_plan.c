@@ -1,0 +1,69 @@
+// mpi-driver
+/* tests/mpi_gpt_plan.c - examples/gpt --plan and --layout auto (dt_plan.h): --plan measures the
+   machine at the run's world size, prints the five best layouts and its prediction for the layout
+   given, and exits; --layout auto trains on the first one, to the loss of the one-rank run (every
+   layout trains the same model); the profile file is kept and read again; a profile of another
+   world, a model the planner does not model and a bad --layout value are named.
+
+   Run directly (not under mpirun): it starts $DT_MPIRUN -np N build/examples/gpt itself.
+   build/examples/gpt comes from ./build.sh. */
+#define _POSIX_C_SOURCE 200809L
+#include "dt_tensor.h"
+#include "dt_comm.h"
+#include "dt_opt.h"
+#include "dt_test.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#if defined(__GNUC__)
+#pragma GCC diagnostic ignored "-Wunused-function" /* the driver's checkpoint helpers: not needed here */
+#endif
+#include "gpt_driver.h"
+
+static const char *MODEL = "--layers 2 --width 64 --heads 4 --seq 32 --batch 8 --steps 4 --seed 3";
+
+int main(void) {
+    char flags[1024], out[512], prof[512], ref_out[512];
+    double ref, got;
+    FILE *probe = fopen(GPT, "rb");
+    dt_ctx_init(&g_ctx, NULL);
+    if (!probe) {
+        dt_test_fail("gpt_built", "%s is missing: run ./build.sh first", GPT);
+        return dt_test_finish();
+    }
+    fclose(probe);
+    snprintf(prof, sizeof prof, "%s/plan_np2.json", dt_test_tmpdir());
+    snprintf(out, sizeof out, "%s/plan.out", dt_test_tmpdir());
+    snprintf(flags, sizeof flags, "%s --tp 2 --plan --plan-profile %s", MODEL, prof);
+    if (DT_TEST_CHECK("gpt_plan_exits_0", run(2, flags, out) == 0)) {
+        DT_TEST_CHECK("gpt_plan_prints_the_table_of_five", file_has(out, "rank layout") && file_has(out, "5    dp "));
+        DT_TEST_CHECK("gpt_plan_predicts_the_layout_given", file_has(out, "plan: the layout given (dp 1 tp 2 pp 1 cp 1"));
+        DT_TEST_CHECK("gpt_plan_writes_its_profile", file_has(prof, "\"dt_plan_profile\": 1"));
+        DT_TEST_CHECK("gpt_plan_trains_nothing", !file_has(out, "final: loss"));
+    }
+    /* the same again from the file: "read from --plan-profile" */
+    if (DT_TEST_CHECK("gpt_plan_reads_its_profile", run(2, flags, out) == 0))
+        DT_TEST_CHECK("gpt_plan_says_it_read_the_profile", file_has(out, "read from --plan-profile"));
+    /* --layout auto trains on the first layout, to the one-rank loss */
+    snprintf(ref_out, sizeof ref_out, "%s/np1.out", dt_test_tmpdir());
+    snprintf(flags, sizeof flags, "%s --quiet", MODEL);
+    run(1, flags, ref_out);
+    ref = final_loss(ref_out, NULL, 0);
+    snprintf(flags, sizeof flags, "%s --layout auto --plan-profile %s", MODEL, prof);
+    if (DT_TEST_CHECK("gpt_layout_auto_runs", run(2, flags, out) == 0)) {
+        got = final_loss(out, NULL, 0);
+        DT_TEST_CHECK("gpt_layout_auto_says_what_it_chose", file_has(out, "layout auto: dp "));
+        dt_test_close("gpt_layout_auto_trains_the_one_rank_model", got, ref, 1e-4 * fabs(ref));
+    }
+    /* a profile of 2 ranks for a run of 1; what the planner does not model; a bad value */
+    snprintf(flags, sizeof flags, "--plan --plan-profile %s", prof);
+    gd_named_error("gpt_plan_profile_of_another_world_is_named", 1, MODEL, flags, "was measured for 2 ranks");
+    gd_named_error("gpt_plan_of_moe_is_named", 1, MODEL, "--plan --moe-experts 4 --moe-balance bias",
+                   "the planner models dense models");
+    gd_named_error("gpt_layout_bad_value_is_named", 1, MODEL, "--layout fast", "--layout is auto");
+    dt_ctx_shutdown(&g_ctx);
+    return dt_test_finish();
+}
