@@ -1,0 +1,216 @@
+/* (no "np:" line: it starts its own mpirun for each layout, so ./build.sh bench runs it directly) */
+/* bench/plan.c - the planner (dt_plan.h) against the steps it predicts: examples/gpt at >= 12
+   layouts on 1, 2 and 4 ranks, each predicted (gpt --plan, from a profile measured once per world
+   size) and then run, in rounds, interleaved. Prints per layout the predicted and measured step
+   time (median over the steps after the third, then the median over rounds) and peak memory per
+   rank (the largest rank's dt_peak_bytes), with the errors; per world size the planner's first
+   choice (gpt --layout auto) is run too and compared with the best layout measured. Ends with
+
+       planner: layouts N, median error E%, max error M%, memory max error P%, first-ranked within R% of best
+
+   build/bench/plan [--rounds 3] [--steps 12] [--gpt build/examples/gpt] [--quick]
+   The mpirun command comes from $DT_MPIRUN (./build.sh env), else "mpirun --oversubscribe". */
+#define _POSIX_C_SOURCE 200809L
+#define DT_TENSOR_IMPLEMENTATION
+#include "../dt_tensor.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <math.h>
+#include <sys/stat.h>
+#include "bench.h"
+
+/* the model: large enough that a step is compute (not launch overhead), small enough for the
+   whole bench in minutes on two cores */
+static const char *MODEL = "--layers 4 --width 256 --heads 4 --seq 128 --batch 16";
+
+typedef struct row {
+    int np;
+    const char *flags;       /* the layout's flags; "auto": --layout auto */
+    double pred_s, pred_mb;  /* from --plan */
+    double meas[8];          /* per round: the median step */
+    int rounds;
+    double meas_mb;
+    char layout[160];        /* the planner's name of it */
+} row;
+
+static row ROWS[] = {
+    {1, "", 0, 0, {0}, 0, 0, ""},
+    {1, "--recompute full", 0, 0, {0}, 0, 0, ""},
+    {1, "--recompute selective --micro 2", 0, 0, {0}, 0, 0, ""},
+    {1, "auto", 0, 0, {0}, 0, 0, ""},
+    {2, "", 0, 0, {0}, 0, 0, ""},
+    {2, "--tp 2", 0, 0, {0}, 0, 0, ""},
+    {2, "--tp 2 --sp 1", 0, 0, {0}, 0, 0, ""},
+    {2, "--pp 2 --micro 4", 0, 0, {0}, 0, 0, ""},
+    {2, "--pp 2 --micro 4 --schedule gpipe", 0, 0, {0}, 0, 0, ""},
+    {2, "--zero 1", 0, 0, {0}, 0, 0, ""},
+    {2, "--zero 3", 0, 0, {0}, 0, 0, ""},
+    {2, "--cp 2", 0, 0, {0}, 0, 0, ""},
+    {2, "auto", 0, 0, {0}, 0, 0, ""},
+    {4, "", 0, 0, {0}, 0, 0, ""},
+    {4, "--tp 2", 0, 0, {0}, 0, 0, ""},
+    {4, "--tp 2 --pp 2 --micro 4", 0, 0, {0}, 0, 0, ""},
+    {4, "--pp 2 --micro 4 --schedule zb", 0, 0, {0}, 0, 0, ""},
+    {4, "--zero 2 --micro 2", 0, 0, {0}, 0, 0, ""},
+    {4, "auto", 0, 0, {0}, 0, 0, ""},
+};
+#define NROWS ((int)(sizeof ROWS / sizeof ROWS[0]))
+
+static char g_mpirun[512], g_gpt[512];
+
+/* runs cmd, returns its output (malloc'd, NUL-terminated) and *rc */
+static char *run(const char *cmd, int *rc) {
+    FILE *p = popen(cmd, "r");
+    size_t n = 0, cap = 1 << 16;
+    char *out = (char *)malloc(cap);
+    if (!p || !out) { fprintf(stderr, "plan: cannot run %s\n", cmd); exit(1); }
+    for (;;) {
+        size_t k;
+        if (n + 4096 > cap && !(out = (char *)realloc(out, cap *= 2))) exit(1);
+        k = fread(out + n, 1, cap - n - 1, p);
+        if (!k) break;
+        n += k;
+    }
+    out[n] = '\0';
+    *rc = pclose(p);
+    return out;
+}
+
+static double num_after(const char *text, const char *key) {
+    const char *s = strstr(text, key);
+    return s ? atof(s + strlen(key)) : NAN;
+}
+
+static void layout_flags(const row *r, char *buf, size_t n) {
+    snprintf(buf, n, "%s", !strcmp(r->flags, "auto") ? "--layout auto" : r->flags);
+}
+
+/* --plan: the prediction for the row's layout (auto: for the planner's first choice) */
+static void predict(row *r, const char *profile) {
+    char cmd[2048], fl[256];
+    const char *s;
+    char *out;
+    int rc;
+    layout_flags(r, fl, sizeof fl);
+    snprintf(cmd, sizeof cmd, "%s -np %d %s %s %s --plan --plan-profile %s 2>&1", g_mpirun, r->np, g_gpt, MODEL, fl,
+             profile);
+    out = run(cmd, &rc);
+    r->pred_s = num_after(out, "predicted step ");
+    r->pred_mb = num_after(out, "), memory ");
+    s = strstr(out, "plan: the layout ");
+    s = s ? strchr(s, '(') : NULL;
+    if (s) {
+        const char *e = strstr(s, "): predicted");
+        int k = e ? (int)(e - s - 1) : 0;
+        if (k > (int)sizeof r->layout - 1) k = (int)sizeof r->layout - 1;
+        if (k < 0) k = 0;
+        memcpy(r->layout, s + 1, (size_t)k);
+        r->layout[k] = '\0';
+    }
+    if (rc || !(r->pred_s > 0)) {
+        fprintf(stderr, "plan: no prediction for np %d %s (rc %d):\n%s\n", r->np, r->flags, rc, out);
+        exit(1);
+    }
+    free(out);
+}
+
+/* one training run: the median of step_s after the third step, and the peak memory */
+static void measure(row *r, int steps, const char *logdir) {
+    char cmd[2048], fl[256], log[600], line[4096];
+    char *out;
+    int rc, n = 0;
+    double t[1024];
+    FILE *f;
+    dt_ctx ctx;
+    layout_flags(r, fl, sizeof fl);
+    snprintf(log, sizeof log, "%s/np%d_%d.jsonl", logdir, r->np, (int)(r - ROWS));
+    /* --layout auto reads the profile the prediction used */
+    snprintf(cmd, sizeof cmd, "%s -np %d %s %s %s --steps %d --print-every 0 --log %s --plan-profile %s/profile_np%d.json "
+             "2>&1", g_mpirun, r->np, g_gpt, MODEL, fl, steps, log, logdir, r->np);
+    out = run(cmd, &rc);
+    if (rc) { fprintf(stderr, "plan: np %d %s failed (rc %d):\n%s\n", r->np, r->flags, rc, out); exit(1); }
+    r->meas_mb = num_after(out, "peak memory per rank: ");
+    free(out);
+    memset(&ctx, 0, sizeof ctx);
+    dt_ctx_init(&ctx, NULL);
+    f = fopen(log, "r");
+    while (f && fgets(line, sizeof line, f) && n < 1024) {
+        dt_json *j = NULL;
+        if (dt_json_parse(&ctx, &j, line, strlen(line)) == DT_OK) {
+            const dt_json *st = dt_json_get(j, "step"), *s = dt_json_get(j, "step_s");
+            if (st && s && st->number > 3) t[n++] = s->number;
+            dt_json_free(&ctx, j);
+        }
+    }
+    if (f) fclose(f);
+    dt_ctx_shutdown(&ctx);
+    if (!n) { fprintf(stderr, "plan: np %d %s: no steps in %s\n", r->np, r->flags, log); exit(1); }
+    r->meas[r->rounds++] = median(t, n);
+}
+
+int main(int argc, char **argv) {
+    int rounds = 3, steps = 12, i, k, np, quick = 0, nl = 0;
+    const char *logdir = "build/bench/plan_logs", *mr = getenv("DT_MPIRUN");
+    double err[NROWS], merr[NROWS], emax = 0, mmax = 0, first_gap = 0, t0 = now_s();
+    snprintf(g_gpt, sizeof g_gpt, "build/examples/gpt");
+    snprintf(g_mpirun, sizeof g_mpirun, "%s", mr && *mr ? mr : "mpirun --oversubscribe");
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--gpt") && i + 1 < argc) snprintf(g_gpt, sizeof g_gpt, "%s", argv[++i]);
+        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else { fprintf(stderr, "usage: plan [--rounds N (3)] [--steps N (12)] [--gpt PATH] [--quick]\n"); return 2; }
+    }
+    if (rounds < 1 || rounds > 8 || steps < 6 || steps > 1000) {
+        fprintf(stderr, "plan: --rounds 1..8 and --steps 6..1000, got %d and %d\n", rounds, steps);
+        return 2;
+    }
+    if (quick) rounds = 1;
+    mkdir("build", 0755); mkdir("build/bench", 0755); mkdir(logdir, 0755);
+    /* one profile per world size, measured afresh */
+    for (np = 1; np <= 4; np *= 2) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/profile_np%d.json", logdir, np);
+        remove(path);
+        for (i = 0; i < NROWS; i++)
+            if (ROWS[i].np == np) predict(&ROWS[i], path);
+    }
+    for (k = 0; k < rounds; k++) /* rounds of every layout in turn: a slow minute hits all alike */
+        for (i = 0; i < NROWS; i++) measure(&ROWS[i], steps, logdir);
+    printf("planner check: examples/gpt %s, %d rounds of %d steps (median step of steps 4..%d, median over rounds)\n",
+           MODEL, rounds, steps, steps);
+    printf("%-3s %-80s %10s %10s %7s %9s %9s %7s\n", "np", "layout", "pred ms", "meas ms", "err", "pred MB", "meas MB",
+           "err");
+    for (i = 0; i < NROWS; i++) {
+        row *r = &ROWS[i];
+        double m = median(r->meas, r->rounds);
+        char name[200];
+        snprintf(name, sizeof name, "%s%s", !strcmp(r->flags, "auto") ? "auto: " : "", r->layout);
+        err[nl] = 100.0 * fabs(r->pred_s - m) / m;
+        merr[nl] = 100.0 * fabs(r->pred_mb - r->meas_mb) / r->meas_mb;
+        printf("%-3d %-80s %10.2f %10.2f %6.1f%% %9.2f %9.2f %6.1f%%\n", r->np, name, r->pred_s * 1e3, m * 1e3, err[nl],
+               r->pred_mb, r->meas_mb, merr[nl]);
+        if (err[nl] > emax) emax = err[nl];
+        if (merr[nl] > mmax) mmax = merr[nl];
+        nl++;
+    }
+    for (np = 1; np <= 4; np *= 2) { /* the planner's first choice against the best measured */
+        double best = 1e30, mine = 0;
+        for (i = 0; i < NROWS; i++) {
+            double m;
+            if (ROWS[i].np != np) continue;
+            m = median(ROWS[i].meas, ROWS[i].rounds);
+            if (m < best) best = m;
+            if (!strcmp(ROWS[i].flags, "auto")) mine = m;
+        }
+        printf("np %d: the first-ranked layout measured %.2f ms, the best measured %.2f ms (%.1f%% slower)\n", np,
+               mine * 1e3, best * 1e3, 100.0 * (mine - best) / best);
+        if (100.0 * (mine - best) / best > first_gap) first_gap = 100.0 * (mine - best) / best;
+    }
+    printf("(%.0f s)\n", now_s() - t0);
+    printf("planner: layouts %d, median error %.1f%%, max error %.1f%%, memory max error %.1f%%, first-ranked within "
+           "%.1f%% of best\n", nl, median(err, nl), emax, mmax, first_gap);
+    return 0;
+}
