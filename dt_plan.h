@@ -232,6 +232,7 @@ DT_API void dt_plan_format(const dt_plan_prediction *pr, int n, dt_strbuf *out);
 #include <string.h>
 #include <unistd.h>      /* sysconf */
 #include <sys/utsname.h> /* uname: the host's name (gethostname is hidden under strict C99) */
+#include <time.h>        /* clock: the pipeline probe spins on CPU time */
 
 /* ==== >>model ==================================================================================== */
 
