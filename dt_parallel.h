@@ -799,7 +799,7 @@ typedef struct dt_pp_sim_desc {
     const double *stage_f, *stage_b; /* optional, [stages]: stage s's own f and b (the first stage's
                                         embedding, the last one's head, an uneven split); its bi and
                                         bw keep the bi / b and bw / b of the fields above. NULL =
-                                        every stage f and b */
+                                        every stage f and b. Simulate only: _format refuses them */
 } dt_pp_sim_desc;
 
 /* Read the fields; actions[s][0 .. count[s]) is stage s's list (a test may edit the actions in
@@ -5448,6 +5448,9 @@ DT_API dt_status dt_pp_schedule_format(dt_pp_schedule *s, dt_strbuf *out, const 
     dt_status err;
     if (!s || !s->ctx) return DT_ERR_ARG;
     if (!out) return dt_ctx_set_error(s->ctx, DT_ERR_ARG, "dt_pp_schedule_format: out is NULL");
+    if (desc && (desc->stage_f || desc->stage_b)) /* its columns are one slot wide for every stage */
+        return dt_ctx_set_error(s->ctx, DT_ERR_ARG, "dt_pp_schedule_format: desc->stage_f / stage_b given, expected "
+                                "NULL: the table draws stages of equal cost (dt_pp_schedule_simulate takes them)");
     err = dt_pp_schedule_simulate(s, &stats, desc);
     if (err) return err;
     dt__pp_costs(s->ctx, desc, c);

@@ -50,7 +50,8 @@
 
    Memory: from the ctx allocator; the profile is a plain struct (no pointers), copied freely.
    Errors: a dt_status and dt_ctx_error naming the argument, the value and what was expected.
-   Threads: a profile is read-only to predict and search, so they may run on many threads.
+   Threads: a profile is read-only to predict and search; they write the ctx's error and allocate
+   from it, so each thread needs its own ctx.
 
    The licence (MIT) is at the end of this file.
 */
@@ -115,7 +116,7 @@ DT_API const char *dt_plan_recompute_name(dt_plan_recompute r); /* "none", "full
    groups of `size` consecutive ranks (cross: the group spans hosts), all groups of that size at
    once; bytes is the whole buffer (an all-gather's output, a reduce-scatter's input). */
 
-#define DT_PLAN_MAX_SPLITS 48
+#define DT_PLAN_MAX_SPLITS 128
 #define DT_PLAN_MAX_COLLS 64
 #define DT_PLAN_MAX_PIPES 16
 
@@ -175,6 +176,8 @@ typedef struct dt_plan_measure_desc {
    valid layouts on this world need. desc may be NULL. */
 DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m, const dt_plan_measure_desc *desc,
                                          dt_plan_profile *out);
+/* Every rank of c gets root's profile (collective): after one rank read the file, say. */
+DT_API dt_status dt_plan_profile_broadcast(dt_comm *c, dt_plan_profile *p, int root);
 /* JSON, one file: written by rank 0 only when called on every rank is fine (it writes what it
    is given). Load checks every field: a missing or bad one is DT_ERR_FORMAT naming it and the
    file. */
@@ -375,7 +378,8 @@ static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *
     default: blk = Nl * C + core + att + N * Fl; break;
     }
     (void)ln;
-    if (l->pp > 1 && l->schedule == DT_PP_ZB_H1) blk += 2 * Nl * C + N * Fl + N * Wl; /* the weight pass's kept grads */
+    if (l->pp > 1 && l->schedule == DT_PP_ZB_H1 && !l->sp && !r) /* the weight pass's kept grads (gpt splits the */
+        blk += 2 * Nl * C + N * Fl + N * Wl;                         /* backward only without sp and recompute) */
     e = nb * blk + shared;
     if (l->sp) e += 2 * N * C + N * C;                    /* gath1, gath2, lnfall */
     e += Nl * C * 2 + 2 * Nl + N * Vl + 2 * N + 2 * N;    /* xL, lnf (+ mean, rstd), logits, stats, ids, targets */
@@ -671,8 +675,8 @@ static int dt__plan_find_split(const dt_plan_profile *p, int tp, int cp, int sp,
     return -1;
 }
 
-static void dt__plan_need(dt_plan_profile *p, const dt_plan_model *m, int world) {
-    int tp, cp, pp, sp, lse;
+static int dt__plan_need(dt_plan_profile *p, const dt_plan_model *m, int world) {
+    int tp, cp, pp, sp, lse, dropped = 0;
     int64_t dp, micro, rows;
     for (tp = 1; tp <= world; tp++)
         for (cp = 1; tp * cp <= world; cp++)
@@ -692,7 +696,7 @@ static void dt__plan_need(dt_plan_profile *p, const dt_plan_model *m, int world)
                             rows = m->batch / dp / micro * (m->seq / cp);
                             i = dt__plan_find_split(p, tp, cp, sp, lse || cp > 1);
                             if (i < 0) {
-                                if (p->n_splits >= DT_PLAN_MAX_SPLITS) continue;
+                                if (p->n_splits >= DT_PLAN_MAX_SPLITS) { dropped++; continue; }
                                 i = p->n_splits++;
                                 memset(&p->splits[i], 0, sizeof p->splits[i]);
                                 p->splits[i].tp = tp; p->splits[i].cp = cp; p->splits[i].sp = sp;
@@ -703,6 +707,7 @@ static void dt__plan_need(dt_plan_profile *p, const dt_plan_model *m, int world)
                             if (rows > p->splits[i].rows[1]) p->splits[i].rows[1] = rows;
                         }
             }
+    return dropped;
 }
 
 #define DT__PLAN_COPIES 4
@@ -838,6 +843,7 @@ static dt_status dt__plan_measure_colls(dt_comm *world, dt_plan_profile *p, int 
             if (c->alpha < 0) c->alpha = 0;
         }
         dt_comm_free(g);
+        if (err) break;
     }
     return err;
 }
@@ -998,7 +1004,7 @@ static dt_status dt__plan_spin_bwd(void *u, int c, int i, dt_tensor *din, const 
    yield): a block's time scales to the share min(1, cores / (u rph)). u comes out of the
    simulation, so a few rounds find the fixed point. fst, bst are scaled in place. */
 static dt_status dt__plan_simulate(dt_pp_schedule *s, double *fst, double *bst, double d, double rph, double cores,
-                                   dt_pp_stats *out) {
+                                   int whole_b, dt_pp_stats *out) {
     dt_pp_sim_desc sd;
     double sb = rph > cores ? cores / rph : 1, k = 1;
     int st, it;
@@ -1008,6 +1014,10 @@ static dt_status dt__plan_simulate(dt_pp_schedule *s, double *fst, double *bst, 
     if (!(sd.f > 0)) sd.f = 1e-12;
     if (!(sd.b > 0)) sd.b = 2e-12;
     sd.comm = d;
+    if (whole_b) { /* ZB-H1 whose model does not split its backward: BI is all of it, BW (almost) nothing */
+        sd.bi = sd.b * (1 - 1e-9);
+        sd.bw = sd.b * 1e-9;
+    }
     sd.stage_f = fst; sd.stage_b = bst;
     err = dt_pp_schedule_simulate(s, out, &sd);
     for (it = 0; !err && sb < 1 && it < 4; it++) {
@@ -1015,7 +1025,7 @@ static dt_status dt__plan_simulate(dt_pp_schedule *s, double *fst, double *bst, 
         if (su > 1) su = 1;
         kn = sb / su;
         for (st = 0; st < s->stages; st++) { fst[st] *= kn / k; bst[st] *= kn / k; }
-        sd.f *= kn / k; sd.b *= kn / k;
+        sd.f *= kn / k; sd.b *= kn / k; sd.bi *= kn / k; sd.bw *= kn / k;
         k = kn;
         err = dt_pp_schedule_simulate(s, out, &sd);
     }
@@ -1029,7 +1039,7 @@ static double dt__plan_sim(dt_pp_schedule *s, double f, double b, double d, doub
     int i;
     if (s->stages > 64) return -1;
     for (i = 0; i < s->stages; i++) { fst[i] = f; bst[i] = b; }
-    return dt__plan_simulate(s, fst, bst, d, rph, cores, &st) ? -1 : st.makespan;
+    return dt__plan_simulate(s, fst, bst, d, rph, cores, 0, &st) ? -1 : st.makespan;
 }
 
 static dt_status dt__plan_measure_pipe(dt_comm *world, const dt_plan_model *m, dt_plan_profile *p, int pp, int reps) {
@@ -1045,7 +1055,8 @@ static dt_status dt__plan_measure_pipe(dt_comm *world, const dt_plan_model *m, d
     dt_status err;
     int W = dt_comm_size(world), dp = W / pp, si = dt__plan_find_split(p, 1, 1, 0, 0), j, i, micro = 2 * pp;
     int64_t micro_max = 1;
-    if (si < 0 || p->n_pipes >= DT_PLAN_MAX_PIPES) return DT_OK; /* nothing to scale the compute by */
+    if (si < 0 || p->n_pipes >= DT_PLAN_MAX_PIPES || m->batch % dp || m->batch < dp)
+        return DT_OK; /* nothing to scale the compute by, or no layout has this pipeline */
     while (micro_max * 2 <= 16 && m->batch % (dp * micro_max * 2) == 0) micro_max *= 2;
     pi = &p->pipes[p->n_pipes];
     memset(pi, 0, sizeof *pi);
@@ -1115,7 +1126,8 @@ DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m,
     double t0 = dt_comm_now();
     int i, reps;
     struct utsname un;
-    if (!world || !out) return DT_ERR_ARG;
+    if (!world || !out)
+        return dt_ctx_set_error(dt_comm_ctx(world), DT_ERR_ARG, "%s: %s is NULL", fn, world ? "out" : "world");
     ctx = dt_comm_ctx(world);
     err = dt__plan_model_check(ctx, fn, m);
     if (err) return err;
@@ -1123,16 +1135,25 @@ DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m,
     else memset(&md, 0, sizeof md);
     if (md.budget_s <= 0) md.budget_s = 50;
     reps = md.repeats > 0 ? md.repeats : 3;
+    if (reps > 16) reps = 16; /* the medians are taken from arrays of 16 */
     memset(out, 0, sizeof *out);
     out->model = *m;
     if (!out->model.kv_heads) out->model.kv_heads = m->heads;
     if (!out->model.dtype) out->model.dtype = DT_F32;
     out->world = dt_comm_size(world);
     out->hosts = dt_comm_hosts(world);
-    out->cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    { /* the fewest cores any rank's host has: the same figure on every rank (the pipeline probe's
+         bisection and every prediction read it) */
+        double c = (double)sysconf(_SC_NPROCESSORS_ONLN);
+        if (!(c >= 1)) c = 1;
+        if ((err = dt_comm_allreduce_f64(world, &c, 1, DT_REDUCE_MIN))) return err;
+        out->cores = (int)c;
+    }
 
     snprintf(out->machine, sizeof out->machine, "%.60s, %d cores", uname(&un) == 0 ? un.nodename : "?", out->cores);
-    dt__plan_need(out, &out->model, out->world);
+    if (dt__plan_need(out, &out->model, out->world))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: the layouts of this model on %d ranks need more than %d (tp, cp, sp) "
+                                "splits (DT_PLAN_MAX_SPLITS)", fn, out->world, DT_PLAN_MAX_SPLITS);
     if (!out->n_splits)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: no layout of this model fits a world of %d ranks", fn, out->world);
     { /* the optimizer at the most parameters a rank holds (one rank, the whole model): its four
@@ -1153,7 +1174,25 @@ DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m,
     for (i = 2; i <= out->world && i <= m->layers && i <= 64; i++) /* after the splits: their block times set the spins */
         if (out->world % i == 0 && (err = dt__plan_measure_pipe(world, &out->model, out, i, reps))) return err;
     out->measure_s = dt_comm_now() - t0;
-    return DT_OK;
+    /* every rank plans from the same bytes: rank 0's (its host name, a group's cross flag) */
+    return dt_plan_profile_broadcast(world, out, 0);
+}
+
+DT_API dt_status dt_plan_profile_broadcast(dt_comm *c, dt_plan_profile *p, int root) {
+    dt_ctx *ctx = dt_comm_ctx(c);
+    dt_tensor t;
+    dt_tensor_desc d;
+    dt_status err;
+    if (!c || !p) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_profile_broadcast: %s is NULL", c ? "p" : "c");
+    memset(&d, 0, sizeof d);
+    d.dtype = DT_U8;
+    d.shape[0] = (int64_t)sizeof *p;
+    if ((err = dt_tensor_create(ctx, &t, &d))) return err;
+    memcpy(t.data, p, sizeof *p);
+    err = dt_comm_broadcast(c, &t, root);
+    if (!err) memcpy(p, t.data, sizeof *p);
+    dt_tensor_free(ctx, &t);
+    return err;
 }
 
 /* ---- JSON ---- */
@@ -1164,7 +1203,7 @@ DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m,
 DT_API dt_status dt_plan_profile_save(dt_ctx *ctx, const dt_plan_profile *p, const char *path) {
     dt_strbuf b;
     FILE *f;
-    int i;
+    int i, written;
     const dt_plan_model *m;
     if (!p || !path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_profile_save: %s is NULL", p ? "path" : "p");
     m = &p->model;
@@ -1202,8 +1241,9 @@ DT_API dt_status dt_plan_profile_save(dt_ctx *ctx, const dt_plan_profile *p, con
     dt_strbuf_str(&b, "]}\n");
     if (b.failed) { dt_strbuf_free(&b); return dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_plan_profile_save: out of memory"); }
     f = fopen(path, "wb");
-    if (!f || fwrite(b.text, 1, b.len, f) != b.len || fclose(f)) {
-        if (f) fclose(f);
+    written = f && fwrite(b.text, 1, b.len, f) == b.len;
+    if (f && fclose(f)) written = 0; /* closed once, whatever happened */
+    if (!written) {
         dt_strbuf_free(&b);
         return dt_ctx_set_error(ctx, DT_ERR_IO, "dt_plan_profile_save: cannot write %s", path);
     }
@@ -1215,10 +1255,14 @@ DT_API dt_status dt_plan_profile_save(dt_ctx *ctx, const dt_plan_profile *p, con
 static dt_status dt__plan_num(dt_ctx *ctx, const char *path, const dt_json *obj, const char *where, const char *key,
                             double lo, double hi, double *out) {
     const dt_json *j = dt_json_get(obj, key);
-    if (!j || j->type != DT_JSON_NUMBER || !(j->number >= lo && j->number <= hi))
-        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_plan_profile_load: %s: %s%s = %s, expected a number in "
-                                "[%g, %g]", path, where, key, !j ? "(missing)" : j->type == DT_JSON_NUMBER ? "out of range"
-                                : "not a number", lo, hi);
+    char v[48];
+    if (!j || j->type != DT_JSON_NUMBER || !(j->number >= lo && j->number <= hi)) {
+        if (!j) snprintf(v, sizeof v, "(missing)");
+        else if (j->type != DT_JSON_NUMBER) snprintf(v, sizeof v, "(not a number)");
+        else snprintf(v, sizeof v, "%.9g", j->number);
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_plan_profile_load: %s: %s%s = %s, expected a number in [%g, %g]",
+                                path, where, key, v, lo, hi);
+    }
     *out = j->number;
     return DT_OK;
 }
@@ -1274,7 +1318,7 @@ DT_API dt_status dt_plan_profile_load(dt_ctx *ctx, dt_plan_profile *p, const cha
     }
     j = dt_json_get(root, "machine");
     if (j && j->type == DT_JSON_STRING) snprintf(p->machine, sizeof p->machine, "%s", j->string);
-    DT__PLAN_N(root, "", "world", 1, 1 << 24, p->world);
+    DT__PLAN_N(root, "", "world", 1, 1 << 20, p->world);
     DT__PLAN_N(root, "", "hosts", 1, 1 << 24, p->hosts);
     DT__PLAN_N(root, "", "cores", 1, 1 << 20, p->cores);
     mo = dt_json_get(root, "model");
@@ -1415,6 +1459,29 @@ static double dt__plan_pipe_delay(const dt_plan_profile *p, int pp, double bytes
     }
 }
 
+/* A profile made by hand or changed after loading: its counts within the arrays, every split's
+   rows positive, every group of two or more, at least a core. */
+static dt_status dt__plan_profile_check(dt_ctx *ctx, const char *fn, const dt_plan_profile *p) {
+    int i;
+    if (p->world < 1 || p->world > (1 << 20) || p->hosts < 1 || p->cores < 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: profile world %d, hosts %d, cores %d: expected world 1 .. 2^20, "
+                                "hosts and cores >= 1", fn, p->world, p->hosts, p->cores);
+    if (p->n_splits < 0 || p->n_splits > DT_PLAN_MAX_SPLITS || p->n_colls < 0 || p->n_colls > DT_PLAN_MAX_COLLS ||
+        p->n_pipes < 0 || p->n_pipes > DT_PLAN_MAX_PIPES)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: profile n_splits %d, n_colls %d, n_pipes %d: expected at most %d, "
+                                "%d, %d", fn, p->n_splits, p->n_colls, p->n_pipes, DT_PLAN_MAX_SPLITS,
+                                DT_PLAN_MAX_COLLS, DT_PLAN_MAX_PIPES);
+    for (i = 0; i < p->n_splits; i++)
+        if (p->splits[i].rows[0] < 1 || p->splits[i].rows[1] < p->splits[i].rows[0])
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: profile splits[%d].rows = [%lld, %lld], expected 1 <= rows[0] "
+                                    "<= rows[1]", fn, i, (long long)p->splits[i].rows[0], (long long)p->splits[i].rows[1]);
+    for (i = 0; i < p->n_colls; i++)
+        if (p->colls[i].size < 2 || (int)p->colls[i].kind < 0 || p->colls[i].kind >= DT_PLAN_COLL_KINDS)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: profile colls[%d]: size %d, kind %d, expected size >= 2 and a "
+                                    "dt_plan_coll_kind", fn, i, p->colls[i].size, (int)p->colls[i].kind);
+    return DT_OK;
+}
+
 /* a split's figure at `rows` rows, on the line through its two measured sizes */
 static double dt__plan_at(const int64_t r[2], const double v[2], double rows) {
     if (r[1] == r[0]) return v[0] * rows / (double)r[0];
@@ -1445,7 +1512,12 @@ static double dt__plan_zero_transient(const dt_plan_model *m, const dt_plan_layo
     case 0: return 1.125 * 4 * psi / N * (N - 1);
     case 1: return 4 * big / N * (N + 1) + 1.125 * 4 * big / N * (N - 1);
     case 2: return 4 * n0 + (micro2 ? 4 * b + rs0 : (4 * b > rs0 ? 4 * b : rs0)) + nb * rsb + sl0 + nb * slb;
-    default: return 2 * K * b + 4 * n0 + K * b + 4 * b + (3 + 3 * micro2) * rsb + 3 * slb;
+    default: { /* a block's backward: the stale prefetch of block 1, the gathered block and the one before
+                  it, unit 0's and the block's grads; the end: unit 0 gathered again for the embedding */
+        double blk = 3 * K * b + 4 * n0 + 4 * b + (3 + 3 * micro2) * rsb + 3 * slb;
+        double end = K * n0 + 4 * n0 + rs0 + sl0 + (2 + 3 * micro2) * rsb + 2 * slb;
+        return blk > end ? blk : end;
+    }
     }
 }
 
@@ -1462,9 +1534,12 @@ DT_API dt_status dt_plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt
     if (!p || !layout || !out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: p, layout and out must not be NULL", fn);
     m = &p->model;
     memset(out, 0, sizeof *out);
+    if ((err = dt__plan_profile_check(ctx, fn, p))) return err;
     err = dt_plan_layout_check(ctx, m, p->world, layout, &l);
     if (err) return err;
-    if (l.pp > 4096) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: pp %d, expected at most 4096", fn, l.pp);
+    if ((int64_t)l.pp * l.chunks > 4096)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: pp %d x %d chunks, expected at most 4096 virtual stages", fn, l.pp,
+                                l.chunks);
     lse = l.cp > 1 || l.recompute == DT_PLAN_RECOMPUTE_GEMM_LAST;
     si = dt__plan_find_split(p, l.tp, l.cp, l.sp, lse);
     if (si < 0)
@@ -1521,7 +1596,7 @@ DT_API dt_status dt_plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt
             send = l.tp > 1 || l.cp > 1 ? dt__plan_coll(p, DT_PLAN_SENDRECV, 2, rows / (l.sp ? l.tp : 1) * C * 4)
                                         : dt__plan_pipe_delay(p, l.pp, rows * C * 4);
             err = dt__plan_simulate(sch, fst, bst, send, (double)p->world / (p->hosts > 0 ? p->hosts : 1), p->cores,
-                                    &stt);
+                                    l.schedule == DT_PP_ZB_H1 && (l.sp || l.recompute), &stt);
             if (!err) {
                 makespan = stt.makespan;
                 busy = 0;
@@ -1578,7 +1653,8 @@ DT_API dt_status dt_plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt
         out->mem_params = (l.zero == 3 ? psi / N : psi) * K + (m->dtype == DT_BF16 ? 4 * psi : 0); /* + f32 working copy */
         out->mem_grads = 4 * (l.zero >= 2 ? psi / N : psi);
         out->mem_optimizer = (8 + master) * shard;
-        out->mem_activations = sets * dt__plan_acts_bytes(m, &l, nb_max);
+        /* a set is one (chunk, micro-batch): a chunk's blocks (interleaved: half the stage's) */
+        out->mem_activations = sets * dt__plan_acts_bytes(m, &l, (nb_max + l.chunks - 1) / l.chunks);
         if (l.pp > 1) out->mem_params += 2.0 * (double)m->vocab / l.tp * m->width * 4; /* the tied head's copy, grad */
         out->mem_transient = dt__plan_at(s->rows, s->extra, rows) + dt__plan_zero_transient(m, &l, K, nb_max);
         out->mem_total = out->mem_params + out->mem_grads + out->mem_optimizer + out->mem_activations + out->mem_transient;
@@ -1596,6 +1672,7 @@ static int dt__plan_better(const dt_plan_prediction *a, const dt_plan_prediction
 DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_plan_search_desc *desc,
                                 dt_plan_prediction *out, int max, int *count, int *total) {
     dt_plan_search_desc sd;
+    dt_status err;
     int W, tp, cp, pp, zero, sp, rec, sch, n = 0, all = 0;
     int64_t micro;
     if (!p || !out || max < 1 || !count)
@@ -1604,10 +1681,11 @@ DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_
     if (desc) sd = *desc;
     else memset(&sd, 0, sizeof sd);
     if (sd.max_micro <= 0) sd.max_micro = 16;
+    if ((err = dt__plan_profile_check(ctx, "dt_plan_search", p))) return err;
     W = p->world;
     for (tp = 1; tp <= W; tp++)
-        for (cp = 1; tp * cp <= W; cp++)
-            for (pp = 1; tp * cp * pp <= W; pp++) {
+        for (cp = 1; W % tp == 0 && tp * cp <= W; cp++)
+            for (pp = 1; (W / tp) % cp == 0 && tp * cp * pp <= W; pp++) {
                 if (W % (tp * cp * pp)) continue;
                 for (micro = 1; micro <= sd.max_micro; micro *= 2)
                     for (sch = pp > 1 ? DT_PP_GPIPE : 0; sch <= (pp > 1 ? DT_PP_ZB_H1 : 0); sch++)
@@ -1621,16 +1699,16 @@ DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_
                                     l.tp = tp; l.cp = cp; l.pp = pp; l.micro = (int)micro; l.zero = zero; l.sp = sp;
                                     l.schedule = (dt_pp_kind)sch; l.recompute = (dt_plan_recompute)rec;
                                     if (dt_plan_layout_check(NULL, &p->model, W, &l, NULL)) continue;
-                                    if (dt_plan_predict(ctx, p, &l, &pr)) continue;
+                                    err = dt_plan_predict(ctx, p, &l, &pr);
+                                    if (err == DT_ERR_ARG || err == DT_ERR_STATE) continue; /* not this layout */
+                                    if (err) return err;
                                     if (sd.mem_budget > 0 && pr.mem_total > sd.mem_budget) continue;
                                     all++;
                                     /* insert, keeping out[0 .. n) best first */
-                                    for (i = n < max ? n : max - 1; i > 0 && dt__plan_better(&pr, &out[i - 1]); i--)
-                                        if (i < max) out[i] = out[i - 1];
-                                    if (n < max || dt__plan_better(&pr, &out[max - 1]) || i < max - 1) {
-                                        if (i < max) out[i] = pr;
-                                        if (n < max) n++;
-                                    }
+                                    if (n == max && !dt__plan_better(&pr, &out[max - 1])) continue;
+                                    i = n < max ? n++ : max - 1;
+                                    for (; i > 0 && dt__plan_better(&pr, &out[i - 1]); i--) out[i] = out[i - 1];
+                                    out[i] = pr;
                                 }
             }
     *count = n;

@@ -58,6 +58,10 @@ int main(void) {
         DT_TEST_CHECK("gpt_layout_auto_says_what_it_chose", file_has(out, "layout auto: dp "));
         dt_test_close("gpt_layout_auto_trains_the_one_rank_model", got, ref, 1e-4 * fabs(ref));
     }
+    /* --sample runs at pp 1 and cp 1 only: --layout auto keeps to those */
+    snprintf(flags, sizeof flags, "%s --layout auto --plan-profile %s --sample 8", MODEL, prof);
+    DT_TEST_CHECK("gpt_layout_auto_with_sample_keeps_to_pp1_cp1", run(2, flags, out) == 0 &&
+                                                                     file_has(out, "pp 1 cp 1, ") && file_has(out, "final: loss"));
     /* a profile of 2 ranks for a run of 1; what the planner does not model; a bad value */
     snprintf(flags, sizeof flags, "--plan --plan-profile %s", prof);
     gd_named_error("gpt_plan_profile_of_another_world_is_named", 1, MODEL, flags, "was measured for 2 ranks");

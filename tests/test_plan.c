@@ -287,6 +287,31 @@ static void bad_layouts(void) {
         st = dt_plan_predict(&g_ctx, &p, &l, &pr);
         dt_test_error("plan_missing_split_is_a_named_state_error", st == DT_ERR_STATE ? st : 0, dt_ctx_error(&g_ctx),
                       "no block timed at tp 2 cp 1 sp 0");
+        p.cores = 0;
+        st = dt_plan_predict(&g_ctx, &p, &l, &pr);
+        dt_test_error("plan_profile_without_cores_is_named", st, dt_ctx_error(&g_ctx), "cores 0");
+        p.cores = 2;
+        p.n_colls = DT_PLAN_MAX_COLLS + 1;
+        {
+            int cnt = 0;
+            st = dt_plan_search(&g_ctx, &p, NULL, &pr, 1, &cnt, NULL);
+        }
+        dt_test_error("plan_profile_counts_past_the_arrays_are_named", st, dt_ctx_error(&g_ctx), "n_colls 65");
+    }
+    {   /* ZB-H1 with sp or recompute: examples/gpt runs the whole backward as BI, so the pipeline
+           is 1F1B's; without them the split fills the bubble */
+        dt_plan_profile p;
+        dt_plan_prediction split, whole, f1b;
+        hand_profile(&p, 2, &m);
+        memset(&l, 0, sizeof l);
+        l.pp = 2; l.micro = 4; l.schedule = DT_PP_ZB_H1;
+        dt_plan_predict(&g_ctx, &p, &l, &split);
+        l.recompute = DT_PLAN_RECOMPUTE_FULL;
+        dt_plan_predict(&g_ctx, &p, &l, &whole);
+        l.schedule = DT_PP_1F1B;
+        dt_plan_predict(&g_ctx, &p, &l, &f1b);
+        DT_TEST_CHECK("plan_zb_split_backward_has_less_bubble", split.bubble_s < f1b.bubble_s);
+        dt_test_close("plan_zb_with_recompute_is_1f1bs_pipeline", whole.bubble_s, f1b.bubble_s, 1e-6 * f1b.bubble_s);
     }
 }
 

@@ -1986,10 +1986,12 @@ static void plan_layout(trainer *t) {
     opts *o = &t->o;
     dt_plan_model pm;
     dt_plan_profile *pf;
-    dt_plan_prediction top[5], mine;
+    dt_plan_prediction top[64], mine;
+    const dt_plan_prediction *best = NULL;
     dt_plan_search_desc sd;
     dt_plan_layout given = plan_given(o);
     int n = 0, total = 0, have = 0, r, mine_ok;
+    double flag[1];
     char ls[160];
     FILE *f;
     if (!o->plan && !o->layout_auto) return;
@@ -2002,9 +2004,19 @@ static void plan_layout(trainer *t) {
     pm.vocab = t->data.vocab_padded; pm.seq = o->seq; pm.batch = o->batch; pm.dtype = o->dtype;
     pf = (dt_plan_profile *)malloc(sizeof *pf);
     if (!pf) CHECK(DT_ERR_OOM);
-    if (o->plan_profile && (f = fopen(o->plan_profile, "rb"))) { fclose(f); have = 1; }
+    /* rank 0 decides and reads: a path only some hosts see cannot split the ranks between reading
+       and the collective measuring, and every rank plans from rank 0's bytes */
+    if (g_rank == 0 && o->plan_profile && (f = fopen(o->plan_profile, "rb"))) { fclose(f); have = 1; }
+    flag[0] = have;
+    CHECK(dt_comm_allreduce_f64(t->world, flag, 1, DT_REDUCE_MAX));
+    have = flag[0] > 0;
     if (have) {
-        CHECK(dt_plan_profile_load(g_ctx, pf, o->plan_profile));
+        dt_status st = g_rank == 0 ? dt_plan_profile_load(g_ctx, pf, o->plan_profile) : DT_OK;
+        flag[0] = st;
+        if (st) fprintf(stderr, "gpt: --plan-profile: %s\n", dt_ctx_error(g_ctx));
+        CHECK(dt_comm_allreduce_f64(t->world, flag, 1, DT_REDUCE_MAX));
+        if (flag[0] != 0) fail("--plan-profile %s could not be read (rank 0 said why)", o->plan_profile);
+        CHECK(dt_plan_profile_broadcast(t->world, pf, 0));
         if (pf->world != t->W || memcmp(&pf->model, &pm, sizeof pm))
             fail("--plan-profile %s was measured for %d ranks and a model of %d layers, width %d, heads %d / %d, vocab "
                  "%lld, seq %lld, batch %lld, %s; this run has %d ranks and %d, %d, %d / %d, %lld, %lld, %lld, %s: remove "
@@ -2019,8 +2031,10 @@ static void plan_layout(trainer *t) {
     memset(&sd, 0, sizeof sd);
     sd.mem_budget = o->plan_memory * 1e6;
     sd.recompute = 1;
-    CHECK(dt_plan_search(g_ctx, pf, &sd, top, 5, &n, &total));
-    mine_ok = n > 0 && o->layout_auto ? (mine = top[0], 1) : dt_plan_predict(g_ctx, pf, &given, &mine) == DT_OK;
+    CHECK(dt_plan_search(g_ctx, pf, &sd, top, 64, &n, &total));
+    for (r = 0; r < n && !best; r++) /* --sample runs at pp 1 and cp 1 only */
+        if (!o->sample || (top[r].layout.pp == 1 && top[r].layout.cp == 1)) best = &top[r];
+    mine_ok = best && o->layout_auto ? (mine = *best, 1) : dt_plan_predict(g_ctx, pf, &given, &mine) == DT_OK;
     if (g_rank == 0) {
         dt_strbuf sb;
         memset(&sb, 0, sizeof sb);
@@ -2028,7 +2042,7 @@ static void plan_layout(trainer *t) {
         printf("plan: profile of %s, %d ranks on %d host%s, %s in %.1f s; %d layouts valid%s\n", pf->machine, pf->world,
                pf->hosts, pf->hosts > 1 ? "s" : "", have ? "read from --plan-profile, measured" : "measured",
                pf->measure_s, total, o->plan_memory > 0 ? " within --plan-memory" : "");
-        dt_plan_format(top, n, &sb);
+        dt_plan_format(top, n < 5 ? n : 5, &sb);
         if (sb.text) fputs(sb.text, stdout);
         dt_strbuf_free(&sb);
         if (mine_ok) /* one line the validation bench reads */
@@ -2042,15 +2056,17 @@ static void plan_layout(trainer *t) {
         else printf("plan: the layout given: %s\n", dt_ctx_error(g_ctx));
         fflush(stdout);
     }
-    if (!n) fail("--plan: no layout of this model fits %d ranks%s", t->W, o->plan_memory > 0 ? " within --plan-memory" : "");
+    if (!best)
+        fail("--plan: no layout of this model fits %d ranks%s%s", t->W, o->plan_memory > 0 ? " within --plan-memory" : "",
+             o->sample && n ? " at pp 1 and cp 1 (--sample)" : "");
     if (o->layout_auto) { /* the flags of the first layout */
-        const dt_plan_layout *b = &top[0].layout;
+        const dt_plan_layout *b = &best->layout;
         o->tp = b->tp; o->pp = b->pp; o->cp = b->cp; o->zero = b->zero; o->micro = b->micro; o->sp = b->sp;
         o->recompute = (int)b->recompute;
         if (b->pp > 1) o->schedule = b->schedule;
         o->chunks = o->schedule == DT_PP_INTERLEAVED && o->pp > 1 ? 2 : 1;
         if (g_rank == 0)
-            printf("layout auto: %s (predicted %.0f tokens/s)\n", dt_plan_layout_string(b, ls, sizeof ls), top[0].tokens_per_s);
+            printf("layout auto: %s (predicted %.0f tokens/s)\n", dt_plan_layout_string(b, ls, sizeof ls), best->tokens_per_s);
     }
     free(pf);
     if (o->plan) {
