@@ -37,6 +37,7 @@
        dt_plan_layout_check    a layout against a model and a world size (named errors)
        dt_plan_profile_measure collective over the world: measures what the model's layouts need
        dt_plan_profile_save / _load   the profile as JSON (a bad file is named, field and value)
+       dt_plan_profile_broadcast      one rank's profile to every rank (plan from the same bytes)
        dt_plan_predict         step time split (compute, exposed comm, bubble, optimizer), memory
        dt_plan_search          all valid layouts of a world size, best first
        dt_plan_format          the top n as a table

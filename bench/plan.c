@@ -28,7 +28,8 @@ static const char *MODEL = "--layers 4 --width 256 --heads 4 --seq 128 --batch 1
 typedef struct row {
     int np;
     const char *flags;       /* the layout's flags; "auto": --layout auto */
-    double pred_s, pred_mb;  /* from --plan */
+    double pred_s, pred_mb;  /* from --plan, this round's */
+    double preds[8];         /* per round: the predicted step (each round measures its own profile) */
     double meas[8];          /* per round: the median step */
     int rounds;
     double meas_mb;
@@ -36,25 +37,25 @@ typedef struct row {
 } row;
 
 static row ROWS[] = {
-    {1, "", 0, 0, {0}, 0, 0, ""},
-    {1, "--recompute full", 0, 0, {0}, 0, 0, ""},
-    {1, "--recompute selective --micro 2", 0, 0, {0}, 0, 0, ""},
-    {1, "auto", 0, 0, {0}, 0, 0, ""},
-    {2, "", 0, 0, {0}, 0, 0, ""},
-    {2, "--tp 2", 0, 0, {0}, 0, 0, ""},
-    {2, "--tp 2 --sp 1", 0, 0, {0}, 0, 0, ""},
-    {2, "--pp 2 --micro 4", 0, 0, {0}, 0, 0, ""},
-    {2, "--pp 2 --micro 4 --schedule gpipe", 0, 0, {0}, 0, 0, ""},
-    {2, "--zero 1", 0, 0, {0}, 0, 0, ""},
-    {2, "--zero 3", 0, 0, {0}, 0, 0, ""},
-    {2, "--cp 2", 0, 0, {0}, 0, 0, ""},
-    {2, "auto", 0, 0, {0}, 0, 0, ""},
-    {4, "", 0, 0, {0}, 0, 0, ""},
-    {4, "--tp 2", 0, 0, {0}, 0, 0, ""},
-    {4, "--tp 2 --pp 2 --micro 4", 0, 0, {0}, 0, 0, ""},
-    {4, "--pp 2 --micro 4 --schedule zb", 0, 0, {0}, 0, 0, ""},
-    {4, "--zero 2 --micro 2", 0, 0, {0}, 0, 0, ""},
-    {4, "auto", 0, 0, {0}, 0, 0, ""},
+    {1, "", 0, 0, {0}, {0}, 0, 0, ""},
+    {1, "--recompute full", 0, 0, {0}, {0}, 0, 0, ""},
+    {1, "--recompute selective --micro 2", 0, 0, {0}, {0}, 0, 0, ""},
+    {1, "auto", 0, 0, {0}, {0}, 0, 0, ""},
+    {2, "", 0, 0, {0}, {0}, 0, 0, ""},
+    {2, "--tp 2", 0, 0, {0}, {0}, 0, 0, ""},
+    {2, "--tp 2 --sp 1", 0, 0, {0}, {0}, 0, 0, ""},
+    {2, "--pp 2 --micro 4", 0, 0, {0}, {0}, 0, 0, ""},
+    {2, "--pp 2 --micro 4 --schedule gpipe", 0, 0, {0}, {0}, 0, 0, ""},
+    {2, "--zero 1", 0, 0, {0}, {0}, 0, 0, ""},
+    {2, "--zero 3", 0, 0, {0}, {0}, 0, 0, ""},
+    {2, "--cp 2", 0, 0, {0}, {0}, 0, 0, ""},
+    {2, "auto", 0, 0, {0}, {0}, 0, 0, ""},
+    {4, "", 0, 0, {0}, {0}, 0, 0, ""},
+    {4, "--tp 2", 0, 0, {0}, {0}, 0, 0, ""},
+    {4, "--tp 2 --pp 2 --micro 4", 0, 0, {0}, {0}, 0, 0, ""},
+    {4, "--pp 2 --micro 4 --schedule zb", 0, 0, {0}, {0}, 0, 0, ""},
+    {4, "--zero 2 --micro 2", 0, 0, {0}, {0}, 0, 0, ""},
+    {4, "auto", 0, 0, {0}, {0}, 0, 0, ""},
 };
 #define NROWS ((int)(sizeof ROWS / sizeof ROWS[0]))
 
@@ -147,6 +148,7 @@ static void measure(row *r, int steps, const char *logdir) {
     if (f) fclose(f);
     dt_ctx_shutdown(&ctx);
     if (!n) { fprintf(stderr, "plan: np %d %s: no steps in %s\n", r->np, r->flags, log); exit(1); }
+    r->preds[r->rounds] = r->pred_s;
     r->meas[r->rounds++] = median(t, n);
 }
 
@@ -169,24 +171,28 @@ int main(int argc, char **argv) {
     }
     if (quick) rounds = 1;
     mkdir("build", 0755); mkdir("build/bench", 0755); mkdir(logdir, 0755);
-    /* one profile per world size, measured afresh */
-    for (np = 1; np <= 4; np *= 2) {
-        char path[600];
-        snprintf(path, sizeof path, "%s/profile_np%d.json", logdir, np);
-        remove(path);
-        for (i = 0; i < NROWS; i++)
-            if (ROWS[i].np == np) predict(&ROWS[i], path);
-    }
-    for (k = 0; k < rounds; k++) /* rounds of every layout in turn: a slow minute hits all alike */
+    /* rounds of every layout in turn, each with profiles measured afresh just before: a slow minute
+       hits all alike, and a machine whose speed drifts over minutes (a shared host) is predicted
+       from what it was while its steps ran */
+    for (k = 0; k < rounds; k++) {
+        for (np = 1; np <= 4; np *= 2) {
+            char path[600];
+            snprintf(path, sizeof path, "%s/profile_np%d.json", logdir, np);
+            remove(path);
+            for (i = 0; i < NROWS; i++)
+                if (ROWS[i].np == np) predict(&ROWS[i], path);
+        }
         for (i = 0; i < NROWS; i++) measure(&ROWS[i], steps, logdir);
-    printf("planner check: examples/gpt %s, %d rounds of %d steps (median step of steps 4..%d, median over rounds)\n",
-           MODEL, rounds, steps, steps);
+    }
+    printf("planner check: examples/gpt %s, %d rounds of %d steps (median step of steps 4..%d, median over rounds; each "
+           "round's profiles measured at its start)\n", MODEL, rounds, steps, steps);
     printf("%-3s %-80s %10s %10s %7s %9s %9s %7s\n", "np", "layout", "pred ms", "meas ms", "err", "pred MB", "meas MB",
            "err");
     for (i = 0; i < NROWS; i++) {
         row *r = &ROWS[i];
         double m = median(r->meas, r->rounds);
         char name[200];
+        r->pred_s = median(r->preds, r->rounds);
         snprintf(name, sizeof name, "%s%s", !strcmp(r->flags, "auto") ? "auto: " : "", r->layout);
         err[nl] = 100.0 * fabs(r->pred_s - m) / m;
         merr[nl] = 100.0 * fabs(r->pred_mb - r->meas_mb) / r->meas_mb;
