@@ -369,7 +369,6 @@ static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *
     double Wl = Cl + 2 * Ckvl, Vl = (double)m->vocab / l->tp;
     int lse = l->cp > 1 || l->recompute == DT_PLAN_RECOMPUTE_GEMM_LAST, r = (int)l->recompute;
     double att = lse ? b * Hl * Tl : b * Hl * T * T;
-    double ln = Nl * C + 2 * Nl;                          /* ln and its mean, rstd */
     double core = Nl * C + 2 * Nl + Nl * C + 2 * Nl + N * Wl + N * Cl + Nl * C + N * Fl; /* ln1 .. fch */
     double blk, shared = 0, e;
     switch (r) {
@@ -378,7 +377,6 @@ static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *
     case DT_PLAN_RECOMPUTE_GEMM_LAST: blk = Nl * C + core - 2 * Nl * C + att; shared = 2 * Nl * C + N * Fl; break;
     default: blk = Nl * C + core + att + N * Fl; break;
     }
-    (void)ln;
     if (l->pp > 1 && l->schedule == DT_PP_ZB_H1 && !l->sp && !r) /* the weight pass's kept grads (gpt splits the */
         blk += 2 * Nl * C + N * Fl + N * Wl;                         /* backward only without sp and recompute) */
     e = nb * blk + shared;
@@ -432,7 +430,7 @@ static void dt__plan_blk_free(dt__plan_blk *k) {
 static dt_status dt__plan_blk_make(dt__plan_blk *k, dt_layout *lay, const dt_plan_model *m, int64_t b, int sp, int lse) {
     dt_status err;
     int i;
-    int64_t kv = m->kv_heads ? m->kv_heads : m->heads, rows[12], cols[12];
+    int64_t kv = m->kv_heads ? m->kv_heads : m->heads, rows[12], cols[12], n;
     memset(k, 0, sizeof *k);
     k->ctx = lay->ctx; k->lay = lay;
     k->b = b; k->T = m->seq; k->Tl = m->seq / lay->cp; k->N = b * k->Tl; k->sp = sp && lay->tp > 1; k->lse = lse;
@@ -496,9 +494,9 @@ static dt_status dt__plan_blk_make(dt__plan_blk *k, dt_layout *lay, const dt_pla
     DT__PLAN_TRY(dt__plan_mk(k, &k->glnfb, k->C, 0, 0, DT_F32));
     DT__PLAN_TRY(dt__plan_mk(k, &k->ids, k->N, 0, 0, DT_I32));
     DT__PLAN_TRY(dt__plan_mk(k, &k->targets, k->N, 0, 0, DT_I32));
-    for (i = 0; i < k->N; i++) {
-        ((int32_t *)k->ids.data)[i] = (int32_t)((i * 2654435761u) % (uint64_t)m->vocab);
-        ((int32_t *)k->targets.data)[i] = (int32_t)((i * 40503u + 7) % (uint64_t)m->vocab);
+    for (n = 0; n < k->N; n++) { /* ids in range, spread over the vocab */
+        ((int32_t *)k->ids.data)[n] = (int32_t)(((uint64_t)n * 2654435761u) % (uint64_t)m->vocab);
+        ((int32_t *)k->targets.data)[n] = (int32_t)(((uint64_t)n * 40503u + 7) % (uint64_t)m->vocab);
     }
     DT__PLAN_TRY(dt__plan_mk(k, &k->x0, k->Nl, k->C, 0, DT_F32));
     DT__PLAN_TRY(dt__plan_mk(k, &k->xL, k->Nl, k->C, 0, DT_F32));
@@ -641,6 +639,13 @@ fail:
 static dt_status dt__plan_gelu_fwd(dt__plan_blk *k) { return dt_gelu_fwd(k->ctx, &k->gelu, &k->fch); }
 
 /* The median over `reps` of the slowest rank's time of fn(k), every rank starting together. */
+/* t[0 .. n) sorted ascending: v goes in at its place (t has room for n + 1); the medians of
+   every timing here come from it */
+static void dt__plan_sorted_add(double *t, int n, double v) {
+    for (; n > 0 && t[n - 1] > v; n--) t[n] = t[n - 1];
+    t[n] = v;
+}
+
 /* The median over `reps` of the slowest rank's time of fn over the n copies (in order, or from the
    last under `reverse`, as a backward runs), per copy; every rank starting together. The copies
    are the blocks of a stage: each with its own weights and activations, so the caches hold what
@@ -648,7 +653,7 @@ static dt_status dt__plan_gelu_fwd(dt__plan_blk *k) { return dt_gelu_fwd(k->ctx,
 static dt_status dt__plan_time(dt_comm *world, dt__plan_blk *k, int n, int reverse, dt_status (*fn)(dt__plan_blk *),
                                int reps, double *out) {
     double t[16], v;
-    int i, j, c;
+    int i, c;
     dt_status err;
     if (reps > 16) reps = 16;
     for (i = 0; i < reps; i++) {
@@ -660,8 +665,7 @@ static dt_status dt__plan_time(dt_comm *world, dt__plan_blk *k, int n, int rever
         v = (dt_comm_now() - v) / n;
         err = dt_comm_allreduce_f64(world, &v, 1, DT_REDUCE_MAX);
         if (err) return err;
-        for (j = i; j > 0 && t[j - 1] > v; j--) t[j] = t[j - 1];
-        t[j] = v;
+        dt__plan_sorted_add(t, i, v);
     }
     *out = t[reps / 2];
     return DT_OK;
@@ -780,7 +784,7 @@ static dt_status dt__plan_coll_once(dt_comm *world, dt_comm *g, dt_plan_coll_kin
     dt_tensor a, b;
     dt_tensor_desc d;
     dt_status err;
-    int n = dt_comm_size(g), r = dt_comm_rank(g), i, j;
+    int n = dt_comm_size(g), r = dt_comm_rank(g), i;
     double t[16], v;
     memset(&a, 0, sizeof a); memset(&b, 0, sizeof b);
     memset(&d, 0, sizeof d);
@@ -810,9 +814,7 @@ static dt_status dt__plan_coll_once(dt_comm *world, dt_comm *g, dt_plan_coll_kin
         if (err) break;
         v = dt_comm_now() - v;
         if ((err = dt_comm_allreduce_f64(world, &v, 1, DT_REDUCE_MAX))) break;
-        if (i == 0) continue;
-        for (j = i - 1; j > 0 && t[j - 1] > v; j--) t[j] = t[j - 1];
-        t[j] = v;
+        if (i > 0) dt__plan_sorted_add(t, i - 1, v); /* the first run is a warm-up */
     }
     dt_tensor_free(ctx, &a);
     dt_tensor_free(ctx, &b);
@@ -1094,11 +1096,7 @@ static dt_status dt__plan_measure_pipe(dt_comm *world, const dt_plan_model *m, d
             if ((err = dt_pp_run(lay, &rs, sch, &pm, NULL))) break;
             v = dt_comm_now() - v;
             if ((err = dt_comm_allreduce_f64(world, &v, 1, DT_REDUCE_MAX))) break;
-            if (i) {
-                int q;
-                for (q = i - 1; q > 0 && t[q - 1] > v; q--) t[q] = t[q - 1];
-                t[q] = v;
-            }
+            if (i > 0) dt__plan_sorted_add(t, i - 1, v); /* the first run is a warm-up */
         }
         if (err) break;
         meas = t[reps / 2];
@@ -1165,9 +1163,9 @@ DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m,
         if ((err = dt__plan_measure_misc(world, out, reps, (int64_t)psi))) return err;
     }
     if ((err = dt__plan_measure_colls(world, out, reps))) return err;
-    for (i = 0; i < out->n_splits; i++) { /* largest rows last: past the budget, one repeat */
-        int r = dt_comm_now() - t0 > md.budget_s * 0.5 ? 1 : reps;
+    for (i = 0; i < out->n_splits; i++) { /* past half the budget, one repeat (decided alike on every rank) */
         double el = dt_comm_now() - t0;
+        int r;
         if ((err = dt_comm_allreduce_f64(world, &el, 1, DT_REDUCE_MAX))) return err;
         r = el > md.budget_s * 0.5 ? 1 : reps;
         if ((err = dt__plan_measure_split(world, &out->model, &out->splits[i], r))) return err;
@@ -1530,7 +1528,7 @@ DT_API dt_status dt_plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt
     dt_plan_layout l;
     dt_status err;
     double rows, F, B, R, ef, eb, hf, hb, K, psi_max = 0, grads_b, N;
-    double dpsync, exposed, opt, step, makespan, bubble, busy;
+    double exposed, opt, step, makespan, bubble, busy;
     int si, lse, st, first[4097], dpcp, nb_max = 0;
     if (!p || !layout || !out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: p, layout and out must not be NULL", fn);
     m = &p->model;
@@ -1614,22 +1612,19 @@ DT_API dt_status dt_plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt
     /* data-parallel sync over dp x cp: grads f32, values K bytes a parameter */
     N = dpcp;
     grads_b = psi_max * 4;
-    dpsync = 0, exposed = 0;
+    exposed = 0;
     if (dpcp > 1) {
         double ar = dt__plan_coll(p, DT_PLAN_ALLREDUCE, dpcp, grads_b), rs = dt__plan_coll(p, DT_PLAN_REDUCE_SCATTER, dpcp, grads_b);
         double ag = dt__plan_coll(p, DT_PLAN_ALLGATHER, dpcp, psi_max * K);
         switch (l.zero) {
         case 0: /* buckets during the last micro-batch's backward */
-            dpsync = ar;
             exposed = ar - p->overlap * (ar < B * nb_max ? ar : B * nb_max);
             break;
-        case 1: dpsync = rs + ag; exposed = dpsync; break; /* at the step */
+        case 1: exposed = rs + ag; break; /* at the step */
         case 2: /* reduce-scatter per unit during every micro-batch's backward, gather at the step */
-            dpsync = l.micro * rs + ag;
             exposed = l.micro * (rs - p->overlap * (rs < B * nb_max ? rs : B * nb_max)) + ag;
             break;
         default: /* 3: gathers before each unit forward and backward, reduce-scatters after */
-            dpsync = l.micro * (2 * ag + rs);
             exposed = l.micro * (2 * ag + rs) * (1 - p->overlap);
             break;
         }
@@ -1645,7 +1640,6 @@ DT_API dt_status dt_plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt
     out->comm_s = exposed;
     out->bubble_s = bubble;
     out->optimizer_s = opt;
-    (void)dpsync;
     /* memory of the fullest stage: dt_zero_memory's accounting, examples/gpt's activations */
     {
         double psi = psi_max, shard = l.zero >= 1 ? psi / N : psi;

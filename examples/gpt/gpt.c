@@ -2069,11 +2069,10 @@ static void plan_layout(trainer *t) {
             printf("layout auto: %s (predicted %.0f tokens/s)\n", dt_plan_layout_string(b, ls, sizeof ls), best->tokens_per_s);
     }
     free(pf);
-    if (o->plan) {
-        r = 0;
+    if (o->plan) { /* printed: nothing to train */
         dt_comm_free(t->world);
         dt_ctx_shutdown(&t->ctx);
-        exit(r);
+        exit(0);
     }
 }
 
