@@ -1212,7 +1212,7 @@ DT_API dt_status dt_plan_profile_save(dt_ctx *ctx, const dt_plan_profile *p, con
     dt_strbuf_json(&b, p->machine);
     dt_strbuf_printf(&b, ", \"world\": %d, \"hosts\": %d, \"cores\": %d,\n \"model\": {\"layers\": %d, \"width\": %d, "
                      "\"heads\": %d, \"kv_heads\": %d, \"vocab\": %lld, \"seq\": %lld, \"batch\": %lld, \"dtype\": \"%s\"},\n"
-                     " \"opt_s_per_param\": %.9g, \"copy_s_per_byte\": %.9g, \"overlap\": %.6g, \"measure_s\": %.3f,\n"
+                     " \"opt_s_per_param\": %.17g, \"copy_s_per_byte\": %.17g, \"overlap\": %.6g, \"measure_s\": %.3f,\n"
                      " \"splits\": [", p->world, p->hosts, p->cores, m->layers, m->width, m->heads, m->kv_heads,
                      (long long)m->vocab, (long long)m->seq, (long long)m->batch, dt_dtype_name(m->dtype),
                      p->opt_s_per_param, p->copy_s_per_byte, p->overlap, p->measure_s);
@@ -1220,7 +1220,7 @@ DT_API dt_status dt_plan_profile_save(dt_ctx *ctx, const dt_plan_profile *p, con
         const dt_plan_split *s = &p->splits[i];
         dt_strbuf_printf(&b, "%s\n  {\"tp\": %d, \"cp\": %d, \"sp\": %d, \"lse\": %d, \"rows\": [%lld, %lld]", i ? "," : "",
                          s->tp, s->cp, s->sp, s->lse, (long long)s->rows[0], (long long)s->rows[1]);
-#define DT__PLAN_W(f) dt_strbuf_printf(&b, ", \"" #f "\": [%.9g, %.9g]", s->f[0], s->f[1]);
+#define DT__PLAN_W(f) dt_strbuf_printf(&b, ", \"" #f "\": [%.17g, %.17g]", s->f[0], s->f[1]);
         DT__PLAN_SPLIT_FIELDS(DT__PLAN_W)
 #undef DT__PLAN_W
         dt_strbuf_str(&b, "}");
@@ -1229,12 +1229,12 @@ DT_API dt_status dt_plan_profile_save(dt_ctx *ctx, const dt_plan_profile *p, con
     for (i = 0; i < p->n_colls; i++) {
         static const char *const kn[DT_PLAN_COLL_KINDS] = {"allreduce", "allgather", "reduce_scatter", "sendrecv"};
         const dt_plan_coll *c = &p->colls[i];
-        dt_strbuf_printf(&b, "%s\n  {\"kind\": \"%s\", \"size\": %d, \"cross\": %d, \"alpha\": %.9g, \"beta\": %.9g}",
+        dt_strbuf_printf(&b, "%s\n  {\"kind\": \"%s\", \"size\": %d, \"cross\": %d, \"alpha\": %.17g, \"beta\": %.17g}",
                          i ? "," : "", kn[c->kind], c->size, c->cross, c->alpha, c->beta);
     }
     dt_strbuf_str(&b, "],\n \"pipes\": [");
     for (i = 0; i < p->n_pipes; i++)
-        dt_strbuf_printf(&b, "%s\n  {\"pp\": %d, \"bytes\": [%.9g, %.9g], \"delay\": [%.9g, %.9g]}", i ? "," : "",
+        dt_strbuf_printf(&b, "%s\n  {\"pp\": %d, \"bytes\": [%.17g, %.17g], \"delay\": [%.17g, %.17g]}", i ? "," : "",
                          p->pipes[i].pp, p->pipes[i].bytes[0], p->pipes[i].bytes[1], p->pipes[i].delay[0],
                          p->pipes[i].delay[1]);
     dt_strbuf_str(&b, "]}\n");
