@@ -589,6 +589,8 @@ DT_API int64_t dt_embed_pooled_dim(const dt_embed *e);
 DT_API int64_t dt_embed_feature_offset(const dt_embed *e, int feature);
 DT_API size_t dt_embed_plan_format(const dt_embed *e, char *buf, size_t n);
 DT_API void dt_embed_plan_print(const dt_embed *e);
+/* "table", "row", "column", "data", "table-row"; "auto" for AUTO and anything else */
+DT_API const char *dt_embed_sharding_name(dt_embed_sharding k);
 /* The plan of table t: its kind and, for table-wise, its rank (table-row: its group's first rank). */
 DT_API dt_embed_sharding dt_embed_table_sharding(const dt_embed *e, int table, int *owner);
 
@@ -1177,7 +1179,7 @@ DT_API uint64_t dt_embed_hash_id(int64_t id) {
     return z ^ (z >> 31);
 }
 
-static const char *dt__em_kind_name(dt_embed_sharding k) {
+DT_API const char *dt_embed_sharding_name(dt_embed_sharding k) {
     switch (k) {
     case DT_SHARD_TABLE: return "table";
     case DT_SHARD_ROW: return "row";
@@ -1281,7 +1283,7 @@ static dt_status dt__em_check_table(dt_ctx *ctx, const dt_embed_table_desc *d, i
     if (d->pin_owner && d->sharding != DT_SHARD_DEFAULT && d->sharding != DT_SHARD_AUTO && d->sharding != DT_SHARD_TABLE &&
         d->sharding != DT_SHARD_TABLE_ROW)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\"): pin_owner = 1 with sharding %s; an owner "
-                                "is for table-wise and table-row tables", fn, i, d->name, dt__em_kind_name(d->sharding));
+                                "is for table-wise and table-row tables", fn, i, d->name, dt_embed_sharding_name(d->sharding));
     if (d->group_size < 0 || (d->group_size > 0 && W % d->group_size != 0))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").group_size = %d; expected 0 (the ranks of a "
                                 "host) or a divisor of the world size %d", fn, i, d->name, d->group_size, W);
@@ -1306,7 +1308,7 @@ static dt_status dt__em_check_table(dt_ctx *ctx, const dt_embed_table_desc *d, i
                                         d->sharding != DT_SHARD_ROW)))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\"): a dynamic table is sharded row-wise over its "
                                 "id-hash shards; sharding %s%s is not possible", fn, i, d->name,
-                                dt__em_kind_name(d->sharding), d->pin_owner ? " with pin_owner" : "");
+                                dt_embed_sharding_name(d->sharding), d->pin_owner ? " with pin_owner" : "");
     if (!(d->ids_per_batch >= 0) || d->ids_per_batch > 1e18)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").ids_per_batch = %g; expected >= 0", fn, i,
                                 d->name, d->ids_per_batch);
@@ -1985,7 +1987,7 @@ DT_API size_t dt_embed_plan_format(const dt_embed *e, char *buf, size_t n) {
         else snprintf(ranks, sizeof ranks, "0-%d", e->size - 1);
         if (t->shard == DT_SHARD_ROW || t->shard == DT_SHARD_COLUMN) per /= e->size;
         if (t->shard == DT_SHARD_TABLE_ROW) per /= t->gsize;
-        DT__EM_PUT("%-20.20s %-9s %-9s %14.0f %16.0f\n", t->name, dt__em_kind_name(t->shard), ranks, per, t->plan_lookup);
+        DT__EM_PUT("%-20.20s %-9s %-9s %14.0f %16.0f\n", t->name, dt_embed_sharding_name(t->shard), ranks, per, t->plan_lookup);
     }
 #undef DT__EM_PUT
     return used;
