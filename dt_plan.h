@@ -1,5 +1,6 @@
 /* dt_plan.h - the planner for the dt toolkit: one cost model of a transformer training step for
-   every layout dt can run, fed by a profile measured on the machine, and a search over layouts.
+   every layout dt can run, fed by a profile measured on the machine, and a search over layouts;
+   the same for a recommendation model's embedding tables (where each goes: >>dlrm).
    v0.1, MIT licence
 
    The lesson. Trying layouts costs a cluster hours; counting FLOPs misses everything that is not a
@@ -31,6 +32,7 @@
        >>profile         the machine's measured pieces: dt_plan_profile, measure, save, load
        >>predict         one layout's step time and memory: dt_plan_predict
        >>search          every valid layout ranked: dt_plan_search, dt_plan_format
+       >>dlrm            a DLRM's table plans (with dt_embed.h): measure, predict, search
        >>implementation  where the implementation starts
 
    API in one breath:
@@ -41,13 +43,15 @@
        dt_plan_predict         step time split (compute, exposed comm, bubble, optimizer), memory
        dt_plan_search          all valid layouts of a world size, best first
        dt_plan_format          the top n as a table
+       dt_plan_dlrm_measure / _predict / _search / _format / _plan_of   the tables' plans (>>dlrm)
 
    Do this:
        #define DT_PLAN_IMPLEMENTATION    (or DT_IMPLEMENTATION for every dt header)
    before you include this file in *one* C or C++ file to create the implementation.
-   Include order: dt_tensor.h, dt_comm.h, dt_opt.h, dt_parallel.h, dt_plan.h. Why a header of its
-   own: a training program needs none of it, and it needs all of dt_parallel.h (layouts, the tp
-   and cp ops it times, the pipeline simulator); it sits on top, as a tool.
+   Include order: dt_tensor.h, dt_comm.h, dt_opt.h, dt_parallel.h, (dt_embed.h,) dt_plan.h. Why a
+   header of its own: a training program needs none of it, and it needs all of dt_parallel.h
+   (layouts, the tp and cp ops it times, the pipeline simulator); it sits on top, as a tool. The
+   >>dlrm section exists when dt_embed.h is included before it.
 
    Memory: from the ctx allocator; the profile is a plain struct (no pointers), copied freely.
    Errors: a dt_status and dt_ctx_error naming the argument, the value and what was expected.
@@ -219,6 +223,130 @@ DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_
                                 dt_plan_prediction *out, int max, int *count, int *total);
 /* A table of n predictions, ranked as given: layout, tokens / s, step split, memory. */
 DT_API void dt_plan_format(const dt_plan_prediction *pr, int n, dt_strbuf *out);
+
+/* ==== >>dlrm: where a recommendation model's tables go (needs dt_embed.h included before) ======
+
+   A DLRM-like step: the caller's dense part (input, MLPs, interaction, loss, the DDP sync), data
+   parallel, and the embedding's tables, each placed by a plan (dt_embed_sharding per table, with
+   an owner for table-wise). The dense part is the same under every plan; what a plan changes is
+   the tables' work, which rank does it, and what each holds. So the profile measures, with the
+   real dt_embed at the real world and this rank's real local batch:
+
+       the dense step            the caller's function (everything but the embedding), timed between
+                                 the forward and the backward of dt_embed's own plan of the tables
+                                 (AUTO: its planner), where a step runs it: the caches then hold what
+                                 they hold in a step
+       each table x each kind    a one-table dt_embed: its forward and backward on a rank that owns
+                                 it and on one that asks (table-wise: W copies, one per rank, give the
+                                 asking share), the bytes it holds and its transient peak
+       the exchanges' fixed time an empty batch's forward and backward (paid once per phase, not
+                                 once per table: one all-to-all carries every table's ids)
+       each kind whole           every table of one kind at once, the dense step between forward
+                                 and backward: what all the tables' rows and the dense work do to
+                                 the caches, as a scale on the one-table work (and transient bytes)
+                                 of that kind
+
+   and a plan's step = dense + for each phase (forward, backward): the fixed exchange time + the
+   busiest rank's sum of its tables' (scaled) work. Memory = what the caller held + the dense step's peak +
+   each rank's tables and their transients; the busiest rank's. The search tries every kind for all
+   tables, dt_embed's plan, and moves tables one at a time (kind, owner) while the step drops. */
+
+#ifdef DT_EMBED_H
+#define DT_PLAN_MAX_TABLES 64
+#define DT_PLAN_MAX_BATCHES 16
+
+/* The caller's dense step without the embedding: its input, forward, backward and gradient sync,
+   on every rank (collective), and no update: the planner calls it several times, and the model
+   must be as it was after (zero the gradients). */
+typedef dt_status (*dt_plan_dense_fn)(void *user);
+
+typedef struct dt_plan_dlrm_desc {
+    const dt_embed_table_desc *tables; /* as dt_embed_create takes them, one feature per table; sharding
+                                          and owner are the plan's (AUTO: dt_embed's planner decides) */
+    int n_tables;                      /* 1 .. DT_PLAN_MAX_TABLES */
+    const dt_kjt *batch;               /* this rank's local batch of a step: n_tables features; or */
+    dt_status (*get_batch)(void *user, int i, dt_kjt *out); /* fills out with this rank's batch of step i
+                                          (0 .. n_batches): its arrays are copied before the next call */
+    int n_batches;                     /* with get_batch: 1 .. DT_PLAN_MAX_BATCHES. More than one: the
+                                          timings go round them, and dt_embed's buffers grow to the
+                                          largest, as they do over a run (a batch of more ids than the
+                                          last takes them past their size: twice as much kept) */
+    int64_t global_batch;              /* dt_embed_desc.batch_hint */
+    double dp_max_bytes;               /* dt_embed_desc's (0 = its default) */
+    dt_plan_dense_fn dense;            /* NULL: no dense part */
+    void *user;
+    int repeats;                       /* of each timing, the median kept: 0 = 5 */
+} dt_plan_dlrm_desc;
+
+/* A table under one kind. Roles: [0] a rank that holds the table (table-wise: its owner; table-row:
+   a rank of its group; every rank for the others), [1] a rank that only asks (table-wise and
+   table-row); seconds of work above the fixed exchange, bytes held, transient bytes above them. */
+typedef struct dt_plan_table_cost {
+    int ok;                            /* 0: dt_embed refuses the kind for this table (column-wise with
+                                          row-wise Adagrad, table-row without host groups, ...) */
+    double fwd[2], bwd[2], bytes[2], peak[2];
+} dt_plan_table_cost;
+
+typedef struct dt_plan_dlrm_profile {
+    char machine[96];
+    int world, hosts, group;           /* group: ranks per host for table-row (0: not measured) */
+    int n_tables, dim_total;           /* dim_total: the pooled width (sum of the tables' dims) */
+    int64_t batch;                     /* global */
+    double dense_s;                    /* the caller's dense step, the slowest rank's median */
+    double base_bytes;                 /* what the caller held when measuring began (the busiest rank) */
+    double dense_peak;                 /* the dense step's peak above base_bytes */
+    double x_fwd, x_bwd;               /* the exchanges' fixed time per forward, per backward */
+    double x_bytes;                    /* what one dt_embed holds besides its tables */
+    double measure_s;
+    dt_plan_table_cost cost[DT_PLAN_MAX_TABLES][DT_SHARD_COUNT];
+    /* every table at once, one kind (index AUTO: dt_embed's plan): the slowest rank's forward and
+       backward, and what they make of the tables' sums (their work above the fixed exchange over
+       the busiest rank's sum of the one-table figures): a plan's tables of kind k count scale[k]
+       times their one-table work. The one-table runs find each table's share and who does it;
+       the whole runs, what all the tables' rows do to the caches together. 0 = 1 (not measured). */
+    double whole_fwd[DT_SHARD_COUNT], whole_bwd[DT_SHARD_COUNT], whole_peak[DT_SHARD_COUNT];
+    double scale_fwd[DT_SHARD_COUNT], scale_bwd[DT_SHARD_COUNT], scale_peak[DT_SHARD_COUNT]; /* peak: of the
+                                          transient bytes (buffers the tables share, or not) */
+    dt_embed_sharding auto_kind[DT_PLAN_MAX_TABLES]; /* dt_embed's plan of the tables as given */
+    int auto_owner[DT_PLAN_MAX_TABLES];
+} dt_plan_dlrm_profile;
+
+typedef struct dt_plan_dlrm_plan {
+    char name[16];                     /* "table", "row", "auto", "searched", ... */
+    int n_tables;
+    dt_embed_sharding kind[DT_PLAN_MAX_TABLES]; /* TABLE, ROW, COLUMN, DATA or TABLE_ROW */
+    int owner[DT_PLAN_MAX_TABLES];     /* table-wise: the rank; table-row: its group's first rank */
+} dt_plan_dlrm_plan;
+
+typedef struct dt_plan_dlrm_prediction {
+    dt_plan_dlrm_plan plan;
+    double step_s, samples_per_s;
+    double dense_s;                    /* the caller's dense step */
+    double fwd_s, bwd_s;               /* the embedding's forward and backward: busiest rank + exchange */
+    double exchange_s;                 /* of fwd_s + bwd_s: the fixed exchange time */
+    double imbalance_s;                /* of fwd_s + bwd_s: the busiest rank's work above the mean rank's */
+    double mem_base, mem_dense, mem_tables, mem_transient, mem_total; /* bytes, the fullest rank */
+    int busiest;                       /* the rank with the most embedding work */
+} dt_plan_dlrm_prediction;
+
+/* Collective over world: every rank passes the same desc but its own local batch. Creates and
+   frees dt_embeds on the way (one table, then every table at once for each kind: the tables' memory
+   again, for moments); calls desc->dense once, then between the forward and the backward of every
+   step of the whole runs (n_batches + repeats a kind, and for dt_embed's own plan). */
+DT_API dt_status dt_plan_dlrm_measure(dt_comm *world, const dt_plan_dlrm_desc *desc, dt_plan_dlrm_profile *out);
+/* A plan's step and memory: DT_ERR_ARG naming the table whose kind or owner the profile's world
+   or measurements cannot take. */
+DT_API dt_status dt_plan_dlrm_predict(dt_ctx *ctx, const dt_plan_dlrm_profile *p, const dt_plan_dlrm_plan *plan,
+                                      dt_plan_dlrm_prediction *out);
+/* dt_embed's plan as a dt_plan_dlrm_plan (after dt_embed_create: to predict what runs) */
+DT_API dt_status dt_plan_dlrm_plan_of(const dt_embed *e, int n_tables, const char *name, dt_plan_dlrm_plan *out);
+/* The candidates (one kind for every table, dt_embed's plan, and the search's own) best first,
+   within mem_budget bytes a rank (0: no limit): out[0 .. *count), at most max. */
+DT_API dt_status dt_plan_dlrm_search(dt_ctx *ctx, const dt_plan_dlrm_profile *p, double mem_budget,
+                                     dt_plan_dlrm_prediction *out, int max, int *count);
+/* A table of n predictions (their split and memory), then the first one's placement per table. */
+DT_API void dt_plan_dlrm_format(const dt_plan_dlrm_prediction *pr, int n, dt_strbuf *out);
+#endif /* DT_EMBED_H */
 
 #ifdef __cplusplus
 }
@@ -1311,27 +1439,38 @@ DT_API dt_status dt_plan_profile_load(dt_ctx *ctx, dt_plan_profile *p, const cha
     if (err) return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s", fn, path, dt_ctx_error(ctx));
 #define DT__PLAN_N(obj, w, key, lo, hi, dst) \
     do { if ((err = dt__plan_num(ctx, path, obj, w, key, lo, hi, &v))) goto done; dst = v; } while (0)
+    /* a count: an integer (a fraction would be cut to one silently) */
+#define DT__PLAN_I(obj, w, key, lo, hi, dst) \
+    do { \
+        if ((err = dt__plan_num(ctx, path, obj, w, key, lo, hi, &v))) goto done; \
+        if (v != floor(v)) { \
+            err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s%s = %.9g, expected an integer in [%g, %g]", fn, path, \
+                                   w, key, v, (double)(lo), (double)(hi)); \
+            goto done; \
+        } \
+        dst = v; \
+    } while (0)
     if (root->type != DT_JSON_OBJECT || !dt_json_get(root, "dt_plan_profile")) {
         err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: not a dt_plan profile (no \"dt_plan_profile\" key)", fn, path);
         goto done;
     }
     j = dt_json_get(root, "machine");
     if (j && j->type == DT_JSON_STRING) snprintf(p->machine, sizeof p->machine, "%s", j->string);
-    DT__PLAN_N(root, "", "world", 1, 1 << 20, p->world);
-    DT__PLAN_N(root, "", "hosts", 1, 1 << 24, p->hosts);
-    DT__PLAN_N(root, "", "cores", 1, 1 << 20, p->cores);
+    DT__PLAN_I(root, "", "world", 1, 1 << 20, p->world);
+    DT__PLAN_I(root, "", "hosts", 1, 1 << 24, p->hosts);
+    DT__PLAN_I(root, "", "cores", 1, 1 << 20, p->cores);
     mo = dt_json_get(root, "model");
     if (!mo || mo->type != DT_JSON_OBJECT) {
         err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: model: expected an object", fn, path);
         goto done;
     }
-    DT__PLAN_N(mo, "model.", "layers", 1, 100000, p->model.layers);
-    DT__PLAN_N(mo, "model.", "width", 1, 1 << 20, p->model.width);
-    DT__PLAN_N(mo, "model.", "heads", 1, 1 << 20, p->model.heads);
-    DT__PLAN_N(mo, "model.", "kv_heads", 1, 1 << 20, p->model.kv_heads);
-    DT__PLAN_N(mo, "model.", "vocab", 1, 1099511627776.0, p->model.vocab);
-    DT__PLAN_N(mo, "model.", "seq", 2, 1 << 30, p->model.seq);
-    DT__PLAN_N(mo, "model.", "batch", 1, 1 << 30, p->model.batch);
+    DT__PLAN_I(mo, "model.", "layers", 1, 100000, p->model.layers);
+    DT__PLAN_I(mo, "model.", "width", 1, 1 << 20, p->model.width);
+    DT__PLAN_I(mo, "model.", "heads", 1, 1 << 20, p->model.heads);
+    DT__PLAN_I(mo, "model.", "kv_heads", 1, 1 << 20, p->model.kv_heads);
+    DT__PLAN_I(mo, "model.", "vocab", 1, 1099511627776.0, p->model.vocab);
+    DT__PLAN_I(mo, "model.", "seq", 2, 1 << 30, p->model.seq);
+    DT__PLAN_I(mo, "model.", "batch", 1, 1 << 30, p->model.batch);
     j = dt_json_get(mo, "dtype");
     p->model.dtype = j && j->type == DT_JSON_STRING && !strcmp(j->string, "bf16") ? DT_BF16 : DT_F32;
     if (!j || j->type != DT_JSON_STRING || (strcmp(j->string, "bf16") && strcmp(j->string, "f32"))) {
@@ -1354,15 +1493,15 @@ DT_API dt_status dt_plan_profile_load(dt_ctx *ctx, dt_plan_profile *p, const cha
         const dt_json *o = &arr->items[i];
         double r[2];
         snprintf(where, sizeof where, "splits[%d].", i);
-        DT__PLAN_N(o, where, "tp", 1, 1 << 20, s->tp);
-        DT__PLAN_N(o, where, "cp", 1, 1 << 20, s->cp);
-        DT__PLAN_N(o, where, "sp", 0, 1, s->sp);
-        DT__PLAN_N(o, where, "lse", 0, 1, s->lse);
+        DT__PLAN_I(o, where, "tp", 1, 1 << 20, s->tp);
+        DT__PLAN_I(o, where, "cp", 1, 1 << 20, s->cp);
+        DT__PLAN_I(o, where, "sp", 0, 1, s->sp);
+        DT__PLAN_I(o, where, "lse", 0, 1, s->lse);
         if ((err = dt__plan_pair(ctx, path, o, where, "rows", 1099511627776.0, r))) goto done;
         s->rows[0] = (int64_t)r[0]; s->rows[1] = (int64_t)r[1];
-        if (s->rows[0] < 1 || s->rows[1] < s->rows[0]) {
-            err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %srows = [%lld, %lld], expected 1 <= rows[0] <= rows[1]",
-                                   fn, path, where, (long long)s->rows[0], (long long)s->rows[1]);
+        if (s->rows[0] < 1 || s->rows[1] < s->rows[0] || r[0] != floor(r[0]) || r[1] != floor(r[1])) {
+            err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %srows = [%.9g, %.9g], expected integers 1 <= rows[0] <= rows[1]",
+                                   fn, path, where, r[0], r[1]);
             goto done;
         }
 #define DT__PLAN_R(f) if ((err = dt__plan_pair(ctx, path, o, where, #f, 1e18, s->f))) goto done;
@@ -1390,8 +1529,8 @@ DT_API dt_status dt_plan_profile_load(dt_ctx *ctx, dt_plan_profile *p, const cha
             goto done;
         }
         c->kind = (dt_plan_coll_kind)q;
-        DT__PLAN_N(o, where, "size", 2, 1 << 24, c->size);
-        DT__PLAN_N(o, where, "cross", 0, 1, c->cross);
+        DT__PLAN_I(o, where, "size", 2, 1 << 24, c->size);
+        DT__PLAN_I(o, where, "cross", 0, 1, c->cross);
         DT__PLAN_N(o, where, "alpha", 0, 1e3, c->alpha);
         DT__PLAN_N(o, where, "beta", 0, 1, c->beta);
         p->n_colls++;
@@ -1406,12 +1545,13 @@ DT_API dt_status dt_plan_profile_load(dt_ctx *ctx, dt_plan_profile *p, const cha
         dt_plan_pipe *q = &p->pipes[i];
         const dt_json *o = &arr->items[i];
         snprintf(where, sizeof where, "pipes[%d].", i);
-        DT__PLAN_N(o, where, "pp", 2, 1 << 24, q->pp);
+        DT__PLAN_I(o, where, "pp", 2, 1 << 24, q->pp);
         if ((err = dt__plan_pair(ctx, path, o, where, "bytes", 1e18, q->bytes))) goto done;
         if ((err = dt__plan_pair(ctx, path, o, where, "delay", 1e6, q->delay))) goto done;
         p->n_pipes++;
     }
 #undef DT__PLAN_N
+#undef DT__PLAN_I
     err = DT_OK;
 done:
     dt_json_free(ctx, root);
@@ -1723,6 +1863,642 @@ DT_API void dt_plan_format(const dt_plan_prediction *pr, int n, dt_strbuf *out) 
                          pr[i].compute_s * 1e3, pr[i].comm_s * 1e3, pr[i].bubble_s * 1e3, pr[i].optimizer_s * 1e3,
                          pr[i].mem_total / 1e6);
 }
+
+
+/* ==== >>dlrm ===================================================================================== */
+
+#ifdef DT_EMBED_H
+
+/* Every table of one kind; table-wise and table-row: largest work first, each on the rank (group)
+   with the least work so far. DT_ERR_OOM only. */
+static dt_status dt__plan_uniform(dt_ctx *ctx, const dt_plan_dlrm_profile *p, int kind, dt_plan_dlrm_plan *pl) {
+    int order[DT_PLAN_MAX_TABLES], i, j, t, W = p->world;
+    memset(pl, 0, sizeof *pl);
+    snprintf(pl->name, sizeof pl->name, "%s", dt_embed_sharding_name((dt_embed_sharding)kind));
+    pl->n_tables = p->n_tables;
+    for (t = 0; t < p->n_tables; t++) { pl->kind[t] = (dt_embed_sharding)kind; order[t] = t; }
+    if (kind == DT_SHARD_TABLE || kind == DT_SHARD_TABLE_ROW) {
+        int step = kind == DT_SHARD_TABLE ? 1 : (p->group > 0 ? p->group : W), slots = W / step;
+        double *load = (double *)dt_alloc_zeroed(ctx, sizeof(double) * (size_t)slots);
+        if (!load) return DT_ERR_OOM;
+        for (i = 1; i < p->n_tables; i++) /* by work, largest first (stable) */
+            for (j = i; j > 0 && p->cost[order[j - 1]][kind].fwd[0] + p->cost[order[j - 1]][kind].bwd[0] <
+                                  p->cost[order[j]][kind].fwd[0] + p->cost[order[j]][kind].bwd[0]; j--) {
+                int x = order[j]; order[j] = order[j - 1]; order[j - 1] = x;
+            }
+        for (i = 0; i < p->n_tables; i++) {
+            int sl, bs = 0;
+            t = order[i];
+            for (sl = 1; sl < slots; sl++) if (load[sl] < load[bs]) bs = sl;
+            pl->owner[t] = bs * step;
+            load[bs] += p->cost[t][kind].fwd[0] + p->cost[t][kind].bwd[0];
+        }
+        dt_release(ctx, load);
+    }
+    return DT_OK;
+}
+
+/* One dt_embed (ed) through the nk batches k[] once (a warm-up: the buffers grow to the largest, as
+   over a run) and then `reps` forwards and backwards going round them, every rank starting
+   together: this rank's medians (fwd, bwd seconds), the bytes it holds and its peak above them in
+   r[0 .. 4). dense: its step after each (timed: *dense_s, the slowest rank's median); made: the
+   plan dt_embed made. *refused: dt_embed_create said DT_ERR_ARG or DT_ERR_UNSUPPORTED (on every
+   rank alike: it checks the same desc everywhere, and agrees on failure). */
+static dt_status dt__plan_em_time(dt_comm *world, const dt_embed_desc *ed, const dt_kjt *k, int nk, int reps, double r[4],
+                                  int *refused, const dt_plan_dlrm_desc *dense, double *dense_s, dt_plan_dlrm_plan *made) {
+    dt_ctx *ctx = dt_comm_ctx(world);
+    dt_embed *e = NULL;
+    dt_tensor buf[2], out, dout;
+    dt_tensor_desc d;
+    int64_t pooled = 0, shape[2];
+    double tf[16], tb[16], td[16];
+    size_t before;
+    dt_status err;
+    int i, f;
+    *refused = 0;
+    memset(r, 0, 4 * sizeof *r);
+    memset(buf, 0, sizeof buf);
+    for (f = 0; f < (ed->features ? ed->n_features : ed->n_tables); f++)
+        pooled += ed->tables[ed->features ? ed->features[f].table : f].dim;
+    memset(&d, 0, sizeof d);
+    d.shape[0] = k->batch > 0 ? k->batch : 1;
+    d.shape[1] = pooled;
+    d.device = ctx->device;
+    if ((err = dt_tensor_create(ctx, &buf[0], &d)) || (err = dt_tensor_create(ctx, &buf[1], &d))) goto done;
+    dt_tensor_fill(ctx, &buf[1], 0.001);
+    shape[0] = k->batch; shape[1] = pooled;
+    if ((err = dt_tensor_view(ctx, &out, &buf[0], 0, 2, shape)) || (err = dt_tensor_view(ctx, &dout, &buf[1], 0, 2, shape)))
+        goto done;
+    before = ctx->bytes_in_use;
+    err = dt_embed_create(ctx, &e, ed);
+    if (err == DT_ERR_ARG || err == DT_ERR_UNSUPPORTED) {
+        dt_ctx_clear_error(ctx);
+        *refused = 1;
+        err = DT_OK;
+        goto done;
+    }
+    if (err) goto done;
+    r[2] = (double)(ctx->bytes_in_use - before);
+    if (made) for (f = 0; f < ed->n_tables && f < DT_PLAN_MAX_TABLES; f++) made->kind[f] = dt_embed_table_sharding(e, f, &made->owner[f]);
+    dt_reset_peak_bytes(ctx);
+    if (reps > 15) reps = 15;
+    for (i = -nk; i < reps; i++) { /* the first nk are the warm-up */
+        double t0, t1, t2;
+        const dt_kjt *kb = &k[(i + nk) % nk];
+        if ((err = dt_comm_barrier(world))) break;
+        t0 = dt_comm_now();
+        if ((err = dt_embed_forward_begin(e, kb)) || (err = dt_embed_forward_end(e, &out))) break;
+        t1 = dt_comm_now();
+        if (i >= 0) dt__plan_sorted_add(tf, i, t1 - t0);
+        if (dense && dense->dense) { /* the dense step between the tables' forward and backward, as in
+                                        a step: it has the caches then, and leaves them to the backward */
+            double s;
+            if ((err = dt_comm_barrier(world))) break;
+            s = dt_comm_now();
+            if ((err = dense->dense(dense->user)) || (err = dt_ctx_sync(ctx))) break;
+            s = dt_comm_now() - s;
+            if ((err = dt_comm_allreduce_f64(world, &s, 1, DT_REDUCE_MAX))) break;
+            if (i >= 0) dt__plan_sorted_add(td, i, s);
+            if ((err = dt_comm_barrier(world))) break;
+            t1 = dt_comm_now();
+        }
+        if ((err = dt_embed_backward(e, &dout))) break;
+        if ((err = dt_ctx_sync(ctx))) break;
+        t2 = dt_comm_now();
+        if (i >= 0) dt__plan_sorted_add(tb, i, t2 - t1);
+    }
+    if (!err) {
+        r[0] = tf[reps / 2];
+        r[1] = tb[reps / 2];
+        if (dense_s) *dense_s = dense && dense->dense ? td[reps / 2] : 0;
+        r[3] = (double)dt_peak_bytes(ctx) - (double)before - r[2];
+        if (r[3] < 0) r[3] = 0;
+    }
+done:
+    dt_embed_free(e);
+    dt_tensor_free(ctx, &buf[0]);
+    dt_tensor_free(ctx, &buf[1]);
+    return err;
+}
+
+/* rank 0's four figures and the largest of the other ranks' (at one rank: rank 0's again) */
+static dt_status dt__plan_em_roles(dt_comm *world, const double r[4], double own[4], double other[4]) {
+    double v[8];
+    int i, me = dt_comm_rank(world);
+    dt_status err;
+    for (i = 0; i < 4; i++) { v[i] = me == 0 ? r[i] : -1e300; v[4 + i] = me == 0 ? -1e300 : r[i]; }
+    if ((err = dt_comm_allreduce_f64(world, v, 8, DT_REDUCE_MAX))) return err;
+    for (i = 0; i < 4; i++) { own[i] = v[i]; other[i] = dt_comm_size(world) > 1 ? v[4 + i] : v[i]; }
+    return DT_OK;
+}
+
+/* this rank's batches, copied (the caller's buffers may be one, filled again for each): n kjts and
+   their storage from the ctx (freed by dt__plan_batches_free) */
+typedef struct dt__plan_batches {
+    int n;
+    dt_kjt k[DT_PLAN_MAX_BATCHES];
+    void *mem[DT_PLAN_MAX_BATCHES];
+} dt__plan_batches;
+
+static void dt__plan_batches_free(dt_ctx *ctx, dt__plan_batches *bs) {
+    int i;
+    for (i = 0; i < bs->n; i++) dt_release(ctx, bs->mem[i]);
+    bs->n = 0;
+}
+
+static dt_status dt__plan_batches_get(dt_ctx *ctx, const char *fn, const dt_plan_dlrm_desc *desc, dt__plan_batches *bs) {
+    int i, n = desc->get_batch ? desc->n_batches : 1;
+    dt_status err;
+    memset(bs, 0, sizeof *bs);
+    for (i = 0; i < n; i++) {
+        dt_kjt k;
+        int64_t nl, nid = 0, j;
+        size_t idsz, bytes;
+        char *m;
+        if (desc->get_batch) {
+            memset(&k, 0, sizeof k);
+            if ((err = desc->get_batch(desc->user, i, &k))) return err;
+        } else k = *desc->batch;
+        if (k.n_features != desc->n_tables || k.batch < 0 || (k.batch > 0 && (!k.lengths || !k.ids)) ||
+            (i > 0 && k.batch != bs->k[0].batch) || (k.ids_dtype != DT_DTYPE_DEFAULT && k.ids_dtype != DT_I64 &&
+                                                     k.ids_dtype != DT_I32))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: batch %d: %d features of %lld samples (lengths %s, ids %s, "
+                                    "ids dtype %d); expected one feature per table (%d), arrays set, the same samples in "
+                                    "every batch, ids i64 or i32", fn, i, k.n_features, (long long)k.batch,
+                                    k.lengths ? "set" : "NULL", k.ids ? "set" : "NULL", (int)k.ids_dtype, desc->n_tables);
+        nl = (int64_t)k.n_features * k.batch;
+        for (j = 0; j < nl; j++) {
+            if (k.lengths[j] < 0 || k.lengths[j] > ((int64_t)1 << 40))
+                return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: batch %d: lengths[%lld] = %lld; expected 0 .. 2^40", fn, i,
+                                        (long long)j, (long long)k.lengths[j]);
+            nid += k.lengths[j];
+        }
+        idsz = k.ids_dtype == DT_I32 ? 4 : 8;
+        bytes = (size_t)nl * 8 + (size_t)nid * idsz + (k.weights ? (size_t)nid * 4 : 0) + 8;
+        if (!(m = (char *)dt_alloc(ctx, bytes))) return DT_ERR_OOM;
+        bs->mem[bs->n++] = m;
+        memcpy(m, k.lengths, (size_t)nl * 8);
+        memcpy(m + nl * 8, k.ids, (size_t)nid * idsz);
+        if (k.weights) memcpy(m + nl * 8 + (size_t)nid * idsz, k.weights, (size_t)nid * 4);
+        bs->k[i] = k;
+        bs->k[i].lengths = (const int64_t *)m;
+        bs->k[i].ids = m + nl * 8;
+        bs->k[i].weights = k.weights ? (const float *)(m + nl * 8 + (size_t)nid * idsz) : NULL;
+    }
+    return DT_OK;
+}
+
+/* the batches' feature t alone: out[i], one feature each */
+static void dt__plan_batches_slice(const dt__plan_batches *bs, int t, dt_kjt *out) {
+    int i;
+    for (i = 0; i < bs->n; i++) {
+        const dt_kjt *k = &bs->k[i];
+        int64_t off = 0, j, b = k->batch;
+        size_t idsz = k->ids_dtype == DT_I32 ? 4 : 8;
+        for (j = 0; j < (int64_t)t * b; j++) off += k->lengths[j];
+        memset(&out[i], 0, sizeof out[i]);
+        out[i].n_features = 1;
+        out[i].batch = b;
+        out[i].lengths = k->lengths + (int64_t)t * b;
+        out[i].ids = (const char *)k->ids + (size_t)off * idsz;
+        out[i].ids_dtype = k->ids_dtype;
+        out[i].weights = k->weights ? k->weights + off : NULL;
+    }
+}
+
+static dt_status dt__plan_dlrm_measure(dt_comm *world, const dt_plan_dlrm_desc *desc, dt_plan_dlrm_profile *out,
+                                       const dt__plan_batches *bs) {
+    static const char *fn = "dt_plan_dlrm_measure";
+    dt_ctx *ctx = dt_comm_ctx(world);
+    dt_embed_table_desc td[DT_PLAN_MAX_TABLES];
+    dt_embed_feature_desc fd[DT_PLAN_MAX_TABLES];
+    dt_embed_desc ed;
+    dt_kjt k1[DT_PLAN_MAX_BATCHES];
+    double r[4], own[4], other[4];
+    int W = dt_comm_size(world), t, i, reps = desc->repeats ? desc->repeats : 5, refused, kind;
+    dt_status err;
+    memset(&ed, 0, sizeof ed);
+    ed.comm = world;
+    ed.seed = 1;
+    ed.batch_hint = desc->global_batch;
+    ed.dp_max_bytes = desc->dp_max_bytes;
+    ed.device = ctx->device;
+    { /* dt_embed's own plan of the tables as given, whole: its steps, and the dense step timed after
+         each (the tables' rows have been through the caches then, as in a step) */
+        dt_plan_dlrm_plan made;
+        ed.tables = desc->tables;
+        ed.n_tables = desc->n_tables;
+        if ((err = dt__plan_em_time(world, &ed, bs->k, bs->n, reps, r, &refused, desc, &out->dense_s, &made))) return err;
+        if (refused) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dt_embed_create refuses desc.tables: %s", fn,
+                                             dt_ctx_error(ctx));
+        for (t = 0; t < desc->n_tables; t++) { out->auto_kind[t] = made.kind[t]; out->auto_owner[t] = made.owner[t]; }
+        if ((err = dt__plan_em_roles(world, r, own, other))) return err;
+        out->whole_fwd[DT_SHARD_AUTO] = own[0] > other[0] ? own[0] : other[0];
+        out->whole_bwd[DT_SHARD_AUTO] = own[1] > other[1] ? own[1] : other[1];
+    }
+    { /* the fixed exchange: one row-wise table (the first), an empty batch on every rank (W > 1); and
+         one embedding's own bytes: a one-row data-parallel table, less that row */
+        int64_t zero = 0;
+        dt_kjt k0;
+        memset(&k0, 0, sizeof k0);
+        k0.n_features = 1;
+        k0.lengths = &zero;
+        k0.ids = &zero;
+        k0.ids_dtype = bs->k[0].ids_dtype;
+        td[0] = desc->tables[0];
+        td[0].pin_owner = 0; td[0].tier = DT_TIER_NONE; td[0].dynamic = 0;
+        ed.tables = td; ed.n_tables = 1;
+        if (W > 1) {
+            td[0].sharding = DT_SHARD_ROW;
+            if ((err = dt__plan_em_time(world, &ed, &k0, 1, reps, r, &refused, NULL, NULL, NULL))) return err;
+            if ((err = dt__plan_em_roles(world, r, own, other))) return err;
+            out->x_fwd = own[0] > other[0] ? own[0] : other[0];
+            out->x_bwd = own[1] > other[1] ? own[1] : other[1];
+        }
+        td[0].rows = 1;
+        td[0].sharding = DT_SHARD_DATA;
+        if ((err = dt__plan_em_time(world, &ed, &k0, 1, 1, r, &refused, NULL, NULL, NULL))) return err;
+        if ((err = dt__plan_em_roles(world, r, own, other))) return err;
+        out->x_bytes = (own[2] > other[2] ? own[2] : other[2]) -
+                       (double)td[0].dim * (double)dt_dtype_size(td[0].dtype ? td[0].dtype : DT_F32);
+        if (out->x_bytes < 0) out->x_bytes = 0;
+    }
+    for (t = 0; t < desc->n_tables; t++) {
+        dt__plan_batches_slice(bs, t, k1);
+        for (kind = DT_SHARD_TABLE; kind < DT_SHARD_COUNT; kind++) {
+            dt_plan_table_cost *c = &out->cost[t][kind];
+            int dyn = desc->tables[t].dynamic;
+            if ((dyn && kind != DT_SHARD_ROW) || (kind == DT_SHARD_TABLE_ROW && !out->group) ||
+                (kind == DT_SHARD_COLUMN && desc->tables[t].optim.kind == DT_EMBED_ROWWISE_ADAGRAD))
+                continue; /* dt_embed would refuse it (or, dynamic: never does it) */
+            td[0] = desc->tables[t];
+            td[0].sharding = (dt_embed_sharding)kind;
+            td[0].pin_owner = kind == DT_SHARD_TABLE || kind == DT_SHARD_TABLE_ROW;
+            td[0].owner = 0;
+            td[0].group_size = kind == DT_SHARD_TABLE_ROW ? out->group : 0;
+            ed.tables = td; ed.n_tables = 1; ed.features = NULL; ed.n_features = 0; ed.n_inputs = 0;
+            if ((err = dt__plan_em_time(world, &ed, k1, bs->n, reps, r, &refused, NULL, NULL, NULL))) return err;
+            if (refused) continue;
+            if ((err = dt__plan_em_roles(world, r, own, other))) return err;
+            c->ok = 1;
+            if (kind == DT_SHARD_TABLE || kind == DT_SHARD_TABLE_ROW) {
+                double xf = W > 1 ? out->x_fwd : 0, xb = W > 1 ? out->x_bwd : 0;
+                c->fwd[0] = own[0] - xf; c->bwd[0] = own[1] - xb;
+                c->bytes[0] = own[2]; c->peak[0] = own[3];
+                c->fwd[1] = c->bwd[1] = 0;
+                c->bytes[1] = other[2]; c->peak[1] = other[3];
+                if (kind == DT_SHARD_TABLE && W > 1 && W <= DT_PLAN_MAX_TABLES) {
+                    /* the asking share: W copies, copy j on rank j, every copy reading these ids; a
+                       rank then owns one and asks W - 1: (its time - the owner's) / (W - 1) */
+                    int j;
+                    dt_embed_table_desc tw[DT_PLAN_MAX_TABLES];
+                    char names[DT_PLAN_MAX_TABLES][24];
+                    double rw[4], ow[4], xw[4];
+                    for (j = 0; j < W; j++) {
+                        tw[j] = td[0];
+                        snprintf(names[j], sizeof names[j], "plan_copy_%d", j);
+                        tw[j].name = names[j];
+                        tw[j].owner = j;
+                        fd[j].name = names[j]; fd[j].table = j; fd[j].input = 0;
+                    }
+                    ed.tables = tw; ed.n_tables = W; ed.features = fd; ed.n_features = W; ed.n_inputs = 1;
+                    err = dt__plan_em_time(world, &ed, k1, bs->n, reps, rw, &refused, NULL, NULL, NULL);
+                    ed.features = NULL; ed.n_features = 0; ed.n_inputs = 0;
+                    if (err) return err;
+                    if (!refused) {
+                        if ((err = dt__plan_em_roles(world, rw, ow, xw))) return err;
+                        /* the slowest rank's, as the one-table figures are (its pooled output is W
+                           times as wide: the asking share includes what the requester copies) */
+                        for (j = 0; j < 4; j++) if (xw[j] > ow[j]) ow[j] = xw[j];
+                        c->fwd[1] = (ow[0] - own[0]) / (W - 1);
+                        c->bwd[1] = (ow[1] - own[1]) / (W - 1);
+                        c->bytes[1] = (ow[2] - own[2]) / (W - 1);
+                        c->peak[1] = (ow[3] - own[3]) / (W - 1);
+                    }
+                }
+            } else { /* every rank alike: the slowest's */
+                int exch_f = W > 1 && kind != DT_SHARD_DATA, exch_b = W > 1;
+                for (i = 0; i < 4; i++) if (other[i] > own[i]) own[i] = other[i];
+                c->fwd[0] = c->fwd[1] = own[0] - (exch_f ? out->x_fwd : 0);
+                c->bwd[0] = c->bwd[1] = own[1] - (exch_b ? out->x_bwd : 0);
+                c->bytes[0] = c->bytes[1] = own[2];
+                c->peak[0] = c->peak[1] = own[3];
+            }
+            for (i = 0; i < 2; i++) { /* a table's own bytes: less the embedding's, counted once a plan */
+                c->bytes[i] -= out->x_bytes * (c->bytes[i] > 0);
+                if (c->fwd[i] < 0) c->fwd[i] = 0;
+                if (c->bwd[i] < 0) c->bwd[i] = 0;
+                if (c->bytes[i] < 0) c->bytes[i] = 0;
+                if (c->peak[i] < 0) c->peak[i] = 0;
+            }
+        }
+    }
+    /* each kind whole: every table of it at once; the scale of its one-table work */
+    for (kind = DT_SHARD_TABLE; kind < DT_SHARD_COUNT; kind++) {
+        dt_plan_dlrm_plan pl;
+        dt_plan_dlrm_prediction pr;
+        double xf = W > 1 && kind != DT_SHARD_DATA ? out->x_fwd : 0, xb = W > 1 ? out->x_bwd : 0, wf, wb;
+        for (t = 0; t < desc->n_tables && out->cost[t][kind].ok; t++) {}
+        if (t < desc->n_tables) continue; /* a table cannot take it */
+        if ((err = dt__plan_uniform(ctx, out, kind, &pl))) return err;
+        for (t = 0; t < desc->n_tables; t++) {
+            td[t] = desc->tables[t];
+            td[t].sharding = pl.kind[t];
+            td[t].pin_owner = kind == DT_SHARD_TABLE || kind == DT_SHARD_TABLE_ROW;
+            td[t].owner = pl.owner[t];
+            td[t].group_size = kind == DT_SHARD_TABLE_ROW ? out->group : 0;
+        }
+        ed.tables = td; ed.n_tables = desc->n_tables; ed.features = NULL; ed.n_features = 0; ed.n_inputs = 0;
+        if ((err = dt__plan_em_time(world, &ed, bs->k, bs->n, reps, r, &refused, desc, NULL, NULL))) return err;
+        if (refused) continue;
+        if ((err = dt__plan_em_roles(world, r, own, other))) return err;
+        wf = own[0] > other[0] ? own[0] : other[0];
+        wb = own[1] > other[1] ? own[1] : other[1];
+        out->whole_fwd[kind] = wf;
+        out->whole_bwd[kind] = wb;
+        if ((err = dt_plan_dlrm_predict(ctx, out, &pl, &pr))) return err; /* unscaled yet: scale 0 = 1 */
+        if (pr.fwd_s - xf > 0 && wf - xf > 0) out->scale_fwd[kind] = (wf - xf) / (pr.fwd_s - xf);
+        if (pr.bwd_s - xb > 0 && wb - xb > 0) out->scale_bwd[kind] = (wb - xb) / (pr.bwd_s - xb);
+        out->whole_peak[kind] = own[3] > other[3] ? own[3] : other[3];
+        if (pr.mem_transient > 0 && out->whole_peak[kind] > 0) out->scale_peak[kind] = out->whole_peak[kind] / pr.mem_transient;
+    }
+    return DT_OK;
+}
+
+DT_API dt_status dt_plan_dlrm_measure(dt_comm *world, const dt_plan_dlrm_desc *desc, dt_plan_dlrm_profile *out) {
+    static const char *fn = "dt_plan_dlrm_measure";
+    dt_ctx *ctx = dt_comm_ctx(world);
+    dt__plan_batches bs;
+    double t0 = dt_comm_now();
+    int W, t;
+    dt_status err;
+    struct utsname un;
+    if (!world || !desc || !out)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, !world ? "world" : !desc ? "desc" : "out");
+    if (!desc->tables || desc->n_tables < 1 || desc->n_tables > DT_PLAN_MAX_TABLES)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.n_tables = %d with tables %s; expected 1 .. %d tables", fn,
+                                desc->n_tables, desc->tables ? "set" : "NULL", DT_PLAN_MAX_TABLES);
+    if (desc->get_batch ? desc->n_batches < 1 || desc->n_batches > DT_PLAN_MAX_BATCHES : !desc->batch)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.batch %s, desc.get_batch %s, desc.n_batches = %d; expected a "
+                                "batch, or get_batch with 1 .. %d batches", fn, desc->batch ? "set" : "NULL",
+                                desc->get_batch ? "set" : "NULL", desc->n_batches, DT_PLAN_MAX_BATCHES);
+    if (desc->global_batch < 1 || desc->repeats < 0 || desc->repeats > 15)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.global_batch = %lld, desc.repeats = %d; expected >= 1 and "
+                                "0 .. 15", fn, (long long)desc->global_batch, desc->repeats);
+    W = dt_comm_size(world);
+    memset(out, 0, sizeof *out);
+    out->world = W;
+    out->hosts = dt_comm_hosts(world);
+    out->n_tables = desc->n_tables;
+    out->batch = desc->global_batch;
+    snprintf(out->machine, sizeof out->machine, "%.60s, %ld cores", uname(&un) == 0 ? un.nodename : "?",
+             sysconf(_SC_NPROCESSORS_ONLN));
+    for (t = 0; t < desc->n_tables; t++) out->dim_total += desc->tables[t].dim;
+    { /* table-row's groups: the ranks of a host, when hosts hold equal numbers and there are several */
+        int g = dt_comm_ranks_per_host(world);
+        out->group = out->hosts > 1 && g > 1 && g < W && W % g == 0 ? g : 0;
+    }
+    { /* the dense step's memory: what the caller holds, and its first call's peak above that (it
+         makes what it keeps: activations, buffers) */
+        double v[2] = {(double)ctx->bytes_in_use, 0};
+        dt_reset_peak_bytes(ctx);
+        if (desc->dense && (err = desc->dense(desc->user))) return err;
+        if ((err = dt_ctx_sync(ctx))) return err;
+        v[1] = (double)dt_peak_bytes(ctx) - v[0];
+        if ((err = dt_comm_allreduce_f64(world, v, 2, DT_REDUCE_MAX))) return err;
+        out->base_bytes = v[0];
+        out->dense_peak = v[1];
+    }
+    { /* the batches: a bad one on any rank fails every rank (before anything collective uses them) */
+        double bad;
+        err = dt__plan_batches_get(ctx, fn, desc, &bs);
+        bad = err ? 1 : 0;
+        if (dt_comm_allreduce_f64(world, &bad, 1, DT_REDUCE_MAX) && !err) err = DT_ERR_COMM;
+        if (!err && bad > 0) err = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: another rank's batches are bad", fn);
+    }
+    if (!err) err = dt__plan_dlrm_measure(world, desc, out, &bs);
+    dt__plan_batches_free(ctx, &bs);
+    if (err) return err;
+    out->measure_s = dt_comm_now() - t0;
+    {   /* every rank plans from rank 0's figures */
+        dt_tensor tb;
+        dt_tensor_desc d;
+        memset(&d, 0, sizeof d);
+        d.dtype = DT_U8;
+        d.shape[0] = (int64_t)sizeof *out;
+        if ((err = dt_tensor_create(ctx, &tb, &d))) return err;
+        memcpy(tb.data, out, sizeof *out);
+        err = dt_comm_broadcast(world, &tb, 0);
+        if (!err) memcpy(out, tb.data, sizeof *out);
+        dt_tensor_free(ctx, &tb);
+    }
+    return err;
+}
+
+DT_API dt_status dt_plan_dlrm_plan_of(const dt_embed *e, int n_tables, const char *name, dt_plan_dlrm_plan *out) {
+    int t;
+    if (!e || !out || n_tables < 1 || n_tables > DT_PLAN_MAX_TABLES) return DT_ERR_ARG;
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", name ? name : "");
+    out->n_tables = n_tables;
+    for (t = 0; t < n_tables; t++) out->kind[t] = dt_embed_table_sharding(e, t, &out->owner[t]);
+    return DT_OK;
+}
+
+/* A table's figure on rank r under its plan: role 0 holds it, 1 asks */
+static int dt__plan_role(const dt_plan_dlrm_profile *p, const dt_plan_dlrm_plan *pl, int t, int r) {
+    if (pl->kind[t] == DT_SHARD_TABLE) return r == pl->owner[t] ? 0 : 1;
+    if (pl->kind[t] == DT_SHARD_TABLE_ROW) return r >= pl->owner[t] && r < pl->owner[t] + p->group ? 0 : 1;
+    return 0;
+}
+
+DT_API dt_status dt_plan_dlrm_predict(dt_ctx *ctx, const dt_plan_dlrm_profile *p, const dt_plan_dlrm_plan *plan,
+                                      dt_plan_dlrm_prediction *out) {
+    static const char *fn = "dt_plan_dlrm_predict";
+    int t, r, W, xf = 0, xb = 0;
+    double fmax = 0, bmax = 0, sum = 0, wmax = -1;
+    if (!p || !plan || !out)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, !p ? "p" : !plan ? "plan" : "out");
+    W = p->world;
+    if (W < 1 || p->n_tables < 1 || p->n_tables > DT_PLAN_MAX_TABLES || p->batch < 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: p: world %d, n_tables %d, batch %lld; expected a measured profile",
+                                fn, W, p->n_tables, (long long)p->batch);
+    if (plan->n_tables != p->n_tables)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: plan.n_tables = %d; expected the profile's %d", fn, plan->n_tables,
+                                p->n_tables);
+    for (t = 0; t < p->n_tables; t++) {
+        dt_embed_sharding k = plan->kind[t];
+        if (k < DT_SHARD_TABLE || k >= DT_SHARD_COUNT || !p->cost[t][k].ok)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: plan.kind[%d] = %d (%s); expected a kind measured for this "
+                                    "table", fn, t, (int)k, k > 0 && k < DT_SHARD_COUNT ? dt_embed_sharding_name(k) : "?");
+        if ((k == DT_SHARD_TABLE && (plan->owner[t] < 0 || plan->owner[t] >= W)) ||
+            (k == DT_SHARD_TABLE_ROW && (p->group < 1 || plan->owner[t] < 0 || plan->owner[t] % p->group ||
+                                        plan->owner[t] >= W)))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: plan.owner[%d] = %d; expected %s", fn, t, plan->owner[t],
+                                    k == DT_SHARD_TABLE ? "a rank of the world" : "a group's first rank");
+        if (W > 1) { xb = 1; if (k != DT_SHARD_DATA) xf = 1; }
+    }
+    memset(out, 0, sizeof *out);
+    out->plan = *plan;
+    for (r = 0; r < W; r++) {
+        double f = 0, b = 0, bytes = p->x_bytes, pk = 0;
+        for (t = 0; t < p->n_tables; t++) {
+            const dt_plan_table_cost *c = &p->cost[t][plan->kind[t]];
+            int role = dt__plan_role(p, plan, t, r);
+            double sf = p->scale_fwd[plan->kind[t]] > 0 ? p->scale_fwd[plan->kind[t]] : 1;
+            double sb = p->scale_bwd[plan->kind[t]] > 0 ? p->scale_bwd[plan->kind[t]] : 1;
+            f += sf * c->fwd[role]; b += sb * c->bwd[role];
+            bytes += c->bytes[role];
+            pk += (p->scale_peak[plan->kind[t]] > 0 ? p->scale_peak[plan->kind[t]] : 1) * c->peak[role];
+        }
+        if (f > fmax) fmax = f;
+        if (b > bmax) bmax = b;
+        if (f + b > wmax) { wmax = f + b; out->busiest = r; }
+        sum += f + b;
+        if (bytes + pk > out->mem_tables + out->mem_transient) { out->mem_tables = bytes; out->mem_transient = pk; }
+    }
+    out->exchange_s = (xf ? p->x_fwd : 0) + (xb ? p->x_bwd : 0);
+    out->fwd_s = fmax + (xf ? p->x_fwd : 0);
+    out->bwd_s = bmax + (xb ? p->x_bwd : 0);
+    out->imbalance_s = fmax + bmax - sum / W;
+    out->dense_s = p->dense_s;
+    out->step_s = p->dense_s + out->fwd_s + out->bwd_s;
+    out->samples_per_s = out->step_s > 0 ? (double)p->batch / out->step_s : 0;
+    out->mem_base = p->base_bytes;
+    out->mem_dense = p->dense_peak;
+    out->mem_total = out->mem_base + out->mem_dense + out->mem_tables + out->mem_transient;
+    return DT_OK;
+}
+
+static int dt__plan_dlrm_better(const dt_plan_dlrm_prediction *a, const dt_plan_dlrm_prediction *b) {
+    if (a->step_s != b->step_s) return a->step_s < b->step_s;
+    return a->mem_total < b->mem_total;
+}
+
+/* The search's order: less memory past the budget first, then a step faster by more than 0.1% (less
+   is the timings' noise: on one rank every kind is the same local path) */
+static int dt__plan_dlrm_move_better(const dt_plan_dlrm_prediction *a, const dt_plan_dlrm_prediction *b, double budget) {
+    double ea = budget > 0 && a->mem_total > budget ? a->mem_total - budget : 0;
+    double eb = budget > 0 && b->mem_total > budget ? b->mem_total - budget : 0;
+    if (ea != eb) return ea < eb;
+    return a->step_s < b->step_s - 1e-3 * b->step_s;
+}
+
+/* keeps out[0 .. *n) best first, at most max; a plan already there (same kinds and owners) is not added twice */
+static void dt__plan_dlrm_insert(const dt_plan_dlrm_profile *p, dt_plan_dlrm_prediction *out, int max, int *n,
+                                 const dt_plan_dlrm_prediction *pr) {
+    int i, t;
+    for (i = 0; i < *n; i++) {
+        for (t = 0; t < p->n_tables; t++)
+            if (out[i].plan.kind[t] != pr->plan.kind[t] ||
+                ((pr->plan.kind[t] == DT_SHARD_TABLE || pr->plan.kind[t] == DT_SHARD_TABLE_ROW) &&
+                 out[i].plan.owner[t] != pr->plan.owner[t]))
+                break;
+        if (t == p->n_tables) return;
+    }
+    if (*n == max && !dt__plan_dlrm_better(pr, &out[max - 1])) return;
+    i = *n < max ? (*n)++ : max - 1;
+    for (; i > 0 && dt__plan_dlrm_better(pr, &out[i - 1]); i--) out[i] = out[i - 1];
+    out[i] = *pr;
+}
+
+DT_API dt_status dt_plan_dlrm_search(dt_ctx *ctx, const dt_plan_dlrm_profile *p, double mem_budget,
+                                     dt_plan_dlrm_prediction *out, int max, int *count) {
+    static const char *fn = "dt_plan_dlrm_search";
+    dt_plan_dlrm_plan pl, best;
+    dt_plan_dlrm_prediction pr, bp;
+    int kind, t, r, n = 0, W, pass, have = 0;
+    dt_status err;
+    memset(&bp, 0, sizeof bp);
+    memset(&best, 0, sizeof best);
+    if (!p || !out || !count || max < 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: p, out and count must not be NULL, max >= 1 (max = %d)", fn, max);
+    if (!(mem_budget >= 0))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: mem_budget = %g; expected bytes >= 0 (0: no limit)", fn, mem_budget);
+    *count = 0;
+    W = p->world;
+    if (W < 1 || p->n_tables < 1 || p->n_tables > DT_PLAN_MAX_TABLES)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: p: world %d, n_tables %d; expected a measured profile", fn, W,
+                                p->n_tables);
+#define DT__PLAN_TRY_PLAN(plan_) do { \
+        err = dt_plan_dlrm_predict(ctx, p, (plan_), &pr); \
+        if (err == DT_ERR_ARG) dt_ctx_clear_error(ctx); \
+        else if (err) return err; \
+        else { \
+            if (!(mem_budget > 0 && pr.mem_total > mem_budget)) dt__plan_dlrm_insert(p, out, max, &n, &pr); \
+            if (!have || dt__plan_dlrm_move_better(&pr, &bp, mem_budget)) { bp = pr; best = pr.plan; have = 1; } \
+        } \
+    } while (0)
+    /* dt_embed's own plan */
+    memset(&pl, 0, sizeof pl);
+    snprintf(pl.name, sizeof pl.name, "auto");
+    pl.n_tables = p->n_tables;
+    for (t = 0; t < p->n_tables; t++) { pl.kind[t] = p->auto_kind[t]; pl.owner[t] = p->auto_owner[t]; }
+    DT__PLAN_TRY_PLAN(&pl);
+    /* one kind for every table */
+    for (kind = DT_SHARD_TABLE; kind < DT_SHARD_COUNT; kind++) {
+        if ((err = dt__plan_uniform(ctx, p, kind, &pl))) return err;
+        DT__PLAN_TRY_PLAN(&pl);
+    }
+    if (!have) { *count = 0; return DT_OK; } /* no kind measured for every table */
+    /* the search: from the best so far (or the one past the budget by least), move one table at a
+       time to the kind and owner that gains most (memory past the budget, then time), until no
+       move does */
+    pl = best;
+    snprintf(pl.name, sizeof pl.name, "searched");
+    for (pass = 0; pass < 8; pass++) {
+        int moved = 0;
+        for (t = 0; t < p->n_tables; t++) {
+            dt_embed_sharding k0 = pl.kind[t];
+            int o0 = pl.owner[t], bk = k0, bo = o0;
+            dt_plan_dlrm_prediction bs;
+            if ((err = dt_plan_dlrm_predict(ctx, p, &pl, &bs))) return err;
+            for (kind = DT_SHARD_TABLE; kind < DT_SHARD_COUNT; kind++) {
+                int step = kind == DT_SHARD_TABLE ? 1 : kind == DT_SHARD_TABLE_ROW ? (p->group > 0 ? p->group : W) : W;
+                if (!p->cost[t][kind].ok) continue;
+                for (r = 0; r < W; r += step) {
+                    pl.kind[t] = (dt_embed_sharding)kind;
+                    pl.owner[t] = r;
+                    err = dt_plan_dlrm_predict(ctx, p, &pl, &pr);
+                    if (err == DT_ERR_ARG) { dt_ctx_clear_error(ctx); continue; }
+                    if (err) return err;
+                    if (dt__plan_dlrm_move_better(&pr, &bs, mem_budget)) { bs = pr; bk = kind; bo = r; }
+                }
+            }
+            pl.kind[t] = (dt_embed_sharding)bk;
+            pl.owner[t] = bo;
+            if (bk != (int)k0 || bo != o0) moved = 1;
+        }
+        if (!moved) break;
+    }
+    for (t = 0; t < p->n_tables; t++) /* owners mean nothing for the other kinds */
+        if (pl.kind[t] != DT_SHARD_TABLE && pl.kind[t] != DT_SHARD_TABLE_ROW) pl.owner[t] = 0;
+    DT__PLAN_TRY_PLAN(&pl);
+#undef DT__PLAN_TRY_PLAN
+    *count = n;
+    return DT_OK;
+}
+
+DT_API void dt_plan_dlrm_format(const dt_plan_dlrm_prediction *pr, int n, dt_strbuf *out) {
+    int i, t;
+    if (!out) return;
+    dt_strbuf_printf(out, "%-4s %-10s %11s %9s %9s %9s %9s %9s %9s %10s\n", "rank", "plan", "samples/s", "step ms",
+                     "dense", "emb fwd", "emb bwd", "exchange", "imbalance", "memory MB");
+    for (i = 0; i < n; i++)
+        dt_strbuf_printf(out, "%-4d %-10s %11.0f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %10.2f\n", i + 1, pr[i].plan.name,
+                         pr[i].samples_per_s, pr[i].step_s * 1e3, pr[i].dense_s * 1e3, pr[i].fwd_s * 1e3,
+                         pr[i].bwd_s * 1e3, pr[i].exchange_s * 1e3, pr[i].imbalance_s * 1e3, pr[i].mem_total / 1e6);
+    if (n < 1) return;
+    dt_strbuf_printf(out, "first-ranked (%s):", pr[0].plan.name);
+    for (t = 0; t < pr[0].plan.n_tables && t < DT_PLAN_MAX_TABLES; t++) {
+        dt_embed_sharding k = pr[0].plan.kind[t];
+        if (k == DT_SHARD_TABLE || k == DT_SHARD_TABLE_ROW)
+            dt_strbuf_printf(out, " %d:%s@%d", t, dt_embed_sharding_name(k), pr[0].plan.owner[t]);
+        else dt_strbuf_printf(out, " %d:%s", t, dt_embed_sharding_name(k));
+    }
+    dt_strbuf_printf(out, "\n");
+}
+#endif /* DT_EMBED_H */
 
 #endif /* DT_PLAN_IMPLEMENTATION */
 

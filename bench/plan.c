@@ -1,14 +1,19 @@
 /* (no "np:" line: it starts its own mpirun for each layout, so ./build.sh bench runs it directly) */
 /* bench/plan.c - the planner (dt_plan.h) against the steps it predicts: examples/gpt at >= 12
    layouts on 1, 2 and 4 ranks, each predicted (gpt --plan, from a profile measured once per world
-   size) and then run, in rounds, interleaved. Prints per layout the predicted and measured step
-   time (median over the steps after the third, then the median over rounds) and peak memory per
-   rank (the largest rank's dt_peak_bytes), with the errors; per world size the planner's first
-   choice (gpt --layout auto) is run too and compared with the best layout measured. Ends with
+   size) and then run, in rounds, interleaved; and examples/dlrm's table plans (--shard table,
+   row, column, data, auto = dt_embed's own planner, plan = dt_plan's first-ranked) on 1, 2 and 4
+   ranks, each predicted by dlrm --plan (its profile measured there) and run (--shard plan prints
+   the prediction of the plan it chose from the profile it measured just before). Prints per
+   layout the predicted and measured step time (median over the steps after the third, then the
+   median over rounds) and peak memory per rank (the largest rank's dt_peak_bytes), with the
+   errors; per model and world size the planner's first choice (gpt --layout auto, dlrm --shard
+   plan) is compared with the best layout measured. Ends with
 
        planner: layouts N, median error E%, max error M%, memory max error P%, first-ranked within R% of best
 
-   build/bench/plan [--rounds 3] [--steps 12] [--gpt build/examples/gpt] [--quick]
+   build/bench/plan [--rounds 3] [--steps 12] [--gpt build/examples/gpt] [--dlrm build/examples/dlrm]
+                    [--only gpt|dlrm] [--quick]
    The mpirun command comes from $DT_MPIRUN (./build.sh env), else "mpirun --oversubscribe". */
 #define _POSIX_C_SOURCE 200809L
 #define DT_TENSOR_IMPLEMENTATION
@@ -24,8 +29,13 @@
 /* the model: large enough that a step is compute (not launch overhead), small enough for the
    whole bench in minutes on two cores */
 static const char *MODEL = "--layers 4 --width 256 --heads 4 --seq 128 --batch 16";
+/* DLRM: the example's default model (26 tables of up to 16384 rows, dim 16, Adagrad), batch 2048:
+   a step of milliseconds, tables of 30 MB */
+static const char *DLRM_MODEL = "--batch 2048 --eval-every 100000";
+#define DLRM_STEPS 40
 
 typedef struct row {
+    int dlrm;                /* 1: examples/dlrm, flags = its --shard */
     int np;
     const char *flags;       /* the layout's flags; "auto": --layout auto */
     double pred_s, pred_mb;  /* from --plan, this round's */
@@ -37,29 +47,44 @@ typedef struct row {
 } row;
 
 static row ROWS[] = {
-    {1, "", 0, 0, {0}, {0}, 0, 0, ""},
-    {1, "--recompute full", 0, 0, {0}, {0}, 0, 0, ""},
-    {1, "--recompute selective --micro 2", 0, 0, {0}, {0}, 0, 0, ""},
-    {1, "auto", 0, 0, {0}, {0}, 0, 0, ""},
-    {2, "", 0, 0, {0}, {0}, 0, 0, ""},
-    {2, "--tp 2", 0, 0, {0}, {0}, 0, 0, ""},
-    {2, "--tp 2 --sp 1", 0, 0, {0}, {0}, 0, 0, ""},
-    {2, "--pp 2 --micro 4", 0, 0, {0}, {0}, 0, 0, ""},
-    {2, "--pp 2 --micro 4 --schedule gpipe", 0, 0, {0}, {0}, 0, 0, ""},
-    {2, "--zero 1", 0, 0, {0}, {0}, 0, 0, ""},
-    {2, "--zero 3", 0, 0, {0}, {0}, 0, 0, ""},
-    {2, "--cp 2", 0, 0, {0}, {0}, 0, 0, ""},
-    {2, "auto", 0, 0, {0}, {0}, 0, 0, ""},
-    {4, "", 0, 0, {0}, {0}, 0, 0, ""},
-    {4, "--tp 2", 0, 0, {0}, {0}, 0, 0, ""},
-    {4, "--tp 2 --pp 2 --micro 4", 0, 0, {0}, {0}, 0, 0, ""},
-    {4, "--pp 2 --micro 4 --schedule zb", 0, 0, {0}, {0}, 0, 0, ""},
-    {4, "--zero 2 --micro 2", 0, 0, {0}, {0}, 0, 0, ""},
-    {4, "auto", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 1, "", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 1, "--recompute full", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 1, "--recompute selective --micro 2", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 1, "auto", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 2, "", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 2, "--tp 2", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 2, "--tp 2 --sp 1", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 2, "--pp 2 --micro 4", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 2, "--pp 2 --micro 4 --schedule gpipe", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 2, "--zero 1", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 2, "--zero 3", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 2, "--cp 2", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 2, "auto", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 4, "", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 4, "--tp 2", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 4, "--tp 2 --pp 2 --micro 4", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 4, "--pp 2 --micro 4 --schedule zb", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 4, "--zero 2 --micro 2", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 4, "auto", 0, 0, {0}, {0}, 0, 0, ""},
+    {1, 1, "auto", 0, 0, {0}, {0}, 0, 0, ""},
+    {1, 1, "plan", 0, 0, {0}, {0}, 0, 0, ""},
+    {1, 2, "table", 0, 0, {0}, {0}, 0, 0, ""},
+    {1, 2, "row", 0, 0, {0}, {0}, 0, 0, ""},
+    {1, 2, "column", 0, 0, {0}, {0}, 0, 0, ""},
+    {1, 2, "data", 0, 0, {0}, {0}, 0, 0, ""},
+    {1, 2, "auto", 0, 0, {0}, {0}, 0, 0, ""},
+    {1, 2, "plan", 0, 0, {0}, {0}, 0, 0, ""},
+    {1, 4, "table", 0, 0, {0}, {0}, 0, 0, ""},
+    {1, 4, "row", 0, 0, {0}, {0}, 0, 0, ""},
+    {1, 4, "column", 0, 0, {0}, {0}, 0, 0, ""},
+    {1, 4, "data", 0, 0, {0}, {0}, 0, 0, ""},
+    {1, 4, "auto", 0, 0, {0}, {0}, 0, 0, ""},
+    {1, 4, "plan", 0, 0, {0}, {0}, 0, 0, ""},
 };
 #define NROWS ((int)(sizeof ROWS / sizeof ROWS[0]))
 
-static char g_mpirun[512], g_gpt[512];
+static char g_mpirun[512], g_gpt[512], g_dlrm[512];
+static int g_only = -1; /* --only gpt (0) or dlrm (1): that model's rows alone */
 
 /* runs cmd, returns its output (malloc'd, NUL-terminated) and *rc */
 static char *run(const char *cmd, int *rc) {
@@ -88,12 +113,32 @@ static void layout_flags(const row *r, char *buf, size_t n) {
     snprintf(buf, n, "%s", !strcmp(r->flags, "auto") ? "--layout auto" : r->flags);
 }
 
+/* The prediction a dlrm run printed ("plan: --shard X: predicted step S s, ..., memory M MB a rank") */
+static int dlrm_prediction(row *r, const char *out) {
+    r->pred_s = num_after(out, "predicted step ");
+    r->pred_mb = num_after(out, "), memory ");
+    snprintf(r->layout, sizeof r->layout, "dlrm --shard %s", r->flags);
+    return r->pred_s > 0 && r->pred_mb > 0;
+}
+
 /* --plan: the prediction for the row's layout (auto: for the planner's first choice) */
 static void predict(row *r, const char *profile) {
     char cmd[2048], fl[256];
     const char *s;
     char *out;
     int rc;
+    if (r->dlrm) { /* dlrm --plan measures its own profile; --shard plan's row is predicted by its run */
+        if (!strcmp(r->flags, "plan")) return;
+        snprintf(cmd, sizeof cmd, "%s -np %d %s %s --shard %s --plan --quiet 2>&1", g_mpirun, r->np, g_dlrm, DLRM_MODEL,
+                 r->flags);
+        out = run(cmd, &rc);
+        if (rc || !dlrm_prediction(r, out)) {
+            fprintf(stderr, "plan: no prediction for dlrm np %d --shard %s (rc %d):\n%s\n", r->np, r->flags, rc, out);
+            exit(1);
+        }
+        free(out);
+        return;
+    }
     layout_flags(r, fl, sizeof fl);
     snprintf(cmd, sizeof cmd, "%s -np %d %s %s %s --plan --plan-profile %s 2>&1", g_mpirun, r->np, g_gpt, MODEL, fl,
              profile);
@@ -127,11 +172,18 @@ static void measure(row *r, int steps, const char *logdir) {
     dt_ctx ctx;
     layout_flags(r, fl, sizeof fl);
     snprintf(log, sizeof log, "%s/np%d_%d.jsonl", logdir, r->np, (int)(r - ROWS));
-    /* --layout auto reads the profile the prediction used */
-    snprintf(cmd, sizeof cmd, "%s -np %d %s %s %s --steps %d --print-every 0 --log %s --plan-profile %s/profile_np%d.json "
-             "2>&1", g_mpirun, r->np, g_gpt, MODEL, fl, steps, log, logdir, r->np);
+    if (r->dlrm) /* --shard plan measures its profile, plans and prints its prediction, then trains */
+        snprintf(cmd, sizeof cmd, "%s -np %d %s %s --shard %s --steps %d --print-every 0 --log %s 2>&1", g_mpirun, r->np,
+                 g_dlrm, DLRM_MODEL, r->flags, DLRM_STEPS, log);
+    else /* --layout auto reads the profile the prediction used */
+        snprintf(cmd, sizeof cmd, "%s -np %d %s %s %s --steps %d --print-every 0 --log %s --plan-profile "
+                 "%s/profile_np%d.json 2>&1", g_mpirun, r->np, g_gpt, MODEL, fl, steps, log, logdir, r->np);
     out = run(cmd, &rc);
     if (rc) { fprintf(stderr, "plan: np %d %s failed (rc %d):\n%s\n", r->np, r->flags, rc, out); exit(1); }
+    if (r->dlrm && !strcmp(r->flags, "plan") && !dlrm_prediction(r, out)) {
+        fprintf(stderr, "plan: dlrm np %d --shard plan printed no prediction:\n%s\n", r->np, out);
+        exit(1);
+    }
     r->meas_mb = num_after(out, "peak memory per rank: ");
     free(out);
     memset(&ctx, 0, sizeof ctx);
@@ -157,13 +209,20 @@ int main(int argc, char **argv) {
     const char *logdir = "build/bench/plan_logs", *mr = getenv("DT_MPIRUN");
     double err[NROWS], merr[NROWS], emax = 0, mmax = 0, first_gap = 0, t0 = now_s();
     snprintf(g_gpt, sizeof g_gpt, "build/examples/gpt");
+    snprintf(g_dlrm, sizeof g_dlrm, "build/examples/dlrm");
     snprintf(g_mpirun, sizeof g_mpirun, "%s", mr && *mr ? mr : "mpirun --oversubscribe");
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--gpt") && i + 1 < argc) snprintf(g_gpt, sizeof g_gpt, "%s", argv[++i]);
+        else if (!strcmp(argv[i], "--dlrm") && i + 1 < argc) snprintf(g_dlrm, sizeof g_dlrm, "%s", argv[++i]);
         else if (!strcmp(argv[i], "--quick")) quick = 1;
-        else { fprintf(stderr, "usage: plan [--rounds N (3)] [--steps N (12)] [--gpt PATH] [--quick]\n"); return 2; }
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && (!strcmp(argv[i + 1], "gpt") || !strcmp(argv[i + 1], "dlrm")))
+            g_only = !strcmp(argv[++i], "dlrm");
+        else {
+            fprintf(stderr, "usage: plan [--rounds N (3)] [--steps N (12)] [--gpt PATH] [--dlrm PATH] [--only gpt|dlrm] [--quick]\n");
+            return 2;
+        }
     }
     if (rounds < 1 || rounds > 8 || steps < 6 || steps > 1000) {
         fprintf(stderr, "plan: --rounds 1..8 and --steps 6..1000, got %d and %d\n", rounds, steps);
@@ -180,20 +239,24 @@ int main(int argc, char **argv) {
             snprintf(path, sizeof path, "%s/profile_np%d.json", logdir, np);
             remove(path);
             for (i = 0; i < NROWS; i++)
-                if (ROWS[i].np == np) predict(&ROWS[i], path);
+                if (ROWS[i].np == np && g_only != !ROWS[i].dlrm) predict(&ROWS[i], path);
         }
-        for (i = 0; i < NROWS; i++) measure(&ROWS[i], steps, logdir);
+        for (i = 0; i < NROWS; i++)
+            if (g_only != !ROWS[i].dlrm) measure(&ROWS[i], steps, logdir);
     }
     printf("planner check: examples/gpt %s, %d rounds of %d steps (median step of steps 4..%d, median over rounds; each "
-           "round's profiles measured at its start)\n", MODEL, rounds, steps, steps);
+           "round's profiles measured at its start); examples/dlrm %s, %d steps (steps 4..%d; each prediction from a "
+           "profile measured by its own run)\n", MODEL, rounds, steps, steps, DLRM_MODEL, DLRM_STEPS, DLRM_STEPS);
     printf("%-3s %-80s %10s %10s %7s %9s %9s %7s\n", "np", "layout", "pred ms", "meas ms", "err", "pred MB", "meas MB",
            "err");
     for (i = 0; i < NROWS; i++) {
         row *r = &ROWS[i];
-        double m = median(r->meas, r->rounds);
+        double m;
         char name[200];
+        if (g_only == !r->dlrm) continue;
+        m = median(r->meas, r->rounds);
         r->pred_s = median(r->preds, r->rounds);
-        snprintf(name, sizeof name, "%s%s", !strcmp(r->flags, "auto") ? "auto: " : "", r->layout);
+        snprintf(name, sizeof name, "%s%s", !r->dlrm && !strcmp(r->flags, "auto") ? "auto: " : "", r->layout);
         err[nl] = 100.0 * fabs(r->pred_s - m) / m;
         merr[nl] = 100.0 * fabs(r->pred_mb - r->meas_mb) / r->meas_mb;
         printf("%-3d %-80s %10.2f %10.2f %6.1f%% %9.2f %9.2f %6.1f%%\n", r->np, name, r->pred_s * 1e3, m * 1e3, err[nl],
@@ -202,19 +265,21 @@ int main(int argc, char **argv) {
         if (merr[nl] > mmax) mmax = merr[nl];
         nl++;
     }
-    for (np = 1; np <= 4; np *= 2) { /* the planner's first choice against the best measured */
-        double best = 1e30, mine = 0;
-        for (i = 0; i < NROWS; i++) {
-            double m;
-            if (ROWS[i].np != np) continue;
-            m = median(ROWS[i].meas, ROWS[i].rounds);
-            if (m < best) best = m;
-            if (!strcmp(ROWS[i].flags, "auto")) mine = m;
+    for (k = 0; k < 2; k++) /* the planner's first choice against the best measured, per model and world */
+        for (np = 1; np <= 4 && g_only != !k; np *= 2) {
+            double best = 1e30, mine = 0;
+            const char *first = k ? "plan" : "auto";
+            for (i = 0; i < NROWS; i++) {
+                double m;
+                if (ROWS[i].np != np || ROWS[i].dlrm != k) continue;
+                m = median(ROWS[i].meas, ROWS[i].rounds);
+                if (m < best) best = m;
+                if (!strcmp(ROWS[i].flags, first)) mine = m;
+            }
+            printf("%s np %d: the first-ranked layout measured %.2f ms, the best measured %.2f ms (%.1f%% slower)\n",
+                   k ? "dlrm" : "gpt", np, mine * 1e3, best * 1e3, 100.0 * (mine - best) / best);
+            if (100.0 * (mine - best) / best > first_gap) first_gap = 100.0 * (mine - best) / best;
         }
-        printf("np %d: the first-ranked layout measured %.2f ms, the best measured %.2f ms (%.1f%% slower)\n", np,
-               mine * 1e3, best * 1e3, 100.0 * (mine - best) / best);
-        if (100.0 * (mine - best) / best > first_gap) first_gap = 100.0 * (mine - best) / best;
-    }
     printf("(%.0f s)\n", now_s() - t0);
     printf("planner: layouts %d, median error %.1f%%, max error %.1f%%, memory max error %.1f%%, first-ranked within "
            "%.1f%% of best\n", nl, median(err, nl), emax, mmax, first_gap);

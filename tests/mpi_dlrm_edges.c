@@ -20,6 +20,11 @@
                                 --steps = its step it says there is nothing to train and its
                                 final line is the checkpoint's loss and AUC; data_cursor is
                                 steps x batch
+     dlrm_plan_*, dlrm_shard_plan_*   the planner (dt_plan.h >>dlrm): --plan ranks the plans and
+                                prints --shard's prediction, untrained (exit 0); --shard plan trains
+                                with --shard auto's losses bit for bit at np 2 and 3, logs step_s,
+                                prints its peak memory; --accum, --overlap, --tier with the planner,
+                                --plan-memory without it and a budget nothing fits are named (exit 2)
      dlrm_log_*, dlrm_steps0_*, dlrm_one_class_*   the JSON lines' auc/logloss only on steps
                                 that evaluate (null on others); --steps 0 prints "final: loss
                                 nan" and the model's AUC; one-class held-out labels: auc nan, a
@@ -448,6 +453,77 @@ static void bin_checks(const char *tsv) {
     }
 }
 
+/* ---------------------------------------------------------------- the planner (dt_plan.h >>dlrm) */
+
+static const char *PLAN_SMALL = "--batch 256 --rows 4000 --eval-samples 512";
+
+/* --plan ranks the plans (dt_embed's own among them), prints --shard's prediction, trains nothing */
+static void plan_prints(void) {
+    static char text[1 << 16];
+    char flags[512], out[600];
+    int rc;
+    snprintf(out, sizeof out, "%s/dlrm_plan.out", dt_test_tmpdir());
+    snprintf(flags, sizeof flags, "%s --steps 5 --plan", PLAN_SMALL);
+    rc = run_dlrm(2, flags, out, text, sizeof text);
+    if (!DT_TEST_CHECK("dlrm_plan_prints_exits_0", rc == 0)) printf("  %s\n", TAIL(text));
+    DT_TEST_CHECK("dlrm_plan_prints_the_ranking", strstr(text, "rank plan ") && strstr(text, "first-ranked (") &&
+                  strstr(text, " auto ") && strstr(text, " row "));
+    DT_TEST_CHECK("dlrm_plan_prints_the_given_shards_prediction",
+                  strstr(text, "plan: --shard auto: predicted step ") && strstr(text, " MB a rank"));
+    DT_TEST_CHECK("dlrm_plan_does_not_train", !strstr(text, "final: loss"));
+}
+
+/* --shard plan trains on the first-ranked plan with --shard auto's losses bit for bit (any plan
+   gives the one-rank result: dt_embed.h "exactness"); its log has step_s, its end the peak memory */
+static void plan_trains(int np) {
+    static char text[1 << 16];
+    char flags[1024], out[600], log[600], name[128], line[4096];
+    double a, b;
+    int rc, n = 0, with = 0;
+    FILE *fp;
+    snprintf(out, sizeof out, "%s/dlrm_plan.out", dt_test_tmpdir());
+    snprintf(log, sizeof log, "%s/dlrm_plan_%d.jsonl", dt_test_tmpdir(), np);
+    snprintf(flags, sizeof flags, "%s --steps 12 --shard auto --quiet", PLAN_SMALL);
+    rc = run_dlrm(np, flags, out, text, sizeof text);
+    a = final_loss(text);
+    snprintf(flags, sizeof flags, "%s --steps 12 --shard plan --log %s", PLAN_SMALL, log);
+    rc = rc ? rc : run_dlrm(np, flags, out, text, sizeof text);
+    b = final_loss(text);
+    snprintf(name, sizeof name, "dlrm_shard_plan_trains_as_auto_bit_for_bit_np%d", np);
+    if (!DT_TEST_CHECK(name, rc == 0 && a == a && a == b)) printf("  auto %.9g, plan %.9g (rc %d)\n%s\n", a, b, rc, TAIL(text));
+    snprintf(name, sizeof name, "dlrm_shard_plan_prints_its_prediction_np%d", np);
+    DT_TEST_CHECK(name, strstr(text, "plan: --shard plan: predicted step ") != NULL);
+    snprintf(name, sizeof name, "dlrm_shard_plan_prints_peak_memory_np%d", np);
+    DT_TEST_CHECK(name, strstr(text, "peak memory per rank: ") != NULL);
+    fp = fopen(log, "r");
+    while (fp && fgets(line, sizeof line, fp)) { n++; with += strstr(line, "\"step_s\":") != NULL; }
+    if (fp) fclose(fp);
+    snprintf(name, sizeof name, "dlrm_log_has_step_s_np%d", np);
+    DT_TEST_CHECK(name, n == 12 && with == 12);
+}
+
+/* what the planner does not model, --plan-memory without it, and a budget nothing fits: named */
+static void plan_refuses(void) {
+    static char text[1 << 16];
+    static const struct { const char *name, *flags, *says; } c[] = {
+        {"dlrm_plan_refuses_accum", "--plan --accum 2", "not with --accum > 1"},
+        {"dlrm_plan_refuses_overlap", "--shard plan --overlap 1", "not with --accum > 1, --overlap 1"},
+        {"dlrm_plan_refuses_tier", "--plan --tier disk", "--tier"},
+        {"dlrm_plan_memory_without_plan_is_named", "--plan-memory 100", "--plan-memory is for --plan or --shard plan"},
+        {"dlrm_plan_memory_nothing_fits_is_named", "--plan --plan-memory 1", "no plan of the tables fits --plan-memory 1 MB"},
+    };
+    size_t i;
+    char out[600];
+    snprintf(out, sizeof out, "%s/dlrm_plan.out", dt_test_tmpdir());
+    for (i = 0; i < sizeof c / sizeof c[0]; i++) {
+        char flags[512];
+        int rc;
+        snprintf(flags, sizeof flags, "%s --steps 3 %s", PLAN_SMALL, c[i].flags);
+        rc = run_dlrm(2, flags, out, text, sizeof text);
+        if (!DT_TEST_CHECK(c[i].name, rc != 0 && strstr(text, c[i].says) != NULL)) printf("  rc %d\n%s\n", rc, TAIL(text));
+    }
+}
+
 int main(void) {
     FILE *fp = fopen(DLRM, "rb");
     if (!fp) {
@@ -455,11 +531,16 @@ int main(void) {
         return dt_test_finish();
     }
     fclose(fp);
-    if (dt_test_short_run()) { /* the tables' equivalence at 2 ranks only */
+    if (dt_test_short_run()) { /* the tables' equivalence and the planner's plan at 2 ranks only */
         table_rows("sgd", 2, "--rows 100000 --row-wise-over 50000");
         table_rows("adagrad", 2, "--rows 100000 --row-wise-over 50000");
+        plan_trains(2);
         return dt_test_finish();
     }
+    plan_prints();
+    plan_trains(2);
+    plan_trains(3);
+    plan_refuses();
     empty_local_batch();
     table_rows("sgd", 4, "--rows 100000 --row-wise-over 50000");
     table_rows("adagrad", 4, "--rows 100000 --row-wise-over 50000");

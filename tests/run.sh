@@ -222,7 +222,7 @@ needs() {
         dt_comm.h) echo dt_tensor.h ;;
         dt_opt.h) echo dt_tensor.h dt_comm.h ;;
         dt_parallel.h | dt_embed.h) echo dt_tensor.h dt_comm.h dt_opt.h ;;
-        dt_plan.h) echo dt_tensor.h dt_comm.h dt_opt.h dt_parallel.h ;;
+        dt_plan.h) echo dt_tensor.h dt_comm.h dt_opt.h dt_parallel.h dt_embed.h ;;
         *) for h in dt_tensor.h dt_comm.h dt_opt.h; do [ -f "$h" ] && echo "$h"; done ;;
     esac
 }

@@ -6,6 +6,7 @@
 #include "dt_comm.h"
 #include "dt_opt.h"
 #include "dt_parallel.h"
+#include "dt_embed.h"
 #include "dt_plan.h"
 #include "dt_test.h"
 #include <time.h>
@@ -346,6 +347,14 @@ static void write_file(const char *path, const char *text) {
     if (f) { fputs(text, f); fclose(f); }
 }
 
+/* the file's text into text[0 .. cap) (empty when it cannot be read) */
+static void read_file(const char *path, char *text, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    size_t n = f ? fread(text, 1, cap - 1, f) : 0;
+    if (f) fclose(f);
+    text[n] = '\0';
+}
+
 static void files(void) {
     dt_plan_model m = model();
     dt_plan_profile a, b;
@@ -384,11 +393,8 @@ static void files(void) {
     /* a saved file with one field broken: a negative alpha */
     snprintf(path, sizeof path, "%s/prof.json", d);
     {
-        FILE *f = fopen(path, "rb");
-        size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
         char *at;
-        if (f) fclose(f);
-        text[n] = '\0';
+        read_file(path, text, sizeof text);
         at = strstr(text, "\"alpha\": ");
         if (at) { memmove(at + 10, at + 9, strlen(at + 9) + 1); at[9] = '-'; }
         snprintf(path, sizeof path, "%s/neg.json", d);
@@ -401,6 +407,150 @@ static void files(void) {
         st = dt_plan_profile_load(&g_ctx, &b, path);
         dt_test_error("plan_profile_bad_model_field_is_named", st, dt_ctx_error(&g_ctx), "neg.json");
     }
+    /* a count that is a fraction: named, not cut to an integer */
+    snprintf(path, sizeof path, "%s/prof.json", d);
+    {
+        char *at;
+        read_file(path, text, sizeof text);
+        at = strstr(text, "\"tp\": 1");
+        if (at) { memmove(at + 8, at + 6, strlen(at + 6) + 1); memcpy(at + 6, "1.5", 3); }
+        snprintf(path, sizeof path, "%s/frac.json", d);
+        write_file(path, text);
+        st = dt_plan_profile_load(&g_ctx, &b, path);
+        dt_test_error("plan_profile_fractional_count_is_named", st, dt_ctx_error(&g_ctx), "splits[0].tp = 1.5, expected an integer");
+    }
+}
+
+/* ---- DLRM: the tables' plans (dt_plan_dlrm_*) ---- */
+
+/* Two ranks, three tables (0 and 1 alike and big, 2 small); column-wise and table-row not
+   measured. Seconds and bytes chosen so that every plan's sum is easy to follow. */
+static void dlrm_profile(dt_plan_dlrm_profile *p) {
+    int t;
+    memset(p, 0, sizeof *p);
+    snprintf(p->machine, sizeof p->machine, "by hand");
+    p->world = 2; p->hosts = 1; p->n_tables = 3; p->dim_total = 24; p->batch = 100;
+    p->dense_s = 1e-3; p->base_bytes = 1e6; p->dense_peak = 2e5;
+    p->x_fwd = 1e-4; p->x_bwd = 2e-4; p->x_bytes = 1000;
+    for (t = 0; t < 3; t++) {
+        double s = t < 2 ? 1 : 0.05; /* the small table: 1/20 of a big one */
+        dt_plan_table_cost *c;
+        c = &p->cost[t][DT_SHARD_TABLE];
+        c->ok = 1; c->fwd[0] = 3e-4 * s; c->fwd[1] = 5e-5 * s; c->bwd[0] = 4e-4 * s; c->bwd[1] = 0;
+        c->bytes[0] = 1e5 * s; c->bytes[1] = 0; c->peak[0] = 1e4 * s; c->peak[1] = 2e3 * s;
+        c = &p->cost[t][DT_SHARD_ROW];
+        c->ok = 1; c->fwd[0] = c->fwd[1] = 2e-4 * s; c->bwd[0] = c->bwd[1] = 2.5e-4 * s;
+        c->bytes[0] = c->bytes[1] = 5e4 * s; c->peak[0] = c->peak[1] = 2e3 * s;
+        c = &p->cost[t][DT_SHARD_DATA];
+        c->ok = 1; c->fwd[0] = c->fwd[1] = 1e-4 * s; c->bwd[0] = c->bwd[1] = 6e-4 * s;
+        c->bytes[0] = c->bytes[1] = 1e5 * s; c->peak[0] = c->peak[1] = 5e3 * s;
+        p->auto_kind[t] = DT_SHARD_ROW;
+    }
+}
+
+static dt_plan_dlrm_plan dlrm_plan(dt_embed_sharding k0, int o0, dt_embed_sharding k1, int o1, dt_embed_sharding k2,
+                                   int o2) {
+    dt_plan_dlrm_plan pl;
+    memset(&pl, 0, sizeof pl);
+    pl.n_tables = 3;
+    pl.kind[0] = k0; pl.owner[0] = o0; pl.kind[1] = k1; pl.owner[1] = o1; pl.kind[2] = k2; pl.owner[2] = o2;
+    return pl;
+}
+
+static void dlrm_plans(void) {
+    dt_plan_dlrm_profile p;
+    dt_plan_dlrm_plan pl;
+    dt_plan_dlrm_prediction pr, top[16];
+    double f, b, want, best = 1e30, best_fit = 1e30, budget;
+    int n = 0, i, ok;
+    dt_status st;
+    dlrm_profile(&p);
+    /* table 0 on rank 0, table 1 on rank 1, table 2 replicated: each rank owns one big table and
+       asks the other's; the small one is local work on both */
+    pl = dlrm_plan(DT_SHARD_TABLE, 0, DT_SHARD_TABLE, 1, DT_SHARD_DATA, 0);
+    if (!DT_TEST_CHECK("plan_dlrm_predicts", dt_plan_dlrm_predict(&g_ctx, &p, &pl, &pr) == DT_OK)) {
+        printf("  %s\n", dt_ctx_error(&g_ctx));
+        return;
+    }
+    f = 3e-4 + 5e-5 + 0.05 * 1e-4; /* own + ask + data: the same on both ranks */
+    b = 4e-4 + 0 + 0.05 * 6e-4;
+    want = 1e-3 + (1e-4 + f) + (2e-4 + b);
+    dt_test_close("plan_dlrm_step_is_dense_plus_each_phase_exchange_and_busiest_rank", pr.step_s, want, 1e-15);
+    dt_test_close("plan_dlrm_forward_split", pr.fwd_s, 1e-4 + f, 1e-15);
+    dt_test_close("plan_dlrm_exchange_split", pr.exchange_s, 3e-4, 1e-15);
+    dt_test_close("plan_dlrm_balanced_has_no_imbalance", pr.imbalance_s, 0, 1e-15);
+    dt_test_close("plan_dlrm_samples_per_s", pr.samples_per_s, 100 / want, 1e-6);
+    /* memory: base + dense peak + one embedding + a big table (own) + the small replica; transients:
+       the owned table's, the asked one's, the replica's */
+    dt_test_close("plan_dlrm_memory_is_the_hand_sum", pr.mem_total,
+                  1e6 + 2e5 + 1000 + 1e5 + 0.05 * 1e5 + 1e4 + 2e3 + 0.05 * 5e3, 1e-6);
+    /* both big tables on rank 0: rank 0 works for both, rank 1 only asks */
+    pl = dlrm_plan(DT_SHARD_TABLE, 0, DT_SHARD_TABLE, 0, DT_SHARD_TABLE, 1);
+    dt_plan_dlrm_predict(&g_ctx, &p, &pl, &pr);
+    f = 2 * 3e-4 + 0.05 * 5e-5; /* rank 0: owns 0 and 1, asks 2 */
+    b = 2 * 4e-4;
+    want = 1e-3 + 1e-4 + f + 2e-4 + b;
+    dt_test_close("plan_dlrm_one_rank_owning_both_is_the_busiest", pr.step_s, want, 1e-15);
+    DT_TEST_CHECK("plan_dlrm_busiest_rank_named", pr.busiest == 0);
+    /* rank 1's work: asks 0 and 1, owns 2: the mean of the two ranks' work, and the busiest above it */
+    dt_test_close("plan_dlrm_imbalance_is_busiest_less_mean", pr.imbalance_s,
+                  f + b - 0.5 * ((f + b) + (2 * 5e-5 + 0.05 * 3e-4 + 0.05 * 4e-4)), 1e-15);
+    /* every table replicated: no exchange in the forward, the backward's sparse all-reduce */
+    pl = dlrm_plan(DT_SHARD_DATA, 0, DT_SHARD_DATA, 0, DT_SHARD_DATA, 0);
+    dt_plan_dlrm_predict(&g_ctx, &p, &pl, &pr);
+    dt_test_close("plan_dlrm_data_parallel_forward_has_no_exchange", pr.fwd_s, 2.05 * 1e-4, 1e-15);
+    dt_test_close("plan_dlrm_data_parallel_step", pr.step_s, 1e-3 + 2.05 * 1e-4 + 2e-4 + 2.05 * 6e-4, 1e-15);
+    /* the search against every plan there is (4 choices a table: table on 0 or 1, row, data) */
+    for (i = 0; i < 64; i++) {
+        dt_embed_sharding ks[4] = {DT_SHARD_TABLE, DT_SHARD_TABLE, DT_SHARD_ROW, DT_SHARD_DATA};
+        int os[4] = {0, 1, 0, 0};
+        pl = dlrm_plan(ks[i % 4], os[i % 4], ks[i / 4 % 4], os[i / 4 % 4], ks[i / 16], os[i / 16]);
+        dt_plan_dlrm_predict(&g_ctx, &p, &pl, &pr);
+        if (pr.step_s < best) best = pr.step_s;
+    }
+    st = dt_plan_dlrm_search(&g_ctx, &p, 0, top, 16, &n);
+    DT_TEST_CHECK("plan_dlrm_search_runs", st == DT_OK && n >= 4);
+    for (i = 1, ok = 1; i < n; i++) ok = ok && top[i].step_s >= top[i - 1].step_s;
+    DT_TEST_CHECK("plan_dlrm_search_ranks_best_first", ok);
+    if (n < 1 || !dt_test_close("plan_dlrm_search_finds_the_best_of_all_64_plans", top[0].step_s, best, 1e-3 * best))
+        printf("  first: %s %.9g, best of all %.9g\n", n ? top[0].plan.name : "-", n ? top[0].step_s : 0, best);
+    for (i = 0, ok = 0; i < n; i++) ok += !strcmp(top[i].plan.name, "auto");
+    DT_TEST_CHECK("plan_dlrm_search_ranks_dt_embeds_own_plan", ok == 1);
+    /* a budget under the fastest plan's memory: the best plan that fits, found again by brute force */
+    budget = top[0].mem_total - 1;
+    for (i = 0; i < 64; i++) {
+        dt_embed_sharding ks[4] = {DT_SHARD_TABLE, DT_SHARD_TABLE, DT_SHARD_ROW, DT_SHARD_DATA};
+        int os[4] = {0, 1, 0, 0};
+        pl = dlrm_plan(ks[i % 4], os[i % 4], ks[i / 4 % 4], os[i / 4 % 4], ks[i / 16], os[i / 16]);
+        dt_plan_dlrm_predict(&g_ctx, &p, &pl, &pr);
+        if (pr.mem_total <= budget && pr.step_s < best_fit) best_fit = pr.step_s;
+    }
+    st = dt_plan_dlrm_search(&g_ctx, &p, budget, top, 16, &n);
+    for (i = 0, ok = st == DT_OK && n >= 1; ok && i < n; i++) ok = top[i].mem_total <= budget;
+    if (!DT_TEST_CHECK("plan_dlrm_search_keeps_to_the_memory_budget", ok))
+        printf("  status %d, %d plans; first %s, %.0f bytes; budget %.0f\n", (int)st, n, n ? top[0].plan.name : "-",
+               n ? top[0].mem_total : 0, budget);
+    if (n >= 1) dt_test_close("plan_dlrm_search_finds_the_best_plan_that_fits", top[0].step_s, best_fit, 1e-3 * best_fit);
+    st = dt_plan_dlrm_search(&g_ctx, &p, 1, top, 16, &n);
+    DT_TEST_CHECK("plan_dlrm_search_nothing_fits_one_byte", st == DT_OK && n == 0);
+    /* bad plans and arguments are named */
+    pl = dlrm_plan(DT_SHARD_TABLE, 0, DT_SHARD_COLUMN, 0, DT_SHARD_DATA, 0);
+    st = dt_plan_dlrm_predict(&g_ctx, &p, &pl, &pr);
+    dt_test_error("plan_dlrm_unmeasured_kind_is_named", st, dt_ctx_error(&g_ctx), "plan.kind[1] = 4 (column)");
+    pl = dlrm_plan(DT_SHARD_TABLE, 2, DT_SHARD_ROW, 0, DT_SHARD_DATA, 0);
+    st = dt_plan_dlrm_predict(&g_ctx, &p, &pl, &pr);
+    dt_test_error("plan_dlrm_owner_outside_the_world_is_named", st, dt_ctx_error(&g_ctx), "plan.owner[0] = 2");
+    pl.n_tables = 2;
+    st = dt_plan_dlrm_predict(&g_ctx, &p, &pl, &pr);
+    dt_test_error("plan_dlrm_plan_of_other_tables_is_named", st, dt_ctx_error(&g_ctx), "plan.n_tables = 2");
+    st = dt_plan_dlrm_search(&g_ctx, &p, -5, top, 16, &n);
+    dt_test_error("plan_dlrm_negative_budget_is_named", st, dt_ctx_error(&g_ctx), "mem_budget = -5");
+    st = dt_plan_dlrm_search(&g_ctx, &p, 0, top, 0, &n);
+    dt_test_error("plan_dlrm_search_max_0_is_named", st, dt_ctx_error(&g_ctx), "max >= 1");
+    st = dt_plan_dlrm_predict(&g_ctx, NULL, &pl, &pr);
+    dt_test_error("plan_dlrm_null_profile_is_named", st, dt_ctx_error(&g_ctx), "p is NULL");
+    st = dt_plan_dlrm_measure(NULL, NULL, NULL);
+    DT_TEST_CHECK("plan_dlrm_measure_without_a_world_is_refused", st == DT_ERR_ARG);
 }
 
 int main(void) {
@@ -413,6 +563,7 @@ int main(void) {
     bad_layouts();
     simulator_stage_costs();
     files();
+    dlrm_plans();
     dt_ctx_shutdown(&g_ctx);
     return dt_test_finish();
 }

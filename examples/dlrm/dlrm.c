@@ -11,8 +11,12 @@
           --ckpt DIR --ckpt-every N --resume --rows N (cap on table rows, 16384) --skip-bad
           --table-sizes N|n1,...,n26 (the tables' rows, one for all or one per feature; default
           min(Criteo Kaggle's cardinality, --rows); TSV ids are hashed into them)
-          --shard auto|row|table|column|table-row|data (table-row: each table row-wise over the ranks
-          of one host, TorchRec's TWRW) --row-wise-over ROWS (pin bigger tables row-wise) --quiet
+          --shard auto|row|table|column|table-row|data|plan (table-row: each table row-wise over the ranks
+          of one host, TorchRec's TWRW; plan: dt_plan.h's first-ranked placement, table by table,
+          from a profile it measures first with the first 8 batches: the dense step and every
+          table under every kind, see docs/plan.md) --plan (print the ranked plans and the
+          prediction for --shard's, then exit 0 untrained) --plan-memory MB (the planner's budget
+          a rank) --row-wise-over ROWS (pin bigger tables row-wise) --quiet
           --device cpu|cuda (cuda: a -DDT_CUDA build, build/examples/cuda/dlrm, or
           build/examples/emu/dlrm on the CPU emulator: MLPs, interaction, BCE, activations and the
           tables' shards on the GPU; the inputs go up once per step and the loss is read only on
@@ -32,7 +36,9 @@
           "Across hosts"; the end prints how many went so) --host-size K (every K consecutive
           ranks one host: hosts modelled on one machine; 0 = by host name)
           --dump-batches DIR (rank 0 writes each step's global batch, see below)
-   last line: "final: loss L auc A" (L the training loss of the last step, A the held-out AUC).
+   last line: "final: loss L auc A" (L the training loss of the last step, A the held-out AUC);
+   before it "peak memory per rank: M MB" (the largest rank's dt_peak_bytes over the training
+   steps, evaluations apart).
    A is nan when the held-out labels are all one class (a warning says so; training goes on).
    A run that trains no step (--steps 0, or --resume at --steps) evaluates the model it has for
    A, and L is the loss the checkpoint recorded for its last step (nan: none was trained).
@@ -87,7 +93,9 @@
 #include "../../dt_tensor.h"
 #include "../../dt_comm.h"
 #include "../../dt_opt.h"
+#include "../../dt_parallel.h" /* (dt_plan.h sits on it) */
 #include "../../dt_embed.h"
+#include "../../dt_plan.h"     /* --plan, --shard plan: the tables' placement from a measured profile */
 #include "dlrm_data.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,6 +109,8 @@
 #define F DT_DLRM_SPARSE
 #define MAX_LAYERS 8
 #define EVAL_BASE ((int64_t)1 << 40) /* synthetic eval samples never overlap training ones */
+#define DP_MAX_BYTES (64.0 * 1024)   /* dt_embed's planner: small tables replicated; mid ones whole on one rank;
+                                        big ones by rows */
 
 typedef struct opts {
     int64_t steps, batch, eval_samples, rows, row_wise_over;
@@ -115,6 +125,8 @@ typedef struct opts {
     double cache_frac;
     int prefetch;                  /* --prefetch (tiered tables): 1 by default */
     int hier, host_size;           /* --hier auto|on|off (dt_comm_desc.hier 0, 1, -1), --host-size K */
+    int plan;                      /* --plan: print the planner's ranking and this --shard's prediction, exit */
+    double plan_memory;            /* --plan-memory MB: the planner's per-rank budget (0: none) */
     int bottom[MAX_LAYERS], n_bottom, top[MAX_LAYERS], n_top;
     double lr, emb_lr;
 } opts;
@@ -124,6 +136,7 @@ static int g_rank;
 static dt_embed *g_progress; /* --overlap: an id exchange in flight, moved between dense layers */
 static int g_prefetch;      /* --prefetch: the next batch begins with dt_embed_prefetch (its rows come too) */
 static int g_auc_warned;    /* the held-out labels are all one class: said once */
+static int g_dense_only;    /* the planner's dense step: everything but the embedding (it does not exist yet) */
 /* dt_comm_abort, not exit: an error one rank alone sees ends every rank now (after a timeout it
    first gives the ranks still waiting the time to write their own reports). */
 #define CHECK(call) do { dt_status s_ = (call); if (s_) { \
@@ -136,7 +149,8 @@ static void usage(const char *why) {
                     "--arch dlrm|dcn --dim D --bottom 64,32 --top 64,32 --cross L --cross-rank R --opt sgd|adagrad --lr LR "
                     "--emb-lr LR --accum N --eval-every N --eval-samples N --print-every N --log FILE "
                     "--ckpt DIR --ckpt-every N --resume --rows N --table-sizes N|n1,...,n26 --skip-bad "
-                    "--shard auto|row|table|column|table-row|data --row-wise-over ROWS --timeout S "
+                    "--shard auto|row|table|column|table-row|data|plan --plan --plan-memory MB --row-wise-over ROWS "
+                    "--timeout S "
                     "--device cpu|cuda --quiet --overlap 0|1 --dump-batches DIR --profile --tier none|disk|host "
                     "--tier-dir DIR --cache-rows N|F --prefetch 0|1 --hier auto|on|off --host-size K\n", why);
     exit(2);
@@ -283,6 +297,8 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--skip-bad")) { o->skip_bad = 1; takes = 0; }
         else if (!strcmp(a, "--quiet")) { o->quiet = 1; takes = 0; }
         else if (!strcmp(a, "--profile")) { o->profile = 1; takes = 0; }
+        else if (!strcmp(a, "--plan")) { o->plan = 1; takes = 0; }
+        else if (!strcmp(a, "--plan-memory")) o->plan_memory = (double)num(a, v, 1, (int64_t)1 << 30);
         else { char why[160]; snprintf(why, sizeof why, "unknown flag '%s'", a); usage(why); }
         if (takes && !v) { char why[160]; snprintf(why, sizeof why, "%s needs a value", a); usage(why); }
         i += takes;
@@ -295,8 +311,13 @@ static void parse(opts *o, int argc, char **argv) {
     if (strcmp(o->arch, "dlrm") && strcmp(o->arch, "dcn")) usage("--arch is dlrm or dcn");
     if (strcmp(o->opt, "sgd") && strcmp(o->opt, "adagrad")) usage("--opt is sgd or adagrad");
     if (strcmp(o->shard, "auto") && strcmp(o->shard, "row") && strcmp(o->shard, "table") && strcmp(o->shard, "data") &&
-        strcmp(o->shard, "column") && strcmp(o->shard, "table-row"))
-        usage("--shard is auto, row, table, column, table-row or data");
+        strcmp(o->shard, "column") && strcmp(o->shard, "table-row") && strcmp(o->shard, "plan"))
+        usage("--shard is auto, row, table, column, table-row, data or plan");
+    if ((o->plan || !strcmp(o->shard, "plan")) &&
+        (o->accum != 1 || o->overlap || strcmp(o->tier, "none") || strcmp(o->device, "cpu")))
+        usage("--plan and --shard plan model a step of one batch on the CPU: not with --accum > 1, --overlap 1, "
+              "--tier or --device cuda");
+    if (o->plan_memory && !o->plan && strcmp(o->shard, "plan")) usage("--plan-memory is for --plan or --shard plan");
     if (!(o->lr >= 0) || !(o->emb_lr >= 0) || o->lr > 100 || o->emb_lr > 100) usage("--lr and --emb-lr are in [0, 100]");
     if (o->batch % o->accum) usage("--batch must be a multiple of --accum");
     if (o->ckpt_every && !o->ckpt) usage("--ckpt-every needs --ckpt DIR");
@@ -529,18 +550,11 @@ static void mlp_make(model *m, mlp *n, const char *prefix, int64_t in, const int
     }
 }
 
-static void model_make(model *m, const opts *o, const data *d, dt_comm *world) {
-    dt_embed_table_desc tabs[F];
-    dt_embed_desc ed = {0};
+/* The 26 tables as dt_embed_create takes them, sharded as --shard says (plan: as `plan` says). */
+static void table_descs(dt_embed_table_desc tabs[F], const opts *o, const data *d, const dt_plan_dlrm_plan *plan) {
     int f;
-    char name[32];
     static char names[F][16];
-    memset(m, 0, sizeof *m);
-    m->dim = o->dim;
-    m->dcn = !strcmp(o->arch, "dcn");
-    m->cross = o->cross;
-    m->cross_rank = o->cross_rank;
-    memset(tabs, 0, sizeof tabs);
+    memset(tabs, 0, sizeof(dt_embed_table_desc) * F);
     for (f = 0; f < F; f++) {
         snprintf(names[f], sizeof names[f], "C%d", f + 1);
         tabs[f].name = names[f];
@@ -552,19 +566,42 @@ static void model_make(model *m, const opts *o, const data *d, dt_comm *world) {
                          : !strcmp(o->shard, "data") ? DT_SHARD_DATA : !strcmp(o->shard, "column") ? DT_SHARD_COLUMN
                          : !strcmp(o->shard, "table-row") ? DT_SHARD_TABLE_ROW : DT_SHARD_AUTO;
         if (o->row_wise_over && tabs[f].rows > o->row_wise_over) tabs[f].sharding = DT_SHARD_ROW; /* pinned */
+        if (plan) { /* the planner's: the kind, and the owner (table-wise) or group (table-row) it chose */
+            tabs[f].sharding = plan->kind[f];
+            tabs[f].pin_owner = plan->kind[f] == DT_SHARD_TABLE || plan->kind[f] == DT_SHARD_TABLE_ROW;
+            tabs[f].owner = plan->owner[f];
+        }
         if (strcmp(o->tier, "none")) {
             tabs[f].tier = !strcmp(o->tier, "disk") ? DT_TIER_DISK : DT_TIER_HOST;
             tabs[f].cache_rows = o->cache_rows;
             tabs[f].cache_fraction = o->cache_frac;
         }
     }
+}
+
+/* The embedding (collective): the tables placed by --shard, or by the planner's plan. */
+static void embed_make(model *m, const opts *o, const data *d, dt_comm *world, const dt_plan_dlrm_plan *plan) {
+    dt_embed_table_desc tabs[F];
+    dt_embed_desc ed = {0};
+    table_descs(tabs, o, d, plan);
     ed.tier_dir = o->tier_dir;
     ed.tables = tabs; ed.n_tables = F; ed.comm = world; ed.seed = o->seed;
     ed.batch_hint = o->batch;
-    ed.dp_max_bytes = 64.0 * 1024; /* small tables replicated; mid ones whole on one rank; big ones by rows */
+    ed.dp_max_bytes = DP_MAX_BYTES;
     ed.print_plan = !o->quiet;
     ed.device = g_ctx->device; /* --device cuda: the tables too */
     CHECK(dt_embed_create(g_ctx, &m->emb, &ed));
+}
+
+/* The dense model: bottom MLP, DCNv2's cross layers, top MLP (data parallel). */
+static void dense_make(model *m, const opts *o) {
+    int f;
+    char name[32];
+    memset(m, 0, sizeof *m);
+    m->dim = o->dim;
+    m->dcn = !strcmp(o->arch, "dcn");
+    m->cross = o->cross;
+    m->cross_rank = o->cross_rank;
     /* bottom: 13 -> ... -> D, ReLU after every layer (the DLRM reference) */
     mlp_make(m, &m->bottom, "bot", DT_DLRM_DENSE, o->bottom, o->n_bottom, o->dim, 1, o->seed);
     if (m->dcn) {
@@ -583,6 +620,13 @@ static void model_make(model *m, const opts *o, const data *d, dt_comm *world) {
     }
     mlp_make(m, &m->top, "top", m->inter, o->top, o->n_top, 1, 0, o->seed);
 }
+
+#ifdef DLRM_NO_MAIN /* tests/cuda_emu/k_dlrm.cpp's whole model (main makes the tables last: see setup) */
+static void model_make(model *m, const opts *o, const data *d, dt_comm *world) {
+    dense_make(m, o);
+    embed_make(m, o, d, world, NULL);
+}
+#endif
 
 /* Activations of one micro-batch of n rows, kept between forward and backward; grown to the
    largest n seen (a rank's local batch varies by one) and used through views of the first n
@@ -717,25 +761,32 @@ static dt_tensor *forward(views *v, model *m, acts *a, const dt_dlrm_batch *batc
     acts_grow(a, m, b);
     dense = rows(v, &a->dense, b);
     CHECK(dt_tensor_copy(g_ctx, dense, &batch->dense));
-    if (!begun) {
-        dt_kjt k = kjt_of(kb, batch);
-        CHECK(dt_embed_forward_begin(m->emb, &k));
-    }
-    g_progress = NULL;
-    if (next) { /* this batch's rows now, then the next batch's ids go out during all the dense work */
-        dt_kjt kn = kjt_of(kb, next);
-        e = rows(v, &a->emb, b);
-        CHECK(dt_embed_forward_end(m->emb, e));
-        if (g_prefetch) CHECK(dt_embed_prefetch(m->emb, &kn)); /* its ids arrive now, its rows during this step */
-        else CHECK(dt_embed_forward_begin(m->emb, &kn));
-        g_progress = g_prefetch ? NULL : m->emb;
+    if (g_dense_only) { /* the planner's dense step: the ids converted as always, the embedding's output as it lies */
+        (void)kjt_of(kb, batch);
         z = mlp_fwd(v, &m->bottom, dense, a->bot_h, b);
+        e = rows(v, &a->emb, b);
+        CHECK(dt_tensor_fill(g_ctx, e, 0.0));
     } else {
-        /* the id exchange first, then the bottom MLP, then the pooled exchange (dt_embed's
-           begin/end split: dense work of this batch between the two all-to-alls) */
-        z = mlp_fwd(v, &m->bottom, dense, a->bot_h, b);
-        e = rows(v, &a->emb, b);
-        CHECK(dt_embed_forward_end(m->emb, e));
+        if (!begun) {
+            dt_kjt k = kjt_of(kb, batch);
+            CHECK(dt_embed_forward_begin(m->emb, &k));
+        }
+        g_progress = NULL;
+        if (next) { /* this batch's rows now, then the next batch's ids go out during all the dense work */
+            dt_kjt kn = kjt_of(kb, next);
+            e = rows(v, &a->emb, b);
+            CHECK(dt_embed_forward_end(m->emb, e));
+            if (g_prefetch) CHECK(dt_embed_prefetch(m->emb, &kn)); /* its ids arrive now, its rows during this step */
+            else CHECK(dt_embed_forward_begin(m->emb, &kn));
+            g_progress = g_prefetch ? NULL : m->emb;
+            z = mlp_fwd(v, &m->bottom, dense, a->bot_h, b);
+        } else {
+            /* the id exchange first, then the bottom MLP, then the pooled exchange (dt_embed's
+               begin/end split: dense work of this batch between the two all-to-alls) */
+            z = mlp_fwd(v, &m->bottom, dense, a->bot_h, b);
+            e = rows(v, &a->emb, b);
+            CHECK(dt_embed_forward_end(m->emb, e));
+        }
     }
     if (m->dcn) {
         const dt_tensor *parts[2];
@@ -818,7 +869,7 @@ static void backward(views *v, model *m, acts *a, int64_t b, dt_bucketer *bk) {
         CHECK(dt_dot_interaction_bwd(g_ctx, dz, &de3, dinter, z, &e3));
     }
     mlp_bwd(v, &m->bottom, dense, a->bot_h, a->bot_dh, a->bot_dp, NULL, b, bk);
-    CHECK(dt_embed_backward(m->emb, de));
+    if (!g_dense_only) CHECK(dt_embed_backward(m->emb, de));
 }
 
 /* ---------------------------------------------------------------- evaluation */
@@ -980,6 +1031,8 @@ typedef struct trainer {
        no step was ever trained); auc, logloss: the last evaluation's (nan: one-class labels) */
     double loss, auc, logloss;
     double t0, comm_s, eval_s;            /* seconds: since the first step, in the step's sync, evaluating */
+    double step_s;                        /* the last step's seconds on this rank (--log's step_s) */
+    double train_peak;                    /* dt_peak_bytes over the training steps (evaluations apart) */
     int logging;                          /* this step reads its loss (is_logging_step) */
     dt_tensor labels;                     /* --device cuda: the micro-batch's labels, uploaded once */
     /* --device cuda: what a step asked of the device (ctx->counters), the most of each count over
@@ -1060,6 +1113,8 @@ static void print_hosts(dt_comm *world) {
 
 /* The flags, the ctx (on --device), the world, the data, the model, its dense optimizer and
    bucketer. */
+static void plan_tables(trainer *t);
+
 static void setup(trainer *t, int argc, char **argv) {
     dt_ctx_desc cdesc;
     dt_opt_desc od;
@@ -1086,7 +1141,7 @@ static void setup(trainer *t, int argc, char **argv) {
     if (t->o.timeout > 0) CHECK(dt_comm_set_timeout(t->world, t->o.timeout)); /* comms split from it inherit it */
     if (!t->o.quiet) print_hosts(t->world);
     data_open(&t->d, &t->o, t->world);
-    model_make(&t->m, &t->o, &t->d, t->world);
+    dense_make(&t->m, &t->o);
     t->batch = &t->batches[0];
     od.kind = !strcmp(t->o.opt, "sgd") ? DT_OPT_SGD : DT_OPT_ADAGRAD;
     od.lr = t->o.lr;
@@ -1094,6 +1149,10 @@ static void setup(trainer *t, int argc, char **argv) {
     CHECK(dt_opt_create(&t->ctx, &t->opt, &t->m.ps, &od));
     bd.average = -1; /* the loss is already the global mean: sum the ranks' grads */
     CHECK(dt_bucketer_create(t->world, &t->bk, &t->m.ps, &bd));
+    /* the tables last: the planner times the dense step above without them */
+    if (t->o.plan || !strcmp(t->o.shard, "plan")) plan_tables(t);
+    else embed_make(&t->m, &t->o, &t->d, t->world, NULL);
+    dt_reset_peak_bytes(&t->ctx); /* the training's peak: from here */
 }
 
 /* --ckpt's and --dump-batches' directories (rank 0), --resume's checkpoint, --log's file; 0 when
@@ -1147,7 +1206,7 @@ static double train_micro(trainer *t, int mi, int ahead) {
         data_batch(&t->d, next, t->step * o->accum + mi + 1, micro, g_rank, t->W);
     }
     CHECK(dt_bucketer_set_sync(t->bk, last));
-    CHECK(dt_embed_set_sync(t->m.emb, last));
+    if (!g_dense_only) CHECK(dt_embed_set_sync(t->m.emb, last));
     if (t->ctx.device == DT_CUDA_DEVICE) { /* the labels go up once, for the loss and its gradient */
         if (t->labels.numel != t->batch->labels.numel) {
             dt_tensor_free(&t->ctx, &t->labels);
@@ -1287,9 +1346,9 @@ static void log_step(trainer *t, int evaluated) {
         }
         fprintf(t->log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%g,\"emb_lr\":%g,\"samples_per_s\":%.1f,"
                         "\"comm_s\":%.6f,\"emb_fwd_s\":%.6f,\"emb_bwd_s\":%.6f,\"emb_wait_s\":%.6f,"
-                        "\"emb_bytes_sent\":%.0f,\"auc\":%s,\"logloss\":%s,\"ranks\":%d%s}\n",
+                        "\"emb_bytes_sent\":%.0f,\"auc\":%s,\"logloss\":%s,\"ranks\":%d,\"step_s\":%.6f%s}\n",
                 (long long)(t->step + 1), t->loss, dt_opt_lr(t->opt), o->emb_lr, sps, t->comm_s, es.seconds_fwd,
-                es.seconds_bwd, es.seconds_wait, es.bytes_sent_fwd + es.bytes_sent_bwd, sa, sl, t->W, tier);
+                es.seconds_bwd, es.seconds_wait, es.bytes_sent_fwd + es.bytes_sent_bwd, sa, sl, t->W, t->step_s, tier);
         fflush(t->log);
     }
 }
@@ -1311,6 +1370,79 @@ static void teardown(trainer *t) {
     dt_ctx_shutdown(&t->ctx);
 }
 
+/* ---------------------------------------------------------------- the planner (--plan, --shard plan) */
+
+/* The planner's dense step: this step's batch through everything but the embedding (it does not
+   exist yet; its output is zeros), the dense grads all-reduced, no update (zeroed after). */
+static dt_status dense_step(void *u) {
+    trainer *t = (trainer *)u;
+    g_dense_only = 1;
+    t->logging = 0;
+    (void)train_micro(t, 0, 0);
+    g_dense_only = 0;
+    CHECK(dt_bucketer_finish(t->bk));
+    dt_params_zero_grad(&t->ctx, &t->m.ps);
+    return DT_OK;
+}
+
+/* The planner's batches: step i's, read into the buffers the steps use (it copies them) */
+static dt_status plan_batch(void *u, int i, dt_kjt *out) {
+    trainer *t = (trainer *)u;
+    data_batch(&t->d, t->batch, i, t->o.batch, g_rank, t->W);
+    *out = kjt_of(&t->kb, t->batch);
+    return DT_OK;
+}
+
+/* The profile (dt_plan_dlrm_measure: the dense step timed, each table under each kind, with the
+   first 8 steps' real batches), the ranking, then the tables made as the first-ranked plan (--shard
+   plan) or as --shard says; rank 0 prints the ranking and the prediction of the plan made.
+   --plan exits there (0), without training. */
+static void plan_tables(trainer *t) {
+    const opts *o = &t->o;
+    static dt_plan_dlrm_profile prof; /* 30 KB: not on the stack */
+    dt_embed_table_desc tabs[F];
+    dt_plan_dlrm_desc pd;
+    dt_plan_dlrm_prediction top[8], mine;
+    dt_plan_dlrm_plan made;
+    int n = 0;
+    table_descs(tabs, o, &t->d, NULL); /* as given: "auto" is dt_embed's planner */
+    memset(&pd, 0, sizeof pd);
+    pd.tables = tabs;
+    pd.n_tables = F;
+    pd.get_batch = plan_batch;
+    pd.n_batches = 8;
+    pd.global_batch = o->batch;
+    pd.dp_max_bytes = DP_MAX_BYTES;
+    pd.dense = dense_step;
+    pd.user = t;
+    CHECK(dt_plan_dlrm_measure(t->world, &pd, &prof));
+    CHECK(dt_plan_dlrm_search(&t->ctx, &prof, o->plan_memory * 1e6, top, 8, &n));
+    if (n == 0) {
+        if (g_rank == 0) fprintf(stderr, "dlrm: no plan of the tables fits --plan-memory %.0f MB a rank\n", o->plan_memory);
+        dt_comm_abort(t->world, 2);
+    }
+    embed_make(&t->m, o, &t->d, t->world, !strcmp(o->shard, "plan") ? &top[0].plan : NULL);
+    CHECK(dt_plan_dlrm_plan_of(t->m.emb, F, o->shard, &made));
+    CHECK(dt_plan_dlrm_predict(&t->ctx, &prof, &made, &mine));
+    if (g_rank == 0 && (o->plan || !o->quiet)) {
+        dt_strbuf sb;
+        memset(&sb, 0, sizeof sb);
+        sb.ctx = &t->ctx;
+        dt_plan_dlrm_format(top, n < 5 ? n : 5, &sb);
+        printf("plan: %d ranks, global batch %lld, profile measured in %.1f s on %s\n%s", t->W, (long long)o->batch,
+               prof.measure_s, prof.machine, sb.text ? sb.text : "");
+        printf("plan: --shard %s: predicted step %.6f s, %.0f samples/s (dense %.3f ms, embedding forward %.3f ms, "
+               "backward %.3f ms), memory %.3f MB a rank\n", o->shard, mine.step_s, mine.samples_per_s,
+               mine.dense_s * 1e3, mine.fwd_s * 1e3, mine.bwd_s * 1e3, mine.mem_total / 1e6);
+        fflush(stdout);
+        dt_strbuf_free(&sb);
+    }
+    if (o->plan) {
+        teardown(t);
+        exit(0);
+    }
+}
+
 int main(int argc, char **argv) {
     trainer t;
     const opts *o = &t.o;
@@ -1329,10 +1461,17 @@ int main(int argc, char **argv) {
         int evaluate_now = (t.step + 1) % o->eval_every == 0 || t.step + 1 == o->steps;
         int save_now = o->ckpt && o->ckpt_every && (t.step + 1) % o->ckpt_every == 0;
         /* the whole step, then its checkpoint, not each call (the evaluation has its own time) */
+        double ts = now(), pk;
         if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, o->timeout));
         train_step(&t);
         if (o->timeout > 0) CHECK(dt_comm_set_deadline(t.world, 0));
-        if (evaluate_now) eval_step(&t, t.step + 1);
+        t.step_s = now() - ts;
+        pk = (double)dt_peak_bytes(&t.ctx);
+        if (pk > t.train_peak) t.train_peak = pk;
+        if (evaluate_now) {
+            eval_step(&t, t.step + 1);
+            dt_reset_peak_bytes(&t.ctx); /* the evaluation's own buffers are not the training's peak */
+        }
         /* the log line before the checkpoint: a run killed after a checkpoint has logged every
            step it holds, so the resumed run's lines complete the log */
         log_step(&t, evaluate_now);
@@ -1357,6 +1496,13 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     tier_report(&t);
+    if (o->steps > t.first_step) { /* the largest rank's, as examples/gpt prints it */
+        double pk = t.train_peak;
+        CHECK(dt_comm_allreduce_f64(t.world, &pk, 1, DT_REDUCE_MAX));
+        if (g_rank == 0 && !o->quiet)
+            printf("peak memory per rank: %.3f MB (the largest rank's dt_peak_bytes over the training steps since the "
+                   "model was built, evaluations apart)\n", pk / 1e6);
+    }
     if (g_rank == 0 && !o->quiet && dt_comm_hosts(t.world) > 1) { /* the embedding's exchanges (dt_comm.h, "Across hosts") */
         dt_comm_stat a, v;
         CHECK(dt_comm_stats(t.world, &a, DT_COLL_ALLTOALL));
