@@ -364,7 +364,7 @@ DT_API void dt_plan_dlrm_format(const dt_plan_dlrm_prediction *pr, int n, dt_str
 #include <string.h>
 #include <unistd.h>      /* sysconf */
 #include <sys/utsname.h> /* uname: the host's name (gethostname is hidden under strict C99) */
-#include <time.h>        /* clock: the pipeline probe spins on CPU time */
+#include <time.h>        /* the pipeline probe spins on CPU time (dt__plan_cpu_now) */
 
 /* ==== >>model ==================================================================================== */
 
@@ -1112,9 +1112,26 @@ typedef struct dt__plan_spin {
 
 /* Compute that calls no MPI, as a block's does, for s seconds of this process's CPU time: where
    ranks share cores it takes longer on the wall clock, as the block would. */
+/* This thread's CPU seconds (clock() counts the whole process: a BLAS thread pool spinning beside
+   it would cut the spin short). dt_comm.h's implementation has declared clock_gettime (its
+   DT__CM_CLOCK); without it, clock(). */
+static double dt__plan_cpu_now(void) {
+#if defined(DT__CM_CLOCK) && DT__CM_CLOCK == 1 && defined(CLOCK_THREAD_CPUTIME_ID)
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+#elif defined(DT__CM_CLOCK) && DT__CM_CLOCK == 2
+    struct dt__cm_timespec ts;
+    clock_gettime(3, &ts); /* CLOCK_THREAD_CPUTIME_ID on Linux */
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+#else
+    return (double)clock() / CLOCKS_PER_SEC;
+#endif
+}
+
 static void dt__plan_spin_for(double s) {
-    clock_t t0 = clock();
-    while ((double)(clock() - t0) / CLOCKS_PER_SEC < s) {
+    double t0 = dt__plan_cpu_now();
+    while (dt__plan_cpu_now() - t0 < s) {
     }
 }
 static dt_status dt__plan_spin_fwd(void *u, int c, int i, dt_tensor *out, const dt_tensor *in) {
