@@ -2043,12 +2043,18 @@ static dt_status dt__plan_batches_get(dt_ctx *ctx, const char *fn, const dt_plan
                                     "ids dtype %d); expected one feature per table (%d), arrays set, the same samples in "
                                     "every batch, ids i64 or i32", fn, i, k.n_features, (long long)k.batch,
                                     k.lengths ? "set" : "NULL", k.ids ? "set" : "NULL", (int)k.ids_dtype, desc->n_tables);
+        if (k.batch > ((int64_t)1 << 40))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: batch %d: %lld samples; expected at most 2^40", fn, i,
+                                    (long long)k.batch);
         nl = (int64_t)k.n_features * k.batch;
         for (j = 0; j < nl; j++) {
             if (k.lengths[j] < 0 || k.lengths[j] > ((int64_t)1 << 40))
                 return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: batch %d: lengths[%lld] = %lld; expected 0 .. 2^40", fn, i,
                                         (long long)j, (long long)k.lengths[j]);
             nid += k.lengths[j];
+            if (nid > ((int64_t)1 << 44)) /* (the copy's size below cannot overflow) */
+                return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: batch %d: more than 2^44 ids; expected one step's batch",
+                                        fn, i);
         }
         idsz = k.ids_dtype == DT_I32 ? 4 : 8;
         bytes = (size_t)nl * 8 + (size_t)nid * idsz + (k.weights ? (size_t)nid * 4 : 0) + 8;
