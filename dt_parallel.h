@@ -2513,12 +2513,12 @@ static dt_status dt__tp_mat(dt_ctx *ctx, const dt_tensor *t, int64_t rows, int64
                             dt_shape_str(t, s, sizeof s), (long long)rows, (long long)cols, why);
 }
 
-/* w is an f32 2-D [rows, cols] weight of any size (or bf16 on cuda: dt_linear's GEMMs in bf16 on
-   the tensor cores); bias (may be NULL) has w.shape[0] elements. */
+/* w is an f32 2-D [rows, cols] weight of any size (or bf16: dt_linear's GEMMs in bf16, on the
+   tensor cores or the CPU's AMX); bias (may be NULL) has w.shape[0] elements. */
 static dt_status dt__tp_weight(dt_ctx *ctx, const dt_tensor *w, const dt_tensor *bias, int64_t bias_n,
                                const char *fn, const char *wn, const char *bn) {
     char s[96];
-    int bf = w && w->device == DT_CUDA_DEVICE && w->dtype == DT_BF16;
+    int bf = w && w->dtype == DT_BF16;
     DT__TRY(dt__tp_chk(ctx, w, bf ? DT_BF16 : DT_F32, fn, wn));
     if (w->ndim != 2)
         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s; expected 2 dims", fn, wn,
@@ -2726,7 +2726,7 @@ DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor 
         /* dxbuf = this rank's part of dx; its sum over tp travels while dw and dbias are computed */
         DT__TRY(dt__tp_2d(l->ctx, &d2, dout));
         DT__TRY(dt__tp_2d(l->ctx, &sum, dxbuf));
-        if (w->dtype == DT_BF16) { /* dt_linear's bf16 GEMMs (cuda): 0, then += dout w */
+        if (w->dtype == DT_BF16) { /* dt_linear's bf16 GEMMs: 0, then += dout w */
             DT__TRY(dt_tensor_fill(l->ctx, &sum, 0.0));
             DT__TRY(dt_linear_bwd(l->ctx, &sum, NULL, NULL, &d2, xall, w));
         } else

@@ -456,13 +456,18 @@ DT_API dt_status dt_matmul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, const 
 DT_API dt_status dt_gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K,
                                   float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                                   float beta, float *C, int64_t ldc);
-/* Linear layer, PyTorch layout: out[N,O] = x[N,I] @ w[O,I]^T + bias[O] (bias may be NULL). On
-   CUDA, w may be bf16: the GEMMs (fwd and bwd) then run in bf16 on the tensor cores with f32
-   accumulation and f32 outputs, x and dout rounded to bf16 on the way in (as torch.autocast). */
+/* Linear layer, PyTorch layout: out[N,O] = x[N,I] @ w[O,I]^T + bias[O] (bias may be NULL). w may
+   be bf16: the GEMMs (fwd and bwd) then multiply in bf16 and add in f32, with f32 outputs, x and
+   dout rounded to bf16 on the way in (as torch.autocast): on CUDA on the tensor cores, on the CPU
+   on AMX where it has it, else as f32 GEMMs of the rounded values (dt_cpu_bf16_gemm says which). */
 DT_API dt_status dt_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, const dt_tensor *w,
                                const dt_tensor *bias);
 DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
                                const dt_tensor *dout, const dt_tensor *x, const dt_tensor *w);
+/* How this process multiplies a bf16 w on the CPU: "amx-bf16" (Intel AMX tiles, found at run
+   time), or "f32 GEMMs of bf16-rounded operands (why)": the same products, summed in another
+   order. DT_CPU_BF16=f32 in the environment asks for the second. */
+DT_API const char *dt_cpu_bf16_gemm(void);
 /* out[rows, C] += bias[C] (in place); dbias[C] += sum over rows of dout. */
 DT_API dt_status dt_bias_add_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *bias);
 DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor *dout);
@@ -802,6 +807,15 @@ DT_API void dt_safetensors_close(dt_ctx *ctx, dt_st_file *f);
 #define DT__TENSOR_AVX2 1
 #include <immintrin.h>
 #endif
+#endif
+
+/* bf16 GEMMs on AMX tiles (x86-64 Linux, GCC >= 11 or Clang >= 12), chosen at run time where the
+   CPU has AMX-BF16 and Linux grants it: see "bf16 GEMMs on the CPU". DT_TENSOR_NO_AMX leaves it out. */
+#if defined(__x86_64__) && defined(__linux__) && !defined(DT_TENSOR_NO_AMX) && !defined(__CUDACC__) &&              \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#define DT__TENSOR_AMX 1
+#include <immintrin.h>
+#include <cpuid.h>
 #endif
 
 #if !defined(__cplusplus) && (defined(__unix__) || defined(__APPLE__))
@@ -2248,6 +2262,275 @@ DT_API dt_status dt_gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_
     return dt__gemm_portable(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+/* ---------------------------------------------------------------- bf16 GEMMs on the CPU
+
+   dt_linear with a bf16 w (--dtype bf16) multiplies in bf16 and adds in f32, as a GPU's tensor
+   cores and torch.autocast do: its f32 operands (x, dout) are rounded to bf16 (nearest even) on
+   the way in, every product of two bf16 is exact in f32, and the sums are f32. Two ways:
+
+     AMX (Intel Sapphire Rapids and later; dt_cpu_bf16_gemm() says "amx-bf16"): the operands are
+     packed into tiles, 16 rows x 32 bf16 for op(A) and 16 pairs of k x 16 columns for op(B), and
+     TDPBF16PS adds a 16 x 32 by 32 x 16 product into a 16 x 16 f32 tile of C; four such tiles of
+     C (32 x 32) take each pair of A tiles and B tiles loaded. Blocks of DT__AMX_KC k's, MC rows
+     and NC columns (BLIS' loops); C is loaded into the tiles and stored back once a block.
+     Subnormal operands count as zero there (the hardware's rule).
+     elsewhere (the fallback, named by dt_cpu_bf16_gemm): the same rounded operands as f32 into
+     scratch and one f32 GEMM: the same products, the sums in another order.
+
+   Either way a sum of K products is within K * 2^-24 * sum |a b| of the exact one
+   (tests/test_bf16_gemm.c checks both ways against a double reference). DT_CPU_BF16=f32 in the
+   environment takes the fallback on an AMX machine (to compare the two). */
+
+/* A bf16 w: *wf is its shape as f32, for the checks the f32 path makes. */
+static int dt__bf16_w(const dt_tensor *w, dt_tensor *wf) {
+    if (!w || w->dtype != DT_BF16) return 0;
+    *wf = *w;
+    wf->dtype = DT_F32;
+    return 1;
+}
+
+#ifdef DT__TENSOR_AMX
+#define DT__AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+#define DT__AMX_KC 512  /* k's per packed block (a multiple of 32) */
+#define DT__AMX_MC 64   /* rows of op(A) per packed block (a multiple of 32) */
+#define DT__AMX_NC 1024 /* columns of op(B) per packed block (a multiple of 32) */
+#define DT__AMX_WS ((size_t)(DT__AMX_MC * DT__AMX_KC + DT__AMX_KC * DT__AMX_NC) / 2) /* the packs, in floats */
+
+static int dt__amx_state;         /* 0: not asked yet, 1: on, -1: off (dt__amx_why says why) */
+static const char *dt__amx_why = "";
+
+/* AMX is on when the CPU has AMX-BF16, AMX-TILE, AVX-512 F/BW/VL and AVX512_BF16, the OS saves
+   the AVX-512 registers, and Linux grants this process the tile data (arch_prctl
+   ARCH_REQ_XCOMP_PERM, 0x1023, for XFEATURE_XTILEDATA, 18: Linux >= 5.16), unless DT_CPU_BF16=f32.
+   Asked once; two threads asking at once get the same answer. */
+static int dt__amx_on(void) {
+    if (!dt__amx_state) {
+        unsigned a = 0, b = 0, c = 0, d = 0, a1 = 0, b1 = 0, c1 = 0, d1 = 0, lo = 0, hi = 0;
+        long r = -1;
+        const char *e = getenv("DT_CPU_BF16");
+        int cpu = __get_cpuid_count(7, 0, &a, &b, &c, &d) && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
+        if (e && !strcmp(e, "f32")) dt__amx_why = "DT_CPU_BF16=f32 in the environment";
+        else if (!cpu || !(d & (1u << 22)) || !(d & (1u << 24))) dt__amx_why = "this CPU has no AMX-BF16";
+        else if (!(b & (1u << 16)) || !(b & (1u << 30)) || !(b & (1u << 31)) || !(a1 & (1u << 5)))
+            dt__amx_why = "this CPU has no AVX-512 F/BW/VL with AVX512_BF16";
+        else {
+            __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+            if ((lo & 0xe6) != 0xe6) dt__amx_why = "the OS does not keep the AVX-512 registers";
+            else {
+                __asm__ volatile("syscall" : "=a"(r) : "a"(158L), "D"(0x1023L), "S"(18L) : "rcx", "r11", "memory");
+                if (r) dt__amx_why = "Linux did not grant the AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM)";
+            }
+        }
+        dt__amx_state = r == 0 ? 1 : -1;
+    }
+    return dt__amx_state > 0;
+}
+
+/* One operand of a bf16 GEMM, f32 (rounded as it is packed) or bf16: element (x, k), x a row of
+   op(A) or a column of op(B), at p[x * sx + k * sk]. */
+typedef struct dt__bop {
+    const void *p;
+    int bf16;
+    int64_t sx, sk;
+} dt__bop;
+
+static inline uint16_t dt__bop_at(const dt__bop *o, int64_t x, int64_t k) {
+    int64_t i = x * o->sx + k * o->sk;
+    return o->bf16 ? ((const uint16_t *)o->p)[i] : dt_f32_to_bf16(((const float *)o->p)[i]);
+}
+
+/* 16 bf16 from (x, k) on, along x or along k, the first n of them (the rest 0) */
+static inline DT__AMX __m256i dt__bop_16(const dt__bop *o, int64_t x, int64_t k, int64_t n, int along_x) {
+    uint16_t t[16];
+    int64_t j;
+    if ((along_x ? o->sx : o->sk) == 1 && n == 16) {
+        int64_t i = x * o->sx + k * o->sk;
+        if (o->bf16) return _mm256_loadu_si256((const __m256i *)((const uint16_t *)o->p + i));
+        return (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps((const float *)o->p + i));
+    }
+    for (j = 0; j < 16; j++) t[j] = j < n ? (along_x ? dt__bop_at(o, x + j, k) : dt__bop_at(o, x, k + j)) : 0;
+    return _mm256_loadu_si256((const __m256i *)t);
+}
+
+/* The 16 x 16 pairs of x0 .. x0 + 15 (nx of them) by k0 .. k0 + 31 (nk) as dwords (pair kp: k
+   2kp in the low half, 2kp + 1 in the high), d[x][kp] (an A tile) when by_x, else d[kp][x] (a B
+   tile); 0 past nx and nk. Read along k (two runs of 16) where k is the short stride, else along
+   x (pairs of k interleaved); the other layout is a transpose of the dwords. */
+static DT__AMX void dt__bop_block(const dt__bop *o, int64_t x0, int64_t nx, int64_t k0, int64_t nk, int by_x,
+                                  uint32_t *d) {
+    uint32_t t[16 * 16];
+    int along_k = o->sk == 1 || (o->sx != 1 && o->sk < o->sx), a, b;
+    uint32_t *r = along_k == by_x ? d : t;
+    int64_t j, n = nx < 16 ? nx : 16;
+    for (j = 0; j < 16; j++) {
+        __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256(), u, v;
+        if (along_k) { /* row x0 + j: its 32 k's */
+            if (j < nx) {
+                lo = dt__bop_16(o, x0 + j, k0, nk < 16 ? nk : 16, 0);
+                if (nk > 16) hi = dt__bop_16(o, x0 + j, k0 + 16, nk - 16, 0);
+            }
+            _mm256_storeu_si256((__m256i *)(r + j * 16), lo);
+            _mm256_storeu_si256((__m256i *)(r + j * 16 + 8), hi);
+        } else { /* pair j: k0 + 2j and k0 + 2j + 1 of the 16 x's, interleaved (within 128-bit lanes,
+                    then the lanes put in order) */
+            if (2 * j < nk) lo = dt__bop_16(o, x0, k0 + 2 * j, n, 1);
+            if (2 * j + 1 < nk) hi = dt__bop_16(o, x0, k0 + 2 * j + 1, n, 1);
+            u = _mm256_unpacklo_epi16(lo, hi); /* x 0-3, 8-11 */
+            v = _mm256_unpackhi_epi16(lo, hi); /* x 4-7, 12-15 */
+            _mm256_storeu_si256((__m256i *)(r + j * 16), _mm256_permute2x128_si256(u, v, 0x20));
+            _mm256_storeu_si256((__m256i *)(r + j * 16 + 8), _mm256_permute2x128_si256(u, v, 0x31));
+        }
+    }
+    if (r == t)
+        for (a = 0; a < 16; a++)
+            for (b = 0; b < 16; b++) d[b * 16 + a] = t[a * 16 + b];
+}
+
+typedef struct dt__amx_cfg { /* LDTILECFG's 64 bytes, palette 1 */
+    uint8_t palette, start, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} dt__amx_cfg;
+
+/* C[mc x nc] (+)= the packed blocks' product: pa [mc / 16][kc / 32] A tiles, pb [nc / 16][kc / 32]
+   B tiles (512 bf16 each). Tiles 0-3: C's 32 x 32; 4, 5: A; 6, 7: B. acc: C is loaded first, else
+   the tiles start at 0. A block at the edge of C goes through tmp. */
+static DT__AMX void dt__amx_block(int64_t mc, int64_t nc, int64_t kc, const uint16_t *pa, const uint16_t *pb,
+                                  float *C, int64_t ldc, int acc) {
+    int64_t ks = (kc + 31) / 32, i, j, s, ld = ldc * 4;
+    float tmp[4][256];
+    for (j = 0; j < nc; j += 32)
+        for (i = 0; i < mc; i += 32) {
+            const uint16_t *a0 = pa + (i / 16) * ks * 512, *a1 = a0 + ks * 512;
+            const uint16_t *b0 = pb + (j / 16) * ks * 512, *b1 = b0 + ks * 512;
+            float *c = C + i * ldc + j;
+            int q, r, e, two_m = mc - i > 16, two_n = nc - j > 16;
+            if (mc - i >= 32 && nc - j >= 32) {
+                if (acc) {
+                    _tile_loadd(0, c, ld); _tile_loadd(1, c + 16, ld);
+                    _tile_loadd(2, c + 16 * ldc, ld); _tile_loadd(3, c + 16 * ldc + 16, ld);
+                } else {
+                    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                }
+                for (s = 0; s < ks; s++) {
+                    _tile_loadd(4, a0 + s * 512, 64);
+                    _tile_loadd(6, b0 + s * 512, 64);
+                    _tile_loadd(7, b1 + s * 512, 64);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 4, 7);
+                    _tile_loadd(5, a1 + s * 512, 64);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+                _tile_stored(0, c, ld); _tile_stored(1, c + 16, ld);
+                _tile_stored(2, c + 16 * ldc, ld); _tile_stored(3, c + 16 * ldc + 16, ld);
+                continue;
+            }
+            for (q = 0; q < 4; q++) {
+                int64_t ri = i + (q >> 1) * 16, cj = j + (q & 1) * 16;
+                for (r = 0; r < 16; r++)
+                    for (e = 0; e < 16; e++)
+                        tmp[q][r * 16 + e] = acc && ri + r < mc && cj + e < nc ? C[(ri + r) * ldc + cj + e] : 0.0f;
+            }
+            _tile_loadd(0, tmp[0], 64); _tile_loadd(1, tmp[1], 64);
+            _tile_loadd(2, tmp[2], 64); _tile_loadd(3, tmp[3], 64);
+            for (s = 0; s < ks; s++) {
+                _tile_loadd(4, a0 + s * 512, 64);
+                _tile_loadd(6, b0 + s * 512, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                if (two_n) { _tile_loadd(7, b1 + s * 512, 64); _tile_dpbf16ps(1, 4, 7); }
+                if (two_m) {
+                    _tile_loadd(5, a1 + s * 512, 64);
+                    _tile_dpbf16ps(2, 5, 6);
+                    if (two_n) _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+            _tile_stored(0, tmp[0], 64); _tile_stored(1, tmp[1], 64);
+            _tile_stored(2, tmp[2], 64); _tile_stored(3, tmp[3], 64);
+            for (q = 0; q < 4; q++) {
+                int64_t ri = i + (q >> 1) * 16, cj = j + (q & 1) * 16;
+                for (r = 0; r < 16 && ri + r < mc; r++)
+                    for (e = 0; e < 16 && cj + e < nc; e++) C[(ri + r) * ldc + cj + e] = tmp[q][r * 16 + e];
+            }
+        }
+}
+
+/* C[M x N] = op(A) op(B) (+ C when acc), K > 0; ws: DT__AMX_WS floats. */
+static DT__AMX void dt__amx_gemm(int64_t M, int64_t N, int64_t K, const dt__bop *A, const dt__bop *B, float *C,
+                                 int64_t ldc, int acc, float *ws) {
+    dt__amx_cfg cfg;
+    int64_t jc, pc, ic, x, s;
+    uint16_t *pa = (uint16_t *)ws, *pb = pa + DT__AMX_MC * DT__AMX_KC;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (x = 0; x < 8; x++) { cfg.rows[x] = 16; cfg.colsb[x] = 64; }
+    _tile_loadconfig(&cfg);
+    for (jc = 0; jc < N; jc += DT__AMX_NC) {
+        int64_t nc = N - jc < DT__AMX_NC ? N - jc : DT__AMX_NC;
+        for (pc = 0; pc < K; pc += DT__AMX_KC) {
+            int64_t kc = K - pc < DT__AMX_KC ? K - pc : DT__AMX_KC, ks = (kc + 31) / 32;
+            for (x = 0; x < nc; x += 16)
+                for (s = 0; s < ks; s++)
+                    dt__bop_block(B, jc + x, nc - x, pc + s * 32, kc - s * 32, 0, (uint32_t *)(pb + ((x / 16) * ks + s) * 512));
+            for (ic = 0; ic < M; ic += DT__AMX_MC) {
+                int64_t mc = M - ic < DT__AMX_MC ? M - ic : DT__AMX_MC;
+                for (x = 0; x < mc; x += 16)
+                    for (s = 0; s < ks; s++)
+                        dt__bop_block(A, ic + x, mc - x, pc + s * 32, kc - s * 32, 1, (uint32_t *)(pa + ((x / 16) * ks + s) * 512));
+                dt__amx_block(mc, nc, kc, pa, pb, C + ic * ldc + jc, ldc, acc || pc > 0);
+            }
+        }
+    }
+    _tile_release();
+}
+#endif
+
+DT_API const char *dt_cpu_bf16_gemm(void) {
+    static char why[160];
+#ifdef DT__TENSOR_AMX
+    if (dt__amx_on()) return "amx-bf16";
+    snprintf(why, sizeof why, "f32 GEMMs of bf16-rounded operands (%s)", dt__amx_why);
+#else
+    snprintf(why, sizeof why, "f32 GEMMs of bf16-rounded operands (built without AMX: not x86-64 Linux with GCC >= 11 "
+             "or Clang >= 12, or DT_TENSOR_NO_AMX)");
+#endif
+    return why;
+}
+
+/* The elements of a row-major matrix as stored: rows x ld, the last row only its cols. */
+static int64_t dt__stored(int64_t rows, int64_t cols, int64_t ld) { return rows && cols ? (rows - 1) * ld + cols : 0; }
+
+/* C[M x N] = op(A) op(B) (+ C when acc), A and B f32 or bf16 (abf, bbf), row-major with lda, ldb
+   as dt__gemm's: bf16 products, f32 sums (see above). */
+static dt_status dt__gemm_bf16(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A, int abf,
+                               int64_t lda, const void *B, int bbf, int64_t ldb, int acc, float *C, int64_t ldc) {
+    int64_t na, nb, i;
+    float *s;
+    if (M == 0 || N == 0) return DT_OK;
+    if (lda == 0 && !ta && K == 0) lda = 1;
+    if (ldb == 0 && tb && K == 0) ldb = 1;
+    DT__TRY(dt__gemm_check(ctx, "dt_tensor bf16 GEMM", ta, tb, M, N, K, lda, ldb, ldc));
+#ifdef DT__TENSOR_AMX
+    if (K > 0 && dt__amx_on()) {
+        dt__bop a, b;
+        if (!(s = dt__scratch(ctx, DT__AMX_WS))) return ctx->last_status;
+        a.p = A; a.bf16 = abf; a.sx = ta ? 1 : lda; a.sk = ta ? lda : 1;
+        b.p = B; b.bf16 = bbf; b.sx = tb ? ldb : 1; b.sk = tb ? 1 : ldb;
+        dt__amx_gemm(M, N, K, &a, &b, C, ldc, acc, s);
+        return DT_OK;
+    }
+#endif
+    na = dt__stored(ta ? K : M, ta ? M : K, lda);
+    nb = dt__stored(tb ? N : K, tb ? K : N, ldb);
+    if (!(s = dt__scratch(ctx, DT__GEMM_SCRATCH + (size_t)na + (size_t)nb))) return ctx->last_status;
+    s += DT__GEMM_SCRATCH; /* past what the portable GEMM packs into */
+    for (i = 0; i < na; i++)
+        s[i] = abf ? dt_bf16_to_f32(((const uint16_t *)A)[i]) : dt_bf16_to_f32(dt_f32_to_bf16(((const float *)A)[i]));
+    for (i = 0; i < nb; i++)
+        s[na + i] = bbf ? dt_bf16_to_f32(((const uint16_t *)B)[i]) : dt_bf16_to_f32(dt_f32_to_bf16(((const float *)B)[i]));
+    return dt__gemm(ctx, ta, tb, M, N, K, 1.0f, s, lda, s + na, ldb, acc ? 1.0f : 0.0f, C, ldc);
+}
+
 /* ---------------------------------------------------------------- op helpers */
 
 #define DT__F(t) ((float *)(t)->data)
@@ -2541,13 +2824,17 @@ static dt_status dt__linear_check(dt_ctx *ctx, const dt_tensor *y, const dt_tens
 DT_API dt_status dt_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, const dt_tensor *w,
                                const dt_tensor *bias) {
     int64_t N, In, Out;
+    dt_tensor wf;
+    int bf;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
     if (dt__cu(out) || dt__cu(x) || dt__cu(w) || dt__cu(bias)) return dt__cu_linear_fwd(ctx, out, x, w, bias);
 #endif
-    DT__TRY(dt__linear_check(ctx, out, x, w, bias, "dt_linear_fwd", "out"));
+    bf = dt__bf16_w(w, &wf);
+    DT__TRY(dt__linear_check(ctx, out, x, bf ? &wf : w, bias, "dt_linear_fwd", "out"));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
-    DT__TRY(dt__gemm(ctx, 0, 1, N, Out, In, 1.0f, DT__CF(x), In, DT__CF(w), In, 0.0f, DT__F(out), Out));
+    if (bf) DT__TRY(dt__gemm_bf16(ctx, 0, 1, N, Out, In, x->data, 0, In, w->data, 1, In, 0, DT__F(out), Out));
+    else DT__TRY(dt__gemm(ctx, 0, 1, N, Out, In, 1.0f, DT__CF(x), In, DT__CF(w), In, 0.0f, DT__F(out), Out));
     return bias ? dt_bias_add_fwd(ctx, out, bias) : DT_OK;
 }
 
@@ -2555,21 +2842,26 @@ DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_ten
                                const dt_tensor *dout, const dt_tensor *x, const dt_tensor *w) {
     const char *fn = "dt_linear_bwd";
     int64_t N, In, Out;
+    dt_tensor wf;
+    int bf;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
     if (dt__cu(dout) || dt__cu(x) || dt__cu(w) || dt__cu(dx) || dt__cu(dw) || dt__cu(dbias)) return dt__cu_linear_bwd(ctx, dx, dw, dbias, dout, x, w);
 #endif
-    DT__TRY(dt__linear_check(ctx, dout, x, w, NULL, fn, "dout"));
+    bf = dt__bf16_w(w, &wf);
+    DT__TRY(dt__linear_check(ctx, dout, x, bf ? &wf : w, NULL, fn, "dout"));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
     if (dx) {
         DT__TRY(dt__f32(ctx, dx, fn, "dx"));
         DT__TRY(dt__same_numel(ctx, dx, x, fn, "dx", "x"));
-        DT__TRY(dt__gemm(ctx, 0, 0, N, In, Out, 1.0f, DT__CF(dout), Out, DT__CF(w), In, 1.0f, DT__F(dx), In));
+        if (bf) DT__TRY(dt__gemm_bf16(ctx, 0, 0, N, In, Out, dout->data, 0, Out, w->data, 1, In, 1, DT__F(dx), In));
+        else DT__TRY(dt__gemm(ctx, 0, 0, N, In, Out, 1.0f, DT__CF(dout), Out, DT__CF(w), In, 1.0f, DT__F(dx), In));
     }
     if (dw) {
         DT__TRY(dt__f32(ctx, dw, fn, "dw"));
         DT__TRY(dt__same(ctx, dw, w, fn, "dw", "w"));
-        DT__TRY(dt__gemm(ctx, 1, 0, Out, In, N, 1.0f, DT__CF(dout), Out, DT__CF(x), In, 1.0f, DT__F(dw), In));
+        if (bf) DT__TRY(dt__gemm_bf16(ctx, 1, 0, Out, In, N, dout->data, 0, Out, x->data, 0, In, 1, DT__F(dw), In));
+        else DT__TRY(dt__gemm(ctx, 1, 0, Out, In, N, 1.0f, DT__CF(dout), Out, DT__CF(x), In, 1.0f, DT__F(dw), In));
     }
     return dbias ? dt_bias_add_bwd(ctx, dbias, dout) : DT_OK;
 }
@@ -4148,13 +4440,7 @@ static dt_status dt__cu_matmul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, co
 
 /* A bf16 weight (CUDA): the GEMMs run on the tensor cores in bf16 with f32 accumulation and f32
    outputs (cublasGemmEx), their f32 operands (x, dout) rounded to bf16 into ctx scratch first,
-   as an autocast does. *wf: w's shape as f32, for the checks the f32 path makes. */
-static int dt__cu_bf16_w(const dt_tensor *w, dt_tensor *wf) {
-    if (!w || w->dtype != DT_BF16) return 0;
-    *wf = *w;
-    wf->dtype = DT_F32;
-    return 1;
-}
+   as an autocast does (dt__bf16_w gives the checks w's shape as f32). */
 static void *dt__cu_to_bf16(dt_ctx *ctx, const dt_tensor *t, const char *fn) {
     void *p = dt_cuda_scratch(ctx, (size_t)t->numel * 2, fn);
     if (p && dt__cu_status(ctx, dt_k_tensor_cast(p, DT_BF16, t->data, DT_F32, t->numel, ctx->cuda_stream), fn,
@@ -4175,7 +4461,7 @@ static dt_status dt__cu_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor 
     DT__CU_SH(sw, w, "w");
     DT__CU_SH(sbias, bias, "bias");
     if (!so || !sx || !sw) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out, x and w must be non-NULL", fn);
-    bf = dt__cu_bf16_w(sw, &wf);
+    bf = dt__bf16_w(sw, &wf);
     DT__TRY(dt__linear_check(ctx, so, sx, bf ? &wf : sw, sbias, fn, "out"));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
     DT__TRY(dt__cu_blas(ctx, fn));
@@ -4223,7 +4509,7 @@ static dt_status dt__cu_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt
     DT__CU_SH(sdw, dw, "dw");
     DT__CU_SH(sdb, dbias, "dbias");
     if (!sg || !sx || !sw) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dout, x and w must be non-NULL", fn);
-    bf = dt__cu_bf16_w(sw, &wf);
+    bf = dt__bf16_w(sw, &wf);
     DT__TRY(dt__linear_check(ctx, sg, sx, bf ? &wf : sw, NULL, fn, "dout"));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
     if (sdx) { DT__TRY(dt__f32(ctx, sdx, fn, "dx")); DT__TRY(dt__same_numel(ctx, sdx, sx, fn, "dx", "x")); }

@@ -495,6 +495,8 @@ typedef struct model {
     int lse_attn;                       /* attention through dt_cp_attention_fwd / _bwd (keeps lse, not
                                            att): the ring at cp > 1, and gemm-last on the CPU at cp 1 */
     int tc;                             /* --device cuda --dtype bf16: GEMMs and attention on tensor cores */
+    int bfw;                            /* --dtype bf16: the linears take the bf16 weights (dt_linear's bf16
+                                           GEMMs: tensor cores, or AMX / f32 on the CPU: dt_cpu_bf16_gemm) */
     int64_t Hkvl, Ckvl, Wl;              /* this rank's kv heads, their width, the qkv row Cl + 2 Ckvl */
     int kv_rep, kv_g;                   /* --kv-heads < --tp: k, v weights whole on every tp rank, which uses
                                            kv head kv_g only (the one its query heads read) */
@@ -534,9 +536,9 @@ static dt_tensor *VAL(model *m, int i) { return m->f32[i].data ? &m->f32[i] : &P
 static dt_tensor *GRD(model *m, int i) { return &P(m, i)->grad; }
 static int BP(model *m, int l, int k) { return m->blk[l * NBP + k]; }
 /* The head's weight (wte, tied) and where its gradient goes: wte itself where this stage holds it. */
-/* A linear's weight: under m->tc (--device cuda --dtype bf16) the bf16 value itself, so that
-   dt_linear runs its GEMMs in bf16 on the tensor cores (f32 accumulation); else VAL. */
-static dt_tensor *WVAL(model *m, int i) { return m->tc ? &P(m, i)->value : VAL(m, i); }
+/* A linear's weight: under m->bfw (--dtype bf16) the bf16 value itself, so that dt_linear runs its
+   GEMMs in bf16 (f32 accumulation); else VAL. */
+static dt_tensor *WVAL(model *m, int i) { return m->bfw ? &P(m, i)->value : VAL(m, i); }
 static dt_tensor *HEADW(model *m) { return m->wte >= 0 ? WVAL(m, m->wte) : &m->wte_head; }
 static dt_tensor *HEADG(model *m) { return m->wte >= 0 ? GRD(m, m->wte) : &m->wte_head_grad; }
 
@@ -625,6 +627,7 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
     m->off_frac = o->offload;
     m->tp = lay->tp; m->tp_rank = lay->tp_rank; m->sp = o->sp; m->lay = lay;
     m->tc = o->device == DT_CUDA_DEVICE && o->dtype == DT_BF16;
+    m->bfw = o->dtype == DT_BF16;
     m->Vl = Vp / tp; m->Cl = C / tp; m->Hl = o->heads / tp; m->Fl = 4 * C / tp;
     m->Hkvl = (o->kv_heads ? o->kv_heads : o->heads) / tp;
     if (o->kv_heads && o->kv_heads < tp) { /* replicated: one kv head per rank, all its query heads' */
@@ -668,7 +671,9 @@ static void model_make(model *m, const opts *o, int64_t V, int64_t Vp, dt_layout
         dt_tensor_desc d;
         memset(&d, 0, sizeof d);
         d.shape[0] = m->Vl; d.shape[1] = C;
+        d.dtype = m->bfw ? DT_BF16 : DT_F32; /* what stage 0's head would take: WVAL */
         if (m->has_head) CHECK(dt_tensor_create(g_ctx, &m->wte_head, &d));
+        d.dtype = DT_F32;
         CHECK(dt_tensor_create(g_ctx, &m->wte_head_grad, &d));
     }
     for (c = 0; c < m->v; c++)
@@ -2437,7 +2442,7 @@ static double pipeline_step(trainer *t) {
     pl->logging = t->logging;
     if (m->has_embed) { /* the tied head's weight for the last stage */
         gather(m, m->eunit);
-        CHECK(dt_comm_send(pl->emb, VAL(m, m->wte), t->o.pp - 1, 2));
+        CHECK(dt_comm_send(pl->emb, WVAL(m, m->wte), t->o.pp - 1, 2));
         release(m, m->eunit);
     }
     if (m->has_head) CHECK(dt_comm_recv(pl->emb, &m->wte_head, 0, 2));
