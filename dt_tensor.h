@@ -539,7 +539,11 @@ DT_API dt_status dt_embedding_bwd(dt_ctx *ctx, dt_tensor *dtable, const dt_tenso
    On CUDA tensors att may be NULL: the fused (flash) kernels, nothing [T,T] stored, the
    backward recomputing the forward (head size <= 96; see dt__cu_attention_fwd). A bf16 qkv on
    CUDA (att NULL; out, dout and dqkv f32) runs on the tensor cores: FlashAttention-2 on
-   mma.sync, f32 accumulation, head size 16, 32, 64, 96 or 128, compute capability >= 8.0. */
+   mma.sync, f32 accumulation, head size 16, 32, 64, 96 or 128, compute capability >= 8.0. A bf16
+   qkv on the CPU (att f32, kept as above) multiplies in bf16 with f32 sums (dt_linear's bf16 GEMMs:
+   AMX where the CPU has it): the scores of bf16 q, k scaled in f32, the softmax in f32, and P,
+   dout and the softmax's gradient rounded to bf16 on their way into the products (torch.autocast's
+   attention in bf16). */
 DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv,
                                   int n_head);
 DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor *dout,
@@ -1756,6 +1760,25 @@ static void dt__set(void *p, dt_dtype dtype, int64_t i, double v) {
 
 static int dt__is_float(dt_dtype t) { return t == DT_F32 || t == DT_BF16 || t == DT_F16; }
 
+#ifdef DT__TENSOR_AVX2
+/* dt_f32_to_bf16 on 8 lanes, the same bits (round to nearest even on the integers, NaN kept
+   quiet); returns how many it did (n rounded down to 8) */
+__attribute__((target("avx2"))) static int64_t dt__w_to_bf16(uint16_t *d, const float *s, int64_t n) {
+    int64_t i;
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff), abs = _mm256_set1_epi32(0x7fffffff);
+    const __m256i inf = _mm256_set1_epi32(0x7f800000), quiet = _mm256_set1_epi32(0x40);
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256i u = _mm256_loadu_si256((const __m256i *)(s + i)), hi = _mm256_srli_epi32(u, 16);
+        __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, half), _mm256_and_si256(hi, one)), 16);
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
+        __m256i v = _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet), nan);
+        v = _mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08); /* the 8 halves into the low 128 bits */
+        _mm_storeu_si128((__m128i *)(d + i), _mm256_castsi256_si128(v));
+    }
+    return i;
+}
+#endif
+
 DT_API dt_status dt_convert(dt_ctx *ctx, void *dst, dt_dtype dst_dtype, const void *src, dt_dtype src_dtype,
                             int64_t n) {
     int64_t i;
@@ -1776,7 +1799,11 @@ DT_API dt_status dt_convert(dt_ctx *ctx, void *dst, dt_dtype dst_dtype, const vo
     }
     /* the hot pairs (master weights <-> bf16 / f16 values) as plain loops */
     if (src_dtype == DT_F32 && dst_dtype == DT_BF16) {
-        for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = dt_f32_to_bf16(((const float *)src)[i]);
+        i = 0;
+#ifdef DT__TENSOR_AVX2
+        if (__builtin_cpu_supports("avx2")) i = dt__w_to_bf16((uint16_t *)dst, (const float *)src, n);
+#endif
+        for (; i < n; i++) ((uint16_t *)dst)[i] = dt_f32_to_bf16(((const float *)src)[i]);
     } else if (src_dtype == DT_F32 && dst_dtype == DT_F16) {
         for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = dt_f32_to_f16(((const float *)src)[i]);
     } else if (src_dtype == DT_BF16 && dst_dtype == DT_F32) {
@@ -2290,11 +2317,18 @@ static int dt__bf16_w(const dt_tensor *w, dt_tensor *wf) {
 }
 
 #ifdef DT__TENSOR_AMX
+#if defined(__GNUC__) && !defined(__clang__)
+/* GCC 12's AVX-512 intrinsics start from _mm512_undefined_epi32(), which -Wmaybe-uninitialized
+   flags at some optimisation levels */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #define DT__AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
 #define DT__AMX_KC 512  /* k's per packed block (a multiple of 32) */
 #define DT__AMX_MC 64   /* rows of op(A) per packed block (a multiple of 32) */
 #define DT__AMX_NC 1024 /* columns of op(B) per packed block (a multiple of 32) */
-#define DT__AMX_WS ((size_t)(DT__AMX_MC * DT__AMX_KC + DT__AMX_KC * DT__AMX_NC) / 2) /* the packs, in floats */
+#define DT__AMX_WS ((size_t)(DT__AMX_MC * DT__AMX_KC + DT__AMX_KC * DT__AMX_NC) / 2) /* the packs, in floats: */
+typedef char dt__amx_ws_fits[DT__AMX_WS <= DT__GEMM_SCRATCH ? 1 : -1]; /* within what callers leave the GEMMs */
 
 static int dt__amx_state;         /* 0: not asked yet, 1: on, -1: off (dt__amx_why says why) */
 static const char *dt__amx_why = "";
@@ -2352,6 +2386,39 @@ static inline DT__AMX __m256i dt__bop_16(const dt__bop *o, int64_t x, int64_t k,
     return _mm256_loadu_si256((const __m256i *)t);
 }
 
+/* d = the transpose of the 16 x 16 dwords at t (rows of 16): 32-bit, then 64-bit unpacks within
+   128-bit lanes, then two rounds of lane shuffles */
+static inline DT__AMX void dt__tr16(const uint32_t *t, uint32_t *d) {
+    __m512i r[16], u[16];
+    int i, c;
+    for (i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(t + 16 * i);
+    for (i = 0; i < 16; i += 2) { /* lane L of u[i]: r[i][4L], r[i+1][4L], r[i][4L+1], r[i+1][4L+1] */
+        u[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        u[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (i = 0; i < 16; i += 4) { /* lane L of r[i + c]: column 4L + c of rows i .. i + 3 */
+        r[i] = _mm512_unpacklo_epi64(u[i], u[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(u[i], u[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(u[i + 1], u[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(u[i + 1], u[i + 3]);
+    }
+    for (c = 0; c < 4; c++) { /* u[c]: columns c and 8 + c of rows 0-7; u[4 + c]: 4 + c, 12 + c; u[8 + ...]: rows 8-15 */
+        u[c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);
+        u[4 + c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
+        u[8 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+        u[12 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
+    }
+    for (c = 0; c < 4; c++) {
+        _mm512_storeu_si512(d + 16 * c, _mm512_shuffle_i32x4(u[c], u[8 + c], 0x88));
+        _mm512_storeu_si512(d + 16 * (8 + c), _mm512_shuffle_i32x4(u[c], u[8 + c], 0xdd));
+        _mm512_storeu_si512(d + 16 * (4 + c), _mm512_shuffle_i32x4(u[4 + c], u[12 + c], 0x88));
+        _mm512_storeu_si512(d + 16 * (12 + c), _mm512_shuffle_i32x4(u[4 + c], u[12 + c], 0xdd));
+    }
+}
+
+/* k is the operand's short stride: its blocks are read along k (rows of x), else along x */
+static int dt__bop_along_k(const dt__bop *o) { return o->sk == 1 || (o->sx != 1 && o->sk < o->sx); }
+
 /* The 16 x 16 pairs of x0 .. x0 + 15 (nx of them) by k0 .. k0 + 31 (nk) as dwords (pair kp: k
    2kp in the low half, 2kp + 1 in the high), d[x][kp] (an A tile) when by_x, else d[kp][x] (a B
    tile); 0 past nx and nk. Read along k (two runs of 16) where k is the short stride, else along
@@ -2359,7 +2426,7 @@ static inline DT__AMX __m256i dt__bop_16(const dt__bop *o, int64_t x, int64_t k,
 static DT__AMX void dt__bop_block(const dt__bop *o, int64_t x0, int64_t nx, int64_t k0, int64_t nk, int by_x,
                                   uint32_t *d) {
     uint32_t t[16 * 16];
-    int along_k = o->sk == 1 || (o->sx != 1 && o->sk < o->sx), a, b;
+    int along_k = dt__bop_along_k(o);
     uint32_t *r = along_k == by_x ? d : t;
     int64_t j, n = nx < 16 ? nx : 16;
     for (j = 0; j < 16; j++) {
@@ -2367,7 +2434,7 @@ static DT__AMX void dt__bop_block(const dt__bop *o, int64_t x0, int64_t nx, int6
         if (along_k) { /* row x0 + j: its 32 k's */
             if (j < nx) {
                 lo = dt__bop_16(o, x0 + j, k0, nk < 16 ? nk : 16, 0);
-                if (nk > 16) hi = dt__bop_16(o, x0 + j, k0 + 16, nk - 16, 0);
+                if (nk > 16) hi = dt__bop_16(o, x0 + j, k0 + 16, nk < 32 ? nk - 16 : 16, 0);
             }
             _mm256_storeu_si256((__m256i *)(r + j * 16), lo);
             _mm256_storeu_si256((__m256i *)(r + j * 16 + 8), hi);
@@ -2381,9 +2448,23 @@ static DT__AMX void dt__bop_block(const dt__bop *o, int64_t x0, int64_t nx, int6
             _mm256_storeu_si256((__m256i *)(r + j * 16 + 8), _mm256_permute2x128_si256(u, v, 0x31));
         }
     }
-    if (r == t)
-        for (a = 0; a < 16; a++)
-            for (b = 0; b < 16; b++) d[b * 16 + a] = t[a * 16 + b];
+    if (r == t) dt__tr16(t, d);
+}
+
+/* A block's packs, x0 .. x0 + nx by k0 .. k0 + kc into dst ([nx / 16][kc / 32] tiles of 512 bf16):
+   an operand read along x goes k by k through the block (its rows in order) */
+static DT__AMX void dt__bop_pack(const dt__bop *o, int64_t x0, int64_t nx, int64_t k0, int64_t kc, int by_x,
+                                 uint16_t *dst) {
+    int64_t ks = (kc + 31) / 32, x, s;
+    if (dt__bop_along_k(o)) {
+        for (x = 0; x < nx; x += 16)
+            for (s = 0; s < ks; s++)
+                dt__bop_block(o, x0 + x, nx - x, k0 + s * 32, kc - s * 32, by_x, (uint32_t *)(dst + ((x / 16) * ks + s) * 512));
+    } else {
+        for (s = 0; s < ks; s++)
+            for (x = 0; x < nx; x += 16)
+                dt__bop_block(o, x0 + x, nx - x, k0 + s * 32, kc - s * 32, by_x, (uint32_t *)(dst + ((x / 16) * ks + s) * 512));
+    }
 }
 
 typedef struct dt__amx_cfg { /* LDTILECFG's 64 bytes, palette 1 */
@@ -2459,7 +2540,7 @@ static DT__AMX void dt__amx_block(int64_t mc, int64_t nc, int64_t kc, const uint
 static DT__AMX void dt__amx_gemm(int64_t M, int64_t N, int64_t K, const dt__bop *A, const dt__bop *B, float *C,
                                  int64_t ldc, int acc, float *ws) {
     dt__amx_cfg cfg;
-    int64_t jc, pc, ic, x, s;
+    int64_t jc, pc, ic, x;
     uint16_t *pa = (uint16_t *)ws, *pb = pa + DT__AMX_MC * DT__AMX_KC;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
@@ -2468,21 +2549,20 @@ static DT__AMX void dt__amx_gemm(int64_t M, int64_t N, int64_t K, const dt__bop 
     for (jc = 0; jc < N; jc += DT__AMX_NC) {
         int64_t nc = N - jc < DT__AMX_NC ? N - jc : DT__AMX_NC;
         for (pc = 0; pc < K; pc += DT__AMX_KC) {
-            int64_t kc = K - pc < DT__AMX_KC ? K - pc : DT__AMX_KC, ks = (kc + 31) / 32;
-            for (x = 0; x < nc; x += 16)
-                for (s = 0; s < ks; s++)
-                    dt__bop_block(B, jc + x, nc - x, pc + s * 32, kc - s * 32, 0, (uint32_t *)(pb + ((x / 16) * ks + s) * 512));
+            int64_t kc = K - pc < DT__AMX_KC ? K - pc : DT__AMX_KC;
+            dt__bop_pack(B, jc, nc, pc, kc, 0, pb);
             for (ic = 0; ic < M; ic += DT__AMX_MC) {
                 int64_t mc = M - ic < DT__AMX_MC ? M - ic : DT__AMX_MC;
-                for (x = 0; x < mc; x += 16)
-                    for (s = 0; s < ks; s++)
-                        dt__bop_block(A, ic + x, mc - x, pc + s * 32, kc - s * 32, 1, (uint32_t *)(pa + ((x / 16) * ks + s) * 512));
+                dt__bop_pack(A, ic, mc, pc, kc, 1, pa);
                 dt__amx_block(mc, nc, kc, pa, pb, C + ic * ldc + jc, ldc, acc || pc > 0);
             }
         }
     }
     _tile_release();
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 DT_API const char *dt_cpu_bf16_gemm(void) {
@@ -2501,9 +2581,12 @@ DT_API const char *dt_cpu_bf16_gemm(void) {
 static int64_t dt__stored(int64_t rows, int64_t cols, int64_t ld) { return rows && cols ? (rows - 1) * ld + cols : 0; }
 
 /* C[M x N] = op(A) op(B) (+ C when acc), A and B f32 or bf16 (abf, bbf), row-major with lda, ldb
-   as dt__gemm's: bf16 products, f32 sums (see above). */
-static dt_status dt__gemm_bf16(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A, int abf,
-                               int64_t lda, const void *B, int bbf, int64_t ldb, int acc, float *C, int64_t ldc) {
+   as dt__gemm's: bf16 products, f32 sums (see above). keep: floats of the ctx scratch past
+   DT__GEMM_SCRATCH that the caller holds data in; it reserved room for the fallback's operands
+   past them (the AMX packs stay within DT__GEMM_SCRATCH). */
+static dt_status dt__gemm_bf16_keep(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A,
+                                    int abf, int64_t lda, const void *B, int bbf, int64_t ldb, int acc, float *C,
+                                    int64_t ldc, size_t keep) {
     int64_t na, nb, i;
     float *s;
     if (M == 0 || N == 0) return DT_OK;
@@ -2522,13 +2605,19 @@ static dt_status dt__gemm_bf16(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N
 #endif
     na = dt__stored(ta ? K : M, ta ? M : K, lda);
     nb = dt__stored(tb ? N : K, tb ? K : N, ldb);
-    if (!(s = dt__scratch(ctx, DT__GEMM_SCRATCH + (size_t)na + (size_t)nb))) return ctx->last_status;
-    s += DT__GEMM_SCRATCH; /* past what the portable GEMM packs into */
+    if (keep && ctx->scratch_floats < DT__GEMM_SCRATCH + keep + (size_t)na + (size_t)nb)
+        return dt_ctx_set_error(ctx, DT_ERR_STATE, "dt_tensor bf16 GEMM: the caller reserved too little scratch");
+    if (!(s = dt__scratch(ctx, DT__GEMM_SCRATCH + keep + (size_t)na + (size_t)nb))) return ctx->last_status;
+    s += DT__GEMM_SCRATCH + keep; /* past what the portable GEMM packs into, and the caller's */
     for (i = 0; i < na; i++)
         s[i] = abf ? dt_bf16_to_f32(((const uint16_t *)A)[i]) : dt_bf16_to_f32(dt_f32_to_bf16(((const float *)A)[i]));
     for (i = 0; i < nb; i++)
         s[na + i] = bbf ? dt_bf16_to_f32(((const uint16_t *)B)[i]) : dt_bf16_to_f32(dt_f32_to_bf16(((const float *)B)[i]));
     return dt__gemm(ctx, ta, tb, M, N, K, 1.0f, s, lda, s + na, ldb, acc ? 1.0f : 0.0f, C, ldc);
+}
+static dt_status dt__gemm_bf16(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A, int abf,
+                               int64_t lda, const void *B, int bbf, int64_t ldb, int acc, float *C, int64_t ldc) {
+    return dt__gemm_bf16_keep(ctx, ta, tb, M, N, K, A, abf, lda, B, bbf, ldb, acc, C, ldc, 0);
 }
 
 /* ---------------------------------------------------------------- op helpers */
@@ -3685,13 +3774,19 @@ DT_API dt_status dt_embedding_bwd(dt_ctx *ctx, dt_tensor *dtable, const dt_tenso
 
 /* ---------------------------------------------------------------- attention */
 
-/* The sizes of an attention call: qkv [B, T, W], W = (H + 2 Hkv) hs; C = H hs (q and out), Ckv = Hkv hs. */
-typedef struct dt__attn_dim { int64_t B, T, W, C, Ckv, hs; int H, Hkv; } dt__attn_dim;
+/* The sizes of an attention call: qkv [B, T, W], W = (H + 2 Hkv) hs; C = H hs (q and out), Ckv = Hkv hs;
+   bf: a bf16 qkv on the CPU (the products in bf16, see dt_attention_gqa_fwd). */
+typedef struct dt__attn_dim { int64_t B, T, W, C, Ckv, hs; int H, Hkv, bf; } dt__attn_dim;
 
 static dt_status dt__attn_check(dt_ctx *ctx, const dt_tensor *o, const dt_tensor *att, const dt_tensor *qkv,
                                 int n_head, int n_kv_head, const char *fn, const char *on, dt__attn_dim *g) {
     int64_t B, T, C;
-    DT__TRY(dt__f32(ctx, qkv, fn, "qkv"));
+    g->bf = 0;
+    if (qkv && qkv->dtype == DT_BF16 && qkv->device == DT_CPU && att && !strncmp(fn, "dt_attention", 12)) {
+        DT__TRY(dt_check_tensor(ctx, qkv, DT_BF16, fn, "qkv"));
+        g->bf = 1;
+    } else
+        DT__TRY(dt__f32(ctx, qkv, fn, "qkv"));
     DT__TRY(dt__f32(ctx, o, fn, on));
     DT__TRY(dt__f32(ctx, att, fn, "att"));
     DT__TRY(dt__ndim(ctx, qkv, 3, 3, fn, "qkv"));
@@ -3741,6 +3836,20 @@ static dt_status dt__attn_check(dt_ctx *ctx, const dt_tensor *o, const dt_tensor
    compares 1 and 2 threads), so the bits are the same run after run. */
 #define DT__ATT_RB 64
 
+/* Element off of qkv (bf16 or f32) */
+static const void *dt__qkv_at(const dt_tensor *qkv, int bf, int64_t off) {
+    return bf ? (const void *)((const uint16_t *)qkv->data + off) : (const void *)((const float *)qkv->data + off);
+}
+
+/* One of attention's products, C (+)= op(A) op(B): A f32; B f32, or bf16 (bbf) under bf (a bf16
+   qkv: dt__gemm_bf16, the f32 operands rounded to bf16 on the way in, as torch.autocast's SDPA). */
+static dt_status dt__att_gemm(dt_ctx *ctx, int bf, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
+                              int64_t lda, const void *B, int bbf, int64_t ldb, int acc, float *C, int64_t ldc,
+                              size_t keep) {
+    if (bf) return dt__gemm_bf16_keep(ctx, ta, tb, M, N, K, A, 0, lda, B, bbf, ldb, acc, C, ldc, keep);
+    return dt__gemm(ctx, ta, tb, M, N, K, 1.0f, A, lda, (const float *)B, ldb, acc ? 1.0f : 0.0f, C, ldc);
+}
+
 /* One query row of the softmax: a[0..t] holds scaled scores in, probabilities out; a[t+1..T-1]
    becomes 0 (the causal mask: att keeps masked entries 0, the backward's GEMMs read them). */
 static void dt__att_softmax_row(float *a, int64_t t, int64_t T) {
@@ -3784,7 +3893,7 @@ DT_API dt_status dt_attention_gqa_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *at
                                       int n_kv_head) {
     const char *fn = n_kv_head == n_head ? "dt_attention_fwd" : "dt_attention_gqa_fwd";
     dt__attn_dim g;
-    int64_t T, W, C, hs, b, r0, t;
+    int64_t T, W, C, hs, b, r0, t, k;
     int h;
     float scale;
     if (!ctx) return DT_ERR_ARG;
@@ -3802,14 +3911,21 @@ DT_API dt_status dt_attention_gqa_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *at
     scale = hs ? 1.0f / sqrtf((float)hs) : 0.0f; /* C = 0: no features, uniform attention */
     for (b = 0; b < g.B; b++)
         for (h = 0; h < n_head; h++) { /* query head h reads kv head h / (H / Hkv) */
-            const float *q = DT__CF(qkv) + b * T * W + h * hs;
-            const float *k = DT__CF(qkv) + b * T * W + C + (h / (n_head / n_kv_head)) * hs, *v = k + g.Ckv;
+            int64_t qo = b * T * W + h * hs, ko = b * T * W + C + (h / (n_head / n_kv_head)) * hs, vo = ko + g.Ckv;
             float *a = DT__F(att) + (b * n_head + h) * T * T, *o = DT__F(out) + b * T * C + h * hs;
             for (r0 = 0; r0 < T; r0 += DT__ATT_RB) { /* rows r0..r1-1 see keys 0..r1-1 */
                 int64_t r1 = T - r0 < DT__ATT_RB ? T : r0 + DT__ATT_RB;
-                DT__TRY(dt__gemm(ctx, 0, 1, r1 - r0, r1, hs, scale, q + r0 * W, W, k, W, 0.0f, a + r0 * T, T));
+                if (g.bf) { /* bf16 q, k, v: the scores scaled after, in f32 (the mask's columns are not read) */
+                    DT__TRY(dt__gemm_bf16(ctx, 0, 1, r1 - r0, r1, hs, dt__qkv_at(qkv, 1, qo + r0 * W), 1, W,
+                                          dt__qkv_at(qkv, 1, ko), 1, W, 0, a + r0 * T, T));
+                    for (t = r0; t < r1; t++)
+                        for (k = 0; k <= t; k++) a[t * T + k] *= scale;
+                } else
+                    DT__TRY(dt__gemm(ctx, 0, 1, r1 - r0, r1, hs, scale, DT__CF(qkv) + qo + r0 * W, W, DT__CF(qkv) + ko, W,
+                                     0.0f, a + r0 * T, T));
                 for (t = r0; t < r1; t++) dt__att_softmax_row(a + t * T, t, T);
-                DT__TRY(dt__gemm(ctx, 0, 0, r1 - r0, hs, r1, 1.0f, a + r0 * T, T, v, W, 0.0f, o + r0 * C, C));
+                DT__TRY(dt__att_gemm(ctx, g.bf, 0, 0, r1 - r0, hs, r1, a + r0 * T, T, dt__qkv_at(qkv, g.bf, vo), g.bf, W, 0,
+                                     o + r0 * C, C, 0));
             }
         }
     return DT_OK;
@@ -3853,26 +3969,29 @@ DT_API dt_status dt_attention_gqa_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_ten
     if (B == 0 || T == 0) return DT_OK;
     scale = hs ? 1.0f / sqrtf((float)hs) : 0.0f; /* C = 0: no features, uniform attention */
     TT = (size_t)T * (size_t)T; /* fits: att has B*H*T*T elements */
-    if (!dt__scratch(ctx, DT__GEMM_SCRATCH + TT)) return DT_ERR_OOM;
+    /* under g.bf the f32 fallback's rounded operands go past ds: at most T x T of att or ds and T x W of qkv */
+    if (!dt__scratch(ctx, DT__GEMM_SCRATCH + TT + (g.bf ? TT + (size_t)T * (size_t)W : 0))) return DT_ERR_OOM;
     ds = ctx->scratch + DT__GEMM_SCRATCH;
     for (b = 0; b < B; b++)
         for (h = 0; h < n_head; h++) {
             int64_t kvo = C + (h / (n_head / n_kv_head)) * hs; /* this head's k column in a row */
-            const float *q = DT__CF(qkv) + b * T * W + h * hs, *k = DT__CF(qkv) + b * T * W + kvo, *v = k + g.Ckv;
+            int64_t qo = b * T * W + h * hs, ko = b * T * W + kvo, vo = ko + g.Ckv;
             const float *p = DT__CF(att) + (b * n_head + h) * T * T, *gr = DT__CF(dout) + b * T * C + h * hs;
-            float *dq = DT__F(dqkv) + b * T * W + h * hs, *dk = DT__F(dqkv) + b * T * W + kvo, *dv = dk + g.Ckv;
+            float *dq = DT__F(dqkv) + qo, *dk = DT__F(dqkv) + ko, *dv = DT__F(dqkv) + vo;
             for (r0 = 0; r0 < T; r0 += DT__ATT_RB) { /* query rows r0..r1-1, key columns 0..r1-1 */
                 int64_t r1 = T - r0 < DT__ATT_RB ? T : r0 + DT__ATT_RB;
-                DT__TRY(dt__gemm(ctx, 0, 1, r1 - r0, r1, hs, 1.0f, gr + r0 * C, C, v, W, 0.0f, ds + r0 * T, T));
+                DT__TRY(dt__att_gemm(ctx, g.bf, 0, 1, r1 - r0, r1, hs, gr + r0 * C, C, dt__qkv_at(qkv, g.bf, vo), g.bf, W, 0,
+                                     ds + r0 * T, T, TT));
                 for (t = r0; t < r1; t++) dt__att_softmax_bwd_row(ds + t * T, p + t * T, t, r1, scale);
-                DT__TRY(dt__gemm(ctx, 0, 0, r1 - r0, hs, r1, 1.0f, ds + r0 * T, T, k, W, 1.0f, dq + r0 * W, W));
+                DT__TRY(dt__att_gemm(ctx, g.bf, 0, 0, r1 - r0, hs, r1, ds + r0 * T, T, dt__qkv_at(qkv, g.bf, ko), g.bf, W, 1,
+                                     dq + r0 * W, W, TT));
             }
             for (r0 = 0; r0 < T; r0 += DT__ATT_RB) { /* key rows r0..r1-1 see query rows r0..T-1 */
                 int64_t r1 = T - r0 < DT__ATT_RB ? T : r0 + DT__ATT_RB;
-                DT__TRY(dt__gemm(ctx, 1, 0, r1 - r0, hs, T - r0, 1.0f, p + r0 * T + r0, T, gr + r0 * C, C, 1.0f,
-                                 dv + r0 * W, W));
-                DT__TRY(dt__gemm(ctx, 1, 0, r1 - r0, hs, T - r0, 1.0f, ds + r0 * T + r0, T, q + r0 * W, W,
-                                 1.0f, dk + r0 * W, W));
+                DT__TRY(dt__att_gemm(ctx, g.bf, 1, 0, r1 - r0, hs, T - r0, p + r0 * T + r0, T, gr + r0 * C, 0, C, 1,
+                                     dv + r0 * W, W, TT));
+                DT__TRY(dt__att_gemm(ctx, g.bf, 1, 0, r1 - r0, hs, T - r0, ds + r0 * T + r0, T,
+                                     dt__qkv_at(qkv, g.bf, qo + r0 * W), g.bf, W, 1, dk + r0 * W, W, TT));
             }
         }
     return DT_OK;

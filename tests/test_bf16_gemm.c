@@ -140,6 +140,145 @@ static void bad_inputs(void) {
     dt_tensor_free(&C, &outb); dt_tensor_free(&C, &dwb); dt_tensor_free(&C, &w7); dt_tensor_free(&C, &dw);
 }
 
+
+/* Attention with a bf16 qkv [B, T, (H + 2K) hs] (att f32) against a double computation from the
+   same bf16 values. The kernel rounds P, dout and dS to bf16 (u = 2^-9 relative each) on their
+   way into the products and sums in f32; propagated, with A[t][k] = sum_d |g[t][d] v[k][d]|:
+     out[t][d]: u sum_k P |v|             dv[k][d]: 2u sum_t P |g|
+     dS[t][k]:  E = scale P (u A + u sum_k' P A) + u |dS|   (the dP and its row sum from a rounded g)
+     dq[t][d]:  sum_k E |k|               dk[k][d]: sum_t E |q|
+   each doubled for the f32 scores, softmax and sums (2^-24 each, far smaller), plus 1e-6 of the
+   largest value. */
+static void attention_case(const char *way, int64_t B, int64_t T, int H, int K, int64_t hs) {
+    int64_t W = (H + 2 * K) * hs, Cq = H * hs, b, t, k, d, i;
+    int h;
+    double u = ldexp(1.0, -9), scale = 1.0 / sqrt((double)hs), worst[5] = {0, 0, 0, 0, 0};
+    const char *what[5] = {"out", "dq", "dk", "dv", "att"};
+    dt_tensor qkv = mk(DT_BF16, B * T, W), out = mk(DT_F32, B * T, Cq), dout = mk(DT_F32, B * T, Cq);
+    dt_tensor dqkv = mk(DT_F32, B * T, W), att;
+    dt_tensor_desc ad;
+    char name[160];
+    dt_status st;
+    double *P = calloc((size_t)(T * T), sizeof(double)), *dS = calloc((size_t)(T * T), sizeof(double));
+    double *E = calloc((size_t)(T * T), sizeof(double)), *A = calloc((size_t)(T * T), sizeof(double));
+    memset(&ad, 0, sizeof ad);
+    ad.dtype = DT_F32; ad.ndim = 4; ad.shape[0] = B; ad.shape[1] = H; ad.shape[2] = T; ad.shape[3] = T;
+    if (dt_tensor_create(&C, &att, &ad)) { dt_test_fail("setup_att", "%s", dt_ctx_error(&C)); exit(1); }
+    qkv.ndim = 3; qkv.shape[0] = B; qkv.shape[1] = T; qkv.shape[2] = W; /* views of the 2-D buffers */
+    out.ndim = 3; out.shape[0] = B; out.shape[1] = T; out.shape[2] = Cq;
+    dout.ndim = 3; dout.shape[0] = B; dout.shape[1] = T; dout.shape[2] = Cq;
+    dqkv.ndim = 3; dqkv.shape[0] = B; dqkv.shape[1] = T; dqkv.shape[2] = W;
+    for (i = 0; i < B * T * W; i++) ((uint16_t *)qkv.data)[i] = dt_f32_to_bf16(rnd());
+    for (i = 0; i < B * T * Cq; i++) ((float *)dout.data)[i] = rnd();
+    memset(dqkv.data, 0, dt_tensor_bytes(&dqkv));
+    st = dt_attention_gqa_fwd(&C, &out, &att, &qkv, H, K);
+    if (!st) st = dt_attention_gqa_bwd(&C, &dqkv, &dout, &qkv, &att, H, K);
+    snprintf(name, sizeof name, "%s_attention_runs_B%lld_T%lld_H%d_K%d_hs%lld", way, (long long)B, (long long)T, H, K,
+             (long long)hs);
+    if (!dt_test_check_all(name, st == DT_OK, "%s", dt_ctx_error(&C))) goto done;
+    for (b = 0; b < B; b++)
+        for (h = 0; h < H; h++) {
+            const uint16_t *x = (const uint16_t *)qkv.data + b * T * W;
+            int64_t qo = h * hs, ko = Cq + (h / (H / K)) * hs, vo = ko + K * hs;
+#define QKV(r, c) ((double)dt_bf16_to_f32(x[(r) * W + (c)]))
+#define G(r, c) ((double)((const float *)dout.data)[(b * T + (r)) * Cq + h * hs + (c)])
+            for (t = 0; t < T; t++) { /* P, A, dS, E of row t */
+                double mx = -INFINITY, sum = 0, D = 0, DA = 0;
+                for (k = 0; k <= t; k++) {
+                    double sc = 0;
+                    for (d = 0; d < hs; d++) sc += QKV(t, qo + d) * QKV(k, ko + d);
+                    P[t * T + k] = sc * scale;
+                    if (P[t * T + k] > mx) mx = P[t * T + k];
+                }
+                for (k = 0; k <= t; k++) { P[t * T + k] = exp(P[t * T + k] - mx); sum += P[t * T + k]; }
+                for (k = 0; k <= t; k++) {
+                    double dp = 0, a = 0;
+                    P[t * T + k] /= sum;
+                    for (d = 0; d < hs; d++) { dp += G(t, d) * QKV(k, vo + d); a += fabs(G(t, d) * QKV(k, vo + d)); }
+                    dS[t * T + k] = dp; A[t * T + k] = a;
+                    D += P[t * T + k] * dp; DA += P[t * T + k] * a;
+                }
+                for (k = 0; k <= t; k++) {
+                    dS[t * T + k] = P[t * T + k] * (dS[t * T + k] - D) * scale;
+                    E[t * T + k] = scale * P[t * T + k] * (u * A[t * T + k] + u * DA) + u * fabs(dS[t * T + k]);
+                }
+                for (k = 0; k < T; k++) { /* att: the f32 softmax of f32 scores, within 1e-5 of P */
+                    double e = fabs(((const float *)att.data)[((b * H + h) * T + t) * T + k] - (k <= t ? P[t * T + k] : 0));
+                    if (e / 1e-5 > worst[4]) worst[4] = e / 1e-5;
+                }
+            }
+            for (t = 0; t < T; t++)
+                for (d = 0; d < hs; d++) {
+                    double o = 0, ob = 0, dq = 0, dqb = 0, got;
+                    for (k = 0; k <= t; k++) {
+                        o += P[t * T + k] * QKV(k, vo + d); ob += P[t * T + k] * fabs(QKV(k, vo + d));
+                        dq += dS[t * T + k] * QKV(k, ko + d); dqb += E[t * T + k] * fabs(QKV(k, ko + d));
+                    }
+                    got = ((const float *)out.data)[(b * T + t) * Cq + h * hs + d];
+                    if (fabs(got - o) / (2 * u * ob + 1e-6) > worst[0]) worst[0] = fabs(got - o) / (2 * u * ob + 1e-6);
+                    got = ((const float *)dqkv.data)[(b * T + t) * W + qo + d];
+                    if (fabs(got - dq) / (2 * dqb + 1e-6) > worst[1]) worst[1] = fabs(got - dq) / (2 * dqb + 1e-6);
+                }
+            if (K == H) /* dk, dv of one query head each (under GQA a group adds into them) */
+                for (k = 0; k < T; k++)
+                    for (d = 0; d < hs; d++) {
+                        double dk = 0, dkb = 0, dv = 0, dvb = 0, got;
+                        for (t = k; t < T; t++) {
+                            dk += dS[t * T + k] * QKV(t, qo + d); dkb += E[t * T + k] * fabs(QKV(t, qo + d));
+                            dv += P[t * T + k] * G(t, d); dvb += P[t * T + k] * fabs(G(t, d));
+                        }
+                        got = ((const float *)dqkv.data)[(b * T + k) * W + ko + d];
+                        if (fabs(got - dk) / (2 * dkb + 1e-6) > worst[2]) worst[2] = fabs(got - dk) / (2 * dkb + 1e-6);
+                        got = ((const float *)dqkv.data)[(b * T + k) * W + vo + d];
+                        if (fabs(got - dv) / (4 * u * dvb + 1e-6) > worst[3]) worst[3] = fabs(got - dv) / (4 * u * dvb + 1e-6);
+                    }
+#undef QKV
+#undef G
+        }
+    for (i = 0; i < 5; i++) {
+        if (i >= 2 && i <= 3 && K != H) continue;
+        snprintf(name, sizeof name, "%s_attention_%s_within_bound_B%lld_T%lld_H%d_K%d_hs%lld", way, what[i], (long long)B,
+                 (long long)T, H, K, (long long)hs);
+        dt_test_check_all(name, worst[i] <= 1.0, "worst element %.3g of its bound", worst[i]);
+    }
+done:
+    free(P); free(dS); free(E); free(A);
+    dt_tensor_free(&C, &qkv); dt_tensor_free(&C, &out); dt_tensor_free(&C, &dout);
+    dt_tensor_free(&C, &dqkv); dt_tensor_free(&C, &att);
+}
+
+
+/* dt_convert f32 -> bf16 (8 lanes where the CPU has AVX2) gives dt_f32_to_bf16's bits for every
+   pattern: random words (NaN, infinities, subnormals among them) and the rounding ties. */
+static unsigned want_of(uint32_t w) {
+    float f;
+    memcpy(&f, &w, sizeof f);
+    return dt_f32_to_bf16(f);
+}
+static void convert_bits(void) {
+    int64_t n = 100003, i, bad = 0, first = -1;
+    uint32_t *u = malloc(sizeof(uint32_t) * (size_t)n);
+    uint16_t *d = malloc(sizeof(uint16_t) * (size_t)n);
+    float f;
+    dt_status st;
+    for (i = 0; i < n; i++) {
+        g_seed = g_seed * 6364136223846793005ull + 1442695040888963407ull;
+        u[i] = (uint32_t)(g_seed >> 32);
+        if (i % 7 == 0) u[i] = (u[i] & 0xffff0000u) | (i % 14 ? 0x8000u : 0x7fffu); /* ties and near-ties */
+        if (i % 11 == 0) u[i] = 0x7f800000u | (u[i] & 0x807fffffu);                   /* inf and NaN */
+    }
+    st = dt_convert(&C, d, DT_BF16, u, DT_F32, n);
+    for (i = 0; i < n; i++) {
+        memcpy(&f, &u[i], sizeof f);
+        if (d[i] != dt_f32_to_bf16(f)) { bad++; if (first < 0) first = i; }
+    }
+    dt_test_check_all("convert_to_bf16_is_the_scalar_rounding", st == DT_OK && bad == 0,
+                      "status %d; %lld of %lld differ, first at %lld (0x%08x -> 0x%04x, want 0x%04x)", (int)st,
+                      (long long)bad, (long long)n, (long long)first, first >= 0 ? u[first] : 0u,
+                      first >= 0 ? d[first] : 0u, first >= 0 ? want_of(u[first]) : 0u);
+    free(u); free(d);
+}
+
 /* /proc/cpuinfo's flags name amx_bf16 and avx512_bf16 */
 static int cpu_has_amx(void) {
     FILE *f = fopen("/proc/cpuinfo", "r");
@@ -178,8 +317,12 @@ int main(int argc, char **argv) {
                           cpu_has_amx() ? "has" : "lacks");
     for (s = 0; s < sizeof shapes / sizeof shapes[0]; s++) one_shape(way, shapes[s][0], shapes[s][1], shapes[s][2]);
     nan_row(way);
+    attention_case(way, 2, 70, 2, 2, 16);
+    attention_case(way, 1, 130, 4, 2, 32);
+    attention_case(way, 1, 65, 1, 1, 64);
     if (!forced) {
         bad_inputs();
+        convert_bits();
         fflush(stdout);
         pid = fork();
         if (pid == 0) { /* the fallback, in a child (the way is chosen once a process) */

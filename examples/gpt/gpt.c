@@ -803,7 +803,7 @@ typedef struct acts {
     int64_t off_ins;                    /* copies back from host, this acts' share */
     double off_seconds;                 /* spent copying, this acts' share */
     dt_tensor xL, lnf, lnfm, lnfr, lnfall, logits, stats, ids, targets, partial, y_scratch;
-    dt_tensor qkv16;                    /* m->tc: qkv in bf16 for the tensor-core attention */
+    dt_tensor qkv16;                    /* m->bfw: qkv in bf16 for the attention's bf16 products */
     dt_tensor dres, dln, dxbuf, dall, doutbuf, dqkv, datty, dfch, dgelu, dlogits;
     dt_tensor dsp, dwpe, dlnf;          /* sp: partial grads of one block / wpe / ln_f */
     dt_tensor gath1, gath2;             /* sp: ln1 / ln2 rows gathered over tp [N, C], shared */
@@ -1030,7 +1030,7 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
     mk(a, &a->logits, N, m->Vl, 0, 0, DT_F32); mk(a, &a->stats, N, 2, 0, 0, DT_F32);
     mk(a, &a->ids, N, 0, 0, 0, DT_I32); mk(a, &a->targets, N, 0, 0, 0, DT_I32);
     mk(a, &a->partial, N, C, 0, 0, DT_F32); mk(a, &a->y_scratch, Nl, C, 0, 0, DT_F32);
-    if (m->tc) mk(a, &a->qkv16, b, m->Tl, m->Wl, 0, DT_BF16);
+    if (m->bfw) mk(a, &a->qkv16, b, m->Tl, m->Wl, 0, DT_BF16);
     mk(a, &a->dres, Nl, C, 0, 0, DT_F32); mk(a, &a->dln, Nl, C, 0, 0, DT_F32);
     mk(a, &a->dxbuf, N, C, 0, 0, DT_F32); mk(a, &a->dall, N, C, 0, 0, DT_F32); mk(a, &a->doutbuf, N, C, 0, 0, DT_F32);
     mk(a, &a->dqkv, b, m->Tl, m->Wl, 0, DT_F32);
@@ -1188,9 +1188,10 @@ static dt_tensor rows3(const model *m, const acts *a, const dt_tensor *t) {
     return v;
 }
 
-/* Attention of the block's qkv into out (atty as [b, T, Cl]) and back (dqkv +=). With m->tc
-   (--device cuda --dtype bf16) qkv goes to bf16 first and dt_attention runs on the tensor cores
-   (FlashAttention-2, nothing [T, T] kept: the backward recomputes); else the op keeps att. */
+/* Attention of the block's qkv into out (atty as [b, T, Cl]) and back (dqkv +=). With m->bfw
+   (--dtype bf16) qkv goes to bf16 first: on CUDA dt_attention runs on the tensor cores
+   (FlashAttention-2, nothing [T, T] kept: the backward recomputes), on the CPU its products are
+   bf16 (AMX where the CPU has it) and it keeps att; else f32, keeping att. */
 static void attn_fwd(model *m, acts *a, bacts *x, dt_tensor *out) {
     if (m->ulysses) { /* heads for sequence: all-to-all, whole-sequence attention, all-to-all back */
         OP("cp attention fwd", dt_cp_ulysses_fwd(m->lay, out, &x->uqkv, &x->att, &x->qkv, (int)m->Hl, (int)m->Hkvl));
@@ -1201,9 +1202,9 @@ static void attn_fwd(model *m, acts *a, bacts *x, dt_tensor *out) {
         OP("cp attention fwd", dt_cp_attention_fwd(m->lay, out, &x->lse, &x->qkv, (int)m->Hl, (int)m->Hkvl));
         return;
     }
-    if (!m->tc) { COMPUTE("attention fwd", dt_attention_gqa_fwd(g_ctx, out, &x->att, &x->qkv, (int)m->Hl, (int)m->Hkvl)); return; }
+    if (!m->bfw) { COMPUTE("attention fwd", dt_attention_gqa_fwd(g_ctx, out, &x->att, &x->qkv, (int)m->Hl, (int)m->Hkvl)); return; }
     COMPUTE("attention fwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
-    COMPUTE("attention fwd", dt_attention_gqa_fwd(g_ctx, out, NULL, &a->qkv16, (int)m->Hl, (int)m->Hkvl));
+    COMPUTE("attention fwd", dt_attention_gqa_fwd(g_ctx, out, m->tc ? NULL : &x->att, &a->qkv16, (int)m->Hl, (int)m->Hkvl));
 }
 static void attn_bwd(model *m, acts *a, bacts *x, dt_tensor *dout, const dt_tensor *out) {
     (void)out; /* only the ring reads the forward's output */
@@ -1215,9 +1216,9 @@ static void attn_bwd(model *m, acts *a, bacts *x, dt_tensor *dout, const dt_tens
         OP("cp attention bwd", dt_cp_attention_bwd(m->lay, &a->dqkv, dout, &x->qkv, out, &x->lse, (int)m->Hl, (int)m->Hkvl));
         return;
     }
-    if (!m->tc) { COMPUTE("attention bwd", dt_attention_gqa_bwd(g_ctx, &a->dqkv, dout, &x->qkv, &x->att, (int)m->Hl, (int)m->Hkvl)); return; }
+    if (!m->bfw) { COMPUTE("attention bwd", dt_attention_gqa_bwd(g_ctx, &a->dqkv, dout, &x->qkv, &x->att, (int)m->Hl, (int)m->Hkvl)); return; }
     COMPUTE("attention bwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
-    COMPUTE("attention bwd", dt_attention_gqa_bwd(g_ctx, &a->dqkv, dout, &a->qkv16, NULL, (int)m->Hl, (int)m->Hkvl));
+    COMPUTE("attention bwd", dt_attention_gqa_bwd(g_ctx, &a->dqkv, dout, &a->qkv16, m->tc ? NULL : &x->att, (int)m->Hl, (int)m->Hkvl));
 }
 
 /* The MoE layer of block l on ln2's rows (all of them: gathered under sp), its tp partial summed
