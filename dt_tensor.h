@@ -72,6 +72,10 @@
        DT_TENSOR_NO_AVX2  gelu on 4 lanes even where the CPU has AVX2 (by default, on x86-64
                        under GCC or Clang, it takes 8 when the CPU has them; the same bits
                        either way: see "8-lane vectors").
+       DT_TENSOR_NO_AMX   bf16 GEMMs (a bf16 w in dt_linear, a bf16 qkv in attention) as f32
+                       GEMMs of the rounded operands even where the CPU has AMX (by default, on
+                       x86-64 Linux under GCC >= 11 or Clang >= 12, AMX tiles when the CPU has
+                       AMX-BF16: see "bf16 GEMMs on the CPU"; DT_CPU_BF16=f32 at run time).
 
    Conventions (every dt header follows them, and so should code that extends dt):
      - Argument order: the ctx, or the handle that carries one (dt_comm, dt_optimizer,
