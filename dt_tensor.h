@@ -2343,12 +2343,13 @@ static const char *dt__amx_why = "";
    Asked once; two threads asking at once get the same answer. */
 static int dt__amx_on(void) {
     if (!dt__amx_state) {
-        unsigned a = 0, b = 0, c = 0, d = 0, a1 = 0, b1 = 0, c1 = 0, d1 = 0, lo = 0, hi = 0;
+        unsigned a = 0, b = 0, c = 0, d = 0, a1 = 0, b1 = 0, c1 = 0, d1 = 0, lo = 0, hi = 0, c0 = 0;
         long r = -1;
         const char *e = getenv("DT_CPU_BF16");
-        int cpu = __get_cpuid_count(7, 0, &a, &b, &c, &d) && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
+        int cpu = __get_cpuid(1, &a, &b, &c0, &d) && (c0 & (1u << 27)) && /* OSXSAVE: xgetbv may run */
+                  __get_cpuid_count(7, 0, &a, &b, &c, &d) && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
         if (e && !strcmp(e, "f32")) dt__amx_why = "DT_CPU_BF16=f32 in the environment";
-        else if (!cpu || !(d & (1u << 22)) || !(d & (1u << 24))) dt__amx_why = "this CPU has no AMX-BF16";
+        else if (!cpu || !(d & (1u << 22)) || !(d & (1u << 24))) dt__amx_why = "this CPU (or OS) has no AMX-BF16";
         else if (!(b & (1u << 16)) || !(b & (1u << 30)) || !(b & (1u << 31)) || !(a1 & (1u << 5)))
             dt__amx_why = "this CPU has no AVX-512 F/BW/VL with AVX512_BF16";
         else {
