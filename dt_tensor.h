@@ -2303,8 +2303,9 @@ DT_API dt_status dt_gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_
      packed into tiles, 16 rows x 32 bf16 for op(A) and 16 pairs of k x 16 columns for op(B), and
      TDPBF16PS adds a 16 x 32 by 32 x 16 product into a 16 x 16 f32 tile of C; four such tiles of
      C (32 x 32) take each pair of A tiles and B tiles loaded. Blocks of DT__AMX_KC k's, MC rows
-     and NC columns (BLIS' loops); C is loaded into the tiles and stored back once a block.
-     Subnormal operands count as zero there (the hardware's rule).
+     and NC columns (BLIS' loops); C is loaded into the tiles and stored back once a block
+     (dt_linear_fwd's bias is where its tiles start: no second pass over out). Subnormal
+     operands count as zero there (the hardware's rule).
      elsewhere (the fallback, named by dt_cpu_bf16_gemm): the same rounded operands as f32 into
      scratch and one f32 GEMM: the same products, the sums in another order.
 
@@ -2480,9 +2481,10 @@ typedef struct dt__amx_cfg { /* LDTILECFG's 64 bytes, palette 1 */
 
 /* C[mc x nc] (+)= the packed blocks' product: pa [mc / 16][kc / 32] A tiles, pb [nc / 16][kc / 32]
    B tiles (512 bf16 each). Tiles 0-3: C's 32 x 32; 4, 5: A; 6, 7: B. acc: C is loaded first, else
-   the tiles start at 0. A block at the edge of C goes through tmp. */
+   the tiles start at bias (nc of them, every row: a tile load of stride 0) or at 0. A block at the
+   edge of C goes through tmp. */
 static DT__AMX void dt__amx_block(int64_t mc, int64_t nc, int64_t kc, const uint16_t *pa, const uint16_t *pb,
-                                  float *C, int64_t ldc, int acc) {
+                                  float *C, int64_t ldc, int acc, const float *bias) {
     int64_t ks = (kc + 31) / 32, i, j, s, ld = ldc * 4;
     float tmp[4][256];
     for (j = 0; j < nc; j += 32)
@@ -2495,6 +2497,9 @@ static DT__AMX void dt__amx_block(int64_t mc, int64_t nc, int64_t kc, const uint
                 if (acc) {
                     _tile_loadd(0, c, ld); _tile_loadd(1, c + 16, ld);
                     _tile_loadd(2, c + 16 * ldc, ld); _tile_loadd(3, c + 16 * ldc + 16, ld);
+                } else if (bias) {
+                    _tile_loadd(0, bias + j, 0); _tile_loadd(1, bias + j + 16, 0);
+                    _tile_loadd(2, bias + j, 0); _tile_loadd(3, bias + j + 16, 0);
                 } else {
                     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
                 }
@@ -2516,7 +2521,8 @@ static DT__AMX void dt__amx_block(int64_t mc, int64_t nc, int64_t kc, const uint
                 int64_t ri = i + (q >> 1) * 16, cj = j + (q & 1) * 16;
                 for (r = 0; r < 16; r++)
                     for (e = 0; e < 16; e++)
-                        tmp[q][r * 16 + e] = acc && ri + r < mc && cj + e < nc ? C[(ri + r) * ldc + cj + e] : 0.0f;
+                        tmp[q][r * 16 + e] = !(ri + r < mc && cj + e < nc) ? 0.0f
+                                             : acc ? C[(ri + r) * ldc + cj + e] : bias ? bias[cj + e] : 0.0f;
             }
             _tile_loadd(0, tmp[0], 64); _tile_loadd(1, tmp[1], 64);
             _tile_loadd(2, tmp[2], 64); _tile_loadd(3, tmp[3], 64);
@@ -2541,9 +2547,9 @@ static DT__AMX void dt__amx_block(int64_t mc, int64_t nc, int64_t kc, const uint
         }
 }
 
-/* C[M x N] = op(A) op(B) (+ C when acc), K > 0; ws: DT__AMX_WS floats. */
+/* C[M x N] = op(A) op(B) (+ C when acc, else + bias[N] when not NULL), K > 0; ws: DT__AMX_WS floats. */
 static DT__AMX void dt__amx_gemm(int64_t M, int64_t N, int64_t K, const dt__bop *A, const dt__bop *B, float *C,
-                                 int64_t ldc, int acc, float *ws) {
+                                 int64_t ldc, int acc, const float *bias, float *ws) {
     dt__amx_cfg cfg;
     int64_t jc, pc, ic, x;
     uint16_t *pa = (uint16_t *)ws, *pb = pa + DT__AMX_MC * DT__AMX_KC;
@@ -2559,7 +2565,7 @@ static DT__AMX void dt__amx_gemm(int64_t M, int64_t N, int64_t K, const dt__bop 
             for (ic = 0; ic < M; ic += DT__AMX_MC) {
                 int64_t mc = M - ic < DT__AMX_MC ? M - ic : DT__AMX_MC;
                 dt__bop_pack(A, ic, mc, pc, kc, 1, pa);
-                dt__amx_block(mc, nc, kc, pa, pb, C + ic * ldc + jc, ldc, acc || pc > 0);
+                dt__amx_block(mc, nc, kc, pa, pb, C + ic * ldc + jc, ldc, acc || pc > 0, bias ? bias + jc : NULL);
             }
         }
     }
@@ -2585,13 +2591,14 @@ DT_API const char *dt_cpu_bf16_gemm(void) {
 /* The elements of a row-major matrix as stored: rows x ld, the last row only its cols. */
 static int64_t dt__stored(int64_t rows, int64_t cols, int64_t ld) { return rows && cols ? (rows - 1) * ld + cols : 0; }
 
-/* C[M x N] = op(A) op(B) (+ C when acc), A and B f32 or bf16 (abf, bbf), row-major with lda, ldb
-   as dt__gemm's: bf16 products, f32 sums (see above). keep: floats of the ctx scratch past
+/* C[M x N] = op(A) op(B) (+ C when acc, else + bias[N] when not NULL), A and B f32 or bf16 (abf,
+   bbf), row-major with lda, ldb as dt__gemm's: bf16 products, f32 sums (see above; on AMX the
+   bias is where the sums start, in the fallback it is added after). keep: floats of the ctx scratch past
    DT__GEMM_SCRATCH that the caller holds data in; it reserved room for the fallback's operands
    past them (the AMX packs stay within DT__GEMM_SCRATCH). */
 static dt_status dt__gemm_bf16_keep(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A,
                                     int abf, int64_t lda, const void *B, int bbf, int64_t ldb, int acc, float *C,
-                                    int64_t ldc, size_t keep) {
+                                    int64_t ldc, size_t keep, const float *bias) {
     int64_t na, nb, i;
     float *s;
     if (M == 0 || N == 0) return DT_OK;
@@ -2604,7 +2611,7 @@ static dt_status dt__gemm_bf16_keep(dt_ctx *ctx, int ta, int tb, int64_t M, int6
         if (!(s = dt__scratch(ctx, DT__AMX_WS))) return ctx->last_status;
         a.p = A; a.bf16 = abf; a.sx = ta ? 1 : lda; a.sk = ta ? lda : 1;
         b.p = B; b.bf16 = bbf; b.sx = tb ? ldb : 1; b.sk = tb ? 1 : ldb;
-        dt__amx_gemm(M, N, K, &a, &b, C, ldc, acc, s);
+        dt__amx_gemm(M, N, K, &a, &b, C, ldc, acc, acc ? NULL : bias, s);
         return DT_OK;
     }
 #endif
@@ -2618,11 +2625,17 @@ static dt_status dt__gemm_bf16_keep(dt_ctx *ctx, int ta, int tb, int64_t M, int6
         s[i] = abf ? dt_bf16_to_f32(((const uint16_t *)A)[i]) : dt_bf16_to_f32(dt_f32_to_bf16(((const float *)A)[i]));
     for (i = 0; i < nb; i++)
         s[na + i] = bbf ? dt_bf16_to_f32(((const uint16_t *)B)[i]) : dt_bf16_to_f32(dt_f32_to_bf16(((const float *)B)[i]));
-    return dt__gemm(ctx, ta, tb, M, N, K, 1.0f, s, lda, s + na, ldb, acc ? 1.0f : 0.0f, C, ldc);
+    DT__TRY(dt__gemm(ctx, ta, tb, M, N, K, 1.0f, s, lda, s + na, ldb, acc ? 1.0f : 0.0f, C, ldc));
+    if (bias && !acc)
+        for (i = 0; i < M; i++) {
+            int64_t j;
+            for (j = 0; j < N; j++) C[i * ldc + j] += bias[j];
+        }
+    return DT_OK;
 }
 static dt_status dt__gemm_bf16(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A, int abf,
                                int64_t lda, const void *B, int bbf, int64_t ldb, int acc, float *C, int64_t ldc) {
-    return dt__gemm_bf16_keep(ctx, ta, tb, M, N, K, A, abf, lda, B, bbf, ldb, acc, C, ldc, 0);
+    return dt__gemm_bf16_keep(ctx, ta, tb, M, N, K, A, abf, lda, B, bbf, ldb, acc, C, ldc, 0, NULL);
 }
 
 /* ---------------------------------------------------------------- op helpers */
@@ -2927,8 +2940,10 @@ DT_API dt_status dt_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, 
     bf = dt__bf16_w(w, &wf);
     DT__TRY(dt__linear_check(ctx, out, x, bf ? &wf : w, bias, "dt_linear_fwd", "out"));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
-    if (bf) DT__TRY(dt__gemm_bf16(ctx, 0, 1, N, Out, In, x->data, 0, In, w->data, 1, In, 0, DT__F(out), Out));
-    else DT__TRY(dt__gemm(ctx, 0, 1, N, Out, In, 1.0f, DT__CF(x), In, DT__CF(w), In, 0.0f, DT__F(out), Out));
+    if (bf) /* the bias goes in with the GEMM (on AMX its tiles start there) */
+        return dt__gemm_bf16_keep(ctx, 0, 1, N, Out, In, x->data, 0, In, w->data, 1, In, 0, DT__F(out), Out, 0,
+                                  bias ? DT__CF(bias) : NULL);
+    DT__TRY(dt__gemm(ctx, 0, 1, N, Out, In, 1.0f, DT__CF(x), In, DT__CF(w), In, 0.0f, DT__F(out), Out));
     return bias ? dt_bias_add_fwd(ctx, out, bias) : DT_OK;
 }
 
@@ -3851,7 +3866,7 @@ static const void *dt__qkv_at(const dt_tensor *qkv, int bf, int64_t off) {
 static dt_status dt__att_gemm(dt_ctx *ctx, int bf, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
                               int64_t lda, const void *B, int bbf, int64_t ldb, int acc, float *C, int64_t ldc,
                               size_t keep) {
-    if (bf) return dt__gemm_bf16_keep(ctx, ta, tb, M, N, K, A, 0, lda, B, bbf, ldb, acc, C, ldc, keep);
+    if (bf) return dt__gemm_bf16_keep(ctx, ta, tb, M, N, K, A, 0, lda, B, bbf, ldb, acc, C, ldc, keep, NULL);
     return dt__gemm(ctx, ta, tb, M, N, K, 1.0f, A, lda, (const float *)B, ldb, acc ? 1.0f : 0.0f, C, ldc);
 }
 

@@ -58,10 +58,12 @@ static double worst_of(const prod *p, const float *out, const float *c0, int64_t
     return worst;
 }
 
-static void one_shape(const char *way, int64_t N, int64_t In, int64_t Out) {
+/* with_bias: the forward adds a bias (where the AMX tiles start), the reference's c0 */
+static void one_shape(const char *way, int64_t N, int64_t In, int64_t Out, int with_bias) {
     dt_tensor x = mk(DT_F32, N, In), w = mk(DT_BF16, Out, In), out = mk(DT_F32, N, Out), dout = mk(DT_F32, N, Out);
-    dt_tensor dx = mk(DT_F32, N, In), dw = mk(DT_F32, Out, In);
+    dt_tensor dx = mk(DT_F32, N, In), dw = mk(DT_F32, Out, In), bias = mk(DT_F32, 1, Out);
     float *dx0 = malloc(sizeof(float) * (size_t)(N * In + 1)), *dw0 = malloc(sizeof(float) * (size_t)(Out * In + 1));
+    float *b0 = malloc(sizeof(float) * (size_t)(N * Out + 1));
     int64_t i, wr = 0, wc = 0;
     double got = 0, want = 0, worst;
     char name[160];
@@ -73,11 +75,14 @@ static void one_shape(const char *way, int64_t N, int64_t In, int64_t Out) {
     for (i = 0; i < N * In; i++) ((float *)dx.data)[i] = dx0[i] = rnd();
     for (i = 0; i < Out * In; i++) ((float *)dw.data)[i] = dw0[i] = rnd();
     for (i = 0; i < N * Out; i++) ((float *)out.data)[i] = 1e30f; /* fwd overwrites */
+    for (i = 0; i < Out; i++) ((float *)bias.data)[i] = rnd();
+    for (i = 0; i < N * Out; i++) b0[i] = ((float *)bias.data)[i % Out];
 
-    st = dt_linear_fwd(&C, &out, &x, &w, NULL);
-    snprintf(name, sizeof name, "%s_fwd_within_bound_N%lld_In%lld_Out%lld", way, (long long)N, (long long)In, (long long)Out);
+    st = dt_linear_fwd(&C, &out, &x, &w, with_bias ? &bias : NULL);
+    snprintf(name, sizeof name, "%s_fwd%s_within_bound_N%lld_In%lld_Out%lld", way, with_bias ? "_bias" : "", (long long)N,
+             (long long)In, (long long)Out);
     p.a = (const float *)x.data; p.ars = In; p.aks = 1; p.b = w.data; p.bbf = 1; p.bks = 1; p.bcs = In;
-    worst = st ? INFINITY : worst_of(&p, (const float *)out.data, NULL, N, Out, In, &wr, &wc, &got, &want);
+    worst = st ? INFINITY : worst_of(&p, (const float *)out.data, with_bias ? b0 : NULL, N, Out, In, &wr, &wc, &got, &want);
     if (!dt_test_check_all(name, worst <= 1.0, "%s; worst out[%lld][%lld] = %.9g, want %.9g: %.3g of the bound",
                            st ? dt_ctx_error(&C) : "ok", (long long)wr, (long long)wc, got, want, worst))
         goto done;
@@ -94,7 +99,8 @@ static void one_shape(const char *way, int64_t N, int64_t In, int64_t Out) {
     dt_test_check_all(name, worst <= 1.0, "%s; worst dw[%lld][%lld] = %.9g, want %.9g: %.3g of the bound",
                       st ? dt_ctx_error(&C) : "ok", (long long)wr, (long long)wc, got, want, worst);
 done:
-    free(dx0); free(dw0);
+    free(dx0); free(dw0); free(b0);
+    dt_tensor_free(&C, &bias);
     dt_tensor_free(&C, &x); dt_tensor_free(&C, &w); dt_tensor_free(&C, &out);
     dt_tensor_free(&C, &dout); dt_tensor_free(&C, &dx); dt_tensor_free(&C, &dw);
 }
@@ -315,7 +321,7 @@ int main(int argc, char **argv) {
         dt_test_check_all("amx_found_where_the_cpu_has_it", (strcmp(path, "amx-bf16") == 0) == cpu_has_amx(),
                           "dt_cpu_bf16_gemm \"%s\", /proc/cpuinfo %s amx_bf16 + avx512_bf16", path,
                           cpu_has_amx() ? "has" : "lacks");
-    for (s = 0; s < sizeof shapes / sizeof shapes[0]; s++) one_shape(way, shapes[s][0], shapes[s][1], shapes[s][2]);
+    for (s = 0; s < sizeof shapes / sizeof shapes[0]; s++) one_shape(way, shapes[s][0], shapes[s][1], shapes[s][2], (int)(s & 1));
     nan_row(way);
     attention_case(way, 2, 70, 2, 2, 16);
     attention_case(way, 1, 130, 4, 2, 32);
