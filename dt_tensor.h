@@ -73,9 +73,10 @@
                        under GCC or Clang, it takes 8 when the CPU has them; the same bits
                        either way: see "8-lane vectors").
        DT_TENSOR_NO_AMX   bf16 GEMMs (a bf16 w in dt_linear, a bf16 qkv in attention) as f32
-                       GEMMs of the rounded operands even where the CPU has AMX (by default, on
-                       x86-64 Linux under GCC >= 11 or Clang >= 12, AMX tiles when the CPU has
-                       AMX-BF16: see "bf16 GEMMs on the CPU"; DT_CPU_BF16=f32 at run time).
+                       GEMMs of the rounded operands even where the CPU has AMX or AVX512_BF16
+                       (by default, on x86-64 Linux under GCC >= 11 or Clang >= 12, AMX tiles
+                       when the CPU has AMX-BF16, else VDPBF16PS when it has AVX512_BF16: see
+                       "bf16 GEMMs on the CPU"; DT_CPU_BF16=avx512 or f32 at run time).
 
    Conventions (every dt header follows them, and so should code that extends dt):
      - Argument order: the ctx, or the handle that carries one (dt_comm, dt_optimizer,
@@ -460,17 +461,29 @@ DT_API dt_status dt_matmul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, const 
 DT_API dt_status dt_gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K,
                                   float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                                   float beta, float *C, int64_t ldc);
+/* With DT_CBLAS on OpenBLAS (x86-64 Linux): NULL when OpenBLAS's kernels fit this CPU, else a
+   sentence naming its kernels and the OPENBLAS_CORETYPE that fits. An OpenBLAS older than the
+   CPU model (Debian 12's 0.3.21 on Emerald Rapids) takes its SSE3 "Prescott" kernels: f32 GEMMs
+   4-5x slower. OpenBLAS reads OPENBLAS_CORETYPE once, as it loads. */
+DT_API const char *dt_blas_note(void);
+/* Call first in main(), before MPI_Init: when dt_blas_note() has a fit and OPENBLAS_CORETYPE is
+   unset, sets it and runs the program again (execv of /proc/self/exe, the same argv; rank 0 says
+   so on stderr). Returns when it has nothing to do, or when the execv failed. */
+DT_API void dt_blas_rerun(char **argv);
 /* Linear layer, PyTorch layout: out[N,O] = x[N,I] @ w[O,I]^T + bias[O] (bias may be NULL). w may
    be bf16: the GEMMs (fwd and bwd) then multiply in bf16 and add in f32, with f32 outputs, x and
    dout rounded to bf16 on the way in (as torch.autocast): on CUDA on the tensor cores, on the CPU
-   on AMX where it has it, else as f32 GEMMs of the rounded values (dt_cpu_bf16_gemm says which). */
+   on AMX or AVX512_BF16 where it has them, else as f32 GEMMs of the rounded values
+   (dt_cpu_bf16_gemm says which). */
 DT_API dt_status dt_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, const dt_tensor *w,
                                const dt_tensor *bias);
 DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
                                const dt_tensor *dout, const dt_tensor *x, const dt_tensor *w);
-/* How this process multiplies a bf16 w on the CPU: "amx-bf16" (Intel AMX tiles, found at run
-   time), or "f32 GEMMs of bf16-rounded operands (why)": the same products, summed in another
-   order. DT_CPU_BF16=f32 in the environment asks for the second. */
+/* How this process multiplies a bf16 w on the CPU, found at run time: "amx-bf16" (Intel AMX
+   tiles), "avx512-bf16 (why not AMX)" (VDPBF16PS, where it makes at least as many products a
+   cycle as f32 FMAs), or "f32 GEMMs of bf16-rounded operands (why)": the same products, summed
+   in other orders. DT_CPU_BF16=avx512 in the environment asks for the second at best,
+   DT_CPU_BF16=f32 for the third. */
 DT_API const char *dt_cpu_bf16_gemm(void);
 /* out[rows, C] += bias[C] (in place); dbias[C] += sum over rows of dout. */
 DT_API dt_status dt_bias_add_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *bias);
@@ -817,8 +830,8 @@ DT_API void dt_safetensors_close(dt_ctx *ctx, dt_st_file *f);
 #endif
 #endif
 
-/* bf16 GEMMs on AMX tiles (x86-64 Linux, GCC >= 11 or Clang >= 12), chosen at run time where the
-   CPU has AMX-BF16 and Linux grants it: see "bf16 GEMMs on the CPU". DT_TENSOR_NO_AMX leaves it out. */
+/* bf16 GEMMs on AMX tiles or AVX512_BF16 (x86-64 Linux, GCC >= 11 or Clang >= 12), chosen at run
+   time where the CPU has them: see "bf16 GEMMs on the CPU". DT_TENSOR_NO_AMX leaves both out. */
 #if defined(__x86_64__) && defined(__linux__) && !defined(DT_TENSOR_NO_AMX) && !defined(__CUDACC__) &&              \
     ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
 #define DT__TENSOR_AMX 1
@@ -830,6 +843,9 @@ DT_API void dt_safetensors_close(dt_ctx *ctx, dt_st_file *f);
 /* POSIX, declared here because strict -std=c99 hides them in the system headers. */
 extern int fsync(int fd);
 extern int fileno(FILE *stream);
+extern int setenv(const char *name, const char *value, int overwrite);
+extern int unsetenv(const char *name);
+extern int execv(const char *path, char *const argv[]);
 #elif defined(__cplusplus)
 #include <unistd.h>
 #endif
@@ -2279,6 +2295,66 @@ static dt_status dt__gemm(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int
     return dt__gemm_portable(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+#if defined(DT_CBLAS) && defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+/* OpenBLAS's own name for the kernels it chose; weak: NULL when the CBLAS is another vendor's */
+extern char *openblas_get_corename(void) __attribute__((weak));
+#define DT__BLAS_NOTE 1
+#endif
+
+/* The OPENBLAS_CORETYPE that fits this CPU when OpenBLAS took kernels older than its AVX2 (or
+   AVX-512), else NULL; *got: what it took. */
+static const char *dt__blas_fit(const char **got) {
+#ifdef DT__BLAS_NOTE
+    static const char *old[] = {"unknown", "katmai", "coppermine", "northwood", "prescott", "banias", "atom",
+                                "core2", "penryn", "dunnington", "nehalem", "athlon", "opteron", "opteron_sse3",
+                                "barcelona", "nano", "sandybridge", "bobcat", "bulldozer", "piledriver"};
+    char name[32];
+    const char *n = openblas_get_corename ? openblas_get_corename() : NULL;
+    size_t i;
+    if (!n) return NULL;
+    for (i = 0; n[i] && i + 1 < sizeof name; i++) name[i] = (char)(n[i] >= 'A' && n[i] <= 'Z' ? n[i] - 'A' + 'a' : n[i]);
+    name[i] = 0;
+    *got = n;
+    for (i = 0; i < sizeof old / sizeof old[0]; i++)
+        if (!strcmp(name, old[i])) {
+            __builtin_cpu_init();
+            if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+                return "SkylakeX";
+            if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+            return NULL;
+        }
+#endif
+    (void)got;
+    return NULL;
+}
+
+DT_API const char *dt_blas_note(void) {
+    static char note[256];
+    const char *got = "", *fit = dt__blas_fit(&got);
+    if (!fit) return NULL;
+    snprintf(note, sizeof note, "OpenBLAS took its %s kernels on a CPU with %s (an OpenBLAS older than this CPU "
+             "model): OPENBLAS_CORETYPE=%s in the environment fits it", got, strcmp(fit, "Haswell") ? "AVX-512" : "AVX2",
+             fit);
+    return note;
+}
+
+DT_API void dt_blas_rerun(char **argv) {
+#ifdef DT__BLAS_NOTE
+    const char *got = "", *fit = dt__blas_fit(&got), *rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (!fit || !argv || !argv[0] || getenv("OPENBLAS_CORETYPE")) return;
+    if (!rank) rank = getenv("PMI_RANK");
+    if (setenv("OPENBLAS_CORETYPE", fit, 1)) return;
+    if (!rank || !strcmp(rank, "0"))
+        fprintf(stderr, "dt: %s; running again with OPENBLAS_CORETYPE=%s\n", dt_blas_note(), fit);
+    fflush(NULL);
+    execv("/proc/self/exe", argv);
+    unsetenv("OPENBLAS_CORETYPE"); /* the execv failed: go on with the kernels OpenBLAS took */
+#else
+    (void)argv;
+#endif
+}
+
 DT_API dt_status dt_gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K,
                                   float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                                   float beta, float *C, int64_t ldc) {
@@ -2297,7 +2373,7 @@ DT_API dt_status dt_gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_
 
    dt_linear with a bf16 w (--dtype bf16) multiplies in bf16 and adds in f32, as a GPU's tensor
    cores and torch.autocast do: its f32 operands (x, dout) are rounded to bf16 (nearest even) on
-   the way in, every product of two bf16 is exact in f32, and the sums are f32. Two ways:
+   the way in, every product of two bf16 is exact in f32, and the sums are f32. Three ways:
 
      AMX (Intel Sapphire Rapids and later; dt_cpu_bf16_gemm() says "amx-bf16"): the operands are
      packed into tiles, 16 rows x 32 bf16 for op(A) and 16 pairs of k x 16 columns for op(B), and
@@ -2306,12 +2382,18 @@ DT_API dt_status dt_gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_
      and NC columns (BLIS' loops); C is loaded into the tiles and stored back once a block
      (dt_linear_fwd's bias is where its tiles start: no second pass over out). Subnormal
      operands count as zero there (the hardware's rule).
+     AVX512_BF16 without AMX ("avx512-bf16"), where VDPBF16PS makes at least as many products a
+     cycle as f32 FMAs (dt__rate_probe times both once; an Intel core without AMX, as VMs show
+     Sapphire Rapids and later, issues it at half the FMAs' rate and takes the fallback): the
+     same packs and blocks, and VDPBF16PS adds the two products of a pair of k (an A row's pair
+     broadcast to 16 lanes, a row of a B tile's pairs) into 16 f32 lanes: 8 rows x 32 columns
+     of C in 16 zmm registers a step. Subnormals count as zero here too.
      elsewhere (the fallback, named by dt_cpu_bf16_gemm): the same rounded operands as f32 into
      scratch and one f32 GEMM: the same products, the sums in another order.
 
    Either way a sum of K products is within K * 2^-24 * sum |a b| of the exact one
-   (tests/test_bf16_gemm.c checks both ways against a double reference). DT_CPU_BF16=f32 in the
-   environment takes the fallback on an AMX machine (to compare the two). */
+   (tests/test_bf16_gemm.c checks each way against a double reference). DT_CPU_BF16=avx512 in
+   the environment leaves AMX out, DT_CPU_BF16=f32 takes the fallback (to compare the ways). */
 
 /* A bf16 w: *wf is its shape as f32, for the checks the f32 path makes. */
 static int dt__bf16_w(const dt_tensor *w, dt_tensor *wf) {
@@ -2329,41 +2411,92 @@ static int dt__bf16_w(const dt_tensor *w, dt_tensor *wf) {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #define DT__AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+#define DT__BF __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) /* no AMX: the packs, VDPBF16PS */
 #define DT__AMX_KC 512  /* k's per packed block (a multiple of 32) */
 #define DT__AMX_MC 64   /* rows of op(A) per packed block (a multiple of 32) */
 #define DT__AMX_NC 1024 /* columns of op(B) per packed block (a multiple of 32) */
 #define DT__AMX_WS ((size_t)(DT__AMX_MC * DT__AMX_KC + DT__AMX_KC * DT__AMX_NC) / 2) /* the packs, in floats: */
 typedef char dt__amx_ws_fits[DT__AMX_WS <= DT__GEMM_SCRATCH ? 1 : -1]; /* within what callers leave the GEMMs */
 
-static int dt__amx_state;         /* 0: not asked yet, 1: on, -1: off (dt__amx_why says why) */
-static const char *dt__amx_why = "";
+static int dt__amx_state;         /* 0: not asked yet, 2: AMX, 1: AVX512_BF16 only, -1: neither */
+static const char *dt__amx_why = ""; /* why not AMX (state 1), why neither (state -1) */
+static char dt__amx_said[200];
 
-/* AMX is on when the CPU has AMX-BF16, AMX-TILE, AVX-512 F/BW/VL and AVX512_BF16, the OS saves
-   the AVX-512 registers, and Linux grants this process the tile data (arch_prctl
-   ARCH_REQ_XCOMP_PERM, 0x1023, for XFEATURE_XTILEDATA, 18: Linux >= 5.16), unless DT_CPU_BF16=f32.
-   Asked once; two threads asking at once get the same answer. */
+/* TSC ticks of 2048 x 16 VDPBF16PS (dp) or f32 FMAs, 16 independent sums: the instructions'
+   rate, the best of 5 runs. An Intel core without AMX (as VMs show Sapphire Rapids and later)
+   issues VDPBF16PS at half its rate of FMAs: 0.5-0.6x the products. */
+static DT__BF uint64_t dt__rate_probe(int dp) {
+    __m512 c[16], a = _mm512_set1_ps(1.0f), z = _mm512_setzero_ps();
+    uint64_t best = 0;
+    float f[16];
+    volatile float sink;
+    int rep, r, i;
+    __asm__ volatile("" : "+v"(a), "+v"(z)); /* not constants to the compiler */
+    for (rep = 0; rep < 5; rep++) {
+        uint64_t t0, t;
+        for (r = 0; r < 16; r++) c[r] = z;
+        t0 = __rdtsc();
+        if (dp)
+            for (i = 0; i < 2048; i++) {
+#pragma GCC unroll 16
+                for (r = 0; r < 16; r++) c[r] = _mm512_dpbf16_ps(c[r], (__m512bh)a, (__m512bh)a);
+            }
+        else
+            for (i = 0; i < 2048; i++) {
+#pragma GCC unroll 16
+                for (r = 0; r < 16; r++) c[r] = _mm512_fmadd_ps(c[r], a, a);
+            }
+        t = __rdtsc() - t0;
+        for (r = 1; r < 16; r++) c[0] = _mm512_add_ps(c[0], c[r]);
+        _mm512_storeu_ps(f, c[0]);
+        sink = f[0]; /* the sums are used */
+        (void)sink;
+        if (!rep || t < best) best = t;
+    }
+    return best;
+}
+
+/* AVX512_BF16 is on when the CPU has AVX-512 F/BW/VL with AVX512_BF16 and the OS saves the
+   AVX-512 registers; AMX also when it has AMX-BF16 and AMX-TILE and Linux grants this process the
+   tile data (arch_prctl ARCH_REQ_XCOMP_PERM, 0x1023, for XFEATURE_XTILEDATA, 18: Linux >= 5.16).
+   DT_CPU_BF16 (avx512, f32) caps it. Asked once; two threads asking at once get the same answer.
+   Returns the state. */
 static int dt__amx_on(void) {
     if (!dt__amx_state) {
         unsigned a = 0, b = 0, c = 0, d = 0, a1 = 0, b1 = 0, c1 = 0, d1 = 0, lo = 0, hi = 0, c0 = 0;
         long r = -1;
+        int st = -1;
         const char *e = getenv("DT_CPU_BF16");
         int cpu = __get_cpuid(1, &a, &b, &c0, &d) && (c0 & (1u << 27)) && /* OSXSAVE: xgetbv may run */
                   __get_cpuid_count(7, 0, &a, &b, &c, &d) && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
-        if (e && !strcmp(e, "f32")) dt__amx_why = "DT_CPU_BF16=f32 in the environment";
-        else if (!cpu || !(d & (1u << 22)) || !(d & (1u << 24))) dt__amx_why = "this CPU (or OS) has no AMX-BF16";
-        else if (!(b & (1u << 16)) || !(b & (1u << 30)) || !(b & (1u << 31)) || !(a1 & (1u << 5)))
+        if (cpu) __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+        if (e && *e && strcmp(e, "f32") && strcmp(e, "avx512") && strcmp(e, "amx"))
+            dt__amx_why = "DT_CPU_BF16 in the environment is none of amx, avx512, f32";
+        else if (e && !strcmp(e, "f32")) dt__amx_why = "DT_CPU_BF16=f32 in the environment";
+        else if (!cpu || !(b & (1u << 16)) || !(b & (1u << 30)) || !(b & (1u << 31)) || !(a1 & (1u << 5)))
             dt__amx_why = "this CPU has no AVX-512 F/BW/VL with AVX512_BF16";
+        else if ((lo & 0xe6) != 0xe6) dt__amx_why = "the OS does not keep the AVX-512 registers";
         else {
-            __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-            if ((lo & 0xe6) != 0xe6) dt__amx_why = "the OS does not keep the AVX-512 registers";
-            else {
+            st = 1;
+            if (e && !strcmp(e, "avx512")) dt__amx_why = "DT_CPU_BF16=avx512 in the environment";
+            else if (!(d & (1u << 22)) || !(d & (1u << 24))) {
+                /* VDPBF16PS makes two products a lane, an FMA one: faster only at >= half the rate */
+                double x = 2.0 * (double)dt__rate_probe(0) / (double)(dt__rate_probe(1) + 1);
+                snprintf(dt__amx_said, sizeof dt__amx_said,
+                         "no AMX-BF16 on this CPU (or VM); its VDPBF16PS makes %.2fx the products a cycle of its "
+                         "f32 FMAs%s", x, x >= 1.0 ? "" : ": DT_CPU_BF16=avx512 takes it anyway");
+                dt__amx_why = dt__amx_said;
+                if (x < 1.0) st = -1;
+            } else {
                 __asm__ volatile("syscall" : "=a"(r) : "a"(158L), "D"(0x1023L), "S"(18L) : "rcx", "r11", "memory");
                 if (r) dt__amx_why = "Linux did not grant the AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM)";
+                else st = 2;
             }
         }
-        dt__amx_state = r == 0 ? 1 : -1;
+        (void)hi;
+        dt__amx_state = st;
     }
-    return dt__amx_state > 0;
+    return dt__amx_state;
 }
 
 /* One operand of a bf16 GEMM, f32 (rounded as it is packed) or bf16: element (x, k), x a row of
@@ -2380,7 +2513,7 @@ static inline uint16_t dt__bop_at(const dt__bop *o, int64_t x, int64_t k) {
 }
 
 /* 16 bf16 from (x, k) on, along x or along k, the first n of them (the rest 0) */
-static inline DT__AMX __m256i dt__bop_16(const dt__bop *o, int64_t x, int64_t k, int64_t n, int along_x) {
+static inline DT__BF __m256i dt__bop_16(const dt__bop *o, int64_t x, int64_t k, int64_t n, int along_x) {
     uint16_t t[16];
     int64_t j;
     if ((along_x ? o->sx : o->sk) == 1 && n == 16) {
@@ -2394,7 +2527,7 @@ static inline DT__AMX __m256i dt__bop_16(const dt__bop *o, int64_t x, int64_t k,
 
 /* d = the transpose of the 16 x 16 dwords at t (rows of 16): 32-bit, then 64-bit unpacks within
    128-bit lanes, then two rounds of lane shuffles */
-static inline DT__AMX void dt__tr16(const uint32_t *t, uint32_t *d) {
+static inline DT__BF void dt__tr16(const uint32_t *t, uint32_t *d) {
     __m512i r[16], u[16];
     int i, c;
     for (i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(t + 16 * i);
@@ -2429,7 +2562,7 @@ static int dt__bop_along_k(const dt__bop *o) { return o->sk == 1 || (o->sx != 1 
    2kp in the low half, 2kp + 1 in the high), d[x][kp] (an A tile) when by_x, else d[kp][x] (a B
    tile); 0 past nx and nk. Read along k (two runs of 16) where k is the short stride, else along
    x (pairs of k interleaved); the other layout is a transpose of the dwords. */
-static DT__AMX void dt__bop_block(const dt__bop *o, int64_t x0, int64_t nx, int64_t k0, int64_t nk, int by_x,
+static DT__BF void dt__bop_block(const dt__bop *o, int64_t x0, int64_t nx, int64_t k0, int64_t nk, int by_x,
                                   uint32_t *d) {
     uint32_t t[16 * 16];
     int along_k = dt__bop_along_k(o);
@@ -2459,7 +2592,7 @@ static DT__AMX void dt__bop_block(const dt__bop *o, int64_t x0, int64_t nx, int6
 
 /* A block's packs, x0 .. x0 + nx by k0 .. k0 + kc into dst ([nx / 16][kc / 32] tiles of 512 bf16):
    an operand read along x goes k by k through the block (its rows in order) */
-static DT__AMX void dt__bop_pack(const dt__bop *o, int64_t x0, int64_t nx, int64_t k0, int64_t kc, int by_x,
+static DT__BF void dt__bop_pack(const dt__bop *o, int64_t x0, int64_t nx, int64_t k0, int64_t kc, int by_x,
                                  uint16_t *dst) {
     int64_t ks = (kc + 31) / 32, x, s;
     if (dt__bop_along_k(o)) {
@@ -2547,16 +2680,70 @@ static DT__AMX void dt__amx_block(int64_t mc, int64_t nc, int64_t kc, const uint
         }
 }
 
-/* C[M x N] = op(A) op(B) (+ C when acc, else + bias[N] when not NULL), K > 0; ws: DT__AMX_WS floats. */
-static DT__AMX void dt__amx_gemm(int64_t M, int64_t N, int64_t K, const dt__bop *A, const dt__bop *B, float *C,
-                                 int64_t ldc, int acc, const float *bias, float *ws) {
+static DT__AMX void dt__amx_start(void) {
     dt__amx_cfg cfg;
-    int64_t jc, pc, ic, x;
-    uint16_t *pa = (uint16_t *)ws, *pb = pa + DT__AMX_MC * DT__AMX_KC;
+    int x;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (x = 0; x < 8; x++) { cfg.rows[x] = 16; cfg.colsb[x] = 64; }
     _tile_loadconfig(&cfg);
+}
+static DT__AMX void dt__amx_stop(void) { _tile_release(); }
+
+/* dt__amx_block's work without AMX, from the same packs: 8 rows x 32 columns of C a step, in 16
+   zmm accumulators; for each pair of k, VDPBF16PS multiplies an A row's pair (broadcast to 16
+   lanes) with a row of a B tile (the pair for each of 16 columns) and adds both products to the
+   lanes. Rows and columns past mc and nc are the packs' zeros: summed, neither loaded nor stored. */
+static DT__BF void dt__dpbf_block(int64_t mc, int64_t nc, int64_t kc, const uint16_t *pa, const uint16_t *pb,
+                                  float *C, int64_t ldc, int acc, const float *bias) {
+    int64_t ks = (kc + 31) / 32, i, j, s;
+    int p, r;
+    for (j = 0; j < nc; j += 32) {
+        const uint16_t *b0 = pb + (j / 16) * ks * 512, *b1 = nc - j > 16 ? b0 + ks * 512 : b0;
+        __mmask16 m0 = (__mmask16)(nc - j >= 16 ? 0xffff : (1u << (nc - j)) - 1);
+        __mmask16 m1 = (__mmask16)(nc - j >= 32 ? 0xffff : nc - j > 16 ? (1u << (nc - j - 16)) - 1 : 0);
+        __m512 z0 = bias ? _mm512_maskz_loadu_ps(m0, bias + j) : _mm512_setzero_ps();
+        __m512 z1 = bias ? _mm512_maskz_loadu_ps(m1, bias + j + 16) : _mm512_setzero_ps();
+        for (i = 0; i < mc; i += 8) {
+            const uint32_t *a0 = (const uint32_t *)(pa + (i / 16) * ks * 512) + (i % 16) * 16;
+            int nr = mc - i < 8 ? (int)(mc - i) : 8;
+            __m512 c0[8], c1[8];
+#pragma GCC unroll 8
+            for (r = 0; r < 8; r++) {
+                const float *cr = C + (i + r) * ldc + j;
+                c0[r] = acc && r < nr ? _mm512_maskz_loadu_ps(m0, cr) : z0;
+                c1[r] = acc && r < nr ? _mm512_maskz_loadu_ps(m1, cr + 16) : z1;
+            }
+            for (s = 0; s < ks; s++) {
+                const uint32_t *at = a0 + s * 256;
+                const uint16_t *x0 = b0 + s * 512, *x1 = b1 + s * 512;
+                for (p = 0; p < 16; p++) {
+                    __m512bh w0 = (__m512bh)_mm512_loadu_si512(x0 + p * 32);
+                    __m512bh w1 = (__m512bh)_mm512_loadu_si512(x1 + p * 32);
+#pragma GCC unroll 8
+                    for (r = 0; r < 8; r++) {
+                        __m512bh v = (__m512bh)_mm512_set1_epi32((int)at[r * 16 + p]);
+                        c0[r] = _mm512_dpbf16_ps(c0[r], v, w0);
+                        c1[r] = _mm512_dpbf16_ps(c1[r], v, w1);
+                    }
+                }
+            }
+            for (r = 0; r < nr; r++) {
+                float *cr = C + (i + r) * ldc + j;
+                _mm512_mask_storeu_ps(cr, m0, c0[r]);
+                _mm512_mask_storeu_ps(cr + 16, m1, c1[r]);
+            }
+        }
+    }
+}
+
+/* C[M x N] = op(A) op(B) (+ C when acc, else + bias[N] when not NULL), K > 0, on AMX tiles when
+   amx, else with VDPBF16PS; ws: DT__AMX_WS floats. */
+static DT__BF void dt__bf_gemm(int amx, int64_t M, int64_t N, int64_t K, const dt__bop *A, const dt__bop *B,
+                               float *C, int64_t ldc, int acc, const float *bias, float *ws) {
+    int64_t jc, pc, ic;
+    uint16_t *pa = (uint16_t *)ws, *pb = pa + DT__AMX_MC * DT__AMX_KC;
+    if (amx) dt__amx_start();
     for (jc = 0; jc < N; jc += DT__AMX_NC) {
         int64_t nc = N - jc < DT__AMX_NC ? N - jc : DT__AMX_NC;
         for (pc = 0; pc < K; pc += DT__AMX_KC) {
@@ -2564,12 +2751,14 @@ static DT__AMX void dt__amx_gemm(int64_t M, int64_t N, int64_t K, const dt__bop 
             dt__bop_pack(B, jc, nc, pc, kc, 0, pb);
             for (ic = 0; ic < M; ic += DT__AMX_MC) {
                 int64_t mc = M - ic < DT__AMX_MC ? M - ic : DT__AMX_MC;
+                float *c = C + ic * ldc + jc;
                 dt__bop_pack(A, ic, mc, pc, kc, 1, pa);
-                dt__amx_block(mc, nc, kc, pa, pb, C + ic * ldc + jc, ldc, acc || pc > 0, bias ? bias + jc : NULL);
+                if (amx) dt__amx_block(mc, nc, kc, pa, pb, c, ldc, acc || pc > 0, bias ? bias + jc : NULL);
+                else dt__dpbf_block(mc, nc, kc, pa, pb, c, ldc, acc || pc > 0, bias ? bias + jc : NULL);
             }
         }
     }
-    _tile_release();
+    if (amx) dt__amx_stop();
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -2577,10 +2766,11 @@ static DT__AMX void dt__amx_gemm(int64_t M, int64_t N, int64_t K, const dt__bop 
 #endif
 
 DT_API const char *dt_cpu_bf16_gemm(void) {
-    static char why[160];
+    static char why[288];
 #ifdef DT__TENSOR_AMX
-    if (dt__amx_on()) return "amx-bf16";
-    snprintf(why, sizeof why, "f32 GEMMs of bf16-rounded operands (%s)", dt__amx_why);
+    int st = dt__amx_on();
+    if (st == 2) return "amx-bf16";
+    snprintf(why, sizeof why, "%s (%s)", st == 1 ? "avx512-bf16" : "f32 GEMMs of bf16-rounded operands", dt__amx_why);
 #else
     snprintf(why, sizeof why, "f32 GEMMs of bf16-rounded operands (built without AMX: not x86-64 Linux with GCC >= 11 "
              "or Clang >= 12, or DT_TENSOR_NO_AMX)");
@@ -2588,44 +2778,80 @@ DT_API const char *dt_cpu_bf16_gemm(void) {
     return why;
 }
 
-/* The elements of a row-major matrix as stored: rows x ld, the last row only its cols. */
-static int64_t dt__stored(int64_t rows, int64_t cols, int64_t ld) { return rows && cols ? (rows - 1) * ld + cols : 0; }
+
+#ifdef DT__TENSOR_AVX2
+/* d[i] = s[i] rounded to bf16 (s f32, or bf16 when bf), as f32, 8 lanes; returns how many (n
+   rounded down to 8). The same bits as dt_bf16_to_f32(dt_f32_to_bf16(.)). */
+__attribute__((target("avx2"))) static int64_t dt__round_bf16_w(float *d, const void *s, int bf, int64_t n) {
+    int64_t i;
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff), abs = _mm256_set1_epi32(0x7fffffff);
+    const __m256i inf = _mm256_set1_epi32(0x7f800000), quiet = _mm256_set1_epi32(0x400000);
+    const __m256i top = _mm256_set1_epi32((int)0xffff0000u);
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256i u, r, nan;
+        if (bf) {
+            u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)s + i)));
+            _mm256_storeu_si256((__m256i *)(d + i), _mm256_slli_epi32(u, 16));
+            continue;
+        }
+        u = _mm256_loadu_si256((const __m256i *)((const float *)s + i));
+        r = _mm256_add_epi32(_mm256_add_epi32(u, half), _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
+        nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
+        r = _mm256_blendv_epi8(r, _mm256_or_si256(u, quiet), nan);
+        _mm256_storeu_si256((__m256i *)(d + i), _mm256_and_si256(r, top));
+    }
+    return i;
+}
+#endif
+
+/* d[0 .. n) = s[0 .. n) rounded to bf16, as f32 (s bf16 when bf) */
+static void dt__round_bf16(float *d, const void *s, int bf, int64_t n) {
+    int64_t i = 0;
+#ifdef DT__TENSOR_AVX2
+    if (__builtin_cpu_supports("avx2")) i = dt__round_bf16_w(d, s, bf, n);
+#endif
+    for (; i < n; i++)
+        d[i] = bf ? dt_bf16_to_f32(((const uint16_t *)s)[i]) : dt_bf16_to_f32(dt_f32_to_bf16(((const float *)s)[i]));
+}
 
 /* C[M x N] = op(A) op(B) (+ C when acc, else + bias[N] when not NULL), A and B f32 or bf16 (abf,
-   bbf), row-major with lda, ldb as dt__gemm's: bf16 products, f32 sums (see above; on AMX the
-   bias is where the sums start, in the fallback it is added after). keep: floats of the ctx scratch past
-   DT__GEMM_SCRATCH that the caller holds data in; it reserved room for the fallback's operands
-   past them (the AMX packs stay within DT__GEMM_SCRATCH). */
+   bbf), row-major with lda, ldb as dt__gemm's: bf16 products, f32 sums (see above; on AMX and
+   AVX512_BF16 the bias is where the sums start, in the fallback it is added after). keep: floats
+   of the ctx scratch past DT__GEMM_SCRATCH that the caller holds data in; it reserved room for the
+   fallback's operands past them (the packs stay within DT__GEMM_SCRATCH). */
 static dt_status dt__gemm_bf16_keep(dt_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A,
                                     int abf, int64_t lda, const void *B, int bbf, int64_t ldb, int acc, float *C,
                                     int64_t ldc, size_t keep, const float *bias) {
-    int64_t na, nb, i;
+    int64_t na, nb, i, ra, ca, rb, cb;
     float *s;
     if (M == 0 || N == 0) return DT_OK;
     if (lda == 0 && !ta && K == 0) lda = 1;
     if (ldb == 0 && tb && K == 0) ldb = 1;
     DT__TRY(dt__gemm_check(ctx, "dt_tensor bf16 GEMM", ta, tb, M, N, K, lda, ldb, ldc));
 #ifdef DT__TENSOR_AMX
-    if (K > 0 && dt__amx_on()) {
+    if (K > 0 && dt__amx_on() > 0) {
         dt__bop a, b;
         if (!(s = dt__scratch(ctx, DT__AMX_WS))) return ctx->last_status;
         a.p = A; a.bf16 = abf; a.sx = ta ? 1 : lda; a.sk = ta ? lda : 1;
         b.p = B; b.bf16 = bbf; b.sx = tb ? ldb : 1; b.sk = tb ? 1 : ldb;
-        dt__amx_gemm(M, N, K, &a, &b, C, ldc, acc, acc ? NULL : bias, s);
+        dt__bf_gemm(dt__amx_on() == 2, M, N, K, &a, &b, C, ldc, acc, acc ? NULL : bias, s);
         return DT_OK;
     }
 #endif
-    na = dt__stored(ta ? K : M, ta ? M : K, lda);
-    nb = dt__stored(tb ? N : K, tb ? K : N, ldb);
+    /* the operands' rows, rounded, packed tight (ld = their cols: a head's columns of qkv, not
+       the rows between) */
+    ra = ta ? K : M; ca = ta ? M : K; rb = tb ? N : K; cb = tb ? K : N;
+    na = ra * ca;
+    nb = rb * cb;
     if (keep && ctx->scratch_floats < DT__GEMM_SCRATCH + keep + (size_t)na + (size_t)nb)
         return dt_ctx_set_error(ctx, DT_ERR_STATE, "dt_tensor bf16 GEMM: the caller reserved too little scratch");
     if (!(s = dt__scratch(ctx, DT__GEMM_SCRATCH + keep + (size_t)na + (size_t)nb))) return ctx->last_status;
     s += DT__GEMM_SCRATCH + keep; /* past what the portable GEMM packs into, and the caller's */
-    for (i = 0; i < na; i++)
-        s[i] = abf ? dt_bf16_to_f32(((const uint16_t *)A)[i]) : dt_bf16_to_f32(dt_f32_to_bf16(((const float *)A)[i]));
-    for (i = 0; i < nb; i++)
-        s[na + i] = bbf ? dt_bf16_to_f32(((const uint16_t *)B)[i]) : dt_bf16_to_f32(dt_f32_to_bf16(((const float *)B)[i]));
-    DT__TRY(dt__gemm(ctx, ta, tb, M, N, K, 1.0f, s, lda, s + na, ldb, acc ? 1.0f : 0.0f, C, ldc));
+    for (i = 0; ca > 0 && i < ra; i++)
+        dt__round_bf16(s + i * ca, abf ? (const void *)((const uint16_t *)A + i * lda) : (const void *)((const float *)A + i * lda), abf, ca);
+    for (i = 0; cb > 0 && i < rb; i++)
+        dt__round_bf16(s + na + i * cb, bbf ? (const void *)((const uint16_t *)B + i * ldb) : (const void *)((const float *)B + i * ldb), bbf, cb);
+    DT__TRY(dt__gemm(ctx, ta, tb, M, N, K, 1.0f, s, ca > 0 ? ca : 1, s + na, cb > 0 ? cb : 1, acc ? 1.0f : 0.0f, C, ldc));
     if (bias && !acc)
         for (i = 0; i < M; i++) {
             int64_t j;

@@ -6,13 +6,17 @@
         threads and with openblas_set_num_threads(1). Aim: >= 0.3 of the one-thread figure.
      3. Memory-bound ops in GB/s against memcpy of the same 64 MiB buffers (well above the
         caches), one thread.
+     4. bf16 linears (dt_linear_fwd / _bwd with a bf16 w: AMX, AVX512_BF16 or the f32
+        fallback, as dt_cpu_bf16_gemm names) at GPT L4 C256 T256 B8's shapes against
+        cblas_sgemm of the same f32 GEMM, one thread each.
    Every figure is the median of REPS timed runs after one warm-up run; CLOCK_MONOTONIC.
 
    build (what ./build.sh does):
        gcc -std=c99 -O2 -Wall -Wextra -Werror -DDT_CBLAS -I. bench/tensor.c -o build/bench/tensor \
            -lopenblas -lm
-   run:  build/bench/tensor               everything (about 25 s on 2 idle cores)
+   run:  build/bench/tensor               everything (about 30 s on 2 idle cores)
          build/bench/tensor --portable    section 2 only
+         build/bench/tensor --bf16        section 4 only
    The portable GEMM is plain C that the compiler vectorises, so its speed depends on the flags:
    -O2 alone targets SSE2. For the figure with the machine's full vector ISA build it again as
        gcc -std=c99 -O3 -march=native -Wall -Wextra -Werror -Wno-error=maybe-uninitialized \
@@ -443,6 +447,97 @@ static void bench_ops(double *memcpy_gbs, stats *ratio) {
     ops_free(&b);
 }
 
+/* ---------------------------------------------------------------- bf16 linears */
+
+typedef struct bf_job {
+    int which; /* 0 fwd out = x w^T, 1 dx += dout w, 2 dw += dout^T x */
+    int64_t N, In, Out;
+    dt_tensor x, w, w16, out, dout, dx, dw;
+} bf_job;
+
+static void run_bf(void *p) { /* one thread too where the fallback calls cblas_sgemm */
+    bf_job *j = (bf_job *)p;
+    int saved = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    if (j->which == 0) CHECK(dt_linear_fwd(&g_ctx, &j->out, &j->x, &j->w16, NULL));
+    else CHECK(dt_linear_bwd(&g_ctx, j->which == 1 ? &j->dx : NULL, j->which == 2 ? &j->dw : NULL, NULL, &j->dout,
+                             &j->x, &j->w16));
+    openblas_set_num_threads(saved);
+}
+
+static void run_bf_sgemm(void *p) { /* the same GEMM in f32, OpenBLAS on one thread */
+    bf_job *j = (bf_job *)p;
+    int saved = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    if (j->which == 0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->N, (int)j->Out, (int)j->In, 1.0f, j->x.data,
+                    (int)j->In, j->w.data, (int)j->In, 0.0f, j->out.data, (int)j->Out);
+    else if (j->which == 1)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)j->N, (int)j->In, (int)j->Out, 1.0f, j->dout.data,
+                    (int)j->Out, j->w.data, (int)j->In, 1.0f, j->dx.data, (int)j->In);
+    else
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)j->Out, (int)j->In, (int)j->N, 1.0f, j->dout.data,
+                    (int)j->Out, j->x.data, (int)j->In, 1.0f, j->dw.data, (int)j->In);
+    openblas_set_num_threads(saved);
+}
+
+static void bench_bf16(stats *st) {
+    static const int64_t shapes[4][2] = {{256, 768}, {256, 256}, {256, 1024}, {1024, 256}};
+    static const char *names[4] = {"256 -> 768 (qkv)", "256 -> 256 (proj)", "256 -> 1024 (fc)", "1024 -> 256 (mlp)"};
+    static const char *what[3] = {"fwd", "dx", "dw"};
+    int s, w;
+    printf("\n== 4. bf16 linears (dt_linear, bf16 w; %s) vs cblas_sgemm in f32, one thread, 2048 rows\n",
+           dt_cpu_bf16_gemm());
+    printf("%-20s %-4s %9s %9s %11s %9s\n", "In -> Out", "GEMM", "bf16 ms", "bf16 GF/s", "sgemm GF/s", "bf16/f32");
+    for (s = 0; s < 4; s++) {
+        bf_job j;
+        dt_init_desc init = {.kind = DT_INIT_UNIFORM, .seed = 7, .name = "x", .low = -1.0, .high = 1.0};
+        dt_tensor_desc d = {.dtype = DT_F32, .device = DT_CPU, .ndim = 2};
+        float *ref;
+        double diff;
+        memset(&j, 0, sizeof j);
+        j.N = 2048; j.In = shapes[s][0]; j.Out = shapes[s][1];
+#define MK(t, r, c) do { d.shape[0] = (r); d.shape[1] = (c); CHECK(dt_tensor_create(&g_ctx, &(t), &d)); } while (0)
+        MK(j.x, j.N, j.In); MK(j.w, j.Out, j.In); MK(j.out, j.N, j.Out); MK(j.dout, j.N, j.Out);
+        MK(j.dx, j.N, j.In); MK(j.dw, j.Out, j.In);
+        d.dtype = DT_BF16;
+        MK(j.w16, j.Out, j.In);
+#undef MK
+        CHECK(dt_tensor_init(&g_ctx, &j.x, &init));
+        init.name = "w";
+        CHECK(dt_tensor_init(&g_ctx, &j.w, &init));
+        init.name = "dout";
+        CHECK(dt_tensor_init(&g_ctx, &j.dout, &init));
+        CHECK(dt_convert(&g_ctx, j.w16.data, DT_BF16, j.w.data, DT_F32, j.w.numel));
+        for (w = 0; w < 3; w++) {
+            job_fn fn[2] = {run_bf, run_bf_sgemm};
+            void *arg[2] = {&j, &j};
+            double med[2], flop = 2.0 * (double)j.N * (double)j.In * (double)j.Out;
+            j.which = w;
+            time_jobs(2, fn, arg, REPS, med);
+            printf("%-20s %-4s %9.3f %9.1f %11.1f %9.2f\n", names[s], what[w], 1e3 * med[0], flop / med[0] / 1e9,
+                   flop / med[1] / 1e9, med[1] / med[0]);
+            stats_add(st, med[1] / med[0], names[s]);
+        }
+        /* the outputs agree within bf16's rounding of the inputs (2^-8 of each, relative) */
+        ref = (float *)malloc((size_t)j.out.numel * sizeof(float));
+        if (!ref) { fprintf(stderr, "bench/tensor: out of memory\n"); exit(1); }
+        j.which = 0;
+        run_bf_sgemm(&j);
+        memcpy(ref, j.out.data, (size_t)j.out.numel * sizeof(float));
+        run_bf(&j);
+        diff = rel_diff((const float *)j.out.data, ref, j.out.numel);
+        if (diff > 2e-2) {
+            printf("  !! bf16 fwd differs from cblas_sgemm by %.2e of the largest output (bf16 bound 2e-2)\n", diff);
+            g_bad = 1;
+        }
+        free(ref);
+        dt_tensor_free(&g_ctx, &j.x); dt_tensor_free(&g_ctx, &j.w); dt_tensor_free(&g_ctx, &j.w16);
+        dt_tensor_free(&g_ctx, &j.out); dt_tensor_free(&g_ctx, &j.dout); dt_tensor_free(&g_ctx, &j.dx);
+        dt_tensor_free(&g_ctx, &j.dw);
+    }
+}
+
 /* ---------------------------------------------------------------- main */
 
 /* Half a second of 2-thread GEMM before the first timing: clocks ramp up and OpenBLAS's
@@ -503,17 +598,19 @@ static void print_machine(void) {
     }
     printf("machine: %s, %d logical CPUs; load average at start %.2f\n", model, cpus, load);
     printf("OpenBLAS: %s; default threads %d\n", openblas_get_config(), openblas_get_num_threads());
+    if (dt_blas_note()) printf("  note: %s\n", dt_blas_note());
     printf("compiled: %s, %s, vector ISA %s (bounds the portable GEMM)\n", COMPILER, OPTIMISED, VECTOR_ISA);
     printf("timing: median of %d runs after 1 warm-up, CLOCK_MONOTONIC\n", REPS);
 }
 
 int main(int argc, char **argv) {
-    stats dtb = {0}, p_all = {0}, p_one = {0}, ops = {0};
+    stats dtb = {0}, p_all = {0}, p_one = {0}, ops = {0}, bf = {0};
     double memcpy_gbs = 0, gf_1024 = 0, t0 = now_s();
     cpu_snap c0, c1, c2;
     int portable_only = argc > 1 && !strcmp(argv[1], "--portable");
-    if (argc > 1 && !portable_only) {
-        fprintf(stderr, "usage: %s [--portable]\n", argv[0]);
+    int bf16_only = argc > 1 && !strcmp(argv[1], "--bf16");
+    if (argc > 1 && !portable_only && !bf16_only) {
+        fprintf(stderr, "usage: %s [--portable | --bf16]\n", argv[0]);
         return 2;
     }
     CHECK(dt_ctx_init(&g_ctx, NULL));
@@ -521,28 +618,40 @@ int main(int argc, char **argv) {
     print_machine();
     warm_machine();
     c0 = c1 = cpu_now();
-    if (!portable_only) {
+    if (!portable_only && !bf16_only) {
         bench_dt_vs_cblas(&dtb);
         print_others("section 1", c1, c2 = cpu_now());
         c1 = c2;
     }
-    bench_portable(&p_all, &p_one, &gf_1024);
-    print_others("section 2", c1, c2 = cpu_now());
-    c1 = c2;
-    if (!portable_only) {
+    if (!bf16_only) {
+        bench_portable(&p_all, &p_one, &gf_1024);
+        print_others("section 2", c1, c2 = cpu_now());
+        c1 = c2;
+    }
+    if (!portable_only && !bf16_only) {
         bench_ops(&memcpy_gbs, &ops);
         print_others("section 3", c1, c2 = cpu_now());
+        c1 = c2;
+    }
+    if (!portable_only) {
+        bench_bf16(&bf);
+        print_others("section 4", c1, c2 = cpu_now());
     }
 
     printf("\nsummary\n");
     if (dtb.n)
         printf("  GEMM dt/cblas (OpenBLAS %d threads): mean %.3f, min %.3f (%s); target >= 0.95: %s\n",
                openblas_get_num_threads(), dtb.sum / dtb.n, dtb.min, dtb.min_at, dtb.min >= 0.95 ? "met" : "NOT met");
-    printf("  portable GEMM 1024^3 NN: %.1f GFLOP/s\n", gf_1024);
-    printf("  portable/cblas 1 thread:  mean %.3f, min %.3f (%s); aim >= 0.3: %s\n", p_one.sum / p_one.n, p_one.min,
-           p_one.min_at, p_one.min >= 0.3 ? "met" : "NOT met");
-    printf("  portable/cblas %d threads: mean %.3f, min %.3f (%s)\n", openblas_get_num_threads(), p_all.sum / p_all.n,
-           p_all.min, p_all.min_at);
+    if (p_one.n) {
+        printf("  portable GEMM 1024^3 NN: %.1f GFLOP/s\n", gf_1024);
+        printf("  portable/cblas 1 thread:  mean %.3f, min %.3f (%s); aim >= 0.3: %s\n", p_one.sum / p_one.n,
+               p_one.min, p_one.min_at, p_one.min >= 0.3 ? "met" : "NOT met");
+        printf("  portable/cblas %d threads: mean %.3f, min %.3f (%s)\n", openblas_get_num_threads(),
+               p_all.sum / p_all.n, p_all.min, p_all.min_at);
+    }
+    if (bf.n)
+        printf("  bf16 linears / sgemm (1 thread, %s): from %.2f (%s) to %.2f (%s)\n", dt_cpu_bf16_gemm(), bf.min,
+               bf.min_at, bf.max, bf.max_at);
     if (ops.n)
         printf("  memcpy %.2f GB/s (median of its pairings); ops/memcpy from %.3f (%s) to %.3f (%s)\n", memcpy_gbs,
                ops.min, ops.min_at, ops.max, ops.max_at);

@@ -6,9 +6,12 @@
    blocks of 32 x 32, k in steps of 32 and blocks of 512, rows in blocks of 64, columns in blocks
    of 1024, and K = 0.
 
-   The program runs twice: once as the process finds the CPU (AMX where it has AMX-BF16, which
-   dt_cpu_bf16_gemm must then say) and once in a child with DT_CPU_BF16=f32 (the f32 fallback
-   every other CPU takes). Both ways must be within the bound; bad dtypes are named. */
+   The program runs once as the process finds the CPU (AMX where it has AMX-BF16; else, where it
+   has AVX512_BF16, VDPBF16PS or the fallback as dt's probe of its rate found, with the probe's
+   figure in the name; else the fallback), once in a child with DT_CPU_BF16=f32 (the f32
+   fallback), and once with DT_CPU_BF16=avx512 where the CPU has AVX512_BF16 and the first run
+   took another way. Every way must be within the bound; bad dtypes and a bad DT_CPU_BF16 are
+   named. */
 #define _POSIX_C_SOURCE 200809L
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -285,8 +288,8 @@ static void convert_bits(void) {
     free(u); free(d);
 }
 
-/* /proc/cpuinfo's flags name amx_bf16 and avx512_bf16 */
-static int cpu_has_amx(void) {
+/* /proc/cpuinfo's flags: 2 with amx_bf16, amx_tile and avx512_bf16, 1 with avx512_bf16 only, else 0 */
+static int cpu_bf16(void) {
     FILE *f = fopen("/proc/cpuinfo", "r");
     char line[8192];
     int amx = 0, bf = 0;
@@ -298,7 +301,27 @@ static int cpu_has_amx(void) {
             break;
         }
     fclose(f);
-    return amx && bf;
+    return bf ? 1 + amx : 0;
+}
+
+/* this program again in a child with DT_CPU_BF16=env (the way is chosen once a process) */
+static void child(char **argv, const char *env, const char *arg) {
+    int status = 0;
+    pid_t pid;
+    char name[96];
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        char *args[3];
+        args[0] = argv[0]; args[1] = (char *)arg; args[2] = NULL;
+        setenv("DT_CPU_BF16", env, 1);
+        execv(argv[0], args);
+        _exit(127);
+    }
+    if (pid > 0) waitpid(pid, &status, 0);
+    snprintf(name, sizeof name, "child_DT_CPU_BF16_%s_ran_and_passed", env);
+    dt_test_check_all(name, pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0, "pid %d, status %d", (int)pid,
+                      status);
 }
 
 int main(int argc, char **argv) {
@@ -307,38 +330,39 @@ int main(int argc, char **argv) {
         {65, 513, 40}, {70, 1030, 33}, {130, 40, 70}, {8, 20, 1100},  {2, 3, 0},      {0, 4, 5},      {5, 0, 4},
         {129, 257, 1025}};
     const char *env = getenv("DT_CPU_BF16"), *path, *way;
-    int forced = env && !strcmp(env, "f32"), child_status = 0;
+    int cpu = cpu_bf16(), want;
     size_t s;
-    pid_t pid = -1;
-    (void)argc;
     if (dt_ctx_init(&C, NULL)) return 1;
     path = dt_cpu_bf16_gemm();
-    way = forced ? "fallback" : strcmp(path, "amx-bf16") ? "f32" : "amx";
-    printf("# dt_cpu_bf16_gemm: %s%s\n", path, forced ? " (the child run)" : "");
-    if (forced)
-        dt_test_check_all("forced_fallback_is_named", strstr(path, "DT_CPU_BF16=f32") != NULL, "\"%s\"", path);
-    else
-        dt_test_check_all("amx_found_where_the_cpu_has_it", (strcmp(path, "amx-bf16") == 0) == cpu_has_amx(),
-                          "dt_cpu_bf16_gemm \"%s\", /proc/cpuinfo %s amx_bf16 + avx512_bf16", path,
-                          cpu_has_amx() ? "has" : "lacks");
+    printf("# dt_cpu_bf16_gemm: %s%s%s%s\n", path, env ? " (the child run, DT_CPU_BF16=" : "", env ? env : "", env ? ")" : "");
+    if (argc > 1 && !strcmp(argv[1], "--name-only")) { /* a DT_CPU_BF16 that is none of the three */
+        dt_test_check_all("bad_DT_CPU_BF16_is_named_and_falls_back",
+                          !strncmp(path, "f32 GEMMs", 9) && strstr(path, "DT_CPU_BF16") != NULL, "\"%s\"", path);
+        dt_ctx_shutdown(&C);
+        return dt_test_finish();
+    }
+    want = env && !strcmp(env, "f32") ? 0 : env && !strcmp(env, "avx512") && cpu == 2 ? 1 : cpu;
+    if (want == 1 && !env && !strncmp(path, "f32 GEMMs", 9) && strstr(path, "VDPBF16PS makes"))
+        want = 0; /* the probe found VDPBF16PS slower than f32 FMAs (an Intel core without AMX) */
+    way = want == 2 ? "amx" : want == 1 ? "avx512" : env && !strcmp(env, "f32") ? "fallback" : "f32";
+    dt_test_check_all("way_is_the_one_the_cpu_and_env_ask_for",
+                      !strncmp(path, want == 2 ? "amx-bf16" : want == 1 ? "avx512-bf16" : "f32 GEMMs",
+                               want == 2 ? 8 : want == 1 ? 11 : 9),
+                      "dt_cpu_bf16_gemm \"%s\"; /proc/cpuinfo: %s; DT_CPU_BF16 %s", path,
+                      cpu == 2 ? "amx_bf16 + avx512_bf16" : cpu ? "avx512_bf16, no amx" : "neither", env ? env : "unset");
+    if (env && (!strcmp(env, "f32") || (!strcmp(env, "avx512") && cpu)))
+        dt_test_check_all("forced_way_is_named", strstr(path, "DT_CPU_BF16=") != NULL, "\"%s\"", path);
     for (s = 0; s < sizeof shapes / sizeof shapes[0]; s++) one_shape(way, shapes[s][0], shapes[s][1], shapes[s][2], (int)(s & 1));
     nan_row(way);
     attention_case(way, 2, 70, 2, 2, 16);
     attention_case(way, 1, 130, 4, 2, 32);
     attention_case(way, 1, 65, 1, 1, 64);
-    if (!forced) {
+    if (!env) {
         bad_inputs();
         convert_bits();
-        fflush(stdout);
-        pid = fork();
-        if (pid == 0) { /* the fallback, in a child (the way is chosen once a process) */
-            setenv("DT_CPU_BF16", "f32", 1);
-            execv(argv[0], argv);
-            _exit(127);
-        }
-        if (pid > 0) waitpid(pid, &child_status, 0);
-        dt_test_check_all("fallback_child_ran_and_passed", pid > 0 && WIFEXITED(child_status) &&
-                          WEXITSTATUS(child_status) == 0, "pid %d, status %d", (int)pid, child_status);
+        child(argv, "f32", NULL);
+        if (cpu && strcmp(way, "avx512")) child(argv, "avx512", NULL);
+        child(argv, "vnni", "--name-only");
     }
     dt_ctx_shutdown(&C);
     return dt_test_finish();

@@ -1447,6 +1447,7 @@ int main(int argc, char **argv) {
     trainer t;
     const opts *o = &t.o;
 
+    dt_blas_rerun(argv); /* OpenBLAS's kernels fit the CPU: dt_tensor.h, dt_blas_note */
     memset(&t, 0, sizeof t);
     t.loss = t.auc = t.logloss = NAN;
     setup(&t, argc, argv);

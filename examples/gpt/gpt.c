@@ -2814,6 +2814,9 @@ int main(int argc, char **argv) {
     dt_opt_step_info info;
     const opts *o = &t.o;
 
+#ifndef GPT_NO_MAIN
+    dt_blas_rerun(argv); /* OpenBLAS's kernels fit the CPU: dt_tensor.h, dt_blas_note */
+#endif
     memset(&t, 0, sizeof t);
     setup(&t, argc, argv);
     plan_layout(&t);
