@@ -467,8 +467,9 @@ DT_API dt_status dt_gemm_portable(dt_ctx *ctx, int ta, int tb, int64_t M, int64_
    4-5x slower. OpenBLAS reads OPENBLAS_CORETYPE once, as it loads. */
 DT_API const char *dt_blas_note(void);
 /* Call first in main(), before MPI_Init: when dt_blas_note() has a fit and OPENBLAS_CORETYPE is
-   unset, sets it and runs the program again (execv of /proc/self/exe, the same argv; rank 0 says
-   so on stderr). Returns when it has nothing to do, or when the execv failed. */
+   unset, sets it and runs the program again (execv of argv[0] when it holds a '/', else of
+   /proc/self/exe; the same argv; rank 0 says so on stderr). Returns when it has nothing to do,
+   or when the execv failed. */
 DT_API void dt_blas_rerun(char **argv);
 /* Linear layer, PyTorch layout: out[N,O] = x[N,I] @ w[O,I]^T + bias[O] (bias may be NULL). w may
    be bf16: the GEMMs (fwd and bwd) then multiply in bf16 and add in f32, with f32 outputs, x and
@@ -2348,7 +2349,8 @@ DT_API void dt_blas_rerun(char **argv) {
     if (!rank || !strcmp(rank, "0"))
         fprintf(stderr, "dt: %s; running again with OPENBLAS_CORETYPE=%s\n", dt_blas_note(), fit);
     fflush(NULL);
-    execv("/proc/self/exe", argv);
+    execv(strchr(argv[0], '/') ? argv[0] : "/proc/self/exe", argv); /* a path as run (valgrind's own
+                                                                      /proc/self/exe is valgrind) */
     unsetenv("OPENBLAS_CORETYPE"); /* the execv failed: go on with the kernels OpenBLAS took */
 #else
     (void)argv;
@@ -2459,8 +2461,8 @@ static DT__BF uint64_t dt__rate_probe(int dp) {
 /* AVX512_BF16 is on when the CPU has AVX-512 F/BW/VL with AVX512_BF16 and the OS saves the
    AVX-512 registers; AMX also when it has AMX-BF16 and AMX-TILE and Linux grants this process the
    tile data (arch_prctl ARCH_REQ_XCOMP_PERM, 0x1023, for XFEATURE_XTILEDATA, 18: Linux >= 5.16).
-   DT_CPU_BF16 (avx512, f32) caps it. Asked once; two threads asking at once get the same answer.
-   Returns the state. */
+   DT_CPU_BF16 (avx512, f32) caps it. Asked once a process (two threads asking at once both probe,
+   and both store an answer). Returns the state. */
 static int dt__amx_on(void) {
     if (!dt__amx_state) {
         unsigned a = 0, b = 0, c = 0, d = 0, a1 = 0, b1 = 0, c1 = 0, d1 = 0, lo = 0, hi = 0, c0 = 0;
