@@ -121,7 +121,7 @@
                                  naming group_size). The group is the planner's (least loaded),
                                  or pin_owner = 1 pins it: the group holding rank `owner`.
    AUTO (the default)            the planner chooses (below).
-   On one rank every resident cpu table with rows of up to 64 bytes (dim 16 f32) is whole whatever
+   On one rank every resident cpu table with rows of up to 512 bytes (dim 128 f32) is whole whatever
    its sharding, and runs the data-parallel path (pooled in place, gradients read where they lie):
    no requests, the same sums in the same order; the plan still reports the sharding chosen.
 
@@ -1890,14 +1890,16 @@ static dt_status dt__em_build_shards(dt_embed *e, const dt_embed_desc *desc) {
            from the shard and its gradients are read where they lie (the data-parallel path), with the
            same sums in the same order, so the results are the requests' bits; the requests and
            responses, their copies and the gradients' copy are skipped (bench/RESULTS.md, issue 25:
-           a 100k x 16 SGD step ~17% faster). Measured faster for rows of one cache line (64
-           bytes: dim 16 f32) and slower for wider ones (dim 64: 2.3 -> 2.9 ms a 100k-row Adagrad
-           step, its gradient sums stalling on their reads; not understood yet), so only those.
-           Not for tiered tables (their prefetch serves the requests' path) nor dynamic ones (ids
+           a 100k x 16 SGD step ~17% faster). For rows of up to 512 bytes (dim 128 f32): faster
+           at dims 16, 64 and 128 on an Emerald Rapids core (100k x 128 SGD 1.49 -> 1.13 ms,
+           8 x 100k x 64 Adagrad 180k -> 214-245k samples/s); an AMD EPYC (Zen 3) measured dim 16
+           faster, dim 128 level and dim 64 slower (2.3 -> 2.9 ms a 100k-row Adagrad step, its
+           gradient sums stalling on their reads; not understood). Wider rows were not measured
+           and keep the requests. Not for tiered tables (their prefetch serves the requests' path) nor dynamic ones (ids
            hashed to slots) nor cuda (its own paths). */
         t->local = t->shard == DT_SHARD_DATA ||
                    (W == 1 && !e->cuda && !t->dynamic && t->tier_kind == DT_TIER_NONE && t->r0 == 0 && t->r1 == t->rows &&
-                    t->c0 == 0 && t->c1 == t->dim && t->dim * (int64_t)dt_dtype_size(t->dtype) <= 64);
+                    t->c0 == 0 && t->c1 == t->dim && t->dim * (int64_t)dt_dtype_size(t->dtype) <= 512);
         if (t->local) e->any_dp = 1;
         if (t->dynamic) {
             int h, k;
