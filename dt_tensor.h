@@ -2849,10 +2849,8 @@ static dt_status dt__gemm_bf16_keep(dt_ctx *ctx, int ta, int tb, int64_t M, int6
         return dt_ctx_set_error(ctx, DT_ERR_STATE, "dt_tensor bf16 GEMM: the caller reserved too little scratch");
     if (!(s = dt__scratch(ctx, DT__GEMM_SCRATCH + keep + (size_t)na + (size_t)nb))) return ctx->last_status;
     s += DT__GEMM_SCRATCH + keep; /* past what the portable GEMM packs into, and the caller's */
-    for (i = 0; ca > 0 && i < ra; i++)
-        dt__round_bf16(s + i * ca, abf ? (const void *)((const uint16_t *)A + i * lda) : (const void *)((const float *)A + i * lda), abf, ca);
-    for (i = 0; cb > 0 && i < rb; i++)
-        dt__round_bf16(s + na + i * cb, bbf ? (const void *)((const uint16_t *)B + i * ldb) : (const void *)((const float *)B + i * ldb), bbf, cb);
+    for (i = 0; ca > 0 && i < ra; i++) dt__round_bf16(s + i * ca, (const char *)A + i * lda * (abf ? 2 : 4), abf, ca);
+    for (i = 0; cb > 0 && i < rb; i++) dt__round_bf16(s + na + i * cb, (const char *)B + i * ldb * (bbf ? 2 : 4), bbf, cb);
     DT__TRY(dt__gemm(ctx, ta, tb, M, N, K, 1.0f, s, ca > 0 ? ca : 1, s + na, cb > 0 ? cb : 1, acc ? 1.0f : 0.0f, C, ldc));
     if (bias && !acc)
         for (i = 0; i < M; i++) {
