@@ -837,6 +837,9 @@ DT_API const char *dt_pp_op_name(dt_pp_op op);    /* "F", "B", "BI", "BW", "SEND
 /* Builds the lists. Bad values are DT_ERR_ARG naming the field, its value and what is expected
    (sizes above the DT_PP_MAX_* limits too). */
 DT_API dt_status dt_pp_schedule_create(dt_ctx *ctx, dt_pp_schedule **out, const dt_pp_desc *desc);
+/* The bound a made schedule has at `stage` (its `bound[stage]`) without making it: the activations
+   in flight that schedule never exceeds there. kind resolved (not DEFAULT); -1 for bad values. */
+DT_API int dt_pp_schedule_bound(dt_pp_kind kind, int stages, int micro, int chunks, int stage);
 DT_API void dt_pp_schedule_free(dt_pp_schedule *s);
 /* Executes every stage's list (model above) and checks it; desc may be NULL (defaults). */
 DT_API dt_status dt_pp_schedule_simulate(dt_pp_schedule *s, dt_pp_stats *out, const dt_pp_sim_desc *desc);
@@ -4886,6 +4889,16 @@ static int dt__pp_bound(const dt_pp_schedule *s, int st) {
     }
 }
 
+DT_API int dt_pp_schedule_bound(dt_pp_kind kind, int stages, int micro, int chunks, int stage) {
+    dt_pp_schedule s;
+    if (kind <= DT_PP_DEFAULT || kind >= DT_PP_KIND_COUNT || stages < 1 || micro < 1 || chunks < 1 || stage < 0 ||
+        stage >= stages)
+        return -1;
+    memset(&s, 0, sizeof s);
+    s.kind = kind, s.stages = stages, s.micro = micro, s.chunks = chunks;
+    return dt__pp_bound(&s, stage);
+}
+
 DT_API void dt_pp_schedule_free(dt_pp_schedule *s) {
     dt_ctx *ctx;
     int st;
@@ -5099,8 +5112,17 @@ typedef struct dt__pp_sim {
     unsigned char *bkind;                /* 0 none yet, 1 a full B, 2 a BI */
     double *clock;                       /* per stage */
     int *pc, *inflight;
-    char *why;                           /* per stage: what it waits for */
+    int *why;                            /* per stage: what it waits for (DT__PP_WAIT_*) and on whom; words
+                                            only for a deadlock's message (a search simulates thousands) */
 } dt__pp_sim;
+
+enum { DT__PP_WAIT_NONE, DT__PP_WAIT_ACT, DT__PP_WAIT_GRAD, DT__PP_WAIT_POST_ACT, DT__PP_WAIT_POST_GRAD };
+
+static void dt__pp_why_str(char *buf, size_t n, const int *why) {
+    static const char *const w[] = {"", "waits for the activation from stage %d", "waits for the gradient from stage %d",
+                                    "waits for stage %d to post RECV_ACT", "waits for stage %d to post RECV_GRAD"};
+    snprintf(buf, n, w[why[0] >= 0 && why[0] <= DT__PP_WAIT_POST_GRAD ? why[0] : 0], why[1]);
+}
 
 static void dt__pp_str(char *buf, size_t n, const dt_pp_action *a) {
     if (a->op == DT_PP_SEND_ACT || a->op == DT_PP_SEND_GRAD)
@@ -5123,7 +5145,8 @@ static int dt__pp_step(dt__pp_sim *S, int st) {
     const dt_pp_action *a = &S->s->actions[st][S->pc[st]];
     int p = S->p, m = S->m, k = a->chunk * p + st, x = k * m + a->micro, y;
     double ready = 0.0, cost = 0.0, *clock = &S->clock[st];
-    char *why = S->why + (size_t)st * DT__PP_WHY, d[DT__PP_WHY];
+    int *why = S->why + 2 * st;
+    char d[DT__PP_WHY];
     switch (a->op) {
     case DT_PP_F:
         if (S->f_end[x] >= 0) return dt__pp_bad(S, st, "count", "a second F of this chunk and micro-batch");
@@ -5133,7 +5156,7 @@ static int dt__pp_step(dt__pp_sim *S, int st) {
         } else if (k > 0) {
             if (S->act_post[x] < 0) return dt__pp_bad(S, st, "order", "its input activation was never received (no RECV_ACT before it)");
             if (S->act_arr[x] < 0) {
-                snprintf(why, DT__PP_WHY, "waits for the activation from stage %d", (st + p - 1) % p);
+                why[0] = DT__PP_WAIT_ACT, why[1] = (st + p - 1) % p;
                 return -1;
             }
             ready = S->act_arr[x];
@@ -5150,7 +5173,7 @@ static int dt__pp_step(dt__pp_sim *S, int st) {
         } else if (k < S->V - 1) {
             if (S->grad_post[x] < 0) return dt__pp_bad(S, st, "order", "its gradient was never received (no RECV_GRAD before it)");
             if (S->grad_arr[x] < 0) {
-                snprintf(why, DT__PP_WHY, "waits for the gradient from stage %d", (st + 1) % p);
+                why[0] = DT__PP_WAIT_GRAD, why[1] = (st + 1) % p;
                 return -1;
             }
             ready = S->grad_arr[x];
@@ -5174,7 +5197,7 @@ static int dt__pp_step(dt__pp_sim *S, int st) {
         y = act ? x + m : x - m;
         if (arr[y] >= 0) return dt__pp_bad(S, st, "count", "sent twice");
         if (post[y] < 0) {
-            snprintf(why, DT__PP_WHY, "waits for stage %d to post %s", a->peer, act ? "RECV_ACT" : "RECV_GRAD");
+            why[0] = act ? DT__PP_WAIT_POST_ACT : DT__PP_WAIT_POST_GRAD, why[1] = a->peer;
             return -1;
         }
         S->s->start[st][S->pc[st]] = *clock;
@@ -5352,8 +5375,7 @@ DT_API dt_status dt_pp_schedule_simulate(dt_pp_schedule *s, dt_pp_stats *out, co
         S.sf = desc->stage_f, S.sb = desc->stage_b;
     }
     n = (size_t)S.V * (size_t)S.m;
-    block = (double *)dt_alloc(ctx, sizeof(double) * (7 * n + (size_t)p) + n + sizeof(int) * 2 * (size_t)p +
-                                        (size_t)p * DT__PP_WHY);
+    block = (double *)dt_alloc(ctx, sizeof(double) * (7 * n + (size_t)p) + sizeof(int) * 4 * (size_t)p + n);
     if (!block) return dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_pp_schedule_simulate: out of memory for %zu pairs", n);
     S.f_end = block, S.bi_end = block + n, S.w_end = block + 2 * n;
     S.act_post = block + 3 * n, S.act_arr = block + 4 * n, S.grad_post = block + 5 * n, S.grad_arr = block + 6 * n;
@@ -5361,13 +5383,13 @@ DT_API dt_status dt_pp_schedule_simulate(dt_pp_schedule *s, dt_pp_stats *out, co
     for (i = 0; i < 7 * n; i++) block[i] = -1.0;
     S.pc = (int *)(S.clock + p);
     S.inflight = S.pc + p;
-    S.bkind = (unsigned char *)(S.inflight + p);
-    S.why = (char *)(S.bkind + n);
+    S.why = S.inflight + p;
+    S.bkind = (unsigned char *)(S.why + 2 * p);
     memset(S.bkind, 0, n);
     for (st = 0; st < p; st++) {
         S.clock[st] = 0.0, S.pc[st] = 0, S.inflight[st] = 0;
         s->busy[st] = 0.0, s->peak[st] = 0, s->stage_bubble[st] = 0.0;
-        S.why[(size_t)st * DT__PP_WHY] = '\0';
+        S.why[2 * st] = DT__PP_WAIT_NONE, S.why[2 * st + 1] = 0;
     }
     /* Round-robin: each stage runs until it blocks; a round where none moves is a deadlock.
        Times come from the dependencies, not from this order. */
@@ -5384,14 +5406,14 @@ DT_API dt_status dt_pp_schedule_simulate(dt_pp_schedule *s, dt_pp_stats *out, co
         }
         if (!left) break;
         if (!progress) {
-            char msg[DT_ERROR_MAX], an[64];
+            char msg[DT_ERROR_MAX], an[64], wy[DT__PP_WHY];
             size_t len = 0;
             len += (size_t)snprintf(msg, sizeof msg, "deadlock: no stage can go on;");
             for (st = 0; st < p && len < sizeof msg; st++) {
                 if (S.pc[st] >= s->count[st]) continue;
                 dt__pp_str(an, sizeof an, &s->actions[st][S.pc[st]]);
-                len += (size_t)snprintf(msg + len, sizeof msg - len, " stage %d at %d %s %s;", st, S.pc[st], an,
-                                        S.why + (size_t)st * DT__PP_WHY);
+                dt__pp_why_str(wy, sizeof wy, S.why + 2 * st);
+                len += (size_t)snprintf(msg + len, sizeof msg - len, " stage %d at %d %s %s;", st, S.pc[st], an, wy);
             }
             err = dt_ctx_set_error(ctx, DT_ERR_STATE, "dt_pp_schedule_simulate: %s", msg);
             goto done;
