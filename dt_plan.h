@@ -84,6 +84,8 @@ typedef struct dt_plan_model {
     int64_t seq;           /* context length T */
     int64_t batch;         /* global batch, sequences per step */
     dt_dtype dtype;        /* parameters: DT_F32 (0 = f32) or DT_BF16 */
+    int ffn;               /* the MLP's hidden width: 0 = 4 x width (examples/gpt's) */
+    int gated;             /* 1: a gated MLP (SwiGLU: gate and up C x ffn, down ffn x C; Llama's) */
 } dt_plan_model;
 
 typedef enum dt_plan_recompute {
@@ -122,7 +124,7 @@ DT_API const char *dt_plan_recompute_name(dt_plan_recompute r); /* "none", "full
    once; bytes is the whole buffer (an all-gather's output, a reduce-scatter's input). */
 
 #define DT_PLAN_MAX_SPLITS 128
-#define DT_PLAN_MAX_COLLS 64
+#define DT_PLAN_MAX_COLLS 128
 #define DT_PLAN_MAX_PIPES 16
 
 typedef struct dt_plan_split {
@@ -158,6 +160,27 @@ typedef struct dt_plan_pipe {
     double bytes[2], delay[2];
 } dt_plan_pipe;
 
+/* A machine on paper: what its data sheets and published benchmarks say, for a cluster you do not
+   have (>>paper: dt_plan_profile_paper makes a profile of it). Rates per rank (one GPU); "eff" is
+   the share of a peak that the kernels reach, from published measurements. The files in
+   docs/machines/ hold H100 and A100 nodes with their sources. */
+typedef struct dt_plan_machine {
+    char name[96];
+    int ranks_per_host;          /* GPUs a node; ranks fill hosts in order (rank / ranks_per_host) */
+    double flops;                /* dense tensor-core peak of the model's dtype, FLOP/s */
+    double gemm_eff;             /* a block's GEMMs */
+    double attn_fwd_eff, attn_bwd_eff; /* fused (flash) attention's forward and backward, causal */
+    double mem_bw, mem_eff;      /* HBM bytes/s, and the share elementwise kernels reach */
+    double mem_bytes;            /* HBM a rank has */
+    double reserved_bytes;       /* of it, what the runtime, workspaces and communicator buffers take */
+    double act_bytes;            /* bytes of an activation (2: bf16) */
+    double intra_bw, intra_alpha; /* a collective's bus bandwidth (nccl-tests' busbw) inside a host, and its latency */
+    double nic_bw, inter_alpha;  /* a rank's own link out of the host (bytes/s), and a cross-host latency */
+    double p2p_intra_bw, p2p_inter_bw; /* a pipeline's send inside / across hosts */
+    double overlap;              /* of the data-parallel sync posted during the backward, the share hidden */
+    double tp_overlap;           /* of tp's collectives inside a block, the share hidden behind its GEMMs */
+} dt_plan_machine;
+
 typedef struct dt_plan_profile {
     char machine[96];            /* host name of rank 0, cores */
     int world, hosts, cores;     /* ranks measured with, hosts they span, cores of rank 0's host */
@@ -170,6 +193,9 @@ typedef struct dt_plan_profile {
     dt_plan_split splits[DT_PLAN_MAX_SPLITS];
     dt_plan_coll colls[DT_PLAN_MAX_COLLS];
     dt_plan_pipe pipes[DT_PLAN_MAX_PIPES];
+    int paper;                   /* 1: made by dt_plan_profile_paper from `mach`: its splits, collectives and
+                                    pipes are computed when a layout asks, not stored */
+    dt_plan_machine mach;
 } dt_plan_profile;
 
 typedef struct dt_plan_measure_desc {
@@ -201,6 +227,7 @@ typedef struct dt_plan_prediction {
     /* bytes, the largest rank's (the stage that holds most) */
     double mem_params, mem_grads, mem_optimizer, mem_activations, mem_transient, mem_total;
     int in_flight;               /* micro-batches whose activations the fullest stage holds at once */
+    double mfu;                  /* paper profiles: dt_plan_model_flops x tokens/s / (ranks x peak); else 0 */
 } dt_plan_prediction;
 
 /* The step of `layout` on profile's machine and world (its model). DT_ERR_ARG for a layout the
@@ -212,8 +239,10 @@ DT_API dt_status dt_plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt
 /* ==== >>search: every valid layout, best first ==================================================== */
 
 typedef struct dt_plan_search_desc {
-    double mem_budget;           /* bytes a rank may hold; 0 = no limit */
-    int max_micro;               /* micro-batches tried: 1, 2, 4, ... up to this; 0 = 16 */
+    double mem_budget;           /* bytes a rank may hold; 0 = no limit (paper: the machine's mem_bytes less
+                                    reserved_bytes) */
+    int max_micro;               /* micro-batches tried: 1, 2, 4, ... and those of 1, 2, 4, ... sequences,
+                                    up to this; 0 = 16 (paper: the batch) */
     int recompute;               /* 1: try the recompute modes too (0: none only) */
 } dt_plan_search_desc;
 
@@ -223,6 +252,30 @@ DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_
                                 dt_plan_prediction *out, int max, int *count, int *total);
 /* A table of n predictions, ranked as given: layout, tokens / s, step split, memory. */
 DT_API void dt_plan_format(const dt_plan_prediction *pr, int n, dt_strbuf *out);
+
+/* ==== >>paper: planning for a machine you do not have ==========================================
+
+   The same model of a step, fed by a machine's published figures instead of measurements: a
+   block's time is its GEMM FLOPs at gemm_eff of the peak, its attention at the flash kernels'
+   share, its other ops as HBM traffic, and its tp / cp collectives as latency + bytes / busbw of
+   the links the group spans; a group of ranks `stride` apart spans hosts when its ranks do
+   (Megatron's order: tp innermost, then cp, dp, pp), and across hosts it moves at the node's
+   NICs that its ranks use at once. Activations are act_bytes an element with flash attention
+   (no [T, T]); parameters, grads and optimizer state as dt keeps them. So it answers "what layout,
+   how fast, does it fit" for a cluster on paper; what it cannot know (kernel efficiencies at other
+   shapes, congestion, stragglers) is in the machine's effs, which come from published runs. */
+
+/* A machine file (JSON, docs/machines/): every field of dt_plan_machine by name, and "sources"
+   (strings, kept for the reader). A missing or bad field is DT_ERR_FORMAT naming it. */
+DT_API dt_status dt_plan_machine_load(dt_ctx *ctx, dt_plan_machine *mc, const char *path);
+/* Checks mc (DT_ERR_ARG naming the field) and makes the profile of `world` of its ranks for model m:
+   no measuring, microseconds. */
+DT_API dt_status dt_plan_profile_paper(dt_ctx *ctx, const dt_plan_machine *mc, const dt_plan_model *m, int world,
+                                       dt_plan_profile *out);
+/* The model's FLOPs per token of one training step (forward and backward, no recompute), in
+   Megatron's count (Narayanan et al. 2021: GEMMs, attention's QK^T and AV without the causal half,
+   the logits): MFU = flops_per_token x tokens/s / (ranks x peak). */
+DT_API double dt_plan_model_flops(const dt_plan_model *m);
 
 /* ==== >>dlrm: where a recommendation model's tables go (needs dt_embed.h included before) ======
 
@@ -404,6 +457,9 @@ static dt_status dt__plan_model_check(dt_ctx *ctx, const char *fn, const dt_plan
     if (m->dtype != 0 && m->dtype != DT_F32 && m->dtype != DT_BF16)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->dtype = %s, expected f32 or bf16", fn,
                                 dt_dtype_name(m->dtype));
+    if (m->ffn < 0 || m->ffn > (1 << 22) || (m->gated != 0 && m->gated != 1))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->ffn = %d, gated = %d: expected ffn 0 .. 2^22 (0 = 4 x "
+                                "width) and gated 0 or 1", fn, m->ffn, m->gated);
     return DT_OK;
 }
 
@@ -480,30 +536,37 @@ DT_API dt_status dt_plan_layout_check(dt_ctx *ctx, const dt_plan_model *m, int w
 
 /* ---- what one rank holds: parameters, and one micro-batch's activations (examples/gpt's) ---- */
 
+static double dt__plan_ffn(const dt_plan_model *m) { return m->ffn ? (double)m->ffn : 4.0 * m->width; }
+
 /* Parameters of one block on one tp rank: ln 2 x 2C, qkv (C + 2 Ckv) x (C + 1) / tp, attention
-   projection C x C / tp + C, fc 4C x (C + 1) / tp, projection C x 4C / tp + C. */
+   projection C x C / tp + C, fc F x (C + 1) / tp (gated: two of them), projection C x F / tp + C;
+   F = ffn (4C). */
 static double dt__plan_block_params(const dt_plan_model *m, int tp) {
     double C = m->width, Ckv = (double)(m->kv_heads ? m->kv_heads : m->heads) * (m->width / m->heads);
-    return 4 * C + (C + 2 * Ckv) * (C + 1) / tp + C * C / tp + C + 4 * C * (C + 1) / tp + 4 * C * C / tp + C;
+    double F = dt__plan_ffn(m);
+    return 4 * C + (C + 2 * Ckv) * (C + 1) / tp + C * C / tp + C + (1 + m->gated) * F * (C + 1) / tp + F * C / tp + C;
 }
 
 /* The activation bytes of one micro-batch set (examples/gpt's acts_make) of nb blocks on a stage:
    each block's kept tensors for the recompute mode, the one shared set recompute uses, sp's
-   gathered rows, and the head / backward scratch every set carries. f32, ids and targets i32. */
-static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *l, int nb) {
+   gathered rows, and the head / backward scratch every set carries. A bytes an element (the CPU
+   path: 4, f32; ids and targets i32 count the same); flash: attention keeps lse, never [T, T]. A
+   gated MLP keeps its gate and up both (fch is 2 F wide; the activation's output, F). */
+static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *l, int nb, double A, int flash) {
     double b = (double)(m->batch / l->dp / l->micro), T = (double)m->seq, Tl = T / l->cp, N = b * Tl;
-    double Nl = l->sp ? N / l->tp : N, C = m->width, Cl = C / l->tp, Fl = 4 * C / l->tp;
+    double Nl = l->sp ? N / l->tp : N, C = m->width, Cl = C / l->tp, Fl = dt__plan_ffn(m) / l->tp * (1 + m->gated);
+    double Gl = dt__plan_ffn(m) / l->tp;
     double Hl = (double)m->heads / l->tp, Ckvl = (double)(m->kv_heads ? m->kv_heads : m->heads) / l->tp * (C / m->heads);
     double Wl = Cl + 2 * Ckvl, Vl = (double)m->vocab / l->tp;
-    int lse = l->cp > 1 || l->recompute == DT_PLAN_RECOMPUTE_GEMM_LAST, r = (int)l->recompute;
+    int lse = flash || l->cp > 1 || l->recompute == DT_PLAN_RECOMPUTE_GEMM_LAST, r = (int)l->recompute;
     double att = lse ? b * Hl * Tl : b * Hl * T * T;
     double core = Nl * C + 2 * Nl + Nl * C + 2 * Nl + N * Wl + N * Cl + Nl * C + N * Fl; /* ln1 .. fch */
     double blk, shared = 0, e;
     switch (r) {
-    case DT_PLAN_RECOMPUTE_FULL: blk = Nl * C; shared = core + att + N * Fl; break;
-    case DT_PLAN_RECOMPUTE_SELECTIVE: blk = Nl * C + core; shared = core + att + N * Fl; break;
-    case DT_PLAN_RECOMPUTE_GEMM_LAST: blk = Nl * C + core - 2 * Nl * C + att; shared = 2 * Nl * C + N * Fl; break;
-    default: blk = Nl * C + core + att + N * Fl; break;
+    case DT_PLAN_RECOMPUTE_FULL: blk = Nl * C; shared = core + att + N * Gl; break;
+    case DT_PLAN_RECOMPUTE_SELECTIVE: blk = Nl * C + core; shared = core + att + N * Gl; break;
+    case DT_PLAN_RECOMPUTE_GEMM_LAST: blk = Nl * C + core - 2 * Nl * C + att; shared = 2 * Nl * C + N * Gl; break;
+    default: blk = Nl * C + core + att + N * Gl; break;
     }
     if (l->pp > 1 && l->schedule == DT_PP_ZB_H1 && !l->sp && !r) /* the weight pass's kept grads (gpt splits the */
         blk += 2 * Nl * C + N * Fl + N * Wl;                         /* backward only without sp and recompute) */
@@ -513,10 +576,19 @@ static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *
     e += N * C + Nl * C;                                  /* partial, y_scratch */
     e += Nl * C * 2 + N * C * 3 + N * Wl + N * Cl + N * Fl * 2 + N * Vl; /* the backward's scratch */
     if (l->sp && l->tp > 1) e += 6 * C + T * C + 2 * C;
-    return 4 * e;
+    return A * e;
 }
 
 /* ==== >>profile ================================================================================== */
+
+/* Does a group of `size` ranks `stride` apart span hosts of rph ranks (ranks fill hosts in order)?
+   Not when its reach, size x stride, fits a host and hosts hold whole groups. */
+static int dt__plan_spans(int rph, int size, int stride) {
+    int64_t reach = (int64_t)size * stride;
+    if (size <= 1 || rph < 1) return 0;
+    return reach > rph || rph % reach != 0;
+}
+
 
 /* One block's tensors at a split, for b sequences: examples/gpt's block_fwd / block_bwd op for op. */
 typedef struct dt__plan_blk {
@@ -950,30 +1022,41 @@ static dt_status dt__plan_coll_once(dt_comm *world, dt_comm *g, dt_plan_coll_kin
     return err;
 }
 
+/* Each kind on groups of each size that divides the world, all groups at once: consecutive ranks
+   (tp's groups), and where those stay inside a host but a group of ranks W / size apart spans
+   hosts (dp's and pp's, in Megatron's order), that one too (cross = 1): a layout's group then
+   takes the figures of the links it uses. */
 static dt_status dt__plan_measure_colls(dt_comm *world, dt_plan_profile *p, int reps) {
-    int W = dt_comm_size(world), size, kind;
+    int W = dt_comm_size(world), r = dt_comm_rank(world), size, kind, strided;
     dt_status err = DT_OK;
     for (size = 2; size <= W; size++) {
-        dt_comm *g = NULL;
         if (W % size) continue;
-        err = dt_comm_split(world, &g, dt_comm_rank(world) / size, dt_comm_rank(world));
-        if (err) return err;
-        for (kind = 0; kind < DT_PLAN_COLL_KINDS && !err; kind++) {
-            double t0 = 0, t1 = 0;
-            int64_t e0 = 1024, e1 = 1 << 20; /* 4 KB and 4 MB */
-            dt_plan_coll *c;
-            if (p->n_colls >= DT_PLAN_MAX_COLLS) break;
-            if ((err = dt__plan_coll_once(world, g, (dt_plan_coll_kind)kind, e0, reps, &t0))) break;
-            if ((err = dt__plan_coll_once(world, g, (dt_plan_coll_kind)kind, e1, reps, &t1))) break;
-            c = &p->colls[p->n_colls++];
-            c->kind = (dt_plan_coll_kind)kind;
-            c->size = size;
-            c->cross = dt_comm_hosts(g) > 1;
-            c->beta = t1 > t0 ? (t1 - t0) / (4.0 * (double)(e1 - e0)) : 0.0;
-            c->alpha = t0 - c->beta * 4.0 * (double)e0;
-            if (c->alpha < 0) c->alpha = 0;
+        for (strided = 0; strided <= 1 && !err; strided++) {
+            dt_comm *g = NULL;
+            int cross;
+            if (strided && (p->hosts < 2 || size == W || !dt__plan_spans(W / p->hosts, size, W / size) ||
+                            dt__plan_spans(W / p->hosts, size, 1)))
+                continue;
+            err = dt_comm_split(world, &g, strided ? r % (W / size) : r / size, r);
+            if (err) return err;
+            cross = dt_comm_hosts(g) > 1;
+            for (kind = 0; kind < DT_PLAN_COLL_KINDS && !err; kind++) {
+                double t0 = 0, t1 = 0;
+                int64_t e0 = 1024, e1 = 1 << 20; /* 4 KB and 4 MB */
+                dt_plan_coll *c;
+                if (p->n_colls >= DT_PLAN_MAX_COLLS) break;
+                if ((err = dt__plan_coll_once(world, g, (dt_plan_coll_kind)kind, e0, reps, &t0))) break;
+                if ((err = dt__plan_coll_once(world, g, (dt_plan_coll_kind)kind, e1, reps, &t1))) break;
+                c = &p->colls[p->n_colls++];
+                c->kind = (dt_plan_coll_kind)kind;
+                c->size = size;
+                c->cross = cross;
+                c->beta = t1 > t0 ? (t1 - t0) / (4.0 * (double)(e1 - e0)) : 0.0;
+                c->alpha = t0 - c->beta * 4.0 * (double)e0;
+                if (c->alpha < 0) c->alpha = 0;
+            }
+            dt_comm_free(g);
         }
-        dt_comm_free(g);
         if (err) break;
     }
     return err;
@@ -1275,6 +1358,10 @@ DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m,
     ctx = dt_comm_ctx(world);
     err = dt__plan_model_check(ctx, fn, m);
     if (err) return err;
+    if ((m->ffn && m->ffn != 4 * m->width) || m->gated)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model ffn %d, gated %d: the block it times is examples/gpt's (ffn "
+                                "4 x width = %d, not gated); plan other MLPs on paper (dt_plan_profile_paper)", fn,
+                                m->ffn, m->gated, 4 * m->width);
     if (desc) md = *desc;
     else memset(&md, 0, sizeof md);
     if (md.budget_s <= 0) md.budget_s = 50;
@@ -1350,17 +1437,21 @@ DT_API dt_status dt_plan_profile_save(dt_ctx *ctx, const dt_plan_profile *p, con
     int i, written;
     const dt_plan_model *m;
     if (!p || !path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_profile_save: %s is NULL", p ? "path" : "p");
+    if (p->paper)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_profile_save: a paper profile (%s) is made from its machine "
+                                "file in microseconds: keep that file instead", p->mach.name);
     m = &p->model;
     memset(&b, 0, sizeof b);
     b.ctx = ctx;
     dt_strbuf_str(&b, "{\"dt_plan_profile\": 1, \"machine\": ");
     dt_strbuf_json(&b, p->machine);
     dt_strbuf_printf(&b, ", \"world\": %d, \"hosts\": %d, \"cores\": %d,\n \"model\": {\"layers\": %d, \"width\": %d, "
-                     "\"heads\": %d, \"kv_heads\": %d, \"vocab\": %lld, \"seq\": %lld, \"batch\": %lld, \"dtype\": \"%s\"},\n"
+                     "\"heads\": %d, \"kv_heads\": %d, \"vocab\": %lld, \"seq\": %lld, \"batch\": %lld, \"dtype\": \"%s\", "
+                     "\"ffn\": %d, \"gated\": %d},\n"
                      " \"opt_s_per_param\": %.17g, \"copy_s_per_byte\": %.17g, \"overlap\": %.6g, \"measure_s\": %.3f,\n"
                      " \"splits\": [", p->world, p->hosts, p->cores, m->layers, m->width, m->heads, m->kv_heads,
-                     (long long)m->vocab, (long long)m->seq, (long long)m->batch, dt_dtype_name(m->dtype),
-                     p->opt_s_per_param, p->copy_s_per_byte, p->overlap, p->measure_s);
+                     (long long)m->vocab, (long long)m->seq, (long long)m->batch, dt_dtype_name(m->dtype), m->ffn,
+                     m->gated, p->opt_s_per_param, p->copy_s_per_byte, p->overlap, p->measure_s);
     for (i = 0; i < p->n_splits; i++) {
         const dt_plan_split *s = &p->splits[i];
         dt_strbuf_printf(&b, "%s\n  {\"tp\": %d, \"cp\": %d, \"sp\": %d, \"lse\": %d, \"rows\": [%lld, %lld]", i ? "," : "",
@@ -1494,6 +1585,8 @@ DT_API dt_status dt_plan_profile_load(dt_ctx *ctx, dt_plan_profile *p, const cha
         err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: model.dtype: expected \"f32\" or \"bf16\"", fn, path);
         goto done;
     }
+    if (dt_json_get(mo, "ffn")) DT__PLAN_I(mo, "model.", "ffn", 0, 1 << 22, p->model.ffn); /* older files: 0, 0 */
+    if (dt_json_get(mo, "gated")) DT__PLAN_I(mo, "model.", "gated", 0, 1, p->model.gated);
     if ((err = dt__plan_model_check(ctx, fn, &p->model))) goto done;
     DT__PLAN_N(root, "", "opt_s_per_param", 0, 1, p->opt_s_per_param);
     DT__PLAN_N(root, "", "copy_s_per_byte", 0, 1, p->copy_s_per_byte);
@@ -1578,16 +1671,49 @@ done:
 
 /* ==== >>predict ================================================================================== */
 
-/* time of a collective of `bytes` on a group of `size`: the measured size, else the nearest
-   larger one measured (a smaller group is not slower), else the largest scaled by the ring's
-   2 (n - 1) / n steps. 0 for a group of one. */
-static double dt__plan_coll(const dt_plan_profile *p, dt_plan_coll_kind kind, int size, double bytes) {
-    const dt_plan_coll *best = NULL, *big = NULL;
-    int i;
+
+/* On paper: latency + bytes x the algorithm's share / the links' bus bandwidth (nccl-tests' busbw:
+   an all-reduce moves 2 (n - 1) / n of the buffer through each rank, a gather or scatter (n - 1) / n).
+   A group inside a host runs at intra_bw; one across hosts at the NICs its ranks use at once (one
+   a GPU: as many as it has members on a host), never faster than inside; its latency grows with
+   the tree's depth. */
+static double dt__plan_paper_coll(const dt_plan_machine *mc, dt_plan_coll_kind kind, int size, int stride,
+                                  double bytes) {
+    double n = size, f, bw, a;
+    int span = dt__plan_spans(mc->ranks_per_host, size, stride);
     if (size <= 1 || bytes <= 0) return 0;
+    f = kind == DT_PLAN_ALLREDUCE ? 2 * (n - 1) / n : kind == DT_PLAN_SENDRECV ? 1 : (n - 1) / n;
+    if (kind == DT_PLAN_SENDRECV) {
+        bw = span ? mc->p2p_inter_bw : mc->p2p_intra_bw;
+        a = span ? mc->inter_alpha : mc->intra_alpha;
+    } else if (!span) {
+        bw = mc->intra_bw;
+        a = mc->intra_alpha;
+    } else {
+        int per = stride >= mc->ranks_per_host ? 1 : mc->ranks_per_host / stride;
+        if (per > size) per = size;
+        bw = per * mc->nic_bw;
+        if (bw > mc->intra_bw) bw = mc->intra_bw;
+        a = mc->inter_alpha * ceil(log2(n));
+    }
+    return a + bytes * f / bw;
+}
+
+/* time of a collective of `bytes` on a group of `size` ranks `stride` apart. Paper: the machine's
+   links. Measured: a group measured across hosts when this one spans them (and inside when not),
+   where the profile has one; of those, the measured size, else the nearest larger one (a smaller
+   group is not slower), else the largest scaled by the ring's 2 (n - 1) / n steps. 0 for a group
+   of one. */
+static double dt__plan_coll(const dt_plan_profile *p, dt_plan_coll_kind kind, int size, int stride, double bytes) {
+    const dt_plan_coll *best = NULL, *big = NULL;
+    int i, span, any = 0;
+    if (size <= 1 || bytes <= 0) return 0;
+    if (p->paper) return dt__plan_paper_coll(&p->mach, kind, size, stride, bytes);
+    span = p->hosts > 1 && dt__plan_spans(p->world / p->hosts, size, stride);
+    for (i = 0; i < p->n_colls; i++) any |= p->colls[i].kind == kind && p->colls[i].cross == span;
     for (i = 0; i < p->n_colls; i++) {
         const dt_plan_coll *c = &p->colls[i];
-        if (c->kind != kind) continue;
+        if (c->kind != kind || (any && c->cross != span)) continue;
         if (c->size >= size && (!best || c->size < best->size)) best = c;
         if (!big || c->size > big->size) big = c;
     }
@@ -1601,18 +1727,63 @@ static double dt__plan_coll(const dt_plan_profile *p, dt_plan_coll_kind kind, in
 
 /* a pipeline message of `bytes` between stages of a pp-stage pipeline: the measured delay (the
    pipe of that pp, else the nearest), on the line through its two sizes; else the bare send */
-static double dt__plan_pipe_delay(const dt_plan_profile *p, int pp, double bytes) {
+static double dt__plan_pipe_delay(const dt_plan_profile *p, int pp, int stride, double bytes) {
     const dt_plan_pipe *best = NULL;
     int i;
     for (i = 0; i < p->n_pipes; i++)
         if (!best || abs(p->pipes[i].pp - pp) < abs(best->pp - pp)) best = &p->pipes[i];
-    if (!best) return dt__plan_coll(p, DT_PLAN_SENDRECV, 2, bytes);
+    if (!best) return dt__plan_coll(p, DT_PLAN_SENDRECV, 2, stride, bytes);
     if (best->bytes[1] == best->bytes[0]) return best->delay[0];
     {
         double d = best->delay[0] + (best->delay[1] - best->delay[0]) * (bytes - best->bytes[0]) /
                                         (best->bytes[1] - best->bytes[0]);
         return d > 0 ? d : 0;
     }
+}
+
+/* One block at a layout's split on paper, at `rows` rows (a micro-batch's tokens on a rank, b T /
+   cp), as a split measured at that one size: the GEMMs' FLOPs at gemm_eff of the peak; flash
+   attention's QK^T and AV over the causal half (its backward 2.5 times the forward's FLOPs: it
+   computes the scores again); the rest as HBM traffic at act_bytes an element (forward: two
+   layernorms, two residual adds, the activation; the backward twice that); tp's collectives (two
+   all-reduces, or with sp two all-gathers and two reduce-scatters, of the N x C activations in each
+   direction) less what hides behind the GEMMs; cp's ring (cp - 1 passes of this rank's K and V,
+   their grads too in the backward) where attention does not cover it. */
+static void dt__plan_paper_split(const dt_plan_profile *p, const dt_plan_layout *l, double rows, dt_plan_split *s) {
+    const dt_plan_machine *mc = &p->mach;
+    const dt_plan_model *m = &p->model;
+    double C = m->width, F = dt__plan_ffn(m), g = 1 + m->gated, T = (double)m->seq, N = rows, tp = l->tp;
+    double b = rows * l->cp / T, Ckv = (double)(m->kv_heads ? m->kv_heads : m->heads) * (C / m->heads);
+    double Nl = l->sp ? N / tp : N, V = (double)m->vocab, A = mc->act_bytes, bw = mc->mem_bw * mc->mem_eff;
+    double gr = mc->flops * mc->gemm_eff, act = N * C * A;
+    double gemm = 2 * N * C * (C + 2 * Ckv + C + (g + 1) * F) / tp / gr;
+    double attn = 2 * b * T * T * C / (tp * l->cp), fa = attn / (mc->flops * mc->attn_fwd_eff);
+    double ba = 2.5 * attn / (mc->flops * mc->attn_bwd_eff);
+    double ln = A * 4 * Nl * C / bw, elem = A * 6 * Nl * C / bw + A * (g + 1) * N * F / tp / bw;
+    double tpc = 0, cpc = 0, h;
+    if (l->tp > 1)
+        tpc = (1 - mc->tp_overlap) *
+              (l->sp ? 2 * (dt__plan_coll(p, DT_PLAN_ALLGATHER, l->tp, 1, act) + dt__plan_coll(p, DT_PLAN_REDUCE_SCATTER, l->tp, 1, act))
+                     : 2 * dt__plan_coll(p, DT_PLAN_ALLREDUCE, l->tp, 1, act));
+    if (l->cp > 1) cpc = (l->cp - 1) * dt__plan_coll(p, DT_PLAN_SENDRECV, 2, l->tp, N * 2 * Ckv / tp * A);
+    memset(s, 0, sizeof *s);
+    s->tp = l->tp; s->cp = l->cp; s->sp = l->sp; s->lse = 1;
+    s->rows[0] = s->rows[1] = rows >= 1 ? (int64_t)rows : 1;
+    s->attn[0] = fa + (cpc > fa ? cpc - fa : 0);
+    s->gelu[0] = A * (g + 1) * N * F / tp / bw;
+    s->cheap[0] = ln + s->gelu[0];
+    s->fwd[0] = gemm + s->attn[0] + ln + elem + tpc;
+    s->bwd[0] = 2 * gemm + ba + (2 * cpc > ba ? 2 * cpc - ba : 0) + 2 * (ln + elem) + tpc;
+    /* the vocab-parallel embedding (rows gathered, summed over tp) and the head: logits at the GEMM
+       rate, the f32 logits read and written for the loss */
+    s->embed_fwd[0] = A * 2 * Nl * C / bw + (l->tp > 1 ? dt__plan_coll(p, DT_PLAN_ALLREDUCE, l->tp, 1, act) : 0);
+    s->embed_bwd[0] = A * 2 * Nl * C / bw;
+    h = 2 * N * C * V / tp / gr;
+    s->head_fwd[0] = h + (4.0 * 2 * N * V / tp + A * 2 * Nl * C) / bw + (l->sp ? dt__plan_coll(p, DT_PLAN_ALLGATHER, l->tp, 1, act) : 0);
+    s->head_bwd[0] = 2 * h + (4.0 * 2 * N * V / tp + A * 2 * Nl * C) / bw + (l->sp ? dt__plan_coll(p, DT_PLAN_REDUCE_SCATTER, l->tp, 1, act) : 0);
+#define DT__PLAN_TWIN(f) s->f[1] = s->f[0];
+    DT__PLAN_SPLIT_FIELDS(DT__PLAN_TWIN)
+#undef DT__PLAN_TWIN
 }
 
 /* A profile made by hand or changed after loading: its counts within the arrays, every split's
@@ -1677,16 +1848,24 @@ static double dt__plan_zero_transient(const dt_plan_model *m, const dt_plan_layo
     }
 }
 
-DT_API dt_status dt_plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt_plan_layout *layout,
-                                 dt_plan_prediction *out) {
+/* dt_plan_predict, for the search too: *cache (may be NULL) keeps the last pipeline schedule made
+   (the search asks for the same one many times in a row). floor > 0 on a paper profile: a layout
+   whose step cannot beat floor tokens/s even with no bubble and no message delay is not simulated
+   (*pruned = 1; its memory is filled in, its time is not): at 1024 ranks most of the tens of
+   thousands of layouts are, and a plan prints in well under a second. */
+static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt_plan_layout *layout,
+                                  dt_plan_prediction *out, double floor, dt_pp_schedule **cache, int *pruned) {
     static const char *fn = "dt_plan_predict";
     const dt_plan_model *m;
     const dt_plan_split *s;
+    dt_plan_split paper;
     dt_plan_layout l;
     dt_status err;
-    double rows, F, B, R, ef, eb, hf, hb, K, psi_max = 0, grads_b, N;
-    double exposed, opt, step, makespan, bubble, busy;
+    double rows, F, B, R, ef, eb, hf, hb, K, A, psi_max = 0, grads_b, N;
+    double exposed, opt, step, makespan = 0, bubble = 0, busy = 0, fst[4096], bst[4096], C;
     int si, lse, st, first[4097], dpcp, nb_max = 0;
+    dt_pp_schedule *sch = NULL;
+    if (pruned) *pruned = 0;
     if (!p || !layout || !out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: p, layout and out must not be NULL", fn);
     m = &p->model;
     memset(out, 0, sizeof *out);
@@ -1697,16 +1876,22 @@ DT_API dt_status dt_plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: pp %d x %d chunks, expected at most 4096 virtual stages", fn, l.pp,
                                 l.chunks);
     lse = l.cp > 1 || l.recompute == DT_PLAN_RECOMPUTE_GEMM_LAST;
-    si = dt__plan_find_split(p, l.tp, l.cp, l.sp, lse);
-    if (si < 0)
-        return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: the profile has no block timed at tp %d cp %d sp %d %s (measure it "
-                                "with this model on a world of %d)", fn, l.tp, l.cp, l.sp,
-                                lse ? "keeping lse" : "keeping [T, T]", p->world);
-    s = &p->splits[si];
+    rows = (double)(m->batch / l.dp / l.micro) * (double)(m->seq / l.cp);
+    if (p->paper) {
+        dt__plan_paper_split(p, &l, rows, &paper);
+        s = &paper;
+    } else {
+        si = dt__plan_find_split(p, l.tp, l.cp, l.sp, lse);
+        if (si < 0)
+            return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: the profile has no block timed at tp %d cp %d sp %d %s (measure "
+                                    "it with this model on a world of %d)", fn, l.tp, l.cp, l.sp,
+                                    lse ? "keeping lse" : "keeping [T, T]", p->world);
+        s = &p->splits[si];
+    }
     out->layout = l;
     dpcp = l.dp * l.cp;
     K = m->dtype == DT_BF16 ? 2 : 4;
-    rows = (double)(m->batch / l.dp / l.micro) * (double)(m->seq / l.cp);
+    A = p->paper ? p->mach.act_bytes : 4;
     F = dt__plan_at(s->rows, s->fwd, rows);
     B = dt__plan_at(s->rows, s->bwd, rows);
     switch (l.recompute) {
@@ -1719,8 +1904,9 @@ DT_API dt_status dt_plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt
     hf = dt__plan_at(s->rows, s->head_fwd, rows); hb = dt__plan_at(s->rows, s->head_bwd, rows);
     if ((err = dt_pp_split(ctx, first, m->layers, l.pp * l.chunks))) return err;
     /* per stage: compute per micro-batch and parameters */
+    C = m->width;
     {
-        double fst[4096], bst[4096], bp = dt__plan_block_params(m, l.tp), C = m->width;
+        double bp = dt__plan_block_params(m, l.tp);
         double emb = (double)m->vocab / l.tp * C + (double)m->seq * C, head = 2 * C;
         for (st = 0; st < l.pp; st++) {
             int c, nb = 0;
@@ -1734,45 +1920,33 @@ DT_API dt_status dt_plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt
             if (st == l.pp - 1) { fst[st] += hf; bst[st] += hb; psi += head; }
             if (psi > psi_max) psi_max = psi;
         }
-        if (l.pp == 1) {
-            makespan = l.micro * (fst[0] + bst[0]);
-            busy = makespan;
-            bubble = 0;
-            out->in_flight = 1;
-        } else {
-            dt_pp_desc pd;
-            dt_pp_schedule *sch = NULL;
-            dt_pp_stats stt;
-            double send;
-            memset(&pd, 0, sizeof pd);
-            pd.kind = l.schedule; pd.stages = l.pp; pd.micro = l.micro; pd.chunks = l.chunks; pd.n_layers = m->layers;
-            if ((err = dt_pp_schedule_create(ctx, &sch, &pd))) return err;
-            /* a stage whose blocks call MPI (tp's all-reduces, cp's ring) moves its messages along
-               inside those calls: the bare send; one that only computes, the measured delay */
-            send = l.tp > 1 || l.cp > 1 ? dt__plan_coll(p, DT_PLAN_SENDRECV, 2, rows / (l.sp ? l.tp : 1) * C * 4)
-                                        : dt__plan_pipe_delay(p, l.pp, rows * C * 4);
-            err = dt__plan_simulate(sch, fst, bst, send, (double)p->world / (p->hosts > 0 ? p->hosts : 1), p->cores,
-                                    l.schedule == DT_PP_ZB_H1 && (l.sp || l.recompute), &stt);
-            if (!err) {
-                makespan = stt.makespan;
-                busy = 0;
-                for (st = 0; st < l.pp; st++) if (sch->busy[st] > busy) busy = sch->busy[st];
-                bubble = makespan - busy;
-                out->in_flight = stt.peak_max;
+        /* a bound on the pipeline's makespan: stage st starts after the stages before it ran their
+           first chunk of micro-batch 0, and (but for ZB-H1, whose weight passes may come last)
+           the stages before it run the last micro-batch's backward after it ends */
+        {
+            double head_f = 0, tail_b = 0;
+            for (st = 0; st < l.pp; st++) {
+                double t = head_f + l.micro * (fst[st] + bst[st]) + (l.schedule == DT_PP_ZB_H1 ? 0 : tail_b);
+                if (t > busy) busy = t;
+                head_f += fst[st] / l.chunks;
+                tail_b += bst[st] / l.chunks;
             }
-            dt_pp_schedule_free(sch);
-            if (err) return err;
-            /* the tied head: stage 0 sends wte to the last stage and its gradient comes back, each step */
-            makespan += 2 * dt__plan_coll(p, DT_PLAN_SENDRECV, 2, (double)m->vocab / l.tp * C * 4);
         }
+    }
+    out->in_flight = 1; /* the schedule's activations in flight: every schedule dt makes reaches its bound */
+    for (st = 0; l.pp > 1 && st < l.pp; st++) {
+        int bd = dt_pp_schedule_bound(l.schedule, l.pp, l.micro, l.chunks, st);
+        if (bd > out->in_flight) out->in_flight = bd;
     }
     /* data-parallel sync over dp x cp: grads f32, values K bytes a parameter */
     N = dpcp;
     grads_b = psi_max * 4;
     exposed = 0;
     if (dpcp > 1) {
-        double ar = dt__plan_coll(p, DT_PLAN_ALLREDUCE, dpcp, grads_b), rs = dt__plan_coll(p, DT_PLAN_REDUCE_SCATTER, dpcp, grads_b);
-        double ag = dt__plan_coll(p, DT_PLAN_ALLGATHER, dpcp, psi_max * K);
+        /* the dp x cp group: ranks tp apart (tp innermost) */
+        double ar = dt__plan_coll(p, DT_PLAN_ALLREDUCE, dpcp, l.tp, grads_b);
+        double rs = dt__plan_coll(p, DT_PLAN_REDUCE_SCATTER, dpcp, l.tp, grads_b);
+        double ag = dt__plan_coll(p, DT_PLAN_ALLGATHER, dpcp, l.tp, psi_max * K);
         switch (l.zero) {
         case 0: /* buckets during the last micro-batch's backward */
             exposed = ar - p->overlap * (ar < B * nb_max ? ar : B * nb_max);
@@ -1789,7 +1963,46 @@ DT_API dt_status dt_plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt
     /* the optimizer over this rank's shard, ZeRO's pack / unpack copies, the loss and norm */
     opt = p->opt_s_per_param * (l.zero >= 1 ? psi_max / N : psi_max);
     if (l.zero >= 1) opt += p->copy_s_per_byte * psi_max * (4 + K) * 2;
-    opt += 2 * dt__plan_coll(p, DT_PLAN_ALLREDUCE, p->world, 8);
+    opt += 2 * dt__plan_coll(p, DT_PLAN_ALLREDUCE, p->world, 1, 8);
+    step = busy + exposed + opt;
+    if (floor > 0 && p->paper && (double)m->batch * (double)m->seq / step < floor) { /* no bubble can make it */
+        if (pruned) *pruned = 1;
+        makespan = busy; /* the bound: out's time is no more than that */
+    } else if (l.pp == 1) {
+        makespan = busy;
+    } else {
+        dt_pp_stats stt;
+        if (cache && *cache && (*cache)->stages == l.pp && (*cache)->micro == l.micro && (*cache)->kind == l.schedule &&
+            (*cache)->chunks == l.chunks)
+            sch = *cache;
+        else {
+            dt_pp_desc pd;
+            memset(&pd, 0, sizeof pd);
+            pd.kind = l.schedule; pd.stages = l.pp; pd.micro = l.micro; pd.chunks = l.chunks; pd.n_layers = m->layers;
+            if ((err = dt_pp_schedule_create(ctx, &sch, &pd))) return err;
+            if (cache) { dt_pp_schedule_free(*cache); *cache = sch; }
+        }
+        /* a stage whose blocks call MPI (tp's all-reduces, cp's ring) moves its messages along
+           inside those calls: the bare send; one that only computes, the measured delay. The
+           next stage's rank is tp x cp x dp further. */
+        int stride = l.tp * l.cp * l.dp;
+        double send = l.tp > 1 || l.cp > 1 || p->paper
+                          ? dt__plan_coll(p, DT_PLAN_SENDRECV, 2, stride, rows / (l.sp ? l.tp : 1) * C * A)
+                          : dt__plan_pipe_delay(p, l.pp, stride, rows * C * A);
+        err = dt__plan_simulate(sch, fst, bst, send, (double)p->world / (p->hosts > 0 ? p->hosts : 1), p->cores,
+                                l.schedule == DT_PP_ZB_H1 && (l.sp || l.recompute), &stt);
+        if (!err) {
+            makespan = stt.makespan;
+            busy = 0;
+            for (st = 0; st < l.pp; st++) if (sch->busy[st] > busy) busy = sch->busy[st];
+            bubble = makespan - busy;
+            out->in_flight = stt.peak_max;
+        }
+        /* the tied head: stage 0 sends wte to the last stage and its gradient comes back, each step */
+        makespan += 2 * dt__plan_coll(p, DT_PLAN_SENDRECV, 2, (l.pp - 1) * stride, (double)m->vocab / l.tp * C * 4);
+    }
+    if (!cache) dt_pp_schedule_free(sch);
+    if (err) return err;
     step = makespan + exposed + opt;
     out->step_s = step;
     out->tokens_per_s = (double)m->batch * (double)m->seq / step;
@@ -1797,6 +2010,7 @@ DT_API dt_status dt_plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt
     out->comm_s = exposed;
     out->bubble_s = bubble;
     out->optimizer_s = opt;
+    if (p->paper) out->mfu = dt_plan_model_flops(m) * out->tokens_per_s / ((double)p->world * p->mach.flops);
     /* memory of the fullest stage: dt_zero_memory's accounting, examples/gpt's activations */
     {
         double psi = psi_max, shard = l.zero >= 1 ? psi / N : psi;
@@ -1806,12 +2020,20 @@ DT_API dt_status dt_plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt
         out->mem_grads = 4 * (l.zero >= 2 ? psi / N : psi);
         out->mem_optimizer = (8 + master) * shard;
         /* a set is one (chunk, micro-batch): a chunk's blocks (interleaved: half the stage's) */
-        out->mem_activations = sets * dt__plan_acts_bytes(m, &l, (nb_max + l.chunks - 1) / l.chunks);
+        out->mem_activations = sets * dt__plan_acts_bytes(m, &l, (nb_max + l.chunks - 1) / l.chunks, A, p->paper);
         if (l.pp > 1) out->mem_params += 2.0 * (double)m->vocab / l.tp * m->width * 4; /* the tied head's copy, grad */
-        out->mem_transient = dt__plan_at(s->rows, s->extra, rows) + dt__plan_zero_transient(m, &l, K, nb_max);
+        if (p->paper) /* NCCL reduces in place; ZeRO 3 holds a gathered block and the next one */
+            out->mem_transient = l.zero == 3 ? 2 * K * dt__plan_block_params(m, l.tp) : 0;
+        else
+            out->mem_transient = dt__plan_at(s->rows, s->extra, rows) + dt__plan_zero_transient(m, &l, K, nb_max);
         out->mem_total = out->mem_params + out->mem_grads + out->mem_optimizer + out->mem_activations + out->mem_transient;
     }
     return DT_OK;
+}
+
+DT_API dt_status dt_plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt_plan_layout *layout,
+                                 dt_plan_prediction *out) {
+    return dt__plan_predict(ctx, p, layout, out, 0, NULL, NULL);
 }
 
 /* ==== >>search =================================================================================== */
@@ -1821,51 +2043,98 @@ static int dt__plan_better(const dt_plan_prediction *a, const dt_plan_prediction
     return a->mem_total < b->mem_total;
 }
 
+/* insert pr into out[0 .. *n) (at most max), keeping it best first */
+static void dt__plan_insert(dt_plan_prediction *out, int max, int *n, const dt_plan_prediction *pr) {
+    int i;
+    if (*n == max && !dt__plan_better(pr, &out[max - 1])) return;
+    i = *n < max ? (*n)++ : max - 1;
+    for (; i > 0 && dt__plan_better(pr, &out[i - 1]); i--) out[i] = out[i - 1];
+    out[i] = *pr;
+}
+
+/* a layout of a paper search and the most tokens/s it could reach (no bubble, no message delay) */
+typedef struct dt__plan_cand {
+    dt_plan_layout l;
+    double bound;
+} dt__plan_cand;
+
+static int dt__plan_cand_cmp(const void *a, const void *b) {
+    double x = ((const dt__plan_cand *)a)->bound, y = ((const dt__plan_cand *)b)->bound;
+    return x > y ? -1 : x < y ? 1 : 0;
+}
+
 DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_plan_search_desc *desc,
                                 dt_plan_prediction *out, int max, int *count, int *total) {
     dt_plan_search_desc sd;
-    dt_status err;
-    int W, tp, cp, pp, zero, sp, rec, sch, n = 0, all = 0;
-    int64_t micro;
+    dt_status err = DT_OK;
+    int W, tp, cp, pp, zero, sp, rec, sch, n = 0, all = 0, mi, nm;
+    int64_t micro, per, ms[128];
+    dt_pp_schedule *cache = NULL;
+    dt__plan_cand *cands = NULL;
+    int64_t n_cands = 0, cap = 0, c;
     if (!p || !out || max < 1 || !count)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_search: p, out and count must not be NULL, max >= 1 (max = %d)",
                                 max);
     if (desc) sd = *desc;
     else memset(&sd, 0, sizeof sd);
-    if (sd.max_micro <= 0) sd.max_micro = 16;
     if ((err = dt__plan_profile_check(ctx, "dt_plan_search", p))) return err;
+    if (sd.max_micro <= 0) sd.max_micro = p->paper ? (int)(p->model.batch < (1 << 20) ? p->model.batch : 1 << 20) : 16;
+    if (sd.mem_budget <= 0 && p->paper) sd.mem_budget = p->mach.mem_bytes - p->mach.reserved_bytes;
     W = p->world;
     for (tp = 1; tp <= W; tp++)
         for (cp = 1; W % tp == 0 && tp * cp <= W; cp++)
             for (pp = 1; (W / tp) % cp == 0 && tp * cp * pp <= W; pp++) {
                 if (W % (tp * cp * pp)) continue;
-                for (micro = 1; micro <= sd.max_micro; micro *= 2)
+                /* micro-batches: 1, 2, 4, ... and those of 1, 2, 4, ... sequences (Megatron's micro-batch size) */
+                per = p->model.batch / (W / (tp * cp * pp));
+                for (nm = 0, micro = 1; micro <= sd.max_micro && nm < 64; micro *= 2) ms[nm++] = micro;
+                for (micro = 1; micro <= per && nm < 128; micro *= 2)
+                    if (per % micro == 0 && per / micro <= sd.max_micro && (per / micro & (per / micro - 1)))
+                        ms[nm++] = per / micro; /* not a power of two: not listed yet */
+                for (mi = 0; mi < nm && (micro = ms[mi]) > 0; mi++)
                     for (sch = pp > 1 ? DT_PP_GPIPE : 0; sch <= (pp > 1 ? DT_PP_ZB_H1 : 0); sch++)
                         for (zero = 0; zero <= 3; zero++)
                             for (sp = 0; sp <= (tp > 1); sp++)
                                 for (rec = 0; rec <= (sd.recompute ? DT_PLAN_RECOMPUTE_GEMM_LAST : 0); rec++) {
                                     dt_plan_layout l;
                                     dt_plan_prediction pr;
-                                    int i;
+                                    int pruned;
                                     memset(&l, 0, sizeof l);
                                     l.tp = tp; l.cp = cp; l.pp = pp; l.micro = (int)micro; l.zero = zero; l.sp = sp;
                                     l.schedule = (dt_pp_kind)sch; l.recompute = (dt_plan_recompute)rec;
                                     if (dt_plan_layout_check(NULL, &p->model, W, &l, NULL)) continue;
-                                    err = dt_plan_predict(ctx, p, &l, &pr);
+                                    /* paper: memory and a bound on the step now, the pipeline later */
+                                    err = dt__plan_predict(ctx, p, &l, &pr, p->paper ? HUGE_VAL : 0, &cache, &pruned);
                                     if (err == DT_ERR_ARG || err == DT_ERR_STATE) continue; /* not this layout */
-                                    if (err) return err;
+                                    if (err) goto done;
                                     if (sd.mem_budget > 0 && pr.mem_total > sd.mem_budget) continue;
                                     all++;
-                                    /* insert, keeping out[0 .. n) best first */
-                                    if (n == max && !dt__plan_better(&pr, &out[max - 1])) continue;
-                                    i = n < max ? n++ : max - 1;
-                                    for (; i > 0 && dt__plan_better(&pr, &out[i - 1]); i--) out[i] = out[i - 1];
-                                    out[i] = pr;
+                                    if (pruned) {
+                                        if ((err = dt_grow(ctx, (void **)&cands, &cap, n_cands + 1, sizeof *cands,
+                                                           "dt_plan_search's layouts")))
+                                            goto done;
+                                        cands[n_cands].l = l;
+                                        cands[n_cands++].bound = pr.tokens_per_s;
+                                        continue;
+                                    }
+                                    dt__plan_insert(out, max, &n, &pr);
                                 }
             }
+    /* paper: the most promising first, until no bound can beat the last one kept */
+    if (n_cands) qsort(cands, (size_t)n_cands, sizeof *cands, dt__plan_cand_cmp);
+    for (c = 0; c < n_cands; c++) {
+        dt_plan_prediction pr;
+        if (n == max && cands[c].bound < out[max - 1].tokens_per_s) break;
+        if ((err = dt__plan_predict(ctx, p, &cands[c].l, &pr, 0, &cache, NULL))) goto done;
+        dt__plan_insert(out, max, &n, &pr);
+    }
+    err = DT_OK;
+done:
+    dt_release(ctx, cands);
+    dt_pp_schedule_free(cache);
     *count = n;
     if (total) *total = all;
-    return DT_OK;
+    return err;
 }
 
 DT_API void dt_plan_format(const dt_plan_prediction *pr, int n, dt_strbuf *out) {
@@ -1881,6 +2150,153 @@ DT_API void dt_plan_format(const dt_plan_prediction *pr, int n, dt_strbuf *out) 
                          pr[i].mem_total / 1e6);
 }
 
+
+/* ==== >>paper ==================================================================================== */
+
+/* The machine's fields: name in the file, where in the struct, the range a sane value takes. */
+typedef struct dt__plan_mfield {
+    const char *key;
+    size_t off;
+    double lo, hi;
+} dt__plan_mfield;
+
+#define DT__PLAN_MF(f, lo, hi) {#f, offsetof(dt_plan_machine, f), lo, hi}
+static const dt__plan_mfield dt__plan_mfields[] = {
+    DT__PLAN_MF(flops, 1e9, 1e18),       DT__PLAN_MF(gemm_eff, 0.01, 1),     DT__PLAN_MF(attn_fwd_eff, 0.01, 1),
+    DT__PLAN_MF(attn_bwd_eff, 0.01, 1),  DT__PLAN_MF(mem_bw, 1e9, 1e15),     DT__PLAN_MF(mem_eff, 0.01, 1),
+    DT__PLAN_MF(mem_bytes, 1e6, 1e15),   DT__PLAN_MF(reserved_bytes, 0, 1e15), DT__PLAN_MF(act_bytes, 1, 8),
+    DT__PLAN_MF(intra_bw, 1e6, 1e15),    DT__PLAN_MF(intra_alpha, 0, 1),     DT__PLAN_MF(nic_bw, 1e6, 1e15),
+    DT__PLAN_MF(inter_alpha, 0, 1),      DT__PLAN_MF(p2p_intra_bw, 1e6, 1e15), DT__PLAN_MF(p2p_inter_bw, 1e6, 1e15),
+    DT__PLAN_MF(overlap, 0, 1),          DT__PLAN_MF(tp_overlap, 0, 1),
+};
+#undef DT__PLAN_MF
+#define DT__PLAN_NMF ((int)(sizeof dt__plan_mfields / sizeof dt__plan_mfields[0]))
+
+static dt_status dt__plan_machine_check(dt_ctx *ctx, const char *fn, const dt_plan_machine *mc) {
+    int i;
+    if (!mc) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: machine is NULL", fn);
+    if (mc->ranks_per_host < 1 || mc->ranks_per_host > 4096)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: machine %s: ranks_per_host = %d, expected 1 .. 4096", fn, mc->name,
+                                mc->ranks_per_host);
+    for (i = 0; i < DT__PLAN_NMF; i++) {
+        double v;
+        memcpy(&v, (const char *)mc + dt__plan_mfields[i].off, sizeof v);
+        if (!(v >= dt__plan_mfields[i].lo && v <= dt__plan_mfields[i].hi))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: machine %s: %s = %g, expected %g .. %g", fn, mc->name,
+                                    dt__plan_mfields[i].key, v, dt__plan_mfields[i].lo, dt__plan_mfields[i].hi);
+    }
+    if (mc->reserved_bytes >= mc->mem_bytes)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: machine %s: reserved_bytes %g, expected less than mem_bytes %g", fn,
+                                mc->name, mc->reserved_bytes, mc->mem_bytes);
+    return DT_OK;
+}
+
+DT_API dt_status dt_plan_machine_load(dt_ctx *ctx, dt_plan_machine *mc, const char *path) {
+    static const char *fn = "dt_plan_machine_load";
+    FILE *f;
+    char *text = NULL;
+    long len;
+    dt_json *root = NULL;
+    const dt_json *j;
+    dt_status err = DT_OK;
+    int i;
+    if (!mc || !path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, mc ? "path" : "mc");
+    memset(mc, 0, sizeof *mc);
+    f = fopen(path, "rb");
+    if (!f) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot open %s", fn, path);
+    if (fseek(f, 0, SEEK_END) || (len = ftell(f)) < 0 || len > (1L << 20) || fseek(f, 0, SEEK_SET)) {
+        fclose(f);
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: not a readable file of at most 1 MB", fn, path);
+    }
+    text = (char *)dt_alloc(ctx, (size_t)len + 1);
+    if (!text) { fclose(f); return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: out of memory for %s", fn, path); }
+    if (fread(text, 1, (size_t)len, f) != (size_t)len) {
+        fclose(f);
+        dt_release(ctx, text);
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot read %s", fn, path);
+    }
+    fclose(f);
+    err = dt_json_parse(ctx, &root, text, (size_t)len);
+    dt_release(ctx, text);
+    if (err) return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s", fn, path, dt_ctx_error(ctx));
+    if (root->type != DT_JSON_OBJECT || !dt_json_get(root, "dt_plan_machine")) {
+        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: not a dt_plan machine (no \"dt_plan_machine\" key)", fn, path);
+        goto done;
+    }
+    j = dt_json_get(root, "name");
+    if (!j || j->type != DT_JSON_STRING || !j->string[0] || strlen(j->string) >= sizeof mc->name) {
+        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: name: expected a string of 1 .. %d characters", fn, path,
+                               (int)sizeof mc->name - 1);
+        goto done;
+    }
+    snprintf(mc->name, sizeof mc->name, "%s", j->string);
+    j = dt_json_get(root, "ranks_per_host");
+    if (!j || j->type != DT_JSON_NUMBER || !(j->number >= 1 && j->number <= 4096) || j->number != floor(j->number)) {
+        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: ranks_per_host: expected an integer in [1, 4096]", fn, path);
+        goto done;
+    }
+    mc->ranks_per_host = (int)j->number;
+    for (i = 0; i < DT__PLAN_NMF; i++) {
+        const dt__plan_mfield *mf = &dt__plan_mfields[i];
+        j = dt_json_get(root, mf->key);
+        if (!j || j->type != DT_JSON_NUMBER || !(j->number >= mf->lo && j->number <= mf->hi)) {
+            char v[48];
+            if (!j) snprintf(v, sizeof v, "(missing)");
+            else if (j->type != DT_JSON_NUMBER) snprintf(v, sizeof v, "(not a number)");
+            else snprintf(v, sizeof v, "%.9g", j->number);
+            err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s = %s, expected a number in [%g, %g]", fn, path, mf->key,
+                                   v, mf->lo, mf->hi);
+            goto done;
+        }
+        memcpy((char *)mc + mf->off, &j->number, sizeof j->number);
+    }
+    if ((err = dt__plan_machine_check(ctx, fn, mc))) {
+        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s", fn, path, dt_ctx_error(ctx));
+        goto done;
+    }
+done:
+    dt_json_free(ctx, root);
+    if (err) memset(mc, 0, sizeof *mc);
+    return err;
+}
+
+DT_API dt_status dt_plan_profile_paper(dt_ctx *ctx, const dt_plan_machine *mc, const dt_plan_model *m, int world,
+                                       dt_plan_profile *out) {
+    static const char *fn = "dt_plan_profile_paper";
+    dt_status err;
+    double bw;
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    if ((err = dt__plan_machine_check(ctx, fn, mc))) return err;
+    if ((err = dt__plan_model_check(ctx, fn, m))) return err;
+    if (world < 1 || world > (1 << 20)) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: world = %d, expected 1 .. 2^20", fn, world);
+    memset(out, 0, sizeof *out);
+    out->paper = 1;
+    out->mach = *mc;
+    out->model = *m;
+    if (!out->model.kv_heads) out->model.kv_heads = m->heads;
+    if (!out->model.dtype) out->model.dtype = DT_F32;
+    out->world = world;
+    out->hosts = (world + mc->ranks_per_host - 1) / mc->ranks_per_host;
+    out->cores = mc->ranks_per_host; /* a GPU each: no rank waits for another's core */
+    snprintf(out->machine, sizeof out->machine, "%.60s (on paper)", mc->name);
+    bw = mc->mem_bw * mc->mem_eff;
+    /* AdamW over a shard: reads grad, m, v and the f32 master (16 bytes), writes m, v, the master and
+       the dtype's copy (12 + K); ZeRO's packing copies read and write each byte */
+    out->opt_s_per_param = (28.0 + (m->dtype == DT_BF16 ? 2 : 4)) / bw;
+    out->copy_s_per_byte = 2.0 / bw;
+    out->overlap = mc->overlap;
+    return DT_OK;
+}
+
+DT_API double dt_plan_model_flops(const dt_plan_model *m) {
+    double C, Ckv, F, gemm;
+    if (!m || m->heads < 1 || m->width < 1) return 0;
+    C = m->width;
+    Ckv = (double)(m->kv_heads ? m->kv_heads : m->heads) * (C / m->heads);
+    F = dt__plan_ffn(m);
+    gemm = C * (C + 2 * Ckv) + C * C + (2.0 + m->gated) * C * F; /* qkv, projection, MLP */
+    return 6 * (m->layers * gemm + (double)m->vocab * C) + 12.0 * m->layers * (double)m->seq * C;
+}
 
 /* ==== >>dlrm ===================================================================================== */
 
