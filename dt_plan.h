@@ -32,6 +32,7 @@
        >>profile         the machine's measured pieces: dt_plan_profile, measure, save, load
        >>predict         one layout's step time and memory: dt_plan_predict
        >>search          every valid layout ranked: dt_plan_search, dt_plan_format
+       >>paper           a cluster you do not have: a machine's published figures instead of measurements
        >>dlrm            a DLRM's table plans (with dt_embed.h): measure, predict, search
        >>implementation  where the implementation starts
 
@@ -43,6 +44,8 @@
        dt_plan_predict         step time split (compute, exposed comm, bubble, optimizer), memory
        dt_plan_search          all valid layouts of a world size, best first
        dt_plan_format          the top n as a table
+       dt_plan_machine_load / dt_plan_profile_paper   a machine file (docs/machines) made into a profile
+       dt_plan_model_flops     a step's FLOPs per token in Megatron's count (for MFU)
        dt_plan_dlrm_measure / _predict / _search / _format / _plan_of   the tables' plans (>>dlrm)
 
    Do this:

@@ -635,6 +635,35 @@ static void paper(void) {
         st = dt_plan_machine_load(&g_ctx, &got, path);
         dt_test_error("plan_machine_fractional_ranks_per_host_is_named", st, dt_ctx_error(&g_ctx), "ranks_per_host");
     }
+    /* the machine files the repository ships (docs/machines): they load, and the DGX H100 one puts
+       the Megatron-LM README's 177B layout (tp 8, pp 6, dp 48 on 2304 GPUs, batch 1152 of 4096
+       tokens; published 432.8 TFLOP/s a GPU) within 25% of what was published (bench/plan_paper
+       prints the rest) */
+    {
+        static const char *const files[] = {"docs/machines/h100-dgx.json", "docs/machines/a100-dgx.json"};
+        dt_plan_machine got;
+        int f, ok = 1;
+        for (f = 0; f < 2; f++)
+            if (dt_plan_machine_load(&g_ctx, &got, files[f])) {
+                ok = 0;
+                printf("  %s\n", dt_ctx_error(&g_ctx));
+            }
+        DT_TEST_CHECK("plan_shipped_machine_files_load", ok);
+        if (ok && dt_plan_machine_load(&g_ctx, &got, files[0]) == DT_OK) {
+            dt_plan_model g;
+            double tf;
+            memset(&g, 0, sizeof g);
+            g.layers = 96; g.width = 12288; g.heads = 96; g.vocab = 131072; g.seq = 4096; g.batch = 1152;
+            g.dtype = DT_BF16;
+            memset(&l, 0, sizeof l);
+            l.tp = 8; l.pp = 6; l.micro = 24; l.zero = 1; l.sp = 1; l.schedule = DT_PP_INTERLEAVED;
+            st = dt_plan_profile_paper(&g_ctx, &got, &g, 2304, p);
+            if (!st) st = dt_plan_predict(&g_ctx, p, &l, &pr);
+            tf = st ? 0 : pr.mfu * got.flops / 1e12;
+            if (!DT_TEST_CHECK("plan_paper_h100_177b_within_25_percent_of_published", fabs(tf / 432.8 - 1) < 0.25))
+                printf("  predicted %.1f TFLOP/s a GPU, published 432.8 (%s)\n", tf, st ? dt_ctx_error(&g_ctx) : "");
+        }
+    }
     free(p);
 }
 
