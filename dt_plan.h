@@ -47,6 +47,7 @@
        dt_plan_machine_load / dt_plan_profile_paper   a machine file (docs/machines) made into a profile
        dt_plan_model_flops     a step's FLOPs per token in Megatron's count (for MFU)
        dt_plan_dlrm_measure / _predict / _search / _format / _plan_of   the tables' plans (>>dlrm)
+       dt_plan_dlrm_profile_save / _load / _broadcast   their profile as a file
 
    Do this:
        #define DT_PLAN_IMPLEMENTATION    (or DT_IMPLEMENTATION for every dt header)
@@ -402,6 +403,12 @@ DT_API dt_status dt_plan_dlrm_search(dt_ctx *ctx, const dt_plan_dlrm_profile *p,
                                      dt_plan_dlrm_prediction *out, int max, int *count);
 /* A table of n predictions (their split and memory), then the first one's placement per table. */
 DT_API void dt_plan_dlrm_format(const dt_plan_dlrm_prediction *pr, int n, dt_strbuf *out);
+/* The profile as JSON, to plan again without measuring (the same tables, world and batch: the
+   caller checks them against the file's). Load names a missing or bad field and the file. */
+DT_API dt_status dt_plan_dlrm_profile_save(dt_ctx *ctx, const dt_plan_dlrm_profile *p, const char *path);
+DT_API dt_status dt_plan_dlrm_profile_load(dt_ctx *ctx, dt_plan_dlrm_profile *p, const char *path);
+/* Every rank of c gets root's profile (collective) */
+DT_API dt_status dt_plan_dlrm_profile_broadcast(dt_comm *c, dt_plan_dlrm_profile *p, int root);
 #endif /* DT_EMBED_H */
 
 #ifdef __cplusplus
@@ -1412,21 +1419,27 @@ DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m,
     return dt_plan_profile_broadcast(world, out, 0);
 }
 
-DT_API dt_status dt_plan_profile_broadcast(dt_comm *c, dt_plan_profile *p, int root) {
+/* root's n bytes at p to every rank of c (a plain struct: no pointers) */
+static dt_status dt__plan_bcast(dt_comm *c, void *p, size_t n, int root) {
     dt_ctx *ctx = dt_comm_ctx(c);
     dt_tensor t;
     dt_tensor_desc d;
     dt_status err;
-    if (!c || !p) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_profile_broadcast: %s is NULL", c ? "p" : "c");
     memset(&d, 0, sizeof d);
     d.dtype = DT_U8;
-    d.shape[0] = (int64_t)sizeof *p;
+    d.shape[0] = (int64_t)n;
     if ((err = dt_tensor_create(ctx, &t, &d))) return err;
-    memcpy(t.data, p, sizeof *p);
+    memcpy(t.data, p, n);
     err = dt_comm_broadcast(c, &t, root);
-    if (!err) memcpy(p, t.data, sizeof *p);
+    if (!err) memcpy(p, t.data, n);
     dt_tensor_free(ctx, &t);
     return err;
+}
+
+DT_API dt_status dt_plan_profile_broadcast(dt_comm *c, dt_plan_profile *p, int root) {
+    if (!c || !p)
+        return dt_ctx_set_error(dt_comm_ctx(c), DT_ERR_ARG, "dt_plan_profile_broadcast: %s is NULL", c ? "p" : "c");
+    return dt__plan_bcast(c, p, sizeof *p, root);
 }
 
 /* ---- JSON ---- */
@@ -1489,6 +1502,32 @@ DT_API dt_status dt_plan_profile_save(dt_ctx *ctx, const dt_plan_profile *p, con
     return DT_OK;
 }
 
+/* The JSON of the file at path (at most max bytes), or an error naming fn and the file. */
+static dt_status dt__plan_read_json(dt_ctx *ctx, const char *fn, const char *path, long max, dt_json **out) {
+    FILE *f = fopen(path, "rb");
+    char *text;
+    long len;
+    dt_status err;
+    *out = NULL;
+    if (!f) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot open %s", fn, path);
+    if (fseek(f, 0, SEEK_END) || (len = ftell(f)) < 0 || len > max || fseek(f, 0, SEEK_SET)) {
+        fclose(f);
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: not a readable file of at most %ld bytes", fn, path, max);
+    }
+    text = (char *)dt_alloc(ctx, (size_t)len + 1);
+    if (!text) { fclose(f); return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: out of memory for %s", fn, path); }
+    if (fread(text, 1, (size_t)len, f) != (size_t)len) {
+        fclose(f);
+        dt_release(ctx, text);
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot read %s", fn, path);
+    }
+    fclose(f);
+    err = dt_json_parse(ctx, out, text, (size_t)len);
+    dt_release(ctx, text);
+    if (err) return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s", fn, path, dt_ctx_error(ctx));
+    return DT_OK;
+}
+
 /* a number field of obj within [lo, hi], named in the error */
 static dt_status dt__plan_num(dt_ctx *ctx, const char *path, const dt_json *obj, const char *where, const char *key,
                             double lo, double hi, double *out) {
@@ -1521,9 +1560,7 @@ static dt_status dt__plan_pair(dt_ctx *ctx, const char *path, const dt_json *obj
 
 DT_API dt_status dt_plan_profile_load(dt_ctx *ctx, dt_plan_profile *p, const char *path) {
     static const char *fn = "dt_plan_profile_load";
-    FILE *f;
-    char *text = NULL, where[48];
-    long len;
+    char where[48];
     dt_json *root = NULL;
     const dt_json *j, *mo, *arr;
     dt_status err;
@@ -1531,23 +1568,7 @@ DT_API dt_status dt_plan_profile_load(dt_ctx *ctx, dt_plan_profile *p, const cha
     int i;
     if (!p || !path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, p ? "path" : "p");
     memset(p, 0, sizeof *p);
-    f = fopen(path, "rb");
-    if (!f) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot open %s", fn, path);
-    if (fseek(f, 0, SEEK_END) || (len = ftell(f)) < 0 || len > (64L << 20) || fseek(f, 0, SEEK_SET)) {
-        fclose(f);
-        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: not a readable file of at most 64 MB", fn, path);
-    }
-    text = (char *)dt_alloc(ctx, (size_t)len + 1);
-    if (!text) { fclose(f); return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: out of memory for %s", fn, path); }
-    if (fread(text, 1, (size_t)len, f) != (size_t)len) {
-        fclose(f);
-        dt_release(ctx, text);
-        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot read %s", fn, path);
-    }
-    fclose(f);
-    err = dt_json_parse(ctx, &root, text, (size_t)len);
-    dt_release(ctx, text);
-    if (err) return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s", fn, path, dt_ctx_error(ctx));
+    if ((err = dt__plan_read_json(ctx, fn, path, 64L << 20, &root))) return err;
 #define DT__PLAN_N(obj, w, key, lo, hi, dst) \
     do { if ((err = dt__plan_num(ctx, path, obj, w, key, lo, hi, &v))) goto done; dst = v; } while (0)
     /* a count: an integer (a fraction would be cut to one silently) */
@@ -1763,11 +1784,12 @@ static void dt__plan_paper_split(const dt_plan_profile *p, const dt_plan_layout 
     double attn = 2 * b * T * T * C / (tp * l->cp), fa = attn / (mc->flops * mc->attn_fwd_eff);
     double ba = 2.5 * attn / (mc->flops * mc->attn_bwd_eff);
     double ln = A * 4 * Nl * C / bw, elem = A * 6 * Nl * C / bw + A * (g + 1) * N * F / tp / bw;
-    double tpc = 0, cpc = 0, h;
-    if (l->tp > 1)
-        tpc = (1 - mc->tp_overlap) *
-              (l->sp ? 2 * (dt__plan_coll(p, DT_PLAN_ALLGATHER, l->tp, 1, act) + dt__plan_coll(p, DT_PLAN_REDUCE_SCATTER, l->tp, 1, act))
-                     : 2 * dt__plan_coll(p, DT_PLAN_ALLREDUCE, l->tp, 1, act));
+    double tpc = 0, cpc = 0, h, ag = 0, rs = 0;
+    if (l->tp > 1) { /* tp's group: consecutive ranks */
+        ag = dt__plan_coll(p, DT_PLAN_ALLGATHER, l->tp, 1, act);
+        rs = dt__plan_coll(p, DT_PLAN_REDUCE_SCATTER, l->tp, 1, act);
+        tpc = (1 - mc->tp_overlap) * (l->sp ? 2 * (ag + rs) : 2 * dt__plan_coll(p, DT_PLAN_ALLREDUCE, l->tp, 1, act));
+    }
     if (l->cp > 1) cpc = (l->cp - 1) * dt__plan_coll(p, DT_PLAN_SENDRECV, 2, l->tp, N * 2 * Ckv / tp * A);
     memset(s, 0, sizeof *s);
     s->tp = l->tp; s->cp = l->cp; s->sp = l->sp; s->lse = 1;
@@ -1782,8 +1804,8 @@ static void dt__plan_paper_split(const dt_plan_profile *p, const dt_plan_layout 
     s->embed_fwd[0] = A * 2 * Nl * C / bw + (l->tp > 1 ? dt__plan_coll(p, DT_PLAN_ALLREDUCE, l->tp, 1, act) : 0);
     s->embed_bwd[0] = A * 2 * Nl * C / bw;
     h = 2 * N * C * V / tp / gr;
-    s->head_fwd[0] = h + (4.0 * 2 * N * V / tp + A * 2 * Nl * C) / bw + (l->sp ? dt__plan_coll(p, DT_PLAN_ALLGATHER, l->tp, 1, act) : 0);
-    s->head_bwd[0] = 2 * h + (4.0 * 2 * N * V / tp + A * 2 * Nl * C) / bw + (l->sp ? dt__plan_coll(p, DT_PLAN_REDUCE_SCATTER, l->tp, 1, act) : 0);
+    s->head_fwd[0] = h + (4.0 * 2 * N * V / tp + A * 2 * Nl * C) / bw + (l->sp ? ag : 0);
+    s->head_bwd[0] = 2 * h + (4.0 * 2 * N * V / tp + A * 2 * Nl * C) / bw + (l->sp ? rs : 0);
 #define DT__PLAN_TWIN(f) s->f[1] = s->f[0];
     DT__PLAN_SPLIT_FIELDS(DT__PLAN_TWIN)
 #undef DT__PLAN_TWIN
@@ -2196,32 +2218,13 @@ static dt_status dt__plan_machine_check(dt_ctx *ctx, const char *fn, const dt_pl
 
 DT_API dt_status dt_plan_machine_load(dt_ctx *ctx, dt_plan_machine *mc, const char *path) {
     static const char *fn = "dt_plan_machine_load";
-    FILE *f;
-    char *text = NULL;
-    long len;
     dt_json *root = NULL;
     const dt_json *j;
     dt_status err = DT_OK;
     int i;
     if (!mc || !path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, mc ? "path" : "mc");
     memset(mc, 0, sizeof *mc);
-    f = fopen(path, "rb");
-    if (!f) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot open %s", fn, path);
-    if (fseek(f, 0, SEEK_END) || (len = ftell(f)) < 0 || len > (1L << 20) || fseek(f, 0, SEEK_SET)) {
-        fclose(f);
-        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: not a readable file of at most 1 MB", fn, path);
-    }
-    text = (char *)dt_alloc(ctx, (size_t)len + 1);
-    if (!text) { fclose(f); return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: out of memory for %s", fn, path); }
-    if (fread(text, 1, (size_t)len, f) != (size_t)len) {
-        fclose(f);
-        dt_release(ctx, text);
-        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot read %s", fn, path);
-    }
-    fclose(f);
-    err = dt_json_parse(ctx, &root, text, (size_t)len);
-    dt_release(ctx, text);
-    if (err) return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s", fn, path, dt_ctx_error(ctx));
+    if ((err = dt__plan_read_json(ctx, fn, path, 1L << 20, &root))) return err;
     if (root->type != DT_JSON_OBJECT || !dt_json_get(root, "dt_plan_machine")) {
         err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: not a dt_plan machine (no \"dt_plan_machine\" key)", fn, path);
         goto done;
@@ -2271,7 +2274,8 @@ DT_API dt_status dt_plan_profile_paper(dt_ctx *ctx, const dt_plan_machine *mc, c
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
     if ((err = dt__plan_machine_check(ctx, fn, mc))) return err;
     if ((err = dt__plan_model_check(ctx, fn, m))) return err;
-    if (world < 1 || world > (1 << 20)) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: world = %d, expected 1 .. 2^20", fn, world);
+    if (world < 1 || world > (1 << 20))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: world = %d, expected 1 .. 2^20", fn, world);
     memset(out, 0, sizeof *out);
     out->paper = 1;
     out->mach = *mc;
@@ -2939,6 +2943,193 @@ DT_API void dt_plan_dlrm_format(const dt_plan_dlrm_prediction *pr, int n, dt_str
         else dt_strbuf_printf(out, " %d:%s", t, dt_embed_sharding_name(k));
     }
     dt_strbuf_printf(out, "\n");
+}
+
+/* ---- the DLRM profile as JSON ---- */
+
+#define DT__PLAN_DLRM_SCALARS(X) \
+    X(dense_s) X(base_bytes) X(dense_peak) X(x_fwd) X(x_bwd) X(x_bytes) X(measure_s)
+#define DT__PLAN_DLRM_KIND_ARRAYS(X) \
+    X(whole_fwd) X(whole_bwd) X(whole_peak) X(scale_fwd) X(scale_bwd) X(scale_peak)
+#define DT__PLAN_COST_PAIRS(X) X(fwd) X(bwd) X(bytes) X(peak)
+
+DT_API dt_status dt_plan_dlrm_profile_save(dt_ctx *ctx, const dt_plan_dlrm_profile *p, const char *path) {
+    dt_strbuf b;
+    FILE *f;
+    int t, k, written;
+    if (!p || !path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_dlrm_profile_save: %s is NULL", p ? "path" : "p");
+    if (p->n_tables < 1 || p->n_tables > DT_PLAN_MAX_TABLES)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_dlrm_profile_save: p->n_tables = %d, expected 1 .. %d",
+                                p->n_tables, DT_PLAN_MAX_TABLES);
+    memset(&b, 0, sizeof b);
+    b.ctx = ctx;
+    dt_strbuf_str(&b, "{\"dt_plan_dlrm_profile\": 1, \"machine\": ");
+    dt_strbuf_json(&b, p->machine);
+    dt_strbuf_printf(&b, ", \"world\": %d, \"hosts\": %d, \"group\": %d, \"n_tables\": %d, \"dim_total\": %d, "
+                     "\"batch\": %lld", p->world, p->hosts, p->group, p->n_tables, p->dim_total, (long long)p->batch);
+#define DT__PLAN_W(f) dt_strbuf_printf(&b, ", \"" #f "\": %.17g", p->f);
+    DT__PLAN_DLRM_SCALARS(DT__PLAN_W)
+#undef DT__PLAN_W
+    dt_strbuf_str(&b, ",\n \"kinds\": [");
+    for (k = 0; k < DT_SHARD_COUNT; k++)
+        dt_strbuf_printf(&b, "%s\"%s\"", k ? ", " : "", dt_embed_sharding_name((dt_embed_sharding)k));
+    dt_strbuf_str(&b, "]");
+#define DT__PLAN_W(f) \
+    for (k = 0; k < DT_SHARD_COUNT; k++) dt_strbuf_printf(&b, "%s%.17g", k ? ", " : ",\n \"" #f "\": [", p->f[k]); \
+    dt_strbuf_str(&b, "]");
+    DT__PLAN_DLRM_KIND_ARRAYS(DT__PLAN_W)
+#undef DT__PLAN_W
+    dt_strbuf_str(&b, ",\n \"tables\": [");
+    for (t = 0; t < p->n_tables; t++) {
+        dt_strbuf_printf(&b, "%s\n  {\"auto_kind\": \"%s\", \"auto_owner\": %d, \"cost\": [", t ? "," : "",
+                         dt_embed_sharding_name(p->auto_kind[t]), p->auto_owner[t]);
+        for (k = 0; k < DT_SHARD_COUNT; k++) {
+            const dt_plan_table_cost *c = &p->cost[t][k];
+            dt_strbuf_printf(&b, "%s{\"ok\": %d", k ? ", " : "", c->ok);
+#define DT__PLAN_W(f) dt_strbuf_printf(&b, ", \"" #f "\": [%.17g, %.17g]", c->f[0], c->f[1]);
+            DT__PLAN_COST_PAIRS(DT__PLAN_W)
+#undef DT__PLAN_W
+            dt_strbuf_str(&b, "}");
+        }
+        dt_strbuf_str(&b, "]}");
+    }
+    dt_strbuf_str(&b, "]}\n");
+    if (b.failed) { dt_strbuf_free(&b); return dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_plan_dlrm_profile_save: out of memory"); }
+    f = fopen(path, "wb");
+    written = f && fwrite(b.text, 1, b.len, f) == b.len;
+    if (f && fclose(f)) written = 0;
+    dt_strbuf_free(&b);
+    if (!written) return dt_ctx_set_error(ctx, DT_ERR_IO, "dt_plan_dlrm_profile_save: cannot write %s", path);
+    return DT_OK;
+}
+
+/* a kind by its dt_embed_sharding_name; -1 when none is */
+static int dt__plan_kind_of(const dt_json *j) {
+    int k;
+    for (k = 0; j && j->type == DT_JSON_STRING && k < DT_SHARD_COUNT; k++)
+        if (!strcmp(j->string, dt_embed_sharding_name((dt_embed_sharding)k))) return k;
+    return -1;
+}
+
+/* an array of n numbers in [0, hi] (n = 1: a number) */
+static dt_status dt__plan_nums(dt_ctx *ctx, const char *fn, const char *path, const dt_json *obj, const char *where,
+                               const char *key, int n, double hi, double *out) {
+    const dt_json *j = dt_json_get(obj, key);
+    int i;
+    if (n == 1) {
+        if (!j || j->type != DT_JSON_NUMBER || !(j->number >= 0 && j->number <= hi))
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s%s: expected a number in [0, %g]", fn, path, where, key,
+                                    hi);
+        out[0] = j->number;
+        return DT_OK;
+    }
+    if (!j || j->type != DT_JSON_ARRAY || j->count != n)
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s%s: expected an array of %d numbers", fn, path, where, key, n);
+    for (i = 0; i < n; i++) {
+        if (j->items[i].type != DT_JSON_NUMBER || !(j->items[i].number >= 0 && j->items[i].number <= hi))
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s%s[%d]: expected a number in [0, %g]", fn, path, where,
+                                    key, i, hi);
+        out[i] = j->items[i].number;
+    }
+    return DT_OK;
+}
+
+/* an integer field in [lo, hi] */
+static dt_status dt__plan_int(dt_ctx *ctx, const char *fn, const char *path, const dt_json *obj, const char *where,
+                              const char *key, double lo, double hi, double *out) {
+    const dt_json *j = dt_json_get(obj, key);
+    if (!j || j->type != DT_JSON_NUMBER || !(j->number >= lo && j->number <= hi) || j->number != floor(j->number))
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s%s: expected an integer in [%g, %g]", fn, path, where, key,
+                                lo, hi);
+    *out = j->number;
+    return DT_OK;
+}
+
+DT_API dt_status dt_plan_dlrm_profile_load(dt_ctx *ctx, dt_plan_dlrm_profile *p, const char *path) {
+    static const char *fn = "dt_plan_dlrm_profile_load";
+    dt_json *root = NULL;
+    const dt_json *j, *arr;
+    dt_status err;
+    double v;
+    char where[48];
+    int t, k;
+    if (!p || !path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, p ? "path" : "p");
+    memset(p, 0, sizeof *p);
+    if ((err = dt__plan_read_json(ctx, fn, path, 16L << 20, &root))) return err;
+#define DT__PLAN_GI(obj, w, key, lo, hi, dst) \
+    do { if ((err = dt__plan_int(ctx, fn, path, obj, w, key, lo, hi, &v))) goto done; dst = v; } while (0)
+    if (root->type != DT_JSON_OBJECT || !dt_json_get(root, "dt_plan_dlrm_profile")) {
+        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: not a dt_plan DLRM profile (no \"dt_plan_dlrm_profile\" key)",
+                               fn, path);
+        goto done;
+    }
+    j = dt_json_get(root, "machine");
+    if (j && j->type == DT_JSON_STRING) snprintf(p->machine, sizeof p->machine, "%s", j->string);
+    DT__PLAN_GI(root, "", "world", 1, 1 << 20, p->world);
+    DT__PLAN_GI(root, "", "hosts", 1, 1 << 20, p->hosts);
+    DT__PLAN_GI(root, "", "group", 0, 1 << 20, p->group);
+    DT__PLAN_GI(root, "", "n_tables", 1, DT_PLAN_MAX_TABLES, p->n_tables);
+    DT__PLAN_GI(root, "", "dim_total", 0, 1 << 30, p->dim_total);
+    DT__PLAN_GI(root, "", "batch", 1, 1099511627776.0, p->batch);
+#define DT__PLAN_R(f) if ((err = dt__plan_nums(ctx, fn, path, root, "", #f, 1, 1e18, &p->f))) goto done;
+    DT__PLAN_DLRM_SCALARS(DT__PLAN_R)
+#undef DT__PLAN_R
+    arr = dt_json_get(root, "kinds"); /* the file's kinds are this build's, in order */
+    for (k = 0; arr && arr->type == DT_JSON_ARRAY && arr->count == DT_SHARD_COUNT && k < DT_SHARD_COUNT; k++)
+        if (arr->items[k].type != DT_JSON_STRING ||
+            strcmp(arr->items[k].string, dt_embed_sharding_name((dt_embed_sharding)k)))
+            break;
+    if (k != DT_SHARD_COUNT) {
+        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: kinds: expected the %d dt_embed_sharding names in order (a "
+                               "file from another dt_embed: measure again)", fn, path, DT_SHARD_COUNT);
+        goto done;
+    }
+#define DT__PLAN_R(f) if ((err = dt__plan_nums(ctx, fn, path, root, "", #f, DT_SHARD_COUNT, 1e18, p->f))) goto done;
+    DT__PLAN_DLRM_KIND_ARRAYS(DT__PLAN_R)
+#undef DT__PLAN_R
+    arr = dt_json_get(root, "tables");
+    if (!arr || arr->type != DT_JSON_ARRAY || arr->count != p->n_tables) {
+        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: tables: expected an array of n_tables = %d", fn, path,
+                               p->n_tables);
+        goto done;
+    }
+    for (t = 0; t < p->n_tables; t++) {
+        const dt_json *o = &arr->items[t], *cost = dt_json_get(o, "cost");
+        snprintf(where, sizeof where, "tables[%d].", t);
+        if ((k = dt__plan_kind_of(dt_json_get(o, "auto_kind"))) < DT_SHARD_TABLE) {
+            err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %sauto_kind: expected table, row, column, data or "
+                                   "table-row", fn, path, where);
+            goto done;
+        }
+        p->auto_kind[t] = (dt_embed_sharding)k;
+        DT__PLAN_GI(o, where, "auto_owner", -1, p->world - 1, p->auto_owner[t]); /* -1: no owner */
+        if (!cost || cost->type != DT_JSON_ARRAY || cost->count != DT_SHARD_COUNT) {
+            err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %scost: expected an array of %d", fn, path, where,
+                                   DT_SHARD_COUNT);
+            goto done;
+        }
+        for (k = 0; k < DT_SHARD_COUNT; k++) {
+            const dt_json *c = &cost->items[k];
+            dt_plan_table_cost *tc = &p->cost[t][k];
+            snprintf(where, sizeof where, "tables[%d].cost[%d].", t, k);
+            DT__PLAN_GI(c, where, "ok", 0, 1, tc->ok);
+#define DT__PLAN_R(f) if ((err = dt__plan_nums(ctx, fn, path, c, where, #f, 2, 1e18, tc->f))) goto done;
+            DT__PLAN_COST_PAIRS(DT__PLAN_R)
+#undef DT__PLAN_R
+        }
+    }
+#undef DT__PLAN_GI
+    err = DT_OK;
+done:
+    dt_json_free(ctx, root);
+    if (err) memset(p, 0, sizeof *p);
+    return err;
+}
+
+DT_API dt_status dt_plan_dlrm_profile_broadcast(dt_comm *c, dt_plan_dlrm_profile *p, int root) {
+    dt_ctx *ctx = dt_comm_ctx(c);
+    if (!c || !p) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_dlrm_profile_broadcast: %s is NULL", c ? "p" : "c");
+    return dt__plan_bcast(c, p, sizeof *p, root);
 }
 #endif /* DT_EMBED_H */
 

@@ -24,7 +24,8 @@
                                 prints --shard's prediction, untrained (exit 0); --shard plan trains
                                 with --shard auto's losses bit for bit at np 2 and 3, logs step_s,
                                 prints its peak memory; --accum, --overlap, --tier with the planner,
-                                --plan-memory without it and a budget nothing fits are named (exit 2)
+                                --plan-memory without it and a budget nothing fits are named (exit 2);
+                                --plan-profile writes the profile, then plans from it to the same prediction
      dlrm_log_*, dlrm_steps0_*, dlrm_one_class_*   the JSON lines' auc/logloss only on steps
                                 that evaluate (null on others); --steps 0 prints "final: loss
                                 nan" and the model's AUC; one-class held-out labels: auc nan, a
@@ -457,14 +458,20 @@ static void bin_checks(const char *tsv) {
 
 static const char *PLAN_SMALL = "--batch 256 --rows 4000 --eval-samples 512";
 
-/* --plan ranks the plans (dt_embed's own among them), prints --shard's prediction, trains nothing */
+static char g_plan_profile[600], g_plan_first[1 << 16];
+
+/* --plan ranks the plans (dt_embed's own among them), prints --shard's prediction, trains nothing
+   (and --plan-profile writes the profile it measured) */
 static void plan_prints(void) {
     static char text[1 << 16];
-    char flags[512], out[600];
+    char flags[1024], out[600];
     int rc;
     snprintf(out, sizeof out, "%s/dlrm_plan.out", dt_test_tmpdir());
-    snprintf(flags, sizeof flags, "%s --steps 5 --plan", PLAN_SMALL);
+    snprintf(g_plan_profile, sizeof g_plan_profile, "%s/dlrm_plan_profile.json", dt_test_tmpdir());
+    remove(g_plan_profile); /* measured here, written for plan_profile_file */
+    snprintf(flags, sizeof flags, "%s --steps 5 --plan --plan-profile %s", PLAN_SMALL, g_plan_profile);
     rc = run_dlrm(2, flags, out, text, sizeof text);
+    snprintf(g_plan_first, sizeof g_plan_first, "%s", text);
     if (!DT_TEST_CHECK("dlrm_plan_prints_exits_0", rc == 0)) printf("  %s\n", TAIL(text));
     DT_TEST_CHECK("dlrm_plan_prints_the_ranking", strstr(text, "rank plan ") && strstr(text, "first-ranked (") &&
                   strstr(text, " auto ") && strstr(text, " row "));
@@ -500,6 +507,33 @@ static void plan_trains(int np) {
     if (fp) fclose(fp);
     snprintf(name, sizeof name, "dlrm_log_has_step_s_np%d", np);
     DT_TEST_CHECK(name, n == 12 && with == 12);
+}
+
+/* --plan-profile: plan_prints' run measured and wrote the file; this one plans from it to the same
+   prediction without measuring; a run of another batch is refused, named */
+static void plan_profile_file(void) {
+    static char text[1 << 16];
+    char flags[1024], out[600];
+    const char *a, *b;
+    size_t la, lb;
+    int rc;
+    FILE *fp;
+    snprintf(out, sizeof out, "%s/dlrm_plan.out", dt_test_tmpdir());
+    if ((fp = fopen(g_plan_profile, "rb")) != NULL) fclose(fp);
+    DT_TEST_CHECK("dlrm_plan_profile_measures_and_writes", fp != NULL);
+    snprintf(flags, sizeof flags, "%s --steps 5 --plan --plan-profile %s", PLAN_SMALL, g_plan_profile);
+    rc = run_dlrm(2, flags, out, text, sizeof text);
+    a = strstr(g_plan_first, "plan: --shard auto: predicted step ");
+    b = strstr(text, "plan: --shard auto: predicted step ");
+    la = a ? strcspn(a, "\n") : 0;
+    lb = b ? strcspn(b, "\n") : 1;
+    if (!DT_TEST_CHECK("dlrm_plan_profile_read_predicts_the_same", rc == 0 && a && b && la == lb && !memcmp(a, b, la)))
+        printf("  measured: %.*s\n  read:     %.*s\n", (int)la, a ? a : "", (int)(b ? lb : 0), b ? b : "");
+    snprintf(flags, sizeof flags, "--batch 128 --rows 4000 --eval-samples 512 --steps 5 --plan --plan-profile %s",
+             g_plan_profile);
+    rc = run_dlrm(2, flags, out, text, sizeof text);
+    if (!DT_TEST_CHECK("dlrm_plan_profile_of_another_batch_is_named", rc != 0 && strstr(text, "remove the file")))
+        printf("  rc %d\n%s\n", rc, TAIL(text));
 }
 
 /* what the planner does not model, --plan-memory without it, and a budget nothing fits: named */
@@ -538,6 +572,7 @@ int main(void) {
         return dt_test_finish();
     }
     plan_prints();
+    plan_profile_file();
     plan_trains(2);
     plan_trains(3);
     plan_refuses();

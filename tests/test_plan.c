@@ -730,6 +730,43 @@ static dt_plan_dlrm_plan dlrm_plan(dt_embed_sharding k0, int o0, dt_embed_shardi
     return pl;
 }
 
+/* the DLRM profile's file: every field back, bit for bit; a broken one named */
+static void dlrm_files(void) {
+    dt_plan_dlrm_profile a, b;
+    dt_status st;
+    char path[512], bad[512];
+    static char text[1 << 16], broken[1 << 16];
+    dlrm_profile(&a);
+    a.whole_fwd[DT_SHARD_ROW] = 1.25e-3; a.scale_bwd[DT_SHARD_DATA] = 1.0 / 3; a.auto_owner[1] = 1;
+    a.auto_kind[2] = DT_SHARD_TABLE; a.measure_s = 2.5;
+    snprintf(path, sizeof path, "%s/dlrm_prof.json", dt_test_tmpdir());
+    DT_TEST_CHECK("plan_dlrm_profile_saves", dt_plan_dlrm_profile_save(&g_ctx, &a, path) == DT_OK);
+    st = dt_plan_dlrm_profile_load(&g_ctx, &b, path);
+    if (st) printf("  %s\n", dt_ctx_error(&g_ctx));
+    DT_TEST_CHECK("plan_dlrm_profile_round_trips_bit_for_bit", st == DT_OK && !memcmp(&a, &b, sizeof a));
+    read_file(path, text, sizeof text);
+    snprintf(bad, sizeof bad, "%s/dlrm_bad.json", dt_test_tmpdir());
+    swap_text(broken, sizeof broken, text, "\"auto_owner\": 1", "\"auto_owner\": 2"); /* a rank past the world */
+    write_file(bad, broken);
+    st = dt_plan_dlrm_profile_load(&g_ctx, &b, bad);
+    dt_test_error("plan_dlrm_profile_owner_past_the_world_is_named", st, dt_ctx_error(&g_ctx), "tables[1].auto_owner");
+    swap_text(broken, sizeof broken, text, "\"ok\": 1", "\"ok\": 0.5");
+    write_file(bad, broken);
+    st = dt_plan_dlrm_profile_load(&g_ctx, &b, bad);
+    dt_test_error("plan_dlrm_profile_fractional_flag_is_named", st, dt_ctx_error(&g_ctx), "cost[");
+    swap_text(broken, sizeof broken, text, "\"dense_s\": ", "\"dense_s\": -");
+    write_file(bad, broken);
+    st = dt_plan_dlrm_profile_load(&g_ctx, &b, bad);
+    dt_test_error("plan_dlrm_profile_negative_time_is_named", st, dt_ctx_error(&g_ctx), "dense_s");
+    swap_text(broken, sizeof broken, text, "\"row\"", "\"rows\"");
+    write_file(bad, broken);
+    st = dt_plan_dlrm_profile_load(&g_ctx, &b, bad);
+    dt_test_error("plan_dlrm_profile_unknown_kind_is_named", st, dt_ctx_error(&g_ctx), "kinds");
+    write_file(bad, "{\"dt_plan_profile\": 1}");
+    st = dt_plan_dlrm_profile_load(&g_ctx, &b, bad);
+    dt_test_error("plan_dlrm_profile_foreign_file_is_named", st, dt_ctx_error(&g_ctx), "not a dt_plan DLRM profile");
+}
+
 static void dlrm_plans(void) {
     dt_plan_dlrm_profile p;
     dt_plan_dlrm_plan pl;
@@ -839,6 +876,7 @@ int main(void) {
     paper();
     cross_hosts();
     dlrm_plans();
+    dlrm_files();
     dt_ctx_shutdown(&g_ctx);
     return dt_test_finish();
 }

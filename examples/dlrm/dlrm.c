@@ -16,7 +16,8 @@
           from a profile it measures first with the first 8 batches: the dense step and every
           table under every kind, see docs/plan.md) --plan (print the ranked plans and the
           prediction for --shard's, then exit 0 untrained) --plan-memory MB (the planner's budget
-          a rank) --row-wise-over ROWS (pin bigger tables row-wise) --quiet
+          a rank) --plan-profile FILE (the planner's profile: read FILE when it exists, else measure
+          and write it) --row-wise-over ROWS (pin bigger tables row-wise) --quiet
           --device cpu|cuda (cuda: a -DDT_CUDA build, build/examples/cuda/dlrm, or
           build/examples/emu/dlrm on the CPU emulator: MLPs, interaction, BCE, activations and the
           tables' shards on the GPU; the inputs go up once per step and the loss is read only on
@@ -127,6 +128,7 @@ typedef struct opts {
     int hier, host_size;           /* --hier auto|on|off (dt_comm_desc.hier 0, 1, -1), --host-size K */
     int plan;                      /* --plan: print the planner's ranking and this --shard's prediction, exit */
     double plan_memory;            /* --plan-memory MB: the planner's per-rank budget (0: none) */
+    const char *plan_profile;      /* --plan-profile FILE: read it, or measure and write it */
     int bottom[MAX_LAYERS], n_bottom, top[MAX_LAYERS], n_top;
     double lr, emb_lr;
 } opts;
@@ -149,7 +151,8 @@ static void usage(const char *why) {
                     "--arch dlrm|dcn --dim D --bottom 64,32 --top 64,32 --cross L --cross-rank R --opt sgd|adagrad --lr LR "
                     "--emb-lr LR --accum N --eval-every N --eval-samples N --print-every N --log FILE "
                     "--ckpt DIR --ckpt-every N --resume --rows N --table-sizes N|n1,...,n26 --skip-bad "
-                    "--shard auto|row|table|column|table-row|data|plan --plan --plan-memory MB --row-wise-over ROWS "
+                    "--shard auto|row|table|column|table-row|data|plan --plan --plan-memory MB --plan-profile FILE "
+                    "--row-wise-over ROWS "
                     "--timeout S "
                     "--device cpu|cuda --quiet --overlap 0|1 --dump-batches DIR --profile --tier none|disk|host "
                     "--tier-dir DIR --cache-rows N|F --prefetch 0|1 --hier auto|on|off --host-size K\n", why);
@@ -299,6 +302,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--profile")) { o->profile = 1; takes = 0; }
         else if (!strcmp(a, "--plan")) { o->plan = 1; takes = 0; }
         else if (!strcmp(a, "--plan-memory")) o->plan_memory = (double)num(a, v, 1, (int64_t)1 << 30);
+        else if (!strcmp(a, "--plan-profile")) o->plan_profile = v;
         else { char why[160]; snprintf(why, sizeof why, "unknown flag '%s'", a); usage(why); }
         if (takes && !v) { char why[160]; snprintf(why, sizeof why, "%s needs a value", a); usage(why); }
         i += takes;
@@ -318,6 +322,7 @@ static void parse(opts *o, int argc, char **argv) {
         usage("--plan and --shard plan model a step of one batch on the CPU: not with --accum > 1, --overlap 1, "
               "--tier or --device cuda");
     if (o->plan_memory && !o->plan && strcmp(o->shard, "plan")) usage("--plan-memory is for --plan or --shard plan");
+    if (o->plan_profile && !o->plan && strcmp(o->shard, "plan")) usage("--plan-profile is for --plan or --shard plan");
     if (!(o->lr >= 0) || !(o->emb_lr >= 0) || o->lr > 100 || o->emb_lr > 100) usage("--lr and --emb-lr are in [0, 100]");
     if (o->batch % o->accum) usage("--batch must be a multiple of --accum");
     if (o->ckpt_every && !o->ckpt) usage("--ckpt-every needs --ckpt DIR");
@@ -1393,6 +1398,36 @@ static dt_status plan_batch(void *u, int i, dt_kjt *out) {
     return DT_OK;
 }
 
+/* --plan-profile's file, when it exists: rank 0 reads it and every rank plans from its bytes (a
+   path only some hosts see cannot split the ranks between reading and measuring). 0: none, measure. */
+static int read_profile(trainer *t, dt_plan_dlrm_profile *prof) {
+    const char *path = t->o.plan_profile;
+    double flag[1] = {0};
+    FILE *f;
+    if (!path) return 0;
+    if (g_rank == 0 && (f = fopen(path, "rb"))) { fclose(f); flag[0] = 1; }
+    CHECK(dt_comm_allreduce_f64(t->world, flag, 1, DT_REDUCE_MAX));
+    if (flag[0] == 0) return 0;
+    flag[0] = g_rank == 0 ? (double)dt_plan_dlrm_profile_load(&t->ctx, prof, path) : 0;
+    if (flag[0] != 0) fprintf(stderr, "dlrm: --plan-profile: %s\n", dt_ctx_error(&t->ctx));
+    CHECK(dt_comm_allreduce_f64(t->world, flag, 1, DT_REDUCE_MAX));
+    if (flag[0] != 0) {
+        if (g_rank == 0) fprintf(stderr, "dlrm: --plan-profile %s could not be read\n", path);
+        dt_comm_abort(t->world, 2);
+    }
+    CHECK(dt_plan_dlrm_profile_broadcast(t->world, prof, 0));
+    if (prof->world != t->W || prof->n_tables != F || prof->batch != t->o.batch || prof->dim_total != F * t->o.dim) {
+        if (g_rank == 0)
+            fprintf(stderr, "dlrm: --plan-profile %s was measured on %d ranks for %d tables of %d columns in all and a "
+                    "global batch of %lld; this run has %d, %d, %d and %lld: remove the file to measure again (the "
+                    "file does not know the tables' rows: remove it when they change)\n", path, prof->world,
+                    prof->n_tables, prof->dim_total, (long long)prof->batch, t->W, F, F * t->o.dim,
+                    (long long)t->o.batch);
+        dt_comm_abort(t->world, 2);
+    }
+    return 1;
+}
+
 /* The profile (dt_plan_dlrm_measure: the dense step timed, each table under each kind, with the
    first 8 steps' real batches), the ranking, then the tables made as the first-ranked plan (--shard
    plan) or as --shard says; rank 0 prints the ranking and the prediction of the plan made.
@@ -1415,7 +1450,10 @@ static void plan_tables(trainer *t) {
     pd.dp_max_bytes = DP_MAX_BYTES;
     pd.dense = dense_step;
     pd.user = t;
-    CHECK(dt_plan_dlrm_measure(t->world, &pd, &prof));
+    if (!read_profile(t, &prof)) {
+        CHECK(dt_plan_dlrm_measure(t->world, &pd, &prof));
+        if (o->plan_profile && g_rank == 0) CHECK(dt_plan_dlrm_profile_save(&t->ctx, &prof, o->plan_profile));
+    }
     CHECK(dt_plan_dlrm_search(&t->ctx, &prof, o->plan_memory * 1e6, top, 8, &n));
     if (n == 0) {
         if (g_rank == 0) fprintf(stderr, "dlrm: no plan of the tables fits --plan-memory %.0f MB a rank\n", o->plan_memory);
