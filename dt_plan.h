@@ -1771,7 +1771,8 @@ static double dt__plan_pipe_delay(const dt_plan_profile *p, int pp, int stride, 
    computes the scores again); the rest as HBM traffic at act_bytes an element (forward: two
    layernorms, two residual adds, the activation; the backward twice that); tp's collectives (two
    all-reduces, or with sp two all-gathers and two reduce-scatters, of the N x C activations in each
-   direction) less what hides behind the GEMMs; cp's ring (cp - 1 passes of this rank's K and V,
+   direction) less tp_overlap of them, and in the backward the column linears' sums hidden behind
+   their weight grads as dt_tp_column_linear_bwd runs them; cp's ring (cp - 1 passes of this rank's K and V,
    their grads too in the backward) where attention does not cover it. */
 static void dt__plan_paper_split(const dt_plan_profile *p, const dt_plan_layout *l, double rows, dt_plan_split *s) {
     const dt_plan_machine *mc = &p->mach;
@@ -1784,11 +1785,18 @@ static void dt__plan_paper_split(const dt_plan_profile *p, const dt_plan_layout 
     double attn = 2 * b * T * T * C / (tp * l->cp), fa = attn / (mc->flops * mc->attn_fwd_eff);
     double ba = 2.5 * attn / (mc->flops * mc->attn_bwd_eff);
     double ln = A * 4 * Nl * C / bw, elem = A * 6 * Nl * C / bw + A * (g + 1) * N * F / tp / bw;
-    double tpc = 0, cpc = 0, h, ag = 0, rs = 0;
+    double tpc = 0, tpb = 0, cpc = 0, h, ag = 0, rs = 0;
     if (l->tp > 1) { /* tp's group: consecutive ranks */
+        double ar = dt__plan_coll(p, DT_PLAN_ALLREDUCE, l->tp, 1, act), sum;
+        double dw = 2 * N * C * (C + 2 * Ckv + g * F) / tp / gr; /* the column linears' (qkv, fc) weight grads */
         ag = dt__plan_coll(p, DT_PLAN_ALLGATHER, l->tp, 1, act);
         rs = dt__plan_coll(p, DT_PLAN_REDUCE_SCATTER, l->tp, 1, act);
-        tpc = (1 - mc->tp_overlap) * (l->sp ? 2 * (ag + rs) : 2 * dt__plan_coll(p, DT_PLAN_ALLREDUCE, l->tp, 1, act));
+        sum = l->sp ? rs : ar;
+        tpc = (1 - mc->tp_overlap) * 2 * (l->sp ? ag + rs : ar);
+        /* the backward: the column linears' input-grad sums run while their weight grads compute
+           (dt_tp_column_linear_bwd, Megatron's overlap); sp's gathers of the row linears' output
+           grads wait in line */
+        tpb = (1 - mc->tp_overlap) * (l->sp ? 2 * ag : 0) + (2 * sum > dw ? 2 * sum - dw : 0);
     }
     if (l->cp > 1) cpc = (l->cp - 1) * dt__plan_coll(p, DT_PLAN_SENDRECV, 2, l->tp, N * 2 * Ckv / tp * A);
     memset(s, 0, sizeof *s);
@@ -1798,7 +1806,7 @@ static void dt__plan_paper_split(const dt_plan_profile *p, const dt_plan_layout 
     s->gelu[0] = A * (g + 1) * N * F / tp / bw;
     s->cheap[0] = ln + s->gelu[0];
     s->fwd[0] = gemm + s->attn[0] + ln + elem + tpc;
-    s->bwd[0] = 2 * gemm + ba + (2 * cpc > ba ? 2 * cpc - ba : 0) + 2 * (ln + elem) + tpc;
+    s->bwd[0] = 2 * gemm + ba + (2 * cpc > ba ? 2 * cpc - ba : 0) + 2 * (ln + elem) + tpb;
     /* the vocab-parallel embedding (rows gathered, summed over tp) and the head: logits at the GEMM
        rate, the f32 logits read and written for the loss */
     s->embed_fwd[0] = A * 2 * Nl * C / bw + (l->tp > 1 ? dt__plan_coll(p, DT_PLAN_ALLREDUCE, l->tp, 1, act) : 0);
