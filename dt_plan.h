@@ -108,6 +108,13 @@ typedef struct dt_plan_layout {
     dt_pp_kind schedule;   /* pp > 1: 0 = 1F1B */
     int chunks;            /* model chunks per stage: 2 for interleaved, else 1 (0 = so) */
     dt_plan_recompute recompute;
+    int ulysses;           /* cp > 1: Ulysses' all-to-alls instead of the ring (examples/gpt --cp-kind ulysses): the
+                              heads split over cp, attention keeps [T, T] of its H / (tp cp) heads; measured
+                              profiles only (dt runs it on the CPU) */
+    double offload;        /* 0 .. 1: the first offload x blocks of each chunk keep their activations in host
+                              memory (examples/gpt --offload-activations): the device holds two slots (three on
+                              CUDA) instead of them, each copied out after its forward and back before its
+                              backward at the measured copy rate; measured profiles only */
 } dt_plan_layout;
 
 /* The layout's fields resolved (zeros to their defaults) and checked against the model and a
@@ -115,7 +122,8 @@ typedef struct dt_plan_layout {
    what was expected. out may be NULL; it may be layout itself. */
 DT_API dt_status dt_plan_layout_check(dt_ctx *ctx, const dt_plan_model *m, int world, const dt_plan_layout *layout,
                                       dt_plan_layout *out);
-/* "dp 2 tp 1 pp 2 cp 1, 1f1b x 4, zero 1, sp 0, recompute none": examples/gpt's options */
+/* "dp 2 tp 1 pp 2 cp 1, 1f1b, micro 4, zero 1, sp 0, recompute none" ("cp 2 ulysses" for Ulysses,
+   ", offload 0.5" when offloading): examples/gpt's options */
 DT_API const char *dt_plan_layout_string(const dt_plan_layout *l, char *buf, size_t n);
 DT_API const char *dt_plan_recompute_name(dt_plan_recompute r); /* "none", "full", "selective", "gemm-last" */
 
@@ -132,7 +140,8 @@ DT_API const char *dt_plan_recompute_name(dt_plan_recompute r); /* "none", "full
 #define DT_PLAN_MAX_PIPES 16
 
 typedef struct dt_plan_split {
-    int tp, cp, sp, lse;         /* lse: attention keeps the logsumexp, not [T, T] (cp > 1 or gemm-last) */
+    int tp, cp, sp, lse;         /* lse: attention keeps the logsumexp, not [T, T] (the ring at cp > 1, or gemm-last) */
+    int ulysses;                 /* cp > 1 by Ulysses' all-to-alls (lse 0: [T, T] of H / (tp cp) heads kept) */
     int64_t rows[2];             /* the two sizes measured (equal: one) */
     double fwd[2], bwd[2];       /* one block, its tp / cp collectives included, seconds */
     double attn[2];              /* of fwd: attention (selective recompute runs it again) */
@@ -438,12 +447,14 @@ DT_API const char *dt_plan_recompute_name(dt_plan_recompute r) {
 }
 
 DT_API const char *dt_plan_layout_string(const dt_plan_layout *l, char *buf, size_t n) {
-    char pp[48] = "";
+    char pp[48] = "", off[48] = "";
     if (!buf || !n) return "";
     if (!l) { snprintf(buf, n, "(null)"); return buf; }
     if (l->pp > 1) snprintf(pp, sizeof pp, ", %s", dt_pp_kind_name(l->schedule));
-    snprintf(buf, n, "dp %d tp %d pp %d cp %d%s, micro %d, zero %d, sp %d, recompute %s", l->dp, l->tp, l->pp, l->cp,
-             pp, l->micro, l->zero, l->sp, dt_plan_recompute_name(l->recompute));
+    if (l->offload > 0) snprintf(off, sizeof off, ", offload %.3g", l->offload);
+    snprintf(buf, n, "dp %d tp %d pp %d cp %d%s%s, micro %d, zero %d, sp %d, recompute %s%s", l->dp, l->tp, l->pp,
+             l->cp, l->ulysses && l->cp > 1 ? " ulysses" : "", pp, l->micro, l->zero, l->sp,
+             dt_plan_recompute_name(l->recompute), off);
     return buf;
 }
 
@@ -514,11 +525,20 @@ DT_API dt_status dt_plan_layout_check(dt_ctx *ctx, const dt_plan_model *m, int w
     if (l.zero < 0 || l.zero > 3)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: zero = %d, expected 0 .. 3", fn, l.zero);
     if (l.sp != 0 && l.sp != 1) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: sp = %d, expected 0 or 1", fn, l.sp);
+    if (l.ulysses != 0 && l.ulysses != 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ulysses = %d, expected 0 or 1", fn, l.ulysses);
+    if (l.cp == 1) l.ulysses = 0; /* one rank's sequence: plain attention */
+    if (l.ulysses && ((m->heads / l.tp) % l.cp || (kv / l.tp) % l.cp))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ulysses: heads %d and kv heads %lld over tp %d leave %lld and %lld "
+                                "per tp rank, which cp %d must divide", fn, m->heads, (long long)kv, l.tp,
+                                (long long)(m->heads / l.tp), (long long)(kv / l.tp), l.cp);
     if (l.sp && l.tp == 1) l.sp = 0; /* nothing to split */
     rows = m->batch / l.dp / l.micro * (m->seq / l.cp);
     if (l.sp && rows % l.tp)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: sp 1: a micro-batch's %lld rows are not a multiple of tp %d", fn,
                                 (long long)rows, l.tp);
+    if (!(l.offload >= 0 && l.offload <= 1)) /* NaN too */
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: offload = %g, expected 0 .. 1", fn, l.offload);
     if ((int)l.recompute < 0 || l.recompute >= DT_PLAN_RECOMPUTE_COUNT)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: recompute = %d, expected 0 .. %d", fn, (int)l.recompute,
                                 DT_PLAN_RECOMPUTE_COUNT - 1);
@@ -539,6 +559,10 @@ DT_API dt_status dt_plan_layout_check(dt_ctx *ctx, const dt_plan_model *m, int w
         if (l.zero > 1)
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: zero %d with pp %d: the pipeline takes ZeRO 0 or 1", fn,
                                     l.zero, l.pp);
+        if (l.offload > 0 && l.schedule == DT_PP_ZB_H1 && !l.sp && !l.recompute)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: offload %g with zb-h1: its weight pass reads a block's "
+                                    "activations after their slot holds another block's (examples/gpt refuses it)", fn,
+                                    l.offload);
     }
     if (out) *out = l;
     return DT_OK;
@@ -561,15 +585,18 @@ static double dt__plan_block_params(const dt_plan_model *m, int tp) {
    each block's kept tensors for the recompute mode, the one shared set recompute uses, sp's
    gathered rows, and the head / backward scratch every set carries. A bytes an element (the CPU
    path: 4, f32; ids and targets i32 count the same); flash: attention keeps lse, never [T, T]. A
-   gated MLP keeps its gate and up both (fch is 2 F wide; the activation's output, F). */
-static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *l, int nb, double A, int flash) {
+   gated MLP keeps its gate and up both (fch is 2 F wide; the activation's output, F). Ulysses keeps
+   the whole sequence's q, k, v of its heads (uqkv, as many floats as qkv) and their [T, T]. */
+static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *l, int nb, double A, int flash,
+                                  double *own) {
     double b = (double)(m->batch / l->dp / l->micro), T = (double)m->seq, Tl = T / l->cp, N = b * Tl;
     double Nl = l->sp ? N / l->tp : N, C = m->width, Cl = C / l->tp, Fl = dt__plan_ffn(m) / l->tp * (1 + m->gated);
     double Gl = dt__plan_ffn(m) / l->tp;
     double Hl = (double)m->heads / l->tp, Ckvl = (double)(m->kv_heads ? m->kv_heads : m->heads) / l->tp * (C / m->heads);
     double Wl = Cl + 2 * Ckvl, Vl = (double)m->vocab / l->tp;
-    int lse = flash || l->cp > 1 || l->recompute == DT_PLAN_RECOMPUTE_GEMM_LAST, r = (int)l->recompute;
-    double att = lse ? b * Hl * Tl : b * Hl * T * T;
+    int uly = l->ulysses && l->cp > 1 && !flash, r = (int)l->recompute;
+    int lse = !uly && (flash || l->cp > 1 || l->recompute == DT_PLAN_RECOMPUTE_GEMM_LAST);
+    double att = uly ? b * (Hl / l->cp) * T * T + N * Wl : lse ? b * Hl * Tl : b * Hl * T * T;
     double core = Nl * C + 2 * Nl + Nl * C + 2 * Nl + N * Wl + N * Cl + Nl * C + N * Fl; /* ln1 .. fch */
     double blk, shared = 0, e;
     switch (r) {
@@ -578,6 +605,7 @@ static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *
     case DT_PLAN_RECOMPUTE_GEMM_LAST: blk = Nl * C + core - 2 * Nl * C + att; shared = 2 * Nl * C + N * Gl; break;
     default: blk = Nl * C + core + att + N * Gl; break;
     }
+    if (own) *own = A * blk; /* what offload moves: the block's own tensors */
     if (l->pp > 1 && l->schedule == DT_PP_ZB_H1 && !l->sp && !r) /* the weight pass's kept grads (gpt splits the */
         blk += 2 * Nl * C + N * Fl + N * Wl;                         /* backward only without sp and recompute) */
     e = nb * blk + shared;
@@ -605,9 +633,9 @@ typedef struct dt__plan_blk {
     dt_ctx *ctx;
     dt_layout *lay;
     int64_t b, T, Tl, N, Nl, C, Cl, Fl, Wl, Vl;
-    int Hl, Hkvl, sp, lse;
+    int Hl, Hkvl, sp, lse, uly;
     dt_tensor w[12], g[12];  /* ln1 w b, qkv w b, proj w b, ln2 w b, fc w b, fcproj w b */
-    dt_tensor in, ln1, ln1m, ln1r, ln1all, qkv, att, lse_t, atty, res1, ln2, ln2m, ln2r, ln2all, fch, gelu, y, partial;
+    dt_tensor in, ln1, ln1m, ln1r, ln1all, qkv, att, lse_t, uqkv, atty, res1, ln2, ln2m, ln2r, ln2all, fch, gelu, y, partial;
     dt_tensor dres, dln, dgelu, dfch, dxbuf, doutbuf, datty, dqkv, dall;
     /* embedding and head */
     dt_tensor wte, wpe, lnfw, lnfb, gwte, gwpe, glnfw, glnfb, ids, targets, x0, xL, lnf, lnfm, lnfr, lnfall, logits,
@@ -637,13 +665,15 @@ static void dt__plan_blk_free(dt__plan_blk *k) {
 
 #define DT__PLAN_TRY(x) do { err = (x); if (err) goto fail; } while (0)
 
-static dt_status dt__plan_blk_make(dt__plan_blk *k, dt_layout *lay, const dt_plan_model *m, int64_t b, int sp, int lse) {
+static dt_status dt__plan_blk_make(dt__plan_blk *k, dt_layout *lay, const dt_plan_model *m, int64_t b, int sp, int lse,
+                                   int uly) {
     dt_status err;
     int i;
     int64_t kv = m->kv_heads ? m->kv_heads : m->heads, rows[12], cols[12], n;
     memset(k, 0, sizeof *k);
     k->ctx = lay->ctx; k->lay = lay;
-    k->b = b; k->T = m->seq; k->Tl = m->seq / lay->cp; k->N = b * k->Tl; k->sp = sp && lay->tp > 1; k->lse = lse;
+    k->b = b; k->T = m->seq; k->Tl = m->seq / lay->cp; k->N = b * k->Tl; k->sp = sp && lay->tp > 1; k->lse = lse && !uly;
+    k->uly = uly && lay->cp > 1;
     k->Nl = k->sp ? k->N / lay->tp : k->N;
     k->C = m->width; k->Cl = m->width / lay->tp; k->Fl = 4 * (int64_t)m->width / lay->tp;
     k->Hl = m->heads / lay->tp; k->Hkvl = (int)(kv / lay->tp);
@@ -672,11 +702,12 @@ static dt_status dt__plan_blk_make(dt__plan_blk *k, dt_layout *lay, const dt_pla
         DT__PLAN_TRY(dt__plan_mk(k, &k->lnfall, k->N, k->C, 0, DT_F32));
     }
     DT__PLAN_TRY(dt__plan_mk(k, &k->qkv, b, k->Tl, k->Wl, DT_F32));
-    if (lse) DT__PLAN_TRY(dt__plan_mk(k, &k->lse_t, b, k->Hl, k->Tl, DT_F32));
+    if (k->lse) DT__PLAN_TRY(dt__plan_mk(k, &k->lse_t, b, k->Hl, k->Tl, DT_F32));
     else {
         dt_tensor_desc d;
         memset(&d, 0, sizeof d);
-        d.shape[0] = b; d.shape[1] = k->Hl; d.shape[2] = k->T; d.shape[3] = k->T;
+        if (k->uly) DT__PLAN_TRY(dt__plan_mk(k, &k->uqkv, b, k->T, k->Wl / lay->cp, DT_F32));
+        d.shape[0] = b; d.shape[1] = k->uly ? k->Hl / lay->cp : k->Hl; d.shape[2] = k->T; d.shape[3] = k->T;
         DT__PLAN_TRY(dt_tensor_create(k->ctx, &k->att, &d));
     }
     DT__PLAN_TRY(dt__plan_mk(k, &k->atty, k->N, k->Cl, 0, DT_F32));
@@ -732,6 +763,7 @@ static dt_status dt__plan_attn_fwd(dt__plan_blk *k) {
     err = dt_tensor_reshape(k->ctx, &a3, &k->atty, 3, s3);
     if (err) return err;
     if (k->lse) return dt_cp_attention_fwd(k->lay, &a3, &k->lse_t, &k->qkv, k->Hl, k->Hkvl);
+    if (k->uly) return dt_cp_ulysses_fwd(k->lay, &a3, &k->uqkv, &k->att, &k->qkv, k->Hl, k->Hkvl);
     return dt_attention_gqa_fwd(k->ctx, &a3, &k->att, &k->qkv, k->Hl, k->Hkvl);
 }
 
@@ -789,6 +821,7 @@ static dt_status dt__plan_blk_bwd(dt__plan_blk *k) {
     DT__PLAN_TRY(dt_tensor_reshape(c, &a3, &k->atty, 3, s3));
     DT__PLAN_TRY(dt_tensor_reshape(c, &da3, &k->datty, 3, s3));
     if (k->lse) DT__PLAN_TRY(dt_cp_attention_bwd(k->lay, &k->dqkv, &da3, &k->qkv, &a3, &k->lse_t, k->Hl, k->Hkvl));
+    else if (k->uly) DT__PLAN_TRY(dt_cp_ulysses_bwd(k->lay, &k->dqkv, &da3, &k->uqkv, &k->att, k->Hl, k->Hkvl));
     else DT__PLAN_TRY(dt_attention_gqa_bwd(c, &k->dqkv, &da3, &k->qkv, &k->att, k->Hl, k->Hkvl));
     DT__PLAN_TRY(dt_tensor_fill(c, &k->dall, 0));
     DT__PLAN_TRY(dt__plan_qkv2(k, &q2, &k->qkv));
@@ -881,17 +914,19 @@ static dt_status dt__plan_time(dt_comm *world, dt__plan_blk *k, int n, int rever
     return DT_OK;
 }
 
-/* The splits and rows the model's layouts on this world need: every (tp, cp, sp, lse) with the
-   smallest and largest rows a micro-batch takes there. */
-static int dt__plan_find_split(const dt_plan_profile *p, int tp, int cp, int sp, int lse) {
+/* The splits and rows the model's layouts on this world need: every (tp, cp, sp, lse, ulysses) with
+   the smallest and largest rows a micro-batch takes there. */
+static int dt__plan_find_split(const dt_plan_profile *p, int tp, int cp, int sp, int lse, int uly) {
     int i;
     for (i = 0; i < p->n_splits; i++)
-        if (p->splits[i].tp == tp && p->splits[i].cp == cp && p->splits[i].sp == sp && p->splits[i].lse == lse) return i;
+        if (p->splits[i].tp == tp && p->splits[i].cp == cp && p->splits[i].sp == sp && p->splits[i].lse == lse &&
+            p->splits[i].ulysses == uly)
+            return i;
     return -1;
 }
 
 static int dt__plan_need(dt_plan_profile *p, const dt_plan_model *m, int world) {
-    int tp, cp, pp, sp, lse, dropped = 0;
+    int tp, cp, pp, sp, lse, uly, dropped = 0;
     int64_t dp, micro, rows;
     for (tp = 1; tp <= world; tp++)
         for (cp = 1; tp * cp <= world; cp++)
@@ -901,26 +936,27 @@ static int dt__plan_need(dt_plan_profile *p, const dt_plan_model *m, int world) 
                 dp = world / (tp * cp * pp);
                 for (micro = 1; micro <= m->batch / dp; micro *= 2)
                     for (sp = 0; sp <= (tp > 1); sp++)
-                        for (lse = 0; lse <= 1; lse++) {
-                            int i;
-                            memset(&l, 0, sizeof l);
-                            l.tp = tp; l.cp = cp; l.pp = pp; l.micro = (int)micro; l.sp = sp;
-                            l.recompute = lse ? DT_PLAN_RECOMPUTE_GEMM_LAST : DT_PLAN_RECOMPUTE_NONE;
-                            if (cp > 1 && !lse) continue; /* the ring keeps lse */
-                            if (dt_plan_layout_check(NULL, m, world, &l, NULL)) continue;
-                            rows = m->batch / dp / micro * (m->seq / cp);
-                            i = dt__plan_find_split(p, tp, cp, sp, lse || cp > 1);
-                            if (i < 0) {
-                                if (p->n_splits >= DT_PLAN_MAX_SPLITS) { dropped++; continue; }
-                                i = p->n_splits++;
-                                memset(&p->splits[i], 0, sizeof p->splits[i]);
-                                p->splits[i].tp = tp; p->splits[i].cp = cp; p->splits[i].sp = sp;
-                                p->splits[i].lse = lse || cp > 1;
-                                p->splits[i].rows[0] = p->splits[i].rows[1] = rows;
+                        for (lse = 0; lse <= 1; lse++)
+                            for (uly = 0; uly <= (cp > 1); uly++) {
+                                int i, klse = !uly && (lse || cp > 1);
+                                memset(&l, 0, sizeof l);
+                                l.tp = tp; l.cp = cp; l.pp = pp; l.micro = (int)micro; l.sp = sp; l.ulysses = uly;
+                                l.recompute = lse ? DT_PLAN_RECOMPUTE_GEMM_LAST : DT_PLAN_RECOMPUTE_NONE;
+                                if (cp > 1 && !lse && !uly) continue; /* the ring keeps lse: lse 1's split */
+                                if (dt_plan_layout_check(NULL, m, world, &l, NULL)) continue;
+                                rows = m->batch / dp / micro * (m->seq / cp);
+                                i = dt__plan_find_split(p, tp, cp, sp, klse, uly);
+                                if (i < 0) {
+                                    if (p->n_splits >= DT_PLAN_MAX_SPLITS) { dropped++; continue; }
+                                    i = p->n_splits++;
+                                    memset(&p->splits[i], 0, sizeof p->splits[i]);
+                                    p->splits[i].tp = tp; p->splits[i].cp = cp; p->splits[i].sp = sp;
+                                    p->splits[i].lse = klse; p->splits[i].ulysses = uly;
+                                    p->splits[i].rows[0] = p->splits[i].rows[1] = rows;
+                                }
+                                if (rows < p->splits[i].rows[0]) p->splits[i].rows[0] = rows;
+                                if (rows > p->splits[i].rows[1]) p->splits[i].rows[1] = rows;
                             }
-                            if (rows < p->splits[i].rows[0]) p->splits[i].rows[0] = rows;
-                            if (rows > p->splits[i].rows[1]) p->splits[i].rows[1] = rows;
-                        }
             }
     return dropped;
 }
@@ -951,7 +987,7 @@ static dt_status dt__plan_measure_split(dt_comm *world, const dt_plan_model *m, 
         }
         /* the stage's blocks, as many as fit in 1 GB (at least one); the same count on every rank */
         for (c = 0; c < n; c++) {
-            if ((err = dt__plan_blk_make(&k[c], lay, m, b, s->sp, s->lse))) break;
+            if ((err = dt__plan_blk_make(&k[c], lay, m, b, s->sp, s->lse, s->ulysses))) break;
             if (c == 0 && ctx->bytes_in_use - before > 0) {
                 nd = 1e9 / (double)(ctx->bytes_in_use - before);
                 if ((err = dt_comm_allreduce_f64(world, &nd, 1, DT_REDUCE_MIN))) { c++; break; }
@@ -1294,7 +1330,7 @@ static dt_status dt__plan_measure_pipe(dt_comm *world, const dt_plan_model *m, d
     dt_plan_pipe *pi;
     double rph = 1, cpu;
     dt_status err;
-    int W = dt_comm_size(world), dp = W / pp, si = dt__plan_find_split(p, 1, 1, 0, 0), j, i, micro = 2 * pp;
+    int W = dt_comm_size(world), dp = W / pp, si = dt__plan_find_split(p, 1, 1, 0, 0, 0), j, i, micro = 2 * pp;
     int64_t micro_max = 1;
     if (si < 0 || p->n_pipes >= DT_PLAN_MAX_PIPES || m->batch % dp || m->batch < dp)
         return DT_OK; /* nothing to scale the compute by, or no layout has this pipeline */
@@ -1470,8 +1506,9 @@ DT_API dt_status dt_plan_profile_save(dt_ctx *ctx, const dt_plan_profile *p, con
                      m->gated, p->opt_s_per_param, p->copy_s_per_byte, p->overlap, p->measure_s);
     for (i = 0; i < p->n_splits; i++) {
         const dt_plan_split *s = &p->splits[i];
-        dt_strbuf_printf(&b, "%s\n  {\"tp\": %d, \"cp\": %d, \"sp\": %d, \"lse\": %d, \"rows\": [%lld, %lld]", i ? "," : "",
-                         s->tp, s->cp, s->sp, s->lse, (long long)s->rows[0], (long long)s->rows[1]);
+        dt_strbuf_printf(&b, "%s\n  {\"tp\": %d, \"cp\": %d, \"sp\": %d, \"lse\": %d, \"ulysses\": %d, \"rows\": [%lld, %lld]",
+                         i ? "," : "", s->tp, s->cp, s->sp, s->lse, s->ulysses, (long long)s->rows[0],
+                         (long long)s->rows[1]);
 #define DT__PLAN_W(f) dt_strbuf_printf(&b, ", \"" #f "\": [%.17g, %.17g]", s->f[0], s->f[1]);
         DT__PLAN_SPLIT_FIELDS(DT__PLAN_W)
 #undef DT__PLAN_W
@@ -1631,6 +1668,12 @@ DT_API dt_status dt_plan_profile_load(dt_ctx *ctx, dt_plan_profile *p, const cha
         DT__PLAN_I(o, where, "cp", 1, 1 << 20, s->cp);
         DT__PLAN_I(o, where, "sp", 0, 1, s->sp);
         DT__PLAN_I(o, where, "lse", 0, 1, s->lse);
+        if (dt_json_get(o, "ulysses")) DT__PLAN_I(o, where, "ulysses", 0, 1, s->ulysses); /* older files: the ring's */
+        if (s->ulysses && (s->cp < 2 || s->lse)) {
+            err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %sulysses = 1 with cp %d, lse %d: expected cp >= 2 and lse 0",
+                                   fn, path, where, s->cp, s->lse);
+            goto done;
+        }
         if ((err = dt__plan_pair(ctx, path, o, where, "rows", 1099511627776.0, r))) goto done;
         s->rows[0] = (int64_t)r[0]; s->rows[1] = (int64_t)r[1];
         if (s->rows[0] < 1 || s->rows[1] < s->rows[0] || r[0] != floor(r[0]) || r[1] != floor(r[1])) {
@@ -1882,12 +1925,12 @@ static double dt__plan_zero_transient(const dt_plan_model *m, const dt_plan_layo
 }
 
 /* dt_plan_predict, for the search too: *cache (may be NULL) keeps the last pipeline schedule made
-   (the search asks for the same one many times in a row). floor > 0 on a paper profile: a layout
-   whose step cannot beat floor tokens/s even with no bubble and no message delay is not simulated
+   (the search asks for the same one many times in a row). floor_tps > 0 on a paper profile: a layout
+   whose step cannot beat floor_tps tokens/s even with no bubble and no message delay is not simulated
    (*pruned = 1; its memory is filled in, its time is not): at 1024 ranks most of the tens of
    thousands of layouts are, and a plan prints in well under a second. */
 static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const dt_plan_layout *layout,
-                                  dt_plan_prediction *out, double floor, dt_pp_schedule **cache, int *pruned) {
+                                  dt_plan_prediction *out, double floor_tps, dt_pp_schedule **cache, int *pruned) {
     static const char *fn = "dt_plan_predict";
     const dt_plan_model *m;
     const dt_plan_split *s;
@@ -1895,7 +1938,7 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
     dt_plan_layout l;
     dt_status err;
     double rows, F, B, R, ef, eb, hf, hb, K, A, psi_max = 0, grads_b, N;
-    double exposed, opt, step, makespan = 0, bubble = 0, busy = 0, fst[4096], bst[4096], C;
+    double exposed, opt, step, makespan = 0, bubble = 0, busy = 0, fst[4096], bst[4096], C, own = 0;
     int si, lse, st, first[4097], dpcp, nb_max = 0;
     dt_pp_schedule *sch = NULL;
     if (pruned) *pruned = 0;
@@ -1908,17 +1951,23 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
     if ((int64_t)l.pp * l.chunks > 4096)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: pp %d x %d chunks, expected at most 4096 virtual stages", fn, l.pp,
                                 l.chunks);
-    lse = l.cp > 1 || l.recompute == DT_PLAN_RECOMPUTE_GEMM_LAST;
+    lse = !l.ulysses && (l.cp > 1 || l.recompute == DT_PLAN_RECOMPUTE_GEMM_LAST);
+    if (p->paper && l.ulysses)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ulysses 1 on paper: dt runs Ulysses on the CPU only (its CUDA "
+                                "tensors are DT_ERR_UNSUPPORTED), and a paper profile is a GPU cluster's", fn);
+    if (p->paper && l.offload > 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: offload %g on paper: a machine file has no host link figure to "
+                                "cost the copies with", fn, l.offload);
     rows = (double)(m->batch / l.dp / l.micro) * (double)(m->seq / l.cp);
     if (p->paper) {
         dt__plan_paper_split(p, &l, rows, &paper);
         s = &paper;
     } else {
-        si = dt__plan_find_split(p, l.tp, l.cp, l.sp, lse);
+        si = dt__plan_find_split(p, l.tp, l.cp, l.sp, lse, l.ulysses);
         if (si < 0)
             return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: the profile has no block timed at tp %d cp %d sp %d %s (measure "
                                     "it with this model on a world of %d)", fn, l.tp, l.cp, l.sp,
-                                    lse ? "keeping lse" : "keeping [T, T]", p->world);
+                                    l.ulysses ? "by ulysses" : lse ? "keeping lse" : "keeping [T, T]", p->world);
         s = &p->splits[si];
     }
     out->layout = l;
@@ -1934,6 +1983,7 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
     default: R = 0; break;
     }
     ef = dt__plan_at(s->rows, s->embed_fwd, rows); eb = dt__plan_at(s->rows, s->embed_bwd, rows);
+    if (l.offload > 0) dt__plan_acts_bytes(m, &l, 1, A, p->paper, &own); /* a block's own tensors, copied */
     hf = dt__plan_at(s->rows, s->head_fwd, rows); hb = dt__plan_at(s->rows, s->head_bwd, rows);
     if ((err = dt_pp_split(ctx, first, m->layers, l.pp * l.chunks))) return err;
     /* per stage: compute per micro-batch and parameters */
@@ -1942,12 +1992,17 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
         double bp = dt__plan_block_params(m, l.tp);
         double emb = (double)m->vocab / l.tp * C + (double)m->seq * C, head = 2 * C;
         for (st = 0; st < l.pp; st++) {
-            int c, nb = 0;
+            int c, nb = 0, outs = 0, ins = 0;
             double psi;
-            for (c = 0; c < l.chunks; c++) nb += first[c * l.pp + st + 1] - first[c * l.pp + st];
+            for (c = 0; c < l.chunks; c++) { /* offload: each copied out, all but the slots' back (on the CPU, at once) */
+                int k = first[c * l.pp + st + 1] - first[c * l.pp + st], off = (int)floor(l.offload * k + 0.5);
+                nb += k;
+                outs += off;
+                ins += off > 2 ? off - 2 : 0;
+            }
             if (nb > nb_max) nb_max = nb;
-            fst[st] = nb * F;
-            bst[st] = nb * (B + R);
+            fst[st] = nb * F + outs * own * p->copy_s_per_byte;
+            bst[st] = nb * (B + R) + ins * own * p->copy_s_per_byte;
             psi = nb * bp;
             if (st == 0) { fst[st] += ef; bst[st] += eb; psi += emb; }
             if (st == l.pp - 1) { fst[st] += hf; bst[st] += hb; psi += head; }
@@ -1998,7 +2053,7 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
     if (l.zero >= 1) opt += p->copy_s_per_byte * psi_max * (4 + K) * 2;
     opt += 2 * dt__plan_coll(p, DT_PLAN_ALLREDUCE, p->world, 1, 8);
     step = busy + exposed + opt;
-    if (floor > 0 && p->paper && (double)m->batch * (double)m->seq / step < floor) { /* no bubble can make it */
+    if (floor_tps > 0 && p->paper && (double)m->batch * (double)m->seq / step < floor_tps) { /* no bubble can make it */
         if (pruned) *pruned = 1;
         makespan = busy; /* the bound: out's time is no more than that */
     } else if (l.pp == 1) {
@@ -2053,7 +2108,8 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
         out->mem_grads = 4 * (l.zero >= 2 ? psi / N : psi);
         out->mem_optimizer = (8 + master) * shard;
         /* a set is one (chunk, micro-batch): a chunk's blocks (interleaved: half the stage's) */
-        out->mem_activations = sets * dt__plan_acts_bytes(m, &l, (nb_max + l.chunks - 1) / l.chunks, A, p->paper);
+        int nbc = (nb_max + l.chunks - 1) / l.chunks, off = (int)floor(l.offload * nbc + 0.5);
+        out->mem_activations = sets * (dt__plan_acts_bytes(m, &l, nbc, A, p->paper, NULL) - (off > 2 ? off - 2 : 0) * own);
         if (l.pp > 1) out->mem_params += 2.0 * (double)m->vocab / l.tp * m->width * 4; /* the tied head's copy, grad */
         if (p->paper) /* NCCL reduces in place; ZeRO 3 holds a gathered block and the next one */
             out->mem_transient = l.zero == 3 ? 2 * K * dt__plan_block_params(m, l.tp) : 0;
@@ -2096,15 +2152,48 @@ static int dt__plan_cand_cmp(const void *a, const void *b) {
     return x > y ? -1 : x < y ? 1 : 0;
 }
 
+/* The search so far: the best `max` layouts, how many fit, and a paper search's bounded layouts
+   (simulated later, best bound first) */
+typedef struct dt__plan_hunt {
+    dt_plan_prediction *out;
+    int max, n, all;
+    dt__plan_cand *cands;
+    int64_t n_cands, cap;
+    dt_pp_schedule *cache; /* the last pipeline schedule made: the next layout often has the same */
+} dt__plan_hunt;
+
+/* One layout of the search: valid, predicted (paper: bounded), kept when it fits the budget. */
+static dt_status dt__plan_try(dt_ctx *ctx, const dt_plan_profile *p, const dt_plan_search_desc *sd,
+                              const dt_plan_layout *l, dt__plan_hunt *h) {
+    dt_plan_prediction pr;
+    int pruned;
+    dt_status err;
+    if (dt_plan_layout_check(NULL, &p->model, p->world, l, NULL)) return DT_OK;
+    /* paper: memory and a bound on the step now, the pipeline later */
+    err = dt__plan_predict(ctx, p, l, &pr, p->paper ? HUGE_VAL : 0, &h->cache, &pruned);
+    if (err == DT_ERR_ARG || err == DT_ERR_STATE) return DT_OK; /* not this layout */
+    if (err) return err;
+    if (sd->mem_budget > 0 && pr.mem_total > sd->mem_budget) return DT_OK;
+    h->all++;
+    if (!pruned) {
+        dt__plan_insert(h->out, h->max, &h->n, &pr);
+        return DT_OK;
+    }
+    if ((err = dt_grow(ctx, (void **)&h->cands, &h->cap, h->n_cands + 1, sizeof *h->cands, "dt_plan_search's layouts")))
+        return err;
+    h->cands[h->n_cands].l = *l;
+    h->cands[h->n_cands++].bound = pr.tokens_per_s;
+    return DT_OK;
+}
+
 DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_plan_search_desc *desc,
                                 dt_plan_prediction *out, int max, int *count, int *total) {
+    static const double offs[3] = {0, 0.5, 1};
     dt_plan_search_desc sd;
+    dt__plan_hunt h;
     dt_status err = DT_OK;
-    int W, tp, cp, pp, zero, sp, rec, sch, n = 0, all = 0, mi, nm;
-    int64_t micro, per, ms[128];
-    dt_pp_schedule *cache = NULL;
-    dt__plan_cand *cands = NULL;
-    int64_t n_cands = 0, cap = 0, c;
+    int W, tp, cp, pp, zero, sp, rec, sch, v, n_off, n_var, mi, nm;
+    int64_t micro, per, ms[128], c;
     if (!p || !out || max < 1 || !count)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_search: p, out and count must not be NULL, max >= 1 (max = %d)",
                                 max);
@@ -2113,7 +2202,10 @@ DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_
     if ((err = dt__plan_profile_check(ctx, "dt_plan_search", p))) return err;
     if (sd.max_micro <= 0) sd.max_micro = p->paper ? (int)(p->model.batch < (1 << 20) ? p->model.batch : 1 << 20) : 16;
     if (sd.mem_budget <= 0 && p->paper) sd.mem_budget = p->mach.mem_bytes - p->mach.reserved_bytes;
+    memset(&h, 0, sizeof h);
+    h.out = out; h.max = max;
     W = p->world;
+    n_off = sd.mem_budget > 0 && !p->paper ? 3 : 1; /* offload never speeds a step: tried only to fit a budget */
     for (tp = 1; tp <= W; tp++)
         for (cp = 1; W % tp == 0 && tp * cp <= W; cp++)
             for (pp = 1; (W / tp) % cp == 0 && tp * cp * pp <= W; pp++) {
@@ -2124,49 +2216,36 @@ DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_
                 for (micro = 1; micro <= per && nm < 128; micro *= 2)
                     if (per % micro == 0 && per / micro <= sd.max_micro && (per / micro & (per / micro - 1)))
                         ms[nm++] = per / micro; /* not a power of two: not listed yet */
+                /* the variants of each: the ring or Ulysses (measured cp > 1), offload 0, 1/2, 1 (a budget) */
+                n_var = (cp > 1 && !p->paper ? 2 : 1) * n_off;
                 for (mi = 0; mi < nm && (micro = ms[mi]) > 0; mi++)
                     for (sch = pp > 1 ? DT_PP_GPIPE : 0; sch <= (pp > 1 ? DT_PP_ZB_H1 : 0); sch++)
                         for (zero = 0; zero <= 3; zero++)
                             for (sp = 0; sp <= (tp > 1); sp++)
-                                for (rec = 0; rec <= (sd.recompute ? DT_PLAN_RECOMPUTE_GEMM_LAST : 0); rec++) {
-                                    dt_plan_layout l;
-                                    dt_plan_prediction pr;
-                                    int pruned;
-                                    memset(&l, 0, sizeof l);
-                                    l.tp = tp; l.cp = cp; l.pp = pp; l.micro = (int)micro; l.zero = zero; l.sp = sp;
-                                    l.schedule = (dt_pp_kind)sch; l.recompute = (dt_plan_recompute)rec;
-                                    if (dt_plan_layout_check(NULL, &p->model, W, &l, NULL)) continue;
-                                    /* paper: memory and a bound on the step now, the pipeline later */
-                                    err = dt__plan_predict(ctx, p, &l, &pr, p->paper ? HUGE_VAL : 0, &cache, &pruned);
-                                    if (err == DT_ERR_ARG || err == DT_ERR_STATE) continue; /* not this layout */
-                                    if (err) goto done;
-                                    if (sd.mem_budget > 0 && pr.mem_total > sd.mem_budget) continue;
-                                    all++;
-                                    if (pruned) {
-                                        if ((err = dt_grow(ctx, (void **)&cands, &cap, n_cands + 1, sizeof *cands,
-                                                           "dt_plan_search's layouts")))
-                                            goto done;
-                                        cands[n_cands].l = l;
-                                        cands[n_cands++].bound = pr.tokens_per_s;
-                                        continue;
+                                for (rec = 0; rec <= (sd.recompute ? DT_PLAN_RECOMPUTE_GEMM_LAST : 0); rec++)
+                                    for (v = 0; v < n_var; v++) {
+                                        dt_plan_layout l;
+                                        memset(&l, 0, sizeof l);
+                                        l.tp = tp; l.cp = cp; l.pp = pp; l.micro = (int)micro; l.zero = zero; l.sp = sp;
+                                        l.schedule = (dt_pp_kind)sch; l.recompute = (dt_plan_recompute)rec;
+                                        l.ulysses = v / n_off; l.offload = offs[v % n_off];
+                                        if ((err = dt__plan_try(ctx, p, &sd, &l, &h))) goto done;
                                     }
-                                    dt__plan_insert(out, max, &n, &pr);
-                                }
             }
     /* paper: the most promising first, until no bound can beat the last one kept */
-    if (n_cands) qsort(cands, (size_t)n_cands, sizeof *cands, dt__plan_cand_cmp);
-    for (c = 0; c < n_cands; c++) {
+    if (h.n_cands) qsort(h.cands, (size_t)h.n_cands, sizeof *h.cands, dt__plan_cand_cmp);
+    for (c = 0; c < h.n_cands; c++) {
         dt_plan_prediction pr;
-        if (n == max && cands[c].bound < out[max - 1].tokens_per_s) break;
-        if ((err = dt__plan_predict(ctx, p, &cands[c].l, &pr, 0, &cache, NULL))) goto done;
-        dt__plan_insert(out, max, &n, &pr);
+        if (h.n == max && h.cands[c].bound < out[max - 1].tokens_per_s) break;
+        if ((err = dt__plan_predict(ctx, p, &h.cands[c].l, &pr, 0, &h.cache, NULL))) goto done;
+        dt__plan_insert(out, max, &h.n, &pr);
     }
     err = DT_OK;
 done:
-    dt_release(ctx, cands);
-    dt_pp_schedule_free(cache);
-    *count = n;
-    if (total) *total = all;
+    dt_release(ctx, h.cands);
+    dt_pp_schedule_free(h.cache);
+    *count = h.n;
+    if (total) *total = h.all;
     return err;
 }
 

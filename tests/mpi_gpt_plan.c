@@ -1,7 +1,7 @@
 // mpi-driver
 /* tests/mpi_gpt_plan.c - examples/gpt --plan and --layout auto (dt_plan.h): --plan measures the
    machine at the run's world size, prints the five best layouts and its prediction for the layout
-   given, and exits; --layout auto trains on the first one, to the loss of the one-rank run (every
+   given (Ulysses and offload too), and exits; --layout auto trains on the first one, to the loss of the one-rank run (every
    layout trains the same model); the profile file is kept and read again; a profile of another
    world, a model the planner does not model and a bad --layout value are named.
 
@@ -47,6 +47,13 @@ int main(void) {
     /* the same again from the file: "read from --plan-profile" */
     if (DT_TEST_CHECK("gpt_plan_reads_its_profile", run(2, flags, out) == 0))
         DT_TEST_CHECK("gpt_plan_says_it_read_the_profile", file_has(out, "read from --plan-profile"));
+    /* Ulysses and activation offload are layouts it predicts too (from the same file) */
+    snprintf(flags, sizeof flags, "%s --cp 2 --cp-kind ulysses --offload-activations 1 --plan --plan-profile %s", MODEL,
+             prof);
+    DT_TEST_CHECK("gpt_plan_predicts_ulysses_with_offload",
+                  run(2, flags, out) == 0 &&
+                      file_has(out, "plan: the layout given (dp 1 tp 1 pp 1 cp 2 ulysses, micro 1, zero 0, sp 0, "
+                                    "recompute none, offload 1): predicted step"));
     /* --layout auto trains on the first layout, to the one-rank loss */
     snprintf(ref_out, sizeof ref_out, "%s/np1.out", dt_test_tmpdir());
     snprintf(flags, sizeof flags, "%s --quiet", MODEL);

@@ -50,6 +50,15 @@ int main(void) {
              s->extra[0] > 0 && s->fwd[1] >= 0.5 * s->fwd[0] && s->bwd[1] >= 0.5 * s->bwd[0];
     }
     DT_TEST_CHECK("plan_profile_block_times_are_positive_and_grow_with_rows", ok);
+    if (dt_comm_size(w) == 2) { /* cp 2 both ways: the ring (lse) and Ulysses (4 heads over 2: [T, T]) */
+        int ring = 0, uly = 0;
+        for (i = 0; i < p->n_splits; i++)
+            if (p->splits[i].cp == 2) {
+                ring += p->splits[i].lse && !p->splits[i].ulysses;
+                uly += p->splits[i].ulysses && !p->splits[i].lse;
+            }
+        DT_TEST_CHECK("plan_profile_times_cp_by_the_ring_and_by_ulysses", ring == 1 && uly == 1);
+    }
     for (i = 0, ok = 1; i < p->n_colls; i++) ok = ok && p->colls[i].alpha >= 0 && p->colls[i].beta >= 0 && p->colls[i].alpha + p->colls[i].beta > 0;
     DT_TEST_CHECK("plan_profile_collectives_are_measured", ok && p->n_colls == (dt_comm_size(w) > 1 ? 4 : 0));
     DT_TEST_CHECK("plan_profile_optimizer_is_measured", p->opt_s_per_param > 0 && p->copy_s_per_byte > 0);

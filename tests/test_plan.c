@@ -863,6 +863,152 @@ static void dlrm_plans(void) {
     DT_TEST_CHECK("plan_dlrm_measure_without_a_world_is_refused", st == DT_ERR_ARG);
 }
 
+/* Ulysses (cp by all-to-alls): its own timed block, its memory by hand (the whole sequence's
+   [T, T] of H / cp heads and uqkv where the ring keeps lse), its limits named, its file field */
+static void ulysses(void) {
+    dt_plan_model m = model();
+    dt_plan_profile p, q;
+    dt_plan_layout l;
+    dt_plan_prediction ring, uly, top[256];
+    dt_status st;
+    char path[512];
+    int i, n = 0, total = 0, found = 0;
+    hand_profile(&p, 2, &m);
+    {   /* the Ulysses block: 5 ms forward and 7 ms backward per 1000 rows (the ring's: 1 and 2) */
+        dt_plan_split *s = &p.splits[p.n_splits++];
+        int j;
+        *s = p.splits[0];
+        s->cp = 2; s->lse = 0; s->ulysses = 1;
+        for (j = 0; j < 2; j++) {
+            s->fwd[j] = 5e-3 * (double)s->rows[j] / 1000.0;
+            s->bwd[j] = 7e-3 * (double)s->rows[j] / 1000.0;
+        }
+    }
+    memset(&l, 0, sizeof l);
+    l.cp = 2;
+    st = dt_plan_predict(&g_ctx, &p, &l, &ring);
+    l.ulysses = 1;
+    if (!DT_TEST_CHECK("plan_ulysses_predicts", st == DT_OK && dt_plan_predict(&g_ctx, &p, &l, &uly) == DT_OK)) {
+        printf("  %s\n", dt_ctx_error(&g_ctx));
+        return;
+    }
+    {   /* 16 sequences of 16 rows a rank: 256 rows; 4 blocks, the embedding and the head */
+        double r = 256 / 1000.0, want = 4 * (5e-3 + 7e-3) * r + (0.01e-3 + 0.02e-3 + 0.2e-3 + 0.4e-3) * r;
+        dt_test_close("plan_ulysses_uses_its_own_block_times", uly.compute_s, want, 1e-9);
+    }
+    {   /* per block: b (H / cp) T^2 scores and N x 3C of uqkv, where the ring keeps b H (T / cp) lse */
+        double b = 16, H = 4, T = 32, N = 16 * 16, C = 64;
+        double diff = 4 * 4 * (b * (H / 2) * T * T + N * 3 * C - b * H * (T / 2));
+        dt_test_close("plan_ulysses_memory_is_the_rings_plus_its_scores_by_hand", uly.mem_activations - ring.mem_activations,
+                      diff, 1e-9);
+    }
+    st = dt_plan_search(&g_ctx, &p, NULL, top, 256, &n, &total);
+    for (i = 0; st == DT_OK && i < n; i++) found += top[i].layout.ulysses;
+    DT_TEST_CHECK("plan_search_tries_ulysses", st == DT_OK && found > 0);
+    /* limits: the heads per tp rank must divide by cp; 0 or 1; not on paper */
+    memset(&l, 0, sizeof l);
+    l.cp = 8; l.ulysses = 1;
+    m.seq = 64;
+    st = dt_plan_layout_check(&g_ctx, &m, 8, &l, NULL);
+    dt_test_error("plan_ulysses_heads_not_dividing_is_named", st, dt_ctx_error(&g_ctx), "which cp 8 must divide");
+    m = model();
+    l.cp = 2; l.ulysses = 2;
+    st = dt_plan_layout_check(&g_ctx, &m, 2, &l, NULL);
+    dt_test_error("plan_ulysses_out_of_range_is_named", st, dt_ctx_error(&g_ctx), "ulysses = 2, expected 0 or 1");
+    l.ulysses = 1; l.cp = 1;
+    DT_TEST_CHECK("plan_ulysses_at_cp1_is_plain_attention",
+                  dt_plan_layout_check(&g_ctx, &m, 2, &l, &l) == DT_OK && l.ulysses == 0);
+    {
+        dt_plan_machine mc = hand_machine();
+        dt_plan_profile *pp = (dt_plan_profile *)malloc(sizeof *pp);
+        dt_plan_prediction pr;
+        memset(&l, 0, sizeof l);
+        l.cp = 2; l.ulysses = 1;
+        st = pp ? dt_plan_profile_paper(&g_ctx, &mc, &m, 8, pp) : DT_ERR_OOM;
+        if (!st) st = dt_plan_predict(&g_ctx, pp, &l, &pr);
+        dt_test_error("plan_ulysses_on_paper_is_named", st, dt_ctx_error(&g_ctx), "ulysses 1 on paper");
+        free(pp);
+    }
+    /* the file keeps the field; ulysses with lse 1 is named */
+    snprintf(path, sizeof path, "%s/uly.json", dt_test_tmpdir());
+    st = dt_plan_profile_save(&g_ctx, &p, path);
+    if (!st) st = dt_plan_profile_load(&g_ctx, &q, path);
+    DT_TEST_CHECK("plan_ulysses_split_round_trips", st == DT_OK && q.n_splits == p.n_splits &&
+                                                         q.splits[p.n_splits - 1].ulysses == 1 &&
+                                                         q.splits[0].ulysses == 0);
+    {
+        static char text[1 << 16], bad[1 << 16];
+        read_file(path, text, sizeof text);
+        swap_text(bad, sizeof bad, text, "\"lse\": 0, \"ulysses\": 1", "\"lse\": 1, \"ulysses\": 1");
+        write_file(path, bad);
+        st = dt_plan_profile_load(&g_ctx, &q, path);
+        dt_test_error("plan_ulysses_keeping_lse_is_named", st, dt_ctx_error(&g_ctx), "ulysses = 1 with cp 2, lse 1");
+    }
+}
+
+/* Activation offload: a block's own tensors copied out after its forward and (but for the two
+   slots' last blocks) back before its backward, at the profile's copy rate; the device keeps two
+   slots instead of the blocks. By hand at 4 blocks, and a budget only offload meets. */
+static void offload(void) {
+    dt_plan_model m = model();
+    dt_plan_profile p;
+    dt_plan_layout l;
+    dt_plan_prediction none, all, half, top[8];
+    dt_plan_search_desc sd;
+    dt_status st;
+    int n = 0, total = 0;
+    /* one block's own tensors at dp 1, micro 1, recompute none: 16 sequences of 32, C 64, 4 heads, [T, T] kept */
+    double b = 16, T = 32, N = 512, C = 64, H = 4;
+    double own = 4 * (N * C + (N * C + 2 * N + N * C + 2 * N + N * 3 * C + N * C + N * C + N * 4 * C) + b * H * T * T +
+                      N * 4 * C);
+    double r = N / 1000.0, base = 4 * (1e-3 + 2e-3) * r + (0.01e-3 + 0.02e-3 + 0.2e-3 + 0.4e-3) * r;
+    hand_profile(&p, 1, &m);
+    memset(&l, 0, sizeof l);
+    st = dt_plan_predict(&g_ctx, &p, &l, &none);
+    l.offload = 1;
+    if (!st) st = dt_plan_predict(&g_ctx, &p, &l, &all);
+    l.offload = 0.5;
+    if (!st) st = dt_plan_predict(&g_ctx, &p, &l, &half);
+    if (!DT_TEST_CHECK("plan_offload_predicts", st == DT_OK)) { printf("  %s\n", dt_ctx_error(&g_ctx)); return; }
+    dt_test_close("plan_offload_costs_four_copies_out_and_two_back", all.compute_s, base + 6 * own * 1e-10, 1e-9);
+    dt_test_close("plan_offload_keeps_two_slots_of_four_blocks", none.mem_activations - all.mem_activations, 2 * own,
+                  1e-9);
+    dt_test_close("plan_offload_half_is_two_blocks_out_none_back", half.compute_s, base + 2 * own * 1e-10, 1e-9);
+    dt_test_close("plan_offload_half_saves_nothing_over_its_slots", half.mem_activations, none.mem_activations, 1e-12);
+    /* a budget between the two: only offload fits (the search tries it when there is a budget) */
+    memset(&sd, 0, sizeof sd);
+    sd.mem_budget = none.mem_total - own;
+    sd.max_micro = 1;
+    st = dt_plan_search(&g_ctx, &p, &sd, top, 8, &n, &total);
+    DT_TEST_CHECK("plan_search_offloads_to_fit_a_budget", st == DT_OK && n >= 1 && top[0].layout.offload == 1 &&
+                                                             top[0].mem_total <= sd.mem_budget);
+    memset(&sd, 0, sizeof sd);
+    st = dt_plan_search(&g_ctx, &p, &sd, top, 8, &n, &total);
+    DT_TEST_CHECK("plan_search_without_a_budget_does_not_offload", st == DT_OK && n >= 1 && top[0].layout.offload == 0);
+    /* limits */
+    l.offload = 1.5;
+    st = dt_plan_layout_check(&g_ctx, &m, 1, &l, NULL);
+    dt_test_error("plan_offload_out_of_range_is_named", st, dt_ctx_error(&g_ctx), "offload = 1.5, expected 0 .. 1");
+    l.offload = NAN;
+    st = dt_plan_layout_check(&g_ctx, &m, 1, &l, NULL);
+    dt_test_error("plan_offload_nan_is_named", st, dt_ctx_error(&g_ctx), "offload = nan");
+    memset(&l, 0, sizeof l);
+    l.pp = 2; l.micro = 2; l.schedule = DT_PP_ZB_H1; l.offload = 1;
+    st = dt_plan_layout_check(&g_ctx, &m, 2, &l, NULL);
+    dt_test_error("plan_offload_with_zb_is_named", st, dt_ctx_error(&g_ctx), "offload 1 with zb-h1");
+    {
+        dt_plan_machine mc = hand_machine();
+        dt_plan_profile *pp = (dt_plan_profile *)malloc(sizeof *pp);
+        dt_plan_prediction pr;
+        memset(&l, 0, sizeof l);
+        l.offload = 1;
+        st = pp ? dt_plan_profile_paper(&g_ctx, &mc, &m, 8, pp) : DT_ERR_OOM;
+        if (!st) st = dt_plan_predict(&g_ctx, pp, &l, &pr);
+        dt_test_error("plan_offload_on_paper_is_named", st, dt_ctx_error(&g_ctx), "offload 1 on paper");
+        free(pp);
+    }
+}
+
 int main(void) {
     dt_ctx_init(&g_ctx, NULL);
     pure_dp_step();
@@ -877,6 +1023,8 @@ int main(void) {
     cross_hosts();
     dlrm_plans();
     dlrm_files();
+    ulysses();
+    offload();
     dt_ctx_shutdown(&g_ctx);
     return dt_test_finish();
 }

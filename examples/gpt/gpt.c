@@ -311,7 +311,8 @@ static const char *HELP =
     "                    best layouts for this model and batch and its prediction for the layout given, then\n"
     "                    exit (dt_plan.h; dense models on the CPU)\n"
     "  --layout auto     train on the layout the planner ranks first: it chooses --tp --pp --cp --zero --micro\n"
-    "                    --sp --schedule --recompute; the model, batch and world stay as given\n"
+    "                    --sp --schedule --recompute --cp-kind (and --offload-activations within --plan-memory);\n"
+    "                    the model, batch and world stay as given\n"
     "  --plan-profile F  the planner's profile: read F when it exists, else measure (seconds) and write it\n"
     "  --plan-memory MB  plan within MB per rank (0: no limit) (0)\n"
     "  --help            this text\n";
@@ -1981,7 +1982,8 @@ static dt_plan_layout plan_given(const opts *o) {
     dt_plan_layout l;
     memset(&l, 0, sizeof l);
     l.tp = o->tp; l.pp = o->pp; l.cp = o->cp; l.zero = o->zero; l.micro = o->micro; l.sp = o->sp;
-    l.schedule = o->schedule; l.recompute = (dt_plan_recompute)o->recompute;
+    l.schedule = o->schedule; l.recompute = (dt_plan_recompute)o->recompute; l.ulysses = o->ulysses;
+    l.offload = o->offload;
     return l;
 }
 
@@ -2001,10 +2003,9 @@ static void plan_layout(trainer *t) {
     char ls[160];
     FILE *f;
     if (!o->plan && !o->layout_auto) return;
-    if (o->moe_experts || o->device != DT_CPU || o->offload > 0 || o->ulysses || (o->kv_heads && o->kv_heads < o->tp) ||
-        o->dtype == DT_F16)
+    if (o->moe_experts || o->device != DT_CPU || (o->kv_heads && o->kv_heads < o->tp) || o->dtype == DT_F16)
         fail("--plan / --layout auto: the planner models dense models on the CPU in f32 or bf16 (no --moe-experts, "
-             "--offload-activations, --cp-kind ulysses, --device cuda, --dtype f16) for now");
+             "--device cuda, --dtype f16) for now");
     memset(&pm, 0, sizeof pm);
     pm.layers = o->layers; pm.width = o->width; pm.heads = o->heads; pm.kv_heads = o->kv_heads ? o->kv_heads : o->heads;
     pm.vocab = t->data.vocab_padded; pm.seq = o->seq; pm.batch = o->batch; pm.dtype = o->dtype;
@@ -2068,7 +2069,7 @@ static void plan_layout(trainer *t) {
     if (o->layout_auto) { /* the flags of the first layout */
         const dt_plan_layout *b = &best->layout;
         o->tp = b->tp; o->pp = b->pp; o->cp = b->cp; o->zero = b->zero; o->micro = b->micro; o->sp = b->sp;
-        o->recompute = (int)b->recompute;
+        o->recompute = (int)b->recompute; o->ulysses = b->ulysses; o->offload = b->offload;
         if (b->pp > 1) o->schedule = b->schedule;
         o->chunks = o->schedule == DT_PP_INTERLEAVED && o->pp > 1 ? 2 : 1;
         if (g_rank == 0)
