@@ -6,7 +6,11 @@
 #   ./build.sh gpu               everything below; exit 0 when every step ran and passed
 #   ./build.sh gpu --build-only  only the builds (nvcc, no GPU needed), then the CPU-side checks of
 #                                the shard writer; exit 0 when all of it built. tests/run.sh runs
-#                                it (check "gpu:build-only") wherever nvcc is, so it cannot rot
+#                                it (check "gpu:build-only") wherever nvcc is, so it cannot rot.
+#                                Host C and C++ at -O0 without -g (a fifth of -O2's compile time; what
+#                                it builds runs one tiny step at most, and ./build.sh compiles the
+#                                same sources at -O2, where the optimizer's warnings show); kernels
+#                                as on the GPU
 #   ./build.sh gpu --dry-run     no build, no GPU: the summary made from made-up figures (marked
 #                                as such), to check the parsing and the format
 #
@@ -294,6 +298,11 @@ if [ -z "${DT_NVCC:-}" ]; then
     exit 4
 fi
 CUDA_INC=-I$DT_CUDA_HOME/include
+K_OPT=-O1 # the k_* tests' C++
+if [ "$MODE" = build ]; then # only compiled and linked (above): -O0, no debug info
+    DT_CFLAGS=$(echo " $DT_CFLAGS " | sed 's/ -O[0-3s] / -O0 /; s/ -g / /; s/^ //; s/ $//')
+    K_OPT=-O0
+fi
 # A GPU machine is often a CUDA image without Debian's packages and without a network (build.sh
 # gpu installs nothing): what is missing is worked around where dt allows it, and said.
 NOTES=()
@@ -355,7 +364,7 @@ if [ -n "${DT_MPICC:-}" ] && command -v mpirun >/dev/null; then HAVE_MPI=1; fi
 # test after ./build.sh gpu, rebuilds only what changed; a compile the timeout cut is redone)
 INPUTS=(dt_*.h kernels/*.h kernels/*.cuh "$G/flags.txt")
 # the settings every command uses: a change (another arch, no OpenBLAS here) rebuilds everything
-echo "$ARCH|$NVCC_FLAGS|$DT_CC|$DT_CXX|$DT_CFLAGS|$DT_CPPFLAGS|$DT_LIBS|$DT_CUDA_LDFLAGS|$HAVE_MPI|$DT_NCCL_DEFS" >"$G/flags.new"
+echo "$ARCH|$NVCC_FLAGS|$K_OPT|$DT_CC|$DT_CXX|$DT_CFLAGS|$DT_CPPFLAGS|$DT_LIBS|$DT_CUDA_LDFLAGS|$HAVE_MPI|$DT_NCCL_DEFS" >"$G/flags.new"
 if cmp -s "$G/flags.new" "$G/flags.txt"; then rm -f "$G/flags.new"; else mv "$G/flags.new" "$G/flags.txt"; fi
 fresh() {
     local out=$1 f
@@ -387,9 +396,9 @@ k_impl() {
 # force-included; g++, or nvcc when the test holds kernels of its own (or includes a kernels/*.cu)
 K_LIBS="$G/libdt_kernels.a $DT_CUDA_LDFLAGS -lcublas -lcudart $DT_LIBS -lpthread"
 k_build() {
-    local src=$1 out=$2 cxx="$DT_CXX -std=c++17 -O1" impl
+    local src=$1 out=$2 cxx="$DT_CXX -std=c++17 $K_OPT" impl
     impl=$(k_impl "$src")
-    grep -qE '__global__|^#[[:space:]]*include[[:space:]]+"[^"]*\.cu"' "$src" && cxx="$DT_NVCC -x cu -std=c++17 -O1 -gencode arch=compute_${ARCH#sm_},code=$ARCH"
+    grep -qE '__global__|^#[[:space:]]*include[[:space:]]+"[^"]*\.cu"' "$src" && cxx="$DT_NVCC -x cu -std=c++17 $K_OPT -gencode arch=compute_${ARCH#sm_},code=$ARCH"
     $cxx -include "$ROOT/bench/gpu/emu_stubs.h" -I"$ROOT" -I"$ROOT/kernels" -I"$ROOT/tests" -I"$ROOT/tests/cuda_emu" \
         $CUDA_INC $DT_CPPFLAGS -c "$src" -o "$out.o" &&
         $DT_CXX "$out.o" $impl "$G/obj/emu_stubs.o" -o "$out" $K_LIBS
@@ -462,7 +471,7 @@ fi
 echo "== build (kernels for $ARCH, $JOBS at a time; logs in $L)"
 t0=$SECONDS
 export -f build_everything job fresh kernel k_impl k_build example
-export G L JOBS ARCH NVCC_FLAGS CUDA_INC K_LIBS HAVE_MPI ROOT
+export G L JOBS ARCH NVCC_FLAGS CUDA_INC K_LIBS K_OPT HAVE_MPI ROOT DT_CFLAGS
 BUILD_TIMEOUT=${DT_GPU_BUILD_TIMEOUT:-240}
 [ "$MODE" = build ] && BUILD_TIMEOUT=${DT_GPU_BUILD_TIMEOUT:-1500} # CI: no budget, a slow shared machine
 timeout "$BUILD_TIMEOUT" bash -c 'INPUTS=('"${INPUTS[*]}"'); build_everything'
