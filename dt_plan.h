@@ -23,9 +23,10 @@
 
    The block it times is examples/gpt's block, op for op (dt_tensor.h's and dt_parallel.h's tp and
    cp ops at the split's shapes, including their collectives), so its tp and cp communication is
-   measured, not modelled. What is modelled: the data-parallel sync (DDP buckets during the
-   backward, ZeRO's reduce-scatters and gathers), the pipeline's sends and bubble, the optimizer
-   step, and memory, from the same accounting as examples/gpt's activations and dt_zero_memory.
+   measured, not modelled (Ulysses' all-to-alls too). What is modelled: the data-parallel sync
+   (DDP buckets during the backward, ZeRO's reduce-scatters and gathers), the pipeline's sends and
+   bubble, activation offload's copies, the optimizer step, and memory, from the same accounting
+   as examples/gpt's activations and dt_zero_memory.
 
    Contents (each marker finds this line, its declarations and its implementation):
        >>model           what is trained: dt_plan_model; what runs it: dt_plan_layout, its check
