@@ -10,8 +10,9 @@
 #                            tests/mpi_*.c and the tutorial only, plain builds (no ASan), each multi-rank test at
 #                            2 ranks (or the least it lists), the drivers told DT_TEST_QUICK=1
 #                            (tests/mpi_gpt*.c: their 2-rank layouts)
-# At the end: the failures again, the 10 slowest runs with their seconds, the total time, and
-# as the very last line "N passed, N failed, N skipped".
+# At the end: the failures again, the 10 slowest runs and the 10 slowest build steps with their
+# seconds (CI's limit is 30 minutes on 2 cores: what to trim first), the total time, and as the
+# very last line "N passed, N failed, N skipped".
 #
 # How a test program is built (tests/test_*.c, tests/mpi_*.c):
 #   - the usual way: include the dt headers it uses WITHOUT defining DT_IMPLEMENTATION. It is
@@ -110,6 +111,7 @@ T=build/tests      # test programs; T/asan: sanitizer builds
 L=$T/logs          # one log per build step and per run
 C=build/compile    # objects and stamps of the compile checks
 mkdir -p "$T/asan" "$L" "$C" "$T/tmp"
+rm -f "$L/build_times" # "seconds id" of each build step run (step): the slowest ten at the end
 TIMEOUT=${DT_TEST_TIMEOUT:-300}
 JOBS=${DT_TEST_JOBS:-$(nproc 2>/dev/null || echo 2)}
 ASAN=${DT_TEST_ASAN:-1}
@@ -190,7 +192,9 @@ step() {
     shift 3
     fresh "$out" $src $(extra_sources "${src%% *}") && return 0
     mkdir -p "$(dirname "$out")"
+    local t0=$EPOCHREALTIME
     if "$@" >"$L/$id.log" 2>&1; then touch "$out"; else rm -f "$out"; fi
+    echo "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f", b - a}') $id" >>"$L/build_times"
 }
 
 spawn() {
@@ -1079,6 +1083,10 @@ fi
 if [ ${#RUNTIMES[@]} -gt 0 ]; then
     section "the 10 slowest runs (seconds)"
     printf '%s\n' "${RUNTIMES[@]}" | sort -k1,1 -g -r | head -n 10 | awk '{ s = $1; $1 = ""; printf("%7.1f %s\n", s, substr($0, 2)) }'
+fi
+if [ -s "$L/build_times" ]; then
+    section "the 10 slowest build steps (seconds; $(awk '{ s += $1 } END { printf "%.0f", s }' "$L/build_times") s in all, JOBS $JOBS at a time)"
+    sort -k1,1 -g -r "$L/build_times" | head -n 10 | awk '{ printf("%7.1f %s\n", $1, $2) }'
 fi
 echo "tests took $(awk -v a="$START" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.0f", b - a}')s"
 echo "$npass passed, $nfail failed, $nskip skipped"
