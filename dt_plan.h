@@ -91,6 +91,13 @@ typedef struct dt_plan_model {
     dt_dtype dtype;        /* parameters: DT_F32 (0 = f32) or DT_BF16 */
     int ffn;               /* the MLP's hidden width: 0 = 4 x width (examples/gpt's) */
     int gated;             /* 1: a gated MLP (SwiGLU: gate and up C x ffn, down ffn x C; Llama's) */
+    /* mixture of experts (examples/gpt --moe-*, dt_parallel.h's >>moe); measured profiles only */
+    int experts;           /* E experts in each MoE block's MLP: 0 = dense */
+    int top_k;             /* experts a token visits: 0 = 2 */
+    int moe_every;         /* blocks moe_every - 1, 2 moe_every - 1, ... are MoE: 0 = 1 (every block) */
+    int moe_shared;        /* 1: the dense MLP stays beside the experts (a shared expert) */
+    double capacity;       /* an expert keeps at most ceil(capacity T k / E) of a sequence's assignments; 0 = dropless */
+    dt_moe_balance balance; /* 0 = aux (its gradient needs the step's every forward first: GPipe or one micro-batch) */
 } dt_plan_model;
 
 typedef enum dt_plan_recompute {
@@ -116,6 +123,7 @@ typedef struct dt_plan_layout {
                               memory (examples/gpt --offload-activations): the device holds two slots (three on
                               CUDA) instead of them, each copied out after its forward and back before its
                               backward at the measured copy rate; measured profiles only */
+    int ep;                /* expert-parallel ranks, inside dp x cp (examples/gpt --ep): 0 = 1; a MoE model's only */
 } dt_plan_layout;
 
 /* The layout's fields resolved (zeros to their defaults) and checked against the model and a
@@ -139,6 +147,7 @@ DT_API const char *dt_plan_recompute_name(dt_plan_recompute r); /* "none", "full
 #define DT_PLAN_MAX_SPLITS 128
 #define DT_PLAN_MAX_COLLS 128
 #define DT_PLAN_MAX_PIPES 16
+#define DT_PLAN_MAX_MOES 64
 
 typedef struct dt_plan_split {
     int tp, cp, sp, lse;         /* lse: attention keeps the logsumexp, not [T, T] (the ring at cp > 1, or gemm-last) */
@@ -154,6 +163,19 @@ typedef struct dt_plan_split {
                                     scratch (GEMM packing, attention's rows), the ring's K/V, the
                                     comm's pool for tp / cp collectives */
 } dt_plan_split;
+
+/* A MoE model's MoE layer at a (tp, cp, sp, ep) split: examples/gpt's moe_fwd / moe_bwd (routing,
+   the all-to-alls over ep, the experts, the sum over tp) on rows of a router at its initial scale
+   (every expert about as likely), and the dense MLP it takes the place of, at the same rows. */
+typedef struct dt_plan_moe {
+    int tp, cp, sp, ep;
+    int64_t rows[2];             /* a micro-batch's rows, b T / cp (under sp the layer takes them all) */
+    double fwd[2], bwd[2];       /* the MoE layer, seconds */
+    double mlp_fwd[2], mlp_bwd[2]; /* the dense MLP (fc, GELU, projection, their tp collectives), seconds */
+    double acts[2];              /* bytes one micro-batch's dt_moe_acts holds (the fullest rank's) */
+    double layer[2];             /* bytes the dt_moe holds itself (its exchange buffers: one set a layer) */
+    double extra[2];             /* bytes its ops hold above these at their peak */
+} dt_plan_moe;
 
 typedef enum dt_plan_coll_kind {
     DT_PLAN_ALLREDUCE = 0, DT_PLAN_ALLGATHER, DT_PLAN_REDUCE_SCATTER, DT_PLAN_SENDRECV, DT_PLAN_COLL_KINDS
@@ -207,6 +229,8 @@ typedef struct dt_plan_profile {
     dt_plan_split splits[DT_PLAN_MAX_SPLITS];
     dt_plan_coll colls[DT_PLAN_MAX_COLLS];
     dt_plan_pipe pipes[DT_PLAN_MAX_PIPES];
+    int n_moes;                  /* a MoE model's: its MoE layer at each split its layouts give it */
+    dt_plan_moe moes[DT_PLAN_MAX_MOES];
     int paper;                   /* 1: made by dt_plan_profile_paper from `mach`: its splits, collectives and
                                     pipes are computed when a layout asks, not stored */
     dt_plan_machine mach;
@@ -448,13 +472,14 @@ DT_API const char *dt_plan_recompute_name(dt_plan_recompute r) {
 }
 
 DT_API const char *dt_plan_layout_string(const dt_plan_layout *l, char *buf, size_t n) {
-    char pp[48] = "", off[48] = "";
+    char pp[48] = "", off[48] = "", ep[24] = "";
     if (!buf || !n) return "";
     if (!l) { snprintf(buf, n, "(null)"); return buf; }
     if (l->pp > 1) snprintf(pp, sizeof pp, ", %s", dt_pp_kind_name(l->schedule));
     if (l->offload > 0) snprintf(off, sizeof off, ", offload %.3g", l->offload);
-    snprintf(buf, n, "dp %d tp %d pp %d cp %d%s%s, micro %d, zero %d, sp %d, recompute %s%s", l->dp, l->tp, l->pp,
-             l->cp, l->ulysses && l->cp > 1 ? " ulysses" : "", pp, l->micro, l->zero, l->sp,
+    if (l->ep > 1) snprintf(ep, sizeof ep, " ep %d", l->ep);
+    snprintf(buf, n, "dp %d tp %d pp %d cp %d%s%s%s, micro %d, zero %d, sp %d, recompute %s%s", l->dp, l->tp, l->pp,
+             l->cp, l->ulysses && l->cp > 1 ? " ulysses" : "", ep, pp, l->micro, l->zero, l->sp,
              dt_plan_recompute_name(l->recompute), off);
     return buf;
 }
@@ -482,6 +507,64 @@ static dt_status dt__plan_model_check(dt_ctx *ctx, const char *fn, const dt_plan
     if (m->ffn < 0 || m->ffn > (1 << 22) || (m->gated != 0 && m->gated != 1))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->ffn = %d, gated = %d: expected ffn 0 .. 2^22 (0 = 4 x "
                                 "width) and gated 0 or 1", fn, m->ffn, m->gated);
+    if (m->experts < 0 || m->experts > (1 << 16))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->experts = %d, expected 0 (dense) .. 2^16", fn, m->experts);
+    if (m->experts) {
+        if (m->top_k < 0 || m->top_k > m->experts || (!m->top_k && m->experts < 2))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->top_k = %d, expected 1 .. experts %d (0 = 2)", fn,
+                                    m->top_k, m->experts);
+        if (m->moe_every < 0 || m->moe_every > m->layers)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->moe_every = %d, expected 0 .. layers %d (0 = 1)", fn,
+                                    m->moe_every, m->layers);
+        if (m->moe_shared != 0 && m->moe_shared != 1)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->moe_shared = %d, expected 0 or 1", fn, m->moe_shared);
+        if (!(m->capacity >= 0 && m->capacity <= 1e6)) /* NaN too */
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->capacity = %g, expected 0 (dropless) .. 1e6", fn,
+                                    m->capacity);
+        if ((int)m->balance < 0 || m->balance > DT_MOE_NONE)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->balance = %d, expected a dt_moe_balance", fn,
+                                    (int)m->balance);
+    }
+    return DT_OK;
+}
+
+/* A MoE model's layout as examples/gpt allows it (its check_sizes): ep inside dp x cp dividing the
+   experts; the aux loss's gradient needs every forward of the step first (GPipe, or one
+   micro-batch at pp 1: an unset schedule becomes GPipe); capacity per sequence needs whole
+   sequences (cp 1); no recompute (a block again would route again), offload or zb-h1 (not built
+   for the experts). And what the planner models of it: DDP and ZeRO 1 (examples/gpt runs 2 and 3
+   too; their buffers for units of two sizes over two groups are not derived here). */
+static dt_status dt__plan_moe_check(dt_ctx *ctx, const char *fn, const dt_plan_model *m, dt_plan_layout *l) {
+    int aux = m->balance == DT_MOE_BALANCE_DEFAULT || m->balance == DT_MOE_AUX;
+    if (!m->experts) {
+        if (l->ep > 1)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ep %d with a dense model (model->experts 0): expert parallelism "
+                                    "splits experts", fn, l->ep);
+        return DT_OK;
+    }
+    if (((int64_t)l->dp * l->cp) % l->ep || m->experts % l->ep)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ep %d must divide dp x cp = %d x %d and the experts %d", fn, l->ep,
+                                l->dp, l->cp, m->experts);
+    if (l->cp > 1 && m->capacity > 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: cp %d with model->capacity %g: capacity is counted per sequence, "
+                                "which cp splits over ranks (dropless, capacity 0, runs at cp > 1)", fn, l->cp, m->capacity);
+    if (l->recompute || l->offload > 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a MoE model with recompute %s, offload %g: recomputing a block "
+                                "would route its tokens again, and offload is not built for the experts", fn,
+                                dt_plan_recompute_name(l->recompute), l->offload);
+    if (l->pp > 1 && l->schedule == DT_PP_ZB_H1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a MoE model with zb-h1: the weight pass is not split for the "
+                                "experts", fn);
+    if (l->zero > 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a MoE model with zero %d: the planner models DDP and ZeRO 1 with "
+                                "expert units (ZeRO 2 and 3 shard units of two sizes over two groups, whose buffers it "
+                                "does not derive)", fn, l->zero);
+    if (aux && l->pp > 1 && l->schedule != DT_PP_GPIPE)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: balance aux with %s: the aux loss's gradient needs the step's every "
+                                "forward first (gpipe), or balance bias", fn, dt_pp_kind_name(l->schedule));
+    if (aux && l->pp == 1 && l->micro > 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: balance aux with micro %d at pp 1: the aux loss's gradient needs "
+                                "the step's every forward first (micro 1), or balance bias", fn, l->micro);
     return DT_OK;
 }
 
@@ -499,9 +582,10 @@ DT_API dt_status dt_plan_layout_check(dt_ctx *ctx, const dt_plan_model *m, int w
     if (!l.pp) l.pp = 1;
     if (!l.cp) l.cp = 1;
     if (!l.micro) l.micro = 1;
-    if (l.tp < 1 || l.pp < 1 || l.cp < 1 || l.dp < 0 || l.micro < 1)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: layout dp %d tp %d pp %d cp %d micro %d: expected sizes >= 1 "
-                                "(dp 0 = the rest of the world)", fn, l.dp, l.tp, l.pp, l.cp, l.micro);
+    if (!l.ep) l.ep = 1;
+    if (l.tp < 1 || l.pp < 1 || l.cp < 1 || l.dp < 0 || l.micro < 1 || l.ep < 1)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: layout dp %d tp %d pp %d cp %d ep %d micro %d: expected sizes >= 1 "
+                                "(dp 0 = the rest of the world)", fn, l.dp, l.tp, l.pp, l.cp, l.ep, l.micro);
     if (world % ((int64_t)l.tp * l.pp * l.cp))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tp %d x cp %d x pp %d does not divide the world size %d", fn, l.tp,
                                 l.cp, l.pp, world);
@@ -547,7 +631,9 @@ DT_API dt_status dt_plan_layout_check(dt_ctx *ctx, const dt_plan_model *m, int w
         l.schedule = DT_PP_DEFAULT;
         l.chunks = 1;
     } else {
-        if (l.schedule == DT_PP_DEFAULT) l.schedule = DT_PP_1F1B;
+        if (l.schedule == DT_PP_DEFAULT) /* examples/gpt's: a MoE model balanced by the aux loss runs GPipe */
+            l.schedule = m->experts && (m->balance == DT_MOE_BALANCE_DEFAULT || m->balance == DT_MOE_AUX) ? DT_PP_GPIPE
+                                                                                                       : DT_PP_1F1B;
         if ((int)l.schedule < 0 || l.schedule >= DT_PP_KIND_COUNT)
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: schedule = %d, expected a dt_pp_kind", fn, (int)l.schedule);
         l.chunks = l.schedule == DT_PP_INTERLEAVED ? 2 : 1;
@@ -565,6 +651,7 @@ DT_API dt_status dt_plan_layout_check(dt_ctx *ctx, const dt_plan_model *m, int w
                                     "activations after their slot holds another block's (examples/gpt refuses it)", fn,
                                     l.offload);
     }
+    if ((err = dt__plan_moe_check(ctx, fn, m, &l))) return err;
     if (out) *out = l;
     return DT_OK;
 }
@@ -580,6 +667,23 @@ static double dt__plan_block_params(const dt_plan_model *m, int tp) {
     double C = m->width, Ckv = (double)(m->kv_heads ? m->kv_heads : m->heads) * (m->width / m->heads);
     double F = dt__plan_ffn(m);
     return 4 * C + (C + 2 * Ckv) * (C + 1) / tp + C * C / tp + C + (1 + m->gated) * F * (C + 1) / tp + F * C / tp + C;
+}
+
+/* Block l is a MoE block (examples/gpt's moe_block): every moe_every-th, the first being moe_every - 1. */
+static int dt__plan_is_moe(const dt_plan_model *m, int l) {
+    int every = m->moe_every ? m->moe_every : 1;
+    return m->experts && l % every == every - 1;
+}
+
+/* A MoE block's parameters on one rank of tp and ep: *dense, what it changes of the dense block's
+   count (the router E x C, whole on every rank, less the dense MLP unless it stays as a shared
+   expert); *expert, its E / ep experts (fc F/tp x C + F/tp, projection C x F/tp + C: the bias
+   whole, added on tp rank 0), which sync over the edp ranks that hold the same experts. */
+static void dt__plan_moe_params(const dt_plan_model *m, int tp, int ep, double *dense, double *expert) {
+    double C = m->width, F = dt__plan_ffn(m);
+    double mlp = (1 + m->gated) * F * (C + 1) / tp + F * C / tp + C;
+    *dense = (double)m->experts * C - (m->moe_shared ? 0 : mlp);
+    *expert = (double)(m->experts / ep) * (2 * C * F / tp + F / tp + C);
 }
 
 /* The activation bytes of one micro-batch set (examples/gpt's acts_make) of nb blocks on a stage:
@@ -633,6 +737,7 @@ static int dt__plan_spans(int rph, int size, int stride) {
 typedef struct dt__plan_blk {
     dt_ctx *ctx;
     dt_layout *lay;
+    struct dt__plan_xblk *x; /* a MoE layer's timing: its experts beside the block's tensors */
     int64_t b, T, Tl, N, Nl, C, Cl, Fl, Wl, Vl;
     int Hl, Hkvl, sp, lse, uly;
     dt_tensor w[12], g[12];  /* ln1 w b, qkv w b, proj w b, ln2 w b, fc w b, fcproj w b */
@@ -926,6 +1031,32 @@ static int dt__plan_find_split(const dt_plan_profile *p, int tp, int cp, int sp,
     return -1;
 }
 
+static int dt__plan_find_moe(const dt_plan_profile *p, int tp, int cp, int sp, int ep) {
+    int i;
+    for (i = 0; i < p->n_moes; i++)
+        if (p->moes[i].tp == tp && p->moes[i].cp == cp && p->moes[i].sp == sp && p->moes[i].ep == ep) return i;
+    return -1;
+}
+
+/* A MoE model's layer at (tp, cp, sp) and every ep the layout allows, for a micro-batch of rows. */
+static int dt__plan_need_moe(dt_plan_profile *p, const dt_plan_model *m, const dt_plan_layout *l, int64_t rows) {
+    int ep, i, dropped = 0;
+    for (ep = 1; ep <= l->dp * l->cp; ep++) {
+        if ((l->dp * l->cp) % ep || m->experts % ep) continue;
+        i = dt__plan_find_moe(p, l->tp, l->cp, l->sp, ep);
+        if (i < 0) {
+            if (p->n_moes >= DT_PLAN_MAX_MOES) { dropped++; continue; }
+            i = p->n_moes++;
+            memset(&p->moes[i], 0, sizeof p->moes[i]);
+            p->moes[i].tp = l->tp; p->moes[i].cp = l->cp; p->moes[i].sp = l->sp; p->moes[i].ep = ep;
+            p->moes[i].rows[0] = p->moes[i].rows[1] = rows;
+        }
+        if (rows < p->moes[i].rows[0]) p->moes[i].rows[0] = rows;
+        if (rows > p->moes[i].rows[1]) p->moes[i].rows[1] = rows;
+    }
+    return dropped;
+}
+
 static int dt__plan_need(dt_plan_profile *p, const dt_plan_model *m, int world) {
     int tp, cp, pp, sp, lse, uly, dropped = 0;
     int64_t dp, micro, rows;
@@ -942,10 +1073,12 @@ static int dt__plan_need(dt_plan_profile *p, const dt_plan_model *m, int world) 
                                 int i, klse = !uly && (lse || cp > 1);
                                 memset(&l, 0, sizeof l);
                                 l.tp = tp; l.cp = cp; l.pp = pp; l.micro = (int)micro; l.sp = sp; l.ulysses = uly;
-                                l.recompute = lse ? DT_PLAN_RECOMPUTE_GEMM_LAST : DT_PLAN_RECOMPUTE_NONE;
+                                /* lse: gemm-last's split, which at cp > 1 is the ring's without recompute */
+                                l.recompute = lse && cp == 1 ? DT_PLAN_RECOMPUTE_GEMM_LAST : DT_PLAN_RECOMPUTE_NONE;
                                 if (cp > 1 && !lse && !uly) continue; /* the ring keeps lse: lse 1's split */
-                                if (dt_plan_layout_check(NULL, m, world, &l, NULL)) continue;
+                                if (dt_plan_layout_check(NULL, m, world, &l, &l)) continue;
                                 rows = m->batch / dp / micro * (m->seq / cp);
+                                if (m->experts) dropped += dt__plan_need_moe(p, m, &l, rows);
                                 i = dt__plan_find_split(p, tp, cp, sp, klse, uly);
                                 if (i < 0) {
                                     if (p->n_splits >= DT_PLAN_MAX_SPLITS) { dropped++; continue; }
@@ -1019,6 +1152,214 @@ static dt_status dt__plan_measure_split(dt_comm *world, const dt_plan_model *m, 
             err = dt__plan_time(world, k, 1, 0, dt__plan_head_bwd, reps, &s->head_bwd[j]);
         for (c = 0; c < n; c++) dt__plan_blk_free(&k[c]);
         if (err) break;
+    }
+    dt_layout_free(lay);
+    return err;
+}
+
+/* ---- a MoE layer: examples/gpt's moe_fwd / moe_bwd, and the dense MLP they take the place of ---- */
+
+typedef struct dt__plan_xblk {
+    dt_moe *moe;
+    dt_moe_acts *a;
+    dt_tensor w[5], g[5];   /* router [E, C], fc [El, Fl, C] and [El, Fl], proj [El, C, Fl] and [El, C] */
+    dt_tensor full, dy, out; /* [N, C] the layer's output (a tp partial), [N, C] sp's gathered grad, [Nl, C] */
+} dt__plan_xblk;
+
+/* values about N(0, scale^2) that do not repeat along the rows (a sum of three hashed uniforms): a
+   router at its initial scale on layernormed rows sends tokens about evenly, as at a run's start */
+static void dt__plan_noise(dt_tensor *t, uint64_t seed, double scale) {
+    int64_t i;
+    float *f = (float *)t->data;
+    for (i = 0; i < t->numel; i++) {
+        double u = 0;
+        int j;
+        for (j = 0; j < 3; j++) {
+            uint64_t z = seed + (uint64_t)(3 * i + j) * 0x9E3779B97F4A7C15ull;
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+            u += (double)((z ^ (z >> 31)) >> 11) / 9007199254740992.0;
+        }
+        f[i] = (float)(scale * 2 * (u - 1.5));
+    }
+}
+
+static void dt__plan_xblk_free(dt_ctx *ctx, dt__plan_xblk *x) {
+    int i;
+    dt_moe_acts_free(x->a);
+    dt_moe_free(x->moe);
+    for (i = 0; i < 5; i++) { dt_tensor_free(ctx, &x->w[i]); dt_tensor_free(ctx, &x->g[i]); }
+    dt_tensor_free(ctx, &x->full); dt_tensor_free(ctx, &x->dy); dt_tensor_free(ctx, &x->out);
+    memset(x, 0, sizeof *x);
+}
+
+/* k's experts (k made by dt__plan_blk_make): weights, the layer, one micro-batch's acts. Balanced by
+   the bias (it keeps no state between a step's forwards and backwards the timing repeats; the aux
+   loss's one small all-reduce a step is modelled). */
+static dt_status dt__plan_xblk_make(dt__plan_blk *k, dt__plan_xblk *x, const dt_plan_model *m, uint64_t seed) {
+    dt_moe_desc md;
+    dt_status err;
+    int i, El = m->experts / k->lay->ep;
+    int64_t d[5][3];
+    memset(x, 0, sizeof *x);
+    d[0][0] = m->experts; d[0][1] = k->C; d[0][2] = 0;
+    d[1][0] = El; d[1][1] = k->Fl; d[1][2] = k->C;
+    d[2][0] = El; d[2][1] = k->Fl; d[2][2] = 0;
+    d[3][0] = El; d[3][1] = k->C; d[3][2] = k->Fl;
+    d[4][0] = El; d[4][1] = k->C; d[4][2] = 0;
+    for (i = 0; i < 5; i++) {
+        DT__PLAN_TRY(dt__plan_mk(k, &x->w[i], d[i][0], d[i][1], d[i][2], DT_F32));
+        DT__PLAN_TRY(dt__plan_mk(k, &x->g[i], d[i][0], d[i][1], d[i][2], DT_F32));
+    }
+    dt__plan_noise(&x->w[0], seed, 0.02);
+    dt__plan_noise(&k->ln2, seed + 1, 1.0); /* the layer's input: layernormed rows */
+    if (k->sp) dt__plan_noise(&k->ln2all, seed + 1, 1.0);
+    DT__PLAN_TRY(dt__plan_mk(k, &x->full, k->N, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &x->dy, k->N, k->C, 0, DT_F32));
+    DT__PLAN_TRY(dt__plan_mk(k, &x->out, k->Nl, k->C, 0, DT_F32));
+    memset(&md, 0, sizeof md);
+    md.experts = m->experts; md.top_k = m->top_k ? m->top_k : 2; md.width = k->C; md.hidden = 4 * k->C;
+    md.seq = k->Tl; md.capacity = k->lay->cp > 1 ? 0 : m->capacity; md.renorm = 1; md.balance = DT_MOE_BIAS;
+    DT__PLAN_TRY(dt_moe_create(k->lay, &x->moe, &md));
+    k->x = x;
+    return DT_OK;
+fail:
+    dt__plan_xblk_free(k->ctx, x);
+    return err;
+}
+
+static dt_status dt__plan_moe_fwd(dt__plan_blk *k) {
+    dt__plan_xblk *x = k->x;
+    const dt_tensor *in = &k->ln2;
+    dt_status err;
+    if (!x->a) DT__PLAN_TRY(dt_moe_acts_create(x->moe, &x->a));
+    if (k->sp) {
+        DT__PLAN_TRY(dt_sp_gather_rows(k->lay, &k->ln2all, &k->ln2));
+        in = &k->ln2all;
+    }
+    DT__PLAN_TRY(dt_moe_fwd(x->moe, x->a, &x->full, in, 0, &x->w[0], &x->w[1], &x->w[2], &x->w[3], &x->w[4]));
+    if (k->sp) DT__PLAN_TRY(dt_sp_scatter_rows(k->lay, &x->out, &x->full));
+    else if (k->lay->tp > 1) DT__PLAN_TRY(dt_tp_allreduce(k->lay, &x->full));
+    DT__PLAN_TRY(dt_tensor_copy(k->ctx, &k->y, k->sp ? &x->out : &x->full));
+fail:
+    return err;
+}
+
+static dt_status dt__plan_moe_bwd(dt__plan_blk *k) {
+    dt__plan_xblk *x = k->x;
+    const dt_tensor *dy = &k->dres;
+    dt_status err;
+    if (k->sp) {
+        DT__PLAN_TRY(dt_sp_gather_rows(k->lay, &x->dy, &k->dres));
+        dy = &x->dy;
+    }
+    DT__PLAN_TRY(dt_tensor_fill(k->ctx, &x->full, 0));
+    DT__PLAN_TRY(dt_moe_bwd(x->moe, x->a, &x->full, &x->g[0], &x->g[1], &x->g[2], &x->g[3], &x->g[4], dy,
+                            k->sp ? &k->ln2all : &k->ln2, &x->w[0], &x->w[1], &x->w[3], 1.0f));
+    if (k->sp) {
+        DT__PLAN_TRY(dt_sp_scatter_rows(k->lay, &x->out, &x->full));
+        DT__PLAN_TRY(dt_axpy(k->ctx, &k->dln, 1.0f, &x->out));
+    } else {
+        if (k->lay->tp > 1) DT__PLAN_TRY(dt_tp_allreduce(k->lay, &x->full));
+        DT__PLAN_TRY(dt_axpy(k->ctx, &k->dln, 1.0f, &x->full));
+    }
+fail:
+    return err;
+}
+
+/* the dense MLP of dt__plan_blk_fwd / _bwd (the backward's gather of ln2's rows under sp with it) */
+static dt_status dt__plan_mlp_fwd(dt__plan_blk *k) {
+    dt_status err;
+    DT__PLAN_TRY(dt_tp_column_linear_fwd(k->lay, &k->fch, k->sp ? &k->ln2all : NULL, &k->ln2, &k->w[8], &k->w[9], k->sp));
+    DT__PLAN_TRY(dt_gelu_fwd(k->ctx, &k->gelu, &k->fch));
+    DT__PLAN_TRY(dt_tp_row_linear_fwd(k->lay, &k->y, &k->partial, &k->gelu, &k->w[10], &k->w[11], k->sp));
+fail:
+    return err;
+}
+
+static dt_status dt__plan_mlp_bwd(dt__plan_blk *k) {
+    dt_status err;
+    if (k->sp) DT__PLAN_TRY(dt_sp_gather_rows(k->lay, &k->ln2all, &k->ln2));
+    DT__PLAN_TRY(dt_tensor_fill(k->ctx, &k->dgelu, 0));
+    DT__PLAN_TRY(dt_tp_row_linear_bwd(k->lay, &k->dgelu, &k->g[10], &k->g[11], &k->doutbuf, &k->dres, &k->gelu, &k->w[10],
+                                    k->sp));
+    DT__PLAN_TRY(dt_tensor_fill(k->ctx, &k->dfch, 0));
+    DT__PLAN_TRY(dt_gelu_bwd(k->ctx, &k->dfch, &k->dgelu, &k->fch));
+    DT__PLAN_TRY(dt_tensor_fill(k->ctx, &k->dln, 0));
+    DT__PLAN_TRY(dt_tp_column_linear_bwd(k->lay, &k->dln, &k->g[8], &k->g[9], &k->dxbuf, &k->dfch,
+                                       k->sp ? &k->ln2all : &k->ln2, &k->w[8], k->sp));
+fail:
+    return err;
+}
+
+/* The bytes in use on the fullest rank, less `base` (this rank's figure before) */
+static dt_status dt__plan_held(dt_comm *world, size_t base, double *out) {
+    *out = (double)dt_comm_ctx(world)->bytes_in_use - (double)base;
+    return dt_comm_allreduce_f64(world, out, 1, DT_REDUCE_MAX);
+}
+
+/* A MoE layer at e's split, at both its row counts: as many copies as a stage has MoE blocks (at
+   most DT__PLAN_COPIES), each with its own experts. Memory: copy 0's layer and acts after a
+   forward and backward (what they grew to), then a second micro-batch's acts on the same layer
+   (the acts alone; the layer is the rest), and what the ops hold above it all at their peak. */
+static dt_status dt__plan_measure_moe(dt_comm *world, const dt_plan_model *m, dt_plan_moe *e, int reps) {
+    dt_ctx *ctx = dt_comm_ctx(world);
+    dt_layout *lay = NULL;
+    dt_layout_desc ld;
+    dt_status err;
+    int j, c, every = m->moe_every ? m->moe_every : 1;
+    memset(&ld, 0, sizeof ld);
+    ld.tp = e->tp; ld.cp = e->cp; ld.ep = e->ep;
+    err = dt_layout_create(world, &lay, &ld);
+    if (err) return err;
+    for (j = 0; j < 2 && !err; j++) {
+        dt__plan_blk k[DT__PLAN_COPIES];
+        dt__plan_xblk x[DT__PLAN_COPIES];
+        int64_t b = e->rows[j] / (m->seq / e->cp);
+        int n = m->layers / every < DT__PLAN_COPIES ? m->layers / every : DT__PLAN_COPIES, made = 0;
+        size_t base;
+        double total = 0;
+        if (n < 1) n = 1;
+        if (j == 1 && e->rows[1] == e->rows[0]) { /* one size: copy */
+            e->fwd[1] = e->fwd[0]; e->bwd[1] = e->bwd[0]; e->mlp_fwd[1] = e->mlp_fwd[0]; e->mlp_bwd[1] = e->mlp_bwd[0];
+            e->acts[1] = e->acts[0]; e->layer[1] = e->layer[0]; e->extra[1] = e->extra[0];
+            break;
+        }
+        for (c = 0; c < n && !err; c++) {
+            if ((err = dt__plan_blk_make(&k[c], lay, m, b, e->sp, 1, 0))) break;
+            if ((err = dt__plan_xblk_make(&k[c], &x[c], m, 1000 * (uint64_t)c + 17))) { dt__plan_blk_free(&k[c]); break; }
+            made++;
+            if (c == 0) { /* the layer and one micro-batch's acts, as they grow in a step (the weights and
+                             grads made above count with the parameters) */
+                base = ctx->bytes_in_use;
+                if (!(err = dt__plan_moe_fwd(&k[0])) && !(err = dt__plan_moe_bwd(&k[0])))
+                    err = dt__plan_held(world, base, &total);
+            }
+        }
+        if (!err) { /* a second micro-batch's acts on copy 0's layer: the acts alone */
+            dt_moe_acts *first = x[0].a;
+            size_t before;
+            x[0].a = NULL;
+            before = ctx->bytes_in_use;
+            dt_reset_peak_bytes(ctx);
+            if (!(err = dt__plan_moe_fwd(&k[0])) && !(err = dt__plan_moe_bwd(&k[0])) &&
+                !(err = dt__plan_held(world, before, &e->acts[j]))) {
+                e->extra[j] = (double)dt_peak_bytes(ctx) - (double)ctx->bytes_in_use;
+                err = dt_comm_allreduce_f64(world, &e->extra[j], 1, DT_REDUCE_MAX);
+            }
+            dt_moe_acts_free(x[0].a);
+            x[0].a = first;
+        }
+        if (!err) e->layer[j] = total > e->acts[j] ? total - e->acts[j] : 0;
+        if (!err &&
+            !(err = dt__plan_time(world, k, made, 0, dt__plan_moe_fwd, reps, &e->fwd[j])) &&
+            !(err = dt__plan_time(world, k, made, 1, dt__plan_moe_bwd, reps, &e->bwd[j])) &&
+            !(err = dt__plan_time(world, k, made, 0, dt__plan_mlp_fwd, reps, &e->mlp_fwd[j])))
+            err = dt__plan_time(world, k, made, 1, dt__plan_mlp_bwd, reps, &e->mlp_bwd[j]);
+        for (c = 0; c < made; c++) {
+            dt__plan_xblk_free(ctx, &x[c]);
+            dt__plan_blk_free(&k[c]);
+        }
     }
     dt_layout_free(lay);
     return err;
@@ -1431,7 +1772,8 @@ DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m,
     snprintf(out->machine, sizeof out->machine, "%.60s, %d cores", uname(&un) == 0 ? un.nodename : "?", out->cores);
     if (dt__plan_need(out, &out->model, out->world))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: the layouts of this model on %d ranks need more than %d (tp, cp, sp) "
-                                "splits (DT_PLAN_MAX_SPLITS)", fn, out->world, DT_PLAN_MAX_SPLITS);
+                                "splits (DT_PLAN_MAX_SPLITS) or %d MoE ones (DT_PLAN_MAX_MOES)", fn, out->world,
+                                DT_PLAN_MAX_SPLITS, DT_PLAN_MAX_MOES);
     if (!out->n_splits)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: no layout of this model fits a world of %d ranks", fn, out->world);
     { /* the optimizer at the most parameters a rank holds (one rank, the whole model): its four
@@ -1448,6 +1790,13 @@ DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m,
         if ((err = dt_comm_allreduce_f64(world, &el, 1, DT_REDUCE_MAX))) return err;
         r = el > md.budget_s * 0.5 ? 1 : reps;
         if ((err = dt__plan_measure_split(world, &out->model, &out->splits[i], r))) return err;
+    }
+    for (i = 0; i < out->n_moes; i++) { /* a MoE model's layer at each split and ep */
+        double el = dt_comm_now() - t0;
+        int r;
+        if ((err = dt_comm_allreduce_f64(world, &el, 1, DT_REDUCE_MAX))) return err;
+        r = el > md.budget_s * 0.5 ? 1 : reps;
+        if ((err = dt__plan_measure_moe(world, &out->model, &out->moes[i], r))) return err;
     }
     for (i = 2; i <= out->world && i <= m->layers && i <= 64; i++) /* after the splits: their block times set the spins */
         if (out->world % i == 0 && (err = dt__plan_measure_pipe(world, &out->model, out, i, reps))) return err;
@@ -1483,28 +1832,34 @@ DT_API dt_status dt_plan_profile_broadcast(dt_comm *c, dt_plan_profile *p, int r
 
 #define DT__PLAN_SPLIT_FIELDS(X) \
     X(fwd) X(bwd) X(attn) X(cheap) X(gelu) X(embed_fwd) X(embed_bwd) X(head_fwd) X(head_bwd) X(extra)
+#define DT__PLAN_MOE_FIELDS(X) X(fwd) X(bwd) X(mlp_fwd) X(mlp_bwd) X(acts) X(layer) X(extra)
 
 DT_API dt_status dt_plan_profile_save(dt_ctx *ctx, const dt_plan_profile *p, const char *path) {
     dt_strbuf b;
     FILE *f;
     int i, written;
+    char moe[256] = "";
     const dt_plan_model *m;
     if (!p || !path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_profile_save: %s is NULL", p ? "path" : "p");
     if (p->paper)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_profile_save: a paper profile (%s) is made from its machine "
                                 "file in microseconds: keep that file instead", p->mach.name);
     m = &p->model;
+    if (m->experts) /* a MoE model's fields (a dense model's file reads as before) */
+        snprintf(moe, sizeof moe, ", \"experts\": %d, \"top_k\": %d, \"moe_every\": %d, \"moe_shared\": %d, \"capacity\": "
+                 "%.17g, \"balance\": \"%s\"", m->experts, m->top_k, m->moe_every, m->moe_shared, m->capacity,
+                 dt_moe_balance_name(m->balance == DT_MOE_BALANCE_DEFAULT ? DT_MOE_AUX : m->balance));
     memset(&b, 0, sizeof b);
     b.ctx = ctx;
     dt_strbuf_str(&b, "{\"dt_plan_profile\": 1, \"machine\": ");
     dt_strbuf_json(&b, p->machine);
     dt_strbuf_printf(&b, ", \"world\": %d, \"hosts\": %d, \"cores\": %d,\n \"model\": {\"layers\": %d, \"width\": %d, "
                      "\"heads\": %d, \"kv_heads\": %d, \"vocab\": %lld, \"seq\": %lld, \"batch\": %lld, \"dtype\": \"%s\", "
-                     "\"ffn\": %d, \"gated\": %d},\n"
+                     "\"ffn\": %d, \"gated\": %d%s},\n"
                      " \"opt_s_per_param\": %.17g, \"copy_s_per_byte\": %.17g, \"overlap\": %.6g, \"measure_s\": %.3f,\n"
                      " \"splits\": [", p->world, p->hosts, p->cores, m->layers, m->width, m->heads, m->kv_heads,
                      (long long)m->vocab, (long long)m->seq, (long long)m->batch, dt_dtype_name(m->dtype), m->ffn,
-                     m->gated, p->opt_s_per_param, p->copy_s_per_byte, p->overlap, p->measure_s);
+                     m->gated, moe, p->opt_s_per_param, p->copy_s_per_byte, p->overlap, p->measure_s);
     for (i = 0; i < p->n_splits; i++) {
         const dt_plan_split *s = &p->splits[i];
         dt_strbuf_printf(&b, "%s\n  {\"tp\": %d, \"cp\": %d, \"sp\": %d, \"lse\": %d, \"ulysses\": %d, \"rows\": [%lld, %lld]",
@@ -1527,6 +1882,16 @@ DT_API dt_status dt_plan_profile_save(dt_ctx *ctx, const dt_plan_profile *p, con
         dt_strbuf_printf(&b, "%s\n  {\"pp\": %d, \"bytes\": [%.17g, %.17g], \"delay\": [%.17g, %.17g]}", i ? "," : "",
                          p->pipes[i].pp, p->pipes[i].bytes[0], p->pipes[i].bytes[1], p->pipes[i].delay[0],
                          p->pipes[i].delay[1]);
+    dt_strbuf_str(&b, "],\n \"moes\": [");
+    for (i = 0; i < p->n_moes; i++) {
+        const dt_plan_moe *s = &p->moes[i];
+        dt_strbuf_printf(&b, "%s\n  {\"tp\": %d, \"cp\": %d, \"sp\": %d, \"ep\": %d, \"rows\": [%lld, %lld]", i ? "," : "",
+                         s->tp, s->cp, s->sp, s->ep, (long long)s->rows[0], (long long)s->rows[1]);
+#define DT__PLAN_W(f) dt_strbuf_printf(&b, ", \"" #f "\": [%.17g, %.17g]", s->f[0], s->f[1]);
+        DT__PLAN_MOE_FIELDS(DT__PLAN_W)
+#undef DT__PLAN_W
+        dt_strbuf_str(&b, "}");
+    }
     dt_strbuf_str(&b, "]}\n");
     if (b.failed) { dt_strbuf_free(&b); return dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_plan_profile_save: out of memory"); }
     f = fopen(path, "wb");
@@ -1649,6 +2014,22 @@ DT_API dt_status dt_plan_profile_load(dt_ctx *ctx, dt_plan_profile *p, const cha
     }
     if (dt_json_get(mo, "ffn")) DT__PLAN_I(mo, "model.", "ffn", 0, 1 << 22, p->model.ffn); /* older files: 0, 0 */
     if (dt_json_get(mo, "gated")) DT__PLAN_I(mo, "model.", "gated", 0, 1, p->model.gated);
+    if (dt_json_get(mo, "experts")) { /* older files: dense */
+        DT__PLAN_I(mo, "model.", "experts", 0, 1 << 16, p->model.experts);
+        DT__PLAN_I(mo, "model.", "top_k", 0, 1 << 16, p->model.top_k);
+        DT__PLAN_I(mo, "model.", "moe_every", 0, 100000, p->model.moe_every);
+        DT__PLAN_I(mo, "model.", "moe_shared", 0, 1, p->model.moe_shared);
+        DT__PLAN_N(mo, "model.", "capacity", 0, 1e6, p->model.capacity);
+        j = dt_json_get(mo, "balance");
+        for (i = DT_MOE_AUX; i <= DT_MOE_NONE; i++)
+            if (j && j->type == DT_JSON_STRING && !strcmp(j->string, dt_moe_balance_name((dt_moe_balance)i))) break;
+        if (i > DT_MOE_NONE) {
+            err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: model.balance: expected \"aux\", \"bias\" or \"none\"", fn,
+                                   path);
+            goto done;
+        }
+        p->model.balance = (dt_moe_balance)i;
+    }
     if ((err = dt__plan_model_check(ctx, fn, &p->model))) goto done;
     DT__PLAN_N(root, "", "opt_s_per_param", 0, 1, p->opt_s_per_param);
     DT__PLAN_N(root, "", "copy_s_per_byte", 0, 1, p->copy_s_per_byte);
@@ -1727,6 +2108,38 @@ DT_API dt_status dt_plan_profile_load(dt_ctx *ctx, dt_plan_profile *p, const cha
         if ((err = dt__plan_pair(ctx, path, o, where, "bytes", 1e18, q->bytes))) goto done;
         if ((err = dt__plan_pair(ctx, path, o, where, "delay", 1e6, q->delay))) goto done;
         p->n_pipes++;
+    }
+    arr = dt_json_get(root, "moes");
+    if (arr && (arr->type != DT_JSON_ARRAY || arr->count > DT_PLAN_MAX_MOES)) { /* older files: none */
+        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: moes: expected an array of at most %d", fn, path,
+                               DT_PLAN_MAX_MOES);
+        goto done;
+    }
+    for (i = 0; arr && i < arr->count; i++) {
+        dt_plan_moe *s = &p->moes[i];
+        const dt_json *o = &arr->items[i];
+        double r[2];
+        snprintf(where, sizeof where, "moes[%d].", i);
+        DT__PLAN_I(o, where, "tp", 1, 1 << 20, s->tp);
+        DT__PLAN_I(o, where, "cp", 1, 1 << 20, s->cp);
+        DT__PLAN_I(o, where, "sp", 0, 1, s->sp);
+        DT__PLAN_I(o, where, "ep", 1, 1 << 20, s->ep);
+        if ((err = dt__plan_pair(ctx, path, o, where, "rows", 1099511627776.0, r))) goto done;
+        s->rows[0] = (int64_t)r[0]; s->rows[1] = (int64_t)r[1];
+        if (s->rows[0] < 1 || s->rows[1] < s->rows[0] || r[0] != floor(r[0]) || r[1] != floor(r[1])) {
+            err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %srows = [%.9g, %.9g], expected integers 1 <= rows[0] <= rows[1]",
+                                   fn, path, where, r[0], r[1]);
+            goto done;
+        }
+#define DT__PLAN_R(f) if ((err = dt__plan_pair(ctx, path, o, where, #f, 1e18, s->f))) goto done;
+        DT__PLAN_MOE_FIELDS(DT__PLAN_R)
+#undef DT__PLAN_R
+        p->n_moes++;
+    }
+    if (p->model.experts && !p->n_moes) {
+        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: model.experts = %d but no moes: a MoE model's profile times "
+                               "its MoE layer", fn, path, p->model.experts);
+        goto done;
     }
 #undef DT__PLAN_N
 #undef DT__PLAN_I
@@ -1879,6 +2292,12 @@ static dt_status dt__plan_profile_check(dt_ctx *ctx, const char *fn, const dt_pl
         if (p->splits[i].rows[0] < 1 || p->splits[i].rows[1] < p->splits[i].rows[0])
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: profile splits[%d].rows = [%lld, %lld], expected 1 <= rows[0] "
                                     "<= rows[1]", fn, i, (long long)p->splits[i].rows[0], (long long)p->splits[i].rows[1]);
+    if (p->n_moes < 0 || p->n_moes > DT_PLAN_MAX_MOES)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: profile n_moes %d: expected 0 .. %d", fn, p->n_moes, DT_PLAN_MAX_MOES);
+    for (i = 0; i < p->n_moes; i++)
+        if (p->moes[i].rows[0] < 1 || p->moes[i].rows[1] < p->moes[i].rows[0])
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: profile moes[%d].rows = [%lld, %lld], expected 1 <= rows[0] "
+                                    "<= rows[1]", fn, i, (long long)p->moes[i].rows[0], (long long)p->moes[i].rows[1]);
     for (i = 0; i < p->n_colls; i++)
         if (p->colls[i].size < 2 || (int)p->colls[i].kind < 0 || p->colls[i].kind >= DT_PLAN_COLL_KINDS)
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: profile colls[%d]: size %d, kind %d, expected size >= 2 and a "
@@ -1940,7 +2359,9 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
     dt_status err;
     double rows, F, B, R, ef, eb, hf, hb, K, A, psi_max = 0, grads_b, N;
     double exposed, opt, step, makespan = 0, bubble = 0, busy = 0, fst[4096], bst[4096], C, own = 0;
-    int si, lse, st, first[4097], dpcp, nb_max = 0;
+    double xf = 0, xb = 0, xdense = 0, xexp = 0, px_max = 0, edp; /* MoE: a MoE block's time and params over a dense one's */
+    const dt_plan_moe *x = NULL;
+    int si, lse, st, first[4097], dpcp, nb_max = 0, nm_max = 0;
     dt_pp_schedule *sch = NULL;
     if (pruned) *pruned = 0;
     if (!p || !layout || !out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: p, layout and out must not be NULL", fn);
@@ -1971,6 +2392,20 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
                                     l.ulysses ? "by ulysses" : lse ? "keeping lse" : "keeping [T, T]", p->world);
         s = &p->splits[si];
     }
+    if (m->experts) {
+        if (p->paper)
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->experts %d on paper: the planner models MoE from a "
+                                    "measured profile only (its routing and all-to-alls are timed, not derived)", fn,
+                                    m->experts);
+        si = dt__plan_find_moe(p, l.tp, l.cp, l.sp, l.ep);
+        if (si < 0)
+            return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: the profile has no MoE layer timed at tp %d cp %d sp %d ep %d "
+                                    "(measure it with this model on a world of %d)", fn, l.tp, l.cp, l.sp, l.ep, p->world);
+        x = &p->moes[si];
+        xf = dt__plan_at(x->rows, x->fwd, rows) - (m->moe_shared ? 0 : dt__plan_at(x->rows, x->mlp_fwd, rows));
+        xb = dt__plan_at(x->rows, x->bwd, rows) - (m->moe_shared ? 0 : dt__plan_at(x->rows, x->mlp_bwd, rows));
+        dt__plan_moe_params(m, l.tp, l.ep, &xdense, &xexp);
+    }
     out->layout = l;
     dpcp = l.dp * l.cp;
     K = m->dtype == DT_BF16 ? 2 : 4;
@@ -1993,21 +2428,23 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
         double bp = dt__plan_block_params(m, l.tp);
         double emb = (double)m->vocab / l.tp * C + (double)m->seq * C, head = 2 * C;
         for (st = 0; st < l.pp; st++) {
-            int c, nb = 0, outs = 0, ins = 0;
+            int c, nb = 0, nm = 0, outs = 0, ins = 0, b;
             double psi;
             for (c = 0; c < l.chunks; c++) { /* offload: each copied out, all but the slots' back (on the CPU, at once) */
                 int k = first[c * l.pp + st + 1] - first[c * l.pp + st], off = (int)floor(l.offload * k + 0.5);
                 nb += k;
                 outs += off;
                 ins += off > 2 ? off - 2 : 0;
+                for (b = first[c * l.pp + st]; b < first[c * l.pp + st + 1]; b++) nm += dt__plan_is_moe(m, b);
             }
             if (nb > nb_max) nb_max = nb;
-            fst[st] = nb * F + outs * own * p->copy_s_per_byte;
-            bst[st] = nb * (B + R) + ins * own * p->copy_s_per_byte;
-            psi = nb * bp;
+            if (nm > nm_max) nm_max = nm;
+            fst[st] = nb * F + nm * xf + outs * own * p->copy_s_per_byte;
+            bst[st] = nb * (B + R) + nm * xb + ins * own * p->copy_s_per_byte;
+            psi = nb * bp + nm * (xdense + xexp);
             if (st == 0) { fst[st] += ef; bst[st] += eb; psi += emb; }
             if (st == l.pp - 1) { fst[st] += hf; bst[st] += hb; psi += head; }
-            if (psi > psi_max) psi_max = psi;
+            if (psi > psi_max) { psi_max = psi; px_max = nm * xexp; }
         }
         /* a bound on the pipeline's makespan: stage st starts after the stages before it ran their
            first chunk of micro-batch 0, and (but for ZB-H1, whose weight passes may come last)
@@ -2027,15 +2464,21 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
         int bd = dt_pp_schedule_bound(l.schedule, l.pp, l.micro, l.chunks, st);
         if (bd > out->in_flight) out->in_flight = bd;
     }
-    /* data-parallel sync over dp x cp: grads f32, values K bytes a parameter */
+    /* data-parallel sync over dp x cp: grads f32, values K bytes a parameter; experts over the edp
+       ranks that hold the same ones (ep x edp = dp x cp, ep innermost) */
     N = dpcp;
-    grads_b = psi_max * 4;
+    edp = (double)dpcp / l.ep;
+    grads_b = (psi_max - px_max) * 4;
     exposed = 0;
     if (dpcp > 1) {
-        /* the dp x cp group: ranks tp apart (tp innermost) */
-        double ar = dt__plan_coll(p, DT_PLAN_ALLREDUCE, dpcp, l.tp, grads_b);
-        double rs = dt__plan_coll(p, DT_PLAN_REDUCE_SCATTER, dpcp, l.tp, grads_b);
-        double ag = dt__plan_coll(p, DT_PLAN_ALLGATHER, dpcp, l.tp, psi_max * K);
+        /* the dp x cp group: ranks tp apart (tp innermost); edp's: tp x ep apart */
+        int ne = dpcp / l.ep;
+        double ar = dt__plan_coll(p, DT_PLAN_ALLREDUCE, dpcp, l.tp, grads_b) +
+                    dt__plan_coll(p, DT_PLAN_ALLREDUCE, ne, l.tp * l.ep, px_max * 4);
+        double rs = dt__plan_coll(p, DT_PLAN_REDUCE_SCATTER, dpcp, l.tp, grads_b) +
+                    dt__plan_coll(p, DT_PLAN_REDUCE_SCATTER, ne, l.tp * l.ep, px_max * 4);
+        double ag = dt__plan_coll(p, DT_PLAN_ALLGATHER, dpcp, l.tp, (psi_max - px_max) * K) +
+                    dt__plan_coll(p, DT_PLAN_ALLGATHER, ne, l.tp * l.ep, px_max * K);
         switch (l.zero) {
         case 0: /* buckets during the last micro-batch's backward */
             exposed = ar - p->overlap * (ar < B * nb_max ? ar : B * nb_max);
@@ -2050,9 +2493,13 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
         }
     }
     /* the optimizer over this rank's shard, ZeRO's pack / unpack copies, the loss and norm */
-    opt = p->opt_s_per_param * (l.zero >= 1 ? psi_max / N : psi_max);
+    opt = p->opt_s_per_param * (l.zero >= 1 ? (psi_max - px_max) / N + px_max / edp : psi_max);
     if (l.zero >= 1) opt += p->copy_s_per_byte * psi_max * (4 + K) * 2;
     opt += 2 * dt__plan_coll(p, DT_PLAN_ALLREDUCE, p->world, 1, 8);
+    if (m->experts) /* each MoE layer's routing counts over dp x cp at the step's end, and the aux loss's in
+                       the first backward */
+        opt += nm_max * (m->balance == DT_MOE_BIAS || m->balance == DT_MOE_NONE ? 1 : 2) *
+               dt__plan_coll(p, DT_PLAN_ALLREDUCE, dpcp, l.tp, (2.0 * m->experts + 3) * 8);
     step = busy + exposed + opt;
     if (floor_tps > 0 && p->paper && (double)m->batch * (double)m->seq / step < floor_tps) { /* no bubble can make it */
         if (pruned) *pruned = 1;
@@ -2102,20 +2549,31 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
     if (p->paper) out->mfu = dt_plan_model_flops(m) * out->tokens_per_s / ((double)p->world * p->mach.flops);
     /* memory of the fullest stage: dt_zero_memory's accounting, examples/gpt's activations */
     {
-        double psi = psi_max, shard = l.zero >= 1 ? psi / N : psi;
+        double psi = psi_max, shard = l.zero >= 1 ? (psi - px_max) / N + px_max / edp : psi;
         double sets = l.pp == 1 ? 1 : out->in_flight;
         double master = m->dtype == DT_BF16 ? 4 : 0;
-        out->mem_params = (l.zero == 3 ? psi / N : psi) * K + (m->dtype == DT_BF16 ? 4 * psi : 0); /* + f32 working copy */
-        out->mem_grads = 4 * (l.zero >= 2 ? psi / N : psi);
+        out->mem_params = (l.zero == 3 ? shard : psi) * K + (m->dtype == DT_BF16 ? 4 * psi : 0); /* + f32 working copy */
+        out->mem_grads = 4 * (l.zero >= 2 ? shard : psi);
+        if (m->experts && !l.zero) /* DDP of dense and expert params: two bucketers, each with its own flat grads */
+            out->mem_grads += 4 * psi;
         out->mem_optimizer = (8 + master) * shard;
         /* a set is one (chunk, micro-batch): a chunk's blocks (interleaved: half the stage's) */
         int nbc = (nb_max + l.chunks - 1) / l.chunks, off = (int)floor(l.offload * nbc + 0.5);
         out->mem_activations = sets * (dt__plan_acts_bytes(m, &l, nbc, A, p->paper, NULL) - (off > 2 ? off - 2 : 0) * own);
+        if (x && nm_max) { /* a set's MoE outputs and grads (moefull, moedy, moeout) and each MoE block's routed
+                              rows (dt_moe_acts); each layer's exchange buffers once */
+            double Nr = rows, Nl = l.sp ? rows / l.tp : rows;
+            int nmc = (nm_max + l.chunks - 1) / l.chunks;
+            out->mem_activations += sets * (A * (2 * Nr * C + Nl * C) + nmc * dt__plan_at(x->rows, x->acts, rows)) +
+                                    nm_max * dt__plan_at(x->rows, x->layer, rows);
+        }
         if (l.pp > 1) out->mem_params += 2.0 * (double)m->vocab / l.tp * m->width * 4; /* the tied head's copy, grad */
         if (p->paper) /* NCCL reduces in place; ZeRO 3 holds a gathered block and the next one */
             out->mem_transient = l.zero == 3 ? 2 * K * dt__plan_block_params(m, l.tp) : 0;
-        else
-            out->mem_transient = dt__plan_at(s->rows, s->extra, rows) + dt__plan_zero_transient(m, &l, K, nb_max);
+        else { /* the ops' peak above their tensors: the block's, or a MoE layer's where larger */
+            double ex = dt__plan_at(s->rows, s->extra, rows), xe = x ? dt__plan_at(x->rows, x->extra, rows) : 0;
+            out->mem_transient = (ex > xe ? ex : xe) + dt__plan_zero_transient(m, &l, K, nb_max);
+        }
         out->mem_total = out->mem_params + out->mem_grads + out->mem_optimizer + out->mem_activations + out->mem_transient;
     }
     return DT_OK;
@@ -2193,7 +2651,7 @@ DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_
     dt_plan_search_desc sd;
     dt__plan_hunt h;
     dt_status err = DT_OK;
-    int W, tp, cp, pp, zero, sp, rec, sch, v, n_off, n_var, mi, nm;
+    int W, tp, cp, pp, zero, sp, rec, sch, v, n_off, n_var, mi, nm, ep;
     int64_t micro, per, ms[128], c;
     if (!p || !out || max < 1 || !count)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_search: p, out and count must not be NULL, max >= 1 (max = %d)",
@@ -2224,14 +2682,16 @@ DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_
                         for (zero = 0; zero <= 3; zero++)
                             for (sp = 0; sp <= (tp > 1); sp++)
                                 for (rec = 0; rec <= (sd.recompute ? DT_PLAN_RECOMPUTE_GEMM_LAST : 0); rec++)
-                                    for (v = 0; v < n_var; v++) {
-                                        dt_plan_layout l;
-                                        memset(&l, 0, sizeof l);
-                                        l.tp = tp; l.cp = cp; l.pp = pp; l.micro = (int)micro; l.zero = zero; l.sp = sp;
-                                        l.schedule = (dt_pp_kind)sch; l.recompute = (dt_plan_recompute)rec;
-                                        l.ulysses = v / n_off; l.offload = offs[v % n_off];
-                                        if ((err = dt__plan_try(ctx, p, &sd, &l, &h))) goto done;
-                                    }
+                                    for (v = 0; v < n_var; v++)
+                                        for (ep = 1; ep <= (p->model.experts ? W / (tp * pp) : 1); ep++) {
+                                            dt_plan_layout l;
+                                            if ((W / (tp * pp)) % ep) continue; /* ep divides dp x cp */
+                                            memset(&l, 0, sizeof l);
+                                            l.tp = tp; l.cp = cp; l.pp = pp; l.micro = (int)micro; l.zero = zero;
+                                            l.sp = sp; l.schedule = (dt_pp_kind)sch; l.recompute = (dt_plan_recompute)rec;
+                                            l.ulysses = v / n_off; l.offload = offs[v % n_off]; l.ep = ep;
+                                            if ((err = dt__plan_try(ctx, p, &sd, &l, &h))) goto done;
+                                        }
             }
     /* paper: the most promising first, until no bound can beat the last one kept */
     if (h.n_cands) qsort(h.cands, (size_t)h.n_cands, sizeof *h.cands, dt__plan_cand_cmp);
@@ -2362,6 +2822,10 @@ DT_API dt_status dt_plan_profile_paper(dt_ctx *ctx, const dt_plan_machine *mc, c
     if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
     if ((err = dt__plan_machine_check(ctx, fn, mc))) return err;
     if ((err = dt__plan_model_check(ctx, fn, m))) return err;
+    if (m->experts)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->experts = %d: the planner models MoE from a measured profile "
+                                "only (its routing and all-to-alls are timed, not derived from a data sheet)", fn,
+                                m->experts);
     if (world < 1 || world > (1 << 20))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: world = %d, expected 1 .. 2^20", fn, world);
     memset(out, 0, sizeof *out);

@@ -86,6 +86,36 @@ int main(void) {
                  fabs(top[i].step_s - top2[i].step_s) <= 1e-8 * top[i].step_s;
         DT_TEST_CHECK("plan_profile_file_plans_alike", ok);
     }
+    {   /* a MoE model: its layer timed at every (tp, sp, ep) (np 2: ep 1 and 2), slower than the dense
+           MLP it replaces (each token visits 2 of 4 experts, each as wide as that MLP), its routed
+           rows held (xin, hidden and GELU values: 9 C floats a row and choice, at least half of the
+           rows' 2 choices kept under capacity 1.25) */
+        dt_plan_model mm = m;
+        int eps = 0;
+        mm.experts = 4; mm.top_k = 2; mm.capacity = 1.25; mm.balance = DT_MOE_BIAS;
+        if (!DT_TEST_CHECK("plan_moe_profile_measures", dt_plan_profile_measure(w, &mm, NULL, p) == DT_OK)) {
+            if (dt_comm_rank(w) == 0) printf("  %s\n", dt_ctx_error(&ctx));
+        } else {
+            for (i = 0, ok = p->n_moes > 0; i < p->n_moes; i++) {
+                const dt_plan_moe *x = &p->moes[i];
+                double want = 0.5 * (double)x->rows[1] * 2 * 9 * mm.width * 4;
+                eps |= 1 << x->ep;
+                ok = ok && x->fwd[0] > 0 && x->bwd[0] > 0 && x->fwd[1] > x->mlp_fwd[1] && x->bwd[1] > x->mlp_bwd[1] &&
+                     x->mlp_fwd[0] > 0 && x->acts[1] >= want && x->layer[1] >= 0;
+                if (!ok && dt_comm_rank(w) == 0)
+                    printf("  moes[%d] tp %d sp %d ep %d rows %lld: fwd %g (mlp %g), bwd %g (mlp %g), acts %g (want >= %g)\n",
+                           i, x->tp, x->sp, x->ep, (long long)x->rows[1], x->fwd[1], x->mlp_fwd[1], x->bwd[1],
+                           x->mlp_bwd[1], x->acts[1], want);
+            }
+            DT_TEST_CHECK("plan_moe_profile_times_the_layer", ok);
+            DT_TEST_CHECK("plan_moe_profile_has_every_ep", eps == (dt_comm_size(w) == 2 ? 6 : 2));
+            d[0] = digest(p); d[1] = -d[0];
+            dt_comm_allreduce_f64(w, d, 2, DT_REDUCE_MAX);
+            DT_TEST_CHECK("plan_moe_profile_is_the_same_on_every_rank", d[0] == -d[1]);
+            DT_TEST_CHECK("plan_moe_search_finds_layouts", dt_plan_search(&ctx, p, NULL, top, 3, &n, &total) == DT_OK &&
+                          n > 0);
+        }
+    }
     free(p);
     free(q);
     ok = dt_test_finish();

@@ -1009,6 +1009,165 @@ static void offload(void) {
     }
 }
 
+
+/* ---- mixture of experts: the layer timed apart, expert parallel, its memory ---- */
+
+/* model() with 4 experts, top 2, in blocks 1 and 3, balanced by the bias; a world of 2 whose
+   profile times the MoE layer at ep 1 (3 ms forward, 5 backward per 1000 rows; the dense MLP it
+   replaces 0.4 and 0.8) and ep 2 (2 and 4); its acts 1000 bytes a row, the layer's 500 */
+static dt_plan_model moe_model(void) {
+    dt_plan_model m = model();
+    m.experts = 4; m.top_k = 2; m.moe_every = 2; m.capacity = 1.25; m.balance = DT_MOE_BIAS;
+    return m;
+}
+
+static void moe_profile(dt_plan_profile *p, const dt_plan_model *m) {
+    int ep, j;
+    hand_profile_upto(p, 2, m, 1, 1);
+    for (ep = 1; ep <= 2; ep++) {
+        dt_plan_moe *x = &p->moes[p->n_moes++];
+        x->tp = 1; x->cp = 1; x->sp = 0; x->ep = ep;
+        x->rows[0] = 16; x->rows[1] = 512;
+        for (j = 0; j < 2; j++) {
+            double r = (double)x->rows[j] / 1000.0;
+            x->fwd[j] = (ep == 1 ? 3e-3 : 2e-3) * r; x->bwd[j] = (ep == 1 ? 5e-3 : 4e-3) * r;
+            x->mlp_fwd[j] = 0.4e-3 * r; x->mlp_bwd[j] = 0.8e-3 * r;
+            x->acts[j] = 1000.0 * (double)x->rows[j]; x->layer[j] = 500.0 * (double)x->rows[j];
+        }
+    }
+}
+
+static void moe(void) {
+    dt_plan_model m = moe_model(), dm = model();
+    dt_plan_profile *p = (dt_plan_profile *)malloc(sizeof *p), *q = (dt_plan_profile *)malloc(sizeof *q);
+    dt_plan_layout l;
+    dt_plan_prediction e1, e2, dense, top[256];
+    dt_status st;
+    char path[512];
+    static char text[1 << 17], text2[1 << 17];
+    double C = 64, F = 256, E = 4, r = 256 / 1000.0, psi, px1, px2, dmoe, mlp;
+    int i, n = 0, total = 0, found = 0;
+    if (!DT_TEST_CHECK("plan_moe_profiles_allocate", p && q)) { free(p); free(q); return; }
+    moe_profile(p, &m);
+    memset(&l, 0, sizeof l);
+    st = dt_plan_predict(&g_ctx, p, &l, &e1);
+    l.ep = 2;
+    if (!DT_TEST_CHECK("plan_moe_predicts", st == DT_OK && dt_plan_predict(&g_ctx, p, &l, &e2) == DT_OK)) {
+        printf("  %s\n", dt_ctx_error(&g_ctx));
+        free(p); free(q);
+        return;
+    }
+    /* dp 2: 8 sequences of 32 rows a rank, 256 rows; 4 blocks, two of them MoE (their MLP's time
+       replaced by the layer's), the embedding and the head */
+    dt_test_close("plan_moe_blocks_use_the_layers_times_by_hand", e1.compute_s,
+                  4 * 3e-3 * r + 2 * ((3e-3 - 0.4e-3) + (5e-3 - 0.8e-3)) * r + (0.01e-3 + 0.02e-3 + 0.2e-3 + 0.4e-3) * r, 1e-9);
+    dt_test_close("plan_moe_ep2_uses_its_own_times_by_hand", e2.compute_s,
+                  4 * 3e-3 * r + 2 * ((2e-3 - 0.4e-3) + (4e-3 - 0.8e-3)) * r + (0.01e-3 + 0.02e-3 + 0.2e-3 + 0.4e-3) * r, 1e-9);
+    /* parameters: each MoE block loses its dense MLP and gains the router E C, and E / ep experts
+       of 2 C F + F + C */
+    mlp = F * (C + 1) + F * C + C;
+    dmoe = E * C - mlp;
+    px1 = 2 * E * (2 * C * F + F + C);
+    px2 = px1 / 2;
+    psi = 4 * block_params(C, 1) + 256 * C + 32 * C + 2 * C + 2 * dmoe;
+    dt_test_close("plan_moe_params_by_hand", e1.mem_params, 4 * (psi + px1), 1e-9);
+    dt_test_close("plan_moe_ep2_holds_half_the_experts", e2.mem_params, 4 * (psi + px2), 1e-9);
+    /* DDP with expert units: two bucketers, each with its own flat grads, beside the arena's */
+    dt_test_close("plan_moe_ddp_grads_twice_by_hand", e1.mem_grads, 8 * (psi + px1), 1e-9);
+    /* the sync: dense grads over dp x cp = 2, the experts' over edp = 2 at ep 1 and 1 (none) at ep 2 */
+    dt_test_close("plan_moe_sync_by_hand", e1.comm_s, coll(4 * psi) + coll(4 * px1), 1e-9);
+    dt_test_close("plan_moe_ep2_experts_need_no_sync", e2.comm_s, coll(4 * psi), 1e-9);
+    /* the optimizer, the loss and norm, and each MoE layer's routing counts at the step's end */
+    dt_test_close("plan_moe_step_end_by_hand", e1.optimizer_s, 2e-9 * (psi + px1) + 2 * coll(8) + 2 * coll((2 * E + 3) * 8),
+                  1e-9);
+    /* activations: the dense model's, a set's three [N, C] MoE tensors (moeout [Nl, C]), each MoE
+       block's routed rows and its layer's buffers */
+    moe_profile(q, &dm);
+    memset(&l, 0, sizeof l);
+    st = dt_plan_predict(&g_ctx, q, &l, &dense);
+    if (DT_TEST_CHECK("plan_moe_dense_predicts", st == DT_OK))
+        dt_test_close("plan_moe_activations_by_hand", e1.mem_activations - dense.mem_activations,
+                      4 * 3 * 256 * C + 2 * 1000 * 256 + 2 * 500 * 256, 1e-9);
+    /* the search tries ep */
+    st = dt_plan_search(&g_ctx, p, NULL, top, 256, &n, &total);
+    for (i = 0; st == DT_OK && i < n; i++) found |= top[i].layout.ep == 2;
+    DT_TEST_CHECK("plan_search_tries_ep", st == DT_OK && found && top[0].layout.ep == 2);
+    /* what examples/gpt refuses, and what the planner does not model */
+    memset(&l, 0, sizeof l);
+    l.ep = 2;
+    st = dt_plan_layout_check(&g_ctx, &dm, 2, &l, NULL);
+    dt_test_error("plan_ep_with_a_dense_model_is_named", st, dt_ctx_error(&g_ctx), "ep 2 with a dense model");
+    l.ep = 4;
+    st = dt_plan_layout_check(&g_ctx, &m, 2, &l, NULL);
+    dt_test_error("plan_ep_not_dividing_is_named", st, dt_ctx_error(&g_ctx), "ep 4 must divide dp x cp = 2 x 1");
+    memset(&l, 0, sizeof l);
+    l.cp = 2;
+    st = dt_plan_layout_check(&g_ctx, &m, 2, &l, NULL);
+    dt_test_error("plan_moe_capacity_with_cp_is_named", st, dt_ctx_error(&g_ctx), "capacity is counted per sequence");
+    memset(&l, 0, sizeof l);
+    l.recompute = DT_PLAN_RECOMPUTE_FULL;
+    st = dt_plan_layout_check(&g_ctx, &m, 2, &l, NULL);
+    dt_test_error("plan_moe_recompute_is_named", st, dt_ctx_error(&g_ctx), "would route its tokens again");
+    memset(&l, 0, sizeof l);
+    l.zero = 2;
+    st = dt_plan_layout_check(&g_ctx, &m, 2, &l, NULL);
+    dt_test_error("plan_moe_zero2_is_named", st, dt_ctx_error(&g_ctx), "models DDP and ZeRO 1");
+    memset(&l, 0, sizeof l);
+    l.pp = 2; l.schedule = DT_PP_ZB_H1; l.micro = 2;
+    st = dt_plan_layout_check(&g_ctx, &m, 2, &l, NULL);
+    dt_test_error("plan_moe_zb_is_named", st, dt_ctx_error(&g_ctx), "zb-h1");
+    m.balance = DT_MOE_AUX;
+    l.schedule = DT_PP_1F1B;
+    st = dt_plan_layout_check(&g_ctx, &m, 2, &l, NULL);
+    dt_test_error("plan_moe_aux_with_1f1b_is_named", st, dt_ctx_error(&g_ctx), "balance aux with 1f1b");
+    l.schedule = DT_PP_DEFAULT;
+    DT_TEST_CHECK("plan_moe_aux_runs_gpipe", dt_plan_layout_check(&g_ctx, &m, 2, &l, &l) == DT_OK &&
+                  l.schedule == DT_PP_GPIPE);
+    memset(&l, 0, sizeof l);
+    l.micro = 2;
+    st = dt_plan_layout_check(&g_ctx, &m, 2, &l, NULL);
+    dt_test_error("plan_moe_aux_with_micro_is_named", st, dt_ctx_error(&g_ctx), "balance aux with micro 2 at pp 1");
+    m = moe_model();
+    m.top_k = 5;
+    st = dt_plan_layout_check(&g_ctx, &m, 2, &l, NULL);
+    dt_test_error("plan_moe_topk_out_of_range_is_named", st, dt_ctx_error(&g_ctx), "model->top_k = 5");
+    m = moe_model();
+    m.capacity = NAN;
+    st = dt_plan_layout_check(&g_ctx, &m, 2, &l, NULL);
+    dt_test_error("plan_moe_capacity_nan_is_named", st, dt_ctx_error(&g_ctx), "model->capacity = nan");
+    m = moe_model();
+    {   /* on paper: refused by name */
+        dt_plan_machine mc = hand_machine();
+        st = dt_plan_profile_paper(&g_ctx, &mc, &m, 8, q);
+        dt_test_error("plan_moe_on_paper_is_named", st, dt_ctx_error(&g_ctx), "from a measured profile only");
+    }
+    /* the file: round trip, older files dense, a MoE model without its layer named */
+    snprintf(path, sizeof path, "%s/moe.json", dt_test_tmpdir());
+    st = dt_plan_profile_save(&g_ctx, p, path);
+    if (!st) st = dt_plan_profile_load(&g_ctx, q, path);
+    if (DT_TEST_CHECK("plan_moe_profile_loads_what_it_saved", st == DT_OK))
+        DT_TEST_CHECK("plan_moe_profile_round_trips", !memcmp(&p->model, &q->model, sizeof p->model) &&
+                      q->n_moes == 2 && q->moes[1].ep == 2 && q->moes[1].rows[1] == 512 &&
+                      fabs(q->moes[1].layer[1] - 256000.0) < 1e-6 && fabs(q->moes[0].bwd[0] - p->moes[0].bwd[0]) < 1e-18);
+    else
+        printf("  %s\n", dt_ctx_error(&g_ctx));
+    read_file(path, text, sizeof text);
+    swap_text(text2, sizeof text2, text, "\"moes\": [", "\"no_moes\": [");
+    write_file(path, text2);
+    st = dt_plan_profile_load(&g_ctx, q, path);
+    dt_test_error("plan_moe_profile_without_its_layer_is_named", st, dt_ctx_error(&g_ctx), "but no moes");
+    swap_text(text2, sizeof text2, text, "\"ep\": 2", "\"ep\": 0");
+    write_file(path, text2);
+    st = dt_plan_profile_load(&g_ctx, q, path);
+    dt_test_error("plan_moe_profile_bad_ep_is_named", st, dt_ctx_error(&g_ctx), "moes[1].ep");
+    swap_text(text2, sizeof text2, text, "\"balance\": \"bias\"", "\"balance\": \"most\"");
+    write_file(path, text2);
+    st = dt_plan_profile_load(&g_ctx, q, path);
+    dt_test_error("plan_moe_profile_bad_balance_is_named", st, dt_ctx_error(&g_ctx), "model.balance");
+    free(p);
+    free(q);
+}
+
 int main(void) {
     dt_ctx_init(&g_ctx, NULL);
     pure_dp_step();
@@ -1025,6 +1184,7 @@ int main(void) {
     dlrm_files();
     ulysses();
     offload();
+    moe();
     dt_ctx_shutdown(&g_ctx);
     return dt_test_finish();
 }

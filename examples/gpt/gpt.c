@@ -1983,7 +1983,7 @@ static dt_plan_layout plan_given(const opts *o) {
     memset(&l, 0, sizeof l);
     l.tp = o->tp; l.pp = o->pp; l.cp = o->cp; l.zero = o->zero; l.micro = o->micro; l.sp = o->sp;
     l.schedule = o->schedule; l.recompute = (dt_plan_recompute)o->recompute; l.ulysses = o->ulysses;
-    l.offload = o->offload;
+    l.offload = o->offload; l.ep = o->ep;
     return l;
 }
 
@@ -2003,12 +2003,17 @@ static void plan_layout(trainer *t) {
     char ls[160];
     FILE *f;
     if (!o->plan && !o->layout_auto) return;
-    if (o->moe_experts || o->device != DT_CPU || (o->kv_heads && o->kv_heads < o->tp) || o->dtype == DT_F16)
-        fail("--plan / --layout auto: the planner models dense models on the CPU in f32 or bf16 (no --moe-experts, "
-             "--device cuda, --dtype f16) for now");
+    if (o->device != DT_CPU || (o->kv_heads && o->kv_heads < o->tp) || o->dtype == DT_F16)
+        fail("--plan / --layout auto: the planner models the CPU in f32 or bf16 (no --device cuda, --dtype f16, "
+             "--kv-heads below --tp) for now");
     memset(&pm, 0, sizeof pm);
     pm.layers = o->layers; pm.width = o->width; pm.heads = o->heads; pm.kv_heads = o->kv_heads ? o->kv_heads : o->heads;
     pm.vocab = t->data.vocab_padded; pm.seq = o->seq; pm.batch = o->batch; pm.dtype = o->dtype;
+    if (o->moe_experts) {
+        pm.experts = o->moe_experts; pm.top_k = o->moe_topk; pm.moe_every = o->moe_every; pm.moe_shared = o->moe_shared;
+        pm.capacity = o->moe_capacity;
+        pm.balance = o->moe_aux == 0 && o->moe_balance == DT_MOE_AUX ? DT_MOE_NONE : o->moe_balance;
+    }
     pf = (dt_plan_profile *)malloc(sizeof *pf);
     if (!pf) CHECK(DT_ERR_OOM);
     /* rank 0 decides and reads: a path only some hosts see cannot split the ranks between reading
@@ -2026,11 +2031,15 @@ static void plan_layout(trainer *t) {
         CHECK(dt_plan_profile_broadcast(t->world, pf, 0));
         if (pf->world != t->W || memcmp(&pf->model, &pm, sizeof pm))
             fail("--plan-profile %s was measured for %d ranks and a model of %d layers, width %d, heads %d / %d, vocab "
-                 "%lld, seq %lld, batch %lld, %s; this run has %d ranks and %d, %d, %d / %d, %lld, %lld, %lld, %s: remove "
-                 "the file to measure again", o->plan_profile, pf->world, pf->model.layers, pf->model.width,
+                 "%lld, seq %lld, batch %lld, %s, %d experts (top %d, every %d, shared %d, capacity %g, %s); this run has "
+                 "%d ranks and %d, %d, %d / %d, %lld, %lld, %lld, %s, %d (%d, %d, %d, %g, %s): remove the file to measure "
+                 "again", o->plan_profile, pf->world, pf->model.layers, pf->model.width,
                  pf->model.heads, pf->model.kv_heads, (long long)pf->model.vocab, (long long)pf->model.seq,
-                 (long long)pf->model.batch, dt_dtype_name(pf->model.dtype), t->W, pm.layers, pm.width, pm.heads,
-                 pm.kv_heads, (long long)pm.vocab, (long long)pm.seq, (long long)pm.batch, dt_dtype_name(pm.dtype));
+                 (long long)pf->model.batch, dt_dtype_name(pf->model.dtype), pf->model.experts, pf->model.top_k,
+                 pf->model.moe_every, pf->model.moe_shared, pf->model.capacity, dt_moe_balance_name(pf->model.balance),
+                 t->W, pm.layers, pm.width, pm.heads, pm.kv_heads, (long long)pm.vocab, (long long)pm.seq,
+                 (long long)pm.batch, dt_dtype_name(pm.dtype), pm.experts, pm.top_k, pm.moe_every, pm.moe_shared,
+                 pm.capacity, dt_moe_balance_name(pm.balance));
     } else {
         CHECK(dt_plan_profile_measure(t->world, &pm, NULL, pf));
         if (o->plan_profile && g_rank == 0) CHECK(dt_plan_profile_save(g_ctx, pf, o->plan_profile));
@@ -2069,7 +2078,7 @@ static void plan_layout(trainer *t) {
     if (o->layout_auto) { /* the flags of the first layout */
         const dt_plan_layout *b = &best->layout;
         o->tp = b->tp; o->pp = b->pp; o->cp = b->cp; o->zero = b->zero; o->micro = b->micro; o->sp = b->sp;
-        o->recompute = (int)b->recompute; o->ulysses = b->ulysses; o->offload = b->offload;
+        o->recompute = (int)b->recompute; o->ulysses = b->ulysses; o->offload = b->offload; o->ep = b->ep;
         if (b->pp > 1) o->schedule = b->schedule;
         o->chunks = o->schedule == DT_PP_INTERLEAVED && o->pp > 1 ? 2 : 1;
         if (g_rank == 0)
