@@ -10,8 +10,9 @@
        measure once (dt_plan_profile_measure, every rank at once, as the step will run them)
          one transformer block's forward and backward at each (tp, cp, sp) split the layouts give
          it, at the smallest and largest micro-batch they give it (time is affine in the rows);
-         the embedding and the head; the optimizer per parameter; each collective as
-         latency + bytes / bandwidth per group size; how much of a posted collective hides
+         a MoE model's MoE layer at each (tp, cp, sp, ep); the embedding and the head; the
+         optimizer per parameter; each collective as latency + bytes / bandwidth per group
+         size; how much of a posted collective hides
                                          |
        model each layout (dt_plan_predict)        step = pipeline(makespan of the micro-batches,
          per micro-batch: blocks x (F + B + recompute)  dt_pp_schedule_simulate with each
@@ -23,10 +24,11 @@
 
    The block it times is examples/gpt's block, op for op (dt_tensor.h's and dt_parallel.h's tp and
    cp ops at the split's shapes, including their collectives), so its tp and cp communication is
-   measured, not modelled (Ulysses' all-to-alls too). What is modelled: the data-parallel sync
-   (DDP buckets during the backward, ZeRO's reduce-scatters and gathers), the pipeline's sends and
-   bubble, activation offload's copies, the optimizer step, and memory, from the same accounting
-   as examples/gpt's activations and dt_zero_memory.
+   measured, not modelled (Ulysses' all-to-alls too, and a MoE layer's over ep, timed apart on
+   rows its router spreads about evenly: a run's routing is its data's). What is modelled: the
+   data-parallel sync (DDP buckets during the backward, ZeRO's reduce-scatters and gathers), the
+   pipeline's sends and bubble, activation offload's copies, the optimizer step, and memory, from
+   the same accounting as examples/gpt's activations and dt_zero_memory.
 
    Contents (each marker finds this line, its declarations and its implementation):
        >>model           what is trained: dt_plan_model; what runs it: dt_plan_layout, its check
@@ -146,7 +148,7 @@ DT_API const char *dt_plan_recompute_name(dt_plan_recompute r); /* "none", "full
 
 #define DT_PLAN_MAX_SPLITS 128
 #define DT_PLAN_MAX_COLLS 128
-#define DT_PLAN_MAX_PIPES 16
+#define DT_PLAN_MAX_PIPES 48
 #define DT_PLAN_MAX_MOES 64
 
 typedef struct dt_plan_split {
@@ -190,9 +192,12 @@ typedef struct dt_plan_coll {
 /* A pipeline's message as dt_pp_run delivers it between stages that compute: MPI moves a message
    only while both ends are inside MPI (no progress thread), so its delay is measured with the
    runtime itself, stages spinning for the block times between its tests, and read as the `comm`
-   of dt_pp_schedule_simulate that reproduces the run's makespan. At two message sizes. */
+   of dt_pp_schedule_simulate that reproduces the run's makespan. At two message sizes, per schedule:
+   where a message waits for both ends to call MPI depends on what the stages do meanwhile (GPipe's
+   back-to-back forwards hide none of it in the run that a constant delay hides in the simulation). */
 typedef struct dt_plan_pipe {
     int pp;
+    dt_pp_kind kind;             /* the schedule it ran: GPipe, 1F1B or ZB-H1 (interleaved takes 1F1B's) */
     double bytes[2], delay[2];
 } dt_plan_pipe;
 
@@ -1661,7 +1666,8 @@ static double dt__plan_sim(dt_pp_schedule *s, double f, double b, double d, doub
     return dt__plan_simulate(s, fst, bst, d, rph, cores, 0, &st) ? -1 : st.makespan;
 }
 
-static dt_status dt__plan_measure_pipe(dt_comm *world, const dt_plan_model *m, dt_plan_profile *p, int pp, int reps) {
+static dt_status dt__plan_measure_pipe(dt_comm *world, const dt_plan_model *m, dt_plan_profile *p, int pp,
+                                       dt_pp_kind kind, int reps) {
     dt_ctx *ctx = dt_comm_ctx(world);
     dt_layout *lay = NULL;
     dt_layout_desc ld;
@@ -1680,11 +1686,12 @@ static dt_status dt__plan_measure_pipe(dt_comm *world, const dt_plan_model *m, d
     pi = &p->pipes[p->n_pipes];
     memset(pi, 0, sizeof *pi);
     pi->pp = pp;
+    pi->kind = kind;
     memset(&ld, 0, sizeof ld);
     ld.pp = pp;
     if ((err = dt_layout_create(world, &lay, &ld))) return err;
     memset(&pd, 0, sizeof pd);
-    pd.kind = DT_PP_1F1B; pd.stages = pp; pd.micro = micro;
+    pd.kind = kind; pd.stages = pp; pd.micro = micro;
     if ((err = dt_pp_schedule_create(ctx, &sch, &pd))) { dt_layout_free(lay); return err; }
     for (j = 0; j < 2 && !err; j++) {
         double rows = (double)(m->batch / dp / (j ? 1 : micro_max)) * (double)m->seq, t[16], meas, lo = 0, hi, blocks;
@@ -1798,8 +1805,15 @@ DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m,
         r = el > md.budget_s * 0.5 ? 1 : reps;
         if ((err = dt__plan_measure_moe(world, &out->model, &out->moes[i], r))) return err;
     }
-    for (i = 2; i <= out->world && i <= m->layers && i <= 64; i++) /* after the splits: their block times set the spins */
-        if (out->world % i == 0 && (err = dt__plan_measure_pipe(world, &out->model, out, i, reps))) return err;
+    for (i = 2; i <= out->world && i <= m->layers && i <= 64; i++) { /* after the splits: their block times set the spins */
+        static const dt_pp_kind kinds[3] = {DT_PP_1F1B, DT_PP_GPIPE, DT_PP_ZB_H1};
+        int k;
+        for (k = 0; k < 3 && out->world % i == 0; k++) { /* a MoE model runs no ZB-H1; 1F1B's repeats, others' two */
+            if (m->experts && kinds[k] == DT_PP_ZB_H1) continue;
+            if ((err = dt__plan_measure_pipe(world, &out->model, out, i, kinds[k], k ? (reps < 2 ? reps : 2) : reps)))
+                return err;
+        }
+    }
     out->measure_s = dt_comm_now() - t0;
     /* every rank plans from the same bytes: rank 0's (its host name, a group's cross flag) */
     return dt_plan_profile_broadcast(world, out, 0);
@@ -1879,8 +1893,9 @@ DT_API dt_status dt_plan_profile_save(dt_ctx *ctx, const dt_plan_profile *p, con
     }
     dt_strbuf_str(&b, "],\n \"pipes\": [");
     for (i = 0; i < p->n_pipes; i++)
-        dt_strbuf_printf(&b, "%s\n  {\"pp\": %d, \"bytes\": [%.17g, %.17g], \"delay\": [%.17g, %.17g]}", i ? "," : "",
-                         p->pipes[i].pp, p->pipes[i].bytes[0], p->pipes[i].bytes[1], p->pipes[i].delay[0],
+        dt_strbuf_printf(&b, "%s\n  {\"pp\": %d, \"kind\": \"%s\", \"bytes\": [%.17g, %.17g], \"delay\": [%.17g, %.17g]}",
+                         i ? "," : "", p->pipes[i].pp,
+                         dt_pp_kind_name(p->pipes[i].kind == DT_PP_DEFAULT ? DT_PP_1F1B : p->pipes[i].kind), p->pipes[i].bytes[0], p->pipes[i].bytes[1], p->pipes[i].delay[0],
                          p->pipes[i].delay[1]);
     dt_strbuf_str(&b, "],\n \"moes\": [");
     for (i = 0; i < p->n_moes; i++) {
@@ -2105,6 +2120,19 @@ DT_API dt_status dt_plan_profile_load(dt_ctx *ctx, dt_plan_profile *p, const cha
         const dt_json *o = &arr->items[i];
         snprintf(where, sizeof where, "pipes[%d].", i);
         DT__PLAN_I(o, where, "pp", 2, 1 << 24, q->pp);
+        q->kind = DT_PP_1F1B; /* older files: 1F1B's */
+        if ((j = dt_json_get(o, "kind"))) {
+            int k;
+            for (k = DT_PP_GPIPE; k < DT_PP_KIND_COUNT; k++)
+                if (j->type == DT_JSON_STRING && k != DT_PP_INTERLEAVED && !strcmp(j->string, dt_pp_kind_name((dt_pp_kind)k)))
+                    break;
+            if (k == DT_PP_KIND_COUNT) {
+                err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %skind: expected \"gpipe\", \"1f1b\" or \"zb-h1\"", fn,
+                                       path, where);
+                goto done;
+            }
+            q->kind = (dt_pp_kind)k;
+        }
         if ((err = dt__plan_pair(ctx, path, o, where, "bytes", 1e18, q->bytes))) goto done;
         if ((err = dt__plan_pair(ctx, path, o, where, "delay", 1e6, q->delay))) goto done;
         p->n_pipes++;
@@ -2206,12 +2234,19 @@ static double dt__plan_coll(const dt_plan_profile *p, dt_plan_coll_kind kind, in
     return 0;
 }
 
-/* a pipeline message of `bytes` between stages of a pp-stage pipeline: the measured delay (the
-   pipe of that pp, else the nearest), on the line through its two sizes; else the bare send */
-static double dt__plan_pipe_delay(const dt_plan_profile *p, int pp, int stride, double bytes) {
+/* a pipeline message of `bytes` between stages of a pp-stage pipeline of schedule `kind`: the
+   measured delay (the pipe of that schedule and pp, else the nearest pp of it, else of 1F1B; the
+   interleaved schedule takes 1F1B's), on the line through its two sizes; else the bare send */
+static double dt__plan_pipe_delay(const dt_plan_profile *p, int pp, dt_pp_kind kind, int stride, double bytes) {
     const dt_plan_pipe *best = NULL;
-    int i;
+    int i, k, have = 0;
+    if (kind == DT_PP_INTERLEAVED) kind = DT_PP_1F1B;
+    for (i = 0; i < p->n_pipes; i++) have |= p->pipes[i].kind == kind;
+    k = have ? kind : DT_PP_1F1B;
     for (i = 0; i < p->n_pipes; i++)
+        if (p->pipes[i].kind == (dt_pp_kind)k && (!best || abs(p->pipes[i].pp - pp) < abs(best->pp - pp)))
+            best = &p->pipes[i];
+    for (i = 0; !best && i < p->n_pipes; i++) /* none of 1F1B either: any */
         if (!best || abs(p->pipes[i].pp - pp) < abs(best->pp - pp)) best = &p->pipes[i];
     if (!best) return dt__plan_coll(p, DT_PLAN_SENDRECV, 2, stride, bytes);
     if (best->bytes[1] == best->bytes[0]) return best->delay[0];
@@ -2524,7 +2559,7 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
         int stride = l.tp * l.cp * l.dp;
         double send = l.tp > 1 || l.cp > 1 || p->paper
                           ? dt__plan_coll(p, DT_PLAN_SENDRECV, 2, stride, rows / (l.sp ? l.tp : 1) * C * A)
-                          : dt__plan_pipe_delay(p, l.pp, stride, rows * C * A);
+                          : dt__plan_pipe_delay(p, l.pp, l.schedule, stride, rows * C * A);
         err = dt__plan_simulate(sch, fst, bst, send, (double)p->world / (p->hosts > 0 ? p->hosts : 1), p->cores,
                                 l.schedule == DT_PP_ZB_H1 && (l.sp || l.recompute), &stt);
         if (!err) {

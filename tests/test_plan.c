@@ -1168,6 +1168,67 @@ static void moe(void) {
     free(q);
 }
 
+
+/* ---- the pipeline's message delay per schedule: each takes its own pipe, else 1F1B's ---- */
+
+static void pipe_set(dt_plan_profile *p, int n, const dt_pp_kind *kinds, const double *delays) {
+    int i;
+    p->n_pipes = n;
+    for (i = 0; i < n; i++) {
+        p->pipes[i].pp = 2; p->pipes[i].kind = kinds[i];
+        p->pipes[i].bytes[0] = p->pipes[i].bytes[1] = 1000;
+        p->pipes[i].delay[0] = p->pipes[i].delay[1] = delays[i];
+    }
+}
+
+static void pipe_kinds(void) {
+    dt_plan_model m = model();
+    dt_plan_profile *p = (dt_plan_profile *)malloc(sizeof *p), *q = (dt_plan_profile *)malloc(sizeof *q);
+    dt_plan_layout l;
+    dt_plan_prediction a, b, c;
+    static const dt_pp_kind both[2] = {DT_PP_1F1B, DT_PP_GPIPE}, one[1] = {DT_PP_1F1B};
+    static const double two_d[2] = {1e-3, 5e-3}, d5[1] = {5e-3}, d1[1] = {1e-3};
+    char path[512];
+    static char text[1 << 16], text2[1 << 16];
+    dt_status st;
+    if (!DT_TEST_CHECK("plan_pipe_kinds_allocate", p && q)) { free(p); free(q); return; }
+    hand_profile(p, 2, &m);
+    *q = *p;
+    pipe_set(p, 2, both, two_d);
+    memset(&l, 0, sizeof l);
+    l.pp = 2; l.micro = 4; l.schedule = DT_PP_GPIPE;
+    st = dt_plan_predict(&g_ctx, p, &l, &a);
+    pipe_set(q, 1, one, d5);
+    if (!st) st = dt_plan_predict(&g_ctx, q, &l, &b);
+    pipe_set(q, 1, one, d1);
+    if (!st) st = dt_plan_predict(&g_ctx, q, &l, &c);
+    if (DT_TEST_CHECK("plan_pipe_kinds_predict", st == DT_OK)) {
+        dt_test_close("plan_gpipe_takes_its_own_delay", a.step_s, b.step_s, 1e-12);
+        DT_TEST_CHECK("plan_gpipe_delay_matters", fabs(a.step_s - c.step_s) > 1e-6);
+    } else
+        printf("  %s\n", dt_ctx_error(&g_ctx));
+    l.schedule = DT_PP_ZB_H1; /* no pipe of its own: 1F1B's */
+    st = dt_plan_predict(&g_ctx, p, &l, &a);
+    if (!st) st = dt_plan_predict(&g_ctx, q, &l, &b);
+    if (DT_TEST_CHECK("plan_zb_predicts", st == DT_OK)) dt_test_close("plan_zb_without_its_pipe_takes_1f1bs", a.step_s, b.step_s, 1e-12);
+    snprintf(path, sizeof path, "%s/pipes.json", dt_test_tmpdir());
+    st = dt_plan_profile_save(&g_ctx, p, path);
+    if (!st) st = dt_plan_profile_load(&g_ctx, q, path);
+    DT_TEST_CHECK("plan_pipe_kind_round_trips", st == DT_OK && q->n_pipes == 2 && q->pipes[1].kind == DT_PP_GPIPE &&
+                  q->pipes[0].kind == DT_PP_1F1B && fabs(q->pipes[1].delay[0] - 5e-3) < 1e-15);
+    read_file(path, text, sizeof text);
+    swap_text(text2, sizeof text2, text, "\"kind\": \"gpipe\"", "\"kind\": \"fast\"");
+    write_file(path, text2);
+    st = dt_plan_profile_load(&g_ctx, q, path);
+    dt_test_error("plan_pipe_bad_kind_is_named", st, dt_ctx_error(&g_ctx), "pipes[1].kind");
+    swap_text(text2, sizeof text2, text, "\"kind\": \"gpipe\", ", "");
+    write_file(path, text2);
+    st = dt_plan_profile_load(&g_ctx, q, path);
+    DT_TEST_CHECK("plan_pipe_without_kind_is_1f1bs", st == DT_OK && q->pipes[1].kind == DT_PP_1F1B);
+    free(p);
+    free(q);
+}
+
 int main(void) {
     dt_ctx_init(&g_ctx, NULL);
     pure_dp_step();
@@ -1185,6 +1246,7 @@ int main(void) {
     ulysses();
     offload();
     moe();
+    pipe_kinds();
     dt_ctx_shutdown(&g_ctx);
     return dt_test_finish();
 }
