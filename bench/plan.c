@@ -29,6 +29,9 @@
 /* the model: large enough that a step is compute (not launch overhead), small enough for the
    whole bench in minutes on two cores */
 static const char *MODEL = "--layers 4 --width 256 --heads 4 --seq 128 --batch 16";
+/* the same with a MoE MLP in every block (4 experts, top 2, capacity 1.25, the aux loss): expert
+   parallel's rows, and a model of its own for the planner's first choice */
+static const char *MOE_MODEL = "--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --moe-experts 4";
 /* DLRM: the example's default model (26 tables of up to 16384 rows, dim 16, Adagrad), batch 2048:
    a step of milliseconds, tables of 30 MB */
 static const char *DLRM_MODEL = "--batch 2048 --eval-every 100000";
@@ -44,46 +47,51 @@ typedef struct row {
     int rounds;
     double meas_mb;
     char layout[160];        /* the planner's name of it */
+    int moe;                 /* examples/gpt with MOE_MODEL (a profile of its own) */
 } row;
 
 static row ROWS[] = {
-    {0, 1, "", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 1, "--recompute full", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 1, "--recompute selective --micro 2", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 1, "--micro 4 --offload-activations 1", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 1, "auto", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 2, "", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 2, "--tp 2", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 2, "--tp 2 --sp 1", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 2, "--pp 2 --micro 4", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 2, "--pp 2 --micro 4 --schedule gpipe", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 2, "--pp 2 --micro 4 --offload-activations 1", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 2, "--zero 1", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 2, "--zero 3", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 2, "--cp 2", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 2, "--cp 2 --cp-kind ulysses", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 2, "auto", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 4, "", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 4, "--tp 2", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 4, "--tp 2 --pp 2 --micro 4", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 4, "--pp 2 --micro 4 --schedule zb", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 4, "--zero 2 --micro 2", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 4, "--tp 2 --cp 2 --cp-kind ulysses", 0, 0, {0}, {0}, 0, 0, ""},
-    {0, 4, "auto", 0, 0, {0}, {0}, 0, 0, ""},
-    {1, 1, "auto", 0, 0, {0}, {0}, 0, 0, ""},
-    {1, 1, "plan", 0, 0, {0}, {0}, 0, 0, ""},
-    {1, 2, "table", 0, 0, {0}, {0}, 0, 0, ""},
-    {1, 2, "row", 0, 0, {0}, {0}, 0, 0, ""},
-    {1, 2, "column", 0, 0, {0}, {0}, 0, 0, ""},
-    {1, 2, "data", 0, 0, {0}, {0}, 0, 0, ""},
-    {1, 2, "auto", 0, 0, {0}, {0}, 0, 0, ""},
-    {1, 2, "plan", 0, 0, {0}, {0}, 0, 0, ""},
-    {1, 4, "table", 0, 0, {0}, {0}, 0, 0, ""},
-    {1, 4, "row", 0, 0, {0}, {0}, 0, 0, ""},
-    {1, 4, "column", 0, 0, {0}, {0}, 0, 0, ""},
-    {1, 4, "data", 0, 0, {0}, {0}, 0, 0, ""},
-    {1, 4, "auto", 0, 0, {0}, {0}, 0, 0, ""},
-    {1, 4, "plan", 0, 0, {0}, {0}, 0, 0, ""},
+    {0, 1, "", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 1, "--recompute full", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 1, "--recompute selective --micro 2", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 1, "--micro 4 --offload-activations 1", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 1, "auto", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 2, "", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 2, "--tp 2", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 2, "--tp 2 --sp 1", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 2, "--pp 2 --micro 4", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 2, "--pp 2 --micro 4 --schedule gpipe", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 2, "--pp 2 --micro 4 --offload-activations 1", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 2, "--zero 1", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 2, "--zero 3", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 2, "--cp 2", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 2, "--cp 2 --cp-kind ulysses", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 2, "auto", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 4, "", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 4, "--tp 2", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 4, "--tp 2 --pp 2 --micro 4", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 4, "--pp 2 --micro 4 --schedule zb", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 4, "--zero 2 --micro 2", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 4, "--tp 2 --cp 2 --cp-kind ulysses", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 4, "auto", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 2, "", 0, 0, {0}, {0}, 0, 0, "", 1},
+    {0, 2, "--ep 2", 0, 0, {0}, {0}, 0, 0, "", 1},
+    {0, 2, "--tp 2", 0, 0, {0}, {0}, 0, 0, "", 1},
+    {0, 2, "auto", 0, 0, {0}, {0}, 0, 0, "", 1},
+    {1, 1, "auto", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {1, 1, "plan", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {1, 2, "table", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {1, 2, "row", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {1, 2, "column", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {1, 2, "data", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {1, 2, "auto", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {1, 2, "plan", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {1, 4, "table", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {1, 4, "row", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {1, 4, "column", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {1, 4, "data", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {1, 4, "auto", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {1, 4, "plan", 0, 0, {0}, {0}, 0, 0, "", 0},
 };
 #define NROWS ((int)(sizeof ROWS / sizeof ROWS[0]))
 
@@ -125,6 +133,13 @@ static int dlrm_prediction(row *r, const char *out) {
     return r->pred_s > 0 && r->pred_mb > 0;
 }
 
+static const char *model_of(const row *r) { return r->moe ? MOE_MODEL : MODEL; }
+
+/* the profile file of a gpt row's model and world */
+static void profile_path(const row *r, const char *logdir, char *buf, size_t n) {
+    snprintf(buf, n, "%s/profile_np%d%s.json", logdir, r->np, r->moe ? "_moe" : "");
+}
+
 /* --plan: the prediction for the row's layout (auto: for the planner's first choice) */
 static void predict(row *r, const char *profile) {
     char cmd[2048], fl[256];
@@ -144,8 +159,8 @@ static void predict(row *r, const char *profile) {
         return;
     }
     layout_flags(r, fl, sizeof fl);
-    snprintf(cmd, sizeof cmd, "%s -np %d %s %s %s --plan --plan-profile %s 2>&1", g_mpirun, r->np, g_gpt, MODEL, fl,
-             profile);
+    snprintf(cmd, sizeof cmd, "%s -np %d %s %s %s --plan --plan-profile %s 2>&1", g_mpirun, r->np, g_gpt, model_of(r),
+             fl, profile);
     out = run(cmd, &rc);
     r->pred_s = num_after(out, "predicted step ");
     r->pred_mb = num_after(out, "), memory ");
@@ -168,7 +183,7 @@ static void predict(row *r, const char *profile) {
 
 /* one training run: the median of step_s after the third step, and the peak memory */
 static void measure(row *r, int steps, const char *logdir) {
-    char cmd[2048], fl[256], log[600], line[4096];
+    char cmd[4096], fl[256], log[600], line[4096], prof[640];
     char *out;
     int rc, n = 0;
     double t[1024];
@@ -179,9 +194,11 @@ static void measure(row *r, int steps, const char *logdir) {
     if (r->dlrm) /* --shard plan measures its profile, plans and prints its prediction, then trains */
         snprintf(cmd, sizeof cmd, "%s -np %d %s %s --shard %s --steps %d --print-every 0 --log %s 2>&1", g_mpirun, r->np,
                  g_dlrm, DLRM_MODEL, r->flags, DLRM_STEPS, log);
-    else /* --layout auto reads the profile the prediction used */
-        snprintf(cmd, sizeof cmd, "%s -np %d %s %s %s --steps %d --print-every 0 --log %s --plan-profile "
-                 "%s/profile_np%d.json 2>&1", g_mpirun, r->np, g_gpt, MODEL, fl, steps, log, logdir, r->np);
+    else { /* --layout auto reads the profile the prediction used */
+        profile_path(r, logdir, prof, sizeof prof);
+        snprintf(cmd, sizeof cmd, "%s -np %d %s %s %s --steps %d --print-every 0 --log %s --plan-profile %s 2>&1",
+                 g_mpirun, r->np, g_gpt, model_of(r), fl, steps, log, prof);
+    }
     out = run(cmd, &rc);
     if (rc) { fprintf(stderr, "plan: np %d %s failed (rc %d):\n%s\n", r->np, r->flags, rc, out); exit(1); }
     if (r->dlrm && !strcmp(r->flags, "plan") && !dlrm_prediction(r, out)) {
@@ -239,18 +256,25 @@ int main(int argc, char **argv) {
        from what it was while its steps ran */
     for (k = 0; k < rounds; k++) {
         for (np = 1; np <= 4; np *= 2) {
-            char path[600];
-            snprintf(path, sizeof path, "%s/profile_np%d.json", logdir, np);
-            remove(path);
+            char path[640];
+            for (i = 0; i < NROWS; i++) /* each model's profile measured afresh, by its first row */
+                if (ROWS[i].np == np && !ROWS[i].dlrm) {
+                    profile_path(&ROWS[i], logdir, path, sizeof path);
+                    remove(path);
+                }
             for (i = 0; i < NROWS; i++)
-                if (ROWS[i].np == np && g_only != !ROWS[i].dlrm) predict(&ROWS[i], path);
+                if (ROWS[i].np == np && g_only != !ROWS[i].dlrm) {
+                    profile_path(&ROWS[i], logdir, path, sizeof path);
+                    predict(&ROWS[i], path);
+                }
         }
         for (i = 0; i < NROWS; i++)
             if (g_only != !ROWS[i].dlrm) measure(&ROWS[i], steps, logdir);
     }
     printf("planner check: examples/gpt %s, %d rounds of %d steps (median step of steps 4..%d, median over rounds; each "
            "round's profiles measured at its start); examples/dlrm %s, %d steps (steps 4..%d; each prediction from a "
-           "profile measured by its own run)\n", MODEL, rounds, steps, steps, DLRM_MODEL, DLRM_STEPS, DLRM_STEPS);
+           "profile measured by its own run); the MoE rows %s\n", MODEL, rounds, steps, steps, DLRM_MODEL, DLRM_STEPS,
+           DLRM_STEPS, MOE_MODEL);
     printf("%-3s %-80s %10s %10s %7s %9s %9s %7s\n", "np", "layout", "pred ms", "meas ms", "err", "pred MB", "meas MB",
            "err");
     for (i = 0; i < NROWS; i++) {
@@ -260,7 +284,8 @@ int main(int argc, char **argv) {
         if (g_only == !r->dlrm) continue;
         m = median(r->meas, r->rounds);
         r->pred_s = median(r->preds, r->rounds);
-        snprintf(name, sizeof name, "%s%s", !r->dlrm && !strcmp(r->flags, "auto") ? "auto: " : "", r->layout);
+        snprintf(name, sizeof name, "%s%s%s", r->moe ? "moe " : "", !r->dlrm && !strcmp(r->flags, "auto") ? "auto: " : "",
+                 r->layout);
         err[nl] = 100.0 * fabs(r->pred_s - m) / m;
         merr[nl] = 100.0 * fabs(r->pred_mb - r->meas_mb) / r->meas_mb;
         printf("%-3d %-80s %10.2f %10.2f %6.1f%% %9.2f %9.2f %6.1f%%\n", r->np, name, r->pred_s * 1e3, m * 1e3, err[nl],
@@ -269,19 +294,22 @@ int main(int argc, char **argv) {
         if (merr[nl] > mmax) mmax = merr[nl];
         nl++;
     }
-    for (k = 0; k < 2; k++) /* the planner's first choice against the best measured, per model and world */
-        for (np = 1; np <= 4 && g_only != !k; np *= 2) {
+    for (k = 0; k < 3; k++) /* the planner's first choice against the best measured, per model and world */
+        for (np = 1; np <= 4 && g_only != (k == 1); np *= 2) {
             double best = 1e30, mine = 0;
-            const char *first = k ? "plan" : "auto";
+            const char *first = k == 1 ? "plan" : "auto";
+            int have = 0;
             for (i = 0; i < NROWS; i++) {
                 double m;
-                if (ROWS[i].np != np || ROWS[i].dlrm != k) continue;
+                if (ROWS[i].np != np || ROWS[i].dlrm != (k == 1) || ROWS[i].moe != (k == 2)) continue;
+                have = 1;
                 m = median(ROWS[i].meas, ROWS[i].rounds);
                 if (m < best) best = m;
                 if (!strcmp(ROWS[i].flags, first)) mine = m;
             }
+            if (!have) continue;
             printf("%s np %d: the first-ranked layout measured %.2f ms, the best measured %.2f ms (%.1f%% slower)\n",
-                   k ? "dlrm" : "gpt", np, mine * 1e3, best * 1e3, 100.0 * (mine - best) / best);
+                   k == 1 ? "dlrm" : k == 2 ? "gpt moe" : "gpt", np, mine * 1e3, best * 1e3, 100.0 * (mine - best) / best);
             if (100.0 * (mine - best) / best > first_gap) first_gap = 100.0 * (mine - best) / best;
         }
     printf("(%.0f s)\n", now_s() - t0);

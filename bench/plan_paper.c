@@ -41,30 +41,32 @@ typedef struct pcase {
     const char *source, *note;
 } pcase;
 
+#define DENSE 0, 0, 0, 0, 0, DT_MOE_BALANCE_DEFAULT /* dt_plan_model's MoE fields: no experts */
+
 static const pcase CASES[] = {
-    {"gpt3-175b-a100", "a100-dgx.json", {96, 12288, 96, 96, 51200, 2048, 1536, DT_BF16, 0, 0},
+    {"gpt3-175b-a100", "a100-dgx.json", {96, 12288, 96, 96, 51200, 2048, 1536, DT_BF16, 0, 0, DENSE},
      1024, 8, 8, 1, 2, 1, 0, DT_PLAN_RECOMPUTE_FULL, 140, 1,
      "Narayanan et al., SC'21 (arXiv 2104.04473) section 5.1: 'On n=1024 A100 GPUs using batch size 1536, we "
      "achieve X=140 teraFLOP/s per GPU'; interleaved schedule, full recompute, vocab 51,200, sequence 2048",
      "the run's tp x pp is not printed: tp 8 x pp 8 as Table 1's row of the same width (145.6B); vp not printed"},
-    {"gpt-177b-h100", "h100-dgx.json", {96, 12288, 96, 96, 131072, 4096, 1152, DT_BF16, 0, 0},
+    {"gpt-177b-h100", "h100-dgx.json", {96, 12288, 96, 96, 131072, 4096, 1152, DT_BF16, 0, 0, DENSE},
      2304, 8, 6, 1, 2, 1, 1, DT_PLAN_RECOMPUTE_NONE, 432.8, 0,
      "NVIDIA/Megatron-LM README, images/model_table.png (2024-07): 177B, TP 8, PP 6, DP 48, 2304 H100, batch "
      "1152, 432.8 TFLOP/s per GPU, 44% MFU; vocab 131,072, sequence 4096",
      "precision, recompute and vp not stated (MFU against 989 TFLOP/s: bf16); modelled without recompute, "
      "interleaved (its PP overlap needs virtual stages), distributed optimizer (--overlap-param-gather)"},
-    {"gpt3-175b-h100", "h100-dgx.json", {96, 12288, 96, 96, 51200, 2048, 1536, DT_BF16, 0, 0},
+    {"gpt3-175b-h100", "h100-dgx.json", {96, 12288, 96, 96, 51200, 2048, 1536, DT_BF16, 0, 0, DENSE},
      1024, 8, 8, 1, 2, 1, 1, DT_PLAN_RECOMPUTE_NONE, 0, 0,
      "no bf16 run of this size published; Megatron-Core's strong scaling of GPT-3 at batch 1152 from 96 to 4608 "
      "H100 goes from 47% to 42% MFU (Megatron-LM README)",
      "the A100 run's layout (tp 8 x pp 8), with the distributed optimizer and no recompute"},
-    {"llama3-70b-h100", "h100-dgx.json", {80, 8192, 64, 8, 128256, 8192, 256, DT_BF16, 28672, 1},
+    {"llama3-70b-h100", "h100-dgx.json", {80, 8192, 64, 8, 128256, 8192, 256, DT_BF16, 28672, 1, DENSE},
      256, 4, 4, 2, 5, 1, 1, DT_PLAN_RECOMPUTE_NONE, 0, 0,
      "no bf16 H100 figure published (every NeMo / Megatron-Bridge H100 row of Llama-3 70B is FP8: 64 GPUs, "
      "TP 4 PP 4 CP 2 VP 5, 738 TFLOP/s, NeMo 24.07); the layout is Megatron-Bridge's bf16 recipe "
      "(llama3_70b_pretrain_64gpu_h100_bf16_config: TP 4, PP 4, CP 2, VP 5, MBS 1, GBS 256, sequence 8192)",
      "Llama 3 paper Table 3: 80 layers, 8192, FFN 28,672, 64 heads, 8 KV heads; vocab 128,256"},
-    {"llama3-405b-h100", "h100-dgx.json", {126, 16384, 128, 8, 128256, 8192, 2048, DT_BF16, 53248, 1},
+    {"llama3-405b-h100", "h100-dgx.json", {126, 16384, 128, 8, 128256, 8192, 2048, DT_BF16, 53248, 1, DENSE},
      8192, 8, 16, 1, 2, 1, 1, DT_PLAN_RECOMPUTE_NONE, 430, 0,
      "Llama 3 Herd of Models (arXiv 2407.21783) Table 4: 8,192 H100, TP 8, CP 1, PP 16, DP 64, sequence 8,192, "
      "32 sequences per DP rank, 430 TFLOP/s per GPU, 43% BF16 MFU; 'without activation checkpointing'",
