@@ -13,8 +13,11 @@
        planner: layouts N, median error E%, max error M%, memory max error P%, first-ranked within R% of best
 
    build/bench/plan [--rounds 3] [--steps 12] [--gpt build/examples/gpt] [--dlrm build/examples/dlrm]
-                    [--only gpt|dlrm] [--quick]
-   The mpirun command comes from $DT_MPIRUN (./build.sh env), else "mpirun --oversubscribe". */
+                    [--only gpt|dlrm] [--np N] [--quick]
+   The mpirun command comes from $DT_MPIRUN (./build.sh env), else "mpirun --oversubscribe"; the
+   bench adds "--map-by core --bind-to core:overload-allowed" (BIND): 4 ranks on 2 cores left to
+   the OS move between the cores, and their steps ran 18% slower and spread over 19% between runs
+   (bound: 3%), which the planner's profile, measured minutes apart, cannot predict. */
 #define _POSIX_C_SOURCE 200809L
 #define DT_TENSOR_IMPLEMENTATION
 #include "../dt_tensor.h"
@@ -95,8 +98,12 @@ static row ROWS[] = {
 };
 #define NROWS ((int)(sizeof ROWS / sizeof ROWS[0]))
 
-static char g_mpirun[512], g_gpt[512], g_dlrm[512];
+static char g_mpirun[640], g_gpt[512], g_dlrm[512];
+#define BIND "--map-by core --bind-to core:overload-allowed" /* Open MPI's: a rank a core, in turn */
 static int g_only = -1; /* --only gpt (0) or dlrm (1): that model's rows alone */
+static int g_np = 0;    /* --np N: the rows of that world size alone */
+
+static int wanted(const row *r) { return g_only != !r->dlrm && (!g_np || r->np == g_np); }
 
 /* runs cmd, returns its output (malloc'd, NUL-terminated) and *rc */
 static char *run(const char *cmd, int *rc) {
@@ -142,7 +149,7 @@ static void profile_path(const row *r, const char *logdir, char *buf, size_t n) 
 
 /* --plan: the prediction for the row's layout (auto: for the planner's first choice) */
 static void predict(row *r, const char *profile) {
-    char cmd[2048], fl[256];
+    char cmd[4096], fl[256];
     const char *s;
     char *out;
     int rc;
@@ -231,17 +238,18 @@ int main(int argc, char **argv) {
     double err[NROWS], merr[NROWS], emax = 0, mmax = 0, first_gap = 0, t0 = now_s();
     snprintf(g_gpt, sizeof g_gpt, "build/examples/gpt");
     snprintf(g_dlrm, sizeof g_dlrm, "build/examples/dlrm");
-    snprintf(g_mpirun, sizeof g_mpirun, "%s", mr && *mr ? mr : "mpirun --oversubscribe");
+    snprintf(g_mpirun, sizeof g_mpirun, "%.500s %s", mr && *mr ? mr : "mpirun --oversubscribe", BIND);
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--gpt") && i + 1 < argc) snprintf(g_gpt, sizeof g_gpt, "%s", argv[++i]);
         else if (!strcmp(argv[i], "--dlrm") && i + 1 < argc) snprintf(g_dlrm, sizeof g_dlrm, "%s", argv[++i]);
         else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--np") && i + 1 < argc) g_np = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && (!strcmp(argv[i + 1], "gpt") || !strcmp(argv[i + 1], "dlrm")))
             g_only = !strcmp(argv[++i], "dlrm");
         else {
-            fprintf(stderr, "usage: plan [--rounds N (3)] [--steps N (12)] [--gpt PATH] [--dlrm PATH] [--only gpt|dlrm] [--quick]\n");
+            fprintf(stderr, "usage: plan [--rounds N (3)] [--steps N (12)] [--gpt PATH] [--dlrm PATH] [--only gpt|dlrm] [--np N] [--quick]\n");
             return 2;
         }
     }
@@ -263,17 +271,17 @@ int main(int argc, char **argv) {
                     remove(path);
                 }
             for (i = 0; i < NROWS; i++)
-                if (ROWS[i].np == np && g_only != !ROWS[i].dlrm) {
+                if (ROWS[i].np == np && wanted(&ROWS[i])) {
                     profile_path(&ROWS[i], logdir, path, sizeof path);
                     predict(&ROWS[i], path);
                 }
         }
         for (i = 0; i < NROWS; i++)
-            if (g_only != !ROWS[i].dlrm) measure(&ROWS[i], steps, logdir);
+            if (wanted(&ROWS[i])) measure(&ROWS[i], steps, logdir);
     }
-    printf("planner check: examples/gpt %s, %d rounds of %d steps (median step of steps 4..%d, median over rounds; each "
+    printf("planner check: %s; examples/gpt %s, %d rounds of %d steps (median step of steps 4..%d, median over rounds; each "
            "round's profiles measured at its start); examples/dlrm %s, %d steps (steps 4..%d; each prediction from a "
-           "profile measured by its own run); the MoE rows %s\n", MODEL, rounds, steps, steps, DLRM_MODEL, DLRM_STEPS,
+           "profile measured by its own run); the MoE rows %s\n", g_mpirun, MODEL, rounds, steps, steps, DLRM_MODEL, DLRM_STEPS,
            DLRM_STEPS, MOE_MODEL);
     printf("%-3s %-80s %10s %10s %7s %9s %9s %7s\n", "np", "layout", "pred ms", "meas ms", "err", "pred MB", "meas MB",
            "err");
@@ -281,7 +289,7 @@ int main(int argc, char **argv) {
         row *r = &ROWS[i];
         double m;
         char name[200];
-        if (g_only == !r->dlrm) continue;
+        if (!wanted(r)) continue;
         m = median(r->meas, r->rounds);
         r->pred_s = median(r->preds, r->rounds);
         snprintf(name, sizeof name, "%s%s%s", r->moe ? "moe " : "", !r->dlrm && !strcmp(r->flags, "auto") ? "auto: " : "",
@@ -295,13 +303,13 @@ int main(int argc, char **argv) {
         nl++;
     }
     for (k = 0; k < 3; k++) /* the planner's first choice against the best measured, per model and world */
-        for (np = 1; np <= 4 && g_only != (k == 1); np *= 2) {
+        for (np = 1; np <= 4; np *= 2) {
             double best = 1e30, mine = 0;
             const char *first = k == 1 ? "plan" : "auto";
             int have = 0;
             for (i = 0; i < NROWS; i++) {
                 double m;
-                if (ROWS[i].np != np || ROWS[i].dlrm != (k == 1) || ROWS[i].moe != (k == 2)) continue;
+                if (ROWS[i].np != np || ROWS[i].dlrm != (k == 1) || ROWS[i].moe != (k == 2) || !wanted(&ROWS[i])) continue;
                 have = 1;
                 m = median(ROWS[i].meas, ROWS[i].rounds);
                 if (m < best) best = m;

@@ -12,7 +12,12 @@
    batch (cp ranks of a dp rank read the same samples), and bad sizes are named errors (a negative
    cp, a cp that does not divide the world). Ranks asking for different grids (dp x tp = W/2 x 2
    beside dp = W; cp 2 beside tp 2), or one rank with a bad desc, fail on every rank, naming the
-   first size that differs and the ranks; descs equal after the defaults pass. */
+   first size that differs and the ranks; descs equal after the defaults pass. On Linux, with more
+   ranks than CPUs, describe says how many ranks are not bound to a CPU (counted here with
+   sched_getaffinity against sysconf's online CPUs), and says nothing of it with enough CPUs. */
+#if defined(__linux__) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE /* sched_getaffinity: the binding read another way than dt's /proc lists */
+#endif
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"
@@ -20,6 +25,45 @@
 #include "dt_test.h"
 
 static dt_ctx C;
+
+#ifdef __linux__
+#include <sched.h>
+#include <unistd.h>
+/* describe's note on a host with more ranks than CPUs (this test runs on one host): the number of
+   ranks not bound to one CPU, each rank's affinity read with sched_getaffinity */
+static void oversubscription_noted(dt_comm *world, int W, int R) {
+    cpu_set_t set;
+    double loose, online = (double)sysconf(_SC_NPROCESSORS_ONLN);
+    dt_layout *l = NULL;
+    dt_strbuf sb;
+    char want[160];
+    int ok;
+    CPU_ZERO(&set);
+    loose = sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) >= online && online > 1;
+    dt_comm_allreduce_f64(world, &loose, 1, DT_REDUCE_SUM);
+    if (dt_layout_create(world, &l, NULL)) {
+        dt_test_check_all("describe_notes_ranks_over_cpus", 0, "layout: %s", dt_ctx_error(&C));
+        return;
+    }
+    memset(&sb, 0, sizeof sb);
+    sb.ctx = &C;
+    ok = dt_layout_describe(l, &sb) == DT_OK && sb.text;
+    if (W <= online) { /* enough CPUs: no note */
+        ok = ok && !strstr(sb.text, " CPUs");
+        snprintf(want, sizeof want, "no note of ranks on CPUs (%d ranks, %.0f CPUs)", W, online);
+    } else if (loose > 0) {
+        snprintf(want, sizeof want, "runs %d ranks on %.0f CPUs, %.0f of them not bound to a CPU", W, online, loose);
+        ok = ok && strstr(sb.text, want) && strstr(sb.text, "--bind-to core:overload-allowed");
+    } else {
+        snprintf(want, sizeof want, "runs %d ranks on %.0f CPUs, each bound to one", W, online);
+        ok = ok && strstr(sb.text, want);
+    }
+    if (R == 0 && W > online) printf("%s", sb.text);
+    dt_test_check_all("describe_notes_ranks_over_cpus", ok, "want \"%s\" in:\n%s", want, sb.text ? sb.text : "(none)");
+    dt_strbuf_free(&sb);
+    dt_layout_free(l);
+}
+#endif
 
 /* The coordinates (dp, cp, tp, pp) of member i of group k of l: the group's own varying
    coordinates from i, the others this rank's. */
@@ -329,6 +373,9 @@ int main(void) {
     }
 
     layouts_that_differ_between_ranks(world, W, R);
+#ifdef __linux__
+    oversubscription_noted(world, W, R);
+#endif
 
     /* bad sizes: named on every rank, nothing made */
     memset(&d, 0, sizeof d);
