@@ -270,6 +270,7 @@ typedef struct dt_plan_prediction {
     /* bytes, the largest rank's (the stage that holds most) */
     double mem_params, mem_grads, mem_optimizer, mem_activations, mem_transient, mem_total;
     int in_flight;               /* micro-batches whose activations the fullest stage holds at once */
+    int pp_buffers;              /* dt_pp_run's message buffers the busiest stage's pool grows to (in mem_activations) */
     double mfu;                  /* paper profiles: dt_plan_model_flops x tokens/s / (ranks x peak); else 0 */
 } dt_plan_prediction;
 
@@ -1621,6 +1622,53 @@ static dt_status dt__plan_spin_bwd(void *u, int c, int i, dt_tensor *din, const 
     return DT_OK;
 }
 
+/* The message buffers dt_pp_run's pool grows to on the stage that needs most, from the schedule's
+   lists: a posted receive holds one until its micro-batch's last backward pass on that chunk; a
+   compute that sends (F before the last virtual stage, B / BI after the first) takes one, and the
+   send holds it until the stage next waits for a receive (the compute of a received activation or
+   gradient). On CPU, MPI moves a message of rendezvous size only while both ends are inside MPI,
+   and a stage that computes between its tests does not finish its sends before it blocks in a
+   wait: GPipe's stage 0 holds its m sends and the 2 receives it posted first (m + 2). The pool
+   keeps what it grew to, so its peak is what dt_peak_bytes sees. */
+static int dt__plan_pp_buffers(const dt_pp_schedule *s) {
+    int st, j, best = 0, V = s->stages * s->chunks;
+    for (st = 0; st < s->stages; st++) {
+        int held = 0, peak = 0, sends = 0, slots = s->chunks * s->micro;
+        unsigned char *in = (unsigned char *)calloc((size_t)slots * 2, 1);
+        if (!in) return 0;
+        for (j = 0; j < s->count[st]; j++) {
+            const dt_pp_action *a = &s->actions[st][j];
+            int k = a->chunk * s->stages + st, at = a->chunk * s->micro + a->micro;
+            if (a->chunk < 0 || a->chunk >= s->chunks || a->micro < 0 || a->micro >= s->micro) continue;
+            switch (a->op) {
+            case DT_PP_RECV_ACT: case DT_PP_RECV_GRAD:
+                held++;
+                in[2 * at + (a->op == DT_PP_RECV_GRAD)] = 1;
+                break;
+            case DT_PP_SEND_ACT: case DT_PP_SEND_GRAD:
+                sends++;
+                break;
+            case DT_PP_F: case DT_PP_B: case DT_PP_BI: case DT_PP_BW: {
+                int waits = a->op == DT_PP_F ? k > 0 : a->op != DT_PP_BW && k < V - 1;
+                if (waits) { held -= sends; sends = 0; }
+                held += a->op == DT_PP_F ? k < V - 1 : a->op != DT_PP_BW && k > 0;
+                if (held > peak) peak = held;
+                if (a->op == DT_PP_B || a->op == DT_PP_BW) { /* the micro-batch's last pass: its buffers go back */
+                    held -= in[2 * at] + in[2 * at + 1];
+                    in[2 * at] = in[2 * at + 1] = 0;
+                }
+                break;
+            }
+            default: break;
+            }
+            if (held > peak) peak = held;
+        }
+        free(in);
+        if (peak > best) best = peak;
+    }
+    return best;
+}
+
 /* The pipeline's step: schedule s simulated with stage s's costs fst[s], bst[s] (timed with every
    rank computing) and message delay d. Where a host has more ranks (rph) than cores, the blocks
    were timed at a share min(1, cores / rph) of a core, but in a pipeline only the busy share u of
@@ -2495,6 +2543,7 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
         }
     }
     out->in_flight = 1; /* the schedule's activations in flight: every schedule dt makes reaches its bound */
+    out->pp_buffers = 0;
     for (st = 0; l.pp > 1 && st < l.pp; st++) {
         int bd = dt_pp_schedule_bound(l.schedule, l.pp, l.micro, l.chunks, st);
         if (bd > out->in_flight) out->in_flight = bd;
@@ -2568,6 +2617,7 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
             for (st = 0; st < l.pp; st++) if (sch->busy[st] > busy) busy = sch->busy[st];
             bubble = makespan - busy;
             out->in_flight = stt.peak_max;
+            out->pp_buffers = dt__plan_pp_buffers(sch);
         }
         /* the tied head: stage 0 sends wte to the last stage and its gradient comes back, each step */
         makespan += 2 * dt__plan_coll(p, DT_PLAN_SENDRECV, 2, (l.pp - 1) * stride, (double)m->vocab / l.tp * C * 4);
@@ -2602,7 +2652,11 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
             out->mem_activations += sets * (A * (2 * Nr * C + Nl * C) + nmc * dt__plan_at(x->rows, x->acts, rows)) +
                                     nm_max * dt__plan_at(x->rows, x->layer, rows);
         }
-        if (l.pp > 1) out->mem_params += 2.0 * (double)m->vocab / l.tp * m->width * 4; /* the tied head's copy, grad */
+        if (l.pp > 1) { /* the tied head's copy and grad; the runtime's message buffers (a bound's search: m + 2) */
+            out->mem_params += 2.0 * (double)m->vocab / l.tp * m->width * 4;
+            if (!out->pp_buffers) out->pp_buffers = out->in_flight + 2;
+            out->mem_activations += out->pp_buffers * (rows / (l.sp ? l.tp : 1) * C * A);
+        }
         if (p->paper) /* NCCL reduces in place; ZeRO 3 holds a gathered block and the next one */
             out->mem_transient = l.zero == 3 ? 2 * K * dt__plan_block_params(m, l.tp) : 0;
         else { /* the ops' peak above their tensors: the block's, or a MoE layer's where larger */

@@ -1229,6 +1229,48 @@ static void pipe_kinds(void) {
     free(q);
 }
 
+/* dt_pp_run's message buffers at pp 2, m 4, counted by hand from the schedules' lists (sends held
+   until the stage next waits for a receive, receives until their micro-batch's last backward):
+   GPipe's stage 0 posts RG0 RG1, then F0..F3 send without a wait in between: 2 + 4 = 6. 1F1B's
+   stage 0: RG0 RG1 F0 SA0 F1 (4 held: 2 receives, SA0, F1's output), then B0 waits and frees the
+   sends; stage 1: RA0 RA1 F0 RA2 B0 (3 receives and B0's gradient: 4). ZB-H1's stage 1: RA0 RA1
+   F0 RA2 BI0 (4), SG0, F1 waits (3), RA3 (4), BI1 (5). */
+static void pipe_buffers(void) {
+    dt_plan_model m = model();
+    dt_plan_profile *p = (dt_plan_profile *)malloc(sizeof *p);
+    static const dt_pp_kind kinds[3] = {DT_PP_GPIPE, DT_PP_1F1B, DT_PP_ZB_H1};
+    static const int want[3] = {6, 4, 5};
+    static const double d[3] = {1e-3, 1e-3, 1e-3};
+    dt_plan_layout l;
+    dt_plan_prediction a;
+    int k;
+    if (!DT_TEST_CHECK("plan_pp_buffers_allocate", p != NULL)) return;
+    hand_profile(p, 2, &m);
+    pipe_set(p, 3, kinds, d);
+    for (k = 0; k < 3; k++) {
+        char name[96];
+        memset(&l, 0, sizeof l);
+        l.pp = 2; l.micro = 4; l.schedule = kinds[k];
+        snprintf(name, sizeof name, "plan_pp_buffers_%s_pp2_m4_is_%d", dt_pp_kind_name(kinds[k]), want[k]);
+        if (dt_plan_predict(&g_ctx, p, &l, &a)) {
+            DT_TEST_CHECK(name, 0);
+            printf("  %s\n", dt_ctx_error(&g_ctx));
+            continue;
+        }
+        if (!DT_TEST_CHECK(name, a.pp_buffers == want[k])) printf("  got %d\n", a.pp_buffers);
+    }
+    /* the buffers are in the memory: 1F1B's stage 0 holds 2 micro-batches' blocks (the sets, as
+       activations() checks them) and 4 buffers of one micro-batch's [rows, C] */
+    memset(&l, 0, sizeof l);
+    l.pp = 2; l.micro = 4; l.schedule = DT_PP_1F1B;
+    if (!dt_plan_predict(&g_ctx, p, &l, &a)) {
+        double msg = (double)(m.batch / 4) * m.seq * m.width * 4;
+        double sets = a.in_flight * dt__plan_acts_bytes(&m, &a.layout, m.layers / 2, 4, 0, NULL);
+        dt_test_close("plan_pp_buffers_in_memory", a.mem_activations, sets + 4 * msg, 1e-6 * sets);
+    }
+    free(p);
+}
+
 int main(void) {
     dt_ctx_init(&g_ctx, NULL);
     pure_dp_step();
@@ -1247,6 +1289,7 @@ int main(void) {
     offload();
     moe();
     pipe_kinds();
+    pipe_buffers();
     dt_ctx_shutdown(&g_ctx);
     return dt_test_finish();
 }
