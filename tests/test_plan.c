@@ -94,6 +94,35 @@ static void pure_dp_step(void) {
     dt_test_close("plan_overlap_hides_its_share_of_the_allreduce", pr.comm_s, 0.5 * coll(4 * psi), 1e-12);
 }
 
+/* ZeRO's copies, counted by hand from dt_zero's code in passes over the whole model's bytes
+   (copy_s_per_byte 1e-10 a byte, psi params of 4 bytes): stage 1 packs the grads and unpacks the
+   values once a step (2 x (4 + 4) psi); stage 2 fills the unit grads, fills the pack and packs
+   (3 x 4 psi) every micro-batch and gathers the values at the step (2 x 4 psi); stage 3 also
+   gathers twice a micro-batch (3 x 4 psi each). */
+static void zero_copies(void) {
+    dt_plan_model m = model();
+    dt_plan_profile p;
+    dt_plan_layout l;
+    dt_plan_prediction a, b;
+    double psi = 4 * block_params(64, 1) + 256 * 64 + 32 * 64 + 2 * 64, per[4] = {0, 2 * 8, 0, 0}, micro[4] = {0, 0, 12, 36};
+    int z;
+    per[2] = 2 * 4; /* stage 2's step: the values */
+    hand_profile(&p, 2, &m);
+    for (z = 1; z <= 3; z++) {
+        char name[96];
+        memset(&l, 0, sizeof l);
+        l.dp = 2; l.zero = z; l.micro = 1;
+        if (dt_plan_predict(&g_ctx, &p, &l, &a)) { DT_TEST_CHECK("plan_zero_copies_predict", 0); return; }
+        l.micro = 2;
+        if (dt_plan_predict(&g_ctx, &p, &l, &b)) { DT_TEST_CHECK("plan_zero_copies_predict", 0); return; }
+        /* micro 2 against 1: the per-micro-batch passes once more (the AdamW and all-reduces alike) */
+        snprintf(name, sizeof name, "plan_zero%d_copies_per_micro_batch", z);
+        dt_test_close(name, b.optimizer_s - a.optimizer_s, 1e-10 * psi * micro[z], 1e-15);
+        snprintf(name, sizeof name, "plan_zero%d_copies_at_micro_1", z);
+        dt_test_close(name, a.optimizer_s - 2e-9 * psi / 2 - 2 * coll(8), 1e-10 * psi * (per[z] + micro[z]), 1e-15);
+    }
+}
+
 static void pipeline_stage_times(void) {
     dt_plan_model m = model();
     dt_plan_profile p;
@@ -1274,6 +1303,7 @@ static void pipe_buffers(void) {
 int main(void) {
     dt_ctx_init(&g_ctx, NULL);
     pure_dp_step();
+    zero_copies();
     pipeline_stage_times();
     zero_memory();
     activations();
