@@ -1054,10 +1054,7 @@ extern "C" {
 /* dt_tensor.h's DT__TRY is private to its implementation (which may be in another file) */
 
 #define DT__PL_HOST_MAX 64 /* bytes of a host name in dt_layout_describe's records */
-/* a rank's record: rank, dp, cp, tp, pp, the host's online CPUs and the CPUs this process may run
-   on, as 7 little-endian u32, then the host name */
-#define DT__PL_HOST_AT 28
-#define DT__PL_REC (DT__PL_HOST_AT + DT__PL_HOST_MAX)
+#define DT__PL_REC (20 + DT__PL_HOST_MAX) /* rank, dp, cp, tp, pp as 5 little-endian u32, then the host */
 
 static void dt__pp_keep_free(dt_ctx *ctx, struct dt__pp_keep *k);
 static void dt__cp_keep_free(dt_ctx *ctx, struct dt__cp_keep *k);
@@ -1244,34 +1241,6 @@ static int dt__pl_get_u32(const unsigned char *p) {
     return (int)((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24));
 }
 
-/* The number of CPUs in a Linux CPU list ("0-3,8,10-11"): the first line of path that starts with
-   key (NULL: the first line); 0 where the file cannot be read (another OS) or holds no list */
-static int dt__pl_cpu_count(const char *path, const char *key) {
-    char line[4096];
-    const char *s = NULL;
-    FILE *f = fopen(path, "r");
-    int n = 0;
-    if (!f) return 0;
-    while (!s && fgets(line, sizeof line, f))
-        if (!key || !strncmp(line, key, strlen(key))) s = line + (key ? strlen(key) : 0);
-    fclose(f);
-    while (s && *s) {
-        long a, b;
-        char *e;
-        while (*s == ' ' || *s == '\t' || *s == ',') s++;
-        if (*s < '0' || *s > '9') break;
-        a = b = strtol(s, &e, 10);
-        s = e;
-        if (*s == '-') {
-            b = strtol(s + 1, &e, 10);
-            s = e;
-        }
-        if (a < 0 || b < a || b - a >= (1L << 20) || n > (1 << 20)) return 0; /* not a list this reads */
-        n += (int)(b - a + 1);
-    }
-    return n;
-}
-
 /* The hosts of the records (world rank order), and a warning for each tp (and cp) group whose
    ranks are on more than one host: tp all-reduces every layer, cp passes K/V every layer, so
    both belong inside a host (Megatron's order puts them innermost for that; a host holding fewer
@@ -1280,33 +1249,10 @@ static void dt__pl_describe_hosts(const dt_layout *l, dt_strbuf *out, const unsi
     int r, q, hosts = 0, warned = 0, g;
     for (r = 0; r < l->size; r++) { /* distinct host names, counted at their first rank */
         for (q = 0; q < r; q++)
-            if (!strcmp((const char *)rec + (size_t)q * DT__PL_REC + DT__PL_HOST_AT, (const char *)rec + (size_t)r * DT__PL_REC + DT__PL_HOST_AT)) break;
+            if (!strcmp((const char *)rec + (size_t)q * DT__PL_REC + 20, (const char *)rec + (size_t)r * DT__PL_REC + 20)) break;
         hosts += q == r;
     }
     dt_strbuf_printf(out, "  hosts: %d, %d ranks on average each\n", hosts, l->size / (hosts ? hosts : 1));
-    for (r = 0, g = 0; r < l->size && g < 4; r++) { /* a host with more ranks than CPUs: are they bound? */
-        const unsigned char *a = rec + (size_t)r * DT__PL_REC;
-        int n = 0, loose = 0, online = dt__pl_get_u32(a + 20);
-        for (q = 0; q < r; q++)
-            if (!strcmp((const char *)rec + (size_t)q * DT__PL_REC + DT__PL_HOST_AT, (const char *)a + DT__PL_HOST_AT)) break;
-        if (q < r || online < 1) continue; /* not the host's first rank, or no CPU count on this OS */
-        for (q = r; q < l->size; q++) {
-            const unsigned char *b = rec + (size_t)q * DT__PL_REC;
-            if (strcmp((const char *)b + DT__PL_HOST_AT, (const char *)a + DT__PL_HOST_AT)) continue;
-            n++;
-            loose += dt__pl_get_u32(b + 24) >= online && online > 1;
-        }
-        if (n <= online) continue;
-        g++;
-        if (loose)
-            dt_strbuf_printf(out, "  note: host %.20s runs %d ranks on %d CPUs, %d of them not bound to a CPU: the OS "
-                             "moves them between CPUs, and steps run slower and unsteady (examples/gpt at dp 4 on 2 "
-                             "cores ran 18%% slower unbound, its runs spread over 19%% against 3%% bound); Open MPI "
-                             "binds them: mpirun --map-by core --bind-to core:overload-allowed\n", (const char *)a + DT__PL_HOST_AT, n, online, loose);
-        else
-            dt_strbuf_printf(out, "  host %.20s runs %d ranks on %d CPUs, each bound to one\n",
-                             (const char *)a + DT__PL_HOST_AT, n, online);
-    }
     if (dt_comm_hosts(l->world) != hosts)
         dt_strbuf_printf(out, "  hosts as the collectives see them: %d (modelled: dt_comm_desc.host_size)\n",
                          dt_comm_hosts(l->world));
@@ -1329,14 +1275,14 @@ static void dt__pl_describe_hosts(const dt_layout *l, dt_strbuf *out, const unsi
         int span = g ? l->tp * l->cp : l->tp;
         if (span == 1 || (g && l->cp == 1)) continue;
         for (r = 0; r < l->size && warned < 4; r += span) {
-            const char *h0 = (const char *)rec + (size_t)r * DT__PL_REC + DT__PL_HOST_AT;
+            const char *h0 = (const char *)rec + (size_t)r * DT__PL_REC + 20;
             for (q = r + 1; q < r + span; q++)
-                if (strcmp(h0, (const char *)rec + (size_t)q * DT__PL_REC + DT__PL_HOST_AT)) break;
+                if (strcmp(h0, (const char *)rec + (size_t)q * DT__PL_REC + 20)) break;
             if (q == r + span) continue;
             dt_strbuf_printf(out, "  warning: the %s of world ranks %d..%d spans hosts (%.20s and %.20s): its every-layer "
                              "collectives cross the network; expected ranks per host to be a multiple of %s = %d\n",
                              g ? "tp x cp block" : "tp group", r, r + span - 1, h0,
-                             (const char *)rec + (size_t)q * DT__PL_REC + DT__PL_HOST_AT, g ? "tp x cp" : "tp", span);
+                             (const char *)rec + (size_t)q * DT__PL_REC + 20, g ? "tp x cp" : "tp", span);
             warned++;
         }
     }
@@ -1371,14 +1317,11 @@ DT_API dt_status dt_layout_describe(dt_layout *l, dt_strbuf *out) {
     dt__pl_put_u32(rec + 12, (uint32_t)l->tp_rank);
     dt__pl_put_u32(rec + 16, (uint32_t)l->pp_rank);
 #ifdef DT__PL_HOSTNAME
-    if (gethostname((char *)rec + DT__PL_HOST_AT, DT__PL_HOST_MAX - 1) != 0)
-        snprintf((char *)rec + DT__PL_HOST_AT, DT__PL_HOST_MAX, "?");
+    if (gethostname((char *)rec + 20, DT__PL_HOST_MAX - 1) != 0) snprintf((char *)rec + 20, DT__PL_HOST_MAX, "?");
 #else
-    snprintf((char *)rec + DT__PL_HOST_AT, DT__PL_HOST_MAX, "?");
+    snprintf((char *)rec + 20, DT__PL_HOST_MAX, "?");
 #endif
-    rec[DT__PL_HOST_AT + DT__PL_HOST_MAX - 1] = 0;
-    dt__pl_put_u32(rec + 20, (uint32_t)dt__pl_cpu_count("/sys/devices/system/cpu/online", NULL));
-    dt__pl_put_u32(rec + 24, (uint32_t)dt__pl_cpu_count("/proc/self/status", "Cpus_allowed_list:"));
+    rec[20 + DT__PL_HOST_MAX - 1] = 0;
     st = dt_comm_allgather(l->world, &all, &mine);
     dt_tensor_free(l->ctx, &mine);
     if (st) {
@@ -1398,7 +1341,7 @@ DT_API dt_status dt_layout_describe(dt_layout *l, dt_strbuf *out) {
     dt_strbuf_printf(out, "  rank  host                  dp  cp  tp  pp\n");
     for (r = 0; r < l->size; r++) {
         const unsigned char *q = rec + (size_t)r * DT__PL_REC;
-        dt_strbuf_printf(out, "  %4d  %-20.20s %3d %3d %3d %3d\n", dt__pl_get_u32(q), (const char *)q + DT__PL_HOST_AT,
+        dt_strbuf_printf(out, "  %4d  %-20.20s %3d %3d %3d %3d\n", dt__pl_get_u32(q), (const char *)q + 20,
                          dt__pl_get_u32(q + 4), dt__pl_get_u32(q + 8), dt__pl_get_u32(q + 12), dt__pl_get_u32(q + 16));
     }
     /* the grid: per pipeline stage, which world rank sits at ((dp, cp), tp) */
@@ -1418,6 +1361,11 @@ DT_API dt_status dt_layout_describe(dt_layout *l, dt_strbuf *out) {
     }
     dt__pl_describe_hosts(l, out, rec);
     dt_tensor_free(l->ctx, &all);
+    { /* more ranks than CPUs on a host: bound or not (collective) */
+        char note[512];
+        DT__TRY(dt_comm_cpu_note(l->world, note, sizeof note));
+        if (note[0]) dt_strbuf_printf(out, "  %s\n", note);
+    }
     if (out->failed) return dt_ctx_set_error(l->ctx, DT_ERR_OOM, "%s: out of memory for the text", fn);
     return DT_OK;
 }

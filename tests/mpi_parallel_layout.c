@@ -14,7 +14,8 @@
    beside dp = W; cp 2 beside tp 2), or one rank with a bad desc, fail on every rank, naming the
    first size that differs and the ranks; descs equal after the defaults pass. On Linux, with more
    ranks than CPUs, describe says how many ranks are not bound to a CPU (counted here with
-   sched_getaffinity against sysconf's online CPUs), and says nothing of it with enough CPUs. */
+   sched_getaffinity against sysconf's online CPUs), and says nothing of it with enough CPUs;
+   dt_comm_cpus gives the counts sysconf and sched_getaffinity give. */
 #if defined(__linux__) && !defined(_GNU_SOURCE)
 #define _GNU_SOURCE /* sched_getaffinity: the binding read another way than dt's /proc lists */
 #endif
@@ -32,6 +33,7 @@ static dt_ctx C;
 /* describe's note on a host with more ranks than CPUs (this test runs on one host): the number of
    ranks not bound to one CPU, each rank's affinity read with sched_getaffinity */
 static void oversubscription_noted(dt_comm *world, int W, int R) {
+    int on = -1, al = -1;
     cpu_set_t set;
     double loose, online = (double)sysconf(_SC_NPROCESSORS_ONLN);
     dt_layout *l = NULL;
@@ -52,13 +54,19 @@ static void oversubscription_noted(dt_comm *world, int W, int R) {
         ok = ok && !strstr(sb.text, " CPUs");
         snprintf(want, sizeof want, "no note of ranks on CPUs (%d ranks, %.0f CPUs)", W, online);
     } else if (loose > 0) {
-        snprintf(want, sizeof want, "runs %d ranks on %.0f CPUs, %.0f of them not bound to a CPU", W, online, loose);
+        snprintf(want, sizeof want, "%.0f of the %d ranks on hosts with more ranks than CPUs (up to %d on %.0f CPUs) are "
+                 "not bound", loose, W, W, online);
         ok = ok && strstr(sb.text, want) && strstr(sb.text, "--bind-to core:overload-allowed");
     } else {
-        snprintf(want, sizeof want, "runs %d ranks on %.0f CPUs, each bound to one", W, online);
+        snprintf(want, sizeof want, "%d ranks on hosts with more ranks than CPUs (up to %d on %.0f CPUs), each bound "
+                 "to one", W, W, online);
         ok = ok && strstr(sb.text, want);
     }
     if (R == 0 && W > online) printf("%s", sb.text);
+    dt_comm_cpus(&on, &al); /* the same counts another way: sysconf's CPUs, sched_getaffinity's */
+    dt_test_check_all("comm_cpus_match_sysconf_and_affinity", on == (int)online && al == CPU_COUNT(&set),
+                      "dt_comm_cpus: online %d allowed %d; sysconf %.0f, sched_getaffinity %d", on, al, online,
+                      CPU_COUNT(&set));
     dt_test_check_all("describe_notes_ranks_over_cpus", ok, "want \"%s\" in:\n%s", want, sb.text ? sb.text : "(none)");
     dt_strbuf_free(&sb);
     dt_layout_free(l);

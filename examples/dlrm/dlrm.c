@@ -1085,12 +1085,14 @@ static int local_device(void) {
 }
 
 /* The host grid at start (collective): each host's name and its ranks (a table-row table is
-   row-wise over one host's ranks, so this is where its all-to-alls stay). */
+   row-wise over one host's ranks, so this is where its all-to-alls stay), and a note where a host
+   runs more ranks than it has CPUs (bound to them or not: dt_comm_cpu_note). */
 static void print_hosts(dt_comm *world) {
     enum { HN = 64 };
     dt_tensor mine, all;
     dt_tensor_desc td;
     int r, q, W = dt_comm_size(world);
+    char note[512];
     memset(&td, 0, sizeof td);
     td.dtype = DT_U8; td.device = DT_CPU; td.shape[0] = HN;
     CHECK(dt_tensor_create(g_ctx, &mine, &td));
@@ -1099,6 +1101,7 @@ static void print_hosts(dt_comm *world) {
     memset(mine.data, 0, HN);
     if (gethostname((char *)mine.data, HN - 1) != 0) snprintf((char *)mine.data, HN, "?");
     CHECK(dt_comm_allgather(world, &all, &mine));
+    CHECK(dt_comm_cpu_note(world, note, sizeof note));
     if (g_rank == 0) {
         const char *h = (const char *)all.data;
         printf("hosts (%d ranks, %d on this host):", W, dt_comm_local_size(world));
@@ -1111,6 +1114,7 @@ static void print_hosts(dt_comm *world) {
             printf("]");
         }
         printf("\n");
+        if (note[0]) printf("%s\n", note);
     }
     dt_tensor_free(g_ctx, &mine);
     dt_tensor_free(g_ctx, &all);
