@@ -361,7 +361,8 @@ DT_API void dt_comm_cpus(int *online, int *allowed);
 /* Collective over c: a line into out (n bytes; "" when there is nothing to say) when a host runs
    more of c's ranks than it has CPUs: how many such ranks are not bound to a CPU (the OS moves
    those between CPUs: slower, unsteady steps) and the mpirun options that bind them, or that they
-   are bound. The examples print it at start. */
+   are bound. The examples print it at start. A rank passing no buffer gets DT_ERR_ARG after taking
+   part (the others get the note). */
 DT_API dt_status dt_comm_cpu_note(dt_comm *c, char *out, size_t n);
 /* The all-reduce's and the all-to-all's choice on c (as desc.hier: 0 auto, 1 on, -1 never);
    every rank must set the same at the same point (on a group that spans hosts, a collective
@@ -1610,21 +1611,23 @@ DT_API void dt_comm_cpus(int *online, int *allowed) {
 }
 
 DT_API dt_status dt_comm_cpu_note(dt_comm *c, char *out, size_t n) {
-    int online, allowed;
-    double v[4]; /* ranks on a crowded host, of them not bound (summed); the most ranks over CPUs, their CPUs */
+    int online, allowed, bad = !out || n == 0;
+    /* summed: ranks on hosts with more ranks than CPUs, and of them those not bound; then the most
+       ranks a CPU on any host, and that host's CPUs */
+    double v[4];
     dt_status st;
     if (!c) return DT_ERR_ARG;
-    if (!out || n == 0) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_cpu_note: out is NULL or n is 0");
-    out[0] = 0;
-    dt_comm_cpus(&online, &allowed);
-    v[0] = online > 0 && c->local_size > online;
+    if (!bad) out[0] = 0;
+    dt_comm_cpus(&online, &allowed); /* a rank with bad arguments still takes part: no rank is left waiting */
+    v[0] = online > 0 && allowed > 0 && c->local_size > online; /* allowed 0: the OS does not say */
     v[1] = v[0] && allowed >= online && online > 1;
     if ((st = dt_comm_allreduce_f64(c, v, 2, DT_REDUCE_SUM))) return st;
-    v[2] = online > 0 ? (double)c->local_size / online : 0; /* the most ranks a CPU, and that host's counts */
-    v[3] = 0;
+    v[2] = online > 0 ? (double)c->local_size / online : 0;
     if ((st = dt_comm_allreduce_f64(c, v + 2, 1, DT_REDUCE_MAX))) return st;
     v[3] = online > 0 && (double)c->local_size / online == v[2] ? online : 0;
     if ((st = dt_comm_allreduce_f64(c, v + 3, 1, DT_REDUCE_MAX))) return st;
+    if (bad) return dt_ctx_set_error(c->ctx, DT_ERR_ARG, "dt_comm_cpu_note: out is %s and n = %zu; expected a buffer "
+                                     "of n > 0 bytes", out ? "set" : "NULL", n);
     if (v[0] == 0) return DT_OK;
     if (v[1] > 0)
         snprintf(out, n, "note: %.0f of the %.0f ranks on hosts with more ranks than CPUs (up to %.0f on %.0f CPUs) are "

@@ -64,6 +64,19 @@ static void oversubscription_noted(dt_comm *world, int W, int R) {
     }
     if (R == 0 && W > online) printf("%s", sb.text);
     dt_comm_cpus(&on, &al); /* the same counts another way: sysconf's CPUs, sched_getaffinity's */
+    { /* a rank without a buffer is named; the others take part as usual (none is left waiting) and
+         get the note describe printed */
+        char buf[512];
+        int good;
+        dt_status st = dt_comm_cpu_note(world, R == 0 ? NULL : buf, R == 0 ? 0 : sizeof buf);
+        if (R == 0) {
+            dt_test_error("cpu_note_without_a_buffer_is_named", st, dt_ctx_error(&C), "out is NULL and n = 0");
+            good = 1;
+        } else
+            good = st == DT_OK && sb.text && (buf[0] ? strstr(sb.text, buf) != NULL : !strstr(sb.text, " CPUs"));
+        dt_test_check_all("cpu_note_beside_a_bad_rank_matches_describe", good, "rank %d: status %d, note \"%.300s\"", R,
+                          (int)st, R == 0 ? "" : buf);
+    }
     dt_test_check_all("comm_cpus_match_sysconf_and_affinity", on == (int)online && al == CPU_COUNT(&set),
                       "dt_comm_cpus: online %d allowed %d; sysconf %.0f, sched_getaffinity %d", on, al, online,
                       CPU_COUNT(&set));
