@@ -1918,7 +1918,7 @@ DT_API dt_status dt_plan_profile_save(dt_ctx *ctx, const dt_plan_profile *p, con
     dt_strbuf_printf(&b, ", \"world\": %d, \"hosts\": %d, \"cores\": %d,\n \"model\": {\"layers\": %d, \"width\": %d, "
                      "\"heads\": %d, \"kv_heads\": %d, \"vocab\": %lld, \"seq\": %lld, \"batch\": %lld, \"dtype\": \"%s\", "
                      "\"ffn\": %d, \"gated\": %d%s},\n"
-                     " \"opt_s_per_param\": %.17g, \"copy_s_per_byte\": %.17g, \"overlap\": %.6g, \"measure_s\": %.3f,\n"
+                     " \"opt_s_per_param\": %.17g, \"copy_s_per_byte\": %.17g, \"overlap\": %.17g, \"measure_s\": %.3f,\n"
                      " \"splits\": [", p->world, p->hosts, p->cores, m->layers, m->width, m->heads, m->kv_heads,
                      (long long)m->vocab, (long long)m->seq, (long long)m->batch, dt_dtype_name(m->dtype), m->ffn,
                      m->gated, moe, p->opt_s_per_param, p->copy_s_per_byte, p->overlap, p->measure_s);
