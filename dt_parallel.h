@@ -242,8 +242,9 @@ DT_API void dt_arena_free(dt_arena *a);
        marks the unit's parameters ready, and a bucket is all-reduced as soon as all of its are
        (dt_comm_iallreduce: the rest of the backward overlaps it). Stage 1 reduce-scatters each
        unit at dt_zero_step, updates its rows and all-gathers the values. Stages 2-3
-       reduce-scatter a unit from dt_zero_grad_ready (dt_comm_ireduce_scatter, finished at a
-       later grad_ready or the step) and add this rank's block into its shard grads. Stage 3
+       reduce-scatter a unit from dt_zero_grad_ready (dt_comm_ireduce_scatter; at most
+       DT_ZERO_RS_IN_FLIGHT in flight, finished oldest first when one more is posted, at the next
+       micro-step or at the step) and add this rank's block into its shard grads. Stage 3
        keeps only this rank's rows of the values: a gather all-gathers the unit into freshly
        allocated buffers (the next unit in call order is posted ahead, desc.prefetch), a release
        frees them (p->value.data is NULL in between).
@@ -279,6 +280,17 @@ typedef struct dt_zero_desc {
 } dt_zero_desc;
 
 typedef struct dt_zero dt_zero; /* opaque */
+
+/* Stages 2-3: the reduce-scatters a rank holds in flight at most (their packed grads, N blocks of a
+   unit, and dt_comm's scratch). Posting one more first waits for the oldest, and a micro-step's
+   dt_zero_micro_begin for all, so the peak is the same every step and run. 1 exposes every
+   reduce-scatter's time; more hide more of it behind the backward and hold more memory. */
+#ifndef DT_ZERO_RS_IN_FLIGHT
+#define DT_ZERO_RS_IN_FLIGHT 2
+#endif
+#if DT_ZERO_RS_IN_FLIGHT < 1
+#error "DT_ZERO_RS_IN_FLIGHT must be at least 1"
+#endif
 
 /* Memory of this rank, bytes: what it holds now and at its peak, and DeepSpeed's formula for the
    stage (16 psi baseline, 4 psi + 12 psi / N, 2 psi + 14 psi / N, 16 psi / N for mixed-precision
@@ -1599,6 +1611,7 @@ typedef struct dt__pl_zu {
     dt_tensor gfull;                      /* stages 2-3: full grads, first gather to grad_ready */
     dt_tensor gpack, gout;                /* stages 2-3: a reduce-scatter in flight */
     dt_comm_req *greq;
+    int64_t gseq;                         /* its place in the order the reduce-scatters were posted */
 } dt__pl_zu;
 
 struct dt_zero {
@@ -1607,6 +1620,7 @@ struct dt_zero {
     dt_arena *a;
     dt_comm *dpcp;                        /* l->dpcp_comm: the group gradients are averaged over */
     int stage, N, r, n_params, n_units, prefetch, sync, backward;
+    int64_t gseq;                         /* reduce-scatters posted so far */
     dt__pl_zp *zp;
     dt__pl_zu *zu;
     dt_bucketer *ddp;                     /* stage 0 (with expert units: the dense params') */
@@ -1745,10 +1759,30 @@ static dt_status dt__pl_zgrads_in(dt_zero *z, dt__pl_zu *u, const dt_tensor *out
     return DT_OK;
 }
 
-/* Posts unit u's reduce-scatter (stages 2-3) from its full grads, which it then gives back. */
+static dt_status dt__pl_zrs_finish(dt_zero *z, dt__pl_zu *u);
+
+/* Finishes the oldest reduce-scatters until at most keep are in flight. How many a rank holds
+   then never depends on how far MPI has moved them, so a stage's peak is the same every step
+   and every run (and dt_plan can count it). */
+static dt_status dt__pl_zrs_bound(dt_zero *z, int keep) {
+    for (;;) {
+        int k, n = 0, old = -1;
+        for (k = 0; k < z->n_units; k++)
+            if (z->zu[k].greq) {
+                n++;
+                if (old < 0 || z->zu[k].gseq < z->zu[old].gseq) old = k;
+            }
+        if (n <= keep) return DT_OK;
+        DT__TRY(dt__pl_zrs_finish(z, &z->zu[old]));
+    }
+}
+
+/* Posts unit u's reduce-scatter (stages 2-3) from its full grads, which it then gives back; the
+   oldest one still in flight is finished first when DT_ZERO_RS_IN_FLIGHT are. */
 static dt_status dt__pl_zrs_post(dt_zero *z, dt__pl_zu *u) {
     dt_status st;
     int i;
+    DT__TRY(dt__pl_zrs_bound(z, DT_ZERO_RS_IN_FLIGHT - 1));
     DT__TRY(dt__pl_ztake(z, &u->gpack, DT_F32, (int64_t)u->N * u->gblock, &z->live_comm));
     st = dt__pl_ztake(z, &u->gout, DT_F32, u->gblock, &z->live_comm);
     if (st) { dt__pl_zgive(z, &u->gpack, &z->live_comm); return st; }
@@ -1761,6 +1795,7 @@ static dt_status dt__pl_zrs_post(dt_zero *z, dt__pl_zu *u) {
     dt__pl_zgive(z, &u->gfull, &z->live_grad);
     for (i = u->first; i < u->last; i++) z->a->params->items[i]->grad.data = NULL;
     st = dt_comm_ireduce_scatter(u->comm, &u->gout, &u->gpack, DT_REDUCE_AVG, &u->greq);
+    u->gseq = z->gseq++;
     if (st) {
         dt__pl_zgive(z, &u->gpack, &z->live_comm);
         dt__pl_zgive(z, &u->gout, &z->live_comm);
@@ -1780,15 +1815,13 @@ static dt_status dt__pl_zrs_finish(dt_zero *z, dt__pl_zu *u) {
     return st;
 }
 
-/* Finishes the reduce-scatters that are complete, in unit order (they progress meanwhile). */
+/* Moves the reduce-scatters in flight along (MPI progresses a posted operation only inside its
+   calls). A done one is not finished here: dt__pl_zrs_bound finishes them in the order posted,
+   so what a rank holds does not depend on which ones MPI happened to complete. */
 static dt_status dt__pl_zpoll(dt_zero *z) {
     int k, done;
-    for (k = 0; k < z->n_units; k++) {
-        dt__pl_zu *u = &z->zu[k];
-        if (!u->greq) continue;
-        DT__TRY(dt_comm_test(u->greq, &done));
-        if (done) DT__TRY(dt__pl_zrs_finish(z, u));
-    }
+    for (k = 0; k < z->n_units; k++)
+        if (z->zu[k].greq) DT__TRY(dt_comm_test(z->zu[k].greq, &done));
     return DT_OK;
 }
 
@@ -2258,6 +2291,8 @@ DT_API dt_status dt_zero_micro_begin(dt_zero *z, float *dloss, int micro) {
     if (dloss) *dloss = 0.0f;
     if (!z) return DT_ERR_ARG;
     DT__TRY(dt_opt_micro_begin(z->opt, dloss, NULL, micro));
+    /* the micro-step before's last reduce-scatters: finished before this forward's activations */
+    if (z->stage >= 2) DT__TRY(dt__pl_zrs_bound(z, 0));
     z->sync = micro == z->opt->desc.accum_steps - 1;
     z->backward = 0;
     return DT_OK;

@@ -2399,36 +2399,40 @@ static double dt__plan_at(const int64_t r[2], const double v[2], double rows) {
    backward and released last; units 1 .. L the blocks). Bytes, per rank; N = dp x cp, K bytes a
    value, n0 / nb elements of unit 0 / a block, gb = n / N a rank's rows of a unit:
      reduce-scatter of a unit   RS(n) = 4 gb (N + 1)        (the packed grads and this rank's block)
-     its comm pool slot         1.125 x 4 gb (N - 1)        (dt_comm's borrowed scratch, grown by 1/8)
+     its comm pool slot         1.125 x 4 gb (N - 1)        (dt_comm's borrowed scratch, grown by 1/8;
+                                                             kept: one a request in flight at once)
      stage 0   every DDP bucket's slot: none finishes before the step (overlap 0 on one host's MPI)
      stage 1   one unit's RS and slot at a time, at the step
-     stage 2   unit 0's full grads the whole backward, a block's, and every unit's RS and slot
-               (polled only inside dt_zero_grad_ready: on the CPU none completes early)
-     stage 3   the gathered values and the prefetch, unit 0's and a block's grads, and the last three
-               units' RS and slots (a wait for the next gather moves MPI along)
-   Derived from dt_parallel.h's >>zero and checked against examples/gpt's peaks (stages 1, 2 to the
-   byte; stage 3 depends on MPI's progress: three units in flight was what the runs showed). */
+     stages 2-3: D = DT_ZERO_RS_IN_FLIGHT reduce-scatters at most, finished in the order posted
+               (a rank holds the same number whatever MPI's progress; a micro-step starts with
+               none). At a block's grad_ready: unit 0's full grads, the block's full grads being
+               packed, min(D, nb) RS; at unit 0's: its grads and RS and min(D - 1, nb) blocks'.
+     stage 3   also the gathered values: at a block's backward the stale prefetch of block 1, the
+               gathered block and the one before it; at the end unit 0 gathered again for the
+               embedding
+   Derived from dt_parallel.h's >>zero and checked against examples/gpt's peaks (np 2 and 4,
+   micro 1 to 4: within 0.3%). */
 static double dt__plan_zero_transient(const dt_plan_model *m, const dt_plan_layout *l, double K, int nb) {
     double N = (double)l->dp * l->cp, C = m->width, n0 = (double)m->vocab / l->tp * C + (double)m->seq * C + 2 * C;
     double b = dt__plan_block_params(m, l->tp), psi = nb * b + n0, big = n0 > b ? n0 : b;
     double rs0 = 4 * n0 / N * (N + 1), rsb = 4 * b / N * (N + 1), sl0 = 1.125 * 4 * n0 / N * (N - 1);
-    double slb = 1.125 * 4 * b / N * (N - 1), micro2 = l->micro > 1 ? 1 : 0;
+    double slb = 1.125 * 4 * b / N * (N - 1), D = DT_ZERO_RS_IN_FLIGHT;
+    double db = D < nb ? D : nb, d0 = D - 1 < nb ? D - 1 : nb, slots = D < nb + 1 ? D : nb + 1;
+    double pool = (slots - 1) * slb + (sl0 > slb ? sl0 : slb), blk, end;
     if (N <= 1) return 0;
     switch (l->zero) {
     case 0: return 1.125 * 4 * psi / N * (N - 1);
     case 1: return 4 * big / N * (N + 1) + 1.125 * 4 * big / N * (N - 1);
-    case 2: return 4 * n0 + (micro2 ? 4 * b + rs0 : (4 * b > rs0 ? 4 * b : rs0)) + nb * rsb + sl0 + nb * slb;
-    default: { /* a block's backward: the stale prefetch of block 1, the gathered block and the one before
-                  it, unit 0's and the block's grads; the end: unit 0 gathered again for the embedding.
-                  With micro-batches, the reduce-scatters of the one before that a poll has not yet
-                  found done: MPI's progress decides how many (up to three); examples/gpt at np 2,
-                  micro 2 and 4, held one or two (the peak 87.0-91.7 MB at micro 4 over four runs), at
-                  np 4 none to one: one is taken */
-        double blk = 3 * K * b + 4 * n0 + 4 * b + (3 + micro2) * rsb + 3 * slb;
-        double end = K * n0 + 4 * n0 + rs0 + sl0 + (2 + micro2) * rsb + 2 * slb;
-        return blk > end ? blk : end;
+    case 2:
+        blk = 4 * n0 + 4 * b + db * rsb;
+        end = 4 * n0 + rs0 + d0 * rsb;
+        break;
+    default:
+        blk = 3 * K * b + 4 * n0 + 4 * b + db * rsb;
+        end = K * n0 + 4 * n0 + rs0 + d0 * rsb;
+        break;
     }
-    }
+    return (blk > end ? blk : end) + pool;
 }
 
 /* dt_plan_predict, for the search too: *cache (may be NULL) keeps the last pipeline schedule made

@@ -412,6 +412,79 @@ static void memory(void) {
         }
 }
 
+/* Stages 2-3 hold at most DT_ZERO_RS_IN_FLIGHT reduce-scatters, finished in the order posted, and
+   none across a micro-step: the peak is exact and the same with accumulation. U units of one
+   [12, 100] f32 param each (n elements; 12 rows divide 1-4 ranks, so no padding), AdamW, two
+   steps (the optimizer's state exists from the first): peak - held after the step is
+     stage 2: at a unit's grad_ready, its full grads (4n) and D reduce-scatters of 4n (N + 1) / N
+              (the packed grads and this rank's block), D = min(DT_ZERO_RS_IN_FLIGHT, U)
+     stage 3: also the unit's gathered values (4n) and the next one's prefetch (4n)
+   With every reduce-scatter left in flight until the step (as before the bound) stage 2 held U. */
+static void in_flight(void) {
+    enum { U = 5 };
+    int stage, accum, u, step, micro;
+    for (stage = 2; stage <= 3; stage++)
+        for (accum = 1; accum <= 2; accum++) {
+            dt_params ps;
+            dt_arena *a;
+            dt_layout *l;
+            dt_zero *z;
+            dt_zero_desc zd;
+            dt_zero_memory mem;
+            dt_arena_desc ad;
+            int units[U];
+            char name[96];
+            double n = 12 * 100, N = W, D = DT_ZERO_RS_IN_FLIGHT < U ? DT_ZERO_RS_IN_FLIGHT : U, want, got;
+            memset(&ps, 0, sizeof ps);
+            for (u = 0; u < U; u++) {
+                dt_param_desc d;
+                char nm[16];
+                memset(&d, 0, sizeof d);
+                snprintf(nm, sizeof nm, "p%d", u);
+                d.name = nm;
+                d.shape[0] = 12;
+                d.shape[1] = 100;
+                OK(dt_params_add(&C, &ps, NULL, &d));
+                units[u] = u;
+            }
+            memset(&ad, 0, sizeof ad);
+            ad.units = units;
+            OK(dt_arena_create(&C, &a, &ps, &ad));
+            OK(dt_layout_create(world, &l, NULL));
+            memset(&zd, 0, sizeof zd);
+            zd.stage = stage;
+            zd.opt.kind = DT_OPT_ADAMW;
+            zd.opt.lr = 1e-3;
+            zd.opt.accum_steps = accum;
+            OK(dt_zero_create(l, &z, a, &zd));
+            for (step = 0; step < 2; step++) {
+                for (micro = 0; micro < accum; micro++) {
+                    OK(dt_zero_micro_begin(z, NULL, micro));
+                    for (u = 0; u < U; u++) { OK(dt_zero_gather(z, u)); OK(dt_zero_release(z, u)); }
+                    OK(dt_zero_backward_begin(z));
+                    for (u = U - 1; u >= 0; u--) {
+                        OK(dt_zero_gather(z, u));
+                        OK(dt_tensor_fill(&C, &ps.items[u]->grad, 1e-3f * (float)(u + 1)));
+                        OK(dt_zero_grad_ready(z, u));
+                        OK(dt_zero_release(z, u));
+                    }
+                }
+                OK(dt_zero_step(z, NULL));
+            }
+            OK(dt_zero_memory_get(z, &mem));
+            want = 4 * n + D * 4 * n * (N + 1) / N + (stage == 3 ? 8 * n : 0);
+            got = (double)mem.peak_bytes - (double)mem.total_bytes;
+            if (R == 0) printf("  stage %d accum %d: peak above the held %.0f bytes, derived %.0f\n", stage, accum, got, want);
+            snprintf(name, sizeof name, "zero%d_accum%d_peak_holds_%d_reduce_scatters", stage, accum, (int)D);
+            dt_test_check_all(name, got == want, "peak %zu - held %zu = %.0f bytes, derived %.0f (D = %.0f, N = %.0f)",
+                              mem.peak_bytes, mem.total_bytes, got, want, D, N);
+            dt_zero_free(z);
+            dt_layout_free(l);
+            dt_arena_free(a);
+            dt_params_free(&C, &ps);
+        }
+}
+
 static void bad_input(void) {
     model m;
     dt_zero *z = NULL;
@@ -561,6 +634,7 @@ int main(void) {
     equivalence();
     checkpoints();
     memory();
+    in_flight();
     bad_input();
     call_order();
     load_after_prefetch();
