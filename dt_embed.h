@@ -1202,12 +1202,15 @@ static int dt__em_row_owner(int64_t rows, int W, int64_t x) {
 }
 static int64_t dt__em_col_start(int64_t dim, int W, int k) { return dim * k / W; }
 
-/* Grows a buffer tensor on `device` to at least n elements (contents not kept). */
+/* Grows a buffer tensor on `device` to at least n elements (contents not kept): the first time to
+   n, later with 1/8 of n more for the next batches' spread. What a step holds is then within 1/8
+   of its need, not up to twice it as a doubling left it (which made a plan's peak depend on the
+   order its batches came in). */
 static dt_status dt__em_need_on(dt_embed *e, dt_tensor *t, dt_dtype dtype, int64_t n, dt_device device) {
     dt_tensor_desc d;
     int64_t cap;
     if (t->data && t->numel >= n) return DT_OK;
-    cap = t->numel * 2 > n ? t->numel * 2 : n;
+    cap = t->data ? n + n / 8 : n;
     if (cap < 16) cap = 16;
     dt_tensor_free(e->ctx, t);
     memset(&d, 0, sizeof d);
