@@ -11,7 +11,8 @@
    relative). A checkpoint saved at ZeRO-3 on N ranks resumes at ZeRO-0 on one rank and at
    ZeRO-1 on N ranks, and one saved at ZeRO-0 on one rank resumes at ZeRO-3 on N, each equal to
    the uninterrupted run. Memory per rank for a model of big units is within 10% of the
-   stage's formula. Bad arguments are named, and so is each mistake in the call order (no
+   stage's formula; at stages 2-3 the peak above it is derived by hand to the byte (at most
+   DT_ZERO_RS_IN_FLIGHT reduce-scatters in flight, none across a micro-step). Bad arguments are named, and so is each mistake in the call order (no
    dt_zero_backward_begin, dt_zero_grad_ready twice, dt_zero_step before every unit is ready) at
    every stage; a ZeRO-3 load after a prefetch waits for it. */
 #include "dt_tensor.h"
