@@ -4,8 +4,9 @@
    dt_embed can do is measured for every table and the ones it refuses are not (column-wise with
    row-wise Adagrad; table-row on one host); every rank holds the same profile and so ranks the
    same plans; and the bytes the profile predicts a plan's tables hold on each rank are what
-   dt_embed_create then takes on that rank (within 1% + 4 KB), for every plan the search ranks. The
-   bad descs are named. No timing is asserted: the timings are checked by bench/plan. */
+   dt_embed_create then takes on that rank (within 1% + 4 KB), for every plan the search ranks;
+   dt_embed's own plan is predicted with the transient the profile measured of it whole, a plan one
+   table away from it with its kinds' scaled sum. The bad descs are named. No timing is asserted: the timings are checked by bench/plan. */
 #define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
@@ -143,6 +144,44 @@ int main(void) {
         if (!DT_TEST_CHECK("plan_dlrm_predicted_table_bytes_are_what_dt_embed_takes", count > 0 && v <= 0) && worst == v)
             printf("  rank %d, plan %s: took %.0f bytes, predicted %.0f\n", me, top[worst_plan].plan.name, got_worst,
                    want_worst);
+    }
+    /* dt_embed's own plan is predicted with its transient measured whole (the largest rank's peak
+       above its tables in the profile's run of it), and a plan differing in one table is not */
+    {
+        dt_plan_dlrm_plan pl;
+        dt_plan_dlrm_prediction a, o;
+        int moved = -1;
+        memset(&pl, 0, sizeof pl);
+        pl.n_tables = NT;
+        for (t = 0; t < NT; t++) { pl.kind[t] = p->auto_kind[t]; pl.owner[t] = p->auto_owner[t]; }
+        st = dt_plan_dlrm_predict(&ctx, p, &pl, &a);
+        if (!DT_TEST_CHECK("plan_dlrm_own_plan_transient_is_measured_whole",
+                           st == DT_OK && p->whole_peak[DT_SHARD_AUTO] > 0 && p->scale_peak[DT_SHARD_AUTO] > 0 &&
+                           fabs(a.mem_transient - p->whole_peak[DT_SHARD_AUTO]) <= 1e-9 * p->whole_peak[DT_SHARD_AUTO]))
+            printf("  predicted transient %.0f bytes, measured whole %.0f (scale %g)\n", a.mem_transient,
+                   p->whole_peak[DT_SHARD_AUTO], p->scale_peak[DT_SHARD_AUTO]);
+        for (t = 0; t < NT && moved < 0; t++) /* one table to another measured kind */
+            for (i = DT_SHARD_TABLE; i < DT_SHARD_COUNT && moved < 0; i++)
+                if (i != (int)pl.kind[t] && i != DT_SHARD_TABLE && i != DT_SHARD_TABLE_ROW && p->cost[t][i].ok) {
+                    pl.kind[t] = (dt_embed_sharding)i;
+                    moved = t;
+                }
+        if (moved >= 0 && dt_plan_dlrm_predict(&ctx, p, &pl, &o) == DT_OK) {
+            double raw = 0, m = -1;
+            int r;
+            for (r = 0; r < W; r++) { /* the fullest rank's transient, each table by its kind's scale only */
+                double bytes = p->x_bytes, pk = 0;
+                for (t = 0; t < NT; t++) {
+                    int role = pl.kind[t] == DT_SHARD_TABLE ? (r == pl.owner[t] ? 0 : 1) : 0;
+                    double sc = p->scale_peak[pl.kind[t]] > 0 ? p->scale_peak[pl.kind[t]] : 1;
+                    bytes += p->cost[t][pl.kind[t]].bytes[role];
+                    pk += sc * p->cost[t][pl.kind[t]].peak[role];
+                }
+                if (bytes + pk > m) { m = bytes + pk; raw = pk; }
+            }
+            if (!DT_TEST_CHECK("plan_dlrm_other_plans_are_not_scaled_as_its_own", fabs(o.mem_transient - raw) <= 1e-9 * raw))
+                printf("  table %d moved: transient %.0f, the kinds' sum %.0f\n", moved, o.mem_transient, raw);
+        }
     }
     /* bad descs, named (every rank alike: nothing collective runs) */
     {
