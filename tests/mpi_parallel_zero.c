@@ -419,7 +419,8 @@ static void memory(void) {
    steps (the optimizer's state exists from the first): peak - held after the step is
      stage 2: at a unit's grad_ready, its full grads (4n) and D reduce-scatters of 4n (N + 1) / N
               (the packed grads and this rank's block), D = min(DT_ZERO_RS_IN_FLIGHT, U)
-     stage 3: also the unit's gathered values (4n) and the next one's prefetch (4n)
+     stage 3: also the unit's gathered values (4n) and the next one's prefetch (4n; none after unit 0)
+   the largest over the units: at unit u, min(D, U - u) in flight.
    With every reduce-scatter left in flight until the step (as before the bound) stage 2 held U. */
 static void in_flight(void) {
     enum { U = 5 };
@@ -473,7 +474,11 @@ static void in_flight(void) {
                 OK(dt_zero_step(z, NULL));
             }
             OK(dt_zero_memory_get(z, &mem));
-            want = 4 * n + D * 4 * n * (N + 1) / N + (stage == 3 ? 8 * n : 0);
+            for (want = 0, u = 0; u < U; u++) { /* at unit u's grad_ready; the backward posts U-1 .. 0 */
+                double inflight = U - u < D ? U - u : D;
+                double at = 4 * n + inflight * 4 * n * (N + 1) / N + (stage == 3 ? 4 * n + (u > 0 ? 4 * n : 0) : 0);
+                if (at > want) want = at;
+            }
             got = (double)mem.peak_bytes - (double)mem.total_bytes;
             if (R == 0) printf("  stage %d accum %d: peak above the held %.0f bytes, derived %.0f\n", stage, accum, got, want);
             snprintf(name, sizeof name, "zero%d_accum%d_peak_holds_%d_reduce_scatters", stage, accum, (int)D);
