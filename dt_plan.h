@@ -3337,8 +3337,9 @@ static dt_status dt__plan_dlrm_measure(dt_comm *world, const dt_plan_dlrm_desc *
         memset(&pl, 0, sizeof pl);
         pl.n_tables = desc->n_tables;
         for (t = 0; t < desc->n_tables; t++) { pl.kind[t] = out->auto_kind[t]; pl.owner[t] = out->auto_owner[t]; }
-        if ((err = dt_plan_dlrm_predict(ctx, out, &pl, &pr))) return err;
-        if (pr.mem_transient > 0 && out->whole_peak[DT_SHARD_AUTO] > 0)
+        if (dt_plan_dlrm_predict(ctx, out, &pl, &pr) != DT_OK) /* a kind of it not measured alone: no scale */
+            dt_ctx_clear_error(ctx);
+        else if (pr.mem_transient > 0 && out->whole_peak[DT_SHARD_AUTO] > 0)
             out->scale_peak[DT_SHARD_AUTO] = out->whole_peak[DT_SHARD_AUTO] / pr.mem_transient;
     }
     return DT_OK;
