@@ -540,8 +540,7 @@ static dt_status dt__plan_model_check(dt_ctx *ctx, const char *fn, const dt_plan
    experts; the aux loss's gradient needs every forward of the step first (GPipe, or one
    micro-batch at pp 1: an unset schedule becomes GPipe); capacity per sequence needs whole
    sequences (cp 1); no recompute (a block again would route again), offload or zb-h1 (not built
-   for the experts). And what the planner models of it: DDP and ZeRO 1 (examples/gpt runs 2 and 3
-   too; their buffers for units of two sizes over two groups are not derived here). */
+   for the experts). */
 static dt_status dt__plan_moe_check(dt_ctx *ctx, const char *fn, const dt_plan_model *m, dt_plan_layout *l) {
     int aux = m->balance == DT_MOE_BALANCE_DEFAULT || m->balance == DT_MOE_AUX;
     if (!m->experts) {
@@ -563,10 +562,6 @@ static dt_status dt__plan_moe_check(dt_ctx *ctx, const char *fn, const dt_plan_m
     if (l->pp > 1 && l->schedule == DT_PP_ZB_H1)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a MoE model with zb-h1: the weight pass is not split for the "
                                 "experts", fn);
-    if (l->zero > 1)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: a MoE model with zero %d: the planner models DDP and ZeRO 1 with "
-                                "expert units (ZeRO 2 and 3 shard units of two sizes over two groups, whose buffers it "
-                                "does not derive)", fn, l->zero);
     if (aux && l->pp > 1 && l->schedule != DT_PP_GPIPE)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: balance aux with %s: the aux loss's gradient needs the step's every "
                                 "forward first (gpipe), or balance bias", fn, dt_pp_kind_name(l->schedule));
@@ -2397,44 +2392,209 @@ static double dt__plan_at(const int64_t r[2], const double v[2], double rows) {
 }
 
 /* What dt_zero and its collectives hold above the persistent buffers at their peak, on the CPU,
-   at examples/gpt's call order (pp 1: unit 0 = the embedding and tied head, gathered first in the
-   backward and released last; units 1 .. L the blocks). Bytes, per rank; N = dp x cp, K bytes a
-   value, n0 / nb elements of unit 0 / a block, gb = n / N a rank's rows of a unit:
-     reduce-scatter of a unit   RS(n) = 4 gb (N + 1)        (the packed grads and this rank's block)
-     its comm pool slot         1.125 x 4 gb (N - 1)        (dt_comm's borrowed scratch, grown by 1/8;
-                                                             kept: one a request in flight at once)
-     stage 0   every DDP bucket's slot: none finishes before the step (overlap 0 on one host's MPI)
-     stage 1   one unit's RS and slot at a time, at the step
-     stages 2-3: D = DT_ZERO_RS_IN_FLIGHT reduce-scatters at most, finished in the order posted
-               (a rank holds the same number whatever MPI's progress; a micro-step starts with
-               none). At a block's grad_ready: unit 0's full grads, the block's full grads being
-               packed, min(D, nb) RS; at unit 0's: its grads and RS and min(D - 1, nb) blocks'.
-     stage 3   also the gathered values: at a block's backward the stale prefetch of block 1, the
-               gathered block and the one before it; at the end unit 0 gathered again for the
-               embedding
-   Derived from dt_parallel.h's >>zero and checked against examples/gpt's peaks (np 2 and 4,
-   micro 1 to 4: within 0.3%). */
-static double dt__plan_zero_transient(const dt_plan_model *m, const dt_plan_layout *l, double K, int nb) {
-    double N = (double)l->dp * l->cp, C = m->width, n0 = (double)m->vocab / l->tp * C + (double)m->seq * C + 2 * C;
-    double b = dt__plan_block_params(m, l->tp), psi = nb * b + n0, big = n0 > b ? n0 : b;
-    double rs0 = 4 * n0 / N * (N + 1), rsb = 4 * b / N * (N + 1), sl0 = 1.125 * 4 * n0 / N * (N - 1);
-    double slb = 1.125 * 4 * b / N * (N - 1), D = DT_ZERO_RS_IN_FLIGHT;
-    double db = D < nb ? D : nb, d0 = D - 1 < nb ? D - 1 : nb, slots = D < nb + 1 ? D : nb + 1;
-    double pool = (slots - 1) * slb + (sl0 > slb ? sl0 : slb), blk, end;
-    if (N <= 1) return 0;
-    switch (l->zero) {
-    case 0: return 1.125 * 4 * psi / N * (N - 1);
-    case 1: return 4 * big / N * (N + 1) + 1.125 * 4 * big / N * (N - 1);
-    case 2:
-        blk = 4 * n0 + 4 * b + db * rsb;
-        end = 4 * n0 + rs0 + d0 * rsb;
-        break;
-    default:
-        blk = 3 * K * b + 4 * n0 + 4 * b + db * rsb;
-        end = K * n0 + 4 * n0 + rs0 + d0 * rsb;
-        break;
+   at examples/gpt's call order. Bytes, per rank. Stages 1-3 are replayed call by call over the
+   units, the way dt_parallel.h's >>zero takes and gives its buffers and dt_comm's pool lends its
+   scratch; stage 0 is summed. The units (pp 1; at pp > 1 the fullest stage's): unit 0 = the
+   embedding and the tied head (gathered first in the backward, released last), then each block's,
+   and after a MoE block's its experts' (an expert unit: E / ep experts, synced over the edp ranks
+   that hold the same ones, its own communicator and pool). For a unit of n elements over a group
+   of N ranks, g = a rank's rows (ceil per expert for an expert unit):
+     its full grads             4 n        (stages 2-3: from its first gather in the backward)
+     a reduce-scatter           4 g (N + 1)  (the packed grads and this rank's block)
+     the reduce-scatter's scratch 4 g (N - 1), from its communicator's pool: the free slot that
+                                fits best, else the largest free one grown to 1.125 x the need;
+                                slots are kept (the pool is the largest the step ever needed)
+     stage 3's gathered values  K n (the unit's own buffer), K g N (the all-gather, until used)
+     stage 0   every DDP bucket's slot: none finishes before the step (overlap 0 on one host's
+               MPI), the dense params' buckets over dp x cp and the experts' over edp
+     stage 1   at the step, one unit's reduce-scatter at a time; then each unit's values gathered
+     stages 2-3: each unit's grads reduce-scattered at its grad_ready, at most
+               D = DT_ZERO_RS_IN_FLIGHT in flight (the oldest finished first: a rank holds the same
+               whatever MPI's progress), none at a micro-step's start; stage 3 gathers each unit
+               before its use and posts the next one's gather (forward up, backward down: the
+               head's gather at the forward's end posts block 0's, used only in the backward)
+   Derived from dt_parallel.h's >>zero and checked against examples/gpt's peaks (dense np 2 and 4,
+   micro 1 to 4: within 0.3%; MoE: see docs/plan.md). */
+/* The replay's state: bytes live, the peak of live + pools, each communicator's pool (0: dp x cp,
+   1: edp) and the reduce-scatters in flight, oldest first. */
+typedef struct dt__plan_zs {
+    double live, peak, cap[2][16];
+    int busy[2][16];
+    double rs[DT_ZERO_RS_IN_FLIGHT]; /* bytes of each reduce-scatter in flight */
+    int rc[DT_ZERO_RS_IN_FLIGHT], rslot[DT_ZERO_RS_IN_FLIGHT], n_rs;
+    int posted[2];                   /* stage 3: units whose all-gather is posted (a prefetch) */
+} dt__plan_zs;
+
+/* a unit: n elements, g a rank's rows of them, over N ranks of communicator c */
+typedef struct dt__plan_zu {
+    double n, g, N;
+    int c;
+} dt__plan_zu;
+
+static void dt__plan_zs_note(dt__plan_zs *s) {
+    double t = s->live;
+    int c, k;
+    for (c = 0; c < 2; c++)
+        for (k = 0; k < 16; k++) t += s->cap[c][k];
+    if (t > s->peak) s->peak = t;
+}
+static void dt__plan_zs_take(dt__plan_zs *s, double bytes) { s->live += bytes; dt__plan_zs_note(s); }
+/* dt_comm's pool (dt__cm_take): the free slot that fits best, else the largest free one grown to
+   1.125 x the need (bytes >= 1); -1: none free, a plain allocation (live, the caller's to give) */
+static int dt__plan_zs_scratch(dt__plan_zs *s, int c, double bytes) {
+    int k, best = -1, spare = -1;
+    for (k = 0; k < 16; k++) {
+        if (s->busy[c][k]) continue;
+        if (s->cap[c][k] >= bytes && (best < 0 || s->cap[c][k] < s->cap[c][best])) best = k;
+        if (spare < 0 || s->cap[c][k] > s->cap[c][spare]) spare = k;
     }
-    return (blk > end ? blk : end) + pool;
+    if (best < 0 && spare >= 0) {
+        best = spare;
+        s->cap[c][best] = bytes + floor(bytes / 8); /* (the old one released first) */
+        dt__plan_zs_note(s);
+    }
+    if (best < 0) { dt__plan_zs_take(s, bytes); return -1; }
+    s->busy[c][best] = 1;
+    return best;
+}
+/* finishes the oldest reduce-scatters until at most keep are in flight (dt__pl_zrs_bound) */
+static void dt__plan_zs_bound(dt__plan_zs *s, int keep) {
+    while (s->n_rs > keep) {
+        int k;
+        if (s->rslot[0] >= 0) s->busy[s->rc[0]][s->rslot[0]] = 0;
+        s->live -= s->rs[0];
+        for (k = 1; k < s->n_rs; k++) { s->rs[k - 1] = s->rs[k]; s->rc[k - 1] = s->rc[k]; s->rslot[k - 1] = s->rslot[k]; }
+        s->n_rs--;
+    }
+}
+/* unit u's grad_ready at stages 2-3 (dt__pl_zrs_post): its full grads packed and reduce-scattered */
+static void dt__plan_zs_post(dt__plan_zs *s, const dt__plan_zu *u) {
+    double pk = 4 * u->g * (u->N + 1), sc = u->N > 1 ? 4 * u->g * (u->N - 1) : 1;
+    int slot;
+    dt__plan_zs_bound(s, DT_ZERO_RS_IN_FLIGHT - 1);
+    dt__plan_zs_take(s, pk);
+    s->live -= 4 * u->n;
+    slot = dt__plan_zs_scratch(s, u->c, sc);
+    s->rs[s->n_rs] = pk + (slot < 0 ? sc : 0);
+    s->rc[s->n_rs] = u->c;
+    s->rslot[s->n_rs++] = slot;
+}
+/* The units as examples/gpt registers them: id 0 unit 0, 1 + 2 i block i's, 2 + 2 i its experts' */
+typedef struct dt__plan_zw {
+    const dt_plan_model *m;
+    int pp, nb, nm;
+    dt__plan_zu u0, ub, ubx, ux;
+} dt__plan_zw;
+
+static int dt__plan_zw_moe(const dt__plan_zw *w, int i) { return w->pp == 1 ? dt__plan_is_moe(w->m, i) : i < w->nm; }
+static const dt__plan_zu *dt__plan_zw_unit(const dt__plan_zw *w, int id) {
+    if (!id) return &w->u0;
+    if (!(id % 2)) return &w->ux;
+    return dt__plan_zw_moe(w, (id - 1) / 2) ? &w->ubx : &w->ub;
+}
+/* the next unit gathered: the forward walks the units up, the backward down (dt_zero's prefetch) */
+static int dt__plan_zw_next(const dt__plan_zw *w, int id, int backward) {
+    int i = (id - 1) / 2;
+    if (!backward) {
+        if (!id) return 1;
+        if (id % 2 && dt__plan_zw_moe(w, i)) return id + 1;
+        i = id % 2 ? i : id / 2 - 1;
+        return i + 1 < w->nb ? 2 * (i + 1) + 1 : -1;
+    }
+    if (!id) return -1;
+    if (!(id % 2)) return id - 1;
+    return !i ? 0 : dt__plan_zw_moe(w, i - 1) ? id - 1 : id - 2;
+}
+/* stage 3's dt_zero_gather of unit id's values: waited for (posted now unless a prefetch was), then
+   the next unit's posted unless it is already */
+static void dt__plan_zs_gather(dt__plan_zs *s, const dt__plan_zw *w, int id, int backward, double K) {
+    const dt__plan_zu *u = dt__plan_zw_unit(w, id);
+    int k, posted = 0, nx = dt__plan_zw_next(w, id, backward);
+    for (k = 0; k < 2; k++)
+        if (s->posted[k] == id) { posted = 1; s->posted[k] = -1; }
+    if (!posted) dt__plan_zs_take(s, K * u->g * u->N);
+    dt__plan_zs_take(s, K * u->n);
+    s->live -= K * u->g * u->N;
+    if (nx < 0 || s->posted[0] == nx || s->posted[1] == nx) return;
+    u = dt__plan_zw_unit(w, nx);
+    dt__plan_zs_take(s, K * u->g * u->N);
+    s->posted[s->posted[0] < 0 ? 0 : 1] = nx;
+}
+
+static double dt__plan_zero_transient(const dt_plan_model *m, const dt_plan_layout *l, double K, int nb, int nm,
+                                      double dense, double px) {
+    double N = (double)l->dp * l->cp, Ne = N / l->ep, C = m->width, xd = 0, xe = 0;
+    double Eep = m->experts ? (double)(m->experts / l->ep) : 1;
+    dt__plan_zs s;
+    dt__plan_zw w;
+    int step, mi, i, id, st3 = l->zero == 3;
+    if (l->zero == 0) /* the DDP buckets' slots: the dense params' over dp x cp, the experts' over edp */
+        return (N > 1 ? 1.125 * 4 * dense / N * (N - 1) : 0) + (Ne > 1 ? 1.125 * 4 * px / Ne * (Ne - 1) : 0);
+    memset(&s, 0, sizeof s);
+    s.posted[0] = s.posted[1] = -1;
+    memset(&w, 0, sizeof w);
+    w.m = m; w.pp = l->pp; w.nb = nb; w.nm = nm;
+    if (m->experts) dt__plan_moe_params(m, l->tp, l->ep, &xd, &xe);
+    w.u0.n = (double)m->vocab / l->tp * C + (double)m->seq * C + 2 * C;
+    w.u0.g = w.u0.n / N; w.u0.N = N; w.u0.c = 0;
+    w.ub = w.u0; w.ub.n = dt__plan_block_params(m, l->tp); w.ub.g = w.ub.n / N;
+    w.ubx = w.ub; w.ubx.n += xd; w.ubx.g = w.ubx.n / N; /* a MoE block's own: the router, less the MLP */
+    w.ux.n = xe; w.ux.N = Ne; w.ux.g = ceil(Eep / Ne) * xe / Eep; w.ux.c = 1;
+    for (step = 0; step < 2; step++) { /* the second step's pools are the first's */
+        for (mi = 0; mi < l->micro && l->zero >= 2; mi++) {
+            dt__plan_zs_bound(&s, 0); /* dt_zero_micro_begin */
+            if (st3) { /* the forward: unit 0 for the embedding, each block, unit 0 again for the head */
+                dt__plan_zs_gather(&s, &w, 0, 0, K);
+                s.live -= K * w.u0.n;
+                for (i = 0; i < nb; i++) {
+                    dt__plan_zs_gather(&s, &w, 2 * i + 1, 0, K);
+                    if (dt__plan_zw_moe(&w, i)) dt__plan_zs_gather(&s, &w, 2 * i + 2, 0, K);
+                    s.live -= K * (dt__plan_zw_unit(&w, 2 * i + 1)->n + (dt__plan_zw_moe(&w, i) ? w.ux.n : 0));
+                }
+                dt__plan_zs_gather(&s, &w, 0, 0, K);
+                s.live -= K * w.u0.n;
+            }
+            /* the backward: unit 0 for the head (its full grads held to the end), each block down
+               (its experts' units first), unit 0 for the embedding */
+            dt__plan_zs_take(&s, 4 * w.u0.n);
+            if (st3) { dt__plan_zs_gather(&s, &w, 0, 1, K); s.live -= K * w.u0.n; }
+            for (i = nb - 1; i >= 0; i--) {
+                int x = dt__plan_zw_moe(&w, i);
+                const dt__plan_zu *b = dt__plan_zw_unit(&w, 2 * i + 1);
+                if (x) {
+                    dt__plan_zs_take(&s, 4 * w.ux.n);
+                    if (st3) dt__plan_zs_gather(&s, &w, 2 * i + 2, 1, K);
+                }
+                dt__plan_zs_take(&s, 4 * b->n);
+                if (st3) dt__plan_zs_gather(&s, &w, 2 * i + 1, 1, K);
+                if (x) dt__plan_zs_post(&s, &w.ux);
+                dt__plan_zs_post(&s, b);
+                if (st3) s.live -= K * (b->n + (x ? w.ux.n : 0));
+            }
+            if (st3) dt__plan_zs_gather(&s, &w, 0, 1, K);
+            dt__plan_zs_post(&s, &w.u0);
+            if (st3) s.live -= K * w.u0.n;
+        }
+        /* dt_zero_step: the reduce-scatters finished (stage 1: each unit's now, blocking, in unit
+           order); stages 1-2 gather every unit's values after the update */
+        dt__plan_zs_bound(&s, 0);
+        for (id = 0; id < 2 * nb + 1 && l->zero <= 2; id++) {
+            const dt__plan_zu *u;
+            if (id && !(id % 2) && !dt__plan_zw_moe(&w, id / 2 - 1)) continue;
+            u = dt__plan_zw_unit(&w, id);
+            if (l->zero == 1) {
+                double sc = u->N > 1 ? 4 * u->g * (u->N - 1) : 1;
+                int slot;
+                dt__plan_zs_take(&s, 4 * u->g * (u->N + 1));
+                slot = dt__plan_zs_scratch(&s, u->c, sc);
+                if (slot >= 0) s.busy[u->c][slot] = 0;
+                else s.live -= sc;
+                s.live -= 4 * u->g * (u->N + 1);
+            }
+            if (u->N > 1) { dt__plan_zs_take(&s, K * u->g * u->N); s.live -= K * u->g * u->N; }
+        }
+    }
+    return s.peak;
 }
 
 /* dt_plan_predict, for the search too: *cache (may be NULL) keeps the last pipeline schedule made
@@ -2452,7 +2612,7 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
     dt_status err;
     double rows, F, B, R, ef, eb, hf, hb, K, A, psi_max = 0, grads_b, N;
     double exposed, opt, step, makespan = 0, bubble = 0, busy = 0, fst[4096], bst[4096], C, own = 0;
-    double xf = 0, xb = 0, xdense = 0, xexp = 0, px_max = 0, edp; /* MoE: a MoE block's time and params over a dense one's */
+    double xf = 0, xb = 0, xdense = 0, xexp = 0, px_max = 0, edp, xsh; /* MoE: a MoE block's time and params over a dense one's */
     const dt_plan_moe *x = NULL;
     int si, lse, st, first[4097], dpcp, nb_max = 0, nm_max = 0;
     dt_pp_schedule *sch = NULL;
@@ -2587,7 +2747,9 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
         }
     }
     /* the optimizer over this rank's shard, ZeRO's pack / unpack copies, the loss and norm */
-    opt = p->opt_s_per_param * (l.zero >= 1 ? (psi_max - px_max) / N + px_max / edp : psi_max);
+    /* a rank's share of the experts: whole experts (dim 0) over edp, the first ranks one more */
+    xsh = m->experts ? px_max * ceil((double)(m->experts / l.ep) / edp) / (double)(m->experts / l.ep) : 0;
+    opt = p->opt_s_per_param * (l.zero >= 1 ? (psi_max - px_max) / N + xsh : psi_max);
     /* ZeRO's copies, in passes over a buffer of the whole model's (dt_zero's units): a buffer taken
        from its pool is zero-filled (a pass), a pack or unpack copies (a pass). Stage 1 packs the grads
        and unpacks the values once a step (2 passes each); stage 2 fills a unit's grads, fills its
@@ -2653,7 +2815,7 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
     if (p->paper) out->mfu = dt_plan_model_flops(m) * out->tokens_per_s / ((double)p->world * p->mach.flops);
     /* memory of the fullest stage: dt_zero_memory's accounting, examples/gpt's activations */
     {
-        double psi = psi_max, shard = l.zero >= 1 ? (psi - px_max) / N + px_max / edp : psi;
+        double psi = psi_max, shard = l.zero >= 1 ? (psi - px_max) / N + xsh : psi;
         double sets = l.pp == 1 ? 1 : out->in_flight;
         double master = m->dtype == DT_BF16 ? 4 : 0;
         out->mem_params = (l.zero == 3 ? shard : psi) * K + (m->dtype == DT_BF16 ? 4 * psi : 0); /* + f32 working copy */
@@ -2680,7 +2842,7 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
             out->mem_transient = l.zero == 3 ? 2 * K * dt__plan_block_params(m, l.tp) : 0;
         else { /* the ops' peak above their tensors: the block's, or a MoE layer's where larger */
             double ex = dt__plan_at(s->rows, s->extra, rows), xe = x ? dt__plan_at(x->rows, x->extra, rows) : 0;
-            out->mem_transient = (ex > xe ? ex : xe) + dt__plan_zero_transient(m, &l, K, nb_max);
+            out->mem_transient = (ex > xe ? ex : xe) + dt__plan_zero_transient(m, &l, K, nb_max, nm_max, psi_max - px_max, px_max);
         }
         out->mem_total = out->mem_params + out->mem_grads + out->mem_optimizer + out->mem_activations + out->mem_transient;
     }
