@@ -1102,6 +1102,18 @@ static void zero_transient(void) {
         if (DT_TEST_CHECK(name, dt_plan_predict(&g_ctx, p, &l, &pr) == DT_OK))
             dt_test_close(name, pr.mem_transient, want, 1e-12);
     }
+    /* dp 1 (tp 2): dt_zero still packs and reduce-scatters each unit over its group of one (g = n,
+       4 n x 2 bytes, a 1-byte scratch slot): at block 1's grad_ready unit 0's grads, the block's
+       full grads and its pair, block 2's pair still in flight (4 n0 + 20 b), or at unit 0's
+       (12 n0 + 8 b); two slots of 1 byte */
+    {
+        double b2 = block_params(C, 2), u2 = 128 * C + 32 * C + 2 * C;
+        memset(&l, 0, sizeof l);
+        l.tp = 2; l.zero = 2;
+        want = fmax(4 * u2 + 20 * b2, 12 * u2 + 8 * b2) + 2;
+        if (DT_TEST_CHECK("plan_zero2_dp1_transient_by_hand", dt_plan_predict(&g_ctx, p, &l, &pr) == DT_OK))
+            dt_test_close("plan_zero2_dp1_transient_by_hand", pr.mem_transient, want, 1e-12);
+    }
     /* a MoE model of two MoE blocks (4 experts at ep 1: every rank holds all, synced over edp = 2
        in units of their own). Stage 2's backward, block 1 then 0, each the experts' unit x first:
          block 1: 4 n0 + 4 x + 4 bx + 6 x            (x's reduce-scatter posted)
