@@ -8,7 +8,8 @@
    layout the predicted and measured step time (median over the steps after the third, then the
    median over rounds) and peak memory per rank (the largest rank's dt_peak_bytes), with the
    errors; per model and world size the planner's first choice (gpt --layout auto, dlrm --shard
-   plan) is compared with the best layout measured. Ends with
+   plan) is compared with the best layout measured, and where `auto` chose a layout another row
+   runs too, the two medians are printed: the machine's own spread in this run. Ends with
 
        planner: layouts N, median error E%, max error M%, memory max error P%, first-ranked within R% of best
 
@@ -323,6 +324,24 @@ int main(int argc, char **argv) {
                    k == 1 ? "dlrm" : k == 2 ? "gpt moe" : "gpt", np, mine * 1e3, best * 1e3, 100.0 * (mine - best) / best);
             if (100.0 * (mine - best) / best > first_gap) first_gap = 100.0 * (mine - best) / best;
         }
+    /* the machine's own spread: an auto row runs a layout that another row runs too */
+    for (i = 0; i < NROWS; i++) {
+        row *a = &ROWS[i];
+        int j;
+        if (a->dlrm || strcmp(a->flags, "auto") || !wanted(a)) continue;
+        for (j = 0; j < NROWS; j++) {
+            row *b = &ROWS[j];
+            double x, y;
+            if (j == i || b->dlrm || b->np != a->np || b->moe != a->moe || !wanted(b) || strcmp(a->layout, b->layout))
+                continue;
+            x = median(b->meas, b->rounds);
+            y = median(a->meas, a->rounds);
+            printf("gpt%s np %d: the same layout measured by two rows, %.2f and %.2f ms (%.1f%% apart): this run's "
+                   "spread between runs\n", a->moe ? " moe" : "", a->np, x * 1e3, y * 1e3,
+                   100.0 * fabs(x - y) / (x < y ? x : y));
+            break;
+        }
+    }
     printf("(%.0f s)\n", now_s() - t0);
     printf("planner: layouts %d, median error %.1f%%, max error %.1f%%, memory max error %.1f%%, first-ranked within "
            "%.1f%% of best\n", nl, median(err, nl), emax, mmax, first_gap);
