@@ -2391,32 +2391,9 @@ static double dt__plan_at(const int64_t r[2], const double v[2], double rows) {
     return v[0] + (v[1] - v[0]) * (rows - (double)r[0]) / (double)(r[1] - r[0]);
 }
 
-/* What dt_zero and its collectives hold above the persistent buffers at their peak, on the CPU,
-   at examples/gpt's call order. Bytes, per rank. Stages 1-3 are replayed call by call over the
-   units, the way dt_parallel.h's >>zero takes and gives its buffers and dt_comm's pool lends its
-   scratch; stage 0 is summed. The units (pp 1; at pp > 1 the fullest stage's): unit 0 = the
-   embedding and the tied head (gathered first in the backward, released last), then each block's,
-   and after a MoE block's its experts' (an expert unit: E / ep experts, synced over the edp ranks
-   that hold the same ones, its own communicator and pool). For a unit of n elements over a group
-   of N ranks, g = a rank's rows (ceil per expert for an expert unit):
-     its full grads             4 n        (stages 2-3: from its first gather in the backward)
-     a reduce-scatter           4 g (N + 1)  (the packed grads and this rank's block)
-     the reduce-scatter's scratch 4 g (N - 1), from its communicator's pool: the free slot that
-                                fits best, else the largest free one grown to 1.125 x the need;
-                                slots are kept (the pool is the largest the step ever needed)
-     stage 3's gathered values  K n (the unit's own buffer), K g N (the all-gather, until used)
-     stage 0   every DDP bucket's slot: none finishes before the step (overlap 0 on one host's
-               MPI), the dense params' buckets over dp x cp and the experts' over edp
-     stage 1   at the step, one unit's reduce-scatter at a time; then each unit's values gathered
-     stages 2-3: each unit's grads reduce-scattered at its grad_ready, at most
-               D = DT_ZERO_RS_IN_FLIGHT in flight (the oldest finished first: a rank holds the same
-               whatever MPI's progress), none at a micro-step's start; stage 3 gathers each unit
-               before its use and posts the next one's gather (forward up, backward down: the
-               head's gather at the forward's end posts block 0's, used only in the backward)
-   Derived from dt_parallel.h's >>zero and checked against examples/gpt's peaks (dense np 2 and 4,
-   micro 1 to 4: within 0.3%; MoE: see docs/plan.md). */
-/* The replay's state: bytes live, the peak of live + pools, each communicator's pool (0: dp x cp,
-   1: edp) and the reduce-scatters in flight, oldest first. */
+/* dt_zero's memory replayed (dt__plan_zero_transient, below). The replay's state: bytes live, the
+   peak of live + pools, each communicator's pool (0: dp x cp, 1: edp) and the reduce-scatters in
+   flight, oldest first. */
 typedef struct dt__plan_zs {
     double live, peak, cap[2][16];
     int busy[2][16];
@@ -2521,6 +2498,31 @@ static void dt__plan_zs_gather(dt__plan_zs *s, const dt__plan_zw *w, int id, int
     s->posted[s->posted[0] < 0 ? 0 : 1] = nx;
 }
 
+/* What dt_zero and its collectives hold above the persistent buffers at their peak, on the CPU,
+   at examples/gpt's call order. Bytes, per rank. Stages 1-3 are replayed call by call over the
+   units, the way dt_parallel.h's >>zero takes and gives its buffers and dt_comm's pool lends its
+   scratch; stage 0 is summed. The units (pp 1; at pp > 1 the fullest stage's): unit 0 = the
+   embedding and the tied head (gathered first in the backward, released last), then each block's,
+   and after a MoE block's its experts' (an expert unit: E / ep experts, synced over the edp ranks
+   that hold the same ones, its own communicator and pool). For a unit of n elements over a group
+   of N ranks, g = a rank's rows (ceil per expert for an expert unit):
+     its full grads             4 n        (stages 2-3: from its first gather in the backward)
+     a reduce-scatter           4 g (N + 1)  (the packed grads and this rank's block)
+     the reduce-scatter's scratch 4 g (N - 1), from its communicator's pool: the free slot that
+                                fits best, else the largest free one grown to 1.125 x the need;
+                                slots are kept (the pool is the largest the step ever needed)
+     stage 3's gathered values  K n (the unit's own buffer), K g N (the all-gather, until used)
+     stage 0   every DDP bucket's slot: none finishes before the step (overlap 0 on one host's
+               MPI), the dense params' buckets over dp x cp and the experts' over edp
+     stage 1   at the step, one unit's reduce-scatter at a time; then each unit's values gathered
+     stages 2-3: each unit's grads reduce-scattered at its grad_ready, at most
+               D = DT_ZERO_RS_IN_FLIGHT in flight (the oldest finished first: a rank holds the same
+               whatever MPI's progress), none at a micro-step's start; stage 3 gathers each unit
+               before its use and posts the next one's gather (forward up, backward down: the
+               head's gather at the forward's end posts block 0's, used only in the backward)
+   Derived from dt_parallel.h's >>zero and checked against examples/gpt's peaks (dense np 2 and 4,
+   micro 1 to 4, and tp 2 at dp 1: within 0.3%; a MoE model at np 2, ep 1: within 0.2%; tests/test_plan
+   derives some by hand; the replay's pieces are above). */
 static double dt__plan_zero_transient(const dt_plan_model *m, const dt_plan_layout *l, double K, int nb, int nm,
                                       double dense, double px) {
     double N = (double)l->dp * l->cp, Ne = N / l->ep, C = m->width, xd = 0, xe = 0;
