@@ -2414,6 +2414,13 @@ static int dt__bf16_w(const dt_tensor *w, dt_tensor *wf) {
 #endif
 #define DT__AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
 #define DT__BF __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) /* no AMX: the packs, VDPBF16PS */
+/* GCC's AMX intrinsics (amxtileintrin.h up to GCC 13 at least) are asm statements that do not
+   tell the compiler which memory they read or write: _tile_loadconfig names 8 of its 64 bytes, the
+   tile loads and stores none. Without a barrier GCC 12 dropped the config's memset (LDTILECFG then
+   read stack garbage and faulted, SIGSEGV, on a Sapphire Rapids-class VM) and may move C's or the
+   staging tiles' plain loads and stores across the tile instructions. DT__AMX_FENCE is a compiler
+   barrier at each boundary between the tile instructions and C code's memory. */
+#define DT__AMX_FENCE() __asm__ volatile("" ::: "memory")
 #define DT__AMX_KC 512  /* k's per packed block (a multiple of 32) */
 #define DT__AMX_MC 64   /* rows of op(A) per packed block (a multiple of 32) */
 #define DT__AMX_NC 1024 /* columns of op(B) per packed block (a multiple of 32) */
@@ -2622,6 +2629,7 @@ static DT__AMX void dt__amx_block(int64_t mc, int64_t nc, int64_t kc, const uint
                                   float *C, int64_t ldc, int acc, const float *bias) {
     int64_t ks = (kc + 31) / 32, i, j, s, ld = ldc * 4;
     float tmp[4][256];
+    DT__AMX_FENCE(); /* the packs and C written before */
     for (j = 0; j < nc; j += 32)
         for (i = 0; i < mc; i += 32) {
             const uint16_t *a0 = pa + (i / 16) * ks * 512, *a1 = a0 + ks * 512;
@@ -2659,6 +2667,7 @@ static DT__AMX void dt__amx_block(int64_t mc, int64_t nc, int64_t kc, const uint
                         tmp[q][r * 16 + e] = !(ri + r < mc && cj + e < nc) ? 0.0f
                                              : acc ? C[(ri + r) * ldc + cj + e] : bias ? bias[cj + e] : 0.0f;
             }
+            DT__AMX_FENCE();
             _tile_loadd(0, tmp[0], 64); _tile_loadd(1, tmp[1], 64);
             _tile_loadd(2, tmp[2], 64); _tile_loadd(3, tmp[3], 64);
             for (s = 0; s < ks; s++) {
@@ -2674,12 +2683,14 @@ static DT__AMX void dt__amx_block(int64_t mc, int64_t nc, int64_t kc, const uint
             }
             _tile_stored(0, tmp[0], 64); _tile_stored(1, tmp[1], 64);
             _tile_stored(2, tmp[2], 64); _tile_stored(3, tmp[3], 64);
+            DT__AMX_FENCE();
             for (q = 0; q < 4; q++) {
                 int64_t ri = i + (q >> 1) * 16, cj = j + (q & 1) * 16;
                 for (r = 0; r < 16 && ri + r < mc; r++)
                     for (e = 0; e < 16 && cj + e < nc; e++) C[(ri + r) * ldc + cj + e] = tmp[q][r * 16 + e];
             }
         }
+    DT__AMX_FENCE(); /* C's tiles stored before the caller reads them */
 }
 
 static DT__AMX void dt__amx_start(void) {
@@ -2688,6 +2699,7 @@ static DT__AMX void dt__amx_start(void) {
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (x = 0; x < 8; x++) { cfg.rows[x] = 16; cfg.colsb[x] = 64; }
+    DT__AMX_FENCE(); /* all 64 bytes written: GCC's _tile_loadconfig names 8 */
     _tile_loadconfig(&cfg);
 }
 static DT__AMX void dt__amx_stop(void) { _tile_release(); }
