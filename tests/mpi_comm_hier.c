@@ -1,4 +1,5 @@
 // np: 4 6 8
+// asan np: 4 6
 /* tests/mpi_comm_hier.c - the host-aware all-reduce (dt_comm.h, "Across hosts") on hosts
    modelled with desc.host_size (every k consecutive world ranks one host): what rank r
    contributes at element i is a pure function of (r, i), so each rank computes both orders

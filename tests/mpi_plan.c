@@ -3,7 +3,6 @@
    time positive, a larger micro-batch no faster, the collectives' latency and bandwidth
    positive), every rank holds the same profile (so every rank's search picks the same layout,
    which --layout auto relies on), and a profile that has been saved and read back plans alike. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

@@ -7,7 +7,6 @@
    dt_embed_create then takes on that rank (within 1% + 4 KB), for every plan the search ranks;
    dt_embed's own plan is predicted with the transient the profile measured of it whole, a plan one
    table away from it with its kinds' scaled sum. The bad descs are named. No timing is asserted: the timings are checked by bench/plan. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"

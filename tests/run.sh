@@ -74,6 +74,8 @@
 #                             When the sanitizer runs are on, the plain build runs at one N
 #                             only (2, or the least listed): the ASan runs repeat its checks
 #                             at every N
+#                             (a second line "// asan np: 4 6" runs ASan at those only, and
+#                             the plain build at the rest too)
 #                             A line "// tsan: N" (the threads a header starts: dt_embed's
 #                             prefetch helper) adds a ThreadSanitizer build run at N ranks
 #                             ("tsan:"; a report is a failure; with the sanitizer runs)
@@ -377,6 +379,9 @@ build_kernel() {
 
 # np_list SRC: the rank counts of a first line "// np: 1 2 4" (empty without one).
 np_list() { sed -n '1s|^//[[:space:]]*np:||p' "$1" | tr -cs '0-9' ' ' | xargs; }
+# asan_np_list SRC: a second line "// asan np: 4 6" runs the ASan+UBSan build at those rank counts
+# only (a suite on 2 cores cannot afford it at 8); the plain build then runs at the others.
+asan_np_list() { sed -n '2s|^//[[:space:]]*asan np:||p' "$1" | tr -cs '0-9' ' ' | xargs; }
 # A first line "// mpi" (or "// np: ...") marks a program built with mpicc -DDT_MPI.
 wants_mpi() { head -n 1 "$1" | grep -qE '^//[[:space:]]*(mpi|np:)'; }
 # "// mpi-driver": built with mpicc, run directly (it launches mpirun itself).
@@ -863,9 +868,18 @@ run_program() {
     # With the sanitizer runs on, a multi-rank test runs plain at one rank count only (2, or
     # the least it lists): the ASan+UBSan build runs the same checks at every rank count, so
     # a plain run at the others would repeat them; the plain one checks the -O2 build.
-    local plain_nps=$nps
+    # A second line "// asan np: ..." narrows the sanitizer runs; the plain build adds the rest.
+    local plain_nps=$nps asan_nps=$nps
     if [ "$kind" = mpi ] && [ "$ASAN_RUN" = 1 ] && [[ $nps == *,* ]]; then
         if [[ ,$nps, == *,2,* ]]; then plain_nps=2; else plain_nps=${nps%%,*}; fi
+        local only
+        only=$(asan_np_list "$src")
+        if [ -n "$only" ]; then
+            asan_nps=${only// /,}
+            for np in ${nps//,/ }; do
+                [[ ,$asan_nps,$plain_nps, == *,$np,* ]] || plain_nps=$plain_nps,$np
+            done
+        fi
     fi
     for np in ${plain_nps//,/ }; do
         if [ "$np" = - ]; then
@@ -894,8 +908,8 @@ run_program() {
     local leaks=$LEAKS
     [ "$mpi" = 1 ] && leaks=0
     local opts="detect_leaks=$leaks:print_legend=0:halt_on_error=1"
-    if [ "$kind" = mpi ]; then # at each rank count, as the plain runs
-        for np in ${nps//,/ }; do
+    if [ "$kind" = mpi ]; then # at each rank count, as the plain runs (or those its second line names)
+        for np in ${asan_nps//,/ }; do
             if [ "$np" = - ]; then
                 run_prog "asan:$name" "asan:" "" env ASAN_OPTIONS="$opts" UBSAN_OPTIONS=print_stacktrace=1:suppressions=$ROOT/tests/ubsan.supp "$T/asan/$name"
             else
