@@ -3,8 +3,8 @@
    layouts on 1, 2 and 4 ranks, each predicted (gpt --plan, from a profile measured once per world
    size) and then run, in rounds, interleaved; and examples/dlrm's table plans (--shard table,
    row, column, data, auto = dt_embed's own planner, plan = dt_plan's first-ranked) on 1, 2 and 4
-   ranks, each predicted by dlrm --plan (its profile measured there) and run (--shard plan prints
-   the prediction of the plan it chose from the profile it measured just before). Prints per
+   ranks, each predicted by dlrm --plan and run (--shard plan prints the prediction of the plan it
+   chose), all from one profile per world size and round, as the gpt rows. Prints per
    layout the predicted and measured step time (median over the steps after the third, then the
    median over rounds) and peak memory per rank (the largest rank's dt_peak_bytes), with the
    errors; per model and world size the planner's first choice (gpt --layout auto, dlrm --shard
@@ -146,9 +146,9 @@ static int dlrm_prediction(row *r, const char *out) {
 
 static const char *model_of(const row *r) { return r->moe ? MOE_MODEL : MODEL; }
 
-/* the profile file of a gpt row's model and world */
+/* the profile file of a row's model and world */
 static void profile_path(const row *r, const char *logdir, char *buf, size_t n) {
-    snprintf(buf, n, "%s/profile_np%d%s.json", logdir, r->np, r->moe ? "_moe" : "");
+    snprintf(buf, n, "%s/profile_%snp%d%s.json", logdir, r->dlrm ? "dlrm_" : "", r->np, r->moe ? "_moe" : "");
 }
 
 /* --plan: the prediction for the row's layout (auto: for the planner's first choice) */
@@ -157,10 +157,11 @@ static void predict(row *r, const char *profile) {
     const char *s;
     char *out;
     int rc;
-    if (r->dlrm) { /* dlrm --plan measures its own profile; --shard plan's row is predicted by its run */
+    if (r->dlrm) { /* the first dlrm --plan of a world measures the profile, the others read it; --shard
+                      plan's row is predicted by its run */
         if (!strcmp(r->flags, "plan")) return;
-        snprintf(cmd, sizeof cmd, "%s -np %d %s %s --shard %s --plan --quiet 2>&1", g_mpirun, r->np, g_dlrm, DLRM_MODEL,
-                 r->flags);
+        snprintf(cmd, sizeof cmd, "%s -np %d %s %s --shard %s --plan --plan-profile %s --quiet 2>&1", g_mpirun, r->np, g_dlrm,
+                 DLRM_MODEL, r->flags, profile);
         out = run(cmd, &rc);
         if (rc || !dlrm_prediction(r, out)) {
             fprintf(stderr, "plan: no prediction for dlrm np %d --shard %s (rc %d):\n%s\n", r->np, r->flags, rc, out);
@@ -202,11 +203,12 @@ static void measure(row *r, int steps, const char *logdir) {
     dt_ctx ctx;
     layout_flags(r, fl, sizeof fl);
     snprintf(log, sizeof log, "%s/np%d_%d.jsonl", logdir, r->np, (int)(r - ROWS));
-    if (r->dlrm) /* --shard plan measures its profile, plans and prints its prediction, then trains */
-        snprintf(cmd, sizeof cmd, "%s -np %d %s %s --shard %s --steps %d --print-every 0 --log %s 2>&1", g_mpirun, r->np,
-                 g_dlrm, DLRM_MODEL, r->flags, DLRM_STEPS, log);
+    profile_path(r, logdir, prof, sizeof prof);
+    if (r->dlrm) /* --shard plan plans from the round's profile and prints its prediction, then trains */
+        snprintf(cmd, sizeof cmd, "%s -np %d %s %s --shard %s --steps %d --print-every 0 --log %s%s%s 2>&1", g_mpirun,
+                 r->np, g_dlrm, DLRM_MODEL, r->flags, DLRM_STEPS, log, strcmp(r->flags, "plan") ? "" : " --plan-profile ",
+                 strcmp(r->flags, "plan") ? "" : prof);
     else { /* --layout auto reads the profile the prediction used */
-        profile_path(r, logdir, prof, sizeof prof);
         snprintf(cmd, sizeof cmd, "%s -np %d %s %s %s --steps %d --print-every 0 --log %s --plan-profile %s 2>&1",
                  g_mpirun, r->np, g_gpt, model_of(r), fl, steps, log, prof);
     }
@@ -270,7 +272,7 @@ int main(int argc, char **argv) {
         for (np = 1; np <= 4; np *= 2) {
             char path[640];
             for (i = 0; i < NROWS; i++) /* each model's profile measured afresh, by its first row */
-                if (ROWS[i].np == np && !ROWS[i].dlrm) {
+                if (ROWS[i].np == np) {
                     profile_path(&ROWS[i], logdir, path, sizeof path);
                     remove(path);
                 }
@@ -284,8 +286,8 @@ int main(int argc, char **argv) {
             if (wanted(&ROWS[i])) measure(&ROWS[i], steps, logdir);
     }
     printf("planner check: %s; examples/gpt %s, %d rounds of %d steps (median step of steps 4..%d, median over rounds; each "
-           "round's profiles measured at its start); examples/dlrm %s, %d steps (steps 4..%d; each prediction from a "
-           "profile measured by its own run); the MoE rows %s\n", g_mpirun, MODEL, rounds, steps, steps, DLRM_MODEL, DLRM_STEPS,
+           "round's profiles measured at its start); examples/dlrm %s, %d steps (steps 4..%d; its profile measured by a "
+           "world's first prediction of the round); the MoE rows %s\n", g_mpirun, MODEL, rounds, steps, steps, DLRM_MODEL, DLRM_STEPS,
            DLRM_STEPS, MOE_MODEL);
     printf("%-3s %-80s %10s %10s %7s %9s %9s %7s\n", "np", "layout", "pred ms", "meas ms", "err", "pred MB", "meas MB",
            "err");
