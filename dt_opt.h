@@ -3193,13 +3193,15 @@ static dt_status dt__ck_map_file(dt_ctx *ctx, dt__ck_load *L, int f, const char 
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: checksum mismatch, xxh64 %016llx but the manifest says "
                                 "%016llx (corrupt file)", fn, path, (unsigned long long)got,
                                 (unsigned long long)L->files[f].hash);
-    if ((st = dt_safetensors_header_len(ctx, &hl, m, (uint64_t)sb.st_size, path)) != DT_OK) {
+    memset(&hdr, 0, sizeof hdr);
+    st = dt_safetensors_header_len(ctx, &hl, m, (uint64_t)sb.st_size, path);
+    if (!st)
+        st = dt_safetensors_parse(ctx, &hdr, (const char *)m + 8, (size_t)hl, (uint64_t)sb.st_size - 8 - hl, path);
+    if (st) {
         char why[DT_ERROR_MAX]; /* DT_ERR_FORMAT naming the file; said as this load's error */
         snprintf(why, sizeof why, "%s", dt_ctx_error(ctx));
         return dt_ctx_set_error(ctx, st, "%s: %s", fn, why);
     }
-    memset(&hdr, 0, sizeof hdr);
-    DT__TRY(dt_safetensors_parse(ctx, &hdr, (const char *)m + 8, (size_t)hl, (uint64_t)sb.st_size - 8 - hl, path));
     for (k = 0; !st && k < L->n_pc; k++) {
         dt__ck_piece *pc = &L->pc[k];
         const dt_st_entry *e = NULL;

@@ -1987,8 +1987,29 @@ static dt_status dt__plan_read_json(dt_ctx *ctx, const char *fn, const char *pat
     fclose(f);
     err = dt_json_parse(ctx, out, text, (size_t)len);
     dt_release(ctx, text);
-    if (err) return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s", fn, path, dt_ctx_error(ctx));
+    if (err) { /* the parser's message, copied out of the buffer the new one is written into */
+        char why[DT_ERROR_MAX];
+        snprintf(why, sizeof why, "%s", dt_ctx_error(ctx));
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s", fn, path, why);
+    }
     return DT_OK;
+}
+
+/* A check's DT_ERR_ARG about what a file gave (its fn argument "reader: path"), said as the
+   file's DT_ERR_FORMAT. The message is copied out of the buffer the new one is written into. */
+static dt_status dt__plan_as_format(dt_ctx *ctx, dt_status err) {
+    char why[DT_ERROR_MAX];
+    if (!err) return DT_OK;
+    snprintf(why, sizeof why, "%s", dt_ctx_error(ctx));
+    return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s", why);
+}
+
+/* a file's value as its error names it: the number, "(missing)" or "(not a number)"; in v[48] */
+static const char *dt__plan_jval(const dt_json *j, char v[48]) {
+    if (!j) snprintf(v, 48, "(missing)");
+    else if (j->type != DT_JSON_NUMBER) snprintf(v, 48, "(not a number)");
+    else snprintf(v, 48, "%.9g", j->number);
+    return v;
 }
 
 /* a number field of obj within [lo, hi], named in the error */
@@ -1996,34 +2017,31 @@ static dt_status dt__plan_num(dt_ctx *ctx, const char *path, const dt_json *obj,
                             double lo, double hi, double *out) {
     const dt_json *j = dt_json_get(obj, key);
     char v[48];
-    if (!j || j->type != DT_JSON_NUMBER || !(j->number >= lo && j->number <= hi)) {
-        if (!j) snprintf(v, sizeof v, "(missing)");
-        else if (j->type != DT_JSON_NUMBER) snprintf(v, sizeof v, "(not a number)");
-        else snprintf(v, sizeof v, "%.9g", j->number);
+    if (!j || j->type != DT_JSON_NUMBER || !(j->number >= lo && j->number <= hi))
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_plan_profile_load: %s: %s%s = %s, expected a number in [%g, %g]",
-                                path, where, key, v, lo, hi);
-    }
+                                path, where, key, dt__plan_jval(j, v), lo, hi);
     *out = j->number;
     return DT_OK;
 }
 static dt_status dt__plan_pair(dt_ctx *ctx, const char *path, const dt_json *obj, const char *where, const char *key,
                              double hi, double out[2]) {
     const dt_json *j = dt_json_get(obj, key);
+    char v[48];
     int i;
     if (!j || j->type != DT_JSON_ARRAY || j->count != 2)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_plan_profile_load: %s: %s%s: expected an array of 2 numbers", path,
                                 where, key);
     for (i = 0; i < 2; i++)
         if (j->items[i].type != DT_JSON_NUMBER || !(j->items[i].number >= 0 && j->items[i].number <= hi))
-            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_plan_profile_load: %s: %s%s[%d]: expected a number in "
-                                    "[0, %g]", path, where, key, i, hi);
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_plan_profile_load: %s: %s%s[%d] = %s, expected a number in "
+                                    "[0, %g]", path, where, key, i, dt__plan_jval(&j->items[i], v), hi);
         else out[i] = j->items[i].number;
     return DT_OK;
 }
 
 DT_API dt_status dt_plan_profile_load(dt_ctx *ctx, dt_plan_profile *p, const char *path) {
     static const char *fn = "dt_plan_profile_load";
-    char where[48];
+    char where[48], at[DT_ERROR_MAX];
     dt_json *root = NULL;
     const dt_json *j, *mo, *arr;
     dt_status err;
@@ -2090,7 +2108,8 @@ DT_API dt_status dt_plan_profile_load(dt_ctx *ctx, dt_plan_profile *p, const cha
         }
         p->model.balance = (dt_moe_balance)i;
     }
-    if ((err = dt__plan_model_check(ctx, fn, &p->model))) goto done;
+    snprintf(at, sizeof at, "%s: %s", fn, path);
+    if ((err = dt__plan_as_format(ctx, dt__plan_model_check(ctx, at, &p->model)))) goto done;
     DT__PLAN_N(root, "", "opt_s_per_param", 0, 1, p->opt_s_per_param);
     DT__PLAN_N(root, "", "copy_s_per_byte", 0, 1, p->copy_s_per_byte);
     DT__PLAN_N(root, "", "overlap", 0, 1, p->overlap);
@@ -3038,6 +3057,7 @@ static dt_status dt__plan_machine_check(dt_ctx *ctx, const char *fn, const dt_pl
 
 DT_API dt_status dt_plan_machine_load(dt_ctx *ctx, dt_plan_machine *mc, const char *path) {
     static const char *fn = "dt_plan_machine_load";
+    char at[DT_ERROR_MAX];
     dt_json *root = NULL;
     const dt_json *j;
     dt_status err = DT_OK;
@@ -3058,7 +3078,9 @@ DT_API dt_status dt_plan_machine_load(dt_ctx *ctx, dt_plan_machine *mc, const ch
     snprintf(mc->name, sizeof mc->name, "%s", j->string);
     j = dt_json_get(root, "ranks_per_host");
     if (!j || j->type != DT_JSON_NUMBER || !(j->number >= 1 && j->number <= 4096) || j->number != floor(j->number)) {
-        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: ranks_per_host: expected an integer in [1, 4096]", fn, path);
+        char v[48];
+        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: ranks_per_host = %s, expected an integer in [1, 4096]", fn,
+                               path, dt__plan_jval(j, v));
         goto done;
     }
     mc->ranks_per_host = (int)j->number;
@@ -3067,19 +3089,14 @@ DT_API dt_status dt_plan_machine_load(dt_ctx *ctx, dt_plan_machine *mc, const ch
         j = dt_json_get(root, mf->key);
         if (!j || j->type != DT_JSON_NUMBER || !(j->number >= mf->lo && j->number <= mf->hi)) {
             char v[48];
-            if (!j) snprintf(v, sizeof v, "(missing)");
-            else if (j->type != DT_JSON_NUMBER) snprintf(v, sizeof v, "(not a number)");
-            else snprintf(v, sizeof v, "%.9g", j->number);
             err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s = %s, expected a number in [%g, %g]", fn, path, mf->key,
-                                   v, mf->lo, mf->hi);
+                                   dt__plan_jval(j, v), mf->lo, mf->hi);
             goto done;
         }
         memcpy((char *)mc + mf->off, &j->number, sizeof j->number);
     }
-    if ((err = dt__plan_machine_check(ctx, fn, mc))) {
-        err = dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s", fn, path, dt_ctx_error(ctx));
-        goto done;
-    }
+    snprintf(at, sizeof at, "%s: %s", fn, path);
+    if ((err = dt__plan_as_format(ctx, dt__plan_machine_check(ctx, at, mc)))) goto done;
 done:
     dt_json_free(ctx, root);
     if (err) memset(mc, 0, sizeof *mc);
@@ -3359,8 +3376,11 @@ static dt_status dt__plan_dlrm_measure(dt_comm *world, const dt_plan_dlrm_desc *
         ed.tables = desc->tables;
         ed.n_tables = desc->n_tables;
         if ((err = dt__plan_em_time(world, &ed, bs->k, bs->n, reps, r, &refused, desc, &out->dense_s, &made))) return err;
-        if (refused) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dt_embed_create refuses desc.tables: %s", fn,
-                                             dt_ctx_error(ctx));
+        if (refused) {
+            char why[DT_ERROR_MAX]; /* copied out of the buffer the new message is written into */
+            snprintf(why, sizeof why, "%s", dt_ctx_error(ctx));
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dt_embed_create refuses desc.tables: %s", fn, why);
+        }
         for (t = 0; t < desc->n_tables; t++) { out->auto_kind[t] = made.kind[t]; out->auto_owner[t] = made.owner[t]; }
         if ((err = dt__plan_em_roles(world, r, own, other))) return err;
         out->whole_fwd[DT_SHARD_AUTO] = own[0] > other[0] ? own[0] : other[0];
@@ -3858,11 +3878,12 @@ static int dt__plan_kind_of(const dt_json *j) {
 static dt_status dt__plan_nums(dt_ctx *ctx, const char *fn, const char *path, const dt_json *obj, const char *where,
                                const char *key, int n, double hi, double *out) {
     const dt_json *j = dt_json_get(obj, key);
+    char v[48];
     int i;
     if (n == 1) {
         if (!j || j->type != DT_JSON_NUMBER || !(j->number >= 0 && j->number <= hi))
-            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s%s: expected a number in [0, %g]", fn, path, where, key,
-                                    hi);
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s%s = %s, expected a number in [0, %g]", fn, path,
+                                    where, key, dt__plan_jval(j, v), hi);
         out[0] = j->number;
         return DT_OK;
     }
@@ -3870,8 +3891,8 @@ static dt_status dt__plan_nums(dt_ctx *ctx, const char *fn, const char *path, co
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s%s: expected an array of %d numbers", fn, path, where, key, n);
     for (i = 0; i < n; i++) {
         if (j->items[i].type != DT_JSON_NUMBER || !(j->items[i].number >= 0 && j->items[i].number <= hi))
-            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s%s[%d]: expected a number in [0, %g]", fn, path, where,
-                                    key, i, hi);
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s%s[%d] = %s, expected a number in [0, %g]", fn, path,
+                                    where, key, i, dt__plan_jval(&j->items[i], v), hi);
         out[i] = j->items[i].number;
     }
     return DT_OK;
@@ -3881,9 +3902,10 @@ static dt_status dt__plan_nums(dt_ctx *ctx, const char *fn, const char *path, co
 static dt_status dt__plan_int(dt_ctx *ctx, const char *fn, const char *path, const dt_json *obj, const char *where,
                               const char *key, double lo, double hi, double *out) {
     const dt_json *j = dt_json_get(obj, key);
+    char v[48];
     if (!j || j->type != DT_JSON_NUMBER || !(j->number >= lo && j->number <= hi) || j->number != floor(j->number))
-        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s%s: expected an integer in [%g, %g]", fn, path, where, key,
-                                lo, hi);
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: %s%s = %s, expected an integer in [%g, %g]", fn, path,
+                                where, key, dt__plan_jval(j, v), lo, hi);
     *out = j->number;
     return DT_OK;
 }

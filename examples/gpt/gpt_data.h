@@ -107,24 +107,24 @@ static uint32_t dt__gpt_le32(const unsigned char *p) {
 }
 
 /* Opens a shard, checks its header and size; *n = its token count. The file is left positioned
-   at the first token. */
-static dt_status dt__gpt_shard_open(dt_ctx *ctx, FILE **out, int64_t *n, const char *path) {
+   at the first token. fn: the API function the errors name. */
+static dt_status dt__gpt_shard_open(dt_ctx *ctx, FILE **out, int64_t *n, const char *path, const char *fn) {
     unsigned char h[1024];
     long long size;
     uint32_t magic, version;
     int32_t count;
     FILE *fp = fopen(path, "rb");
     *out = NULL;
-    if (!fp) return dt_ctx_set_error(ctx, DT_ERR_IO, "dt_gpt_data_open: cannot open shard '%s'", path);
+    if (!fp) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot open shard '%s'", fn, path);
     size = dt__gpt_file_size(fp);
     if (size < 0) {
         fclose(fp);
-        return dt_ctx_set_error(ctx, DT_ERR_IO, "dt_gpt_data_open: cannot size shard '%s'", path);
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot size shard '%s'", fn, path);
     }
     if (size < 1024 || fread(h, 1, 1024, fp) != 1024) {
         fclose(fp);
-        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_gpt_data_open: shard '%s' is truncated: %lld bytes, "
-                                "the header alone is 1024 (256 x int32)", path, size);
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: shard '%s' is truncated: %lld bytes, "
+                                "the header alone is 1024 (256 x int32)", fn, path, size);
     }
     magic = dt__gpt_le32(h);
     version = dt__gpt_le32(h + 4);
@@ -132,18 +132,18 @@ static dt_status dt__gpt_shard_open(dt_ctx *ctx, FILE **out, int64_t *n, const c
     if (magic != DT_GPT_SHARD_MAGIC || version != DT_GPT_SHARD_VERSION || count < 0) {
         fclose(fp);
         if (magic != DT_GPT_SHARD_MAGIC)
-            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_gpt_data_open: shard '%s' has magic %u, expected %d "
-                                    "(an llm.c token shard)", path, (unsigned)magic, DT_GPT_SHARD_MAGIC);
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: shard '%s' has magic %u, expected %d "
+                                    "(an llm.c token shard)", fn, path, (unsigned)magic, DT_GPT_SHARD_MAGIC);
         if (version != DT_GPT_SHARD_VERSION)
-            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_gpt_data_open: shard '%s' has version %u, expected %d "
-                                    "(uint16 GPT-2 tokens)", path, (unsigned)version, DT_GPT_SHARD_VERSION);
-        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_gpt_data_open: shard '%s' header[2] (token count) = %d, "
-                                "expected >= 0", path, (int)count);
+            return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: shard '%s' has version %u, expected %d "
+                                    "(uint16 GPT-2 tokens)", fn, path, (unsigned)version, DT_GPT_SHARD_VERSION);
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: shard '%s' header[2] (token count) = %d, "
+                                "expected >= 0", fn, path, (int)count);
     }
     if (size != 1024 + 2 * (long long)count) {
         fclose(fp);
-        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "dt_gpt_data_open: shard '%s' is %s: %lld bytes, header[2] "
-                                "= %d tokens needs %lld", path, size < 1024 + 2 * (long long)count ? "truncated"
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: shard '%s' is %s: %lld bytes, header[2] "
+                                "= %d tokens needs %lld", fn, path, size < 1024 + 2 * (long long)count ? "truncated"
                                 : "longer than its header says", size, (int)count, 1024 + 2 * (long long)count);
     }
     *out = fp;
@@ -152,18 +152,19 @@ static dt_status dt__gpt_shard_open(dt_ctx *ctx, FILE **out, int64_t *n, const c
 }
 
 /* Reads n tokens into dst and checks each against the GPT-2 vocab. */
-static dt_status dt__gpt_shard_read(dt_ctx *ctx, uint16_t *dst, int64_t n, FILE *fp, const char *path) {
+static dt_status dt__gpt_shard_read(dt_ctx *ctx, uint16_t *dst, int64_t n, FILE *fp, const char *path,
+                                    const char *fn) {
     int64_t i;
     unsigned char b[2];
     for (i = 0; i < n; i++) { /* byte by byte: little-endian on any host */
         uint16_t t;
         if (fread(b, 1, 2, fp) != 2)
-            return dt_ctx_set_error(ctx, DT_ERR_IO, "dt_gpt_data_open: shard '%s': read failed at token %lld",
-                                    path, (long long)i);
+            return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: shard '%s': read failed at token %lld", fn, path,
+                                    (long long)i);
         t = (uint16_t)(b[0] | b[1] << 8);
         if (t >= DT_GPT2_VOCAB)
-            return dt_ctx_set_error(ctx, DT_ERR_RANGE, "dt_gpt_data_open: shard '%s': token %lld is %u, expected "
-                                    "< %d (the GPT-2 vocab)", path, (long long)i, (unsigned)t, DT_GPT2_VOCAB);
+            return dt_ctx_set_error(ctx, DT_ERR_RANGE, "%s: shard '%s': token %lld is %u, expected "
+                                    "< %d (the GPT-2 vocab)", fn, path, (long long)i, (unsigned)t, DT_GPT2_VOCAB);
         if (dst) dst[i] = t;
     }
     return DT_OK;
@@ -175,9 +176,9 @@ DT_API dt_status dt_gpt_data_check_shard(dt_ctx *ctx, int64_t *n_tokens, const c
     dt_status s;
     if (!ctx || !path) return ctx ? dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_gpt_data_check_shard: path is NULL")
                                   : DT_ERR_ARG;
-    s = dt__gpt_shard_open(ctx, &fp, &n, path);
+    s = dt__gpt_shard_open(ctx, &fp, &n, path, "dt_gpt_data_check_shard");
     if (s) return s;
-    s = dt__gpt_shard_read(ctx, NULL, n, fp, path);
+    s = dt__gpt_shard_read(ctx, NULL, n, fp, path, "dt_gpt_data_check_shard");
     fclose(fp);
     if (!s && n_tokens) *n_tokens = n;
     return s;
@@ -226,7 +227,7 @@ static dt_status dt__gpt_open_shards(dt_ctx *ctx, dt_gpt_data *d, const char *co
     if (!d->file_first) return DT_ERR_OOM;
     for (f = 0; f < n; f++) { /* sizes first: one allocation for every token */
         if (!paths[f]) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_gpt_data_open: desc.shards[%d] is NULL", f);
-        s = dt__gpt_shard_open(ctx, &fp, &count, paths[f]);
+        s = dt__gpt_shard_open(ctx, &fp, &count, paths[f], "dt_gpt_data_open");
         if (s) return s;
         fclose(fp);
         d->file_first[f] = total;
@@ -236,13 +237,13 @@ static dt_status dt__gpt_open_shards(dt_ctx *ctx, dt_gpt_data *d, const char *co
     d->tokens = (uint16_t *)dt_alloc(ctx, (size_t)(total ? total : 1) * sizeof(uint16_t));
     if (!d->tokens) return DT_ERR_OOM;
     for (f = 0; f < n; f++) {
-        s = dt__gpt_shard_open(ctx, &fp, &count, paths[f]);
+        s = dt__gpt_shard_open(ctx, &fp, &count, paths[f], "dt_gpt_data_open");
         if (s) return s;
         if (count != d->file_first[f + 1] - d->file_first[f]) {
             fclose(fp);
             return dt_ctx_set_error(ctx, DT_ERR_IO, "dt_gpt_data_open: shard '%s' changed while it was read", paths[f]);
         }
-        s = dt__gpt_shard_read(ctx, d->tokens + d->file_first[f], count, fp, paths[f]);
+        s = dt__gpt_shard_read(ctx, d->tokens + d->file_first[f], count, fp, paths[f], "dt_gpt_data_open");
         fclose(fp);
         if (s) return s;
     }
