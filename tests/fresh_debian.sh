@@ -181,6 +181,10 @@ prepare_root() {
     R=$(cd "$d/root" && pwd -P)
     tar --numeric-owner -C "$R" -xpf "$BASE" || return 1
     cp -L /etc/resolv.conf "$R/etc/resolv.conf" || return 1
+    # the /etc/hosts an installed system has (debootstrap writes none): without the host's name
+    # in it, MPI's start asks DNS for it and waits 5 s per mpirun, and the drivers of a hundred
+    # runs time out (as they did here on 2026-12-06)
+    printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n' "$(hostname)" >"$R/etc/hosts" || return 1
     printf 'APT::Install-Recommends "%s";\n' "$rec" >"$R/etc/apt/apt.conf.d/99dt-fresh-recommends" || return 1
     # mpirun needs /proc, /dev/shm (shared-memory transport) and ptys; ASan needs /proc
     mount_at -t proc proc "$R/proc" || return 1
