@@ -355,8 +355,9 @@ DT_API int dt_comm_world_rank(const dt_comm *c, int rank);
    take the host-aware all-reduce. */
 DT_API int dt_comm_hosts(const dt_comm *c);
 DT_API int dt_comm_ranks_per_host(const dt_comm *c);
-/* The CPUs of this host (Linux's /sys/devices/system/cpu/online) and those this process may run
-   on (its affinity: /proc/self/status); 0 each where the OS does not say. */
+/* The CPUs of this host (Linux's /sys/devices/system/cpu/online, else /proc/stat's where /sys is
+   not mounted) and those this process may run on (its affinity: /proc/self/status); 0 each where
+   the OS does not say. */
 DT_API void dt_comm_cpus(int *online, int *allowed);
 /* Collective over c: a line into out (n bytes; "" when there is nothing to say) when a host runs
    more of c's ranks than it has CPUs: how many such ranks are not bound to a CPU (the OS moves
@@ -1605,8 +1606,26 @@ static int dt__cm_cpu_count(const char *path, const char *key) {
     return n;
 }
 
+/* /proc/stat's "cpuN" lines, one per online CPU: where /sys is not mounted (a chroot, some
+   containers), as glibc's sysconf(_SC_NPROCESSORS_ONLN) falls back to */
+static int dt__cm_proc_stat_cpus(void) {
+    char line[512];
+    int n = 0, at_start = 1;
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f)) {
+        if (at_start && !strncmp(line, "cpu", 3) && line[3] >= '0' && line[3] <= '9') n++;
+        at_start = strchr(line, '\n') != NULL; /* else the next read is the rest of a long line ("intr") */
+    }
+    fclose(f);
+    return n;
+}
+
 DT_API void dt_comm_cpus(int *online, int *allowed) {
-    if (online) *online = dt__cm_cpu_count("/sys/devices/system/cpu/online", NULL);
+    if (online) {
+        *online = dt__cm_cpu_count("/sys/devices/system/cpu/online", NULL);
+        if (*online == 0) *online = dt__cm_proc_stat_cpus();
+    }
     if (allowed) *allowed = dt__cm_cpu_count("/proc/self/status", "Cpus_allowed_list:");
 }
 
