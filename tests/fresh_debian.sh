@@ -18,7 +18,8 @@
 #
 # Needs root (debootstrap, mount, chroot; SKIP otherwise), a Debian mirror (DT_FRESH_MIRROR,
 # default http://deb.debian.org/debian), debootstrap (installed with apt-get when missing),
-# about 1.5 GB under build/fresh and, on 2 cores, 5 to 8 minutes per APT setting. Uncommitted
+# about 1.5 GB under build/fresh and, on 2 cores, some 45 minutes per APT setting (the whole
+# suite runs in each; 2026-12-06: demo 284 s, the user's demo 182 s). Uncommitted
 # changes are not tested: the roots get `git clone` of HEAD. Downloaded .deb files are kept in
 # build/fresh/apt-archives for the next root (each root still installs them itself).
 set -uo pipefail
