@@ -17,10 +17,34 @@
 static dt_ctx ctx;
 static int R, N; /* world rank and size */
 
-static float val(int r, int64_t i, int salt) {
+static float val_of(int r, int64_t i, int salt) {
     /* magnitudes that differ by 2^10, so that the two orders round differently */
     float f = dt_rng_normal((uint64_t)(7000 + salt), (uint64_t)r, (uint64_t)i);
     return (r % 3 == 0 ? 1024.0f : 1.0f) * f;
+}
+
+/* val_of, remembered: every rank computes every rank's values for its expected sums, so without
+   this the checks cost N^2 normals per element: 8 ranks on 2 cores took 44.5 s, now 14.4 s */
+enum { SALTS = 128 };
+static float *memo[SALTS]; /* memo[salt][i * N + r] */
+static int64_t memo_n[SALTS];
+static float val(int r, int64_t i, int salt) {
+    if (salt < 0 || salt >= SALTS || i < 0) return val_of(r, i, salt);
+    if (i >= memo_n[salt]) {
+        int64_t n = memo_n[salt] * 2 > i + 4096 ? memo_n[salt] * 2 : i + 4096, j;
+        float *m = (float *)realloc(memo[salt], (size_t)n * (size_t)N * sizeof *m);
+        int q;
+        if (!m) return val_of(r, i, salt);
+        for (j = memo_n[salt]; j < n; j++)
+            for (q = 0; q < N; q++) m[j * N + q] = val_of(q, j, salt);
+        memo[salt] = m;
+        memo_n[salt] = n;
+    }
+    return memo[salt][i * N + r];
+}
+static void memo_free(void) {
+    int s;
+    for (s = 0; s < SALTS; s++) free(memo[s]);
 }
 
 static dt_tensor make(dt_dtype dt, int64_t n) {
@@ -714,6 +738,7 @@ int main(void) {
         if (hs > 1) alltoalls(hs);
         if (hs > 1 && hs < N && N % hs == 0) no_room_and_mismatch(hs);
     }
+    memo_free();
     dt_test_check_all("every_byte_comes_back", ctx.bytes_in_use == 0, "%lld bytes still held", (long long)ctx.bytes_in_use);
     dt_ctx_shutdown(&ctx);
     return dt_test_finish();
