@@ -726,9 +726,10 @@ run_emu() {
         [ -n "$modes" ] || modes="${EMU_MODES[*]} threads"
         for mode in $modes; do
             # threads: the parallel order with a host thread per CUDA thread (DT_EMU_THREADS=1)
-            # instead of fibers, as the TSan build runs them, so that path is checked without TSan too
+            # instead of fibers, as the TSan build runs them, so that path is checked without TSan
+            # too; on the TSan run's small inputs (the sizes are the other modes' to check)
             if [ "$mode" = threads ]; then
-                run_bg "$name [$mode]" "" " [$mode]" env DT_EMU_MODE=parallel DT_EMU_THREADS=1 "$E/$name"
+                run_bg "$name [$mode]" "" " [$mode]" env DT_EMU_MODE=parallel DT_EMU_THREADS=1 DT_K_SMALL=1 "$E/$name"
             else
                 run_bg "$name [$mode]" "" " [$mode]" env DT_EMU_MODE="$mode" "$E/$name"
             fi
