@@ -39,6 +39,10 @@ D=build/tests/readme
 rm -rf "$D" && mkdir -p "$D" || exit 1
 RUNDIR=${DT_TEST_TMPDIR:-$ROOT/$D/run}
 nfail=0 nblocks=0
+# The blocks are checked JOBS at a time (each compile is one process on one core), each into
+# its own result file, printed in the documents' order at the end.
+JOBS=${DT_TEST_JOBS:-$(nproc 2>/dev/null || echo 2)}
+RESULTS=()
 
 # first_error LOG: the first compiler error (or else the first line) of a log, on one line.
 first_error() { { grep -m1 -E 'error|undefined reference' "$1" || head -n 1 "$1"; } | cut -c1-300; }
@@ -141,10 +145,18 @@ for md in "${DOCS[@]}"; do
     for ((n = 1; n <= count; n++)); do
         read -r line kind <"$sub/b_$n.meta"
         nblocks=$((nblocks + 1))
-        if [ "$kind" = c ]; then check_c "$prefix$n" "$md line $line" "$md" "$line" "$sub/b_$n.c"
-        else check_diff "$prefix$n" "$md line $line" "$sub/b_$n.diff"
+        RESULTS+=("$sub/b_$n.res")
+        if [ "$kind" = c ]; then
+            while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+            check_c "$prefix$n" "$md line $line" "$md" "$line" "$sub/b_$n.c" >"$sub/b_$n.res" &
+        else check_diff "$prefix$n" "$md line $line" "$sub/b_$n.diff" >"$sub/b_$n.res"
         fi
     done
+done
+wait
+for r in "${RESULTS[@]}"; do
+    cat "$r"
+    nfail=$((nfail + $(grep -c '^FAIL' "$r")))
 done
 [ "$nblocks" -gt 0 ] || { echo "FAIL readme:snippets: no \`\`\`c or \`\`\`diff block in ${DOCS[*]}"; exit 1; }
 [ $nfail -eq 0 ]
