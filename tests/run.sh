@@ -56,7 +56,7 @@
 #                             down, <= 1 wait (tests/cuda_counters.sh)
 #   dlrm_reference            build/examples/dlrm (from ./build.sh) against an independent NumPy
 #                             DLRM / DCNv2 fed its checkpoints and batches (tests/dlrm_reference.py)
-#   slow_rank                 gpt --slow-every names a rank slowed by a busy loop on its core
+#   slow_rank                 gpt --slow-every names a rank slowed by busy loops on its core
 #   launch                    examples/launch.sh (elastic restart) against a stand-in mpirun: a hung
 #                             job killed after --abort-grace, restarts, exit codes (tests/launch.sh)
 #   multihost                 gpt and dlrm across 2 and 3 hosts made as network namespaces, equal to
@@ -1024,7 +1024,7 @@ if selected dlrm_reference; then
     fi
 fi
 
-# slow_rank: examples/gpt names a rank slowed by a busy loop on its core (tests/slow_rank.sh)
+# slow_rank: examples/gpt names a rank slowed by busy loops on its core (tests/slow_rank.sh)
 if selected slow_rank; then
     section "a slow rank named: gpt --slow-every with a CPU hog beside rank 1 (tests/slow_rank.sh)"
     run_prog slow_rank "" "" bash tests/slow_rank.sh
