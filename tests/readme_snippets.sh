@@ -41,7 +41,7 @@ RUNDIR=${DT_TEST_TMPDIR:-$ROOT/$D/run}
 nfail=0 nblocks=0
 # The blocks are checked JOBS at a time (each compile is one process on one core), each into
 # its own result file, printed in the documents' order at the end.
-JOBS=${DT_TEST_JOBS:-$(nproc 2>/dev/null || echo 2)}
+JOBS=${DT_TEST_JOBS:-$(OMP_NUM_THREADS= nproc 2>/dev/null || echo 2)} # (nproc reads OMP_NUM_THREADS, 1 in the suite)
 RESULTS=()
 
 # first_error LOG: the first compiler error (or else the first line) of a log, on one line.
