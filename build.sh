@@ -293,10 +293,14 @@ build_kernel() {
     fi
 }
 
+# The cores, for how many compilers run at once: nproc alone reads OMP_NUM_THREADS (a user's
+# OMP_NUM_THREADS=1 made every build one compiler at a time).
+cores() { OMP_NUM_THREADS= OMP_THREAD_LIMIT= nproc 2>/dev/null || echo 2; }
+
 # Every kernels/*.cu, nproc at a time (nvcc runs one file on one core for tens of seconds).
 build_kernels() {
     local cu obj ok=0 objs=() max_jobs failed=build/logs/kernels_failed
-    max_jobs=$(nproc 2>/dev/null || echo 2)
+    max_jobs=$(cores)
     mkdir -p build/kernels build/logs
     rm -f "$failed"
     for cu in kernels/*.cu; do
@@ -322,7 +326,7 @@ build_kernels() {
 # (tests/cuda_emu/emu_build.sh). Names each program that fails in $failed_list.
 build_emu_examples() {
     local failed_list=$1 src name out log max_jobs
-    max_jobs=$(nproc 2>/dev/null || echo 2)
+    max_jobs=$(cores)
     # shellcheck source=tests/cuda_emu/emu_build.sh
     source tests/cuda_emu/emu_build.sh
     if ! emu_objects; then
@@ -354,7 +358,7 @@ build_emu_examples() {
 BUILD_FAILED=
 build_all() {
     local max_jobs src name failed_list=build/logs/failed.list quick=${1:-} sources=(examples/*/*.c bench/*.c)
-    max_jobs=$(nproc 2>/dev/null || echo 2)
+    max_jobs=$(cores)
     mkdir -p build/logs
     rm -f "$failed_list"
     [ "$quick" = quick ] && sources=(examples/*/*.c)

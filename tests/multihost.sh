@@ -158,7 +158,7 @@ if [ "${DT_MULTIHOST_ONLY:-}" = bench ]; then
     up_1gbit
     link_bytes() { echo $(($(cat /sys/class/net/${PFX}v0/statistics/tx_bytes) + $(cat /sys/class/net/${PFX}v0/statistics/rx_bytes))); }
     MODEL=${DT_BENCH_MODEL:-"--seed 3 --layers 4 --width 256 --heads 8 --seq 64 --batch 8"}
-    echo "gpt $MODEL, dp 4 over 2 hosts x 2 ranks, 1 gbit/s links (tc tbf), $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
+    echo "gpt $MODEL, dp 4 over 2 hosts x 2 ranks, 1 gbit/s links (tc tbf), $(OMP_NUM_THREADS= nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
     for round in 1 2 3; do
         for mode in on off; do
             b0=$(link_bytes)
@@ -190,7 +190,7 @@ fi
 if [ "${DT_MULTIHOST_ONLY:-}" = bench_hidden ]; then
     up_1gbit
     MODEL=${DT_BENCH_MODEL:-"--seed 3 --layers 4 --width 256 --heads 8 --seq 64"}
-    echo "gpt $MODEL, dp 4 over 2 hosts x 2 ranks, --hier on, 1 gbit/s links (tc tbf), $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
+    echo "gpt $MODEL, dp 4 over 2 hosts x 2 ranks, --hier on, 1 gbit/s links (tc tbf), $(OMP_NUM_THREADS= nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
     for b in ${DT_BENCH_BATCHES:-8 32 64 128}; do
         across 2 2 "$TMP/h$b.out" $GPT $MODEL --batch "$b" --steps 12 --print-every 0 --hier on --trace "$TMP/h$b.json" \
             --log "$TMP/h$b.jsonl"
@@ -209,7 +209,7 @@ fi
 # with 1 gbit/s links
 if [ "${DT_MULTIHOST_ONLY:-}" = bench_a2a ]; then
     up_1gbit
-    echo "1 gbit/s links (tc tbf), $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
+    echo "1 gbit/s links (tc tbf), $(OMP_NUM_THREADS= nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
     for s in 2 4; do
         across 2 "$s" "$TMP/a2a$s.out" build/bench/a2a
         cat "$TMP/a2a$s.out"

@@ -115,7 +115,7 @@ C=build/compile    # objects and stamps of the compile checks
 mkdir -p "$T/asan" "$L" "$C" "$T/tmp"
 rm -f "$L/build_times" # "seconds id" of each build step run (step): the slowest ten at the end
 TIMEOUT=${DT_TEST_TIMEOUT:-300}
-JOBS=${DT_TEST_JOBS:-$(nproc 2>/dev/null || echo 2)}
+JOBS=${DT_TEST_JOBS:-$(OMP_NUM_THREADS= OMP_THREAD_LIMIT= nproc 2>/dev/null || echo 2)} # (nproc reads OMP_NUM_THREADS)
 ASAN=${DT_TEST_ASAN:-1}
 START=$EPOCHREALTIME
 # "quick" (first argument): the unit tests and the multi-rank tests at 2 ranks, plain builds only

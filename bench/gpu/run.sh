@@ -240,7 +240,7 @@ if [ "$MODE" = dry ]; then
     read -r rd at n < <(reldiff "$L/a.jsonl" "$L/b.jsonl" 5)
     res date "$(date -u +%Y-%m-%dT%H:%MZ)"
     res commit "$(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-    res host_cores "$(nproc)"
+    res host_cores "$(OMP_NUM_THREADS= OMP_THREAD_LIMIT= nproc)"
     res nvcc 13.0
     res arch sm_90
     res build "ok (fake)"
@@ -327,7 +327,7 @@ export DT_CPPFLAGS DT_LIBS
 for n in "${NOTES[@]}"; do echo "note: $n"; done
 res date "$(date -u +%Y-%m-%dT%H:%MZ)"
 res commit "$(git rev-parse --short HEAD 2>/dev/null || echo '?') ($(git status --porcelain 2>/dev/null | wc -l) files changed)"
-res host_cores "$(nproc)"
+res host_cores "$(OMP_NUM_THREADS= OMP_THREAD_LIMIT= nproc)"
 res nvcc "$("$DT_NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
 ARCH=sm_90 # --build-only: H100's, or build.sh's choice when it named one
 case ${DT_CUDA_ARCH:-} in sm_*) ARCH=$DT_CUDA_ARCH ;; esac
@@ -353,7 +353,7 @@ fi
 res arch "$ARCH"
 [ ${#NOTES[@]} -eq 0 ] || res notes "$(printf '%s; ' "${NOTES[@]}")"
 NVCC_FLAGS="-O2 -Werror all-warnings -gencode arch=compute_${ARCH#sm_},code=$ARCH"
-JOBS=${DT_GPU_JOBS:-$(nproc 2>/dev/null || echo 2)}
+JOBS=${DT_GPU_JOBS:-$(OMP_NUM_THREADS= OMP_THREAD_LIMIT= nproc 2>/dev/null || echo 2)} # (nproc reads OMP_NUM_THREADS: 1 under tests/run.sh)
 HAVE_MPI=0
 if [ -n "${DT_MPICC:-}" ] && command -v mpirun >/dev/null; then HAVE_MPI=1; fi
 
