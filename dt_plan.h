@@ -218,6 +218,8 @@ typedef struct dt_plan_machine {
     double intra_bw, intra_alpha; /* a collective's bus bandwidth (nccl-tests' busbw) inside a host, and its latency */
     double nic_bw, inter_alpha;  /* a rank's own link out of the host (bytes/s), and a cross-host latency */
     double p2p_intra_bw, p2p_inter_bw; /* a pipeline's send inside / across hosts */
+    double h2d_bw;               /* a rank's host link, each direction (its copy engines, pinned memory): what
+                                    activation offload's copies move at; 0 = not known (offload is not planned) */
     double overlap;              /* of the data-parallel sync posted during the backward, the share hidden */
     double tp_overlap;           /* of tp's collectives inside a block, the share hidden behind its GEMMs */
 } dt_plan_machine;
@@ -2633,6 +2635,9 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
     dt_status err;
     double rows, F, B, R, ef, eb, hf, hb, K, A, psi_max = 0, grads_b, N;
     double exposed, opt, step, makespan = 0, bubble = 0, busy = 0, fst[4096], bst[4096], C, own = 0;
+    /* offload: the slots that stay on the device (examples/gpt's: three on CUDA, where the copies run
+       on a side stream beside the compute; two on the CPU, where they are memcpys in line) */
+    int slots = p->paper ? 3 : 2;
     double xf = 0, xb = 0, xdense = 0, xexp = 0, px_max = 0, edp, xsh; /* MoE: a MoE block's time and params over a dense one's */
     const dt_plan_moe *x = NULL;
     int si, lse, st, first[4097], dpcp, nb_max = 0, nm_max = 0;
@@ -2651,9 +2656,9 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
     if (p->paper && l.ulysses)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ulysses 1 on paper: dt runs Ulysses on the CPU only (its CUDA "
                                 "tensors are DT_ERR_UNSUPPORTED), and a paper profile is a GPU cluster's", fn);
-    if (p->paper && l.offload > 0)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: offload %g on paper: a machine file has no host link figure to "
-                                "cost the copies with", fn, l.offload);
+    if (p->paper && l.offload > 0 && !(p->mach.h2d_bw > 0))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: offload %g on paper: machine %s has h2d_bw 0 (its host link is not "
+                                "known), so the copies cannot be costed", fn, l.offload, p->mach.name);
     rows = (double)(m->batch / l.dp / l.micro) * (double)(m->seq / l.cp);
     if (p->paper) {
         dt__plan_paper_split(p, &l, rows, &paper);
@@ -2708,16 +2713,23 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
                 int k = first[c * l.pp + st + 1] - first[c * l.pp + st], off = (int)floor(l.offload * k + 0.5);
                 nb += k;
                 outs += off;
-                ins += off > 2 ? off - 2 : 0;
+                ins += off > slots ? off - slots : 0;
                 for (b = first[c * l.pp + st]; b < first[c * l.pp + st + 1]; b++) nm += dt__plan_is_moe(m, b);
             }
             if (nb > nb_max) nb_max = nb;
             if (nm > nm_max) nm_max = nm;
-            fst[st] = nb * F + nm * xf + outs * own * p->copy_s_per_byte;
-            bst[st] = nb * (B + R) + nm * xb + ins * own * p->copy_s_per_byte;
+            fst[st] = nb * F + nm * xf + (p->paper ? 0 : outs * own * p->copy_s_per_byte);
+            bst[st] = nb * (B + R) + nm * xb + (p->paper ? 0 : ins * own * p->copy_s_per_byte);
             psi = nb * bp + nm * (xdense + xexp);
             if (st == 0) { fst[st] += ef; bst[st] += eb; psi += emb; }
             if (st == l.pp - 1) { fst[st] += hf; bst[st] += hb; psi += head; }
+            if (p->paper && outs) { /* the side stream copies while the blocks compute: a stage's forward takes
+                                       its compute or its first block and every copy out after it, whichever is
+                                       longer; its backward likewise with the copies back */
+                double c = own / p->mach.h2d_bw;
+                if (F + outs * c > fst[st]) fst[st] = F + outs * c;
+                if (ins && B + R + ins * c > bst[st]) bst[st] = B + R + ins * c;
+            }
             if (psi > psi_max) { psi_max = psi; px_max = nm * xexp; }
         }
         /* a bound on the pipeline's makespan: stage st starts after the stages before it ran their
@@ -2846,7 +2858,7 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
         out->mem_optimizer = (8 + master) * shard;
         /* a set is one (chunk, micro-batch): a chunk's blocks (interleaved: half the stage's) */
         int nbc = (nb_max + l.chunks - 1) / l.chunks, off = (int)floor(l.offload * nbc + 0.5);
-        out->mem_activations = sets * (dt__plan_acts_bytes(m, &l, nbc, A, p->paper, NULL) - (off > 2 ? off - 2 : 0) * own);
+        out->mem_activations = sets * (dt__plan_acts_bytes(m, &l, nbc, A, p->paper, NULL) - (off > slots ? off - slots : 0) * own);
         if (x && nm_max) { /* a set's MoE outputs and grads (moefull, moedy, moeout) and each MoE block's routed
                               rows (dt_moe_acts); each layer's exchange buffers once */
             double Nr = rows, Nl = l.sp ? rows / l.tp : rows;
@@ -2912,12 +2924,13 @@ typedef struct dt__plan_hunt {
     dt_pp_schedule *cache; /* the last pipeline schedule made: the next layout often has the same */
 } dt__plan_hunt;
 
-/* One layout of the search: valid, predicted (paper: bounded), kept when it fits the budget. */
+/* One layout of the search: valid, predicted (paper: bounded), kept when it fits the budget (*fit 1). */
 static dt_status dt__plan_try(dt_ctx *ctx, const dt_plan_profile *p, const dt_plan_search_desc *sd,
-                              const dt_plan_layout *l, dt__plan_hunt *h) {
+                              const dt_plan_layout *l, dt__plan_hunt *h, int *fit) {
     dt_plan_prediction pr;
     int pruned;
     dt_status err;
+    *fit = 0;
     if (dt_plan_layout_check(NULL, &p->model, p->world, l, NULL)) return DT_OK;
     /* paper: memory and a bound on the step now, the pipeline later */
     err = dt__plan_predict(ctx, p, l, &pr, p->paper ? HUGE_VAL : 0, &h->cache, &pruned);
@@ -2925,6 +2938,7 @@ static dt_status dt__plan_try(dt_ctx *ctx, const dt_plan_profile *p, const dt_pl
     if (err) return err;
     if (sd->mem_budget > 0 && pr.mem_total > sd->mem_budget) return DT_OK;
     h->all++;
+    *fit = 1;
     if (!pruned) {
         dt__plan_insert(h->out, h->max, &h->n, &pr);
         return DT_OK;
@@ -2942,7 +2956,7 @@ DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_
     dt_plan_search_desc sd;
     dt__plan_hunt h;
     dt_status err = DT_OK;
-    int W, tp, cp, pp, zero, sp, rec, sch, v, n_off, n_var, mi, nm, ep;
+    int W, tp, cp, pp, zero, sp, rec, sch, v, n_off, n_var, mi, nm, ep, fit, fit0 = 0;
     int64_t micro, per, ms[128], c;
     if (!p || !out || max < 1 || !count)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_search: p, out and count must not be NULL, max >= 1 (max = %d)",
@@ -2955,7 +2969,9 @@ DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_
     memset(&h, 0, sizeof h);
     h.out = out; h.max = max;
     W = p->world;
-    n_off = sd.mem_budget > 0 && !p->paper ? 3 : 1; /* offload never speeds a step: tried only to fit a budget */
+    /* offload never speeds a step: tried only to fit a budget (on paper, only where the layout without
+       it does not fit: its copies may hide behind the compute, and the tie would go to offloading) */
+    n_off = sd.mem_budget > 0 && (!p->paper || p->mach.h2d_bw > 0) ? 3 : 1;
     for (tp = 1; tp <= W; tp++)
         for (cp = 1; W % tp == 0 && tp * cp <= W; cp++)
             for (pp = 1; (W / tp) % cp == 0 && tp * cp * pp <= W; pp++) {
@@ -2981,7 +2997,9 @@ DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_
                                             l.tp = tp; l.cp = cp; l.pp = pp; l.micro = (int)micro; l.zero = zero;
                                             l.sp = sp; l.schedule = (dt_pp_kind)sch; l.recompute = (dt_plan_recompute)rec;
                                             l.ulysses = v / n_off; l.offload = offs[v % n_off]; l.ep = ep;
-                                            if ((err = dt__plan_try(ctx, p, &sd, &l, &h))) goto done;
+                                            if (p->paper && v % n_off && fit0) continue;
+                                            if ((err = dt__plan_try(ctx, p, &sd, &l, &h, &fit))) goto done;
+                                            if (v % n_off == 0) fit0 = fit;
                                         }
             }
     /* paper: the most promising first, until no bound can beat the last one kept */
@@ -3031,7 +3049,7 @@ static const dt__plan_mfield dt__plan_mfields[] = {
     DT__PLAN_MF(mem_bytes, 1e6, 1e15),   DT__PLAN_MF(reserved_bytes, 0, 1e15), DT__PLAN_MF(act_bytes, 1, 8),
     DT__PLAN_MF(intra_bw, 1e6, 1e15),    DT__PLAN_MF(intra_alpha, 0, 1),     DT__PLAN_MF(nic_bw, 1e6, 1e15),
     DT__PLAN_MF(inter_alpha, 0, 1),      DT__PLAN_MF(p2p_intra_bw, 1e6, 1e15), DT__PLAN_MF(p2p_inter_bw, 1e6, 1e15),
-    DT__PLAN_MF(overlap, 0, 1),          DT__PLAN_MF(tp_overlap, 0, 1),
+    DT__PLAN_MF(overlap, 0, 1),          DT__PLAN_MF(tp_overlap, 0, 1),      DT__PLAN_MF(h2d_bw, 0, 1e15),
 };
 #undef DT__PLAN_MF
 #define DT__PLAN_NMF ((int)(sizeof dt__plan_mfields / sizeof dt__plan_mfields[0]))
@@ -3049,6 +3067,9 @@ static dt_status dt__plan_machine_check(dt_ctx *ctx, const char *fn, const dt_pl
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: machine %s: %s = %g, expected %g .. %g", fn, mc->name,
                                     dt__plan_mfields[i].key, v, dt__plan_mfields[i].lo, dt__plan_mfields[i].hi);
     }
+    if (mc->h2d_bw > 0 && mc->h2d_bw < 1e6)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: machine %s: h2d_bw = %g, expected 0 (not known) or 1e6 .. 1e15",
+                                fn, mc->name, mc->h2d_bw);
     if (mc->reserved_bytes >= mc->mem_bytes)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: machine %s: reserved_bytes %g, expected less than mem_bytes %g", fn,
                                 mc->name, mc->reserved_bytes, mc->mem_bytes);

@@ -642,7 +642,7 @@ static void paper(void) {
             "\"flops\": 1e12, \"gemm_eff\": 0.5, \"attn_fwd_eff\": 0.5, \"attn_bwd_eff\": 0.25, \"mem_bw\": 1e11, "
             "\"mem_eff\": 0.5, \"mem_bytes\": 1e10, \"reserved_bytes\": 1e9, \"act_bytes\": 2, \"intra_bw\": 1e10, "
             "\"intra_alpha\": 1e-5, \"nic_bw\": 1e9, \"inter_alpha\": 1e-4, \"p2p_intra_bw\": 5e9, "
-            "\"p2p_inter_bw\": 1e9, \"overlap\": 0, \"tp_overlap\": 0}";
+            "\"p2p_inter_bw\": 1e9, \"overlap\": 0, \"tp_overlap\": 0, \"h2d_bw\": 0}";
         char path[512], text[2048];
         dt_plan_machine got, want_mc = hand_machine();
         snprintf(path, sizeof path, "%s/machine.json", dt_test_tmpdir());
@@ -655,6 +655,10 @@ static void paper(void) {
         write_file(path, text);
         st = dt_plan_machine_load(&g_ctx, &got, path);
         dt_test_error("plan_machine_missing_field_is_named", st, dt_ctx_error(&g_ctx), "nic_bw = (missing)");
+        swap_text(text, sizeof text, good, "\"h2d_bw\"", "\"h2d\"");
+        write_file(path, text);
+        st = dt_plan_machine_load(&g_ctx, &got, path);
+        dt_test_error("plan_machine_missing_host_link_is_named", st, dt_ctx_error(&g_ctx), "h2d_bw = (missing)");
         swap_text(text, sizeof text, good, "\"mem_eff\": 0.5", "\"mem_eff\": 7.5");
         write_file(path, text);
         st = dt_plan_machine_load(&g_ctx, &got, path);
@@ -975,6 +979,97 @@ static void ulysses(void) {
     }
 }
 
+/* Activation offload on paper (a CUDA machine): three slots, the copies on a side stream beside the
+   compute at the machine's h2d_bw. dp 8 on 8 ranks, 2 sequences of 32 a rank, 4 blocks, bf16, flash
+   (lse kept): a stage's forward is its compute or its first block and the copies out after it,
+   whichever is longer; the backward the same with the one block copied back (4 out, 3 stay). */
+static void paper_offload(void) {
+    dt_plan_machine mc = hand_machine();
+    dt_plan_model m = model();
+    dt_plan_profile *pp = (dt_plan_profile *)malloc(sizeof *pp);
+    dt_plan_prediction none, all, half, fast, top[8];
+    dt_plan_layout l;
+    dt_plan_search_desc sd;
+    dt_status st;
+    double N = 64, C = 64, V = 256, f, b, ef, eb, hf, hb, bw = 1e11 * 0.5, own, c;
+    int n = 0, total = 0;
+    if (!pp) return;
+    m.dtype = DT_BF16;
+    memset(&l, 0, sizeof l);
+    l.offload = 1;
+    st = dt_plan_profile_paper(&g_ctx, &mc, &m, 8, pp);
+    if (!st) st = dt_plan_predict(&g_ctx, pp, &l, &all);
+    dt_test_error("plan_offload_on_paper_without_a_host_link_is_named", st, dt_ctx_error(&g_ctx), "h2d_bw 0");
+    { /* a block's own tensors, 2 bytes an element: as plan_paper_activations_are_bf16_with_flash counts them */
+        double att = 2.0 * 4 * 32, core = N * C + 2 * N + N * C + 2 * N + N * 3 * C + N * C + N * C + N * 4 * C;
+        own = 2 * (N * C + core + att + N * 4 * C);
+    }
+    paper_block(&mc, C, 4 * C, 32, N, &f, &b);
+    ef = 2 * 2 * N * C / bw; eb = ef;
+    hf = 2 * N * C * V / 0.5e12 + (4.0 * 2 * N * V + 2 * 2 * N * C) / bw;
+    hb = 2 * (2 * N * C * V / 0.5e12) + (4.0 * 2 * N * V + 2 * 2 * N * C) / bw;
+    mc.h2d_bw = 1e6; /* a slow link: the copies are the stage's time */
+    c = own / mc.h2d_bw;
+    st = dt_plan_profile_paper(&g_ctx, &mc, &m, 8, pp);
+    l.offload = 0;
+    if (!st) st = dt_plan_predict(&g_ctx, pp, &l, &none);
+    l.offload = 1;
+    if (!st) st = dt_plan_predict(&g_ctx, pp, &l, &all);
+    l.offload = 0.5;
+    if (!st) st = dt_plan_predict(&g_ctx, pp, &l, &half);
+    mc.h2d_bw = 1e15; /* a fast one: the copies hide */
+    if (!st) st = dt_plan_profile_paper(&g_ctx, &mc, &m, 8, pp);
+    l.offload = 1;
+    if (!st) st = dt_plan_predict(&g_ctx, pp, &l, &fast);
+    if (!DT_TEST_CHECK("plan_paper_offload_predicts", st == DT_OK)) {
+        printf("  %s\n", dt_ctx_error(&g_ctx));
+        free(pp);
+        return;
+    }
+    dt_test_close("plan_paper_offload_no_copies_is_the_compute", none.compute_s, 4 * (f + b) + ef + eb + hf + hb, 1e-9);
+    dt_test_close("plan_paper_offload_slow_link_four_out_one_back", all.compute_s, f + 4 * c + b + c, 1e-9);
+    dt_test_close("plan_paper_offload_keeps_three_slots_of_four_blocks", none.mem_activations - all.mem_activations, own,
+                  1e-9);
+    dt_test_close("plan_paper_offload_half_is_two_out_none_back", half.compute_s, f + 2 * c + 4 * b + eb + hb, 1e-9);
+    dt_test_close("plan_paper_offload_half_saves_nothing_over_its_slots", half.mem_activations, none.mem_activations,
+                  1e-12);
+    dt_test_close("plan_paper_offload_fast_link_hides_the_copies", fast.step_s, none.step_s, 1e-12);
+    /* the search offloads only where the layout without it does not fit */
+    memset(&sd, 0, sizeof sd);
+    sd.mem_budget = none.mem_total - 0.5 * own;
+    sd.max_micro = 1;
+    st = dt_plan_search(&g_ctx, pp, &sd, top, 8, &n, &total);
+    {
+        int i, offs = 0, needed = 1;
+        for (i = 0; i < n; i++) {
+            dt_plan_prediction twin;
+            dt_plan_layout tl = top[i].layout;
+            if (!(top[i].layout.offload > 0)) continue;
+            offs++;
+            tl.offload = 0;
+            if (dt_plan_predict(&g_ctx, pp, &tl, &twin) || twin.mem_total <= sd.mem_budget) needed = 0;
+        }
+        DT_TEST_CHECK("plan_paper_search_offloads_to_fit_a_budget", st == DT_OK && n >= 1 && offs >= 1 &&
+                                                                   top[0].mem_total <= sd.mem_budget);
+        DT_TEST_CHECK("plan_paper_search_offloads_only_what_does_not_fit_without", needed);
+        if (st || !offs || !needed)
+            for (i = 0; i < n; i++) printf("  %d: dp %d tp %d pp %d zero %d offload %g: %.6g tokens/s, %.6g bytes of %.6g\n",
+                                           i, top[i].layout.dp, top[i].layout.tp, top[i].layout.pp, top[i].layout.zero,
+                                           top[i].layout.offload, top[i].tokens_per_s, top[i].mem_total, sd.mem_budget);
+    }
+    sd.mem_budget = 0;
+    st = dt_plan_search(&g_ctx, pp, &sd, top, 8, &n, &total);
+    {
+        int i, off = 0;
+        for (i = 0; i < n; i++) off += top[i].layout.offload > 0;
+        DT_TEST_CHECK("plan_paper_search_with_room_does_not_offload", st == DT_OK && n >= 1 && off == 0);
+    }
+    mc.h2d_bw = 5e5;
+    st = dt_plan_profile_paper(&g_ctx, &mc, &m, 8, pp);
+    dt_test_error("plan_paper_tiny_host_link_is_named", st, dt_ctx_error(&g_ctx), "h2d_bw = 500000");
+    free(pp);
+}
+
 /* Activation offload: a block's own tensors copied out after its forward and (but for the two
    slots' last blocks) back before its backward, at the profile's copy rate; the device keeps two
    slots instead of the blocks. By hand at 4 blocks, and a budget only offload meets. */
@@ -1025,17 +1120,7 @@ static void offload(void) {
     l.pp = 2; l.micro = 2; l.schedule = DT_PP_ZB_H1; l.offload = 1;
     st = dt_plan_layout_check(&g_ctx, &m, 2, &l, NULL);
     dt_test_error("plan_offload_with_zb_is_named", st, dt_ctx_error(&g_ctx), "offload 1 with zb-h1");
-    {
-        dt_plan_machine mc = hand_machine();
-        dt_plan_profile *pp = (dt_plan_profile *)malloc(sizeof *pp);
-        dt_plan_prediction pr;
-        memset(&l, 0, sizeof l);
-        l.offload = 1;
-        st = pp ? dt_plan_profile_paper(&g_ctx, &mc, &m, 8, pp) : DT_ERR_OOM;
-        if (!st) st = dt_plan_predict(&g_ctx, pp, &l, &pr);
-        dt_test_error("plan_offload_on_paper_is_named", st, dt_ctx_error(&g_ctx), "offload 1 on paper");
-        free(pp);
-    }
+    paper_offload();
 }
 
 
