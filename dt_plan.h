@@ -48,6 +48,7 @@
        dt_plan_search          all valid layouts of a world size, best first
        dt_plan_format          the top n as a table
        dt_plan_machine_load / dt_plan_profile_paper   a machine file (docs/machines) made into a profile
+       dt_plan_machine_measure / _save   a CUDA machine's figures measured on its GPUs, and as a file
        dt_plan_model_flops     a step's FLOPs per token in Megatron's count (for MFU)
        dt_plan_dlrm_measure / _predict / _search / _format / _plan_of   the tables' plans (>>dlrm)
        dt_plan_dlrm_profile_save / _load / _broadcast   their profile as a file
@@ -290,6 +291,7 @@ typedef struct dt_plan_search_desc {
     int max_micro;               /* micro-batches tried: 1, 2, 4, ... and those of 1, 2, 4, ... sequences,
                                     up to this; 0 = 16 (paper: the batch) */
     int recompute;               /* 1: try the recompute modes too (0: none only) */
+    int max_cp;                  /* cp tried up to this; 0 = any (1: none, as examples/gpt on CUDA in bf16) */
 } dt_plan_search_desc;
 
 /* Fills out[0 .. *count) with the best max layouts by predicted tokens / s (ties: less memory),
@@ -318,6 +320,30 @@ DT_API dt_status dt_plan_machine_load(dt_ctx *ctx, dt_plan_machine *mc, const ch
    no measuring, microseconds. */
 DT_API dt_status dt_plan_profile_paper(dt_ctx *ctx, const dt_plan_machine *mc, const dt_plan_model *m, int world,
                                        dt_plan_profile *out);
+/* The machine of world's ranks measured on their GPUs instead of read from data sheets: planning on
+   CUDA (examples/gpt --device cuda --plan). Collective; every rank's ctx on CUDA. For model m's
+   shapes, the slowest rank's figures, the same on every rank:
+     gemm_eff                   the block's four linears, forward and backward, at one sequence's
+                                rows (dt_linear_fwd / _bwd with bf16 weights: the tensor cores)
+     attn_fwd_eff, attn_bwd_eff causal flash attention of one sequence, bf16 qkv (dt_attention_gqa_*)
+     mem_eff                    a device-to-device copy, its bytes read and written
+     mem_bytes, reserved_bytes  cudaMemGetInfo at the call: the device's memory, what is taken
+     intra_bw, intra_alpha      all-reduces over each host's ranks at 8 KB and 64 MB: bus bandwidth
+     nic_bw, inter_alpha        the same over one rank of each host (several hosts)
+     p2p_intra_bw, p2p_inter_bw a ring step's sends inside a host, across hosts
+     h2d_bw                     64 MB of pinned host memory to the device and back: the lesser
+   and ranks_per_host and name. The efficiencies are over given's peaks (flops, mem_bw: the data
+   sheet's); given NULL, or a peak 0, the measured rate is the peak (efficiency 1, MFU then against
+   the GEMMs' measured rate). What is not measured is given's, or dt's: overlap 0.9 (an assumption),
+   tp_overlap 0 (dt hides no tp collective behind a GEMM), act_bytes 4 (dt's CUDA activations are
+   f32). A link this world cannot show (a host of one rank, a single host) is given's, else the
+   nearest measured figure (a host's links for the NICs, the device copy for a world of one rank,
+   where no group is ever costed). DT_ERR_DEVICE without DT_CUDA or on a CPU ctx; DT_ERR_UNSUPPORTED
+   for a head size the tensor-core attention does not take (16, 32, 64, 96, 128). */
+DT_API dt_status dt_plan_machine_measure(dt_comm *world, const dt_plan_model *m, const dt_plan_machine *given,
+                                         dt_plan_machine *out);
+/* mc as a machine file that dt_plan_machine_load reads; source (may be NULL) is its "sources". */
+DT_API dt_status dt_plan_machine_save(dt_ctx *ctx, const dt_plan_machine *mc, const char *path, const char *source);
 /* The model's FLOPs per token of one training step (forward and backward, no recompute), in
    Megatron's count (Narayanan et al. 2021: GEMMs, attention's QK^T and AV without the causal half,
    the logits): MFU = flops_per_token x tokens/s / (ranks x peak). */
@@ -1370,9 +1396,10 @@ static dt_status dt__plan_measure_moe(dt_comm *world, const dt_plan_model *m, dt
     return err;
 }
 
-/* time of one collective of `bytes` (whole buffer) on groups of `size` consecutive ranks, all at once */
+/* time of one collective of `elems` f32 (whole buffer) on the groups g, all at once, on dev's tensors
+   (CUDA: the device waited for before the clock is read) */
 static dt_status dt__plan_coll_once(dt_comm *world, dt_comm *g, dt_plan_coll_kind kind, int64_t elems, int reps,
-                                  double *out) {
+                                  dt_device dev, double *out) {
     dt_ctx *ctx = dt_comm_ctx(world);
     dt_tensor a, b;
     dt_tensor_desc d;
@@ -1383,6 +1410,7 @@ static dt_status dt__plan_coll_once(dt_comm *world, dt_comm *g, dt_plan_coll_kin
     memset(&d, 0, sizeof d);
     elems = (elems + n - 1) / n * n;
     d.shape[0] = elems;
+    d.device = dev;
     if ((err = dt_tensor_create(ctx, &a, &d))) return err;
     if (kind == DT_PLAN_ALLGATHER || kind == DT_PLAN_REDUCE_SCATTER) d.shape[0] = elems / n;
     if ((err = dt_tensor_create(ctx, &b, &d))) { dt_tensor_free(ctx, &a); return err; }
@@ -1404,6 +1432,7 @@ static dt_status dt__plan_coll_once(dt_comm *world, dt_comm *g, dt_plan_coll_kin
             }
             break;
         }
+        if (!err && dev == DT_CUDA_DEVICE) err = dt_ctx_sync(ctx);
         if (err) break;
         v = dt_comm_now() - v;
         if ((err = dt_comm_allreduce_f64(world, &v, 1, DT_REDUCE_MAX))) break;
@@ -1438,8 +1467,8 @@ static dt_status dt__plan_measure_colls(dt_comm *world, dt_plan_profile *p, int 
                 int64_t e0 = 1024, e1 = 1 << 20; /* 4 KB and 4 MB */
                 dt_plan_coll *c;
                 if (p->n_colls >= DT_PLAN_MAX_COLLS) break;
-                if ((err = dt__plan_coll_once(world, g, (dt_plan_coll_kind)kind, e0, reps, &t0))) break;
-                if ((err = dt__plan_coll_once(world, g, (dt_plan_coll_kind)kind, e1, reps, &t1))) break;
+                if ((err = dt__plan_coll_once(world, g, (dt_plan_coll_kind)kind, e0, reps, DT_CPU, &t0))) break;
+                if ((err = dt__plan_coll_once(world, g, (dt_plan_coll_kind)kind, e1, reps, DT_CPU, &t1))) break;
                 c = &p->colls[p->n_colls++];
                 c->kind = (dt_plan_coll_kind)kind;
                 c->size = size;
@@ -1798,6 +1827,10 @@ DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m,
     if (!world || !out)
         return dt_ctx_set_error(dt_comm_ctx(world), DT_ERR_ARG, "%s: %s is NULL", fn, world ? "out" : "world");
     ctx = dt_comm_ctx(world);
+    if (ctx->device == DT_CUDA_DEVICE)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: world's ctx is on cuda, and the block this profile times "
+                                "is the CPU path's; on CUDA measure the machine (dt_plan_machine_measure) and plan on "
+                                "paper (dt_plan_profile_paper)", fn);
     err = dt__plan_model_check(ctx, fn, m);
     if (err) return err;
     if ((m->ffn && m->ffn != 4 * m->width) || m->gated)
@@ -2973,7 +3006,7 @@ DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_
        it does not fit: its copies may hide behind the compute, and the tie would go to offloading) */
     n_off = sd.mem_budget > 0 && (!p->paper || p->mach.h2d_bw > 0) ? 3 : 1;
     for (tp = 1; tp <= W; tp++)
-        for (cp = 1; W % tp == 0 && tp * cp <= W; cp++)
+        for (cp = 1; W % tp == 0 && tp * cp <= W && (sd.max_cp <= 0 || cp <= sd.max_cp); cp++)
             for (pp = 1; (W / tp) % cp == 0 && tp * cp * pp <= W; pp++) {
                 if (W % (tp * cp * pp)) continue;
                 /* micro-batches: 1, 2, 4, ... and those of 1, 2, 4, ... sequences (Megatron's micro-batch size) */
@@ -3044,8 +3077,8 @@ typedef struct dt__plan_mfield {
 
 #define DT__PLAN_MF(f, lo, hi) {#f, offsetof(dt_plan_machine, f), lo, hi}
 static const dt__plan_mfield dt__plan_mfields[] = {
-    DT__PLAN_MF(flops, 1e9, 1e18),       DT__PLAN_MF(gemm_eff, 0.01, 1),     DT__PLAN_MF(attn_fwd_eff, 0.01, 1),
-    DT__PLAN_MF(attn_bwd_eff, 0.01, 1),  DT__PLAN_MF(mem_bw, 1e9, 1e15),     DT__PLAN_MF(mem_eff, 0.01, 1),
+    DT__PLAN_MF(flops, 1e6, 1e18),       DT__PLAN_MF(gemm_eff, 1e-6, 1),     DT__PLAN_MF(attn_fwd_eff, 1e-6, 1),
+    DT__PLAN_MF(attn_bwd_eff, 1e-6, 1),  DT__PLAN_MF(mem_bw, 1e6, 1e15),     DT__PLAN_MF(mem_eff, 1e-6, 1),
     DT__PLAN_MF(mem_bytes, 1e6, 1e15),   DT__PLAN_MF(reserved_bytes, 0, 1e15), DT__PLAN_MF(act_bytes, 1, 8),
     DT__PLAN_MF(intra_bw, 1e6, 1e15),    DT__PLAN_MF(intra_alpha, 0, 1),     DT__PLAN_MF(nic_bw, 1e6, 1e15),
     DT__PLAN_MF(inter_alpha, 0, 1),      DT__PLAN_MF(p2p_intra_bw, 1e6, 1e15), DT__PLAN_MF(p2p_inter_bw, 1e6, 1e15),
@@ -3155,6 +3188,329 @@ DT_API dt_status dt_plan_profile_paper(dt_ctx *ctx, const dt_plan_machine *mc, c
     out->copy_s_per_byte = 2.0 / bw;
     out->overlap = mc->overlap;
     return DT_OK;
+}
+
+DT_API dt_status dt_plan_machine_save(dt_ctx *ctx, const dt_plan_machine *mc, const char *path, const char *source) {
+    static const char *fn = "dt_plan_machine_save";
+    dt_strbuf b;
+    FILE *f;
+    int i, written;
+    dt_status err;
+    if (!path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: path is NULL", fn);
+    if ((err = dt__plan_machine_check(ctx, fn, mc))) return err;
+    memset(&b, 0, sizeof b);
+    b.ctx = ctx;
+    dt_strbuf_str(&b, "{\"dt_plan_machine\": 1,\n \"name\": ");
+    dt_strbuf_json(&b, mc->name);
+    dt_strbuf_printf(&b, ",\n \"ranks_per_host\": %d", mc->ranks_per_host);
+    for (i = 0; i < DT__PLAN_NMF; i++) {
+        double v;
+        memcpy(&v, (const char *)mc + dt__plan_mfields[i].off, sizeof v);
+        dt_strbuf_printf(&b, ",\n \"%s\": %.17g", dt__plan_mfields[i].key, v);
+    }
+    dt_strbuf_str(&b, ",\n \"sources\": [");
+    dt_strbuf_json(&b, source ? source : "");
+    dt_strbuf_str(&b, "]}\n");
+    if (b.failed) { dt_strbuf_free(&b); return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: out of memory", fn); }
+    f = fopen(path, "wb");
+    written = f && fwrite(b.text, 1, b.len, f) == b.len;
+    if (f && fclose(f)) written = 0;
+    dt_strbuf_free(&b);
+    if (!written) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot write %s", fn, path);
+    return DT_OK;
+}
+
+#ifdef DT_CUDA
+/* What dt_plan_machine_measure runs on the device: the block's four linears (qkv, the attention's
+   projection, fc, the MLP's projection) on one sequence's rows, and its attention. */
+typedef struct dt__plan_dev {
+    dt_ctx *ctx;
+    int64_t N, in[4], outc[4];
+    int H, K;
+    dt_tensor x, y, dy, dx, w[4], dw[4], q16, ao, dao, dq, ca, cb;
+} dt__plan_dev;
+
+static dt_status dt__plan_dev_lin(dt__plan_dev *d, int bwd) {
+    dt_status err = DT_OK;
+    int i;
+    for (i = 0; i < 4 && !err; i++) {
+        dt_tensor x, y, dx, dy;
+        int64_t si[2], so[2];
+        si[0] = so[0] = d->N; si[1] = d->in[i]; so[1] = d->outc[i];
+        if ((err = dt_tensor_view(d->ctx, &x, &d->x, 0, 2, si)) || (err = dt_tensor_view(d->ctx, &y, &d->y, 0, 2, so)))
+            break;
+        if (!bwd) { err = dt_linear_fwd(d->ctx, &y, &x, &d->w[i], NULL); continue; }
+        if ((err = dt_tensor_view(d->ctx, &dx, &d->dx, 0, 2, si)) || (err = dt_tensor_view(d->ctx, &dy, &d->dy, 0, 2, so)))
+            break;
+        err = dt_linear_bwd(d->ctx, &dx, &d->dw[i], NULL, &dy, &x, &d->w[i]);
+    }
+    return err;
+}
+static dt_status dt__plan_dev_lin_fwd(dt__plan_dev *d) { return dt__plan_dev_lin(d, 0); }
+static dt_status dt__plan_dev_lin_bwd(dt__plan_dev *d) { return dt__plan_dev_lin(d, 1); }
+static dt_status dt__plan_dev_attn_fwd(dt__plan_dev *d) {
+    return dt_attention_gqa_fwd(d->ctx, &d->ao, NULL, &d->q16, d->H, d->K);
+}
+static dt_status dt__plan_dev_attn_bwd(dt__plan_dev *d) {
+    return dt_attention_gqa_bwd(d->ctx, &d->dq, &d->dao, &d->q16, NULL, d->H, d->K);
+}
+static dt_status dt__plan_dev_copy(dt__plan_dev *d) { return dt_tensor_copy(d->ctx, &d->cb, &d->ca); }
+
+/* The median over reps (after a warm-up) of the slowest rank's time of fn, the device waited for. */
+static dt_status dt__plan_dev_time(dt_comm *world, dt__plan_dev *d, dt_status (*fn)(dt__plan_dev *), int reps,
+                                   double *out) {
+    double t[16], v;
+    int i;
+    dt_status err;
+    if ((err = fn(d)) || (err = dt_ctx_sync(d->ctx))) return err;
+    for (i = 0; i < reps; i++) {
+        if ((err = dt_comm_barrier(world))) return err;
+        v = dt_comm_now();
+        if ((err = fn(d)) || (err = dt_ctx_sync(d->ctx))) return err;
+        v = dt_comm_now() - v;
+        if ((err = dt_comm_allreduce_f64(world, &v, 1, DT_REDUCE_MAX))) return err;
+        dt__plan_sorted_add(t, i, v);
+    }
+    *out = t[reps / 2];
+    return DT_OK;
+}
+
+/* A CUDA tensor of n0 x n1 of dtype, its values 0.01 (bf16: cast from f32 through tmp, n0 n1 floats at least). */
+static dt_status dt__plan_dev_mk(dt__plan_dev *d, dt_tensor *t, int64_t n0, int64_t n1, dt_dtype dtype, dt_tensor *tmp) {
+    dt_tensor_desc td;
+    dt_status err;
+    memset(&td, 0, sizeof td);
+    td.dtype = dtype; td.device = DT_CUDA_DEVICE; td.shape[0] = n0; td.shape[1] = n1;
+    if ((err = dt_tensor_create(d->ctx, t, &td))) return err;
+    if (dtype != DT_BF16) return dt_tensor_fill(d->ctx, t, 0.01);
+    {
+        dt_tensor v;
+        int64_t s[2];
+        s[0] = n0; s[1] = n1;
+        if ((err = dt_tensor_view(d->ctx, &v, tmp, 0, 2, s))) return err;
+        return dt_tensor_cast(d->ctx, t, &v);
+    }
+}
+
+/* alpha and seconds per byte of a collective over g from its times at two sizes (f32 elements) */
+static dt_status dt__plan_dev_coll(dt_comm *world, dt_comm *g, dt_plan_coll_kind kind, int reps, double *alpha,
+                                   double *beta) {
+    const int64_t e0 = 2048, e1 = 16 << 20; /* 8 KB, 64 MB */
+    double t0 = 0, t1 = 0;
+    dt_status err;
+    if ((err = dt__plan_coll_once(world, g, kind, e0, reps, DT_CUDA_DEVICE, &t0)) ||
+        (err = dt__plan_coll_once(world, g, kind, e1, reps, DT_CUDA_DEVICE, &t1)))
+        return err;
+    *beta = t1 > t0 ? (t1 - t0) / (4.0 * (double)(e1 - e0)) : 1e-15;
+    *alpha = t0 - *beta * 4.0 * (double)e0;
+    if (*alpha < 0) *alpha = 0;
+    return DT_OK;
+}
+#endif
+
+DT_API dt_status dt_plan_machine_measure(dt_comm *world, const dt_plan_model *m, const dt_plan_machine *given,
+                                         dt_plan_machine *out) {
+    static const char *fn = "dt_plan_machine_measure";
+    dt_ctx *ctx = dt_comm_ctx(world);
+    dt_status err;
+    if (!world || !m || !out)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, !world ? "world" : !m ? "m" : "out");
+    if ((err = dt__plan_model_check(ctx, fn, m))) return err;
+    if (m->experts)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->experts = %d: the paper model has no MoE (plan MoE on the "
+                                "CPU's measured profile)", fn, m->experts);
+#ifndef DT_CUDA
+    (void)given;
+    return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: dt was built without DT_CUDA: there is no GPU to measure (plan a "
+                            "machine on paper from its file: dt_plan_machine_load)", fn);
+#else
+    {
+        dt__plan_dev d;
+        dt_plan_machine mc;
+        dt_comm *host = NULL, *across = NULL;
+        double C = m->width, T = (double)m->seq, Ckv, F = dt__plan_ffn(m), g = 1 + m->gated, v[4], t[8], gemm, attn;
+        double mem_rate, *hash = NULL, mine;
+        int64_t kv = m->kv_heads ? m->kv_heads : m->heads, hs = m->width / m->heads, big = 0, S = 16 << 20;
+        int W = dt_comm_size(world), r = dt_comm_rank(world), i, first = -1, idx = 0, reps = 3, hosts;
+        size_t fr = 0, tot = 0;
+        struct utsname un;
+        void *pinned = NULL;
+        dt_tensor tmp;
+        if (ctx->device != DT_CUDA_DEVICE)
+            return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: world's ctx is on %s, expected cuda (it measures the "
+                                    "GPUs the ranks train on)", fn, dt_device_name(ctx->device));
+        if (hs != 16 && hs != 32 && hs != 64 && hs != 96 && hs != 128)
+            return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: head size width / heads = %lld: the tensor-core "
+                                    "attention takes 16, 32, 64, 96 or 128", fn, (long long)hs);
+        if (given && (err = dt__plan_machine_check(ctx, fn, given))) return err;
+        memset(&d, 0, sizeof d);
+        memset(&tmp, 0, sizeof tmp);
+        memset(&mc, 0, sizeof mc);
+        if (given) mc = *given;
+        else { mc.overlap = 0.9; mc.tp_overlap = 0; }
+        mc.act_bytes = 4;
+        Ckv = (double)kv * hs;
+        /* the device's memory before anything here takes some */
+        if (cudaMemGetInfo(&fr, &tot) != cudaSuccess)
+            return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: cudaMemGetInfo failed", fn);
+        v[0] = -(double)tot; v[1] = (double)(tot - fr);
+        if ((err = dt_comm_allreduce_f64(world, v, 2, DT_REDUCE_MAX))) return err;
+        mc.mem_bytes = -v[0]; mc.reserved_bytes = v[1];
+        /* the block's shapes: one sequence's rows */
+        d.ctx = ctx; d.N = m->seq; d.H = m->heads; d.K = (int)kv;
+        d.in[0] = m->width; d.outc[0] = m->width + 2 * (int64_t)Ckv;
+        d.in[1] = m->width; d.outc[1] = m->width;
+        d.in[2] = m->width; d.outc[2] = (int64_t)(g * F);
+        d.in[3] = (int64_t)F; d.outc[3] = m->width;
+        for (i = 0; i < 4; i++) {
+            if (d.in[i] * d.outc[i] > big) big = d.in[i] * d.outc[i];
+            if (d.N * d.in[i] > big) big = d.N * d.in[i];
+            if (d.N * d.outc[i] > big) big = d.N * d.outc[i];
+        }
+        if (d.N * (m->heads + 2 * kv) * hs > big) big = d.N * (m->heads + 2 * kv) * hs;
+#define DT__PLAN_DTRY(x) do { if ((err = (x))) goto dev_done; } while (0)
+        DT__PLAN_DTRY(dt__plan_dev_mk(&d, &tmp, big, 1, DT_F32, NULL));
+        DT__PLAN_DTRY(dt__plan_dev_mk(&d, &d.x, d.N, (int64_t)(F > g * F ? F : g * F) + m->width, DT_F32, NULL));
+        DT__PLAN_DTRY(dt__plan_dev_mk(&d, &d.dx, d.N, (int64_t)(F > g * F ? F : g * F) + m->width, DT_F32, NULL));
+        DT__PLAN_DTRY(dt__plan_dev_mk(&d, &d.y, d.N, (int64_t)(g * F) + m->width + 2 * (int64_t)Ckv, DT_F32, NULL));
+        DT__PLAN_DTRY(dt__plan_dev_mk(&d, &d.dy, d.N, (int64_t)(g * F) + m->width + 2 * (int64_t)Ckv, DT_F32, NULL));
+        for (i = 0; i < 4; i++) {
+            DT__PLAN_DTRY(dt__plan_dev_mk(&d, &d.w[i], d.outc[i], d.in[i], DT_BF16, &tmp));
+            DT__PLAN_DTRY(dt__plan_dev_mk(&d, &d.dw[i], d.outc[i], d.in[i], DT_F32, NULL));
+        }
+        {
+            dt_tensor_desc td;
+            memset(&td, 0, sizeof td);
+            td.dtype = DT_BF16; td.device = DT_CUDA_DEVICE; td.shape[0] = 1; td.shape[1] = d.N;
+            td.shape[2] = (m->heads + 2 * kv) * hs;
+            DT__PLAN_DTRY(dt_tensor_create(ctx, &d.q16, &td));
+            {
+                dt_tensor vw;
+                DT__PLAN_DTRY(dt_tensor_view(ctx, &vw, &tmp, 0, 3, td.shape));
+                DT__PLAN_DTRY(dt_tensor_cast(ctx, &d.q16, &vw));
+            }
+            td.dtype = DT_F32;
+            DT__PLAN_DTRY(dt_tensor_create(ctx, &d.dq, &td));
+            DT__PLAN_DTRY(dt_tensor_fill(ctx, &d.dq, 0));
+            td.shape[2] = m->width;
+            DT__PLAN_DTRY(dt_tensor_create(ctx, &d.ao, &td));
+            DT__PLAN_DTRY(dt_tensor_create(ctx, &d.dao, &td));
+            DT__PLAN_DTRY(dt_tensor_fill(ctx, &d.dao, 0.01));
+        }
+        DT__PLAN_DTRY(dt__plan_dev_mk(&d, &d.ca, S, 1, DT_F32, NULL));
+        DT__PLAN_DTRY(dt__plan_dev_mk(&d, &d.cb, S, 1, DT_F32, NULL));
+        DT__PLAN_DTRY(dt__plan_dev_time(world, &d, dt__plan_dev_lin_fwd, reps, &t[0]));
+        DT__PLAN_DTRY(dt__plan_dev_time(world, &d, dt__plan_dev_lin_bwd, reps, &t[1]));
+        DT__PLAN_DTRY(dt__plan_dev_time(world, &d, dt__plan_dev_attn_fwd, reps, &t[2]));
+        DT__PLAN_DTRY(dt__plan_dev_time(world, &d, dt__plan_dev_attn_bwd, reps, &t[3]));
+        DT__PLAN_DTRY(dt__plan_dev_time(world, &d, dt__plan_dev_copy, reps, &t[4]));
+        /* rates, as dt__plan_paper_split counts the work: the GEMMs' 2 N C (C + 2 Ckv + C + (g + 1) F)
+           forward and twice that backward; attention's 2 b T^2 C forward, 2.5 times that backward */
+        gemm = 3 * 2 * T * C * (C + 2 * Ckv + C + (g + 1) * F) / (t[0] + t[1]);
+        attn = 2 * T * T * C;
+        mem_rate = 2.0 * 4 * (double)S / t[4];
+        /* the peaks: given's (the data sheet's), raised to what was measured where it is below */
+        if (!(mc.flops >= gemm)) mc.flops = gemm;
+        if (mc.flops < attn / t[2]) mc.flops = attn / t[2];
+        if (mc.flops < 2.5 * attn / t[3]) mc.flops = 2.5 * attn / t[3];
+        if (!(mc.mem_bw >= mem_rate)) mc.mem_bw = mem_rate;
+        mc.gemm_eff = gemm / mc.flops;
+        mc.attn_fwd_eff = attn / t[2] / mc.flops;
+        mc.attn_bwd_eff = 2.5 * attn / t[3] / mc.flops;
+        mc.mem_eff = mem_rate / mc.mem_bw;
+        /* the host link: pinned host memory, the whole copy waited for */
+        if (cudaMallocHost(&pinned, (size_t)S * 4) != cudaSuccess || !pinned) {
+            pinned = NULL;
+            err = dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: cudaMallocHost of %lld bytes failed", fn, (long long)S * 4);
+            goto dev_done;
+        }
+        memset(pinned, 0, (size_t)S * 4);
+        for (i = 0; i <= reps; i++) { /* the first a warm-up */
+            double a, b;
+            DT__PLAN_DTRY(dt_comm_barrier(world));
+            a = dt_comm_now();
+            DT__PLAN_DTRY(dt_cuda_memcpy(ctx, d.ca.data, DT_CUDA_DEVICE, pinned, DT_CPU, (size_t)S * 4, fn));
+            DT__PLAN_DTRY(dt_ctx_sync(ctx));
+            a = dt_comm_now() - a;
+            DT__PLAN_DTRY(dt_comm_barrier(world));
+            b = dt_comm_now();
+            DT__PLAN_DTRY(dt_cuda_memcpy(ctx, pinned, DT_CPU, d.ca.data, DT_CUDA_DEVICE, (size_t)S * 4, fn));
+            b = dt_comm_now() - b;
+            v[0] = a > b ? a : b;
+            DT__PLAN_DTRY(dt_comm_allreduce_f64(world, v, 1, DT_REDUCE_MAX));
+            if (i) dt__plan_sorted_add(&t[5], i - 1, v[0]);
+        }
+        mc.h2d_bw = 4.0 * (double)S / t[5 + reps / 2];
+        /* the hosts: a hash of each rank's host name, every rank's in one array */
+        hash = (double *)dt_alloc_zeroed(ctx, (size_t)W * sizeof *hash);
+        if (!hash) { err = DT_ERR_OOM; goto dev_done; }
+        {
+            uint64_t h = 1469598103934665603ull;
+            const char *c = uname(&un) == 0 ? un.nodename : "?";
+            for (; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+            mine = (double)(h >> 12) + 1; /* exact in a double, never 0 */
+        }
+        hash[r] = mine;
+        DT__PLAN_DTRY(dt_comm_allreduce_f64(world, hash, W, DT_REDUCE_SUM));
+        for (i = 0, hosts = 0; i < W; i++) {
+            int j, seen = 0;
+            for (j = 0; j < i && !seen; j++) seen = hash[j] == hash[i];
+            hosts += !seen;
+            if (hash[i] == mine) {
+                if (first < 0) first = i;
+                if (i < r) idx++;
+            }
+        }
+        mc.ranks_per_host = (W + hosts - 1) / hosts;
+        DT__PLAN_DTRY(dt_comm_split(world, &host, first, r));
+        DT__PLAN_DTRY(dt_comm_split(world, &across, idx, r));
+        /* every group of a kind at once; a rank whose group has one member waits in the barriers */
+        {
+            double a = 0, b = 0, have[4], n = (double)dt_comm_size(host), nx = (double)dt_comm_size(across);
+            for (i = 0; i < 4; i++) have[i] = 0;
+            if ((int)n < mc.ranks_per_host || mc.ranks_per_host < 2) n = 1; /* uneven hosts: none inside */
+            have[0] = have[1] = n; /* the same on every rank: the smallest host's group */
+            have[2] = have[3] = nx;
+            DT__PLAN_DTRY(dt_comm_allreduce_f64(world, have, 4, DT_REDUCE_MIN));
+            if (have[0] >= 2) {
+                DT__PLAN_DTRY(dt__plan_dev_coll(world, host, DT_PLAN_ALLREDUCE, reps, &a, &b));
+                mc.intra_alpha = a;
+                mc.intra_bw = 2 * (have[0] - 1) / have[0] / b;
+                DT__PLAN_DTRY(dt__plan_dev_coll(world, host, DT_PLAN_SENDRECV, reps, &a, &b));
+                mc.p2p_intra_bw = 1 / b;
+            } else if (!given) {
+                mc.intra_bw = mc.p2p_intra_bw = mem_rate; /* a host of one rank: no group inside is costed */
+                mc.intra_alpha = 0;
+            }
+            if (have[2] >= 2) {
+                DT__PLAN_DTRY(dt__plan_dev_coll(world, across, DT_PLAN_ALLREDUCE, reps, &a, &b));
+                mc.inter_alpha = a / ceil(log2(have[2]));
+                mc.nic_bw = 2 * (have[2] - 1) / have[2] / b;
+                DT__PLAN_DTRY(dt__plan_dev_coll(world, across, DT_PLAN_SENDRECV, reps, &a, &b));
+                mc.p2p_inter_bw = 1 / b;
+            } else if (!given) { /* one host: the links out of it are not used; the host's stand in */
+                mc.nic_bw = mc.intra_bw; mc.inter_alpha = mc.intra_alpha; mc.p2p_inter_bw = mc.p2p_intra_bw;
+            }
+        }
+        snprintf(mc.name, sizeof mc.name, "%.40s: %d GPUs measured by dt_plan_machine_measure", uname(&un) == 0 ?
+                 un.nodename : "?", W);
+    dev_done:
+#undef DT__PLAN_DTRY
+        if (pinned) cudaFreeHost(pinned);
+        dt_release(ctx, hash);
+        dt_comm_free(across);
+        dt_comm_free(host);
+        {
+            dt_tensor *tt[] = {&tmp, &d.x, &d.y, &d.dy, &d.dx, &d.w[0], &d.w[1], &d.w[2], &d.w[3], &d.dw[0], &d.dw[1],
+                               &d.dw[2], &d.dw[3], &d.q16, &d.ao, &d.dao, &d.dq, &d.ca, &d.cb};
+            for (i = 0; i < (int)(sizeof tt / sizeof tt[0]); i++) dt_tensor_free(ctx, tt[i]);
+        }
+        if (err) return err;
+        if ((err = dt__plan_machine_check(ctx, fn, &mc))) return err;
+        *out = mc;
+        return DT_OK;
+    }
+#endif
 }
 
 DT_API double dt_plan_model_flops(const dt_plan_model *m) {

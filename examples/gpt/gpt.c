@@ -309,11 +309,13 @@ static const char *HELP =
     "  --slow-factor F   (1.5)\n"
     "  --plan            measure this machine at this world size (or read --plan-profile), print the planner's\n"
     "                    best layouts for this model and batch and its prediction for the layout given, then\n"
-    "                    exit (dt_plan.h; dense and MoE models on the CPU)\n"
+    "                    exit (dt_plan.h; dense and MoE models on the CPU; --device cuda --dtype bf16: the GPUs'\n"
+    "                    figures measured, dt_plan_machine_measure, the step modelled from them)\n"
     "  --layout auto     train on the layout the planner ranks first: it chooses --tp --pp --cp --zero --micro\n"
     "                    --sp --schedule --recompute --cp-kind --ep (and --offload-activations within --plan-memory);\n"
     "                    the model, batch and world stay as given\n"
     "  --plan-profile F  the planner's profile: read F when it exists, else measure (seconds) and write it\n"
+    "                    (--device cuda: a machine file, as docs/machines/ holds)\n"
     "  --plan-memory MB  plan within MB per rank (0: no limit) (0)\n"
     "  --help            this text\n";
 
@@ -2003,9 +2005,10 @@ static void plan_layout(trainer *t) {
     char ls[160];
     FILE *f;
     if (!o->plan && !o->layout_auto) return;
-    if (o->device != DT_CPU || (o->kv_heads && o->kv_heads < o->tp) || o->dtype == DT_F16)
-        fail("--plan / --layout auto: the planner models the CPU in f32 or bf16 (no --device cuda, --dtype f16, "
-             "--kv-heads below --tp) for now");
+    if ((o->device != DT_CPU && (o->dtype != DT_BF16 || o->moe_experts)) || (o->kv_heads && o->kv_heads < o->tp) ||
+        o->dtype == DT_F16)
+        fail("--plan / --layout auto: the planner models the CPU in f32 or bf16, and --device cuda in bf16 without "
+             "--moe-experts (no --dtype f16, --kv-heads below --tp) for now");
     memset(&pm, 0, sizeof pm);
     pm.layers = o->layers; pm.width = o->width; pm.heads = o->heads; pm.kv_heads = o->kv_heads ? o->kv_heads : o->heads;
     pm.vocab = t->data.vocab_padded; pm.seq = o->seq; pm.batch = o->batch; pm.dtype = o->dtype;
@@ -2022,7 +2025,37 @@ static void plan_layout(trainer *t) {
     flag[0] = have;
     CHECK(dt_comm_allreduce_f64(t->world, flag, 1, DT_REDUCE_MAX));
     have = flag[0] > 0;
-    if (have) {
+    if (o->device == DT_CUDA_DEVICE) {
+        /* CUDA: the machine's figures measured on the GPUs (or read: a machine file), the step
+           modelled as on paper (flash attention, bf16 GEMMs on the tensor cores) */
+        dt_plan_machine mc;
+        memset(&mc, 0, sizeof mc);
+        if (have) {
+            dt_status st = g_rank == 0 ? dt_plan_machine_load(g_ctx, &mc, o->plan_profile) : DT_OK;
+            flag[0] = st;
+            if (st) fprintf(stderr, "gpt: --plan-profile: %s\n", dt_ctx_error(g_ctx));
+            CHECK(dt_comm_allreduce_f64(t->world, flag, 1, DT_REDUCE_MAX));
+            if (flag[0] != 0) fail("--plan-profile %s could not be read as a machine file (rank 0 said why)", o->plan_profile);
+        } else {
+            double t0 = dt_comm_now();
+            CHECK(dt_plan_machine_measure(t->world, &pm, NULL, &mc));
+            if (o->plan_profile && g_rank == 0) {
+                char src[160];
+                snprintf(src, sizeof src, "examples/gpt --device cuda --plan measured it in %.1f s for layers %d, width "
+                         "%d, heads %d / %d, seq %lld", dt_comm_now() - t0, pm.layers, pm.width, pm.heads, pm.kv_heads,
+                         (long long)pm.seq);
+                CHECK(dt_plan_machine_save(g_ctx, &mc, o->plan_profile, src));
+            }
+        }
+        { /* every rank plans from rank 0's figures */
+            dt_status st = g_rank == 0 ? dt_plan_profile_paper(g_ctx, &mc, &pm, t->W, pf) : DT_OK;
+            flag[0] = st;
+            if (st) fprintf(stderr, "gpt: --plan: %s\n", dt_ctx_error(g_ctx));
+            CHECK(dt_comm_allreduce_f64(t->world, flag, 1, DT_REDUCE_MAX));
+            if (flag[0] != 0) fail("--plan: the machine's figures make no profile (rank 0 said why)");
+            CHECK(dt_plan_profile_broadcast(t->world, pf, 0));
+        }
+    } else if (have) {
         dt_status st = g_rank == 0 ? dt_plan_profile_load(g_ctx, pf, o->plan_profile) : DT_OK;
         flag[0] = st;
         if (st) fprintf(stderr, "gpt: --plan-profile: %s\n", dt_ctx_error(g_ctx));
@@ -2047,6 +2080,7 @@ static void plan_layout(trainer *t) {
     memset(&sd, 0, sizeof sd);
     sd.mem_budget = o->plan_memory * 1e6;
     sd.recompute = 1;
+    if (o->device == DT_CUDA_DEVICE) sd.max_cp = 1; /* cp on cuda: the ring runs in f32 only */
     CHECK(dt_plan_search(g_ctx, pf, &sd, top, 64, &n, &total));
     for (r = 0; r < n && !best; r++) /* --sample runs at pp 1 and cp 1 only */
         if (!o->sample || (top[r].layout.pp == 1 && top[r].layout.cp == 1)) best = &top[r];
@@ -2055,9 +2089,15 @@ static void plan_layout(trainer *t) {
         dt_strbuf sb;
         memset(&sb, 0, sizeof sb);
         sb.ctx = g_ctx;
-        printf("plan: profile of %s, %d ranks on %d host%s, %s in %.1f s; %d layouts valid%s\n", pf->machine, pf->world,
-               pf->hosts, pf->hosts > 1 ? "s" : "", have ? "read from --plan-profile, measured" : "measured",
-               pf->measure_s, total, o->plan_memory > 0 ? " within --plan-memory" : "");
+        if (pf->paper)
+            printf("plan: machine %s, %d ranks on %d host%s, %s; the step modelled from its figures; %d layouts valid%s\n",
+                   pf->mach.name, pf->world, pf->hosts, pf->hosts > 1 ? "s" : "",
+                   have ? "read from --plan-profile" : "measured on its GPUs", total,
+                   o->plan_memory > 0 ? " within --plan-memory" : "");
+        else
+            printf("plan: profile of %s, %d ranks on %d host%s, %s in %.1f s; %d layouts valid%s\n", pf->machine, pf->world,
+                   pf->hosts, pf->hosts > 1 ? "s" : "", have ? "read from --plan-profile, measured" : "measured",
+                   pf->measure_s, total, o->plan_memory > 0 ? " within --plan-memory" : "");
         dt_plan_format(top, n < 5 ? n : 5, &sb);
         if (sb.text) fputs(sb.text, stdout);
         dt_strbuf_free(&sb);

@@ -1210,6 +1210,19 @@ cudaError_t dt_emu_malloc(const char *file, int line, void **ptr, size_t bytes) 
     return cudaSuccess;
 }
 
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
+    const char *e = getenv("DT_EMU_DEVICE_BYTES");
+    double t = e && *e ? strtod(e, NULL) : 16.0 * (1u << 30);
+    size_t total = t >= 1 && t < 1e18 ? (size_t)t : (size_t)16 << 30, held = 0;
+    if (!free_bytes || !total_bytes) return fail(cudaErrorInvalidValue);
+    emu_lock(&G.lock);
+    for (std::map<uintptr_t, size_t>::iterator it = G.allocs.begin(); it != G.allocs.end(); ++it) held += it->second;
+    emu_unlock(&G.lock);
+    *total_bytes = total;
+    *free_bytes = held < total ? total - held : 0;
+    return cudaSuccess;
+}
+
 cudaError_t dt_emu_free(const char *file, int line, void *ptr) {
     if (!ptr) return cudaSuccess;
     count(&dt_emu_counters::frees, 1);

@@ -12,7 +12,8 @@
 // cpu runs of these layouts equal the 1-rank run (tests/mpi_gpt.c); tests/run.sh runs it at np 2
 // (np 1 is tests/cuda_emu/k_gpt.cpp's); at np 1 it runs the 1 x 1 layout. A tiny GPT: 1 block, width
 // 32, 2 heads, context 16, batch 4, 3 steps, clipping at 1.0. And --dtype bf16 at tp 2 (sp 0, 1), dp 2
-// ZeRO 1 and pp 2: cuda (attention and GEMMs on the tensor cores) within 1e-2 of the CPU bf16 run.
+// ZeRO 1 and pp 2: cuda (attention and GEMMs on the tensor cores) within 1e-2 of the CPU bf16 run; and
+// --layout auto in bf16 (the planner's figures measured on the devices) within 1e-2 of the dp 2 CPU run.
 // Build (tests/run.sh's emulator MPI group, or by hand):
 //   mpicxx -std=c++17 -O1 -DDT_MPI -DDT_CBLAS -I. -Itests/cuda_emu/include -Ikernels -Itests -Itests/cuda_emu
 //       tests/cuda_emu/mpi_gpt.cpp build/cuda_emu/obj/*.o -lopenblas -lpthread     (one line)
@@ -62,6 +63,7 @@ static const char *g_off = "0";     /* --offload-activations of the runs */
 static const char *g_layers = NULL; /* --layers of the runs (NULL: 1, or 2 at pp 2) */
 static const char *g_moe = "0";     /* --moe-experts of the runs (0: dense) */
 static const char *g_ep = "1";      /* --ep of the runs */
+static int g_auto = 0;              /* --layout auto: the planner's first layout (the flags above overridden) */
 static void run(const char *device, int tp, int sp, int zero, int pp, double *losses, weights *w) {
     char t[8], s[8], z[8], st[8], p[8];
     snprintf(t, sizeof t, "%d", tp);
@@ -77,10 +79,13 @@ static void run(const char *device, int tp, int sp, int zero, int pp, double *lo
                           "--zero", z, "--pp", p, "--schedule", "1f1b", "--micro", pp > 1 ? "2" : "1", "--dtype",
                           g_dtype, "--cp", g_cp, "--kv-heads", g_kv, "--offload-activations", g_off, "--moe-experts",
                           g_moe, "--ep", g_ep, "--quiet", NULL};
+    std::vector<const char *> args(argv, argv + sizeof argv / sizeof argv[0] - 1);
+    if (g_auto) { args.push_back("--layout"); args.push_back("auto"); }
+    args.push_back(NULL);
     g_step_losses = losses;
     g_on_done = w ? grab : NULL;
     g_on_done_user = w;
-    gpt_main((int)(sizeof argv / sizeof argv[0]) - 1, (char **)argv);
+    gpt_main((int)args.size() - 1, (char **)args.data());
     g_step_losses = NULL;
     g_on_done = NULL;
 }
@@ -162,7 +167,10 @@ static void compare_bf16(const char *tag, int tp, int sp, int zero, int pp) {
     int at = 0;
     g_dtype = "bf16";
     run("cpu", tp, sp, zero, pp, l_cpu, NULL);
+    if (!strcmp(tag, "layout_auto")) g_auto = 1; /* the cuda run on the planner's layout: any layout's losses are
+                                                    the one-process run's, so the cpu run of dp 2 is the reference */
     run("cuda", tp, sp, zero, pp, l_cuda, NULL);
+    g_auto = 0;
     g_dtype = "f32";
     for (int i = 0; i < STEPS; i++) {
         double d = fabs(l_cuda[i] - l_cpu[i]) / fabs(l_cpu[i]);
@@ -224,6 +232,9 @@ int main(int argc, char **argv) {
         if (!only || !strcmp(only, "bf16_tp2_sp")) compare_bf16("tp2_sp", 2, 1, 0, 1);
         if (!only || !strcmp(only, "bf16_dp2_zero1")) compare_bf16("dp2_zero1", 1, 0, 1, 1);
         if (!only || !strcmp(only, "bf16_pp2_1f1b")) compare_bf16("pp2_1f1b", 1, 0, 0, 2);
+        /* --device cuda --layout auto: the GPUs' figures measured (dt_plan_machine_measure), the step
+           modelled from them, the first layout trained */
+        if (!only || !strcmp(only, "bf16_layout_auto")) compare_bf16("layout_auto", 1, 0, 0, 1);
     }
     {
         int rc = dt_test_finish();

@@ -124,6 +124,9 @@ typedef enum cudaDeviceAttr {
     cudaDevAttrComputeCapabilityMinor = 76
 } cudaDeviceAttr;
 cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device);
+/* The device's memory: DT_EMU_DEVICE_BYTES (default 16 GiB) in all, less what cudaMalloc holds now
+   (every emulated device shares the one registry) */
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 cudaError_t dt_emu_malloc(const char *file, int line, void **ptr, size_t bytes);
 cudaError_t dt_emu_free(const char *file, int line, void *ptr);
 cudaError_t dt_emu_memcpy_blocking(const char *file, int line, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
