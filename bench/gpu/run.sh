@@ -189,6 +189,7 @@ summary() {
         m=$(mfu "$tps" "$(dv peak_bf16_tflops)")
         echo "| GPT-2 124M, --dtype bf16 (GEMMs and attention on the tensor cores, f32 activations) | $(or "${tps:+$tps tok/s, MFU ${m:-?}%}" "$(get gpt2_bf16)") |"
         echo "| GPT-2 124M bf16 step losses | $(get gpt2_bf16_losses) |"
+        echo "| the planner on this GPU (gpt --plan: dt_plan_machine_measure, the layout above predicted) | $(or "$(get plan_gpt2_bf16)" "not run") |"
         local lc
         lc=$(get llmc_tok_s)
         echo "| llm.c train_gpt2.cu (bf16, B 8, T 1024, the same shard; DT_GPU_LLMC) | $(or "${lc:+$lc tok/s, MFU $(mfu "$lc" "$(dv peak_bf16_tflops)")%}" "$(or "$(get llmc)" "not run (DT_GPU_LLMC unset)")") |"
@@ -645,9 +646,31 @@ run_gpt2_bf16() {
         return
     fi
     res gpt2_bf16_tok_s "$tps"
+    GPT2_BF16_TPS=$tps
     echo "GPT-2 124M bf16: $tps tok/s (steady)"
 }
 if [ -n "${GPT2[*]:-}" ] && phase "GPT-2 124M bf16" 60; then run_gpt2_bf16; fi
+
+# The planner on this device (issue 23): gpt --plan measures the machine's figures on the GPU
+# (dt_plan_machine_measure: the block's bf16 linears and flash attention at GPT-2's shapes, a device
+# copy, the host link) into $G/machine.json, and predicts the step of the layout just run; printed
+# against the steady rate measured above (a figure, not a pass / fail)
+run_plan_bf16() {
+    local pred rc
+    timeout "$(lim 60)" "$G/gpt_cuda" "${GPT2[@]}" --dtype bf16 --plan --plan-profile "$G/machine.json" \
+        >"$L/plan_gpt2_bf16.log" 2>&1
+    rc=$?
+    pred=$(sed -n 's/^plan: the layout given .*: predicted step [0-9.]* s, \([0-9]*\) tokens\/s.*/\1/p' "$L/plan_gpt2_bf16.log")
+    if [ -z "$pred" ]; then
+        res plan_gpt2_bf16 "**no figure**: rc $rc ($L/plan_gpt2_bf16.log): $(tail -n 1 "$L/plan_gpt2_bf16.log")"
+        fail plan_gpt2_bf16 "rc $rc: $(tail -n 2 "$L/plan_gpt2_bf16.log" | tr '\n' ' ')"
+        return
+    fi
+    res plan_gpt2_bf16 "predicted $pred tok/s, measured ${GPT2_BF16_TPS:-?} tok/s$(awk -v p="$pred" -v m="${GPT2_BF16_TPS:-0}" \
+        'BEGIN { if (m > 0) printf(", error %+.1f%%", 100 * (p - m) / m) }'); machine $G/machine.json"
+    grep -m 1 '^plan: machine' "$L/plan_gpt2_bf16.log"
+}
+if [ -n "${GPT2[*]:-}" ] && phase "planner on the device" 40; then run_plan_bf16; fi
 
 # DLRM at MLPerf's widths, 30 steps on each device: the rate of steps 6-30
 run_dlrm() {
