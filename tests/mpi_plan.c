@@ -61,6 +61,11 @@ int main(void) {
     for (i = 0, ok = 1; i < p->n_colls; i++) ok = ok && p->colls[i].alpha >= 0 && p->colls[i].beta >= 0 && p->colls[i].alpha + p->colls[i].beta > 0;
     DT_TEST_CHECK("plan_profile_collectives_are_measured", ok && p->n_colls == (dt_comm_size(w) > 1 ? 4 : 0));
     DT_TEST_CHECK("plan_profile_optimizer_is_measured", p->opt_s_per_param > 0 && p->copy_s_per_byte > 0);
+    { /* a GPU machine's figures need a CUDA build (tests/cuda_emu/k_plan.cpp measures them) */
+        dt_plan_machine mc;
+        dt_test_error("plan_machine_measure_without_cuda_is_named", dt_plan_machine_measure(w, &m, NULL, &mc),
+                      dt_ctx_error(&ctx), "built without DT_CUDA");
+    }
     d[0] = digest(p); d[1] = -d[0];
     dt_comm_allreduce_f64(w, d, 2, DT_REDUCE_MAX);
     DT_TEST_CHECK("plan_profile_is_the_same_on_every_rank", d[0] == -d[1]);
