@@ -3222,12 +3222,12 @@ DT_API dt_status dt_plan_machine_save(dt_ctx *ctx, const dt_plan_machine *mc, co
 
 #ifdef DT_CUDA
 /* What dt_plan_machine_measure runs on the device: the block's four linears (qkv, the attention's
-   projection, fc, the MLP's projection) on one sequence's rows, and its attention. */
+   projection, fc, the MLP's projection) on one sequence's rows, its attention, a copy. */
 typedef struct dt__plan_dev {
     dt_ctx *ctx;
-    int64_t N, in[4], outc[4];
+    int64_t N, in[4], outc[4], S; /* S: floats a copy moves */
     int H, K;
-    dt_tensor x, y, dy, dx, w[4], dw[4], q16, ao, dao, dq, ca, cb;
+    dt_tensor tmp, x, y, dy, dx, w[4], dw[4], q16, ao, dao, dq, ca, cb;
 } dt__plan_dev;
 
 static dt_status dt__plan_dev_lin(dt__plan_dev *d, int bwd) {
@@ -3275,27 +3275,125 @@ static dt_status dt__plan_dev_time(dt_comm *world, dt__plan_dev *d, dt_status (*
     return DT_OK;
 }
 
-/* A CUDA tensor of n0 x n1 of dtype, its values 0.01 (bf16: cast from f32 through tmp, n0 n1 floats at least). */
-static dt_status dt__plan_dev_mk(dt__plan_dev *d, dt_tensor *t, int64_t n0, int64_t n1, dt_dtype dtype, dt_tensor *tmp) {
+/* A CUDA tensor of dims[0 .. nd) of dtype, its values 0.01 (bf16: cast from d->tmp's f32). */
+static dt_status dt__plan_dev_mk(dt__plan_dev *d, dt_tensor *t, int nd, int64_t d0, int64_t d1, int64_t d2,
+                                 dt_dtype dtype) {
     dt_tensor_desc td;
+    dt_tensor v;
     dt_status err;
     memset(&td, 0, sizeof td);
-    td.dtype = dtype; td.device = DT_CUDA_DEVICE; td.shape[0] = n0; td.shape[1] = n1;
+    td.dtype = dtype; td.device = DT_CUDA_DEVICE; td.shape[0] = d0; td.shape[1] = d1; td.shape[2] = d2;
     if ((err = dt_tensor_create(d->ctx, t, &td))) return err;
     if (dtype != DT_BF16) return dt_tensor_fill(d->ctx, t, 0.01);
-    {
-        dt_tensor v;
-        int64_t s[2];
-        s[0] = n0; s[1] = n1;
-        if ((err = dt_tensor_view(d->ctx, &v, tmp, 0, 2, s))) return err;
-        return dt_tensor_cast(d->ctx, t, &v);
-    }
+    if ((err = dt_tensor_view(d->ctx, &v, &d->tmp, 0, nd, td.shape))) return err;
+    return dt_tensor_cast(d->ctx, t, &v);
 }
 
-/* alpha and seconds per byte of a collective over g from its times at two sizes (f32 elements) */
+static void dt__plan_dev_free(dt__plan_dev *d) {
+    dt_tensor *t = &d->tmp, *end = &d->cb + 1;
+    for (; t < end; t++) dt_tensor_free(d->ctx, t);
+}
+
+/* The block's tensors at one sequence's rows, and two copy buffers of S floats. */
+static dt_status dt__plan_dev_make(dt__plan_dev *d, dt_ctx *ctx, const dt_plan_model *m, int64_t S) {
+    int64_t kv = m->kv_heads ? m->kv_heads : m->heads, hs = m->width / m->heads, C = m->width;
+    int64_t F = (int64_t)dt__plan_ffn(m), Fg = (1 + m->gated) * F, Wq = (m->heads + 2 * kv) * hs, big = 0;
+    int i;
+    dt_status err;
+    memset(d, 0, sizeof *d);
+    d->ctx = ctx; d->N = m->seq; d->H = m->heads; d->K = (int)kv; d->S = S;
+    d->in[0] = C; d->outc[0] = C + 2 * kv * hs;
+    d->in[1] = C; d->outc[1] = C;
+    d->in[2] = C; d->outc[2] = Fg;
+    d->in[3] = F; d->outc[3] = C;
+    for (i = 0; i < 4; i++) if (d->in[i] * d->outc[i] > big) big = d->in[i] * d->outc[i];
+    if (d->N * (Fg + C + Wq) > big) big = d->N * (Fg + C + Wq);
+    if ((err = dt__plan_dev_mk(d, &d->tmp, 1, big, 0, 0, DT_F32)) ||
+        (err = dt__plan_dev_mk(d, &d->x, 2, d->N, Fg + C, 0, DT_F32)) ||
+        (err = dt__plan_dev_mk(d, &d->dx, 2, d->N, Fg + C, 0, DT_F32)) ||
+        (err = dt__plan_dev_mk(d, &d->y, 2, d->N, Fg + C + Wq, 0, DT_F32)) ||
+        (err = dt__plan_dev_mk(d, &d->dy, 2, d->N, Fg + C + Wq, 0, DT_F32)))
+        return err;
+    for (i = 0; i < 4; i++)
+        if ((err = dt__plan_dev_mk(d, &d->w[i], 2, d->outc[i], d->in[i], 0, DT_BF16)) ||
+            (err = dt__plan_dev_mk(d, &d->dw[i], 2, d->outc[i], d->in[i], 0, DT_F32)))
+            return err;
+    if ((err = dt__plan_dev_mk(d, &d->q16, 3, 1, d->N, Wq, DT_BF16)) ||
+        (err = dt__plan_dev_mk(d, &d->dq, 3, 1, d->N, Wq, DT_F32)) ||
+        (err = dt__plan_dev_mk(d, &d->ao, 3, 1, d->N, C, DT_F32)) ||
+        (err = dt__plan_dev_mk(d, &d->dao, 3, 1, d->N, C, DT_F32)) ||
+        (err = dt__plan_dev_mk(d, &d->ca, 1, S, 0, 0, DT_F32)) || (err = dt__plan_dev_mk(d, &d->cb, 1, S, 0, 0, DT_F32)))
+        return err;
+    return DT_OK;
+}
+
+/* The compute figures: the linears' and attention's rates over the peak (given's, raised to the
+   fastest measured rate where below it), counting the work as dt__plan_paper_split does (the
+   GEMMs' 2 N C (C + 2 Ckv + C + (g + 1) F) forward and twice that backward; attention's 2 b T^2 C
+   forward, 2.5 times that backward), and the device copy's over mem_bw (*copy: its rate). */
+static dt_status dt__plan_dev_rates(dt_comm *world, dt__plan_dev *d, const dt_plan_model *m, int reps,
+                                    dt_plan_machine *mc, double *copy) {
+    double C = m->width, T = (double)m->seq, F = dt__plan_ffn(m), g = 1 + m->gated, Ckv = (double)d->K * (C / m->heads);
+    double t[5], gemm, attn = 2 * T * T * C, af, ab;
+    dt_status err;
+    if ((err = dt__plan_dev_time(world, d, dt__plan_dev_lin_fwd, reps, &t[0])) ||
+        (err = dt__plan_dev_time(world, d, dt__plan_dev_lin_bwd, reps, &t[1])) ||
+        (err = dt__plan_dev_time(world, d, dt__plan_dev_attn_fwd, reps, &t[2])) ||
+        (err = dt__plan_dev_time(world, d, dt__plan_dev_attn_bwd, reps, &t[3])) ||
+        (err = dt__plan_dev_time(world, d, dt__plan_dev_copy, reps, &t[4])))
+        return err;
+    gemm = 3 * 2 * T * C * (C + 2 * Ckv + C + (g + 1) * F) / (t[0] + t[1]);
+    af = attn / t[2];
+    ab = 2.5 * attn / t[3];
+    *copy = 2.0 * 4 * (double)d->S / t[4];
+    if (!(mc->flops >= gemm)) mc->flops = gemm;
+    if (mc->flops < af) mc->flops = af;
+    if (mc->flops < ab) mc->flops = ab;
+    if (!(mc->mem_bw >= *copy)) mc->mem_bw = *copy;
+    mc->gemm_eff = gemm / mc->flops;
+    mc->attn_fwd_eff = af / mc->flops;
+    mc->attn_bwd_eff = ab / mc->flops;
+    mc->mem_eff = *copy / mc->mem_bw;
+    return DT_OK;
+}
+
+/* The host link: S floats of pinned host memory to the device and back, each copy waited for;
+   the slower direction's median. */
+static dt_status dt__plan_dev_host_link(dt_comm *world, dt__plan_dev *d, int reps, dt_plan_machine *mc) {
+    static const char *fn = "dt_plan_machine_measure";
+    size_t bytes = (size_t)d->S * 4;
+    void *pinned = NULL;
+    double t[16], v;
+    int i;
+    dt_status err = DT_OK;
+    if (cudaMallocHost(&pinned, bytes) != cudaSuccess || !pinned)
+        return dt_ctx_set_error(d->ctx, DT_ERR_OOM, "%s: cudaMallocHost of %zu bytes failed", fn, bytes);
+    memset(pinned, 0, bytes);
+    for (i = 0; i <= reps && !err; i++) { /* the first a warm-up */
+        double a = 0, b = 0;
+        if ((err = dt_comm_barrier(world))) break;
+        a = dt_comm_now();
+        if ((err = dt_cuda_memcpy(d->ctx, d->ca.data, DT_CUDA_DEVICE, pinned, DT_CPU, bytes, fn)) ||
+            (err = dt_ctx_sync(d->ctx)))
+            break;
+        a = dt_comm_now() - a;
+        if ((err = dt_comm_barrier(world))) break;
+        b = dt_comm_now();
+        if ((err = dt_cuda_memcpy(d->ctx, pinned, DT_CPU, d->ca.data, DT_CUDA_DEVICE, bytes, fn))) break;
+        b = dt_comm_now() - b;
+        v = a > b ? a : b;
+        if ((err = dt_comm_allreduce_f64(world, &v, 1, DT_REDUCE_MAX))) break;
+        if (i) dt__plan_sorted_add(t, i - 1, v);
+    }
+    cudaFreeHost(pinned);
+    if (!err) mc->h2d_bw = (double)bytes / t[reps / 2];
+    return err;
+}
+
+/* alpha and seconds per byte of a collective over the groups g from its times at 8 KB and 64 MB */
 static dt_status dt__plan_dev_coll(dt_comm *world, dt_comm *g, dt_plan_coll_kind kind, int reps, double *alpha,
                                    double *beta) {
-    const int64_t e0 = 2048, e1 = 16 << 20; /* 8 KB, 64 MB */
+    const int64_t e0 = 2048, e1 = 16 << 20; /* f32 elements */
     double t0 = 0, t1 = 0;
     dt_status err;
     if ((err = dt__plan_coll_once(world, g, kind, e0, reps, DT_CUDA_DEVICE, &t0)) ||
@@ -3305,6 +3403,63 @@ static dt_status dt__plan_dev_coll(dt_comm *world, dt_comm *g, dt_plan_coll_kind
     *alpha = t0 - *beta * 4.0 * (double)e0;
     if (*alpha < 0) *alpha = 0;
     return DT_OK;
+}
+
+/* The links: each rank's host from a hash of its host name (every rank's in one array), then
+   the groups of each host's ranks (all-reduce bus bandwidth, a ring step's send) and of one rank
+   per host, all groups of a kind at once. A link the world cannot show keeps given's figure
+   (has_given), else takes the nearest one measured (copy: the device copy's rate). */
+static dt_status dt__plan_dev_links(dt_comm *world, int reps, int has_given, double copy, dt_plan_machine *mc) {
+    dt_ctx *ctx = dt_comm_ctx(world);
+    dt_comm *host = NULL, *across = NULL;
+    int W = dt_comm_size(world), r = dt_comm_rank(world), i, j, first = -1, idx = 0, hosts = 0;
+    double *hash, mine, a = 0, b = 0, have[2];
+    struct utsname un;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    const char *c = uname(&un) == 0 ? un.nodename : "?";
+    dt_status err;
+    hash = (double *)dt_alloc_zeroed(ctx, (size_t)W * sizeof *hash);
+    if (!hash) return DT_ERR_OOM;
+    for (; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    mine = (double)(h >> 12) + 1; /* exact in a double, never 0 */
+    hash[r] = mine;
+    if ((err = dt_comm_allreduce_f64(world, hash, W, DT_REDUCE_SUM))) goto done;
+    for (i = 0; i < W; i++) {
+        int seen = 0;
+        for (j = 0; j < i && !seen; j++) seen = hash[j] == hash[i];
+        hosts += !seen;
+        if (hash[i] == mine && first < 0) first = i;
+        if (hash[i] == mine && i < r) idx++;
+    }
+    mc->ranks_per_host = (W + hosts - 1) / hosts;
+    if ((err = dt_comm_split(world, &host, first, r)) || (err = dt_comm_split(world, &across, idx, r))) goto done;
+    have[0] = dt_comm_size(host); /* the smallest host's group, and the fewest hosts a group spans */
+    have[1] = dt_comm_size(across);
+    if ((err = dt_comm_allreduce_f64(world, have, 2, DT_REDUCE_MIN))) goto done;
+    if (have[0] >= 2) {
+        if ((err = dt__plan_dev_coll(world, host, DT_PLAN_ALLREDUCE, reps, &a, &b))) goto done;
+        mc->intra_alpha = a;
+        mc->intra_bw = 2 * (have[0] - 1) / have[0] / b;
+        if ((err = dt__plan_dev_coll(world, host, DT_PLAN_SENDRECV, reps, &a, &b))) goto done;
+        mc->p2p_intra_bw = 1 / b;
+    } else if (!has_given) { /* one rank a host: no group inside one is ever costed */
+        mc->intra_bw = mc->p2p_intra_bw = copy;
+        mc->intra_alpha = 0;
+    }
+    if (have[1] >= 2 && hosts > 1) {
+        if ((err = dt__plan_dev_coll(world, across, DT_PLAN_ALLREDUCE, reps, &a, &b))) goto done;
+        mc->inter_alpha = a / ceil(log2(have[1])); /* the paper model's latency per level of the tree */
+        mc->nic_bw = 2 * (have[1] - 1) / have[1] / b;
+        if ((err = dt__plan_dev_coll(world, across, DT_PLAN_SENDRECV, reps, &a, &b))) goto done;
+        mc->p2p_inter_bw = 1 / b;
+    } else if (!has_given) { /* one host: nothing leaves it; its own links stand in */
+        mc->nic_bw = mc->intra_bw; mc->inter_alpha = mc->intra_alpha; mc->p2p_inter_bw = mc->p2p_intra_bw;
+    }
+done:
+    dt_comm_free(across);
+    dt_comm_free(host);
+    dt_release(ctx, hash);
+    return err;
 }
 #endif
 
@@ -3327,15 +3482,11 @@ DT_API dt_status dt_plan_machine_measure(dt_comm *world, const dt_plan_model *m,
     {
         dt__plan_dev d;
         dt_plan_machine mc;
-        dt_comm *host = NULL, *across = NULL;
-        double C = m->width, T = (double)m->seq, Ckv, F = dt__plan_ffn(m), g = 1 + m->gated, v[4], t[8], gemm, attn;
-        double mem_rate, *hash = NULL, mine;
-        int64_t kv = m->kv_heads ? m->kv_heads : m->heads, hs = m->width / m->heads, big = 0, S = 16 << 20;
-        int W = dt_comm_size(world), r = dt_comm_rank(world), i, first = -1, idx = 0, reps = 3, hosts;
+        int64_t hs = m->width / m->heads;
+        double v[2], copy = 0;
         size_t fr = 0, tot = 0;
         struct utsname un;
-        void *pinned = NULL;
-        dt_tensor tmp;
+        const int reps = 3;
         if (ctx->device != DT_CUDA_DEVICE)
             return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: world's ctx is on %s, expected cuda (it measures the "
                                     "GPUs the ranks train on)", fn, dt_device_name(ctx->device));
@@ -3343,169 +3494,23 @@ DT_API dt_status dt_plan_machine_measure(dt_comm *world, const dt_plan_model *m,
             return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: head size width / heads = %lld: the tensor-core "
                                     "attention takes 16, 32, 64, 96 or 128", fn, (long long)hs);
         if (given && (err = dt__plan_machine_check(ctx, fn, given))) return err;
-        memset(&d, 0, sizeof d);
-        memset(&tmp, 0, sizeof tmp);
         memset(&mc, 0, sizeof mc);
         if (given) mc = *given;
-        else { mc.overlap = 0.9; mc.tp_overlap = 0; }
-        mc.act_bytes = 4;
-        Ckv = (double)kv * hs;
+        else mc.overlap = 0.9; /* an assumption, as the machine files'; tp_overlap 0: dt hides no tp collective */
+        mc.act_bytes = 4; /* dt's CUDA activations are f32 */
         /* the device's memory before anything here takes some */
         if (cudaMemGetInfo(&fr, &tot) != cudaSuccess)
             return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: cudaMemGetInfo failed", fn);
         v[0] = -(double)tot; v[1] = (double)(tot - fr);
         if ((err = dt_comm_allreduce_f64(world, v, 2, DT_REDUCE_MAX))) return err;
         mc.mem_bytes = -v[0]; mc.reserved_bytes = v[1];
-        /* the block's shapes: one sequence's rows */
-        d.ctx = ctx; d.N = m->seq; d.H = m->heads; d.K = (int)kv;
-        d.in[0] = m->width; d.outc[0] = m->width + 2 * (int64_t)Ckv;
-        d.in[1] = m->width; d.outc[1] = m->width;
-        d.in[2] = m->width; d.outc[2] = (int64_t)(g * F);
-        d.in[3] = (int64_t)F; d.outc[3] = m->width;
-        for (i = 0; i < 4; i++) {
-            if (d.in[i] * d.outc[i] > big) big = d.in[i] * d.outc[i];
-            if (d.N * d.in[i] > big) big = d.N * d.in[i];
-            if (d.N * d.outc[i] > big) big = d.N * d.outc[i];
-        }
-        if (d.N * (m->heads + 2 * kv) * hs > big) big = d.N * (m->heads + 2 * kv) * hs;
-#define DT__PLAN_DTRY(x) do { if ((err = (x))) goto dev_done; } while (0)
-        DT__PLAN_DTRY(dt__plan_dev_mk(&d, &tmp, big, 1, DT_F32, NULL));
-        DT__PLAN_DTRY(dt__plan_dev_mk(&d, &d.x, d.N, (int64_t)(F > g * F ? F : g * F) + m->width, DT_F32, NULL));
-        DT__PLAN_DTRY(dt__plan_dev_mk(&d, &d.dx, d.N, (int64_t)(F > g * F ? F : g * F) + m->width, DT_F32, NULL));
-        DT__PLAN_DTRY(dt__plan_dev_mk(&d, &d.y, d.N, (int64_t)(g * F) + m->width + 2 * (int64_t)Ckv, DT_F32, NULL));
-        DT__PLAN_DTRY(dt__plan_dev_mk(&d, &d.dy, d.N, (int64_t)(g * F) + m->width + 2 * (int64_t)Ckv, DT_F32, NULL));
-        for (i = 0; i < 4; i++) {
-            DT__PLAN_DTRY(dt__plan_dev_mk(&d, &d.w[i], d.outc[i], d.in[i], DT_BF16, &tmp));
-            DT__PLAN_DTRY(dt__plan_dev_mk(&d, &d.dw[i], d.outc[i], d.in[i], DT_F32, NULL));
-        }
-        {
-            dt_tensor_desc td;
-            memset(&td, 0, sizeof td);
-            td.dtype = DT_BF16; td.device = DT_CUDA_DEVICE; td.shape[0] = 1; td.shape[1] = d.N;
-            td.shape[2] = (m->heads + 2 * kv) * hs;
-            DT__PLAN_DTRY(dt_tensor_create(ctx, &d.q16, &td));
-            {
-                dt_tensor vw;
-                DT__PLAN_DTRY(dt_tensor_view(ctx, &vw, &tmp, 0, 3, td.shape));
-                DT__PLAN_DTRY(dt_tensor_cast(ctx, &d.q16, &vw));
-            }
-            td.dtype = DT_F32;
-            DT__PLAN_DTRY(dt_tensor_create(ctx, &d.dq, &td));
-            DT__PLAN_DTRY(dt_tensor_fill(ctx, &d.dq, 0));
-            td.shape[2] = m->width;
-            DT__PLAN_DTRY(dt_tensor_create(ctx, &d.ao, &td));
-            DT__PLAN_DTRY(dt_tensor_create(ctx, &d.dao, &td));
-            DT__PLAN_DTRY(dt_tensor_fill(ctx, &d.dao, 0.01));
-        }
-        DT__PLAN_DTRY(dt__plan_dev_mk(&d, &d.ca, S, 1, DT_F32, NULL));
-        DT__PLAN_DTRY(dt__plan_dev_mk(&d, &d.cb, S, 1, DT_F32, NULL));
-        DT__PLAN_DTRY(dt__plan_dev_time(world, &d, dt__plan_dev_lin_fwd, reps, &t[0]));
-        DT__PLAN_DTRY(dt__plan_dev_time(world, &d, dt__plan_dev_lin_bwd, reps, &t[1]));
-        DT__PLAN_DTRY(dt__plan_dev_time(world, &d, dt__plan_dev_attn_fwd, reps, &t[2]));
-        DT__PLAN_DTRY(dt__plan_dev_time(world, &d, dt__plan_dev_attn_bwd, reps, &t[3]));
-        DT__PLAN_DTRY(dt__plan_dev_time(world, &d, dt__plan_dev_copy, reps, &t[4]));
-        /* rates, as dt__plan_paper_split counts the work: the GEMMs' 2 N C (C + 2 Ckv + C + (g + 1) F)
-           forward and twice that backward; attention's 2 b T^2 C forward, 2.5 times that backward */
-        gemm = 3 * 2 * T * C * (C + 2 * Ckv + C + (g + 1) * F) / (t[0] + t[1]);
-        attn = 2 * T * T * C;
-        mem_rate = 2.0 * 4 * (double)S / t[4];
-        /* the peaks: given's (the data sheet's), raised to what was measured where it is below */
-        if (!(mc.flops >= gemm)) mc.flops = gemm;
-        if (mc.flops < attn / t[2]) mc.flops = attn / t[2];
-        if (mc.flops < 2.5 * attn / t[3]) mc.flops = 2.5 * attn / t[3];
-        if (!(mc.mem_bw >= mem_rate)) mc.mem_bw = mem_rate;
-        mc.gemm_eff = gemm / mc.flops;
-        mc.attn_fwd_eff = attn / t[2] / mc.flops;
-        mc.attn_bwd_eff = 2.5 * attn / t[3] / mc.flops;
-        mc.mem_eff = mem_rate / mc.mem_bw;
-        /* the host link: pinned host memory, the whole copy waited for */
-        if (cudaMallocHost(&pinned, (size_t)S * 4) != cudaSuccess || !pinned) {
-            pinned = NULL;
-            err = dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: cudaMallocHost of %lld bytes failed", fn, (long long)S * 4);
-            goto dev_done;
-        }
-        memset(pinned, 0, (size_t)S * 4);
-        for (i = 0; i <= reps; i++) { /* the first a warm-up */
-            double a, b;
-            DT__PLAN_DTRY(dt_comm_barrier(world));
-            a = dt_comm_now();
-            DT__PLAN_DTRY(dt_cuda_memcpy(ctx, d.ca.data, DT_CUDA_DEVICE, pinned, DT_CPU, (size_t)S * 4, fn));
-            DT__PLAN_DTRY(dt_ctx_sync(ctx));
-            a = dt_comm_now() - a;
-            DT__PLAN_DTRY(dt_comm_barrier(world));
-            b = dt_comm_now();
-            DT__PLAN_DTRY(dt_cuda_memcpy(ctx, pinned, DT_CPU, d.ca.data, DT_CUDA_DEVICE, (size_t)S * 4, fn));
-            b = dt_comm_now() - b;
-            v[0] = a > b ? a : b;
-            DT__PLAN_DTRY(dt_comm_allreduce_f64(world, v, 1, DT_REDUCE_MAX));
-            if (i) dt__plan_sorted_add(&t[5], i - 1, v[0]);
-        }
-        mc.h2d_bw = 4.0 * (double)S / t[5 + reps / 2];
-        /* the hosts: a hash of each rank's host name, every rank's in one array */
-        hash = (double *)dt_alloc_zeroed(ctx, (size_t)W * sizeof *hash);
-        if (!hash) { err = DT_ERR_OOM; goto dev_done; }
-        {
-            uint64_t h = 1469598103934665603ull;
-            const char *c = uname(&un) == 0 ? un.nodename : "?";
-            for (; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
-            mine = (double)(h >> 12) + 1; /* exact in a double, never 0 */
-        }
-        hash[r] = mine;
-        DT__PLAN_DTRY(dt_comm_allreduce_f64(world, hash, W, DT_REDUCE_SUM));
-        for (i = 0, hosts = 0; i < W; i++) {
-            int j, seen = 0;
-            for (j = 0; j < i && !seen; j++) seen = hash[j] == hash[i];
-            hosts += !seen;
-            if (hash[i] == mine) {
-                if (first < 0) first = i;
-                if (i < r) idx++;
-            }
-        }
-        mc.ranks_per_host = (W + hosts - 1) / hosts;
-        DT__PLAN_DTRY(dt_comm_split(world, &host, first, r));
-        DT__PLAN_DTRY(dt_comm_split(world, &across, idx, r));
-        /* every group of a kind at once; a rank whose group has one member waits in the barriers */
-        {
-            double a = 0, b = 0, have[4], n = (double)dt_comm_size(host), nx = (double)dt_comm_size(across);
-            for (i = 0; i < 4; i++) have[i] = 0;
-            if ((int)n < mc.ranks_per_host || mc.ranks_per_host < 2) n = 1; /* uneven hosts: none inside */
-            have[0] = have[1] = n; /* the same on every rank: the smallest host's group */
-            have[2] = have[3] = nx;
-            DT__PLAN_DTRY(dt_comm_allreduce_f64(world, have, 4, DT_REDUCE_MIN));
-            if (have[0] >= 2) {
-                DT__PLAN_DTRY(dt__plan_dev_coll(world, host, DT_PLAN_ALLREDUCE, reps, &a, &b));
-                mc.intra_alpha = a;
-                mc.intra_bw = 2 * (have[0] - 1) / have[0] / b;
-                DT__PLAN_DTRY(dt__plan_dev_coll(world, host, DT_PLAN_SENDRECV, reps, &a, &b));
-                mc.p2p_intra_bw = 1 / b;
-            } else if (!given) {
-                mc.intra_bw = mc.p2p_intra_bw = mem_rate; /* a host of one rank: no group inside is costed */
-                mc.intra_alpha = 0;
-            }
-            if (have[2] >= 2) {
-                DT__PLAN_DTRY(dt__plan_dev_coll(world, across, DT_PLAN_ALLREDUCE, reps, &a, &b));
-                mc.inter_alpha = a / ceil(log2(have[2]));
-                mc.nic_bw = 2 * (have[2] - 1) / have[2] / b;
-                DT__PLAN_DTRY(dt__plan_dev_coll(world, across, DT_PLAN_SENDRECV, reps, &a, &b));
-                mc.p2p_inter_bw = 1 / b;
-            } else if (!given) { /* one host: the links out of it are not used; the host's stand in */
-                mc.nic_bw = mc.intra_bw; mc.inter_alpha = mc.intra_alpha; mc.p2p_inter_bw = mc.p2p_intra_bw;
-            }
-        }
-        snprintf(mc.name, sizeof mc.name, "%.40s: %d GPUs measured by dt_plan_machine_measure", uname(&un) == 0 ?
-                 un.nodename : "?", W);
-    dev_done:
-#undef DT__PLAN_DTRY
-        if (pinned) cudaFreeHost(pinned);
-        dt_release(ctx, hash);
-        dt_comm_free(across);
-        dt_comm_free(host);
-        {
-            dt_tensor *tt[] = {&tmp, &d.x, &d.y, &d.dy, &d.dx, &d.w[0], &d.w[1], &d.w[2], &d.w[3], &d.dw[0], &d.dw[1],
-                               &d.dw[2], &d.dw[3], &d.q16, &d.ao, &d.dao, &d.dq, &d.ca, &d.cb};
-            for (i = 0; i < (int)(sizeof tt / sizeof tt[0]); i++) dt_tensor_free(ctx, tt[i]);
-        }
+        if (!(err = dt__plan_dev_make(&d, ctx, m, 16 << 20)) && !(err = dt__plan_dev_rates(world, &d, m, reps, &mc, &copy)))
+            err = dt__plan_dev_host_link(world, &d, reps, &mc);
+        dt__plan_dev_free(&d);
+        if (!err) err = dt__plan_dev_links(world, reps, given != NULL, copy, &mc);
         if (err) return err;
+        snprintf(mc.name, sizeof mc.name, "%.40s: %d GPUs measured by dt_plan_machine_measure",
+                 uname(&un) == 0 ? un.nodename : "?", dt_comm_size(world));
         if ((err = dt__plan_machine_check(ctx, fn, &mc))) return err;
         *out = mc;
         return DT_OK;
