@@ -1,7 +1,6 @@
 /* tests/test_plan.c - dt_plan.h's model on hand-derived cases: a profile written by hand (every
    figure chosen), the step and memory each layout must get from it worked out here from the
    formulas the header states, and the bad layouts and profile files it must name. */
-#define DT_IMPLEMENTATION
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"
@@ -1429,7 +1428,7 @@ static void pipe_buffers(void) {
     static const int want[3] = {6, 4, 5};
     static const double d[3] = {1e-3, 1e-3, 1e-3};
     dt_plan_layout l;
-    dt_plan_prediction a;
+    dt_plan_prediction a, g;
     int k;
     if (!DT_TEST_CHECK("plan_pp_buffers_allocate", p != NULL)) return;
     hand_profile(p, 2, &m);
@@ -1446,14 +1445,18 @@ static void pipe_buffers(void) {
         }
         if (!DT_TEST_CHECK(name, a.pp_buffers == want[k])) printf("  got %d\n", a.pp_buffers);
     }
-    /* the buffers are in the memory: 1F1B's stage 0 holds 2 micro-batches' blocks (the sets, as
-       activations() checks them) and 4 buffers of one micro-batch's [rows, C] */
+    /* the buffers are in the memory, each one micro-batch's [rows, C] of f32: GPipe's stage 0
+       holds all 4 micro-batches' sets and 6 buffers, which give a set's bytes; 1F1B's holds 2 sets
+       and 4 buffers */
     memset(&l, 0, sizeof l);
-    l.pp = 2; l.micro = 4; l.schedule = DT_PP_1F1B;
-    if (!dt_plan_predict(&g_ctx, p, &l, &a)) {
-        double msg = (double)(m.batch / 4) * m.seq * m.width * 4;
-        double sets = a.in_flight * dt__plan_acts_bytes(&m, &a.layout, m.layers / 2, 4, 0, NULL);
-        dt_test_close("plan_pp_buffers_in_memory", a.mem_activations, sets + 4 * msg, 1e-6 * sets);
+    l.pp = 2; l.micro = 4; l.schedule = DT_PP_GPIPE;
+    if (!dt_plan_predict(&g_ctx, p, &l, &g)) {
+        double msg = (double)(m.batch / 4) * m.seq * m.width * 4, set = (g.mem_activations - 6 * msg) / 4;
+        l.schedule = DT_PP_1F1B;
+        if (!DT_TEST_CHECK("plan_pp_buffers_sets_in_flight", g.in_flight == 4 && g.pp_buffers == 6 &&
+                                                              !dt_plan_predict(&g_ctx, p, &l, &a) && a.in_flight == 2))
+            printf("  gpipe: %d sets, %d buffers; 1f1b: %d sets\n", g.in_flight, g.pp_buffers, a.in_flight);
+        else dt_test_close("plan_pp_buffers_in_memory", a.mem_activations, 2 * set + 4 * msg, 1e-9 * a.mem_activations);
     }
     free(p);
 }
