@@ -1928,10 +1928,22 @@ DT_API dt_status dt_plan_profile_broadcast(dt_comm *c, dt_plan_profile *p, int r
     X(fwd) X(bwd) X(attn) X(cheap) X(gelu) X(embed_fwd) X(embed_bwd) X(head_fwd) X(head_bwd) X(extra)
 #define DT__PLAN_MOE_FIELDS(X) X(fwd) X(bwd) X(mlp_fwd) X(mlp_bwd) X(acts) X(layer) X(extra)
 
+/* b's text into the file at path, and b freed: DT_ERR_OOM when b ran out of memory, DT_ERR_IO
+   naming fn and the file when it cannot be written whole (closed once, whatever happened). */
+static dt_status dt__plan_write(dt_ctx *ctx, const char *fn, const char *path, dt_strbuf *b) {
+    FILE *f;
+    int written;
+    if (b->failed) { dt_strbuf_free(b); return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: out of memory", fn); }
+    f = fopen(path, "wb");
+    written = f && fwrite(b->text, 1, b->len, f) == b->len;
+    if (f && fclose(f)) written = 0;
+    dt_strbuf_free(b);
+    return written ? DT_OK : dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot write %s", fn, path);
+}
+
 DT_API dt_status dt_plan_profile_save(dt_ctx *ctx, const dt_plan_profile *p, const char *path) {
     dt_strbuf b;
-    FILE *f;
-    int i, written;
+    int i;
     char moe[256] = "";
     const dt_plan_model *m;
     if (!p || !path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_profile_save: %s is NULL", p ? "path" : "p");
@@ -1988,16 +2000,7 @@ DT_API dt_status dt_plan_profile_save(dt_ctx *ctx, const dt_plan_profile *p, con
         dt_strbuf_str(&b, "}");
     }
     dt_strbuf_str(&b, "]}\n");
-    if (b.failed) { dt_strbuf_free(&b); return dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_plan_profile_save: out of memory"); }
-    f = fopen(path, "wb");
-    written = f && fwrite(b.text, 1, b.len, f) == b.len;
-    if (f && fclose(f)) written = 0; /* closed once, whatever happened */
-    if (!written) {
-        dt_strbuf_free(&b);
-        return dt_ctx_set_error(ctx, DT_ERR_IO, "dt_plan_profile_save: cannot write %s", path);
-    }
-    dt_strbuf_free(&b);
-    return DT_OK;
+    return dt__plan_write(ctx, "dt_plan_profile_save", path, &b);
 }
 
 /* The JSON of the file at path (at most max bytes), or an error naming fn and the file. */
@@ -3193,8 +3196,7 @@ DT_API dt_status dt_plan_profile_paper(dt_ctx *ctx, const dt_plan_machine *mc, c
 DT_API dt_status dt_plan_machine_save(dt_ctx *ctx, const dt_plan_machine *mc, const char *path, const char *source) {
     static const char *fn = "dt_plan_machine_save";
     dt_strbuf b;
-    FILE *f;
-    int i, written;
+    int i;
     dt_status err;
     if (!path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: path is NULL", fn);
     if ((err = dt__plan_machine_check(ctx, fn, mc))) return err;
@@ -3211,13 +3213,7 @@ DT_API dt_status dt_plan_machine_save(dt_ctx *ctx, const dt_plan_machine *mc, co
     dt_strbuf_str(&b, ",\n \"sources\": [");
     dt_strbuf_json(&b, source ? source : "");
     dt_strbuf_str(&b, "]}\n");
-    if (b.failed) { dt_strbuf_free(&b); return dt_ctx_set_error(ctx, DT_ERR_OOM, "%s: out of memory", fn); }
-    f = fopen(path, "wb");
-    written = f && fwrite(b.text, 1, b.len, f) == b.len;
-    if (f && fclose(f)) written = 0;
-    dt_strbuf_free(&b);
-    if (!written) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot write %s", fn, path);
-    return DT_OK;
+    return dt__plan_write(ctx, fn, path, &b);
 }
 
 #ifdef DT_CUDA
@@ -4200,8 +4196,7 @@ DT_API void dt_plan_dlrm_format(const dt_plan_dlrm_prediction *pr, int n, dt_str
 
 DT_API dt_status dt_plan_dlrm_profile_save(dt_ctx *ctx, const dt_plan_dlrm_profile *p, const char *path) {
     dt_strbuf b;
-    FILE *f;
-    int t, k, written;
+    int t, k;
     if (!p || !path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_dlrm_profile_save: %s is NULL", p ? "path" : "p");
     if (p->n_tables < 1 || p->n_tables > DT_PLAN_MAX_TABLES)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_plan_dlrm_profile_save: p->n_tables = %d, expected 1 .. %d",
@@ -4239,13 +4234,7 @@ DT_API dt_status dt_plan_dlrm_profile_save(dt_ctx *ctx, const dt_plan_dlrm_profi
         dt_strbuf_str(&b, "]}");
     }
     dt_strbuf_str(&b, "]}\n");
-    if (b.failed) { dt_strbuf_free(&b); return dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_plan_dlrm_profile_save: out of memory"); }
-    f = fopen(path, "wb");
-    written = f && fwrite(b.text, 1, b.len, f) == b.len;
-    if (f && fclose(f)) written = 0;
-    dt_strbuf_free(&b);
-    if (!written) return dt_ctx_set_error(ctx, DT_ERR_IO, "dt_plan_dlrm_profile_save: cannot write %s", path);
-    return DT_OK;
+    return dt__plan_write(ctx, "dt_plan_dlrm_profile_save", path, &b);
 }
 
 /* a kind by its dt_embed_sharding_name; -1 when none is */

@@ -395,6 +395,8 @@ static void files(void) {
     a.pipes[0].delay[0] = 1e-3; a.pipes[0].delay[1] = 3e-3;
     snprintf(path, sizeof path, "%s/prof.json", d);
     DT_TEST_CHECK("plan_profile_saves", dt_plan_profile_save(&g_ctx, &a, path) == DT_OK);
+    dt_test_error("plan_profile_save_unwritable_is_named", dt_plan_profile_save(&g_ctx, &a, "/nonexistent/dir/p.json"),
+                  dt_ctx_error(&g_ctx), "dt_plan_profile_save: cannot write /nonexistent/dir/p.json");
     st = dt_plan_profile_load(&g_ctx, &b, path);
     if (DT_TEST_CHECK("plan_profile_loads_what_it_saved", st == DT_OK)) {
         int same = a.world == b.world && a.n_splits == b.n_splits && a.n_colls == b.n_colls && a.n_pipes == b.n_pipes &&
@@ -790,6 +792,9 @@ static void dlrm_files(void) {
     write_file(bad, broken);
     st = dt_plan_dlrm_profile_load(&g_ctx, &b, bad);
     dt_test_error("plan_dlrm_profile_negative_time_is_named", st, dt_ctx_error(&g_ctx), "dense_s");
+    dt_test_error("plan_dlrm_profile_save_unwritable_is_named",
+                  dt_plan_dlrm_profile_save(&g_ctx, &a, "/nonexistent/dir/d.json"), dt_ctx_error(&g_ctx),
+                  "dt_plan_dlrm_profile_save: cannot write /nonexistent/dir/d.json");
     swap_text(broken, sizeof broken, text, "\"row\"", "\"rows\"");
     write_file(bad, broken);
     st = dt_plan_dlrm_profile_load(&g_ctx, &b, bad);
