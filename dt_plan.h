@@ -125,7 +125,8 @@ typedef struct dt_plan_layout {
     double offload;        /* 0 .. 1: the first offload x blocks of each chunk keep their activations in host
                               memory (examples/gpt --offload-activations): the device holds two slots (three on
                               CUDA) instead of them, each copied out after its forward and back before its
-                              backward at the measured copy rate; measured profiles only */
+                              backward: at the measured copy rate in line (a measured profile: the CPU), or on
+                              paper on a side stream at the machine's h2d_bw beside the compute */
     int ep;                /* expert-parallel ranks, inside dp x cp (examples/gpt --ep): 0 = 1; a MoE model's only */
 } dt_plan_layout;
 
