@@ -246,7 +246,7 @@ typedef struct dt_plan_profile {
 } dt_plan_profile;
 
 typedef struct dt_plan_measure_desc {
-    double budget_s;             /* 0 = 50: measuring fewer repeats past it (it never stops short) */
+    double budget_s;             /* 0 = 40: one repeat past half of it (it never stops short) */
     int repeats;                 /* of each timing, the median kept: 0 = 3 */
 } dt_plan_measure_desc;
 
@@ -1816,6 +1816,15 @@ static dt_status dt__plan_measure_pipe(dt_comm *world, const dt_plan_model *m, d
     return err;
 }
 
+/* The repeats for the next timing: reps, or one once half the budget is spent (the slowest rank's
+   clock, so that every rank decides alike) */
+static dt_status dt__plan_reps_left(dt_comm *world, double t0, double budget_s, int reps, int *out) {
+    double el = dt_comm_now() - t0;
+    dt_status err = dt_comm_allreduce_f64(world, &el, 1, DT_REDUCE_MAX);
+    *out = el > budget_s * 0.5 ? 1 : reps;
+    return err;
+}
+
 DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m, const dt_plan_measure_desc *desc,
                                          dt_plan_profile *out) {
     static const char *fn = "dt_plan_profile_measure";
@@ -1823,7 +1832,7 @@ DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m,
     dt_plan_measure_desc md;
     dt_status err;
     double t0 = dt_comm_now();
-    int i, reps;
+    int i, reps, r;
     struct utsname un;
     if (!world || !out)
         return dt_ctx_set_error(dt_comm_ctx(world), DT_ERR_ARG, "%s: %s is NULL", fn, world ? "out" : "world");
@@ -1840,7 +1849,7 @@ DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m,
                                 m->ffn, m->gated, 4 * m->width);
     if (desc) md = *desc;
     else memset(&md, 0, sizeof md);
-    if (md.budget_s <= 0) md.budget_s = 50;
+    if (md.budget_s <= 0) md.budget_s = 40;
     reps = md.repeats > 0 ? md.repeats : 3;
     if (reps > 16) reps = 16; /* the medians are taken from arrays of 16 */
     memset(out, 0, sizeof *out);
@@ -1872,26 +1881,22 @@ DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m,
         if ((err = dt__plan_measure_misc(world, out, reps, (int64_t)psi))) return err;
     }
     if ((err = dt__plan_measure_colls(world, out, reps))) return err;
-    for (i = 0; i < out->n_splits; i++) { /* past half the budget, one repeat (decided alike on every rank) */
-        double el = dt_comm_now() - t0;
-        int r;
-        if ((err = dt_comm_allreduce_f64(world, &el, 1, DT_REDUCE_MAX))) return err;
-        r = el > md.budget_s * 0.5 ? 1 : reps;
-        if ((err = dt__plan_measure_split(world, &out->model, &out->splits[i], r))) return err;
-    }
-    for (i = 0; i < out->n_moes; i++) { /* a MoE model's layer at each split and ep */
-        double el = dt_comm_now() - t0;
-        int r;
-        if ((err = dt_comm_allreduce_f64(world, &el, 1, DT_REDUCE_MAX))) return err;
-        r = el > md.budget_s * 0.5 ? 1 : reps;
-        if ((err = dt__plan_measure_moe(world, &out->model, &out->moes[i], r))) return err;
-    }
+    /* past half the budget, one repeat each (decided alike on every rank) */
+    for (i = 0; i < out->n_splits; i++)
+        if ((err = dt__plan_reps_left(world, t0, md.budget_s, reps, &r)) ||
+            (err = dt__plan_measure_split(world, &out->model, &out->splits[i], r)))
+            return err;
+    for (i = 0; i < out->n_moes; i++) /* a MoE model's layer at each split and ep */
+        if ((err = dt__plan_reps_left(world, t0, md.budget_s, reps, &r)) ||
+            (err = dt__plan_measure_moe(world, &out->model, &out->moes[i], r)))
+            return err;
     for (i = 2; i <= out->world && i <= m->layers && i <= 64; i++) { /* after the splits: their block times set the spins */
         static const dt_pp_kind kinds[3] = {DT_PP_1F1B, DT_PP_GPIPE, DT_PP_ZB_H1};
         int k;
         for (k = 0; k < 3 && out->world % i == 0; k++) { /* a MoE model runs no ZB-H1; 1F1B's repeats, others' two */
             if (m->experts && kinds[k] == DT_PP_ZB_H1) continue;
-            if ((err = dt__plan_measure_pipe(world, &out->model, out, i, kinds[k], k ? (reps < 2 ? reps : 2) : reps)))
+            if ((err = dt__plan_reps_left(world, t0, md.budget_s, k && reps > 2 ? 2 : reps, &r)) ||
+                (err = dt__plan_measure_pipe(world, &out->model, out, i, kinds[k], r)))
                 return err;
         }
     }
