@@ -2080,7 +2080,8 @@ static void plan_layout(trainer *t) {
     memset(&sd, 0, sizeof sd);
     sd.mem_budget = o->plan_memory * 1e6;
     sd.recompute = 1;
-    if (o->device == DT_CUDA_DEVICE) sd.max_cp = 1; /* cp on cuda: the ring runs in f32 only */
+    if (o->device == DT_CUDA_DEVICE) sd.max_cp = 1; /* cp on cuda: the ring's blocks run dt_attention_block's
+                                                       f32 kernels, not the flash kernels the paper model times */
     CHECK(dt_plan_search(g_ctx, pf, &sd, top, 64, &n, &total));
     for (r = 0; r < n && !best; r++) /* --sample runs at pp 1 and cp 1 only */
         if (!o->sample || (top[r].layout.pp == 1 && top[r].layout.cp == 1)) best = &top[r];
@@ -2144,9 +2145,9 @@ static void check_sizes(trainer *t) {
     if (o->seq % (2 * (int64_t)o->cp))
         fail("--seq %lld is not a multiple of 2 x --cp = %d (each cp rank holds two chunks of T / (2 cp))",
              (long long)o->seq, 2 * o->cp);
-    if (o->cp > 1 && o->device != DT_CPU && (o->ulysses || o->dtype != DT_F32))
-        fail("--cp %d with --device cuda: the ring runs on f32 cuda tensors (dt_attention_block's kernels); %s", o->cp,
-             o->ulysses ? "--cp-kind ulysses runs on the CPU only for now" : "--dtype bf16 is not built for it yet");
+    if (o->cp > 1 && o->device != DT_CPU && o->ulysses)
+        fail("--cp %d --cp-kind ulysses with --device cuda: Ulysses' row moves are host loops, so it runs on the CPU "
+             "only for now; the ring (--cp-kind ring) runs on cuda", o->cp);
     if (o->cp > 1 && o->sample) fail("--sample with --cp %d: sampling runs at --cp 1 only", o->cp);
     if (o->cp > 1 && o->ulysses && (o->heads / o->tp) % o->cp)
         fail("--cp-kind ulysses: --heads %d / --tp %d = %d heads per tp rank do not divide over --cp %d", o->heads, o->tp,
@@ -2173,9 +2174,6 @@ static void check_sizes(trainer *t) {
             fail("--moe-experts %d is not a multiple of --ep %d (each ep rank holds experts / ep of them)",
                  o->moe_experts, o->ep);
         if (o->moe_topk > o->moe_experts) fail("--moe-topk %d exceeds --moe-experts %d", o->moe_topk, o->moe_experts);
-        if (o->device != DT_CPU && o->dtype != DT_F32)
-            fail("--moe-experts with --device cuda --dtype %s: the experts run in f32 on cuda for now",
-                 dt_dtype_name(o->dtype));
         if (o->cp > 1 && o->moe_capacity > 0)
             fail("--moe-experts with --cp %d and --moe-capacity %g: capacity is counted per sequence, which cp splits "
                  "over ranks; use --moe-capacity 0 (dropless) with --cp", o->cp, o->moe_capacity);

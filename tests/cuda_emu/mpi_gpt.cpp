@@ -232,6 +232,20 @@ int main(int argc, char **argv) {
         if (!only || !strcmp(only, "bf16_tp2_sp")) compare_bf16("tp2_sp", 2, 1, 0, 1);
         if (!only || !strcmp(only, "bf16_dp2_zero1")) compare_bf16("dp2_zero1", 1, 0, 1, 1);
         if (!only || !strcmp(only, "bf16_pp2_1f1b")) compare_bf16("pp2_1f1b", 1, 0, 0, 2);
+        if (!only || !strcmp(only, "bf16_cp2_ring")) { /* the ring in bf16 runs as the CPU's: its blocks in f32
+                                                          (dt_attention_block's kernels), the linears in bf16 */
+            g_cp = "2";
+            compare_bf16("cp2_ring", 1, 0, 0, 1);
+            g_cp = "1";
+        }
+        if (!only || !strcmp(only, "bf16_moe_ep2")) { /* the experts in f32 from their masters, as the CPU's bf16
+                                                         run, the attention and dense linears in bf16 */
+            g_moe = "4";
+            g_ep = "2";
+            compare_bf16("moe_ep2_zero1", 1, 0, 1, 1);
+            g_moe = "0";
+            g_ep = "1";
+        }
         /* --device cuda --layout auto: the GPUs' figures measured (dt_plan_machine_measure), the step
            modelled from them, the first layout trained */
         if (!only || !strcmp(only, "bf16_layout_auto")) compare_bf16("layout_auto", 1, 0, 0, 1);
