@@ -548,8 +548,9 @@ DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tenso
    heads (0 = H; Hkv divides H). out [B, T/CP, H hs]; lse [B, H, T/CP]. f32, every operand on one
    device: the ring runs on CPU tensors and (under DT_CUDA) on CUDA tensors, its blocks through
    dt_attention_block's kernels, K/V packed and dK/dV added by kernels/dt_parallel.cu's column copy,
-   each step's send and receive ordered so NCCL cannot deadlock (below); Ulysses runs on the CPU
-   (CUDA tensors are DT_ERR_UNSUPPORTED: its row moves are host loops). Every check depends only
+   each step's send and receive ordered so NCCL cannot deadlock (below); Ulysses too, its row
+   moves by kernels/dt_parallel.cu's strided copies (dt_k_cols_copy, dt_k_cp_rows), its attention
+   on the tensor cores where uqkv is bf16 (below). Every check depends only
    on shapes the cp ranks share, so a bad call fails on every rank before any message. At cp 1
    both kinds are plain causal attention. */
 
@@ -571,7 +572,10 @@ DT_API dt_status dt_cp_attention_bwd(dt_layout *l, dt_tensor *dqkv, const dt_ten
    [B, T, (H + 2 Hkv) hs / CP] receives this rank's query heads (cp_rank H/CP ...) and kv heads
    (cp_rank Hkv/CP ...) of the whole sequence in position order, att [B, H/CP, T, T] their scores
    (both kept for the backward), out [B, T/CP, H hs] (written) this rank's rows of every head;
-   qkv [B, T/CP, (H + 2 Hkv) hs] (n_kv_head 0 = n_head). Attention is dt_attention_gqa_fwd's. */
+   qkv [B, T/CP, (H + 2 Hkv) hs] (n_kv_head 0 = n_head). Attention is dt_attention_gqa_fwd's.
+   On CUDA tensors uqkv may be bf16 with att NULL: the rows arrive in f32 and are rounded once,
+   and attention runs the tensor cores' FlashAttention-2 (nothing [T, T] kept; the backward
+   recomputes); on the CPU, and in f32, att is required. */
 DT_API dt_status dt_cp_ulysses_fwd(dt_layout *l, dt_tensor *out, dt_tensor *uqkv, dt_tensor *att,
                                    const dt_tensor *qkv, int n_head, int n_kv_head);
 /* dqkv += the gradient of qkv, from dout and the forward's uqkv and att. */
@@ -3320,16 +3324,20 @@ static dt_status dt__cp_begin(dt_layout *l, const char *fn) {
     return DT_OK;
 }
 
-/* An f32 tensor on dev (the ring runs on cuda tensors too under DT_CUDA, Ulysses on the CPU only). */
-static dt_status dt__cp_f32(dt_ctx *ctx, const dt_tensor *t, dt_device dev, const char *fn, const char *arg) {
+/* A tensor of dtype dt on dev (the ring and Ulysses run on cuda tensors too under DT_CUDA). */
+static dt_status dt__cp_typed(dt_ctx *ctx, const dt_tensor *t, dt_dtype dt, dt_device dev, const char *fn,
+                              const char *arg) {
     dt_tensor sh;
     if (t && t->device != dev)
         return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: %s is on %s but qkv on %s; expected one device", fn, arg,
                                 dt_device_name(t->device), dt_device_name(dev));
-    if (!t || t->device != DT_CUDA_DEVICE) return dt_check_tensor(ctx, t, DT_F32, fn, arg);
+    if (!t || t->device != DT_CUDA_DEVICE) return dt_check_tensor(ctx, t, dt, fn, arg);
     sh = *t; /* checked as its cpu shadow: dtype and shape; the data stays */
     sh.device = DT_CPU;
-    return dt_check_tensor(ctx, &sh, DT_F32, fn, arg);
+    return dt_check_tensor(ctx, &sh, dt, fn, arg);
+}
+static dt_status dt__cp_f32(dt_ctx *ctx, const dt_tensor *t, dt_device dev, const char *fn, const char *arg) {
+    return dt__cp_typed(ctx, t, DT_F32, dev, fn, arg);
 }
 
 /* t has shape [d0, d1, d2]. */
@@ -3354,9 +3362,6 @@ static dt_status dt__cp_qkv(dt_layout *l, dt__cp_dim *g, const dt_tensor *qkv, c
     if (g->dev == DT_CUDA_DEVICE)
         return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: %s is on cuda in a build without DT_CUDA", fn, qn);
 #endif
-    if (ulysses && g->dev == DT_CUDA_DEVICE)
-        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: %s is on cuda; Ulysses runs on cpu tensors for now (its "
-                                "row moves are host loops); the ring, dt_cp_attention_fwd, runs on cuda", fn, qn);
     DT__TRY(dt__cp_f32(ctx, qkv, g->dev, fn, qn));
     g->H = n_head;
     g->Hkv = n_kv_head ? n_kv_head : n_head;
@@ -3581,57 +3586,69 @@ static int dt__uly_parts(const dt__cp_dim *g, int qkv, int64_t j, int64_t *off, 
     return 3;
 }
 
-/* Sequence shards to head shards. snd block j (to cp rank j): this rank's rows [B, Tl], each
-   row's columns of head group j (dt__uly_parts), packed: [B, Tl, width of the parts]. */
-static void dt__uly_pack_cols(float *snd, const dt_tensor *x, const dt__cp_dim *g, int qkv) {
-    int64_t j, n, off[3], w[3], rows = g->B * g->Tl, W = x->shape[2];
+#ifdef DT_CUDA
+/* A dt_k_* status as the call's error. */
+static dt_status dt__uly_k(dt_ctx *ctx, int e, const char *fn, const char *what) {
+    if (e) return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: %s failed: %s", fn, what, dt_k_error_string(e));
+    return DT_OK;
+}
+#endif
+
+/* Head group j's columns of a row and the packed rows they travel in, the one way (to_rows 1:
+   rows [B, Tl, W] of x into snd's blocks, head group j's block packed [B, Tl, width of the parts])
+   or the other (to_rows 0: rcv's blocks into x's columns, written or added). */
+static dt_status dt__uly_cols(dt_ctx *ctx, float *buf, dt_tensor *x, const dt__cp_dim *g, int qkv, int to_blocks,
+                              int add, const char *fn) {
+    int64_t j, n, c, off[3], w[3], rows = g->B * g->Tl, W = x->shape[2], pw, po;
     int p, np;
     for (j = 0; j < g->cp; j++) {
         np = dt__uly_parts(g, qkv, j, off, w);
+        for (pw = 0, p = 0; p < np; p++) pw += w[p];
+#ifdef DT_CUDA
+        if (x->device == DT_CUDA_DEVICE) { /* a strided copy a part */
+            for (po = 0, p = 0; p < np; po += w[p], p++) {
+                float *xs = (float *)x->data + off[p], *bs = buf + po;
+                DT__TRY(dt__uly_k(ctx, to_blocks ? dt_k_cols_copy(bs, pw, xs, W, rows, w[p], 0, ctx->cuda_stream)
+                                                 : dt_k_cols_copy(xs, W, bs, pw, rows, w[p], add, ctx->cuda_stream),
+                                  fn, "dt_k_cols_copy"));
+            }
+            buf += rows * pw;
+            continue;
+        }
+#endif
+        (void)po; (void)fn; (void)ctx;
         for (n = 0; n < rows; n++)
             for (p = 0; p < np; p++) {
-                memcpy(snd, (const float *)x->data + n * W + off[p], (size_t)w[p] * sizeof(float));
-                snd += w[p];
+                float *xr = (float *)x->data + n * W + off[p];
+                if (to_blocks) memcpy(buf, xr, (size_t)w[p] * sizeof(float));
+                else if (!add) memcpy(xr, buf, (size_t)w[p] * sizeof(float));
+                else for (c = 0; c < w[p]; c++) xr[c] += buf[c];
+                buf += w[p];
             }
     }
+    return DT_OK;
 }
 
-/* rcv block i (from cp rank i: its rows, width w each) into the rows of y [B, T, w] at their positions. */
-static void dt__uly_unpack_rows(dt_tensor *y, const float *rcv, const dt__cp_dim *g, int64_t w) {
+/* Between the blocks of the all-to-all (block i: cp rank i's rows, [B, Tl, w] each) and y [B, T,
+   w], every row at its position: to_seq 1 fills y from the blocks, 0 the blocks from y. */
+static dt_status dt__uly_rows(dt_ctx *ctx, dt_tensor *y, float *blocks, const dt__cp_dim *g, int64_t w, int to_seq,
+                              const char *fn) {
     int64_t i, b, t;
+#ifdef DT_CUDA
+    if (y->device == DT_CUDA_DEVICE)
+        return dt__uly_k(ctx, dt_k_cp_rows((float *)y->data, blocks, g->B, g->T, g->cp, w, to_seq, ctx->cuda_stream), fn,
+                         "dt_k_cp_rows");
+#endif
+    (void)ctx; (void)fn;
     for (i = 0; i < g->cp; i++)
         for (b = 0; b < g->B; b++)
-            for (t = 0; t < g->Tl; t++)
-                memcpy((float *)y->data + (b * g->T + dt_cp_position(g->cp, (int)i, g->T, t)) * w,
-                       rcv + ((i * g->B + b) * g->Tl + t) * w, (size_t)w * sizeof(float));
-}
-
-/* Head shards back to sequence shards: snd block i = the rows of cp rank i's positions of x [B, T, w]. */
-static void dt__uly_pack_rows(float *snd, const dt_tensor *x, const dt__cp_dim *g, int64_t w) {
-    int64_t i, b, t;
-    for (i = 0; i < g->cp; i++)
-        for (b = 0; b < g->B; b++)
-            for (t = 0; t < g->Tl; t++)
-                memcpy(snd + ((i * g->B + b) * g->Tl + t) * w,
-                       (const float *)x->data + (b * g->T + dt_cp_position(g->cp, (int)i, g->T, t)) * w,
-                       (size_t)w * sizeof(float));
-}
-
-/* rcv block j (head group j of this rank's rows, as dt__uly_pack_cols packs them) into the
-   columns of y [B, Tl, W]: written (add = 0) or added. */
-static void dt__uly_unpack_cols(dt_tensor *y, const float *rcv, const dt__cp_dim *g, int qkv, int add) {
-    int64_t j, n, c, off[3], w[3], rows = g->B * g->Tl, W = y->shape[2];
-    int p, np;
-    for (j = 0; j < g->cp; j++) {
-        np = dt__uly_parts(g, qkv, j, off, w);
-        for (n = 0; n < rows; n++)
-            for (p = 0; p < np; p++) {
-                float *yr = (float *)y->data + n * W + off[p];
-                if (!add) memcpy(yr, rcv, (size_t)w[p] * sizeof(float));
-                else for (c = 0; c < w[p]; c++) yr[c] += rcv[c];
-                rcv += w[p];
+            for (t = 0; t < g->Tl; t++) {
+                float *yr = (float *)y->data + (b * g->T + dt_cp_position(g->cp, (int)i, g->T, t)) * w;
+                float *br = blocks + ((i * g->B + b) * g->Tl + t) * w;
+                if (to_seq) memcpy(yr, br, (size_t)w * sizeof(float));
+                else memcpy(br, yr, (size_t)w * sizeof(float));
             }
-    }
+    return DT_OK;
 }
 
 /* The all-to-all of the first `numel` floats of k->snd into k->rcv. */
@@ -3654,20 +3671,28 @@ static dt_status dt__uly_setup(dt_layout *l, dt__cp_dim *g, const dt_tensor *x, 
     DT__TRY(dt__cp_f32(l->ctx, x, g->dev, fn, xn));
     DT__TRY(dt__cp_shape(l->ctx, x, g->B, g->Tl, out_like ? g->C : g->W, fn, xn,
                          out_like ? "B, T / cp, n_head x head size" : "B, T / cp, (n_head + 2 n_kv_head) x head size"));
-    DT__TRY(dt__cp_f32(l->ctx, uqkv, g->dev, fn, "uqkv"));
+    if (uqkv && uqkv->dtype == DT_BF16 && g->dev == DT_CUDA_DEVICE) { /* the tensor cores: no [T, T] scores */
+        DT__TRY(dt__cp_typed(l->ctx, uqkv, DT_BF16, g->dev, fn, "uqkv"));
+        if (att)
+            return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: att is given with a bf16 uqkv; expected NULL (bf16 runs "
+                                    "the tensor cores' flash attention, which keeps no [T, T] scores)", fn);
+    } else {
+        DT__TRY(dt__cp_f32(l->ctx, uqkv, g->dev, fn, "uqkv"));
+        DT__TRY(dt__cp_f32(l->ctx, att, g->dev, fn, "att"));
+    }
     DT__TRY(dt__cp_shape(l->ctx, uqkv, g->B, g->T, g->W / g->cp, fn, "uqkv", "B, T, (n_head + 2 n_kv_head) x head size / cp"));
-    DT__TRY(dt__cp_f32(l->ctx, att, g->dev, fn, "att"));
-    if (att->ndim != 4 || att->shape[0] != g->B || att->shape[1] != g->H / g->cp || att->shape[2] != g->T ||
-        att->shape[3] != g->T) {
+    if (att && (att->ndim != 4 || att->shape[0] != g->B || att->shape[1] != g->H / g->cp || att->shape[2] != g->T ||
+        att->shape[3] != g->T)) {
         char s[96];
         return dt_ctx_set_error(l->ctx, DT_ERR_SHAPE, "%s: att shape %s; expected [%lld, %d, %lld, %lld] (B, n_head / "
                                 "cp, T, T)", fn, dt_shape_str(att, s, sizeof s), (long long)g->B, g->H / g->cp,
                                 (long long)g->T, (long long)g->T);
     }
     k = l->cp_keep;
-    DT__TRY(dt__cp_buf(l->ctx, &k->snd, DT_CPU, 1, 1, qkv_like->numel));
-    DT__TRY(dt__cp_buf(l->ctx, &k->rcv, DT_CPU, 1, 1, qkv_like->numel));
-    return dt__cp_buf(l->ctx, &k->uo, DT_CPU, g->B, g->T, Cu);
+    DT__TRY(dt__cp_buf(l->ctx, &k->snd, g->dev, 1, 1, qkv_like->numel));
+    DT__TRY(dt__cp_buf(l->ctx, &k->rcv, g->dev, 1, 1, qkv_like->numel));
+    DT__TRY(dt__cp_buf(l->ctx, &k->duqkv, g->dev, g->B, g->T, g->W / g->cp));
+    return dt__cp_buf(l->ctx, &k->uo, g->dev, g->B, g->T, Cu);
 }
 
 DT_API dt_status dt_cp_ulysses_fwd(dt_layout *l, dt_tensor *out, dt_tensor *uqkv, dt_tensor *att,
@@ -3676,22 +3701,25 @@ DT_API dt_status dt_cp_ulysses_fwd(dt_layout *l, dt_tensor *out, dt_tensor *uqkv
     dt__cp_dim g;
     dt__cp_keep *k;
     dt_status st;
-    int64_t Cu;
+    int64_t Cu, wu;
     DT__TRY(dt__uly_setup(l, &g, qkv, "qkv", 0, uqkv, att, qkv, "qkv", n_head, n_kv_head, fn));
     DT__TRY(dt__cp_f32(l->ctx, out, g.dev, fn, "out"));
     DT__TRY(dt__cp_shape(l->ctx, out, g.B, g.Tl, g.C, fn, "out", "B, T / cp, n_head x head size"));
     k = l->cp_keep;
     Cu = g.C / g.cp;
-    /* q, k, v of head group j to rank j; this rank's heads of every rank's rows, by position */
-    dt__uly_pack_cols((float *)k->snd.data, qkv, &g, 1);
+    wu = g.W / g.cp;
+    /* q, k, v of head group j to rank j; this rank's heads of every rank's rows, by position (a bf16
+       uqkv: through duqkv, then cast). A failure on this rank still runs both all-to-alls, so no
+       rank waits for this one. */
+    st = dt__uly_cols(l->ctx, (float *)k->snd.data, (dt_tensor *)qkv, &g, 1, 1, 0, fn);
     DT__TRY(dt__uly_a2a(l, qkv->numel));
-    dt__uly_unpack_rows(uqkv, (const float *)k->rcv.data, &g, g.W / g.cp);
-    /* the whole sequence's causal attention on H / cp heads; a failure still runs the all-to-all
-       back, so no rank waits for this one */
-    st = dt_attention_gqa_fwd(l->ctx, &k->uo, att, uqkv, g.H / g.cp, g.Hkv / g.cp);
-    dt__uly_pack_rows((float *)k->snd.data, &k->uo, &g, Cu);
+    if (!st) st = dt__uly_rows(l->ctx, uqkv->dtype == DT_BF16 ? &k->duqkv : uqkv, (float *)k->rcv.data, &g, wu, 1, fn);
+    if (!st && uqkv->dtype == DT_BF16) st = dt_tensor_cast(l->ctx, uqkv, &k->duqkv);
+    /* the whole sequence's causal attention on H / cp heads */
+    if (!st) st = dt_attention_gqa_fwd(l->ctx, &k->uo, att, uqkv, g.H / g.cp, g.Hkv / g.cp);
+    if (!st) st = dt__uly_rows(l->ctx, &k->uo, (float *)k->snd.data, &g, Cu, 0, fn);
     DT__TRY(dt__uly_a2a(l, out->numel));
-    dt__uly_unpack_cols(out, (const float *)k->rcv.data, &g, 0, 0);
+    if (!st) st = dt__uly_cols(l->ctx, (float *)k->rcv.data, out, &g, 0, 0, 0, fn);
     return st;
 }
 
@@ -3701,19 +3729,19 @@ DT_API dt_status dt_cp_ulysses_bwd(dt_layout *l, dt_tensor *dqkv, const dt_tenso
     dt__cp_dim g;
     dt__cp_keep *k;
     dt_status st;
-    int64_t Cu;
+    int64_t Cu, wu;
     DT__TRY(dt__uly_setup(l, &g, dout, "dout", 1, uqkv, att, dqkv, "dqkv", n_head, n_kv_head, fn));
     k = l->cp_keep;
     Cu = g.C / g.cp;
-    DT__TRY(dt__cp_buf(l->ctx, &k->duqkv, DT_CPU, g.B, g.T, g.W / g.cp));
-    dt__uly_pack_cols((float *)k->snd.data, dout, &g, 0);
+    wu = g.W / g.cp;
+    st = dt__uly_cols(l->ctx, (float *)k->snd.data, (dt_tensor *)dout, &g, 0, 1, 0, fn);
     DT__TRY(dt__uly_a2a(l, dout->numel));
-    dt__uly_unpack_rows(&k->uo, (const float *)k->rcv.data, &g, Cu);
-    st = dt_tensor_fill(l->ctx, &k->duqkv, 0.0);
+    if (!st) st = dt__uly_rows(l->ctx, &k->uo, (float *)k->rcv.data, &g, Cu, 1, fn);
+    if (!st) st = dt_tensor_fill(l->ctx, &k->duqkv, 0.0);
     if (!st) st = dt_attention_gqa_bwd(l->ctx, &k->duqkv, &k->uo, uqkv, att, g.H / g.cp, g.Hkv / g.cp);
-    dt__uly_pack_rows((float *)k->snd.data, &k->duqkv, &g, g.W / g.cp);
+    if (!st) st = dt__uly_rows(l->ctx, &k->duqkv, (float *)k->snd.data, &g, wu, 0, fn);
     DT__TRY(dt__uly_a2a(l, dqkv->numel));
-    dt__uly_unpack_cols(dqkv, (const float *)k->rcv.data, &g, 1, 1);
+    if (!st) st = dt__uly_cols(l->ctx, (float *)k->rcv.data, dqkv, &g, 1, 0, 1, fn);
     return st;
 }
 

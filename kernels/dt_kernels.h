@@ -489,7 +489,15 @@ int dt_k_matmul_bwd(void *cublas, float *da, float *db, const float *dout, const
    dlogits may be logits (in place); n_valid is counted on the device into *count (scratch, one
    double).
    concat: columns [col0, col0 + C) of whole [R, W] and part [R, C]: to_whole 1 copies part into
-   whole, 0 whole into part; accumulate 1 adds instead (dt_concat_fwd / _bwd, dt_split_fwd / _bwd). */
+   whole, 0 whole into part; accumulate 1 adds instead (dt_concat_fwd / _bwd, dt_split_fwd / _bwd).
+   Ulysses' row moves (dt_cp_ulysses_fwd / _bwd on CUDA tensors), each element written by one
+   thread (no atomics, the CPU loops' results bit for bit):
+   cols_copy: dst[r ds + c] = src[r ss + c] (accumulate 1: +=) for r < R, c < C; dst and src
+   must not overlap.
+   cp_rows: seq [B, T, w] in position order and shards [cp, B, T / cp, w], block i holding cp
+   rank i's local rows (two chunks of T / (2 cp): positions chunk i, then chunk 2 cp - 1 - i,
+   dt_cp_position's zigzag; cp 1: one block, the same order): to_seq 1 writes seq from shards,
+   0 shards from seq. T a multiple of 2 cp (cp > 1), else cudaErrorInvalidValue. */
 int dt_k_tp_embedding_fwd(float *out, const float *table, const void *ids, int ids_i64, int64_t N, int64_t Vl,
                           int64_t C, int64_t vocab_start, void *stream);
 size_t dt_k_tp_embedding_bwd_scratch(int64_t N);
@@ -504,6 +512,9 @@ int dt_k_tp_xent_bwd(float *dlogits, const float *logits, const float *stats, co
                      float dloss, double *count, int64_t N, int64_t Vl, int64_t nv, int64_t vocab_start, void *stream);
 int dt_k_concat(float *whole, float *part, int64_t R, int64_t W, int64_t col0, int64_t C, int to_whole, int accumulate,
                 void *stream);
+int dt_k_cols_copy(float *dst, int64_t ds, const float *src, int64_t ss, int64_t R, int64_t C, int accumulate,
+                   void *stream);
+int dt_k_cp_rows(float *seq, float *shards, int64_t B, int64_t T, int cp, int64_t w, int to_seq, void *stream);
 
 /* ==== >>moe: mixture of experts (dt_moe.cu) ======================================================
 

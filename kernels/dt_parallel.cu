@@ -197,6 +197,31 @@ static __global__ void dt_k__concat(float *whole, float *part, int64_t R, int64_
     }
 }
 
+/* dst[r ds + c] (=, or +=) src[r ss + c] over [R, C], one thread an element. */
+static __global__ void dt_k__cols_copy(float *__restrict__ dst, int64_t ds, const float *__restrict__ src, int64_t ss,
+                                       int64_t R, int64_t C, int accumulate) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < R * C; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / C, c = i - r * C;
+        float v = src[r * ss + c];
+        dst[r * ds + c] = accumulate ? dst[r * ds + c] + v : v;
+    }
+}
+
+/* Element (b, t, e) of seq [B, T, w] and its place in shards [cp, B, T / cp, w]: position t is in
+   chunk k = t / ch (ch = T / (2 cp)); rank k holds chunk k first, rank 2 cp - 1 - k holds it
+   second (dt_cp_position, inverted). */
+static __global__ void dt_k__cp_rows(float *seq, float *shards, int64_t B, int64_t T, int cp, int64_t w, int to_seq) {
+    int64_t Tl = T / cp, ch = cp > 1 ? T / (2 * (int64_t)cp) : T;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < B * T * w; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t e = i % w, bt = i / w, t = bt % T, b = bt / T, k = t / ch, rank, j;
+        if (k < cp) rank = k, j = t - k * ch;
+        else rank = 2 * (int64_t)cp - 1 - k, j = ch + t - k * ch;
+        float *s = shards + ((rank * B + b) * Tl + j) * w + e;
+        if (to_seq) seq[i] = *s;
+        else *s = seq[i];
+    }
+}
+
 static int dt_k__pl_bad(int64_t a, int64_t b) { return a < 0 || b < 0 || (b && a > INT64_MAX / b); }
 
 /* The sort's key count: N rounded up to a power of two (1 for N <= 1). */
@@ -270,6 +295,25 @@ int dt_k_tp_xent_bwd(float *dlogits, const float *logits, const float *stats, co
     DT_K_LAUNCH(dt_k__tp_xent_bwd, N > 65535 ? 65535u : (unsigned int)N, dt_k__pl_threads(vec ? Vl / 4 : Vl), 0, stream,
                 dlogits, logits, stats, targets, ignore_index, dloss, (const double *)count, N, Vl, nv, vocab_start,
                 vec);
+    return DT_K_CHECK();
+}
+
+int dt_k_cols_copy(float *dst, int64_t ds, const float *src, int64_t ss, int64_t R, int64_t C, int accumulate,
+                   void *stream) {
+    if (dt_k__pl_bad(R, C) || ds < C || ss < C || (R > 1 && (dt_k__pl_bad(R - 1, ds) || dt_k__pl_bad(R - 1, ss))) ||
+        (accumulate != 0 && accumulate != 1) || (R * C != 0 && (!dst || !src)))
+        return (int)cudaErrorInvalidValue;
+    if (R * C == 0) return 0;
+    DT_K_LAUNCH(dt_k__cols_copy, dt_k__blocks(R * C, 256, 4096u), 256, 0, stream, dst, ds, src, ss, R, C, accumulate);
+    return DT_K_CHECK();
+}
+
+int dt_k_cp_rows(float *seq, float *shards, int64_t B, int64_t T, int cp, int64_t w, int to_seq, void *stream) {
+    if (cp < 1 || dt_k__pl_bad(B, T) || dt_k__pl_bad(B * T, w) || (cp > 1 && T % (2 * (int64_t)cp)) ||
+        (to_seq != 0 && to_seq != 1) || (B * T * w != 0 && (!seq || !shards)))
+        return (int)cudaErrorInvalidValue;
+    if (B * T * w == 0) return 0;
+    DT_K_LAUNCH(dt_k__cp_rows, dt_k__blocks(B * T * w, 256, 4096u), 256, 0, stream, seq, shards, B, T, cp, w, to_seq);
     return DT_K_CHECK();
 }
 

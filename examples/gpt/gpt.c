@@ -990,9 +990,9 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
         mk(a, &x->res1, Nl, C, 0, 0, DT_F32);
         mk(a, &x->fch, N, m->Fl, 0, 0, DT_F32);
         if (recompute != 2 || l == m->L) { /* the tensor-core attention stores no [T, T] scores */
-            if (m->ulysses) {
-                mk(a, &x->uqkv, b, m->T, m->Wl / m->cp, 0, DT_F32);
-                mk(a, &x->att, b, m->Hl / m->cp, m->T, m->T, DT_F32);
+            if (m->ulysses) { /* on the tensor cores: uqkv in bf16, no [T, T] scores */
+                mk(a, &x->uqkv, b, m->T, m->Wl / m->cp, 0, m->tc ? DT_BF16 : DT_F32);
+                if (!m->tc) mk(a, &x->att, b, m->Hl / m->cp, m->T, m->T, DT_F32);
             } else if (m->lse_attn) mk(a, &x->lse, b, m->Hl, m->Tl, 0, DT_F32); /* ring / lse attention: no [T, T] */
             else if (!m->tc) mk(a, &x->att, b, m->Hl, m->T, m->T, DT_F32);
             if (!gl) mk(a, &x->gelu, N, m->Fl, 0, 0, DT_F32);
@@ -1197,7 +1197,8 @@ static dt_tensor rows3(const model *m, const acts *a, const dt_tensor *t) {
    bf16 (AMX where the CPU has it) and it keeps att; else f32, keeping att. */
 static void attn_fwd(model *m, acts *a, bacts *x, dt_tensor *out) {
     if (m->ulysses) { /* heads for sequence: all-to-all, whole-sequence attention, all-to-all back */
-        OP("cp attention fwd", dt_cp_ulysses_fwd(m->lay, out, &x->uqkv, &x->att, &x->qkv, (int)m->Hl, (int)m->Hkvl));
+        OP("cp attention fwd", dt_cp_ulysses_fwd(m->lay, out, &x->uqkv, m->tc ? NULL : &x->att, &x->qkv, (int)m->Hl,
+                                                 (int)m->Hkvl));
         return;
     }
     if (m->lse_attn) { /* ring attention over the cp group (the other ranks' K/V come to this one); at
@@ -1212,7 +1213,8 @@ static void attn_fwd(model *m, acts *a, bacts *x, dt_tensor *out) {
 static void attn_bwd(model *m, acts *a, bacts *x, dt_tensor *dout, const dt_tensor *out) {
     (void)out; /* only the ring reads the forward's output */
     if (m->ulysses) {
-        OP("cp attention bwd", dt_cp_ulysses_bwd(m->lay, &a->dqkv, dout, &x->uqkv, &x->att, (int)m->Hl, (int)m->Hkvl));
+        OP("cp attention bwd", dt_cp_ulysses_bwd(m->lay, &a->dqkv, dout, &x->uqkv, m->tc ? NULL : &x->att, (int)m->Hl,
+                                                 (int)m->Hkvl));
         return;
     }
     if (m->lse_attn) {
@@ -2145,9 +2147,6 @@ static void check_sizes(trainer *t) {
     if (o->seq % (2 * (int64_t)o->cp))
         fail("--seq %lld is not a multiple of 2 x --cp = %d (each cp rank holds two chunks of T / (2 cp))",
              (long long)o->seq, 2 * o->cp);
-    if (o->cp > 1 && o->device != DT_CPU && o->ulysses)
-        fail("--cp %d --cp-kind ulysses with --device cuda: Ulysses' row moves are host loops, so it runs on the CPU "
-             "only for now; the ring (--cp-kind ring) runs on cuda", o->cp);
     if (o->cp > 1 && o->sample) fail("--sample with --cp %d: sampling runs at --cp 1 only", o->cp);
     if (o->cp > 1 && o->ulysses && (o->heads / o->tp) % o->cp)
         fail("--cp-kind ulysses: --heads %d / --tp %d = %d heads per tp rank do not divide over --cp %d", o->heads, o->tp,

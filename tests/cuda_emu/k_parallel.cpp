@@ -426,6 +426,122 @@ static void concat() {
     release(q); release(k); release(v); release(qkv);
 }
 
+/* PASS iff every CUDA value is within tol of |cpu| + rms(cpu): bf16's rounding of q, k, v moves
+   each score by some 2^-8 of its size, so an output by about 1e-2 of the values' scale (tests/
+   cuda_emu/k_ops.cpp's bound for the tensor-core attention, 5e-2, is the one used). */
+static void near_rms(const char *name, pair_t &p, double tol) {
+    std::vector<float> got = down(p.d);
+    const float *want = (const float *)p.h.data;
+    double ss = 0, worst = 0, rms;
+    size_t at = 0;
+    for (size_t i = 0; i < got.size(); i++) ss += (double)want[i] * want[i];
+    rms = got.empty() ? 0 : sqrt(ss / (double)got.size());
+    for (size_t i = 0; i < got.size(); i++) {
+        double e = fabs((double)got[i] - want[i]) / (fabs((double)want[i]) + rms);
+        if (!(e <= worst)) worst = e, at = i;
+    }
+    dt_test_check_all(name, worst <= tol, "[%zu] cuda %.7g, cpu %.7g: %.3g of |cpu| + rms (allowed %g)", at,
+                      got.empty() ? 0.0 : (double)got[at], got.empty() ? 0.0 : (double)want[at], worst, tol);
+}
+
+/* Ulysses' row moves (kernels/dt_parallel.cu) against host loops of their definitions, then
+   dt_cp_ulysses_fwd / _bwd on CUDA tensors at cp 1 (plain causal attention) against the CPU's, f32
+   and with a bf16 uqkv (the tensor cores), and their bad inputs named. */
+static void ulysses() {
+    const int64_t B = 2, T = 12, w = 5;
+    for (int cp = 1; cp <= 3; cp += 2) {
+        const int64_t Tl = T / cp, n = B * T * w;
+        pair_t sh = make(DT_F32, 2, B * T, w, 41 + cp), seq = make(DT_F32, 2, B * T, w, 43);
+        std::vector<float> want((size_t)n), back;
+        for (int i = 0; i < cp; i++) /* block i = rank i's rows: seq's row at dt_cp_position */
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t t = 0; t < Tl; t++)
+                    memcpy(&want[(size_t)((b * T + dt_cp_position(cp, i, T, t)) * w)],
+                           (const float *)sh.h.data + ((i * B + b) * Tl + t) * w, (size_t)w * sizeof(float));
+        char name[96];
+        snprintf(name, sizeof name, "cp_rows_to_seq_cp%d_places_every_row_at_its_position", cp);
+        if (dt_k_cp_rows((float *)seq.d.data, (float *)sh.d.data, B, T, cp, w, 1, NULL) == 0) {
+            std::vector<float> got = down(seq.d);
+            dt_test_equal_bytes(name, got.data(), want.data(), (size_t)n * sizeof(float));
+        } else dt_test_fail(name, "dt_k_cp_rows failed");
+        snprintf(name, sizeof name, "cp_rows_to_shards_cp%d_inverts_it", cp);
+        dt_tensor_fill(&ctx, &sh.d, 0.0);
+        if (dt_k_cp_rows((float *)seq.d.data, (float *)sh.d.data, B, T, cp, w, 0, NULL) == 0) same(name, sh, 0);
+        else dt_test_fail(name, "dt_k_cp_rows failed");
+        release(sh); release(seq);
+    }
+    DT_TEST_CHECK("cp_rows_T_not_a_multiple_of_2cp_is_refused",
+                  dt_k_cp_rows(NULL, NULL, 1, 10, 3, 4, 1, NULL) == (int)cudaErrorInvalidValue);
+    {
+        pair_t src = make(DT_F32, 2, 5, 4, 51), dst = make(DT_F32, 2, 5, 7, 52);
+        for (int acc = 0; acc < 2; acc++) { /* columns 0..2 of src's rows into columns 2..4 of dst's */
+            for (int64_t r = 0; r < 5; r++)
+                for (int64_t c = 0; c < 3; c++) {
+                    float *d = (float *)dst.h.data + r * 7 + 2 + c, v = ((const float *)src.h.data)[r * 4 + c];
+                    *d = acc ? *d + v : v;
+                }
+            DT_TEST_CHECK(acc ? "cols_copy_accumulate_runs" : "cols_copy_runs", dt_k_cols_copy((float *)dst.d.data + 2, 7, (const float *)src.d.data, 4, 5,
+                                                           3, acc, NULL) == 0);
+            same(acc ? "cols_copy_accumulates_as_the_host_loop" : "cols_copy_writes_as_the_host_loop", dst, 0);
+        }
+        DT_TEST_CHECK("cols_copy_stride_below_width_is_refused",
+                      dt_k_cols_copy((float *)dst.d.data, 2, (const float *)src.d.data, 4, 5, 3, 0, NULL) ==
+                          (int)cudaErrorInvalidValue);
+        release(src); release(dst);
+    }
+    { /* cp 1: plain causal attention, 2 heads of 16 */
+        dt_layout_desc ld;
+        dt_layout *l = NULL;
+        dt_comm *w1 = NULL;
+        const int64_t Tq = 8, W = 96, C = 32;
+        pair_t qkv = make(DT_F32, 2, B * Tq, W, 61), out = make(DT_F32, 2, B * Tq, C, 62);
+        pair_t uq = make(DT_F32, 2, B * Tq, W, 63), dout = make(DT_F32, 2, B * Tq, C, 64);
+        pair_t dq = make(DT_F32, 2, B * Tq, W, 65);
+        dt_tensor att_h, att_d, uq16;
+        dt_tensor_desc td;
+        int64_t s3[3] = {B, Tq, W}, so[3] = {B, Tq, C};
+        memset(&ld, 0, sizeof ld);
+        dt_comm_create_world(&ctx, &w1, NULL);
+        dt_layout_create(w1, &l, &ld);
+        for (pair_t *p : {&qkv, &uq, &dq}) { dt_tensor_reshape(&ctx, &p->h, &p->h, 3, s3); dt_tensor_reshape(&ctx, &p->d, &p->d, 3, s3); }
+        for (pair_t *p : {&out, &dout}) { dt_tensor_reshape(&ctx, &p->h, &p->h, 3, so); dt_tensor_reshape(&ctx, &p->d, &p->d, 3, so); }
+        memset(&td, 0, sizeof td);
+        td.dtype = DT_F32; td.ndim = 4; td.shape[0] = B; td.shape[1] = 2; td.shape[2] = Tq; td.shape[3] = Tq;
+        td.device = DT_CPU; dt_tensor_create(&ctx, &att_h, &td);
+        td.device = DT_CUDA_DEVICE; dt_tensor_create(&ctx, &att_d, &td);
+        memset(&td, 0, sizeof td);
+        td.dtype = DT_BF16; td.ndim = 3; td.shape[0] = B; td.shape[1] = Tq; td.shape[2] = W; td.device = DT_CUDA_DEVICE;
+        if (dt_tensor_create(&ctx, &uq16, &td)) dt_test_fail("ulysses_bf16_uqkv_made", "%s", dt_ctx_error(&ctx));
+        if (ok2("ulysses_fwd_cuda_f32_runs", dt_cp_ulysses_fwd(l, &out.h, &uq.h, &att_h, &qkv.h, 2, 2),
+                dt_cp_ulysses_fwd(l, &out.d, &uq.d, &att_d, &qkv.d, 2, 2)))
+            same("ulysses_fwd_cuda_f32_equals_cpu", out, 1e-5);
+        dt_tensor_fill(&ctx, &dq.h, 0.0);
+        dt_tensor_fill(&ctx, &dq.d, 0.0);
+        if (ok2("ulysses_bwd_cuda_f32_runs", dt_cp_ulysses_bwd(l, &dq.h, &dout.h, &uq.h, &att_h, 2, 2),
+                dt_cp_ulysses_bwd(l, &dq.d, &dout.d, &uq.d, &att_d, 2, 2)))
+            same("ulysses_bwd_cuda_f32_equals_cpu", dq, 1e-5);
+        /* bf16 uqkv: q, k, v rounded to bf16 on the way in (near_rms's bound) */
+        if (ok2("ulysses_fwd_cuda_bf16_runs", dt_cp_ulysses_fwd(l, &out.h, &uq.h, &att_h, &qkv.h, 2, 2),
+                dt_cp_ulysses_fwd(l, &out.d, &uq16, NULL, &qkv.d, 2, 2)))
+            near_rms("ulysses_fwd_cuda_bf16_within_5e-2_of_cpu_f32", out, 5e-2);
+        dt_tensor_fill(&ctx, &dq.h, 0.0);
+        dt_tensor_fill(&ctx, &dq.d, 0.0);
+        if (ok2("ulysses_bwd_cuda_bf16_runs", dt_cp_ulysses_bwd(l, &dq.h, &dout.h, &uq.h, &att_h, 2, 2),
+                dt_cp_ulysses_bwd(l, &dq.d, &dout.d, &uq16, NULL, 2, 2)))
+            near_rms("ulysses_bwd_cuda_bf16_within_5e-2_of_cpu_f32", dq, 5e-2);
+        dt_test_error("ulysses_bf16_uqkv_with_att_is_named", dt_cp_ulysses_fwd(l, &out.d, &uq16, &att_d, &qkv.d, 2, 2),
+                      dt_ctx_error(&ctx), "att is given with a bf16 uqkv");
+        dt_test_error("ulysses_f32_uqkv_without_att_is_named", dt_cp_ulysses_fwd(l, &out.d, &uq.d, NULL, &qkv.d, 2, 2),
+                      dt_ctx_error(&ctx), "att");
+        dt_test_error("ulysses_mixed_devices_are_named", dt_cp_ulysses_fwd(l, &out.d, &uq.h, &att_d, &qkv.d, 2, 2),
+                      dt_ctx_error(&ctx), "uqkv is on cpu");
+        dt_tensor_free(&ctx, &att_h); dt_tensor_free(&ctx, &att_d); dt_tensor_free(&ctx, &uq16);
+        release(qkv); release(out); release(uq); release(dout); release(dq);
+        dt_layout_free(l);
+        dt_comm_free(w1);
+    }
+}
+
 static void arena() {
     dt_params ps;
     dt_param *p = NULL;
@@ -539,6 +655,7 @@ int main(void) {
     embedding(l);
     xent(l);
     concat();
+    ulysses();
     arena();
     zero_counters(l);
     dt_layout_free(l);

@@ -58,6 +58,7 @@ static void grab(model *m, void *user) {
 
 static const char *g_dtype = "f32"; /* --dtype of the runs */
 static const char *g_cp = "1";      /* --cp of the runs */
+static const char *g_cpk = "ring";  /* --cp-kind of the runs */
 static const char *g_kv = "2";      /* --kv-heads of the runs (2 = --heads: multi-head) */
 static const char *g_off = "0";     /* --offload-activations of the runs */
 static const char *g_layers = NULL; /* --layers of the runs (NULL: 1, or 2 at pp 2) */
@@ -77,7 +78,7 @@ static void run(const char *device, int tp, int sp, int zero, int pp, double *lo
                           "32", "--heads", "2",
                           "--seq", "16", "--batch", "4", "--steps", st, "--warmup", "1", "--tp", t, "--sp", s,
                           "--zero", z, "--pp", p, "--schedule", "1f1b", "--micro", pp > 1 ? "2" : "1", "--dtype",
-                          g_dtype, "--cp", g_cp, "--kv-heads", g_kv, "--offload-activations", g_off, "--moe-experts",
+                          g_dtype, "--cp", g_cp, "--cp-kind", g_cpk, "--kv-heads", g_kv, "--offload-activations", g_off, "--moe-experts",
                           g_moe, "--ep", g_ep, "--quiet", NULL};
     std::vector<const char *> args(argv, argv + sizeof argv / sizeof argv[0] - 1);
     if (g_auto) { args.push_back("--layout"); args.push_back("auto"); }
@@ -209,6 +210,16 @@ int main(int argc, char **argv) {
             g_cp = "2";
             compare("cp2_ring", 1, 0, 0, 1);
             g_cp = "1";
+        }
+        if (!only || !strcmp(only, "cp2_ulysses")) { /* Ulysses on cuda tensors: the row moves by kernels
+                                                        (dt_k_cols_copy, dt_k_cp_rows) around NCCL's all-to-alls;
+                                                        in bf16, the whole sequence's attention on the tensor cores */
+            g_cp = "2";
+            g_cpk = "ulysses";
+            compare("cp2_ulysses", 1, 0, 0, 1);
+            compare_bf16("cp2_ulysses", 1, 0, 0, 1);
+            g_cp = "1";
+            g_cpk = "ring";
         }
         if (!only || !strcmp(only, "gqa")) { /* grouped-query attention: one kv head for the two query heads,
                                                 f32 through dt_attention_block's kernels, bf16 through the
