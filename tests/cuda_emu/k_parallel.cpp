@@ -447,7 +447,7 @@ static void near_rms(const char *name, pair_t &p, double tol) {
 /* Ulysses' row moves (kernels/dt_parallel.cu) against host loops of their definitions, then
    dt_cp_ulysses_fwd / _bwd on CUDA tensors at cp 1 (plain causal attention) against the CPU's, f32
    and with a bf16 uqkv (the tensor cores), and their bad inputs named. */
-static void ulysses() {
+static void ulysses(dt_layout *l) {
     const int64_t B = 2, T = 12, w = 5;
     for (int cp = 1; cp <= 3; cp += 2) {
         const int64_t Tl = T / cp, n = B * T * w;
@@ -490,9 +490,6 @@ static void ulysses() {
         release(src); release(dst);
     }
     { /* cp 1: plain causal attention, 2 heads of 16 */
-        dt_layout_desc ld;
-        dt_layout *l = NULL;
-        dt_comm *w1 = NULL;
         const int64_t Tq = 8, W = 96, C = 32;
         pair_t qkv = make(DT_F32, 2, B * Tq, W, 61), out = make(DT_F32, 2, B * Tq, C, 62);
         pair_t uq = make(DT_F32, 2, B * Tq, W, 63), dout = make(DT_F32, 2, B * Tq, C, 64);
@@ -500,9 +497,6 @@ static void ulysses() {
         dt_tensor att_h, att_d, uq16;
         dt_tensor_desc td;
         int64_t s3[3] = {B, Tq, W}, so[3] = {B, Tq, C};
-        memset(&ld, 0, sizeof ld);
-        dt_comm_create_world(&ctx, &w1, NULL);
-        dt_layout_create(w1, &l, &ld);
         for (pair_t *p : {&qkv, &uq, &dq}) { dt_tensor_reshape(&ctx, &p->h, &p->h, 3, s3); dt_tensor_reshape(&ctx, &p->d, &p->d, 3, s3); }
         for (pair_t *p : {&out, &dout}) { dt_tensor_reshape(&ctx, &p->h, &p->h, 3, so); dt_tensor_reshape(&ctx, &p->d, &p->d, 3, so); }
         memset(&td, 0, sizeof td);
@@ -537,8 +531,6 @@ static void ulysses() {
                       dt_ctx_error(&ctx), "uqkv is on cpu");
         dt_tensor_free(&ctx, &att_h); dt_tensor_free(&ctx, &att_d); dt_tensor_free(&ctx, &uq16);
         release(qkv); release(out); release(uq); release(dout); release(dq);
-        dt_layout_free(l);
-        dt_comm_free(w1);
     }
 }
 
@@ -655,7 +647,7 @@ int main(void) {
     embedding(l);
     xent(l);
     concat();
-    ulysses();
+    ulysses(l);
     arena();
     zero_counters(l);
     dt_layout_free(l);
