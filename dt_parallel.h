@@ -3594,9 +3594,9 @@ static dt_status dt__uly_k(dt_ctx *ctx, int e, const char *fn, const char *what)
 }
 #endif
 
-/* Head group j's columns of a row and the packed rows they travel in, the one way (to_rows 1:
-   rows [B, Tl, W] of x into snd's blocks, head group j's block packed [B, Tl, width of the parts])
-   or the other (to_rows 0: rcv's blocks into x's columns, written or added). */
+/* Between x's rows [B, Tl, W] and the all-to-all's blocks in buf (block j, to or from cp rank j:
+   head group j's columns of every row, dt__uly_parts, packed [B, Tl, width of the parts]):
+   to_blocks 1 packs x into buf; 0 unpacks buf into x's columns, written (add 0) or added. */
 static dt_status dt__uly_cols(dt_ctx *ctx, float *buf, dt_tensor *x, const dt__cp_dim *g, int qkv, int to_blocks,
                               int add, const char *fn) {
     int64_t j, n, c, off[3], w[3], rows = g->B * g->Tl, W = x->shape[2], pw, po;
