@@ -3599,13 +3599,14 @@ static dt_status dt__uly_k(dt_ctx *ctx, int e, const char *fn, const char *what)
    to_blocks 1 packs x into buf; 0 unpacks buf into x's columns, written (add 0) or added. */
 static dt_status dt__uly_cols(dt_ctx *ctx, float *buf, dt_tensor *x, const dt__cp_dim *g, int qkv, int to_blocks,
                               int add, const char *fn) {
-    int64_t j, n, c, off[3], w[3], rows = g->B * g->Tl, W = x->shape[2], pw, po;
+    int64_t j, n, c, off[3], w[3], rows = g->B * g->Tl, W = x->shape[2];
     int p, np;
     for (j = 0; j < g->cp; j++) {
         np = dt__uly_parts(g, qkv, j, off, w);
-        for (pw = 0, p = 0; p < np; p++) pw += w[p];
 #ifdef DT_CUDA
         if (x->device == DT_CUDA_DEVICE) { /* a strided copy a part */
+            int64_t po, pw = 0;
+            for (p = 0; p < np; p++) pw += w[p];
             for (po = 0, p = 0; p < np; po += w[p], p++) {
                 float *xs = (float *)x->data + off[p], *bs = buf + po;
                 DT__TRY(dt__uly_k(ctx, to_blocks ? dt_k_cols_copy(bs, pw, xs, W, rows, w[p], 0, ctx->cuda_stream)
@@ -3616,7 +3617,7 @@ static dt_status dt__uly_cols(dt_ctx *ctx, float *buf, dt_tensor *x, const dt__c
             continue;
         }
 #endif
-        (void)po; (void)fn; (void)ctx;
+        (void)fn; (void)ctx;
         for (n = 0; n < rows; n++)
             for (p = 0; p < np; p++) {
                 float *xr = (float *)x->data + n * W + off[p];
