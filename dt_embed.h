@@ -800,8 +800,10 @@ typedef struct dt__em_tab {
     int64_t r0, r1, c0, c1;      /* this rank's shard; empty when r0 == r1 or c0 == c1 */
     dt_tensor w, s1, s2;         /* rows, optimizer state (f32) */
     int64_t t;                   /* backward count */
-    unsigned char *dirty;        /* one bit per local row: changed since the last export */
-    int64_t *dlist, n_dirty, dcap;
+    unsigned char *dirty;        /* one bit per local row: changed since the last export (no list of
+                                    them: it grew by the rows a run touched, a step's memory that
+                                    rose over the run; the export walks the bits in row order) */
+    int64_t n_dirty;             /* the bits set */
     /* dynamic tables */
     int dynamic, admit_after, n_hs;
     int cu_stale;                /* cuda: the GPU id tables moved on since slot_id / slot_stamp were copied down */
@@ -1595,7 +1597,7 @@ DT_API void dt_embed_free(dt_embed *e) {
         dt__em_tab *t = &e->tabs[i];
         dt__em_tier_free(e, t);
         dt_tensor_free(ctx, &t->w); dt_tensor_free(ctx, &t->s1); dt_tensor_free(ctx, &t->s2);
-        dt_release(ctx, t->dirty); dt_release(ctx, t->dlist);
+        dt_release(ctx, t->dirty);
         dt_tensor_free(ctx, &t->slot_id); dt_tensor_free(ctx, &t->slot_stamp); dt_tensor_free(ctx, &t->slot_count);
         dt_release(ctx, t->prev); dt_release(ctx, t->next); dt_release(ctx, t->hs_owner);
         if (t->hs) {
@@ -2279,7 +2281,7 @@ static dt_status dt__em_generate(dt_embed *e, dt__em_gen *g) {
 
 /* ==== >>dynamic: dynamic tables: admission, LRU / LFU eviction, moves ========================= */
 
-static dt_status dt__em_mark(dt_embed *e, dt__em_tab *t, int64_t x);
+static void dt__em_mark(dt__em_tab *t, int64_t x);
 
 /* The eviction policies, shared by the slots of a dynamic table's shard and the cache slots of a
    tiered table (>>tier). p names the per-slot arrays; y holds the list's ends, or the heap's
@@ -2404,7 +2406,7 @@ static dt_status dt__em_dyn_slot(dt_embed *e, dt__em_tab *t, dt__em_dyn *y, int6
         DT__TRY(dt__em_put(e->ctx, &y->map, id, x));
         sid[x] = id;
         DT__TRY(dt__em_dyn_fill(e, t, x, id));
-        DT__TRY(dt__em_mark(e, t, x));
+        dt__em_mark(t, x);
         if (lfu) ((int64_t *)t->slot_count.data)[x] = 0;
         else dt__em_lru_append(&pol, y, x);
         e->stats.step_admitted++;
@@ -2623,7 +2625,7 @@ static dt_status dt__em_dyn_move(dt_embed *e, dt__em_tab *t) {
                 memcpy((float *)t->s1.data + x * nc, pf + nc, (size_t)nc * sizeof(float));
                 if (t->s2.data) memcpy((float *)t->s2.data + x * nc, pf + 2 * nc, (size_t)nc * sizeof(float));
             }
-            if (!st) st = dt__em_mark(e, t, x);
+            if (!st) dt__em_mark(t, x);
         }
     }
     dt_release(e->ctx, mv);
@@ -4195,12 +4197,10 @@ static dt_status dt__em_sort(dt_embed *e, int64_t n) {
     return DT_OK;
 }
 
-static dt_status dt__em_mark(dt_embed *e, dt__em_tab *t, int64_t x) {
-    if (t->dirty[x >> 3] & (1u << (x & 7))) return DT_OK;
-    DT__TRY(dt_grow(e->ctx, (void **)&t->dlist, &t->dcap, t->n_dirty + 1, sizeof(int64_t), "dt_embed changed rows"));
+static void dt__em_mark(dt__em_tab *t, int64_t x) {
+    if (t->dirty[x >> 3] & (1u << (x & 7))) return;
     t->dirty[x >> 3] |= (unsigned char)(1u << (x & 7));
-    t->dlist[t->n_dirty++] = x;
-    return DT_OK;
+    t->n_dirty++;
 }
 
 /* The sparse optimizer on one row of t with gradient g (the columns of the shard): its values at
@@ -4438,7 +4438,7 @@ static dt_status dt__em_apply(dt_embed *e, int64_t ncon) {
                 dt__em_update(tab, wr, p1, p2, g, e->gtmp + nc);
                 if (k >= 0) tab->tier->sl[k].dirty = 1;
             }
-            DT__TRY(dt__em_mark(e, tab, row));
+            dt__em_mark(tab, row);
             e->stats.rows_updated++;
         }
     }
@@ -5283,21 +5283,24 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
     if (ts) memset(ts, 0, sizeof(dt_tensor) * (size_t)(2 * e->n_tabs + 1));
     for (i = 0; !st && i < e->n_tabs; i++) {
         dt__em_tab *t = &e->tabs[i];
-        int64_t nc = t->c1 - t->c0, k;
+        int64_t nc = t->c1 - t->c0, nr = t->r1 - t->r0, k, x;
         dt_tensor_desc d;
         if (!t->w.data || (t->shard == DT_SHARD_DATA && e->rank != 0)) continue;
-        if (t->n_dirty > 1) qsort(t->dlist, (size_t)t->n_dirty, sizeof(int64_t), dt__em_i64_cmp); /* dlist may be NULL */
         memset(&d, 0, sizeof d);
         d.dtype = DT_I64; d.device = DT_CPU; d.shape[0] = t->n_dirty; d.ndim = 1;
         if ((st = dt_tensor_create(e->ctx, &ts[n], &d))) break;
         d.dtype = DT_F32; d.shape[1] = nc; d.ndim = 2;
         if ((st = dt_tensor_create(e->ctx, &ts[n + 1], &d))) break;
-        for (k = 0; k < t->n_dirty; k++) {
-            int64_t x = t->dlist[k];
+        for (k = 0, x = 0; k < t->n_dirty && x < nr; x++) { /* the changed rows, in row order */
+            if (!(t->dirty[x >> 3] & (1u << (x & 7)))) {
+                if (!t->dirty[x >> 3]) x |= 7; /* a byte of none: its next */
+                continue;
+            }
             ((int64_t *)ts[n].data)[k] = t->dynamic ? ((int64_t *)t->slot_id.data)[x] : t->r0 + x;
             if ((st = dt_convert(e->ctx, (float *)ts[n + 1].data + k * nc, DT_F32,
                                  (const char *)t->w.data + (size_t)(x * nc) * dt_dtype_size(t->dtype), t->dtype, nc)))
                 break;
+            k++;
         }
         if (st) break;
         snprintf(names[n], DT_NAME_MAX + 16, "%s.ids", t->name);
@@ -5319,8 +5322,7 @@ DT_API dt_status dt_embed_export_changed(dt_embed *e, const char *prefix) {
     if (!st) /* exported: start tracking afresh */
         for (i = 0; i < e->n_tabs; i++) {
             dt__em_tab *t = &e->tabs[i];
-            int64_t k;
-            for (k = 0; k < t->n_dirty; k++) t->dirty[t->dlist[k] >> 3] = 0;
+            if (t->dirty) memset(t->dirty, 0, (size_t)((t->r1 - t->r0 + 7) / 8));
             t->n_dirty = 0;
         }
     for (i = 0; ts && i < 2 * e->n_tabs; i++) dt_tensor_free(e->ctx, &ts[i]);
@@ -5690,7 +5692,7 @@ static dt_status dt__em_cuda_dyn_fill(dt_embed *e, dt__em_tab *t, const int64_t 
         if (!st) memcpy(vals + (size_t)(k * nc) * es, v.data, (size_t)nc * es);
         hm[j] = at * nc; hm[na + j] = k * nc; hm[2 * na + j] = nc; /* the row: dst, src, len */
         hm[3 * na + j] = at * s1n; hm[4 * na + j] = 0; hm[5 * na + j] = s1n; /* its state: dst (s1), src (zeros), len */
-        if (!st) st = dt__em_mark(e, t, x);
+        if (!st) dt__em_mark(t, x);
     }
     dt_tensor_free(e->ctx, &v);
     if (st) return st;

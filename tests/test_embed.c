@@ -348,6 +348,77 @@ static void test_export(void) {
 }
 
 
+/* The changed rows over many bytes of the change map, touched out of order: exported once each,
+   in row order, with their values, each export after one step, then one after two; and a step that
+   touches new rows holds no more memory than the step before it (a list of the changed rows grew
+   with them: 8 bytes a row, doubled past its count) */
+static void test_export_rows(void) {
+    static const int64_t len[2] = {4, 3}, ids1[7] = {69, 8, 0, 7, 40, 8, 9}, ids2[7] = {1, 69, 64, 15, 16, 33, 1};
+    static const int64_t want1[6] = {0, 7, 8, 9, 40, 69}, want2[6] = {1, 15, 16, 33, 64, 69};
+    static const int64_t want3[11] = {0, 1, 7, 8, 9, 15, 16, 33, 40, 64, 69};
+    const int64_t *batches[4] = {ids1, ids2, ids1, ids2}, *wants[4] = {want1, want2, NULL, want3};
+    const int nwant[4] = {6, 6, 0, 11};
+    const char *names[4] = {"embed_export_rows_in_row_order", "embed_export_rows_second_export_in_row_order", "",
+                            "embed_export_rows_two_steps_in_row_order"};
+    dt_embed *e = one_table(DT_EMBED_SGD, DT_POOL_SUM, 0, 70, 2);
+    dt_tensor out = dt_test_t2(&C, 2, 2), w;
+    dt_kjt k;
+    char prefix[1024], path[1100];
+    size_t held[4] = {0, 0, 0, 0};
+    int s, j;
+    snprintf(prefix, sizeof prefix, "%s/test_embed_export_rows", dt_test_tmpdir());
+    snprintf(path, sizeof path, "%s.rank_00000.safetensors", prefix);
+    memset(&k, 0, sizeof k);
+    k.n_features = 1; k.batch = 2; k.lengths = len;
+    for (s = 0; s < 4; s++) {
+        dt_st_file f;
+        dt_tensor ids, vals;
+        dt_tensor_desc d;
+        const dt_st_entry *en;
+        int ok;
+        char why[DT_ERROR_MAX + 100] = "";
+        k.ids = batches[s];
+        dt_tensor_fill(&C, &out, 1.0);
+        if (dt_embed_forward(e, &out, &k) || dt_embed_backward(e, &out)) {
+            dt_test_fail("embed_export_rows_step", "%s", dt_ctx_error(&C));
+            break;
+        }
+        held[s] = C.bytes_in_use;
+        if (!wants[s]) continue; /* the third step: exported with the fourth's */
+        if (dt_embed_export_changed(e, prefix) || dt_safetensors_open(&C, &f, path)) {
+            dt_test_fail("embed_export_rows_export", "%s", dt_ctx_error(&C));
+            break;
+        }
+        en = dt_safetensors_find(&f, "t.ids");
+        memset(&d, 0, sizeof d);
+        d.dtype = DT_I64; d.shape[0] = nwant[s]; d.ndim = 1;
+        dt_tensor_create(&C, &ids, &d);
+        d.dtype = DT_F32; d.shape[1] = 2; d.ndim = 2;
+        dt_tensor_create(&C, &vals, &d);
+        ok = en && en->shape[0] == nwant[s] && dt_safetensors_read(&C, &f, &ids, "t.ids") == DT_OK &&
+             dt_safetensors_read(&C, &f, &vals, "t.values") == DT_OK;
+        dt_safetensors_close(&C, &f);
+        if (!ok) snprintf(why, sizeof why, "t.ids holds %lld rows, expected %d (%s)", en ? (long long)en->shape[0] : -1LL,
+                          nwant[s], dt_ctx_error(&C));
+        dt_embed_local_shard(e, &w, NULL, NULL, 0);
+        for (j = 0; ok && j < nwant[s]; j++) {
+            int64_t got = ((int64_t *)ids.data)[j];
+            if (got != wants[s][j] || memcmp((float *)vals.data + 2 * j, (float *)w.data + 2 * wants[s][j], 8)) {
+                snprintf(why, sizeof why, "export %d, entry %d: row %lld, expected %lld (or its values differ)", s + 1, j,
+                         (long long)got, (long long)wants[s][j]);
+                ok = 0;
+            }
+        }
+        dt_test_check_all(names[s], ok, "%s", why);
+        dt_tensor_free(&C, &ids); dt_tensor_free(&C, &vals);
+    }
+    dt_test_check_all("embed_backward_holds_no_more_for_new_rows", held[2] > 0 && held[3] == held[2],
+                      "bytes held after a step: %zu, after the next (5 rows changed anew, none exported between): %zu",
+                      held[2], held[3]);
+    dt_tensor_free(&C, &out);
+    dt_embed_free(e);
+}
+
 /* A dynamic table of 3 slots in one id-hash shard, admission at the 2nd sighting, LRU: against
    a model written here (plain arrays). Each step is one batch of one-id bags. */
 static void test_dynamic(void) {
@@ -440,6 +511,7 @@ int main(void) {
     test_hash_and_empty();
     test_planner();
     test_export();
+    test_export_rows();
     test_dynamic();
     dt_ctx_shutdown(&C);
     return dt_test_finish();
