@@ -362,9 +362,13 @@ DT_API int dt_mul_ok(int64_t a, int64_t b, int64_t *out);
 /* The product of shape[0..ndim), or -1 when a dim is negative or the product of the non-zero
    dims overflows (so no product of some of the dims of a valid shape overflows either). */
 DT_API int64_t dt_shape_numel(int ndim, const int64_t *shape);
-/* Grows *items (elem bytes each, *cap of them, from the ctx allocator) to hold at least `need`,
-   doubling; the contents are kept. DT_ERR_OOM / DT_ERR_ARG (need too large) with the ctx error
-   naming `what`. The one growable array of the dt headers. */
+/* Grows *items (elem bytes each, *cap of them, from the ctx allocator) to hold at least `need`:
+   to need and an eighth more (at least 8); the contents are kept. An eighth, not doubling: a
+   buffer sized by a step's need (ids, gradients, exchange buffers) then holds at most 12.5% above
+   the largest need seen, where doubling held anything up to twice it, by where the need fell
+   between powers of two, so what a step held could not be added up from its parts (dt_plan.h);
+   appends still cost O(1) each, amortized (each growth adds an eighth). DT_ERR_OOM / DT_ERR_ARG
+   (need too large) with the ctx error naming `what`. The one growable array of the dt headers. */
 DT_API dt_status dt_grow(dt_ctx *ctx, void **items, int64_t *cap, int64_t need, size_t elem,
                          const char *what);
 /* n values from src (src_dtype) into dst (dst_dtype): any pair of f32 / bf16 / f16 (round to
@@ -1387,8 +1391,10 @@ DT_API dt_status dt_grow(dt_ctx *ctx, void **items, int64_t *cap, int64_t need, 
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_grow: %s: items/cap NULL, elem 0 or need = %lld < 0",
                                 what ? what : "array", (long long)need);
     if (need <= *cap) return DT_OK;
-    nc = *cap ? *cap : 8;
-    while (nc < need) nc = nc > INT64_MAX / 2 ? need : 2 * nc;
+    nc = need > INT64_MAX - need / 8 ? need : need + need / 8; /* an eighth more: the header's comment */
+    if (nc < 8) nc = 8;
+    if (!dt_mul_ok(nc, (int64_t)elem, &bytes) || (uint64_t)bytes > (uint64_t)PTRDIFF_MAX)
+        nc = need; /* the eighth does not fit: the need alone */
     if (!dt_mul_ok(nc, (int64_t)elem, &bytes) || (uint64_t)bytes > (uint64_t)PTRDIFF_MAX)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_grow: %s: %lld items of %zu bytes do not fit in memory",
                                 what ? what : "array", (long long)need, elem);

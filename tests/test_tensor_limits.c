@@ -254,6 +254,27 @@ static void test_overflow_shapes(void) {
         DT_TEST_CHECK("grow_oom_keeps_items", items != NULL && cap >= 10 && ((unsigned char *)items)[79] == 0x5a);
         dt_release(&CAP, items);
     }
+    {   /* dt_grow's rule: the need and an eighth more (at least 8), the contents kept; no growth
+           within the capacity */
+        unsigned char *items = NULL, *was;
+        int64_t cap = 0, i;
+        int kept = 1;
+        st = dt_grow(&C, (void **)&items, &cap, 3, 1, "few");
+        dt_test_check_all("grow_small_need_takes_8", st == DT_OK && cap == 8, "cap %lld after a need of 3; expected 8",
+                          (long long)cap);
+        st = dt_grow(&C, (void **)&items, &cap, 1000, 1, "bytes");
+        dt_test_check_all("grow_adds_an_eighth", st == DT_OK && cap == 1125, "cap %lld after a need of 1000; expected 1125",
+                          (long long)cap);
+        for (i = 0; items && i < cap; i++) items[i] = (unsigned char)(i * 7);
+        was = items;
+        st = dt_grow(&C, (void **)&items, &cap, 1125, 1, "bytes");
+        DT_TEST_CHECK("grow_within_capacity_keeps_the_array", st == DT_OK && items == was && cap == 1125);
+        st = dt_grow(&C, (void **)&items, &cap, 1126, 1, "bytes");
+        for (i = 0; items && i < 1125; i++) kept &= items[i] == (unsigned char)(i * 7);
+        dt_test_check_all("grow_keeps_the_contents", st == DT_OK && kept && cap == 1126 + 1126 / 8,
+                          "cap %lld (expected %d), contents %s", (long long)cap, 1126 + 1126 / 8, kept ? "kept" : "changed");
+        dt_release(&C, items);
+    }
 }
 
 static void test_safetensors_overflow(void) {
