@@ -120,8 +120,8 @@ typedef struct dt_plan_layout {
     int chunks;            /* model chunks per stage: 2 for interleaved, else 1 (0 = so) */
     dt_plan_recompute recompute;
     int ulysses;           /* cp > 1: Ulysses' all-to-alls instead of the ring (examples/gpt --cp-kind ulysses): the
-                              heads split over cp, attention keeps [T, T] of its H / (tp cp) heads; measured
-                              profiles only (dt runs it on the CPU) */
+                              heads split over cp, attention keeps [T, T] of its H / (tp cp) heads (on paper:
+                              flash attention, nothing [T, T] kept, as dt runs it on CUDA in bf16) */
     double offload;        /* 0 .. 1: the first offload x blocks of each chunk keep their activations in host
                               memory (examples/gpt --offload-activations): the device holds two slots (three on
                               CUDA) instead of them, each copied out after its forward and back before its
@@ -292,7 +292,9 @@ typedef struct dt_plan_search_desc {
     int max_micro;               /* micro-batches tried: 1, 2, 4, ... and those of 1, 2, 4, ... sequences,
                                     up to this; 0 = 16 (paper: the batch) */
     int recompute;               /* 1: try the recompute modes too (0: none only) */
-    int max_cp;                  /* cp tried up to this; 0 = any (1: none, as examples/gpt on CUDA in bf16) */
+    int max_cp;                  /* cp tried up to this; 0 = any (1: none, as examples/gpt on CUDA in f32) */
+    int no_ring;                 /* 1: cp > 1 by Ulysses only (examples/gpt on CUDA in bf16: its ring's blocks
+                                    run f32 kernels there, not the flash attention a paper profile times) */
 } dt_plan_search_desc;
 
 /* Fills out[0 .. *count) with the best max layouts by predicted tokens / s (ties: less memory),
@@ -306,8 +308,8 @@ DT_API void dt_plan_format(const dt_plan_prediction *pr, int n, dt_strbuf *out);
 
    The same model of a step, fed by a machine's published figures instead of measurements: a
    block's time is its GEMM FLOPs at gemm_eff of the peak, its attention at the flash kernels'
-   share, its other ops as HBM traffic, and its tp / cp collectives as latency + bytes / busbw of
-   the links the group spans; a group of ranks `stride` apart spans hosts when its ranks do
+   share, its other ops as HBM traffic, and its tp / cp collectives (the ring's sends, or Ulysses'
+   all-to-alls as dt runs them on CUDA) as latency + bytes / busbw of the links the group spans; a group of ranks `stride` apart spans hosts when its ranks do
    (Megatron's order: tp innermost, then cp, dp, pp), and across hosts it moves at the node's
    NICs that its ranks use at once. Activations are act_bytes an element with flash attention
    (no [T, T]); parameters, grads and optimizer state as dt keeps them. So it answers "what layout,
@@ -723,7 +725,8 @@ static void dt__plan_moe_params(const dt_plan_model *m, int tp, int ep, double *
    gathered rows, and the head / backward scratch every set carries. A bytes an element (the CPU
    path: 4, f32; ids and targets i32 count the same); flash: attention keeps lse, never [T, T]. A
    gated MLP keeps its gate and up both (fch is 2 F wide; the activation's output, F). Ulysses keeps
-   the whole sequence's q, k, v of its heads (uqkv, as many floats as qkv) and their [T, T]. */
+   the whole sequence's q, k, v of its heads (uqkv, as many elements as qkv) and their [T, T]; under
+   flash, uqkv alone, in bf16 (2 bytes an element whatever A is). */
 static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *l, int nb, double A, int flash,
                                   double *own) {
     double b = (double)(m->batch / l->dp / l->micro), T = (double)m->seq, Tl = T / l->cp, N = b * Tl;
@@ -731,9 +734,10 @@ static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *
     double Gl = dt__plan_ffn(m) / l->tp;
     double Hl = (double)m->heads / l->tp, Ckvl = (double)(m->kv_heads ? m->kv_heads : m->heads) / l->tp * (C / m->heads);
     double Wl = Cl + 2 * Ckvl, Vl = (double)m->vocab / l->tp;
-    int uly = l->ulysses && l->cp > 1 && !flash, r = (int)l->recompute;
+    int uly = l->ulysses && l->cp > 1, r = (int)l->recompute;
     int lse = !uly && (flash || l->cp > 1 || l->recompute == DT_PLAN_RECOMPUTE_GEMM_LAST);
-    double att = uly ? b * (Hl / l->cp) * T * T + N * Wl : lse ? b * Hl * Tl : b * Hl * T * T;
+    double att = uly && flash ? N * Wl * 2 / A                 /* uqkv in bf16, for the tensor cores */
+               : uly ? b * (Hl / l->cp) * T * T + N * Wl : lse ? b * Hl * Tl : b * Hl * T * T;
     double core = Nl * C + 2 * Nl + Nl * C + 2 * Nl + N * Wl + N * Cl + Nl * C + N * Fl; /* ln1 .. fch */
     double blk, shared = 0, e;
     switch (r) {
@@ -2373,7 +2377,12 @@ static double dt__plan_pipe_delay(const dt_plan_profile *p, int pp, dt_pp_kind k
    all-reduces, or with sp two all-gathers and two reduce-scatters, of the N x C activations in each
    direction) less tp_overlap of them, and in the backward the column linears' sums hidden behind
    their weight grads as dt_tp_column_linear_bwd runs them; cp's ring (cp - 1 passes of this rank's K and V,
-   their grads too in the backward) where attention does not cover it. */
+   their grads too in the backward) where attention does not cover it; or Ulysses, as dt runs it
+   on CUDA: f32 rows by all-to-all (costed as an all-gather of the same bytes: each rank sends and
+   receives (cp - 1) / cp of its buffer) over the cp group, q, k, v in and the output back (the
+   backward: the output's grad in, q, k, v's back), each packed and unpacked by a copy kernel, in
+   line with the compute; attention over the whole sequence on H / (tp cp) heads, the same FLOPs
+   as the ring's, its backward running the forward again first (nothing of it is kept). */
 static void dt__plan_paper_split(const dt_plan_profile *p, const dt_plan_layout *l, double rows, dt_plan_split *s) {
     const dt_plan_machine *mc = &p->mach;
     const dt_plan_model *m = &p->model;
@@ -2385,7 +2394,7 @@ static void dt__plan_paper_split(const dt_plan_profile *p, const dt_plan_layout 
     double attn = 2 * b * T * T * C / (tp * l->cp), fa = attn / (mc->flops * mc->attn_fwd_eff);
     double ba = 2.5 * attn / (mc->flops * mc->attn_bwd_eff);
     double ln = A * 4 * Nl * C / bw, elem = A * 6 * Nl * C / bw + A * (g + 1) * N * F / tp / bw;
-    double tpc = 0, tpb = 0, cpc = 0, h, ag = 0, rs = 0;
+    double tpc = 0, tpb = 0, cpc = 0, ux = 0, h, ag = 0, rs = 0;
     if (l->tp > 1) { /* tp's group: consecutive ranks */
         double ar = dt__plan_coll(p, DT_PLAN_ALLREDUCE, l->tp, 1, act), sum;
         double dw = 2 * N * C * (C + 2 * Ckv + g * F) / tp / gr; /* the column linears' (qkv, fc) weight grads */
@@ -2398,15 +2407,24 @@ static void dt__plan_paper_split(const dt_plan_profile *p, const dt_plan_layout 
            grads wait in line */
         tpb = (1 - mc->tp_overlap) * (l->sp ? 2 * ag : 0) + (2 * sum > dw ? 2 * sum - dw : 0);
     }
-    if (l->cp > 1) cpc = (l->cp - 1) * dt__plan_coll(p, DT_PLAN_SENDRECV, 2, l->tp, N * 2 * Ckv / tp * A);
+    if (l->cp > 1 && l->ulysses) { /* f32 rows: qkv (C + 2 Ckv wide) and the output (C), over tp */
+        double io = dt__plan_coll(p, DT_PLAN_ALLGATHER, l->cp, l->tp, 4 * N * (C + 2 * Ckv) / tp) +
+                    dt__plan_coll(p, DT_PLAN_ALLGATHER, l->cp, l->tp, 4 * N * C / tp);
+        double mv = 2 * 2 * 4 * N * (2 * C + 2 * Ckv) / tp / bw; /* packed and unpacked: read and written */
+        ux = io + mv;
+        ba += fa; /* the forward again: its output and lse, which nothing kept */
+    } else if (l->cp > 1)
+        cpc = (l->cp - 1) * dt__plan_coll(p, DT_PLAN_SENDRECV, 2, l->tp, N * 2 * Ckv / tp * A);
     memset(s, 0, sizeof *s);
-    s->tp = l->tp; s->cp = l->cp; s->sp = l->sp; s->lse = 1;
+    s->tp = l->tp; s->cp = l->cp; s->sp = l->sp;
+    s->ulysses = l->cp > 1 && l->ulysses;
+    s->lse = !s->ulysses;
     s->rows[0] = s->rows[1] = rows >= 1 ? (int64_t)rows : 1;
-    s->attn[0] = fa + (cpc > fa ? cpc - fa : 0);
+    s->attn[0] = fa + ux + (cpc > fa ? cpc - fa : 0);
     s->gelu[0] = A * (g + 1) * N * F / tp / bw;
     s->cheap[0] = ln + s->gelu[0];
     s->fwd[0] = gemm + s->attn[0] + ln + elem + tpc;
-    s->bwd[0] = 2 * gemm + ba + (2 * cpc > ba ? 2 * cpc - ba : 0) + 2 * (ln + elem) + tpb;
+    s->bwd[0] = 2 * gemm + ba + ux + (2 * cpc > ba ? 2 * cpc - ba : 0) + 2 * (ln + elem) + tpb;
     /* the vocab-parallel embedding (rows gathered, summed over tp) and the head: logits at the GEMM
        rate, the f32 logits read and written for the loss */
     s->embed_fwd[0] = A * 2 * Nl * C / bw + (l->tp > 1 ? dt__plan_coll(p, DT_PLAN_ALLREDUCE, l->tp, 1, act) : 0);
@@ -2695,9 +2713,6 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: pp %d x %d chunks, expected at most 4096 virtual stages", fn, l.pp,
                                 l.chunks);
     lse = !l.ulysses && (l.cp > 1 || l.recompute == DT_PLAN_RECOMPUTE_GEMM_LAST);
-    if (p->paper && l.ulysses)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: ulysses 1 on paper: dt runs Ulysses on the CPU only (its CUDA "
-                                "tensors are DT_ERR_UNSUPPORTED), and a paper profile is a GPU cluster's", fn);
     if (p->paper && l.offload > 0 && !(p->mach.h2d_bw > 0))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: offload %g on paper: machine %s has h2d_bw 0 (its host link is not "
                                 "known), so the copies cannot be costed", fn, l.offload, p->mach.name);
@@ -3024,8 +3039,8 @@ DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_
                 for (micro = 1; micro <= per && nm < 128; micro *= 2)
                     if (per % micro == 0 && per / micro <= sd.max_micro && (per / micro & (per / micro - 1)))
                         ms[nm++] = per / micro; /* not a power of two: not listed yet */
-                /* the variants of each: the ring or Ulysses (measured cp > 1), offload 0, 1/2, 1 (a budget) */
-                n_var = (cp > 1 && !p->paper ? 2 : 1) * n_off;
+                /* the variants of each: the ring or Ulysses (cp > 1), offload 0, 1/2, 1 (a budget) */
+                n_var = (cp > 1 ? 2 : 1) * n_off;
                 for (mi = 0; mi < nm && (micro = ms[mi]) > 0; mi++)
                     for (sch = pp > 1 ? DT_PP_GPIPE : 0; sch <= (pp > 1 ? DT_PP_ZB_H1 : 0); sch++)
                         for (zero = 0; zero <= 3; zero++)
@@ -3040,6 +3055,7 @@ DT_API dt_status dt_plan_search(dt_ctx *ctx, const dt_plan_profile *p, const dt_
                                             l.sp = sp; l.schedule = (dt_pp_kind)sch; l.recompute = (dt_plan_recompute)rec;
                                             l.ulysses = v / n_off; l.offload = offs[v % n_off]; l.ep = ep;
                                             if (p->paper && v % n_off && fit0) continue;
+                                            if (cp > 1 && sd.no_ring && !l.ulysses) continue;
                                             if ((err = dt__plan_try(ctx, p, &sd, &l, &h, &fit))) goto done;
                                             if (v % n_off == 0) fit0 = fit;
                                         }

@@ -955,15 +955,46 @@ static void ulysses(void) {
     l.ulysses = 1; l.cp = 1;
     DT_TEST_CHECK("plan_ulysses_at_cp1_is_plain_attention",
                   dt_plan_layout_check(&g_ctx, &m, 2, &l, &l) == DT_OK && l.ulysses == 0);
-    {
+    {   /* on paper (bf16, flash), 8 ranks, dp 4 cp 2: the cp pairs inside a host. Per block, against
+           the ring: Ulysses' exchange ux in the forward and the backward (f32 rows: two all-to-alls
+           each, costed as all-gathers of the same bytes, and their copies), and its backward runs
+           the forward's attention fa again; the ring's exposed sends (cpc - fa in the forward,
+           2 cpc - ba in the backward, here both exposed) go. Memory: uqkv (N x 3C, 2 bytes) where
+           the ring keeps lse (b H T / cp) */
         dt_plan_machine mc = hand_machine();
         dt_plan_profile *pp = (dt_plan_profile *)malloc(sizeof *pp);
-        dt_plan_prediction pr;
+        dt_plan_prediction pr_ring, pr_uly;
+        dt_plan_search_desc sd;
+        double b = 4, T = 32, C = 64, H = 4, N = b * T / 2, bw = 1e11 * 0.5;
+        double attn = 2 * b * T * T * C / 2, fa = attn / (1e12 * 0.5), ba = 2.5 * attn / (1e12 * 0.25);
+        double io = 1e-5 + 4 * N * 3 * C / 2 / 1e10 + 1e-5 + 4 * N * C / 2 / 1e10, mv = 16 * N * 4 * C / bw;
+        double ux = io + mv, cpc = 1e-5 + N * 2 * C * 2 / 5e9;
+        m.dtype = DT_BF16;
         memset(&l, 0, sizeof l);
-        l.cp = 2; l.ulysses = 1;
+        l.cp = 2;
         st = pp ? dt_plan_profile_paper(&g_ctx, &mc, &m, 8, pp) : DT_ERR_OOM;
-        if (!st) st = dt_plan_predict(&g_ctx, pp, &l, &pr);
-        dt_test_error("plan_ulysses_on_paper_is_named", st, dt_ctx_error(&g_ctx), "ulysses 1 on paper");
+        if (!st) st = dt_plan_predict(&g_ctx, pp, &l, &pr_ring);
+        l.ulysses = 1;
+        if (!st) st = dt_plan_predict(&g_ctx, pp, &l, &pr_uly);
+        if (DT_TEST_CHECK("plan_ulysses_on_paper_predicts", st == DT_OK && cpc > fa && 2 * cpc > ba)) {
+            dt_test_close("plan_ulysses_on_paper_compute_by_hand", pr_uly.compute_s - pr_ring.compute_s,
+                          4 * ((ux) + (fa + ux) - (cpc - fa) - (2 * cpc - ba)), 1e-12);
+            dt_test_close("plan_ulysses_on_paper_memory_is_uqkv_not_lse", pr_uly.mem_activations - pr_ring.mem_activations,
+                          2 * 4 * (N * 3 * C - b * H * T / 2), 1e-9);
+        } else
+            printf("  %s\n", dt_ctx_error(&g_ctx));
+        /* the search on paper tries it; no_ring leaves Ulysses alone at cp > 1 */
+        memset(&sd, 0, sizeof sd);
+        sd.no_ring = 1;
+        n = 0;
+        st = pp ? dt_plan_search(&g_ctx, pp, &sd, top, 256, &n, &total) : DT_ERR_OOM;
+        for (i = 0, found = 0; st == DT_OK && i < n; i++) found += top[i].layout.cp > 1 && !top[i].layout.ulysses;
+        DT_TEST_CHECK("plan_search_no_ring_tries_no_ring", st == DT_OK && n > 0 && found == 0);
+        sd.no_ring = 0;
+        st = pp ? dt_plan_search(&g_ctx, pp, &sd, top, 256, &n, &total) : DT_ERR_OOM;
+        for (i = 0, found = 0; st == DT_OK && i < n; i++) found |= (top[i].layout.cp > 1) << top[i].layout.ulysses;
+        DT_TEST_CHECK("plan_search_on_paper_tries_both_cp_kinds", st == DT_OK && found == 3);
+        m.dtype = DT_F32;
         free(pp);
     }
     /* the file keeps the field; ulysses with lse 1 is named */

@@ -2082,8 +2082,11 @@ static void plan_layout(trainer *t) {
     memset(&sd, 0, sizeof sd);
     sd.mem_budget = o->plan_memory * 1e6;
     sd.recompute = 1;
-    if (o->device == DT_CUDA_DEVICE) sd.max_cp = 1; /* cp on cuda: the ring's blocks run dt_attention_block's
-                                                       f32 kernels, not the flash kernels the paper model times */
+    /* cp on cuda: the ring's blocks run dt_attention_block's f32 kernels, not the flash attention the
+       paper model times, so bf16 tries Ulysses alone (the flash kernels on the whole sequence's
+       heads); f32 keeps Ulysses' [T, T] scores, which the paper model does not time either */
+    if (o->device == DT_CUDA_DEVICE && o->dtype == DT_BF16) sd.no_ring = 1;
+    else if (o->device == DT_CUDA_DEVICE) sd.max_cp = 1;
     CHECK(dt_plan_search(g_ctx, pf, &sd, top, 64, &n, &total));
     for (r = 0; r < n && !best; r++) /* --sample runs at pp 1 and cp 1 only */
         if (!o->sample || (top[r].layout.pp == 1 && top[r].layout.cp == 1)) best = &top[r];
