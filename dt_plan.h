@@ -309,12 +309,13 @@ DT_API void dt_plan_format(const dt_plan_prediction *pr, int n, dt_strbuf *out);
    The same model of a step, fed by a machine's published figures instead of measurements: a
    block's time is its GEMM FLOPs at gemm_eff of the peak, its attention at the flash kernels'
    share, its other ops as HBM traffic, and its tp / cp collectives (the ring's sends, or Ulysses'
-   all-to-alls as dt runs them on CUDA) as latency + bytes / busbw of the links the group spans; a group of ranks `stride` apart spans hosts when its ranks do
-   (Megatron's order: tp innermost, then cp, dp, pp), and across hosts it moves at the node's
-   NICs that its ranks use at once. Activations are act_bytes an element with flash attention
-   (no [T, T]); parameters, grads and optimizer state as dt keeps them. So it answers "what layout,
-   how fast, does it fit" for a cluster on paper; what it cannot know (kernel efficiencies at other
-   shapes, congestion, stragglers) is in the machine's effs, which come from published runs. */
+   all-to-alls as dt runs them on CUDA) as latency + bytes / busbw of the links the group spans;
+   a group of ranks `stride` apart spans hosts when its ranks do (Megatron's order: tp innermost,
+   then cp, dp, pp), and across hosts it moves at the node's NICs that its ranks use at once.
+   Activations are act_bytes an element with flash attention (no [T, T]); parameters, grads and
+   optimizer state as dt keeps them. So it answers "what layout, how fast, does it fit" for a
+   cluster on paper; what it cannot know (kernel efficiencies at other shapes, congestion,
+   stragglers) is in the machine's effs, which come from published runs. */
 
 /* A machine file (JSON, docs/machines/): every field of dt_plan_machine by name, and "sources"
    (strings, kept for the reader). A missing or bad field is DT_ERR_FORMAT naming it. */
