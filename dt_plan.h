@@ -399,7 +399,7 @@ typedef struct dt_plan_dlrm_desc {
     int n_batches;                     /* with get_batch: 1 .. DT_PLAN_MAX_BATCHES. More than one: the
                                           timings go round them, and dt_embed's buffers grow to the
                                           largest, as they do over a run (a batch of more ids than the
-                                          last takes them past their size: twice as much kept) */
+                                          last takes them past their size: dt_grow keeps an eighth more) */
     int64_t global_batch;              /* dt_embed_desc.batch_hint */
     double dp_max_bytes;               /* dt_embed_desc's (0 = its default) */
     dt_plan_dense_fn dense;            /* NULL: no dense part */
