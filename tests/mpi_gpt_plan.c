@@ -25,6 +25,51 @@
 
 static const char *MODEL = "--layers 2 --width 64 --heads 4 --seq 32 --batch 8 --steps 4 --seed 3";
 
+/* The number after `key` on the first line of path that holds `line_has` (NAN if none) */
+static double number_after(const char *path, const char *line_has, const char *key) {
+    FILE *fp = fopen(path, "r");
+    char line[4096];
+    double v = NAN;
+    if (!fp) return v;
+    while (isnan(v) && fgets(line, sizeof line, fp)) {
+        const char *at = strstr(line, line_has) ? strstr(line, key) : NULL;
+        if (at) v = strtod(at + strlen(key), NULL);
+    }
+    fclose(fp);
+    return v;
+}
+
+/* The CUDA plan (the emulator's build of examples/gpt, where nvcc built one) at cp 2: Ulysses keeps
+   its heads' q, k, v of the whole sequence in bf16 where the ring keeps the logsumexp, and the
+   plan's activations differ between the two as the runs' activation tensors do (each printed to
+   0.01 MB; the difference is 0.18 MB, 0.37 if uqkv were counted in f32) */
+static void cuda_plan_ulysses_memory(void) {
+    static const char *EMU = "build/examples/emu/gpt", *kind[2] = {"ring", "ulysses"};
+    static const char *M = "--device cuda --dtype bf16 --layers 2 --width 64 --heads 4 --seq 128 --batch 4 --cp 2";
+    char cmd[2048], out[512];
+    double pred[2], meas[2];
+    int k;
+    FILE *probe = fopen(EMU, "rb");
+    if (!probe) {
+        dt_test_skip("gpt_cuda_plan_ulysses_memory_as_run", "%s not built (no nvcc)", EMU);
+        return;
+    }
+    fclose(probe);
+    snprintf(out, sizeof out, "%s/cuda_plan.out", dt_test_tmpdir());
+    for (k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} %s -np 2 %s %s --cp-kind %s --plan > %s "
+                 "2>&1 < /dev/null", dt_test_mpirun(), EMU, M, kind[k], out);
+        pred[k] = system(cmd) == 0 ? number_after(out, "plan: the layout given", "activations ") : NAN;
+        snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} %s -np 2 %s %s --cp-kind %s --steps 1 "
+                 "> %s 2>&1 < /dev/null", dt_test_mpirun(), EMU, M, kind[k], out);
+        meas[k] = system(cmd) == 0 ? number_after(out, "activation memory per rank", "the activation tensors ") : NAN;
+    }
+    dt_test_check_all("gpt_cuda_plan_ulysses_memory_as_run",
+                      fabs((pred[1] - pred[0]) - (meas[1] - meas[0])) <= 0.02 && meas[1] - meas[0] > 0.1,
+                      "activations predicted %.2f (ring) and %.2f (ulysses) MB, the runs' %.2f and %.2f", pred[0],
+                      pred[1], meas[0], meas[1]);
+}
+
 int main(void) {
     char flags[1024], out[512], prof[512], ref_out[512];
     double ref, got;
@@ -97,6 +142,7 @@ int main(void) {
     gd_named_error("gpt_plan_profile_of_another_world_is_named", 1, MODEL, flags, "was measured for 2 ranks");
     gd_named_error("gpt_plan_of_f16_is_named", 1, MODEL, "--plan --dtype f16", "the planner models the CPU in f32 or bf16");
     gd_named_error("gpt_layout_bad_value_is_named", 1, MODEL, "--layout fast", "--layout is auto");
+    cuda_plan_ulysses_memory();
     dt_ctx_shutdown(&g_ctx);
     return dt_test_finish();
 }
