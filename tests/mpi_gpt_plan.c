@@ -42,7 +42,7 @@ static double number_after(const char *path, const char *line_has, const char *k
 /* The CUDA plan (the emulator's build of examples/gpt, where nvcc built one) at cp 2: Ulysses keeps
    its heads' q, k, v of the whole sequence in bf16 where the ring keeps the logsumexp, and the
    plan's activations differ between the two as the runs' activation tensors do (each printed to
-   0.01 MB; the difference is 0.18 MB, 0.37 if uqkv were counted in f32) */
+   0.01 MB; the difference is 0.19 MB, 0.39 if uqkv were counted in f32) */
 static void cuda_plan_ulysses_memory(void) {
     static const char *EMU = "build/examples/emu/gpt", *kind[2] = {"ring", "ulysses"};
     static const char *M = "--device cuda --dtype bf16 --layers 2 --width 64 --heads 4 --seq 128 --batch 4 --cp 2";
