@@ -26,6 +26,15 @@
    Grouped-query attention: H query heads share H_kv K/V heads (head h reads K/V head
    h / (H / H_kv)); the dk/dv pass sums the group's query heads in order.
 
+   Blocks (dt_k_flash.block; context parallelism's ring, dt_parallel.h >>cp): the same kernels on
+   query rows [q_row, q_row + q_rows) at positions q_pos.. against key rows [k_row, k_row + k_rows)
+   at positions k_pos.., a query seeing the keys at positions up to its own. The forward merges
+   the block into out and lse as the online softmax does a tile (lse is the running statistic):
+        lse' = log(e^lse + e^lse_blk),  out' = out e^(lse - lse') + out_blk e^(lse_blk - lse')
+   by the lane that owns the element, so blocks merge in any order; the backward is the whole
+   one's with the merged lse and out (P = exp(S - lse) is already the whole row's probability),
+   each block adding its part of dq, dk, dv.
+
    Precision: P and dS are rounded to bf16 before their mma (as FlashAttention-2), dO too; the
    rest is f32. Against an f64 reference on the same bf16 inputs the error is some 1e-3
    relative (tests/cuda_emu/k_flash.cpp states the bound it checks).
@@ -154,24 +163,26 @@ static __global__ void dt_k__fl_fwd(dt_k_flash a, float scale2) {
     const int LD = DT_K__FL_LD(HS);
     uint16_t *sk = sm, *sv = sm + DT_K__FL_KEYS * LD;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t T = a.T, q0 = (int64_t)blockIdx.x * DT_K__FL_ROWS, bh = blockIdx.y, b = bh / a.H;
+    /* rows and keys of the block (the whole sequence outside block mode: the launcher fills them) */
+    const int64_t nq = a.q_rows, nk = a.k_rows, dpos = a.q_pos - a.k_pos; /* key c visible to query r: c <= r + dpos */
+    const int64_t q0 = (int64_t)blockIdx.x * DT_K__FL_ROWS, bh = blockIdx.y, b = bh / a.H;
     const int h = (int)(bh % a.H), hk = h / (a.H / a.H_kv);
-    const uint16_t *qb = a.q + b * T * a.q_stride + (int64_t)h * HS;
-    const uint16_t *kb = a.k + b * T * a.kv_stride + (int64_t)hk * HS;
-    const uint16_t *vb = a.v + b * T * a.kv_stride + (int64_t)hk * HS;
+    const uint16_t *qb = a.q + (b * a.T + a.q_row) * a.q_stride + (int64_t)h * HS;
+    const uint16_t *kb = a.k + (b * a.Tk + a.k_row) * a.kv_stride + (int64_t)hk * HS;
+    const uint16_t *vb = a.v + (b * a.Tk + a.k_row) * a.kv_stride + (int64_t)hk * HS;
     const int64_t rw = q0 + warp * 16; /* the warp's first query */
     dt_mma_frag_a qf[HS / 16];
     dt_mma_frag_c o[HS / 8], s[DT_K__FL_KEYS / 8];
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    dt_k__fl_tile<HS>(sk, qb, a.q_stride, q0, DT_K__FL_ROWS, T); /* Q staged through the K tile */
+    dt_k__fl_tile<HS>(sk, qb, a.q_stride, q0, DT_K__FL_ROWS, nq); /* Q staged through the K tile */
     __syncthreads();
     dt_k__fl_rows_a<HS>(qf, sk, warp * 16, lane);
 #pragma unroll
     for (int n = 0; n < HS / 8; n++) dt_mma_zero_c(&o[n]);
-    for (int64_t k0 = 0; k0 < T && k0 < q0 + DT_K__FL_ROWS; k0 += DT_K__FL_KEYS) {
+    for (int64_t k0 = 0; k0 < nk && k0 < q0 + DT_K__FL_ROWS + dpos; k0 += DT_K__FL_KEYS) {
         __syncthreads(); /* the previous tile (or Q) is read by every warp */
-        dt_k__fl_tile<HS>(sk, kb, a.kv_stride, k0, DT_K__FL_KEYS, T);
-        dt_k__fl_tile<HS>(sv, vb, a.kv_stride, k0, DT_K__FL_KEYS, T);
+        dt_k__fl_tile<HS>(sk, kb, a.kv_stride, k0, DT_K__FL_KEYS, nk);
+        dt_k__fl_tile<HS>(sv, vb, a.kv_stride, k0, DT_K__FL_KEYS, nk);
 #if DT_K__FL_PLANT != 2
         __syncthreads();
 #endif
@@ -182,7 +193,7 @@ static __global__ void dt_k__fl_fwd(dt_k_flash a, float scale2) {
 #pragma unroll
             for (int i = 0; i < 4; i++) { /* scale (log2 units), the causal mask and the end of the keys */
                 int64_t r = rw + dt_mma_c_row(lane, i), c = k0 + n * 8 + dt_mma_c_col(lane, i);
-                float x = c <= r && c < T ? s[n].x[i] * scale2 : -INFINITY;
+                float x = c <= r + dpos && c < nk ? s[n].x[i] * scale2 : -INFINITY;
                 s[n].x[i] = x;
                 mx[i >> 1] = fmaxf(mx[i >> 1], x);
             }
@@ -215,18 +226,35 @@ static __global__ void dt_k__fl_fwd(dt_k_flash a, float scale2) {
             for (int i = 0; i < 4; i++) o[n].x[i] *= alpha[i >> 1];
         dt_k__fl_pv<HS, DT_K__FL_KEYS>(o, s, sv, lane);
     }
-    float *ob = a.out + b * T * a.out_stride + (int64_t)h * HS;
+    float *ob = a.out + (b * a.T + a.q_row) * a.out_stride + (int64_t)h * HS, *lb = a.lse + bh * a.T + a.q_row;
+    /* each row's weights: of what out held (wa) and of this O (wb); outside block mode out = O / l */
+    float wa[2] = {0.0f, 0.0f}, wb[2], ln[2];
+    for (int j = 0; j < 2; j++) {
+        int64_t r = rw + (lane >> 2) + 8 * j;
+        float lse_b = (m[j] + log2f(l[j])) * 0.69314718055994531f, old = -INFINITY;
+        if (a.block && r < nq && l[j] > 0.0f) old = lb[r];
+        ln[j] = lse_b;
+        if (old != -INFINITY) { /* log(e^old + e^lse_b), from the larger */
+            float mx = fmaxf(old, lse_b);
+            ln[j] = mx + logf(expf(old - mx) + expf(lse_b - mx));
+            wa[j] = expf(old - ln[j]);
+        }
+        wb[j] = expf(lse_b - ln[j]); /* 1 outside block mode: out = O / l exactly */
+    }
+    __syncwarp(); /* every lane has read its rows' lse before the row's first lane writes it */
 #pragma unroll
     for (int n = 0; n < HS / 8; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int64_t r = rw + dt_mma_c_row(lane, i);
-            if (r < T) ob[r * a.out_stride + n * 8 + dt_mma_c_col(lane, i)] = o[n].x[i] / l[i >> 1];
+            float *op = ob + r * a.out_stride + n * 8 + dt_mma_c_col(lane, i);
+            if (r >= nq || l[i >> 1] == 0.0f) continue; /* past the rows, or a row that sees no key here */
+            *op = (wa[i >> 1] > 0.0f ? *op * wa[i >> 1] : 0.0f) + o[n].x[i] / l[i >> 1] * wb[i >> 1];
         }
-    if (a.lse && (lane & 3) == 0)
+    if ((lane & 3) == 0)
         for (int j = 0; j < 2; j++) {
             int64_t r = rw + (lane >> 2) + 8 * j;
-            if (r < T) a.lse[bh * T + r] = (m[j] + log2f(l[j])) * 0.69314718055994531f;
+            if (r < nq && l[j] > 0.0f) lb[r] = ln[j];
         }
 #else
     (void)a, (void)scale2;
@@ -236,13 +264,13 @@ static __global__ void dt_k__fl_fwd(dt_k_flash a, float scale2) {
 /* ---------------------------------------------------------------- backward */
 
 /* dout rounded to bf16 into d16 [B, T, H hs], and D[bh, t] = sum over the head of that dout times
-   out (f32, a warp per row, the warp tree's order). */
+   out (f32, a warp per row, the warp tree's order): the block's query rows q_row .. + q_rows. */
 static __global__ void dt_k__fl_prep(dt_k_flash a, uint16_t *d16, float *D) {
-    const int64_t rows = a.B * a.T * a.H, hs = a.hs;
+    const int64_t rows = a.B * a.q_rows * a.H, hs = a.hs;
     const int lane = threadIdx.x & 31;
     for (int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows;
          row += ((int64_t)gridDim.x * blockDim.x) >> 5) {
-        const int64_t h = row % a.H, bt = row / a.H, t = bt % a.T, b = bt / a.T;
+        const int64_t h = row % a.H, bi = row / a.H, t = a.q_row + bi % a.q_rows, b = bi / a.q_rows, bt = b * a.T + t;
         const float *dr = a.dout + bt * a.out_stride + h * hs, *orow = a.out + bt * a.out_stride + h * hs;
         uint16_t *d = d16 + (bt * a.H + h) * hs;
         float acc = 0.0f;
@@ -266,34 +294,37 @@ static __global__ void dt_k__fl_dkdv(dt_k_flash a, const uint16_t *d16, const fl
     DT_K_SHARED_DYNAMIC(uint16_t, sm);
     const int LD = DT_K__FL_LD(HS), NQ = DT_K__FL_BWD_TILE;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = a.H / a.H_kv;
-    const int64_t T = a.T, k0 = (int64_t)blockIdx.x * DT_K__FL_ROWS, bk = blockIdx.y, b = bk / a.H_kv;
+    const int64_t nq = a.q_rows, nk = a.k_rows, dpos = a.q_pos - a.k_pos; /* key c visible to query r: c <= r + dpos */
+    const int64_t k0 = (int64_t)blockIdx.x * DT_K__FL_ROWS, bk = blockIdx.y, b = bk / a.H_kv;
     const int hk = (int)(bk % a.H_kv);
     const int64_t kw = k0 + warp * 16; /* the warp's first key */
-    const uint16_t *kb = a.k + b * T * a.kv_stride + (int64_t)hk * HS;
-    const uint16_t *vb = a.v + b * T * a.kv_stride + (int64_t)hk * HS;
+    const int64_t qfirst = k0 - dpos > 0 ? (k0 - dpos) / NQ * NQ : 0; /* the first query tile that sees a key here */
+    const uint16_t *kb = a.k + (b * a.Tk + a.k_row) * a.kv_stride + (int64_t)hk * HS;
+    const uint16_t *vb = a.v + (b * a.Tk + a.k_row) * a.kv_stride + (int64_t)hk * HS;
     uint16_t *sq = sm, *sd = sm + NQ * LD;
     float *slse = (float *)(sm + 2 * NQ * LD), *sD = slse + NQ;
     dt_mma_frag_a kf[HS / 16], vf[HS / 16];
     dt_mma_frag_c dk[HS / 8], dv[HS / 8], s[NQ / 8], dp[NQ / 8];
     /* K and V rows through shared memory (64 rows each: the tiles' space, before it is theirs) */
-    dt_k__fl_tile<HS>(sm, kb, a.kv_stride, k0, DT_K__FL_ROWS, T);
-    dt_k__fl_tile<HS>(sm + DT_K__FL_ROWS * LD, vb, a.kv_stride, k0, DT_K__FL_ROWS, T);
+    dt_k__fl_tile<HS>(sm, kb, a.kv_stride, k0, DT_K__FL_ROWS, nk);
+    dt_k__fl_tile<HS>(sm + DT_K__FL_ROWS * LD, vb, a.kv_stride, k0, DT_K__FL_ROWS, nk);
     __syncthreads();
     dt_k__fl_rows_a<HS>(kf, sm, warp * 16, lane);
     dt_k__fl_rows_a<HS>(vf, sm + DT_K__FL_ROWS * LD, warp * 16, lane);
 #pragma unroll
     for (int n = 0; n < HS / 8; n++) dt_mma_zero_c(&dk[n]), dt_mma_zero_c(&dv[n]);
     for (int h = hk * group; h < (hk + 1) * group; h++) {
-        const uint16_t *qb = a.q + b * T * a.q_stride + (int64_t)h * HS, *db = d16 + (b * T * a.H + h) * HS;
-        const float *lb = a.lse + (b * a.H + h) * T, *Db = D + (b * a.H + h) * T;
-        for (int64_t q0 = k0 / NQ * NQ; q0 < T; q0 += NQ) {
+        const int64_t row0 = b * a.T + a.q_row; /* the block's first query row in q, d16 */
+        const uint16_t *qb = a.q + row0 * a.q_stride + (int64_t)h * HS, *db = d16 + (row0 * a.H + h) * HS;
+        const float *lb = a.lse + (b * a.H + h) * a.T + a.q_row, *Db = D + (b * a.H + h) * a.T + a.q_row;
+        for (int64_t q0 = qfirst; q0 < nq; q0 += NQ) {
             __syncthreads(); /* every warp is done with the previous tiles */
-            dt_k__fl_tile<HS>(sq, qb, a.q_stride, q0, NQ, T);
-            dt_k__fl_tile<HS>(sd, db, (int64_t)a.H * HS, q0, NQ, T);
+            dt_k__fl_tile<HS>(sq, qb, a.q_stride, q0, NQ, nq);
+            dt_k__fl_tile<HS>(sd, db, (int64_t)a.H * HS, q0, NQ, nq);
             for (int i = threadIdx.x; i < NQ; i += blockDim.x) {
                 int64_t r = q0 + i;
-                slse[i] = r < T ? lb[r] * DT_K__FL_LOG2E : 0.0f;
-                sD[i] = r < T ? Db[r] : 0.0f;
+                slse[i] = r < nq ? lb[r] * DT_K__FL_LOG2E : 0.0f;
+                sD[i] = r < nq ? Db[r] : 0.0f;
             }
             __syncthreads();
             dt_k__fl_abt<HS, NQ>(s, kf, sq, lane);  /* S^T: keys x queries */
@@ -305,7 +336,8 @@ static __global__ void dt_k__fl_dkdv(dt_k_flash a, const uint16_t *d16, const fl
                     int64_t key = kw + dt_mma_c_row(lane, i);
                     int qi = n * 8 + dt_mma_c_col(lane, i);
                     int64_t qr = q0 + qi;
-                    float p = key <= qr && qr < T ? exp2f(s[n].x[i] * scale * DT_K__FL_LOG2E - slse[qi]) : 0.0f;
+                    float p = key <= qr + dpos && qr < nq && key < nk
+                                  ? exp2f(s[n].x[i] * scale * DT_K__FL_LOG2E - slse[qi]) : 0.0f;
                     s[n].x[i] = p;
                     dp[n].x[i] = p * (dp[n].x[i] - sD[qi]) * scale;
                 }
@@ -313,8 +345,11 @@ static __global__ void dt_k__fl_dkdv(dt_k_flash a, const uint16_t *d16, const fl
             dt_k__fl_pv<HS, NQ>(dk, dp, sq, lane); /* dK += dS^T Q */
         }
     }
-    dt_k__fl_add_rows<HS>(a.dk + b * T * a.dkv_stride + (int64_t)hk * HS, a.dkv_stride, dk, kw, T, lane);
-    dt_k__fl_add_rows<HS>(a.dv + b * T * a.dkv_stride + (int64_t)hk * HS, a.dkv_stride, dv, kw, T, lane);
+    {
+        const int64_t krow0 = b * a.Tk + a.k_row;
+        dt_k__fl_add_rows<HS>(a.dk + krow0 * a.dkv_stride + (int64_t)hk * HS, a.dkv_stride, dk, kw, nk, lane);
+        dt_k__fl_add_rows<HS>(a.dv + krow0 * a.dkv_stride + (int64_t)hk * HS, a.dkv_stride, dv, kw, nk, lane);
+    }
 #else
     (void)a, (void)d16, (void)D, (void)scale;
 #endif
@@ -329,32 +364,33 @@ static __global__ void dt_k__fl_dq(dt_k_flash a, const uint16_t *d16, const floa
     DT_K_SHARED_DYNAMIC(uint16_t, sm);
     const int LD = DT_K__FL_LD(HS), NK = DT_K__FL_BWD_TILE;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t T = a.T, q0 = (int64_t)blockIdx.x * DT_K__FL_ROWS, bh = blockIdx.y, b = bh / a.H;
+    const int64_t nq = a.q_rows, nk = a.k_rows, dpos = a.q_pos - a.k_pos; /* key c visible to query r: c <= r + dpos */
+    const int64_t q0 = (int64_t)blockIdx.x * DT_K__FL_ROWS, bh = blockIdx.y, b = bh / a.H;
     const int h = (int)(bh % a.H), hk = h / (a.H / a.H_kv);
-    const int64_t rw = q0 + warp * 16;
-    const uint16_t *qb = a.q + b * T * a.q_stride + (int64_t)h * HS, *db = d16 + (b * T * a.H + h) * HS;
-    const uint16_t *kb = a.k + b * T * a.kv_stride + (int64_t)hk * HS;
-    const uint16_t *vb = a.v + b * T * a.kv_stride + (int64_t)hk * HS;
+    const int64_t rw = q0 + warp * 16, row0 = b * a.T + a.q_row; /* the block's first query row in q, d16 */
+    const uint16_t *qb = a.q + row0 * a.q_stride + (int64_t)h * HS, *db = d16 + (row0 * a.H + h) * HS;
+    const uint16_t *kb = a.k + (b * a.Tk + a.k_row) * a.kv_stride + (int64_t)hk * HS;
+    const uint16_t *vb = a.v + (b * a.Tk + a.k_row) * a.kv_stride + (int64_t)hk * HS;
     uint16_t *sk = sm, *sv = sm + NK * LD;
     dt_mma_frag_a qf[HS / 16], df[HS / 16];
     dt_mma_frag_c dq[HS / 8], s[NK / 8], dp[NK / 8];
     float lse2[2], Dr[2];
-    dt_k__fl_tile<HS>(sm, qb, a.q_stride, q0, DT_K__FL_ROWS, T);
-    dt_k__fl_tile<HS>(sm + DT_K__FL_ROWS * LD, db, (int64_t)a.H * HS, q0, DT_K__FL_ROWS, T);
+    dt_k__fl_tile<HS>(sm, qb, a.q_stride, q0, DT_K__FL_ROWS, nq);
+    dt_k__fl_tile<HS>(sm + DT_K__FL_ROWS * LD, db, (int64_t)a.H * HS, q0, DT_K__FL_ROWS, nq);
     __syncthreads();
     dt_k__fl_rows_a<HS>(qf, sm, warp * 16, lane);
     dt_k__fl_rows_a<HS>(df, sm + DT_K__FL_ROWS * LD, warp * 16, lane);
     for (int j = 0; j < 2; j++) {
         int64_t r = rw + (lane >> 2) + 8 * j;
-        lse2[j] = r < T ? a.lse[bh * T + r] * DT_K__FL_LOG2E : 0.0f;
-        Dr[j] = r < T ? D[bh * T + r] : 0.0f;
+        lse2[j] = r < nq ? a.lse[bh * a.T + a.q_row + r] * DT_K__FL_LOG2E : 0.0f;
+        Dr[j] = r < nq ? D[bh * a.T + a.q_row + r] : 0.0f;
     }
 #pragma unroll
     for (int n = 0; n < HS / 8; n++) dt_mma_zero_c(&dq[n]);
-    for (int64_t k0 = 0; k0 < T && k0 < q0 + DT_K__FL_ROWS; k0 += NK) {
+    for (int64_t k0 = 0; k0 < nk && k0 < q0 + DT_K__FL_ROWS + dpos; k0 += NK) {
         __syncthreads();
-        dt_k__fl_tile<HS>(sk, kb, a.kv_stride, k0, NK, T);
-        dt_k__fl_tile<HS>(sv, vb, a.kv_stride, k0, NK, T);
+        dt_k__fl_tile<HS>(sk, kb, a.kv_stride, k0, NK, nk);
+        dt_k__fl_tile<HS>(sv, vb, a.kv_stride, k0, NK, nk);
         __syncthreads();
         dt_k__fl_abt<HS, NK>(s, qf, sk, lane);  /* S = Q K^T */
         dt_k__fl_abt<HS, NK>(dp, df, sv, lane); /* dP = dO V^T */
@@ -363,12 +399,13 @@ static __global__ void dt_k__fl_dq(dt_k_flash a, const uint16_t *d16, const floa
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 int64_t r = rw + dt_mma_c_row(lane, i), c = k0 + n * 8 + dt_mma_c_col(lane, i);
-                float p = c <= r && r < T ? exp2f(s[n].x[i] * scale * DT_K__FL_LOG2E - lse2[i >> 1]) : 0.0f;
+                float p = c <= r + dpos && r < nq && c < nk
+                              ? exp2f(s[n].x[i] * scale * DT_K__FL_LOG2E - lse2[i >> 1]) : 0.0f;
                 dp[n].x[i] = p * (dp[n].x[i] - Dr[i >> 1]) * scale;
             }
         dt_k__fl_pv<HS, NK>(dq, dp, sk, lane); /* dQ += dS K */
     }
-    dt_k__fl_add_rows<HS>(a.dq + b * T * a.dq_stride + (int64_t)h * HS, a.dq_stride, dq, rw, T, lane);
+    dt_k__fl_add_rows<HS>(a.dq + row0 * a.dq_stride + (int64_t)h * HS, a.dq_stride, dq, rw, nq, lane);
 #else
     (void)a, (void)d16, (void)D, (void)scale;
 #endif
@@ -376,31 +413,45 @@ static __global__ void dt_k__fl_dq(dt_k_flash a, const uint16_t *d16, const floa
 
 /* ---------------------------------------------------------------- launchers */
 
-/* The checks both launchers make: sizes, heads, head size, strides and alignment (16-byte
-   loads), compute capability >= 8.0. */
-static int dt_k__fl_check(const dt_k_flash *a, int bwd) {
+/* The checks the launchers make (bwd 0 forward, 1 backward, 2 the backward's prep): sizes, heads,
+   head size, strides and alignment (16-byte loads), the block inside its buffers, compute
+   capability >= 8.0. *x: a's call with the block filled in (outside block mode: the whole [B, T]
+   against itself). */
+static int dt_k__fl_check(const dt_k_flash *a, int bwd, dt_k_flash *x) {
     int dev = 0, major = 0;
+    const int64_t lim = (int64_t)1 << 60;
     if (!a || a->B < 0 || a->T < 0 || a->H <= 0 || a->H_kv <= 0 || a->H % a->H_kv) return (int)cudaErrorInvalidValue;
+    *x = *a;
+    if (!a->block) {
+        x->Tk = x->q_rows = x->k_rows = a->T;
+        x->q_row = x->k_row = x->q_pos = x->k_pos = 0;
+        x->prepped = 0;
+    } else if (a->Tk < 0 || a->q_row < 0 || a->q_rows < 0 || a->q_row > a->T - a->q_rows || a->k_row < 0 ||
+               a->k_rows < 0 || a->k_row > a->Tk - a->k_rows || a->q_pos < 0 || a->q_pos > lim || a->k_pos < 0 ||
+               a->k_pos > lim)
+        return (int)cudaErrorInvalidValue;
     if (a->hs != 16 && a->hs != 32 && a->hs != 64 && a->hs != 96 && a->hs != 128) return (int)cudaErrorInvalidValue;
     if (a->q_stride < (int64_t)a->H * a->hs || a->kv_stride < (int64_t)a->H_kv * a->hs ||
         a->out_stride < (int64_t)a->H * a->hs || a->q_stride % 8 || a->kv_stride % 8)
         return (int)cudaErrorInvalidValue;
     {
         const int64_t st[5] = {a->q_stride, a->kv_stride, a->out_stride, a->dq_stride, a->dkv_stride};
-        int64_t mx = 1;
+        int64_t mx = 1, T = x->T > x->Tk ? x->T : x->Tk;
         for (int i = 0; i < 5; i++) {
             if (st[i] < 0 || st[i] > ((int64_t)1 << 40)) return (int)cudaErrorInvalidValue;
             mx = st[i] > mx ? st[i] : mx;
         }
         /* grid y = B H <= 65535; every (b T + t) stride within int64 */
-        if (a->B > 65535 / a->H || (a->B && a->T > INT64_MAX / 4 / a->B / mx)) return (int)cudaErrorInvalidValue;
+        if (a->B > 65535 / a->H || (a->B && T > INT64_MAX / 4 / a->B / mx)) return (int)cudaErrorInvalidValue;
     }
-    if (a->T > (int64_t)DT_K__FL_ROWS * 2147483647) return (int)cudaErrorInvalidValue; /* grid x */
+    if (x->q_rows > (int64_t)DT_K__FL_ROWS * 2147483647 || x->k_rows > (int64_t)DT_K__FL_ROWS * 2147483647)
+        return (int)cudaErrorInvalidValue; /* grid x */
     if (!a->q || !a->k || !a->v || !a->out || !a->lse || !dt_k_aligned(a->q, 16) || !dt_k_aligned(a->k, 16) ||
         !dt_k_aligned(a->v, 16))
         return (int)cudaErrorInvalidValue;
-    if (bwd && (!a->dout || !a->dq || !a->dk || !a->dv || !a->scratch || !dt_k_aligned(a->scratch, 16) ||
-                a->dq_stride < (int64_t)a->H * a->hs || a->dkv_stride < (int64_t)a->H_kv * a->hs))
+    if (bwd && (!a->dout || !a->scratch || !dt_k_aligned(a->scratch, 16))) return (int)cudaErrorInvalidValue;
+    if (bwd == 1 && (!a->dq || !a->dk || !a->dv || a->dq_stride < (int64_t)a->H * a->hs ||
+                     a->dkv_stride < (int64_t)a->H_kv * a->hs)) /* bwd 2: the prep alone */
         return (int)cudaErrorInvalidValue;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
@@ -413,14 +464,15 @@ static size_t dt_k__fl_smem(int hs, int rows) { return (size_t)(2 * rows * DT_K_
 #define DT_K__FL_HS(X) X(16) X(32) X(64) X(96) X(128)
 
 extern "C" int dt_k_flash_fwd(const dt_k_flash *a, void *stream) {
-    int st = dt_k__fl_check(a, 0);
-    if (st || !a->B || !a->T) return st;
-    dim3 grid((unsigned)((a->T + DT_K__FL_ROWS - 1) / DT_K__FL_ROWS), (unsigned)(a->B * a->H));
-    float scale2 = 1.0f / sqrtf((float)a->hs) * DT_K__FL_LOG2E;
-    switch (a->hs) {
+    dt_k_flash x;
+    int st = dt_k__fl_check(a, 0, &x);
+    if (st || !x.B || !x.q_rows || !x.k_rows) return st; /* a block of no keys leaves out and lse as they were */
+    dim3 grid((unsigned)((x.q_rows + DT_K__FL_ROWS - 1) / DT_K__FL_ROWS), (unsigned)(x.B * x.H));
+    float scale2 = 1.0f / sqrtf((float)x.hs) * DT_K__FL_LOG2E;
+    switch (x.hs) {
 #define DT_K__FL_CASE(hs)                                                                                    \
     case hs:                                                                                                 \
-        DT_K_LAUNCH(dt_k__fl_fwd<hs>, grid, 32 * DT_K__FL_WARPS, dt_k__fl_smem(hs, DT_K__FL_KEYS), stream, *a, \
+        DT_K_LAUNCH(dt_k__fl_fwd<hs>, grid, 32 * DT_K__FL_WARPS, dt_k__fl_smem(hs, DT_K__FL_KEYS), stream, x, \
                     scale2);                                                                                 \
         break;
         DT_K__FL_HS(DT_K__FL_CASE)
@@ -435,25 +487,48 @@ extern "C" size_t dt_k_flash_bwd_scratch(int64_t B, int64_t T, int H, int hs) {
     return (size_t)((B * T * H * hs * 2 + 15) / 16 * 16 + B * H * T * 4);
 }
 
+/* The scratch's two parts: dout in bf16, D. */
+static void dt_k__fl_parts(const dt_k_flash *x, uint16_t **d16, float **D) {
+    *d16 = (uint16_t *)x->scratch;
+    *D = (float *)((char *)x->scratch + (x->B * x->T * x->H * x->hs * 2 + 15) / 16 * 16);
+}
+
+static int dt_k__fl_prep_launch(const dt_k_flash *x, void *stream) {
+    const int64_t rows = x->B * x->q_rows * x->H;
+    uint16_t *d16;
+    float *D;
+    dt_k__fl_parts(x, &d16, &D);
+    DT_K_LAUNCH(dt_k__fl_prep, dt_k__blocks(rows * 32, 256, 65535), 256, 0, stream, *x, d16, D);
+    return DT_K_CHECK();
+}
+
+extern "C" int dt_k_flash_bwd_prep(const dt_k_flash *a, void *stream) {
+    dt_k_flash x;
+    int st = dt_k__fl_check(a, 2, &x);
+    if (st || !x.B || !x.q_rows) return st;
+    return dt_k__fl_prep_launch(&x, stream);
+}
+
 extern "C" int dt_k_flash_bwd(const dt_k_flash *a, void *stream) {
-    int st = dt_k__fl_check(a, 1);
-    if (st || !a->B || !a->T) return st;
-    const int64_t n16 = a->B * a->T * a->H * a->hs, rows = a->B * a->T * a->H;
-    uint16_t *d16 = (uint16_t *)a->scratch;
-    float *D = (float *)((char *)a->scratch + (n16 * 2 + 15) / 16 * 16);
-    float scale = 1.0f / sqrtf((float)a->hs);
-    unsigned tiles = (unsigned)((a->T + DT_K__FL_ROWS - 1) / DT_K__FL_ROWS);
-    DT_K_LAUNCH(dt_k__fl_prep, dt_k__blocks(rows * 32, 256, 65535), 256, 0, stream, *a, d16, (float *)D);
-    if ((st = DT_K_CHECK())) return st;
-    switch (a->hs) {
+    dt_k_flash x;
+    uint16_t *d16;
+    float *D;
+    int st = dt_k__fl_check(a, 1, &x);
+    if (st || !x.B || !x.q_rows || !x.k_rows) return st;
+    dt_k__fl_parts(&x, &d16, &D);
+    float scale = 1.0f / sqrtf((float)x.hs);
+    unsigned ktiles = (unsigned)((x.k_rows + DT_K__FL_ROWS - 1) / DT_K__FL_ROWS);
+    unsigned qtiles = (unsigned)((x.q_rows + DT_K__FL_ROWS - 1) / DT_K__FL_ROWS);
+    if (!x.prepped && (st = dt_k__fl_prep_launch(&x, stream))) return st;
+    switch (x.hs) {
 #define DT_K__FL_CASE(hs)                                                                                         \
     case hs:                                                                                                      \
-        DT_K_LAUNCH(dt_k__fl_dkdv<hs>, dim3(tiles, (unsigned)(a->B * a->H_kv)), 32 * DT_K__FL_WARPS,              \
-                    dt_k__fl_smem(hs, DT_K__FL_ROWS) + 2 * DT_K__FL_BWD_TILE * sizeof(float), stream, *a, d16, D, \
+        DT_K_LAUNCH(dt_k__fl_dkdv<hs>, dim3(ktiles, (unsigned)(x.B * x.H_kv)), 32 * DT_K__FL_WARPS,               \
+                    dt_k__fl_smem(hs, DT_K__FL_ROWS) + 2 * DT_K__FL_BWD_TILE * sizeof(float), stream, x, d16, D,  \
                     scale);                                                                                       \
         if ((st = DT_K_CHECK())) return st;                                                                       \
-        DT_K_LAUNCH(dt_k__fl_dq<hs>, dim3(tiles, (unsigned)(a->B * a->H)), 32 * DT_K__FL_WARPS,                   \
-                    dt_k__fl_smem(hs, DT_K__FL_ROWS), stream, *a, d16, D, scale);                                 \
+        DT_K_LAUNCH(dt_k__fl_dq<hs>, dim3(qtiles, (unsigned)(x.B * x.H)), 32 * DT_K__FL_WARPS,                    \
+                    dt_k__fl_smem(hs, DT_K__FL_ROWS), stream, x, d16, D, scale);                                  \
         break;
         DT_K__FL_HS(DT_K__FL_CASE)
 #undef DT_K__FL_CASE

@@ -179,7 +179,16 @@ int dt_k_attention_block_bwd(float *dq, float *dkv, const float *dout, const flo
    gradient (f32, dq_stride / dkv_stride per row) from dout (f32, out_stride), out and lse as
    the forward left them; scratch: dt_k_flash_bwd_scratch(B, T, H, hs) device bytes of the
    caller's. No atomics: the same bits every run. Compute capability < 8.0:
-   cudaErrorNotSupported; a shape or pointer outside the above: cudaErrorInvalidValue. */
+   cudaErrorNotSupported; a shape or pointer outside the above: cudaErrorInvalidValue.
+   block = 1 (context parallelism's ring, one block of the online softmax): T is the rows a
+   sequence has in q, out, lse, dout, dq and the scratch, Tk in k, v, dk, dv; the call covers query
+   rows [q_row, q_row + q_rows) at positions q_pos.. and key rows [k_row, k_row + k_rows) at
+   positions k_pos.., a query seeing the keys at positions up to its own. fwd merges the block into
+   out and lse (lse -inf: nothing yet; a row that sees no key of the block keeps what it had), so
+   blocks merge in any order; bwd adds the block's part of dq, dk, dv from out and lse as the
+   merge of every block left them. dt_k_flash_bwd_prep fills the scratch for the query rows once
+   (dout in bf16, D = rowsum(dout out); it reads dout, out and scratch only); bwd with prepped = 1
+   then skips it. */
 typedef struct dt_k_flash {
     int64_t B, T;
     int H, H_kv, hs;
@@ -187,13 +196,16 @@ typedef struct dt_k_flash {
     int64_t q_stride, kv_stride;
     float *out, *lse;
     int64_t out_stride;
-    const float *dout;                 /* bwd only, from here down */
+    const float *dout;                 /* bwd only, from here to scratch */
     float *dq, *dk, *dv;
     int64_t dq_stride, dkv_stride;
     void *scratch;
+    int block, prepped;                /* block mode, from here down (0: the whole [B, T], causal) */
+    int64_t Tk, q_row, q_rows, q_pos, k_row, k_rows, k_pos;
 } dt_k_flash;
 int dt_k_flash_fwd(const dt_k_flash *a, void *stream);
 size_t dt_k_flash_bwd_scratch(int64_t B, int64_t T, int H, int hs);
+int dt_k_flash_bwd_prep(const dt_k_flash *a, void *stream);
 int dt_k_flash_bwd(const dt_k_flash *a, void *stream);
 
 /* ==== >>embedding: embedding (dt_embed.cu, dt_hash.cu) ======================================== */
@@ -493,7 +505,8 @@ int dt_k_matmul_bwd(void *cublas, float *da, float *db, const float *dout, const
    Ulysses' row moves (dt_cp_ulysses_fwd / _bwd on CUDA tensors), each element written by one
    thread (no atomics, the CPU loops' results bit for bit):
    cols_copy: dst[r ds + c] = src[r ss + c] (accumulate 1: +=) for r < R, c < C; dst and src
-   must not overlap.
+   must not overlap. cols_copy16: the same for 2-byte elements (bf16 bits; no accumulate): the
+   ring's K/V columns of a bf16 qkv (dt_cp_attention_fwd on the tensor cores).
    cp_rows: seq [B, T, w] in position order and shards [cp, B, T / cp, w], block i holding cp
    rank i's local rows (two chunks of T / (2 cp): positions chunk i, then chunk 2 cp - 1 - i,
    dt_cp_position's zigzag; cp 1: one block, the same order): to_seq 1 writes seq from shards,
@@ -514,6 +527,7 @@ int dt_k_concat(float *whole, float *part, int64_t R, int64_t W, int64_t col0, i
                 void *stream);
 int dt_k_cols_copy(float *dst, int64_t ds, const float *src, int64_t ss, int64_t R, int64_t C, int accumulate,
                    void *stream);
+int dt_k_cols_copy16(uint16_t *dst, int64_t ds, const uint16_t *src, int64_t ss, int64_t R, int64_t C, void *stream);
 int dt_k_cp_rows(float *seq, float *shards, int64_t B, int64_t T, int cp, int64_t w, int to_seq, void *stream);
 
 /* ==== >>moe: mixture of experts (dt_moe.cu) ======================================================

@@ -32,6 +32,7 @@
 #define dt_k_flash_fwd k_flash_plant1_fwd
 #define dt_k_flash_bwd k_flash_plant1_bwd
 #define dt_k_flash_bwd_scratch k_flash_plant1_scratch
+#define dt_k_flash_bwd_prep k_flash_plant1_prep
 #define DT_K__FL_PLANT 1
 namespace k_plant1 {
 #include "dt_flash.cu"
@@ -39,10 +40,12 @@ namespace k_plant1 {
 #undef dt_k_flash_fwd
 #undef dt_k_flash_bwd
 #undef dt_k_flash_bwd_scratch
+#undef dt_k_flash_bwd_prep
 #undef DT_K__FL_PLANT
 #define dt_k_flash_fwd k_flash_plant2_fwd
 #define dt_k_flash_bwd k_flash_plant2_bwd
 #define dt_k_flash_bwd_scratch k_flash_plant2_scratch
+#define dt_k_flash_bwd_prep k_flash_plant2_prep
 #define DT_K__FL_PLANT 2
 namespace k_plant2 {
 #include "dt_flash.cu"
@@ -50,6 +53,7 @@ namespace k_plant2 {
 #undef dt_k_flash_fwd
 #undef dt_k_flash_bwd
 #undef dt_k_flash_bwd_scratch
+#undef dt_k_flash_bwd_prep
 #undef DT_K__FL_PLANT
 
 typedef int (*k_flash_fn)(const dt_k_flash *, void *);
@@ -294,6 +298,144 @@ static void check_plant(const char *name, shape s, k_flash_fn fwd, k_flash_fn bw
     dt_test_check_all(name, e > 1.0, "the planted copy stays within the bound (worst: %.3g of it)", e);
 }
 
+/* Block mode, as context parallelism's ring calls it (dt_parallel.h >>cp): the sequence in 4
+   chunks of c, two "ranks" holding chunks {0, 3} and {1, 2} (the zigzag of cp 2) in buffers of
+   their own: q, out, lse, the gradient [B, 2c, ...] per rank, and the K/V of each rank packed
+   [B, 2c + 3, 2 Hkv hs] (k | v; the 3 rows past the chunks are NaN, never to be read). Each rank
+   merges every (query chunk, key chunk) block of both ranks' K/V, above the diagonal too (a
+   no-op), in the ring's order; backward with the scratch filled once (dt_k_flash_bwd_prep) and
+   prepped blocks, dk and dv added into the owner's buffer. Mapped back to positions, the result
+   is held to the whole sequence's f64 reference and bounds, as check_shape's. */
+static void check_blocks(shape s, double *max_ratio) {
+    char tag[96], name[256];
+    const int64_t c = s.T / 4, T = 4 * c, hs = s.hs, C = (int64_t)s.H * hs, Ckv = (int64_t)s.Hkv * hs, L = 2 * c;
+    const int64_t Lk = L + 3, ld = (int64_t)(s.H + 2 * s.Hkv) * hs;
+    s.T = T;
+    snprintf(tag, sizeof tag, "B%lld_T%lld_H%d_kv%d_hs%d", (long long)s.B, (long long)T, s.H, s.Hkv, s.hs);
+    inputs in = make_inputs(s);
+    outputs want = reference(in);
+    auto chunk = [](int r, int a) { return a == 0 ? r : 3 - r; };
+    auto pos = [&](int r, int64_t j) { return chunk(r, (int)(j / c)) * c + j % c; }; /* local row j of rank r */
+    uint16_t *q[2], *kv[2];
+    float *out[2], *lse[2], *g[2], *dkv[2], *dout[2];
+    void *scratch[2];
+    const size_t sb = dt_k_flash_bwd_scratch(s.B, L, s.H, s.hs);
+    for (int r = 0; r < 2; r++) {
+        std::vector<uint16_t> hq((size_t)(s.B * L * ld)), hkv((size_t)(s.B * Lk * 2 * Ckv), (uint16_t)0x7fc0);
+        std::vector<float> hg((size_t)(s.B * L * ld)), hd((size_t)(s.B * L * C));
+        for (int64_t b = 0; b < s.B; b++)
+            for (int64_t j = 0; j < L; j++) {
+                const int64_t t = b * T + pos(r, j), lr = b * L + j;
+                for (int64_t e = 0; e < ld; e++) hq[(size_t)(lr * ld + e)] = in.qkv16[(size_t)(t * ld + e)];
+                for (int64_t e = 0; e < 2 * Ckv; e++) hkv[(size_t)((b * Lk + j) * 2 * Ckv + e)] = in.qkv16[(size_t)(t * ld + C + e)];
+                for (int64_t e = 0; e < ld; e++) hg[(size_t)(lr * ld + e)] = in.g0[(size_t)(t * ld + e)];
+                for (int64_t e = 0; e < C; e++) hd[(size_t)(lr * C + e)] = in.dout[(size_t)(t * C + e)];
+            }
+        q[r] = k_upload(hq), kv[r] = k_upload(hkv), g[r] = k_upload(hg), dout[r] = k_upload(hd);
+        out[r] = k_upload(std::vector<float>((size_t)(s.B * L * C), 0.0f));
+        lse[r] = k_upload(std::vector<float>((size_t)(s.B * s.H * L), -INFINITY));
+        dkv[r] = k_upload(std::vector<float>((size_t)(s.B * Lk * 2 * Ckv), 0.0f));
+        scratch[r] = k_upload(std::vector<unsigned char>(sb, 0xff));
+    }
+    auto blk = [&](int r, int src, int a, int b2) { /* rank r's query chunk a against src's key chunk b2 */
+        dt_k_flash x;
+        memset(&x, 0, sizeof x);
+        x.B = s.B, x.T = L, x.H = s.H, x.H_kv = s.Hkv, x.hs = s.hs;
+        x.q = q[r], x.k = kv[src], x.v = kv[src] + Ckv, x.q_stride = ld, x.kv_stride = 2 * Ckv;
+        x.out = out[r], x.lse = lse[r], x.out_stride = C, x.dout = dout[r];
+        x.dq = g[r], x.dk = dkv[src], x.dv = dkv[src] + Ckv, x.dq_stride = ld, x.dkv_stride = 2 * Ckv;
+        x.scratch = scratch[r], x.block = 1, x.prepped = 1, x.Tk = Lk;
+        x.q_row = a * c, x.q_rows = c, x.q_pos = chunk(r, a) * c;
+        x.k_row = b2 * c, x.k_rows = c, x.k_pos = chunk(src, b2) * c;
+        return x;
+    };
+    int st = 0;
+    for (int r = 0; r < 2 && !st; r++)
+        for (int step = 0; step < 2; step++)
+            for (int a = 0; a < 2; a++)
+                for (int b2 = 0; b2 < 2 && !st; b2++) {
+                    dt_k_flash x = blk(r, (r - step + 2) % 2, a, b2);
+                    st = dt_k_flash_fwd(&x, NULL);
+                }
+    for (int r = 0; r < 2 && !st; r++) {
+        dt_k_flash x = blk(r, r, 0, 0);
+        x.q_row = 0, x.q_rows = L; /* the scratch for every query row at once */
+        st = dt_k_flash_bwd_prep(&x, NULL);
+        for (int step = 0; step < 2; step++)
+            for (int a = 0; a < 2; a++)
+                for (int b2 = 0; b2 < 2 && !st; b2++) {
+                    x = blk(r, (r - step + 2) % 2, a, b2);
+                    st = dt_k_flash_bwd(&x, NULL);
+                }
+    }
+    if (!st) st = (int)cudaDeviceSynchronize();
+    snprintf(name, sizeof name, "flash_mma_blocks_%s_c%lld_run", tag, (long long)c);
+    if (!k_ok(name, st)) return;
+    /* back to positions: out, lse, and the gradient (q's from the ranks' g, k and v's from dkv) */
+    std::vector<float> go((size_t)(s.B * T * C)), gl((size_t)(s.B * s.H * T)), gg((size_t)(s.B * T * ld));
+    size_t nan_tail = 0;
+    for (int r = 0; r < 2; r++) {
+        std::vector<float> ho = k_download(out[r], (size_t)(s.B * L * C)), hl = k_download(lse[r], (size_t)(s.B * s.H * L));
+        std::vector<float> hg = k_download(g[r], (size_t)(s.B * L * ld)), hk = k_download(dkv[r], (size_t)(s.B * Lk * 2 * Ckv));
+        for (int64_t b = 0; b < s.B; b++) {
+            for (int64_t j = 0; j < L; j++) {
+                const int64_t t = b * T + pos(r, j);
+                for (int64_t e = 0; e < C; e++) go[(size_t)(t * C + e)] = ho[(size_t)((b * L + j) * C + e)];
+                for (int h = 0; h < s.H; h++) gl[(size_t)((b * s.H + h) * T + pos(r, j))] = hl[(size_t)((b * s.H + h) * L + j)];
+                for (int64_t e = 0; e < C; e++)
+                    gg[(size_t)(t * ld + e)] = hg[(size_t)((b * L + j) * ld + e)] - in.g0[(size_t)(t * ld + e)];
+                for (int64_t e = 0; e < 2 * Ckv; e++) gg[(size_t)(t * ld + C + e)] = hk[(size_t)((b * Lk + j) * 2 * Ckv + e)];
+            }
+            for (int64_t j = L; j < Lk; j++) /* the rows past the chunks: never written */
+                for (int64_t e = 0; e < 2 * Ckv; e++) nan_tail += hk[(size_t)((b * Lk + j) * 2 * Ckv + e)] != 0.0f;
+        }
+    }
+    const char *what[4] = {"out", "dq", "dk", "dv"};
+    std::vector<float> gp[4];
+    std::vector<double> wp[4], bp[4];
+    gp[0] = go, wp[0] = want.out, bp[0] = want.out_bound;
+    for (size_t i = 0; i < gg.size(); i++) {
+        int64_t col = (int64_t)(i % (size_t)ld);
+        int part = col < C ? 1 : col < C + Ckv ? 2 : 3;
+        gp[part].push_back(gg[i]), wp[part].push_back(want.g[i]), bp[part].push_back(want.g_bound[i]);
+    }
+    for (int k = 0; k < 4; k++) {
+        size_t at;
+        double rel, e = worst(gp[k], wp[k], bp[k], &at, &rel);
+        max_ratio[k] = fmax(max_ratio[k], e);
+        snprintf(name, sizeof name, "flash_mma_blocks_%s_c%lld_%s_within_bf16_bound", tag, (long long)c, what[k]);
+        dt_test_check_all(name, e <= 1.0, "[%zu] got %.7g, want %.7g: |diff| %.3g is %.3g times the bound %.3g", at,
+                          (double)gp[k][at], wp[k][at], fabs(gp[k][at] - wp[k][at]), e, K_MARGIN * bp[k][at]);
+    }
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < gl.size(); i++)
+        if (!(fabs(gl[i] - want.lse[i]) <= 1e-4 * (fabs(want.lse[i]) + 1.0)) && bad++ == 0) first = i;
+    snprintf(name, sizeof name, "flash_mma_blocks_%s_c%lld_lse_matches", tag, (long long)c);
+    dt_test_check_all(name, !bad, "%zu of %zu; first [%zu] got %.7g want %.7g", bad, gl.size(), first,
+                      bad ? (double)gl[first] : 0.0, bad ? want.lse[first] : 0.0);
+    snprintf(name, sizeof name, "flash_mma_blocks_%s_c%lld_rows_past_the_keys_untouched", tag, (long long)c);
+    dt_test_check_all(name, !nan_tail, "%zu values written in dk / dv rows past k_rows", nan_tail);
+}
+
+/* The block mode's refusals: a block outside its buffer. */
+static void check_block_refusals(void) {
+    shape s = {1, 8, 2, 2, 64};
+    inputs in = make_inputs(s);
+    device d = upload(in);
+    dt_k_flash a = args(in, d), b;
+    a.block = 1, a.Tk = 8, a.q_rows = 4, a.k_rows = 4, a.q_pos = 4;
+    DT_TEST_CHECK("flash_mma_block_accepts_a_block", dt_k_flash_fwd(&a, NULL) == 0);
+    DT_TEST_CHECK("flash_mma_block_refuses_rows_past_T",
+                  (b = a, b.q_row = 5, dt_k_flash_fwd(&b, NULL) == cudaErrorInvalidValue));
+    DT_TEST_CHECK("flash_mma_block_refuses_keys_past_Tk",
+                  (b = a, b.k_row = 2, b.Tk = 5, dt_k_flash_fwd(&b, NULL) == cudaErrorInvalidValue));
+    DT_TEST_CHECK("flash_mma_block_refuses_negative_position",
+                  (b = a, b.k_pos = -1, dt_k_flash_bwd(&b, NULL) == cudaErrorInvalidValue));
+    DT_TEST_CHECK("flash_mma_block_refuses_negative_rows",
+                  (b = a, b.q_rows = -1, dt_k_flash_bwd_prep(&b, NULL) == cudaErrorInvalidValue));
+    DT_TEST_CHECK("flash_mma_block_of_no_keys_is_a_no_op", (b = a, b.k_rows = 0, dt_k_flash_fwd(&b, NULL) == 0));
+}
+
 /* Shapes and devices the launchers refuse, and the empty ones they accept. */
 static void check_refusals(void) {
     shape s = {1, 8, 2, 2, 64};
@@ -334,7 +476,18 @@ int main(int argc, char **argv) {
            "out %.3g, dq %.3g, dk %.3g, dv %.3g\n", max_ratio[0], max_ratio[1], max_ratio[2], max_ratio[3], max_rel[0],
            max_rel[1], max_rel[2], max_rel[3]);
     check_bits(k_size(1, 0) ? shape{1, 130, 2, 1, 32} : shape{1, 20, 2, 1, 16});
+    {
+        double br[4] = {0.0, 0.0, 0.0, 0.0};
+        check_blocks(shape{2, 4 * 37, 2, 1, 64}, br);  /* chunks inside one tile */
+        if (k_size(1, 0)) {
+            check_blocks(shape{1, 4 * 70, 4, 2, 32}, br); /* chunks across the 64 edges */
+            check_blocks(shape{1, 4 * 33, 4, 1, 128}, br);
+        }
+        printf("flash_mma blocks: worst |diff| / bound: out %.3g, dq %.3g, dk %.3g, dv %.3g\n", br[0], br[1], br[2],
+               br[3]);
+    }
     check_refusals();
+    check_block_refusals();
 #ifdef DT_EMU_STUBS
     dt_test_skip("flash_mma_planted_bugs_are_caught", "the planted copies run on the emulator only");
 #else
