@@ -547,7 +547,10 @@ DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tenso
    order, zigzag): W = (H + 2 Hkv) hs, q | k | v, H query heads of head size hs, Hkv key / value
    heads (0 = H; Hkv divides H). out [B, T/CP, H hs]; lse [B, H, T/CP]. f32, every operand on one
    device: the ring runs on CPU tensors and (under DT_CUDA) on CUDA tensors, its blocks through
-   dt_attention_block's kernels, K/V packed and dK/dV added by kernels/dt_parallel.cu's column copy,
+   dt_attention_block's kernels, or with a bf16 qkv on CUDA through the tensor cores' flash kernels
+   (kernels/dt_flash.cu's block mode: each block merged into out and lse by the lanes that own
+   them; K/V travel in bf16, half the bytes; the dK/dV sums in f32), K/V packed and dK/dV added
+   by kernels/dt_parallel.cu's column copies,
    each step's send and receive ordered so NCCL cannot deadlock (below); Ulysses too, its row
    moves by kernels/dt_parallel.cu's strided copies (dt_k_cols_copy, dt_k_cp_rows), its attention
    on the tensor cores where uqkv is bf16 (below). Every check depends only
@@ -562,7 +565,9 @@ DT_API int64_t dt_cp_position(int cp, int cp_rank, int64_t T, int64_t j);
    c = T / (2cp), the same on every rank. -1 for arguments out of range (T above 2^31 too). */
 DT_API int64_t dt_cp_attention_pairs(int cp, int cp_rank, int64_t T);
 /* Ring attention over l->cp_comm: out [B, T/CP, H hs] and lse [B, H, T/CP] (written, not added)
-   from qkv [B, T/CP, (H + 2 Hkv) hs] (n_kv_head 0 = n_head). */
+   from qkv [B, T/CP, (H + 2 Hkv) hs] (n_kv_head 0 = n_head). f32; on CUDA qkv may be bf16 (head
+   size 16, 32, 64, 96 or 128, compute capability 8.0+): the blocks then run on the tensor cores
+   (bf16 products, f32 softmax statistics and sums), out and lse still f32. */
 DT_API dt_status dt_cp_attention_fwd(dt_layout *l, dt_tensor *out, dt_tensor *lse, const dt_tensor *qkv, int n_head,
                                      int n_kv_head);
 /* dqkv += the gradient of qkv, from dout and the forward's qkv, out and lse. */
@@ -3232,6 +3237,8 @@ static void dt__cp_keep_free(dt_ctx *ctx, dt__cp_keep *k) {
 typedef struct dt__cp_dim {
     int64_t B, Tl, T, W, C, Ckv, hs, c; /* c: rows of a chunk (Tl / 2; Tl at cp 1) */
     int H, Hkv, cp, r, nch;             /* nch: chunks a rank holds (2; 1 at cp 1) */
+    int tc;                             /* the ring with a bf16 qkv on cuda: K/V travel in bf16, the blocks
+                                           run on the tensor cores (kernels/dt_flash.cu's block mode) */
     dt_device dev;                      /* qkv's: every operand's */
 } dt__cp_dim;
 
@@ -3294,20 +3301,25 @@ DT_API int64_t dt_cp_attention_pairs(int cp, int cp_rank, int64_t T) {
 
 DT_API int64_t dt_cp_pairs_done(const dt_layout *l) { return l && l->cp_keep ? l->cp_keep->pairs : 0; }
 
-/* t is [d0, d1, d2] f32 on dev: kept when it already is, else made anew. */
-static dt_status dt__cp_buf(dt_ctx *ctx, dt_tensor *t, dt_device dev, int64_t d0, int64_t d1, int64_t d2) {
+/* t is [d0, d1, d2] of dtype dt on dev: kept when it already is, else made anew. */
+static dt_status dt__cp_buf_of(dt_ctx *ctx, dt_tensor *t, dt_device dev, dt_dtype dt, int64_t d0, int64_t d1,
+                               int64_t d2) {
     dt_tensor_desc td;
-    if (t->data && t->device == dev && t->ndim == 3 && t->shape[0] == d0 && t->shape[1] == d1 && t->shape[2] == d2)
+    if (t->data && t->device == dev && t->dtype == dt && t->ndim == 3 && t->shape[0] == d0 && t->shape[1] == d1 &&
+        t->shape[2] == d2)
         return DT_OK;
     dt_tensor_free(ctx, t);
     memset(&td, 0, sizeof td);
     td.device = dev;
-    td.dtype = DT_F32;
+    td.dtype = dt;
     td.ndim = 3;
     td.shape[0] = d0;
     td.shape[1] = d1;
     td.shape[2] = d2;
     return dt_tensor_create(ctx, t, &td);
+}
+static dt_status dt__cp_buf(dt_ctx *ctx, dt_tensor *t, dt_device dev, int64_t d0, int64_t d1, int64_t d2) {
+    return dt__cp_buf_of(ctx, t, dev, DT_F32, d0, d1, d2);
 }
 
 /* The layout has a cp group; l->cp_keep exists. */
@@ -3362,7 +3374,15 @@ static dt_status dt__cp_qkv(dt_layout *l, dt__cp_dim *g, const dt_tensor *qkv, c
     if (g->dev == DT_CUDA_DEVICE)
         return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: %s is on cuda in a build without DT_CUDA", fn, qn);
 #endif
-    DT__TRY(dt__cp_f32(ctx, qkv, g->dev, fn, qn));
+    if (!ulysses && qkv->dtype == DT_BF16) { /* the ring's blocks on the tensor cores */
+        if (g->dev != DT_CUDA_DEVICE)
+            return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: %s is bf16 on %s; the ring takes a bf16 qkv on cuda only "
+                                    "(its blocks on the tensor cores), f32 on the cpu", fn, qn,
+                                    dt_device_name(g->dev));
+        DT__TRY(dt__cp_typed(ctx, qkv, DT_BF16, g->dev, fn, qn));
+        g->tc = 1;
+    } else
+        DT__TRY(dt__cp_f32(ctx, qkv, g->dev, fn, qn));
     g->H = n_head;
     g->Hkv = n_kv_head ? n_kv_head : n_head;
     if (n_head <= 0 || g->Hkv <= 0 || n_head % g->Hkv)
@@ -3391,13 +3411,33 @@ static dt_status dt__cp_qkv(dt_layout *l, dt__cp_dim *g, const dt_tensor *qkv, c
                                 "expected an even number (chunks %d and %d of the 2 cp = %d chunks, equal sizes) and "
                                 "T = rows x cp within int64", fn, qn, (long long)g->Tl, g->r, 2 * g->cp - 1 - g->r, 2 * g->cp);
     g->c = g->Tl / g->nch;
+    if (g->tc && g->hs != 16 && g->hs != 32 && g->hs != 64 && g->hs != 96 && g->hs != 128)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: %s is bf16 with head size %lld; the tensor-core blocks "
+                                "take 16, 32, 64, 96 or 128 (cast qkv to f32 for the f32 blocks)", fn, qn, (long long)g->hs);
+    if (g->tc && (uintptr_t)qkv->data % 16)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: %s's data is not 16-byte aligned (a view at an odd "
+                                "offset); the tensor-core blocks load 16 bytes at a time", fn, qn);
+    if (g->tc && g->H > 65535 / (g->B ? g->B : 1))
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: B * n_head = %lld * %d: the tensor-core blocks take at "
+                                "most 65535", fn, (long long)g->B, g->H);
     return DT_OK;
 }
+
+#ifdef DT_CUDA
+/* A dt_k_* status as the call's error. */
+static dt_status dt__cp_k(dt_ctx *ctx, int e, const char *fn, const char *what) {
+    if (e) return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: %s failed: %s", fn, what, dt_k_error_string(e));
+    return DT_OK;
+}
+#endif
 
 /* kv[b, t, :] = the k | v columns of qkv[b, t, :]. */
 static dt_status dt__cp_pack_kv(dt_ctx *ctx, dt_tensor *kv, const dt_tensor *qkv, const dt__cp_dim *g) {
     int64_t n, rows = g->B * g->Tl;
 #ifdef DT_CUDA
+    if (g->tc) /* bf16 bits */
+        return dt__cp_k(ctx, dt_k_cols_copy16((uint16_t *)kv->data, 2 * g->Ckv, (const uint16_t *)qkv->data + g->C, g->W,
+                                              rows, 2 * g->Ckv, ctx->cuda_stream), "dt_cp_attention", "dt_k_cols_copy16");
     if (g->dev == DT_CUDA_DEVICE) { /* kernels/dt_parallel.cu's column copy: qkv's columns [C, C + 2 Ckv) out */
         int e = dt_k_concat((float *)qkv->data, (float *)kv->data, rows, g->W, g->C, 2 * g->Ckv, 0, 0, ctx->cuda_stream);
         if (e) return dt_ctx_set_error(ctx, DT_ERR_CUDA, "dt_cp_attention: dt_k_concat failed: %s", dt_k_error_string(e));
@@ -3461,6 +3501,44 @@ static dt_status dt__cp_ring_check(dt_layout *l, dt__cp_dim *g, const dt_tensor 
     return dt__cp_shape(l->ctx, lse, g->B, g->H, g->Tl, fn, "lse", "B, n_head, T / cp");
 }
 
+#ifdef DT_CUDA
+/* Block d of the ring on the tensor cores (g->tc): kernels/dt_flash.cu's block mode, q from the bf16
+   qkv, K/V from the bf16 block kv; out, lse (and dout, dq, dk, dv backward) f32. */
+static void dt__cp_flash(dt_k_flash *x, const dt__cp_dim *g, const dt_attn_block *d, const dt_tensor *qkv,
+                         const dt_tensor *kv, const dt_tensor *out, const dt_tensor *lse) {
+    memset(x, 0, sizeof *x);
+    x->B = g->B, x->T = g->Tl, x->H = g->H, x->H_kv = g->Hkv, x->hs = (int)g->hs;
+    x->q = (const uint16_t *)qkv->data, x->k = (const uint16_t *)kv->data, x->v = x->k + g->Ckv;
+    x->q_stride = g->W, x->kv_stride = 2 * g->Ckv;
+    x->out = (float *)out->data, x->lse = (float *)lse->data, x->out_stride = g->C;
+    x->block = 1, x->Tk = g->Tl;
+    x->q_row = d->q_row, x->q_rows = d->q_rows, x->q_pos = d->q_pos;
+    x->k_row = d->k_row, x->k_rows = d->k_rows, x->k_pos = d->k_pos;
+}
+
+/* dt_k_flash's status as the call's error: below compute capability 8.0 what to do instead. */
+static dt_status dt__cp_flash_status(dt_ctx *ctx, int e, const char *fn, const char *what) {
+    if (e == (int)cudaErrorNotSupported)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: qkv is bf16, whose tensor-core blocks need compute "
+                                "capability 8.0 or newer (mma.sync with bf16); cast qkv to f32", fn);
+    return dt__cp_k(ctx, e, fn, what);
+}
+#endif
+
+/* Block d of the ring forward: merged into out and lse. */
+static dt_status dt__cp_block_fwd(dt_ctx *ctx, const dt__cp_dim *g, dt_tensor *out, dt_tensor *lse,
+                                  const dt_tensor *qkv, const dt_tensor *kv, const dt_attn_block *d) {
+#ifdef DT_CUDA
+    if (g->tc) {
+        dt_k_flash x;
+        dt__cp_flash(&x, g, d, qkv, kv, out, lse);
+        return dt__cp_flash_status(ctx, dt_k_flash_fwd(&x, ctx->cuda_stream), "dt_cp_attention_fwd", "dt_k_flash_fwd");
+    }
+#endif
+    (void)g;
+    return dt_attention_block_fwd(ctx, out, lse, qkv, kv, d);
+}
+
 DT_API dt_status dt_cp_attention_fwd(dt_layout *l, dt_tensor *out, dt_tensor *lse, const dt_tensor *qkv, int n_head,
                                      int n_kv_head) {
     const char *fn = "dt_cp_attention_fwd";
@@ -3470,8 +3548,8 @@ DT_API dt_status dt_cp_attention_fwd(dt_layout *l, dt_tensor *out, dt_tensor *ls
     int s, a, b, cur = 0;
     DT__TRY(dt__cp_ring_check(l, &g, out, "out", lse, qkv, n_head, n_kv_head, fn));
     k = l->cp_keep;
-    DT__TRY(dt__cp_buf(l->ctx, &k->kv[0], g.dev, g.B, g.Tl, 2 * g.Ckv));
-    DT__TRY(dt__cp_buf(l->ctx, &k->kv[1], g.dev, g.B, g.Tl, 2 * g.Ckv));
+    DT__TRY(dt__cp_buf_of(l->ctx, &k->kv[0], g.dev, g.tc ? DT_BF16 : DT_F32, g.B, g.Tl, 2 * g.Ckv));
+    DT__TRY(dt__cp_buf_of(l->ctx, &k->kv[1], g.dev, g.tc ? DT_BF16 : DT_F32, g.B, g.Tl, 2 * g.Ckv));
     DT__TRY(dt_tensor_fill(l->ctx, out, 0.0));
     DT__TRY(dt_tensor_fill(l->ctx, lse, -INFINITY));
     DT__TRY(dt__cp_pack_kv(l->ctx, &k->kv[0], qkv, &g));
@@ -3485,7 +3563,7 @@ DT_API dt_status dt_cp_attention_fwd(dt_layout *l, dt_tensor *out, dt_tensor *ls
             for (b = 0; b < g.nch && !cst; b++) {
                 dt_attn_block d;
                 dt__cp_block(&d, &g, src, a, b);
-                cst = dt_attention_block_fwd(l->ctx, out, lse, qkv, &k->kv[cur], &d);
+                cst = dt__cp_block_fwd(l->ctx, &g, out, lse, qkv, &k->kv[cur], &d);
                 k->pairs += dt__cp_block_pairs(&d);
             }
         dt__cp_wait(&rq, &mst);
@@ -3515,6 +3593,52 @@ static dt_status dt__cp_add_cols(dt_ctx *ctx, dt_tensor *y, int64_t off, const d
     return DT_OK;
 }
 
+/* Block d of the ring backward: dq into dqkv's q columns, dk and dv into dkv, from the merged out
+   and lse. On the tensor cores scratch holds dt_k_flash_bwd_prep's rows (dout in bf16, D). */
+static dt_status dt__cp_block_bwd(dt_ctx *ctx, const dt__cp_dim *g, dt_tensor *dqkv, dt_tensor *dkv,
+                                  const dt_tensor *dout, const dt_tensor *qkv, const dt_tensor *kv,
+                                  const dt_tensor *out, const dt_tensor *lse, void *scratch, const dt_attn_block *d) {
+#ifdef DT_CUDA
+    if (g->tc) {
+        dt_k_flash x;
+        dt__cp_flash(&x, g, d, qkv, kv, out, lse);
+        x.dout = (const float *)dout->data, x.scratch = scratch, x.prepped = 1;
+        x.dq = (float *)dqkv->data, x.dq_stride = g->W;
+        x.dk = (float *)dkv->data, x.dv = x.dk + g->Ckv, x.dkv_stride = 2 * g->Ckv;
+        return dt__cp_flash_status(ctx, dt_k_flash_bwd(&x, ctx->cuda_stream), "dt_cp_attention_bwd", "dt_k_flash_bwd");
+    }
+#endif
+    (void)g, (void)scratch;
+    return dt_attention_block_bwd(ctx, dqkv, dkv, dout, qkv, kv, out, lse, d);
+}
+
+/* On the tensor cores (g->tc): the scratch of the ring's backward in ctx's device scratch (*mark
+   for dt_cuda_scratch_end, once begun), filled once for every query row; NULL and DT_OK elsewhere. */
+static dt_status dt__cp_bwd_scratch(dt_ctx *ctx, const dt__cp_dim *g, const dt_tensor *dout, const dt_tensor *qkv,
+                                    const dt_tensor *out, const dt_tensor *lse, void **scratch, size_t *mark) {
+    *scratch = NULL;
+#ifdef DT_CUDA
+    if (g->tc) {
+        const char *fn = "dt_cp_attention_bwd";
+        size_t bytes = dt_k_flash_bwd_scratch(g->B, g->Tl, g->H, (int)g->hs);
+        dt_attn_block d;
+        dt_k_flash x;
+        if (!bytes)
+            return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: B * T / cp * n_head = %lld * %lld * %d: the backward's "
+                                    "scratch overflows", fn, (long long)g->B, (long long)g->Tl, g->H);
+        *mark = dt_cuda_scratch_begin(ctx);
+        if (!(*scratch = dt_cuda_scratch(ctx, bytes, fn))) return ctx->last_status;
+        memset(&d, 0, sizeof d);
+        d.q_rows = g->Tl; /* every query row */
+        dt__cp_flash(&x, g, &d, qkv, qkv, out, lse);
+        x.dout = (const float *)dout->data, x.scratch = *scratch;
+        return dt__cp_flash_status(ctx, dt_k_flash_bwd_prep(&x, ctx->cuda_stream), fn, "dt_k_flash_bwd_prep");
+    }
+#endif
+    (void)ctx, (void)g, (void)dout, (void)qkv, (void)out, (void)lse, (void)mark;
+    return DT_OK;
+}
+
 DT_API dt_status dt_cp_attention_bwd(dt_layout *l, dt_tensor *dqkv, const dt_tensor *dout, const dt_tensor *qkv,
                                      const dt_tensor *out, const dt_tensor *lse, int n_head, int n_kv_head) {
     const char *fn = "dt_cp_attention_bwd";
@@ -3522,6 +3646,8 @@ DT_API dt_status dt_cp_attention_bwd(dt_layout *l, dt_tensor *dqkv, const dt_ten
     dt__cp_keep *k;
     dt_comm_req *dsq[2] = {NULL, NULL}; /* the sends of dkv[0], dkv[1] */
     dt_status mst = DT_OK, cst = DT_OK;
+    void *scratch = NULL;
+    size_t mark = (size_t)-1; /* the device scratch's, once begun */
     int s, a, b, cur = 0;
     DT__TRY(dt__cp_ring_check(l, &g, dout, "dout", lse, qkv, n_head, n_kv_head, fn));
     DT__TRY(dt__cp_f32(l->ctx, out, g.dev, fn, "out"));
@@ -3529,12 +3655,13 @@ DT_API dt_status dt_cp_attention_bwd(dt_layout *l, dt_tensor *dqkv, const dt_ten
     DT__TRY(dt__cp_f32(l->ctx, dqkv, g.dev, fn, "dqkv"));
     DT__TRY(dt__cp_shape(l->ctx, dqkv, g.B, g.Tl, g.W, fn, "dqkv", "qkv's"));
     k = l->cp_keep;
-    DT__TRY(dt__cp_buf(l->ctx, &k->kv[0], g.dev, g.B, g.Tl, 2 * g.Ckv));
-    DT__TRY(dt__cp_buf(l->ctx, &k->kv[1], g.dev, g.B, g.Tl, 2 * g.Ckv));
+    DT__TRY(dt__cp_buf_of(l->ctx, &k->kv[0], g.dev, g.tc ? DT_BF16 : DT_F32, g.B, g.Tl, 2 * g.Ckv));
+    DT__TRY(dt__cp_buf_of(l->ctx, &k->kv[1], g.dev, g.tc ? DT_BF16 : DT_F32, g.B, g.Tl, 2 * g.Ckv));
     DT__TRY(dt__cp_buf(l->ctx, &k->dkv[0], g.dev, g.B, g.Tl, 2 * g.Ckv));
     DT__TRY(dt__cp_buf(l->ctx, &k->dkv[1], g.dev, g.B, g.Tl, 2 * g.Ckv));
     DT__TRY(dt__cp_buf(l->ctx, &k->din, g.dev, g.B, g.Tl, 2 * g.Ckv));
     DT__TRY(dt__cp_pack_kv(l->ctx, &k->kv[0], qkv, &g));
+    cst = dt__cp_bwd_scratch(l->ctx, &g, dout, qkv, out, lse, &scratch, &mark); /* a failure keeps the ring going */
     for (s = 0; s < g.cp && !mst; s++) {
         dt_comm_req *rq = NULL, *sq = NULL, *drq = NULL;
         int src = (g.r - s + g.cp) % g.cp, d = s & 1;
@@ -3549,7 +3676,7 @@ DT_API dt_status dt_cp_attention_bwd(dt_layout *l, dt_tensor *dqkv, const dt_ten
             for (b = 0; b < g.nch && !cst; b++) {
                 dt_attn_block bd;
                 dt__cp_block(&bd, &g, src, a, b);
-                cst = dt_attention_block_bwd(l->ctx, dqkv, &k->dkv[d], dout, qkv, &k->kv[cur], out, lse, &bd);
+                cst = dt__cp_block_bwd(l->ctx, &g, dqkv, &k->dkv[d], dout, qkv, &k->kv[cur], out, lse, scratch, &bd);
             }
         dt__cp_wait(&rq, &mst);
         dt__cp_wait(&sq, &mst);
@@ -3570,6 +3697,9 @@ DT_API dt_status dt_cp_attention_bwd(dt_layout *l, dt_tensor *dqkv, const dt_ten
     }
     dt__cp_wait(&dsq[0], &mst);
     dt__cp_wait(&dsq[1], &mst);
+#ifdef DT_CUDA
+    if (mark != (size_t)-1) dt_cuda_scratch_end(l->ctx, mark);
+#endif
     return mst ? mst : cst;
 }
 
@@ -3586,14 +3716,6 @@ static int dt__uly_parts(const dt__cp_dim *g, int qkv, int64_t j, int64_t *off, 
     return 3;
 }
 
-#ifdef DT_CUDA
-/* A dt_k_* status as the call's error. */
-static dt_status dt__uly_k(dt_ctx *ctx, int e, const char *fn, const char *what) {
-    if (e) return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: %s failed: %s", fn, what, dt_k_error_string(e));
-    return DT_OK;
-}
-#endif
-
 /* Between x's rows [B, Tl, W] and the all-to-all's blocks in buf (block j, to or from cp rank j:
    head group j's columns of every row, dt__uly_parts, packed [B, Tl, width of the parts]):
    to_blocks 1 packs x into buf; 0 unpacks buf into x's columns, written (add 0) or added. */
@@ -3609,7 +3731,7 @@ static dt_status dt__uly_cols(dt_ctx *ctx, float *buf, dt_tensor *x, const dt__c
             for (p = 0; p < np; p++) pw += w[p];
             for (po = 0, p = 0; p < np; po += w[p], p++) {
                 float *xs = (float *)x->data + off[p], *bs = buf + po;
-                DT__TRY(dt__uly_k(ctx, to_blocks ? dt_k_cols_copy(bs, pw, xs, W, rows, w[p], 0, ctx->cuda_stream)
+                DT__TRY(dt__cp_k(ctx, to_blocks ? dt_k_cols_copy(bs, pw, xs, W, rows, w[p], 0, ctx->cuda_stream)
                                                  : dt_k_cols_copy(xs, W, bs, pw, rows, w[p], add, ctx->cuda_stream),
                                   fn, "dt_k_cols_copy"));
             }
@@ -3637,7 +3759,7 @@ static dt_status dt__uly_rows(dt_ctx *ctx, dt_tensor *y, float *blocks, const dt
     int64_t i, b, t;
 #ifdef DT_CUDA
     if (y->device == DT_CUDA_DEVICE)
-        return dt__uly_k(ctx, dt_k_cp_rows((float *)y->data, blocks, g->B, g->T, g->cp, w, to_seq, ctx->cuda_stream), fn,
+        return dt__cp_k(ctx, dt_k_cp_rows((float *)y->data, blocks, g->B, g->T, g->cp, w, to_seq, ctx->cuda_stream), fn,
                          "dt_k_cp_rows");
 #endif
     (void)ctx; (void)fn;

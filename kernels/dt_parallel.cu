@@ -207,6 +207,15 @@ static __global__ void dt_k__cols_copy(float *__restrict__ dst, int64_t ds, cons
     }
 }
 
+/* dt_k__cols_copy of 2-byte elements (bf16 bits), copied as they are. */
+static __global__ void dt_k__cols_copy16(uint16_t *__restrict__ dst, int64_t ds, const uint16_t *__restrict__ src,
+                                         int64_t ss, int64_t R, int64_t C) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < R * C; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / C, c = i - r * C;
+        dst[r * ds + c] = src[r * ss + c];
+    }
+}
+
 /* Element (b, t, e) of seq [B, T, w] and its place in shards [cp, B, T / cp, w]: position t is in
    chunk k = t / ch (ch = T / (2 cp)); rank k holds chunk k first, rank 2 cp - 1 - k holds it
    second (dt_cp_position, inverted). */
@@ -305,6 +314,15 @@ int dt_k_cols_copy(float *dst, int64_t ds, const float *src, int64_t ss, int64_t
         return (int)cudaErrorInvalidValue;
     if (R * C == 0) return 0;
     DT_K_LAUNCH(dt_k__cols_copy, dt_k__blocks(R * C, 256, 4096u), 256, 0, stream, dst, ds, src, ss, R, C, accumulate);
+    return DT_K_CHECK();
+}
+
+int dt_k_cols_copy16(uint16_t *dst, int64_t ds, const uint16_t *src, int64_t ss, int64_t R, int64_t C, void *stream) {
+    if (dt_k__pl_bad(R, C) || ds < C || ss < C || (R > 1 && (dt_k__pl_bad(R - 1, ds) || dt_k__pl_bad(R - 1, ss))) ||
+        (R * C != 0 && (!dst || !src)))
+        return (int)cudaErrorInvalidValue;
+    if (R * C == 0) return 0;
+    DT_K_LAUNCH(dt_k__cols_copy16, dt_k__blocks(R * C, 256, 4096u), 256, 0, stream, dst, ds, src, ss, R, C);
     return DT_K_CHECK();
 }
 
