@@ -293,8 +293,7 @@ typedef struct dt_plan_search_desc {
                                     up to this; 0 = 16 (paper: the batch) */
     int recompute;               /* 1: try the recompute modes too (0: none only) */
     int max_cp;                  /* cp tried up to this; 0 = any (1: none, as examples/gpt on CUDA in f32) */
-    int no_ring;                 /* 1: cp > 1 by Ulysses only (examples/gpt on CUDA in bf16: its ring's blocks
-                                    run f32 kernels there, not the flash attention a paper profile times) */
+    int no_ring;                 /* 1: cp > 1 by Ulysses only */
 } dt_plan_search_desc;
 
 /* Fills out[0 .. *count) with the best max layouts by predicted tokens / s (ties: less memory),
@@ -2377,8 +2376,10 @@ static double dt__plan_pipe_delay(const dt_plan_profile *p, int pp, dt_pp_kind k
    layernorms, two residual adds, the activation; the backward twice that); tp's collectives (two
    all-reduces, or with sp two all-gathers and two reduce-scatters, of the N x C activations in each
    direction) less tp_overlap of them, and in the backward the column linears' sums hidden behind
-   their weight grads as dt_tp_column_linear_bwd runs them; cp's ring (cp - 1 passes of this rank's K and V,
-   their grads too in the backward) where attention does not cover it; or Ulysses, as dt runs it
+   their weight grads as dt_tp_column_linear_bwd runs them; cp's ring (cp - 1 passes of this rank's K and V
+   at act_bytes; the backward's again, and cp passes of their grads' partial sums in f32) where
+   attention does not cover it (on CUDA in bf16 the ring's blocks are the same flash kernels, block
+   by block: kernels/dt_flash.cu's block mode); or Ulysses, as dt runs it
    on CUDA: f32 rows by all-to-all (costed as an all-gather of the same bytes: each rank sends and
    receives (cp - 1) / cp of its buffer) over the cp group, q, k, v in and the output back (the
    backward: the output's grad in, q, k, v's back), each packed and unpacked by a copy kernel, in
@@ -2395,7 +2396,7 @@ static void dt__plan_paper_split(const dt_plan_profile *p, const dt_plan_layout 
     double attn = 2 * b * T * T * C / (tp * l->cp), fa = attn / (mc->flops * mc->attn_fwd_eff);
     double ba = 2.5 * attn / (mc->flops * mc->attn_bwd_eff);
     double ln = A * 4 * Nl * C / bw, elem = A * 6 * Nl * C / bw + A * (g + 1) * N * F / tp / bw;
-    double tpc = 0, tpb = 0, cpc = 0, ux = 0, h, ag = 0, rs = 0;
+    double tpc = 0, tpb = 0, cpc = 0, cpb = 0, ux = 0, h, ag = 0, rs = 0;
     if (l->tp > 1) { /* tp's group: consecutive ranks */
         double ar = dt__plan_coll(p, DT_PLAN_ALLREDUCE, l->tp, 1, act), sum;
         double dw = 2 * N * C * (C + 2 * Ckv + g * F) / tp / gr; /* the column linears' (qkv, fc) weight grads */
@@ -2414,8 +2415,10 @@ static void dt__plan_paper_split(const dt_plan_profile *p, const dt_plan_layout 
         double mv = 2 * 2 * 4 * N * (2 * C + 2 * Ckv) / tp / bw; /* packed and unpacked: read and written */
         ux = io + mv;
         ba += fa; /* the forward again: its output and lse, which nothing kept */
-    } else if (l->cp > 1)
+    } else if (l->cp > 1) { /* K/V at act_bytes (bf16 on the tensor cores), the dK/dV sums in f32 */
         cpc = (l->cp - 1) * dt__plan_coll(p, DT_PLAN_SENDRECV, 2, l->tp, N * 2 * Ckv / tp * A);
+        cpb = cpc + l->cp * dt__plan_coll(p, DT_PLAN_SENDRECV, 2, l->tp, N * 2 * Ckv / tp * 4);
+    }
     memset(s, 0, sizeof *s);
     s->tp = l->tp; s->cp = l->cp; s->sp = l->sp;
     s->ulysses = l->cp > 1 && l->ulysses;
@@ -2425,7 +2428,7 @@ static void dt__plan_paper_split(const dt_plan_profile *p, const dt_plan_layout 
     s->gelu[0] = A * (g + 1) * N * F / tp / bw;
     s->cheap[0] = ln + s->gelu[0];
     s->fwd[0] = gemm + s->attn[0] + ln + elem + tpc;
-    s->bwd[0] = 2 * gemm + ba + ux + (2 * cpc > ba ? 2 * cpc - ba : 0) + 2 * (ln + elem) + tpb;
+    s->bwd[0] = 2 * gemm + ba + ux + (cpb > ba ? cpb - ba : 0) + 2 * (ln + elem) + tpb;
     /* the vocab-parallel embedding (rows gathered, summed over tp) and the head: logits at the GEMM
        rate, the f32 logits read and written for the loss */
     s->embed_fwd[0] = A * 2 * Nl * C / bw + (l->tp > 1 ? dt__plan_coll(p, DT_PLAN_ALLREDUCE, l->tp, 1, act) : 0);

@@ -560,11 +560,11 @@ static void paper(void) {
         dt_plan_prediction all;
         int tp, cp, pp, zero, sp, rec, sch, i, same, round, pipes = 0;
         int64_t micro;
-        double best[5] = {0, 0, 0, 0, 0}, budget = 0;
+        double best[5] = {0, 0, 0, 0, 0}, budget = 0; /* round 1: half of what round 0's first holds */
         g.dtype = DT_BF16; g.batch = 128;
         mc.ranks_per_host = 32;
         dt_plan_profile_paper(&g_ctx, &mc, &g, 64, p);
-        for (round = 0; round < 2; round++) { /* then within a budget that only pipelines meet */
+        for (round = 0; round < 2; round++) { /* then within half the memory of the first: it binds */
             dt_plan_search_desc sd;
             memset(&sd, 0, sizeof sd);
             sd.mem_budget = round ? 0.5 * budget : mc.mem_bytes - mc.reserved_bytes;
@@ -599,8 +599,12 @@ static void paper(void) {
             if (!DT_TEST_CHECK(round ? "plan_paper_search_within_a_budget_first_five_are_the_best_five"
                                      : "plan_paper_search_first_five_are_the_best_five", same))
                 for (i = 0; i < n; i++) printf("  %d: search %.6g, one by one %.6g\n", i, top[i].tokens_per_s, best[i]);
-            if (round)
-                DT_TEST_CHECK("plan_paper_search_within_a_budget_ranks_pipelines_first", top[0].layout.pp > 1 && pipes > 5);
+            if (round && !DT_TEST_CHECK("plan_paper_search_within_a_budget_ranks_a_layout_that_fits_first",
+                                        top[0].mem_total <= sd.mem_budget && pipes > 5)) {
+                char ls[160];
+                printf("  budget %.4g MB: first %s (%.4g MB), %d pipelines fit\n", sd.mem_budget / 1e6,
+                       dt_plan_layout_string(&top[0].layout, ls, sizeof ls), top[0].mem_total / 1e6, pipes);
+            }
         }
         mc.ranks_per_host = 4;
     }
@@ -958,8 +962,9 @@ static void ulysses(void) {
     {   /* on paper (bf16, flash), 8 ranks, dp 4 cp 2: the cp pairs inside a host. Per block, against
            the ring: Ulysses' exchange ux in the forward and the backward (f32 rows: two all-to-alls
            each, costed as all-gathers of the same bytes, and their copies), and its backward runs
-           the forward's attention fa again; the ring's exposed sends (cpc - fa in the forward,
-           2 cpc - ba in the backward, here both exposed) go. Memory: uqkv (N x 3C, 2 bytes) where
+           the forward's attention fa again; the ring's exposed sends (cpc - fa in the forward; in
+           the backward K/V again and cp = 2 sums of dK/dV in f32, cpb - ba; here both exposed) go.
+           Memory: uqkv (N x 3C, 2 bytes) where
            the ring keeps lse (b H T / cp) */
         dt_plan_machine mc = hand_machine();
         dt_plan_profile *pp = (dt_plan_profile *)malloc(sizeof *pp);
@@ -968,7 +973,7 @@ static void ulysses(void) {
         double b = 4, T = 32, C = 64, H = 4, N = b * T / 2, bw = 1e11 * 0.5;
         double attn = 2 * b * T * T * C / 2, fa = attn / (1e12 * 0.5), ba = 2.5 * attn / (1e12 * 0.25);
         double io = 1e-5 + 4 * N * 3 * C / 2 / 1e10 + 1e-5 + 4 * N * C / 2 / 1e10, mv = 16 * N * 4 * C / bw;
-        double ux = io + mv, cpc = 1e-5 + N * 2 * C * 2 / 5e9;
+        double ux = io + mv, cpc = 1e-5 + N * 2 * C * 2 / 5e9, cpb = cpc + 2 * (1e-5 + N * 2 * C * 4 / 5e9);
         m.dtype = DT_BF16;
         memset(&l, 0, sizeof l);
         l.cp = 2;
@@ -976,9 +981,9 @@ static void ulysses(void) {
         if (!st) st = dt_plan_predict(&g_ctx, pp, &l, &pr_ring);
         l.ulysses = 1;
         if (!st) st = dt_plan_predict(&g_ctx, pp, &l, &pr_uly);
-        if (DT_TEST_CHECK("plan_ulysses_on_paper_predicts", st == DT_OK && cpc > fa && 2 * cpc > ba)) {
+        if (DT_TEST_CHECK("plan_ulysses_on_paper_predicts", st == DT_OK && cpc > fa && cpb > ba)) {
             dt_test_close("plan_ulysses_on_paper_compute_by_hand", pr_uly.compute_s - pr_ring.compute_s,
-                          4 * ((ux) + (fa + ux) - (cpc - fa) - (2 * cpc - ba)), 1e-12);
+                          4 * ((ux) + (fa + ux) - (cpc - fa) - (cpb - ba)), 1e-12);
             dt_test_close("plan_ulysses_on_paper_memory_is_uqkv_not_lse", pr_uly.mem_activations - pr_ring.mem_activations,
                           2 * 4 * (N * 3 * C - b * H * T / 2), 1e-9);
         } else

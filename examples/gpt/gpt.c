@@ -1202,8 +1202,14 @@ static void attn_fwd(model *m, acts *a, bacts *x, dt_tensor *out) {
         return;
     }
     if (m->lse_attn) { /* ring attention over the cp group (the other ranks' K/V come to this one); at
-                          cp 1 the same code is causal attention keeping lse, not the [T, T] scores */
-        OP("cp attention fwd", dt_cp_attention_fwd(m->lay, out, &x->lse, &x->qkv, (int)m->Hl, (int)m->Hkvl));
+                          cp 1 the same code is causal attention keeping lse, not the [T, T] scores. On
+                          CUDA in bf16 from a bf16 qkv: its blocks on the tensor cores, K/V sent in bf16 */
+        const dt_tensor *q = &x->qkv;
+        if (m->tc) {
+            COMPUTE("attention fwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
+            q = &a->qkv16;
+        }
+        OP("cp attention fwd", dt_cp_attention_fwd(m->lay, out, &x->lse, q, (int)m->Hl, (int)m->Hkvl));
         return;
     }
     if (!m->bfw) { COMPUTE("attention fwd", dt_attention_gqa_fwd(g_ctx, out, &x->att, &x->qkv, (int)m->Hl, (int)m->Hkvl)); return; }
@@ -1218,7 +1224,12 @@ static void attn_bwd(model *m, acts *a, bacts *x, dt_tensor *dout, const dt_tens
         return;
     }
     if (m->lse_attn) {
-        OP("cp attention bwd", dt_cp_attention_bwd(m->lay, &a->dqkv, dout, &x->qkv, out, &x->lse, (int)m->Hl, (int)m->Hkvl));
+        const dt_tensor *q = &x->qkv;
+        if (m->tc) {
+            COMPUTE("attention bwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
+            q = &a->qkv16;
+        }
+        OP("cp attention bwd", dt_cp_attention_bwd(m->lay, &a->dqkv, dout, q, out, &x->lse, (int)m->Hl, (int)m->Hkvl));
         return;
     }
     if (!m->bfw) { COMPUTE("attention bwd", dt_attention_gqa_bwd(g_ctx, &a->dqkv, dout, &x->qkv, &x->att, (int)m->Hl, (int)m->Hkvl)); return; }
@@ -2082,11 +2093,10 @@ static void plan_layout(trainer *t) {
     memset(&sd, 0, sizeof sd);
     sd.mem_budget = o->plan_memory * 1e6;
     sd.recompute = 1;
-    /* cp on cuda: the ring's blocks run dt_attention_block's f32 kernels, not the flash attention the
-       paper model times, so bf16 tries Ulysses alone (the flash kernels on the whole sequence's
-       heads); f32 keeps Ulysses' [T, T] scores, which the paper model does not time either */
-    if (o->device == DT_CUDA_DEVICE && o->dtype == DT_BF16) sd.no_ring = 1;
-    else if (o->device == DT_CUDA_DEVICE) sd.max_cp = 1;
+    /* cp on cuda in bf16: the ring's blocks and Ulysses' whole-sequence heads both run the flash
+       kernels the paper model times; f32 runs the ring's blocks by dt_attention_block's scalar
+       kernels and keeps Ulysses' [T, T] scores, which it does not time: no cp */
+    if (o->device == DT_CUDA_DEVICE && o->dtype != DT_BF16) sd.max_cp = 1;
     CHECK(dt_plan_search(g_ctx, pf, &sd, top, 64, &n, &total));
     for (r = 0; r < n && !best; r++) /* --sample runs at pp 1 and cp 1 only */
         if (!o->sample || (top[r].layout.pp == 1 && top[r].layout.cp == 1)) best = &top[r];

@@ -243,8 +243,8 @@ int main(int argc, char **argv) {
         if (!only || !strcmp(only, "bf16_tp2_sp")) compare_bf16("tp2_sp", 2, 1, 0, 1);
         if (!only || !strcmp(only, "bf16_dp2_zero1")) compare_bf16("dp2_zero1", 1, 0, 1, 1);
         if (!only || !strcmp(only, "bf16_pp2_1f1b")) compare_bf16("pp2_1f1b", 1, 0, 0, 2);
-        if (!only || !strcmp(only, "bf16_cp2_ring")) { /* the ring in bf16 runs as the CPU's: its blocks in f32
-                                                          (dt_attention_block's kernels), the linears in bf16 */
+        if (!only || !strcmp(only, "bf16_cp2_ring")) { /* the ring in bf16 on the tensor cores: its blocks through
+                                                          dt_flash.cu's block mode, K/V sent in bf16 */
             g_cp = "2";
             compare_bf16("cp2_ring", 1, 0, 0, 1);
             g_cp = "1";
