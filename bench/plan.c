@@ -14,16 +14,20 @@
        planner: layouts N, median error E%, max error M%, memory max error P%, first-ranked within R% of best
 
    build/bench/plan [--rounds 3] [--steps 10] [--gpt build/examples/gpt] [--dlrm build/examples/dlrm]
-                    [--only gpt|dlrm] [--np N] [--quick] [--fresh]
+                    [--only gpt|dlrm] [--np N] [--quick] [--once]
    The mpirun command comes from $DT_MPIRUN (./build.sh env), else "mpirun --oversubscribe"; the
    bench adds "--map-by core --bind-to core:overload-allowed" (BIND): 4 ranks on 2 cores left to
    the OS move between the cores, and their steps ran 18% slower and spread over 19% between runs
    (bound: 3%), which the planner's profile, measured minutes apart, cannot predict.
+   Each round measures each model's profile at each world size afresh and runs that model's rows
+   at that size right after it: this VM's speed drifts by 10% over minutes (a layout's steps
+   measured 362 ms in one run and 404 ms minutes later), which a profile measured minutes before
+   its runs turns into error (median 9.7% with the profiles measured once, before the first round,
+   against 4.0% measured per round, on the same quiet machine). --once measures them once.
    Its time (the issue's bound: 15 minutes): the --plan runs that measure the profiles take some
-   140 s (5, 27, 46-53 and 30 s for gpt at np 1, 2, 4 and MoE at 2 on two noisy cores), a round
-   of training runs some 185 s (gpt's 162, dlrm's 22); the last line before the summary prints the
-   split. Measured once, the profiles serve all three rounds (--fresh measures them again before
-   each round: 976 s in all on that machine, against 900 allowed). */
+   110 s a round (5, 27, 46-53 and 30 s for gpt at np 1, 2, 4 and MoE at 2 on two cores), a round
+   of training runs some 125-185 s (gpt's 110-162, dlrm's 15-22): 713 s on a quiet machine, 976 s
+   on session 30's noisy one; the last line before the summary prints the split. */
 #define _POSIX_C_SOURCE 200809L
 #define DT_TENSOR_IMPLEMENTATION
 #include "../dt_tensor.h"
@@ -253,7 +257,7 @@ static void measure(row *r, int steps, const char *logdir) {
 }
 
 int main(int argc, char **argv) {
-    int rounds = 3, steps = 10, i, k, np, quick = 0, nl = 0, fresh = 0;
+    int rounds = 3, steps = 10, i, k, np, kind, quick = 0, nl = 0, fresh = 1;
     const char *logdir = "build/bench/plan_logs", *mr = getenv("DT_MPIRUN");
     double err[NROWS], merr[NROWS], emax = 0, mmax = 0, first_gap = 0, t0 = now_s();
     snprintf(g_gpt, sizeof g_gpt, "build/examples/gpt");
@@ -261,7 +265,8 @@ int main(int argc, char **argv) {
     snprintf(g_mpirun, sizeof g_mpirun, "%.500s %s", mr && *mr ? mr : "mpirun --oversubscribe", BIND);
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--fresh")) fresh = 1;
+        else if (!strcmp(argv[i], "--once")) fresh = 0;
+        else if (!strcmp(argv[i], "--fresh")) fresh = 1; /* the default; kept for older command lines */
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--gpt") && i + 1 < argc) snprintf(g_gpt, sizeof g_gpt, "%s", argv[++i]);
         else if (!strcmp(argv[i], "--dlrm") && i + 1 < argc) snprintf(g_dlrm, sizeof g_dlrm, "%s", argv[++i]);
@@ -270,7 +275,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && (!strcmp(argv[i + 1], "gpt") || !strcmp(argv[i + 1], "dlrm")))
             g_only = !strcmp(argv[++i], "dlrm");
         else {
-            fprintf(stderr, "usage: plan [--rounds N (3)] [--steps N (10)] [--gpt PATH] [--dlrm PATH] [--only gpt|dlrm] [--np N] [--quick] [--fresh]\n");
+            fprintf(stderr, "usage: plan [--rounds N (3)] [--steps N (10)] [--gpt PATH] [--dlrm PATH] [--only gpt|dlrm] [--np N] [--quick] [--once]\n");
             return 2;
         }
     }
@@ -280,30 +285,36 @@ int main(int argc, char **argv) {
     }
     if (quick) rounds = 1;
     mkdir("build", 0755); mkdir("build/bench", 0755); mkdir(logdir, 0755);
-    /* rounds of every layout in turn: a slow minute hits all alike. The profiles are measured
-       before the first round (--fresh: before each, so that a machine whose speed drifts over
-       minutes is predicted from what it was while that round's steps ran, at 40% more time) */
-    for (k = 0; k < rounds; k++) {
-        for (np = 1; np <= 4 && (k == 0 || fresh); np *= 2) {
-            char path[640];
-            for (i = 0; i < NROWS; i++) /* each model's profile measured afresh, by its first row */
-                if (ROWS[i].np == np) {
-                    profile_path(&ROWS[i], logdir, path, sizeof path);
-                    remove(path);
+    /* rounds of every layout in turn: a slow minute hits all alike. Per world size and model (gpt,
+       its MoE twin, dlrm), the profile is measured and that group's rows run right after it, so a
+       machine whose speed drifts over minutes is predicted from what it was while those steps ran
+       (--once: the profiles of the first round serve them all) */
+    for (k = 0; k < rounds; k++)
+        for (np = 1; np <= 4; np *= 2)
+            for (kind = 0; kind < 3; kind++) {
+                char path[640];
+#define BENCH_KIND(r) ((r)->dlrm ? 2 : (r)->moe ? 1 : 0)
+                if (k == 0 || fresh) {
+                    for (i = 0; i < NROWS; i++) /* the model's profile measured afresh, by its first row */
+                        if (ROWS[i].np == np && BENCH_KIND(&ROWS[i]) == kind) {
+                            profile_path(&ROWS[i], logdir, path, sizeof path);
+                            remove(path);
+                        }
+                    for (i = 0; i < NROWS; i++)
+                        if (ROWS[i].np == np && BENCH_KIND(&ROWS[i]) == kind && wanted(&ROWS[i])) {
+                            profile_path(&ROWS[i], logdir, path, sizeof path);
+                            predict(&ROWS[i], path);
+                        }
                 }
-            for (i = 0; i < NROWS; i++)
-                if (ROWS[i].np == np && wanted(&ROWS[i])) {
-                    profile_path(&ROWS[i], logdir, path, sizeof path);
-                    predict(&ROWS[i], path);
-                }
-        }
-        for (i = 0; i < NROWS; i++)
-            if (wanted(&ROWS[i])) measure(&ROWS[i], steps, logdir);
-    }
+                for (i = 0; i < NROWS; i++)
+                    if (ROWS[i].np == np && BENCH_KIND(&ROWS[i]) == kind && wanted(&ROWS[i]))
+                        measure(&ROWS[i], steps, logdir);
+#undef BENCH_KIND
+            }
     printf("planner check: %s; examples/gpt %s, %d rounds of %d steps (median step of steps 4..%d, median over rounds; the "
            "profiles measured %s); examples/dlrm %s, %d steps (steps 4..%d; its profile measured by a world's first "
            "prediction); the MoE rows %s\n", g_mpirun, MODEL, rounds, steps, steps,
-           fresh ? "at each round's start" : "once, before the first round", DLRM_MODEL, DLRM_STEPS, DLRM_STEPS, MOE_MODEL);
+           fresh ? "per round, each just before its model's rows at that world size" : "once, before the first round", DLRM_MODEL, DLRM_STEPS, DLRM_STEPS, MOE_MODEL);
     printf("%-3s %-80s %10s %10s %7s %9s %9s %7s\n", "np", "layout", "pred ms", "meas ms", "err", "pred MB", "meas MB",
            "err");
     for (i = 0; i < NROWS; i++) {
