@@ -3630,7 +3630,7 @@ static dt_status dt__cp_bwd_scratch(dt_ctx *ctx, const dt__cp_dim *g, const dt_t
         if (!(*scratch = dt_cuda_scratch(ctx, bytes, fn))) return ctx->last_status;
         memset(&d, 0, sizeof d);
         d.q_rows = g->Tl; /* every query row */
-        dt__cp_flash(&x, g, &d, qkv, qkv, out, lse);
+        dt__cp_flash(&x, g, &d, qkv, qkv, out, lse); /* k, v: qkv's bytes, checked, not read by the prep */
         x.dout = (const float *)dout->data, x.scratch = *scratch;
         return dt__cp_flash_status(ctx, dt_k_flash_bwd_prep(&x, ctx->cuda_stream), fn, "dt_k_flash_bwd_prep");
     }
