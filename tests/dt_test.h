@@ -37,6 +37,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -250,6 +251,14 @@ DT_TEST__FN int dt_test_short_run(void) {
 #else
     return dt_test_quick();
 #endif
+}
+
+/* A fixed pseudo-random value in [-1, 1) from an index and a salt (a splitmix-style hash): the
+   same on every rank and every run, so multi-rank tests build each rank's share of one input. */
+DT_TEST__FN float dt_test_unit(uint64_t i, uint64_t salt) {
+    uint64_t x = i * 0x9E3779B97F4A7C15ull + salt * 0xD1B54A32D192ED69ull + 1;
+    x ^= x >> 31; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 29;
+    return (float)((double)(x >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
 /* The exit status for main: 0 iff no check failed, on any rank. With MPI running it is

@@ -50,13 +50,6 @@ static dt_tensor mk(int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
 }
 static float *F(dt_tensor *t) { return (float *)t->data; }
 
-/* A fixed pseudo-random value in [-1, 1) (the same on every rank). */
-static float val(uint64_t i, uint64_t salt) {
-    uint64_t x = i * 0x9E3779B97F4A7C15ull + salt * 0xD1B54A32D192ED69ull + 1;
-    x ^= x >> 31; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 29;
-    return (float)((double)(x >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
-
 /* The reference: causal attention of the whole [B, T, (H + 2 Hkv) HS] qkv in double: out
    [B, T, H HS], lse [B, H, T], and from dout [B, T, H HS] the gradient of qkv. */
 typedef struct ref { double out[B * T * H * HS], lse[B * H * T], dqkv[B * T * (3 * H) * HS]; } ref;
@@ -136,8 +129,8 @@ static void run_case(dt_layout *l, int ulysses, int hkv) {
     char name[160];
     int b;
     const char *kind = ulysses ? "ulysses" : "ring";
-    for (i = 0; i < full.numel; i++) F(&full)[i] = val((uint64_t)i, 1 + (uint64_t)hkv);
-    for (i = 0; i < dfull.numel; i++) F(&dfull)[i] = val((uint64_t)i, 100 + (uint64_t)hkv);
+    for (i = 0; i < full.numel; i++) F(&full)[i] = dt_test_unit((uint64_t)i, 1 + (uint64_t)hkv);
+    for (i = 0; i < dfull.numel; i++) F(&dfull)[i] = dt_test_unit((uint64_t)i, 100 + (uint64_t)hkv);
     reference(&rf, F(&full), F(&dfull), hkv);
     for (b = 0; b < B; b++) /* this rank's zigzag rows */
         for (j = 0; j < Tl; j++) {

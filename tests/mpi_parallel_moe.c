@@ -57,24 +57,17 @@ static dt_tensor mk(int nd, int64_t d0, int64_t d1, int64_t d2) {
 }
 static float *Fp(const dt_tensor *t) { return (float *)t->data; }
 
-/* A fixed pseudo-random value in [-1, 1) (the same on every rank). */
-static float val(uint64_t i, uint64_t salt) {
-    uint64_t x = i * 0x9E3779B97F4A7C15ull + salt * 0xD1B54A32D192ED69ull + 1;
-    x ^= x >> 31; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 29;
-    return (float)((double)(x >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
-
 /* The whole layer's values, float (what dt gets) */
 static float gx[NG * CW], gdy[NG * CW], grt[E * CW], gw1[E * F * CW], gb1[E * F], gw2[E * CW * F], gb2[E * CW];
 
 static void make_inputs(void) {
     int i;
-    for (i = 0; i < NG * CW; i++) { gx[i] = val(i, 1); gdy[i] = 0.5f * val(i, 2); }
-    for (i = 0; i < E * CW; i++) grt[i] = 0.8f * val(i, 3);
-    for (i = 0; i < E * F * CW; i++) gw1[i] = 0.3f * val(i, 4);
-    for (i = 0; i < E * F; i++) gb1[i] = 0.1f * val(i, 5);
-    for (i = 0; i < E * CW * F; i++) gw2[i] = 0.3f * val(i, 6);
-    for (i = 0; i < E * CW; i++) gb2[i] = 0.1f * val(i, 7);
+    for (i = 0; i < NG * CW; i++) { gx[i] = dt_test_unit(i, 1); gdy[i] = 0.5f * dt_test_unit(i, 2); }
+    for (i = 0; i < E * CW; i++) grt[i] = 0.8f * dt_test_unit(i, 3);
+    for (i = 0; i < E * F * CW; i++) gw1[i] = 0.3f * dt_test_unit(i, 4);
+    for (i = 0; i < E * F; i++) gb1[i] = 0.1f * dt_test_unit(i, 5);
+    for (i = 0; i < E * CW * F; i++) gw2[i] = 0.3f * dt_test_unit(i, 6);
+    for (i = 0; i < E * CW; i++) gb2[i] = 0.1f * dt_test_unit(i, 7);
 }
 
 /* ---------------------------------------------------------------- the reference, in double */

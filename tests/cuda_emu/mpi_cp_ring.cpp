@@ -53,13 +53,6 @@ static dt_tensor mk(dt_device dev, dt_dtype dt, int64_t d0, int64_t d1, int64_t 
 }
 static float *F(dt_tensor *t) { return (float *)t->data; }
 
-/* A fixed pseudo-random value in [-1, 1) (the same on every rank). */
-static float val(uint64_t i, uint64_t salt) {
-    uint64_t x = i * 0x9E3779B97F4A7C15ull + salt * 0xD1B54A32D192ED69ull + 1;
-    x ^= x >> 31; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 29;
-    return (float)((double)(x >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
-
 /* A cpu copy (f32) of a cuda tensor. */
 static dt_tensor down(const dt_tensor *d) {
     dt_tensor h = mk(DT_CPU, d->dtype, d->shape[0], d->shape[1], d->shape[2]);
@@ -108,8 +101,8 @@ static void run_case(dt_layout *l, int hkv) {
         for (j = 0; j < Tl; j++) {
             int64_t p = dt_cp_position(cp, r, T, j);
             for (i = 0; i < Wd; i++)
-                F(&qkv)[(b * Tl + j) * Wd + i] = dt_bf16_to_f32(dt_f32_to_bf16(val((uint64_t)((b * T + p) * Wd + i), 3 + hkv)));
-            for (i = 0; i < Cq; i++) F(&dout)[(b * Tl + j) * Cq + i] = val((uint64_t)((b * T + p) * Cq + i), 50 + hkv);
+                F(&qkv)[(b * Tl + j) * Wd + i] = dt_bf16_to_f32(dt_f32_to_bf16(dt_test_unit((uint64_t)((b * T + p) * Wd + i), 3 + hkv)));
+            for (i = 0; i < Cq; i++) F(&dout)[(b * Tl + j) * Cq + i] = dt_test_unit((uint64_t)((b * T + p) * Cq + i), 50 + hkv);
         }
     OK(dt_tensor_cast(&C, &q16, &qkv)); /* exact: the values are bf16's */
     OK(dt_tensor_fill(&C, &dqkv, 0.5));
