@@ -372,7 +372,8 @@ DT_API double dt_plan_model_flops(const dt_plan_model *m);
        each kind whole           every table of one kind at once, the dense step between forward
                                  and backward: what all the tables' rows and the dense work do to
                                  the caches, as a scale on the one-table work (and transient bytes)
-                                 of that kind
+                                 of that kind; table-wise (and table-row) placed as dt_embed places
+                                 them, so the scales do not move with the timings
 
    and a plan's step = dense + for each phase (forward, backward): the fixed exchange time + the
    busiest rank's sum of its tables' (scaled) work. Memory = what the caller held + the dense step's peak +
@@ -3895,16 +3896,21 @@ static dt_status dt__plan_dlrm_measure(dt_comm *world, const dt_plan_dlrm_desc *
         double xf = W > 1 && kind != DT_SHARD_DATA ? out->x_fwd : 0, xb = W > 1 ? out->x_bwd : 0, wf, wb;
         for (t = 0; t < desc->n_tables && out->cost[t][kind].ok; t++) {}
         if (t < desc->n_tables) continue; /* a table cannot take it */
-        if ((err = dt__plan_uniform(ctx, out, kind, &pl))) return err;
+        /* placed by dt_embed (table-wise: largest first, each on the rank holding least), not by
+           this profile's timings: the scales then fit `--shard table` exactly and are the same
+           from one profile to the next (placed by the timings, the table-wise transient's scale
+           moved 1.01 <-> 1.11 between profiles of one machine, and the prediction 4% with it) */
+        memset(&pl, 0, sizeof pl);
+        snprintf(pl.name, sizeof pl.name, "%s", dt_embed_sharding_name((dt_embed_sharding)kind));
+        pl.n_tables = desc->n_tables;
         for (t = 0; t < desc->n_tables; t++) {
             td[t] = desc->tables[t];
-            td[t].sharding = pl.kind[t];
-            td[t].pin_owner = kind == DT_SHARD_TABLE || kind == DT_SHARD_TABLE_ROW;
-            td[t].owner = pl.owner[t];
+            td[t].sharding = (dt_embed_sharding)kind;
+            td[t].pin_owner = 0;
             td[t].group_size = kind == DT_SHARD_TABLE_ROW ? out->group : 0;
         }
         ed.tables = td; ed.n_tables = desc->n_tables; ed.features = NULL; ed.n_features = 0; ed.n_inputs = 0;
-        if ((err = dt__plan_em_time(world, &ed, bs->k, bs->n, reps, r, &refused, desc, NULL, NULL))) return err;
+        if ((err = dt__plan_em_time(world, &ed, bs->k, bs->n, reps, r, &refused, desc, NULL, &pl))) return err;
         if (refused) continue;
         if ((err = dt__plan_em_roles(world, r, own, other))) return err;
         wf = own[0] > other[0] ? own[0] : other[0];

@@ -6,7 +6,8 @@
    same plans; and the bytes the profile predicts a plan's tables hold on each rank are what
    dt_embed_create then takes on that rank (within 1% + 4 KB), for every plan the search ranks;
    dt_embed's own plan is predicted with the transient the profile measured of it whole, a plan one
-   table away from it with its kinds' scaled sum. The bad descs are named. No timing is asserted: the timings are checked by bench/plan. */
+   table away from it with its kinds' scaled sum; `--shard table`'s plan with the transient measured
+   of all tables table-wise as dt_embed places them. The bad descs are named. No timing is asserted: the timings are checked by bench/plan. */
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"
@@ -181,6 +182,29 @@ int main(void) {
             if (!DT_TEST_CHECK("plan_dlrm_other_plans_are_not_scaled_as_its_own", fabs(o.mem_transient - raw) <= 1e-9 * raw))
                 printf("  table %d moved: transient %.0f, the kinds' sum %.0f\n", moved, o.mem_transient, raw);
         }
+    }
+    /* table-wise whole is measured as dt_embed places it (largest first, on the rank holding least),
+       so `--shard table`'s plan is predicted with the transient measured of it, whatever the
+       profile's timings were */
+    if (p->whole_peak[DT_SHARD_TABLE] > 0) {
+        dt_embed_table_desc tp[NT];
+        dt_embed_desc ed;
+        dt_embed *e = NULL;
+        dt_plan_dlrm_plan pl;
+        dt_plan_dlrm_prediction a;
+        memcpy(tp, td, sizeof tp);
+        for (t = 0; t < NT; t++) tp[t].sharding = DT_SHARD_TABLE;
+        memset(&ed, 0, sizeof ed);
+        ed.tables = tp; ed.n_tables = NT; ed.comm = w; ed.seed = 3; ed.batch_hint = B * W;
+        st = dt_embed_create(&ctx, &e, &ed);
+        if (st == DT_OK) st = dt_plan_dlrm_plan_of(e, NT, "table", &pl);
+        if (st == DT_OK) st = dt_plan_dlrm_predict(&ctx, p, &pl, &a);
+        if (!DT_TEST_CHECK("plan_dlrm_table_wise_transient_is_measured_as_dt_embed_places_it",
+                           st == DT_OK && fabs(a.mem_transient - p->whole_peak[DT_SHARD_TABLE]) <=
+                                              1e-9 * p->whole_peak[DT_SHARD_TABLE]))
+            printf("  %s; predicted transient %.0f bytes, measured whole %.0f (scale %g)\n", st ? dt_ctx_error(&ctx) : "",
+                   st ? 0.0 : a.mem_transient, p->whole_peak[DT_SHARD_TABLE], p->scale_peak[DT_SHARD_TABLE]);
+        dt_embed_free(e);
     }
     /* bad descs, named (every rank alike: nothing collective runs) */
     {
