@@ -7,9 +7,15 @@
    chose), all from one profile per world size, as the gpt rows. Prints per
    layout the predicted and measured step time (median over the steps after the third, then the
    median over rounds) and peak memory per rank (the largest rank's dt_peak_bytes), with the
-   errors; per model and world size the planner's first choice (gpt --layout auto, dlrm --shard
-   plan) is compared with the best layout measured, and where `auto` chose a layout another row
-   runs too, the two medians are printed: the machine's own spread in this run. Ends with
+   errors. A row's time error is the median over rounds of each round's prediction over that
+   round's run (the two measured minutes apart at most, so a slow stretch of the machine is in
+   both), not the medians' ratio. Per model and world size the planner's first choice (gpt
+   --layout auto, dlrm --shard plan) is compared with the best layout measured: unpaired (its
+   median against the best median) and round by round (against each other row, the median over
+   rounds of their ratio in a round, the rows of a group run seconds apart; the largest is the
+   summary's R: a noisy minute that favours one row's run no longer decides it). Where `auto`
+   chose a layout another row runs too, the two medians are printed: the machine's own spread in
+   this run. Ends with
 
        planner: layouts N, median error E%, max error M%, memory max error P%, first-ranked within R% of best
 
@@ -256,6 +262,13 @@ static void measure(row *r, int steps, const char *logdir) {
     r->meas[r->rounds++] = median(t, n);
 }
 
+/* the median of a row's rounds, left in round order (median() sorts what it is given) */
+static double med(const double *x, int n) {
+    double t[8];
+    memcpy(t, x, (size_t)n * sizeof *t);
+    return median(t, n);
+}
+
 int main(int argc, char **argv) {
     int rounds = 3, steps = 10, i, k, np, kind, quick = 0, nl = 0, fresh = 1;
     const char *logdir = "build/bench/plan_logs", *mr = getenv("DT_MPIRUN");
@@ -322,11 +335,15 @@ int main(int argc, char **argv) {
         double m;
         char name[200];
         if (!wanted(r)) continue;
-        m = median(r->meas, r->rounds);
-        r->pred_s = median(r->preds, r->rounds);
+        double ratio[8];
+        for (k = 0; k < r->rounds; k++) ratio[k] = r->preds[k] / r->meas[k];
+        m = med(r->meas, r->rounds);
+        r->pred_s = med(r->preds, r->rounds);
         snprintf(name, sizeof name, "%s%s%s", r->moe ? "moe " : "", !r->dlrm && !strcmp(r->flags, "auto") ? "auto: " : "",
                  r->layout);
-        err[nl] = 100.0 * fabs(r->pred_s - m) / m;
+        /* the error of each round's prediction against that round's run, the median over rounds: a
+           round the machine ran slow in is slow in both (its profile was measured beside its runs) */
+        err[nl] = 100.0 * fabs(med(ratio, r->rounds) - 1.0);
         merr[nl] = 100.0 * fabs(r->pred_mb - r->meas_mb) / r->meas_mb;
         printf("%-3d %-80s %10.2f %10.2f %6.1f%% %9.2f %9.2f %6.1f%%\n", r->np, name, r->pred_s * 1e3, m * 1e3, err[nl],
                r->pred_mb, r->meas_mb, merr[nl]);
@@ -334,23 +351,40 @@ int main(int argc, char **argv) {
         if (merr[nl] > mmax) mmax = merr[nl];
         nl++;
     }
-    for (k = 0; k < 3; k++) /* the planner's first choice against the best measured, per model and world */
+    /* the planner's first choice against the best measured, per model and world. Paired: each round
+       runs a group's rows back to back, seconds apart, so the first choice is compared with every
+       other row by the median over rounds of their ratio in a round (the machine's pace over minutes
+       cancels); the largest of those is the gap. The unpaired figure (median against median) is
+       printed beside it. */
+    for (k = 0; k < 3; k++)
         for (np = 1; np <= 4; np *= 2) {
-            double best = 1e30, mine = 0;
+            double best = 1e30, mine = 0, gap = -1e30;
             const char *first = k == 1 ? "plan" : "auto";
-            int have = 0;
+            const row *f = NULL, *worst = NULL;
+            int have = 0, j;
+            for (i = 0; i < NROWS; i++)
+                if (ROWS[i].np == np && ROWS[i].dlrm == (k == 1) && ROWS[i].moe == (k == 2) && wanted(&ROWS[i]) &&
+                    !strcmp(ROWS[i].flags, first))
+                    f = &ROWS[i];
             for (i = 0; i < NROWS; i++) {
-                double m;
-                if (ROWS[i].np != np || ROWS[i].dlrm != (k == 1) || ROWS[i].moe != (k == 2) || !wanted(&ROWS[i])) continue;
+                double m, ratio[8];
+                const row *r = &ROWS[i];
+                if (r->np != np || r->dlrm != (k == 1) || r->moe != (k == 2) || !wanted(r)) continue;
                 have = 1;
-                m = median(ROWS[i].meas, ROWS[i].rounds);
+                m = med(r->meas, r->rounds);
                 if (m < best) best = m;
-                if (!strcmp(ROWS[i].flags, first)) mine = m;
+                if (r == f) mine = m;
+                if (!f || r == f || r->rounds != f->rounds) continue;
+                for (j = 0; j < r->rounds; j++) ratio[j] = f->meas[j] / r->meas[j];
+                if (med(ratio, r->rounds) - 1.0 > gap) { gap = med(ratio, r->rounds) - 1.0; worst = r; }
             }
-            if (!have) continue;
-            printf("%s np %d: the first-ranked layout measured %.2f ms, the best measured %.2f ms (%.1f%% slower)\n",
-                   k == 1 ? "dlrm" : k == 2 ? "gpt moe" : "gpt", np, mine * 1e3, best * 1e3, 100.0 * (mine - best) / best);
-            if (100.0 * (mine - best) / best > first_gap) first_gap = 100.0 * (mine - best) / best;
+            if (!have || !f || !worst) continue;
+            printf("%s np %d: the first-ranked layout measured %.2f ms, the best measured %.2f ms (%.1f%% slower); "
+                   "round by round, %s %.1f%% %s %s%s\n", k == 1 ? "dlrm" : k == 2 ? "gpt moe" : "gpt", np, mine * 1e3,
+                   best * 1e3, 100.0 * (mine - best) / best, gap > 0 ? "at most" : "at least", 100.0 * fabs(gap),
+                   gap > 0 ? "slower than" : "faster than every other row, the closest", worst->dlrm ? "--shard " : "",
+                   worst->dlrm ? worst->flags : worst->layout);
+            if (100.0 * gap > first_gap) first_gap = 100.0 * gap;
         }
     /* the machine's own spread: an auto row runs a layout that another row runs too */
     for (i = 0; i < NROWS; i++) {
@@ -362,8 +396,8 @@ int main(int argc, char **argv) {
             double x, y;
             if (j == i || b->dlrm || b->np != a->np || b->moe != a->moe || !wanted(b) || strcmp(a->layout, b->layout))
                 continue;
-            x = median(b->meas, b->rounds);
-            y = median(a->meas, a->rounds);
+            x = med(b->meas, b->rounds);
+            y = med(a->meas, a->rounds);
             printf("gpt%s np %d: the same layout measured by two rows, %.2f and %.2f ms (%.1f%% apart): this run's "
                    "spread between runs\n", a->moe ? " moe" : "", a->np, x * 1e3, y * 1e3,
                    100.0 * fabs(x - y) / (x < y ? x : y));
