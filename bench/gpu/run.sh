@@ -28,7 +28,9 @@
 #   tests    every k_* program on the GPU; tests/gpu_comm.c at np 1 and 2
 #   losses   examples/gpt and examples/dlrm, 5 steps of a small model on the CPU and with --device
 #            cuda: every step's loss within 1e-5 relative (the tolerance tests/cuda_emu/k_gpt.cpp
-#            and k_dlrm.cpp document for the same comparison on the emulator)
+#            and k_dlrm.cpp document for the same comparison on the emulator); gpt --dtype bf16
+#            --cp 2 (ring, then Ulysses) at 2 ranks on the GPU against the CPU's bf16 run, within
+#            1e-2 (tests/cuda_emu/mpi_cp_ring.cpp's path, on the hardware)
 #   probe    bench/gpu/probe.cu: each memory-bound op's GB/s as a fraction of a device-to-device
 #            copy, dt's GEMM against cuBLAS called directly, in the same run (CUDA events)
 #   gpt2     GPT-2 124M (12 x 768, T 1024, B 8, vocab 50257, f32) on a synthetic llm.c shard:
@@ -151,6 +153,7 @@ summary() {
         echo "| tests/gpu_comm.c np 1 / np 2 | $(get gpu_comm_np1) / $(get gpu_comm_np2) |"
         echo "| examples/gpt cpu vs cuda, loss per step (rtol $RTOL) | $(get gpt_losses) |"
         echo "| examples/dlrm cpu vs cuda, loss per step (rtol $RTOL) | $(get dlrm_losses) |"
+        echo "| examples/gpt bf16 cp 2 ring / Ulysses at np 2 vs the CPU's bf16, loss per step (rtol 1e-2) | $(get gpt_cp_ring_losses) / $(get gpt_cp_ulysses_losses) |"
         local k
         awk -F'\t' '$1 ~ /^skip:/ { print substr($1, 6) }' "$RES" | while IFS= read -r k; do
             echo "| $k | **skipped**: $(get "skip:$k") |"
@@ -251,6 +254,8 @@ if [ "$MODE" = dry ]; then
     res gpu_comm_np2 "PASS, 59 checks (fake)"
     res gpt_losses "largest relative difference $rd at step $at of $n: $(awk -v r="$rd" -v t="$RTOL" 'BEGIN { print (r <= t ? "PASS" : "FAIL") }')"
     res dlrm_losses "largest relative difference 0 at step 0 of 5: PASS (fake)"
+    res gpt_cp_ring_losses "PASS: largest relative difference 0.003 (step 5 of 5) (fake)"
+    res gpt_cp_ulysses_losses "PASS: largest relative difference 0.003 (step 5 of 5) (fake)"
     res gpt2_tok_s "$(steady "$L/a.jsonl" tokens_per_s 2 16384)"
     res gpt2_losses "10.9 10.8 10.7 (fake)"
     res gpt2_bf16_tok_s 40000.0
@@ -585,9 +590,38 @@ losses() {
         fail "${n}_losses" "$rd at step $at of ${cnt:-0}"
     fi
 }
+# cp_losses KIND: context parallelism on the tensor cores, which only the emulator has run
+# (tests/cuda_emu/mpi_cp_ring.cpp): --dtype bf16 --cp 2 at 2 ranks on this GPU (they share it, so
+# dt stages their messages through MPI) against the CPU's bf16 run of one process, 5 steps, each
+# loss within 1e-2 relative (the bound the emulator's gpt bf16 runs are held to)
+cp_losses() {
+    local kind=$1 rd at cnt n=gpt_cp_$1
+    local args=(--layers 2 --heads 2 --width 64 --seq 64 --batch 4 --steps 5 --warmup 1 --print-every 1 --dtype bf16)
+    if [ $HAVE_MPI = 0 ]; then res "${n}_losses" "skipped: no mpicc / mpirun"; return; fi
+    if [ ! -x "$G/gpt_cpu" ] || [ ! -x "$G/gpt_cuda" ]; then res "${n}_losses" "not built"; return; fi
+    [ -s "$L/gpt_bf16_cpu.jsonl" ] ||
+        timeout "$(lim 120)" "$G/gpt_cpu" "${args[@]}" --log "$L/gpt_bf16_cpu.jsonl" >"$L/gpt_bf16_cpu.log" 2>&1
+    if ! timeout "$(lim 120)" $DT_MPIRUN -np 2 "$G/gpt_cuda" "${args[@]}" --device cuda --cp 2 --cp-kind "$kind" \
+        --log "$L/$n.jsonl" >"$L/$n.log" 2>&1; then
+        res "${n}_losses" "**FAIL**: exited non-zero: $(tail -n 1 "$L/$n.log")"
+        fail "${n}_losses" "$(tail -n 2 "$L/$n.log" | tr '\n' ' ')"
+        return
+    fi
+    read -r rd at cnt < <(reldiff "$L/gpt_bf16_cpu.jsonl" "$L/$n.jsonl" 5)
+    if [ "${cnt:-0}" -ge 5 ] && awk -v r="$rd" 'BEGIN { exit !(r != "nan" && r <= 1e-2) }'; then
+        res "${n}_losses" "PASS: largest relative difference $rd (step $at of $cnt)"
+    else
+        res "${n}_losses" "**FAIL**: largest relative difference $rd at step $at of ${cnt:-0} (tolerance 1e-2)"
+        fail "${n}_losses" "$rd at step $at of ${cnt:-0}"
+    fi
+}
 if phase "gpt and dlrm, cpu vs cuda" 30; then
     losses gpt --layers 2 --heads 2 --width 64 --seq 32 --batch 4 --steps 5 --warmup 1 --print-every 1
     losses dlrm --steps 5 --batch 256 --rows 10000 --print-every 1 --eval-every 1000000 --eval-samples 1024
+fi
+if phase "gpt bf16 cp 2, cpu vs cuda" 30; then
+    cp_losses ring
+    cp_losses ulysses
 fi
 
 # ---------------------------------------------------------------- probe
