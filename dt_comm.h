@@ -2470,7 +2470,11 @@ static dt_status dt__cm_a2a_hier_after(dt_comm_req *q) {
             relay += rc0[r]; /* each at most INT_MAX, and n of them: no overflow */
             total += rcv[r];
         }
-        xs = q->count > relay ? q->count : relay;
+        /* X at least one element: where X is empty (this rank sends and relays nothing) Y would
+           start where it does, and Open MPI's nonblocking all-to-allv reads a send buffer equal to
+           the receive buffer as MPI_IN_PLACE (then it sends its receive counts: the ranks' messages
+           no longer pair, and past the eager size the exchange hangs) */
+        xs = q->count > relay ? q->count : relay > 0 ? relay : 1;
         ys = relay > total ? relay : total;
         q->hier_x = xs;
         if ((uint64_t)(xs + ys) * es <= (uint64_t)(size_t)-1) /* (<= 2^32 x 8 bytes: a 32-bit size_t may not hold it) */

@@ -717,6 +717,44 @@ static void bad_settings(void) {
     dt_comm_free(w);
 }
 
+/* Two levels (hier 1), only the first host's ranks sending, blocks of 3000 f32 (past MPI's eager
+   size): the other hosts' ranks send and relay nothing, so their X is empty. Y once began where X
+   did, and Open MPI read the equal buffers as MPI_IN_PLACE: those ranks waited for ever (dlrm
+   --plan at np 4 on hosts of 2 hung in its table-row profile). A timeout turns a hang into a
+   failure here. Every block where the flat exchange puts it. */
+static void one_host_sends(int hs) {
+    const int64_t B = 3000;
+    dt_comm *w = world(hs, 1);
+    int64_t send[64], recv[64], j;
+    int r, ok = w != NULL, sends = R < hs;
+    dt_tensor in, out;
+    dt_status st = DT_ERR_STATE;
+    char why[200] = "";
+    if (ok) dt_comm_set_timeout(w, 30);
+    for (r = 0; r < N; r++) {
+        send[r] = sends ? B : 0;
+        recv[r] = r < hs ? B : 0;
+    }
+    in = make(DT_F32, sends ? B * N : 1);
+    out = make(DT_F32, B * hs);
+    for (r = 0; sends && r < N; r++)
+        for (j = 0; j < B; j++) ((float *)in.data)[r * B + j] = val(R, r * B + j, 7);
+    if (ok) st = dt_comm_alltoallv(w, &out, recv, &in, send);
+    ok = ok && st == DT_OK;
+    if (!ok) snprintf(why, sizeof why, "status %d: %s", st, dt_ctx_error(&ctx));
+    for (r = 0; ok && r < hs; r++)
+        for (j = 0; ok && j < B; j++)
+            if (((float *)out.data)[r * B + j] != val(r, R * B + j, 7)) {
+                snprintf(why, sizeof why, "element %lld of the block from rank %d: %.9g, want %.9g", (long long)j, r,
+                         ((float *)out.data)[r * B + j], val(r, R * B + j, 7));
+                ok = 0;
+            }
+    dt_test_check_all("hier_alltoallv_where_one_host_sends", ok, "hosts of %d: %s", hs, why);
+    dt_tensor_free(&ctx, &in);
+    dt_tensor_free(&ctx, &out);
+    dt_comm_free(w);
+}
+
 int main(void) {
     int hs;
     dt_comm *w;
@@ -736,6 +774,7 @@ int main(void) {
             groups(hs);
         }
         if (hs > 1) alltoalls(hs);
+        if (hs > 1 && hs < N && N % hs == 0) one_host_sends(hs);
         if (hs > 1 && hs < N && N % hs == 0) no_room_and_mismatch(hs);
     }
     memo_free();
