@@ -115,8 +115,9 @@
                                  all apply the same update (a sparse all-reduce).
    table-row (DT_SHARD_TABLE_ROW) TorchRec's table-wise-row-wise: row-wise (the same blocks and
                                  rounding) over one group of G = group_size consecutive ranks,
-                                 [g*G, (g+1)*G); G = 0: the ranks of one host (dt_comm_local_size;
-                                 every host must hold G ranks, consecutive), so a table's lookup
+                                 [g*G, (g+1)*G); G = 0: the ranks of one host as the comm sees
+                                 hosts (dt_comm_ranks_per_host: desc.host_size's where set; every
+                                 host must hold G ranks, consecutive), so a table's lookup
                                  traffic stays inside a host. G must divide the world (DT_ERR_ARG
                                  naming group_size). The group is the planner's (least loaded),
                                  or pin_owner = 1 pins it: the group holding rank `owner`.
@@ -489,7 +490,7 @@ typedef struct dt_embed_table_desc {
     int hash_shards;              /* dynamic: id-hash shards, fixed whatever the world size; 0 = 16 */
     dt_embed_eviction eviction;   /* dynamic: LRU (DEFAULT) or LFU */
     int group_size;               /* table-row sharding (chosen or planned): ranks per group, dividing
-                                     the world; 0 = the ranks of this host (dt_comm_local_size) */
+                                     the world; 0 = the ranks of a host (dt_comm_ranks_per_host) */
     dt_embed_tier tier;           /* NONE (default): resident; DISK (cpu tables): the shard and its optimizer
                                      state in a file, a cache of hot rows in memory; HOST (cuda tables):
                                      in pinned host memory, a cache on the device (see "tiered tables") */
@@ -1372,12 +1373,12 @@ static dt_status dt__em_groups(dt_embed *e, const dt_embed_table_desc *td) {
     int i, W = e->size, need = 0, host = 1;
     for (i = 0; i < e->n_tabs; i++)
         if (!td[i].group_size && (e->tabs[i].shard == DT_SHARD_AUTO || e->tabs[i].shard == DT_SHARD_TABLE_ROW)) need = 1;
-    if (need && e->comm) {
-        double v[2];
-        v[0] = dt_comm_local_size(e->comm); v[1] = -v[0];
-        DT__TRY(dt_comm_allreduce_f64(e->comm, v, 2, DT_REDUCE_MAX));
-        host = v[0] == -v[1] && W % (int)v[0] == 0 ? (int)v[0] : -(int)v[0];
-        if (host < 0 && v[0] != -v[1]) host = 0; /* hosts of different sizes */
+    if (need && e->comm) { /* the hosts as the group sees them (desc.host_size's where set, as the
+                              planner's and the two-level exchanges'; by host name once read the
+                              machine's, and table-row at --host-size 2 on one machine spanned the
+                              world); the same on every rank */
+        int rph = dt_comm_ranks_per_host(e->comm);
+        host = rph > 0 && W % rph == 0 ? rph : -rph; /* 0: hosts of different sizes */
     }
     for (i = 0; i < e->n_tabs; i++) {
         dt__em_tab *t = &e->tabs[i];

@@ -247,6 +247,30 @@ static void check_bad_groups(dt_comm *world) {
                           "group at %d, my rows from %lld", own, (long long)r0);
         dt_embed_free(e);
     } else dt_test_fail("twrw_group_size_0_is_the_host", "%s", dt_ctx_error(&C));
+    /* hosts modelled (desc.host_size 2 at np 4): group_size 0 is a modelled host, as the planner's
+       and the two-level exchanges' hosts (it was the machine's, every rank here) */
+    if (W == 4) {
+        dt_comm_desc hd;
+        dt_comm *hw = NULL;
+        memset(&hd, 0, sizeof hd);
+        hd.host_size = 2;
+        st = dt_comm_create_world(&C, &hw, &hd);
+        d.comm = hw;
+        if (!st) st = dt_embed_create(&C, &e, &d);
+        if (!st) {
+            dt_tensor v;
+            int64_t r0 = -1, c0;
+            int own = -1;
+            dt_embed_local_shard(e, &v, &r0, &c0, 0);
+            dt_embed_table_sharding(e, 0, &own);
+            dt_test_check_all("twrw_group_size_0_is_a_modelled_host", own == 0 && (R >= 2 || (r0 == 5 * R && v.shape[0] == 5)),
+                              "group at %d, my rows from %lld (%lld of them)", own, (long long)r0,
+                              (long long)(R < 2 ? v.shape[0] : 0));
+            dt_embed_free(e);
+        } else dt_test_fail("twrw_group_size_0_is_a_modelled_host", "%s", dt_ctx_error(&C));
+        dt_comm_free(hw);
+        d.comm = world;
+    }
 }
 
 int main(void) {
