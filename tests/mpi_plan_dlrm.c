@@ -206,6 +206,32 @@ int main(void) {
                    st ? 0.0 : a.mem_transient, p->whole_peak[DT_SHARD_TABLE], p->scale_peak[DT_SHARD_TABLE]);
         dt_embed_free(e);
     }
+    /* hosts modelled (host_size 2 at np 4): table-row is measured, its group the first host's two
+       ranks; a rank outside the group holds none of the table (its bytes were once the group's:
+       the roles were rank 0 against the rest), a rank inside it half the rows */
+    if (W == 4) {
+        dt_comm_desc hd;
+        dt_comm *hw = NULL;
+        dt_plan_dlrm_profile *q = (dt_plan_dlrm_profile *)calloc(1, sizeof *q);
+        dt_plan_dlrm_desc d2 = desc;
+        memset(&hd, 0, sizeof hd);
+        hd.host_size = 2;
+        st = q ? dt_comm_create_world(&ctx, &hw, &hd) : DT_ERR_OOM;
+        d2.user = hw;
+        if (!st) st = dt_plan_dlrm_measure(hw, &d2, q);
+        if (!DT_TEST_CHECK("plan_dlrm_measures_on_modelled_hosts", st == DT_OK && q->group == 2))
+            printf("  status %d, group %d: %s\n", st, q ? q->group : -1, dt_ctx_error(&ctx));
+        else {
+            const dt_plan_table_cost *c = &q->cost[2][DT_SHARD_TABLE_ROW], *tw = &q->cost[2][DT_SHARD_TABLE];
+            /* table "c": 5000 rows x 16 f32 + row-wise Adagrad's 5000: the table-wise owner's bytes, halved */
+            if (!DT_TEST_CHECK("plan_dlrm_table_row_bytes_by_role", c->ok && c->bytes[1] < 0.01 * tw->bytes[0] &&
+                               fabs(c->bytes[0] - tw->bytes[0] / 2) <= 0.01 * tw->bytes[0] + 4096))
+                printf("  table-row: group rank %.0f bytes, other %.0f; table-wise owner %.0f\n", c->bytes[0],
+                       c->bytes[1], tw->bytes[0]);
+        }
+        dt_comm_free(hw);
+        free(q);
+    }
     /* bad descs, named (every rank alike: nothing collective runs) */
     {
         dt_plan_dlrm_desc bad = desc;
