@@ -239,7 +239,7 @@ static void histogram(void) {
 }
 
 int main(void) {
-    int i, quick = dt_test_quick();
+    int i, quick = dt_test_short_run(); /* quick, or the sanitizer build: the 2-rank layouts */
     FILE *probe = fopen(GPT, "rb");
     dt_ctx_init(&g_ctx, NULL);
     (void)load_weights; /* gpt_driver.h's loader of the dense model: moe_whole's names here */
