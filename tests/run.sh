@@ -60,7 +60,8 @@
 #   launch                    examples/launch.sh (elastic restart) against a stand-in mpirun: a hung
 #                             job killed after --abort-grace, restarts, exit codes (tests/launch.sh)
 #   multihost                 gpt and dlrm across 2 and 3 hosts made as network namespaces, equal to
-#                             np 1 (tests/multihost.sh; root only, else one SKIP line)
+#                             np 1 (tests/multihost.sh; root only, else one SKIP line); it runs
+#                             while the suite builds, and is reported here
 #   gpu:...                   ./build.sh gpu where there is no GPU: bench/gpu/selftest.sh (exit 3,
 #                             arguments, the summary's parsing, the shard writer) and
 #                             --build-only (every GPU build, with nvcc; SKIP without it)
