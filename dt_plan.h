@@ -1616,6 +1616,7 @@ fail:
 /* ---- the pipeline's messages: dt_pp_run with stages that spin for the block times ---- */
 
 static double dt__plan_at(const int64_t r[2], const double v[2], double rows);
+static double dt__plan_coll(const dt_plan_profile *p, dt_plan_coll_kind kind, int size, int stride, double bytes);
 
 typedef struct dt__plan_spin {
     double f, b; /* CPU seconds a forward / a full backward of one (chunk, micro) spins */
@@ -1814,12 +1815,16 @@ static dt_status dt__plan_measure_pipe(dt_comm *world, const dt_plan_model *m, d
             if (dt__plan_sim(sch, sp.f, sp.b, mid, rph, p->cores) < meas) lo = mid;
             else hi = mid;
         }
-        /* The delay is a multiple of the stages' compute, not a transfer time: a message moves only
+        /* Past the bare send, the delay is a multiple of the stages' compute: a message moves only
            while its sender is back inside MPI, after its next pass (bench/plan's model at pp 2: GPipe
            2.8 forwards, 1F1B 2.1, at 256 to 2048 rows). A probe whose spin was cut to a second
-           finds the delay of that shorter compute: scaled back, it is the block's (found 202 ms at a
-           spin of 0.77 of the block, 261 at the whole: 202 / 0.77 = 262). */
-        pi->delay[j] = hi / scale;
+           finds the wait of that shorter compute: scaled back, it is the block's (found 202 ms at a
+           spin of 0.77 of the block, 261 at the whole: 202 / 0.77 = 262). The send itself (the
+           next stage is dp ranks on) does not scale. */
+        {
+            double send = dt__plan_coll(p, DT_PLAN_SENDRECV, 2, dp, pi->bytes[j]);
+            pi->delay[j] = hi > send ? send + (hi - send) / scale : hi;
+        }
     }
     dt_pp_schedule_free(sch);
     dt_layout_free(lay);
