@@ -670,6 +670,8 @@ typedef struct dt_moe_stats {
                                equal sets (with high probability) */
     double load_max, load_mean; /* assignments per expert: the most and the mean */
     const int64_t *load;    /* [E] assignments per expert (valid until the next step_end) */
+    const int64_t *kept;    /* [E] of them, those under capacity: the rows each expert computed (the
+                               same; dropless, kept = load) */
     /* this rank's seconds in the step's forwards and backwards, by phase (wall clock: on CUDA the
        host's side of launches, not the device's time) */
     double router_s;        /* router GEMM, softmax, top-k, capacity; backward: the router's */
@@ -3888,9 +3890,9 @@ struct dt_moe {
     int E, El, k;
     int64_t C, Fl, cap;           /* cap: assignments an expert keeps per sequence; 0 = all */
     float *bias;                  /* [E] */
-    double *acc;                  /* [2E + 3] this step: counts, sums of p, dropped, fingerprint, tokens (then global) */
+    double *acc;                  /* [3E + 3] this step: counts, sums of p, dropped, fingerprint, tokens, kept per expert (then global) */
     double *f;                    /* [E] the global f_e, once synced */
-    int64_t *load;                /* [E] for the stats */
+    int64_t *load, *kept;         /* [E] for the stats */
     double aux;
     double secs[4];               /* router, dispatch, experts, combine: this step, this rank */
     int n_fwd, synced;
@@ -4024,10 +4026,11 @@ DT_API dt_status dt_moe_create(dt_layout *l, dt_moe **out, const dt_moe_desc *de
     /* a cap of a sequence's k assignments or more drops nothing: the cast stays defined */
     m->cap = d.capacity > 0 ? (capd < 1 ? 1 : capd >= (double)d.seq * d.top_k ? d.seq * d.top_k : (int64_t)capd) : 0;
     m->bias = (float *)dt_alloc_zeroed(l->ctx, (size_t)m->E * sizeof(float));
-    m->acc = (double *)dt_alloc_zeroed(l->ctx, (size_t)(2 * m->E + 3) * sizeof(double));
+    m->acc = (double *)dt_alloc_zeroed(l->ctx, (size_t)(3 * m->E + 3) * sizeof(double)); /* see dt__moe_sync */
     m->f = (double *)dt_alloc_zeroed(l->ctx, (size_t)m->E * sizeof(double));
     m->load = (int64_t *)dt_alloc_zeroed(l->ctx, (size_t)m->E * sizeof(int64_t));
-    if (!m->bias || !m->acc || !m->f || !m->load || dt__moe_fit(l->ctx, &m->cnt_send, m->E, DT_I64, DT_CPU) ||
+    m->kept = (int64_t *)dt_alloc_zeroed(l->ctx, (size_t)m->E * sizeof(int64_t));
+    if (!m->bias || !m->acc || !m->f || !m->load || !m->kept || dt__moe_fit(l->ctx, &m->cnt_send, m->E, DT_I64, DT_CPU) ||
         dt__moe_fit(l->ctx, &m->cnt_recv, m->E, DT_I64, DT_CPU)) {
         dt_moe_free(m);
         return DT_ERR_OOM;
@@ -4043,6 +4046,7 @@ DT_API void dt_moe_free(dt_moe *m) {
     dt_release(m->ctx, m->acc);
     dt_release(m->ctx, m->f);
     dt_release(m->ctx, m->load);
+    dt_release(m->ctx, m->kept);
     dt_tensor_free(m->ctx, &m->cnt_send);
     dt_tensor_free(m->ctx, &m->cnt_recv);
     for (i = 0; i < 4; i++) dt_tensor_free(m->ctx, &m->bufs[i]);
@@ -4210,6 +4214,7 @@ static dt_status dt__moe_assign(dt_moe *m, dt_moe_acts *a, int64_t seq0, int64_t
                 }
             }
     }
+    for (e = 0; e < E; e++) m->acc[2 * E + 3 + e] += (double)ecnt[e];
     /* ecnt becomes each expert's first row in the send order, then its end */
     for (e = 0; e < E; e++) {
         int64_t c = ecnt[e];
@@ -4363,6 +4368,7 @@ static dt_status dt__moe_route_cuda(dt_moe *m, dt_moe_acts *a, const dt_tensor *
         m->acc[e] += stat[e];
         m->acc[E + e] += stat[E + e];
         ecnt[e] = (int64_t)stat[2 * E + e];
+        m->acc[2 * E + 3 + e] += (double)ecnt[e];
         a->S += ecnt[e];
         a->send_n[e / m->El] += ecnt[e];
     }
@@ -4743,7 +4749,7 @@ static dt_status dt__moe_sync(dt_moe *m) {
     int E = m->E, e;
     double n, aux = 0;
     if (m->synced) return DT_OK;
-    DT__TRY(dt_comm_allreduce_f64(m->l->dpcp_comm, m->acc, 2 * E + 3, DT_REDUCE_SUM));
+    DT__TRY(dt_comm_allreduce_f64(m->l->dpcp_comm, m->acc, 3 * E + 3, DT_REDUCE_SUM));
     n = m->acc[2 * E + 2];
     for (e = 0; e < E; e++) {
         m->f[e] = n > 0 ? m->acc[e] / (n * m->k) : 0;
@@ -4943,6 +4949,7 @@ DT_API dt_status dt_moe_step_end(dt_moe *m, dt_moe_stats *stats) {
     DT__TRY(dt__moe_sync(m));
     for (e = 0; e < E; e++) {
         m->load[e] = (int64_t)m->acc[e];
+        m->kept[e] = (int64_t)m->acc[2 * E + 3 + e];
         mean += m->acc[e] / E;
         mx = m->acc[e] > mx ? m->acc[e] : mx;
     }
@@ -4957,13 +4964,14 @@ DT_API dt_status dt_moe_step_end(dt_moe *m, dt_moe_stats *stats) {
         stats->load_max = mx;
         stats->load_mean = mean;
         stats->load = m->load;
+        stats->kept = m->kept;
         stats->router_s = m->secs[0];
         stats->dispatch_s = m->secs[1];
         stats->experts_s = m->secs[2];
         stats->combine_s = m->secs[3];
     }
     memset(m->secs, 0, sizeof m->secs);
-    memset(m->acc, 0, (size_t)(2 * E + 3) * sizeof(double));
+    memset(m->acc, 0, (size_t)(3 * E + 3) * sizeof(double));
     m->n_fwd = 0;
     m->synced = 0;
     return DT_OK;

@@ -387,15 +387,24 @@ static void run_case(dt_comm *w, int ep, int tp, double capacity, int renorm, in
                           (unsigned long long)st.drop_print, (long long)RF.dropped, (unsigned long long)RF.print,
                           (long long)st.assigned);
         {
-            int okl = 1, okb = 1;
+            int okl = 1, okb = 1, okk = 1, ek = -1;
+            int64_t kept[E] = {0}, t2;
             double mean = (double)NG * K / E;
+            for (t2 = 0; t2 < (int64_t)NG; t2++)
+                for (j = 0; j < K; j++) kept[RF.idx[t2][j]] += RF.kept[t2][j];
             for (e = 0; e < E; e++) {
                 float want = bias[e] + (balance == DT_MOE_BIAS ? (float)(0.01 * (RF.load[e] < mean ? 1 : RF.load[e] > mean ? -1 : 0)) : 0);
                 okl &= st.load[e] == RF.load[e];
                 okb &= dt_moe_bias(m)[e] == want;
+                if (st.kept[e] != kept[e] && ek < 0) ek = e;
             }
+            okk = ek < 0;
             snprintf(name, sizeof name, "moe_%s_load_and_bias_update_equal_reference", tag);
             dt_test_check_all(name, okl && okb, "load %s, bias %s", okl ? "ok" : "differs", okb ? "ok" : "differs");
+            snprintf(name, sizeof name, "moe_%s_kept_per_expert_equals_reference", tag);
+            dt_test_check_all(name, okk, "expert %d kept %lld rows, reference %lld (of %lld assigned)", ek,
+                              ek < 0 ? 0LL : (long long)st.kept[ek], ek < 0 ? 0LL : (long long)kept[ek],
+                              ek < 0 ? 0LL : (long long)RF.load[ek]);
         }
         snprintf(name, sizeof name, "moe_%s_alltoall_bytes_equal_rows_dispatched", tag);
         dt_test_check_all(name, cs.bytes == sent_rows * CW * 4 && cs.calls == 4,

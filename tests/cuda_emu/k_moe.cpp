@@ -130,10 +130,10 @@ static void run_case(dt_layout *l, const char *tag, double capacity, int renorm,
     close_all(name, G.db2, H.db2, 1e-5, 1e-4);
     snprintf(name, sizeof name, "moe_cuda_%s_routing_stats_equal_cpu", tag);
     int same_load = 1;
-    for (int e = 0; e < E; e++) same_load &= sg.load[e] == sc.load[e];
+    for (int e = 0; e < E; e++) same_load &= sg.load[e] == sc.load[e] && sg.kept[e] == sc.kept[e];
     dt_test_expect(name, fabs(sg.aux - sc.aux) <= 1e-6 * fabs(sc.aux) && sg.dropped == sc.dropped &&
                    sg.drop_print == sc.drop_print && sg.assigned == sc.assigned && same_load,
-                   "aux %.12g / %.12g, dropped %lld / %lld, print %llx / %llx, load %s", sg.aux, sc.aux,
+                   "aux %.12g / %.12g, dropped %lld / %lld, print %llx / %llx, load and kept %s", sg.aux, sc.aux,
                    (long long)sg.dropped, (long long)sc.dropped, (unsigned long long)sg.drop_print,
                    (unsigned long long)sc.drop_print, same_load ? "same" : "differs");
     if (capacity > 0) {
