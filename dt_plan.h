@@ -25,7 +25,8 @@
    The block it times is examples/gpt's block, op for op (dt_tensor.h's and dt_parallel.h's tp and
    cp ops at the split's shapes, including their collectives), so its tp and cp communication is
    measured, not modelled (Ulysses' all-to-alls too, and a MoE layer's over ep, timed apart on
-   rows its router spreads about evenly: a run's routing is its data's). What is modelled: the
+   rows its router spreads about evenly: a run's routing is its data's and its trained router's,
+   which dt_plan_model.expert_load brings in from a run's printed loads). What is modelled: the
    data-parallel sync (DDP buckets during the backward, ZeRO's reduce-scatters and gathers), the
    pipeline's sends and bubble, activation offload's copies, the optimizer step, and memory, from
    the same accounting as examples/gpt's activations and dt_zero_memory.
@@ -101,6 +102,19 @@ typedef struct dt_plan_model {
     int moe_shared;        /* 1: the dense MLP stays beside the experts (a shared expert) */
     double capacity;       /* an expert keeps at most ceil(capacity T k / E) of a sequence's assignments; 0 = dropless */
     dt_moe_balance balance; /* 0 = aux (its gradient needs the step's every forward first: GPipe or one micro-batch) */
+    /* Where the trained router sends the rows, which the profile cannot measure (it routes through a
+       router at its initial scale: every expert about as likely, nothing over capacity). For each
+       ep dividing E (ascending: 1, ..., E), w: the busiest ep rank's rows (its E / ep experts' kept
+       assignments; rank r holds experts r E / ep ..) over its uniform share, the mean over steps of
+       each step's busiest (which rank it is moves; the layer waits for it each time). [divisors of
+       E], every MoE block alike, or [MoE blocks][divisors of E] in block order, as examples/gpt
+       prints them after a run ("moe: --moe-load ..."). A skewed router at a capacity drops rows (ep 1's
+       w, the share kept, below 1) and loads one ep rank above the others (w above 1). A MoE block's
+       time gains (w - 1) k times its dense MLP's at those rows. NULL = 1 each. The caller's:
+       measure, load, broadcast and paper leave it NULL (set it on the profile you predict from); the
+       file does not keep it. */
+    const double *expert_load;
+    int n_expert_load;
 } dt_plan_model;
 
 typedef enum dt_plan_recompute {
@@ -565,6 +579,21 @@ static dt_status dt__plan_model_check(dt_ctx *ctx, const char *fn, const dt_plan
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->balance = %d, expected a dt_moe_balance", fn,
                                     (int)m->balance);
     }
+    if (m->expert_load || m->n_expert_load) {
+        int every = m->moe_every ? m->moe_every : 1, k = m->top_k ? m->top_k : 2, i, d, nd = 0;
+        int64_t blocks = m->experts ? m->layers / every : 0, n = m->n_expert_load;
+        for (d = 1; d <= m->experts; d++) nd += m->experts % d == 0;
+        if (!m->experts || !m->expert_load || (n != nd && n != blocks * nd))
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->expert_load = %p, n_expert_load = %d: expected a load "
+                                    "per ep dividing the experts %d (%d) or per MoE block and such ep (%lld x %d) of a "
+                                    "MoE model", fn, (const void *)m->expert_load, m->n_expert_load, m->experts, nd,
+                                    (long long)blocks, nd);
+        for (i = 0; i < m->n_expert_load; i++) /* an expert takes a token once: at most T of T k / E */
+            if (!(m->expert_load[i] >= 0 && m->expert_load[i] <= (double)m->experts / k))
+                return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->expert_load[%d] = %g, expected 0 .. E / k = %g (the "
+                                        "busiest ep rank's rows over its uniform share)", fn, i, m->expert_load[i],
+                                        (double)m->experts / k);
+    }
     return DT_OK;
 }
 
@@ -708,6 +737,20 @@ static double dt__plan_block_params(const dt_plan_model *m, int tp) {
 static int dt__plan_is_moe(const dt_plan_model *m, int l) {
     int every = m->moe_every ? m->moe_every : 1;
     return m->experts && l % every == every - 1;
+}
+
+/* A MoE block's experts at ep: the busiest ep rank's rows over their uniform share, less 1 (0
+   without model->expert_load, or for a dense block). */
+static double dt__plan_moe_skew(const dt_plan_model *m, int l, int ep) {
+    int E = m->experts, every = m->moe_every ? m->moe_every : 1, d, nd = 0, at = -1;
+    if (!m->expert_load || !dt__plan_is_moe(m, l)) return 0;
+    for (d = 1; d <= E; d++)
+        if (E % d == 0) {
+            if (d == ep) at = nd;
+            nd++;
+        }
+    if (at < 0) return 0; /* (the layout check refuses such an ep) */
+    return m->expert_load[(m->n_expert_load > nd ? (size_t)(l / every) * (size_t)nd : 0) + (size_t)at] - 1;
 }
 
 /* A MoE block's parameters on one rank of tp and ep: *dense, what it changes of the dense block's
@@ -1870,6 +1913,8 @@ DT_API dt_status dt_plan_profile_measure(dt_comm *world, const dt_plan_model *m,
     if (reps > 16) reps = 16; /* the medians are taken from arrays of 16 */
     memset(out, 0, sizeof *out);
     out->model = *m;
+    out->model.expert_load = NULL; /* the caller's (a profile holds shapes) */
+    out->model.n_expert_load = 0;
     if (!out->model.kv_heads) out->model.kv_heads = m->heads;
     if (!out->model.dtype) out->model.dtype = DT_F32;
     out->world = dt_comm_size(world);
@@ -1939,9 +1984,13 @@ static dt_status dt__plan_bcast(dt_comm *c, void *p, size_t n, int root) {
 }
 
 DT_API dt_status dt_plan_profile_broadcast(dt_comm *c, dt_plan_profile *p, int root) {
+    dt_status err;
     if (!c || !p)
         return dt_ctx_set_error(dt_comm_ctx(c), DT_ERR_ARG, "dt_plan_profile_broadcast: %s is NULL", c ? "p" : "c");
-    return dt__plan_bcast(c, p, sizeof *p, root);
+    err = dt__plan_bcast(c, p, sizeof *p, root);
+    p->model.expert_load = NULL; /* root's address: the loads are each caller's to set */
+    p->model.n_expert_load = 0;
+    return err;
 }
 
 /* ---- JSON ---- */
@@ -2715,6 +2764,7 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
        on a side stream beside the compute; two on the CPU, where they are memcpys in line) */
     int slots = p->paper ? 3 : 2;
     double xf = 0, xb = 0, xdense = 0, xexp = 0, px_max = 0, edp, xsh; /* MoE: a MoE block's time and params over a dense one's */
+    double xk_f = 0, xk_b = 0; /* MoE: its experts' time at their uniform share (k dense MLPs' rows) */
     const dt_plan_moe *x = NULL;
     int si, lse, st, first[4097], dpcp, nb_max = 0, nm_max = 0;
     dt_pp_schedule *sch = NULL;
@@ -2756,6 +2806,8 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
         x = &p->moes[si];
         xf = dt__plan_at(x->rows, x->fwd, rows) - (m->moe_shared ? 0 : dt__plan_at(x->rows, x->mlp_fwd, rows));
         xb = dt__plan_at(x->rows, x->bwd, rows) - (m->moe_shared ? 0 : dt__plan_at(x->rows, x->mlp_bwd, rows));
+        xk_f = (m->top_k ? m->top_k : 2) * dt__plan_at(x->rows, x->mlp_fwd, rows);
+        xk_b = (m->top_k ? m->top_k : 2) * dt__plan_at(x->rows, x->mlp_bwd, rows);
         dt__plan_moe_params(m, l.tp, l.ep, &xdense, &xexp);
     }
     out->layout = l;
@@ -2781,18 +2833,21 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
         double emb = (double)m->vocab / l.tp * C + (double)m->seq * C, head = 2 * C;
         for (st = 0; st < l.pp; st++) {
             int c, nb = 0, nm = 0, outs = 0, ins = 0, b;
-            double psi;
+            double psi, skew = 0;
             for (c = 0; c < l.chunks; c++) { /* offload: each copied out, all but the slots' back (on the CPU, at once) */
                 int k = first[c * l.pp + st + 1] - first[c * l.pp + st], off = (int)floor(l.offload * k + 0.5);
                 nb += k;
                 outs += off;
                 ins += off > slots ? off - slots : 0;
-                for (b = first[c * l.pp + st]; b < first[c * l.pp + st + 1]; b++) nm += dt__plan_is_moe(m, b);
+                for (b = first[c * l.pp + st]; b < first[c * l.pp + st + 1]; b++) {
+                    nm += dt__plan_is_moe(m, b);
+                    skew += dt__plan_moe_skew(m, b, l.ep);
+                }
             }
             if (nb > nb_max) nb_max = nb;
             if (nm > nm_max) nm_max = nm;
-            fst[st] = nb * F + nm * xf + (p->paper ? 0 : outs * own * p->copy_s_per_byte);
-            bst[st] = nb * (B + R) + nm * xb + (p->paper ? 0 : ins * own * p->copy_s_per_byte);
+            fst[st] = nb * F + nm * xf + skew * xk_f + (p->paper ? 0 : outs * own * p->copy_s_per_byte);
+            bst[st] = nb * (B + R) + nm * xb + skew * xk_b + (p->paper ? 0 : ins * own * p->copy_s_per_byte);
             psi = nb * bp + nm * (xdense + xexp);
             if (st == 0) { fst[st] += ef; bst[st] += eb; psi += emb; }
             if (st == l.pp - 1) { fst[st] += hf; bst[st] += hb; psi += head; }
@@ -2870,7 +2925,7 @@ static dt_status dt__plan_predict(dt_ctx *ctx, const dt_plan_profile *p, const d
     if (m->experts) /* each MoE layer's routing counts over dp x cp at the step's end, and the aux loss's in
                        the first backward */
         opt += nm_max * (m->balance == DT_MOE_BIAS || m->balance == DT_MOE_NONE ? 1 : 2) *
-               dt__plan_coll(p, DT_PLAN_ALLREDUCE, dpcp, l.tp, (2.0 * m->experts + 3) * 8);
+               dt__plan_coll(p, DT_PLAN_ALLREDUCE, dpcp, l.tp, (3.0 * m->experts + 3) * 8);
     step = busy + exposed + opt;
     if (floor_tps > 0 && p->paper && (double)m->batch * (double)m->seq / step < floor_tps) { /* no bubble can make it */
         if (pruned) *pruned = 1;
@@ -3216,6 +3271,8 @@ DT_API dt_status dt_plan_profile_paper(dt_ctx *ctx, const dt_plan_machine *mc, c
     out->paper = 1;
     out->mach = *mc;
     out->model = *m;
+    out->model.expert_load = NULL; /* the caller's (a profile holds shapes) */
+    out->model.n_expert_load = 0;
     if (!out->model.kv_heads) out->model.kv_heads = m->heads;
     if (!out->model.dtype) out->model.dtype = DT_F32;
     out->world = world;

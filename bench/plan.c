@@ -30,6 +30,14 @@
    measured 362 ms in one run and 404 ms minutes later), which a profile measured minutes before
    its runs turns into error (median 9.7% with the profiles measured once, before the first round,
    against 4.0% measured per round, on the same quiet machine). --once measures them once.
+   The MoE rows: the profile's router spreads tokens evenly, a trained one does not (at capacity
+   1.25 the run drops rows; at ep 2 one rank's experts are busier). Each round runs the MoE group's
+   first row (dp 2) first, reads the loads it prints (`moe: --moe-load ...`: per block and ep, the
+   busiest ep rank's kept rows over its uniform share, a step's mean), and predicts every MoE row
+   again with them (--moe-load; `auto` trains the layout the planner ranks first with them): the
+   pilot run a user would make,
+   whose routing is every layout's (a run equals the one-process run). The table holds those
+   predictions; a line per MoE row after it prints the even router's prediction and its error.
    Its time (the issue's bound: 15 minutes): the --plan runs that measure the profiles take some
    110 s a round (5, 27, 46-53 and 30 s for gpt at np 1, 2, 4 and MoE at 2 on two cores), a round
    of training runs some 125-185 s (gpt's 110-162, dlrm's 15-22): 713 s on a quiet machine, 976 s
@@ -67,53 +75,54 @@ typedef struct row {
     double meas_mb;
     char layout[160];        /* the planner's name of it */
     int moe;                 /* examples/gpt with MOE_MODEL (a profile of its own) */
+    double evens[8];         /* MoE: per round, the prediction without the run's --moe-load (an even router) */
 } row;
 
 static row ROWS[] = {
-    {0, 1, "", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 1, "--recompute full", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 1, "--recompute selective --micro 2", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 1, "--micro 4 --offload-activations 1", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 1, "auto", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 2, "", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 2, "--tp 2", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 2, "--tp 2 --sp 1", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 2, "--pp 2 --micro 4", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 2, "--pp 2 --micro 4 --schedule gpipe", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 2, "--pp 2 --micro 4 --offload-activations 1", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 2, "--zero 1", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 2, "--zero 3", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 2, "--zero 3 --micro 4", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 2, "--cp 2", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 2, "--cp 2 --cp-kind ulysses", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 2, "auto", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 4, "", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 4, "--tp 2", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 4, "--tp 2 --pp 2 --micro 4", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 4, "--pp 2 --micro 4 --schedule zb", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 4, "--zero 2 --micro 2", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 4, "--tp 2 --cp 2 --cp-kind ulysses", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 4, "auto", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {0, 2, "", 0, 0, {0}, {0}, 0, 0, "", 1},
-    {0, 2, "--ep 2", 0, 0, {0}, {0}, 0, 0, "", 1},
-    {0, 2, "--tp 2", 0, 0, {0}, {0}, 0, 0, "", 1},
-    {0, 2, "--zero 2", 0, 0, {0}, {0}, 0, 0, "", 1},
-    {0, 2, "--zero 3 --ep 2", 0, 0, {0}, {0}, 0, 0, "", 1},
-    {0, 2, "auto", 0, 0, {0}, {0}, 0, 0, "", 1},
-    {1, 1, "auto", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {1, 1, "plan", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {1, 2, "table", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {1, 2, "row", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {1, 2, "column", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {1, 2, "data", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {1, 2, "auto", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {1, 2, "plan", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {1, 4, "table", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {1, 4, "row", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {1, 4, "column", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {1, 4, "data", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {1, 4, "auto", 0, 0, {0}, {0}, 0, 0, "", 0},
-    {1, 4, "plan", 0, 0, {0}, {0}, 0, 0, "", 0},
+    {0, 1, "", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 1, "--recompute full", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 1, "--recompute selective --micro 2", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 1, "--micro 4 --offload-activations 1", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 1, "auto", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 2, "", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 2, "--tp 2", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 2, "--tp 2 --sp 1", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 2, "--pp 2 --micro 4", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 2, "--pp 2 --micro 4 --schedule gpipe", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 2, "--pp 2 --micro 4 --offload-activations 1", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 2, "--zero 1", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 2, "--zero 3", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 2, "--zero 3 --micro 4", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 2, "--cp 2", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 2, "--cp 2 --cp-kind ulysses", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 2, "auto", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 4, "", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 4, "--tp 2", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 4, "--tp 2 --pp 2 --micro 4", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 4, "--pp 2 --micro 4 --schedule zb", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 4, "--zero 2 --micro 2", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 4, "--tp 2 --cp 2 --cp-kind ulysses", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 4, "auto", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {0, 2, "", 0, 0, {0}, {0}, 0, 0, "", 1, {0}},
+    {0, 2, "--ep 2", 0, 0, {0}, {0}, 0, 0, "", 1, {0}},
+    {0, 2, "--tp 2", 0, 0, {0}, {0}, 0, 0, "", 1, {0}},
+    {0, 2, "--zero 2", 0, 0, {0}, {0}, 0, 0, "", 1, {0}},
+    {0, 2, "--zero 3 --ep 2", 0, 0, {0}, {0}, 0, 0, "", 1, {0}},
+    {0, 2, "auto", 0, 0, {0}, {0}, 0, 0, "", 1, {0}},
+    {1, 1, "auto", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {1, 1, "plan", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {1, 2, "table", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {1, 2, "row", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {1, 2, "column", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {1, 2, "data", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {1, 2, "auto", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {1, 2, "plan", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {1, 4, "table", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {1, 4, "row", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {1, 4, "column", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {1, 4, "data", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {1, 4, "auto", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
+    {1, 4, "plan", 0, 0, {0}, {0}, 0, 0, "", 0, {0}},
 };
 #define NROWS ((int)(sizeof ROWS / sizeof ROWS[0]))
 
@@ -123,6 +132,12 @@ static double g_plan_s, g_gpt_s, g_dlrm_s; /* where the bench's time went: --pla
 #define BIND "--map-by core --bind-to core:overload-allowed" /* Open MPI's: a rank a core, in turn */
 static int g_only = -1; /* --only gpt (0) or dlrm (1): that model's rows alone */
 static int g_np = 0;    /* --np N: the rows of that world size alone */
+/* the MoE rows' " --moe-load L": per block and ep, the busiest ep rank's kept rows over its uniform
+   share, as this round's first MoE run printed them (the router's skew and drops after its steps, which the profile's even
+   router does not show). Every layout routes the same tokens to the same experts (a run equals the
+   one-process run), so one run's loads are every layout's: a pilot run, as a user would make. */
+static char g_moe_load[2048];
+static int g_even;      /* predict() without g_moe_load, into evens */
 
 static int wanted(const row *r) { return g_only != !r->dlrm && (!g_np || r->np == g_np); }
 
@@ -162,6 +177,7 @@ static int dlrm_prediction(row *r, const char *out) {
 }
 
 static const char *model_of(const row *r) { return r->moe ? MOE_MODEL : MODEL; }
+static const char *load_of(const row *r) { return r->moe && !g_even ? g_moe_load : ""; }
 
 /* the profile file of a row's model and world */
 static void profile_path(const row *r, const char *logdir, char *buf, size_t n) {
@@ -170,7 +186,7 @@ static void profile_path(const row *r, const char *logdir, char *buf, size_t n) 
 
 /* --plan: the prediction for the row's layout (auto: for the planner's first choice) */
 static void predict(row *r, const char *profile) {
-    char cmd[4096], fl[256];
+    char cmd[8192], fl[256];
     double t0;
     const char *s;
     char *out;
@@ -191,8 +207,8 @@ static void predict(row *r, const char *profile) {
         return;
     }
     layout_flags(r, fl, sizeof fl);
-    snprintf(cmd, sizeof cmd, "%s -np %d %s %s %s --plan --plan-profile %s 2>&1", g_mpirun, r->np, g_gpt, model_of(r),
-             fl, profile);
+    snprintf(cmd, sizeof cmd, "%s -np %d %s %s%s %s --plan --plan-profile %s 2>&1", g_mpirun, r->np, g_gpt, model_of(r),
+             load_of(r), fl, profile);
     t0 = now_s();
     out = run(cmd, &rc);
     g_plan_s += now_s() - t0;
@@ -217,7 +233,7 @@ static void predict(row *r, const char *profile) {
 
 /* one training run: the median of step_s after the third step, and the peak memory */
 static void measure(row *r, int steps, const char *logdir) {
-    char cmd[4096], fl[256], log[600], line[4096], prof[640];
+    char cmd[8192], fl[256], log[600], line[4096], prof[640];
     char *out;
     int rc, n = 0;
     double t[1024], t0;
@@ -231,8 +247,8 @@ static void measure(row *r, int steps, const char *logdir) {
                  r->np, g_dlrm, DLRM_MODEL, r->flags, DLRM_STEPS, log, strcmp(r->flags, "plan") ? "" : " --plan-profile ",
                  strcmp(r->flags, "plan") ? "" : prof);
     else { /* --layout auto reads the profile the prediction used */
-        snprintf(cmd, sizeof cmd, "%s -np %d %s %s %s --steps %d --print-every 0 --log %s --plan-profile %s 2>&1",
-                 g_mpirun, r->np, g_gpt, model_of(r), fl, steps, log, prof);
+        snprintf(cmd, sizeof cmd, "%s -np %d %s %s%s %s --steps %d --print-every 0 --log %s --plan-profile %s 2>&1",
+                 g_mpirun, r->np, g_gpt, model_of(r), load_of(r), fl, steps, log, prof);
     }
     t0 = now_s();
     out = run(cmd, &rc);
@@ -243,6 +259,14 @@ static void measure(row *r, int steps, const char *logdir) {
         exit(1);
     }
     r->meas_mb = num_after(out, "peak memory per rank: ");
+    if (r->moe) { /* its loads, for the rows after it */
+        const char *ml = strstr(out, "moe: --moe-load ");
+        size_t len = ml ? strcspn(ml + 4, "\n") : 0;
+        if (!ml || len + 2 > sizeof g_moe_load) { fprintf(stderr, "plan: np %d %s printed no --moe-load:\n%s\n", r->np, r->flags, out); exit(1); }
+        g_moe_load[0] = ' ';
+        memcpy(g_moe_load + 1, ml + 4, len);
+        g_moe_load[len + 1] = '\0';
+    }
     free(out);
     memset(&ctx, 0, sizeof ctx);
     dt_ctx_init(&ctx, NULL);
@@ -307,6 +331,11 @@ int main(int argc, char **argv) {
             for (kind = 0; kind < 3; kind++) {
                 char path[640];
 #define BENCH_KIND(r) ((r)->dlrm ? 2 : (r)->moe ? 1 : 0)
+                int first = -1;
+                for (i = 0; i < NROWS && first < 0; i++)
+                    if (ROWS[i].np == np && BENCH_KIND(&ROWS[i]) == kind && wanted(&ROWS[i])) first = i;
+                if (first < 0) continue;
+                g_even = kind == 1; /* MoE: first as the profile's even router sees it */
                 if (k == 0 || fresh) {
                     for (i = 0; i < NROWS; i++) /* the model's profile measured afresh, by its first row */
                         if (ROWS[i].np == np && BENCH_KIND(&ROWS[i]) == kind) {
@@ -317,9 +346,21 @@ int main(int argc, char **argv) {
                         if (ROWS[i].np == np && BENCH_KIND(&ROWS[i]) == kind && wanted(&ROWS[i])) {
                             profile_path(&ROWS[i], logdir, path, sizeof path);
                             predict(&ROWS[i], path);
+                            if (kind == 1) ROWS[i].evens[ROWS[i].rounds] = ROWS[i].pred_s;
                         }
+                } else if (kind == 1) /* --once: the first round's profile */
+                    for (i = 0; i < NROWS; i++) ROWS[i].evens[ROWS[i].rounds] = ROWS[i].evens[0];
+                measure(&ROWS[first], steps, logdir);
+                if (kind == 1) { /* then every MoE row predicted with the loads its first run printed */
+                    g_even = 0;
+                    for (i = 0; i < NROWS; i++)
+                        if (ROWS[i].np == np && BENCH_KIND(&ROWS[i]) == kind && wanted(&ROWS[i])) {
+                            profile_path(&ROWS[i], logdir, path, sizeof path);
+                            predict(&ROWS[i], path);
+                        }
+                    ROWS[first].preds[ROWS[first].rounds - 1] = ROWS[first].pred_s;
                 }
-                for (i = 0; i < NROWS; i++)
+                for (i = first + 1; i < NROWS; i++)
                     if (ROWS[i].np == np && BENCH_KIND(&ROWS[i]) == kind && wanted(&ROWS[i]))
                         measure(&ROWS[i], steps, logdir);
 #undef BENCH_KIND
@@ -387,6 +428,17 @@ int main(int argc, char **argv) {
                    worst->dlrm ? worst->flags : worst->layout);
             if (100.0 * gap > first_gap) first_gap = 100.0 * gap;
         }
+    /* MoE: what the loads changed (the same profile, the router taken as even) */
+    for (i = 0; i < NROWS; i++) {
+        row *r = &ROWS[i];
+        double ratio[8];
+        if (!r->moe || !wanted(r) || !r->rounds || !(r->evens[0] > 0) || !strcmp(r->flags, "auto"))
+            continue; /* (auto's even-router choice is another layout) */
+        for (k = 0; k < r->rounds; k++) ratio[k] = r->evens[k] / r->meas[k];
+        printf("gpt moe np %d %s: predicted %.2f ms with an even router (error %.1f%%), %.2f with the run's --moe-load\n",
+               r->np, r->layout, med(r->evens, r->rounds) * 1e3,
+               100.0 * fabs(med(ratio, r->rounds) - 1.0), med(r->preds, r->rounds) * 1e3);
+    }
     /* the machine's own spread: an auto row runs a layout that another row runs too */
     for (i = 0; i < NROWS; i++) {
         row *a = &ROWS[i];

@@ -41,7 +41,7 @@ typedef struct pcase {
     const char *source, *note;
 } pcase;
 
-#define DENSE 0, 0, 0, 0, 0, DT_MOE_BALANCE_DEFAULT /* dt_plan_model's MoE fields: no experts */
+#define DENSE 0, 0, 0, 0, 0, DT_MOE_BALANCE_DEFAULT, NULL, 0 /* dt_plan_model's MoE fields: no experts */
 
 static const pcase CASES[] = {
     {"gpt3-175b-a100", "a100-dgx.json", {96, 12288, 96, 96, 51200, 2048, 1536, DT_BF16, 0, 0, DENSE},

@@ -217,18 +217,32 @@ static void named_error(const char *name, int np, const char *flags, const char 
 static void histogram(void) {
     char out[512], flags[1024], line[4096];
     FILE *fp;
-    double sum = 0;
-    int lines = 0;
+    double sum = 0, kept[2 * E], load[2 * E], want[2 * 4] = {0}, worst = 0;
+    int lines = 0, n_load = 0, i, b, d, r, e;
     snprintf(out, sizeof out, "%s/moe_hist.out", dt_test_tmpdir());
-    snprintf(flags, sizeof flags, "--seed 3 --layers 2 --width 32 --heads 4 --seq 16 --batch 8 --steps 2 "
+    /* one step: the histogram's kept rows (over the run) are the step's, which --moe-load's figures
+       come from too (the run's later half) */
+    snprintf(flags, sizeof flags, "--seed 3 --layers 2 --width 32 --heads 4 --seq 16 --batch 8 --steps 1 "
              "--moe-experts 8 --ep 2");
     if (!dt_test_expect("gpt_moe_histogram_run", run(2, flags, out) == 0, "output in %s", out)) return;
     if ((fp = fopen(out, "r"))) {
         while (fgets(line, sizeof line, fp)) {
-            const char *at = strstr(line, "  block ");
+            const char *at = strstr(line, "  block "), *k = strstr(line, " kept "), *ml = strstr(line, "moe: --moe-load ");
             if (at && strstr(line, " expert ")) {
+                double share = atof(strstr(line, " expert ") + 12);
+                if (lines < 2 * E) kept[lines] = k ? atof(k + 6) : -1;
+                /* kept: rows computed over the uniform share T k / E, at most the capacity (1.25 x 4 = 5 of a
+                   sequence's 4) and at most what was assigned (share x E; both printed to 3 decimals) */
+                if (!k || kept[lines < 2 * E ? lines : 0] > fmin(1.25, (share + 5e-4) * E) + 5e-4) worst = 1;
                 lines++;
-                sum += atof(strstr(line, " expert ") + 12);
+                sum += share;
+            }
+            if (ml) {
+                char *q = (char *)ml + 16;
+                while (n_load < 2 * E && *q && *q != '\n') {
+                    load[n_load++] = strtod(q, &q);
+                    if (*q == ',') q++;
+                }
             }
         }
         fclose(fp);
@@ -236,6 +250,24 @@ static void histogram(void) {
     dt_test_expect("gpt_moe_prints_the_load_histogram", lines == 2 * E && fabs(sum - 2.0) < 0.01,
                    "%d lines (want %d), shares summing to %.4f (want 2: one per block); output in %s", lines, 2 * E, sum,
                    out);
+    dt_test_expect("gpt_moe_kept_within_capacity_and_assigned", lines == 2 * E && worst == 0,
+                   "an expert's kept rows over its uniform share above min(1.25, share x E); output in %s", out);
+    /* --moe-load: per block, per ep dividing 8 (1, 2, 4, 8), the busiest ep rank's kept rows over its
+       uniform share: the largest mean of the histogram's kept figures over a rank's 8 / ep experts */
+    for (b = 0, i = 0; b < 2 && lines == 2 * E; b++)
+        for (d = 1; d <= E; d *= 2, i++) {
+            want[i] = 0;
+            for (r = 0; r < d; r++) {
+                double m = 0;
+                for (e = r * (E / d); e < (r + 1) * (E / d); e++) m += kept[b * E + e] / (E / d);
+                want[i] = fmax(want[i], m);
+            }
+        }
+    for (i = 0; i < n_load && lines == 2 * E; i++)
+        if (fabs(load[i] - want[i]) > 1e-3) break;
+    dt_test_expect("gpt_moe_prints_the_busiest_ep_ranks_as_moe_load", n_load == 8 && lines == 2 * E && i == n_load,
+                   "%d values (want 8), value %d %.4f against the histogram's %.4f; output in %s", n_load, i,
+                   i < n_load ? load[i] : 0, i < n_load && i < 8 ? want[i] : 0, out);
 }
 
 int main(void) {
@@ -319,6 +351,9 @@ int main(void) {
     named_error("gpt_moe_with_recompute_named", 1, "--recompute full", "--moe-experts with --recompute full");
     named_error("gpt_ep_without_moe_named", 2, "--moe-experts 0 --ep 2", "--ep 2 without --moe-experts");
     named_error("gpt_moe_balance_unknown_named", 1, "--moe-balance loss", "--moe-balance is aux or bias");
+    named_error("gpt_moe_load_count_named", 1, "--moe-load 1,1",
+                "--moe-load has 2 values: expected one per ep dividing --moe-experts 8 (4) or per MoE block");
+    named_error("gpt_moe_load_value_named", 1, "--moe-load 1,x", "--moe-load wants a number in [0, 1e+06], got 'x'");
     for (i = 0; i < 6; i++)
         if (refs[i].ok) dt_params_free(&g_ctx, &refs[i].w);
     dt_ctx_shutdown(&g_ctx);

@@ -1294,6 +1294,46 @@ static void moe(void) {
                   4 * 3e-3 * r + 2 * ((3e-3 - 0.4e-3) + (5e-3 - 0.8e-3)) * r + (0.01e-3 + 0.02e-3 + 0.2e-3 + 0.4e-3) * r, 1e-9);
     dt_test_close("plan_moe_ep2_uses_its_own_times_by_hand", e2.compute_s,
                   4 * 3e-3 * r + 2 * ((2e-3 - 0.4e-3) + (4e-3 - 0.8e-3)) * r + (0.01e-3 + 0.02e-3 + 0.2e-3 + 0.4e-3) * r, 1e-9);
+    /* the trained router's loads (model.expert_load: per ep dividing E = 4, that is 1, 2 and 4, the
+       busiest ep rank's rows over its uniform share). Block 1 [.875 .9 1.2], block 3 [.8 1.25 1.5]:
+       a block's experts take k = 2 dense MLPs' time at 1, so each gains (w - 1) 2 (0.4 + 0.8) ms
+       per 1000 rows: ep 1 (-.125 - .2), ep 2 (-.1 + .25) */
+    {
+        static const double per_block[6] = {.875, .9, 1.2, .8, 1.25, 1.5}, alike[3] = {.8, 1.25, 1.5};
+        static const double too_big[3] = {1, 2.5, 1}, nan_load[3] = {1, 1, NAN};
+        dt_plan_prediction w1, w2;
+        double mlp_s = 2 * (0.4e-3 + 0.8e-3) * r;
+        p->model.expert_load = per_block;
+        p->model.n_expert_load = 6;
+        memset(&l, 0, sizeof l);
+        st = dt_plan_predict(&g_ctx, p, &l, &w1);
+        l.ep = 2;
+        if (DT_TEST_CHECK("plan_moe_loads_predict", st == DT_OK && dt_plan_predict(&g_ctx, p, &l, &w2) == DT_OK)) {
+            dt_test_close("plan_moe_loads_drop_rows_at_ep1_by_hand", w1.compute_s - e1.compute_s, (-0.125 - 0.2) * mlp_s,
+                          1e-9);
+            dt_test_close("plan_moe_loads_wait_for_the_busiest_ep_rank_by_hand", w2.compute_s - e2.compute_s,
+                          (-0.1 + 0.25) * mlp_s, 1e-9);
+        } else
+            printf("  %s\n", dt_ctx_error(&g_ctx));
+        p->model.expert_load = alike; /* every MoE block alike */
+        p->model.n_expert_load = 3;
+        if (DT_TEST_CHECK("plan_moe_loads_of_every_block_predict", dt_plan_predict(&g_ctx, p, &l, &w2) == DT_OK))
+            dt_test_close("plan_moe_loads_of_every_block_by_hand", w2.compute_s - e2.compute_s, 2 * 0.25 * mlp_s, 1e-9);
+        p->model.n_expert_load = 4;
+        st = dt_plan_predict(&g_ctx, p, &l, &w2);
+        dt_test_error("plan_moe_loads_bad_count_is_named", st, dt_ctx_error(&g_ctx), "n_expert_load = 4");
+        p->model.expert_load = too_big; /* an expert takes a token once: at most E / k = 2 */
+        p->model.n_expert_load = 3;
+        st = dt_plan_predict(&g_ctx, p, &l, &w2);
+        dt_test_error("plan_moe_loads_above_e_over_k_is_named", st, dt_ctx_error(&g_ctx), "expert_load[1] = 2.5");
+        p->model.expert_load = nan_load;
+        st = dt_plan_predict(&g_ctx, p, &l, &w2);
+        dt_test_error("plan_moe_loads_nan_is_named", st, dt_ctx_error(&g_ctx), "expert_load[2] = nan");
+        p->model.expert_load = NULL;
+        st = dt_plan_predict(&g_ctx, p, &l, &w2);
+        dt_test_error("plan_moe_loads_count_without_values_is_named", st, dt_ctx_error(&g_ctx), "expert_load = (nil)");
+        p->model.n_expert_load = 0;
+    }
     /* parameters: each MoE block loses its dense MLP and gains the router E C, and E / ep experts
        of 2 C F + F + C */
     mlp = F * (C + 1) + F * C + C;
@@ -1309,7 +1349,9 @@ static void moe(void) {
     dt_test_close("plan_moe_sync_by_hand", e1.comm_s, coll(4 * psi) + coll(4 * px1), 1e-9);
     dt_test_close("plan_moe_ep2_experts_need_no_sync", e2.comm_s, coll(4 * psi), 1e-9);
     /* the optimizer, the loss and norm, and each MoE layer's routing counts at the step's end */
-    dt_test_close("plan_moe_step_end_by_hand", e1.optimizer_s, 2e-9 * (psi + px1) + 2 * coll(8) + 2 * coll((2 * E + 3) * 8),
+    /* (the counts: 3E + 3 doubles, dt_moe's per-expert assignments, probabilities and kept rows,
+       the dropped, their fingerprint and the tokens) */
+    dt_test_close("plan_moe_step_end_by_hand", e1.optimizer_s, 2e-9 * (psi + px1) + 2 * coll(8) + 2 * coll((3 * E + 3) * 8),
                   1e-9);
     /* activations: the dense model's, a set's three [N, C] MoE tensors (moeout [Nl, C]), each MoE
        block's routed rows and its layer's buffers */

@@ -215,6 +215,8 @@ typedef struct opts {
     int progress_us;      /* --progress-us N: dt_comm_desc.progress_us (0: no progress thread) */
     int moe_experts, moe_topk, ep, moe_every, moe_renorm, moe_shared; /* --moe-*: 0 experts = dense */
     double moe_capacity, moe_aux;
+    double moe_load[4096];  /* --moe-load L: the planner's expert loads (dt_plan_model.expert_load) */
+    int n_moe_load;
     dt_moe_balance moe_balance;
     int tf32;             /* --tf32: f32 GEMMs on TF32 tensor cores (cuda) */
     dt_dtype dtype;
@@ -317,6 +319,11 @@ static const char *HELP =
     "  --plan-profile F  the planner's profile: read F when it exists, else measure (seconds) and write it\n"
     "                    (--device cuda: a machine file, as docs/machines/ holds)\n"
     "  --plan-memory MB  plan within MB per rank (0: no limit) (0)\n"
+    "  --moe-load L      for --plan / --layout auto: per ep dividing E, the busiest ep rank's rows over its\n"
+    "                    uniform share, a step's mean (one value per such ep for every MoE block, or per block\n"
+    "                    and ep), comma-separated, as a run prints them at its end (\"moe: --moe-load ...\"):\n"
+    "                    the trained router's skew and drops, which the profile's even router does not show\n"
+    "                    (none: 1 each)\n"
     "  --help            this text\n";
 
 static void usage(const char *why) {
@@ -455,6 +462,22 @@ static void parse(opts *o, int argc, char **argv) {
         }
         else if (!strcmp(a, "--plan-profile")) o->plan_profile = v;
         else if (!strcmp(a, "--plan-memory")) o->plan_memory = real(a, v, 0, 1e12);
+        else if (!strcmp(a, "--moe-load")) { /* n values checked against the model once it is known */
+            char buf[64];
+            const char *q = v;
+            o->n_moe_load = 0;
+            while (q) {
+                size_t len = strcspn(q, ",");
+                if (o->n_moe_load == (int)(sizeof o->moe_load / sizeof o->moe_load[0]))
+                    usage("--moe-load: more than 4096 values");
+                if (len >= sizeof buf) len = sizeof buf - 1; /* real() then names the cut value as malformed */
+                memcpy(buf, q, len);
+                buf[len] = 0;
+                o->moe_load[o->n_moe_load++] = real(a, buf, 0, 1e6);
+                if (!q[strcspn(q, ",")]) break;
+                q += strcspn(q, ",") + 1;
+            }
+        }
         else { char why[200]; snprintf(why, sizeof why, "unknown flag '%s'", a); usage(why); }
         if (takes && !v) { char why[200]; snprintf(why, sizeof why, "%s needs a value", a); usage(why); }
         i += takes;
@@ -1921,7 +1944,10 @@ typedef struct trainer {
     double step_s;              /* the last step's wall time on this rank (--log's step_s) */
     int logging;                        /* this step reads its loss (is_logging_step) */
     double moe_aux, moe_dropped, moe_print, moe_lmax; /* MoE: the last logging step's, over every layer */
-    double *moe_hist;                   /* MoE: [L][E] assignments per expert, summed over the run */
+    double *moe_hist;                   /* MoE: [2][L][E] assignments, then kept ones, per expert, summed over the run */
+    double *moe_busy;                   /* MoE: [L][divisors of E] the busiest ep rank's kept rows over its share, summed
+                                           over the run's later half (moe_step) */
+    int moe_busy_steps;
     /* --slow-every: this window's compute and collective seconds, the last check's verdict */
     double win_compute, win_comm, comm_before, step_t0;
     int win_steps, n_slow, slow[8];     /* the slow ranks the last check named (at most 8 listed) */
@@ -2090,6 +2116,10 @@ static void plan_layout(trainer *t) {
         CHECK(dt_plan_profile_measure(t->world, &pm, NULL, pf));
         if (o->plan_profile && g_rank == 0) CHECK(dt_plan_profile_save(g_ctx, pf, o->plan_profile));
     }
+    if (o->n_moe_load) { /* the run's routing, which the profile's model leaves out (dt_plan_model.expert_load) */
+        pf->model.expert_load = o->moe_load;
+        pf->model.n_expert_load = o->n_moe_load;
+    }
     memset(&sd, 0, sizeof sd);
     sd.mem_budget = o->plan_memory * 1e6;
     sd.recompute = 1;
@@ -2177,6 +2207,14 @@ static void check_sizes(trainer *t) {
         fail("--cp-kind ulysses: --kv-heads %d over --tp %d leaves %d kv heads per tp rank, which do not divide over "
              "--cp %d", o->kv_heads, o->tp, o->kv_heads < o->tp ? 1 : o->kv_heads / o->tp, o->cp);
     if (o->ep > 1 && !o->moe_experts) fail("--ep %d without --moe-experts: expert parallelism splits experts", o->ep);
+    if (o->n_moe_load) {
+        int d, nd = 0;
+        for (d = 1; d <= o->moe_experts; d++) nd += o->moe_experts % d == 0;
+        if (!o->moe_experts || (o->n_moe_load != nd && o->n_moe_load != o->layers / o->moe_every * nd))
+            fail("--moe-load has %d values: expected one per ep dividing --moe-experts %d (%d) or per MoE block and "
+                 "such ep (%d x %d), as a run prints them", o->n_moe_load, o->moe_experts, nd,
+                 o->moe_experts ? o->layers / o->moe_every : 0, nd);
+    }
     if (o->moe_experts) {
         int nmoe = o->layers / o->moe_every;
         if ((dp * o->cp) % o->ep)
@@ -2247,27 +2285,48 @@ static void moe_make(trainer *t) {
     if (o->moe_aux == 0 && o->moe_balance == DT_MOE_AUX) md.balance = DT_MOE_NONE; /* --moe-aux 0: no balancing */
     for (l = 0; l < m->L; l++)
         if (m->xunit[l] >= 0) CHECK(dt_moe_create(t->lay, &m->moe[l], &md));
-    t->moe_hist = (double *)dt_alloc_zeroed(&t->ctx, (size_t)m->L * (size_t)o->moe_experts * sizeof(double));
-    if (!t->moe_hist) CHECK(DT_ERR_OOM);
+    t->moe_hist = (double *)dt_alloc_zeroed(&t->ctx, 2 * (size_t)m->L * (size_t)o->moe_experts * sizeof(double));
+    t->moe_busy = (double *)dt_alloc_zeroed(&t->ctx, (size_t)m->L * (size_t)o->moe_experts * sizeof(double));
+    if (!t->moe_hist || !t->moe_busy) CHECK(DT_ERR_OOM);
 }
 
 /* After the optimizer step: each MoE layer's step (the bias update, its counts reset); on a
    logging step the totals over the stages' layers: the aux loss, the tokens dropped and the most
-   loaded expert over the mean. Collective over the stage's dp x cp, then (logging) pp. */
+   loaded expert over the mean. Collective over the stage's dp x cp, then (logging) pp. In the
+   run's later half, for --moe-load: at each ep dividing E, the busiest ep rank's kept rows over its
+   uniform share (its E / ep experts' kept over assigned x (E / ep) / E), as the step's layer waits
+   for it; the mean over steps is what a step takes, the max of the mean loads is not (which rank
+   is the busiest moves from step to step). */
 static void moe_step(trainer *t) {
     model *m = &t->m;
     double v[4] = {0, 0, 0, 0};
-    int l, e, E = t->o.moe_experts;
+    int l, e, E = t->o.moe_experts, later = t->step >= t->first_step + (t->last_step - t->first_step) / 2;
     if (!E) return;
+    t->moe_busy_steps += later;
     for (l = 0; l < m->L; l++) {
         dt_moe_stats st;
+        int d, j = 0;
         if (!m->moe[l]) continue;
         CHECK(dt_moe_step_end(m->moe[l], &st));
         v[0] += st.aux;
         v[1] += (double)st.dropped;
         v[2] += (double)st.drop_print;
         if (st.load_mean > 0 && st.load_max / st.load_mean > v[3]) v[3] = st.load_max / st.load_mean;
-        for (e = 0; e < E; e++) t->moe_hist[l * E + e] += (double)st.load[e];
+        for (e = 0; e < E; e++) {
+            t->moe_hist[l * E + e] += (double)st.load[e];
+            t->moe_hist[(m->L + l) * E + e] += (double)st.kept[e];
+        }
+        for (d = 1; later && st.assigned > 0 && d <= E; d++) { /* d: an ep dividing E */
+            double most = 0;
+            int r, El = E / d;
+            if (E % d) continue;
+            for (r = 0; r < d; r++) {
+                double sum = 0;
+                for (e = r * El; e < (r + 1) * El; e++) sum += (double)st.kept[e];
+                most = sum > most ? sum : most;
+            }
+            t->moe_busy[l * E + j++] += most * d / (double)st.assigned;
+        }
     }
     if (!t->logging) return;
     CHECK(dt_comm_allreduce_f64(t->lay->pp_comm, v, 3, DT_REDUCE_SUM));
@@ -2738,13 +2797,18 @@ static void log_step(trainer *t, const dt_opt_step_info *info) {
 }
 
 /* The run's expert load per MoE block (every stage's, summed over pp to rank 0): a bar per expert,
-   its share of the block's assignments (1/E each when balanced). */
+   its share of the block's assignments (1/E each when balanced), and the rows it kept under the
+   capacity over its uniform share (1 when balanced and nothing dropped); then the planner's
+   --moe-load: per MoE block in order, per ep dividing E (ascending), the mean over the run's later
+   half of the busiest ep rank's kept rows over its uniform share (moe_step). */
 static void moe_histogram(trainer *t) {
     model *m = &t->m;
     int l, e, E = t->o.moe_experts;
-    CHECK(dt_comm_allreduce_f64(t->lay->pp_comm, t->moe_hist, m->L * E, DT_REDUCE_SUM));
+    CHECK(dt_comm_allreduce_f64(t->lay->pp_comm, t->moe_hist, 2 * m->L * E, DT_REDUCE_SUM));
+    CHECK(dt_comm_allreduce_f64(t->lay->pp_comm, t->moe_busy, m->L * E, DT_REDUCE_SUM));
     if (g_rank != 0 || t->o.quiet) return;
-    printf("moe: expert load over the run (share of each block's assignments; balanced = %.3f)\n", 1.0 / E);
+    printf("moe: expert load over the run (share of each block's assignments, balanced = %.3f; kept: the rows it "
+           "computed over its uniform share)\n", 1.0 / E);
     for (l = 0; l < m->L; l++) {
         double sum = 0;
         if (!moe_block(&t->o, l)) continue;
@@ -2752,11 +2816,24 @@ static void moe_histogram(trainer *t) {
         for (e = 0; e < E; e++) {
             double share = sum > 0 ? t->moe_hist[l * E + e] / sum : 0;
             int n = (int)(share * E * 20 + 0.5), i;
-            printf("  block %2d expert %3d  %.3f  ", l, e, share);
+            printf("  block %2d expert %3d  %.3f  kept %.3f  ", l, e, share,
+                   sum > 0 ? t->moe_hist[(m->L + l) * E + e] * E / sum : 0);
             for (i = 0; i < n && i < 60; i++) putchar('#');
             putchar('\n');
         }
     }
+    printf("moe: --moe-load ");
+    for (l = 0; l < m->L; l++) {
+        int d, j = 0;
+        if (!moe_block(&t->o, l)) continue;
+        for (d = 1; d <= E; d++)
+            if (E % d == 0) {
+                printf("%s%.4f", l == t->o.moe_every - 1 && !j ? "" : ",",
+                       t->moe_busy_steps ? t->moe_busy[l * E + j] / t->moe_busy_steps : 1);
+                j++;
+            }
+    }
+    printf("\n");
 }
 
 /* After the last step: memory peaks, the --profile table, the --trace file, --sample's text and
@@ -2849,6 +2926,7 @@ static void teardown(trainer *t) {
     dt_release(&t->ctx, m->xunit);
     dt_release(&t->ctx, m->mp);
     dt_release(&t->ctx, t->moe_hist);
+    dt_release(&t->ctx, t->moe_busy);
     free(t->hosts);
     dt_zero_free(m->z);
     dt_trace_free(m->tr);
