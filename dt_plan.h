@@ -538,6 +538,19 @@ DT_API const char *dt_plan_layout_string(const dt_plan_layout *l, char *buf, siz
     return buf;
 }
 
+/* The eps a MoE model of E experts can take (those dividing E, ascending): their count, and ep's
+   place among them (-1 if ep divides no E): model->expert_load's index. */
+static int dt__plan_ep_index(int E, int ep, int *count) {
+    int d, n = 0, at = -1;
+    for (d = 1; d <= E; d++)
+        if (E % d == 0) {
+            if (d == ep) at = n;
+            n++;
+        }
+    if (count) *count = n;
+    return at;
+}
+
 static dt_status dt__plan_model_check(dt_ctx *ctx, const char *fn, const dt_plan_model *m) {
     int kv;
     if (!m) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model is NULL", fn);
@@ -580,9 +593,9 @@ static dt_status dt__plan_model_check(dt_ctx *ctx, const char *fn, const dt_plan
                                     (int)m->balance);
     }
     if (m->expert_load || m->n_expert_load) {
-        int every = m->moe_every ? m->moe_every : 1, k = m->top_k ? m->top_k : 2, i, d, nd = 0;
+        int every = m->moe_every ? m->moe_every : 1, k = m->top_k ? m->top_k : 2, i, nd;
         int64_t blocks = m->experts ? m->layers / every : 0, n = m->n_expert_load;
-        for (d = 1; d <= m->experts; d++) nd += m->experts % d == 0;
+        dt__plan_ep_index(m->experts, 1, &nd);
         if (!m->experts || !m->expert_load || (n != nd && n != blocks * nd))
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: model->expert_load = %p, n_expert_load = %d: expected a load "
                                     "per ep dividing the experts %d (%d) or per MoE block and such ep (%lld x %d) of a "
@@ -742,13 +755,9 @@ static int dt__plan_is_moe(const dt_plan_model *m, int l) {
 /* A MoE block's experts at ep: the busiest ep rank's rows over their uniform share, less 1 (0
    without model->expert_load, or for a dense block). */
 static double dt__plan_moe_skew(const dt_plan_model *m, int l, int ep) {
-    int E = m->experts, every = m->moe_every ? m->moe_every : 1, d, nd = 0, at = -1;
+    int every = m->moe_every ? m->moe_every : 1, nd, at;
     if (!m->expert_load || !dt__plan_is_moe(m, l)) return 0;
-    for (d = 1; d <= E; d++)
-        if (E % d == 0) {
-            if (d == ep) at = nd;
-            nd++;
-        }
+    at = dt__plan_ep_index(m->experts, ep, &nd);
     if (at < 0) return 0; /* (the layout check refuses such an ep) */
     return m->expert_load[(m->n_expert_load > nd ? (size_t)(l / every) * (size_t)nd : 0) + (size_t)at] - 1;
 }

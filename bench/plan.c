@@ -138,6 +138,9 @@ static int g_np = 0;    /* --np N: the rows of that world size alone */
    one-process run), so one run's loads are every layout's: a pilot run, as a user would make. */
 static char g_moe_load[2048];
 static int g_even;      /* predict() without g_moe_load, into evens */
+static int g_pilot;     /* measure() reads g_moe_load from its run (the group's first); the others' runs
+                           are compared with it: g_load_rows of them, g_load_differ printed other loads */
+static int g_load_rows, g_load_differ;
 
 static int wanted(const row *r) { return g_only != !r->dlrm && (!g_np || r->np == g_np); }
 
@@ -259,13 +262,21 @@ static void measure(row *r, int steps, const char *logdir) {
         exit(1);
     }
     r->meas_mb = num_after(out, "peak memory per rank: ");
-    if (r->moe) { /* its loads, for the rows after it */
+    if (r->moe) { /* its loads: the pilot's for the rows after it, or the same as the pilot's */
         const char *ml = strstr(out, "moe: --moe-load ");
         size_t len = ml ? strcspn(ml + 4, "\n") : 0;
-        if (!ml || len + 2 > sizeof g_moe_load) { fprintf(stderr, "plan: np %d %s printed no --moe-load:\n%s\n", r->np, r->flags, out); exit(1); }
-        g_moe_load[0] = ' ';
-        memcpy(g_moe_load + 1, ml + 4, len);
-        g_moe_load[len + 1] = '\0';
+        if (!ml || len + 2 > sizeof g_moe_load) {
+            fprintf(stderr, "plan: np %d %s printed no --moe-load:\n%s\n", r->np, r->flags, out);
+            exit(1);
+        }
+        if (g_pilot) {
+            g_moe_load[0] = ' ';
+            memcpy(g_moe_load + 1, ml + 4, len);
+            g_moe_load[len + 1] = '\0';
+        } else {
+            g_load_rows++;
+            g_load_differ += strlen(g_moe_load) != len + 1 || memcmp(g_moe_load + 1, ml + 4, len);
+        }
     }
     free(out);
     memset(&ctx, 0, sizeof ctx);
@@ -350,7 +361,9 @@ int main(int argc, char **argv) {
                         }
                 } else if (kind == 1) /* --once: the first round's profile */
                     for (i = 0; i < NROWS; i++) ROWS[i].evens[ROWS[i].rounds] = ROWS[i].evens[0];
+                g_pilot = 1;
                 measure(&ROWS[first], steps, logdir);
+                g_pilot = 0;
                 if (kind == 1) { /* then every MoE row predicted with the loads its first run printed */
                     g_even = 0;
                     for (i = 0; i < NROWS; i++)
@@ -439,6 +452,9 @@ int main(int argc, char **argv) {
                r->np, r->layout, med(r->evens, r->rounds) * 1e3,
                100.0 * fabs(med(ratio, r->rounds) - 1.0), med(r->preds, r->rounds) * 1e3);
     }
+    if (g_load_rows) /* a run equals the one-process run: the same tokens dropped, the same loads */
+        printf("gpt moe: %d of %d MoE runs after each round's first printed other --moe-load figures than it\n",
+               g_load_differ, g_load_rows);
     /* the machine's own spread: an auto row runs a layout that another row runs too */
     for (i = 0; i < NROWS; i++) {
         row *a = &ROWS[i];
