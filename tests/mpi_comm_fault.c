@@ -101,10 +101,13 @@ static void slow_rank_is_caught_by_the_deadline(void) {
         took = now() - t0;
         if (round == 0)
             ok = st == DT_OK;
-        else
+        else /* a punctual rank names the deadline, or the rank whose report of it reached it first (a
+                rank slowed by the machine, as under ASan on a loaded VM, hears of another's before its own
+                check: "was abandoned: rank K timed out on it", dt__cm_abandon) */
             ok = st == DT_ERR_TIMEOUT && took < 0.5 + 1.5 &&
                  (R == slow ? strstr(dt_ctx_error(&ctx), "allreduce(sum)") != NULL
-                            : strstr(dt_ctx_error(&ctx), "did not complete by the deadline set 0.5 s before") != NULL &&
+                            : (strstr(dt_ctx_error(&ctx), "did not complete by the deadline set 0.5 s before") != NULL ||
+                               strstr(dt_ctx_error(&ctx), "was abandoned: rank ") != NULL) &&
                                   strstr(dt_ctx_error(&ctx), "group world.0") != NULL);
         dt_test_check_all(round ? "slow_rank_is_named_when_the_step_deadline_passes"
                                 : "slow_rank_within_each_calls_timeout_completes_without_a_deadline",
