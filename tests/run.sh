@@ -485,6 +485,25 @@ add_program() { # KIND SRC
     PROGRAMS+=("$kind $name $src $mpi ${nps// /,}")
 }
 
+# test_deps SRC: SRC and the files of the checkout it includes by quotes, and theirs (tests/opt/
+# mlp.h; tests/test_opt.c, which tests/test_opt_nommap.c builds on), so that a change to one of
+# them rebuilds the test, not only a change to SRC or to the INPUTS.
+test_deps() {
+    local f inc cand seen=" $1 "
+    local -a queue=("$1")
+    while [ ${#queue[@]} -gt 0 ]; do
+        f=${queue[0]} queue=("${queue[@]:1}")
+        for inc in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f"); do
+            for cand in "$(dirname "$f")/$inc" "tests/$inc" "$inc"; do
+                [ -f "$cand" ] || continue
+                [[ $seen == *" $cand "* ]] || { seen+="$cand " queue+=("$cand"); }
+                break
+            done
+        done
+    done
+    echo $seen
+}
+
 # spawn_test_builds 1: the implementation objects and the tests built whole; 2 (after those are
 # done): the tests linked with an implementation object.
 spawn_test_builds() {
@@ -498,7 +517,7 @@ spawn_test_builds() {
         read -r kind name src mpi _ <<<"$row"
         [ "$kind" = gpu ] && continue # built after the kernels, below
         if [ "$phase" = 1 ] && [ "$ASAN" = 1 ] && [ -n "$(tsan_np "$src")" ]; then
-            spawn step "tsan_$name" "$T/tsan/$name" "$src tests/dt_impl.c" build_tsan "$mpi" "$src" "$T/tsan/$name"
+            spawn step "tsan_$name" "$T/tsan/$name" "$(test_deps "$src") tests/dt_impl.c" build_tsan "$mpi" "$src" "$T/tsan/$name"
         fi
         for san in 0 1; do
             [ $san = 1 ] && [ "$ASAN" != 1 ] && continue
@@ -506,7 +525,7 @@ spawn_test_builds() {
             else cflags=$DT_CFLAGS out=$T/$name id=$name
             fi
             if builds_whole "$src"; then
-                [ "$phase" = 1 ] && spawn step "$id" "$out" "$src" build_test "$mpi" "$src" "$out" "$cflags"
+                [ "$phase" = 1 ] && spawn step "$id" "$out" "$(test_deps "$src")" build_test "$mpi" "$src" "$out" "$cflags"
                 continue
             fi
             obj=$(impl_obj "$mpi" $san)
@@ -516,7 +535,7 @@ spawn_test_builds() {
                 IMPL_SPAWNED+=("$obj")
                 spawn step "$(impl_id "$obj")" "$obj" tests/dt_impl.c build_impl "$mpi" "$obj" "$cflags"
             else
-                spawn step "$id" "$out" "$src $obj" build_test "$mpi" "$src" "$out" "$cflags" "$obj"
+                spawn step "$id" "$out" "$(test_deps "$src") $obj" build_test "$mpi" "$src" "$out" "$cflags" "$obj"
             fi
         done
     done
