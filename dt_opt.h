@@ -171,6 +171,16 @@
    steps together whenever the norm is summed over other ranks (dt_opt_create checks that it
    is not NULL then): a step skipped on one rank only would stall the others in the norm.
 
+   Stochastic rounding (desc.stochastic_rounding = 1, off by default; llm.c rounds so): a bf16
+   value is rounded from its master up or down, up with probability (master - down) / (up -
+   down), so its expectation is the master and updates below a bf16 step are not lost on
+   average. The random bits are a pure function of (desc.rounding_seed, the update number t, the
+   parameter's name, the element's index in the whole tensor): 16 bits of splitmix64 added to
+   the f32's low half, which is then cut off (a NaN master rounds to nearest). So a sharded
+   parameter (ZeRO, tensor parallel, experts) rounds each element as the whole one does on one
+   process, a data-parallel replica as every other, CUDA as the CPU, and a resumed run as one
+   that never stopped. f16 values round to nearest even either way.
+
    ---------------------------------------------------------------- clipping across ranks
 
    The global norm counts every parameter once:  norm^2 = sum over non-sharded params of
@@ -399,6 +409,11 @@ typedef struct dt_opt_desc {
     dt_comm *comm;        /* every rank that steps together (the world): the inf/nan decision is
                              agreed over it; NULL = this process alone */
     dt_grad_norm_desc norm; /* comms of the global grad norm */
+    int stochastic_rounding; /* 1: a bf16 value is rounded from its f32 master stochastically
+                                (unbiased, llm.c's rounding); 0 (default): to nearest even. See
+                                "mixed precision" above; f16 values always round to nearest even */
+    uint64_t rounding_seed;  /* its seed (a run's seed): with the step, the parameter's name and the
+                                element's index in the whole tensor it fixes every rounding */
 } dt_opt_desc;
 
 /* Per parameter: the f32 master (bf16 / f16 values only) and the optimizer state, f32, the
@@ -408,6 +423,11 @@ typedef struct dt_opt_slot {
     dt_param *param;
     dt_tensor master;
     dt_tensor state[2];
+    /* stochastic rounding: where the value's elements sit in the whole tensor. Element
+       i = (i0 * n1 + i1) * n2 + i2 is element sr_base + i0 * sr_g0 + i1 * sr_g1 + i2 of it (the
+       shard's dims collapsed into at most three levels); sr_stream = dt_hash_name(name). */
+    uint64_t sr_stream;
+    int64_t sr_base, sr_n1, sr_n2, sr_g0, sr_g1;
 } dt_opt_slot;
 
 /* Read the fields, change them through the functions. */
@@ -1171,6 +1191,7 @@ static dt_status dt__opt_resolve(dt_ctx *ctx, dt_opt_desc *d, const char *fn) {
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.accum_steps = %d; expected >= 1 (0 = 1)", fn,
                                 d->accum_steps);
     DT__TRY(dt__flag(ctx, fn, "desc.nesterov", d->nesterov));
+    DT__TRY(dt__flag(ctx, fn, "desc.stochastic_rounding", d->stochastic_rounding));
     d->lr = dt__pick(d->lr, adagrad ? 1e-2 : 1e-3);
     d->weight_decay = dt__pick(d->weight_decay, adamw ? 1e-2 : 0.0);
     d->beta1 = dt__pick(d->beta1, 0.9);
@@ -1260,6 +1281,76 @@ static dt_status dt__opt_check_params(dt_ctx *ctx, dt_params *ps, const dt_opt_d
         DT__TRY(dt__param_fields_check(ctx, p, fn));
     }
     return dt__norm_check(ctx, ps, &d->norm, fn);
+}
+
+/* ---------------------------------------------------------------- stochastic rounding
+   kernels/dt_opt.cu has the same three functions (dt_k__sr_*): the same bits on both devices. */
+
+/* splitmix64's finaliser (Steele, Lea, Flood 2014): a bijection of 64 bits whose outputs pass
+   BigCrush for consecutive inputs. Cheaper than a Philox block per element, which would make the
+   update, a pass that should run at memory speed, compute-bound on a GPU. */
+static uint64_t dt__sr_mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* The key of one parameter's rounding at update t. */
+static uint64_t dt__sr_key(uint64_t seed, uint64_t stream, int64_t t) {
+    return dt__sr_mix(seed ^ dt__sr_mix(stream ^ dt__sr_mix((uint64_t)t)));
+}
+
+/* x to bf16, up with probability (its low 16 bits) / 2^16: the 16 random bits of element g are
+   added to the low half, and the carry decides. A NaN rounds to nearest (keeps it a NaN); an inf
+   stays inf; a finite x above bf16's largest rounds to inf with the probability of its fraction. */
+static uint16_t dt__sr_bf16(float x, uint64_t key, int64_t g) {
+    uint32_t u, r = (uint32_t)(dt__sr_mix(key + (uint64_t)g * 0x9E3779B97F4A7C15ull) >> 48);
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return dt_f32_to_bf16(x);
+    return (uint16_t)((u + r) >> 16);
+}
+
+/* Where slot s's value sits in its whole tensor (dt_opt_slot.sr_*): dims that the shard holds
+   whole join the dim before them, leaving one level per split dim (and dim 0); more than three
+   levels (three dims split besides the first) is DT_ERR_UNSUPPORTED, which no dt layout makes. */
+static dt_status dt__opt_sr_geom(dt_ctx *ctx, dt_opt_slot *s, const char *fn) {
+    const dt_param *p = s->param;
+    int64_t l[DT_MAX_DIMS], g[DT_MAX_DIMS], st[DT_MAX_DIMS], stride = 1;
+    int d, m = 0, nd = p->value.ndim;
+    s->sr_stream = dt_hash_name(p->name);
+    for (d = 0; d < nd; d++) g[d] = p->global_shape[d] ? p->global_shape[d] : p->value.shape[d];
+    if (dt_shape_numel(nd, g) < 0) /* then the products below fit */
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: \"%s\" global_shape's element count overflows int64", fn, p->name);
+    for (d = 0; d < nd; d++) {
+        int64_t gd = p->global_shape[d] ? p->global_shape[d] : p->value.shape[d], ld = p->value.shape[d];
+        int whole = ld == gd && p->start[d] == 0;
+        if (m && whole) { /* (i_prev, i_d) -> i_prev * gd + i_d */
+            l[m - 1] *= ld; g[m - 1] *= gd; st[m - 1] *= gd;
+        } else {
+            l[m] = ld; g[m] = gd; st[m] = p->start[d]; m++;
+        }
+    }
+    if (m > 3)
+        return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "%s: \"%s\" is a shard split along %d dims besides its first; "
+                                "desc.stochastic_rounding handles at most 2", fn, p->name, m - 1);
+    while (m < 3) { /* levels of one element in front */
+        for (d = m; d > 0; d--) { l[d] = l[d - 1]; g[d] = g[d - 1]; st[d] = st[d - 1]; }
+        l[0] = g[0] = 1; st[0] = 0; m++;
+    }
+    s->sr_n1 = l[1]; s->sr_n2 = l[2];
+    s->sr_g1 = g[2]; s->sr_g0 = g[1] * g[2];
+    s->sr_base = 0;
+    for (d = 2; d >= 0; d--) { s->sr_base += st[d] * stride; stride *= g[d]; }
+    return DT_OK;
+}
+
+/* value = master rounded stochastically, rows of n2 elements at a time. */
+static void dt__opt_sr_store(const dt_opt_slot *s, uint16_t *v, const float *w, int64_t n, uint64_t key) {
+    int64_t i = 0, row = 0, n2 = s->sr_n2 ? s->sr_n2 : 1, n1 = s->sr_n1 ? s->sr_n1 : 1;
+    for (; i < n; row++) {
+        int64_t g = s->sr_base + (row / n1) * s->sr_g0 + (row % n1) * s->sr_g1, e = i + n2 < n ? i + n2 : n;
+        for (; i < e; i++, g++) v[i] = dt__sr_bf16(w[i], key, g);
+    }
 }
 
 #ifdef DT_CUDA
@@ -1362,6 +1453,9 @@ static dt_status dt__opt_cuda_init(dt_optimizer *opt, const char *fn) {
         seg[i].lr_scale = g->lr_scale;
         seg[i].w_dtype = (int)p->value.dtype;
         seg[i].cls = c;
+        seg[i].sr_stream = s->sr_stream; /* dt__opt_sr_geom's, when stochastic rounding */
+        seg[i].sr_base = s->sr_base; seg[i].sr_n1 = s->sr_n1; seg[i].sr_n2 = s->sr_n2;
+        seg[i].sr_g0 = s->sr_g0; seg[i].sr_g1 = s->sr_g1;
         start += p->value.numel;
     }
     opt->cuda_numel = start;
@@ -1443,7 +1537,8 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, c
         dt_param *p = ps->items[i];
         s->param = p;
         opt->n_slots = i + 1;
-        if (p->value.dtype != DT_F32) { /* on the value's device, as the state */
+        if (!st && d.stochastic_rounding && p->value.dtype == DT_BF16) st = dt__opt_sr_geom(ctx, s, fn);
+        if (!st && p->value.dtype != DT_F32) { /* on the value's device, as the state */
             st = dt_tensor_create_like(ctx, &s->master, &p->value, DT_F32, p->value.device);
             if (!st) st = dt__opt_master_init(ctx, &s->master, &p->value, fn); /* exact: bf16/f16 -> f32 */
         }
@@ -1515,7 +1610,9 @@ static void dt__opt_update_slot(dt_optimizer *opt, dt_opt_slot *s, double lr_bas
     /* bf16 / f16 (the only other dtypes dt_opt_create accepts): the working copy rounded from
        the master. Both are contiguous, aligned CPU arrays of n elements made by dt_opt_create
        and dt_params_add, so dt_convert has nothing to refuse. */
-    if (p->value.dtype != DT_F32) (void)dt_convert(opt->ctx, p->value.data, p->value.dtype, w, DT_F32, n);
+    if (p->value.dtype == DT_BF16 && d->stochastic_rounding)
+        dt__opt_sr_store(s, (uint16_t *)p->value.data, w, n, dt__sr_key(d->rounding_seed, s->sr_stream, t));
+    else if (p->value.dtype != DT_F32) (void)dt_convert(opt->ctx, p->value.data, p->value.dtype, w, DT_F32, n);
 }
 
 #ifdef DT_CUDA
@@ -1643,6 +1740,8 @@ static dt_status dt__opt_cuda_step(dt_optimizer *opt, dt_opt_step_info *info, co
     h.t = opt->step + 1;
     h.first = h.t == 1;
     h.nesterov = d->nesterov;
+    h.sr = d->stochastic_rounding;
+    h.sr_seed = d->rounding_seed;
     h.lr = inf.lr;
     h.momentum = d->momentum; h.dampening = d->dampening;
     h.beta1 = d->beta1; h.beta2 = d->beta2; h.eps = d->eps; h.lr_decay = d->lr_decay;

@@ -387,6 +387,10 @@ typedef struct dt_k_opt_seg {
     double lr_scale;   /* its group's lr scale */
     int w_dtype;
     int cls;
+    /* stochastic rounding of a bf16 w (hyper.sr): element i = (i0 * sr_n1 + i1) * sr_n2 + i2 is
+       element sr_base + i0 * sr_g0 + i1 * sr_g1 + i2 of the whole tensor (dt_opt_slot's fields) */
+    uint64_t sr_stream;
+    int64_t sr_base, sr_n1, sr_n2, sr_g0, sr_g1;
 } dt_k_opt_seg;
 
 /* What a step decides on the device (one per optimizer, in device memory; the host reads it only
@@ -437,6 +441,8 @@ int dt_k_opt_finish(dt_k_opt_state *st, const double *cls, const float *clsf, in
    a*b+c into an FMA, so a GPU can differ from the CPU in the last bit; the emulator does not. */
 typedef struct dt_k_opt_hyper {
     int kind, nesterov, first;          /* first: 1 on SGD's first update (b = g) */
+    int sr;                             /* 1: bf16 values rounded stochastically (dt_opt_desc's) */
+    uint64_t sr_seed;
     int64_t t;
     double lr, momentum, dampening, beta1, beta2, eps, lr_decay;
     double bc1, bc2, lr_den;            /* set by the launcher */

@@ -207,9 +207,36 @@ __device__ static float dt_k__load_w(const dt_k_opt_seg &s, int64_t i) {
     return ((const float *)s.w)[i];
 }
 
-__device__ static void dt_k__store_w(const dt_k_opt_seg &s, int64_t i, float x) {
+/* Stochastic rounding: dt_opt.h's dt__sr_mix / dt__sr_key / dt__sr_bf16, the same bits. */
+__device__ static uint64_t dt_k__sr_mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+__device__ static uint64_t dt_k__sr_key(uint64_t seed, uint64_t stream, int64_t t) {
+    return dt_k__sr_mix(seed ^ dt_k__sr_mix(stream ^ dt_k__sr_mix((uint64_t)t)));
+}
+
+__device__ static uint16_t dt_k__sr_bf16(float x, uint64_t key, int64_t g) {
+    uint32_t u = __float_as_uint(x), r = (uint32_t)(dt_k__sr_mix(key + (uint64_t)g * 0x9E3779B97F4A7C15ull) >> 48);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return dt_k_f32_to_bf16(x);
+    return (uint16_t)((u + r) >> 16);
+}
+
+/* Element i of segment s in its whole tensor. A whole tensor or a shard of whole rows is one
+   level, a single row of sr_n2 (sr_base + i); divisions only where a dim is split inside a row. */
+__device__ static int64_t dt_k__sr_index(const dt_k_opt_seg &s, int64_t i) {
+    int64_t row;
+    if (i < s.sr_n2) return s.sr_base + i;
+    row = i / s.sr_n2;
+    return s.sr_base + (row / s.sr_n1) * s.sr_g0 + (row % s.sr_n1) * s.sr_g1 + (i - row * s.sr_n2);
+}
+
+__device__ static void dt_k__store_w(const dt_k_opt_seg &s, int64_t i, float x, int sr, uint64_t key) {
     if (s.master) s.master[i] = x;
-    if (s.w_dtype == 2) ((uint16_t *)s.w)[i] = dt_k_f32_to_bf16(x);
+    if (s.w_dtype == 2 && sr) ((uint16_t *)s.w)[i] = dt_k__sr_bf16(x, key, dt_k__sr_index(s, i));
+    else if (s.w_dtype == 2) ((uint16_t *)s.w)[i] = dt_k_f32_to_bf16(x);
     else if (s.w_dtype == 3) ((uint16_t *)s.w)[i] = dt_k_f32_to_f16(x);
     else if (s.w && (float *)s.w != s.master) ((float *)s.w)[i] = x;
 }
@@ -220,6 +247,7 @@ struct dt_k__scal {
     float step_size, bc2_sqrt, b1, omb1, b2, omb2, epsf, l2, decay; /* adam */
     float clr;                     /* adagrad */
     int decoupled, wd_nonzero;
+    uint64_t sr_key;               /* stochastic rounding's key of this parameter and step */
 };
 
 __device__ static dt_k__scal dt_k__scalars(const dt_k_opt_hyper &h, const dt_k_opt_seg &s) {
@@ -235,6 +263,7 @@ __device__ static dt_k__scal dt_k__scalars(const dt_k_opt_hyper &h, const dt_k_o
     k.decay = (float)(1.0 - lr * s.wd);
     k.wd_nonzero = s.wd != 0.0;
     k.clr = (float)(lr / h.lr_den);
+    k.sr_key = h.sr ? dt_k__sr_key(h.sr_seed, s.sr_stream, h.t) : 0;
     return k;
 }
 
@@ -268,7 +297,7 @@ __device__ static void dt_k__update_one(const dt_k_opt_hyper &h, const dt_k__sca
         denom = sqrtf(v) / k.bc2_sqrt + k.epsf;
         w = w - k.step_size * (m / denom);
     }
-    dt_k__store_w(s, i, w);
+    dt_k__store_w(s, i, w, h.sr, k.sr_key);
 }
 
 static __global__ void dt_k__opt_update(const dt_k_opt_seg *__restrict__ seg, int n_seg, int64_t n, dt_k_opt_hyper h,
@@ -302,7 +331,8 @@ extern "C" int dt_k_opt_update(const dt_k_opt_seg *seg, int n_seg, int64_t n, co
     dt_k_opt_hyper h;
     if (!hyper || n < 0 || n_seg < 0 || (n > 0 && (!seg || n_seg == 0))) return (int)cudaErrorInvalidValue;
     h = *hyper;
-    if (h.kind < 1 || h.kind > 4 || h.t < 1 || (h.nesterov != 0 && h.nesterov != 1) || (h.first != 0 && h.first != 1))
+    if (h.kind < 1 || h.kind > 4 || h.t < 1 || (h.nesterov != 0 && h.nesterov != 1) || (h.first != 0 && h.first != 1) ||
+        (h.sr != 0 && h.sr != 1))
         return (int)cudaErrorInvalidValue;
     if (n == 0) return 0;
     /* the per-step scalars that do not depend on the parameter, in double as on the host */

@@ -115,6 +115,31 @@ static void bf16_checks(void) {
         dt_test_expect(name, n == nr && worst <= 1e-4, "%d steps logged (np 1: %d); worst relative difference %.3g (bound "
                        "1e-4); last: %.9g, np 1 %.9g", n, nr, worst, n ? got[n - 1] : NAN, nr ? want[nr - 1] : NAN);
     }
+    /* --stochastic-rounding 1: ZeRO 1's shards round each element as np 1 rounds the whole tensor
+       (the bits are a function of seed, step, name and the element's global index). Measured:
+       2.8e-6 relative at worst; a shard rounding with its local index (a planted bug) 4.5e-5;
+       rounding to nearest instead 9.6e-5. Bound 2e-5. */
+    {
+        static const char *const sr_runs[2][2] = {{"", "bf16_sr_np1"}, {"--zero 1", "bf16_sr_dp2_zero1"}};
+        double sr_ref[8];
+        int n_ref = 0;
+        for (k = 0; k < 2; k++) {
+            snprintf(log, sizeof log, "%s/%s.jsonl", dt_test_tmpdir(), sr_runs[k][1]);
+            snprintf(out, sizeof out, "%s/%s.out", dt_test_tmpdir(), sr_runs[k][1]);
+            snprintf(flags, sizeof flags, "%s --steps 5 --dtype bf16 --stochastic-rounding 1 %s --log %s", TINY,
+                     sr_runs[k][0], log);
+            snprintf(name, sizeof name, "gpt_%s_runs", sr_runs[k][1]);
+            if (!dt_test_expect(name, run(k + 1, flags, out) == 0, "np %d: gpt %s failed (output in %s)", k + 1, flags, out))
+                return;
+            if (!k) { n_ref = log_values(log, "loss", sr_ref, 8); continue; }
+            n = log_values(log, "loss", got, 8);
+            for (worst = 0, s = 0; s < n && s < n_ref; s++)
+                if (!(fabs(got[s] - sr_ref[s]) / fabs(sr_ref[s]) <= worst)) worst = fabs(got[s] - sr_ref[s]) / fabs(sr_ref[s]);
+            dt_test_expect("gpt_bf16_sr_dp2_zero1_losses_equal_np1", n == n_ref && n == 5 && worst <= 2e-5,
+                           "%d steps logged (np 1: %d); worst relative difference %.3g (bound 2e-5); last %.9g, np 1 %.9g",
+                           n, n_ref, worst, n ? got[n - 1] : NAN, n_ref ? sr_ref[n_ref - 1] : NAN);
+        }
+    }
 }
 
 /* ---------------------------------------------------------------- resume */

@@ -578,6 +578,204 @@ static void test_master_weights(void) {
     dt_params_free(&C, &fp);
 }
 
+/* ---------------------------------------------------------------- stochastic rounding
+
+   Each test sets the f32 masters by hand and takes one SGD step with lr 0 (the masters stay),
+   so the values are exactly the rounding of the masters. */
+
+/* The master of element g of the whole tensor: 1 + frac(g) bf16 steps, frac(g) = k / 2^16 with
+   k = (g * 7919 + 1) mod 2^16 (every fraction, none zero). */
+static float sr_master(int64_t g) { return 1.0f + (float)(((g * 7919 + 1) & 0xFFFF)) * 0x1p-23f; }
+
+/* A bf16 parameter (shape / global shape / start of nd dims; gshape NULL = whole) given masters
+   by sr_master of each element's index in the whole tensor, after one step: its values. */
+static int sr_round(const char *name, int nd, const int64_t *shape, const int64_t *gshape, const int64_t *start,
+                    const dt_opt_desc *od, uint16_t *out, dt_status *st_out) {
+    dt_params ps;
+    dt_param_desc pd;
+    dt_param *p = NULL;
+    dt_optimizer *o = NULL;
+    dt_status st;
+    int64_t k, n = 1, idx[4] = {0, 0, 0, 0}, gs[4];
+    int d;
+    memset(&ps, 0, sizeof ps);
+    memset(&pd, 0, sizeof pd);
+    pd.name = name; pd.dtype = DT_BF16; pd.ndim = nd;
+    for (d = 0; d < nd; d++) {
+        pd.shape[d] = shape[d];
+        if (gshape) { pd.global_shape[d] = gshape[d]; pd.start[d] = start[d]; }
+        gs[d] = gshape ? gshape[d] : shape[d];
+        n *= shape[d];
+    }
+    st = dt_params_add(&C, &ps, &p, &pd);
+    if (!st) st = dt_opt_create(&C, &o, &ps, od);
+    if (st_out) *st_out = st;
+    if (st) { dt_params_free(&C, &ps); return 0; }
+    for (k = 0; k < n; k++) { /* the odometer over the local shape, its global index */
+        int64_t g = 0;
+        for (d = 0; d < nd; d++) g = g * gs[d] + (gshape ? start[d] : 0) + idx[d];
+        F(&o->slots[0].master)[k] = sr_master(g);
+        for (d = nd - 1; d >= 0; d--) { if (++idx[d] < shape[d]) break; idx[d] = 0; }
+    }
+    dt_params_zero_grad(&C, &ps);
+    st = dt_opt_step(o, NULL);
+    if (st_out) *st_out = st;
+    if (!st) memcpy(out, p->value.data, (size_t)n * 2);
+    dt_opt_free(o);
+    dt_params_free(&C, &ps);
+    return !st;
+}
+
+static void test_stochastic_rounding(void) {
+    enum { N = 65536 };
+    static uint16_t v[N], v2[N], whole[4 * 3 * 5];
+    static const int64_t one[1] = {N};
+    dt_params ps;
+    dt_param *p;
+    dt_optimizer *o;
+    dt_opt_desc d;
+    dt_status st;
+    double up = 0, mean = 0, sd;
+    int64_t i, bad = 0, differ = 0;
+    memset(&d, 0, sizeof d);
+    d.kind = DT_OPT_SGD; d.lr = DT_OPT_ZERO; d.stochastic_rounding = 1; d.rounding_seed = 5;
+
+    /* 1. unbiased: 2^16 masters 1 + 0.30000305 steps (k = 19661) round up 19661 times in
+       expectation (binomial, sd 117); each value is one of the two neighbours. Nearest even
+       rounds every one down: a bias of -0.3 steps. */
+    memset(&ps, 0, sizeof ps);
+    p = add(&ps, "w", DT_BF16, N, 0);
+    o = mkopt(&ps, &d);
+    for (i = 0; i < N; i++) F(&o->slots[0].master)[i] = 1.0f + 19661.0f * 0x1p-23f;
+    dt_params_zero_grad(&C, &ps);
+    if (!ok(dt_opt_step(o, NULL), "step")) dt_test_fail("stochastic_rounding_step", "%s", dt_ctx_error(&C));
+    for (i = 0; i < N; i++) {
+        uint16_t b = ((uint16_t *)p->value.data)[i];
+        up += b == 0x3F81; /* 1 + 2^-7 */
+        bad += b != 0x3F80 && b != 0x3F81;
+    }
+    sd = sqrt(N * 0.30000305 * (1 - 0.30000305));
+    DT_TEST_CHECK("stochastic_rounding_gives_a_neighbour", bad == 0);
+    if (!DT_TEST_CHECK("stochastic_rounding_up_with_the_fraction_as_probability", fabs(up - 19661.0) <= 5 * sd))
+        printf("  rounded up %.0f of %d times; expected 19661 (sd %.1f)\n", up, N, sd);
+    dt_opt_free(o);
+    dt_params_free(&C, &ps);
+
+    /* 2. every fraction (sr_master): the mean of the values is the mean of the masters within 5 sd
+       of the sum of rounding errors (var sum f (1 - f) steps^2, f = k / 2^16: about N / 6) */
+    if (sr_round("w", 1, one, NULL, NULL, &d, v, NULL)) {
+        for (i = 0; i < N; i++) mean += (double)dt_bf16_to_f32(v[i]) - (double)sr_master(i);
+        sd = ldexp(sqrt(N / 6.0), -7);
+        if (!DT_TEST_CHECK("stochastic_rounding_is_unbiased_over_every_fraction", fabs(mean) <= 5 * sd))
+            printf("  sum of (value - master) %.4g; expected 0 within 5 sd = %.4g\n", mean, 5 * sd);
+    }
+
+    /* 3. a pure function of (seed, step, name, index): again the same bits; another seed, name or
+       step other bits */
+    if (sr_round("w", 1, one, NULL, NULL, &d, v2, NULL)) dt_test_equal_bytes("stochastic_rounding_repeats", v2, v, sizeof v);
+    d.rounding_seed = 6;
+    if (sr_round("w", 1, one, NULL, NULL, &d, v2, NULL)) {
+        for (differ = 0, i = 0; i < N; i++) differ += v2[i] != v[i];
+        if (!DT_TEST_CHECK("stochastic_rounding_depends_on_the_seed", differ > N / 8))
+            printf("  %lld of %d values differ\n", (long long)differ, N);
+    }
+    d.rounding_seed = 5;
+    if (sr_round("w2", 1, one, NULL, NULL, &d, v2, NULL)) {
+        for (differ = 0, i = 0; i < N; i++) differ += v2[i] != v[i];
+        DT_TEST_CHECK("stochastic_rounding_depends_on_the_name", differ > N / 8);
+    }
+    { /* step 2 with lr 0: the same masters, other bits */
+        memset(&ps, 0, sizeof ps);
+        p = add(&ps, "w", DT_BF16, N, 0);
+        o = mkopt(&ps, &d);
+        for (i = 0; i < N; i++) F(&o->slots[0].master)[i] = sr_master(i);
+        dt_params_zero_grad(&C, &ps);
+        dt_opt_step(o, NULL);
+        dt_test_equal_bytes("stochastic_rounding_step1_as_above", p->value.data, v, sizeof v);
+        dt_opt_step(o, NULL);
+        for (differ = 0, i = 0; i < N; i++) differ += ((uint16_t *)p->value.data)[i] != v[i];
+        DT_TEST_CHECK("stochastic_rounding_depends_on_the_step", differ > N / 8);
+        dt_opt_free(o);
+        dt_params_free(&C, &ps);
+    }
+
+    /* 4. shards round as the whole tensor: a 3-D [4, 3, 5] whole, and shards split along dim 0 only
+       (rows: ZeRO), along a later dim (a column shard: tensor parallel), and along all three (the
+       norm's shard comm: a world of this one process) */
+    if (dt_comm_create_world(&C, &d.norm.shard_comm, NULL)) dt_test_fail("stochastic_rounding_world", "%s", dt_ctx_error(&C));
+    {
+        static const int64_t g3[3] = {4, 3, 5};
+        static const struct { int64_t shape[3], start[3]; const char *tag; } sh[] = {
+            {{2, 3, 5}, {1, 0, 0}, "rows"}, {{4, 3, 2}, {0, 0, 3}, "columns"}, {{4, 1, 5}, {0, 2, 0}, "middle_dim"},
+            {{2, 2, 3}, {2, 1, 1}, "every_dim"}, {{1, 1, 1}, {3, 2, 4}, "last_element"}};
+        uint16_t part[60], want[60];
+        char name[96];
+        int k;
+        if (sr_round("t", 3, g3, NULL, NULL, &d, whole, NULL))
+            for (k = 0; k < (int)(sizeof sh / sizeof sh[0]); k++) {
+                int64_t a, b, c, n = 0;
+                for (a = 0; a < sh[k].shape[0]; a++)
+                    for (b = 0; b < sh[k].shape[1]; b++)
+                        for (c = 0; c < sh[k].shape[2]; c++)
+                            want[n++] = whole[((sh[k].start[0] + a) * 3 + sh[k].start[1] + b) * 5 + sh[k].start[2] + c];
+                snprintf(name, sizeof name, "stochastic_rounding_shard_%s_equals_whole", sh[k].tag);
+                if (sr_round("t", 3, sh[k].shape, g3, sh[k].start, &d, part, &st))
+                    dt_test_equal_bytes(name, part, want, (size_t)n * 2);
+                else dt_test_fail(name, "%s", dt_ctx_error(&C));
+            }
+    }
+    { /* a shard split along three dims besides its first has no 3-level form: a named error */
+        static const int64_t g4[4] = {2, 3, 4, 5}, s4[4] = {2, 2, 2, 2}, st4[4] = {0, 1, 1, 1};
+        sr_round("q", 4, s4, g4, st4, &d, v2, &st);
+        dt_test_error("stochastic_rounding_shard_split_four_ways_is_named", st, dt_ctx_error(&C),
+                      "\"q\" is a shard split along 3 dims besides its first");
+    }
+    dt_comm_free(d.norm.shard_comm);
+    d.norm.shard_comm = NULL;
+
+    /* 5. NaN stays NaN, infinities stay, and f16 values round to nearest even either way */
+    {
+        static const float sp[6] = {NAN, INFINITY, -INFINITY, -0.0f, FLT_MAX, -1.0f - 0x1p-22f};
+        uint16_t want16[6];
+        memset(&ps, 0, sizeof ps);
+        p = add(&ps, "s", DT_BF16, 6, 0);
+        o = mkopt(&ps, &d);
+        memcpy(o->slots[0].master.data, sp, sizeof sp);
+        dt_params_zero_grad(&C, &ps);
+        dt_opt_step(o, NULL);
+        {
+            const uint16_t *b = (const uint16_t *)p->value.data;
+            int fine = (b[0] & 0x7FFF) > 0x7F80 && b[1] == 0x7F80 && b[2] == 0xFF80 && b[3] == 0x8000 &&
+                       (b[4] == 0x7F7F || b[4] == 0x7F80) && (b[5] == 0xBF80 || b[5] == 0xBF81);
+            if (!DT_TEST_CHECK("stochastic_rounding_of_nan_inf_zero_max_negative", fine))
+                printf("  %04x %04x %04x %04x %04x %04x\n", b[0], b[1], b[2], b[3], b[4], b[5]);
+        }
+        dt_opt_free(o);
+        dt_params_free(&C, &ps);
+        memset(&ps, 0, sizeof ps);
+        p = add(&ps, "h", DT_F16, 6, 0);
+        o = mkopt(&ps, &d);
+        for (i = 0; i < 6; i++) F(&o->slots[0].master)[i] = 1.0f + (float)i * 0x1p-13f;
+        dt_convert(&C, want16, DT_F16, o->slots[0].master.data, DT_F32, 6);
+        dt_params_zero_grad(&C, &ps);
+        dt_opt_step(o, NULL);
+        dt_test_equal_bytes("stochastic_rounding_leaves_f16_to_nearest_even", p->value.data, want16, sizeof want16);
+        dt_opt_free(o);
+        dt_params_free(&C, &ps);
+    }
+
+    /* 6. a flag is 0 or 1 */
+    memset(&ps, 0, sizeof ps);
+    add(&ps, "w", DT_BF16, 4, 0);
+    o = NULL;
+    d.stochastic_rounding = 2;
+    st = dt_opt_create(&C, &o, &ps, &d);
+    dt_test_error("stochastic_rounding_not_0_or_1_is_named", st, dt_ctx_error(&C),
+                  "desc.stochastic_rounding = 2; expected 0 or 1");
+    if (!st) dt_opt_free(o);
+    dt_params_free(&C, &ps);
+}
+
 /* ---------------------------------------------------------------- gradient accumulation */
 
 #define NPARAM MLP_NPARAM
@@ -680,11 +878,14 @@ typedef struct run {
     int64_t cursor;
 } run;
 
+static int run_sr; /* 1: the runs round their bf16 values stochastically */
+
 static void run_init(run *r, dt_dtype dt, uint64_t init_seed) {
     dt_opt_desc d;
     mlp_init(&r->m, &C, dt, init_seed);
     memset(&d, 0, sizeof d);
     d.kind = DT_OPT_ADAMW; d.lr = 0.02; d.clip_norm = 1.0;
+    d.stochastic_rounding = run_sr; d.rounding_seed = 77;
     d.schedule.kind = DT_LR_COSINE; d.schedule.warmup_steps = 3; d.schedule.total_steps = 10;
     if (dt == DT_F32) { /* scaling on, with a short interval so the scale moves across the save */
         d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC;
@@ -1661,10 +1862,14 @@ int main(void) {
     test_loss_scale_limits();
     test_lr_zero();
     test_master_weights();
+    test_stochastic_rounding();
     test_accumulation();
     test_clipping();
     test_resume(DT_F32, "resume_f32");
     test_resume(DT_BF16, "resume_bf16_master");
+    run_sr = 1; /* the rounding is a function of the step: a resumed run rounds as a straight one */
+    test_resume(DT_BF16, "resume_bf16_stochastic_rounding");
+    run_sr = 0;
     test_format();
     test_cross_precision();
     test_misaligned_convert();

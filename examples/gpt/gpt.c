@@ -219,6 +219,7 @@ typedef struct opts {
     int n_moe_load;
     dt_moe_balance moe_balance;
     int tf32;             /* --tf32: f32 GEMMs on TF32 tensor cores (cuda) */
+    int sr;               /* --stochastic-rounding: bf16 values rounded stochastically from their masters */
     dt_dtype dtype;
     dt_device device;     /* --device: where parameters, activations and the optimizer live */
     double lr, min_lr_frac, wd, clip;
@@ -264,6 +265,8 @@ static const char *HELP =
     "  --dtype f32|bf16|f16   parameter dtype; f32 masters inside the optimizer (f32); cuda: f32 or bf16\n"
     "                    (bf16: attention on the tensor cores)\n"
     "  --tf32 0|1        cuda: f32 GEMMs on TF32 tensor cores, ~1e-3 relative (0: exact f32, as the CPU)\n"
+    "  --stochastic-rounding 0|1  --dtype bf16: round the weights from their f32 masters stochastically\n"
+    "                    (unbiased, as llm.c; a function of seed, step and element: layouts agree) (0: nearest)\n"
     "  --device cpu|cuda tensors and ops on the CPU or on the GPU (cpu); cuda needs a -DDT_CUDA build\n"
     "  --data FILE       a text file, read as bytes (vocab 256); default /usr/share/common-licenses/GPL-3,\n"
     "                    else README.md\n"
@@ -409,6 +412,9 @@ static void parse(opts *o, int argc, char **argv) {
         } else if (!strcmp(a, "--tf32")) {
             if (v && (!strcmp(v, "0") || !strcmp(v, "1"))) o->tf32 = v[0] == '1';
             else usage("--tf32 is 0 or 1");
+        } else if (!strcmp(a, "--stochastic-rounding")) {
+            if (v && (!strcmp(v, "0") || !strcmp(v, "1"))) o->sr = v[0] == '1';
+            else usage("--stochastic-rounding is 0 or 1");
         } else if (!strcmp(a, "--dtype")) {
             if (v && !strcmp(v, "f32")) o->dtype = DT_F32;
             else if (v && !strcmp(v, "bf16")) o->dtype = DT_BF16;
@@ -483,6 +489,7 @@ static void parse(opts *o, int argc, char **argv) {
         i += takes;
     }
     if (o->data && o->shards) usage("give --data FILE or --shards PATTERN, not both");
+    if (o->sr && o->dtype != DT_BF16) usage("--stochastic-rounding 1 rounds bf16 weights: give --dtype bf16 with it");
     /* the aux loss's gradient needs every forward of a step first: GPipe, unless asked otherwise */
     if (o->moe_experts && o->moe_balance == DT_MOE_AUX && o->pp > 1 && !o->schedule_given) o->schedule = DT_PP_GPIPE;
     o->chunks = o->schedule == DT_PP_INTERLEAVED ? 2 : 1;
@@ -2373,6 +2380,8 @@ static void build_model(trainer *t) {
     zd.opt.weight_decay = o->wd > 0 ? o->wd : DT_OPT_ZERO;
     zd.opt.clip_norm = o->clip;
     zd.opt.accum_steps = o->micro;
+    zd.opt.stochastic_rounding = o->sr;
+    zd.opt.rounding_seed = o->seed;
     zd.opt.schedule.kind = DT_LR_COSINE;
     zd.opt.schedule.warmup_steps = o->warmup < o->steps ? o->warmup : 0;
     zd.opt.schedule.total_steps = o->steps > 0 ? o->steps : 1;

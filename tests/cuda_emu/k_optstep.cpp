@@ -13,7 +13,8 @@
 // second dt_opt_step makes no allocation, free, copy or wait (ctx->counters and the emulator's own
 // counts); info and scaling read back only where dt_opt.h says. A checkpoint saved from CUDA
 // parameters loads into CPU ones and back, equal; grads moved after dt_opt_create are followed.
-// Mixed devices, non-f32 grads and a grad gone are named.
+// Mixed devices, non-f32 grads and a grad gone are named. Stochastic rounding gives the CPU's bits,
+// for whole bf16 parameters and shards split inside their rows.
 #include <math.h>
 #include <cuda_runtime.h>
 #include <vector>
@@ -286,6 +287,75 @@ static void determinism(void) {
     dt_params_free(&ctx, &a); dt_params_free(&ctx, &b);
 }
 
+/* Stochastic rounding (dt_opt_desc.stochastic_rounding): the kernel's bits are the CPU's, for a
+   whole bf16 parameter and for shards whose elements sit apart in their whole tensor (a column
+   shard, a shard split along every dim: the kernel's index arithmetic), with dynamic loss scaling
+   (an inf grad on step 2: the skipped step must not advance the rounding's step). Against
+   rounding to nearest the values differ (the rounding ran). */
+static void make_sr_set(dt_params *ps, dt_device dev) {
+    static const struct { const char *name; int nd; int64_t shape[3], global[3], start[3]; } P[] = {
+        {"w", 2, {5, 7, 0}, {0, 0, 0}, {0, 0, 0}},
+        {"cols", 2, {4, 2, 0}, {4, 6, 0}, {0, 3, 0}},
+        {"every", 3, {2, 2, 3}, {4, 3, 5}, {2, 1, 1}},
+        {"rows", 2, {3, 9, 0}, {8, 9, 0}, {4, 0, 0}}};
+    memset(ps, 0, sizeof *ps);
+    for (int i = 0; i < 4; i++) {
+        dt_param_desc d;
+        dt_param *p;
+        memset(&d, 0, sizeof d);
+        d.name = P[i].name; d.device = dev; d.dtype = DT_BF16; d.ndim = P[i].nd;
+        for (int k = 0; k < P[i].nd; k++) { d.shape[k] = P[i].shape[k]; d.global_shape[k] = P[i].global[k]; d.start[k] = P[i].start[k]; }
+        d.init.kind = DT_INIT_NORMAL; d.init.std = 0.5; d.init.seed = 3;
+        if (dt_params_add(&ctx, ps, &p, &d)) dt_test_fail("params_add_sr", "%s", dt_ctx_error(&ctx));
+    }
+}
+
+static void stochastic_rounding(void) {
+    dt_params hp, dp, np;
+    dt_optimizer *ho = NULL, *dop = NULL, *no = NULL;
+    dt_opt_desc d;
+    dt_comm *world = NULL;
+    if (dt_comm_create_world(&ctx, &world, NULL)) { dt_test_fail("opt_sr_world", "%s", dt_ctx_error(&ctx)); return; }
+    memset(&d, 0, sizeof d);
+    d.kind = DT_OPT_ADAMW; d.lr = 1e-3; d.stochastic_rounding = 1; d.rounding_seed = 11;
+    d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC; d.loss_scale.init_scale = 1024;
+    d.norm.shard_comm = world; d.comm = world;
+    make_sr_set(&hp, DT_CPU);
+    make_sr_set(&dp, DT_CUDA_DEVICE);
+    make_sr_set(&np, DT_CUDA_DEVICE);
+    grad_seed++;
+    if (!DT_TEST_CHECK("opt_sr_create", dt_opt_create(&ctx, &ho, &hp, &d) == DT_OK && dt_opt_create(&ctx, &dop, &dp, &d) == DT_OK)) {
+        printf("  %s\n", dt_ctx_error(&ctx));
+    } else {
+        d.stochastic_rounding = 0;
+        if (dt_opt_create(&ctx, &no, &np, &d)) printf("  %s\n", dt_ctx_error(&ctx));
+        for (int step = 1; step <= 4; step++) {
+            dt_opt_step_info hi, di, ni; /* asked for: the host's copy of the device's scale is current */
+            set_grads(&hp, step, (float)ho->scaler.scale, step == 2 ? 3 : -1);
+            set_grads(&dp, step, (float)dop->scaler.scale, step == 2 ? 3 : -1);
+            set_grads(&np, step, no ? (float)no->scaler.scale : 1.0f, step == 2 ? 3 : -1);
+            if (dt_opt_step(ho, &hi) || dt_opt_step(dop, &di) || (no && dt_opt_step(no, &ni)))
+                printf("  %s\n", dt_ctx_error(&ctx));
+        }
+        same_state("opt_sr_cuda_bitwise_cpu", ho, dop, 0);
+        if (no) {
+            int64_t differ = 0, n = 0;
+            for (int i = 0; i < dp.count; i++) {
+                std::vector<float> a = host_f32(&dp.items[i]->value), b = host_f32(&np.items[i]->value);
+                for (size_t k = 0; k < a.size(); k++) differ += a[k] != b[k];
+                n += (int64_t)a.size();
+            }
+            /* AdamW's first steps move each master by about lr: a fraction of a bf16 step that
+               nearest rounding mostly undoes and stochastic rounding often keeps */
+            if (!DT_TEST_CHECK("opt_sr_cuda_differs_from_nearest", differ > n / 20))
+                printf("  %lld of %lld values differ\n", (long long)differ, (long long)n);
+        }
+    }
+    dt_opt_free(ho); dt_opt_free(dop); dt_opt_free(no);
+    dt_params_free(&ctx, &hp); dt_params_free(&ctx, &dp); dt_params_free(&ctx, &np);
+    dt_comm_free(world);
+}
+
 /* What a step asks of the device, from dt's counts (ctx->counters) and the emulator's own. */
 static dt_cuda_counters step_counts(dt_optimizer *o, dt_opt_step_info *info, dt_emu_counters *emu, int micro) {
     dt_emu_counters e0, e1;
@@ -391,6 +461,7 @@ int main(void) {
     }
     checkpoint_round_trip();
     determinism();
+    stochastic_rounding();
     counters();
     { /* grads that move after dt_opt_create (a bucketer made later turns them into views of its
          buckets): the step follows them; a grad gone (data NULL) is named, not read */
