@@ -808,6 +808,7 @@ DT_API void dt_safetensors_close(dt_ctx *ctx, dt_st_file *f);
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <math.h>
 #include <float.h>
@@ -1387,9 +1388,12 @@ DT_API dt_status dt_grow(dt_ctx *ctx, void **items, int64_t *cap, int64_t need, 
     int64_t nc, bytes;
     void *p;
     if (!ctx) return DT_ERR_ARG;
-    if (!items || !cap || elem == 0 || need < 0 || *cap < 0)
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_grow: %s: items/cap NULL, elem 0 or need = %lld < 0",
-                                what ? what : "array", (long long)need);
+    if (!what) what = "array";
+    if (!items || !cap) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_grow: %s: %s is NULL", what, items ? "cap" : "items");
+    if (elem == 0) return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_grow: %s: elem 0; expected the item's size in bytes", what);
+    if (need < 0 || *cap < 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_grow: %s: %s = %lld; expected >= 0", what, need < 0 ? "need" : "*cap",
+                                (long long)(need < 0 ? need : *cap));
     if (need <= *cap) return DT_OK;
     nc = need > INT64_MAX - need / 8 ? need : need + need / 8; /* an eighth more: the header's comment */
     if (nc < 8) nc = 8;
@@ -1397,10 +1401,10 @@ DT_API dt_status dt_grow(dt_ctx *ctx, void **items, int64_t *cap, int64_t need, 
         nc = need; /* the eighth does not fit: the need alone */
     if (!dt_mul_ok(nc, (int64_t)elem, &bytes) || (uint64_t)bytes > (uint64_t)PTRDIFF_MAX)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "dt_grow: %s: %lld items of %zu bytes do not fit in memory",
-                                what ? what : "array", (long long)need, elem);
+                                what, (long long)need, elem);
     p = dt_alloc(ctx, (size_t)bytes);
     if (!p) return dt_ctx_set_error(ctx, DT_ERR_OOM, "dt_grow: %s: out of memory for %lld items of %zu bytes",
-                                    what ? what : "array", (long long)nc, elem);
+                                    what, (long long)nc, elem);
     if (*items && *cap) memcpy(p, *items, (size_t)*cap * elem);
     dt_release(ctx, *items);
     *items = p;
@@ -1505,6 +1509,9 @@ static dt_status dt__create(dt_ctx *ctx, dt_tensor *t, dt_dtype dtype, dt_device
     size_t bytes = 0; /* set by dt__size_of when it succeeds; gcc -O2 cannot always see that (-Wmaybe-uninitialized) */
     dt_status st;
     int i;
+    if (!ctx->initialised) /* a zeroed ctx has no allocator: say so, not "out of memory" */
+        return dt_ctx_set_error(ctx, DT_ERR_STATE, "%s: the ctx is not initialised (call dt_ctx_init first; after "
+                                "dt_ctx_shutdown it must be initialised again)", fn);
     if ((int)dtype < 0 || dtype >= DT_DTYPE_COUNT)
         return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: %s = %d is not a dt_dtype", fn, arg ? "desc.dtype" : "dtype",
                                 (int)dtype);
@@ -2900,6 +2907,23 @@ static dt_status dt__f32(dt_ctx *ctx, const dt_tensor *t, const char *fn, const 
     return dt_check_tensor(ctx, t, DT_F32, fn, arg);
 }
 
+/* An op's output that shares a byte with one of its inputs (two views of one buffer that
+   overlap): DT_ERR_ARG naming both, before anything is written. The ops read their inputs while
+   they write, so such an output would be garbage (and memcpy between them undefined); only the
+   ops that say so (relu, add, mul, axpy, softmax_xent's probs) may run in place. NULL, empty or
+   dataless tensors never overlap (their own checks name them). */
+static dt_status dt__apart(dt_ctx *ctx, const dt_tensor *out, const dt_tensor *in, const char *fn, const char *on,
+                           const char *in_name) {
+    uintptr_t po, pi;
+    size_t no, ni;
+    if (!out || !in || !out->data || !in->data || out->device != in->device) return DT_OK;
+    no = dt_tensor_bytes(out); ni = dt_tensor_bytes(in);
+    po = (uintptr_t)out->data; pi = (uintptr_t)in->data;
+    if (!no || !ni || po >= pi + ni || pi >= po + no) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s shares memory with %s; expected an output apart from the op's "
+                            "inputs (it reads %s while it writes %s)", fn, on, in_name, in_name, on);
+}
+
 static dt_status dt__same(dt_ctx *ctx, const dt_tensor *a, const dt_tensor *b, const char *fn,
                           const char *an, const char *bn) {
     char sa[96], sb[96];
@@ -3110,13 +3134,31 @@ DT_API dt_status dt_matmul_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, 
     int64_t i;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
-    if (dt__cu(out) || dt__cu(a) || dt__cu(b)) return dt__cu_matmul_fwd(ctx, out, a, b, trans_a, trans_b, alpha, beta);
+    if (dt__cu(out) || dt__cu(a) || dt__cu(b)) {
+        DT__TRY(dt__apart(ctx, out, a, "dt_matmul_fwd", "out", "a"));
+        DT__TRY(dt__apart(ctx, out, b, "dt_matmul_fwd", "out", "b"));
+        return dt__cu_matmul_fwd(ctx, out, a, b, trans_a, trans_b, alpha, beta);
+    }
 #endif
     DT__TRY(dt__mm_shapes(ctx, &m, out, a, b, trans_a, trans_b, "dt_matmul_fwd"));
+    DT__TRY(dt__apart(ctx, out, a, "dt_matmul_fwd", "out", "a"));
+    DT__TRY(dt__apart(ctx, out, b, "dt_matmul_fwd", "out", "b"));
     for (i = 0; i < m.batch; i++)
         DT__TRY(dt__gemm(ctx, trans_a, trans_b, m.M, m.N, m.K, alpha, DT__CF(a) + i * m.sa, m.lda,
                          DT__CF(b) + i * m.sb, m.ldb, beta, DT__F(out) + i * m.sc, m.N));
     return DT_OK;
+}
+
+/* The backward's gradients apart from what it reads and from each other (the linear's too:
+   dx, dw of dout, x, w). */
+static dt_status dt__mm_apart(dt_ctx *ctx, const dt_tensor *da, const dt_tensor *db, const dt_tensor *dout,
+                              const dt_tensor *a, const dt_tensor *b, const char *fn) {
+    const int lin = strcmp(fn, "dt_linear_bwd") == 0;
+    DT__TRY(dt__apart(ctx, da, dout, fn, lin ? "dx" : "da", "dout"));
+    DT__TRY(dt__apart(ctx, da, b, fn, lin ? "dx" : "da", lin ? "w" : "b"));
+    DT__TRY(dt__apart(ctx, db, dout, fn, lin ? "dw" : "db", "dout"));
+    DT__TRY(dt__apart(ctx, db, a, fn, lin ? "dw" : "db", lin ? "x" : "a"));
+    return dt__apart(ctx, da, db, fn, lin ? "dx" : "da", lin ? "dw" : "db");
 }
 
 /* With Ao = op(A) [M,K], Bo = op(B) [K,N]: dAo = alpha dout Bo^T, dBo = alpha Ao^T dout; a
@@ -3128,11 +3170,15 @@ DT_API dt_status dt_matmul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, const 
     int64_t i;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
-    if (dt__cu(dout) || dt__cu(a) || dt__cu(b) || dt__cu(da) || dt__cu(db)) return dt__cu_matmul_bwd(ctx, da, db, dout, a, b, trans_a, trans_b, alpha);
+    if (dt__cu(dout) || dt__cu(a) || dt__cu(b) || dt__cu(da) || dt__cu(db)) {
+        DT__TRY(dt__mm_apart(ctx, da, db, dout, a, b, fn));
+        return dt__cu_matmul_bwd(ctx, da, db, dout, a, b, trans_a, trans_b, alpha);
+    }
 #endif
     DT__TRY(dt__mm_shapes(ctx, &m, (dt_tensor *)dout, a, b, trans_a, trans_b, fn));
     if (da) { DT__TRY(dt__f32(ctx, da, fn, "da")); DT__TRY(dt__same(ctx, da, a, fn, "da", "a")); }
     if (db) { DT__TRY(dt__f32(ctx, db, fn, "db")); DT__TRY(dt__same(ctx, db, b, fn, "db", "b")); }
+    DT__TRY(dt__mm_apart(ctx, da, db, dout, a, b, fn));
     for (i = 0; i < m.batch; i++) {
         const float *A = DT__CF(a) + i * m.sa, *B = DT__CF(b) + i * m.sb, *D = DT__CF(dout) + i * m.sc;
         if (da) {
@@ -3172,6 +3218,13 @@ static dt_status dt__linear_check(dt_ctx *ctx, const dt_tensor *y, const dt_tens
     return DT_OK;
 }
 
+static dt_status dt__linear_apart(dt_ctx *ctx, const dt_tensor *out, const dt_tensor *x, const dt_tensor *w,
+                                  const dt_tensor *bias) {
+    DT__TRY(dt__apart(ctx, out, x, "dt_linear_fwd", "out", "x"));
+    DT__TRY(dt__apart(ctx, out, w, "dt_linear_fwd", "out", "w"));
+    return dt__apart(ctx, out, bias, "dt_linear_fwd", "out", "bias");
+}
+
 DT_API dt_status dt_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, const dt_tensor *w,
                                const dt_tensor *bias) {
     int64_t N, In, Out;
@@ -3179,10 +3232,14 @@ DT_API dt_status dt_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, 
     int bf;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
-    if (dt__cu(out) || dt__cu(x) || dt__cu(w) || dt__cu(bias)) return dt__cu_linear_fwd(ctx, out, x, w, bias);
+    if (dt__cu(out) || dt__cu(x) || dt__cu(w) || dt__cu(bias)) {
+        DT__TRY(dt__linear_apart(ctx, out, x, w, bias));
+        return dt__cu_linear_fwd(ctx, out, x, w, bias);
+    }
 #endif
     bf = dt__bf16_w(w, &wf);
     DT__TRY(dt__linear_check(ctx, out, x, bf ? &wf : w, bias, "dt_linear_fwd", "out"));
+    DT__TRY(dt__linear_apart(ctx, out, x, w, bias));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
     if (bf) /* the bias goes in with the GEMM (on AMX its tiles start there) */
         return dt__gemm_bf16_keep(ctx, 0, 1, N, Out, In, x->data, 0, In, w->data, 1, In, 0, DT__F(out), Out, 0,
@@ -3199,10 +3256,16 @@ DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_ten
     int bf;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
-    if (dt__cu(dout) || dt__cu(x) || dt__cu(w) || dt__cu(dx) || dt__cu(dw) || dt__cu(dbias)) return dt__cu_linear_bwd(ctx, dx, dw, dbias, dout, x, w);
+    if (dt__cu(dout) || dt__cu(x) || dt__cu(w) || dt__cu(dx) || dt__cu(dw) || dt__cu(dbias)) {
+        DT__TRY(dt__mm_apart(ctx, dx, dw, dout, x, w, fn));
+        DT__TRY(dt__apart(ctx, dbias, dout, fn, "dbias", "dout"));
+        return dt__cu_linear_bwd(ctx, dx, dw, dbias, dout, x, w);
+    }
 #endif
     bf = dt__bf16_w(w, &wf);
     DT__TRY(dt__linear_check(ctx, dout, x, bf ? &wf : w, NULL, fn, "dout"));
+    DT__TRY(dt__mm_apart(ctx, dx, dw, dout, x, w, fn));
+    DT__TRY(dt__apart(ctx, dbias, dout, fn, "dbias", "dout"));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
     if (dx) {
         DT__TRY(dt__f32(ctx, dx, fn, "dx"));
@@ -3624,7 +3687,7 @@ DT_API dt_status dt_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, 
     DT__TRY(dt__ln_check(ctx, out, x, w, mean, rstd, fn, "out"));
     C = dt__last(x); R = dt__rows(x);
     if (b) { DT__TRY(dt__f32(ctx, b, fn, "b")); DT__TRY(dt__dim(ctx, b->numel, C, fn, "b numel", "x.shape[-1]")); }
-    if (!(eps > 0)) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: eps = %g; expected > 0", fn, (double)eps);
+    if (!(eps > 0 && eps <= FLT_MAX)) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: eps = %g; expected a finite eps > 0", fn, (double)eps);
     for (r = 0; r < R; r++) {
         const float *xr = DT__CF(x) + r * C, *wp = DT__CF(w), *bp = b ? DT__CF(b) : NULL;
         float *o = DT__F(out) + r * C; /* out may be x: the row is read whole before it is written */
@@ -4010,9 +4073,14 @@ DT_API dt_status dt_embedding_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *
     int64_t n, D;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
-    if (dt__cu(out) || dt__cu(table) || dt__cu(ids)) return dt__cu_embedding(ctx, out, table, ids, 0);
+    if (dt__cu(out) || dt__cu(table) || dt__cu(ids)) {
+        DT__TRY(dt__apart(ctx, out, table, "dt_embedding_fwd", "out", "table"));
+        return dt__cu_embedding(ctx, out, table, ids, 0);
+    }
 #endif
     DT__TRY(dt__emb_check(ctx, out, table, ids, "dt_embedding_fwd", "out", "table", 1));
+    DT__TRY(dt__apart(ctx, out, table, "dt_embedding_fwd", "out", "table"));
+    DT__TRY(dt__apart(ctx, out, ids, "dt_embedding_fwd", "out", "ids"));
     D = table->shape[1];
     for (n = 0; n < ids->numel; n++)
         memcpy(DT__F(out) + n * D, DT__CF(table) + dt__id(ids, n) * D, (size_t)D * sizeof(float));
@@ -4149,6 +4217,13 @@ static dt_status dt__attn_gqa_cuda(dt_ctx *ctx, int n_head, int n_kv_head, const
 }
 #endif
 
+static dt_status dt__attn_apart(dt_ctx *ctx, const dt_tensor *out, const dt_tensor *att, const dt_tensor *qkv,
+                                const char *fn) {
+    DT__TRY(dt__apart(ctx, out, qkv, fn, "out", "qkv"));
+    DT__TRY(dt__apart(ctx, att, qkv, fn, "att", "qkv"));
+    return dt__apart(ctx, out, att, fn, "out", "att");
+}
+
 DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv, int n_head) {
     return dt_attention_gqa_fwd(ctx, out, att, qkv, n_head, n_head);
 }
@@ -4163,6 +4238,7 @@ DT_API dt_status dt_attention_gqa_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *at
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
     if (dt__cu(out) || dt__cu(att) || dt__cu(qkv)) {
+        DT__TRY(dt__attn_apart(ctx, out, att, qkv, fn));
         if (n_kv_head == n_head) return dt__cu_attention_fwd(ctx, out, att, qkv, n_head);
         if (!att && qkv && qkv->dtype == DT_BF16) /* the tensor-core kernels take kv heads */
             return dt__cu_attention_gqa_tc(ctx, out, qkv, n_head, n_kv_head, 0, NULL, fn, "out");
@@ -4171,6 +4247,7 @@ DT_API dt_status dt_attention_gqa_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *at
     }
 #endif
     DT__TRY(dt__attn_check(ctx, out, att, qkv, n_head, n_kv_head, fn, "out", &g));
+    DT__TRY(dt__attn_apart(ctx, out, att, qkv, fn));
     T = g.T; W = g.W; C = g.C; hs = g.hs;
     scale = hs ? 1.0f / sqrtf((float)hs) : 0.0f; /* C = 0: no features, uniform attention */
     for (b = 0; b < g.B; b++)
@@ -4618,9 +4695,15 @@ DT_API dt_status dt_dot_interaction_fwd(dt_ctx *ctx, dt_tensor *out, const dt_te
     float *T;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
-    if (dt__cu(out) || dt__cu(dense) || dt__cu(emb)) return dt__cu_dot(ctx, out, NULL, NULL, dense, emb, 0);
+    if (dt__cu(out) || dt__cu(dense) || dt__cu(emb)) {
+        DT__TRY(dt__apart(ctx, out, dense, "dt_dot_interaction_fwd", "out", "dense"));
+        DT__TRY(dt__apart(ctx, out, emb, "dt_dot_interaction_fwd", "out", "emb"));
+        return dt__cu_dot(ctx, out, NULL, NULL, dense, emb, 0);
+    }
 #endif
     DT__TRY(dt__dot_check(ctx, out, dense, emb, "dt_dot_interaction_fwd", "out"));
+    DT__TRY(dt__apart(ctx, out, dense, "dt_dot_interaction_fwd", "out", "dense"));
+    DT__TRY(dt__apart(ctx, out, emb, "dt_dot_interaction_fwd", "out", "emb"));
     B = dense->shape[0]; D = dense->shape[1]; F = emb->shape[1]; W = out->shape[1];
     if (B == 0) return DT_OK;
     P = (F + 1 + 3) / 4 * 4;
@@ -4974,7 +5057,7 @@ static dt_status dt__cu_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *me
     DT__TRY(dt__ln_check(ctx, so, sx, sw, sm, sr, fn, "out"));
     C = dt__last(sx);
     if (sb) { DT__TRY(dt__f32(ctx, sb, fn, "b")); DT__TRY(dt__dim(ctx, sb->numel, C, fn, "b numel", "x.shape[-1]")); }
-    if (!(eps > 0)) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: eps = %g; expected > 0", fn, (double)eps);
+    if (!(eps > 0 && eps <= FLT_MAX)) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: eps = %g; expected a finite eps > 0", fn, (double)eps);
     return dt__cu_status(ctx, dt_k_layernorm_fwd(DT__CU_F(out), mean ? DT__CU_F(mean) : NULL,
                                                  rstd ? DT__CU_F(rstd) : NULL, (const float *)x->data,
                                                  (const float *)w->data, b ? (const float *)b->data : NULL, eps,
@@ -5589,6 +5672,17 @@ static dt_status dt__cu_scale(dt_ctx *ctx, dt_tensor *x, float alpha) {
 
 /* ---------------------------------------------------------------- concat / split */
 
+/* Each part apart from the whole (one is read while the other is written). */
+static dt_status dt__concat_apart(dt_ctx *ctx, const dt_tensor *whole, dt_tensor *const *parts, int n, const char *fn) {
+    char name[32];
+    int i;
+    for (i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "part %d", i);
+        DT__TRY(dt__apart(ctx, whole, parts[i], fn, "the concatenated tensor", name));
+    }
+    return DT_OK;
+}
+
 /* Copies (or accumulates) between the n parts [rows, C_i] and the whole [rows, sum C_i]. */
 static dt_status dt__concat(dt_ctx *ctx, dt_tensor *whole, dt_tensor *const *parts, int n, int to_whole,
                             int accumulate, const char *fn) {
@@ -5598,7 +5692,10 @@ static dt_status dt__concat(dt_ctx *ctx, dt_tensor *whole, dt_tensor *const *par
     if (!ctx) return DT_ERR_ARG;
     if (n <= 0 || !parts) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n = %d parts; expected >= 1", fn, n);
 #ifdef DT_CUDA
-    if (dt__cu(whole) || dt__cu(parts[0])) return dt__cu_concat(ctx, whole, parts, n, to_whole, accumulate, fn);
+    if (dt__cu(whole) || dt__cu(parts[0])) {
+        DT__TRY(dt__concat_apart(ctx, whole, parts, n, fn));
+        return dt__cu_concat(ctx, whole, parts, n, to_whole, accumulate, fn);
+    }
 #endif
     DT__TRY(dt__f32(ctx, whole, fn, "the concatenated tensor"));
     R = dt__rows(whole); W = dt__last(whole);
@@ -5613,6 +5710,7 @@ static dt_status dt__concat(dt_ctx *ctx, dt_tensor *whole, dt_tensor *const *par
     if (off != W)
         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: the parts' last dims sum to %lld, the concatenated "
                                 "tensor's is %lld", fn, (long long)off, (long long)W);
+    DT__TRY(dt__concat_apart(ctx, whole, parts, n, fn));
     for (off = 0, i = 0; i < n; i++) {
         int64_t C = dt__last(parts[i]);
         for (r = 0; r < R; r++) {
@@ -6052,9 +6150,22 @@ DT_API dt_status dt_safetensors_header(dt_ctx *ctx, dt_strbuf *out, const dt_ten
     size_t start;
     int i, j, k;
     if (!ctx) return DT_ERR_ARG;
-    if (!out || n < 0 || (n > 0 && (!tensors || !names)) || n_meta < 0 || (n_meta > 0 && !meta))
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out, tensors and names must be non-NULL and n = %d, n_meta = %d "
-                                ">= 0", fn, n, n_meta);
+    if (!out) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
+    if (n < 0 || n_meta < 0)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n = %d, n_meta = %d; expected counts >= 0", fn, n, n_meta);
+    if (n > 0 && (!tensors || !names))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n = %d tensors but %s is NULL", fn, n, tensors ? "names" : "tensors");
+    if (n_meta > 0 && !meta)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n_meta = %d pairs but meta is NULL", fn, n_meta);
+    for (k = 0; k < n_meta; k++) { /* a JSON object: keys present, once each; values present */
+        if (!meta[2 * k] || !meta[2 * k][0] || !meta[2 * k + 1])
+            return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: meta pair %d has %s; expected a non-empty key and a "
+                                    "value (\"\" for none)", fn, k, !meta[2 * k] ? "a NULL key" : !meta[2 * k][0] ?
+                                    "an empty key" : "a NULL value");
+        for (j = 0; j < k; j++)
+            if (strcmp(meta[2 * k], meta[2 * j]) == 0)
+                return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: meta key %d \"%s\" repeats key %d", fn, k, meta[2 * k], j);
+    }
     for (i = 0; i < n; i++) {
         if (!names[i] || !names[i][0] || strcmp(names[i], "__metadata__") == 0)
             return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: names[%d] is empty or reserved", fn, i);
@@ -6069,9 +6180,9 @@ DT_API dt_status dt_safetensors_header(dt_ctx *ctx, dt_strbuf *out, const dt_ten
         dt_strbuf_str(out, "\"__metadata__\":{");
         for (k = 0; k < n_meta; k++) {
             if (k) dt_strbuf_str(out, ",");
-            dt_strbuf_json(out, meta[2 * k] ? meta[2 * k] : "");
+            dt_strbuf_json(out, meta[2 * k]);
             dt_strbuf_str(out, ":");
-            dt_strbuf_json(out, meta[2 * k + 1] ? meta[2 * k + 1] : "");
+            dt_strbuf_json(out, meta[2 * k + 1]);
         }
         dt_strbuf_str(out, "}");
     }
@@ -6372,7 +6483,12 @@ DT_API dt_status dt_safetensors_open(dt_ctx *ctx, dt_st_file *f, const char *pat
         fclose(fp);
         return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot size %s", fn, path);
     }
-    if (size < 8 || fread(len8, 1, 8, fp) != 8) {
+    if (size >= 8 && fread(len8, 1, 8, fp) != 8) { /* a directory opens, and sizes as LONG_MAX, on Linux */
+        int e = errno;
+        fclose(fp);
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot read %s: %s", fn, path, strerror(e));
+    }
+    if (size < 8) {
         fclose(fp);
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s is %ld bytes, shorter than the 8-byte header length "
                                 "(truncated or not a safetensors file)", fn, path, size);

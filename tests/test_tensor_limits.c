@@ -1526,6 +1526,111 @@ static void test_huge_dims_in_empty_tensors(void) {
     }
 }
 
+/* An op's output that shares memory with one of its inputs is a named error (before anything is
+   written; memcpy between overlapping views would be undefined, a GEMM into its own operand
+   garbage), while outputs next to their inputs in one buffer are fine. */
+static void test_aliasing(void) {
+    dt_tensor buf = mk(DT_F32, 1, SH(64)), a, b, out, w, x, ids, part[2], whole, tab;
+    const dt_tensor *ins[2];
+    dt_tensor *outs[2];
+    dt_status st;
+    float want[9];
+    rnd(&buf, "alias");
+    dt_tensor_view(&C, &a, &buf, 0, 2, SH(3, 3));
+    dt_tensor_view(&C, &b, &buf, 9, 2, SH(3, 3));
+    dt_tensor_view(&C, &out, &buf, 4, 2, SH(3, 3)); /* overlaps a's last 5 and b's first 4 */
+    st = dt_matmul_fwd(&C, &a, &a, &b, 0, 0, 1.0f, 0.0f);
+    dt_test_error("matmul_out_aliasing_a_is_named", st, dt_ctx_error(&C), "dt_matmul_fwd: out shares memory with a");
+    st = dt_matmul_fwd(&C, &out, &a, &b, 0, 0, 1.0f, 0.0f);
+    dt_test_error("matmul_out_overlapping_a_is_named", st, dt_ctx_error(&C), "out shares memory with a");
+    dt_tensor_view(&C, &out, &buf, 18, 2, SH(3, 3)); /* right after b: apart */
+    st = dt_matmul_bwd(&C, &b, NULL, &out, &a, &b, 0, 0, 1.0f);
+    dt_test_error("matmul_bwd_da_aliasing_b_is_named", st, dt_ctx_error(&C), "dt_matmul_bwd: da shares memory with b");
+    st = dt_matmul_fwd(&C, &out, &a, &b, 0, 0, 1.0f, 0.0f);
+    if (DT_TEST_CHECK("matmul_out_adjacent_to_inputs_runs", st == DT_OK)) {
+        dt_tensor wa = mk(DT_F32, 2, SH(3, 3)), wb = mk(DT_F32, 2, SH(3, 3)), wo = mk(DT_F32, 2, SH(3, 3));
+        memcpy(wa.data, a.data, 36); memcpy(wb.data, b.data, 36);
+        dt_matmul_fwd(&C, &wo, &wa, &wb, 0, 0, 1.0f, 0.0f);
+        memcpy(want, wo.data, 36);
+        dt_test_allclose("matmul_out_adjacent_equals_separate_buffers", F(&out), want, 9, 0, 0);
+        dt_tensor_free(&C, &wa); dt_tensor_free(&C, &wb); dt_tensor_free(&C, &wo);
+    }
+    dt_tensor_view(&C, &w, &buf, 27, 2, SH(3, 3));
+    dt_tensor_view(&C, &x, &buf, 36, 2, SH(3, 3));
+    st = dt_linear_fwd(&C, &x, &x, &w, NULL);
+    dt_test_error("linear_out_aliasing_x_is_named", st, dt_ctx_error(&C), "dt_linear_fwd: out shares memory with x");
+    st = dt_linear_bwd(&C, &w, NULL, NULL, &a, &x, &w);
+    dt_test_error("linear_bwd_dx_aliasing_w_is_named", st, dt_ctx_error(&C), "dt_linear_bwd: dx shares memory with w");
+    /* concat / split: a part that is a view of the whole */
+    whole = mk(DT_F32, 2, SH(2, 5));
+    rnd(&whole, "whole");
+    dt_tensor_view(&C, &part[0], &whole, 0, 2, SH(2, 3));
+    part[1] = mk(DT_F32, 2, SH(2, 2));
+    ins[0] = &part[0]; ins[1] = &part[1];
+    st = dt_concat_fwd(&C, &whole, ins, 2);
+    dt_test_error("concat_part_inside_out_is_named", st, dt_ctx_error(&C), "shares memory with part 0");
+    dt_tensor_view(&C, &part[0], &whole, 2, 2, SH(2, 3));
+    outs[0] = &part[0]; outs[1] = &part[1];
+    st = dt_split_fwd(&C, outs, 2, &whole);
+    dt_test_error("split_part_inside_in_is_named", st, dt_ctx_error(&C), "dt_split_fwd");
+    /* embedding: out a view of the table */
+    tab = mk(DT_F32, 2, SH(5, 2));
+    rnd(&tab, "tab");
+    ids = mk(DT_I32, 1, SH(2));
+    ((int32_t *)ids.data)[0] = ((int32_t *)ids.data)[1] = 0;
+    dt_tensor_view(&C, &out, &tab, 1, 2, SH(2, 2));
+    st = dt_embedding_fwd(&C, &out, &tab, &ids);
+    dt_test_error("embedding_out_inside_table_is_named", st, dt_ctx_error(&C), "dt_embedding_fwd: out shares memory with table");
+    dt_tensor_free(&C, &part[1]); dt_tensor_free(&C, &whole); dt_tensor_free(&C, &tab); dt_tensor_free(&C, &ids);
+    dt_tensor_free(&C, &buf);
+}
+
+/* Messages that name what is wrong: a ctx never initialised, a directory given as a safetensors
+   file, metadata without a key or repeating one, dt_grow's arguments, layernorm's eps. */
+static void test_messages(void) {
+    dt_ctx z;
+    dt_tensor t, x, wln, bln, y;
+    dt_tensor_desc d;
+    dt_st_file f;
+    dt_status st;
+    void *items = NULL;
+    int64_t cap = -5;
+    char path[1200];
+    const char *meta_null[2] = {"k", NULL}, *meta_dup[4] = {"k", "v", "k", "w"};
+    const dt_tensor *ts[1];
+    const char *names[1] = {"t"};
+    memset(&z, 0, sizeof z);
+    memset(&d, 0, sizeof d);
+    d.dtype = DT_F32; d.shape[0] = 4;
+    st = dt_tensor_create(&z, &t, &d);
+    dt_test_error("create_on_a_zeroed_ctx_is_named", st, dt_ctx_error(&z), "the ctx is not initialised");
+    DT_TEST_CHECK("create_on_a_zeroed_ctx_is_a_state_error", st == DT_ERR_STATE);
+    st = dt_safetensors_open(&C, &f, dt_test_tmpdir());
+    dt_test_error("safetensors_open_of_a_directory_is_named", st, dt_ctx_error(&C), "Is a directory");
+    x = mk(DT_F32, 1, SH(2));
+    ts[0] = &x;
+    tmp_path(path, sizeof path, "meta.safetensors");
+    st = dt_safetensors_save(&C, path, ts, names, 1, meta_null, 1);
+    dt_test_error("safetensors_meta_null_value_is_named", st, dt_ctx_error(&C), "meta pair 0 has a NULL value");
+    st = dt_safetensors_save(&C, path, ts, names, 1, meta_dup, 2);
+    dt_test_error("safetensors_meta_repeated_key_is_named", st, dt_ctx_error(&C), "meta key 1 \"k\" repeats key 0");
+    st = dt_safetensors_save(&C, path, ts, names, 1, NULL, 3);
+    dt_test_error("safetensors_meta_null_is_named", st, dt_ctx_error(&C), "n_meta = 3 pairs but meta is NULL");
+    st = dt_grow(&C, &items, &cap, 4, 4, "rows");
+    dt_test_error("grow_negative_cap_is_named", st, dt_ctx_error(&C), "dt_grow: rows: *cap = -5; expected >= 0");
+    y = mk(DT_F32, 2, SH(2, 4));
+    wln = mk(DT_F32, 1, SH(4));
+    bln = mk(DT_F32, 1, SH(4));
+    {
+        dt_tensor xin = mk(DT_F32, 2, SH(2, 4));
+        rnd(&xin, "ln");
+        st = dt_layernorm_fwd(&C, &y, NULL, NULL, &xin, &wln, &bln, INFINITY);
+        dt_test_error("layernorm_inf_eps_is_named", st, dt_ctx_error(&C), "eps = inf; expected a finite eps > 0");
+        dt_tensor_free(&C, &xin);
+    }
+    dt_tensor_free(&C, &x); dt_tensor_free(&C, &y); dt_tensor_free(&C, &wln); dt_tensor_free(&C, &bln);
+}
+
 int main(void) {
     dt_ctx_desc cd;
     dt_ctx_init(&C, NULL);
@@ -1547,6 +1652,8 @@ int main(void) {
     test_relu_nan();
     test_null_grads();
     test_create_like();
+    test_aliasing();
+    test_messages();
     dt_ctx_shutdown(&CAP);
     test_huge_dims_in_empty_tensors(); /* last: a UBSan report here ends the asan run */
 
