@@ -278,7 +278,9 @@ extern "C" {
 
 /* Hyperparameters are double (Python floats in PyTorch); the per-step scalars are computed
    from them in double and rounded to float once, before the loop.
-   buf may be NULL when momentum == 0; first: 1 on the first update (b = g). */
+   buf may be NULL when momentum == 0; first: 1 on the first update (b = g). Arguments outside
+   the contract (n < 0, a NULL array that the update needs, t < 1) leave every array as it was:
+   these return nothing to say so, and dt_opt_step never passes such. */
 DT_API void dt_sgd_update(float *w, const float *g, float *buf, int64_t n, double lr, double momentum,
                           double dampening, double weight_decay, int nesterov, int first);
 /* decoupled: 0 = Adam (L2 added to g), 1 = AdamW (w *= 1 - lr * weight_decay). */
@@ -671,6 +673,7 @@ DT_API void dt_sgd_update(float *w, const float *g, float *buf, int64_t n, doubl
     const float lrf = (float)lr, mom = (float)momentum, damp = (float)(1.0 - dampening);
     const float wd = (float)weight_decay;
     int64_t i = 0;
+    if (n <= 0 || !w || !g || (mom != 0.0f && !buf)) return; /* outside the contract: nothing written */
     if (wd == 0.0f && mom == 0.0f) { /* plain SGD (a sparse table's rows): w -= lr g, the lanes rounding as the loop */
 #ifdef DT__OPT_SSE2
         const __m128 l = _mm_set1_ps(lrf);
@@ -719,6 +722,7 @@ DT_API void dt_adam_update(float *w, const float *g, float *m, float *v, int64_t
     const float decay = (float)(1.0 - lr * weight_decay);
     const int decay_on = decoupled && weight_decay != 0.0;
     int64_t i = 0;
+    if (n <= 0 || t < 1 || !w || !g || !m || !v) return; /* outside the contract (t 0: bias corrections 0) */
 #ifdef DT__OPT_SSE2
     dt__adam_k k;
     k.b1 = _mm_set1_ps(b1); k.omb1 = _mm_set1_ps(omb1); k.b2 = _mm_set1_ps(b2); k.omb2 = _mm_set1_ps(omb2);
@@ -764,6 +768,7 @@ DT_API void dt_adagrad_update(float *w, const float *g, float *sum, int64_t n, d
     const float clr = (float)(lr / (1.0 + (double)(t - 1) * lr_decay));
     const float wd = (float)weight_decay, epsf = (float)eps;
     int64_t i = 0;
+    if (n <= 0 || t < 1 || !w || !g || !sum) return; /* outside the contract */
 #ifdef DT__OPT_SSE2
     const __m128 C = _mm_set1_ps(clr), WD = _mm_set1_ps(wd), E = _mm_set1_ps(epsf);
     for (; i + 4 <= n; i += 4) dt__adagrad4(w + i, g + i, sum + i, C, WD, E, wd != 0.0f);
@@ -1578,10 +1583,15 @@ static dt_status dt__opt_check_state(dt_optimizer *opt, const char *fn) {
     if (opt->params->count != opt->n_slots)
         return dt_ctx_set_error(opt->ctx, DT_ERR_STATE, "%s: the parameter set has %d parameters; the optimizer was "
                                 "created for %d", fn, opt->params->count, opt->n_slots);
-    for (i = 0; i < opt->n_slots; i++)
-        if (opt->params->items[i] != opt->slots[i].param)
+    for (i = 0; i < opt->n_slots; i++) {
+        const dt_param *p = opt->params->items[i];
+        if (p != opt->slots[i].param)
             return dt_ctx_set_error(opt->ctx, DT_ERR_STATE, "%s: parameter %d is not the one the optimizer was created "
                                     "for (\"%s\")", fn, i, opt->slots[i].param->name);
+        if (p->group < 0 || p->group >= DT_OPT_MAX_GROUPS) /* changed since dt_opt_create: it indexes desc.groups */
+            return dt_ctx_set_error(opt->ctx, DT_ERR_STATE, "%s: \"%s\" has group %d since dt_opt_create; expected 0 <= "
+                                    "group < %d (DT_OPT_MAX_GROUPS)", fn, p->name, p->group, DT_OPT_MAX_GROUPS);
+    }
     return DT_OK;
 }
 

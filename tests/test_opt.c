@@ -1513,6 +1513,38 @@ static void test_bad_checkpoints(void) {
 
 /* ---------------------------------------------------------------- bad arguments, helpers */
 
+/* A group changed after dt_opt_create is named by the next step (it indexes desc.groups); the
+   update functions leave their arrays as they were outside their contract (they return nothing). */
+static void test_contract(void) {
+    dt_params ps;
+    dt_param *p;
+    dt_optimizer *o;
+    dt_opt_desc d;
+    dt_status st;
+    float w[5], g[5] = {1, 2, 3, 4, 5}, m[5] = {0}, v[5] = {0}, want[5];
+    int i;
+    memset(&ps, 0, sizeof ps);
+    p = add(&ps, "w", DT_F32, 3, 0);
+    memset(&d, 0, sizeof d);
+    o = mkopt(&ps, &d);
+    p->group = 200;
+    st = dt_opt_step(o, NULL);
+    dt_test_error("group_changed_after_create_is_named", st, dt_ctx_error(&C), "\"w\" has group 200 since dt_opt_create");
+    p->group = 0;
+    DT_TEST_CHECK("group_restored_steps", dt_opt_step(o, NULL) == DT_OK);
+    dt_opt_free(o);
+    dt_params_free(&C, &ps);
+    for (i = 0; i < 5; i++) w[i] = want[i] = W0[i];
+    dt_adam_update(w, g, m, v, 5, 1e-3, 0.9, 0.999, 1e-8, 0, 0, 0); /* t 0: the bias corrections are 0 */
+    dt_test_equal_bytes("adam_update_t0_writes_nothing", w, want, sizeof w);
+    dt_adagrad_update(w, g, m, 5, 1e-2, 1.0, 0, 1e-10, 0);
+    dt_test_equal_bytes("adagrad_update_t0_writes_nothing", w, want, sizeof w);
+    dt_sgd_update(w, g, NULL, 5, 0.1, 0.9, 0, 0, 0, 1); /* momentum without its buffer */
+    dt_test_equal_bytes("sgd_update_momentum_without_buf_writes_nothing", w, want, sizeof w);
+    for (st = DT_OK, i = 0; i < 5; i++) st |= m[i] != 0 || v[i] != 0;
+    DT_TEST_CHECK("update_state_untouched_outside_the_contract", st == DT_OK);
+}
+
 static void test_bad_args(void) {
     dt_params ps;
     dt_param *p;
@@ -1881,6 +1913,7 @@ int main(void) {
     test_corrupt_manifest_fields();
     test_corrupt_scaler_fields();
     test_bad_args();
+    test_contract();
     test_xxh64();
     test_peak();
     test_load_memory();
