@@ -191,6 +191,12 @@ static void resume_checks(void) {
         dt_params_free(&g_ctx, &w);
     }
     dt_params_free(&g_ctx, &w_straight);
+    /* a checkpoint of another model: fewer layers would load the first ones, other heads split the
+       same qkv another way; both named (the checkpoint keeps its "model" key) */
+    snprintf(flags, sizeof flags, "--steps 6 --resume --ckpt %s --layers 1", dir);
+    gd_named_error("gpt_resume_other_layers_named", 1, TINY, flags, "was trained with layers 2 heads 4");
+    snprintf(flags, sizeof flags, "--steps 6 --resume --ckpt %s --heads 2", dir);
+    gd_named_error("gpt_resume_other_heads_named", 1, TINY, flags, "this run asks for layers 2 heads 2");
 }
 
 /* ---------------------------------------------------------------- bad input */
@@ -230,6 +236,29 @@ static void bad_input(void) {
     write_shard(path, 20240520, 1, 100, 100, 50257);
     snprintf(flags, sizeof flags, "--shards %s", path);
     named_error("gpt_shard_token_out_of_vocab_named", 1, flags, "token 7 is 50257, expected < 50257");
+    snprintf(flags, sizeof flags, "--shards %s", tmp); /* a directory */
+    named_error("gpt_shard_directory_named", 1, flags, "cannot read shard");
+    named_error("gpt_seed_past_int64_named", 1, "--seed 9223372036854775808", "--seed wants an integer in [0, 9223372036854775807]");
+    /* the paths rank 0 writes at the end are checked before the first step, on every rank */
+    snprintf(path, sizeof path, "%s/a_file", tmp);
+    fclose(fopen(path, "w"));
+    snprintf(flags, sizeof flags, "--steps 200 --ckpt %s", path);
+    named_error("gpt_ckpt_a_file_named_at_start", 2, flags, "is not a directory");
+    named_error("gpt_trace_unwritable_named_at_start", 2, "--steps 200 --trace /nonexistent_dt_dir/t.json",
+                "cannot write --trace /nonexistent_dt_dir/t.json");
+    { /* --lr 0 is a frozen run (dt_opt reads lr 0 as its default 1e-3: gpt passes DT_OPT_ZERO) */
+        char out[512], log[512];
+        double lr[4];
+        int n;
+        snprintf(log, sizeof log, "%s/lr0.jsonl", tmp);
+        snprintf(out, sizeof out, "%s/lr0.out", tmp);
+        snprintf(flags, sizeof flags, "%s --steps 3 --print-every 1 --lr 0 --log %s", TINY, log);
+        if (dt_test_expect("gpt_lr0_runs", run(1, flags, out) == 0, "output in %s", out)) {
+            n = log_values(log, "lr", lr, 4);
+            dt_test_expect("gpt_lr0_trains_at_lr_0", n == 3 && lr[0] == 0 && lr[2] == 0, "%d steps logged, lr %g .. %g",
+                           n, n ? lr[0] : NAN, n ? lr[n - 1] : NAN);
+        }
+    }
 }
 
 /* ---------------------------------------------------------------- the timeline */

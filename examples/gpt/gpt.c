@@ -336,8 +336,10 @@ static void usage(const char *why) {
 
 static int64_t num(const char *flag, const char *v, int64_t lo, int64_t hi) {
     char *end;
-    long long x = v ? strtoll(v, &end, 10) : 0;
-    if (!v || !*v || *end || x < lo || x > hi) {
+    long long x;
+    errno = 0;
+    x = v ? strtoll(v, &end, 10) : 0;
+    if (!v || !*v || *end || errno == ERANGE || x < lo || x > hi) { /* ERANGE: strtoll clamped it */
         char why[200];
         snprintf(why, sizeof why, "%s wants an integer in [%lld, %lld], got '%s'", flag, (long long)lo, (long long)hi,
                  v ? v : "(nothing)");
@@ -1880,6 +1882,14 @@ static void save_loss(dt_train_state *st, double loss) {
     CHECK(dt_train_state_set(g_ctx, st, "loss", v));
 }
 
+/* What a checkpoint must match that its tensors' shapes do not show: the layers (a run with fewer
+   would load the first ones and drop the rest), the heads (the same qkv shape split another way)
+   and the batch (the data cursor counts samples). */
+static void model_key(const opts *o, char *v, size_t n) {
+    snprintf(v, n, "layers %d heads %d kv-heads %d batch %lld", o->layers, o->heads, o->kv_heads ? o->kv_heads : o->heads,
+             (long long)o->batch);
+}
+
 /* A named error about the run's configuration (every rank sees the same): rank 0 says it, all exit 1. */
 static void fail(const char *fmt, ...)
 #if defined(__GNUC__)
@@ -2375,7 +2385,7 @@ static void build_model(trainer *t) {
     }
     zd.stage = o->zero;
     zd.opt.kind = DT_OPT_ADAMW;
-    zd.opt.lr = o->lr;
+    zd.opt.lr = o->lr > 0 ? o->lr : DT_OPT_ZERO; /* --lr 0 is a frozen run (dt_opt reads 0 as its default) */
     zd.opt.beta1 = 0.9; zd.opt.beta2 = 0.95; /* GPT-2 / llm.c */
     zd.opt.weight_decay = o->wd > 0 ? o->wd : DT_OPT_ZERO;
     zd.opt.clip_norm = o->clip;
@@ -2428,13 +2438,31 @@ static void build_pipeline(trainer *t) {
 
 static void moe_bias_load(trainer *t, const dt_train_state *st);
 
-/* --ckpt's directory (rank 0), --resume's checkpoint, --log's file; 0 when one cannot be had. */
+/* --ckpt's directory and --trace's file (rank 0 writes them: checked before the first step, not
+   found out after the last), --resume's checkpoint, --log's file; 0 on every rank when one
+   cannot be had. */
 static int open_outputs(trainer *t) {
     opts *o = &t->o;
-    if (o->ckpt && g_rank == 0 && mkdir(o->ckpt, 0777) != 0 && errno != EEXIST) {
-        fprintf(stderr, "gpt: cannot create --ckpt %s: %s\n", o->ckpt, strerror(errno));
-        return 0;
+    double bad = 0;
+    struct stat sb;
+    if (g_rank == 0) {
+        FILE *f;
+        if (o->ckpt && mkdir(o->ckpt, 0777) != 0 && errno != EEXIST) {
+            fprintf(stderr, "gpt: cannot create --ckpt %s: %s\n", o->ckpt, strerror(errno));
+            bad = 1;
+        } else if (o->ckpt && (stat(o->ckpt, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
+            fprintf(stderr, "gpt: --ckpt %s is not a directory\n", o->ckpt);
+            bad = 1;
+        }
+        if (o->trace && !(f = fopen(o->trace, "a"))) {
+            fprintf(stderr, "gpt: cannot write --trace %s: %s\n", o->trace, strerror(errno));
+            bad = 1;
+        } else if (o->trace) {
+            fclose(f);
+        }
     }
+    CHECK(dt_comm_allreduce_f64(t->world, &bad, 1, DT_REDUCE_SUM)); /* every rank stops, or none */
+    if (bad) return 0;
     if (o->resume) {
         dt_train_state st;
         dt_checkpoint_desc cd;
@@ -2445,6 +2473,14 @@ static int open_outputs(trainer *t) {
         t->step = st.step;
         moe_bias_load(t, &st);
         if (dt_train_state_get(&st, "loss")) t->loss = strtod(dt_train_state_get(&st, "loss"), NULL); /* a run with no step left */
+        {
+            char want[128];
+            const char *had = dt_train_state_get(&st, "model"); /* checkpoints from before it have none */
+            model_key(o, want, sizeof want);
+            if (had && strcmp(had, want) != 0)
+                fail("--resume: the checkpoint in %s was trained with %s; this run asks for %s (give the same flags)",
+                     o->ckpt, had, want);
+        }
         if (st.rng_seed != o->seed) {
             if (g_rank == 0) fprintf(stderr, "gpt: --seed %llu, the checkpoint was trained with seed %llu: resuming with %llu\n",
                                      (unsigned long long)o->seed, (unsigned long long)st.rng_seed, (unsigned long long)st.rng_seed);
@@ -2454,9 +2490,10 @@ static int open_outputs(trainer *t) {
     t->first_step = t->step;
     if (g_rank == 0 && o->log && !(t->log = fopen(o->log, o->resume ? "a" : "w"))) {
         fprintf(stderr, "gpt: cannot open --log %s\n", o->log);
-        return 0;
+        bad = 1;
     }
-    return 1;
+    CHECK(dt_comm_allreduce_f64(t->world, &bad, 1, DT_REDUCE_SUM));
+    return !bad;
 }
 
 /* The MFU's numbers (this machine's GEMM peak, llm.c's flops per token) and the run's plan:
@@ -2698,6 +2735,11 @@ static void save_checkpoint(trainer *t, int64_t step) {
     memset(&st, 0, sizeof st);
     st.step = step; st.rng_seed = t->o.seed; st.data_cursor = step * t->o.batch;
     save_loss(&st, t->loss);
+    {
+        char v[128];
+        model_key(&t->o, v, sizeof v);
+        CHECK(dt_train_state_set(&t->ctx, &st, "model", v));
+    }
     moe_bias_save(t, &st);
     cd.dir = t->o.ckpt;
     CHECK(dt_zero_checkpoint_save(t->m.z, &st, &cd));

@@ -88,6 +88,7 @@ DT_API dt_status dt_gpt_data_check_shard(dt_ctx *ctx, int64_t *n_tokens, const c
 
 #include <stdio.h>
 #include <string.h>
+#include <errno.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -121,7 +122,12 @@ static dt_status dt__gpt_shard_open(dt_ctx *ctx, FILE **out, int64_t *n, const c
         fclose(fp);
         return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot size shard '%s'", fn, path);
     }
-    if (size < 1024 || fread(h, 1, 1024, fp) != 1024) {
+    if (size >= 1024 && fread(h, 1, 1024, fp) != 1024) { /* a directory opens, and sizes huge, on Linux */
+        int e = errno;
+        fclose(fp);
+        return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot read shard '%s': %s", fn, path, strerror(e));
+    }
+    if (size < 1024) {
         fclose(fp);
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: shard '%s' is truncated: %lld bytes, "
                                 "the header alone is 1024 (256 x int32)", fn, path, size);
