@@ -265,8 +265,14 @@
        Not with column-wise sharding (a shard sees only its columns): DT_ERR_UNSUPPORTED.
    Adam (lr 1e-3, betas 0.9 / 0.999, eps 1e-8), lazy: only the touched rows' m and v move:
        m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g g; w = w - (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-       = torch.optim.SparseAdam (dt_adam_update; t counts every backward of the table, as
-       SparseAdam's step counts every step() in which the table has a gradient).
+       = torch.optim.Adam's formula (step_size = lr / bc1, denom = sqrt(v) / sqrt(bc2) + eps, with
+       bc1 = 1 - b1^t, bc2 = 1 - b2^t) applied to the touched rows only, and FBGEMM's (TorchRec's)
+       EmbOptimType.ADAM (dt_adam_update; t counts every backward of the table, as a sparse
+       optimizer's step counts every step() in which the table has a gradient). Not quite
+       torch.optim.SparseAdam, which is as lazy but puts eps elsewhere: step_size = lr sqrt(bc2) / bc1,
+       denom = sqrt(v) + eps, i.e. this formula with eps / sqrt(bc2) for eps. The two differ where
+       sqrt(v) is not >> eps: small gradients, early steps (about 1e-2 relative at gradients near
+       1e-4, several times at 1e-8).
    bf16 / f16 tables: the row is widened to f32, updated, and rounded back (nearest even);
    state is f32. Write DT_OPT_ZERO for a real 0 in a field whose default is not 0.
 
@@ -618,7 +624,13 @@ DT_API dt_status dt_embed_sequence_grad(dt_embed *e, dt_tensor *view, int featur
 /* ==== >>backward: gradients to owners, sparse update, accumulation ============================ */
 
 /* Collective. dout: f32 [batch, pooled_dim] of the last forward (may be NULL when every
-   feature is a sequence). Applies each table's sparse optimizer to its touched rows. */
+   feature is a sequence). Applies each table's sparse optimizer to its touched rows.
+   dout (and the sequence gradients) must be finite: a NaN or inf is not checked here and lands
+   in every row its sample touched, and in Adagrad / Adam state, for good (unlike a per-sample
+   weight, which forward checks). Checking would take a pass over dout of its own (it is read in
+   several places, the first after the ranks agree to go on; on cuda on the device), so the
+   caller checks, as dt_opt's loss scaler does on the dense side (dt_loss_scaler_unscale's
+   found_inf skips the step): a dout that is not finite must not be passed here. */
 DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout);
 /* Gradient accumulation, as dt_bucketer_set_sync: with sync 0 a backward sends its gradients to
    the owners, which add them to each row's gradient so far and update nothing; the next backward
@@ -1303,9 +1315,12 @@ static dt_status dt__em_check_table(dt_ctx *ctx, const dt_embed_table_desc *d, i
     if (d->dynamic != 0 && d->dynamic != 1)
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").dynamic = %d; expected 0 or 1", fn, i, d->name,
                                 d->dynamic);
-    if (d->admit_after < 0 || d->admit_after > (1 << 30))
-        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").admit_after = %d; expected 0 .. 2^30", fn, i,
-                                d->name, d->admit_after);
+    if (d->admit_after < 0 || d->admit_after > (1 << 30) || (d->admit_after != 0 && !d->dynamic))
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").admit_after = %d; expected 0 .. 2^30, and 0 "
+                                "unless the table is dynamic", fn, i, d->name, d->admit_after);
+    if (d->hash_shards != 0 && !d->dynamic)
+        return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").hash_shards = %d; expected 0 unless the table "
+                                "is dynamic", fn, i, d->name, d->hash_shards);
     if (d->hash_shards < 0 || d->hash_shards > 65536 || (d->dynamic && d->rows < (d->hash_shards ? d->hash_shards : 16)))
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: tables[%d] (\"%s\").hash_shards = %d with rows %lld; expected 0 .. "
                                 "65536 (0 = 16) and at least one row per shard", fn, i, d->name, d->hash_shards,
@@ -1768,9 +1783,12 @@ static dt_status dt__em_check_desc(dt_ctx *ctx, const dt_embed_desc *desc, int W
                               "features, 0 without", fn, desc->n_features, desc->features ? "set" : "NULL");
     else if (desc->print_plan != 0 && desc->print_plan != 1)
         st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.print_plan = %d; expected 0 or 1", fn, desc->print_plan);
-    else if (desc->batch_hint < 0 || !(desc->dp_max_bytes == desc->dp_max_bytes))
+    else if (desc->batch_hint < 0)
         st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.batch_hint = %lld; expected >= 0", fn,
                               (long long)desc->batch_hint);
+    else if (!(desc->dp_max_bytes == desc->dp_max_bytes))
+        st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.dp_max_bytes = %g; expected a number (0 = 1 MiB, < 0 = no "
+                              "data-parallel tables)", fn, desc->dp_max_bytes);
     else if (desc->tier_dir && (!desc->tier_dir[0] || strlen(desc->tier_dir) > 900))
         st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: desc.tier_dir is %s; expected NULL or a directory shorter than 900",
                               fn, desc->tier_dir[0] ? "too long" : "empty");
@@ -1981,8 +1999,8 @@ DT_API size_t dt_embed_plan_format(const dt_embed *e, char *buf, size_t n) {
     size_t used = 0;
     int i;
     char line[256];
+    if (buf && n) buf[0] = 0; /* first: a NULL e still leaves buf a string */
     if (!e) return 0;
-    if (buf && n) buf[0] = 0;
 #define DT__EM_PUT(...) do { int k_ = snprintf(line, sizeof line, __VA_ARGS__); \
         if (k_ > 0) { if (buf && used + (size_t)k_ < n) memcpy(buf + used, line, (size_t)k_ + 1); used += (size_t)k_; } } while (0)
     DT__EM_PUT("%-20s %-9s %-9s %14s %16s\n", "table", "kind", "ranks", "bytes/rank", "lookup B/step");
@@ -2003,7 +2021,9 @@ DT_API size_t dt_embed_plan_format(const dt_embed *e, char *buf, size_t n) {
 
 DT_API void dt_embed_plan_print(const dt_embed *e) {
     char buf[8192];
-    size_t n = dt_embed_plan_format(e, buf, sizeof buf);
+    size_t n;
+    if (!e) return;
+    n = dt_embed_plan_format(e, buf, sizeof buf);
     if (n >= sizeof buf) {
         char *big = (char *)dt_alloc(e->ctx, n + 1);
         if (big) { dt_embed_plan_format(e, big, n + 1); fputs(big, stdout); dt_release(e->ctx, big); }
@@ -5106,15 +5126,37 @@ static dt_status dt__em_ld_move_check(dt_embed *e, dt__em_tab *t, const int64_t 
     return st;
 }
 
-/* dt__checkpoint_load_checked's check: every file is validated on every rank; read each dynamic
-   table's slots and build what the commit swaps in. Collective. */
+/* A static table takes a dynamic table's checkpoint without a word from the loader: the same
+   name and shapes, and the extra slot_id / slot_stamp tensors are not asked for. But its rows are
+   stored by slot, not by id (row k = whatever id sat in slot k), so it is refused here, by the
+   slot_id tensor in the manifest the loader has read. (A dynamic table given a static table's
+   checkpoint fails in the loader: no slot_id.) Local: every rank reads the same manifest. */
+static dt_status dt__em_ld_kinds(dt_embed *e, const dt__ck_load *L) {
+    char key[DT_NAME_MAX + 32];
+    int i;
+    for (i = 0; i < e->n_tabs; i++) {
+        snprintf(key, sizeof key, "embed/%s/slot_id", e->tabs[i].name);
+        if (!e->tabs[i].dynamic && dt__ck_find(L, "param/", key))
+            return dt_ctx_set_error(e->ctx, DT_ERR_FORMAT, "dt_embed_checkpoint_load: table \"%s\" is dynamic in the "
+                                    "checkpoint %s (it holds param/%s: rows stored by slot, not by id) and static here; "
+                                    "expected a checkpoint of a static table, or dynamic = 1", e->tabs[i].name, L->dir,
+                                    key);
+    }
+    return DT_OK;
+}
+
+/* dt__checkpoint_load_checked's check: every file is validated on every rank; refuse a dynamic
+   table's checkpoint for a static one, read each dynamic table's slots and build what the commit
+   swaps in. Collective when a table is dynamic (a failure on one rank goes through its
+   agreements, as a failed read of the slots does). */
 static dt_status dt__em_ld_check(dt_ctx *ctx, struct dt__ck_load *L, void *user) {
     dt__em_ld *ld = (dt__em_ld *)user;
     dt_embed *e = ld->e;
-    dt_status st = DT_OK;
+    dt_status st = dt__em_ld_kinds(e, L);
     double *v, flag[1];
     int i, h, any_move = 0;
     (void)ctx;
+    if (!e->any_dyn) return st; /* the loader agrees on it */
     if (!(v = (double *)dt_alloc(e->ctx, sizeof(double) * (size_t)(e->n_tabs + 1)))) st = DT_ERR_OOM;
     if (!st && !(ld->tb = (dt__em_ldt *)dt_alloc(e->ctx, sizeof(dt__em_ldt) * (size_t)e->n_tabs))) st = DT_ERR_OOM;
     if (ld->tb) memset(ld->tb, 0, sizeof(dt__em_ldt) * (size_t)e->n_tabs);
@@ -5208,7 +5250,7 @@ DT_API dt_status dt_embed_checkpoint_load(dt_embed *e, dt_train_state *state, co
     st = dt__em_tier_settle(e); /* tiered tables load into their slow tier: first it holds every row */
     if (!st) st = dt__em_params(e, &ps, &store, &steps);
     ld.e = e; ld.ps = &ps;
-    if (!st) st = dt__checkpoint_load_checked(e->ctx, &ps, NULL, state, &d, e->any_dyn ? dt__em_ld_check : NULL, &ld);
+    if (!st) st = dt__checkpoint_load_checked(e->ctx, &ps, NULL, state, &d, dt__em_ld_check, &ld);
     if (!st) {
         dt__em_tier_drop(e); /* the slow tier changed under the caches */
         e->pf_pending = 0;

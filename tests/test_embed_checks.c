@@ -3,7 +3,10 @@
    the id that takes its slot: the micro-batches admit, evict and update exactly as one batch),
    dt_embed_hash_id pinned to values computed independently (Python, the formula written out
    below), f16 table storage (forward = the stored halves widened; update within f16 rounding),
-   and named errors for eps = inf and for a table too large to allocate. */
+   named errors for eps = inf and for a table too large to allocate, for desc.dp_max_bytes = NaN
+   (named, not blamed on batch_hint) and for admit_after / hash_shards on a static table,
+   dt_embed_plan_format / _print given NULL (an empty string, nothing printed), and a dynamic
+   table's checkpoint refused by a static table of the same name and shape. */
 #include "dt_tensor.h"
 #include "dt_comm.h"
 #include "dt_opt.h"
@@ -243,8 +246,103 @@ static void named_errors(void) {
     dt_ctx_shutdown(&small);
 }
 
+/* The same desc errors, one field at a time: each names its own field and value. */
+static void named_desc_errors(void) {
+    dt_embed_table_desc t;
+    dt_embed_desc d;
+    dt_embed *e = NULL;
+    dt_status st;
+    memset(&t, 0, sizeof t);
+    t.name = "a"; t.rows = 10; t.dim = 2;
+    memset(&d, 0, sizeof d);
+    d.tables = &t; d.n_tables = 1;
+    d.dp_max_bytes = NAN;
+    st = dt_embed_create(&C, &e, &d);
+    dt_test_error("embed_dp_max_bytes_nan_is_named", st == DT_ERR_ARG && e == NULL, dt_ctx_error(&C),
+                  "desc.dp_max_bytes = nan");
+    d.dp_max_bytes = 0;
+    t.admit_after = 5;
+    st = dt_embed_create(&C, &e, &d);
+    dt_test_error("embed_admit_after_on_a_static_table_is_named", st == DT_ERR_ARG && e == NULL, dt_ctx_error(&C),
+                  "tables[0] (\"a\").admit_after = 5; expected 0 .. 2^30, and 0 unless the table is dynamic");
+    t.admit_after = 0;
+    t.hash_shards = 4;
+    st = dt_embed_create(&C, &e, &d);
+    dt_test_error("embed_hash_shards_on_a_static_table_is_named", st == DT_ERR_ARG && e == NULL, dt_ctx_error(&C),
+                  "tables[0] (\"a\").hash_shards = 4; expected 0 unless the table is dynamic");
+}
+
+/* Fills a stack region with 'A's, where dt_embed_plan_print's buffer will be: before the fix it
+   printed that (and, with no NUL in it, read past it; ASan: stack-buffer-overflow). */
+static void dirty_stack(void) {
+    volatile char junk[16384];
+    size_t i;
+    for (i = 0; i < sizeof junk; i++) junk[i] = 'A';
+}
+
+static void plan_of_null(void) {
+    char buf[16];
+    size_t n;
+    memset(buf, 'A', sizeof buf);
+    n = dt_embed_plan_format(NULL, buf, sizeof buf);
+    dt_test_check_all("embed_plan_format_of_null_is_an_empty_string", n == 0 && buf[0] == 0,
+                      "returned %zu, buf[0] = 0x%02x (want 0 and an empty string)", n, (unsigned)(unsigned char)buf[0]);
+    dirty_stack();
+    dt_embed_plan_print(NULL); /* a no-op (the ASan run catches a read of the stack) */
+}
+
+/* A dynamic table's checkpoint (rows by slot, plus slot_id / slot_stamp) loaded into a static
+   table of the same name, rows, dim and optimizer: refused, naming the table, the table left as it
+   was. A static table's own checkpoint still loads. */
+static void dynamic_checkpoint_into_static(void) {
+    dt_embed *dyn = dyn_table(20, 2, 1, DT_EVICT_LRU, DT_EMBED_SGD), *sta, *sta2;
+    dt_embed_table_desc t;
+    dt_embed_desc d;
+    dt_checkpoint_desc cd;
+    dt_tensor w, w2;
+    char dir[512], dir2[512];
+    float v[2], before[40];
+    dt_status st, st2;
+    memset(&t, 0, sizeof t);
+    t.name = "t"; t.rows = 20; t.dim = 2; t.optim.lr = 1.0;
+    memset(&d, 0, sizeof d);
+    d.tables = &t; d.n_tables = 1; d.seed = 3;
+    if (dt_embed_create(&C, &sta, &d) || dt_embed_create(&C, &sta2, &d)) {
+        dt_test_fail("embed_dynamic_checkpoint_into_static_create", "%s", dt_ctx_error(&C));
+        return;
+    }
+    lookup1(dyn, 7, v); /* admits id 7 into some slot */
+    snprintf(dir, sizeof dir, "%s/embed_dyn_ckpt", dt_test_tmpdir());
+    snprintf(dir2, sizeof dir2, "%s/embed_static_ckpt", dt_test_tmpdir());
+    memset(&cd, 0, sizeof cd);
+    cd.dir = dir;
+    if (dt_embed_checkpoint_save(dyn, NULL, &cd)) {
+        dt_test_fail("embed_dynamic_checkpoint_into_static_save", "%s", dt_ctx_error(&C));
+        return;
+    }
+    dt_embed_local_shard(sta, &w, NULL, NULL, 0);
+    memcpy(before, w.data, sizeof before);
+    st = dt_embed_checkpoint_load(sta, NULL, &cd);
+    dt_test_error("embed_dynamic_checkpoint_into_static_table_is_refused", st == DT_ERR_FORMAT, dt_ctx_error(&C),
+                  "table \"t\" is dynamic in the checkpoint");
+    dt_test_check_all("embed_dynamic_checkpoint_into_static_table_leaves_it_unchanged",
+                      memcmp(before, w.data, sizeof before) == 0, "the static table's rows changed");
+    cd.dir = dir2;
+    st = dt_embed_checkpoint_save(sta, NULL, &cd);
+    st2 = st ? st : dt_embed_checkpoint_load(sta2, NULL, &cd);
+    dt_embed_local_shard(sta2, &w2, NULL, NULL, 0);
+    dt_test_check_all("embed_static_checkpoint_into_static_table_loads", !st2 && memcmp(before, w2.data, sizeof before) == 0,
+                      "%s", st2 ? dt_ctx_error(&C) : "rows differ from the saved ones");
+    dt_embed_free(dyn);
+    dt_embed_free(sta);
+    dt_embed_free(sta2);
+}
+
 int main(void) {
     dt_ctx_init(&C, NULL);
+    named_desc_errors();
+    plan_of_null();
+    dynamic_checkpoint_into_static();
     accumulation_keeps_pending_slots();
     accumulation_equals_one_batch();
     hash_id_pinned();
