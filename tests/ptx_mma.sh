@@ -4,7 +4,9 @@
 # the kernels' nvcc flags (build.sh's DT_NVCC_FLAGS: sm_80 and sm_90, -Werror all-warnings), and
 # its PTX for compute_80 and compute_90 holds mma.sync m16n8k16 with bf16 and with f16 inputs, and
 # the 16-byte global loads (ld.global.v4) of its staging; and kernels/dt_flash.cu (the tensor-core
-# attention): each of its kernels that multiplies holds mma.sync bf16, and it loads by 16 bytes.
+# attention): each of its kernels that multiplies holds mma.sync bf16, and it loads by 16 bytes;
+# and kernels/dt_elementwise.cu: each elementwise kernel loads by 16 (or, from 16-bit, 8) bytes,
+# as dt_opt.cu's update does.
 # tests/run.sh runs it (group ptx:dt_mma)
 # where nvcc exists. One PASS/FAIL line per check; exit status non-zero iff one failed.
 set -uo pipefail
@@ -65,5 +67,44 @@ for arch in 80 90; do
     n=$(grep -c "ld\.global\.v4\." "$ptx")
     if [ "$n" -gt 0 ]; then echo "PASS ptx:dt_flash:sm_${arch}_ld_global_v4 ($n in $ptx)"
     else fail "ptx:dt_flash:sm_${arch}_ld_global_v4: none in $ptx"; fi
+done
+
+# kernels/dt_elementwise.cu, the memory-bound kernels: each that moves a tensor's elements (bias
+# add, relu, gelu, add, axpy, mul, the casts) loads by 16 bytes (ld.global.v4: a float4) or, on a
+# 16-bit side of a cast, 8 (.v2: four bf16); the column sums, fill and the range check do not.
+for arch in 80 90; do
+    ptx=$out/dt_elementwise.sm_$arch.ptx
+    if ! "$DT_NVCC" -arch=compute_$arch -I"$ROOT/kernels" -ptx kernels/dt_elementwise.cu -o "$ptx" \
+        >"$out/elementwise_$arch.log" 2>&1; then
+        fail "ptx:dt_elementwise:sm_${arch}_ptx: nvcc -ptx failed (log: $out/elementwise_$arch.log)"
+        continue
+    fi
+    # per .entry: its name and its vector loads
+    counts=$(awk '/^\.visible \.entry|^\.entry/ { if (name != "") print name, v
+                                                   name = $NF; sub(/\(.*/, "", name); v = 0 }
+                  /ld\.global(\.nc)?\.v[24]\./ { v++ }
+                  END { if (name != "") print name, v }' "$ptx")
+    missing=
+    for k in bias_add_fwd relu_fwd relu_bwd gelu_fwd gelu_bwd add axpy mul_fwd mul_bwd cast; do
+        n=$(echo "$counts" | awk -v k="dt_k__${k}P" 'index($1, k) { print $2 }')
+        [ -n "$n" ] && [ "$n" -gt 0 ] || missing+=" $k"
+    done
+    if [ -z "$missing" ]; then echo "PASS ptx:dt_elementwise:sm_${arch}_vector_loads_in_every_elementwise_kernel"
+    else fail "ptx:dt_elementwise:sm_${arch}_vector_loads_in_every_elementwise_kernel: none in$missing"; fi
+done
+
+# kernels/dt_opt.cu's update (every parameter's SGD / Adam / Adagrad in one launch): four
+# elements a thread by 16-byte global loads and stores of the f32 weights, grads and state.
+for arch in 80 90; do
+    ptx=$out/dt_opt.sm_$arch.ptx
+    if ! "$DT_NVCC" -arch=compute_$arch -I"$ROOT/kernels" -ptx kernels/dt_opt.cu -o "$ptx" >"$out/opt_$arch.log" 2>&1; then
+        fail "ptx:dt_opt:sm_${arch}_ptx: nvcc -ptx failed (log: $out/opt_$arch.log)"
+        continue
+    fi
+    n=$(awk '/^\.visible \.entry|^\.entry/ { on = index($0, "opt_update") > 0 }
+             on && /ld\.global\.v4\.f32/ { l++ } on && /st\.global\.v4\.f32/ { s++ }
+             END { print l + 0, s + 0 }' "$ptx")
+    if [ "${n% *}" -gt 0 ] && [ "${n#* }" -gt 0 ]; then echo "PASS ptx:dt_opt:sm_${arch}_update_loads_and_stores_by_16_bytes ($n)"
+    else fail "ptx:dt_opt:sm_${arch}_update_loads_and_stores_by_16_bytes: ld/st.global.v4 in dt_k__opt_update: $n"; fi
 done
 exit $failed

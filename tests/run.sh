@@ -38,8 +38,9 @@
 #                             memory per kernel in build/kernels/ptxas/
 #   ptx:dt_mma                the tensor cores are reached: tests/cuda_emu/k_mma_kernels.cuh (users
 #                             of kernels/dt_mma.cuh) builds for sm_80 and sm_90, and its PTX holds
-#                             mma.sync m16n8k16 (bf16, f16) and ld.global.v4 (tests/ptx_mma.sh;
-#                             SKIP without nvcc)
+#                             mma.sync m16n8k16 (bf16, f16) and ld.global.v4, as does dt_flash.cu's,
+#                             and each elementwise kernel of dt_elementwise.cu loads by 16 (or 8) bytes
+#                             (tests/ptx_mma.sh; SKIP without nvcc)
 #   cuda_emu                  every kernels/*.cu on the CPU emulator (tests/cuda_emu), each
 #                             tests/cuda_emu/k_*.cpp in 5 thread orders and under ThreadSanitizer
 #   cuda_emu_comm             tests/gpu_comm.c on the emulator with a fake NCCL over MPI, and
@@ -1026,7 +1027,7 @@ if [ ${#KERNELS[@]} -gt 0 ]; then
 fi
 
 if selected ptx:dt_mma; then
-    section "tensor-core PTX: kernels/dt_mma.cuh's users for sm_80 and sm_90 (tests/ptx_mma.sh)"
+    section "tensor-core and vector-load PTX for sm_80 and sm_90 (tests/ptx_mma.sh)"
     if [ -z "$DT_NVCC" ]; then report "SKIP ptx:dt_mma: nvcc not found"
     else run_prog ptx:dt_mma "" "" bash tests/ptx_mma.sh
     fi

@@ -86,7 +86,19 @@ static void compare(const char *kind, dt_opt_desc *d) {
         dt_opt_step_info hi, di;
         set_grads(&hp, step);
         set_grads(&dp, step);
+#ifndef DT_EMU_STUBS
+        long long vec0 = dt_emu_vector_accesses(); /* the step's own: after the grads went up */
+        int rep0 = dt_emu_report_count();
+#endif
         dt_status a = dt_opt_step(ho, &hi), b = dt_opt_step(dop, &di);
+#ifndef DT_EMU_STUBS
+        /* "w" (35 elements at 0) goes four at a time up to 32; "b" and "emb" start at 35 and 42, off
+           the 16-byte grid, and go one at a time: both paths ran, and no access was misaligned */
+        snprintf(name, sizeof name, "opt_step_cuda_update_takes_16_byte_accesses_where_aligned_%s_step%d", kind, step);
+        if (!DT_TEST_CHECK(name, dt_emu_vector_accesses() > vec0 && dt_emu_report_count() == rep0))
+            printf("  %lld vector accesses, %d emulator reports: %s\n", dt_emu_vector_accesses() - vec0,
+                   dt_emu_report_count() - rep0, dt_emu_report_count() > rep0 ? dt_emu_last_report() : "");
+#endif
         snprintf(name, sizeof name, "opt_step_cuda_params_returns_ok_%s_step%d", kind, step);
         if (!DT_TEST_CHECK(name, a == DT_OK && b == DT_OK)) { printf("  %s\n", dt_ctx_error(&ctx)); break; }
         snprintf(name, sizeof name, "opt_step_cuda_grad_norm_within_order_bound_of_cpu_%s_step%d", kind, step);
