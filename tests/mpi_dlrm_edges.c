@@ -28,8 +28,16 @@
                                 --plan-profile writes the profile, then plans from it to the same prediction
      dlrm_log_*, dlrm_steps0_*, dlrm_one_class_*   the JSON lines' auc/logloss only on steps
                                 that evaluate (null on others); --steps 0 prints "final: loss
-                                nan" and the model's AUC; one-class held-out labels: auc nan, a
-                                warning, training goes on, the final line prints
+                                nan" and the model's AUC, and a line saying why the loss is nan;
+                                one-class held-out labels: auc nan, a warning, training goes on,
+                                the final line prints
+     dlrm_lr_zero_*             --lr 0 --emb-lr 0 is a real 0 (not the default): the log says lr 0,
+                                and 2 steps leave the AUC of the untrained model
+     dlrm_flag_*                a bad value (trailing text, empty, nan, overflow, a list's trailing
+                                comma, --table-sizes above the synthetic data's 2^31, --cross-rank
+                                at the cross layers' width, --data a directory) exits 2 naming the
+                                flag and the value; --cross with --arch dlrm warns; --help exits 0;
+                                a .bin whose sample count overflows is named as overflowing
 
    Run directly (not under mpirun): it starts $DT_MPIRUN -np N build/examples/dlrm itself.
    build/examples/dlrm comes from ./build.sh. */
@@ -346,12 +354,75 @@ static void eval_checks(const char *tsv) {
     rc = run_dlrm(1, "--rows 4096 --eval-samples 128 --steps 0", out, text, sizeof text);
     dt_test_expect("dlrm_steps0_final_line_says_no_loss", rc == 0 && strstr(text, "final: loss nan auc 0.") && !strstr(text, "auc 0.5000"),
            "exit %d, output: ...%s", rc, TAIL(text));
+    dt_test_expect("dlrm_steps0_says_why_the_loss_is_nan", strstr(text, "--steps 0 trains no step: the final loss is nan") != NULL,
+           "output: ...%s", TAIL(text));
+    { /* --lr 0 --emb-lr 0: a real 0 (dt_opt's and dt_embed's desc take 0 as "default": DT_OPT_ZERO) */
+        double auc0 = final_auc(text);
+        snprintf(flags, sizeof flags, "--rows 4096 --eval-samples 128 --steps 2 --batch 64 --lr 0 --emb-lr 0 --log %s", log);
+        snprintf(out, sizeof out, "%s/lr0.out", tmp);
+        rc = run_dlrm(1, flags, out, text, sizeof text);
+        lines = slurp(log);
+        dt_test_expect("dlrm_lr_zero_is_logged_as_zero", rc == 0 && lines && strstr(lines, "\"lr\":0,\"emb_lr\":0,"),
+                       "exit %d, log: %.300s", rc, lines ? lines : "(none)");
+        free(lines);
+        dt_test_expect("dlrm_lr_zero_leaves_the_untrained_auc", rc == 0 && final_auc(text) == auc0,
+                       "2 steps at lr 0: auc %.4f, untrained %.4f", final_auc(text), auc0);
+    }
     snprintf(flags, sizeof flags, "--data %s --steps 3 --batch 64 --eval-samples 2 --eval-every 1", tsv);
     snprintf(out, sizeof out, "%s/one_class.out", tmp);
     rc = run_dlrm(1, flags, out, text, sizeof text);
     dt_test_expect("dlrm_one_class_eval_is_auc_nan_and_trains_on", rc == 0 && strstr(text, "AUC is undefined") &&
            strstr(text, "step 3/3") && strstr(text, "final: loss ") && isnan(final_auc(text)) && !isnan(final_loss(text)),
            "exit %d, output: ...%s", rc, TAIL(text));
+}
+
+/* ---------------------------------------------------------------- flags */
+
+/* Every bad value is named: exit 2, the flag and the value in the message (each was taken
+   before: atof's "0.05abc" as 0.05, "abc" as the default, an overflowing seed clamped, ...). */
+static void flag_checks(void) {
+    static const struct { const char *flags, *says; } bad[] = {
+        {"--lr abc", "--lr wants a number in [0, 100], got 'abc'"},
+        {"--lr 0.05abc", "--lr wants a number in [0, 100], got '0.05abc'"},
+        {"--emb-lr nan", "--emb-lr wants a number in [0, 100], got 'nan'"},
+        {"--emb-lr 101", "--emb-lr wants a number in [0, 100], got '101'"},
+        {"--steps ''", "--steps wants an integer in [0, 1099511627776], got ''"},
+        {"--seed 99999999999999999999", "--seed wants an integer in [0, 9223372036854775807], got '99999999999999999999'"},
+        {"--timeout 5abc", "--timeout wants a number in [0.001, 1e+09], got '5abc'"},
+        {"--timeout abc", "--timeout wants a number in [0.001, 1e+09], got 'abc'"},
+        {"--table-sizes 1099511627776", "sizes in [1, 2^31] (--data synthetic's limit"},
+        {"--bottom 64,32,", "--bottom wants 1 to 8 widths in [1, 65536] like 64,32, got '64,32,'"},
+        {"--top ''", "--top wants 1 to 8 widths in [1, 65536] like 64,32, got ''"},
+        {"--arch dcn --cross-rank 432", "--cross-rank 432 is not below the cross layers' width 432 (27 x --dim 16)"},
+        {"--arch dcn --dim 4 --cross-rank 500", "--cross-rank 500 is not below the cross layers' width 108"},
+        {"--hier sometimes", "--hier wants auto, on or off, got 'sometimes'"},
+        {"--arch dnc", "--arch wants dlrm or dcn, got 'dnc'"},
+    };
+    char flags[1024], out[512], text[16384], name[200];
+    const char *tmp = dt_test_tmpdir();
+    size_t i;
+    int rc;
+    snprintf(out, sizeof out, "%s/flags.out", tmp);
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(flags, sizeof flags, "--steps 0 --rows 4096 --eval-samples 128 %s", bad[i].flags);
+        rc = run_dlrm(1, flags, out, text, sizeof text);
+        snprintf(name, sizeof name, "dlrm_flag_bad_value_is_named (%s)", bad[i].flags);
+        dt_test_expect(name, rc == 2 && strstr(text, bad[i].says), "exit %d, wanted \"%s\", output: ...%s", rc, bad[i].says,
+                       TAIL(text));
+    }
+    snprintf(flags, sizeof flags, "--steps 0 --data %s", tmp); /* fopen opens it; its first read failed, "after line 0" */
+    rc = run_dlrm(1, flags, out, text, sizeof text);
+    dt_test_expect("dlrm_flag_data_directory_is_named", rc == 2 && strstr(text, "is a directory") && strstr(text, tmp),
+                   "exit %d, output: ...%s", rc, TAIL(text));
+    rc = run_dlrm(1, "--steps 0 --rows 4096 --eval-samples 128 --arch dcn --dim 4 --cross-rank 107", out, text, sizeof text);
+    dt_test_expect("dlrm_flag_cross_rank_below_the_width_runs", rc == 0 && strstr(text, "final: loss nan"),
+                   "exit %d, output: ...%s", rc, TAIL(text));
+    rc = run_dlrm(1, "--steps 0 --rows 4096 --eval-samples 128 --cross 3", out, text, sizeof text);
+    dt_test_expect("dlrm_flag_cross_with_arch_dlrm_warns", rc == 0 && strstr(text, "warning: --cross and --cross-rank") &&
+                   strstr(text, "--arch dlrm has none"), "exit %d, output: ...%s", rc, TAIL(text));
+    rc = run_dlrm(0, "--help", out, text, sizeof text);
+    dt_test_expect("dlrm_flag_help_exits_0", rc == 0 && strstr(text, "flags: --steps N") && !strstr(text, "unknown flag"),
+                   "exit %d, output: ...%s", rc, TAIL(text));
 }
 
 /* ---------------------------------------------------------------- TSV, .bin, table sizes */
@@ -451,6 +522,23 @@ static void bin_checks(const char *tsv) {
             dt_test_expect(name, rc == 2 && strstr(text, "--table-sizes wants 1 or 26 sizes") && strstr(text, bad[b][1]),
                    "exit %d, output: ...%s", rc, TAIL(text));
         }
+    }
+    { /* a header of 2^62 samples: its byte size overflows (it said "needs 0" bytes) */
+        char huge[600], *all = slurp(bin);
+        long n = 0;
+        FILE *fp;
+        snprintf(huge, sizeof huge, "%s/huge.bin", tmp);
+        if (all && (fp = fopen(bin, "rb"))) { fseek(fp, 0, SEEK_END); n = ftell(fp); fclose(fp); }
+        if (!all || n < 256 || !(fp = fopen(huge, "wb"))) { dt_test_fail("dlrm_bin_huge_written", "cannot copy %s", bin); free(all); return; }
+        memset(all + 16, 0, 8);
+        all[23] = 0x40; /* u64 sample count at byte 16, little-endian: 2^62 */
+        fwrite(all, 1, (size_t)n, fp);
+        fclose(fp);
+        free(all);
+        snprintf(flags, sizeof flags, "--data %s --steps 1 --batch 64 --eval-samples 128", huge);
+        rc = run_dlrm(1, flags, out, text, sizeof text);
+        dt_test_expect("dlrm_bin_huge_sample_count_is_named_an_overflow", rc != 0 && strstr(text, "4611686018427387904 samples overflow") &&
+                       !strstr(text, "needs 0"), "exit %d, output: ...%s", rc, TAIL(text));
     }
 }
 
@@ -588,6 +676,7 @@ int main(void) {
         return dt_test_finish();
     }
     fclose(fp);
+    flag_checks();
     if (dt_test_short_run()) { /* the tables' equivalence and the planner's plan at 2 ranks only */
         table_rows("sgd", 2, "--rows 100000 --row-wise-over 50000");
         table_rows("adagrad", 2, "--rows 100000 --row-wise-over 50000");

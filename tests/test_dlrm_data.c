@@ -957,7 +957,7 @@ static void test_bin_rejects_bad_files(void) {
     memcpy(v32, &u, 4);
     check_bad_bin("bin_label_bytes_3_is_rejected", good, n, 32, v32, 4, "label bytes 3");
     memcpy(v64, &big, 8);
-    check_bad_bin("bin_huge_sample_count_is_rejected", good, n, 16, v64, 8, "needs");
+    check_bad_bin("bin_huge_sample_count_is_rejected", good, n, 16, v64, 8, "overflow a file's byte size");
     memset(v64, 0, 8);
     check_bad_bin("bin_table_size_0_is_rejected", good, n, 48 + 8 * 4, v64, 8, "table size 4 = 0");
     u = 14;

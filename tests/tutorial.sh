@@ -3,6 +3,9 @@
 # as build.sh builds it, at np 1 and 2 under mpirun, prints per step the loss of the one-process
 # run (1_single.c) within fp32 rounding. One check line per run:
 #   PASS|FAIL tutorial:<step>[_<arg>]_np<N>_losses_equal_1_single: <worst step, both values, bound>
+# Then each step, and examples/mlp, given arguments it does not take (a bad value, an unknown
+# flag): exit 2 and a message naming the argument, one line each:
+#   PASS|FAIL tutorial:<prog>_refuses_bad_args (<args>): <its message>
 #
 # The bound. The runs differ only in the order of their fp32 additions (a batch's rows split
 # over ranks or micro-batches, the hidden units over tp ranks, then summed by dt_comm). Summed in
@@ -30,10 +33,10 @@ mkdir -p "$D" || exit 1
 B=32 H=32 # examples/tutorial/*.c's batch and hidden width (the bound above)
 nfail=0
 
-# exe STEP: the program, from ./build.sh's build/examples/STEP when that is newer than its inputs,
-# else built here with build.sh's command (mpicc -DDT_MPI: every step includes dt_comm.h).
+# exe STEP [SRC]: the program, from ./build.sh's build/examples/STEP when that is newer than its
+# inputs, else built here with build.sh's command (mpicc -DDT_MPI: every step includes dt_comm.h).
 exe() {
-    local src=examples/tutorial/$1.c built=build/examples/$1 f
+    local src=${2:-examples/tutorial/$1.c} built=build/examples/$1 f
     if [ -x "$built" ]; then
         for f in "$src" dt_*.h; do [ "$f" -nt "$built" ] && built=; done
         [ -n "$built" ] && { echo "$built"; return 0; }
@@ -100,4 +103,48 @@ done <<'EOF'
 4_tp --sp 2
 5_pipeline - 1 2
 EOF
+
+# PROG|ARGS|WANT: PROG ARGS (split at spaces; '' an empty one) exits 2, its output holding WANT.
+while IFS='|' read -r step args want; do
+    src=; [ "$step" = mlp ] && src=examples/mlp/mlp.c
+    name="tutorial:${step}_refuses_bad_args ($args)"
+    if ! prog=$(exe "$step" $src); then
+        echo "FAIL $name: does not build (log: $D/$step.build.log)"; nfail=$((nfail + 1)); continue
+    fi
+    out=$D/$step.bad_args.out
+    eval "set -- $args"
+    OPENBLAS_NUM_THREADS=1 timeout -k 5 60 "$prog" "$@" </dev/null >"$out" 2>&1
+    rc=$?
+    if [ $rc -eq 2 ] && grep -qF -- "$want" "$out"; then echo "PASS $name: $(head -n 1 "$out")"
+    else echo "FAIL $name: exit $rc (want 2), output: $(head -n 1 "$out" | cut -c1-300); want: $want"; nfail=$((nfail + 1)); fi
+done <<'EOF'
+1_single|--steps 5 --bogus|1_single takes no arguments, got '--steps'
+1_single|--help|1_single takes no arguments, got '--help'
+2_ddp|--steps 5|2_ddp takes no arguments, got '--steps'
+3_zero2|abc|the ZeRO stage 0..3 (default 2); got 'abc'
+3_zero2|4|the ZeRO stage 0..3 (default 2); got '4'
+3_zero2|''|the ZeRO stage 0..3 (default 2); got ''
+3_zero2|3 --bogus|the ZeRO stage 0..3 (default 2); got '--bogus'
+4_tp|--sq|4_tp takes one optional argument, --sp; got '--sq'
+4_tp|--sp --bogus|4_tp takes one optional argument, --sp; got '--bogus'
+5_pipeline|--bogus|5_pipeline takes no arguments, got '--bogus'
+mlp|--steps 12abc|--steps wants an integer in [1, 1000000000], got '12abc'
+mlp|--steps 1e30|--steps wants an integer in [1, 1000000000], got '1e30'
+mlp|--steps 4294967298|--steps wants an integer in [1, 1000000000], got '4294967298'
+mlp|--steps ''|--steps wants an integer in [1, 1000000000], got ''
+mlp|--steps|--steps wants an integer in [1, 1000000000], got nothing
+mlp|--lr inf|--lr wants a number in [0, 100], got 'inf'
+mlp|--lr 1e39|--lr wants a number in [0, 100], got '1e39'
+mlp|--seed -1|--seed wants an integer in [0, 9007199254740992], got '-1'
+mlp|--seed 99999999999999999999|--seed wants an integer in [0, 9007199254740992], got '99999999999999999999'
+mlp|--device gpu|--device wants cpu or cuda, got 'gpu'
+mlp|--bogus 1|unknown flag '--bogus'
+EOF
+# and the flags it takes still train: mlp's last line is its eval loss
+out=$D/mlp.good_args.out
+if prog=$(exe mlp examples/mlp/mlp.c) &&
+   OPENBLAS_NUM_THREADS=1 timeout -k 5 60 "$prog" --steps 3 --batch 8 --hidden 8 --seed 5 --lr 0.1 </dev/null >"$out" 2>&1 &&
+   grep -q '^final: loss [0-9]' "$out"; then
+    echo "PASS tutorial:mlp_takes_good_args: $(tail -n 1 "$out")"
+else echo "FAIL tutorial:mlp_takes_good_args: $(tail -n 1 "$out" 2>/dev/null) (output: $out)"; nfail=$((nfail + 1)); fi
 [ $nfail -eq 0 ]

@@ -5,12 +5,15 @@
    run:   build/examples/dlrm --steps 300 --batch 512                   (built by ./build.sh)
           mpirun -np 4 build/examples/dlrm --steps 300 --batch 512       (same losses)
    flags: --steps N --batch B (global) --seed S --data synthetic|FILE.tsv|FILE.bin --arch dlrm|dcn
-          --dim D --bottom 64,32 --top 64,32 --cross L --cross-rank R (0: full rank W [w, w]; R: the
-          low-rank W [w, R] V [R, w] of MLPerf's DLRM-DCNv2 reference) --opt sgd|adagrad --lr LR --emb-lr LR
+          --dim D --bottom 64,32 --top 64,32 --cross L --cross-rank R (--arch dcn; 0: full rank W [w, w],
+          w = 27 D; 0 < R < w: the low-rank W [w, R] V [R, w] of MLPerf's DLRM-DCNv2 reference)
+          --opt sgd|adagrad --lr LR --emb-lr LR (in [0, 100]; 0 is a real 0: that part stays frozen)
           --accum N --eval-every N --eval-samples N --print-every N --log FILE.jsonl
           --ckpt DIR --ckpt-every N --resume --rows N (cap on table rows, 16384) --skip-bad
-          --table-sizes N|n1,...,n26 (the tables' rows, one for all or one per feature; default
-          min(Criteo Kaggle's cardinality, --rows); TSV ids are hashed into them)
+          --table-sizes N|n1,...,n26 (the tables' rows, one for all or one per feature, each at most
+          2^31 with --data synthetic, 2^62 with a file; default min(Criteo Kaggle's cardinality,
+          --rows); TSV ids are hashed into them) --timeout S (a collective not done in S seconds is
+          a named error) --help
           --shard auto|row|table|column|table-row|data|plan (table-row: each table row-wise over the ranks
           of one host, TorchRec's TWRW; plan: dt_plan.h's first-ranked placement, table by table,
           from a profile it measures first with the first 8 batches: the dense step and every
@@ -42,7 +45,9 @@
    steps, evaluations apart).
    A is nan when the held-out labels are all one class (a warning says so; training goes on).
    A run that trains no step (--steps 0, or --resume at --steps) evaluates the model it has for
-   A, and L is the loss the checkpoint recorded for its last step (nan: none was trained).
+   A, and L is the loss the checkpoint recorded for its last step (nan: none was trained; --steps
+   0 says so in a line before).
+   A bad flag or value is named with what it wants (exit 2, the flags after it).
    --resume refuses (exit 2, naming both values) a checkpoint of another --seed, --batch or
    --data, and one past --steps; at --steps it says there is nothing to train (exit 0).
    A TSV is converted once to FILE.tsv.bin (by rank 0, the others wait), beside a record
@@ -130,7 +135,8 @@ typedef struct opts {
     double plan_memory;            /* --plan-memory MB: the planner's per-rank budget (0: none) */
     const char *plan_profile;      /* --plan-profile FILE: read it, or measure and write it */
     int bottom[MAX_LAYERS], n_bottom, top[MAX_LAYERS], n_top;
-    double lr, emb_lr;
+    double lr, emb_lr;             /* 0: a real 0 (frozen; DT_OPT_ZERO in the descs), -1 until parse's default */
+    int cross_given;               /* --cross or --cross-rank given (with --arch dlrm: a warning, it has no cross layers) */
 } opts;
 
 static dt_ctx *g_ctx;
@@ -146,24 +152,27 @@ static int g_dense_only;    /* the planner's dense step: everything but the embe
 
 /* ---------------------------------------------------------------- flags */
 
+#define FLAGS "flags: --steps N --batch B --seed S --data synthetic|FILE.tsv|FILE.bin " \
+    "--arch dlrm|dcn --dim D --bottom 64,32 --top 64,32 --cross L --cross-rank R (dcn) --opt sgd|adagrad --lr LR " \
+    "--emb-lr LR (0: frozen) --accum N --eval-every N --eval-samples N --print-every N --log FILE " \
+    "--ckpt DIR --ckpt-every N --resume --rows N --table-sizes N|n1,...,n26 (rows: 1..2^31 synthetic, 1..2^62 " \
+    "a file) --skip-bad --shard auto|row|table|column|table-row|data|plan --plan --plan-memory MB " \
+    "--plan-profile FILE --row-wise-over ROWS --timeout S " \
+    "--device cpu|cuda --quiet --overlap 0|1 --dump-batches DIR --profile --tier none|disk|host " \
+    "--tier-dir DIR --cache-rows N|F --prefetch 0|1 --hier auto|on|off --host-size K --help\n"
+
 static void usage(const char *why) {
-    fprintf(stderr, "dlrm: %s\nflags: --steps N --batch B --seed S --data synthetic|FILE.tsv|FILE.bin "
-                    "--arch dlrm|dcn --dim D --bottom 64,32 --top 64,32 --cross L --cross-rank R --opt sgd|adagrad --lr LR "
-                    "--emb-lr LR --accum N --eval-every N --eval-samples N --print-every N --log FILE "
-                    "--ckpt DIR --ckpt-every N --resume --rows N --table-sizes N|n1,...,n26 --skip-bad "
-                    "--shard auto|row|table|column|table-row|data|plan --plan --plan-memory MB --plan-profile FILE "
-                    "--row-wise-over ROWS "
-                    "--timeout S "
-                    "--device cpu|cuda --quiet --overlap 0|1 --dump-batches DIR --profile --tier none|disk|host "
-                    "--tier-dir DIR --cache-rows N|F --prefetch 0|1 --hier auto|on|off --host-size K\n", why);
+    fprintf(stderr, "dlrm: %s\n" FLAGS, why);
     exit(2);
 }
 
+/* A flag's integer in [lo, hi]: all of v, no overflow (strtoll clamps, saying so in errno). */
 static int64_t num(const char *flag, const char *v, int64_t lo, int64_t hi) {
-    char *end;
-    long long x = v ? strtoll(v, &end, 10) : 0;
-    if (!v || *end || x < lo || x > hi) {
-        char why[160];
+    char *end = NULL;
+    long long x = 0;
+    if (v) { errno = 0; x = strtoll(v, &end, 10); }
+    if (!v || !*v || *end || errno == ERANGE || x < lo || x > hi) {
+        char why[200];
         snprintf(why, sizeof why, "%s wants an integer in [%lld, %lld], got '%s'", flag, (long long)lo,
                  (long long)hi, v ? v : "(nothing)");
         usage(why);
@@ -171,21 +180,43 @@ static int64_t num(const char *flag, const char *v, int64_t lo, int64_t hi) {
     return x;
 }
 
+/* A flag's number in [lo, hi] (nan is in no range; ERANGE: beyond a double, or below its least). */
+static double real(const char *flag, const char *v, double lo, double hi) {
+    char *end = NULL;
+    double x = 0;
+    if (v) { errno = 0; x = strtod(v, &end); }
+    if (!v || !*v || *end || errno == ERANGE || !(x >= lo && x <= hi)) {
+        char why[200];
+        snprintf(why, sizeof why, "%s wants a number in [%g, %g], got '%s'", flag, lo, hi, v ? v : "(nothing)");
+        usage(why);
+    }
+    return x;
+}
+
+/* A flag's value that is none of the words it takes: "--arch wants dlrm or dcn, got 'x'". */
+static void bad(const char *flag, const char *v, const char *wants) {
+    char why[300];
+    snprintf(why, sizeof why, "%s wants %s, got '%s'", flag, wants, v ? v : "(nothing)");
+    usage(why);
+}
+
+/* A width list "64,32": 1 to MAX_LAYERS widths, no empty one (as --table-sizes: "64,32," is refused). */
 static int layers(const char *flag, const char *v, int *out) {
     int n = 0;
     const char *p = v;
-    while (p && *p) {
-        char *end;
-        long x = strtol(p, &end, 10);
-        if (end == p || x < 1 || x > 65536 || n == MAX_LAYERS || (*end && *end != ',')) {
-            char why[160];
-            snprintf(why, sizeof why, "%s wants up to %d widths in [1, 65536] like 64,32, got '%s'", flag,
-                     MAX_LAYERS, v);
+    do {
+        char *end = NULL;
+        long x = p ? strtol(p, &end, 10) : 0;
+        if (!p || end == p || x < 1 || x > 65536 || n == MAX_LAYERS || (*end && *end != ',') ||
+            (*end == ',' && !end[1])) {
+            char why[200];
+            snprintf(why, sizeof why, "%s wants 1 to %d widths in [1, 65536] like 64,32, got '%s'", flag,
+                     MAX_LAYERS, v ? v : "(nothing)");
             usage(why);
         }
         out[n++] = (int)x;
         p = *end ? end + 1 : end;
-    }
+    } while (*p);
     return n;
 }
 
@@ -199,12 +230,13 @@ static const char *path(const char *flag, const char *v) {
     return v;
 }
 
-/* --table-sizes N (every table) or n1,...,n26 (C1..C26), each in [1, 2^40]; without it, table f
-   has min(Criteo Kaggle's cardinality of f, --rows) rows. TSV ids are hashed into these sizes
-   (dlrm_data.h: id = 1 + hash(v) mod (N_f - 1)); the synthetic data draws ids in [0, N_f). */
+/* --table-sizes N (every table) or n1,...,n26 (C1..C26); without it, table f has min(Criteo
+   Kaggle's cardinality of f, --rows) rows. TSV ids are hashed into these sizes (dlrm_data.h: id =
+   1 + hash(v) mod (N_f - 1)), each in [1, 2^62] (dt_embed's and the .bin's limit); the synthetic
+   data draws ids in [0, N_f), N_f in [1, 2^31] (dt_dlrm_synth_init's limit). */
 static void table_sizes(opts *o) {
     const char *p = o->table_sizes;
-    int n = 0, f;
+    int n = 0, f, synthetic = !strcmp(o->data, "synthetic"), log2max = synthetic ? 31 : 62;
     if (!p) {
         for (f = 0; f < F; f++) {
             int64_t c = dt_dlrm_kaggle_cardinality(f);
@@ -217,10 +249,11 @@ static void table_sizes(opts *o) {
         long long x;
         errno = 0;
         x = strtoll(p, &end, 10);
-        if (end == p || errno || x < 1 || x > ((int64_t)1 << 40) || (*end && *end != ',') || n == F ||
+        if (end == p || errno || x < 1 || x > ((int64_t)1 << log2max) || (*end && *end != ',') || n == F ||
             (*end == ',' && !end[1])) {
-            snprintf(why, sizeof why, "--table-sizes wants 1 or %d sizes in [1, 2^40] separated by commas "
-                     "(N, or n1,...,n%d for C1..C%d), got '%s' (%s size %d)", F, F, F, o->table_sizes,
+            snprintf(why, sizeof why, "--table-sizes wants 1 or %d sizes in [1, 2^%d]%s separated by commas "
+                     "(N, or n1,...,n%d for C1..C%d), got '%s' (%s size %d)", F, log2max,
+                     synthetic ? " (--data synthetic's limit; a file's is 2^62)" : "", F, F, o->table_sizes,
                      n == F ? "more than 26 sizes: at" : "a bad", n + 1);
             usage(why);
         }
@@ -241,14 +274,15 @@ static void parse(opts *o, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     o->steps = 300; o->batch = 512; o->seed = 7; o->data = "synthetic"; o->arch = "dlrm"; o->opt = "adagrad";
     o->dim = 16; o->cross = 2; o->accum = 1; o->eval_every = 0; o->eval_samples = 16384; o->print_every = 25;
-    o->rows = 16384; o->lr = 0; o->emb_lr = 0; o->shard = "auto"; o->device = "cpu"; o->tier = "none";
+    o->rows = 16384; o->lr = -1; o->emb_lr = -1; o->shard = "auto"; o->device = "cpu"; o->tier = "none";
     o->prefetch = -1;
     o->n_bottom = layers("--bottom", "64,32", o->bottom);
     o->n_top = layers("--top", "64,32", o->top);
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int takes = 1;
-        if (!strcmp(a, "--steps")) o->steps = num(a, v, 0, (int64_t)1 << 40);
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(FLAGS, stdout); exit(0); }
+        else if (!strcmp(a, "--steps")) o->steps = num(a, v, 0, (int64_t)1 << 40);
         else if (!strcmp(a, "--batch")) o->batch = num(a, v, 1, (int64_t)1 << 24);
         else if (!strcmp(a, "--seed")) o->seed = (uint64_t)num(a, v, 0, INT64_MAX);
         else if (!strcmp(a, "--data")) o->data = path(a, v);
@@ -256,11 +290,11 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--dim")) o->dim = (int)num(a, v, 1, 4096);
         else if (!strcmp(a, "--bottom")) o->n_bottom = layers(a, v, o->bottom);
         else if (!strcmp(a, "--top")) o->n_top = layers(a, v, o->top);
-        else if (!strcmp(a, "--cross")) o->cross = (int)num(a, v, 0, MAX_LAYERS);
-        else if (!strcmp(a, "--cross-rank")) o->cross_rank = (int)num(a, v, 0, 65536);
+        else if (!strcmp(a, "--cross")) { o->cross = (int)num(a, v, 0, MAX_LAYERS); o->cross_given = 1; }
+        else if (!strcmp(a, "--cross-rank")) { o->cross_rank = (int)num(a, v, 0, 65536); o->cross_given = 1; }
         else if (!strcmp(a, "--opt")) o->opt = v;
-        else if (!strcmp(a, "--lr")) o->lr = v ? atof(v) : -1;
-        else if (!strcmp(a, "--emb-lr")) o->emb_lr = v ? atof(v) : -1;
+        else if (!strcmp(a, "--lr")) o->lr = real(a, v, 0, 100);
+        else if (!strcmp(a, "--emb-lr")) o->emb_lr = real(a, v, 0, 100);
         else if (!strcmp(a, "--accum")) o->accum = (int)num(a, v, 1, 1024);
         else if (!strcmp(a, "--eval-every")) o->eval_every = (int)num(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--eval-samples")) o->eval_samples = num(a, v, 2, (int64_t)1 << 30);
@@ -271,10 +305,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--rows")) o->rows = num(a, v, 1, (int64_t)1 << 40);
         else if (!strcmp(a, "--table-sizes")) o->table_sizes = v;
         else if (!strcmp(a, "--shard")) o->shard = v;
-        else if (!strcmp(a, "--timeout")) {
-            o->timeout = v ? atof(v) : 0;
-            if (!(o->timeout > 0 && o->timeout < 1e9)) usage("--timeout wants seconds > 0");
-        }
+        else if (!strcmp(a, "--timeout")) o->timeout = real(a, v, 1e-3, 1e9); /* seconds */
         else if (!strcmp(a, "--device")) o->device = v;
         else if (!strcmp(a, "--row-wise-over")) o->row_wise_over = num(a, v, 0, (int64_t)1 << 40);
         else if (!strcmp(a, "--overlap")) o->overlap = (int)num(a, v, 0, 1);
@@ -286,14 +317,13 @@ static void parse(opts *o, int argc, char **argv) {
             if (v && !strcmp(v, "auto")) o->hier = 0;
             else if (v && !strcmp(v, "on")) o->hier = 1;
             else if (v && !strcmp(v, "off")) o->hier = -1;
-            else usage("--hier is auto, on or off");
+            else bad(a, v, "auto, on or off");
         }
         else if (!strcmp(a, "--host-size")) o->host_size = (int)num(a, v, 0, 1 << 20);
         else if (!strcmp(a, "--cache-rows")) { /* rows (an integer >= 1) or a fraction in (0, 1) */
-            char *end;
-            double x = v ? strtod(v, &end) : 0;
-            if (!v || *end || !(x > 0) || x > (double)((int64_t)1 << 50) || (x >= 1 && x != floor(x)))
-                usage("--cache-rows wants rows (an integer >= 1) or a fraction 0 < F < 1 of each local shard");
+            double x = real(a, v, 0, (double)((int64_t)1 << 50));
+            if (!(x > 0) || (x >= 1 && x != floor(x)))
+                bad(a, v, "rows (an integer >= 1) or a fraction 0 < F < 1 of each local shard");
             if (x < 1) o->cache_frac = x; else o->cache_rows = (int64_t)x;
         }
         else if (!strcmp(a, "--resume")) { o->resume = 1; takes = 0; }
@@ -308,35 +338,46 @@ static void parse(opts *o, int argc, char **argv) {
         i += takes;
     }
     if (!o->data || !o->arch || !o->opt || !o->shard || !o->device) usage("a flag needs a value");
-    if (strcmp(o->device, "cpu") && strcmp(o->device, "cuda")) usage("--device is cpu or cuda");
+    if (strcmp(o->device, "cpu") && strcmp(o->device, "cuda")) bad("--device", o->device, "cpu or cuda");
 #ifndef DT_CUDA
     if (!strcmp(o->device, "cuda")) usage("--device cuda needs a build with -DDT_CUDA (build/examples/cuda/)");
 #endif
-    if (strcmp(o->arch, "dlrm") && strcmp(o->arch, "dcn")) usage("--arch is dlrm or dcn");
-    if (strcmp(o->opt, "sgd") && strcmp(o->opt, "adagrad")) usage("--opt is sgd or adagrad");
+    if (strcmp(o->arch, "dlrm") && strcmp(o->arch, "dcn")) bad("--arch", o->arch, "dlrm or dcn");
+    if (strcmp(o->opt, "sgd") && strcmp(o->opt, "adagrad")) bad("--opt", o->opt, "sgd or adagrad");
     if (strcmp(o->shard, "auto") && strcmp(o->shard, "row") && strcmp(o->shard, "table") && strcmp(o->shard, "data") &&
         strcmp(o->shard, "column") && strcmp(o->shard, "table-row") && strcmp(o->shard, "plan"))
-        usage("--shard is auto, row, table, column, table-row, data or plan");
+        bad("--shard", o->shard, "auto, row, table, column, table-row, data or plan");
     if ((o->plan || !strcmp(o->shard, "plan")) &&
         (o->accum != 1 || o->overlap || strcmp(o->tier, "none") || strcmp(o->device, "cpu")))
         usage("--plan and --shard plan model a step of one batch on the CPU: not with --accum > 1, --overlap 1, "
               "--tier or --device cuda");
     if (o->plan_memory && !o->plan && strcmp(o->shard, "plan")) usage("--plan-memory is for --plan or --shard plan");
     if (o->plan_profile && !o->plan && strcmp(o->shard, "plan")) usage("--plan-profile is for --plan or --shard plan");
-    if (!(o->lr >= 0) || !(o->emb_lr >= 0) || o->lr > 100 || o->emb_lr > 100) usage("--lr and --emb-lr are in [0, 100]");
     if (o->batch % o->accum) usage("--batch must be a multiple of --accum");
     if (o->ckpt_every && !o->ckpt) usage("--ckpt-every needs --ckpt DIR");
     if (o->resume && !o->ckpt) usage("--resume needs --ckpt DIR");
     if (!o->tier || (strcmp(o->tier, "none") && strcmp(o->tier, "disk") && strcmp(o->tier, "host")))
-        usage("--tier is none, disk or host");
+        bad("--tier", o->tier, "none, disk or host");
     if (!strcmp(o->tier, "none") && (o->cache_rows || o->cache_frac || o->tier_dir || o->prefetch >= 0))
         usage("--cache-rows, --tier-dir and --prefetch are for tiered tables (--tier disk|host)");
     if (o->prefetch < 0) o->prefetch = strcmp(o->tier, "none") != 0;
     /* defaults that train stably on the synthetic data: the cross layers multiply activations,
        so DCNv2's dense part wants a smaller step than DLRM's */
-    if (o->emb_lr == 0) o->emb_lr = !strcmp(o->opt, "sgd") ? 0.1 : 0.05;
-    if (o->lr == 0) o->lr = (!strcmp(o->opt, "sgd") ? 0.1 : 0.05) / (!strcmp(o->arch, "dcn") ? 5 : 1);
+    if (o->emb_lr < 0) o->emb_lr = !strcmp(o->opt, "sgd") ? 0.1 : 0.05;
+    if (o->lr < 0) o->lr = (!strcmp(o->opt, "sgd") ? 0.1 : 0.05) / (!strcmp(o->arch, "dcn") ? 5 : 1);
     if (o->eval_every == 0) o->eval_every = o->steps >= 4 ? (int)(o->steps / 4) : 1;
+    if (!strcmp(o->arch, "dcn") && o->cross_rank >= (F + 1) * o->dim) { /* dense_make's w: x0 = [z, e] */
+        char why[300];
+        snprintf(why, sizeof why, "--cross-rank %d is not below the cross layers' width %d (%d x --dim %d): low rank "
+                 "wants 1 <= R < %d (0: full rank)", o->cross_rank, (F + 1) * o->dim, F + 1, o->dim, (F + 1) * o->dim);
+        usage(why);
+    }
+    if (strcmp(o->data, "synthetic")) { /* fopen opens a directory and its first read fails: say so here */
+        struct stat sb;
+        char why[1200];
+        snprintf(why, sizeof why, "--data '%s' is a directory; it wants synthetic, FILE.tsv or FILE.bin", o->data);
+        if (stat(o->data, &sb) == 0 && S_ISDIR(sb.st_mode)) usage(why);
+    }
     table_sizes(o);
 }
 
@@ -566,7 +607,7 @@ static void table_descs(dt_embed_table_desc tabs[F], const opts *o, const data *
         tabs[f].rows = d->card[f];
         tabs[f].dim = o->dim;
         tabs[f].optim.kind = !strcmp(o->opt, "sgd") ? DT_EMBED_SGD : DT_EMBED_ADAGRAD;
-        tabs[f].optim.lr = o->emb_lr;
+        tabs[f].optim.lr = o->emb_lr > 0 ? o->emb_lr : DT_OPT_ZERO; /* 0 in a desc is the default */
         tabs[f].sharding = !strcmp(o->shard, "row") ? DT_SHARD_ROW : !strcmp(o->shard, "table") ? DT_SHARD_TABLE
                          : !strcmp(o->shard, "data") ? DT_SHARD_DATA : !strcmp(o->shard, "column") ? DT_SHARD_COLUMN
                          : !strcmp(o->shard, "table-row") ? DT_SHARD_TABLE_ROW : DT_SHARD_AUTO;
@@ -1147,13 +1188,16 @@ static void setup(trainer *t, int argc, char **argv) {
     }
     g_rank = dt_comm_rank(t->world);
     t->W = dt_comm_size(t->world);
+    if (g_rank == 0 && t->o.cross_given && strcmp(t->o.arch, "dcn")) /* not refused: scripts pass one model's flags to both */
+        fprintf(stderr, "dlrm: warning: --cross and --cross-rank shape DCNv2's cross layers; --arch %s has none and "
+                        "ignores them\n", t->o.arch);
     if (t->o.timeout > 0) CHECK(dt_comm_set_timeout(t->world, t->o.timeout)); /* comms split from it inherit it */
     if (!t->o.quiet) print_hosts(t->world);
     data_open(&t->d, &t->o, t->world);
     dense_make(&t->m, &t->o);
     t->batch = &t->batches[0];
     od.kind = !strcmp(t->o.opt, "sgd") ? DT_OPT_SGD : DT_OPT_ADAGRAD;
-    od.lr = t->o.lr;
+    od.lr = t->o.lr > 0 ? t->o.lr : DT_OPT_ZERO; /* 0 in a desc is the default */
     od.comm = t->world;
     CHECK(dt_opt_create(&t->ctx, &t->opt, &t->m.ps, &od));
     bd.average = -1; /* the loss is already the global mean: sum the ranks' grads */
@@ -1538,6 +1582,8 @@ int main(int argc, char **argv) {
         save(&t.m, t.opt, o, t.world, o->steps, t.loss);
     if (t.first_step == o->steps) /* nothing trained (--steps 0, or resumed at --steps): the model's AUC */
         eval_step(&t, o->steps);
+    if (o->steps == 0 && !o->resume && g_rank == 0 && !o->quiet) /* the final line's nan, said in words */
+        printf("dlrm: --steps 0 trains no step: the final loss is nan (there is none), the AUC the initial model's\n");
     if (o->profile && t.ctx.device == DT_CUDA_DEVICE && o->steps > t.first_step + 1) { /* every rank (tests/cuda_counters.sh) */
         printf("cuda counters per step: syncs %lld allocs %lld frees %lld h2d_bytes %lld h2d_calls %lld d2h_bytes %lld "
                "d2h_calls %lld\n", (long long)t.worst.syncs, (long long)t.worst.allocs, (long long)t.worst.frees,

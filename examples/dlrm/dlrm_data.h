@@ -341,6 +341,18 @@ DT_API uint64_t dt_dlrm_hash_id(uint64_t v) {
     return z ^ (z >> 31);
 }
 
+/* fopen opens a directory and only its first read fails (EISDIR): the opens ask first, where
+   stat exists. */
+static int dt__dlrm_is_dir(const char *path) {
+#ifdef DT__DLRM_MMAP
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+#else
+    (void)path;
+    return 0;
+#endif
+}
+
 static int dt__dlrm_flag(dt_ctx *ctx, const char *fn, const char *field, int v) {
     if (v == 0 || v == 1) return 0;
     dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s = %d; expected 0 or 1", fn, field, v);
@@ -777,6 +789,7 @@ DT_API dt_status dt_dlrm_tsv_open(dt_ctx *ctx, dt_dlrm_tsv *r, const char *path,
     dt_status st;
     if (!ctx) return DT_ERR_ARG;
     if (!path) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: path is NULL", fn);
+    if (dt__dlrm_is_dir(path)) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: %s is a directory, not a file", fn, path);
     if (!(f = fopen(path, "rb")))
         return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: cannot open %s: %s", fn, path, strerror(errno));
     if ((st = dt_dlrm_tsv_open_stream(ctx, r, f, path, desc)) != DT_OK) {
@@ -808,8 +821,8 @@ static dt_status dt__dlrm_tsv_fill(dt_ctx *ctx, dt_dlrm_tsv *r) {
     r->hi += (int64_t)got;
     if (got < want) {
         if (ferror(r->file))
-            return dt_ctx_set_error(ctx, DT_ERR_IO, "dt_dlrm_tsv_next: %s: read error after line %lld", r->name,
-                                    (long long)r->line);
+            return dt_ctx_set_error(ctx, DT_ERR_IO, "dt_dlrm_tsv_next: %s: read error after line %lld: %s", r->name,
+                                    (long long)r->line, strerror(errno));
         r->eof = 1;
     }
     return DT_OK;
@@ -1142,6 +1155,7 @@ static dt_status dt__dlrm_bin_load(dt_ctx *ctx, dt_dlrm_bin *f, const char *path
     FILE *in;
     long size;
     size_t got;
+    if (dt__dlrm_is_dir(path)) return dt_ctx_set_error(ctx, DT_ERR_IO, "%s: %s is a directory, not a file", fn, path);
 #ifdef DT__DLRM_MMAP
     if (!no_mmap) {
         struct stat sb;
@@ -1216,10 +1230,13 @@ static dt_status dt__dlrm_bin_check(dt_ctx *ctx, dt_dlrm_bin *f, const char *fn)
         f->table_size[k] = (int64_t)t;
     }
     n = dt__dlrm_get64(h + 16);
-    if (!dt__dlrm_layout(n, (int)lb, (int)ib, off, &total) || total != (uint64_t)f->map_bytes)
+    if (!dt__dlrm_layout(n, (int)lb, (int)ib, off, &total))
+        return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s: its header's %llu samples overflow a file's byte size "
+                                "(int64; corrupt file)", fn, f->name, (unsigned long long)n);
+    if (total != (uint64_t)f->map_bytes)
         return dt_ctx_set_error(ctx, DT_ERR_FORMAT, "%s: %s is %zu bytes; its header (%llu samples) needs %llu "
                                 "(truncated or corrupt file)", fn, f->name, f->map_bytes, (unsigned long long)n,
-                                (unsigned long long)(dt__dlrm_layout(n, (int)lb, (int)ib, off, &total) ? total : 0));
+                                (unsigned long long)total);
     f->n = (int64_t)n;
     f->skipped = (int64_t)(dt__dlrm_get64(h + 40) & (uint64_t)INT64_MAX);
     f->label_bytes = (int)lb;

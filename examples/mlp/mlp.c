@@ -5,6 +5,7 @@
    run:   build/examples/mlp --steps 1000 --batch 64          (built by ./build.sh)
           mpirun -np 4 build/examples/mlp --steps 1000 --batch 64
    flags: --steps N --batch B --seed S --lr LR --hidden H --log metrics.jsonl --device cpu|cuda
+          (a bad one is named with its value and what it wants, exit 2)
 
    --device cuda (a build with -DDT_CUDA, linked with the objects of kernels/): the parameters,
    activations and grads live on the GPU and every op runs there; the batch is made on the host
@@ -22,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
 
 #ifndef MLP_EVAL_N
 #define MLP_EVAL_N 1024 /* held-out samples; tests/cuda_emu/k_mlp.cpp takes fewer (emulated grids stay small) */
@@ -186,6 +188,21 @@ static float train(dt_ctx *ctx, dt_comm *comm, const opts *o, dt_params *ps, mod
 }
 
 #ifndef MLP_NO_MAIN /* tests/mpi_mlp_dp.c includes this file for train() */
+#define USAGE "usage: mlp [--steps N] [--batch B>=ranks] [--hidden H] [--seed S] [--lr LR] [--log F] [--device cpu|cuda]\n"
+static void bad(const char *flag, const char *v, const char *wants) {
+    fprintf(stderr, "mlp: %s wants %s, got %s%s%s\n" USAGE, flag, wants, v ? "'" : "", v ? v : "nothing", v ? "'" : "");
+    exit(2);
+}
+/* A flag's value, all of it (atoi took "12abc" as 12, "1e30" as 1), an integer unless real, in [lo, hi]. */
+static double arg(const char *flag, const char *v, double lo, double hi, int real) {
+    char *end = NULL, wants[96];
+    double x = v ? (errno = 0, real ? strtod(v, &end) : (double)strtoll(v, &end, 10)) : 0;
+    if (v && *v && !*end && errno != ERANGE && x >= lo && x <= hi) return x;
+    snprintf(wants, sizeof wants, real ? "a number in [%g, %g]" : "an integer in [%.0f, %.0f]", lo, hi);
+    bad(flag, v, wants);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     opts o = {1000, 64, 64, 1, 0.2f, NULL, 0};
     dt_ctx ctx_storage, *ctx = &ctx_storage;
@@ -193,33 +210,33 @@ int main(int argc, char **argv) {
     dt_comm *world = NULL;
     dt_params ps;
     model m;
-    int i, bad_device = 0;
+    int i;
     dt_blas_rerun(argv); /* OpenBLAS's kernels fit the CPU: dt_tensor.h, dt_blas_note */
     memset(&cd, 0, sizeof cd);
     memset(&ps, 0, sizeof ps);
-    for (i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--steps")) o.steps = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--batch")) o.batch = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--hidden")) o.hidden = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--seed")) o.seed = (uint64_t)strtoull(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--lr")) o.lr = (float)atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--log")) o.log = argv[i + 1];
-        else if (!strcmp(argv[i], "--device")) {
-            cd.device = !strcmp(argv[i + 1], "cuda") ? DT_CUDA_DEVICE : DT_CPU;
-            bad_device = strcmp(argv[i + 1], "cuda") && strcmp(argv[i + 1], "cpu");
-        } else { fprintf(stderr, "mlp: unknown flag %s\n", argv[i]); return 2; }
+    for (i = 1; i < argc; i += 2) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(USAGE, stdout); return 0; }
+        else if (!strcmp(a, "--steps")) o.steps = (int)arg(a, v, 1, 1e9, 0);
+        else if (!strcmp(a, "--batch")) o.batch = (int)arg(a, v, 1, 1 << 24, 0);
+        else if (!strcmp(a, "--hidden")) o.hidden = (int)arg(a, v, 1, 1 << 16, 0);
+        else if (!strcmp(a, "--seed")) o.seed = (uint64_t)arg(a, v, 0, 9007199254740992.0, 0); /* 2^53: exact in a double */
+        else if (!strcmp(a, "--lr")) o.lr = (float)arg(a, v, 0, 100, 1);
+        else if (!strcmp(a, "--log")) { if (!v) bad(a, v, "a file"); o.log = v; }
+        else if (!strcmp(a, "--device") && v && !strcmp(v, "cpu")) cd.device = DT_CPU;
+        else if (!strcmp(a, "--device") && v && !strcmp(v, "cuda")) cd.device = DT_CUDA_DEVICE;
+        else if (!strcmp(a, "--device")) bad(a, v, "cpu or cuda");
+        else { fprintf(stderr, "mlp: unknown flag '%s'\n" USAGE, a); return 2; }
     }
-    if (bad_device) { fprintf(stderr, "mlp: --device must be cpu or cuda\n"); return 2; }
     { /* one GPU per rank of a host (NCCL wants distinct devices): the launcher's local rank */
         const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
         cd.cuda_device = lr && *lr ? atoi(lr) : 0;
     }
     if (dt_ctx_init(ctx, &cd)) { fprintf(stderr, "mlp: %s\n", dt_ctx_error(ctx)); return 1; }
     CHECK(dt_comm_create_world(ctx, &world, NULL)); /* MPI_Init under mpirun; else a world of one */
-    if (i != argc || o.steps < 1 || o.batch < dt_comm_size(world) || o.hidden < 1 || !(o.lr > 0)) {
+    if (o.batch < dt_comm_size(world)) {
         if (dt_comm_rank(world) == 0)
-            fprintf(stderr, "usage: mlp [--steps N>0] [--batch B>=ranks] [--hidden H>0] [--seed S] [--lr LR>0] [--log F] "
-                            "[--device cpu|cuda]\n");
+            fprintf(stderr, "mlp: --batch wants a row for each of the %d ranks, got '%d'\n", dt_comm_size(world), o.batch);
         dt_comm_free(world); return 2;
     }
     train(ctx, world, &o, &ps, &m, NULL);

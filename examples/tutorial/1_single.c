@@ -71,12 +71,13 @@ static dt_status backward(dt_ctx *ctx, model *m, acts *t) {
     return dt_linear_bwd(ctx, NULL, &m->w1->grad, &m->b1->grad, &t->dh, &t->x, &m->w1->value);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     dt_ctx ctx;
     dt_params ps = {0};
     model m;
     acts t = {0};
     dt_optimizer *opt;
+    if (argc > 1) { fprintf(stderr, "1_single takes no arguments, got '%s'\n", argv[1]); return 2; }
     CHECK(dt_ctx_init(&ctx, NULL));
     CHECK(add(&ctx, &ps, &m.w1, "fc1.w", H, IN));
     CHECK(add(&ctx, &ps, &m.b1, "fc1.b", H, 0));

@@ -79,7 +79,7 @@ static dt_status backward(dt_ctx *ctx, dt_zero *z, model *m, acts *t) {
     return dt_zero_grad_ready(z, 0);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     dt_ctx ctx;
     dt_comm *world = NULL;
     dt_layout *l;
@@ -90,6 +90,7 @@ int main(void) {
     acts t = {0};
     int rank = 0, units[4] = {0, 0, 1, 1}; /* fc1.w, fc1.b: unit 0; fc2.w, fc2.b: unit 1 */
     int64_t first, n;
+    if (argc > 1) { fprintf(stderr, "2_ddp takes no arguments, got '%s'\n", argv[1]); return 2; }
     if (dt_ctx_init(&ctx, NULL)) return 1;
     CHECK(dt_comm_create_world(&ctx, &world, NULL)); /* MPI_Init under mpirun */
     rank = dt_comm_rank(world);

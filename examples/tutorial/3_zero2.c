@@ -17,7 +17,6 @@
 #include "../../dt_opt.h"
 #include "../../dt_parallel.h"
 #include <stdio.h>
-#include <stdlib.h>
 
 enum { IN = 8, H = 32, C = 4, B = 32, STEPS = 20 };
 #define SEED 1
@@ -104,7 +103,11 @@ int main(int argc, char **argv) {
     acts t = {0};
     int rank = 0, units[4] = {0, 0, 1, 1}; /* fc1.w, fc1.b: unit 0; fc2.w, fc2.b: unit 1 */
     int64_t first, n;
-    int stage = argc > 1 ? atoi(argv[1]) : 2; /* 0..3 */
+    int stage = argc > 1 ? argv[1][0] - '0' : 2; /* 0..3 */
+    if (argc > 2 || stage < 0 || stage > 3 || (argc > 1 && argv[1][1])) {
+        fprintf(stderr, "3_zero2 takes one optional argument, the ZeRO stage 0..3 (default 2); got '%s'\n", argv[argc - 1]);
+        return 2;
+    }
     if (dt_ctx_init(&ctx, NULL)) return 1;
     CHECK(dt_comm_create_world(&ctx, &world, NULL)); /* MPI_Init under mpirun */
     rank = dt_comm_rank(world);

@@ -90,6 +90,7 @@ int main(int argc, char **argv) {
     model m;
     acts t = {0};
     int rank = 0, sp = argc > 1 && !strcmp(argv[1], "--sp");
+    if (argc > 1 + sp) { fprintf(stderr, "4_tp takes one optional argument, --sp; got '%s'\n", argv[1 + sp]); return 2; }
     if (dt_ctx_init(&ctx, NULL)) return 1;
     CHECK(dt_comm_create_world(&ctx, &world, NULL));
     rank = dt_comm_rank(world);

@@ -102,7 +102,7 @@ static dt_status backward(void *user, int chunk, int i, dt_tensor *din, const dt
     return dt_linear_bwd(ctx, NULL, &p->w1->grad, &p->b1->grad, &p->dh, &p->x[i], &p->w1->value);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     dt_ctx ctx;
     dt_comm *world = NULL;
     dt_params ps = {0};
@@ -110,6 +110,7 @@ int main(void) {
     dt_pp_schedule *sched;
     stage p = {0};
     int rank = 0;
+    if (argc > 1) { fprintf(stderr, "5_pipeline takes no arguments, got '%s'\n", argv[1]); return 2; }
     if (dt_ctx_init(&ctx, NULL)) return 1;
     CHECK(dt_comm_create_world(&ctx, &world, NULL));
     rank = dt_comm_rank(world);
