@@ -63,7 +63,8 @@ static void bench_update(void) {
     float *w = falloc(N_ADAM, 0.5f), *g = falloc(N_ADAM, 0.01f), *m = falloc(N_ADAM, 0.0f), *v = falloc(N_ADAM, 0.0f);
     float *src = falloc(N_ADAM, 1.0f), *dst = falloc(N_ADAM, 0.0f);
     uint16_t *h = (uint16_t *)malloc((size_t)N_ADAM * 2);
-    double t[REPS], copy_gbs, adam_gbs, bf_gbs, step_gbs, info_gbs, clip_gbs, xxh_gbs, t0;
+    double t[REPS], copy_gbs, adam_gbs, bf_gbs, step_gbs, info_gbs, clip_gbs, xxh_gbs, bfs_gbs[2], t0;
+    int sr;
     dt_opt_step_info info;
     volatile uint64_t hash_sink = 0;
     dt_params ps;
@@ -131,6 +132,27 @@ static void bench_update(void) {
         if (r >= 0) t[r] = now_s() - t0;
     }
     clip_gbs = (adam_bytes + 4.0 * (double)N_ADAM) / median(t, REPS) / 1e9;
+    dt_opt_free(opt);
+    dt_params_free(&g_ctx, &ps);
+    /* a bf16 parameter: the update on its f32 master, the value rounded to nearest or (sr)
+       stochastically (a splitmix64 hash per element) */
+    pd.dtype = DT_BF16;
+    for (sr = 0; sr < 2; sr++) {
+        memset(&ps, 0, sizeof ps);
+        CHECK(dt_params_add(&g_ctx, &ps, &p, &pd));
+        memcpy(p->grad.data, g, (size_t)N_ADAM * 4);
+        memset(&od, 0, sizeof od);
+        od.kind = DT_OPT_ADAMW; od.stochastic_rounding = sr; od.rounding_seed = 1;
+        CHECK(dt_opt_create(&g_ctx, &opt, &ps, &od));
+        for (r = -1; r < REPS; r++) {
+            t0 = now_s();
+            CHECK(dt_opt_step(opt, NULL));
+            if (r >= 0) t[r] = now_s() - t0;
+        }
+        bfs_gbs[sr] = (adam_bytes + 2.0 * (double)N_ADAM) / median(t, REPS) / 1e9;
+        dt_opt_free(opt);
+        dt_params_free(&g_ctx, &ps);
+    }
     printf("== 1. AdamW update, 1 thread, %lld parameters (64 MiB per array); GB/s of state touched\n",
            (long long)N_ADAM);
     printf("%-34s %12s %9s %9s\n", "", "bytes/param", "GB/s", "/memcpy");
@@ -140,13 +162,13 @@ static void bench_update(void) {
     printf("%-34s %12s %9.2f %9.3f\n", "dt_opt_step (AdamW, whole step)", "r16 w12", step_gbs, step_gbs / copy_gbs);
     printf("%-34s %12s %9.2f %9.3f\n", "  with info (+ grad norm pass)", "r20 w12", info_gbs, info_gbs / copy_gbs);
     printf("%-34s %12s %9.2f %9.3f\n", "  with clip_norm (+ grad norm pass)", "r20 w12", clip_gbs, clip_gbs / copy_gbs);
+    printf("%-34s %12s %9.2f %9.3f\n", "dt_opt_step, bf16 value (nearest)", "r16 w14", bfs_gbs[0], bfs_gbs[0] / copy_gbs);
+    printf("%-34s %12s %9.2f %9.3f\n", "  stochastic rounding", "r16 w14", bfs_gbs[1], bfs_gbs[1] / copy_gbs);
     printf("%-34s %12s %9.2f %9.3f\n", "dt_xxh64 (checkpoint checksum)", "r4", xxh_gbs, xxh_gbs / copy_gbs);
     printf("AdamW / memcpy = %.3f (target >= 0.5): %s\n", adam_gbs / copy_gbs,
            adam_gbs / copy_gbs >= 0.5 ? "met" : "NOT met");
     printf("the grad norm pass costs %.0f%% of a step's time (info row vs whole step, same update)\n\n",
            100.0 * ((adam_bytes + 4.0 * (double)N_ADAM) / info_gbs - adam_bytes / step_gbs) / (adam_bytes / step_gbs));
-    dt_opt_free(opt);
-    dt_params_free(&g_ctx, &ps);
     free(w); free(g); free(m); free(v); free(src); free(dst); free(h);
 }
 
