@@ -146,6 +146,11 @@ int main(void) {
     gd_named_error("gpt_plan_profile_of_another_world_is_named", 1, MODEL, flags, "was measured for 2 ranks");
     gd_named_error("gpt_plan_of_f16_is_named", 1, MODEL, "--plan --dtype f16", "the planner models the CPU in f32 or bf16");
     gd_named_error("gpt_layout_bad_value_is_named", 1, MODEL, "--layout fast", "--layout is auto");
+    /* a layout flag beside --layout auto would be replaced without a word */
+    gd_named_error("gpt_layout_auto_with_tp_is_named", 2, MODEL, "--layout auto --tp 2", "--layout auto chooses the layout "
+                   "itself (tp, pp, cp, zero, sp, micro, recompute, ep, schedule, offload): drop --tp");
+    gd_named_error("gpt_moe_every_past_the_layers_is_named", 1, MODEL, "--moe-experts 4 --moe-every 9",
+                   "no block would be MoE");
     if (!lean) cuda_plan_ulysses_memory(); /* 11 s of emulated CUDA runs */
     dt_ctx_shutdown(&g_ctx);
     return dt_test_finish();

@@ -227,6 +227,7 @@ typedef struct opts {
     const char *data, *shards, *ckpt, *log, *trace;
     int plan;             /* --plan: print the planner's best layouts and this one's prediction, then exit */
     int layout_auto;      /* --layout auto: train on the layout the planner ranks first */
+    const char *layout_flag; /* the first flag given that --layout auto would choose (--tp, ...) */
     const char *plan_profile; /* --plan-profile FILE: read it, or measure and write it */
     double plan_memory;   /* --plan-memory MB: the most a rank may hold (0: no limit) */
 } opts;
@@ -488,10 +489,29 @@ static void parse(opts *o, int argc, char **argv) {
         }
         else { char why[200]; snprintf(why, sizeof why, "unknown flag '%s'", a); usage(why); }
         if (takes && !v) { char why[200]; snprintf(why, sizeof why, "%s needs a value", a); usage(why); }
+        {
+            static const char *const chosen[] = {"--tp", "--pp", "--cp", "--cp-kind", "--zero", "--sp", "--micro",
+                                                 "--recompute", "--ep", "--schedule", "--offload-activations"};
+            size_t k;
+            for (k = 0; k < sizeof chosen / sizeof chosen[0] && !o->layout_flag; k++)
+                if (!strcmp(a, chosen[k])) o->layout_flag = chosen[k];
+        }
         i += takes;
     }
     if (o->data && o->shards) usage("give --data FILE or --shards PATTERN, not both");
     if (o->sr && o->dtype != DT_BF16) usage("--stochastic-rounding 1 rounds bf16 weights: give --dtype bf16 with it");
+    if (o->layout_auto && o->layout_flag) { /* it would be replaced without a word */
+        char why[200];
+        snprintf(why, sizeof why, "--layout auto chooses the layout itself (tp, pp, cp, zero, sp, micro, recompute, ep, "
+                 "schedule, offload): drop %s", o->layout_flag);
+        usage(why);
+    }
+    if (o->moe_experts && o->moe_every > o->layers) {
+        char why[200];
+        snprintf(why, sizeof why, "--moe-every %d with --layers %d: no block would be MoE (the first is block %d)",
+                 o->moe_every, o->layers, o->moe_every - 1);
+        usage(why);
+    }
     /* the aux loss's gradient needs every forward of a step first: GPipe, unless asked otherwise */
     if (o->moe_experts && o->moe_balance == DT_MOE_AUX && o->pp > 1 && !o->schedule_given) o->schedule = DT_PP_GPIPE;
     o->chunks = o->schedule == DT_PP_INTERLEAVED ? 2 : 1;
