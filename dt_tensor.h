@@ -2920,8 +2920,8 @@ static dt_status dt__apart(dt_ctx *ctx, const dt_tensor *out, const dt_tensor *i
     no = dt_tensor_bytes(out); ni = dt_tensor_bytes(in);
     po = (uintptr_t)out->data; pi = (uintptr_t)in->data;
     if (!no || !ni || po >= pi + ni || pi >= po + no) return DT_OK;
-    return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s shares memory with %s; expected an output apart from the op's "
-                            "inputs (it reads %s while it writes %s)", fn, on, in_name, in_name, on);
+    return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s shares memory with %s; expected an op's outputs apart from its "
+                            "inputs (it reads one while it writes the other)", fn, on, in_name);
 }
 
 static dt_status dt__same(dt_ctx *ctx, const dt_tensor *a, const dt_tensor *b, const char *fn,
