@@ -6,7 +6,7 @@
 # the 16-byte global loads (ld.global.v4) of its staging; and kernels/dt_flash.cu (the tensor-core
 # attention): each of its kernels that multiplies holds mma.sync bf16, and it loads by 16 bytes;
 # and kernels/dt_elementwise.cu: each elementwise kernel loads by 16 (or, from 16-bit, 8) bytes,
-# as dt_opt.cu's update does.
+# as dt_reduce.cu's layernorm (forward, dx) and dt_opt.cu's update do.
 # tests/run.sh runs it (group ptx:dt_mma)
 # where nvcc exists. One PASS/FAIL line per check; exit status non-zero iff one failed.
 set -uo pipefail
@@ -91,6 +91,21 @@ for arch in 80 90; do
     done
     if [ -z "$missing" ]; then echo "PASS ptx:dt_elementwise:sm_${arch}_vector_loads_in_every_elementwise_kernel"
     else fail "ptx:dt_elementwise:sm_${arch}_vector_loads_in_every_elementwise_kernel: none in$missing"; fi
+done
+
+# kernels/dt_reduce.cu: layernorm's forward and its dx pass move rows by 16-byte loads.
+for arch in 80 90; do
+    ptx=$out/dt_reduce.sm_$arch.ptx
+    if ! "$DT_NVCC" -arch=compute_$arch -I"$ROOT/kernels" -ptx kernels/dt_reduce.cu -o "$ptx" >"$out/reduce_$arch.log" 2>&1; then
+        fail "ptx:dt_reduce:sm_${arch}_ptx: nvcc -ptx failed (log: $out/reduce_$arch.log)"
+        continue
+    fi
+    missing=$(awk '/^\.visible \.entry|^\.entry/ { if (name != "" && !v) print name
+                                                    name = $NF; sub(/\(.*/, "", name); v = 0 }
+                   /ld\.global(\.nc)?\.v4\./ { v = 1 }
+                   END { if (name != "" && !v) print name }' "$ptx" | grep -E "layernorm_fwd|layernorm_bwd_dx")
+    if [ -z "$missing" ]; then echo "PASS ptx:dt_reduce:sm_${arch}_layernorm_fwd_and_dx_load_by_16_bytes"
+    else fail "ptx:dt_reduce:sm_${arch}_layernorm_fwd_and_dx_load_by_16_bytes: none in $missing"; fi
 done
 
 # kernels/dt_opt.cu's update (every parameter's SGD / Adam / Adagrad in one launch): four

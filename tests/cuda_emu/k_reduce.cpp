@@ -32,8 +32,20 @@ static void check_layernorm(const char *tag, int64_t R, int64_t C, int with_b) {
 
     dt_layernorm_fwd(&ctx, &t_out, &t_mean, &t_rstd, &t_x, &t_w, with_b ? &t_b : NULL, eps);
     snprintf(name, sizeof name, "layernorm_fwd_matches_cpu_%s", tag);
-    if (k_ok(name, dt_k_layernorm_fwd(d_out, with_b ? d_mean : NULL, with_b ? d_rstd : NULL, d_x, d_w,
-                                      with_b ? d_b : NULL, eps, R, C, NULL))) {
+#ifndef DT_EMU_STUBS
+    long long vec0 = dt_emu_vector_accesses();
+    int rep0 = dt_emu_report_count();
+#endif
+    int st = dt_k_layernorm_fwd(d_out, with_b ? d_mean : NULL, with_b ? d_rstd : NULL, d_x, d_w, with_b ? d_b : NULL, eps, R,
+                                C, NULL);
+#ifndef DT_EMU_STUBS
+    /* rows of a multiple of 4 floats go by 16-byte loads, others one float at a time: no misaligned access */
+    snprintf(name, sizeof name, "layernorm_fwd_loads_by_16_bytes_iff_c_is_a_multiple_of_4_%s", tag);
+    if (!DT_TEST_CHECK(name, (dt_emu_vector_accesses() > vec0) == (C % 4 == 0) && dt_emu_report_count() == rep0))
+        printf("  %lld vector accesses, %d reports\n", dt_emu_vector_accesses() - vec0, dt_emu_report_count() - rep0);
+    snprintf(name, sizeof name, "layernorm_fwd_matches_cpu_%s", tag);
+#endif
+    if (k_ok(name, st)) {
         std::vector<float> got = k_download(d_out, R * C), want = k_values(t_out);
         if (with_b) { /* the statistics too, after the outputs */
             std::vector<float> m = k_download(d_mean, R), s = k_download(d_rstd, R);
@@ -157,6 +169,8 @@ int main(int argc, char **argv) {
     dt_ctx_init(&ctx, NULL);
     check_layernorm("c100", k_size(5, 2), 100, 1); /* 128 threads, the last warp part-filled */
     check_layernorm("c300_no_bias", k_size(3, 2), 300, 0); /* 256 threads, two columns each */
+    check_layernorm("c101_scalar", k_size(4, 2), 101, 1); /* not a multiple of 4: one float at a time */
+    check_layernorm("c1100", k_size(3, 2), 1100, 1); /* 275 float4 over 256 threads: some take two */
     check_dwdb("r200_c100", k_size(200, 70), 100);  /* 4 chunks (the last of 8 rows), one block of columns */
     check_dwdb("r130_c300", k_size(130, 66), 300);  /* 3 chunks, two blocks of 256 columns */
     check_dwdb("r40_c100", k_size(40, 20), 100);    /* one chunk: no scratch, no second stage */
