@@ -203,7 +203,16 @@ static void xent_two_ranks(pair_t &logits, pair_t &tg, int64_t N, int64_t Vp, in
         cudaMemcpy(dz, zl.data(), sizeof(float) * N * Vl, cudaMemcpyHostToDevice);
         int64_t nv = V - rank * Vl;
         nv = nv > Vl ? Vl : nv;
+#ifndef DT_EMU_STUBS
+        long long vec0 = dt_emu_vector_accesses();
+        int rep0 = dt_emu_report_count();
+#endif
         e |= dt_k_tp_xent_fwd(dm, dg, ds, dz, (const int32_t *)tg.d.data, -1, N, Vl, nv, rank * Vl, NULL);
+#ifndef DT_EMU_STUBS
+        /* rows of a multiple of 4 floats from an aligned buffer: the real columns by 16-byte loads */
+        DT_TEST_CHECK(rank ? "tp_xent_rows_load_by_16_bytes_rank1" : "tp_xent_rows_load_by_16_bytes_rank0",
+                      Vl % 4 != 0 || (dt_emu_vector_accesses() > vec0 && dt_emu_report_count() == rep0));
+#endif
         mloc[rank] = k_down(dm, N); mglob[rank] = k_down(dg, N); sz[rank] = k_down(ds, 2 * N);
     }
     for (int64_t r = 0; r < N; r++) mx[(size_t)r] = fmaxf(mglob[0][(size_t)r], mglob[1][(size_t)r]);
