@@ -69,53 +69,50 @@ for arch in 80 90; do
     else fail "ptx:dt_flash:sm_${arch}_ld_global_v4: none in $ptx"; fi
 done
 
-# kernels/dt_elementwise.cu, the memory-bound kernels: each that moves a tensor's elements (bias
-# add, relu, gelu, add, axpy, mul, the casts) loads by 16 bytes (ld.global.v4: a float4) or, on a
-# 16-bit side of a cast, 8 (.v2: four bf16); the column sums, fill and the range check do not.
-for arch in 80 90; do
-    ptx=$out/dt_elementwise.sm_$arch.ptx
-    if ! "$DT_NVCC" -arch=compute_$arch -I"$ROOT/kernels" -ptx kernels/dt_elementwise.cu -o "$ptx" \
-        >"$out/elementwise_$arch.log" 2>&1; then
-        fail "ptx:dt_elementwise:sm_${arch}_ptx: nvcc -ptx failed (log: $out/elementwise_$arch.log)"
-        continue
+# ptx_of FILE ARCH: nvcc -ptx of kernels/FILE.cu for compute_ARCH into $out/FILE.sm_ARCH.ptx, or a
+# FAIL line and status 1.
+ptx_of() {
+    if ! "$DT_NVCC" -arch=compute_$2 -I"$ROOT/kernels" -ptx "kernels/$1.cu" -o "$out/$1.sm_$2.ptx" \
+        >"$out/$1.sm_$2.log" 2>&1; then
+        fail "ptx:$1:sm_${2}_ptx: nvcc -ptx failed (log: $out/$1.sm_$2.log)"
+        return 1
     fi
-    # per .entry: its name and its vector loads
+}
+
+# vector_loads NAME PTX KERNEL...: PASS NAME when each KERNEL (dt_k__KERNEL, its mangled name) has a
+# 16-byte (ld.global.v4) or 8-byte (.v2) load in PTX, else FAIL naming those without.
+vector_loads() {
+    local name=$1 ptx=$2 k n counts missing=
+    shift 2
     counts=$(awk '/^\.visible \.entry|^\.entry/ { if (name != "") print name, v
                                                    name = $NF; sub(/\(.*/, "", name); v = 0 }
                   /ld\.global(\.nc)?\.v[24]\./ { v++ }
                   END { if (name != "") print name, v }' "$ptx")
-    missing=
-    for k in bias_add_fwd relu_fwd relu_bwd gelu_fwd gelu_bwd add axpy mul_fwd mul_bwd cast; do
+    for k in "$@"; do
         n=$(echo "$counts" | awk -v k="dt_k__${k}P" 'index($1, k) { print $2 }')
         [ -n "$n" ] && [ "$n" -gt 0 ] || missing+=" $k"
     done
-    if [ -z "$missing" ]; then echo "PASS ptx:dt_elementwise:sm_${arch}_vector_loads_in_every_elementwise_kernel"
-    else fail "ptx:dt_elementwise:sm_${arch}_vector_loads_in_every_elementwise_kernel: none in$missing"; fi
-done
+    if [ -z "$missing" ]; then echo "PASS $name"; else fail "$name: none in$missing"; fi
+}
 
+# kernels/dt_elementwise.cu, the memory-bound kernels: each that moves a tensor's elements (bias
+# add, relu, gelu, add, axpy, mul, the casts) loads by 16 bytes (ld.global.v4: a float4) or, on a
+# 16-bit side of a cast, 8 (.v2: four bf16); the column sums, fill and the range check do not.
 # kernels/dt_reduce.cu: layernorm's forward and its dx pass move rows by 16-byte loads.
 for arch in 80 90; do
-    ptx=$out/dt_reduce.sm_$arch.ptx
-    if ! "$DT_NVCC" -arch=compute_$arch -I"$ROOT/kernels" -ptx kernels/dt_reduce.cu -o "$ptx" >"$out/reduce_$arch.log" 2>&1; then
-        fail "ptx:dt_reduce:sm_${arch}_ptx: nvcc -ptx failed (log: $out/reduce_$arch.log)"
-        continue
-    fi
-    missing=$(awk '/^\.visible \.entry|^\.entry/ { if (name != "" && !v) print name
-                                                    name = $NF; sub(/\(.*/, "", name); v = 0 }
-                   /ld\.global(\.nc)?\.v4\./ { v = 1 }
-                   END { if (name != "" && !v) print name }' "$ptx" | grep -E "layernorm_fwd|layernorm_bwd_dx")
-    if [ -z "$missing" ]; then echo "PASS ptx:dt_reduce:sm_${arch}_layernorm_fwd_and_dx_load_by_16_bytes"
-    else fail "ptx:dt_reduce:sm_${arch}_layernorm_fwd_and_dx_load_by_16_bytes: none in $missing"; fi
+    ptx_of dt_elementwise $arch &&
+        vector_loads "ptx:dt_elementwise:sm_${arch}_vector_loads_in_every_elementwise_kernel" \
+            "$out/dt_elementwise.sm_$arch.ptx" bias_add_fwd relu_fwd relu_bwd gelu_fwd gelu_bwd add axpy mul_fwd mul_bwd cast
+    ptx_of dt_reduce $arch &&
+        vector_loads "ptx:dt_reduce:sm_${arch}_layernorm_fwd_and_dx_load_by_16_bytes" "$out/dt_reduce.sm_$arch.ptx" \
+            layernorm_fwd layernorm_bwd_dx
 done
 
 # kernels/dt_opt.cu's update (every parameter's SGD / Adam / Adagrad in one launch): four
 # elements a thread by 16-byte global loads and stores of the f32 weights, grads and state.
 for arch in 80 90; do
     ptx=$out/dt_opt.sm_$arch.ptx
-    if ! "$DT_NVCC" -arch=compute_$arch -I"$ROOT/kernels" -ptx kernels/dt_opt.cu -o "$ptx" >"$out/opt_$arch.log" 2>&1; then
-        fail "ptx:dt_opt:sm_${arch}_ptx: nvcc -ptx failed (log: $out/opt_$arch.log)"
-        continue
-    fi
+    ptx_of dt_opt $arch || continue
     n=$(awk '/^\.visible \.entry|^\.entry/ { on = index($0, "opt_update") > 0 }
              on && /ld\.global\.v4\.f32/ { l++ } on && /st\.global\.v4\.f32/ { s++ }
              END { print l + 0, s + 0 }' "$ptx")
