@@ -332,8 +332,9 @@ __device__ static int dt_k__update_four(const dt_k_opt_hyper &h, const dt_k__sca
     float4 w4, g4, a4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b4 = a4;
     float w[4], g[4], a[4], b[4];
     int l;
+    const int f32_copy = s.master && s.w_dtype == 1 && (float *)s.w != s.master; /* an f32 value beside its master */
     if (!f || ((uintptr_t)(f + i) | (uintptr_t)(s.g + i) | (s.s0 ? (uintptr_t)(s.s0 + i) : 0) |
-               (s.s1 ? (uintptr_t)(s.s1 + i) : 0)) % 16 ||
+               (s.s1 ? (uintptr_t)(s.s1 + i) : 0) | (f32_copy ? (uintptr_t)((float *)s.w + i) : 0)) % 16 ||
         (s.w_dtype != 1 && (uintptr_t)((uint16_t *)s.w + i) % 8))
         return 0;
     f = dt_k__gl(f + i); /* from here on: element i's addresses */
@@ -347,8 +348,7 @@ __device__ static int dt_k__update_four(const dt_k_opt_hyper &h, const dt_k__sca
     for (l = 0; l < 4; l++) dt_k__math(h, k, w[l], gm == 1.0f ? g[l] : g[l] * gm, a[l], b[l]);
     if (s.s0) dt_k_store4(dt_k__gl(s.s0 + i), make_float4(a[0], a[1], a[2], a[3]));
     if (s.s1) dt_k_store4(dt_k__gl(s.s1 + i), make_float4(b[0], b[1], b[2], b[3]));
-    if (s.master && s.w_dtype == 1 && (float *)s.w != s.master)
-        dt_k_store4(dt_k__gl((float *)s.w + i), make_float4(w[0], w[1], w[2], w[3]));
+    if (f32_copy) dt_k_store4(dt_k__gl((float *)s.w + i), make_float4(w[0], w[1], w[2], w[3]));
     dt_k_store4(f, make_float4(w[0], w[1], w[2], w[3]));
     if (s.w_dtype != 1) { /* the rounded copy: four 16-bit values in one 8-byte store */
         uint16_t r[4];
