@@ -366,7 +366,9 @@ typedef struct dt_grad_norm_desc {
    parameter is sharded. Sums in double, in a fixed order. */
 DT_API dt_status dt_grad_norm(dt_ctx *ctx, double *norm, const dt_params *ps, const dt_grad_norm_desc *desc);
 /* Computes the norm (returned in *norm, may be NULL) and scales every grad by
-   max_norm / (norm + 1e-6) when that is < 1. A non-finite norm leaves the grads as they are. */
+   max_norm / (norm + 1e-6) when that is < 1. A non-finite norm leaves the grads as they are
+   (torch.nn.utils.clip_grad_norm_ multiplies them by its 0 or NaN coefficient instead; with loss
+   scaling dt_opt_step skips such a step before clipping). */
 DT_API dt_status dt_clip_grad_norm(dt_ctx *ctx, dt_params *ps, double *norm, double max_norm,
                                    const dt_grad_norm_desc *desc);
 
