@@ -5131,16 +5131,16 @@ static dt_status dt__em_ld_move_check(dt_embed *e, dt__em_tab *t, const int64_t 
    stored by slot, not by id (row k = whatever id sat in slot k), so it is refused here, by the
    slot_id tensor in the manifest the loader has read. (A dynamic table given a static table's
    checkpoint fails in the loader: no slot_id.) Local: every rank reads the same manifest. */
-static dt_status dt__em_ld_kinds(dt_embed *e, const dt__ck_load *L) {
+static dt_status dt__em_ld_kinds(dt_embed *e, const struct dt__ck_load *L) {
     char key[DT_NAME_MAX + 32];
+    const char *dir;
     int i;
     for (i = 0; i < e->n_tabs; i++) {
-        snprintf(key, sizeof key, "embed/%s/slot_id", e->tabs[i].name);
-        if (!e->tabs[i].dynamic && dt__ck_find(L, "param/", key))
+        snprintf(key, sizeof key, "param/embed/%s/slot_id", e->tabs[i].name);
+        if (!e->tabs[i].dynamic && dt__checkpoint_has(L, key, &dir))
             return dt_ctx_set_error(e->ctx, DT_ERR_FORMAT, "dt_embed_checkpoint_load: table \"%s\" is dynamic in the "
-                                    "checkpoint %s (it holds param/%s: rows stored by slot, not by id) and static here; "
-                                    "expected a checkpoint of a static table, or dynamic = 1", e->tabs[i].name, L->dir,
-                                    key);
+                                    "checkpoint %s (it holds %s: rows stored by slot, not by id) and static here; "
+                                    "expected a checkpoint of a static table, or dynamic = 1", e->tabs[i].name, dir, key);
     }
     return DT_OK;
 }

@@ -571,6 +571,9 @@ DT_API dt_status dt__checkpoint_load_checked(dt_ctx *ctx, dt_params *ps, dt_opti
 /* Copies the checkpoint's values for p (one of the load's ps, by pointer) into dst: host memory
    of p->value's dtype and element count. */
 DT_API dt_status dt__checkpoint_peek(dt_ctx *ctx, struct dt__ck_load *L, const dt_param *p, void *dst);
+/* 1 when the checkpoint's manifest lists the tensor `name` ("param/<p>", ...), whether or not this
+   load fills it; *dir (may be NULL) = the step directory, for messages. */
+DT_API int dt__checkpoint_has(const struct dt__ck_load *L, const char *name, const char **dir);
 
 /* XXH64 (seed 0) of n bytes: the checksum the manifest records for each file. Streaming form:
    dt_xxh64_init, _update (any split of the bytes), _final. */
@@ -3418,6 +3421,11 @@ DT_API dt_status dt__checkpoint_peek(dt_ctx *ctx, struct dt__ck_load *L, const d
     return DT_OK;
 }
 
+DT_API int dt__checkpoint_has(const struct dt__ck_load *L, const char *name, const char **dir) {
+    if (dir) *dir = L ? L->dir : "";
+    return L && name && dt_json_get(L->tensors, name) != NULL;
+}
+
 DT_API dt_status dt_checkpoint_load(dt_ctx *ctx, dt_params *ps, dt_optimizer *opt, dt_train_state *state,
                                     const dt_checkpoint_desc *desc) {
     return dt__checkpoint_load_checked(ctx, ps, opt, state, desc, NULL, NULL);
@@ -3481,6 +3489,12 @@ DT_API dt_status dt__checkpoint_load_checked(dt_ctx *ctx, dt_params *ps, dt_opti
 DT_API dt_status dt__checkpoint_peek(dt_ctx *ctx, struct dt__ck_load *L, const dt_param *p, void *dst) {
     (void)L; (void)p; (void)dst;
     return dt_ctx_set_error(ctx, DT_ERR_UNSUPPORTED, "dt__checkpoint_peek: needs a POSIX system");
+}
+
+DT_API int dt__checkpoint_has(const struct dt__ck_load *L, const char *name, const char **dir) {
+    (void)L; (void)name;
+    if (dir) *dir = "";
+    return 0;
 }
 
 #endif /* DT__OPT_POSIX */

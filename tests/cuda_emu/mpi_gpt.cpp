@@ -64,7 +64,7 @@ static const char *g_off = "0";     /* --offload-activations of the runs */
 static const char *g_layers = NULL; /* --layers of the runs (NULL: 1, or 2 at pp 2) */
 static const char *g_moe = "0";     /* --moe-experts of the runs (0: dense) */
 static const char *g_ep = "1";      /* --ep of the runs */
-static int g_auto = 0;              /* --layout auto: the planner's first layout (the flags above overridden) */
+static int g_auto = 0;              /* --layout auto: the planner's first layout (none of the layout flags above) */
 static void run(const char *device, int tp, int sp, int zero, int pp, double *losses, weights *w) {
     char t[8], s[8], z[8], st[8], p[8];
     snprintf(t, sizeof t, "%d", tp);
@@ -76,12 +76,15 @@ static void run(const char *device, int tp, int sp, int zero, int pp, double *lo
        activations and grads cross ranks as device tensors) */
     const char *argv[] = {"gpt", "--device", device, "--layers", g_layers ? g_layers : pp > 1 ? "2" : "1", "--width",
                           "32", "--heads", "2",
-                          "--seq", "16", "--batch", "4", "--steps", st, "--warmup", "1", "--tp", t, "--sp", s,
-                          "--zero", z, "--pp", p, "--schedule", "1f1b", "--micro", pp > 1 ? "2" : "1", "--dtype",
-                          g_dtype, "--cp", g_cp, "--cp-kind", g_cpk, "--kv-heads", g_kv, "--offload-activations", g_off, "--moe-experts",
-                          g_moe, "--ep", g_ep, "--quiet", NULL};
+                          "--seq", "16", "--batch", "4", "--steps", st, "--warmup", "1", "--dtype", g_dtype,
+                          "--kv-heads", g_kv, "--moe-experts", g_moe, "--quiet", NULL};
+    /* the layout's flags, which --layout auto chooses itself (and refuses beside it) */
+    const char *layout[] = {"--tp", t, "--sp", s, "--zero", z, "--pp", p, "--schedule", "1f1b", "--micro",
+                            pp > 1 ? "2" : "1", "--cp", g_cp, "--cp-kind", g_cpk, "--offload-activations", g_off,
+                            "--ep", g_ep};
     std::vector<const char *> args(argv, argv + sizeof argv / sizeof argv[0] - 1);
     if (g_auto) { args.push_back("--layout"); args.push_back("auto"); }
+    else args.insert(args.end(), layout, layout + sizeof layout / sizeof layout[0]);
     args.push_back(NULL);
     g_step_losses = losses;
     g_on_done = w ? grab : NULL;
