@@ -1884,3 +1884,24 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
     return gemm("cublasGemmEx", handle, transa, transb, m, n, k, (const float *)alpha, A, Atype, lda, B, Btype, ldb,
                 (const float *)beta, C, Ctype, ldc, computeType == CUBLAS_COMPUTE_32F_FAST_TF32);
 }
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void *alpha, const void *A, cudaDataType Atype,
+                                          int lda, long long strideA, const void *B, cudaDataType Btype, int ldb,
+                                          long long strideB, const void *beta, void *C, cudaDataType Ctype, int ldc,
+                                          long long strideC, int batchCount, cublasComputeType_t computeType,
+                                          cublasGemmAlgo_t algo) {
+    if (batchCount < 0) {
+        report("cublasGemmStridedBatchedEx: batchCount = %d; expected >= 0", batchCount);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    for (int i = 0; i < batchCount; i++) {
+        cublasStatus_t st = cublasGemmEx(handle, transa, transb, m, n, k, alpha,
+                                         (const char *)A + (size_t)(i * strideA) * type_size(Atype), Atype, lda,
+                                         (const char *)B + (size_t)(i * strideB) * type_size(Btype), Btype, ldb, beta,
+                                         (char *)C + (size_t)(i * strideC) * type_size(Ctype), Ctype, ldc, computeType,
+                                         algo);
+        if (st) return st;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}

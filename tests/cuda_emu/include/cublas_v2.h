@@ -74,5 +74,13 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
                             int k, const void *alpha, const void *A, cudaDataType Atype, int lda, const void *B,
                             cudaDataType Btype, int ldb, const void *beta, void *C, cudaDataType Ctype, int ldc,
                             cublasComputeType_t computeType, cublasGemmAlgo_t algo);
+/* batchCount cublasGemmEx problems, problem i's matrices at A + i strideA, B + i strideB,
+   C + i strideC (strides in elements of each matrix's type). */
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void *alpha, const void *A, cudaDataType Atype,
+                                          int lda, long long strideA, const void *B, cudaDataType Btype, int ldb,
+                                          long long strideB, const void *beta, void *C, cudaDataType Ctype, int ldc,
+                                          long long strideC, int batchCount, cublasComputeType_t computeType,
+                                          cublasGemmAlgo_t algo);
 
 #endif /* DT_CUDA_EMU_CUBLAS_V2_H */
