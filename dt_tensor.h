@@ -5526,11 +5526,15 @@ static dt_status dt__cu_binary(dt_ctx *ctx, dt_tensor *o1, dt_tensor *o2, const 
                          fn, "dt_k_mul_bwd");
 }
 
-/* dt_dot_interaction_fwd / _bwd: kernels/dt_embed.cu's (the CPU's sum orders). */
+/* dt_dot_interaction_fwd / _bwd: kernels/dt_embed.cu's batched GEMMs (cuBLAS's sum orders),
+   their packed X_b and Z_b (or S_b, dX_b) in the ctx's scratch. */
 static dt_status dt__cu_dot(dt_ctx *ctx, dt_tensor *o1, dt_tensor *o2, const dt_tensor *dout, const dt_tensor *dense,
                             const dt_tensor *emb, int bwd) {
     const char *fn = bwd ? "dt_dot_interaction_bwd" : "dt_dot_interaction_fwd";
     int64_t B, F, D;
+    size_t bytes, mark;
+    void *scratch;
+    dt_status st;
     DT__CU_SH(s1, o1, bwd ? "ddense" : "out");
     DT__CU_SH(s2, o2, "demb");
     DT__CU_SH(sg, dout, "dout");
@@ -5547,14 +5551,25 @@ static dt_status dt__cu_dot(dt_ctx *ctx, dt_tensor *o1, dt_tensor *o2, const dt_
         if (s2) { DT__TRY(dt__f32(ctx, s2, fn, "demb")); DT__TRY(dt__same(ctx, s2, se, fn, "demb", "emb")); }
     }
     B = dense->shape[0]; D = dense->shape[1]; F = emb->shape[1];
-    if (!bwd)
-        return dt__cu_status(ctx, dt_k_dot_interaction_fwd(DT__CU_F(o1), (const float *)dense->data,
-                                                           (const float *)emb->data, B, F, D, ctx->cuda_stream),
-                             fn, "dt_k_dot_interaction_fwd");
-    return dt__cu_status(ctx, dt_k_dot_interaction_bwd(o1 ? DT__CU_F(o1) : NULL, o2 ? DT__CU_F(o2) : NULL,
-                                                       (const float *)dout->data, (const float *)dense->data,
-                                                       (const float *)emb->data, B, F, D, ctx->cuda_stream),
-                         fn, "dt_k_dot_interaction_bwd");
+    if (B == 0 || (bwd && !o1 && !o2)) return DT_OK;
+    bytes = dt_k_dot_interaction_scratch(B, F, D, bwd);
+    if (!bytes || B > 2147483647LL || F >= 2147483647LL || D > 2147483647LL)
+        return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: B = %lld, F = %lld, D = %lld; expected each below 2^31 (cuBLAS's "
+                                "ints) and the scratch to fit in memory", fn, (long long)B, (long long)F, (long long)D);
+    DT__TRY(dt__cu_blas(ctx, fn));
+    mark = dt_cuda_scratch_begin(ctx);
+    if (!(scratch = dt_cuda_scratch(ctx, bytes, fn))) st = ctx->last_status;
+    else if (!bwd)
+        st = dt__cu_status(ctx, dt_k_dot_interaction_fwd(ctx->cublas, DT__CU_F(o1), (const float *)dense->data,
+                                                         (const float *)emb->data, B, F, D, scratch, ctx->cuda_stream),
+                           fn, "dt_k_dot_interaction_fwd");
+    else
+        st = dt__cu_status(ctx, dt_k_dot_interaction_bwd(ctx->cublas, o1 ? DT__CU_F(o1) : NULL, o2 ? DT__CU_F(o2) : NULL,
+                                                         (const float *)dout->data, (const float *)dense->data,
+                                                         (const float *)emb->data, B, F, D, scratch, ctx->cuda_stream),
+                           fn, "dt_k_dot_interaction_bwd");
+    dt_cuda_scratch_end(ctx, mark);
+    return st;
 }
 
 /* dt_concat / dt_split on cuda: the CPU path's checks on shadows, then one column copy per part. */

@@ -7,7 +7,8 @@
    does, so the pooled vectors are the CPU's bits. The sparse update sums each row's gradient
    contributions in one order, fixed by a STABLE sort of the rows (equal rows keep the order the
    caller gave: dt_embed.h's (sample, feature, position) order), so it is the same bits every
-   run. Only dt_k_embed_pool_bwd_dense adds with atomicAdd (order varies).
+   run. Only dt_k_embed_pool_bwd_dense adds with atomicAdd (order varies). The dot interaction
+   sums through cuBLAS's GEMMs, in their order (fixed run to run, not the CPU's).
 
    Sorting without CUB: counting passes. A pass puts n keys into nb buckets stably in three
    launches (a grid-wide prefix needs a grid-wide sync): (1) each block counts the keys of its
@@ -873,68 +874,153 @@ extern "C" int dt_k_embed_sparse_adam(void *table, int table_dtype, float *m, fl
     return DT_K_CHECK();
 }
 
-/* ---------------------------------------------------------------- DLRM dot interaction */
+/* ---------------------------------------------------------------- DLRM dot interaction
 
-static __global__ void dt_k__dot_fwd(float *out, const float *dense, const float *emb, int64_t F, int64_t D) {
-    DT_K_SHARED_DYNAMIC(float, vec); /* (F+1) x D: the sample's dense vector, then its F embeddings */
-    int64_t b = blockIdx.x, W = D + (F + 1) * F / 2, x, p, d;
-    for (x = threadIdx.x; x < (F + 1) * D; x += blockDim.x)
-        vec[x] = x < D ? dense[b * D + x] : emb[b * F * D + x - D];
-    __syncthreads();
-    for (x = threadIdx.x; x < D; x += blockDim.x) out[b * W + x] = vec[x];
-    for (p = threadIdx.x; p < (F + 1) * F / 2; p += blockDim.x) {
-        int64_t i = (int64_t)((1.0 + sqrt(1.0 + 8.0 * (double)p)) / 2.0), j; /* p in [i(i-1)/2, i(i+1)/2) */
-        float s = 0.0f;
-        while (i * (i - 1) / 2 > p) i--;
-        while ((i + 1) * i / 2 <= p) i++;
-        j = p - i * (i - 1) / 2;
-        for (d = 0; d < D; d++) s += vec[i * D + d] * vec[j * D + d];
-        out[b * W + D + p] = s;
+   As DLRM and TorchRec do it (torch.bmm): the sample's F+1 vectors packed as the rows of
+   X_b [F+1, D] (the dense vector, then the F pooled embeddings), Z_b = X_b X_b^T for every b in
+   one strided batched GEMM, and the strictly lower triangle of Z_b gathered into out (row i's
+   pairs j < i, i ascending: the CPU op's order). Backward: S_b = dZ_b + dZ_b^T (dZ_b the lower
+   triangle of dout's pair columns, so S_b is symmetric with a zero diagonal), dX_b = S_b X_b in
+   one more batched GEMM, then dX split into ddense (plus the pass-through columns) and demb.
+   The per-sample kernels this replaced kept X_b in shared memory and summed each pair in a
+   scalar loop: F+1 threads reading one row at stride D hit the same banks (and the shared size
+   capped (F+1) D at 48 KiB); the GEMM puts the sums on cuBLAS's tiles.
+
+   cuBLAS is column-major: a row-major [R, C] matrix is read as its column-major transpose (see
+   dt_gemm.cu). Z_b (symmetric) is the same either way; X_b row-major [F+1, D] is the
+   column-major [D, F+1] matrix X_b^T with ld D, so Z_b = op_T(X_b^T) X_b^T and
+   dX_b^T = X_b^T S_b (S_b symmetric).
+
+   No bf16 variant: per sample the GEMM does 2 (F+1)^2 D flops on (F+1) D inputs and (F+1)^2
+   outputs (DLRM's F 26, D 64: about 10 flops a byte), which the f32 units keep up with, so the
+   kernels are bound by memory and a bf16 copy of X would save only X's reads, while every pair
+   (the top MLP's input, read directly) would lose 16 bits of its mantissa's inputs. */
+
+#include <cublas_v2.h>
+
+/* The scratch layout, each part 256-byte aligned: X [B, F+1, D], then Z or S [B, F+1, F+1],
+   then (backward) dX [B, F+1, D]. */
+static size_t dt_k__dot_part(int64_t elems) { return ((size_t)elems * sizeof(float) + 255) & ~(size_t)255; }
+
+extern "C" size_t dt_k_dot_interaction_scratch(int64_t B, int64_t F, int64_t D, int bwd) {
+    int64_t n1 = F + 1;
+    if (B < 0 || F < 0 || D < 0 || F >= 2147483647LL || D > 2147483647LL) return 0;
+    if ((double)B * (double)n1 * (double)(n1 + 2 * D) * 4.0 > 1e18) return 0; /* past any device */
+    return dt_k__dot_part(B * n1 * D) * (bwd ? 2 : 1) + dt_k__dot_part(B * n1 * n1);
+}
+
+/* X_b = [dense_b; emb_b]; out's first D columns (the dense pass-through) too, when out is set. */
+static __global__ void dt_k__dot_pack(float *X, float *out, const float *dense, const float *emb, int64_t B, int64_t F,
+                                      int64_t D, int64_t W) {
+    int64_t n1d = (F + 1) * D, n = B * n1d, x;
+    for (x = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; x < n; x += (int64_t)gridDim.x * blockDim.x) {
+        int64_t b = x / n1d, r = x % n1d;
+        float v = r < D ? dense[b * D + r] : emb[b * F * D + r - D];
+        X[x] = v;
+        if (out && r < D) out[b * W + r] = v;
     }
 }
 
-/* Thread per (vector k, column d): the contributions in the CPU's order (pairs by (i, j)): the
-   dense passthrough, then k's pairs as i (j = 0..k-1), then as j (i = k+1..F). */
-static __global__ void dt_k__dot_bwd(float *ddense, float *demb, const float *dout, const float *dense, const float *emb,
-                              int64_t F, int64_t D) {
-    DT_K_SHARED_DYNAMIC(float, vec);
-    int64_t b = blockIdx.x, W = D + (F + 1) * F / 2, x;
-    const float *g = dout + b * W;
-    for (x = threadIdx.x; x < (F + 1) * D; x += blockDim.x)
-        vec[x] = x < D ? dense[b * D + x] : emb[b * F * D + x - D];
-    __syncthreads();
-    for (x = threadIdx.x; x < (F + 1) * D; x += blockDim.x) {
-        int64_t k = x / D, d = x % D, i, j;
-        float *dst = k == 0 ? (ddense ? ddense + b * D + d : NULL) : (demb ? demb + (b * F + k - 1) * D + d : NULL);
-        float acc;
-        if (!dst) continue;
-        acc = *dst;
-        if (k == 0) acc += g[d];
-        for (j = 0; j < k; j++) acc += g[D + k * (k - 1) / 2 + j] * vec[j * D + d];
-        for (i = k + 1; i <= F; i++) acc += g[D + i * (i - 1) / 2 + k] * vec[i * D + d];
-        *dst = acc;
+/* out[b, D + i(i-1)/2 + j] = Z_b[i, j] for i > j (Z NULL: D = 0, every pair is 0). */
+static __global__ void dt_k__dot_gather(float *out, const float *Z, int64_t B, int64_t F, int64_t D, int64_t W) {
+    int64_t n1 = F + 1, n = B * n1 * n1, x;
+    for (x = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; x < n; x += (int64_t)gridDim.x * blockDim.x) {
+        int64_t b = x / (n1 * n1), r = x % (n1 * n1), i = r / n1, j = r % n1;
+        if (i > j) out[b * W + D + i * (i - 1) / 2 + j] = Z ? Z[x] : 0.0f;
     }
 }
 
-static int dt_k__dot_args(int64_t B, int64_t F, int64_t D) {
-    return B >= 0 && B <= 2147483647LL && F >= 0 && D >= 0 && F < 65536 &&
-           (uint64_t)((F + 1) * D) * sizeof(float) <= DT_K__SMEM_MAX;
+/* S_b[i, j] = S_b[j, i] = dout[b, D + i(i-1)/2 + j] for i > j; S_b[i, i] = 0. */
+static __global__ void dt_k__dot_scatter(float *S, const float *dout, int64_t B, int64_t F, int64_t D, int64_t W) {
+    int64_t n1 = F + 1, n = B * n1 * n1, x;
+    for (x = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; x < n; x += (int64_t)gridDim.x * blockDim.x) {
+        int64_t b = x / (n1 * n1), r = x % (n1 * n1), i = r / n1, j = r % n1;
+        const float *g = dout + b * W + D;
+        S[x] = i > j ? g[i * (i - 1) / 2 + j] : i < j ? g[j * (j - 1) / 2 + i] : 0.0f;
+    }
 }
 
-extern "C" int dt_k_dot_interaction_fwd(float *out, const float *dense, const float *emb, int64_t B, int64_t F,
-                                        int64_t D, void *stream) {
-    if (!dt_k__dot_args(B, F, D)) return (int)cudaErrorInvalidValue;
-    if (B == 0 || D + (F + 1) * F / 2 == 0) return 0;
-    DT_K_LAUNCH(dt_k__dot_fwd, (unsigned)B, dt_k__thr((F + 1) * D, 128), (size_t)((F + 1) * D) * sizeof(float), stream,
-                out, dense, emb, F, D);
+/* ddense_b += dout_b[0..D) + dX_b[0]; demb_b[k] += dX_b[k + 1] (either may be NULL). The
+   pass-through is added first, as the CPU op adds it before the pairs. */
+static __global__ void dt_k__dot_split(float *ddense, float *demb, const float *dX, const float *dout, int64_t B,
+                                       int64_t F, int64_t D, int64_t W) {
+    int64_t n1d = (F + 1) * D, n = B * n1d, x;
+    for (x = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; x < n; x += (int64_t)gridDim.x * blockDim.x) {
+        int64_t b = x / n1d, r = x % n1d;
+        float g = dX ? dX[x] : 0.0f;
+        if (r < D) {
+            if (ddense) ddense[b * D + r] = (ddense[b * D + r] + dout[b * W + r]) + g;
+        } else if (demb)
+            demb[b * F * D + r - D] += g;
+    }
+}
+
+static int dt_k__dot_blas(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS ? 0 : 1000 + (int)s; }
+
+/* The handle's stream, set only when it differs (cublasSetStream drops the workspace dt gave
+   the handle: dt_gemm.cu's dt_k__stream says more). */
+static int dt_k__dot_stream(cublasHandle_t h, void *stream) {
+    cudaStream_t cur = NULL;
+    int st = dt_k__dot_blas(cublasGetStream(h, &cur));
+    if (st || cur == (cudaStream_t)stream) return st;
+    return dt_k__dot_blas(cublasSetStream(h, (cudaStream_t)stream));
+}
+
+/* cuBLAS's sizes and batch count are ints: B, F + 1 and D must fit. */
+static int dt_k__dot_args(void *cublas, int64_t B, int64_t F, int64_t D, void *scratch, int bwd) {
+    if (B < 0 || B > 2147483647LL || F < 0 || F >= 2147483647LL || D < 0 || D > 2147483647LL) return 0;
+    return B == 0 || (dt_k_dot_interaction_scratch(B, F, D, bwd) && cublas && scratch);
+}
+
+extern "C" int dt_k_dot_interaction_fwd(void *cublas, float *out, const float *dense, const float *emb, int64_t B,
+                                        int64_t F, int64_t D, void *scratch, void *stream) {
+    cublasHandle_t h = (cublasHandle_t)cublas;
+    int64_t n1 = F + 1, W = D + n1 * F / 2;
+    float *X, *Z, one = 1.0f, zero = 0.0f;
+    int st;
+    if (!dt_k__dot_args(cublas, B, F, D, scratch, 0)) return (int)cudaErrorInvalidValue;
+    if (B == 0 || W == 0) return 0;
+    X = (float *)scratch;
+    Z = (float *)((char *)scratch + dt_k__dot_part(B * n1 * D));
+    DT_K_LAUNCH(dt_k__dot_pack, dt_k__grid(B * n1 * D, 256), 256, 0, stream, X, out, dense, emb, B, F, D, W);
+    if ((st = DT_K_CHECK())) return st;
+    if (F == 0) return 0; /* no pairs */
+    if (D > 0) {
+        if ((st = dt_k__dot_stream(h, stream))) return st;
+        st = dt_k__dot_blas(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n1, (int)n1, (int)D, &one, X,
+                                                      (int)D, (long long)(n1 * D), X, (int)D, (long long)(n1 * D),
+                                                      &zero, Z, (int)n1, (long long)(n1 * n1), (int)B));
+        if (st) return st;
+    }
+    DT_K_LAUNCH(dt_k__dot_gather, dt_k__grid(B * n1 * n1, 256), 256, 0, stream, out, D > 0 ? Z : NULL, B, F, D, W);
     return DT_K_CHECK();
 }
 
-extern "C" int dt_k_dot_interaction_bwd(float *ddense, float *demb, const float *dout, const float *dense,
-                                        const float *emb, int64_t B, int64_t F, int64_t D, void *stream) {
-    if (!dt_k__dot_args(B, F, D)) return (int)cudaErrorInvalidValue;
+extern "C" int dt_k_dot_interaction_bwd(void *cublas, float *ddense, float *demb, const float *dout, const float *dense,
+                                        const float *emb, int64_t B, int64_t F, int64_t D, void *scratch,
+                                        void *stream) {
+    cublasHandle_t h = (cublasHandle_t)cublas;
+    int64_t n1 = F + 1, W = D + n1 * F / 2;
+    float *X, *S, *dX, one = 1.0f, zero = 0.0f;
+    int st;
+    if (!dt_k__dot_args(cublas, B, F, D, scratch, 1)) return (int)cudaErrorInvalidValue;
     if (B == 0 || D == 0 || (!ddense && !demb)) return 0;
-    DT_K_LAUNCH(dt_k__dot_bwd, (unsigned)B, dt_k__thr((F + 1) * D, 128), (size_t)((F + 1) * D) * sizeof(float), stream,
-                ddense, demb, dout, dense, emb, F, D);
+    X = (float *)scratch;
+    S = (float *)((char *)scratch + dt_k__dot_part(B * n1 * D));
+    dX = (float *)((char *)S + dt_k__dot_part(B * n1 * n1));
+    if (F > 0) { /* F = 0: no pairs, only the pass-through */
+        DT_K_LAUNCH(dt_k__dot_pack, dt_k__grid(B * n1 * D, 256), 256, 0, stream, X, (float *)NULL, dense, emb, B, F,
+                    D, W);
+        if ((st = DT_K_CHECK())) return st;
+        DT_K_LAUNCH(dt_k__dot_scatter, dt_k__grid(B * n1 * n1, 256), 256, 0, stream, S, dout, B, F, D, W);
+        if ((st = DT_K_CHECK())) return st;
+        if ((st = dt_k__dot_stream(h, stream))) return st;
+        st = dt_k__dot_blas(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)D, (int)n1, (int)n1, &one, X,
+                                                      (int)D, (long long)(n1 * D), S, (int)n1, (long long)(n1 * n1),
+                                                      &zero, dX, (int)D, (long long)(n1 * D), (int)B));
+        if (st) return st;
+    }
+    DT_K_LAUNCH(dt_k__dot_split, dt_k__grid(B * n1 * D, 256), 256, 0, stream, ddense, demb, F > 0 ? dX : NULL, dout,
+                B, F, D, W);
     return DT_K_CHECK();
 }

@@ -359,13 +359,20 @@ int dt_k_hash_lookup(const dt_k_hash *h, int64_t *slots, int64_t *counts, int *o
                      const int64_t *ids, int64_t n, int admit_after, void *stream);
 
 /* DLRM dot interaction, as dt_dot_interaction_fwd / _bwd: dense [B,D], emb [B,F,D], out / dout
-   [B, D + (F+1)F/2]. One block per sample, its F+1 vectors in shared memory ((F+1) D floats,
-   at most 48 KiB, else cudaErrorInvalidValue); the same sum orders as the CPU. bwd accumulates;
-   ddense or demb may be NULL. */
-int dt_k_dot_interaction_fwd(float *out, const float *dense, const float *emb, int64_t B, int64_t F, int64_t D,
-                             void *stream);
-int dt_k_dot_interaction_bwd(float *ddense, float *demb, const float *dout, const float *dense, const float *emb,
-                             int64_t B, int64_t F, int64_t D, void *stream);
+   [B, D + (F+1)F/2] (the dense vector, then the pairs i > j in row order). Batched GEMMs:
+   X_b = [dense_b; emb_b] packed into scratch, Z_b = X_b X_b^T (cublasSgemmStridedBatched), its
+   strictly lower triangle gathered; backward dX_b = (dZ_b + dZ_b^T) X_b, then split. Sums in
+   cuBLAS's order, not the CPU's (within f32 reassociation of a D-term dot product).
+   cublas: a cublasHandle_t (dt_ctx.cublas); its stream is set to `stream` when it is another.
+   scratch: dt_k_dot_interaction_scratch(B, F, D, bwd) device bytes, 256-byte aligned (0 for
+   B = 0, and for sizes that fit no memory, which the launchers refuse with
+   cudaErrorInvalidValue, as B, F + 1 or D past an int). bwd accumulates; ddense or demb may be NULL. Returns 1000 + the
+   cublasStatus_t of a failing cuBLAS call. */
+size_t dt_k_dot_interaction_scratch(int64_t B, int64_t F, int64_t D, int bwd);
+int dt_k_dot_interaction_fwd(void *cublas, float *out, const float *dense, const float *emb, int64_t B, int64_t F,
+                             int64_t D, void *scratch, void *stream);
+int dt_k_dot_interaction_bwd(void *cublas, float *ddense, float *demb, const float *dout, const float *dense,
+                             const float *emb, int64_t B, int64_t F, int64_t D, void *scratch, void *stream);
 
 /* ==== >>opt: optimizer (dt_opt.cu) ============================================================ */
 
