@@ -101,7 +101,8 @@ int dt_k_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const
    memory of dt_k_loss_scratch_bytes(rows) bytes (rows: 0 for bce and the sums), 256-aligned.
    Ids / targets are not checked here: dt_tensor.h queues dt_k_check_range first. */
 size_t dt_k_loss_scratch_bytes(int64_t rows);
-/* Softmax + cross entropy, forward: logits [rows, V], targets i32 [rows]. One block per row:
+/* Softmax + cross entropy, forward: logits [rows, V], targets i32 [rows]. One block per row (its
+   passes by 16-byte loads and stores where V is a multiple of 4 and logits, probs aligned):
    lse = logsumexp(row) in float, the row's loss lse - logits[r, t] (NaN for a target outside
    [0, V), not counted as ignored), and probs[r, :] = exp(logits[r, :] - lse) (probs may be NULL,
    or logits: in place); then the mean over the rows whose target is not ignore_index, and that
@@ -110,12 +111,13 @@ int dt_k_softmax_xent_fwd(double *loss_slot, float *probs, const float *logits, 
                           int ignore_index, int64_t rows, int64_t V, void *scratch, void *stream);
 /* Its backward from the probabilities: n_valid counted on the device (never read back), then
    one block per row: dlogits += dloss / n_valid * (probs - onehot(target)) on the rows not
-   ignored, the CPU op's operations (dlogits may be probs). */
+   ignored, the CPU op's operations (dlogits may be probs; 16-byte accesses as the forward). */
 int dt_k_softmax_xent_bwd(float *dlogits, const float *probs, const int32_t *targets, int ignore_index, float dloss,
                           int64_t rows, int64_t V, void *scratch, void *stream);
 /* Binary cross entropy with logits over n elements, as dt_bce_logits_fwd / _bwd: the stable
    element loss in double, its mean (and n) into loss_slot; bwd: dlogits += dloss / n *
-   (sigmoid(z) - y), the CPU's float operations. */
+   (sigmoid(z) - y), the CPU's float operations (bwd: by 16-byte loads and stores where every
+   pointer is aligned). */
 int dt_k_bce_logits_fwd(double *loss_slot, const float *logits, const float *labels, int64_t n, void *scratch,
                         void *stream);
 int dt_k_bce_logits_bwd(float *dlogits, const float *logits, const float *labels, float dloss, int64_t n,

@@ -109,20 +109,38 @@ static double *dt_k__scratch_partial(void *scratch, int64_t rows) {
 
 /* ---------------------------------------------------------------- softmax + cross entropy */
 
-/* One block per row (grid-stride over rows), reading the row coalesced: the max, the sum of
-   exp(z - max) in float (each term <= 1, the largest exactly 1, so the sum is accurate), lse =
-   max + log(sum); losses[r] = lse - z[t] (0 when ignored, NaN for a target outside [0, V): the
-   device check dt_tensor.h queued reports it); then probs = exp(z - lse). probs may be logits:
-   z[t] is read, and every thread is past its reads of the row (the barrier), before any write. */
+/* The 16-byte path of the row kernels: rows of a multiple of 4 floats and every pointer aligned
+   (NULL counts as aligned); else one float at a time (a view at an odd offset). A thread's float4
+   is four adjacent columns, so the same operations on each element as the scalar path: only the
+   order of the row's sum of exponentials changes (within the same bound, the test's). */
+static int dt_k__xent_vec(int64_t V, const void *a, const void *b) {
+    return V % 4 == 0 && dt_k_aligned(a, 16) && dt_k_aligned(b, 16);
+}
+
+/* One block per row (grid-stride over rows), reading the row coalesced (vec: by float4s): the
+   max, the sum of exp(z - max) in float (each term <= 1, the largest exactly 1, so the sum is
+   accurate), lse = max + log(sum); losses[r] = lse - z[t] (0 when ignored, NaN for a target
+   outside [0, V): the device check dt_tensor.h queued reports it); then probs = exp(z - lse).
+   probs may be logits: z[t] is read, and every thread is past its reads of the row (the
+   barrier), before any write. */
 __global__ void dt_k__softmax_xent_fwd(float *losses, float *probs, const float *logits,
                                        const int32_t *__restrict__ targets, int ignore_index, int64_t rows,
-                                       int64_t V) {
+                                       int64_t V, int vec) {
+    const int64_t V4 = vec ? V / 4 : 0;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *z = logits + r * V;
         float mx = -INFINITY, s = 0.0f, l;
-        for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, z[v]);
+        for (int64_t v = threadIdx.x; v < V4; v += blockDim.x) {
+            float4 a = dt_k_load4(z + 4 * v);
+            mx = fmaxf(fmaxf(mx, a.x), fmaxf(a.y, fmaxf(a.z, a.w)));
+        }
+        for (int64_t v = 4 * V4 + threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, z[v]);
         mx = dt_k_block_max(mx);
-        for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += expf(z[v] - mx);
+        for (int64_t v = threadIdx.x; v < V4; v += blockDim.x) {
+            float4 a = dt_k_load4(z + 4 * v);
+            s += expf(a.x - mx), s += expf(a.y - mx), s += expf(a.z - mx), s += expf(a.w - mx);
+        }
+        for (int64_t v = 4 * V4 + threadIdx.x; v < V; v += blockDim.x) s += expf(z[v] - mx);
         s = dt_k_block_sum(s);
         l = mx + logf(s);
         if (threadIdx.x == 0) {
@@ -134,17 +152,28 @@ __global__ void dt_k__softmax_xent_fwd(float *losses, float *probs, const float 
         __syncthreads();
         if (probs) {
             float *p = probs + r * V;
-            for (int64_t v = threadIdx.x; v < V; v += blockDim.x) p[v] = expf(z[v] - l);
+            for (int64_t v = threadIdx.x; v < V4; v += blockDim.x) {
+                float4 a = dt_k_load4(z + 4 * v);
+                dt_k_store4(p + 4 * v, make_float4(expf(a.x - l), expf(a.y - l), expf(a.z - l), expf(a.w - l)));
+            }
+            for (int64_t v = 4 * V4 + threadIdx.x; v < V; v += blockDim.x) p[v] = expf(z[v] - l);
         }
     }
 }
 
+/* One column of the backward: g + s p, on the target column g + s (p - 1). */
+static __device__ __forceinline__ float dt_k__xent_grad(float g, float p, float s, int64_t v, int32_t t) {
+    return v == t ? g + s * (p - 1.0f) : g + s * p;
+}
+
 /* One block per row: dlogits += s p, and on the target column s (p - 1), s = dloss / n_valid with
-   n_valid the device count (count[1]); the CPU op's operations. Ignored rows and targets outside
-   [0, V) (reported by the device check) add nothing. dlogits may be probs (same element, read
-   before written by the same thread). */
+   n_valid the device count (count[1]); the CPU op's operations, by float4s when vec. Ignored
+   rows and targets outside [0, V) (reported by the device check) add nothing. dlogits may be
+   probs (same element, read before written by the same thread). */
 __global__ void dt_k__softmax_xent_bwd(float *dlogits, const float *probs, const int32_t *__restrict__ targets,
-                                       int ignore_index, float dloss, const double *count, int64_t rows, int64_t V) {
+                                       int ignore_index, float dloss, const double *count, int64_t rows, int64_t V,
+                                       int vec) {
+    const int64_t V4 = vec ? V / 4 : 0;
     int64_t n = (int64_t)count[1];
     float s;
     if (n == 0) return;
@@ -154,7 +183,12 @@ __global__ void dt_k__softmax_xent_bwd(float *dlogits, const float *probs, const
         const float *p = probs + r * V;
         float *g = dlogits + r * V;
         if (t == ignore_index || t < 0 || (int64_t)t >= V) continue;
-        for (int64_t v = threadIdx.x; v < V; v += blockDim.x) g[v] = v == t ? g[v] + s * (p[v] - 1.0f) : g[v] + s * p[v];
+        for (int64_t v = threadIdx.x; v < V4; v += blockDim.x) {
+            float4 pv = dt_k_load4(p + 4 * v), gv = dt_k_load4(g + 4 * v);
+            dt_k_store4(g + 4 * v, make_float4(dt_k__xent_grad(gv.x, pv.x, s, 4 * v, t), dt_k__xent_grad(gv.y, pv.y, s, 4 * v + 1, t),
+                                               dt_k__xent_grad(gv.z, pv.z, s, 4 * v + 2, t), dt_k__xent_grad(gv.w, pv.w, s, 4 * v + 3, t)));
+        }
+        for (int64_t v = 4 * V4 + threadIdx.x; v < V; v += blockDim.x) g[v] = dt_k__xent_grad(g[v], p[v], s, v, t);
     }
 }
 
@@ -166,7 +200,8 @@ extern "C" int dt_k_softmax_xent_fwd(double *loss_slot, float *probs, const floa
     if (!dt_k__xent_args(rows, V) || !loss_slot || !scratch) return (int)cudaErrorInvalidValue;
     if (rows > 0 && V > 0) {
         DT_K_LAUNCH(dt_k__softmax_xent_fwd, rows > 65535 ? 65535u : (unsigned int)rows, dt_k__xent_threads(V), 0,
-                    stream, dt_k__scratch_rows(scratch), probs, logits, targets, ignore_index, rows, V);
+                    stream, dt_k__scratch_rows(scratch), probs, logits, targets, ignore_index, rows, V,
+                    dt_k__xent_vec(V, probs, logits));
         if ((st = DT_K_CHECK())) return st;
     }
     /* V = 0: no row has a valid target (the check says so); counted as the CPU does, loss 0 */
@@ -185,19 +220,29 @@ extern "C" int dt_k_softmax_xent_bwd(float *dlogits, const float *probs, const i
     if ((st = dt_k__sum(count, partial, DT_K__SUM_COUNT, NULL, NULL, targets, ignore_index, rows, 0, stream)))
         return st;
     DT_K_LAUNCH(dt_k__softmax_xent_bwd, rows > 65535 ? 65535u : (unsigned int)rows, dt_k__xent_threads(V), 0, stream,
-                dlogits, probs, targets, ignore_index, dloss, (const double *)count, rows, V);
+                dlogits, probs, targets, ignore_index, dloss, (const double *)count, rows, V,
+                dt_k__xent_vec(V, dlogits, probs));
     return DT_K_CHECK();
 }
 
 /* ---------------------------------------------------------------- binary cross entropy */
 
-/* dlogits += s (sigmoid(z) - y), s = dloss / n, the CPU op's float operations. */
-__global__ void dt_k__bce_bwd(float *dlogits, const float *logits, const float *labels, float s, int64_t n) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float z = logits[i];
-        float sig = z >= 0 ? 1.0f / (1.0f + expf(-z)) : expf(z) / (1.0f + expf(z));
-        dlogits[i] += s * (sig - labels[i]);
+/* dlogits += s (sigmoid(z) - y), s = dloss / n, the CPU op's float operations; vec (every pointer
+   16-byte aligned): four elements a thread by 16-byte loads and stores, the last n % 4 one by one. */
+static __device__ __forceinline__ float dt_k__bce_grad(float g, float z, float y, float s) {
+    float sig = z >= 0 ? 1.0f / (1.0f + expf(-z)) : expf(z) / (1.0f + expf(z));
+    return g + s * (sig - y);
+}
+
+__global__ void dt_k__bce_bwd(float *dlogits, const float *logits, const float *labels, float s, int64_t n, int vec) {
+    const int64_t n4 = vec ? n / 4 : 0, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
+        float4 g = dt_k_load4(dlogits + 4 * i), z = dt_k_load4(logits + 4 * i), y = dt_k_load4(labels + 4 * i);
+        dt_k_store4(dlogits + 4 * i, make_float4(dt_k__bce_grad(g.x, z.x, y.x, s), dt_k__bce_grad(g.y, z.y, y.y, s),
+                                                 dt_k__bce_grad(g.z, z.z, y.z, s), dt_k__bce_grad(g.w, z.w, y.w, s)));
     }
+    for (int64_t i = 4 * n4 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        dlogits[i] = dt_k__bce_grad(dlogits[i], logits[i], labels[i], s);
 }
 
 extern "C" int dt_k_bce_logits_fwd(double *loss_slot, const float *logits, const float *labels, int64_t n,
@@ -209,10 +254,12 @@ extern "C" int dt_k_bce_logits_fwd(double *loss_slot, const float *logits, const
 
 extern "C" int dt_k_bce_logits_bwd(float *dlogits, const float *logits, const float *labels, float dloss, int64_t n,
                                    void *stream) {
+    int vec;
     if (n < 0) return (int)cudaErrorInvalidValue;
     if (n == 0 || !dlogits) return 0;
-    DT_K_LAUNCH(dt_k__bce_bwd, dt_k__blocks(n, 256, 4096u), 256, 0, stream, dlogits, logits, labels,
-                dloss / (float)n, n);
+    vec = dt_k__xent_vec(0, dlogits, logits) && dt_k_aligned(labels, 16);
+    DT_K_LAUNCH(dt_k__bce_bwd, dt_k__blocks(vec && n >= 4 ? n / 4 : n, 256, 4096u), 256, 0, stream, dlogits, logits,
+                labels, dloss / (float)n, n, vec);
     return DT_K_CHECK();
 }
 

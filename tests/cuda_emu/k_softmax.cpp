@@ -13,7 +13,11 @@
    n ud sum|l| of each other before the cast to float, so within 2 u |loss| after. Sums: within
    n ud sum|x| (sumsq: sum x^2) of the exact sum. The backward kernels do the CPU's float
    operations: bitwise equal given the same probabilities. Every result is also checked bitwise
-   against a second run (the reductions' order is fixed by n, not by timing). */
+   against a second run (the reductions' order is fixed by n, not by timing). The row passes and
+   bce's backward go by 16-byte loads where the rows (the elements) are a multiple of 4 and every
+   pointer aligned: the emulator's count of vector accesses says the path (exactly the planned
+   accesses, or none at an odd offset / a V not a multiple of 4), and the bounds above hold on
+   either (they do not depend on the order of a row's sum). */
 #include "dt_tensor.h"
 #include "k_common.h"
 #include <math.h>
@@ -39,14 +43,33 @@ static dt_tensor i32_cpu(const std::vector<int32_t> &t) {
     return x;
 }
 
-static void check_xent(const char *tag, int64_t R, int64_t V, float scale) {
+#ifndef DT_EMU_STUBS
+/* The vector accesses since vec0, and no report (no misaligned access): PASS iff exactly want. */
+static void check_accesses(const char *name, long long vec0, int rep0, long long want) {
+    long long got = dt_emu_vector_accesses() - vec0;
+    if (got == want && dt_emu_report_count() == rep0) dt_test_pass(name);
+    else dt_test_fail(name, "%lld vector accesses, want %lld; %d emulator reports", got, want, dt_emu_report_count() - rep0);
+}
+#endif
+
+/* [R, V] logits at scale; off: the device logits, probs and dlogits one float past a 16-byte
+   boundary (a view at an odd offset: the scalar path even for V a multiple of 4). */
+static void check_xent(const char *tag, int64_t R, int64_t V, float scale, int off = 0) {
     char name[128];
+    const int vec = V % 4 == 0 && !off;
     std::vector<float> z = k_random(R * V, -scale, scale), g0 = k_random(R * V, -0.1f, 0.1f);
     std::vector<int32_t> t(R);
     for (int64_t r = 0; r < R; r++) t[r] = (int32_t)(k_uniform(0, 1) * (float)V) % (int32_t)V;
-    t[1] = IGNORE; /* ignored rows: no loss, no gradient, not counted */
+    if (R > 1) t[1] = IGNORE; /* ignored rows: no loss, no gradient, not counted */
     if (R > 3) t[R - 1] = IGNORE;
-    float *d_z = k_upload(z), *d_p = k_upload(std::vector<float>(R * V, 0)), *d_g = k_upload(g0);
+    auto up = [&](const std::vector<float> &h) { /* off floats of padding first */
+        std::vector<float> p(off, 0.0f);
+        p.insert(p.end(), h.begin(), h.end());
+        return k_upload(p) + off;
+    };
+    float *d_z = up(z), *d_p = up(std::vector<float>(R * V, 0)), *d_g = up(g0);
+    int64_t valid = 0;
+    for (int64_t r = 0; r < R; r++) valid += t[r] != IGNORE;
     int32_t *d_t = k_upload(t);
     double *d_slot = k_upload(std::vector<double>(2, -1.0));
     void *scratch = scratch_for(R);
@@ -71,8 +94,18 @@ static void check_xent(const char *tag, int64_t R, int64_t V, float scale) {
         prob_rtol = fmax(prob_rtol, 2 * (row + U * zmax + 2 * U));
     }
 
+#ifndef DT_EMU_STUBS
+    long long vec0 = dt_emu_vector_accesses();
+    int rep0 = dt_emu_report_count();
+#endif
+    int st = dt_k_softmax_xent_fwd(d_slot, d_p, d_z, d_t, IGNORE, R, V, scratch, NULL);
+#ifndef DT_EMU_STUBS
+    /* per row: the max, the sum, then the probabilities (a load and a store per float4) */
+    snprintf(name, sizeof name, "softmax_xent_fwd_loads_by_16_bytes_iff_v_is_a_multiple_of_4_and_aligned_%s", tag);
+    check_accesses(name, vec0, rep0, vec ? R * 4 * (V / 4) : 0);
+#endif
     snprintf(name, sizeof name, "softmax_xent_fwd_mean_loss_within_derived_bound_of_cpu_%s", tag);
-    if (k_ok(name, dt_k_softmax_xent_fwd(d_slot, d_p, d_z, d_t, IGNORE, R, V, scratch, NULL))) {
+    if (k_ok(name, st)) {
         std::vector<double> slot = k_download(d_slot, 2);
         std::vector<float> p = k_download(d_p, R * V);
         dt_test_close(name, (float)slot[0], loss, bound + U * fabs(loss)); /* + the cast to float */
@@ -83,7 +116,7 @@ static void check_xent(const char *tag, int64_t R, int64_t V, float scale) {
         dt_test_allclose(name, p.data(), (float *)t_p.data, R * V, 1e-30, prob_rtol);
         /* determinism: the same bits again, and in place (probs = logits) the same probs */
         snprintf(name, sizeof name, "softmax_xent_fwd_same_bits_every_run_and_in_place_%s", tag);
-        float *d_z2 = k_upload(z);
+        float *d_z2 = up(z);
         if (k_ok(name, dt_k_softmax_xent_fwd(d_slot, d_z2, d_z2, d_t, IGNORE, R, V, scratch, NULL))) {
             std::vector<double> slot2 = k_download(d_slot, 2);
             std::vector<float> p2 = k_download(d_z2, R * V);
@@ -95,9 +128,19 @@ static void check_xent(const char *tag, int64_t R, int64_t V, float scale) {
     /* the backward from the cpu's probabilities: the cpu's float operations, bitwise */
     snprintf(name, sizeof name, "softmax_xent_bwd_equals_cpu_bitwise_%s", tag);
     dt_softmax_xent_bwd(&ctx, &t_g, &t_p, &t_t, IGNORE, 0.75f);
-    float *d_pc = k_upload(k_values(t_p));
-    if (k_ok(name, dt_k_softmax_xent_bwd(d_g, d_pc, d_t, IGNORE, 0.75f, R, V, scratch, NULL)))
-        dt_test_allclose(name, k_download(d_g, R * V).data(), (float *)t_g.data, R * V, 0, 0);
+    float *d_pc = up(k_values(t_p));
+#ifndef DT_EMU_STUBS
+    vec0 = dt_emu_vector_accesses(), rep0 = dt_emu_report_count();
+#endif
+    st = dt_k_softmax_xent_bwd(d_g, d_pc, d_t, IGNORE, 0.75f, R, V, scratch, NULL);
+#ifndef DT_EMU_STUBS
+    {   /* per row not ignored: probs and dlogits loaded, dlogits stored */
+        char pname[160];
+        snprintf(pname, sizeof pname, "softmax_xent_bwd_loads_by_16_bytes_iff_v_is_a_multiple_of_4_and_aligned_%s", tag);
+        check_accesses(pname, vec0, rep0, vec ? valid * 3 * (V / 4) : 0);
+    }
+#endif
+    if (k_ok(name, st)) dt_test_allclose(name, k_download(d_g, R * V).data(), (float *)t_g.data, R * V, 0, 0);
     dt_tensor_free(&ctx, &t_z), dt_tensor_free(&ctx, &t_p), dt_tensor_free(&ctx, &t_g), dt_tensor_free(&ctx, &t_t);
 }
 
@@ -152,8 +195,27 @@ static void check_bce(const char *tag, int64_t n) {
         dt_test_equal_bytes(name, s2.data(), s.data(), 16);
     }
     snprintf(name, sizeof name, "bce_logits_bwd_equals_cpu_bitwise_%s", tag);
-    if (k_ok(name, dt_k_bce_logits_bwd(d_g, d_z, d_y, 0.5f, n, NULL)))
-        dt_test_allclose(name, k_download(d_g, n).data(), (float *)t_g.data, n, 0, 0);
+#ifndef DT_EMU_STUBS
+    long long vec0 = dt_emu_vector_accesses();
+    int rep0 = dt_emu_report_count();
+#endif
+    int st = dt_k_bce_logits_bwd(d_g, d_z, d_y, 0.5f, n, NULL);
+    if (k_ok(name, st)) dt_test_allclose(name, k_download(d_g, n).data(), (float *)t_g.data, n, 0, 0);
+#ifndef DT_EMU_STUBS
+    /* aligned: n / 4 float4s of dlogits, logits and labels loaded, dlogits stored; the last n % 4 one by one */
+    snprintf(name, sizeof name, "bce_logits_bwd_loads_by_16_bytes_all_but_the_last_n_mod_4_%s", tag);
+    check_accesses(name, vec0, rep0, 4 * (n / 4));
+    /* at an odd offset: one at a time, the same bits */
+    std::vector<float> pz(1, 0.0f), pg(1, 0.0f);
+    pz.insert(pz.end(), z.begin(), z.end()), pg.insert(pg.end(), g0.begin(), g0.end());
+    float *o_z = k_upload(pz) + 1, *o_g = k_upload(pg) + 1;
+    vec0 = dt_emu_vector_accesses(), rep0 = dt_emu_report_count();
+    st = dt_k_bce_logits_bwd(o_g, o_z, d_y, 0.5f, n, NULL);
+    snprintf(name, sizeof name, "bce_logits_bwd_at_an_odd_offset_loads_by_4_bytes_%s", tag);
+    check_accesses(name, vec0, rep0, 0);
+    snprintf(name, sizeof name, "bce_logits_bwd_at_an_odd_offset_equals_cpu_bitwise_%s", tag);
+    if (k_ok(name, st)) dt_test_allclose(name, k_download(o_g, n).data(), (float *)t_g.data, n, 0, 0);
+#endif
     dt_tensor_free(&ctx, &t_z), dt_tensor_free(&ctx, &t_y), dt_tensor_free(&ctx, &t_g);
 }
 
@@ -184,7 +246,18 @@ static void check_sum(const char *tag, int64_t n) {
 int main(int argc, char **argv) {
     (void)argc, (void)argv;
     dt_ctx_init(&ctx, NULL);
-    check_xent("v300", k_size(6, 3), 300, 4.0f);     /* 320 threads: the last warp part-filled */
+    /* V: one column, part of a warp, float4s over part of the block (100) or not (101), several a
+       thread (1100: 275 float4s over 288 threads; 4096: 1024 over 512); rows: one, 7, 33 */
+    static const int64_t vs[] = {1, 3, 100, 101, 300, 1100, 4096};
+    for (int64_t V : vs) {
+        char tag[32];
+        snprintf(tag, sizeof tag, "r7_v%lld", (long long)V);
+        check_xent(tag, 7, V, 4.0f);
+    }
+    check_xent("r1_v300", 1, 300, 4.0f);
+    check_xent("r33_v101", k_size(33, 9), 101, 4.0f);
+    check_xent("r33_v1100", k_size(33, 9), 1100, 4.0f);
+    check_xent("r5_v300_offset", 5, 300, 4.0f, 1); /* a multiple of 4 at an odd offset: the scalar path */
     check_xent("v37", k_size(5, 4), 37, 4.0f);       /* one warp and a few lanes idle */
     check_xent("large_logits", 4, 64, 1000.0f);      /* exp would overflow without the max */
     check_xent_edges();
