@@ -79,13 +79,19 @@ int dt_k_check_range(int64_t *word, const void *ids, int ids_i64, int64_t n, int
 
 /* ==== >>reduce: reductions and layernorm (dt_reduce.cu) ======================================= */
 
-/* LayerNorm over rows of C (one block per row); mean, rstd and b may be NULL. eps > 0. */
+/* LayerNorm over rows of C, as dt_layernorm_fwd (its corrected two-pass statistics in float, the
+   sums in another order); mean, rstd and b may be NULL. eps > 0. A warp per row, 8 rows a block,
+   w and b cached in shared memory per block where C floats (2C with b) fit in 48 KiB (C <= 12288,
+   6144 with b; past that read from global memory); four columns a thread by 16-byte loads where C
+   is a multiple of 4 and every pointer aligned, one otherwise. */
 int dt_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
                        float eps, int64_t rows, int64_t C, void *stream);
-/* dx, dw, db += (each may be NULL); mean and rstd from the forward; dx one block per row. dw and
-   db are summed over the rows in two stages (chunks of 64 rows into partials, then the partials
-   in chunk order): the same bits every run, within ((64 - 1) + (chunks - 1) + 1) u sum|terms| of
-   the exact sum (u = 2^-24), not the CPU's row-order bits. They need
+/* dx, dw, db += (each may be NULL); mean and rstd from the forward; dx a warp per row as the
+   forward (w in shared memory where C <= 12288). dw and db are summed over the rows in two stages
+   (each block sums a chunk of 64 rows for its columns into partials, then the partials in chunk
+   order), by 16-byte loads where C is a multiple of 4 and every pointer aligned, in the same order
+   on either path: the same bits every run and thread order, within ((64 - 1) + (chunks - 1) + 1)
+   u sum|terms| of the exact sum (u = 2^-24), not the CPU's row-order bits. They need
    dt_k_layernorm_bwd_scratch(rows, C) bytes of device scratch (0: scratch may be NULL), free
    from the launch until the kernels have run (stream order). */
 size_t dt_k_layernorm_bwd_scratch(int64_t rows, int64_t C);

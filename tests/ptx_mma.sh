@@ -6,7 +6,7 @@
 # the 16-byte global loads (ld.global.v4) of its staging; and kernels/dt_flash.cu (the tensor-core
 # attention): each of its kernels that multiplies holds mma.sync bf16, and it loads by 16 bytes;
 # and kernels/dt_elementwise.cu: each elementwise kernel loads by 16 (or, from 16-bit, 8) bytes,
-# as dt_reduce.cu's layernorm (forward, dx) and dt_opt.cu's update do.
+# as dt_reduce.cu's layernorm (forward, dx, dw/db), dt_softmax.cu's losses and dt_opt.cu's update do.
 # tests/run.sh runs it (group ptx:dt_mma)
 # where nvcc exists. One PASS/FAIL line per check; exit status non-zero iff one failed.
 set -uo pipefail
@@ -79,33 +79,55 @@ ptx_of() {
     fi
 }
 
-# vector_loads NAME PTX KERNEL...: PASS NAME when each KERNEL (dt_k__KERNEL, its mangled name) has a
-# 16-byte (ld.global.v4) or 8-byte (.v2) load in PTX, else FAIL naming those without.
+# vector_loads NAME PTX KERNEL...: PASS NAME when each KERNEL (dt_k__KERNEL, its mangled name; a
+# template's every instantiation) has a 16-byte (ld.global.v4) or 8-byte (.v2) load in PTX, else
+# FAIL naming those without (or not found).
 vector_loads() {
-    local name=$1 ptx=$2 k n counts missing=
+    local name=$1 ptx=$2 k ok counts missing=
     shift 2
     counts=$(awk '/^\.visible \.entry|^\.entry/ { if (name != "") print name, v
                                                    name = $NF; sub(/\(.*/, "", name); v = 0 }
                   /ld\.global(\.nc)?\.v[24]\./ { v++ }
                   END { if (name != "") print name, v }' "$ptx")
     for k in "$@"; do
-        n=$(echo "$counts" | awk -v k="dt_k__${k}P" 'index($1, k) { print $2 }')
-        [ -n "$n" ] && [ "$n" -gt 0 ] || missing+=" $k"
+        ok=$(echo "$counts" | awk -v p="dt_k__${k}P" -v t="dt_k__${k}I" \
+            'index($1, p) || index($1, t) { n++; if ($2 == 0) z++ } END { print (n > 0 && z == 0) ? 1 : 0 }')
+        [ "$ok" = 1 ] || missing+=" $k"
     done
     if [ -z "$missing" ]; then echo "PASS $name"; else fail "$name: none in$missing"; fi
+}
+
+# The check itself must fail on a kernel without vector loads (dt_softmax.cu's sum_stage1: the
+# loss sums read 4 bytes at a time) and on a name the PTX does not hold.
+vector_loads_fails_on() {
+    local what=$1 out
+    shift
+    out=$(failed=0; vector_loads "planted" "$@")
+    case $out in
+        FAIL*) echo "PASS ptx:vector_loads:fails_on_$what" ;;
+        *) fail "ptx:vector_loads:fails_on_$what: vector_loads said '$out'" ;;
+    esac
 }
 
 # kernels/dt_elementwise.cu, the memory-bound kernels: each that moves a tensor's elements (bias
 # add, relu, gelu, add, axpy, mul, the casts) loads by 16 bytes (ld.global.v4: a float4) or, on a
 # 16-bit side of a cast, 8 (.v2: four bf16); the column sums, fill and the range check do not.
-# kernels/dt_reduce.cu: layernorm's forward and its dx pass move rows by 16-byte loads.
+# kernels/dt_reduce.cu: layernorm's forward and its dx pass (both copies: the weights in shared
+# memory or not) move rows by 16-byte loads, and so do dw/db's per-chunk partials and their sum.
+# kernels/dt_softmax.cu: the softmax cross entropy's row passes (forward, backward) and the
+# binary cross entropy's backward.
 for arch in 80 90; do
     ptx_of dt_elementwise $arch &&
         vector_loads "ptx:dt_elementwise:sm_${arch}_vector_loads_in_every_elementwise_kernel" \
             "$out/dt_elementwise.sm_$arch.ptx" bias_add_fwd relu_fwd relu_bwd gelu_fwd gelu_bwd add axpy mul_fwd mul_bwd cast
     ptx_of dt_reduce $arch &&
-        vector_loads "ptx:dt_reduce:sm_${arch}_layernorm_fwd_and_dx_load_by_16_bytes" "$out/dt_reduce.sm_$arch.ptx" \
-            layernorm_fwd layernorm_bwd_dx
+        vector_loads "ptx:dt_reduce:sm_${arch}_layernorm_fwd_dx_dw_db_load_by_16_bytes" "$out/dt_reduce.sm_$arch.ptx" \
+            layernorm_fwd layernorm_bwd_dx layernorm_bwd_dwdb_part layernorm_bwd_dwdb_sum
+    ptx_of dt_softmax $arch || continue
+    vector_loads "ptx:dt_softmax:sm_${arch}_losses_load_by_16_bytes" "$out/dt_softmax.sm_$arch.ptx" \
+        softmax_xent_fwd softmax_xent_bwd bce_bwd
+    vector_loads_fails_on "sm_${arch}_a_kernel_without_them" "$out/dt_softmax.sm_$arch.ptx" softmax_xent_fwd sum_stage1
+    vector_loads_fails_on "sm_${arch}_a_name_not_there" "$out/dt_softmax.sm_$arch.ptx" layernorm_planted
 done
 
 # kernels/dt_opt.cu's update (every parameter's SGD / Adam / Adagrad in one launch): four
