@@ -19,7 +19,9 @@
                                 both values named) and --steps below the checkpoint's; at
                                 --steps = its step it says there is nothing to train and its
                                 final line is the checkpoint's loss and AUC; data_cursor is
-                                steps x batch
+                                steps x batch; --dtype bf16 resumes bit for bit (the masters are
+                                in the checkpoint), and with the other --dtype trains on, saying
+                                what it took (resume_dtype_checks)
      dlrm_plan_*, dlrm_shard_plan_*   the planner (dt_plan.h >>dlrm): --plan ranks the plans and
                                 prints --shard's prediction, untrained (exit 0); --shard plan trains
                                 with --shard auto's losses bit for bit at np 2 and 3, logs step_s,
@@ -323,6 +325,55 @@ static void resume_checks(const char *tsv) {
     free(man);
 }
 
+/* --dtype and checkpoints. A checkpoint of bf16 weights holds their f32 masters (dt_opt.h), so
+   a bf16 run resumed at step 3 ends on the uninterrupted run's loss bit for bit (without the
+   masters it would go on from the rounded values); resumed with the other --dtype it trains
+   (dt_checkpoint_load gives an f32 weight the master, a bf16 one the f32 weight rounded) and
+   a line says which it got; the f32 run from the bf16 checkpoint ends on another loss than the
+   bf16 run's (it trained in f32). One checkpoint directory per resume: a resume saves again. */
+static void resume_dtype_checks(void) {
+    static const char *ck[3] = {"dtype_ck_bf16", "dtype_ck_bf16_to_f32", "dtype_ck_f32_to_bf16"};
+    static const char *saved[3] = {"bf16", "bf16", "f32"}, *resumed[3] = {"bf16", "f32", "bf16"};
+    char flags[1024], out[512], dir[512], text[16384], whole[16384];
+    const char *tmp = dt_test_tmpdir();
+    const char *base = "--rows 4096 --eval-samples 128 --eval-every 1000 --batch 64 --seed 5 --quiet";
+    double got[3];
+    int i, rc[3];
+    snprintf(flags, sizeof flags, "%s --steps 5 --dtype bf16", base);
+    snprintf(out, sizeof out, "%s/dtype_whole.out", tmp);
+    if (!dt_test_expect("dlrm_dtype_bf16_trains", run_dlrm(1, flags, out, whole, sizeof whole) == 0 &&
+                        isfinite(final_loss(whole)), "see %s", out))
+        return;
+    for (i = 0; i < 3; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", tmp, ck[i]);
+        snprintf(flags, sizeof flags, "rm -rf %s", dir);
+        if (system(flags) != 0) { dt_test_fail("dlrm_dtype_ckpt_dir_cleared", "%s", flags); return; }
+        snprintf(flags, sizeof flags, "%s --steps 3 --dtype %s --ckpt %s", base, saved[i], dir);
+        snprintf(out, sizeof out, "%s/%s_first.out", tmp, ck[i]);
+        if (!dt_test_expect("dlrm_dtype_checkpoint_saved", run_dlrm(1, flags, out, NULL, 0) == 0, "see %s", out)) return;
+        snprintf(flags, sizeof flags, "%s --steps 5 --dtype %s --ckpt %s --resume", base, resumed[i], dir);
+        snprintf(out, sizeof out, "%s/%s_resumed.out", tmp, ck[i]);
+        rc[i] = run_dlrm(1, flags, out, text, sizeof text);
+        got[i] = final_loss(text);
+        if (i == 0)
+            dt_test_expect("dlrm_resume_bf16_ends_on_the_uninterrupted_loss_bit_for_bit", rc[0] == 0 &&
+                           got[0] == final_loss(whole) && !strstr(text, "was trained with --dtype"),
+                           "exit %d, resumed final loss %.9g, uninterrupted %.9g; output: ...%s", rc[0], got[0],
+                           final_loss(whole), TAIL(text));
+        else if (i == 1)
+            dt_test_expect("dlrm_resume_bf16_checkpoint_in_f32_takes_the_masters_and_says_so", rc[1] == 0 &&
+                           strstr(text, "was trained with --dtype bf16; this run goes on in f32 from its f32 master weights") &&
+                           isfinite(got[1]) && got[1] != final_loss(whole),
+                           "exit %d, final loss %.9g (the bf16 run's %.9g); output: ...%s", rc[1], got[1],
+                           final_loss(whole), TAIL(text));
+        else
+            dt_test_expect("dlrm_resume_f32_checkpoint_in_bf16_rounds_and_says_so", rc[2] == 0 &&
+                           strstr(text, "was trained with --dtype f32; this run goes on in bf16 from its f32 weights "
+                                        "rounded to bf16") && isfinite(got[2]),
+                           "exit %d, final loss %.9g; output: ...%s", rc[2], got[2], TAIL(text));
+    }
+}
+
 /* ---------------------------------------------------------------- eval, log, final line */
 
 /* The JSON lines carry auc / logloss on the steps that evaluate and null on the others; --steps
@@ -397,6 +448,7 @@ static void flag_checks(void) {
         {"--arch dcn --dim 4 --cross-rank 500", "--cross-rank 500 is not below the cross layers' width 108"},
         {"--hier sometimes", "--hier wants auto, on or off, got 'sometimes'"},
         {"--arch dnc", "--arch wants dlrm or dcn, got 'dnc'"},
+        {"--dtype f16", "--dtype wants f32 or bf16 (the dense linears' weights; the tables stay f32), got 'f16'"},
     };
     char flags[1024], out[512], text[16384], name[200];
     const char *tmp = dt_test_tmpdir();
@@ -699,6 +751,7 @@ int main(void) {
             bin_checks(tsv);
             write_tsv(tsv, 700, 0);
             resume_checks(tsv);
+            resume_dtype_checks();
             eval_checks(tsv);
         }
     }

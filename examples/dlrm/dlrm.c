@@ -26,6 +26,12 @@
           tables' shards on the GPU; the inputs go up once per step and the loss is read only on
           the steps that print, log or checkpoint it; tests/cuda_emu/k_dlrm.cpp checks it against
           the cpu run on the emulator)
+          --dtype f32|bf16 (the weights of the dense linears, bottom and top MLPs and DCNv2's cross
+          layers: bf16 values, which dt_linear multiplies in bf16 with f32 sums, as an autocast
+          does: on the tensor cores with --device cuda; f32 master weights and optimizer state
+          inside dt_opt.h, f32 biases, activations and tables; default f32. A checkpoint keeps
+          the masters ("master/<name>"), so --resume with the other --dtype goes on from them:
+          f32 takes the masters, bf16 rounds the f32 weights, a line says so)
           --profile (with --device cuda every rank prints, at the end, "cuda counters per step:
           syncs S allocs A frees F h2d_bytes B h2d_calls C d2h_bytes D d2h_calls E": the most any
           step after the first asked of the device, a logging step's loss read apart)
@@ -86,7 +92,8 @@
    (--log; "auc" and "logloss" on the steps that evaluate, null on the others). Eval: the exact AUC and logloss of held-out samples (synthetic: indices from
    2^40 on; a file: its last --eval-samples), gathered over the ranks.
    For an outside reference (tests/dlrm_reference.py is one): the checkpoint of step s holds the
-   weights after s updates ("param/bot.0.w" [out, in], y = x W^T + b; "param/embed/C1/weight"
+   weights after s updates ("param/bot.0.w" [out, in], y = x W^T + b; with --dtype bf16 in bf16,
+   and "master/bot.0.w" its f32 master; "param/embed/C1/weight"
    [rows, D] by logical row; dt_opt.h's and dt_embed.h's checkpoint sections), and
    --dump-batches DIR writes DIR/batch_00000001.safetensors, ... : the global batch that the
    logged step s trained on (samples [(s-1) B, s B), whatever the ranks; a file's training part
@@ -137,6 +144,7 @@ typedef struct opts {
     int bottom[MAX_LAYERS], n_bottom, top[MAX_LAYERS], n_top;
     double lr, emb_lr;             /* 0: a real 0 (frozen; DT_OPT_ZERO in the descs), -1 until parse's default */
     int cross_given;               /* --cross or --cross-rank given (with --arch dlrm: a warning, it has no cross layers) */
+    dt_dtype dtype;                /* --dtype: the dense linears' weights (DT_F32, DT_BF16) */
 } opts;
 
 static dt_ctx *g_ctx;
@@ -158,7 +166,7 @@ static int g_dense_only;    /* the planner's dense step: everything but the embe
     "--ckpt DIR --ckpt-every N --resume --rows N --table-sizes N|n1,...,n26 (rows: 1..2^31 synthetic, 1..2^62 " \
     "a file) --skip-bad --shard auto|row|table|column|table-row|data|plan --plan --plan-memory MB " \
     "--plan-profile FILE --row-wise-over ROWS --timeout S " \
-    "--device cpu|cuda --quiet --overlap 0|1 --dump-batches DIR --profile --tier none|disk|host " \
+    "--device cpu|cuda --dtype f32|bf16 --quiet --overlap 0|1 --dump-batches DIR --profile --tier none|disk|host " \
     "--tier-dir DIR --cache-rows N|F --prefetch 0|1 --hier auto|on|off --host-size K --help\n"
 
 static void usage(const char *why) {
@@ -275,7 +283,7 @@ static void parse(opts *o, int argc, char **argv) {
     o->steps = 300; o->batch = 512; o->seed = 7; o->data = "synthetic"; o->arch = "dlrm"; o->opt = "adagrad";
     o->dim = 16; o->cross = 2; o->accum = 1; o->eval_every = 0; o->eval_samples = 16384; o->print_every = 25;
     o->rows = 16384; o->lr = -1; o->emb_lr = -1; o->shard = "auto"; o->device = "cpu"; o->tier = "none";
-    o->prefetch = -1;
+    o->prefetch = -1; o->dtype = DT_F32;
     o->n_bottom = layers("--bottom", "64,32", o->bottom);
     o->n_top = layers("--top", "64,32", o->top);
     for (i = 1; i < argc; i++) {
@@ -307,6 +315,11 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--shard")) o->shard = v;
         else if (!strcmp(a, "--timeout")) o->timeout = real(a, v, 1e-3, 1e9); /* seconds */
         else if (!strcmp(a, "--device")) o->device = v;
+        else if (!strcmp(a, "--dtype")) {
+            if (v && !strcmp(v, "f32")) o->dtype = DT_F32;
+            else if (v && !strcmp(v, "bf16")) o->dtype = DT_BF16;
+            else bad(a, v, "f32 or bf16 (the dense linears' weights; the tables stay f32)");
+        }
         else if (!strcmp(a, "--row-wise-over")) o->row_wise_over = num(a, v, 0, (int64_t)1 << 40);
         else if (!strcmp(a, "--overlap")) o->overlap = (int)num(a, v, 0, 1);
         else if (!strcmp(a, "--dump-batches")) o->dump = path(a, v);
@@ -567,14 +580,18 @@ typedef struct model {
     dt_param *cw[MAX_LAYERS], *cb[MAX_LAYERS]; /* DCNv2 cross layers */
     dt_param *cv[MAX_LAYERS];                  /* their low-rank factor V (--cross-rank R) */
     int dcn, cross, cross_rank, dim;
+    dt_dtype wdtype;        /* --dtype: the linears' weights (biases f32) */
     int64_t inter;          /* width of the interaction output */
     dt_embed *emb;
 } model;
 
-static dt_param *param(dt_params *ps, const char *name, int64_t d0, int64_t d1, uint64_t seed) {
+/* A weight [d0, d1] of dtype wdtype (bf16: dt_linear's bf16 GEMMs take it as it is; dt_opt.h
+   keeps its f32 master), or a bias [d0] (d1 0), f32: dt_linear adds it in f32. */
+static dt_param *param(dt_params *ps, const char *name, int64_t d0, int64_t d1, uint64_t seed, dt_dtype wdtype) {
     dt_param_desc d = {0};
     dt_param *p;
     d.name = name; d.shape[0] = d0; d.shape[1] = d1;
+    d.dtype = d1 ? wdtype : DT_F32;
     d.init.kind = d1 ? DT_INIT_SCALED_NORMAL : DT_INIT_ZEROS;
     d.init.gain = 1.41421356; /* He: std = sqrt(2 / fan_in), the MLPs are ReLU */
     d.init.seed = seed; d.no_decay = d1 == 0;
@@ -590,8 +607,8 @@ static void mlp_make(model *m, mlp *n, const char *prefix, int64_t in, const int
     n->relu_last = relu_last;
     for (i = 0; i <= k; i++) {
         int64_t o = i < k ? widths[i] : out;
-        snprintf(name, sizeof name, "%s.%d.w", prefix, i); n->w[i] = param(&m->ps, name, o, in, seed);
-        snprintf(name, sizeof name, "%s.%d.b", prefix, i); n->b[i] = param(&m->ps, name, o, 0, seed);
+        snprintf(name, sizeof name, "%s.%d.w", prefix, i); n->w[i] = param(&m->ps, name, o, in, seed, m->wdtype);
+        snprintf(name, sizeof name, "%s.%d.b", prefix, i); n->b[i] = param(&m->ps, name, o, 0, seed, DT_F32);
         in = o;
     }
 }
@@ -648,6 +665,7 @@ static void dense_make(model *m, const opts *o) {
     m->dcn = !strcmp(o->arch, "dcn");
     m->cross = o->cross;
     m->cross_rank = o->cross_rank;
+    m->wdtype = o->dtype;
     /* bottom: 13 -> ... -> D, ReLU after every layer (the DLRM reference) */
     mlp_make(m, &m->bottom, "bot", DT_DLRM_DENSE, o->bottom, o->n_bottom, o->dim, 1, o->seed);
     if (m->dcn) {
@@ -655,10 +673,10 @@ static void dense_make(model *m, const opts *o) {
         for (f = 0; f < o->cross; f++) {
             int64_t r = o->cross_rank ? o->cross_rank : w; /* W [w, r]: full rank, or low rank after V [r, w] */
             if (o->cross_rank) {
-                snprintf(name, sizeof name, "cross.%d.v", f); m->cv[f] = param(&m->ps, name, r, w, o->seed);
+                snprintf(name, sizeof name, "cross.%d.v", f); m->cv[f] = param(&m->ps, name, r, w, o->seed, m->wdtype);
             }
-            snprintf(name, sizeof name, "cross.%d.w", f); m->cw[f] = param(&m->ps, name, w, r, o->seed);
-            snprintf(name, sizeof name, "cross.%d.b", f); m->cb[f] = param(&m->ps, name, w, 0, o->seed);
+            snprintf(name, sizeof name, "cross.%d.w", f); m->cw[f] = param(&m->ps, name, w, r, o->seed, m->wdtype);
+            snprintf(name, sizeof name, "cross.%d.b", f); m->cb[f] = param(&m->ps, name, w, 0, o->seed, DT_F32);
         }
         m->inter = w;
     } else {
@@ -990,8 +1008,9 @@ static void ckpt_dir(char *out, size_t n, const char *root, const char *part) { 
 
 /* The train state records what --resume must find again: the seed (rng_seed), the samples
    trained (data_cursor = step x batch: every step of a run, resumed or not, has the same
-   --batch, see resume()), the data source ("data") and the last step's loss ("loss", for the
-   final line of a run resumed with nothing left to train; "nan" at step 0). */
+   --batch, see resume()), the data source ("data"), the last step's loss ("loss", for the
+   final line of a run resumed with nothing left to train; "nan" at step 0) and the weights'
+   --dtype ("dtype": a resume with the other one is told what it gets). */
 static void save(model *m, dt_optimizer *opt, const opts *o, dt_comm *world, int64_t step, double loss) {
     dt_train_state st;
     dt_checkpoint_desc cd = {0};
@@ -1001,6 +1020,7 @@ static void save(model *m, dt_optimizer *opt, const opts *o, dt_comm *world, int
     CHECK(dt_train_state_set(g_ctx, &st, "data", o->data));
     snprintf(v, sizeof v, "%.17g", step ? loss : NAN);
     CHECK(dt_train_state_set(g_ctx, &st, "loss", v));
+    CHECK(dt_train_state_set(g_ctx, &st, "dtype", dt_dtype_name(o->dtype)));
     cd.comm = world; cd.layout = "dense=dp,embed=plan"; cd.keep = 3;
     ckpt_dir(dir, sizeof dir, o->ckpt, "dense"); cd.dir = dir; /* dense first: see the top */
     CHECK(dt_checkpoint_save(g_ctx, &m->ps, opt, &st, &cd));
@@ -1043,6 +1063,15 @@ static int64_t resume(model *m, dt_optimizer *opt, const opts *o, dt_comm *world
             exit(2);
         }
         *loss = l ? strtod(l, NULL) : NAN;
+    }
+    {   /* another --dtype is no error: dt_checkpoint_load gave an f32 weight the checkpoint's f32
+           master, a bf16 weight the f32 weight rounded (and its master that f32 weight); say which */
+        const char *dt = dt_train_state_get(&st, "dtype"), *here = dt_dtype_name(o->dtype);
+        if (!dt) dt = "f32"; /* written before --dtype: f32 */
+        if (strcmp(dt, here) && g_rank == 0)
+            fprintf(stderr, "dlrm: --resume: the checkpoint in %s (step %lld) was trained with --dtype %s; this run "
+                            "goes on in %s from its %s\n", o->ckpt, (long long)st.step, dt, here,
+                    o->dtype == DT_F32 ? "f32 master weights" : "f32 weights rounded to bf16 (the masters: the f32 weights)");
     }
     return st.step;
 }

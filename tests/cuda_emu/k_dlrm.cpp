@@ -6,7 +6,7 @@
 // the device; dt_embed desc.device cuda) against the same code on a cpu ctx, 5 steps of a tiny
 // model (dim 4, rows capped at 16, batch 16), for DLRM with SGD and table-wise tables, and DCNv2
 // with Adagrad and data-parallel tables: every step's loss within LOSS_RTOL relative (derived
-// below), and the table
+// below), --dtype bf16 (10 steps: cuda against cpu, and cpu bf16 against f32; check_bf16), and the table
 // rows after training within 1e-5 relative + 1e-7 absolute (the dense GEMMs are cuBLAS-on-OpenBLAS
 // against the CPU's GEMM, so the gradients reaching the tables differ in the last bits; the
 // embedding path itself is bitwise, tests/cuda_emu/k_embed_tables.cpp); and on the cuda run, over
@@ -60,7 +60,7 @@ static void compare_counts(int64_t step, const dt_cuda_counters &c0, const dt_cu
 // The loop of dlrm.c's main, without accumulation, checkpoints or eval: per-step losses, and
 // every table's shard copied to the host after the last step.
 static void run(dt_device dev, const char *arch, const char *opt, const char *shard, int steps, double *losses,
-                std::vector<std::vector<float>> *tables) {
+                std::vector<std::vector<float>> *tables, const char *dtype = "f32") {
     dt_ctx ctx;
     dt_ctx_desc cd;
     dt_comm *world = NULL;
@@ -75,7 +75,7 @@ static void run(dt_device dev, const char *arch, const char *opt, const char *sh
     dt_bucketer *bk = NULL;
     dt_bucketer_desc bd;
     const char *argv[] = {"dlrm", "--arch", arch, "--opt", opt, "--shard", shard, "--dim", "4", "--rows", "16",
-                          "--batch", "16", "--bottom", "8", "--top", "8", "--cross", "1", "--quiet"};
+                          "--batch", "16", "--bottom", "8", "--top", "8", "--cross", "1", "--quiet", "--dtype", dtype};
     memset(&cd, 0, sizeof cd);
     cd.device = dev;
     CHECK(dt_ctx_init(&ctx, &cd));
@@ -169,6 +169,56 @@ static void check(const char *arch, const char *opt, const char *shard, int step
     snprintf(name, sizeof name, "dlrm_cuda_table_rows_after_%d_steps_equal_cpu_run_%s_%s_%s", steps, arch, opt, shard);
     if (bad) dt_test_allclose(name, tg[first].data(), tc[first].data(), tc[first].size(), 1e-7, 1e-5);
     else dt_test_pass(name);
+}
+
+// --dtype bf16: the dense linears' weights in bf16 (f32 masters in dt_opt.h), dt_linear's bf16
+// GEMMs on both devices (cuda: cublasGemmEx, here CBLAS over the widened values; cpu:
+// dt_cpu_bf16_gemm). BF16_STEPS steps of DLRM with SGD: every step's loss on cuda within
+// BF16_RTOL of the cpu run's (derived below), and the cpu bf16 run's losses close to the f32
+// run's (within BF16_VS_F32_RTOL) but not equal (a bf16 run that trained in f32 would be equal).
+// Both devices multiply the same bf16 operands exactly (8-bit significands: each product fits an
+// f32) and sum in f32, so they part only where the f32 sums' orders do (LOSS_RTOL's 7e-5) and
+// where an activation on the edge between two bf16 values rounds to the other one, a change of
+// one bf16 step (2^-8 relative) in one input of one sum; BF16_RTOL allows a few such inputs
+// on the way to a logit: 1e-3 (measured: 1.3e-5). Against f32: each linear's weight and input
+// are rounded to bf16 (2^-9 relative each), so each of the 4 linears on the way to the logit
+// (bottom 2, top 2 at --bottom 8 --top 8) moves its output by up to 2^-8 relative: the logit
+// (|z| <= ~1) by up to 4 x 2^-8 = 1.6e-2, and the loss, whose slope in z is at most 1, by as
+// much: 2.3e-2 of ln 2 at worst, so BF16_VS_F32_RTOL = 2e-2 (measured: 2.1e-4, the roundings
+// being of both signs).
+enum { BF16_STEPS = 10 };
+static const double BF16_RTOL = 1e-3, BF16_VS_F32_RTOL = 2e-2;
+
+static void check_bf16(void) {
+    double lc[BF16_STEPS], lg[BF16_STEPS], lf[BF16_STEPS], worst = 0, worst_f = 0;
+    std::vector<std::vector<float>> tc, tg, tf;
+    int at = 0, at_f = 0, equal = 0;
+    run(DT_CPU, "dlrm", "sgd", "table", BF16_STEPS, lc, &tc, "bf16");
+    run(DT_CUDA_DEVICE, "dlrm", "sgd", "table", BF16_STEPS, lg, &tg, "bf16");
+    run(DT_CPU, "dlrm", "sgd", "table", BF16_STEPS, lf, &tf, "f32");
+    for (int i = 0; i < BF16_STEPS; i++) {
+        double d = fabs(lg[i] - lc[i]) / fabs(lc[i]), df = fabs(lf[i] - lc[i]) / fabs(lf[i]);
+        if (!(d <= worst)) worst = d, at = i; /* NaN is the worst */
+        if (!(df <= worst_f)) worst_f = df, at_f = i;
+        equal += lf[i] == lc[i];
+    }
+    printf("dlrm --dtype bf16 on cuda vs cpu, %d steps: loss %.9g / %.9g at step 1, %.9g / %.9g at step %d; largest "
+           "relative difference %.3g (step %d); cpu bf16 vs f32: largest %.3g (step %d), %d steps equal\n", BF16_STEPS,
+           lg[0], lc[0], lg[BF16_STEPS - 1], lc[BF16_STEPS - 1], BF16_STEPS, worst, at + 1, worst_f, at_f + 1, equal);
+    dt_test_check_all("dlrm_bf16_cuda_losses_within_1e-3_of_cpu_bf16_run", worst <= BF16_RTOL,
+                      "step %d of %d: loss %.9g on cuda, %.9g on cpu (rel diff %.3g > %.3g)", at + 1, BF16_STEPS, lg[at],
+                      lc[at], worst, BF16_RTOL);
+    dt_test_check_all("dlrm_bf16_cuda_ctx_counters_equal_the_emulators_over_each_step",
+                      g_count_steps == BF16_STEPS && g_count_mismatches == 0,
+                      "%d steps seen (%d expected), %d counts differ; first: %s", g_count_steps, BF16_STEPS,
+                      g_count_mismatches, g_count_first);
+    g_count_steps = g_count_mismatches = 0;
+    dt_test_check_all("dlrm_bf16_cpu_losses_close_to_f32_run", worst_f <= BF16_VS_F32_RTOL,
+                      "step %d of %d: loss %.9g in bf16, %.9g in f32 (rel diff %.3g > %.3g)", at_f + 1, BF16_STEPS,
+                      lc[at_f], lf[at_f], worst_f, BF16_VS_F32_RTOL);
+    dt_test_check_all("dlrm_bf16_cpu_losses_differ_from_f32_run", equal == 0,
+                      "%d of %d steps have the f32 run's loss bit for bit (step 1: %.9g / %.9g): bf16 weights unused?",
+                      equal, BF16_STEPS, lc[0], lf[0]);
 }
 
 // The ops dlrm needs that gained a cuda dispatch (dt_tensor.h): add, mul fwd/bwd, concat / split,
@@ -282,5 +332,6 @@ int main(int argc, char **argv) {
     if (tsan) return dt_test_finish(); /* a training step is ~100 launches of 26 tables: minutes under TSan */
     check("dlrm", "sgd", "table", full ? STEPS : 3);
     if (full) check("dcn", "adagrad", "data", STEPS);
+    if (full) check_bf16();
     return dt_test_finish();
 }
