@@ -264,7 +264,7 @@ build_cuda_program() {
     local src=$1 out=$2 log
     log=build/logs/$(echo "${out#build/}" | tr / _).log
     up_to_date "$out" "$src" "$(dirname "$src")"/*.h "$(dirname "$src")"/*.inc dt_*.h kernels/*.h build/kernels/libdt_kernels.a build.sh && return 0
-    local cc=$DT_CC defs=-DDT_CUDA libs="-lcublas -lcudart" kernels_lib=
+    local cc=$DT_CC defs=-DDT_CUDA libs="-lcublasLt -lcublas -lcudart" kernels_lib=
     [ -f build/kernels/libdt_kernels.a ] && kernels_lib=build/kernels/libdt_kernels.a
     if uses_mpi "$src"; then cc=$DT_MPICC defs+=" -DDT_MPI $DT_NCCL_DEFS" libs+=" $DT_NCCL_LIBS"; fi
     mkdir -p "$(dirname "$out")"

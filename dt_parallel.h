@@ -49,7 +49,8 @@
        each step                 dt_zero_micro_begin; forward: dt_zero_gather / _release per
                                  unit; dt_zero_backward_begin; backward, last unit first:
                                  gather, dt_zero_grad_ready, release; dt_zero_step
-       in the model              dt_tp_column_linear_fwd/_bwd, dt_tp_row_linear_fwd/_bwd,
+       in the model              dt_tp_column_linear_fwd/_bwd (_gelu_fwd: with the GELU after
+                                 it), dt_tp_row_linear_fwd/_bwd,
                                  dt_sp_gather_rows / _scatter_rows, dt_tp_embedding_fwd/_bwd,
                                  dt_tp_xent_fwd/_bwd, dt_tp_allreduce; at cp > 1 attention is
                                  dt_cp_attention_fwd/_bwd (ring) or dt_cp_ulysses_fwd/_bwd;
@@ -440,6 +441,11 @@ DT_API dt_status dt_sp_scatter_rows(dt_layout *l, dt_tensor *shard, const dt_ten
    is in flight while dw and dbias are computed (Megatron's overlap). */
 DT_API dt_status dt_tp_column_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor *xbuf, const dt_tensor *x,
                                          const dt_tensor *w, const dt_tensor *bias, int sp);
+/* The same with the GELU after it (a transformer's MLP up-projection): pre [N, O/tp] = what
+   dt_tp_column_linear_fwd's out would be, out = gelu(pre), through dt_linear_gelu_fwd (one GEMM
+   with both epilogues on CUDA). The backward is dt_gelu_bwd, then dt_tp_column_linear_bwd. */
+DT_API dt_status dt_tp_column_linear_gelu_fwd(dt_layout *l, dt_tensor *out, dt_tensor *pre, dt_tensor *xbuf,
+                                              const dt_tensor *x, const dt_tensor *w, const dt_tensor *bias, int sp);
 DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
                                          dt_tensor *dxbuf, const dt_tensor *dout, const dt_tensor *xbuf_or_x,
                                          const dt_tensor *w, int sp);
@@ -2727,9 +2733,8 @@ DT_API dt_status dt_sp_scatter_rows(dt_layout *l, dt_tensor *shard, const dt_ten
 
 /* ---- column-parallel linear */
 
-DT_API dt_status dt_tp_column_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor *xbuf, const dt_tensor *x,
-                                         const dt_tensor *w, const dt_tensor *bias, int sp) {
-    const char *fn = "dt_tp_column_linear_fwd";
+static dt_status dt__tp_column_fwd(dt_layout *l, dt_tensor *out, dt_tensor *pre, dt_tensor *xbuf, const dt_tensor *x,
+                                   const dt_tensor *w, const dt_tensor *bias, int sp, const char *fn) {
     const dt_tensor *xall = x;
     int64_t N, In;
     DT__TRY(dt__tp_begin(l, sp, fn));
@@ -2745,8 +2750,21 @@ DT_API dt_status dt_tp_column_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor
     }
     DT__TRY(dt__tp_mat(l->ctx, out, N, w->shape[0], fn, "out", "the rows of x_all by w.shape[0], this rank's "
                           "out features"));
+    if (pre) DT__TRY(dt__tp_mat(l->ctx, pre, N, w->shape[0], fn, "pre", "out's shape"));
     if (sp) DT__TRY(dt_sp_gather_rows(l, xbuf, x));
-    return dt_linear_fwd(l->ctx, out, xall, w, bias);
+    return pre ? dt_linear_gelu_fwd(l->ctx, out, pre, xall, w, bias) : dt_linear_fwd(l->ctx, out, xall, w, bias);
+}
+
+DT_API dt_status dt_tp_column_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor *xbuf, const dt_tensor *x,
+                                         const dt_tensor *w, const dt_tensor *bias, int sp) {
+    return dt__tp_column_fwd(l, out, NULL, xbuf, x, w, bias, sp, "dt_tp_column_linear_fwd");
+}
+
+DT_API dt_status dt_tp_column_linear_gelu_fwd(dt_layout *l, dt_tensor *out, dt_tensor *pre, dt_tensor *xbuf,
+                                              const dt_tensor *x, const dt_tensor *w, const dt_tensor *bias, int sp) {
+    const char *fn = "dt_tp_column_linear_gelu_fwd";
+    if (l && l->ctx && !pre) return dt_ctx_set_error(l->ctx, DT_ERR_ARG, "%s: pre is NULL", fn);
+    return dt__tp_column_fwd(l, out, pre, xbuf, x, w, bias, sp, fn);
 }
 
 DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,

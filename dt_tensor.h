@@ -39,7 +39,8 @@
                     dt_bias_add, dt_relu, dt_gelu, dt_layernorm, dt_attention, dt_embedding,
                     dt_softmax_xent, dt_bce_logits, dt_add, dt_mul, dt_scale, dt_axpy, dt_sum,
                     dt_sumsq, dt_dot_interaction, dt_concat, dt_split), then their _bwd in
-                    reverse order
+                    reverse order (dt_linear_gelu_fwd: a linear and its GELU in one call, one
+                    GEMM on CUDA; its backward is dt_gelu_bwd then dt_linear_bwd)
        dt_params_save / _load, dt_safetensors_save / _open / _read / _close
        dt_tensor_free, dt_params_free, dt_ctx_shutdown
 
@@ -61,7 +62,7 @@
        DT_CUDA         CUDA tensors (cudaMalloc, cudaMemcpy), and the ops matmul, linear,
                        bias_add, relu, gelu, layernorm, attention, embedding, softmax_xent (fwd
                        and bwd), axpy, concat and split on them through kernels/ (link the
-                       objects of nvcc -c kernels/dt_*.cu, -lcublas -lcudart; the other ops take
+                       objects of nvcc -c kernels/dt_*.cu, -lcublasLt -lcublas -lcudart; the other ops take
                        CPU tensors only). Without it asking for a CUDA tensor returns
                        DT_ERR_DEVICE "built without DT_CUDA".
        DT_ASSERT(c)    internal invariant checks (default: assert.h). Never used for user errors.
@@ -236,6 +237,7 @@ typedef struct dt_ctx {
     int tf32;              /* dt_ctx_desc.tf32 (0 or 1) */
     void *cuda_stream;     /* cudaStream_t under DT_CUDA (NULL = default stream) */
     void *cublas;          /* cublasHandle_t, created by the CUDA backend on first use */
+    void *cublaslt;        /* cublasLtHandle_t (dt_linear's fused epilogues), made beside it */
     void *cublas_workspace; /* its workspace (dt_cuda_alloc, counted; freed by dt_ctx_shutdown) */
     size_t cublas_workspace_bytes;
     dt_allocator allocator;
@@ -484,6 +486,15 @@ DT_API dt_status dt_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, 
                                const dt_tensor *bias);
 DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
                                const dt_tensor *dout, const dt_tensor *x, const dt_tensor *w);
+/* A linear layer and the GELU after it: pre = x @ w^T + bias (dt_linear_fwd), out = gelu(pre)
+   (dt_gelu_fwd); pre [N,O] is kept for the backward, which is dt_gelu_bwd(dpre, dout, pre) then
+   dt_linear_bwd. One call so that CUDA can do all of it inside the GEMM: cuBLASLt's
+   GELU_AUX_BIAS epilogue writes out and pre once, where the separate ops write pre, read it for
+   the bias, write it, read it for the GELU and write out (its GELU rounds in its own way: within
+   2e-6 relative of dt_gelu_fwd's where the emulator checks it). Where cuBLASLt has no algorithm
+   (it wants O % 8 == 0), and on the CPU, it runs the separate ops. out and pre must not overlap. */
+DT_API dt_status dt_linear_gelu_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *pre, const dt_tensor *x,
+                                    const dt_tensor *w, const dt_tensor *bias);
 /* How this process multiplies a bf16 w on the CPU, found at run time: "amx-bf16" (Intel AMX
    tiles), "avx512-bf16 (why not AMX)" (VDPBF16PS, where it makes at least as many products a
    cycle as f32 FMAs), or "f32 GEMMs of bf16-rounded operands (why)": the same products, summed
@@ -1087,6 +1098,8 @@ DT_API void dt_ctx_shutdown(dt_ctx *ctx) {
         cudaStreamDestroy((cudaStream_t)ctx->side_stream);
         ctx->side_stream = NULL;
     }
+    if (ctx->cublaslt) dt_k_lt_destroy(ctx->cublaslt);
+    ctx->cublaslt = NULL;
     if (ctx->cublas) cublasDestroy((cublasHandle_t)ctx->cublas);
     ctx->cublas = NULL;
     dt_cuda_release(ctx, ctx->cublas_workspace); /* after the handle: its last GEMMs are queued before */
@@ -2994,7 +3007,9 @@ static dt_status dt__cu_status(dt_ctx *ctx, int st, const char *fn, const char *
    workspace of dt's: cuBLAS would otherwise cudaMalloc its own inside the first GEMM of a shape
    (uncounted, inside a step). 32 MiB on Hopper and later, 4 MiB before (as llm.c and PyTorch).
    cublasSetStream drops the workspace, so both are set again whenever ctx->cuda_stream is not
-   the handle's stream any more (the launchers set the stream only when it differs). */
+   the handle's stream any more (the launchers set the stream only when it differs). The
+   cuBLASLt handle (dt_linear's fused epilogues) is made with it and uses the same workspace:
+   every GEMM of the ctx runs on ctx->cuda_stream, one after another. */
 static dt_status dt__cu_blas(dt_ctx *ctx, const char *fn) {
     cublasHandle_t h = (cublasHandle_t)ctx->cublas;
     cudaStream_t cur = NULL;
@@ -3002,7 +3017,7 @@ static dt_status dt__cu_blas(dt_ctx *ctx, const char *fn) {
     const char *call = "cublasCreate";
     int fresh = !h;
     if (fresh) {
-        int dev = 0, major = 0;
+        int dev = 0, major = 0, lt_st;
         size_t bytes;
         st = cublasCreate(&h);
         if (st != CUBLAS_STATUS_SUCCESS)
@@ -3014,6 +3029,10 @@ static dt_status dt__cu_blas(dt_ctx *ctx, const char *fn) {
             (void)cudaGetLastError(); /* the failed query's error is not the next call's */
         }
         bytes = (size_t)(major >= 9 ? 32 : 4) << 20;
+        if (!ctx->cublaslt && (lt_st = dt_k_lt_create(&ctx->cublaslt)) != 0) {
+            cublasDestroy(h);
+            return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: cublasLtCreate failed: %s", fn, dt_k_error_string(lt_st));
+        }
         if (dt_cuda_alloc(ctx, &ctx->cublas_workspace, bytes, fn)) {
             cublasDestroy(h);
             return ctx->last_status;
@@ -3041,6 +3060,8 @@ static dt_status dt__cu_matmul_fwd(dt_ctx *, dt_tensor *, const dt_tensor *, con
 static dt_status dt__cu_matmul_bwd(dt_ctx *, dt_tensor *, dt_tensor *, const dt_tensor *, const dt_tensor *,
                                    const dt_tensor *, int, int, float);
 static dt_status dt__cu_linear_fwd(dt_ctx *, dt_tensor *, const dt_tensor *, const dt_tensor *, const dt_tensor *);
+static dt_status dt__cu_linear_fwd_ep(dt_ctx *, dt_tensor *, dt_tensor *, const dt_tensor *, const dt_tensor *,
+                                      const dt_tensor *, const char *);
 static dt_status dt__cu_linear_bwd(dt_ctx *, dt_tensor *, dt_tensor *, dt_tensor *, const dt_tensor *,
                                    const dt_tensor *, const dt_tensor *);
 static dt_status dt__cu_bias_add(dt_ctx *, dt_tensor *, const dt_tensor *, int bwd);
@@ -3246,6 +3267,35 @@ DT_API dt_status dt_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, 
                                   bias ? DT__CF(bias) : NULL);
     DT__TRY(dt__gemm(ctx, 0, 1, N, Out, In, 1.0f, DT__CF(x), In, DT__CF(w), In, 0.0f, DT__F(out), Out));
     return bias ? dt_bias_add_fwd(ctx, out, bias) : DT_OK;
+}
+
+static dt_status dt__unary_check(dt_ctx *ctx, const dt_tensor *out, const dt_tensor *x, const char *fn,
+                                 const char *oname);
+DT_API dt_status dt_linear_gelu_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *pre, const dt_tensor *x,
+                                    const dt_tensor *w, const dt_tensor *bias) {
+    const char *fn = "dt_linear_gelu_fwd";
+    const dt_tensor *in[3] = {x, w, bias};
+    static const char *const in_name[3] = {"x", "w", "bias"};
+    int i;
+    if (!ctx) return DT_ERR_ARG;
+    if (!out || !pre) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, out ? "pre" : "out");
+    DT__TRY(dt__apart(ctx, out, pre, fn, "out", "pre"));
+    for (i = 0; i < 3; i++) {
+        DT__TRY(dt__apart(ctx, out, in[i], fn, "out", in_name[i]));
+        DT__TRY(dt__apart(ctx, pre, in[i], fn, "pre", in_name[i]));
+    }
+#ifdef DT_CUDA
+    if (dt__cu(out) || dt__cu(pre) || dt__cu(x) || dt__cu(w) || dt__cu(bias))
+        return dt__cu_linear_fwd_ep(ctx, out, pre, x, w, bias, fn);
+#endif
+    { /* checked here so that a message names this op and pre */
+        dt_tensor wf;
+        int bf = dt__bf16_w(w, &wf);
+        DT__TRY(dt__linear_check(ctx, pre, x, bf ? &wf : w, bias, fn, "pre"));
+        DT__TRY(dt__unary_check(ctx, out, pre, fn, "out"));
+    }
+    DT__TRY(dt_linear_fwd(ctx, pre, x, w, bias));
+    return dt_gelu_fwd(ctx, out, pre);
 }
 
 DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
@@ -4915,37 +4965,58 @@ static void *dt__cu_to_bf16(dt_ctx *ctx, const dt_tensor *t, const char *fn) {
     return p;
 }
 
-/* out[N,O] = x[N,I] w[O,I]^T: one GEMM (trans_b), then the bias kernel. */
-static dt_status dt__cu_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, const dt_tensor *w,
-                                   const dt_tensor *bias) {
-    const char *fn = "dt_linear_fwd";
+/* out[N,O] = x[N,I] w[O,I]^T + bias; with pre (dt_linear_gelu_fwd): pre = that, out = gelu(pre).
+   With a bias or a GELU, one cuBLASLt GEMM whose epilogue adds the bias and applies the GELU
+   (writing pre beside out); where cuBLASLt has no algorithm for it (the GELU's input needs O % 8
+   == 0), and without either, the plain GEMM and then the bias and GELU kernels. */
+static dt_status dt__cu_linear_fwd_ep(dt_ctx *ctx, dt_tensor *out, dt_tensor *pre, const dt_tensor *x,
+                                      const dt_tensor *w, const dt_tensor *bias, const char *fn) {
     int64_t N, In, Out;
     dt_tensor wf;
-    int bf;
+    int bf, dt_in, k = DT_K_NO_ALGO;
+    size_t mark;
+    const void *xa;
+    dt_tensor *lin = pre ? pre : out; /* what the GEMM and the bias make */
+    dt_status st = DT_OK;
     DT__CU_SH(so, out, "out");
+    DT__CU_SH(sp, pre, "pre");
     DT__CU_SH(sx, x, "x");
     DT__CU_SH(sw, w, "w");
     DT__CU_SH(sbias, bias, "bias");
     if (!so || !sx || !sw) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out, x and w must be non-NULL", fn);
     bf = dt__bf16_w(sw, &wf);
-    DT__TRY(dt__linear_check(ctx, so, sx, bf ? &wf : sw, sbias, fn, "out"));
+    DT__TRY(dt__linear_check(ctx, sp ? sp : so, sx, bf ? &wf : sw, sbias, fn, sp ? "pre" : "out"));
+    if (sp) DT__TRY(dt__unary_check(ctx, so, sp, fn, "out"));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
     DT__TRY(dt__cu_blas(ctx, fn));
-    if (bf) {
-        size_t mark = dt_cuda_scratch_begin(ctx);
-        void *xb = dt__cu_to_bf16(ctx, x, fn);
-        dt_status st = xb ? dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(out), xb, w->data, DT_BF16, 1, N, Out,
-                                                               In, 0, 1, 0, 0, 0, 1.0f, 0.0f, 0, ctx->cuda_stream),
-                                          fn, "dt_k_matmul_fwd")
-                          : ctx->last_status;
-        dt_cuda_scratch_end(ctx, mark);
-        DT__TRY(st);
-    } else
-        DT__TRY(dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(out), x->data, w->data, 1, 1, N, Out, In, 0, 1, 0,
-                                                   0, 0, 1.0f, 0.0f, ctx->tf32, ctx->cuda_stream), fn, "dt_k_matmul_fwd"));
-    if (!bias) return DT_OK;
-    return dt__cu_status(ctx, dt_k_bias_add_fwd(DT__CU_F(out), (const float *)bias->data, N, Out, ctx->cuda_stream),
-                         fn, "dt_k_bias_add_fwd");
+    mark = dt_cuda_scratch_begin(ctx);
+    dt_in = bf ? DT_BF16 : 1;
+    xa = x->data;
+    if (bf && !(xa = dt__cu_to_bf16(ctx, x, fn))) st = ctx->last_status;
+    if (!st && (bias || pre)) {
+        k = dt_k_linear_lt_fwd(ctx->cublaslt, DT__CU_F(out), pre ? DT__CU_F(pre) : NULL, xa, w->data,
+                               bias ? (const float *)bias->data : NULL, dt_in, N, Out, In, bf ? 0 : ctx->tf32,
+                               ctx->cublas_workspace, ctx->cublas_workspace_bytes, ctx->cuda_stream);
+        if (k != DT_K_NO_ALGO) st = dt__cu_status(ctx, k, fn, "dt_k_linear_lt_fwd");
+    }
+    if (!st && k == DT_K_NO_ALGO) {
+        st = dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(lin), xa, w->data, dt_in, 1, N, Out, In, 0, 1, 0,
+                                                0, 0, 1.0f, 0.0f, bf ? 0 : ctx->tf32, ctx->cuda_stream),
+                           fn, "dt_k_matmul_fwd");
+        if (!st && bias)
+            st = dt__cu_status(ctx, dt_k_bias_add_fwd(DT__CU_F(lin), (const float *)bias->data, N, Out,
+                                                      ctx->cuda_stream), fn, "dt_k_bias_add_fwd");
+        if (!st && pre)
+            st = dt__cu_status(ctx, dt_k_gelu_fwd(DT__CU_F(out), (const float *)pre->data, pre->numel,
+                                                  ctx->cuda_stream), fn, "dt_k_gelu_fwd");
+    }
+    dt_cuda_scratch_end(ctx, mark);
+    return st;
+}
+
+static dt_status dt__cu_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, const dt_tensor *w,
+                                   const dt_tensor *bias) {
+    return dt__cu_linear_fwd_ep(ctx, out, NULL, x, w, bias, "dt_linear_fwd");
 }
 
 /* dbias[C] += column sums of dout[R, C]; the kernels' partials in the ctx's scratch. */
@@ -4964,7 +5035,7 @@ static dt_status dt__cu_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt
     const char *fn = "dt_linear_bwd";
     int64_t N, In, Out;
     dt_tensor wf;
-    int bf, dt_in;
+    int bf, dt_in, k = DT_K_NO_ALGO; /* k: the fused dw + dbias GEMM's status */
     size_t mark;
     const void *g, *xa, *wa;
     dt_status st = DT_OK;
@@ -4991,12 +5062,24 @@ static dt_status dt__cu_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt
     if (!st && dx) /* dx += dout w */
         st = dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(dx), g, wa, dt_in, 1, N, In, Out, 0, 0, 0, 0, 0,
                                                 1.0f, 1.0f, bf ? 0 : ctx->tf32, ctx->cuda_stream), fn, "dt_k_matmul_fwd");
-    if (!st && dw) /* dw += dout^T x */
+    if (!st && dw && dbias) { /* dw += dout^T x, the bias gradient from its epilogue (into scratch: it is
+                                 written, and dbias accumulates) */
+        float *db = (float *)dt_cuda_scratch(ctx, (size_t)Out * sizeof(float), fn);
+        if (!db) st = ctx->last_status;
+        else {
+            k = dt_k_linear_lt_dw(ctx->cublaslt, DT__CU_F(dw), db, g, xa, dt_in, N, Out, In, bf ? 0 : ctx->tf32,
+                                  ctx->cublas_workspace, ctx->cublas_workspace_bytes, ctx->cuda_stream);
+            if (k != DT_K_NO_ALGO) st = dt__cu_status(ctx, k, fn, "dt_k_linear_lt_dw");
+            if (!st && k == 0)
+                st = dt__cu_status(ctx, dt_k_axpy(DT__CU_F(dbias), 1.0f, db, Out, ctx->cuda_stream), fn, "dt_k_axpy");
+        }
+    }
+    if (!st && dw && k == DT_K_NO_ALGO) /* dw += dout^T x */
         st = dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(dw), g, xa, dt_in, 1, Out, In, N, 1, 0, 0, 0, 0,
                                                 1.0f, 1.0f, bf ? 0 : ctx->tf32, ctx->cuda_stream), fn, "dt_k_matmul_fwd");
     dt_cuda_scratch_end(ctx, mark);
     DT__TRY(st);
-    if (!dbias) return DT_OK;
+    if (!dbias || k == 0) return DT_OK;
     return dt__cu_bias_bwd(ctx, DT__CU_F(dbias), (const float *)dout->data, N, Out, fn);
 }
 

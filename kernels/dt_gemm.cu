@@ -4,8 +4,11 @@
    row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T: swap the operands (and M
    with N), keep each operand's own transpose flag. No data moves.
    f32: cublasSgemm(StridedBatched); TF32 and bf16 / f16 inputs: cublasGemmEx (f32 output, f32
-   accumulation), one call per batch (the contract's cuBLAS subset has no batched GemmEx). */
+   accumulation), one call per batch (the contract's cuBLAS subset has no batched GemmEx).
+   dt_linear's GEMMs with a bias, a GELU or a bias gradient go through cuBLASLt instead, whose
+   epilogues do that work inside the GEMM (the end of this file). */
 #include "dt_cuda.cuh"
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #define DT_K__INT_MAX 2147483647LL
@@ -137,4 +140,137 @@ extern "C" int dt_k_gemm_grouped(void *cublas, int count, int trans_a, int trans
     if ((st = dt_k__stream(h, stream))) return st;
     if (!count) return 0;
     return dt_k__blas(cublasSgemmGroupedBatched(h, oa, ob, m, n, k, al, B, lda, A, ldb, be, C, ldc, count, gs));
+}
+
+/* ---------------------------------------------------------------- cuBLASLt: fused epilogues
+
+   A separate pass over a [N, Out] output for the bias, another for the GELU and another over dout
+   for the bias gradient each move as many bytes as the GEMM writes; cuBLASLt's epilogues do them
+   while the tile is in registers (as llm.c's matmul_cublaslt). One row-major GEMM C[M,N] =
+   op(A) op(B) is cuBLASLt's column-major C^T = op(B)^T op(A)^T, as above: the bias (length = D's
+   rows) runs along our columns, the GELU's input (aux) is laid out as C, and BGRADB (the sums of
+   cuBLAS's op(B) over k, length = D's columns) is the sums of our op(A)'s rows over K.
+   Descriptors are made and destroyed per call (host memory only; no device allocation). */
+
+extern "C" int dt_k_lt_create(void **lt) {
+    cublasLtHandle_t h = NULL;
+    int st;
+    if (!lt) return (int)cudaErrorInvalidValue;
+    st = dt_k__blas(cublasLtCreate(&h));
+    *lt = st ? NULL : (void *)h;
+    return st;
+}
+
+extern "C" int dt_k_lt_destroy(void *lt) { return lt ? dt_k__blas(cublasLtDestroy((cublasLtHandle_t)lt)) : 0; }
+
+/* The largest power of two (at most 256, cuBLASLt's default promise) dividing an address: what
+   the heuristic may assume of it. A view into a tensor can start anywhere. */
+static uint32_t dt_k__align_of(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    uint32_t al = 256;
+    while (al > 1 && a % al) al /= 2;
+    return al;
+}
+
+struct dt_k__lt_gemm {
+    int ta, tb;                 /* row-major: C[M,N] (ld ldc) = op(A)[M,K] op(B)[K,N] + beta C */
+    int64_t M, N, K, lda, ldb, ldc;
+    const void *A, *B;
+    float *C, beta;
+    uint32_t epilogue;          /* CUBLASLT_EPILOGUE_* */
+    void *bias;                 /* BIAS: [N] read; BGRADB: [M] written */
+    float *aux;                 /* GELU_AUX: [M,N] ld ldc written */
+};
+
+static int dt_k__lt_run(cublasLtHandle_t h, const dt_k__lt_gemm *g, int in_dtype, int tf32, void *ws, size_t ws_bytes,
+                        cudaStream_t stream) {
+    cudaDataType_t ty = in_dtype == 1 ? CUDA_R_32F : in_dtype == 2 ? CUDA_R_16BF : CUDA_R_16F;
+    cublasComputeType_t ct = in_dtype == 1 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    /* cuBLAS's A is our B, its B our A; each layout is the matrix as stored, before its op */
+    int32_t opa = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    uint64_t ws64 = ws ? ws_bytes : 0;
+    uint32_t al[4] = {dt_k__align_of(g->B), dt_k__align_of(g->A), dt_k__align_of(g->C), dt_k__align_of(g->C)};
+    float alpha = 1.0f, beta = g->beta;
+    int64_t aux_ld = g->ldc;
+    cublasLtMatmulDesc_t d = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    int n_res = 0, st, i;
+    st = dt_k__blas(cublasLtMatmulDescCreate(&d, ct, CUDA_R_32F));
+    if (!st) st = dt_k__blas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    if (!st) st = dt_k__blas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    if (!st) st = dt_k__blas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE, &g->epilogue,
+                                                            sizeof g->epilogue));
+    if (!st && g->bias)
+        st = dt_k__blas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
+    if (!st && g->aux) {
+        st = dt_k__blas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
+                                                       sizeof g->aux));
+        if (!st)
+            st = dt_k__blas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                                           sizeof aux_ld));
+    }
+    if (!st) st = dt_k__blas(cublasLtMatrixLayoutCreate(&la, ty, (uint64_t)(g->tb ? g->K : g->N),
+                                                        (uint64_t)(g->tb ? g->N : g->K), g->ldb));
+    if (!st) st = dt_k__blas(cublasLtMatrixLayoutCreate(&lb, ty, (uint64_t)(g->ta ? g->M : g->K),
+                                                        (uint64_t)(g->ta ? g->K : g->M), g->lda));
+    if (!st) st = dt_k__blas(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)g->N, (uint64_t)g->M, g->ldc));
+    if (!st) st = dt_k__blas(cublasLtMatmulPreferenceCreate(&pref));
+    if (!st) st = dt_k__blas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws64,
+                                                                  sizeof ws64));
+    for (i = 0; i < 4 && !st; i++)
+        st = dt_k__blas(cublasLtMatmulPreferenceSetAttribute(
+            pref, (cublasLtMatmulPreferenceAttributes_t)(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i), &al[i],
+            sizeof al[i]));
+    if (!st) {
+        st = dt_k__blas(cublasLtMatmulAlgoGetHeuristic(h, d, la, lb, lc, lc, pref, 1, &res, &n_res));
+        if (!st && n_res < 1) st = DT_K_NO_ALGO;
+    }
+    if (!st)
+        st = dt_k__blas(cublasLtMatmul(h, d, &alpha, g->B, la, g->A, lb, &beta, g->C, lc, g->C, lc, &res.algo, ws,
+                                       ws64, stream));
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (d) cublasLtMatmulDescDestroy(d);
+    return st;
+}
+
+static int dt_k__lt_args(void *lt, int in_dtype, int64_t N, int64_t Out, int64_t In, int tf32) {
+    return lt && dt_k__sizes_ok(1, N, Out, In) && in_dtype >= 1 && in_dtype <= 3 && (tf32 == 0 || tf32 == 1);
+}
+
+extern "C" int dt_k_linear_lt_fwd(void *lt, float *out, float *pre, const void *x, const void *w, const float *bias,
+                                  int in_dtype, int64_t N, int64_t Out, int64_t In, int tf32, void *workspace,
+                                  size_t workspace_bytes, void *stream) {
+    dt_k__lt_gemm g;
+    if (!dt_k__lt_args(lt, in_dtype, N, Out, In, tf32) || !out || !x || !w) return (int)cudaErrorInvalidValue;
+    if (N == 0 || Out == 0) return 0;
+    if (In == 0) return DT_K_NO_ALGO; /* out = bias: the unfused ops say so more plainly than a k = 0 GEMM */
+    g.ta = 0; g.tb = 1; g.M = N; g.N = Out; g.K = In; g.lda = In ? In : 1; g.ldb = In ? In : 1; g.ldc = Out;
+    g.A = x; g.B = w; g.C = out; g.beta = 0.0f;
+    g.bias = (void *)bias;
+    g.aux = pre;
+    g.epilogue = pre ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                     : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    return dt_k__lt_run((cublasLtHandle_t)lt, &g, in_dtype, tf32, workspace, workspace_bytes, (cudaStream_t)stream);
+}
+
+extern "C" int dt_k_linear_lt_dw(void *lt, float *dw, float *dbias, const void *dout, const void *x, int in_dtype,
+                                 int64_t N, int64_t Out, int64_t In, int tf32, void *workspace, size_t workspace_bytes,
+                                 void *stream) {
+    dt_k__lt_gemm g;
+    if (!dt_k__lt_args(lt, in_dtype, N, Out, In, tf32) || !dw || !dbias || !dout || !x)
+        return (int)cudaErrorInvalidValue;
+    if (Out == 0 || In == 0) return 0;
+    if (N == 0) return DT_K_NO_ALGO; /* nothing to add, and the bias gradient is 0: not a GEMM */
+    /* dw[Out,In] += dout^T x: op(A) = dout^T (A stored [N,Out]), B = x; BGRADB sums op(A)'s rows */
+    g.ta = 1; g.tb = 0; g.M = Out; g.N = In; g.K = N; g.lda = Out; g.ldb = In; g.ldc = In;
+    g.A = dout; g.B = x; g.C = dw; g.beta = 1.0f;
+    g.bias = dbias;
+    g.aux = NULL;
+    g.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    return dt_k__lt_run((cublasLtHandle_t)lt, &g, in_dtype, tf32, workspace, workspace_bytes, (cudaStream_t)stream);
 }

@@ -1,6 +1,6 @@
 /* kernels/dt_kernels.h - the C ABI of dt's CUDA kernels (the .cu files in kernels/). No CUDA
    types: the dt headers call these under DT_CUDA, and a user builds them with
-       nvcc -O2 -c kernels/dt_*.cu           (then links the objects with -lcudart -lcublas)
+       nvcc -O2 -c kernels/dt_*.cu           (then links the objects with -lcudart -lcublasLt -lcublas)
    MIT licence (see the end of dt_tensor.h).
    The lesson. A CUDA op is a C call in three layers, so no CUDA type reaches a dt header:
         dt_layernorm_fwd(ctx, &out, ...)          dt_tensor.h: checks shapes, devices and sizes,
@@ -497,6 +497,26 @@ int dt_k_matmul_fwd(void *cublas, float *out, const void *a, const void *b, int 
 int dt_k_matmul_bwd(void *cublas, float *da, float *db, const float *dout, const float *a, const float *b,
                     int64_t batch, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b, int64_t stride_a,
                     int64_t stride_b, float alpha, int tf32, void *stream);
+
+/* dt_linear's fused GEMMs through cuBLASLt (a cublasLtHandle_t from dt_k_lt_create, dt_ctx.cublaslt;
+   the workspace may be the cuBLAS handle's: both run on one stream). x, w, dout of in_dtype (1 f32,
+   2 bf16, 3 f16), f32 accumulation, f32 outputs; tf32 as dt_k_matmul_fwd.
+   _fwd:  out[N,Out] = x[N,In] w[Out,In]^T + bias[Out] (bias may be NULL), one GEMM whose epilogue
+          adds the bias (CUBLASLT_EPILOGUE_BIAS); with pre non-NULL, pre = that and out = gelu(pre)
+          (GELU_AUX_BIAS: GELU's tanh form, as dt_gelu_fwd; the GEMM's own rounding of it).
+   _dw:   dw[Out,In] += dout[N,Out]^T x[N,In], and dbias[Out] = the column sums of dout, written
+          (not added), from the epilogue (BGRADB: the sums of the values the GEMM read, so of
+          bf16-rounded dout on a bf16 path).
+   Both return DT_K_NO_ALGO, having written nothing, when cuBLASLt has no algorithm for the
+   problem (e.g. the GELU's input needs Out % 8 == 0): the caller runs the unfused ops instead. */
+#define DT_K_NO_ALGO 1015 /* 1000 + CUBLAS_STATUS_NOT_SUPPORTED */
+int dt_k_lt_create(void **lt);
+int dt_k_lt_destroy(void *lt);
+int dt_k_linear_lt_fwd(void *lt, float *out, float *pre, const void *x, const void *w, const float *bias,
+                       int in_dtype, int64_t N, int64_t Out, int64_t In, int tf32, void *workspace,
+                       size_t workspace_bytes, void *stream);
+int dt_k_linear_lt_dw(void *lt, float *dw, float *dbias, const void *dout, const void *x, int in_dtype, int64_t N,
+                      int64_t Out, int64_t In, int tf32, void *workspace, size_t workspace_bytes, void *stream);
 
 /* ==== >>tp: tensor parallel (dt_parallel.cu) =====================================================
 

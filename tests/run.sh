@@ -453,11 +453,11 @@ build_tsan() {
 # MPI=1: with mpicc -DDT_MPI, and -DDT_NCCL with NCCL when it is installed. A .cu test is one
 # process, built by nvcc.
 build_gpu_test() {
-    local mpi=$1 src=$2 out=$3 cc=$DT_CC defs=-DDT_CUDA libs="-lcublas -lcudart" kernels_lib=
+    local mpi=$1 src=$2 out=$3 cc=$DT_CC defs=-DDT_CUDA libs="-lcublasLt -lcublas -lcudart" kernels_lib=
     [ -f build/kernels/libdt_kernels.a ] && kernels_lib=build/kernels/libdt_kernels.a
     if [[ $src == *.cu ]]; then
         "$DT_NVCC" -O2 -arch="$DT_CUDA_ARCH" $DT_CPPFLAGS -I"$ROOT/kernels" -I"$ROOT/tests" $defs "$src" \
-            $kernels_lib -o "$out" -lcublas $DT_LIBS
+            $kernels_lib -o "$out" -lcublasLt -lcublas $DT_LIBS
         return
     fi
     if [ "$mpi" = 1 ]; then cc=$DT_MPICC defs+=" -DDT_MPI $DT_NCCL_DEFS" libs+=" $DT_NCCL_LIBS"; fi

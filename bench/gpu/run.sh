@@ -400,7 +400,7 @@ k_impl() {
 }
 # k_build SRC OUT: against the real <cuda_runtime.h> (not tests/cuda_emu/include), the stubs
 # force-included; g++, or nvcc when the test holds kernels of its own (or includes a kernels/*.cu)
-K_LIBS="$G/libdt_kernels.a $DT_CUDA_LDFLAGS -lcublas -lcudart $DT_LIBS -lpthread"
+K_LIBS="$G/libdt_kernels.a $DT_CUDA_LDFLAGS -lcublasLt -lcublas -lcudart $DT_LIBS -lpthread"
 k_build() {
     local src=$1 out=$2 cxx="$DT_CXX -std=c++17 $K_OPT" impl
     impl=$(k_impl "$src")
@@ -415,7 +415,7 @@ example() {
     local src=$1 out=$2 cuda=$3 cc=$DT_CC defs='' libs=''
     if [ $HAVE_MPI = 1 ]; then cc=$DT_MPICC defs=-DDT_MPI; fi
     if [ "$cuda" = 1 ]; then
-        defs+=" -DDT_CUDA $CUDA_INC -I$ROOT/kernels" libs="$G/libdt_kernels.a $DT_CUDA_LDFLAGS -lcublas -lcudart -lstdc++"
+        defs+=" -DDT_CUDA $CUDA_INC -I$ROOT/kernels" libs="$G/libdt_kernels.a $DT_CUDA_LDFLAGS -lcublasLt -lcublas -lcudart -lstdc++"
         [ $HAVE_MPI = 1 ] && defs+=" $DT_NCCL_DEFS" libs+=" $DT_NCCL_LIBS"
     fi
     $cc $DT_CFLAGS $DT_CPPFLAGS $defs -I"$(dirname "$src")" "$src" -o "$out" $libs $DT_LIBS
@@ -457,9 +457,9 @@ build_everything() {
     local cc=$DT_CC defs='' libs=''
     if [ $HAVE_MPI = 1 ]; then cc=$DT_MPICC defs="-DDT_MPI $DT_NCCL_DEFS" libs=$DT_NCCL_LIBS; fi
     job gpu_comm "$G/gpu_comm" "tests/gpu_comm.c tests/dt_test.h $G/libdt_kernels.a" $cc $DT_CFLAGS $DT_CPPFLAGS -DDT_CUDA $defs $CUDA_INC -I"$ROOT/kernels" \
-        -I"$ROOT/tests" tests/gpu_comm.c -o "$G/gpu_comm" "$G/libdt_kernels.a" $DT_CUDA_LDFLAGS -lcublas -lcudart $libs -lstdc++ $DT_LIBS
+        -I"$ROOT/tests" tests/gpu_comm.c -o "$G/gpu_comm" "$G/libdt_kernels.a" $DT_CUDA_LDFLAGS -lcublasLt -lcublas -lcudart $libs -lstdc++ $DT_LIBS
     job probe "$G/probe" "bench/gpu/probe.cu $G/libdt_kernels.a $G/obj/impl_cuda.o" "$DT_NVCC" -O2 -std=c++17 $NVCC_FLAGS -DDT_CUDA $DT_CPPFLAGS \
-        -I"$ROOT/kernels" bench/gpu/probe.cu "$G/obj/impl_cuda.o" "$G/libdt_kernels.a" -o "$G/probe" -lcublas $DT_LIBS
+        -I"$ROOT/kernels" bench/gpu/probe.cu "$G/obj/impl_cuda.o" "$G/libdt_kernels.a" -o "$G/probe" -lcublasLt -lcublas $DT_LIBS
     wait
     [ ! -e "$L/failed" ]
 }

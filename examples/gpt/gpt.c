@@ -1353,8 +1353,9 @@ static void block_fwd(model *m, acts *a, bacts *x, int l, dt_tensor *y) {
     COMPUTE("residual add", dt_axpy(g_ctx, &x->res1, 1.0f, &x->in)); /* res1 + in, as dt_add: on either device */
     COMPUTE("layernorm fwd", dt_layernorm_fwd(g_ctx, &x->ln2, &x->ln2m, &x->ln2r, &x->res1, VAL(m, BP(m, l, LN2W)), VAL(m, BP(m, l, LN2B)), 1e-5f));
     if (!m->moe[l] || m->moe_shared) {
-        OP("column linear fwd", dt_tp_column_linear_fwd(lay, &x->fch, m->sp ? &x->ln2all : NULL, &x->ln2, WVAL(m, BP(m, l, FCW)), VAL(m, BP(m, l, FCB)), m->sp));
-        COMPUTE("gelu fwd", dt_gelu_fwd(g_ctx, &x->gelu, &x->fch));
+        /* fch = ln2 fc^T + b, gelu = gelu(fch): on CUDA one GEMM whose epilogue adds the bias and
+           applies the GELU (dt_linear_gelu_fwd) */
+        OP("column linear gelu fwd", dt_tp_column_linear_gelu_fwd(lay, &x->gelu, &x->fch, m->sp ? &x->ln2all : NULL, &x->ln2, WVAL(m, BP(m, l, FCW)), VAL(m, BP(m, l, FCB)), m->sp));
         OP("row linear fwd", dt_tp_row_linear_fwd(lay, y, &a->partial, &x->gelu, WVAL(m, BP(m, l, PW)), VAL(m, BP(m, l, PB)), m->sp));
     }
     if (m->moe[l]) moe_fwd(m, a, x, l, y);

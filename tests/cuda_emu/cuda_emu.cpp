@@ -90,6 +90,7 @@
 #include <memory> /* before the fake runtime: it defines __noinline__ */
 #include "cuda_runtime.h"
 #include "cublas_v2.h"
+#include "cublasLt.h"
 
 #include <cblas.h>
 #include <pthread.h>
@@ -1903,5 +1904,310 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                                          algo);
         if (st) return st;
     }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- cuBLASLt (include/cublasLt.h) */
+
+struct dt_emu_lt {
+    int unused;
+};
+struct dt_emu_lt_desc {
+    cublasComputeType_t compute;
+    int32_t transa, transb, bias_type, aux_type;
+    uint32_t epilogue;
+    void *bias, *aux;
+    int64_t aux_ld;
+};
+struct dt_emu_lt_layout {
+    cudaDataType type;
+    uint64_t rows, cols;
+    int64_t ld;
+};
+struct dt_emu_lt_pref {
+    uint64_t max_workspace;
+    uint32_t align[4]; /* A, B, C, D */
+};
+static std::set<void *> g_lt_objects; /* every live handle and descriptor (a stale one is reported) */
+static long g_lt_count[7];
+
+long dt_emu_lt_count(int index) { return index >= 0 && index < 7 ? g_lt_count[index] : 0; }
+
+template <typename T> static cublasStatus_t lt_make(T **out, const char *fn) {
+    if (!out) {
+        report("%s: the output pointer is NULL", fn);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    *out = new T();
+    g_lt_objects.insert((void *)*out);
+    return CUBLAS_STATUS_SUCCESS;
+}
+template <typename T> static cublasStatus_t lt_free(T *p, const char *fn) {
+    if (!p || !g_lt_objects.erase((void *)p)) {
+        report("%s: %p was not made by its Create (or was destroyed already)", fn, (const void *)p);
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    }
+    delete p;
+    return CUBLAS_STATUS_SUCCESS;
+}
+static bool lt_live(const void *p, const char *fn, const char *what) {
+    if (p && g_lt_objects.count((void *)p)) return true;
+    report("%s: %s %p is not a live cuBLASLt object", fn, what, p);
+    return false;
+}
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { return lt_make(h, "cublasLtCreate"); }
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) { return lt_free(h, "cublasLtDestroy"); }
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType_t scale) {
+    cublasStatus_t st;
+    if (scale != CUDA_R_32F || (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_FAST_TF32)) {
+        report("cublasLtMatmulDescCreate: compute %d, scale %d: the emulator does CUBLAS_COMPUTE_32F(_FAST_TF32) "
+               "with CUDA_R_32F scales", (int)compute, (int)scale);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if ((st = lt_make(d, "cublasLtMatmulDescCreate"))) return st;
+    (*d)->compute = compute;
+    (*d)->transa = (*d)->transb = CUBLAS_OP_N;
+    (*d)->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    (*d)->bias_type = (*d)->aux_type = -1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { return lt_free(d, "cublasLtMatmulDescDestroy"); }
+
+/* Each attribute's size is checked as cuBLASLt does (a wrong one is CUBLAS_STATUS_INVALID_VALUE). */
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                                              const void *buf, size_t size) {
+    const char *fn = "cublasLtMatmulDescSetAttribute";
+    size_t want;
+    void *dst;
+    if (!lt_live(d, fn, "the descriptor")) return CUBLAS_STATUS_NOT_INITIALIZED;
+    switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA: dst = &d->transa; want = 4; break;
+    case CUBLASLT_MATMUL_DESC_TRANSB: dst = &d->transb; want = 4; break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: dst = &d->epilogue; want = 4; break;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: dst = &d->bias; want = sizeof(void *); break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: dst = &d->aux; want = sizeof(void *); break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: dst = &d->aux_ld; want = 8; break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE: dst = &d->aux_type; want = 4; break;
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: dst = &d->bias_type; want = 4; break;
+    default: report("%s: attribute %d is not one the emulator knows", fn, (int)attr); return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (!buf || size != want) {
+        report("%s: attribute %d: buf %p, %zu bytes; expected %zu bytes", fn, (int)attr, buf, size, want);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    memcpy(dst, buf, size);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type, uint64_t rows, uint64_t cols,
+                                          int64_t ld) {
+    cublasStatus_t st;
+    if (type != CUDA_R_32F && type != CUDA_R_16BF && type != CUDA_R_16F) {
+        report("cublasLtMatrixLayoutCreate: type %d: the emulator does CUDA_R_32F/16BF/16F", (int)type);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (rows > 2147483647u || cols > 2147483647u || ld < (int64_t)(rows > 1 ? rows : 1)) {
+        report("cublasLtMatrixLayoutCreate: %llu x %llu, ld %lld: expected sizes < 2^31 and ld >= rows",
+               (unsigned long long)rows, (unsigned long long)cols, (long long)ld);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if ((st = lt_make(l, "cublasLtMatrixLayoutCreate"))) return st;
+    (*l)->type = type;
+    (*l)->rows = rows;
+    (*l)->cols = cols;
+    (*l)->ld = ld;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { return lt_free(l, "cublasLtMatrixLayoutDestroy"); }
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+    cublasStatus_t st = lt_make(p, "cublasLtMatmulPreferenceCreate");
+    if (!st) for (int i = 0; i < 4; i++) (*p)->align[i] = 256;
+    return st;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+    return lt_free(p, "cublasLtMatmulPreferenceDestroy");
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void *buf, size_t size) {
+    const char *fn = "cublasLtMatmulPreferenceSetAttribute";
+    if (!lt_live(p, fn, "the preference")) return CUBLAS_STATUS_NOT_INITIALIZED;
+    size_t want = attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES ? 8 : 4;
+    if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES &&
+        (attr < CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES || attr > CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES)) {
+        report("%s: attribute %d is not one the emulator knows", fn, (int)attr);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (!buf || size != want) {
+        report("%s: attribute %d: buf %p, %zu bytes; expected %zu bytes", fn, (int)attr, buf, size, want);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) memcpy(&p->max_workspace, buf, 8);
+    else memcpy(&p->align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, 4);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static bool lt_epilogue_known(uint32_t e) {
+    return e == CUBLASLT_EPILOGUE_DEFAULT || e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU ||
+           e == CUBLASLT_EPILOGUE_GELU_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+           e == CUBLASLT_EPILOGUE_BGRADB;
+}
+
+/* The shapes agree (D = op(A) op(B), C as D) and the epilogue is one the emulator runs: "" or why not. */
+static std::string lt_shape_error(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
+                                  cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D) {
+    char buf[256];
+    uint64_t m = D->rows, n = D->cols, ka = d->transa ? A->rows : A->cols, kb = d->transb ? B->cols : B->rows;
+    uint64_t am = d->transa ? A->cols : A->rows, bn = d->transb ? B->rows : B->cols;
+    if (am != m || bn != n || ka != kb || C->rows != m || C->cols != n) {
+        snprintf(buf, sizeof buf, "shapes op(A) %llu x %llu, op(B) %llu x %llu, C %llu x %llu, D %llu x %llu disagree",
+                 (unsigned long long)am, (unsigned long long)ka, (unsigned long long)kb, (unsigned long long)bn,
+                 (unsigned long long)C->rows, (unsigned long long)C->cols, (unsigned long long)m, (unsigned long long)n);
+        return buf;
+    }
+    if (A->type != B->type || (D->type != CUDA_R_32F && D->type != A->type) || C->type != D->type) {
+        snprintf(buf, sizeof buf, "types A %d, B %d, C %d, D %d: expected A = B, C = D, D f32 or A's", (int)A->type,
+                 (int)B->type, (int)C->type, (int)D->type);
+        return buf;
+    }
+    if (d->transa > CUBLAS_OP_T || d->transb > CUBLAS_OP_T || !lt_epilogue_known(d->epilogue)) {
+        snprintf(buf, sizeof buf, "transa %d, transb %d, epilogue %u: the emulator does N/T and DEFAULT, BIAS, "
+                 "GELU(_AUX)(_BIAS), BGRADB", (int)d->transa, (int)d->transb, d->epilogue);
+        return buf;
+    }
+    if ((d->bias_type != -1 && d->bias_type != (int32_t)D->type) || (d->aux_type != -1 && d->aux_type != (int32_t)D->type)) {
+        snprintf(buf, sizeof buf, "bias type %d, aux type %d: the emulator does D's type (-1)", (int)d->bias_type,
+                 (int)d->aux_type);
+        return buf;
+    }
+    return "";
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t A,
+                                              cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C,
+                                              cublasLtMatrixLayout_t D, cublasLtMatmulPreference_t p, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[], int *returned) {
+    const char *fn = "cublasLtMatmulAlgoGetHeuristic";
+    if (!lt_live(h, fn, "the handle") || !lt_live(d, fn, "the descriptor") || !lt_live(A, fn, "Adesc") ||
+        !lt_live(B, fn, "Bdesc") || !lt_live(C, fn, "Cdesc") || !lt_live(D, fn, "Ddesc") || !lt_live(p, fn, "the preference"))
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (requested < 1 || !results || !returned) {
+        report("%s: requestedAlgoCount %d, results %p, returnAlgoCount %p", fn, requested, (void *)results,
+               (void *)returned);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    *returned = 0;
+    std::string why = lt_shape_error(d, A, B, C, D);
+    if (!why.empty()) {
+        report("%s: %s", fn, why.c_str());
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    /* cuBLASLt: the GELU input matrix's leading dimension "must be divisible by 8 and be no less than
+       the number of rows in the output matrix": no algorithm otherwise (not an error: a caller falls back) */
+    if ((d->epilogue & 128) && (d->aux_ld % 8 || d->aux_ld < (int64_t)D->rows)) {
+        g_lt_count[6]++;
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    memset(&results[0], 0, sizeof results[0]);
+    results[0].algo.data[0] = 0x64746c74u; /* "dtlt": what cublasLtMatmul expects back */
+    results[0].workspaceSize = 0;
+    results[0].state = CUBLAS_STATUS_SUCCESS;
+    results[0].wavesCount = 1.0f;
+    memcpy(&results[0].algo.data[1], p->align, sizeof p->align); /* the alignment it was chosen for */
+    *returned = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static float lt_gelu(float v) { /* GELU's tanh form, as the epilogue documents it */
+    return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
+                              cublasLtMatrixLayout_t Al, const void *B, cublasLtMatrixLayout_t Bl, const void *beta,
+                              const void *C, cublasLtMatrixLayout_t Cl, void *D, cublasLtMatrixLayout_t Dl,
+                              const cublasLtMatmulAlgo_t *algo, void *workspace, size_t workspace_bytes,
+                              cudaStream_t stream) {
+    const char *fn = "cublasLtMatmul";
+    std::string why;
+    if (!lt_live(h, fn, "the handle") || !lt_live(d, fn, "the descriptor") || !lt_live(Al, fn, "Adesc") ||
+        !lt_live(Bl, fn, "Bdesc") || !lt_live(Cl, fn, "Cdesc") || !lt_live(Dl, fn, "Ddesc"))
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!alpha || !beta || !algo || algo->data[0] != 0x64746c74u) {
+        report("%s: alpha %p, beta %p, algo %p: expected host scalars and an algorithm from the heuristic", fn, alpha,
+               beta, (const void *)algo);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (!valid_stream(stream)) return CUBLAS_STATUS_INVALID_VALUE;
+    why = lt_shape_error(d, Al, Bl, Cl, Dl);
+    if (!why.empty()) {
+        report("%s: %s", fn, why.c_str());
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    int m = (int)Dl->rows, n = (int)Dl->cols, k = (int)(d->transa ? Al->rows : Al->cols);
+    const void *ptr[4] = {A, B, C, D};
+    cublasLtMatrixLayout_t lay[4] = {Al, Bl, Cl, Dl};
+    uint32_t align[4];
+    memcpy(align, &algo->data[1], sizeof align);
+    for (int i = 0; i < 4; i++) {
+        char name[2] = {"ABCD"[i], 0};
+        if (!matrix_ok(fn, name, ptr[i], type_size(lay[i]->type), (int)lay[i]->rows, (int)lay[i]->cols, (int)lay[i]->ld))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        if ((uintptr_t)ptr[i] % align[i]) {
+            report("%s: %s %p is not %u-byte aligned, as the preference told the heuristic (a GPU's algorithm "
+                   "would read it misaligned)", fn, name, ptr[i], align[i]);
+            return CUBLAS_STATUS_INVALID_VALUE;
+        }
+    }
+    if (workspace_bytes && !in_alloc(workspace, workspace_bytes, &why)) {
+        report("%s: workspace %p (%zu bytes) %s", fn, workspace, workspace_bytes, why.c_str());
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    uint32_t e = d->epilogue;
+    bool bias_in = e & CUBLASLT_EPILOGUE_BIAS, gelu = e & CUBLASLT_EPILOGUE_GELU, aux = e & 128,
+         bgrad = e == CUBLASLT_EPILOGUE_BGRADB;
+    size_t dsz = type_size(Dl->type);
+    if ((bias_in && (!d->bias || !in_alloc(d->bias, (size_t)m * dsz, &why))) ||
+        (bgrad && (!d->bias || !in_alloc(d->bias, (size_t)n * dsz, &why)))) {
+        report("%s: the bias pointer %p (%d values) %s", fn, d->bias, bgrad ? n : m, d->bias ? why.c_str() : "is NULL");
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (aux && (!d->aux || d->aux_ld % 8 || d->aux_ld < m ||
+                (n && !in_alloc(d->aux, ((size_t)(n - 1) * (size_t)d->aux_ld + (size_t)m) * dsz, &why)))) {
+        report("%s: the aux pointer %p (ld %lld, %d x %d) %s", fn, d->aux, (long long)d->aux_ld, m, n,
+               !d->aux ? "is NULL" : d->aux_ld % 8 || d->aux_ld < m ? "has ld not a multiple of 8 >= rows" : why.c_str());
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    g_lt_count[e == CUBLASLT_EPILOGUE_DEFAULT ? 0 : e == CUBLASLT_EPILOGUE_BIAS ? 1
+               : e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ? 2 : e == CUBLASLT_EPILOGUE_GELU_AUX ? 3 : bgrad ? 4 : 5]++;
+    if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+    bool tf32 = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    int ar = (int)Al->rows, ac = (int)Al->cols, br = (int)Bl->rows, bc = (int)Bl->cols;
+    size_t na = k ? (size_t)(ac - 1) * Al->ld + ar : 0, nb = k ? (size_t)(bc - 1) * Bl->ld + br : 0;
+    std::vector<float> a(na), b(nb), c((size_t)n * m);
+    for (size_t i = 0; i < na; i++) a[i] = tf32 ? round_tf32(to_f32(A, Al->type, i)) : to_f32(A, Al->type, i);
+    for (size_t i = 0; i < nb; i++) b[i] = tf32 ? round_tf32(to_f32(B, Bl->type, i)) : to_f32(B, Bl->type, i);
+    float al = *(const float *)alpha, be = *(const float *)beta;
+    for (int j = 0; j < n; j++) /* C read densely (ld m); beta = 0 ignores it, NaN included, as BLAS */
+        for (int i = 0; i < m; i++) c[(size_t)j * m + i] = be == 0.0f ? 0.0f : to_f32(C, Cl->type, (size_t)j * Cl->ld + i);
+    if (k)
+        cblas_sgemm(CblasColMajor, d->transa ? CblasTrans : CblasNoTrans, d->transb ? CblasTrans : CblasNoTrans, m, n, k,
+                    al, a.data(), (int)Al->ld, b.data(), (int)Bl->ld, be, c.data(), m);
+    else
+        for (float &v : c) v *= be;
+    if (bgrad) /* the sums of op(B)'s columns over k, from the values the GEMM read */
+        for (int j = 0; j < n; j++) {
+            float s = 0.0f;
+            for (int kk = 0; kk < k; kk++) s += d->transb ? b[(size_t)kk * Bl->ld + j] : b[(size_t)j * Bl->ld + kk];
+            from_f32(d->bias, Dl->type, (size_t)j, s);
+        }
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            float v = c[(size_t)j * m + i];
+            if (bias_in) v += to_f32(d->bias, Dl->type, (size_t)i);
+            if (aux) from_f32(d->aux, Dl->type, (size_t)j * d->aux_ld + i, v);
+            if (gelu) v = lt_gelu(v);
+            from_f32(D, Dl->type, (size_t)j * Dl->ld + i, v);
+        }
     return CUBLAS_STATUS_SUCCESS;
 }
