@@ -79,7 +79,8 @@
        are unspecified: the emulator computes the exact A B + C rounded once (compare with a
        tolerance); the fragment layout, on the other hand, is the hardware's;
      - the GPU's own rounding (expf, __expf, fused multiply-add, TF32 is only
-       rounded inputs), warp scheduling, bank conflicts, occupancy and speed;
+       rounded inputs; cuBLASLt's epilogues, include/cublasLt.h, are f32 formulas of the
+       host's), warp scheduling, bank conflicts, occupancy and speed;
      - out-of-bounds accesses inside kernels (device memory is host memory: an ASan build would
        see them, this one does not).
    Cost: a fiber switch per thread per barrier (tens of nanoseconds on x86-64, dt_emu_fswitch;
