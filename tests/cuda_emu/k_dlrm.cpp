@@ -298,6 +298,11 @@ static void check_ops(void) {
                           dt_ctx_error(&ctx), "b is on cpu");
             dt_test_error("cuda_concat_widths_not_summing_is_shape_error", dt_concat_fwd(&ctx, &out, parts, 2),
                           dt_ctx_error(&ctx), "last dims sum to");
+            /* the dot interaction's checks before its GEMMs: a wrong width, a gradient of another shape */
+            dt_test_error("cuda_dot_interaction_fwd_out_width_is_shape_error", dt_dot_interaction_fwd(&ctx, &tb, &ta, &te),
+                          dt_ctx_error(&ctx), "out.shape[1]");
+            dt_test_error("cuda_dot_interaction_bwd_demb_shape_is_named",
+                          dt_dot_interaction_bwd(&ctx, &dd, &cat, &gout, &ta, &te), dt_ctx_error(&ctx), "demb");
             dt_tensor_free(&ctx, &hc);
         }
         dt_tensor *all[] = {&ta, &tb, &tg, &o, &da, &db, &te, &cat, &e2, &s1, &s2, &out, &gout, &dd, &de, &lz, &ly, &dl};
