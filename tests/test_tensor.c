@@ -476,6 +476,15 @@ static dt_status mm_f(gc *g) { return dt_matmul_fwd(&C, g->out, g->in[0], g->in[
 static dt_status mm_b(gc *g) { return dt_matmul_bwd(&C, g->gin[0], g->gin[1], g->R, g->in[0], g->in[1], g->ia, g->ib, 1.5f); }
 static dt_status lin_f(gc *g) { return dt_linear_fwd(&C, g->out, g->in[0], g->in[1], g->in[2]); }
 static dt_status lin_b(gc *g) { return dt_linear_bwd(&C, g->gin[0], g->gin[1], g->gin[2], g->R, g->in[0], g->in[1]); }
+/* linear then GELU in one call (aux[0] = pre); its backward is gelu_bwd into aux[1], then linear_bwd
+   (pre made again first: the probes' forwards leave the last perturbed input's) */
+static dt_status lg_f(gc *g) { return dt_linear_gelu_fwd(&C, g->out, g->aux[0], g->in[0], g->in[1], g->in[2]); }
+static dt_status lg_b(gc *g) {
+    GC_TRY(dt_linear_fwd(&C, g->aux[0], g->in[0], g->in[1], g->in[2]));
+    GC_TRY(dt_tensor_fill(&C, g->aux[1], 0.0));
+    GC_TRY(dt_gelu_bwd(&C, g->aux[1], g->R, g->aux[0]));
+    return dt_linear_bwd(&C, g->gin[0], g->gin[1], g->gin[2], g->aux[1], g->in[0], g->in[1]);
+}
 static dt_status bias_f(gc *g) { GC_TRY(dt_tensor_copy(&C, g->out, g->in[0])); return dt_bias_add_fwd(&C, g->out, g->in[1]); }
 static dt_status bias_b(gc *g) { GC_TRY(dt_axpy(&C, g->gin[0], 1, g->R)); return dt_bias_add_bwd(&C, g->gin[1], g->R); }
 static dt_status relu_f(gc *g) { return dt_relu_fwd(&C, g->out, g->in[0]); }
@@ -566,6 +575,13 @@ static void test_gradients(void) {
     randn(&in[0], "x", 1); randn(&in[1], "w", 0.5); randn(&in[2], "b", 1);
     out = mk(DT_F32, 2, 3, 4, 0);
     run_gc("linear", 3, in, xwb, &out, lin_f, lin_b, 0, 0, NULL);
+
+    in[0] = mk(DT_F32, 2, 3, 6, 0); in[1] = f32(4, 6); in[2] = f32(4, 0);
+    randn(&in[0], "x", 1); randn(&in[1], "w", 0.5); randn(&in[2], "b", 1);
+    out = mk(DT_F32, 2, 3, 4, 0);
+    aux[0] = mk(DT_F32, 2, 3, 4, 0); aux[1] = mk(DT_F32, 2, 3, 4, 0);
+    run_gc("linear_gelu", 3, in, xwb, &out, lg_f, lg_b, 0, 0, aux);
+    dt_tensor_free(&C, &aux[0]); dt_tensor_free(&C, &aux[1]);
 
     in[0] = f32(5, 3); in[1] = f32(3, 0);
     randn(&in[0], "x", 1); randn(&in[1], "b", 1);

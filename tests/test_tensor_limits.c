@@ -1561,6 +1561,30 @@ static void test_aliasing(void) {
     dt_test_error("linear_out_aliasing_x_is_named", st, dt_ctx_error(&C), "dt_linear_fwd: out shares memory with x");
     st = dt_linear_bwd(&C, &w, NULL, NULL, &a, &x, &w);
     dt_test_error("linear_bwd_dx_aliasing_w_is_named", st, dt_ctx_error(&C), "dt_linear_bwd: dx shares memory with w");
+    { /* dt_linear_gelu_fwd: pre is the GELU's input, kept for the backward: out may not overlap it */
+        dt_tensor o2 = mk(DT_F32, 2, SH(3, 3)), p2 = mk(DT_F32, 2, SH(3, 3)), p4 = mk(DT_F32, 2, SH(3, 4)), pi;
+        st = dt_linear_gelu_fwd(&C, &x, &o2, &x, &w, NULL);
+        dt_test_error("linear_gelu_out_aliasing_x_is_named", st, dt_ctx_error(&C),
+                      "dt_linear_gelu_fwd: out shares memory with x");
+        st = dt_linear_gelu_fwd(&C, &o2, &w, &x, &w, NULL);
+        dt_test_error("linear_gelu_pre_aliasing_w_is_named", st, dt_ctx_error(&C),
+                      "dt_linear_gelu_fwd: pre shares memory with w");
+        st = dt_linear_gelu_fwd(&C, &o2, &o2, &x, &w, NULL);
+        dt_test_error("linear_gelu_out_is_pre_is_named", st, dt_ctx_error(&C), "dt_linear_gelu_fwd: out shares memory with pre");
+        st = dt_linear_gelu_fwd(&C, &o2, NULL, &x, &w, NULL);
+        dt_test_error("linear_gelu_pre_null_is_named", st, dt_ctx_error(&C), "dt_linear_gelu_fwd: pre is NULL");
+        st = dt_linear_gelu_fwd(&C, &o2, &p2, NULL, &w, NULL);
+        dt_test_error("linear_gelu_x_null_is_named", st, dt_ctx_error(&C), "dt_linear_gelu_fwd");
+        st = dt_linear_gelu_fwd(&C, &o2, &p4, &x, &w, NULL);
+        dt_test_error("linear_gelu_pre_of_wrong_shape_is_named", st, dt_ctx_error(&C), "dt_linear_gelu_fwd: pre");
+        st = dt_linear_gelu_fwd(&C, &p4, &p2, &x, &w, NULL);
+        dt_test_error("linear_gelu_out_of_wrong_shape_is_named", st, dt_ctx_error(&C), "dt_linear_gelu_fwd: out");
+        pi = mk(DT_I32, 2, SH(3, 3));
+        st = dt_linear_gelu_fwd(&C, &pi, &p2, &x, &w, NULL);
+        dt_test_error("linear_gelu_int_out_is_named", st, dt_ctx_error(&C), "dt_linear_gelu_fwd: out");
+        DT_TEST_CHECK("linear_gelu_null_ctx_is_an_error", dt_linear_gelu_fwd(NULL, &o2, &p2, &x, &w, NULL) == DT_ERR_ARG);
+        dt_tensor_free(&C, &o2); dt_tensor_free(&C, &p2); dt_tensor_free(&C, &p4); dt_tensor_free(&C, &pi);
+    }
     /* concat / split: a part that is a view of the whole */
     whole = mk(DT_F32, 2, SH(2, 5));
     rnd(&whole, "whole");
