@@ -223,10 +223,11 @@ static int dt_k__lt_run(cublasLtHandle_t h, const dt_k__lt_gemm *g, int in_dtype
         st = dt_k__blas(cublasLtMatmulPreferenceSetAttribute(
             pref, (cublasLtMatmulPreferenceAttributes_t)(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i), &al[i],
             sizeof al[i]));
-    if (!st) {
-        st = dt_k__blas(cublasLtMatmulAlgoGetHeuristic(h, d, la, lb, lc, lc, pref, 1, &res, &n_res));
-        if (!st && n_res < 1) st = DT_K_NO_ALGO;
-    }
+    /* the heuristic's "no" in any form (a status, or no result) is the caller's fallback: nothing
+       has run yet, and which problems it takes differs between versions and GPUs */
+    if (!st && (cublasLtMatmulAlgoGetHeuristic(h, d, la, lb, lc, lc, pref, 1, &res, &n_res) != CUBLAS_STATUS_SUCCESS ||
+                n_res < 1))
+        st = DT_K_NO_ALGO;
     if (!st)
         st = dt_k__blas(cublasLtMatmul(h, d, &alpha, g->B, la, g->A, lb, &beta, g->C, lc, g->C, lc, &res.algo, ws,
                                        ws64, stream));
@@ -249,6 +250,7 @@ extern "C" int dt_k_linear_lt_fwd(void *lt, float *out, float *pre, const void *
     if (!dt_k__lt_args(lt, in_dtype, N, Out, In, tf32) || !out || !x || !w) return (int)cudaErrorInvalidValue;
     if (N == 0 || Out == 0) return 0;
     if (In == 0) return DT_K_NO_ALGO; /* out = bias: the unfused ops say so more plainly than a k = 0 GEMM */
+    if (pre && Out % 8) return DT_K_NO_ALGO; /* the GELU's input: "ld must be divisible by 8" (cuBLASLt) */
     g.ta = 0; g.tb = 1; g.M = N; g.N = Out; g.K = In; g.lda = In ? In : 1; g.ldb = In ? In : 1; g.ldc = Out;
     g.A = x; g.B = w; g.C = out; g.beta = 0.0f;
     g.bias = (void *)bias;

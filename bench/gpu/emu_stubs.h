@@ -15,6 +15,7 @@
      dt_emu_set_mode()      a no-op returning 0: a "same bits in every order" check reruns in the
                             hardware's order, which still checks run-to-run determinism
      dt_emu_vector_accesses()  -1: which path a launch took is not observable on a GPU
+     dt_emu_lt_count()      -1: which cuBLASLt epilogue ran is not observable either
      dt_emu_get_counters()  every count -1: the real runtime does not count for us, so a check
                             that compares dt's ctx->counters with the runtime's own cannot pass by
                             accident; such a test can say `#ifdef DT_EMU_STUBS` and skip it.
@@ -41,6 +42,7 @@ const char *dt_emu_last_report(void);
 void dt_emu_get_counters(dt_emu_counters *c);
 int dt_emu_set_mode(const char *mode);     /* 0, a no-op: the hardware has one order */
 long long dt_emu_vector_accesses(void);    /* -1: not observable (a test checks DT_EMU_STUBS) */
+long dt_emu_lt_count(int index);           /* -1: not observable */
 
 #ifdef __cplusplus
 }
