@@ -5,6 +5,7 @@
 //                      the bytes the op must move at least, and that as a fraction of a
 //                      device-to-device cudaMemcpyAsync (bytes read + bytes written) timed here
 //                      first. The issue's target for these: >= 0.7.
+//   linear_gelu        dt_linear_gelu_fwd's fused cuBLASLt GEMM against the separate ops (bf16 w)
 //   GEMM               dt_k_matmul_fwd (what dt_matmul_fwd / dt_linear_fwd launch), f32 and TF32,
 //                      against cublasSgemm / cublasGemmEx called directly on the same handle,
 //                      stream, buffers and shapes; the ratio of their times (target >= 0.97 in
@@ -347,6 +348,27 @@ int main(int argc, char **argv) {
             CK(cudaFree(Cm));
             cublasDestroy(hb);
         }
+    }
+
+    // gpt's MLP up-projection with a bf16 weight: dt_linear_gelu_fwd (one cuBLASLt GEMM whose
+    // epilogue adds the bias, applies the GELU and writes its input) against the ops it replaces
+    // (dt_linear_fwd's GEMM then its bias, then dt_gelu_fwd), both in TFLOP/s of the GEMM's 2 N C 4C
+    if (selected("linear_gelu")) {
+        dt_tensor x = tensor(N, C), w32 = tensor(4 * C, C), w = tensor(4 * C, C, DT_BF16), b = tensor(4 * C);
+        dt_tensor pre = tensor(N, 4 * C), out = tensor(N, 4 * C);
+        double fl = 2.0 * (double)N * (double)C * 4.0 * (double)C;
+        DT(dt_tensor_cast(&g_ctx, &w, &w32));
+        double sep = time_ms("linear + gelu separate", [&]() -> int {
+            dt_status st = dt_linear_fwd(&g_ctx, &pre, &x, &w, &b);
+            if (!st) st = dt_gelu_fwd(&g_ctx, &out, &pre);
+            if (st) printf("# linear + gelu: %s\n", dt_ctx_error(&g_ctx));
+            return (int)st;
+        });
+        double fused = time_ms("linear_gelu fused", DTF(dt_linear_gelu_fwd(&g_ctx, &out, &pre, &x, &w, &b)));
+        if (sep > 0) printf("flops\tlinear + bias + gelu separate, bf16 w [N,C]x[C,4C]\t%.4f\t%.2f\n", sep, fl / (sep * 1e-3) / 1e12);
+        if (fused > 0) printf("flops\tlinear_gelu fused epilogue, bf16 w [N,C]x[C,4C]\t%.4f\t%.2f\n", fused, fl / (fused * 1e-3) / 1e12);
+        dt_tensor *all[] = {&x, &w32, &w, &b, &pre, &out};
+        for (dt_tensor *t : all) dt_tensor_free(&g_ctx, t);
     }
 
     // ---------------------------------------------------------------- GEMM: dt against cuBLAS direct
