@@ -3269,8 +3269,6 @@ DT_API dt_status dt_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, 
     return bias ? dt_bias_add_fwd(ctx, out, bias) : DT_OK;
 }
 
-static dt_status dt__unary_check(dt_ctx *ctx, const dt_tensor *out, const dt_tensor *x, const char *fn,
-                                 const char *oname);
 DT_API dt_status dt_linear_gelu_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *pre, const dt_tensor *x,
                                     const dt_tensor *w, const dt_tensor *bias) {
     const char *fn = "dt_linear_gelu_fwd";
@@ -3292,7 +3290,8 @@ DT_API dt_status dt_linear_gelu_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *pre,
         dt_tensor wf;
         int bf = dt__bf16_w(w, &wf);
         DT__TRY(dt__linear_check(ctx, pre, x, bf ? &wf : w, bias, fn, "pre"));
-        DT__TRY(dt__unary_check(ctx, out, pre, fn, "out"));
+        DT__TRY(dt__f32(ctx, out, fn, "out"));
+        DT__TRY(dt__same_numel(ctx, out, pre, fn, "out", "pre"));
     }
     DT__TRY(dt_linear_fwd(ctx, pre, x, w, bias));
     return dt_gelu_fwd(ctx, out, pre);
@@ -4986,7 +4985,10 @@ static dt_status dt__cu_linear_fwd_ep(dt_ctx *ctx, dt_tensor *out, dt_tensor *pr
     if (!so || !sx || !sw) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out, x and w must be non-NULL", fn);
     bf = dt__bf16_w(sw, &wf);
     DT__TRY(dt__linear_check(ctx, sp ? sp : so, sx, bf ? &wf : sw, sbias, fn, sp ? "pre" : "out"));
-    if (sp) DT__TRY(dt__unary_check(ctx, so, sp, fn, "out"));
+    if (sp) {
+        DT__TRY(dt__f32(ctx, so, fn, "out"));
+        DT__TRY(dt__same_numel(ctx, so, sp, fn, "out", "pre"));
+    }
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
     DT__TRY(dt__cu_blas(ctx, fn));
     mark = dt_cuda_scratch_begin(ctx);

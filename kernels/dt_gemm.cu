@@ -223,11 +223,14 @@ static int dt_k__lt_run(cublasLtHandle_t h, const dt_k__lt_gemm *g, int in_dtype
         st = dt_k__blas(cublasLtMatmulPreferenceSetAttribute(
             pref, (cublasLtMatmulPreferenceAttributes_t)(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i), &al[i],
             sizeof al[i]));
-    /* the heuristic's "no" in any form (a status, or no result) is the caller's fallback: nothing
-       has run yet, and which problems it takes differs between versions and GPUs */
-    if (!st && (cublasLtMatmulAlgoGetHeuristic(h, d, la, lb, lc, lc, pref, 1, &res, &n_res) != CUBLAS_STATUS_SUCCESS ||
-                n_res < 1))
-        st = DT_K_NO_ALGO;
+    /* the heuristic's "no" (CUBLAS_STATUS_NOT_SUPPORTED, or no result) is the caller's fallback:
+       nothing has run yet, and which problems it takes differs between versions and GPUs; any
+       other status is an error of ours, reported (so is cublasLtMatmul's own NOT_SUPPORTED, which
+       also comes back as DT_K_NO_ALGO: nothing ran then either) */
+    if (!st) {
+        st = dt_k__blas(cublasLtMatmulAlgoGetHeuristic(h, d, la, lb, lc, lc, pref, 1, &res, &n_res));
+        if (!st && n_res < 1) st = DT_K_NO_ALGO;
+    }
     if (!st)
         st = dt_k__blas(cublasLtMatmul(h, d, &alpha, g->B, la, g->A, lb, &beta, g->C, lc, g->C, lc, &res.algo, ws,
                                        ws64, stream));
@@ -238,6 +241,11 @@ static int dt_k__lt_run(cublasLtHandle_t h, const dt_k__lt_gemm *g, int in_dtype
     if (d) cublasLtMatmulDescDestroy(d);
     return st;
 }
+
+/* The bias and aux vectors: the heuristic reads their alignment from the pointers, but llm.c and
+   others found misaligned ones failing on A100/H100 all the same; dt's views can start anywhere,
+   so a vector not on 16 bytes takes the separate ops (NULL: none asked for). */
+static int dt_k__lt_aligned(const void *p) { return !p || (uintptr_t)p % 16 == 0; }
 
 static int dt_k__lt_args(void *lt, int in_dtype, int64_t N, int64_t Out, int64_t In, int tf32) {
     return lt && dt_k__sizes_ok(1, N, Out, In) && in_dtype >= 1 && in_dtype <= 3 && (tf32 == 0 || tf32 == 1);
@@ -251,7 +259,8 @@ extern "C" int dt_k_linear_lt_fwd(void *lt, float *out, float *pre, const void *
     if (N == 0 || Out == 0) return 0;
     if (In == 0) return DT_K_NO_ALGO; /* out = bias: the unfused ops say so more plainly than a k = 0 GEMM */
     if (pre && Out % 8) return DT_K_NO_ALGO; /* the GELU's input: "ld must be divisible by 8" (cuBLASLt) */
-    g.ta = 0; g.tb = 1; g.M = N; g.N = Out; g.K = In; g.lda = In ? In : 1; g.ldb = In ? In : 1; g.ldc = Out;
+    if (!dt_k__lt_aligned(bias) || !dt_k__lt_aligned(pre)) return DT_K_NO_ALGO;
+    g.ta = 0; g.tb = 1; g.M = N; g.N = Out; g.K = In; g.lda = In; g.ldb = In; g.ldc = Out;
     g.A = x; g.B = w; g.C = out; g.beta = 0.0f;
     g.bias = (void *)bias;
     g.aux = pre;
@@ -266,8 +275,9 @@ extern "C" int dt_k_linear_lt_dw(void *lt, float *dw, float *dbias, const void *
     dt_k__lt_gemm g;
     if (!dt_k__lt_args(lt, in_dtype, N, Out, In, tf32) || !dw || !dbias || !dout || !x)
         return (int)cudaErrorInvalidValue;
-    if (Out == 0 || In == 0) return 0;
-    if (N == 0) return DT_K_NO_ALGO; /* nothing to add, and the bias gradient is 0: not a GEMM */
+    if (Out == 0) return 0;
+    /* N = 0: nothing to add to dw, dbias 0; In = 0: no dw, dbias still dout's sums: not GEMMs */
+    if (N == 0 || In == 0 || !dt_k__lt_aligned(dbias)) return DT_K_NO_ALGO;
     /* dw[Out,In] += dout^T x: op(A) = dout^T (A stored [N,Out]), B = x; BGRADB sums op(A)'s rows */
     g.ta = 1; g.tb = 0; g.M = Out; g.N = In; g.K = N; g.lda = Out; g.ldb = In; g.ldc = In;
     g.A = dout; g.B = x; g.C = dw; g.beta = 1.0f;

@@ -503,12 +503,15 @@ int dt_k_matmul_bwd(void *cublas, float *da, float *db, const float *dout, const
    2 bf16, 3 f16), f32 accumulation, f32 outputs; tf32 as dt_k_matmul_fwd.
    _fwd:  out[N,Out] = x[N,In] w[Out,In]^T + bias[Out] (bias may be NULL), one GEMM whose epilogue
           adds the bias (CUBLASLT_EPILOGUE_BIAS); with pre non-NULL, pre = that and out = gelu(pre)
-          (GELU_AUX_BIAS: GELU's tanh form, as dt_gelu_fwd; the GEMM's own rounding of it).
+          (GELU_AUX_BIAS: GELU as cuBLASLt evaluates it; its header does not say how: the tanh
+          form is assumed, its accuracy on a GPU unmeasured, see tests/cuda_emu/k_lt.cpp).
    _dw:   dw[Out,In] += dout[N,Out]^T x[N,In], and dbias[Out] = the column sums of dout, written
           (not added), from the epilogue (BGRADB: the sums of the values the GEMM read, so of
-          bf16-rounded dout on a bf16 path).
-   Both return DT_K_NO_ALGO, having written nothing, when cuBLASLt has no algorithm for the
-   problem (e.g. the GELU's input needs Out % 8 == 0): the caller runs the unfused ops instead. */
+          bf16-rounded dout on a bf16 path and, on the emulator, of TF32-rounded dout under tf32).
+   Both return DT_K_NO_ALGO, having written nothing, where the fused GEMM is not for this
+   problem: cuBLASLt has no algorithm for it (NOT_SUPPORTED, no heuristic result), the GELU's
+   input needs Out % 8 == 0, a bias / aux / dbias vector is not 16-byte aligned, or a size is 0;
+   the caller runs the unfused ops instead. */
 #define DT_K_NO_ALGO 1015 /* 1000 + CUBLAS_STATUS_NOT_SUPPORTED */
 int dt_k_lt_create(void **lt);
 int dt_k_lt_destroy(void *lt);

@@ -17,3 +17,4 @@ void dt_emu_get_counters(dt_emu_counters *c) {
 int dt_emu_set_mode(const char *mode) { (void)mode; return 0; }
 long long dt_emu_vector_accesses(void) { return -1; }
 long dt_emu_lt_count(int index) { (void)index; return -1; }
+void dt_emu_lt_refuse(unsigned mask) { (void)mask; }

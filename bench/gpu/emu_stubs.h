@@ -43,6 +43,7 @@ void dt_emu_get_counters(dt_emu_counters *c);
 int dt_emu_set_mode(const char *mode);     /* 0, a no-op: the hardware has one order */
 long long dt_emu_vector_accesses(void);    /* -1: not observable (a test checks DT_EMU_STUBS) */
 long dt_emu_lt_count(int index);           /* -1: not observable */
+void dt_emu_lt_refuse(unsigned mask);      /* a no-op: a GPU's heuristic answers for itself */
 
 #ifdef __cplusplus
 }

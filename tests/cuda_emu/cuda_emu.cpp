@@ -1931,8 +1931,14 @@ struct dt_emu_lt_pref {
 };
 static std::set<void *> g_lt_objects; /* every live handle and descriptor (a stale one is reported) */
 static long g_lt_count[7];
+static unsigned g_lt_refuse; /* dt_emu_lt_refuse's mask over lt_index */
 
 long dt_emu_lt_count(int index) { return index >= 0 && index < 7 ? g_lt_count[index] : 0; }
+void dt_emu_lt_refuse(unsigned mask) { g_lt_refuse = mask; }
+static int lt_index(uint32_t e) { /* dt_emu_lt_count's index of an epilogue */
+    return e == CUBLASLT_EPILOGUE_DEFAULT ? 0 : e == CUBLASLT_EPILOGUE_BIAS ? 1 : e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ? 2
+           : e == CUBLASLT_EPILOGUE_GELU_AUX ? 3 : e == CUBLASLT_EPILOGUE_BGRADB ? 4 : 5;
+}
 
 template <typename T> static cublasStatus_t lt_make(T **out, const char *fn) {
     if (!out) {
@@ -2055,10 +2061,12 @@ static bool lt_epilogue_known(uint32_t e) {
            e == CUBLASLT_EPILOGUE_BGRADB;
 }
 
-/* The shapes agree (D = op(A) op(B), C as D) and the epilogue is one the emulator runs: "" or why not. */
+/* The shapes agree (D = op(A) op(B), C as D) and the epilogue is one the emulator runs: "" or why
+   not; *st the status to answer (shapes that disagree: INVALID_VALUE, the rest NOT_SUPPORTED). */
 static std::string lt_shape_error(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
-                                  cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D) {
+                                  cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D, cublasStatus_t *st) {
     char buf[256];
+    *st = CUBLAS_STATUS_INVALID_VALUE;
     uint64_t m = D->rows, n = D->cols, ka = d->transa ? A->rows : A->cols, kb = d->transb ? B->cols : B->rows;
     uint64_t am = d->transa ? A->cols : A->rows, bn = d->transb ? B->rows : B->cols;
     if (am != m || bn != n || ka != kb || C->rows != m || C->cols != n) {
@@ -2067,6 +2075,7 @@ static std::string lt_shape_error(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t
                  (unsigned long long)C->rows, (unsigned long long)C->cols, (unsigned long long)m, (unsigned long long)n);
         return buf;
     }
+    *st = CUBLAS_STATUS_NOT_SUPPORTED;
     if (A->type != B->type || (D->type != CUDA_R_32F && D->type != A->type) || C->type != D->type) {
         snprintf(buf, sizeof buf, "types A %d, B %d, C %d, D %d: expected A = B, C = D, D f32 or A's", (int)A->type,
                  (int)B->type, (int)C->type, (int)D->type);
@@ -2099,9 +2108,14 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     *returned = 0;
-    std::string why = lt_shape_error(d, A, B, C, D);
+    cublasStatus_t bad;
+    std::string why = lt_shape_error(d, A, B, C, D, &bad);
     if (!why.empty()) {
         report("%s: %s", fn, why.c_str());
+        return bad;
+    }
+    if (g_lt_refuse & (1u << lt_index(d->epilogue))) { /* a test's "this GPU has none" */
+        g_lt_count[6]++;
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
     /* cuBLASLt: the GELU input matrix's leading dimension "must be divisible by 8 and be no less than
@@ -2120,7 +2134,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     return CUBLAS_STATUS_SUCCESS;
 }
 
-static float lt_gelu(float v) { /* GELU's tanh form, as the epilogue documents it */
+static float lt_gelu(float v) { /* GELU's tanh form: cuBLASLt's header does not say which form or how exact */
     return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
 }
 
@@ -2140,10 +2154,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     if (!valid_stream(stream)) return CUBLAS_STATUS_INVALID_VALUE;
-    why = lt_shape_error(d, Al, Bl, Cl, Dl);
+    cublasStatus_t bad;
+    why = lt_shape_error(d, Al, Bl, Cl, Dl, &bad);
     if (!why.empty()) {
         report("%s: %s", fn, why.c_str());
-        return CUBLAS_STATUS_NOT_SUPPORTED;
+        return bad;
     }
     int m = (int)Dl->rows, n = (int)Dl->cols, k = (int)(d->transa ? Al->rows : Al->cols);
     const void *ptr[4] = {A, B, C, D};
@@ -2179,8 +2194,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
                !d->aux ? "is NULL" : d->aux_ld % 8 || d->aux_ld < m ? "has ld not a multiple of 8 >= rows" : why.c_str());
         return CUBLAS_STATUS_INVALID_VALUE;
     }
-    g_lt_count[e == CUBLASLT_EPILOGUE_DEFAULT ? 0 : e == CUBLASLT_EPILOGUE_BIAS ? 1
-               : e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ? 2 : e == CUBLASLT_EPILOGUE_GELU_AUX ? 3 : bgrad ? 4 : 5]++;
+    g_lt_count[lt_index(e)]++;
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
     bool tf32 = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
     int ar = (int)Al->rows, ac = (int)Al->cols, br = (int)Bl->rows, bc = (int)Bl->cols;

@@ -172,7 +172,7 @@ int main(void) {
         std::vector<float> dw0((const float *)dw.h.data, (const float *)dw.h.data + dw.h.numel);
         std::vector<float> db0((const float *)db.h.data, (const float *)db.h.data + db.h.numel);
         auto check = [&](const char *name, pair_t &p, const std::vector<double> &mag, double rel, int64_t K,
-                         const std::vector<float> *init) {
+                         const std::vector<float> *init, bool need_past = true) {
             std::vector<float> got((size_t)p.h.numel);
             cudaMemcpy(got.data(), p.d.data, got.size() * sizeof(float), cudaMemcpyDeviceToHost);
             size_t bad = 0, past = 0, first = 0;
@@ -183,7 +183,7 @@ int main(void) {
                 if (!(d <= rel * mag[i] + f32b) && bad++ == 0) first = i;
                 past += d > f32b;
             }
-            dt_test_check_all(name, !bad && past > 0, "%zu of %zu outside (first [%zu]: cuda %.9g, cpu %.9g); %zu past "
+            dt_test_check_all(name, !bad && (past > 0 || !need_past), "%zu of %zu outside (first [%zu]: cuda %.9g, cpu %.9g); %zu past "
                               "the f32 bound (want > 0)", bad, got.size(), first, (double)got[first],
                               (double)((const float *)p.h.data)[first], past);
         };
@@ -211,7 +211,11 @@ int main(void) {
             std::vector<double> mb((size_t)O, 0.0);
             for (int64_t n = 0; n < N; n++)
                 for (int64_t o = 0; o < O; o++) mb[(size_t)o] += fabs((double)G[n * O + o]);
-            check("linear_bwd_dbias_bf16_w_cuda_within_bf16_rounding_of_dout", db, mb, ub / 2, N, &db0);
+            bool fused_here = true; /* on a GPU (bench/gpu) its heuristic may refuse BGRADB: exact f32 sums */
+#ifdef DT_EMU_STUBS
+            fused_here = false;
+#endif
+            check("linear_bwd_dbias_bf16_w_cuda_within_bf16_rounding_of_dout", db, mb, ub / 2, N, &db0, fused_here);
         }
         /* the CPU's own bf16 GEMMs (AMX, or f32 GEMMs of the rounded operands) make the same
            products as the tensor cores: the two differ by their f32 sums only, 2 gamma(I) sum |x w| */

@@ -10,7 +10,9 @@
    form in f32; _AUX also writes the GELU's input) and BGRADB (the bias gradient: the sums of
    op(B)'s columns over k, in k order). Anything else is CUBLAS_STATUS_NOT_SUPPORTED with a report.
    The heuristic, as the real one, returns no algorithm (CUBLAS_STATUS_NOT_SUPPORTED) where the
-   GELU's aux leading dimension is not a multiple of 8, so a caller's fallback path runs here too;
+   GELU's aux leading dimension is not a multiple of 8, and for the epilogues a test refuses
+   (dt_emu_lt_refuse), so a caller's fallback paths run here too; shapes that disagree are
+   CUBLAS_STATUS_INVALID_VALUE (a caller's bug), with a report;
    cublasLtMatmul checks that A, B, C, D lie in their allocations and are as aligned as the
    preference's CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES promised the heuristic (default 256,
    as cuBLASLt's), and that bias, aux and workspace lie in device memory.
@@ -101,5 +103,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
    (index: DEFAULT 0, BIAS 1, GELU_AUX_BIAS 2, GELU_AUX 3, BGRADB 4, other 5), and how many
    heuristic queries found no algorithm (index 6). */
 long dt_emu_lt_count(int index);
+/* Test hook: from now on the heuristic finds no algorithm for the epilogues whose count index
+   (above, 0..4) is set in mask, as a GPU may (0: the default, every one has an algorithm). */
+void dt_emu_lt_refuse(unsigned mask);
 
 #endif /* DT_CUDA_EMU_CUBLASLT_H */
