@@ -490,9 +490,10 @@ DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_ten
    (dt_gelu_fwd); pre [N,O] is kept for the backward, which is dt_gelu_bwd(dpre, dout, pre) then
    dt_linear_bwd. One call so that CUDA can do all of it inside the GEMM: cuBLASLt's
    GELU_AUX_BIAS epilogue writes out and pre once, where the separate ops write pre, read it for
-   the bias, write it, read it for the GELU and write out (its GELU rounds in its own way: within
-   2e-6 relative of dt_gelu_fwd's where the emulator checks it). Where cuBLASLt has no algorithm
-   (it wants O % 8 == 0), and on the CPU, it runs the separate ops. out and pre must not overlap. */
+   the bias, write it, read it for the GELU and write out (its GELU is cuBLASLt's own, whose
+   accuracy its header does not state: within 2e-6 relative of dt_gelu_fwd's on the emulator, a GPU
+   unmeasured). Where cuBLASLt has no algorithm (it wants O % 8 == 0, bias and pre on 16 bytes),
+   and on the CPU, it runs the separate ops. out and pre must not overlap. */
 DT_API dt_status dt_linear_gelu_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *pre, const dt_tensor *x,
                                     const dt_tensor *w, const dt_tensor *bias);
 /* How this process multiplies a bf16 w on the CPU, found at run time: "amx-bf16" (Intel AMX
