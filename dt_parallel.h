@@ -2866,6 +2866,7 @@ DT_API dt_status dt_tp_row_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw
     const char *fn = "dt_tp_row_linear_bwd";
     const dt_tensor *dall = dout;
     int64_t N, O, nl = 0;
+    int fuse;
     DT__TRY(dt__tp_row_args(l, dout, "dout", x, w, NULL, sp, &N, &nl, fn));
     O = w->shape[0];
     if (sp && l->tp > 1) {
@@ -2877,9 +2878,11 @@ DT_API dt_status dt_tp_row_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw
     if (dx) DT__TRY(dt__tp_mat(l->ctx, dx, N, w->shape[1], fn, "dx", "as x"));
     DT__TRY(dt__tp_wgrads(l->ctx, dw, dbias, w, fn));
     if (dall != dout) DT__TRY(dt_sp_gather_rows(l, doutbuf, dout));
-    if (dx || dw) DT__TRY(dt_linear_bwd(l->ctx, dx, dw, NULL, dall, x, w));
-    /* the bias was added after the sum: its grad is dout's (this rank's rows under sp: partial) */
-    return dbias ? dt_bias_add_bwd(l->ctx, dbias, dout) : DT_OK;
+    /* the bias was added after the sum: its grad is dout's (this rank's rows under sp: partial).
+       Where dout is all of dw's rows, the dw GEMM makes it too (on CUDA in its epilogue) */
+    fuse = dbias && dw && dall == dout;
+    if (dx || dw) DT__TRY(dt_linear_bwd(l->ctx, dx, dw, fuse ? dbias : NULL, dall, x, w));
+    return dbias && !fuse ? dt_bias_add_bwd(l->ctx, dbias, dout) : DT_OK;
 }
 
 /* ---- vocab-parallel embedding */
