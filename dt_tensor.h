@@ -226,6 +226,10 @@ typedef struct dt_cuda_counters {
     int64_t allocs, frees;        /* cudaMalloc / cudaFree */
     int64_t h2d_bytes, h2d_calls; /* host -> device copies */
     int64_t d2h_bytes, d2h_calls; /* device -> host copies */
+    int64_t lt_fused, lt_separate; /* dt_linear's GEMMs with a bias / GELU / dbias that ran with
+                                      cuBLASLt's epilogue, and that took the separate ops instead
+                                      (no algorithm on this GPU, a vector not on 16 bytes, a size 0):
+                                      what a GPU run reads to know which path its linears took */
 } dt_cuda_counters;
 
 #define DT_CUDA_SCRATCH_CHUNKS 8
@@ -5001,6 +5005,8 @@ static dt_status dt__cu_linear_fwd_ep(dt_ctx *ctx, dt_tensor *out, dt_tensor *pr
                                bias ? (const float *)bias->data : NULL, dt_in, N, Out, In, bf ? 0 : ctx->tf32,
                                ctx->cublas_workspace, ctx->cublas_workspace_bytes, ctx->cuda_stream);
         if (k != DT_K_NO_ALGO) st = dt__cu_status(ctx, k, fn, "dt_k_linear_lt_fwd");
+        if (k == 0) ctx->counters.lt_fused++;
+        if (k == DT_K_NO_ALGO) ctx->counters.lt_separate++;
     }
     if (!st && k == DT_K_NO_ALGO) {
         st = dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(lin), xa, w->data, dt_in, 1, N, Out, In, 0, 1, 0,
@@ -5073,6 +5079,8 @@ static dt_status dt__cu_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt
             k = dt_k_linear_lt_dw(ctx->cublaslt, DT__CU_F(dw), db, g, xa, dt_in, N, Out, In, bf ? 0 : ctx->tf32,
                                   ctx->cublas_workspace, ctx->cublas_workspace_bytes, ctx->cuda_stream);
             if (k != DT_K_NO_ALGO) st = dt__cu_status(ctx, k, fn, "dt_k_linear_lt_dw");
+            if (k == 0) ctx->counters.lt_fused++;
+            if (k == DT_K_NO_ALGO) ctx->counters.lt_separate++;
             if (!st && k == 0)
                 st = dt__cu_status(ctx, dt_k_axpy(DT__CU_F(dbias), 1.0f, db, Out, ctx->cuda_stream), fn, "dt_k_axpy");
         }

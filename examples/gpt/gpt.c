@@ -2939,6 +2939,10 @@ static void report(trainer *t) {
                "d2h_calls %lld\n", (long long)g_worst.syncs, (long long)g_worst.allocs, (long long)g_worst.frees,
                (long long)g_worst.h2d_bytes, (long long)g_worst.h2d_calls, (long long)g_worst.d2h_bytes,
                (long long)g_worst.d2h_calls);
+        /* which path the linears with a bias or GELU took: cuBLASLt's epilogues, or (no algorithm
+           on this GPU, a vector not on 16 bytes) the separate ops */
+        printf("cuda linears after the first step: %lld with cuBLASLt's fused epilogues, %lld by the separate ops\n",
+               (long long)t->ctx.counters.lt_fused, (long long)t->ctx.counters.lt_separate);
         fflush(stdout);
     }
     if (g_profile && g_rank == 0 && trained) {

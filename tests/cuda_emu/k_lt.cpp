@@ -192,13 +192,18 @@ template <typename F> static void on_device_only(const char *name, F op) {
                       (long long)c.allocs, (long long)c.frees, (long long)c.syncs, (long long)c.d2h_calls);
 }
 
-/* Which epilogue ran: the emulator counts them; a GPU build (bench/gpu) cannot see it. */
-static void path(const char *name, int ok, const char *what) {
+/* Which epilogue ran: the emulator counts each; ctx->counters counts fused and separate calls,
+   on a GPU too, where either is right (its heuristic decides) and the SKIP line says which. */
+static int64_t g_fused0, g_sep0;
+static void path_begin(void) { g_fused0 = ctx.counters.lt_fused, g_sep0 = ctx.counters.lt_separate; }
+static void path(const char *name, int ok, int fused, const char *what) {
+    long long f = (long long)(ctx.counters.lt_fused - g_fused0), sp = (long long)(ctx.counters.lt_separate - g_sep0);
 #ifdef DT_EMU_STUBS
-    (void)ok, (void)what;
-    dt_test_skip(name, "which cuBLASLt epilogue ran is not observable on a GPU");
+    (void)ok, (void)fused, (void)what;
+    dt_test_skip(name, "on a GPU its heuristic decides: %lld fused, %lld separate since the last op", f, sp);
 #else
-    dt_test_check_all(name, ok, "%s", what);
+    dt_test_check_all(name, ok && f == fused && f + sp == 1, "%s (ctx counters: %lld fused, %lld separate; want %d, %d)",
+                      what, f, sp, fused, 1 - fused);
 #endif
 }
 
@@ -212,12 +217,14 @@ static void ops(int64_t N, int64_t O, int64_t I, int refuse) {
     snprintf(tag, sizeof tag, "N%lld_O%lld_I%lld%s", (long long)N, (long long)O, (long long)I, refuse ? "_refused" : "");
     dt_emu_lt_refuse(refuse ? 0x1fu : 0u);
     for (int i = 0; i < 7; i++) c0[i] = dt_emu_lt_count(i);
+    path_begin();
     snprintf(name, sizeof name, "linear_fwd_bias_cuda_equals_cpu_%s", tag);
     if (ok2(name, dt_linear_fwd(&ctx, &out.h, &x.h, &w.h, &b.h), dt_linear_fwd(&ctx, &out.d, &x.d, &w.d, &b.d))) {
         same(name, out, 1e-5);
         snprintf(name, sizeof name, "linear_fwd_bias_cuda_%s_%s", refuse ? "fell_back" : "ran_the_bias_epilogue", tag);
-        path(name, dt_emu_lt_count(1) == c0[1] + !refuse, "BIAS epilogue runs not as expected");
+        path(name, dt_emu_lt_count(1) == c0[1] + !refuse, !refuse, "BIAS epilogue runs not as expected");
     }
+    path_begin();
     snprintf(name, sizeof name, "linear_gelu_fwd_cuda_equals_cpu_linear_then_gelu_%s", tag);
     if (ok2(name, dt_linear_gelu_fwd(&ctx, &out.h, &pre.h, &x.h, &w.h, &b.h),
             dt_linear_gelu_fwd(&ctx, &out.d, &pre.d, &x.d, &w.d, &b.d))) {
@@ -229,7 +236,7 @@ static void ops(int64_t N, int64_t O, int64_t I, int refuse) {
                  gelu_fused ? "ran_gelu_aux_bias_epilogue" : "fell_back_to_separate_ops", tag);
         char what[128];
         snprintf(what, sizeof what, "GELU_AUX_BIAS runs %ld -> %ld, GELU_AUX %ld -> %ld", c0[2], c1[2], c0[3], c1[3]);
-        path(name, gelu_fused ? c1[2] == c0[2] + 1 : c1[2] == c0[2] && c1[3] == c0[3], what);
+        path(name, gelu_fused ? c1[2] == c0[2] + 1 : c1[2] == c0[2] && c1[3] == c0[3], gelu_fused, what);
     }
     /* the CPU op is dt_linear_fwd then dt_gelu_fwd, bit for bit */
     {
@@ -245,6 +252,7 @@ static void ops(int64_t N, int64_t O, int64_t I, int refuse) {
             dt_linear_gelu_fwd(&ctx, &out.d, &pre.d, &x.d, &w.d, NULL)))
         same(name, out, OPS_RTOL);
     for (int i = 0; i < 7; i++) c0[i] = dt_emu_lt_count(i);
+    path_begin();
     snprintf(name, sizeof name, "linear_bwd_cuda_dbias_accumulates_as_cpu_%s", tag);
     if (ok2(name, dt_linear_bwd(&ctx, &dx.h, &dw.h, &db.h, &g.h, &x.h, &w.h),
             dt_linear_bwd(&ctx, &dx.d, &dw.d, &db.d, &g.d, &x.d, &w.d))) {
@@ -254,7 +262,7 @@ static void ops(int64_t N, int64_t O, int64_t I, int refuse) {
         snprintf(name, sizeof name, "linear_bwd_cuda_dx_equals_cpu_%s", tag);
         same(name, dx, 1e-5);
         snprintf(name, sizeof name, "linear_bwd_cuda_%s_%s", refuse ? "fell_back" : "ran_the_bgradb_epilogue", tag);
-        path(name, dt_emu_lt_count(4) == c0[4] + !refuse, "BGRADB epilogue runs not as expected");
+        path(name, dt_emu_lt_count(4) == c0[4] + !refuse, !refuse, "BGRADB epilogue runs not as expected");
     }
     /* dbias alone (the kernels' column sums) and dw alone (the plain GEMM) */
     snprintf(name, sizeof name, "linear_bwd_cuda_dbias_alone_equals_cpu_%s", tag);
@@ -282,17 +290,20 @@ static void misaligned_vectors(void) {
     dt_tensor_view(&ctx, &bh, &bb.h, 1, 1, sb); dt_tensor_view(&ctx, &bd, &bb.d, 1, 1, sb);
     dt_tensor_view(&ctx, &ph, &pp.h, 1, 2, sp); dt_tensor_view(&ctx, &pd, &pp.d, 1, 2, sp);
     dt_tensor_view(&ctx, &dh, &dd.h, 1, 1, sb); dt_tensor_view(&ctx, &ddv, &dd.d, 1, 1, sb);
-    long c2 = dt_emu_lt_count(2), c4 = dt_emu_lt_count(4);
+    long c2 = dt_emu_lt_count(2), c4;
     const char *name = "linear_gelu_fwd_cuda_misaligned_bias_and_pre_equal_cpu";
+    path_begin();
     if (ok2(name, dt_linear_gelu_fwd(&ctx, &out.h, &ph, &x.h, &w.h, &bh), dt_linear_gelu_fwd(&ctx, &out.d, &pd, &x.d, &w.d, &bd))) {
         same(name, out, OPS_RTOL);
-        path("linear_gelu_fwd_cuda_misaligned_bias_and_pre_take_the_separate_ops", dt_emu_lt_count(2) == c2,
+        path("linear_gelu_fwd_cuda_misaligned_bias_and_pre_take_the_separate_ops", dt_emu_lt_count(2) == c2, 0,
              "a GELU_AUX_BIAS epilogue ran on vectors not on 16 bytes");
     }
     name = "linear_bwd_cuda_misaligned_dbias_equals_cpu";
+    c4 = dt_emu_lt_count(4);
+    path_begin();
     if (ok2(name, dt_linear_bwd(&ctx, NULL, &dw.h, &dh, &g.h, &x.h, &w.h), dt_linear_bwd(&ctx, NULL, &dw.d, &ddv, &g.d, &x.d, &w.d))) {
         same(name, dd, 1e-5);
-        path("linear_bwd_cuda_misaligned_dbias_still_fused_into_scratch", dt_emu_lt_count(4) == c4 + 1,
+        path("linear_bwd_cuda_misaligned_dbias_still_fused_into_scratch", dt_emu_lt_count(4) == c4 + 1, 1,
              "the dbias epilogue writes 256-byte-aligned scratch, whatever dbias's alignment");
     }
     pair_t *all[] = {&x, &w, &bb, &out, &pp, &g, &dw, &dd};
