@@ -147,4 +147,14 @@ template <typename F> static int k_same_bits_in_every_order(const char *name, F 
     return dt_test_pass(name);
 }
 
+#ifndef DT_EMU_STUBS
+/* The vector accesses (dt_k_load_vec / dt_k_store_vec) since vec0, and no emulator report since
+   rep0 (no misaligned access): PASS iff exactly want. A GPU build (bench/gpu) cannot count them. */
+static inline void k_check_accesses(const char *name, long long vec0, int rep0, long long want) {
+    long long got = dt_emu_vector_accesses() - vec0;
+    if (got == want && dt_emu_report_count() == rep0) dt_test_pass(name);
+    else dt_test_fail(name, "%lld vector accesses, want %lld; %d emulator reports", got, want, dt_emu_report_count() - rep0);
+}
+#endif
+
 #endif /* DT_K_COMMON_H */

@@ -115,15 +115,6 @@ static void within(const char *name, const float *got, const float *want, const 
     if (k_within_bound(name, got, want, bound, n)) printf("  %s: max |diff| %.3g, max |diff| / bound %.3g\n", name, maxdiff, worst);
 }
 
-#ifndef DT_EMU_STUBS
-/* The vector accesses a launch made, and no report (no misaligned access): PASS iff exactly want. */
-static void check_accesses(const char *name, long long vec0, int rep0, long long want) {
-    long long got = dt_emu_vector_accesses() - vec0;
-    if (got == want && dt_emu_report_count() == rep0) dt_test_pass(name);
-    else dt_test_fail(name, "%lld vector accesses, want %lld; %d emulator reports", got, want, dt_emu_report_count() - rep0);
-}
-#endif
-
 /* Forward and dx on [R, C] against the CPU, with b (and the backward) or without. off: the
    device copies of x, out, dout and dx sit one float past a 16-byte boundary (a view at an odd
    offset), so even a C that is a multiple of 4 takes the scalar path. orders: the same bits
@@ -167,7 +158,7 @@ static void check_layernorm(int64_t R, int64_t C, int with_b, int off, int order
     /* per row: x twice (the statistics), then x, w (b) and the store; per block: the copy of w
        (and b) into shared memory, a load and a store per float4, where they fit */
     snprintf(name, sizeof name, "layernorm_fwd_loads_by_16_bytes_iff_c_is_a_multiple_of_4_and_aligned_%s", tag);
-    check_accesses(name, vec0, rep0, vec ? (C / 4) * (R * (5 + with_b) +
+    k_check_accesses(name, vec0, rep0, vec ? (C / 4) * (R * (5 + with_b) +
                                                       ln_blocks(R) * 2 * (1 + with_b) * ln_weights_shared(C, 1 + with_b))
                                          : 0);
 #endif
@@ -200,7 +191,7 @@ static void check_layernorm(int64_t R, int64_t C, int with_b, int off, int order
 #ifndef DT_EMU_STUBS
         /* per row: x, dout, w (the sums), then x, dout, w, dx and the store; per block: w's copy */
         snprintf(name, sizeof name, "layernorm_bwd_dx_loads_by_16_bytes_iff_c_is_a_multiple_of_4_and_aligned_%s", tag);
-        check_accesses(name, vec0, rep0, vec ? (C / 4) * (R * 8 + ln_blocks(R) * 2 * ln_weights_shared(C, 1)) : 0);
+        k_check_accesses(name, vec0, rep0, vec ? (C / 4) * (R * 8 + ln_blocks(R) * 2 * ln_weights_shared(C, 1)) : 0);
 #endif
         std::vector<double> bound = dx_bound(x, w, dout, (float *)t_mean.data, (float *)t_rstd.data, dx0, R, C);
         snprintf(name, sizeof name, "layernorm_bwd_dx_accumulates_like_cpu_within_derived_bound_%s", tag);
@@ -297,7 +288,7 @@ static void check_dwdb(const char *tag, int64_t R, int64_t C) {
     /* stage 1: dout and x of each row; then dw and db added to (one chunk), or the partials
        stored, loaded again by stage 2 and the totals added to dw and db */
     snprintf(name, sizeof name, "layernorm_bwd_dw_db_load_by_16_bytes_iff_c_is_a_multiple_of_4_%s", tag);
-    check_accesses(name, vec0, rep0, C % 4 ? 0 : (C / 4) * (2 * R + 4 + (nchunks > 1 ? 4 * nchunks : 0)));
+    k_check_accesses(name, vec0, rep0, C % 4 ? 0 : (C / 4) * (2 * R + 4 + (nchunks > 1 ? 4 * nchunks : 0)));
 #endif
     snprintf(name, sizeof name, "layernorm_bwd_dw_db_match_cpu_within_derived_bound_%s", tag);
     within(name, got.data(), want.data(), bound_cpu.data(), got.size());

@@ -43,15 +43,6 @@ static dt_tensor i32_cpu(const std::vector<int32_t> &t) {
     return x;
 }
 
-#ifndef DT_EMU_STUBS
-/* The vector accesses since vec0, and no report (no misaligned access): PASS iff exactly want. */
-static void check_accesses(const char *name, long long vec0, int rep0, long long want) {
-    long long got = dt_emu_vector_accesses() - vec0;
-    if (got == want && dt_emu_report_count() == rep0) dt_test_pass(name);
-    else dt_test_fail(name, "%lld vector accesses, want %lld; %d emulator reports", got, want, dt_emu_report_count() - rep0);
-}
-#endif
-
 /* [R, V] logits at scale; off: the device logits, probs and dlogits one float past a 16-byte
    boundary (a view at an odd offset: the scalar path even for V a multiple of 4). */
 static void check_xent(const char *tag, int64_t R, int64_t V, float scale, int off = 0) {
@@ -102,7 +93,7 @@ static void check_xent(const char *tag, int64_t R, int64_t V, float scale, int o
 #ifndef DT_EMU_STUBS
     /* per row: the max, the sum, then the probabilities (a load and a store per float4) */
     snprintf(name, sizeof name, "softmax_xent_fwd_loads_by_16_bytes_iff_v_is_a_multiple_of_4_and_aligned_%s", tag);
-    check_accesses(name, vec0, rep0, vec ? R * 4 * (V / 4) : 0);
+    k_check_accesses(name, vec0, rep0, vec ? R * 4 * (V / 4) : 0);
 #endif
     snprintf(name, sizeof name, "softmax_xent_fwd_mean_loss_within_derived_bound_of_cpu_%s", tag);
     if (k_ok(name, st)) {
@@ -137,7 +128,7 @@ static void check_xent(const char *tag, int64_t R, int64_t V, float scale, int o
     {   /* per row not ignored: probs and dlogits loaded, dlogits stored */
         char pname[160];
         snprintf(pname, sizeof pname, "softmax_xent_bwd_loads_by_16_bytes_iff_v_is_a_multiple_of_4_and_aligned_%s", tag);
-        check_accesses(pname, vec0, rep0, vec ? valid * 3 * (V / 4) : 0);
+        k_check_accesses(pname, vec0, rep0, vec ? valid * 3 * (V / 4) : 0);
     }
 #endif
     if (k_ok(name, st)) dt_test_allclose(name, k_download(d_g, R * V).data(), (float *)t_g.data, R * V, 0, 0);
@@ -204,7 +195,7 @@ static void check_bce(const char *tag, int64_t n) {
 #ifndef DT_EMU_STUBS
     /* aligned: n / 4 float4s of dlogits, logits and labels loaded, dlogits stored; the last n % 4 one by one */
     snprintf(name, sizeof name, "bce_logits_bwd_loads_by_16_bytes_all_but_the_last_n_mod_4_%s", tag);
-    check_accesses(name, vec0, rep0, 4 * (n / 4));
+    k_check_accesses(name, vec0, rep0, 4 * (n / 4));
     /* at an odd offset: one at a time, the same bits */
     std::vector<float> pz(1, 0.0f), pg(1, 0.0f);
     pz.insert(pz.end(), z.begin(), z.end()), pg.insert(pg.end(), g0.begin(), g0.end());
@@ -212,7 +203,7 @@ static void check_bce(const char *tag, int64_t n) {
     vec0 = dt_emu_vector_accesses(), rep0 = dt_emu_report_count();
     st = dt_k_bce_logits_bwd(o_g, o_z, d_y, 0.5f, n, NULL);
     snprintf(name, sizeof name, "bce_logits_bwd_at_an_odd_offset_loads_by_4_bytes_%s", tag);
-    check_accesses(name, vec0, rep0, 0);
+    k_check_accesses(name, vec0, rep0, 0);
     snprintf(name, sizeof name, "bce_logits_bwd_at_an_odd_offset_equals_cpu_bitwise_%s", tag);
     if (k_ok(name, st)) dt_test_allclose(name, k_download(o_g, n).data(), (float *)t_g.data, n, 0, 0);
 #endif
