@@ -485,7 +485,11 @@ DT_API void dt_blas_rerun(char **argv);
    be bf16: the GEMMs (fwd and bwd) then multiply in bf16 and add in f32, with f32 outputs, x and
    dout rounded to bf16 on the way in (as torch.autocast): on CUDA on the tensor cores, on the CPU
    on AMX or AVX512_BF16 where it has them, else as f32 GEMMs of the rounded values
-   (dt_cpu_bf16_gemm says which). */
+   (dt_cpu_bf16_gemm says which). With a bf16 w, the activations may be bf16 too (as llm.c keeps
+   them): x is then read as it is (the same values an f32 x would be rounded to), and a bf16 out
+   gets the f32 sum plus the bias, each value rounded once; the bias is then read in bf16 (rounded
+   to nearest), as cuBLASLt reads a bias beside a bf16 output. dx, dw, dbias and dout stay f32.
+   A bf16 x or out with an f32 w is DT_ERR_DTYPE. */
 DT_API dt_status dt_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, const dt_tensor *w,
                                const dt_tensor *bias);
 DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
@@ -497,7 +501,9 @@ DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_ten
    the bias, write it, read it for the GELU and write out (its GELU is cuBLASLt's own, whose
    accuracy its header does not state: within 2e-6 relative of dt_gelu_fwd's on the emulator, a GPU
    unmeasured). Where cuBLASLt has no algorithm (it wants O % 8 == 0, bias and pre on 16 bytes),
-   and on the CPU, it runs the separate ops. out and pre must not overlap. */
+   and on the CPU, it runs the separate ops. out and pre must not overlap. With a bf16 w, out and
+   pre may both be bf16 (bf16 activations, as dt_linear_fwd): pre is the f32 value rounded once,
+   out the GELU of the f32 value rounded once, and the backward's dt_gelu_bwd reads that bf16 pre. */
 DT_API dt_status dt_linear_gelu_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *pre, const dt_tensor *x,
                                     const dt_tensor *w, const dt_tensor *bias);
 /* How this process multiplies a bf16 w on the CPU, found at run time: "amx-bf16" (Intel AMX
@@ -514,12 +520,15 @@ DT_API dt_status dt_relu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x);
 DT_API dt_status dt_relu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x);
 /* GELU, tanh approximation (GPT-2); dx += dout * gelu'(x). Computed as x / (1 + exp(-2u)) with
    this file's vector exp: within 1e-6 relative of the formula in double for x > -3, and within
-   (1e-6 + 2e-7 |2u|) relative below (the argument's float rounding; tests/test_tensor_ops_simd.c). */
+   (1e-6 + 2e-7 |2u|) relative below (the argument's float rounding; tests/test_tensor_ops_simd.c).
+   x (and the forward's out) may be bf16: the same f32 arithmetic on x's values, out rounded once;
+   dx and dout stay f32. */
 DT_API dt_status dt_gelu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x);
 DT_API dt_status dt_gelu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x);
 /* LayerNorm over the last dim C: out = (x - mean) * rstd * w + b; mean, rstd [rows] are saved
    for the backward (may be NULL in the forward when not needed). Row sums in float, 8 lanes in a
-   fixed order: a row gives the same bits wherever it sits (rows can be sharded). */
+   fixed order: a row gives the same bits wherever it sits (rows can be sharded). out may be bf16
+   (a GEMM's bf16 input): the f32 result rounded once; x, w, b, mean, rstd stay f32. */
 DT_API dt_status dt_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, dt_tensor *rstd,
                                   const dt_tensor *x, const dt_tensor *w, const dt_tensor *b,
                                   float eps);
@@ -2436,6 +2445,15 @@ static int dt__bf16_w(const dt_tensor *w, dt_tensor *wf) {
     return 1;
 }
 
+/* An activation that may be bf16 (ok): t itself, or a bf16 t as f32 in *tmp, for the f32 checks
+   of its shape. */
+static const dt_tensor *dt__bf16_as_f32(const dt_tensor *t, int ok, dt_tensor *tmp) {
+    if (!ok || !t || t->dtype != DT_BF16) return t;
+    *tmp = *t;
+    tmp->dtype = DT_F32;
+    return tmp;
+}
+
 #ifdef DT__TENSOR_AMX
 #if defined(__GNUC__) && !defined(__clang__)
 /* GCC 12's AVX-512 intrinsics start from _mm512_undefined_epi32(), which -Wmaybe-uninitialized
@@ -3244,6 +3262,64 @@ static dt_status dt__linear_check(dt_ctx *ctx, const dt_tensor *y, const dt_tens
     return DT_OK;
 }
 
+/* The linear's bf16 activations: x (and, in the forward, out and pre) may be bf16 with a bf16 w
+   only; their shapes are then checked as f32 (xs, ys: the views to check). y is the output named
+   yname, pre (may be NULL) the other output of dt_linear_gelu_fwd. */
+static dt_status dt__linear_dtypes(dt_ctx *ctx, const dt_tensor *w, const dt_tensor *x, const dt_tensor *y,
+                                   const dt_tensor *pre, const char *fn, const char *yname, dt_tensor *xt,
+                                   dt_tensor *yt, const dt_tensor **xs, const dt_tensor **ys) {
+    int bf = w && w->dtype == DT_BF16;
+    if (!bf && ((x && x->dtype == DT_BF16) || (y && y->dtype == DT_BF16) || (pre && pre->dtype == DT_BF16)))
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: %s is bf16 but w is %s; bf16 activations go with a bf16 w", fn,
+                                x && x->dtype == DT_BF16 ? "x" : y && y->dtype == DT_BF16 ? yname
+                                                                 : strcmp(yname, "pre") ? "pre" : "out",
+                                w ? dt_dtype_name(w->dtype) : "NULL");
+    if (pre && y && pre->dtype != y->dtype && (pre->dtype == DT_BF16 || y->dtype == DT_BF16))
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: %s is %s, %s is %s; expected out and pre of one dtype (f32 or "
+                                "bf16)", fn, yname, dt_dtype_name(y->dtype), strcmp(yname, "pre") ? "pre" : "out",
+                                dt_dtype_name(pre->dtype));
+    *xs = dt__bf16_as_f32(x, bf, xt);
+    *ys = dt__bf16_as_f32(y, bf, yt);
+    return DT_OK;
+}
+
+/* A bf16 w and a bf16 out (and pre): row blocks of the GEMM in f32 (the bias, rounded to bf16
+   as cuBLASLt reads it beside a bf16 output, added in f32), each value rounded once into out;
+   with pre, pre = that rounded and out = gelu of the f32 value, rounded (cuBLASLt's GELU_AUX
+   epilogue with a bf16 D). */
+static void dt__gelu_fwd_f(float *o, const float *x, int64_t n);
+static dt_status dt__linear_bf16_out(dt_ctx *ctx, dt_tensor *out, dt_tensor *pre, const dt_tensor *x,
+                                     const dt_tensor *w, const dt_tensor *bias) {
+    int64_t N = dt__rows(x), In = w->shape[1], Out = w->shape[0], rb, r, nb;
+    size_t xe = x->dtype == DT_BF16 ? 2 : 4;
+    float *t, *g, *rbias = NULL;
+    dt_status st = DT_OK;
+    if (N == 0 || Out == 0) return DT_OK;
+    rb = (int64_t)1 << 18; /* about 1 MB of f32 a block */
+    rb = rb / Out > 0 ? rb / Out : 1;
+    if (rb > N) rb = N;
+    if (!(t = (float *)dt_alloc(ctx, ((size_t)rb * (size_t)Out * 2 + (size_t)Out) * sizeof(float))))
+        return ctx->last_status;
+    g = t + rb * Out;
+    if (bias) {
+        rbias = g + rb * Out;
+        dt__round_bf16(rbias, bias->data, 0, Out);
+    }
+    for (r = 0; r < N && !st; r += nb) {
+        nb = N - r < rb ? N - r : rb;
+        st = dt__gemm_bf16_keep(ctx, 0, 1, nb, Out, In, In ? (const char *)x->data + (size_t)(r * In) * xe : x->data,
+                                x->dtype == DT_BF16, In, w->data, 1, In, 0, t, Out, 0, rbias);
+        if (st) break;
+        if (pre) {
+            dt_convert(ctx, (uint16_t *)pre->data + r * Out, DT_BF16, t, DT_F32, nb * Out);
+            dt__gelu_fwd_f(g, t, nb * Out);
+        }
+        dt_convert(ctx, (uint16_t *)out->data + r * Out, DT_BF16, pre ? g : t, DT_F32, nb * Out);
+    }
+    dt_release(ctx, t);
+    return st;
+}
+
 static dt_status dt__linear_apart(dt_ctx *ctx, const dt_tensor *out, const dt_tensor *x, const dt_tensor *w,
                                   const dt_tensor *bias) {
     DT__TRY(dt__apart(ctx, out, x, "dt_linear_fwd", "out", "x"));
@@ -3254,7 +3330,8 @@ static dt_status dt__linear_apart(dt_ctx *ctx, const dt_tensor *out, const dt_te
 DT_API dt_status dt_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, const dt_tensor *w,
                                const dt_tensor *bias) {
     int64_t N, In, Out;
-    dt_tensor wf;
+    dt_tensor wf, xt, yt;
+    const dt_tensor *xs, *ys;
     int bf;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
@@ -3264,12 +3341,14 @@ DT_API dt_status dt_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, 
     }
 #endif
     bf = dt__bf16_w(w, &wf);
-    DT__TRY(dt__linear_check(ctx, out, x, bf ? &wf : w, bias, "dt_linear_fwd", "out"));
+    DT__TRY(dt__linear_dtypes(ctx, w, x, out, NULL, "dt_linear_fwd", "out", &xt, &yt, &xs, &ys));
+    DT__TRY(dt__linear_check(ctx, ys, xs, bf ? &wf : w, bias, "dt_linear_fwd", "out"));
     DT__TRY(dt__linear_apart(ctx, out, x, w, bias));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
+    if (bf && out->dtype == DT_BF16) return dt__linear_bf16_out(ctx, out, NULL, x, w, bias);
     if (bf) /* the bias goes in with the GEMM (on AMX its tiles start there) */
-        return dt__gemm_bf16_keep(ctx, 0, 1, N, Out, In, x->data, 0, In, w->data, 1, In, 0, DT__F(out), Out, 0,
-                                  bias ? DT__CF(bias) : NULL);
+        return dt__gemm_bf16_keep(ctx, 0, 1, N, Out, In, x->data, x->dtype == DT_BF16, In, w->data, 1, In, 0,
+                                  DT__F(out), Out, 0, bias ? DT__CF(bias) : NULL);
     DT__TRY(dt__gemm(ctx, 0, 1, N, Out, In, 1.0f, DT__CF(x), In, DT__CF(w), In, 0.0f, DT__F(out), Out));
     return bias ? dt_bias_add_fwd(ctx, out, bias) : DT_OK;
 }
@@ -3292,11 +3371,14 @@ DT_API dt_status dt_linear_gelu_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *pre,
         return dt__cu_linear_fwd_ep(ctx, out, pre, x, w, bias, fn);
 #endif
     { /* checked here so that a message names this op and pre */
-        dt_tensor wf;
+        dt_tensor wf, xt, pt, ot;
+        const dt_tensor *xs, *ps;
         int bf = dt__bf16_w(w, &wf);
-        DT__TRY(dt__linear_check(ctx, pre, x, bf ? &wf : w, bias, fn, "pre"));
-        DT__TRY(dt__f32(ctx, out, fn, "out"));
+        DT__TRY(dt__linear_dtypes(ctx, w, x, pre, out, fn, "pre", &xt, &pt, &xs, &ps));
+        DT__TRY(dt__linear_check(ctx, ps, xs, bf ? &wf : w, bias, fn, "pre"));
+        DT__TRY(dt__f32(ctx, dt__bf16_as_f32(out, bf, &ot), fn, "out"));
         DT__TRY(dt__same_numel(ctx, out, pre, fn, "out", "pre"));
+        if (bf && out->dtype == DT_BF16) return dt__linear_bf16_out(ctx, out, pre, x, w, bias);
     }
     DT__TRY(dt_linear_fwd(ctx, pre, x, w, bias));
     return dt_gelu_fwd(ctx, out, pre);
@@ -3306,7 +3388,8 @@ DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_ten
                                const dt_tensor *dout, const dt_tensor *x, const dt_tensor *w) {
     const char *fn = "dt_linear_bwd";
     int64_t N, In, Out;
-    dt_tensor wf;
+    dt_tensor wf, xt, yt;
+    const dt_tensor *xs, *ys;
     int bf;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
@@ -3317,20 +3400,23 @@ DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_ten
     }
 #endif
     bf = dt__bf16_w(w, &wf);
-    DT__TRY(dt__linear_check(ctx, dout, x, bf ? &wf : w, NULL, fn, "dout"));
+    DT__TRY(dt__linear_dtypes(ctx, w, x, NULL, NULL, fn, "dout", &xt, &yt, &xs, &ys));
+    DT__TRY(dt__linear_check(ctx, dout, xs, bf ? &wf : w, NULL, fn, "dout"));
     DT__TRY(dt__mm_apart(ctx, dx, dw, dout, x, w, fn));
     DT__TRY(dt__apart(ctx, dbias, dout, fn, "dbias", "dout"));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
     if (dx) {
         DT__TRY(dt__f32(ctx, dx, fn, "dx"));
-        DT__TRY(dt__same_numel(ctx, dx, x, fn, "dx", "x"));
+        DT__TRY(dt__same_numel(ctx, dx, xs, fn, "dx", "x"));
         if (bf) DT__TRY(dt__gemm_bf16(ctx, 0, 0, N, In, Out, dout->data, 0, Out, w->data, 1, In, 1, DT__F(dx), In));
         else DT__TRY(dt__gemm(ctx, 0, 0, N, In, Out, 1.0f, DT__CF(dout), Out, DT__CF(w), In, 1.0f, DT__F(dx), In));
     }
     if (dw) {
         DT__TRY(dt__f32(ctx, dw, fn, "dw"));
         DT__TRY(dt__same(ctx, dw, w, fn, "dw", "w"));
-        if (bf) DT__TRY(dt__gemm_bf16(ctx, 1, 0, Out, In, N, dout->data, 0, Out, x->data, 0, In, 1, DT__F(dw), In));
+        if (bf)
+            DT__TRY(dt__gemm_bf16(ctx, 1, 0, Out, In, N, dout->data, 0, Out, x->data, x->dtype == DT_BF16, In, 1,
+                                  DT__F(dw), In));
         else DT__TRY(dt__gemm(ctx, 1, 0, Out, In, N, 1.0f, DT__CF(dout), Out, DT__CF(x), In, 1.0f, DT__F(dw), In));
     }
     return dbias ? dt_bias_add_bwd(ctx, dbias, dout) : DT_OK;
@@ -3665,40 +3751,75 @@ DT__DEF_GELU(, dt__v4, dt__v_, 4)
 DT__DEF_GELU(DT__AVX2, dt__v8, dt__w_, 8)
 #endif
 
+/* GELU over n floats: the AVX2 rows where the CPU has them, else the 4-lane ones (the same bits). */
+static void dt__gelu_fwd_f(float *o, const float *x, int64_t n) {
+#ifdef DT__TENSOR_AVX2
+    if (dt__have_avx2()) {
+        dt__w_gelu_fwd_rows(o, x, n);
+        return;
+    }
+#endif
+    dt__v_gelu_fwd_rows(o, x, n);
+}
+static void dt__gelu_bwd_f(float *dx, const float *dout, const float *x, int64_t n) {
+#ifdef DT__TENSOR_AVX2
+    if (dt__have_avx2()) {
+        dt__w_gelu_bwd_rows(dx, dout, x, n);
+        return;
+    }
+#endif
+    dt__v_gelu_bwd_rows(dx, dout, x, n);
+}
+#define DT__ACT_BLOCK 1024 /* a bf16 x or out goes through f32 blocks of this many on the stack */
+
 DT_API dt_status dt_gelu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
+    dt_tensor t1, t2;
+    float xb[DT__ACT_BLOCK], ob[DT__ACT_BLOCK];
+    int64_t i, n;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
     if (dt__cu(out) || dt__cu(x)) return dt__cu_unary(ctx, out, NULL, x, 0, 0);
 #endif
-    DT__TRY(dt__unary_check(ctx, out, x, "dt_gelu_fwd", "out"));
-#ifdef DT__TENSOR_AVX2
-    if (dt__have_avx2()) {
-        dt__w_gelu_fwd_rows(DT__F(out), DT__CF(x), x->numel);
+    DT__TRY(dt__unary_check(ctx, dt__bf16_as_f32(out, 1, &t1), dt__bf16_as_f32(x, 1, &t2), "dt_gelu_fwd", "out"));
+    if (out->dtype == DT_F32 && x->dtype == DT_F32) {
+        dt__gelu_fwd_f(DT__F(out), DT__CF(x), x->numel);
         return DT_OK;
     }
-#endif
-    dt__v_gelu_fwd_rows(DT__F(out), DT__CF(x), x->numel);
+    DT__TRY(dt__apart(ctx, out, x, "dt_gelu_fwd", "out", "x"));
+    for (i = 0; i < x->numel; i += n) { /* bf16: each value from f32, rounded once */
+        n = x->numel - i < DT__ACT_BLOCK ? x->numel - i : DT__ACT_BLOCK;
+        if (x->dtype == DT_BF16) dt__round_bf16(xb, (const uint16_t *)x->data + i, 1, n);
+        else memcpy(xb, DT__CF(x) + i, (size_t)n * sizeof(float));
+        dt__gelu_fwd_f(out->dtype == DT_F32 ? DT__F(out) + i : ob, xb, n);
+        if (out->dtype == DT_BF16) DT__TRY(dt_convert(ctx, (uint16_t *)out->data + i, DT_BF16, ob, DT_F32, n));
+    }
     return DT_OK;
 }
 
 /* relu_bwd and gelu_bwd: the same checks and dispatch, then their own rows. */
 static dt_status dt__act_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x, int relu) {
     const char *fn = relu ? "dt_relu_bwd" : "dt_gelu_bwd";
+    dt_tensor xf;
+    const dt_tensor *xc = dt__bf16_as_f32(x, !relu, &xf); /* gelu's x may be bf16 */
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
     if (dt__cu(dx) || dt__cu(dout) || dt__cu(x)) return dt__cu_unary(ctx, dx, dout, x, 1, relu);
 #endif
-    DT__TRY(dt__unary_check(ctx, dout, x, fn, "dout"));
+    DT__TRY(dt__unary_check(ctx, dout, xc, fn, "dout"));
     if (!dx) return DT_OK;
-    DT__TRY(dt__unary_check(ctx, dx, x, fn, "dx"));
-    if (!relu) {
-#ifdef DT__TENSOR_AVX2
-        if (dt__have_avx2()) {
-            dt__w_gelu_bwd_rows(DT__F(dx), DT__CF(dout), DT__CF(x), x->numel);
-            return DT_OK;
+    DT__TRY(dt__unary_check(ctx, dx, xc, fn, "dx"));
+    if (!relu && x->dtype == DT_BF16) { /* gelu's input kept in bf16: read through f32 blocks */
+        float xb[DT__ACT_BLOCK];
+        int64_t i, n;
+        for (i = 0; i < x->numel; i += n) {
+            n = x->numel - i < DT__ACT_BLOCK ? x->numel - i : DT__ACT_BLOCK;
+            dt__round_bf16(xb, (const uint16_t *)x->data + i, 1, n);
+            dt__gelu_bwd_f(DT__F(dx) + i, DT__CF(dout) + i, xb, n);
         }
-#endif
-        dt__v_gelu_bwd_rows(DT__F(dx), DT__CF(dout), DT__CF(x), x->numel);
+        return DT_OK;
+    }
+    if (!relu) {
+        dt__gelu_bwd_f(DT__F(dx), DT__CF(dout), DT__CF(x), x->numel);
         return DT_OK;
     }
     /* the gradient passes where the forward passed x through: x > 0, and NaN (PyTorch's
@@ -3734,17 +3855,23 @@ DT_API dt_status dt_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, 
                                   const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, float eps) {
     const char *fn = "dt_layernorm_fwd";
     int64_t r, c, C, R;
+    dt_tensor of;
+    float *row = NULL; /* a bf16 out: each row in f32 first, then rounded once */
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
     if (dt__cu(out) || dt__cu(x) || dt__cu(w) || dt__cu(b) || dt__cu(mean) || dt__cu(rstd)) return dt__cu_layernorm_fwd(ctx, out, mean, rstd, x, w, b, eps);
 #endif
-    DT__TRY(dt__ln_check(ctx, out, x, w, mean, rstd, fn, "out"));
+    DT__TRY(dt__ln_check(ctx, dt__bf16_as_f32(out, 1, &of), x, w, mean, rstd, fn, "out"));
     C = dt__last(x); R = dt__rows(x);
     if (b) { DT__TRY(dt__f32(ctx, b, fn, "b")); DT__TRY(dt__dim(ctx, b->numel, C, fn, "b numel", "x.shape[-1]")); }
     if (!(eps > 0 && eps <= FLT_MAX)) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: eps = %g; expected a finite eps > 0", fn, (double)eps);
+    if (out->dtype == DT_BF16) {
+        DT__TRY(dt__apart(ctx, out, x, fn, "out", "x"));
+        if (C && !(row = (float *)dt_alloc(ctx, (size_t)C * sizeof(float)))) return ctx->last_status;
+    }
     for (r = 0; r < R; r++) {
         const float *xr = DT__CF(x) + r * C, *wp = DT__CF(w), *bp = b ? DT__CF(b) : NULL;
-        float *o = DT__F(out) + r * C; /* out may be x: the row is read whole before it is written */
+        float *o = row ? row : DT__F(out) + r * C; /* out may be x: the row is read whole before it is written */
         float m, v, s, e;
         dt__v4 a0 = dt__v_set(0.0f), a1 = a0, e0, e1, mv, sv;
         DT__ROW_LOOP(c, C, 8, { /* the 8-lane sum: pads of 0 add nothing */
@@ -3776,9 +3903,11 @@ DT_API dt_status dt_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, 
             dt__v4 y = dt__v_mul(dt__v_mul(dt__v_sub(dt__v_ld(xr, c, C, 0.0f), mv), sv), dt__v_ld(wp, c, C, 0.0f));
             dt__v_st(o, c, C, dt__v_add(y, bp ? dt__v_ld(bp, c, C, 0.0f) : dt__v_set(0.0f)));
         });
+        if (row) dt_convert(ctx, (uint16_t *)out->data + r * C, DT_BF16, row, DT_F32, C); /* cannot fail here */
         if (mean) DT__F(mean)[r] = m;
         if (rstd) DT__F(rstd)[r] = s;
     }
+    dt_release(ctx, row);
     return DT_OK;
 }
 
@@ -4972,15 +5101,19 @@ static void *dt__cu_to_bf16(dt_ctx *ctx, const dt_tensor *t, const char *fn) {
 /* out[N,O] = x[N,I] w[O,I]^T + bias; with pre (dt_linear_gelu_fwd): pre = that, out = gelu(pre).
    With a bias or a GELU, one cuBLASLt GEMM whose epilogue adds the bias and applies the GELU
    (writing pre beside out); where cuBLASLt has no algorithm for it (the GELU's input needs O % 8
-   == 0), and without either, the plain GEMM and then the bias and GELU kernels. */
+   == 0), and without either, the plain GEMM and then the bias and GELU kernels. A bf16 w may come
+   with a bf16 x (read as it is) and a bf16 out and pre (cuBLASLt writes them from its f32 values,
+   the bias read in bf16 beside them; the separate ops: the GEMM into f32 scratch, the bias
+   rounded to bf16, the GELU in f32, then each output rounded once, as dt__linear_bf16_out). */
 static dt_status dt__cu_linear_fwd_ep(dt_ctx *ctx, dt_tensor *out, dt_tensor *pre, const dt_tensor *x,
                                       const dt_tensor *w, const dt_tensor *bias, const char *fn) {
     int64_t N, In, Out;
-    dt_tensor wf;
-    int bf, dt_in, k = DT_K_NO_ALGO;
+    dt_tensor wf, xt, yt, ot;
+    const dt_tensor *xs, *ys;
+    int bf, ob, dt_in, k = DT_K_NO_ALGO;
     size_t mark;
-    const void *xa;
-    dt_tensor *lin = pre ? pre : out; /* what the GEMM and the bias make */
+    const void *xa, *ba;
+    float *lin, *rb;
     dt_status st = DT_OK;
     DT__CU_SH(so, out, "out");
     DT__CU_SH(sp, pre, "pre");
@@ -4989,35 +5122,55 @@ static dt_status dt__cu_linear_fwd_ep(dt_ctx *ctx, dt_tensor *out, dt_tensor *pr
     DT__CU_SH(sbias, bias, "bias");
     if (!so || !sx || !sw) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out, x and w must be non-NULL", fn);
     bf = dt__bf16_w(sw, &wf);
-    DT__TRY(dt__linear_check(ctx, sp ? sp : so, sx, bf ? &wf : sw, sbias, fn, sp ? "pre" : "out"));
+    DT__TRY(dt__linear_dtypes(ctx, sw, sx, sp ? sp : so, sp ? so : NULL, fn, sp ? "pre" : "out", &xt, &yt, &xs, &ys));
+    DT__TRY(dt__linear_check(ctx, ys, xs, bf ? &wf : sw, sbias, fn, sp ? "pre" : "out"));
     if (sp) {
-        DT__TRY(dt__f32(ctx, so, fn, "out"));
+        DT__TRY(dt__f32(ctx, dt__bf16_as_f32(so, bf, &ot), fn, "out"));
         DT__TRY(dt__same_numel(ctx, so, sp, fn, "out", "pre"));
     }
+    ob = so->dtype == DT_BF16;
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
     DT__TRY(dt__cu_blas(ctx, fn));
     mark = dt_cuda_scratch_begin(ctx);
     dt_in = bf ? DT_BF16 : 1;
     xa = x->data;
-    if (bf && !(xa = dt__cu_to_bf16(ctx, x, fn))) st = ctx->last_status;
-    if (!st && (bias || pre)) {
-        k = dt_k_linear_lt_fwd(ctx->cublaslt, DT__CU_F(out), pre ? DT__CU_F(pre) : NULL, xa, w->data,
-                               bias ? (const float *)bias->data : NULL, dt_in, N, Out, In, bf ? 0 : ctx->tf32,
-                               ctx->cublas_workspace, ctx->cublas_workspace_bytes, ctx->cuda_stream);
+    ba = bias ? bias->data : NULL;
+    if (bf && x->dtype != DT_BF16 && !(xa = dt__cu_to_bf16(ctx, x, fn))) st = ctx->last_status;
+    if (!st && ob && bias && !(ba = dt__cu_to_bf16(ctx, bias, fn))) st = ctx->last_status; /* beside a bf16 D */
+    if (!st && (bias || pre || ob)) {
+        k = dt_k_linear_lt_fwd(ctx->cublaslt, out->data, pre ? pre->data : NULL, xa, w->data, ba, dt_in,
+                               ob ? DT_BF16 : 1, N, Out, In, bf ? 0 : ctx->tf32, ctx->cublas_workspace,
+                               ctx->cublas_workspace_bytes, ctx->cuda_stream);
         if (k != DT_K_NO_ALGO) st = dt__cu_status(ctx, k, fn, "dt_k_linear_lt_fwd");
-        if (k == 0) ctx->counters.lt_fused++;
-        if (k == DT_K_NO_ALGO) ctx->counters.lt_separate++;
+        if (bias || pre) {
+            if (k == 0) ctx->counters.lt_fused++;
+            if (k == DT_K_NO_ALGO) ctx->counters.lt_separate++;
+        }
     }
     if (!st && k == DT_K_NO_ALGO) {
-        st = dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(lin), xa, w->data, dt_in, 1, N, Out, In, 0, 1, 0,
-                                                0, 0, 1.0f, 0.0f, bf ? 0 : ctx->tf32, ctx->cuda_stream),
-                           fn, "dt_k_matmul_fwd");
+        /* what the GEMM and the bias make: pre or out, or under ob f32 scratch */
+        lin = ob ? (float *)dt_cuda_scratch(ctx, (size_t)N * (size_t)Out * sizeof(float), fn) : DT__CU_F(pre ? pre : out);
+        rb = ob && bias ? (float *)dt_cuda_scratch(ctx, (size_t)Out * sizeof(float), fn) : NULL;
+        if (!lin || (ob && bias && !rb)) st = ctx->last_status;
+        if (!st && rb) /* the bias as the epilogue reads it beside a bf16 D */
+            st = dt__cu_status(ctx, dt_k_tensor_cast(rb, DT_F32, ba, DT_BF16, Out, ctx->cuda_stream), fn,
+                               "dt_k_tensor_cast");
+        if (!st)
+            st = dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, lin, xa, w->data, dt_in, 1, N, Out, In, 0, 1, 0, 0, 0,
+                                                    1.0f, 0.0f, bf ? 0 : ctx->tf32, ctx->cuda_stream),
+                               fn, "dt_k_matmul_fwd");
         if (!st && bias)
-            st = dt__cu_status(ctx, dt_k_bias_add_fwd(DT__CU_F(lin), (const float *)bias->data, N, Out,
+            st = dt__cu_status(ctx, dt_k_bias_add_fwd(lin, rb ? rb : (const float *)bias->data, N, Out,
                                                       ctx->cuda_stream), fn, "dt_k_bias_add_fwd");
+        if (!st && ob && pre)
+            st = dt__cu_status(ctx, dt_k_tensor_cast(pre->data, DT_BF16, lin, DT_F32, N * Out, ctx->cuda_stream), fn,
+                               "dt_k_tensor_cast");
         if (!st && pre)
-            st = dt__cu_status(ctx, dt_k_gelu_fwd(DT__CU_F(out), (const float *)pre->data, pre->numel,
-                                                  ctx->cuda_stream), fn, "dt_k_gelu_fwd");
+            st = dt__cu_status(ctx, dt_k_gelu_fwd_t(out->data, ob ? DT_BF16 : 1, lin, 1, N * Out, ctx->cuda_stream),
+                               fn, "dt_k_gelu_fwd_t");
+        else if (!st && ob)
+            st = dt__cu_status(ctx, dt_k_tensor_cast(out->data, DT_BF16, lin, DT_F32, N * Out, ctx->cuda_stream), fn,
+                               "dt_k_tensor_cast");
     }
     dt_cuda_scratch_end(ctx, mark);
     return st;
@@ -5043,7 +5196,8 @@ static dt_status dt__cu_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt
                                    const dt_tensor *x, const dt_tensor *w) {
     const char *fn = "dt_linear_bwd";
     int64_t N, In, Out;
-    dt_tensor wf;
+    dt_tensor wf, xt, yt;
+    const dt_tensor *xs, *ys;
     int bf, dt_in, k = DT_K_NO_ALGO; /* k: the fused dw + dbias GEMM's status */
     size_t mark;
     const void *g, *xa, *wa;
@@ -5056,9 +5210,10 @@ static dt_status dt__cu_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt
     DT__CU_SH(sdb, dbias, "dbias");
     if (!sg || !sx || !sw) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dout, x and w must be non-NULL", fn);
     bf = dt__bf16_w(sw, &wf);
-    DT__TRY(dt__linear_check(ctx, sg, sx, bf ? &wf : sw, NULL, fn, "dout"));
+    DT__TRY(dt__linear_dtypes(ctx, sw, sx, NULL, NULL, fn, "dout", &xt, &yt, &xs, &ys));
+    DT__TRY(dt__linear_check(ctx, sg, xs, bf ? &wf : sw, NULL, fn, "dout"));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
-    if (sdx) { DT__TRY(dt__f32(ctx, sdx, fn, "dx")); DT__TRY(dt__same_numel(ctx, sdx, sx, fn, "dx", "x")); }
+    if (sdx) { DT__TRY(dt__f32(ctx, sdx, fn, "dx")); DT__TRY(dt__same_numel(ctx, sdx, xs, fn, "dx", "x")); }
     if (sdw) { DT__TRY(dt__f32(ctx, sdw, fn, "dw")); DT__TRY(dt__same(ctx, sdw, bf ? &wf : sw, fn, "dw", "w")); }
     if (sdb) { DT__TRY(dt__f32(ctx, sdb, fn, "dbias")); DT__TRY(dt__dim(ctx, sdb->numel, Out, fn, "dbias numel", "w.shape[0]")); }
     if (dx || dw) DT__TRY(dt__cu_blas(ctx, fn));
@@ -5067,7 +5222,7 @@ static dt_status dt__cu_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt
     dt_in = bf ? DT_BF16 : 1;
     g = dout->data, xa = x->data, wa = w->data;
     if (bf && (dx || dw) && !(g = dt__cu_to_bf16(ctx, dout, fn))) st = ctx->last_status;
-    if (!st && bf && dw && !(xa = dt__cu_to_bf16(ctx, x, fn))) st = ctx->last_status;
+    if (!st && bf && dw && x->dtype != DT_BF16 && !(xa = dt__cu_to_bf16(ctx, x, fn))) st = ctx->last_status;
     if (!st && dx) /* dx += dout w */
         st = dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(dx), g, wa, dt_in, 1, N, In, Out, 0, 0, 0, 0, 0,
                                                 1.0f, 1.0f, bf ? 0 : ctx->tf32, ctx->cuda_stream), fn, "dt_k_matmul_fwd");
@@ -5116,6 +5271,8 @@ static dt_status dt__cu_bias_add(dt_ctx *ctx, dt_tensor *t, const dt_tensor *u, 
 static dt_status dt__cu_unary(dt_ctx *ctx, dt_tensor *t, const dt_tensor *dout, const dt_tensor *x, int bwd, int relu) {
     static const char *const names[2][2] = {{"dt_gelu_fwd", "dt_gelu_bwd"}, {"dt_relu_fwd", "dt_relu_bwd"}};
     const char *fn = names[relu][bwd];
+    dt_tensor tx, tt;
+    const dt_tensor *cx, *ct;
     float *o;
     int st;
     DT__CU_SH(st_, t, bwd ? "dx" : "out");
@@ -5126,9 +5283,17 @@ static dt_status dt__cu_unary(dt_ctx *ctx, dt_tensor *t, const dt_tensor *dout, 
         if (!bwd) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
         return DT_OK;
     }
-    DT__TRY(dt__unary_check(ctx, st_, sx, fn, bwd ? "dx" : "out"));
-    if (bwd) DT__TRY(dt__unary_check(ctx, sg, sx, fn, "dout"));
+    cx = dt__bf16_as_f32(sx, !relu, &tx);             /* gelu: x may be bf16 ... */
+    ct = dt__bf16_as_f32(st_, !relu && !bwd, &tt);    /* ... and its forward's out */
+    DT__TRY(dt__unary_check(ctx, ct, cx, fn, bwd ? "dx" : "out"));
+    if (bwd) DT__TRY(dt__unary_check(ctx, sg, cx, fn, "dout"));
     o = DT__CU_F(t);
+    if (!relu && (x->dtype == DT_BF16 || t->dtype == DT_BF16)) {
+        if (!bwd) DT__TRY(dt__apart(ctx, t, x, fn, "out", "x"));
+        st = bwd ? dt_k_gelu_bwd_t(o, (const float *)dout->data, x->data, (int)x->dtype, x->numel, ctx->cuda_stream)
+                 : dt_k_gelu_fwd_t(t->data, (int)t->dtype, x->data, (int)x->dtype, x->numel, ctx->cuda_stream);
+        return dt__cu_status(ctx, st, fn, bwd ? "dt_k_gelu_bwd_t" : "dt_k_gelu_fwd_t");
+    }
     if (!bwd) st = relu ? dt_k_relu_fwd(o, (const float *)x->data, x->numel, ctx->cuda_stream)
                         : dt_k_gelu_fwd(o, (const float *)x->data, x->numel, ctx->cuda_stream);
     else st = relu ? dt_k_relu_bwd(o, (const float *)dout->data, (const float *)x->data, x->numel, ctx->cuda_stream)
@@ -5141,6 +5306,7 @@ static dt_status dt__cu_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *me
                                       const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, float eps) {
     const char *fn = "dt_layernorm_fwd";
     int64_t C;
+    dt_tensor of;
     DT__CU_SH(so, out, "out");
     DT__CU_SH(sm, mean, "mean");
     DT__CU_SH(sr, rstd, "rstd");
@@ -5148,10 +5314,17 @@ static dt_status dt__cu_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *me
     DT__CU_SH(sw, w, "w");
     DT__CU_SH(sb, b, "b");
     if (!so || !sx || !sw) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out, x and w must be non-NULL", fn);
-    DT__TRY(dt__ln_check(ctx, so, sx, sw, sm, sr, fn, "out"));
+    DT__TRY(dt__ln_check(ctx, dt__bf16_as_f32(so, 1, &of), sx, sw, sm, sr, fn, "out"));
     C = dt__last(sx);
     if (sb) { DT__TRY(dt__f32(ctx, sb, fn, "b")); DT__TRY(dt__dim(ctx, sb->numel, C, fn, "b numel", "x.shape[-1]")); }
     if (!(eps > 0 && eps <= FLT_MAX)) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: eps = %g; expected a finite eps > 0", fn, (double)eps);
+    if (out->dtype == DT_BF16) { /* a GEMM's bf16 input: each value rounded once */
+        DT__TRY(dt__apart(ctx, out, x, fn, "out", "x"));
+        return dt__cu_status(ctx, dt_k_layernorm_fwd_bf16((uint16_t *)out->data, mean ? DT__CU_F(mean) : NULL,
+                                                          rstd ? DT__CU_F(rstd) : NULL, (const float *)x->data,
+                                                          (const float *)w->data, b ? (const float *)b->data : NULL, eps,
+                                                          dt__rows(sx), C, ctx->cuda_stream), fn, "dt_k_layernorm_fwd_bf16");
+    }
     return dt__cu_status(ctx, dt_k_layernorm_fwd(DT__CU_F(out), mean ? DT__CU_F(mean) : NULL,
                                                  rstd ? DT__CU_F(rstd) : NULL, (const float *)x->data,
                                                  (const float *)w->data, b ? (const float *)b->data : NULL, eps,

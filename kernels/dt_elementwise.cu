@@ -168,13 +168,21 @@ int dt_k_bias_add_bwd(float *dbias, const float *dout, int64_t rows, int64_t C, 
 /* NaN passes through relu, forward and backward, as on the CPU (and in PyTorch). */
 static __device__ __forceinline__ float dt_k__relu(float v) { return v > 0.0f || v != v ? v : 0.0f; }
 static __device__ __forceinline__ float dt_k__relu_grad(float g, float v) { return v > 0.0f || v != v ? g : 0.0f; }
+/* GELU's tanh form as the CPU evaluates it, v s with s = (1 + tanh u) / 2 = 1 / (1 + e^-2u), from
+   a = e^-2|u| <= 1 (so nothing overflows and nothing cancels: 1 + tanh u and 1 - tanh^2 u lose
+   their relative precision for u < -2 when taken from tanhf); the gradient is s + 2 v s (1 - s) u',
+   s (1 - s) = a / (1 + a)^2. */
+static __device__ __forceinline__ float dt_k__gelu_s(float u, float *s1ms) {
+    float a = expf(-2.0f * fabsf(u)), r = 1.0f / (1.0f + a);
+    if (s1ms) *s1ms = a * r * r;
+    return u >= 0.0f ? r : a * r;
+}
 static __device__ __forceinline__ float dt_k__gelu(float v) {
-    return 0.5f * v * (1.0f + tanhf(DT_K__GELU_S * (v + 0.044715f * v * v * v)));
+    return v * dt_k__gelu_s(DT_K__GELU_S * (v + 0.044715f * v * v * v), NULL);
 }
 static __device__ __forceinline__ float dt_k__gelu_grad(float g, float v) {
-    float u = DT_K__GELU_S * (v + 0.044715f * v * v * v);
-    float th = tanhf(u), sech2 = 1.0f - th * th;
-    return (0.5f * (1.0f + th) + 0.5f * v * sech2 * DT_K__GELU_S * (1.0f + 3.0f * 0.044715f * v * v)) * g;
+    float sm, s = dt_k__gelu_s(DT_K__GELU_S * (v + 0.044715f * v * v * v), &sm);
+    return (s + 2.0f * v * sm * DT_K__GELU_S * (1.0f + 3.0f * 0.044715f * v * v)) * g;
 }
 
 __global__ void dt_k__relu_fwd(float *out, const float *x, int64_t n, int vec) {
@@ -394,4 +402,63 @@ int dt_k_check_range(int64_t *word, const void *ids, int ids_i64, int64_t n, int
     while (threads > 32 && (int64_t)threads / 2 >= n) threads /= 2; /* small checks, small blocks (the emulator too) */
     DT_K_LAUNCH(dt_k__check_range, 1, threads, 0, stream, word, ids, ids_i64, n, lo, hi, has_skip, skip, site);
     return DT_K_CHECK();
+}
+
+/* ---------------------------------------------------------------- GELU on bf16 activations
+
+   The same formulas as dt_k__gelu / _grad, with x (and out) f32 or bf16: the forward rounds its
+   f32 result once, the backward's dx and dout stay f32 (dt_gelu_fwd / _bwd with a bf16 x: the
+   MLP's pre-activation kept in bf16, as llm.c keeps it). Four elements a step by 16 bytes on an
+   f32 side, 8 on a bf16 side (dt_k__ld4 / dt_k__st4), where every pointer is so aligned. */
+static __device__ __forceinline__ float4 dt_k__ld4(const void *p, int dtype, int64_t i4) {
+    if (dtype == DT_K__F32) return dt_k_load4((const float *)p + 4 * i4);
+    uint2 h = dt_k_load_vec<uint2>((const uint16_t *)p + 4 * i4);
+    return make_float4(dt_k_bf16_to_f32((uint16_t)h.x), dt_k_bf16_to_f32((uint16_t)(h.x >> 16)),
+                       dt_k_bf16_to_f32((uint16_t)h.y), dt_k_bf16_to_f32((uint16_t)(h.y >> 16)));
+}
+static __device__ __forceinline__ void dt_k__st4(void *p, int dtype, int64_t i4, float4 f) {
+    if (dtype == DT_K__F32) { dt_k_store4((float *)p + 4 * i4, f); return; }
+    uint2 h;
+    h.x = (unsigned int)dt_k_f32_to_bf16(f.x) | (unsigned int)dt_k_f32_to_bf16(f.y) << 16;
+    h.y = (unsigned int)dt_k_f32_to_bf16(f.z) | (unsigned int)dt_k_f32_to_bf16(f.w) << 16;
+    dt_k_store_vec<uint2>((uint16_t *)p + 4 * i4, h);
+}
+static __device__ __forceinline__ float dt_k__ld1(const void *p, int dtype, int64_t i) {
+    return dtype == DT_K__F32 ? ((const float *)p)[i] : dt_k_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+__global__ void dt_k__gelu_fwd_t(void *out, int out_dtype, const void *x, int x_dtype, int64_t n, int vec) {
+    auto f = [](float v) { return dt_k__gelu(v); };
+    int64_t n4 = vec ? n / 4 : 0;
+    DT_K__GRID_STRIDE(i, n4) dt_k__st4(out, out_dtype, i, dt_k__lanes(f, dt_k__ld4(x, x_dtype, i)));
+    DT_K__GRID_STRIDE_FROM(i, 4 * n4, n) {
+        float v = f(dt_k__ld1(x, x_dtype, i));
+        if (out_dtype == DT_K__F32) ((float *)out)[i] = v;
+        else ((uint16_t *)out)[i] = dt_k_f32_to_bf16(v);
+    }
+}
+
+__global__ void dt_k__gelu_bwd_t(float *dx, const float *__restrict__ dout, const void *x, int x_dtype, int64_t n,
+                                 int vec) {
+    auto f = [](float d, float g, float v) { return d + dt_k__gelu_grad(g, v); };
+    int64_t n4 = vec ? n / 4 : 0;
+    DT_K__GRID_STRIDE(i, n4)
+        dt_k_store4(dx + 4 * i, dt_k__lanes(f, dt_k_load4(dx + 4 * i), dt_k_load4(dout + 4 * i), dt_k__ld4(x, x_dtype, i)));
+    DT_K__GRID_STRIDE_FROM(i, 4 * n4, n) dx[i] = f(dx[i], dout[i], dt_k__ld1(x, x_dtype, i));
+}
+
+static int dt_k__act_dtype_ok(int d) { return d == DT_K__F32 || d == DT_K__BF16; }
+static int dt_k__aligned_t(const void *p, int dtype) { return !p || dt_k_aligned(p, dtype == DT_K__F32 ? 16 : 8); }
+
+int dt_k_gelu_fwd_t(void *out, int out_dtype, const void *x, int x_dtype, int64_t n, void *stream) {
+    int vec;
+    if (!dt_k__act_dtype_ok(out_dtype) || !dt_k__act_dtype_ok(x_dtype)) return (int)cudaErrorInvalidValue;
+    vec = dt_k__aligned_t(out, out_dtype) && dt_k__aligned_t(x, x_dtype);
+    DT_K__LAUNCH_V(dt_k__gelu_fwd_t, n, vec, stream, out, out_dtype, x, x_dtype, n, vec);
+}
+int dt_k_gelu_bwd_t(float *dx, const float *dout, const void *x, int x_dtype, int64_t n, void *stream) {
+    int vec;
+    if (!dt_k__act_dtype_ok(x_dtype)) return (int)cudaErrorInvalidValue;
+    vec = dt_k__vec3(dx, dout, NULL) && dt_k__aligned_t(x, x_dtype);
+    DT_K__LAUNCH_V(dt_k__gelu_bwd_t, n, vec, stream, dx, dout, x, x_dtype, n, vec);
 }

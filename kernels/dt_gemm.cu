@@ -176,15 +176,18 @@ struct dt_k__lt_gemm {
     int ta, tb;                 /* row-major: C[M,N] (ld ldc) = op(A)[M,K] op(B)[K,N] + beta C */
     int64_t M, N, K, lda, ldb, ldc;
     const void *A, *B;
-    float *C, beta;
+    void *C;
+    float beta;
+    int c_dtype;                /* C's (and D's, bias's, aux's): 1 f32, else in_dtype */
     uint32_t epilogue;          /* CUBLASLT_EPILOGUE_* */
     void *bias;                 /* BIAS: [N] read; BGRADB: [M] written */
-    float *aux;                 /* GELU_AUX: [M,N] ld ldc written */
+    void *aux;                 /* GELU_AUX: [M,N] ld ldc written */
 };
 
 static int dt_k__lt_run(cublasLtHandle_t h, const dt_k__lt_gemm *g, int in_dtype, int tf32, void *ws, size_t ws_bytes,
                         cudaStream_t stream) {
     cudaDataType_t ty = in_dtype == 1 ? CUDA_R_32F : in_dtype == 2 ? CUDA_R_16BF : CUDA_R_16F;
+    cudaDataType_t tc = g->c_dtype == 1 ? CUDA_R_32F : ty;
     cublasComputeType_t ct = in_dtype == 1 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     /* cuBLAS's A is our B, its B our A; each layout is the matrix as stored, before its op */
     int32_t opa = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -215,7 +218,7 @@ static int dt_k__lt_run(cublasLtHandle_t h, const dt_k__lt_gemm *g, int in_dtype
                                                         (uint64_t)(g->tb ? g->N : g->K), g->ldb));
     if (!st) st = dt_k__blas(cublasLtMatrixLayoutCreate(&lb, ty, (uint64_t)(g->ta ? g->M : g->K),
                                                         (uint64_t)(g->ta ? g->K : g->M), g->lda));
-    if (!st) st = dt_k__blas(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)g->N, (uint64_t)g->M, g->ldc));
+    if (!st) st = dt_k__blas(cublasLtMatrixLayoutCreate(&lc, tc, (uint64_t)g->N, (uint64_t)g->M, g->ldc));
     if (!st) st = dt_k__blas(cublasLtMatmulPreferenceCreate(&pref));
     if (!st) st = dt_k__blas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws64,
                                                                   sizeof ws64));
@@ -251,17 +254,18 @@ static int dt_k__lt_args(void *lt, int in_dtype, int64_t N, int64_t Out, int64_t
     return lt && dt_k__sizes_ok(1, N, Out, In) && in_dtype >= 1 && in_dtype <= 3 && (tf32 == 0 || tf32 == 1);
 }
 
-extern "C" int dt_k_linear_lt_fwd(void *lt, float *out, float *pre, const void *x, const void *w, const float *bias,
-                                  int in_dtype, int64_t N, int64_t Out, int64_t In, int tf32, void *workspace,
+extern "C" int dt_k_linear_lt_fwd(void *lt, void *out, void *pre, const void *x, const void *w, const void *bias,
+                                  int in_dtype, int out_dtype, int64_t N, int64_t Out, int64_t In, int tf32, void *workspace,
                                   size_t workspace_bytes, void *stream) {
     dt_k__lt_gemm g;
-    if (!dt_k__lt_args(lt, in_dtype, N, Out, In, tf32) || !out || !x || !w) return (int)cudaErrorInvalidValue;
+    if (!dt_k__lt_args(lt, in_dtype, N, Out, In, tf32) || !out || !x || !w || (out_dtype != 1 && out_dtype != in_dtype))
+        return (int)cudaErrorInvalidValue;
     if (N == 0 || Out == 0) return 0;
     if (In == 0) return DT_K_NO_ALGO; /* out = bias: the unfused ops say so more plainly than a k = 0 GEMM */
     if (pre && Out % 8) return DT_K_NO_ALGO; /* the GELU's input: "ld must be divisible by 8" (cuBLASLt) */
     if (!dt_k__lt_aligned(bias) || !dt_k__lt_aligned(pre)) return DT_K_NO_ALGO;
     g.ta = 0; g.tb = 1; g.M = N; g.N = Out; g.K = In; g.lda = In; g.ldb = In; g.ldc = Out;
-    g.A = x; g.B = w; g.C = out; g.beta = 0.0f;
+    g.A = x; g.B = w; g.C = out; g.beta = 0.0f; g.c_dtype = out_dtype;
     g.bias = (void *)bias;
     g.aux = pre;
     g.epilogue = pre ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
@@ -280,7 +284,7 @@ extern "C" int dt_k_linear_lt_dw(void *lt, float *dw, float *dbias, const void *
     if (N == 0 || In == 0 || !dt_k__lt_aligned(dbias)) return DT_K_NO_ALGO;
     /* dw[Out,In] += dout^T x: op(A) = dout^T (A stored [N,Out]), B = x; BGRADB sums op(A)'s rows */
     g.ta = 1; g.tb = 0; g.M = Out; g.N = In; g.K = N; g.lda = Out; g.ldb = In; g.ldc = In;
-    g.A = dout; g.B = x; g.C = dw; g.beta = 1.0f;
+    g.A = dout; g.B = x; g.C = dw; g.beta = 1.0f; g.c_dtype = 1;
     g.bias = dbias;
     g.aux = NULL;
     g.epilogue = CUBLASLT_EPILOGUE_BGRADB;

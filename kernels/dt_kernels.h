@@ -59,6 +59,10 @@ int dt_k_relu_fwd(float *out, const float *x, int64_t n, void *stream);
 int dt_k_relu_bwd(float *dx, const float *dout, const float *x, int64_t n, void *stream);
 int dt_k_gelu_fwd(float *out, const float *x, int64_t n, void *stream);
 int dt_k_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n, void *stream);
+/* The same GELU with x (and the forward's out) f32 or bf16 (x_dtype, out_dtype: 1 or 2): the
+   forward rounds its f32 result once, the backward reads a bf16 x (dx, dout f32). */
+int dt_k_gelu_fwd_t(void *out, int out_dtype, const void *x, int x_dtype, int64_t n, void *stream);
+int dt_k_gelu_bwd_t(float *dx, const float *dout, const void *x, int x_dtype, int64_t n, void *stream);
 int dt_k_add(float *out, const float *a, const float *b, int64_t n, void *stream);
 int dt_k_axpy(float *y, float alpha, const float *x, int64_t n, void *stream);
 int dt_k_mul_fwd(float *out, const float *a, const float *b, int64_t n, void *stream);
@@ -86,6 +90,10 @@ int dt_k_check_range(int64_t *word, const void *ids, int ids_i64, int64_t n, int
    is a multiple of 4 and every pointer aligned, one otherwise. */
 int dt_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
                        float eps, int64_t rows, int64_t C, void *stream);
+/* The same with out in bf16 (each value rounded once from the f32 the forward computes; 8-byte
+   stores of four where C % 4 == 0 and every pointer aligned): a GEMM's bf16 input. */
+int dt_k_layernorm_fwd_bf16(uint16_t *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
+                            float eps, int64_t rows, int64_t C, void *stream);
 /* dx, dw, db += (each may be NULL); mean and rstd from the forward; dx a warp per row as the
    forward (w in shared memory where C <= 12288). dw and db are summed over the rows in two stages
    (each block sums a chunk of 64 rows for its columns into partials, then the partials in chunk
@@ -500,7 +508,8 @@ int dt_k_matmul_bwd(void *cublas, float *da, float *db, const float *dout, const
 
 /* dt_linear's fused GEMMs through cuBLASLt (a cublasLtHandle_t from dt_k_lt_create, dt_ctx.cublaslt;
    the workspace may be the cuBLAS handle's: both run on one stream). x, w, dout of in_dtype (1 f32,
-   2 bf16, 3 f16), f32 accumulation, f32 outputs; tf32 as dt_k_matmul_fwd.
+   2 bf16, 3 f16), f32 accumulation, f32 outputs (_fwd: out, pre and bias of out_dtype, 1 f32 or
+   in_dtype: each value rounded once from f32, the bias added in f32); tf32 as dt_k_matmul_fwd.
    _fwd:  out[N,Out] = x[N,In] w[Out,In]^T + bias[Out] (bias may be NULL), one GEMM whose epilogue
           adds the bias (CUBLASLT_EPILOGUE_BIAS); with pre non-NULL, pre = that and out = gelu(pre)
           (GELU_AUX_BIAS: GELU as cuBLASLt evaluates it; its header does not say how: the tanh
@@ -515,8 +524,8 @@ int dt_k_matmul_bwd(void *cublas, float *da, float *db, const float *dout, const
 #define DT_K_NO_ALGO 1015 /* 1000 + CUBLAS_STATUS_NOT_SUPPORTED */
 int dt_k_lt_create(void **lt);
 int dt_k_lt_destroy(void *lt);
-int dt_k_linear_lt_fwd(void *lt, float *out, float *pre, const void *x, const void *w, const float *bias,
-                       int in_dtype, int64_t N, int64_t Out, int64_t In, int tf32, void *workspace,
+int dt_k_linear_lt_fwd(void *lt, void *out, void *pre, const void *x, const void *w, const void *bias,
+                       int in_dtype, int out_dtype, int64_t N, int64_t Out, int64_t In, int tf32, void *workspace,
                        size_t workspace_bytes, void *stream);
 int dt_k_linear_lt_dw(void *lt, float *dw, float *dbias, const void *dout, const void *x, int in_dtype, int64_t N,
                       int64_t Out, int64_t In, int tf32, void *workspace, size_t workspace_bytes, void *stream);

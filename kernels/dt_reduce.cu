@@ -40,9 +40,10 @@ static __device__ __forceinline__ void dt_k__ln_stage(float *dst, const float *_
    sums in another order: lane l of the row's warp adds columns l, l + 32, ... (vec: the float4s
    l, l + 32, ..., each's four in turn), then the warp's butterfly adds the 32 lanes. m is the
    float mean, e = mean(x - m) its error, v = mean((x - m)^2) - e^2 the variance about m + e (the
-   CPU's comment says why); s in double, once a row, as the CPU. SHW: w and b in shared memory. */
-template <bool SHW>
-__global__ void dt_k__layernorm_fwd(float *out, float *mean, float *rstd, const float *__restrict__ x,
+   CPU's comment says why); s in double, once a row, as the CPU. SHW: w and b in shared memory;
+   OBF: out in bf16 (each value rounded once; four by an 8-byte store on the vector path). */
+template <bool SHW, bool OBF>
+__global__ void dt_k__layernorm_fwd(void *out_, float *mean, float *rstd, const float *__restrict__ x,
                                     const float *__restrict__ w, const float *__restrict__ b, float eps, int64_t rows,
                                     int64_t C, int vec) {
     DT_K_SHARED_DYNAMIC(float, sh);
@@ -57,7 +58,8 @@ __global__ void dt_k__layernorm_fwd(float *out, float *mean, float *rstd, const 
     }
     for (int64_t r = (int64_t)blockIdx.x * nw + (threadIdx.x >> 5); r < rows; r += (int64_t)gridDim.x * nw) {
         const float *xr = x + r * C;
-        float *o = out + r * C;
+        float *o = (float *)out_ + r * C;           /* !OBF */
+        uint16_t *oh = (uint16_t *)out_ + r * C;    /* OBF */
         float m = 0.0f, e = 0.0f, v = 0.0f, s;
         for (int64_t c = lane; c < C4; c += 32) {
             float4 a = dt_k_load4(xr + 4 * c);
@@ -83,10 +85,21 @@ __global__ void dt_k__layernorm_fwd(float *out, float *mean, float *rstd, const 
         for (int64_t c = lane; c < C4; c += 32) {
             float4 a = dt_k_load4(xr + 4 * c), wv = dt_k_load4(wp + 4 * c);
             float4 bv = bp ? dt_k_load4(bp + 4 * c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            dt_k_store4(o + 4 * c, make_float4((a.x - m) * s * wv.x + bv.x, (a.y - m) * s * wv.y + bv.y,
-                                               (a.z - m) * s * wv.z + bv.z, (a.w - m) * s * wv.w + bv.w));
+            float4 y = make_float4((a.x - m) * s * wv.x + bv.x, (a.y - m) * s * wv.y + bv.y,
+                                   (a.z - m) * s * wv.z + bv.z, (a.w - m) * s * wv.w + bv.w);
+            if (OBF) {
+                uint2 h;
+                h.x = (unsigned int)dt_k_f32_to_bf16(y.x) | (unsigned int)dt_k_f32_to_bf16(y.y) << 16;
+                h.y = (unsigned int)dt_k_f32_to_bf16(y.z) | (unsigned int)dt_k_f32_to_bf16(y.w) << 16;
+                dt_k_store_vec<uint2>(oh + 4 * c, h);
+            } else
+                dt_k_store4(o + 4 * c, y);
         }
-        for (int64_t c = 4 * C4 + lane; c < C; c += 32) o[c] = (xr[c] - m) * s * wp[c] + (bp ? bp[c] : 0.0f);
+        for (int64_t c = 4 * C4 + lane; c < C; c += 32) {
+            float y = (xr[c] - m) * s * wp[c] + (bp ? bp[c] : 0.0f);
+            if (OBF) oh[c] = dt_k_f32_to_bf16(y);
+            else o[c] = y;
+        }
         if (lane == 0) {
             if (mean) mean[r] = m;
             if (rstd) rstd[r] = s;
@@ -97,21 +110,33 @@ __global__ void dt_k__layernorm_fwd(float *out, float *mean, float *rstd, const 
 /* Blocks for the row kernels: a warp a row, at most DT_K__LN_MAX_BLOCKS. rows > 0. */
 static unsigned int dt_k__ln_blocks(int64_t rows) { return dt_k__blocks(rows, DT_K__LN_WARPS, DT_K__LN_MAX_BLOCKS); }
 
-int dt_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
-                       float eps, int64_t rows, int64_t C, void *stream) {
+/* The kernel for a SHW with this launcher's OBF (a macro: DT_K_LAUNCH's arguments split at commas). */
+#define DT_K__LN_FWD(shw) dt_k__layernorm_fwd<shw, OBF>
+template <bool OBF>
+static int dt_k__layernorm_fwd_launch(void *out, float *mean, float *rstd, const float *x, const float *w,
+                                      const float *b, float eps, int64_t rows, int64_t C, void *stream) {
     int vec;
     size_t shw;
     if (rows < 0 || C < 0 || !(eps > 0.0f) || (C && rows > INT64_MAX / C)) return (int)cudaErrorInvalidValue;
     if (rows == 0) return 0;
-    vec = dt_k__ln_vec(C, out, x, w, b);
+    vec = dt_k__ln_vec(C, OBF ? NULL : out, x, w, b) && (!OBF || dt_k_aligned(out, 8));
     shw = dt_k__ln_shared(C, b ? 2 : 1);
     if (shw)
-        DT_K_LAUNCH(dt_k__layernorm_fwd<true>, dt_k__ln_blocks(rows), 32 * DT_K__LN_WARPS, shw, stream, out, mean,
-                    rstd, x, w, b, eps, rows, C, vec);
+        DT_K_LAUNCH(DT_K__LN_FWD(true), dt_k__ln_blocks(rows), 32 * DT_K__LN_WARPS, shw, stream, out,
+                    mean, rstd, x, w, b, eps, rows, C, vec);
     else
-        DT_K_LAUNCH(dt_k__layernorm_fwd<false>, dt_k__ln_blocks(rows), 32 * DT_K__LN_WARPS, 0, stream, out, mean, rstd,
-                    x, w, b, eps, rows, C, vec);
+        DT_K_LAUNCH(DT_K__LN_FWD(false), dt_k__ln_blocks(rows), 32 * DT_K__LN_WARPS, 0, stream, out,
+                    mean, rstd, x, w, b, eps, rows, C, vec);
     return DT_K_CHECK();
+}
+
+int dt_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
+                       float eps, int64_t rows, int64_t C, void *stream) {
+    return dt_k__layernorm_fwd_launch<false>(out, mean, rstd, x, w, b, eps, rows, C, stream);
+}
+int dt_k_layernorm_fwd_bf16(uint16_t *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
+                            float eps, int64_t rows, int64_t C, void *stream) {
+    return dt_k__layernorm_fwd_launch<true>(out, mean, rstd, x, w, b, eps, rows, C, stream);
 }
 
 /* dx += (g w - mean(g w) - nrm mean(g w nrm)) s, the CPU op's operations (dt_layernorm_bwd), a

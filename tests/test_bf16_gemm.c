@@ -129,13 +129,19 @@ static void nan_row(const char *way) {
 static void bad_inputs(void) {
     dt_tensor x = mk(DT_F32, 4, 8), xb = mk(DT_BF16, 4, 8), w = mk(DT_BF16, 3, 8), out = mk(DT_F32, 4, 3);
     dt_tensor outb = mk(DT_BF16, 4, 3), dwb = mk(DT_BF16, 3, 8), w7 = mk(DT_BF16, 3, 7), dw = mk(DT_F32, 3, 7);
+    dt_tensor wf = mk(DT_F32, 3, 8), xh = mk(DT_F16, 4, 8);
     dt_status st;
-    st = dt_linear_fwd(&C, &out, &xb, &w, NULL);
-    dt_test_check_all("bf16_x_is_named", st == DT_ERR_DTYPE && strstr(dt_ctx_error(&C), "x"), "status %d: %s", (int)st,
+    /* bf16 activations go with a bf16 w only (tests/test_bf16_acts.c has them with one) */
+    st = dt_linear_fwd(&C, &out, &xb, &wf, NULL);
+    dt_test_check_all("bf16_x_with_f32_w_is_named", st == DT_ERR_DTYPE && strstr(dt_ctx_error(&C), "x is bf16"),
+                      "status %d: %s", (int)st, dt_ctx_error(&C));
+    st = dt_linear_fwd(&C, &outb, &x, &wf, NULL);
+    dt_test_check_all("bf16_out_with_f32_w_is_named", st == DT_ERR_DTYPE && strstr(dt_ctx_error(&C), "out is bf16"),
+                      "status %d: %s", (int)st, dt_ctx_error(&C));
+    st = dt_linear_fwd(&C, &out, &xh, &w, NULL);
+    dt_test_check_all("f16_x_is_named", st == DT_ERR_DTYPE && strstr(dt_ctx_error(&C), "x"), "status %d: %s", (int)st,
                       dt_ctx_error(&C));
-    st = dt_linear_fwd(&C, &outb, &x, &w, NULL);
-    dt_test_check_all("bf16_out_is_named", st == DT_ERR_DTYPE && strstr(dt_ctx_error(&C), "out"), "status %d: %s",
-                      (int)st, dt_ctx_error(&C));
+    dt_tensor_free(&C, &wf); dt_tensor_free(&C, &xh);
     st = dt_linear_fwd(&C, &out, &x, &w7, NULL);
     dt_test_check_all("bf16_w_shape_is_named", st == DT_ERR_SHAPE && strstr(dt_ctx_error(&C), "w.shape[1]"),
                       "status %d: %s", (int)st, dt_ctx_error(&C));

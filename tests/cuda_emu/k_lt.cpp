@@ -115,7 +115,7 @@ static void launchers(int in_dtype, int64_t N, int64_t O, int64_t I, size_t pad,
     const void *dg = up(g, in_dtype, 0, &bg1);
     float *ddw = (float *)up(dw0, 1, 0, &bdw), *ddb = (float *)up(dbz, 1, 0, &bdb);
     /* forward: out = gelu(pre), pre = x w^T + b */
-    int st = dt_k_linear_lt_fwd(lt, dout, dpre, dx_, dw_, db_, in_dtype, N, O, I, 0, NULL, 0, NULL);
+    int st = dt_k_linear_lt_fwd(lt, dout, dpre, dx_, dw_, db_, in_dtype, 1, N, O, I, 0, NULL, 0, NULL);
     snprintf(name, sizeof name, "lt_gelu_aux_bias_fwd_equals_double_sums_%s", tag);
     if (launched(name, st)) {
         std::vector<double> pw((size_t)(N * O)), pb(pw.size()), gw(pw.size()), gb(pw.size());
@@ -443,7 +443,7 @@ int main(void) {
         void *bx, *bw, *bo, *bp;
         const void *dx_ = up(x, 1, 0, &bx), *dw_ = up(w, 1, 0, &bw);
         float *o = (float *)up(sentinel, 1, 0, &bo), *p = (float *)up(sentinel, 1, 0, &bp);
-        int st = dt_k_linear_lt_fwd(lt, o, p, dx_, dw_, NULL, 1, 3, 12, 4, 0, NULL, 0, NULL);
+        int st = dt_k_linear_lt_fwd(lt, o, p, dx_, dw_, NULL, 1, 1, 3, 12, 4, 0, NULL, 0, NULL);
         std::vector<float> go = down(o, 36), gp = down(p, 36);
         int untouched = 1;
         for (int i = 0; i < 36; i++) untouched &= go[(size_t)i] == 5.0f && gp[(size_t)i] == 5.0f;
