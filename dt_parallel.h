@@ -2573,6 +2573,20 @@ static dt_status dt__tp_mat(dt_ctx *ctx, const dt_tensor *t, int64_t rows, int64
                             dt_shape_str(t, s, sizeof s), (long long)rows, (long long)cols, why);
 }
 
+/* An activation of a linear with weight w, as dt__tp_mat: f32, or bf16 beside a bf16 w (dt_linear's
+   bf16 activations); rows -1: its own (any). */
+static dt_status dt__tp_act(dt_ctx *ctx, const dt_tensor *t, const dt_tensor *w, int64_t rows, int64_t cols,
+                            const char *fn, const char *arg, const char *why) {
+    dt_tensor f;
+    if (t && w && w->dtype == DT_BF16 && t->dtype == DT_BF16) {
+        f = *t;
+        f.dtype = DT_F32;
+        t = &f;
+    }
+    DT__TRY(dt__tp_chk(ctx, t, DT_F32, fn, arg));
+    return dt__tp_mat(ctx, t, rows < 0 ? dt__tp_rows(t) : rows, cols, fn, arg, why);
+}
+
 /* w is an f32 2-D [rows, cols] weight of any size (or bf16: dt_linear's GEMMs in bf16, on the
    tensor cores or the CPU's AMX); bias (may be NULL) has w.shape[0] elements. */
 static dt_status dt__tp_weight(dt_ctx *ctx, const dt_tensor *w, const dt_tensor *bias, int64_t bias_n,
@@ -2740,17 +2754,16 @@ static dt_status dt__tp_column_fwd(dt_layout *l, dt_tensor *out, dt_tensor *pre,
     DT__TRY(dt__tp_begin(l, sp, fn));
     DT__TRY(dt__tp_weight(l->ctx, w, bias, w ? w->shape[0] : 0, fn, "w", "bias"));
     In = w->shape[1];
-    DT__TRY(dt__tp_chk(l->ctx, x, DT_F32, fn, "x"));
+    DT__TRY(dt__tp_act(l->ctx, x, w, -1, In, fn, "x", "w.shape[1] in features"));
     N = dt__tp_rows(x);
-    DT__TRY(dt__tp_mat(l->ctx, x, N, In, fn, "x", "w.shape[1] in features"));
     if (sp) {
         DT__TRY(dt__tp_times(l, N, &N, fn, "x"));
-        DT__TRY(dt__tp_mat(l->ctx, xbuf, N, In, fn, "xbuf", "tp x the rows of x: the gathered input"));
+        DT__TRY(dt__tp_act(l->ctx, xbuf, w, N, In, fn, "xbuf", "tp x the rows of x: the gathered input"));
         xall = xbuf;
     }
-    DT__TRY(dt__tp_mat(l->ctx, out, N, w->shape[0], fn, "out", "the rows of x_all by w.shape[0], this rank's "
+    DT__TRY(dt__tp_act(l->ctx, out, w, N, w->shape[0], fn, "out", "the rows of x_all by w.shape[0], this rank's "
                           "out features"));
-    if (pre) DT__TRY(dt__tp_mat(l->ctx, pre, N, w->shape[0], fn, "pre", "out's shape"));
+    if (pre) DT__TRY(dt__tp_act(l->ctx, pre, w, N, w->shape[0], fn, "pre", "out's shape"));
     if (sp) DT__TRY(dt_sp_gather_rows(l, xbuf, x));
     return pre ? dt_linear_gelu_fwd(l->ctx, out, pre, xall, w, bias) : dt_linear_fwd(l->ctx, out, xall, w, bias);
 }
@@ -2779,9 +2792,8 @@ DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor 
     DT__TRY(dt__tp_begin(l, sp, fn));
     DT__TRY(dt__tp_weight(l->ctx, w, NULL, 0, fn, "w", "bias"));
     O = w->shape[0]; In = w->shape[1];
-    DT__TRY(dt__tp_chk(l->ctx, xall, DT_F32, fn, "xbuf_or_x"));
+    DT__TRY(dt__tp_act(l->ctx, xall, w, -1, In, fn, "xbuf_or_x", "w.shape[1] in features"));
     N = dt__tp_rows(xall);
-    DT__TRY(dt__tp_mat(l->ctx, xall, N, In, fn, "xbuf_or_x", "w.shape[1] in features"));
     DT__TRY(dt__tp_mat(l->ctx, dout, N, O, fn, "dout", "the rows of x_all by w.shape[0]"));
     if (sp) DT__TRY(dt__tp_split(l, N, &nl, fn, "xbuf_or_x"));
     DT__TRY(dt__tp_wgrads(l->ctx, dw, dbias, w, fn));
@@ -2830,9 +2842,8 @@ static dt_status dt__tp_row_args(dt_layout *l, const dt_tensor *y, const char *y
                                  const char *fn) {
     DT__TRY(dt__tp_begin(l, sp, fn));
     DT__TRY(dt__tp_weight(l->ctx, w, bias, w ? w->shape[0] : 0, fn, "w", "bias"));
-    DT__TRY(dt__tp_chk(l->ctx, x, DT_F32, fn, "x"));
+    DT__TRY(dt__tp_act(l->ctx, x, w, -1, w->shape[1], fn, "x", "w.shape[1], this rank's in features"));
     *N = dt__tp_rows(x);
-    DT__TRY(dt__tp_mat(l->ctx, x, *N, w->shape[1], fn, "x", "w.shape[1], this rank's in features"));
     if (sp) DT__TRY(dt__tp_split(l, *N, nl, fn, "x"));
     return dt__tp_mat(l->ctx, y, sp ? *nl : *N, w->shape[0], fn, yn, sp ? "this rank's rows of x by w.shape[0]" :
                       "the rows of x by w.shape[0]");

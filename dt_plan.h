@@ -352,9 +352,9 @@ DT_API dt_status dt_plan_profile_paper(dt_ctx *ctx, const dt_plan_machine *mc, c
    and ranks_per_host and name. The efficiencies are over given's peaks (flops, mem_bw: the data
    sheet's); given NULL, or a peak 0, the measured rate is the peak (efficiency 1, MFU then against
    the GEMMs' measured rate). What is not measured is given's, or dt's: overlap 0.9 (an assumption),
-   tp_overlap 0 (dt hides no tp collective behind a GEMM), act_bytes 4 (dt's CUDA activations are
-   f32). A link this world cannot show (a host of one rank, a single host) is given's, else the
-   nearest measured figure (a host's links for the NICs, the device copy for a world of one rank,
+   tp_overlap 0 (dt hides no tp collective behind a GEMM), act_bytes 4 (dt's f32 activations; a
+   bf16 model's GEMM inputs count 2). A link this world cannot show (a host of one rank, a single
+   host) is given's, else the nearest measured figure (a host's links for the NICs, the device copy for a world of one rank,
    where no group is ever costed). DT_ERR_DEVICE without DT_CUDA or on a CPU ctx; DT_ERR_UNSUPPORTED
    for a head size the tensor-core attention does not take (16, 32, 64, 96, 128). */
 DT_API dt_status dt_plan_machine_measure(dt_comm *world, const dt_plan_model *m, const dt_plan_machine *given,
@@ -779,7 +779,10 @@ static void dt__plan_moe_params(const dt_plan_model *m, int tp, int ep, double *
    path: 4, f32; ids and targets i32 count the same); flash: attention keeps lse, never [T, T]. A
    gated MLP keeps its gate and up both (fch is 2 F wide; the activation's output, F). Ulysses keeps
    the whole sequence's q, k, v of its heads (uqkv, as many elements as qkv) and their [T, T]; under
-   flash, uqkv alone, in bf16 (2 bytes an element whatever A is). */
+   flash, uqkv alone, in bf16 (2 bytes an element whatever A is). A bf16 model keeps the GEMMs'
+   inputs in bf16 too (at most 2 bytes an element): ln1, ln2 (f32 beside MoE layers, which read
+   them), the MLP's fch and GELU, their sp gathers, and qkv (f32 under Ulysses and in the CPU's
+   ring, which take it so). */
 static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *l, int nb, double A, int flash,
                                   double *own) {
     double b = (double)(m->batch / l->dp / l->micro), T = (double)m->seq, Tl = T / l->cp, N = b * Tl;
@@ -792,23 +795,34 @@ static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *
     double att = uly && flash ? N * Wl * 2 / A                 /* uqkv in bf16, for the tensor cores */
                : uly ? b * (Hl / l->cp) * T * T + N * Wl : lse ? b * Hl * Tl : b * Hl * T * T;
     double core = Nl * C + 2 * Nl + Nl * C + 2 * Nl + N * Wl + N * Cl + Nl * C + N * Fl; /* ln1 .. fch */
-    double blk, shared = 0, e;
+    /* of those, the elements a bf16 model keeps in bf16: ln1 and ln2 (lns), qkv (q16), fch, gelu */
+    int bf = m->dtype == DT_BF16, qbf = bf && !uly && (flash || !(l->cp > 1 || r == DT_PLAN_RECOMPUTE_GEMM_LAST));
+    double lns = bf ? Nl * C * (m->experts > 0 ? 1 : 2) : 0, q16 = qbf ? N * Wl : 0, mlp16 = bf ? N * Fl + N * Gl : 0;
+    double A16 = A < 2 ? A : 2, blk, shared = 0, blk16, sh16 = 0, e, e16;
     switch (r) {
-    case DT_PLAN_RECOMPUTE_FULL: blk = Nl * C; shared = core + att + N * Gl; break;
-    case DT_PLAN_RECOMPUTE_SELECTIVE: blk = Nl * C + core; shared = core + att + N * Gl; break;
-    case DT_PLAN_RECOMPUTE_GEMM_LAST: blk = Nl * C + core - 2 * Nl * C + att; shared = 2 * Nl * C + N * Gl; break;
-    default: blk = Nl * C + core + att + N * Gl; break;
+    case DT_PLAN_RECOMPUTE_FULL: blk = Nl * C; shared = core + att + N * Gl; blk16 = 0; sh16 = lns + q16 + mlp16; break;
+    case DT_PLAN_RECOMPUTE_SELECTIVE:
+        blk = Nl * C + core; shared = core + att + N * Gl;
+        blk16 = lns + q16 + (bf ? N * Fl : 0); sh16 = lns + q16 + mlp16;
+        break;
+    case DT_PLAN_RECOMPUTE_GEMM_LAST:
+        blk = Nl * C + core - 2 * Nl * C + att; shared = 2 * Nl * C + N * Gl;
+        blk16 = q16 + (bf ? N * Fl : 0); sh16 = lns + (bf ? N * Gl : 0);
+        break;
+    default: blk = Nl * C + core + att + N * Gl; blk16 = lns + q16 + mlp16; break;
     }
-    if (own) *own = A * blk; /* what offload moves: the block's own tensors */
+    if (own) *own = A * (blk - blk16) + A16 * blk16; /* what offload moves: the block's own tensors */
     if (l->pp > 1 && l->schedule == DT_PP_ZB_H1 && !l->sp && !r) /* the weight pass's kept grads (gpt splits the */
         blk += 2 * Nl * C + N * Fl + N * Wl;                         /* backward only without sp and recompute) */
     e = nb * blk + shared;
+    e16 = nb * blk16 + sh16;
     if (l->sp) e += 2 * N * C + N * C;                    /* gath1, gath2, lnfall */
+    if (l->sp) e16 += lns * N / Nl;                       /* gath1, gath2 as ln1, ln2 */
     e += Nl * C * 2 + 2 * Nl + N * Vl + 2 * N + 2 * N;    /* xL, lnf (+ mean, rstd), logits, stats, ids, targets */
     e += N * C + Nl * C;                                  /* partial, y_scratch */
     e += Nl * C * 2 + N * C * 3 + N * Wl + N * Cl + N * Fl * 2 + N * Vl; /* the backward's scratch */
     if (l->sp && l->tp > 1) e += 6 * C + T * C + 2 * C;
-    return A * e;
+    return A * (e - e16) + A16 * e16;
 }
 
 /* ==== >>profile ================================================================================== */
@@ -3597,7 +3611,7 @@ DT_API dt_status dt_plan_machine_measure(dt_comm *world, const dt_plan_model *m,
         memset(&mc, 0, sizeof mc);
         if (given) mc = *given;
         else mc.overlap = 0.9; /* an assumption, as the machine files'; tp_overlap 0: dt hides no tp collective */
-        mc.act_bytes = 4; /* dt's CUDA activations are f32 */
+        mc.act_bytes = 4; /* dt's f32 activations (a bf16 model's GEMM inputs: 2, dt__plan_acts_bytes) */
         /* the device's memory before anything here takes some */
         if (cudaMemGetInfo(&fr, &tot) != cudaSuccess)
             return dt_ctx_set_error(ctx, DT_ERR_DEVICE, "%s: cudaMemGetInfo failed", fn);

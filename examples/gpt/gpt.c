@@ -846,7 +846,7 @@ typedef struct acts {
        host[l - off_lo] after the block's forward and back before its backward, so nslot blocks'
        worth stay resident */
     int off_lo, off_hi, recording, nslot;
-    int64_t off_elems;                  /* floats of one block's own tensors */
+    int64_t off_elems;                  /* floats of one block's own tensors (each on 16 bytes) */
     int64_t off_at[sizeof(bacts) / sizeof(dt_tensor)]; /* each own tensor's offset in a slot, -1: not own */
     dt_tensor slot[3];
     dt_tensor *host;                    /* [off_hi - off_lo], outside the ctx's accounting (malloc, or
@@ -858,7 +858,6 @@ typedef struct acts {
     int64_t off_ins;                    /* copies back from host, this acts' share */
     double off_seconds;                 /* spent copying, this acts' share */
     dt_tensor xL, lnf, lnfm, lnfr, lnfall, logits, stats, ids, targets, partial, y_scratch;
-    dt_tensor qkv16;                    /* m->bfw: qkv in bf16 for the attention's bf16 products */
     dt_tensor dres, dln, dxbuf, dall, doutbuf, dqkv, datty, dfch, dgelu, dlogits;
     dt_tensor dsp, dwpe, dlnf;          /* sp: partial grads of one block / wpe / ln_f */
     dt_tensor gath1, gath2;             /* sp: ln1 / ln2 rows gathered over tp [N, C], shared */
@@ -936,7 +935,10 @@ static void offload_make(acts *a, int lo) {
     for (i = 0; i < n; i++) {
         const dt_tensor *t = (const dt_tensor *)&a->blk[lo] + i;
         a->off_at[i] = -1;
-        if (t->dtype && !t->data && t->numel > 0) { a->off_at[i] = at; at += t->numel; }
+        if (t->dtype && !t->data && t->numel > 0) { /* in floats, each tensor on 16 bytes (bf16 or f32) */
+            a->off_at[i] = at;
+            at += ((int64_t)dt_tensor_bytes(t) + 15) / 16 * 4;
+        }
     }
     a->off_elems = at;
     a->nslot = g_ctx->device == DT_CUDA_DEVICE ? 3 : 2;
@@ -1014,6 +1016,16 @@ static void offload_bwd_begin(acts *a, int l) {
 static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int hi) {
     int64_t N = b * m->Tl, Nl = m->sp ? N / m->tp : N, C = m->C;
     int l;
+    /* --dtype bf16: the GEMMs' inputs that cheap ops make (ln1, ln2, the MLP's GELU and its input)
+       and qkv are kept in bf16, as llm.c keeps its activations: the layernorm, the fc's epilogue
+       and the qkv GEMM write them rounded once, the GEMMs read them as they are. Except: ln2 where
+       a MoE layer reads it (dt_moe_fwd takes f32 rows), qkv under Ulysses (its all-to-all takes the
+       f32 qkv) and in the CPU's ring (dt_cp_attention on f32). The residual stream, attention's
+       output and every gradient stay f32. */
+    dt_dtype a16 = m->bfw ? DT_BF16 : DT_F32, ln2t = a16;
+    dt_dtype qkvt = m->bfw && !m->ulysses && (!m->lse_attn || m->tc) ? DT_BF16 : DT_F32;
+    for (l = 0; l < m->L; l++)
+        if (m->moe[l]) ln2t = DT_F32;
     memset(a, 0, sizeof *a);
     a->b = b; a->N = N; a->Nl = Nl;
     a->off_lo = lo;
@@ -1030,24 +1042,24 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
         if (l < m->L) mk(a, &x->in, Nl, C, 0, 0, DT_F32);
         if (!own_all && recompute == 1 && l < m->L) continue; /* full: the input only */
         if (gl && l == m->L) { /* gemm-last: what the cheap ops remake, one set for all blocks */
-            mk(a, &x->ln1, Nl, C, 0, 0, DT_F32); mk(a, &x->ln2, Nl, C, 0, 0, DT_F32); mk(a, &x->gelu, N, m->Fl, 0, 0, DT_F32);
+            mk(a, &x->ln1, Nl, C, 0, 0, a16); mk(a, &x->ln2, Nl, C, 0, 0, ln2t); mk(a, &x->gelu, N, m->Fl, 0, 0, a16);
             continue;
         }
-        if (!gl) mk(a, &x->ln1, Nl, C, 0, 0, DT_F32);
+        if (!gl) mk(a, &x->ln1, Nl, C, 0, 0, a16);
         mk(a, &x->ln1m, Nl, 0, 0, 0, DT_F32); mk(a, &x->ln1r, Nl, 0, 0, 0, DT_F32);
-        if (!gl) mk(a, &x->ln2, Nl, C, 0, 0, DT_F32);
+        if (!gl) mk(a, &x->ln2, Nl, C, 0, 0, ln2t);
         mk(a, &x->ln2m, Nl, 0, 0, 0, DT_F32); mk(a, &x->ln2r, Nl, 0, 0, 0, DT_F32);
-        mk(a, &x->qkv, b, m->Tl, m->Wl, 0, DT_F32);
+        mk(a, &x->qkv, b, m->Tl, m->Wl, 0, qkvt);
         mk(a, &x->atty, N, m->Cl, 0, 0, DT_F32);
         mk(a, &x->res1, Nl, C, 0, 0, DT_F32);
-        mk(a, &x->fch, N, m->Fl, 0, 0, DT_F32);
+        mk(a, &x->fch, N, m->Fl, 0, 0, a16);
         if (recompute != 2 || l == m->L) { /* the tensor-core attention stores no [T, T] scores */
             if (m->ulysses) { /* on the tensor cores: uqkv in bf16, no [T, T] scores */
                 mk(a, &x->uqkv, b, m->T, m->Wl / m->cp, 0, m->tc ? DT_BF16 : DT_F32);
                 if (!m->tc) mk(a, &x->att, b, m->Hl / m->cp, m->T, m->T, DT_F32);
             } else if (m->lse_attn) mk(a, &x->lse, b, m->Hl, m->Tl, 0, DT_F32); /* ring / lse attention: no [T, T] */
             else if (!m->tc) mk(a, &x->att, b, m->Hl, m->T, m->T, DT_F32);
-            if (!gl) mk(a, &x->gelu, N, m->Fl, 0, 0, DT_F32);
+            if (!gl) mk(a, &x->gelu, N, m->Fl, 0, 0, a16);
         }
     }
     a->recording = 0;
@@ -1071,8 +1083,8 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
     }
     if (m->sp) { /* the gathered rows: one copy for all blocks, gathered again in the backward
                     (Megatron-SP keeps only the row shard per block: the point of sp's memory) */
-        mk(a, &a->gath1, N, C, 0, 0, DT_F32);
-        mk(a, &a->gath2, N, C, 0, 0, DT_F32);
+        mk(a, &a->gath1, N, C, 0, 0, a16);
+        mk(a, &a->gath2, N, C, 0, 0, ln2t);
         for (l = 0; l <= m->L; l++) {
             bacts *x = l < m->L ? &a->blk[l] : &a->shared;
             x->ln1all = share(&a->gath1);
@@ -1085,7 +1097,6 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
     mk(a, &a->logits, N, m->Vl, 0, 0, DT_F32); mk(a, &a->stats, N, 2, 0, 0, DT_F32);
     mk(a, &a->ids, N, 0, 0, 0, DT_I32); mk(a, &a->targets, N, 0, 0, 0, DT_I32);
     mk(a, &a->partial, N, C, 0, 0, DT_F32); mk(a, &a->y_scratch, Nl, C, 0, 0, DT_F32);
-    if (m->bfw) mk(a, &a->qkv16, b, m->Tl, m->Wl, 0, DT_BF16);
     mk(a, &a->dres, Nl, C, 0, 0, DT_F32); mk(a, &a->dln, Nl, C, 0, 0, DT_F32);
     mk(a, &a->dxbuf, N, C, 0, 0, DT_F32); mk(a, &a->dall, N, C, 0, 0, DT_F32); mk(a, &a->doutbuf, N, C, 0, 0, DT_F32);
     mk(a, &a->dqkv, b, m->Tl, m->Wl, 0, DT_F32);
@@ -1243,11 +1254,13 @@ static dt_tensor rows3(const model *m, const acts *a, const dt_tensor *t) {
     return v;
 }
 
-/* Attention of the block's qkv into out (atty as [b, T, Cl]) and back (dqkv +=). With m->bfw
-   (--dtype bf16) qkv goes to bf16 first: on CUDA dt_attention runs on the tensor cores
-   (FlashAttention-2, nothing [T, T] kept: the backward recomputes), on the CPU its products are
-   bf16 (AMX where the CPU has it) and it keeps att; else f32, keeping att. */
+/* Attention of the block's qkv into out (atty as [b, T, Cl], f32) and back (dqkv +=). With m->bfw
+   (--dtype bf16) the qkv GEMM wrote qkv in bf16 (but under Ulysses and in the CPU's ring): on CUDA
+   dt_attention runs on the tensor cores (FlashAttention-2, nothing [T, T] kept: the backward
+   recomputes), on the CPU its products are bf16 (AMX where the CPU has it) and it keeps att; else
+   f32, keeping att. */
 static void attn_fwd(model *m, acts *a, bacts *x, dt_tensor *out) {
+    (void)a;
     if (m->ulysses) { /* heads for sequence: all-to-all, whole-sequence attention, all-to-all back */
         OP("cp attention fwd", dt_cp_ulysses_fwd(m->lay, out, &x->uqkv, m->tc ? NULL : &x->att, &x->qkv, (int)m->Hl,
                                                  (int)m->Hkvl));
@@ -1256,17 +1269,11 @@ static void attn_fwd(model *m, acts *a, bacts *x, dt_tensor *out) {
     if (m->lse_attn) { /* ring attention over the cp group (the other ranks' K/V come to this one); at
                           cp 1 the same code is causal attention keeping lse, not the [T, T] scores. On
                           CUDA in bf16 from a bf16 qkv: its blocks on the tensor cores, K/V sent in bf16 */
-        const dt_tensor *q = &x->qkv;
-        if (m->tc) {
-            COMPUTE("attention fwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
-            q = &a->qkv16;
-        }
-        OP("cp attention fwd", dt_cp_attention_fwd(m->lay, out, &x->lse, q, (int)m->Hl, (int)m->Hkvl));
+        OP("cp attention fwd", dt_cp_attention_fwd(m->lay, out, &x->lse, &x->qkv, (int)m->Hl, (int)m->Hkvl));
         return;
     }
-    if (!m->bfw) { COMPUTE("attention fwd", dt_attention_gqa_fwd(g_ctx, out, &x->att, &x->qkv, (int)m->Hl, (int)m->Hkvl)); return; }
-    COMPUTE("attention fwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
-    COMPUTE("attention fwd", dt_attention_gqa_fwd(g_ctx, out, m->tc ? NULL : &x->att, &a->qkv16, (int)m->Hl, (int)m->Hkvl));
+    /* --dtype bf16: qkv is bf16 (acts_make), and on CUDA att is NULL (the tensor cores) */
+    COMPUTE("attention fwd", dt_attention_gqa_fwd(g_ctx, out, m->tc ? NULL : &x->att, &x->qkv, (int)m->Hl, (int)m->Hkvl));
 }
 static void attn_bwd(model *m, acts *a, bacts *x, dt_tensor *dout, const dt_tensor *out) {
     (void)out; /* only the ring reads the forward's output */
@@ -1276,17 +1283,10 @@ static void attn_bwd(model *m, acts *a, bacts *x, dt_tensor *dout, const dt_tens
         return;
     }
     if (m->lse_attn) {
-        const dt_tensor *q = &x->qkv;
-        if (m->tc) {
-            COMPUTE("attention bwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
-            q = &a->qkv16;
-        }
-        OP("cp attention bwd", dt_cp_attention_bwd(m->lay, &a->dqkv, dout, q, out, &x->lse, (int)m->Hl, (int)m->Hkvl));
+        OP("cp attention bwd", dt_cp_attention_bwd(m->lay, &a->dqkv, dout, &x->qkv, out, &x->lse, (int)m->Hl, (int)m->Hkvl));
         return;
     }
-    if (!m->bfw) { COMPUTE("attention bwd", dt_attention_gqa_bwd(g_ctx, &a->dqkv, dout, &x->qkv, &x->att, (int)m->Hl, (int)m->Hkvl)); return; }
-    COMPUTE("attention bwd", dt_tensor_cast(g_ctx, &a->qkv16, &x->qkv));
-    COMPUTE("attention bwd", dt_attention_gqa_bwd(g_ctx, &a->dqkv, dout, &a->qkv16, m->tc ? NULL : &x->att, (int)m->Hl, (int)m->Hkvl));
+    COMPUTE("attention bwd", dt_attention_gqa_bwd(g_ctx, &a->dqkv, dout, &x->qkv, m->tc ? NULL : &x->att, (int)m->Hl, (int)m->Hkvl));
 }
 
 /* The MoE layer of block l on ln2's rows (all of them: gathered under sp), its tp partial summed
