@@ -781,8 +781,8 @@ static void dt__plan_moe_params(const dt_plan_model *m, int tp, int ep, double *
    the whole sequence's q, k, v of its heads (uqkv, as many elements as qkv) and their [T, T]; under
    flash, uqkv alone, in bf16 (2 bytes an element whatever A is). A bf16 model keeps the GEMMs'
    inputs in bf16 too (at most 2 bytes an element): ln1, ln2 (f32 beside MoE layers, which read
-   them), the MLP's fch and GELU, their sp gathers, and qkv (f32 under Ulysses and in the CPU's
-   ring, which take it so). */
+   them), the MLP's fch and GELU, their sp gathers, qkv (f32 under Ulysses and in the CPU's ring,
+   which take it so) and attention's output (f32 under Ulysses and the ring, which merges in f32). */
 static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *l, int nb, double A, int flash,
                                   double *own) {
     double b = (double)(m->batch / l->dp / l->micro), T = (double)m->seq, Tl = T / l->cp, N = b * Tl;
@@ -795,9 +795,11 @@ static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *
     double att = uly && flash ? N * Wl * 2 / A                 /* uqkv in bf16, for the tensor cores */
                : uly ? b * (Hl / l->cp) * T * T + N * Wl : lse ? b * Hl * Tl : b * Hl * T * T;
     double core = Nl * C + 2 * Nl + Nl * C + 2 * Nl + N * Wl + N * Cl + Nl * C + N * Fl; /* ln1 .. fch */
-    /* of those, the elements a bf16 model keeps in bf16: ln1 and ln2 (lns), qkv (q16), fch, gelu */
+    /* of those, the elements a bf16 model keeps in bf16: ln1 and ln2 (lns), qkv and atty (q16), fch, gelu */
     int bf = m->dtype == DT_BF16, qbf = bf && !uly && (flash || !(l->cp > 1 || r == DT_PLAN_RECOMPUTE_GEMM_LAST));
-    double lns = bf ? Nl * C * (m->experts > 0 ? 1 : 2) : 0, q16 = qbf ? N * Wl : 0, mlp16 = bf ? N * Fl + N * Gl : 0;
+    int abf = bf && !uly && !(l->cp > 1 || (r == DT_PLAN_RECOMPUTE_GEMM_LAST && !flash)); /* atty: not the ring's */
+    double lns = bf ? Nl * C * (m->experts > 0 ? 1 : 2) : 0, mlp16 = bf ? N * Fl + N * Gl : 0;
+    double q16 = (qbf ? N * Wl : 0) + (abf ? N * Cl : 0); /* qkv and attention's output */
     double A16 = A < 2 ? A : 2, blk, shared = 0, blk16, sh16 = 0, e, e16;
     switch (r) {
     case DT_PLAN_RECOMPUTE_FULL: blk = Nl * C; shared = core + att + N * Gl; blk16 = 0; sh16 = lns + q16 + mlp16; break;

@@ -585,8 +585,9 @@ DT_API dt_status dt_embedding_bwd(dt_ctx *ctx, dt_tensor *dtable, const dt_tenso
    Both run per (batch, head) on GEMMs (dt_matmul's), the backward with a [T,T] ctx scratch.
    On CUDA tensors att may be NULL: the fused (flash) kernels, nothing [T,T] stored, the
    backward recomputing the forward (head size <= 96; see dt__cu_attention_fwd). A bf16 qkv on
-   CUDA (att NULL; out, dout and dqkv f32) runs on the tensor cores: FlashAttention-2 on
-   mma.sync, f32 accumulation, head size 16, 32, 64, 96 or 128, compute capability >= 8.0. A bf16
+   CUDA (att NULL; dout and dqkv f32, out f32 or bf16) runs on the tensor cores: FlashAttention-2
+   on mma.sync, f32 accumulation, head size 16, 32, 64, 96 or 128, compute capability >= 8.0 (a
+   bf16 out, on either device, is the f32 result rounded once: bf16 activations). A bf16
    qkv on the CPU (att f32, kept as above) multiplies in bf16 with f32 sums (dt_linear's bf16 GEMMs:
    AMX where the CPU has it): the scores of bf16 q, k scaled in f32, the softmax in f32, and P,
    dout and the softmax's gradient rounded to bf16 on their way into the products (torch.autocast's
@@ -4429,6 +4430,20 @@ DT_API dt_status dt_attention_gqa_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *at
         return dt__attn_gqa_cuda(ctx, n_head, n_kv_head, fn);
     }
 #endif
+    if (out && qkv && out->dtype == DT_BF16 && qkv->dtype == DT_BF16) {
+        /* bf16 activations: the f32 op into a host buffer, each value rounded once into out */
+        dt_tensor of = *out;
+        dt_status st;
+        of.dtype = DT_F32;
+        DT__TRY(dt__attn_check(ctx, &of, att, qkv, n_head, n_kv_head, fn, "out", &g));
+        DT__TRY(dt__attn_apart(ctx, out, att, qkv, fn));
+        of.owns = 0;
+        if (out->numel && !(of.data = dt_alloc(ctx, (size_t)out->numel * sizeof(float)))) return ctx->last_status;
+        st = dt_attention_gqa_fwd(ctx, &of, att, qkv, n_head, n_kv_head);
+        if (!st) st = dt_convert(ctx, out->data, DT_BF16, of.data, DT_F32, out->numel);
+        dt_release(ctx, of.data);
+        return st;
+    }
     DT__TRY(dt__attn_check(ctx, out, att, qkv, n_head, n_kv_head, fn, "out", &g));
     DT__TRY(dt__attn_apart(ctx, out, att, qkv, fn));
     T = g.T; W = g.W; C = g.C; hs = g.hs;
@@ -5434,7 +5449,8 @@ static dt_status dt__cu_att_check(dt_ctx *ctx, const dt_tensor *y, const dt_tens
 }
 
 /* bf16 qkv (CUDA, att NULL): the tensor-core kernels of kernels/dt_flash.cu (FlashAttention-2 on
-   mma.sync: bf16 q, k, v, f32 accumulation and softmax statistics; out and the gradients f32;
+   mma.sync: bf16 q, k, v, f32 accumulation and softmax statistics; out f32 or bf16 (rounded once),
+   the gradients f32;
    compute capability >= 8.0, head size 16, 32, 64, 96 or 128). y is out (fwd) or dout (bwd:
    dqkv f32 +=, NULL checks only; the forward rerun into scratch for out and lse). The error of bf16
    attention is bounded in tests/cuda_emu/k_flash.cpp. */
@@ -5448,7 +5464,7 @@ static dt_status dt__cu_attention_tc(dt_ctx *ctx, const dt_tensor *y, const dt_t
         return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: qkv is bf16 (the tensor-core kernels, which store no [T,T] "
                                 "scores): att must be NULL", fn);
     DT__TRY(dt__ndim(ctx, qkv, 3, 3, fn, "qkv"));
-    DT__TRY(dt__f32(ctx, y, fn, yn));
+    DT__TRY(dt_check_tensor(ctx, y, !bwd && y->dtype == DT_BF16 ? DT_BF16 : DT_F32, fn, yn)); /* out may be bf16 */
     B = qkv->shape[0]; T = qkv->shape[1]; W = qkv->shape[2];
     if (n_kv_head == n_head) {
         C = W / 3;
@@ -5498,9 +5514,10 @@ static dt_status dt__cu_attention_tc(dt_ctx *ctx, const dt_tensor *y, const dt_t
     a.q_stride = a.kv_stride = W, a.out_stride = C;
     mark = dt_cuda_scratch_begin(ctx);
     a.lse = (float *)dt_cuda_scratch(ctx, (size_t)(B * n_head * T) * sizeof(float), fn);
-    if (!bwd) a.out = DT__CU_F(y);
+    if (!bwd && y->dtype == DT_BF16) a.out16 = (uint16_t *)y->data; /* bf16 activations: out rounded once */
+    else if (!bwd) a.out = DT__CU_F(y);
     else if (a.lse) a.out = (float *)dt_cuda_scratch(ctx, (size_t)y->numel * sizeof(float), fn);
-    st = a.lse && a.out ? DT_OK : ctx->last_status;
+    st = a.lse && (a.out || a.out16) ? DT_OK : ctx->last_status;
     if (!st) st = dt__cu_status(ctx, dt_k_flash_fwd(&a, ctx->cuda_stream), fn, "dt_k_flash_fwd");
     if (!st && bwd) {
         a.dout = (const float *)y->data;

@@ -226,7 +226,9 @@ static __global__ void dt_k__fl_fwd(dt_k_flash a, float scale2) {
             for (int i = 0; i < 4; i++) o[n].x[i] *= alpha[i >> 1];
         dt_k__fl_pv<HS, DT_K__FL_KEYS>(o, s, sv, lane);
     }
-    float *ob = a.out + (b * a.T + a.q_row) * a.out_stride + (int64_t)h * HS, *lb = a.lse + bh * a.T + a.q_row;
+    const int64_t o0 = (b * a.T + a.q_row) * a.out_stride + (int64_t)h * HS;
+    float *ob = a.out16 ? NULL : a.out + o0, *lb = a.lse + bh * a.T + a.q_row;
+    uint16_t *ob16 = a.out16 ? a.out16 + o0 : NULL;
     /* each row's weights: of what out held (wa) and of this O (wb); outside block mode out = O / l */
     float wa[2] = {0.0f, 0.0f}, wb[2], ln[2];
     for (int j = 0; j < 2; j++) {
@@ -246,10 +248,13 @@ static __global__ void dt_k__fl_fwd(dt_k_flash a, float scale2) {
     for (int n = 0; n < HS / 8; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            int64_t r = rw + dt_mma_c_row(lane, i);
-            float *op = ob + r * a.out_stride + n * 8 + dt_mma_c_col(lane, i);
+            int64_t r = rw + dt_mma_c_row(lane, i), at = r * a.out_stride + n * 8 + dt_mma_c_col(lane, i);
             if (r >= nq || l[i >> 1] == 0.0f) continue; /* past the rows, or a row that sees no key here */
-            *op = (wa[i >> 1] > 0.0f ? *op * wa[i >> 1] : 0.0f) + o[n].x[i] / l[i >> 1] * wb[i >> 1];
+            if (ob16) { /* outside block mode (wa 0, wb 1): the f32 value below, rounded once */
+                ob16[at] = dt_k_f32_to_bf16(0.0f + o[n].x[i] / l[i >> 1] * wb[i >> 1]);
+                continue;
+            }
+            ob[at] = (wa[i >> 1] > 0.0f ? ob[at] * wa[i >> 1] : 0.0f) + o[n].x[i] / l[i >> 1] * wb[i >> 1];
         }
     if ((lane & 3) == 0)
         for (int j = 0; j < 2; j++) {
@@ -446,9 +451,11 @@ static int dt_k__fl_check(const dt_k_flash *a, int bwd, dt_k_flash *x) {
     }
     if (x->q_rows > (int64_t)DT_K__FL_ROWS * 2147483647 || x->k_rows > (int64_t)DT_K__FL_ROWS * 2147483647)
         return (int)cudaErrorInvalidValue; /* grid x */
-    if (!a->q || !a->k || !a->v || !a->out || !a->lse || !dt_k_aligned(a->q, 16) || !dt_k_aligned(a->k, 16) ||
+    if (!a->q || !a->k || !a->v || !a->lse || !dt_k_aligned(a->q, 16) || !dt_k_aligned(a->k, 16) ||
         !dt_k_aligned(a->v, 16))
         return (int)cudaErrorInvalidValue;
+    /* out, or (the forward outside block mode) out16 instead */
+    if (a->out16 ? (a->out || bwd || a->block) : !a->out) return (int)cudaErrorInvalidValue;
     if (bwd && (!a->dout || !a->scratch || !dt_k_aligned(a->scratch, 16))) return (int)cudaErrorInvalidValue;
     if (bwd == 1 && (!a->dq || !a->dk || !a->dv || a->dq_stride < (int64_t)a->H * a->hs ||
                      a->dkv_stride < (int64_t)a->H_kv * a->hs)) /* bwd 2: the prep alone */

@@ -212,6 +212,8 @@ typedef struct dt_k_flash {
     int64_t q_stride, kv_stride;
     float *out, *lse;
     int64_t out_stride;
+    uint16_t *out16;                   /* fwd outside block mode: out in bf16 here instead (out NULL),
+                                          each value the f32 one rounded once */
     const float *dout;                 /* bwd only, from here to scratch */
     float *dq, *dk, *dv;
     int64_t dq_stride, dkv_stride;

@@ -185,6 +185,25 @@ static void check_linear(int64_t N, int64_t O, int64_t K) {
     dt_tensor_free(&C, &dx2);
 }
 
+/* attention with a bf16 qkv writing a bf16 out: the f32 op's out rounded (att kept as ever) */
+static void check_attention(void) {
+    int64_t B = 2, T = 13, H = 2, hs = 16, W = H * hs; /* W: the width (C is the ctx) */
+    dt_tensor q = mk(DT_BF16, B * T, 3 * W), o32 = mk(DT_F32, B * T, W), o16 = mk(DT_BF16, B * T, W);
+    dt_tensor att = mk(DT_F32, B * H * T, T), q3, a, b, at4;
+    int64_t s3q[3], s3o[3], s4[4];
+    s3q[0] = B; s3q[1] = T; s3q[2] = 3 * W; s3o[0] = B; s3o[1] = T; s3o[2] = W;
+    s4[0] = B; s4[1] = H; s4[2] = T; s4[3] = T;
+    fill(&q);
+    if (DT_TEST_CHECK("attention_setup", dt_tensor_reshape(&C, &q3, &q, 3, s3q) == DT_OK &&
+                                         dt_tensor_reshape(&C, &a, &o32, 3, s3o) == DT_OK &&
+                                         dt_tensor_reshape(&C, &b, &o16, 3, s3o) == DT_OK &&
+                                         dt_tensor_reshape(&C, &at4, &att, 4, s4) == DT_OK) &&
+        DT_TEST_CHECK("attention_bf16_out_runs", dt_attention_fwd(&C, &a, &at4, &q3, (int)H) == DT_OK &&
+                                                 dt_attention_fwd(&C, &b, &at4, &q3, (int)H) == DT_OK))
+        same_rounded("attention_bf16_out_is_the_f32_out_rounded", &o16, &o32);
+    dt_tensor_free(&C, &q); dt_tensor_free(&C, &o32); dt_tensor_free(&C, &o16); dt_tensor_free(&C, &att);
+}
+
 static void check_bad(void) {
     dt_tensor w32 = mk(DT_F32, 8, 4), w16 = mk(DT_BF16, 8, 4), x16 = mk(DT_BF16, 3, 4), x32 = mk(DT_F32, 3, 4);
     dt_tensor o16 = mk(DT_BF16, 3, 8), o32 = mk(DT_F32, 3, 8), f16 = mk(DT_F16, 3, 8), lw = mk(DT_F32, 4, -1);
@@ -217,6 +236,7 @@ int main(void) {
     check_linear(5, 3, 200);
     check_linear(300, 1100, 16); /* rows beyond one of the bf16 output's f32 blocks (2^18 / O = 238) */
     check_linear(1, 8, 0);       /* K = 0: out = the rounded bias */
+    check_attention();
     check_bad();
     dt_ctx_shutdown(&C);
     return dt_test_finish();

@@ -1016,14 +1016,16 @@ static void offload_bwd_begin(acts *a, int l) {
 static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int hi) {
     int64_t N = b * m->Tl, Nl = m->sp ? N / m->tp : N, C = m->C;
     int l;
-    /* --dtype bf16: the GEMMs' inputs that cheap ops make (ln1, ln2, the MLP's GELU and its input)
-       and qkv are kept in bf16, as llm.c keeps its activations: the layernorm, the fc's epilogue
-       and the qkv GEMM write them rounded once, the GEMMs read them as they are. Except: ln2 where
-       a MoE layer reads it (dt_moe_fwd takes f32 rows), qkv under Ulysses (its all-to-all takes the
-       f32 qkv) and in the CPU's ring (dt_cp_attention on f32). The residual stream, attention's
-       output and every gradient stay f32. */
+    /* --dtype bf16: the GEMMs' inputs that cheap ops make (ln1, ln2, the MLP's GELU and its input),
+       qkv and attention's output are kept in bf16, as llm.c keeps its activations: the layernorm,
+       the fc's epilogue, the qkv GEMM and attention write them rounded once, the GEMMs read them
+       as they are. Except: ln2 where a MoE layer reads it (dt_moe_fwd takes f32 rows), qkv under
+       Ulysses (its all-to-all takes the f32 qkv) and in the CPU's ring (dt_cp_attention on f32),
+       attention's output under either context parallelism (the ring merges its blocks in f32,
+       Ulysses' all-to-all moves f32). The residual stream and every gradient stay f32. */
     dt_dtype a16 = m->bfw ? DT_BF16 : DT_F32, ln2t = a16;
     dt_dtype qkvt = m->bfw && !m->ulysses && (!m->lse_attn || m->tc) ? DT_BF16 : DT_F32;
+    dt_dtype attyt = m->bfw && !m->ulysses && !m->lse_attn ? DT_BF16 : DT_F32; /* the ring merges into f32 */
     for (l = 0; l < m->L; l++)
         if (m->moe[l]) ln2t = DT_F32;
     memset(a, 0, sizeof *a);
@@ -1050,7 +1052,7 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
         if (!gl) mk(a, &x->ln2, Nl, C, 0, 0, ln2t);
         mk(a, &x->ln2m, Nl, 0, 0, 0, DT_F32); mk(a, &x->ln2r, Nl, 0, 0, 0, DT_F32);
         mk(a, &x->qkv, b, m->Tl, m->Wl, 0, qkvt);
-        mk(a, &x->atty, N, m->Cl, 0, 0, DT_F32);
+        mk(a, &x->atty, N, m->Cl, 0, 0, attyt);
         mk(a, &x->res1, Nl, C, 0, 0, DT_F32);
         mk(a, &x->fch, N, m->Fl, 0, 0, a16);
         if (recompute != 2 || l == m->L) { /* the tensor-core attention stores no [T, T] scores */
@@ -1254,8 +1256,9 @@ static dt_tensor rows3(const model *m, const acts *a, const dt_tensor *t) {
     return v;
 }
 
-/* Attention of the block's qkv into out (atty as [b, T, Cl], f32) and back (dqkv +=). With m->bfw
-   (--dtype bf16) the qkv GEMM wrote qkv in bf16 (but under Ulysses and in the CPU's ring): on CUDA
+/* Attention of the block's qkv into out (atty as [b, T, Cl]) and back (dqkv +=). With m->bfw
+   (--dtype bf16) the qkv GEMM wrote qkv in bf16 and out is bf16 (but under Ulysses and the ring,
+   acts_make): on CUDA
    dt_attention runs on the tensor cores (FlashAttention-2, nothing [T, T] kept: the backward
    recomputes), on the CPU its products are bf16 (AMX where the CPU has it) and it keeps att; else
    f32, keeping att. */

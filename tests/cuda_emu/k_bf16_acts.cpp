@@ -498,6 +498,48 @@ static void bad_inputs(void) {
     for (pair_t *p : all) release(*p);
 }
 
+/* Attention writing a bf16 out (bf16 qkv): on CUDA the flash kernel's f32 value rounded once (the
+   same kernel's f32 out, rounded, bit for bit), on the CPU the f32 op's out rounded (att kept);
+   H query heads over Hkv kv heads of size 64. The backward never reads out (the flash backward
+   reruns its forward in f32; the CPU's reads att). */
+static void attention(int64_t B, int64_t T, int H, int Hkv) {
+    const int64_t hs = 64, C = H * hs, W = C + 2 * Hkv * hs;
+    char name[160], tag[48];
+    snprintf(tag, sizeof tag, "b%lld_t%lld_h%d_kv%d", (long long)B, (long long)T, H, Hkv);
+    pair_t q = make(DT_BF16, B * T, W, 61), o32 = make(DT_F32, B * T, C, 62), o16 = make(DT_BF16, B * T, C, 63);
+    pair_t att = make(DT_F32, B * H * T, T, 64);
+    dt_tensor q3[2], a32[2], a16[2], at4;
+    int64_t s3q[3] = {B, T, W}, s3o[3] = {B, T, C}, s4[4] = {B, H, T, T};
+    dt_tensor_reshape(&ctx, &q3[0], &q.h, 3, s3q); dt_tensor_reshape(&ctx, &q3[1], &q.d, 3, s3q);
+    dt_tensor_reshape(&ctx, &a32[0], &o32.h, 3, s3o); dt_tensor_reshape(&ctx, &a32[1], &o32.d, 3, s3o);
+    dt_tensor_reshape(&ctx, &a16[0], &o16.h, 3, s3o); dt_tensor_reshape(&ctx, &a16[1], &o16.d, 3, s3o);
+    dt_tensor_reshape(&ctx, &at4, &att.h, 4, s4);
+    snprintf(name, sizeof name, "attention_bf16_out_cuda_is_its_f32_out_rounded_%s", tag);
+    if (ok2(name, dt_attention_gqa_fwd(&ctx, &a32[1], NULL, &q3[1], H, Hkv),
+            dt_attention_gqa_fwd(&ctx, &a16[1], NULL, &q3[1], H, Hkv))) {
+        std::vector<float> f = values(o32.d), r(f.size());
+        for (size_t i = 0; i < f.size(); i++) r[i] = bf16_round(f[i]);
+        same_bits(name, values(o16.d), r);
+    }
+    snprintf(name, sizeof name, "attention_bf16_out_cpu_is_its_f32_out_rounded_%s", tag);
+    if (ok2(name, dt_attention_gqa_fwd(&ctx, &a32[0], &at4, &q3[0], H, Hkv),
+            dt_attention_gqa_fwd(&ctx, &a16[0], &at4, &q3[0], H, Hkv))) {
+        std::vector<float> f = values(o32.h), r(f.size());
+        for (size_t i = 0; i < f.size(); i++) r[i] = bf16_round(f[i]);
+        same_bits(name, values(o16.h), r);
+    }
+    /* the backward takes no bf16 dout: f32 gradients */
+    snprintf(name, sizeof name, "attention_bwd_bf16_dout_is_named_%s", tag);
+    {
+        pair_t dq = make(DT_F32, B * T, W, 65);
+        dt_tensor dq3;
+        dt_tensor_reshape(&ctx, &dq3, &dq.d, 3, s3q);
+        dt_test_error(name, dt_attention_gqa_bwd(&ctx, &dq3, &a16[1], &q3[1], NULL, H, Hkv), dt_ctx_error(&ctx), "dout");
+        release(dq);
+    }
+    release(q); release(o32); release(o16); release(att);
+}
+
 int main(void) {
     dt_ctx_desc cd;
     memset(&cd, 0, sizeof cd);
@@ -516,6 +558,8 @@ int main(void) {
         linear_bwd(N, 64, 48, refuse);
         linear_bwd(N, 20, 48, refuse);
     }
+    attention(2, rows(37, 9), 2, 2);
+    attention(1, rows(70, 17), 4, 2); /* grouped-query, past one 64-row tile */
     bad_inputs();
     DT_TEST_CHECK("emulator_reported_nothing", dt_emu_report_count() == 0);
     dt_ctx_shutdown(&ctx);
