@@ -223,6 +223,12 @@ int main(int argc, char **argv) {
         if (selected("copy d2d [N,4C]")) bw_row("copy d2d [N,4C]", 2 * big, time_ms("copy d2d", DTF(dt_tensor_copy(&g_ctx, &y, &x))));
         if (selected("gelu_fwd [N,4C]")) bw_row("gelu_fwd [N,4C]", 2 * big, time_ms("gelu_fwd", DTF(dt_gelu_fwd(&g_ctx, &y, &x))));
         if (selected("gelu_bwd [N,4C]")) bw_row("gelu_bwd [N,4C]", 4 * big, time_ms("gelu_bwd", DTF(dt_gelu_bwd(&g_ctx, &dy, &y, &x))));
+        if (selected("gelu_bwd bf16 x [N,4C]")) { // gpt --dtype bf16: the pre-activation kept in bf16
+            dt_tensor x16 = tensor(N, 4 * C, DT_BF16);
+            DT(dt_tensor_cast(&g_ctx, &x16, &x));
+            bw_row("gelu_bwd bf16 x [N,4C]", 3.5 * big, time_ms("gelu_bwd bf16 x", DTF(dt_gelu_bwd(&g_ctx, &dy, &y, &x16))));
+            dt_tensor_free(&g_ctx, &x16);
+        }
         if (selected("bias_add_fwd [N,4C]")) bw_row("bias_add_fwd [N,4C]", 2 * big, time_ms("bias_add_fwd", DTF(dt_bias_add_fwd(&g_ctx, &y, &bias))));
         if (selected("bias_add_bwd [N,4C]")) bw_row("bias_add_bwd [N,4C]", big, time_ms("bias_add_bwd", DTF(dt_bias_add_bwd(&g_ctx, &dbias, &y))));
         dt_tensor_free(&g_ctx, &x), dt_tensor_free(&g_ctx, &y), dt_tensor_free(&g_ctx, &dy);
@@ -233,6 +239,11 @@ int main(int argc, char **argv) {
         dt_tensor dw = tensor(C), db = tensor(C), mean = tensor(N), rstd = tensor(N);
         double one = 4.0 * (double)x.numel;
         if (selected("layernorm_fwd [N,C]")) bw_row("layernorm_fwd [N,C]", 2 * one, time_ms("layernorm_fwd", DTF(dt_layernorm_fwd(&g_ctx, &y, &mean, &rstd, &x, &w, &b, 1e-5f))));
+        if (selected("layernorm_fwd bf16 out [N,C]")) { // gpt --dtype bf16: ln1, ln2 in bf16
+            dt_tensor y16 = tensor(N, C, DT_BF16);
+            bw_row("layernorm_fwd bf16 out [N,C]", 1.5 * one, time_ms("layernorm_fwd bf16 out", DTF(dt_layernorm_fwd(&g_ctx, &y16, &mean, &rstd, &x, &w, &b, 1e-5f))));
+            dt_tensor_free(&g_ctx, &y16);
+        }
         if (selected("layernorm_bwd [N,C]")) bw_row("layernorm_bwd [N,C]", 4 * one, time_ms("layernorm_bwd", DTF(dt_layernorm_bwd(&g_ctx, &dx, &dw, &db, &dy, &x, &w, &mean, &rstd))));
         if (selected("add [N,C]")) bw_row("add [N,C]", 3 * one, time_ms("add", DTF(dt_add(&g_ctx, &y, &x, &dx))));
         if (selected("axpy [N,C]")) bw_row("axpy [N,C]", 3 * one, time_ms("axpy", DTF(dt_axpy(&g_ctx, &y, 0.5f, &x))));
@@ -367,6 +378,13 @@ int main(int argc, char **argv) {
         double fused = time_ms("linear_gelu fused", DTF(dt_linear_gelu_fwd(&g_ctx, &out, &pre, &x, &w, &b)));
         if (sep > 0) printf("flops\tlinear + bias + gelu separate, bf16 w [N,C]x[C,4C]\t%.4f\t%.2f\n", sep, fl / (sep * 1e-3) / 1e12);
         if (fused > 0) printf("flops\tlinear_gelu fused epilogue, bf16 w [N,C]x[C,4C]\t%.4f\t%.2f\n", fused, fl / (fused * 1e-3) / 1e12);
+        { // gpt --dtype bf16's own call: bf16 x, and out and pre written in bf16 (half the epilogue's bytes)
+            dt_tensor x16 = tensor(N, C, DT_BF16), pre16 = tensor(N, 4 * C, DT_BF16), out16 = tensor(N, 4 * C, DT_BF16);
+            DT(dt_tensor_cast(&g_ctx, &x16, &x));
+            double f16 = time_ms("linear_gelu bf16 activations", DTF(dt_linear_gelu_fwd(&g_ctx, &out16, &pre16, &x16, &w, &b)));
+            if (f16 > 0) printf("flops\tlinear_gelu fused epilogue, bf16 w, x, out, pre [N,C]x[C,4C]\t%.4f\t%.2f\n", f16, fl / (f16 * 1e-3) / 1e12);
+            dt_tensor_free(&g_ctx, &x16), dt_tensor_free(&g_ctx, &pre16), dt_tensor_free(&g_ctx, &out16);
+        }
         dt_tensor *all[] = {&x, &w32, &w, &b, &pre, &out};
         for (dt_tensor *t : all) dt_tensor_free(&g_ctx, t);
     }
