@@ -3292,32 +3292,35 @@ static void dt__gelu_fwd_f(float *o, const float *x, int64_t n);
 static dt_status dt__linear_bf16_out(dt_ctx *ctx, dt_tensor *out, dt_tensor *pre, const dt_tensor *x,
                                      const dt_tensor *w, const dt_tensor *bias) {
     int64_t N = dt__rows(x), In = w->shape[1], Out = w->shape[0], rb, r, nb;
-    size_t xe = x->dtype == DT_BF16 ? 2 : 4;
-    float *t, *g, *rbias = NULL;
+    size_t xe = x->dtype == DT_BF16 ? 2 : 4, keep;
+    float *t, *rbias = NULL;
     dt_status st = DT_OK;
     if (N == 0 || Out == 0) return DT_OK;
     rb = (int64_t)1 << 18; /* about 1 MB of f32 a block */
     rb = rb / Out > 0 ? rb / Out : 1;
     if (rb > N) rb = N;
-    if (!(t = (float *)dt_alloc(ctx, ((size_t)rb * (size_t)Out * 2 + (size_t)Out) * sizeof(float))))
+    /* the block and the rounded bias in the ctx's scratch past the GEMM's packs, with room after
+       them for the bf16 GEMM's rounded operands (dt__gemm_bf16_keep): nothing allocated per call
+       once the scratch has grown. Each term is a product of a tensor's dims (fits). */
+    keep = (size_t)rb * (size_t)Out + (size_t)Out;
+    if (!(t = dt__scratch(ctx, DT__GEMM_SCRATCH + keep + (size_t)rb * (size_t)In + (size_t)Out * (size_t)In)))
         return ctx->last_status;
-    g = t + rb * Out;
+    t += DT__GEMM_SCRATCH;
     if (bias) {
-        rbias = g + rb * Out;
+        rbias = t + rb * Out;
         dt__round_bf16(rbias, bias->data, 0, Out);
     }
     for (r = 0; r < N && !st; r += nb) {
         nb = N - r < rb ? N - r : rb;
         st = dt__gemm_bf16_keep(ctx, 0, 1, nb, Out, In, In ? (const char *)x->data + (size_t)(r * In) * xe : x->data,
-                                x->dtype == DT_BF16, In, w->data, 1, In, 0, t, Out, 0, rbias);
+                                x->dtype == DT_BF16, In, w->data, 1, In, 0, t, Out, keep, rbias);
         if (st) break;
-        if (pre) {
+        if (pre) { /* pre rounded, then the GELU of the f32 values in place (the rows allow it) */
             dt_convert(ctx, (uint16_t *)pre->data + r * Out, DT_BF16, t, DT_F32, nb * Out);
-            dt__gelu_fwd_f(g, t, nb * Out);
+            dt__gelu_fwd_f(t, t, nb * Out);
         }
-        dt_convert(ctx, (uint16_t *)out->data + r * Out, DT_BF16, pre ? g : t, DT_F32, nb * Out);
+        dt_convert(ctx, (uint16_t *)out->data + r * Out, DT_BF16, t, DT_F32, nb * Out);
     }
-    dt_release(ctx, t);
     return st;
 }
 
@@ -3868,7 +3871,7 @@ DT_API dt_status dt_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, 
     if (!(eps > 0 && eps <= FLT_MAX)) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: eps = %g; expected a finite eps > 0", fn, (double)eps);
     if (out->dtype == DT_BF16) {
         DT__TRY(dt__apart(ctx, out, x, fn, "out", "x"));
-        if (C && !(row = (float *)dt_alloc(ctx, (size_t)C * sizeof(float)))) return ctx->last_status;
+        if (C && !(row = dt__scratch(ctx, (size_t)C))) return ctx->last_status; /* no GEMM inside: all ours */
     }
     for (r = 0; r < R; r++) {
         const float *xr = DT__CF(x) + r * C, *wp = DT__CF(w), *bp = b ? DT__CF(b) : NULL;
@@ -3908,7 +3911,6 @@ DT_API dt_status dt_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, 
         if (mean) DT__F(mean)[r] = m;
         if (rstd) DT__F(rstd)[r] = s;
     }
-    dt_release(ctx, row);
     return DT_OK;
 }
 
