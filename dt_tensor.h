@@ -488,8 +488,10 @@ DT_API void dt_blas_rerun(char **argv);
    (dt_cpu_bf16_gemm says which). With a bf16 w, the activations may be bf16 too (as llm.c keeps
    them): x is then read as it is (the same values an f32 x would be rounded to), and a bf16 out
    gets the f32 sum plus the bias, each value rounded once; the bias is then read in bf16 (rounded
-   to nearest), as cuBLASLt reads a bias beside a bf16 output. dx, dw, dbias and dout stay f32.
-   A bf16 x or out with an f32 w is DT_ERR_DTYPE. */
+   to nearest), as cuBLASLt reads a bias beside a bf16 output. So may the gradients of the
+   activations: a bf16 dout is read as it is (no rounding pass on CUDA), dbias summing its values;
+   a bf16 dx becomes dx + dout w summed in f32, rounded once (cuBLAS's beta 1 on a bf16 C). dw and
+   dbias stay f32. A bf16 x, out, dout or dx with an f32 w is DT_ERR_DTYPE. */
 DT_API dt_status dt_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x, const dt_tensor *w,
                                const dt_tensor *bias);
 DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
@@ -512,7 +514,7 @@ DT_API dt_status dt_linear_gelu_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *pre,
    in other orders. DT_CPU_BF16=avx512 in the environment asks for the second at best,
    DT_CPU_BF16=f32 for the third. */
 DT_API const char *dt_cpu_bf16_gemm(void);
-/* out[rows, C] += bias[C] (in place); dbias[C] += sum over rows of dout. */
+/* out[rows, C] += bias[C] (in place); dbias[C] += sum over rows of dout (dout may be bf16). */
 DT_API dt_status dt_bias_add_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *bias);
 DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor *dout);
 /* out = max(x, 0) (out may be x); dx += dout * (x > 0). */
@@ -521,8 +523,8 @@ DT_API dt_status dt_relu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, 
 /* GELU, tanh approximation (GPT-2); dx += dout * gelu'(x). Computed as x / (1 + exp(-2u)) with
    this file's vector exp: within 1e-6 relative of the formula in double for x > -3, and within
    (1e-6 + 2e-7 |2u|) relative below (the argument's float rounding; tests/test_tensor_ops_simd.c).
-   x (and the forward's out) may be bf16: the same f32 arithmetic on x's values, out rounded once;
-   dx and dout stay f32. */
+   x, the forward's out and the backward's dx and dout may each be bf16: the same f32 arithmetic
+   on their values, a bf16 out or dx rounded once. */
 DT_API dt_status dt_gelu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x);
 DT_API dt_status dt_gelu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x);
 /* LayerNorm over the last dim C: out = (x - mean) * rstd * w + b; mean, rstd [rows] are saved
@@ -3284,6 +3286,13 @@ static dt_status dt__linear_dtypes(dt_ctx *ctx, const dt_tensor *w, const dt_ten
     return DT_OK;
 }
 
+/* dt_linear_bwd's dx: bf16 only beside a bf16 w. */
+static dt_status dt__linear_grad_dtype(dt_ctx *ctx, const dt_tensor *dx, int bf, const char *fn) {
+    if (dx && dx->dtype == DT_BF16 && !bf)
+        return dt_ctx_set_error(ctx, DT_ERR_DTYPE, "%s: dx is bf16 but w is f32; bf16 gradients go with a bf16 w", fn);
+    return DT_OK;
+}
+
 /* A bf16 w and a bf16 out (and pre): row blocks of the GEMM in f32 (the bias, rounded to bf16
    as cuBLASLt reads it beside a bf16 output, added in f32), each value rounded once into out;
    with pre, pre = that rounded and out = gelu of the f32 value, rounded (cuBLASLt's GELU_AUX
@@ -3388,13 +3397,42 @@ DT_API dt_status dt_linear_gelu_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *pre,
     return dt_gelu_fwd(ctx, out, pre);
 }
 
+/* A bf16 w's gradient into a bf16 dx: dx = round(dx + dout w), row blocks of about 1 MB widened
+   to f32 in the ctx's scratch past the GEMM's packs (as dt__linear_bf16_out), the GEMM adding into
+   them, each value rounded once (a GEMM with beta 1 and a bf16 C, as cuBLAS does it). */
+static dt_status dt__linear_dx_bf16(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *w) {
+    int64_t N = dt__rows(dout), In = w->shape[1], Out = w->shape[0], rb, r, nb;
+    size_t ge = dout->dtype == DT_BF16 ? 2 : 4;
+    float *t;
+    dt_status st = DT_OK;
+    if (N == 0 || In == 0) return DT_OK;
+    rb = (int64_t)1 << 18;
+    rb = rb / In > 0 ? rb / In : 1;
+    if (rb > N) rb = N;
+    /* each term a product of a tensor's dims (fits) */
+    if (!(t = dt__scratch(ctx, DT__GEMM_SCRATCH + (size_t)rb * (size_t)In + (size_t)rb * (size_t)Out +
+                                   (size_t)Out * (size_t)In)))
+        return ctx->last_status;
+    t += DT__GEMM_SCRATCH;
+    for (r = 0; r < N && !st; r += nb) {
+        uint16_t *d = (uint16_t *)dx->data + r * In;
+        const void *g = Out ? (const char *)dout->data + (size_t)(r * Out) * ge : dout->data;
+        nb = N - r < rb ? N - r : rb;
+        dt__round_bf16(t, d, 1, nb * In);
+        st = dt__gemm_bf16_keep(ctx, 0, 0, nb, In, Out, g, dout->dtype == DT_BF16, Out, w->data, 1, In, 1, t, In,
+                                (size_t)rb * (size_t)In, NULL);
+        if (!st) st = dt_convert(ctx, d, DT_BF16, t, DT_F32, nb * In);
+    }
+    return st;
+}
+
 DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
                                const dt_tensor *dout, const dt_tensor *x, const dt_tensor *w) {
     const char *fn = "dt_linear_bwd";
     int64_t N, In, Out;
-    dt_tensor wf, xt, yt;
+    dt_tensor wf, xt, yt, dxt;
     const dt_tensor *xs, *ys;
-    int bf;
+    int bf, gbf;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
     if (dt__cu(dout) || dt__cu(x) || dt__cu(w) || dt__cu(dx) || dt__cu(dw) || dt__cu(dbias)) {
@@ -3404,22 +3442,26 @@ DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_ten
     }
 #endif
     bf = dt__bf16_w(w, &wf);
-    DT__TRY(dt__linear_dtypes(ctx, w, x, NULL, NULL, fn, "dout", &xt, &yt, &xs, &ys));
-    DT__TRY(dt__linear_check(ctx, dout, xs, bf ? &wf : w, NULL, fn, "dout"));
+    DT__TRY(dt__linear_dtypes(ctx, w, x, dout, NULL, fn, "dout", &xt, &yt, &xs, &ys));
+    DT__TRY(dt__linear_grad_dtype(ctx, dx, bf, fn));
+    DT__TRY(dt__linear_check(ctx, ys, xs, bf ? &wf : w, NULL, fn, "dout"));
     DT__TRY(dt__mm_apart(ctx, dx, dw, dout, x, w, fn));
     DT__TRY(dt__apart(ctx, dbias, dout, fn, "dbias", "dout"));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
+    gbf = dout->dtype == DT_BF16;
     if (dx) {
-        DT__TRY(dt__f32(ctx, dx, fn, "dx"));
+        DT__TRY(dt__f32(ctx, dt__bf16_as_f32(dx, bf, &dxt), fn, "dx"));
         DT__TRY(dt__same_numel(ctx, dx, xs, fn, "dx", "x"));
-        if (bf) DT__TRY(dt__gemm_bf16(ctx, 0, 0, N, In, Out, dout->data, 0, Out, w->data, 1, In, 1, DT__F(dx), In));
+        if (bf && dx->dtype == DT_BF16) DT__TRY(dt__linear_dx_bf16(ctx, dx, dout, w));
+        else if (bf)
+            DT__TRY(dt__gemm_bf16(ctx, 0, 0, N, In, Out, dout->data, gbf, Out, w->data, 1, In, 1, DT__F(dx), In));
         else DT__TRY(dt__gemm(ctx, 0, 0, N, In, Out, 1.0f, DT__CF(dout), Out, DT__CF(w), In, 1.0f, DT__F(dx), In));
     }
     if (dw) {
         DT__TRY(dt__f32(ctx, dw, fn, "dw"));
         DT__TRY(dt__same(ctx, dw, w, fn, "dw", "w"));
         if (bf)
-            DT__TRY(dt__gemm_bf16(ctx, 1, 0, Out, In, N, dout->data, 0, Out, x->data, x->dtype == DT_BF16, In, 1,
+            DT__TRY(dt__gemm_bf16(ctx, 1, 0, Out, In, N, dout->data, gbf, Out, x->data, x->dtype == DT_BF16, In, 1,
                                   DT__F(dw), In));
         else DT__TRY(dt__gemm(ctx, 1, 0, Out, In, N, 1.0f, DT__CF(dout), Out, DT__CF(x), In, 1.0f, DT__F(dw), In));
     }
@@ -3464,34 +3506,46 @@ DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor 
     const char *fn = "dt_bias_add_bwd";
     int64_t r, c, c0, C, R;
     double acc[DT__BIAS_W];
+    dt_tensor gt;
+    int bf;
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
     if (dt__cu(dbias) || dt__cu(dout)) return dt__cu_bias_add(ctx, dbias, dout, 1);
 #endif
-    DT__TRY(dt__f32(ctx, dout, fn, "dout"));
+    DT__TRY(dt__f32(ctx, dt__bf16_as_f32(dout, 1, &gt), fn, "dout"));
     if (!dbias) return DT_OK;
     DT__TRY(dt__f32(ctx, dbias, fn, "dbias"));
     C = dt__last(dout); R = dt__rows(dout);
     DT__TRY(dt__dim(ctx, dbias->numel, C, fn, "dbias numel", "dout.shape[-1]"));
+    bf = dout->dtype == DT_BF16;
+/* the column sums of dout's columns [c0, c0 + w), LD(i) its element i (f32, or bf16 widened:
+   exact); twice below, so that each loop's load is fixed (and the f32 one vectorises) */
+#define DT__BIAS_SUMS(LD)                                                                               \
+    for (r = 0; r < R; r += DT__BIAS_R, i0 += DT__BIAS_R * C) { /* DT__BIAS_R rows at a time */        \
+        int64_t rn = R - r < DT__BIAS_R ? R - r : DT__BIAS_R, k;                                       \
+        for (c = 0; c + 8 <= w; c += 8) { /* 8 sums stay in registers down the rn rows */             \
+            double a[8];                                                                               \
+            int j;                                                                                     \
+            memcpy(a, acc + c, sizeof a);                                                              \
+            for (k = 0; k < rn; k++)                                                                   \
+                for (j = 0; j < 8; j++) a[j] += LD(i0 + k * C + c + j);                                \
+            memcpy(acc + c, a, sizeof a);                                                              \
+        }                                                                                              \
+        for (; c < w; c++)                                                                             \
+            for (k = 0; k < rn; k++) acc[c] += LD(i0 + k * C + c);                                     \
+    }
+#define DT__BIAS_F(i) (double)((const float *)dout->data)[i]
+#define DT__BIAS_H(i) (double)dt_bf16_to_f32(((const uint16_t *)dout->data)[i])
     for (c0 = 0; c0 < C; c0 += DT__BIAS_W) {
-        int64_t w = C - c0 < DT__BIAS_W ? C - c0 : DT__BIAS_W;
-        const float *d = DT__CF(dout) + c0;
+        int64_t w = C - c0 < DT__BIAS_W ? C - c0 : DT__BIAS_W, i0 = c0;
         for (c = 0; c < w; c++) acc[c] = 0.0;
-        for (r = 0; r < R; r += DT__BIAS_R, d += DT__BIAS_R * C) { /* DT__BIAS_R rows at a time */
-            int64_t rn = R - r < DT__BIAS_R ? R - r : DT__BIAS_R, k;
-            for (c = 0; c + 8 <= w; c += 8) { /* 8 sums stay in registers down the rn rows */
-                double a[8];
-                int j;
-                memcpy(a, acc + c, sizeof a);
-                for (k = 0; k < rn; k++)
-                    for (j = 0; j < 8; j++) a[j] += (double)d[k * C + c + j];
-                memcpy(acc + c, a, sizeof a);
-            }
-            for (; c < w; c++)
-                for (k = 0; k < rn; k++) acc[c] += (double)d[k * C + c];
-        }
+        if (bf) { DT__BIAS_SUMS(DT__BIAS_H) }
+        else { DT__BIAS_SUMS(DT__BIAS_F) }
         for (c = 0; c < w; c++) DT__F(dbias)[c0 + c] += (float)acc[c];
     }
+#undef DT__BIAS_SUMS
+#undef DT__BIAS_F
+#undef DT__BIAS_H
     return DT_OK;
 }
 
@@ -3803,22 +3857,34 @@ DT_API dt_status dt_gelu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
 /* relu_bwd and gelu_bwd: the same checks and dispatch, then their own rows. */
 static dt_status dt__act_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *x, int relu) {
     const char *fn = relu ? "dt_relu_bwd" : "dt_gelu_bwd";
-    dt_tensor xf;
-    const dt_tensor *xc = dt__bf16_as_f32(x, !relu, &xf); /* gelu's x may be bf16 */
+    dt_tensor xf, gf, df;
+    const dt_tensor *xc = dt__bf16_as_f32(x, !relu, &xf); /* gelu's x, dout and dx may be bf16 */
     if (!ctx) return DT_ERR_ARG;
 #ifdef DT_CUDA
     if (dt__cu(dx) || dt__cu(dout) || dt__cu(x)) return dt__cu_unary(ctx, dx, dout, x, 1, relu);
 #endif
-    DT__TRY(dt__unary_check(ctx, dout, xc, fn, "dout"));
+    DT__TRY(dt__unary_check(ctx, dt__bf16_as_f32(dout, !relu, &gf), xc, fn, "dout"));
     if (!dx) return DT_OK;
-    DT__TRY(dt__unary_check(ctx, dx, xc, fn, "dx"));
-    if (!relu && x->dtype == DT_BF16) { /* gelu's input kept in bf16: read through f32 blocks */
-        float xb[DT__ACT_BLOCK];
+    DT__TRY(dt__unary_check(ctx, dt__bf16_as_f32(dx, !relu, &df), xc, fn, "dx"));
+    if (!relu && (x->dtype == DT_BF16 || dout->dtype == DT_BF16 || dx->dtype == DT_BF16)) {
+        /* through f32 blocks: each bf16 value widened, a bf16 dx rounded once */
+        float xb[DT__ACT_BLOCK], gb[DT__ACT_BLOCK], db[DT__ACT_BLOCK];
         int64_t i, n;
+        /* blocks of other element sizes would meet at other offsets: such dx must not overlap */
+        if (dx->dtype != x->dtype) DT__TRY(dt__apart(ctx, dx, x, fn, "dx", "x"));
+        if (dx->dtype != dout->dtype) DT__TRY(dt__apart(ctx, dx, dout, fn, "dx", "dout"));
         for (i = 0; i < x->numel; i += n) {
+            const float *xp = xb, *gp = gb;
+            float *dp = db;
             n = x->numel - i < DT__ACT_BLOCK ? x->numel - i : DT__ACT_BLOCK;
-            dt__round_bf16(xb, (const uint16_t *)x->data + i, 1, n);
-            dt__gelu_bwd_f(DT__F(dx) + i, DT__CF(dout) + i, xb, n);
+            if (x->dtype == DT_BF16) dt__round_bf16(xb, (const uint16_t *)x->data + i, 1, n);
+            else xp = DT__CF(x) + i;
+            if (dout->dtype == DT_BF16) dt__round_bf16(gb, (const uint16_t *)dout->data + i, 1, n);
+            else gp = DT__CF(dout) + i;
+            if (dx->dtype == DT_BF16) dt__round_bf16(db, (const uint16_t *)dx->data + i, 1, n);
+            else dp = DT__F(dx) + i;
+            dt__gelu_bwd_f(dp, gp, xp, n);
+            if (dx->dtype == DT_BF16) DT__TRY(dt_convert(ctx, (uint16_t *)dx->data + i, DT_BF16, db, DT_F32, n));
         }
         return DT_OK;
     }
@@ -5160,7 +5226,7 @@ static dt_status dt__cu_linear_fwd_ep(dt_ctx *ctx, dt_tensor *out, dt_tensor *pr
                                ctx->cublas_workspace_bytes, ctx->cuda_stream);
         if (k != DT_K_NO_ALGO) st = dt__cu_status(ctx, k, fn, "dt_k_linear_lt_fwd");
         if (bias || pre) {
-            if (k == 0) ctx->counters.lt_fused++;
+            if (k == 0 && Out > 0) ctx->counters.lt_fused++; /* Out 0: nothing ran */
             if (k == DT_K_NO_ALGO) ctx->counters.lt_separate++;
         }
     }
@@ -5198,13 +5264,22 @@ static dt_status dt__cu_linear_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor 
     return dt__cu_linear_fwd_ep(ctx, out, NULL, x, w, bias, "dt_linear_fwd");
 }
 
-/* dbias[C] += column sums of dout[R, C]; the kernels' partials in the ctx's scratch. */
-static dt_status dt__cu_bias_bwd(dt_ctx *ctx, float *dbias, const float *dout, int64_t R, int64_t C, const char *fn) {
+/* dbias[C] += column sums of dout[R, C] (f32, or bf16: widened into the ctx's scratch first);
+   the kernels' partials in the ctx's scratch. */
+static dt_status dt__cu_bias_bwd(dt_ctx *ctx, float *dbias, const void *dout, dt_dtype dtype, int64_t R, int64_t C,
+                                 const char *fn) {
     size_t mark = dt_cuda_scratch_begin(ctx), bytes = dt_k_bias_add_bwd_scratch(R, C);
-    void *part = bytes ? dt_cuda_scratch(ctx, bytes, fn) : NULL;
-    dt_status st = bytes && !part ? ctx->last_status
-                                  : dt__cu_status(ctx, dt_k_bias_add_bwd(dbias, dout, R, C, part, ctx->cuda_stream), fn,
-                                                  "dt_k_bias_add_bwd");
+    void *part = bytes ? dt_cuda_scratch(ctx, bytes, fn) : NULL, *g = NULL;
+    dt_status st = bytes && !part ? ctx->last_status : DT_OK;
+    if (!st && dtype == DT_BF16 && R * C > 0) { /* R * C: a tensor's numel */
+        if (!(g = dt_cuda_scratch(ctx, (size_t)(R * C) * sizeof(float), fn))) st = ctx->last_status;
+        else st = dt__cu_status(ctx, dt_k_tensor_cast(g, DT_F32, dout, DT_BF16, R * C, ctx->cuda_stream), fn,
+                                "dt_k_tensor_cast");
+        dout = g;
+    }
+    if (!st)
+        st = dt__cu_status(ctx, dt_k_bias_add_bwd(dbias, (const float *)dout, R, C, part, ctx->cuda_stream), fn,
+                           "dt_k_bias_add_bwd");
     dt_cuda_scratch_end(ctx, mark);
     return st;
 }
@@ -5213,7 +5288,7 @@ static dt_status dt__cu_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt
                                    const dt_tensor *x, const dt_tensor *w) {
     const char *fn = "dt_linear_bwd";
     int64_t N, In, Out;
-    dt_tensor wf, xt, yt;
+    dt_tensor wf, xt, yt, dxt;
     const dt_tensor *xs, *ys;
     int bf, dt_in, k = DT_K_NO_ALGO; /* k: the fused dw + dbias GEMM's status */
     size_t mark;
@@ -5227,22 +5302,28 @@ static dt_status dt__cu_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt
     DT__CU_SH(sdb, dbias, "dbias");
     if (!sg || !sx || !sw) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: dout, x and w must be non-NULL", fn);
     bf = dt__bf16_w(sw, &wf);
-    DT__TRY(dt__linear_dtypes(ctx, sw, sx, NULL, NULL, fn, "dout", &xt, &yt, &xs, &ys));
-    DT__TRY(dt__linear_check(ctx, sg, xs, bf ? &wf : sw, NULL, fn, "dout"));
+    DT__TRY(dt__linear_dtypes(ctx, sw, sx, sg, NULL, fn, "dout", &xt, &yt, &xs, &ys));
+    DT__TRY(dt__linear_grad_dtype(ctx, sdx, bf, fn));
+    DT__TRY(dt__linear_check(ctx, ys, xs, bf ? &wf : sw, NULL, fn, "dout"));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
-    if (sdx) { DT__TRY(dt__f32(ctx, sdx, fn, "dx")); DT__TRY(dt__same_numel(ctx, sdx, xs, fn, "dx", "x")); }
+    if (sdx) {
+        DT__TRY(dt__f32(ctx, dt__bf16_as_f32(sdx, bf, &dxt), fn, "dx"));
+        DT__TRY(dt__same_numel(ctx, sdx, xs, fn, "dx", "x"));
+    }
     if (sdw) { DT__TRY(dt__f32(ctx, sdw, fn, "dw")); DT__TRY(dt__same(ctx, sdw, bf ? &wf : sw, fn, "dw", "w")); }
     if (sdb) { DT__TRY(dt__f32(ctx, sdb, fn, "dbias")); DT__TRY(dt__dim(ctx, sdb->numel, Out, fn, "dbias numel", "w.shape[0]")); }
     if (dx || dw) DT__TRY(dt__cu_blas(ctx, fn));
-    /* a bf16 w: dout (and x, for dw) rounded to bf16 in scratch, the GEMMs bf16 in, f32 out */
+    /* a bf16 w: an f32 dout (and x, for dw) rounded to bf16 in scratch, the GEMMs bf16 in, f32
+       out (a bf16 dx: its value plus the f32 sum, rounded once, cuBLAS's beta 1 on a bf16 C) */
     mark = dt_cuda_scratch_begin(ctx);
     dt_in = bf ? DT_BF16 : 1;
     g = dout->data, xa = x->data, wa = w->data;
-    if (bf && (dx || dw) && !(g = dt__cu_to_bf16(ctx, dout, fn))) st = ctx->last_status;
+    if (bf && (dx || dw) && dout->dtype != DT_BF16 && !(g = dt__cu_to_bf16(ctx, dout, fn))) st = ctx->last_status;
     if (!st && bf && dw && x->dtype != DT_BF16 && !(xa = dt__cu_to_bf16(ctx, x, fn))) st = ctx->last_status;
     if (!st && dx) /* dx += dout w */
-        st = dt__cu_status(ctx, dt_k_matmul_fwd(ctx->cublas, DT__CU_F(dx), g, wa, dt_in, 1, N, In, Out, 0, 0, 0, 0, 0,
-                                                1.0f, 1.0f, bf ? 0 : ctx->tf32, ctx->cuda_stream), fn, "dt_k_matmul_fwd");
+        st = dt__cu_status(ctx, dt_k_matmul_fwd_t(ctx->cublas, dx->data, (int)dx->dtype, g, wa, dt_in, 1, N, In, Out, 0,
+                                                  0, 0, 0, 0, 1.0f, 1.0f, bf ? 0 : ctx->tf32, ctx->cuda_stream),
+                           fn, "dt_k_matmul_fwd_t");
     if (!st && dw && dbias) { /* dw += dout^T x, the bias gradient from its epilogue (into scratch: it is
                                  written, and dbias accumulates) */
         float *db = (float *)dt_cuda_scratch(ctx, (size_t)Out * sizeof(float), fn);
@@ -5251,7 +5332,7 @@ static dt_status dt__cu_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt
             k = dt_k_linear_lt_dw(ctx->cublaslt, DT__CU_F(dw), db, g, xa, dt_in, N, Out, In, bf ? 0 : ctx->tf32,
                                   ctx->cublas_workspace, ctx->cublas_workspace_bytes, ctx->cuda_stream);
             if (k != DT_K_NO_ALGO) st = dt__cu_status(ctx, k, fn, "dt_k_linear_lt_dw");
-            if (k == 0) ctx->counters.lt_fused++;
+            if (k == 0 && Out > 0) ctx->counters.lt_fused++; /* Out 0: nothing ran */
             if (k == DT_K_NO_ALGO) ctx->counters.lt_separate++;
             if (!st && k == 0)
                 st = dt__cu_status(ctx, dt_k_axpy(DT__CU_F(dbias), 1.0f, db, Out, ctx->cuda_stream), fn, "dt_k_axpy");
@@ -5263,23 +5344,25 @@ static dt_status dt__cu_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt
     dt_cuda_scratch_end(ctx, mark);
     DT__TRY(st);
     if (!dbias || k == 0) return DT_OK;
-    return dt__cu_bias_bwd(ctx, DT__CU_F(dbias), (const float *)dout->data, N, Out, fn);
+    return dt__cu_bias_bwd(ctx, DT__CU_F(dbias), dout->data, dout->dtype, N, Out, fn);
 }
 
 /* fwd: t = out[rows, C] += u = bias[C]; bwd: t = dbias[C] += column sums of u = dout. */
 static dt_status dt__cu_bias_add(dt_ctx *ctx, dt_tensor *t, const dt_tensor *u, int bwd) {
     const char *fn = bwd ? "dt_bias_add_bwd" : "dt_bias_add_fwd";
     int64_t C, R;
+    dt_tensor ut;
     DT__CU_SH(st, t, bwd ? "dbias" : "out");
     DT__CU_SH(su, u, bwd ? "dout" : "bias");
     if (!su) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, bwd ? "dout" : "bias");
+    if (bwd) su = dt__bf16_as_f32(su, 1, &ut); /* dout may be bf16 */
     if (!st) return bwd ? dt__f32(ctx, su, fn, "dout") : dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
     DT__TRY(dt__f32(ctx, st, fn, bwd ? "dbias" : "out"));
     DT__TRY(dt__f32(ctx, su, fn, bwd ? "dout" : "bias"));
     C = dt__last(bwd ? su : st); R = dt__rows(bwd ? su : st);
     DT__TRY(dt__dim(ctx, (bwd ? st : su)->numel, C, fn, bwd ? "dbias numel" : "bias numel",
                     bwd ? "dout.shape[-1]" : "out.shape[-1]"));
-    if (bwd) return dt__cu_bias_bwd(ctx, DT__CU_F(t), (const float *)u->data, R, C, fn);
+    if (bwd) return dt__cu_bias_bwd(ctx, DT__CU_F(t), u->data, u->dtype, R, C, fn);
     return dt__cu_status(ctx, dt_k_bias_add_fwd(DT__CU_F(t), (const float *)u->data, R, C, ctx->cuda_stream), fn,
                          "dt_k_bias_add_fwd");
 }
@@ -5288,7 +5371,7 @@ static dt_status dt__cu_bias_add(dt_ctx *ctx, dt_tensor *t, const dt_tensor *u, 
 static dt_status dt__cu_unary(dt_ctx *ctx, dt_tensor *t, const dt_tensor *dout, const dt_tensor *x, int bwd, int relu) {
     static const char *const names[2][2] = {{"dt_gelu_fwd", "dt_gelu_bwd"}, {"dt_relu_fwd", "dt_relu_bwd"}};
     const char *fn = names[relu][bwd];
-    dt_tensor tx, tt;
+    dt_tensor tx, tt, tg;
     const dt_tensor *cx, *ct;
     float *o;
     int st;
@@ -5296,18 +5379,21 @@ static dt_status dt__cu_unary(dt_ctx *ctx, dt_tensor *t, const dt_tensor *dout, 
     DT__CU_SH(sg, dout, "dout");
     DT__CU_SH(sx, x, "x");
     if (!sx || (bwd && !sg)) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s is NULL", fn, sx ? "dout" : "x");
+    cx = dt__bf16_as_f32(sx, !relu, &tx); /* gelu: x, out, dx and dout may be bf16 */
+    if (bwd) DT__TRY(dt__unary_check(ctx, dt__bf16_as_f32(sg, !relu, &tg), cx, fn, "dout"));
     if (!st_) {
         if (!bwd) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: out is NULL", fn);
         return DT_OK;
     }
-    cx = dt__bf16_as_f32(sx, !relu, &tx);             /* gelu: x may be bf16 ... */
-    ct = dt__bf16_as_f32(st_, !relu && !bwd, &tt);    /* ... and its forward's out */
+    ct = dt__bf16_as_f32(st_, !relu, &tt);
     DT__TRY(dt__unary_check(ctx, ct, cx, fn, bwd ? "dx" : "out"));
-    if (bwd) DT__TRY(dt__unary_check(ctx, sg, cx, fn, "dout"));
     o = DT__CU_F(t);
-    if (!relu && (x->dtype == DT_BF16 || t->dtype == DT_BF16)) {
-        if (!bwd) DT__TRY(dt__apart(ctx, t, x, fn, "out", "x"));
-        st = bwd ? dt_k_gelu_bwd_t(o, (const float *)dout->data, x->data, (int)x->dtype, x->numel, ctx->cuda_stream)
+    if (!relu && (x->dtype == DT_BF16 || t->dtype == DT_BF16 || (bwd && dout->dtype == DT_BF16))) {
+        /* elements of other sizes would meet at other offsets: such operands must not overlap */
+        if (!bwd || t->dtype != x->dtype) DT__TRY(dt__apart(ctx, t, x, fn, bwd ? "dx" : "out", "x"));
+        if (bwd && t->dtype != dout->dtype) DT__TRY(dt__apart(ctx, t, dout, fn, "dx", "dout"));
+        st = bwd ? dt_k_gelu_bwd_t(t->data, (int)t->dtype, dout->data, (int)dout->dtype, x->data, (int)x->dtype,
+                                   x->numel, ctx->cuda_stream)
                  : dt_k_gelu_fwd_t(t->data, (int)t->dtype, x->data, (int)x->dtype, x->numel, ctx->cuda_stream);
         return dt__cu_status(ctx, st, fn, bwd ? "dt_k_gelu_bwd_t" : "dt_k_gelu_fwd_t");
     }

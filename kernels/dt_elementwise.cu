@@ -407,9 +407,10 @@ int dt_k_check_range(int64_t *word, const void *ids, int ids_i64, int64_t n, int
 /* ---------------------------------------------------------------- GELU on bf16 activations
 
    The same formulas as dt_k__gelu / _grad, with x (and out) f32 or bf16: the forward rounds its
-   f32 result once, the backward's dx and dout stay f32 (dt_gelu_fwd / _bwd with a bf16 x: the
-   MLP's pre-activation kept in bf16, as llm.c keeps it). Four elements a step by 16 bytes on an
-   f32 side, 8 on a bf16 side (dt_k__ld4 / dt_k__st4), where every pointer is so aligned. */
+   f32 result once; the backward's dx and dout may be bf16 too (dx + dout gelu'(x) in f32, a
+   bf16 dx rounded once: the MLP's pre-activation and its gradient kept in bf16, as llm.c keeps
+   them). Four elements a step by 16 bytes on an f32 side, 8 on a bf16 side (dt_k__ld4 /
+   dt_k__st4), where every pointer is so aligned. */
 static __device__ __forceinline__ float4 dt_k__ld4(const void *p, int dtype, int64_t i4) {
     if (dtype == DT_K__F32) return dt_k_load4((const float *)p + 4 * i4);
     uint2 h = dt_k_load_vec<uint2>((const uint16_t *)p + 4 * i4);
@@ -438,13 +439,18 @@ __global__ void dt_k__gelu_fwd_t(void *out, int out_dtype, const void *x, int x_
     }
 }
 
-__global__ void dt_k__gelu_bwd_t(float *dx, const float *__restrict__ dout, const void *x, int x_dtype, int64_t n,
-                                 int vec) {
+__global__ void dt_k__gelu_bwd_t(void *dx, int dx_dtype, const void *dout, int dout_dtype, const void *x,
+                                 int x_dtype, int64_t n, int vec) {
     auto f = [](float d, float g, float v) { return d + dt_k__gelu_grad(g, v); };
     int64_t n4 = vec ? n / 4 : 0;
     DT_K__GRID_STRIDE(i, n4)
-        dt_k_store4(dx + 4 * i, dt_k__lanes(f, dt_k_load4(dx + 4 * i), dt_k_load4(dout + 4 * i), dt_k__ld4(x, x_dtype, i)));
-    DT_K__GRID_STRIDE_FROM(i, 4 * n4, n) dx[i] = f(dx[i], dout[i], dt_k__ld1(x, x_dtype, i));
+        dt_k__st4(dx, dx_dtype, i, dt_k__lanes(f, dt_k__ld4(dx, dx_dtype, i), dt_k__ld4(dout, dout_dtype, i),
+                                               dt_k__ld4(x, x_dtype, i)));
+    DT_K__GRID_STRIDE_FROM(i, 4 * n4, n) {
+        float v = f(dt_k__ld1(dx, dx_dtype, i), dt_k__ld1(dout, dout_dtype, i), dt_k__ld1(x, x_dtype, i));
+        if (dx_dtype == DT_K__F32) ((float *)dx)[i] = v;
+        else ((uint16_t *)dx)[i] = dt_k_f32_to_bf16(v);
+    }
 }
 
 static int dt_k__act_dtype_ok(int d) { return d == DT_K__F32 || d == DT_K__BF16; }
@@ -456,9 +462,11 @@ int dt_k_gelu_fwd_t(void *out, int out_dtype, const void *x, int x_dtype, int64_
     vec = dt_k__aligned_t(out, out_dtype) && dt_k__aligned_t(x, x_dtype);
     DT_K__LAUNCH_V(dt_k__gelu_fwd_t, n, vec, stream, out, out_dtype, x, x_dtype, n, vec);
 }
-int dt_k_gelu_bwd_t(float *dx, const float *dout, const void *x, int x_dtype, int64_t n, void *stream) {
+int dt_k_gelu_bwd_t(void *dx, int dx_dtype, const void *dout, int dout_dtype, const void *x, int x_dtype, int64_t n,
+                    void *stream) {
     int vec;
-    if (!dt_k__act_dtype_ok(x_dtype)) return (int)cudaErrorInvalidValue;
-    vec = dt_k__vec3(dx, dout, NULL) && dt_k__aligned_t(x, x_dtype);
-    DT_K__LAUNCH_V(dt_k__gelu_bwd_t, n, vec, stream, dx, dout, x, x_dtype, n, vec);
+    if (!dt_k__act_dtype_ok(dx_dtype) || !dt_k__act_dtype_ok(dout_dtype) || !dt_k__act_dtype_ok(x_dtype))
+        return (int)cudaErrorInvalidValue;
+    vec = dt_k__aligned_t(dx, dx_dtype) && dt_k__aligned_t(dout, dout_dtype) && dt_k__aligned_t(x, x_dtype);
+    DT_K__LAUNCH_V(dt_k__gelu_bwd_t, n, vec, stream, dx, dx_dtype, dout, dout_dtype, x, x_dtype, n, vec);
 }

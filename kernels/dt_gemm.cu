@@ -3,8 +3,8 @@
    cuBLAS is column-major. A row-major [M,N] matrix read column-major is its transpose, so the
    row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T: swap the operands (and M
    with N), keep each operand's own transpose flag. No data moves.
-   f32: cublasSgemm(StridedBatched); TF32 and bf16 / f16 inputs: cublasGemmEx (f32 output, f32
-   accumulation), one call per batch (the contract's cuBLAS subset has no batched GemmEx).
+   f32: cublasSgemm(StridedBatched); TF32 and bf16 / f16 inputs: cublasGemmEx (f32 accumulation,
+   an f32 output or one of the inputs' type), one call per batch (the contract's cuBLAS subset has no batched GemmEx).
    dt_linear's GEMMs with a bias, a GELU or a bias gradient go through cuBLASLt instead, whose
    epilogues do that work inside the GEMM (the end of this file). */
 #include "dt_cuda.cuh"
@@ -19,7 +19,7 @@ static int dt_k__blas(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS ? 0 
    beta C. lda / ldb: the row lengths of A and B as stored. */
 static int dt_k__gemm(cublasHandle_t h, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                       const void *A, int64_t lda, int64_t sA, const void *B, int64_t ldb, int64_t sB, float beta,
-                      float *C, int64_t ldc, int64_t sC, int64_t batch, int in_dtype, int tf32) {
+                      void *C, int64_t ldc, int64_t sC, int64_t batch, int in_dtype, int tf32, int out_dtype) {
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     size_t esize = in_dtype == 1 ? 4 : 2;
     int64_t i;
@@ -27,11 +27,11 @@ static int dt_k__gemm(cublasHandle_t h, int ta, int tb, int64_t M, int64_t N, in
     if (in_dtype == 1 && !tf32) {
         if (batch == 1)
             return dt_k__blas(cublasSgemm(h, opb, opa, (int)N, (int)M, (int)K, &alpha, (const float *)B,
-                                          (int)(ldb ? ldb : 1), (const float *)A, (int)(lda ? lda : 1), &beta, C,
-                                          (int)ldc));
+                                          (int)(ldb ? ldb : 1), (const float *)A, (int)(lda ? lda : 1), &beta,
+                                          (float *)C, (int)ldc));
         return dt_k__blas(cublasSgemmStridedBatched(h, opb, opa, (int)N, (int)M, (int)K, &alpha, (const float *)B,
                                                     (int)(ldb ? ldb : 1), (long long)sB, (const float *)A,
-                                                    (int)(lda ? lda : 1), (long long)sA, &beta, C, (int)ldc,
+                                                    (int)(lda ? lda : 1), (long long)sA, &beta, (float *)C, (int)ldc,
                                                     (long long)sC, (int)batch));
     }
     {
@@ -41,7 +41,8 @@ static int dt_k__gemm(cublasHandle_t h, int ta, int tb, int64_t M, int64_t N, in
             int st = dt_k__blas(cublasGemmEx(h, opb, opa, (int)N, (int)M, (int)K, &alpha,
                                              (const char *)B + (size_t)(i * sB) * esize, ty, (int)(ldb ? ldb : 1),
                                              (const char *)A + (size_t)(i * sA) * esize, ty, (int)(lda ? lda : 1),
-                                             &beta, C + i * sC, CUDA_R_32F, (int)ldc, ct, CUBLAS_GEMM_DEFAULT));
+                                             &beta, (char *)C + (size_t)(i * sC) * (out_dtype == 1 ? 4 : 2),
+                                             out_dtype == 1 ? CUDA_R_32F : ty, (int)ldc, ct, CUBLAS_GEMM_DEFAULT));
             if (st) return st;
         }
     }
@@ -63,20 +64,28 @@ static int dt_k__sizes_ok(int64_t batch, int64_t M, int64_t N, int64_t K) {
            K <= DT_K__INT_MAX;
 }
 
-extern "C" int dt_k_matmul_fwd(void *cublas, float *out, const void *a, const void *b, int in_dtype, int64_t batch,
-                               int64_t M, int64_t N, int64_t K, int trans_a, int trans_b, int64_t stride_a,
-                               int64_t stride_b, int64_t stride_out, float alpha, float beta, int tf32,
-                               void *stream) {
+extern "C" int dt_k_matmul_fwd_t(void *cublas, void *out, int out_dtype, const void *a, const void *b, int in_dtype,
+                                 int64_t batch, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b,
+                                 int64_t stride_a, int64_t stride_b, int64_t stride_out, float alpha, float beta,
+                                 int tf32, void *stream) {
     cublasHandle_t h = (cublasHandle_t)cublas;
     int st;
     if (!h || !dt_k__sizes_ok(batch, M, N, K) || (in_dtype < 1 || in_dtype > 3) || (tf32 != 0 && tf32 != 1) ||
-        (trans_a != 0 && trans_a != 1) || (trans_b != 0 && trans_b != 1))
+        (trans_a != 0 && trans_a != 1) || (trans_b != 0 && trans_b != 1) || (out_dtype != 1 && out_dtype != in_dtype))
         return (int)cudaErrorInvalidValue;
     if ((st = dt_k__stream(h, stream))) return st;
     if (M == 0 || N == 0 || batch == 0) return 0;
     /* K == 0: cuBLAS scales C by beta, as the CPU op does */
     return dt_k__gemm(h, trans_a, trans_b, M, N, K, alpha, a, trans_a ? M : K, stride_a, b, trans_b ? K : N,
-                      stride_b, beta, out, N, stride_out, batch, in_dtype, tf32);
+                      stride_b, beta, out, N, stride_out, batch, in_dtype, tf32, out_dtype);
+}
+
+extern "C" int dt_k_matmul_fwd(void *cublas, float *out, const void *a, const void *b, int in_dtype, int64_t batch,
+                               int64_t M, int64_t N, int64_t K, int trans_a, int trans_b, int64_t stride_a,
+                               int64_t stride_b, int64_t stride_out, float alpha, float beta, int tf32,
+                               void *stream) {
+    return dt_k_matmul_fwd_t(cublas, out, 1, a, b, in_dtype, batch, M, N, K, trans_a, trans_b, stride_a, stride_b,
+                             stride_out, alpha, beta, tf32, stream);
 }
 
 /* The CPU op's GEMMs: with Ao = op(A) [M,K], Bo = op(B) [K,N]: dAo = alpha dout Bo^T and
@@ -95,14 +104,16 @@ extern "C" int dt_k_matmul_bwd(void *cublas, float *da, float *db, const float *
         const float *A = a + i * stride_a, *B = b + i * stride_b, *D = dout + i * M * N;
         if (da) {
             float *dA = da + i * stride_a;
-            st = !trans_a ? dt_k__gemm(h, 0, !trans_b, M, K, N, alpha, D, N, 0, B, ldb, 0, 1.0f, dA, lda, 0, 1, 1, tf32)
-                          : dt_k__gemm(h, trans_b, 1, K, M, N, alpha, B, ldb, 0, D, N, 0, 1.0f, dA, lda, 0, 1, 1, tf32);
+            st = !trans_a
+                     ? dt_k__gemm(h, 0, !trans_b, M, K, N, alpha, D, N, 0, B, ldb, 0, 1.0f, dA, lda, 0, 1, 1, tf32, 1)
+                     : dt_k__gemm(h, trans_b, 1, K, M, N, alpha, B, ldb, 0, D, N, 0, 1.0f, dA, lda, 0, 1, 1, tf32, 1);
             if (st) return st;
         }
         if (db) {
             float *dB = db + i * stride_b;
-            st = !trans_b ? dt_k__gemm(h, !trans_a, 0, K, N, M, alpha, A, lda, 0, D, N, 0, 1.0f, dB, ldb, 0, 1, 1, tf32)
-                          : dt_k__gemm(h, 1, trans_a, N, K, M, alpha, D, N, 0, A, lda, 0, 1.0f, dB, ldb, 0, 1, 1, tf32);
+            st = !trans_b
+                     ? dt_k__gemm(h, !trans_a, 0, K, N, M, alpha, A, lda, 0, D, N, 0, 1.0f, dB, ldb, 0, 1, 1, tf32, 1)
+                     : dt_k__gemm(h, 1, trans_a, N, K, M, alpha, D, N, 0, A, lda, 0, 1.0f, dB, ldb, 0, 1, 1, tf32, 1);
             if (st) return st;
         }
     }

@@ -59,10 +59,11 @@ int dt_k_relu_fwd(float *out, const float *x, int64_t n, void *stream);
 int dt_k_relu_bwd(float *dx, const float *dout, const float *x, int64_t n, void *stream);
 int dt_k_gelu_fwd(float *out, const float *x, int64_t n, void *stream);
 int dt_k_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n, void *stream);
-/* The same GELU with x (and the forward's out) f32 or bf16 (x_dtype, out_dtype: 1 or 2): the
-   forward rounds its f32 result once, the backward reads a bf16 x (dx, dout f32). */
+/* The same GELU with x, out, dx and dout each f32 or bf16 (their _dtype: 1 or 2): the f32
+   result rounded once where its destination is bf16 (the backward adds into dx in f32). */
 int dt_k_gelu_fwd_t(void *out, int out_dtype, const void *x, int x_dtype, int64_t n, void *stream);
-int dt_k_gelu_bwd_t(float *dx, const float *dout, const void *x, int x_dtype, int64_t n, void *stream);
+int dt_k_gelu_bwd_t(void *dx, int dx_dtype, const void *dout, int dout_dtype, const void *x, int x_dtype, int64_t n,
+                    void *stream);
 int dt_k_add(float *out, const float *a, const float *b, int64_t n, void *stream);
 int dt_k_axpy(float *y, float alpha, const float *x, int64_t n, void *stream);
 int dt_k_mul_fwd(float *out, const float *a, const float *b, int64_t n, void *stream);
@@ -501,6 +502,11 @@ int dt_k_embed_copies(void *dst, const void *src, const int64_t *dst_off, const 
 int dt_k_matmul_fwd(void *cublas, float *out, const void *a, const void *b, int in_dtype, int64_t batch, int64_t M,
                     int64_t N, int64_t K, int trans_a, int trans_b, int64_t stride_a, int64_t stride_b,
                     int64_t stride_out, float alpha, float beta, int tf32, void *stream);
+/* The same with out of out_dtype: 1 (f32, as above) or in_dtype (bf16 / f16: out = alpha op(a)
+   op(b) + beta out summed in f32, each value rounded once; dt_linear_bwd's bf16 dx). */
+int dt_k_matmul_fwd_t(void *cublas, void *out, int out_dtype, const void *a, const void *b, int in_dtype,
+                      int64_t batch, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b, int64_t stride_a,
+                      int64_t stride_b, int64_t stride_out, float alpha, float beta, int tf32, void *stream);
 /* dt_matmul_bwd (f32): da += alpha d/da, db += alpha d/db (either may be NULL), from dout and
    the forward's a, b; the CPU op's GEMMs with beta = 1. With stride_b 0 (b shared), db sums the
    batches in batch order. */

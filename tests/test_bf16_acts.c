@@ -137,6 +137,26 @@ static void check_gelu(void) {
     same_rounded("gelu_f32_x_bf16_out_is_the_f32_out_rounded", &o16, &o32);
     DT_TEST_CHECK("gelu_bwd_runs", dt_gelu_bwd(&C, &dx1, &g, &x32) == DT_OK && dt_gelu_bwd(&C, &dx2, &g, &x16) == DT_OK);
     same_bits("gelu_bwd_bf16_x_is_the_f32_op_on_its_values", &dx2, &dx1);
+    { /* bf16 gradients: dout read as its values, a bf16 dx = the f32 op on dx's values, rounded once */
+        dt_tensor g16 = mk(DT_BF16, n, -1), g32, d16 = mk(DT_BF16, n, -1), d32, e16 = mk(DT_BF16, n, -1);
+        dt_tensor e32 = mk(DT_F32, n, -1);
+        fill(&g16); fill(&d16);
+        g32 = as_f32(&g16);
+        d32 = as_f32(&d16);
+        memcpy(e32.data, dx1.data, dt_tensor_bytes(&dx1));
+        memcpy(dx2.data, dx1.data, dt_tensor_bytes(&dx1));
+        DT_TEST_CHECK("gelu_bwd_bf16_dout_runs", dt_gelu_bwd(&C, &dx1, &g32, &x32) == DT_OK &&
+                                                 dt_gelu_bwd(&C, &dx2, &g16, &x16) == DT_OK);
+        same_bits("gelu_bwd_bf16_dout_is_the_f32_op_on_its_values", &dx2, &dx1);
+        memcpy(e16.data, d16.data, dt_tensor_bytes(&d16));
+        DT_TEST_CHECK("gelu_bwd_bf16_dx_runs", dt_gelu_bwd(&C, &d32, &g32, &x32) == DT_OK &&
+                                               dt_gelu_bwd(&C, &d16, &g16, &x16) == DT_OK);
+        same_rounded("gelu_bwd_bf16_dx_is_the_f32_op_rounded", &d16, &d32);
+        DT_TEST_CHECK("gelu_bwd_bf16_dx_f32_dout_x_runs", dt_gelu_bwd(&C, &e16, &g32, &x32) == DT_OK);
+        same_bits("gelu_bwd_bf16_dx_reads_f32_dout_and_x_alike", &e16, &d16);
+        dt_tensor_free(&C, &g16); dt_tensor_free(&C, &g32); dt_tensor_free(&C, &d16); dt_tensor_free(&C, &d32);
+        dt_tensor_free(&C, &e16); dt_tensor_free(&C, &e32);
+    }
     {
         dt_tensor h = mk(DT_F16, n, -1);
         dt_test_error("gelu_f16_x_is_named", dt_gelu_fwd(&C, &o32, &h), dt_ctx_error(&C), "x");
@@ -144,6 +164,55 @@ static void check_gelu(void) {
     }
     dt_tensor_free(&C, &x16); dt_tensor_free(&C, &x32); dt_tensor_free(&C, &o32); dt_tensor_free(&C, &o16);
     dt_tensor_free(&C, &of); dt_tensor_free(&C, &g); dt_tensor_free(&C, &dx1); dt_tensor_free(&C, &dx2);
+}
+
+/* bf16 gradients beside a bf16 w: a bf16 dout is read as its values (dx, dw and dbias the bits of
+   an f32 dout holding them: the GEMM rounds an f32 dout to those values anyway); a bf16 dx is
+   round(dx + dout w), the f32 sum plus dx's value rounded once. Against the f32-dx op on the same
+   values: the two f32 results are each within K 2^-24 sum |terms| of the exact one and may differ
+   by that twice (the bf16 path adds in row blocks); rounded, within one bf16 ulp (<= 2^-7 |v|) more. */
+static void check_linear_grads(int64_t N, int64_t O, int64_t K, const dt_tensor *w, const dt_tensor *x16,
+                               const char *tag) {
+    dt_tensor g16 = mk(DT_BF16, N, O), g32, dw1 = mk(DT_F32, O, K), dw2 = mk(DT_F32, O, K), db1 = mk(DT_F32, O, -1);
+    dt_tensor db2 = mk(DT_F32, O, -1), dx1 = mk(DT_F32, N, K), dx2 = mk(DT_F32, N, K), d16 = mk(DT_BF16, N, K), d32;
+    char name[128];
+    int64_t i, bad = -1;
+    double worst = 0;
+    fill(&g16); fill(&d16);
+    g32 = as_f32(&g16);
+    d32 = as_f32(&d16);
+    memset(dw1.data, 0, dt_tensor_bytes(&dw1)); memset(dw2.data, 0, dt_tensor_bytes(&dw2));
+    memset(db1.data, 0, dt_tensor_bytes(&db1)); memset(db2.data, 0, dt_tensor_bytes(&db2));
+    memset(dx1.data, 0, dt_tensor_bytes(&dx1)); memset(dx2.data, 0, dt_tensor_bytes(&dx2));
+    snprintf(name, sizeof name, "linear_bwd_bf16_dout_is_the_f32_dout_op_%s", tag);
+    if (DT_TEST_CHECK(name, dt_linear_bwd(&C, &dx1, &dw1, &db1, &g32, x16, w) == DT_OK &&
+                            dt_linear_bwd(&C, &dx2, &dw2, &db2, &g16, x16, w) == DT_OK)) {
+        same_bits(name, &dx2, &dx1);
+        snprintf(name, sizeof name, "linear_bwd_bf16_dout_dw_is_the_f32_dout_op_%s", tag);
+        same_bits(name, &dw2, &dw1);
+        snprintf(name, sizeof name, "linear_bwd_bf16_dout_dbias_is_the_f32_dout_op_%s", tag);
+        same_bits(name, &db2, &db1);
+    }
+    /* a bf16 dx: against d32 (the same starting values) after the f32-dx op */
+    snprintf(name, sizeof name, "linear_bwd_bf16_dx_is_the_f32_dx_op_rounded_%s", tag);
+    if (DT_TEST_CHECK(name, dt_linear_bwd(&C, &d32, NULL, NULL, &g16, x16, w) == DT_OK &&
+                            dt_linear_bwd(&C, &d16, NULL, NULL, &g16, x16, w) == DT_OK)) {
+        for (i = 0; i < d16.numel; i++) {
+            int64_t r = i / K, c = i % K, o;
+            double mag = 0, v = ((const float *)d32.data)[i], got = at(&d16, i), bound, e;
+            for (o = 0; o < O; o++) mag += fabs((double)at(&g16, r * O + o) * at(w, o * K + c));
+            bound = ldexp(fabs(v), -7) + 2.0 * (double)(O + 1) * ldexp(mag + fabs(v), -24) + 1e-30;
+            e = fabs(got - v) / bound;
+            if (e > worst) worst = e, bad = i;
+        }
+        if (worst <= 1.0) dt_test_pass(name);
+        else
+            dt_test_fail(name, "dx[%lld] = %.9g, the f32 op's %.9g (worst |diff| / bound %.3g)", (long long)bad,
+                         (double)at(&d16, bad), (double)((const float *)d32.data)[bad], worst);
+    }
+    dt_tensor_free(&C, &g16); dt_tensor_free(&C, &g32); dt_tensor_free(&C, &dw1); dt_tensor_free(&C, &dw2);
+    dt_tensor_free(&C, &db1); dt_tensor_free(&C, &db2); dt_tensor_free(&C, &dx1); dt_tensor_free(&C, &dx2);
+    dt_tensor_free(&C, &d16); dt_tensor_free(&C, &d32);
 }
 
 static void check_linear(int64_t N, int64_t O, int64_t K) {
@@ -179,6 +248,7 @@ static void check_linear(int64_t N, int64_t O, int64_t K) {
         snprintf(name, sizeof name, "linear_bwd_bf16_x_dx_is_the_f32_x_op_%s", tag);
         same_bits(name, &dx2, &dx1);
     }
+    check_linear_grads(N, O, K, &w, &x16, tag);
     dt_tensor_free(&C, &w); dt_tensor_free(&C, &x16); dt_tensor_free(&C, &x32); dt_tensor_free(&C, &bias);
     dt_tensor_free(&C, &o32a); dt_tensor_free(&C, &o32b); dt_tensor_free(&C, &o16); dt_tensor_free(&C, &p16);
     dt_tensor_free(&C, &g); dt_tensor_free(&C, &dw1); dt_tensor_free(&C, &dw2); dt_tensor_free(&C, &dx1);
@@ -219,11 +289,21 @@ static void check_bad(void) {
                   dt_ctx_error(&C), "pre is f32, out is bf16");
     dt_test_error("linear_bwd_bf16_x_with_f32_w_is_named", dt_linear_bwd(&C, NULL, NULL, NULL, &o32, &x16, &w32),
                   dt_ctx_error(&C), "x is bf16 but w is f32");
+    dt_test_error("linear_bwd_bf16_dout_with_f32_w_is_named", dt_linear_bwd(&C, NULL, NULL, NULL, &o16, &x32, &w32),
+                  dt_ctx_error(&C), "dout is bf16 but w is f32");
+    dt_test_error("linear_bwd_bf16_dx_with_f32_w_is_named", dt_linear_bwd(&C, &x16, NULL, NULL, &o32, &x32, &w32),
+                  dt_ctx_error(&C), "dx is bf16 but w is f32");
+    dt_test_error("linear_bwd_f16_dx_is_named", dt_linear_bwd(&C, &f16, NULL, NULL, &o16, &x16, &w16),
+                  dt_ctx_error(&C), "dx");
+    dt_test_error("gelu_bwd_f16_dx_is_named", dt_gelu_bwd(&C, &f16, &o32, &o32), dt_ctx_error(&C), "dx");
+    dt_test_error("bias_bwd_f16_dout_is_named", dt_bias_add_bwd(&C, &lw, &f16), dt_ctx_error(&C), "dout");
     /* a bf16 out over the f32 x it reads: refused before anything is written */
     DT_TEST_CHECK("setup_view", dt_tensor_view(&C, &view, &x32, 0, 2, s) == DT_OK);
     view.dtype = DT_BF16;
     dt_test_error("layernorm_bf16_out_over_x_is_named", dt_layernorm_fwd(&C, &view, NULL, NULL, &x32, &lw, NULL, 1e-5f),
                   dt_ctx_error(&C), "shares memory with x");
+    dt_test_error("gelu_bwd_bf16_dx_over_f32_dout_is_named", dt_gelu_bwd(&C, &view, &x32, &x16), dt_ctx_error(&C),
+                  "shares memory with dout");
     dt_tensor_free(&C, &w32); dt_tensor_free(&C, &w16); dt_tensor_free(&C, &x16); dt_tensor_free(&C, &x32);
     dt_tensor_free(&C, &o16); dt_tensor_free(&C, &o32); dt_tensor_free(&C, &f16); dt_tensor_free(&C, &lw);
 }
@@ -236,6 +316,7 @@ int main(void) {
     check_linear(5, 3, 200);
     check_linear(300, 1100, 16); /* rows beyond one of the bf16 output's f32 blocks (2^18 / O = 238) */
     check_linear(1, 8, 0);       /* K = 0: out = the rounded bias */
+    check_linear(6000, 8, 48);   /* a bf16 dx beyond one of its f32 row blocks (2^18 / K = 5461) */
     check_attention();
     check_bad();
     dt_ctx_shutdown(&C);

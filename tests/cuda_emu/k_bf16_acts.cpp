@@ -2,6 +2,8 @@
 // against the same ops on CPU tensors: a layernorm that writes bf16, GELU reading and writing bf16,
 // and dt_linear with a bf16 w reading a bf16 x and writing a bf16 out (and pre), through
 // cuBLASLt's epilogues with a bf16 D and through the separate ops when the heuristic refuses.
+// And the bf16 gradients beside a bf16 w (as llm.c keeps them): dt_gelu_bwd with dx, dout, x each
+// f32 or bf16, dt_linear_bwd with a bf16 dout and / or a bf16 dx, dt_bias_add_bwd with a bf16 dout.
 //
 // Tolerances (u = 2^-24, gamma(k) = k u / (1 - k u); ulp(v) = the bf16 spacing at |v|, 2^(e - 7)
 // for |v| in [2^e, 2^(e+1))). A value rounded once to bf16 from f32 values a and b that differ by
@@ -17,6 +19,12 @@
 //     where its terms cancel, near gelu' = 0 at x = -0.75). A bf16
 //     x or out is read or written around the f32 formula: the f32 op's bits on the widened x,
 //     rounded once.
+//   - GELU backward with bf16 gradients (every mix of dx, dout, x in f32 / bf16 with dx or dout
+//     bf16): the inputs are bf16 values, an f32 one holds them widened, so each form is the f32
+//     op on the widened values: an f32 dx its bits, a bf16 dx its bits rounded once, on each
+//     device (the same f32 arithmetic; every bf16 operand a view off alignment, the kernel's
+//     scalar loop: the same bits). CUDA against the CPU: an f32 dx within the bound d above, a
+//     bf16 dx within d + ulp.
 //   - linear: the products of bf16 x and w are exact in f32, so each side's f32 value is within
 //     e = gamma(I + 2) (sum_i |x w| + |b|) of the exact sum v (any order of I + 1 terms, one more
 //     for the double reference), the bias being b = bf16(bias) (cuBLASLt reads it beside a bf16
@@ -29,14 +37,29 @@
 //     CPU (K = O for dx, N for dw); dbias from the BGRADB epilogue sums the bf16 dout it read:
 //     plus 2^-9 sum |dout| (k_ops.cpp). On a GPU (DT_EMU_STUBS) the f32 sum bounds are doubled
 //     (the tensor cores' accumulation order is not known), as k_ops allows.
+//   - linear bwd with bf16 gradients (four runs from the same values: dout and the initial dx
+//     bf16 values, an f32 one holding them widened). A bf16 dout is read as it is: dx, dw and
+//     dbias are bit for bit those of the f32 dout holding its values, on each device (the same
+//     GEMM operands; BGRADB or the bias kernel sums the same values), CUDA within the sum bounds
+//     above of the CPU, dbias without the 2^-9 term (both sum the same bf16 values); and
+//     dt_bias_add_bwd alike. A bf16 dx (nonzero at the start) is its f32 value v' rounded once,
+//     where v' and the f32 dx run's v from the same start are both sums of dx0 and the same
+//     products: |v' - v| <= e = 2 gamma(O + 1) (sum |dout w| + |dx0|), so on each device the bf16
+//     dx is the rounding of some f32 in [v - e, v + e] (rounds_from, within ulp + e), and CUDA
+//     within ulp + e of the CPU; on the emulator (its GEMM widens a bf16 C, runs the f32 GEMM,
+//     rounds) bit for bit v rounded. dw and dbias are bit for bit the f32 dx run's; with O = 0
+//     the bf16 dx keeps its bits. Both bf16: bit for bit the bf16 dx run's with the f32 dout. I =
+//     4096 puts the CPU's bf16 dx in blocks of 2^18 / I = 64 rows (three, two on small inputs).
 // Which path ran: ctx->counters.lt_fused / lt_separate and the emulator's count of each epilogue
 // (dt_emu_lt_count); dt_emu_lt_refuse makes the heuristic refuse every epilogue, so the separate
 // ops run (on a GPU both are SKIP: its heuristic decides, and the value checks hold either way).
-// Bad inputs: a bf16 x or out with an f32 w, a bf16 out with an f32 pre (DT_ERR_DTYPE naming
-// the argument); a bf16 out sharing x's memory (an error, not a crash).
+// Bad inputs: a bf16 x or out with an f32 w, a bf16 out with an f32 pre, a bf16 dout or dx with
+// an f32 w, an f16 dx or dout to the GELU backward (DT_ERR_DTYPE naming the argument); a bf16 out
+// sharing x's memory, a bf16 dx sharing an f32 dout's or x's (an error, not a crash).
 #include <cuda_runtime.h>
 #include <cublasLt.h>
 #include <math.h>
+#include <initializer_list>
 #include <vector>
 #define DT_CUDA
 #include "dt_tensor.h"
@@ -76,14 +99,15 @@ static unsigned bits(float f) {
     return u;
 }
 
-/* A CPU tensor [a] or [a, b] of dtype dt with values uniform in [lo, hi) (bf16: rounded), and its CUDA copy. */
+/* A CPU tensor [a] or [a, b] of dtype dt with values uniform in [lo, hi) (bf16: rounded), and its CUDA copy
+   (ndim 2: [a, b] even where b is 0). */
 struct pair_t { dt_tensor h, d; };
-static pair_t make(dt_dtype dt, int64_t a, int64_t b, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+static pair_t make(dt_dtype dt, int64_t a, int64_t b, uint64_t seed, float lo = -1.0f, float hi = 1.0f, int ndim = 0) {
     pair_t p;
     dt_tensor_desc desc;
     memset(&desc, 0, sizeof desc);
     desc.dtype = dt;
-    desc.ndim = b ? 2 : 1;
+    desc.ndim = ndim ? ndim : b ? 2 : 1;
     desc.shape[0] = a;
     desc.shape[1] = b;
     desc.device = DT_CPU;
@@ -113,7 +137,7 @@ static std::vector<float> values(const dt_tensor &t) {
 
 /* An f32 pair holding t's values (a bf16 t widened). */
 static pair_t widened(const dt_tensor &t, uint64_t seed) {
-    pair_t p = make(DT_F32, t.shape[0], t.ndim > 1 ? t.shape[1] : 0, seed);
+    pair_t p = make(DT_F32, t.shape[0], t.ndim > 1 ? t.shape[1] : 0, seed, -1.0f, 1.0f, t.ndim);
     std::vector<float> v = values(t);
     memcpy(p.h.data, v.data(), v.size() * 4);
     dt_tensor_copy(&ctx, &p.d, &p.h);
@@ -235,6 +259,15 @@ static void layernorm(int64_t R, int64_t C) {
 
 /* ---------------------------------------------------------------- GELU */
 
+/* The backward's bound between the CPU's and CUDA's f32 dx (the header's): dout G, x X, dx R. */
+static std::vector<double> gelu_bwd_bound(const std::vector<float> &G, const std::vector<float> &X,
+                                          const std::vector<float> &R) {
+    std::vector<double> b(G.size());
+    for (size_t i = 0; i < b.size(); i++)
+        b[i] = fabs(G[i]) * (1e-5 * fabs(gelu_grad_d(X[i])) + ldexp(1.0, -20)) + 2 * U * fabs(R[i]) + 1e-7;
+    return b;
+}
+
 static void gelu(int64_t n) {
     char name[160], tag[32];
     snprintf(tag, sizeof tag, "n%lld", (long long)n);
@@ -296,10 +329,7 @@ static void gelu(int64_t n) {
         snprintf(name, sizeof name, "gelu_bwd_bf16_x_cuda_accumulates_as_cpu_%s", tag);
         if (ok2(name, dt_gelu_bwd(&ctx, &dx.h, &g.h, &x16.h), dt_gelu_bwd(&ctx, &dx.d, &g.d, &x16.d))) {
             std::vector<float> cu = values(dx.d), cpu = values(dx.h);
-            std::vector<double> want(cpu.begin(), cpu.end()), bound(cpu.size());
-            for (size_t i = 0; i < cpu.size(); i++)
-                bound[i] = fabs(G[i]) * (1e-5 * fabs(gelu_grad_d(X[i])) + ldexp(1.0, -20)) + 2 * U * fabs(cpu[i]) + 1e-7;
-            within(name, cu, want, bound);
+            within(name, cu, std::vector<double>(cpu.begin(), cpu.end()), gelu_bwd_bound(G, X, cpu));
             /* the f32 op on the widened x from the same dx: the same bits on each device */
             snprintf(name, sizeof name, "gelu_bwd_bf16_x_is_the_f32_op_on_widened_x_%s", tag);
             if (ok2(name, dt_gelu_bwd(&ctx, &dxr.h, &g.h, &x32.h), dt_gelu_bwd(&ctx, &dxr.d, &g.d, &x32.d))) {
@@ -310,6 +340,71 @@ static void gelu(int64_t n) {
             }
         }
         release(g); release(dx); release(dxr);
+    }
+    for (pair_t *p : all) release(*p);
+}
+
+/* The backward with bf16 gradients: each of dx, dout, x f32 or bf16, at least dx or dout bf16 (a
+   bf16 x alone: gelu()). Every form runs from the same values: x, dout and the initial dx are
+   bf16 values, an f32 one holds them widened. The f32 op on them all widened is what each form
+   computes in f32, on each device; a bf16 dx is that rounded once. */
+static const char *tname(dt_dtype d) { return d == DT_BF16 ? "bf16" : "f32"; }
+static void gelu_bwd_grads(int64_t n) {
+    char name[200], tag[64];
+    pair_t x16 = make(DT_BF16, n, 0, 70, -4.0f, 4.0f), g16 = make(DT_BF16, n, 0, 71), d16 = make(DT_BF16, n, 0, 72);
+    pair_t x32 = widened(x16.h, 73), g32 = widened(g16.h, 74), r32 = widened(d16.h, 75);
+    pair_t *all[] = {&x16, &g16, &d16, &x32, &g32, &r32};
+    snprintf(name, sizeof name, "gelu_bwd_f32_reference_n%lld", (long long)n);
+    if (!ok2(name, dt_gelu_bwd(&ctx, &r32.h, &g32.h, &x32.h), dt_gelu_bwd(&ctx, &r32.d, &g32.d, &x32.d))) {
+        for (pair_t *p : all) release(*p);
+        return;
+    }
+    std::vector<float> X = values(x16.h), G = values(g16.h), ref_h = values(r32.h), ref_d = values(r32.d);
+    std::vector<float> rnd_h(ref_h), rnd_d(ref_d);
+    for (size_t i = 0; i < rnd_h.size(); i++) rnd_h[i] = bf16_round(ref_h[i]), rnd_d[i] = bf16_round(ref_d[i]);
+    std::vector<double> bound = gelu_bwd_bound(G, X, ref_h);
+    for (int c = 0; c < 8; c++) {
+        dt_dtype tdx = c & 4 ? DT_BF16 : DT_F32, tg = c & 2 ? DT_BF16 : DT_F32, tx = c & 1 ? DT_BF16 : DT_F32;
+        if (tdx == DT_F32 && tg == DT_F32) continue;
+        pair_t &g = tg == DT_BF16 ? g16 : g32, &x = tx == DT_BF16 ? x16 : x32;
+        pair_t dx = tdx == DT_BF16 ? make(DT_BF16, n, 0, 72) : widened(d16.h, 76);
+        snprintf(tag, sizeof tag, "%s_dx_%s_dout_%s_x_n%lld", tname(tdx), tname(tg), tname(tx), (long long)n);
+        snprintf(name, sizeof name, "gelu_bwd_%s_cuda_%s_of_cpu", tag,
+                 tdx == DT_BF16 ? "within_1_ulp_and_f32_bound" : "within_f32_bound");
+        if (ok2(name, dt_gelu_bwd(&ctx, &dx.h, &g.h, &x.h), dt_gelu_bwd(&ctx, &dx.d, &g.d, &x.d))) {
+            std::vector<float> cu = values(dx.d), cpu = values(dx.h);
+            if (tdx == DT_BF16) within_ulp(name, cu, cpu, &bound);
+            else within(name, cu, std::vector<double>(cpu.begin(), cpu.end()), bound);
+            /* the same f32 arithmetic on the same values, a bf16 dx rounded once: bit for bit */
+            snprintf(name, sizeof name, "gelu_bwd_%s_cpu_is_the_f32_op%s", tag, tdx == DT_BF16 ? "_rounded_once" : "");
+            same_bits(name, cpu, tdx == DT_BF16 ? rnd_h : ref_h);
+            snprintf(name, sizeof name, "gelu_bwd_%s_cuda_is_the_f32_op%s", tag, tdx == DT_BF16 ? "_rounded_once" : "");
+            same_bits(name, cu, tdx == DT_BF16 ? rnd_d : ref_d);
+            /* each bf16 operand a view 2 bytes past 8-byte alignment (the scalar loop; an f32 one
+               a fresh copy, dx from the initial values): the same bits */
+            const pair_t *init[3] = {&d16, &g16, &x16};
+            const dt_dtype ty[3] = {tdx, tg, tx};
+            pair_t buf[3];
+            dt_tensor v[3];
+            int64_t shape[1] = {n};
+            dt_status sv = DT_OK;
+            for (int k = 0; k < 3; k++) {
+                if (ty[k] == DT_F32) {
+                    buf[k] = widened(init[k]->h, 77 + (uint64_t)k);
+                    v[k] = buf[k].d;
+                    continue;
+                }
+                buf[k] = make(DT_BF16, n + 1, 0, 80 + (uint64_t)k);
+                memcpy((uint16_t *)buf[k].h.data + 1, init[k]->h.data, (size_t)n * 2);
+                dt_tensor_copy(&ctx, &buf[k].d, &buf[k].h);
+                if (!sv) sv = dt_tensor_view(&ctx, &v[k], &buf[k].d, 1, 1, shape);
+            }
+            snprintf(name, sizeof name, "gelu_bwd_%s_bf16_views_at_offset_1_cuda_same_bits", tag);
+            if (!sv) sv = dt_gelu_bwd(&ctx, &v[0], &v[1], &v[2]);
+            if (ok2(name, DT_OK, sv)) same_bits(name, values(v[0]), cu);
+            for (pair_t &b : buf) release(b);
+        }
+        release(dx);
     }
     for (pair_t *p : all) release(*p);
 }
@@ -407,6 +502,35 @@ static void linear_fwd(int64_t N, int64_t O, int64_t I, int refuse) {
     for (pair_t *p : all) release(*p);
 }
 
+/* The backward's bounds between two f32 results from the same operands (the header's): dx within
+   2 gamma(O + 1) (sum_o |dout w| + |dx0|), dw within 2 gamma(N + 1) (sum_n |dout x| + |dw0|), dbias
+   within 2 gamma(N + 1) (sum_n |dout| + |db0|). Gb: dout as the GEMMs read it (bf16 values); G: as
+   the bias sums read it; gsum: sum_n |G|. */
+static void linear_bwd_bounds(const std::vector<float> &X, const std::vector<float> &W, const std::vector<float> &G,
+                              const std::vector<float> &Gb, const std::vector<float> &DX0, const std::vector<float> &DW0,
+                              const std::vector<float> &DB0, int64_t N, int64_t O, int64_t I, std::vector<double> &bx,
+                              std::vector<double> &bw, std::vector<double> &bb, std::vector<double> &gsum) {
+    std::vector<double> mx(DX0.size()), mw(DW0.size()), mb(DB0.size());
+    for (size_t i = 0; i < mx.size(); i++) mx[i] = fabs(DX0[i]);
+    for (size_t i = 0; i < mw.size(); i++) mw[i] = fabs(DW0[i]);
+    for (size_t i = 0; i < mb.size(); i++) mb[i] = fabs(DB0[i]);
+    gsum.assign(mb.size(), 0.0);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t o = 0; o < O; o++) {
+            double gv = Gb[(size_t)(n * O + o)];
+            gsum[(size_t)o] += fabs(G[(size_t)(n * O + o)]);
+            mb[(size_t)o] += fabs(G[(size_t)(n * O + o)]);
+            for (int64_t i = 0; i < I; i++) {
+                mx[(size_t)(n * I + i)] += fabs(gv * W[(size_t)(o * I + i)]);
+                mw[(size_t)(o * I + i)] += fabs(gv * X[(size_t)(n * I + i)]);
+            }
+        }
+    bx.resize(mx.size()), bw.resize(mw.size()), bb.resize(mb.size());
+    for (size_t i = 0; i < bx.size(); i++) bx[i] = 2 * SUM_X * gam((double)O + 1) * mx[i];
+    for (size_t i = 0; i < bw.size(); i++) bw[i] = 2 * SUM_X * gam((double)N + 1) * mw[i];
+    for (size_t i = 0; i < bb.size(); i++) bb[i] = 2 * SUM_X * gam((double)N + 1) * mb[i];
+}
+
 /* dt_linear_bwd with a bf16 x and w: dx, dw, dbias accumulate; CUDA against the CPU. */
 static void linear_bwd(int64_t N, int64_t O, int64_t I, int refuse) {
     char name[200], tag[48];
@@ -423,25 +547,9 @@ static void linear_bwd(int64_t N, int64_t O, int64_t I, int refuse) {
     if (ok2(name, dt_linear_bwd(&ctx, &dx.h, &dw.h, &db.h, &g.h, &x.h, &w.h),
             dt_linear_bwd(&ctx, &dx.d, &dw.d, &db.d, &g.d, &x.d, &w.d))) {
         std::vector<float> cpu_dx = values(dx.h), cpu_dw = values(dw.h), cpu_db = values(db.h);
-        std::vector<double> mx(dx0.size()), mw(dw0.size()), mb(db0.size());
-        for (size_t i = 0; i < mx.size(); i++) mx[i] = fabs(dx0[i]);
-        for (size_t i = 0; i < mw.size(); i++) mw[i] = fabs(dw0[i]);
-        for (size_t i = 0; i < mb.size(); i++) mb[i] = fabs(db0[i]);
-        std::vector<double> gsum(mb.size(), 0.0);
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t o = 0; o < O; o++) {
-                double gv = Gb[(size_t)(n * O + o)];
-                gsum[(size_t)o] += fabs(G[(size_t)(n * O + o)]);
-                mb[(size_t)o] += fabs(G[(size_t)(n * O + o)]);
-                for (int64_t i = 0; i < I; i++) {
-                    mx[(size_t)(n * I + i)] += fabs(gv * W[(size_t)(o * I + i)]);
-                    mw[(size_t)(o * I + i)] += fabs(gv * X[(size_t)(n * I + i)]);
-                }
-            }
-        std::vector<double> bx(mx.size()), bw(mw.size()), bb(mb.size());
-        for (size_t i = 0; i < bx.size(); i++) bx[i] = 2 * SUM_X * gam((double)O + 1) * mx[i];
-        for (size_t i = 0; i < bw.size(); i++) bw[i] = 2 * SUM_X * gam((double)N + 1) * mw[i];
-        for (size_t i = 0; i < bb.size(); i++) bb[i] = 2 * SUM_X * gam((double)N + 1) * mb[i] + gsum[i] / 512;
+        std::vector<double> bx, bw, bb, gsum;
+        linear_bwd_bounds(X, W, G, Gb, dx0, dw0, db0, N, O, I, bx, bw, bb, gsum);
+        for (size_t i = 0; i < bb.size(); i++) bb[i] += gsum[i] / 512; /* the epilogue sums the rounded dout */
         snprintf(name, sizeof name, "linear_bwd_bf16_x_cuda_dx_within_f32_sums_of_cpu_%s", tag);
         within(name, values(dx.d), std::vector<double>(cpu_dx.begin(), cpu_dx.end()), bx);
         snprintf(name, sizeof name, "linear_bwd_bf16_x_cuda_dw_within_f32_sums_of_cpu_%s", tag);
@@ -456,6 +564,123 @@ static void linear_bwd(int64_t N, int64_t O, int64_t I, int refuse) {
     for (pair_t *p : all) release(*p);
 }
 
+/* The values of several tensors, one after another. */
+static std::vector<float> values_of(std::initializer_list<const dt_tensor *> ts) {
+    std::vector<float> v;
+    for (const dt_tensor *t : ts) {
+        std::vector<float> u = values(*t);
+        v.insert(v.end(), u.begin(), u.end());
+    }
+    return v;
+}
+
+/* dt_linear_bwd with bf16 gradients beside a bf16 x and w: a bf16 dout and / or a bf16 dx (its
+   initial value nonzero). Four runs on each device from the same values (dout's and dx's bf16
+   values, an f32 one holding them widened): r[k] with k = 2 (dx bf16) + (dout bf16). Then
+   dt_bias_add_bwd with the bf16 dout. */
+static void linear_bwd_grads(int64_t N, int64_t O, int64_t I, int refuse) {
+    char name[200], tag[64], what[96];
+    snprintf(tag, sizeof tag, "N%lld_O%lld_I%lld%s", (long long)N, (long long)O, (long long)I, refuse ? "_refused" : "");
+    pair_t x = make(DT_BF16, N, I, 90), w = make(DT_BF16, O, I, 91), g16 = make(DT_BF16, N, O, 92, -1.0f, 1.0f, 2);
+    pair_t g32 = widened(g16.h, 93), d16 = make(DT_BF16, N, I, 94);
+    struct { pair_t dx, dw, db; } r[4];
+    static const char *const form[4] = {"f32_dout_f32_dx", "bf16_dout", "bf16_dx", "bf16_dout_bf16_dx"};
+    std::vector<float> X = values(x.h), W = values(w.h), G = values(g16.h), DX0 = values(d16.h), DW0, DB0;
+    std::vector<double> bx, bw, bb, gsum;
+    int ran = 0;
+    for (int k = 0; k < 4; k++) {
+        r[k].dx = k & 2 ? make(DT_BF16, N, I, 94) : widened(d16.h, 95);
+        r[k].dw = make(DT_F32, O, I, 96);
+        r[k].db = make(DT_F32, O, 0, 97);
+    }
+    DW0 = values(r[0].dw.h), DB0 = values(r[0].db.h);
+    linear_bwd_bounds(X, W, G, G, DX0, DW0, DB0, N, O, I, bx, bw, bb, gsum);
+    dt_emu_lt_refuse(refuse ? 0x1fu : 0u);
+    for (int k = 0; k < 4; k++) {
+        pair_t &g = k & 1 ? g16 : g32;
+        long c4 = dt_emu_lt_count(4);
+        path_begin();
+        snprintf(name, sizeof name, "linear_bwd_%s_runs_%s", form[k], tag);
+        if (!ok2(name, dt_linear_bwd(&ctx, &r[k].dx.h, &r[k].dw.h, &r[k].db.h, &g.h, &x.h, &w.h),
+                 dt_linear_bwd(&ctx, &r[k].dx.d, &r[k].dw.d, &r[k].db.d, &g.d, &x.d, &w.d)))
+            continue;
+        ran |= 1 << k;
+        if ((k & 1) && O > 0) { /* O = 0: nothing for an epilogue to do (the GEMM returns at once) */
+            snprintf(name, sizeof name, "linear_bwd_%s_cuda_%s_%s", form[k],
+                     refuse ? "fell_back" : "ran_the_bgradb_epilogue", tag);
+            snprintf(what, sizeof what, "BGRADB epilogue runs %ld -> %ld", c4, dt_emu_lt_count(4));
+            path(name, dt_emu_lt_count(4) == c4 + !refuse, !refuse, what);
+        }
+    }
+    dt_emu_lt_refuse(0);
+    if ((ran & 3) == 3) { /* a bf16 dout: the f32 dout's values, read as they are */
+        std::vector<float> cdx = values(r[1].dx.h), cdw = values(r[1].dw.h), cdb = values(r[1].db.h);
+        snprintf(name, sizeof name, "linear_bwd_bf16_dout_cuda_dx_within_f32_sums_of_cpu_%s", tag);
+        within(name, values(r[1].dx.d), std::vector<double>(cdx.begin(), cdx.end()), bx);
+        snprintf(name, sizeof name, "linear_bwd_bf16_dout_cuda_dw_within_f32_sums_of_cpu_%s", tag);
+        within(name, values(r[1].dw.d), std::vector<double>(cdw.begin(), cdw.end()), bw);
+        snprintf(name, sizeof name, "linear_bwd_bf16_dout_cuda_dbias_within_f32_sums_of_cpu_%s", tag);
+        within(name, values(r[1].db.d), std::vector<double>(cdb.begin(), cdb.end()), bb);
+        snprintf(name, sizeof name, "linear_bwd_bf16_dout_cpu_dx_dw_dbias_are_the_f32_douts_%s", tag);
+        same_bits(name, values_of({&r[1].dx.h, &r[1].dw.h, &r[1].db.h}), values_of({&r[0].dx.h, &r[0].dw.h, &r[0].db.h}));
+        snprintf(name, sizeof name, "linear_bwd_bf16_dout_cuda_dx_dw_dbias_are_the_f32_douts_%s", tag);
+        same_bits(name, values_of({&r[1].dx.d, &r[1].dw.d, &r[1].db.d}), values_of({&r[0].dx.d, &r[0].dw.d, &r[0].db.d}));
+    }
+    if ((ran & 5) == 5) { /* a bf16 dx: the f32 dx's value (from the same start) rounded once */
+        std::vector<float> cu = values(r[2].dx.d), cpu = values(r[2].dx.h), f_h = values(r[0].dx.h), f_d = values(r[0].dx.d);
+        snprintf(name, sizeof name, "linear_bwd_bf16_dx_cuda_within_1_ulp_and_f32_sums_of_cpu_%s", tag);
+        within_ulp(name, cu, cpu, &bx);
+        std::vector<double> vh(f_h.begin(), f_h.end()), vd(f_d.begin(), f_d.end());
+        snprintf(name, sizeof name, "linear_bwd_bf16_dx_cpu_rounds_its_f32_dx_within_f32_sums_%s", tag);
+        rounds_from(name, cpu, vh, bx);
+        snprintf(name, sizeof name, "linear_bwd_bf16_dx_cuda_rounds_its_f32_dx_within_f32_sums_%s", tag);
+        rounds_from(name, cu, vd, bx);
+#ifndef DT_EMU_STUBS
+        /* the emulator's GEMM widens a bf16 C, runs the f32 GEMM and rounds: the same sums */
+        for (float &t : f_d) t = bf16_round(t);
+        snprintf(name, sizeof name, "linear_bwd_bf16_dx_cuda_is_its_f32_dx_rounded_once_%s", tag);
+        same_bits(name, cu, f_d);
+#endif
+        snprintf(name, sizeof name, "linear_bwd_bf16_dx_cpu_dw_dbias_as_with_an_f32_dx_%s", tag);
+        same_bits(name, values_of({&r[2].dw.h, &r[2].db.h}), values_of({&r[0].dw.h, &r[0].db.h}));
+        snprintf(name, sizeof name, "linear_bwd_bf16_dx_cuda_dw_dbias_as_with_an_f32_dx_%s", tag);
+        same_bits(name, values_of({&r[2].dw.d, &r[2].db.d}), values_of({&r[0].dw.d, &r[0].db.d}));
+        if (O == 0) { /* nothing summed: dx as it was, bit for bit */
+            snprintf(name, sizeof name, "linear_bwd_bf16_dx_no_out_features_cpu_keeps_dx_%s", tag);
+            same_bits(name, cpu, DX0);
+            snprintf(name, sizeof name, "linear_bwd_bf16_dx_no_out_features_cuda_keeps_dx_%s", tag);
+            same_bits(name, cu, DX0);
+        }
+    }
+    if ((ran & 12) == 12) { /* both bf16: the bf16 dx's run with the f32 dout's values */
+        snprintf(name, sizeof name, "linear_bwd_bf16_dout_bf16_dx_cuda_dx_within_1_ulp_and_f32_sums_of_cpu_%s", tag);
+        within_ulp(name, values(r[3].dx.d), values(r[3].dx.h), &bx);
+        snprintf(name, sizeof name, "linear_bwd_bf16_dout_bf16_dx_cpu_dx_dw_dbias_are_the_f32_douts_%s", tag);
+        same_bits(name, values_of({&r[3].dx.h, &r[3].dw.h, &r[3].db.h}), values_of({&r[2].dx.h, &r[2].dw.h, &r[2].db.h}));
+        snprintf(name, sizeof name, "linear_bwd_bf16_dout_bf16_dx_cuda_dx_dw_dbias_are_the_f32_douts_%s", tag);
+        same_bits(name, values_of({&r[3].dx.d, &r[3].dw.d, &r[3].db.d}), values_of({&r[2].dx.d, &r[2].dw.d, &r[2].db.d}));
+    }
+    if (!refuse) { /* dt_bias_add_bwd alone: the CPU's double sums, CUDA's widened copy and f32 kernel */
+        pair_t b16 = make(DT_F32, O, 0, 97), b32 = make(DT_F32, O, 0, 97);
+        snprintf(name, sizeof name, "bias_add_bwd_bf16_dout_cuda_within_f32_sums_of_cpu_%s", tag);
+        if (ok2(name, dt_bias_add_bwd(&ctx, &b16.h, &g16.h), dt_bias_add_bwd(&ctx, &b16.d, &g16.d))) {
+            std::vector<float> cpu = values(b16.h);
+            within(name, values(b16.d), std::vector<double>(cpu.begin(), cpu.end()), bb);
+            snprintf(name, sizeof name, "bias_add_bwd_bf16_dout_is_the_f32_douts_%s", tag);
+            if (ok2(name, dt_bias_add_bwd(&ctx, &b32.h, &g32.h), dt_bias_add_bwd(&ctx, &b32.d, &g32.d))) {
+                snprintf(name, sizeof name, "bias_add_bwd_bf16_dout_cpu_is_the_f32_douts_%s", tag);
+                same_bits(name, cpu, values(b32.h));
+                snprintf(name, sizeof name, "bias_add_bwd_bf16_dout_cuda_is_the_f32_douts_%s", tag);
+                same_bits(name, values(b16.d), values(b32.d));
+            }
+        }
+        release(b16); release(b32);
+    }
+    for (auto &t : r) release(t.dx), release(t.dw), release(t.db);
+    pair_t *all[] = {&x, &w, &g16, &g32, &d16};
+    for (pair_t *p : all) release(*p);
+}
+
 /* ---------------------------------------------------------------- bad inputs */
 
 static void bad_inputs(void) {
@@ -464,7 +689,8 @@ static void bad_inputs(void) {
     pair_t w16 = make(DT_BF16, O, I, 53), b = make(DT_F32, O, 0, 54), o32 = make(DT_F32, N, O, 55);
     pair_t o16 = make(DT_BF16, N, O, 56), p32 = make(DT_F32, N, O, 57), p16 = make(DT_BF16, N, O, 58);
     pair_t g = make(DT_F32, N, O, 59), dx = make(DT_F32, N, I, 60), dw = make(DT_F32, O, I, 61);
-    pair_t lw = make(DT_F32, I, 0, 62);
+    pair_t lw = make(DT_F32, I, 0, 62), g16 = make(DT_BF16, N, O, 63), dx16 = make(DT_BF16, N, I, 64);
+    pair_t a32 = make(DT_F32, 64, 0, 65), a16 = make(DT_BF16, 64, 0, 66);
     dt_status st;
     st = dt_linear_fwd(&ctx, &o32.d, &x16.d, &w32.d, &b.d);
     dt_test_error("linear_fwd_cuda_bf16_x_f32_w_is_named", st, dt_ctx_error(&ctx), "x is bf16");
@@ -493,8 +719,36 @@ static void bad_inputs(void) {
         st = dt_gelu_fwd(&ctx, &alias, &x32.d);
         dt_test_error("gelu_fwd_cuda_bf16_out_sharing_x_is_named", st, dt_ctx_error(&ctx), "shares memory with x");
     }
+    /* bf16 gradients go with a bf16 w */
+    st = dt_linear_bwd(&ctx, &dx.d, &dw.d, NULL, &g16.d, &x32.d, &w32.d);
+    dt_test_error("linear_bwd_cuda_bf16_dout_f32_w_is_named", st, dt_ctx_error(&ctx), "dout is bf16 but w is f32");
+    DT_TEST_CHECK("linear_bwd_cuda_bf16_dout_f32_w_is_DT_ERR_DTYPE", st == DT_ERR_DTYPE);
+    st = dt_linear_bwd(&ctx, &dx16.d, &dw.d, NULL, &g.d, &x32.d, &w32.d);
+    dt_test_error("linear_bwd_cuda_bf16_dx_f32_w_is_named", st, dt_ctx_error(&ctx), "dx is bf16 but w is f32");
+    DT_TEST_CHECK("linear_bwd_cuda_bf16_dx_f32_w_is_DT_ERR_DTYPE", st == DT_ERR_DTYPE);
+    st = dt_linear_bwd(&ctx, &dx16.h, &dw.h, NULL, &g.h, &x32.h, &w32.h);
+    dt_test_error("linear_bwd_cpu_bf16_dx_f32_w_is_named", st, dt_ctx_error(&ctx), "dx is bf16 but w is f32");
+    { /* the GELU backward takes f32 or bf16 gradients only */
+        dt_tensor h16 = a32.d;
+        h16.dtype = DT_F16; /* a16's first half, as f16 */
+        st = dt_gelu_bwd(&ctx, &h16, &a16.d, &a16.d);
+        dt_test_error("gelu_bwd_cuda_f16_dx_is_named", st, dt_ctx_error(&ctx), "dx has dtype f16");
+        DT_TEST_CHECK("gelu_bwd_cuda_f16_dx_is_DT_ERR_DTYPE", st == DT_ERR_DTYPE);
+        st = dt_gelu_bwd(&ctx, &a16.d, &h16, &a32.d);
+        dt_test_error("gelu_bwd_cuda_f16_dout_is_named", st, dt_ctx_error(&ctx), "dout has dtype f16");
+    }
+    { /* a bf16 dx over an f32 dout's (or x's) memory: elements of other sizes meet at other offsets */
+        dt_tensor alias = a32.d, alias_h = a32.h;
+        alias.dtype = alias_h.dtype = DT_BF16;
+        st = dt_gelu_bwd(&ctx, &alias, &a32.d, &a16.d);
+        dt_test_error("gelu_bwd_cuda_bf16_dx_sharing_f32_dout_is_named", st, dt_ctx_error(&ctx), "dx shares memory with dout");
+        st = dt_gelu_bwd(&ctx, &alias_h, &a32.h, &a16.h);
+        dt_test_error("gelu_bwd_cpu_bf16_dx_sharing_f32_dout_is_named", st, dt_ctx_error(&ctx), "dx shares memory with dout");
+        st = dt_gelu_bwd(&ctx, &alias, &a16.d, &a32.d);
+        dt_test_error("gelu_bwd_cuda_bf16_dx_sharing_f32_x_is_named", st, dt_ctx_error(&ctx), "dx shares memory with x");
+    }
     DT_TEST_CHECK("bad_inputs_cuda_nothing_pending", dt_ctx_sync(&ctx) == DT_OK);
-    pair_t *all[] = {&x16, &x32, &w32, &w16, &b, &o32, &o16, &p32, &p16, &g, &dx, &dw, &lw};
+    pair_t *all[] = {&x16, &x32, &w32, &w16, &b, &o32, &o16, &p32, &p16, &g, &dx, &dw, &lw, &g16, &dx16, &a32, &a16};
     for (pair_t *p : all) release(*p);
 }
 
@@ -551,13 +805,19 @@ int main(void) {
     layernorm(R, 768);
     gelu(1001);
     gelu(1024);
+    gelu_bwd_grads(1001); /* the kernel's 4-wide steps and a scalar tail */
+    gelu_bwd_grads(1024);
     for (int refuse = 0; refuse <= 1; refuse++) {
         linear_fwd(N, 64, 48, refuse);
         linear_fwd(N, 24, 48, refuse); /* O % 8 == 0: GELU_AUX_BIAS has an algorithm */
         linear_fwd(N, 20, 48, refuse); /* O % 8 != 0: the GELU's separate ops */
         linear_bwd(N, 64, 48, refuse);
         linear_bwd(N, 20, 48, refuse);
+        linear_bwd_grads(N, 64, 48, refuse);
+        linear_bwd_grads(N, 20, 48, refuse);
+        linear_bwd_grads(rows(150, 70), 8, 4096, refuse); /* the CPU's bf16 dx in blocks of 2^18 / I = 64 rows */
     }
+    linear_bwd_grads(N, 0, 48, 0); /* no out features: dx keeps its value */
     attention(2, rows(37, 9), 2, 2);
     attention(1, rows(70, 17), 4, 2); /* grouped-query, past one 64-row tile */
     bad_inputs();
