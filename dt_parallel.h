@@ -438,7 +438,8 @@ DT_API dt_status dt_sp_scatter_rows(dt_layout *l, dt_tensor *shard, const dt_ten
    bwd: dw += dout^T x_all, dbias += colsum(dout), dx += (dout @ w) summed over tp (sp 0: all-reduce,
    sp 1: reduce-scatter into the row shard; dxbuf [N, I] is the scratch of the sum).
    xbuf may be NULL under sp 0; dxbuf may be NULL when dx is NULL or tp = 1. The sum over tp of dx
-   is in flight while dw and dbias are computed (Megatron's overlap). */
+   is in flight while dw and dbias are computed (Megatron's overlap). With a bf16 w, x, out and
+   dout may be bf16 (dt_linear's bf16 activations and gradients); dx and the sum stay f32. */
 DT_API dt_status dt_tp_column_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor *xbuf, const dt_tensor *x,
                                          const dt_tensor *w, const dt_tensor *bias, int sp);
 /* The same with the GELU after it (a transformer's MLP up-projection): pre [N, O/tp] = what
@@ -455,7 +456,8 @@ DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor 
    bwd: dout is [N, O] (sp 0) or [N/tp, O] (sp 1, gathered into doutbuf [N, O]);
    dx += dout_all @ w, dw += dout_all^T x, dbias += colsum(dout) (the local rows under sp 1).
    partial may be NULL under sp 0 (the sum is taken in out) or when tp = 1; doutbuf may be NULL
-   under sp 0 or when tp = 1. */
+   under sp 0 or when tp = 1. With a bf16 w, x and dx may be bf16 (dx rounded once per call, as
+   dt_linear_bwd's); out, partial and dout stay f32 (the residual stream's). */
 DT_API dt_status dt_tp_row_linear_fwd(dt_layout *l, dt_tensor *out, dt_tensor *partial, const dt_tensor *x,
                                       const dt_tensor *w, const dt_tensor *bias, int sp);
 DT_API dt_status dt_tp_row_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
@@ -2794,7 +2796,7 @@ DT_API dt_status dt_tp_column_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor 
     O = w->shape[0]; In = w->shape[1];
     DT__TRY(dt__tp_act(l->ctx, xall, w, -1, In, fn, "xbuf_or_x", "w.shape[1] in features"));
     N = dt__tp_rows(xall);
-    DT__TRY(dt__tp_mat(l->ctx, dout, N, O, fn, "dout", "the rows of x_all by w.shape[0]"));
+    DT__TRY(dt__tp_act(l->ctx, dout, w, N, O, fn, "dout", "the rows of x_all by w.shape[0]"));
     if (sp) DT__TRY(dt__tp_split(l, N, &nl, fn, "xbuf_or_x"));
     DT__TRY(dt__tp_wgrads(l->ctx, dw, dbias, w, fn));
     if (dx) DT__TRY(dt__tp_mat(l->ctx, dx, sp ? nl : N, In, fn, "dx", sp ? "this rank's rows of x_all" : "as x"));
@@ -2886,7 +2888,7 @@ DT_API dt_status dt_tp_row_linear_bwd(dt_layout *l, dt_tensor *dx, dt_tensor *dw
         DT__TRY(dt__tp_apart(l->ctx, doutbuf, w, fn, "doutbuf", "w"));
         dall = doutbuf;
     }
-    if (dx) DT__TRY(dt__tp_mat(l->ctx, dx, N, w->shape[1], fn, "dx", "as x"));
+    if (dx) DT__TRY(dt__tp_act(l->ctx, dx, w, N, w->shape[1], fn, "dx", "as x"));
     DT__TRY(dt__tp_wgrads(l->ctx, dw, dbias, w, fn));
     if (dall != dout) DT__TRY(dt_sp_gather_rows(l, doutbuf, dout));
     /* the bias was added after the sum: its grad is dout's (this rank's rows under sp: partial).

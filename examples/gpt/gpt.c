@@ -1022,7 +1022,9 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
        as they are. Except: ln2 where a MoE layer reads it (dt_moe_fwd takes f32 rows), qkv under
        Ulysses (its all-to-all takes the f32 qkv) and in the CPU's ring (dt_cp_attention on f32),
        attention's output under either context parallelism (the ring merges its blocks in f32,
-       Ulysses' all-to-all moves f32). The residual stream and every gradient stay f32. */
+       Ulysses' all-to-all moves f32). So are the MLP's two inner gradients (d gelu out, d fch: the
+       fc GEMMs read them as they are, as llm.c's). The residual stream and the other gradients
+       stay f32. */
     dt_dtype a16 = m->bfw ? DT_BF16 : DT_F32, ln2t = a16;
     dt_dtype qkvt = m->bfw && !m->ulysses && (!m->lse_attn || m->tc) ? DT_BF16 : DT_F32;
     dt_dtype attyt = m->bfw && !m->ulysses && !m->lse_attn ? DT_BF16 : DT_F32; /* the ring merges into f32 */
@@ -1103,7 +1105,7 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
     mk(a, &a->dxbuf, N, C, 0, 0, DT_F32); mk(a, &a->dall, N, C, 0, 0, DT_F32); mk(a, &a->doutbuf, N, C, 0, 0, DT_F32);
     mk(a, &a->dqkv, b, m->Tl, m->Wl, 0, DT_F32);
     mk(a, &a->datty, N, m->Cl, 0, 0, DT_F32);
-    mk(a, &a->dfch, N, m->Fl, 0, 0, DT_F32); mk(a, &a->dgelu, N, m->Fl, 0, 0, DT_F32);
+    mk(a, &a->dfch, N, m->Fl, 0, 0, a16); mk(a, &a->dgelu, N, m->Fl, 0, 0, a16);
     mk(a, &a->dlogits, N, m->Vl, 0, 0, DT_F32);
     if (m->sp && m->tp > 1) { mk(a, &a->dsp, 6, C, 0, 0, DT_F32); mk(a, &a->dwpe, m->T, C, 0, 0, DT_F32); mk(a, &a->dlnf, 2, C, 0, 0, DT_F32); }
     for (l = lo; l < hi; l++)
@@ -1399,7 +1401,7 @@ static void block_bwd_weights(model *m, bacts *x, int l) {
 
 /* A copy of t kept for the weight pass (the input pass's scratch is reused by the next block). */
 static void keep(acts *a, dt_tensor *dst, const dt_tensor *t) {
-    if (!dst->data) mk(a, dst, t->shape[0], t->shape[1], t->ndim > 2 ? t->shape[2] : 0, 0, DT_F32);
+    if (!dst->data) mk(a, dst, t->shape[0], t->shape[1], t->ndim > 2 ? t->shape[2] : 0, 0, t->dtype);
     CHECK(dt_tensor_copy(g_ctx, dst, t));
 }
 
