@@ -36,9 +36,9 @@
 #   gpt2     GPT-2 124M (12 x 768, T 1024, B 8, vocab 50257, f32) on a synthetic llm.c shard:
 #            tokens/s of the steps after the first two (each logging step reads the loss, so
 #            the device has finished the step when its time is taken), MFU against the card's
-#            dense bf16 datasheet peak (llm.c's convention: 6N + 6LTC FLOPs a token); then a
-#            --profile run and its table (gpt's op timers); then 8 steps of --dtype bf16 (GEMMs and
-#            attention on the tensor cores)
+#            dense bf16 datasheet peak (llm.c's convention: 6N + 6LTC FLOPs a token); then
+#            8 steps of --dtype bf16 (GEMMs and attention on the tensor cores), then a --profile
+#            run of it and its table (gpt's op timers)
 #   dlrm     DLRM at MLPerf's widths, samples/s with --device cuda and on the CPU
 #   llm.c    with DT_GPU_LLMC=SRC (a checkout of karpathy/llm.c, never part of dt): its
 #            train_gpt2.cu built during dt's build and run at the same shape on the same shard
@@ -190,7 +190,7 @@ summary() {
         echo "| GPT-2 124M step losses | $(get gpt2_losses) |"
         tps=$(get gpt2_bf16_tok_s)
         m=$(mfu "$tps" "$(dv peak_bf16_tflops)")
-        echo "| GPT-2 124M, --dtype bf16 (GEMMs and attention on the tensor cores, f32 activations) | $(or "${tps:+$tps tok/s, MFU ${m:-?}%}" "$(get gpt2_bf16)") |"
+        echo "| GPT-2 124M, --dtype bf16 (GEMMs and attention on the tensor cores, bf16 activations) | $(or "${tps:+$tps tok/s, MFU ${m:-?}%}" "$(get gpt2_bf16)") |"
         echo "| GPT-2 124M bf16 step losses | $(get gpt2_bf16_losses) |"
         echo "| the planner on this GPU (gpt --plan: dt_plan_machine_measure, the layout above predicted) | $(or "$(get plan_gpt2_bf16)" "not run") |"
         local lc
@@ -204,7 +204,7 @@ summary() {
         [ -n "$sg" ] && [ -n "$sc" ] && echo "| DLRM cuda / cpu | $(awk -v a="$sg" -v b="$sc" 'BEGIN { printf("%.1fx", a / b) }') |"
         echo
         if [ -s "$G/profile.txt" ]; then
-            echo "gpt --profile (GPT-2 124M, rank 0, ms per step):"
+            echo "gpt --profile (GPT-2 124M --dtype bf16, rank 0, ms per step):"
             echo
             echo '```'
             cat "$G/profile.txt"
@@ -639,7 +639,7 @@ fi
 
 # ---------------------------------------------------------------- end to end
 
-# GPT-2 124M: 8 steps, the rate of steps 3-8, then 4 steps under --profile for gpt's table
+# GPT-2 124M: 8 steps, the rate of steps 3-8
 run_gpt2() {
     local tps rc
     "$G/mkshard" "$G/gpt2_synth_000001.bin" 2000000 1
@@ -656,17 +656,14 @@ run_gpt2() {
     fi
     res gpt2_tok_s "$tps"
     echo "GPT-2 124M: $tps tok/s (steady), MFU $(mfu "$tps" "$(sed -n 's/^peak_bf16_tflops: //p' "$G/device.txt")")% of bf16 dense"
-    phase "GPT-2 124M --profile" 45 || return
-    timeout "$(lim 100)" "$G/gpt_cuda" "${GPT2[@]}" --steps 4 --print-every 1 --profile >"$L/gpt2_profile.log" 2>&1
-    awk '/^profile/ { p = 1 } p && /^final:/ { exit } p' "$L/gpt2_profile.log" | head -n 50 >"$G/profile.txt"
-    grep -q . "$G/profile.txt" || echo "(no profile table: $(tail -n 1 "$L/gpt2_profile.log"))" >"$G/profile.txt"
 }
 if phase "GPT-2 124M" 90; then
     if [ -x "$G/gpt_cuda" ]; then run_gpt2; else res gpt2 "not built"; fail gpt2 "not built"; fi
 fi
 
 # the same in --dtype bf16: bf16 parameters (f32 masters), attention (kernels/dt_flash.cu) and the
-# GEMMs (cublasGemmEx, bf16 in, f32 out) on the tensor cores; activations f32
+# GEMMs (cublasGemmEx and cuBLASLt, f32 accumulation) on the tensor cores, the activations the GEMMs
+# read in bf16 (as llm.c); then 4 steps under --profile for gpt's table (the run llm.c is the peer of)
 run_gpt2_bf16() {
     local tps rc
     timeout "$(lim 120)" "$G/gpt_cuda" "${GPT2[@]}" --dtype bf16 --steps 8 --print-every 1 --log "$L/gpt2_bf16.jsonl" \
@@ -682,6 +679,11 @@ run_gpt2_bf16() {
     res gpt2_bf16_tok_s "$tps"
     GPT2_BF16_TPS=$tps
     echo "GPT-2 124M bf16: $tps tok/s (steady)"
+    phase "GPT-2 124M bf16 --profile" 45 || return
+    timeout "$(lim 100)" "$G/gpt_cuda" "${GPT2[@]}" --dtype bf16 --steps 4 --print-every 1 --profile \
+        >"$L/gpt2_profile.log" 2>&1
+    awk '/^profile/ { p = 1 } p && /^final:/ { exit } p' "$L/gpt2_profile.log" | head -n 50 >"$G/profile.txt"
+    grep -q . "$G/profile.txt" || echo "(no profile table: $(tail -n 1 "$L/gpt2_profile.log"))" >"$G/profile.txt"
 }
 if [ -n "${GPT2[*]:-}" ] && phase "GPT-2 124M bf16" 60; then run_gpt2_bf16; fi
 
