@@ -3406,7 +3406,7 @@ static dt_status dt__linear_dx_bf16(dt_ctx *ctx, dt_tensor *dx, const dt_tensor 
     float *t;
     dt_status st = DT_OK;
     if (N == 0 || In == 0) return DT_OK;
-    rb = (int64_t)1 << 18;
+    rb = (int64_t)1 << 20; /* about 4 MB of f32 a block: w is widened once a block on the fallback */
     rb = rb / In > 0 ? rb / In : 1;
     if (rb > N) rb = N;
     /* each term a product of a tensor's dims (fits) */

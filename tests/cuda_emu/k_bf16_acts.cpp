@@ -49,7 +49,7 @@
 //     within ulp + e of the CPU; on the emulator (its GEMM widens a bf16 C, runs the f32 GEMM,
 //     rounds) bit for bit v rounded. dw and dbias are bit for bit the f32 dx run's; with O = 0
 //     the bf16 dx keeps its bits. Both bf16: bit for bit the bf16 dx run's with the f32 dout. I =
-//     4096 puts the CPU's bf16 dx in blocks of 2^18 / I = 64 rows (three, two on small inputs).
+//     4096 puts the CPU's bf16 dx in blocks of 2^20 / I = 256 rows (three, two on small inputs).
 // Which path ran: ctx->counters.lt_fused / lt_separate and the emulator's count of each epilogue
 // (dt_emu_lt_count); dt_emu_lt_refuse makes the heuristic refuse every epilogue, so the separate
 // ops run (on a GPU both are SKIP: its heuristic decides, and the value checks hold either way).
@@ -815,7 +815,7 @@ int main(void) {
         linear_bwd(N, 20, 48, refuse);
         linear_bwd_grads(N, 64, 48, refuse);
         linear_bwd_grads(N, 20, 48, refuse);
-        linear_bwd_grads(rows(150, 70), 8, 4096, refuse); /* the CPU's bf16 dx in blocks of 2^18 / I = 64 rows */
+        linear_bwd_grads(rows(600, 300), 8, 4096, refuse); /* the CPU's bf16 dx in blocks of 2^20 / I = 256 rows */
     }
     linear_bwd_grads(N, 0, 48, 0); /* no out features: dx keeps its value */
     attention(2, rows(37, 9), 2, 2);
