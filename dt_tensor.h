@@ -587,13 +587,14 @@ DT_API dt_status dt_embedding_bwd(dt_ctx *ctx, dt_tensor *dtable, const dt_tenso
    Both run per (batch, head) on GEMMs (dt_matmul's), the backward with a [T,T] ctx scratch.
    On CUDA tensors att may be NULL: the fused (flash) kernels, nothing [T,T] stored, the
    backward recomputing the forward (head size <= 96; see dt__cu_attention_fwd). A bf16 qkv on
-   CUDA (att NULL; dout and dqkv f32, out f32 or bf16) runs on the tensor cores: FlashAttention-2
+   CUDA (att NULL; dout f32, out and dqkv f32 or bf16) runs on the tensor cores: FlashAttention-2
    on mma.sync, f32 accumulation, head size 16, 32, 64, 96 or 128, compute capability >= 8.0 (a
    bf16 out, on either device, is the f32 result rounded once: bf16 activations). A bf16
    qkv on the CPU (att f32, kept as above) multiplies in bf16 with f32 sums (dt_linear's bf16 GEMMs:
    AMX where the CPU has it): the scores of bf16 q, k scaled in f32, the softmax in f32, and P,
    dout and the softmax's gradient rounded to bf16 on their way into the products (torch.autocast's
-   attention in bf16). */
+   attention in bf16). Beside a bf16 qkv, dqkv may be bf16 too, on either device: dqkv plus the f32
+   gradient, each value rounded once (the gradients kept as llm.c keeps them). */
 DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv,
                                   int n_head);
 DT_API dt_status dt_attention_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_tensor *dout,
@@ -4570,6 +4571,26 @@ DT_API dt_status dt_attention_gqa_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_ten
 #endif
     DT__TRY(dt__attn_check(ctx, dout, att, qkv, n_head, n_kv_head, fn, "dout", &g));
     if (!dqkv) return DT_OK;
+    if (dqkv->dtype == DT_BF16 && g.bf) {
+        /* bf16 gradients beside a bf16 qkv: dqkv widened into a host buffer, the f32 op adding into
+           it, each value rounded once (as the tensor-core kernels store it) */
+        dt_tensor df = *dqkv;
+        dt_status st;
+        DT__TRY(dt_check_tensor(ctx, dqkv, DT_BF16, fn, "dqkv"));
+        DT__TRY(dt__same(ctx, dqkv, qkv, fn, "dqkv", "qkv"));
+        DT__TRY(dt__apart(ctx, dqkv, dout, fn, "dqkv", "dout"));
+        DT__TRY(dt__apart(ctx, dqkv, qkv, fn, "dqkv", "qkv"));
+        DT__TRY(dt__apart(ctx, dqkv, att, fn, "dqkv", "att"));
+        df.dtype = DT_F32;
+        df.owns = 0;
+        if (!dqkv->numel) return DT_OK;
+        if (!(df.data = dt_alloc(ctx, (size_t)dqkv->numel * sizeof(float)))) return ctx->last_status;
+        st = dt_convert(ctx, df.data, DT_F32, dqkv->data, DT_BF16, dqkv->numel);
+        if (!st) st = dt_attention_gqa_bwd(ctx, &df, dout, qkv, att, n_head, n_kv_head);
+        if (!st) st = dt_convert(ctx, dqkv->data, DT_BF16, df.data, DT_F32, dqkv->numel);
+        dt_release(ctx, df.data);
+        return st;
+    }
     DT__TRY(dt__f32(ctx, dqkv, fn, "dqkv"));
     DT__TRY(dt__same(ctx, dqkv, qkv, fn, "dqkv", "qkv"));
     B = g.B; T = g.T; W = g.W; C = g.C; hs = g.hs;
@@ -5538,9 +5559,9 @@ static dt_status dt__cu_att_check(dt_ctx *ctx, const dt_tensor *y, const dt_tens
 
 /* bf16 qkv (CUDA, att NULL): the tensor-core kernels of kernels/dt_flash.cu (FlashAttention-2 on
    mma.sync: bf16 q, k, v, f32 accumulation and softmax statistics; out f32 or bf16 (rounded once),
-   the gradients f32;
+   dqkv f32 or bf16 (dqkv + the f32 gradient, rounded once);
    compute capability >= 8.0, head size 16, 32, 64, 96 or 128). y is out (fwd) or dout (bwd:
-   dqkv f32 +=, NULL checks only; the forward rerun into scratch for out and lse). The error of bf16
+   dqkv +=, NULL checks only; the forward rerun into scratch for out and lse). The error of bf16
    attention is bounded in tests/cuda_emu/k_flash.cpp. */
 static dt_status dt__cu_attention_tc(dt_ctx *ctx, const dt_tensor *y, const dt_tensor *att, const dt_tensor *qkv,
                                      int n_head, int n_kv_head, int bwd, dt_tensor *dqkv, const char *fn, const char *yn) {
@@ -5578,8 +5599,8 @@ static dt_status dt__cu_attention_tc(dt_ctx *ctx, const dt_tensor *y, const dt_t
         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: %s shape %s; expected [%lld, %lld, %lld]", fn, yn,
                                 dt_shape_str(y, sh, sizeof sh), (long long)B, (long long)T, (long long)C);
     }
-    if (dqkv) {
-        DT__TRY(dt__f32(ctx, dqkv, fn, "dqkv"));
+    if (dqkv) { /* f32, or bf16 (the gradients kept as qkv: rounded once) */
+        DT__TRY(dt_check_tensor(ctx, dqkv, dqkv->dtype == DT_BF16 ? DT_BF16 : DT_F32, fn, "dqkv"));
         DT__TRY(dt__ndim(ctx, dqkv, 3, 3, fn, "dqkv"));
         if (dqkv->shape[0] != B || dqkv->shape[1] != T || dqkv->shape[2] != W)
             return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: dqkv must have qkv's shape [%lld, %lld, %lld]", fn,
@@ -5609,7 +5630,10 @@ static dt_status dt__cu_attention_tc(dt_ctx *ctx, const dt_tensor *y, const dt_t
     if (!st) st = dt__cu_status(ctx, dt_k_flash_fwd(&a, ctx->cuda_stream), fn, "dt_k_flash_fwd");
     if (!st && bwd) {
         a.dout = (const float *)y->data;
-        a.dq = DT__CU_F(dqkv), a.dk = a.dq + C, a.dv = a.dq + C + Ckv, a.dq_stride = a.dkv_stride = W;
+        if (dqkv->dtype == DT_BF16)
+            a.dq16 = (uint16_t *)dqkv->data, a.dk16 = a.dq16 + C, a.dv16 = a.dq16 + C + Ckv;
+        else a.dq = DT__CU_F(dqkv), a.dk = a.dq + C, a.dv = a.dq + C + Ckv;
+        a.dq_stride = a.dkv_stride = W;
         size_t bytes = dt_k_flash_bwd_scratch(B, T, n_head, (int)hs); /* 0: a size past size_t */
         a.scratch = bytes ? dt_cuda_scratch(ctx, bytes, fn) : NULL;
         if (!bytes) st = dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: B * T * C = %lld * %lld * %lld: the backward's "

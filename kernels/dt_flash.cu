@@ -140,16 +140,19 @@ static __device__ __forceinline__ void dt_k__fl_rows_a(dt_mma_frag_a *a, const u
         dt_mma_load_a(&a[kk], tile + row0 * DT_K__FL_LD(HS) + kk * 16, DT_K__FL_LD(HS), lane);
 }
 
-/* Accumulators (16 rows x hs) added to f32 rows dst[r * stride + c] for rows r0 + r < T. */
+/* Accumulators (16 rows x hs) added to the rows of dst at element off + r * stride + c for rows
+   r0 + r < T: f32, or (dst16 non-NULL) bf16, the f32 sum rounded once. */
 template <int HS>
-static __device__ __forceinline__ void dt_k__fl_add_rows(float *dst, int64_t stride, const dt_mma_frag_c *acc,
-                                                         int64_t r0, int64_t T, int lane) {
+static __device__ __forceinline__ void dt_k__fl_add_rows(float *dst, uint16_t *dst16, int64_t off, int64_t stride,
+                                                         const dt_mma_frag_c *acc, int64_t r0, int64_t T, int lane) {
 #pragma unroll
     for (int n = 0; n < HS / 8; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            int64_t r = r0 + dt_mma_c_row(lane, i);
-            if (r < T) dst[r * stride + n * 8 + dt_mma_c_col(lane, i)] += acc[n].x[i];
+            int64_t r = r0 + dt_mma_c_row(lane, i), e = off + r * stride + n * 8 + dt_mma_c_col(lane, i);
+            if (r >= T) continue;
+            if (dst16) dst16[e] = dt_k_f32_to_bf16(dt_k_bf16_to_f32(dst16[e]) + acc[n].x[i]); /* rounded once */
+            else dst[e] += acc[n].x[i];
         }
 }
 #endif
@@ -352,8 +355,9 @@ static __global__ void dt_k__fl_dkdv(dt_k_flash a, const uint16_t *d16, const fl
     }
     {
         const int64_t krow0 = b * a.Tk + a.k_row;
-        dt_k__fl_add_rows<HS>(a.dk + krow0 * a.dkv_stride + (int64_t)hk * HS, a.dkv_stride, dk, kw, nk, lane);
-        dt_k__fl_add_rows<HS>(a.dv + krow0 * a.dkv_stride + (int64_t)hk * HS, a.dkv_stride, dv, kw, nk, lane);
+        const int64_t off = krow0 * a.dkv_stride + (int64_t)hk * HS;
+        dt_k__fl_add_rows<HS>(a.dk, a.dk16, off, a.dkv_stride, dk, kw, nk, lane);
+        dt_k__fl_add_rows<HS>(a.dv, a.dv16, off, a.dkv_stride, dv, kw, nk, lane);
     }
 #else
     (void)a, (void)d16, (void)D, (void)scale;
@@ -410,7 +414,7 @@ static __global__ void dt_k__fl_dq(dt_k_flash a, const uint16_t *d16, const floa
             }
         dt_k__fl_pv<HS, NK>(dq, dp, sk, lane); /* dQ += dS K */
     }
-    dt_k__fl_add_rows<HS>(a.dq + row0 * a.dq_stride + (int64_t)h * HS, a.dq_stride, dq, rw, nq, lane);
+    dt_k__fl_add_rows<HS>(a.dq, a.dq16, row0 * a.dq_stride + (int64_t)h * HS, a.dq_stride, dq, rw, nq, lane);
 #else
     (void)a, (void)d16, (void)D, (void)scale;
 #endif
@@ -457,9 +461,12 @@ static int dt_k__fl_check(const dt_k_flash *a, int bwd, dt_k_flash *x) {
     /* out, or (the forward outside block mode) out16 instead */
     if (a->out16 ? (a->out || bwd || a->block) : !a->out) return (int)cudaErrorInvalidValue;
     if (bwd && (!a->dout || !a->scratch || !dt_k_aligned(a->scratch, 16))) return (int)cudaErrorInvalidValue;
-    if (bwd == 1 && (!a->dq || !a->dk || !a->dv || a->dq_stride < (int64_t)a->H * a->hs ||
-                     a->dkv_stride < (int64_t)a->H_kv * a->hs)) /* bwd 2: the prep alone */
-        return (int)cudaErrorInvalidValue;
+    if (bwd == 1) { /* bwd 2: the prep alone */
+        int f32 = a->dq && a->dk && a->dv && !a->dq16 && !a->dk16 && !a->dv16;
+        int b16 = !a->dq && !a->dk && !a->dv && a->dq16 && a->dk16 && a->dv16 && !a->block;
+        if ((!f32 && !b16) || a->dq_stride < (int64_t)a->H * a->hs || a->dkv_stride < (int64_t)a->H_kv * a->hs)
+            return (int)cudaErrorInvalidValue;
+    }
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
         return (int)cudaErrorInvalidDevice;

@@ -193,7 +193,8 @@ int dt_k_attention_block_bwd(float *dq, float *dkv, const float *dout, const flo
    hs is 16, 32, 64, 96 or 128; strides are multiples of 8 and q, k, v 16-byte aligned (16-byte
    loads). fwd: out (f32, out_stride per row) = softmax(q k^T / sqrt(hs), causal) v, and lse
    [B, H, T] the natural log-sum-exp of each row's scaled scores. bwd: dq, dk, dv += the
-   gradient (f32, dq_stride / dkv_stride per row) from dout (f32, out_stride), out and lse as
+   gradient (f32, or bf16 in dq16, dk16, dv16 rounded once; dq_stride / dkv_stride per row) from
+   dout (f32, out_stride), out and lse as
    the forward left them; scratch: dt_k_flash_bwd_scratch(B, T, H, hs) device bytes of the
    caller's. No atomics: the same bits every run. Compute capability < 8.0:
    cudaErrorNotSupported; a shape or pointer outside the above: cudaErrorInvalidValue.
@@ -217,6 +218,8 @@ typedef struct dt_k_flash {
                                           each value the f32 one rounded once */
     const float *dout;                 /* bwd only, from here to scratch */
     float *dq, *dk, *dv;
+    uint16_t *dq16, *dk16, *dv16;      /* bwd outside block mode: bf16 gradients here instead (dq, dk,
+                                          dv NULL), each element's f32 sum added to it, rounded once */
     int64_t dq_stride, dkv_stride;
     void *scratch;
     int block, prepped;                /* block mode, from here down (0: the whole [B, T], causal) */

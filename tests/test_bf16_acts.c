@@ -271,6 +271,19 @@ static void check_attention(void) {
         DT_TEST_CHECK("attention_bf16_out_runs", dt_attention_fwd(&C, &a, &at4, &q3, (int)H) == DT_OK &&
                                                  dt_attention_fwd(&C, &b, &at4, &q3, (int)H) == DT_OK))
         same_rounded("attention_bf16_out_is_the_f32_out_rounded", &o16, &o32);
+    { /* a bf16 dqkv: the f32 dqkv's result from the same start, rounded once */
+        dt_tensor g = mk(DT_F32, B * T, W), d16 = mk(DT_BF16, B * T, 3 * W), d32, g3, e16, e32;
+        fill(&g); fill(&d16);
+        d32 = as_f32(&d16);
+        if (DT_TEST_CHECK("attention_bwd_bf16_dqkv_runs",
+                          dt_tensor_reshape(&C, &g3, &g, 3, s3o) == DT_OK &&
+                          dt_tensor_reshape(&C, &e16, &d16, 3, s3q) == DT_OK &&
+                          dt_tensor_reshape(&C, &e32, &d32, 3, s3q) == DT_OK &&
+                          dt_attention_bwd(&C, &e32, &g3, &q3, &at4, (int)H) == DT_OK &&
+                          dt_attention_bwd(&C, &e16, &g3, &q3, &at4, (int)H) == DT_OK))
+            same_rounded("attention_bwd_bf16_dqkv_is_the_f32_dqkv_op_rounded", &d16, &d32);
+        dt_tensor_free(&C, &g); dt_tensor_free(&C, &d16); dt_tensor_free(&C, &d32);
+    }
     dt_tensor_free(&C, &q); dt_tensor_free(&C, &o32); dt_tensor_free(&C, &o16); dt_tensor_free(&C, &att);
 }
 

@@ -791,6 +791,40 @@ static void attention(int64_t B, int64_t T, int H, int Hkv) {
         dt_test_error(name, dt_attention_gqa_bwd(&ctx, &dq3, &a16[1], &q3[1], NULL, H, Hkv), dt_ctx_error(&ctx), "dout");
         release(dq);
     }
+    /* a bf16 dqkv: the f32 dqkv's result from the same start (its bf16 values widened), rounded
+       once, bit for bit on each device (the same f32 sums, one more rounding) */
+    {
+        pair_t g = make(DT_F32, B * T, C, 66), d16 = make(DT_BF16, B * T, W, 67), d32 = widened(d16.h, 68);
+        dt_tensor g3[2], e16[2], e32[2];
+        const char *dev[2] = {"cpu", "cuda"};
+        for (int k = 0; k < 2; k++) {
+            dt_tensor_reshape(&ctx, &g3[k], k ? &g.d : &g.h, 3, s3o);
+            dt_tensor_reshape(&ctx, &e16[k], k ? &d16.d : &d16.h, 3, s3q);
+            dt_tensor_reshape(&ctx, &e32[k], k ? &d32.d : &d32.h, 3, s3q);
+        }
+        for (int k = 0; k < 2; k++) {
+            const dt_tensor *at = k ? NULL : &at4;
+            snprintf(name, sizeof name, "attention_bwd_bf16_dqkv_%s_is_its_f32_dqkv_rounded_%s", dev[k], tag);
+            if (k == 0) dt_attention_gqa_fwd(&ctx, &a32[0], &at4, &q3[0], H, Hkv); /* att for the CPU's backward */
+            if (ok2(name, dt_attention_gqa_bwd(&ctx, &e32[k], &g3[k], &q3[k], at, H, Hkv),
+                    dt_attention_gqa_bwd(&ctx, &e16[k], &g3[k], &q3[k], at, H, Hkv))) {
+                std::vector<float> f = values(k ? d32.d : d32.h), r(f.size());
+                for (size_t i = 0; i < f.size(); i++) r[i] = bf16_round(f[i]);
+                same_bits(name, values(k ? d16.d : d16.h), r);
+            }
+        }
+        snprintf(name, sizeof name, "attention_bwd_bf16_dqkv_with_f32_qkv_is_named_%s", tag);
+        {
+            pair_t q32 = widened(q.h, 69);
+            dt_tensor q32_3;
+            dt_tensor_reshape(&ctx, &q32_3, &q32.h, 3, s3q);
+            dt_attention_gqa_fwd(&ctx, &a32[0], &at4, &q32_3, H, Hkv);
+            dt_test_error(name, dt_attention_gqa_bwd(&ctx, &e16[0], &g3[0], &q32_3, &at4, H, Hkv), dt_ctx_error(&ctx),
+                          "dqkv");
+            release(q32);
+        }
+        release(g); release(d16); release(d32);
+    }
     release(q); release(o32); release(o16); release(att);
 }
 
