@@ -783,7 +783,7 @@ static void dt__plan_moe_params(const dt_plan_model *m, int tp, int ep, double *
    inputs in bf16 too (at most 2 bytes an element): ln1, ln2 (f32 beside MoE layers, which read
    them), the MLP's fch and GELU, their sp gathers, qkv (f32 under Ulysses and in the CPU's ring,
    which take it so) and attention's output (f32 under Ulysses and the ring, which merges in f32),
-   and the gradients of fch and the GELU's output, and dqkv where attention's output is bf16. */
+   and the gradients of fch and the GELU's output, and under flash dqkv where attention's output is. */
 static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *l, int nb, double A, int flash,
                                   double *own) {
     double b = (double)(m->batch / l->dp / l->micro), T = (double)m->seq, Tl = T / l->cp, N = b * Tl;
@@ -817,7 +817,7 @@ static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *
     if (own) *own = A * (blk - blk16) + A16 * blk16; /* what offload moves: the block's own tensors */
     if (l->pp > 1 && l->schedule == DT_PP_ZB_H1 && !l->sp && !r) { /* the weight pass's kept grads (gpt splits */
         blk += 2 * Nl * C + N * Fl + N * Wl;                           /* the backward only without sp and */
-        blk16 += (bf ? N * Fl : 0) + (abf ? N * Wl : 0);               /* recompute); fch's and qkv's in bf16 */
+        blk16 += (bf ? N * Fl : 0) + (abf && flash ? N * Wl : 0);      /* recompute); fch's and qkv's in bf16 */
     }
     e = nb * blk + shared;
     e16 = nb * blk16 + sh16;
@@ -826,7 +826,7 @@ static double dt__plan_acts_bytes(const dt_plan_model *m, const dt_plan_layout *
     e += Nl * C * 2 + 2 * Nl + N * Vl + 2 * N + 2 * N;    /* xL, lnf (+ mean, rstd), logits, stats, ids, targets */
     e += N * C + Nl * C;                                  /* partial, y_scratch */
     e += Nl * C * 2 + N * C * 3 + N * Wl + N * Cl + N * Fl * 2 + N * Vl; /* the backward's scratch, of it */
-    e16 += (bf ? N * Fl * 2 : 0) + (abf ? N * Wl : 0);                   /* the MLP's two and dqkv in bf16 */
+    e16 += (bf ? N * Fl * 2 : 0) + (abf && flash ? N * Wl : 0);          /* the MLP's two and dqkv in bf16 */
     if (l->sp && l->tp > 1) e += 6 * C + T * C + 2 * C;
     return A * (e - e16) + A16 * e16;
 }

@@ -1023,9 +1023,10 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
        Ulysses (its all-to-all takes the f32 qkv) and in the CPU's ring (dt_cp_attention on f32),
        attention's output under either context parallelism (the ring merges its blocks in f32,
        Ulysses' all-to-all moves f32). So are the MLP's two inner gradients (d gelu out, d fch: the
-       fc GEMMs read them as they are, as llm.c's) and dqkv where atty is bf16 (attention's
-       backward adds into it once, rounded; the qkv GEMMs read it as it is). The residual stream
-       and the other gradients stay f32. */
+       fc GEMMs read them as they are, as llm.c's) and, on CUDA, dqkv where atty is bf16 (the
+       tensor-core attention's backward adds into it once, rounded; the qkv GEMMs read it as it
+       is: the same bits as an f32 dqkv; on the CPU its two rounding passes would cost more than
+       the bytes save). The residual stream and the other gradients stay f32. */
     dt_dtype a16 = m->bfw ? DT_BF16 : DT_F32, ln2t = a16;
     dt_dtype qkvt = m->bfw && !m->ulysses && (!m->lse_attn || m->tc) ? DT_BF16 : DT_F32;
     dt_dtype attyt = m->bfw && !m->ulysses && !m->lse_attn ? DT_BF16 : DT_F32; /* the ring merges into f32 */
@@ -1104,7 +1105,7 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
     mk(a, &a->partial, N, C, 0, 0, DT_F32); mk(a, &a->y_scratch, Nl, C, 0, 0, DT_F32);
     mk(a, &a->dres, Nl, C, 0, 0, DT_F32); mk(a, &a->dln, Nl, C, 0, 0, DT_F32);
     mk(a, &a->dxbuf, N, C, 0, 0, DT_F32); mk(a, &a->dall, N, C, 0, 0, DT_F32); mk(a, &a->doutbuf, N, C, 0, 0, DT_F32);
-    mk(a, &a->dqkv, b, m->Tl, m->Wl, 0, attyt); /* bf16 where attention writes its output so */
+    mk(a, &a->dqkv, b, m->Tl, m->Wl, 0, m->tc ? attyt : DT_F32); /* bf16 where the tensor cores' attention adds into it */
     mk(a, &a->datty, N, m->Cl, 0, 0, DT_F32);
     mk(a, &a->dfch, N, m->Fl, 0, 0, a16); mk(a, &a->dgelu, N, m->Fl, 0, 0, a16);
     mk(a, &a->dlogits, N, m->Vl, 0, 0, DT_F32);
