@@ -229,6 +229,15 @@ int main(int argc, char **argv) {
             bw_row("gelu_bwd bf16 x [N,4C]", 3.5 * big, time_ms("gelu_bwd bf16 x", DTF(dt_gelu_bwd(&g_ctx, &dy, &y, &x16))));
             dt_tensor_free(&g_ctx, &x16);
         }
+        if (selected("gelu_bwd bf16 dx dout x [N,4C]")) { // gpt --dtype bf16's MLP gradients: 2 + 2 + 2 + 2 bytes
+            dt_tensor x16 = tensor(N, 4 * C, DT_BF16), g16 = tensor(N, 4 * C, DT_BF16), d16 = tensor(N, 4 * C, DT_BF16);
+            DT(dt_tensor_cast(&g_ctx, &x16, &x));
+            DT(dt_tensor_cast(&g_ctx, &g16, &y));
+            DT(dt_tensor_fill(&g_ctx, &d16, 0.0));
+            bw_row("gelu_bwd bf16 dx dout x [N,4C]", 2 * big,
+                   time_ms("gelu_bwd bf16 dx dout x", DTF(dt_gelu_bwd(&g_ctx, &d16, &g16, &x16))));
+            dt_tensor_free(&g_ctx, &x16), dt_tensor_free(&g_ctx, &g16), dt_tensor_free(&g_ctx, &d16);
+        }
         if (selected("bias_add_fwd [N,4C]")) bw_row("bias_add_fwd [N,4C]", 2 * big, time_ms("bias_add_fwd", DTF(dt_bias_add_fwd(&g_ctx, &y, &bias))));
         if (selected("bias_add_bwd [N,4C]")) bw_row("bias_add_bwd [N,4C]", big, time_ms("bias_add_bwd", DTF(dt_bias_add_bwd(&g_ctx, &dbias, &y))));
         dt_tensor_free(&g_ctx, &x), dt_tensor_free(&g_ctx, &y), dt_tensor_free(&g_ctx, &dy);
