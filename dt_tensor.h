@@ -3398,7 +3398,7 @@ DT_API dt_status dt_linear_gelu_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *pre,
     return dt_gelu_fwd(ctx, out, pre);
 }
 
-/* A bf16 w's gradient into a bf16 dx: dx = round(dx + dout w), row blocks of about 1 MB widened
+/* A bf16 w's gradient into a bf16 dx: dx = round(dx + dout w), row blocks of about 4 MB widened
    to f32 in the ctx's scratch past the GEMM's packs (as dt__linear_bf16_out), the GEMM adding into
    them, each value rounded once (a GEMM with beta 1 and a bf16 C, as cuBLAS does it). */
 static dt_status dt__linear_dx_bf16(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, const dt_tensor *w) {
