@@ -175,6 +175,11 @@ static void same_bits(const char *name, const std::vector<float> &got, const std
     dt_test_fail(name, "%zu of %zu differ (first [%zu]: got %.9g (0x%08x), want %.9g (0x%08x))", bad, got.size(), first,
                  (double)got[first], bits(got[first]), (double)want[first], bits(want[first]));
 }
+/* v with each value rounded once to bf16 (what a bf16 output of the same f32 values holds) */
+static std::vector<float> rounded(std::vector<float> v) {
+    for (float &t : v) t = bf16_round(t);
+    return v;
+}
 /* PASS iff each got[i] is the bf16 rounding of some f32 in [v[i] - e[i], v[i] + e[i]]: rounding is
    monotone, so got lies between the roundings of the ends (each end one f32 step outward, for the
    float conversion of the double). Where the interval holds no rounding midpoint there is one answer. */
@@ -229,12 +234,10 @@ static void layernorm(int64_t R, int64_t C) {
         snprintf(name, sizeof name, "layernorm_fwd_bf16_out_is_the_f32_out_rounded_once_%s", tag);
         if (ok2(name, dt_layernorm_fwd(&ctx, &o32.h, &m32.h, &r32.h, &x.h, &w.h, &b.h, 1e-5f),
                 dt_layernorm_fwd(&ctx, &o32.d, &m32.d, &r32.d, &x.d, &w.d, &b.d, 1e-5f))) {
-            std::vector<float> f = values(o32.h), g = values(o32.d);
-            for (size_t i = 0; i < f.size(); i++) f[i] = bf16_round(f[i]), g[i] = bf16_round(g[i]);
             snprintf(name, sizeof name, "layernorm_fwd_cpu_bf16_out_is_its_f32_out_rounded_once_%s", tag);
-            same_bits(name, cpu, f);
+            same_bits(name, cpu, rounded(values(o32.h)));
             snprintf(name, sizeof name, "layernorm_fwd_cuda_bf16_out_is_its_f32_out_rounded_once_%s", tag);
-            same_bits(name, cu, g);
+            same_bits(name, cu, rounded(values(o32.d)));
         }
         /* outs 2 (bf16) and 4 (f32) bytes past alignment: the scalar path (its own sum order, the
            same in both), whose bf16 out is its f32 out rounded once */
@@ -246,11 +249,7 @@ static void layernorm(int64_t R, int64_t C) {
         if (!sv) sv = dt_tensor_view(&ctx, &v32, &b32.d, 1, 2, shape);
         if (!sv) sv = dt_layernorm_fwd(&ctx, &v32, NULL, NULL, &x.d, &w.d, &b.d, 1e-5f);
         if (!sv) sv = dt_layernorm_fwd(&ctx, &v16, NULL, NULL, &x.d, &w.d, &b.d, 1e-5f);
-        if (ok2(name, DT_OK, sv)) {
-            std::vector<float> f = values(v32);
-            for (float &t : f) t = bf16_round(t);
-            same_bits(name, values(v16), f);
-        }
+        if (ok2(name, DT_OK, sv)) same_bits(name, values(v16), rounded(values(v32)));
         release(b16); release(b32);
     }
     pair_t *all[] = {&x, &w, &b, &o16, &o32, &mean, &rstd, &m32, &r32};
@@ -279,8 +278,7 @@ static void gelu(int64_t n) {
         for (pair_t *p : all) release(*p);
         return;
     }
-    std::vector<float> ref_h = values(r32.h), ref_d = values(r32.d), rnd_h(ref_h), rnd_d(ref_d);
-    for (size_t i = 0; i < rnd_h.size(); i++) rnd_h[i] = bf16_round(ref_h[i]), rnd_d[i] = bf16_round(ref_d[i]);
+    std::vector<float> ref_h = values(r32.h), ref_d = values(r32.d), rnd_h = rounded(ref_h), rnd_d = rounded(ref_d);
     snprintf(name, sizeof name, "gelu_fwd_bf16_to_bf16_cuda_within_1_ulp_of_cpu_%s", tag);
     if (ok2(name, dt_gelu_fwd(&ctx, &o16.h, &x16.h), dt_gelu_fwd(&ctx, &o16.d, &x16.d))) {
         std::vector<float> cu = values(o16.d), cpu = values(o16.h);
@@ -306,12 +304,10 @@ static void gelu(int64_t n) {
         std::vector<float> cu = values(o16.d), cpu = values(o16.h);
         within_ulp(name, cu, cpu, NULL);
         if (ok2("gelu_fwd_f32_reference", dt_gelu_fwd(&ctx, &r32.h, &xf.h), dt_gelu_fwd(&ctx, &r32.d, &xf.d))) {
-            std::vector<float> fh = values(r32.h), fd = values(r32.d);
-            for (size_t i = 0; i < fh.size(); i++) fh[i] = bf16_round(fh[i]), fd[i] = bf16_round(fd[i]);
             snprintf(name, sizeof name, "gelu_fwd_f32_to_bf16_cpu_is_f32_gelu_rounded_once_%s", tag);
-            same_bits(name, cpu, fh);
+            same_bits(name, cpu, rounded(values(r32.h)));
             snprintf(name, sizeof name, "gelu_fwd_f32_to_bf16_cuda_is_f32_gelu_rounded_once_%s", tag);
-            same_bits(name, cu, fd);
+            same_bits(name, cu, rounded(values(r32.d)));
         }
     }
     snprintf(name, sizeof name, "gelu_fwd_bf16_to_f32_cuda_within_1e-6_of_cpu_%s", tag);
@@ -360,8 +356,7 @@ static void gelu_bwd_grads(int64_t n) {
         return;
     }
     std::vector<float> X = values(x16.h), G = values(g16.h), ref_h = values(r32.h), ref_d = values(r32.d);
-    std::vector<float> rnd_h(ref_h), rnd_d(ref_d);
-    for (size_t i = 0; i < rnd_h.size(); i++) rnd_h[i] = bf16_round(ref_h[i]), rnd_d[i] = bf16_round(ref_d[i]);
+    std::vector<float> rnd_h = rounded(ref_h), rnd_d = rounded(ref_d);
     std::vector<double> bound = gelu_bwd_bound(G, X, ref_h);
     for (int c = 0; c < 8; c++) {
         dt_dtype tdx = c & 4 ? DT_BF16 : DT_F32, tg = c & 2 ? DT_BF16 : DT_F32, tx = c & 1 ? DT_BF16 : DT_F32;
@@ -637,9 +632,8 @@ static void linear_bwd_grads(int64_t N, int64_t O, int64_t I, int refuse) {
         rounds_from(name, cu, vd, bx);
 #ifndef DT_EMU_STUBS
         /* the emulator's GEMM widens a bf16 C, runs the f32 GEMM and rounds: the same sums */
-        for (float &t : f_d) t = bf16_round(t);
         snprintf(name, sizeof name, "linear_bwd_bf16_dx_cuda_is_its_f32_dx_rounded_once_%s", tag);
-        same_bits(name, cu, f_d);
+        same_bits(name, cu, rounded(f_d));
 #endif
         snprintf(name, sizeof name, "linear_bwd_bf16_dx_cpu_dw_dbias_as_with_an_f32_dx_%s", tag);
         same_bits(name, values_of({&r[2].dw.h, &r[2].db.h}), values_of({&r[0].dw.h, &r[0].db.h}));
@@ -770,18 +764,12 @@ static void attention(int64_t B, int64_t T, int H, int Hkv) {
     dt_tensor_reshape(&ctx, &at4, &att.h, 4, s4);
     snprintf(name, sizeof name, "attention_bf16_out_cuda_is_its_f32_out_rounded_%s", tag);
     if (ok2(name, dt_attention_gqa_fwd(&ctx, &a32[1], NULL, &q3[1], H, Hkv),
-            dt_attention_gqa_fwd(&ctx, &a16[1], NULL, &q3[1], H, Hkv))) {
-        std::vector<float> f = values(o32.d), r(f.size());
-        for (size_t i = 0; i < f.size(); i++) r[i] = bf16_round(f[i]);
-        same_bits(name, values(o16.d), r);
-    }
+            dt_attention_gqa_fwd(&ctx, &a16[1], NULL, &q3[1], H, Hkv)))
+        same_bits(name, values(o16.d), rounded(values(o32.d)));
     snprintf(name, sizeof name, "attention_bf16_out_cpu_is_its_f32_out_rounded_%s", tag);
     if (ok2(name, dt_attention_gqa_fwd(&ctx, &a32[0], &at4, &q3[0], H, Hkv),
-            dt_attention_gqa_fwd(&ctx, &a16[0], &at4, &q3[0], H, Hkv))) {
-        std::vector<float> f = values(o32.h), r(f.size());
-        for (size_t i = 0; i < f.size(); i++) r[i] = bf16_round(f[i]);
-        same_bits(name, values(o16.h), r);
-    }
+            dt_attention_gqa_fwd(&ctx, &a16[0], &at4, &q3[0], H, Hkv)))
+        same_bits(name, values(o16.h), rounded(values(o32.h)));
     /* the backward takes no bf16 dout: f32 gradients */
     snprintf(name, sizeof name, "attention_bwd_bf16_dout_is_named_%s", tag);
     {
@@ -807,11 +795,8 @@ static void attention(int64_t B, int64_t T, int H, int Hkv) {
             snprintf(name, sizeof name, "attention_bwd_bf16_dqkv_%s_is_its_f32_dqkv_rounded_%s", dev[k], tag);
             if (k == 0) dt_attention_gqa_fwd(&ctx, &a32[0], &at4, &q3[0], H, Hkv); /* att for the CPU's backward */
             if (ok2(name, dt_attention_gqa_bwd(&ctx, &e32[k], &g3[k], &q3[k], at, H, Hkv),
-                    dt_attention_gqa_bwd(&ctx, &e16[k], &g3[k], &q3[k], at, H, Hkv))) {
-                std::vector<float> f = values(k ? d32.d : d32.h), r(f.size());
-                for (size_t i = 0; i < f.size(); i++) r[i] = bf16_round(f[i]);
-                same_bits(name, values(k ? d16.d : d16.h), r);
-            }
+                    dt_attention_gqa_bwd(&ctx, &e16[k], &g3[k], &q3[k], at, H, Hkv)))
+                same_bits(name, values(k ? d16.d : d16.h), rounded(values(k ? d32.d : d32.h)));
         }
         snprintf(name, sizeof name, "attention_bwd_bf16_dqkv_with_f32_qkv_is_named_%s", tag);
         {
