@@ -4,7 +4,8 @@
    row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T: swap the operands (and M
    with N), keep each operand's own transpose flag. No data moves.
    f32: cublasSgemm(StridedBatched); TF32 and bf16 / f16 inputs: cublasGemmEx (f32 accumulation,
-   an f32 output or one of the inputs' type), one call per batch (the contract's cuBLAS subset has no batched GemmEx).
+   an f32 output or one of the inputs' type), one call per batch (the contract's cuBLAS subset has
+   no batched GemmEx).
    dt_linear's GEMMs with a bias, a GELU or a bias gradient go through cuBLASLt instead, whose
    epilogues do that work inside the GEMM (the end of this file). */
 #include "dt_cuda.cuh"

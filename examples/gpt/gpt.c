@@ -1105,7 +1105,7 @@ static void acts_make(acts *a, model *m, int64_t b, int recompute, int lo, int h
     mk(a, &a->partial, N, C, 0, 0, DT_F32); mk(a, &a->y_scratch, Nl, C, 0, 0, DT_F32);
     mk(a, &a->dres, Nl, C, 0, 0, DT_F32); mk(a, &a->dln, Nl, C, 0, 0, DT_F32);
     mk(a, &a->dxbuf, N, C, 0, 0, DT_F32); mk(a, &a->dall, N, C, 0, 0, DT_F32); mk(a, &a->doutbuf, N, C, 0, 0, DT_F32);
-    mk(a, &a->dqkv, b, m->Tl, m->Wl, 0, m->tc ? attyt : DT_F32); /* bf16 where the tensor cores' attention adds into it */
+    mk(a, &a->dqkv, b, m->Tl, m->Wl, 0, m->tc ? attyt : DT_F32); /* bf16: the tensor cores' attention adds into it */
     mk(a, &a->datty, N, m->Cl, 0, 0, DT_F32);
     mk(a, &a->dfch, N, m->Fl, 0, 0, a16); mk(a, &a->dgelu, N, m->Fl, 0, 0, a16);
     mk(a, &a->dlogits, N, m->Vl, 0, 0, DT_F32);
