@@ -53,7 +53,10 @@ static inline unsigned int dt_k__blocks(int64_t n, int threads, unsigned int max
 /* Device helpers here are static: a __shared__ array inside an inline function shared by two
    .cu files would be one COMDAT object, which the emulator's placement of __shared__ arrays (one
    linker section) cannot merge; static gives each .cu file its own, which is all a block needs.
-   The same goes for a kernel file's own templates with __shared__ arrays: keep them in one file. */
+   A template keeps its shared memory dynamic (DT_K_SHARED_DYNAMIC), as kernels/dt_flash.cu's do:
+   g++ 12 ignores the section attribute on a static variable of a template, so a __shared__
+   array there would be outside the emulator's view (no NaN poison at block start, and ldmatrix
+   reports it as outside shared memory). */
 
 /* ---------------------------------------------------------------- bf16 / f16 storage (uint16_t) */
 

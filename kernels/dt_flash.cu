@@ -6,9 +6,10 @@
         Q tile --(once)--> registers (A fragments, 16 x hs per warp)
         for each K/V tile of 64 keys up to the diagonal (tiles above it never load):
             K, V tile --16-byte loads--> shared memory, rows padded by 8 (no bank conflicts)
-            S  = Q K^T          mma, K read as B's transpose            16 x 64 per warp, f32
+            S  = Q K^T          mma, K read as B's transpose (ldmatrix) 16 x 64 per warp, f32
             m' = max(m, rowmax S), P = exp(S - m'), l = l e^(m - m') + rowsum P, O = O e^(m - m')
-            O += P V            P's accumulators ARE the A fragments of the next mma (bf16)
+            O += P V            P's accumulators ARE the A fragments of the next mma (bf16),
+                                V's B fragments by ldmatrix.trans
         out = O / l,  lse = m + log l   (natural log of the scaled scores: what ring attention merges)
 
    The rows of S a lane holds (g and g + 8, columns 2t, 2t + 1 of each 8-column block) are the
@@ -61,10 +62,11 @@
 #define DT_K__FL_PLANT 0
 #endif
 
-/* The shared-memory row of a tile: hs + 8 bf16. Lanes g = 0..7 read rows g at column 2t: with
-   rows (hs + 8) / 2 words apart (hs % 16 == 0), row g starts at bank 4g (mod 32) + the row's
-   offset, so the 32 lanes hit 32 banks; and a row is a multiple of 16 bytes, so 16-byte stores
-   stay aligned. */
+/* The shared-memory row of a tile: hs + 8 bf16. The fragments come from ldmatrix, which reads
+   an 8 x 8 matrix (8 rows of 16 bytes, one column offset) a shared-memory cycle: with rows
+   (hs + 8) / 2 = 4 (2m + 1) words apart (hs = 16m, m = 1..8), row r starts 4r (2m + 1) words on,
+   and for r = 0..7 that is 8 different groups of 4 banks (mod 32): no bank conflicts. A row is a
+   multiple of 16 bytes, so the 16-byte stores and ldmatrix's rows stay aligned. */
 #define DT_K__FL_LD(hs) ((hs) + 8)
 
 #if DT_K__FLASH_MMA
@@ -98,24 +100,26 @@ static __device__ __forceinline__ void dt_k__fl_c_to_a(dt_mma_frag_a *a, const d
 }
 
 /* acc[n] (n < N / 8) = A B^T over hs: A the warp's 16 rows (fragments a[hs / 16]), B the tile's
-   rows 8n .. 8n + 7 (ld): scores of 16 rows against N rows of a tile. */
+   rows 8n .. 8n + 7 (ld): scores of 16 rows against N rows of a tile. B's fragments come two at
+   a time from one ldmatrix (rows 8n .. 8n + 15). */
 template <int HS, int N>
 static __device__ __forceinline__ void dt_k__fl_abt(dt_mma_frag_c *acc, const dt_mma_frag_a *a, const uint16_t *tile,
                                                     int lane) {
 #pragma unroll
-    for (int n = 0; n < N / 8; n++) {
-        dt_mma_zero_c(&acc[n]);
+    for (int n = 0; n < N / 8; n += 2) {
+        dt_mma_zero_c(&acc[n]), dt_mma_zero_c(&acc[n + 1]);
 #pragma unroll
         for (int kk = 0; kk < HS / 16; kk++) {
-            dt_mma_frag_b b;
-            dt_mma_load_bt(&b, tile + n * 8 * DT_K__FL_LD(HS) + kk * 16, DT_K__FL_LD(HS), lane);
-            dt_mma_m16n8k16_bf16(&acc[n], a[kk], b, acc[n]);
+            dt_mma_frag_b b0, b1;
+            dt_mma_load_bt2(&b0, &b1, tile + n * 8 * DT_K__FL_LD(HS) + kk * 16, DT_K__FL_LD(HS), lane);
+            dt_mma_m16n8k16_bf16(&acc[n], a[kk], b0, acc[n]);
+            dt_mma_m16n8k16_bf16(&acc[n + 1], a[kk], b1, acc[n + 1]);
         }
     }
 }
 
 /* o[n] (n < hs / 8) += P V: P the warp's 16 x K values in accumulators p[K / 8] (rounded to
-   bf16 here), V the tile's K rows of hs (ld). */
+   bf16 here), V the tile's K rows of hs (ld), two B fragments (16 columns) an ldmatrix.trans. */
 template <int HS, int K>
 static __device__ __forceinline__ void dt_k__fl_pv(dt_mma_frag_c *o, const dt_mma_frag_c *p, const uint16_t *tile,
                                                    int lane) {
@@ -124,10 +128,11 @@ static __device__ __forceinline__ void dt_k__fl_pv(dt_mma_frag_c *o, const dt_mm
         dt_mma_frag_a a;
         dt_k__fl_c_to_a(&a, p[2 * j], p[2 * j + 1]);
 #pragma unroll
-        for (int n = 0; n < HS / 8; n++) {
-            dt_mma_frag_b b;
-            dt_mma_load_b(&b, tile + j * 16 * DT_K__FL_LD(HS) + n * 8, DT_K__FL_LD(HS), lane);
-            dt_mma_m16n8k16_bf16(&o[n], a, b, o[n]);
+        for (int n = 0; n < HS / 8; n += 2) {
+            dt_mma_frag_b b0, b1;
+            dt_mma_load_b2(&b0, &b1, tile + j * 16 * DT_K__FL_LD(HS) + n * 8, DT_K__FL_LD(HS), lane);
+            dt_mma_m16n8k16_bf16(&o[n], a, b0, o[n]);
+            dt_mma_m16n8k16_bf16(&o[n + 1], a, b1, o[n + 1]);
         }
     }
 }

@@ -195,6 +195,93 @@ static __device__ __forceinline__ void dt_mma_load_bt(dt_mma_frag_b *b, const T 
         b->x[j] = dt_mma__pair(tile + dt_mma_b_col(lane, 2 * j) * ld + dt_mma_b_row(lane, 2 * j));
 }
 
+/* ---------------------------------------------------------------- ldmatrix: fragments from shared memory
+
+   ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: the warp reads four 8 x 8 matrices of 16-bit
+   elements from shared memory in one instruction. Lane 8i + r gives the address of row r of
+   matrix i (8 elements, 16 bytes on a 16-byte boundary); lane l = 4g + t receives in r[i] matrix
+   i's elements (g, 2t) and (g, 2t + 1), lower index in the lower half; with .trans, (2t, g) and
+   (2t + 1, g): the matrix transposed. Those are the places of an mma fragment's pairs (above), so
+   one ldmatrix makes two B fragments, where the loads above make them with 4 (load_bt) or 8
+   (load_b) shared-memory instructions of 32 or 16 bits a lane: a 16-bit load moves half the bytes
+   a 32-bit one does in the same shared-memory cycle.
+
+   On the emulator it is a warp-collective operation like the mma: each lane reads the row at its
+   address as it arrives, the rows meet at one barrier, and each lane takes its elements from the
+   rows the layout names, so a lane giving the wrong row address gets the wrong elements, as on
+   the GPU. A row outside shared memory or off a 16-byte boundary is reported (a GPU faults). */
+#ifdef DT_CUDA_EMU
+static inline void dt_mma__ldsm_emu(uint32_t r[4], const void *row, int trans, const char *file, int line) {
+    const char *what = trans ? "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" : "ldmatrix.sync.aligned.m8n8.x4.shared.b16";
+    uint16_t mine[8], all[32][8];
+    int lane = dt_mma_lane(), g = lane >> 2, t = lane & 3;
+    /* the lane's row, read as it arrives (so a missing barrier before it reads the NaN poison in
+       every thread order), or NaN where it may not be read (reported) */
+    if (dt_emu_shared_access(file, line, what, row, 16)) memcpy(mine, row, sizeof mine);
+    else memset(mine, 0xff, sizeof mine);
+    dt_emu_warp_gather(file, line, what, 0xffffffffu, mine, all, sizeof mine);
+    for (int i = 0; i < 4; i++)
+        r[i] = trans ? dt_mma_pack(all[8 * i + 2 * t][g], all[8 * i + 2 * t + 1][g])
+                     : dt_mma_pack(all[8 * i + g][2 * t], all[8 * i + g][2 * t + 1]);
+}
+static __device__ __forceinline__ void dt_mma_ldsm_x4(uint32_t r[4], const void *row, const char *file = __builtin_FILE(),
+                                                      int line = __builtin_LINE()) {
+    dt_mma__ldsm_emu(r, row, 0, file, line);
+}
+static __device__ __forceinline__ void dt_mma_ldsm_x4_trans(uint32_t r[4], const void *row,
+                                                            const char *file = __builtin_FILE(),
+                                                            int line = __builtin_LINE()) {
+    dt_mma__ldsm_emu(r, row, 1, file, line);
+}
+#else
+#define DT_MMA__LDSM(suffix)                                                                                 \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4" suffix ".shared.b16 {%0,%1,%2,%3}, [%4];\n"               \
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])                                            \
+                 : "r"((uint32_t)__cvta_generic_to_shared(row)))
+static __device__ __forceinline__ void dt_mma_ldsm_x4(uint32_t r[4], const void *row) {
+#ifdef __CUDA_ARCH__
+    DT_MMA__LDSM("");
+#else
+    (void)r, (void)row;
+#endif
+}
+static __device__ __forceinline__ void dt_mma_ldsm_x4_trans(uint32_t r[4], const void *row) {
+#ifdef __CUDA_ARCH__
+    DT_MMA__LDSM(".trans");
+#else
+    (void)r, (void)row;
+#endif
+}
+#undef DT_MMA__LDSM
+#endif
+
+/* Two B fragments from the transpose of a 16 x 16 B, a row-major tile in shared memory with n
+   rows and k columns ((k, n) at tile[n * ld + k], as load_bt): b0 of rows 0..7, b1 of rows
+   8..15. Matrix i of the ldmatrix: rows 8 (i >> 1) .., columns 8 (i & 1) ... tile and ld keep
+   rows on 16-byte boundaries (ld % 8 == 0). */
+template <typename T>
+static __device__ __forceinline__ void dt_mma_load_bt2(dt_mma_frag_b *b0, dt_mma_frag_b *b1, const T *tile, int ld,
+                                                       int lane) {
+    static_assert(sizeof(T) == 2, "fragments hold 16-bit elements (__nv_bfloat16, __half, uint16_t)");
+    uint32_t r[4];
+    int i = lane >> 3;
+    dt_mma_ldsm_x4(r, tile + ((i >> 1) * 8 + (lane & 7)) * ld + (i & 1) * 8);
+    b0->x[0] = r[0], b0->x[1] = r[1], b1->x[0] = r[2], b1->x[1] = r[3];
+}
+
+/* Two B fragments from a row-major 16 x 16 tile in shared memory, k rows and n columns ((k, n)
+   at tile[k * ld + n], as load_b): b0 of columns 0..7, b1 of columns 8..15, transposed on the
+   way (.trans). Matrix i: rows 8 (i & 1) .., columns 8 (i >> 1) ... Rows on 16-byte boundaries. */
+template <typename T>
+static __device__ __forceinline__ void dt_mma_load_b2(dt_mma_frag_b *b0, dt_mma_frag_b *b1, const T *tile, int ld,
+                                                      int lane) {
+    static_assert(sizeof(T) == 2, "fragments hold 16-bit elements (__nv_bfloat16, __half, uint16_t)");
+    uint32_t r[4];
+    int i = lane >> 3;
+    dt_mma_ldsm_x4_trans(r, tile + ((i & 1) * 8 + (lane & 7)) * ld + (i >> 1) * 8);
+    b0->x[0] = r[0], b0->x[1] = r[1], b1->x[0] = r[2], b1->x[1] = r[3];
+}
+
 /* C or D to / from a row-major 16 x 8 f32 tile: (r, n) at tile[r * ld + n]. */
 static __device__ __forceinline__ void dt_mma_load_c(dt_mma_frag_c *c, const float *tile, int ld, int lane) {
 #pragma unroll

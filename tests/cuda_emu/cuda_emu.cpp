@@ -163,8 +163,9 @@ static struct {
     std::set<void *> streams, events, handles;
     unsigned char *dyn_shared;
     cudaError_t fault; /* what the running launch fails with when it reports (a GPU's own fault code) */
+    size_t dyn_bytes;  /* of dyn_shared */
 } G = {0, 0, 0, 0, {0}, PTHREAD_MUTEX_INITIALIZER, 0, std::string(), cudaSuccess, {}, {}, {}, {}, {}, NULL,
-       cudaSuccess};
+       cudaSuccess, 0};
 
 static void report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void report(const char *fmt, ...) {
@@ -965,6 +966,7 @@ static cudaError_t run_grid(const char *kernel, const char *file, int line, dim3
     G.fault = cudaSuccess;
     std::vector<unsigned char> dyn(shmem_bytes + 16);
     G.dyn_shared = dyn.data();
+    G.dyn_bytes = shmem_bytes;
     unsigned long long nblocks = (unsigned long long)grid.x * grid.y * grid.z;
     std::vector<unsigned long long> order;
     if (G.mode == MODE_RANDOM && nblocks <= (1u << 20)) { /* shuffled block order */
@@ -985,6 +987,7 @@ static cudaError_t run_grid(const char *kernel, const char *file, int line, dim3
         if (b.aborted) break;
     }
     G.dyn_shared = NULL;
+    G.dyn_bytes = 0;
     if (G.reports == before) return cudaSuccess;
     return fail(G.fault != cudaSuccess ? G.fault : cudaErrorLaunchFailure);
 }
@@ -1013,6 +1016,30 @@ void dt_emu_vector_access(const void *p, size_t bytes, int store) {
                bytes, store ? "store" : "load", p, off, bytes, self->id, where_block(self->b).c_str());
     else
         report("misaligned %zu-byte vector %s at %p outside a kernel", bytes, store ? "store" : "load", p);
+}
+
+int dt_emu_is_shared(const void *p, size_t bytes) {
+    uintptr_t a = (uintptr_t)p, s0 = (uintptr_t)__start_dt_emu_shared, s1 = (uintptr_t)__stop_dt_emu_shared;
+    uintptr_t d0 = (uintptr_t)G.dyn_shared, d1 = d0 + G.dyn_bytes;
+    return (a >= s0 && a <= s1 && bytes <= s1 - a) || (G.dyn_shared && a >= d0 && a <= d1 && bytes <= d1 - a);
+}
+
+int dt_emu_shared_access(const char *file, int line, const char *what, const void *p, size_t bytes) {
+    bool shared = dt_emu_is_shared(p, bytes), aligned = (uintptr_t)p % bytes == 0;
+    if (shared && aligned) return 1;
+    emu_lock(&G.lock);
+    bool first = G.fault == cudaSuccess; /* a GPU stops at the first fault: one report a launch */
+    G.fault = shared ? cudaErrorMisalignedAddress : cudaErrorIllegalAddress;
+    emu_unlock(&G.lock);
+    if (first && self)
+        report("%s at %s:%d by thread %d of %s: %zu bytes at %p %s", what, file, line, self->id,
+               where_block(self->b).c_str(), bytes, p,
+               shared ? "not on a boundary of that many bytes (a GPU faults: cudaErrorMisalignedAddress)"
+                      : "outside shared memory (it reads only __shared__ and dynamic shared memory: a GPU "
+                        "faults or reads another address)");
+    else if (first)
+        report("%s at %s:%d outside a kernel", what, file, line);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- errors, device */

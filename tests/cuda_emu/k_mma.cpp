@@ -179,8 +179,9 @@ static void check_raw(int f16) {
         k_within_bound(name, k_download(d_d, 16 * 8).data(), want.data(), bound.data(), want.size());
 }
 
-/* The tiled kernel on [M x K] x [K x N] (or W [N x K] transposed), C starting non-zero. */
-static void check_tiles(int M, int N, int K, int bt) {
+/* The tiled kernel on [M x K] x [K x N] (or W [N x K] transposed), C starting non-zero; B's
+   fragments by ldmatrix when ldsm. */
+static void check_tiles(int M, int N, int K, int bt, int ldsm) {
     char name[128];
     std::vector<uint16_t> ab, bb;
     std::vector<float> av, bv, c = k_random((size_t)M * N), want;
@@ -190,10 +191,10 @@ static void check_tiles(int M, int N, int K, int bt) {
     reference(av, bv, c, M, N, K, bt, &want, &bound);
     __nv_bfloat16 *d_a = (__nv_bfloat16 *)k_upload(ab), *d_b = (__nv_bfloat16 *)k_upload(bb);
     float *d_c = k_upload(c);
-    const char *tag = bt ? "bt" : "b";
+    const char *tag = bt ? (ldsm ? "bt2_ldmatrix" : "bt") : (ldsm ? "b2_ldmatrix_trans" : "b");
     auto run = [&](int plant) {
         cudaMemcpy(d_c, c.data(), c.size() * sizeof(float), cudaMemcpyHostToDevice);
-        int st = k_mma_tiles_launch(bt, plant, d_c, d_a, d_b, M, N, K);
+        int st = k_mma_tiles_launch(bt, plant, ldsm, d_c, d_a, d_b, M, N, K);
         std::vector<float> got = k_download(d_c, c.size());
         if (st) got.assign(c.size(), NAN);
         return got;
@@ -203,13 +204,103 @@ static void check_tiles(int M, int N, int K, int bt) {
     k_within_bound(name, got.data(), want.data(), bound.data(), want.size());
     snprintf(name, sizeof name, "mma_tiles_%s_same_bits_in_every_order", tag);
     k_same_bits_in_every_order(name, [&]() { return run(0); });
-    /* the planted bug: lanes 1 and 5 trade A fragments; many results must leave the bound */
+    /* the planted bug: lanes 1 and 5 trade A fragments (ldsm: B's row addresses); many results
+       must leave the bound */
     std::vector<float> planted = run(1);
     size_t outside = 0;
     for (size_t i = 0; i < want.size(); i++) outside += !(fabs((double)planted[i] - want[i]) <= bound[i]);
     snprintf(name, sizeof name, "mma_tiles_%s_planted_fragment_bug_is_caught", tag);
     dt_test_check_all(name, outside > 0, "%zu of %zu results outside the bound with lanes 1 and 5 swapped", outside,
                       want.size());
+}
+
+/* ---------------------------------------------------------------- ldmatrix */
+
+/* Lane l's register i as this file reads the PTX ISA's ldmatrix figure: matrix i's rows are the
+   rows lanes 8i .. 8i + 7 point at; lane l = 4g + t gets (g, 2t), (g, 2t + 1), or with .trans
+   (2t, g), (2t + 1, g). src [K_LDSM_ROWS x K_LDSM_COLS]; row r of matrix i starts at src +
+   rows[8i + r] * K_LDSM_COLS + cols[8i + r]. */
+static uint32_t ldsm_want(const std::vector<uint16_t> &src, const int *rows, const int *cols, int lane, int i,
+                          int trans) {
+    int g = lane / 4, t = lane % 4;
+    auto at = [&](int r, int c) { return src[(size_t)rows[8 * i + r] * K_LDSM_COLS + cols[8 * i + r] + c]; };
+    uint16_t lo = trans ? at(2 * t, g) : at(g, 2 * t), hi = trans ? at(2 * t + 1, g) : at(g, 2 * t + 1);
+    return (uint32_t)lo | (uint32_t)hi << 16;
+}
+
+/* dt_mma_ldsm_x4 and _trans against ldsm_want, rows and columns of the four matrices scattered
+   over the tile; then the bad addresses the emulator reports (a GPU faults). */
+static void check_ldsm(void) {
+    std::vector<uint16_t> src(K_LDSM_ROWS * K_LDSM_COLS);
+    for (size_t i = 0; i < src.size(); i++) src[i] = (uint16_t)(i * 2654435761u >> 7); /* distinct enough */
+    int rows[32], cols[32];
+    for (int l = 0; l < 32; l++) rows[l] = (l * 7 + 3) % K_LDSM_ROWS, cols[l] = 8 * ((l * 5) % 3);
+    uint16_t *d_src = k_upload(src);
+    int *d_rows = k_upload(std::vector<int>(rows, rows + 32)), *d_cols = k_upload(std::vector<int>(cols, cols + 32));
+    uint32_t *d_r = k_upload(std::vector<uint32_t>(128, 0u));
+    for (int trans = 0; trans < 2; trans++) {
+        char name[96], first[160] = "";
+        size_t bad = 0;
+        snprintf(name, sizeof name, "ldmatrix_x4%s_registers_match_ptx_isa", trans ? "_trans" : "");
+        if (!k_ok(name, k_ldsm_launch(trans, d_r, d_src, d_rows, d_cols))) continue;
+        std::vector<uint32_t> got = k_download(d_r, 128);
+        for (int l = 0; l < 32; l++)
+            for (int i = 0; i < 4; i++) {
+                uint32_t w = ldsm_want(src, rows, cols, l, i, trans);
+                if (got[4 * l + i] != w && bad++ == 0)
+                    snprintf(first, sizeof first, "lane %d r[%d] = 0x%08x, want 0x%08x", l, i, got[4 * l + i], w);
+            }
+        dt_test_check_all(name, bad == 0, "%zu of 128 registers wrong; first: %s", bad, first);
+    }
+#ifdef DT_EMU_STUBS
+    dt_test_skip("ldmatrix_bad_addresses_are_reported", "on a GPU they are faults, not reports");
+    dt_test_skip("ldmatrix_missing_barrier_is_caught", "the emulator's thread orders show it");
+#else
+    int before = dt_emu_report_count();
+    int st = k_ldsm_launch(2, d_r, d_src, d_rows, d_cols);
+    const char *rep = dt_emu_last_report();
+    DT_TEST_CHECK("ldmatrix_of_global_memory_is_reported", st == cudaErrorIllegalAddress && dt_emu_report_count() > before &&
+                                                               strstr(rep, "ldmatrix") && strstr(rep, "outside shared memory"));
+    before = dt_emu_report_count();
+    st = k_ldsm_launch(3, d_r, d_src, d_rows, d_cols);
+    rep = dt_emu_last_report();
+    DT_TEST_CHECK("ldmatrix_off_a_16_byte_boundary_is_reported",
+                  st == cudaErrorMisalignedAddress && dt_emu_report_count() > before && strstr(rep, "ldmatrix") &&
+                      strstr(rep, "thread 5 ") && strstr(rep, "boundary"));
+    /* a 64 x 16 tile, each warp reading the rows the next warp stored: exact with the barrier,
+       NaN (or another thread's stale row) without it, in every thread order */
+    std::vector<uint16_t> tile(64 * 16);
+    for (size_t i = 0; i < tile.size(); i++) tile[i] = (uint16_t)(0x3f80u + i % 97); /* bf16 1.0 .. */
+    uint16_t *d_tile = k_upload(tile);
+    uint32_t *d_out = k_upload(std::vector<uint32_t>(128 * 4, 0u));
+    auto run = [&](int barrier) {
+        std::vector<uint32_t> out(128 * 4, 0u);
+        if (k_ldsm_barrier_launch(barrier, d_out, d_tile) == 0) out = k_download(d_out, out.size());
+        return out;
+    };
+    std::vector<uint32_t> want(128 * 4);
+    for (int tid = 0; tid < 128; tid++) {
+        int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+        for (int i = 0; i < 4; i++) { /* matrix i: rows 8 (i & 1) .., columns 8 (i >> 1) .. of the next warp's 16 */
+            int r = ((warp + 1) & 3) * 16 + (i & 1) * 8 + g, c = (i >> 1) * 8 + 2 * t;
+            want[4 * tid + i] = (uint32_t)tile[r * 16 + c] | (uint32_t)tile[r * 16 + c + 1] << 16;
+        }
+    }
+    DT_TEST_CHECK("ldmatrix_after_a_barrier_reads_the_tile", run(1) == want);
+#ifdef __SANITIZE_THREAD__
+    dt_test_skip("ldmatrix_missing_barrier_is_caught", "ThreadSanitizer reports that race itself (and stops the test)");
+    return;
+#endif
+    static const char *const modes[] = {"parallel", "forward", "reverse", "random:1", "random:2", "random:7"};
+    std::string own = dt_emu_mode(), missed;
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+        dt_emu_set_mode(modes[m]);
+        if (run(0) == want) missed += std::string(missed.empty() ? "" : ", ") + modes[m];
+        dt_emu_set_mode(own.c_str());
+    }
+    dt_test_check_all("ldmatrix_missing_barrier_is_caught", missed.empty(),
+                      "without the __syncthreads the warps read the whole tile in the order(s) %s", missed.c_str());
+#endif
 }
 
 /* Part of a warp at an mma: a GPU's result is undefined, the emulator reports it. */
@@ -233,8 +324,11 @@ int main(int argc, char **argv) {
     check_layout_functions();
     check_raw(0);
     check_raw(1);
-    check_tiles(k_size(64, 32), 32, k_size(64, 32), 0);
-    check_tiles(k_size(64, 32), 32, k_size(64, 32), 1);
+    for (int ldsm = 0; ldsm < 2; ldsm++) {
+        check_tiles(k_size(64, 32), 32, k_size(64, 32), 0, ldsm);
+        check_tiles(k_size(64, 32), 32, k_size(64, 32), 1, ldsm);
+    }
+    check_ldsm();
     check_half_warp();
     k_free_all();
     return dt_test_finish();

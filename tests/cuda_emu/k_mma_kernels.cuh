@@ -1,6 +1,9 @@
 /* tests/cuda_emu/k_mma_kernels.cuh - test kernels of kernels/dt_mma.cuh: run on the emulator by
    tests/cuda_emu/k_mma.cpp, compiled by nvcc for sm_80 and sm_90 (and their PTX grepped for
-   mma.sync) by tests/run.sh's group ptx:dt_mma, so both build the same code. Test-only. */
+   mma.sync) by tests/run.sh's group ptx:dt_mma, so both build the same code. Test-only.
+   The templates take their shared memory dynamically (DT_K_SHARED_DYNAMIC): g++ 12 ignores the
+   section attribute that makes a __shared__ array visible to the emulator (poisoned with NaN at
+   each block start, readable by ldmatrix) on a static variable of a template. */
 #ifndef DT_K_MMA_KERNELS_CUH
 #define DT_K_MMA_KERNELS_CUH
 
@@ -34,16 +37,19 @@ __global__ void k_mma_raw(float *D, const uint16_t *A, const uint16_t *B, const 
    16 and B's 16 x 16 slice in shared memory with 16-byte loads (8 bf16; K and N multiples of 16,
    so rows stay aligned), and each warp loads its fragments from there with dt_mma.cuh's helpers.
    PLANT = 1 plants a layout bug: lanes 1 and 5 load each other's A fragment, so rows 0 and 1 of
-   the warp's tile (and 8 and 9) trade their k pairs 2-3 and 10-11; the emulator must show it. */
-enum { K_MMA_BM = 32, K_MMA_BN = 16, K_MMA_BK = 16 };
-template <int BT, int PLANT>
+   the warp's tile (and 8 and 9) trade their k pairs 2-3 and 10-11; the emulator must show it.
+   LDSM = 1 loads B with ldmatrix (dt_mma_load_bt2 / load_b2: both warps' fragments at once, the
+   warp keeping its own), and then PLANT swaps lanes 1 and 5 in B's load instead: they give each
+   other's row address, so B's rows (or, transposed, columns) 1 and 5 trade places. */
+enum { K_MMA_BM = 32, K_MMA_BN = 16, K_MMA_BK = 16, K_MMA_SHARED = (K_MMA_BM + K_MMA_BN) * K_MMA_BK * 2 };
+template <int BT, int PLANT, int LDSM>
 __global__ void k_mma_tiles(float *C, const __nv_bfloat16 *A, const __nv_bfloat16 *B, int M, int N, int K) {
-    __shared__ __align__(16) __nv_bfloat16 sa[K_MMA_BM * K_MMA_BK];
-    __shared__ __align__(16) __nv_bfloat16 sb[K_MMA_BK * K_MMA_BN]; /* [k][n], or [n][k] when BT */
+    DT_K_SHARED_DYNAMIC(__nv_bfloat16, sa);  /* [K_MMA_BM x K_MMA_BK], then sb (K_MMA_SHARED bytes) */
+    __nv_bfloat16 *sb = sa + K_MMA_BM * K_MMA_BK; /* [K_MMA_BK x K_MMA_BN]: [k][n], or [n][k] when BT */
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     int row0 = blockIdx.y * K_MMA_BM, col0 = blockIdx.x * K_MMA_BN;
     int wr = (warp >> 1) * 16, wc = (warp & 1) * 8;
-    int la = PLANT && (lane == 1 || lane == 5) ? lane ^ 4 : lane;
+    int swap = PLANT && (lane == 1 || lane == 5) ? lane ^ 4 : lane, la = LDSM ? lane : swap;
     dt_mma_frag_a a;
     dt_mma_frag_b b;
     dt_mma_frag_c acc;
@@ -61,7 +67,12 @@ __global__ void k_mma_tiles(float *C, const __nv_bfloat16 *A, const __nv_bfloat1
         }
         __syncthreads();
         dt_mma_load_a(&a, sa + wr * K_MMA_BK, K_MMA_BK, la);
-        if (BT) dt_mma_load_bt(&b, sb + wc * K_MMA_BK, K_MMA_BK, lane);
+        if (LDSM) {
+            dt_mma_frag_b b0, b1;
+            if (BT) dt_mma_load_bt2(&b0, &b1, sb, K_MMA_BK, swap);
+            else dt_mma_load_b2(&b0, &b1, sb, K_MMA_BN, swap);
+            b = wc ? b1 : b0;
+        } else if (BT) dt_mma_load_bt(&b, sb + wc * K_MMA_BK, K_MMA_BK, lane);
         else dt_mma_load_b(&b, sb + wc, K_MMA_BN, lane);
         dt_mma_m16n8k16_bf16(&acc, a, b, acc);
         __syncthreads(); /* the next step's staging overwrites what this one read */
@@ -80,20 +91,67 @@ __global__ void k_mma_half_warp(float *D) {
     D[threadIdx.x] = c.x[0];
 }
 
+/* One ldmatrix by one warp. src [K_LDSM_ROWS x K_LDSM_COLS] (16-bit, row-major) is staged in
+   shared memory; lane l gives the address of row rows[l] at column cols[l] (a multiple of 8), so
+   the test picks the rows of the four 8 x 8 matrices; lane l writes its registers to R[4 l ..].
+   MODE 0: x4; 1: x4.trans; 2: the addresses in global memory (src itself); 3: lane 5's address
+   2 bytes past its row's start (off a 16-byte boundary). */
+enum { K_LDSM_ROWS = 40, K_LDSM_COLS = 24 };
+template <int MODE>
+__global__ void k_ldsm(uint32_t *R, const uint16_t *src, const int *rows, const int *cols) {
+    DT_K_SHARED_DYNAMIC(uint16_t, s); /* [K_LDSM_ROWS x K_LDSM_COLS] */
+    int lane = threadIdx.x & 31;
+    for (int i = lane; i < K_LDSM_ROWS * K_LDSM_COLS; i += 32) s[i] = src[i];
+    __syncwarp();
+    const uint16_t *p = (MODE == 2 ? src : s) + rows[lane] * K_LDSM_COLS + cols[lane] + (MODE == 3 && lane == 5);
+    uint32_t r[4];
+    if (MODE == 1) dt_mma_ldsm_x4_trans(r, p);
+    else dt_mma_ldsm_x4(r, p);
+    for (int i = 0; i < 4; i++) R[lane * 4 + i] = r[i];
+}
+
+/* A block of 128 threads stores a 64 x 16 tile (16 bytes a thread: thread t row t / 2), then
+   each warp reads with ldmatrix the 16 rows warp w + 1 (mod 4) stored: R[4 tid ..]. BARRIER 0
+   leaves out the __syncthreads between, so warps read rows other warps may not have stored: the
+   NaN poison in every thread order of the emulator. */
+template <int BARRIER>
+__global__ void k_ldsm_barrier(uint32_t *R, const uint16_t *src) {
+    DT_K_SHARED_DYNAMIC(uint16_t, s); /* [64 x 16] */
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    dt_k_store_vec<uint4>(s + tid * 8, dt_k_load_vec<uint4>(src + tid * 8));
+    if (BARRIER) __syncthreads();
+    int row = ((warp + 1) & 3) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), col = (lane >> 4) * 8;
+    uint32_t r[4];
+    dt_mma_ldsm_x4(r, s + row * 16 + col);
+    for (int i = 0; i < 4; i++) R[tid * 4 + i] = r[i];
+}
+
 /* Launchers (0 or the launch's error). */
+inline int k_ldsm_launch(int mode, uint32_t *R, const uint16_t *src, const int *rows, const int *cols) {
+    typedef void (*kernel_fn)(uint32_t *, const uint16_t *, const int *, const int *);
+    const kernel_fn k[4] = {k_ldsm<0>, k_ldsm<1>, k_ldsm<2>, k_ldsm<3>};
+    DT_K_LAUNCH(k[mode], 1, 32, K_LDSM_ROWS * K_LDSM_COLS * 2, 0, R, src, rows, cols);
+    return DT_K_CHECK();
+}
+inline int k_ldsm_barrier_launch(int barrier, uint32_t *R, const uint16_t *src) {
+    if (barrier) DT_K_LAUNCH(k_ldsm_barrier<1>, 1, 128, 64 * 16 * 2, 0, R, src);
+    else DT_K_LAUNCH(k_ldsm_barrier<0>, 1, 128, 64 * 16 * 2, 0, R, src);
+    return DT_K_CHECK();
+}
 inline int k_mma_raw_launch(int f16, float *D, const uint16_t *A, const uint16_t *B, const float *C) {
     if (f16) DT_K_LAUNCH(k_mma_raw<1>, 1, 32, 0, 0, D, A, B, C);
     else DT_K_LAUNCH(k_mma_raw<0>, 1, 32, 0, 0, D, A, B, C);
     return DT_K_CHECK();
 }
 /* M a multiple of 32, N and K of 16. */
-inline int k_mma_tiles_launch(int bt, int plant, float *C, const __nv_bfloat16 *A, const __nv_bfloat16 *B,
-                                     int M, int N, int K) {
+inline int k_mma_tiles_launch(int bt, int plant, int ldsm, float *C, const __nv_bfloat16 *A, const __nv_bfloat16 *B,
+                              int M, int N, int K) {
     typedef void (*kernel_fn)(float *, const __nv_bfloat16 *, const __nv_bfloat16 *, int, int, int);
-    kernel_fn k = bt ? (plant ? k_mma_tiles<1, 1> : k_mma_tiles<1, 0>)
-                     : (plant ? k_mma_tiles<0, 1> : k_mma_tiles<0, 0>);
+    const kernel_fn ks[2][2][2] = {{{k_mma_tiles<0, 0, 0>, k_mma_tiles<0, 0, 1>}, {k_mma_tiles<0, 1, 0>, k_mma_tiles<0, 1, 1>}},
+                                   {{k_mma_tiles<1, 0, 0>, k_mma_tiles<1, 0, 1>}, {k_mma_tiles<1, 1, 0>, k_mma_tiles<1, 1, 1>}}};
+    kernel_fn k = ks[!!bt][!!plant][!!ldsm];
     dim3 grid((unsigned)(N / K_MMA_BN), (unsigned)(M / K_MMA_BM));
-    DT_K_LAUNCH(k, grid, 128, 0, 0, C, A, B, M, N, K);
+    DT_K_LAUNCH(k, grid, 128, K_MMA_SHARED, 0, C, A, B, M, N, K);
     return DT_K_CHECK();
 }
 inline int k_mma_half_warp_launch(float *D) {

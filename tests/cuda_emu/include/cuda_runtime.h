@@ -182,6 +182,13 @@ void *dt_emu_dynamic_shared(void);
 void dt_emu_vector_access(const void *p, size_t bytes, int store);
 /* How many vector accesses the kernels made so far (a test sees which path a launcher took). */
 long long dt_emu_vector_accesses(void);
+/* An instruction that reads only shared memory (ldmatrix, kernels/dt_mma.cuh) reading `bytes`
+   bytes at p, which must be `bytes`-aligned: one lies in a __shared__ array or the block's dynamic
+   shared memory, else it is reported and fails the launch (cudaErrorIllegalAddress; a misaligned
+   one cudaErrorMisalignedAddress), as a GPU faults. Returns 1 when p is fine to read.
+   dt_emu_is_shared only asks (no report). */
+int dt_emu_shared_access(const char *file, int line, const char *what, const void *p, size_t bytes);
+int dt_emu_is_shared(const void *p, size_t bytes);
 
 /* ---------------------------------------------------------------- barriers and warp operations */
 
