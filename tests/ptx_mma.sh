@@ -4,7 +4,8 @@
 # the kernels' nvcc flags (build.sh's DT_NVCC_FLAGS: sm_80 and sm_90, -Werror all-warnings), and
 # its PTX for compute_80 and compute_90 holds mma.sync m16n8k16 with bf16 and with f16 inputs, and
 # the 16-byte global loads (ld.global.v4) of its staging; and kernels/dt_flash.cu (the tensor-core
-# attention): each of its kernels that multiplies holds mma.sync bf16, and it loads by 16 bytes;
+# attention): each of its kernels that multiplies holds mma.sync bf16 and both ldmatrix forms (and
+# no 16-bit shared loads), and it loads by 16 bytes;
 # and kernels/dt_elementwise.cu: each elementwise kernel loads by 16 (or, from 16-bit, 8) bytes,
 # as dt_reduce.cu's layernorm (forward, dx, dw/db), dt_softmax.cu's losses and dt_opt.cu's update do.
 # tests/run.sh runs it (group ptx:dt_mma)
@@ -43,6 +44,11 @@ for arch in 80 90; do
     n=$(grep -c "ld\.global\.v4\." "$ptx")
     if [ "$n" -gt 0 ]; then echo "PASS ptx:dt_mma:sm_${arch}_ld_global_v4 ($n in $ptx)"
     else fail "ptx:dt_mma:sm_${arch}_ld_global_v4: none in $ptx"; fi
+    for form in x4 x4.trans; do
+        n=$(grep -c "ldmatrix\.sync\.aligned\.m8n8\.$form\.shared\.b16" "$ptx")
+        if [ "$n" -gt 0 ]; then echo "PASS ptx:dt_mma:sm_${arch}_ldmatrix_$form ($n in $ptx)"
+        else fail "ptx:dt_mma:sm_${arch}_ldmatrix_$form: none in $ptx"; fi
+    done
 done
 
 # kernels/dt_flash.cu, the attention gpt runs on the tensor cores: every kernel of it that
@@ -67,6 +73,17 @@ for arch in 80 90; do
     n=$(grep -c "ld\.global\.v4\." "$ptx")
     if [ "$n" -gt 0 ]; then echo "PASS ptx:dt_flash:sm_${arch}_ld_global_v4 ($n in $ptx)"
     else fail "ptx:dt_flash:sm_${arch}_ld_global_v4: none in $ptx"; fi
+    # the B fragments by ldmatrix (K as B's transpose, V / dO / Q / K transposed on the way) in
+    # every kernel that multiplies, and no 16-bit shared loads (what dt_mma_load_b makes)
+    bad=$(awk '/^\.visible \.entry|^\.entry/ { if (name != "" && (!x4 || !tr || u16)) print name
+                                                  name = $NF; sub(/\(.*/, "", name); x4 = tr = u16 = 0 }
+               /ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16/ { x4 = 1 }
+               /ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16/ { tr = 1 }
+               /ld\.shared\.u16/ { u16 = 1 }
+               END { if (name != "" && (!x4 || !tr || u16)) print name }' "$ptx" | grep -v fl_prep)
+    n=$(grep -c "ldmatrix\.sync" "$ptx")
+    if [ "$n" -gt 0 ] && [ -z "$bad" ]; then echo "PASS ptx:dt_flash:sm_${arch}_fragments_by_ldmatrix ($n in $ptx)"
+    else fail "ptx:dt_flash:sm_${arch}_fragments_by_ldmatrix: $n ldmatrix; kernels without both forms, or with 16-bit shared loads: ${bad:-none}"; fi
 done
 
 # ptx_of FILE ARCH: nvcc -ptx of kernels/FILE.cu for compute_ARCH into $out/FILE.sm_ARCH.ptx, or a

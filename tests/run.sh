@@ -38,8 +38,8 @@
 #                             memory per kernel in build/kernels/ptxas/
 #   ptx:dt_mma                the tensor cores are reached: tests/cuda_emu/k_mma_kernels.cuh (users
 #                             of kernels/dt_mma.cuh) builds for sm_80 and sm_90, and its PTX holds
-#                             mma.sync m16n8k16 (bf16, f16) and ld.global.v4, as does dt_flash.cu's,
-#                             and each elementwise kernel of dt_elementwise.cu loads by 16 (or 8) bytes
+#                             mma.sync m16n8k16 (bf16, f16), ldmatrix and ld.global.v4, as does
+#                             dt_flash.cu's (B fragments by ldmatrix only), and each elementwise kernel of dt_elementwise.cu loads by 16 (or 8) bytes
 #                             (tests/ptx_mma.sh; SKIP without nvcc)
 #   cuda_emu                  every kernels/*.cu on the CPU emulator (tests/cuda_emu), each
 #                             tests/cuda_emu/k_*.cpp in 5 thread orders and under ThreadSanitizer
