@@ -7,8 +7,9 @@
                                                 fake <cuda_runtime.h> defines DT_CUDA_EMU.
    So kernels use only what both understand (THE KERNEL CONTRACT, tests/cuda_emu/cuda_emu.cpp):
    launch through DT_K_LAUNCH, never <<< >>>; no inline PTX outside kernels/dt_mma.cuh (the
-   tensor cores' mma.sync, which the emulator runs as a warp-collective operation), no CUB,
-   cooperative groups, printf, managed memory; a grid-wide sync is two launches. __nv_bfloat16
+   tensor cores' mma.sync and ldmatrix, which the emulator runs as warp-collective operations,
+   and cp.async, which it makes at the thread's wait), no CUB, cooperative groups, printf,
+   managed memory; a grid-wide sync is two launches. __nv_bfloat16
    and __half (cuda_bf16.h, cuda_fp16.h) with their conversions, yes; their arithmetic
    operators, no (the emulator deletes them: compute in float).
 

@@ -5,12 +5,17 @@
 
         Q tile --(once)--> registers (A fragments, 16 x hs per warp)
         for each K/V tile of 64 keys up to the diagonal (tiles above it never load):
-            K, V tile --16-byte loads--> shared memory, rows padded by 8 (no bank conflicts)
+                                V tile --cp.async--> shared memory (in flight during S)
             S  = Q K^T          mma, K read as B's transpose (ldmatrix) 16 x 64 per warp, f32
+                                next K tile --cp.async--> shared memory (in flight until P V)
             m' = max(m, rowmax S), P = exp(S - m'), l = l e^(m - m') + rowsum P, O = O e^(m - m')
             O += P V            P's accumulators ARE the A fragments of the next mma (bf16),
                                 V's B fragments by ldmatrix.trans
         out = O / l,  lse = m + log l   (natural log of the scaled scores: what ring attention merges)
+
+   The tiles' rows are padded by 8 (no bank conflicts) and come by cp.async, 16 bytes a copy,
+   which does not pass through the registers: FlashAttention-2's overlap of loads and multiplies
+   with one K and one V tile of shared memory.
 
    The rows of S a lane holds (g and g + 8, columns 2t, 2t + 1 of each 8-column block) are the
    rows and columns its A fragment of P needs (dt_mma.cuh's layout), so P never leaves the
@@ -22,7 +27,9 @@
    per 64 queries (dq), each recomputing P = exp(S - lse) from q, k and the forward's lse:
         dV += P^T dO,   dP = dO V^T,   dS = P (dP - D) scale,   dK += dS^T Q,   dQ += dS K.
    Every output element is summed by one lane in a fixed order: no atomics, the same bits every
-   run. Two passes recompute S twice, the price of no atomics.
+   run. Two passes recompute S twice, the price of no atomics. Each pass streams its tiles (Q and
+   dO, or K and V) through two buffers, the next tile's cp.async in flight while the warps work
+   on this one.
 
    Grouped-query attention: H query heads share H_kv K/V heads (head h reads K/V head
    h / (H / H_kv)); the dk/dv pass sums the group's query heads in order.
@@ -58,6 +65,10 @@
 #define DT_K__FL_KEYS 64      /* keys of a forward K/V tile */
 #define DT_K__FL_BWD_TILE 32  /* keys of a dq pass tile, queries of a dk/dv pass tile */
 #define DT_K__FL_LOG2E 1.4426950408889634f
+/* Blocks an SM must hold (registers for): 3 up to hs 64, where ptxas otherwise took 170 for the
+   dk/dv pass (2 blocks of 128 threads an SM) and fits in 168 without spills; 1 above, where the
+   passes take 200 to 255 registers and a bound would spill. */
+#define DT_K__FL_MIN_BLOCKS(hs) ((hs) <= 64 ? 3 : 1)
 #ifndef DT_K__FL_PLANT /* tests/cuda_emu/k_flash.cpp builds a copy with a bug planted: 1 a fragment, 2 a barrier */
 #define DT_K__FL_PLANT 0
 #endif
@@ -81,6 +92,19 @@ static __device__ __forceinline__ void dt_k__fl_tile(uint16_t *tile, const uint1
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (r0 + r < T) v = dt_k_load_vec<uint4>(src + (r0 + r) * stride + c);
         dt_k_store_vec<uint4>(tile + r * DT_K__FL_LD(HS) + c, v);
+    }
+}
+
+/* As dt_k__fl_tile, but the rows before T by cp.async (in flight until the thread's
+   dt_mma_cp_async_wait), the zeros past T by plain stores. */
+template <int HS>
+static __device__ __forceinline__ void dt_k__fl_tile_async(uint16_t *tile, const uint16_t *__restrict__ src,
+                                                           int64_t stride, int64_t r0, int n, int64_t T) {
+    const int per_row = HS / 8;
+    for (int i = threadIdx.x; i < n * per_row; i += blockDim.x) {
+        int r = i / per_row, c = (i % per_row) * 8;
+        if (r0 + r < T) dt_mma_cp_async16(tile + r * DT_K__FL_LD(HS) + c, src + (r0 + r) * stride + c);
+        else dt_k_store_vec<uint4>(tile + r * DT_K__FL_LD(HS) + c, make_uint4(0u, 0u, 0u, 0u));
     }
 }
 
@@ -165,7 +189,8 @@ static __device__ __forceinline__ void dt_k__fl_add_rows(float *dst, uint16_t *d
 /* ---------------------------------------------------------------- forward */
 
 template <int HS>
-static __global__ void dt_k__fl_fwd(dt_k_flash a, float scale2) {
+static __global__ void __launch_bounds__(32 * DT_K__FL_WARPS, DT_K__FL_MIN_BLOCKS(HS))
+dt_k__fl_fwd(dt_k_flash a, float scale2) {
 #if DT_K__FLASH_MMA
     DT_K_SHARED_DYNAMIC(uint16_t, sm);
     const int LD = DT_K__FL_LD(HS);
@@ -182,19 +207,29 @@ static __global__ void dt_k__fl_fwd(dt_k_flash a, float scale2) {
     dt_mma_frag_a qf[HS / 16];
     dt_mma_frag_c o[HS / 8], s[DT_K__FL_KEYS / 8];
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    dt_k__fl_tile<HS>(sk, qb, a.q_stride, q0, DT_K__FL_ROWS, nq); /* Q staged through the K tile */
+    /* the keys any query of the block sees: up to the diagonal, tiles above it never load */
+    const int64_t kend = nk < q0 + DT_K__FL_ROWS + dpos ? nk : q0 + DT_K__FL_ROWS + dpos;
+    dt_k__fl_tile<HS>(sv, qb, a.q_stride, q0, DT_K__FL_ROWS, nq); /* Q staged through the V tile */
     __syncthreads();
-    dt_k__fl_rows_a<HS>(qf, sk, warp * 16, lane);
+    dt_k__fl_rows_a<HS>(qf, sv, warp * 16, lane);
 #pragma unroll
     for (int n = 0; n < HS / 8; n++) dt_mma_zero_c(&o[n]);
-    for (int64_t k0 = 0; k0 < nk && k0 < q0 + DT_K__FL_ROWS + dpos; k0 += DT_K__FL_KEYS) {
-        __syncthreads(); /* the previous tile (or Q) is read by every warp */
-        dt_k__fl_tile<HS>(sk, kb, a.kv_stride, k0, DT_K__FL_KEYS, nk);
-        dt_k__fl_tile<HS>(sv, vb, a.kv_stride, k0, DT_K__FL_KEYS, nk);
+    /* The loads overlap the multiplies, FlashAttention-2's way: V's tile is in flight during
+       S = Q K^T, the next K's during the softmax and O += P V. One group a tile a thread. */
+    if (kend > 0) dt_k__fl_tile_async<HS>(sk, kb, a.kv_stride, 0, DT_K__FL_KEYS, nk);
+    dt_mma_cp_async_commit();
+    for (int64_t k0 = 0; k0 < kend; k0 += DT_K__FL_KEYS) {
+        dt_mma_cp_async_wait<0>(); /* this thread's copies of the K tile */
 #if DT_K__FL_PLANT != 2
-        __syncthreads();
+        __syncthreads(); /* every thread's; and every warp is done with the V tile before (or Q) */
 #endif
+        dt_k__fl_tile_async<HS>(sv, vb, a.kv_stride, k0, DT_K__FL_KEYS, nk);
+        dt_mma_cp_async_commit();
         dt_k__fl_abt<HS, DT_K__FL_KEYS>(s, qf, sk, lane);
+        __syncthreads(); /* every warp is done with the K tile */
+        if (k0 + DT_K__FL_KEYS < kend)
+            dt_k__fl_tile_async<HS>(sk, kb, a.kv_stride, k0 + DT_K__FL_KEYS, DT_K__FL_KEYS, nk);
+        dt_mma_cp_async_commit();
         float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f}, mn[2], alpha[2];
 #pragma unroll
         for (int n = 0; n < DT_K__FL_KEYS / 8; n++)
@@ -232,6 +267,8 @@ static __global__ void dt_k__fl_fwd(dt_k_flash a, float scale2) {
         for (int n = 0; n < HS / 8; n++)
 #pragma unroll
             for (int i = 0; i < 4; i++) o[n].x[i] *= alpha[i >> 1];
+        dt_mma_cp_async_wait<1>(); /* this thread's V copies (the next K tile's may still fly) */
+        __syncthreads();           /* every thread's */
         dt_k__fl_pv<HS, DT_K__FL_KEYS>(o, s, sv, lane);
     }
     const int64_t o0 = (b * a.T + a.q_row) * a.out_stride + (int64_t)h * HS;
@@ -297,12 +334,31 @@ static __global__ void dt_k__fl_prep(dt_k_flash a, uint16_t *d16, float *D) {
     }
 }
 
+/* The dk/dv pass's tiles of query head h, queries q0 .. q0 + 31 of the block: q and the rounded
+   dout by cp.async into tiles (Q, then dO), their rows' lse (log2 units) and D into stat[0 ..
+   31] and stat[32 ..] (0 past the rows). */
+template <int HS>
+static __device__ __forceinline__ void dt_k__fl_qtile(const dt_k_flash &a, const uint16_t *d16, const float *D,
+                                                      int64_t b, int h, int64_t q0, uint16_t *tiles, float *stat) {
+    const int NQ = DT_K__FL_BWD_TILE;
+    const int64_t nq = a.q_rows, row0 = b * a.T + a.q_row; /* the block's first query row in q, d16 */
+    const float *lb = a.lse + (b * a.H + h) * a.T + a.q_row, *Db = D + (b * a.H + h) * a.T + a.q_row;
+    dt_k__fl_tile_async<HS>(tiles, a.q + row0 * a.q_stride + (int64_t)h * HS, a.q_stride, q0, NQ, nq);
+    dt_k__fl_tile_async<HS>(tiles + NQ * DT_K__FL_LD(HS), d16 + (row0 * a.H + h) * HS, (int64_t)a.H * HS, q0, NQ, nq);
+    for (int i = threadIdx.x; i < NQ; i += blockDim.x) {
+        int64_t r = q0 + i;
+        stat[i] = r < nq ? lb[r] * DT_K__FL_LOG2E : 0.0f;
+        stat[NQ + i] = r < nq ? Db[r] : 0.0f;
+    }
+}
+
 /* dk, dv for 64 keys of (b, K/V head hk): warp w holds keys k0 + 16w .. +15 as A fragments
    (K and V), and per query tile of 32 (at and under the diagonal) computes the transposed
    scores S^T = K Q^T, P^T = exp(S^T scale - lse), then dV += P^T dO, dP^T = V dO^T,
    dS^T = P^T (dP^T - D) scale, dK += dS^T Q; over the query heads of the group in order. */
 template <int HS>
-static __global__ void dt_k__fl_dkdv(dt_k_flash a, const uint16_t *d16, const float *D, float scale) {
+static __global__ void __launch_bounds__(32 * DT_K__FL_WARPS, DT_K__FL_MIN_BLOCKS(HS))
+dt_k__fl_dkdv(dt_k_flash a, const uint16_t *d16, const float *D, float scale) {
 #if DT_K__FLASH_MMA
     DT_K_SHARED_DYNAMIC(uint16_t, sm);
     const int LD = DT_K__FL_LD(HS), NQ = DT_K__FL_BWD_TILE;
@@ -314,8 +370,8 @@ static __global__ void dt_k__fl_dkdv(dt_k_flash a, const uint16_t *d16, const fl
     const int64_t qfirst = k0 - dpos > 0 ? (k0 - dpos) / NQ * NQ : 0; /* the first query tile that sees a key here */
     const uint16_t *kb = a.k + (b * a.Tk + a.k_row) * a.kv_stride + (int64_t)hk * HS;
     const uint16_t *vb = a.v + (b * a.Tk + a.k_row) * a.kv_stride + (int64_t)hk * HS;
-    uint16_t *sq = sm, *sd = sm + NQ * LD;
-    float *slse = (float *)(sm + 2 * NQ * LD), *sD = slse + NQ;
+    /* two buffers of a Q and a dO tile (NQ rows each) and of their rows' lse (log2 units) and D */
+    float *sstat = (float *)(sm + 4 * NQ * LD);
     dt_mma_frag_a kf[HS / 16], vf[HS / 16];
     dt_mma_frag_c dk[HS / 8], dv[HS / 8], s[NQ / 8], dp[NQ / 8];
     /* K and V rows through shared memory (64 rows each: the tiles' space, before it is theirs) */
@@ -326,20 +382,28 @@ static __global__ void dt_k__fl_dkdv(dt_k_flash a, const uint16_t *d16, const fl
     dt_k__fl_rows_a<HS>(vf, sm + DT_K__FL_ROWS * LD, warp * 16, lane);
 #pragma unroll
     for (int n = 0; n < HS / 8; n++) dt_mma_zero_c(&dk[n]), dt_mma_zero_c(&dv[n]);
-    for (int h = hk * group; h < (hk + 1) * group; h++) {
-        const int64_t row0 = b * a.T + a.q_row; /* the block's first query row in q, d16 */
-        const uint16_t *qb = a.q + row0 * a.q_stride + (int64_t)h * HS, *db = d16 + (row0 * a.H + h) * HS;
-        const float *lb = a.lse + (b * a.H + h) * a.T + a.q_row, *Db = D + (b * a.H + h) * a.T + a.q_row;
-        for (int64_t q0 = qfirst; q0 < nq; q0 += NQ) {
-            __syncthreads(); /* every warp is done with the previous tiles */
-            dt_k__fl_tile<HS>(sq, qb, a.q_stride, q0, NQ, nq);
-            dt_k__fl_tile<HS>(sd, db, (int64_t)a.H * HS, q0, NQ, nq);
-            for (int i = threadIdx.x; i < NQ; i += blockDim.x) {
-                int64_t r = q0 + i;
-                slse[i] = r < nq ? lb[r] * DT_K__FL_LOG2E : 0.0f;
-                sD[i] = r < nq ? Db[r] : 0.0f;
-            }
-            __syncthreads();
+    __syncthreads(); /* every warp has its K and V: the space is the Q / dO tiles' now */
+    /* the (query head, query tile) pairs in order, the next pair's tiles in flight (cp.async)
+       while the warps work on this one's */
+    const int hend = (hk + 1) * group;
+    int h = hk * group;
+    int64_t q0 = qfirst;
+    bool have = qfirst < nq;
+    if (have) dt_k__fl_qtile<HS>(a, d16, D, b, h, q0, sm, sstat);
+    dt_mma_cp_async_commit();
+    for (int j = 0; have; j++) {
+        int hn = h;
+        int64_t qn = q0 + NQ;
+        if (qn >= nq) hn++, qn = qfirst;
+        const bool next = hn < hend;
+        const int cur = j & 1;
+        if (next) dt_k__fl_qtile<HS>(a, d16, D, b, hn, qn, sm + (cur ^ 1) * 2 * NQ * LD, sstat + (cur ^ 1) * 2 * NQ);
+        dt_mma_cp_async_commit();
+        dt_mma_cp_async_wait<1>(); /* this thread's copies of this pair's tiles */
+        __syncthreads();           /* every thread's */
+        {
+            uint16_t *sq = sm + cur * 2 * NQ * LD, *sd = sq + NQ * LD;
+            const float *slse = sstat + cur * 2 * NQ, *sD = slse + NQ;
             dt_k__fl_abt<HS, NQ>(s, kf, sq, lane);  /* S^T: keys x queries */
             dt_k__fl_abt<HS, NQ>(dp, vf, sd, lane); /* dP^T = V dO^T */
 #pragma unroll
@@ -357,6 +421,8 @@ static __global__ void dt_k__fl_dkdv(dt_k_flash a, const uint16_t *d16, const fl
             dt_k__fl_pv<HS, NQ>(dv, s, sd, lane);  /* dV += P^T dO */
             dt_k__fl_pv<HS, NQ>(dk, dp, sq, lane); /* dK += dS^T Q */
         }
+        __syncthreads(); /* every warp is done with these tiles: the next pair's next load goes into them */
+        h = hn, q0 = qn, have = next;
     }
     {
         const int64_t krow0 = b * a.Tk + a.k_row;
@@ -373,7 +439,8 @@ static __global__ void dt_k__fl_dkdv(dt_k_flash a, const uint16_t *d16, const fl
    K/V tile of 32 keys up to the diagonal, S = Q K^T, P = exp(S scale - lse), dP = dO V^T,
    dS = P (dP - D) scale, dQ += dS K. */
 template <int HS>
-static __global__ void dt_k__fl_dq(dt_k_flash a, const uint16_t *d16, const float *D, float scale) {
+static __global__ void __launch_bounds__(32 * DT_K__FL_WARPS, DT_K__FL_MIN_BLOCKS(HS))
+dt_k__fl_dq(dt_k_flash a, const uint16_t *d16, const float *D, float scale) {
 #if DT_K__FLASH_MMA
     DT_K_SHARED_DYNAMIC(uint16_t, sm);
     const int LD = DT_K__FL_LD(HS), NK = DT_K__FL_BWD_TILE;
@@ -385,7 +452,7 @@ static __global__ void dt_k__fl_dq(dt_k_flash a, const uint16_t *d16, const floa
     const uint16_t *qb = a.q + row0 * a.q_stride + (int64_t)h * HS, *db = d16 + (row0 * a.H + h) * HS;
     const uint16_t *kb = a.k + (b * a.Tk + a.k_row) * a.kv_stride + (int64_t)hk * HS;
     const uint16_t *vb = a.v + (b * a.Tk + a.k_row) * a.kv_stride + (int64_t)hk * HS;
-    uint16_t *sk = sm, *sv = sm + NK * LD;
+    const int64_t kend = nk < q0 + DT_K__FL_ROWS + dpos ? nk : q0 + DT_K__FL_ROWS + dpos; /* keys any query here sees */
     dt_mma_frag_a qf[HS / 16], df[HS / 16];
     dt_mma_frag_c dq[HS / 8], s[NK / 8], dp[NK / 8];
     float lse2[2], Dr[2];
@@ -401,11 +468,22 @@ static __global__ void dt_k__fl_dq(dt_k_flash a, const uint16_t *d16, const floa
     }
 #pragma unroll
     for (int n = 0; n < HS / 8; n++) dt_mma_zero_c(&dq[n]);
-    for (int64_t k0 = 0; k0 < nk && k0 < q0 + DT_K__FL_ROWS + dpos; k0 += NK) {
-        __syncthreads();
-        dt_k__fl_tile<HS>(sk, kb, a.kv_stride, k0, NK, nk);
-        dt_k__fl_tile<HS>(sv, vb, a.kv_stride, k0, NK, nk);
-        __syncthreads();
+    __syncthreads(); /* every warp has its q and dO: the space is two buffers of a K and a V tile now */
+    /* the next K/V tile in flight (cp.async) while the warps work on this one */
+    if (kend > 0) {
+        dt_k__fl_tile_async<HS>(sm, kb, a.kv_stride, 0, NK, nk);
+        dt_k__fl_tile_async<HS>(sm + NK * LD, vb, a.kv_stride, 0, NK, nk);
+    }
+    dt_mma_cp_async_commit();
+    for (int64_t k0 = 0, j = 0; k0 < kend; k0 += NK, j++) {
+        uint16_t *sk = sm + (j & 1) * 2 * NK * LD, *sv = sk + NK * LD, *next = sm + (~j & 1) * 2 * NK * LD;
+        if (k0 + NK < kend) {
+            dt_k__fl_tile_async<HS>(next, kb, a.kv_stride, k0 + NK, NK, nk);
+            dt_k__fl_tile_async<HS>(next + NK * LD, vb, a.kv_stride, k0 + NK, NK, nk);
+        }
+        dt_mma_cp_async_commit();
+        dt_mma_cp_async_wait<1>(); /* this thread's copies of this tile */
+        __syncthreads();           /* every thread's */
         dt_k__fl_abt<HS, NK>(s, qf, sk, lane);  /* S = Q K^T */
         dt_k__fl_abt<HS, NK>(dp, df, sv, lane); /* dP = dO V^T */
 #pragma unroll
@@ -418,6 +496,7 @@ static __global__ void dt_k__fl_dq(dt_k_flash a, const uint16_t *d16, const floa
                 dp[n].x[i] = p * (dp[n].x[i] - Dr[i >> 1]) * scale;
             }
         dt_k__fl_pv<HS, NK>(dq, dp, sk, lane); /* dQ += dS K */
+        __syncthreads(); /* every warp is done with this tile: the next tile's next load goes into it */
     }
     dt_k__fl_add_rows<HS>(a.dq, a.dq16, row0 * a.dq_stride + (int64_t)h * HS, a.dq_stride, dq, rw, nq, lane);
 #else
@@ -543,7 +622,7 @@ extern "C" int dt_k_flash_bwd(const dt_k_flash *a, void *stream) {
 #define DT_K__FL_CASE(hs)                                                                                         \
     case hs:                                                                                                      \
         DT_K_LAUNCH(dt_k__fl_dkdv<hs>, dim3(ktiles, (unsigned)(x.B * x.H_kv)), 32 * DT_K__FL_WARPS,               \
-                    dt_k__fl_smem(hs, DT_K__FL_ROWS) + 2 * DT_K__FL_BWD_TILE * sizeof(float), stream, x, d16, D,  \
+                    dt_k__fl_smem(hs, DT_K__FL_ROWS) + 4 * DT_K__FL_BWD_TILE * sizeof(float), stream, x, d16, D,  \
                     scale);                                                                                       \
         if ((st = DT_K_CHECK())) return st;                                                                       \
         DT_K_LAUNCH(dt_k__fl_dq<hs>, dim3(qtiles, (unsigned)(x.B * x.H)), 32 * DT_K__FL_WARPS,                    \

@@ -35,6 +35,9 @@
    The load and store helpers read and write row-major tiles (shared or global memory) at the
    places above; `lane` is the calling lane (dt_mma_lane()). Pairs are read as one 32-bit load, so
    a tile's base and its leading dimension ld must keep pairs 4-byte aligned (ld even).
+   ldmatrix (dt_mma_ldsm_x4, and dt_mma_load_bt2 / load_b2 on it) makes two B fragments from
+   shared memory in one instruction; cp.async (dt_mma_cp_async16) fills shared memory from global
+   memory while the warp goes on. Their sections below say how the emulator checks them.
                                                                   MIT licence (see dt_tensor.h) */
 #ifndef DT_MMA_CUH
 #define DT_MMA_CUH
@@ -212,7 +215,8 @@ static __device__ __forceinline__ void dt_mma_load_bt(dt_mma_frag_b *b, const T 
    the GPU. A row outside shared memory or off a 16-byte boundary is reported (a GPU faults). */
 #ifdef DT_CUDA_EMU
 static inline void dt_mma__ldsm_emu(uint32_t r[4], const void *row, int trans, const char *file, int line) {
-    const char *what = trans ? "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" : "ldmatrix.sync.aligned.m8n8.x4.shared.b16";
+    const char *what =
+        trans ? "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" : "ldmatrix.sync.aligned.m8n8.x4.shared.b16";
     uint16_t mine[8], all[32][8];
     int lane = dt_mma_lane(), g = lane >> 2, t = lane & 3;
     /* the lane's row, read as it arrives (so a missing barrier before it reads the NaN poison in
@@ -224,7 +228,8 @@ static inline void dt_mma__ldsm_emu(uint32_t r[4], const void *row, int trans, c
         r[i] = trans ? dt_mma_pack(all[8 * i + 2 * t][g], all[8 * i + 2 * t + 1][g])
                      : dt_mma_pack(all[8 * i + g][2 * t], all[8 * i + g][2 * t + 1]);
 }
-static __device__ __forceinline__ void dt_mma_ldsm_x4(uint32_t r[4], const void *row, const char *file = __builtin_FILE(),
+static __device__ __forceinline__ void dt_mma_ldsm_x4(uint32_t r[4], const void *row,
+                                                      const char *file = __builtin_FILE(),
                                                       int line = __builtin_LINE()) {
     dt_mma__ldsm_emu(r, row, 0, file, line);
 }
@@ -253,6 +258,45 @@ static __device__ __forceinline__ void dt_mma_ldsm_x4_trans(uint32_t r[4], const
 #endif
 }
 #undef DT_MMA__LDSM
+#endif
+
+/* ---------------------------------------------------------------- cp.async: global to shared memory
+
+   cp.async.cg.shared.global (sm_80): dt_mma_cp_async16(dst, src) starts a 16-byte copy from
+   global memory at src to shared memory at dst (both on 16-byte boundaries) that does not pass
+   through the thread's registers, so a tile's next load can be in flight while the warps
+   multiply the one before. dt_mma_cp_async_commit() closes the thread's group of copies;
+   dt_mma_cp_async_wait<N>() returns once every group it committed, but the newest N, has landed.
+   That covers the thread's own copies only: the block reads a tile after its threads' waits and
+   a __syncthreads, and a tile is loaded again only after a __syncthreads that every reader of
+   it has passed. On the emulator (tests/cuda_emu) the destination holds NaN from the issue until
+   the thread's wait, so a read on either side of a missing barrier shows there. */
+#ifdef DT_CUDA_EMU
+static inline void dt_mma_cp_async16(void *dst, const void *src, const char *file = __builtin_FILE(),
+                                     int line = __builtin_LINE()) {
+    dt_emu_cp_async(file, line, dst, src, 16);
+}
+static inline void dt_mma_cp_async_commit(void) { dt_emu_cp_async_commit(); }
+template <int N> static inline void dt_mma_cp_async_wait(void) { dt_emu_cp_async_wait(N); }
+#else
+static __device__ __forceinline__ void dt_mma_cp_async16(void *dst, const void *src) {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src));
+#else
+    (void)dst, (void)src;
+#endif
+}
+static __device__ __forceinline__ void dt_mma_cp_async_commit(void) {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N> static __device__ __forceinline__ void dt_mma_cp_async_wait(void) {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
 #endif
 
 /* Two B fragments from the transpose of a 16 x 16 B, a row-major tile in shared memory with n

@@ -4,8 +4,8 @@
 # the kernels' nvcc flags (build.sh's DT_NVCC_FLAGS: sm_80 and sm_90, -Werror all-warnings), and
 # its PTX for compute_80 and compute_90 holds mma.sync m16n8k16 with bf16 and with f16 inputs, and
 # the 16-byte global loads (ld.global.v4) of its staging; and kernels/dt_flash.cu (the tensor-core
-# attention): each of its kernels that multiplies holds mma.sync bf16 and both ldmatrix forms (and
-# no 16-bit shared loads), and it loads by 16 bytes;
+# attention): each of its kernels that multiplies holds mma.sync bf16, both ldmatrix forms (and no
+# 16-bit shared loads) and cp.async with its wait, and it loads by 16 bytes;
 # and kernels/dt_elementwise.cu: each elementwise kernel loads by 16 (or, from 16-bit, 8) bytes,
 # as dt_reduce.cu's layernorm (forward, dx, dw/db), dt_softmax.cu's losses and dt_opt.cu's update do.
 # tests/run.sh runs it (group ptx:dt_mma)
@@ -44,6 +44,9 @@ for arch in 80 90; do
     n=$(grep -c "ld\.global\.v4\." "$ptx")
     if [ "$n" -gt 0 ]; then echo "PASS ptx:dt_mma:sm_${arch}_ld_global_v4 ($n in $ptx)"
     else fail "ptx:dt_mma:sm_${arch}_ld_global_v4: none in $ptx"; fi
+    n=$(grep -c "cp\.async\.cg\.shared\.global" "$ptx")
+    if [ "$n" -gt 0 ]; then echo "PASS ptx:dt_mma:sm_${arch}_cp_async ($n in $ptx)"
+    else fail "ptx:dt_mma:sm_${arch}_cp_async: none in $ptx"; fi
     for form in x4 x4.trans; do
         n=$(grep -c "ldmatrix\.sync\.aligned\.m8n8\.$form\.shared\.b16" "$ptx")
         if [ "$n" -gt 0 ]; then echo "PASS ptx:dt_mma:sm_${arch}_ldmatrix_$form ($n in $ptx)"
@@ -83,7 +86,17 @@ for arch in 80 90; do
                END { if (name != "" && (!x4 || !tr || u16)) print name }' "$ptx" | grep -v fl_prep)
     n=$(grep -c "ldmatrix\.sync" "$ptx")
     if [ "$n" -gt 0 ] && [ -z "$bad" ]; then echo "PASS ptx:dt_flash:sm_${arch}_fragments_by_ldmatrix ($n in $ptx)"
-    else fail "ptx:dt_flash:sm_${arch}_fragments_by_ldmatrix: $n ldmatrix; kernels without both forms, or with 16-bit shared loads: ${bad:-none}"; fi
+    else fail "ptx:dt_flash:sm_${arch}_fragments_by_ldmatrix: $n ldmatrix; kernels without both forms or with" \
+        "16-bit shared loads: ${bad:-none}"; fi
+    # the streamed tiles by cp.async (in flight while the warps multiply), waited for by group
+    bad=$(awk '/^\.visible \.entry|^\.entry/ { if (name != "" && (!cp || !w)) print name
+                                                  name = $NF; sub(/\(.*/, "", name); cp = w = 0 }
+               /cp\.async\.cg\.shared\.global/ { cp = 1 }
+               /cp\.async\.wait_group/ { w = 1 }
+               END { if (name != "" && (!cp || !w)) print name }' "$ptx" | grep -v fl_prep)
+    n=$(grep -c "cp\.async\.cg\.shared\.global" "$ptx")
+    if [ "$n" -gt 0 ] && [ -z "$bad" ]; then echo "PASS ptx:dt_flash:sm_${arch}_tiles_by_cp_async ($n in $ptx)"
+    else fail "ptx:dt_flash:sm_${arch}_tiles_by_cp_async: $n cp.async; kernels without it or its wait: ${bad:-none}"; fi
 done
 
 # ptx_of FILE ARCH: nvcc -ptx of kernels/FILE.cu for compute_ARCH into $out/FILE.sm_ARCH.ptx, or a

@@ -82,7 +82,15 @@
        rounded inputs; cuBLASLt's epilogues, include/cublasLt.h, are f32 formulas of the
        host's), warp scheduling, bank conflicts, occupancy and speed;
      - out-of-bounds accesses inside kernels (device memory is host memory: an ASan build would
-       see them, this one does not).
+       see them, this one does not);
+     - a missing barrier between the last reads of a shared tile and the next cp.async (or
+       store) into it, when every warp reads the tile at the same warp operations: the serial
+       orders move the warps in step from barrier to barrier, so the early warp's copy comes
+       after the others' reads. ThreadSanitizer (run.sh "tsan:") reports it as a race.
+   ldmatrix (kernels/dt_mma.cuh) is a warp-collective operation that reads each lane's row as
+   the lane arrives; cp.async fills its destination with NaN at the issue and copies at the
+   issuing thread's wait (dt_emu_cp_async); both report addresses outside shared memory or off
+   their boundary, and a thread ending with copies it never waited for.
    Cost: a fiber switch per thread per barrier (tens of nanoseconds on x86-64, dt_emu_fswitch;
    about a microsecond with glibc's swapcontext, which makes a system call, elsewhere); host
    threads cost tens of microseconds per thread per barrier (more on a loaded machine). Keep grids
@@ -281,6 +289,9 @@ struct emu_thread {
     size_t gather_bytes;
     const char *gather_what;
     unsigned int gen; /* the barrier's generation when it arrived: its TSan sync object */
+    struct cp_async { void *dst; const void *src; size_t bytes; unsigned group; const char *file; int line; };
+    std::vector<cp_async> cp; /* its copies in flight (dt_emu_cp_async), by the group they join */
+    unsigned cp_commits;      /* the groups it committed */
 };
 
 struct emu_block {
@@ -666,6 +677,17 @@ static void run_thread(emu_thread *t) {
         } catch (emu_abort &) {
         }
     }
+    if (run && !b->aborted && !t->cp.empty()) {
+        emu_lock(&G.lock);
+        bool first = G.fault == cudaSuccess; /* one report a launch, as a fault's */
+        if (first) G.fault = cudaErrorLaunchFailure;
+        emu_unlock(&G.lock);
+        if (first)
+            report("thread %d of %s ends with %zu cp.async copies never waited for (the first issued at %s:%d): a "
+                   "GPU makes them at a time the kernel cannot know; wait for them (cp.async.wait_group), then a "
+                   "barrier", t->id, where_block(b).c_str(), t->cp.size(), t->cp[0].file, t->cp[0].line);
+    }
+    t->cp.clear();
     blk_lock(b);
     if (t->state == T_RUN) b->nrun--;
     else if (t->state == T_WAIT_BLOCK) b->nwait_block--;
@@ -1040,6 +1062,50 @@ int dt_emu_shared_access(const char *file, int line, const char *what, const voi
     else if (first)
         report("%s at %s:%d outside a kernel", what, file, line);
     return 0;
+}
+
+void dt_emu_cp_async(const char *file, int line, void *dst, const void *src, size_t bytes) {
+    if (!dt_emu_shared_access(file, line, "cp.async (its shared-memory destination)", dst, bytes) || !self) return;
+    if ((uintptr_t)src % bytes) {
+        emu_lock(&G.lock);
+        bool first = G.fault == cudaSuccess;
+        G.fault = cudaErrorMisalignedAddress;
+        emu_unlock(&G.lock);
+        if (first)
+            report("cp.async at %s:%d by thread %d of %s: its %zu-byte source %p is not on a boundary of that many "
+                   "bytes (a GPU faults: cudaErrorMisalignedAddress)", file, line, self->id,
+                   where_block(self->b).c_str(), bytes, src);
+        return;
+    }
+    if (dt_emu_is_shared(src, 1)) {
+        emu_lock(&G.lock);
+        bool first = G.fault == cudaSuccess;
+        G.fault = cudaErrorIllegalAddress;
+        emu_unlock(&G.lock);
+        if (first)
+            report("cp.async at %s:%d by thread %d of %s: its source %p is shared memory (cp.async copies from "
+                   "global memory)", file, line, self->id, where_block(self->b).c_str(), src);
+        return;
+    }
+    memset(dst, 0xff, bytes); /* in flux from now until the wait: NaN to a reader in between */
+    self->cp.push_back({dst, src, bytes, self->cp_commits, file, line});
+}
+
+void dt_emu_cp_async_commit(void) {
+    if (self) self->cp_commits++;
+}
+
+void dt_emu_cp_async_wait(int n) {
+    if (!self) return;
+    unsigned keep = n < 0 ? 0u : (unsigned)n; /* the newest groups left in flight */
+    unsigned done = keep >= self->cp_commits ? 0u : self->cp_commits - keep;
+    size_t k = 0;
+    for (size_t i = 0; i < self->cp.size(); i++) { /* in the order issued */
+        emu_thread::cp_async &c = self->cp[i];
+        if (c.group < done) memcpy(c.dst, c.src, c.bytes);
+        else self->cp[k++] = c;
+    }
+    self->cp.resize(k);
 }
 
 /* ---------------------------------------------------------------- errors, device */

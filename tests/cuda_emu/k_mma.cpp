@@ -259,8 +259,9 @@ static void check_ldsm(void) {
     int before = dt_emu_report_count();
     int st = k_ldsm_launch(2, d_r, d_src, d_rows, d_cols);
     const char *rep = dt_emu_last_report();
-    DT_TEST_CHECK("ldmatrix_of_global_memory_is_reported", st == cudaErrorIllegalAddress && dt_emu_report_count() > before &&
-                                                               strstr(rep, "ldmatrix") && strstr(rep, "outside shared memory"));
+    DT_TEST_CHECK("ldmatrix_of_global_memory_is_reported",
+                  st == cudaErrorIllegalAddress && dt_emu_report_count() > before && strstr(rep, "ldmatrix") &&
+                      strstr(rep, "outside shared memory"));
     before = dt_emu_report_count();
     st = k_ldsm_launch(3, d_r, d_src, d_rows, d_cols);
     rep = dt_emu_last_report();
@@ -318,6 +319,46 @@ static void check_half_warp(void) {
                       strstr(rep, "never arrive"));
 }
 
+/* ---------------------------------------------------------------- cp.async */
+
+/* The copies land by the waits; on the emulator not before (NaN until then); bad addresses and
+   copies never waited for are reported. */
+static void check_cp_async(void) {
+    std::vector<uint16_t> src(64 * 8 + 8), nan(512, 0xffffu);
+    for (size_t i = 0; i < src.size(); i++) src[i] = (uint16_t)(0x3f80u + i % 251);
+    std::vector<uint16_t> whole(src.begin(), src.begin() + 512), half(whole);
+    for (size_t i = 256; i < 512; i++) half[i] = 0xffffu;
+    uint16_t *d_src = k_upload(src), *d_out = k_upload(std::vector<uint16_t>(2048, 0u));
+    if (k_ok("cp_async_runs", k_cp_async_launch(0, d_out, d_src))) {
+        std::vector<uint16_t> got = k_download(d_out, 1024);
+        DT_TEST_CHECK("cp_async_all_landed_after_wait_0",
+                      std::vector<uint16_t>(got.begin() + 512, got.end()) == whole);
+#ifndef DT_EMU_STUBS /* on a GPU the newest group may have landed before its wait too */
+        DT_TEST_CHECK("cp_async_wait_1_leaves_the_newest_group_in_flight_nan",
+                      std::vector<uint16_t>(got.begin(), got.begin() + 512) == half);
+#endif
+    }
+#ifdef DT_EMU_STUBS
+    dt_test_skip("cp_async_misuse_is_reported", "on a GPU these are faults or races, not reports");
+#else
+    if (k_ok("cp_async_read_before_the_wait_runs", k_cp_async_launch(1, d_out, d_src)))
+        DT_TEST_CHECK("cp_async_read_before_the_wait_is_nan", k_download(d_out, 512) == nan);
+    struct { int mode; cudaError_t st; const char *name, *says; } bad[] = {
+        {2, cudaErrorMisalignedAddress, "cp_async_misaligned_source_is_reported", "not on a boundary"},
+        {3, cudaErrorIllegalAddress, "cp_async_to_global_memory_is_reported", "outside shared memory"},
+        {4, cudaErrorLaunchFailure, "cp_async_never_waited_for_is_reported", "never waited for"},
+    };
+    for (auto &c : bad) {
+        int before = dt_emu_report_count();
+        int st = k_cp_async_launch(c.mode, d_out, d_src);
+        const char *rep = dt_emu_last_report();
+        dt_test_check_all(c.name, st == c.st && dt_emu_report_count() > before && strstr(rep, "cp.async") &&
+                                      strstr(rep, c.says),
+                          "status %d (want %d), report: %s", st, (int)c.st, rep);
+    }
+#endif
+}
+
 int main(int argc, char **argv) {
     (void)argc, (void)argv;
     check_conversions();
@@ -329,6 +370,7 @@ int main(int argc, char **argv) {
         check_tiles(k_size(64, 32), 32, k_size(64, 32), 1, ldsm);
     }
     check_ldsm();
+    check_cp_async();
     check_half_warp();
     k_free_all();
     return dt_test_finish();

@@ -126,7 +126,38 @@ __global__ void k_ldsm_barrier(uint32_t *R, const uint16_t *src) {
     for (int i = 0; i < 4; i++) R[tid * 4 + i] = r[i];
 }
 
+/* cp.async by one warp: lane l copies 16-byte chunk l of src (group 0) and chunk 32 + l (group
+   1) into shared memory, then every lane reads all 64 chunks into out[0 ..] after waiting for
+   all but the newest group and a barrier, and into out[512 ..] after waiting for all. MODE 0 as
+   said; 1: the first read before any wait; 2: lane 3's source 2 bytes off its chunk; 3: the
+   destination in global memory; 4: no wait at all. */
+template <int MODE>
+__global__ void k_cp_async(uint16_t *out, const uint16_t *src) {
+    DT_K_SHARED_DYNAMIC(uint16_t, s); /* 64 chunks of 8 */
+    int lane = threadIdx.x & 31;
+    uint16_t *dst = MODE == 3 ? out + 1024 : s;
+    dt_mma_cp_async16(dst + lane * 8, src + lane * 8 + (MODE == 2 && lane == 3));
+    dt_mma_cp_async_commit();
+    dt_mma_cp_async16(dst + (32 + lane) * 8, src + (32 + lane) * 8);
+    dt_mma_cp_async_commit();
+    if (MODE == 0) dt_mma_cp_async_wait<1>();
+    __syncthreads();
+    if (lane == 0)
+        for (int i = 0; i < 512; i++) out[i] = s[i];
+    __syncthreads();
+    if (MODE != 4) dt_mma_cp_async_wait<0>();
+    __syncthreads();
+    if (lane == 0)
+        for (int i = 0; i < 512; i++) out[512 + i] = s[i];
+}
+
 /* Launchers (0 or the launch's error). */
+inline int k_cp_async_launch(int mode, uint16_t *out, const uint16_t *src) {
+    typedef void (*kernel_fn)(uint16_t *, const uint16_t *);
+    const kernel_fn k[5] = {k_cp_async<0>, k_cp_async<1>, k_cp_async<2>, k_cp_async<3>, k_cp_async<4>};
+    DT_K_LAUNCH(k[mode], 1, 32, 64 * 16, 0, out, src);
+    return DT_K_CHECK();
+}
 inline int k_ldsm_launch(int mode, uint32_t *R, const uint16_t *src, const int *rows, const int *cols) {
     typedef void (*kernel_fn)(uint32_t *, const uint16_t *, const int *, const int *);
     const kernel_fn k[4] = {k_ldsm<0>, k_ldsm<1>, k_ldsm<2>, k_ldsm<3>};
@@ -147,8 +178,9 @@ inline int k_mma_raw_launch(int f16, float *D, const uint16_t *A, const uint16_t
 inline int k_mma_tiles_launch(int bt, int plant, int ldsm, float *C, const __nv_bfloat16 *A, const __nv_bfloat16 *B,
                               int M, int N, int K) {
     typedef void (*kernel_fn)(float *, const __nv_bfloat16 *, const __nv_bfloat16 *, int, int, int);
-    const kernel_fn ks[2][2][2] = {{{k_mma_tiles<0, 0, 0>, k_mma_tiles<0, 0, 1>}, {k_mma_tiles<0, 1, 0>, k_mma_tiles<0, 1, 1>}},
-                                   {{k_mma_tiles<1, 0, 0>, k_mma_tiles<1, 0, 1>}, {k_mma_tiles<1, 1, 0>, k_mma_tiles<1, 1, 1>}}};
+    const kernel_fn ks[2][2][2] = {
+        {{k_mma_tiles<0, 0, 0>, k_mma_tiles<0, 0, 1>}, {k_mma_tiles<0, 1, 0>, k_mma_tiles<0, 1, 1>}},
+        {{k_mma_tiles<1, 0, 0>, k_mma_tiles<1, 0, 1>}, {k_mma_tiles<1, 1, 0>, k_mma_tiles<1, 1, 1>}}};
     kernel_fn k = ks[!!bt][!!plant][!!ldsm];
     dim3 grid((unsigned)(N / K_MMA_BN), (unsigned)(M / K_MMA_BM));
     DT_K_LAUNCH(k, grid, 128, K_MMA_SHARED, 0, C, A, B, M, N, K);

@@ -189,6 +189,18 @@ long long dt_emu_vector_accesses(void);
    dt_emu_is_shared only asks (no report). */
 int dt_emu_shared_access(const char *file, int line, const char *what, const void *p, size_t bytes);
 int dt_emu_is_shared(const void *p, size_t bytes);
+/* cp.async (kernels/dt_mma.cuh's dt_mma_cp_async16 and friends): `bytes` bytes from global memory
+   at src to shared memory at dst, as sm_80's cp.async.cg. On a GPU the bytes land at some time
+   between the issue and the issuing thread's wait; the emulator fills dst with NaN at the issue
+   and makes the copy (reads src, writes dst) only at that wait, so a read of dst in between, by
+   any thread (a missing barrier before the issue or after the wait), sees NaN. dst must lie in
+   shared memory, dst and src on
+   `bytes` boundaries (else reported, as ldmatrix's rows). commit closes the thread's open group;
+   wait(n) makes the copies of every group committed before the newest n. A thread that ends with
+   copies it never waited for is reported. */
+void dt_emu_cp_async(const char *file, int line, void *dst, const void *src, size_t bytes);
+void dt_emu_cp_async_commit(void);
+void dt_emu_cp_async_wait(int n);
 
 /* ---------------------------------------------------------------- barriers and warp operations */
 
