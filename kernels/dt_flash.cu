@@ -476,7 +476,7 @@ dt_k__fl_dq(dt_k_flash a, const uint16_t *d16, const float *D, float scale) {
     }
     dt_mma_cp_async_commit();
     for (int64_t k0 = 0, j = 0; k0 < kend; k0 += NK, j++) {
-        uint16_t *sk = sm + (j & 1) * 2 * NK * LD, *sv = sk + NK * LD, *next = sm + (~j & 1) * 2 * NK * LD;
+        uint16_t *sk = sm + (j & 1) * 2 * NK * LD, *sv = sk + NK * LD, *next = sm + ((j + 1) & 1) * 2 * NK * LD;
         if (k0 + NK < kend) {
             dt_k__fl_tile_async<HS>(next, kb, a.kv_stride, k0 + NK, NK, nk);
             dt_k__fl_tile_async<HS>(next + NK * LD, vb, a.kv_stride, k0 + NK, NK, nk);

@@ -657,6 +657,16 @@ void dt_emu_warp_gather(const char *file, int line, const char *what, unsigned i
     (void)warp_op(file, line, DT_EMU_GATHER, mask, 0, 0, 32, what, mine, all, bytes);
 }
 
+/* The running launch fails with e unless it already faulted: true for its first fault, the one
+   to report (a GPU stops at its first fault: one report a launch). */
+static bool first_fault(cudaError_t e) {
+    emu_lock(&G.lock);
+    bool first = G.fault == cudaSuccess;
+    if (first) G.fault = e;
+    emu_unlock(&G.lock);
+    return first;
+}
+
 /* One CUDA thread of a block, run by a pool worker (below) from its first instruction to its exit. */
 static void run_thread(emu_thread *t) {
     emu_block *b = t->b;
@@ -677,16 +687,10 @@ static void run_thread(emu_thread *t) {
         } catch (emu_abort &) {
         }
     }
-    if (run && !b->aborted && !t->cp.empty()) {
-        emu_lock(&G.lock);
-        bool first = G.fault == cudaSuccess; /* one report a launch, as a fault's */
-        if (first) G.fault = cudaErrorLaunchFailure;
-        emu_unlock(&G.lock);
-        if (first)
-            report("thread %d of %s ends with %zu cp.async copies never waited for (the first issued at %s:%d): a "
-                   "GPU makes them at a time the kernel cannot know; wait for them (cp.async.wait_group), then a "
-                   "barrier", t->id, where_block(b).c_str(), t->cp.size(), t->cp[0].file, t->cp[0].line);
-    }
+    if (run && !b->aborted && !t->cp.empty() && first_fault(cudaErrorLaunchFailure))
+        report("thread %d of %s ends with %zu cp.async copies never waited for (the first issued at %s:%d): a GPU "
+               "makes them at a time the kernel cannot know; wait for them (cp.async.wait_group), then a barrier",
+               t->id, where_block(b).c_str(), t->cp.size(), t->cp[0].file, t->cp[0].line);
     t->cp.clear();
     blk_lock(b);
     if (t->state == T_RUN) b->nrun--;
@@ -1049,10 +1053,7 @@ int dt_emu_is_shared(const void *p, size_t bytes) {
 int dt_emu_shared_access(const char *file, int line, const char *what, const void *p, size_t bytes) {
     bool shared = dt_emu_is_shared(p, bytes), aligned = (uintptr_t)p % bytes == 0;
     if (shared && aligned) return 1;
-    emu_lock(&G.lock);
-    bool first = G.fault == cudaSuccess; /* a GPU stops at the first fault: one report a launch */
-    G.fault = shared ? cudaErrorMisalignedAddress : cudaErrorIllegalAddress;
-    emu_unlock(&G.lock);
+    bool first = first_fault(shared ? cudaErrorMisalignedAddress : cudaErrorIllegalAddress);
     if (first && self)
         report("%s at %s:%d by thread %d of %s: %zu bytes at %p %s", what, file, line, self->id,
                where_block(self->b).c_str(), bytes, p,
@@ -1067,22 +1068,14 @@ int dt_emu_shared_access(const char *file, int line, const char *what, const voi
 void dt_emu_cp_async(const char *file, int line, void *dst, const void *src, size_t bytes) {
     if (!dt_emu_shared_access(file, line, "cp.async (its shared-memory destination)", dst, bytes) || !self) return;
     if ((uintptr_t)src % bytes) {
-        emu_lock(&G.lock);
-        bool first = G.fault == cudaSuccess;
-        G.fault = cudaErrorMisalignedAddress;
-        emu_unlock(&G.lock);
-        if (first)
+        if (first_fault(cudaErrorMisalignedAddress))
             report("cp.async at %s:%d by thread %d of %s: its %zu-byte source %p is not on a boundary of that many "
                    "bytes (a GPU faults: cudaErrorMisalignedAddress)", file, line, self->id,
                    where_block(self->b).c_str(), bytes, src);
         return;
     }
     if (dt_emu_is_shared(src, 1)) {
-        emu_lock(&G.lock);
-        bool first = G.fault == cudaSuccess;
-        G.fault = cudaErrorIllegalAddress;
-        emu_unlock(&G.lock);
-        if (first)
+        if (first_fault(cudaErrorIllegalAddress))
             report("cp.async at %s:%d by thread %d of %s: its source %p is shared memory (cp.async copies from "
                    "global memory)", file, line, self->id, where_block(self->b).c_str(), src);
         return;
