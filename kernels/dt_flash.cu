@@ -82,29 +82,20 @@
 
 #if DT_K__FLASH_MMA
 /* rows [r0, r0 + n) of a tensor (row r at src + r * stride, hs bf16 each) into tile (ld), 16
-   bytes a thread a step; rows at or past T are zeros. The block's threads share the work. */
-template <int HS>
+   bytes a thread a step; rows at or past T are zeros. The block's threads share the work. With
+   ASYNC (DT_K__FL_ASYNC) the rows before T come by cp.async, in flight until the thread's
+   dt_mma_cp_async_wait; else by 16-byte loads through the registers. */
+enum { DT_K__FL_SYNC = 0, DT_K__FL_ASYNC = 1 };
+template <int HS, int ASYNC = DT_K__FL_SYNC>
 static __device__ __forceinline__ void dt_k__fl_tile(uint16_t *tile, const uint16_t *__restrict__ src,
                                                      int64_t stride, int64_t r0, int n, int64_t T) {
     const int per_row = HS / 8;
     for (int i = threadIdx.x; i < n * per_row; i += blockDim.x) {
         int r = i / per_row, c = (i % per_row) * 8;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (r0 + r < T) v = dt_k_load_vec<uint4>(src + (r0 + r) * stride + c);
-        dt_k_store_vec<uint4>(tile + r * DT_K__FL_LD(HS) + c, v);
-    }
-}
-
-/* As dt_k__fl_tile, but the rows before T by cp.async (in flight until the thread's
-   dt_mma_cp_async_wait), the zeros past T by plain stores. */
-template <int HS>
-static __device__ __forceinline__ void dt_k__fl_tile_async(uint16_t *tile, const uint16_t *__restrict__ src,
-                                                           int64_t stride, int64_t r0, int n, int64_t T) {
-    const int per_row = HS / 8;
-    for (int i = threadIdx.x; i < n * per_row; i += blockDim.x) {
-        int r = i / per_row, c = (i % per_row) * 8;
-        if (r0 + r < T) dt_mma_cp_async16(tile + r * DT_K__FL_LD(HS) + c, src + (r0 + r) * stride + c);
-        else dt_k_store_vec<uint4>(tile + r * DT_K__FL_LD(HS) + c, make_uint4(0u, 0u, 0u, 0u));
+        uint16_t *dst = tile + r * DT_K__FL_LD(HS) + c;
+        if (r0 + r >= T) dt_k_store_vec<uint4>(dst, make_uint4(0u, 0u, 0u, 0u));
+        else if (ASYNC) dt_mma_cp_async16(dst, src + (r0 + r) * stride + c);
+        else dt_k_store_vec<uint4>(dst, dt_k_load_vec<uint4>(src + (r0 + r) * stride + c));
     }
 }
 
@@ -216,19 +207,19 @@ dt_k__fl_fwd(dt_k_flash a, float scale2) {
     for (int n = 0; n < HS / 8; n++) dt_mma_zero_c(&o[n]);
     /* The loads overlap the multiplies, FlashAttention-2's way: V's tile is in flight during
        S = Q K^T, the next K's during the softmax and O += P V. One group a tile a thread. */
-    if (kend > 0) dt_k__fl_tile_async<HS>(sk, kb, a.kv_stride, 0, DT_K__FL_KEYS, nk);
+    if (kend > 0) dt_k__fl_tile<HS, DT_K__FL_ASYNC>(sk, kb, a.kv_stride, 0, DT_K__FL_KEYS, nk);
     dt_mma_cp_async_commit();
     for (int64_t k0 = 0; k0 < kend; k0 += DT_K__FL_KEYS) {
         dt_mma_cp_async_wait<0>(); /* this thread's copies of the K tile */
 #if DT_K__FL_PLANT != 2
         __syncthreads(); /* every thread's; and every warp is done with the V tile before (or Q) */
 #endif
-        dt_k__fl_tile_async<HS>(sv, vb, a.kv_stride, k0, DT_K__FL_KEYS, nk);
+        dt_k__fl_tile<HS, DT_K__FL_ASYNC>(sv, vb, a.kv_stride, k0, DT_K__FL_KEYS, nk);
         dt_mma_cp_async_commit();
         dt_k__fl_abt<HS, DT_K__FL_KEYS>(s, qf, sk, lane);
         __syncthreads(); /* every warp is done with the K tile */
         if (k0 + DT_K__FL_KEYS < kend)
-            dt_k__fl_tile_async<HS>(sk, kb, a.kv_stride, k0 + DT_K__FL_KEYS, DT_K__FL_KEYS, nk);
+            dt_k__fl_tile<HS, DT_K__FL_ASYNC>(sk, kb, a.kv_stride, k0 + DT_K__FL_KEYS, DT_K__FL_KEYS, nk);
         dt_mma_cp_async_commit();
         float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f}, mn[2], alpha[2];
 #pragma unroll
@@ -343,8 +334,9 @@ static __device__ __forceinline__ void dt_k__fl_qtile(const dt_k_flash &a, const
     const int NQ = DT_K__FL_BWD_TILE;
     const int64_t nq = a.q_rows, row0 = b * a.T + a.q_row; /* the block's first query row in q, d16 */
     const float *lb = a.lse + (b * a.H + h) * a.T + a.q_row, *Db = D + (b * a.H + h) * a.T + a.q_row;
-    dt_k__fl_tile_async<HS>(tiles, a.q + row0 * a.q_stride + (int64_t)h * HS, a.q_stride, q0, NQ, nq);
-    dt_k__fl_tile_async<HS>(tiles + NQ * DT_K__FL_LD(HS), d16 + (row0 * a.H + h) * HS, (int64_t)a.H * HS, q0, NQ, nq);
+    dt_k__fl_tile<HS, DT_K__FL_ASYNC>(tiles, a.q + row0 * a.q_stride + (int64_t)h * HS, a.q_stride, q0, NQ, nq);
+    dt_k__fl_tile<HS, DT_K__FL_ASYNC>(tiles + NQ * DT_K__FL_LD(HS), d16 + (row0 * a.H + h) * HS, (int64_t)a.H * HS,
+                                      q0, NQ, nq);
     for (int i = threadIdx.x; i < NQ; i += blockDim.x) {
         int64_t r = q0 + i;
         stat[i] = r < nq ? lb[r] * DT_K__FL_LOG2E : 0.0f;
@@ -471,15 +463,15 @@ dt_k__fl_dq(dt_k_flash a, const uint16_t *d16, const float *D, float scale) {
     __syncthreads(); /* every warp has its q and dO: the space is two buffers of a K and a V tile now */
     /* the next K/V tile in flight (cp.async) while the warps work on this one */
     if (kend > 0) {
-        dt_k__fl_tile_async<HS>(sm, kb, a.kv_stride, 0, NK, nk);
-        dt_k__fl_tile_async<HS>(sm + NK * LD, vb, a.kv_stride, 0, NK, nk);
+        dt_k__fl_tile<HS, DT_K__FL_ASYNC>(sm, kb, a.kv_stride, 0, NK, nk);
+        dt_k__fl_tile<HS, DT_K__FL_ASYNC>(sm + NK * LD, vb, a.kv_stride, 0, NK, nk);
     }
     dt_mma_cp_async_commit();
     for (int64_t k0 = 0, j = 0; k0 < kend; k0 += NK, j++) {
         uint16_t *sk = sm + (j & 1) * 2 * NK * LD, *sv = sk + NK * LD, *next = sm + ((j + 1) & 1) * 2 * NK * LD;
         if (k0 + NK < kend) {
-            dt_k__fl_tile_async<HS>(next, kb, a.kv_stride, k0 + NK, NK, nk);
-            dt_k__fl_tile_async<HS>(next + NK * LD, vb, a.kv_stride, k0 + NK, NK, nk);
+            dt_k__fl_tile<HS, DT_K__FL_ASYNC>(next, kb, a.kv_stride, k0 + NK, NK, nk);
+            dt_k__fl_tile<HS, DT_K__FL_ASYNC>(next + NK * LD, vb, a.kv_stride, k0 + NK, NK, nk);
         }
         dt_mma_cp_async_commit();
         dt_mma_cp_async_wait<1>(); /* this thread's copies of this tile */
