@@ -57,7 +57,8 @@ static inline unsigned int dt_k__blocks(int64_t n, int threads, unsigned int max
    A template keeps its shared memory dynamic (DT_K_SHARED_DYNAMIC), as kernels/dt_flash.cu's do:
    g++ 12 ignores the section attribute on a static variable of a template, so a __shared__
    array there would be outside the emulator's view (no NaN poison at block start, and ldmatrix
-   reports it as outside shared memory). */
+   reports it as outside shared memory); the emulator's build (tests/cuda_emu/emu_build.sh)
+   rejects one, naming it. */
 
 /* ---------------------------------------------------------------- bf16 / f16 storage (uint16_t) */
 

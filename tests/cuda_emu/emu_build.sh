@@ -33,11 +33,21 @@ emu_runtime() {
     $EMU_CXX -O2 $tsan $EMU_INC -c tests/cuda_emu/cuda_emu.cpp -o "$1"
 }
 
-# emu_kernel CU OUT [tsan]: one kernels/*.cu as C++ against the fake CUDA headers.
+# emu_kernel CU OUT [tsan]: one kernels/*.cu as C++ against the fake CUDA headers. Then no
+# function-local static may sit in a section of its own (.bss._ZZ...): g++ gives a template's
+# statics one and drops their section attribute, so a __shared__ array of a template kernel would
+# be plain memory the emulator neither poisons at block start nor lets ldmatrix or cp.async read
+# (kernels/dt_cuda.cuh: a template's shared memory is DT_K_SHARED_DYNAMIC).
 emu_kernel() {
-    local tsan=
+    local tsan= lost
     [ "${3:-}" = tsan ] && tsan=$EMU_TSAN
-    $EMU_CXX -O1 $tsan $EMU_INC -x c++ -c "$1" -o "$2"
+    $EMU_CXX -O1 $tsan $EMU_INC -x c++ -c "$1" -o "$2" || return
+    lost=$(objdump -h "$2" | awk '$2 ~ /^\.(bss|data|tbss|tdata)\._ZZ/ {print $2}' | sed 's/^\.[a-z]*\.//' | c++filt)
+    [ -z "$lost" ] && return 0
+    echo "$1: function-local statics outside the emulator's shared memory (a template's __shared__ array? use DT_K_SHARED_DYNAMIC):"
+    echo "$lost" | sed 's/^/    /'
+    rm -f "$2"
+    return 1
 }
 
 # emu_nccl OUT: the fake NCCL (tests/cuda_emu/nccl_emu.cpp) for the MPI programs.
