@@ -3388,6 +3388,20 @@ static dt_status dt__cp_f32(dt_ctx *ctx, const dt_tensor *t, dt_device dev, cons
     return dt__cp_typed(ctx, t, DT_F32, dev, fn, arg);
 }
 
+/* An output that shares a byte with an input (or another output) of the op: named, before anything is
+   written (the ring fills out and lse, and adds into dqkv, while it reads the others). */
+static dt_status dt__cp_apart(dt_ctx *ctx, const dt_tensor *o, const dt_tensor *in, const char *fn, const char *on,
+                              const char *in_name) {
+    const char *a, *b;
+    size_t na, nb;
+    if (!o || !in) return DT_OK; /* an optional one (att) not given */
+    a = (const char *)o->data, b = (const char *)in->data;
+    na = dt_tensor_bytes(o), nb = dt_tensor_bytes(in);
+    if (!a || !b || !na || !nb || a + na <= b || b + nb <= a) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s shares memory with %s; expected an op's outputs apart from its "
+                            "inputs (it reads one while it writes the other)", fn, on, in_name);
+}
+
 /* t has shape [d0, d1, d2]. */
 static dt_status dt__cp_shape(dt_ctx *ctx, const dt_tensor *t, int64_t d0, int64_t d1, int64_t d2, const char *fn,
                               const char *arg, const char *why) {
@@ -3583,6 +3597,9 @@ DT_API dt_status dt_cp_attention_fwd(dt_layout *l, dt_tensor *out, dt_tensor *ls
     dt_status mst = DT_OK, cst = DT_OK; /* the messages' status, the compute's */
     int s, a, b, cur = 0;
     DT__TRY(dt__cp_ring_check(l, &g, out, "out", lse, qkv, n_head, n_kv_head, fn));
+    DT__TRY(dt__cp_apart(l->ctx, out, qkv, fn, "out", "qkv"));
+    DT__TRY(dt__cp_apart(l->ctx, lse, qkv, fn, "lse", "qkv"));
+    DT__TRY(dt__cp_apart(l->ctx, lse, out, fn, "lse", "out"));
     k = l->cp_keep;
     DT__TRY(dt__cp_buf_of(l->ctx, &k->kv[0], g.dev, g.tc ? DT_BF16 : DT_F32, g.B, g.Tl, 2 * g.Ckv));
     DT__TRY(dt__cp_buf_of(l->ctx, &k->kv[1], g.dev, g.tc ? DT_BF16 : DT_F32, g.B, g.Tl, 2 * g.Ckv));
@@ -3690,6 +3707,10 @@ DT_API dt_status dt_cp_attention_bwd(dt_layout *l, dt_tensor *dqkv, const dt_ten
     DT__TRY(dt__cp_shape(l->ctx, out, g.B, g.Tl, g.C, fn, "out", "dout's"));
     DT__TRY(dt__cp_f32(l->ctx, dqkv, g.dev, fn, "dqkv"));
     DT__TRY(dt__cp_shape(l->ctx, dqkv, g.B, g.Tl, g.W, fn, "dqkv", "qkv's"));
+    DT__TRY(dt__cp_apart(l->ctx, dqkv, dout, fn, "dqkv", "dout"));
+    DT__TRY(dt__cp_apart(l->ctx, dqkv, qkv, fn, "dqkv", "qkv"));
+    DT__TRY(dt__cp_apart(l->ctx, dqkv, out, fn, "dqkv", "out"));
+    DT__TRY(dt__cp_apart(l->ctx, dqkv, lse, fn, "dqkv", "lse"));
     k = l->cp_keep;
     DT__TRY(dt__cp_buf_of(l->ctx, &k->kv[0], g.dev, g.tc ? DT_BF16 : DT_F32, g.B, g.Tl, 2 * g.Ckv));
     DT__TRY(dt__cp_buf_of(l->ctx, &k->kv[1], g.dev, g.tc ? DT_BF16 : DT_F32, g.B, g.Tl, 2 * g.Ckv));
@@ -3864,6 +3885,12 @@ DT_API dt_status dt_cp_ulysses_fwd(dt_layout *l, dt_tensor *out, dt_tensor *uqkv
     DT__TRY(dt__uly_setup(l, &g, qkv, "qkv", 0, uqkv, att, qkv, "qkv", n_head, n_kv_head, fn));
     DT__TRY(dt__cp_f32(l->ctx, out, g.dev, fn, "out"));
     DT__TRY(dt__cp_shape(l->ctx, out, g.B, g.Tl, g.C, fn, "out", "B, T / cp, n_head x head size"));
+    /* uqkv and att are kept for the backward: out written over either would spoil it */
+    DT__TRY(dt__cp_apart(l->ctx, out, qkv, fn, "out", "qkv"));
+    DT__TRY(dt__cp_apart(l->ctx, out, uqkv, fn, "out", "uqkv"));
+    DT__TRY(dt__cp_apart(l->ctx, out, att, fn, "out", "att"));
+    DT__TRY(dt__cp_apart(l->ctx, uqkv, qkv, fn, "uqkv", "qkv"));
+    DT__TRY(dt__cp_apart(l->ctx, att, qkv, fn, "att", "qkv"));
     k = l->cp_keep;
     Cu = g.C / g.cp;
     wu = g.W / g.cp;
@@ -3890,6 +3917,9 @@ DT_API dt_status dt_cp_ulysses_bwd(dt_layout *l, dt_tensor *dqkv, const dt_tenso
     dt_status st;
     int64_t Cu, wu;
     DT__TRY(dt__uly_setup(l, &g, dout, "dout", 1, uqkv, att, dqkv, "dqkv", n_head, n_kv_head, fn));
+    DT__TRY(dt__cp_apart(l->ctx, dqkv, dout, fn, "dqkv", "dout"));
+    DT__TRY(dt__cp_apart(l->ctx, dqkv, uqkv, fn, "dqkv", "uqkv"));
+    DT__TRY(dt__cp_apart(l->ctx, dqkv, att, fn, "dqkv", "att"));
     k = l->cp_keep;
     Cu = g.C / g.cp;
     wu = g.W / g.cp;

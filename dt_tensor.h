@@ -530,7 +530,9 @@ DT_API dt_status dt_gelu_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, 
 /* LayerNorm over the last dim C: out = (x - mean) * rstd * w + b; mean, rstd [rows] are saved
    for the backward (may be NULL in the forward when not needed). Row sums in float, 8 lanes in a
    fixed order: a row gives the same bits wherever it sits (rows can be sharded). out may be bf16
-   (a GEMM's bf16 input): the f32 result rounded once; x, w, b, mean, rstd stay f32. */
+   (a GEMM's bf16 input): the f32 result rounded once; x, w, b, mean, rstd stay f32. An f32 out may
+   be x itself (in place); every other output that shares memory with an input or another output
+   (mean in x, dx over x or dout, dw over db, ...) is DT_ERR_ARG naming both, on either device. */
 DT_API dt_status dt_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, dt_tensor *rstd,
                                   const dt_tensor *x, const dt_tensor *w, const dt_tensor *b,
                                   float eps);
@@ -3922,6 +3924,42 @@ static dt_status dt__ln_check(dt_ctx *ctx, const dt_tensor *out, const dt_tensor
     return DT_OK;
 }
 
+/* The forward's outputs apart from its inputs and from each other, on both devices (mean and rstd
+   are written while x is read); out may be x itself, in place (f32: each row is read whole before
+   it is written, on the CPU and in the kernel, whose lanes write only what they read). */
+static dt_status dt__ln_fwd_apart(dt_ctx *ctx, const dt_tensor *out, const dt_tensor *mean, const dt_tensor *rstd,
+                                  const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, const char *fn) {
+    const dt_tensor *in[3], *st[2];
+    const char *in_name[3] = {"x", "w", "b"}, *st_name[2] = {"mean", "rstd"};
+    int i, j;
+    in[0] = x; in[1] = w; in[2] = b; st[0] = mean; st[1] = rstd;
+    if (!(out && x && out->data == x->data && out->dtype == x->dtype && out->dtype == DT_F32 &&
+          dt_tensor_same_shape(out, x)))
+        DT__TRY(dt__apart(ctx, out, x, fn, "out", "x"));
+    for (i = 1; i < 3; i++) DT__TRY(dt__apart(ctx, out, in[i], fn, "out", in_name[i]));
+    for (j = 0; j < 2; j++) {
+        for (i = 0; i < 3; i++) DT__TRY(dt__apart(ctx, st[j], in[i], fn, st_name[j], in_name[i]));
+        DT__TRY(dt__apart(ctx, st[j], out, fn, st_name[j], "out"));
+    }
+    return dt__apart(ctx, mean, rstd, fn, "mean", "rstd");
+}
+
+/* The backward's outputs (it adds into them) apart from its inputs and from each other. */
+static dt_status dt__ln_bwd_apart(dt_ctx *ctx, const dt_tensor *dx, const dt_tensor *dw, const dt_tensor *db,
+                                  const dt_tensor *dout, const dt_tensor *x, const dt_tensor *w,
+                                  const dt_tensor *mean, const dt_tensor *rstd, const char *fn) {
+    const dt_tensor *o[3], *in[5];
+    const char *o_name[3] = {"dx", "dw", "db"}, *in_name[5] = {"dout", "x", "w", "mean", "rstd"};
+    int i, j;
+    o[0] = dx; o[1] = dw; o[2] = db;
+    in[0] = dout; in[1] = x; in[2] = w; in[3] = mean; in[4] = rstd;
+    for (j = 0; j < 3; j++) {
+        for (i = 0; i < 5; i++) DT__TRY(dt__apart(ctx, o[j], in[i], fn, o_name[j], in_name[i]));
+        for (i = j + 1; i < 3; i++) DT__TRY(dt__apart(ctx, o[j], o[i], fn, o_name[j], o_name[i]));
+    }
+    return DT_OK;
+}
+
 DT_API dt_status dt_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, dt_tensor *rstd,
                                   const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, float eps) {
     const char *fn = "dt_layernorm_fwd";
@@ -3929,6 +3967,7 @@ DT_API dt_status dt_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, 
     dt_tensor of;
     float *row = NULL; /* a bf16 out: each row in f32 first, then rounded once */
     if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__ln_fwd_apart(ctx, out, mean, rstd, x, w, b, fn));
 #ifdef DT_CUDA
     if (dt__cu(out) || dt__cu(x) || dt__cu(w) || dt__cu(b) || dt__cu(mean) || dt__cu(rstd)) return dt__cu_layernorm_fwd(ctx, out, mean, rstd, x, w, b, eps);
 #endif
@@ -3937,7 +3976,6 @@ DT_API dt_status dt_layernorm_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *mean, 
     if (b) { DT__TRY(dt__f32(ctx, b, fn, "b")); DT__TRY(dt__dim(ctx, b->numel, C, fn, "b numel", "x.shape[-1]")); }
     if (!(eps > 0 && eps <= FLT_MAX)) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: eps = %g; expected a finite eps > 0", fn, (double)eps);
     if (out->dtype == DT_BF16) {
-        DT__TRY(dt__apart(ctx, out, x, fn, "out", "x"));
         if (C && !(row = dt__scratch(ctx, (size_t)C))) return ctx->last_status; /* no GEMM inside: all ours */
     }
     for (r = 0; r < R; r++) {
@@ -3987,6 +4025,7 @@ DT_API dt_status dt_layernorm_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_
     const char *fn = "dt_layernorm_bwd";
     int64_t r, c, C, R;
     if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__ln_bwd_apart(ctx, dx, dw, db, dout, x, w, mean, rstd, fn));
 #ifdef DT_CUDA
     if (dt__cu(dout) || dt__cu(x) || dt__cu(w) || dt__cu(dx) || dt__cu(dw) || dt__cu(db)) return dt__cu_layernorm_bwd(ctx, dx, dw, db, dout, x, w, mean, rstd);
 #endif
@@ -4477,6 +4516,15 @@ static dt_status dt__attn_apart(dt_ctx *ctx, const dt_tensor *out, const dt_tens
     return dt__apart(ctx, out, att, fn, "out", "att");
 }
 
+/* The backward's one output apart from every input (both devices: it adds into dqkv while it
+   reads them). */
+static dt_status dt__attn_bwd_apart(dt_ctx *ctx, const dt_tensor *dqkv, const dt_tensor *dout, const dt_tensor *qkv,
+                                    const dt_tensor *att, const char *fn) {
+    DT__TRY(dt__apart(ctx, dqkv, dout, fn, "dqkv", "dout"));
+    DT__TRY(dt__apart(ctx, dqkv, qkv, fn, "dqkv", "qkv"));
+    return dt__apart(ctx, dqkv, att, fn, "dqkv", "att");
+}
+
 DT_API dt_status dt_attention_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *att, const dt_tensor *qkv, int n_head) {
     return dt_attention_gqa_fwd(ctx, out, att, qkv, n_head, n_head);
 }
@@ -4559,6 +4607,7 @@ DT_API dt_status dt_attention_gqa_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_ten
     int h;
     float scale, *ds;
     if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__attn_bwd_apart(ctx, dqkv, dout, qkv, att, fn));
 #ifdef DT_CUDA
     if (dt__cu(dqkv) || dt__cu(dout) || dt__cu(qkv) || dt__cu(att)) {
         if (n_kv_head == n_head) return dt__cu_attention_bwd(ctx, dqkv, dout, qkv, att, n_head);
@@ -4578,9 +4627,6 @@ DT_API dt_status dt_attention_gqa_bwd(dt_ctx *ctx, dt_tensor *dqkv, const dt_ten
         dt_status st;
         DT__TRY(dt_check_tensor(ctx, dqkv, DT_BF16, fn, "dqkv"));
         DT__TRY(dt__same(ctx, dqkv, qkv, fn, "dqkv", "qkv"));
-        DT__TRY(dt__apart(ctx, dqkv, dout, fn, "dqkv", "dout"));
-        DT__TRY(dt__apart(ctx, dqkv, qkv, fn, "dqkv", "qkv"));
-        DT__TRY(dt__apart(ctx, dqkv, att, fn, "dqkv", "att"));
         df.dtype = DT_F32;
         df.owns = 0;
         if (!dqkv->numel) return DT_OK;

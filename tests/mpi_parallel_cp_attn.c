@@ -277,6 +277,28 @@ static void bad_inputs(dt_layout *l) {
         dt_tensor_free(&C, &lo);
         dt_tensor_free(&C, &oo);
     }
+    { /* an output over an input or another output (the ring fills out and lse, adds into dqkv;
+         Ulysses keeps uqkv and att for the backward): named on every rank, before any message */
+        dt_tensor dq = mk(B, Tl, Wd, 0), uq = mk(B, T, Wd / cp, 0), at = mk(B, H / cp, T, T), lv, dv, ov;
+        int64_t sl[3] = {B, H, Tl}, so[3] = {B, Tl, H * HS};
+        OK(dt_tensor_view(&C, &lv, &out, 0, 3, sl));
+        bad("ring_lse_inside_out_named", dt_cp_attention_fwd(l, &out, &lv, &qkv, H, 0), DT_ERR_ARG,
+            "lse shares memory with out");
+        OK(dt_tensor_view(&C, &ov, &qkv, 0, 3, so));
+        bad("ring_out_inside_qkv_named", dt_cp_attention_fwd(l, &ov, &lse, &qkv, H, 0), DT_ERR_ARG,
+            "out shares memory with qkv");
+        OK(dt_tensor_view(&C, &dv, &dq, 0, 3, so));
+        bad("ring_bwd_dout_inside_dqkv_named", dt_cp_attention_bwd(l, &dq, &dv, &qkv, &out, &lse, H, 0), DT_ERR_ARG,
+            "dqkv shares memory with dout");
+        bad("ring_bwd_dqkv_is_qkv_named", dt_cp_attention_bwd(l, &qkv, &out, &qkv, &out, &lse, H, 0), DT_ERR_ARG,
+            "dqkv shares memory with");
+        OK(dt_tensor_view(&C, &ov, &uq, 0, 3, so));
+        bad("ulysses_out_inside_uqkv_named", dt_cp_ulysses_fwd(l, &ov, &uq, &at, &qkv, H, 0), DT_ERR_ARG,
+            "out shares memory with uqkv");
+        bad("ulysses_bwd_dout_inside_dqkv_named", dt_cp_ulysses_bwd(l, &dq, &dv, &uq, &at, H, 0), DT_ERR_ARG,
+            "dqkv shares memory with dout");
+        dt_tensor_free(&C, &dq); dt_tensor_free(&C, &uq); dt_tensor_free(&C, &at);
+    }
     /* nothing was sent: a good call still pairs up with every other rank */
     DT_TEST_CHECK("ring_works_after_the_bad_calls", dt_cp_attention_fwd(l, &out, &lse, &qkv, H, 0) == DT_OK);
     dt_tensor_free(&C, &qkv); dt_tensor_free(&C, &out); dt_tensor_free(&C, &lse); dt_tensor_free(&C, &odd);

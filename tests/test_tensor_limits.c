@@ -1606,6 +1606,60 @@ static void test_aliasing(void) {
     st = dt_embedding_fwd(&C, &out, &tab, &ids);
     dt_test_error("embedding_out_inside_table_is_named", st, dt_ctx_error(&C), "dt_embedding_fwd: out shares memory with table");
     dt_tensor_free(&C, &part[1]); dt_tensor_free(&C, &whole); dt_tensor_free(&C, &tab); dt_tensor_free(&C, &ids);
+    { /* layernorm: mean and rstd are written while x is read, the backward adds into dx, dw, db
+         while it reads the rest (on CUDA the dw / db pass reads x after the dx pass: dx over x
+         gave wrong dw there); out may be x itself (in place, tests/test_tensor_ops_simd.c) */
+        dt_tensor lb = mk(DT_F32, 1, SH(40)), lx, lo, lm, lr, lw, ld, dw2, db2;
+        rnd(&lb, "ln");
+        dt_tensor_view(&C, &lx, &lb, 0, 2, SH(3, 4));
+        dt_tensor_view(&C, &lo, &lb, 12, 2, SH(3, 4));
+        dt_tensor_view(&C, &lw, &lb, 24, 1, SH(4));
+        dt_tensor_view(&C, &lm, &lb, 28, 1, SH(3));
+        dt_tensor_view(&C, &lr, &lb, 31, 1, SH(3));
+        dt_tensor_view(&C, &ld, &lb, 34, 1, SH(3));
+        st = dt_layernorm_fwd(&C, &lo, &lm, &lr, &lx, &lw, NULL, 1e-5f);
+        DT_TEST_CHECK("layernorm_outputs_beside_inputs_in_one_buffer_run", st == DT_OK);
+        dt_tensor_view(&C, &ld, &lb, 10, 1, SH(3)); /* x's last row */
+        st = dt_layernorm_fwd(&C, &lo, &ld, &lr, &lx, &lw, NULL, 1e-5f);
+        dt_test_error("layernorm_mean_inside_x_is_named", st, dt_ctx_error(&C), "dt_layernorm_fwd: mean shares memory with x");
+        dt_tensor_view(&C, &ld, &lb, 29, 1, SH(3)); /* over mean */
+        st = dt_layernorm_fwd(&C, &lo, &lm, &ld, &lx, &lw, NULL, 1e-5f);
+        dt_test_error("layernorm_rstd_over_mean_is_named", st, dt_ctx_error(&C), "dt_layernorm_fwd: mean shares memory with rstd");
+        dt_tensor_view(&C, &ld, &lb, 2, 2, SH(3, 4)); /* x shifted by two: not x itself */
+        st = dt_layernorm_fwd(&C, &ld, &lm, &lr, &lx, &lw, NULL, 1e-5f);
+        dt_test_error("layernorm_out_overlapping_x_is_named", st, dt_ctx_error(&C), "dt_layernorm_fwd: out shares memory with x");
+        st = dt_layernorm_fwd(&C, &lo, &lm, &lr, &lx, &lw, NULL, 1e-5f);
+        if (DT_TEST_CHECK("layernorm_forward_for_the_backward_runs", st == DT_OK)) {
+            st = dt_layernorm_bwd(&C, &lx, NULL, NULL, &lo, &lx, &lw, &lm, &lr);
+            dt_test_error("layernorm_bwd_dx_is_x_is_named", st, dt_ctx_error(&C), "dt_layernorm_bwd: dx shares memory with x");
+            st = dt_layernorm_bwd(&C, &lo, NULL, NULL, &lo, &lx, &lw, &lm, &lr);
+            dt_test_error("layernorm_bwd_dx_is_dout_is_named", st, dt_ctx_error(&C), "dt_layernorm_bwd: dx shares memory with dout");
+            dw2 = mk(DT_F32, 1, SH(4));
+            dt_tensor_view(&C, &db2, &dw2, 0, 1, SH(4));
+            st = dt_layernorm_bwd(&C, NULL, &dw2, &db2, &lo, &lx, &lw, &lm, &lr);
+            dt_test_error("layernorm_bwd_db_over_dw_is_named", st, dt_ctx_error(&C), "dt_layernorm_bwd: dw shares memory with db");
+            st = dt_layernorm_bwd(&C, NULL, &lw, NULL, &lo, &lx, &lw, &lm, &lr);
+            dt_test_error("layernorm_bwd_dw_is_w_is_named", st, dt_ctx_error(&C), "dt_layernorm_bwd: dw shares memory with w");
+            dt_tensor_free(&C, &dw2);
+        }
+        dt_tensor_free(&C, &lb);
+    }
+    { /* attention backward: dqkv accumulates while qkv, dout and att are read (f32, the CPU) */
+        dt_tensor qkv = mk(DT_F32, 3, SH(1, 4, 6)), ao = mk(DT_F32, 3, SH(1, 4, 2)), att = mk(DT_F32, 4, SH(1, 1, 4, 4)),
+                  dq = mk(DT_F32, 3, SH(1, 4, 6)), dout;
+        rnd(&qkv, "qkv");
+        st = dt_attention_fwd(&C, &ao, &att, &qkv, 1);
+        if (DT_TEST_CHECK("attention_forward_for_the_backward_runs", st == DT_OK)) {
+            st = dt_attention_bwd(&C, &qkv, &ao, &qkv, &att, 1);
+            dt_test_error("attention_bwd_dqkv_is_qkv_is_named", st, dt_ctx_error(&C), "dt_attention_bwd: dqkv shares memory with qkv");
+            dt_tensor_view(&C, &dout, &dq, 0, 3, SH(1, 4, 2));
+            st = dt_attention_bwd(&C, &dq, &dout, &qkv, &att, 1);
+            dt_test_error("attention_bwd_dout_inside_dqkv_is_named", st, dt_ctx_error(&C), "dt_attention_bwd: dqkv shares memory with dout");
+            st = dt_attention_bwd(&C, &dq, &ao, &qkv, &att, 1);
+            DT_TEST_CHECK("attention_bwd_apart_runs", st == DT_OK);
+        }
+        dt_tensor_free(&C, &qkv); dt_tensor_free(&C, &ao); dt_tensor_free(&C, &att); dt_tensor_free(&C, &dq);
+    }
     dt_tensor_free(&C, &buf);
 }
 

@@ -283,6 +283,15 @@ int main(void) {
         }
         dt_test_error("layernorm_fwd_cuda_eps_0_is_named", dt_layernorm_fwd(&ctx, &ln.d, NULL, NULL, &g.d, &lw.d, NULL, 0.0f),
                       dt_ctx_error(&ctx), "eps");
+        /* outputs over inputs, on the device as on the CPU: the dw / db pass reads x after the dx
+           pass has written dx (over x it gave dw off by hundreds), the forward's statistics are
+           written while x is read */
+        dt_test_error("layernorm_bwd_cuda_dx_is_x_is_named",
+                      dt_layernorm_bwd(&ctx, &g.d, &dlw.d, &dlb.d, &dln.d, &g.d, &lw.d, &mean.d, &rstd.d), dt_ctx_error(&ctx),
+                      "dt_layernorm_bwd: dx shares memory with x");
+        dt_test_error("layernorm_fwd_cuda_mean_is_rstd_is_named",
+                      dt_layernorm_fwd(&ctx, &ln.d, &mean.d, &mean.d, &g.d, &lw.d, &lb.d, 1e-5f), dt_ctx_error(&ctx),
+                      "dt_layernorm_fwd: mean shares memory with rstd");
         pair_t *all[] = {&x, &w, &bias, &y, &g, &lw, &lb, &ln, &mean, &rstd, &dy, &dx, &dw, &dbias, &dg, &dlw, &dlb, &dln};
         for (pair_t *p : all) release(*p);
     }
@@ -443,7 +452,21 @@ int main(void) {
         dt_test_error("attention_fwd_bf16_qkv_head_size_8_is_named", dt_attention_fwd(&ctx, &out.d, NULL, &q16, 8),
                       dt_ctx_error(&ctx), "head size C / n_head = 8");
         dt_test_error("attention_bwd_bf16_qkv_dqkv_shape_is_named",
-                      dt_attention_bwd(&ctx, &dout.d, &dout.d, &q16, NULL, 2), dt_ctx_error(&ctx), "dqkv");
+                      dt_attention_bwd(&ctx, &out.d, &dout.d, &q16, NULL, 2), dt_ctx_error(&ctx), "dqkv");
+        { /* dqkv is added into while qkv and dout are read: over either it is named, as on the CPU
+             (on the tensor cores it returned DT_OK with gradients off by units) */
+            dt_tensor dv;
+            int64_t sh[3] = {B, T, C};
+            dt_test_error("attention_bwd_bf16_qkv_dqkv_is_qkv_is_named", dt_attention_bwd(&ctx, &q16, &dout.d, &q16, NULL, 2),
+                          dt_ctx_error(&ctx), "dt_attention_bwd: dqkv shares memory with qkv");
+            if (DT_TEST_CHECK("attention_bwd_dout_view_inside_dqkv_made", dt_tensor_view(&ctx, &dv, &dqkv.d, 0, 3, sh) == DT_OK))
+                dt_test_error("attention_bwd_bf16_qkv_dout_inside_dqkv_is_named",
+                              dt_attention_bwd(&ctx, &dqkv.d, &dv, &q16, NULL, 2), dt_ctx_error(&ctx),
+                              "dt_attention_bwd: dqkv shares memory with dout");
+            dt_test_error("attention_gqa_bwd_bf16_qkv_dqkv_is_qkv_is_named",
+                          dt_attention_gqa_bwd(&ctx, &q16, &dout.d, &q16, NULL, 2, 2), dt_ctx_error(&ctx),
+                          "dqkv shares memory with qkv");
+        }
         /* a bf16 qkv on the CPU (att kept): bf16 products there too */
         if (ok2("attention_fwd_bf16_qkv_on_cpu_matches_the_tensor_cores", dt_attention_fwd(&ctx, &out.h, &att.h, &q16h, 2),
                 dt_attention_fwd(&ctx, &out.d, NULL, &q16, 2)))
