@@ -3429,6 +3429,16 @@ static dt_status dt__linear_dx_bf16(dt_ctx *ctx, dt_tensor *dx, const dt_tensor 
     return st;
 }
 
+/* dbias (added into) apart from the inputs and from the other two gradients. */
+static dt_status dt__linear_dbias_apart(dt_ctx *ctx, const dt_tensor *dbias, const dt_tensor *dx, const dt_tensor *dw,
+                                        const dt_tensor *dout, const dt_tensor *x, const dt_tensor *w, const char *fn) {
+    DT__TRY(dt__apart(ctx, dbias, dout, fn, "dbias", "dout"));
+    DT__TRY(dt__apart(ctx, dbias, x, fn, "dbias", "x"));
+    DT__TRY(dt__apart(ctx, dbias, w, fn, "dbias", "w"));
+    DT__TRY(dt__apart(ctx, dbias, dx, fn, "dbias", "dx"));
+    return dt__apart(ctx, dbias, dw, fn, "dbias", "dw");
+}
+
 DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_tensor *dbias,
                                const dt_tensor *dout, const dt_tensor *x, const dt_tensor *w) {
     const char *fn = "dt_linear_bwd";
@@ -3440,7 +3450,7 @@ DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_ten
 #ifdef DT_CUDA
     if (dt__cu(dout) || dt__cu(x) || dt__cu(w) || dt__cu(dx) || dt__cu(dw) || dt__cu(dbias)) {
         DT__TRY(dt__mm_apart(ctx, dx, dw, dout, x, w, fn));
-        DT__TRY(dt__apart(ctx, dbias, dout, fn, "dbias", "dout"));
+        DT__TRY(dt__linear_dbias_apart(ctx, dbias, dx, dw, dout, x, w, fn));
         return dt__cu_linear_bwd(ctx, dx, dw, dbias, dout, x, w);
     }
 #endif
@@ -3449,7 +3459,7 @@ DT_API dt_status dt_linear_bwd(dt_ctx *ctx, dt_tensor *dx, dt_tensor *dw, dt_ten
     DT__TRY(dt__linear_grad_dtype(ctx, dx, bf, fn));
     DT__TRY(dt__linear_check(ctx, ys, xs, bf ? &wf : w, NULL, fn, "dout"));
     DT__TRY(dt__mm_apart(ctx, dx, dw, dout, x, w, fn));
-    DT__TRY(dt__apart(ctx, dbias, dout, fn, "dbias", "dout"));
+    DT__TRY(dt__linear_dbias_apart(ctx, dbias, dx, dw, dout, x, w, fn));
     N = dt__rows(x); In = w->shape[1]; Out = w->shape[0];
     gbf = dout->dtype == DT_BF16;
     if (dx) {

@@ -341,8 +341,10 @@ static void test_bad_inputs(void) {
                   "out shape [2, 7, 8]; expected [2, 6, 8]");
     dt_test_error("attention_bwd_dqkv_shape_is_named", dt_attention_bwd(&C, &d, &o, &x, &a, 2), dt_ctx_error(&C),
                   "dqkv");
-    dt_test_error("attention_bwd_att_shape_is_named", dt_attention_bwd(&C, &x, &o, &x, &a5, 2), dt_ctx_error(&C),
+    dt_test_error("attention_bwd_att_shape_is_named", dt_attention_bwd(&C, &x25, &o, &x, &a5, 2), dt_ctx_error(&C),
                   "att shape");
+    dt_test_error("attention_bwd_dqkv_is_qkv_is_named", dt_attention_bwd(&C, &x, &o, &x, &a, 2), dt_ctx_error(&C),
+                  "dt_attention_bwd: dqkv shares memory with qkv");
     DT_TEST_CHECK("attention_null_ctx_is_arg", dt_attention_fwd(NULL, &o, &a, &x, 2) == DT_ERR_ARG);
     dt_tensor_free(&C, &x); dt_tensor_free(&C, &o); dt_tensor_free(&C, &a); dt_tensor_free(&C, &a5);
     dt_tensor_free(&C, &x25); dt_tensor_free(&C, &d); dt_tensor_free(&C, &o7);

@@ -121,7 +121,9 @@ int main(void) {
         bad("gqa_kv_heads_zero_named", dt_attention_gqa_fwd(&C, &out, &att, &qkv, 4, 0), DT_ERR_ARG, "n_kv_head = 0");
         bad("gqa_width_named", dt_attention_gqa_fwd(&C, &out, &att, &odd, 4, 1), DT_ERR_SHAPE, "is not (n_head + 2 n_kv_head)");
         bad("gqa_att_heads_named", dt_attention_gqa_fwd(&C, &out, &att3, &qkv, 4, 1), DT_ERR_SHAPE, "att shape");
-        bad("gqa_bwd_kv_heads_named", dt_attention_gqa_bwd(&C, &qkv, &out, &qkv, &att, 4, 3), DT_ERR_ARG, "n_kv_head = 3");
+        bad("gqa_bwd_kv_heads_named", dt_attention_gqa_bwd(&C, &odd, &out, &qkv, &att, 4, 3), DT_ERR_ARG, "n_kv_head = 3");
+        bad("gqa_bwd_dqkv_is_qkv_named", dt_attention_gqa_bwd(&C, &qkv, &out, &qkv, &att, 4, 1), DT_ERR_ARG,
+            "dqkv shares memory with qkv");
         dt_tensor_free(&C, &qkv); dt_tensor_free(&C, &out); dt_tensor_free(&C, &att); dt_tensor_free(&C, &att3);
         dt_tensor_free(&C, &odd);
     }

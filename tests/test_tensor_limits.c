@@ -1561,6 +1561,13 @@ static void test_aliasing(void) {
     dt_test_error("linear_out_aliasing_x_is_named", st, dt_ctx_error(&C), "dt_linear_fwd: out shares memory with x");
     st = dt_linear_bwd(&C, &w, NULL, NULL, &a, &x, &w);
     dt_test_error("linear_bwd_dx_aliasing_w_is_named", st, dt_ctx_error(&C), "dt_linear_bwd: dx shares memory with w");
+    { /* dbias over dw (both added into): named */
+        dt_tensor dw3 = mk(DT_F32, 2, SH(3, 3)), db3;
+        dt_tensor_view(&C, &db3, &dw3, 3, 1, SH(3));
+        st = dt_linear_bwd(&C, NULL, &dw3, &db3, &a, &x, &w);
+        dt_test_error("linear_bwd_dbias_inside_dw_is_named", st, dt_ctx_error(&C), "dt_linear_bwd: dbias shares memory with dw");
+        dt_tensor_free(&C, &dw3);
+    }
     { /* dt_linear_gelu_fwd: pre is the GELU's input, kept for the backward: out may not overlap it */
         dt_tensor o2 = mk(DT_F32, 2, SH(3, 3)), p2 = mk(DT_F32, 2, SH(3, 3)), p4 = mk(DT_F32, 2, SH(3, 4)), pi;
         st = dt_linear_gelu_fwd(&C, &x, &o2, &x, &w, NULL);
