@@ -4,7 +4,8 @@
    Devices: DT_EMU_DEVICES=N (default 1) devices, each with its own PCI bus id (0: none, as on a
    machine without a GPU); the fake NCCL (tests/cuda_emu/nccl_emu.cpp, include/nccl.h) runs its
    operations on these streams. DT_EMU_TRACE=1 prints where each allocation, free, host<->device
-   copy and host wait came from (see trace()).
+   copy and host wait came from (see trace()). DT_EMU_FAIL_ALLOC=N makes the N-th allocation fail
+   with cudaErrorMemoryAllocation (dt_emu_fail_alloc: the same from a test, tests/cuda_emu/k_oom.cpp).
 
    Build (tests/run.sh, group "cuda_emu", does this):
        g++ -x c++ -Itests/cuda_emu/include -Ikernels -c kernels/dt_x.cu     (each kernel file)
@@ -1281,6 +1282,42 @@ void dt_emu_get_counters(dt_emu_counters *c) {
     emu_unlock(&G.lock);
 }
 
+/* Out of memory on purpose (dt_emu_fail_alloc, DT_EMU_FAIL_ALLOC=N): the fail_at-th allocation
+   (cudaMalloc or pinned host memory, of one byte or more) fails with cudaErrorMemoryAllocation, as
+   a full GPU's does. Under G.lock. */
+static long long oom_made, oom_fail_at = -1; /* -1: DT_EMU_FAIL_ALLOC not read yet */
+static bool oom_said;                         /* DT_EMU_FAIL_ALLOC set it: say where it hits */
+static bool injected_oom(const char *what, size_t bytes, const char *file, int line) {
+    emu_lock(&G.lock);
+    if (oom_fail_at < 0) {
+        const char *e = getenv("DT_EMU_FAIL_ALLOC");
+        oom_fail_at = e && *e ? strtoll(e, NULL, 10) : 0;
+        oom_said = oom_fail_at > 0;
+    }
+    bool hit = ++oom_made == oom_fail_at;
+    emu_unlock(&G.lock);
+    if (hit && (oom_said || trace_on())) fprintf(stderr, "dt_emu: %s(%zu bytes) at %s:%d fails (out of memory on purpose)\n", what, bytes, file, line);
+    return hit;
+}
+void dt_emu_fail_alloc(long long n) {
+    emu_lock(&G.lock);
+    oom_fail_at = n > 0 ? oom_made + n : 0;
+    oom_said = false;
+    emu_unlock(&G.lock);
+}
+long long dt_emu_allocations(void) {
+    emu_lock(&G.lock);
+    long long n = oom_made;
+    emu_unlock(&G.lock);
+    return n;
+}
+long long dt_emu_live_allocations(void) {
+    emu_lock(&G.lock);
+    long long n = (long long)(G.allocs.size() + G.pinned.size());
+    emu_unlock(&G.lock);
+    return n;
+}
+
 cudaError_t dt_emu_malloc(const char *file, int line, void **ptr, size_t bytes) {
     if (!ptr) { report("cudaMalloc at %s:%d: ptr is NULL", file, line); return fail(cudaErrorInvalidValue); }
     *ptr = NULL;
@@ -1288,7 +1325,8 @@ cudaError_t dt_emu_malloc(const char *file, int line, void **ptr, size_t bytes) 
     trace("cudaMalloc", bytes, file, line);
     if (bytes == 0) return cudaSuccess;
     /* 256-byte aligned, as cudaMalloc's: a vector path's alignment test sees what a GPU gives */
-    void *p = bytes > SIZE_MAX - 255 ? NULL : aligned_alloc(256, (bytes + 255) & ~(size_t)255);
+    void *p = bytes > SIZE_MAX - 255 || injected_oom("cudaMalloc", bytes, file, line)
+                  ? NULL : aligned_alloc(256, (bytes + 255) & ~(size_t)255);
     if (!p) return fail(cudaErrorMemoryAllocation);
     memset(p, 0xff, bytes); /* cudaMalloc memory is not zeroed: reading it before writing shows */
     emu_lock(&G.lock);
@@ -1338,7 +1376,8 @@ cudaError_t dt_emu_host_alloc(const char *file, int line, void **ptr, size_t byt
     count(&dt_emu_counters::allocs, 1);
     trace("cudaHostAlloc", bytes, file, line);
     if (bytes == 0) return cudaSuccess;
-    void *p = bytes > SIZE_MAX - 4095 ? NULL : aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
+    void *p = bytes > SIZE_MAX - 4095 || injected_oom("cudaHostAlloc", bytes, file, line)
+                  ? NULL : aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
     if (!p) return fail(cudaErrorMemoryAllocation);
     memset(p, 0, bytes);
     emu_lock(&G.lock);

@@ -311,6 +311,14 @@ typedef struct dt_emu_counters {
 } dt_emu_counters;
 void dt_emu_get_counters(dt_emu_counters *c);
 const char *dt_emu_last_report(void);
+/* Out of memory on purpose: dt_emu_fail_alloc(n) makes the n-th allocation from now (cudaMalloc
+   or pinned host memory of a byte or more; 1: the next) fail with cudaErrorMemoryAllocation, as a
+   full GPU's does; 0 turns it off (DT_EMU_FAIL_ALLOC=N sets it at the start, counting from the
+   first). dt_emu_allocations: how many of those were asked for so far (failed ones too);
+   dt_emu_live_allocations: how many are held now (device and pinned). */
+void dt_emu_fail_alloc(long long n);
+long long dt_emu_allocations(void);
+long long dt_emu_live_allocations(void);
 /* DT_EMU_STREAMS: "immediate" (default) or "deferred" (work on created streams waits until
    something waits for it; see cuda_emu.cpp). */
 const char *dt_emu_streams_mode(void);
