@@ -1267,6 +1267,44 @@ static dt_status dt__opt_check_cuda(dt_ctx *ctx, dt_params *ps, const dt_opt_des
 }
 #endif
 
+/* Every value and grad of the set in memory of its own: a grad over another parameter's value (or
+   over another grad) would be updated by the one and read by the other within a step. The 2n byte
+   ranges sorted by start; each must begin past the furthest end before it. */
+typedef struct dt__opt_range { uintptr_t lo, hi; int param, grad; } dt__opt_range;
+static int dt__opt_range_cmp(const void *a, const void *b) {
+    const dt__opt_range *x = (const dt__opt_range *)a, *y = (const dt__opt_range *)b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+static dt_status dt__opt_apart(dt_ctx *ctx, const dt_params *ps, const char *fn) {
+    dt__opt_range *r;
+    int i, n = 0, far = -1;
+    dt_status st = DT_OK;
+    if (!ps->count) return DT_OK;
+    if (!(r = (dt__opt_range *)dt_alloc(ctx, 2 * (size_t)ps->count * sizeof *r))) return ctx->last_status;
+    for (i = 0; i < ps->count; i++) {
+        const dt_tensor *t[2];
+        int k;
+        t[0] = &ps->items[i]->value; t[1] = &ps->items[i]->grad;
+        for (k = 0; k < 2; k++) {
+            size_t b = dt_tensor_bytes(t[k]);
+            if (!t[k]->data || !b) continue;
+            r[n].lo = (uintptr_t)t[k]->data, r[n].hi = r[n].lo + b, r[n].param = i, r[n].grad = k;
+            n++;
+        }
+    }
+    qsort(r, (size_t)n, sizeof *r, dt__opt_range_cmp);
+    for (i = 0; i < n && !st; i++) {
+        if (far >= 0 && r[i].lo < r[far].hi)
+            st = dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: \"%s\" %s shares memory with \"%s\" %s; expected every value "
+                                  "and grad of the set apart (one is updated while the other is read)", fn,
+                                  ps->items[r[i].param]->name, r[i].grad ? "grad" : "value", ps->items[r[far].param]->name,
+                                  r[far].grad ? "grad" : "value");
+        if (far < 0 || r[i].hi > r[far].hi) far = i;
+    }
+    dt_release(ctx, r);
+    return st;
+}
+
 static dt_status dt__opt_check_params(dt_ctx *ctx, dt_params *ps, const dt_opt_desc *d, const char *fn) {
     int i;
 #ifdef DT_CUDA
@@ -1515,6 +1553,7 @@ DT_API dt_status dt_opt_create(dt_ctx *ctx, dt_optimizer **out, dt_params *ps, c
     d = *desc;
     DT__TRY(dt__opt_resolve(ctx, &d, fn));
     DT__TRY(dt__opt_check_params(ctx, ps, &d, fn));
+    DT__TRY(dt__opt_apart(ctx, ps, fn));
     for (i = 0; i < ps->count; i++) any_f16 |= ps->items[i]->value.dtype == DT_F16;
     if (d.loss_scale.mode == DT_LOSS_SCALE_DEFAULT && any_f16) d.loss_scale.mode = DT_LOSS_SCALE_DYNAMIC;
     norm_collective = dt__norm_collective(ps, &d.norm);

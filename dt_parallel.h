@@ -2648,6 +2648,29 @@ static dt_status dt__tp_apart(dt_ctx *ctx, const dt_tensor *scratch, const dt_te
                             fn, sn, in_name);
 }
 
+/* An op's output that shares a byte with one of its inputs (or another output): named, before
+   anything is written (it reads one while it writes the other); dt__par_same_or_apart lets the ops
+   that run in place have out be in itself (the same data, dtype and element count). NULL or empty
+   tensors never overlap (their own checks name them). */
+static dt_status dt__par_apart(dt_ctx *ctx, const dt_tensor *o, const dt_tensor *in, const char *fn, const char *on,
+                               const char *in_name) {
+    const char *a, *b;
+    size_t na, nb;
+    if (!o || !in) return DT_OK;
+    a = (const char *)o->data, b = (const char *)in->data;
+    na = dt_tensor_bytes(o), nb = dt_tensor_bytes(in);
+    if (!a || !b || !na || !nb || o->device != in->device || a + na <= b || b + nb <= a) return DT_OK;
+    return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s shares memory with %s; expected an op's outputs apart from its "
+                            "inputs (it reads one while it writes the other)", fn, on, in_name);
+}
+static dt_status dt__par_same_or_apart(dt_ctx *ctx, const dt_tensor *o, const dt_tensor *in, const char *fn,
+                                       const char *on, const char *in_name) {
+    if (o && in && o->data && o->data == in->data && o->dtype == in->dtype && o->numel == in->numel &&
+        o->device == in->device)
+        return DT_OK;
+    return dt__par_apart(ctx, o, in, fn, on, in_name);
+}
+
 /* A [rows, cols] view of t (leading dims flattened) for the 2-D matmul. */
 static dt_status dt__tp_2d(dt_ctx *ctx, dt_tensor *v, const dt_tensor *t) {
     int64_t shape[2];
@@ -2761,6 +2784,11 @@ static dt_status dt__tp_column_fwd(dt_layout *l, dt_tensor *out, dt_tensor *pre,
     if (sp) {
         DT__TRY(dt__tp_times(l, N, &N, fn, "x"));
         DT__TRY(dt__tp_act(l->ctx, xbuf, w, N, In, fn, "xbuf", "tp x the rows of x: the gathered input"));
+        DT__TRY(dt__tp_apart(l->ctx, xbuf, x, fn, "xbuf", "x")); /* the gather writes it before the GEMM */
+        DT__TRY(dt__tp_apart(l->ctx, xbuf, w, fn, "xbuf", "w"));
+        if (bias) DT__TRY(dt__tp_apart(l->ctx, xbuf, bias, fn, "xbuf", "bias"));
+        DT__TRY(dt__tp_apart(l->ctx, xbuf, out, fn, "xbuf", "out"));
+        if (pre) DT__TRY(dt__tp_apart(l->ctx, xbuf, pre, fn, "xbuf", "pre"));
         xall = xbuf;
     }
     DT__TRY(dt__tp_act(l->ctx, out, w, N, w->shape[0], fn, "out", "the rows of x_all by w.shape[0], this rank's "
@@ -2963,6 +2991,11 @@ DT_API dt_status dt_tp_embedding_fwd(dt_layout *l, dt_tensor *out, dt_tensor *pa
     int64_t N, C, Vl, nl = 0, n;
     DT__TRY(dt__tp_begin(l, sp, fn));
     DT__TRY(dt__tp_emb_args(l, table, "table", out, "out", ids, vocab_start, vocab, sp, &N, &nl, fn));
+    DT__TRY(dt__par_apart(l->ctx, out, table, fn, "out", "table"));
+    DT__TRY(dt__par_apart(l->ctx, out, ids, fn, "out", "ids"));
+    DT__TRY(dt__par_apart(l->ctx, partial, table, fn, "partial", "table"));
+    DT__TRY(dt__par_apart(l->ctx, partial, ids, fn, "partial", "ids"));
+    DT__TRY(dt__par_apart(l->ctx, partial, out, fn, "partial", "out"));
     Vl = table->shape[0]; C = table->shape[1];
     if (partial || (sp && l->tp > 1))
         DT__TRY(dt__tp_mat(l->ctx, partial, N, C, fn, "partial", "ids by table.shape[1]: the scratch of the sum"));
@@ -2997,6 +3030,13 @@ DT_API dt_status dt_tp_embedding_bwd(dt_layout *l, dt_tensor *dtable, dt_tensor 
     DT__TRY(dt__tp_begin(l, sp, fn));
     if (!dtable) return dt__tp_chk(l->ctx, dout, DT_F32, fn, "dout"); /* nothing wanted, nothing moved */
     DT__TRY(dt__tp_emb_args(l, dtable, "dtable", dout, "dout", ids, vocab_start, vocab, sp, &N, &nl, fn));
+    DT__TRY(dt__par_apart(l->ctx, dtable, dout, fn, "dtable", "dout"));
+    DT__TRY(dt__par_apart(l->ctx, dtable, ids, fn, "dtable", "ids"));
+    if (sp && l->tp > 1) {
+        DT__TRY(dt__par_apart(l->ctx, doutbuf, dout, fn, "doutbuf", "dout"));
+        DT__TRY(dt__par_apart(l->ctx, doutbuf, ids, fn, "doutbuf", "ids"));
+        DT__TRY(dt__par_apart(l->ctx, dtable, doutbuf, fn, "dtable", "doutbuf"));
+    }
     Vl = dtable->shape[0]; C = dtable->shape[1];
     if (sp && l->tp > 1) {
         DT__TRY(dt__tp_mat(l->ctx, doutbuf, N, C, fn, "doutbuf", "ids by dtable.shape[1]: the gathered dout"));
@@ -3147,6 +3187,8 @@ DT_API dt_status dt_tp_xent_fwd(dt_layout *l, float *loss, int64_t *n_valid, dt_
     DT__TRY(dt__tp_xent_check(l, logits, targets, vocab_start, vocab, ignore_index, fn, NULL));
     N = dt__tp_rows(logits); Vl = dt__tp_last(logits);
     if (stats) DT__TRY(dt__tp_mat(l->ctx, stats, N, 2, fn, "stats", "each row's max and log-sum-exp"));
+    DT__TRY(dt__par_apart(l->ctx, stats, logits, fn, "stats", "logits"));
+    DT__TRY(dt__par_apart(l->ctx, stats, targets, fn, "stats", "targets"));
     nv = vocab - vocab_start; /* this rank's real (not padding) columns */
     nv = nv < 0 ? 0 : nv > Vl ? Vl : nv;
     if (logits->device == DT_CUDA_DEVICE) {
@@ -3204,6 +3246,9 @@ DT_API dt_status dt_tp_xent_bwd(dt_layout *l, dt_tensor *dlogits, const dt_tenso
     DT__TRY(dt__tp_mat(l->ctx, stats, N, 2, fn, "stats", "from dt_tp_xent_fwd"));
     if (!dlogits) return DT_OK;
     DT__TRY(dt__tp_mat(l->ctx, dlogits, N, Vl, fn, "dlogits", "as logits"));
+    DT__TRY(dt__par_same_or_apart(l->ctx, dlogits, logits, fn, "dlogits", "logits")); /* in place, or apart */
+    DT__TRY(dt__par_apart(l->ctx, dlogits, stats, fn, "dlogits", "stats"));
+    DT__TRY(dt__par_apart(l->ctx, dlogits, targets, fn, "dlogits", "targets"));
     DT__TRY(dt__tp_same_device(l->ctx, fn, logits, "logits", stats, "stats"));
     DT__TRY(dt__tp_same_device(l->ctx, fn, logits, "logits", dlogits, "dlogits"));
     nv = vocab - vocab_start;
@@ -3386,20 +3431,6 @@ static dt_status dt__cp_typed(dt_ctx *ctx, const dt_tensor *t, dt_dtype dt, dt_d
 }
 static dt_status dt__cp_f32(dt_ctx *ctx, const dt_tensor *t, dt_device dev, const char *fn, const char *arg) {
     return dt__cp_typed(ctx, t, DT_F32, dev, fn, arg);
-}
-
-/* An output that shares a byte with an input (or another output) of the op: named, before anything is
-   written (the ring fills out and lse, and adds into dqkv, while it reads the others). */
-static dt_status dt__cp_apart(dt_ctx *ctx, const dt_tensor *o, const dt_tensor *in, const char *fn, const char *on,
-                              const char *in_name) {
-    const char *a, *b;
-    size_t na, nb;
-    if (!o || !in) return DT_OK; /* an optional one (att) not given */
-    a = (const char *)o->data, b = (const char *)in->data;
-    na = dt_tensor_bytes(o), nb = dt_tensor_bytes(in);
-    if (!a || !b || !na || !nb || a + na <= b || b + nb <= a) return DT_OK;
-    return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s shares memory with %s; expected an op's outputs apart from its "
-                            "inputs (it reads one while it writes the other)", fn, on, in_name);
 }
 
 /* t has shape [d0, d1, d2]. */
@@ -3597,9 +3628,9 @@ DT_API dt_status dt_cp_attention_fwd(dt_layout *l, dt_tensor *out, dt_tensor *ls
     dt_status mst = DT_OK, cst = DT_OK; /* the messages' status, the compute's */
     int s, a, b, cur = 0;
     DT__TRY(dt__cp_ring_check(l, &g, out, "out", lse, qkv, n_head, n_kv_head, fn));
-    DT__TRY(dt__cp_apart(l->ctx, out, qkv, fn, "out", "qkv"));
-    DT__TRY(dt__cp_apart(l->ctx, lse, qkv, fn, "lse", "qkv"));
-    DT__TRY(dt__cp_apart(l->ctx, lse, out, fn, "lse", "out"));
+    DT__TRY(dt__par_apart(l->ctx, out, qkv, fn, "out", "qkv"));
+    DT__TRY(dt__par_apart(l->ctx, lse, qkv, fn, "lse", "qkv"));
+    DT__TRY(dt__par_apart(l->ctx, lse, out, fn, "lse", "out"));
     k = l->cp_keep;
     DT__TRY(dt__cp_buf_of(l->ctx, &k->kv[0], g.dev, g.tc ? DT_BF16 : DT_F32, g.B, g.Tl, 2 * g.Ckv));
     DT__TRY(dt__cp_buf_of(l->ctx, &k->kv[1], g.dev, g.tc ? DT_BF16 : DT_F32, g.B, g.Tl, 2 * g.Ckv));
@@ -3707,10 +3738,10 @@ DT_API dt_status dt_cp_attention_bwd(dt_layout *l, dt_tensor *dqkv, const dt_ten
     DT__TRY(dt__cp_shape(l->ctx, out, g.B, g.Tl, g.C, fn, "out", "dout's"));
     DT__TRY(dt__cp_f32(l->ctx, dqkv, g.dev, fn, "dqkv"));
     DT__TRY(dt__cp_shape(l->ctx, dqkv, g.B, g.Tl, g.W, fn, "dqkv", "qkv's"));
-    DT__TRY(dt__cp_apart(l->ctx, dqkv, dout, fn, "dqkv", "dout"));
-    DT__TRY(dt__cp_apart(l->ctx, dqkv, qkv, fn, "dqkv", "qkv"));
-    DT__TRY(dt__cp_apart(l->ctx, dqkv, out, fn, "dqkv", "out"));
-    DT__TRY(dt__cp_apart(l->ctx, dqkv, lse, fn, "dqkv", "lse"));
+    DT__TRY(dt__par_apart(l->ctx, dqkv, dout, fn, "dqkv", "dout"));
+    DT__TRY(dt__par_apart(l->ctx, dqkv, qkv, fn, "dqkv", "qkv"));
+    DT__TRY(dt__par_apart(l->ctx, dqkv, out, fn, "dqkv", "out"));
+    DT__TRY(dt__par_apart(l->ctx, dqkv, lse, fn, "dqkv", "lse"));
     k = l->cp_keep;
     DT__TRY(dt__cp_buf_of(l->ctx, &k->kv[0], g.dev, g.tc ? DT_BF16 : DT_F32, g.B, g.Tl, 2 * g.Ckv));
     DT__TRY(dt__cp_buf_of(l->ctx, &k->kv[1], g.dev, g.tc ? DT_BF16 : DT_F32, g.B, g.Tl, 2 * g.Ckv));
@@ -3886,11 +3917,11 @@ DT_API dt_status dt_cp_ulysses_fwd(dt_layout *l, dt_tensor *out, dt_tensor *uqkv
     DT__TRY(dt__cp_f32(l->ctx, out, g.dev, fn, "out"));
     DT__TRY(dt__cp_shape(l->ctx, out, g.B, g.Tl, g.C, fn, "out", "B, T / cp, n_head x head size"));
     /* uqkv and att are kept for the backward: out written over either would spoil it */
-    DT__TRY(dt__cp_apart(l->ctx, out, qkv, fn, "out", "qkv"));
-    DT__TRY(dt__cp_apart(l->ctx, out, uqkv, fn, "out", "uqkv"));
-    DT__TRY(dt__cp_apart(l->ctx, out, att, fn, "out", "att"));
-    DT__TRY(dt__cp_apart(l->ctx, uqkv, qkv, fn, "uqkv", "qkv"));
-    DT__TRY(dt__cp_apart(l->ctx, att, qkv, fn, "att", "qkv"));
+    DT__TRY(dt__par_apart(l->ctx, out, qkv, fn, "out", "qkv"));
+    DT__TRY(dt__par_apart(l->ctx, out, uqkv, fn, "out", "uqkv"));
+    DT__TRY(dt__par_apart(l->ctx, out, att, fn, "out", "att"));
+    DT__TRY(dt__par_apart(l->ctx, uqkv, qkv, fn, "uqkv", "qkv"));
+    DT__TRY(dt__par_apart(l->ctx, att, qkv, fn, "att", "qkv"));
     k = l->cp_keep;
     Cu = g.C / g.cp;
     wu = g.W / g.cp;
@@ -3917,9 +3948,9 @@ DT_API dt_status dt_cp_ulysses_bwd(dt_layout *l, dt_tensor *dqkv, const dt_tenso
     dt_status st;
     int64_t Cu, wu;
     DT__TRY(dt__uly_setup(l, &g, dout, "dout", 1, uqkv, att, dqkv, "dqkv", n_head, n_kv_head, fn));
-    DT__TRY(dt__cp_apart(l->ctx, dqkv, dout, fn, "dqkv", "dout"));
-    DT__TRY(dt__cp_apart(l->ctx, dqkv, uqkv, fn, "dqkv", "uqkv"));
-    DT__TRY(dt__cp_apart(l->ctx, dqkv, att, fn, "dqkv", "att"));
+    DT__TRY(dt__par_apart(l->ctx, dqkv, dout, fn, "dqkv", "dout"));
+    DT__TRY(dt__par_apart(l->ctx, dqkv, uqkv, fn, "dqkv", "uqkv"));
+    DT__TRY(dt__par_apart(l->ctx, dqkv, att, fn, "dqkv", "att"));
     k = l->cp_keep;
     Cu = g.C / g.cp;
     wu = g.W / g.cp;

@@ -562,7 +562,8 @@ DT_API dt_status dt_bce_logits_fwd(dt_ctx *ctx, float *loss, const dt_tensor *lo
                                    const dt_tensor *labels);
 DT_API dt_status dt_bce_logits_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_tensor *logits,
                                    const dt_tensor *labels, float dloss);
-/* Elementwise, same numel. out = a + b (out may alias a or b); x *= alpha; y += alpha * x.
+/* Elementwise, same numel. out = a + b (out may be a or b itself; an output that only partly
+   overlaps an input is DT_ERR_ARG, in every op that runs in place); x *= alpha; y += alpha * x.
    The backward of add is dt_axpy(dA, 1, dout) for each input. */
 DT_API dt_status dt_add(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, const dt_tensor *b);
 DT_API dt_status dt_scale(dt_ctx *ctx, dt_tensor *x, float alpha);
@@ -2966,6 +2967,17 @@ static dt_status dt__apart(dt_ctx *ctx, const dt_tensor *out, const dt_tensor *i
                             "inputs (it reads one while it writes the other)", fn, on, in_name);
 }
 
+/* For the ops that run in place: out may be in itself (the same data, dtype and element count: each
+   element is read before it is written, by the same thread), else apart; a partial overlap (out a
+   few elements past in) would read elements already written. */
+static dt_status dt__same_or_apart(dt_ctx *ctx, const dt_tensor *out, const dt_tensor *in, const char *fn,
+                                   const char *on, const char *in_name) {
+    if (out && in && out->data && out->data == in->data && out->dtype == in->dtype && out->numel == in->numel &&
+        out->device == in->device)
+        return DT_OK;
+    return dt__apart(ctx, out, in, fn, on, in_name);
+}
+
 static dt_status dt__same(dt_ctx *ctx, const dt_tensor *a, const dt_tensor *b, const char *fn,
                           const char *an, const char *bn) {
     char sa[96], sb[96];
@@ -3208,6 +3220,9 @@ static dt_status dt__mm_apart(dt_ctx *ctx, const dt_tensor *da, const dt_tensor 
     DT__TRY(dt__apart(ctx, da, b, fn, lin ? "dx" : "da", lin ? "w" : "b"));
     DT__TRY(dt__apart(ctx, db, dout, fn, lin ? "dw" : "db", "dout"));
     DT__TRY(dt__apart(ctx, db, a, fn, lin ? "dw" : "db", lin ? "x" : "a"));
+    /* da over a (db over b): the second GEMM would read what the first wrote */
+    DT__TRY(dt__apart(ctx, da, a, fn, lin ? "dx" : "da", lin ? "x" : "a"));
+    DT__TRY(dt__apart(ctx, db, b, fn, lin ? "dw" : "db", lin ? "w" : "b"));
     return dt__apart(ctx, da, db, fn, lin ? "dx" : "da", lin ? "dw" : "db");
 }
 
@@ -3485,6 +3500,7 @@ DT_API dt_status dt_bias_add_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *b
     const char *fn = "dt_bias_add_fwd";
     int64_t r, c, C, R;
     if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__apart(ctx, out, bias, fn, "out", "bias"));
 #ifdef DT_CUDA
     if (dt__cu(out) || dt__cu(bias)) return dt__cu_bias_add(ctx, out, bias, 0);
 #endif
@@ -3522,6 +3538,7 @@ DT_API dt_status dt_bias_add_bwd(dt_ctx *ctx, dt_tensor *dbias, const dt_tensor 
     dt_tensor gt;
     int bf;
     if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__apart(ctx, dbias, dout, fn, "dbias", "dout"));
 #ifdef DT_CUDA
     if (dt__cu(dbias) || dt__cu(dout)) return dt__cu_bias_add(ctx, dbias, dout, 1);
 #endif
@@ -3776,6 +3793,7 @@ static dt_status dt__unary_check(dt_ctx *ctx, const dt_tensor *out, const dt_ten
 
 DT_API dt_status dt_relu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
     if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__same_or_apart(ctx, out, x, "dt_relu_fwd", "out", "x"));
 #ifdef DT_CUDA
     if (dt__cu(out) || dt__cu(x)) return dt__cu_unary(ctx, out, NULL, x, 0, 1);
 #endif
@@ -3848,6 +3866,7 @@ DT_API dt_status dt_gelu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
     float xb[DT__ACT_BLOCK], ob[DT__ACT_BLOCK];
     int64_t i, n;
     if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__same_or_apart(ctx, out, x, "dt_gelu_fwd", "out", "x"));
 #ifdef DT_CUDA
     if (dt__cu(out) || dt__cu(x)) return dt__cu_unary(ctx, out, NULL, x, 0, 0);
 #endif
@@ -3873,6 +3892,8 @@ static dt_status dt__act_bwd(dt_ctx *ctx, dt_tensor *dx, const dt_tensor *dout, 
     dt_tensor xf, gf, df;
     const dt_tensor *xc = dt__bf16_as_f32(x, !relu, &xf); /* gelu's x, dout and dx may be bf16 */
     if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__same_or_apart(ctx, dx, dout, fn, "dx", "dout"));
+    DT__TRY(dt__same_or_apart(ctx, dx, x, fn, "dx", "x"));
 #ifdef DT_CUDA
     if (dt__cu(dx) || dt__cu(dout) || dt__cu(x)) return dt__cu_unary(ctx, dx, dout, x, 1, relu);
 #endif
@@ -4136,6 +4157,8 @@ DT_API dt_status dt_softmax_xent_fwd(dt_ctx *ctx, float *loss, int64_t *n_valid,
     if (loss) *loss = 0;
     if (n_valid) *n_valid = 0;
     if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__same_or_apart(ctx, probs, logits, fn, "probs", "logits"));
+    DT__TRY(dt__apart(ctx, probs, targets, fn, "probs", "targets"));
 #ifdef DT_CUDA
     if (dt__cu(probs) || dt__cu(logits) || dt__cu(targets))
         return dt__cu_softmax_xent_fwd(ctx, loss, n_valid, probs, logits, targets, ignore_index);
@@ -4166,6 +4189,8 @@ DT_API dt_status dt_softmax_xent_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_t
     float s;
     dt__v4 sv;
     if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__same_or_apart(ctx, dlogits, probs, fn, "dlogits", "probs"));
+    DT__TRY(dt__apart(ctx, dlogits, targets, fn, "dlogits", "targets"));
 #ifdef DT_CUDA
     if (dt__cu(dlogits) || dt__cu(probs) || dt__cu(targets))
         return dt__cu_softmax_xent_bwd(ctx, dlogits, probs, targets, ignore_index, dloss);
@@ -4223,6 +4248,8 @@ DT_API dt_status dt_bce_logits_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_ten
     int64_t i;
     float s;
     if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__same_or_apart(ctx, dlogits, logits, fn, "dlogits", "logits"));
+    DT__TRY(dt__apart(ctx, dlogits, labels, fn, "dlogits", "labels"));
 #ifdef DT_CUDA
     if (dt__cu(dlogits) || dt__cu(logits) || dt__cu(labels)) return dt__cu_bce(ctx, NULL, dlogits, logits, labels, dloss, 1);
 #endif
@@ -4244,6 +4271,8 @@ DT_API dt_status dt_bce_logits_bwd(dt_ctx *ctx, dt_tensor *dlogits, const dt_ten
 
 DT_API dt_status dt_add(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, const dt_tensor *b) {
     if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__same_or_apart(ctx, out, a, "dt_add", "out", "a"));
+    DT__TRY(dt__same_or_apart(ctx, out, b, "dt_add", "out", "b"));
 #ifdef DT_CUDA
     if (dt__cu(out) || dt__cu(a) || dt__cu(b)) return dt__cu_binary(ctx, out, NULL, NULL, a, b, 0);
 #endif
@@ -4267,6 +4296,8 @@ static dt_status dt__binary_check(dt_ctx *ctx, const dt_tensor *out, const dt_te
 
 DT_API dt_status dt_mul_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, const dt_tensor *b) {
     if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__same_or_apart(ctx, out, a, "dt_mul_fwd", "out", "a"));
+    DT__TRY(dt__same_or_apart(ctx, out, b, "dt_mul_fwd", "out", "b"));
 #ifdef DT_CUDA
     if (dt__cu(out) || dt__cu(a) || dt__cu(b)) return dt__cu_binary(ctx, out, NULL, NULL, a, b, 1);
 #endif
@@ -4278,7 +4309,16 @@ DT_API dt_status dt_mul_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *a, con
 DT_API dt_status dt_mul_bwd(dt_ctx *ctx, dt_tensor *da, dt_tensor *db, const dt_tensor *dout,
                             const dt_tensor *a, const dt_tensor *b) {
     const char *fn = "dt_mul_bwd";
+    const dt_tensor *in[3];
+    const char *in_name[3] = {"dout", "a", "b"};
+    int i;
     if (!ctx) return DT_ERR_ARG;
+    in[0] = dout; in[1] = a; in[2] = b;
+    for (i = 0; i < 3; i++) { /* da is added into before db reads them */
+        DT__TRY(dt__apart(ctx, da, in[i], fn, "da", in_name[i]));
+        DT__TRY(dt__apart(ctx, db, in[i], fn, "db", in_name[i]));
+    }
+    DT__TRY(dt__same_or_apart(ctx, db, da, fn, "db", "da")); /* da == db: x * x */
 #ifdef DT_CUDA
     if (dt__cu(da) || dt__cu(db) || dt__cu(dout) || dt__cu(a) || dt__cu(b)) return dt__cu_binary(ctx, da, db, dout, a, b, 2);
 #endif
@@ -4303,6 +4343,7 @@ DT_API dt_status dt_scale(dt_ctx *ctx, dt_tensor *x, float alpha) {
 
 DT_API dt_status dt_axpy(dt_ctx *ctx, dt_tensor *y, float alpha, const dt_tensor *x) {
     if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__same_or_apart(ctx, y, x, "dt_axpy", "y", "x"));
 #ifdef DT_CUDA
     if (dt__cu(y) || dt__cu(x)) return dt__cu_axpy(ctx, y, alpha, x);
 #endif
@@ -4392,6 +4433,8 @@ DT_API dt_status dt_embedding_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *
 DT_API dt_status dt_embedding_bwd(dt_ctx *ctx, dt_tensor *dtable, const dt_tensor *dout, const dt_tensor *ids) {
     int64_t n, d, D;
     if (!ctx) return DT_ERR_ARG;
+    DT__TRY(dt__apart(ctx, dtable, dout, "dt_embedding_bwd", "dtable", "dout"));
+    DT__TRY(dt__apart(ctx, dtable, ids, "dt_embedding_bwd", "dtable", "ids"));
 #ifdef DT_CUDA
     if (dt__cu(dtable) || dt__cu(dout) || dt__cu(ids)) return dt__cu_embedding(ctx, dtable, dout, ids, 1);
 #endif
@@ -4811,6 +4854,11 @@ DT_API dt_status dt_attention_block_fwd(dt_ctx *ctx, dt_tensor *out, dt_tensor *
     if (!ctx) return DT_ERR_ARG;
     memset(&g, 0, sizeof g);
     DT__TRY(dt__ablk_check(ctx, &g, out, lse, q, kv, d, fn, "out"));
+    DT__TRY(dt__apart(ctx, out, q, fn, "out", "q"));
+    DT__TRY(dt__apart(ctx, out, kv, fn, "out", "kv"));
+    DT__TRY(dt__apart(ctx, lse, q, fn, "lse", "q"));
+    DT__TRY(dt__apart(ctx, lse, kv, fn, "lse", "kv"));
+    DT__TRY(dt__apart(ctx, out, lse, fn, "out", "lse"));
 #ifdef DT_CUDA
     if (g.dev) return dt__cu_ablk(ctx, &g, d, out, lse, q, kv, NULL, NULL, NULL, fn);
 #endif
@@ -4862,6 +4910,17 @@ DT_API dt_status dt_attention_block_bwd(dt_ctx *ctx, dt_tensor *dq, dt_tensor *d
     if (!ctx) return DT_ERR_ARG;
     memset(&g, 0, sizeof g);
     DT__TRY(dt__ablk_check(ctx, &g, dout, lse, q, kv, d, fn, "dout"));
+    {   /* dq and dkv are added into while the rest is read */
+        const dt_tensor *in[5];
+        const char *in_name[5] = {"dout", "q", "kv", "out", "lse"};
+        int k;
+        in[0] = dout; in[1] = q; in[2] = kv; in[3] = out; in[4] = lse;
+        for (k = 0; k < 5; k++) {
+            DT__TRY(dt__apart(ctx, dq, in[k], fn, "dq", in_name[k]));
+            DT__TRY(dt__apart(ctx, dkv, in[k], fn, "dkv", in_name[k]));
+        }
+        DT__TRY(dt__apart(ctx, dq, dkv, fn, "dq", "dkv"));
+    }
     if (g.dev) { /* out, dq, dkv on cuda too, checked as their cpu shadows */
         const dt_tensor *all[3];
         const char *nm[3];
@@ -5177,6 +5236,17 @@ DT_API dt_status dt_dot_interaction_bwd(dt_ctx *ctx, dt_tensor *ddense, dt_tenso
     int64_t B, F, D, W, b, k, d;
     float *s;
     if (!ctx) return DT_ERR_ARG;
+    {   /* ddense and demb are added into while dout, dense and emb are read */
+        const dt_tensor *in[3];
+        const char *in_name[3] = {"dout", "dense", "emb"};
+        int i;
+        in[0] = dout; in[1] = dense; in[2] = emb;
+        for (i = 0; i < 3; i++) {
+            DT__TRY(dt__apart(ctx, ddense, in[i], fn, "ddense", in_name[i]));
+            DT__TRY(dt__apart(ctx, demb, in[i], fn, "demb", in_name[i]));
+        }
+        DT__TRY(dt__apart(ctx, ddense, demb, fn, "ddense", "demb"));
+    }
 #ifdef DT_CUDA
     if (dt__cu(ddense) || dt__cu(demb) || dt__cu(dout) || dt__cu(dense) || dt__cu(emb))
         return dt__cu_dot(ctx, ddense, demb, dout, dense, emb, 1);
@@ -6139,13 +6209,19 @@ static dt_status dt__cu_scale(dt_ctx *ctx, dt_tensor *x, float alpha) {
 
 /* ---------------------------------------------------------------- concat / split */
 
-/* Each part apart from the whole (one is read while the other is written). */
-static dt_status dt__concat_apart(dt_ctx *ctx, const dt_tensor *whole, dt_tensor *const *parts, int n, const char *fn) {
-    char name[32];
-    int i;
+/* Each part apart from the whole (one is read while the other is written); parts that are copied
+   into (split) apart from each other too (two copies over the same bytes: the later one wins). */
+static dt_status dt__concat_apart(dt_ctx *ctx, const dt_tensor *whole, dt_tensor *const *parts, int n, int parts_copied,
+                                  const char *fn) {
+    char name[32], other[32];
+    int i, j;
     for (i = 0; i < n; i++) {
         snprintf(name, sizeof name, "part %d", i);
         DT__TRY(dt__apart(ctx, whole, parts[i], fn, "the concatenated tensor", name));
+        for (j = 0; parts_copied && j < i; j++) {
+            snprintf(other, sizeof other, "part %d", j);
+            DT__TRY(dt__apart(ctx, parts[i], parts[j], fn, name, other));
+        }
     }
     return DT_OK;
 }
@@ -6160,7 +6236,7 @@ static dt_status dt__concat(dt_ctx *ctx, dt_tensor *whole, dt_tensor *const *par
     if (n <= 0 || !parts) return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: n = %d parts; expected >= 1", fn, n);
 #ifdef DT_CUDA
     if (dt__cu(whole) || dt__cu(parts[0])) {
-        DT__TRY(dt__concat_apart(ctx, whole, parts, n, fn));
+        DT__TRY(dt__concat_apart(ctx, whole, parts, n, !to_whole && !accumulate, fn));
         return dt__cu_concat(ctx, whole, parts, n, to_whole, accumulate, fn);
     }
 #endif
@@ -6177,7 +6253,7 @@ static dt_status dt__concat(dt_ctx *ctx, dt_tensor *whole, dt_tensor *const *par
     if (off != W)
         return dt_ctx_set_error(ctx, DT_ERR_SHAPE, "%s: the parts' last dims sum to %lld, the concatenated "
                                 "tensor's is %lld", fn, (long long)off, (long long)W);
-    DT__TRY(dt__concat_apart(ctx, whole, parts, n, fn));
+    DT__TRY(dt__concat_apart(ctx, whole, parts, n, !to_whole && !accumulate, fn));
     for (off = 0, i = 0; i < n; i++) {
         int64_t C = dt__last(parts[i]);
         for (r = 0; r < R; r++) {

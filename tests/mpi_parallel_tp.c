@@ -418,6 +418,16 @@ static void test_embedding(dt_layout *l, int sp) {
                sp), DT_ERR_ARG, "vocab_start");
     expect_err("vocab_embedding_vocab_past_the_padded_table_is_named", dt_tp_embedding_fwd(l, y, partial, tb, &ids,
                k * Vl, VP + 1, sp), DT_ERR_ARG, "vocab = 13");
+    { /* out over the table (the rows are copied from it), dtable over dout: named on every rank */
+        dt_tensor *big = m2(Vl + nl, CH), tv, ov;
+        int64_t st_[2] = {Vl, CH}, so[2] = {nl, CH};
+        CK(dt_tensor_view(&C, &tv, big, 0, 2, st_));
+        CK(dt_tensor_view(&C, &ov, big, (Vl - 1) * CH, 2, so));
+        expect_err("vocab_embedding_out_over_table_is_named", dt_tp_embedding_fwd(l, &ov, partial, &tv, &ids, k * Vl, V, sp),
+                   DT_ERR_ARG, "out shares memory with table");
+        expect_err("vocab_embedding_bwd_dtable_over_dout_is_named",
+                   dt_tp_embedding_bwd(l, &tv, partial, &ov, &ids, k * Vl, V, sp), DT_ERR_ARG, "dtable shares memory with dout");
+    }
     dt_tensor_free(&C, &ids);
     dt_tensor_free(&C, &bad);
     free_pool();
@@ -534,6 +544,14 @@ static void test_xent(dt_layout *l) {
                ignore), DT_ERR_ARG, "vocab_start");
     expect_err("vocab_xent_wrong_stats_shape_is_named", dt_tp_xent_bwd(l, dz, z, m2(N, 3), &tg, k * Vl, V, ignore, 1),
                DT_ERR_SHAPE, "stats shape");
+    { /* dlogits over stats (read while dlogits is written) */
+        dt_tensor *big = m1(N * (Vl + 2)), sv, dv;
+        int64_t s2[2] = {N, 2}, sd[2] = {N, Vl};
+        CK(dt_tensor_view(&C, &sv, big, 0, 2, s2));
+        CK(dt_tensor_view(&C, &dv, big, 1, 2, sd));
+        expect_err("vocab_xent_bwd_dlogits_over_stats_is_named", dt_tp_xent_bwd(l, &dv, z, &sv, &tg, k * Vl, V, ignore, 1),
+                   DT_ERR_ARG, "dlogits shares memory with stats");
+    }
     dt_tensor_free(&C, &tg);
     free_pool();
 }

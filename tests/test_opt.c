@@ -1634,6 +1634,29 @@ static void test_bad_args(void) {
     dt_opt_free(o);
     st = dt_train_state_set(&C, &(dt_train_state){0}, "", "x");
     dt_test_error("empty_train_state_key_is_named", st, dt_ctx_error(&C), "key");
+    { /* a grad over another parameter's value (or grad): that value would move under its own update */
+        dt_params q;
+        dt_param *a, *b;
+        dt_tensor keep;
+        int64_t sh[1] = {2};
+        memset(&q, 0, sizeof q);
+        memset(&d, 0, sizeof d);
+        a = add(&q, "a", DT_F32, 4, 0);
+        b = add(&q, "b", DT_F32, 2, 0);
+        keep = b->grad;
+        dt_tensor_view(&C, &b->grad, &a->value, 1, 1, sh);
+        st = dt_opt_create(&C, &o, &q, &d);
+        dt_test_error("grad_over_another_value_is_named", st, dt_ctx_error(&C), "shares memory with");
+        dt_tensor_view(&C, &b->grad, &a->grad, 2, 1, sh);
+        st = dt_opt_create(&C, &o, &q, &d);
+        dt_test_error("grad_over_another_grad_is_named", st, dt_ctx_error(&C), "\"b\" grad shares memory with \"a\" grad");
+        b->grad = keep;
+        o = NULL;
+        st = dt_opt_create(&C, &o, &q, &d);
+        DT_TEST_CHECK("params_apart_create", st == DT_OK);
+        dt_opt_free(o);
+        dt_params_free(&C, &q);
+    }
     dt_params_free(&C, &ps);
 }
 

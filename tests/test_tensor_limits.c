@@ -1670,6 +1670,110 @@ static void test_aliasing(void) {
     dt_tensor_free(&C, &buf);
 }
 
+/* The ops that read one tensor while they write another, each with an output over an input (an
+   audit found each returning DT_OK with numbers off by up to units): named, and the in-place ops
+   still run in place exactly (the same tensor) but not over a shifted view of it. */
+static void test_aliasing_ops(void) {
+    dt_tensor buf = mk(DT_F32, 1, SH(256)), a, b, c, d, e;
+    dt_status st;
+    float sep[16];
+    int i;
+    rnd(&buf, "alias_ops");
+#define V(t, off, ...) dt_tensor_view(&C, &t, &buf, off, (int)(sizeof(SH(__VA_ARGS__)) / sizeof(int64_t)), SH(__VA_ARGS__))
+    /* matmul / linear backward: da over a (the dw GEMM then reads the new x) */
+    V(a, 0, 4, 4); V(b, 16, 4, 4); V(c, 32, 4, 4); V(d, 48, 4, 4);
+    st = dt_matmul_bwd(&C, &a, &d, &c, &a, &b, 0, 0, 1.0f);
+    dt_test_error("matmul_bwd_da_over_a_is_named", st, dt_ctx_error(&C), "dt_matmul_bwd: da shares memory with a");
+    st = dt_linear_bwd(&C, &a, &d, NULL, &c, &a, &b);
+    dt_test_error("linear_bwd_dx_over_x_is_named", st, dt_ctx_error(&C), "dt_linear_bwd: dx shares memory with x");
+    st = dt_matmul_bwd(&C, &d, &b, &c, &a, &b, 0, 0, 1.0f);
+    dt_test_error("matmul_bwd_db_over_b_is_named", st, dt_ctx_error(&C), "dt_matmul_bwd: db shares memory with b");
+    /* bias */
+    V(d, 0, 4);
+    dt_test_error("bias_add_bias_in_out_is_named", dt_bias_add_fwd(&C, &a, &d), dt_ctx_error(&C),
+                  "dt_bias_add_fwd: out shares memory with bias");
+    dt_test_error("bias_add_bwd_dbias_in_dout_is_named", dt_bias_add_bwd(&C, &d, &a), dt_ctx_error(&C),
+                  "dt_bias_add_bwd: dbias shares memory with dout");
+    /* the in-place ops: the same tensor runs (and equals separate buffers); a shifted view is named */
+    V(a, 0, 16); V(b, 2, 16); V(c, 32, 16); V(e, 64, 16);
+    dt_gelu_fwd(&C, &e, &a);
+    memcpy(sep, F(&e), sizeof sep);
+    memcpy(F(&c), F(&a), sizeof sep);
+    st = dt_gelu_fwd(&C, &c, &c);
+    if (DT_TEST_CHECK("gelu_in_place_runs", st == DT_OK))
+        dt_test_allclose("gelu_in_place_equals_separate_buffers", F(&c), sep, 16, 0, 0);
+    dt_test_error("gelu_out_shifted_over_x_is_named", dt_gelu_fwd(&C, &b, &a), dt_ctx_error(&C),
+                  "dt_gelu_fwd: out shares memory with x");
+    dt_test_error("relu_out_shifted_over_x_is_named", dt_relu_fwd(&C, &b, &a), dt_ctx_error(&C),
+                  "dt_relu_fwd: out shares memory with x");
+    dt_test_error("gelu_bwd_dx_shifted_over_dout_is_named", dt_gelu_bwd(&C, &b, &a, &c), dt_ctx_error(&C),
+                  "dt_gelu_bwd: dx shares memory with dout");
+    dt_test_error("relu_bwd_dx_shifted_over_x_is_named", dt_relu_bwd(&C, &b, &c, &a), dt_ctx_error(&C),
+                  "dt_relu_bwd: dx shares memory with x");
+    dt_test_error("add_out_shifted_over_a_is_named", dt_add(&C, &b, &a, &c), dt_ctx_error(&C),
+                  "dt_add: out shares memory with a");
+    DT_TEST_CHECK("add_in_place_runs", dt_add(&C, &c, &c, &e) == DT_OK);
+    dt_test_error("mul_out_shifted_over_b_is_named", dt_mul_fwd(&C, &b, &c, &a), dt_ctx_error(&C),
+                  "dt_mul_fwd: out shares memory with b");
+    dt_test_error("axpy_y_shifted_over_x_is_named", dt_axpy(&C, &b, 0.5f, &a), dt_ctx_error(&C),
+                  "dt_axpy: y shares memory with x");
+    DT_TEST_CHECK("axpy_in_place_runs", dt_axpy(&C, &c, 0.5f, &c) == DT_OK);
+    dt_test_error("mul_bwd_da_over_dout_is_named", dt_mul_bwd(&C, &a, &e, &a, &c, &e), dt_ctx_error(&C),
+                  "dt_mul_bwd: da shares memory with dout");
+    DT_TEST_CHECK("mul_bwd_da_is_db_runs", dt_mul_bwd(&C, &e, &e, &c, &a, &a) == DT_OK); /* x * x */
+    /* softmax cross entropy: probs over a shifted logits */
+    {
+        dt_tensor tg = mk(DT_I32, 1, SH(2));
+        float loss;
+        ((int32_t *)tg.data)[0] = 1; ((int32_t *)tg.data)[1] = 2;
+        V(a, 0, 2, 8); V(b, 4, 2, 8);
+        dt_test_error("softmax_xent_probs_shifted_over_logits_is_named",
+                      dt_softmax_xent_fwd(&C, &loss, NULL, &b, &a, &tg, -1), dt_ctx_error(&C),
+                      "dt_softmax_xent_fwd: probs shares memory with logits");
+        dt_test_error("softmax_xent_bwd_dlogits_shifted_over_probs_is_named",
+                      dt_softmax_xent_bwd(&C, &b, &a, &tg, -1, 1.0f), dt_ctx_error(&C),
+                      "dt_softmax_xent_bwd: dlogits shares memory with probs");
+        V(c, 32, 2, 8);
+        memcpy(F(&c), F(&a), 16 * sizeof(float));
+        DT_TEST_CHECK("softmax_xent_in_place_runs", dt_softmax_xent_fwd(&C, &loss, NULL, &c, &c, &tg, -1) == DT_OK);
+        dt_tensor_free(&C, &tg);
+    }
+    /* embedding backward: dtable over dout */
+    {
+        dt_tensor ids = mk(DT_I32, 1, SH(4));
+        for (i = 0; i < 4; i++) ((int32_t *)ids.data)[i] = 3 - i;
+        V(a, 0, 4, 4); V(b, 8, 4, 4);
+        dt_test_error("embedding_bwd_dtable_over_dout_is_named", dt_embedding_bwd(&C, &a, &b, &ids), dt_ctx_error(&C),
+                      "dt_embedding_bwd: dtable shares memory with dout");
+        dt_tensor_free(&C, &ids);
+    }
+    /* dot interaction backward: demb is emb */
+    {
+        V(a, 0, 2, 3); V(b, 8, 2, 2, 3); V(c, 32, 2, 6);
+        dt_test_error("dot_interaction_bwd_demb_is_emb_is_named", dt_dot_interaction_bwd(&C, NULL, &b, &c, &a, &b),
+                      dt_ctx_error(&C), "dt_dot_interaction_bwd: demb shares memory with emb");
+    }
+    /* split: two parts over each other */
+    {
+        dt_tensor *outs[2];
+        V(a, 0, 2, 6); V(b, 32, 2, 3); V(c, 33, 2, 3);
+        outs[0] = &b; outs[1] = &c;
+        dt_test_error("split_parts_over_each_other_are_named", dt_split_fwd(&C, outs, 2, &a), dt_ctx_error(&C),
+                      "dt_split_fwd: part 1 shares memory with part 0");
+    }
+    /* attention block: out over kv */
+    {
+        dt_attn_block ab;
+        memset(&ab, 0, sizeof ab);
+        ab.n_head = 1; ab.q_rows = 4; ab.k_rows = 4;
+        V(a, 0, 1, 4, 2); V(b, 16, 1, 4, 4); V(c, 18, 1, 4, 2); V(d, 64, 1, 1, 4);
+        dt_test_error("attention_block_out_over_kv_is_named", dt_attention_block_fwd(&C, &c, &d, &a, &b, &ab),
+                      dt_ctx_error(&C), "dt_attention_block_fwd: out shares memory with kv");
+    }
+#undef V
+    dt_tensor_free(&C, &buf);
+}
+
 /* Messages that name what is wrong: a ctx never initialised, a directory given as a safetensors
    file, metadata without a key or repeating one, dt_grow's arguments, layernorm's eps. */
 static void test_messages(void) {
@@ -1738,6 +1842,7 @@ int main(void) {
     test_null_grads();
     test_create_like();
     test_aliasing();
+    test_aliasing_ops();
     test_messages();
     dt_ctx_shutdown(&CAP);
     test_huge_dims_in_empty_tensors(); /* last: a UBSan report here ends the asan run */
