@@ -65,6 +65,11 @@ static int dt_k__sizes_ok(int64_t batch, int64_t M, int64_t N, int64_t K) {
            K <= DT_K__INT_MAX;
 }
 
+/* A batch's stride: not negative, and the last batch's offset (batch - 1) stride within int64. */
+static int dt_k__stride_ok(int64_t batch, int64_t stride) {
+    return stride >= 0 && (batch <= 1 || stride <= INT64_MAX / (batch - 1));
+}
+
 extern "C" int dt_k_matmul_fwd_t(void *cublas, void *out, int out_dtype, const void *a, const void *b, int in_dtype,
                                  int64_t batch, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b,
                                  int64_t stride_a, int64_t stride_b, int64_t stride_out, float alpha, float beta,
@@ -74,6 +79,15 @@ extern "C" int dt_k_matmul_fwd_t(void *cublas, void *out, int out_dtype, const v
     if (!h || !dt_k__sizes_ok(batch, M, N, K) || (in_dtype < 1 || in_dtype > 3) || (tf32 != 0 && tf32 != 1) ||
         (trans_a != 0 && trans_a != 1) || (trans_b != 0 && trans_b != 1) || (out_dtype != 1 && out_dtype != in_dtype))
         return (int)cudaErrorInvalidValue;
+    /* cublasSgemmStridedBatched counts the batches in an int: a larger batch would run a
+       truncated count and report success */
+    if (batch > DT_K__INT_MAX || !dt_k__stride_ok(batch, stride_a) || !dt_k__stride_ok(batch, stride_b) ||
+        !dt_k__stride_ok(batch, stride_out))
+        return (int)cudaErrorInvalidValue;
+    /* outputs of two batches that overlap would be written by both, in an order cuBLAS leaves open */
+    if (batch > 1 && stride_out < M * N) return (int)cudaErrorInvalidValue;
+    /* K == 0 reads neither a nor b (out = beta out) */
+    if (M && N && batch && (!out || (K && (!a || !b)))) return (int)cudaErrorInvalidValue;
     if ((st = dt_k__stream(h, stream))) return st;
     if (M == 0 || N == 0 || batch == 0) return 0;
     /* K == 0: cuBLAS scales C by beta, as the CPU op does */
@@ -100,7 +114,13 @@ extern "C" int dt_k_matmul_bwd(void *cublas, float *da, float *db, const float *
     if (!h || !dt_k__sizes_ok(batch, M, N, K) || (tf32 != 0 && tf32 != 1) || (trans_a != 0 && trans_a != 1) ||
         (trans_b != 0 && trans_b != 1))
         return (int)cudaErrorInvalidValue;
+    /* dout's batches are M N apart; stride 0 (a or b shared) sums the batches' gradients */
+    if (!dt_k__stride_ok(batch, stride_a) || !dt_k__stride_ok(batch, stride_b) || !dt_k__stride_ok(batch, M * N))
+        return (int)cudaErrorInvalidValue;
+    /* an empty product adds nothing; any other reads dout, a and b (the CPU op takes all three) */
+    if (batch && M && N && K && (da || db) && (!dout || !a || !b)) return (int)cudaErrorInvalidValue;
     if ((st = dt_k__stream(h, stream))) return st;
+    if (!batch || !M || !N || !K) return 0;
     for (i = 0; i < batch; i++) {
         const float *A = a + i * stride_a, *B = b + i * stride_b, *D = dout + i * M * N;
         if (da) {
@@ -135,6 +155,7 @@ extern "C" int dt_k_gemm_grouped(void *cublas, int count, int trans_a, int trans
     float al[DT_K__GROUPED_MAX], be[DT_K__GROUPED_MAX];
     if (!h || count < 0 || count > DT_K__GROUPED_MAX || (trans_a != 0 && trans_a != 1) || (trans_b != 0 && trans_b != 1))
         return (int)cudaErrorInvalidValue;
+    if (count && (!M || !N || !K || !A || !B || !C)) return (int)cudaErrorInvalidValue;
     for (i = 0; i < count; i++) {
         if (!dt_k__sizes_ok(1, M[i], N[i], K[i]) || M[i] < 1 || N[i] < 1) return (int)cudaErrorInvalidValue;
         oa[i] = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLAS's A is our B (column-major C^T = B^T A^T) */

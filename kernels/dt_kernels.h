@@ -501,7 +501,10 @@ int dt_k_embed_copies(void *dst, const void *src, const int64_t *dst_off, const 
    relative). cublas is a cublasHandle_t (dt_ctx.cublas); its stream is set to `stream` when it
    is another (only then: cublasSetStream drops the handle's cublasSetWorkspace workspace, so a
    caller that gives it one sets the stream first, as dt_tensor.h does).
-   Returns 1000 + the cublasStatus_t of a failing call, cudaErrorInvalidValue for bad sizes. */
+   Returns 1000 + the cublasStatus_t of a failing call, cudaErrorInvalidValue for bad arguments:
+   a size or stride < 0, M, N or K > INT_MAX, batch > INT_MAX (cuBLAS counts batches in an int),
+   a stride whose (batch - 1) multiple overflows int64, stride_out < M N with batch > 1 (outputs
+   that overlap), out NULL for a non-empty product, a or b NULL when K > 0 as well. */
 int dt_k_matmul_fwd(void *cublas, float *out, const void *a, const void *b, int in_dtype, int64_t batch, int64_t M,
                     int64_t N, int64_t K, int trans_a, int trans_b, int64_t stride_a, int64_t stride_b,
                     int64_t stride_out, float alpha, float beta, int tf32, void *stream);
@@ -512,7 +515,8 @@ int dt_k_matmul_fwd_t(void *cublas, void *out, int out_dtype, const void *a, con
                       int64_t stride_b, int64_t stride_out, float alpha, float beta, int tf32, void *stream);
 /* dt_matmul_bwd (f32): da += alpha d/da, db += alpha d/db (either may be NULL), from dout and
    the forward's a, b; the CPU op's GEMMs with beta = 1. With stride_b 0 (b shared), db sums the
-   batches in batch order. */
+   batches in batch order. Strides >= 0; dout, a and b non-NULL unless the product is empty (a
+   size 0) or neither gradient is asked for. */
 int dt_k_matmul_bwd(void *cublas, float *da, float *db, const float *dout, const float *a, const float *b,
                     int64_t batch, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b, int64_t stride_a,
                     int64_t stride_b, float alpha, int tf32, void *stream);
@@ -620,7 +624,8 @@ int dt_k_moe_bias_rows(float *out, const float *bias, const int64_t *eoff, int E
 int dt_k_moe_bias_grad(float *db, const float *g, const int64_t *eoff, int El, int64_t cols, float alpha, void *stream);
 /* (dt_gemm.cu) The grouped GEMM of count <= 256 row-major problems C_i[M_i, N_i] = alpha op(A_i)
    op(B_i) + beta C_i, M_i, N_i >= 1 (sizes: host arrays; A, B, C: device arrays of device
-   pointers): cuBLAS's cublasSgemmGroupedBatched, one group per problem. */
+   pointers, all six arrays non-NULL when count > 0): cuBLAS's cublasSgemmGroupedBatched, one
+   group per problem. */
 int dt_k_gemm_grouped(void *cublas, int count, int trans_a, int trans_b, const int64_t *M, const int64_t *N,
                       const int64_t *K, float alpha, float beta, const float *const *A, const float *const *B,
                       float *const *C, void *stream);

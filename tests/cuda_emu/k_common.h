@@ -90,6 +90,13 @@ static inline int k_ok(const char *name, int status) {
     return 0;
 }
 
+/* A launcher refused its arguments (cudaErrorInvalidValue); else FAIL naming the status it gave. */
+static inline int k_refused(const char *name, int status) {
+    if (status == (int)cudaErrorInvalidValue) return dt_test_pass(name);
+    return dt_test_fail(name, "launcher returned %d (%s); want %d (cudaErrorInvalidValue)", status,
+                        dt_k_error_string(status), (int)cudaErrorInvalidValue);
+}
+
 /* ---------------------------------------------------------------- reductions: bounds and bits */
 
 /* u = 2^-24, the unit roundoff of float; gamma(k) = k u / (1 - k u) bounds the relative error of

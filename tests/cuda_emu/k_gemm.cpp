@@ -11,6 +11,7 @@
 #include "dt_tensor.h"
 #include "kernels/dt_kernels.h"
 #include "tests/dt_test.h"
+#include "k_common.h"
 
 static void *dev(const void *h, size_t bytes) {
     void *d = NULL;
@@ -186,6 +187,50 @@ static void workspace(void) {
 #endif
 }
 
+/* What the launchers refuse before cuBLAS sees it; d: 64 device bytes (16 floats). */
+static void bad_arguments(cublasHandle_t h, float *d) {
+    const int64_t big = ((int64_t)1 << 32) + 1; /* an int batch count would be 1 */
+    const float *c = d;
+    int64_t M[1] = {2}, N[1] = {2}, K[1] = {2};
+    const float **P = NULL;
+    k_refused("matmul_fwd_batch_over_int_range_is_invalid_value",
+              dt_k_matmul_fwd(h, d, d, d, 1, big, 1, 1, 1, 0, 0, 0, 0, 1, 1.0f, 0.0f, 0, NULL));
+    k_refused("matmul_fwd_overlapping_batch_outputs_is_invalid_value", /* stride_out 1 < M N = 4 */
+              dt_k_matmul_fwd(h, d, d, d, 1, 2, 2, 2, 2, 0, 0, 4, 4, 1, 1.0f, 0.0f, 0, NULL));
+    k_refused("matmul_fwd_negative_stride_is_invalid_value",
+              dt_k_matmul_fwd(h, d + 8, d, d, 1, 2, 2, 2, 1, 0, 0, -2, 0, 4, 1.0f, 0.0f, 0, NULL));
+    k_refused("matmul_fwd_stride_past_int64_is_invalid_value",
+              dt_k_matmul_fwd(h, d, d, d, 1, 3, 1, 1, 1, 0, 0, INT64_MAX / 2 + 1, 0, 1, 1.0f, 0.0f, 0, NULL));
+    k_refused("matmul_fwd_NULL_out_is_invalid_value",
+              dt_k_matmul_fwd(h, NULL, d, d, 1, 1, 2, 2, 2, 0, 0, 0, 0, 0, 1.0f, 0.0f, 0, NULL));
+    k_refused("matmul_fwd_t_bf16_NULL_b_is_invalid_value",
+              dt_k_matmul_fwd_t(h, d, 2, d, NULL, 2, 1, 2, 2, 2, 0, 0, 0, 0, 0, 1.0f, 0.0f, 0, NULL));
+    {   /* K = 0 reads neither a nor b: out = beta out */
+        float two[4] = {2, 2, 2, 2};
+        cudaMemcpy(d, two, sizeof two, cudaMemcpyHostToDevice);
+        int st = dt_k_matmul_fwd(h, d, NULL, NULL, 1, 1, 2, 2, 0, 0, 0, 0, 0, 0, 1.0f, 0.5f, 0, NULL);
+        std::vector<float> o = host(d, 4);
+        dt_test_check_all("matmul_fwd_K0_NULL_a_b_scales_out_by_beta", st == 0 && o[0] == 1.0f && o[3] == 1.0f,
+                          "status %d (%s), out[0] %g out[3] %g (want 0, 1, 1)", st, dt_k_error_string(st),
+                          (double)o[0], (double)o[3]);
+    }
+    k_refused("matmul_bwd_NULL_dout_is_invalid_value",
+              dt_k_matmul_bwd(h, d, d, NULL, c, c, 1, 2, 2, 2, 0, 0, 0, 0, 1.0f, 0, NULL));
+    k_refused("matmul_bwd_NULL_a_with_da_is_invalid_value", /* a is not read for da; the CPU op takes it */
+              dt_k_matmul_bwd(h, d, NULL, c, NULL, c, 1, 2, 2, 2, 0, 0, 0, 0, 1.0f, 0, NULL));
+    k_refused("matmul_bwd_negative_stride_is_invalid_value",
+              dt_k_matmul_bwd(h, d + 8, NULL, c, c, c + 8, 2, 1, 1, 2, 0, 0, -2, 0, 1.0f, 0, NULL));
+    k_refused("gemm_grouped_NULL_sizes_is_invalid_value",
+              dt_k_gemm_grouped(h, 1, 0, 0, NULL, NULL, NULL, 1.0f, 0.0f, NULL, NULL, NULL, NULL));
+    k_refused("gemm_grouped_NULL_pointer_arrays_is_invalid_value",
+              dt_k_gemm_grouped(h, 1, 0, 0, M, N, K, 1.0f, 0.0f, P, P, NULL, NULL));
+    k_refused("gemm_grouped_negative_K_is_invalid_value",
+              (K[0] = -1, dt_k_gemm_grouped(h, 1, 0, 0, M, N, K, 1.0f, 0.0f, (const float *const *)d,
+                                            (const float *const *)d, (float *const *)d, NULL)));
+    DT_TEST_CHECK("gemm_grouped_count_0_with_NULL_arrays_is_ok",
+                  dt_k_gemm_grouped(h, 0, 0, 0, NULL, NULL, NULL, 1.0f, 0.0f, NULL, NULL, NULL, NULL) == 0);
+}
+
 int main(void) {
     dt_ctx ctx;
     cublasHandle_t h = NULL;
@@ -219,6 +264,7 @@ int main(void) {
                           (int)cudaErrorInvalidValue);
         DT_TEST_CHECK("matmul_fwd_empty_is_ok",
                       dt_k_matmul_fwd(h, d, d, d, 1, 0, 4, 4, 4, 0, 0, 16, 16, 16, 1.0f, 0.0f, 0, NULL) == 0);
+        bad_arguments(h, d);
         cudaFree(d);
     }
     cublasDestroy(h);
