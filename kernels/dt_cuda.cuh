@@ -16,7 +16,8 @@
    Conventions of the kernels (kernels/dt_kernels.h says the ABI): launchers return 0 or the
    cudaError_t of the failing call as an int; gradients accumulate (+=); sizes are int64_t and a
    launcher checks them (negative, or a product that overflows: cudaErrorInvalidValue) before it
-   launches; a size of 0 launches nothing.                        MIT licence (see dt_tensor.h) */
+   launches, and the pointers the launch would dereference (NULL: cudaErrorInvalidValue, as a
+   kernel would fault); a size of 0 launches nothing.                        MIT licence (see dt_tensor.h) */
 #ifndef DT_CUDA_CUH
 #define DT_CUDA_CUH
 
@@ -44,10 +45,14 @@
 /* 0, or the error of the last launch (and clears it). */
 #define DT_K_CHECK() ((int)cudaGetLastError())
 
+/* n / d rounded up, for n >= 0 and d > 0: without the n + d - 1 that overflows int64 near
+   INT64_MAX (undefined behaviour, in practice a negative grid). */
+static inline int64_t dt_k__ceil_div(int64_t n, int64_t d) { return n / d + (n % d != 0); }
+
 /* A 1-D grid of `threads`-thread blocks covering n items with a grid-stride loop: at most
    max_blocks blocks (the loop does the rest). n > 0. */
 static inline unsigned int dt_k__blocks(int64_t n, int threads, unsigned int max_blocks) {
-    int64_t b = (n + threads - 1) / threads;
+    int64_t b = dt_k__ceil_div(n, threads);
     return b > (int64_t)max_blocks ? max_blocks : (unsigned int)b;
 }
 

@@ -60,12 +60,13 @@ static int dt_k__size_ok(int64_t rows, int64_t C) {
    is 16-byte aligned (vec = 1: the launcher checks, so the branch is the same for the whole
    grid): n / 4 vector steps, then the n % 4 tail one element at a time. A view at an odd offset
    takes the scalar path (vec = 0). Both paths do each element's own scalar arithmetic (the lanes
-   below), so the bits do not depend on the path. The grid covers n / 4 items on the vector path. */
-#define DT_K__LAUNCH_V(kernel, n, vec, stream, ...)                                                      \
+   below), so the bits do not depend on the path. The grid covers n / 4 items on the vector path.
+   given: the launcher's pointers are non-NULL (NULL with n > 0 would fault inside the kernel). */
+#define DT_K__LAUNCH_V(kernel, n, vec, given, stream, ...)                                               \
     do {                                                                                                 \
-        if ((n) < 0) return (int)cudaErrorInvalidValue;                                                  \
+        if ((n) < 0 || ((n) > 0 && !(given))) return (int)cudaErrorInvalidValue;                        \
         if ((n) == 0) return 0;                                                                          \
-        DT_K_LAUNCH(kernel, dt_k__blocks((vec) ? ((n) + 3) / 4 : (n), DT_K__THREADS, DT_K__MAX_BLOCKS),   \
+        DT_K_LAUNCH(kernel, dt_k__blocks((vec) ? dt_k__ceil_div((n), 4) : (n), DT_K__THREADS, DT_K__MAX_BLOCKS), \
                     DT_K__THREADS, 0, stream, __VA_ARGS__);                                              \
         return DT_K_CHECK();                                                                             \
     } while (0)
@@ -134,7 +135,7 @@ __global__ void dt_k__bias_add_bwd_sum(float *dbias, const float *__restrict__ p
 int dt_k_bias_add_fwd(float *out, const float *bias, int64_t rows, int64_t C, void *stream) {
     int vec = C % 4 == 0 && dt_k__vec3(out, bias, NULL);
     if (!dt_k__size_ok(rows, C)) return (int)cudaErrorInvalidValue;
-    DT_K__LAUNCH_V(dt_k__bias_add_fwd, rows * C, vec, stream, out, bias, rows * C, C, vec);
+    DT_K__LAUNCH_V(dt_k__bias_add_fwd, rows * C, vec, out && bias, stream, out, bias, rows * C, C, vec);
 }
 
 size_t dt_k_bias_add_bwd_scratch(int64_t rows, int64_t C) {
@@ -149,7 +150,7 @@ int dt_k_bias_add_bwd(float *dbias, const float *dout, int64_t rows, int64_t C, 
     int64_t nchunks, cols;
     if (!dt_k__size_ok(rows, C)) return (int)cudaErrorInvalidValue;
     if (rows == 0 || C == 0) return 0;
-    if (dt_k_bias_add_bwd_scratch(rows, C) && !scratch) return (int)cudaErrorInvalidValue;
+    if (!dbias || !dout || (dt_k_bias_add_bwd_scratch(rows, C) && !scratch)) return (int)cudaErrorInvalidValue;
     threads = C >= 256 ? 256 : (int)((C + 31) / 32 * 32);
     nchunks = dt_k__colsum_chunks(rows), cols = (C + threads - 1) / threads;
     if (cols > 2147483647) return (int)cudaErrorInvalidValue; /* gridDim.x */
@@ -221,19 +222,19 @@ __global__ void dt_k__gelu_bwd(float *dx, const float *__restrict__ dout, const 
 
 int dt_k_relu_fwd(float *out, const float *x, int64_t n, void *stream) {
     int vec = dt_k__vec3(out, x, NULL);
-    DT_K__LAUNCH_V(dt_k__relu_fwd, n, vec, stream, out, x, n, vec);
+    DT_K__LAUNCH_V(dt_k__relu_fwd, n, vec, out && x, stream, out, x, n, vec);
 }
 int dt_k_relu_bwd(float *dx, const float *dout, const float *x, int64_t n, void *stream) {
     int vec = dt_k__vec3(dx, dout, x);
-    DT_K__LAUNCH_V(dt_k__relu_bwd, n, vec, stream, dx, dout, x, n, vec);
+    DT_K__LAUNCH_V(dt_k__relu_bwd, n, vec, dx && dout && x, stream, dx, dout, x, n, vec);
 }
 int dt_k_gelu_fwd(float *out, const float *x, int64_t n, void *stream) {
     int vec = dt_k__vec3(out, x, NULL);
-    DT_K__LAUNCH_V(dt_k__gelu_fwd, n, vec, stream, out, x, n, vec);
+    DT_K__LAUNCH_V(dt_k__gelu_fwd, n, vec, out && x, stream, out, x, n, vec);
 }
 int dt_k_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n, void *stream) {
     int vec = dt_k__vec3(dx, dout, x);
-    DT_K__LAUNCH_V(dt_k__gelu_bwd, n, vec, stream, dx, dout, x, n, vec);
+    DT_K__LAUNCH_V(dt_k__gelu_bwd, n, vec, dx && dout && x, stream, dx, dout, x, n, vec);
 }
 
 /* ---------------------------------------------------------------- add, axpy, mul */
@@ -277,20 +278,20 @@ __global__ void dt_k__mul_bwd(float *da, float *db, const float *dout, const flo
 
 int dt_k_add(float *out, const float *a, const float *b, int64_t n, void *stream) {
     int vec = dt_k__vec3(out, a, b);
-    DT_K__LAUNCH_V(dt_k__add, n, vec, stream, out, a, b, n, vec);
+    DT_K__LAUNCH_V(dt_k__add, n, vec, out && a && b, stream, out, a, b, n, vec);
 }
 int dt_k_axpy(float *y, float alpha, const float *x, int64_t n, void *stream) {
     int vec = dt_k__vec3(y, x, NULL);
-    DT_K__LAUNCH_V(dt_k__axpy, n, vec, stream, y, alpha, x, n, vec);
+    DT_K__LAUNCH_V(dt_k__axpy, n, vec, y && x, stream, y, alpha, x, n, vec);
 }
 int dt_k_mul_fwd(float *out, const float *a, const float *b, int64_t n, void *stream) {
     int vec = dt_k__vec3(out, a, b);
-    DT_K__LAUNCH_V(dt_k__mul_fwd, n, vec, stream, out, a, b, n, vec);
+    DT_K__LAUNCH_V(dt_k__mul_fwd, n, vec, out && a && b, stream, out, a, b, n, vec);
 }
 int dt_k_mul_bwd(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n, void *stream) {
     int vec = dt_k__vec3(da, db, dout) && dt_k__vec3(a, b, NULL);
     if (!da && !db) return n < 0 ? (int)cudaErrorInvalidValue : 0;
-    DT_K__LAUNCH_V(dt_k__mul_bwd, n, vec, stream, da, db, dout, a, b, n, vec);
+    DT_K__LAUNCH_V(dt_k__mul_bwd, n, vec, dout && (!da || b) && (!db || a), stream, da, db, dout, a, b, n, vec);
 }
 
 /* ---------------------------------------------------------------- casts */
@@ -339,12 +340,12 @@ int dt_k_tensor_cast(void *dst, int dst_dtype, const void *src, int src_dtype, i
     if (n == 0) return 0;
     if (dst_dtype == src_dtype) { /* a copy, every bit kept (NaN payloads too) */
         size_t elem = dst_dtype == DT_K__F32 ? 4 : 2;
-        if ((uint64_t)n > SIZE_MAX / elem) return (int)cudaErrorInvalidValue;
+        if ((uint64_t)n > SIZE_MAX / elem || !dst || !src) return (int)cudaErrorInvalidValue;
         if (dst == src) return 0;
         return (int)cudaMemcpyAsync(dst, src, (size_t)n * elem, cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
     }
     vec = dt_k_aligned(dst, dst_dtype == DT_K__F32 ? 16 : 8) && dt_k_aligned(src, src_dtype == DT_K__F32 ? 16 : 8);
-    DT_K__LAUNCH_V(dt_k__cast, n, vec, stream, dst, dst_dtype, src, src_dtype, n, vec);
+    DT_K__LAUNCH_V(dt_k__cast, n, vec, dst && src, stream, dst, dst_dtype, src, src_dtype, n, vec);
 }
 
 /* ---------------------------------------------------------------- fill and the device checks */
@@ -361,7 +362,7 @@ __global__ void dt_k__fill(void *p, uint64_t bits, int elem, int64_t n) {
 }
 
 int dt_k_fill(void *p, uint64_t bits, int elem, int64_t n, void *stream) {
-    if (elem != 1 && elem != 2 && elem != 4 && elem != 8) return (int)cudaErrorInvalidValue;
+    if ((elem != 1 && elem != 2 && elem != 4 && elem != 8) || (n > 0 && !p)) return (int)cudaErrorInvalidValue;
     DT_K__LAUNCH_N(dt_k__fill, n, stream, p, bits, elem, n);
 }
 
@@ -397,7 +398,7 @@ __global__ void dt_k__check_range(int64_t *word, const void *ids, int ids_i64, i
 int dt_k_check_range(int64_t *word, const void *ids, int ids_i64, int64_t n, int64_t lo, int64_t hi, int has_skip,
                      int64_t skip, int64_t site, void *stream) {
     int threads = DT_K__CHECK_THREADS;
-    if (n < 0 || site <= 0) return (int)cudaErrorInvalidValue;
+    if (n < 0 || site <= 0 || (n > 0 && (!word || !ids))) return (int)cudaErrorInvalidValue;
     if (n == 0) return 0;
     while (threads > 32 && (int64_t)threads / 2 >= n) threads /= 2; /* small checks, small blocks (the emulator too) */
     DT_K_LAUNCH(dt_k__check_range, 1, threads, 0, stream, word, ids, ids_i64, n, lo, hi, has_skip, skip, site);
@@ -460,7 +461,7 @@ int dt_k_gelu_fwd_t(void *out, int out_dtype, const void *x, int x_dtype, int64_
     int vec;
     if (!dt_k__act_dtype_ok(out_dtype) || !dt_k__act_dtype_ok(x_dtype)) return (int)cudaErrorInvalidValue;
     vec = dt_k__aligned_t(out, out_dtype) && dt_k__aligned_t(x, x_dtype);
-    DT_K__LAUNCH_V(dt_k__gelu_fwd_t, n, vec, stream, out, out_dtype, x, x_dtype, n, vec);
+    DT_K__LAUNCH_V(dt_k__gelu_fwd_t, n, vec, out && x, stream, out, out_dtype, x, x_dtype, n, vec);
 }
 int dt_k_gelu_bwd_t(void *dx, int dx_dtype, const void *dout, int dout_dtype, const void *x, int x_dtype, int64_t n,
                     void *stream) {
@@ -468,5 +469,6 @@ int dt_k_gelu_bwd_t(void *dx, int dx_dtype, const void *dout, int dout_dtype, co
     if (!dt_k__act_dtype_ok(dx_dtype) || !dt_k__act_dtype_ok(dout_dtype) || !dt_k__act_dtype_ok(x_dtype))
         return (int)cudaErrorInvalidValue;
     vec = dt_k__aligned_t(dx, dx_dtype) && dt_k__aligned_t(dout, dout_dtype) && dt_k__aligned_t(x, x_dtype);
-    DT_K__LAUNCH_V(dt_k__gelu_bwd_t, n, vec, stream, dx, dx_dtype, dout, dout_dtype, x, x_dtype, n, vec);
+    DT_K__LAUNCH_V(dt_k__gelu_bwd_t, n, vec, dx && dout && x, stream, dx, dx_dtype, dout, dout_dtype, x, x_dtype, n,
+                   vec);
 }

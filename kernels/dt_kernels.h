@@ -51,7 +51,8 @@ const char *dt_k_error_string(int status);
    partials, then the partials in chunk order): the same bits every run, within
    ((64 - 1) + (chunks - 1) + 1) u sum|dout| of the exact sum (u = 2^-24), not the CPU's (a double
    sum). It needs dt_k_bias_add_bwd_scratch(rows, C) bytes of device scratch (0: scratch may be
-   NULL), free from the launch until the kernels have run (stream order). */
+   NULL), free from the launch until the kernels have run (stream order). A pointer the launch
+   reads or writes may not be NULL when n (rows x C) > 0: cudaErrorInvalidValue. */
 int dt_k_bias_add_fwd(float *out, const float *bias, int64_t rows, int64_t C, void *stream);
 size_t dt_k_bias_add_bwd_scratch(int64_t rows, int64_t C);
 int dt_k_bias_add_bwd(float *dbias, const float *dout, int64_t rows, int64_t C, void *scratch, void *stream);

@@ -7,6 +7,7 @@
    and the same bits every run and thread order. */
 #include "dt_tensor.h"
 #include "k_common.h"
+#include "dt_cuda.cuh" /* dt_k__ceil_div and dt_k__blocks, the launchers' grid sizes */
 
 static dt_ctx ctx;
 
@@ -281,6 +282,32 @@ static void check_casts(void) {
                   dt_k_tensor_cast(d_f2, DT_I32, d_h2, DT_F32, m, NULL) == cudaErrorInvalidValue);
 }
 
+/* NULL with n > 0 faults inside a kernel: the launchers refuse it; n = 0 touches nothing. And the
+   grid size of n items rounds up without n + 3 (or n + threads - 1), which overflows near
+   INT64_MAX. */
+static void check_refusals(void) {
+    float *d = k_upload(std::vector<float>(16, 1.0f));
+    volatile int64_t big = INT64_MAX; /* not folded: the arithmetic runs as a launcher's would */
+    k_refused("gelu_fwd_t_NULL_out_is_invalid_value", dt_k_gelu_fwd_t(NULL, 2, d, 1, 8, NULL));
+    k_refused("gelu_fwd_t_NULL_x_is_invalid_value", dt_k_gelu_fwd_t(d, 1, NULL, 2, 8, NULL));
+    k_refused("gelu_bwd_t_NULL_dout_is_invalid_value", dt_k_gelu_bwd_t(d, 1, NULL, 2, d, 1, 8, NULL));
+    k_refused("gelu_bwd_t_NULL_x_is_invalid_value", dt_k_gelu_bwd_t(d, 2, d, 1, NULL, 1, 8, NULL));
+    k_refused("tensor_cast_NULL_src_is_invalid_value", dt_k_tensor_cast(d, DT_BF16, NULL, DT_F32, 8, NULL));
+    k_refused("tensor_cast_same_dtype_NULL_dst_is_invalid_value", dt_k_tensor_cast(NULL, DT_F32, d, DT_F32, 8, NULL));
+    k_refused("relu_fwd_NULL_x_is_invalid_value", dt_k_relu_fwd(d, NULL, 8, NULL));
+    k_refused("add_NULL_b_is_invalid_value", dt_k_add(d, d, NULL, 8, NULL));
+    k_refused("mul_bwd_da_without_b_is_invalid_value", dt_k_mul_bwd(d, NULL, d, d, NULL, 8, NULL));
+    k_refused("bias_add_bwd_NULL_dout_is_invalid_value", dt_k_bias_add_bwd(d, NULL, 2, 4, NULL, NULL));
+    k_refused("fill_NULL_is_invalid_value", dt_k_fill(NULL, 0, 4, 8, NULL));
+    DT_TEST_CHECK("gelu_fwd_t_n_0_with_NULL_is_ok", dt_k_gelu_fwd_t(NULL, 2, NULL, 2, 0, NULL) == 0);
+    DT_TEST_CHECK("mul_bwd_da_only_without_a_is_ok", dt_k_mul_bwd(d, NULL, d, NULL, d, 8, NULL) == 0);
+    int64_t q = dt_k__ceil_div(big, 4), want = INT64_MAX / 4 + 1;
+    unsigned int blocks = dt_k__blocks(big, 256, 1024u);
+    dt_test_check_all("grid_of_int64_max_items_rounds_up_without_overflow", q == want && blocks == 1024u,
+                      "ceil(INT64_MAX / 4) %lld (want %lld), blocks %u (want 1024)", (long long)q, (long long)want,
+                      blocks);
+}
+
 int main(void) {
     dt_ctx_init(&ctx, NULL);
     check_bias();
@@ -292,6 +319,7 @@ int main(void) {
         check_binary(off);
     }
     check_casts();
+    check_refusals();
     {
         const char *s = dt_k_error_string(cudaErrorInvalidValue), *c = dt_k_error_string(1000 + 13);
         if (strstr(s, "cudaErrorInvalidValue") && strstr(c, "CUBLAS_STATUS_EXECUTION_FAILED"))
