@@ -86,7 +86,8 @@ int dt_k_check_range(int64_t *word, const void *ids, int ids_i64, int64_t n, int
 /* ==== >>reduce: reductions and layernorm (dt_reduce.cu) ======================================= */
 
 /* LayerNorm over rows of C, as dt_layernorm_fwd (its corrected two-pass statistics in float, the
-   sums in another order); mean, rstd and b may be NULL. eps > 0. A warp per row, 8 rows a block,
+   sums in another order); mean, rstd and b may be NULL, out, x and w not (rows x C > 0). eps
+   finite and > 0, as dt_layernorm_fwd takes it (else cudaErrorInvalidValue). A warp per row, 8 rows a block,
    w and b cached in shared memory per block where C floats (2C with b) fit in 48 KiB (C <= 12288,
    6144 with b; past that read from global memory); four columns a thread by 16-byte loads where C
    is a multiple of 4 and every pointer aligned, one otherwise. */
@@ -103,7 +104,8 @@ int dt_k_layernorm_fwd_bf16(uint16_t *out, float *mean, float *rstd, const float
    on either path: the same bits every run and thread order, within ((64 - 1) + (chunks - 1) + 1)
    u sum|terms| of the exact sum (u = 2^-24), not the CPU's row-order bits. They need
    dt_k_layernorm_bwd_scratch(rows, C) bytes of device scratch (0: scratch may be NULL), free
-   from the launch until the kernels have run (stream order). */
+   from the launch until the kernels have run (stream order). dout and x may not be NULL (w
+   neither, with dx) when a gradient is asked for. */
 size_t dt_k_layernorm_bwd_scratch(int64_t rows, int64_t C);
 int dt_k_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
                        const float *mean, const float *rstd, int64_t rows, int64_t C, void *scratch, void *stream);

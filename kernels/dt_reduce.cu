@@ -4,6 +4,7 @@
    over rows is two-stage (per-chunk partials in the caller's scratch, then their sum).
                                                                     MIT licence (see dt_tensor.h) */
 #include "dt_cuda.cuh"
+#include <float.h>
 
 /* ---------------------------------------------------------------- layernorm */
 
@@ -117,7 +118,10 @@ static int dt_k__layernorm_fwd_launch(void *out, float *mean, float *rstd, const
                                       const float *b, float eps, int64_t rows, int64_t C, void *stream) {
     int vec;
     size_t shw;
-    if (rows < 0 || C < 0 || !(eps > 0.0f) || (C && rows > INT64_MAX / C)) return (int)cudaErrorInvalidValue;
+    /* eps as dt_layernorm_fwd takes it: finite and > 0 (an infinite eps makes every rstd 0) */
+    if (rows < 0 || C < 0 || !(eps > 0.0f && eps <= FLT_MAX) || (C && rows > INT64_MAX / C))
+        return (int)cudaErrorInvalidValue;
+    if (rows && C && (!out || !x || !w)) return (int)cudaErrorInvalidValue; /* b, mean, rstd optional */
     if (rows == 0) return 0;
     vec = dt_k__ln_vec(C, OBF ? NULL : out, x, w, b) && (!OBF || dt_k_aligned(out, 8));
     shw = dt_k__ln_shared(C, b ? 2 : 1);
@@ -307,6 +311,7 @@ int dt_k_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const
     int st;
     if (rows < 0 || C < 0 || (C && rows > INT64_MAX / C) || !mean || !rstd) return (int)cudaErrorInvalidValue;
     if (rows == 0 || C == 0) return 0;
+    if ((dx || dw || db) && (!dout || !x || (dx && !w))) return (int)cudaErrorInvalidValue;
     if ((dw || db) && dt_k_layernorm_bwd_scratch(rows, C) && !scratch) return (int)cudaErrorInvalidValue;
     if (dx) {
         int vec = dt_k__ln_vec(C, dx, dout, x, w);

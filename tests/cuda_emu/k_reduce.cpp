@@ -209,6 +209,23 @@ static void check_layernorm_args(void) {
                   dt_k_layernorm_fwd(d, NULL, NULL, d, d, NULL, 0.0f, 4, 16, NULL) == cudaErrorInvalidValue);
     DT_TEST_CHECK("layernorm_bwd_without_mean_is_invalid_value",
                   dt_k_layernorm_bwd(d, d, d, d, d, d, NULL, d, 4, 16, NULL, NULL) == cudaErrorInvalidValue);
+    /* eps as dt_layernorm_fwd takes it: finite and > 0 */
+    k_refused("layernorm_fwd_eps_inf_is_invalid_value",
+              dt_k_layernorm_fwd(d, NULL, NULL, d, d, NULL, INFINITY, 4, 16, NULL));
+    k_refused("layernorm_fwd_bf16_eps_nan_is_invalid_value",
+              dt_k_layernorm_fwd_bf16((uint16_t *)d, NULL, NULL, d, d, NULL, NAN, 4, 16, NULL));
+    k_refused("layernorm_fwd_bf16_NULL_out_is_invalid_value",
+              dt_k_layernorm_fwd_bf16(NULL, NULL, NULL, d, d, NULL, 1e-5f, 4, 16, NULL));
+    k_refused("layernorm_fwd_NULL_w_is_invalid_value",
+              dt_k_layernorm_fwd(d, NULL, NULL, d, NULL, NULL, 1e-5f, 4, 16, NULL));
+    k_refused("layernorm_fwd_NULL_x_is_invalid_value",
+              dt_k_layernorm_fwd(d, NULL, NULL, NULL, d, NULL, 1e-5f, 4, 16, NULL));
+    k_refused("layernorm_bwd_dx_without_w_is_invalid_value",
+              dt_k_layernorm_bwd(d, NULL, NULL, d, d, NULL, d, d, 4, 16, NULL, NULL));
+    k_refused("layernorm_bwd_NULL_dout_is_invalid_value",
+              dt_k_layernorm_bwd(NULL, d, d, NULL, d, d, d, d, 4, 16, NULL, NULL));
+    DT_TEST_CHECK("layernorm_fwd_no_rows_with_NULL_pointers_is_ok",
+                  dt_k_layernorm_fwd(NULL, NULL, NULL, NULL, NULL, NULL, 1e-5f, 0, 16, NULL) == 0);
 }
 
 /* dw and db over R rows (several chunks of 64, the last one short) and C columns, dx left out.
