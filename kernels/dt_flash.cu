@@ -536,6 +536,16 @@ static int dt_k__fl_check(const dt_k_flash *a, int bwd, dt_k_flash *x) {
         return (int)cudaErrorInvalidValue;
     /* out, or (the forward outside block mode) out16 instead */
     if (a->out16 ? (a->out || bwd || a->block) : !a->out) return (int)cudaErrorInvalidValue;
+    /* the f32 and bf16 pointers on their elements' alignment (NULL passes: checked above and below);
+       a GPU faults on a misaligned access */
+    {
+        const void *f32[6] = {a->out, a->lse, a->dout, a->dq, a->dk, a->dv};
+        const void *b16[4] = {a->out16, a->dq16, a->dk16, a->dv16};
+        for (int i = 0; i < 6; i++)
+            if (!dt_k_aligned(f32[i], 4)) return (int)cudaErrorInvalidValue;
+        for (int i = 0; i < 4; i++)
+            if (!dt_k_aligned(b16[i], 2)) return (int)cudaErrorInvalidValue;
+    }
     if (bwd && (!a->dout || !a->scratch || !dt_k_aligned(a->scratch, 16))) return (int)cudaErrorInvalidValue;
     if (bwd == 1) { /* bwd 2: the prep alone */
         int f32 = a->dq && a->dk && a->dv && !a->dq16 && !a->dk16 && !a->dv16;
@@ -573,7 +583,7 @@ extern "C" int dt_k_flash_fwd(const dt_k_flash *a, void *stream) {
 
 /* dout in bf16 [B, T, H hs], 16-byte aligned, then D [B, H, T] f32; 0 on a size that overflows. */
 extern "C" size_t dt_k_flash_bwd_scratch(int64_t B, int64_t T, int H, int hs) {
-    if (B < 0 || T < 0 || H < 0 || hs < 0 || (B && T && T > INT64_MAX / 8 / B / ((int64_t)H * (hs + 1) + 1))) return 0;
+    if (B < 0 || T < 0 || H < 0 || hs < 0 || (B && T && T > INT64_MAX / 8 / B / ((int64_t)H * ((int64_t)hs + 1) + 1))) return 0;
     return (size_t)((B * T * H * hs * 2 + 15) / 16 * 16 + B * H * T * 4);
 }
 

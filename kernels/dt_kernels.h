@@ -194,7 +194,8 @@ int dt_k_attention_block_bwd(float *dq, float *dkv, const float *dout, const flo
    q is at q + (b T + t) q_stride, head h at + h hs; k and v alike (kv_stride) with H_kv heads,
    query head h reading K/V head h / (H / H_kv) (grouped-query attention; H_kv = H: multi-head).
    hs is 16, 32, 64, 96 or 128; strides are multiples of 8 and q, k, v 16-byte aligned (16-byte
-   loads). fwd: out (f32, out_stride per row) = softmax(q k^T / sqrt(hs), causal) v, and lse
+   loads); the f32 pointers (out, lse, dout, dq, dk, dv) 4-byte aligned and the bf16 ones (out16,
+   dq16, dk16, dv16) 2-byte. fwd: out (f32, out_stride per row) = softmax(q k^T / sqrt(hs), causal) v, and lse
    [B, H, T] the natural log-sum-exp of each row's scaled scores. bwd: dq, dk, dv += the
    gradient (f32, or bf16 in dq16, dk16, dv16 rounded once; dq_stride / dkv_stride per row) from
    dout (f32, out_stride), out and lse as

@@ -460,6 +460,25 @@ static void check_refusals(void) {
                   (b = a, b.T = 0, dt_k_flash_fwd(&b, NULL) == 0 && dt_k_flash_bwd(&b, NULL) == 0));
     DT_TEST_CHECK("flash_mma_scratch_of_an_overflowing_size_is_0",
                   dt_k_flash_bwd_scratch(1, INT64_MAX / 2, 64, 128) == 0);
+    {   /* hs + 1 in int would overflow (hs INT_MAX) and pass the size check negative: 0 */
+        size_t got = dt_k_flash_bwd_scratch(1, 1, 1, 2147483647), want = (size_t)4294967296 + 4;
+        dt_test_check_all("flash_mma_scratch_at_hs_int_max_is_its_size", got == want, "got %zu, want %zu", got, want);
+    }
+    /* f32 and bf16 pointers off their alignment (a GPU faults): T one row short, so that the
+       bytes a broken check let through stay inside the buffers */
+    k_refused("flash_mma_refuses_out_off_4_bytes",
+              (b = a, b.T = a.T - 1, b.out = (float *)((char *)a.out + 2), dt_k_flash_fwd(&b, NULL)));
+    k_refused("flash_mma_refuses_lse_off_4_bytes",
+              (b = a, b.T = a.T - 1, b.lse = (float *)((char *)a.lse + 2), dt_k_flash_fwd(&b, NULL)));
+    k_refused("flash_mma_refuses_out16_off_2_bytes",
+              (b = a, b.out = NULL, b.out16 = (uint16_t *)((char *)a.out + 1), dt_k_flash_fwd(&b, NULL)));
+    k_refused("flash_mma_bwd_refuses_dout_off_4_bytes",
+              (b = a, b.T = a.T - 1, b.dout = (const float *)((const char *)a.dout + 2), dt_k_flash_bwd(&b, NULL)));
+    k_refused("flash_mma_bwd_refuses_dk_off_4_bytes",
+              (b = a, b.T = a.T - 1, b.dk = (float *)((char *)a.dk + 2), dt_k_flash_bwd(&b, NULL)));
+    k_refused("flash_mma_bwd_refuses_dq16_off_2_bytes",
+              (b = a, b.dq = b.dk = b.dv = NULL, b.dq16 = (uint16_t *)((char *)a.dq + 1), b.dk16 = (uint16_t *)a.dk,
+               b.dv16 = (uint16_t *)a.dv, dt_k_flash_bwd(&b, NULL)));
 }
 
 int main(int argc, char **argv) {
