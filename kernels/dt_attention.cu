@@ -25,7 +25,7 @@
 #define DT_K__SMEM_MAX 49152 /* without opting in (cudaFuncSetAttribute), 48 KiB per block */
 
 static int dt_k__threads(int64_t n, int cap) {
-    int64_t t = (n + 31) / 32 * 32;
+    int64_t t = n > cap ? cap : dt_k__ceil_div(n, 32) * 32;
     if (t < 32) t = 32;
     return (int)(t > cap ? cap : t);
 }

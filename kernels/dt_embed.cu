@@ -26,12 +26,12 @@
 #define DT_K__SMEM_MAX 49152
 
 static int dt_k__thr(int64_t n, int cap) {
-    int64_t t = (n + 31) / 32 * 32;
+    int64_t t = n > cap ? cap : dt_k__ceil_div(n, 32) * 32;
     if (t < 32) t = 32;
     return (int)(t > cap ? cap : t);
 }
 static unsigned dt_k__grid(int64_t n, int threads) {
-    int64_t b = (n + threads - 1) / threads;
+    int64_t b = dt_k__ceil_div(n, threads);
     return (unsigned)(b > 65535 ? 65535 : b < 1 ? 1 : b);
 }
 

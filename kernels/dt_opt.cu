@@ -35,7 +35,7 @@
 
 /* The blocks of a pass over n elements (the partials' count): a function of n alone. */
 extern "C" int dt_k_opt_blocks(int64_t n) {
-    int64_t per = (int64_t)DT_K__OPT_THREADS * DT_K__OPT_PER_THREAD, b = (n + per - 1) / per;
+    int64_t per = (int64_t)DT_K__OPT_THREADS * DT_K__OPT_PER_THREAD, b = n <= 0 ? 0 : dt_k__ceil_div(n, per);
     return n <= 0 ? 0 : b > DT_K__OPT_MAX_BLOCKS ? DT_K__OPT_MAX_BLOCKS : (int)b;
 }
 

@@ -29,7 +29,7 @@ static __device__ __forceinline__ int64_t dt_k__pl_id(const void *ids, int ids_i
 /* Threads per row of n columns: whole warps (the block reductions need them), about 8 columns
    each, 32..512: a GPT vocab gets 512 threads, a small one a warp rather than idle threads. */
 static int dt_k__pl_threads(int64_t n) {
-    int64_t t = ((n + 7) / 8 + 31) / 32 * 32;
+    int64_t t = n > 8 * 512 ? 512 : dt_k__ceil_div(dt_k__ceil_div(n, 8), 32) * 32;
     return t < 32 ? 32 : t > 512 ? 512 : (int)t;
 }
 

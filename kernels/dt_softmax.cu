@@ -17,13 +17,13 @@
 
 /* Threads per row: enough warps to cover V once, at most 512. */
 static int dt_k__xent_threads(int64_t V) {
-    int64_t t = (V + 31) / 32 * 32;
+    int64_t t = V > 512 ? 512 : dt_k__ceil_div(V, 32) * 32;
     return t < 32 ? 32 : t > 512 ? 512 : (int)t;
 }
 
 /* Stage-1 blocks for n items: about 4 items per thread, at most DT_K__LOSS_MAX_BLOCKS. */
 static int64_t dt_k__loss_blocks(int64_t n) {
-    int64_t b = (n + 4 * DT_K__LOSS_THREADS - 1) / (4 * DT_K__LOSS_THREADS);
+    int64_t b = n <= 0 ? 0 : dt_k__ceil_div(n, 4 * DT_K__LOSS_THREADS);
     return b < 1 ? 1 : b > DT_K__LOSS_MAX_BLOCKS ? DT_K__LOSS_MAX_BLOCKS : b;
 }
 
@@ -92,7 +92,7 @@ __global__ void dt_k__sum_stage2(double *out, const double *partial, int64_t nb,
 /* The two stages over n items into out[0..1]; partial: 2 * DT_K__LOSS_MAX_BLOCKS doubles. */
 static int dt_k__sum(double *out, double *partial, int mode, const float *a, const float *b, const int32_t *t,
                      int ignore, int64_t n, int mean, void *stream) {
-    int64_t nb = dt_k__loss_blocks(n), chunk = n > 0 ? (n + nb - 1) / nb : 0;
+    int64_t nb = dt_k__loss_blocks(n), chunk = n > 0 ? dt_k__ceil_div(n, nb) : 0;
     int st;
     DT_K_LAUNCH(dt_k__sum_stage1, (unsigned)nb, DT_K__LOSS_THREADS, 0, stream, partial, mode, a, b, t, ignore, n,
                 chunk);

@@ -360,5 +360,10 @@ int main(void) {
                       dt_k_opt_update(NULL, 0, 0, &h, NULL, NULL, NULL) == 0);
         cudaFree(d);
     }
+    {   /* n + 2047 would overflow int64 (a negative count of blocks) */
+        volatile int64_t big = INT64_MAX;
+        int nb = dt_k_opt_blocks(big);
+        dt_test_check_all("opt_blocks_of_int64_max_is_the_cap", nb == 2048, "got %d, want 2048", nb);
+    }
     return dt_test_finish();
 }
