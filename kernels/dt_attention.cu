@@ -123,8 +123,12 @@ static __global__ void dt_k__att_bwd_kv(float *__restrict__ dqkv, const float *_
     }
 }
 
+/* B T n_head rows within int (the grids), B T C elements within int64: each product checked by
+   division before it is formed. */
 static int dt_k__att_args(int64_t B, int64_t T, int64_t C, int n_head) {
-    return B >= 0 && T >= 0 && C >= 0 && n_head > 0 && C % n_head == 0 && B * T <= 2147483647LL / (n_head ? n_head : 1);
+    if (B < 0 || T < 0 || C < 0 || n_head <= 0 || C % n_head) return 0;
+    if (!B || !T) return 1;
+    return B <= 2147483647LL / T && B * T <= 2147483647LL / n_head && C <= INT64_MAX / (B * T);
 }
 
 extern "C" int dt_k_attention_fwd(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t C,
@@ -508,10 +512,18 @@ static __global__ void dt_k__ablk_dkv(float *__restrict__ dkv, const float *__re
         }
 }
 
+/* The block's ranges inside its tensors, and every product the launches form (the rows of the
+   grids within int, the widths within int64) checked by division first. */
 static int dt_k__ablk_ok(const dt_k_attn_block *a) {
-    return a && a->B >= 0 && a->H > 0 && a->Hkv > 0 && a->H % a->Hkv == 0 && a->hs >= 0 && a->q_rows >= 0 &&
-           a->k_rows >= 0 && a->q_row >= 0 && a->k_row >= 0 && a->q_row + a->q_rows <= a->Tq &&
-           a->k_row + a->k_rows <= a->Tk && a->Wq >= a->H * a->hs && a->Wkv == 2 * a->Hkv * a->hs;
+    const int64_t I = 2147483647LL;
+    if (!a || a->B < 0 || a->H <= 0 || a->Hkv <= 0 || a->H % a->Hkv || a->hs < 0 || a->q_rows < 0 || a->k_rows < 0 ||
+        a->q_row < 0 || a->k_row < 0 || a->Tq < 0 || a->Tk < 0 || a->q_row > a->Tq - a->q_rows ||
+        a->k_row > a->Tk - a->k_rows || a->hs > INT64_MAX / 2 / a->H)
+        return 0;
+    if (a->B && (a->Tq > I / a->B / a->H || a->Tk > I / a->B / a->Hkv)) return 0; /* B H Tq, B Hkv Tk rows */
+    if (a->B && a->Tq && a->Wq > INT64_MAX / a->B / a->Tq) return 0;                /* q's elements */
+    if (a->B && a->Tk && a->Wkv > INT64_MAX / a->B / a->Tk) return 0;               /* kv's */
+    return a->Wq >= a->H * a->hs && a->Wkv == 2 * a->Hkv * a->hs;
 }
 
 extern "C" int dt_k_attention_block_fwd(float *out, float *lse, const float *q, const float *kv,

@@ -687,9 +687,11 @@ static int dt_k__pass(int64_t *dest, int64_t *okeys, int64_t *oidx, int64_t *tot
     return DT_K_CHECK();
 }
 
+/* 0 for what dt_k_embed_bucketize refuses (n past int, W outside [1, 4096]): no size to overflow */
 extern "C" size_t dt_k_embed_bucketize_scratch(int64_t n, int W) {
-    int64_t nblk = (n + DT_K__CHUNK - 1) / DT_K__CHUNK;
-    return (size_t)(nblk > 0 ? nblk : 1) * (size_t)(W > 0 ? W : 1) * sizeof(int);
+    if (n < 0 || n > 2147483647LL || W < 1 || W > 4096) return 0;
+    int64_t nblk = dt_k__ceil_div(n, DT_K__CHUNK);
+    return (size_t)(nblk > 0 ? nblk : 1) * (size_t)W * sizeof(int);
 }
 
 extern "C" int dt_k_embed_bucketize(int64_t *counts, int64_t *dest, const int64_t *ids, int64_t n, int64_t rows,
@@ -727,8 +729,9 @@ static __global__ void dt_k__segments(int64_t *seg, int64_t *n_uniq, const int64
 }
 
 /* keys twice, indices once (the other index buffer is `order`), the block counts */
-extern "C" size_t dt_k_embed_dedup_scratch(int64_t n) {
-    int64_t nblk = (n + DT_K__CHUNK - 1) / DT_K__CHUNK;
+extern "C" size_t dt_k_embed_dedup_scratch(int64_t n) { /* 0 for an n dt_k_embed_dedup refuses */
+    if (n < 0 || n > 2147483647LL) return 0;
+    int64_t nblk = dt_k__ceil_div(n, DT_K__CHUNK);
     if (n < 1) n = 1;
     return (size_t)(3 * n) * sizeof(int64_t) + (size_t)(nblk > 0 ? nblk : 1) * 256 * sizeof(int);
 }

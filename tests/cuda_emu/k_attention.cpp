@@ -205,6 +205,12 @@ static void check_block(dt_ctx *ctx, const char *tag, int64_t B, int H, int Hkv,
     cudaFree(d_q); cudaFree(d_kv); cudaFree(d_out); cudaFree(d_lse); cudaFree(d_dout); cudaFree(d_dq); cudaFree(d_dkv);
 }
 
+/* A launcher's refusal: cudaErrorInvalidValue, before anything launches. */
+static void refused(const char *name, int st) {
+    if (st == (int)cudaErrorInvalidValue) dt_test_pass(name);
+    else dt_test_fail(name, "launcher returned %d; want %d (cudaErrorInvalidValue)", st, (int)cudaErrorInvalidValue);
+}
+
 int main(void) {
     dt_ctx ctx;
     dt_ctx_init(&ctx, NULL);
@@ -248,7 +254,20 @@ int main(void) {
             a.Hkv = 2; a.q_row = 1;
             DT_TEST_CHECK("block_bwd_rows_past_the_tensor_is_invalid_value",
                           dt_k_attention_block_bwd(d, d, d, d, d, d, d, &a, NULL) == (int)cudaErrorInvalidValue);
+            /* sums and products past int64 or the grids' int: refused before they are formed
+               (q_row + q_rows wrapped negative and passed; B H Tq rows past 2^31 made a grid that
+               covers a fraction of them) */
+            a.q_row = INT64_MAX; a.q_rows = 2;
+            refused("block_fwd_q_row_plus_rows_past_int64_is_invalid_value", dt_k_attention_block_fwd(d, d, d, d, &a, NULL));
+            a.q_row = 0; a.q_rows = 4; a.B = (int64_t)1 << 31;
+            refused("block_fwd_rows_past_int_is_invalid_value", dt_k_attention_block_fwd(d, d, d, d, &a, NULL));
+            a.B = 1; a.hs = INT64_MAX / 4; a.Wq = INT64_MAX; a.Wkv = 0;
+            refused("block_fwd_head_size_past_int64_is_invalid_value", dt_k_attention_block_fwd(d, d, d, d, &a, NULL));
         }
+        refused("attention_fwd_B_times_T_past_int64_is_invalid_value",
+                  dt_k_attention_fwd(d, d, d, (int64_t)1 << 33, (int64_t)1 << 33, 8, 2, NULL));
+        refused("attention_fwd_elements_past_int64_is_invalid_value",
+                  dt_k_attention_fwd(d, d, d, 1, 2, INT64_MAX - 1, 1, NULL));
         DT_TEST_CHECK("attention_fwd_empty_batch_is_ok", dt_k_attention_fwd(d, d, d, 0, 4, 8, 2, NULL) == 0 &&
                                                              dt_k_attention_fwd_flash(d, d, d, 0, 4, 8, 2, NULL) == 0 &&
                                                              dt_k_attention_bwd(d, d, d, d, 0, 4, 8, 2, d, NULL) == 0);

@@ -436,6 +436,14 @@ int main(void) {
         check_pool(DT_F16, 0, 1);
     }
     check_bucketize();
+    /* the scratch of what the launchers refuse: 0, not an overflowed size */
+    DT_TEST_CHECK("bucketize_scratch_past_int_is_0", dt_k_embed_bucketize_scratch(INT64_MAX, 4) == 0 &&
+                                                        dt_k_embed_bucketize_scratch(-1, 4) == 0 &&
+                                                        dt_k_embed_bucketize_scratch(100, 0) == 0 &&
+                                                        dt_k_embed_bucketize_scratch(100, 4) > 0);
+    DT_TEST_CHECK("dedup_scratch_past_int_is_0", dt_k_embed_dedup_scratch(INT64_MAX) == 0 &&
+                                                    dt_k_embed_dedup_scratch((int64_t)1 << 40) == 0 &&
+                                                    dt_k_embed_dedup_scratch(0) > 0);
     check_dedup("3_byte_rows_several_blocks", ksz(600, 300), 70000, 120); /* three radix passes (odd) */
     check_dedup("2_byte_rows", ksz(300, 100), 1000, 40);                 /* two passes (even) */
     check_dedup("one_row", 50, 1, 1);                     /* one pass: the identity order */
