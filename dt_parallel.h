@@ -2648,27 +2648,18 @@ static dt_status dt__tp_apart(dt_ctx *ctx, const dt_tensor *scratch, const dt_te
                             fn, sn, in_name);
 }
 
-/* An op's output that shares a byte with one of its inputs (or another output): named, before
-   anything is written (it reads one while it writes the other); dt__par_same_or_apart lets the ops
-   that run in place have out be in itself (the same data, dtype and element count). NULL or empty
-   tensors never overlap (their own checks name them). */
+/* An op's output that shares a byte with one of its inputs (or another output, dt_tensor_overlap):
+   named, before anything is written (it reads one while it writes the other); dt__par_same_or_apart
+   lets the ops that run in place have out be in itself. */
 static dt_status dt__par_apart(dt_ctx *ctx, const dt_tensor *o, const dt_tensor *in, const char *fn, const char *on,
                                const char *in_name) {
-    const char *a, *b;
-    size_t na, nb;
-    if (!o || !in) return DT_OK;
-    a = (const char *)o->data, b = (const char *)in->data;
-    na = dt_tensor_bytes(o), nb = dt_tensor_bytes(in);
-    if (!a || !b || !na || !nb || o->device != in->device || a + na <= b || b + nb <= a) return DT_OK;
+    if (!dt_tensor_overlap(o, in)) return DT_OK;
     return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s shares memory with %s; expected an op's outputs apart from its "
                             "inputs (it reads one while it writes the other)", fn, on, in_name);
 }
 static dt_status dt__par_same_or_apart(dt_ctx *ctx, const dt_tensor *o, const dt_tensor *in, const char *fn,
                                        const char *on, const char *in_name) {
-    if (o && in && o->data && o->data == in->data && o->dtype == in->dtype && o->numel == in->numel &&
-        o->device == in->device)
-        return DT_OK;
-    return dt__par_apart(ctx, o, in, fn, on, in_name);
+    return dt_tensor_overlap(o, in) == 2 ? DT_OK : dt__par_apart(ctx, o, in, fn, on, in_name);
 }
 
 /* A [rows, cols] view of t (leading dims flattened) for the 2-D matmul. */

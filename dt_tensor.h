@@ -108,7 +108,9 @@
    Memory: every byte comes from the allocator in dt_ctx_desc (malloc/free by default) and is
    counted: ctx->bytes_in_use and ctx->bytes_peak. Tensors are plain structs owned by the
    caller; a tensor made by dt_tensor_create owns its memory, a view does not (it must not
-   outlive the tensor it looks into, exactly like a pointer into an array).
+   outlive the tensor it looks into, exactly like a pointer into an array). An op's output that
+   shares memory with one of its inputs (dt_tensor_overlap) is DT_ERR_ARG naming both, except in
+   the ops that say they run in place, and there only as the very same tensor.
 
    Errors: every public function that can fail returns dt_status (0 = DT_OK). The message,
    retrievable with dt_ctx_error(ctx), names the argument, the value and what was expected:
@@ -407,6 +409,10 @@ DT_API dt_status dt_tensor_fill(dt_ctx *ctx, dt_tensor *t, double value);
    f32/i32/i64/u8. Same numel, CPU; under DT_CUDA both on cuda for f32/bf16/f16 (the same bits). */
 DT_API dt_status dt_tensor_cast(dt_ctx *ctx, dt_tensor *dst, const dt_tensor *src);
 DT_API int dt_tensor_same_shape(const dt_tensor *a, const dt_tensor *b);
+/* Whether a and b share memory: 0 apart (or either NULL, empty, without data, or on another
+   device), 2 the very same elements (data, dtype and numel: an op that runs in place takes that),
+   1 any other overlap (two views a few elements apart). */
+DT_API int dt_tensor_overlap(const dt_tensor *a, const dt_tensor *b);
 /* "[4, 8]" into buf; returns buf. */
 DT_API const char *dt_shape_str(const dt_tensor *t, char *buf, size_t n);
 /* Validate that t is a CPU tensor of dtype `dtype` (DEFAULT = any float dtype);
@@ -1464,6 +1470,16 @@ DT_API const char *dt_shape_str(const dt_tensor *t, char *buf, size_t n) {
         used += (size_t)snprintf(buf + used, n - used, i ? ", %lld" : "%lld", (long long)t->shape[i]);
     if (used < n) snprintf(buf + used, n - used, "]");
     return buf;
+}
+
+DT_API int dt_tensor_overlap(const dt_tensor *a, const dt_tensor *b) {
+    uintptr_t pa, pb;
+    size_t na, nb;
+    if (!a || !b || !a->data || !b->data || a->device != b->device) return 0;
+    na = dt_tensor_bytes(a); nb = dt_tensor_bytes(b);
+    pa = (uintptr_t)a->data; pb = (uintptr_t)b->data;
+    if (!na || !nb || pa >= pb + nb || pb >= pa + na) return 0;
+    return pa == pb && a->dtype == b->dtype && a->numel == b->numel ? 2 : 1;
 }
 
 DT_API int dt_tensor_same_shape(const dt_tensor *a, const dt_tensor *b) {
@@ -2957,12 +2973,7 @@ static dt_status dt__f32(dt_ctx *ctx, const dt_tensor *t, const char *fn, const 
    dataless tensors never overlap (their own checks name them). */
 static dt_status dt__apart(dt_ctx *ctx, const dt_tensor *out, const dt_tensor *in, const char *fn, const char *on,
                            const char *in_name) {
-    uintptr_t po, pi;
-    size_t no, ni;
-    if (!out || !in || !out->data || !in->data || out->device != in->device) return DT_OK;
-    no = dt_tensor_bytes(out); ni = dt_tensor_bytes(in);
-    po = (uintptr_t)out->data; pi = (uintptr_t)in->data;
-    if (!no || !ni || po >= pi + ni || pi >= po + no) return DT_OK;
+    if (!dt_tensor_overlap(out, in)) return DT_OK;
     return dt_ctx_set_error(ctx, DT_ERR_ARG, "%s: %s shares memory with %s; expected an op's outputs apart from its "
                             "inputs (it reads one while it writes the other)", fn, on, in_name);
 }
@@ -2972,10 +2983,7 @@ static dt_status dt__apart(dt_ctx *ctx, const dt_tensor *out, const dt_tensor *i
    few elements past in) would read elements already written. */
 static dt_status dt__same_or_apart(dt_ctx *ctx, const dt_tensor *out, const dt_tensor *in, const char *fn,
                                    const char *on, const char *in_name) {
-    if (out && in && out->data && out->data == in->data && out->dtype == in->dtype && out->numel == in->numel &&
-        out->device == in->device)
-        return DT_OK;
-    return dt__apart(ctx, out, in, fn, on, in_name);
+    return dt_tensor_overlap(out, in) == 2 ? DT_OK : dt__apart(ctx, out, in, fn, on, in_name);
 }
 
 static dt_status dt__same(dt_ctx *ctx, const dt_tensor *a, const dt_tensor *b, const char *fn,

@@ -1770,6 +1770,12 @@ static void test_aliasing_ops(void) {
         dt_test_error("attention_block_out_over_kv_is_named", dt_attention_block_fwd(&C, &c, &d, &a, &b, &ab),
                       dt_ctx_error(&C), "dt_attention_block_fwd: out shares memory with kv");
     }
+    /* the predicate the checks share */
+    V(a, 0, 4, 4); V(b, 0, 16); V(c, 2, 16); V(d, 16, 4);
+    DT_TEST_CHECK("tensor_overlap_same_elements_is_2", dt_tensor_overlap(&a, &b) == 2);
+    DT_TEST_CHECK("tensor_overlap_shifted_view_is_1", dt_tensor_overlap(&b, &c) == 1 && dt_tensor_overlap(&c, &b) == 1);
+    DT_TEST_CHECK("tensor_overlap_adjacent_is_0", dt_tensor_overlap(&b, &d) == 0 && dt_tensor_overlap(&d, &b) == 0);
+    DT_TEST_CHECK("tensor_overlap_null_is_0", dt_tensor_overlap(NULL, &b) == 0 && dt_tensor_overlap(&b, NULL) == 0);
 #undef V
     dt_tensor_free(&C, &buf);
 }
