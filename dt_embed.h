@@ -4028,6 +4028,38 @@ static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
     return DT_OK;
 }
 
+/* The caller's out (forward) or dout (backward) apart from what the embed itself writes: every
+   table's rows and optimizer state (a view from dt_embed_local_shard) and the sequence buffers
+   (from dt_embed_sequence / _grad; seqs: the forward, which fills them before it writes out). The
+   backward updates rows while it still reads dout (it only reads the sequence buffers). */
+static dt_status dt__em_apart(dt_embed *e, const dt_tensor *x, int seqs, const char *fn, const char *xn) {
+    static const char *what[3] = {"rows", "optimizer state", "optimizer state"};
+    dt_tensor seq;
+    int i, k;
+    for (i = 0; i < e->n_tabs; i++) {
+        const dt__em_tab *t = &e->tabs[i];
+        const dt_tensor *own[3];
+        own[0] = &t->w; own[1] = &t->s1; own[2] = &t->s2;
+        for (k = 0; k < 3; k++)
+            if (dt_tensor_overlap(x, own[k]))
+                return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: %s shares memory with table \"%s\"'s %s; expected "
+                                        "it apart (the embed reads one while it writes the other)", fn, xn, t->name, what[k]);
+    }
+    memset(&seq, 0, sizeof seq);
+    seq.dtype = DT_F32;
+    seq.device = DT_CPU; /* as dt_embed_sequence's views */
+    seq.ndim = 1;
+    seq.numel = seq.shape[0] = e->seq_off ? e->seq_off[e->n_feat] : 0;
+    for (k = 0; seqs && k < 2; k++) {
+        seq.data = k ? e->seq_grad : e->seq;
+        if (dt_tensor_overlap(x, &seq))
+            return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: %s shares memory with the embed's sequence %s (a view from "
+                                    "dt_embed_sequence%s); expected it apart", fn, xn, k ? "gradients" : "rows",
+                                    k ? "_grad" : "");
+    }
+    return DT_OK;
+}
+
 static dt_status dt__em_check_out(dt_embed *e, const dt_tensor *out, int64_t B) {
     const char *fn = "dt_embed_forward";
     dt_status st = e->cuda ? dt__em_cuda_check(e, out, fn, "out") : dt_check_tensor(e->ctx, out, DT_F32, fn, "out");
@@ -4036,6 +4068,7 @@ static dt_status dt__em_check_out(dt_embed *e, const dt_tensor *out, int64_t B) 
         st = dt_ctx_set_error(e->ctx, DT_ERR_SHAPE, "%s: out is %s; expected [%lld, %lld] (local batch, pooled dim)", fn,
                               dt_shape_str(out, s1, sizeof s1), (long long)B, (long long)e->pooled_dim);
     }
+    if (!st) st = dt__em_apart(e, out, 1, fn, "out");
     return st;
 }
 
@@ -4512,6 +4545,7 @@ DT_API dt_status dt_embed_backward(dt_embed *e, const dt_tensor *dout) {
             st = dt_ctx_set_error(e->ctx, DT_ERR_SHAPE, "%s: dout is %s; expected [%lld, %lld] (local batch, pooled dim)",
                                   fn, dt_shape_str(dout, s1, sizeof s1), (long long)e->B, (long long)e->pooled_dim);
         }
+        if (!st) st = dt__em_apart(e, dout, 0, fn, "dout"); /* before the flag: every rank stops together */
         if (!st && e->cuda && !dev) /* a host copy: the gradients are sorted there */
             st = dt__em_cuda_host_dout(e, &dd, dout);
         else if (!st) dd = (const float *)dout->data;
