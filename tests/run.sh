@@ -135,6 +135,12 @@ export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM
 # wait odls_base_sigkill_timeout (1 s) twice before it returned: 2.04 s against 0.04 s for
 # `mpirun -np 1 false`. No dt program catches SIGTERM, so the wait bought nothing.
 export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-0}
+# Open MPI 4 picks the ob1 messaging layer here anyway (its shared-memory and TCP transports), but
+# only after it has opened and probed cm's PSM, PSM2 and libfabric: 0.2 s of every MPI program's
+# start (mpirun -np 2 of MPI_Init + MPI_Finalize: 0.41 s, 0.21 s with ob1 named), paid some
+# thousand times by the suite (tests/mpi_dlrm_edges.c alone: 40.9 s -> 15.8 s). Naming it skips
+# the probe and changes nothing else.
+export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 
 # Every build step is redone when one of these, or its own source, is newer than its output.
 INPUTS=(dt_*.h kernels/*.h kernels/*.cuh tests/dt_test.h tests/compile/tu.c tests/run.sh build.sh)
@@ -559,10 +565,13 @@ spawn_gpu_builds() {
 # (tests/cuda_emu/include/), linked with its runtime (tests/cuda_emu/cuda_emu.cpp) and with each
 # tests/cuda_emu/k_*.cpp, which compares the kernels with dt_tensor.h's CPU ops. No GPU, no nvcc.
 # Each program runs once in every EMU_MODES mode (" [mode]" appended to its check names; a line
-# "// emu-modes: M..." in the program names fewer: the end-to-end ones run one or two), once more
-# in parallel order with host threads instead of fibers (" [threads]", DT_EMU_THREADS=1), then
-# once built with ThreadSanitizer, on small inputs (DT_K_SMALL=1), with the argument "tsan" (names
+# "// emu-modes: M..." in the program names fewer: the end-to-end ones run one or two), then once
+# built with ThreadSanitizer, on small inputs (DT_K_SMALL=1), with the argument "tsan" (names
 # prefixed "tsan:"; a TSan report is a failure, except the one k_detect.cpp plants and expects).
+# The TSan run plays each CUDA thread on a host thread, in parallel order. The same without TSan
+# (" [threads]", DT_EMU_THREADS=1: the emulator's lazy start, see cuda_emu.cpp) runs where TSan does
+# not (k_core), and where a program's emu-modes line names it (k_mma: warp gathers and barriers);
+# on every program it repeated the TSan run's kernels and inputs (56 s of the suite's CPU time).
 # E, EMU_CXX, EMU_INC, EMU_TSAN, EMU_MPICXX, emu_stale and the compile commands (emu_runtime,
 # emu_kernel, emu_nccl) are shared with build.sh's build/examples/emu/ (tests/cuda_emu/emu_build.sh).
 source tests/cuda_emu/emu_build.sh
@@ -747,7 +756,10 @@ run_emu() {
         # own tests run in every order, and a model step costs seconds per emulated order)
         local modes
         modes=$(sed -n 's|^//[[:space:]]*emu-modes:[[:space:]]*\([a-z:0-9 ]*\).*|\1|p' "tests/cuda_emu/$name.cpp" | head -n 1)
-        [ -n "$modes" ] || modes="${EMU_MODES[*]} threads"
+        if [ -z "$modes" ]; then
+            modes="${EMU_MODES[*]}"
+            emu_no_tsan "tests/cuda_emu/$name.cpp" && modes+=" threads"
+        fi
         for mode in $modes; do
             # threads: the parallel order with a host thread per CUDA thread (DT_EMU_THREADS=1)
             # instead of fibers, as the TSan build runs them, so that path is checked without TSan

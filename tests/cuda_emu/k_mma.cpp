@@ -1,7 +1,8 @@
+// emu-modes: parallel forward reverse random:1 random:2 threads (threads: the emulator's host-thread path through warp gathers and barriers)
 /* tests/cuda_emu/k_mma.cpp - the emulator's tensor-core and 16-bit float support: kernels/dt_mma.cuh's
    mma.sync m16n8k16 (bf16 and f16 inputs, f32 accumulators) and its fragment helpers, and the
    __nv_bfloat16 / __half conversions of tests/cuda_emu/include/cuda_bf16.h, cuda_fp16.h. Runs in
-   every DT_EMU_MODE (no emu-modes line: all five) and under TSan; the kernels (__global__, named
+   every DT_EMU_MODE, with host threads (threads) and under TSan; the kernels (__global__, named
    here so that bench/gpu/run.sh builds this file with nvcc -x cu) are
    tests/cuda_emu/k_mma_kernels.cuh, which nvcc also builds alone (tests/run.sh group ptx:dt_mma).
 
