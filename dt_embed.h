@@ -4031,7 +4031,11 @@ static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
 /* The caller's out (forward) or dout (backward) apart from what the embed itself writes: every
    table's rows and optimizer state (a view from dt_embed_local_shard) and the sequence buffers
    (from dt_embed_sequence / _grad; seqs: the forward, which fills them before it writes out). The
-   backward updates rows while it still reads dout (it only reads the sequence buffers). */
+   backward updates rows while it still reads dout (it only reads the sequence buffers). The
+   sequence buffers are two sets, the live batch's and the one kept aside: a forward after a
+   forward (evaluation), or one begun ahead, fills the other set, which a view from the forward
+   before the last still shows. Both sets, whole, so that dt_embed_forward's check before begin
+   (on every rank together) covers the set the batch is about to fill. */
 static dt_status dt__em_apart(dt_embed *e, const dt_tensor *x, int seqs, const char *fn, const char *xn) {
     static const char *what[3] = {"rows", "optimizer state", "optimizer state"};
     dt_tensor seq;
@@ -4049,13 +4053,13 @@ static dt_status dt__em_apart(dt_embed *e, const dt_tensor *x, int seqs, const c
     seq.dtype = DT_F32;
     seq.device = DT_CPU; /* as dt_embed_sequence's views */
     seq.ndim = 1;
-    seq.numel = seq.shape[0] = e->seq_off ? e->seq_off[e->n_feat] : 0;
-    for (k = 0; seqs && k < 2; k++) {
-        seq.data = k ? e->seq_grad : e->seq;
+    for (k = 0; seqs && k < 4; k++) {
+        seq.data = k & 1 ? (k < 2 ? e->seq_grad : e->aside.seq_grad) : (k < 2 ? e->seq : e->aside.seq);
+        seq.numel = seq.shape[0] = k < 2 ? e->seq_cap : e->aside.seq_cap;
         if (dt_tensor_overlap(x, &seq))
             return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: %s shares memory with the embed's sequence %s (a view from "
-                                    "dt_embed_sequence%s); expected it apart", fn, xn, k ? "gradients" : "rows",
-                                    k ? "_grad" : "");
+                                    "dt_embed_sequence%s); expected it apart", fn, xn, k & 1 ? "gradients" : "rows",
+                                    k & 1 ? "_grad" : "");
     }
     return DT_OK;
 }

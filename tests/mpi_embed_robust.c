@@ -9,7 +9,9 @@
    fails on every rank without admitting, evicting or rejecting an id. (4) A NaN or infinite
    per-id weight is DT_ERR_ARG naming the index, the table and the value, on every rank, and
    changes nothing. (5) dt_embed_export_changed with nothing changed succeeds (under UBSan: no
-   qsort of a NULL list). */
+   qsort of a NULL list). (6) An out over the sequence rows of the forward before the last (the
+   set of buffers the next forward fills, when forwards follow forwards) on one rank fails on
+   every rank naming both, admitting nothing. */
 #define _POSIX_C_SOURCE 200809L
 #include "dt_tensor.h"
 #include "dt_comm.h"
@@ -385,6 +387,62 @@ static void failed_forward(const char *what, int kind, int bad_rank, dt_status w
     dt_embed_free(ref);
 }
 
+/* ---------------------------------------------------------------- (6) out over a sequence buffer */
+
+/* Forwards without backwards (evaluation) alternate two sets of sequence buffers, so the set a
+   forward fills is the one viewed two forwards earlier. Such a view as out was seen only at the
+   end, after begin had admitted the batch's ids on every rank, and failed that rank alone (the
+   others returned DT_OK); now before begin, on every rank. */
+static void out_over_sequence_of_the_forward_before(void) {
+    dt_embed_table_desc t[2];
+    dt_embed_desc d;
+    dt_embed *e = NULL;
+    int64_t len[2 * GB], ids[2 * GB], sh[2], b;
+    dt_tensor out = dt_test_t2(&C, NB, 4), v, ov;
+    double c0[3], c1[3];
+    dt_kjt k;
+    dt_status st;
+    int s, mine = R == W - 1;
+    char msg[DT_ERROR_MAX];
+    memset(&ov, 0, sizeof ov);
+    memset(t, 0, sizeof t);
+    t[0].name = "dyn"; t[0].rows = 12; t[0].dim = 4; t[0].dynamic = 1; t[0].hash_shards = HS;
+    t[1].name = "seq"; t[1].rows = 16; t[1].dim = 4; t[1].pooling = DT_POOL_NONE; /* one id a sample: NB x 4 floats */
+    memset(&d, 0, sizeof d);
+    d.tables = t; d.n_tables = 2; d.comm = WORLD; d.seed = 11;
+    if (dt_embed_create(&C, &e, &d)) { fprintf(stderr, "make: %s\n", dt_ctx_error(&C)); exit(2); }
+    memset(&k, 0, sizeof k);
+    k.n_features = 2; k.batch = NB; k.lengths = len; k.ids = ids;
+    for (s = 0; s < 3; s++) {
+        for (b = 0; b < NB; b++) {
+            len[b] = len[NB + b] = 1;
+            ids[b] = 1000 + 100 * s + B0 + b; /* new ids each forward: each admits */
+            ids[NB + b] = (B0 + b) % 16;
+        }
+        if (s == 2) {
+            counts(e, c0);
+            st = dt_embed_forward(e, mine ? &ov : &out, &k);
+            snprintf(msg, sizeof msg, "%s", dt_ctx_error(&C));
+            counts(e, c1);
+            dt_test_check_all("embed_forward_out_over_the_sequence_of_the_forward_before_fails_on_every_rank",
+                              mine ? st == DT_ERR_ARG && strstr(msg, "dt_embed_forward: out shares memory with the "
+                                                                     "embed's sequence rows") != NULL : st != DT_OK,
+                              "status %d: %.110s", (int)st, msg);
+            dt_test_check_all("embed_forward_out_over_the_sequence_of_the_forward_before_admits_nothing", c0[0] == c1[0],
+                              "admitted %g -> %g", c0[0], c1[0]);
+            break;
+        }
+        if (dt_embed_forward(e, &out, &k)) dt_test_fail("embed_sequence_out_setup", "forward %d: %s", s, dt_ctx_error(&C));
+        if (s == 0) { /* the first forward's rows, shaped as out */
+            dt_embed_sequence(e, &v, 1);
+            sh[0] = NB; sh[1] = 4;
+            if (dt_tensor_view(&C, &ov, &v, 0, 2, sh)) dt_test_fail("embed_sequence_out_setup", "%s", dt_ctx_error(&C));
+        }
+    }
+    dt_tensor_free(&C, &out);
+    dt_embed_free(e);
+}
+
 /* ---------------------------------------------------------------- (5) export with nothing changed */
 
 static void export_unchanged(void) {
@@ -413,6 +471,7 @@ int main(void) {
     failed_forward("out_null", 3, W - 1, DT_ERR_ARG, "out");
     failed_forward("nan_weight", 4, 0, DT_ERR_ARG, "kjt.weights[0] = nan (table \"st\", feature 0");
     failed_forward("infinite_weight", 5, W - 1, DT_ERR_ARG, "kjt.weights[0] = -inf");
+    out_over_sequence_of_the_forward_before();
     dt_comm_free(WORLD);
     dt_ctx_shutdown(&C);
     return dt_test_finish();
