@@ -4031,11 +4031,13 @@ static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
 /* The caller's out (forward) or dout (backward) apart from what the embed itself writes: every
    table's rows and optimizer state (a view from dt_embed_local_shard) and the sequence buffers
    (from dt_embed_sequence / _grad; seqs: the forward, which fills them before it writes out). The
-   backward updates rows while it still reads dout (it only reads the sequence buffers). The
-   sequence buffers are two sets, the live batch's and the one kept aside: a forward after a
-   forward (evaluation), or one begun ahead, fills the other set, which a view from the forward
-   before the last still shows. Both sets, whole, so that dt_embed_forward's check before begin
-   (on every rank together) covers the set the batch is about to fill. */
+   backward updates rows while it still reads dout (it only reads the sequence buffers). A tier
+   HOST table's rows and state are pinned host memory that the kernels and copies reach at its
+   device address (its host address under unified addressing): a cuda tensor there is checked
+   too. The sequence buffers are two sets, the live batch's and the one kept aside: a forward
+   after a forward (evaluation), or one begun ahead, fills the other set, which a view from the
+   forward before the last still shows. Both sets, whole, so that dt_embed_forward's check
+   before begin (on every rank together) covers the set the batch is about to fill. */
 static dt_status dt__em_apart(dt_embed *e, const dt_tensor *x, int seqs, const char *fn, const char *xn) {
     static const char *what[3] = {"rows", "optimizer state", "optimizer state"};
     dt_tensor seq;
@@ -4044,10 +4046,18 @@ static dt_status dt__em_apart(dt_embed *e, const dt_tensor *x, int seqs, const c
         const dt__em_tab *t = &e->tabs[i];
         const dt_tensor *own[3];
         own[0] = &t->w; own[1] = &t->s1; own[2] = &t->s2;
-        for (k = 0; k < 3; k++)
-            if (dt_tensor_overlap(x, own[k]))
+        for (k = 0; k < 3; k++) {
+            dt_tensor mapped = *own[k];
+            int hit = dt_tensor_overlap(x, own[k]);
+            if (!hit && t->tier && t->tier->dev) { /* tier HOST: the kernels' address of the same memory */
+                mapped.device = DT_CUDA_DEVICE;
+                mapped.data = k == 0 ? (void *)t->tier->hw : k == 1 ? (void *)t->tier->hs1 : (void *)t->tier->hs2;
+                hit = dt_tensor_overlap(x, &mapped);
+            }
+            if (hit)
                 return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: %s shares memory with table \"%s\"'s %s; expected "
                                         "it apart (the embed reads one while it writes the other)", fn, xn, t->name, what[k]);
+        }
     }
     memset(&seq, 0, sizeof seq);
     seq.dtype = DT_F32;

@@ -7,9 +7,10 @@
 // sequence feature), 3 forward + backward steps: the pooled outputs, the sequence rows and the
 // updated shards must equal the CPU's bit for bit (row-wise Adagrad: 1e-6 relative, its sum of
 // squares is a tree on the device). Then a checkpoint of CUDA tables loads into CPU tables
-// equal, and the bad inputs (cpu out, export) give their statuses. A dynamic table (kernels/
-// dt_hash.cu's GPU id tables) under capacity pressure, admit_after 1 and 3: outputs, rows and
-// admitted / evicted / rejected counts equal the CPU's each step; checkpoints CUDA <-> CPU.
+// equal, and the bad inputs (cpu out, export, out and dout over a table's rows: resident and
+// tier HOST) give their statuses. A dynamic table (kernels/dt_hash.cu's GPU id tables) under
+// capacity pressure, admit_after 1 and 3: outputs, rows and admitted / evicted / rejected counts
+// equal the CPU's each step; checkpoints CUDA <-> CPU.
 // With the argument "tsan" (the ThreadSanitizer run): two configurations, 2 steps.
 #include <math.h>
 #include <cuda_runtime.h>
@@ -450,6 +451,62 @@ static void check_bad_inputs(dt_ctx *ctx) {
     }
 }
 
+// out and dout over a table's own rows, on cuda: a resident table's shard (a cuda view from
+// dt_embed_local_shard) and a tier HOST table's slow tier (pinned host memory the kernels reach
+// at its device address, which under unified addressing is its host address: the host view
+// relabelled cuda), with a cache and data-parallel (no cache: the kernels pool from it). The
+// tier HOST ones were not checked: the forward admitted, then failed in a copy with DT_ERR_CUDA
+// (on a GPU the copy and the kernels may simply write there). Each named, the table unchanged.
+static void check_out_over_table(dt_ctx *ctx) {
+    const char *names[3] = {"resident", "tier_host", "tier_host_data"};
+    for (int c = 0; c < 3; c++) {
+        dt_embed_table_desc t;
+        dt_embed_desc d;
+        dt_embed *e = NULL;
+        memset(&t, 0, sizeof t);
+        t.name = "t"; t.rows = 32; t.dim = 3; t.optim.lr = 1.0;
+        if (c > 0) t.tier = DT_TIER_HOST;
+        if (c == 1) t.cache_rows = 8;
+        if (c == 2) t.sharding = DT_SHARD_DATA;
+        memset(&d, 0, sizeof d);
+        d.tables = &t; d.n_tables = 1; d.seed = 3; d.device = DT_CUDA_DEVICE;
+        char name[160];
+        snprintf(name, sizeof name, "embed_cuda_out_over_table_create_%s", names[c]);
+        if (!dt_test_check_all(name, !dt_embed_create(ctx, &e, &d), "%s", dt_ctx_error(ctx))) continue;
+        int64_t len[1] = {2}, ids[2] = {0, 1}, sh[2] = {1, 3};
+        dt_kjt k;
+        memset(&k, 0, sizeof k);
+        k.n_features = 1; k.batch = 1; k.lengths = len; k.ids = ids;
+        dt_tensor w, wv, ov, out;
+        dt_tensor_desc td;
+        memset(&td, 0, sizeof td);
+        td.dtype = DT_F32; td.ndim = 2; td.shape[0] = 1; td.shape[1] = 3; td.device = DT_CUDA_DEVICE;
+        dt_tensor_create(ctx, &out, &td);
+        dt_embed_local_shard(e, &w, NULL, NULL, 0);
+        std::vector<float> before = host_copy(ctx, &w);
+        wv = w;
+        wv.device = DT_CUDA_DEVICE; /* tier HOST: the same bytes at their device address */
+        dt_tensor_view(ctx, &ov, &wv, 3, 2, sh);
+        snprintf(name, sizeof name, "embed_cuda_forward_out_over_table_rows_is_named_%s", names[c]);
+        int st = dt_embed_forward(e, &ov, &k);
+        dt_test_error(name, st, dt_ctx_error(ctx), "dt_embed_forward: out shares memory with table \"t\"'s rows");
+        snprintf(name, sizeof name, "embed_cuda_forward_out_over_table_rows_status_%s", names[c]);
+        DT_TEST_CHECK(name, st == DT_ERR_ARG);
+        snprintf(name, sizeof name, "embed_cuda_forward_then_runs_apart_%s", names[c]);
+        dt_test_check_all(name, dt_embed_forward(e, &out, &k) == DT_OK, "%s", dt_ctx_error(ctx));
+        snprintf(name, sizeof name, "embed_cuda_backward_dout_over_table_rows_is_named_%s", names[c]);
+        st = dt_embed_backward(e, &ov);
+        dt_test_error(name, st, dt_ctx_error(ctx), "dt_embed_backward: dout shares memory with table \"t\"'s rows");
+        dt_embed_local_shard(e, &w, NULL, NULL, 0);
+        std::vector<float> after = host_copy(ctx, &w);
+        snprintf(name, sizeof name, "embed_cuda_refusals_leave_the_table_as_it_was_%s", names[c]);
+        dt_test_check_all(name, before == after && !before.empty(), "%zu rows' floats differ or none",
+                          before.size());
+        dt_tensor_free(ctx, &out);
+        dt_embed_free(e);
+    }
+}
+
 // Accumulation on the device path (dt_embed_set_sync 0: the contributions wait in the device's
 // window, the next sync-1 backward applies them): windows of 3, 2 and 1 backwards, outputs, rows
 // and the unique rows updated (stats) equal the CPU's.
@@ -617,6 +674,7 @@ int main(int argc, char **argv) {
         check_dynamic(&ctx, 1, 4);
         check_dynamic(&ctx, 3, 4);
         check_bad_inputs(&ctx);
+        check_out_over_table(&ctx);
         g_dev_path = 1; /* every sharding and optimizer again, on the device path */
         for (int i = 0; i < 4; i++)
             for (int j = 0; j < 4; j++)
