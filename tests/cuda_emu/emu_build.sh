@@ -9,7 +9,7 @@
 # Flag variables are word lists, expanded unquoted on purpose.
 # shellcheck shell=bash disable=SC2086
 E=build/cuda_emu
-EMU_CXX="$DT_CXX -std=c++17 -g -Wall -Wextra -Werror -Wno-unknown-pragmas"
+EMU_CXX="$DT_CXX -std=c++17 -g1 -Wall -Wextra -Werror -Wno-unknown-pragmas"
 EMU_INC="-I$ROOT -I$ROOT/tests/cuda_emu/include -I$ROOT/kernels -I$ROOT/tests -I$ROOT/tests/cuda_emu $DT_CPPFLAGS"
 EMU_TSAN="-fsanitize=thread -fno-omit-frame-pointer"
 EMU_MPICXX=$(command -v mpicxx || command -v mpic++ || true)
