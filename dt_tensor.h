@@ -1154,6 +1154,7 @@ DT_API void dt_ctx_counters_reset(dt_ctx *ctx) {
 #ifdef DT_CUDA
 static dt_status dt__cuda_err(dt_ctx *ctx, cudaError_t e, const char *fn, const char *call) {
     if (e == cudaSuccess) return DT_OK;
+    (void)cudaGetLastError(); /* named here, to this call's caller: not again by the next launch's check */
     return dt_ctx_set_error(ctx, DT_ERR_CUDA, "%s: %s: %s (%s)", fn ? fn : "dt", call, cudaGetErrorString(e),
                             cudaGetErrorName(e));
 }

@@ -11,12 +11,14 @@
 //     the op, the argument, the smallest bad index and its value; the first failure is kept; it is
 //     reported once; skip values pass;
 //   - dt_cuda_read_loss reads the loss slot in one copy and one wait;
+//   - a copy CUDA refuses is named, and leaves no error for the next kernel;
 //   - dt_ctx_init names a bad device ordinal.
 #define DT_CUDA
 #include "dt_tensor.h"
 #include "k_common.h"
 
 #include <string>
+#include <vector>
 
 static dt_ctx ctx;
 
@@ -241,6 +243,23 @@ static void test_loss_slot(void) {
                       dt_status_name(st), loss, (long long)n);
 }
 
+/* A copy CUDA refuses (here a host buffer given as the device end) is named once, to its caller:
+   it leaves no error behind for the next kernel launch's check to report as its own (a tier HOST
+   table's rows passed as a device out made every later dt call of the process fail so). */
+static void test_failed_copy(void) {
+    dt_tensor d = make(DT_F32, DT_CUDA_DEVICE, 16);
+    std::vector<float> host(16, 1.0f);
+    int before = dt_emu_report_count();
+    dt_status st = dt_cuda_memcpy(&ctx, host.data(), DT_CUDA_DEVICE, d.data, DT_CUDA_DEVICE, 64, "k_core");
+    dt_test_error("failed_copy_is_named", st == DT_ERR_CUDA ? st : DT_OK, dt_ctx_error(&ctx), "k_core: cudaMemcpyAsync");
+    DT_TEST_CHECK("failed_copy_reaches_the_emulator", dt_emu_report_count() > before);
+    st = dt_tensor_fill(&ctx, &d, 2.0f);
+    if (st == DT_OK) dt_test_pass("failed_copy_leaves_no_error_for_the_next_kernel");
+    else dt_test_fail("failed_copy_leaves_no_error_for_the_next_kernel", "dt_tensor_fill: %s: %s", dt_status_name(st),
+                      dt_ctx_error(&ctx));
+    dt_tensor_free(&ctx, &d);
+}
+
 static void test_init_errors(void) {
     dt_ctx c;
     dt_ctx_desc d;
@@ -269,6 +288,7 @@ int main(int argc, char **argv) {
     test_scratch();
     test_range_checks();
     test_loss_slot();
+    test_failed_copy();
     test_init_errors();
     k_free_all();
     dt_ctx_shutdown(&ctx);
