@@ -22,11 +22,12 @@ static __global__ void dt_k__copies(T *dst, const T *src, const int64_t *dst_off
 
 extern "C" int dt_k_embed_copies(void *dst, const void *src, const int64_t *dst_off, const int64_t *src_off,
                                  const int64_t *len, int n_copies, int64_t max_len, int elem_bytes, void *stream) {
-    int64_t gx = (max_len + 128 * 8 - 1) / (128 * 8);
+    int64_t gx = max_len < 0 ? 0 : dt_k__ceil_div(max_len, 128 * 8);
     dim3 grid((unsigned)(gx > 1024 ? 1024 : gx < 1 ? 1 : gx), n_copies < 65535 ? (unsigned)n_copies : 65535u);
     if (n_copies < 0 || max_len < 0 || (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4 && elem_bytes != 8))
         return (int)cudaErrorInvalidValue;
     if (n_copies == 0 || max_len == 0) return 0;
+    if (!dst || !src || !dst_off || !src_off || !len) return (int)cudaErrorInvalidValue; /* each copy reads them */
     if (elem_bytes == 8)
         DT_K_LAUNCH(dt_k__copies<uint64_t>, grid, 128, 0, stream, (uint64_t *)dst, (const uint64_t *)src, dst_off,
                     src_off, len, n_copies);

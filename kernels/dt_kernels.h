@@ -491,7 +491,7 @@ int dt_k_opt_update(const dt_k_opt_seg *seg, int n_seg, int64_t n, const dt_k_op
    n_copies copies: dst[dst_off[c] + e] = src[src_off[c] + e] for e < len[c] (offsets and lengths
    in elements, device int64 arrays); max_len (host) is the longest len[c], which sizes the grid
    (each thread copies at least 8 elements of a copy). elem_bytes 1, 2, 4 or 8. Copies must not
-   overlap. */
+   overlap. A NULL pointer with n_copies and max_len > 0: cudaErrorInvalidValue. */
 int dt_k_embed_copies(void *dst, const void *src, const int64_t *dst_off, const int64_t *src_off, const int64_t *len,
                       int n_copies, int64_t max_len, int elem_bytes, void *stream);
 

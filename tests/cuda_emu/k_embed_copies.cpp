@@ -6,6 +6,7 @@
 #include "dt_tensor.h"
 #include "kernels/dt_kernels.h"
 #include "tests/dt_test.h"
+#include "k_common.h" /* k_refused */
 
 /* DT_K_SMALL=1 (the ThreadSanitizer run of tests/run.sh): the small size. */
 static int64_t ksz(int64_t normal, int64_t small) {
@@ -76,6 +77,25 @@ int main(void) {
                       dt_k_embed_copies(d, d, (const int64_t *)d, (const int64_t *)d, (const int64_t *)d, 1, -1, 4, NULL) ==
                           (int)cudaErrorInvalidValue);
         DT_TEST_CHECK("embed_copies_zero_copies_is_ok", dt_k_embed_copies(d, d, NULL, NULL, NULL, 0, 0, 4, NULL) == 0);
+        /* each copy reads its offsets and length, then the elements: NULL faulted in the kernel */
+        const int64_t *o = (const int64_t *)d;
+        k_refused("embed_copies_NULL_len_is_invalid_value", dt_k_embed_copies(d, d, o, o, NULL, 2, 4, 4, NULL));
+        k_refused("embed_copies_NULL_dst_off_is_invalid_value", dt_k_embed_copies(d, d, NULL, o, o, 2, 4, 4, NULL));
+        k_refused("embed_copies_NULL_src_off_is_invalid_value", dt_k_embed_copies(d, d, o, NULL, o, 2, 4, 4, NULL));
+        k_refused("embed_copies_NULL_dst_is_invalid_value", dt_k_embed_copies(NULL, d, o, o, o, 2, 4, 4, NULL));
+        k_refused("embed_copies_NULL_src_is_invalid_value", dt_k_embed_copies(d, NULL, o, o, o, 2, 4, 4, NULL));
+        { /* max_len only sizes the grid: INT64_MAX rounds up without overflow and copies as 4 does */
+            std::vector<uint32_t> h = {1, 2, 3, 4, 0, 0, 0, 0};
+            std::vector<int64_t> meta = {4, 0, 4}; /* dst_off, src_off, len */
+            uint32_t *b = dev(h);
+            int64_t *m = dev(meta);
+            int st = dt_k_embed_copies(b, b, m, m + 1, m + 2, 1, INT64_MAX, 4, NULL);
+            std::vector<uint32_t> got = host(b, 8);
+            dt_test_check_all("embed_copies_max_len_int64_max_copies", st == 0 && got[4] == 1 && got[7] == 4,
+                              "status %d, got[4..7] %u %u %u %u (want 1 2 3 4)", st, got[4], got[5], got[6], got[7]);
+            cudaFree(b); cudaFree(m);
+        }
+        DT_TEST_CHECK("embed_copies_max_len_0_with_NULL_is_ok", dt_k_embed_copies(NULL, NULL, NULL, NULL, NULL, 2, 0, 4, NULL) == 0);
         cudaFree(d);
     }
     return dt_test_finish();
