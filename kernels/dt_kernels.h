@@ -117,7 +117,9 @@ int dt_k_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const
    dt_cuda_read_loss only on a logging step), through a two-stage fixed-order reduction (the same
    bits every run; not the CPU's serial sum, within fp32 reassociation of it). scratch: device
    memory of dt_k_loss_scratch_bytes(rows) bytes (rows: 0 for bce and the sums), 256-aligned.
-   Ids / targets are not checked here: dt_tensor.h queues dt_k_check_range first. */
+   Ids / targets are not checked here: dt_tensor.h queues dt_k_check_range first. A pointer the
+   launch reads may not be NULL where the sizes say there is data (a NULL probs or dlogits: not
+   written), and rows past 2^61 are refused (scratch size 0): cudaErrorInvalidValue. */
 size_t dt_k_loss_scratch_bytes(int64_t rows);
 /* Softmax + cross entropy, forward: logits [rows, V], targets i32 [rows]. One block per row (its
    passes by 16-byte loads and stores where V is a multiple of 4 and logits, probs aligned):

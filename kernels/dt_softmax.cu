@@ -27,8 +27,13 @@ static int64_t dt_k__loss_blocks(int64_t n) {
     return b < 1 ? 1 : b > DT_K__LOSS_MAX_BLOCKS ? DT_K__LOSS_MAX_BLOCKS : b;
 }
 
-extern "C" size_t dt_k_loss_scratch_bytes(int64_t rows) {
+/* The most rows a loss takes: their float losses and the partials fit a size_t (past it the
+   scratch size wrapped to a few KiB, and the launch wrote rows floats into it). */
+#define DT_K__LOSS_ROWS_MAX ((INT64_MAX - 8192) / 4)
+
+extern "C" size_t dt_k_loss_scratch_bytes(int64_t rows) { /* 0 for rows the launchers refuse */
     size_t r = rows > 0 ? (size_t)rows : 0;
+    if (rows > DT_K__LOSS_ROWS_MAX) return 0;
     /* row losses (floats), rounded up to 256 bytes, then the partials: (sum, count) per block */
     return (r * sizeof(float) + 255) / 256 * 256 + 2 * DT_K__LOSS_MAX_BLOCKS * sizeof(double) + 2 * sizeof(double);
 }
@@ -192,12 +197,15 @@ __global__ void dt_k__softmax_xent_bwd(float *dlogits, const float *probs, const
     }
 }
 
-static int dt_k__xent_args(int64_t rows, int64_t V) { return rows >= 0 && V >= 0 && (V == 0 || rows <= INT64_MAX / V); }
+static int dt_k__xent_args(int64_t rows, int64_t V) {
+    return rows >= 0 && V >= 0 && (V == 0 || rows <= INT64_MAX / V) && rows <= DT_K__LOSS_ROWS_MAX;
+}
 
 extern "C" int dt_k_softmax_xent_fwd(double *loss_slot, float *probs, const float *logits, const int32_t *targets,
                                      int ignore_index, int64_t rows, int64_t V, void *scratch, void *stream) {
     int st;
-    if (!dt_k__xent_args(rows, V) || !loss_slot || !scratch) return (int)cudaErrorInvalidValue;
+    if (!dt_k__xent_args(rows, V) || !loss_slot || !scratch || (rows > 0 && (!targets || (V > 0 && !logits))))
+        return (int)cudaErrorInvalidValue;
     if (rows > 0 && V > 0) {
         DT_K_LAUNCH(dt_k__softmax_xent_fwd, rows > 65535 ? 65535u : (unsigned int)rows, dt_k__xent_threads(V), 0,
                     stream, dt_k__scratch_rows(scratch), probs, logits, targets, ignore_index, rows, V,
@@ -215,6 +223,7 @@ extern "C" int dt_k_softmax_xent_bwd(float *dlogits, const float *probs, const i
     int st;
     if (!dt_k__xent_args(rows, V) || !scratch) return (int)cudaErrorInvalidValue;
     if (rows * V == 0 || !dlogits) return 0;
+    if (!probs || !targets) return (int)cudaErrorInvalidValue;
     partial = dt_k__scratch_partial(scratch, rows);
     count = partial + 2 * DT_K__LOSS_MAX_BLOCKS;
     if ((st = dt_k__sum(count, partial, DT_K__SUM_COUNT, NULL, NULL, targets, ignore_index, rows, 0, stream)))
@@ -247,7 +256,7 @@ __global__ void dt_k__bce_bwd(float *dlogits, const float *logits, const float *
 
 extern "C" int dt_k_bce_logits_fwd(double *loss_slot, const float *logits, const float *labels, int64_t n,
                                    void *scratch, void *stream) {
-    if (n < 0 || !loss_slot || !scratch) return (int)cudaErrorInvalidValue;
+    if (n < 0 || !loss_slot || !scratch || (n > 0 && (!logits || !labels))) return (int)cudaErrorInvalidValue;
     return dt_k__sum(loss_slot, dt_k__scratch_partial(scratch, 0), DT_K__SUM_BCE, logits, labels, NULL, 0, n, 1,
                      stream);
 }
@@ -257,6 +266,7 @@ extern "C" int dt_k_bce_logits_bwd(float *dlogits, const float *logits, const fl
     int vec;
     if (n < 0) return (int)cudaErrorInvalidValue;
     if (n == 0 || !dlogits) return 0;
+    if (!logits || !labels) return (int)cudaErrorInvalidValue;
     vec = dt_k__xent_vec(0, dlogits, logits) && dt_k_aligned(labels, 16);
     DT_K_LAUNCH(dt_k__bce_bwd, dt_k__blocks(vec && n >= 4 ? n / 4 : n, 256, 4096u), 256, 0, stream, dlogits, logits,
                 labels, dloss / (float)n, n, vec);
@@ -266,7 +276,7 @@ extern "C" int dt_k_bce_logits_bwd(float *dlogits, const float *logits, const fl
 /* ---------------------------------------------------------------- sums, scale */
 
 extern "C" int dt_k_sum(double *out, const float *x, int64_t n, int sq, void *scratch, void *stream) {
-    if (n < 0 || !out || !scratch) return (int)cudaErrorInvalidValue;
+    if (n < 0 || !out || !scratch || (n > 0 && !x)) return (int)cudaErrorInvalidValue;
     return dt_k__sum(out, dt_k__scratch_partial(scratch, 0), sq ? DT_K__SUM_SQ : DT_K__SUM_PLAIN, x, NULL, NULL, 0, n,
                      0, stream);
 }
@@ -277,7 +287,7 @@ __global__ void dt_k__scale(float *x, float alpha, int64_t n) {
 }
 
 extern "C" int dt_k_scale(float *x, float alpha, int64_t n, void *stream) {
-    if (n < 0) return (int)cudaErrorInvalidValue;
+    if (n < 0 || (n > 0 && !x)) return (int)cudaErrorInvalidValue;
     if (n == 0) return 0;
     DT_K_LAUNCH(dt_k__scale, dt_k__blocks(n, 256, 4096u), 256, 0, stream, x, alpha, n);
     return DT_K_CHECK();

@@ -163,6 +163,36 @@ static void check_xent_edges(void) {
                   dt_k_softmax_xent_fwd(d_slot, d_p, d_z, d_t, IGNORE, R, V, NULL, NULL) == cudaErrorInvalidValue);
 }
 
+/* A pointer the launch reads, NULL where the size says data is there, faulted inside a kernel:
+   refused. Rows past what a scratch size can count (the size wrapped to a few KiB) too. */
+static void check_refusals(void) {
+    const int64_t R = 3, V = 8;
+    float *d = k_upload(std::vector<float>(R * V, 0.25f));
+    int32_t *t = k_upload(std::vector<int32_t>(R, 1));
+    double *slot = k_upload(std::vector<double>(2, 0.0));
+    void *scratch = scratch_for(R);
+    const int64_t huge = (int64_t)1 << 62; /* rows * V fits int64, rows * 4 bytes does not fit size_t */
+    k_refused("softmax_xent_fwd_NULL_targets_is_invalid_value", dt_k_softmax_xent_fwd(slot, d, d, NULL, IGNORE, R, V, scratch, NULL));
+    k_refused("softmax_xent_fwd_NULL_targets_v_0_is_invalid_value", dt_k_softmax_xent_fwd(slot, NULL, NULL, NULL, IGNORE, R, 0, scratch, NULL));
+    k_refused("softmax_xent_fwd_NULL_logits_is_invalid_value", dt_k_softmax_xent_fwd(slot, d, NULL, t, IGNORE, R, V, scratch, NULL));
+    k_refused("softmax_xent_bwd_NULL_probs_is_invalid_value", dt_k_softmax_xent_bwd(d, NULL, t, IGNORE, 1.0f, R, V, scratch, NULL));
+    k_refused("softmax_xent_bwd_NULL_targets_is_invalid_value", dt_k_softmax_xent_bwd(d, d, NULL, IGNORE, 1.0f, R, V, scratch, NULL));
+    k_refused("softmax_xent_fwd_rows_past_the_scratch_size_is_invalid_value",
+              dt_k_softmax_xent_fwd(slot, NULL, d, t, IGNORE, huge, 1, scratch, NULL));
+    DT_TEST_CHECK("loss_scratch_bytes_of_rows_past_size_t_is_0", dt_k_loss_scratch_bytes(huge) == 0);
+    k_refused("bce_logits_fwd_NULL_labels_is_invalid_value", dt_k_bce_logits_fwd(slot, d, NULL, 8, scratch, NULL));
+    k_refused("bce_logits_fwd_NULL_logits_is_invalid_value", dt_k_bce_logits_fwd(slot, NULL, d, 8, scratch, NULL));
+    k_refused("bce_logits_bwd_NULL_logits_is_invalid_value", dt_k_bce_logits_bwd(d, NULL, d, 1.0f, 8, NULL));
+    k_refused("bce_logits_bwd_NULL_labels_is_invalid_value", dt_k_bce_logits_bwd(d, d, NULL, 1.0f, 8, NULL));
+    k_refused("sum_NULL_x_is_invalid_value", dt_k_sum(slot, NULL, 8, 0, scratch, NULL));
+    k_refused("scale_NULL_x_is_invalid_value", dt_k_scale(NULL, 2.0f, 8, NULL));
+    /* what the launch does not touch may stay NULL: n = 0, and a NULL dlogits (no gradient) */
+    DT_TEST_CHECK("sum_n_0_with_NULL_x_is_ok", dt_k_sum(slot, NULL, 0, 0, scratch, NULL) == 0);
+    DT_TEST_CHECK("scale_n_0_with_NULL_is_ok", dt_k_scale(NULL, 2.0f, 0, NULL) == 0);
+    DT_TEST_CHECK("softmax_xent_bwd_NULL_dlogits_is_ok", dt_k_softmax_xent_bwd(NULL, NULL, NULL, IGNORE, 1.0f, R, V, scratch, NULL) == 0);
+    DT_TEST_CHECK("softmax_xent_fwd_rows_0_with_NULL_is_ok", dt_k_softmax_xent_fwd(slot, NULL, NULL, NULL, IGNORE, 0, V, scratch, NULL) == 0);
+}
+
 static void check_bce(const char *tag, int64_t n) {
     char name[128];
     std::vector<float> z = k_random(n, -30.0f, 30.0f), y(n), g0 = k_random(n, -0.1f, 0.1f);
@@ -252,6 +282,7 @@ int main(int argc, char **argv) {
     check_xent("v37", k_size(5, 4), 37, 4.0f);       /* one warp and a few lanes idle */
     check_xent("large_logits", 4, 64, 1000.0f);      /* exp would overflow without the max */
     check_xent_edges();
+    check_refusals();
     check_bce("n37", 37);
     check_bce("n3000", k_size(3000, 1100));          /* several stage-1 blocks */
     check_sum("n1", 1);
