@@ -139,13 +139,14 @@ extern "C" int dt_k_attention_fwd(float *out, float *att, const float *qkv, int6
     hs = C / n_head;
     rows = B * n_head * T;
     if (rows == 0) return 0;
+    if (!att || (C > 0 && (!qkv || !out))) return (int)cudaErrorInvalidValue; /* the kernels read qkv, write att, out */
     DT_K_LAUNCH(dt_k__att_scores, (unsigned)rows, dt_k__threads(T, 256), 0, stream, att, qkv, T, C, n_head, hs,
                 dt_k__att_scale(hs));
     if ((st = DT_K_CHECK())) return st;
     n = B * T * C;
     if (n == 0) return 0;
-    DT_K_LAUNCH(dt_k__att_values, (unsigned)((n + 255) / 256 < 65535 ? (n + 255) / 256 : 65535), 256, 0, stream, out,
-                att, qkv, B, T, C, n_head, hs);
+    DT_K_LAUNCH(dt_k__att_values, (unsigned)(dt_k__ceil_div(n, 256) < 65535 ? dt_k__ceil_div(n, 256) : 65535), 256, 0,
+                stream, out, att, qkv, B, T, C, n_head, hs);
     return DT_K_CHECK();
 }
 
@@ -159,7 +160,7 @@ extern "C" int dt_k_attention_bwd(float *dqkv, const float *dout, const float *q
     hs = C / n_head;
     rows = B * n_head * T;
     if (rows == 0 || hs == 0 || !dqkv) return 0; /* C = 0: no gradient to write */
-    if (!dpre) return (int)cudaErrorInvalidValue;
+    if (!dpre || !dout || !qkv || !att) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__att_bwd_q, (unsigned)rows, dt_k__threads(T, 256), (size_t)T * sizeof(float), stream, dqkv, dpre,
                 dout, qkv, att, T, C, n_head, hs, dt_k__att_scale(hs));
     st = DT_K_CHECK();
@@ -237,8 +238,9 @@ extern "C" int dt_k_attention_fwd_flash(float *out, float *lse, const float *qkv
     hs = C / n_head;
     smem = (size_t)(4 * DT_K__ATT_TILE * hs) * sizeof(float);
     if (smem > DT_K__SMEM_MAX) return (int)cudaErrorInvalidValue;
-    blocks = B * n_head * ((T + DT_K__ATT_TILE - 1) / DT_K__ATT_TILE);
+    blocks = B * n_head * dt_k__ceil_div(T, DT_K__ATT_TILE);
     if (blocks == 0) return 0;
+    if (C > 0 && (!out || !qkv)) return (int)cudaErrorInvalidValue; /* lse may be NULL: not written */
     DT_K_LAUNCH(dt_k__att_flash, (unsigned)blocks, DT_K__ATT_TILE, smem, stream, out, lse, qkv, T, C, n_head, hs,
                 dt_k__att_scale(hs));
     return DT_K_CHECK();
@@ -367,10 +369,11 @@ extern "C" int dt_k_attention_bwd_flash(float *dqkv, const float *dout, const fl
     rows = B * n_head * T;
     if (rows == 0 || hs == 0 || !dqkv) return 0; /* C = 0: no gradient to write */
     if (!dout || !qkv || !out || !lse || !D) return (int)cudaErrorInvalidValue;
-    DT_K_LAUNCH(dt_k__att_flash_d, (unsigned)((rows + 255) / 256 < 65535 ? (rows + 255) / 256 : 65535), 256, 0,
-                stream, D, dout, out, rows, T, C, n_head, hs);
+    blocks = dt_k__ceil_div(rows, 256);
+    DT_K_LAUNCH(dt_k__att_flash_d, (unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, stream, D, dout, out, rows, T, C,
+                n_head, hs);
     st = DT_K_CHECK();
-    blocks = B * n_head * ((T + bt - 1) / bt);
+    blocks = B * n_head * dt_k__ceil_div(T, bt);
     if (!st) {
         DT_K_LAUNCH(dt_k__att_flash_bwd<1>, (unsigned)blocks, bt, (size_t)(6 * bt * hs) * sizeof(float), stream, dqkv,
                     dout, qkv, lse, D, T, C, n_head, hs, dt_k__att_scale(hs));
@@ -532,7 +535,8 @@ extern "C" int dt_k_attention_block_fwd(float *out, float *lse, const float *q, 
     if (!dt_k__ablk_ok(a)) return (int)cudaErrorInvalidValue;
     n = a->B * a->H * a->q_rows;
     if (!n || !a->k_rows) return 0;
-    DT_K_LAUNCH(dt_k__ablk_fwd, (unsigned)((n + 127) / 128), 128, 0, stream, out, lse, q, kv, *a,
+    if (!lse || (a->hs && (!out || !q || !kv))) return (int)cudaErrorInvalidValue;
+    DT_K_LAUNCH(dt_k__ablk_fwd, (unsigned)dt_k__ceil_div(n, 128), 128, 0, stream, out, lse, q, kv, *a,
                 dt_k__att_scale(a->hs));
     return DT_K_CHECK();
 }
@@ -543,15 +547,16 @@ extern "C" int dt_k_attention_block_bwd(float *dq, float *dkv, const float *dout
     int st = 0;
     if (!dt_k__ablk_ok(a)) return (int)cudaErrorInvalidValue;
     if (!a->B || !a->q_rows || !a->k_rows) return 0;
+    if ((dq || dkv) && (!lse || (a->hs && (!dout || !q || !kv || !out)))) return (int)cudaErrorInvalidValue;
     if (dq) {
         n = a->B * a->H * a->q_rows;
-        DT_K_LAUNCH(dt_k__ablk_dq, (unsigned)((n + 127) / 128), 128, 0, stream, dq, dout, q, kv, out, lse, *a,
+        DT_K_LAUNCH(dt_k__ablk_dq, (unsigned)dt_k__ceil_div(n, 128), 128, 0, stream, dq, dout, q, kv, out, lse, *a,
                     dt_k__att_scale(a->hs));
         st = DT_K_CHECK();
     }
     if (dkv && !st) {
         n = a->B * a->Hkv * a->k_rows;
-        DT_K_LAUNCH(dt_k__ablk_dkv, (unsigned)((n + 127) / 128), 128, 0, stream, dkv, dout, q, kv, out, lse, *a,
+        DT_K_LAUNCH(dt_k__ablk_dkv, (unsigned)dt_k__ceil_div(n, 128), 128, 0, stream, dkv, dout, q, kv, out, lse, *a,
                     dt_k__att_scale(a->hs));
         st = DT_K_CHECK();
     }

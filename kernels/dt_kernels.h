@@ -154,7 +154,9 @@ int dt_k_scale(float *x, float alpha, int64_t n, void *stream);
    dividing C. The baseline: one block per score row (dot products, masked softmax through
    block reductions), then one thread per output element for the weighted sum of v.
    bwd: dqkv += the gradient (accumulates); scratch: B*H*T*T device floats of the caller's
-   (dt_cuda_scratch, ordered by the stream), so the launcher neither allocates nor waits. */
+   (dt_cuda_scratch, ordered by the stream), so the launcher neither allocates nor waits. In
+   these and the launchers below, a NULL pointer the launch would read or write where the sizes
+   say there is data is cudaErrorInvalidValue (the optional ones, said NULL-able, excepted). */
 int dt_k_attention_fwd(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t C, int n_head,
                        void *stream);
 int dt_k_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *att, int64_t B, int64_t T,

@@ -263,7 +263,24 @@ int main(void) {
             refused("block_fwd_rows_past_int_is_invalid_value", dt_k_attention_block_fwd(d, d, d, d, &a, NULL));
             a.B = 1; a.hs = INT64_MAX / 4; a.Wq = INT64_MAX; a.Wkv = 0;
             refused("block_fwd_head_size_past_int64_is_invalid_value", dt_k_attention_block_fwd(d, d, d, d, &a, NULL));
+            /* a valid block, a NULL tensor the kernels read or write: refused (it faulted inside) */
+            a.hs = 4; a.H = 2; a.Hkv = 2; a.Wq = 8; a.Wkv = 16; a.Tq = a.Tk = 2; a.q_rows = a.k_rows = 2; a.q_pos = 1;
+            refused("block_fwd_NULL_lse_is_invalid_value", dt_k_attention_block_fwd(d, NULL, d, d, &a, NULL));
+            refused("block_fwd_NULL_kv_is_invalid_value", dt_k_attention_block_fwd(d, d, d, NULL, &a, NULL));
+            refused("block_bwd_NULL_dout_is_invalid_value", dt_k_attention_block_bwd(d, d, NULL, d, d, d, d, &a, NULL));
+            refused("block_bwd_dkv_only_NULL_q_is_invalid_value", dt_k_attention_block_bwd(NULL, d, d, NULL, d, d, d, &a, NULL));
+            DT_TEST_CHECK("block_bwd_no_gradients_with_NULL_inputs_is_ok",
+                          dt_k_attention_block_bwd(NULL, NULL, NULL, NULL, NULL, NULL, NULL, &a, NULL) == 0);
         }
+        /* B 1, T 2, C 8, 2 heads: fits d; each pointer the launch reads or writes, NULL */
+        refused("attention_fwd_NULL_att_is_invalid_value", dt_k_attention_fwd(d, NULL, d, 1, 2, 8, 2, NULL));
+        refused("attention_fwd_NULL_qkv_is_invalid_value", dt_k_attention_fwd(d, d, NULL, 1, 2, 8, 2, NULL));
+        refused("attention_fwd_NULL_out_is_invalid_value", dt_k_attention_fwd(NULL, d, d, 1, 2, 8, 2, NULL));
+        refused("attention_bwd_NULL_dout_is_invalid_value", dt_k_attention_bwd(d, NULL, d, d, 1, 2, 8, 2, d, NULL));
+        refused("attention_bwd_NULL_att_is_invalid_value", dt_k_attention_bwd(d, d, d, NULL, 1, 2, 8, 2, d, NULL));
+        refused("attention_fwd_flash_NULL_qkv_is_invalid_value", dt_k_attention_fwd_flash(d, NULL, NULL, 1, 2, 8, 2, NULL));
+        refused("attention_fwd_flash_NULL_out_is_invalid_value", dt_k_attention_fwd_flash(NULL, NULL, d, 1, 2, 8, 2, NULL));
+        DT_TEST_CHECK("attention_bwd_NULL_dqkv_is_ok", dt_k_attention_bwd(NULL, NULL, NULL, NULL, 1, 2, 8, 2, NULL, NULL) == 0);
         refused("attention_fwd_B_times_T_past_int64_is_invalid_value",
                   dt_k_attention_fwd(d, d, d, (int64_t)1 << 33, (int64_t)1 << 33, 8, 2, NULL));
         refused("attention_fwd_elements_past_int64_is_invalid_value",
