@@ -558,7 +558,8 @@ int dt_k_linear_lt_dw(void *lt, float *dw, float *dbias, const void *dout, const
    dt_parallel.h's vocab-parallel layers on CUDA tensors. ids (i32, or i64 with ids_i64 = 1) and
    targets are checked on the device by the caller (dt_cuda_check_range); an id or target outside
    the rank's range only contributes nothing here. Nothing waits or allocates: scratch is the
-   caller's.
+   caller's. A NULL pointer the launch reads or writes where the sizes say there is data (stats of
+   tp_xent_loss may be NULL): cudaErrorInvalidValue.
    tp_embedding_fwd: out[n,:] = table[ids[n] - vocab_start, :] for this rank's Vl rows, else 0.
    tp_embedding_bwd: dtable[ids[n] - vocab_start, :] += dout[n,:] for this rank's rows: the ids are
    sorted with their positions (scratch: dt_k_tp_embedding_bwd_scratch(N) bytes, 8-byte aligned;

@@ -254,6 +254,7 @@ int dt_k_tp_embedding_fwd(float *out, const float *table, const void *ids, int i
                           int64_t C, int64_t vocab_start, void *stream) {
     if (dt_k__pl_bad(N, C) || dt_k__pl_bad(Vl, C) || (ids_i64 != 0 && ids_i64 != 1)) return (int)cudaErrorInvalidValue;
     if (N * C == 0) return 0;
+    if (!out || !ids || (Vl && !table)) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__tp_embedding_fwd, dt_k__blocks(N * C, 256, 4096u), 256, 0, stream, out, table, ids, ids_i64, N, Vl,
                 C, vocab_start);
     return DT_K_CHECK();
@@ -270,6 +271,7 @@ int dt_k_tp_embedding_bwd(float *dtable, const float *dout, const void *ids, int
         Vl >= 0xffffffffll || (N && !scratch))
         return (int)cudaErrorInvalidValue;
     if (N * C == 0) return 0;
+    if (!ids || (Vl && (!dtable || !dout))) return (int)cudaErrorInvalidValue; /* no row here: nothing read */
     P = dt_k__pl_pow2(N);
     DT_K_LAUNCH(dt_k__tp_embedding_sort, 1, P / 2 < 32 ? 32 : P / 2 > 1024 ? 1024 : (int)(P / 2), 0, stream,
                 (uint64_t *)scratch, ids, ids_i64, N, P, Vl, vocab_start);
@@ -282,13 +284,14 @@ int dt_k_tp_xent_fwd(float *mloc, float *mglob, float *sz, const float *logits, 
                      int ignore_index, int64_t N, int64_t Vl, int64_t nv, int64_t vocab_start, void *stream) {
     if (dt_k__pl_bad(N, Vl) || nv < 0 || nv > Vl) return (int)cudaErrorInvalidValue;
     if (N == 0) return 0;
+    if (!mloc || !mglob || !sz || !targets || (nv && !logits)) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__tp_xent_rows, N > 65535 ? 65535u : (unsigned int)N, dt_k__pl_threads(nv), 0, stream, mloc, mglob,
                 sz, logits, targets, ignore_index, N, Vl, nv, vocab_start, Vl % 4 == 0 && dt_k_aligned(logits, 16));
     return DT_K_CHECK();
 }
 
 int dt_k_tp_xent_rescale(float *sz, const float *mloc, const float *mglob, int64_t N, void *stream) {
-    if (N < 0) return (int)cudaErrorInvalidValue;
+    if (N < 0 || (N > 0 && (!sz || !mloc || !mglob))) return (int)cudaErrorInvalidValue;
     if (N == 0) return 0;
     DT_K_LAUNCH(dt_k__tp_xent_rescale, dt_k__blocks(N, 256, 4096u), 256, 0, stream, sz, mloc, mglob, N);
     return DT_K_CHECK();
@@ -296,7 +299,7 @@ int dt_k_tp_xent_rescale(float *sz, const float *mloc, const float *mglob, int64
 
 int dt_k_tp_xent_loss(double *slot, float *stats, const float *mglob, const float *sz, const int32_t *targets,
                       int ignore_index, int64_t N, void *stream) {
-    if (N < 0 || !slot) return (int)cudaErrorInvalidValue;
+    if (N < 0 || !slot || (N > 0 && (!mglob || !sz || !targets))) return (int)cudaErrorInvalidValue;
     /* also for N = 0: the slot says (0, 0) */
     DT_K_LAUNCH(dt_k__tp_xent_loss, 1, dt_k__pl_threads(N < 4096 ? N : 4096), 0, stream, slot, stats, mglob, sz,
                 targets, ignore_index, N);
@@ -308,6 +311,7 @@ int dt_k_tp_xent_bwd(float *dlogits, const float *logits, const float *stats, co
     int vec;
     if (dt_k__pl_bad(N, Vl) || nv < 0 || nv > Vl || !count) return (int)cudaErrorInvalidValue;
     if (N * Vl == 0) return 0;
+    if (!dlogits || !logits || !stats || !targets) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__tp_xent_count, 1, dt_k__pl_threads(N < 4096 ? N : 4096), 0, stream, count, targets, ignore_index,
                 N);
     vec = Vl % 4 == 0 && dt_k_aligned(dlogits, 16) && dt_k_aligned(logits, 16);
@@ -351,6 +355,7 @@ int dt_k_concat(float *whole, float *part, int64_t R, int64_t W, int64_t col0, i
         (accumulate != 0 && accumulate != 1))
         return (int)cudaErrorInvalidValue;
     if (R * C == 0) return 0;
+    if (!whole || !part) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__concat, dt_k__blocks(R * C, 256, 4096u), 256, 0, stream, whole, part, R, W, col0, C, to_whole,
                 accumulate);
     return DT_K_CHECK();

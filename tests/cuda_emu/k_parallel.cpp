@@ -16,6 +16,7 @@
 #include "dt_parallel.h"
 #include "dt_kernels.h" /* the launchers it calls directly (the implementation includes it too) */
 #include "tests/dt_test.h"
+#include "k_common.h" /* k_refused */
 
 static dt_ctx ctx;
 
@@ -643,6 +644,42 @@ static void zero_counters(dt_layout *l) {
     }
 }
 
+/* The launchers called directly with a NULL pointer the launch reads or writes where the sizes
+   say there is data (each faulted inside a kernel: a SEGV on the emulator): refused. */
+static void launcher_refusals(void) {
+    float *d = NULL, *o = NULL; /* inputs (zeros), and the outputs of the launches that run */
+    void *scr = NULL;
+    const int32_t *t;
+    cudaMalloc((void **)&d, 256 * sizeof(float));
+    cudaMalloc((void **)&o, 256 * sizeof(float));
+    cudaMalloc(&scr, dt_k_tp_embedding_bwd_scratch(4));
+    cudaMemset(d, 0, 256 * sizeof(float));
+    t = (const int32_t *)d;
+    k_refused("tp_embedding_fwd_NULL_ids_is_invalid_value", dt_k_tp_embedding_fwd(d, d, NULL, 0, 4, 4, 4, 0, NULL));
+    k_refused("tp_embedding_fwd_NULL_table_is_invalid_value", dt_k_tp_embedding_fwd(d, NULL, d, 0, 4, 4, 4, 0, NULL));
+    k_refused("tp_embedding_fwd_NULL_out_is_invalid_value", dt_k_tp_embedding_fwd(NULL, d, d, 0, 4, 4, 4, 0, NULL));
+    k_refused("tp_embedding_bwd_NULL_ids_is_invalid_value", dt_k_tp_embedding_bwd(d, d, NULL, 0, 4, 4, 4, 0, scr, NULL));
+    k_refused("tp_embedding_bwd_NULL_dout_is_invalid_value", dt_k_tp_embedding_bwd(d, NULL, d, 0, 4, 4, 4, 0, scr, NULL));
+    k_refused("tp_embedding_bwd_NULL_dtable_is_invalid_value", dt_k_tp_embedding_bwd(NULL, d, d, 0, 4, 4, 4, 0, scr, NULL));
+    k_refused("tp_xent_fwd_NULL_targets_is_invalid_value", dt_k_tp_xent_fwd(d, d, d, d, NULL, -1, 2, 4, 4, 0, NULL));
+    k_refused("tp_xent_fwd_NULL_logits_is_invalid_value", dt_k_tp_xent_fwd(d, d, d, NULL, t, -1, 2, 4, 4, 0, NULL));
+    k_refused("tp_xent_fwd_NULL_sz_is_invalid_value", dt_k_tp_xent_fwd(d, d, NULL, d, t, -1, 2, 4, 4, 0, NULL));
+    k_refused("tp_xent_rescale_NULL_mglob_is_invalid_value", dt_k_tp_xent_rescale(d, d, NULL, 2, NULL));
+    k_refused("tp_xent_loss_NULL_targets_is_invalid_value", dt_k_tp_xent_loss((double *)d, NULL, d, d, NULL, -1, 2, NULL));
+    k_refused("tp_xent_bwd_NULL_stats_is_invalid_value", dt_k_tp_xent_bwd(d, d, NULL, t, -1, 1.0f, (double *)d, 2, 4, 4, 0, NULL));
+    k_refused("tp_xent_bwd_NULL_dlogits_is_invalid_value", dt_k_tp_xent_bwd(NULL, d, d, t, -1, 1.0f, (double *)d, 2, 4, 4, 0, NULL));
+    k_refused("concat_NULL_part_is_invalid_value", dt_k_concat(d, NULL, 2, 4, 0, 2, 1, 0, NULL));
+    k_refused("concat_NULL_whole_is_invalid_value", dt_k_concat(NULL, d, 2, 4, 0, 2, 0, 0, NULL));
+    /* what no launch touches may stay NULL: no rows, no vocab here, no real column, stats */
+    DT_TEST_CHECK("tp_embedding_fwd_Vl_0_with_NULL_table_is_ok", dt_k_tp_embedding_fwd(o, NULL, d, 0, 4, 0, 4, 0, NULL) == 0);
+    DT_TEST_CHECK("tp_xent_fwd_nv_0_with_NULL_logits_is_ok", dt_k_tp_xent_fwd(o, o + 8, o + 16, NULL, t, -1, 2, 4, 0, 0, NULL) == 0);
+    DT_TEST_CHECK("tp_xent_loss_N_0_with_NULL_is_ok", dt_k_tp_xent_loss((double *)d, NULL, NULL, NULL, NULL, -1, 0, NULL) == 0);
+    DT_TEST_CHECK("concat_C_0_with_NULL_is_ok", dt_k_concat(NULL, NULL, 2, 4, 0, 0, 1, 0, NULL) == 0);
+    cudaFree(d);
+    cudaFree(o);
+    cudaFree(scr);
+}
+
 int main(void) {
     dt_ctx_desc cd;
     dt_comm *world = NULL;
@@ -659,6 +696,7 @@ int main(void) {
     ulysses(l);
     arena();
     zero_counters(l);
+    launcher_refusals();
     dt_layout_free(l);
     dt_comm_free(world);
     dt_ctx_shutdown(&ctx);
