@@ -623,7 +623,10 @@ int dt_k_cp_rows(float *seq, float *shards, int64_t B, int64_t T, int cp, int64_
    pack: send[slot] = x[t]; permute: to 1 dst[i] = src[perm[i]], 0 dst[perm[i]] = src[i];
    combine: y[t] = sum_j g ret[slot] (written); combine_bwd: dret[slot] = g dy[t] and dg [N, k] =
    dy[t] . ret[slot] (double over the columns); dispatch_bwd: dx[t] += back[slot] in j order;
-   router_bwd: dz [N, E] from dg (and renorm) plus auxd [E], through the softmax. */
+   router_bwd: dz [N, E] from dg (and renorm) plus auxd [E], through the softmax.
+   Sizes negative or whose products pass int64, and a NULL array the host sizes say holds data
+   (all but those sized by the kept rows on the device: send, ret, dret, back, out, g), are
+   cudaErrorInvalidValue. */
 int dt_k_moe_route(float *probs, int *idx, float *gate, const float *bias, int64_t N, int E, int k, int renorm,
                    void *stream);
 /* bias_rows: out[r, :] += bias[e, :] for the rows [eoff[e], eoff[e+1]) of each of El experts

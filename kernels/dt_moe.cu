@@ -16,7 +16,8 @@
 #include <math.h>
 #include <stdint.h>
 
-static int dt_k__moe_bad(int64_t a, int64_t b) { return a < 0 || b < 0; }
+/* a or b negative, or a * b past int64 (checked by division before a launcher forms it). */
+static int dt_k__moe_bad(int64_t a, int64_t b) { return a < 0 || b < 0 || (b && a > INT64_MAX / b); }
 
 /* One thread per token: p = softmax(logits) in place (max subtracted, the sum in double), then
    the k largest of p (+ bias) with ties to the lower index, and the gates. */
@@ -84,7 +85,7 @@ static __global__ void dt_k__moe_capacity(int64_t *slot, int64_t *seqstat, int64
    tokens (in token order, double), stat[2E + e] the kept ones. */
 static __global__ void dt_k__moe_counts(double *stat, const int *__restrict__ idx, const int64_t *__restrict__ slot,
                                         const float *__restrict__ probs, int64_t N, int E, int k) {
-    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < E; e += gridDim.x * blockDim.x) {
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < E; e += (int64_t)gridDim.x * blockDim.x) {
         double routed = 0, psum = 0, kept = 0;
         for (int64_t t = 0; t < N; t++) {
             psum += probs[t * E + e];
@@ -96,7 +97,7 @@ static __global__ void dt_k__moe_counts(double *stat, const int *__restrict__ id
         }
         stat[e] = routed;
         stat[E + e] = psum;
-        stat[2 * E + e] = kept;
+        stat[2 * (int64_t)E + e] = kept;
     }
 }
 
@@ -104,9 +105,9 @@ static __global__ void dt_k__moe_counts(double *stat, const int *__restrict__ id
    < e, ...) in token order. */
 static __global__ void dt_k__moe_slots(int64_t *slot, const int *__restrict__ idx, const double *__restrict__ stat,
                                        int64_t N, int E, int k) {
-    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < E; e += gridDim.x * blockDim.x) {
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < E; e += (int64_t)gridDim.x * blockDim.x) {
         int64_t at = 0;
-        for (int i = 0; i < e; i++) at += (int64_t)stat[2 * E + i];
+        for (int64_t i = 0; i < e; i++) at += (int64_t)stat[2 * (int64_t)E + i];
         for (int64_t t = 0; t < N; t++)
             for (int j = 0; j < k; j++)
                 if (idx[t * k + j] == e && slot[t * k + j] >= 0) slot[t * k + j] = at++;
@@ -208,7 +209,7 @@ static __global__ void dt_k__moe_bias_rows(float *out, const float *__restrict__
         int64_t r = i / cols, c = i - r * cols;
         int lo = 0, hi = El - 1;
         while (lo < hi) { /* the last e with eoff[e] <= r */
-            int mid = (lo + hi + 1) / 2;
+            int mid = lo + (hi - lo + 1) / 2; /* (lo + hi + 1) / 2 without the int overflow */
             if (eoff[mid] <= r) lo = mid;
             else hi = mid - 1;
         }
@@ -230,14 +231,15 @@ static __global__ void dt_k__moe_bias_grad(float *db, const float *__restrict__ 
 }
 
 int dt_k_moe_bias_rows(float *out, const float *bias, const int64_t *eoff, int El, int64_t cols, void *stream) {
-    if (El < 1 || cols < 0) return (int)cudaErrorInvalidValue;
+    if (El < 1 || dt_k__moe_bad(cols, El) || !eoff || (cols && !bias)) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__moe_bias_rows, 256u, 256, 0, stream, out, bias, eoff, El, cols);
     return DT_K_CHECK();
 }
 
 int dt_k_moe_bias_grad(float *db, const float *g, const int64_t *eoff, int El, int64_t cols, float alpha, void *stream) {
-    if (El < 1 || cols < 0) return (int)cudaErrorInvalidValue;
+    if (El < 1 || dt_k__moe_bad(cols, El)) return (int)cudaErrorInvalidValue;
     if (!cols) return 0;
+    if (!db || !eoff) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__moe_bias_grad, dt_k__blocks((int64_t)El * cols, 128, 4096u), 128, 0, stream, db, g, eoff, El,
                 cols, alpha);
     return DT_K_CHECK();
@@ -247,14 +249,17 @@ int dt_k_moe_route(float *probs, int *idx, float *gate, const float *bias, int64
                    void *stream) {
     if (dt_k__moe_bad(N, E) || E < 1 || k < 1 || k > E) return (int)cudaErrorInvalidValue;
     if (!N) return 0;
+    if (!probs || !idx || !gate) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__moe_route, dt_k__blocks(N, 128, 4096u), 128, 0, stream, probs, idx, gate, bias, N, E, k, renorm);
     return DT_K_CHECK();
 }
 
 int dt_k_moe_capacity(int64_t *slot, int64_t *seqstat, int64_t *used, const int *idx, int64_t S, int64_t T, int E,
                       int k, int64_t cap, int64_t seq0, void *stream) {
-    if (dt_k__moe_bad(S, T) || E < 1 || k < 1 || cap < 0 || seq0 < 0) return (int)cudaErrorInvalidValue;
+    if (dt_k__moe_bad(S, T) || dt_k__moe_bad(S * T, k) || dt_k__moe_bad(S, E) || E < 1 || k < 1 || cap < 0 || seq0 < 0)
+        return (int)cudaErrorInvalidValue;
     if (!S) return 0;
+    if (!seqstat || !used || (T && (!slot || !idx))) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__moe_capacity, dt_k__blocks(S, 64, 4096u), 64, 0, stream, slot, seqstat, used, idx, S, T, E, k,
                 cap, seq0);
     return DT_K_CHECK();
@@ -262,20 +267,24 @@ int dt_k_moe_capacity(int64_t *slot, int64_t *seqstat, int64_t *used, const int 
 
 int dt_k_moe_counts(double *stat, const int *idx, const int64_t *slot, const float *probs, int64_t N, int E, int k,
                     void *stream) {
-    if (dt_k__moe_bad(N, E) || E < 1 || k < 1) return (int)cudaErrorInvalidValue;
+    if (dt_k__moe_bad(N, E) || dt_k__moe_bad(N, k) || E < 1 || k < 1 || !stat || (N && (!idx || !slot || !probs)))
+        return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__moe_counts, dt_k__blocks(E, 64, 4096u), 64, 0, stream, stat, idx, slot, probs, N, E, k);
     return DT_K_CHECK();
 }
 
 int dt_k_moe_slots(int64_t *slot, const int *idx, const double *stat, int64_t N, int E, int k, void *stream) {
-    if (dt_k__moe_bad(N, E) || E < 1 || k < 1) return (int)cudaErrorInvalidValue;
+    if (dt_k__moe_bad(N, E) || dt_k__moe_bad(N, k) || E < 1 || k < 1) return (int)cudaErrorInvalidValue;
+    if (!N) return 0; /* no token: no slot to write */
+    if (!slot || !idx || !stat) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__moe_slots, dt_k__blocks(E, 64, 4096u), 64, 0, stream, slot, idx, stat, N, E, k);
     return DT_K_CHECK();
 }
 
 int dt_k_moe_pack(float *send, const float *x, const int64_t *slot, int64_t N, int k, int64_t C, void *stream) {
-    if (dt_k__moe_bad(N, C) || k < 1) return (int)cudaErrorInvalidValue;
+    if (dt_k__moe_bad(N, k) || dt_k__moe_bad(N * k, C) || k < 1) return (int)cudaErrorInvalidValue;
     if (!N || !C) return 0;
+    if (!x || !slot) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__moe_pack, dt_k__blocks(N * k * C, 256, 4096u), 256, 0, stream, send, x, slot, N, k, C);
     return DT_K_CHECK();
 }
@@ -283,30 +292,34 @@ int dt_k_moe_pack(float *send, const float *x, const int64_t *slot, int64_t N, i
 int dt_k_moe_permute(float *dst, const float *src, const int64_t *perm, int64_t R, int64_t C, int to, void *stream) {
     if (dt_k__moe_bad(R, C) || (to != 0 && to != 1)) return (int)cudaErrorInvalidValue;
     if (!R || !C) return 0;
+    if (!dst || !src || !perm) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__moe_permute, dt_k__blocks(R * C, 256, 4096u), 256, 0, stream, dst, src, perm, R, C, to);
     return DT_K_CHECK();
 }
 
 int dt_k_moe_combine(float *y, const float *ret, const int64_t *slot, const float *gate, int64_t N, int k, int64_t C,
                      void *stream) {
-    if (dt_k__moe_bad(N, C) || k < 1) return (int)cudaErrorInvalidValue;
+    if (dt_k__moe_bad(N, C) || dt_k__moe_bad(N, k) || k < 1) return (int)cudaErrorInvalidValue;
     if (!N || !C) return 0;
+    if (!y || !slot || !gate) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__moe_combine, dt_k__blocks(N * C, 256, 4096u), 256, 0, stream, y, ret, slot, gate, N, k, C);
     return DT_K_CHECK();
 }
 
 int dt_k_moe_combine_bwd(float *dret, float *dg, const float *dy, const float *ret, const int64_t *slot,
                          const float *gate, int64_t N, int k, int64_t C, void *stream) {
-    if (dt_k__moe_bad(N, C) || k < 1) return (int)cudaErrorInvalidValue;
+    if (dt_k__moe_bad(N, C) || dt_k__moe_bad(N, k) || k < 1) return (int)cudaErrorInvalidValue;
     if (!N) return 0;
+    if (!dg || !slot || (C && (!dy || !gate))) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__moe_combine_bwd, dt_k__blocks(N * k, 128, 4096u), 128, 0, stream, dret, dg, dy, ret, slot, gate,
                 N, k, C);
     return DT_K_CHECK();
 }
 
 int dt_k_moe_dispatch_bwd(float *dx, const float *back, const int64_t *slot, int64_t N, int k, int64_t C, void *stream) {
-    if (dt_k__moe_bad(N, C) || k < 1) return (int)cudaErrorInvalidValue;
+    if (dt_k__moe_bad(N, C) || dt_k__moe_bad(N, k) || k < 1) return (int)cudaErrorInvalidValue;
     if (!N || !C) return 0;
+    if (!dx || !slot) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__moe_dispatch_bwd, dt_k__blocks(N * C, 256, 4096u), 256, 0, stream, dx, back, slot, N, k, C);
     return DT_K_CHECK();
 }
@@ -315,6 +328,7 @@ int dt_k_moe_router_bwd(float *dz, const float *probs, const int *idx, const flo
                         const float *auxd, int64_t N, int E, int k, int renorm, void *stream) {
     if (dt_k__moe_bad(N, E) || E < 1 || k < 1 || k > E) return (int)cudaErrorInvalidValue;
     if (!N) return 0;
+    if (!dz || !probs || !idx || !dg || !auxd || (renorm && !gate)) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__moe_router_bwd, dt_k__blocks(N, 128, 4096u), 128, 0, stream, dz, probs, idx, gate, dg, auxd, N, E,
                 k, renorm);
     return DT_K_CHECK();

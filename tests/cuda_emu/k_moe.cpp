@@ -16,6 +16,7 @@
 #include "dt_opt.h"
 #include "dt_parallel.h"
 #include "tests/dt_test.h"
+#include "k_common.h" /* k_refused */
 
 static dt_ctx ctx;
 
@@ -177,6 +178,44 @@ static void bad_inputs(dt_layout *l) {
     dt_moe_free(m);
 }
 
+/* The launchers called directly: a NULL array the host sizes say holds data faulted inside a
+   kernel (a SEGV on the emulator), and a product past int64 wrapped to a small count and
+   launched (N k C = 2^64 + 4 copied 4 rows and returned 0): refused before anything launches. */
+static void launcher_refusals(void) {
+    float *d = NULL;
+    cudaMalloc((void **)&d, 1024 * sizeof(float));
+    cudaMemset(d, 0, 1024 * sizeof(float));
+    int *ix = (int *)d;
+    int64_t *sl = (int64_t *)d;
+    const int64_t big = ((int64_t)1 << 62) + 1; /* times 4: 2^64 + 4, which wrapped to 4 */
+    k_refused("moe_route_NULL_probs_is_invalid_value", dt_k_moe_route(NULL, ix, d, NULL, 4, 4, 2, 0, NULL));
+    k_refused("moe_route_NULL_gate_is_invalid_value", dt_k_moe_route(d, ix, NULL, NULL, 4, 4, 2, 0, NULL));
+    k_refused("moe_capacity_NULL_idx_is_invalid_value", dt_k_moe_capacity(sl, sl, sl, NULL, 2, 2, 4, 2, 1, 0, NULL));
+    k_refused("moe_capacity_NULL_used_is_invalid_value", dt_k_moe_capacity(sl, sl, NULL, ix, 2, 2, 4, 2, 1, 0, NULL));
+    k_refused("moe_capacity_S_T_k_past_int64_is_invalid_value", dt_k_moe_capacity(sl, sl, sl, ix, big, 1, 4, 4, 1, 0, NULL));
+    k_refused("moe_counts_NULL_stat_is_invalid_value", dt_k_moe_counts(NULL, ix, sl, d, 4, 4, 2, NULL));
+    k_refused("moe_counts_NULL_probs_is_invalid_value", dt_k_moe_counts((double *)d, ix, sl, NULL, 4, 4, 2, NULL));
+    k_refused("moe_slots_NULL_stat_is_invalid_value", dt_k_moe_slots(sl, ix, NULL, 4, 4, 2, NULL));
+    k_refused("moe_pack_NULL_slot_is_invalid_value", dt_k_moe_pack(d, d, NULL, 4, 2, 4, NULL));
+    k_refused("moe_pack_N_k_C_past_int64_is_invalid_value", dt_k_moe_pack(d, d, sl, big, 4, 1, NULL));
+    k_refused("moe_permute_R_C_past_int64_is_invalid_value", dt_k_moe_permute(d, d, sl, big, 4, 1, NULL));
+    k_refused("moe_permute_NULL_perm_is_invalid_value", dt_k_moe_permute(d, d, NULL, 4, 4, 1, NULL));
+    k_refused("moe_combine_NULL_gate_is_invalid_value", dt_k_moe_combine(d, d, sl, NULL, 4, 2, 4, NULL));
+    k_refused("moe_combine_N_k_past_int64_is_invalid_value", dt_k_moe_combine(d, d, sl, d, big, 4, 1, NULL));
+    k_refused("moe_combine_bwd_NULL_dg_is_invalid_value", dt_k_moe_combine_bwd(d, NULL, d, d, sl, d, 4, 2, 4, NULL));
+    k_refused("moe_combine_bwd_NULL_dy_is_invalid_value", dt_k_moe_combine_bwd(d, d, NULL, d, sl, d, 4, 2, 4, NULL));
+    k_refused("moe_dispatch_bwd_NULL_dx_is_invalid_value", dt_k_moe_dispatch_bwd(NULL, d, sl, 4, 2, 4, NULL));
+    k_refused("moe_router_bwd_NULL_auxd_is_invalid_value", dt_k_moe_router_bwd(d, d, ix, d, d, NULL, 4, 4, 2, 0, NULL));
+    k_refused("moe_router_bwd_renorm_NULL_gate_is_invalid_value", dt_k_moe_router_bwd(d, d, ix, NULL, d, d, 4, 4, 2, 1, NULL));
+    k_refused("moe_bias_rows_NULL_eoff_is_invalid_value", dt_k_moe_bias_rows(d, d, NULL, 2, 4, NULL));
+    k_refused("moe_bias_rows_El_cols_past_int64_is_invalid_value", dt_k_moe_bias_rows(d, d, sl, 4, big, NULL));
+    k_refused("moe_bias_grad_NULL_db_is_invalid_value", dt_k_moe_bias_grad(NULL, d, sl, 2, 4, 1.0f, NULL));
+    /* what the launch does not read may stay NULL: no token, no router renorm's gate */
+    DT_TEST_CHECK("moe_slots_N_0_with_NULL_is_ok", dt_k_moe_slots(NULL, NULL, NULL, 0, 4, 2, NULL) == 0);
+    DT_TEST_CHECK("moe_route_N_0_with_NULL_is_ok", dt_k_moe_route(NULL, NULL, NULL, NULL, 0, 4, 2, 0, NULL) == 0);
+    cudaFree(d);
+}
+
 int main(void) {
     dt_ctx_desc cd;
     dt_comm *world = NULL;
@@ -191,6 +230,7 @@ int main(void) {
     run_case(l, "dropless_bias_renorm", 0, 1, DT_MOE_BIAS, 1);
     run_case(l, "cap1_aux_renorm_micro2", 1.0, 1, DT_MOE_AUX, 2);
     bad_inputs(l);
+    launcher_refusals();
     dt_layout_free(l);
     dt_comm_free(world);
     dt_ctx_shutdown(&ctx);
