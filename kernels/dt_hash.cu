@@ -143,7 +143,9 @@ static int dt_k__pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 extern "C" int dt_k_hash_create(dt_k_hash *h, int64_t capacity, int64_t seen_cap) {
     int64_t mcap = 2;
     cudaError_t e = cudaSuccess;
-    if (!h || capacity < 1 || capacity > ((int64_t)1 << 40) || !dt_k__pow2(seen_cap)) return (int)cudaErrorInvalidValue;
+    /* seen_cap * 8 bytes must fit: 2^62 wrapped to 0, the allocations "succeeded" and a lookup wrote past them */
+    if (!h || capacity < 1 || capacity > ((int64_t)1 << 40) || !dt_k__pow2(seen_cap) || seen_cap > INT64_MAX / 8)
+        return (int)cudaErrorInvalidValue;
     while (mcap < 2 * capacity) mcap *= 2;
     memset(h, 0, sizeof *h);
     h->capacity = capacity; h->map_cap = mcap; h->seen_cap = seen_cap;

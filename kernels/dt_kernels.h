@@ -367,8 +367,8 @@ int dt_k_embed_sparse_adam(void *table, int table_dtype, float *m, float *v, con
 /* The id -> slot table of one dynamic-table shard on the GPU (kernels/dt_hash.cu), with the host
    map's semantics (dt_embed.h, "dynamic tables"): capacity slots, an LRU list over them, ids
    admitted at their admit_after-th sighting. Device arrays; map_cap = the power of two >= 2 x
-   capacity, seen_cap (a power of two) bounds the ids seen and not admitted yet. hdr: used,
-   head, tail, last stamp, map entries, seen entries. */
+   capacity, seen_cap (a power of two, below 2^60) bounds the ids seen and not admitted yet. hdr:
+   used, head, tail, last stamp, map entries, seen entries. */
 typedef struct dt_k_hash {
     int64_t capacity, map_cap, seen_cap;
     int64_t *map_key, *map_val, *seen_key, *seen_val; /* [map_cap], [seen_cap] */

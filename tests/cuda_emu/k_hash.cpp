@@ -223,6 +223,11 @@ static void check_bad(void) {
     DT_TEST_CHECK("hash_create_seen_cap_not_power_of_two_is_invalid_value",
                   dt_k_hash_create(&h, 8, 100) == (int)cudaErrorInvalidValue);
     DT_TEST_CHECK("hash_create_capacity_0_is_invalid_value", dt_k_hash_create(&h, 0, 64) == (int)cudaErrorInvalidValue);
+    /* 2^62 cells of 8 bytes wrapped to 0: the allocations succeeded and a lookup wrote past them */
+    DT_TEST_CHECK("hash_create_seen_cap_bytes_past_int64_is_invalid_value",
+                  dt_k_hash_create(&h, 4, (int64_t)1 << 62) == (int)cudaErrorInvalidValue);
+    DT_TEST_CHECK("hash_lookup_NULL_table_is_invalid_value",
+                  dt_k_hash_lookup(NULL, NULL, NULL, NULL, NULL, NULL, 4, 1, NULL) == (int)cudaErrorInvalidValue);
     if (!DT_TEST_CHECK("hash_create_small", dt_k_hash_create(&h, 4, 4) == 0)) return;
     int64_t *d = NULL;
     int *over = NULL, o = 0;
