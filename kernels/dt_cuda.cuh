@@ -47,8 +47,9 @@
 #define DT_K_CHECK() ((int)cudaGetLastError())
 
 /* n / d rounded up, for n >= 0 and d > 0: without the n + d - 1 that overflows int64 near
-   INT64_MAX (undefined behaviour, in practice a negative grid). */
-static inline int64_t dt_k__ceil_div(int64_t n, int64_t d) { return n / d + (n % d != 0); }
+   INT64_MAX (undefined behaviour, in practice a negative grid). Host and device: a kernel that
+   splits n items into per-thread chunks rounds up with it too. */
+static inline __host__ __device__ int64_t dt_k__ceil_div(int64_t n, int64_t d) { return n / d + (n % d != 0); }
 
 /* A 1-D grid of `threads`-thread blocks covering n items with a grid-stride loop: at most
    max_blocks blocks (the loop does the rest). n > 0. */

@@ -39,11 +39,12 @@ extern "C" int dt_k_opt_blocks(int64_t n) {
     return n <= 0 ? 0 : b > DT_K__OPT_MAX_BLOCKS ? DT_K__OPT_MAX_BLOCKS : (int)b;
 }
 
-/* Block b's chunk of [0, n): [b * chunk, min(n, (b + 1) * chunk)). */
+/* Block b's chunk of [0, n): [b * chunk, min(n, (b + 1) * chunk)), formed without n + gridDim - 1
+   or lo + chunk (each overflows int64 near INT64_MAX). */
 __device__ static void dt_k__chunk(int64_t n, int64_t *lo, int64_t *hi) {
-    int64_t chunk = (n + gridDim.x - 1) / gridDim.x;
+    int64_t chunk = dt_k__ceil_div(n, gridDim.x);
     *lo = (int64_t)blockIdx.x * chunk;
-    *hi = *lo + chunk < n ? *lo + chunk : n;
+    *hi = chunk < n - *lo ? *lo + chunk : n;
 }
 
 /* The segment that flat index i belongs to: the last s with seg[s].start <= i. */
@@ -375,9 +376,9 @@ static __global__ void dt_k__opt_update(const dt_k_opt_seg *__restrict__ seg, in
     dt_k_opt_seg cur; /* the parameter's pointers in registers: the stores below cannot alias them */
     if (skip && *skip) return;
     gm = grad_mul ? *grad_mul : 1.0f;
-    chunk = ((n + gridDim.x - 1) / gridDim.x + 3) / 4 * 4;
+    chunk = dt_k__ceil_div(dt_k__ceil_div(n, gridDim.x), 4) * 4; /* as dt_k__chunk, then to fours */
     lo = (int64_t)blockIdx.x * chunk;
-    hi = lo + chunk < n ? lo + chunk : n;
+    hi = chunk < n - lo ? lo + chunk : n;
     q = lo + 4 * (int64_t)threadIdx.x;
     if (q >= hi) return;
     s = dt_k__seg(seg, n_seg, q);
