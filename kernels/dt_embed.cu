@@ -110,6 +110,7 @@ extern "C" int dt_k_embedding_fwd(float *out, const float *table, const void *id
                                   int64_t D, int *bad_id, void *stream) {
     if (!dt_k__emb_args(ids_i64, N, V, D)) return (int)cudaErrorInvalidValue;
     if (N * D == 0) return 0;
+    if (!out || !ids || (V && !table)) return (int)cudaErrorInvalidValue; /* V 0: every id is bad, no row read */
     DT_K_LAUNCH(dt_k__emb_fwd, dt_k__grid(N * D, 256), 256, 0, stream, out, table, ids, ids_i64, N, V, D, bad_id);
     return DT_K_CHECK();
 }
@@ -119,13 +120,14 @@ extern "C" int dt_k_embedding_bwd(float *dtable, const float *dout, const void *
     int64_t cols, S, ny;
     if (!dt_k__emb_args(ids_i64, N, V, D)) return (int)cudaErrorInvalidValue;
     if (N * D == 0 || V == 0 || !dtable) return 0;
+    if (!ids || !dout) return (int)cudaErrorInvalidValue;
     if (bad_id) { /* the backward skips them; say so as the forward does */
         DT_K_LAUNCH(dt_k__emb_bad, dt_k__grid(N, 256), 256, 0, stream, ids, ids_i64, N, V, bad_id);
         if (int st = DT_K_CHECK()) return st;
     }
     /* S row classes x column chunks: enough blocks to fill a GPU (~256) without each thread's walk
        over the N ids dominating; ny thread rows share a block's class by (id / S) % ny */
-    cols = (D + 31) / 32;
+    cols = dt_k__ceil_div(D, 32);
     S = 256 / cols;
     S = S < 1 ? 1 : S > V ? V : S > 65535 ? 65535 : S;
     ny = 4;
@@ -206,9 +208,10 @@ extern "C" int dt_k_embed_pool_fwd_at(float *out, const int64_t *out_offsets, co
                                       const int64_t *rows, const float *weights, const int64_t *offsets,
                                       int64_t n_bags, int64_t D, int64_t ld, int mean, void *stream) {
     if (n_bags < 0 || n_bags > 2147483647LL || D < 0 || ld < D || table_dtype < 1 || table_dtype > 3 ||
-        (mean != 0 && mean != 1))
+        (mean != 0 && mean != 1) || (D && n_bags > INT64_MAX / D))
         return (int)cudaErrorInvalidValue;
     if (n_bags == 0 || D == 0) return 0;
+    if (!out || !offsets) return (int)cudaErrorInvalidValue; /* rows, table: as many as offsets[n_bags] says */
     DT_K_LAUNCH(dt_k__pool_fwd, (unsigned)n_bags, dt_k__thr(D, 256), 0, stream, out, out_offsets, table, table_dtype,
                 rows, weights, offsets, D, ld, mean);
     return DT_K_CHECK();
@@ -223,8 +226,10 @@ extern "C" int dt_k_embed_pool_fwd(float *out, const void *table, int table_dtyp
 extern "C" int dt_k_embed_pool_bwd(float *grads, const float *dout, const int64_t *dout_offsets,
                                    const float *weights, const int64_t *offsets, int64_t n_bags, int64_t D, int mean,
                                    void *stream) {
-    if (n_bags < 0 || D < 0 || (mean != 0 && mean != 1)) return (int)cudaErrorInvalidValue;
+    if (n_bags < 0 || D < 0 || (mean != 0 && mean != 1) || (D && n_bags > INT64_MAX / D))
+        return (int)cudaErrorInvalidValue;
     if (n_bags == 0 || D == 0) return 0;
+    if (!dout || !offsets) return (int)cudaErrorInvalidValue; /* grads: as many rows as offsets[n_bags] says */
     DT_K_LAUNCH(dt_k__pool_bwd, dt_k__grid(n_bags, 1), dt_k__thr(D, 256), 0, stream, grads, dout, dout_offsets,
                 weights, offsets, n_bags, D, mean);
     return DT_K_CHECK();
@@ -233,8 +238,11 @@ extern "C" int dt_k_embed_pool_bwd(float *grads, const float *dout, const int64_
 extern "C" int dt_k_embed_gather_sum(float *out, const float *src, const int64_t *runs, const int64_t *segs,
                                      const float *div, int64_t n_runs, int64_t n_segs, int64_t max_len, int accum,
                                      void *stream) {
-    if (n_runs < 0 || n_segs < 0 || max_len < 0 || (accum != 0 && accum != 1)) return (int)cudaErrorInvalidValue;
+    if (n_runs < 0 || n_segs < 0 || max_len < 0 || (accum != 0 && accum != 1) || n_runs > INT64_MAX / 3 ||
+        n_segs > INT64_MAX / 3)
+        return (int)cudaErrorInvalidValue;
     if (n_runs == 0 || max_len == 0) return 0;
+    if (!out || !runs || (n_segs && !segs)) return (int)cudaErrorInvalidValue; /* src: where the segments say */
     DT_K_LAUNCH(dt_k__gather_sum, dt_k__grid(n_runs, 1), dt_k__thr(max_len, 256), 0, stream, out, src, runs, segs,
                 div, n_runs, n_segs, accum);
     return DT_K_CHECK();
@@ -242,8 +250,10 @@ extern "C" int dt_k_embed_gather_sum(float *out, const float *src, const int64_t
 
 extern "C" int dt_k_embed_pool_bwd_dense(float *dtable, const float *dout, const int64_t *rows, const float *weights,
                                          const int64_t *offsets, int64_t n_bags, int64_t D, int mean, void *stream) {
-    if (n_bags < 0 || n_bags > 2147483647LL || D < 0 || (mean != 0 && mean != 1)) return (int)cudaErrorInvalidValue;
+    if (n_bags < 0 || n_bags > 2147483647LL || D < 0 || (mean != 0 && mean != 1) || (D && n_bags > INT64_MAX / D))
+        return (int)cudaErrorInvalidValue;
     if (n_bags == 0 || D == 0) return 0;
+    if (!dout || !offsets) return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__pool_bwd_dense, (unsigned)n_bags, dt_k__thr(D, 256), 0, stream, dtable, dout, rows, weights,
                 offsets, D, mean);
     return DT_K_CHECK();
@@ -277,7 +287,7 @@ __device__ static int64_t dt_k__bag_len(int64_t q, const int64_t *lengths, const
 static __global__ void dt_k__scan_len(int64_t *offs, int64_t *total, const int64_t *lengths, const int64_t *in_offs,
                                       const int64_t *desc, int m, int64_t B, int64_t n) {
     __shared__ int64_t part[256];
-    int64_t per = (n + blockDim.x - 1) / blockDim.x, i0 = threadIdx.x * per, i1 = i0 + per, s = 0, i;
+    int64_t per = dt_k__ceil_div(n, blockDim.x), i0 = threadIdx.x * per, i1 = i0 + per, s = 0, i;
     if (i0 > n) i0 = n;
     if (i1 > n) i1 = n;
     for (i = i0; i < i1; i++) s += dt_k__bag_len(i, lengths, in_offs, desc, m, B);
@@ -345,9 +355,10 @@ extern "C" int dt_k_embed_bags(int64_t *rows, float *weights_out, int64_t *offs,
    dims[t] floats): desc = rows dst, src, len, then floats dst, src, len, W T each, (rank, table)
    at r T + t; the destinations table-major (table, then rank). */
 static __global__ void dt_k__dp_copies(int64_t *desc, const int64_t *blocks, const int64_t *dims, int W, int T) {
-    int64_t *rd = desc, *rs = rd + W * T, *rl = rs + W * T, *fd = rl + W * T, *fs = fd + W * T, *fl = fs + W * T;
+    const int64_t WT = (int64_t)W * T; /* W T in int wrapped past 2^31 (rank, table) pairs */
+    int64_t *rd = desc, *rs = rd + WT, *rl = rs + WT, *fd = rl + WT, *fs = fd + WT, *fl = fs + WT;
     int64_t base = 0, fbase = 0, o = 0, fo = 0;
-    int r, t;
+    int64_t r, t;
     if (threadIdx.x || blockIdx.x) return;
     for (r = 0; r < W; r++) {
         int64_t p = base + T, fp = fbase;
@@ -443,7 +454,7 @@ static __global__ void dt_k__requests(int64_t *sh, int64_t *sp, float *sf, int64
                                       int64_t B, int W, int64_t g0, int64_t ldo) {
     __shared__ int64_t part[3][256];
     __shared__ int64_t tot[3], base[3];
-    int64_t R = (int64_t)F * B, per = (R + blockDim.x - 1) / blockDim.x, q0 = threadIdx.x * per, q1 = q0 + per;
+    int64_t R = (int64_t)F * B, per = dt_k__ceil_div(R, blockDim.x), q0 = threadIdx.x * per, q1 = q0 + per;
     int64_t v[3], ex[3], q, u;
     int d;
     if (q0 > R) q0 = R;
@@ -504,7 +515,8 @@ extern "C" int dt_k_embed_requests(int64_t *send_hdr, int64_t *send_rows, float 
                                    int64_t *fsegs, int64_t *bruns, int64_t *bsegs, float *div, const int64_t *in_offs,
                                    const void *ids, int ids_i64, const float *weights, const int64_t *fdesc, int F,
                                    int64_t B, int W, int64_t g0, int64_t ldo, void *stream) {
-    if (F < 1 || B < 0 || W < 1 || !in_offs || !fdesc || !runs || !div || (ids_i64 != 0 && ids_i64 != 1))
+    if (F < 1 || B < 0 || W < 1 || !in_offs || !fdesc || !runs || !div || (ids_i64 != 0 && ids_i64 != 1) ||
+        B > INT64_MAX / 3 / F) /* runs[3 F B] */
         return (int)cudaErrorInvalidValue;
     if (B == 0) return 0;
     DT_K_LAUNCH(dt_k__requests, 1, 256, 0, stream, send_hdr, send_rows, send_w, runs, fsegs, bruns, bsegs, div, in_offs,
@@ -520,7 +532,7 @@ static __global__ void dt_k__serve_layout(int64_t *meta, float *mw, int64_t *scr
                                           const float *rf, const int64_t *fdesc, int64_t nq, int T) {
     __shared__ int64_t part[3][256];
     __shared__ int64_t tot[3], ib, wb;
-    int64_t per = (nq + blockDim.x - 1) / blockDim.x, q0 = threadIdx.x * per, q1 = q0 + per, v[3], ex[3], q, j;
+    int64_t per = dt_k__ceil_div(nq, blockDim.x), q0 = threadIdx.x * per, q1 = q0 + per, v[3], ex[3], q, j;
     int t;
     if (q0 > nq) q0 = nq;
     if (q1 > nq) q1 = nq;
@@ -564,7 +576,8 @@ static __global__ void dt_k__serve_layout(int64_t *meta, float *mw, int64_t *scr
 extern "C" int dt_k_embed_serve_layout(int64_t *meta, float *weights_out, int64_t *scratch, const int64_t *recv_hdr,
                                        const int64_t *recv_rows, const float *recv_w, const int64_t *fdesc,
                                        int64_t n_requests, int T, void *stream) {
-    if (n_requests < 0 || T < 1 || !meta || !weights_out || !fdesc || (n_requests > 0 && (!scratch || !recv_hdr)))
+    if (n_requests < 0 || n_requests > INT64_MAX / 4 || T < 1 || !meta || !weights_out || !fdesc || /* recv_hdr[4 n] */
+        (n_requests > 0 && (!scratch || !recv_hdr)))
         return (int)cudaErrorInvalidValue;
     DT_K_LAUNCH(dt_k__serve_layout, 1, 256, 0, stream, meta, weights_out, scratch, recv_hdr, recv_rows, recv_w, fdesc,
                 n_requests, T);
@@ -676,7 +689,7 @@ static __global__ void dt_k__scatter(int64_t *dest, int64_t *out_keys, int64_t *
 static int dt_k__pass(int64_t *dest, int64_t *okeys, int64_t *oidx, int64_t *totals, int *counts, const int64_t *keys,
                       const int64_t *idx, int64_t n, int nb, int mode, int64_t rows, int W, int shift, int *bad,
                       void *stream) {
-    int nblk = (int)((n + DT_K__CHUNK - 1) / DT_K__CHUNK), st;
+    int nblk = (int)dt_k__ceil_div(n, DT_K__CHUNK), st;
     DT_K_LAUNCH(dt_k__count, (unsigned)nblk, DT_K__CHUNK, (size_t)nb * sizeof(int), stream, counts, keys, n, nb, mode,
                 rows, W, shift, bad);
     if ((st = DT_K_CHECK())) return st;
@@ -696,7 +709,7 @@ extern "C" size_t dt_k_embed_bucketize_scratch(int64_t n, int W) {
 
 extern "C" int dt_k_embed_bucketize(int64_t *counts, int64_t *dest, const int64_t *ids, int64_t n, int64_t rows,
                                     int W, int *bad_id, void *scratch, void *stream) {
-    if (n < 0 || n > 2147483647LL || rows < 0 || W < 1 || W > 4096 || !counts || (n > 0 && !scratch))
+    if (n < 0 || n > 2147483647LL || rows < 0 || W < 1 || W > 4096 || !counts || (n > 0 && (!scratch || !ids || !dest)))
         return (int)cudaErrorInvalidValue;
     if (n == 0) return (int)cudaMemsetAsync(counts, 0, (size_t)W * sizeof(int64_t), (cudaStream_t)stream);
     return dt_k__pass(dest, NULL, NULL, counts, (int *)scratch, ids, NULL, n, W, 0, rows, W, 0, bad_id, stream);
@@ -706,7 +719,7 @@ extern "C" int dt_k_embed_bucketize(int64_t *counts, int64_t *dest, const int64_
    run heads, a serial scan of the per-thread counts gives where its heads go. */
 static __global__ void dt_k__segments(int64_t *seg, int64_t *n_uniq, const int64_t *skeys, int64_t n) {
     __shared__ int64_t cnt[256];
-    int64_t per = (n + blockDim.x - 1) / blockDim.x, i0 = threadIdx.x * per, i1 = i0 + per, i, c = 0;
+    int64_t per = dt_k__ceil_div(n, blockDim.x), i0 = threadIdx.x * per, i1 = i0 + per, i, c = 0;
     if (i1 > n) i1 = n;
     for (i = i0; i < i1; i++) c += i == 0 || skeys[i] != skeys[i - 1];
     cnt[threadIdx.x] = c;
@@ -743,7 +756,7 @@ extern "C" int dt_k_embed_dedup(int64_t *order, int64_t *seg, int64_t *n_uniq, c
     int *counts;
     int st = 0, shift, passes = 0;
     uint64_t top = (uint64_t)(n_rows > 0 ? n_rows : 0); /* n_rows itself: a negative row's key */
-    if (n < 0 || n > 2147483647LL || n_rows < 0 || !order || !seg || !n_uniq || (n > 0 && !scratch))
+    if (n < 0 || n > 2147483647LL || n_rows < 0 || !order || !seg || !n_uniq || (n > 0 && (!scratch || !rows)))
         return (int)cudaErrorInvalidValue;
     if (n == 0) {
         if ((st = (int)cudaMemsetAsync(n_uniq, 0, sizeof(int64_t), (cudaStream_t)stream))) return st;
@@ -829,6 +842,7 @@ extern "C" int dt_k_embed_sparse_update(void *table, int table_dtype, float *sta
         (uint64_t)D * sizeof(float) > DT_K__SMEM_MAX / 2 || (kind != 1 && !state && n > 0))
         return (int)cudaErrorInvalidValue;
     if (n == 0 || D == 0) return 0;
+    if (!table || !grads || !rows || !order || !seg || !n_uniq) return (int)cudaErrorInvalidValue;
     while (threads < 256 && threads < D) threads *= 2; /* a power of two for the tree */
     DT_K_LAUNCH(dt_k__sparse_update, dt_k__grid(n, 1), threads, (size_t)D * sizeof(float), stream, table,
                 table_dtype, state, grads, rows, order, seg, n_uniq, D, ld, kind, (float)lr, (float)eps, lr, eps);
@@ -869,6 +883,7 @@ extern "C" int dt_k_embed_sparse_adam(void *table, int table_dtype, float *m, fl
     if (n < 0 || D < 0 || ld < D || t < 1 || table_dtype < 1 || table_dtype > 3 || (n > 0 && (!m || !v)))
         return (int)cudaErrorInvalidValue;
     if (n == 0 || D == 0) return 0;
+    if (!table || !grads || !rows || !order || !seg || !n_uniq) return (int)cudaErrorInvalidValue;
     bc1 = 1.0 - pow(beta1, (double)t);
     bc2 = 1.0 - pow(beta2, (double)t);
     DT_K_LAUNCH(dt_k__sparse_adam, dt_k__grid(n, 1), threads, 0, stream, table, table_dtype, m, v, grads, rows,
@@ -983,6 +998,7 @@ extern "C" int dt_k_dot_interaction_fwd(void *cublas, float *out, const float *d
     int st;
     if (!dt_k__dot_args(cublas, B, F, D, scratch, 0)) return (int)cudaErrorInvalidValue;
     if (B == 0 || W == 0) return 0;
+    if (!out || (D && (!dense || (F && !emb)))) return (int)cudaErrorInvalidValue;
     X = (float *)scratch;
     Z = (float *)((char *)scratch + dt_k__dot_part(B * n1 * D));
     DT_K_LAUNCH(dt_k__dot_pack, dt_k__grid(B * n1 * D, 256), 256, 0, stream, X, out, dense, emb, B, F, D, W);
@@ -1008,6 +1024,7 @@ extern "C" int dt_k_dot_interaction_bwd(void *cublas, float *ddense, float *demb
     int st;
     if (!dt_k__dot_args(cublas, B, F, D, scratch, 1)) return (int)cudaErrorInvalidValue;
     if (B == 0 || D == 0 || (!ddense && !demb)) return 0;
+    if (((ddense || F) && !dout) || (F && (!dense || !emb))) return (int)cudaErrorInvalidValue;
     X = (float *)scratch;
     S = (float *)((char *)scratch + dt_k__dot_part(B * n1 * D));
     dX = (float *)((char *)S + dt_k__dot_part(B * n1 * n1));

@@ -246,7 +246,10 @@ int dt_k_flash_bwd(const dt_k_flash *a, void *stream);
    on the device first (dt_k_check_range). The backward needs no sort and no float atomics: a
    block owns a chunk of columns and the table rows id % S == s, and each of its threads walks
    all N ids in order, adding the rows of its ids to its column: every (id, column) is summed by
-   one thread in id order, the CPU op's order, so the same bits as the CPU, every run. */
+   one thread in id order, the CPU op's order, so the same bits as the CPU, every run.
+   Here and below (>>embedding): a NULL array the host sizes say holds data (those said NULL-able
+   excepted; one sized by offsets on the device is not the launcher's to judge), and sizes whose
+   products pass int64, are cudaErrorInvalidValue. */
 int dt_k_embedding_fwd(float *out, const float *table, const void *ids, int ids_i64, int64_t N, int64_t V,
                        int64_t D, int *bad_id, void *stream);
 int dt_k_embedding_bwd(float *dtable, const float *dout, const void *ids, int ids_i64, int64_t N, int64_t V,

@@ -12,6 +12,7 @@
 #include "dt_opt.h"
 #include "kernels/dt_kernels.h"
 #include "tests/dt_test.h"
+#include "k_common.h" /* k_refused */
 
 /* DT_K_SMALL=1 (the ThreadSanitizer run of tests/run.sh): the small size. */
 static int64_t ksz(int64_t normal, int64_t small) {
@@ -423,6 +424,59 @@ static void check_dot(dt_ctx *ctx, void *blas, int64_t B, int64_t F, int64_t D, 
     cudaFree(d_dn); cudaFree(d_em); cudaFree(d_o); cudaFree(d_g); cudaFree(d_dd); cudaFree(d_de); cudaFree(scr);
 }
 
+/* The launchers called directly with a NULL array their host sizes say holds data (each faulted
+   inside a kernel: a SEGV on the emulator), or sizes whose products pass int64: refused before
+   anything launches. Arrays sized on the device (the rows offsets[n_bags] counts, a segment's
+   source) are not the launcher's to judge. */
+static void check_refusals(cublasHandle_t blas) {
+    float *d = NULL, *o = NULL;
+    cudaMalloc((void **)&d, 4096);
+    cudaMalloc((void **)&o, 4096);
+    cudaMemset(d, 0, 4096);
+    const int64_t *i = (const int64_t *)d;
+    int64_t *w = (int64_t *)o;
+    k_refused("embedding_fwd_NULL_out_is_invalid_value", dt_k_embedding_fwd(NULL, d, d, 0, 4, 4, 4, NULL, NULL));
+    k_refused("embedding_fwd_NULL_ids_is_invalid_value", dt_k_embedding_fwd(o, d, NULL, 0, 4, 4, 4, NULL, NULL));
+    k_refused("embedding_fwd_NULL_table_is_invalid_value", dt_k_embedding_fwd(o, NULL, d, 0, 4, 4, 4, NULL, NULL));
+    k_refused("embedding_bwd_NULL_dout_is_invalid_value", dt_k_embedding_bwd(o, NULL, d, 0, 4, 4, 4, NULL, NULL));
+    k_refused("embedding_bwd_NULL_ids_is_invalid_value", dt_k_embedding_bwd(o, d, NULL, 0, 4, 4, 4, NULL, NULL));
+    k_refused("embed_pool_fwd_NULL_offsets_is_invalid_value", dt_k_embed_pool_fwd(o, d, DT_F32, i, NULL, NULL, 2, 4, 4, 0, NULL));
+    k_refused("embed_pool_fwd_NULL_out_is_invalid_value", dt_k_embed_pool_fwd(NULL, d, DT_F32, i, NULL, i, 2, 4, 4, 0, NULL));
+    k_refused("embed_pool_bwd_NULL_dout_is_invalid_value", dt_k_embed_pool_bwd(o, NULL, NULL, NULL, i, 2, 4, 0, NULL));
+    k_refused("embed_pool_bwd_n_bags_D_past_int64_is_invalid_value",
+              dt_k_embed_pool_bwd(o, d, NULL, NULL, i, (int64_t)1 << 40, (int64_t)1 << 30, 0, NULL));
+    k_refused("embed_pool_bwd_dense_NULL_offsets_is_invalid_value", dt_k_embed_pool_bwd_dense(o, d, i, NULL, NULL, 2, 4, 0, NULL));
+    k_refused("embed_gather_sum_NULL_runs_is_invalid_value", dt_k_embed_gather_sum(o, d, NULL, i, NULL, 2, 2, 4, 0, NULL));
+    k_refused("embed_gather_sum_NULL_segs_is_invalid_value", dt_k_embed_gather_sum(o, d, i, NULL, NULL, 2, 2, 4, 0, NULL));
+    k_refused("embed_gather_sum_3_n_runs_past_int64_is_invalid_value",
+              dt_k_embed_gather_sum(o, d, i, i, NULL, INT64_MAX / 2, 2, 4, 0, NULL));
+    k_refused("embed_bucketize_NULL_ids_is_invalid_value", dt_k_embed_bucketize(w, w + 8, NULL, 4, 8, 2, NULL, o + 512, NULL));
+    k_refused("embed_bucketize_NULL_dest_is_invalid_value", dt_k_embed_bucketize(w, NULL, i, 4, 8, 2, NULL, o + 512, NULL));
+    k_refused("embed_dedup_NULL_rows_is_invalid_value", dt_k_embed_dedup(w, w + 8, w + 16, NULL, 4, 8, o + 512, NULL));
+    k_refused("embed_sparse_update_NULL_n_uniq_is_invalid_value",
+              dt_k_embed_sparse_update(o, DT_F32, NULL, d, i, i, i, NULL, 2, 4, 4, 1, 0.1, 1e-10, NULL));
+    k_refused("embed_sparse_update_NULL_grads_is_invalid_value",
+              dt_k_embed_sparse_update(o, DT_F32, NULL, NULL, i, i, i, i, 2, 4, 4, 1, 0.1, 1e-10, NULL));
+    k_refused("embed_sparse_adam_NULL_table_is_invalid_value",
+              dt_k_embed_sparse_adam(NULL, DT_F32, o, o, d, i, i, i, i, 2, 4, 4, 0.1, 0.9, 0.999, 1e-8, 1, NULL));
+    k_refused("embed_requests_3_F_B_past_int64_is_invalid_value",
+              dt_k_embed_requests(w, w, NULL, w, w, w, w, o, i, d, 1, NULL, i, 2, INT64_MAX / 4, 1, 0, 1, NULL));
+    k_refused("embed_serve_layout_4_n_requests_past_int64_is_invalid_value",
+              dt_k_embed_serve_layout(w, o, w, i, i, NULL, i, INT64_MAX / 2, 1, NULL));
+    k_refused("dot_interaction_fwd_NULL_emb_is_invalid_value", dt_k_dot_interaction_fwd(blas, o, d, NULL, 1, 2, 4, o + 256, NULL));
+    k_refused("dot_interaction_fwd_NULL_out_is_invalid_value", dt_k_dot_interaction_fwd(blas, NULL, d, d, 1, 2, 4, o + 256, NULL));
+    k_refused("dot_interaction_bwd_NULL_dout_is_invalid_value",
+              dt_k_dot_interaction_bwd(blas, o, o + 16, NULL, d, d, 1, 2, 4, o + 256, NULL));
+    /* what the launch does not read may stay NULL */
+    DT_TEST_CHECK("embedding_bwd_NULL_dtable_is_ok", dt_k_embedding_bwd(NULL, NULL, NULL, 0, 4, 4, 4, NULL, NULL) == 0);
+    DT_TEST_CHECK("embed_gather_sum_max_len_0_with_NULL_is_ok",
+                  dt_k_embed_gather_sum(NULL, NULL, NULL, NULL, NULL, 2, 2, 0, 0, NULL) == 0);
+    DT_TEST_CHECK("dot_interaction_bwd_no_gradient_with_NULL_is_ok",
+                  dt_k_dot_interaction_bwd(blas, NULL, NULL, NULL, NULL, NULL, 1, 2, 4, o + 256, NULL) == 0);
+    cudaFree(d);
+    cudaFree(o);
+}
+
 int main(void) {
     dt_ctx ctx;
     dt_ctx_init(&ctx, NULL);
@@ -479,6 +533,7 @@ int main(void) {
             DT_TEST_CHECK("dot_interaction_scratch_negative_B_is_0", dt_k_dot_interaction_scratch(-1, 1, 1, 0) == 0);
             cudaFree(d);
         }
+        check_refusals(blas);
         cublasDestroy(blas);
     }
     {
