@@ -16,9 +16,10 @@
    Conventions of the kernels (kernels/dt_kernels.h says the ABI): launchers return 0 or the
    cudaError_t of the failing call as an int; gradients accumulate (+=); sizes are int64_t and a
    launcher checks them (negative, or a product that overflows: cudaErrorInvalidValue) before it
-   launches (dt_elementwise.cu, dt_reduce.cu, dt_gemm.cu and dt_flash.cu also a NULL pointer the
-   launch would dereference, as a kernel would fault; the other files leave that to dt_tensor.h's
-   checks of their tensors); a size of 0 launches nothing.        MIT licence (see dt_tensor.h) */
+   launches, and a NULL pointer the launch would dereference where its host sizes say there is
+   data, as a kernel would fault (every .cu file here; an array sized on the device, by offsets
+   or kept rows, is not the launcher's to judge); a grid rounds up through dt_k__ceil_div; a size
+   of 0 launches nothing.                                         MIT licence (see dt_tensor.h) */
 #ifndef DT_CUDA_CUH
 #define DT_CUDA_CUH
 
