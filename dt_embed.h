@@ -3908,7 +3908,7 @@ DT_API dt_status dt_embed_forward_end(dt_embed *e, dt_tensor *out) {
 
 static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
     const char *fn = "dt_embed_forward";
-    int W, r, bad = 0;
+    int W, r, bad = 0, out_bad;
     int64_t *cnt, tot_i = 0, tot_f = 0, tot_r = 0, K;
     (void)tot_r;
     dt__em_gen g;
@@ -3922,21 +3922,27 @@ static dt_status dt__em_begin(dt_embed *e, const dt_kjt *kjt, dt_status pre) {
     e->tier_pf = 0;
     e->tier_st = DT_OK;
     st = dt__em_read_batch(e, kjt, &bad);
-    if (!st && !bad && pre) st = pre; /* its message is set */
+    out_bad = !st && !bad && pre; /* the batch is fine, the argument checked before is not */
+    if (out_bad) st = pre;        /* its message is set */
     if (st) bad = st;
-    /* agree: every rank's batch size (for the global sample numbers) and whether one failed */
-    if (!(v = (double *)dt_alloc(e->ctx, sizeof(double) * (size_t)(W + 1)))) return DT_ERR_OOM;
-    memset(v, 0, sizeof(double) * (size_t)(W + 1));
+    /* agree: every rank's batch size (for the global sample numbers), whether one failed, and
+       whether every failure was an argument checked before (the others then say so, not "batch") */
+    if (!(v = (double *)dt_alloc(e->ctx, sizeof(double) * (size_t)(W + 2)))) return DT_ERR_OOM;
+    memset(v, 0, sizeof(double) * (size_t)(W + 2));
     v[e->rank] = st ? 0 : (double)e->B;
     v[W] = bad ? 1 : 0;
+    v[W + 1] = out_bad ? 1 : 0;
     {
-        dt_status cs = dt__em_sum_f64(e, v, W + 1);
+        dt_status cs = dt__em_sum_f64(e, v, W + 2);
         if (cs) { dt_release(e->ctx, v); return cs; }
     }
     if (v[W] > 0) {
-        double nbad = v[W];
+        double nbad = v[W], nout = v[W + 1];
         dt_release(e->ctx, v);
         if (bad) return (dt_status)bad;
+        if (nout == nbad)
+            return dt_ctx_set_error(e->ctx, DT_ERR_ARG, "%s: out was refused on another rank (%g rank(s)); see its "
+                                    "message", fn, nbad);
         return dt_ctx_set_error(e->ctx, DT_ERR_RANGE, "%s: a bad batch on another rank (%g rank(s)); see its message",
                                 fn, nbad);
     }
