@@ -26,11 +26,14 @@ const char *dt_k_error_string(int status) {
     }
     if (status >= 1000) return "unknown cuBLAS status";
     {
-        /* "cudaErrorInvalidValue: invalid argument"; one buffer per host thread */
-        static thread_local char buf[192];
-        snprintf(buf, sizeof buf, "%s: %s", cudaGetErrorName((cudaError_t)status),
+        /* "cudaErrorInvalidValue: invalid argument"; each host thread's last 4 answers stay valid
+           (two in one printf each print their own) */
+        static thread_local char buf[4][192];
+        static thread_local unsigned next;
+        char *b = buf[next++ % 4];
+        snprintf(b, sizeof buf[0], "%s: %s", cudaGetErrorName((cudaError_t)status),
                  cudaGetErrorString((cudaError_t)status));
-        return buf;
+        return b;
     }
 }
 

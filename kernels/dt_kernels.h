@@ -39,7 +39,8 @@
 extern "C" {
 #endif
 
-/* The message of a status these functions return ("cudaErrorInvalidValue: invalid argument"). */
+/* The message of a status these functions return ("cudaErrorInvalidValue: invalid argument"); it
+   stays valid for the calling thread's next 3 calls. */
 const char *dt_k_error_string(int status);
 
 /* ==== >>elementwise: elementwise and casts (dt_elementwise.cu) ================================ */

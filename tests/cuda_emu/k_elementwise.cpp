@@ -324,6 +324,11 @@ int main(void) {
     }
     check_casts();
     check_refusals();
+    { /* two messages in one printf each print their own (one shared buffer printed the second twice) */
+        const char *a = dt_k_error_string((int)cudaErrorInvalidValue), *b = dt_k_error_string((int)cudaErrorMemoryAllocation);
+        if (strstr(a, "cudaErrorInvalidValue") && strstr(b, "cudaErrorMemoryAllocation")) dt_test_pass("error_strings_are_each_their_own");
+        else dt_test_fail("error_strings_are_each_their_own", "\"%s\" and \"%s\"", a, b);
+    }
     {
         const char *s = dt_k_error_string(cudaErrorInvalidValue), *c = dt_k_error_string(1000 + 13);
         if (strstr(s, "cudaErrorInvalidValue") && strstr(c, "CUBLAS_STATUS_EXECUTION_FAILED"))
