@@ -3884,7 +3884,7 @@ DT_API dt_status dt_gelu_fwd(dt_ctx *ctx, dt_tensor *out, const dt_tensor *x) {
         dt__gelu_fwd_f(DT__F(out), DT__CF(x), x->numel);
         return DT_OK;
     }
-    DT__TRY(dt__apart(ctx, out, x, "dt_gelu_fwd", "out", "x"));
+    /* out and x are apart or the very same elements (one dtype): each block is read before written */
     for (i = 0; i < x->numel; i += n) { /* bf16: each value from f32, rounded once */
         n = x->numel - i < DT__ACT_BLOCK ? x->numel - i : DT__ACT_BLOCK;
         if (x->dtype == DT_BF16) dt__round_bf16(xb, (const uint16_t *)x->data + i, 1, n);
@@ -5545,8 +5545,9 @@ static dt_status dt__cu_unary(dt_ctx *ctx, dt_tensor *t, const dt_tensor *dout, 
     DT__TRY(dt__unary_check(ctx, ct, cx, fn, bwd ? "dx" : "out"));
     o = DT__CU_F(t);
     if (!relu && (x->dtype == DT_BF16 || t->dtype == DT_BF16 || (bwd && dout->dtype == DT_BF16))) {
-        /* elements of other sizes would meet at other offsets: such operands must not overlap */
-        if (!bwd || t->dtype != x->dtype) DT__TRY(dt__apart(ctx, t, x, fn, bwd ? "dx" : "out", "x"));
+        /* elements of other sizes would meet at other offsets: such operands must not overlap (the
+           very same elements of one dtype may: each thread reads its elements before it writes them) */
+        if (t->dtype != x->dtype) DT__TRY(dt__apart(ctx, t, x, fn, bwd ? "dx" : "out", "x"));
         if (bwd && t->dtype != dout->dtype) DT__TRY(dt__apart(ctx, t, dout, fn, "dx", "dout"));
         st = bwd ? dt_k_gelu_bwd_t(t->data, (int)t->dtype, dout->data, (int)dout->dtype, x->data, (int)x->dtype,
                                    x->numel, ctx->cuda_stream)

@@ -135,6 +135,13 @@ static void check_gelu(void) {
     same_bits("gelu_bf16_x_f32_out_is_the_f32_op", &of, &o32);
     DT_TEST_CHECK("gelu_f32_to_bf16_runs", dt_gelu_fwd(&C, &o16, &x32) == DT_OK);
     same_rounded("gelu_f32_x_bf16_out_is_the_f32_out_rounded", &o16, &o32);
+    { /* in place, as the f32 op: out = x, the same bf16 elements (each block read before written) */
+        dt_tensor y16 = mk(DT_BF16, n, -1);
+        memcpy(y16.data, x16.data, dt_tensor_bytes(&x16));
+        if (DT_TEST_CHECK("gelu_bf16_in_place_runs", dt_gelu_fwd(&C, &y16, &y16) == DT_OK))
+            same_rounded("gelu_bf16_in_place_is_the_f32_out_rounded", &y16, &o32);
+        dt_tensor_free(&C, &y16);
+    }
     DT_TEST_CHECK("gelu_bwd_runs", dt_gelu_bwd(&C, &dx1, &g, &x32) == DT_OK && dt_gelu_bwd(&C, &dx2, &g, &x16) == DT_OK);
     same_bits("gelu_bwd_bf16_x_is_the_f32_op_on_its_values", &dx2, &dx1);
     { /* bf16 gradients: dout read as its values, a bf16 dx = the f32 op on dx's values, rounded once */

@@ -297,7 +297,16 @@ static void gelu(int64_t n) {
         dt_tensor_view(&ctx, &vo, &bo.d, 1, 1, shape);
         snprintf(name, sizeof name, "gelu_fwd_bf16_views_at_offset_1_cuda_same_bits_%s", tag);
         if (ok2(name, DT_OK, dt_gelu_fwd(&ctx, &vo, &vx))) same_bits(name, values(vo), cu);
-        release(bx); release(bo);
+        /* in place (out = x, the same elements), as the f32 op: each device's bits of before */
+        pair_t y = make(DT_BF16, n, 0, 28);
+        dt_tensor_copy(&ctx, &y.h, &x16.h);
+        dt_tensor_copy(&ctx, &y.d, &x16.d);
+        snprintf(name, sizeof name, "gelu_fwd_bf16_in_place_same_bits_%s", tag);
+        if (ok2(name, dt_gelu_fwd(&ctx, &y.h, &y.h), dt_gelu_fwd(&ctx, &y.d, &y.d))) {
+            same_bits(name, values(y.h), cpu);
+            same_bits(name, values(y.d), cu);
+        }
+        release(bx); release(bo); release(y);
     }
     snprintf(name, sizeof name, "gelu_fwd_f32_to_bf16_cuda_within_1_ulp_of_cpu_%s", tag);
     if (ok2(name, dt_gelu_fwd(&ctx, &o16.h, &xf.h), dt_gelu_fwd(&ctx, &o16.d, &xf.d))) {
